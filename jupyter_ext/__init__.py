@@ -1,0 +1,1 @@
+"""Jupyter integration for KCoral (IPython magics, rich display, server extension)."""

@@ -1,0 +1,66 @@
+"""KCoral: run GPU work from a notebook or script on a remote GPU server.
+
+Names are resolved on first use so that ``import kcoral`` stays thin: it imports no server,
+torch, Jupyter or gRPC module (a test checks this in a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("kcoral")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "Client": "kcoral.client",
+    "AsyncClient": "kcoral.async_client",
+    "Program": "kcoral.program",
+    "Register": "kcoral.program",
+    "ProgramResult": "kcoral.results",
+    "ReturnedFile": "kcoral.results",
+    "ReturnedFolder": "kcoral.results",
+    "RemoteFunction": "kcoral.remote",
+    "Job": "kcoral.jobs",
+    "KCoralError": "kcoral.errors",
+    "TransportError": "kcoral.errors",
+    "ProtocolError": "kcoral.errors",
+    "RemoteExecutionError": "kcoral.errors",
+    "ServerConfig": "kcoral_server.config",
+    "parse_program": "kcoral.protocol.validate",
+    "create_app": "kcoral_server.app",
+}
+
+__all__ = [*sorted(_EXPORTS), "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'kcoral' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext kcoral`` loads the Jupyter integration."""
+    from kcoral_jupyter import load_ipython_extension as load
+
+    load(ipython)
+
+
+if TYPE_CHECKING:
+    from kcoral.client import Client
+    from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError, TransportError
+    from kcoral.program import Program, Register
+    from kcoral.protocol.validate import parse_program
+    from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder

@@ -1,0 +1,61 @@
+"""The ``kcoral`` command: ``kcoral server``, ``kcoral router`` and ``kcoral run``.
+
+Sub-commands import their implementation only when chosen, so ``kcoral run`` never loads the
+server stack.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+_USAGE = """\
+usage: kcoral {server,router,run} ...
+
+KCoral: run GPU work on a remote GPU server.
+
+sub-commands:
+  server    run a KCoral server (see `kcoral server --help`)
+  router    run a router in front of many GPU nodes (see `kcoral router --help`)
+  run       run a tool (python, shell, ncu, ...) on a remote worker (see `kcoral run --help`)
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(_USAGE)
+        return 0
+    command, rest = args[0], args[1:]
+    if command == "server":
+        return server_main(rest)
+    if command == "router":
+        try:
+            from kcoral_server.router.main import main as router_main
+        except ImportError as exc:
+            return _missing_extra("router", exc)
+        return router_main(rest)
+    if command == "run":
+        from kcoral.run_cli import main as run_main
+
+        return run_main(rest)
+    sys.stderr.write(f"kcoral: unknown sub-command {command!r}\n\n{_USAGE}")
+    return 2
+
+
+def server_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``kcoral server`` and ``kcoral-server``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        from kcoral_server.main import main as run_server
+    except ImportError as exc:
+        return _missing_extra("server", exc)
+    return run_server(args)
+
+
+def _missing_extra(extra: str, exc: ImportError) -> int:
+    sys.stderr.write(
+        f"kcoral: missing dependency ({exc.name or exc}); "
+        f"install the server stack with: pip install 'kcoral[{extra}]'\n"
+    )
+    return 1

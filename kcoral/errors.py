@@ -1,0 +1,93 @@
+"""One exception vocabulary for the client, the protocol layer and uploaded code.
+
+Client-side exceptions follow CLIENT_API.md §9; ``ValidationError`` is what the protocol layer
+raises for invalid programs and paths; ``ExecutionError`` lets uploaded code and the server's
+helpers fail an instruction with a chosen kind (PROTOCOL.md §7.6).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kcoral.results import ProgramResult
+
+#: The eight instruction error kinds of PROTOCOL.md §7.6.
+INSTRUCTION_ERROR_KINDS = frozenset(
+    {
+        "parse",
+        "compile",
+        "runtime",
+        "correctness",
+        "gpu_access",
+        "serialization",
+        "unavailable",
+        "engine",
+    }
+)
+
+
+class KCoralError(Exception):
+    """A non-200 HTTP answer from a KCoral server or router."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        kind: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(status_code, message)
+        self.status_code = status_code
+        self.message = message
+        self.kind = kind
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status_code}: {self.message}"
+
+
+class TransportError(Exception):
+    """No HTTP response arrived. The server may already have run the program."""
+
+
+class ProtocolError(Exception):
+    """A response broke the protocol, or cache negotiation could not recover."""
+
+
+class RemoteExecutionError(RuntimeError):
+    """A remote function's program ended ``FAILED``; ``result`` holds the whole outcome."""
+
+    def __init__(self, result: ProgramResult) -> None:
+        error: dict[str, Any] = result.error or {}
+        super().__init__(
+            f"Remote execution {result.request_id} failed: "
+            f"{error.get('kind')}: {error.get('message')}"
+        )
+        self.result = result
+
+    @property
+    def remote_traceback(self) -> str:
+        """The server-side traceback of the failure ("" when the server sent none)."""
+        return (self.result.error or {}).get("traceback", "")
+
+
+class ValidationError(ValueError):
+    """A program, path or value that breaks the protocol's rules."""
+
+
+class ExecutionError(Exception):
+    """Raised by uploaded code to fail the running instruction with ``kind`` and ``message``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        if kind not in INSTRUCTION_ERROR_KINDS:
+            raise ValueError(
+                f"unknown error kind {kind!r}; expected one of {sorted(INSTRUCTION_ERROR_KINDS)}"
+            )
+        super().__init__(kind, message)
+        self.kind = kind
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"

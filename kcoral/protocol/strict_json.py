@@ -1,0 +1,60 @@
+"""Strict JSON (PROTOCOL.md §3.2 row 10, CLIENT_API.md §10 point 3) and compact encoding."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kcoral.errors import ValidationError
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValidationError(f"JSON literal {name} is not allowed")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValidationError(f"duplicate key {key!r} in JSON object")
+        result[key] = value
+    return result
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+
+
+def loads_strict(data: bytes | bytearray | memoryview | str) -> Any:
+    """Decode UTF-8 JSON, refusing invalid UTF-8, duplicate keys and NaN/Infinity.
+
+    Raises ``ValidationError`` with a short reason.
+    """
+    if isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationError(f"JSON is not valid UTF-8: {exc.reason}") from None
+    try:
+        value, end = _DECODER.raw_decode(text, _skip_whitespace(text, 0))
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise ValidationError("invalid JSON: nested too deeply") from None
+    if _skip_whitespace(text, end) != len(text):
+        raise ValidationError(f"invalid JSON: extra data at position {end}")
+    return value
+
+
+def _skip_whitespace(text: str, index: int) -> int:
+    while index < len(text) and text[index] in " \t\n\r":
+        index += 1
+    return index
+
+
+def dumps_compact(value: Any) -> bytes:
+    """Compact UTF-8 JSON, non-ASCII kept, NaN/Infinity refused (``ValueError``)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )

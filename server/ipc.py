@@ -1,0 +1,366 @@
+"""Typed, versioned messages between the front-end and a worker process.
+
+Transport: a connected ``AF_UNIX`` stream socket. A frame is a 4-byte big-endian length plus a
+compact JSON object ``{"t": <tag>, "v": IPC_VERSION, ...fields}``; file descriptors (memfds
+holding blobs or encoded results) ride along as ``SCM_RIGHTS`` ancillary data on the first
+``sendmsg`` of their frame, and the frame says how many it carries (``fd_count``).
+
+JSON rather than pickle: the worker runs uploaded code, so nothing the front-end reads from it
+may be able to execute code on the front-end. Large bytes never travel inside frames.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import os
+import socket
+import struct
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+IPC_VERSION = 1
+MAX_FRAME_BYTES = 512 * 1024 * 1024  # program JSON with inline module source can be big
+MAX_FDS_PER_FRAME = 250  # below the kernel's SCM_MAX_FD (253)
+_HEADER = struct.Struct(">I")
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+class IpcError(Exception):
+    """A malformed frame or message: the peer is not speaking this protocol."""
+
+
+@dataclass
+class Message:
+    """Base of every message; subclasses set ``tag`` and declare their fields."""
+
+    tag: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.tag:
+            _REGISTRY[cls.tag] = cls
+
+
+# ---------------------------------------------------------------- front-end -> worker
+
+
+@dataclass
+class Configure(Message):
+    """First message to a new worker: who it is and how to run."""
+
+    tag: ClassVar[str] = "configure"
+    worker_id: str
+    generation: int
+    device: str  # "cpu", "gpu" or "fake-gpu" (test-only runtime)
+    gpu_ids: list[int] = field(default_factory=list)  # physical ids, logical order
+    gpu_uuids: list[str] = field(default_factory=list)
+    sandbox: str = "none"
+    log_programs: bool = True
+    allowed_serialization: list[str] = field(default_factory=lambda: ["json", "pickle"])
+    transient: bool = False  # a gpu_count worker: one request, then exit
+
+
+@dataclass
+class BlobSlice:
+    """Where a blob's bytes are: ``fd_index`` into the frame's fds, plus offset and length."""
+
+    sha256: str
+    fd_index: int
+    offset: int
+    length: int
+
+
+@dataclass
+class RunProgram(Message):
+    """Run one validated program. Blob memfds ride with this frame."""
+
+    tag: ClassVar[str] = "run_program"
+    request_id: str
+    program_json: str  # the program as received (already validated by the front-end)
+    workspace: str  # absolute path, created by the front-end
+    stdout_path: str | None  # capture files; None when capture is disabled (limit 0)
+    stderr_path: str | None
+    blobs: list[BlobSlice] = field(default_factory=list)
+    serialization: str | None = None  # format the request was admitted with, if any
+    max_response_bytes: int = 268435456
+
+
+@dataclass
+class LeaseGranted(Message):
+    tag: ClassVar[str] = "lease_granted"
+
+
+@dataclass
+class Shutdown(Message):
+    """Finish nothing more; exit cleanly."""
+
+    tag: ClassVar[str] = "shutdown"
+
+
+# ---------------------------------------------------------------- worker -> front-end
+
+
+@dataclass
+class WorkerReady(Message):
+    """Start-up (or reuse clean-up) finished; the worker can take a program."""
+
+    tag: ClassVar[str] = "worker_ready"
+    pid: int
+    target: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    device_uuid: str | None = None
+
+
+@dataclass
+class WorkerStartFailed(Message):
+    tag: ClassVar[str] = "worker_start_failed"
+    error: str
+
+
+@dataclass
+class InstructionStarted(Message):
+    tag: ClassVar[str] = "instruction_started"
+    index: int
+    op: str
+    id: str | None
+
+
+@dataclass
+class LeaseAcquire(Message):
+    """Block until ``LeaseGranted``; the front-end pauses the deadline meanwhile."""
+
+    tag: ClassVar[str] = "lease_acquire"
+
+
+@dataclass
+class LeaseRelease(Message):
+    """GPU work is drained; the lease may go to another worker. No reply."""
+
+    tag: ClassVar[str] = "lease_release"
+
+
+@dataclass
+class ReturnProduced(Message):
+    """One successful ``return``: its encoded node and its binary parts.
+
+    ``node`` is the PROTOCOL §7.5 node with final ``return:<i>`` part names; the parts' bytes
+    are in the single memfd of this frame at ``part_lengths`` consecutive lengths (no fd when
+    there are no parts).
+    """
+
+    tag: ClassVar[str] = "return_produced"
+    index: int
+    key: str
+    node: dict[str, Any]
+    part_lengths: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ProgramFinished(Message):
+    """The program and its teardown are over.
+
+    ``error`` is the PROTOCOL §7.6 object or None. ``left_processes`` is true when
+    descendants had to be killed; ``poisoned`` when the worker must not take more work.
+    """
+
+    tag: ClassVar[str] = "program_finished"
+    status: str  # "COMPLETED" or "FAILED"
+    error: dict[str, Any] | None = None
+    left_processes: bool = False
+    poisoned: bool = False
+    lease_held: bool = False  # whether the worker still holds the lease after teardown
+
+
+def encode(message: Message) -> bytes:
+    body = {"t": message.tag, "v": IPC_VERSION, **asdict(message)}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode(data: bytes, fd_count: int) -> Message:
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IpcError(f"undecodable frame: {exc}") from None
+    if not isinstance(body, dict) or body.get("v") != IPC_VERSION:
+        raise IpcError("frame is not a versioned message")
+    cls = _REGISTRY.get(body.pop("t", None))
+    if cls is None:
+        raise IpcError("unknown message tag")
+    body.pop("v")
+    names = {f.name for f in fields(cls)}
+    if set(body) - names:
+        raise IpcError(f"unexpected fields for {cls.tag}: {sorted(set(body) - names)}")
+    try:
+        message = cls(**body)
+    except TypeError as exc:
+        raise IpcError(f"bad fields for {cls.tag}: {exc}") from None
+    if cls is RunProgram:
+        message.blobs = [BlobSlice(**b) for b in message.blobs]  # type: ignore[attr-defined]
+    return message
+
+
+# ---------------------------------------------------------------- blocking side (worker)
+
+
+class BlockingChannel:
+    """The worker's end: blocking send/receive of messages with optional fds."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.setblocking(True)
+
+    def send(self, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
+        payload = encode(message)
+        frame = _HEADER.pack(len(payload)) + struct.pack(">H", len(fds)) + payload
+        if fds:
+            sent = self.sock.sendmsg(
+                [frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            )
+            if sent < len(frame):
+                self.sock.sendall(frame[sent:])
+        else:
+            self.sock.sendall(frame)
+
+    def receive(self) -> tuple[Message, list[int]]:
+        """Next message and the fds that came with it (caller owns and closes them)."""
+        fds: list[int] = []
+        head = self._read_exact(6, fds)
+        (length,) = _HEADER.unpack(head[:4])
+        (fd_count,) = struct.unpack(">H", head[4:6])
+        if length > MAX_FRAME_BYTES:
+            raise IpcError("frame too large")
+        payload = self._read_exact(length, fds)
+        if len(fds) != fd_count:
+            for fd in fds:
+                os.close(fd)
+            raise IpcError(f"expected {fd_count} fds, got {len(fds)}")
+        return decode(payload, fd_count), fds
+
+    def _read_exact(self, n: int, fds: list[int]) -> bytes:
+        chunks = bytearray()
+        while len(chunks) < n:
+            data, ancdata, _flags, _addr = self.sock.recvmsg(
+                n - len(chunks), socket.CMSG_SPACE(MAX_FDS_PER_FRAME * 4)
+            )
+            fds.extend(_fds_from(ancdata))
+            if not data:
+                raise EOFError("peer closed the channel")
+            chunks += data
+        return bytes(chunks)
+
+
+def _fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(data[: len(data) - (len(data) % received.itemsize)])
+            fds.extend(received)
+    return fds
+
+
+# ---------------------------------------------------------------- asyncio side (front-end)
+
+
+class AsyncChannel:
+    """The front-end's end: non-blocking, driven by the event loop (no thread per worker)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self._buffer = bytearray()
+        self._fds: list[int] = []
+        self._queue: asyncio.Queue[tuple[Message, list[int]] | BaseException] = asyncio.Queue()
+        self._closed = False
+        self._loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        try:
+            data, ancdata, _flags, _addr = self.sock.recvmsg(
+                1 << 20, socket.CMSG_SPACE(MAX_FDS_PER_FRAME * 4)
+            )
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        self._fds.extend(_fds_from(ancdata))
+        if not data:
+            self._fail(EOFError("worker closed the channel"))
+            return
+        self._buffer += data
+        self._drain_frames()
+
+    def _drain_frames(self) -> None:
+        while len(self._buffer) >= 6:
+            (length,) = _HEADER.unpack_from(self._buffer, 0)
+            (fd_count,) = struct.unpack_from(">H", self._buffer, 4)
+            if length > MAX_FRAME_BYTES or fd_count > MAX_FDS_PER_FRAME:
+                self._fail(IpcError("frame too large"))
+                return
+            if len(self._buffer) < 6 + length:
+                return
+            payload = bytes(self._buffer[6 : 6 + length])
+            del self._buffer[: 6 + length]
+            if len(self._fds) < fd_count:
+                self._fail(IpcError("frame announced more fds than arrived"))
+                return
+            fds, self._fds = self._fds[:fd_count], self._fds[fd_count:]
+            try:
+                message = decode(payload, fd_count)
+            except IpcError as exc:
+                for fd in fds:
+                    os.close(fd)
+                self._fail(exc)
+                return
+            self._queue.put_nowait((message, fds))
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._closed:
+            self._stop_reading()
+            self._queue.put_nowait(exc)
+
+    def _stop_reading(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._loop.remove_reader(self.sock.fileno())
+            except (ValueError, OSError):
+                pass
+
+    async def receive(self) -> tuple[Message, list[int]]:
+        """Next message; raises ``EOFError``/``IpcError``/``OSError`` once the channel broke."""
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._queue.put_nowait(item)  # every later receive fails the same way
+            raise item
+        return item
+
+    def send(self, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
+        """Send without waiting. Frames are small, so a non-blocking send normally completes;
+        a full socket buffer (a wedged worker) is treated as a broken channel."""
+        payload = encode(message)
+        frame = _HEADER.pack(len(payload)) + struct.pack(">H", len(fds)) + payload
+        view = memoryview(frame)
+        ancillary = (
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        )
+        self.sock.setblocking(True)  # frames are small; a bounded blocking send keeps order
+        self.sock.settimeout(5.0)
+        try:
+            sent = self.sock.sendmsg([view], ancillary)
+            if sent < len(frame):
+                self.sock.sendall(view[sent:])
+        finally:
+            self.sock.setblocking(False)
+
+    def close(self) -> None:
+        self._stop_reading()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        self.sock.close()
