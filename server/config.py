@@ -1,0 +1,758 @@
+"""Server configuration: the frozen ``ServerConfig`` and ``kcoral server`` argument parsing.
+
+Standard library only: ``kcoral.ServerConfig`` resolves to this module and must import
+without the server extra (CLIENT_API.md §1.1). Option names, defaults and environment
+variables follow SERVER.md §2, EXTENSIONS.md §2/§6 and ROUTER.md §12.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+GIB = 1024**3
+DEVICE_MODES = ("auto", "gpu", "cpu")
+# Test-only runtime: GPU-mode pool and leases over fake devices, no CUDA (not in --help).
+FAKE_GPU_DEVICE = "fake-gpu"
+SANDBOXES = ("bubblewrap", "none")
+SERIALIZATION_FORMATS = ("json", "pickle")
+REDACTED = "<redacted>"
+
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+
+
+class InvalidConfigError(ValueError):
+    """An invalid setting. ``field`` names the ``ServerConfig`` field (or CLI-only option)."""
+
+    def __init__(self, field_name: str, rule: str, cli_message: str | None = None) -> None:
+        super().__init__(f"{field_name} {rule}")
+        self.field = field_name
+        self.rule = rule
+        # Cross-field rules read differently on the command line than in Python.
+        self.cli_message = cli_message or f"{option_name(field_name)} {rule}"
+
+
+def option_name(field_name: str) -> str:
+    """The ``kcoral server`` option that sets ``field_name``."""
+    special = {
+        "log_console": "--no-log-console",
+        "log_programs": "--no-log-programs",
+        "sandbox_readonly_paths": "--sandbox-readonly-path",
+        "router_endpoint": "--router",
+        "auth_token": "KCORAL_AUTH_TOKEN",
+        "allowed_serialization": "KCORAL_ALLOWED_SERIALIZATION",
+    }
+    return special.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+@lru_cache(maxsize=1)
+def physical_memory_bytes() -> int | None:
+    """Total physical memory, or ``None`` when the platform does not say."""
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES")
+        page_size = os.sysconf("SC_PAGE_SIZE")
+        if pages > 0 and page_size > 0:
+            return pages * page_size
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_cache_capacity_bytes() -> int:
+    """EXTENSIONS.md §2: the smaller of 16 GiB and a quarter of physical memory."""
+    memory = physical_memory_bytes()
+    return 16 * GIB if memory is None else min(16 * GIB, memory // 4)
+
+
+def default_disk_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """SERVER.md §2: ``$XDG_CACHE_HOME/kcoral/files`` if absolute, else ``~/.cache/...``."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "kcoral" / "files"
+    home = env.get("HOME") or str(Path.home())
+    return Path(home) / ".cache" / "kcoral" / "files"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Frozen server configuration (SERVER.md §2 plus EXTENSIONS.md); validated on creation.
+
+    ``max_inflight_request_bytes=None`` resolves to ``2 * max_request_bytes`` (0 = no limit).
+    ``auth_token`` holds the token itself (from ``KCORAL_AUTH_TOKEN`` or read from
+    ``auth_token_file`` by the CLI); it never appears in ``repr`` or logs.
+    """
+
+    device: str = "auto"
+    gpus: list[int] = field(default_factory=lambda: [0])
+    num_workers: int = 1
+    workers_per_gpu: int = 8
+    max_requests_per_worker: int = 1
+    worker_termination_grace_seconds: float = 5.0
+    worker_wait_timeout_seconds: float = 1800.0
+    default_timeout_seconds: float = 300.0
+    max_timeout_seconds: float = 900.0
+    max_request_bytes: int = 268435456
+    max_response_bytes: int = 268435456
+    output_limit_bytes: int = 1048576
+    max_output_limit_bytes: int = 16777216
+    cache_capacity_bytes: int = field(default_factory=default_cache_capacity_bytes)
+    disk_cache_dir: Path | None = field(default_factory=default_disk_cache_dir)
+    disk_cache_capacity_mbytes: int = 16384
+    log_dir: Path | None = None
+    log_console: bool = True
+    log_programs: bool = True
+    sandbox: str = "bubblewrap"
+    sandbox_readonly_paths: list[Path] = field(default_factory=list)
+    router_endpoint: str | None = None
+    node_id: str | None = None
+    node_token: str | None = field(default=None, repr=False)
+    # EXTENSIONS.md additions
+    job_retention_seconds: float = 3600.0
+    job_retention_bytes: int = GIB
+    auth_token_file: Path | None = None
+    auth_token: str | None = field(default=None, repr=False)
+    allow_unauthenticated: bool = False
+    max_inflight_request_bytes: int | None = None
+    worker_memory_limit_bytes: int = 0
+    allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
+    fake_gpu_count: int = 0
+
+    def __post_init__(self) -> None:
+        _normalize(self)
+        validate(self)
+
+    def validate(self) -> None:
+        """Raise ``InvalidConfigError`` (a ``ValueError``) if any rule is broken."""
+        validate(self)
+
+    def read_auth_token(self) -> str | None:
+        """The client auth token: ``auth_token``, else the stripped contents of the file.
+
+        Raises ``InvalidConfigError`` for an unreadable or empty token file.
+        """
+        if self.auth_token is not None:
+            return self.auth_token
+        if self.auth_token_file is None:
+            return None
+        try:
+            token = self.auth_token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc.__class__.__name__
+            raise InvalidConfigError("auth_token_file", f"cannot be read: {reason}") from None
+        if not token:
+            raise InvalidConfigError("auth_token_file", "is empty")
+        return token
+
+
+def _set(config: ServerConfig, name: str, value: Any) -> None:
+    object.__setattr__(config, name, value)
+
+
+def _normalize(config: ServerConfig) -> None:
+    """Accept friendly Python inputs (str paths, tuples) and resolve derived defaults."""
+    for name in ("disk_cache_dir", "log_dir", "auth_token_file"):
+        value = getattr(config, name)
+        if isinstance(value, str):
+            _set(config, name, Path(value) if value else None)
+    if isinstance(config.gpus, tuple):
+        _set(config, "gpus", list(config.gpus))
+    if isinstance(config.sandbox_readonly_paths, (tuple, list)):
+        paths = [Path(p) if isinstance(p, str) else p for p in config.sandbox_readonly_paths]
+        _set(config, "sandbox_readonly_paths", paths)
+    if isinstance(config.allowed_serialization, tuple):
+        _set(config, "allowed_serialization", list(config.allowed_serialization))
+    for name in (
+        "worker_termination_grace_seconds",
+        "worker_wait_timeout_seconds",
+        "default_timeout_seconds",
+        "max_timeout_seconds",
+        "job_retention_seconds",
+    ):
+        value = getattr(config, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            _set(config, name, float(value))
+    if config.max_inflight_request_bytes is None and _is_int(config.max_request_bytes):
+        _set(config, "max_inflight_request_bytes", 2 * config.max_request_bytes)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(config: ServerConfig, name: str, minimum: int) -> None:
+    value = getattr(config, name)
+    if not _is_int(value):
+        raise InvalidConfigError(name, f"must be an integer (got {value!r})")
+    if value < minimum:
+        raise InvalidConfigError(name, f"must be >= {minimum} (got {value})")
+
+
+def _check_seconds(config: ServerConfig, name: str, *, positive: bool) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise InvalidConfigError(name, f"must be a finite number of seconds (got {value!r})")
+    if positive and value <= 0:
+        raise InvalidConfigError(name, f"must be > 0 (got {value})")
+    if not positive and value < 0:
+        raise InvalidConfigError(name, f"must be >= 0 (got {value})")
+
+
+def _check_optional_path(config: ServerConfig, name: str) -> None:
+    value = getattr(config, name)
+    if value is not None and not isinstance(value, Path):
+        raise InvalidConfigError(name, f"must be a path or None (got {value!r})")
+
+
+def _check_bool(config: ServerConfig, name: str) -> None:
+    if not isinstance(getattr(config, name), bool):
+        raise InvalidConfigError(name, f"must be a bool (got {getattr(config, name)!r})")
+
+
+def validate(config: ServerConfig) -> None:
+    """Every rule of SERVER.md §2 / EXTENSIONS.md / ROUTER.md §3 that needs no I/O."""
+    devices = (*DEVICE_MODES, FAKE_GPU_DEVICE)
+    if config.device not in devices:
+        raise InvalidConfigError(
+            "device", f"must be one of {', '.join(DEVICE_MODES)} (got {config.device!r})"
+        )
+    _check_int(config, "fake_gpu_count", 0)
+    if config.device == FAKE_GPU_DEVICE and config.fake_gpu_count < 1:
+        raise InvalidConfigError(
+            "fake_gpu_count",
+            f"must be >= 1 with device {FAKE_GPU_DEVICE!r}",
+        )
+    if not isinstance(config.gpus, list):
+        raise InvalidConfigError("gpus", f"must be a list of GPU ids (got {config.gpus!r})")
+    if config.device != "cpu":  # SERVER.md §2: ignored in CPU mode
+        for gpu in config.gpus:
+            if not _is_int(gpu) or gpu < 0:
+                raise InvalidConfigError("gpus", f"must hold GPU ids >= 0 (got {gpu!r})")
+        if not config.gpus and config.device in ("gpu", FAKE_GPU_DEVICE):
+            raise InvalidConfigError("gpus", "must not be empty in GPU mode")
+
+    _check_int(config, "num_workers", 1)
+    _check_int(config, "workers_per_gpu", 1)
+    _check_int(config, "max_requests_per_worker", 0)
+    _check_seconds(config, "worker_termination_grace_seconds", positive=False)
+    _check_seconds(config, "worker_wait_timeout_seconds", positive=False)
+    _check_seconds(config, "default_timeout_seconds", positive=True)
+    _check_seconds(config, "max_timeout_seconds", positive=True)
+    _check_int(config, "max_request_bytes", 1)
+    _check_int(config, "max_response_bytes", 1)
+    _check_int(config, "output_limit_bytes", 0)
+    _check_int(config, "max_output_limit_bytes", 0)
+    _check_int(config, "cache_capacity_bytes", 0)
+    _check_int(config, "disk_cache_capacity_mbytes", 0)
+    _check_seconds(config, "job_retention_seconds", positive=False)
+    _check_int(config, "job_retention_bytes", 0)
+    _check_int(config, "max_inflight_request_bytes", 0)
+    _check_int(config, "worker_memory_limit_bytes", 0)
+
+    for name in ("disk_cache_dir", "log_dir", "auth_token_file"):
+        _check_optional_path(config, name)
+    for name in ("log_console", "log_programs", "allow_unauthenticated"):
+        _check_bool(config, name)
+
+    if config.sandbox not in SANDBOXES:
+        raise InvalidConfigError(
+            "sandbox", f"must be one of {', '.join(SANDBOXES)} (got {config.sandbox!r})"
+        )
+    if not isinstance(config.sandbox_readonly_paths, list):
+        raise InvalidConfigError("sandbox_readonly_paths", "must be a list of paths")
+    for path in config.sandbox_readonly_paths:
+        if not isinstance(path, Path):
+            raise InvalidConfigError("sandbox_readonly_paths", f"must hold paths (got {path!r})")
+        # SERVER.md §14: '/' would shadow the whole sandbox (ancestors of the workspace
+        # root are checked when the sandbox starts).
+        if Path(os.path.abspath(path)) == Path("/"):
+            raise InvalidConfigError("sandbox_readonly_paths", "must not be '/'")
+    if config.sandbox_readonly_paths and config.sandbox != "bubblewrap":
+        raise InvalidConfigError(
+            "sandbox_readonly_paths",
+            "requires sandbox 'bubblewrap'",
+            "--sandbox-readonly-path requires --sandbox bubblewrap",
+        )
+
+    _validate_router(config)
+
+    if config.auth_token is not None and (
+        not isinstance(config.auth_token, str) or not config.auth_token
+    ):
+        raise InvalidConfigError("auth_token", "must be a non-empty string")
+    if not isinstance(config.allowed_serialization, list):
+        raise InvalidConfigError("allowed_serialization", "must be a list of format names")
+    for name in config.allowed_serialization:
+        if name not in SERIALIZATION_FORMATS:
+            raise InvalidConfigError(
+                "allowed_serialization",
+                f"names an unknown format {name!r} (known: {', '.join(SERIALIZATION_FORMATS)})",
+            )
+
+
+def _validate_router(config: ServerConfig) -> None:
+    if config.router_endpoint is not None:
+        problem = router_origin_problem(config.router_endpoint)
+        if problem:
+            raise InvalidConfigError("router_endpoint", problem)
+    if config.node_id is not None and not valid_node_id(config.node_id):
+        raise InvalidConfigError(
+            "node_id",
+            "must be 1-64 characters: an ASCII letter or digit, then [A-Za-z0-9_.-]",
+        )
+    if config.router_endpoint is not None and config.node_id is None:
+        raise InvalidConfigError(
+            "router_endpoint", "requires node_id", "--router requires --node-id"
+        )
+    if config.node_id is not None and config.router_endpoint is None:
+        raise InvalidConfigError(
+            "node_id", "requires router_endpoint", "--node-id requires --router"
+        )
+    if config.node_token is not None and (
+        not isinstance(config.node_token, str) or not config.node_token
+    ):
+        raise InvalidConfigError("node_token", "must be a non-empty string")
+
+
+def valid_node_id(value: object) -> bool:
+    """ROUTER.md §3: 1–64 characters, first ASCII alphanumeric, others ``[A-Za-z0-9_.-]``."""
+    return isinstance(value, str) and _NODE_ID.fullmatch(value) is not None
+
+
+def router_origin_problem(value: object) -> str | None:
+    """Why ``value`` is not a bare ``http(s)://host[:port]`` origin (ROUTER.md §3), or None."""
+    if not isinstance(value, str) or not value:
+        return "must be an http:// or https:// origin"
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return f"is not a valid origin ({exc})"
+    if parts.scheme not in ("http", "https") or not value.startswith(parts.scheme + "://"):
+        return "must start with http:// or https://"
+    if not parts.hostname:
+        return "must name a host"
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        return "must not contain user info"
+    if parts.path not in ("", "/"):
+        return "must not contain a path"
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        return "must not contain a query or fragment"
+    if port == 0:
+        return "must have a port in 1-65535"
+    return None
+
+
+def config_for_log(config: ServerConfig) -> dict[str, Any]:
+    """The ``server_started`` event's ``config``: JSON values, node token redacted.
+
+    The auth token is left out entirely (EXTENSIONS.md §6).
+    """
+    result: dict[str, Any] = {}
+    for item in fields(config):
+        if item.name == "auth_token":
+            continue
+        value = getattr(config, item.name)
+        if item.name == "node_token" and value is not None:
+            value = REDACTED
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, list):
+            value = [str(v) if isinstance(v, Path) else v for v in value]
+        result[item.name] = value
+    return result
+
+
+# ------------------------------------------------------------------ command line
+
+
+@dataclass(frozen=True)
+class SupervisorOptions:
+    """ROUTER.md §12 node-supervisor options (only with ``--router``)."""
+
+    health_interval_seconds: float = 2.0
+    health_timeout_seconds: float = 1.0
+    failure_threshold: int = 3
+    startup_grace_seconds: float = 30.0
+    stable_reset_seconds: float = 60.0
+    termination_grace_seconds: float = 5.0
+    restart_min_delay_seconds: float = 1.0
+    restart_max_delay_seconds: float = 30.0
+    restart_jitter: float = 0.2
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything ``kcoral server`` was asked for.
+
+    ``supervisor`` is set when ``--router`` starts a node supervisor (not for the node child);
+    ``gpus_given`` says whether ``--gpus``/``KCORAL_SERVER_GPUS`` was set, since in GPU mode
+    the default is every visible GPU (EXTENSIONS.md §2).
+    """
+
+    config: ServerConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    ready_file: Path | None = None
+    supervisor: SupervisorOptions | None = None
+    node_child: bool = False
+    gpus_given: bool = False
+
+
+# hidden option -> SupervisorOptions field
+_SUPERVISOR_OPTIONS = {
+    "--health-interval-seconds": "health_interval_seconds",
+    "--health-timeout-seconds": "health_timeout_seconds",
+    "--failure-threshold": "failure_threshold",
+    "--startup-grace-seconds": "startup_grace_seconds",
+    "--stable-reset-seconds": "stable_reset_seconds",
+    "--termination-grace-seconds": "termination_grace_seconds",
+    "--restart-min-delay-seconds": "restart_min_delay_seconds",
+    "--restart-max-delay-seconds": "restart_max_delay_seconds",
+    "--restart-jitter": "restart_jitter",
+}
+
+
+def parse_integer(text: str) -> int:
+    """A plain decimal integer (no unit suffixes, no underscores)."""
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(f"not a plain integer: {text!r}")
+    return int(text)
+
+
+def parse_seconds(text: str) -> float:
+    """A finite decimal number."""
+    if not _DECIMAL.fullmatch(text):
+        raise ValueError(f"not a decimal number: {text!r}")
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {text!r}")
+    return value
+
+
+def parse_gpus(text: str) -> list[int]:
+    """Comma-separated GPU ids; empty entries are skipped."""
+    ids = []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        if not entry.isascii() or not entry.isdigit():
+            raise ValueError(f"not a GPU id: {entry!r}")
+        ids.append(int(entry))
+    return ids
+
+
+def _arg_type(convert: Any, description: str) -> Any:
+    def converter(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {description}: {text!r}") from None
+
+    converter.__name__ = description
+    return converter
+
+
+_INT = _arg_type(parse_integer, "integer")
+_SECONDS = _arg_type(parse_seconds, "number of seconds")
+_GPUS = _arg_type(parse_gpus, "GPU id list")
+_NUMBER = _arg_type(parse_seconds, "number")
+
+
+def build_server_parser() -> argparse.ArgumentParser:
+    """The ``kcoral server`` parser. Every default is ``None`` so that precedence
+    (flag > environment > default) can be resolved afterwards."""
+    parser = argparse.ArgumentParser(
+        prog="kcoral server",
+        description="Run a KCoral server.",
+        allow_abbrev=False,
+    )
+    metavars = {_INT: "N", _SECONDS: "SECONDS", _NUMBER: "X"}
+
+    def add(option: str, **kwargs: Any) -> None:
+        if "type" in kwargs and "metavar" not in kwargs:
+            kwargs["metavar"] = metavars[kwargs["type"]]
+        elif "action" not in kwargs and "metavar" not in kwargs:
+            kwargs["metavar"] = "PATH" if option.endswith(("-file", "-dir", "-path")) else None
+        parser.add_argument(option, **kwargs)
+
+    hidden = argparse.SUPPRESS
+    add("--host", help="listen address (default 127.0.0.1; env KCORAL_SERVER_HOST)")
+    add("--port", type=_INT, help="port, 0 picks a free one (default 8000; env KCORAL_SERVER_PORT)")
+    add("--ready-file", help="write the server URL to this file once it accepts requests")
+    add(
+        "--device",
+        metavar="{auto,gpu,cpu}",
+        help="device mode (default auto; env KCORAL_SERVER_DEVICE)",
+    )
+    add("--gpus", help="comma-separated physical GPU ids (default 0; env KCORAL_SERVER_GPUS)")
+    add("--num-workers", type=_INT, help="CPU mode worker count (default 1)")
+    add("--workers-per-gpu", type=_INT, help="GPU mode workers per GPU (default 8)")
+    add(
+        "--max-requests-per-worker",
+        type=_INT,
+        help="requests before a worker is replaced; 0 = reuse without limit (default 1)",
+    )
+    add("--worker-termination-grace-seconds", type=_SECONDS, help="SIGTERM->SIGKILL (default 5)")
+    add("--worker-wait-timeout-seconds", type=_SECONDS, help="wait for a worker (default 1800)")
+    add("--default-timeout-seconds", type=_SECONDS, help="(default 300)")
+    add("--max-timeout-seconds", type=_SECONDS, help="clamp (default 900)")
+    add("--max-request-bytes", type=_INT, help="413 above (default 268435456)")
+    add("--max-response-bytes", type=_INT, help="500 above (default 268435456)")
+    add("--output-limit-bytes", type=_INT, help="per-stream capture (default 1048576)")
+    add("--max-output-limit-bytes", type=_INT, help="clamp (default 16777216)")
+    add(
+        "--cache-capacity-bytes",
+        type=_INT,
+        help="memory cache (default: the smaller of 16 GiB and 1/4 of physical memory)",
+    )
+    add("--disk-cache-dir", help="file-blob cache; '' disables (default ~/.cache/kcoral/files)")
+    add("--disk-cache-capacity-mbytes", type=_INT, help="MiB; 0 disables (default 16384)")
+    add("--log-dir", help="event log directory; '' disables (default logs; env KCORAL_LOG_DIR)")
+    add("--no-log-console", action="store_true", default=None, help="no stderr mirror")
+    add("--no-log-programs", action="store_true", default=None, help="do not store programs")
+    add("--sandbox", metavar="{bubblewrap,none}", help="(default bubblewrap)")
+    add(
+        "--sandbox-readonly-path",
+        action="append",
+        metavar="PATH",
+        help="extra read-only path in the sandbox (repeatable)",
+    )
+    add("--router", help="router origin (env KCORAL_ROUTER_ENDPOINT)")
+    add("--node-id", help="node name (env KCORAL_NODE_ID)")
+    add("--node-token", help="node token; prefer env KCORAL_NODE_TOKEN")
+    add("--auth-token-file", help="require this bearer token (or env KCORAL_AUTH_TOKEN)")
+    add(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help="allow no token on a non-loopback address",
+    )
+    add("--job-retention-seconds", type=_SECONDS, help="keep finished jobs (default 3600)")
+    add("--job-retention-bytes", type=_INT, help="job results kept in memory (default 1073741824)")
+    add(
+        "--max-inflight-request-bytes",
+        type=_INT,
+        help="request bytes in flight before 503; 0 = no limit (default 2 x --max-request-bytes)",
+    )
+    add("--worker-memory-limit-bytes", type=_INT, help="per worker; 0 = none (default 0)")
+    # Hidden: node-supervisor options (ROUTER.md §12), the supervisor's child entry point and
+    # the test-only fake-GPU count.
+    for option in _SUPERVISOR_OPTIONS:
+        kind = _INT if option == "--failure-threshold" else _NUMBER
+        add(option, type=kind, help=hidden)
+    add("--node-child", action="store_true", default=None, help=hidden)
+    add("--fake-gpu-count", type=_INT, help=hidden)
+    return parser
+
+
+class _Resolver:
+    """Flag > environment > default, with messages that name where a bad value came from."""
+
+    def __init__(self, parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+        self.parser = parser
+        self.environ = environ
+
+    def fail(self, message: str) -> NoReturn:
+        self.parser.error(message)
+
+    def env(self, name: str, *, empty_is_unset: bool = False) -> str | None:
+        value = self.environ.get(name)
+        if value is None or (empty_is_unset and value == ""):
+            return None
+        return value
+
+    def pick(
+        self, flag_value: Any, env_name: str, convert: Any, *, empty_is_unset: bool = False
+    ) -> Any:
+        if flag_value is not None:
+            return flag_value
+        raw = self.env(env_name, empty_is_unset=empty_is_unset)
+        if raw is None:
+            return None
+        try:
+            return convert(raw)
+        except ValueError as exc:
+            self.fail(f"{env_name}: {exc}")
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> ServerSettings:
+    """Parse ``kcoral server`` arguments. Invalid settings raise ``SystemExit(2)`` with a
+    message on stderr; ``--help`` raises ``SystemExit(0)``."""
+    parser = build_server_parser()
+    args = parser.parse_args(list(argv))
+    resolve = _Resolver(parser, environ)
+    kwargs: dict[str, Any] = {}
+
+    host = resolve.pick(args.host, "KCORAL_SERVER_HOST", _identity)
+    host = "127.0.0.1" if host is None else host
+    if not host:
+        resolve.fail("--host must not be empty")
+    port = resolve.pick(args.port, "KCORAL_SERVER_PORT", parse_integer)
+    port = 8000 if port is None else port
+    if not 0 <= port <= 65535:
+        resolve.fail(f"--port must be in 0-65535 (got {port})")
+
+    device = resolve.pick(args.device, "KCORAL_SERVER_DEVICE", _identity)
+    kwargs["device"] = "auto" if device is None else device
+    gpus_text = args.gpus if args.gpus is not None else resolve.env("KCORAL_SERVER_GPUS")
+    gpus_given = gpus_text is not None
+    if gpus_given:
+        try:
+            kwargs["gpus"] = parse_gpus(gpus_text)
+        except ValueError as exc:
+            if kwargs["device"] != "cpu":  # ignored in CPU mode (SERVER.md §2)
+                origin = "--gpus" if args.gpus is not None else "KCORAL_SERVER_GPUS"
+                resolve.fail(f"{origin}: {exc}")
+            kwargs["gpus"] = []
+
+    for name in (
+        "num_workers",
+        "workers_per_gpu",
+        "max_requests_per_worker",
+        "worker_termination_grace_seconds",
+        "worker_wait_timeout_seconds",
+        "default_timeout_seconds",
+        "max_timeout_seconds",
+        "max_request_bytes",
+        "max_response_bytes",
+        "output_limit_bytes",
+        "max_output_limit_bytes",
+        "cache_capacity_bytes",
+        "disk_cache_capacity_mbytes",
+        "job_retention_seconds",
+        "job_retention_bytes",
+        "max_inflight_request_bytes",
+        "worker_memory_limit_bytes",
+        "fake_gpu_count",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            kwargs[name] = value
+
+    disk_dir = args.disk_cache_dir
+    if disk_dir is None:
+        kwargs["disk_cache_dir"] = default_disk_cache_dir(environ)
+    else:
+        kwargs["disk_cache_dir"] = Path(disk_dir) if disk_dir else None
+    log_dir = resolve.pick(args.log_dir, "KCORAL_LOG_DIR", _identity)
+    log_dir = "logs" if log_dir is None else log_dir
+    kwargs["log_dir"] = Path(log_dir) if log_dir else None
+    kwargs["log_console"] = not args.no_log_console
+    kwargs["log_programs"] = not args.no_log_programs
+    kwargs["allow_unauthenticated"] = bool(args.allow_unauthenticated)
+    if args.sandbox is not None:
+        kwargs["sandbox"] = args.sandbox
+    if args.sandbox_readonly_path:
+        if any(not p for p in args.sandbox_readonly_path):
+            resolve.fail("--sandbox-readonly-path must not be empty")
+        kwargs["sandbox_readonly_paths"] = [Path(p) for p in args.sandbox_readonly_path]
+
+    router = resolve.pick(args.router, "KCORAL_ROUTER_ENDPOINT", _identity, empty_is_unset=True)
+    node_id = resolve.pick(args.node_id, "KCORAL_NODE_ID", _identity, empty_is_unset=True)
+    node_token = resolve.pick(args.node_token, "KCORAL_NODE_TOKEN", _identity, empty_is_unset=True)
+    if router is not None:
+        kwargs["router_endpoint"] = router
+    if node_id is not None:
+        kwargs["node_id"] = node_id
+    if node_token is not None:
+        if not node_token:
+            resolve.fail("--node-token must not be empty")
+        kwargs["node_token"] = node_token
+
+    serialization = resolve.env("KCORAL_ALLOWED_SERIALIZATION", empty_is_unset=True)
+    if serialization is not None:
+        kwargs["allowed_serialization"] = [s.strip() for s in serialization.split(",") if s.strip()]
+
+    if args.auth_token_file is not None:
+        if not args.auth_token_file:
+            resolve.fail("--auth-token-file must not be empty")
+        kwargs["auth_token_file"] = Path(args.auth_token_file)
+    else:
+        token = resolve.env("KCORAL_AUTH_TOKEN", empty_is_unset=True)
+        if token is not None:
+            kwargs["auth_token"] = token
+
+    try:
+        config = ServerConfig(**kwargs)
+        if config.auth_token_file is not None:
+            # Read now: a missing token file must stop the server before anything starts.
+            config = replace(config, auth_token=config.read_auth_token())
+    except InvalidConfigError as exc:
+        resolve.fail(exc.cli_message)
+    except ValueError as exc:
+        resolve.fail(str(exc))
+
+    supervisor = _supervisor_options(args, resolve, router)
+    node_child = bool(args.node_child)
+    if node_child:
+        if router is None:
+            resolve.fail("--node-child requires --router")
+        supervisor = None
+    if router is not None and not sys.platform.startswith("linux"):
+        resolve.fail("--router (routed deployments) needs Linux")
+
+    ready_file = Path(args.ready_file) if args.ready_file else None
+    return ServerSettings(
+        config=config,
+        host=host,
+        port=port,
+        ready_file=ready_file,
+        supervisor=supervisor,
+        node_child=node_child,
+        gpus_given=gpus_given,
+    )
+
+
+def _supervisor_options(
+    args: argparse.Namespace, resolve: _Resolver, router: str | None
+) -> SupervisorOptions | None:
+    given = {
+        option: getattr(args, name)
+        for option, name in _SUPERVISOR_OPTIONS.items()
+        if getattr(args, name) is not None
+    }
+    if router is None:
+        if given:
+            resolve.fail(f"{next(iter(given))} requires --router")
+        return None
+    options = SupervisorOptions(**{_SUPERVISOR_OPTIONS[o]: v for o, v in given.items()})
+    for name in ("health_interval_seconds", "health_timeout_seconds"):
+        if getattr(options, name) <= 0:
+            resolve.fail(f"--{name.replace('_', '-')} must be > 0")
+    for name in ("restart_min_delay_seconds", "restart_max_delay_seconds"):
+        if getattr(options, name) <= 0:
+            resolve.fail(f"--{name.replace('_', '-')} must be > 0")
+    if options.failure_threshold < 1:
+        resolve.fail("--failure-threshold must be >= 1")
+    if options.restart_min_delay_seconds > options.restart_max_delay_seconds:
+        resolve.fail("--restart-min-delay-seconds must be <= --restart-max-delay-seconds")
+    for name in ("startup_grace_seconds", "stable_reset_seconds", "termination_grace_seconds"):
+        if getattr(options, name) < 0:
+            resolve.fail(f"--{name.replace('_', '-')} must be >= 0")
+    if not 0 <= options.restart_jitter <= 0.5:
+        resolve.fail("--restart-jitter must be in 0-0.5")
+    return options

@@ -1,0 +1,253 @@
+"""JSON-lines event log with a console mirror (SERVER.md §13).
+
+One run directory per server start, ``<log-dir>/runs/<YYYYMMDDTHHMMSS.ffffffZ>[-N]/`` holding
+``events.jsonl``, ``programs/`` and ``output/``. ``events.jsonl`` is opened once and flushed
+per line; ``emit`` sits on the request path, so it only formats and writes.
+
+Logging never fails the server: every I/O or encoding error is swallowed (and counted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+LEVELS = ("INFO", "WARNING", "ERROR")
+# Omitted from the console mirror (SERVER.md §13); they stay in events.jsonl.
+BULKY_FIELDS = frozenset({"config", "traceback", "versions", "ops", "uploads"})
+CONSOLE_VALUE_LIMIT = 120
+UNENCODABLE_LIMIT = 2000
+
+
+def format_timestamp(seconds: float) -> str:
+    """UTC ISO-8601 with millisecond precision and ``Z``: ``2024-05-01T09:30:00.123Z``."""
+    millis = int(seconds * 1000)
+    whole, ms = divmod(millis, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
+
+
+def run_dir_name(seconds: float) -> str:
+    """``YYYYMMDDTHHMMSS.ffffffZ`` (UTC, microseconds)."""
+    micros = int(seconds * 1_000_000)
+    whole, us = divmod(micros, 1_000_000)
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(whole)) + f".{us:06d}Z"
+
+
+def encode_record(timestamp: str, level: str, event: str, fields: dict[str, Any]) -> bytes:
+    """One compact JSON line (with ``\\n``). Values JSON cannot hold are written as ``repr``;
+    a record that still cannot be encoded keeps only its header and ``unencodable_fields``."""
+    record: dict[str, Any] = {"timestamp": timestamp, "level": level, "event": event}
+    for key, value in fields.items():
+        record.setdefault(key, value)
+    try:
+        text = json.dumps(
+            record, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=repr
+        )
+        try:
+            return text.encode("utf-8") + b"\n"
+        except UnicodeEncodeError:  # lone surrogates: escape them instead
+            return _dumps_ascii(record) + b"\n"
+    except Exception:
+        try:
+            described = repr(fields)
+        except Exception as exc:
+            described = f"<repr failed: {exc.__class__.__name__}>"
+        fallback = {
+            "timestamp": timestamp,
+            "level": level,
+            "event": event,
+            "unencodable_fields": described[:UNENCODABLE_LIMIT],
+        }
+        return _dumps_ascii(fallback) + b"\n"
+
+
+def _dumps_ascii(record: dict[str, Any]) -> bytes:
+    return json.dumps(
+        record, separators=(",", ":"), ensure_ascii=True, allow_nan=False, default=repr
+    ).encode("ascii")
+
+
+def format_console_value(value: Any) -> str:
+    """Console form of a field: floats with one decimal, JSON for containers, cut at 120."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = f"{value:.1f}" if math.isfinite(value) else repr(value)
+    elif isinstance(value, (int, str)):
+        text = str(value)
+    else:
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=repr)
+        except Exception:
+            text = repr(value)
+    # One event per console line, whatever the message holds.
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) > CONSOLE_VALUE_LIMIT:
+        text = text[:CONSOLE_VALUE_LIMIT] + "..."
+    return text
+
+
+def format_console_line(timestamp: str, level: str, event: str, fields: dict[str, Any]) -> str:
+    """``<timestamp> <LEVEL padded to 7> <event> k=v ...`` without null and bulky fields."""
+    parts = [f"{timestamp} {level:<7} {event}"]
+    for key, value in fields.items():
+        if value is None or key in BULKY_FIELDS:
+            continue
+        parts.append(f"{key}={format_console_value(value)}")
+    return " ".join(parts)
+
+
+class EventLog:
+    """The server's event log. ``log_dir=None`` writes no files (console only, if enabled).
+
+    ``stream`` defaults to the current ``sys.stderr`` at each write.
+    """
+
+    def __init__(
+        self,
+        log_dir: Path | None,
+        *,
+        console: bool,
+        log_programs: bool,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.console = console
+        self.log_programs = log_programs
+        self.errors = 0  # logging failures swallowed so far
+        self.file_error: str | None = None  # why file logging is off despite a log_dir
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._file: BinaryIO | None = None
+        self._run_dir: Path | None = None
+        self._temp_output: Path | None = None
+        self._output_dir: Path | None = None
+        if log_dir is not None:
+            try:
+                self._open_run(Path(log_dir))
+            except OSError as exc:
+                self.file_error = f"cannot create the log run directory: {exc}"
+                self._run_dir = None
+                self._file = None
+                self._write_console(
+                    format_console_line(
+                        format_timestamp(time.time()),
+                        "WARNING",
+                        "event_log_disabled",
+                        {"error": self.file_error},
+                    )
+                )
+
+    def _open_run(self, log_dir: Path) -> None:
+        runs = log_dir / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        name = run_dir_name(time.time())
+        suffix = 0
+        while True:
+            candidate = runs / (name if suffix == 0 else f"{name}-{suffix}")
+            try:
+                candidate.mkdir()
+                break
+            except FileExistsError:
+                suffix += 1
+        (candidate / "programs").mkdir()
+        (candidate / "output").mkdir()
+        # Opened once for the whole run: emit() must not pay an open() per record.
+        self._file = open(candidate / "events.jsonl", "ab")
+        self._run_dir = candidate
+        self._output_dir = candidate / "output"
+
+    @property
+    def run_dir(self) -> Path | None:
+        """This run's directory, or None without file logging."""
+        return self._run_dir
+
+    @property
+    def events_path(self) -> Path | None:
+        return None if self._run_dir is None else self._run_dir / "events.jsonl"
+
+    @property
+    def output_dir(self) -> Path:
+        """Where capture files go: ``<run_dir>/output``, else a private temporary directory."""
+        if self._output_dir is None:
+            with self._lock:
+                if self._output_dir is None:
+                    self._temp_output = Path(tempfile.mkdtemp(prefix="kcoral-output-"))
+                    self._output_dir = self._temp_output
+        return self._output_dir
+
+    def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
+        """Write one record (and its console line). Never raises."""
+        try:
+            timestamp = format_timestamp(time.time())
+            if self._file is not None:
+                line = encode_record(timestamp, level, event, fields)
+                with self._lock:
+                    file = self._file
+                    if file is not None:
+                        file.write(line)
+                        file.flush()
+            if self.console:
+                self._write_console(format_console_line(timestamp, level, event, fields))
+        except Exception:
+            self.errors += 1
+
+    def _write_console(self, line: str) -> None:
+        try:
+            stream = self._stream if self._stream is not None else sys.stderr
+            stream.write(line + "\n")
+            stream.flush()
+        except Exception:
+            self.errors += 1
+
+    def record_program(self, request_id: str, program_bytes: bytes | memoryview) -> str | None:
+        """Store ``programs/<request-id>.json``; returns its file name, or None if not stored."""
+        if not self.log_programs or self._run_dir is None:
+            return None
+        # Request ids are canonical UUIDs (PROTOCOL §8); refuse anything that could escape.
+        if not request_id or not all(
+            (c.isascii() and c.isalnum()) or c in "-_." for c in request_id
+        ):
+            return None
+        if request_id.startswith("."):
+            return None
+        directory = self._run_dir / "programs"
+        suffix = 0
+        while True:
+            name = f"{request_id}.json" if suffix == 0 else f"{request_id}-{suffix}.json"
+            try:
+                fd = os.open(
+                    directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                )
+                break
+            except FileExistsError:  # the same client id twice: keep both programs
+                suffix += 1
+            except OSError:
+                self.errors += 1
+                return None
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(program_bytes)
+        except Exception:
+            self.errors += 1
+            return None
+        return name
+
+    def close(self) -> None:
+        """Close ``events.jsonl`` and remove a temporary output directory. Idempotent."""
+        with self._lock:
+            file, self._file = self._file, None
+            temp, self._temp_output = self._temp_output, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)

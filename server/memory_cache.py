@@ -1,0 +1,117 @@
+"""In-memory LRU blob cache with pins (SERVER.md §10, PROTOCOL.md §9.1).
+
+Holds tensor, bytes and library blobs by SHA-256. Entries a running request uses are pinned
+(reference counted): evicting them would free nothing, since the request still holds the
+bytes, and would only cost a later cache miss. Pinned entries may push usage over the
+budget; eviction skips them and catches up when they are unpinned.
+
+Thread-safe: the front-end resolves blobs in a thread pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+Blob = Any  # bytes-like (bytes, bytearray, memoryview, mmap); kept by reference, never copied
+
+
+def _size(data: Blob) -> int | None:
+    try:
+        with memoryview(data) as view:
+            return view.nbytes
+    except TypeError:
+        return None
+
+
+class MemoryCache:
+    """LRU over unpinned entries, budget ``capacity_bytes``; objects over a quarter of the
+    budget are not kept."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = max(0, int(capacity_bytes))
+        self._lock = threading.Lock()
+        # Unpinned entries, least recently used first.
+        self._lru: OrderedDict[str, tuple[Blob, int]] = OrderedDict()
+        # hash -> [data, size, pin count]
+        self._pinned: dict[str, list[Any]] = {}
+        self._used = 0
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes held by all entries, pinned ones included."""
+        return self._used
+
+    @property
+    def pinned_bytes(self) -> int:
+        with self._lock:
+            return sum(entry[1] for entry in self._pinned.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._lru) + len(self._pinned)
+
+    def __contains__(self, sha256: object) -> bool:
+        with self._lock:
+            return sha256 in self._lru or sha256 in self._pinned
+
+    def get(self, sha256: str) -> Blob | None:
+        """The blob, marked most recently used, or ``None``."""
+        with self._lock:
+            entry = self._pinned.get(sha256)
+            if entry is not None:
+                return entry[0]
+            item = self._lru.get(sha256)
+            if item is None:
+                return None
+            self._lru.move_to_end(sha256)
+            return item[0]
+
+    def put(self, sha256: str, data: Blob) -> bool:
+        """Offer a blob; returns whether the cache holds it afterwards. Never raises."""
+        size = _size(data)
+        if size is None or size * 4 > self.capacity_bytes:
+            return sha256 in self
+        with self._lock:
+            if sha256 in self._pinned:
+                return True
+            if sha256 in self._lru:
+                self._lru.move_to_end(sha256)
+                return True
+            self._lru[sha256] = (data, size)
+            self._used += size
+            self._evict()
+            return sha256 in self._lru
+
+    def pin(self, sha256: str) -> bool:
+        """Protect an entry from eviction (counted); ``False`` if it is not cached."""
+        with self._lock:
+            entry = self._pinned.get(sha256)
+            if entry is not None:
+                entry[2] += 1
+                return True
+            item = self._lru.pop(sha256, None)
+            if item is None:
+                return False
+            self._pinned[sha256] = [item[0], item[1], 1]
+            return True
+
+    def unpin(self, sha256: str) -> None:
+        """Drop one pin; the last one makes the entry the most recently used again."""
+        with self._lock:
+            entry = self._pinned.get(sha256)
+            if entry is None:
+                return
+            entry[2] -= 1
+            if entry[2] > 0:
+                return
+            del self._pinned[sha256]
+            self._lru[sha256] = (entry[0], entry[1])
+            self._evict()
+
+    def _evict(self) -> None:
+        # Caller holds the lock. Oldest unpinned first, until within budget (or none left).
+        while self._used > self.capacity_bytes and self._lru:
+            _, (_, size) = self._lru.popitem(last=False)
+            self._used -= size

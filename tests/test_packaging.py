@@ -1,0 +1,54 @@
+"""Packaging promises: the import names map to their folders, and `import kcoral` stays thin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"kcoral": "kcoral", "kcoral_server": "server", "kcoral_jupyter": "jupyter_ext"}
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    assert config["package-dir"] == FOLDERS
+    found = set()
+    for name, folder in FOLDERS.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *relative.parts]))
+    assert found == listed
+
+
+def test_import_kcoral_loads_no_server_torch_jupyter_or_grpc_module() -> None:
+    code = (
+        "import sys, kcoral\n"
+        "from kcoral import Client, Program, Register, ProgramResult, ReturnedFile,"
+        " ReturnedFolder, KCoralError, TransportError, ProtocolError, RemoteExecutionError,"
+        " ServerConfig, parse_program\n"
+        "heavy = ('tornado', 'torch', 'jupyter', 'jupyter_server', 'IPython', 'ipykernel',"
+        " 'grpc', 'google.protobuf', 'tvm_ffi', 'kcoral_server.app')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_kcoral_command_prints_help_without_a_sub_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kcoral"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "server" in out and "router" in out and "run" in out
+
+
+def test_the_version_is_the_installed_distribution_version() -> None:
+    from importlib.metadata import version
+
+    import kcoral
+
+    assert kcoral.__version__ == version("kcoral")
