@@ -7,7 +7,7 @@ frozen records; everything past the HTTP edge works on them, never on raw dicts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 UploadKind = Literal["module", "tensor", "bytes", "file", "library"]
 ReturnKind = Literal["value", "file", "folder"]
@@ -83,7 +83,7 @@ class Return:
     op: Literal["return"] = field(default="return", init=False)
 
 
-Instruction = Union[Upload, GetFunction, Run, Return]
+Instruction = Upload | GetFunction | Run | Return
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,4 @@ class Program:
         return {blob: frozenset(used) for blob, used in kinds.items()}
 
     def tensor_uploads(self) -> list[Upload]:
-        return [
-            i for i in self.instructions if isinstance(i, Upload) and i.kind == "tensor"
-        ]
+        return [i for i in self.instructions if isinstance(i, Upload) and i.kind == "tensor"]

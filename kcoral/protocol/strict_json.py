@@ -38,8 +38,12 @@ def loads_strict(data: bytes | bytearray | memoryview | str) -> Any:
             raise ValidationError(f"JSON is not valid UTF-8: {exc.reason}") from None
     try:
         value, end = _DECODER.raw_decode(text, _skip_whitespace(text, 0))
+    except ValidationError:
+        raise
     except json.JSONDecodeError as exc:
         raise ValidationError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
+    except ValueError as exc:  # e.g. an integer literal beyond int_max_str_digits
+        raise ValidationError(f"invalid JSON: {exc}") from None
     except RecursionError:
         raise ValidationError("invalid JSON: nested too deeply") from None
     if _skip_whitespace(text, end) != len(text):

@@ -1,0 +1,35 @@
+"""Header rules of PROTOCOL.md §8."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+REQUEST_ID_HEADER = "X-Request-ID"
+NODE_HEADER = "X-KCoral-Node"
+SERIALIZATION_HEADER = "X-KCoral-Serialization"
+MAX_NODE_ECHO_CHARS = 512
+
+
+def is_canonical_uuid(value: object) -> bool:
+    """True for a canonical lowercase hyphenated UUID of any version."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
+
+
+def accept_request_id(values: Sequence[str]) -> str:
+    """The request id to use: the client's only if it sent exactly one canonical UUID."""
+    if len(values) == 1 and is_canonical_uuid(values[0]):
+        return values[0]
+    return str(uuid.uuid4())
+
+
+def node_preference(value: str | None) -> str | None:
+    """The ``X-KCoral-Node`` value a client echoes on its next attempt (1–512 characters)."""
+    if value is None or not 1 <= len(value) <= MAX_NODE_ECHO_CHARS:
+        return None
+    return value
