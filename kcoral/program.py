@@ -1,0 +1,433 @@
+"""The client-side program builder (CLIENT_API.md §3, §5).
+
+Every builder call validates everything first and only then commits, so a call that raises
+leaves the program unchanged and consumes no generated id. Bytes, arrays and JSON literals
+are copied at call time; later mutation of the caller's objects changes nothing here.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import math
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path
+from kcoral.tensors import tensor_payload
+
+_UPLOAD_KINDS = ("module", "tensor", "bytes", "library")
+_LANGUAGES = ("python", "cuda")
+
+
+@dataclass(frozen=True)
+class Register:
+    """Names a value produced by an instruction, inside one request only."""
+
+    id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str):
+            raise TypeError(f"Register id must be a str, not {type(self.id).__name__}")
+
+
+class Program:
+    """An ordered list of instructions plus the blobs they reference. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._instructions: list[dict[str, Any]] = []
+        self._ids: set[str] = set()
+        self._return_keys: set[str] = set()
+        self._file_paths: list[str] = []
+        self._blobs: dict[str, bytes] = {}  # insertion order == order of first reference
+        self._counter = 0
+
+    # -- read access ---------------------------------------------------------------------
+
+    @property
+    def instructions(self) -> list[dict[str, Any]]:
+        """Shallow copy of the wire instruction list; treat the dicts as read-only."""
+        return list(self._instructions)
+
+    @property
+    def blobs(self) -> Mapping[str, bytes]:
+        """Read-only ``sha256 -> bytes`` of every blob, in order of first reference."""
+        return MappingProxyType(self._blobs)
+
+    def __repr__(self) -> str:
+        return f"<Program: {len(self._instructions)} instructions, {len(self._blobs)} blobs>"
+
+    # -- uploads -------------------------------------------------------------------------
+
+    def upload(
+        self,
+        *,
+        id: str | None = None,
+        kind: str,
+        source: str | None = None,
+        language: str = "python",
+        value: Any = None,
+        dtype: str | None = None,
+        shape: Any = None,
+    ) -> Register:
+        """Upload a module, tensor, bytes or library value and name it."""
+        if kind == "file":
+            raise ValueError("kind='file' is not accepted here; use upload_file")
+        if kind not in _UPLOAD_KINDS:
+            raise ValueError(f"unknown upload kind {kind!r}; expected one of {_UPLOAD_KINDS}")
+        new_id, counter = self._claim_id(id, "upload")
+        instruction: dict[str, Any] = {"op": "upload", "id": new_id, "kind": kind}
+        blob: bytes | None = None
+
+        if kind == "module":
+            _require_unset(kind, value=value, dtype=dtype, shape=shape)
+            if not isinstance(source, str):
+                raise TypeError(f"module source must be a str, not {type(source).__name__}")
+            if language not in _LANGUAGES:
+                raise ValueError(f"unknown module language {language!r}; expected {_LANGUAGES}")
+            instruction["source"] = source
+            if language == "cuda":
+                instruction["language"] = "cuda"
+        else:
+            _require_unset(kind, source=source)
+            if language != "python":
+                raise TypeError(f"language= applies to module uploads only, not {kind!r}")
+            if kind == "tensor":
+                if value is None:
+                    raise TypeError("a tensor upload needs value=")
+                blob, wire_dtype, wire_shape = tensor_payload(value, dtype, shape)
+                instruction["blob"] = _sha256(blob)
+                instruction["dtype"] = wire_dtype
+                instruction["shape"] = list(wire_shape)
+            else:
+                _require_unset(kind, dtype=dtype, shape=shape)
+                blob = _bytes_snapshot(value, f"{kind} upload value")
+                instruction["blob"] = _sha256(blob)
+
+        self._commit(instruction, counter, blobs=[] if blob is None else [blob])
+        return Register(new_id)
+
+    def upload_file(self, *, blob: Any, path: str, id: str | None = None) -> Register:
+        """Place ``blob`` at workspace ``path``; the register's value is the normalized path."""
+        normalized = normalize_workspace_path(path)
+        data = _bytes_snapshot(blob, "upload_file blob")
+        self._check_new_file_paths([normalized])
+        new_id, counter = self._claim_id(id, "upload")
+        instruction = {
+            "op": "upload",
+            "id": new_id,
+            "kind": "file",
+            "path": normalized,
+            "blob": _sha256(data),
+        }
+        self._commit(instruction, counter, blobs=[data], file_paths=[normalized])
+        return Register(new_id)
+
+    def upload_folder(self, folder: str | os.PathLike[str], *, path: str) -> None:
+        """Upload every regular file below local ``folder`` under workspace ``path``.
+
+        All or nothing; symlinks, special files, a directory reached twice and files that
+        change while read are refused (``ValueError``).
+        """
+        root = normalize_workspace_path(path)
+        files = read_folder(folder)
+        destinations = [(f"{root}/{rel}", data) for rel, data in files]
+        for destination, _ in destinations:
+            normalize_workspace_path(destination)  # odd local names (backslash, non-UTF-8)
+        destinations.sort(key=lambda item: item[0])
+        self._check_new_file_paths([destination for destination, _ in destinations])
+
+        counter = self._counter
+        taken = set(self._ids)
+        instructions = []
+        for destination, data in destinations:
+            new_id, counter = _generate_id("upload", counter, taken)
+            taken.add(new_id)
+            instructions.append(
+                {
+                    "op": "upload",
+                    "id": new_id,
+                    "kind": "file",
+                    "path": destination,
+                    "blob": _sha256(data),
+                }
+            )
+        for instruction, (destination, data) in zip(instructions, destinations, strict=True):
+            self._commit(instruction, counter, blobs=[data], file_paths=[destination])
+
+    # -- functions and calls -------------------------------------------------------------
+
+    def get_function(
+        self, *, id: str | None = None, module: Any, name: str, cpu_only: bool = False
+    ) -> Register:
+        """Select ``name`` from an uploaded module or library."""
+        module_ref = self._reference(module, "module", allow_dict=True)
+        if not isinstance(name, str) or not name:
+            raise ValueError("get_function name must be a non-empty str")
+        if not isinstance(cpu_only, bool):
+            raise TypeError(f"cpu_only must be a bool, not {type(cpu_only).__name__}")
+        new_id, counter = self._claim_id(id, "get_function")
+        instruction: dict[str, Any] = {
+            "op": "get_function",
+            "id": new_id,
+            "module": module_ref,
+            "name": name,
+        }
+        if cpu_only:
+            instruction["cpu_only"] = True
+        self._commit(instruction, counter)
+        return Register(new_id)
+
+    def run(self, *, id: str | None = None, fn: Register, args: Any = None) -> Register:
+        """Call ``fn(*args)``; top-level Registers and ``{"$ref": id}`` are resolved."""
+        if not isinstance(fn, Register):
+            raise TypeError(f"fn must be a Register, not {type(fn).__name__}")
+        fn_ref = self._reference(fn, "fn", allow_dict=False)
+        if args is None:
+            args = []
+        if not isinstance(args, (list, tuple)):
+            raise TypeError(f"args must be a list or tuple, not {type(args).__name__}")
+        wire_args = [self._run_argument(arg, index) for index, arg in enumerate(args)]
+        new_id, counter = self._claim_id(id, "run")
+        instruction: dict[str, Any] = {"op": "run", "id": new_id, "fn": fn_ref}
+        if wire_args:
+            instruction["args"] = wire_args
+        self._commit(instruction, counter)
+        return Register(new_id)
+
+    # -- returns -------------------------------------------------------------------------
+
+    def return_(self, *, key: str, value: Any) -> None:
+        """Return the value of a register under ``key``."""
+        self._check_key(key)
+        ref = self._reference(value, "value", allow_dict=True)
+        self._commit({"op": "return", "key": key, "value": ref}, self._counter, key=key)
+
+    def return_file(self, *, key: str, path: Any) -> None:
+        """Return a workspace file (a literal path, or a Register holding one)."""
+        self._return_path(key, path, "file")
+
+    def return_folder(self, *, key: str, path: Any) -> None:
+        """Return a workspace folder (a literal path, or a Register holding one)."""
+        self._return_path(key, path, "folder")
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _return_path(self, key: str, path: Any, kind: str) -> None:
+        self._check_key(key)
+        if isinstance(path, Register):
+            wire_path: Any = self._reference(path, "path", allow_dict=False)
+        else:
+            wire_path = normalize_workspace_path(path)
+        instruction = {"op": "return", "key": key, "kind": kind, "path": wire_path}
+        self._commit(instruction, self._counter, key=key)
+
+    def _claim_id(self, explicit: str | None, op: str) -> tuple[str, int]:
+        """The id to use and the counter value after committing (nothing changes yet)."""
+        if explicit is None:
+            return _generate_id(op, self._counter, self._ids)
+        if not isinstance(explicit, str) or not explicit:
+            raise ValueError("id must be a non-empty str")
+        if explicit in self._ids:
+            raise ValueError(f"id {explicit!r} is already used in this program")
+        return explicit, self._counter
+
+    def _check_key(self, key: object) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError("return key must be a non-empty str")
+        if key in self._return_keys:
+            raise ValueError(f"return key {key!r} is already used in this program")
+
+    def _check_new_file_paths(self, paths: list[str]) -> None:
+        conflict = conflicting_paths([*self._file_paths, *paths])
+        if conflict is not None:
+            first, second = conflict
+            if first == second:
+                raise ValueError(f"file path {first!r} is uploaded twice")
+            raise ValueError(f"file path {first!r} conflicts with {second!r}")
+
+    def _reference(self, value: Any, what: str, *, allow_dict: bool) -> dict[str, str]:
+        if isinstance(value, Register):
+            ref_id = value.id
+        elif (
+            allow_dict
+            and isinstance(value, dict)
+            and len(value) == 1
+            and isinstance(value.get("$ref"), str)
+        ):
+            ref_id = value["$ref"]
+        else:
+            expected = 'a Register or {"$ref": id}' if allow_dict else "a Register"
+            raise TypeError(f"{what} must be {expected}, not {type(value).__name__}")
+        if ref_id not in self._ids:
+            raise ValueError(f"{what} refers to unknown id {ref_id!r}")
+        return {"$ref": ref_id}
+
+    def _run_argument(self, arg: Any, index: int) -> Any:
+        if isinstance(arg, Register):
+            return self._reference(arg, f"args[{index}]", allow_dict=False)
+        if isinstance(arg, dict) and len(arg) == 1 and "$ref" in arg:
+            target = arg["$ref"]
+            if isinstance(target, str) and target:
+                return self._reference(arg, f"args[{index}]", allow_dict=True)
+        try:
+            return copy_literal(arg, set())
+        except RecursionError:
+            raise ValueError(f"args[{index}] is nested too deeply") from None
+
+    def _commit(
+        self,
+        instruction: dict[str, Any],
+        counter: int,
+        *,
+        blobs: Sequence[bytes] = (),
+        file_paths: Sequence[str] = (),
+        key: str | None = None,
+    ) -> None:
+        self._instructions.append(instruction)
+        if "id" in instruction:
+            self._ids.add(instruction["id"])
+        if key is not None:
+            self._return_keys.add(key)
+        for data in blobs:
+            self._blobs.setdefault(instruction["blob"], data)
+        self._file_paths.extend(file_paths)
+        self._counter = counter
+
+
+def copy_literal(value: Any, active: set[int]) -> Any:
+    """Deep-copy a JSON literal, refusing non-JSON types, non-finite floats and cycles.
+
+    ``active`` holds the ids of the containers on the current path (cycle detection; a
+    container shared by two branches is fine and copied twice).
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite float {value!r} cannot be sent as JSON")
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Register):
+        raise TypeError("a Register nested inside a container is not resolved; pass it top-level")
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in active:
+            raise ValueError("literal arguments must not contain cycles")
+        active.add(id(value))
+        try:
+            if isinstance(value, dict):
+                copied: dict[str, Any] = {}
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise TypeError(f"object keys must be str, not {type(key).__name__}")
+                    copied[str(key)] = copy_literal(item, active)
+                return copied
+            return [copy_literal(item, active) for item in value]
+        finally:
+            active.discard(id(value))
+    raise TypeError(f"{type(value).__name__} is not a JSON literal")
+
+
+def read_folder(folder: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
+    """Read every regular file below ``folder`` as ``(relative path, bytes)``.
+
+    Iterative, never follows links. ``ValueError`` for symlinks, special files, a directory
+    reached twice or a file changing while read; ``OSError`` when something is unreadable
+    or ``folder`` is not a directory.
+    """
+    top = os.fspath(folder)
+    info = os.lstat(top)
+    if stat.S_ISLNK(info.st_mode):
+        raise ValueError(f"{top!r} is a symlink")
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"{top!r} is not a directory")
+    seen_dirs = {(info.st_dev, info.st_ino)}
+    files: list[tuple[str, bytes]] = []
+    pending: list[tuple[str, str]] = [(top, "")]
+    while pending:
+        directory, prefix = pending.pop()
+        with os.scandir(directory) as entries:
+            listed = sorted(entries, key=lambda entry: entry.name)
+        for entry in listed:
+            rel = f"{prefix}{entry.name}"
+            entry_info = entry.stat(follow_symlinks=False)
+            mode = entry_info.st_mode
+            if stat.S_ISLNK(mode):
+                raise ValueError(f"{entry.path!r} is a symlink")
+            if stat.S_ISDIR(mode):
+                identity = (entry_info.st_dev, entry_info.st_ino)
+                if identity in seen_dirs:
+                    raise ValueError(f"directory {entry.path!r} is reached twice")
+                seen_dirs.add(identity)
+                pending.append((entry.path, f"{rel}/"))
+            elif stat.S_ISREG(mode):
+                files.append((rel, _read_stable(entry.path, entry_info)))
+            else:
+                raise ValueError(f"{entry.path!r} is not a regular file or directory")
+    return files
+
+
+def _read_stable(path: str, listed: os.stat_result) -> bytes:
+    # O_NONBLOCK: if the entry was swapped for a FIFO after listing, open must not hang.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # became a symlink after listing
+            raise ValueError(f"{path!r} is a symlink") from None
+        raise
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode) or (before.st_dev, before.st_ino) != (
+            listed.st_dev,
+            listed.st_ino,
+        ):
+            raise ValueError(f"{path!r} changed while it was read")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if _signature(before) != _signature(after) or len(data) != after.st_size:
+        raise ValueError(f"{path!r} changed while it was read")
+    return data
+
+
+def _signature(info: os.stat_result) -> tuple[int, int, int]:
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _generate_id(op: str, counter: int, taken: set[str]) -> tuple[str, int]:
+    while True:
+        candidate = f"{op}_{counter}"
+        counter += 1
+        if candidate not in taken:
+            return candidate, counter
+
+
+def _require_unset(kind: str, **fields: Any) -> None:
+    for name, value in fields.items():
+        if value is not None:
+            raise TypeError(f"{name}= is not allowed for a {kind!r} upload")
+
+
+def _bytes_snapshot(value: Any, what: str) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be bytes-like, not {type(value).__name__}")
+    return memoryview(value).tobytes()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,401 @@
+"""Strict validation and decoding of ``/execute`` and ``/health`` answers (CLIENT_API.md §9–§10).
+
+Pure functions over ``(status, content type, body)`` so the sync and async clients share
+them. Any rule a 200 response breaks raises ``ProtocolError``; a non-200 answer becomes a
+``KCoralError`` built from its ``ERROR`` body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kcoral.errors import INSTRUCTION_ERROR_KINDS, KCoralError, ProtocolError, ValidationError
+from kcoral.protocol import multipart
+from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_dtype
+from kcoral.protocol.strict_json import loads_strict
+from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+_TIMINGS = ("queue_ms", "elapsed_ms", "lease_wait_ms", "lease_held_ms")
+_OPS = frozenset({"upload", "get_function", "run", "return"})
+_ERROR_FIELDS = frozenset(
+    {"kind", "message", "instruction_index", "instruction_op", "instruction_id", "traceback"}
+)
+_GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"})
+_NODE_FIELDS: dict[str, frozenset[str]] = {
+    "null": frozenset({"type"}),
+    "boolean": frozenset({"type", "value"}),
+    "integer": frozenset({"type", "value"}),
+    "number": frozenset({"type", "value"}),
+    "string": frozenset({"type", "value"}),
+    "array": frozenset({"type", "value"}),
+    "object": frozenset({"type", "value"}),
+    "bytes": frozenset({"type", "part", "sha256"}),
+    "tensor": frozenset({"type", "dtype", "shape", "part", "sha256"}),
+    "file": frozenset({"type", "size", "part", "sha256"}),
+    "folder": frozenset({"type", "files", "directories"}),
+}
+
+
+@dataclass(frozen=True)
+class CacheMiss:
+    """A validated ``CACHE_MISS`` answer (handled inside ``execute``, never surfaced)."""
+
+    request_id: str
+    missing_blobs: tuple[str, ...]
+
+
+def media_type(content_type: str | None) -> str:
+    """Lower-cased media type without parameters (``""`` when absent)."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def error_from_response(
+    status_code: int, headers: Mapping[str, str], body: bytes | memoryview
+) -> KCoralError:
+    """``KCoralError`` for a non-200 answer, from its ``ERROR`` body when that parses."""
+    header_request_id = headers.get("X-Request-ID") or None
+    try:
+        decoded = loads_strict(body)
+    except ValidationError:
+        decoded = None
+    if isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):
+        error = decoded["error"]
+        message = error.get("message")
+        kind = error.get("kind")
+        request_id = decoded.get("request_id")
+        return KCoralError(
+            status_code,
+            message if isinstance(message, str) else "server error",
+            kind=kind if isinstance(kind, str) else None,
+            request_id=request_id if isinstance(request_id, str) else header_request_id,
+        )
+    return KCoralError(status_code, f"HTTP {status_code}", request_id=header_request_id)
+
+
+def decode_json_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
+    """Strict JSON object or ``ProtocolError`` naming ``what``."""
+    try:
+        value = loads_strict(body)
+    except ValidationError as exc:
+        raise ProtocolError(f"{what}: {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what}: expected a JSON object")
+    return value
+
+
+def decode_health(body: bytes | memoryview) -> dict[str, Any]:
+    """Validate a 200 ``/health`` body (§2: a JSON object with ``status == "ok"``)."""
+    health = decode_json_object(body, "health response")
+    if health.get("status") != "ok":
+        raise ProtocolError(f"health status is {health.get('status')!r}, not 'ok'")
+    return health
+
+
+def decode_target(health: Mapping[str, Any]) -> dict[str, str]:
+    """``health["target"]``: a ``str -> str`` object containing ``arch``."""
+    target = health.get("target")
+    if not isinstance(target, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in target.items()
+    ):
+        raise ProtocolError("health target is not an object of strings")
+    if "arch" not in target:
+        raise ProtocolError("server reports no GPU target (no 'arch'); is it a CPU server?")
+    return dict(target)
+
+
+def decode_execute_response(
+    content_type: str | None, body: bytes | memoryview, known_blobs: Collection[str]
+) -> ProgramResult | CacheMiss:
+    """Validate a 200 ``/execute`` answer; ``known_blobs`` are the program's blob hashes."""
+    kind = media_type(content_type)
+    parts: dict[str, memoryview] = {}
+    if kind == "application/json":
+        result_bytes: bytes | memoryview = body
+    elif kind == "multipart/form-data":
+        result_bytes, parts = _split_multipart(content_type or "", body)
+    else:
+        raise ProtocolError(f"unexpected response content type {content_type!r}")
+    document = decode_json_object(result_bytes, "response JSON")
+
+    status = document.get("status")
+    if status == "CACHE_MISS":
+        if kind != "application/json":
+            raise ProtocolError("a CACHE_MISS response must be plain JSON")
+        return _cache_miss(document, known_blobs)
+    if status not in ("COMPLETED", "FAILED"):
+        raise ProtocolError(f"unexpected response status {status!r}")
+    return _program_result(document, parts)
+
+
+def _split_multipart(
+    content_type: str, body: bytes | memoryview
+) -> tuple[memoryview, dict[str, memoryview]]:
+    try:
+        boundary = multipart.boundary_from_content_type(content_type)
+        if isinstance(boundary, str):
+            boundary = boundary.encode("ascii")
+        parsed = multipart.parse_multipart(memoryview(body), boundary)
+    except (ValidationError, ValueError) as exc:
+        raise ProtocolError(f"malformed multipart response: {exc}") from None
+    result: memoryview | None = None
+    binary: dict[str, memoryview] = {}
+    for part in parsed:
+        part_type = media_type(part.content_type)
+        if part.name == "result":
+            if result is not None:
+                raise ProtocolError("multipart response has more than one 'result' part")
+            if part_type != "application/json":
+                raise ProtocolError("the 'result' part must be application/json")
+            result = part.data
+            continue
+        if part.name in binary:
+            raise ProtocolError(f"multipart response repeats part {part.name!r}")
+        if part_type != "application/octet-stream":
+            raise ProtocolError(f"part {part.name!r} must be application/octet-stream")
+        binary[part.name] = part.data
+    if result is None:
+        raise ProtocolError("multipart response has no 'result' part")
+    return result, binary
+
+
+def _cache_miss(document: dict[str, Any], known_blobs: Collection[str]) -> CacheMiss:
+    request_id = _request_id(document)
+    missing = document.get("missing_blobs")
+    if not isinstance(missing, list) or not missing:
+        raise ProtocolError("CACHE_MISS needs a non-empty missing_blobs list")
+    for blob in missing:
+        if not isinstance(blob, str) or not _HASH.fullmatch(blob):
+            raise ProtocolError(f"CACHE_MISS lists an invalid hash {blob!r}")
+    if len(set(missing)) != len(missing):
+        raise ProtocolError("CACHE_MISS missing_blobs has duplicates")
+    for blob in missing:
+        if blob not in known_blobs:
+            raise ProtocolError(f"CACHE_MISS lists {blob}, which is not a blob of this program")
+    return CacheMiss(request_id, tuple(missing))
+
+
+def _request_id(document: dict[str, Any]) -> str:
+    request_id = document.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        raise ProtocolError("request_id must be a non-empty string")
+    return request_id
+
+
+def _program_result(document: dict[str, Any], parts: dict[str, memoryview]) -> ProgramResult:
+    status = document["status"]
+    request_id = _request_id(document)
+    timings = []
+    for name in _TIMINGS:
+        value = _finite_float(document.get(name))
+        if value is None:
+            raise ProtocolError(f"{name} must be a finite number")
+        timings.append(value)
+    streams = []
+    for name in ("stdout", "stderr"):
+        if not isinstance(document.get(name), str):
+            raise ProtocolError(f"{name} must be a string")
+        streams.append(document[name])
+    flags = []
+    for name in ("stdout_truncated", "stderr_truncated"):
+        value = document.get(name, False)
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{name} must be a boolean")
+        flags.append(value)
+    gpu_ids = _gpu_ids(document)
+
+    raw_results = document.get("results")
+    if not isinstance(raw_results, dict):
+        raise ProtocolError("results must be an object")
+    decoder = _NodeDecoder(parts)
+    try:
+        results = {key: decoder.decode(node, key) for key, node in raw_results.items()}
+    except RecursionError:
+        raise ProtocolError("results are nested too deeply") from None
+    decoder.finish()
+
+    if status == "COMPLETED":
+        if "error" in document:
+            raise ProtocolError("a COMPLETED response must not carry an error")
+        error = None
+    else:
+        error = _instruction_error(document.get("error"))
+    return ProgramResult(
+        status,
+        request_id,
+        *timings,
+        results,
+        *streams,
+        *flags,
+        error=error,
+        gpu_ids=gpu_ids,
+    )
+
+
+def _gpu_ids(document: dict[str, Any]) -> tuple[int, ...]:
+    if ("gpu_ids" in document) != ("gpu_count" in document):
+        raise ProtocolError("gpu_ids and gpu_count must be both present or both absent")
+    if "gpu_ids" not in document:
+        return ()
+    ids = document["gpu_ids"]
+    count = document["gpu_count"]
+    if not isinstance(ids, list) or not 1 <= len(ids) <= 8:
+        raise ProtocolError("gpu_ids must be a list of 1 to 8 GPU ids")
+    if not all(_is_int(gpu) and gpu >= 0 for gpu in ids) or len(set(ids)) != len(ids):
+        raise ProtocolError("gpu_ids must be distinct non-negative integers")
+    if not _is_int(count) or count != len(ids):
+        raise ProtocolError("gpu_count must be an integer equal to len(gpu_ids)")
+    return tuple(ids)
+
+
+def _instruction_error(error: object) -> dict[str, Any]:
+    if not isinstance(error, dict):
+        raise ProtocolError("a FAILED response needs an error object")
+    expected = set(_ERROR_FIELDS)
+    if error.get("kind") == "gpu_access":
+        expected |= _GPU_ACCESS_FIELDS
+    if set(error) != expected:
+        raise ProtocolError(f"error fields {sorted(error)} differ from {sorted(expected)}")
+    if error["kind"] not in INSTRUCTION_ERROR_KINDS:
+        raise ProtocolError(f"unknown instruction error kind {error['kind']!r}")
+    if not _is_int(error["instruction_index"]):
+        raise ProtocolError("error.instruction_index must be an integer")
+    if error["instruction_op"] not in _OPS:
+        raise ProtocolError(f"unknown error.instruction_op {error['instruction_op']!r}")
+    for name in ("instruction_id", "interfered_request_id"):
+        if name in error and error[name] is not None and not isinstance(error[name], str):
+            raise ProtocolError(f"error.{name} must be a string or null")
+    for name in ("message", "traceback", "cuda_call", "location"):
+        if name in error and not isinstance(error[name], str):
+            raise ProtocolError(f"error.{name} must be a string")
+    return error
+
+
+class _NodeDecoder:
+    """Decodes result nodes, checking binary parts in strict depth-first order."""
+
+    def __init__(self, parts: dict[str, memoryview]) -> None:
+        self._parts = parts
+        self._next_part = 0
+
+    def finish(self) -> None:
+        if self._next_part != len(self._parts):
+            unused = sorted(set(self._parts) - {f"return:{i}" for i in range(self._next_part)})
+            raise ProtocolError(f"binary parts not referenced by any result: {unused}")
+
+    def decode(self, node: object, where: str) -> Any:
+        if not isinstance(node, dict):
+            raise ProtocolError(f"result {where!r}: a node must be an object")
+        node_type = node.get("type")
+        if not isinstance(node_type, str) or node_type not in _NODE_FIELDS:
+            raise ProtocolError(f"result {where!r}: unknown node type {node_type!r}")
+        if set(node) != _NODE_FIELDS[node_type]:
+            raise ProtocolError(f"result {where!r}: wrong fields for a {node_type} node")
+        value = node.get("value")
+        if node_type == "null":
+            return None
+        if node_type == "boolean":
+            return self._typed(value, bool, where)
+        if node_type == "integer":
+            if not _is_int(value):
+                raise ProtocolError(f"result {where!r}: integer value must be an int")
+            return value
+        if node_type == "number":
+            number = _finite_float(value)
+            if number is None:
+                raise ProtocolError(f"result {where!r}: number value must be finite")
+            return number
+        if node_type == "string":
+            return self._typed(value, str, where)
+        if node_type == "array":
+            items = self._typed(value, list, where)
+            return [self.decode(item, f"{where}[{i}]") for i, item in enumerate(items)]
+        if node_type == "object":
+            members = self._typed(value, dict, where)
+            return {key: self.decode(item, f"{where}.{key}") for key, item in members.items()}
+        if node_type == "bytes":
+            return bytes(self._part(node, where))
+        if node_type == "tensor":
+            return self._tensor(node, where)
+        if node_type == "file":
+            return self._file(node, where)
+        return self._folder(node, where)
+
+    @staticmethod
+    def _typed(value: object, expected: type, where: str) -> Any:
+        if not isinstance(value, expected):
+            raise ProtocolError(f"result {where!r}: value must be {expected.__name__}")
+        return value
+
+    def _part(self, node: dict[str, Any], where: str) -> memoryview:
+        expected = f"return:{self._next_part}"
+        if node["part"] != expected:
+            raise ProtocolError(f"result {where!r}: part {node['part']!r}, expected {expected!r}")
+        data = self._parts.get(expected)
+        if data is None:
+            raise ProtocolError(f"result {where!r}: part {expected!r} is missing")
+        if node["sha256"] != hashlib.sha256(data).hexdigest():
+            raise ProtocolError(f"result {where!r}: sha256 does not match part {expected!r}")
+        self._next_part += 1
+        return data
+
+    def _tensor(self, node: dict[str, Any], where: str) -> np.ndarray:
+        dtype = node["dtype"]
+        shape = node["shape"]
+        if not is_dtype(dtype):
+            raise ProtocolError(f"result {where!r}: unknown tensor dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise ProtocolError(f"result {where!r}: tensor shape must be non-negative ints")
+        data = self._part(node, where)
+        if len(data) != byte_length(dtype, shape):
+            raise ProtocolError(f"result {where!r}: tensor part has the wrong length")
+        # copy(): a writable array that owns its memory, independent of the response body
+        return np.frombuffer(data, dtype=numpy_dtype(dtype)).reshape(shape).copy()
+
+    def _file(self, node: dict[str, Any], where: str) -> ReturnedFile:
+        size = node["size"]
+        if not _is_int(size) or size < 0:
+            raise ProtocolError(f"result {where!r}: file size must be an integer >= 0")
+        data = self._part(node, where)
+        if len(data) != size:
+            raise ProtocolError(f"result {where!r}: file size {size} != part length")
+        return ReturnedFile(bytes(data))
+
+    def _folder(self, node: dict[str, Any], where: str) -> ReturnedFolder:
+        files = node["files"]
+        directories = node["directories"]
+        if not isinstance(files, dict) or not isinstance(directories, list):
+            raise ProtocolError(f"result {where!r}: folder needs a files object and a list")
+        decoded: dict[str, ReturnedFile] = {}
+        for path, file_node in files.items():
+            if not isinstance(file_node, dict) or file_node.get("type") != "file":
+                raise ProtocolError(f"result {where!r}: folder entry {path!r} is not a file")
+            decoded[path] = self.decode(file_node, f"{where}/{path}")
+        if not all(isinstance(d, str) for d in directories):
+            raise ProtocolError(f"result {where!r}: folder directories must be strings")
+        try:
+            return ReturnedFolder(decoded, directories)
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"result {where!r}: invalid folder manifest: {exc}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite_float(value: object) -> float | None:
+    """``float(value)`` for a finite JSON number (bools refused), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        return None
+    return number if math.isfinite(number) else None

@@ -1,0 +1,205 @@
+"""ReturnedFile / ReturnedFolder (CLIENT_API.md §7): construction and every save rule."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from kcoral import ProgramResult, ReturnedFile, ReturnedFolder
+
+
+def mode(path):
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def leftovers(directory):
+    return [name for name in os.listdir(directory) if name.startswith(".kcoral-")]
+
+
+def test_a_returned_file_needs_bytes():
+    assert ReturnedFile(b"x").read_bytes() == b"x"
+    for bad in (bytearray(b"x"), "x", memoryview(b"x")):
+        with pytest.raises(TypeError):
+            ReturnedFile(bad)  # type: ignore[arg-type]
+
+
+def test_save_writes_a_new_file_with_mode_0600(tmp_path):
+    target = tmp_path / "out.bin"
+    assert ReturnedFile(b"data").save(str(target)) == target
+    assert target.read_bytes() == b"data" and mode(target) == 0o600
+    assert leftovers(tmp_path) == []
+
+
+def test_save_refuses_an_existing_destination_without_overwrite(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        ReturnedFile(b"new").save(target)
+    assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
+
+
+def test_overwrite_replaces_only_a_regular_file(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+    target.chmod(0o644)
+    ReturnedFile(b"new").save(target, overwrite=True)
+    assert target.read_bytes() == b"new" and mode(target) == 0o600
+    (tmp_path / "dir").mkdir()
+    os.symlink(target, tmp_path / "link")
+    for name in ("dir", "link"):
+        with pytest.raises(ValueError):
+            ReturnedFile(b"x").save(tmp_path / name, overwrite=True)
+    assert os.path.islink(tmp_path / "link") and target.read_bytes() == b"new"
+    assert leftovers(tmp_path) == []
+    ReturnedFile(b"fresh").save(tmp_path / "new.bin", overwrite=True)
+    assert (tmp_path / "new.bin").read_bytes() == b"fresh"
+
+
+def test_save_refuses_a_symlinked_destination_without_overwrite(tmp_path):
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    with pytest.raises(FileExistsError):
+        ReturnedFile(b"x").save(tmp_path / "dangling")
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("bad", ["", ".", "/", "a/..", "../x", "a/../b", "dir/", "dir/."])
+def test_save_refuses_destinations_without_a_final_name_or_with_dotdot(tmp_path, bad, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(ValueError):
+        ReturnedFile(b"x").save(bad)
+
+
+def test_save_never_follows_a_symlinked_parent(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "alias")
+    with pytest.raises((OSError, ValueError)):
+        ReturnedFile(b"x").save(tmp_path / "alias" / "f")
+    with pytest.raises((OSError, ValueError)):
+        ReturnedFolder({"f": ReturnedFile(b"x")}).save(tmp_path / "alias" / "d")
+    assert os.listdir(real) == []
+
+
+def test_save_needs_an_existing_parent(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        ReturnedFile(b"x").save(tmp_path / "missing" / "f")
+
+
+def test_a_relative_destination_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ReturnedFile(b"x").save("plain.txt")
+    assert (tmp_path / "plain.txt").read_bytes() == b"x"
+
+
+def folder():
+    return ReturnedFolder(
+        {"a.txt": ReturnedFile(b"A"), "d/e/f.bin": ReturnedFile(b"F")},
+        ["d", "d/e", "empty"],
+    )
+
+
+def test_a_folder_saves_files_and_empty_directories_with_private_modes(tmp_path):
+    target = tmp_path / "out"
+    assert folder().save(target) == target
+    assert (target / "a.txt").read_bytes() == b"A"
+    assert (target / "d/e/f.bin").read_bytes() == b"F"
+    assert (target / "empty").is_dir()
+    assert [mode(target / p) for p in ("", "d", "d/e", "empty")] == [0o700] * 4
+    assert [mode(target / p) for p in ("a.txt", "d/e/f.bin")] == [0o600] * 2
+
+
+def test_a_folder_refuses_an_existing_destination(tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError):
+        folder().save(tmp_path / "out")
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_failing_folder_save_removes_what_it_created(tmp_path, monkeypatch):
+    real_open = os.open
+    calls = []
+
+    def failing_open(path, flags, *args, **kwargs):
+        if path == "f.bin":
+            calls.append(path)
+            raise OSError(28, "No space left on device")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing_open)
+    with pytest.raises(OSError):
+        folder().save(tmp_path / "out")
+    assert calls and os.listdir(tmp_path) == []
+
+
+def test_a_failing_file_save_leaves_the_destination_untouched(tmp_path, monkeypatch):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+
+    def failing_rename(*args, **kwargs):
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(os, "rename", failing_rename)
+    with pytest.raises(OSError):
+        ReturnedFile(b"new").save(target, overwrite=True)
+    assert target.read_bytes() == b"old" and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "directories"),
+    [
+        ({"b": b"", "a": b""}, []),
+        ({"./a": b""}, []),
+        ({"a//b": b""}, ["a"]),
+        ({"/a": b""}, []),
+        ({"a/../b": b""}, ["a"]),
+        ({"d/a": b""}, []),
+        ({"d": b""}, ["d"]),
+        ({}, ["b", "a"]),
+        ({}, ["a", "a"]),
+        ({}, ["a/b"]),
+        ({"": b""}, []),
+    ],
+)
+def test_invalid_folder_manifests_are_refused(files, directories):
+    with pytest.raises(ValueError):
+        ReturnedFolder({k: ReturnedFile(v) for k, v in files.items()}, directories)
+
+
+def test_folder_values_must_be_returned_files():
+    with pytest.raises(TypeError):
+        ReturnedFolder({"a": b"x"})  # type: ignore[dict-item]
+
+
+def test_folder_members_are_read_only():
+    made = folder()
+    assert list(made.files) == ["a.txt", "d/e/f.bin"] and made.directories == ("d", "d/e", "empty")
+    with pytest.raises(TypeError):
+        made.files["x"] = ReturnedFile(b"")  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        made.files = {}  # type: ignore[misc]
+
+
+def test_program_result_fields_order_accessors_and_repr():
+    result = ProgramResult(
+        "FAILED",
+        "rid",
+        1.0,
+        2.0,
+        0.0,
+        0.0,
+        {"k": 1},
+        "x" * 10_000,
+        "",
+        True,
+        False,
+        {"kind": "runtime", "message": "boom"},
+    )
+    assert not result.completed and result["k"] == 1 and result.gpu_ids == ()
+    with pytest.raises(KeyError):
+        result["missing"]
+    text = repr(result)
+    assert "rid" in text and "runtime" in text and "10000 chars, truncated" in text
+    assert len(text) < 300

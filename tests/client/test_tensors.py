@@ -1,0 +1,127 @@
+"""Tensor inputs (CLIENT_API.md §4) for all 12 dtypes from bytes, numpy, torch and DLPack."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kcoral import Program
+from kcoral.protocol.dtypes import DTYPES
+from kcoral.tensors import tensor_payload
+
+torch = pytest.importorskip("torch")
+
+NUMPY = {name: np.dtype(getattr(ml_dtypes, name, name)) for name in DTYPES}
+
+
+def sample(name):
+    return (np.arange(6) % 2).astype(NUMPY[name]).reshape(2, 3)
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_numpy_arrays_of_every_dtype_are_accepted(name):
+    array = sample(name)
+    data, dtype, shape = tensor_payload(array)
+    assert (dtype, shape) == (name, (2, 3))
+    assert data == array.tobytes()
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_torch_tensors_of_every_dtype_are_accepted(name):
+    tensor = torch.from_numpy(sample(name).view(np.uint8).copy()).view(getattr(torch, name))
+    tensor = tensor.reshape(2, 3)
+    data, dtype, shape = tensor_payload(tensor)
+    assert (dtype, shape) == (name, (2, 3))
+    assert data == sample(name).tobytes()
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_raw_bytes_of_every_dtype_are_accepted_with_dtype_and_shape(name):
+    raw = sample(name).tobytes()
+    assert tensor_payload(memoryview(raw), name, [2, 3]) == (raw, name, (2, 3))
+
+
+@pytest.mark.parametrize("name", ["bool", "uint8", "int32", "float16", "float64"])
+def test_dlpack_objects_are_converted_through_numpy(name):
+    class Capsule:
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, **kwargs):
+            return self.array.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+
+    array = sample(name)
+    assert tensor_payload(Capsule(array)) == (array.tobytes(), name, (2, 3))
+
+
+def test_torch_views_scalars_and_grads_are_made_contiguous():
+    base = torch.arange(12, dtype=torch.float32, requires_grad=True).reshape(3, 4)
+    data, _, shape = tensor_payload(base.t())
+    assert shape == (4, 3) and data == base.detach().t().contiguous().numpy().tobytes()
+    assert tensor_payload(torch.tensor(2.5, dtype=torch.bfloat16))[2] == ()
+    assert tensor_payload(torch.zeros(0, 3, dtype=torch.float16))[0] == b""
+
+
+def test_big_endian_and_strided_numpy_arrays_become_little_endian_c_order():
+    array = np.arange(6, dtype=">i4").reshape(2, 3)[:, ::2]
+    data, dtype, shape = tensor_payload(array)
+    assert (dtype, shape) == ("int32", (2, 2))
+    assert data == np.ascontiguousarray(array.astype("<i4")).tobytes()
+
+
+def test_a_numpy_scalar_shape_is_empty():
+    assert tensor_payload(np.float32(1.0)) == (np.float32(1.0).tobytes(), "float32", ())
+    assert tensor_payload(np.array(3, dtype=np.int64))[2] == ()
+
+
+def test_duck_typed_objects_are_the_last_resort():
+    class Duck:
+        dtype = "uint8"
+        shape = (3,)
+
+        def tobytes(self):
+            return b"abc"
+
+    assert tensor_payload(Duck()) == (b"abc", "uint8", (3,))
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "shape", "error"),
+    [
+        (b"abcd", None, [4], TypeError),
+        (b"abcd", "uint8", None, TypeError),
+        (b"abcd", "uint8", [3], ValueError),
+        (b"abcd", "complex64", [4], ValueError),
+        (b"abcd", "uint8", [-4], ValueError),
+        (b"abcd", "uint8", [True, 4], TypeError),
+        (b"abcd", "uint8", "4", TypeError),
+        (b"abcd", "uint8", 4, TypeError),
+        (np.zeros(2, np.float32), "float64", None, ValueError),
+        (np.zeros(2, np.float32), None, [1, 2], ValueError),
+        (np.zeros(2, np.complex64), None, None, ValueError),
+        (np.array(["a"]), None, None, ValueError),
+        ([1, 2, 3], None, None, TypeError),
+        ("text", "uint8", [4], TypeError),
+    ],
+)
+def test_bad_tensor_inputs_are_refused(value, dtype, shape, error):
+    with pytest.raises(error):
+        tensor_payload(value, dtype, shape)
+    program = Program()
+    with pytest.raises(error):
+        program.upload(kind="tensor", value=value, dtype=dtype, shape=shape)
+    assert program.instructions == []
+
+
+def test_matching_dtype_and_shape_may_be_repeated_for_arrays():
+    array = np.zeros((2, 2), np.float16)
+    assert tensor_payload(array, "float16", (2, 2))[1:] == ("float16", (2, 2))
+
+
+def test_a_torch_tensor_that_numpy_cannot_take_via_dlpack_still_works_as_torch():
+    tensor = torch.ones(2, dtype=torch.float8_e5m2)
+    assert tensor_payload(tensor)[1] == "float8_e5m2"

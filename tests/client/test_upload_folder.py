@@ -1,0 +1,186 @@
+"""upload_folder (CLIENT_API.md §3.3): order, ids, and the all-or-nothing refusals."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from kcoral import Program
+from kcoral.errors import ValidationError
+from kcoral.program import read_folder
+
+
+def make_tree(root):
+    (root / "b").mkdir(parents=True)
+    (root / "a.txt").write_bytes(b"A")
+    (root / ".hidden").write_bytes(b"H")
+    (root / "b" / "c.bin").write_bytes(b"C")
+    (root / "empty").mkdir()
+    return root
+
+
+def test_files_are_uploaded_in_destination_order_with_generated_ids(tmp_path):
+    make_tree(tmp_path / "src")
+    program = Program()
+    program.upload(kind="bytes", value=b"x")
+    program.upload_folder(tmp_path / "src", path="./in//")
+    uploads = program.instructions[1:]
+    assert [(u["id"], u["path"]) for u in uploads] == [
+        ("upload_1", "in/.hidden"),
+        ("upload_2", "in/a.txt"),
+        ("upload_3", "in/b/c.bin"),
+    ]
+    assert all(u["kind"] == "file" for u in uploads)
+    assert program.blobs[uploads[2]["blob"]] == b"C"
+    assert program.upload(kind="bytes", value=b"y").id == "upload_4"
+
+
+def test_an_empty_folder_adds_nothing(tmp_path):
+    (tmp_path / "e" / "f").mkdir(parents=True)
+    program = Program()
+    program.upload_folder(tmp_path / "e", path="x")
+    assert program.instructions == []
+
+
+def assert_refused(program, folder, path="dst", error=ValueError):
+    before = program.instructions
+    with pytest.raises(error):
+        program.upload_folder(folder, path=path)
+    assert program.instructions == before
+
+
+def test_a_symlink_anywhere_is_refused(tmp_path):
+    src = make_tree(tmp_path / "src")
+    os.symlink(src / "a.txt", src / "b" / "link")
+    assert_refused(Program(), src)
+    os.symlink(src, tmp_path / "top-link")
+    assert_refused(Program(), tmp_path / "top-link")
+
+
+def test_a_fifo_and_a_socket_are_refused(tmp_path):
+    src = make_tree(tmp_path / "src")
+    os.mkfifo(src / "b" / "pipe")
+    assert_refused(Program(), src)
+    os.unlink(src / "b" / "pipe")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(src / "sock"))
+        assert_refused(Program(), src)
+
+
+def test_a_directory_reached_twice_is_refused(tmp_path, monkeypatch):
+    src = make_tree(tmp_path / "src")
+    (src / "again").mkdir()
+    # A bind mount needs privileges; fake the walk seeing one directory twice instead.
+    real_scandir = os.scandir
+
+    class Entry:
+        def __init__(self, entry, name):
+            self._entry, self.name, self.path = entry, name, entry.path
+
+        def stat(self, follow_symlinks=True):
+            return self._entry.stat(follow_symlinks=follow_symlinks)
+
+    def fake_scandir(path):
+        entries = list(real_scandir(path))
+        if os.fspath(path) == os.fspath(src):
+            b = next(e for e in entries if e.name == "b")
+            entries = [e for e in entries if e.name != "again"] + [Entry(b, "again")]
+
+        class Ctx(list):
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        return Ctx(entries)
+
+    monkeypatch.setattr(os, "scandir", fake_scandir)
+    assert_refused(Program(), src)
+
+
+def test_a_file_changing_while_read_is_refused(tmp_path, monkeypatch):
+    src = make_tree(tmp_path / "src")
+    real_read = os.read
+    grown = []
+
+    def growing_read(fd, size):
+        data = real_read(fd, size)
+        if data and not grown:
+            grown.append(True)
+            with open(src / ".hidden", "ab") as other:  # the first file read
+                other.write(b"more")
+        return data
+
+    monkeypatch.setattr(os, "read", growing_read)
+    assert_refused(Program(), src)
+
+
+def test_destination_conflicts_with_earlier_uploads_are_refused(tmp_path):
+    src = make_tree(tmp_path / "src")
+    program = Program()
+    program.upload_file(blob=b"x", path="dst/a.txt")
+    assert_refused(program, src)
+    other = Program()
+    other.upload_file(blob=b"x", path="dst")
+    assert_refused(other, src)
+
+
+def test_bad_destination_and_missing_or_non_directory_folders(tmp_path):
+    src = make_tree(tmp_path / "src")
+    assert_refused(Program(), src, path="../up", error=ValidationError)
+    assert_refused(Program(), tmp_path / "missing", error=FileNotFoundError)
+    assert_refused(Program(), src / "a.txt", error=NotADirectoryError)
+
+
+def test_a_local_name_that_is_no_valid_workspace_path_is_refused(tmp_path):
+    src = make_tree(tmp_path / "src")
+    (src / "back\\slash").write_bytes(b"x")
+    assert_refused(Program(), src, error=ValidationError)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
+def test_an_unreadable_file_is_an_os_error(tmp_path):
+    src = make_tree(tmp_path / "src")
+    (src / "a.txt").chmod(0)
+    assert_refused(Program(), src, error=PermissionError)
+
+
+def test_deep_trees_are_walked_without_recursion(tmp_path):
+    path = tmp_path / "deep"
+    path.mkdir()
+    current = os.open(path, os.O_RDONLY)
+    depth = 400
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=current)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=current)
+        os.close(current)
+        current = nxt
+    fd = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=current)
+    os.write(fd, b"!")
+    os.close(fd)
+    os.close(current)
+    limit = sys.getrecursionlimit()
+    frames = 0
+    frame = sys._getframe()
+    while frame is not None:
+        frames, frame = frames + 1, frame.f_back
+    sys.setrecursionlimit(frames + 150)  # a recursive walk of 400 levels would fail now
+    try:
+        files = read_folder(path)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert files == [("d/" * depth + "leaf", b"!")]
+
+
+def test_building_a_program_never_imports_torch(tmp_path):
+    code = (
+        "import sys, numpy as np, kcoral\n"
+        "p = kcoral.Program(); p.upload(kind='tensor', value=np.zeros(2))\n"
+        "assert 'torch' not in sys.modules and 'tornado' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
