@@ -58,9 +58,9 @@ def load_ipython_extension(ipython: Any) -> None:
     load(ipython)
 
 
-if TYPE_CHECKING:
-    from kcoral.client import Client
-    from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError, TransportError
-    from kcoral.program import Program, Register
-    from kcoral.protocol.validate import parse_program
-    from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
+if TYPE_CHECKING:  # static analysers see the real names
+    from kcoral.client import Client  # noqa: F401
+    from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError, TransportError  # noqa: F401
+    from kcoral.program import Program, Register  # noqa: F401
+    from kcoral.protocol.validate import parse_program  # noqa: F401
+    from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder  # noqa: F401
