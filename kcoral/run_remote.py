@@ -1,0 +1,274 @@
+"""The worker side of ``kcoral run`` (CLIENT_API.md §11), plus the inputs format it reads.
+
+``kcoral run`` uploads this file's source as a Python module and runs ``run_tool``, so the
+module must stay plain: standard library only, nothing done at import time, no import of
+``kcoral`` (it also runs on servers that only implement PROTOCOL.md).
+
+Inputs travel as one ``bytes`` upload in a small length-prefixed format: a magic line, then
+per file a header (flags, path length, data length), the UTF-8 path and the data. Only the
+executable bit survives (flag 1), which is all the tools need.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+INPUTS_MAGIC = b"KCORAL-RUN-INPUTS-1\n"
+_HEADER = struct.Struct(">BIQ")
+_EXECUTABLE = 1
+
+#: Directory (inside the request workspace) holding the inputs; the tool's working directory.
+WORK_DIR = "work"
+#: Directory (inside the request workspace) returned as one folder with ``--out``.
+OUTPUTS_DIR = "outputs"
+NCU_REPORT = "capture.ncu-rep"
+
+
+def pack_inputs(files: Iterable[tuple[str, bytes, bool]]) -> bytes:
+    """Encode ``(relative path, data, executable)`` triples as one inputs blob."""
+    chunks = [INPUTS_MAGIC]
+    for path, data, executable in files:
+        encoded = path.encode("utf-8")
+        chunks.append(_HEADER.pack(_EXECUTABLE if executable else 0, len(encoded), len(data)))
+        chunks.append(encoded)
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def unpack_inputs(blob: bytes, directory: str) -> list[str]:
+    """Write the files of an inputs blob below ``directory``; returns their paths.
+
+    Raises ``ValueError`` for a malformed blob, an unsafe path or a path conflict.
+    """
+    view = memoryview(blob)
+    if bytes(view[: len(INPUTS_MAGIC)]) != INPUTS_MAGIC:
+        raise ValueError("inputs: not a kcoral run inputs blob")
+    offset = len(INPUTS_MAGIC)
+    written = []
+    while offset < len(view):
+        if offset + _HEADER.size > len(view):
+            raise ValueError("inputs: truncated header")
+        flags, path_length, data_length = _HEADER.unpack_from(view, offset)
+        offset += _HEADER.size
+        end = offset + path_length + data_length
+        if end > len(view):
+            raise ValueError("inputs: truncated entry")
+        path = bytes(view[offset : offset + path_length]).decode("utf-8")
+        data = view[offset + path_length : end]
+        offset = end
+        _write_input(directory, _safe_relative_path(path), data, bool(flags & _EXECUTABLE))
+        written.append(path)
+    return written
+
+
+def _safe_relative_path(path: str) -> list[str]:
+    parts = path.split("/")
+    if (
+        not path
+        or path.startswith("/")
+        or "\x00" in path
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise ValueError(f"inputs: unsafe path {path!r}")
+    return parts
+
+
+def _write_input(directory: str, parts: list[str], data: memoryview, executable: bool) -> None:
+    parent = directory
+    for part in parts[:-1]:
+        parent = os.path.join(parent, part)
+        try:
+            os.mkdir(parent, 0o700)
+        except FileExistsError:
+            # only directories this function made can exist here; anything else is a conflict
+            if not stat.S_ISDIR(os.lstat(parent).st_mode):
+                raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
+    mode = 0o700 if executable else 0o600
+    target = os.path.join(parent, parts[-1])
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    except FileExistsError:
+        raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        os.fchmod(handle.fileno(), mode)  # the umask must not strip the executable bit
+
+
+def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:
+    """Unpack the inputs, run the tool as a subprocess, collect the requested outputs.
+
+    ``spec`` keys: ``tool``, ``args`` (words after the first ``--``), ``env`` (overrides),
+    ``fetch`` (normalized relative paths) and ``collect`` (whether outputs come back).
+    Returns ``exit_code``/``signal`` (one of them set when the tool ran), ``error`` (a
+    message when it could not start), ``missing`` (requested outputs not produced) and
+    ``skipped`` (entries that cannot travel in a folder return).
+    """
+    base = os.getcwd()
+    work = os.path.join(base, WORK_DIR)
+    outputs = os.path.join(base, OUTPUTS_DIR)
+    os.mkdir(work, 0o700)
+    os.mkdir(outputs, 0o700)
+    if inputs:
+        unpack_inputs(inputs, work)
+    tool = spec["tool"]
+    args = list(spec["args"])
+    env = _tool_environment(tool, spec.get("env") or {}, work)
+    report: dict[str, Any] = {
+        "exit_code": None,
+        "signal": None,
+        "error": None,
+        "missing": [],
+        "skipped": [],
+    }
+    argv = _tool_argv(tool, args, outputs)
+    executable = _resolve_executable(argv[0], work, env["PATH"])
+    if executable is None:
+        report["error"] = f"{argv[0]} is not installed in the remote server environment"
+        return report
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # keep the worker's own buffered output ahead of the tool's
+    try:
+        process = subprocess.Popen(
+            argv, executable=executable, cwd=work, env=env, stdin=subprocess.DEVNULL
+        )
+    except OSError as exc:
+        report["error"] = f"{argv[0]}: {exc.strerror or exc}"
+        return report
+    returncode = process.wait()
+    if returncode < 0:
+        report["signal"] = -returncode
+    else:
+        report["exit_code"] = returncode
+    if spec.get("collect"):
+        for path in outermost_paths(spec.get("fetch") or []):
+            problem = _fetch(work, outputs, path, report["skipped"])
+            if problem:
+                report["missing"].append({"path": path, "reason": problem})
+        report["skipped"].extend(_drop_untransferable(outputs))
+        if tool == "ncu" and not os.path.isfile(os.path.join(outputs, NCU_REPORT)):
+            report["missing"].append({"path": NCU_REPORT, "reason": "ncu wrote no report"})
+        if tool == "run-iket" and not _has_files(outputs):
+            report["missing"].append({"path": ".", "reason": "run-iket wrote no file"})
+    return report
+
+
+def outermost_paths(paths: Iterable[str]) -> list[str]:
+    """Sorted, duplicate-free normalized paths without those inside another listed path."""
+    kept: list[str] = []
+    for path in sorted(set(paths)):
+        if not any(path.startswith(parent + "/") for parent in kept):
+            kept.append(path)
+    return kept
+
+
+def _tool_environment(tool: str, overrides: dict[str, str], work: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(overrides)
+    if tool == "ncu":
+        env.setdefault("NCU_PROFILE", "1")
+    env["KCORAL_DIR"] = work
+    # The worker's interpreter comes first even when --env replaced PATH, so 'python' in a
+    # script or Makefile is the interpreter the server runs.
+    interpreter_dir = os.path.dirname(sys.executable) if sys.executable else ""
+    path = env.get("PATH", "")
+    if interpreter_dir:
+        path = interpreter_dir + (os.pathsep + path if path else "")
+    env["PATH"] = path
+    return env
+
+
+def _tool_argv(tool: str, args: list[str], outputs: str) -> list[str]:
+    if tool == "python":
+        return [sys.executable or "python", *args]
+    if tool == "ncu":
+        report = os.path.join(outputs, NCU_REPORT)
+        return ["ncu", "--config-file", "0", "--export", report, *args]
+    if tool == "run-iket":
+        return ["run-iket", "--output-dir", outputs, *args]
+    if tool == "compute-sanitizer":
+        return ["compute-sanitizer", *args]
+    if tool == "shell":
+        return list(args)
+    raise ValueError(f"unknown tool {tool!r}")
+
+
+def _resolve_executable(name: str, work: str, path: str) -> str | None:
+    if "/" in name:
+        candidate = os.path.join(work, name)  # an absolute name stays absolute
+        return candidate if os.path.isfile(candidate) else None
+    return shutil.which(name, path=path)
+
+
+def _fetch(work: str, outputs: str, path: str, skipped: list[str]) -> str | None:
+    """Copy ``work/path`` to ``outputs/path``; returns why it could not, or ``None``."""
+    source = os.path.join(work, path)
+    target = os.path.join(outputs, path)
+    try:
+        info = os.lstat(source)
+    except FileNotFoundError:
+        return "not found"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+        return "is not a regular file or directory"
+    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    try:
+        if stat.S_ISREG(info.st_mode):
+            shutil.copyfile(source, target)
+        else:
+            _copy_tree(source, target, path, skipped)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _copy_tree(source: str, target: str, relative: str, skipped: list[str]) -> None:
+    """Copy regular files and directories (empty ones too); other entries are skipped."""
+    pending = [(source, target, relative)]
+    while pending:  # iterative: deep trees must not hit the recursion limit
+        src_dir, dst_dir, rel_dir = pending.pop()
+        os.mkdir(dst_dir, 0o700)
+        with os.scandir(src_dir) as entries:
+            for entry in sorted(entries, key=lambda item: item.name):
+                rel = f"{rel_dir}/{entry.name}"
+                dst = os.path.join(dst_dir, entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, dst, rel))
+                elif entry.is_file(follow_symlinks=False):
+                    shutil.copyfile(entry.path, dst)
+                else:
+                    skipped.append(rel)
+
+
+def _drop_untransferable(outputs: str) -> list[str]:
+    """Remove symlinks and special files a tool left in ``outputs`` (a folder return refuses
+    them and would fail the whole program); returns their relative paths."""
+    dropped = []
+    pending = [(outputs, "")]
+    while pending:
+        directory, prefix = pending.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, rel + "/"))
+                elif not entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+                    dropped.append(rel)
+    return sorted(dropped)
+
+
+def _has_files(directory: str) -> bool:
+    for _root, _dirs, files in os.walk(directory):
+        if files:
+            return True
+    return False

@@ -1,0 +1,233 @@
+"""How `kcoral run` turns a program result into output, files and an exit status (no server)."""
+
+from __future__ import annotations
+
+import io
+import signal
+from pathlib import Path
+
+import pytest
+
+from kcoral import run_cli
+from kcoral.progress import Progress, format_bytes
+from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
+from kcoral.run_cli import build_program, collect_inputs, parse_command_line, report
+from kcoral.run_remote import unpack_inputs
+
+
+def options(tmp_path: Path, *extra: str, args: tuple[str, ...] = ("x.py",)):
+    return parse_command_line(["python", "--url", "http://127.0.0.1:9", *extra, "--", *args], {})
+
+
+def result(status: dict | None = None, *, outputs=None, failed=None, **fields) -> ProgramResult:
+    results: dict = {}
+    if status is not None:
+        results["status"] = {
+            "exit_code": 0,
+            "signal": None,
+            "error": None,
+            "missing": [],
+            "skipped": [],
+            **status,
+        }
+    if outputs is not None:
+        results["outputs"] = outputs
+    values = {"stdout": "", "stderr": "", "stdout_truncated": False, "stderr_truncated": False}
+    values.update(fields)
+    return ProgramResult(
+        "FAILED" if failed else "COMPLETED",
+        "req-1",
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        results,
+        error=failed,
+        **values,
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"exit_code": 0}, 0),
+        ({"exit_code": 3}, 3),
+        ({"exit_code": None, "signal": signal.SIGKILL}, 128 + signal.SIGKILL),
+        ({"exit_code": None, "error": "shell is not installed"}, 1),
+    ],
+)
+def test_the_exit_status_is_the_tools_own(tmp_path: Path, status: dict, expected: int) -> None:
+    assert report(options(tmp_path), result(status)) == expected
+
+
+def test_captured_output_is_printed_and_truncation_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    res = result({}, stdout="out ✓\n", stderr="err\n", stderr_truncated=True)
+    assert report(options(tmp_path), res) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "out ✓\n"
+    assert captured.err.startswith("err\n")
+    assert "remote stderr was truncated" in captured.err
+
+
+def test_a_failed_program_exits_1_with_a_diagnostic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error = {"kind": "runtime", "message": "ValueError: boom", "traceback": "Traceback\n"}
+    assert report(options(tmp_path), result(None, failed=error)) == 1
+    assert "remote program failed (runtime): ValueError: boom" in capsys.readouterr().err
+
+
+def test_a_missing_output_turns_success_into_1_and_keeps_a_failure_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = [{"path": "res.txt", "reason": "not found"}]
+    folder = ReturnedFolder({})
+    opts = options(tmp_path, "--fetch", "res.txt", "--out", str(tmp_path / "o1"))
+    assert report(opts, result({"missing": missing}, outputs=folder)) == 1
+    assert "missing output res.txt: not found" in capsys.readouterr().err
+    opts = options(tmp_path, "--fetch", "res.txt", "--out", str(tmp_path / "o2"))
+    assert report(opts, result({"exit_code": 4, "missing": missing}, outputs=folder)) == 4
+
+
+def test_returned_files_are_saved_under_out_with_parents_created(tmp_path: Path) -> None:
+    folder = ReturnedFolder({"res/a.txt": ReturnedFile(b"A")}, directories=["res", "res/empty"])
+    out = tmp_path / "deep" / "er" / "out"
+    opts = options(tmp_path, "--fetch", "res", "--out", str(out))
+    assert report(opts, result({}, outputs=folder)) == 0
+    assert (out / "res/a.txt").read_bytes() == b"A"
+    assert (out / "res/empty").is_dir()
+
+
+def test_an_out_directory_created_meanwhile_is_never_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    opts = options(tmp_path, "--fetch", "a", "--out", str(out))
+    out.mkdir()
+    (out / "keep").write_text("mine")
+    folder = ReturnedFolder({"a": ReturnedFile(b"theirs")})
+    assert report(opts, result({}, outputs=folder)) == 1
+    assert (out / "keep").read_text() == "mine" and not (out / "a").exists()
+    assert "cannot save the outputs" in capsys.readouterr().err
+
+
+def test_inputs_keep_layout_and_executable_bit_and_skip_pycache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "proj"
+    (project / "pkg" / "__pycache__").mkdir(parents=True)
+    (project / "pkg" / "__pycache__" / "m.pyc").write_bytes(b"x")
+    (project / "pkg" / "m.py").write_text("M")
+    (project / ".hidden").write_text("H")
+    (project / "empty").mkdir()
+    (project / "run.sh").write_text("#!/bin/sh\n")
+    (project / "run.sh").chmod(0o755)
+    (tmp_path / "single.txt").write_text("S")
+    monkeypatch.chdir(project)
+    files = collect_inputs([".", str(tmp_path / "single.txt")])
+    assert files == [
+        ("proj/.hidden", b"H", False),
+        ("proj/pkg/m.py", b"M", False),
+        ("proj/run.sh", b"#!/bin/sh\n", True),
+        ("single.txt", b"S", False),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "top-symlink", "missing"])
+def test_symlinks_special_files_and_missing_inputs_are_refused(tmp_path: Path, kind: str) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    target = project
+    if kind == "symlink":
+        (project / "link").symlink_to("/etc/passwd")
+    elif kind == "fifo":
+        import os
+
+        os.mkfifo(project / "pipe")
+    elif kind == "top-symlink":
+        target = tmp_path / "alias"
+        target.symlink_to(project)
+    else:
+        target = tmp_path / "nothing"
+    with pytest.raises(run_cli.LocalFileError):
+        collect_inputs([str(target)])
+
+
+def test_two_inputs_with_the_same_remote_path_are_refused(tmp_path: Path) -> None:
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "x.py").write_text(sub)
+    with pytest.raises(run_cli.LocalFileError, match=r"x\.py"):
+        collect_inputs([str(tmp_path / "a" / "x.py"), str(tmp_path / "b" / "x.py")])
+
+
+def test_a_local_file_error_exits_1_before_any_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(run_cli, "execute", lambda *_: pytest.fail("server contacted"))
+    opts = options(tmp_path, "--send", str(tmp_path / "missing"))
+    assert run_cli.run(opts) == 1
+    assert "--send" in capsys.readouterr().err
+
+
+def test_the_program_uploads_the_runner_inputs_and_returns_status_and_outputs(
+    tmp_path: Path,
+) -> None:
+    opts = options(tmp_path, "--fetch", "r", "--out", str(tmp_path / "o"))
+    program = build_program(opts, b"KCORAL-RUN-INPUTS-1\n")
+    ops = [
+        (item["op"], item.get("kind"), item.get("id") or item.get("key"))
+        for item in program.instructions
+    ]
+    assert ops == [
+        ("upload", "module", "runner"),
+        ("get_function", None, "run_tool"),
+        ("upload", "bytes", "inputs"),
+        ("run", None, "status"),
+        ("return", None, "status"),
+        ("return", "folder", "outputs"),
+    ]
+    run = program.instructions[3]
+    assert run["args"][0] == {"$ref": "inputs"}
+    assert run["args"][1]["fetch"] == ["r"] and run["args"][1]["collect"] is True
+
+
+def test_the_runner_source_is_the_module_itself() -> None:
+    from kcoral import run_remote
+
+    namespace: dict = {}
+    exec(compile(run_cli.runner_source(), "<runner>", "exec"), namespace)
+    assert namespace["OUTPUTS_DIR"] == run_remote.OUTPUTS_DIR
+    blob = namespace["pack_inputs"]([("a", b"1", False)])
+    assert callable(namespace["run_tool"]) and callable(unpack_inputs) and blob
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_silent_off_a_terminal_and_for_small_transfers() -> None:
+    quiet = io.StringIO()
+    with Progress("send", 1 << 30, quiet) as progress:
+        progress.advance(1 << 30)
+    small = FakeTerminal()
+    with Progress("send", 10, small) as progress:
+        progress.advance(10)
+    assert quiet.getvalue() == "" and small.getvalue() == ""
+
+
+def test_progress_shows_bytes_and_rate_on_a_terminal() -> None:
+    now = [0.0]
+    terminal = FakeTerminal()
+    with Progress("send", 64 << 20, terminal, clock=lambda: now[0]) as progress:
+        now[0] = 1.0
+        progress.advance(32 << 20)
+        now[0] = 2.0
+        progress.advance(32 << 20)
+    text = terminal.getvalue()
+    assert "32.0 MiB of 64.0 MiB (32.0 MiB/s)" in text
+    assert text.endswith("send: 64.0 MiB in 2.0 s (32.0 MiB/s)\n")
+    assert format_bytes(1536) == "1.5 KiB" and format_bytes(3) == "3 B"

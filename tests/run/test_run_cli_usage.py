@@ -1,0 +1,198 @@
+"""`kcoral run` command lines: help, usage errors (exit 2) and parsed options, no server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kcoral import run_cli
+from kcoral.cli import main as kcoral_main
+from kcoral.run_cli import UsageError, parse_command_line
+
+URL = "http://127.0.0.1:9"
+
+
+@pytest.fixture(autouse=True)
+def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt to contact a server fails the test."""
+
+    def refuse(*_args: object) -> None:
+        raise AssertionError("a usage error must not contact a server")
+
+    monkeypatch.setattr(run_cli, "execute", refuse)
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+
+
+def parse(*argv: str, environ: dict[str, str] | None = None) -> run_cli.RunOptions:
+    return parse_command_line(list(argv), {} if environ is None else environ)
+
+
+def test_run_help_and_tool_help_print_without_a_server(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert kcoral_main(["run", "--help"]) == 0
+    assert "usage: kcoral run TOOL" in capsys.readouterr().out
+    assert kcoral_main(["run"]) == 0
+    capsys.readouterr()
+    assert kcoral_main(["run", "ncu", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "kcoral run ncu" in out and "--out" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bash", "--url", URL, "--", "ls"],
+        ["python", "--url", URL],
+        ["python", "--url", URL, "x.py"],
+        ["python", "--url", URL, "--"],
+        ["python", "--url", URL, "--", "-i", "x.py"],
+        ["python", "--url", URL, "--", "-"],
+        ["python", "--url", URL, "--", "-u"],
+        ["python", "--ur", URL, "--", "x.py"],
+        ["python", "--bogus", "--", "x.py"],
+        ["python", "--url", "--", "x.py"],
+        ["python", "--url", URL, "--url", URL, "--", "x.py"],
+        ["python", "--", "x.py"],
+        ["python", "--url", "ftp://host", "--", "x.py"],
+        ["python", "--url", "host:8000", "--", "x.py"],
+        ["python", "--url", "http://", "--", "x.py"],
+        ["python", "--url", "http://h:99999", "--", "x.py"],
+        ["python", "--url", URL, "--port", "8000", "--", "x.py"],
+        ["python", "--host", "http://h", "--", "x.py"],
+        ["python", "--host", "h:80", "--", "x.py"],
+        ["python", "--host", "h/p", "--", "x.py"],
+        ["python", "--host", "a@b", "--", "x.py"],
+        ["python", "--host", "a b", "--", "x.py"],
+        ["python", "--host", "", "--", "x.py"],
+        ["python", "--host", "[not-ipv6]", "--", "x.py"],
+        ["python", "--port", "0", "--", "x.py"],
+        ["python", "--port", "65536", "--", "x.py"],
+        ["python", "--port", "http", "--", "x.py"],
+        ["python", "--url", URL, "--timeout", "0", "--", "x.py"],
+        ["python", "--url", URL, "--timeout", "1.5", "--", "x.py"],
+        ["python", "--url", URL, "--timeout", "-3", "--", "x.py"],
+        ["python", "--url", URL, "--output-limit-bytes", "0", "--", "x.py"],
+        ["python", "--url", URL, "-e", "1BAD=x", "--", "x.py"],
+        ["python", "--url", URL, "-e", "CUDA_VISIBLE_DEVICES=0", "--", "x.py"],
+        ["python", "--url", URL, "--env", "KCORAL_DIR=/tmp", "--", "x.py"],
+        ["python", "--url", URL, "-e", "KCORAL_TEST_SURELY_UNSET", "--", "x.py"],
+        ["python", "--url", URL, "--fetch", "/abs", "--out", "o", "--", "x.py"],
+        ["python", "--url", URL, "--fetch", "a/../b", "--out", "o", "--", "x.py"],
+        ["python", "--url", URL, "--fetch", "a\\b", "--out", "o", "--", "x.py"],
+        ["python", "--url", URL, "--fetch", "a", "--", "x.py"],
+        ["python", "--url", URL, "--out", "o", "--", "x.py"],
+        ["ncu", "--url", URL, "--", "--", "app"],
+        ["ncu", "--url", URL, "--out", "o", "--", "app"],
+        ["ncu", "--url", URL, "--out", "o", "--", "-o", "x", "--", "app"],
+        ["ncu", "--url", URL, "--out", "o", "--fetch", "f", "--", "--", "app"],
+        ["run-iket", "--url", URL, "--", "profile", "--", "app"],
+        ["run-iket", "--url", URL, "--out", "o", "--", "--", "app"],
+        ["shell", "--url", URL, "--", ""],
+    ],
+)
+def test_every_usage_error_exits_2_without_contacting_a_server(
+    argv: list[str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert kcoral_main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kcoral run: error: ") and "usage: kcoral run" in err
+
+
+def test_an_existing_out_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    existing = tmp_path / "out"
+    existing.mkdir()
+    argv = ["run", "python", "--url", URL, "--fetch", "a", "--out", str(existing), "--", "x.py"]
+    assert kcoral_main(argv) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_options_take_both_separate_and_attached_values() -> None:
+    options = parse(
+        "python",
+        "--url=http://h:1/prefix/",
+        "--timeout",
+        "30",
+        "--output-limit-bytes=5",
+        "-eA=1",
+        "--env",
+        "B=2",
+        "--env=A=3",
+        "--send",
+        "x",
+        "--send=y",
+        "--fetch",
+        "./res//a",
+        "--out",
+        "o",
+        "--",
+        "-c",
+        "pass",
+    )
+    assert options.url == "http://h:1/prefix"
+    assert (options.timeout_seconds, options.output_limit_bytes) == (30, 5)
+    assert options.env == {"B": "2", "A": "3"}
+    assert options.send == ["x", "y"]
+    assert options.fetch == ["res/a"]
+    assert options.args == ["-c", "pass"]
+
+
+def test_defaults_follow_the_spec() -> None:
+    options = parse("python", "--", "x.py", environ={"KCORAL_URL": "https://k.example/"})
+    assert options.url == "https://k.example"
+    assert options.timeout_seconds == 300
+    assert options.output_limit_bytes == 268435456
+    assert options.warnings == []
+
+
+def test_an_empty_kcoral_url_counts_as_unset() -> None:
+    with pytest.raises(UsageError, match="no server"):
+        parse("python", "--", "x.py", environ={"KCORAL_URL": ""})
+
+
+def test_host_and_port_default_each_other_and_override_kcoral_url_with_a_warning() -> None:
+    assert parse("python", "--port", "81", "--", "x.py").url == "http://127.0.0.1:81"
+    assert parse("python", "--host", "gpu1", "--", "x.py").url == "http://gpu1:8000"
+    options = parse(
+        "python", "--host", "::1", "--", "x.py", environ={"KCORAL_URL": "http://other:1"}
+    )
+    assert options.url == "http://[::1]:8000"
+    assert options.warnings and "http://[::1]:8000" in options.warnings[0]
+    assert parse("python", "--host", "[fe80::1]", "--", "x.py").url == "http://[fe80::1]:8000"
+
+
+def test_a_bare_env_name_copies_the_local_value() -> None:
+    options = parse("python", "--url", URL, "-e", "HOME", "--", "x.py", environ={"HOME": "/h"})
+    assert options.env == {"HOME": "/h"}
+
+
+def test_everything_after_the_first_separator_belongs_to_the_tool() -> None:
+    options = parse("shell", "--url", URL, "--", "tool", "--url", "--", "-h")
+    assert options.args == ["tool", "--url", "--", "-h"]
+
+
+def test_ncu_and_run_iket_need_out_and_do_not_need_fetch(tmp_path: Path) -> None:
+    out = str(tmp_path / "o")
+    assert parse("ncu", "--url", URL, "--out", out, "--", "--", "app").out == out
+    assert parse("run-iket", "--url", URL, "--out", out, "--", "profile", "--", "a").out == out
+
+
+def test_kcoral_run_loads_no_server_or_gpu_stack() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kcoral.run_cli, kcoral.client\n"
+        "from kcoral.cli import main\n"
+        "assert main(['run', '--help']) == 0\n"
+        "heavy = {'tornado', 'torch', 'IPython', 'grpc', 'kcoral_server'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -1,0 +1,286 @@
+"""`kcoral run` against a real CPU server (CLIENT_API §11)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kcoral.cli import main as kcoral_main
+
+
+def run(url: str, tool: str, *argv: str) -> int:
+    """`kcoral run TOOL --url URL ARGV...` in this process; returns the exit status."""
+    return kcoral_main(["run", tool, "--url", url, *argv])
+
+
+def test_python_c_prints_remote_output_locally(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = "import sys; print('out'); print('err', file=sys.stderr)"
+    assert run(server_url, "python", "--", "-c", code) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "out\n"
+    assert "err\n" in captured.err
+
+
+def test_kcoral_url_selects_the_server(
+    server_url: str,
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KCORAL_URL", server_url)
+    assert kcoral_main(["run", "python", "--", "-c", "print(6 * 7)"]) == 0
+    assert capfd.readouterr().out == "42\n"
+
+
+def test_host_and_port_select_the_server_and_warn_about_kcoral_url(
+    server_url: str,
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KCORAL_URL", "http://127.0.0.1:9")
+    port = server_url.rsplit(":", 1)[1]
+    argv = ["run", "python", "--host", "127.0.0.1", "--port", port, "--", "-c", "print(1)"]
+    assert kcoral_main(argv) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "1\n"
+    assert f"using http://127.0.0.1:{port}" in captured.err
+
+
+def test_a_sent_directory_runs_as_a_script_with_its_layout_and_arguments(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    project = in_tmp / "proj"
+    (project / "lib").mkdir(parents=True)
+    (project / "lib" / "helper.py").write_text("WORD = 'helped'\n")
+    (project / "main.py").write_text(
+        "import os, sys\nsys.path.insert(0, 'proj/lib')\nimport helper\n"
+        "print(helper.WORD, sys.argv[1:], os.getcwd() == os.environ['KCORAL_DIR'])\n"
+    )
+    assert run(server_url, "python", "--send", "proj", "--", "proj/main.py", "a", "b") == 0
+    assert capfd.readouterr().out == "helped ['a', 'b'] True\n"
+
+
+def test_dash_m_runs_a_sent_package(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (in_tmp / "pkg").mkdir()
+    (in_tmp / "pkg" / "__init__.py").write_text("")
+    (in_tmp / "pkg" / "__main__.py").write_text("import sys; print('pkg main', sys.argv[1:])\n")
+    assert run(server_url, "python", "--send", "pkg", "--", "-m", "pkg", "x") == 0
+    assert capfd.readouterr().out == "pkg main ['x']\n"
+
+
+def test_shell_runs_a_sent_executable_by_relative_path_with_its_mode_kept(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (in_tmp / "tools").mkdir()
+    script = in_tmp / "tools" / "hello.sh"
+    script.write_text('#!/bin/sh\necho "hello $1 from $(basename "$PWD")"\n')
+    script.chmod(0o755)
+    assert run(server_url, "shell", "--send", "tools", "--", "tools/hello.sh", "you") == 0
+    assert capfd.readouterr().out == "hello you from work\n"
+
+
+def test_shell_finds_a_bare_name_on_the_worker_path(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert run(server_url, "shell", "--", "python", "-c", "print('via PATH')") == 0
+    assert capfd.readouterr().out == "via PATH\n"
+
+
+def test_fetch_and_out_bring_files_and_directories_back(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = (
+        "import os; os.makedirs('res/sub'); os.makedirs('res/empty');"
+        "open('res/sub/a.txt', 'w').write('A'); open('b.bin', 'wb').write(bytes(range(256)))"
+    )
+    out = in_tmp / "nested" / "out"
+    argv = ["--fetch", "res", "--fetch", "b.bin", "--out", str(out), "--", "-c", code]
+    assert run(server_url, "python", *argv) == 0
+    assert (out / "res" / "sub" / "a.txt").read_text() == "A"
+    assert (out / "res" / "empty").is_dir()
+    assert (out / "b.bin").read_bytes() == bytes(range(256))
+
+
+def test_binary_inputs_make_the_round_trip_unchanged(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    payload = os.urandom(3 << 20)
+    (in_tmp / "blob.bin").write_bytes(payload)
+    code = "import shutil; shutil.copyfile('blob.bin', 'copy.bin')"
+    argv = ["--send", "blob.bin", "--fetch", "copy.bin", "--out", "o", "--", "-c", code]
+    assert run(server_url, "python", *argv) == 0
+    assert (in_tmp / "o" / "copy.bin").read_bytes() == payload
+    assert (in_tmp / "blob.bin").read_bytes() == payload
+
+
+def test_outputs_come_back_even_when_the_tool_fails(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = "open('log.txt', 'w').write('partial'); raise SystemExit(5)"
+    argv = ["--fetch", "log.txt", "--out", "o", "--", "-c", code]
+    assert run(server_url, "python", *argv) == 5
+    assert (in_tmp / "o" / "log.txt").read_text() == "partial"
+
+
+def test_an_existing_out_directory_is_refused_and_left_untouched(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (in_tmp / "o").mkdir()
+    (in_tmp / "o" / "mine.txt").write_text("keep")
+    code = "open('mine.txt', 'w').write('theirs')"
+    assert run(server_url, "python", "--fetch", "mine.txt", "--out", "o", "--", "-c", code) == 2
+    assert (in_tmp / "o" / "mine.txt").read_text() == "keep"
+
+
+def test_a_missing_requested_output_exits_1(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--fetch", "never.txt", "--out", "o", "--", "-c", "pass"]
+    assert run(server_url, "python", *argv) == 1
+    assert "missing output never.txt" in capfd.readouterr().err
+
+
+def test_a_remote_nonzero_exit_is_the_local_exit_status(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert run(server_url, "python", "--", "-c", "raise SystemExit(7)") == 7
+
+
+def test_a_remote_signal_death_exits_128_plus_the_signal(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert run(server_url, "python", "--", "-c", code) == 128 + signal.SIGKILL
+
+
+def test_env_sets_and_copies_variables_and_the_last_assignment_wins(
+    server_url: str,
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KCORAL_RUN_TEST_LOCAL", "copied value")
+    code = (
+        "import os, sys; e = os.environ;"
+        "print(e['A'], e['KCORAL_RUN_TEST_LOCAL'], e['PATH'].split(os.pathsep)[0] =="
+        " os.path.dirname(sys.executable), e['PATH'].endswith('/custom/bin'))"
+    )
+    argv = [
+        "-e", "A=first", "--env", "A=second", "-e", "KCORAL_RUN_TEST_LOCAL",
+        "-e", "PATH=/custom/bin", "--", "-c", code,
+    ]  # fmt: skip
+    assert run(server_url, "python", *argv) == 0
+    assert capfd.readouterr().out == "second copied value True True\n"
+
+
+@pytest.mark.parametrize(
+    ("tool", "argv"),
+    [
+        ("ncu", ["--out", "o", "--", "--", "python", "-c", "pass"]),
+        ("compute-sanitizer", ["--", "python", "-c", "pass"]),
+        ("run-iket", ["--out", "o", "--", "profile", "--", "python", "-c", "pass"]),
+    ],
+)
+def test_gpu_tools_are_reported_as_not_installed_here(
+    server_url: str,
+    in_tmp: Path,
+    capfd: pytest.CaptureFixture[str],
+    tool: str,
+    argv: list[str],
+) -> None:
+    assert run(server_url, tool, *argv) == 1
+    err = capfd.readouterr().err
+    assert f"{tool} is not installed in the remote server environment" in err
+    assert not (in_tmp / "o").exists()
+
+
+def test_an_unknown_shell_executable_is_reported_as_not_installed(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert run(server_url, "shell", "--", "no-such-program-kcoral") == 1
+    assert (
+        "no-such-program-kcoral is not installed in the remote server environment"
+        in capfd.readouterr().err
+    )
+
+
+def test_truncated_output_is_reported(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = "print('x' * 100)"
+    assert run(server_url, "python", "--output-limit-bytes", "10", "--", "-c", code) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "x" * 10
+    assert "remote stdout was truncated" in captured.err
+
+
+def test_an_unreachable_server_exits_1(in_tmp: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert run("http://127.0.0.1:9", "python", "--", "-c", "pass") == 1
+    assert "cannot reach the server" in capfd.readouterr().err
+
+
+def _start_sleeping_tool(server_url: str, marker: Path) -> subprocess.Popen[bytes]:
+    """`kcoral run` of a remote tool that writes its pid to `marker`, then sleeps."""
+    code = (
+        "import os, time; open(os.environ['MARK'] + '.tmp', 'w').write(str(os.getpid()));"
+        "os.rename(os.environ['MARK'] + '.tmp', os.environ['MARK']); time.sleep(20)"
+    )
+    command = [
+        sys.executable, "-m", "kcoral", "run", "python", "--url", server_url,
+        "-e", f"MARK={marker}", "--", "-c", code,
+    ]  # fmt: skip
+    client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        if client.poll() is not None or time.monotonic() > deadline:
+            client.kill()
+            pytest.fail(f"the remote tool did not start: {client.communicate()}")
+        time.sleep(0.05)
+    return client
+
+
+# Kept last in the module: if the server does not cancel, the sleeping tool holds the
+# module's only worker until it is killed below.
+@pytest.mark.slow
+def test_ctrl_c_exits_130_and_cancels_the_remote_tool(server_url: str, in_tmp: Path) -> None:
+    marker = in_tmp / "pid"
+    client = _start_sleeping_tool(server_url, marker)
+    remote_pid = int(marker.read_text())
+    try:
+        client.send_signal(signal.SIGINT)
+        assert client.wait(timeout=30) == 130
+        assert b"interrupted" in client.communicate()[1]
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    deadline = time.monotonic() + 10
+    while _alive(remote_pid):
+        if time.monotonic() > deadline:
+            os.kill(remote_pid, signal.SIGKILL)  # free the worker for the next module
+            pytest.xfail("the server did not cancel the program of a disconnected client")
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie waiting for its (killed) parent counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

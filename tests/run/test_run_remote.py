@@ -1,0 +1,147 @@
+"""The worker-side runner, called in-process in a temporary "workspace" (no server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from kcoral import run_remote
+from kcoral.run_remote import pack_inputs, run_tool, unpack_inputs
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def spec(tool: str, *args: str, **extra: object) -> dict:
+    return {"tool": tool, "args": list(args), "env": {}, "fetch": [], "collect": False, **extra}
+
+
+def test_inputs_round_trip_with_only_the_executable_bit(tmp_path: Path) -> None:
+    blob = pack_inputs([("a/run.sh", b"#!/bin/sh\n", True), ("a/b/data.txt", b"x" * 3, False)])
+    unpack_inputs(blob, str(tmp_path))
+    assert (tmp_path / "a/run.sh").read_bytes() == b"#!/bin/sh\n"
+    assert stat.S_IMODE((tmp_path / "a/run.sh").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "a/b/data.txt").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/x", "a//b", "a/./b", "", "a/"])
+def test_an_inputs_blob_with_an_unsafe_path_is_refused(tmp_path: Path, path: str) -> None:
+    with pytest.raises(ValueError, match="unsafe path"):
+        unpack_inputs(pack_inputs([(path, b"", False)]), str(tmp_path))
+
+
+def test_an_inputs_blob_with_conflicting_paths_is_refused(tmp_path: Path) -> None:
+    blob = pack_inputs([("a", b"", False), ("a/b", b"", False)])
+    with pytest.raises(ValueError, match="conflict"):
+        unpack_inputs(blob, str(tmp_path))
+
+
+def test_a_truncated_inputs_blob_is_refused(tmp_path: Path) -> None:
+    blob = pack_inputs([("a", b"hello", False)])
+    with pytest.raises(ValueError, match="truncated"):
+        unpack_inputs(blob[:-1], str(tmp_path))
+    with pytest.raises(ValueError, match="not a kcoral"):
+        unpack_inputs(b"garbage", str(tmp_path))
+
+
+def test_python_runs_in_the_inputs_directory_with_kcoral_dir_and_env(
+    workspace: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = "import os, sys; print(os.getcwd(), os.environ['KCORAL_DIR'], os.environ['GREETING'])"
+    report = run_tool(None, spec("python", "-c", code, env={"GREETING": "hi"}))
+    assert report["exit_code"] == 0 and report["signal"] is None and report["error"] is None
+    work = str(workspace / run_remote.WORK_DIR)
+    assert capfd.readouterr().out.split() == [work, work, "hi"]
+
+
+def test_the_interpreter_directory_comes_first_on_path_even_with_env_path(
+    workspace: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = "import os; print(os.environ['PATH'])"
+    run_tool(None, spec("python", "-c", code, env={"PATH": "/nowhere"}))
+    assert capfd.readouterr().out.strip() == f"{os.path.dirname(sys.executable)}:/nowhere"
+
+
+def test_stdin_is_closed_for_the_tool(workspace: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    run_tool(None, spec("python", "-c", "import sys; print(repr(sys.stdin.read()))"))
+    assert capfd.readouterr().out.strip() == "''"
+
+
+def test_exit_codes_and_signals_are_reported(workspace: Path) -> None:
+    report = run_tool(None, spec("python", "-c", "raise SystemExit(7)"))
+    assert (report["exit_code"], report["signal"]) == (7, None)
+
+
+def test_a_signal_death_is_reported_as_the_signal(workspace: Path) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    report = run_tool(None, spec("python", "-c", code))
+    assert (report["exit_code"], report["signal"]) == (None, signal.SIGTERM)
+
+
+def test_shell_runs_an_executable_relative_to_the_inputs(
+    workspace: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    inputs = pack_inputs([("tools/hello.sh", b'#!/bin/sh\necho hello "$1"\n', True)])
+    report = run_tool(inputs, spec("shell", "tools/hello.sh", "world"))
+    assert report["exit_code"] == 0
+    assert capfd.readouterr().out == "hello world\n"
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "name"),
+    [
+        ("shell", ["no-such-tool-xyz"], "no-such-tool-xyz"),
+        ("shell", ["./missing.sh"], "./missing.sh"),
+        ("ncu", ["--", "app"], "ncu"),
+        ("compute-sanitizer", ["app"], "compute-sanitizer"),
+        ("run-iket", ["profile", "--", "app"], "run-iket"),
+    ],
+)
+def test_a_missing_executable_is_reported_as_not_installed(
+    workspace: Path, tool: str, args: list[str], name: str
+) -> None:
+    report = run_tool(None, spec(tool, *args, env={"PATH": "/nonexistent"}))
+    assert report["error"] == f"{name} is not installed in the remote server environment"
+    assert report["exit_code"] is None and report["signal"] is None
+
+
+def test_fetched_files_and_directories_are_collected_even_after_a_failure(
+    workspace: Path,
+) -> None:
+    code = (
+        "import os; os.makedirs('res/empty'); open('res/a.txt','w').write('A');"
+        "os.symlink('a.txt', 'res/link'); open('top.txt','w').write('T'); raise SystemExit(3)"
+    )
+    fetch = ["res", "res/a.txt", "top.txt", "absent.txt"]
+    report = run_tool(None, spec("python", "-c", code, fetch=fetch, collect=True))
+    outputs = workspace / run_remote.OUTPUTS_DIR
+    assert report["exit_code"] == 3
+    assert (outputs / "res/a.txt").read_text() == "A"
+    assert (outputs / "res/empty").is_dir()
+    assert (outputs / "top.txt").read_text() == "T"
+    assert not (outputs / "res/link").exists()
+    assert report["skipped"] == ["res/link"]
+    assert report["missing"] == [{"path": "absent.txt", "reason": "not found"}]
+
+
+def test_a_fetched_symlink_is_a_missing_output(workspace: Path) -> None:
+    code = "import os; os.symlink('/etc/passwd', 'p')"
+    report = run_tool(None, spec("python", "-c", code, fetch=["p"], collect=True))
+    assert report["missing"] == [{"path": "p", "reason": "is a symbolic link"}]
+
+
+def test_outermost_paths_drop_duplicates_and_nested_paths() -> None:
+    assert run_remote.outermost_paths(["a/b", "a", "a-b", "a", "c/d"]) == ["a", "a-b", "c/d"]
+
+
+def test_the_runner_module_imports_only_the_standard_library() -> None:
+    source = Path(run_remote.__file__).read_text()
+    assert "import kcoral" not in source and "from kcoral" not in source
