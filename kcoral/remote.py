@@ -1,0 +1,443 @@
+"""Remote functions: a decorated Python function run on the server (CLIENT_API.md §8).
+
+Two formats (EXTENSIONS.md §4). ``json`` uploads the function's source (see
+``kcoral.remote_source``) and sends JSON literals and whole binary arguments. ``pickle``
+sends the function and its arguments by value with cloudpickle in one ``bytes`` upload; the
+server's trampoline (``kcoral_server.trampoline``) runs it and pickles the result back.
+cloudpickle is imported only when pickle mode is used.
+
+Both pickle payloads are wrapped in a small envelope naming the writer's Python and
+cloudpickle versions, so a mismatch is reported in words before anything is unpickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import math
+import pickle
+import sys
+import threading
+import types
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from kcoral.errors import ProtocolError, RemoteExecutionError
+from kcoral.negotiation import SERIALIZATION_FORMATS, ExecuteNegotiation
+from kcoral.program import Program
+from kcoral.remote_source import dispatcher_name, json_module_source
+from kcoral.results import ProgramResult
+
+#: Keyword arguments of ``remote``/``execute`` themselves, so no parameter may use them.
+RESERVED_PARAMETERS = ("run_async", "serialization")
+
+#: What a pickle-mode program imports on the server.
+TRAMPOLINE_SOURCE = "from kcoral_server.trampoline import call_pickled\n"
+TRAMPOLINE_FUNCTION = "call_pickled"
+
+PICKLE_MAGIC = b"KCORAL-PICKLE/1\n"
+
+
+# ------------------------------------------------------------------------ pickle envelope
+
+
+class PickleVersionError(ValueError):
+    """The two ends of a pickle-mode call run incompatible Python or cloudpickle versions."""
+
+
+def runtime_versions() -> dict[str, str]:
+    """What must match between both ends of a pickle-mode call."""
+    import cloudpickle
+
+    return {
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "cloudpickle": cloudpickle.__version__,
+    }
+
+
+def dump_envelope(value: Any) -> bytes:
+    """``value`` pickled by cloudpickle behind a header naming this side's versions."""
+    import cloudpickle
+
+    header = json.dumps(runtime_versions(), sort_keys=True).encode("ascii")
+    return PICKLE_MAGIC + header + b"\n" + cloudpickle.dumps(value)
+
+
+def load_envelope(data: bytes | memoryview, *, writer: str, reader: str) -> Any:
+    """Unpickle an envelope written by ``writer`` ("client"/"server") on ``reader``.
+
+    ``PickleVersionError`` names both sides' versions when they differ; ``ValueError`` for
+    something that is not an envelope. Nothing is unpickled in either case.
+    """
+    view = memoryview(data)
+    if bytes(view[: len(PICKLE_MAGIC)]) != PICKLE_MAGIC:
+        raise ValueError("not a KCoral pickle payload")
+    end = bytes(view[len(PICKLE_MAGIC) : len(PICKLE_MAGIC) + 256]).find(b"\n")
+    try:
+        theirs = json.loads(bytes(view[len(PICKLE_MAGIC) : len(PICKLE_MAGIC) + end]))
+    except ValueError:
+        theirs = None
+    if (
+        end < 0
+        or not isinstance(theirs, dict)
+        or not all(isinstance(theirs.get(key), str) for key in ("python", "cloudpickle"))
+    ):
+        raise ValueError("malformed KCoral pickle payload header")
+    ours = runtime_versions()
+    if theirs != ours:
+        raise PickleVersionError(
+            "pickle serialization needs the same Python minor version and cloudpickle version "
+            f"on both sides: {writer} has Python {theirs.get('python')} with cloudpickle "
+            f"{theirs.get('cloudpickle')}, {reader} has Python {ours['python']} with "
+            f"cloudpickle {ours['cloudpickle']}"
+        )
+    return pickle.loads(view[len(PICKLE_MAGIC) + end + 1 :])
+
+
+_BY_VALUE_LOCK = threading.Lock()
+
+
+def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """Pickle ``(fn, args, kwargs)``, with ``fn``'s own module pickled by value.
+
+    cloudpickle sends functions of importable modules by reference, which the server cannot
+    resolve for a user's script or notebook helper module; registering that module by value
+    for this one dump sends the code itself ("by value", EXTENSIONS §4).
+    """
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    with _BY_VALUE_LOCK:
+        register = (
+            isinstance(module, types.ModuleType)
+            and module.__name__ not in ("__main__", "builtins")
+            and not module.__name__.startswith("kcoral")
+            and module.__name__ not in cloudpickle.list_registry_pickle_by_value()
+        )
+        if register:
+            cloudpickle.register_pickle_by_value(module)
+        try:
+            return dump_envelope((fn, args, kwargs))
+        finally:
+            if register:
+                cloudpickle.unregister_pickle_by_value(module)
+
+
+# ---------------------------------------------------------------------- argument checks
+
+
+def _is_binary(value: Any) -> bool:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return True
+    return hasattr(value, "__dlpack__")  # torch tensors included
+
+
+def _check_json(value: Any, where: str, active: set[int]) -> None:
+    """``value`` must be plain JSON: exact types, finite floats, no cycles, no binary."""
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is a non-finite float ({value!r}); JSON cannot carry it")
+        return
+    if kind is list or kind is dict:
+        if id(value) in active:
+            raise ValueError(f"{where} contains a cycle")
+        active.add(id(value))
+        if kind is list:
+            for index, item in enumerate(value):
+                _check_json(item, f"{where}[{index}]", active)
+        else:
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise TypeError(f"{where} has a {type(key).__name__} key; JSON keys are str")
+                _check_json(item, f"{where}[{key!r}]", active)
+        active.discard(id(value))
+        return
+    if _is_binary(value):
+        raise TypeError(
+            f"{where} is binary data inside a container; bytes and arrays must be whole "
+            "arguments in JSON mode (or use serialization='pickle')"
+        )
+    raise TypeError(
+        f"{where} is a {kind.__name__}, not a JSON value (None, bool, int, float, str, list, "
+        "dict with str keys); use serialization='pickle' for other objects"
+    )
+
+
+def _check_serialization(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if value not in SERIALIZATION_FORMATS:
+        raise ValueError(f"{what} must be one of {list(SERIALIZATION_FORMATS)}, not {value!r}")
+    return value
+
+
+def _plain_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return fn
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coroutine`` to completion from synchronous code.
+
+    In a thread that already runs an event loop (a Jupyter kernel) no second loop may start
+    there, so the coroutine runs on a helper thread's own loop while this thread waits.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as exc:  # handed to the waiting thread as is
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="kcoral-blocking-call", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+# ------------------------------------------------------------------------ RemoteFunction
+
+
+class RemoteFunction:
+    """A function that runs locally when called and remotely through ``remote``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        client: Any,
+        timeout: float | None = None,
+        output_limit_bytes: int | None = None,
+        cpu_only: bool = False,
+        serialization: str = "json",
+    ) -> None:
+        serialization = _check_serialization(serialization, "serialization")
+        if serialization == "json" and not isinstance(fn, types.FunctionType):
+            raise TypeError(f"a remote function must be a Python function, not {type(fn).__name__}")
+        if not callable(fn):
+            raise TypeError(f"a remote function must be callable, not {type(fn).__name__}")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError("a generator function cannot be a remote function")
+        if not isinstance(cpu_only, bool):
+            raise TypeError(f"cpu_only must be a bool, not {type(cpu_only).__name__}")
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # some callables have none; pickle mode copes
+            self._signature = None
+        reserved = self._reserved_parameters()
+        if reserved:
+            raise ValueError(
+                f"remote function parameters may not be named {' or '.join(reserved)}: "
+                "remote() and execute() use these keywords"
+            )
+        self._client = client
+        self.timeout = timeout
+        self.output_limit_bytes = output_limit_bytes
+        self.cpu_only = cpu_only
+        self.serialization = serialization
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._json_source: str | None = None
+        if serialization == "json":
+            self._json_source = json_module_source(fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
+
+    def _reserved_parameters(self) -> list[str]:
+        if self._signature is None:
+            return []
+        return [name for name in RESERVED_PARAMETERS if name in self._signature.parameters]
+
+    def __repr__(self) -> str:
+        return f"<RemoteFunction {self.__wrapped__!r} serialization={self.serialization!r}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A pickle-mode function that calls itself finds this object among its globals;
+        # remotely it must be the plain function (the client and its sockets stay here).
+        return (_plain_function, (self.__wrapped__,))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the original function locally."""
+        return self.__wrapped__(*args, **kwargs)
+
+    # -- building -----------------------------------------------------------------------
+
+    def build_program(self, *args: Any, serialization: str | None = None, **kwargs: Any) -> Program:
+        """The program one remote call sends (``TypeError`` when arguments do not bind)."""
+        return self._build(args, kwargs, self._format(serialization))
+
+    def _format(self, serialization: str | None) -> str:
+        if serialization is None:
+            return self.serialization
+        return _check_serialization(serialization, "serialization")
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments | None:
+        if self._signature is None:
+            return None
+        try:
+            return self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.__name__}(): {exc}") from None
+
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], fmt: str) -> Program:
+        bound = self._bind(args, kwargs)
+        if fmt == "pickle":
+            return self._pickle_program(args, kwargs)
+        assert bound is not None  # JSON mode only accepts Python functions
+        return self._json_program(bound)
+
+    def _module_source(self) -> str:
+        if self._json_source is None:  # decorated for pickle; checked on first JSON call
+            fn = self.__wrapped__
+            if not isinstance(fn, types.FunctionType):
+                raise TypeError(f"JSON mode needs a Python function, not {type(fn).__name__}")
+            self._json_source = json_module_source(fn)
+        return self._json_source
+
+    def _json_program(self, bound: inspect.BoundArguments) -> Program:
+        source = self._module_source()
+        bound.apply_defaults()  # defaults are bound here and sent explicitly (§8)
+        positional = list(bound.args)
+        keywords = dict(bound.kwargs)
+        values = positional + list(keywords.values())
+        labels = [f"argument {i}" for i in range(len(positional))] + [
+            f"argument {name!r}" for name in keywords
+        ]
+        for value, label in zip(values, labels, strict=True):
+            if not _is_binary(value):
+                _check_json(value, label, set())
+
+        program = Program()
+        module = program.upload(id="module", kind="module", source=source)
+        function = program.get_function(
+            id="function",
+            module=module,
+            name=dispatcher_name(self.__wrapped__),
+            cpu_only=self.cpu_only,
+        )
+        run_values: list[Any] = []
+        literals: list[bool] = []
+        for index, value in enumerate(values):
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                run_values.append(program.upload(id=f"arg_{index}", kind="bytes", value=value))
+                literals.append(False)
+            elif _is_binary(value):
+                run_values.append(program.upload(id=f"arg_{index}", kind="tensor", value=value))
+                literals.append(False)
+            else:
+                # wrapped so that reference-shaped data stays literal on the server
+                run_values.append({"value": value})
+                literals.append(True)
+        output = program.run(
+            id="output",
+            fn=function,
+            args=[len(positional), list(keywords), literals, *run_values],
+        )
+        program.return_(key="output", value=output)
+        return program
+
+    def _pickle_program(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
+        payload = _dump_call(self.__wrapped__, args, kwargs)
+        program = Program()
+        module = program.upload(id="module", kind="module", source=TRAMPOLINE_SOURCE)
+        function = program.get_function(
+            id="function", module=module, name=TRAMPOLINE_FUNCTION, cpu_only=self.cpu_only
+        )
+        argument = program.upload(id="payload", kind="bytes", value=payload)
+        output = program.run(id="output", fn=function, args=[argument])
+        program.return_(key="output", value=output)
+        return program
+
+    # -- calling ------------------------------------------------------------------------
+
+    def execute(
+        self, *args: Any, run_async: bool = False, serialization: str | None = None, **kwargs: Any
+    ) -> Any:
+        """Run remotely; the ``ProgramResult`` (a coroutine giving it with ``run_async``)."""
+        if run_async:
+            return self._execute_async(args, kwargs, serialization)
+        fmt = self._format(serialization)
+        return self._execute_blocking(self._build(args, kwargs, fmt), fmt)
+
+    def remote(
+        self, *args: Any, run_async: bool = False, serialization: str | None = None, **kwargs: Any
+    ) -> Any:
+        """Run remotely and return the value (a coroutine giving it with ``run_async``).
+
+        ``FAILED`` → ``RemoteExecutionError`` carrying the result; HTTP and transport errors
+        propagate.
+        """
+        if run_async:
+            return self._remote_async(args, kwargs, serialization)
+        fmt = self._format(serialization)
+        return output_value(self._execute_blocking(self._build(args, kwargs, fmt), fmt), fmt)
+
+    async def _remote_async(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], serialization: str | None
+    ) -> Any:
+        fmt = self._format(serialization)
+        result = await self._execute_async(args, kwargs, serialization)
+        return output_value(result, fmt)
+
+    async def _execute_async(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], serialization: str | None
+    ) -> ProgramResult:
+        from kcoral.async_client import AsyncClient
+
+        fmt = self._format(serialization)
+        program = self._build(args, kwargs, fmt)
+        if isinstance(self._client, AsyncClient):
+            return await self._client.execute(program, **self._options(fmt))
+        # A sync Client: its blocking call runs on a thread so the caller's loop keeps
+        # running; the client's pool, headers and token are used as they are.
+        negotiation = ExecuteNegotiation(program, **self._options(fmt))
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self._client.run_negotiation, negotiation)
+
+    def _execute_blocking(self, program: Program, fmt: str) -> ProgramResult:
+        from kcoral.async_client import AsyncClient
+
+        if isinstance(self._client, AsyncClient):
+            return run_blocking(self._client.execute(program, **self._options(fmt)))
+        return self._client.run_negotiation(ExecuteNegotiation(program, **self._options(fmt)))
+
+    def _options(self, fmt: str) -> dict[str, Any]:
+        return {
+            "timeout_seconds": self.timeout,
+            "output_limit_bytes": self.output_limit_bytes,
+            "serialization": fmt,
+        }
+
+
+def output_value(result: ProgramResult, fmt: str) -> Any:
+    """The decoded ``output`` of a remote-function result (CLIENT_API §8 ``remote``)."""
+    if not result.completed:
+        raise RemoteExecutionError(result)
+    if "output" not in result.results:
+        raise ProtocolError(f"remote function result {result.request_id} has no 'output' return")
+    value = result.results["output"]
+    if fmt == "json":
+        return value
+    if not isinstance(value, bytes):
+        raise ProtocolError(f"pickle-mode result {result.request_id} is not bytes")
+    try:
+        return load_envelope(value, writer="server", reader="client")
+    except PickleVersionError as exc:
+        raise ProtocolError(str(exc)) from None
+    except Exception as exc:  # e.g. a result class the client cannot import
+        raise ProtocolError(
+            f"cannot unpickle the result of request {result.request_id}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
