@@ -163,7 +163,12 @@ class ProgramFinished(Message):
     """The program and its teardown are over.
 
     ``error`` is the PROTOCOL §7.6 object or None. ``left_processes`` is true when
-    descendants had to be killed; ``poisoned`` when the worker must not take more work.
+    descendants had to be killed (the worker has already turned a COMPLETED program into
+    FAILED for it); ``poisoned`` when the worker must not take more work (it then sends no
+    ``WorkerReady`` and waits for ``Shutdown`` or its end). Once this message is sent the
+    worker forgets the lease: ``lease_held`` says whether it held it at that moment, and
+    the front-end releases it (for a retiring worker, after the process exited). A reused
+    worker follows with ``WorkerReady``; a ``transient`` one exits instead.
     """
 
     tag: ClassVar[str] = "program_finished"
@@ -346,9 +351,7 @@ class AsyncChannel:
         payload = encode(message)
         frame = _HEADER.pack(len(payload)) + struct.pack(">H", len(fds)) + payload
         view = memoryview(frame)
-        ancillary = (
-            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        )
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         self.sock.setblocking(True)  # frames are small; a bounded blocking send keeps order
         self.sock.settimeout(5.0)
         try:

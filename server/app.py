@@ -1,0 +1,207 @@
+"""The Tornado application and the state its handlers share.
+
+``create_app(config)`` builds the application without starting anything; worker processes
+start when it starts serving (``listen`` or ``await app.start()``), as CLIENT_API §1.1 asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hmac
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import tornado.web
+from kcoral_server.config import ServerConfig
+from kcoral_server.disk_cache import DiskCache
+from kcoral_server.eventlog import EventLog
+from kcoral_server.lease import LeaseArbiter
+from kcoral_server.memory_cache import MemoryCache
+from kcoral_server.pool import GpuDevice, Pool
+
+EXECUTOR_THREADS = 4
+
+
+class ServerState:
+    """Configuration, pool, leases, caches, event log and counters of one server process."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        mode: str,
+        gpus: Sequence[GpuDevice] = (),
+        events: EventLog | None = None,
+        sandbox: str = "none",
+        auth_token: str | None = None,
+    ) -> None:
+        self.config = config
+        self.mode = mode  # "cpu", "gpu" or "fake-gpu"
+        self.gpus = list(gpus)
+        self.gpu_ids = [g.id for g in self.gpus]
+        self.sandbox = sandbox
+        self.auth_token = auth_token
+        self.instance_id = str(uuid.uuid4())
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.started_at = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.events = events or EventLog(
+            config.log_dir, console=config.log_console, log_programs=config.log_programs
+        )
+        self.executor = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="kcoral")
+        self.memory_cache = MemoryCache(config.cache_capacity_bytes)
+        self.disk_cache = DiskCache(config.disk_cache_dir, config.disk_cache_capacity_mbytes)
+        self.arbiter = LeaseArbiter(self.gpu_ids) if mode != "cpu" else None
+        self.pool = Pool(
+            mode=mode,
+            gpus=self.gpus,
+            config=config,
+            events=self.events,
+            arbiter=self.arbiter,
+            sandbox=sandbox,
+            allowed_serialization=config.allowed_serialization,
+        )
+        self.inflight_bytes = 0
+        self.open_requests = 0  # /execute handlers that have not written their reply yet
+        self.finished_requests = 0
+        self.shutting_down = False
+        self.started: asyncio.Future[None] | None = None
+        self._request_done = asyncio.Event()
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def device(self) -> str:
+        """``cpu`` or ``gpu`` as clients see it (fake GPUs behave like GPUs)."""
+        return "cpu" if self.mode == "cpu" else "gpu"
+
+    @property
+    def gpu_count(self) -> int:
+        return 0 if self.mode == "cpu" else len(self.gpu_ids)
+
+    def gpu_uuid(self, gpu_id: int) -> str:
+        device = next((g for g in self.gpus if g.id == gpu_id), None)
+        return device.uuid if device else ""
+
+    def authorized(self, header: str | None) -> bool:
+        if self.auth_token is None:
+            return True
+        expected = f"Bearer {self.auth_token}".encode()
+        return hmac.compare_digest((header or "").encode(), expected)
+
+    def request_done(self) -> None:
+        self.finished_requests += 1
+        self._request_done.set()
+
+    def reply_sent(self) -> None:
+        """An /execute reply went out (wakes a draining shutdown)."""
+        self._request_done.set()
+
+    async def wait_request_done(self) -> None:
+        await self._request_done.wait()
+        self._request_done.clear()
+
+    def health(self) -> dict[str, Any]:
+        pool = self.pool
+        return {
+            "status": "ok",
+            "instance_id": self.instance_id,
+            "started_at": self.started_at,
+            "gpu_count": self.gpu_count,
+            "load": {
+                "request_capacity": 0 if self.shutting_down else pool.request_capacity,
+                "requests_in_progress": pool.requests_in_progress,
+                "requests_waiting": pool.requests_waiting,
+            },
+            "target": dict(pool.target),
+            "versions": dict(pool.versions),
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start the worker pool once (later calls wait for the first)."""
+        if self.started is None:
+            self.started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self.started)
+
+    async def _start(self) -> None:
+        await self.pool.start()
+        self.events.emit(
+            "pool_ready",
+            sandbox=self.sandbox,
+            mode=self.device,
+            target=self.pool.target,
+            versions=self.pool.versions,
+            workers=len(self.pool.seats),
+        )
+
+    async def stop(self) -> None:
+        self.shutting_down = True
+        await self.pool.close(timeout=float(self.config.worker_termination_grace_seconds) + 5)
+        self.executor.shutdown(wait=False)
+
+
+class KCoralApplication(tornado.web.Application):
+    """A Tornado application that starts its worker pool when it starts serving."""
+
+    def __init__(self, state: ServerState, handlers: list, **settings: Any) -> None:
+        super().__init__(handlers, **settings)
+        self.state = state
+
+    def listen(self, port: int, address: str | None = None, **kwargs: Any) -> Any:
+        kwargs.setdefault("max_body_size", self.state.config.max_request_bytes + (1 << 20))
+        server = super().listen(port, address or "", **kwargs)
+        asyncio.get_event_loop().create_task(self.start())
+        return server
+
+    async def start(self) -> None:
+        await self.state.start()
+
+    async def stop(self) -> None:
+        await self.state.stop()
+
+
+def create_app(
+    config: ServerConfig | None = None,
+    *,
+    mode: str | None = None,
+    gpus: Sequence[GpuDevice] | None = None,
+    events: EventLog | None = None,
+    sandbox: str | None = None,
+    auth_token: str | None = None,
+) -> KCoralApplication:
+    """Build the application for ``config`` (default ``ServerConfig()``); starts nothing.
+
+    ``mode``/``gpus`` come from device resolution (``kcoral server`` probes for them); when
+    omitted they follow ``config.device`` without probing (``auto`` means CPU here unless a
+    fake GPU count is configured).
+    """
+    from kcoral_server.handlers import routes
+
+    config = config if config is not None else ServerConfig()
+    config.validate()
+    if mode is None:
+        mode, gpus = default_devices(config)
+    state = ServerState(
+        config,
+        mode=mode,
+        gpus=gpus or [],
+        events=events,
+        sandbox=sandbox if sandbox is not None else "none",
+        auth_token=auth_token if auth_token is not None else config.read_auth_token(),
+    )
+    return KCoralApplication(state, routes(state))
+
+
+def default_devices(config: ServerConfig) -> tuple[str, list[GpuDevice]]:
+    """Device mode without a CUDA probe: fake GPUs when configured, CPU for ``auto``."""
+    if config.device == "fake-gpu" or config.fake_gpu_count:
+        count = config.fake_gpu_count or len(config.gpus)
+        ids = list(config.gpus[:count]) if len(config.gpus) >= count else list(range(count))
+        return "fake-gpu", [GpuDevice(i, "", "sm_90a") for i in ids]
+    if config.device == "gpu":
+        return "gpu", [GpuDevice(i) for i in dict.fromkeys(config.gpus)]
+    return "cpu", []

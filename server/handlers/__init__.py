@@ -1,0 +1,21 @@
+"""HTTP handlers: ``/execute``, ``/health``, ``/internal/worker-status``, ``/v1/info``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kcoral_server.handlers.base import NotFoundHandler
+from kcoral_server.handlers.execute import ExecuteHandler
+from kcoral_server.handlers.status import HealthHandler, InfoHandler, WorkerStatusHandler
+
+
+def routes(state: Any) -> list[tuple[str, type, dict[str, Any]]]:
+    """URL table of the server (unknown paths fall through to a JSON 404)."""
+    args = {"state": state}
+    return [
+        (r"/execute", ExecuteHandler, args),
+        (r"/health", HealthHandler, args),
+        (r"/internal/worker-status", WorkerStatusHandler, args),
+        (r"/v1/info", InfoHandler, args),
+        (r".*", NotFoundHandler, args),
+    ]

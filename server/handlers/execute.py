@@ -1,0 +1,168 @@
+"""``POST /execute``: the streamed body, the early refusals, then the pipeline.
+
+Refusals before the body is read, in this order: 401 (auth), 413 (declared length), the
+``X-KCoral-Serialization`` 400, the in-flight-bytes / shutting-down 503 (EXTENSIONS §6).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tornado.iostream
+import tornado.web
+from kcoral_server.body import BodyTooLarge, RequestBody
+from kcoral_server.config import SERIALIZATION_FORMATS
+from kcoral_server.handlers.base import BaseHandler
+from kcoral_server.pipeline import FINISH_LEVELS, ExecuteRequest, Reply
+
+from kcoral.protocol.headers import SERIALIZATION_HEADER
+
+TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
+# Tornado must never cut a body off before we do (we answer 413 ourselves).
+_UNLIMITED = 1 << 62
+
+
+@tornado.web.stream_request_body
+class ExecuteHandler(BaseHandler):
+    ALLOWED = ("POST",)
+
+    def initialize(self, state: Any) -> None:
+        super().initialize(state)
+        self.body: RequestBody | None = None
+        self.serialization: str | None = None
+        self.inflight = 0
+
+    def prepare(self) -> None:
+        super().prepare()
+        if self._finished:
+            if self.get_status() == 401:
+                self._log_refusal(401, "unauthorized", "missing or invalid bearer token")
+            return
+        state = self.state
+        config = state.config
+        declared = _content_length(self.request.headers.get("Content-Length"))
+        state.events.emit(
+            "request_received",
+            request_id=self.request_id,
+            client=self.request.remote_ip,
+            content_length=declared,
+        )
+        self.request.connection.set_max_body_size(_UNLIMITED)
+        limit = config.max_request_bytes
+        if declared is not None and declared > limit:
+            self.refuse(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
+            return
+        formats = self.request.headers.get_list(SERIALIZATION_HEADER)
+        if formats:
+            chosen = formats[0].strip()
+            allowed = list(config.allowed_serialization)
+            if len(formats) != 1 or chosen not in SERIALIZATION_FORMATS:
+                self.refuse(400, "parse", f"Unknown serialization format {chosen!r}", "rejected")
+                return
+            if chosen not in allowed:
+                message = f"Serialization format {chosen!r} not allowed. Allowed formats: {allowed}"
+                self.refuse(400, "parse", message, "rejected")
+                return
+            self.serialization = chosen
+        if state.shutting_down or not state.pool.accepting:
+            self.refuse(503, "busy", "server saturated", "no_worker")
+            return
+        max_inflight = config.max_inflight_request_bytes
+        if max_inflight is None:
+            max_inflight = 2 * limit
+        size = declared if declared is not None else limit
+        if max_inflight and state.inflight_bytes + size > max_inflight and state.inflight_bytes:
+            self.refuse(503, "busy", "server saturated", "no_worker")
+            return
+        self.inflight = size
+        state.inflight_bytes += size
+        self.body = RequestBody(limit, declared)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished or self.body is None:
+            return
+        try:
+            self.body.write(chunk)
+        except BodyTooLarge:
+            self.body.close()
+            self.body = None
+            self.refuse(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
+
+    async def post(self) -> None:
+        if self._finished or self.body is None:
+            return
+        body, self.body = self.body, None
+        request = ExecuteRequest(
+            self.state,
+            request_id=self.request_id,
+            content_type=self.request.headers.get("Content-Type"),
+            body=body,
+            serialization=self.serialization,
+        )
+        self.state.open_requests += 1
+        try:
+            reply = await request.run()
+            try:
+                await self.send_reply(reply)
+            finally:
+                reply.close()
+        finally:
+            self.state.open_requests -= 1
+            self.state.reply_sent()
+
+    async def send_reply(self, reply: Reply) -> None:
+        self.set_status(reply.status)
+        for name, value in reply.headers.items():
+            self.set_header(name, value)
+        if len(reply.chunks) == 1 and isinstance(reply.chunks[0], bytes):
+            self.finish(reply.chunks[0])
+            return
+        self.set_header("Content-Length", str(reply.length))
+        try:
+            await self.flush()  # headers only
+            connection = self.request.connection
+            for chunk in reply.chunks:
+                await connection.write(chunk)  # memoryviews go out without a copy
+            self.finish()
+        except tornado.iostream.StreamClosedError:
+            pass  # the client went away; nothing left to tell it
+
+    def refuse(self, status: int, kind: str, message: str, reason: str) -> None:
+        """Answer before the body is read, and log the request's end."""
+        self.send_error_json(status, kind, message)
+        self._log_refusal(status, kind, message, reason)
+
+    def _log_refusal(self, status: int, kind: str, message: str, reason: str = "rejected") -> None:
+        self.state.events.emit(
+            "request_finished",
+            FINISH_LEVELS.get(reason, "WARNING"),
+            request_id=self.request_id,
+            http_status=status,
+            finish_reason=reason,
+            error_kind=kind,
+            error_message=message,
+        )
+
+    def on_finish(self) -> None:
+        self._release()
+
+    def on_connection_close(self) -> None:
+        self._release()
+        super().on_connection_close()
+
+    def _release(self) -> None:
+        if self.inflight:
+            self.state.inflight_bytes -= self.inflight
+            self.inflight = 0
+        if self.body is not None:
+            self.body.close()
+            self.body = None
+
+
+def _content_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None

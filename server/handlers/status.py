@@ -1,0 +1,70 @@
+"""``GET /health``, ``GET /internal/worker-status`` and ``GET /v1/info``."""
+
+from __future__ import annotations
+
+from kcoral_server.handlers.base import BaseHandler
+
+import kcoral
+
+PROTOCOL_VERSION = 1
+
+
+class HealthHandler(BaseHandler):
+    """PROTOCOL §12: exactly the documented keys; no token needed."""
+
+    PUBLIC = True
+
+    def get(self) -> None:
+        self.send_json(200, self.state.health())
+
+
+class WorkerStatusHandler(BaseHandler):
+    """PROTOCOL §13: loopback peers only (others get 404); no token needed."""
+
+    PUBLIC = True
+
+    def prepare(self) -> None:
+        if not self.is_loopback_peer():
+            self.set_header("X-Request-ID", self.request_id)
+            self.send_error_json(404, "not_found", "not found")
+            return
+        super().prepare()
+
+    def get(self) -> None:
+        pool = self.state.pool
+        self.send_json(
+            200,
+            {
+                "status": "ok",
+                "instance_id": self.state.instance_id,
+                "target": dict(pool.target),
+                "versions": dict(pool.versions),
+                "worker_count": len(pool.seats),
+                "busy_workers": pool.busy_workers,
+            },
+        )
+
+
+class InfoHandler(BaseHandler):
+    """EXTENSIONS §1: version, features, device and limits."""
+
+    def get(self) -> None:
+        config = self.state.config
+        features = ["cpu-tensors", "async-run", "serialization"]
+        if self.state.auth_token is not None:
+            features.append("auth")
+        self.send_json(
+            200,
+            {
+                "kcoral": kcoral.__version__,
+                "protocol": PROTOCOL_VERSION,
+                "features": features,
+                "device": self.state.device,
+                "limits": {
+                    "max_request_bytes": config.max_request_bytes,
+                    "max_response_bytes": config.max_response_bytes,
+                    "max_timeout_seconds": config.max_timeout_seconds,
+                    "max_output_limit_bytes": config.max_output_limit_bytes,
+                },
+            },
+        )

@@ -1,0 +1,166 @@
+"""Per-GPU lease arbiter (SERVER.md §5, §11).
+
+The front-end, not an OS lock, decides who may touch a GPU, so a killed holder can never
+wedge a device: its lease is simply released by the front-end.
+
+One arrival-ordered queue serves every GPU. A waiter asks either for specific GPUs (an
+ordinary lease, or re-acquiring a set) or for "any k free GPUs" (a new GPU set). A waiter is
+granted only when everything it needs is free and no older waiter still wants any of it,
+which gives FIFO per GPU and atomic, arrival-ordered sets (an "any k" waiter blocks every GPU
+for younger waiters, so sets are never starved by single leases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+HISTORY_LENGTH = 256
+
+
+@dataclass
+class HolderRecord:
+    """One tenure of a GPU: who held it and when (``end`` is None while held)."""
+
+    request_id: str | None
+    start: float
+    end: float | None = None
+
+
+@dataclass
+class _Waiter:
+    owner: object
+    request_id: str | None
+    wanted: tuple[int, ...] | None  # specific GPUs, or None for "any `count`"
+    count: int
+    future: asyncio.Future[tuple[int, ...]] = field(repr=False)
+
+
+class LeaseArbiter:
+    """FIFO lease arbiter over a fixed list of GPU ids (in ``--gpus`` order)."""
+
+    def __init__(self, gpu_ids: Sequence[int]) -> None:
+        self.gpu_ids = list(dict.fromkeys(gpu_ids))
+        self._holder: dict[int, object | None] = {gpu: None for gpu in self.gpu_ids}
+        self._history: dict[int, deque[HolderRecord]] = {
+            gpu: deque(maxlen=HISTORY_LENGTH) for gpu in self.gpu_ids
+        }
+        self._waiters: list[_Waiter] = []
+
+    # ------------------------------------------------------------------ queries
+
+    def holder(self, gpu: int) -> object | None:
+        return self._holder.get(gpu)
+
+    def holds(self, owner: object, gpus: Sequence[int]) -> bool:
+        return all(self._holder.get(gpu) is owner for gpu in gpus)
+
+    def waiting(self, gpu: int | None = None) -> int:
+        """Number of waiters (for ``gpu``, or in total)."""
+        if gpu is None:
+            return len(self._waiters)
+        return sum(1 for w in self._waiters if w.wanted is None or gpu in w.wanted)
+
+    def history(self, gpu: int) -> list[HolderRecord]:
+        return list(self._history.get(gpu, ()))
+
+    def request_at(self, gpu: int, when: float) -> str | None:
+        """Request id holding ``gpu`` at monotonic time ``when`` (for ``interfered_request_id``)."""
+        for record in reversed(self._history.get(gpu, ())):
+            if record.start <= when and (record.end is None or when <= record.end):
+                return record.request_id
+        return None
+
+    # ------------------------------------------------------------------ acquire / release
+
+    async def acquire(
+        self,
+        owner: object,
+        gpus: Sequence[int] | None = None,
+        *,
+        count: int = 1,
+        request_id: str | None = None,
+    ) -> tuple[int, ...]:
+        """Wait until ``owner`` holds ``gpus`` (or any ``count`` free GPUs); return them.
+
+        Cancelling the wait withdraws the request (nothing stays held).
+        """
+        wanted = None if gpus is None else tuple(dict.fromkeys(gpus))
+        if wanted is not None:
+            unknown = [gpu for gpu in wanted if gpu not in self._holder]
+            if unknown:
+                raise ValueError(f"unknown GPU ids {unknown}")
+            if all(self._holder[gpu] is owner for gpu in wanted):
+                return wanted  # re-entrant: already held
+        elif not 1 <= count <= len(self.gpu_ids):
+            raise ValueError(f"cannot lease {count} of {len(self.gpu_ids)} GPUs")
+        future: asyncio.Future[tuple[int, ...]] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(owner, request_id, wanted, count, future)
+        self._waiters.append(waiter)
+        self._grant()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                self._grant()
+            elif future.done() and not future.cancelled():
+                # Granted in the same tick as the cancellation: give it back.
+                self.release(owner, future.result())
+            raise
+
+    def release(self, owner: object, gpus: Sequence[int] | None = None) -> None:
+        """Give back ``gpus`` (default: every GPU ``owner`` holds). No-op for GPUs not held."""
+        now = time.monotonic()
+        targets = self.gpu_ids if gpus is None else gpus
+        changed = False
+        for gpu in targets:
+            if self._holder.get(gpu) is owner and owner is not None:
+                self._holder[gpu] = None
+                history = self._history[gpu]
+                if history and history[-1].end is None:
+                    history[-1].end = now
+                changed = True
+        if changed:
+            self._grant()
+
+    def withdraw(self, owner: object) -> None:
+        """Cancel every pending request of ``owner`` (e.g. a worker being killed)."""
+        for waiter in [w for w in self._waiters if w.owner is owner]:
+            self._waiters.remove(waiter)
+            if not waiter.future.done():
+                waiter.future.cancel()
+        self._grant()
+
+    def _grant(self) -> None:
+        blocked: set[int] = set()
+        now = time.monotonic()
+        for waiter in list(self._waiters):
+            if waiter.future.done():
+                self._waiters.remove(waiter)
+                continue
+            if waiter.wanted is not None:
+                chosen: tuple[int, ...] | None = waiter.wanted
+                if any(
+                    gpu in blocked or self._holder[gpu] not in (None, waiter.owner)
+                    for gpu in waiter.wanted
+                ):
+                    chosen = None
+            else:
+                free = [
+                    gpu for gpu in self.gpu_ids if gpu not in blocked and self._holder[gpu] is None
+                ]
+                chosen = tuple(free[: waiter.count]) if len(free) >= waiter.count else None
+            if chosen is None:
+                # Younger waiters must not overtake on anything this one still wants.
+                blocked.update(self.gpu_ids if waiter.wanted is None else waiter.wanted)
+                continue
+            self._waiters.remove(waiter)
+            for gpu in chosen:
+                if self._holder[gpu] is not waiter.owner:
+                    self._holder[gpu] = waiter.owner
+                    self._history[gpu].append(HolderRecord(waiter.request_id, now))
+            waiter.future.set_result(chosen)

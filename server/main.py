@@ -1,0 +1,209 @@
+"""``kcoral server``: resolve devices, start the pool, serve, and shut down gracefully.
+
+Start-up order (SERVER §2, §12; EXTENSIONS §2, §6): parse and validate the options, refuse a
+non-loopback address without a token, open the event log, probe the sandbox and the devices,
+start the pool (``pool_ready``), print ``Application startup complete.``, listen, then print
+``KCoral server listening on http://HOST:PORT`` and write it to ``--ready-file``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import tornado.httpserver
+import tornado.netutil
+from kcoral_server.app import ServerState, create_app
+from kcoral_server.config import ServerSettings, config_for_log, parse_server_args
+from kcoral_server.device import DeviceError, choose_devices
+from kcoral_server.eventlog import EventLog
+from kcoral_server.pool import PoolStartError
+
+SANDBOX_PROBE_SECONDS = 10.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code."""
+    settings = parse_server_args(list(sys.argv[1:] if argv is None else argv), os.environ)
+    config = settings.config
+    if settings.supervisor is not None:
+        sys.stderr.write("kcoral server: --router is not supported by this build\n")
+        return 2
+    try:
+        token = config.read_auth_token()
+    except ValueError as exc:
+        sys.stderr.write(f"kcoral server: {exc}\n")
+        return 2
+    if token is None and not is_loopback(settings.host) and not config.allow_unauthenticated:
+        sys.stderr.write(
+            f"kcoral server: refusing to listen on non-loopback address {settings.host} "
+            "without a client token; set --auth-token-file or KCORAL_AUTH_TOKEN, or pass "
+            "--allow-unauthenticated\n"
+        )
+        return 2
+    if config.device == "gpu" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        sys.stderr.write(
+            "kcoral server: warning: CUDA_VISIBLE_DEVICES does not restrict the server; "
+            "workers are pinned by --gpus\n"
+        )
+    return asyncio.run(_serve(settings, token))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def probe_sandbox(sandbox: str, events: EventLog) -> str:
+    """``bubblewrap`` if ``bwrap`` works here, else ``none`` with a ``sandbox_disabled`` event."""
+    if sandbox != "bubblewrap":
+        return "none"
+    error = None
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        error = "bwrap was not found on PATH"
+    else:
+        try:
+            done = subprocess.run(
+                [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+                capture_output=True,
+                timeout=SANDBOX_PROBE_SECONDS,
+                check=False,
+            )
+            if done.returncode != 0:
+                error = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+        except (OSError, subprocess.SubprocessError) as exc:
+            error = str(exc)
+    if error is None:
+        return "bubblewrap"
+    message = "the bubblewrap sandbox is unusable; continuing with --sandbox none"
+    events.emit("sandbox_disabled", "WARNING", sandbox="bubblewrap", error=error, message=message)
+    warnings.warn(f"{message}: {error}", RuntimeWarning, stacklevel=2)
+    return "none"
+
+
+async def _serve(settings: ServerSettings, token: str | None) -> int:
+    config = settings.config
+    loop = asyncio.get_running_loop()
+    events = EventLog(config.log_dir, console=config.log_console, log_programs=config.log_programs)
+    events.emit(
+        "server_started",
+        run_dir=str(events.run_dir) if events.run_dir else None,
+        config=config_for_log(config),
+    )
+    if token is None and not is_loopback(settings.host):
+        events.emit(
+            "unauthenticated_access",
+            "WARNING",
+            host=settings.host,
+            message="listening on a non-loopback address without client authentication",
+        )
+    state: ServerState | None = None
+    try:
+        sandbox = await loop.run_in_executor(None, probe_sandbox, config.sandbox, events)
+        choice = await loop.run_in_executor(
+            None,
+            lambda: choose_devices(
+                config.device,
+                config.gpus,
+                gpus_given=settings.gpus_given,
+                fake_gpu_count=config.fake_gpu_count,
+            ),
+        )
+        app = create_app(
+            config,
+            mode=choice.mode,
+            gpus=choice.gpus,
+            events=events,
+            sandbox=sandbox,
+            auth_token=token,
+        )
+        state = app.state
+        await state.start()
+    except (DeviceError, PoolStartError, OSError, ValueError) as exc:
+        events.emit(
+            "server_start_failed", "ERROR", error=str(exc), traceback=traceback.format_exc()
+        )
+        sys.stderr.write(f"kcoral server: start-up failed: {exc}\n")
+        if state is not None:
+            await state.stop()
+        return 1
+    sys.stderr.write("Application startup complete.\n")
+    sys.stderr.flush()
+
+    server = tornado.httpserver.HTTPServer(app, max_body_size=config.max_request_bytes + (1 << 20))
+    try:
+        sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
+    except OSError as exc:
+        events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
+        sys.stderr.write(
+            f"kcoral server: cannot listen on {settings.host}:{settings.port}: {exc}\n"
+        )
+        await state.stop()
+        return 1
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{host}:{port}"
+    sys.stderr.write(f"KCoral server listening on {url}\n")
+    sys.stderr.flush()
+    if settings.ready_file is not None:
+        _write_ready_file(settings.ready_file, url)
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await _shutdown(state, events)
+    server.stop()
+    await server.close_all_connections()
+    events.emit("server_stopped")
+    events.close()
+    return 0
+
+
+async def _shutdown(state: ServerState, events: EventLog) -> None:
+    """SERVER §12: stop admitting, let running requests finish, close workers."""
+    pool = state.pool
+    state.shutting_down = True
+    pool.begin_shutdown()
+    remaining = pool.requests_in_progress
+    events.emit("shutdown_started", remaining=remaining)
+    sys.stderr.write(f"Shutdown requested. Finishing remaining benchmarks: {remaining} left.\n")
+    sys.stderr.flush()
+    seen = state.finished_requests
+    while pool.requests_in_progress > 0 or state.open_requests > 0:
+        try:
+            await asyncio.wait_for(state.wait_request_done(), 1.0)
+        except (asyncio.TimeoutError, TimeoutError):
+            pass
+        now_remaining = pool.requests_in_progress
+        while seen < state.finished_requests:
+            seen += 1
+            events.emit("shutdown_waiting", remaining=now_remaining)
+        if now_remaining != remaining:
+            remaining = now_remaining
+            sys.stderr.write(f"Finishing remaining benchmarks: {remaining} left.\n")
+            sys.stderr.flush()
+    await state.stop()
+    events.emit("shutdown_complete")
+
+
+def _write_ready_file(path: Path, url: str) -> None:
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(url + "\n", encoding="utf-8")
+    os.replace(temporary, path)

@@ -1,0 +1,397 @@
+"""Worker seats, FIFO assignment and worker replacement (SERVER.md §4, §6).
+
+A seat (``cpu/w<i>`` or ``gpu<N>/w<i>``) outlives its processes; ``generation`` counts them.
+Requests take an idle seat or queue FIFO; a seat that becomes idle goes to the oldest waiter.
+Replacing a worker (retirement, crash, timeout) runs in the background and the seat stays out
+of ``request_capacity`` until its new worker is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoral_server import ipc
+from kcoral_server.lease import LeaseArbiter
+from kcoral_server.worker_handle import WorkerGone, WorkerHandle, WorkerStartError
+
+RETIRE_LEVELS = {
+    "request_limit": "INFO",
+    "poisoned_context": "WARNING",
+    "sandbox_cleanup": "WARNING",
+    "timeout": "WARNING",
+    "crashed": "ERROR",
+}
+BACKOFF_START_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 30.0
+REUSE_READY_TIMEOUT_SECONDS = 60.0
+
+
+class NoWorker(Exception):
+    """No worker within the wait timeout, or the server is shutting down (503 ``busy``)."""
+
+
+class PoolStartError(Exception):
+    """The pool could not start (no worker came up, or mixed GPU architectures)."""
+
+
+@dataclass
+class GpuDevice:
+    """One configured GPU: physical id, UUID when known, arch (``sm_90a``)."""
+
+    id: int
+    uuid: str = ""
+    arch: str = ""
+
+
+@dataclass
+class Seat:
+    id: str
+    gpu_id: int | None
+    generation: int = 0
+    worker: WorkerHandle | None = None
+    state: str = "starting"  # starting | idle | busy | replacing | failed | closed
+    served: int = 0
+    assigned: bool = False
+    replacement: asyncio.Task | None = field(default=None, repr=False)
+
+
+class Pool:
+    """All seats of one server, plus the queue of requests waiting for one."""
+
+    def __init__(
+        self,
+        *,
+        mode: str,
+        gpus: Sequence[GpuDevice],
+        config: Any,
+        events: Any,
+        arbiter: LeaseArbiter | None,
+        sandbox: str = "none",
+        allowed_serialization: Sequence[str] = ("json", "pickle"),
+    ) -> None:
+        self.mode = mode  # "cpu", "gpu" or "fake-gpu"
+        self.gpus = list(gpus)
+        self.config = config
+        self.events = events
+        self.arbiter = arbiter
+        self.sandbox = sandbox
+        self.allowed_serialization = list(allowed_serialization)
+        self.seats: list[Seat] = []
+        if mode == "cpu":
+            self.seats = [Seat(f"cpu/w{i}", None) for i in range(config.num_workers)]
+        else:
+            for gpu in self.gpus:
+                self.seats += [
+                    Seat(f"gpu{gpu.id}/w{i}", gpu.id) for i in range(config.workers_per_gpu)
+                ]
+        self.target: dict[str, str] = {}
+        self.versions: dict[str, str] = {}
+        self.accepting = False
+        self.closing = False
+        self.requests_in_progress = 0
+        self._waiters: deque[asyncio.Future[Seat]] = deque()
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def request_capacity(self) -> int:
+        if not self.accepting:
+            return 0
+        return sum(1 for s in self.seats if s.state in ("idle", "busy"))
+
+    @property
+    def requests_waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.done())
+
+    @property
+    def busy_workers(self) -> int:
+        return sum(1 for s in self.seats if s.state != "idle")
+
+    def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
+        return next((g for g in self.gpus if g.id == gpu_id), None)
+
+    @property
+    def device(self) -> str:
+        """The worker runtime: "cpu", "gpu" or "fake-gpu"."""
+        return self.mode
+
+    # ------------------------------------------------------------------ start-up
+
+    async def start(self) -> None:
+        results = await asyncio.gather(
+            *(self._start_seat(seat, phase="startup") for seat in self.seats)
+        )
+        ready = [seat for seat, ok in zip(self.seats, results, strict=True) if ok]
+        if not ready:
+            raise PoolStartError("no worker could be started")
+        arches = {seat.worker.info.target.get("arch") for seat in ready}  # type: ignore[union-attr]
+        if len(arches) > 1:
+            raise PoolStartError(f"GPUs report different architectures: {sorted(arches)}")
+        first = ready[0].worker.info  # type: ignore[union-attr]
+        self.target = dict(first.target)
+        self.versions = dict(first.versions)
+        self.accepting = True
+        for seat, ok in zip(self.seats, results, strict=True):
+            if not ok:
+                self._schedule_replacement(seat, "crashed", emit_retired=False)
+
+    def _new_handle(self, seat: Seat) -> WorkerHandle:
+        seat.generation += 1
+        gpu = self.gpu_device(seat.gpu_id)
+        return WorkerHandle(
+            seat_id=seat.id,
+            generation=seat.generation,
+            device=self.mode,
+            gpu_ids=[gpu.id] if gpu else [],
+            gpu_uuids=[gpu.uuid] if gpu and gpu.uuid else [],
+            arbiter=self.arbiter,
+            sandbox=self.sandbox,
+            log_programs=self.config.log_programs,
+            allowed_serialization=self.allowed_serialization,
+            on_gone=self._on_worker_gone,
+        )
+
+    async def _start_seat(self, seat: Seat, *, phase: str) -> bool:
+        handle = self._new_handle(seat)
+        try:
+            info = await handle.start()
+        except (WorkerStartError, WorkerGone, OSError) as exc:
+            self.events.emit(
+                "worker_failed",
+                "ERROR",
+                worker_id=seat.id,
+                gpu_id=seat.gpu_id,
+                generation=seat.generation,
+                phase=phase,
+                error=str(exc),
+            )
+            await self.kill(handle)
+            seat.worker = None
+            seat.state = "failed"
+            return False
+        seat.worker = handle
+        seat.served = 0
+        gpu = self.gpu_device(seat.gpu_id)
+        self.events.emit(
+            "worker_ready",
+            worker_id=seat.id,
+            gpu_id=seat.gpu_id,
+            generation=seat.generation,
+            pid=info.pid,
+            device=info.device_uuid or (gpu.uuid if gpu and gpu.uuid else self.mode),
+            arch=info.target.get("arch"),
+        )
+        self._make_idle(seat)
+        return True
+
+    # ------------------------------------------------------------------ assignment
+
+    async def acquire(self, timeout: float) -> Seat:
+        """An idle seat, marked busy; ``NoWorker`` after ``timeout`` or during shutdown."""
+        if not self.accepting:
+            raise NoWorker("server is not accepting requests")
+        seat = self._pick_idle() if not self.requests_waiting else None
+        if seat is None:
+            future: asyncio.Future[Seat] = asyncio.get_running_loop().create_future()
+            self._waiters.append(future)
+            try:
+                seat = await asyncio.wait_for(asyncio.shield(future), timeout)
+            except (asyncio.TimeoutError, TimeoutError):
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    seat = future.result()  # assigned in the very same tick
+                else:
+                    future.cancel()
+                    raise NoWorker("no worker became free in time") from None
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    self.release(future.result(), None)
+                future.cancel()
+                raise
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(future)
+        seat.state = "busy"
+        seat.assigned = True
+        self.requests_in_progress += 1
+        return seat
+
+    def _pick_idle(self) -> Seat | None:
+        idle = [s for s in self.seats if s.state == "idle"]
+        if not idle:
+            return None
+        load: dict[int | None, int] = {}
+        for s in self.seats:
+            load[s.gpu_id] = load.get(s.gpu_id, 0) + (1 if s.assigned else 0)
+        return min(idle, key=lambda s: load.get(s.gpu_id, 0))
+
+    def _make_idle(self, seat: Seat) -> None:
+        seat.state = "idle"
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                seat.state = "busy"
+                waiter.set_result(seat)
+                return
+
+    def begin_shutdown(self) -> None:
+        """Stop admitting: ``request_capacity`` 0, queued requests get ``NoWorker``."""
+        self.accepting = False
+        self.closing = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(NoWorker("server is shutting down"))
+
+    # ------------------------------------------------------------------ after a request
+
+    def finish_request(self, seat: Seat) -> None:
+        seat.assigned = False
+        self.requests_in_progress = max(0, self.requests_in_progress - 1)
+
+    def retire_reason(self, seat: Seat, retire_reason: str | None) -> str | None:
+        """The retire reason ``release`` will apply after the current request."""
+        limit = self.config.max_requests_per_worker
+        if retire_reason is None and limit and seat.served + 1 >= limit:
+            return "request_limit"
+        return retire_reason
+
+    def release_unused(self, seat: Seat) -> None:
+        """Return a seat whose worker took no program (a GPU-set request borrowed it)."""
+        handle = seat.worker
+        if handle is None or handle.gone is not None:
+            self._schedule_replacement(seat, "crashed")
+        elif self.closing:
+            seat.state = "idle"
+        else:
+            self._make_idle(seat)
+
+    def release(self, seat: Seat, retire_reason: str | None) -> None:
+        """Hand the seat back after a request. ``retire_reason`` None keeps the worker (it
+        becomes idle once it reports ready again) unless the reuse limit says otherwise."""
+        handle = seat.worker
+        retire_reason = self.retire_reason(seat, retire_reason)
+        seat.served += 1
+        if handle is None or (handle.gone is not None and retire_reason is None):
+            retire_reason = retire_reason or "crashed"
+        if retire_reason is not None:
+            self._schedule_replacement(seat, retire_reason)
+            return
+        seat.state = "busy"  # until the worker reports clean
+        seat.replacement = asyncio.ensure_future(self._await_clean(seat, handle))
+
+    async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:
+        try:
+            while True:
+                message, fds = await handle.receive(REUSE_READY_TIMEOUT_SECONDS)
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                if isinstance(message, ipc.WorkerReady):
+                    # After ProgramFinished the worker forgot the lease; it is ours to free.
+                    handle.release_lease()
+                    break
+                # Anything else between requests is a protocol violation.
+                raise WorkerGone(f"unexpected message {message.tag!r}", invalid=True)
+        except (asyncio.TimeoutError, TimeoutError, WorkerGone):
+            self._schedule_replacement(seat, "crashed")
+            return
+        if self.closing:
+            seat.state = "idle"
+            return
+        self._make_idle(seat)
+
+    def _on_worker_gone(self, handle: WorkerHandle) -> None:
+        # Only idle seats are handled here; a busy seat's request notices by itself.
+        for seat in self.seats:
+            if seat.worker is handle and seat.state == "idle":
+                self._schedule_replacement(seat, "crashed")
+
+    def _schedule_replacement(self, seat: Seat, reason: str, *, emit_retired: bool = True) -> None:
+        old = seat.worker
+        if emit_retired and old is not None:
+            self.events.emit(
+                "worker_retired",
+                RETIRE_LEVELS.get(reason, "INFO"),
+                worker_id=seat.id,
+                gpu_id=seat.gpu_id,
+                generation=seat.generation,
+                pid=old.pid,
+                reason=reason,
+            )
+        seat.state = "replacing"
+        seat.replacement = asyncio.ensure_future(self._replace(seat, old, reason))
+
+    async def _replace(self, seat: Seat, old: WorkerHandle | None, reason: str) -> None:
+        if old is not None:
+            await self.kill(old)
+        seat.worker = None
+        delay = BACKOFF_START_SECONDS
+        while not self.closing:
+            if await self._start_seat(seat, phase="respawn"):
+                return
+            self.events.emit(
+                "worker_replace_failed",
+                "ERROR",
+                worker_id=seat.id,
+                gpu_id=seat.gpu_id,
+                reason=reason,
+                error="worker failed to start",
+            )
+            seat.state = "replacing"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+        seat.state = "closed"
+
+    async def kill(self, handle: WorkerHandle) -> None:
+        """Kill a worker's process tree while holding its GPU's lease (§5)."""
+        grace = float(self.config.worker_termination_grace_seconds)
+        if self.arbiter is None or not handle.gpu_ids or handle.holds_lease:
+            await handle.kill(grace)
+            handle.release_lease()
+            return
+        self.arbiter.withdraw(handle)
+        token = object()
+        await self.arbiter.acquire(token, handle.gpu_ids, request_id=handle.request_id)
+        try:
+            await handle.kill(grace)
+        finally:
+            self.arbiter.release(token, handle.gpu_ids)
+
+    async def stop_worker(self, handle: WorkerHandle, timeout: float) -> bool:
+        """Retire a worker politely: ``Shutdown``, then wait for its exit. The lease it holds
+        is kept until the process is gone. False when it did not exit within ``timeout``."""
+        exited = await handle.stop(timeout, float(self.config.worker_termination_grace_seconds))
+        if exited:
+            handle.close()
+            handle.release_lease()
+        return exited
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop every worker (politely, then by force) under its lease."""
+        self.begin_shutdown()
+        for seat in self.seats:
+            if seat.replacement is not None and not seat.replacement.done():
+                seat.replacement.cancel()
+        deadline = time.monotonic() + timeout
+
+        async def close_seat(seat: Seat) -> None:
+            handle = seat.worker
+            seat.state = "closed"
+            if handle is None:
+                return
+            if handle.gone is None:
+                remaining = max(0.1, deadline - time.monotonic())
+                if await self.stop_worker(handle, remaining):
+                    return
+            await self.kill(handle)
+
+        await asyncio.gather(*(close_seat(seat) for seat in self.seats), return_exceptions=True)

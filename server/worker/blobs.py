@@ -1,0 +1,83 @@
+"""Blob memory in (read-only maps of the front-end's memfds) and return parts out."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+
+from kcoral_server.ipc import BlobSlice
+
+
+class BlobMaps:
+    """The blobs of one program: ``sha256 -> memoryview`` over read-only shared memory."""
+
+    def __init__(self, slices: list[BlobSlice], fds: list[int]) -> None:
+        self._maps: list[mmap.mmap | None] = []
+        self.views: dict[str, memoryview] = {}
+        try:
+            for fd in fds:
+                size = os.fstat(fd).st_size
+                # mmap refuses empty files; an empty memfd can only hold empty blobs
+                self._maps.append(mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None)
+        finally:
+            for fd in fds:
+                os.close(fd)  # the maps keep the memory alive
+        for blob in slices:
+            mapped = self._maps[blob.fd_index] if 0 <= blob.fd_index < len(self._maps) else None
+            if blob.length == 0:
+                self.views[blob.sha256] = memoryview(b"")
+                continue
+            if mapped is None or blob.offset < 0 or blob.offset + blob.length > len(mapped):
+                raise ValueError(f"blob {blob.sha256} lies outside its shared memory")
+            self.views[blob.sha256] = memoryview(mapped)[blob.offset : blob.offset + blob.length]
+
+    def get(self, sha256: str) -> memoryview:
+        try:
+            return self.views[sha256]
+        except KeyError:
+            raise KeyError(f"blob {sha256} was not handed to the worker") from None
+
+    def close(self) -> None:
+        for view in self.views.values():
+            with contextlib.suppress(BufferError):
+                view.release()
+        self.views.clear()
+        for mapped in self._maps:
+            if mapped is not None:
+                # still exported (e.g. a NumPy array a program kept): the GC unmaps it later
+                with contextlib.suppress(BufferError):
+                    mapped.close()
+        self._maps.clear()
+
+
+def _byte_view(part: object) -> memoryview:
+    """A flat byte view of a part (NumPy arrays of ml_dtypes cannot export buffers)."""
+    try:
+        view = memoryview(part)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return memoryview(part.tobytes())  # type: ignore[attr-defined]
+    if not view.c_contiguous:
+        return memoryview(view.tobytes())
+    try:
+        return view.cast("B")
+    except (TypeError, ValueError):
+        return memoryview(view.tobytes())
+
+
+def parts_memfd(parts: list[object]) -> tuple[int | None, list[int]]:
+    """One memfd holding ``parts`` back to back (None when there are none), and lengths."""
+    views = [_byte_view(part) for part in parts]
+    lengths = [view.nbytes for view in views]
+    if not views:
+        return None, lengths
+    fd = os.memfd_create("kcoral-return", os.MFD_CLOEXEC)
+    try:
+        for view in views:
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, lengths

@@ -1,0 +1,71 @@
+"""Output capture (SERVER §9): fds 1 and 2 and ``sys.stdout``/``sys.stderr`` go to files.
+
+Redirecting the descriptors, not just the Python objects, is what catches prints at module
+load, ``os.write(1, ...)``, native code and child processes that inherit the descriptors.
+The front-end created the files and reads them itself (also after a crash), so the worker
+only writes and never truncates them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import sys
+from typing import TextIO
+
+_LIBC = ctypes.CDLL(None)
+
+
+def flush_c_stdio() -> None:
+    """Flush libc's stdio buffers so native ``printf`` output lands in the current target."""
+    try:
+        _LIBC.fflush(None)
+    except Exception:
+        pass
+
+
+class OutputCapture:
+    """Redirects fds 1/2 for one program; ``restore`` puts the worker's own streams back."""
+
+    def __init__(self, stdout_path: str, stderr_path: str) -> None:
+        self._saved_objects: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
+        _flush_quietly(sys.stdout, sys.stderr)
+        flush_c_stdio()
+        self._saved_fds = (os.dup(1), os.dup(2))
+        self._wrappers: list[TextIO] = []
+        for target_fd, path in ((1, stdout_path), (2, stderr_path)):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                os.dup2(fd, target_fd)  # dup2 clears O_CLOEXEC: children inherit fds 1/2
+            finally:
+                os.close(fd)
+        for fd in (1, 2):
+            # write_through: every write reaches the file at once, so output is in order
+            # with os.write()/native output and the front-end can stream it live.
+            self._wrappers.append(
+                io.TextIOWrapper(
+                    io.FileIO(fd, "w", closefd=False),
+                    encoding="utf-8",
+                    errors="backslashreplace",
+                    line_buffering=True,
+                    write_through=True,
+                )
+            )
+        sys.stdout, sys.stderr = self._wrappers[0], self._wrappers[1]
+
+    def restore(self) -> None:
+        _flush_quietly(sys.stdout, sys.stderr, *self._wrappers)
+        flush_c_stdio()
+        sys.stdout, sys.stderr = self._saved_objects
+        for target_fd, saved in zip((1, 2), self._saved_fds, strict=True):
+            os.dup2(saved, target_fd)
+            os.close(saved)
+
+
+def _flush_quietly(*streams: object) -> None:
+    for stream in streams:
+        try:
+            stream.flush()  # type: ignore[attr-defined]
+        except Exception:  # user code may have replaced or closed the stream
+            pass

@@ -1,0 +1,513 @@
+"""Runs one program: instruction semantics, lease placement, returns and teardown.
+
+PROTOCOL §5–§7 and SERVER §6–§9. The engine talks to the front-end only through the
+channel: ``InstructionStarted`` before each instruction, lease messages where §6.2 puts
+them, one ``ReturnProduced`` per successful return (sent at once, so a later crash keeps
+it), and finally a ``ProgramFinished`` built by the caller from ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hashlib
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kcoral_server.ipc import (
+    BlockingChannel,
+    Configure,
+    InstructionStarted,
+    ProgramFinished,
+    ReturnProduced,
+    RunProgram,
+)
+from kcoral_server.worker import context
+from kcoral_server.worker.blobs import BlobMaps, parts_memfd
+from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
+from kcoral_server.worker.failures import (
+    Attribution,
+    InstructionFailure,
+    classify,
+    error_object,
+    exception_text,
+    format_user_traceback,
+)
+from kcoral_server.worker.files import Budget, collect_file, collect_folder, write_upload
+from kcoral_server.worker.leasing import Lease, WorkerExit
+from kcoral_server.worker.libraries import Libraries, library_function
+from kcoral_server.worker.modules import (
+    CudaSourceModule,
+    PythonModules,
+    cuda_function,
+    python_attribute,
+)
+from kcoral_server.worker.reaper import kill_descendants
+from kcoral_server.worker.runtime import CpuRuntime, CudaFault, GpuRuntime
+from kcoral_server.worker.state import ProcessSnapshot
+
+from kcoral.errors import ValidationError
+from kcoral.protocol.paths import normalize_workspace_path
+from kcoral.protocol.schema import GetFunction, Instruction, LiteralArg, Ref, Return, Run, Upload
+from kcoral.protocol.strict_json import loads_strict
+
+LEFTOVER_MESSAGE = "program left background processes running; they were terminated"
+NOT_A_MODULE = "get_function expects an uploaded module or library handle"
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _parse(program_json: str) -> Any:
+    from kcoral.protocol.validate import parse_program  # written by the protocol engineer
+
+    return parse_program(loads_strict(program_json))
+
+
+def _encode(value: Any, first_part_index: int) -> tuple[dict, list[Any]]:
+    from kcoral.protocol import values  # imported late: it is only needed for returns
+
+    try:
+        return values.encode_value(value, first_part_index)
+    except values.ValueEncodingError as exc:
+        raise InstructionFailure("serialization", str(exc)) from None
+    except InstructionFailure:
+        raise
+    except Exception as exc:  # e.g. a __dlpack__ of uploaded code that raises
+        raise InstructionFailure(
+            "serialization", exception_text(exc), format_user_traceback(exc)
+        ) from None
+
+
+@dataclass
+class Outcome:
+    status: str
+    error: dict[str, Any] | None
+    left_processes: bool
+    poisoned: bool
+    lease_held: bool
+
+    def message(self) -> ProgramFinished:
+        return ProgramFinished(
+            status=self.status,
+            error=self.error,
+            left_processes=self.left_processes,
+            poisoned=self.poisoned,
+            lease_held=self.lease_held,
+        )
+
+
+class Engine:
+    """Per-worker state that outlives programs: the event loop, loaded libraries."""
+
+    def __init__(
+        self,
+        channel: BlockingChannel,
+        runtime: CpuRuntime | GpuRuntime,
+        lease: Lease,
+        configure: Configure,
+        snapshot: ProcessSnapshot,
+    ) -> None:
+        self.channel = channel
+        self.runtime = runtime
+        self.lease = lease
+        self.configure = configure
+        self.snapshot = snapshot
+        # EXTENSIONS §3: one loop per worker process, created once, reused by every program
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.libraries = Libraries(runtime.library_unavailable)
+
+    def run(self, request: RunProgram, fds: list[int]) -> Outcome:
+        return ProgramRun(self, request, fds).execute()
+
+
+class ProgramRun:
+    """One program from ``RunProgram`` to its ``Outcome``."""
+
+    def __init__(self, engine: Engine, request: RunProgram, fds: list[int]) -> None:
+        self.engine = engine
+        self.request = request
+        self.fds = fds
+        self.channel = engine.channel
+        self.runtime = engine.runtime
+        self.lease = engine.lease
+        self.handles: dict[str, Any] = {}
+        self.module_kinds: dict[str, str] = {}  # handle id -> "python" | "cuda" | "library"
+        self.cpu_only: set[str] = set()
+        self.modules = PythonModules()
+        self.blobs: BlobMaps | None = None
+        self.workspace_fd: int | None = None
+        self.part_index = 0  # next return:<i>
+        self.part_bytes = 0  # bytes of all parts produced so far (file/folder budget)
+        self.last: Attribution | None = None  # last instruction that started
+        self.previous: Attribution | None = None  # the one before it
+        self.exiting = False  # the front-end went away or asked us to stop
+        self.error: dict[str, Any] | None = None
+        self.left_processes = False
+        self.poisoned = False
+
+    # ------------------------------------------------------------------ driver
+
+    def execute(self) -> Outcome:
+        request = self.request
+        capture = None
+        startup_failure: Exception | None = None
+        if request.stdout_path is not None and request.stderr_path is not None:
+            try:
+                capture = OutputCapture(request.stdout_path, request.stderr_path)
+            except OSError as exc:  # the front-end's capture files are unusable
+                startup_failure = exc
+        context.current = context.RequestContext(
+            request_id=request.request_id,
+            device=self.runtime.device,
+            workspace=request.workspace,
+            serialization=request.serialization,
+            allowed_serialization=tuple(self.engine.configure.allowed_serialization),
+        )
+        try:
+            try:
+                self._run_instructions(startup_failure)
+            finally:
+                self._teardown()
+        finally:
+            context.current = None
+            if capture is not None:
+                capture.restore()
+        outcome = Outcome(
+            status="FAILED" if self.error is not None else "COMPLETED",
+            error=self.error,
+            left_processes=self.left_processes,
+            poisoned=self.poisoned,
+            lease_held=self.lease.held,
+        )
+        self.lease.forget()  # after ProgramFinished the lease is the front-end's business
+        return outcome
+
+    def _run_instructions(self, startup_failure: Exception | None = None) -> None:
+        try:
+            if startup_failure is not None:
+                raise startup_failure
+            self.workspace_fd = os.open(
+                self.request.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+            os.chdir(self.request.workspace)
+            self.blobs = BlobMaps(self.request.blobs, self.fds)
+            self.fds = []
+            program = _parse(self.request.program_json)
+        except Exception as exc:
+            for fd in self.fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            where = self._first_attribution()
+            self._fail(
+                InstructionFailure("engine", f"cannot start the program: {exception_text(exc)}"),
+                where,
+            )
+            return
+        for instruction in program.instructions:
+            where = Attribution(instruction.index, instruction.op, _instruction_id(instruction))
+            self.previous, self.last = self.last, where
+            self.channel.send(InstructionStarted(index=where.index, op=where.op, id=where.id))
+            try:
+                self._step(instruction)
+            except WorkerExit:
+                self.exiting = True
+                raise
+            except InstructionFailure as failure:
+                self._fail(failure, failure.where or where)
+                return
+            except Exception as exc:  # a fault of the worker itself, not of uploaded code
+                self._fail(
+                    InstructionFailure(
+                        "engine", f"internal error: {exception_text(exc)}", _own_traceback(exc)
+                    ),
+                    where,
+                )
+                return
+
+    def _first_attribution(self) -> Attribution:
+        try:
+            first = json.loads(self.request.program_json)["instructions"][0]
+            op = first.get("op") if isinstance(first.get("op"), str) else "upload"
+            ident = first.get("id") if isinstance(first.get("id"), str) else None
+            return Attribution(0, op, ident)
+        except Exception:
+            return Attribution(0, "upload", None)
+
+    def _fail(self, failure: InstructionFailure, where: Attribution) -> None:
+        self.error = error_object(failure.kind, failure.message, where, failure.traceback)
+
+    def _step(self, instruction: Instruction) -> None:
+        if isinstance(instruction, Upload):
+            self._upload(instruction)
+        elif isinstance(instruction, GetFunction):
+            self._get_function(instruction)
+        elif isinstance(instruction, Run):
+            self._run(instruction)
+        elif isinstance(instruction, Return):
+            if instruction.kind == "value":
+                self._return_value(instruction)
+            else:
+                self._return_path(instruction)
+        else:
+            raise InstructionFailure("engine", f"unknown instruction {instruction!r}")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _call_user(self, call: Callable[[], Any]) -> Any:
+        """Run uploaded code; every exception (SystemExit too) fails the instruction."""
+        try:
+            result = call()
+            if inspect.isawaitable(result):
+                result = self.engine.loop.run_until_complete(_awaited(result))
+            return result
+        except BaseException as exc:
+            raise classify(exc) from None
+
+    def _drain_and_release(self) -> None:
+        """Finish outstanding GPU work, then give the lease back (§6.2)."""
+        if not self.lease.held:
+            return
+        fault = self.runtime.drain()
+        self.lease.release()
+        if fault is not None:
+            self.poisoned = self.poisoned or fault.sticky
+            # the fault belongs to GPU work that already ran, not to this instruction
+            raise InstructionFailure("runtime", fault.message, "", self.previous)
+
+    def _blob(self, sha256: str | None) -> memoryview:
+        assert self.blobs is not None and sha256 is not None
+        return self.blobs.get(sha256)
+
+    def _resolve(self, ref: Ref) -> Any:
+        try:
+            return self.handles[ref.id]
+        except KeyError:
+            raise InstructionFailure("engine", f"handle '{ref.id}' does not exist") from None
+
+    # ------------------------------------------------------------------ instructions
+
+    def _upload(self, upload: Upload) -> None:
+        kind = upload.kind
+        if kind == "module" and upload.language == "cuda":
+            self.handles[upload.id] = CudaSourceModule(upload.source or "")
+            self.module_kinds[upload.id] = "cuda"
+        elif kind == "module":
+            self.lease.acquire()
+            module, code = self.modules.compile(upload.source or "")
+            self._call_user(lambda: exec(code, module.__dict__))
+            self.handles[upload.id] = module
+            self.module_kinds[upload.id] = "python"
+        elif kind == "tensor":
+            self.lease.acquire()
+            shape = tuple(upload.shape or ())
+            data = self._blob(upload.blob)
+            self.handles[upload.id] = self.runtime.tensor(data, upload.dtype or "", shape)
+        elif kind == "bytes":
+            self.handles[upload.id] = bytes(self._blob(upload.blob))
+        elif kind == "file":
+            self._drain_and_release()
+            path = upload.path or ""
+            if self.engine.configure.sandbox == "bubblewrap" and path.split("/")[0] == ".kcoral":
+                raise InstructionFailure("runtime", f"path {path!r} is reserved in the sandbox")
+            assert self.workspace_fd is not None
+            write_upload(self.workspace_fd, path, self._blob(upload.blob))
+            if upload.id is not None:
+                self.handles[upload.id] = path
+        elif kind == "library":
+            self.lease.acquire()
+            library = self.engine.libraries.load(upload.blob or "", self._blob(upload.blob))
+            self.handles[upload.id] = library
+            self.module_kinds[upload.id] = "library"
+        else:
+            raise InstructionFailure("engine", f"unknown upload kind {kind!r}")
+
+    def _get_function(self, get: GetFunction) -> None:
+        target = self._resolve(get.module)
+        kind = self.module_kinds.get(get.module.id)
+        if kind == "python":
+            self.lease.acquire()
+            value = self._call_user(lambda: python_attribute(target, get.name, get.module.id))
+        elif kind == "cuda":
+            value = cuda_function(target, get.name)
+        elif kind == "library":
+            self.lease.acquire()
+            value = library_function(target, get.name)
+        else:
+            raise InstructionFailure(self.runtime.non_module_function_kind, NOT_A_MODULE)
+        self.handles[get.id] = value
+        if get.cpu_only:
+            self.cpu_only.add(get.id)
+
+    def _run(self, run: Run) -> None:
+        function = self._resolve(run.fn)
+        if run.fn.id in self.cpu_only:
+            self._drain_and_release()
+            unavailable = self.runtime.cpu_only_unavailable()
+            if unavailable is not None:
+                raise InstructionFailure("unavailable", unavailable)
+        else:
+            self.lease.acquire()
+        if not callable(function):
+            raise InstructionFailure("runtime", f"handle '{run.fn.id}' is not callable")
+        args = [self._resolve(arg) if isinstance(arg, Ref) else _literal(arg) for arg in run.args]
+        self.handles[run.id] = self._call_user(lambda: function(*args))
+
+    def _return_value(self, ret: Return) -> None:
+        self.lease.acquire()  # tensors on the GPU are copied to the host under the lease
+        assert ret.value is not None
+        value = self._resolve(ret.value)
+        node, parts = _encode(value, self.part_index)
+        self._send_return(ret, node, parts)
+
+    def _return_path(self, ret: Return) -> None:
+        self._drain_and_release()
+        path = self._runtime_path(ret.path)
+        budget = Budget(self.request.max_response_bytes - self.part_bytes)
+        assert self.workspace_fd is not None
+        if ret.kind == "file":
+            data = collect_file(self.workspace_fd, path, budget)
+            node: dict[str, Any] = _file_node(data, self.part_index)
+            parts = [data]
+        else:
+            folder = collect_folder(self.workspace_fd, path, budget)
+            files: dict[str, Any] = {}
+            parts = []
+            for relative, data in folder.files.items():
+                files[relative] = _file_node(data, self.part_index + len(parts))
+                parts.append(data)
+            node = {"type": "folder", "files": files, "directories": folder.directories}
+        self._send_return(ret, node, parts)
+
+    def _runtime_path(self, path: str | Ref | None) -> str:
+        if not isinstance(path, Ref):
+            return normalize_workspace_path(path)  # literals were normalized at parse time
+        value = self._resolve(path)
+        if not isinstance(value, str):
+            raise InstructionFailure(
+                "serialization",
+                f"path handle '{path.id}' holds {type(value).__name__}, not a string",
+            )
+        try:
+            return normalize_workspace_path(value)
+        except ValidationError as exc:
+            raise InstructionFailure("serialization", f"invalid path: {exc}") from None
+
+    def _send_return(self, ret: Return, node: dict[str, Any], parts: list[Any]) -> None:
+        fd, lengths = parts_memfd(parts)
+        message = ReturnProduced(index=ret.index, key=ret.key, node=node, part_lengths=lengths)
+        try:
+            self.channel.send(message, [fd] if fd is not None else [])
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self.part_index += len(parts)
+        self.part_bytes += sum(lengths)
+
+    # ------------------------------------------------------------------ teardown
+
+    def _teardown(self) -> None:
+        """§6.3: under the lease drain the device, drop everything, restore the process."""
+        last = self.last or self._first_attribution()
+        if self.exiting:
+            self._cleanup_process()
+            return  # the worker exits now; its caller kills what the program left
+        try:
+            self.lease.acquire()
+        except WorkerExit:
+            self.exiting = True
+            self._cleanup_process()
+            raise
+        self._record_fault(self.runtime.drain(), last)
+        self._cancel_pending_tasks()
+        self._cleanup_process()
+        if self.poisoned is False and self.error is not None and self.runtime.device == "gpu":
+            self._record_fault(self.runtime.check_context(), last)
+        found, verified = kill_descendants()
+        if found:
+            self.left_processes = True
+            if self.error is None:
+                self.error = error_object("runtime", LEFTOVER_MESSAGE, last, "")
+        if not verified:
+            self.poisoned = True
+
+    def _record_fault(self, fault: CudaFault | None, last: Attribution) -> None:
+        if fault is None:
+            return
+        if fault.sticky:
+            self.poisoned = True
+            if self.error is None:
+                self.error = error_object("runtime", fault.message, last, "")
+        elif self.error is not None and self.error["kind"] == "gpu_access":
+            self.error["message"] += f"; CUDA also reports {fault.message}"
+        else:
+            self.error = error_object("runtime", fault.message, last, "")
+
+    def _cancel_pending_tasks(self) -> None:
+        loop = self.engine.loop
+        try:
+            pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=5))
+        except BaseException:  # a task that refuses to die must not break teardown
+            pass
+
+    def _cleanup_process(self) -> None:
+        self.handles.clear()
+        self.module_kinds.clear()
+        self.modules.teardown()
+        _drop_workspace_modules(self.request.workspace)
+        if self.blobs is not None:
+            self.blobs.close()
+        flush_c_stdio()
+        self.engine.snapshot.restore()  # environment, cwd, sys.path, torch settings, ...
+        if self.workspace_fd is not None:
+            os.close(self.workspace_fd)
+            self.workspace_fd = None
+        gc.collect()
+        self.runtime.after_program()
+
+
+def _instruction_id(instruction: Instruction) -> str | None:
+    return None if isinstance(instruction, Return) else instruction.id
+
+
+def _literal(arg: LiteralArg | Any) -> Any:
+    return arg.value if isinstance(arg, LiteralArg) else arg
+
+
+def _file_node(data: bytes, part_index: int) -> dict[str, Any]:
+    return {
+        "type": "file",
+        "size": len(data),
+        "part": f"return:{part_index}",
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def _own_traceback(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8192:]
+
+
+def _drop_workspace_modules(workspace: str) -> None:
+    """Forget modules a program imported from its workspace (it is deleted afterwards)."""
+    root = os.path.realpath(workspace) + os.sep
+    for name, module in list(sys.modules.items()):
+        filename = getattr(module, "__file__", None)
+        if isinstance(filename, str) and os.path.realpath(filename).startswith(root):
+            sys.modules.pop(name, None)
+    for key in list(sys.path_importer_cache):
+        if isinstance(key, str) and (key + os.sep).startswith(root):
+            sys.path_importer_cache.pop(key, None)

@@ -1,0 +1,442 @@
+"""Launching, talking to and killing one worker process.
+
+A handle owns the process, its IPC channel and a pump task that reads every message. Lease
+messages are answered here (the front-end arbitrates and measures lease timings itself);
+everything else goes to ``inbox`` for whoever drives the current request or start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kcoral_server import ipc
+from kcoral_server.lease import LeaseArbiter
+
+STARTUP_TIMEOUT_SECONDS = 60.0
+
+# Variables a launcher such as torchrun sets; a GPU worker must not inherit them (§6).
+_RANK_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+class WorkerGone(Exception):
+    """The worker's channel broke: the process died or spoke garbage."""
+
+    def __init__(self, reason: str, *, invalid: bool = False) -> None:
+        super().__init__(reason)
+        self.invalid = invalid  # True: it sent something unreadable, not just EOF
+
+
+class WorkerStartError(Exception):
+    """The worker did not become ready."""
+
+
+@dataclass
+class LeaseClock:
+    """Lease timings of the current request, measured by the front-end (seconds)."""
+
+    wait_total: float = 0.0
+    held_total: float = 0.0
+    waiting_since: float | None = None
+    held_since: float | None = None
+
+    def wait_so_far(self, now: float) -> float:
+        return self.wait_total + (now - self.waiting_since if self.waiting_since else 0.0)
+
+    def held_so_far(self, now: float) -> float:
+        return self.held_total + (now - self.held_since if self.held_since else 0.0)
+
+
+@dataclass
+class WorkerInfo:
+    pid: int
+    target: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    device_uuid: str | None = None
+
+
+def worker_environment(device: str, gpu_ids: Sequence[int], gpu_uuids: Sequence[str]) -> dict:
+    """Environment of a new worker: unchanged on CPU; pinned to its GPUs otherwise."""
+    env = dict(os.environ)
+    if device == "cpu":
+        return env
+    for name in list(env):
+        if name in _RANK_VARIABLES or name.startswith("TORCHELASTIC_"):
+            del env[name]
+    devices = [
+        uuid if uuid else str(gpu)
+        for gpu, uuid in zip(gpu_ids, _padded(gpu_uuids, gpu_ids), strict=False)
+    ]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    return env
+
+
+def _padded(uuids: Sequence[str], ids: Sequence[int]) -> list[str]:
+    return list(uuids) + [""] * (len(ids) - len(uuids))
+
+
+class WorkerHandle:
+    """One worker process of a seat (or a transient GPU-set worker)."""
+
+    def __init__(
+        self,
+        *,
+        seat_id: str,
+        generation: int,
+        device: str,
+        gpu_ids: Sequence[int],
+        gpu_uuids: Sequence[str],
+        arbiter: LeaseArbiter | None,
+        sandbox: str = "none",
+        log_programs: bool = True,
+        allowed_serialization: Sequence[str] = ("json", "pickle"),
+        transient: bool = False,
+        on_gone: Callable[[WorkerHandle], None] | None = None,
+    ) -> None:
+        self.seat_id = seat_id
+        self.generation = generation
+        self.device = device
+        self.gpu_ids = list(gpu_ids)
+        self.gpu_uuids = list(gpu_uuids)
+        self.arbiter = arbiter if device != "cpu" else None
+        self.sandbox = sandbox
+        self.log_programs = log_programs
+        self.allowed_serialization = list(allowed_serialization)
+        self.transient = transient
+        self.on_gone = on_gone
+        self.process: subprocess.Popen | None = None
+        self.channel: ipc.AsyncChannel | None = None
+        self.info: WorkerInfo | None = None
+        self.inbox: asyncio.Queue[tuple[ipc.Message, list[int]] | WorkerGone] = asyncio.Queue()
+        self.gone: WorkerGone | None = None
+        self.request_id: str | None = None
+        self.lease = LeaseClock()
+        self.holds_lease = False
+        self._acquire_task: asyncio.Task | None = None
+        self._pump_task: asyncio.Task | None = None
+        self._exit_event = asyncio.Event()
+        self._exit_watch: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll() if self.process is not None else None
+
+    # ------------------------------------------------------------------ start-up
+
+    async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> WorkerInfo:
+        """Launch the process and wait for ``WorkerReady`` (lease requests are served)."""
+        loop = asyncio.get_running_loop()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = worker_environment(self.device, self.gpu_ids, self.gpu_uuids)
+        command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(child.fileno())]
+        try:
+            # Forking a big front-end takes a while; keep it off the IO loop.
+            self.process = await loop.run_in_executor(
+                None,
+                lambda: subprocess.Popen(
+                    command, pass_fds=(child.fileno(),), env=env, start_new_session=True
+                ),
+            )
+        except OSError as exc:
+            parent.close()
+            raise WorkerStartError(f"cannot launch worker: {exc}") from None
+        finally:
+            child.close()
+        self.channel = ipc.AsyncChannel(parent)
+        self._pump_task = asyncio.ensure_future(self._pump())
+        self._exit_watch = asyncio.ensure_future(self._watch_exit())
+        self.send(
+            ipc.Configure(
+                worker_id=self.seat_id,
+                generation=self.generation,
+                device=self.device,
+                gpu_ids=self.gpu_ids,
+                gpu_uuids=self.gpu_uuids,
+                sandbox=self.sandbox,
+                log_programs=self.log_programs,
+                allowed_serialization=self.allowed_serialization,
+                transient=self.transient,
+            )
+        )
+        try:
+            message, fds = await self.receive(timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise WorkerStartError("worker start-up timed out") from None
+        except WorkerGone as exc:
+            raise WorkerStartError(f"worker exited during start-up: {exc}") from None
+        _close_fds(fds)
+        if isinstance(message, ipc.WorkerStartFailed):
+            raise WorkerStartError(message.error)
+        if not isinstance(message, ipc.WorkerReady):
+            raise WorkerStartError(f"unexpected start-up message {message.tag!r}")
+        if (
+            self.device == "gpu"
+            and self.gpu_uuids
+            and len(self.gpu_ids) == 1
+            and message.device_uuid
+            and message.device_uuid != self.gpu_uuids[0]
+        ):
+            raise WorkerStartError(
+                f"worker reports device {message.device_uuid}, expected {self.gpu_uuids[0]}"
+            )
+        self.info = WorkerInfo(message.pid, message.target, message.versions, message.device_uuid)
+        self.release_lease()
+        if self.request_id is None:
+            self.lease = LeaseClock()  # start-up leasing of a seat is not part of a request
+        return self.info
+
+    # ------------------------------------------------------------------ messages
+
+    def send(self, message: ipc.Message, fds: Sequence[int] = ()) -> None:
+        if self.channel is None or self.gone is not None:
+            raise WorkerGone(str(self.gone) if self.gone else "worker not started")
+        try:
+            self.channel.send(message, list(fds))
+        except OSError as exc:
+            self._mark_gone(WorkerGone(f"cannot write to worker: {exc}"))
+            raise self.gone from None  # type: ignore[misc]
+
+    async def receive(self, timeout: float | None) -> tuple[ipc.Message, list[int]]:
+        """Next non-lease message; ``TimeoutError`` after ``timeout``; ``WorkerGone``."""
+        item = await asyncio.wait_for(self.inbox.get(), timeout)
+        if isinstance(item, WorkerGone):
+            self.inbox.put_nowait(item)
+            raise item
+        return item
+
+    def begin_request(self, request_id: str) -> None:
+        self.request_id = request_id
+        now = time.monotonic()
+        self.lease = LeaseClock(
+            waiting_since=now if self.lease.waiting_since else None,
+            held_since=now if self.holds_lease else None,
+        )
+
+    def end_request(self) -> None:
+        now = time.monotonic()
+        if self.lease.waiting_since is not None:
+            self.lease.wait_total += now - self.lease.waiting_since
+            self.lease.waiting_since = None
+        if self.lease.held_since is not None:
+            self.lease.held_total += now - self.lease.held_since
+            self.lease.held_since = None if not self.holds_lease else now
+
+    async def _pump(self) -> None:
+        assert self.channel is not None
+        while True:
+            try:
+                message, fds = await self.channel.receive()
+            except ipc.IpcError as exc:
+                self._mark_gone(WorkerGone(f"invalid worker message: {exc}", invalid=True))
+                return
+            except (EOFError, OSError) as exc:
+                self._mark_gone(WorkerGone(f"channel closed: {exc}"))
+                return
+            if isinstance(message, ipc.LeaseAcquire):
+                _close_fds(fds)
+                self._on_lease_acquire()
+            elif isinstance(message, ipc.LeaseRelease):
+                _close_fds(fds)
+                self.release_lease()
+            else:
+                self.inbox.put_nowait((message, fds))
+
+    def _on_lease_acquire(self) -> None:
+        if self.arbiter is None or not self.gpu_ids:
+            self._grant()  # a CPU worker should never ask; never leave it blocked
+            return
+        if self.holds_lease:
+            self._grant()
+            return
+        if self._acquire_task is not None and not self._acquire_task.done():
+            return
+        self.lease.waiting_since = time.monotonic()
+        self._acquire_task = asyncio.ensure_future(self._acquire())
+
+    async def _acquire(self) -> None:
+        assert self.arbiter is not None
+        await self.arbiter.acquire(self, self.gpu_ids, request_id=self.request_id)
+        now = time.monotonic()
+        if self.lease.waiting_since is not None:
+            self.lease.wait_total += now - self.lease.waiting_since
+            self.lease.waiting_since = None
+        self.holds_lease = True
+        self.lease.held_since = now
+        if self.gone is not None:
+            return  # the dead worker keeps it until whoever cleans up releases it
+        self._grant()
+
+    def _grant(self) -> None:
+        with contextlib.suppress(WorkerGone):
+            self.send(ipc.LeaseGranted())
+
+    @property
+    def waiting_for_lease(self) -> bool:
+        return self.lease.waiting_since is not None
+
+    def release_lease(self) -> None:
+        if self.lease.held_since is not None:
+            self.lease.held_total += time.monotonic() - self.lease.held_since
+            self.lease.held_since = None
+        if self.arbiter is not None and self.holds_lease:
+            self.arbiter.release(self, self.gpu_ids)
+        self.holds_lease = False
+
+    def _mark_gone(self, gone: WorkerGone) -> None:
+        if self.gone is None:
+            self.gone = gone
+            self.inbox.put_nowait(gone)
+            if self.on_gone is not None:
+                self.on_gone(self)
+
+    # ------------------------------------------------------------------ exit and kill
+
+    async def _watch_exit(self) -> None:
+        assert self.process is not None
+        try:
+            pidfd = os.pidfd_open(self.process.pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        if pidfd is not None:
+            loop = asyncio.get_running_loop()
+            readable = loop.create_future()
+            loop.add_reader(pidfd, lambda: readable.done() or readable.set_result(None))
+            try:
+                await readable
+            finally:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+        while self.process.poll() is None:
+            await asyncio.sleep(0.02)
+        self._exit_event.set()
+
+    async def wait_exit(self, timeout: float | None) -> bool:
+        """Wait for the process to exit; True when it did within ``timeout``."""
+        if self.process is None:
+            return True
+        try:
+            await asyncio.wait_for(self._exit_event.wait(), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            return self.process.poll() is not None
+        return True
+
+    async def stop(self, timeout: float, grace: float) -> bool:
+        """Ask the worker to exit (``Shutdown``); True if it exited within ``timeout``.
+
+        The lease is kept until the process is gone (a dying CUDA context must not overlap
+        another one).
+        """
+        with contextlib.suppress(WorkerGone):
+            self.send(ipc.Shutdown())
+        exited = await self.wait_exit(timeout)
+        if not exited:
+            return False
+        await self.kill(grace)  # stray descendants
+        return True
+
+    async def kill(self, grace: float) -> None:
+        """Kill the whole process tree (SIGTERM, SIGKILL after ``grace``) and close up.
+
+        The caller holds the lease (or ensures the GPU is not in use)."""
+        if self.process is None:
+            return
+        pids = descendants(self.process.pid)
+        if self.process.poll() is None:
+            pids.insert(0, self.process.pid)
+        _signal_all(pids, signal.SIGTERM, group=self.process.pid)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            pids = [pid for pid in pids if _alive(pid)] + [
+                p for p in descendants(self.process.pid) if p not in pids
+            ]
+            if self.process.poll() is None and self.process.pid not in pids:
+                pids.append(self.process.pid)
+            if not pids:
+                break
+            await asyncio.sleep(0.02)
+        pids = [pid for pid in pids if _alive(pid)]
+        _signal_all(pids, signal.SIGKILL, group=self.process.pid)
+        await self.wait_exit(None)
+        self.close()
+
+    def close(self) -> None:
+        if self._acquire_task is not None and not self._acquire_task.done():
+            self._acquire_task.cancel()
+        if self.arbiter is not None:
+            self.arbiter.withdraw(self)
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.gone is None:
+            self.gone = WorkerGone("worker closed")
+            self.inbox.put_nowait(self.gone)
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (walking ``/proc/<pid>/task/*/children``)."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                if child not in found:
+                    found.append(child)
+                    stack.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _signal_all(pids: Sequence[int], sig: int, *, group: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(group, sig)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def _close_fds(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

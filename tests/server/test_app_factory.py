@@ -1,0 +1,22 @@
+"""``kcoral.create_app`` builds an application without starting workers."""
+
+from __future__ import annotations
+
+import pytest
+from kcoral_server.config import ServerConfig
+
+import kcoral
+
+
+def test_create_app_builds_an_application_and_starts_nothing(tmp_path) -> None:
+    app = kcoral.create_app(
+        ServerConfig(device="cpu", sandbox="none", disk_cache_dir=tmp_path / "disk")
+    )
+    assert app.state.pool.request_capacity == 0
+    assert all(seat.worker is None for seat in app.state.pool.seats)
+    assert app.state.health()["gpu_count"] == 0
+
+
+def test_create_app_refuses_an_invalid_config() -> None:
+    with pytest.raises(ValueError):
+        kcoral.create_app(ServerConfig(device="tpu"))

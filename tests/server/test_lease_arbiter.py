@@ -1,0 +1,101 @@
+"""The lease arbiter on its own: FIFO per GPU, atomic arrival-ordered sets, history."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kcoral_server.lease import LeaseArbiter
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_waiters_for_one_gpu_are_served_in_arrival_order() -> None:
+    async def scenario() -> list[str]:
+        arbiter = LeaseArbiter([0])
+        order: list[str] = []
+        await arbiter.acquire("a", [0], request_id="ra")
+
+        async def take(owner: str) -> None:
+            await arbiter.acquire(owner, [0], request_id=f"r{owner}")
+            order.append(owner)
+            arbiter.release(owner)
+
+        tasks = [asyncio.ensure_future(take(o)) for o in ("b", "c", "d")]
+        await asyncio.sleep(0)
+        assert arbiter.waiting(0) == 3
+        arbiter.release("a")
+        await asyncio.gather(*tasks)
+        return order
+
+    assert run(scenario()) == ["b", "c", "d"]
+
+
+def test_a_set_is_granted_atomically_and_younger_single_leases_wait_behind_it() -> None:
+    async def scenario() -> None:
+        arbiter = LeaseArbiter([0, 1])
+        await arbiter.acquire("holder", [1])
+        set_task = asyncio.ensure_future(arbiter.acquire("set", count=2))
+        await asyncio.sleep(0)
+        late = asyncio.ensure_future(arbiter.acquire("late", [0]))
+        await asyncio.sleep(0)
+        # GPU 0 is free, but the older set request keeps its place: nothing partial.
+        assert arbiter.holder(0) is None and not set_task.done() and not late.done()
+        arbiter.release("holder")
+        assert await set_task == (0, 1)
+        assert not late.done()
+        arbiter.release("set")
+        assert await late == (0,)
+
+    run(scenario())
+
+
+def test_a_set_takes_the_first_free_gpus_in_configured_order() -> None:
+    async def scenario() -> tuple[int, ...]:
+        arbiter = LeaseArbiter([3, 1, 2])
+        await arbiter.acquire("x", [1])
+        return await arbiter.acquire("set", count=2)
+
+    assert run(scenario()) == (3, 2)
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_holds_nothing() -> None:
+    async def scenario() -> None:
+        arbiter = LeaseArbiter([0])
+        await arbiter.acquire("a", [0])
+        waiter = asyncio.ensure_future(arbiter.acquire("b", [0]))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        arbiter.release("a")
+        assert arbiter.holder(0) is None and arbiter.waiting() == 0
+
+    run(scenario())
+
+
+def test_history_keeps_the_last_256_holders_and_names_who_held_when() -> None:
+    async def scenario() -> None:
+        arbiter = LeaseArbiter([0])
+        for i in range(300):
+            await arbiter.acquire(i, [0], request_id=f"r{i}")
+            arbiter.release(i)
+        history = arbiter.history(0)
+        assert len(history) == 256
+        assert history[-1].request_id == "r299" and history[-1].end is not None
+        record = history[10]
+        assert arbiter.request_at(0, record.start) == record.request_id
+
+    run(scenario())
+
+
+def test_acquiring_a_held_gpu_again_is_reentrant() -> None:
+    async def scenario() -> None:
+        arbiter = LeaseArbiter([0])
+        assert await arbiter.acquire("a", [0]) == (0,)
+        assert await arbiter.acquire("a", [0]) == (0,)
+        assert len(arbiter.history(0)) == 1
+
+    run(scenario())
