@@ -1,0 +1,156 @@
+"""Library uploads through ``tvm_ffi`` (PROTOCOL §5.1–§5.2, SERVER §10, EXTENSIONS §2).
+
+A library blob is written to a private temporary file, loaded with
+``tvm_ffi.load_module`` and the file removed again (the dynamic loader keeps its own
+mapping). Loaded modules are memoized per worker by SHA-256, at most ``CAPACITY`` of them,
+least recently used first out. A bound export holds its module, so a library stays loaded
+while any function taken from it lives, even after the cache let go of it.
+
+``tvm_ffi`` is imported on first use only: CPU workers that never see a library never pay
+for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import itertools
+import os
+import tempfile
+from collections import OrderedDict
+from typing import Any
+
+from kcoral_server.worker.failures import InstructionFailure, exception_text
+
+CAPACITY = 32
+
+# Every load gets a file name of its own: glibc's dlopen answers a second open of an
+# already loaded *path* with the old handle, so reusing names could hand back stale code.
+_serial = itertools.count(1)
+
+
+class LibraryFunction:
+    """A bound library export; it keeps its library loaded for as long as it lives."""
+
+    def __init__(self, library: Any, function: Any, name: str) -> None:
+        self.library = library
+        self.function = function
+        self.name = name
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+    def __repr__(self) -> str:
+        return f"<library function {self.name}>"
+
+
+class Libraries:
+    """Per-worker loader and cache of TVM-FFI libraries, keyed by the blob's SHA-256."""
+
+    def __init__(self, unavailable_message: str, capacity: int = CAPACITY) -> None:
+        self.unavailable_message = unavailable_message
+        self.capacity = capacity
+        self._loaded: OrderedDict[str, Any] = OrderedDict()
+        self._directory: str | None = None
+
+    def __contains__(self, sha256: object) -> bool:
+        return sha256 in self._loaded
+
+    def __len__(self) -> int:
+        return len(self._loaded)
+
+    def load(self, sha256: str, data: bytes | memoryview) -> Any:
+        """The loaded module for this blob; ``compile`` if it cannot be loaded."""
+        cached = self._loaded.get(sha256)
+        if cached is not None:
+            self._loaded.move_to_end(sha256)
+            return cached
+        tvm_ffi = self._tvm_ffi()
+        path = self._write(sha256, data)
+        try:
+            library = _load_module(tvm_ffi, path)
+        except Exception as exc:
+            raise InstructionFailure(
+                "compile", f"cannot load library: {exception_text(exc)}"
+            ) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._loaded[sha256] = library
+        while len(self._loaded) > self.capacity:
+            self._loaded.popitem(last=False)
+        return library
+
+    def clear(self) -> None:
+        """Forget every cached library (bound functions still keep theirs alive)."""
+        self._loaded.clear()
+
+    def _tvm_ffi(self) -> Any:
+        try:
+            return importlib.import_module("tvm_ffi")
+        except ImportError:
+            raise InstructionFailure("unavailable", self.unavailable_message) from None
+
+    def _write(self, sha256: str, data: bytes | memoryview) -> str:
+        try:
+            if self._directory is None or not os.path.isdir(self._directory):
+                # honours TMPDIR, which the sandbox points into the worker's own state
+                self._directory = tempfile.mkdtemp(prefix="kcoral-libraries-")
+            path = os.path.join(self._directory, f"{sha256[:16]}-{next(_serial)}.so")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+        except OSError as exc:
+            raise InstructionFailure(
+                "compile", f"cannot write the library to a temporary file: {exception_text(exc)}"
+            ) from None
+        return path
+
+
+def _load_module(tvm_ffi: Any, path: str) -> Any:
+    load = tvm_ffi.load_module
+    # tvm_ffi keeps modules in a process-wide list by default, which would defeat the
+    # 32-entry bound; our cache and the bound functions hold them instead.
+    try:
+        accepts_flag = "keep_module_alive" in inspect.signature(load).parameters
+    except (TypeError, ValueError):
+        accepts_flag = False
+    if accepts_flag:
+        return load(path, keep_module_alive=False)
+    return load(path)
+
+
+def library_function(library: Any, name: str) -> LibraryFunction:
+    """``get_function`` on a library handle (PROTOCOL §5.2 library row).
+
+    A missing export or one that cannot be bound fails with ``compile``; a handle that
+    cannot be asked for its exports at all fails with ``runtime``.
+    """
+    getter = getattr(library, "get_function", None)
+    if not callable(getter):
+        raise InstructionFailure("runtime", "the loaded library cannot be queried for exports")
+    implements = getattr(library, "implements_function", None)
+    if callable(implements):
+        try:
+            exported = bool(implements(name, True))
+        except Exception as exc:
+            raise InstructionFailure(
+                "runtime",
+                f"the loaded library cannot be queried for exports: {exception_text(exc)}",
+            ) from None
+        if not exported:
+            raise InstructionFailure("compile", f"library has no export {name!r}")
+    try:
+        function = getter(name, True)
+    except AttributeError:
+        raise InstructionFailure("compile", f"library has no export {name!r}") from None
+    except Exception as exc:
+        raise InstructionFailure(
+            "compile", f"cannot bind library export {name!r}: {exception_text(exc)}"
+        ) from None
+    if function is None:
+        raise InstructionFailure("compile", f"library has no export {name!r}")
+    if not callable(function):
+        raise InstructionFailure("compile", f"library export {name!r} is not a function")
+    return LibraryFunction(library, function, name)
