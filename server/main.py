@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import traceback
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,8 +24,7 @@ from kcoral_server.config import ServerSettings, config_for_log, parse_server_ar
 from kcoral_server.device import DeviceError, choose_devices
 from kcoral_server.eventlog import EventLog
 from kcoral_server.pool import PoolStartError
-
-SANDBOX_PROBE_SECONDS = 10.0
+from kcoral_server.sandbox import resolve_sandbox
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,8 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_server_args(list(sys.argv[1:] if argv is None else argv), os.environ)
     config = settings.config
     if settings.supervisor is not None:
-        sys.stderr.write("kcoral server: --router is not supported by this build\n")
-        return 2
+        # ROUTER.md §12: this process becomes the node supervisor; the server runs as its
+        # child (`--node-child`), which serves and opens the slot tunnel below.
+        from kcoral_server.node.supervisor import run_supervisor
+
+        return run_supervisor(settings, argv)
     try:
         token = config.read_auth_token()
     except ValueError as exc:
@@ -67,32 +66,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def probe_sandbox(sandbox: str, events: EventLog) -> str:
-    """``bubblewrap`` if ``bwrap`` works here, else ``none`` with a ``sandbox_disabled`` event."""
-    if sandbox != "bubblewrap":
-        return "none"
-    error = None
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        error = "bwrap was not found on PATH"
-    else:
-        try:
-            done = subprocess.run(
-                [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-                capture_output=True,
-                timeout=SANDBOX_PROBE_SECONDS,
-                check=False,
-            )
-            if done.returncode != 0:
-                error = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
-        except (OSError, subprocess.SubprocessError) as exc:
-            error = str(exc)
-    if error is None:
-        return "bubblewrap"
-    message = "the bubblewrap sandbox is unusable; continuing with --sandbox none"
-    events.emit("sandbox_disabled", "WARNING", sandbox="bubblewrap", error=error, message=message)
-    warnings.warn(f"{message}: {error}", RuntimeWarning, stacklevel=2)
-    return "none"
+def probe_sandbox(sandbox: str, events: EventLog, readonly_paths: Sequence[Path] = ()) -> str:
+    """``bubblewrap`` if ``bwrap`` works here, else ``none`` with a ``sandbox_disabled`` event
+    (``kcoral_server.sandbox.resolve_sandbox``)."""
+    return resolve_sandbox(sandbox, readonly_paths, events)
 
 
 async def _serve(settings: ServerSettings, token: str | None) -> int:
@@ -113,7 +90,9 @@ async def _serve(settings: ServerSettings, token: str | None) -> int:
         )
     state: ServerState | None = None
     try:
-        sandbox = await loop.run_in_executor(None, probe_sandbox, config.sandbox, events)
+        sandbox = await loop.run_in_executor(
+            None, probe_sandbox, config.sandbox, events, config.sandbox_readonly_paths
+        )
         choice = await loop.run_in_executor(
             None,
             lambda: choose_devices(
@@ -163,11 +142,23 @@ async def _serve(settings: ServerSettings, token: str | None) -> int:
     if settings.ready_file is not None:
         _write_ready_file(settings.ready_file, url)
 
+    tunnel = None
+    if settings.node_child:
+        from kcoral_server.node.tunnel import start_tunnel
+
+        tunnel = await start_tunnel(
+            settings, url, len(state.pool.seats), events, instance_id=state.instance_id
+        )
+
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await _shutdown(state, events)
+    if tunnel is not None:
+        # SERVER §12.5: idle slots close at once, active ones deliver their response.
+        await asyncio.gather(_shutdown(state, events), tunnel.close())
+    else:
+        await _shutdown(state, events)
     server.stop()
     await server.close_all_connections()
     events.emit("server_stopped")

@@ -1,0 +1,167 @@
+"""Router overhead: trivial-program latency and 64 MiB throughput, routed vs direct.
+
+Starts a direct CPU server, a router and one CPU node on loopback, then prints ratios
+measured in the same run (targets: latency <= 1.5 x direct + 1 ms, throughput >= 0.7 x
+direct). ``--grpc-port`` runs the router with gRPC on its own port instead of the shared one.
+
+    python benchmarks/router.py [--requests 200] [--mib 64] [--rounds 5] [--grpc-port]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import kcoral
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "tests" / "router" / "node_standin.py"
+MODULE = (
+    "import hashlib\ndef one():\n    return 1\n"
+    "def digest(b):\n    return hashlib.sha256(b).hexdigest()\n"
+)
+SERVER_ARGS = ["--device", "cpu", "--port", "0", "--sandbox", "none", "--log-dir", "",
+               "--max-requests-per-worker", "0", "--no-log-console"]  # fmt: skip
+
+
+def wait_file(path: Path, process: subprocess.Popen, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited")
+        time.sleep(0.05)
+    raise RuntimeError(f"{process.args} did not start")
+
+
+def node_command() -> list[str]:
+    sys.path.insert(0, str(STANDIN.parent))
+    from node_standin import wired
+
+    if wired():
+        return [sys.executable, "-m", "kcoral", "server"]
+    return [sys.executable, str(STANDIN), "supervisor"]
+
+
+def program(name: str, blob: bytes | None = None) -> kcoral.Program:
+    p = kcoral.Program()
+    fn = p.get_function(module=p.upload(kind="module", source=MODULE), name=name)
+    args = [] if blob is None else [p.upload(kind="bytes", value=blob)]
+    p.return_(key="out", value=p.run(fn=fn, args=args))
+    return p
+
+
+def latency_ms(url: str, count: int) -> float:
+    trivial = program("one")
+    with kcoral.Client(url) as client:
+        for _ in range(10):
+            client.execute(trivial)  # warm caches and connections
+        samples = []
+        for _ in range(count):
+            start = time.perf_counter()
+            client.execute(trivial)
+            samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
+
+
+def throughput_mib_s(url: str, mib: int, rounds: int) -> float:
+    with kcoral.Client(url) as client:
+        rates = []
+        for _ in range(rounds):
+            blob = os.urandom(mib << 20)  # fresh content: the blob really travels
+            start = time.perf_counter()
+            client.execute(program("digest", blob))
+            rates.append(mib / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--grpc-port", action="store_true")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="kcoral-bench-"))
+    processes: list[subprocess.Popen] = []
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    try:
+        direct = subprocess.Popen(
+            [sys.executable, "-m", "kcoral", "server", *SERVER_ARGS,
+             "--disk-cache-dir", str(tmp / "c1"), "--ready-file", str(tmp / "direct")], **quiet
+        )  # fmt: skip
+        processes.append(direct)
+        router_args = ["--port", "0", "--ready-file", str(tmp / "router")]
+        if args.grpc_port:
+            router_args += ["--grpc-port", "0"]
+        router_log = open(tmp / "router.log", "w")
+        router = subprocess.Popen(
+            [sys.executable, "-m", "kcoral", "router", *router_args],
+            stdout=subprocess.DEVNULL,
+            stderr=router_log,
+        )
+        processes.append(router)
+        router_url = wait_file(tmp / "router", router)
+        grpc_url = router_url
+        if args.grpc_port:
+            deadline = time.monotonic() + 10
+            while "grpc=" not in (tmp / "router.log").read_text():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            grpc_url = (tmp / "router.log").read_text().split("grpc=")[1].split()[0]
+        node = subprocess.Popen(
+            [*node_command(), *SERVER_ARGS, "--router", grpc_url, "--node-id", "bench",
+             "--disk-cache-dir", str(tmp / "c2"), "--ready-file", str(tmp / "node")], **quiet
+        )  # fmt: skip
+        processes.append(node)
+        direct_url = wait_file(tmp / "direct", direct)
+        wait_file(tmp / "node", node)
+        with kcoral.Client(router_url) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if client.health()["load"]["request_capacity"] >= 1:
+                        break
+                except Exception:
+                    pass
+                assert time.monotonic() < deadline, "router never became ready"
+                time.sleep(0.1)
+        direct_latency = latency_ms(direct_url, args.requests)
+        routed_latency = latency_ms(router_url, args.requests)
+        direct_rate = throughput_mib_s(direct_url, args.mib, args.rounds)
+        routed_rate = throughput_mib_s(router_url, args.mib, args.rounds)
+    finally:
+        for process in reversed(processes):
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    mode = "separate --grpc-port" if args.grpc_port else "shared port (HTTP/2 preface demux)"
+    print(f"router gRPC listener: {mode}")
+    print(f"trivial latency  direct {direct_latency:.2f} ms  routed {routed_latency:.2f} ms  "
+          f"ratio {routed_latency / direct_latency:.2f}  "
+          f"budget {1.5 * direct_latency + 1:.2f} ms "
+          f"({'ok' if routed_latency <= 1.5 * direct_latency + 1 else 'MISSED'})")  # fmt: skip
+    print(f"{args.mib} MiB upload   direct {direct_rate:.0f} MiB/s  "
+          f"routed {routed_rate:.0f} MiB/s  "
+          f"ratio {routed_rate / direct_rate:.2f}  "
+          f"({'ok' if routed_rate >= 0.7 * direct_rate else 'MISSED'})")  # fmt: skip
+    print(
+        f"router forwards about {1000 / routed_latency:.0f} trivial requests/s "
+        "sequentially on this machine"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""The node's slot tunnel (ROUTER.md §5): one ``ConnectSlot`` stream per worker seat, each
+request relayed to the node's own loopback ``POST /execute`` while streaming both ways.
+
+Started by the child server once it listens: ``handle = await start_tunnel(...)``;
+``await handle.close()`` on shutdown closes idle slots at once and lets busy ones finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from kcoral_server.node.http11 import HttpConnection, HttpError
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from kcoral_server.router.channel import Channel, ChannelClosed
+from kcoral_server.router.identity import (
+    MAX_FRAME_DATA,
+    MAX_GRPC_MESSAGE,
+    PROTOCOL_VERSION,
+    parse_router_origin,
+)
+
+ACK_TIMEOUT = 10.0
+MIN_DELAY, MAX_DELAY, JITTER = 1.0, 30.0, 0.2
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+        ("grpc.keepalive_time_ms", 15000),
+        ("grpc.keepalive_timeout_ms", 5000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def open_channel(router_endpoint: str) -> grpc.aio.Channel:
+    """A gRPC channel to the router origin (TLS with default roots for ``https://``)."""
+    _origin, host, port, tls = parse_router_origin(router_endpoint)
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if tls:
+        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), channel_options())
+    return grpc.aio.insecure_channel(target, channel_options())
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def jittered(delay: float) -> float:
+    return delay * random.uniform(1 - JITTER, 1 + JITTER)
+
+
+class ProtocolViolation(Exception):
+    """The router sent a frame the node must not accept; the stream is dropped."""
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    body: Channel[bytes | None] = field(default_factory=lambda: Channel(capacity=2))
+    body_open: bool = True
+    task: asyncio.Task[None] | None = None
+
+
+class Tunnel:
+    def __init__(
+        self,
+        router_endpoint: str,
+        node_id: str,
+        token: str | None,
+        server_instance_id: str,
+        server_url: str,
+        slot_count: int,
+        event_log: Any,
+    ) -> None:
+        self.router_endpoint = router_endpoint
+        self.node_id = node_id
+        self.metadata = auth_metadata(token)
+        self.server_instance_id = server_instance_id
+        parts = urlsplit(server_url)
+        self.server_host = parts.hostname or "127.0.0.1"
+        self.server_port = parts.port or 80
+        self.slot_count = slot_count
+        self.event_log = event_log
+        self.closing = False
+        self.channel = open_channel(router_endpoint)
+        self.stub = pb_grpc.RouterGatewayStub(self.channel)
+        self.tasks: list[asyncio.Task[None]] = []
+        self.idle_calls: dict[int, Any] = {}
+
+    def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
+        if self.event_log is not None:
+            self.event_log.emit(event, level, **fields)
+
+    def start(self) -> None:
+        self.emit(
+            "tunnel_started",
+            router_endpoint=self.router_endpoint,
+            node_id=self.node_id,
+            slots=self.slot_count,
+        )
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self.run_slot(i)) for i in range(self.slot_count)]
+
+    async def close(self) -> None:
+        """Close idle slots now; busy ones close after delivering their response."""
+        self.closing = True
+        for call in list(self.idle_calls.values()):
+            call.cancel()
+        for task in self.tasks:
+            if task.done():
+                continue
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.channel.close()
+
+    # -- one slot --------------------------------------------------------------------------
+
+    async def run_slot(self, index: int) -> None:
+        delay = MIN_DELAY
+        connection = HttpConnectionPool(self.server_host, self.server_port)
+        while not self.closing:
+            slot_id = str(uuid.uuid4())
+            call = self.stub.ConnectSlot(metadata=self.metadata)
+            expected, error = False, ""
+            try:
+                hello = pb.SlotHello(
+                    node_id=self.node_id,
+                    server_instance_id=self.server_instance_id,
+                    slot_id=slot_id,
+                    protocol_version=PROTOCOL_VERSION,
+                )
+                await call.write(pb.SlotFrame(request_id="", hello=hello))
+                ack = await asyncio.wait_for(call.read(), ACK_TIMEOUT)
+                if ack is grpc.aio.EOF or ack.WhichOneof("payload") != "ack":
+                    raise ProtocolViolation("the router did not acknowledge the slot")
+                delay = MIN_DELAY
+                self.emit("tunnel_connected", node_id=self.node_id, slot=index, slot_id=slot_id)
+                expected, error = await self.serve(index, slot_id, call, connection)
+            except asyncio.CancelledError:
+                # grpc.aio reports a locally cancelled call as CancelledError on read/write;
+                # only a cancellation of this task itself ends the slot loop.
+                current_task = asyncio.current_task()
+                if current_task is not None and current_task.cancelling():
+                    call.cancel()
+                    connection.close()
+                    raise
+                error = "slot stream cancelled"
+            except asyncio.TimeoutError:
+                error = "no ack from the router within 10 s"
+            except grpc.RpcError as exc:
+                error = f"{exc.code().name}: {exc.details()}" if hasattr(exc, "code") else str(exc)
+            except (ProtocolViolation, OSError) as exc:
+                error = str(exc) or type(exc).__name__
+            finally:
+                self.idle_calls.pop(index, None)
+                call.cancel()
+            if self.closing:
+                break
+            wait = 0.0 if expected else jittered(delay)
+            if not expected:
+                delay = min(delay * 2, MAX_DELAY)
+            self.emit(
+                "tunnel_disconnected",
+                "INFO" if expected else "WARNING",
+                node_id=self.node_id,
+                slot=index,
+                error=error,
+                reconnect_delay_seconds=round(wait, 3),
+            )
+            await self._sleep(wait)
+        connection.close()
+
+    async def _sleep(self, seconds: float) -> None:
+        end = asyncio.get_running_loop().time() + seconds
+        while not self.closing:
+            left = end - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.2))
+
+    async def serve(
+        self, index: int, slot_id: str, call: Any, connection: HttpConnectionPool
+    ) -> tuple[bool, str]:
+        """Read router frames until the stream ends; return ``(expected_cancel, error)``."""
+        current: _Request | None = None
+        self.idle_calls[index] = call
+        try:
+            while True:
+                if self.closing and (current is None or current.task.done()):
+                    return False, "shutting down"
+                frame = await call.read()
+                if frame is grpc.aio.EOF:
+                    return False, "the router closed the slot"
+                kind = frame.WhichOneof("payload")
+                if kind == "request_head":
+                    if not frame.request_id or (current is not None and current.body_open):
+                        raise ProtocolViolation("unexpected request_head")
+                    previous = current.task if current is not None else None
+                    current = _Request(frame.request_id)
+                    self.idle_calls.pop(index, None)
+                    current.task = asyncio.get_running_loop().create_task(
+                        self.relay(call, frame, current, previous, connection, index)
+                    )
+                elif kind in ("data", "end"):
+                    if (
+                        current is None
+                        or frame.request_id != current.request_id
+                        or not current.body_open
+                    ):
+                        raise ProtocolViolation(f"unexpected {kind} frame")
+                    if kind == "data":
+                        if len(frame.data) > MAX_FRAME_DATA:
+                            raise ProtocolViolation("data frame over 262144 bytes")
+                        await current.body.put(frame.data)
+                    else:
+                        current.body_open = False
+                        await current.body.put(None)
+                elif kind == "cancel":
+                    reason = frame.cancel.reason
+                    self.emit(
+                        "tunnel_request_cancelled",
+                        node_id=self.node_id,
+                        request_id=frame.request_id,
+                        slot=slot_id,
+                        reason=reason,
+                    )
+                    return current is not None, f"cancelled: {reason}"
+                else:
+                    raise ProtocolViolation(f"unexpected {kind} frame")
+        finally:
+            if current is not None and current.task is not None and not current.task.done():
+                current.body.close("slot closed")
+                current.task.cancel()
+                connection.close()
+                await asyncio.gather(current.task, return_exceptions=True)
+
+    async def relay(
+        self,
+        call: Any,
+        head_frame: pb.SlotFrame,
+        request: _Request,
+        previous: asyncio.Task[None] | None,
+        pool: HttpConnectionPool,
+        index: int,
+    ) -> None:
+        """Deliver one request to the loopback server and stream its response back."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        rid = request.request_id
+        head = head_frame.request_head
+        chunked = not head.HasField("content_length")
+        headers = [
+            (h.name, h.value)
+            for h in head.headers
+            if h.name.lower() not in HOP_BY_HOP
+            and not (chunked and h.name.lower() == b"content-length")
+        ]
+        if not any(name.lower() == b"host" for name, _ in headers):
+            headers.append((b"host", b"kcoral-tunnel"))
+        if chunked:
+            headers.append((b"transfer-encoding", b"chunked"))
+        connection = await pool.get()
+        body_task = asyncio.get_running_loop().create_task(
+            self._send_body(connection, request, chunked)
+        )
+        try:
+            await connection.send_head("POST", "/execute", headers)
+            status, response_headers = await connection.read_head()
+            await call.write(
+                pb.SlotFrame(
+                    request_id=rid,
+                    response_head=pb.ResponseHead(
+                        status=status,
+                        headers=[pb.HttpHeader(name=n, value=v) for n, v in response_headers],
+                    ),
+                )
+            )
+            async for piece in connection.body(status, response_headers):
+                await call.write(pb.SlotFrame(request_id=rid, data=piece))
+            if not body_task.done():
+                # Early answer: the rest of the body is not wanted; this connection is spent.
+                connection.reusable = False
+                body_task.cancel()
+            await call.write(pb.SlotFrame(request_id=rid, end=pb.EndOfBody()))
+        except (HttpError, OSError, asyncio.IncompleteReadError) as exc:
+            # The local server failed us; dropping the stream tells the router (502).
+            connection.close()
+            call.cancel()
+            self.emit(
+                "tunnel_request_failed",
+                "WARNING",
+                node_id=self.node_id,
+                request_id=rid,
+                error=str(exc) or type(exc).__name__,
+            )
+            return
+        finally:
+            if not body_task.done():
+                body_task.cancel()
+            await asyncio.gather(body_task, return_exceptions=True)
+            pool.put(connection)
+            if self.closing:
+                call.cancel()
+            else:
+                self.idle_calls[index] = call
+
+    async def _send_body(
+        self, connection: HttpConnection, request: _Request, chunked: bool
+    ) -> None:
+        try:
+            while True:
+                piece = await request.body.get()
+                if piece is None:
+                    await connection.send_end(chunked=chunked)
+                    return
+                await connection.send(piece, chunked=chunked)
+        except ChannelClosed:
+            return
+
+
+class HttpConnectionPool:
+    """At most one kept-alive loopback connection per slot (slots carry one request at a time)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.idle: HttpConnection | None = None
+
+    async def get(self) -> HttpConnection:
+        connection, self.idle = self.idle, None
+        if connection is not None and connection.usable:
+            return connection
+        if connection is not None:
+            connection.close()
+        connection = HttpConnection(self.host, self.port)
+        await connection.open()
+        return connection
+
+    def put(self, connection: HttpConnection) -> None:
+        if connection.usable:
+            self.idle = connection
+        else:
+            connection.close()
+
+    def close(self) -> None:
+        if self.idle is not None:
+            self.idle.close()
+            self.idle = None
+
+
+@dataclass
+class TunnelHandle:
+    tunnel: Tunnel
+
+    async def close(self) -> None:
+        await self.tunnel.close()
+
+
+async def start_tunnel(
+    settings: Any,
+    server_url: str,
+    slot_count: int,
+    event_log: Any,
+    *,
+    instance_id: str | None = None,
+) -> TunnelHandle:
+    """Open ``slot_count`` slots for the server listening at ``server_url``.
+
+    ``settings`` is the server's ``ServerSettings`` (or its ``ServerConfig``). Pass the
+    server's ``instance_id``; without it, it is read from ``/internal/worker-status`` (the
+    slots must name the instance the supervisor reports).
+    """
+    config = getattr(settings, "config", settings)
+    if instance_id is None:
+        instance_id = await _server_instance_id(server_url)
+    tunnel = Tunnel(
+        config.router_endpoint,
+        config.node_id,
+        config.node_token,
+        instance_id,
+        server_url,
+        slot_count,
+        event_log,
+    )
+    tunnel.start()
+    return TunnelHandle(tunnel)
+
+
+async def _server_instance_id(server_url: str) -> str:
+    from kcoral_server.node.http11 import get_json
+
+    parts = urlsplit(server_url)
+    host = parts.hostname or "127.0.0.1"
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    _status, body = await get_json(host, parts.port or 80, "/internal/worker-status")
+    if not isinstance(body, dict) or not isinstance(body.get("instance_id"), str):
+        raise RuntimeError("the server's /internal/worker-status has no instance_id")
+    return body["instance_id"]

@@ -1,0 +1,1 @@
+"""The router <-> node gRPC protocol: ``kcoral_gateway.proto`` and its generated modules."""

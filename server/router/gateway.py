@@ -1,0 +1,132 @@
+"""The gRPC service ``kcoral.gateway.v1.RouterGateway`` (ROUTER.md §2–§5)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from kcoral_server.router.identity import PROTOCOL_VERSION, bearer_matches, is_valid_node_id
+from kcoral_server.router.log import RouterLog
+from kcoral_server.router.registry import Registry
+from kcoral_server.router.settings import RouterSettings
+from kcoral_server.router.slot import RouterSlot
+
+FIRST_MESSAGE_TIMEOUT = 10.0
+
+
+def status_problem(
+    status: pb.SupervisorStatus, settings: RouterSettings, node_id: str | None
+) -> str | None:
+    """Why a ``SupervisorStatus`` is invalid (§4.3), or None."""
+    if not is_valid_node_id(status.node_id):
+        return "invalid node_id"
+    if node_id is not None and status.node_id != node_id:
+        return "node_id changed on the stream"
+    if not status.supervisor_instance_id:
+        return "supervisor_instance_id is empty"
+    if status.server_healthy:
+        if not status.server_instance_id:
+            return "a healthy status needs a server_instance_id"
+        if status.worker_count < 1:
+            return "a healthy status needs worker_count >= 1"
+        if status.busy_workers > status.worker_count:
+            return "busy_workers exceeds worker_count"
+        if status.health_age_millis > settings.max_status_age_seconds * 1000:
+            return "health_age_millis exceeds the maximum status age"
+    return None
+
+
+class Gateway(pb_grpc.RouterGatewayServicer):
+    def __init__(self, registry: Registry, settings: RouterSettings, log: RouterLog) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.log = log
+
+    async def _authenticate(self, context: Any) -> None:
+        value = None
+        for key, item in context.invocation_metadata() or ():
+            if key == "authorization":
+                value = item
+        if not bearer_matches(value, self.settings.node_token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing node token")
+
+    async def _first(self, context: Any) -> Any:
+        try:
+            return await asyncio.wait_for(context.read(), FIRST_MESSAGE_TIMEOUT)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no first message within 10 s")
+
+    async def ConnectSupervisor(self, request_iterator: Any, context: Any) -> None:
+        await self._authenticate(context)
+        first = await self._first(context)
+        if first is grpc.aio.EOF:
+            return
+        problem = status_problem(first, self.settings, None)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        node_id = first.node_id
+        stream = self.registry.attach_supervisor(node_id)
+        self.log.event("node_connected", node=node_id, supervisor=first.supervisor_instance_id)
+        try:
+            self.registry.apply_status(stream, first)
+            await context.write(pb.SupervisorAck())
+            while True:
+                status = await context.read()
+                if status is grpc.aio.EOF:
+                    return
+                if stream.superseded:
+                    await context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION, "superseded by a newer stream"
+                    )
+                problem = status_problem(status, self.settings, node_id)
+                if problem is not None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+                before = self.registry.nodes[node_id].state
+                self.registry.apply_status(stream, status)
+                after = self.registry.nodes[node_id].state
+                if after != before:
+                    self.log.event("node_state", node=node_id, state=after, previous=before)
+        finally:
+            if not stream.superseded:
+                self.log.event("node_disconnected", level="WARNING", node=node_id)
+            self.registry.detach_supervisor(stream)
+
+    async def ConnectSlot(self, request_iterator: Any, context: Any) -> None:
+        await self._authenticate(context)
+        first = await self._first(context)
+        if first is grpc.aio.EOF:
+            return
+        if first.request_id or first.WhichOneof("payload") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must be hello")
+        hello = first.hello
+        if hello.protocol_version != PROTOCOL_VERSION:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "unsupported slot protocol_version"
+            )
+        if not is_valid_node_id(hello.node_id):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid node_id")
+        if not hello.server_instance_id or not hello.slot_id:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "server_instance_id and slot_id are required"
+            )
+        slot = RouterSlot(hello.node_id, hello.slot_id, hello.server_instance_id, context)
+        refused = self.registry.add_slot(slot)
+        if refused is not None:
+            await context.abort(*refused)
+        reader = None
+        try:
+            await context.write(pb.SlotFrame(request_id="", ack=pb.SlotAck()))
+            reader = asyncio.get_running_loop().create_task(slot.read_loop())
+            closed = asyncio.get_running_loop().create_task(slot.closed.wait())
+            await asyncio.wait({reader, closed}, return_when=asyncio.FIRST_COMPLETED)
+            closed.cancel()
+        finally:
+            slot.close(None, "tunnel_disconnected")
+            if reader is not None and not reader.done():
+                reader.cancel()
+            self.registry.remove_slot(slot)
+        if slot.close_status is not None:
+            await context.abort(*slot.close_status)

@@ -1,0 +1,133 @@
+"""``kcoral router``: parse options, start gRPC and HTTP, run until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import uuid
+from collections.abc import Sequence
+
+import grpc
+import tornado.httpserver
+import tornado.netutil
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from kcoral_server.router.gateway import Gateway
+from kcoral_server.router.http_app import RouterState, make_app, utc_now_micros
+from kcoral_server.router.identity import MAX_FRAME_DATA, MAX_GRPC_MESSAGE
+from kcoral_server.router.listener import DemuxServer
+from kcoral_server.router.log import RouterLog
+from kcoral_server.router.registry import Registry
+from kcoral_server.router.scheduler import Admission
+from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+    ("grpc.keepalive_time_ms", 15000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not sys.platform.startswith("linux"):
+        sys.stderr.write("kcoral router: routed deployments run on Linux only\n")
+        return 1
+    try:
+        settings = parse_router_args(args)
+    except SettingsError as exc:
+        sys.stderr.write(f"kcoral router: error: {exc}\n")
+        return 2
+    return asyncio.run(serve(settings))
+
+
+def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
+    registry = Registry(settings)
+    admission = Admission(
+        registry, settings.max_queued_requests, settings.queue_wait_timeout_seconds
+    )
+    registry.on_change = admission.wake
+    return RouterState(
+        settings=settings,
+        registry=registry,
+        admission=admission,
+        log=log,
+        instance_id=str(uuid.uuid4()),
+        started_at=utc_now_micros(),
+    )
+
+
+async def serve(settings: RouterSettings) -> int:
+    log = RouterLog()
+    state = build_state(settings, log)
+    grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+    pb_grpc.add_RouterGatewayServicer_to_server(Gateway(state.registry, settings, log), grpc_server)
+    if settings.grpc_port is not None:
+        grpc_port = grpc_server.add_insecure_port(host_port(settings.host, settings.grpc_port))
+    else:
+        grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+    if grpc_port == 0:
+        sys.stderr.write("kcoral router: error: could not bind the gRPC port\n")
+        return 1
+    await grpc_server.start()
+    http_server = tornado.httpserver.HTTPServer(
+        make_app(state),
+        max_body_size=1 << 62,
+        idle_connection_timeout=3600,
+        # Read the body in whole 256 KiB frames: 4x fewer gRPC messages than the default.
+        chunk_size=MAX_FRAME_DATA,
+    )
+    try:
+        sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
+    except OSError as exc:
+        sys.stderr.write(f"kcoral router: error: cannot listen: {exc}\n")
+        await grpc_server.stop(0)
+        return 1
+    if settings.grpc_port is None:
+        front = DemuxServer(http_server, grpc_port)
+        front.add_sockets(sockets)
+    else:
+        front = http_server
+        http_server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    url = f"http://{host_port(settings.host, port)}"
+    log.event(
+        "router_started",
+        url=url,
+        grpc=url if settings.grpc_port is None else f"http://{host_port(settings.host, grpc_port)}",
+        instance_id=state.instance_id,
+        node_token="set" if settings.node_token else None,
+    )
+    sys.stderr.write(f"KCoral router listening on {url}\n")
+    sys.stderr.flush()
+    if settings.ready_file is not None:
+        settings.ready_file.write_text(url + "\n")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    async def periodic() -> None:
+        while True:
+            await asyncio.sleep(settings.status_check_interval_seconds)
+            state.registry.check()
+
+    checker = loop.create_task(periodic())
+    await stop.wait()
+    log.event("router_stopping")
+    checker.cancel()
+    front.stop()
+    await grpc_server.stop(1.0)
+    with contextlib.suppress(Exception):
+        await http_server.close_all_connections()
+    log.event("router_stopped")
+    return 0

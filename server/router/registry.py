@@ -1,0 +1,270 @@
+"""Node records, their states (ROUTER.md §6), their slots and slot selection (§7.1–§7.2)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.settings import RouterSettings
+from kcoral_server.router.slot import RouterSlot
+
+STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
+    "starting",
+    "ready",
+    "recovering",
+    "incompatible",
+    "unhealthy",
+)
+
+
+@dataclass(eq=False)
+class SupervisorStream:
+    """One ``ConnectSupervisor`` call; a newer one for the same node supersedes it."""
+
+    node_id: str
+    superseded: bool = False
+
+
+@dataclass(eq=False)
+class NodeRecord:
+    node_id: str
+    state: str = STARTING
+    stream: SupervisorStream | None = None
+    connected: bool = False
+    supervisor_instance_id: str = ""
+    server_instance_id: str = ""
+    old_instances: set[str] = field(default_factory=set)
+    worker_count: int = 0
+    busy_workers: int = 0
+    target: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    last_error: str = ""
+    last_status_at: float = 0.0
+    lost_at: float | None = None
+    failures: int = 0
+    successes: int = 0
+    saturated_until: float = 0.0
+    last_selected: int = 0
+    slots: dict[str, RouterSlot] = field(default_factory=dict)
+
+    def current_slots(self) -> list[RouterSlot]:
+        return [
+            s
+            for s in self.slots.values()
+            if s.instance_id == self.server_instance_id and not s.closed.is_set()
+        ]
+
+    def idle_slots(self) -> list[RouterSlot]:
+        return [s for s in self.current_slots() if not s.busy]
+
+    def inflight(self) -> int:
+        return sum(1 for s in self.slots.values() if s.busy)
+
+    def saturated(self, now: float) -> bool:
+        return now < self.saturated_until
+
+    def load(self) -> float:
+        return max(self.busy_workers, self.inflight()) / max(self.worker_count, 1)
+
+
+class Registry:
+    def __init__(
+        self, settings: RouterSettings, on_change: Callable[[], None] = lambda: None
+    ) -> None:
+        self.settings = settings
+        self.nodes: dict[str, NodeRecord] = {}
+        self.baseline: tuple[dict[str, str], dict[str, str]] | None = None
+        self.on_change = on_change
+        self._selections = 0
+
+    # -- supervisor streams ----------------------------------------------------------------
+
+    def attach_supervisor(self, node_id: str) -> SupervisorStream:
+        node = self._node(node_id)
+        if node.stream is not None:
+            node.stream.superseded = True
+        node.stream = SupervisorStream(node_id)
+        return node.stream
+
+    def detach_supervisor(self, stream: SupervisorStream) -> None:
+        node = self.nodes.get(stream.node_id)
+        if node is None or node.stream is not stream:
+            return
+        node.stream = None
+        self._lose(node, time.monotonic())
+        self.on_change()
+
+    def apply_status(self, stream: SupervisorStream, status: pb.SupervisorStatus) -> None:
+        node = self.nodes.get(stream.node_id)
+        if node is None or node.stream is not stream:
+            return
+        now = time.monotonic()
+        sup_changed = bool(node.supervisor_instance_id) and (
+            status.supervisor_instance_id != node.supervisor_instance_id
+        )
+        server_changed = bool(status.server_instance_id) and (
+            status.server_instance_id != node.server_instance_id
+        )
+        node.supervisor_instance_id = status.supervisor_instance_id
+        if server_changed or sup_changed:
+            if node.server_instance_id:
+                node.old_instances.add(node.server_instance_id)
+            if status.server_instance_id:
+                node.server_instance_id = status.server_instance_id
+            # Slots of another instance can never receive work again (§4.4).
+            for slot in list(node.slots.values()):
+                if slot.instance_id != node.server_instance_id:
+                    slot.close(
+                        (grpc.StatusCode.FAILED_PRECONDITION, "server instance replaced"),
+                        "tunnel_disconnected",
+                    )
+        node.connected = True
+        node.lost_at = None
+        node.last_status_at = now
+        if status.server_healthy:
+            node.worker_count = status.worker_count
+            node.busy_workers = status.busy_workers
+            node.target = dict(status.target)
+            node.versions = dict(status.versions)
+            node.saturated_until = 0.0
+            self._success(node)
+        else:
+            node.last_error = status.last_error
+            self._failure(node)
+        self.on_change()
+
+    def _success(self, node: NodeRecord) -> None:
+        node.failures = 0
+        if self.baseline is None:
+            self.baseline = (dict(node.target), dict(node.versions))
+        if (node.target, node.versions) != self.baseline:
+            node.state = INCOMPATIBLE
+            node.successes = 0
+            return
+        if node.state in (STARTING, INCOMPATIBLE, READY):
+            node.state = READY
+            return
+        node.successes += 1
+        node.state = READY if node.successes >= self.settings.recovery_threshold else RECOVERING
+
+    def _failure(self, node: NodeRecord) -> None:
+        node.successes = 0
+        node.failures += 1
+        if node.state in (STARTING, RECOVERING):
+            node.state = UNHEALTHY
+        elif node.failures >= self.settings.unhealthy_threshold:
+            node.state = UNHEALTHY
+
+    def _lose(self, node: NodeRecord, now: float) -> None:
+        node.connected = False
+        node.state = UNHEALTHY
+        node.successes = 0
+        if node.lost_at is None:
+            node.lost_at = now
+
+    def check(self) -> None:
+        """Periodic staleness check, saturation expiry and retention (§6)."""
+        now = time.monotonic()
+        for node in list(self.nodes.values()):
+            if node.connected and now - node.last_status_at > self.settings.max_status_age_seconds:
+                self._lose(node, now)
+            if (
+                not node.connected
+                and node.lost_at is not None
+                and node.inflight() == 0
+                and now - node.lost_at > self.settings.node_retention_seconds
+            ):
+                self.forget(node)
+        if not self.nodes:
+            self.baseline = None
+        self.on_change()
+
+    def forget(self, node: NodeRecord) -> None:
+        for slot in list(node.slots.values()):
+            slot.close((grpc.StatusCode.UNAVAILABLE, "node forgotten"), "tunnel_disconnected")
+        if node.stream is not None:
+            node.stream.superseded = True
+        self.nodes.pop(node.node_id, None)
+
+    def mark_saturated(self, node_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.saturated_until = time.monotonic() + self.settings.status_check_interval_seconds
+
+    # -- slots -----------------------------------------------------------------------------
+
+    def add_slot(self, slot: RouterSlot) -> tuple[grpc.StatusCode, str] | None:
+        """Register a slot; return an error status for the stream instead when refused."""
+        node = self._node(slot.node_id)
+        if slot.slot_id in node.slots:
+            return grpc.StatusCode.ALREADY_EXISTS, "slot_id already connected for this node"
+        if slot.instance_id in node.old_instances:
+            return grpc.StatusCode.FAILED_PRECONDITION, "server instance was replaced"
+        if not node.connected and node.lost_at is None:
+            node.lost_at = time.monotonic()  # no supervisor yet: retention applies
+        node.slots[slot.slot_id] = slot
+        self.on_change()
+        return None
+
+    def remove_slot(self, slot: RouterSlot) -> None:
+        node = self.nodes.get(slot.node_id)
+        if node is not None and node.slots.get(slot.slot_id) is slot:
+            del node.slots[slot.slot_id]
+        self.on_change()
+
+    def release(self, slot: RouterSlot) -> None:
+        slot.finish()
+        self.on_change()
+
+    def eligible(self, node: NodeRecord, now: float) -> bool:
+        return (
+            node.state == READY
+            and node.connected
+            and not node.saturated(now)
+            and bool(node.idle_slots())
+        )
+
+    def select(self, affinity: str | None, request_id: str) -> tuple[NodeRecord, RouterSlot] | None:
+        """Pick a node (affinity, then power of two choices) and lease its oldest idle slot."""
+        now = time.monotonic()
+        chosen = None
+        if affinity is not None:
+            node = self.nodes.get(affinity)
+            if node is not None and self.eligible(node, now):
+                chosen = node
+        if chosen is None:
+            candidates = [n for n in self.nodes.values() if self.eligible(n, now)]
+            if not candidates:
+                return None
+            pair = random.sample(candidates, 2) if len(candidates) > 1 else candidates
+            chosen = min(pair, key=lambda n: (n.load(), n.last_selected))
+        slot = min(chosen.idle_slots(), key=lambda s: s.idle_since)
+        self._selections += 1
+        chosen.last_selected = self._selections
+        slot.begin(request_id)
+        return chosen, slot
+
+    # -- health ----------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        now = time.monotonic()
+        return sum(
+            len(n.current_slots())
+            for n in self.nodes.values()
+            if n.state == READY and n.connected and not n.saturated(now)
+        )
+
+    def any_ready_with_slots(self) -> bool:
+        return any(
+            n.state == READY and n.connected and n.current_slots() for n in self.nodes.values()
+        )
+
+    def _node(self, node_id: str) -> NodeRecord:
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = self.nodes[node_id] = NodeRecord(node_id)
+        return node

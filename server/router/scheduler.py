@@ -1,0 +1,76 @@
+"""Admission queue in front of slot selection (ROUTER.md §7.3): bounded, FIFO, timed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+from kcoral_server.router.registry import NodeRecord, Registry
+from kcoral_server.router.slot import RouterSlot
+
+Lease = tuple[NodeRecord, RouterSlot]
+
+
+class RouterBusy(Exception):
+    """The admission queue is full (503 ``router_busy``)."""
+
+
+class NoNode(Exception):
+    """No eligible slot within the queue wait (503 ``no_node``)."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    affinity: str | None
+    request_id: str
+    future: asyncio.Future[Lease]
+
+
+class Admission:
+    def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
+        self.registry = registry
+        self.max_queued = max_queued
+        self.wait_timeout = wait_timeout
+        self._waiters: deque[_Waiter] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.future.done())
+
+    async def acquire(self, affinity: str | None, request_id: str) -> Lease:
+        if not self._waiters:
+            lease = self.registry.select(affinity, request_id)
+            if lease is not None:
+                return lease
+        if self.waiting >= self.max_queued:
+            raise RouterBusy
+        waiter = _Waiter(affinity, request_id, asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        self.wake()
+        try:
+            return await asyncio.wait_for(waiter.future, self.wait_timeout)
+        except asyncio.TimeoutError:
+            raise NoNode from None
+        except BaseException:
+            # Cancelled (client gone) after a slot was handed over: give the slot back.
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.registry.release(future.result()[1])
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def wake(self) -> None:
+        """Serve waiters in FIFO order while slots are available."""
+        while self._waiters:
+            waiter = self._waiters[0]
+            if waiter.future.done():
+                self._waiters.popleft()
+                continue
+            lease = self.registry.select(waiter.affinity, waiter.request_id)
+            if lease is None:
+                return
+            self._waiters.popleft()
+            waiter.future.set_result(lease)

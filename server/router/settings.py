@@ -1,0 +1,116 @@
+"""``kcoral router`` options (ROUTER.md §11) as one frozen dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    host: str = "127.0.0.1"
+    port: int = 9000
+    grpc_port: int | None = None
+    status_check_interval_seconds: float = 1.0
+    max_status_age_seconds: float = 5.0
+    unhealthy_threshold: int = 3
+    recovery_threshold: int = 2
+    queue_wait_timeout_seconds: float = 1800.0
+    max_queued_requests: int = 1024
+    node_retention_seconds: float = 600.0
+    max_request_bytes: int = 268435456
+    node_token: str | None = None
+    ready_file: Path | None = None
+
+    def __repr__(self) -> str:  # never show the token
+        token = None if self.node_token is None else "<redacted>"
+        fields = {**self.__dict__, "node_token": token}
+        return "RouterSettings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+class SettingsError(ValueError):
+    """An invalid option; the message names it."""
+
+
+def _duration(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kcoral router",
+        description="Route KCoral requests to GPU nodes that connect over gRPC.",
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="listen address (a literal IP address)")
+    add("--port", type=int, default=9000, help="HTTP and gRPC port (0 = any free port)")
+    add("--grpc-port", type=int, default=None, help="serve gRPC on its own port instead")
+    add("--status-check-interval-seconds", type=_duration, default=1.0)
+    add("--max-status-age-seconds", type=_duration, default=5.0)
+    add("--unhealthy-threshold", type=int, default=3)
+    add("--recovery-threshold", type=int, default=2)
+    add("--queue-wait-timeout-seconds", type=_duration, default=1800.0)
+    add("--max-queued-requests", type=int, default=1024)
+    add("--node-retention-seconds", type=_duration, default=600.0)
+    add("--max-request-bytes", type=int, default=268435456)
+    add("--node-token", default=None, help="node token (prefer env KCORAL_NODE_TOKEN)")
+    add("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_router_args(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> RouterSettings:
+    """Parse and validate; argparse errors exit 2, rule violations raise ``SettingsError``."""
+    env = os.environ if environ is None else environ
+    args = _build_parser().parse_args(list(argv))
+    token = args.node_token if args.node_token is not None else env.get("KCORAL_NODE_TOKEN")
+    if token is not None and token == "":
+        raise SettingsError("--node-token must not be empty")
+    try:
+        ipaddress.ip_address(args.host)
+    except ValueError:
+        raise SettingsError(f"--host must be a literal IP address, got {args.host!r}") from None
+    if not 0 <= args.port <= 65535:
+        raise SettingsError("--port must be between 0 and 65535")
+    if args.grpc_port is not None and not 0 <= args.grpc_port <= 65535:
+        raise SettingsError("--grpc-port must be between 0 and 65535")
+    positive = ("status_check_interval_seconds", "max_status_age_seconds")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be > 0")
+    for name in ("unhealthy_threshold", "recovery_threshold", "max_request_bytes"):
+        if getattr(args, name) < 1:
+            raise SettingsError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.queue_wait_timeout_seconds < 0:
+        raise SettingsError("--queue-wait-timeout-seconds must be >= 0")
+    if args.max_queued_requests < 0:
+        raise SettingsError("--max-queued-requests must be >= 0")
+    if args.node_retention_seconds <= args.max_status_age_seconds:
+        raise SettingsError(
+            "--node-retention-seconds must be greater than --max-status-age-seconds"
+        )
+    return RouterSettings(
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        status_check_interval_seconds=args.status_check_interval_seconds,
+        max_status_age_seconds=args.max_status_age_seconds,
+        unhealthy_threshold=args.unhealthy_threshold,
+        recovery_threshold=args.recovery_threshold,
+        queue_wait_timeout_seconds=args.queue_wait_timeout_seconds,
+        max_queued_requests=args.max_queued_requests,
+        node_retention_seconds=args.node_retention_seconds,
+        max_request_bytes=args.max_request_bytes,
+        node_token=token,
+        ready_file=args.ready_file,
+    )

@@ -1,0 +1,279 @@
+"""Test helpers: a real ``kcoral router`` subprocess, an in-process fake node speaking the
+gateway protocol, and a tiny streaming HTTP client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from kcoral_server.node.http11 import HttpConnection
+from kcoral_server.node.tunnel import auth_metadata, open_channel
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+
+
+@dataclass
+class RouterProcess:
+    url: str
+    port: int
+    process: subprocess.Popen[str]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_log(self, text: str, timeout: float = 10.0) -> str:
+        """The log once it contains ``text`` (the router writes it after answering)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.log()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_router(tmp: Path, *args: str, env: dict[str, str] | None = None) -> RouterProcess:
+    ready = tmp / f"router-ready-{uuid.uuid4().hex[:6]}"
+    log_path = tmp / f"router-{uuid.uuid4().hex[:6]}.log"
+    command = [sys.executable, "-m", "kcoral", "router", "--port", "0", "--ready-file", str(ready)]
+    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
+    environment.update(env or {})
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [*command, *args], stdout=log, stderr=subprocess.STDOUT, text=True, env=environment
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if ready.exists() and ready.read_text().strip():
+            url = ready.read_text().strip()
+            return RouterProcess(url, int(url.rsplit(":", 1)[1]), process, log_path)
+        if process.poll() is not None:
+            raise RuntimeError(f"router exited: {log_path.read_text()}")
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("router did not start")
+
+
+@dataclass
+class Response:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        values = [v for n, v in self.headers if n.lower() == name.lower()]
+        return values[0] if values else None
+
+    def headers_named(self, name: str) -> list[str]:
+        return [v for n, v in self.headers if n.lower() == name.lower()]
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def http_request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: list[tuple[str, str]] | None = None,
+    *,
+    chunks: list[bytes] | None = None,
+) -> Response:
+    """One request on a fresh connection; ``chunks`` sends a chunked body."""
+    connection = HttpConnection("127.0.0.1", port)
+    await connection.open()
+    try:
+        head = [(b"Host", f"127.0.0.1:{port}".encode())]
+        head += [(n.encode(), v.encode()) for n, v in headers or []]
+        if chunks is not None:
+            head.append((b"Transfer-Encoding", b"chunked"))
+        elif body is not None and not any(n.lower() == "content-length" for n, _ in headers or []):
+            head.append((b"Content-Length", str(len(body)).encode()))
+        await connection.send_head(method, path, head)
+        if chunks is not None:
+            for chunk in chunks:
+                await connection.send(chunk, chunked=True)
+            await connection.send_end(chunked=True)
+        elif body:
+            await connection.send(body, chunked=False)
+        status, raw = await connection.read_head()
+        data = b"".join([p async for p in connection.body(status, raw, method)])
+        return Response(status, [(n.decode(), v.decode("latin-1")) for n, v in raw], data)
+    finally:
+        connection.close()
+
+
+Handler = Callable[[pb.RequestHead, bytes], Awaitable[tuple[int, list[tuple[bytes, bytes]], bytes]]]
+
+
+async def echo_handler(
+    head: pb.RequestHead, body: bytes
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    seen = json.dumps([[h.name.decode(), h.value.decode()] for h in head.headers]).encode()
+    return 200, [(b"content-type", b"application/octet-stream"), (b"x-seen", seen)], body
+
+
+@dataclass
+class FakeNode:
+    """A node that answers slot requests in-process with ``handler``."""
+
+    router_port: int
+    node_id: str
+    slots: int = 1
+    token: str | None = None
+    versions: dict[str, str] = field(default_factory=lambda: {"python": "3"})
+    handler: Handler = echo_handler
+    healthy: bool = True
+    instance_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    supervisor_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    cancels: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    busy: int = 0
+
+    def status(self) -> pb.SupervisorStatus:
+        status = pb.SupervisorStatus(
+            node_id=self.node_id,
+            server_healthy=self.healthy,
+            supervisor_instance_id=self.supervisor_id,
+            server_instance_id=self.instance_id if self.healthy else "",
+            worker_count=self.slots if self.healthy else 0,
+            busy_workers=min(self.busy, self.slots) if self.healthy else 0,
+            health_age_millis=10 if self.healthy else 2**64 - 1,
+            last_error="" if self.healthy else "down",
+        )
+        status.versions.update(self.versions)
+        return status
+
+    async def start(self) -> None:
+        self.channel = open_channel(f"http://127.0.0.1:{self.router_port}")
+        self.stub = pb_grpc.RouterGatewayStub(self.channel)
+        self.supervisor = self.stub.ConnectSupervisor(metadata=auth_metadata(self.token))
+        await self.supervisor.write(self.status())
+        ack = await asyncio.wait_for(self.supervisor.read(), 5)
+        assert ack is not grpc.aio.EOF
+        loop = asyncio.get_running_loop()
+        self.tasks.append(loop.create_task(self._report()))
+        for _ in range(self.slots):
+            await self.open_slot()
+
+    async def open_slot(self) -> Any:
+        call = self.stub.ConnectSlot(metadata=auth_metadata(self.token))
+        hello = pb.SlotHello(
+            node_id=self.node_id,
+            server_instance_id=self.instance_id,
+            slot_id=str(uuid.uuid4()),
+            protocol_version=1,
+        )
+        await call.write(pb.SlotFrame(hello=hello))
+        ack = await asyncio.wait_for(call.read(), 5)
+        assert ack.WhichOneof("payload") == "ack"
+        self.tasks.append(asyncio.get_running_loop().create_task(self._serve(call)))
+        return call
+
+    async def _report(self) -> None:
+        while True:
+            await asyncio.sleep(0.3)
+            await self.supervisor.write(self.status())
+
+    async def _serve(self, call: Any) -> None:
+        pending: asyncio.Task[Any] | None = None
+
+        async def next_frame() -> Any:
+            nonlocal pending
+            task = pending or asyncio.ensure_future(call.read())
+            pending = None
+            return await task
+
+        try:
+            while True:
+                frame = await next_frame()
+                if frame is grpc.aio.EOF:
+                    return
+                kind = frame.WhichOneof("payload")
+                if kind == "cancel":
+                    self.cancels.append(frame.cancel.reason)
+                    await self.open_slot()  # a cancelled slot is replaced at once
+                    return
+                assert kind == "request_head", kind
+                rid, head, parts = frame.request_id, frame.request_head, []
+                self.requests.append(rid)
+                while True:
+                    frame = await next_frame()
+                    if frame is grpc.aio.EOF:
+                        return
+                    kind = frame.WhichOneof("payload")
+                    if kind == "cancel":
+                        self.cancels.append(frame.cancel.reason)
+                        await self.open_slot()
+                        return
+                    assert frame.request_id == rid
+                    if kind == "end":
+                        break
+                    assert len(frame.data) <= 262144
+                    parts.append(frame.data)
+                self.busy += 1
+                work = asyncio.ensure_future(self.handler(head, b"".join(parts)))
+                pending = asyncio.ensure_future(call.read())
+                await asyncio.wait({work, pending}, return_when=asyncio.FIRST_COMPLETED)
+                self.busy -= 1
+                if not work.done():
+                    work.cancel()
+                    frame = await next_frame()
+                    if frame is not grpc.aio.EOF and frame.WhichOneof("payload") == "cancel":
+                        self.cancels.append(frame.cancel.reason)
+                        await self.open_slot()
+                    return
+                status, headers, body = work.result()
+                response_head = pb.ResponseHead(
+                    status=status, headers=[pb.HttpHeader(name=n, value=v) for n, v in headers]
+                )
+                await call.write(pb.SlotFrame(request_id=rid, response_head=response_head))
+                for start in range(0, len(body), 262144):
+                    await call.write(
+                        pb.SlotFrame(request_id=rid, data=body[start : start + 262144])
+                    )
+                await call.write(pb.SlotFrame(request_id=rid, end=pb.EndOfBody()))
+        except (grpc.RpcError, asyncio.CancelledError):
+            return
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.channel.close()
+
+
+async def wait_for_health(
+    port: int, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20
+) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = (await http_request(port, "GET", "/health")).json()
+        if predicate(body):
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"health never matched: {body}")
+        await asyncio.sleep(0.05)

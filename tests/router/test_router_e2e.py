@@ -1,0 +1,249 @@
+"""Router + two real CPU nodes (supervisor + server child) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from kcoral_server.node import supervisor as supervisor_module
+from router_helpers import RouterProcess, http_request, start_router, wait_for_health
+
+import kcoral
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.slow
+
+
+def node_command(tmp: Path, router_url: str, node_id: str, *extra: str) -> list[str]:
+    from node_standin import wired
+
+    server_args = [
+        "--router",
+        router_url,
+        "--node-id",
+        node_id,
+        "--device",
+        "cpu",
+        "--port",
+        "0",
+        "--sandbox",
+        "none",
+        "--log-dir",
+        "",
+        "--disk-cache-dir",
+        str(tmp / f"cache-{node_id}"),
+        "--max-requests-per-worker",
+        "0",
+        "--health-interval-seconds",
+        "0.3",
+        "--restart-min-delay-seconds",
+        "0.2",
+        "--startup-grace-seconds",
+        "60",
+        *extra,
+    ]
+    if wired():
+        return [sys.executable, "-m", "kcoral", "server", *server_args]
+    return [sys.executable, str(HERE / "node_standin.py"), "supervisor", *server_args]
+
+
+class Node:
+    def __init__(self, tmp: Path, router: RouterProcess, node_id: str, env=None, *extra: str):
+        self.node_id = node_id
+        self.log_path = tmp / f"node-{node_id}.log"
+        environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
+        environment.update(env or {})
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                node_command(tmp, router.url, node_id, *extra),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                cwd=str(HERE),
+            )
+
+    def server_pid(self) -> int:
+        """The pid of the supervisor's child server."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            children = psutil.Process(self.process.pid).children()
+            if children:
+                return children[0].pid
+            time.sleep(0.05)
+        raise AssertionError("no child server")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                for child in psutil.Process(self.process.pid).children(recursive=True):
+                    child.kill()
+                self.process.kill()
+                self.process.wait()
+
+
+def ready_nodes(router: RouterProcess, count: int) -> None:
+    asyncio.run(
+        wait_for_health(
+            router.port,
+            lambda b: b["status"] == "ok" and b["load"]["request_capacity"] >= count,
+            timeout=90,
+        )
+    )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    nodes = [Node(tmp_path, router, "node-a"), Node(tmp_path, router, "node-b")]
+    try:
+        ready_nodes(router, 2)
+        yield router, nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        router.stop()
+
+
+MODULE = """
+import hashlib, os, time
+
+def digest(data):
+    return hashlib.sha256(data).hexdigest()
+
+def pid():
+    return os.getpid()
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+"""
+
+
+def call(name: str, *args, blob: bytes | None = None) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=MODULE)
+    fn = program.get_function(module=module, name=name)
+    if blob is not None:
+        args = (program.upload(kind="bytes", value=blob), *args)
+    program.return_(key="out", value=program.run(fn=fn, args=list(args)))
+    return program
+
+
+def finished_nodes(router: RouterProcess, count: int) -> list[str]:
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in router.log().splitlines() if "request_finished" in line]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return [line.split("node=")[1].split()[0] for line in lines if "node=" in line]
+        time.sleep(0.05)
+
+
+def test_requests_spread_over_both_nodes(cluster):
+    router, _nodes = cluster
+    with kcoral.Client(router.url) as client:
+        for _ in range(12):
+            assert client.execute(call("pid")).status == "COMPLETED"
+    assert set(finished_nodes(router, 12)) == {"node-a", "node-b"}
+
+
+def test_a_cache_miss_retry_lands_on_the_same_node_and_64_mib_pass_intact(cluster):
+    router, _nodes = cluster
+    payload = os.urandom(64 << 20)
+    with kcoral.Client(router.url) as client:
+        result = client.execute(call("digest", blob=payload))
+    assert result["out"] == hashlib.sha256(payload).hexdigest()
+    nodes = finished_nodes(router, 2)
+    assert len(nodes) == 2, "expected a cache miss, then the retry with the blob"
+    assert nodes[0] == nodes[1]
+
+
+def test_a_killed_node_fails_its_request_with_502_and_comes_back(cluster):
+    router, nodes = cluster
+    with kcoral.Client(router.url) as client:
+        pids = {}
+        while len(pids) < 2:  # both nodes have served once
+            count = len(finished_nodes(router, 0))
+            result = client.execute(call("pid"))
+            pids[finished_nodes(router, count + 1)[count]] = result["out"]
+        victim = nodes[0]
+        server_pid = victim.server_pid()
+
+        def kill_soon() -> None:
+            time.sleep(1.0)
+            os.kill(server_pid, signal.SIGKILL)
+
+        errors = []
+        attempts = 0
+        # Pin the slow request to the victim through the routing preference.
+        with kcoral.Client(router.url, headers={"X-KCoral-Node": victim.node_id}) as pinned:
+            killer = threading.Thread(target=kill_soon)
+            killer.start()
+            try:
+                attempts += 1
+                pinned.execute(call("nap", 20))
+            except kcoral.KCoralError as exc:
+                errors.append(exc)
+            killer.join()
+        assert errors and errors[0].status_code == 502 and errors[0].kind == "server_transport"
+        # The other node keeps serving meanwhile.
+        assert client.execute(call("pid")).status == "COMPLETED"
+    log = router.wait_log("finish_reason=tunnel_disconnected")
+    assert log.count("finish_reason=tunnel_disconnected") == 1  # never replayed
+    # The supervisor restarts the server and the node becomes ready again.
+    ready_nodes(router, 2)
+    time.sleep(0.5)  # let the log catch up before counting
+    before = len(finished_nodes(router, 0))
+    with kcoral.Client(router.url, headers={"X-KCoral-Node": victim.node_id}) as pinned:
+        assert pinned.execute(call("pid")).status == "COMPLETED"
+    assert finished_nodes(router, before + 1)[before] == victim.node_id
+
+
+def test_a_node_with_other_versions_is_incompatible_and_gets_no_work(tmp_path: Path):
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    good = Node(tmp_path, router, "good")
+    odd = None
+    try:
+        ready_nodes(router, 1)
+        odd = Node(tmp_path, router, "odd", {supervisor_module.VERSIONS_OVERRIDE_ENV: '{"x": "1"}'})
+        deadline = time.monotonic() + 60
+        while "odd" not in router.log() or "state=incompatible" not in router.log():
+            assert time.monotonic() < deadline, router.log()
+            time.sleep(0.1)
+        with kcoral.Client(router.url, headers={"X-KCoral-Node": "odd"}) as client:
+            for _ in range(4):
+                client.execute(call("pid"))
+        assert set(finished_nodes(router, 4)) == {"good"}
+    finally:
+        for node in (good, odd):
+            if node is not None:
+                node.stop()
+        router.stop()
+
+
+def test_a_wrong_node_token_is_refused_and_the_right_one_accepted(tmp_path: Path):
+    router = start_router(tmp_path, env={"KCORAL_NODE_TOKEN": "right"})
+    wrong = Node(tmp_path, router, "wrong", {"KCORAL_NODE_TOKEN": "nope"})
+    right = Node(tmp_path, router, "right", {"KCORAL_NODE_TOKEN": "right"})
+    try:
+        ready_nodes(router, 1)
+        assert "node=wrong" not in router.log()
+        time.sleep(1.0)
+        body = asyncio.run(http_request(router.port, "GET", "/health")).json()
+        assert body["load"]["request_capacity"] == 1
+        assert "UNAUTHENTICATED" in wrong.log_path.read_text()
+    finally:
+        wrong.stop()
+        right.stop()
+        router.stop()

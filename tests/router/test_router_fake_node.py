@@ -1,0 +1,371 @@
+"""A real router process with in-process fake nodes speaking the gateway protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from kcoral_server.node.tunnel import auth_metadata, open_channel
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from router_helpers import FakeNode, RouterProcess, http_request, start_router, wait_for_health
+
+
+@pytest.fixture
+def router(tmp_path: Path):
+    process = start_router(tmp_path, "--status-check-interval-seconds", "0.2")
+    yield process
+    process.stop()
+
+
+def ready(n: int):
+    return lambda body: body["load"]["request_capacity"] >= n
+
+
+def test_a_request_reaches_a_node_with_a_fresh_id_and_filtered_headers(router: RouterProcess):
+    async def scenario() -> None:
+        node = FakeNode(router.port, "node-a")
+        await node.start()
+        await wait_for_health(router.port, ready(1))
+        client_id = str(uuid.uuid4())
+        response = await http_request(
+            router.port,
+            "POST",
+            "/execute",
+            b"hello body",
+            [
+                ("X-Request-ID", client_id),
+                ("X-KCoral-Node", "node-a"),
+                ("Connection", "keep-alive, X-Secret"),
+                ("X-Secret", "dropped"),
+                ("X-Keep", "one"),
+                ("X-Keep", "two"),
+                ("Content-Type", "multipart/form-data; boundary=b"),
+            ],
+        )
+        await node.close()
+        assert response.status == 200
+        assert response.body == b"hello body"
+        request_id = response.header("X-Request-ID")
+        assert request_id != client_id and str(uuid.UUID(request_id)) == request_id
+        assert uuid.UUID(request_id).version == 4
+        assert response.header("X-KCoral-Node") == "node-a"
+        assert response.header("Content-Length") is None
+        headers = [[n.lower(), v] for n, v in json.loads(response.header("x-seen"))]
+        names = [n.lower() for n, _ in headers]
+        assert ["x-keep", "one"] in headers and ["x-keep", "two"] in headers
+        assert ["x-request-id", request_id] in headers
+        assert ["content-length", "10"] in headers
+        for dropped in ("connection", "x-secret", "host", "x-kcoral-node"):
+            assert dropped not in names
+        assert names.count("x-request-id") == 1
+        assert node.requests == [request_id]
+
+    asyncio.run(scenario())
+    assert "finish_reason=completed" in router.wait_log("finish_reason=completed")
+
+
+def test_health_reports_unavailable_without_nodes_and_ok_with_one(router: RouterProcess):
+    async def scenario() -> None:
+        empty = await http_request(router.port, "GET", "/health")
+        assert empty.status == 503 and empty.header("Retry-After") is None
+        body = empty.json()
+        assert set(body) == {
+            "status",
+            "instance_id",
+            "started_at",
+            "gpu_count",
+            "load",
+            "target",
+            "versions",
+        }
+        assert body["status"] == "unavailable" and body["gpu_count"] is None
+        assert body["target"] == {} and body["versions"] == {}
+        assert len(body["started_at"]) == len("2026-01-05T09:30:00.123456Z")
+        node = FakeNode(router.port, "n1", slots=2, versions={"torch": "x"})
+        await node.start()
+        body = await wait_for_health(router.port, ready(2))
+        assert body["status"] == "ok" and body["versions"] == {"torch": "x"}
+        assert body["load"] == {
+            "request_capacity": 2,
+            "requests_in_progress": 0,
+            "requests_waiting": 0,
+        }
+        other = await http_request(router.port, "GET", "/v2/whatever")
+        assert other.status == 404
+        await node.close()
+
+    asyncio.run(scenario())
+
+
+def test_requests_spread_over_two_nodes_and_affinity_wins(router: RouterProcess):
+    async def scenario() -> None:
+        nodes = [FakeNode(router.port, "a", slots=2), FakeNode(router.port, "b", slots=2)]
+        for node in nodes:
+            await node.start()
+        await wait_for_health(router.port, ready(4))
+        seen = set()
+        for _ in range(12):
+            response = await http_request(router.port, "POST", "/execute", b"x")
+            seen.add(response.header("X-KCoral-Node"))
+        assert seen == {"a", "b"}
+        for _ in range(5):
+            response = await http_request(
+                router.port, "POST", "/execute", b"x", [("X-KCoral-Node", "b")]
+            )
+            assert response.header("X-KCoral-Node") == "b"
+        # Unknown or invalid names are ignored.
+        for name in ("zz", "-bad"):
+            response = await http_request(
+                router.port, "POST", "/execute", b"x", [("X-KCoral-Node", name)]
+            )
+            assert response.status == 200
+        for node in nodes:
+            await node.close()
+
+    asyncio.run(scenario())
+
+
+def test_declared_length_over_the_limit_is_413_and_bad_length_is_400(tmp_path: Path):
+    router = start_router(tmp_path, "--max-request-bytes", "100")
+    try:
+
+        async def scenario() -> None:
+            big = await http_request(router.port, "POST", "/execute", b"x" * 101)
+            assert big.status == 413
+            body = big.json()
+            assert body["error"] == {
+                "kind": "request_too_large",
+                "message": "request body is too large",
+            }
+            assert body["request_id"] == big.header("X-Request-ID")
+            bad = await http_request(
+                router.port, "POST", "/execute", b"", [("Content-Length", "1, 2")]
+            )
+            assert bad.status == 400
+            assert bad.json()["error"] == {
+                "kind": "invalid_request",
+                "message": "invalid Content-Length",
+            }
+
+        asyncio.run(scenario())
+    finally:
+        router.stop()
+
+
+def test_a_chunked_body_over_the_limit_is_rejected_while_streaming(tmp_path: Path):
+    router = start_router(tmp_path, "--max-request-bytes", "300000")
+
+    async def scenario() -> None:
+        node = FakeNode(router.port, "n")
+        await node.start()
+        await wait_for_health(router.port, ready(1))
+        fine = await http_request(router.port, "POST", "/execute", chunks=[b"a" * 1000, b"b"])
+        assert fine.status == 200 and fine.body == b"a" * 1000 + b"b"
+        too_big = await http_request(
+            router.port, "POST", "/execute", chunks=[b"a" * 200000, b"b" * 200000]
+        )
+        assert too_big.status == 413
+        assert too_big.json()["error"]["kind"] == "request_too_large"
+        await wait_for_health(router.port, ready(1))
+        assert node.cancels == ["request_rejected"]
+        await node.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()
+
+
+def test_no_node_waits_then_503_no_node_and_a_full_queue_is_router_busy(tmp_path: Path):
+    router = start_router(
+        tmp_path, "--queue-wait-timeout-seconds", "0.3", "--max-queued-requests", "1"
+    )
+
+    async def scenario() -> None:
+        waiting = asyncio.ensure_future(http_request(router.port, "POST", "/execute", b"x"))
+        await asyncio.sleep(0.1)
+        busy = await http_request(router.port, "POST", "/execute", b"x")
+        assert busy.status == 503 and busy.header("Retry-After") == "1"
+        assert busy.json()["error"] == {"kind": "router_busy", "message": "router queue is full"}
+        no_node = await waiting
+        assert no_node.status == 503 and no_node.header("Retry-After") == "1"
+        assert no_node.json()["error"] == {
+            "kind": "no_node",
+            "message": "no compatible node has an available slot",
+        }
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()
+    assert "finish_reason=queue_full" in router.wait_log("finish_reason=queue_full")
+    assert "finish_reason=queue_timeout" in router.wait_log("finish_reason=queue_timeout")
+
+
+def test_a_queued_request_is_served_when_a_node_arrives(router: RouterProcess):
+    async def scenario() -> None:
+        waiting = asyncio.ensure_future(http_request(router.port, "POST", "/execute", b"late"))
+        await wait_for_health(router.port, lambda b: b["load"]["requests_waiting"] == 1)
+        node = FakeNode(router.port, "n")
+        await node.start()
+        response = await waiting
+        assert response.status == 200 and response.body == b"late"
+        await node.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_node_that_drops_the_slot_mid_request_yields_502_and_no_replay(router: RouterProcess):
+    async def scenario() -> None:
+        node = FakeNode(router.port, "n", slots=1)
+
+        async def die(head, body):
+            raise grpc.RpcError()  # ends the fake slot's serve loop without replying
+
+        node.handler = die
+        await node.start()
+        await wait_for_health(router.port, ready(1))
+        response_future = asyncio.ensure_future(http_request(router.port, "POST", "/execute", b"x"))
+        await asyncio.sleep(0.3)
+        # Kill the node's streams (like a crashed server).
+        await node.channel.close()
+        response = await response_future
+        assert response.status == 502
+        assert response.json()["error"]["kind"] == "server_transport"
+        assert "not retried" in response.json()["error"]["message"]
+        assert len(node.requests) == 1
+
+    asyncio.run(scenario())
+    assert "finish_reason=tunnel_disconnected" in router.wait_log(
+        "finish_reason=tunnel_disconnected"
+    )
+
+
+def test_client_disconnect_cancels_the_slot_and_frees_capacity(router: RouterProcess):
+    async def scenario() -> None:
+        node = FakeNode(router.port, "n", slots=1)
+        release = asyncio.Event()
+
+        async def slow(head, body):
+            if body == b"x":
+                await release.wait()
+            return 200, [], body
+
+        node.handler = slow
+        await node.start()
+        await wait_for_health(router.port, ready(1))
+        request = asyncio.ensure_future(http_request(router.port, "POST", "/execute", b"x"))
+        await wait_for_health(router.port, lambda b: b["load"]["requests_in_progress"] == 1)
+        request.cancel()
+        await asyncio.gather(request, return_exceptions=True)
+        await wait_for_health(router.port, lambda b: b["load"]["requests_in_progress"] == 0)
+        for _ in range(100):
+            if node.cancels:
+                break
+            await asyncio.sleep(0.05)
+        assert node.cancels == ["client_disconnected"]
+        # The node replaced the cancelled slot: the router has capacity again.
+        body = await wait_for_health(router.port, ready(1))
+        assert body["status"] == "ok"
+        response = await http_request(router.port, "POST", "/execute", b"again")
+        assert response.status == 200
+        release.set()
+        await node.close()
+
+    asyncio.run(scenario())
+    assert "finish_reason=client_disconnected" in router.wait_log(
+        "finish_reason=client_disconnected"
+    )
+
+
+def test_node_token_is_required_when_configured(tmp_path: Path):
+    router = start_router(tmp_path, env={"KCORAL_NODE_TOKEN": "s3cret"})
+
+    async def attempt(token: str | None) -> grpc.StatusCode | None:
+        channel = open_channel(router.url)
+        stub = pb_grpc.RouterGatewayStub(channel)
+        call = stub.ConnectSupervisor(metadata=auth_metadata(token))
+        try:
+            await call.write(FakeNode(router.port, "n").status())
+            await call.read()
+            return None
+        except grpc.RpcError as exc:
+            return exc.code()
+        finally:
+            call.cancel()
+            await channel.close()
+
+    async def scenario() -> None:
+        assert await attempt(None) == grpc.StatusCode.UNAUTHENTICATED
+        assert await attempt("wrong") == grpc.StatusCode.UNAUTHENTICATED
+        assert await attempt("s3cret") is None
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()
+
+
+def test_a_node_with_other_versions_is_incompatible_and_gets_no_work(router: RouterProcess):
+    async def scenario() -> None:
+        first = FakeNode(router.port, "first", versions={"torch": "1"})
+        await first.start()
+        await wait_for_health(router.port, ready(1))
+        odd = FakeNode(router.port, "odd", versions={"torch": "2"})
+        await odd.start()
+        await asyncio.sleep(0.5)
+        body = await wait_for_health(router.port, ready(1))
+        assert body["load"]["request_capacity"] == 1
+        for _ in range(4):
+            response = await http_request(
+                router.port, "POST", "/execute", b"x", [("X-KCoral-Node", "odd")]
+            )
+            assert response.header("X-KCoral-Node") == "first"
+        assert odd.requests == []
+        await first.close()
+        await odd.close()
+
+    asyncio.run(scenario())
+
+
+def test_invalid_hello_and_duplicate_slot_ids_are_refused(router: RouterProcess):
+    async def code_for(hello: pb.SlotHello, *, request_id: str = "") -> grpc.StatusCode | None:
+        channel = open_channel(router.url)
+        call = pb_grpc.RouterGatewayStub(channel).ConnectSlot()
+        try:
+            await call.write(pb.SlotFrame(request_id=request_id, hello=hello))
+            frame = await call.read()
+            return None if frame.WhichOneof("payload") == "ack" else frame
+        except grpc.RpcError as exc:
+            return exc.code()
+        finally:
+            await channel.close()
+
+    async def scenario() -> None:
+        good = dict(node_id="n", server_instance_id="i", slot_id="s", protocol_version=1)
+        assert await code_for(pb.SlotHello(**{**good, "protocol_version": 2})) == (
+            grpc.StatusCode.FAILED_PRECONDITION
+        )
+        assert await code_for(pb.SlotHello(**{**good, "node_id": "-x"})) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert await code_for(pb.SlotHello(**{**good, "slot_id": ""})) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        assert await code_for(pb.SlotHello(**good), request_id="r") == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        channel = open_channel(router.url)
+        held = pb_grpc.RouterGatewayStub(channel).ConnectSlot()
+        await held.write(pb.SlotFrame(hello=pb.SlotHello(**good)))
+        assert (await held.read()).WhichOneof("payload") == "ack"
+        assert await code_for(pb.SlotHello(**good)) == grpc.StatusCode.ALREADY_EXISTS
+        held.cancel()
+        await channel.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,255 @@
+"""Router settings, node states, slot selection and the admission queue, without processes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from kcoral_server.node.supervisor import child_arguments, healthy_body, probe_target
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.gateway import status_problem
+from kcoral_server.router.identity import is_valid_node_id, parse_router_origin
+from kcoral_server.router.registry import Registry
+from kcoral_server.router.scheduler import Admission, NoNode, RouterBusy
+from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
+from kcoral_server.router.slot import RouterSlot
+
+
+def test_router_defaults_match_the_spec() -> None:
+    settings = parse_router_args([], {})
+    assert settings == RouterSettings()
+    assert (settings.host, settings.port, settings.max_request_bytes) == (
+        "127.0.0.1",
+        9000,
+        268435456,
+    )
+    assert settings.max_queued_requests == 1024 and settings.queue_wait_timeout_seconds == 1800
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--host", "localhost"],
+        ["--status-check-interval-seconds", "0"],
+        ["--max-status-age-seconds", "-1"],
+        ["--unhealthy-threshold", "0"],
+        ["--recovery-threshold", "0"],
+        ["--queue-wait-timeout-seconds", "-1"],
+        ["--node-retention-seconds", "5"],
+        ["--max-request-bytes", "0"],
+        ["--node-token", ""],
+    ],
+)
+def test_invalid_router_settings_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SettingsError):
+        parse_router_args(argv, {})
+
+
+def test_non_finite_durations_and_abbreviations_exit() -> None:
+    with pytest.raises(SystemExit):
+        parse_router_args(["--max-status-age-seconds", "inf"], {})
+    with pytest.raises(SystemExit):
+        parse_router_args(["--max-request", "5"], {})
+
+
+def test_the_node_token_flag_overrides_the_environment_and_is_never_shown() -> None:
+    assert parse_router_args([], {"KCORAL_NODE_TOKEN": "env"}).node_token == "env"
+    settings = parse_router_args(["--node-token", "flag"], {"KCORAL_NODE_TOKEN": "env"})
+    assert settings.node_token == "flag" and "flag" not in repr(settings)
+    with pytest.raises(SettingsError):
+        parse_router_args([], {"KCORAL_NODE_TOKEN": ""})
+
+
+def test_node_ids_and_router_origins_follow_the_rules() -> None:
+    assert is_valid_node_id("a") and is_valid_node_id("gpu-1.rack_2") and is_valid_node_id("x" * 64)
+    for bad in ("", "-a", "_a", "a/b", "x" * 65, "é"):
+        assert not is_valid_node_id(bad)
+    assert parse_router_origin("http://r:9000/") == ("http://r:9000", "r", 9000, False)
+    assert parse_router_origin("https://r")[2:] == (443, True)
+    for bad in ("ftp://r", "http://r/x", "http://r?q", "http://u@r", "http://r#f", "r:9000"):
+        with pytest.raises(ValueError):
+            parse_router_origin(bad)
+
+
+def status(node: str = "n", healthy: bool = True, **fields: Any) -> pb.SupervisorStatus:
+    values = dict(
+        node_id=node,
+        server_healthy=healthy,
+        supervisor_instance_id="sup",
+        server_instance_id="inst" if healthy else "",
+        worker_count=2 if healthy else 0,
+        health_age_millis=5,
+    )
+    values.update(fields)
+    versions = values.pop("versions", {"torch": "1"})
+    message = pb.SupervisorStatus(**values)
+    message.versions.update(versions)
+    return message
+
+
+def test_status_validation_rejects_what_the_spec_rejects() -> None:
+    settings = RouterSettings()
+    assert status_problem(status(), settings, None) is None
+    assert status_problem(status(healthy=False), settings, None) is None
+    assert status_problem(status(node="-x"), settings, None)
+    assert status_problem(status(), settings, "other")
+    assert status_problem(status(supervisor_instance_id=""), settings, None)
+    assert status_problem(status(server_instance_id=""), settings, None)
+    assert status_problem(status(worker_count=0), settings, None)
+    assert status_problem(status(busy_workers=3), settings, None)
+    assert status_problem(status(health_age_millis=5001), settings, None)
+
+
+class FakeContext:
+    async def write(self, frame: Any) -> None:
+        pass
+
+
+def make_registry(**overrides: Any) -> Registry:
+    return Registry(RouterSettings(**overrides))
+
+
+def add_node(registry: Registry, node: str, slots: int = 1, **fields: Any) -> list[RouterSlot]:
+    stream = registry.attach_supervisor(node)
+    registry.apply_status(stream, status(node, **fields))
+    out = []
+    for _ in range(slots):
+        slot = RouterSlot(node, str(uuid.uuid4()), "inst", FakeContext())
+        assert registry.add_slot(slot) is None
+        out.append(slot)
+    return out
+
+
+def test_node_states_follow_the_thresholds() -> None:
+    registry = make_registry(unhealthy_threshold=2, recovery_threshold=2)
+    stream = registry.attach_supervisor("n")
+    node = registry.nodes["n"]
+    assert node.state == "starting"
+    registry.apply_status(stream, status())
+    assert node.state == "ready"
+    registry.apply_status(stream, status(healthy=False, last_error="boom"))
+    assert node.state == "ready" and node.last_error == "boom"
+    registry.apply_status(stream, status(healthy=False))
+    assert node.state == "unhealthy"
+    registry.apply_status(stream, status())
+    assert node.state == "recovering"
+    registry.apply_status(stream, status(healthy=False))
+    assert node.state == "unhealthy"
+    registry.apply_status(stream, status())
+    registry.apply_status(stream, status())
+    assert node.state == "ready"
+    registry.detach_supervisor(stream)
+    assert node.state == "unhealthy" and not node.connected
+
+
+def test_a_starting_node_fails_at_once_and_a_lost_stream_needs_recovery() -> None:
+    registry = make_registry(recovery_threshold=2)
+    stream = registry.attach_supervisor("n")
+    registry.apply_status(stream, status(healthy=False))
+    assert registry.nodes["n"].state == "unhealthy"
+    newer = registry.attach_supervisor("n")
+    assert stream.superseded
+    registry.apply_status(newer, status())
+    assert registry.nodes["n"].state == "recovering"
+
+
+def test_the_first_healthy_node_fixes_the_cohort_baseline() -> None:
+    registry = make_registry()
+    add_node(registry, "a", versions={"torch": "1"})
+    add_node(registry, "b", versions={"torch": "2"})
+    assert registry.baseline == ({}, {"torch": "1"})
+    assert registry.nodes["b"].state == "incompatible"
+    registry.apply_status(registry.nodes["b"].stream, status("b", versions={"torch": "1"}))
+    assert registry.nodes["b"].state == "ready"
+
+
+def test_selection_prefers_the_lower_load_and_honours_affinity() -> None:
+    registry = make_registry()
+    add_node(registry, "a", slots=2)
+    add_node(registry, "b", slots=2)
+    first = registry.select(None, "r1")
+    assert first is not None
+    second = registry.select(None, "r2")
+    assert second is not None and second[0] is not first[0]  # the other node has less load
+    third = registry.select(first[0].node_id, "r3")
+    assert third is not None and third[0] is first[0]
+    assert registry.select(None, "r4")[0] is second[0]
+    assert registry.select(None, "r5") is None  # every slot is busy
+
+
+def test_a_saturated_node_is_skipped_until_its_next_healthy_status() -> None:
+    registry = make_registry(status_check_interval_seconds=60)
+    add_node(registry, "a")
+    registry.mark_saturated("a")
+    assert registry.select(None, "r") is None
+    registry.apply_status(registry.nodes["a"].stream, status("a"))
+    assert registry.select(None, "r") is not None
+
+
+def test_a_new_server_instance_closes_the_old_slots() -> None:
+    registry = make_registry()
+    (old,) = add_node(registry, "a")
+    registry.apply_status(registry.nodes["a"].stream, status("a", server_instance_id="new"))
+    assert old.closed.is_set()
+    stale = RouterSlot("a", "s2", "inst", FakeContext())
+    assert registry.add_slot(stale) is not None  # FAILED_PRECONDITION for a replaced instance
+
+
+def test_the_admission_queue_is_bounded_fifo_and_timed() -> None:
+    async def scenario() -> None:
+        registry = make_registry()
+        admission = Admission(registry, max_queued=2, wait_timeout=5)
+        registry.on_change = admission.wake
+        first = asyncio.ensure_future(admission.acquire(None, "1"))
+        second = asyncio.ensure_future(admission.acquire(None, "2"))
+        await asyncio.sleep(0)
+        with pytest.raises(RouterBusy):
+            await admission.acquire(None, "3")
+        assert admission.waiting == 2
+        (slot,) = add_node(registry, "a")
+        _node, leased = await first
+        assert leased is slot and slot.request_id == "1" and not second.done()
+        registry.release(slot)
+        assert (await second)[1] is slot
+        quick = Admission(make_registry(), max_queued=1, wait_timeout=0.05)
+        with pytest.raises(NoNode):
+            await quick.acquire(None, "x")
+
+    asyncio.run(scenario())
+
+
+def test_supervisor_helpers_strip_its_options_and_probe_loopback() -> None:
+    argv = [
+        "--device",
+        "cpu",
+        "--router",
+        "http://r",
+        "--node-id=n",
+        "--node-token",
+        "t",
+        "--port",
+        "0",
+        "--health-interval-seconds",
+        "1",
+        "--num-workers",
+        "2",
+    ]
+    assert child_arguments(argv) == ["--device", "cpu", "--num-workers", "2"]
+    assert probe_target("0.0.0.0") == ("127.0.0.1", None)
+    assert probe_target("::") == ("::1", None)
+    assert probe_target("10.1.2.3") == ("10.1.2.3", ("127.0.0.1", 0))
+    good = {
+        "status": "ok",
+        "instance_id": "i",
+        "worker_count": 1,
+        "busy_workers": 0,
+        "target": {},
+        "versions": {"a": "b"},
+    }
+    assert healthy_body(good) is None
+    assert healthy_body({**good, "busy_workers": 2})
+    assert healthy_body({**good, "worker_count": 0})
+    assert healthy_body({**good, "versions": {"a": 1}})
+    assert healthy_body({**good, "status": "starting"})
