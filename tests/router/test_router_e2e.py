@@ -24,8 +24,6 @@ pytestmark = pytest.mark.slow
 
 
 def node_command(tmp: Path, router_url: str, node_id: str, *extra: str) -> list[str]:
-    from node_standin import wired
-
     server_args = [
         "--router",
         router_url,
@@ -51,9 +49,7 @@ def node_command(tmp: Path, router_url: str, node_id: str, *extra: str) -> list[
         "60",
         *extra,
     ]
-    if wired():
-        return [sys.executable, "-m", "kcoral", "server", *server_args]
-    return [sys.executable, str(HERE / "node_standin.py"), "supervisor", *server_args]
+    return [sys.executable, "-m", "kcoral", "server", *server_args]
 
 
 class Node:
