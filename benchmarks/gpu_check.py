@@ -1,0 +1,668 @@
+"""GPU truth check: one command that checks what only a real GPU machine can show.
+
+    python benchmarks/gpu_check.py [--json PATH] [--gpus 0,1] [--dry-run]
+
+Starts `kcoral server --device gpu` with 2 workers per GPU (the first GPU only, so that
+concurrency checks share one device) and prints a PASS/FAIL/SKIP table:
+
+* CUDA tensor round trip for every dtype;
+* two concurrent benchmarks never overlap on the GPU (their lease timings prove it);
+* a `cpu_only` compile step lets the other request measure meanwhile;
+* an illegal memory access fails only its own request, the next request on the GPU works;
+* the helper's median for an 8192x8192 bf16 matmul agrees (within 3 %) with the same
+  helper run locally in this process and with `torch.cuda.Event` timing;
+* KCoral's overhead per request (elapsed - lease held);
+* `gpu_count` over all GPUs with NCCL (SKIP with a single GPU; second server);
+* `kcoral run` GPU tools (compute-sanitizer, ncu) when installed.
+
+Every timing row records the device name, driver, clocks and temperature before and after
+(NVML when importable, else nvidia-smi). `--dry-run` runs every code path it can against a
+CPU server (CPU tensors, CPU clock: timings there are fake and labelled so); the verdicts
+that need a GPU become SKIP. Exit status: 1 if any row FAILed, 2 if requirements are
+missing, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = 0.03
+
+# module -> what to install; the server needs tornado & co., the check itself the client
+_REQUIREMENTS = {
+    "kcoral": "the kcoral package: pip install -e . (from the repository root)",
+    "numpy": "numpy (pip install numpy)",
+    "ml_dtypes": "ml_dtypes (pip install ml_dtypes)",
+    "urllib3": "urllib3 (pip install urllib3)",
+    "tornado": "the server extra: pip install 'kcoral[server]' (tornado)",
+    "cloudpickle": "the server extra: pip install 'kcoral[server]' (cloudpickle)",
+    "psutil": "the server extra: pip install 'kcoral[server]' (psutil)",
+}
+_GPU_REQUIREMENTS = {
+    "torch": "torch with CUDA (pip install torch)",
+    "tvm_ffi": "the gpu extra: pip install 'kcoral[gpu]' (apache-tvm-ffi; GPU workers need it)",
+}
+
+
+def missing_requirements(dry_run: bool) -> list[str]:
+    wanted = dict(_REQUIREMENTS)
+    if not dry_run:
+        wanted.update(_GPU_REQUIREMENTS)
+    missing = []
+    for module, hint in wanted.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(f"{module}: {hint}")
+    return missing
+
+
+# ---------------------------------------------------------------------- report rows
+
+
+@dataclass
+class Row:
+    name: str
+    status: str  # PASS, FAIL or SKIP
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] | None = None  # GPU state before/after, for timing rows
+
+
+def gpu_snapshot() -> dict[str, Any]:
+    """Device name, driver, clocks and temperature of every GPU (NVML, else nvidia-smi)."""
+    taken = time.strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            devices = []
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                devices.append(
+                    {
+                        "index": index,
+                        "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                        "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                        "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(
+                            handle, pynvml.NVML_CLOCK_MEM
+                        ),
+                        "temperature_c": pynvml.nvmlDeviceGetTemperature(
+                            handle, pynvml.NVML_TEMPERATURE_GPU
+                        ),
+                    }
+                )
+        finally:
+            pynvml.nvmlShutdown()
+        return {"source": "nvml", "taken": taken, "driver": _text(driver), "devices": devices}
+    except Exception as exc:
+        nvml_error = f"{type(exc).__name__}: {exc}"
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {"source": None, "taken": taken, "error": f"no NVML ({nvml_error}), no nvidia-smi"}
+    query = "index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu"
+    try:
+        out = subprocess.run(
+            [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"source": "nvidia-smi", "taken": taken, "error": str(exc)}
+    devices, driver = [], None
+    for line in out.strip().splitlines():
+        index, name, driver, sm, mem, temp = (part.strip() for part in line.split(","))
+        devices.append(
+            {
+                "index": int(index),
+                "name": name,
+                "sm_clock_mhz": sm,
+                "mem_clock_mhz": mem,
+                "temperature_c": temp,
+            }
+        )
+    return {"source": "nvidia-smi", "taken": taken, "driver": driver, "devices": devices}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# ---------------------------------------------------------------------- server
+
+
+@contextlib.contextmanager
+def server(work: Path, name: str, device_args: list[str]) -> Iterator[str]:
+    """A `kcoral server` on a free loopback port; yields its URL, stops it (SIGTERM)."""
+    ready = work / f"{name}.url"
+    stderr = (work / f"{name}.stderr").open("wb")
+    command = [
+        sys.executable, "-m", "kcoral", "server", "--port", "0", "--ready-file", str(ready),
+        "--sandbox", "none", "--log-dir", str(work / f"{name}-logs"),
+        "--disk-cache-dir", str(work / f"{name}-cache"), "--max-requests-per-worker", "0",
+        *device_args,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stderr=stderr, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 180
+        while not (ready.exists() and ready.read_text().strip()):
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = (work / f"{name}.stderr").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the {name} server did not start:\n{tail}")
+            time.sleep(0.1)
+        yield ready.read_text().strip()
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        stderr.close()
+
+
+# ---------------------------------------------------------------------- uploaded code
+
+# Runs on the server. `gpu` selects torch on CUDA, otherwise numpy on the CPU (dry run).
+WORKLOAD = """
+import time
+
+from kcoral.builtins import benchmark
+
+GPU = {gpu}
+
+
+def matrices(n):
+    if GPU:
+        import torch
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+        return a, b
+    import numpy as np
+    rng = np.random.default_rng(0)
+    return rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
+
+
+def matmul(a, b):
+    return a @ b
+
+
+def measure(n, config):
+    a, b = matrices(n)
+    start = time.monotonic()
+    report = benchmark(matmul, a, b, config)
+    report["window"] = [start, time.monotonic()]
+    return report
+
+
+def compile_step(seconds):
+    start = time.monotonic()
+    time.sleep(seconds)  # stands in for a CPU-only compiler run
+    return [start, time.monotonic()]
+
+
+def describe(*tensors):
+    return [str(getattr(t, "device", "cpu")) for t in tensors]
+
+
+def echo(*tensors):
+    return list(tensors)
+
+
+def small_op(n):
+    if GPU:
+        import torch
+        x = torch.arange(n, device="cuda", dtype=torch.float32)
+        return float((x * 2).sum().item())
+    return float(sum(2 * i for i in range(n)))
+
+
+def illegal_access():
+    if not GPU:
+        import os
+        os.abort()  # dry run: a native crash instead of an illegal address
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def poke(pointer):
+        tl.store(pointer + (1 << 40), 1.0)
+
+    x = torch.zeros(1, device="cuda")
+    poke[(1,)](x)
+    torch.cuda.synchronize()
+"""
+
+
+class Check:
+    """Shared state of one run: the client, mode and sizes."""
+
+    def __init__(self, url: str, dry_run: bool, gpu_ids: list[int], work: Path) -> None:
+        import kcoral
+
+        self.kcoral = kcoral
+        self.url = url
+        self.dry_run = dry_run
+        self.gpu = not dry_run
+        self.gpu_ids = gpu_ids
+        self.work = work
+        self.client = kcoral.Client(url)
+        self.source = WORKLOAD.format(gpu=self.gpu)
+        self.matmul_n = 8192 if self.gpu else 192
+        self.bench_n = 4096 if self.gpu else 128
+
+    def program(self) -> tuple[Any, Any]:
+        program = self.kcoral.Program()
+        return program, program.upload(kind="module", source=self.source)
+
+    def measure_program(self, n: int, config: dict[str, Any]) -> Any:
+        program, module = self.program()
+        measure = program.get_function(module=module, name="measure")
+        program.return_(key="report", value=program.run(fn=measure, args=[n, config]))
+        return program
+
+    def execute(self, program: Any, **options: Any) -> Any:
+        return self.client.execute(program, timeout_seconds=600, **options)
+
+
+def timed(check: Callable[[Check], Row]) -> Callable[[Check], Row]:
+    """Record the GPU state before and after a timing row."""
+
+    def wrapper(ctx: Check) -> Row:
+        before = gpu_snapshot()
+        row = check(ctx)
+        row.environment = {"before": before, "after": gpu_snapshot()}
+        return row
+
+    wrapper.__name__ = check.__name__
+    return wrapper
+
+
+def _dry(detail: str) -> str:
+    return f"dry run (CPU server, fake timings): {detail}"
+
+
+# ---------------------------------------------------------------------- the checks
+
+
+def check_tensor_round_trip(ctx: Check) -> Row:
+    import numpy as np
+
+    from kcoral.protocol.dtypes import DTYPES, numpy_dtype
+
+    program, module = ctx.program()
+    originals, registers = {}, []
+    for dtype in DTYPES:
+        base = np.arange(-7, 8, dtype=np.float32).reshape(3, 5)
+        if dtype == "bool":
+            array = base > 0
+        elif dtype.startswith("uint"):
+            array = np.abs(base).astype(numpy_dtype(dtype))
+        else:
+            array = base.astype(numpy_dtype(dtype))
+        originals[dtype] = array
+        registers.append(program.upload(kind="tensor", value=array))
+    describe = program.get_function(module=module, name="describe")
+    echo = program.get_function(module=module, name="echo")
+    program.return_(key="devices", value=program.run(fn=describe, args=registers))
+    program.return_(key="tensors", value=program.run(fn=echo, args=registers))
+    result = ctx.execute(program)
+    if result.status != "COMPLETED":
+        return Row("tensor round trip, every dtype", "FAIL", str(result.error))
+    devices = result.results["devices"]
+    wrong = []
+    for dtype, back, device in zip(DTYPES, result.results["tensors"], devices, strict=True):
+        original = originals[dtype]
+        same = back.shape == original.shape and back.tobytes() == original.tobytes()
+        if not same or (ctx.gpu and not device.startswith("cuda")):
+            wrong.append(f"{dtype} (device {device})")
+    if wrong:
+        return Row("tensor round trip, every dtype", "FAIL", "mismatch: " + ", ".join(wrong))
+    detail = f"{len(DTYPES)} dtypes on {sorted(set(devices))}"
+    return Row("tensor round trip, every dtype", "PASS", detail, {"devices": devices})
+
+
+def _concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    return results
+
+
+@timed
+def check_benchmarks_never_overlap(ctx: Check) -> Row:
+    name = "two concurrent benchmarks never overlap"
+    config = {"warmup": 5, "repeat": 30}
+    program = ctx.measure_program(ctx.bench_n, config)
+    first, second = _concurrently(lambda: ctx.execute(program), lambda: ctx.execute(program))
+    for result in (first, second):
+        if isinstance(result, Exception) or result.status != "COMPLETED":
+            return Row(name, "FAIL", f"a request failed: {getattr(result, 'error', result)}")
+    a, b = first.results["report"]["window"], second.results["report"]["window"]
+    overlap = a[0] < b[1] and b[0] < a[1]
+    data = {
+        "windows": [a, b],
+        "lease_wait_ms": [first.lease_wait_ms, second.lease_wait_ms],
+        "lease_held_ms": [first.lease_held_ms, second.lease_held_ms],
+        "median_ms": [first.results["report"]["latency_ms_median"],
+                      second.results["report"]["latency_ms_median"]],
+    }  # fmt: skip
+    if ctx.dry_run:
+        return Row(name, "SKIP", _dry(f"CPU workers take no lease; overlap={overlap}"), data)
+    waited = max(first.lease_wait_ms, second.lease_wait_ms)
+    if overlap or waited <= 0:
+        return Row(name, "FAIL", f"overlap={overlap}, max lease_wait_ms={waited:.1f}", data)
+    return Row(name, "PASS", f"disjoint windows; one waited {waited:.1f} ms for the lease", data)
+
+
+@timed
+def check_cpu_only_lets_others_measure(ctx: Check) -> Row:
+    name = "cpu_only compile step lets the other request measure"
+    seconds = 6.0 if ctx.gpu else 3.0
+    compiling, module = ctx.program()
+    step = compiling.get_function(module=module, name="compile_step", cpu_only=True)
+    compiling.return_(key="window", value=compiling.run(fn=step, args=[seconds]))
+    small = compiling.get_function(module=module, name="small_op")
+    compiling.return_(key="after", value=compiling.run(fn=small, args=[10]))
+    measuring = ctx.measure_program(ctx.bench_n, {"warmup": 3, "repeat": 10})
+
+    def late_measure() -> Any:
+        time.sleep(1.5)  # the first request is inside its cpu_only step by then
+        return ctx.execute(measuring)
+
+    first, second = _concurrently(lambda: ctx.execute(compiling), late_measure)
+    for result in (first, second):
+        if isinstance(result, Exception) or result.status != "COMPLETED":
+            return Row(name, "FAIL", f"a request failed: {getattr(result, 'error', result)}")
+    window = first.results["window"]
+    measured = second.results["report"]["window"]
+    inside = window[0] <= measured[0] and measured[1] <= window[1]
+    data = {"cpu_only_window": window, "measure_window": measured}
+    if ctx.dry_run:
+        return Row(name, "SKIP", _dry(f"no leases on CPU; measured inside={inside}"), data)
+    if not inside:
+        return Row(name, "FAIL", "the measurement did not run during the cpu_only step", data)
+    return Row(name, "PASS", "the other request measured while this one compiled", data)
+
+
+def check_illegal_access_is_contained(ctx: Check) -> Row:
+    name = "illegal memory access fails only its request"
+    if ctx.gpu and importlib.util.find_spec("triton") is None:
+        return Row(name, "SKIP", "triton is not installed here (used to make the bad kernel)")
+    bad, module = ctx.program()
+    crash = bad.get_function(module=module, name="illegal_access")
+    bad.run(fn=crash)
+    good, module = ctx.program()
+    small = good.get_function(module=module, name="small_op")
+    good.return_(key="sum", value=good.run(fn=small, args=[100]))
+    failed = ctx.execute(bad)
+    after = ctx.execute(good)
+    data = {"failed": failed.error, "after_status": after.status}
+    if failed.status != "FAILED" or failed.error["kind"] != "runtime":
+        return Row(name, "FAIL", f"the bad request ended {failed.status}: {failed.error}", data)
+    if after.status != "COMPLETED" or after.results["sum"] != 9900.0:
+        return Row(name, "FAIL", f"the next request ended {after.status}: {after.error}", data)
+    detail = f"bad request: {failed.error['message'][:80]!r}; next request COMPLETED"
+    if ctx.dry_run:
+        return Row(name, "SKIP", _dry("a worker crash stood in for the illegal address; " + detail))
+    return Row(name, "PASS", detail, data)
+
+
+def _local_measurements(ctx: Check, config: dict[str, Any]) -> dict[str, float]:
+    """The same helper measurement in this process, plus plain CUDA-event timing."""
+    from kcoral.builtins import benchmark
+
+    namespace: dict[str, Any] = {}
+    exec(compile(WORKLOAD.format(gpu=ctx.gpu), "<gpu_check workload>", "exec"), namespace)
+    a, b = namespace["matrices"](ctx.matmul_n)
+    local = benchmark(namespace["matmul"], a, b, config)["latency_ms_median"]
+    if not ctx.gpu:
+        start = time.perf_counter_ns()
+        for _ in range(10):
+            a @ b
+        return {"local_helper": local, "events": (time.perf_counter_ns() - start) / 1e7}
+    import torch
+
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8,
+                        device="cuda")  # fmt: skip
+    times = []
+    for _ in range(config["repeat"]):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return {"local_helper": local, "events": statistics.median(times)}
+
+
+@timed
+def check_matmul_agreement(ctx: Check) -> Row:
+    name = f"{ctx.matmul_n}x{ctx.matmul_n} matmul: helper vs local vs events (3 %)"
+    config = {"warmup": 10, "repeat": 50}
+    result = ctx.execute(ctx.measure_program(ctx.matmul_n, config))
+    if result.status != "COMPLETED":
+        return Row(name, "FAIL", f"the server measurement failed: {result.error}")
+    report = result.results["report"]
+    remote = report["latency_ms_median"]
+    local = _local_measurements(ctx, config)
+    ratios = {key: remote / value if value else float("inf") for key, value in local.items()}
+    data = {"server": report, "local": local, "ratios": ratios}
+    detail = (
+        f"server {remote:.3f} ms ({report['clock']}), local helper "
+        f"{local['local_helper']:.3f} ms, events {local['events']:.3f} ms"
+    )
+    if ctx.dry_run:
+        return Row(name, "SKIP", _dry(detail), data)
+    if all(abs(r - 1) <= TOLERANCE for r in ratios.values()):
+        return Row(name, "PASS", detail, data)
+    return Row(name, "FAIL", detail, data)
+
+
+@timed
+def check_overhead(ctx: Check) -> Row:
+    name = "KCoral overhead per request (elapsed - held)"
+    program, module = ctx.program()
+    small = program.get_function(module=module, name="small_op")
+    program.return_(key="sum", value=program.run(fn=small, args=[10]))
+    overheads, round_trips = [], []
+    for _ in range(20):
+        start = time.perf_counter()
+        result = ctx.execute(program)
+        round_trips.append((time.perf_counter() - start) * 1000)
+        if result.status != "COMPLETED":
+            return Row(name, "FAIL", f"a request failed: {result.error}")
+        overheads.append(result.elapsed_ms - result.lease_held_ms)
+    data = {"elapsed_minus_held_ms": overheads, "round_trip_ms": round_trips}
+    detail = (
+        f"median {statistics.median(overheads):.2f} ms off the GPU; client round trip "
+        f"median {statistics.median(round_trips):.2f} ms"
+    )
+    return Row(
+        name, "SKIP" if ctx.dry_run else "PASS", _dry(detail) if ctx.dry_run else detail, data
+    )
+
+
+def check_gpu_count(ctx: Check, all_gpus: list[int]) -> Row:
+    name = "gpu_count over all GPUs with NCCL"
+    if ctx.dry_run:
+        program, module = ctx.program()
+        small = program.get_function(module=module, name="small_op")
+        program.run(fn=small, args=[1])
+        try:
+            ctx.execute(program, gpu_count=1)
+        except ctx.kcoral.KCoralError as exc:
+            return Row(
+                name, "SKIP", _dry(f"a CPU server refuses gpu_count: HTTP {exc.status_code}")
+            )
+        return Row(name, "FAIL", "a CPU server accepted gpu_count")
+    if len(all_gpus) < 2:
+        return Row(name, "SKIP", f"{len(all_gpus)} GPU: NCCL needs at least 2")
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from nccl_allreduce import build_program
+    finally:
+        sys.path.pop(0)
+    gpus = ",".join(str(g) for g in all_gpus)
+    with server(ctx.work, "all-gpus", ["--device", "gpu", "--gpus", gpus,
+                                       "--workers-per-gpu", "1"]) as url:  # fmt: skip
+        import kcoral
+
+        with kcoral.Client(url) as client:
+            result = client.execute(build_program(), gpu_count=len(all_gpus), timeout_seconds=600)
+    if result.status != "COMPLETED":
+        return Row(name, "FAIL", str(result.error))
+    return Row(name, "PASS", f"all-reduce on GPUs {list(result.gpu_ids)}", result.results["report"])
+
+
+PROBE = "import torch\nx = torch.ones(1024, device='cuda')\nprint(float((x + 1).sum()))\n"
+
+
+def check_tools(ctx: Check) -> list[Row]:
+    rows = []
+    probe = ctx.work / "probe.py"
+    probe.write_text(PROBE if ctx.gpu else "print(2048.0)\n")
+    base = [sys.executable, "-m", "kcoral", "run"]
+    if ctx.dry_run:
+        command = [*base, "python", "--url", ctx.url, "--send", str(probe), "--", "probe.py"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        status = "SKIP" if done.returncode == 0 and "2048.0" in done.stdout else "FAIL"
+        detail = f"`kcoral run python` exit {done.returncode}; GPU tools need a GPU server"
+        return [Row("kcoral run GPU tools", status, _dry(detail))]
+    for tool in ("compute-sanitizer", "ncu"):
+        name = f"kcoral run {tool}"
+        if shutil.which(tool) is None:
+            rows.append(Row(name, "SKIP", f"{tool} is not installed"))
+            continue
+        options = ["--url", ctx.url, "--send", str(probe)]
+        if tool == "ncu":
+            options += ["--out", str(ctx.work / "ncu-out")]
+        command = [*base, tool, *options, "--", "python", "probe.py"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            rows.append(Row(name, "FAIL", "timed out"))
+            continue
+        ok = done.returncode == 0 and "2048.0" in done.stdout
+        tail = (done.stdout + done.stderr)[-300:]
+        rows.append(Row(name, "PASS" if ok else "FAIL", f"exit {done.returncode}", {"tail": tail}))
+    return rows
+
+
+# ---------------------------------------------------------------------- driver
+
+
+def visible_gpus() -> list[int]:
+    import torch
+
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def run_checks(args: argparse.Namespace, work: Path) -> list[Row]:
+    if args.dry_run:
+        all_gpus: list[int] = []
+        device_args = ["--device", "cpu", "--num-workers", "2"]
+    else:
+        all_gpus = [int(g) for g in args.gpus.split(",") if g] if args.gpus else visible_gpus()
+        if not all_gpus:
+            return [Row("CUDA", "FAIL", "torch sees no CUDA GPU; use --dry-run on CPU machines")]
+        device_args = ["--device", "gpu", "--gpus", str(all_gpus[0]), "--workers-per-gpu", "2"]
+    rows: list[Row] = []
+    with server(work, "main", device_args) as url:
+        ctx = Check(url, args.dry_run, all_gpus, work)
+        checks: list[tuple[str, Callable[[], Row | list[Row]]]] = [
+            ("tensor round trip", lambda: check_tensor_round_trip(ctx)),
+            ("benchmarks never overlap", lambda: check_benchmarks_never_overlap(ctx)),
+            ("cpu_only lets others measure", lambda: check_cpu_only_lets_others_measure(ctx)),
+            ("illegal access contained", lambda: check_illegal_access_is_contained(ctx)),
+            ("matmul agreement", lambda: check_matmul_agreement(ctx)),
+            ("overhead per request", lambda: check_overhead(ctx)),
+            ("kcoral run GPU tools", lambda: check_tools(ctx)),
+            ("gpu_count with NCCL", lambda: check_gpu_count(ctx, all_gpus)),
+        ]
+        for name, check in checks:
+            rows.extend(_guarded(name, check))
+        ctx.client.close()
+    return rows
+
+
+def _guarded(name: str, check: Callable[[], Row | list[Row]]) -> list[Row]:
+    try:
+        outcome = check()
+    except Exception as exc:  # one broken check must not hide the others
+        return [Row(name, "FAIL", f"{type(exc).__name__}: {exc}")]
+    return outcome if isinstance(outcome, list) else [outcome]
+
+
+def print_table(rows: list[Row]) -> None:
+    width = max(len(row.name) for row in rows)
+    print(f"{'check':<{width}}  status  detail")
+    print(f"{'-' * width}  ------  ------")
+    for row in rows:
+        print(f"{row.name:<{width}}  {row.status:<6}  {row.detail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="KCoral GPU truth check")
+    parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    parser.add_argument("--gpus", help="comma-separated GPU ids (default: every visible GPU)")
+    parser.add_argument("--dry-run", action="store_true", help="CPU server, fake timings")
+    args = parser.parse_args(argv)
+    missing = missing_requirements(args.dry_run)
+    if missing:
+        print("gpu_check cannot run; missing:", file=sys.stderr)
+        for line in missing:
+            print(f"  - {line}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))  # a source checkout works without installing
+    with tempfile.TemporaryDirectory(prefix="kcoral-gpu-check-") as tmp:
+        rows = run_checks(args, Path(tmp))
+    print_table(rows)
+    if args.json:
+        report = {
+            "dry_run": args.dry_run,
+            "environment": gpu_snapshot(),
+            "rows": [asdict(row) for row in rows],
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return 1 if any(row.status == "FAIL" for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Library uploads loaded directly through ``kcoral_server.worker.libraries``.
+
+The shared object is a real CPU library built by ``tvm_ffi.cpp.build_inline`` with g++
+(see conftest); no GPU is needed.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import sys
+
+import pytest
+from kcoral_server.worker.failures import InstructionFailure
+from kcoral_server.worker.libraries import Libraries, LibraryFunction, library_function
+
+UNAVAILABLE = "library uploads require a GPU worker"
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_built_library_loads_and_its_exports_can_be_called(cpu_library: bytes) -> None:
+    libraries = Libraries(UNAVAILABLE)
+    module = libraries.load(digest(cpu_library), memoryview(cpu_library))
+    add_one = library_function(module, "add_one")
+    assert isinstance(add_one, LibraryFunction)
+    assert add_one(41) == 42
+    assert library_function(module, "scale_sum")(2, 3, 4) == 20
+    assert repr(add_one) == "<library function add_one>"
+
+
+def test_the_same_digest_is_loaded_once_per_worker(cpu_library: bytes) -> None:
+    libraries = Libraries(UNAVAILABLE)
+    first = libraries.load(digest(cpu_library), cpu_library)
+    second = libraries.load(digest(cpu_library), b"not even looked at: the digest is cached")
+    assert first is second
+    assert len(libraries) == 1
+
+
+def test_the_cache_keeps_at_most_its_capacity_and_drops_the_least_recently_used(
+    cpu_library: bytes,
+) -> None:
+    libraries = Libraries(UNAVAILABLE, capacity=2)
+    libraries.load("a" * 64, cpu_library)
+    libraries.load("b" * 64, cpu_library)
+    libraries.load("a" * 64, cpu_library)  # "a" is now the most recent
+    libraries.load("c" * 64, cpu_library)
+    assert "a" * 64 in libraries
+    assert "b" * 64 not in libraries
+    assert "c" * 64 in libraries
+    assert len(libraries) == 2
+
+
+def test_the_default_capacity_is_32_libraries() -> None:
+    assert Libraries(UNAVAILABLE).capacity == 32
+
+
+def test_a_bound_function_keeps_working_after_its_library_left_the_cache(
+    cpu_library: bytes,
+) -> None:
+    libraries = Libraries(UNAVAILABLE, capacity=1)
+    add_one = library_function(libraries.load("d" * 64, cpu_library), "add_one")
+    libraries.load("e" * 64, cpu_library)  # evicts "d"
+    libraries.clear()
+    gc.collect()
+    assert "d" * 64 not in libraries
+    assert add_one(1) == 2
+
+
+def test_a_missing_export_fails_with_compile(cpu_library: bytes) -> None:
+    module = Libraries(UNAVAILABLE).load(digest(cpu_library), cpu_library)
+    with pytest.raises(InstructionFailure) as info:
+        library_function(module, "no_such_function")
+    assert info.value.kind == "compile"
+    assert "no_such_function" in info.value.message
+
+
+def test_bytes_that_are_not_a_shared_object_fail_with_compile() -> None:
+    pytest.importorskip("tvm_ffi")
+    data = b"\x7fELF but not really a shared object"
+    with pytest.raises(InstructionFailure) as info:
+        Libraries(UNAVAILABLE).load(digest(data), data)
+    assert info.value.kind == "compile"
+    assert info.value.message.startswith("cannot load library:")
+
+
+def test_a_failed_load_is_not_cached_and_leaves_no_temporary_file(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("tvm_ffi")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    libraries = Libraries(UNAVAILABLE)
+    with pytest.raises(InstructionFailure):
+        libraries.load("f" * 64, b"garbage")
+    assert len(libraries) == 0
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert leftovers == []
+
+
+def test_a_loaded_library_leaves_no_temporary_file_behind(
+    cpu_library: bytes, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    Libraries(UNAVAILABLE).load(digest(cpu_library), cpu_library)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_an_error_raised_by_an_export_reaches_the_caller(cpu_library: bytes) -> None:
+    module = Libraries(UNAVAILABLE).load(digest(cpu_library), cpu_library)
+    fail = library_function(module, "fail_on_negative")
+    assert fail(3) == 3
+    with pytest.raises(ValueError, match="negative input -1"):
+        fail(-1)
+
+
+def test_without_tvm_ffi_a_library_upload_is_unavailable(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)  # makes `import tvm_ffi` fail
+    with pytest.raises(InstructionFailure) as info:
+        Libraries(UNAVAILABLE).load("0" * 64, b"whatever")
+    assert info.value.kind == "unavailable"
+    assert info.value.message == UNAVAILABLE
+
+
+def test_a_handle_without_exports_fails_with_runtime() -> None:
+    with pytest.raises(InstructionFailure) as info:
+        library_function(object(), "add_one")
+    assert info.value.kind == "runtime"
+
+
+def test_a_library_whose_export_query_breaks_fails_with_runtime() -> None:
+    class Broken:
+        def get_function(self, name: str, query_imports: bool = False) -> None:
+            raise AssertionError("not reached")
+
+        def implements_function(self, name: str, query_imports: bool = False) -> bool:
+            raise RuntimeError("module handle is gone")
+
+    with pytest.raises(InstructionFailure) as info:
+        library_function(Broken(), "add_one")
+    assert info.value.kind == "runtime"
+    assert "module handle is gone" in info.value.message
+
+
+def test_an_export_that_cannot_be_bound_fails_with_compile() -> None:
+    class Unbindable:
+        def get_function(self, name: str, query_imports: bool = False) -> None:
+            raise RuntimeError("symbol has the wrong calling convention")
+
+        def implements_function(self, name: str, query_imports: bool = False) -> bool:
+            return True
+
+    with pytest.raises(InstructionFailure) as info:
+        library_function(Unbindable(), "add_one")
+    assert info.value.kind == "compile"
+    assert "wrong calling convention" in info.value.message
