@@ -52,6 +52,12 @@ class ProgramResult:
     def __getitem__(self, key: str) -> Any:
         return self.results[key]
 
+    def _repr_html_(self) -> str:
+        # Rich display in notebooks; the Jupyter package is imported only here.
+        from kcoral_jupyter.display import program_result_html
+
+        return program_result_html(self)
+
     def __repr__(self) -> str:
         parts = [
             f"status={self.status!r}",
@@ -81,6 +87,12 @@ class ReturnedFile:
     def __post_init__(self) -> None:
         if not isinstance(self.data, bytes):
             raise TypeError(f"ReturnedFile data must be bytes, not {type(self.data).__name__}")
+
+    def _repr_html_(self) -> str:
+        # Rich display in notebooks; the Jupyter package is imported only here.
+        from kcoral_jupyter.display import returned_file_html
+
+        return returned_file_html(self)
 
     def __repr__(self) -> str:
         return f"ReturnedFile(<{len(self.data)} bytes>)"
@@ -164,6 +176,12 @@ class ReturnedFolder:
         return dict(self._files) == dict(other._files) and self._directories == other._directories
 
     __hash__ = None  # type: ignore[assignment]
+
+    def _repr_html_(self) -> str:
+        # Rich display in notebooks; the Jupyter package is imported only here.
+        from kcoral_jupyter.display import returned_folder_html
+
+        return returned_folder_html(self)
 
     def __repr__(self) -> str:
         return f"ReturnedFolder(<{len(self._files)} files, {len(self._directories)} directories>)"

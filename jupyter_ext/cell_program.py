@@ -1,0 +1,217 @@
+"""Turn a ``%%kcoral`` cell into a ``kcoral.Program`` and its result back into values.
+
+Inputs travel in the cheapest honest form: tensors (NumPy, torch, DLPack) as tensor uploads,
+``bytes`` as bytes uploads, JSON values as one literal argument, and everything else pickled
+in one ``bytes`` upload (which needs ``X-KCoral-Serialization: pickle``). No IPython here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kcoral_jupyter.cell_source import CELL_FUNCTION, wrapper_source
+
+from kcoral import Program, ProgramResult
+from kcoral.protocol.dtypes import dtype_name_of_numpy
+
+#: Return key of the cell's own value (outputs, final expression).
+CELL_KEY = "cell"
+FILE_KEY_PREFIX = "file:"
+FOLDER_KEY_PREFIX = "folder:"
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """Everything the magic's options say about one cell, before anything is uploaded."""
+
+    source: str
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Sequence[str] = ()
+    files: Sequence[tuple[str, str]] = ()  # (local path, remote path)
+    folders: Sequence[tuple[str, str]] = ()
+    return_files: Sequence[str] = ()
+    return_folders: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class BuiltCell:
+    """The program for a cell plus what is needed to read its result."""
+
+    program: Program
+    serialization: str | None  # "pickle" when some input had to be pickled
+    torch_inputs: bool  # an input was a torch tensor: give tensors back as torch
+    pickled_inputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """The decoded result of a cell."""
+
+    outputs: dict[str, Any]
+    has_value: bool
+    value: Any = None
+    display: dict[str, str] | None = None  # a final value the server could only describe
+    files: dict[str, Any] = field(default_factory=dict)  # return path -> ReturnedFile/Folder
+
+
+def split_mapping(text: str) -> tuple[str, str]:
+    """``LOCAL[:REMOTE]`` -> (local, remote); the remote defaults to the local base name."""
+    local, sep, remote = text.partition(":")
+    if not local:
+        raise ValueError(f"{text!r}: the local path is empty")
+    if not sep or not remote:
+        remote = Path(local.rstrip("/")).name or local
+    return local, remote
+
+
+def is_json_value(value: Any, depth: int = 0) -> bool:
+    """Exactly the JSON types (no subclasses, no tuples), finite floats, str-keyed dicts."""
+    if depth > 100:
+        return False
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is list:
+        return all(is_json_value(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(type(k) is str and is_json_value(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def is_torch_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_tensor_like(value: Any) -> bool:
+    if is_torch_tensor(value):
+        return str(value.dtype).removeprefix("torch.") in _PROTOCOL_DTYPES
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return dtype_name_of_numpy(value.dtype) is not None
+    return False
+
+
+_PROTOCOL_DTYPES = frozenset(
+    (
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    )
+)
+
+
+def build_cell(spec: CellSpec) -> BuiltCell:
+    """The program: file/folder uploads, the wrapper module, one run, the returns."""
+    program = Program()
+    for local, remote in spec.files:
+        program.upload_file(blob=Path(local).read_bytes(), path=remote)
+    for local, remote in spec.folders:
+        if not os.path.isdir(local):
+            raise NotADirectoryError(f"--folder {local!r} is not a directory")
+        program.upload_folder(local, path=remote)
+
+    literals: dict[str, Any] = {}
+    binary_names: list[str] = []
+    binary_values: list[Any] = []
+    pickled: dict[str, Any] = {}
+    torch_inputs = False
+    for name, value in spec.inputs.items():
+        if _is_tensor_like(value):
+            torch_inputs = torch_inputs or is_torch_tensor(value)
+            binary_names.append(name)
+            binary_values.append(program.upload(kind="tensor", value=value, id=f"in:{name}"))
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            binary_names.append(name)
+            binary_values.append(program.upload(kind="bytes", value=value, id=f"in:{name}"))
+        elif is_json_value(value):
+            literals[name] = value
+        else:
+            pickled[name] = value
+    if pickled:
+        from kcoral.remote import dump_envelope
+
+        try:
+            payload = dump_envelope(pickled)
+        except Exception as exc:
+            names = ", ".join(pickled)
+            raise TypeError(f"--in {names}: cannot pickle: {type(exc).__name__}: {exc}") from exc
+        binary_values.append(program.upload(kind="bytes", value=payload, id="in:pickled"))
+
+    module = program.upload(
+        kind="module", source=wrapper_source(spec.source, list(spec.outputs)), id="cell_module"
+    )
+    function = program.get_function(module=module, name=CELL_FUNCTION, id="cell_function")
+    # The literal dict sits inside a list position, so reference-shaped data stays literal.
+    run = program.run(fn=function, args=[literals, binary_names, *binary_values], id="cell")
+    program.return_(key=CELL_KEY, value=run)
+    for path in spec.return_files:
+        program.return_file(key=FILE_KEY_PREFIX + path, path=path)
+    for path in spec.return_folders:
+        program.return_folder(key=FOLDER_KEY_PREFIX + path, path=path)
+    return BuiltCell(
+        program=program,
+        serialization="pickle" if pickled else None,
+        torch_inputs=torch_inputs,
+        pickled_inputs=tuple(pickled),
+    )
+
+
+def read_outcome(result: ProgramResult, *, torch_outputs: bool = False) -> CellOutcome:
+    """Decode a ``COMPLETED`` cell result (tensors to torch when the inputs were torch)."""
+    cell = result.results.get(CELL_KEY)
+    if not isinstance(cell, dict):
+        raise ValueError(f"request {result.request_id}: the cell returned no value record")
+    outputs = dict(cell.get("outputs") or {})
+    packed = cell.get("pickled")
+    if isinstance(packed, bytes):
+        from kcoral.remote import load_envelope
+
+        outputs.update(load_envelope(packed, writer="server", reader="client"))
+    value = cell.get("value")
+    if torch_outputs:
+        outputs = {name: to_torch(item) for name, item in outputs.items()}
+        value = to_torch(value)
+    files = {
+        key.partition(":")[2]: item
+        for key, item in result.results.items()
+        if key.startswith((FILE_KEY_PREFIX, FOLDER_KEY_PREFIX))
+    }
+    return CellOutcome(
+        outputs=outputs,
+        has_value=bool(cell.get("has_value")),
+        value=value,
+        display=cell.get("display"),
+        files=files,
+    )
+
+
+def to_torch(value: Any) -> Any:
+    """A NumPy array as a torch tensor (bfloat16/float8 through a byte view); others as is."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None or not isinstance(value, numpy.ndarray):
+        return value
+    import torch
+
+    name = dtype_name_of_numpy(value.dtype)
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        raw = torch.from_numpy(numpy.ascontiguousarray(value).view(numpy.uint8))
+        return raw.view(getattr(torch, name)).reshape(value.shape)
+    return torch.from_numpy(value)

@@ -1,0 +1,116 @@
+"""Tiny pictures of tensors without matplotlib: a PNG heatmap and an SVG line plot.
+
+The PNG writer is the format's minimum (8-bit RGB, one zlib-compressed IDAT); the SVG is one
+polyline. Both are small enough to live inside a saved notebook.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+
+# A few anchor colours of a perceptually ordered dark-blue -> yellow map (viridis-like).
+_ANCHORS = np.array(
+    [
+        [68, 1, 84],
+        [59, 82, 139],
+        [33, 145, 140],
+        [94, 201, 98],
+        [253, 231, 37],
+    ],
+    dtype=np.float64,
+)
+
+MAX_IMAGE_SIDE = 256
+MIN_IMAGE_SIDE = 96
+MAX_PLOT_POINTS = 512
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """Encode an ``(h, w, 3)`` uint8 array as PNG."""
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise ValueError("png_bytes expects an (h, w, 3) uint8 array")
+    height, width = rgb.shape[:2]
+    # Each scanline starts with filter type 0 (none).
+    raw = np.concatenate(
+        [np.zeros((height, 1), dtype=np.uint8), rgb.reshape(height, width * 3)], axis=1
+    ).tobytes()
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )
+
+
+def colormap(values: np.ndarray) -> np.ndarray:
+    """Map finite values to RGB (non-finite values are drawn grey)."""
+    data = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(data)
+    low = float(data[finite].min()) if finite.any() else 0.0
+    high = float(data[finite].max()) if finite.any() else 1.0
+    scaled = np.zeros_like(data) if high <= low else (data - low) / (high - low)
+    scaled = np.where(finite, scaled, 0.0) * (len(_ANCHORS) - 1)
+    index = np.clip(np.floor(scaled).astype(np.int64), 0, len(_ANCHORS) - 2)
+    fraction = (scaled - index)[..., None]
+    rgb = _ANCHORS[index] * (1 - fraction) + _ANCHORS[index + 1] * fraction
+    rgb[~finite] = (160, 160, 160)
+    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+
+
+def heatmap_png(matrix: np.ndarray) -> bytes:
+    """A 2-D array as a heatmap PNG (strided down when large, enlarged when tiny)."""
+    data = np.asarray(matrix)
+    if data.ndim != 2 or data.size == 0:
+        raise ValueError("heatmap_png expects a non-empty 2-D array")
+    step_y = max(1, -(-data.shape[0] // MAX_IMAGE_SIDE))
+    step_x = max(1, -(-data.shape[1] // MAX_IMAGE_SIDE))
+    data = data[::step_y, ::step_x].astype(np.float64)
+    rgb = colormap(data)
+    scale = max(1, MIN_IMAGE_SIDE // max(rgb.shape[0], rgb.shape[1]))
+    if scale > 1:
+        rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+    return png_bytes(np.ascontiguousarray(rgb))
+
+
+def line_svg(vector: np.ndarray, width: int = 320, height: int = 96) -> str:
+    """A 1-D array as a small SVG line plot (non-finite points are skipped)."""
+    data = np.asarray(vector, dtype=np.float64).reshape(-1)
+    if data.size == 0:
+        raise ValueError("line_svg expects a non-empty 1-D array")
+    step = max(1, -(-data.size // MAX_PLOT_POINTS))
+    xs = np.arange(0, data.size, step)
+    ys = data[::step]
+    finite = np.isfinite(ys)
+    low = float(ys[finite].min()) if finite.any() else 0.0
+    high = float(ys[finite].max()) if finite.any() else 1.0
+    span = high - low or 1.0
+    pad = 4
+    span_x = max(1, data.size - 1)
+    points = " ".join(
+        f"{pad + (width - 2 * pad) * x / span_x:.1f},"
+        f"{height - pad - (height - 2 * pad) * (y - low) / span:.1f}"
+        for x, y, ok in zip(xs, ys, finite, strict=True)
+        if ok
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" class="kcoral-plot">'
+        f'<rect width="{width}" height="{height}" fill="#fafafa" stroke="#ddd"/>'
+        f'<polyline fill="none" stroke="#3b528b" stroke-width="1.5" points="{points}"/>'
+        f'<text x="{pad}" y="12" font-size="10" fill="#666">{high:.4g}</text>'
+        f'<text x="{pad}" y="{height - 6}" font-size="10" fill="#666">{low:.4g}</text>'
+        "</svg>"
+    )

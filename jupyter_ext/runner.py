@@ -1,0 +1,291 @@
+"""Run a built cell on a server: live through the jobs API, or blocking without it.
+
+The jobs path (EXTENSIONS.md §5) submits the program, follows its events (phases, stdout,
+stderr) and fetches the result; interrupting cancels the job. Servers whose ``/v1/info``
+does not list ``jobs`` get one blocking ``Client.execute`` (an interrupt closes the
+connection, which cancels the work there, EXTENSIONS §9). Failures become exceptions the
+notebook shows with the remote traceback. No IPython import: progress goes to a ``Reporter``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kcoral import Client, KCoralError, ProgramResult, RemoteExecutionError
+from kcoral.negotiation import ExecuteNegotiation
+
+
+class Reporter(Protocol):
+    """Where a running cell reports to (the magic's status line and output streams)."""
+
+    def phase(self, text: str) -> None: ...
+
+    def stdout(self, text: str) -> None: ...
+
+    def stderr(self, text: str) -> None: ...
+
+
+class SilentReporter:
+    def phase(self, text: str) -> None:
+        pass
+
+    def stdout(self, text: str) -> None:
+        pass
+
+    def stderr(self, text: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ExecuteOptions:
+    timeout_seconds: float | None = None
+    output_limit_bytes: int | None = None
+    gpu_count: int | None = None
+    serialization: str | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {
+            "timeout_seconds": self.timeout_seconds,
+            "output_limit_bytes": self.output_limit_bytes,
+            "gpu_count": self.gpu_count,
+        }
+
+
+@dataclass
+class RunRecord:
+    """What we learned about one run, for the summary line and output provenance."""
+
+    server: str
+    job_id: str | None = None
+    worker_id: str | None = None
+    gpu_ids: tuple[int, ...] = ()
+    streamed: bool = False  # stdout/stderr already shown while it ran
+    device: str | None = None
+    target: dict[str, str] = field(default_factory=dict)
+    wall_ms: float = 0.0
+
+
+class RemoteCellError(RemoteExecutionError):
+    """A cell failed on the server; IPython shows the remote traceback, not ours."""
+
+    def __init__(self, result: ProgramResult, record: RunRecord | None = None) -> None:
+        super().__init__(result)
+        self.record = record
+
+    def _render_traceback_(self) -> list[str]:
+        error = self.result.error or {}
+        lines = [f"{type(self).__name__}: {self}"]
+        remote = str(error.get("traceback") or "").rstrip()
+        if remote:
+            lines += ["", "Remote traceback:", *_without_wrapper_frames(remote).splitlines()]
+        return lines
+
+
+class CellTimeoutError(TimeoutError):
+    """The server's execution deadline fired; the message says which limit and how to change it."""
+
+
+class PickleRefusedError(RuntimeError):
+    """An ``--in`` value needed pickle and the server does not allow it."""
+
+
+def _without_wrapper_frames(traceback: str) -> str:
+    """Drop the generated wrapper's frames: the user wrote the cell, not the wrapper."""
+    lines = traceback.splitlines()
+    kept: list[str] = []
+    skip_source = False
+    for line in lines:
+        if skip_source:
+            # The frame's source line and Python 3.11's caret lines are indented deeper.
+            if line.startswith("    "):
+                continue
+            skip_source = False
+        if line.startswith('  File "<uploaded:'):
+            skip_source = True
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def server_features(client: Client) -> list[str]:
+    """The ``/v1/info`` feature list; a server without ``/v1/info`` has none."""
+    try:
+        info = client.info()
+    except KCoralError:
+        return []
+    features = info.get("features")
+    return [f for f in features if isinstance(f, str)] if isinstance(features, list) else []
+
+
+def can_submit(client: Any, options: ExecuteOptions) -> bool:
+    """Whether ``client.submit`` can carry these options (a serialization header too)."""
+    submit = getattr(client, "submit", None)
+    if submit is None:
+        return False
+    if options.serialization is None:
+        return True
+    try:
+        return "serialization" in inspect.signature(submit).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_cell(
+    client: Client,
+    built: Any,
+    options: ExecuteOptions,
+    reporter: Reporter,
+    *,
+    record: RunRecord,
+    use_jobs: bool,
+) -> ProgramResult:
+    """Run ``built.program``; return a ``COMPLETED`` result or raise a cell exception."""
+    started = time.monotonic()
+    try:
+        if use_jobs and can_submit(client, options):
+            result = _run_as_job(client, built.program, options, reporter, record)
+        else:
+            reporter.phase(
+                "running (pickled inputs: output comes at the end)"
+                if use_jobs
+                else "running (this server has no jobs API: output comes at the end)"
+            )
+            result = _run_blocking(client, built.program, options)
+    except KCoralError as exc:
+        raise translate_error(exc, options, record.server) from None
+    finally:
+        record.wall_ms = (time.monotonic() - started) * 1000.0
+    if result.gpu_ids:
+        record.gpu_ids = tuple(result.gpu_ids)
+    return result
+
+
+def _run_blocking(client: Client, program: Any, options: ExecuteOptions) -> ProgramResult:
+    negotiation = ExecuteNegotiation(
+        program, serialization=options.serialization, **options.as_kwargs()
+    )
+    return client.run_negotiation(negotiation)
+
+
+def _run_as_job(
+    client: Client, program: Any, options: ExecuteOptions, reporter: Reporter, record: RunRecord
+) -> ProgramResult:
+    kwargs = options.as_kwargs()
+    if options.serialization is not None:
+        kwargs["serialization"] = options.serialization
+    job = client.submit(program, **kwargs)  # type: ignore[attr-defined]
+    record.job_id = str(getattr(job, "id", "") or "") or None
+    reporter.phase("submitted")
+    try:
+        for event in job.events():
+            name, data = event_fields(event)
+            if name in ("stdout", "stderr"):
+                text = data.get("text") if isinstance(data, Mapping) else data
+                if isinstance(text, str) and text:
+                    record.streamed = True
+                    (reporter.stdout if name == "stdout" else reporter.stderr)(text)
+            elif name == "phase" and isinstance(data, Mapping):
+                text = describe_phase(data, record)
+                if text:
+                    reporter.phase(text)
+                if data.get("phase") == "finished":
+                    break
+        result = job.result()
+    except KeyboardInterrupt:
+        reporter.phase("interrupted: cancelling the job on the server")
+        try:
+            job.cancel()
+        finally:
+            reporter.phase(f"cancelled job {record.job_id} (kernel state kept)")
+        raise
+    _merge_job_state(job, record)
+    return result
+
+
+def event_fields(event: Any) -> tuple[str, Any]:
+    """(event name, data) of a job event, whatever shape the client gives it."""
+    if isinstance(event, Mapping):
+        name = event.get("event") or event.get("type") or ""
+        data = event.get("data", event)
+    else:
+        name = (
+            getattr(event, "kind", None)
+            or getattr(event, "event", None)
+            or getattr(event, "type", None)
+            or ""
+        )
+        data = getattr(event, "data", None)
+    if isinstance(data, (bytes, str)) and name not in ("stdout", "stderr"):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            pass
+    if name in ("stdout", "stderr") and isinstance(data, str):
+        try:
+            decoded = json.loads(data)
+        except ValueError:
+            decoded = data
+        data = decoded if isinstance(decoded, (str, Mapping)) else data
+    return str(name), data
+
+
+def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
+    """The status-line text of one ``phase`` event."""
+    phase = data.get("phase") or data.get("name")
+    if phase == "queued":
+        position = data.get("position")
+        return f"queued #{position}" if position is not None else "queued"
+    if phase == "assigned":
+        record.worker_id = str(data.get("worker_id") or "") or record.worker_id
+        return f"worker {record.worker_id}"
+    if phase == "lease_wait":
+        return "waiting for GPU"
+    if phase == "lease_held":
+        return "running on GPU"
+    if phase == "instruction":
+        label = {"upload": "uploading", "get_function": "loading", "run": "running cell"}.get(
+            str(data.get("op")), str(data.get("op"))
+        )
+        return f"instruction {data.get('index')}: {label} ({data.get('id')})"
+    if phase == "finished":
+        return f"done ({data.get('status')})"
+    return None
+
+
+def _merge_job_state(job: Any, record: RunRecord) -> None:
+    try:
+        state = job.status()
+    except Exception:
+        return
+    if isinstance(state, Mapping):
+        record.worker_id = state.get("worker_id") or record.worker_id
+        ids = state.get("gpu_ids")
+        if isinstance(ids, (list, tuple)):
+            record.gpu_ids = tuple(int(i) for i in ids)
+
+
+def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> Exception:
+    """A request-level failure as the exception a notebook user can act on."""
+    if exc.kind == "timeout":
+        limit = options.timeout_seconds
+        said = f"--timeout {limit:g} s" if limit is not None else "the server's default timeout"
+        return CellTimeoutError(
+            f"the cell ran past its execution deadline ({said}) on {server} "
+            f"[request {exc.request_id}]. Raise it with --timeout SECONDS or "
+            "%config KCoral.timeout = SECONDS (the server clamps it to its "
+            "max_timeout_seconds, see %kcoral status)"
+        )
+    if exc.kind == "parse" and "Serialization format 'pickle' not allowed" in exc.message:
+        return PickleRefusedError(
+            f"{server} does not allow pickle ({exc.message}); pass --in values that are "
+            "tensors, bytes or JSON values, or ask the operator to allow pickle "
+            "(KCORAL_ALLOWED_SERIALIZATION)"
+        )
+    if exc.kind == "cancelled":
+        return KeyboardInterrupt(f"the job was cancelled on {server}")
+    return exc

@@ -1,0 +1,275 @@
+"""Jupyter server extension: REST handlers under ``{base_url}kcoral/api/``.
+
+| route | answer |
+|---|---|
+| `GET servers` | configured servers with `/health` and `/v1/info` (tokens stay here) |
+| `GET jobs` | recent jobs of every server that offers the jobs API, each tagged with `server` |
+| `GET jobs/{id}` | one job's state; `DELETE jobs/{id}` cancels it |
+| `GET jobs/{id}/events` | the job's Server-Sent Events, proxied as they arrive |
+
+Servers come from ``c.KCoralExtension.servers = [{"name": ..., "url": ..., "token": ...}]``;
+when none are configured: ``KCORAL_URL`` (with ``KCORAL_TOKEN``) and the embedded servers
+that kernels advertise in the runtime directory. ``?server=NAME`` picks one server for the
+job routes; otherwise each server is asked in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+from urllib.parse import quote
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from kcoral_jupyter.local_server import advertised_servers
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
+from traitlets import Dict, Float, List
+from traitlets.config import Configurable
+
+EVENTS_TIMEOUT_SECONDS = 24 * 3600.0
+
+
+class KCoralExtension(Configurable):
+    """Which KCoral servers the Jupyter server shows and proxies."""
+
+    servers = List(
+        Dict(),
+        help='Servers as [{"name": "gpu", "url": "http://host:8000", "token": "..."}].',
+    ).tag(config=True)
+    request_timeout = Float(10.0, help="Seconds for one proxied non-streaming call.").tag(
+        config=True
+    )
+
+    def resolved_servers(self) -> list[dict[str, str]]:
+        """The configured servers, else KCORAL_URL and the kernels' embedded servers."""
+        found: list[dict[str, str]] = []
+        if self.servers:
+            for index, entry in enumerate(self.servers):
+                url = str(entry.get("url", "")).rstrip("/")
+                if url:
+                    found.append(
+                        {
+                            "name": str(entry.get("name") or f"server{index}"),
+                            "url": url,
+                            "token": str(entry.get("token") or ""),
+                        }
+                    )
+            return found
+        env_url = os.environ.get("KCORAL_URL", "").strip().rstrip("/")
+        if env_url:
+            found.append(
+                {"name": "default", "url": env_url, "token": os.environ.get("KCORAL_TOKEN", "")}
+            )
+        for record in advertised_servers():
+            found.append(
+                {
+                    "name": f"local-{record.get('kernel_pid')}",
+                    "url": str(record["url"]),
+                    "token": "",
+                }
+            )
+        return found
+
+
+class _KCoralHandler(APIHandler):
+    """Shared plumbing: settings, upstream calls and JSON errors."""
+
+    @property
+    def extension(self) -> KCoralExtension:
+        return self.settings["kcoral_extension"]
+
+    def servers(self) -> list[dict[str, str]]:
+        servers = self.extension.resolved_servers()
+        wanted = self.get_query_argument("server", None)
+        if wanted is not None:
+            servers = [s for s in servers if s["name"] == wanted]
+            if not servers:
+                raise tornado.web.HTTPError(404, f"no KCoral server named {wanted!r}")
+        return servers
+
+    async def upstream(
+        self, server: dict[str, str], method: str, path: str
+    ) -> tuple[int, Any, str]:
+        """(status, decoded JSON or None, error text) of one call; never raises."""
+        headers = {"Accept": "application/json"}
+        if server.get("token"):
+            headers["Authorization"] = f"Bearer {server['token']}"
+        request = HTTPRequest(
+            server["url"] + path,
+            method=method,
+            headers=headers,
+            request_timeout=self.extension.request_timeout,
+            allow_nonstandard_methods=True,
+        )
+        try:
+            response: HTTPResponse = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except (OSError, HTTPClientError, asyncio.TimeoutError) as exc:
+            return 0, None, f"{type(exc).__name__}: {exc}"
+        if response.code == 599:
+            return 0, None, str(response.error)
+        try:
+            document = json.loads(response.body or b"null")
+        except ValueError:
+            document = None
+        return response.code, document, ""
+
+    def write_json(self, status: int, document: Any) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(document))
+
+    async def find_job(self, job_id: str) -> tuple[dict[str, str], int, Any] | None:
+        """The server that knows ``job_id`` (first non-404 answer), with that answer."""
+        for server in self.servers():
+            status, document, _ = await self.upstream(
+                server, "GET", f"/v1/jobs/{quote(job_id, safe='')}"
+            )
+            if status and status not in (404, 405):
+                return server, status, document
+        return None
+
+    def not_found(self, job_id: str) -> None:
+        self.write_json(
+            404,
+            {"error": {"kind": "not_found", "message": f"no KCoral server knows job {job_id}"}},
+        )
+
+
+class ServersHandler(_KCoralHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        servers = self.servers()
+
+        async def describe(server: dict[str, str]) -> dict[str, Any]:
+            (h_status, health, h_error), (i_status, info, _) = await asyncio.gather(
+                self.upstream(server, "GET", "/health"), self.upstream(server, "GET", "/v1/info")
+            )
+            entry: dict[str, Any] = {
+                "name": server["name"],
+                "url": server["url"],
+                "auth": bool(server.get("token")),
+                "health": health if h_status == 200 else None,
+                "info": info if i_status == 200 else None,
+                "features": (info or {}).get("features", []) if i_status == 200 else [],
+                "reachable": h_status != 0,
+            }
+            if h_status != 200:
+                entry["error"] = h_error or f"/health answered HTTP {h_status}"
+            return entry
+
+        described = await asyncio.gather(*(describe(s) for s in servers))
+        self.write_json(200, {"servers": list(described)})
+
+
+class JobsHandler(_KCoralHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        jobs: list[dict[str, Any]] = []
+        errors: list[dict[str, str]] = []
+        for server in self.servers():
+            status, document, error = await self.upstream(server, "GET", "/v1/jobs")
+            if status == 200 and isinstance(document, list):
+                jobs += [
+                    dict(job, server=server["name"]) for job in document if isinstance(job, dict)
+                ]
+            else:
+                reason = error or (
+                    "this server has no jobs API" if status == 404 else f"HTTP {status}"
+                )
+                errors.append({"server": server["name"], "message": reason})
+        self.write_json(200, {"jobs": jobs, "errors": errors})
+
+
+class JobHandler(_KCoralHandler):
+    @tornado.web.authenticated
+    async def get(self, job_id: str) -> None:
+        found = await self.find_job(job_id)
+        if found is None:
+            return self.not_found(job_id)
+        server, status, document = found
+        if isinstance(document, dict) and status == 200:
+            document = dict(document, server=server["name"])
+        self.write_json(status, document)
+
+    @tornado.web.authenticated
+    async def delete(self, job_id: str) -> None:
+        found = await self.find_job(job_id)
+        if found is None:
+            return self.not_found(job_id)
+        server = found[0]
+        status, document, error = await self.upstream(
+            server, "DELETE", f"/v1/jobs/{quote(job_id, safe='')}"
+        )
+        if status == 0:
+            return self.write_json(502, {"error": {"kind": "server_transport", "message": error}})
+        self.write_json(status, document)
+
+
+class JobEventsHandler(_KCoralHandler):
+    """Relays the job's event stream chunk by chunk (``Last-Event-ID`` passed through)."""
+
+    @tornado.web.authenticated
+    async def get(self, job_id: str) -> None:
+        found = await self.find_job(job_id)
+        if found is None:
+            return self.not_found(job_id)
+        server = found[0]
+        headers = {"Accept": "text/event-stream"}
+        if server.get("token"):
+            headers["Authorization"] = f"Bearer {server['token']}"
+        last = self.request.headers.get("Last-Event-ID")
+        if last:
+            headers["Last-Event-ID"] = last
+        started = False
+
+        def on_header(line: str) -> None:
+            nonlocal started
+            if line.startswith("HTTP/") and not started:
+                try:
+                    self.set_status(int(line.split()[1]))
+                except (IndexError, ValueError):
+                    pass
+                started = True
+
+        def on_chunk(chunk: bytes) -> None:
+            self.write(chunk)
+            self.flush()
+
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        request = HTTPRequest(
+            server["url"] + f"/v1/jobs/{quote(job_id, safe='')}/events",
+            headers=headers,
+            request_timeout=EVENTS_TIMEOUT_SECONDS,
+            header_callback=on_header,
+            streaming_callback=on_chunk,
+        )
+        try:
+            await AsyncHTTPClient().fetch(request, raise_error=False)
+        except (OSError, HTTPClientError, asyncio.TimeoutError):
+            pass  # the stream ended; a client reconnects with Last-Event-ID
+        if not self._finished:
+            self.finish()
+
+
+def handlers(base_url: str) -> list[tuple[str, type]]:
+    api = url_path_join(base_url, "kcoral", "api")
+    job = r"(?P<job_id>[^/]+)"
+    return [
+        (url_path_join(api, "servers"), ServersHandler),
+        (url_path_join(api, "jobs"), JobsHandler),
+        (url_path_join(api, "jobs", job), JobHandler),
+        (url_path_join(api, "jobs", job, "events"), JobEventsHandler),
+    ]
+
+
+def load_server_extension(serverapp: Any) -> None:
+    """Add the handlers to the Jupyter server's web application."""
+    extension = KCoralExtension(config=serverapp.config, parent=serverapp)
+    web_app = serverapp.web_app
+    web_app.settings["kcoral_extension"] = extension
+    web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
+    serverapp.log.info("KCoral server extension loaded (%d servers)", len(extension.servers))

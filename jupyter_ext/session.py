@@ -1,0 +1,147 @@
+"""Per-kernel state of the extension: settings, clients, the embedded server, known jobs.
+
+No IPython import: the magics own the notebook side; this owns which server to talk to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoral_jupyter.cell_program import BuiltCell
+from kcoral_jupyter.local_server import LocalServer
+from kcoral_jupyter.runner import server_features
+from kcoral_jupyter.settings import KCoral
+
+from kcoral import Client
+
+
+@dataclass
+class ServerFacts:
+    """What a cell needs to know about a server, read once per client."""
+
+    features: list[str]
+    gpu_count: int
+    target: dict[str, str]
+    device: str
+
+    @property
+    def label(self) -> str:
+        if self.gpu_count == 0:
+            return "CPU"
+        arch = self.target.get("arch")
+        return f"{self.gpu_count} GPU{'s' if self.gpu_count != 1 else ''}" + (
+            f" ({arch})" if arch else ""
+        )
+
+
+@dataclass
+class PendingJob:
+    """A ``--noblock`` job of this kernel: enough to bind its ``--out`` values later."""
+
+    built: BuiltCell
+    url: str
+
+
+@dataclass
+class Session:
+    settings: KCoral
+    announce: Callable[[str], None] = print
+    local: LocalServer | None = None
+    _clients: dict[tuple[str, str], Client] = field(default_factory=dict)
+    _facts: dict[str, ServerFacts] = field(default_factory=dict)
+    pending: dict[str, PendingJob] = field(default_factory=dict)
+    _announced_local: bool = False
+
+    def resolve_url(self, explicit: str | None = None) -> str:
+        """``--url``, else the configured URL, else the embedded server (started on demand)."""
+        if explicit:
+            return explicit.rstrip("/")
+        if self.settings.url:
+            return self.settings.url.rstrip("/")
+        return self.start_local()
+
+    def start_local(self) -> str:
+        if self.local is None:
+            self.local = LocalServer(
+                self.settings.local_args, start_timeout=self.settings.local_start_timeout
+            )
+        was_running = self.local.running
+        url = self.local.start()
+        if not was_running and not self._announced_local:
+            self._announced_local = True
+            self.announce(
+                f"kcoral: no server configured (KCORAL_URL, %kcoral connect URL); started a "
+                f"local server at {url} for this kernel's lifetime"
+            )
+        return url
+
+    def stop_local(self) -> bool:
+        if self.local is None:
+            return False
+        url = self.local.url
+        stopped = self.local.stop()
+        if url:
+            self.forget(url)
+        return stopped
+
+    def client(self, url: str) -> Client:
+        key = (url, self.settings.token)
+        client = self._clients.get(key)
+        if client is None:
+            client = Client(url, token=self.settings.token or None)
+            self._clients[key] = client
+        return client
+
+    def facts(self, url: str) -> ServerFacts:
+        facts = self._facts.get(url)
+        if facts is None:
+            client = self.client(url)
+            health = client.health()
+            info: dict[str, Any] = {}
+            try:
+                info = client.info()
+            except Exception:
+                info = {}
+            gpu_count = health.get("gpu_count")
+            target = health.get("target")
+            facts = ServerFacts(
+                features=server_features(client),
+                gpu_count=gpu_count if isinstance(gpu_count, int) else 0,
+                target=dict(target) if isinstance(target, dict) else {},
+                device=str(info.get("device") or ("gpu" if gpu_count else "cpu")),
+            )
+            self._facts[url] = facts
+        return facts
+
+    def forget(self, url: str) -> None:
+        self._facts.pop(url, None)
+        for key in [k for k in self._clients if k[0] == url]:
+            self._clients.pop(key).close()
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        self.stop_local()
+
+
+def get_json(url: str, path: str, token: str, method: str = "GET") -> Any:
+    """A small JSON call for endpoints the client API does not cover (``GET /v1/jobs``)."""
+    import urllib3
+
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    response = urllib3.request(method, url + path, headers=headers, timeout=30.0, retries=False)
+    try:
+        document = json.loads(response.data or b"null")
+    except ValueError:
+        document = None
+    if response.status >= 400:
+        error = document.get("error") if isinstance(document, dict) else None
+        message = error.get("message") if isinstance(error, dict) else f"HTTP {response.status}"
+        raise RuntimeError(f"{method} {path} on {url}: {message}")
+    return document

@@ -1,0 +1,92 @@
+"""The Jupyter server extension's REST API against a real KCoral server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import tornado.httpclient
+from traitlets.config import Config
+
+from kcoral import Client
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def jp_server_config(cpu_server_url: str) -> Config:
+    return Config(
+        {
+            "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
+            "KCoralExtension": {
+                "servers": [
+                    {"name": "cpu", "url": cpu_server_url, "token": "server-side-secret"},
+                    {"name": "gone", "url": "http://127.0.0.1:9"},
+                ]
+            },
+        }
+    )
+
+
+async def test_servers_lists_health_and_info_and_keeps_tokens_server_side(
+    jp_fetch, cpu_server_url
+) -> None:
+    response = await jp_fetch("kcoral", "api", "servers")
+    assert response.code == 200
+    body = response.body.decode()
+    assert "server-side-secret" not in body
+    servers = {s["name"]: s for s in json.loads(body)["servers"]}
+    assert servers["cpu"]["url"] == cpu_server_url
+    assert servers["cpu"]["health"]["status"] == "ok"
+    assert servers["cpu"]["info"]["device"] == "cpu"
+    assert servers["cpu"]["auth"] is True
+    assert servers["gone"]["reachable"] is False and servers["gone"]["error"]
+
+
+async def test_jobs_reports_servers_without_the_jobs_api(jp_fetch, cpu_server_url) -> None:
+    response = await jp_fetch("kcoral", "api", "jobs")
+    document = json.loads(response.body)
+    assert isinstance(document["jobs"], list)
+    names = {e["server"] for e in document["errors"]}
+    assert "gone" in names
+    if "jobs" not in (Client(cpu_server_url).info().get("features") or []):
+        assert "cpu" in names
+
+
+async def test_an_unknown_job_is_404(jp_fetch) -> None:
+    for method in ("GET", "DELETE"):
+        with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+            await jp_fetch("kcoral", "api", "jobs", "no-such-job", method=method)
+        assert info.value.code == 404
+    with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+        await jp_fetch("kcoral", "api", "jobs", "no-such-job", "events")
+    assert info.value.code == 404
+
+
+async def test_a_submitted_job_is_visible_and_its_events_are_proxied(
+    jp_fetch, cpu_server_url
+) -> None:
+    import kcoral
+
+    client = Client(cpu_server_url)
+    if "jobs" not in (client.info().get("features") or []) or not hasattr(client, "submit"):
+        pytest.skip("the server or client has no jobs API yet")
+    program = kcoral.Program()
+    module = program.upload(kind="module", source="def f():\n    print('hi')\n    return 1\n")
+    program.return_(key="x", value=program.run(fn=program.get_function(module=module, name="f")))
+    job = client.submit(program)
+    job.result()
+    state = json.loads((await jp_fetch("kcoral", "api", "jobs", job.id)).body)
+    assert state["job_id"] == job.id and state["server"] == "cpu"
+    listed = json.loads((await jp_fetch("kcoral", "api", "jobs")).body)["jobs"]
+    assert job.id in [j["job_id"] for j in listed]
+    events = await jp_fetch("kcoral", "api", "jobs", job.id, "events")
+    assert events.headers["Content-Type"].startswith("text/event-stream")
+    assert b"hi" in events.body and b"finished" in events.body
+
+
+async def test_an_unauthenticated_request_is_refused(http_server_client, jp_base_url) -> None:
+    for path in ("servers", "jobs", "jobs/x"):
+        with pytest.raises(tornado.httpclient.HTTPClientError) as info:
+            await http_server_client.fetch(f"{jp_base_url}kcoral/api/{path}")
+        assert info.value.code == 403

@@ -1,0 +1,148 @@
+"""Rich HTML of results, files, folders and tensors; the tiny PNG writer."""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import zlib
+
+import numpy as np
+from kcoral_jupyter import display as rich
+from kcoral_jupyter.images import heatmap_png, line_svg, png_bytes
+
+from kcoral import ProgramResult, ReturnedFile, ReturnedFolder
+
+
+def decode_png(data: bytes) -> np.ndarray:
+    """A strict little PNG reader for the writer's own output (RGB8, filter 0)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    offset, chunks = 8, {}
+    while offset < len(data):
+        (length,) = struct.unpack(">I", data[offset : offset + 4])
+        kind = data[offset + 4 : offset + 8]
+        body = data[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        chunks[kind] = body
+        offset += 12 + length
+    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, colour) == (8, 2) and b"IEND" in chunks
+    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(height, -1)
+    assert (raw[:, 0] == 0).all()
+    return raw[:, 1:].reshape(height, width, 3)
+
+
+def result(**changes) -> ProgramResult:
+    fields = dict(
+        status="COMPLETED",
+        request_id="0b5c1f7e-3a0d-4c53-9d0e-6f1a2b3c4d5e",
+        queue_ms=1.0,
+        elapsed_ms=10.0,
+        lease_wait_ms=2.0,
+        lease_held_ms=5.0,
+        results={},
+        stdout="",
+        stderr="",
+        stdout_truncated=False,
+        stderr_truncated=False,
+    )
+    fields.update(changes)
+    return ProgramResult(**fields)
+
+
+def test_the_png_writer_round_trips_pixels() -> None:
+    pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    np.testing.assert_array_equal(decode_png(png_bytes(pixels)), pixels)
+
+
+def test_a_heatmap_maps_low_to_dark_and_high_to_bright_and_enlarges_tiny_matrices() -> None:
+    image = decode_png(heatmap_png(np.array([[0.0, 1.0]])))
+    assert image.shape[0] >= 48  # a 1x2 matrix is blown up so it can be seen
+    assert image[0, 0].sum() < image[0, -1].sum()
+
+
+def test_a_heatmap_of_a_large_matrix_stays_small() -> None:
+    image = decode_png(heatmap_png(np.random.default_rng(0).random((2000, 1000))))
+    assert max(image.shape[:2]) <= 256
+
+
+def test_a_line_plot_is_an_svg_polyline_and_skips_non_finite_points() -> None:
+    svg = line_svg(np.array([0.0, 1.0, np.nan, 4.0]))
+    assert svg.startswith("<svg") and "<polyline" in svg
+    assert svg.count(",") == 3  # three finite points
+
+
+def test_a_result_shows_badge_timing_bar_streams_and_a_results_table() -> None:
+    html = rich.program_result_html(result(stdout="<b>hi</b>", results={"answer": 42}))
+    assert "COMPLETED" in html and "kcoral-timing" in html
+    assert "&lt;b&gt;hi&lt;/b&gt;" in html  # output is escaped
+    assert "answer" in html and "42" in html
+    assert "lease wait 2.0 ms" in html and "rest 3.0 ms" in html
+
+
+def test_a_failed_result_shows_the_error_and_traceback() -> None:
+    error = {
+        "kind": "runtime",
+        "message": "ZeroDivisionError: division by zero",
+        "instruction_index": 3,
+        "instruction_op": "run",
+        "instruction_id": "bad",
+        "traceback": "Traceback ...\nZeroDivisionError: division by zero\n",
+    }
+    html = rich.program_result_html(result(status="FAILED", error=error))
+    assert "FAILED" in html and "instruction 3" in html and "Traceback ..." in html
+
+
+def test_tensors_show_stats_a_preview_and_a_picture() -> None:
+    html = rich.tensor_html(np.arange(12, dtype=np.float32).reshape(3, 4), "m")
+    assert "shape (3, 4)" in html and "dtype float32" in html
+    assert "min 0" in html and "max 11" in html and "mean 5.5" in html
+    png = re.search(r'src="data:image/png;base64,([^"]+)"', html).group(1)
+    assert decode_png(base64.b64decode(png)).shape[2] == 3
+    assert "<polyline" in rich.tensor_html(np.arange(5.0))
+
+
+def test_a_bfloat16_tensor_renders() -> None:
+    import ml_dtypes
+
+    html = rich.tensor_html(np.ones((2, 2), dtype=ml_dtypes.bfloat16))
+    assert "bfloat16" in html and "mean 1" in html
+
+
+def test_image_files_are_inline_text_files_previewed_and_binary_files_get_a_save_hint() -> None:
+    png = png_bytes(np.zeros((2, 2, 3), np.uint8))
+    assert "data:image/png;base64," in rich.returned_file_html(ReturnedFile(png), "a.png")
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg"><script>x</script></svg>'
+    svg_html = rich.returned_file_html(ReturnedFile(svg))
+    assert "data:image/svg+xml;base64," in svg_html and "<script>" not in svg_html
+    text = rich.returned_file_html(ReturnedFile(b"line <1>\nline 2\n"), "notes.txt")
+    assert "line &lt;1&gt;" in text
+    binary = rich.returned_file_html(ReturnedFile(b"\x00\x01\x02"), "dir/blob.bin")
+    assert ".save(&#x27;blob.bin&#x27;)" in binary and "3 bytes" in binary
+
+
+def test_a_folder_is_shown_as_a_tree() -> None:
+    folder = ReturnedFolder(
+        {"a/b.txt": ReturnedFile(b"xy"), "c.txt": ReturnedFile(b"")}, ["a", "empty"]
+    )
+    html = rich.returned_folder_html(folder, "out")
+    assert "2 files" in html and "2 directories" in html
+    assert "a/" in html and "  b.txt" in html and "empty/" in html
+
+
+def test_a_job_shows_its_status_and_survives_an_unreachable_server() -> None:
+    class FakeJob:
+        id = "1234"
+
+        def status(self):
+            return {"status": "RUNNING", "worker_id": "cpu/w0"}
+
+    class BrokenJob:
+        id = "5678"
+
+        def status(self):
+            raise ConnectionError("down")
+
+    assert "RUNNING" in rich.job_html(FakeJob()) and "cpu/w0" in rich.job_html(FakeJob())
+    assert "unknown" in rich.job_html(BrokenJob())

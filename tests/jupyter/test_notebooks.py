@@ -1,0 +1,65 @@
+"""The example notebooks, executed by nbclient on a real kernel against a CPU server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def execute(name: str, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("KCORAL_URL", url)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    ).execute()
+    return notebook
+
+
+def texts(cell) -> str:
+    parts = []
+    for output in cell.get("outputs", []):
+        parts.append(output.get("text", ""))
+        data = output.get("data", {})
+        parts.append(data.get("text/plain", ""))
+        parts.append(data.get("text/html", ""))
+        parts.extend(output.get("traceback", []))
+    return "\n".join(parts)
+
+
+def test_the_quickstart_notebook_runs_end_to_end(cpu_server_url, tmp_path, monkeypatch) -> None:
+    notebook = execute("quickstart.ipynb", cpu_server_url, tmp_path, monkeypatch)
+    cells = [c for c in notebook.cells if c.cell_type == "code"]
+    everything = [texts(c) for c in cells]
+    # the magic with --in/--out: stdout, the final value, provenance, summary
+    magic = next(c for c in cells if c.source.startswith("%%kcoral -i x,scale"))
+    assert "scaling a (3, 4) tensor by 2.5" in texts(magic)
+    assert "COMPLETED" in texts(magic) and "ran on CPU" in texts(magic)
+    result = next(o for o in magic.outputs if o.output_type == "execute_result")
+    assert float(result["data"]["text/plain"]) == pytest.approx(12 * 1 + 2.5 * 6.0)
+    assert result["metadata"]["kcoral"]["request_id"]
+    # the tensor rendered with a heatmap, the returned file, the deliberate failure
+    assert any("kcoral-heatmap" in t and "shape (3, 4)" in t for t in everything)
+    assert any("mean of y: 42" in t and "report.txt" in t for t in everything)
+    failed = next(c for c in cells if "raises-exception" in c.metadata.get("tags", []))
+    error = next(o for o in failed.outputs if o.output_type == "error")
+    assert error["ename"] == "RemoteCellError"
+    assert "deliberate failure: 2 != 3" in "\n".join(error["traceback"])
+    # the Client API result renders as HTML with its table
+    assert any("kcoral-result" in t and "grid" in t for t in everything)
+    # --noblock + attach, or the honest note that the server lacks jobs
+    assert any("submitted" in t or "no jobs API" in t for t in everything)
+
+
+def test_the_benchmark_notebook_says_it_ran_on_cpu(cpu_server_url, tmp_path, monkeypatch) -> None:
+    notebook = execute("benchmark_kernel.ipynb", cpu_server_url, tmp_path, monkeypatch)
+    output = "\n".join(texts(c) for c in notebook.cells if c.cell_type == "code")
+    assert "512x512 matmul on cpu" in output
+    assert "No GPU on this server: the kernel ran on the CPU" in output
+    assert "GFLOP/s" in output
