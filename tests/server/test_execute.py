@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
-from conftest import start_server
 from http_helpers import execute, get, module_program, sha256
+from server_process import start_server
 
 BYTES = b"some bytes for the memory cache"
 FILE = b"hello\n"

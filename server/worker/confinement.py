@@ -1,0 +1,75 @@
+"""Worker-side parts of the sandbox and of the per-worker limits.
+
+* ``clear_workspace``: a sandboxed worker keeps one workspace (``/work``) for its whole life,
+  so it empties it between programs (SERVER §14); the runtime state under ``.kcoral/``
+  survives except its scratch directories (``tmp``, ``shm``).
+* ``limit_note``: turns an exception caused by a per-worker limit into a message that says
+  so (``MemoryError`` under the memory rlimit, ``EAGAIN`` from ``fork`` at ``pids.max``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+
+from kcoral_server.limits import memory_limit, process_limit
+from kcoral_server.sandbox import SCRATCH_STATE_DIRS, STATE_DIRS
+
+STATE_DIR = ".kcoral"
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path):  # a program may have taken its own permissions away
+            for root, dirs, _files in os.walk(path):
+                for name in dirs:
+                    with contextlib.suppress(OSError):
+                        os.chmod(os.path.join(root, name), 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _empty(directory: str, keep: tuple[str, ...] = ()) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(directory):
+            if name not in keep:
+                _remove(os.path.join(directory, name))
+
+
+def clear_workspace(root: str) -> bool:
+    """Empty the sandbox workspace ``root`` for the next program; True when it is clean."""
+    with contextlib.suppress(OSError):
+        os.chmod(root, 0o700)
+    _empty(root, keep=(STATE_DIR,))
+    state = os.path.join(root, STATE_DIR)
+    if os.path.islink(state) or not os.path.isdir(state):
+        _remove(state)
+    for name in SCRATCH_STATE_DIRS:
+        _empty(os.path.join(state, name))
+    for name in STATE_DIRS:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.join(state, name), mode=0o700, exist_ok=True)
+    try:
+        leftovers = [name for name in os.listdir(root) if name != STATE_DIR]
+        scratch = [os.listdir(os.path.join(state, name)) for name in SCRATCH_STATE_DIRS]
+    except OSError:
+        return False
+    return not leftovers and not any(scratch)
+
+
+def limit_note(exc: BaseException) -> str | None:
+    """`` (…limit…)`` to append to the message of ``exc`` when a worker limit caused it."""
+    if isinstance(exc, MemoryError):
+        limit = memory_limit()
+        if limit:
+            return f"the worker memory limit of {limit} bytes (--worker-memory-limit-bytes) was hit"
+    if isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
+        limit = process_limit()
+        if limit:
+            return f"the worker process limit of {limit} processes may have been hit"
+    return None
