@@ -19,9 +19,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kcoral.errors import TransportError
+from kcoral.errors import KCoralError, ProtocolError, TransportError
+from kcoral.jobs import (
+    AsyncJob,
+    EventSource,
+    check_job_id,
+    decode_job_accepted,
+    jobs_unsupported,
+)
 from kcoral.negotiation import Attempt, ExecuteNegotiation
-from kcoral.response import decode_health, decode_target, error_from_response
+from kcoral.response import (
+    decode_health,
+    decode_json_object,
+    decode_target,
+    error_from_response,
+)
 
 if TYPE_CHECKING:
     from kcoral.program import Program
@@ -69,6 +81,8 @@ class AsyncClient:
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
         )
+        self._info: dict[str, Any] | None = None
+        self._stream_pool: Any = None  # urllib3, read in threads (see kcoral.jobs)
 
     def __repr__(self) -> str:  # never shows headers: they may carry the token
         return f"<AsyncClient {self.base_url}>"
@@ -90,6 +104,8 @@ class AsyncClient:
         self._loops.clear()
         for _loop, state in states:
             state.http.close()
+        if self._stream_pool is not None:
+            self._stream_pool.clear()
 
     # -- endpoints ----------------------------------------------------------------------
 
@@ -136,6 +152,78 @@ class AsyncClient:
             else:
                 outcome = negotiation.handle_response(status, headers, content_type, body)
         return outcome
+
+    async def info(self) -> dict[str, Any]:
+        """``GET /v1/info`` (EXTENSIONS §1), read once per client."""
+        if self._info is None:
+            status, headers, _content_type, body = await self._fetch("GET", "/v1/info")
+            if status != 200:
+                raise error_from_response(status, headers, body)
+            self._info = decode_json_object(body, "/v1/info response")
+        return dict(self._info)
+
+    async def submit(
+        self,
+        program: Program,
+        *,
+        timeout_seconds: float | None = None,
+        output_limit_bytes: int | None = None,
+        gpu_count: int | None = None,
+    ) -> AsyncJob:
+        """Start ``program`` as a job (``Client.submit``'s twin)."""
+        negotiation = ExecuteNegotiation(
+            program,
+            headers=self._headers,
+            timeout_seconds=timeout_seconds,
+            output_limit_bytes=output_limit_bytes,
+            gpu_count=gpu_count,
+        )
+        try:
+            features = (await self.info()).get("features")
+        except KCoralError as exc:
+            if exc.status_code != 404:
+                raise
+            features = None
+        if not isinstance(features, list) or "jobs" not in features:
+            raise jobs_unsupported(self.base_url)
+        known_blobs = tuple(program.blobs)
+        outcome: ProgramResult | Attempt = negotiation.first_attempt()
+        while isinstance(outcome, Attempt):
+            status, headers, content_type, body = await self._fetch("POST", "/v1/jobs", outcome)
+            if status == 202:
+                job_id, request_id = decode_job_accepted(body)
+                return AsyncJob(self, job_id, request_id=request_id, known_blobs=known_blobs)
+            outcome = negotiation.handle_response(status, headers, content_type, body)
+        raise ProtocolError("the server answered a job submission with a result")
+
+    def job(self, job_id: str) -> AsyncJob:
+        """Re-attach to an existing job."""
+        return AsyncJob(self, check_job_id(job_id))
+
+    async def request(self, method: str, path: str) -> tuple[int, Any, str | None, bytes]:
+        """One plain request: ``(status, headers, content type, body)`` (used by jobs)."""
+        return await self._fetch(method, path)
+
+    def event_source(
+        self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
+    ) -> EventSource:
+        """A blocking Server-Sent Events stream at ``path`` (``AsyncJob`` reads it in a
+        thread)."""
+        if self._stream_pool is None:
+            import urllib3
+
+            self._stream_pool = urllib3.PoolManager(
+                timeout=urllib3.Timeout(connect=self.connect_timeout_seconds, read=None),
+                retries=False,
+                maxsize=self.max_connections,
+            )
+        return EventSource(
+            self._stream_pool,
+            self.base_url + path,
+            self._headers,
+            last_event_id=last_event_id,
+            read_timeout=read_timeout,
+        )
 
     def function(
         self,

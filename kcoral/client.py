@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kcoral
-from kcoral.http import HttpTransport
+from kcoral.errors import KCoralError, ProtocolError
+from kcoral.http import HttpResponse, HttpTransport
+from kcoral.jobs import (
+    EventSource,
+    Job,
+    check_job_id,
+    decode_job_accepted,
+    jobs_unsupported,
+)
 from kcoral.negotiation import ExecuteNegotiation
 from kcoral.program import Program
 from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
@@ -63,6 +71,9 @@ class Client:
             url, headers=request_headers, connect_timeout_seconds=float(connect_timeout_seconds)
         )
         self._info: dict[str, Any] | None = None
+        self._request_headers = request_headers
+        self._connect_timeout = float(connect_timeout_seconds)
+        self._stream_pool: Any = None  # urllib3 pool for job event streams (long-lived)
 
     def __repr__(self) -> str:
         # Never show headers: they may carry the token.
@@ -71,6 +82,8 @@ class Client:
     def close(self) -> None:
         """Release pooled connections; returned results stay usable."""
         self._transport.close()
+        if self._stream_pool is not None:
+            self._stream_pool.clear()
 
     def __enter__(self) -> Client:
         return self
@@ -154,6 +167,92 @@ class Client:
             if isinstance(outcome, ProgramResult):
                 return outcome
             attempt = outcome
+
+    # -- jobs (EXTENSIONS §5) ------------------------------------------------------------
+
+    def submit(
+        self,
+        program: Program,
+        *,
+        timeout_seconds: float | None = None,
+        output_limit_bytes: int | None = None,
+        gpu_count: int | None = None,
+    ) -> Job:
+        """Start ``program`` as a job and return at once (``POST /v1/jobs``).
+
+        Same options, validation and cache negotiation as ``execute``; a refused request
+        raises as ``execute`` would. ``KCoralError`` (kind ``unavailable``) when the server
+        does not list feature ``jobs``."""
+        negotiation = ExecuteNegotiation(
+            program,
+            timeout_seconds=timeout_seconds,
+            output_limit_bytes=output_limit_bytes,
+            gpu_count=gpu_count,
+        )
+        self._require_jobs()
+        known_blobs = tuple(program.blobs)
+        attempt = negotiation.first_attempt()
+        while True:
+            response = self._transport.request(
+                "POST",
+                "/v1/jobs",
+                body=attempt.chunks,
+                content_length=attempt.length,
+                headers=attempt.headers,
+            )
+            if response.status == 202:
+                job_id, request_id = decode_job_accepted(response.data)
+                return Job(self, job_id, request_id=request_id, known_blobs=known_blobs)
+            outcome = negotiation.handle_response(
+                response.status,
+                response.headers,
+                response.headers.get("Content-Type"),
+                response.data,
+            )
+            if isinstance(outcome, ProgramResult):
+                raise ProtocolError("the server answered a job submission with a result")
+            attempt = outcome
+
+    def job(self, job_id: str) -> Job:
+        """Re-attach to an existing job (nothing is sent until a method is called)."""
+        return Job(self, check_job_id(job_id))
+
+    def _require_jobs(self) -> None:
+        try:
+            features = self.info().get("features")
+        except KCoralError as exc:
+            if exc.status_code == 404:
+                raise jobs_unsupported(self.base_url) from None
+            raise
+        if not isinstance(features, list) or "jobs" not in features:
+            raise jobs_unsupported(self.base_url)
+
+    def request(
+        self, method: str, path: str, *, headers: Mapping[str, str] | None = None
+    ) -> HttpResponse:
+        """One plain request on the client's connection pool (used by ``Job``)."""
+        return self._transport.request(method, path, headers=headers)
+
+    def event_source(
+        self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
+    ) -> EventSource:
+        """A Server-Sent Events stream at ``path`` (used by ``Job``); streams use their own
+        connections, kept apart from the request pool."""
+        if self._stream_pool is None:
+            import urllib3
+
+            self._stream_pool = urllib3.PoolManager(
+                timeout=urllib3.Timeout(connect=self._connect_timeout, read=None),
+                retries=False,
+                maxsize=64,
+            )
+        return EventSource(
+            self._stream_pool,
+            self.base_url + path,
+            self._request_headers,
+            last_event_id=last_event_id,
+            read_timeout=read_timeout,
+        )
 
     # -- remote functions ----------------------------------------------------------------
 

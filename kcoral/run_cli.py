@@ -9,6 +9,7 @@ folder return.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import ipaddress
 import itertools
@@ -87,6 +88,10 @@ class RunOptions:
     out: str | None = None
     #: printed on stderr before running (e.g. --host/--port overriding KCORAL_URL)
     warnings: list[str] = field(default_factory=list)
+    #: bytes of --send inputs (for the progress line)
+    input_bytes: int = 0
+    #: set by ``execute`` when the tool's output was already printed live (EXTENSIONS §7)
+    output_streamed: bool = False
 
 
 def main(argv: Sequence[str]) -> int:
@@ -104,7 +109,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         return run(options)
     except KeyboardInterrupt:
-        # The client closed the connection, which makes the server cancel the tool.
+        # A job was cancelled with DELETE; a plain /execute had its connection closed,
+        # which makes the server cancel the tool (EXTENSIONS §9).
         _say("interrupted; the remote tool was cancelled")
         return 130
 
@@ -445,12 +451,11 @@ def run(options: RunOptions) -> int:
     except LocalFileError as exc:
         _say(str(exc))
         return 1
-    total = sum(len(data) for _path, data, _executable in files)
+    options.input_bytes = sum(len(data) for _path, data, _executable in files)
     inputs = run_remote.pack_inputs(files) if files else None
     program = build_program(options, inputs)
     try:
-        with Progress(f"{_PROG}: sending inputs", total, sys.stderr, waiting=True):
-            result = execute(options, program)
+        result = execute(options, program)
     except KCoralError as exc:
         _say(f"server error: {exc}")
         return 1
@@ -466,24 +471,55 @@ def run(options: RunOptions) -> int:
 def execute(options: RunOptions, program: Any) -> Any:
     """Run ``program`` and return its ``ProgramResult``.
 
-    Output arrives with the response. EXTENSIONS §7 (live output through jobs) slots in
-    here: when the server lists feature ``jobs``, submit instead and print events as they
-    come; until the client offers ``submit`` this is the only path.
+    When the server lists feature ``jobs`` (EXTENSIONS §7) the program is submitted as a
+    job and its stdout/stderr are printed while it runs (``options.output_streamed``);
+    Ctrl-C then cancels the job. Otherwise the output arrives with the response.
     """
     from kcoral.client import Client
 
+    progress = Progress(f"{_PROG}: sending inputs", options.input_bytes, sys.stderr, waiting=True)
     with Client(options.url) as client:
-        return client.execute(
-            program,
-            timeout_seconds=options.timeout_seconds,
-            output_limit_bytes=options.output_limit_bytes,
-        )
+        if not _offers_jobs(client):
+            with progress:
+                return client.execute(
+                    program,
+                    timeout_seconds=options.timeout_seconds,
+                    output_limit_bytes=options.output_limit_bytes,
+                )
+        with progress:
+            job = client.submit(
+                program,
+                timeout_seconds=options.timeout_seconds,
+                output_limit_bytes=options.output_limit_bytes,
+            )
+        try:
+            for event in job.events():
+                if event.kind == "stdout":
+                    _write(sys.stdout, event.text)
+                elif event.kind == "stderr":
+                    _write(sys.stderr, event.text)
+            options.output_streamed = True
+            return job.result()
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):
+                job.cancel()  # waits until the remote process tree is gone
+            raise
+
+
+def _offers_jobs(client: Any) -> bool:
+    """Whether ``/v1/info`` lists ``jobs`` (a server without ``/v1/info`` has none)."""
+    try:
+        features = client.info().get("features")
+    except KCoralError:
+        return False
+    return isinstance(features, list) and "jobs" in features
 
 
 def report(options: RunOptions, result: Any) -> int:
     """Print the captured output, save returned files; returns the exit status."""
-    _write(sys.stdout, result.stdout)
-    _write(sys.stderr, result.stderr)
+    if not options.output_streamed:
+        _write(sys.stdout, result.stdout)
+        _write(sys.stderr, result.stderr)
     for stream_name in ("stdout", "stderr"):
         if getattr(result, f"{stream_name}_truncated"):
             _say(

@@ -18,6 +18,7 @@ import tornado.web
 from kcoral_server.config import ServerConfig
 from kcoral_server.disk_cache import DiskCache
 from kcoral_server.eventlog import EventLog
+from kcoral_server.jobs import JobRegistry
 from kcoral_server.lease import LeaseArbiter
 from kcoral_server.memory_cache import MemoryCache
 from kcoral_server.pool import GpuDevice, Pool
@@ -63,6 +64,7 @@ class ServerState:
             sandbox=sandbox,
             allowed_serialization=config.allowed_serialization,
         )
+        self.jobs = JobRegistry(config.job_retention_seconds, config.job_retention_bytes)
         self.inflight_bytes = 0
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
@@ -128,6 +130,7 @@ class ServerState:
         await asyncio.shield(self.started)
 
     async def _start(self) -> None:
+        self.jobs.attach(self.pool)
         await self.pool.start()
         self.events.emit(
             "pool_ready",
@@ -140,6 +143,7 @@ class ServerState:
 
     async def stop(self) -> None:
         self.shutting_down = True
+        self.jobs.close()
         await self.pool.close(timeout=float(self.config.worker_termination_grace_seconds) + 5)
         self.executor.shutdown(wait=False)
 

@@ -86,6 +86,10 @@ class RunProgram(Message):
     blobs: list[BlobSlice] = field(default_factory=list)
     serialization: str | None = None  # format the request was admitted with, if any
     max_response_bytes: int = 268435456
+    # Sandboxed workers cannot open the front-end's capture files by path: when set, these
+    # are the indexes (into this frame's fds, after the blob fds) of the open stdout and
+    # stderr files, used instead of the paths.
+    capture_fds: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -19,20 +19,30 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kcoral_server import ipc
+from kcoral_server.blob_resolution import Resolution, resolve_blobs
 from kcoral_server.body import RequestBody, bytes_memfd
 from kcoral_server.pool import NoWorker, Seat
-from kcoral_server.worker_handle import WorkerGone, WorkerHandle, WorkerStartError
+from kcoral_server.responses import (
+    Outcome,
+    Reply,
+    RequestFailed,
+    ReturnRecord,
+    close_maps,
+    encode_outcome,
+    error_reply,
+    json_reply,
+)
+from kcoral_server.worker_handle import (
+    ReceiveInterrupted,
+    WorkerGone,
+    WorkerHandle,
+    WorkerStartError,
+)
 from kcoral_server.workspace import NO_OUTPUT, CapturedOutput, Workspace
 
 from kcoral.errors import ValidationError
-from kcoral.protocol.multipart import encode_multipart
-from kcoral.protocol.request import (
-    check_tensor_lengths,
-    parse_execute_request,
-    verify_blob_hashes,
-)
+from kcoral.protocol.request import parse_execute_request, verify_blob_hashes
 from kcoral.protocol.schema import Program
-from kcoral.protocol.strict_json import dumps_compact
 
 if TYPE_CHECKING:
     from kcoral_server.app import ServerState
@@ -47,86 +57,48 @@ FINISH_LEVELS = {
     "crashed": "ERROR",
     "server_error": "ERROR",
     "client_disconnected": "INFO",
+    "cancelled": "INFO",
 }
-MEMORY_KINDS = frozenset({"tensor", "bytes", "library"})
+# Re-exported: handlers and jobs build replies with these.
+__all__ = ["ExecuteRequest", "Reply", "RequestObserver", "error_reply", "json_reply"]
 CRASH_MESSAGE = "worker exited while executing the instruction"
 GPU_COUNT_MESSAGE = "gpu_count exceeds this GPU server's configured capacity"
+CANCELLED_STATUS = 499  # logged only: nobody is left to receive a cancelled request's answer
+CANCEL_MESSAGES = {
+    "cancelled": "the job was cancelled",
+    "client_disconnected": "the client disconnected",
+}
 
 
-@dataclass
-class Reply:
-    """An HTTP answer: status, headers and body chunks (zero-copy views allowed)."""
+class RequestObserver:
+    """Hooks a job uses to follow its request (``/execute`` passes none: all no-ops).
 
-    status: int
-    headers: dict[str, str]
-    chunks: list[bytes | memoryview]
-    length: int
-    keep_alive: list[Any] = field(default_factory=list)  # mmaps backing the chunks
+    Called on the event loop, in this order: ``accepted`` (every check passed, about to
+    queue), ``assigned``, then any ``lease``/``instruction`` calls, ``output_started`` /
+    ``output_finished`` around the program's run. ``output_finished`` must drain the capture
+    files before the response reads them.
+    """
 
-    def close(self) -> None:
-        self.chunks = []
-        for item in self.keep_alive:
-            with contextlib.suppress(BufferError, ValueError):
-                item.close()
-        self.keep_alive = []
+    def accepted(self, request: ExecuteRequest) -> None:
+        pass
 
+    def assigned(self, worker_id: str, gpu_ids: list[int], queue_ms: float) -> None:
+        pass
 
-def json_reply(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Reply:
-    data = dumps_compact(body)
-    all_headers = {"Content-Type": "application/json", **(headers or {})}
-    return Reply(status, all_headers, [data], len(data))
+    def lease(self, phase: str) -> None:
+        pass
 
+    def instruction(self, index: int, op: str, instruction_id: str | None) -> None:
+        pass
 
-def error_reply(status: int, request_id: str, kind: str, message: str) -> Reply:
-    headers = {"Retry-After": "1"} if status == 503 else {}
-    body = {
-        "status": "ERROR",
-        "request_id": request_id,
-        "error": {"kind": kind, "message": message},
-    }
-    return json_reply(status, body, headers)
+    def output_started(self, workspace: Workspace, limit: int) -> None:
+        pass
+
+    async def output_finished(self) -> None:
+        pass
 
 
-class RequestFailed(Exception):
-    """Ends a request early with an ERROR reply and a finish reason."""
-
-    def __init__(self, status: int, kind: str, message: str, reason: str, **fields: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
-        self.reason = reason
-        self.fields = fields
-
-
-@dataclass
-class Resolution:
-    blobs: dict[str, bytes | memoryview]  # hash -> bytes the request keeps a reference to
-    missing: list[str]
-    pins: list[str]
-
-
-@dataclass
-class ReturnRecord:
-    key: str
-    node: dict[str, Any]
-    parts: list[memoryview]
-
-
-@dataclass
-class Outcome:
-    """What running the program produced (before the response is encoded)."""
-
-    status: str
-    error: dict[str, Any] | None
-    returns: list[ReturnRecord]
-    output: CapturedOutput
-    elapsed: float
-    lease_wait: float
-    lease_held: float
-    reason: str
-    maps: list[mmap.mmap]
-    gpu_ids: list[int] | None = None
+_NO_OBSERVER = RequestObserver()
 
 
 class ExecuteRequest:
@@ -140,8 +112,10 @@ class ExecuteRequest:
         content_type: str | None,
         body: RequestBody,
         serialization: str | None,
+        observer: RequestObserver | None = None,
     ) -> None:
         self.state = state
+        self.observer = observer or _NO_OBSERVER
         self.request_id = request_id
         self.content_type = content_type
         self.body = body
@@ -149,6 +123,48 @@ class ExecuteRequest:
         self.finish_fields: dict[str, Any] = {}
         self.seat: Seat | None = None
         self.timeout_seconds: float | None = None
+        self.finish_reason: str | None = None  # set once the request has ended
+        self.cancel_reason: str | None = None
+        self._cancel_event = asyncio.Event()
+        self._driving: WorkerHandle | None = None  # the worker running the program now
+
+    def cancel(self, reason: str) -> bool:
+        """Stop this request (EXTENSIONS §5, §9): a queued one leaves the queue, a running
+        one's process tree is killed under its lease and the worker replaced. ``reason`` is
+        the finish reason (``cancelled`` or ``client_disconnected``). False when the request
+        already ended or was cancelled before."""
+        if self.finish_reason is not None or self.cancel_reason is not None:
+            return False
+        self.cancel_reason = reason
+        self._cancel_event.set()
+        if self._driving is not None:
+            self._driving.interrupt_receive()
+        return True
+
+    def _cancelled_failure(self) -> RequestFailed:
+        reason = self.cancel_reason or "cancelled"
+        kind = "cancelled"
+        return RequestFailed(CANCELLED_STATUS, kind, CANCEL_MESSAGES.get(reason, reason), reason)
+
+    async def _unless_cancelled(self, awaitable: Any) -> Any:
+        """Await ``awaitable`` unless the request is cancelled first (then it is cancelled
+        too, and ``RequestFailed`` is raised)."""
+        if self.cancel_reason is not None:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise self._cancelled_failure()
+        task = asyncio.ensure_future(awaitable)
+        waiter = asyncio.ensure_future(self._cancel_event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise self._cancelled_failure()
 
     # ------------------------------------------------------------------ top level
 
@@ -172,6 +188,7 @@ class ExecuteRequest:
             )
         finally:
             self.body.close()
+        self.finish_reason = reason
         state.events.emit(
             "request_finished",
             FINISH_LEVELS.get(reason, "ERROR"),
@@ -204,7 +221,12 @@ class ExecuteRequest:
         program = parsed.program
         try:
             resolution = await loop.run_in_executor(
-                state.executor, self._resolve, program, parsed.blobs
+                state.executor,
+                resolve_blobs,
+                state.memory_cache,
+                state.disk_cache,
+                program,
+                parsed.blobs,
             )
         except ValidationError as exc:  # row 14
             raise RequestFailed(400, "parse", str(exc), "rejected") from None
@@ -213,52 +235,6 @@ class ExecuteRequest:
         finally:
             for sha in resolution.pins:
                 state.memory_cache.unpin(sha)
-
-    def _resolve(self, program: Program, supplied: dict[str, memoryview]) -> Resolution:
-        """PROTOCOL §9.2 steps 2–5 (blocking: runs in the executor)."""
-        state = self.state
-        kinds = program.blob_kinds()
-        memory, disk = state.memory_cache, state.disk_cache
-        to_disk = {}
-        for sha, data in supplied.items():
-            used = kinds.get(sha, frozenset())
-            if used & MEMORY_KINDS and len(data) * 4 <= memory.capacity_bytes:
-                # The cache outlives the request body, so it gets its own copy.
-                memory.put(sha, bytes(data))
-            if "file" in used:
-                to_disk[sha] = data
-        if to_disk and disk.enabled:
-            with contextlib.suppress(Exception):  # the disk cache never fails a request
-                disk.put_many(to_disk)
-        resolved: dict[str, bytes | memoryview] = {}
-        missing: list[str] = []
-        pins: list[str] = []
-        for sha, used in kinds.items():
-            needs_memory = bool(used & MEMORY_KINDS)
-            if needs_memory and memory.pin(sha):
-                pins.append(sha)
-            if sha in supplied:
-                resolved[sha] = supplied[sha]
-                continue
-            from_disk = from_memory = None
-            if "file" in used and disk.enabled:
-                with contextlib.suppress(Exception):
-                    from_disk = disk.get(sha)
-            if needs_memory:
-                from_memory = memory.get(sha)
-            if ("file" in used and from_disk is None) or (needs_memory and from_memory is None):
-                missing.append(sha)
-                if from_memory is not None:
-                    resolved[sha] = from_memory  # still checked by row 14
-                continue
-            resolved[sha] = from_disk if from_disk is not None else from_memory  # type: ignore[assignment]
-        try:
-            check_tensor_lengths(program, resolved)
-        except ValidationError:
-            for sha in pins:
-                memory.unpin(sha)
-            raise
-        return Resolution(resolved, missing, pins)
 
     async def _admitted(
         self, program: Program, parsed: Any, resolution: Resolution
@@ -305,15 +281,20 @@ class ExecuteRequest:
         if options.gpu_count is not None:
             accepted["gpu_count"] = options.gpu_count
         state.events.emit("request_accepted", **accepted)
+        self.observer.accepted(self)
 
         admitted_at = time.monotonic()
         try:
-            seat = await state.pool.acquire(config.worker_wait_timeout_seconds)
+            seat = await self._unless_cancelled(
+                state.pool.acquire(config.worker_wait_timeout_seconds, owner=self.observer)
+            )
         except NoWorker:
             raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
         queue_ms = (time.monotonic() - admitted_at) * 1000.0
         self.seat = seat
         self.finish_fields.update(worker_id=seat.id, gpu_id=seat.gpu_id, queue_ms=queue_ms)
+        gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
+        self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
         try:
             outcome = await self._execute(
                 seat, program, parsed, resolution, timeout, limit, queue_ms
@@ -355,7 +336,11 @@ class ExecuteRequest:
         )
         started = time.monotonic()
         handle.begin_request(self.request_id)
-        drive = await self._drive(handle, parsed, resolution, timeout, limit, started)
+        handle.on_lease = self.observer.lease
+        try:
+            drive = await self._drive(handle, parsed, resolution, timeout, limit, started)
+        finally:
+            handle.on_lease = None
         retire = drive.reason_retire
         if drive.kind == "finished":
             retire = state.pool.retire_reason(seat, retire)
@@ -378,8 +363,13 @@ class ExecuteRequest:
                         drive.last_instruction,
                         f"worker exited with code {handle.returncode} during teardown",
                     )
-        state.pool.release(seat, retire)
-        return await self._finish_outcome(drive, handle, started)
+        try:
+            # Output is read before the seat is handed on: the worker's next request
+            # recreates (truncates) the same capture files.
+            output = await self._read_output(drive)
+        finally:
+            state.pool.release(seat, retire)
+        return await self._finish_outcome(drive, handle, started, output)
 
     async def _execute_on_set(
         self,
@@ -407,16 +397,23 @@ class ExecuteRequest:
             log_programs=state.config.log_programs,
             allowed_serialization=state.config.allowed_serialization,
             transient=True,
+            config=state.config,
+            events=state.events,
         )
         handle.begin_request(self.request_id)
         handle.lease.waiting_since = started
+        self.observer.lease("lease_wait")
         try:
             gpu_ids = list(
-                await state.arbiter.acquire(handle, count=count, request_id=self.request_id)
+                await self._unless_cancelled(
+                    state.arbiter.acquire(handle, count=count, request_id=self.request_id)
+                )
             )
         except BaseException:
+            state.arbiter.withdraw(handle)
             state.pool.release_unused(seat)
             raise
+        self.observer.lease("lease_held")
         now = time.monotonic()
         handle.lease.wait_total += now - started
         handle.lease.waiting_since = None
@@ -439,7 +436,7 @@ class ExecuteRequest:
         try:
             remaining = timeout - self._budget_used(handle, started)
             try:
-                await handle.start(timeout=max(0.001, remaining))
+                await self._unless_cancelled(handle.start(timeout=max(0.001, remaining)))
             except WorkerStartError as exc:
                 await state.pool.kill(handle)
                 if self._budget_used(handle, started) >= timeout:
@@ -450,7 +447,8 @@ class ExecuteRequest:
             drive = await self._drive(handle, parsed, resolution, timeout, limit, started)
             # The transient worker is killed while holding its set (§6.5).
             await state.pool.kill(handle)
-            outcome = await self._finish_outcome(drive, handle, started)
+            output = await self._read_output(drive)
+            outcome = await self._finish_outcome(drive, handle, started, output)
             outcome.gpu_ids = gpu_ids
             return outcome
         finally:
@@ -478,6 +476,10 @@ class ExecuteRequest:
             state.events.output_dir, str(handle.pid) if limit > 0 else None
         )
         drive = _Drive(workspace=workspace, limit=limit)
+        if limit > 0:
+            self.observer.output_started(workspace, limit)
+        if self.cancel_reason is not None:
+            return await self._cancelled(handle, drive)
         extra_fd = None
         try:
             blobs, fds, extra_fd = await self._blob_slices(resolution.blobs)
@@ -499,20 +501,33 @@ class ExecuteRequest:
         finally:
             if extra_fd is not None:
                 os.close(extra_fd)
+        self._driving = handle
+        try:
+            return await self._collect(handle, drive, timeout, started)
+        finally:
+            self._driving = None
+            handle.clear_interrupt()
+
+    async def _collect(
+        self, handle: WorkerHandle, drive: _Drive, timeout: float, started: float
+    ) -> _Drive:
         while True:
+            if self.cancel_reason is not None:
+                return await self._cancelled(handle, drive)
             used = self._budget_used(handle, started)
             if used >= timeout and not handle.waiting_for_lease:
                 return await self._timed_out(handle, drive)
             wait = 0.25 if handle.waiting_for_lease else max(0.001, timeout - used)
             try:
                 message, fds = await handle.receive(wait)
-            except (asyncio.TimeoutError, TimeoutError):
+            except (asyncio.TimeoutError, TimeoutError, ReceiveInterrupted):
                 continue
             except WorkerGone as gone:
                 return await self._gone(handle, drive, gone)
             try:
                 if isinstance(message, ipc.InstructionStarted):
                     drive.last_instruction = message
+                    self.observer.instruction(message.index, message.op, message.id)
                 elif isinstance(message, ipc.ReturnProduced):
                     drive.returns.append(self._return_record(message, fds, drive))
                 elif isinstance(message, ipc.ProgramFinished):
@@ -583,6 +598,15 @@ class ExecuteRequest:
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         return drive
 
+    async def _cancelled(self, handle: WorkerHandle, drive: _Drive) -> _Drive:
+        """Kill the program as for a timeout (under the lease); the worker is replaced."""
+        await self.state.pool.kill(handle)
+        drive.kind = "cancelled"
+        drive.reason = self.cancel_reason or "cancelled"
+        drive.reason_retire = "cancelled"
+        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        return drive
+
     async def _gone(self, handle: WorkerHandle, drive: _Drive, gone: WorkerGone) -> _Drive:
         await self.state.pool.kill(handle)
         drive.reason_retire = "crashed"
@@ -631,38 +655,52 @@ class ExecuteRequest:
             slices += [ipc.BlobSlice(sha, index, off, n) for sha, off, n in placed]
         return slices, fds, extra_fd
 
-    async def _finish_outcome(self, drive: _Drive, handle: WorkerHandle, started: float) -> Outcome:
+    async def _read_output(self, drive: _Drive) -> CapturedOutput:
+        """Drain live output (jobs), then read the response's output (finished programs)."""
+        if drive.limit <= 0:
+            return NO_OUTPUT
+        await self.observer.output_finished()
+        if drive.kind != "finished":
+            return NO_OUTPUT
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.state.executor, drive.workspace.read_output, drive.limit
+        )
+
+    async def _finish_outcome(
+        self, drive: _Drive, handle: WorkerHandle, started: float, output: CapturedOutput
+    ) -> Outcome:
         loop = asyncio.get_running_loop()
         handle.end_request()
         elapsed = time.monotonic() - started
-        output = NO_OUTPUT
-        if drive.kind == "finished" and drive.limit > 0:
-            output = await loop.run_in_executor(
-                self.state.executor, drive.workspace.read_output, drive.limit
-            )
+        # Read now: once the seat is handed on, the handle times the next request.
+        lease_wait, lease_held = handle.lease.wait_total, handle.lease.held_total
         await loop.run_in_executor(self.state.executor, drive.workspace.remove)
         self.finish_fields.update(
             elapsed_ms=elapsed * 1000.0,
-            lease_wait_ms=handle.lease.wait_total * 1000.0,
-            lease_held_ms=handle.lease.held_total * 1000.0,
+            lease_wait_ms=lease_wait * 1000.0,
+            lease_held_ms=lease_held * 1000.0,
         )
         if drive.kind == "timeout":
-            _close_maps(drive.maps)
+            close_maps(drive.maps)
             raise RequestFailed(504, "timeout", "execution timed out", "timeout")
         if drive.kind == "invalid":
-            _close_maps(drive.maps)
+            close_maps(drive.maps)
             raise RequestFailed(500, "engine", "invalid worker response", "server_error")
         if drive.kind == "crashed":
-            _close_maps(drive.maps)
+            close_maps(drive.maps)
             raise RequestFailed(500, "engine", "worker crashed", "crashed")
+        if drive.kind == "cancelled":
+            close_maps(drive.maps)
+            raise self._cancelled_failure()
         return Outcome(
             status=drive.status,
             error=drive.error,
             returns=drive.returns,
             output=output,
             elapsed=elapsed,
-            lease_wait=handle.lease.wait_total,
-            lease_held=handle.lease.held_total,
+            lease_wait=lease_wait,
+            lease_held=lease_held,
             reason=drive.reason,
             maps=drive.maps,
         )
@@ -670,26 +708,7 @@ class ExecuteRequest:
     # ------------------------------------------------------------------ response
 
     async def _respond(self, outcome: Outcome, queue_ms: float) -> tuple[Reply, str]:
-        result: dict[str, Any] = {
-            "status": outcome.status,
-            "request_id": self.request_id,
-            "queue_ms": queue_ms,
-            "elapsed_ms": outcome.elapsed * 1000.0,
-            "lease_wait_ms": outcome.lease_wait * 1000.0,
-            "lease_held_ms": outcome.lease_held * 1000.0,
-        }
-        if outcome.gpu_ids is not None:
-            result["gpu_ids"] = outcome.gpu_ids
-            result["gpu_count"] = len(outcome.gpu_ids)
-        result.update(
-            stdout=outcome.output.stdout,
-            stderr=outcome.output.stderr,
-            stdout_truncated=outcome.output.stdout_truncated,
-            stderr_truncated=outcome.output.stderr_truncated,
-            results={r.key: r.node for r in outcome.returns},
-        )
         if outcome.error is not None:
-            result["error"] = outcome.error
             self.finish_fields.update(
                 status=outcome.status,
                 error_kind=outcome.error.get("kind"),
@@ -700,29 +719,9 @@ class ExecuteRequest:
             )
         else:
             self.finish_fields["status"] = outcome.status
-        try:
-            data = dumps_compact(result)
-        except (TypeError, ValueError):
-            _close_maps(outcome.maps)
-            raise RequestFailed(500, "engine", "invalid worker response", "server_error") from None
-        parts = [part for record in outcome.returns for part in record.parts]
-        if parts:
-            named = [("result", "application/json", data)] + [
-                (f"return:{i}", "application/octet-stream", part) for i, part in enumerate(parts)
-            ]
-            content_type, chunks, length = encode_multipart(named)
-            reply = Reply(200, {"Content-Type": content_type}, chunks, length, list(outcome.maps))
-        else:
-            _close_maps(outcome.maps)
-            reply = Reply(200, {"Content-Type": "application/json"}, [data], len(data))
-        if reply.length > self.state.config.max_response_bytes:
-            reply.close()
-            raise RequestFailed(
-                500,
-                "response_too_large",
-                "results exceed the configured response-size limit",
-                "server_error",
-            )
+        reply = encode_outcome(
+            outcome, self.request_id, queue_ms, self.state.config.max_response_bytes
+        )
         return reply, outcome.reason
 
 
@@ -732,7 +731,7 @@ class _Drive:
 
     workspace: Workspace
     limit: int
-    kind: str = "running"  # finished | timeout | crashed | invalid
+    kind: str = "running"  # finished | timeout | crashed | invalid | cancelled
     status: str = "FAILED"
     error: dict[str, Any] | None = None
     returns: list[ReturnRecord] = field(default_factory=list)
@@ -757,9 +756,3 @@ def _close(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def _close_maps(maps: list[mmap.mmap]) -> None:
-    for mapped in maps:
-        with contextlib.suppress(BufferError, ValueError):
-            mapped.close()

@@ -13,7 +13,7 @@ import contextlib
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ RETIRE_LEVELS = {
     "sandbox_cleanup": "WARNING",
     "timeout": "WARNING",
     "crashed": "ERROR",
+    "cancelled": "INFO",  # its program was cancelled (EXTENSIONS §5, §9)
 }
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
@@ -97,6 +98,9 @@ class Pool:
         self.closing = False
         self.requests_in_progress = 0
         self._waiters: deque[asyncio.Future[Seat]] = deque()
+        self._owners: dict[asyncio.Future[Seat], object] = {}
+        #: called (no arguments) whenever the queue of waiting requests changes
+        self.queue_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ counters
 
@@ -109,6 +113,24 @@ class Pool:
     @property
     def requests_waiting(self) -> int:
         return sum(1 for w in self._waiters if not w.done())
+
+    def queue_positions(self) -> dict[object, int]:
+        """Owner -> number of requests ahead of it, for queued ``acquire`` calls that named
+        an owner."""
+        positions: dict[object, int] = {}
+        ahead = 0
+        for waiter in self._waiters:
+            if waiter.done():
+                continue
+            owner = self._owners.get(waiter)
+            if owner is not None:
+                positions[owner] = ahead
+            ahead += 1
+        return positions
+
+    def _queue_changed(self) -> None:
+        for listener in list(self.queue_listeners):
+            listener()
 
     @property
     def busy_workers(self) -> int:
@@ -155,7 +177,12 @@ class Pool:
             sandbox=self.sandbox,
             log_programs=self.config.log_programs,
             allowed_serialization=self.allowed_serialization,
+            # one request per worker: it exits right after its outcome instead of cleaning
+            # up for a next program it will never get (the pipeline waits for that exit)
+            transient=self.config.max_requests_per_worker == 1,
             on_gone=self._on_worker_gone,
+            config=self.config,
+            events=self.events,
         )
 
     async def _start_seat(self, seat: Seat, *, phase: str) -> bool:
@@ -193,14 +220,20 @@ class Pool:
 
     # ------------------------------------------------------------------ assignment
 
-    async def acquire(self, timeout: float) -> Seat:
-        """An idle seat, marked busy; ``NoWorker`` after ``timeout`` or during shutdown."""
+    async def acquire(self, timeout: float, owner: object | None = None) -> Seat:
+        """An idle seat, marked busy; ``NoWorker`` after ``timeout`` or during shutdown.
+
+        ``owner`` names the caller in ``queue_positions`` while it waits. Cancelling the
+        wait leaves the queue (a seat assigned in the same tick is handed on)."""
         if not self.accepting:
             raise NoWorker("server is not accepting requests")
         seat = self._pick_idle() if not self.requests_waiting else None
         if seat is None:
             future: asyncio.Future[Seat] = asyncio.get_running_loop().create_future()
             self._waiters.append(future)
+            if owner is not None:
+                self._owners[future] = owner
+            self._queue_changed()
             try:
                 seat = await asyncio.wait_for(asyncio.shield(future), timeout)
             except (asyncio.TimeoutError, TimeoutError):
@@ -211,12 +244,15 @@ class Pool:
                     raise NoWorker("no worker became free in time") from None
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled() and future.exception() is None:
-                    self.release(future.result(), None)
+                    # The seat's worker took nothing: it is still clean and idle.
+                    self.release_unused(future.result())
                 future.cancel()
                 raise
             finally:
+                self._owners.pop(future, None)
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(future)
+                self._queue_changed()
         seat.state = "busy"
         seat.assigned = True
         self.requests_in_progress += 1

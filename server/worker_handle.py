@@ -14,12 +14,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from kcoral_server import ipc
+from kcoral_server import ipc, limits
+from kcoral_server.launcher import ForkedProcess, LauncherError, shared_launcher
 from kcoral_server.lease import LeaseArbiter
+from kcoral_server.sandbox import SandboxDir, SandboxError
 
 STARTUP_TIMEOUT_SECONDS = 60.0
 
@@ -43,6 +47,10 @@ class WorkerGone(Exception):
     def __init__(self, reason: str, *, invalid: bool = False) -> None:
         super().__init__(reason)
         self.invalid = invalid  # True: it sent something unreadable, not just EOF
+
+
+class ReceiveInterrupted(Exception):
+    """``receive`` was woken by ``interrupt_receive`` (the request is being cancelled)."""
 
 
 class WorkerStartError(Exception):
@@ -110,6 +118,8 @@ class WorkerHandle:
         allowed_serialization: Sequence[str] = ("json", "pickle"),
         transient: bool = False,
         on_gone: Callable[[WorkerHandle], None] | None = None,
+        config: Any = None,
+        events: Any = None,
     ) -> None:
         self.seat_id = seat_id
         self.generation = generation
@@ -122,7 +132,13 @@ class WorkerHandle:
         self.allowed_serialization = list(allowed_serialization)
         self.transient = transient
         self.on_gone = on_gone
-        self.process: subprocess.Popen | None = None
+        self.config = config  # ServerConfig: read-only paths and limits (None: no limits)
+        self.events = events  # EventLog for worker_limit_exceeded (optional)
+        self.sandbox_dir: SandboxDir | None = None
+        self._launch_lock = threading.Lock()
+        self._abandoned = False
+        self.cgroup: limits.WorkerCgroup | None = None
+        self.process: subprocess.Popen | ForkedProcess | None = None
         self.channel: ipc.AsyncChannel | None = None
         self.info: WorkerInfo | None = None
         self.inbox: asyncio.Queue[tuple[ipc.Message, list[int]] | WorkerGone] = asyncio.Queue()
@@ -134,6 +150,9 @@ class WorkerHandle:
         self._pump_task: asyncio.Task | None = None
         self._exit_event = asyncio.Event()
         self._exit_watch: asyncio.Task | None = None
+        #: told "lease_wait" / "lease_held" during a request (jobs report lease phases)
+        self.on_lease: Callable[[str], None] | None = None
+        self._interrupted = False
 
     @property
     def pid(self) -> int | None:
@@ -149,19 +168,36 @@ class WorkerHandle:
         """Launch the process and wait for ``WorkerReady`` (lease requests are served)."""
         loop = asyncio.get_running_loop()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = worker_environment(self.device, self.gpu_ids, self.gpu_uuids)
-        command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(child.fileno())]
+
+        def launch() -> subprocess.Popen | ForkedProcess:
+            command, env = self._launch_command(child.fileno())
+            process = _fork_worker(command, child.fileno(), env)
+            if process is None:
+                process = subprocess.Popen(
+                    command, pass_fds=(child.fileno(),), env=env, start_new_session=True
+                )
+            with self._launch_lock:
+                self.process = process
+                abandoned = self._abandoned
+            if abandoned:
+                self._kill_now()
+            return process
+
         try:
             # Forking a big front-end takes a while; keep it off the IO loop.
-            self.process = await loop.run_in_executor(
-                None,
-                lambda: subprocess.Popen(
-                    command, pass_fds=(child.fileno(),), env=env, start_new_session=True
-                ),
-            )
-        except OSError as exc:
+            self.process = await loop.run_in_executor(None, launch)
+        except (OSError, SandboxError) as exc:
             parent.close()
+            self._remove_confinement()
             raise WorkerStartError(f"cannot launch worker: {exc}") from None
+        except asyncio.CancelledError:
+            with self._launch_lock:
+                self._abandoned = True  # a launch still running in the thread kills itself
+                launched = self.process is not None
+            if launched:
+                self._kill_now()
+            parent.close()
+            raise
         finally:
             child.close()
         self.channel = ipc.AsyncChannel(parent)
@@ -186,6 +222,9 @@ class WorkerHandle:
             raise WorkerStartError("worker start-up timed out") from None
         except WorkerGone as exc:
             raise WorkerStartError(f"worker exited during start-up: {exc}") from None
+        except asyncio.CancelledError:
+            self._abandon()  # e.g. a replacement cancelled by shutdown: leave nothing behind
+            raise
         _close_fds(fds)
         if isinstance(message, ipc.WorkerStartFailed):
             raise WorkerStartError(message.error)
@@ -207,24 +246,88 @@ class WorkerHandle:
             self.lease = LeaseClock()  # start-up leasing of a seat is not part of a request
         return self.info
 
+    def _launch_command(self, fd: int) -> tuple[list[str], dict[str, str]]:
+        """Command and environment of the worker: wrapped in the sandbox when it is on, and
+        started inside its limits' cgroup (SERVER §6, §14)."""
+        env = worker_environment(self.device, self.gpu_ids, self.gpu_uuids)
+        command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
+        if self.sandbox == "bubblewrap":
+            paths = getattr(self.config, "sandbox_readonly_paths", None) or []
+            self.sandbox_dir = SandboxDir(
+                readonly_paths=paths, device=self.device, gpu_ids=self.gpu_ids, environ=env
+            )
+            env = self.sandbox_dir.environment(env)
+            command = self.sandbox_dir.command(command)
+        wanted = limits.limits_from_config(self.config)
+        self.cgroup = limits.create_cgroup(wanted)
+        env.update(limits.worker_limit_environment(wanted, self.cgroup, self.device))
+        return self.cgroup.wrap(command), env
+
+    def _kill_now(self) -> None:
+        """Blocking SIGKILL of the tree, then clean-up: for a start-up that was cancelled
+        (e.g. a replacement during shutdown), which nobody will ``kill``."""
+        if self.process is not None and self.process.poll() is None:
+            _signal_all(
+                [self.process.pid, *descendants(self.process.pid)],
+                signal.SIGKILL,
+                group=self.process.pid,
+            )
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+        self._remove_confinement()
+
+    def _abandon(self) -> None:
+        self._kill_now()
+        self.close()
+
+    def _remove_confinement(self) -> None:
+        """Drop the sandbox directory and the cgroup once the process tree is gone."""
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+            if self.cgroup.remove():
+                self.cgroup = None
+        if self.sandbox_dir is not None:
+            self.sandbox_dir.remove()
+            self.sandbox_dir = None
+
     # ------------------------------------------------------------------ messages
 
     def send(self, message: ipc.Message, fds: Sequence[int] = ()) -> None:
         if self.channel is None or self.gone is not None:
             raise WorkerGone(str(self.gone) if self.gone else "worker not started")
+        opened: list[int] = []
         try:
-            self.channel.send(message, list(fds))
+            if self.sandbox_dir is not None and isinstance(message, ipc.RunProgram):
+                message, opened = self.sandbox_dir.run_program(message, len(fds))
+            self.channel.send(message, [*fds, *opened])
         except OSError as exc:
             self._mark_gone(WorkerGone(f"cannot write to worker: {exc}"))
             raise self.gone from None  # type: ignore[misc]
+        finally:
+            _close_fds(opened)
 
     async def receive(self, timeout: float | None) -> tuple[ipc.Message, list[int]]:
         """Next non-lease message; ``TimeoutError`` after ``timeout``; ``WorkerGone``."""
-        item = await asyncio.wait_for(self.inbox.get(), timeout)
-        if isinstance(item, WorkerGone):
-            self.inbox.put_nowait(item)
-            raise item
-        return item
+        while True:
+            item = await asyncio.wait_for(self.inbox.get(), timeout)
+            if isinstance(item, WorkerGone):
+                self.inbox.put_nowait(item)
+                raise item
+            if item is not _INTERRUPT:
+                return item  # type: ignore[return-value]
+            if self._interrupted:
+                self._interrupted = False
+                raise ReceiveInterrupted()
+            # a stale wake-up (cleared after the request ended): skip it
+
+    def interrupt_receive(self) -> None:
+        """Wake the current (or next) ``receive`` with ``ReceiveInterrupted``."""
+        self._interrupted = True
+        self.inbox.put_nowait(_INTERRUPT)  # type: ignore[arg-type]
+
+    def clear_interrupt(self) -> None:
+        """Forget a pending ``interrupt_receive`` (its request is over)."""
+        self._interrupted = False
 
     def begin_request(self, request_id: str) -> None:
         self.request_id = request_id
@@ -273,7 +376,13 @@ class WorkerHandle:
         if self._acquire_task is not None and not self._acquire_task.done():
             return
         self.lease.waiting_since = time.monotonic()
+        self._lease_phase("lease_wait")
         self._acquire_task = asyncio.ensure_future(self._acquire())
+
+    def _lease_phase(self, phase: str) -> None:
+        if self.on_lease is not None:
+            with contextlib.suppress(Exception):  # an observer never breaks leasing
+                self.on_lease(phase)
 
     async def _acquire(self) -> None:
         assert self.arbiter is not None
@@ -286,6 +395,7 @@ class WorkerHandle:
         self.lease.held_since = now
         if self.gone is not None:
             return  # the dead worker keeps it until whoever cleans up releases it
+        self._lease_phase("lease_held")
         self._grant()
 
     def _grant(self) -> None:
@@ -306,6 +416,19 @@ class WorkerHandle:
 
     def _mark_gone(self, gone: WorkerGone) -> None:
         if self.gone is None:
+            hit = limits.limit_message(self.cgroup)
+            if hit is not None:
+                gone = WorkerGone(f"{gone}; {hit}", invalid=gone.invalid)
+                if self.events is not None:
+                    self.events.emit(
+                        "worker_limit_exceeded",
+                        "WARNING",
+                        worker_id=self.seat_id,
+                        generation=self.generation,
+                        pid=self.pid,
+                        request_id=self.request_id,
+                        message=hit,
+                    )
             self.gone = gone
             self.inbox.put_nowait(gone)
             if self.on_gone is not None:
@@ -362,24 +485,30 @@ class WorkerHandle:
         The caller holds the lease (or ensures the GPU is not in use)."""
         if self.process is None:
             return
-        pids = descendants(self.process.pid)
-        if self.process.poll() is None:
-            pids.insert(0, self.process.pid)
-        _signal_all(pids, signal.SIGTERM, group=self.process.pid)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            pids = [pid for pid in pids if _alive(pid)] + [
-                p for p in descendants(self.process.pid) if p not in pids
-            ]
-            if self.process.poll() is None and self.process.pid not in pids:
-                pids.append(self.process.pid)
-            if not pids:
-                break
-            await asyncio.sleep(0.02)
-        pids = [pid for pid in pids if _alive(pid)]
-        _signal_all(pids, signal.SIGKILL, group=self.process.pid)
-        await self.wait_exit(None)
-        self.close()
+        try:
+            pids = descendants(self.process.pid)
+            if self.process.poll() is None:
+                pids.insert(0, self.process.pid)
+            _signal_all(pids, signal.SIGTERM, group=self.process.pid)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                pids = [pid for pid in pids if _alive(pid)] + [
+                    p for p in descendants(self.process.pid) if p not in pids
+                ]
+                if self.process.poll() is None and self.process.pid not in pids:
+                    pids.append(self.process.pid)
+                if not pids:
+                    break
+                await asyncio.sleep(0.02)
+            pids = [pid for pid in pids if _alive(pid)]
+            _signal_all(pids, signal.SIGKILL, group=self.process.pid)
+            await self.wait_exit(None)
+            if self.cgroup is not None or self.sandbox_dir is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self._remove_confinement)
+            self.close()
+        except asyncio.CancelledError:
+            self._abandon()  # e.g. shutdown cancelled a replacement while it killed the old one
+            raise
 
     def close(self) -> None:
         if self._acquire_task is not None and not self._acquire_task.done():
@@ -394,6 +523,28 @@ class WorkerHandle:
             self.inbox.put_nowait(self.gone)
         if self._pump_task is not None:
             self._pump_task.cancel()
+        if self.returncode is not None:
+            self._remove_confinement()  # normally done by kill(); never leave it behind
+
+
+_INTERRUPT = object()
+
+#: ``spawn`` turns the fork server off (every worker is a new interpreter)
+LAUNCH_ENV = "KCORAL_WORKER_LAUNCH"
+
+
+def _fork_worker(command: list[str], fd: int, env: dict[str, str]) -> ForkedProcess | None:
+    """The plain worker command is forked from the preloaded launcher (~25 ms instead of an
+    interpreter start plus imports); a wrapped one (sandbox, cgroup shim) is spawned.
+    ``None``: spawn it."""
+    if command != [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]:
+        return None
+    if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
+        return None
+    try:
+        return shared_launcher().launch(fd, env)
+    except LauncherError:
+        return None  # the launcher is broken: spawning still works
 
 
 def descendants(pid: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""HTTP handlers: ``/execute``, ``/health``, ``/internal/worker-status``, ``/v1/info``."""
+"""HTTP handlers: ``/execute``, ``/v1/jobs``, ``/health``, ``/internal/worker-status``,
+``/v1/info``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ from typing import Any
 
 from kcoral_server.handlers.base import NotFoundHandler
 from kcoral_server.handlers.execute import ExecuteHandler
+from kcoral_server.handlers.jobs import (
+    JOB_ID_PATTERN,
+    JobEventsHandler,
+    JobResultHandler,
+    JobStateHandler,
+    JobSubmitHandler,
+)
 from kcoral_server.handlers.status import HealthHandler, InfoHandler, WorkerStatusHandler
 
 
@@ -14,6 +22,10 @@ def routes(state: Any) -> list[tuple[str, type, dict[str, Any]]]:
     args = {"state": state}
     return [
         (r"/execute", ExecuteHandler, args),
+        (r"/v1/jobs", JobSubmitHandler, args),
+        (rf"/v1/jobs/{JOB_ID_PATTERN}", JobStateHandler, args),
+        (rf"/v1/jobs/{JOB_ID_PATTERN}/events", JobEventsHandler, args),
+        (rf"/v1/jobs/{JOB_ID_PATTERN}/result", JobResultHandler, args),
         (r"/health", HealthHandler, args),
         (r"/internal/worker-status", WorkerStatusHandler, args),
         (r"/v1/info", InfoHandler, args),

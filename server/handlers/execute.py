@@ -2,6 +2,9 @@
 
 Refusals before the body is read, in this order: 401 (auth), 413 (declared length), the
 ``X-KCoral-Serialization`` 400, the in-flight-bytes / shutting-down 503 (EXTENSIONS §6).
+Tornado closes the connection after answering a request whose body it did not read, so
+those answers say ``Connection: close`` (a pooled client must not reuse the connection).
+A client that disconnects before its answer is written cancels its program (EXTENSIONS §9).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import tornado.web
 from kcoral_server.body import BodyTooLarge, RequestBody
 from kcoral_server.config import SERIALIZATION_FORMATS
 from kcoral_server.handlers.base import BaseHandler
-from kcoral_server.pipeline import FINISH_LEVELS, ExecuteRequest, Reply
+from kcoral_server.pipeline import FINISH_LEVELS, ExecuteRequest, Reply, RequestObserver
 
 from kcoral.protocol.headers import SERIALIZATION_HEADER
 
@@ -31,6 +34,8 @@ class ExecuteHandler(BaseHandler):
         self.body: RequestBody | None = None
         self.serialization: str | None = None
         self.inflight = 0
+        self.body_unread = True  # until post(): an answer now leaves the body unread
+        self.pipeline: ExecuteRequest | None = None  # while the program may still run
 
     def prepare(self) -> None:
         super().prepare()
@@ -88,25 +93,40 @@ class ExecuteHandler(BaseHandler):
             self.body = None
             self.refuse(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
 
-    async def post(self) -> None:
-        if self._finished or self.body is None:
-            return
+    def send_error_json(self, status: int, kind: str, message: str) -> None:
+        if self.body_unread:
+            self.set_header("Connection", "close")
+        super().send_error_json(status, kind, message)
+
+    def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
+        """The pipeline request for the received body (taken from the handler)."""
         body, self.body = self.body, None
-        request = ExecuteRequest(
+        assert body is not None
+        self.body_unread = False
+        return ExecuteRequest(
             self.state,
             request_id=self.request_id,
             content_type=self.request.headers.get("Content-Type"),
             body=body,
             serialization=self.serialization,
+            observer=observer,
         )
+
+    async def post(self) -> None:
+        if self._finished or self.body is None:
+            return
+        request = self.new_request()
+        self.pipeline = request
         self.state.open_requests += 1
         try:
             reply = await request.run()
+            self.pipeline = None
             try:
                 await self.send_reply(reply)
             finally:
                 reply.close()
         finally:
+            self.pipeline = None
             self.state.open_requests -= 1
             self.state.reply_sent()
 
@@ -147,6 +167,8 @@ class ExecuteHandler(BaseHandler):
         self._release()
 
     def on_connection_close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.cancel("client_disconnected")
         self._release()
         super().on_connection_close()
 

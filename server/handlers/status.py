@@ -50,7 +50,7 @@ class InfoHandler(BaseHandler):
 
     def get(self) -> None:
         config = self.state.config
-        features = ["cpu-tensors", "async-run", "serialization"]
+        features = ["cpu-tensors", "async-run", "serialization", "jobs"]
         if self.state.auth_token is not None:
             features.append("auth")
         self.send_json(

@@ -1,6 +1,12 @@
 """The node's slot tunnel (ROUTER.md §5): one ``ConnectSlot`` stream per worker seat, each
 request relayed to the node's own loopback ``POST /execute`` while streaming both ways.
 
+Beyond the spec (docs/scaling.md): a request head may name another method and path with the
+pseudo-headers ``:method`` / ``:path`` (only the endpoints in ``FORWARDABLE``), and the node
+also opens ``control_slot_count(seats)`` *control* slots (gRPC metadata
+``kcoral-slot-kind: control``) for ``/v1/info`` and the job reads, so long-lived event
+streams never occupy a worker seat's slot.
+
 Started by the child server once it listens: ``handle = await start_tunnel(...)``;
 ``await handle.close()`` on shutdown closes idle slots at once and lets busy ones finish.
 """
@@ -8,7 +14,9 @@ Started by the child server once it listens: ``handle = await start_tunnel(...)`
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +33,7 @@ from kcoral_server.router.identity import (
     PROTOCOL_VERSION,
     parse_router_origin,
 )
+from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA
 
 ACK_TIMEOUT = 10.0
 MIN_DELAY, MAX_DELAY, JITTER = 1.0, 30.0, 0.2
@@ -39,6 +48,38 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
+
+
+METHOD_HEADER, PATH_HEADER = b":method", b":path"
+FORWARDABLE_METHODS = frozenset({b"GET", b"POST", b"DELETE"})
+#: The node's own endpoints a router may reach; never /internal/* (it trusts loopback peers).
+FORWARDABLE = re.compile(
+    rb"/(?:execute|v1/info|v1/jobs(?:/[A-Za-z0-9_.~%-]+(?:/events|/result)?)?)"
+    rb"(?:\?[\x21-\x7e]*)?"
+)
+CONTROL_SLOTS_ENV = "KCORAL_NODE_CONTROL_SLOTS"
+
+
+def control_slot_count(worker_slots: int, environ: Any = None) -> int:
+    """Control slots to open: twice the worker seats, at least 4 (env override for tests)."""
+    env = os.environ if environ is None else environ
+    value = env.get(CONTROL_SLOTS_ENV, "")
+    if value.isdigit():
+        return int(value)
+    return max(4, 2 * worker_slots)
+
+
+def request_target(head: pb.RequestHead) -> tuple[str, str]:
+    """``(method, path)`` of a request head: its pseudo-headers, else ``POST /execute``."""
+    methods = [h.value for h in head.headers if h.name == METHOD_HEADER]
+    paths = [h.value for h in head.headers if h.name == PATH_HEADER]
+    if not methods and not paths:
+        return "POST", "/execute"
+    if len(methods) != 1 or len(paths) != 1:
+        raise ProtocolViolation("a request head needs exactly one :method and one :path")
+    if methods[0] not in FORWARDABLE_METHODS or FORWARDABLE.fullmatch(paths[0]) is None:
+        raise ProtocolViolation("request method or path not forwardable")
+    return methods[0].decode(), paths[0].decode()
 
 
 def channel_options() -> list[tuple[str, Any]]:
@@ -101,6 +142,7 @@ class Tunnel:
         self.server_host = parts.hostname or "127.0.0.1"
         self.server_port = parts.port or 80
         self.slot_count = slot_count
+        self.control_slots = control_slot_count(slot_count)
         self.event_log = event_log
         self.closing = False
         self.channel = open_channel(router_endpoint)
@@ -118,9 +160,11 @@ class Tunnel:
             router_endpoint=self.router_endpoint,
             node_id=self.node_id,
             slots=self.slot_count,
+            control_slots=self.control_slots,
         )
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self.run_slot(i)) for i in range(self.slot_count)]
+        total = self.slot_count + self.control_slots
+        self.tasks = [loop.create_task(self.run_slot(i)) for i in range(total)]
 
     async def close(self) -> None:
         """Close idle slots now; busy ones close after delivering their response."""
@@ -138,9 +182,12 @@ class Tunnel:
     async def run_slot(self, index: int) -> None:
         delay = MIN_DELAY
         connection = HttpConnectionPool(self.server_host, self.server_port)
+        metadata = self.metadata
+        if index >= self.slot_count:
+            metadata = (*metadata, (SLOT_KIND_METADATA, CONTROL))
         while not self.closing:
             slot_id = str(uuid.uuid4())
-            call = self.stub.ConnectSlot(metadata=self.metadata)
+            call = self.stub.ConnectSlot(metadata=metadata)
             expected, error = False, ""
             try:
                 hello = pb.SlotHello(
@@ -215,6 +262,7 @@ class Tunnel:
                 if kind == "request_head":
                     if not frame.request_id or (current is not None and current.body_open):
                         raise ProtocolViolation("unexpected request_head")
+                    request_target(frame.request_head)  # refuses what may not be forwarded
                     previous = current.task if current is not None else None
                     current = _Request(frame.request_id)
                     self.idle_calls.pop(index, None)
@@ -268,11 +316,13 @@ class Tunnel:
             await asyncio.gather(previous, return_exceptions=True)
         rid = request.request_id
         head = head_frame.request_head
+        method, path = request_target(head)
         chunked = not head.HasField("content_length")
         headers = [
             (h.name, h.value)
             for h in head.headers
             if h.name.lower() not in HOP_BY_HOP
+            and not h.name.startswith(b":")
             and not (chunked and h.name.lower() == b"content-length")
         ]
         if not any(name.lower() == b"host" for name, _ in headers):
@@ -284,7 +334,7 @@ class Tunnel:
             self._send_body(connection, request, chunked)
         )
         try:
-            await connection.send_head("POST", "/execute", headers)
+            await connection.send_head(method, path, headers)
             status, response_headers = await connection.read_head()
             await call.write(
                 pb.SlotFrame(
@@ -295,7 +345,7 @@ class Tunnel:
                     ),
                 )
             )
-            async for piece in connection.body(status, response_headers):
+            async for piece in connection.body(status, response_headers, method):
                 await call.write(pb.SlotFrame(request_id=rid, data=piece))
             if not body_task.done():
                 # Early answer: the rest of the body is not wanted; this connection is spent.

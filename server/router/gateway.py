@@ -12,7 +12,7 @@ from kcoral_server.router.identity import PROTOCOL_VERSION, bearer_matches, is_v
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import Registry
 from kcoral_server.router.settings import RouterSettings
-from kcoral_server.router.slot import RouterSlot
+from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
 
 FIRST_MESSAGE_TIMEOUT = 10.0
 
@@ -112,8 +112,15 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "server_instance_id and slot_id are required"
             )
-        slot = RouterSlot(hello.node_id, hello.slot_id, hello.server_instance_id, context)
+        kind = WORKER
+        for key, value in context.invocation_metadata() or ():
+            if key == SLOT_KIND_METADATA:
+                kind = value
+        if kind not in (WORKER, CONTROL):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown slot kind")
+        slot = RouterSlot(hello.node_id, hello.slot_id, hello.server_instance_id, context, kind)
         refused = self.registry.add_slot(slot)
+        self.log.event("DEBUG_slot", kind=kind, refused=refused, state=self.registry.nodes[slot.node_id].state)
         if refused is not None:
             await context.abort(*refused)
         reader = None

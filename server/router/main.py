@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import signal
 import sys
 import uuid
@@ -19,7 +20,7 @@ from kcoral_server.router.identity import MAX_FRAME_DATA, MAX_GRPC_MESSAGE
 from kcoral_server.router.listener import DemuxServer
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import Registry
-from kcoral_server.router.scheduler import Admission
+from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 
 GRPC_OPTIONS = [
@@ -54,11 +55,20 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
     admission = Admission(
         registry, settings.max_queued_requests, settings.queue_wait_timeout_seconds
     )
-    registry.on_change = admission.wake
+    control = ControlAdmission(
+        registry, settings.max_queued_requests, settings.queue_wait_timeout_seconds
+    )
+
+    def wake() -> None:
+        admission.wake()
+        control.wake()
+
+    registry.on_change = wake
     return RouterState(
         settings=settings,
         registry=registry,
         admission=admission,
+        control=control,
         log=log,
         instance_id=str(uuid.uuid4()),
         started_at=utc_now_micros(),
@@ -105,7 +115,15 @@ async def serve(settings: RouterSettings) -> int:
         grpc=url if settings.grpc_port is None else f"http://{host_port(settings.host, grpc_port)}",
         instance_id=state.instance_id,
         node_token="set" if settings.node_token else None,
+        client_token="set" if settings.auth_token else None,
     )
+    if settings.auth_token is None and not ipaddress.ip_address(settings.host).is_loopback:
+        log.event(
+            "unauthenticated_access",
+            level="WARNING",
+            host=settings.host,
+            message="listening on a non-loopback address without client authentication",
+        )
     sys.stderr.write(f"KCoral router listening on {url}\n")
     sys.stderr.flush()
     if settings.ready_file is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import grpc
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.settings import RouterSettings
-from kcoral_server.router.slot import RouterSlot
+from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
 STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
     "starting",
@@ -51,17 +51,21 @@ class NodeRecord:
     last_selected: int = 0
     slots: dict[str, RouterSlot] = field(default_factory=dict)
 
-    def current_slots(self) -> list[RouterSlot]:
+    def current_slots(self, kind: str = WORKER) -> list[RouterSlot]:
         return [
             s
             for s in self.slots.values()
-            if s.instance_id == self.server_instance_id and not s.closed.is_set()
+            if s.kind == kind and s.instance_id == self.server_instance_id and not s.closed.is_set()
         ]
 
-    def idle_slots(self) -> list[RouterSlot]:
-        return [s for s in self.current_slots() if not s.busy]
+    def idle_slots(self, kind: str = WORKER) -> list[RouterSlot]:
+        return [s for s in self.current_slots(kind) if not s.busy]
 
     def inflight(self) -> int:
+        """Requests on worker slots (control requests are not load)."""
+        return sum(1 for s in self.slots.values() if s.busy and s.kind == WORKER)
+
+    def busy_slots(self) -> int:
         return sum(1 for s in self.slots.values() if s.busy)
 
     def saturated(self, now: float) -> bool:
@@ -175,7 +179,7 @@ class Registry:
             if (
                 not node.connected
                 and node.lost_at is not None
-                and node.inflight() == 0
+                and node.busy_slots() == 0
                 and now - node.lost_at > self.settings.node_retention_seconds
             ):
                 self.forget(node)
@@ -245,6 +249,34 @@ class Registry:
         slot = min(chosen.idle_slots(), key=lambda s: s.idle_since)
         self._selections += 1
         chosen.last_selected = self._selections
+        slot.begin(request_id)
+        return chosen, slot
+
+    def control_nodes(self, *, ready_only: bool) -> list[NodeRecord]:
+        """Connected nodes that have control slots of their current server instance."""
+        return [
+            n
+            for n in self.nodes.values()
+            if n.connected and (n.state == READY or not ready_only) and n.current_slots(CONTROL)
+        ]
+
+    def select_control(
+        self, node_id: str | None, request_id: str
+    ) -> tuple[NodeRecord, RouterSlot] | None:
+        """Lease an idle control slot: of ``node_id`` (any state; a job lives there), or of
+        any ``ready`` node (fewest busy control slots first)."""
+        if node_id is not None:
+            node = self.nodes.get(node_id)
+            candidates = [node] if node is not None and node.connected else []
+        else:
+            candidates = [n for n in self.nodes.values() if n.state == READY and n.connected]
+        candidates = [n for n in candidates if n.idle_slots(CONTROL)]
+        if not candidates:
+            return None
+        chosen = min(
+            candidates, key=lambda n: len(n.current_slots(CONTROL)) - len(n.idle_slots(CONTROL))
+        )
+        slot = min(chosen.idle_slots(CONTROL), key=lambda s: s.idle_since)
         slot.begin(request_id)
         return chosen, slot
 

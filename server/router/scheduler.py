@@ -74,3 +74,68 @@ class Admission:
                 return
             self._waiters.popleft()
             waiter.future.set_result(lease)
+
+
+class ControlAdmission:
+    """Waiters for control slots (``/v1/info``, job reads and cancels, event streams).
+
+    Unlike ``Admission`` there is no head-of-line blocking: a waiter bound to one node (a
+    job's node) must not hold back a waiter that any other node could serve. A waiter bound
+    to a node that is not connected fails at once with ``NoNode``.
+    """
+
+    def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
+        self.registry = registry
+        self.max_queued = max_queued
+        self.wait_timeout = wait_timeout
+        self._waiters: list[_Waiter] = []
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.future.done())
+
+    async def acquire(
+        self, node_id: str | None, request_id: str, timeout: float | None = None
+    ) -> Lease:
+        self._check_node(node_id)
+        lease = self.registry.select_control(node_id, request_id)
+        if lease is not None:
+            return lease
+        if self.waiting >= self.max_queued:
+            raise RouterBusy
+        waiter = _Waiter(node_id, request_id, asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        wait = self.wait_timeout if timeout is None else min(timeout, self.wait_timeout)
+        try:
+            return await asyncio.wait_for(waiter.future, wait)
+        except asyncio.TimeoutError:
+            raise NoNode from None
+        except BaseException:
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.registry.release(future.result()[1])
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _check_node(self, node_id: str | None) -> None:
+        if node_id is None:
+            return
+        node = self.registry.nodes.get(node_id)
+        if node is None or not node.connected:
+            raise NoNode
+
+    def wake(self) -> None:
+        """Serve every waiter that can be served now, oldest first."""
+        for waiter in list(self._waiters):
+            if waiter.future.done():
+                continue
+            try:
+                self._check_node(waiter.affinity)
+            except NoNode:
+                waiter.future.set_exception(NoNode())
+                continue
+            lease = self.registry.select_control(waiter.affinity, waiter.request_id)
+            if lease is not None:
+                waiter.future.set_result(lease)

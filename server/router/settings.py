@@ -26,10 +26,13 @@ class RouterSettings:
     max_request_bytes: int = 268435456
     node_token: str | None = None
     ready_file: Path | None = None
+    auth_token: str | None = None  # the client token (EXTENSIONS §6), not the node token
+    allow_unauthenticated: bool = False
 
-    def __repr__(self) -> str:  # never show the token
-        token = None if self.node_token is None else "<redacted>"
-        fields = {**self.__dict__, "node_token": token}
+    def __repr__(self) -> str:  # never show the tokens
+        fields = dict(self.__dict__)
+        for name in ("node_token", "auth_token"):
+            fields[name] = None if fields[name] is None else "<redacted>"
         return "RouterSettings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
 
@@ -63,8 +66,34 @@ def _build_parser() -> argparse.ArgumentParser:
     add("--node-retention-seconds", type=_duration, default=600.0)
     add("--max-request-bytes", type=int, default=268435456)
     add("--node-token", default=None, help="node token (prefer env KCORAL_NODE_TOKEN)")
+    add(
+        "--auth-token-file",
+        default=None,
+        help="file holding the client token (or env KCORAL_AUTH_TOKEN)",
+    )
+    add(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="listen on a non-loopback address without a client token",
+    )
     add("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
+    """The client token: from ``--auth-token-file`` (stripped), else ``KCORAL_AUTH_TOKEN``."""
+    if path is None:
+        return env.get("KCORAL_AUTH_TOKEN") or None
+    if not path:
+        raise SettingsError("--auth-token-file must not be empty")
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise SettingsError(f"--auth-token-file cannot be read: {reason}") from None
+    if not token:
+        raise SettingsError("--auth-token-file is empty")
+    return token
 
 
 def parse_router_args(
@@ -77,9 +106,15 @@ def parse_router_args(
     if token is not None and token == "":
         raise SettingsError("--node-token must not be empty")
     try:
-        ipaddress.ip_address(args.host)
+        address = ipaddress.ip_address(args.host)
     except ValueError:
         raise SettingsError(f"--host must be a literal IP address, got {args.host!r}") from None
+    auth_token = _client_token(args.auth_token_file, env)
+    if auth_token is None and not address.is_loopback and not args.allow_unauthenticated:
+        raise SettingsError(
+            f"refusing to listen on non-loopback address {args.host} without a client token; "
+            "set --auth-token-file or KCORAL_AUTH_TOKEN, or pass --allow-unauthenticated"
+        )
     if not 0 <= args.port <= 65535:
         raise SettingsError("--port must be between 0 and 65535")
     if args.grpc_port is not None and not 0 <= args.grpc_port <= 65535:
@@ -113,4 +148,6 @@ def parse_router_args(
         max_request_bytes=args.max_request_bytes,
         node_token=token,
         ready_file=args.ready_file,
+        auth_token=auth_token,
+        allow_unauthenticated=args.allow_unauthenticated,
     )

@@ -23,12 +23,24 @@ class SlotBroken(Exception):
         self.reason = reason
 
 
+WORKER, CONTROL = "worker", "control"
+#: gRPC metadata key a node sets on ``ConnectSlot`` to open a control slot (docs/scaling.md).
+SLOT_KIND_METADATA = "kcoral-slot-kind"
+
+
 class RouterSlot:
-    def __init__(self, node_id: str, slot_id: str, instance_id: str, context: Any) -> None:
+    """``kind``: ``worker`` slots (one per worker seat) carry ``/execute`` and job submissions;
+    ``control`` slots carry the short or long-lived reads (``/v1/info``, job state, events,
+    results, cancels) so an open event stream never takes a worker seat's slot."""
+
+    def __init__(
+        self, node_id: str, slot_id: str, instance_id: str, context: Any, kind: str = WORKER
+    ) -> None:
         self.node_id = node_id
         self.slot_id = slot_id
         self.instance_id = instance_id
         self.context = context
+        self.kind = kind
         self.request_id: str | None = None
         self.idle_since = time.monotonic()
         self.closed = asyncio.Event()

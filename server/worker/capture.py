@@ -28,13 +28,17 @@ def flush_c_stdio() -> None:
 class OutputCapture:
     """Redirects fds 1/2 for one program; ``restore`` puts the worker's own streams back."""
 
-    def __init__(self, stdout_path: str, stderr_path: str) -> None:
+    def __init__(self, stdout_path: str | int, stderr_path: str | int) -> None:
+        """Targets are paths, or open descriptors (sandboxed workers) that stay the caller's."""
         self._saved_objects: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
         _flush_quietly(sys.stdout, sys.stderr)
         flush_c_stdio()
         self._saved_fds = (os.dup(1), os.dup(2))
         self._wrappers: list[TextIO] = []
         for target_fd, path in ((1, stdout_path), (2, stderr_path)):
+            if isinstance(path, int):
+                os.dup2(path, target_fd)
+                continue
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             try:
                 os.dup2(fd, target_fd)  # dup2 clears O_CLOEXEC: children inherit fds 1/2

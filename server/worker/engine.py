@@ -31,6 +31,8 @@ from kcoral_server.ipc import (
 from kcoral_server.worker import context
 from kcoral_server.worker.blobs import BlobMaps, parts_memfd
 from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
+from kcoral_server.worker.confinement import clear_workspace
+from kcoral_server.worker.cupti_guard import GpuAccessFailure, finalize_cupti, watch_cpu_only
 from kcoral_server.worker.failures import (
     Attribution,
     InstructionFailure,
@@ -59,6 +61,9 @@ from kcoral.protocol.strict_json import loads_strict
 
 LEFTOVER_MESSAGE = "program left background processes running; they were terminated"
 NOT_A_MODULE = "get_function expects an uploaded module or library handle"
+# Survivors of each clean-up are frozen out of the collector (torch alone is hundreds of
+# thousands of objects); a periodic full pass still finds cycles among frozen objects.
+FULL_COLLECTION_EVERY = 100
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -124,9 +129,24 @@ class Engine:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.libraries = Libraries(runtime.library_unavailable)
+        self.unsettled: ProgramRun | None = None  # outcome sent, slow clean-up still due
+        self.programs = 0
 
     def run(self, request: RunProgram, fds: list[int]) -> Outcome:
-        return ProgramRun(self, request, fds).execute()
+        self.settle()  # a caller that never settled still gets a clean process
+        run = ProgramRun(self, request, fds)
+        outcome = run.execute()
+        self.unsettled = run
+        return outcome
+
+    def settle(self) -> None:
+        """The slow part of teardown, done after ``ProgramFinished`` went out and before
+        ``WorkerReady`` (the seat, and the GPU lease, stay busy until then)."""
+        run, self.unsettled = self.unsettled, None
+        if run is None:
+            return
+        self.programs += 1
+        run.settle(full_collection=self.programs % FULL_COLLECTION_EVERY == 0)
 
 
 class ProgramRun:
@@ -153,6 +173,10 @@ class ProgramRun:
         self.error: dict[str, Any] | None = None
         self.left_processes = False
         self.poisoned = False
+        self.gpu_access_at: float | None = None  # monotonic time of a cpu_only CUDA call
+        self.settled = False
+        # only modules that appear (or change) during the program can come from its workspace
+        self.modules_before = dict(sys.modules)
 
     # ------------------------------------------------------------------ driver
 
@@ -160,11 +184,18 @@ class ProgramRun:
         request = self.request
         capture = None
         startup_failure: Exception | None = None
+        capture_fds = self._take_capture_fds()
         if request.stdout_path is not None and request.stderr_path is not None:
             try:
-                capture = OutputCapture(request.stdout_path, request.stderr_path)
+                if capture_fds:
+                    capture = OutputCapture(capture_fds[0], capture_fds[1])
+                else:
+                    capture = OutputCapture(request.stdout_path, request.stderr_path)
             except OSError as exc:  # the front-end's capture files are unusable
                 startup_failure = exc
+        for fd in capture_fds:  # now duplicated onto fds 1 and 2
+            with contextlib.suppress(OSError):
+                os.close(fd)
         context.current = context.RequestContext(
             request_id=request.request_id,
             device=self.runtime.device,
@@ -190,6 +221,16 @@ class ProgramRun:
         )
         self.lease.forget()  # after ProgramFinished the lease is the front-end's business
         return outcome
+
+    def _take_capture_fds(self) -> list[int]:
+        """The capture descriptors a sandboxed worker receives instead of paths (they follow
+        the blob fds in the frame)."""
+        wanted = self.request.capture_fds
+        if len(wanted) != 2 or not all(0 <= i < len(self.fds) for i in wanted):
+            return []
+        taken = [self.fds[i] for i in wanted]
+        self.fds = [fd for i, fd in enumerate(self.fds) if i not in wanted]
+        return taken
 
     def _run_instructions(self, startup_failure: Exception | None = None) -> None:
         try:
@@ -244,6 +285,10 @@ class ProgramRun:
 
     def _fail(self, failure: InstructionFailure, where: Attribution) -> None:
         self.error = error_object(failure.kind, failure.message, where, failure.traceback)
+        if isinstance(failure, GpuAccessFailure):
+            self.error.update(failure.fields)
+            # for the front-end, which alone knows who held the GPU then
+            self.gpu_access_at = failure.observed_at
 
     def _step(self, instruction: Instruction) -> None:
         if isinstance(instruction, Upload):
@@ -349,17 +394,19 @@ class ProgramRun:
 
     def _run(self, run: Run) -> None:
         function = self._resolve(run.fn)
-        if run.fn.id in self.cpu_only:
+        watched = run.fn.id in self.cpu_only
+        if watched:
             self._drain_and_release()
-            unavailable = self.runtime.cpu_only_unavailable()
-            if unavailable is not None:
-                raise InstructionFailure("unavailable", unavailable)
         else:
             self.lease.acquire()
         if not callable(function):
             raise InstructionFailure("runtime", f"handle '{run.fn.id}' is not callable")
         args = [self._resolve(arg) if isinstance(arg, Ref) else _literal(arg) for arg in run.args]
-        self.handles[run.id] = self._call_user(lambda: function(*args))
+        if not watched:
+            self.handles[run.id] = self._call_user(lambda: function(*args))
+            return
+        with watch_cpu_only(self.runtime.device):  # PROTOCOL §6.2 cpu_only watch
+            self.handles[run.id] = self._call_user(lambda: function(*args))
 
     def _return_value(self, ret: Return) -> None:
         self.lease.acquire()  # tensors on the GPU are copied to the host under the lease
@@ -438,6 +485,11 @@ class ProgramRun:
                 self.error = error_object("runtime", LEFTOVER_MESSAGE, last, "")
         if not verified:
             self.poisoned = True
+        if self.engine.configure.sandbox == "bubblewrap":
+            # §14: the sandbox keeps one workspace; a worker that cannot empty it must not
+            # take another program (retired like a poisoned one).
+            if not clear_workspace(self.request.workspace):
+                self.poisoned = True
 
     def _record_fault(self, fault: CudaFault | None, last: Attribution) -> None:
         if fault is None:
@@ -463,18 +515,34 @@ class ProgramRun:
             pass
 
     def _cleanup_process(self) -> None:
+        """The part of clean-up the outcome waits for: what the program's output and the
+        leftover-process check depend on. ``settle`` does the rest."""
         self.handles.clear()
         self.module_kinds.clear()
         self.modules.teardown()
-        _drop_workspace_modules(self.request.workspace)
+        # here, not in settle: the front-end deletes the workspace once it has the outcome
+        _drop_workspace_modules(self.request.workspace, self.modules_before)
+        self.modules_before = {}
         if self.blobs is not None:
             self.blobs.close()
         flush_c_stdio()
-        self.engine.snapshot.restore()  # environment, cwd, sys.path, torch settings, ...
         if self.workspace_fd is not None:
             os.close(self.workspace_fd)
             self.workspace_fd = None
+        if self.exiting:
+            self.settle()
+
+    def settle(self, *, full_collection: bool = False) -> None:
+        """Restore the process, collect garbage, detach CUPTI (idempotent)."""
+        if self.settled:
+            return
+        self.settled = True
+        self.engine.snapshot.restore()  # environment, cwd, sys.path, torch settings, ...
+        if full_collection:
+            gc.unfreeze()
         gc.collect()
+        gc.freeze()
+        finalize_cupti()  # SERVER §6: CUPTI is detached between reused requests
         self.runtime.after_program()
 
 
@@ -501,13 +569,22 @@ def _own_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8192:]
 
 
-def _drop_workspace_modules(workspace: str) -> None:
-    """Forget modules a program imported from its workspace (it is deleted afterwards)."""
-    root = os.path.realpath(workspace) + os.sep
+def _drop_workspace_modules(workspace: str, before: dict[str, Any]) -> None:
+    """Forget modules a program imported from its workspace (it is deleted afterwards).
+
+    Only modules added or replaced since ``before`` are examined, by string prefix:
+    ``realpath`` on every module of a process that loaded torch cost ~0.5 s per program."""
+    roots = tuple({os.path.realpath(workspace) + os.sep, os.path.abspath(workspace) + os.sep})
     for name, module in list(sys.modules.items()):
+        if before.get(name) is module:
+            continue
         filename = getattr(module, "__file__", None)
-        if isinstance(filename, str) and os.path.realpath(filename).startswith(root):
+        if not isinstance(filename, str):
+            continue
+        if not os.path.isabs(filename):  # relative to the program's cwd: resolve it once
+            filename = os.path.realpath(filename)
+        if filename.startswith(roots):
             sys.modules.pop(name, None)
     for key in list(sys.path_importer_cache):
-        if isinstance(key, str) and (key + os.sep).startswith(root):
+        if isinstance(key, str) and (key + os.sep).startswith(roots):
             sys.path_importer_cache.pop(key, None)

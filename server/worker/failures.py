@@ -99,4 +99,8 @@ def classify(exc: BaseException) -> InstructionFailure:
         return InstructionFailure(exc.kind, exc.message, tb)
     if isinstance(exc, AssertionError):
         return InstructionFailure("correctness", exception_text(exc), tb)
-    return InstructionFailure("runtime", exception_text(exc), tb)
+    from kcoral_server.worker.confinement import limit_note  # only needed on failures
+
+    note = limit_note(exc)
+    text = exception_text(exc) if note is None else f"{exception_text(exc)} ({note})"
+    return InstructionFailure("runtime", text, tb)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import socket
 
@@ -20,6 +21,7 @@ from kcoral_server.ipc import (
     WorkerReady,
     WorkerStartFailed,
 )
+from kcoral_server.limits import apply_memory_rlimit
 from kcoral_server.worker.engine import Engine
 from kcoral_server.worker.failures import exception_text
 from kcoral_server.worker.leasing import Lease, WorkerExit
@@ -58,6 +60,10 @@ def serve(channel: BlockingChannel) -> int:
         with contextlib.suppress(OSError):
             channel.send(WorkerStartFailed(error=exception_text(exc)))
         return 1
+    # Start-up objects (torch's and numpy's included) live as long as the process: keep them
+    # out of every later collection (SERVER §6 teardown collects after each program).
+    gc.collect()
+    gc.freeze()
     ready = WorkerReady(
         pid=os.getpid(),
         target=identity.target,
@@ -82,8 +88,9 @@ def serve(channel: BlockingChannel) -> int:
             return 0
         channel.send(outcome.message())
         if configure.transient:
-            return 0
+            return 0  # exits at once: nothing to clean for a next program
         if not outcome.poisoned:
+            engine.settle()  # the slow clean-up, after the outcome, before ready again
             channel.send(ready)
 
 
@@ -91,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kcoral_server.worker")
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
     args = parser.parse_args(argv)
+    apply_memory_rlimit()  # before anything big is imported or allocated
     sock = socket.socket(fileno=args.fd)
     channel = BlockingChannel(sock)
     try:

@@ -8,8 +8,8 @@ import shutil
 import uuid
 
 import pytest
-from conftest import start_server
 from http_helpers import execute, execute_body, get, request
+from server_process import start_server
 
 MAX_REQUEST = 65536
 HEALTH_KEYS = {"status", "instance_id", "started_at", "gpu_count", "load", "target", "versions"}
@@ -42,7 +42,7 @@ def test_health_has_exactly_the_documented_keys(server) -> None:
 def test_info_lists_features_device_and_limits(server) -> None:
     body = get(server.url, "/v1/info").body
     assert body["protocol"] == 1 and body["device"] == "cpu"
-    assert set(body["features"]) == {"cpu-tensors", "async-run", "serialization"}
+    assert set(body["features"]) == {"cpu-tensors", "async-run", "serialization", "jobs"}
     assert body["limits"]["max_request_bytes"] == MAX_REQUEST
     assert set(body["limits"]) == {
         "max_request_bytes",

@@ -1,0 +1,75 @@
+"""Blob resolution for an admitted request: caches, row 14 (PROTOCOL §9.2).
+
+Supplied blobs go into the memory cache (kinds kept in memory) and the disk cache (file
+uploads); every blob the program references is then found in the request, the disk cache or
+the memory cache, or reported missing (``CACHE_MISS``). Memory-cache entries the request
+uses are pinned until it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from kcoral_server.disk_cache import DiskCache
+from kcoral_server.memory_cache import MemoryCache
+
+from kcoral.errors import ValidationError
+from kcoral.protocol.request import check_tensor_lengths
+from kcoral.protocol.schema import Program
+
+MEMORY_KINDS = frozenset({"tensor", "bytes", "library"})
+
+
+@dataclass
+class Resolution:
+    blobs: dict[str, bytes | memoryview]  # hash -> bytes the request keeps a reference to
+    missing: list[str]
+    pins: list[str]
+
+
+def resolve_blobs(
+    memory: MemoryCache, disk: DiskCache, program: Program, supplied: dict[str, memoryview]
+) -> Resolution:
+    """PROTOCOL §9.2 steps 2–5 (blocking: runs in the executor)."""
+    kinds = program.blob_kinds()
+    to_disk = {}
+    for sha, data in supplied.items():
+        used = kinds.get(sha, frozenset())
+        if used & MEMORY_KINDS and len(data) * 4 <= memory.capacity_bytes:
+            # The cache outlives the request body, so it gets its own copy.
+            memory.put(sha, bytes(data))
+        if "file" in used:
+            to_disk[sha] = data
+    if to_disk and disk.enabled:
+        with contextlib.suppress(Exception):  # the disk cache never fails a request
+            disk.put_many(to_disk)
+    resolved: dict[str, bytes | memoryview] = {}
+    missing: list[str] = []
+    pins: list[str] = []
+    for sha, used in kinds.items():
+        needs_memory = bool(used & MEMORY_KINDS)
+        if needs_memory and memory.pin(sha):
+            pins.append(sha)
+        if sha in supplied:
+            resolved[sha] = supplied[sha]
+            continue
+        from_disk = from_memory = None
+        if "file" in used and disk.enabled:
+            with contextlib.suppress(Exception):
+                from_disk = disk.get(sha)
+        if needs_memory:
+            from_memory = memory.get(sha)
+        if ("file" in used and from_disk is None) or (needs_memory and from_memory is None):
+            missing.append(sha)
+            if from_memory is not None:
+                resolved[sha] = from_memory  # still checked by row 14
+            continue
+        resolved[sha] = from_disk if from_disk is not None else from_memory  # type: ignore[assignment]
+    try:
+        check_tensor_lengths(program, resolved)
+    except ValidationError:
+        for sha in pins:
+            memory.unpin(sha)
+        raise
+    return Resolution(resolved, missing, pins)

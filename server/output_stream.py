@@ -1,0 +1,132 @@
+"""Live output of a running job: tail the capture files as the worker writes them.
+
+The worker writes stdout/stderr at the file-descriptor level straight into the capture files
+the front-end created (SERVER §9), so the front-end can follow them without any help from
+the worker: poll their sizes every ``POLL_SECONDS``, read what was added (never past the
+request's output limit) and emit it as text. Per stream at most one chunk per
+``MIN_INTERVAL_SECONDS`` leaves (coalescing: ~20 events/s), and an incremental UTF-8
+decoder keeps a multi-byte character that was cut by a write together. The final drain
+decodes with ``final=True``, so the concatenated chunks equal what the response's
+``stdout``/``stderr`` hold (the same bytes, decoded the same way, replacement included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+POLL_SECONDS = 0.025
+MIN_INTERVAL_SECONDS = 0.05
+MAX_READ_BYTES = 4 << 20  # per poll and stream: one huge burst must not stall the loop
+
+Emit = Callable[[str, str], None]  # (stream name, text)
+
+
+class StreamTail:
+    """One capture file followed from offset 0 up to ``limit`` bytes."""
+
+    def __init__(self, name: str, path: Path, limit: int, emit: Emit) -> None:
+        self.name = name
+        self.path = path
+        self.limit = limit
+        self.emit = emit
+        self.offset = 0
+        self.last_emit = float("-inf")
+        self._fd: int | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._done = False
+
+    def poll(self, now: float) -> None:
+        """Emit what was added, unless a chunk left less than the interval ago."""
+        if self._done or self.offset >= self.limit or now - self.last_emit < MIN_INTERVAL_SECONDS:
+            return
+        data = self._read(MAX_READ_BYTES)
+        if data:
+            self._send(self._decoder.decode(data), now)
+
+    def drain(self) -> None:
+        """Read everything left (within the limit), flush the decoder and stop."""
+        if self._done:
+            return
+        parts: list[str] = []
+        while True:
+            data = self._read(MAX_READ_BYTES)
+            if not data:
+                break
+            parts.append(self._decoder.decode(data))
+        parts.append(self._decoder.decode(b"", final=True))
+        self._done = True
+        self._send("".join(parts), time.monotonic())
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def _read(self, most: int) -> bytes:
+        if self.offset >= self.limit:
+            return b""
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            size = os.fstat(self._fd).st_size
+            want = min(size, self.limit) - self.offset
+            if want <= 0:
+                return b""
+            data = os.pread(self._fd, min(want, most), self.offset)
+        except OSError:
+            return b""
+        self.offset += len(data)
+        return data
+
+    def _send(self, text: str, now: float) -> None:
+        if text:
+            self.last_emit = now
+            self.emit(self.name, text)
+
+
+class OutputTail:
+    """Both streams of one running program, polled by a task of the event loop."""
+
+    def __init__(self, stdout: Path, stderr: Path, limit: int, emit: Emit) -> None:
+        self.streams = [
+            StreamTail("stdout", stdout, limit, emit),
+            StreamTail("stderr", stderr, limit, emit),
+        ]
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._follow())
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            now = time.monotonic()
+            for stream in self.streams:
+                stream.poll(now)
+
+    async def finish(self) -> None:
+        """Stop polling and emit the rest of both streams."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for stream in self.streams:
+            stream.drain()
+
+    def close(self) -> None:
+        """Stop without draining (the job is gone)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        for stream in self.streams:
+            stream.close()

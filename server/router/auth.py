@@ -1,0 +1,116 @@
+"""What every router endpoint but ``/health`` shares: a fresh request id, the client token
+check (EXTENSIONS §6), router-made ``ERROR`` answers and the ``request_finished`` line."""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+from typing import Any
+
+import tornado.web
+
+from kcoral.protocol.strict_json import dumps_compact
+
+UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
+
+
+def token_matches(header: str | None, token: str | None) -> bool:
+    """Constant-time check of an ``Authorization: Bearer <token>`` header (no token = open)."""
+    if token is None:
+        return True
+    given = (header or "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, f"Bearer {token}".encode())
+
+
+class RouterHandler(tornado.web.RequestHandler):
+    """Base of the authenticated endpoints; ``ALLOWED`` methods, others get 405."""
+
+    ALLOWED: tuple[str, ...] = ("GET",)
+
+    def initialize(self, state: Any) -> None:
+        self.state = state
+        # ROUTER §8.1: a fresh id for every request (the client's X-Request-ID is dropped).
+        self.request_id = str(uuid.uuid4())
+        self.received_at = time.monotonic()
+        self.finish_reason: str | None = None
+        self.node: str | None = None
+        self.request_bytes = 0
+        self.response_bytes = 0
+        self.queue_wait_ms = 0.0
+
+    def check_request(self) -> bool:
+        """401 without the client token, 405 for other methods; True when the request may go on."""
+        self.set_header("X-Request-ID", self.request_id)
+        token = self.state.settings.auth_token
+        if not token_matches(self.request.headers.get("Authorization"), token):
+            self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
+            return False
+        if self.request.method not in self.ALLOWED:
+            self.set_header("Allow", ", ".join(self.ALLOWED))
+            self.send_router_error(
+                405, "method_not_allowed", "method not allowed", "request_rejected"
+            )
+            return False
+        return True
+
+    def send_router_error(self, status: int, kind: str, message: str, reason: str) -> None:
+        if self._finished:
+            return
+        allow = self._headers.get("Allow")
+        self.clear()
+        self.set_status(status)
+        self.set_header("X-Request-ID", self.request_id)
+        self.set_header("Content-Type", "application/json")
+        if allow is not None:
+            self.set_header("Allow", allow)
+        if status == 503:
+            self.set_header("Retry-After", "1")
+        body = {
+            "status": "ERROR",
+            "request_id": self.request_id,
+            "error": {"kind": kind, "message": message},
+        }
+        self.finish_reason = self.finish_reason or reason
+        self.finish(dumps_compact(body))
+
+    def send_json(self, status: int, body: Any) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(dumps_compact(body))
+
+    def on_finish(self) -> None:
+        self.log_finished()
+
+    def log_finished(self) -> None:
+        if getattr(self, "_logged", False):
+            return
+        self._logged = True
+        reason = self.finish_reason or "completed"
+        level = "INFO" if reason == "completed" else "WARNING"
+        path = self.request.path
+        self.state.log.event(
+            "request_finished",
+            level=level,
+            request_id=self.request_id,
+            # The spec'd line is /execute's; other endpoints add their method and path.
+            method=None if path == "/execute" else self.request.method,
+            path=None if path == "/execute" else path,
+            node=self.node,
+            http_status=self.get_status(),
+            queue_wait_ms=round(self.queue_wait_ms, 1),
+            duration_ms=round((time.monotonic() - self.received_at) * 1000, 1),
+            request_bytes=self.request_bytes,
+            response_bytes=self.response_bytes,
+            finish_reason=reason,
+        )
+
+
+class NotFoundHandler(RouterHandler):
+    """Unknown paths: 404 ``not_found`` (after the token check, so paths cannot be probed)."""
+
+    ALLOWED = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+
+    def prepare(self) -> None:
+        if self.check_request():
+            self.send_router_error(404, "not_found", "not found", "request_rejected")

@@ -1,0 +1,49 @@
+"""Programs and small waiting helpers shared by the job tests."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import kcoral
+
+
+def module_program(source: str, name: str, *args: Any, returns: bool = True) -> kcoral.Program:
+    """A program that uploads ``source``, runs ``name(*args)`` and returns its value."""
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=source, id="m")
+    function = program.get_function(module=module, name=name, id="fn")
+    value = program.run(fn=function, args=list(args), id="r")
+    if returns:
+        program.return_(key="r", value=value)
+    return program
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` (a hang guard, not a timing
+    check)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        time.sleep(0.02)
+
+
+def wait_for_file(path: Path, timeout: float = 60.0) -> str:
+    wait_for(path.exists, f"{path} appearing", timeout)
+    return path.read_text()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
