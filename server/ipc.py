@@ -181,6 +181,9 @@ class ProgramFinished(Message):
     left_processes: bool = False
     poisoned: bool = False
     lease_held: bool = False  # whether the worker still holds the lease after teardown
+    # monotonic time (CLOCK_MONOTONIC, shared by all processes of the host) of the CUDA call
+    # that broke a cpu_only run; the front-end alone knows who held the GPU then
+    gpu_access_at: float | None = None
 
 
 def encode(message: Message) -> bytes:

@@ -532,7 +532,7 @@ class ExecuteRequest:
                     drive.returns.append(self._return_record(message, fds, drive))
                 elif isinstance(message, ipc.ProgramFinished):
                     _close(fds)
-                    return self._program_finished(message, drive)
+                    return self._program_finished(message, drive, handle)
                 else:
                     raise ValueError(f"unexpected message {message.tag!r}")
             except (ValueError, TypeError, OSError) as exc:
@@ -569,7 +569,9 @@ class ExecuteRequest:
             raise ValueError("return node is not an object")
         return ReturnRecord(message.key, message.node, parts)
 
-    def _program_finished(self, message: ipc.ProgramFinished, drive: _Drive) -> _Drive:
+    def _program_finished(
+        self, message: ipc.ProgramFinished, drive: _Drive, handle: WorkerHandle
+    ) -> _Drive:
         if message.status not in ("COMPLETED", "FAILED"):
             raise ValueError(f"unknown program status {message.status!r}")
         if message.status == "FAILED" and not isinstance(message.error, dict):
@@ -577,6 +579,8 @@ class ExecuteRequest:
         drive.kind = "finished"
         drive.status = message.status
         drive.error = message.error if message.status == "FAILED" else None
+        if drive.error is not None and drive.error.get("kind") == "gpu_access":
+            self._record_gpu_access(drive.error, message.gpu_access_at, handle)
         if message.left_processes:
             drive.reason_retire = "request_limit"
             if drive.status == "COMPLETED" and drive.last_instruction is not None:
@@ -589,6 +593,32 @@ class ExecuteRequest:
             drive.reason_retire = "poisoned_context"
         drive.reason = "completed" if drive.status == "COMPLETED" else "program_failed"
         return drive
+
+    def _record_gpu_access(
+        self, error: dict[str, Any], at: float | None, handle: WorkerHandle
+    ) -> None:
+        """PROTOCOL §7.6: name the request that held this GPU when the cpu_only call entered
+        CUDA (null when none, or itself), from the arbiter's holder history; log it."""
+        arbiter = self.state.arbiter
+        interfered = None
+        if arbiter is not None and at is not None:
+            for gpu in handle.gpu_ids:
+                holder = arbiter.request_at(gpu, float(at))
+                if holder is not None and holder != self.request_id:
+                    interfered = holder
+                    break
+        error["interfered_request_id"] = interfered
+        self.state.events.emit(
+            "gpu_access_violation",
+            "WARNING",
+            request_id=self.request_id,
+            worker_id=handle.seat_id,
+            gpu_id=handle.gpu_ids[0] if handle.gpu_ids else None,
+            instruction_id=error.get("instruction_id"),
+            cuda_call=error.get("cuda_call"),
+            location=error.get("location"),
+            interfered_request_id=interfered,
+        )
 
     async def _timed_out(self, handle: WorkerHandle, drive: _Drive) -> _Drive:
         await self.state.pool.kill(handle)

@@ -106,6 +106,7 @@ class Outcome:
             left_processes=self.left_processes,
             poisoned=self.poisoned,
             lease_held=self.lease_held,
+            gpu_access_at=self.gpu_access_at,
         )
 
 
