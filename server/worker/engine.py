@@ -98,6 +98,7 @@ class Outcome:
     left_processes: bool
     poisoned: bool
     lease_held: bool
+    gpu_access_at: float | None = None
 
     def message(self) -> ProgramFinished:
         return ProgramFinished(
@@ -219,6 +220,7 @@ class ProgramRun:
             left_processes=self.left_processes,
             poisoned=self.poisoned,
             lease_held=self.lease.held,
+            gpu_access_at=self.gpu_access_at,
         )
         self.lease.forget()  # after ProgramFinished the lease is the front-end's business
         return outcome
