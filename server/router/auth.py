@@ -47,23 +47,32 @@ class RouterHandler(tornado.web.RequestHandler):
             self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
             return False
         if self.request.method not in self.ALLOWED:
-            self.set_header("Allow", ", ".join(self.ALLOWED))
             self.send_router_error(
-                405, "method_not_allowed", "method not allowed", "request_rejected"
+                405,
+                "method_not_allowed",
+                "method not allowed",
+                "request_rejected",
+                {"Allow": ", ".join(self.ALLOWED)},
             )
             return False
         return True
 
-    def send_router_error(self, status: int, kind: str, message: str, reason: str) -> None:
+    def send_router_error(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        reason: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         if self._finished:
             return
-        allow = self._headers.get("Allow")
         self.clear()
         self.set_status(status)
         self.set_header("X-Request-ID", self.request_id)
         self.set_header("Content-Type", "application/json")
-        if allow is not None:
-            self.set_header("Allow", allow)
+        for name, value in (headers or {}).items():
+            self.set_header(name, value)
         if status == 503:
             self.set_header("Retry-After", "1")
         body = {

@@ -120,7 +120,6 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown slot kind")
         slot = RouterSlot(hello.node_id, hello.slot_id, hello.server_instance_id, context, kind)
         refused = self.registry.add_slot(slot)
-        self.log.event("DEBUG_slot", kind=kind, refused=refused, state=self.registry.nodes[slot.node_id].state)
         if refused is not None:
             await context.abort(*refused)
         reader = None

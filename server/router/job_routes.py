@@ -26,7 +26,7 @@ from kcoral_server.router.slot import CONTROL, SlotBroken
 
 from kcoral.protocol.strict_json import dumps_compact
 
-JOB_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 FAN_OUT_SLOT_WAIT = 10.0  # seconds one node may keep a list or lookup waiting for a slot
 FAN_OUT_ANSWER_WAIT = 30.0
 MAX_FETCHED_BYTES = 64 << 20

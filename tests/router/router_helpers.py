@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+
+HERE = Path(__file__).resolve().parent
 
 
 @dataclass
@@ -139,6 +142,7 @@ class FakeNode:
     router_port: int
     node_id: str
     slots: int = 1
+    control_slots: int = 0
     token: str | None = None
     versions: dict[str, str] = field(default_factory=lambda: {"python": "3"})
     handler: Handler = echo_handler
@@ -175,9 +179,14 @@ class FakeNode:
         self.tasks.append(loop.create_task(self._report()))
         for _ in range(self.slots):
             await self.open_slot()
+        for _ in range(self.control_slots):
+            await self.open_slot("control")
 
-    async def open_slot(self) -> Any:
-        call = self.stub.ConnectSlot(metadata=auth_metadata(self.token))
+    async def open_slot(self, kind: str = "worker") -> Any:
+        metadata = auth_metadata(self.token)
+        if kind != "worker":
+            metadata = (*metadata, ("kcoral-slot-kind", kind))
+        call = self.stub.ConnectSlot(metadata=metadata)
         hello = pb.SlotHello(
             node_id=self.node_id,
             server_instance_id=self.instance_id,
@@ -187,7 +196,7 @@ class FakeNode:
         await call.write(pb.SlotFrame(hello=hello))
         ack = await asyncio.wait_for(call.read(), 5)
         assert ack.WhichOneof("payload") == "ack"
-        self.tasks.append(asyncio.get_running_loop().create_task(self._serve(call)))
+        self.tasks.append(asyncio.get_running_loop().create_task(self._serve(call, kind)))
         return call
 
     async def _report(self) -> None:
@@ -195,7 +204,7 @@ class FakeNode:
             await asyncio.sleep(0.3)
             await self.supervisor.write(self.status())
 
-    async def _serve(self, call: Any) -> None:
+    async def _serve(self, call: Any, slot_kind: str = "worker") -> None:
         pending: asyncio.Task[Any] | None = None
 
         async def next_frame() -> Any:
@@ -212,7 +221,7 @@ class FakeNode:
                 kind = frame.WhichOneof("payload")
                 if kind == "cancel":
                     self.cancels.append(frame.cancel.reason)
-                    await self.open_slot()  # a cancelled slot is replaced at once
+                    await self.open_slot(slot_kind)  # a cancelled slot is replaced at once
                     return
                 assert kind == "request_head", kind
                 rid, head, parts = frame.request_id, frame.request_head, []
@@ -224,7 +233,7 @@ class FakeNode:
                     kind = frame.WhichOneof("payload")
                     if kind == "cancel":
                         self.cancels.append(frame.cancel.reason)
-                        await self.open_slot()
+                        await self.open_slot(slot_kind)
                         return
                     assert frame.request_id == rid
                     if kind == "end":
@@ -241,7 +250,7 @@ class FakeNode:
                     frame = await next_frame()
                     if frame is not grpc.aio.EOF and frame.WhichOneof("payload") == "cancel":
                         self.cancels.append(frame.cancel.reason)
-                        await self.open_slot()
+                        await self.open_slot(slot_kind)
                     return
                 status, headers, body = work.result()
                 response_head = pb.ResponseHead(
@@ -277,3 +286,82 @@ async def wait_for_health(
         if time.monotonic() > deadline:
             raise AssertionError(f"health never matched: {body}")
         await asyncio.sleep(0.05)
+
+
+# -- real nodes (supervisor + CPU server child) ------------------------------------------
+
+
+def node_command(tmp: Path, router_url: str, node_id: str, *extra: str) -> list[str]:
+    server_args = [
+        "--router",
+        router_url,
+        "--node-id",
+        node_id,
+        "--device",
+        "cpu",
+        "--port",
+        "0",
+        "--sandbox",
+        "none",
+        "--log-dir",
+        "",
+        "--disk-cache-dir",
+        str(tmp / f"cache-{node_id}"),
+        "--max-requests-per-worker",
+        "0",
+        "--health-interval-seconds",
+        "0.3",
+        "--restart-min-delay-seconds",
+        "0.2",
+        "--startup-grace-seconds",
+        "60",
+        *extra,
+    ]
+    return [sys.executable, "-m", "kcoral", "server", *server_args]
+
+
+class Node:
+    def __init__(self, tmp: Path, router: RouterProcess, node_id: str, env=None, *extra: str):
+        self.node_id = node_id
+        self.log_path = tmp / f"node-{node_id}.log"
+        environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
+        environment.update(env or {})
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                node_command(tmp, router.url, node_id, *extra),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                cwd=str(HERE),
+            )
+
+    def server_pid(self) -> int:
+        """The pid of the supervisor's child server."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            children = psutil.Process(self.process.pid).children()
+            if children:
+                return children[0].pid
+            time.sleep(0.05)
+        raise AssertionError("no child server")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                for child in psutil.Process(self.process.pid).children(recursive=True):
+                    child.kill()
+                self.process.kill()
+                self.process.wait()
+
+
+def ready_nodes(router: RouterProcess, count: int) -> None:
+    asyncio.run(
+        wait_for_health(
+            router.port,
+            lambda b: b["status"] == "ok" and b["load"]["request_capacity"] >= count,
+            timeout=90,
+        )
+    )

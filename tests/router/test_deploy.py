@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_server.config import parse_server_args
-from kcoral_server.router.settings import parse_router_args
+from kcoral_server.router.settings import SettingsError, parse_router_args
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -24,8 +24,11 @@ def test_the_systemd_units_run_valid_commands_and_restart() -> None:
     router = unit("kcoral-router.service")
     command = shlex.split(router["Service"]["ExecStart"])
     assert command[1] == "router"
-    settings = parse_router_args(command[2:], {"KCORAL_NODE_TOKEN": "t"})
-    assert settings.port == 9000
+    with pytest.raises(SettingsError, match="without a client token"):
+        parse_router_args(command[2:], {"KCORAL_NODE_TOKEN": "t"})
+    assert "KCORAL_AUTH_TOKEN=" in (DEPLOY / "systemd" / "kcoral-router.service").read_text()
+    settings = parse_router_args(command[2:], {"KCORAL_NODE_TOKEN": "t", "KCORAL_AUTH_TOKEN": "c"})
+    assert settings.port == 9000 and settings.auth_token == "c"
     node = unit("kcoral-node.service")
     command = shlex.split(node["Service"]["ExecStart"].replace("%l", "gpu-host-1"))
     assert command[1] == "server"
@@ -46,7 +49,11 @@ def test_the_kubernetes_manifests_match_the_cli() -> None:
     assert deployment["spec"]["replicas"] == 1
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:2] == ["kcoral", "router"]
-    settings = parse_router_args(container["command"][2:], {})
+    secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    client_secret = next(d for d in router_docs if d["kind"] == "Secret")
+    assert secrets["KCORAL_AUTH_TOKEN"] == client_secret["metadata"]["name"]
+    assert secrets["KCORAL_NODE_TOKEN"] != secrets["KCORAL_AUTH_TOKEN"]
+    settings = parse_router_args(container["command"][2:], {"KCORAL_AUTH_TOKEN": "c"})
     ports = {p["containerPort"] for p in container["ports"]}
     assert ports == {settings.port}
     assert container["readinessProbe"]["tcpSocket"]["port"] == settings.port

@@ -6,97 +6,17 @@ import asyncio
 import hashlib
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from kcoral_server.node import supervisor as supervisor_module
-from router_helpers import RouterProcess, http_request, start_router, wait_for_health
+from router_helpers import Node, RouterProcess, http_request, ready_nodes, start_router
 
 import kcoral
 
-HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
-
-
-def node_command(tmp: Path, router_url: str, node_id: str, *extra: str) -> list[str]:
-    server_args = [
-        "--router",
-        router_url,
-        "--node-id",
-        node_id,
-        "--device",
-        "cpu",
-        "--port",
-        "0",
-        "--sandbox",
-        "none",
-        "--log-dir",
-        "",
-        "--disk-cache-dir",
-        str(tmp / f"cache-{node_id}"),
-        "--max-requests-per-worker",
-        "0",
-        "--health-interval-seconds",
-        "0.3",
-        "--restart-min-delay-seconds",
-        "0.2",
-        "--startup-grace-seconds",
-        "60",
-        *extra,
-    ]
-    return [sys.executable, "-m", "kcoral", "server", *server_args]
-
-
-class Node:
-    def __init__(self, tmp: Path, router: RouterProcess, node_id: str, env=None, *extra: str):
-        self.node_id = node_id
-        self.log_path = tmp / f"node-{node_id}.log"
-        environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
-        environment.update(env or {})
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                node_command(tmp, router.url, node_id, *extra),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=environment,
-                cwd=str(HERE),
-            )
-
-    def server_pid(self) -> int:
-        """The pid of the supervisor's child server."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            children = psutil.Process(self.process.pid).children()
-            if children:
-                return children[0].pid
-            time.sleep(0.05)
-        raise AssertionError("no child server")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                for child in psutil.Process(self.process.pid).children(recursive=True):
-                    child.kill()
-                self.process.kill()
-                self.process.wait()
-
-
-def ready_nodes(router: RouterProcess, count: int) -> None:
-    asyncio.run(
-        wait_for_health(
-            router.port,
-            lambda b: b["status"] == "ok" and b["load"]["request_capacity"] >= count,
-            timeout=90,
-        )
-    )
 
 
 @pytest.fixture
