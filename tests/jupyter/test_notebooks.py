@@ -63,3 +63,17 @@ def test_the_benchmark_notebook_says_it_ran_on_cpu(cpu_server_url, tmp_path, mon
     assert "512x512 matmul on cpu" in output
     assert "No GPU on this server: the kernel ran on the CPU" in output
     assert "GFLOP/s" in output
+
+
+def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
+    cpu_server_url, tmp_path, monkeypatch
+) -> None:
+    notebook = execute("remote_functions.ipynb", cpu_server_url, tmp_path, monkeypatch)
+    outputs = "\n".join(texts(c) for c in notebook.cells if c.cell_type == "code")
+    assert "{'mean': 4.666666666666667, 'n': 3}" in outputs  # JSON mode, defaults bound
+    assert "ValueError:" in outputs and "offset" in outputs  # JSON refuses outside globals
+    assert "Point(x=11, y=12)" in outputs  # pickle: a closure over a notebook dataclass
+    assert "[0 1 4 9]" in outputs  # pickle: a lambda on a NumPy array
+    assert "ZeroDivisionError" in outputs  # RemoteExecutionError with the remote traceback
+    assert "49" in outputs and "[0, 1, 4, 9, 16, 25, 36, 49]" in outputs  # async def, gather
+    assert "HELLO" in outputs  # AsyncClient
