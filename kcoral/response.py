@@ -20,6 +20,7 @@ from kcoral.errors import INSTRUCTION_ERROR_KINDS, KCoralError, ProtocolError, V
 from kcoral.protocol import multipart
 from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_dtype
 from kcoral.protocol.strict_json import loads_strict
+from kcoral.protocol.values import NODE_FIELDS
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
 
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -29,19 +30,6 @@ _ERROR_FIELDS = frozenset(
     {"kind", "message", "instruction_index", "instruction_op", "instruction_id", "traceback"}
 )
 _GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"})
-_NODE_FIELDS: dict[str, frozenset[str]] = {
-    "null": frozenset({"type"}),
-    "boolean": frozenset({"type", "value"}),
-    "integer": frozenset({"type", "value"}),
-    "number": frozenset({"type", "value"}),
-    "string": frozenset({"type", "value"}),
-    "array": frozenset({"type", "value"}),
-    "object": frozenset({"type", "value"}),
-    "bytes": frozenset({"type", "part", "sha256"}),
-    "tensor": frozenset({"type", "dtype", "shape", "part", "sha256"}),
-    "file": frozenset({"type", "size", "part", "sha256"}),
-    "folder": frozenset({"type", "files", "directories"}),
-}
 
 
 @dataclass(frozen=True)
@@ -294,9 +282,9 @@ class _NodeDecoder:
         if not isinstance(node, dict):
             raise ProtocolError(f"result {where!r}: a node must be an object")
         node_type = node.get("type")
-        if not isinstance(node_type, str) or node_type not in _NODE_FIELDS:
+        if not isinstance(node_type, str) or node_type not in NODE_FIELDS:
             raise ProtocolError(f"result {where!r}: unknown node type {node_type!r}")
-        if set(node) != _NODE_FIELDS[node_type]:
+        if set(node) != NODE_FIELDS[node_type]:
             raise ProtocolError(f"result {where!r}: wrong fields for a {node_type} node")
         value = node.get("value")
         if node_type == "null":
