@@ -108,6 +108,9 @@ class ServerConfig:
     max_requests_per_worker: int = 1
     worker_termination_grace_seconds: float = 5.0
     worker_wait_timeout_seconds: float = 1800.0
+    # A request body that receives no bytes for this long is dropped (slowloris defence);
+    # the limit is on idleness, not on the whole upload, so big slow uploads still work.
+    body_timeout_seconds: float = 60.0
     default_timeout_seconds: float = 300.0
     max_timeout_seconds: float = 900.0
     max_request_bytes: int = 268435456
@@ -183,6 +186,7 @@ def _normalize(config: ServerConfig) -> None:
     for name in (
         "worker_termination_grace_seconds",
         "worker_wait_timeout_seconds",
+        "body_timeout_seconds",
         "default_timeout_seconds",
         "max_timeout_seconds",
         "job_retention_seconds",
@@ -254,6 +258,7 @@ def validate(config: ServerConfig) -> None:
     _check_int(config, "max_requests_per_worker", 0)
     _check_seconds(config, "worker_termination_grace_seconds", positive=False)
     _check_seconds(config, "worker_wait_timeout_seconds", positive=False)
+    _check_seconds(config, "body_timeout_seconds", positive=True)
     _check_seconds(config, "default_timeout_seconds", positive=True)
     _check_seconds(config, "max_timeout_seconds", positive=True)
     _check_int(config, "max_request_bytes", 1)
@@ -514,6 +519,11 @@ def build_server_parser() -> argparse.ArgumentParser:
     )
     add("--worker-termination-grace-seconds", type=_SECONDS, help="SIGTERM->SIGKILL (default 5)")
     add("--worker-wait-timeout-seconds", type=_SECONDS, help="wait for a worker (default 1800)")
+    add(
+        "--body-timeout-seconds",
+        type=_SECONDS,
+        help="drop a request whose body sends nothing for this long (default 60)",
+    )
     add("--default-timeout-seconds", type=_SECONDS, help="(default 300)")
     add("--max-timeout-seconds", type=_SECONDS, help="clamp (default 900)")
     add("--max-request-bytes", type=_INT, help="413 above (default 268435456)")
@@ -635,6 +645,7 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
         "max_requests_per_worker",
         "worker_termination_grace_seconds",
         "worker_wait_timeout_seconds",
+        "body_timeout_seconds",
         "default_timeout_seconds",
         "max_timeout_seconds",
         "max_request_bytes",

@@ -123,7 +123,12 @@ async def _serve(settings: ServerSettings, token: str | None) -> int:
     sys.stderr.write("Application startup complete.\n")
     sys.stderr.flush()
 
-    server = tornado.httpserver.HTTPServer(app, max_body_size=config.max_request_bytes + (1 << 20))
+    server = tornado.httpserver.HTTPServer(
+        app,
+        max_body_size=config.max_request_bytes + (1 << 20),
+        # also bounds how long a connection may take to send its request headers
+        idle_connection_timeout=config.body_timeout_seconds,
+    )
     try:
         sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
     except OSError as exc:

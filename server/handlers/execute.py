@@ -9,6 +9,7 @@ A client that disconnects before its answer is written cancels its program (EXTE
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import tornado.iostream
@@ -36,6 +37,8 @@ class ExecuteHandler(BaseHandler):
         self.inflight = 0
         self.body_unread = True  # until post(): an answer now leaves the body unread
         self.pipeline: ExecuteRequest | None = None  # while the program may still run
+        self.last_data_at = 0.0
+        self.idle_timer: asyncio.TimerHandle | None = None
 
     def prepare(self) -> None:
         super().prepare()
@@ -82,10 +85,13 @@ class ExecuteHandler(BaseHandler):
         self.inflight = size
         state.inflight_bytes += size
         self.body = RequestBody(limit, declared)
+        self.last_data_at = asyncio.get_running_loop().time()
+        self._watch_idle_body()
 
     def data_received(self, chunk: bytes) -> None:
         if self._finished or self.body is None:
             return
+        self.last_data_at = asyncio.get_running_loop().time()
         try:
             self.body.write(chunk)
         except BodyTooLarge:
@@ -163,6 +169,23 @@ class ExecuteHandler(BaseHandler):
             error_message=message,
         )
 
+    def _watch_idle_body(self) -> None:
+        """Drop a body that stops arriving (slowloris): it would hold its in-flight byte
+        reservation, and with it other clients' uploads, forever."""
+        loop = asyncio.get_running_loop()
+        timeout = self.state.config.body_timeout_seconds
+        self.idle_timer = None
+        if self.body is None or self._finished or not self.body_unread:
+            return
+        idle = loop.time() - self.last_data_at
+        if idle < timeout:
+            self.idle_timer = loop.call_later(timeout - idle, self._watch_idle_body)
+            return
+        message = f"request body sent nothing for {timeout:g} s; connection closed"
+        self._log_refusal(408, "body_timeout", message, "rejected")
+        self._release()
+        self.request.connection.stream.close()
+
     def on_finish(self) -> None:
         self._release()
 
@@ -173,6 +196,9 @@ class ExecuteHandler(BaseHandler):
         super().on_connection_close()
 
     def _release(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
         if self.inflight:
             self.state.inflight_bytes -= self.inflight
             self.inflight = 0

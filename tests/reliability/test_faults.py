@@ -371,14 +371,9 @@ def test_concurrent_uploads_beyond_the_in_flight_budget_get_503_busy(watched_ser
     assert_no_leaks(server.pid, server.temp_dir, server.baseline)
 
 
-@pytest.mark.xfail(
-    reason="the server has no body timeout: main._serve builds tornado.httpserver.HTTPServer "
-    "without body_timeout (Tornado's default is none) and no option sets one",
-    strict=True,
-)
 def test_slowloris_connections_are_closed_by_a_body_timeout(watched_server) -> None:
     """An idle body must not hold a connection (and its in-flight reservation) forever."""
-    server = watched_server("--body-timeout-seconds", "2")  # fails to start without it
+    server = watched_server("--body-timeout-seconds", "2")
     sock = _idle_upload(server.url, 1000)
     sock.settimeout(20)
     try:
@@ -388,19 +383,16 @@ def test_slowloris_connections_are_closed_by_a_body_timeout(watched_server) -> N
         sock.close()
 
 
-@pytest.mark.xfail(
-    reason="no body timeout: two idle uploads declaring max_request_bytes reserve the whole "
-    "default in-flight budget (2 x max_request_bytes) and every later upload gets 503 forever",
-    strict=True,
-)
 def test_idle_uploads_cannot_lock_out_other_clients(watched_server) -> None:
+    """Two idle uploads declaring max_request_bytes reserve the whole default in-flight budget
+    (2 x max_request_bytes); the body timeout gives the reservations back."""
     limit = 1 << 20
-    server = watched_server("--max-request-bytes", str(limit))
+    server = watched_server("--max-request-bytes", str(limit), "--body-timeout-seconds", "2")
     idle = [_idle_upload(server.url, limit) for _ in range(2)]
     try:
         time.sleep(0.3)
-        # With a body timeout of a few seconds the reservations would be released.
-        assert wait_until(lambda: execute(server.url, TRIVIAL).status == 200, 8)
+        assert execute(server.url, TRIVIAL).status == 503  # locked out while they idle
+        assert wait_until(lambda: execute(server.url, TRIVIAL).status == 200, 15)
     finally:
         for sock in idle:
             sock.close()
