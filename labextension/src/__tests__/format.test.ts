@@ -1,0 +1,68 @@
+import { IServerEntry } from '../api';
+import {
+  describePhase,
+  formatMs,
+  isCancellable,
+  newestFirst,
+  statusText,
+  summarize
+} from '../format';
+import { health } from './helpers';
+
+const entry = (arch?: string): IServerEntry => ({
+  name: 'gpu',
+  url: 'http://127.0.0.1:8000',
+  auth: false,
+  health: health(1, 2, 0, arch),
+  info: { kcoral: '0.1.0', protocol: 1, features: [], device: arch ? 'gpu' : 'cpu' },
+  features: [],
+  reachable: true
+});
+
+describe('status text', () => {
+  it('names the target, the busy workers and the queue', () => {
+    expect(statusText(summarize([entry('sm_90a')], ''))).toBe(
+      'KCoral ● sm_90a · 1/2 busy · 0 queued'
+    );
+    expect(statusText(summarize([entry()], ''))).toBe('KCoral ● cpu · 1/2 busy · 0 queued');
+  });
+
+  it('says offline when there is no answer, no server, or no such server', () => {
+    expect(statusText(summarize(null, ''))).toBe('KCoral ● offline');
+    expect(statusText(summarize([], ''))).toBe('KCoral ● offline');
+    expect(summarize([entry()], 'other').reason).toMatch(/no configured KCoral server/);
+  });
+});
+
+describe('job formatting', () => {
+  it('prints unknown timings as a dash and known ones as whole milliseconds', () => {
+    expect(formatMs(null)).toBe('–');
+    expect(formatMs(12.6)).toBe('13');
+  });
+
+  it('orders jobs newest first and keeps jobs without a time last', () => {
+    const jobs = [
+      { job_id: 'none', submitted_at: null },
+      { job_id: 'a', submitted_at: '2026-01-05T09:30:00Z' },
+      { job_id: 'b', submitted_at: '2026-01-05T09:30:01.5Z' }
+    ] as never[];
+    expect(newestFirst(jobs).map((j: { job_id: string }) => j.job_id)).toEqual(['b', 'a', 'none']);
+  });
+
+  it('offers cancel only for queued and running jobs', () => {
+    expect(['QUEUED', 'RUNNING', 'COMPLETED', 'CANCELLED'].map(isCancellable)).toEqual([
+      true,
+      true,
+      false,
+      false
+    ]);
+  });
+
+  it('describes phases for the output pane', () => {
+    expect(describePhase('queued', { position: 3 })).toBe('queued (position 3)');
+    expect(describePhase('instruction', { index: 1, op: 'run', id: 'r1' })).toBe(
+      'instruction 1 run r1'
+    );
+    expect(describePhase('finished', { status: 'CANCELLED' })).toBe('finished: CANCELLED');
+  });
+});

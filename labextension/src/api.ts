@@ -1,0 +1,170 @@
+/**
+ * The REST API of the KCoral Jupyter server extension (`{base_url}kcoral/api/`): typed
+ * records and a thin client over an injected fetch function, so tests need no JupyterLab.
+ */
+
+/** `/health` of a KCoral server (PROTOCOL §12). */
+export interface IHealth {
+  status: string;
+  instance_id: string;
+  started_at: string;
+  gpu_count: number | null;
+  load: {
+    request_capacity: number;
+    requests_in_progress: number;
+    requests_waiting: number;
+  };
+  target: Record<string, string>;
+  versions: Record<string, string>;
+}
+
+/** `/v1/info` of a KCoral server (EXTENSIONS §1). */
+export interface IInfo {
+  kcoral: string;
+  protocol: number;
+  features: string[];
+  device: string;
+  limits?: Record<string, number>;
+}
+
+/** One configured server as `GET kcoral/api/servers` describes it. */
+export interface IServerEntry {
+  name: string;
+  url: string;
+  auth: boolean;
+  health: IHealth | null;
+  info: IInfo | null;
+  features: string[];
+  reachable: boolean;
+  error?: string;
+}
+
+/** Job states (EXTENSIONS §5). */
+export type JobStatus =
+  | 'QUEUED'
+  | 'RUNNING'
+  | 'COMPLETED'
+  | 'FAILED'
+  | 'CANCELLED'
+  | 'TIMED_OUT'
+  | 'ERROR';
+
+/** One job (EXTENSIONS §5 fields, plus the `server` the extension found it on). */
+export interface IJob {
+  job_id: string;
+  request_id: string;
+  status: JobStatus | string;
+  submitted_at: string | null;
+  started_at: string | null;
+  finished_at: string | null;
+  worker_id: string | number | null;
+  gpu_ids: number[] | null;
+  target: Record<string, string> | null;
+  queue_position: number | null;
+  queue_ms: number | null;
+  lease_wait_ms: number | null;
+  lease_held_ms: number | null;
+  elapsed_ms: number | null;
+  error_kind: string | null;
+  server?: string;
+}
+
+/** `GET kcoral/api/jobs`: every server's jobs, and the servers that could not answer. */
+export interface IJobList {
+  jobs: IJob[];
+  errors: { server: string; message: string }[];
+}
+
+/** Issues one request below `kcoral/api/` (the plugin adds the base URL and the token). */
+export type Fetcher = (path: string, init?: RequestInit) => Promise<Response>;
+
+/** A non-2xx answer of the extension, with the KCoral error kind when there was one. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly kind: string,
+    message: string
+  ) {
+    super(message);
+    this.name = 'ApiError';
+  }
+}
+
+async function errorOf(response: Response): Promise<ApiError> {
+  let kind = '';
+  let message = `HTTP ${response.status}`;
+  try {
+    const body = (await response.json()) as {
+      error?: { kind?: string; message?: string };
+      message?: string;
+    };
+    kind = body?.error?.kind ?? '';
+    message = body?.error?.message ?? body?.message ?? message;
+  } catch {
+    // not JSON: keep the status line
+  }
+  return new ApiError(response.status, kind, message);
+}
+
+function serverQuery(server: string | undefined): string {
+  return server ? `?server=${encodeURIComponent(server)}` : '';
+}
+
+/** Client of the server extension's routes. */
+export class KCoralApi {
+  constructor(private readonly _fetch: Fetcher) {}
+
+  async servers(): Promise<IServerEntry[]> {
+    const body = (await this._json('servers')) as { servers?: IServerEntry[] };
+    return Array.isArray(body?.servers) ? body.servers : [];
+  }
+
+  async jobs(): Promise<IJobList> {
+    const body = (await this._json('jobs')) as Partial<IJobList>;
+    return {
+      jobs: Array.isArray(body?.jobs) ? body.jobs : [],
+      errors: Array.isArray(body?.errors) ? body.errors : []
+    };
+  }
+
+  async job(id: string, server?: string): Promise<IJob> {
+    return (await this._json(`jobs/${encodeURIComponent(id)}${serverQuery(server)}`)) as IJob;
+  }
+
+  /** Cancels a job (idempotent on the server); returns the job's state afterwards. */
+  async cancel(id: string, server?: string): Promise<unknown> {
+    return this._json(`jobs/${encodeURIComponent(id)}${serverQuery(server)}`, {
+      method: 'DELETE'
+    });
+  }
+
+  /** Opens the job's event stream, resuming after `lastEventId` when given. */
+  async events(
+    id: string,
+    lastEventId: string,
+    signal: AbortSignal,
+    server?: string
+  ): Promise<Response> {
+    const headers: Record<string, string> = { Accept: 'text/event-stream' };
+    if (lastEventId) {
+      headers['Last-Event-ID'] = lastEventId;
+    }
+    const response = await this._fetch(
+      `jobs/${encodeURIComponent(id)}/events${serverQuery(server)}`,
+      { headers, signal, cache: 'no-store' }
+    );
+    if (!response.ok) {
+      throw await errorOf(response);
+    }
+    return response;
+  }
+
+  private async _json(path: string, init?: RequestInit): Promise<unknown> {
+    const response = await this._fetch(path, init);
+    if (!response.ok) {
+      throw await errorOf(response);
+    }
+    const text = await response.text();
+    return text ? JSON.parse(text) : null;
+  }
+}

@@ -1,0 +1,157 @@
+/** Text shown by the status bar item and the panel (pure functions, tested with jest). */
+
+import { IJob, IServerEntry } from './api';
+
+/** What the status bar says about one server. */
+export interface IStatusSummary {
+  online: boolean;
+  server: string;
+  target: string;
+  busy: number;
+  capacity: number;
+  queued: number;
+  /** Why the server is offline, for the tooltip. */
+  reason: string;
+}
+
+/** `sm_90a` on a GPU server, else the device, else `cpu`. */
+export function targetOf(entry: IServerEntry): string {
+  const arch = entry.health?.target?.arch;
+  if (arch) {
+    return arch;
+  }
+  const device = entry.info?.device;
+  return device && device !== 'cpu' ? device : 'cpu';
+}
+
+/** The server the status bar shows: the one named in the settings, else the first. */
+export function pickServer(servers: IServerEntry[], wanted: string): IServerEntry | null {
+  if (wanted) {
+    return servers.find(s => s.name === wanted) ?? null;
+  }
+  return servers[0] ?? null;
+}
+
+export function summarize(servers: IServerEntry[] | null, wanted: string): IStatusSummary {
+  const offline = (server: string, reason: string): IStatusSummary => ({
+    online: false,
+    server,
+    target: '',
+    busy: 0,
+    capacity: 0,
+    queued: 0,
+    reason
+  });
+  if (servers === null) {
+    return offline(wanted, 'the KCoral server extension cannot be reached');
+  }
+  const entry = pickServer(servers, wanted);
+  if (entry === null) {
+    return offline(
+      wanted,
+      wanted ? `no configured KCoral server is named ${wanted}` : 'no KCoral server is configured'
+    );
+  }
+  if (!entry.health) {
+    return offline(entry.name, entry.error || `${entry.url} cannot be reached`);
+  }
+  const load = entry.health.load;
+  return {
+    online: true,
+    server: entry.name,
+    target: targetOf(entry),
+    busy: load.requests_in_progress,
+    capacity: load.request_capacity,
+    queued: load.requests_waiting,
+    reason: ''
+  };
+}
+
+/** `KCoral ● sm_90a · 1/2 busy · 0 queued`, or `KCoral ● offline`. */
+export function statusText(summary: IStatusSummary): string {
+  if (!summary.online) {
+    return 'KCoral ● offline';
+  }
+  return (
+    `KCoral ● ${summary.target} · ${summary.busy}/${summary.capacity} busy · ` +
+    `${summary.queued} queued`
+  );
+}
+
+export function statusTitle(summary: IStatusSummary): string {
+  if (!summary.online) {
+    const name = summary.server ? `${summary.server}: ` : '';
+    return `KCoral ${name}offline (${summary.reason}). Click to open the KCoral panel.`;
+  }
+  return `KCoral server ${summary.server}. Click to open the KCoral panel.`;
+}
+
+/** Milliseconds as a whole number, `–` while unknown. */
+export function formatMs(ms: number | null | undefined): string {
+  if (ms === null || ms === undefined || !Number.isFinite(ms)) {
+    return '–';
+  }
+  return String(Math.round(ms));
+}
+
+/** An RFC 3339 time as local `HH:MM:SS`, `–` when absent or unreadable. */
+export function formatTime(iso: string | null | undefined): string {
+  if (!iso) {
+    return '–';
+  }
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) {
+    return iso;
+  }
+  const pad = (n: number): string => String(n).padStart(2, '0');
+  return `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+}
+
+export function formatGpus(ids: number[] | null | undefined): string {
+  return ids && ids.length ? ids.join(',') : '–';
+}
+
+/** Newest first by submission time; jobs without one go last. */
+export function newestFirst(jobs: IJob[]): IJob[] {
+  const time = (job: IJob): number => {
+    const t = job.submitted_at ? Date.parse(job.submitted_at) : NaN;
+    return Number.isNaN(t) ? -Infinity : t;
+  };
+  return jobs
+    .map((job, index) => ({ job, index }))
+    .sort((a, b) => time(b.job) - time(a.job) || a.index - b.index)
+    .map(item => item.job);
+}
+
+/** Cancel is offered for jobs that can still be stopped. */
+export function isCancellable(status: string | null | undefined): boolean {
+  return status === 'QUEUED' || status === 'RUNNING';
+}
+
+/** A short description of a phase event for the output pane. */
+export function describePhase(phase: string, fields: Record<string, unknown>): string {
+  switch (phase) {
+    case 'queued':
+      return fields.position !== undefined ? `queued (position ${fields.position})` : 'queued';
+    case 'assigned':
+      return fields.worker_id !== undefined ? `assigned to worker ${fields.worker_id}` : phase;
+    case 'instruction': {
+      const parts = [`instruction ${fields.index ?? ''}`.trim()];
+      if (fields.op !== undefined) {
+        parts.push(String(fields.op));
+      }
+      if (fields.id !== undefined && fields.id !== null) {
+        parts.push(String(fields.id));
+      }
+      return parts.join(' ');
+    }
+    case 'finished':
+      return fields.status !== undefined ? `finished: ${fields.status}` : 'finished';
+    case 'lease_wait':
+      return 'waiting for the GPU lease';
+    case 'lease_held':
+      return 'holding the GPU lease';
+    default:
+      return phase;
+  }
+}

@@ -1,0 +1,125 @@
+/**
+ * kcoral-jupyterlab: the status bar item, the KCoral side panel, two palette commands and
+ * the settings (poll interval, which server the status bar shows).
+ */
+
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { IStatusBar } from '@jupyterlab/statusbar';
+
+import { KCoralApi } from './api';
+import { kcoralIcon } from './icon';
+import { KCoralModel } from './model';
+import { KCoralPanel } from './panel';
+import { documentVisibility } from './poller';
+import { KCoralStatus } from './statusbar';
+
+const PLUGIN_ID = 'kcoral-jupyterlab:plugin';
+
+export namespace CommandIDs {
+  export const showPanel = 'kcoral:show-panel';
+  export const cancelJob = 'kcoral:cancel-job';
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN_ID,
+  description: 'KCoral status bar item, side panel with servers and jobs, live output.',
+  autoStart: true,
+  optional: [IStatusBar, ICommandPalette, ISettingRegistry, ILayoutRestorer],
+  activate: (
+    app: JupyterFrontEnd,
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    settingRegistry: ISettingRegistry | null,
+    restorer: ILayoutRestorer | null
+  ) => {
+    const serverSettings = ServerConnection.makeSettings();
+    const api = new KCoralApi((path, init) =>
+      ServerConnection.makeRequest(
+        URLExt.join(serverSettings.baseUrl, 'kcoral', 'api', path),
+        init ?? {},
+        serverSettings
+      )
+    );
+    const model = new KCoralModel(api, {
+      pollIntervalMs: 3000,
+      statusServer: '',
+      visibility: documentVisibility(document)
+    });
+
+    const panel = new KCoralPanel(model);
+    panel.title.icon = kcoralIcon;
+    app.shell.add(panel, 'right', { rank: 900 });
+    restorer?.add(panel, 'kcoral-panel');
+
+    const { commands } = app;
+    commands.addCommand(CommandIDs.showPanel, {
+      label: 'KCoral: Show panel',
+      caption: 'Open the KCoral side panel (servers, jobs, live output)',
+      execute: () => {
+        app.shell.activateById(panel.id);
+        void model.poller.refresh();
+      }
+    });
+    commands.addCommand(CommandIDs.cancelJob, {
+      label: 'KCoral: Cancel job',
+      caption: 'Cancel the job selected in the KCoral panel (or args.jobId)',
+      isEnabled: args =>
+        typeof args.jobId === 'string' ||
+        (panel.selected !== null && ['QUEUED', 'RUNNING'].includes(panel.selected.status)),
+      execute: async args => {
+        const id = typeof args.jobId === 'string' ? args.jobId : '';
+        if (id) {
+          const job = model.job(id) ?? { job_id: id, server: undefined };
+          await panel.cancel(job as Parameters<KCoralPanel['cancel']>[0]);
+        } else {
+          await panel.cancelSelected();
+        }
+      }
+    });
+    panel.onSelectionChanged(() => commands.notifyCommandChanged(CommandIDs.cancelJob));
+    palette?.addItem({ command: CommandIDs.showPanel, category: 'KCoral' });
+    palette?.addItem({ command: CommandIDs.cancelJob, category: 'KCoral' });
+
+    if (statusBar) {
+      const item = new KCoralStatus(model, () => {
+        void commands.execute(CommandIDs.showPanel);
+      });
+      statusBar.registerStatusItem('kcoral-jupyterlab:status', {
+        item,
+        align: 'left',
+        rank: 100
+      });
+    }
+
+    const applySettings = (settings: ISettingRegistry.ISettings): void => {
+      const seconds = Number(settings.get('pollInterval').composite);
+      const server = settings.get('statusServer').composite;
+      model.configure(
+        Math.max(Number.isFinite(seconds) ? seconds : 3, 0.5) * 1000,
+        typeof server === 'string' ? server : ''
+      );
+    };
+    if (settingRegistry) {
+      settingRegistry
+        .load(PLUGIN_ID)
+        .then(settings => {
+          applySettings(settings);
+          settings.changed.connect(applySettings);
+        })
+        .catch(reason => console.error('KCoral: settings could not be loaded', reason))
+        .finally(() => model.start());
+    } else {
+      model.start();
+    }
+  }
+};
+
+export default plugin;

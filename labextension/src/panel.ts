@@ -1,0 +1,302 @@
+/**
+ * The KCoral side panel: configured servers with health, target, versions and features; the
+ * jobs table (newest first, refreshed by the model's poller); the selected job's live output
+ * followed through the server extension, with Cancel for queued and running jobs.
+ */
+
+import { Widget } from '@lumino/widgets';
+
+import { IJob, IServerEntry } from './api';
+import {
+  describePhase,
+  formatGpus,
+  formatMs,
+  formatTime,
+  isCancellable,
+  targetOf
+} from './format';
+import { KCoralModel } from './model';
+import { followJobEvents } from './stream';
+
+function element<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+const JOB_COLUMNS = ['Status', 'Submitted', 'Worker', 'GPU', 'Queue', 'Wait', 'Held', 'Total'];
+const JOB_COLUMN_TITLES = [
+  '',
+  '',
+  '',
+  'GPU ids',
+  'Queue time, ms',
+  'Lease wait, ms',
+  'Lease held, ms',
+  'Total time, ms'
+];
+
+export class KCoralPanel extends Widget {
+  private readonly _servers = element('div', 'jp-KCoral-servers');
+  private readonly _jobsBody = element('tbody');
+  private readonly _jobsNote = element('div', 'jp-KCoral-note');
+  private readonly _outputTitle = element('span', 'jp-KCoral-outputTitle', 'No job selected');
+  private readonly _phase = element('div', 'jp-KCoral-phase');
+  private readonly _output = element('pre', 'jp-KCoral-outputText');
+  private readonly _cancel = element('button', 'jp-KCoral-cancel jp-mod-styled', 'Cancel');
+  private readonly _unsubscribe: () => void;
+  private _selected: IJob | null = null;
+  private _follow: AbortController | null = null;
+  private _selectionListeners = new Set<() => void>();
+
+  constructor(private readonly _model: KCoralModel) {
+    super();
+    this.id = 'kcoral-panel';
+    this.addClass('jp-KCoral-panel');
+    this.title.caption = 'KCoral';
+
+    const header = element('div', 'jp-KCoral-header');
+    const refresh = element('button', 'jp-KCoral-refresh jp-mod-styled', 'Refresh');
+    refresh.addEventListener('click', () => void this._model.poller.refresh());
+    header.append(element('h2', '', 'KCoral'), refresh);
+
+    const jobs = element('div', 'jp-KCoral-jobs');
+    const table = element('table', 'jp-KCoral-jobTable');
+    const head = element('tr');
+    JOB_COLUMNS.forEach((column, index) => {
+      const cell = element('th', '', column);
+      cell.title = JOB_COLUMN_TITLES[index];
+      head.append(cell);
+    });
+    table.append(element('thead'), this._jobsBody);
+    table.tHead!.append(head);
+    const scroller = element('div', 'jp-KCoral-tableScroller');
+    scroller.append(table);
+    jobs.append(element('h3', '', 'Jobs (times in ms)'), this._jobsNote, scroller);
+
+    const output = element('div', 'jp-KCoral-output');
+    const outputHeader = element('div', 'jp-KCoral-outputHeader');
+    this._cancel.disabled = true;
+    this._cancel.addEventListener('click', () => void this.cancelSelected());
+    outputHeader.append(this._outputTitle, this._cancel);
+    output.append(element('h3', '', 'Output'), outputHeader, this._phase, this._output);
+
+    this.node.append(header, element('h3', '', 'Servers'), this._servers, jobs, output);
+    this._unsubscribe = _model.subscribe(() => this.render());
+    this.render();
+  }
+
+  /** The selected job's latest record. */
+  get selected(): IJob | null {
+    return this._selected;
+  }
+
+  /** Calls `listener` when the selection or its status changes (commands' enabled state). */
+  onSelectionChanged(listener: () => void): () => void {
+    this._selectionListeners.add(listener);
+    return () => this._selectionListeners.delete(listener);
+  }
+
+  render(): void {
+    this._renderServers(this._model.servers);
+    this._renderJobs(this._model.jobs);
+    if (this._selected) {
+      const latest = this._model.job(this._selected.job_id);
+      if (latest) {
+        this._selected = latest;
+      }
+    }
+    this._renderSelection();
+  }
+
+  /** Selects a job and follows its output from the start. */
+  select(job: IJob): void {
+    this._follow?.abort();
+    this._selected = job;
+    this._output.textContent = '';
+    this._phase.textContent = '';
+    const controller = new AbortController();
+    this._follow = controller;
+    void followJobEvents({
+      signal: controller.signal,
+      open: (last, signal) => this._model.api.events(job.job_id, last, signal, job.server),
+      onEvent: event => {
+        if (event.kind === 'stdout' || event.kind === 'stderr') {
+          this._append(event.kind, event.text);
+        } else if (event.kind === 'phase') {
+          this._phase.textContent = describePhase(event.phase, event.fields);
+          this._phase.dataset.phase = event.phase;
+          if (event.phase === 'finished' || event.phase === 'assigned') {
+            void this._model.poller.refresh();
+          }
+        }
+      },
+      onError: error => {
+        const message = error instanceof Error ? error.message : String(error);
+        this._phase.textContent = `live output unavailable: ${message}`;
+      }
+    });
+    this._renderJobs(this._model.jobs);
+    this._renderSelection();
+  }
+
+  /** Cancels the given job, else the selected one. */
+  async cancel(job: IJob | null = this._selected): Promise<void> {
+    if (!job) {
+      return;
+    }
+    try {
+      await this._model.api.cancel(job.job_id, job.server);
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      this._phase.textContent = `cancel failed: ${message}`;
+    }
+    await this._model.poller.refresh();
+  }
+
+  cancelSelected(): Promise<void> {
+    return this.cancel(this._selected);
+  }
+
+  dispose(): void {
+    this._follow?.abort();
+    this._unsubscribe();
+    this._selectionListeners.clear();
+    super.dispose();
+  }
+
+  private _append(stream: 'stdout' | 'stderr', text: string): void {
+    const pinned =
+      this._output.scrollTop + this._output.clientHeight >= this._output.scrollHeight - 4;
+    if (stream === 'stderr') {
+      this._output.append(element('span', 'jp-KCoral-stderr', text));
+    } else {
+      this._output.append(document.createTextNode(text));
+    }
+    if (pinned) {
+      this._output.scrollTop = this._output.scrollHeight;
+    }
+  }
+
+  private _renderServers(servers: IServerEntry[] | null): void {
+    this._servers.replaceChildren();
+    if (servers === null) {
+      this._servers.append(
+        element('div', 'jp-KCoral-note', 'The KCoral server extension cannot be reached.')
+      );
+      return;
+    }
+    if (servers.length === 0) {
+      this._servers.append(
+        element(
+          'div',
+          'jp-KCoral-note',
+          'No KCoral server is configured (c.KCoralExtension.servers or KCORAL_URL).'
+        )
+      );
+      return;
+    }
+    for (const server of servers) {
+      const card = element('div', 'jp-KCoral-server');
+      card.dataset.server = server.name;
+      card.dataset.state = server.health ? 'online' : 'offline';
+      const title = element('div', 'jp-KCoral-serverTitle');
+      title.append(
+        element('span', 'jp-KCoral-dot', '●'),
+        element('span', 'jp-KCoral-serverName', ` ${server.name} `),
+        element('span', 'jp-KCoral-serverUrl', server.url)
+      );
+      card.append(title);
+      if (server.health) {
+        const load = server.health.load;
+        const facts: [string, string][] = [
+          ['health', server.health.status],
+          ['target', targetOf(server)],
+          [
+            'load',
+            `${load.requests_in_progress}/${load.request_capacity} busy · ` +
+              `${load.requests_waiting} queued`
+          ],
+          ['kcoral', server.info?.kcoral ?? '–'],
+          [
+            'versions',
+            Object.entries(server.health.versions ?? {})
+              .map(([k, v]) => `${k} ${v}`)
+              .join(', ') || '–'
+          ],
+          ['features', server.features.length ? server.features.join(', ') : '–']
+        ];
+        const list = element('dl', 'jp-KCoral-facts');
+        for (const [key, value] of facts) {
+          list.append(element('dt', '', key), element('dd', '', value));
+        }
+        card.append(list);
+      } else {
+        card.append(element('div', 'jp-KCoral-note', server.error || 'unreachable'));
+      }
+      this._servers.append(card);
+    }
+  }
+
+  private _renderJobs(jobs: IJob[]): void {
+    this._jobsBody.replaceChildren();
+    const notes = this._model.jobErrors
+      .filter(e => !/no jobs API/.test(e.message))
+      .map(e => `${e.server}: ${e.message}`);
+    this._jobsNote.textContent = jobs.length === 0 ? 'No jobs yet.' : '';
+    if (notes.length) {
+      this._jobsNote.textContent += ` ${notes.join('; ')}`;
+    }
+    for (const job of jobs) {
+      const row = element('tr', 'jp-KCoral-job');
+      row.dataset.jobId = job.job_id;
+      row.dataset.status = job.status;
+      row.title = `job ${job.job_id}${job.server ? ` on ${job.server}` : ''}` +
+        (job.error_kind ? ` (${job.error_kind})` : '');
+      if (this._selected?.job_id === job.job_id) {
+        row.classList.add('jp-mod-selected');
+      }
+      const cells = [
+        job.status,
+        formatTime(job.submitted_at),
+        job.worker_id === null || job.worker_id === undefined ? '–' : String(job.worker_id),
+        formatGpus(job.gpu_ids),
+        formatMs(job.queue_ms),
+        formatMs(job.lease_wait_ms),
+        formatMs(job.lease_held_ms),
+        formatMs(job.elapsed_ms)
+      ];
+      cells.forEach((text, index) => {
+        const cell = element('td', index === 0 ? `jp-KCoral-status-${job.status}` : '', text);
+        row.append(cell);
+      });
+      row.addEventListener('click', () => this.select(job));
+      this._jobsBody.append(row);
+    }
+  }
+
+  private _renderSelection(): void {
+    const job = this._selected;
+    if (!job) {
+      this._outputTitle.textContent = 'No job selected';
+      this._cancel.disabled = true;
+    } else {
+      this._outputTitle.textContent = `${job.status} · job ${job.job_id.slice(0, 8)}`;
+      this._outputTitle.title = `job ${job.job_id}${job.server ? ` on ${job.server}` : ''}`;
+      this._outputTitle.dataset.jobId = job.job_id;
+      this._cancel.disabled = !isCancellable(job.status);
+    }
+    for (const listener of [...this._selectionListeners]) {
+      listener();
+    }
+  }
+}

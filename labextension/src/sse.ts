@@ -1,0 +1,205 @@
+/**
+ * Server-Sent Events: an incremental parser (WHATWG "event stream interpretation") and the
+ * decoding of KCoral job events (EXTENSIONS §5) into small typed records.
+ *
+ * The browser's EventSource cannot send the Jupyter token header nor `Last-Event-ID` on our
+ * own schedule, so the panel reads the stream with fetch and parses it here.
+ */
+
+/** One dispatched SSE message. */
+export interface ISseMessage {
+  /** The `event` field, `message` when absent. */
+  event: string;
+  /** The `data` lines joined with `\n`. */
+  data: string;
+  /** The last event id in force when this message was dispatched ('' if none). */
+  id: string;
+}
+
+/** Incremental SSE parser: feed decoded text chunks, get complete messages. */
+export class SseParser {
+  /** The id of the last dispatched message (kept across messages for a reconnect). */
+  lastEventId = '';
+  /** The server's `retry` advice in milliseconds, when it gave one. */
+  retryMs: number | null = null;
+
+  private _buffer = '';
+  private _idBuffer = '';
+  private _event = '';
+  private _data: string[] = [];
+  private _hasData = false;
+  private _pendingCr = false;
+
+  /** Drops a partly received message (the connection broke); ids already dispatched stay. */
+  reset(): void {
+    this._buffer = '';
+    this._idBuffer = this.lastEventId;
+    this._event = '';
+    this._data = [];
+    this._hasData = false;
+    this._pendingCr = false;
+  }
+
+  /** Parses one chunk; a message split across chunks comes out with the chunk ending it. */
+  feed(chunk: string): ISseMessage[] {
+    const messages: ISseMessage[] = [];
+    let text = chunk;
+    // A CR ending the previous chunk may be the first half of a CRLF.
+    if (this._pendingCr && text.startsWith('\n')) {
+      text = text.slice(1);
+    }
+    this._pendingCr = false;
+    this._buffer += text;
+    let start = 0;
+    for (let i = 0; i < this._buffer.length; i++) {
+      const ch = this._buffer[i];
+      if (ch !== '\n' && ch !== '\r') {
+        continue;
+      }
+      const line = this._buffer.slice(start, i);
+      if (ch === '\r') {
+        if (i + 1 < this._buffer.length) {
+          if (this._buffer[i + 1] === '\n') {
+            i++;
+          }
+        } else {
+          this._pendingCr = true;
+        }
+      }
+      start = i + 1;
+      const message = this._line(line);
+      if (message) {
+        messages.push(message);
+      }
+    }
+    this._buffer = this._buffer.slice(start);
+    return messages;
+  }
+
+  private _line(line: string): ISseMessage | null {
+    if (line === '') {
+      return this._dispatch();
+    }
+    if (line.startsWith(':')) {
+      return null; // a comment (keep-alive)
+    }
+    const colon = line.indexOf(':');
+    let field = line;
+    let value = '';
+    if (colon >= 0) {
+      field = line.slice(0, colon);
+      value = line.slice(colon + 1);
+      if (value.startsWith(' ')) {
+        value = value.slice(1);
+      }
+    }
+    switch (field) {
+      case 'event':
+        this._event = value;
+        break;
+      case 'data':
+        this._data.push(value);
+        this._hasData = true;
+        break;
+      case 'id':
+        if (!value.includes('\0')) {
+          this._idBuffer = value;
+        }
+        break;
+      case 'retry':
+        if (/^\d+$/.test(value)) {
+          this.retryMs = Number(value);
+        }
+        break;
+      default:
+        break; // unknown fields are ignored, as the standard says
+    }
+    return null;
+  }
+
+  private _dispatch(): ISseMessage | null {
+    // The id counts only once its message is complete: a reconnect after a message cut
+    // in half must ask for that message again.
+    this.lastEventId = this._idBuffer;
+    const event = this._event || 'message';
+    const hasData = this._hasData;
+    const data = this._data.join('\n');
+    this._event = '';
+    this._data = [];
+    this._hasData = false;
+    if (!hasData) {
+      return null;
+    }
+    return { event, data, id: this.lastEventId };
+  }
+}
+
+/** A job event (EXTENSIONS §5 `GET /v1/jobs/{id}/events`). */
+export type JobEvent =
+  | {
+      kind: 'phase';
+      id: string;
+      phase: string;
+      /** The other fields of the phase event: position, worker_id, index, op, status... */
+      fields: Record<string, unknown>;
+    }
+  | { kind: 'stdout' | 'stderr'; id: string; text: string }
+  | { kind: 'heartbeat'; id: string }
+  | { kind: 'other'; id: string; event: string; data: string };
+
+function parseJson(data: string): unknown {
+  try {
+    return JSON.parse(data);
+  } catch {
+    return undefined;
+  }
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** The text of an output event: a JSON string, a JSON object's text field, or raw data. */
+function outputText(data: string): string {
+  const value = parseJson(data);
+  if (typeof value === 'string') {
+    return value;
+  }
+  if (isObject(value)) {
+    for (const key of ['text', 'data', 'chunk']) {
+      if (typeof value[key] === 'string') {
+        return value[key] as string;
+      }
+    }
+  }
+  return data;
+}
+
+/** Decodes one SSE message into a job event; unknown names are kept as `other`. */
+export function decodeJobEvent(message: ISseMessage): JobEvent {
+  const { event, data, id } = message;
+  if (event === 'stdout' || event === 'stderr') {
+    return { kind: event, id, text: outputText(data) };
+  }
+  if (event === 'heartbeat') {
+    return { kind: 'heartbeat', id };
+  }
+  if (event === 'phase') {
+    const value = parseJson(data);
+    if (isObject(value)) {
+      const { phase, ...fields } = value;
+      const name = typeof phase === 'string' ? phase : String(value.name ?? '');
+      return { kind: 'phase', id, phase: name, fields };
+    }
+    if (typeof value === 'string') {
+      return { kind: 'phase', id, phase: value, fields: {} };
+    }
+    return { kind: 'phase', id, phase: data.trim(), fields: {} };
+  }
+  return { kind: 'other', id, event, data };
+}
+
+/** Whether the event ends the job's stream (the `finished` phase). */
+export function isFinished(event: JobEvent): boolean {
+  return event.kind === 'phase' && event.phase === 'finished';
+}

@@ -1,0 +1,55 @@
+/** The status bar item: `KCoral ● <target> · <busy>/<capacity> busy · <n> queued`. */
+
+import { Widget } from '@lumino/widgets';
+
+import { statusText, statusTitle } from './format';
+import { KCoralModel } from './model';
+
+export class KCoralStatus extends Widget {
+  private readonly _dot: HTMLSpanElement;
+  private readonly _text: HTMLSpanElement;
+  private readonly _unsubscribe: () => void;
+
+  constructor(
+    private readonly _model: KCoralModel,
+    onClick: () => void
+  ) {
+    super();
+    this.id = 'kcoral-status';
+    this.addClass('jp-KCoral-status');
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
+    const label = document.createElement('span');
+    label.textContent = 'KCoral ';
+    this._dot = document.createElement('span');
+    this._dot.className = 'jp-KCoral-dot';
+    this._dot.textContent = '●';
+    this._text = document.createElement('span');
+    this._text.className = 'jp-KCoral-statusText';
+    this.node.append(label, this._dot, this._text);
+    this.node.addEventListener('click', onClick);
+    this.node.addEventListener('keydown', event => {
+      if (event.key === 'Enter' || event.key === ' ') {
+        onClick();
+      }
+    });
+    this._unsubscribe = _model.subscribe(() => this.render());
+    this.render();
+  }
+
+  render(): void {
+    const summary = this._model.summary;
+    // The whole text is one string so tests and screen readers see what the spec says.
+    const text = statusText(summary);
+    this.node.setAttribute('aria-label', text);
+    this._text.textContent = text.slice('KCoral ● '.length).replace(/^/, ' ');
+    this.node.title = statusTitle(summary);
+    this.node.dataset.state = summary.online ? 'online' : 'offline';
+    this.node.classList.toggle('jp-KCoral-offline', !summary.online);
+  }
+
+  dispose(): void {
+    this._unsubscribe();
+    super.dispose();
+  }
+}

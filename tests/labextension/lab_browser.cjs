@@ -1,0 +1,211 @@
+// Drives JupyterLab in headless Chromium (playwright-core, Debian's /usr/bin/chromium) for
+// tests/labextension/test_browser.py. Prints one JSON line with what it saw; the pytest side
+// asserts. Environment: LAB_URL (with trailing slash), LAB_TOKEN, PLAYWRIGHT_CORE (module
+// path), SCREENSHOT_DIR, NOTEBOOK (path below the Jupyter root).
+'use strict';
+
+const path = require('path');
+const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+
+const LAB_URL = process.env.LAB_URL;
+const TOKEN = process.env.LAB_TOKEN;
+const SHOTS = process.env.SCREENSHOT_DIR;
+const NOTEBOOK = process.env.NOTEBOOK;
+const seen = { steps: [] };
+
+function step(name, extra = {}) {
+  seen.steps.push({ name, t: Date.now(), ...extra });
+}
+
+async function runCell(page, index) {
+  await page.evaluate(async i => {
+    const app = window.jupyterapp;
+    const panel = app.shell.currentWidget;
+    panel.content.activeCellIndex = i;
+    // Not awaited: the command resolves only when the cell has finished running.
+    void app.commands.execute('notebook:run-cell');
+  }, index);
+}
+
+// Best effort, for readable screenshots: hide the file browser and drag the right side
+// bar wider than its default.
+async function widenPanel(page) {
+  try {
+    await page.evaluate(() => window.jupyterapp.shell.collapseLeft());
+    const box = await page.locator('#kcoral-panel').boundingBox();
+    const handles = page.locator('#jp-main-split-panel > .lm-SplitPanel-handle');
+    for (let i = 0; i < (await handles.count()); i++) {
+      const h = await handles.nth(i).boundingBox();
+      if (h && box && Math.abs(h.x + h.width - box.x) < 12) {
+        await page.mouse.move(h.x + h.width / 2, h.y + h.height / 2);
+        await page.mouse.down();
+        await page.mouse.move(h.x - 260, h.y + h.height / 2, { steps: 5 });
+        await page.mouse.up();
+        break;
+      }
+    }
+  } catch {
+    // the layout is only cosmetic here
+  }
+}
+
+async function main() {
+  const browser = await chromium.launch({
+    executablePath: '/usr/bin/chromium',
+    headless: true,
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+      '--no-first-run',
+      '--disable-dev-shm-usage'
+    ]
+  });
+  const page = await browser.newPage({ viewport: { width: 1500, height: 900 } });
+  const consoleErrors = [];
+  page.on('console', msg => {
+    if (msg.type() === 'error') consoleErrors.push(msg.text());
+  });
+  try {
+    await page.goto(`${LAB_URL}lab/tree/${NOTEBOOK}?token=${TOKEN}`);
+    await page.waitForFunction(() => window.jupyterapp && window.jupyterapp.shell, null, {
+      timeout: 90000
+    });
+    step('lab loaded');
+
+    // 1. The status bar shows the CPU server.
+    const status = page.locator('#kcoral-status');
+    await status.waitFor({ timeout: 60000 });
+    await page.waitForFunction(
+      () => /KCoral ● cpu · \d+\/\d+ busy · \d+ queued/.test(
+        document.querySelector('#kcoral-status')?.getAttribute('aria-label') || ''
+      ),
+      null,
+      { timeout: 60000 }
+    );
+    seen.statusText = await status.getAttribute('aria-label');
+    seen.statusVisibleText = (await status.innerText()).replace(/\s+/g, ' ').trim();
+    step('status online', { text: seen.statusText });
+
+    // Wait for the kernel, then load the magics (cell 0).
+    await page.waitForFunction(
+      () => {
+        const w = window.jupyterapp.shell.currentWidget;
+        return w && w.sessionContext && w.sessionContext.session?.kernel?.status === 'idle';
+      },
+      null,
+      { timeout: 90000 }
+    );
+    await runCell(page, 0);
+    await page.waitForFunction(
+      () => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle',
+      null,
+      { timeout: 30000 }
+    );
+
+    // 2. Clicking the status bar item opens the panel.
+    await status.click();
+    const panel = page.locator('#kcoral-panel');
+    await panel.waitFor({ state: 'visible', timeout: 30000 });
+    seen.panelOpenedByClick = true;
+    step('panel open');
+    await widenPanel(page);
+
+    // 3. A %%kcoral cell that prints for a few seconds; its job shows live output.
+    await runCell(page, 1);
+    step('cell 1 started');
+    const firstRow = panel.locator('tr.jp-KCoral-job').first();
+    await firstRow.waitFor({ timeout: 60000 });
+    seen.firstJobId = await firstRow.getAttribute('data-job-id');
+    seen.firstJobStatusAtSelect = await firstRow.getAttribute('data-status');
+    await firstRow.click();
+    const output = panel.locator('pre.jp-KCoral-outputText');
+    await page.waitForFunction(
+      () => /tick 0/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
+      null,
+      { timeout: 60000 }
+    );
+    const early = await output.innerText();
+    seen.outputMidRun = !/tick 9/.test(early);
+    step('first output', { output: early });
+    await page.screenshot({ path: path.join(SHOTS, 'panel.png') });
+    await page.waitForFunction(
+      () => /tick 9/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
+      null,
+      { timeout: 60000 }
+    );
+    seen.firstOutput = await output.innerText();
+    await page.waitForFunction(
+      id => document.querySelector(`#kcoral-panel tr[data-job-id="${id}"]`)?.dataset.status === 'COMPLETED',
+      seen.firstJobId,
+      { timeout: 60000 }
+    );
+    seen.firstJobFinalStatus = 'COMPLETED';
+    step('first job completed');
+    await status.screenshot({ path: path.join(SHOTS, 'statusbar.png') });
+
+    // 4. A second, long-running job is cancelled from the panel.
+    await runCell(page, 2);
+    await page.waitForFunction(
+      first => {
+        const row = document.querySelector('#kcoral-panel tr.jp-KCoral-job');
+        return row && row.dataset.jobId !== first && row.dataset.status === 'RUNNING';
+      },
+      seen.firstJobId,
+      { timeout: 60000 }
+    );
+    const secondRow = panel.locator('tr.jp-KCoral-job').first();
+    seen.secondJobId = await secondRow.getAttribute('data-job-id');
+    await secondRow.click();
+    await page.waitForFunction(
+      () => /long job started/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
+      null,
+      { timeout: 60000 }
+    );
+    seen.busyStatusText = await status.getAttribute('aria-label');
+    await page.screenshot({ path: path.join(SHOTS, 'panel-running.png') });
+    const cancel = panel.locator('button.jp-KCoral-cancel');
+    seen.cancelEnabled = await cancel.isEnabled();
+    await cancel.click();
+    step('cancel clicked');
+    await page.waitForFunction(
+      id => document.querySelector(`#kcoral-panel tr[data-job-id="${id}"]`)?.dataset.status === 'CANCELLED',
+      seen.secondJobId,
+      { timeout: 60000 }
+    );
+    seen.secondJobFinalStatus = 'CANCELLED';
+    seen.cancelEnabledAfter = await cancel.isEnabled();
+    step('second job cancelled');
+    await page.screenshot({ path: path.join(SHOTS, 'panel-cancelled.png') });
+
+    // 5. The palette commands exist.
+    seen.commands = await page.evaluate(() =>
+      ['kcoral:show-panel', 'kcoral:cancel-job'].map(id => [
+        id,
+        window.jupyterapp.commands.hasCommand(id),
+        window.jupyterapp.commands.label(id)
+      ])
+    );
+    seen.ok = true;
+  } catch (error) {
+    seen.ok = false;
+    seen.error = String(error && error.stack ? error.stack : error);
+    try {
+      await page.screenshot({ path: path.join(SHOTS, 'failure.png') });
+      seen.panelText = await page.locator('#kcoral-panel').innerText({ timeout: 2000 });
+    } catch {
+      // best effort
+    }
+  } finally {
+    seen.consoleErrors = consoleErrors.slice(0, 20);
+    await browser.close();
+  }
+  process.stdout.write(JSON.stringify(seen) + '\n');
+}
+
+main().catch(error => {
+  process.stdout.write(JSON.stringify({ ok: false, error: String(error) }) + '\n');
+  process.exit(1);
+});
