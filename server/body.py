@@ -13,6 +13,9 @@ import os
 
 import numpy as np
 
+# Prefault mapped memfds in one pass (64 MiB = 16,384 separate faults otherwise).
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
 
 class BodyTooLarge(Exception):
     """The body grew past ``max_request_bytes``."""
@@ -50,7 +53,7 @@ class RequestBody:
         if self.size == 0:
             self.view = memoryview(b"")
         else:
-            self._map = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+            self._map = mmap.mmap(self.fd, self.size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
             self.view = memoryview(self._map)
         return self.view
 

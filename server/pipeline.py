@@ -62,6 +62,11 @@ FINISH_LEVELS = {
 # Re-exported: handlers and jobs build replies with these.
 __all__ = ["ExecuteRequest", "Reply", "RequestObserver", "error_reply", "json_reply"]
 CRASH_MESSAGE = "worker exited while executing the instruction"
+# Return memfds are mapped prefaulted (64 MiB = 16,384 separate faults otherwise).
+MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+# Below these sizes work runs on the IO loop: a thread hand-off costs more CPU than the work.
+INLINE_PARSE_BYTES = 64 * 1024
+INLINE_READ_BYTES = 64 * 1024
 GPU_COUNT_MESSAGE = "gpu_count exceeds this GPU server's configured capacity"
 CANCELLED_STATUS = 499  # logged only: nobody is left to receive a cancelled request's answer
 CANCEL_MESSAGES = {
@@ -205,10 +210,14 @@ class ExecuteRequest:
         loop = asyncio.get_running_loop()
         view = self.body.finish()
         try:
-            parsed = await loop.run_in_executor(
-                state.executor,
-                lambda: parse_execute_request(self.content_type, view, verify_hashes=False),
-            )
+            if len(view) <= INLINE_PARSE_BYTES:
+                # a small body parses faster than a thread hand-off (front-end CPU per request)
+                parsed = parse_execute_request(self.content_type, view, verify_hashes=False)
+            else:
+                parsed = await loop.run_in_executor(
+                    state.executor,
+                    lambda: parse_execute_request(self.content_type, view, verify_hashes=False),
+                )
             if parsed.blobs:
                 await asyncio.gather(
                     *(
@@ -220,14 +229,20 @@ class ExecuteRequest:
             raise RequestFailed(400, "parse", str(exc), "rejected") from None
         program = parsed.program
         try:
-            resolution = await loop.run_in_executor(
-                state.executor,
-                resolve_blobs,
-                state.memory_cache,
-                state.disk_cache,
-                program,
-                parsed.blobs,
-            )
+            if not parsed.blobs and not program.blob_kinds():
+                # nothing to look up or store: no cache (or disk) access at all
+                resolution = resolve_blobs(
+                    state.memory_cache, state.disk_cache, program, parsed.blobs
+                )
+            else:
+                resolution = await loop.run_in_executor(
+                    state.executor,
+                    resolve_blobs,
+                    state.memory_cache,
+                    state.disk_cache,
+                    program,
+                    parsed.blobs,
+                )
         except ValidationError as exc:  # row 14
             raise RequestFailed(400, "parse", str(exc), "rejected") from None
         try:
@@ -344,7 +359,9 @@ class ExecuteRequest:
         retire = drive.reason_retire
         if drive.kind == "finished":
             retire = state.pool.retire_reason(seat, retire)
-            if retire is not None and handle.gone is None:
+            # A one-shot worker closes its channel right after the outcome (gone is set):
+            # its exit still has to be awaited and its code checked (§6.3, SERVER §8).
+            if retire is not None and (handle.gone is None or handle.returncode != 0):
                 # The deadline also covers a retiring worker's exit (SERVER §8).
                 remaining = timeout - self._budget_used(handle, started)
                 exited = await state.pool.stop_worker(handle, max(0.0, remaining))
@@ -554,7 +571,7 @@ class ExecuteRequest:
                 if size < total:
                     raise ValueError("return memfd is shorter than its parts")
                 if total:
-                    mapped = mmap.mmap(fds[0], total, prot=mmap.PROT_READ)
+                    mapped = mmap.mmap(fds[0], total, flags=MAP_FLAGS, prot=mmap.PROT_READ)
                     drive.maps.append(mapped)
                     view = memoryview(mapped)
                     offset = 0
@@ -692,6 +709,8 @@ class ExecuteRequest:
         await self.observer.output_finished()
         if drive.kind != "finished":
             return NO_OUTPUT
+        if drive.workspace.output_size() <= INLINE_READ_BYTES:
+            return drive.workspace.read_output(drive.limit)  # cheaper than a thread hand-off
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self.state.executor, drive.workspace.read_output, drive.limit

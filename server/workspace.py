@@ -68,6 +68,17 @@ class Workspace:
             "stderr": _read_tail(self.stderr_path, OUTPUT_TAIL_BYTES),
         }
 
+    def output_size(self) -> int:
+        """Bytes in the capture files so far (0 without capture)."""
+        total = 0
+        for path in (self.stdout_path, self.stderr_path):
+            if path is not None:
+                try:
+                    total += os.stat(path).st_size
+                except OSError:
+                    pass
+        return total
+
     def remove(self) -> None:
         """Remove the workspace in every case; capture files stay (they belong to the log)."""
         shutil.rmtree(self.path, ignore_errors=True)

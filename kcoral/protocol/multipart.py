@@ -7,10 +7,12 @@ byte in Python. Encoding returns a list of chunks that reference the caller's bu
 
 from __future__ import annotations
 
+import mmap
 import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kcoral.errors import ValidationError
 
@@ -121,10 +123,12 @@ class _Finder:
     """``find`` over any contiguous byte buffer, reusing ``bytes.find`` when possible."""
 
     def __init__(self, buffer: memoryview) -> None:
-        self._haystack: bytes | bytearray | None = None
+        self._haystack: Any = None  # bytes, bytearray or mmap.mmap: each has ``find``
         self._offset = 0
         base = buffer.obj
-        if isinstance(base, (bytes, bytearray)):
+        # mmap too: the server's request body is a mapped memfd (``mmap.find`` is a memmem,
+        # where the ``re`` fallback would compile a pattern per request)
+        if isinstance(base, (bytes, bytearray, mmap.mmap)):
             if buffer.nbytes == len(base):
                 self._haystack = base
             else:
