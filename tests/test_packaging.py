@@ -53,3 +53,13 @@ def test_the_version_is_the_installed_distribution_version() -> None:
     import kcoral
 
     assert kcoral.__version__ == version("kcoral")
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    # The test folders are not packages, so pytest imports test modules by basename.
+    names = [
+        p.name
+        for p in (ROOT / "tests").rglob("*.py")
+        if p.name not in ("conftest.py", "__init__.py")
+    ]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -202,12 +202,6 @@ def test_a_program_that_leaves_children_fails_and_they_are_all_killed(
     assert_no_leaks(server.pid, server.temp_dir, server.baseline)
 
 
-@pytest.mark.xfail(
-    reason="worker death is only noticed on channel EOF: a forked descendant that inherited "
-    "the worker's IPC socket keeps it open, so the request waits for its deadline (504) "
-    "instead of failing the instruction at once",
-    strict=True,
-)
 def test_a_worker_that_exits_with_forked_children_fails_its_instruction_at_once(
     watched_server, tmp_path
 ) -> None:
@@ -225,11 +219,6 @@ def test_a_worker_that_exits_with_forked_children_fails_its_instruction_at_once(
         _kill_all(_spawned(directory))
 
 
-@pytest.mark.xfail(
-    reason="descendants that called setsid outlive a worker that died: they are re-parented "
-    "to init, out of reach of WorkerHandle.kill (process tree walk + process group)",
-    strict=True,
-)
 def test_children_of_a_worker_that_exits_abruptly_are_killed(watched_server, tmp_path) -> None:
     server = watched_server("--num-workers", "2", "--worker-termination-grace-seconds", "1")
     directory = tmp_path / "children"
@@ -527,12 +516,6 @@ def test_a_front_end_killed_with_requests_in_flight_restarts_with_its_disk_cache
     assert len(workspaces(directory / "tmp")) <= 1
 
 
-@pytest.mark.xfail(
-    reason="a worker busy in a program when its front-end dies keeps running: nothing ties "
-    "the worker's life to the front-end (no PR_SET_PDEATHSIG, the pipe is read only between "
-    "programs)",
-    strict=True,
-)
 def test_a_busy_worker_does_not_outlive_a_killed_front_end(tmp_path) -> None:
     first = warm(launch(tmp_path / "node", ["--num-workers", "1"]))
     marker = tmp_path / "pid"

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from kcoral_server.config import parse_server_args
+from kcoral_server.cli_args import parse_server_args
 from kcoral_server.router.settings import SettingsError, parse_router_args
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

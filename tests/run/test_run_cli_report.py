@@ -11,7 +11,10 @@ import pytest
 from kcoral import run_cli
 from kcoral.progress import Progress, format_bytes
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
-from kcoral.run_cli import build_program, collect_inputs, parse_command_line, report
+from kcoral.run_args import parse_command_line
+from kcoral.run_cli import build_program
+from kcoral.run_inputs import LocalFileError, collect_inputs
+from kcoral.run_outputs import report
 from kcoral.run_remote import unpack_inputs
 
 
@@ -151,7 +154,7 @@ def test_symlinks_special_files_and_missing_inputs_are_refused(tmp_path: Path, k
         target.symlink_to(project)
     else:
         target = tmp_path / "nothing"
-    with pytest.raises(run_cli.LocalFileError):
+    with pytest.raises(LocalFileError):
         collect_inputs([str(target)])
 
 
@@ -159,7 +162,7 @@ def test_two_inputs_with_the_same_remote_path_are_refused(tmp_path: Path) -> Non
     for sub in ("a", "b"):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "x.py").write_text(sub)
-    with pytest.raises(run_cli.LocalFileError, match=r"x\.py"):
+    with pytest.raises(LocalFileError, match=r"x\.py"):
         collect_inputs([str(tmp_path / "a" / "x.py"), str(tmp_path / "b" / "x.py")])
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from kcoral import run_cli
 from kcoral.cli import main as kcoral_main
-from kcoral.run_cli import UsageError, parse_command_line
+from kcoral.run_args import parse_command_line
+from kcoral.run_tools import UsageError
 
 URL = "http://127.0.0.1:9"
 

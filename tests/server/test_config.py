@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from kcoral_server.cli_args import ServerSettings, parse_server_args
 from kcoral_server.config import (
     GIB,
     REDACTED,
     ServerConfig,
-    ServerSettings,
     config_for_log,
     default_cache_capacity_bytes,
-    parse_server_args,
     physical_memory_bytes,
     router_origin_problem,
 )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import signal
 import socket
@@ -28,19 +27,6 @@ from kcoral_server.ipc import (
     Shutdown,
     WorkerReady,
     WorkerStartFailed,
-)
-
-HERE = Path(__file__).resolve().parent
-
-# Until the protocol engineer's validate/values modules exist, the worker under test gets
-# the stand-ins of worker_standins.py (installed only for modules that are missing).
-_NEEDS_STANDINS = any(
-    importlib.util.find_spec(f"kcoral.protocol.{name}") is None for name in ("validate", "values")
-)
-_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, {here!r}); import worker_standins; "
-    "worker_standins.install(); del sys.path[0]; import runpy; "
-    "runpy.run_module('kcoral_server.worker', run_name='__main__', alter_sys=True)"
 )
 
 
@@ -199,10 +185,7 @@ def launch(
 ) -> Worker:
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = child.fileno()
-    if _NEEDS_STANDINS:
-        command = [sys.executable, "-c", _BOOTSTRAP.format(here=str(HERE)), "--fd", str(fd)]
-    else:
-        command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
+    command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
     log = open(tmp / "worker.log", "ab")
     proc = subprocess.Popen(
         command,
