@@ -19,14 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kcoral.errors import KCoralError, ProtocolError, TransportError
-from kcoral.jobs import (
-    AsyncJob,
-    EventSource,
-    check_job_id,
-    decode_job_accepted,
-    jobs_unsupported,
-)
+from kcoral.errors import KCoralError, TransportError
+from kcoral.event_stream import EventSource, EventStreams
+from kcoral.jobs import AsyncJob, check_job_id, next_submission_step, require_jobs
 from kcoral.negotiation import Attempt, ExecuteNegotiation
 from kcoral.response import (
     decode_health,
@@ -82,7 +77,13 @@ class AsyncClient:
             weakref.WeakKeyDictionary()
         )
         self._info: dict[str, Any] | None = None
-        self._stream_pool: Any = None  # urllib3, read in threads (see kcoral.jobs)
+        # read in threads (see kcoral.event_stream)
+        self._streams = EventStreams(
+            self.base_url,
+            self._headers,
+            connect_timeout_seconds=connect_timeout_seconds,
+            max_connections=max_connections,
+        )
 
     def __repr__(self) -> str:  # never shows headers: they may carry the token
         return f"<AsyncClient {self.base_url}>"
@@ -104,8 +105,7 @@ class AsyncClient:
         self._loops.clear()
         for _loop, state in states:
             state.http.close()
-        if self._stream_pool is not None:
-            self._stream_pool.clear()
+        self._streams.clear()
 
     # -- endpoints ----------------------------------------------------------------------
 
@@ -179,22 +179,19 @@ class AsyncClient:
             gpu_count=gpu_count,
         )
         try:
-            features = (await self.info()).get("features")
+            info = await self.info()
         except KCoralError as exc:
             if exc.status_code != 404:
                 raise
-            features = None
-        if not isinstance(features, list) or "jobs" not in features:
-            raise jobs_unsupported(self.base_url)
+            info = {}  # a server without /v1/info offers no jobs
+        require_jobs(info.get("features"), self.base_url)
         known_blobs = tuple(program.blobs)
-        outcome: ProgramResult | Attempt = negotiation.first_attempt()
-        while isinstance(outcome, Attempt):
-            status, headers, content_type, body = await self._fetch("POST", "/v1/jobs", outcome)
-            if status == 202:
-                job_id, request_id = decode_job_accepted(body)
-                return AsyncJob(self, job_id, request_id=request_id, known_blobs=known_blobs)
-            outcome = negotiation.handle_response(status, headers, content_type, body)
-        raise ProtocolError("the server answered a job submission with a result")
+        step: tuple[str, str] | Attempt = negotiation.first_attempt()
+        while isinstance(step, Attempt):
+            status, headers, content_type, body = await self._fetch("POST", "/v1/jobs", step)
+            step = next_submission_step(negotiation, status, headers, content_type, body)
+        job_id, request_id = step
+        return AsyncJob(self, job_id, request_id=request_id, known_blobs=known_blobs)
 
     def job(self, job_id: str) -> AsyncJob:
         """Re-attach to an existing job."""
@@ -209,21 +206,7 @@ class AsyncClient:
     ) -> EventSource:
         """A blocking Server-Sent Events stream at ``path`` (``AsyncJob`` reads it in a
         thread)."""
-        if self._stream_pool is None:
-            import urllib3
-
-            self._stream_pool = urllib3.PoolManager(
-                timeout=urllib3.Timeout(connect=self.connect_timeout_seconds, read=None),
-                retries=False,
-                maxsize=self.max_connections,
-            )
-        return EventSource(
-            self._stream_pool,
-            self.base_url + path,
-            self._headers,
-            last_event_id=last_event_id,
-            read_timeout=read_timeout,
-        )
+        return self._streams.open(path, last_event_id=last_event_id, read_timeout=read_timeout)
 
     def function(
         self,

@@ -16,16 +16,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kcoral
-from kcoral.errors import KCoralError, ProtocolError
+from kcoral.errors import KCoralError
+from kcoral.event_stream import EventSource, EventStreams
 from kcoral.http import HttpResponse, HttpTransport
-from kcoral.jobs import (
-    EventSource,
-    Job,
-    check_job_id,
-    decode_job_accepted,
-    jobs_unsupported,
-)
-from kcoral.negotiation import ExecuteNegotiation
+from kcoral.jobs import Job, check_job_id, next_submission_step, require_jobs
+from kcoral.negotiation import Attempt, ExecuteNegotiation
 from kcoral.program import Program
 from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
 from kcoral.results import ProgramResult
@@ -71,9 +66,12 @@ class Client:
             url, headers=request_headers, connect_timeout_seconds=float(connect_timeout_seconds)
         )
         self._info: dict[str, Any] | None = None
-        self._request_headers = request_headers
-        self._connect_timeout = float(connect_timeout_seconds)
-        self._stream_pool: Any = None  # urllib3 pool for job event streams (long-lived)
+        self._streams = EventStreams(
+            url,
+            request_headers,
+            connect_timeout_seconds=float(connect_timeout_seconds),
+            max_connections=64,
+        )
 
     def __repr__(self) -> str:
         # Never show headers: they may carry the token.
@@ -82,8 +80,7 @@ class Client:
     def close(self) -> None:
         """Release pooled connections; returned results stay usable."""
         self._transport.close()
-        if self._stream_pool is not None:
-            self._stream_pool.clear()
+        self._streams.clear()
 
     def __enter__(self) -> Client:
         return self
@@ -200,18 +197,18 @@ class Client:
                 content_length=attempt.length,
                 headers=attempt.headers,
             )
-            if response.status == 202:
-                job_id, request_id = decode_job_accepted(response.data)
-                return Job(self, job_id, request_id=request_id, known_blobs=known_blobs)
-            outcome = negotiation.handle_response(
+            step = next_submission_step(
+                negotiation,
                 response.status,
                 response.headers,
                 response.headers.get("Content-Type"),
                 response.data,
             )
-            if isinstance(outcome, ProgramResult):
-                raise ProtocolError("the server answered a job submission with a result")
-            attempt = outcome
+            if isinstance(step, Attempt):
+                attempt = step
+                continue
+            job_id, request_id = step
+            return Job(self, job_id, request_id=request_id, known_blobs=known_blobs)
 
     def job(self, job_id: str) -> Job:
         """Re-attach to an existing job (nothing is sent until a method is called)."""
@@ -219,13 +216,12 @@ class Client:
 
     def _require_jobs(self) -> None:
         try:
-            features = self.info().get("features")
+            info = self.info()
         except KCoralError as exc:
-            if exc.status_code == 404:
-                raise jobs_unsupported(self.base_url) from None
-            raise
-        if not isinstance(features, list) or "jobs" not in features:
-            raise jobs_unsupported(self.base_url)
+            if exc.status_code != 404:
+                raise
+            info = {}  # a server without /v1/info offers no jobs
+        require_jobs(info.get("features"), self.base_url)
 
     def request(
         self, method: str, path: str, *, headers: Mapping[str, str] | None = None
@@ -238,21 +234,7 @@ class Client:
     ) -> EventSource:
         """A Server-Sent Events stream at ``path`` (used by ``Job``); streams use their own
         connections, kept apart from the request pool."""
-        if self._stream_pool is None:
-            import urllib3
-
-            self._stream_pool = urllib3.PoolManager(
-                timeout=urllib3.Timeout(connect=self._connect_timeout, read=None),
-                retries=False,
-                maxsize=64,
-            )
-        return EventSource(
-            self._stream_pool,
-            self.base_url + path,
-            self._request_headers,
-            last_event_id=last_event_id,
-            read_timeout=read_timeout,
-        )
+        return self._streams.open(path, last_event_id=last_event_id, read_timeout=read_timeout)
 
     # -- remote functions ----------------------------------------------------------------
 

@@ -1,14 +1,9 @@
-"""Jobs on the client side (EXTENSIONS §5): ``Job``, ``AsyncJob`` and their event streams.
+"""Jobs on the client side (EXTENSIONS §5): ``Job``, ``AsyncJob`` and their answers.
 
 ``client.submit(program)`` returns a ``Job``; ``client.job(job_id)`` re-attaches to one.
 Events arrive as ``JobEvent(id, kind, data)`` records from the job's Server-Sent Events
-stream. A dropped stream is reopened with ``Last-Event-ID`` (the server replays what
-followed), so an iteration sees every event once, in order, and ends after the ``finished``
+stream (``kcoral.event_stream``), every event once, in order, ending after the ``finished``
 phase. ``result()`` answers exactly what ``execute`` would have returned.
-
-Streams are read with urllib3 from a blocking thread in both clients (``AsyncJob`` pumps the
-events into its event loop), so closing a stream is immediate and no event loop of our own
-is ever started.
 """
 
 from __future__ import annotations
@@ -18,11 +13,11 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kcoral.errors import KCoralError, ProtocolError, TransportError, ValidationError
-from kcoral.protocol.strict_json import loads_strict
+from kcoral.errors import KCoralError, ProtocolError
+from kcoral.event_stream import JobEvent
+from kcoral.negotiation import Attempt, ExecuteNegotiation
 from kcoral.response import (
     CacheMiss,
     decode_execute_response,
@@ -31,91 +26,12 @@ from kcoral.response import (
 )
 
 if TYPE_CHECKING:
-    import urllib3
-
     from kcoral.async_client import AsyncClient
     from kcoral.client import Client
     from kcoral.results import ProgramResult
 
 #: Job statuses after which nothing changes.
 FINISHED_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"})
-RECONNECT_ATTEMPTS = 8
-RECONNECT_FIRST_DELAY_SECONDS = 0.1
-RECONNECT_MAX_DELAY_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class JobEvent:
-    """One Server-Sent Event of a job: ``kind`` is ``phase``, ``stdout``, ``stderr`` or
-    ``heartbeat``; ``data`` its JSON object (``{"text": ...}`` for output)."""
-
-    id: int
-    kind: str
-    data: dict[str, Any]
-
-    @property
-    def text(self) -> str:
-        """The output text of a ``stdout``/``stderr`` event ("" for others)."""
-        value = self.data.get("text")
-        return value if isinstance(value, str) else ""
-
-    @property
-    def finished(self) -> bool:
-        """True for the last event of a job (the ``finished`` phase)."""
-        return self.kind == "phase" and self.data.get("phase") == "finished"
-
-
-class SseParser:
-    """Incremental ``text/event-stream`` parser: ``feed(bytes)`` returns complete events."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._id: str | None = None
-        self._kind = "message"
-        self._data: list[str] = []
-
-    def feed(self, chunk: bytes) -> list[JobEvent]:
-        self._buffer += chunk
-        events: list[JobEvent] = []
-        while True:
-            end = self._buffer.find(b"\n")
-            if end < 0:
-                return events
-            line = self._buffer[:end].rstrip(b"\r").decode("utf-8", errors="replace")
-            self._buffer = self._buffer[end + 1 :]
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
-
-    def _line(self, line: str) -> JobEvent | None:
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None  # comment
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "id":
-            self._id = value
-        elif name == "event":
-            self._kind = value
-        elif name == "data":
-            self._data.append(value)
-        return None
-
-    def _dispatch(self) -> JobEvent | None:
-        event_id, kind, data = self._id, self._kind, self._data
-        self._kind, self._data = "message", []
-        if event_id is None and not data:
-            return None
-        if event_id is None or not (event_id.isascii() and event_id.isdigit()):
-            raise ProtocolError(f"job event without a numeric id: {event_id!r}")
-        try:
-            value = loads_strict("\n".join(data).encode("utf-8")) if data else {}
-        except ValidationError as exc:
-            raise ProtocolError(f"job event {event_id}: invalid JSON data: {exc}") from None
-        if not isinstance(value, dict):
-            raise ProtocolError(f"job event {event_id}: data is not a JSON object")
-        return JobEvent(int(event_id), kind, value)
 
 
 def decode_job_accepted(body: bytes) -> tuple[str, str]:
@@ -151,115 +67,12 @@ def decode_job_state(status: int, headers: Mapping[str, str], body: bytes) -> di
     return state
 
 
-class EventSource:
-    """A job's event stream over blocking HTTP, reconnecting with ``Last-Event-ID``.
-
-    Iterate once; ``close()`` (from any thread) ends the iteration.
-    """
+class _JobHandle:
+    """What ``Job`` and ``AsyncJob`` share: the ids, the known blobs and the job's paths."""
 
     def __init__(
         self,
-        pool: urllib3.PoolManager,
-        url: str,
-        headers: Mapping[str, str],
-        *,
-        last_event_id: int = 0,
-        read_timeout: float | None = None,
-    ) -> None:
-        self.pool = pool
-        self.url = url
-        self.headers = dict(headers)
-        self.last_event_id = last_event_id
-        self.read_timeout = read_timeout
-        self._response: Any = None
-        self._closed = False
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            response = self._response
-        if response is not None:
-            with contextlib.suppress(Exception):
-                response.shutdown()  # wakes a blocked read in another thread
-            with contextlib.suppress(Exception):
-                response.close()
-
-    def __iter__(self) -> Iterator[JobEvent]:
-        import urllib3
-
-        failures = 0
-        while not self._closed:
-            try:
-                for event in self._one_connection(urllib3):
-                    failures = 0
-                    yield event
-                    if event.finished:
-                        return
-            except urllib3.exceptions.ReadTimeoutError:
-                raise TimeoutError("no job event within the timeout") from None
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if self._closed:
-                    return
-                failures += 1
-                if failures > RECONNECT_ATTEMPTS:
-                    raise TransportError(f"GET {self.url} failed: {exc}") from exc
-                delay = RECONNECT_FIRST_DELAY_SECONDS * 2 ** (failures - 1)
-                time.sleep(min(delay, RECONNECT_MAX_DELAY_SECONDS))
-            else:
-                failures += 1  # the stream ended before ``finished``: reconnect
-                if failures > RECONNECT_ATTEMPTS:
-                    raise TransportError(f"GET {self.url}: the event stream keeps ending")
-
-    def _one_connection(self, urllib3: Any) -> Iterator[JobEvent]:
-        headers = dict(self.headers)
-        headers["Accept"] = "text/event-stream"
-        if self.last_event_id:
-            headers["Last-Event-ID"] = str(self.last_event_id)
-        response = self.pool.request(
-            "GET",
-            self.url,
-            headers=headers,
-            preload_content=False,
-            redirect=False,
-            timeout=urllib3.Timeout(read=self.read_timeout),
-        )
-        with self._lock:
-            self._response = response
-            if self._closed:
-                response.close()
-                return
-        try:
-            if response.status != 200:
-                raise error_from_response(response.status, response.headers, response.read())
-            parser = SseParser()
-            chunks = response.read_chunked() if response.chunked else _read1(response)
-            for chunk in chunks:
-                for event in parser.feed(chunk):
-                    if event.id <= self.last_event_id:
-                        continue  # never twice, whatever the server replays
-                    self.last_event_id = event.id
-                    yield event
-        finally:
-            with self._lock:
-                self._response = None
-            response.close()
-
-
-def _read1(response: Any) -> Iterator[bytes]:
-    while True:
-        data = response.read1(65536)
-        if not data:
-            return
-        yield data
-
-
-class Job:
-    """A job on a server (sync client). ``id`` is the server's job id."""
-
-    def __init__(
-        self,
-        client: Client,
+        client: Any,
         job_id: str,
         *,
         request_id: str | None = None,
@@ -270,23 +83,42 @@ class Job:
         self.request_id = request_id
         self._known_blobs = frozenset(known_blobs)
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id!r})"
+
+    @property
+    def path(self) -> str:
+        """``/v1/jobs/{id}``: state (GET) and cancel (DELETE)."""
+        return f"/v1/jobs/{self.id}"
+
+    @property
+    def events_path(self) -> str:
+        return f"/v1/jobs/{self.id}/events"
+
+    @property
+    def result_path(self) -> str:
+        return f"/v1/jobs/{self.id}/result"
+
+
+class Job(_JobHandle):
+    """A job on a server (sync client). ``id`` is the server's job id."""
+
+    client: Client
+
     def _repr_html_(self) -> str:
         # Rich display in notebooks; the Jupyter package is imported only here.
         from kcoral_jupyter.display import job_html
 
         return job_html(self)
 
-    def __repr__(self) -> str:
-        return f"Job({self.id!r})"
-
     def status(self) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``: the job's state (``status``, timings, worker, ...)."""
-        response = self.client.request("GET", f"/v1/jobs/{self.id}")
+        response = self.client.request("GET", self.path)
         return decode_job_state(response.status, response.headers, response.data)
 
     def events(self, *, last_event_id: int = 0, heartbeats: bool = False) -> Iterator[JobEvent]:
         """Every event after ``last_event_id``, live, ending after the ``finished`` phase."""
-        source = self.client.event_source(f"/v1/jobs/{self.id}/events", last_event_id=last_event_id)
+        source = self.client.event_source(self.events_path, last_event_id=last_event_id)
         try:
             for event in source:
                 if heartbeats or event.kind != "heartbeat":
@@ -306,7 +138,7 @@ class Job:
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"job {self.id} did not finish within {timeout} s")
             source = self.client.event_source(
-                f"/v1/jobs/{self.id}/events", last_event_id=last, read_timeout=remaining
+                self.events_path, last_event_id=last, read_timeout=remaining
             )
             try:
                 for event in source:
@@ -326,45 +158,31 @@ class Job:
         Raises as ``execute`` would (``KCoralError`` for a timed-out or failed request);
         a cancelled job raises ``KCoralError`` (409, kind ``cancelled``)."""
         self.wait(timeout)
-        response = self.client.request("GET", f"/v1/jobs/{self.id}/result")
+        response = self.client.request("GET", self.result_path)
         return decode_job_result(
             response.status, response.headers, response.data, self._known_blobs
         )
 
     def cancel(self) -> dict[str, Any]:
         """``DELETE /v1/jobs/{id}``: cancel (idempotent); the job's state afterwards."""
-        response = self.client.request("DELETE", f"/v1/jobs/{self.id}")
+        response = self.client.request("DELETE", self.path)
         return decode_job_state(response.status, response.headers, response.data)
 
 
-class AsyncJob:
+class AsyncJob(_JobHandle):
     """A job on a server (``AsyncClient``); every method is a coroutine but ``events``."""
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        job_id: str,
-        *,
-        request_id: str | None = None,
-        known_blobs: Collection[str] = (),
-    ) -> None:
-        self.client = client
-        self.id = job_id
-        self.request_id = request_id
-        self._known_blobs = frozenset(known_blobs)
-
-    def __repr__(self) -> str:
-        return f"AsyncJob({self.id!r})"
+    client: AsyncClient
 
     async def status(self) -> dict[str, Any]:
-        status, headers, _type, body = await self.client.request("GET", f"/v1/jobs/{self.id}")
+        status, headers, _type, body = await self.client.request("GET", self.path)
         return decode_job_state(status, headers, body)
 
     async def events(
         self, *, last_event_id: int = 0, heartbeats: bool = False
     ) -> AsyncIterator[JobEvent]:
         """Async iterator over the job's events (see ``Job.events``)."""
-        source = self.client.event_source(f"/v1/jobs/{self.id}/events", last_event_id=last_event_id)
+        source = self.client.event_source(self.events_path, last_event_id=last_event_id)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
@@ -408,13 +226,11 @@ class AsyncJob:
     async def result(self, timeout: float | None = None) -> ProgramResult:
         """As ``Job.result``."""
         await self.wait(timeout)
-        status, headers, _type, body = await self.client.request(
-            "GET", f"/v1/jobs/{self.id}/result"
-        )
+        status, headers, _type, body = await self.client.request("GET", self.result_path)
         return decode_job_result(status, headers, body, self._known_blobs)
 
     async def cancel(self) -> dict[str, Any]:
-        status, headers, _type, body = await self.client.request("DELETE", f"/v1/jobs/{self.id}")
+        status, headers, _type, body = await self.client.request("DELETE", self.path)
         return decode_job_state(status, headers, body)
 
 
@@ -430,3 +246,27 @@ def check_job_id(job_id: object) -> str:
 def jobs_unsupported(base_url: str) -> KCoralError:
     """The error ``submit`` raises when ``/v1/info`` does not list ``jobs``."""
     return KCoralError(404, f"the server at {base_url} does not offer jobs", kind="unavailable")
+
+
+def require_jobs(features: object, base_url: str) -> None:
+    """Raise ``jobs_unsupported`` unless ``/v1/info``'s ``features`` list ``jobs``."""
+    if not isinstance(features, list) or "jobs" not in features:
+        raise jobs_unsupported(base_url)
+
+
+def next_submission_step(
+    negotiation: ExecuteNegotiation,
+    status: int,
+    headers: Mapping[str, str],
+    content_type: str | None,
+    body: bytes,
+) -> tuple[str, str] | Attempt:
+    """One answer to ``POST /v1/jobs``: ``(job_id, request_id)`` once accepted (202), else
+    the negotiation's next ``Attempt`` (after a ``CACHE_MISS``); raises as ``execute`` would
+    for a refusal, and ``ProtocolError`` for a result where a job was expected."""
+    if status == 202:
+        return decode_job_accepted(body)
+    outcome = negotiation.handle_response(status, headers, content_type, body)
+    if not isinstance(outcome, Attempt):
+        raise ProtocolError("the server answered a job submission with a result")
+    return outcome

@@ -1,22 +1,21 @@
-"""Server configuration: the frozen ``ServerConfig`` and ``kcoral server`` argument parsing.
+"""Server configuration: the frozen, validated ``ServerConfig``.
 
 Standard library only: ``kcoral.ServerConfig`` resolves to this module and must import
-without the server extra (CLIENT_API.md §1.1). Option names, defaults and environment
-variables follow SERVER.md §2, EXTENSIONS.md §2/§6 and ROUTER.md §12.
+without the server extra (CLIENT_API.md §1.1). Fields, defaults and rules follow SERVER.md §2,
+EXTENSIONS.md §2/§6 and ROUTER.md §3. The ``kcoral server`` command line that fills it lives
+in ``kcoral_server.cli_args``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
-import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import urlsplit
 
 GIB = 1024**3
@@ -28,8 +27,6 @@ SERIALIZATION_FORMATS = ("json", "pickle")
 REDACTED = "<redacted>"
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
-_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
-_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
 class InvalidConfigError(ValueError):
@@ -386,384 +383,24 @@ def config_for_log(config: ServerConfig) -> dict[str, Any]:
     return result
 
 
-# ------------------------------------------------------------------ command line
-
-
-@dataclass(frozen=True)
-class SupervisorOptions:
-    """ROUTER.md §12 node-supervisor options (only with ``--router``)."""
-
-    health_interval_seconds: float = 2.0
-    health_timeout_seconds: float = 1.0
-    failure_threshold: int = 3
-    startup_grace_seconds: float = 30.0
-    stable_reset_seconds: float = 60.0
-    termination_grace_seconds: float = 5.0
-    restart_min_delay_seconds: float = 1.0
-    restart_max_delay_seconds: float = 30.0
-    restart_jitter: float = 0.2
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """Everything ``kcoral server`` was asked for.
-
-    ``supervisor`` is set when ``--router`` starts a node supervisor (not for the node child);
-    ``gpus_given`` says whether ``--gpus``/``KCORAL_SERVER_GPUS`` was set, since in GPU mode
-    the default is every visible GPU (EXTENSIONS.md §2).
-    """
-
-    config: ServerConfig
-    host: str = "127.0.0.1"
-    port: int = 8000
-    ready_file: Path | None = None
-    supervisor: SupervisorOptions | None = None
-    node_child: bool = False
-    gpus_given: bool = False
-
-
-# hidden option -> SupervisorOptions field
-_SUPERVISOR_OPTIONS = {
-    "--health-interval-seconds": "health_interval_seconds",
-    "--health-timeout-seconds": "health_timeout_seconds",
-    "--failure-threshold": "failure_threshold",
-    "--startup-grace-seconds": "startup_grace_seconds",
-    "--stable-reset-seconds": "stable_reset_seconds",
-    "--termination-grace-seconds": "termination_grace_seconds",
-    "--restart-min-delay-seconds": "restart_min_delay_seconds",
-    "--restart-max-delay-seconds": "restart_max_delay_seconds",
-    "--restart-jitter": "restart_jitter",
-}
-
-
-def parse_integer(text: str) -> int:
-    """A plain decimal integer (no unit suffixes, no underscores)."""
-    if not _INTEGER.fullmatch(text):
-        raise ValueError(f"not a plain integer: {text!r}")
-    return int(text)
-
-
-def parse_seconds(text: str) -> float:
-    """A finite decimal number."""
-    if not _DECIMAL.fullmatch(text):
-        raise ValueError(f"not a decimal number: {text!r}")
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"not a finite number: {text!r}")
-    return value
-
-
-def parse_gpus(text: str) -> list[int]:
-    """Comma-separated GPU ids; empty entries are skipped."""
-    ids = []
-    for entry in text.split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        if not entry.isascii() or not entry.isdigit():
-            raise ValueError(f"not a GPU id: {entry!r}")
-        ids.append(int(entry))
-    return ids
-
-
-def _arg_type(convert: Any, description: str) -> Any:
-    def converter(text: str) -> Any:
-        try:
-            return convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {description}: {text!r}") from None
-
-    converter.__name__ = description
-    return converter
-
-
-_INT = _arg_type(parse_integer, "integer")
-_SECONDS = _arg_type(parse_seconds, "number of seconds")
-_GPUS = _arg_type(parse_gpus, "GPU id list")
-_NUMBER = _arg_type(parse_seconds, "number")
-
-
-def build_server_parser() -> argparse.ArgumentParser:
-    """The ``kcoral server`` parser. Every default is ``None`` so that precedence
-    (flag > environment > default) can be resolved afterwards."""
-    parser = argparse.ArgumentParser(
-        prog="kcoral server",
-        description="Run a KCoral server.",
-        allow_abbrev=False,
-    )
-    metavars = {_INT: "N", _SECONDS: "SECONDS", _NUMBER: "X"}
-
-    def add(option: str, **kwargs: Any) -> None:
-        if "type" in kwargs and "metavar" not in kwargs:
-            kwargs["metavar"] = metavars[kwargs["type"]]
-        elif "action" not in kwargs and "metavar" not in kwargs:
-            kwargs["metavar"] = "PATH" if option.endswith(("-file", "-dir", "-path")) else None
-        parser.add_argument(option, **kwargs)
-
-    hidden = argparse.SUPPRESS
-    add("--host", help="listen address (default 127.0.0.1; env KCORAL_SERVER_HOST)")
-    add("--port", type=_INT, help="port, 0 picks a free one (default 8000; env KCORAL_SERVER_PORT)")
-    add("--ready-file", help="write the server URL to this file once it accepts requests")
-    add(
-        "--device",
-        metavar="{auto,gpu,cpu}",
-        help="device mode (default auto; env KCORAL_SERVER_DEVICE)",
-    )
-    add("--gpus", help="comma-separated physical GPU ids (default 0; env KCORAL_SERVER_GPUS)")
-    add("--num-workers", type=_INT, help="CPU mode worker count (default 1)")
-    add("--workers-per-gpu", type=_INT, help="GPU mode workers per GPU (default 8)")
-    add(
-        "--max-requests-per-worker",
-        type=_INT,
-        help="requests before a worker is replaced; 0 = reuse without limit (default 1)",
-    )
-    add("--worker-termination-grace-seconds", type=_SECONDS, help="SIGTERM->SIGKILL (default 5)")
-    add("--worker-wait-timeout-seconds", type=_SECONDS, help="wait for a worker (default 1800)")
-    add(
-        "--body-timeout-seconds",
-        type=_SECONDS,
-        help="drop a request whose body sends nothing for this long (default 60)",
-    )
-    add("--default-timeout-seconds", type=_SECONDS, help="(default 300)")
-    add("--max-timeout-seconds", type=_SECONDS, help="clamp (default 900)")
-    add("--max-request-bytes", type=_INT, help="413 above (default 268435456)")
-    add("--max-response-bytes", type=_INT, help="500 above (default 268435456)")
-    add("--output-limit-bytes", type=_INT, help="per-stream capture (default 1048576)")
-    add("--max-output-limit-bytes", type=_INT, help="clamp (default 16777216)")
-    add(
-        "--cache-capacity-bytes",
-        type=_INT,
-        help="memory cache (default: the smaller of 16 GiB and 1/4 of physical memory)",
-    )
-    add("--disk-cache-dir", help="file-blob cache; '' disables (default ~/.cache/kcoral/files)")
-    add("--disk-cache-capacity-mbytes", type=_INT, help="MiB; 0 disables (default 16384)")
-    add("--log-dir", help="event log directory; '' disables (default logs; env KCORAL_LOG_DIR)")
-    add("--no-log-console", action="store_true", default=None, help="no stderr mirror")
-    add("--no-log-programs", action="store_true", default=None, help="do not store programs")
-    add("--sandbox", metavar="{bubblewrap,none}", help="(default bubblewrap)")
-    add(
-        "--sandbox-readonly-path",
-        action="append",
-        metavar="PATH",
-        help="extra read-only path in the sandbox (repeatable)",
-    )
-    add("--router", help="router origin (env KCORAL_ROUTER_ENDPOINT)")
-    add("--node-id", help="node name (env KCORAL_NODE_ID)")
-    add("--node-token", help="node token; prefer env KCORAL_NODE_TOKEN")
-    add("--auth-token-file", help="require this bearer token (or env KCORAL_AUTH_TOKEN)")
-    add(
-        "--allow-unauthenticated",
-        action="store_true",
-        default=None,
-        help="allow no token on a non-loopback address",
-    )
-    add("--job-retention-seconds", type=_SECONDS, help="keep finished jobs (default 3600)")
-    add("--job-retention-bytes", type=_INT, help="job results kept in memory (default 1073741824)")
-    add(
-        "--max-inflight-request-bytes",
-        type=_INT,
-        help="request bytes in flight before 503; 0 = no limit (default 2 x --max-request-bytes)",
-    )
-    add("--worker-memory-limit-bytes", type=_INT, help="per worker; 0 = none (default 0)")
-    # Hidden: node-supervisor options (ROUTER.md §12), the supervisor's child entry point and
-    # the test-only fake-GPU count.
-    for option in _SUPERVISOR_OPTIONS:
-        kind = _INT if option == "--failure-threshold" else _NUMBER
-        add(option, type=kind, help=hidden)
-    add("--node-child", action="store_true", default=None, help=hidden)
-    add("--fake-gpu-count", type=_INT, help=hidden)
-    return parser
-
-
-class _Resolver:
-    """Flag > environment > default, with messages that name where a bad value came from."""
-
-    def __init__(self, parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-        self.parser = parser
-        self.environ = environ
-
-    def fail(self, message: str) -> NoReturn:
-        self.parser.error(message)
-
-    def env(self, name: str, *, empty_is_unset: bool = False) -> str | None:
-        value = self.environ.get(name)
-        if value is None or (empty_is_unset and value == ""):
-            return None
-        return value
-
-    def pick(
-        self, flag_value: Any, env_name: str, convert: Any, *, empty_is_unset: bool = False
-    ) -> Any:
-        if flag_value is not None:
-            return flag_value
-        raw = self.env(env_name, empty_is_unset=empty_is_unset)
-        if raw is None:
-            return None
-        try:
-            return convert(raw)
-        except ValueError as exc:
-            self.fail(f"{env_name}: {exc}")
-
-
-def _identity(text: str) -> str:
-    return text
-
-
-def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> ServerSettings:
-    """Parse ``kcoral server`` arguments. Invalid settings raise ``SystemExit(2)`` with a
-    message on stderr; ``--help`` raises ``SystemExit(0)``."""
-    parser = build_server_parser()
-    args = parser.parse_args(list(argv))
-    resolve = _Resolver(parser, environ)
-    kwargs: dict[str, Any] = {}
-
-    host = resolve.pick(args.host, "KCORAL_SERVER_HOST", _identity)
-    host = "127.0.0.1" if host is None else host
-    if not host:
-        resolve.fail("--host must not be empty")
-    port = resolve.pick(args.port, "KCORAL_SERVER_PORT", parse_integer)
-    port = 8000 if port is None else port
-    if not 0 <= port <= 65535:
-        resolve.fail(f"--port must be in 0-65535 (got {port})")
-
-    device = resolve.pick(args.device, "KCORAL_SERVER_DEVICE", _identity)
-    kwargs["device"] = "auto" if device is None else device
-    gpus_text = args.gpus if args.gpus is not None else resolve.env("KCORAL_SERVER_GPUS")
-    gpus_given = gpus_text is not None
-    if gpus_given:
-        try:
-            kwargs["gpus"] = parse_gpus(gpus_text)
-        except ValueError as exc:
-            if kwargs["device"] != "cpu":  # ignored in CPU mode (SERVER.md §2)
-                origin = "--gpus" if args.gpus is not None else "KCORAL_SERVER_GPUS"
-                resolve.fail(f"{origin}: {exc}")
-            kwargs["gpus"] = []
-
-    for name in (
-        "num_workers",
-        "workers_per_gpu",
-        "max_requests_per_worker",
-        "worker_termination_grace_seconds",
-        "worker_wait_timeout_seconds",
-        "body_timeout_seconds",
-        "default_timeout_seconds",
-        "max_timeout_seconds",
-        "max_request_bytes",
-        "max_response_bytes",
-        "output_limit_bytes",
-        "max_output_limit_bytes",
-        "cache_capacity_bytes",
-        "disk_cache_capacity_mbytes",
-        "job_retention_seconds",
-        "job_retention_bytes",
-        "max_inflight_request_bytes",
-        "worker_memory_limit_bytes",
-        "fake_gpu_count",
-    ):
-        value = getattr(args, name)
-        if value is not None:
-            kwargs[name] = value
-
-    disk_dir = args.disk_cache_dir
-    if disk_dir is None:
-        kwargs["disk_cache_dir"] = default_disk_cache_dir(environ)
-    else:
-        kwargs["disk_cache_dir"] = Path(disk_dir) if disk_dir else None
-    log_dir = resolve.pick(args.log_dir, "KCORAL_LOG_DIR", _identity)
-    log_dir = "logs" if log_dir is None else log_dir
-    kwargs["log_dir"] = Path(log_dir) if log_dir else None
-    kwargs["log_console"] = not args.no_log_console
-    kwargs["log_programs"] = not args.no_log_programs
-    kwargs["allow_unauthenticated"] = bool(args.allow_unauthenticated)
-    if args.sandbox is not None:
-        kwargs["sandbox"] = args.sandbox
-    if args.sandbox_readonly_path:
-        if any(not p for p in args.sandbox_readonly_path):
-            resolve.fail("--sandbox-readonly-path must not be empty")
-        kwargs["sandbox_readonly_paths"] = [Path(p) for p in args.sandbox_readonly_path]
-
-    router = resolve.pick(args.router, "KCORAL_ROUTER_ENDPOINT", _identity, empty_is_unset=True)
-    node_id = resolve.pick(args.node_id, "KCORAL_NODE_ID", _identity, empty_is_unset=True)
-    node_token = resolve.pick(args.node_token, "KCORAL_NODE_TOKEN", _identity, empty_is_unset=True)
-    if router is not None:
-        kwargs["router_endpoint"] = router
-    if node_id is not None:
-        kwargs["node_id"] = node_id
-    if node_token is not None:
-        if not node_token:
-            resolve.fail("--node-token must not be empty")
-        kwargs["node_token"] = node_token
-
-    serialization = resolve.env("KCORAL_ALLOWED_SERIALIZATION", empty_is_unset=True)
-    if serialization is not None:
-        kwargs["allowed_serialization"] = [s.strip() for s in serialization.split(",") if s.strip()]
-
-    if args.auth_token_file is not None:
-        if not args.auth_token_file:
-            resolve.fail("--auth-token-file must not be empty")
-        kwargs["auth_token_file"] = Path(args.auth_token_file)
-    else:
-        token = resolve.env("KCORAL_AUTH_TOKEN", empty_is_unset=True)
-        if token is not None:
-            kwargs["auth_token"] = token
-
-    try:
-        config = ServerConfig(**kwargs)
-        if config.auth_token_file is not None:
-            # Read now: a missing token file must stop the server before anything starts.
-            config = replace(config, auth_token=config.read_auth_token())
-    except InvalidConfigError as exc:
-        resolve.fail(exc.cli_message)
-    except ValueError as exc:
-        resolve.fail(str(exc))
-
-    supervisor = _supervisor_options(args, resolve, router)
-    node_child = bool(args.node_child)
-    if node_child:
-        if router is None:
-            resolve.fail("--node-child requires --router")
-        supervisor = None
-    if router is not None and not sys.platform.startswith("linux"):
-        resolve.fail("--router (routed deployments) needs Linux")
-
-    ready_file = Path(args.ready_file) if args.ready_file else None
-    return ServerSettings(
-        config=config,
-        host=host,
-        port=port,
-        ready_file=ready_file,
-        supervisor=supervisor,
-        node_child=node_child,
-        gpus_given=gpus_given,
-    )
-
-
-def _supervisor_options(
-    args: argparse.Namespace, resolve: _Resolver, router: str | None
-) -> SupervisorOptions | None:
-    given = {
-        option: getattr(args, name)
-        for option, name in _SUPERVISOR_OPTIONS.items()
-        if getattr(args, name) is not None
+# Names that moved to ``kcoral_server.cli_args``; resolved lazily so that this module keeps
+# importing only the standard library and old imports keep working.
+_MOVED_TO_CLI_ARGS = frozenset(
+    {
+        "SupervisorOptions",
+        "ServerSettings",
+        "build_server_parser",
+        "parse_server_args",
+        "parse_integer",
+        "parse_seconds",
+        "parse_gpus",
     }
-    if router is None:
-        if given:
-            resolve.fail(f"{next(iter(given))} requires --router")
-        return None
-    options = SupervisorOptions(**{_SUPERVISOR_OPTIONS[o]: v for o, v in given.items()})
-    for name in ("health_interval_seconds", "health_timeout_seconds"):
-        if getattr(options, name) <= 0:
-            resolve.fail(f"--{name.replace('_', '-')} must be > 0")
-    for name in ("restart_min_delay_seconds", "restart_max_delay_seconds"):
-        if getattr(options, name) <= 0:
-            resolve.fail(f"--{name.replace('_', '-')} must be > 0")
-    if options.failure_threshold < 1:
-        resolve.fail("--failure-threshold must be >= 1")
-    if options.restart_min_delay_seconds > options.restart_max_delay_seconds:
-        resolve.fail("--restart-min-delay-seconds must be <= --restart-max-delay-seconds")
-    for name in ("startup_grace_seconds", "stable_reset_seconds", "termination_grace_seconds"):
-        if getattr(options, name) < 0:
-            resolve.fail(f"--{name.replace('_', '-')} must be >= 0")
-    if not 0 <= options.restart_jitter <= 0.5:
-        resolve.fail("--restart-jitter must be in 0-0.5")
-    return options
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_CLI_ARGS:
+        from kcoral_server import cli_args
+
+        return getattr(cli_args, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,8 @@ from pathlib import Path
 import tornado.httpserver
 import tornado.netutil
 from kcoral_server.app import ServerState, create_app
-from kcoral_server.config import ServerSettings, config_for_log, parse_server_args
+from kcoral_server.cli_args import ServerSettings, parse_server_args
+from kcoral_server.config import config_for_log
 from kcoral_server.device import DeviceError, choose_devices
 from kcoral_server.eventlog import EventLog
 from kcoral_server.pool import PoolStartError

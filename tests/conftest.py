@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_process import RunningServer, start_server
+from server_process import RunningServer, running_server, start_server
 
 
 @pytest.fixture
@@ -38,3 +38,14 @@ def kcoral_server(request: pytest.FixtureRequest, server_factory) -> RunningServ
     """One server with the test defaults plus ``request.param`` extra arguments."""
     args = list(getattr(request, "param", None) or [])
     return server_factory(*args)
+
+
+@pytest.fixture(scope="session")
+def json_only_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A CPU server (one reused worker) started with KCORAL_ALLOWED_SERIALIZATION=json."""
+    with running_server(
+        tmp_path_factory.mktemp("json-only-server"),
+        ["--log-dir", "", "--num-workers", "1"],
+        env={"KCORAL_ALLOWED_SERIALIZATION": "json"},
+    ) as server:
+        yield server.url

@@ -6,13 +6,14 @@ module name is unique across the test tree so that plain ``import`` finds it fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,3 +108,15 @@ def start_server(
         time.sleep(0.05)
     url = ready.read_text(encoding="utf-8").strip()
     return RunningServer(url, process, directory, stderr_path, log_dir, disk, list(command))
+
+
+@contextlib.contextmanager
+def running_server(
+    directory: Path, args: Sequence[str] = (), *, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
+    """``start_server`` for a ``with`` block (session and module fixtures); stops on exit."""
+    server = start_server(directory, args, env=env)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -149,7 +149,7 @@ class Supervisor:
     child_command: tuple[str, ...] = (sys.executable, "-m", "kcoral", "server")
 
     def __init__(self, settings: Any, argv: Sequence[str], environ: Mapping[str, str]) -> None:
-        from kcoral_server.config import SupervisorOptions
+        from kcoral_server.cli_args import SupervisorOptions
 
         self.settings = settings
         self.config = settings.config

@@ -18,21 +18,9 @@ from importlib.metadata import files as metadata_files
 from typing import Any
 
 from kcoral_server.ipc import Configure
+from kcoral_server.rank_variables import is_rank_variable
 from kcoral_server.worker.leasing import Lease
 from kcoral_server.worker.tensors import host_tensor, torch_tensor
-
-# SERVER §6 step 2: launchers' rank variables must not leak into a GPU worker.
-_RANK_VARIABLES = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 # versions key -> (distribution names to ask, module to import as a last resort)
 _GPU_TOOLCHAIN = {
@@ -156,7 +144,7 @@ class GpuRuntime:
             visible = ",".join(uuids) if uuids else ",".join(str(i) for i in ids)
             os.environ["CUDA_VISIBLE_DEVICES"] = visible
         for name in list(os.environ):
-            if name in _RANK_VARIABLES or name.startswith("TORCHELASTIC_"):
+            if is_rank_variable(name):  # SERVER §6 step 2
                 del os.environ[name]
 
     def _initialize_cuda(self) -> Identity:

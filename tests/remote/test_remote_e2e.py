@@ -252,8 +252,10 @@ def test_a_version_mismatch_is_a_clear_runtime_failure(client) -> None:
     assert "server has Python" in result.error["message"]
 
 
-def test_a_disallowed_format_is_refused_and_the_server_keeps_serving(json_only_url: str) -> None:
-    with kcoral.Client(json_only_url) as client:
+def test_a_disallowed_format_is_refused_and_the_server_keeps_serving(
+    json_only_server_url: str,
+) -> None:
+    with kcoral.Client(json_only_server_url) as client:
         pickled = client.function(serialization="pickle")(lambda: 1)
         with pytest.raises(KCoralError) as info:
             pickled.remote()
@@ -264,7 +266,7 @@ def test_a_disallowed_format_is_refused_and_the_server_keeps_serving(json_only_u
         )
     # A fresh client: the refusal comes before the body is read, so the server drops that
     # connection (without saying `Connection: close`; reported to the front-end owner).
-    with kcoral.Client(json_only_url) as client:
+    with kcoral.Client(json_only_server_url) as client:
         assert client.function()(samples.factorial).remote(3) == 6
 
 

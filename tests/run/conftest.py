@@ -6,17 +6,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_process import start_server
+from server_process import running_server
 
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a fresh `kcoral server --device cpu` on a free loopback port."""
-    server = start_server(tmp_path_factory.mktemp("run-server"), ["--log-dir", ""])
-    try:
+    with running_server(tmp_path_factory.mktemp("run-server"), ["--log-dir", ""]) as server:
         yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture
