@@ -215,4 +215,5 @@ def test_cancel_stops_a_noblock_job(shell, cpu_server_url) -> None:
     with capture_output() as captured:
         shell.run_line_magic("kcoral", f"cancel {job.id}")
     assert "cancelled" in captured.stdout
-    assert job.wait(30)["status"] == "CANCELLED"
+    job.wait(30)
+    assert job.status()["status"] == "CANCELLED"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -158,43 +160,49 @@ def test_a_blocking_call_works_inside_a_running_event_loop(client) -> None:
     assert asyncio.run(notebook_cell()) == 6
 
 
-def _sleeper(seconds):
+def _wait_for_go(directory):
+    import os
     import time
 
-    time.sleep(seconds)
-    return seconds
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(directory, "go")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return directory
 
 
-async def _max_in_progress(async_client, calls) -> int:
-    """Run ``calls`` concurrently while sampling the server's requests_in_progress."""
+async def _max_in_progress(async_client, calls, go: Path, wanted: int) -> int:
+    """Run ``calls`` (each blocked until ``go`` exists) while sampling the server's own
+    requests_in_progress counter; release them once ``wanted`` ran at once (or after 60 s)."""
     seen = 0
     tasks = asyncio.gather(*calls)
-    while not tasks.done():
+    deadline = time.monotonic() + 60
+    while seen < wanted and time.monotonic() < deadline and not tasks.done():
         health = await async_client.health()
         seen = max(seen, health["load"]["requests_in_progress"])
         await asyncio.sleep(0.05)
+    go.touch()
     await tasks
     return seen
 
 
 @pytest.mark.slow
-def test_concurrent_awaits_overlap_on_the_server(server_url: str) -> None:
+def test_concurrent_awaits_overlap_on_the_server(server_url: str, tmp_path: Path) -> None:
     async def main():
         async with kcoral.AsyncClient(server_url) as async_client:
-            sleeper = async_client.function()(_sleeper)
-            calls = [sleeper.remote(1.0, run_async=True) for _ in range(8)]
-            return await _max_in_progress(async_client, calls)
+            waiter = async_client.function()(_wait_for_go)
+            calls = [waiter.remote(str(tmp_path), run_async=True) for _ in range(8)]
+            return await _max_in_progress(async_client, calls, tmp_path / "go", 4)
 
-    assert asyncio.run(main()) == 4
+    assert asyncio.run(main()) == 4  # 8 calls on the 4-worker server: 4 ran at once
 
 
 @pytest.mark.slow
-def test_run_async_calls_of_a_sync_client_overlap_too(client, server_url: str) -> None:
+def test_run_async_calls_of_a_sync_client_overlap_too(client, server_url, tmp_path) -> None:
     async def main():
         async with kcoral.AsyncClient(server_url) as async_client:
-            sleeper = client.function()(_sleeper)
-            calls = [sleeper.remote(1.0, run_async=True) for _ in range(4)]
-            return await _max_in_progress(async_client, calls)
+            waiter = client.function()(_wait_for_go)
+            calls = [waiter.remote(str(tmp_path), run_async=True) for _ in range(4)]
+            return await _max_in_progress(async_client, calls, tmp_path / "go", 4)
 
     assert asyncio.run(main()) == 4
 
