@@ -5,11 +5,16 @@ measured in the same run (targets: latency <= 1.5 x direct + 1 ms, throughput >=
 direct). ``--grpc-port`` runs the router with gRPC on its own port instead of the shared one.
 
     python benchmarks/router.py [--requests 200] [--mib 64] [--rounds 5] [--grpc-port]
+                                [--clients 16] [--workers 4]
+
+It also measures trivial requests/s with concurrent clients, direct and routed, and the
+router's own CPU time per forwarded request (its forwarding capacity per core).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import statistics
@@ -22,7 +27,6 @@ from pathlib import Path
 import kcoral
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "tests" / "router" / "node_standin.py"
 MODULE = (
     "import hashlib\ndef one():\n    return 1\n"
     "def digest(b):\n    return hashlib.sha256(b).hexdigest()\n"
@@ -43,12 +47,7 @@ def wait_file(path: Path, process: subprocess.Popen, timeout: float = 90) -> str
 
 
 def node_command() -> list[str]:
-    sys.path.insert(0, str(STANDIN.parent))
-    from node_standin import wired
-
-    if wired():
-        return [sys.executable, "-m", "kcoral", "server"]
-    return [sys.executable, str(STANDIN), "supervisor"]
+    return [sys.executable, "-m", "kcoral", "server"]
 
 
 def program(name: str, blob: bytes | None = None) -> kcoral.Program:
@@ -83,19 +82,49 @@ def throughput_mib_s(url: str, mib: int, rounds: int) -> float:
     return statistics.median(rates)
 
 
+def concurrent_rate(url: str, total: int, clients: int) -> float:
+    """Trivial requests per second with ``clients`` concurrent callers (one asyncio loop)."""
+    trivial = program("one")
+
+    async def run() -> float:
+        async with kcoral.AsyncClient(url) as client:
+            for _ in range(clients):
+                await client.execute(trivial)  # warm caches and connections
+            remaining = iter(range(total))
+
+            async def caller() -> None:
+                for _ in remaining:
+                    await client.execute(trivial)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(caller() for _ in range(clients)))
+            return total / (time.perf_counter() - start)
+
+    return asyncio.run(run())
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process (the router), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--grpc-port", action="store_true")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent callers")
+    parser.add_argument("--workers", type=int, default=4, help="workers of each server")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kcoral-bench-"))
     processes: list[subprocess.Popen] = []
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     try:
+        server_args = [*SERVER_ARGS, "--num-workers", str(args.workers)]
         direct = subprocess.Popen(
-            [sys.executable, "-m", "kcoral", "server", *SERVER_ARGS,
+            [sys.executable, "-m", "kcoral", "server", *server_args,
              "--disk-cache-dir", str(tmp / "c1"), "--ready-file", str(tmp / "direct")], **quiet
         )  # fmt: skip
         processes.append(direct)
@@ -118,7 +147,7 @@ def main() -> int:
                 time.sleep(0.05)
             grpc_url = (tmp / "router.log").read_text().split("grpc=")[1].split()[0]
         node = subprocess.Popen(
-            [*node_command(), *SERVER_ARGS, "--router", grpc_url, "--node-id", "bench",
+            [*node_command(), *server_args, "--router", grpc_url, "--node-id", "bench",
              "--disk-cache-dir", str(tmp / "c2"), "--ready-file", str(tmp / "node")], **quiet
         )  # fmt: skip
         processes.append(node)
@@ -128,7 +157,7 @@ def main() -> int:
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    if client.health()["load"]["request_capacity"] >= 1:
+                    if client.health()["load"]["request_capacity"] >= args.workers:
                         break
                 except Exception:
                     pass
@@ -138,6 +167,11 @@ def main() -> int:
         routed_latency = latency_ms(router_url, args.requests)
         direct_rate = throughput_mib_s(direct_url, args.mib, args.rounds)
         routed_rate = throughput_mib_s(router_url, args.mib, args.rounds)
+        total = 10 * args.requests
+        direct_rps = concurrent_rate(direct_url, total, args.clients)
+        cpu_before = cpu_seconds(router.pid)
+        routed_rps = concurrent_rate(router_url, total, args.clients)
+        router_cpu_ms = (cpu_seconds(router.pid) - cpu_before) * 1000 / total
     finally:
         for process in reversed(processes):
             process.send_signal(signal.SIGTERM)
@@ -157,8 +191,12 @@ def main() -> int:
           f"ratio {routed_rate / direct_rate:.2f}  "
           f"({'ok' if routed_rate >= 0.7 * direct_rate else 'MISSED'})")  # fmt: skip
     print(
-        f"router forwards about {1000 / routed_latency:.0f} trivial requests/s "
-        "sequentially on this machine"
+        f"{args.clients} concurrent clients, {args.workers} workers: direct {direct_rps:.0f} req/s"
+        f"  routed {routed_rps:.0f} req/s  ratio {routed_rps / direct_rps:.2f}"
+    )
+    print(
+        f"router CPU per forwarded trivial request {router_cpu_ms:.2f} ms: one router process "
+        f"forwards at most about {1000 / router_cpu_ms:.0f} trivial requests/s per core"
     )
     return 0
 
