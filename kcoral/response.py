@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Collection, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,9 @@ _ERROR_FIELDS = frozenset(
     {"kind", "message", "instruction_index", "instruction_op", "instruction_id", "traceback"}
 )
 _GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"})
+# From this part size on, the part is hashed in a second thread while it is copied out
+# (hashing releases the GIL); below it a thread costs more than it saves.
+_PARALLEL_HASH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -309,7 +313,7 @@ class _NodeDecoder:
             members = self._typed(value, dict, where)
             return {key: self.decode(item, f"{where}.{key}") for key, item in members.items()}
         if node_type == "bytes":
-            return bytes(self._part(node, where))
+            return self._verified(node, where, bytes)
         if node_type == "tensor":
             return self._tensor(node, where)
         if node_type == "file":
@@ -322,17 +326,42 @@ class _NodeDecoder:
             raise ProtocolError(f"result {where!r}: value must be {expected.__name__}")
         return value
 
-    def _part(self, node: dict[str, Any], where: str) -> memoryview:
+    def _verified(
+        self, node: dict[str, Any], where: str, convert: Callable[[memoryview], Any]
+    ) -> Any:
+        """``convert(part)`` for the node's part, once its SHA-256 matched the node's.
+
+        A large part is hashed while it is converted (the copy out of the response body),
+        so the two passes overlap; a mismatch discards the converted value.
+        """
         expected = f"return:{self._next_part}"
         if node["part"] != expected:
             raise ProtocolError(f"result {where!r}: part {node['part']!r}, expected {expected!r}")
         data = self._parts.get(expected)
         if data is None:
             raise ProtocolError(f"result {where!r}: part {expected!r} is missing")
-        if node["sha256"] != hashlib.sha256(data).hexdigest():
+        if data.nbytes < _PARALLEL_HASH_BYTES:
+            digest = hashlib.sha256(data).hexdigest()
+            value = convert(data) if node["sha256"] == digest else None
+        else:
+            digests: list[str] = []
+            hasher = threading.Thread(
+                target=lambda: digests.append(hashlib.sha256(data).hexdigest()),
+                name="kcoral-part-hash",
+                daemon=True,
+            )
+            hasher.start()
+            try:
+                value = convert(data)
+            finally:
+                hasher.join()
+            if not digests:
+                raise ProtocolError(f"result {where!r}: could not hash part {expected!r}")
+            digest = digests[0]
+        if node["sha256"] != digest:
             raise ProtocolError(f"result {where!r}: sha256 does not match part {expected!r}")
         self._next_part += 1
-        return data
+        return value
 
     def _tensor(self, node: dict[str, Any], where: str) -> np.ndarray:
         dtype = node["dtype"]
@@ -341,20 +370,29 @@ class _NodeDecoder:
             raise ProtocolError(f"result {where!r}: unknown tensor dtype {dtype!r}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise ProtocolError(f"result {where!r}: tensor shape must be non-negative ints")
-        data = self._part(node, where)
-        if len(data) != byte_length(dtype, shape):
+        length = byte_length(dtype, shape)
+
+        def to_array(data: memoryview) -> np.ndarray | None:
+            if data.nbytes != length:
+                return None  # reported after the hash check, which comes first
+            # copy(): a writable array that owns its memory, independent of the response body
+            return np.frombuffer(data, dtype=numpy_dtype(dtype)).reshape(shape).copy()
+
+        array = self._verified(node, where, to_array)
+        if array is None:
             raise ProtocolError(f"result {where!r}: tensor part has the wrong length")
-        # copy(): a writable array that owns its memory, independent of the response body
-        return np.frombuffer(data, dtype=numpy_dtype(dtype)).reshape(shape).copy()
+        return array
 
     def _file(self, node: dict[str, Any], where: str) -> ReturnedFile:
         size = node["size"]
         if not _is_int(size) or size < 0:
             raise ProtocolError(f"result {where!r}: file size must be an integer >= 0")
-        data = self._part(node, where)
-        if len(data) != size:
+        data = self._verified(
+            node, where, lambda part: bytes(part) if part.nbytes == size else None
+        )
+        if data is None:
             raise ProtocolError(f"result {where!r}: file size {size} != part length")
-        return ReturnedFile(bytes(data))
+        return ReturnedFile(data)
 
     def _folder(self, node: dict[str, Any], where: str) -> ReturnedFolder:
         files = node["files"]

@@ -10,11 +10,18 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections.abc import Mapping
 
 import numpy as np
 
 # Prefault mapped memfds in one pass (64 MiB = 16,384 separate faults otherwise).
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+class BodyMap(mmap.mmap):
+    """The read-only mapping of a received body; ``memfd`` stays open while it lives."""
+
+    memfd: int
 
 
 class BodyTooLarge(Exception):
@@ -32,7 +39,7 @@ class RequestBody:
             # Reserve the pages up front so writes never reallocate.
             with contextlib.suppress(OSError):
                 os.posix_fallocate(self.fd, 0, expected)
-        self._map: mmap.mmap | None = None
+        self._map: BodyMap | None = None
         self.view: memoryview | None = None
 
     def write(self, chunk: bytes | memoryview) -> None:
@@ -53,7 +60,8 @@ class RequestBody:
         if self.size == 0:
             self.view = memoryview(b"")
         else:
-            self._map = mmap.mmap(self.fd, self.size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
+            self._map = BodyMap(self.fd, self.size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
+            self._map.memfd = self.fd
             self.view = memoryview(self._map)
         return self.view
 
@@ -82,6 +90,36 @@ class RequestBody:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _address(buffer: memoryview | mmap.mmap) -> int:
+    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def memfd_locations(
+    blobs: Mapping[str, bytes | memoryview],
+) -> tuple[list[tuple[str, int, int, int]], list[int], list[tuple[str, bytes | memoryview]]]:
+    """Hand-over plan for the worker: ``(sha256, fd index, offset, length)`` for every blob
+    inside a received body (this request's or one the memory cache kept), the descriptors
+    they index, and the blobs that must be copied into a memfd first."""
+    located: list[tuple[str, int, int, int]] = []
+    fds: list[int] = []
+    index_of: dict[int, int] = {}
+    copies: list[tuple[str, bytes | memoryview]] = []
+    for sha, data in blobs.items():
+        body = data.obj if isinstance(data, memoryview) else None
+        if not isinstance(body, BodyMap) or body.closed or not data.nbytes:
+            copies.append((sha, data))
+            continue
+        offset = _address(data) - _address(body)  # type: ignore[arg-type]
+        if not 0 <= offset <= len(body) - data.nbytes:
+            copies.append((sha, data))
+            continue
+        index = index_of.setdefault(body.memfd, len(fds))
+        if index == len(fds):
+            fds.append(body.memfd)
+        located.append((sha, index, offset, data.nbytes))
+    return located, fds, copies
 
 
 def bytes_memfd(

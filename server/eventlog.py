@@ -28,11 +28,21 @@ CONSOLE_VALUE_LIMIT = 120
 UNENCODABLE_LIMIT = 2000
 
 
+# (whole second, its formatted form): one strftime per second. Read and replaced as one
+# tuple, so threads never mix two seconds.
+_last_second: tuple[int, str] = (-1, "")
+
+
 def format_timestamp(seconds: float) -> str:
     """UTC ISO-8601 with millisecond precision and ``Z``: ``2024-05-01T09:30:00.123Z``."""
+    global _last_second
     millis = int(seconds * 1000)
     whole, ms = divmod(millis, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
+    cached = _last_second
+    if cached[0] != whole:
+        cached = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+        _last_second = cached
+    return f"{cached[1]}.{ms:03d}Z"
 
 
 def run_dir_name(seconds: float) -> str:
@@ -186,6 +196,8 @@ class EventLog:
 
     def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
         """Write one record (and its console line). Never raises."""
+        if self._file is None and not self.console:
+            return  # nothing to write to (``--log-dir ''`` without console): skip formatting
         try:
             timestamp = format_timestamp(time.time())
             if self._file is not None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import array
 import asyncio
+import fcntl
 import json
 import os
 import socket
 import struct
+import termios
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -277,6 +279,15 @@ def _fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
 # ---------------------------------------------------------------- asyncio side (front-end)
 
 
+def _unread_bytes(sock: socket.socket) -> int:
+    """Bytes waiting in the socket's receive queue (``FIONREAD``); 0 when unknown."""
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return struct.unpack("i", raw)[0]
+
+
 class AsyncChannel:
     """The front-end's end: non-blocking, driven by the event loop (no thread per worker)."""
 
@@ -343,6 +354,16 @@ class AsyncChannel:
                 self._loop.remove_reader(self.sock.fileno())
             except (ValueError, OSError):
                 pass
+
+    def finish(self, exc: BaseException) -> None:
+        """The peer process is known to be gone (by its pid: a descendant may still hold its
+        end open, so no EOF comes): decode every byte it sent, then fail with ``exc``, queued
+        behind those frames so nothing the peer said before it died is lost."""
+        for _ in range(1024):  # bounded: a surviving descendant could keep writing
+            if self._closed or _unread_bytes(self.sock) <= 0:
+                break
+            self._on_readable()
+        self._fail(exc)
 
     async def receive(self) -> tuple[Message, list[int]]:
         """Next message; raises ``EOFError``/``IpcError``/``OSError`` once the channel broke."""

@@ -15,6 +15,15 @@ are children of the launcher, not of the front-end, hence ``ForkedProcess`` inst
 
 Used only without the bubblewrap sandbox and without a limits cgroup: both wrap the worker
 command, which a fork cannot do; those keep the spawn path.
+
+Lifetimes (SERVER §11): the launcher is a child subreaper, so whatever a dead worker left
+running (``setsid`` daemons included) is re-parented to it; it kills those orphans at once
+and reports a worker's exit code only once no orphan is left, so "exited" means "and its
+descendants are gone". It watches the front-end through a pidfd and, when the front-end
+dies, kills every worker and exits; each worker gets ``SIGKILL`` when the launcher dies
+(``PR_SET_PDEATHSIG``; the launcher is single-threaded, so that is exact). When the
+front-end only closes the control socket the launcher forks nothing more and exits once its
+last worker has.
 """
 
 from __future__ import annotations
@@ -30,11 +39,22 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kcoral_server.worker.reaper import (
+    become_subreaper,
+    children,
+    is_alive,
+    kill_process,
+    tie_to_parent,
+)
 
 _STATUS = struct.Struct("<i")
 _MAX_MESSAGE = 1 << 20  # the environment travels in one datagram
 REAP_WAIT_SECONDS = 0.05  # the most ``poll`` waits for the launcher to report an exit
+ORPHAN_POLL_SECONDS = 0.01  # how often the launcher looks again while orphans are dying
+#: a worker's exit is reported after this even if an orphan refuses to die (D state)
+ORPHAN_KILL_SECONDS = 10.0
 #: imported by the launcher before it forks anything (what every worker imports anyway)
 PRELOADED = (
     "kcoral_server.worker.main",
@@ -85,6 +105,12 @@ class ForkedProcess:
         self._close()
         return self.returncode
 
+    @property
+    def status_fd(self) -> int | None:
+        """Readable once the exit code is there (or the launcher went away); None after
+        ``poll`` returned the code."""
+        return self._status_fd
+
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
@@ -126,6 +152,8 @@ class Launcher:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        # replaced launchers still serving their workers; polled (reaped) on later starts
+        self._retired: list[subprocess.Popen] = []
 
     def launch(self, worker_fd: int, env: dict[str, str]) -> ForkedProcess:
         """Fork a worker on ``worker_fd`` with environment ``env`` (blocking; call it off
@@ -163,11 +191,12 @@ class Launcher:
     def _ensure_started(self) -> socket.socket:
         if self._sock is not None and self._process is not None and self._process.poll() is None:
             return self._sock
-        self._stop_locked()
+        self._retire_locked()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        command = [sys.executable, "-m", "kcoral_server.launcher", "--fd", str(child.fileno())]
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "kcoral_server.launcher", "--fd", str(child.fileno())],
+                [*command, "--parent", str(os.getpid())],
                 pass_fds=(child.fileno(),),
                 start_new_session=True,
             )
@@ -180,20 +209,32 @@ class Launcher:
         return parent
 
     def close(self) -> None:
+        """Stop the launcher; workers it forked that are still running are killed with it."""
         with self._lock:
-            self._stop_locked()
+            self._retire_locked()
+            for process in self._retired:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(2)
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            self._retired.clear()
 
     def _stop_locked(self) -> None:
+        """Give up on the current launcher after a failed exchange (a new one starts on the
+        next launch)."""
+        self._retire_locked()
+
+    def _retire_locked(self) -> None:
         if self._sock is not None:
-            self._sock.close()  # the launcher exits on EOF; its workers live on
+            # On EOF the launcher forks nothing more and exits after its last worker: the
+            # workers keep their parent (and their exit reports) meanwhile.
+            self._sock.close()
             self._sock = None
         if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(2)
-            if self._process.poll() is None:
-                self._process.kill()
-                self._process.wait()
+            self._retired.append(self._process)
             self._process = None
+        self._retired = [p for p in self._retired if p.poll() is None]
 
 
 _shared: Launcher | None = None
@@ -220,50 +261,196 @@ class Child:
     env: dict[str, str]
 
 
-def serve(control: socket.socket) -> Child | None:
-    """The launcher loop; returns ``None`` in the launcher (exit) or a ``Child`` in a child."""
+@dataclass
+class _Exited:
+    pid: int
+    code: int
+    status_fd: int
+    at: float
+
+
+@dataclass
+class Family:
+    """The launcher's children: workers it forked (exit codes go out through their status
+    pipes) and orphans a dead worker left, re-parented to the subreaper (killed at once)."""
+
+    workers: dict[int, int] = field(default_factory=dict)  # pid -> status pipe write end
+    exited: list[_Exited] = field(default_factory=list)  # reaped, not yet reported
+    orphans: list[int] = field(default_factory=list)
+    reported: dict[int, int] = field(default_factory=dict)  # pid -> exit code, once reported
+
+    @property
+    def settling(self) -> bool:
+        """Orphans are dying or exit reports wait for them: look again soon."""
+        return bool(self.exited or self.orphans)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.workers or self.exited or self.orphans)
+
+    def collect(self) -> None:
+        """Reap what finished, kill orphans, report exits nothing is left behind for."""
+        self._reap()
+        # Children that are not workers can only be orphans: the launcher forks nothing else.
+        self.orphans = [
+            pid for pid in children(os.getpid()) if pid not in self.workers and is_alive(pid)
+        ]
+        for pid in self.orphans:
+            kill_process(pid)  # our unreaped child: its pid cannot have been recycled
+        now = time.monotonic()
+        waiting = []
+        for entry in self.exited:
+            # An orphan may belong to any worker that died: hold every report until none is
+            # left (orphans die within moments of a SIGKILL), so "exited" means "and its
+            # descendants are gone" to the front-end.
+            if self.orphans and now - entry.at < ORPHAN_KILL_SECONDS:
+                waiting.append(entry)
+            else:
+                _report(entry.status_fd, entry.code)
+                self.reported[entry.pid] = entry.code
+        self.exited = waiting
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fd = self.workers.pop(pid, None)
+            if fd is not None:
+                code = os.waitstatus_to_exitcode(wait_status)
+                self.exited.append(_Exited(pid, code, fd, time.monotonic()))
+
+    def kill_all(self, timeout: float = 5.0) -> None:
+        """The front-end is gone: kill every child (workers and orphans) and reap them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._reap()
+            live = [pid for pid in children(os.getpid()) if is_alive(pid)]
+            if not live:
+                break
+            for pid in live:
+                kill_process(pid)
+            time.sleep(ORPHAN_POLL_SECONDS)
+        self._reap()
+        for entry in self.exited:
+            _report(entry.status_fd, entry.code)
+        self.exited = []
+
+    def forget(self) -> None:
+        """In a freshly forked worker: drop the launcher's bookkeeping and descriptors."""
+        for fd in self.workers.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for entry in self.exited:
+            with contextlib.suppress(OSError):
+                os.close(entry.status_fd)
+        self.workers.clear()
+        self.exited.clear()
+        self.orphans.clear()
+
+    def close(self) -> None:
+        """The launcher leaves: running workers lose their exit reports (and, through the
+        parent-death signal, their lives)."""
+        self.forget()
+
+
+def _report(fd: int, code: int) -> None:
+    if fd < 0:
+        return  # a supervisor's worker: the code becomes the supervisor's own
+    with contextlib.suppress(OSError):
+        os.write(fd, _STATUS.pack(code))
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _watch_parent(parent: int | None) -> tuple[bool, int | None]:
+    """``(alive, pidfd)`` for the front-end: a pidfd turns readable when the whole process
+    is gone (unlike the parent-death signal, which follows the thread that forked us)."""
+    if parent is None:
+        return True, None
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        pidfd = None
+        # No pidfds (Linux < 5.3): the parent-death signal is the next best thing.
+        if not tie_to_parent(parent):
+            return False, None
+    # Checked after the pidfd is open: a parent that died before cannot be missed.
+    if os.getppid() != parent:
+        if pidfd is not None:
+            os.close(pidfd)
+        return False, None
+    return True, pidfd
+
+
+def serve(control: socket.socket, parent: int | None = None) -> Child | None:
+    """The launcher loop; returns ``None`` in the launcher (exit) or a ``Child`` in a child.
+
+    ``parent`` is the front-end's pid: the launcher kills its workers and exits when it dies.
+    """
     for name in PRELOADED:
         __import__(name)
     import gc
 
     gc.collect()
     gc.freeze()  # pages the children never write stay shared, collections skip them
+    become_subreaper()
+    alive, parent_fd = _watch_parent(parent)
+    if not alive:
+        return None
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
-    status: dict[int, int] = {}  # pid -> write end of its status pipe
+    family = Family()
+    accepting = True
     try:
         while True:
-            readable, _w, _x = select.select([control, wake_r], [], [])
+            watched: list = [wake_r]
+            if accepting:
+                watched.append(control)
+            if parent_fd is not None:
+                watched.append(parent_fd)
+            timeout = ORPHAN_POLL_SECONDS if family.settling else None
+            readable, _w, _x = select.select(watched, [], [], timeout)
+            if parent_fd is not None and parent_fd in readable:
+                family.kill_all()  # the front-end died (SIGKILL): nothing may outlive it
+                return None
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
-            _reap(status)
-            if control not in readable:
-                continue
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(control, _MAX_MESSAGE, 4)
-            except OSError:
+            family.collect()
+            if control in readable:
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(control, _MAX_MESSAGE, 4)
+                except OSError:
+                    data, fds = b"", []
+                if data:
+                    fds_to_close = (wake_r, wake_w, *(() if parent_fd is None else (parent_fd,)))
+                    child = _fork(control, data, fds, family, fds_to_close)
+                    if child is not None:
+                        parent_fd = None  # closed in the child already
+                        return child
+                else:
+                    accepting = False  # the front-end closed the socket: fork no more
+            if not accepting and family.empty:
                 return None
-            if not data:
-                return None  # the front-end closed the socket
-            child = _fork(control, data, fds, status, (wake_r, wake_w))
-            if child is not None:
-                return child
     finally:
-        if status:  # the launcher leaves; its workers live on (their status pipes close)
-            for fd in status.values():
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        family.close()
+        if parent_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(parent_fd)
 
 
 def _fork(
     control: socket.socket,
     data: bytes,
     fds: list[int],
-    status: dict[int, int],
-    wake: tuple[int, int],
+    family: Family,
+    launcher_fds: tuple[int, ...],
 ) -> Child | None:
     try:
         env = json.loads(data)["env"]
@@ -276,6 +463,7 @@ def _fork(
         return None
     worker_fd = fds[0]
     status_r, status_w = os.pipe()
+    launcher = os.getpid()
     try:
         pid = os.fork()
     except OSError as exc:
@@ -286,15 +474,17 @@ def _fork(
     if pid == 0:  # the worker
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if not tie_to_parent(launcher):
+            os._exit(1)  # the launcher died before the prctl: nobody will supervise us
         control.close()
-        for fd in (status_r, status_w, *wake, *status.values()):
+        for fd in (status_r, status_w, *launcher_fds):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        status.clear()
+        family.forget()
         os.setsid()  # like start_new_session=True: the front-end kills the whole group
         return Child(worker_fd, env)
     os.close(worker_fd)
-    status[pid] = status_w
+    family.workers[pid] = status_w
     _reply(control, {"pid": pid}, [status_r])
     os.close(status_r)
     return None
@@ -305,21 +495,74 @@ def _reply(control: socket.socket, reply: dict, fds: list[int]) -> None:
         socket.send_fds(control, [json.dumps(reply).encode()], fds)
 
 
-def _reap(status: dict[int, int]) -> None:
-    while True:
+# ---------------------------------------------------------------------- spawn supervisor
+
+#: the supervised command (a JSON list); in the environment, not argv, so that process
+#: listings show ``kcoral_server.worker`` for the worker only
+SUPERVISE_ENV = "KCORAL_SUPERVISE_COMMAND"
+
+
+def supervised_command(command: list[str], env: dict[str, str]) -> list[str]:
+    """Run a spawned worker ``command`` under a one-worker supervisor (SERVER §11): it is a
+    child subreaper that kills what the worker leaves behind before it exits with the
+    worker's code, dies with the front-end, and takes the worker with it. ``env`` (the
+    worker's environment, passed to ``Popen``) receives the command."""
+    env[SUPERVISE_ENV] = json.dumps(command)
+    return [sys.executable, "-m", "kcoral_server.launcher", "--supervise", str(os.getpid())]
+
+
+def supervise(parent: int) -> int:
+    """The supervisor process: fork and exec the command, wait for it and its orphans."""
+    command = json.loads(os.environ.pop(SUPERVISE_ENV))
+    become_subreaper()
+    alive, parent_fd = _watch_parent(parent)
+    if not alive:
+        return 1
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    # SIGTERM is for the worker (the kill path signals every process of the tree): the
+    # supervisor stays to clean up after it. Handlers are reset by exec in the child.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    own = {wake_r, wake_w, *(() if parent_fd is None else (parent_fd,))}
+    supervisor = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        if not tie_to_parent(supervisor):
+            os._exit(1)
+        for fd in own:
+            os.close(fd)
         try:
-            pid, wait_status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        fd = status.pop(pid, None)
-        if fd is None:
-            continue
-        code = os.waitstatus_to_exitcode(wait_status)
-        with contextlib.suppress(OSError):
-            os.write(fd, _STATUS.pack(code))
-        os.close(fd)
+            os.execvp(command[0], command)
+        finally:
+            os._exit(127)
+    # The worker's descriptors (its IPC end above all) must close when the worker dies.
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in own:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    family = Family()
+    family.workers[pid] = -1
+    while pid not in family.reported:
+        watched = [wake_r] if parent_fd is None else [wake_r, parent_fd]
+        timeout = ORPHAN_POLL_SECONDS if family.settling else None
+        readable, _w, _x = select.select(watched, [], [], timeout)
+        if parent_fd is not None and parent_fd in readable:
+            family.kill_all()
+            return 1
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 512)
+        family.collect()
+    code = family.reported[pid]
+    if code < 0:  # killed by a signal: end the same way, so the front-end sees the same code
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code if code >= 0 else 128 - code
 
 
 def run_child(child: Child) -> int:
@@ -336,11 +579,17 @@ def run_child(child: Child) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "--fd":
-        print("usage: python -m kcoral_server.launcher --fd N", file=sys.stderr)
+    if len(args) == 2 and args[0] == "--supervise":
+        return supervise(int(args[1]))
+    if len(args) not in (2, 4) or args[0] != "--fd" or (len(args) == 4 and args[2] != "--parent"):
+        print(
+            "usage: python -m kcoral_server.launcher --fd N [--parent PID]"
+            " | --supervise PARENT_PID",
+            file=sys.stderr,
+        )
         return 2
     control = socket.socket(fileno=int(args[1]))
-    child = serve(control)
+    child = serve(control, int(args[3]) if len(args) == 4 else None)
     if child is None:
         return 0
     code = run_child(child)

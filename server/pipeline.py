@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcoral_server import ipc
 from kcoral_server.blob_resolution import Resolution, resolve_blobs
-from kcoral_server.body import RequestBody, bytes_memfd
+from kcoral_server.body import RequestBody, bytes_memfd, memfd_locations
 from kcoral_server.pool import NoWorker, Seat
 from kcoral_server.responses import (
     Outcome,
@@ -675,24 +675,10 @@ class ExecuteRequest:
     async def _blob_slices(
         self, blobs: dict[str, bytes | memoryview]
     ) -> tuple[list[ipc.BlobSlice], list[int], int | None]:
-        """Blob locations for the worker: supplied blobs inside the body memfd, cached ones in
-        a second memfd."""
-        slices: list[ipc.BlobSlice] = []
-        fds: list[int] = []
-        copies: list[tuple[str, bytes | memoryview]] = []
-        in_body: list[tuple[str, int, int]] = []
-        for sha, data in blobs.items():
-            offset = None
-            if isinstance(data, memoryview) and self.body.fd is not None:
-                with contextlib.suppress(ValueError, TypeError):
-                    offset = self.body.offset_of(data)
-            if offset is None:
-                copies.append((sha, data))
-            else:
-                in_body.append((sha, offset, len(data)))
-        if in_body:
-            fds.append(self.body.fd)  # type: ignore[arg-type]
-            slices += [ipc.BlobSlice(sha, 0, off, n) for sha, off, n in in_body]
+        """Blob locations for the worker: blobs inside a body memfd (this request's, or one
+        the memory cache kept) by descriptor, other cached ones copied into a new memfd."""
+        located, fds, copies = memfd_locations(blobs)
+        slices = [ipc.BlobSlice(*where) for where in located]
         extra_fd = None
         if copies:
             loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ from typing import Any
 from kcoral_server import ipc
 from kcoral_server.lease import LeaseArbiter
 from kcoral_server.worker_handle import WorkerGone, WorkerHandle, WorkerStartError
+from kcoral_server.workspace import remove_stale_workspaces
 
 RETIRE_LEVELS = {
     "request_limit": "INFO",
@@ -147,6 +148,8 @@ class Pool:
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> None:
+        # SERVER §7: workspaces a front-end killed earlier left behind (its lock is free)
+        await asyncio.get_running_loop().run_in_executor(None, remove_stale_workspaces)
         results = await asyncio.gather(
             *(self._start_seat(seat, phase="startup") for seat in self.seats)
         )
@@ -414,10 +417,16 @@ class Pool:
     async def close(self, timeout: float = 10.0) -> None:
         """Stop every worker (politely, then by force) under its lease."""
         self.begin_shutdown()
-        for seat in self.seats:
-            if seat.replacement is not None and not seat.replacement.done():
-                seat.replacement.cancel()
+        replacing = [
+            seat.replacement
+            for seat in self.seats
+            if seat.replacement is not None and not seat.replacement.done()
+        ]
+        for task in replacing:
+            task.cancel()
         deadline = time.monotonic() + timeout
+        if replacing:  # a cancelled start cleans up after itself (processes, sandbox dirs)
+            await asyncio.wait(replacing, timeout=timeout)
 
         async def close_seat(seat: Seat) -> None:
             handle = seat.worker

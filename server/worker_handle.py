@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcoral_server import ipc, limits
-from kcoral_server.launcher import ForkedProcess, LauncherError, shared_launcher
+from kcoral_server.launcher import (
+    ForkedProcess,
+    LauncherError,
+    shared_launcher,
+    supervised_command,
+)
 from kcoral_server.lease import LeaseArbiter
 from kcoral_server.sandbox import SandboxDir, SandboxError
 
@@ -173,6 +178,10 @@ class WorkerHandle:
             command, env = self._launch_command(child.fileno())
             process = _fork_worker(command, child.fileno(), env)
             if process is None:
+                if self.sandbox != "bubblewrap":
+                    # bubblewrap's PID namespace and --die-with-parent supervise a sandboxed
+                    # worker; any other spawned one gets a supervisor process (SERVER §11)
+                    command = supervised_command(command, env)
                 process = subprocess.Popen(
                     command, pass_fds=(child.fileno(),), env=env, start_new_session=True
                 )
@@ -183,9 +192,11 @@ class WorkerHandle:
                 self._kill_now()
             return process
 
+        # Forking a big front-end takes a while; keep it off the IO loop.
+        launching = loop.run_in_executor(None, launch)
         try:
-            # Forking a big front-end takes a while; keep it off the IO loop.
-            self.process = await loop.run_in_executor(None, launch)
+            # shielded: a cancellation must not cancel the future the launch reports to
+            self.process = await asyncio.shield(launching)
         except (OSError, SandboxError) as exc:
             parent.close()
             self._remove_confinement()
@@ -196,6 +207,13 @@ class WorkerHandle:
                 launched = self.process is not None
             if launched:
                 self._kill_now()
+            else:
+                # Wait for that: a shutdown must not exit while the thread still creates a
+                # sandbox directory or a process nobody would remove.
+                with contextlib.suppress(BaseException):
+                    await launching
+                if self.process is None:
+                    self._remove_confinement()  # the launch failed after making them
             parent.close()
             raise
         finally:
@@ -437,23 +455,44 @@ class WorkerHandle:
     # ------------------------------------------------------------------ exit and kill
 
     async def _watch_exit(self) -> None:
-        assert self.process is not None
+        """Notice the process's death by its pid, not only by the channel's EOF (a forked
+        descendant may hold the worker's end open): the channel then fails behind every
+        frame already received. ``_exit_event`` is set once the exit code is known, which for
+        a forked worker also means the launcher has killed what it left behind."""
+        process = self.process
+        assert process is not None
+        # Both descriptors are the watcher's own: ``poll`` may close the status pipe's
+        # original at any time, and the loop must never watch a closed (reusable) number.
         try:
-            pidfd = os.pidfd_open(self.process.pid)
+            pidfd: int | None = os.pidfd_open(process.pid)
         except (AttributeError, OSError):
-            pidfd = None
-        if pidfd is not None:
-            loop = asyncio.get_running_loop()
-            readable = loop.create_future()
-            loop.add_reader(pidfd, lambda: readable.done() or readable.set_result(None))
-            try:
-                await readable
-            finally:
-                loop.remove_reader(pidfd)
-                os.close(pidfd)
-        while self.process.poll() is None:
-            await asyncio.sleep(0.02)
+            pidfd = None  # already gone (the status pipe tells), or no pidfds here
+        status_fd = getattr(process, "status_fd", None)
+        report: int | None = None
+        if status_fd is not None:
+            with contextlib.suppress(OSError):
+                report = os.dup(status_fd)
+        try:
+            watched = [fd for fd in (pidfd, report) if fd is not None]
+            if watched:
+                await _readable(watched)  # death, or the report of a death
+            else:
+                while process.poll() is None:
+                    await asyncio.sleep(0.02)
+            self._process_exited()
+            if report is not None:
+                await _readable([report])  # the exit code is written (or the launcher left)
+        finally:
+            for fd in (pidfd, report):
+                if fd is not None:
+                    os.close(fd)
+        while process.poll() is None:
+            await asyncio.sleep(0.02)  # a launcher that died before reporting
         self._exit_event.set()
+
+    def _process_exited(self) -> None:
+        if self.channel is not None and self.gone is None:
+            self.channel.finish(EOFError("worker process exited"))
 
     async def wait_exit(self, timeout: float | None) -> bool:
         """Wait for the process to exit; True when it did within ``timeout``."""
@@ -489,7 +528,7 @@ class WorkerHandle:
             pids = descendants(self.process.pid)
             if self.process.poll() is None:
                 pids.insert(0, self.process.pid)
-            _signal_all(pids, signal.SIGTERM, group=self.process.pid)
+            _signal_all(pids, signal.SIGTERM, group=self._group())
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
                 pids = [pid for pid in pids if _alive(pid)] + [
@@ -501,7 +540,7 @@ class WorkerHandle:
                     break
                 await asyncio.sleep(0.02)
             pids = [pid for pid in pids if _alive(pid)]
-            _signal_all(pids, signal.SIGKILL, group=self.process.pid)
+            _signal_all(pids, signal.SIGKILL, group=self._group())
             await self.wait_exit(None)
             if self.cgroup is not None or self.sandbox_dir is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self._remove_confinement)
@@ -509,6 +548,14 @@ class WorkerHandle:
         except asyncio.CancelledError:
             self._abandon()  # e.g. shutdown cancelled a replacement while it killed the old one
             raise
+
+    def _group(self) -> int | None:
+        """The worker's process group while it can still have members: once the exit code
+        is known the whole tree is gone (the launcher or the supervisor saw to it) and the
+        number may name someone else's group."""
+        if self.process is None or self.process.returncode is not None:
+            return None
+        return self.process.pid
 
     def close(self) -> None:
         if self._acquire_task is not None and not self._acquire_task.done():
@@ -528,6 +575,25 @@ class WorkerHandle:
 
 
 _INTERRUPT = object()
+
+
+async def _readable(fds: Sequence[int]) -> None:
+    """Wait until one of ``fds`` is readable (the readers are gone again on return)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    for fd in fds:
+        loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+
 
 #: ``spawn`` turns the fork server off (every worker is a new interpreter)
 LAUNCH_ENV = "KCORAL_WORKER_LAUNCH"
@@ -579,9 +645,10 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _signal_all(pids: Sequence[int], sig: int, *, group: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(group, sig)
+def _signal_all(pids: Sequence[int], sig: int, *, group: int | None) -> None:
+    if group is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(group, sig)
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, sig)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -117,8 +117,12 @@ def _sha256(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _binary_node(fields: dict[str, Any], data: bytes | memoryview, index: int) -> dict:
-    return {**fields, "part": part_name(index), "sha256": _sha256(data)}
+def _binary_node(
+    fields: dict[str, Any], data: bytes | memoryview, index: int, hashed: bool = True
+) -> dict:
+    # Unhashed nodes get their digest later (``fill_part_hashes``), from the pass that also
+    # writes the part out.
+    return {**fields, "part": part_name(index), "sha256": _sha256(data) if hashed else ""}
 
 
 def _check_text(value: str, what: str) -> None:
@@ -131,15 +135,16 @@ def _check_text(value: str, what: str) -> None:
 
 
 class _Encoder:
-    def __init__(self, first_part_index: int) -> None:
+    def __init__(self, first_part_index: int, hash_parts: bool = True) -> None:
         self.parts: Parts = []
         self.first = first_part_index
+        self.hash_parts = hash_parts
         self.active: set[int] = set()  # ids of containers on the current path (cycles)
         self.numpy = sys.modules.get("numpy")
         self.torch = sys.modules.get("torch")
 
     def add_part(self, fields: dict[str, Any], data: bytes | memoryview) -> dict:
-        node = _binary_node(fields, data, self.first + len(self.parts))
+        node = _binary_node(fields, data, self.first + len(self.parts), self.hash_parts)
         self.parts.append(data)
         return node
 
@@ -274,12 +279,16 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
         raise ValueEncodingError(f"cannot encode tensor: {type(exc).__name__}: {exc}") from None
 
 
-def encode_value(value: object, first_part_index: int) -> tuple[dict, Parts]:
+def encode_value(
+    value: object, first_part_index: int, *, hash_parts: bool = True
+) -> tuple[dict, Parts]:
     """Encode a return value; parts are numbered from ``return:<first_part_index>``.
 
     Raises ``ValueEncodingError`` for values §7.5 cannot carry (kind ``serialization``).
+    With ``hash_parts=False`` binary nodes carry an empty ``sha256`` that the caller must
+    set with ``fill_part_hashes``.
     """
-    encoder = _Encoder(first_part_index)
+    encoder = _Encoder(first_part_index, hash_parts)
     try:
         node = encoder.encode(value)
     except RecursionError:
@@ -288,12 +297,32 @@ def encode_value(value: object, first_part_index: int) -> tuple[dict, Parts]:
 
 
 def file_node(
-    data: bytes | bytearray | memoryview, part_index: int
+    data: bytes | bytearray | memoryview, part_index: int, *, hash_parts: bool = True
 ) -> tuple[dict, bytes | memoryview]:
-    """Node and part for a file return of ``data``."""
+    """Node and part for a file return of ``data`` (``hash_parts`` as in ``encode_value``)."""
     content = _bytes_of(data)
     size = len(content) if isinstance(content, bytes) else content.nbytes
-    return _binary_node({"type": "file", "size": size}, content, part_index), content
+    node = _binary_node({"type": "file", "size": size}, content, part_index, hash_parts)
+    return node, content
+
+
+def fill_part_hashes(node: dict, first_part_index: int, digests: Sequence[str]) -> None:
+    """Set the ``sha256`` of every binary node under ``node`` from ``digests``, which are
+    in part order starting at ``return:<first_part_index>``."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        kind = item.get("type")
+        if kind in BINARY_NODE_TYPES:
+            index = part_index(item.get("part"))
+            if index is None or not 0 <= index - first_part_index < len(digests):
+                raise ValueError(f"node part {item.get('part')!r} has no digest")
+            item["sha256"] = digests[index - first_part_index]
+        elif kind in ("array", "object"):
+            value = item["value"]
+            stack.extend(value.values() if kind == "object" else value)
+        elif kind == "folder":
+            stack.extend(item["files"].values())
 
 
 def folder_node(

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import mmap
 import os
+import threading
 
 from kcoral_server.ipc import BlobSlice
 
 # Prefault the blob maps in one pass (64 MiB = 16,384 separate faults otherwise).
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+# From this many return bytes on, hashing runs in a second thread while the parts are
+# written (both release the GIL); below it a thread costs more than it saves.
+_PARALLEL_HASH_BYTES = 1 << 20
 
 
 class BlobMaps:
@@ -73,9 +78,38 @@ def _byte_view(part: object) -> memoryview:
 def parts_memfd(parts: list[object]) -> tuple[int | None, list[int]]:
     """One memfd holding ``parts`` back to back (None when there are none), and lengths."""
     views = [_byte_view(part) for part in parts]
+    return _write_memfd(views), [view.nbytes for view in views]
+
+
+def hashed_parts_memfd(parts: list[object]) -> tuple[int | None, list[int], list[str]]:
+    """``parts_memfd`` plus each part's SHA-256 hex digest, hashed while writing."""
+    views = [_byte_view(part) for part in parts]
     lengths = [view.nbytes for view in views]
+    digests = [""] * len(views)
+
+    def hash_all() -> None:
+        for i, view in enumerate(views):
+            digests[i] = hashlib.sha256(view).hexdigest()
+
+    if sum(lengths) < _PARALLEL_HASH_BYTES:
+        hash_all()
+        return _write_memfd(views), lengths, digests
+    hasher = threading.Thread(target=hash_all, name="kcoral-return-hash", daemon=True)
+    hasher.start()
+    try:
+        fd = _write_memfd(views)
+    finally:
+        hasher.join()
+    if not all(len(digest) == 64 for digest in digests):  # the thread failed (memory?)
+        if fd is not None:
+            os.close(fd)
+        raise RuntimeError("hashing the return parts failed")
+    return fd, lengths, digests
+
+
+def _write_memfd(views: list[memoryview]) -> int | None:
     if not views:
-        return None, lengths
+        return None
     fd = os.memfd_create("kcoral-return", os.MFD_CLOEXEC)
     try:
         for view in views:
@@ -85,4 +119,4 @@ def parts_memfd(parts: list[object]) -> tuple[int | None, list[int]]:
     except BaseException:
         os.close(fd)
         raise
-    return fd, lengths
+    return fd

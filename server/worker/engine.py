@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
 import inspect
 import json
 import os
@@ -29,7 +28,7 @@ from kcoral_server.ipc import (
     RunProgram,
 )
 from kcoral_server.worker import context
-from kcoral_server.worker.blobs import BlobMaps, parts_memfd
+from kcoral_server.worker.blobs import BlobMaps, hashed_parts_memfd
 from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
 from kcoral_server.worker.confinement import clear_workspace
 from kcoral_server.worker.cupti_guard import GpuAccessFailure, finalize_cupti, watch_cpu_only
@@ -80,7 +79,8 @@ def _encode(value: Any, first_part_index: int) -> tuple[dict, list[Any]]:
     from kcoral.protocol import values  # imported late: it is only needed for returns
 
     try:
-        return values.encode_value(value, first_part_index)
+        # unhashed: the parts are hashed while they are written out (``_send_return``)
+        return values.encode_value(value, first_part_index, hash_parts=False)
     except values.ValueEncodingError as exc:
         raise InstructionFailure("serialization", str(exc)) from None
     except InstructionFailure:
@@ -452,7 +452,15 @@ class ProgramRun:
             raise InstructionFailure("serialization", f"invalid path: {exc}") from None
 
     def _send_return(self, ret: Return, node: dict[str, Any], parts: list[Any]) -> None:
-        fd, lengths = parts_memfd(parts)
+        from kcoral.protocol.values import fill_part_hashes
+
+        fd, lengths, digests = hashed_parts_memfd(parts)
+        try:
+            fill_part_hashes(node, self.part_index, digests)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
         message = ReturnProduced(index=ret.index, key=ret.key, node=node, part_lengths=lengths)
         try:
             self.channel.send(message, [fd] if fd is not None else [])
@@ -558,12 +566,8 @@ def _literal(arg: LiteralArg | Any) -> Any:
 
 
 def _file_node(data: bytes, part_index: int) -> dict[str, Any]:
-    return {
-        "type": "file",
-        "size": len(data),
-        "part": f"return:{part_index}",
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
+    # ``sha256`` is filled in by ``_send_return`` while the part is written out
+    return {"type": "file", "size": len(data), "part": f"return:{part_index}", "sha256": ""}
 
 
 def _own_traceback(exc: BaseException) -> str:

@@ -2,31 +2,61 @@
 
 As a subreaper, orphans of the program (double forks, ``setsid`` daemons) are re-parented
 to the worker instead of init, so walking ``/proc/<pid>/task/*/children`` from the worker
-finds every live descendant.
+finds every live descendant. The launcher (the workers' parent) uses the same helpers for
+what a dead worker left behind, and ``tie_to_parent`` for lifetimes (SERVER §11).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import glob
 import os
 import signal
 import time
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Mark this process as a child subreaper (Linux); False where unsupported."""
+def _prctl(option: int, value: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return libc.prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
 
-def _children(pid: int) -> list[int]:
+def become_subreaper() -> bool:
+    """Mark this process as a child subreaper (Linux); False where unsupported."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def tie_to_parent(parent: int, sig: int = signal.SIGKILL) -> bool:
+    """Get ``sig`` when the parent dies (``PR_SET_PDEATHSIG``, where supported). False when
+    the parent ``parent`` is already gone: the caller should exit.
+
+    The parent may die before the ``prctl``: then this process was re-parented already and
+    no signal will ever come, hence the ``getppid`` check after it. The signal follows the
+    parent *thread* that forked: only use it under a single-threaded parent.
+    """
+    _prctl(PR_SET_PDEATHSIG, sig)
+    return os.getppid() == parent
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie has already finished)."""
+    return _state(pid) not in (None, "Z", "X")
+
+
+def kill_process(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal ``pid`` through a pidfd (a plain ``kill`` where pidfds are unsupported)."""
+    _kill(pid, sig)
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (zombies included)."""
     found: list[int] = []
     for path in glob.glob(f"/proc/{pid}/task/*/children"):
         try:
@@ -53,7 +83,7 @@ def descendants(pid: int | None = None) -> list[int]:
     seen: list[int] = []
     pending = [root]
     while pending:
-        for child in _children(pending.pop()):
+        for child in children(pending.pop()):
             if child not in seen:
                 seen.append(child)
                 pending.append(child)
@@ -67,21 +97,22 @@ def live_descendants() -> list[int]:
 
 def reap_children() -> None:
     """Collect exit statuses of finished direct children (never blocks)."""
-    for pid in _children(os.getpid()):
+    for pid in children(os.getpid()):
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
 
 
-def _kill(pid: int) -> None:
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
     # A pidfd names this very process, so a recycled pid can never be hit by mistake.
     try:
         fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    except (AttributeError, OSError) as exc:
+        if getattr(exc, "errno", None) != errno.ESRCH:  # no pidfds here: plain kill
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
         return
     try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        signal.pidfd_send_signal(fd, sig)
     except OSError:
         pass
     finally:
