@@ -90,3 +90,29 @@ async def test_an_unauthenticated_request_is_refused(http_server_client, jp_base
         with pytest.raises(tornado.httpclient.HTTPClientError) as info:
             await http_server_client.fetch(f"{jp_base_url}kcoral/api/{path}")
         assert info.value.code == 403
+
+
+async def test_a_cross_site_request_is_refused(
+    http_server_client, jp_base_url, jp_auth_header
+) -> None:
+    # A browser session (the login cookie), but from another site's page: Jupyter refuses
+    # cross-origin API calls and state changes without the XSRF token, so a page elsewhere
+    # cannot read the servers or cancel jobs with the user's cookie.
+    token = jp_auth_header["Authorization"].split()[-1]
+    login = await http_server_client.fetch(
+        f"{jp_base_url}?token={token}", follow_redirects=False, raise_error=False
+    )
+    cookies = "; ".join(c.split(";")[0] for c in login.headers.get_list("Set-Cookie"))
+    assert cookies
+    same_site = await http_server_client.fetch(
+        f"{jp_base_url}kcoral/api/servers", headers={"Cookie": cookies}, raise_error=False
+    )
+    assert same_site.code == 200  # the cookie alone is a valid session
+    for method, path in (("GET", "servers"), ("DELETE", "jobs/x")):
+        answer = await http_server_client.fetch(
+            f"{jp_base_url}kcoral/api/{path}",
+            method=method,
+            headers={"Cookie": cookies, "Origin": "http://evil.example"},
+            raise_error=False,
+        )
+        assert answer.code in (403, 404), (method, path, answer.code)
