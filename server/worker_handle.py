@@ -28,22 +28,10 @@ from kcoral_server.launcher import (
     supervised_command,
 )
 from kcoral_server.lease import LeaseArbiter
+from kcoral_server.rank_variables import is_rank_variable
 from kcoral_server.sandbox import SandboxDir, SandboxError
 
 STARTUP_TIMEOUT_SECONDS = 60.0
-
-# Variables a launcher such as torchrun sets; a GPU worker must not inherit them (§6).
-_RANK_VARIABLES = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 
 class WorkerGone(Exception):
@@ -92,7 +80,7 @@ def worker_environment(device: str, gpu_ids: Sequence[int], gpu_uuids: Sequence[
     if device == "cpu":
         return env
     for name in list(env):
-        if name in _RANK_VARIABLES or name.startswith("TORCHELASTIC_"):
+        if is_rank_variable(name):
             del env[name]
     devices = [
         uuid if uuid else str(gpu)
