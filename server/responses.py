@@ -7,7 +7,9 @@ return parts (they stay views of the worker's memfds until the reply is closed).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import mmap
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +33,40 @@ class Reply:
     def close(self) -> None:
         self.chunks = []
         for item in self.keep_alive:
-            with contextlib.suppress(BufferError, ValueError):
+            try:
                 item.close()
+            except BufferError:
+                close_when_released(item)
+            except ValueError:
+                pass
         self.keep_alive = []
+
+
+def close_when_released(item: Any, attempts: int = 10) -> None:
+    """Close a mapping whose views are still exported, once they are gone.
+
+    A write cut short by a disconnecting client leaves the views in Tornado's frames, which
+    sit in a reference cycle with the stream's exception; only the cycle collector frees
+    them. Each mapping holds a descriptor, so do not wait for a collection by chance."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop (a thread or a test): collect now, once
+        gc.collect()
+        with contextlib.suppress(BufferError, ValueError):
+            item.close()
+        return
+
+    def retry(left: int) -> None:
+        gc.collect()
+        try:
+            item.close()
+        except BufferError:
+            if left > 1:
+                loop.call_later(1.0, retry, left - 1)
+        except ValueError:
+            pass
+
+    loop.call_later(0.2, retry, attempts)
 
 
 def json_reply(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Reply:
