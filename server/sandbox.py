@@ -57,7 +57,8 @@ def _is_within(path: Path, ancestor: Path) -> bool:
 def check_readonly_paths(paths: Iterable[Path], root: Path | None = None) -> list[Path]:
     """Resolved ``paths``; ``SandboxError`` for ``/`` or an ancestor of the workspace root
     (binding one would expose every worker's workspace, §14), and for paths under the
-    directories each sandbox replaces with its own (``/tmp``, ``/var/tmp``, ``/dev/shm``)."""
+    directory each sandbox replaces with its own ``/dev/shm`` (paths under ``/tmp`` and
+    ``/var/tmp`` are handled by ``SandboxDir.command``)."""
     root = (root or workspace_root()).resolve()
     checked = []
     for path in paths:
@@ -67,11 +68,10 @@ def check_readonly_paths(paths: Iterable[Path], root: Path | None = None) -> lis
                 f"--sandbox-readonly-path {str(path)!r} is '/' or an ancestor of the "
                 f"sandbox workspace root {str(root)!r}"
             )
-        private = next((p for p in PRIVATE_DIRS if _is_within(resolved, Path(p))), None)
-        if private is not None:
+        if _is_within(resolved, Path("/dev/shm")):
             # bwrap would have to create mount points inside the workspace's scratch state
             raise SandboxError(
-                f"--sandbox-readonly-path {str(path)!r} lies under {private}, which is "
+                f"--sandbox-readonly-path {str(path)!r} lies under /dev/shm, which is "
                 "private to each sandbox"
             )
         checked.append(resolved)
@@ -231,6 +231,13 @@ class SandboxDir:
         assert self.bwrap is not None
         argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
         argv += ["--cap-drop", "ALL"]
+        # A read-only path under /tmp or /var/tmp (an install or checkout that lives there)
+        # needs its mount point inside that directory, which then cannot be a link into the
+        # workspace: such a directory becomes a private tmpfs made before the binds (TMPDIR
+        # and the other variables still point into the workspace's state).
+        tmpfs = [d for d in ("/tmp", "/var/tmp") if any(_is_within(b, Path(d)) for b in self.binds)]
+        for directory in tmpfs:
+            argv += ["--tmpfs", directory]
         for path in self.binds:
             argv += ["--ro-bind", str(path), str(path)]
         for target, link in system_links():
@@ -245,8 +252,10 @@ class SandboxDir:
         argv += ["--bind", str(self.host_dir), self.mount]
         # --dev already made /dev/shm a directory, so it is bound rather than linked.
         argv += ["--bind", str(self.host_dir / ".kcoral" / "shm"), "/dev/shm"]
-        argv += ["--symlink", state_path(self.mount, "tmp"), "/tmp"]
-        argv += ["--dir", "/var", "--symlink", state_path(self.mount, "tmp"), "/var/tmp"]
+        if "/tmp" not in tmpfs:
+            argv += ["--symlink", state_path(self.mount, "tmp"), "/tmp"]
+        if "/var/tmp" not in tmpfs:
+            argv += ["--dir", "/var", "--symlink", state_path(self.mount, "tmp"), "/var/tmp"]
         argv += ["--chdir", self.mount, "--", *worker_command]
         return argv
 

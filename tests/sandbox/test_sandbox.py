@@ -40,10 +40,12 @@ def test_a_readonly_path_that_is_root_or_an_ancestor_of_the_workspace_root_is_re
     assert sandbox.check_readonly_paths([other], root) == [other.resolve()]
 
 
-def test_a_readonly_path_under_a_sandbox_private_directory_is_refused(tmp_path: Path) -> None:
-    for refused in (Path("/tmp/x"), Path("/var/tmp/y"), Path("/dev/shm")):
+def test_a_readonly_path_under_dev_shm_is_refused_and_one_under_tmp_is_not(tmp_path) -> None:
+    for refused in (Path("/dev/shm"), Path("/dev/shm/x")):
         with pytest.raises(SandboxError, match="private to each sandbox"):
             sandbox.check_readonly_paths([refused], tmp_path / "root")
+    # a checkout under /tmp is bound into a private tmpfs (SandboxDir.command)
+    assert sandbox.check_readonly_paths([Path("/tmp/x")], tmp_path / "root") == [Path("/tmp/x")]
 
 
 def test_the_workspace_is_mounted_at_work_unless_that_shadows_a_readonly_path() -> None:
@@ -212,7 +214,10 @@ def main(secret, port):
         f.write("made inside")
     found["workspace"] = sorted(os.listdir("."))
     found["home"] = os.environ["HOME"]
-    found["tmp_is_private"] = os.path.realpath("/tmp").endswith("/.kcoral/tmp")
+    # /tmp links into the workspace, or is a private tmpfs when the install lives under /tmp
+    found["tmp_is_private"] = (
+        os.path.realpath("/tmp").endswith("/.kcoral/tmp") or os.path.ismount("/tmp")
+    )
     return found
 """
 
