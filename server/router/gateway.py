@@ -119,12 +119,16 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         if kind not in (WORKER, CONTROL):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown slot kind")
         slot = RouterSlot(hello.node_id, hello.slot_id, hello.server_instance_id, context, kind)
-        refused = self.registry.add_slot(slot)
+        try:
+            refused = await slot.register_and_acknowledge(self.registry.add_slot)
+        except BaseException:  # the ack could not be written: the slot is not usable
+            slot.close(None, "tunnel_disconnected")
+            self.registry.remove_slot(slot)
+            raise
         if refused is not None:
             await context.abort(*refused)
         reader = None
         try:
-            await context.write(pb.SlotFrame(request_id="", ack=pb.SlotAck()))
             reader = asyncio.get_running_loop().create_task(slot.read_loop())
             closed = asyncio.get_running_loop().create_task(slot.closed.wait())
             await asyncio.wait({reader, closed}, return_when=asyncio.FIRST_COMPLETED)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -64,6 +65,16 @@ class RouterSlot:
         self.request_id = None
         self._replies = None
         self.idle_since = time.monotonic()
+
+    async def register_and_acknowledge(self, register: Callable[[RouterSlot], Any]) -> Any:
+        """Register the slot and write its ``ack`` under the write lock: a request that takes
+        the slot at once cannot write its first frame before (or concurrently with) the ack.
+        Returns what ``register`` returned (a refusal, or None)."""
+        async with self._write_lock:
+            refused = register(self)
+            if refused is None:
+                await self.context.write(pb.SlotFrame(request_id="", ack=pb.SlotAck()))
+            return refused
 
     async def send(self, frame: pb.SlotFrame) -> None:
         if self.closed.is_set():
