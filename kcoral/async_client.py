@@ -217,19 +217,15 @@ class AsyncClient:
         serialization: str = "json",
     ) -> Callable[[Callable[..., Any]], RemoteFunction]:
         """Decorator making a ``RemoteFunction`` bound to this client (CLIENT_API.md §8)."""
-        from kcoral.remote import RemoteFunction
+        from kcoral.remote import remote_function_decorator
 
-        def decorate(fn: Callable[..., Any]) -> RemoteFunction:
-            return RemoteFunction(
-                fn,
-                client=self,
-                timeout=timeout,
-                output_limit_bytes=output_limit_bytes,
-                cpu_only=cpu_only,
-                serialization=serialization,
-            )
-
-        return decorate
+        return remote_function_decorator(
+            self,
+            timeout=timeout,
+            output_limit_bytes=output_limit_bytes,
+            cpu_only=cpu_only,
+            serialization=serialization,
+        )
 
     # -- transport ----------------------------------------------------------------------
 

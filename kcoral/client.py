@@ -247,19 +247,15 @@ class Client:
         **options: Any,
     ) -> Callable[[Callable[..., Any]], Any]:
         """Decorator returning a ``RemoteFunction`` bound to this client (CLIENT_API §8)."""
-        from kcoral.remote import RemoteFunction
+        from kcoral.remote import remote_function_decorator
 
-        def decorate(fn: Callable[..., Any]) -> Any:
-            return RemoteFunction(
-                fn,
-                client=self,
-                timeout=timeout,
-                output_limit_bytes=output_limit_bytes,
-                cpu_only=cpu_only,
-                **options,
-            )
-
-        return decorate
+        return remote_function_decorator(
+            self,
+            timeout=timeout,
+            output_limit_bytes=output_limit_bytes,
+            cpu_only=cpu_only,
+            **options,
+        )
 
 
 def _major_minor(version: str) -> tuple[str, ...]:

@@ -441,3 +441,15 @@ def output_value(result: ProgramResult, fmt: str) -> Any:
             f"cannot unpickle the result of request {result.request_id}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
+
+
+def remote_function_decorator(
+    client: Any, **options: Any
+) -> Callable[[Callable[..., Any]], RemoteFunction]:
+    """``@client.function(...)`` of both clients: a decorator binding ``RemoteFunction``
+    to ``client`` with the decorator's options."""
+
+    def decorate(fn: Callable[..., Any]) -> RemoteFunction:
+        return RemoteFunction(fn, client=client, **options)
+
+    return decorate

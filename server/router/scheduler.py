@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import MutableSequence
 from dataclasses import dataclass
 
 from kcoral_server.router.registry import NodeRecord, Registry
@@ -27,6 +28,26 @@ class _Waiter:
     future: asyncio.Future[Lease]
 
 
+async def wait_for_slot(
+    registry: Registry, waiters: MutableSequence[_Waiter], waiter: _Waiter, wait: float
+) -> Lease:
+    """Wait (queued in ``waiters``) until ``waiter`` is handed a slot; ``NoNode`` after
+    ``wait`` seconds. A waiter cancelled (client gone) after a slot was handed over gives
+    the slot back."""
+    try:
+        return await asyncio.wait_for(waiter.future, wait)
+    except asyncio.TimeoutError:
+        raise NoNode from None
+    except BaseException:
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            registry.release(future.result()[1])
+        raise
+    finally:
+        if waiter in waiters:
+            waiters.remove(waiter)
+
+
 class Admission:
     def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
         self.registry = registry
@@ -48,19 +69,7 @@ class Admission:
         waiter = _Waiter(affinity, request_id, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         self.wake()
-        try:
-            return await asyncio.wait_for(waiter.future, self.wait_timeout)
-        except asyncio.TimeoutError:
-            raise NoNode from None
-        except BaseException:
-            # Cancelled (client gone) after a slot was handed over: give the slot back.
-            future = waiter.future
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self.registry.release(future.result()[1])
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+        return await wait_for_slot(self.registry, self._waiters, waiter, self.wait_timeout)
 
     def wake(self) -> None:
         """Serve waiters in FIFO order while slots are available."""
@@ -106,18 +115,7 @@ class ControlAdmission:
         waiter = _Waiter(node_id, request_id, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
         wait = self.wait_timeout if timeout is None else min(timeout, self.wait_timeout)
-        try:
-            return await asyncio.wait_for(waiter.future, wait)
-        except asyncio.TimeoutError:
-            raise NoNode from None
-        except BaseException:
-            future = waiter.future
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self.registry.release(future.result()[1])
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+        return await wait_for_slot(self.registry, self._waiters, waiter, wait)
 
     def _check_node(self, node_id: str | None) -> None:
         if node_id is None:
