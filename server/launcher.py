@@ -9,7 +9,8 @@ included) before anything reads it.
 Protocol on the launcher's ``AF_UNIX`` ``SOCK_SEQPACKET`` control socket: the front-end
 sends ``{"env": {...}}`` (JSON) with the worker's socketpair end; the launcher forks and
 answers ``{"pid": N}`` with the read end of a status pipe, on which it writes the child's
-exit code (``subprocess`` convention: ``-signal`` when killed) once it reaped it. Workers
+exit code (``subprocess`` convention: ``-signal`` when killed) and the number of orphans
+that survived ``SIGKILL`` once it reaped it. Workers
 are children of the launcher, not of the front-end, hence ``ForkedProcess`` instead of
 ``subprocess.Popen``.
 
@@ -19,9 +20,12 @@ command, which a fork cannot do; those keep the spawn path.
 Lifetimes (SERVER §11): the launcher is a child subreaper, so whatever a dead worker left
 running (``setsid`` daemons included) is re-parented to it; it kills those orphans at once
 and reports a worker's exit code only once no orphan is left, so "exited" means "and its
-descendants are gone". It watches the front-end through a pidfd and, when the front-end
-dies, kills every worker and exits; each worker gets ``SIGKILL`` when the launcher dies
-(``PR_SET_PDEATHSIG``; the launcher is single-threaded, so that is exact). When the
+descendants are gone". An orphan that outlives ``SIGKILL`` for ``orphan_kill_seconds()``
+(uninterruptible sleep) is reported as a survivor: the front-end then cannot confirm the
+clean-up and quarantines the worker's GPUs (SERVER §8, §11). It watches the front-end
+through a pidfd and, when the front-end dies, kills every worker and exits; each worker
+gets ``SIGKILL`` when the launcher dies (``PR_SET_PDEATHSIG``; the launcher is
+single-threaded, so that is exact). When the
 front-end only closes the control socket the launcher forks nothing more and exits once its
 last worker has.
 """
@@ -49,12 +53,33 @@ from kcoral_server.worker.reaper import (
     tie_to_parent,
 )
 
-_STATUS = struct.Struct("<i")
+_STATUS = struct.Struct("<ii")  # exit code, orphans that survived SIGKILL
 _MAX_MESSAGE = 1 << 20  # the environment travels in one datagram
 REAP_WAIT_SECONDS = 0.05  # the most ``poll`` waits for the launcher to report an exit
 ORPHAN_POLL_SECONDS = 0.01  # how often the launcher looks again while orphans are dying
+STUCK_POLL_SECONDS = 0.5  # ... and once they have outlived ``orphan_kill_seconds()``
 #: a worker's exit is reported after this even if an orphan refuses to die (D state)
 ORPHAN_KILL_SECONDS = 10.0
+#: overrides ``ORPHAN_KILL_SECONDS`` (tests shorten it); read by the front-end and, through
+#: the inherited environment, by the launcher and the supervisors
+ORPHAN_KILL_ENV = "KCORAL_ORPHAN_KILL_SECONDS"
+
+
+def orphan_kill_seconds() -> float:
+    """How long orphans may take to die after ``SIGKILL`` before they count as survivors."""
+    try:
+        value = float(os.environ.get(ORPHAN_KILL_ENV, ORPHAN_KILL_SECONDS))
+    except ValueError:
+        return ORPHAN_KILL_SECONDS
+    return value if value > 0 else ORPHAN_KILL_SECONDS
+
+
+def cleanup_confirm_seconds() -> float:
+    """How long the front-end waits, after ``SIGKILL``, for a worker's exit report before it
+    declares the clean-up unconfirmed: longer than the launcher holds a report back."""
+    return orphan_kill_seconds() * 1.5 + 1.0
+
+
 #: imported by the launcher before it forks anything (what every worker imports anyway)
 PRELOADED = (
     "kcoral_server.worker.main",
@@ -74,6 +99,9 @@ class ForkedProcess:
     def __init__(self, pid: int, status_fd: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        #: orphans that survived ``SIGKILL`` (known with the exit code); -1: unknown, the
+        #: launcher went away before it reported
+        self.survivors = 0
         self._status_fd: int | None = status_fd
         os.set_blocking(status_fd, False)
 
@@ -97,11 +125,12 @@ class ForkedProcess:
         except OSError:
             data = b""
         if len(data) == _STATUS.size:
-            self.returncode = _STATUS.unpack(data)[0]
+            self.returncode, self.survivors = _STATUS.unpack(data)
         elif _pid_alive(self.pid):
             return None  # the launcher died first; the worker itself still runs
         else:
             self.returncode = -signal.SIGKILL  # exit code lost with the launcher
+            self.survivors = -1  # and with it, who looked after the worker's orphans
         self._close()
         return self.returncode
 
@@ -277,12 +306,22 @@ class Family:
     workers: dict[int, int] = field(default_factory=dict)  # pid -> status pipe write end
     exited: list[_Exited] = field(default_factory=list)  # reaped, not yet reported
     orphans: list[int] = field(default_factory=list)
+    orphans_since: float | None = None  # when the current run of live orphans began
     reported: dict[int, int] = field(default_factory=dict)  # pid -> exit code, once reported
+    kill_seconds: float = field(default_factory=orphan_kill_seconds)
 
     @property
-    def settling(self) -> bool:
-        """Orphans are dying or exit reports wait for them: look again soon."""
-        return bool(self.exited or self.orphans)
+    def poll_interval(self) -> float | None:
+        """How long the loop may sleep before ``collect`` must run again (None: until a
+        signal): briefly while orphans die, slowly once they have outlived ``SIGKILL``."""
+        if self.exited:
+            return ORPHAN_POLL_SECONDS
+        if not self.orphans:
+            return None
+        since = self.orphans_since if self.orphans_since is not None else time.monotonic()
+        if time.monotonic() - since < self.kill_seconds:
+            return ORPHAN_POLL_SECONDS
+        return STUCK_POLL_SECONDS
 
     @property
     def empty(self) -> bool:
@@ -298,15 +337,20 @@ class Family:
         for pid in self.orphans:
             kill_process(pid)  # our unreaped child: its pid cannot have been recycled
         now = time.monotonic()
+        if not self.orphans:
+            self.orphans_since = None
+        elif self.orphans_since is None:
+            self.orphans_since = now
         waiting = []
         for entry in self.exited:
             # An orphan may belong to any worker that died: hold every report until none is
             # left (orphans die within moments of a SIGKILL), so "exited" means "and its
-            # descendants are gone" to the front-end.
-            if self.orphans and now - entry.at < ORPHAN_KILL_SECONDS:
+            # descendants are gone" to the front-end. Past the limit the report says how
+            # many survived, and the front-end quarantines instead of trusting it.
+            if self.orphans and now - entry.at < self.kill_seconds:
                 waiting.append(entry)
             else:
-                _report(entry.status_fd, entry.code)
+                _report(entry.status_fd, entry.code, len(self.orphans))
                 self.reported[entry.pid] = entry.code
         self.exited = waiting
 
@@ -335,8 +379,9 @@ class Family:
                 kill_process(pid)
             time.sleep(ORPHAN_POLL_SECONDS)
         self._reap()
+        survivors = sum(1 for pid in children(os.getpid()) if is_alive(pid))
         for entry in self.exited:
-            _report(entry.status_fd, entry.code)
+            _report(entry.status_fd, entry.code, survivors)
         self.exited = []
 
     def forget(self) -> None:
@@ -357,11 +402,11 @@ class Family:
         self.forget()
 
 
-def _report(fd: int, code: int) -> None:
+def _report(fd: int, code: int, survivors: int = 0) -> None:
     if fd < 0:
         return  # a supervisor's worker: the code becomes the supervisor's own
     with contextlib.suppress(OSError):
-        os.write(fd, _STATUS.pack(code))
+        os.write(fd, _STATUS.pack(code, survivors))
     with contextlib.suppress(OSError):
         os.close(fd)
 
@@ -414,8 +459,7 @@ def serve(control: socket.socket, parent: int | None = None) -> Child | None:
                 watched.append(control)
             if parent_fd is not None:
                 watched.append(parent_fd)
-            timeout = ORPHAN_POLL_SECONDS if family.settling else None
-            readable, _w, _x = select.select(watched, [], [], timeout)
+            readable, _w, _x = select.select(watched, [], [], family.poll_interval)
             if parent_fd is not None and parent_fd in readable:
                 family.kill_all()  # the front-end died (SIGKILL): nothing may outlive it
                 return None
@@ -546,10 +590,12 @@ def supervise(parent: int) -> int:
                 os.close(fd)
     family = Family()
     family.workers[pid] = -1
-    while pid not in family.reported:
+    # The supervisor's exit is the worker's exit report, so it stays while an orphan
+    # survives SIGKILL: the front-end, which never signals the supervisor itself, then sees
+    # no exit and quarantines instead of trusting a clean-up that did not happen.
+    while pid not in family.reported or family.orphans:
         watched = [wake_r] if parent_fd is None else [wake_r, parent_fd]
-        timeout = ORPHAN_POLL_SECONDS if family.settling else None
-        readable, _w, _x = select.select(watched, [], [], timeout)
+        readable, _w, _x = select.select(watched, [], [], family.poll_interval)
         if parent_fd is not None and parent_fd in readable:
             family.kill_all()
             return 1

@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 HISTORY_LENGTH = 256
 
 
+class GpuQuarantined(Exception):
+    """A GPU the waiter needs was quarantined: it is never granted again (SERVER §11)."""
+
+
 @dataclass
 class HolderRecord:
     """One tenure of a GPU: who held it and when (``end`` is None while held)."""
@@ -49,6 +53,8 @@ class LeaseArbiter:
             gpu: deque(maxlen=HISTORY_LENGTH) for gpu in self.gpu_ids
         }
         self._waiters: list[_Waiter] = []
+        #: GPUs taken out of service because a worker's clean-up could not be confirmed
+        self.quarantined: set[int] = set()
 
     # ------------------------------------------------------------------ queries
 
@@ -86,17 +92,22 @@ class LeaseArbiter:
     ) -> tuple[int, ...]:
         """Wait until ``owner`` holds ``gpus`` (or any ``count`` free GPUs); return them.
 
-        Cancelling the wait withdraws the request (nothing stays held).
+        Cancelling the wait withdraws the request (nothing stays held). ``GpuQuarantined``
+        when the request can no longer be met (at once, or when a GPU is quarantined later).
         """
         wanted = None if gpus is None else tuple(dict.fromkeys(gpus))
         if wanted is not None:
             unknown = [gpu for gpu in wanted if gpu not in self._holder]
             if unknown:
                 raise ValueError(f"unknown GPU ids {unknown}")
+            if self._unmeetable(wanted, count):
+                raise GpuQuarantined(f"GPUs {sorted(self.quarantined)} are quarantined")
             if all(self._holder[gpu] is owner for gpu in wanted):
                 return wanted  # re-entrant: already held
         elif not 1 <= count <= len(self.gpu_ids):
             raise ValueError(f"cannot lease {count} of {len(self.gpu_ids)} GPUs")
+        elif self._unmeetable(None, count):
+            raise GpuQuarantined(f"GPUs {sorted(self.quarantined)} are quarantined")
         future: asyncio.Future[tuple[int, ...]] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(owner, request_id, wanted, count, future)
         self._waiters.append(waiter)
@@ -127,6 +138,17 @@ class LeaseArbiter:
         if changed:
             self._grant()
 
+    def quarantine(self, gpus: Sequence[int]) -> None:
+        """Never grant ``gpus`` again; waiters that can no longer be served get
+        ``GpuQuarantined``. Whoever holds them keeps holding them until it releases."""
+        self.quarantined.update(gpu for gpu in gpus if gpu in self._holder)
+        self._grant()
+
+    def _unmeetable(self, wanted: tuple[int, ...] | None, count: int) -> bool:
+        if wanted is not None:
+            return any(gpu in self.quarantined for gpu in wanted)
+        return count > len(self.gpu_ids) - len(self.quarantined)
+
     def withdraw(self, owner: object) -> None:
         """Cancel every pending request of ``owner`` (e.g. a worker being killed)."""
         for waiter in [w for w in self._waiters if w.owner is owner]:
@@ -142,6 +164,12 @@ class LeaseArbiter:
             if waiter.future.done():
                 self._waiters.remove(waiter)
                 continue
+            if self._unmeetable(waiter.wanted, waiter.count):
+                self._waiters.remove(waiter)
+                waiter.future.set_exception(
+                    GpuQuarantined(f"GPUs {sorted(self.quarantined)} are quarantined")
+                )
+                continue
             if waiter.wanted is not None:
                 chosen: tuple[int, ...] | None = waiter.wanted
                 if any(
@@ -151,7 +179,11 @@ class LeaseArbiter:
                     chosen = None
             else:
                 free = [
-                    gpu for gpu in self.gpu_ids if gpu not in blocked and self._holder[gpu] is None
+                    gpu
+                    for gpu in self.gpu_ids
+                    if gpu not in blocked
+                    and gpu not in self.quarantined
+                    and self._holder[gpu] is None
                 ]
                 chosen = tuple(free[: waiter.count]) if len(free) >= waiter.count else None
             if chosen is None:

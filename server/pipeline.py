@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kcoral_server import ipc
 from kcoral_server.blob_resolution import Resolution, resolve_blobs
 from kcoral_server.body import RequestBody, bytes_memfd, memfd_locations
+from kcoral_server.lease import GpuQuarantined
 from kcoral_server.pool import NoWorker, Seat
 from kcoral_server.responses import (
     Outcome,
@@ -62,6 +63,8 @@ FINISH_LEVELS = {
 # Re-exported: handlers and jobs build replies with these.
 __all__ = ["ExecuteRequest", "Reply", "RequestObserver", "error_reply", "json_reply"]
 CRASH_MESSAGE = "worker exited while executing the instruction"
+#: PROTOCOL §7.1: the fixed message of a clean-up that could not be verified
+CLEANUP_MESSAGE = "worker cleanup was not confirmed; affected devices unavailable"
 # Return memfds are mapped prefaulted (64 MiB = 16,384 separate faults otherwise).
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 # Below these sizes work runs on the IO loop: a thread hand-off costs more CPU than the work.
@@ -361,7 +364,9 @@ class ExecuteRequest:
             retire = state.pool.retire_reason(seat, retire)
             # A one-shot worker closes its channel right after the outcome (gone is set):
             # its exit still has to be awaited and its code checked (§6.3, SERVER §8).
-            if retire is not None and (handle.gone is None or handle.returncode != 0):
+            if retire is not None and (
+                handle.gone is None or handle.returncode != 0 or handle.survivors
+            ):
                 # The deadline also covers a retiring worker's exit (SERVER §8).
                 remaining = timeout - self._budget_used(handle, started)
                 exited = await state.pool.stop_worker(handle, max(0.0, remaining))
@@ -426,9 +431,11 @@ class ExecuteRequest:
                     state.arbiter.acquire(handle, count=count, request_id=self.request_id)
                 )
             )
-        except BaseException:
+        except BaseException as exc:
             state.arbiter.withdraw(handle)
             state.pool.release_unused(seat)
+            if isinstance(exc, GpuQuarantined):
+                raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
             raise
         self.observer.lease("lease_held")
         now = time.monotonic()
@@ -456,6 +463,7 @@ class ExecuteRequest:
                 await self._unless_cancelled(handle.start(timeout=max(0.001, remaining)))
             except WorkerStartError as exc:
                 await state.pool.kill(handle)
+                self._confirm_cleanup(handle)
                 if self._budget_used(handle, started) >= timeout:
                     raise RequestFailed(504, "timeout", "execution timed out", "timeout") from None
                 raise RequestFailed(
@@ -472,6 +480,18 @@ class ExecuteRequest:
             await state.pool.kill(handle)
             handle.release_lease()
             state.pool.release_unused(seat)
+
+    def _confirm_cleanup(self, handle: WorkerHandle) -> None:
+        """500 ``engine`` when the worker's end could not be confirmed (the pool has
+        quarantined its GPUs and stopped admitting)."""
+        if handle.cleanup_unconfirmed is not None:
+            raise RequestFailed(
+                500,
+                "engine",
+                CLEANUP_MESSAGE,
+                "server_error",
+                error_detail=handle.cleanup_unconfirmed,
+            )
 
     def _budget_used(self, handle: WorkerHandle, started: float) -> float:
         now = time.monotonic()
@@ -659,7 +679,9 @@ class ExecuteRequest:
         drive.reason_retire = "crashed"
         self.finish_fields["exitcode"] = handle.returncode
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
-        if gone.invalid:
+        if handle.quarantined:
+            drive.kind = "quarantined"  # its GPU was taken out of service under it
+        elif gone.invalid:
             drive.kind = "invalid"
             drive.reason = "server_error"
         elif drive.last_instruction is not None:
@@ -716,6 +738,12 @@ class ExecuteRequest:
             lease_wait_ms=lease_wait * 1000.0,
             lease_held_ms=lease_held * 1000.0,
         )
+        if handle.cleanup_unconfirmed is not None:
+            close_maps(drive.maps)
+            self._confirm_cleanup(handle)
+        if drive.kind == "quarantined":
+            close_maps(drive.maps)
+            raise RequestFailed(503, "busy", "server saturated", "no_worker")
         if drive.kind == "timeout":
             close_maps(drive.maps)
             raise RequestFailed(504, "timeout", "execution timed out", "timeout")
@@ -766,7 +794,7 @@ class _Drive:
 
     workspace: Workspace
     limit: int
-    kind: str = "running"  # finished | timeout | crashed | invalid | cancelled
+    kind: str = "running"  # finished | timeout | crashed | invalid | cancelled | quarantined
     status: str = "FAILED"
     error: dict[str, Any] | None = None
     returns: list[ReturnRecord] = field(default_factory=list)

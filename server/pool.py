@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcoral_server import ipc
-from kcoral_server.lease import LeaseArbiter
+from kcoral_server.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.worker_handle import WorkerGone, WorkerHandle, WorkerStartError
 from kcoral_server.workspace import remove_stale_workspaces
 
@@ -97,6 +97,8 @@ class Pool:
         self.versions: dict[str, str] = {}
         self.accepting = False
         self.closing = False
+        #: why the pool stopped admitting for good (a clean-up it could not confirm)
+        self.quarantine_reason: str | None = None
         self.requests_in_progress = 0
         self._waiters: deque[asyncio.Future[Seat]] = deque()
         self._owners: dict[asyncio.Future[Seat], object] = {}
@@ -281,12 +283,41 @@ class Pool:
 
     def begin_shutdown(self) -> None:
         """Stop admitting: ``request_capacity`` 0, queued requests get ``NoWorker``."""
-        self.accepting = False
         self.closing = True
+        self._stop_admitting("server is shutting down")
+
+    def _stop_admitting(self, why: str) -> None:
+        self.accepting = False
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_exception(NoWorker("server is shutting down"))
+                waiter.set_exception(NoWorker(why))
+
+    def _check_cleanup(self, handle: WorkerHandle) -> None:
+        """SERVER §8, §11: a worker whose end could not be confirmed may still be running
+        on its GPUs. They are quarantined (never leased again) and the server stops
+        admitting requests; requests already running finish (those that need a quarantined
+        GPU answer 503)."""
+        if handle.cleanup_unconfirmed is None:
+            return
+        if self.arbiter is not None and handle.gpu_ids:
+            self.arbiter.quarantine(handle.gpu_ids)
+        first = self.quarantine_reason is None
+        if first:
+            self.quarantine_reason = handle.cleanup_unconfirmed
+        self.events.emit(
+            "devices_quarantined",
+            "ERROR",
+            worker_id=handle.seat_id,
+            generation=handle.generation,
+            pid=handle.pid,
+            request_id=handle.request_id,
+            gpu_ids=list(handle.gpu_ids),
+            quarantined=sorted(self.arbiter.quarantined) if self.arbiter is not None else [],
+            error=handle.cleanup_unconfirmed,
+        )
+        if first:
+            self._stop_admitting("devices quarantined")
 
     # ------------------------------------------------------------------ after a request
 
@@ -371,6 +402,9 @@ class Pool:
         if old is not None:
             await self.kill(old)
         seat.worker = None
+        if self.quarantine_reason is not None:
+            seat.state = "quarantined"  # nothing is admitted any more: nothing to serve
+            return
         delay = BACKOFF_START_SECONDS
         while not self.closing:
             if await self._start_seat(seat, phase="respawn"):
@@ -389,19 +423,27 @@ class Pool:
         seat.state = "closed"
 
     async def kill(self, handle: WorkerHandle) -> None:
-        """Kill a worker's process tree while holding its GPU's lease (§5)."""
-        grace = float(self.config.worker_termination_grace_seconds)
-        if self.arbiter is None or not handle.gpu_ids or handle.holds_lease:
-            await handle.kill(grace)
-            handle.release_lease()
+        """Kill a worker's process tree while holding its GPU's lease (§5); quarantine its
+        GPUs when the kill cannot be confirmed. A second call does nothing."""
+        if handle.killed:
             return
-        self.arbiter.withdraw(handle)
-        token = object()
-        await self.arbiter.acquire(token, handle.gpu_ids, request_id=handle.request_id)
+        grace = float(self.config.worker_termination_grace_seconds)
+        arbiter = self.arbiter
+        token: object | None = None
+        if arbiter is not None and handle.gpu_ids and not handle.holds_lease:
+            arbiter.withdraw(handle)
+            token = object()
+            try:
+                await arbiter.acquire(token, handle.gpu_ids, request_id=handle.request_id)
+            except GpuQuarantined:
+                token = None  # never leased again: kill without it
         try:
             await handle.kill(grace)
         finally:
-            self.arbiter.release(token, handle.gpu_ids)
+            if token is not None:
+                arbiter.release(token, handle.gpu_ids)  # type: ignore[union-attr]
+        handle.release_lease()
+        self._check_cleanup(handle)
 
     async def stop_worker(self, handle: WorkerHandle, timeout: float) -> bool:
         """Retire a worker politely: ``Shutdown``, then wait for its exit. The lease it holds
@@ -410,6 +452,7 @@ class Pool:
         if exited:
             handle.close()
             handle.release_lease()
+            self._check_cleanup(handle)
         return exited
 
     # ------------------------------------------------------------------ shutdown

@@ -24,10 +24,11 @@ from kcoral_server import ipc, limits
 from kcoral_server.launcher import (
     ForkedProcess,
     LauncherError,
+    cleanup_confirm_seconds,
     shared_launcher,
     supervised_command,
 )
-from kcoral_server.lease import LeaseArbiter
+from kcoral_server.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.rank_variables import is_rank_variable
 from kcoral_server.sandbox import SandboxDir, SandboxError
 
@@ -146,10 +147,23 @@ class WorkerHandle:
         #: told "lease_wait" / "lease_held" during a request (jobs report lease phases)
         self.on_lease: Callable[[str], None] | None = None
         self._interrupted = False
+        #: why ``kill`` could not confirm that the process tree is gone (None: confirmed or
+        #: not killed yet); the pool quarantines the worker's GPUs (SERVER §8, §11)
+        self.cleanup_unconfirmed: str | None = None
+        self.killed = False  # ``kill`` ran to its end (it is not repeated)
+        #: set when a GPU this worker needs was quarantined: its request answers 503
+        self.quarantined = False
 
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
+
+    @property
+    def survivors(self) -> int:
+        """Descendants the launcher found alive after ``SIGKILL`` when it reported the exit
+        (-1: unknown, the launcher went away); 0 for spawned workers, whose accountant does
+        not exit while any remain."""
+        return getattr(self.process, "survivors", 0)
 
     @property
     def returncode(self) -> int | None:
@@ -392,7 +406,14 @@ class WorkerHandle:
 
     async def _acquire(self) -> None:
         assert self.arbiter is not None
-        await self.arbiter.acquire(self, self.gpu_ids, request_id=self.request_id)
+        try:
+            await self.arbiter.acquire(self, self.gpu_ids, request_id=self.request_id)
+        except GpuQuarantined as exc:
+            # The worker stays blocked (never granted); its request sees it gone and
+            # answers 503, and whoever cleans up kills it without the lease.
+            self.quarantined = True
+            self._mark_gone(WorkerGone(str(exc)))
+            return
         now = time.monotonic()
         if self.lease.waiting_since is not None:
             self.lease.wait_total += now - self.lease.waiting_since
@@ -509,30 +530,54 @@ class WorkerHandle:
     async def kill(self, grace: float) -> None:
         """Kill the whole process tree (SIGTERM, SIGKILL after ``grace``) and close up.
 
-        The caller holds the lease (or ensures the GPU is not in use)."""
-        if self.process is None:
+        The caller holds the lease (or ensures the GPU is not in use). Afterwards
+        ``cleanup_unconfirmed`` says whether the tree's end could not be confirmed: no exit
+        report within ``cleanup_confirm_seconds()`` of the SIGKILL, or one that counts
+        descendants which survived it."""
+        if self.process is None or self.killed:
             return
+        # A spawned worker runs under an accountant (its supervisor, or bubblewrap with its
+        # PID namespace) that exits only once everything below it is gone: it is never
+        # signalled itself, so that its exit stays proof of the clean-up.
+        accountant = not isinstance(self.process, ForkedProcess)
         try:
             pids = descendants(self.process.pid)
-            if self.process.poll() is None:
+            if not accountant and self.process.poll() is None:
                 pids.insert(0, self.process.pid)
-            _signal_all(pids, signal.SIGTERM, group=self._group())
+            group = None if accountant else self._group()
+            _signal_all(pids, signal.SIGTERM, group=group)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
                 pids = [pid for pid in pids if _alive(pid)] + [
                     p for p in descendants(self.process.pid) if p not in pids
                 ]
-                if self.process.poll() is None and self.process.pid not in pids:
+                if not accountant and self.process.poll() is None and self.process.pid not in pids:
                     pids.append(self.process.pid)
-                if not pids:
+                if not pids and (not accountant or self.process.poll() is not None):
                     break
                 await asyncio.sleep(0.02)
-            pids = [pid for pid in pids if _alive(pid)]
-            _signal_all(pids, signal.SIGKILL, group=self._group())
-            await self.wait_exit(None)
-            if self.cgroup is not None or self.sandbox_dir is not None:
+            pids = [pid for pid in pids if _alive(pid)] + [
+                p for p in descendants(self.process.pid) if p not in pids
+            ]
+            _signal_all(pids, signal.SIGKILL, group=None if accountant else self._group())
+            confirm = cleanup_confirm_seconds()
+            if not await self.wait_exit(confirm):
+                self.cleanup_unconfirmed = (
+                    f"worker {self.process.pid}: no exit report {confirm:g} s after SIGKILL"
+                )
+            elif getattr(self.process, "survivors", 0):
+                survivors = self.process.survivors  # type: ignore[union-attr]
+                self.cleanup_unconfirmed = f"worker {self.process.pid}: " + (
+                    "its launcher died before reporting on its descendants"
+                    if survivors < 0
+                    else f"{survivors} descendant(s) survived SIGKILL"
+                )
+            if self.cleanup_unconfirmed is None and (
+                self.cgroup is not None or self.sandbox_dir is not None
+            ):
                 await asyncio.get_running_loop().run_in_executor(None, self._remove_confinement)
             self.close()
+            self.killed = True
         except asyncio.CancelledError:
             self._abandon()  # e.g. shutdown cancelled a replacement while it killed the old one
             raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kcoral_server.lease import LeaseArbiter
+from kcoral_server.lease import GpuQuarantined, LeaseArbiter
 
 
 def run(coro):
@@ -97,5 +97,37 @@ def test_acquiring_a_held_gpu_again_is_reentrant() -> None:
         assert await arbiter.acquire("a", [0]) == (0,)
         assert await arbiter.acquire("a", [0]) == (0,)
         assert len(arbiter.history(0)) == 1
+
+    run(scenario())
+
+
+def test_a_quarantined_gpu_is_never_granted_again_and_its_waiters_are_refused() -> None:
+    async def scenario() -> None:
+        arbiter = LeaseArbiter([0, 1])
+        await arbiter.acquire("stuck", [0])
+        waiter = asyncio.ensure_future(arbiter.acquire("waiter", [0]))
+        await asyncio.sleep(0)
+        arbiter.quarantine([0])
+        with pytest.raises(GpuQuarantined):
+            await waiter
+        arbiter.release("stuck")  # the holder lets go, yet nobody gets GPU 0 again
+        with pytest.raises(GpuQuarantined):
+            await arbiter.acquire("late", [0])
+        assert await arbiter.acquire("other", [1]) == (1,)
+
+    run(scenario())
+
+
+def test_a_set_needing_a_quarantined_gpu_is_refused_and_smaller_sets_skip_it() -> None:
+    async def scenario() -> None:
+        arbiter = LeaseArbiter([0, 1, 2])
+        await arbiter.acquire("holder", [2])
+        pair = asyncio.ensure_future(arbiter.acquire("pair", count=3))
+        await asyncio.sleep(0)
+        arbiter.quarantine([0])
+        with pytest.raises(GpuQuarantined):
+            await pair
+        arbiter.release("holder")
+        assert sorted(await arbiter.acquire("set", count=2)) == [1, 2]
 
     run(scenario())
