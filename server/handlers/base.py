@@ -24,6 +24,11 @@ class BaseHandler(tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Server", "kcoral")
 
+    def compute_etag(self) -> None:
+        """No ``Etag``: a conditional GET must still get 200 and the whole body (PROTOCOL
+        §12), not Tornado's bodiless 304."""
+        return None
+
     def prepare(self) -> None:
         self.set_header(REQUEST_ID_HEADER, self.request_id)
         if not self.PUBLIC and not self.state.authorized(self.request.headers.get("Authorization")):

@@ -17,6 +17,8 @@ from kcoral_server.handlers.base import BaseHandler
 from kcoral_server.handlers.execute import ExecuteHandler
 from kcoral_server.jobs import Job
 
+from kcoral.protocol.headers import REQUEST_ID_HEADER
+
 JOB_ID_PATTERN = r"([^/]+)"
 BIG_RESULT_BYTES = 1 << 20  # results at least this large are copied off the event loop
 
@@ -142,6 +144,9 @@ class JobResultHandler(JobHandler):
         self.set_status(job.result.status)
         for name, value in job.result.headers.items():
             self.set_header(name, value)
+        # The stored /execute answer is replayed whole: its header names the request its
+        # body names (PROTOCOL §7.2), not this GET.
+        self.set_header(REQUEST_ID_HEADER, job.request_id)
         self.finish(job.result.body)
 
 
