@@ -28,6 +28,10 @@ class RouterHandler(tornado.web.RequestHandler):
 
     ALLOWED: tuple[str, ...] = ("GET",)
 
+    def compute_etag(self) -> None:
+        """No ``Etag``: conditional GETs get the whole answer, never a bodiless 304."""
+        return None
+
     def initialize(self, state: Any) -> None:
         self.state = state
         # ROUTER §8.1: a fresh id for every request (the client's X-Request-ID is dropped).

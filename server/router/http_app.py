@@ -42,6 +42,9 @@ class HealthHandler(tornado.web.RequestHandler):
     def initialize(self, state: RouterState) -> None:
         self.state = state
 
+    def compute_etag(self) -> None:
+        return None  # a conditional GET still gets 200 and the body (PROTOCOL §12)
+
     def get(self) -> None:
         state = self.state
         ok = state.registry.any_ready_with_slots()

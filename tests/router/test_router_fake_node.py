@@ -95,6 +95,12 @@ def test_health_reports_unavailable_without_nodes_and_ok_with_one(router: Router
             "requests_in_progress": 0,
             "requests_waiting": 0,
         }
+        # No entity tags: a conditional GET still gets the whole answer, never a 304.
+        conditional = await http_request(
+            router.port, "GET", "/health", headers=[("If-None-Match", "*")]
+        )
+        assert conditional.status == 200 and conditional.header("Etag") is None
+        assert conditional.json()["status"] == "ok"
         other = await http_request(router.port, "GET", "/v2/whatever")
         assert other.status == 404
         await node.close()
