@@ -23,14 +23,22 @@ def execute(name: str, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def texts(cell) -> str:
-    parts = []
+    parts: list[tuple[str, str | None]] = []  # (text, stream name or None)
     for output in cell.get("outputs", []):
-        parts.append(output.get("text", ""))
+        if output.get("output_type") == "stream":
+            name, text = output.get("name"), output.get("text", "")
+            if parts and parts[-1][1] == name:
+                # Live output arrives in chunks cut wherever a read happened to end; Jupyter
+                # shows consecutive stream outputs as one text, and so do we.
+                parts[-1] = (parts[-1][0] + text, name)
+            else:
+                parts.append((text, name))
+            continue
         data = output.get("data", {})
-        parts.append(data.get("text/plain", ""))
-        parts.append(data.get("text/html", ""))
-        parts.extend(output.get("traceback", []))
-    return "\n".join(parts)
+        parts.append((data.get("text/plain", ""), None))
+        parts.append((data.get("text/html", ""), None))
+        parts.extend((line, None) for line in output.get("traceback", []))
+    return "\n".join(text for text, _name in parts)
 
 
 def test_the_quickstart_notebook_runs_end_to_end(cpu_server_url, tmp_path, monkeypatch) -> None:
