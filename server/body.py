@@ -2,7 +2,8 @@
 
 Chunks are appended to an anonymous memory file; once complete it is mapped read-only and
 parsed through ``memoryview`` slices. The same descriptor is then handed to the worker with
-blob offsets, so supplied blobs reach the worker without another copy.
+blob offsets, so supplied blobs reach the worker without another copy. Small bodies (at
+most ``SMALL_BODY_BYTES`` declared) stay in memory instead.
 """
 
 from __future__ import annotations
@@ -28,33 +29,62 @@ class BodyTooLarge(Exception):
     """The body grew past ``max_request_bytes``."""
 
 
+# A body declared at most this long is received into memory: the memfd's create, reserve,
+# write, truncate, map, unmap and close cost more than the request's own work. Blobs in it
+# are copied into a memfd for the worker only when there are any.
+SMALL_BODY_BYTES = 64 * 1024
+
+
 class RequestBody:
     """Receives a request body of at most ``limit`` bytes."""
 
     def __init__(self, limit: int, expected: int | None = None) -> None:
         self.limit = limit
         self.size = 0
-        self.fd: int | None = os.memfd_create("kcoral-request", os.MFD_CLOEXEC)
+        self.fd: int | None = None
+        self._buffer: bytearray | None = None
+        if expected is not None and expected <= SMALL_BODY_BYTES:
+            self._buffer = bytearray()
+        else:
+            self._open_memfd(expected)
+        self._map: BodyMap | None = None
+        self.view: memoryview | None = None
+
+    def _open_memfd(self, expected: int | None) -> None:
+        self.fd = os.memfd_create("kcoral-request", os.MFD_CLOEXEC)
         if expected:
             # Reserve the pages up front so writes never reallocate.
             with contextlib.suppress(OSError):
                 os.posix_fallocate(self.fd, 0, expected)
-        self._map: BodyMap | None = None
-        self.view: memoryview | None = None
 
     def write(self, chunk: bytes | memoryview) -> None:
-        if self.fd is None:
-            return
+        if self.fd is None and self._buffer is None:
+            return  # closed
         if self.size + len(chunk) > self.limit:
             raise BodyTooLarge
-        view = memoryview(chunk)
+        if self._buffer is not None:
+            if len(self._buffer) + len(chunk) <= SMALL_BODY_BYTES:
+                self._buffer += chunk
+                self.size += len(chunk)
+                return
+            # longer than declared: continue in a memfd
+            held, self._buffer, self.size = self._buffer, None, 0
+            self._open_memfd(None)
+            self._pwrite(memoryview(held))
+        self._pwrite(memoryview(chunk))
+
+    def _pwrite(self, view: memoryview) -> None:
+        assert self.fd is not None
         while view:
             written = os.pwrite(self.fd, view, self.size)
             self.size += written
             view = view[written:]
 
     def finish(self) -> memoryview:
-        """Map the received bytes read-only and return them."""
+        """The received bytes, read-only (a memfd body is mapped)."""
+        if self._buffer is not None:
+            self.view = memoryview(self._buffer).toreadonly()
+            return self.view
         assert self.fd is not None
         os.ftruncate(self.fd, self.size)  # drop any fallocated tail
         if self.size == 0:
@@ -90,6 +120,7 @@ class RequestBody:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        self._buffer = None
 
 
 def _address(buffer: memoryview | mmap.mmap) -> int:

@@ -1,9 +1,11 @@
 """One ``/execute`` request, from a received body to a response (PROTOCOL §3, §6–§9).
 
-Checks run in the order of PROTOCOL §3.2: rows 2–11 and 13 (parsing, in the executor), row 9
-(hashing, in the executor), cache resolution with row 14, row 15 (``CACHE_MISS``), then
-row 12. An admitted request takes a seat, runs on its worker under a deadline that pauses
-while the worker waits for a GPU lease, and ends in exactly one ``request_finished`` event.
+Checks run in the order of PROTOCOL §3.2: rows 2–11 and 13 (parsing), row 9 (hashing),
+cache resolution with row 14, row 15 (``CACHE_MISS``), then row 12. Bodies of at most 64 KiB
+go through them on the event loop (a thread hand-off costs more); larger ones, and the disk
+cache, in the executor. An admitted request takes a seat, runs on its worker under a deadline
+that pauses while the worker waits for a GPU lease, and ends in exactly one
+``request_finished`` event.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 # Below these sizes work runs on the IO loop: a thread hand-off costs more CPU than the work.
 INLINE_PARSE_BYTES = 64 * 1024
 INLINE_READ_BYTES = 64 * 1024
+INLINE_COPY_BYTES = 64 * 1024
 GPU_COUNT_MESSAGE = "gpu_count exceeds this GPU server's configured capacity"
 CANCELLED_STATUS = 499  # logged only: nobody is left to receive a cancelled request's answer
 CANCEL_MESSAGES = {
@@ -212,28 +215,31 @@ class ExecuteRequest:
         state = self.state
         loop = asyncio.get_running_loop()
         view = self.body.finish()
+        # A small body parses, hashes and resolves faster than a thread hand-off (front-end
+        # CPU per request); only the disk cache stays off the loop.
+        small = len(view) <= INLINE_PARSE_BYTES
         try:
-            if len(view) <= INLINE_PARSE_BYTES:
-                # a small body parses faster than a thread hand-off (front-end CPU per request)
+            if small:
                 parsed = parse_execute_request(self.content_type, view, verify_hashes=False)
+                verify_blob_hashes(parsed.blobs)
             else:
                 parsed = await loop.run_in_executor(
                     state.executor,
                     lambda: parse_execute_request(self.content_type, view, verify_hashes=False),
                 )
-            if parsed.blobs:
-                await asyncio.gather(
-                    *(
-                        loop.run_in_executor(state.executor, verify_blob_hashes, {h: data})
-                        for h, data in parsed.blobs.items()
+                if parsed.blobs:
+                    await asyncio.gather(
+                        *(
+                            loop.run_in_executor(state.executor, verify_blob_hashes, {h: data})
+                            for h, data in parsed.blobs.items()
+                        )
                     )
-                )
         except ValidationError as exc:
             raise RequestFailed(400, "parse", str(exc), "rejected") from None
         program = parsed.program
         try:
-            if not parsed.blobs and not program.blob_kinds():
-                # nothing to look up or store: no cache (or disk) access at all
+            kinds = program.blob_kinds()
+            if (small or not parsed.blobs) and not any("file" in used for used in kinds.values()):
                 resolution = resolve_blobs(
                     state.memory_cache, state.disk_cache, program, parsed.blobs
                 )
@@ -303,9 +309,12 @@ class ExecuteRequest:
 
         admitted_at = time.monotonic()
         try:
-            seat = await self._unless_cancelled(
-                state.pool.acquire(config.worker_wait_timeout_seconds, owner=self.observer)
-            )
+            # An idle seat is taken at once: no task, no waiter (front-end CPU per request).
+            seat = state.pool.try_acquire() if self.cancel_reason is None else None
+            if seat is None:
+                seat = await self._unless_cancelled(
+                    state.pool.acquire(config.worker_wait_timeout_seconds, owner=self.observer)
+                )
         except NoWorker:
             raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
         queue_ms = (time.monotonic() - admitted_at) * 1000.0
@@ -524,9 +533,9 @@ class ExecuteRequest:
                 ipc.RunProgram(
                     request_id=self.request_id,
                     program_json=bytes(parsed.program_bytes).decode("utf-8"),
-                    workspace=str(workspace.path),
-                    stdout_path=str(workspace.stdout_path) if workspace.stdout_path else None,
-                    stderr_path=str(workspace.stderr_path) if workspace.stderr_path else None,
+                    workspace=workspace.root,
+                    stdout_path=workspace.stdout_file,
+                    stderr_path=workspace.stderr_file,
                     blobs=blobs,
                     serialization=self.serialization,
                     max_response_bytes=state.config.max_response_bytes,
@@ -548,33 +557,53 @@ class ExecuteRequest:
     async def _collect(
         self, handle: WorkerHandle, drive: _Drive, timeout: float, started: float
     ) -> _Drive:
-        while True:
-            if self.cancel_reason is not None:
-                return await self._cancelled(handle, drive)
-            used = self._budget_used(handle, started)
-            if used >= timeout and not handle.waiting_for_lease:
-                return await self._timed_out(handle, drive)
-            wait = 0.25 if handle.waiting_for_lease else max(0.001, timeout - used)
-            try:
-                message, fds = await handle.receive(wait)
-            except (asyncio.TimeoutError, TimeoutError, ReceiveInterrupted):
-                continue
-            except WorkerGone as gone:
-                return await self._gone(handle, drive, gone)
-            try:
-                if isinstance(message, ipc.InstructionStarted):
-                    drive.last_instruction = message
-                    self.observer.instruction(message.index, message.op, message.id)
-                elif isinstance(message, ipc.ReturnProduced):
-                    drive.returns.append(self._return_record(message, fds, drive))
-                elif isinstance(message, ipc.ProgramFinished):
+        # The deadline is one alarm that interrupts the receive (as a cancel does), not a
+        # timeout per message: ``wait_for`` costs a task, a timer and three loop hops for
+        # each of the ~6 messages of even a trivial program.
+        loop = asyncio.get_running_loop()
+        alarm: asyncio.TimerHandle | None = None
+        try:
+            while True:
+                if self.cancel_reason is not None:
+                    ending = self._cancelled(handle, drive)
+                    break
+                used = self._budget_used(handle, started)
+                if used >= timeout and not handle.waiting_for_lease:
+                    ending = self._timed_out(handle, drive)
+                    break
+                if alarm is None:
+                    # The deadline only moves later (lease waits pause it): an alarm that
+                    # rings early just leads to a new one.
+                    wait = 0.25 if handle.waiting_for_lease else max(0.001, timeout - used)
+                    alarm = loop.call_later(wait, handle.interrupt_receive)
+                try:
+                    message, fds = await handle.receive(None)
+                except ReceiveInterrupted:
+                    alarm.cancel()
+                    alarm = None
+                    continue
+                except WorkerGone as gone:
+                    ending = self._gone(handle, drive, gone)
+                    break
+                try:
+                    if isinstance(message, ipc.InstructionStarted):
+                        drive.last_instruction = message
+                        self.observer.instruction(message.index, message.op, message.id)
+                    elif isinstance(message, ipc.ReturnProduced):
+                        drive.returns.append(self._return_record(message, fds, drive))
+                    elif isinstance(message, ipc.ProgramFinished):
+                        _close(fds)
+                        return self._program_finished(message, drive, handle)
+                    else:
+                        raise ValueError(f"unexpected message {message.tag!r}")
+                except (ValueError, TypeError, OSError) as exc:
                     _close(fds)
-                    return self._program_finished(message, drive, handle)
-                else:
-                    raise ValueError(f"unexpected message {message.tag!r}")
-            except (ValueError, TypeError, OSError) as exc:
-                _close(fds)
-                return await self._gone(handle, drive, WorkerGone(str(exc), invalid=True))
+                    ending = self._gone(handle, drive, WorkerGone(str(exc), invalid=True))
+                    break
+        finally:
+            if alarm is not None:
+                alarm.cancel()  # before any kill: nothing may interrupt later receives
+        return await ending
 
     def _return_record(
         self, message: ipc.ReturnProduced, fds: list[int], drive: _Drive
@@ -703,8 +732,13 @@ class ExecuteRequest:
         slices = [ipc.BlobSlice(*where) for where in located]
         extra_fd = None
         if copies:
-            loop = asyncio.get_running_loop()
-            extra_fd, placed = await loop.run_in_executor(self.state.executor, bytes_memfd, copies)
+            if sum(len(memoryview(data)) for _, data in copies) <= INLINE_COPY_BYTES:
+                extra_fd, placed = bytes_memfd(copies)  # cheaper than a thread hand-off
+            else:
+                loop = asyncio.get_running_loop()
+                extra_fd, placed = await loop.run_in_executor(
+                    self.state.executor, bytes_memfd, copies
+                )
             index = len(fds)
             fds.append(extra_fd)
             slices += [ipc.BlobSlice(sha, index, off, n) for sha, off, n in placed]
@@ -717,8 +751,10 @@ class ExecuteRequest:
         await self.observer.output_finished()
         if drive.kind != "finished":
             return NO_OUTPUT
-        if drive.workspace.output_size() <= INLINE_READ_BYTES:
-            return drive.workspace.read_output(drive.limit)  # cheaper than a thread hand-off
+        # small output is read here: cheaper than a thread hand-off
+        output = drive.workspace.read_small_output(drive.limit, INLINE_READ_BYTES)
+        if output is not None:
+            return output
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self.state.executor, drive.workspace.read_output, drive.limit
@@ -732,7 +768,9 @@ class ExecuteRequest:
         elapsed = time.monotonic() - started
         # Read now: once the seat is handed on, the handle times the next request.
         lease_wait, lease_held = handle.lease.wait_total, handle.lease.held_total
-        await loop.run_in_executor(self.state.executor, drive.workspace.remove)
+        if not drive.workspace.remove_if_empty():
+            # a tree the program wrote: walking it can take long, keep it off the loop
+            await loop.run_in_executor(self.state.executor, drive.workspace.remove)
         self.finish_fields.update(
             elapsed_ms=elapsed * 1000.0,
             lease_wait_ms=lease_wait * 1000.0,

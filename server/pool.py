@@ -230,38 +230,50 @@ class Pool:
 
         ``owner`` names the caller in ``queue_positions`` while it waits. Cancelling the
         wait leaves the queue (a seat assigned in the same tick is handed on)."""
+        seat = self.try_acquire()
+        if seat is not None:
+            return seat
+        future: asyncio.Future[Seat] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        if owner is not None:
+            self._owners[future] = owner
+        self._queue_changed()
+        try:
+            seat = await asyncio.wait_for(asyncio.shield(future), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            if future.done() and not future.cancelled() and future.exception() is None:
+                seat = future.result()  # assigned in the very same tick
+            else:
+                future.cancel()
+                raise NoWorker("no worker became free in time") from None
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # The seat's worker took nothing: it is still clean and idle.
+                self.release_unused(future.result())
+            future.cancel()
+            raise
+        finally:
+            self._owners.pop(future, None)
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(future)
+            self._queue_changed()
+        self._take(seat)
+        return seat
+
+    def try_acquire(self) -> Seat | None:
+        """An idle seat at once (marked busy), or None when the request would have to
+        queue; ``NoWorker`` when the pool is not admitting."""
         if not self.accepting:
             raise NoWorker("server is not accepting requests")
         seat = self._pick_idle() if not self.requests_waiting else None
-        if seat is None:
-            future: asyncio.Future[Seat] = asyncio.get_running_loop().create_future()
-            self._waiters.append(future)
-            if owner is not None:
-                self._owners[future] = owner
-            self._queue_changed()
-            try:
-                seat = await asyncio.wait_for(asyncio.shield(future), timeout)
-            except (asyncio.TimeoutError, TimeoutError):
-                if future.done() and not future.cancelled() and future.exception() is None:
-                    seat = future.result()  # assigned in the very same tick
-                else:
-                    future.cancel()
-                    raise NoWorker("no worker became free in time") from None
-            except asyncio.CancelledError:
-                if future.done() and not future.cancelled() and future.exception() is None:
-                    # The seat's worker took nothing: it is still clean and idle.
-                    self.release_unused(future.result())
-                future.cancel()
-                raise
-            finally:
-                self._owners.pop(future, None)
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(future)
-                self._queue_changed()
+        if seat is not None:
+            self._take(seat)
+        return seat
+
+    def _take(self, seat: Seat) -> None:
         seat.state = "busy"
         seat.assigned = True
         self.requests_in_progress += 1
-        return seat
 
     def _pick_idle(self) -> Seat | None:
         idle = [s for s in self.seats if s.state == "idle"]

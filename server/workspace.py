@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -161,53 +162,107 @@ NO_OUTPUT = CapturedOutput("", "", False, False)
 
 
 class Workspace:
-    """A private ``kcoral-program-*`` directory plus the request's capture files."""
+    """A private ``kcoral-program-*`` directory plus the request's capture files.
 
-    def __init__(self, path: Path, stdout_path: Path | None, stderr_path: Path | None) -> None:
-        self.path = path
-        self.stdout_path = stdout_path
-        self.stderr_path = stderr_path
+    Made once per request on the event loop, so it keeps plain strings (``root``,
+    ``stdout_file``, ``stderr_file``); the ``Path`` forms are built when asked for."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        stdout_path: str | os.PathLike | None,
+        stderr_path: str | os.PathLike | None,
+    ) -> None:
+        self.root = os.fspath(path)
+        self.stdout_file = None if stdout_path is None else os.fspath(stdout_path)
+        self.stderr_file = None if stderr_path is None else os.fspath(stderr_path)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.root)
+
+    @property
+    def stdout_path(self) -> Path | None:
+        return None if self.stdout_file is None else Path(self.stdout_file)
+
+    @property
+    def stderr_path(self) -> Path | None:
+        return None if self.stderr_file is None else Path(self.stderr_file)
 
     @classmethod
-    def create(cls, output_dir: Path | None, capture_name: str | None) -> Workspace:
+    def create(cls, output_dir: str | os.PathLike | None, capture_name: str | None) -> Workspace:
         """Make the workspace (mode 0700) and, when ``capture_name`` is given, empty capture
         files ``<output_dir>/<capture_name>.out`` / ``.err`` (mode 0600)."""
         parent = tempfile.gettempdir()
-        token = _instance.token_in(parent)
-        path = Path(tempfile.mkdtemp(prefix=f"{PROGRAM_PREFIX}{token}-", dir=parent))
-        stdout_path = stderr_path = None
+        prefix = f"{parent}{os.sep}{PROGRAM_PREFIX}{_instance.token_in(parent)}-"
+        # ``mkdtemp`` without its generality: ``mkdir`` never follows or reuses an existing
+        # name, so a random suffix and a retry on collision are all it takes.
+        for _ in range(100):
+            root = f"{prefix}{secrets.token_hex(5)}"  # unpredictable, like ``mkdtemp``
+            try:
+                os.mkdir(root, 0o700)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(errno.EEXIST, "no unused workspace name", prefix)
+        stdout_file = stderr_file = None
         if capture_name is not None:
-            directory = Path(output_dir) if output_dir is not None else path.parent
-            directory.mkdir(parents=True, exist_ok=True)
-            stdout_path = directory / f"{capture_name}.out"
-            stderr_path = directory / f"{capture_name}.err"
-            for capture in (stdout_path, stderr_path):
-                fd = os.open(capture, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.close(fd)
-        return cls(path, stdout_path, stderr_path)
+            directory = os.fspath(output_dir) if output_dir is not None else parent
+            stdout_file = os.path.join(directory, f"{capture_name}.out")
+            stderr_file = os.path.join(directory, f"{capture_name}.err")
+            try:
+                _create_empty(stdout_file)
+            except FileNotFoundError:  # the first request (or a removed output directory)
+                os.makedirs(directory, exist_ok=True)
+                _create_empty(stdout_file)
+            _create_empty(stderr_file)
+        return cls(root, stdout_file, stderr_file)
 
     def read_output(self, limit: int) -> CapturedOutput:
         """First ``limit`` bytes of each stream, UTF-8 with replacement (blocking: run it in
         the executor for big limits)."""
-        if self.stdout_path is None or limit <= 0:
+        if self.stdout_file is None or limit <= 0:
             return NO_OUTPUT
-        out, out_more = _read_head(self.stdout_path, limit)
-        err, err_more = _read_head(self.stderr_path, limit)
+        out, out_more = _read_head(self.stdout_file, limit)
+        err, err_more = _read_head(self.stderr_file, limit)
         return CapturedOutput(out, err, out_more, err_more)
+
+    def read_small_output(self, limit: int, at_most: int) -> CapturedOutput | None:
+        """``read_output`` when both capture files together hold at most ``at_most`` bytes
+        (cheap enough for the event loop), else None."""
+        if self.stdout_file is None or limit <= 0:
+            return NO_OUTPUT
+        fds: list[int] = []
+        try:
+            for path in (self.stdout_file, self.stderr_file):
+                try:
+                    fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+                except OSError:
+                    fds.append(-1)  # read as empty, as ``read_output`` does
+            if sum(os.fstat(fd).st_size for fd in fds if fd >= 0) > at_most:
+                return None
+            out, out_more = _read_head_fd(fds[0], limit)
+            err, err_more = _read_head_fd(fds[1], limit)
+            return CapturedOutput(out, err, out_more, err_more)
+        finally:
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
 
     def output_tail(self) -> dict[str, str] | None:
         """Last 4096 bytes of each stream, for the log after a timeout or crash."""
-        if self.stdout_path is None:
+        if self.stdout_file is None:
             return None
         return {
-            "stdout": _read_tail(self.stdout_path, OUTPUT_TAIL_BYTES),
-            "stderr": _read_tail(self.stderr_path, OUTPUT_TAIL_BYTES),
+            "stdout": _read_tail(self.stdout_file, OUTPUT_TAIL_BYTES),
+            "stderr": _read_tail(self.stderr_file, OUTPUT_TAIL_BYTES),
         }
 
     def output_size(self) -> int:
         """Bytes in the capture files so far (0 without capture)."""
         total = 0
-        for path in (self.stdout_path, self.stderr_path):
+        for path in (self.stdout_file, self.stderr_file):
             if path is not None:
                 try:
                     total += os.stat(path).st_size
@@ -217,7 +272,18 @@ class Workspace:
 
     def remove(self) -> None:
         """Remove the workspace in every case; capture files stay (they belong to the log)."""
-        _remove_tree(self.path)
+        _remove_tree(Path(self.root))
+
+    def remove_if_empty(self) -> bool:
+        """Remove the workspace when the program left it empty (one ``rmdir``, cheap enough
+        for the event loop); False when it holds anything, then ``remove`` must run."""
+        try:
+            os.rmdir(self.root)
+        except FileNotFoundError:
+            return True  # the program removed its own (empty) workspace
+        except OSError:
+            return False  # not empty, or made unremovable: the full walk handles it
+        return True
 
 
 def _remove_tree(path: Path) -> None:
@@ -233,7 +299,11 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _read_head(path: Path | None, limit: int) -> tuple[str, bool]:
+def _create_empty(path: str) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+
+
+def _read_head(path: str | None, limit: int) -> tuple[str, bool]:
     if path is None:
         return "", False
     try:
@@ -244,7 +314,25 @@ def _read_head(path: Path | None, limit: int) -> tuple[str, bool]:
     return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
 
 
-def _read_tail(path: Path | None, count: int) -> str:
+def _read_head_fd(fd: int, limit: int) -> tuple[str, bool]:
+    if fd < 0:
+        return "", False
+    chunks = []
+    wanted = limit + 1
+    try:
+        while wanted > 0:
+            chunk = os.read(fd, min(wanted, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            wanted -= len(chunk)
+    except OSError:
+        return "", False
+    data = b"".join(chunks)
+    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
+
+
+def _read_tail(path: str | None, count: int) -> str:
     if path is None:
         return ""
     try:
