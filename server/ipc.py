@@ -19,13 +19,15 @@ import os
 import socket
 import struct
 import termios
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 IPC_VERSION = 1
 MAX_FRAME_BYTES = 512 * 1024 * 1024  # program JSON with inline module source can be big
 MAX_FDS_PER_FRAME = 250  # below the kernel's SCM_MAX_FD (253)
 _HEADER = struct.Struct(">I")
+_FRAME_HEAD = struct.Struct(">IH")  # payload length, fd count
 
 _REGISTRY: dict[str, type[Message]] = {}
 
@@ -188,31 +190,55 @@ class ProgramFinished(Message):
     gpu_access_at: float | None = None
 
 
+# One encoder for every frame: ``json.dumps`` with non-default arguments builds a new
+# ``JSONEncoder`` per call. Messages hold plain JSON values (no cycles to check).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def encode(message: Message) -> bytes:
-    body = {"t": message.tag, "v": IPC_VERSION, **asdict(message)}
-    return json.dumps(body, separators=(",", ":")).encode()
+    # Field by field instead of ``dataclasses.asdict``, which deep-copies every value: the
+    # only nested dataclass is ``BlobSlice``, sent as an object of its four fields.
+    body: dict[str, Any] = {"t": message.tag, "v": IPC_VERSION}
+    for name in _field_names(type(message)):
+        body[name] = getattr(message, name)
+    if type(message) is RunProgram and message.blobs:
+        body["blobs"] = [
+            {"sha256": b.sha256, "fd_index": b.fd_index, "offset": b.offset, "length": b.length}
+            for b in message.blobs
+        ]
+    return _ENCODER.encode(body).encode()
 
 
-def decode(data: bytes, fd_count: int) -> Message:
+def decode(data: bytes | bytearray, fd_count: int) -> Message:
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise IpcError(f"undecodable frame: {exc}") from None
-    if not isinstance(body, dict) or body.get("v") != IPC_VERSION:
+    if type(body) is not dict or body.pop("v", None) != IPC_VERSION:
         raise IpcError("frame is not a versioned message")
     cls = _REGISTRY.get(body.pop("t", None))
     if cls is None:
         raise IpcError("unknown message tag")
-    body.pop("v")
-    names = {f.name for f in fields(cls)}
-    if set(body) - names:
-        raise IpcError(f"unexpected fields for {cls.tag}: {sorted(set(body) - names)}")
     try:
         message = cls(**body)
     except TypeError as exc:
+        unexpected = set(body) - set(_field_names(cls))
+        if unexpected:
+            raise IpcError(f"unexpected fields for {cls.tag}: {sorted(unexpected)}") from None
         raise IpcError(f"bad fields for {cls.tag}: {exc}") from None
     if cls is RunProgram:
-        message.blobs = [BlobSlice(**b) for b in message.blobs]  # type: ignore[attr-defined]
+        try:
+            message.blobs = [BlobSlice(**b) for b in message.blobs]  # type: ignore[attr-defined]
+        except TypeError as exc:
+            raise IpcError(f"bad fields for {cls.tag}: {exc}") from None
     return message
 
 
@@ -228,7 +254,7 @@ class BlockingChannel:
 
     def send(self, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
         payload = encode(message)
-        frame = _HEADER.pack(len(payload)) + struct.pack(">H", len(fds)) + payload
+        frame = _FRAME_HEAD.pack(len(payload), len(fds)) + payload
         if fds:
             sent = self.sock.sendmsg(
                 [frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
@@ -288,51 +314,74 @@ def _unread_bytes(sock: socket.socket) -> int:
     return struct.unpack("i", raw)[0]
 
 
-class AsyncChannel:
-    """The front-end's end: non-blocking, driven by the event loop (no thread per worker)."""
+#: what an ``AsyncChannel`` hands on: a message with its fds, or why the channel broke
+ChannelItem = tuple[Message, list[int]] | BaseException
+#: bytes read per ``recvmsg`` (frames are small; a large one takes several rounds)
+_RECEIVE_BYTES = 1 << 20
 
-    def __init__(self, sock: socket.socket) -> None:
+
+class AsyncChannel:
+    """The front-end's end: non-blocking, driven by the event loop (no thread per worker).
+
+    Without ``sink``, messages wait in a queue for ``receive``. With ``sink``, each message
+    (then the exception that broke the channel, once) is handed to it from the reader
+    callback as soon as its frame is complete: no queue, task or loop hop in between.
+    """
+
+    def __init__(
+        self, sock: socket.socket, sink: Callable[[ChannelItem], None] | None = None
+    ) -> None:
         self.sock = sock
         self.sock.setblocking(False)
         self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
+        # ``recvmsg(n)`` allocates (and trims) an n-byte object per call: with n = 1 MiB
+        # that is an mmap and munmap per read. One buffer, read into, is reused instead.
+        self._receive_buffer = bytearray(_RECEIVE_BYTES)
+        self._receive_view = memoryview(self._receive_buffer)
         self._fds: list[int] = []
-        self._queue: asyncio.Queue[tuple[Message, list[int]] | BaseException] = asyncio.Queue()
+        self._queue: asyncio.Queue[ChannelItem] = asyncio.Queue()
+        self._deliver = sink if sink is not None else self._queue.put_nowait
         self._closed = False
         self._loop.add_reader(self.sock.fileno(), self._on_readable)
 
     def _on_readable(self) -> None:
         try:
-            data, ancdata, _flags, _addr = self.sock.recvmsg(
-                1 << 20, socket.CMSG_SPACE(MAX_FDS_PER_FRAME * 4)
+            size, ancdata, _flags, _addr = self.sock.recvmsg_into(
+                [self._receive_view], socket.CMSG_SPACE(MAX_FDS_PER_FRAME * 4)
             )
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._fail(exc)
             return
-        self._fds.extend(_fds_from(ancdata))
-        if not data:
+        if ancdata:
+            self._fds.extend(_fds_from(ancdata))
+        if not size:
             self._fail(EOFError("worker closed the channel"))
             return
-        self._buffer += data
+        self._buffer += self._receive_view[:size]
         self._drain_frames()
 
     def _drain_frames(self) -> None:
-        while len(self._buffer) >= 6:
-            (length,) = _HEADER.unpack_from(self._buffer, 0)
-            (fd_count,) = struct.unpack_from(">H", self._buffer, 4)
+        buffer = self._buffer
+        while len(buffer) >= _FRAME_HEAD.size and not self._closed:
+            length, fd_count = _FRAME_HEAD.unpack_from(buffer, 0)
             if length > MAX_FRAME_BYTES or fd_count > MAX_FDS_PER_FRAME:
                 self._fail(IpcError("frame too large"))
                 return
-            if len(self._buffer) < 6 + length:
+            end = _FRAME_HEAD.size + length
+            if len(buffer) < end:
                 return
-            payload = bytes(self._buffer[6 : 6 + length])
-            del self._buffer[: 6 + length]
+            payload = buffer[_FRAME_HEAD.size : end]
+            del buffer[:end]
             if len(self._fds) < fd_count:
                 self._fail(IpcError("frame announced more fds than arrived"))
                 return
-            fds, self._fds = self._fds[:fd_count], self._fds[fd_count:]
+            if fd_count:
+                fds, self._fds = self._fds[:fd_count], self._fds[fd_count:]
+            else:
+                fds = []
             try:
                 message = decode(payload, fd_count)
             except IpcError as exc:
@@ -340,12 +389,12 @@ class AsyncChannel:
                     os.close(fd)
                 self._fail(exc)
                 return
-            self._queue.put_nowait((message, fds))
+            self._deliver((message, fds))
 
     def _fail(self, exc: BaseException) -> None:
         if not self._closed:
             self._stop_reading()
-            self._queue.put_nowait(exc)
+            self._deliver(exc)
 
     def _stop_reading(self) -> None:
         if not self._closed:
@@ -366,7 +415,8 @@ class AsyncChannel:
         self._fail(exc)
 
     async def receive(self) -> tuple[Message, list[int]]:
-        """Next message; raises ``EOFError``/``IpcError``/``OSError`` once the channel broke."""
+        """Next message; raises ``EOFError``/``IpcError``/``OSError`` once the channel broke.
+        Only for a channel without ``sink``."""
         item = await self._queue.get()
         if isinstance(item, BaseException):
             self._queue.put_nowait(item)  # every later receive fails the same way
@@ -374,18 +424,30 @@ class AsyncChannel:
         return item
 
     def send(self, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
-        """Send without waiting. Frames are small, so a non-blocking send normally completes;
-        a full socket buffer (a wedged worker) is treated as a broken channel."""
+        """Send without waiting. Frames are small, so a non-blocking send normally completes
+        at once; only what does not fit in the socket buffer is sent blocking (bounded, to
+        keep frames whole and in order). A worker that reads nothing for that long (wedged)
+        leaves a broken channel (``OSError``)."""
         payload = encode(message)
-        frame = _HEADER.pack(len(payload)) + struct.pack(">H", len(fds)) + payload
-        view = memoryview(frame)
+        frame = _FRAME_HEAD.pack(len(payload), len(fds)) + payload
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        self.sock.setblocking(True)  # frames are small; a bounded blocking send keeps order
+        try:
+            sent = self.sock.sendmsg([frame], ancillary)
+        except (BlockingIOError, InterruptedError):
+            self._send_blocking(memoryview(frame), ancillary)  # nothing went, nor the fds
+            return
+        if sent < len(frame):
+            self._send_blocking(memoryview(frame)[sent:], [])  # the fds went with byte 0
+
+    def _send_blocking(self, view: memoryview, ancillary: list) -> None:
+        self.sock.setblocking(True)
         self.sock.settimeout(5.0)
         try:
-            sent = self.sock.sendmsg([view], ancillary)
-            if sent < len(frame):
-                self.sock.sendall(view[sent:])
+            if ancillary:
+                sent = self.sock.sendmsg([view], ancillary)
+                view = view[sent:]
+            if view:
+                self.sock.sendall(view)
         finally:
             self.sock.setblocking(False)
 

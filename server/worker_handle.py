@@ -1,8 +1,9 @@
 """Launching, talking to and killing one worker process.
 
-A handle owns the process, its IPC channel and a pump task that reads every message. Lease
-messages are answered here (the front-end arbitrates and measures lease timings itself);
-everything else goes to ``inbox`` for whoever drives the current request or start-up.
+A handle owns the process and its IPC channel, which hands it every message as soon as its
+frame is read. Lease messages are answered here (the front-end arbitrates and measures lease
+timings itself); everything else goes to the inbox for whoever drives the current request or
+start-up (``receive``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,13 +137,16 @@ class WorkerHandle:
         self.process: subprocess.Popen | ForkedProcess | None = None
         self.channel: ipc.AsyncChannel | None = None
         self.info: WorkerInfo | None = None
-        self.inbox: asyncio.Queue[tuple[ipc.Message, list[int]] | WorkerGone] = asyncio.Queue()
+        # A deque and the futures of waiting receives, not an ``asyncio.Queue``: ``receive``
+        # is on every request's path (~6 messages each), and its timeout is a timer on the
+        # waiter rather than ``wait_for`` (a task per call before Python 3.12).
+        self._inbox: deque[Any] = deque()
+        self._receivers: list[asyncio.Future] = []
         self.gone: WorkerGone | None = None
         self.request_id: str | None = None
         self.lease = LeaseClock()
         self.holds_lease = False
         self._acquire_task: asyncio.Task | None = None
-        self._pump_task: asyncio.Task | None = None
         self._exit_event = asyncio.Event()
         self._exit_watch: asyncio.Task | None = None
         #: told "lease_wait" / "lease_held" during a request (jobs report lease phases)
@@ -220,8 +225,7 @@ class WorkerHandle:
             raise
         finally:
             child.close()
-        self.channel = ipc.AsyncChannel(parent)
-        self._pump_task = asyncio.ensure_future(self._pump())
+        self.channel = ipc.AsyncChannel(parent, sink=self._on_channel_item)
         self._exit_watch = asyncio.ensure_future(self._watch_exit())
         self.send(
             ipc.Configure(
@@ -329,9 +333,13 @@ class WorkerHandle:
     async def receive(self, timeout: float | None) -> tuple[ipc.Message, list[int]]:
         """Next non-lease message; ``TimeoutError`` after ``timeout``; ``WorkerGone``."""
         while True:
-            item = await asyncio.wait_for(self.inbox.get(), timeout)
+            if not self._inbox:
+                await self._inbox_filled(timeout)
+                if not self._inbox:
+                    continue  # another receive took it first
+            item = self._inbox.popleft()
             if isinstance(item, WorkerGone):
-                self.inbox.put_nowait(item)
+                self._inbox.append(item)  # every later receive fails the same way
                 raise item
             if item is not _INTERRUPT:
                 return item  # type: ignore[return-value]
@@ -340,10 +348,33 @@ class WorkerHandle:
                 raise ReceiveInterrupted()
             # a stale wake-up (cleared after the request ended): skip it
 
+    async def _inbox_filled(self, timeout: float | None) -> None:
+        """Wait until something is put in the inbox; ``TimeoutError`` after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._receivers.append(waiter)
+        timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
+        try:
+            filled = await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with contextlib.suppress(ValueError):
+                self._receivers.remove(waiter)
+        if not filled:
+            raise TimeoutError()
+
+    def _put(self, item: Any) -> None:
+        self._inbox.append(item)
+        receivers, self._receivers = self._receivers, []
+        for waiter in receivers:
+            if not waiter.done():
+                waiter.set_result(True)
+
     def interrupt_receive(self) -> None:
         """Wake the current (or next) ``receive`` with ``ReceiveInterrupted``."""
         self._interrupted = True
-        self.inbox.put_nowait(_INTERRUPT)  # type: ignore[arg-type]
+        self._put(_INTERRUPT)
 
     def clear_interrupt(self) -> None:
         """Forget a pending ``interrupt_receive`` (its request is over)."""
@@ -366,25 +397,24 @@ class WorkerHandle:
             self.lease.held_total += now - self.lease.held_since
             self.lease.held_since = None if not self.holds_lease else now
 
-    async def _pump(self) -> None:
-        assert self.channel is not None
-        while True:
-            try:
-                message, fds = await self.channel.receive()
-            except ipc.IpcError as exc:
-                self._mark_gone(WorkerGone(f"invalid worker message: {exc}", invalid=True))
-                return
-            except (EOFError, OSError) as exc:
-                self._mark_gone(WorkerGone(f"channel closed: {exc}"))
-                return
-            if isinstance(message, ipc.LeaseAcquire):
-                _close_fds(fds)
-                self._on_lease_acquire()
-            elif isinstance(message, ipc.LeaseRelease):
-                _close_fds(fds)
-                self.release_lease()
+    def _on_channel_item(self, item: ipc.ChannelItem) -> None:
+        """Called by the channel (from its reader callback) for each message, in order, and
+        once with the exception that broke it."""
+        if isinstance(item, BaseException):
+            if isinstance(item, ipc.IpcError):
+                self._mark_gone(WorkerGone(f"invalid worker message: {item}", invalid=True))
             else:
-                self.inbox.put_nowait((message, fds))
+                self._mark_gone(WorkerGone(f"channel closed: {item}"))
+            return
+        message, fds = item
+        if isinstance(message, ipc.LeaseAcquire):
+            _close_fds(fds)
+            self._on_lease_acquire()
+        elif isinstance(message, ipc.LeaseRelease):
+            _close_fds(fds)
+            self.release_lease()
+        else:
+            self._put(item)
 
     def _on_lease_acquire(self) -> None:
         if self.arbiter is None or not self.gpu_ids:
@@ -457,7 +487,7 @@ class WorkerHandle:
                         message=hit,
                     )
             self.gone = gone
-            self.inbox.put_nowait(gone)
+            self._put(gone)
             if self.on_gone is not None:
                 self.on_gone(self)
 
@@ -600,14 +630,17 @@ class WorkerHandle:
             self.channel = None
         if self.gone is None:
             self.gone = WorkerGone("worker closed")
-            self.inbox.put_nowait(self.gone)
-        if self._pump_task is not None:
-            self._pump_task.cancel()
+            self._put(self.gone)
         if self.returncode is not None:
             self._remove_confinement()  # normally done by kill(); never leave it behind
 
 
 _INTERRUPT = object()
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(False)  # a result, not an exception: none left unretrieved
 
 
 async def _readable(fds: Sequence[int]) -> None:
