@@ -5,10 +5,12 @@ measured in the same run (targets: latency <= 1.5 x direct + 1 ms, throughput >=
 direct). ``--grpc-port`` runs the router with gRPC on its own port instead of the shared one.
 
     python benchmarks/router.py [--requests 200] [--mib 64] [--rounds 5] [--grpc-port]
-                                [--clients 16] [--workers 4]
+                                [--clients 16] [--workers 4] [--upload-only] [--quick]
 
 It also measures trivial requests/s with concurrent clients, direct and routed, and the
-router's own CPU time per forwarded request (its forwarding capacity per core).
+router's own CPU time per forwarded request (its forwarding capacity per core), and the
+router's CPU time per MiB of upload. ``--upload-only`` measures just the upload (for A/B runs
+of the bulk path); ``--quick`` is a smoke run (20 requests, 2 rounds of 16 MiB, 4 clients).
 """
 
 from __future__ import annotations
@@ -71,15 +73,29 @@ def latency_ms(url: str, count: int) -> float:
     return statistics.median(samples)
 
 
-def throughput_mib_s(url: str, mib: int, rounds: int) -> float:
-    with kcoral.Client(url) as client:
-        rates = []
+def upload_rates(direct_url: str, router_url: str, mib: int, rounds: int, router_pid: int):
+    """Median MiB/s direct and routed, rounds interleaved (so load changes hit both alike),
+    and the router's CPU milliseconds per routed MiB."""
+    rates: dict[str, list[float]] = {direct_url: [], router_url: []}
+    router_cpu = 0.0
+    with kcoral.Client(direct_url) as direct, kcoral.Client(router_url) as routed:
+        for client in (direct, routed):
+            for _ in range(4):  # warm connections, workers and the module cache
+                client.execute(program("digest", b"warm"))
         for _ in range(rounds):
-            blob = os.urandom(mib << 20)  # fresh content: the blob really travels
-            start = time.perf_counter()
-            client.execute(program("digest", blob))
-            rates.append(mib / (time.perf_counter() - start))
-    return statistics.median(rates)
+            for url, client in ((direct_url, direct), (router_url, routed)):
+                blob = os.urandom(mib << 20)  # fresh content: the blob really travels
+                cpu_before = cpu_seconds(router_pid)
+                start = time.perf_counter()
+                client.execute(program("digest", blob))
+                rates[url].append(mib / (time.perf_counter() - start))
+                if url == router_url:
+                    router_cpu += cpu_seconds(router_pid) - cpu_before
+    return (
+        statistics.median(rates[direct_url]),
+        statistics.median(rates[router_url]),
+        router_cpu * 1000 / (mib * rounds),
+    )
 
 
 def concurrent_rate(url: str, total: int, clients: int) -> float:
@@ -117,7 +133,11 @@ def main() -> int:
     parser.add_argument("--grpc-port", action="store_true")
     parser.add_argument("--clients", type=int, default=16, help="concurrent callers")
     parser.add_argument("--workers", type=int, default=4, help="workers of each server")
+    parser.add_argument("--upload-only", action="store_true", help="only the upload ratio")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.rounds, args.mib, args.clients = 20, 2, 16, 4
     tmp = Path(tempfile.mkdtemp(prefix="kcoral-bench-"))
     processes: list[subprocess.Popen] = []
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -163,15 +183,18 @@ def main() -> int:
                     pass
                 assert time.monotonic() < deadline, "router never became ready"
                 time.sleep(0.1)
-        direct_latency = latency_ms(direct_url, args.requests)
-        routed_latency = latency_ms(router_url, args.requests)
-        direct_rate = throughput_mib_s(direct_url, args.mib, args.rounds)
-        routed_rate = throughput_mib_s(router_url, args.mib, args.rounds)
-        total = 10 * args.requests
-        direct_rps = concurrent_rate(direct_url, total, args.clients)
-        cpu_before = cpu_seconds(router.pid)
-        routed_rps = concurrent_rate(router_url, total, args.clients)
-        router_cpu_ms = (cpu_seconds(router.pid) - cpu_before) * 1000 / total
+        if not args.upload_only:
+            direct_latency = latency_ms(direct_url, args.requests)
+            routed_latency = latency_ms(router_url, args.requests)
+        direct_rate, routed_rate, upload_cpu_ms = upload_rates(
+            direct_url, router_url, args.mib, args.rounds, router.pid
+        )
+        if not args.upload_only:
+            total = 10 * args.requests
+            direct_rps = concurrent_rate(direct_url, total, args.clients)
+            cpu_before = cpu_seconds(router.pid)
+            routed_rps = concurrent_rate(router_url, total, args.clients)
+            router_cpu_ms = (cpu_seconds(router.pid) - cpu_before) * 1000 / total
     finally:
         for process in reversed(processes):
             process.send_signal(signal.SIGTERM)
@@ -182,14 +205,17 @@ def main() -> int:
                 process.kill()
     mode = "separate --grpc-port" if args.grpc_port else "shared port (HTTP/2 preface demux)"
     print(f"router gRPC listener: {mode}")
+    print(f"{args.mib} MiB upload   direct {direct_rate:.0f} MiB/s  "
+          f"routed {routed_rate:.0f} MiB/s  "
+          f"ratio {routed_rate / direct_rate:.2f}  "
+          f"({'ok' if routed_rate >= 0.7 * direct_rate else 'MISSED'})  "
+          f"router CPU {upload_cpu_ms:.1f} ms/MiB")  # fmt: skip
+    if args.upload_only:
+        return 0
     print(f"trivial latency  direct {direct_latency:.2f} ms  routed {routed_latency:.2f} ms  "
           f"ratio {routed_latency / direct_latency:.2f}  "
           f"budget {1.5 * direct_latency + 1:.2f} ms "
           f"({'ok' if routed_latency <= 1.5 * direct_latency + 1 else 'MISSED'})")  # fmt: skip
-    print(f"{args.mib} MiB upload   direct {direct_rate:.0f} MiB/s  "
-          f"routed {routed_rate:.0f} MiB/s  "
-          f"ratio {routed_rate / direct_rate:.2f}  "
-          f"({'ok' if routed_rate >= 0.7 * direct_rate else 'MISSED'})")  # fmt: skip
     print(
         f"{args.clients} concurrent clients, {args.workers} workers: direct {direct_rps:.0f} req/s"
         f"  routed {routed_rps:.0f} req/s  ratio {routed_rps / direct_rps:.2f}"

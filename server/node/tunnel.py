@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import grpc
 from kcoral_server.node.http11 import HttpConnection, HttpError
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.channel import Channel, ChannelClosed
+from kcoral_server.router.frames import connect_slot_callable, encode_data
 from kcoral_server.router.identity import (
     MAX_FRAME_DATA,
     MAX_GRPC_MESSAGE,
@@ -118,7 +118,7 @@ class ProtocolViolation(Exception):
 @dataclass(eq=False)
 class _Request:
     request_id: str
-    body: Channel[bytes | None] = field(default_factory=lambda: Channel(capacity=2))
+    body: Channel[bytes | memoryview | None] = field(default_factory=lambda: Channel(capacity=2))
     body_open: bool = True
     task: asyncio.Task[None] | None = None
 
@@ -146,7 +146,9 @@ class Tunnel:
         self.event_log = event_log
         self.closing = False
         self.channel = open_channel(router_endpoint)
-        self.stub = pb_grpc.RouterGatewayStub(self.channel)
+        # Data frames go through the wire-level fast path (frames.py); data arrives as
+        # memoryviews into the received message, written to the loopback socket uncopied.
+        self.connect_slot = connect_slot_callable(self.channel)
         self.tasks: list[asyncio.Task[None]] = []
         self.idle_calls: dict[int, Any] = {}
 
@@ -187,7 +189,7 @@ class Tunnel:
             metadata = (*metadata, (SLOT_KIND_METADATA, CONTROL))
         while not self.closing:
             slot_id = str(uuid.uuid4())
-            call = self.stub.ConnectSlot(metadata=metadata)
+            call = self.connect_slot(metadata=metadata)
             expected, error = False, ""
             try:
                 hello = pb.SlotHello(
@@ -277,9 +279,10 @@ class Tunnel:
                     ):
                         raise ProtocolViolation(f"unexpected {kind} frame")
                     if kind == "data":
-                        if len(frame.data) > MAX_FRAME_DATA:
+                        data = frame.data
+                        if len(data) > MAX_FRAME_DATA:
                             raise ProtocolViolation("data frame over 262144 bytes")
-                        await current.body.put(frame.data)
+                        await current.body.put(data)
                     else:
                         current.body_open = False
                         await current.body.put(None)
@@ -346,7 +349,7 @@ class Tunnel:
                 )
             )
             async for piece in connection.body(status, response_headers, method):
-                await call.write(pb.SlotFrame(request_id=rid, data=piece))
+                await call.write(encode_data(rid, piece))
             if not body_task.done():
                 # Early answer: the rest of the body is not wanted; this connection is spent.
                 connection.reusable = False

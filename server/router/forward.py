@@ -17,6 +17,7 @@ import tornado.iostream
 import tornado.web
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
+from kcoral_server.router.frames import encode_data
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, WORKER, SlotBroken
@@ -164,7 +165,7 @@ class ForwardHandler(RouterHandler):
             headers.append(pb.HttpHeader(name=b"content-length", value=str(self.declared).encode()))
         return headers
 
-    async def _send(self, frame: pb.SlotFrame) -> None:
+    async def _send(self, frame: pb.SlotFrame | bytes) -> None:
         try:
             await self.slot.send(frame)
         except SlotBroken:
@@ -181,10 +182,14 @@ class ForwardHandler(RouterHandler):
         if self.declared is not None and self.request_bytes > self.declared:
             self._reject_body(400, "invalid_request", "Content-Length does not match request body")
             return
+        # Tornado reads at most MAX_FRAME_DATA per chunk (``chunk_size``), so the chunk
+        # usually is the frame; frames are encoded at the wire level (``frames.py``).
+        if len(chunk) <= MAX_FRAME_DATA:
+            await self._send(encode_data(self.request_id, chunk))
+            return
         view = memoryview(chunk)
         for start in range(0, len(view), MAX_FRAME_DATA):
-            piece = bytes(view[start : start + MAX_FRAME_DATA])
-            await self._send(pb.SlotFrame(request_id=self.request_id, data=piece))
+            await self._send(encode_data(self.request_id, view[start : start + MAX_FRAME_DATA]))
             if not self.forwarding:
                 return
 
@@ -254,18 +259,22 @@ class ForwardHandler(RouterHandler):
                 kind = frame.WhichOneof("payload")
                 if kind == "end":
                     break
-                if kind != "data" or len(frame.data) > MAX_FRAME_DATA:
+                if kind != "data":
                     self._invalid_response()
                     return
-                self.response_bytes += len(frame.data)
+                data = frame.data  # a protobuf message copies the field on every access
+                if len(data) > MAX_FRAME_DATA:
+                    self._invalid_response()
+                    return
+                self.response_bytes += len(data)
                 if buffered is not None and self.response_bytes <= BUFFERED_ANSWER_LIMIT:
-                    buffered.append(frame.data)
+                    buffered.append(data)
                     continue
                 if buffered is not None:  # larger than expected: stream it as it is
                     self.response_started = True
                     self.write(b"".join(buffered))
                     buffered = None
-                self.write(frame.data)
+                self.write(data)
                 await self.flush()
             if buffered is not None:
                 self.response_started = True

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from kcoral_server.router.frames import SERVICE, parse_frame, serialize_frame
 from kcoral_server.router.identity import PROTOCOL_VERSION, bearer_matches, is_valid_node_id
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import Registry
@@ -140,3 +141,22 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             self.registry.remove_slot(slot)
         if slot.close_status is not None:
             await context.abort(*slot.close_status)
+
+
+def add_gateway_to_server(gateway: Gateway, server: grpc.aio.Server) -> None:
+    """Register ``gateway`` like the generated ``add_RouterGatewayServicer_to_server``, but
+    with the data-frame fast path (``frames.py``) as ``ConnectSlot``'s (de)serializers."""
+    handlers = {
+        "ConnectSupervisor": grpc.stream_stream_rpc_method_handler(
+            gateway.ConnectSupervisor,
+            request_deserializer=pb.SupervisorStatus.FromString,
+            response_serializer=pb.SupervisorAck.SerializeToString,
+        ),
+        "ConnectSlot": grpc.stream_stream_rpc_method_handler(
+            gateway.ConnectSlot,
+            request_deserializer=parse_frame,
+            response_serializer=serialize_frame,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

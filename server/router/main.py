@@ -13,8 +13,7 @@ from collections.abc import Sequence
 import grpc
 import tornado.httpserver
 import tornado.netutil
-from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
-from kcoral_server.router.gateway import Gateway
+from kcoral_server.router.gateway import Gateway, add_gateway_to_server
 from kcoral_server.router.http_app import RouterState, make_app, utc_now_micros
 from kcoral_server.router.identity import MAX_FRAME_DATA, MAX_GRPC_MESSAGE
 from kcoral_server.router.listener import DemuxServer
@@ -79,7 +78,7 @@ async def serve(settings: RouterSettings) -> int:
     log = RouterLog()
     state = build_state(settings, log)
     grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
-    pb_grpc.add_RouterGatewayServicer_to_server(Gateway(state.registry, settings, log), grpc_server)
+    add_gateway_to_server(Gateway(state.registry, settings, log), grpc_server)
     if settings.grpc_port is not None:
         grpc_port = grpc_server.add_insecure_port(host_port(settings.host, settings.grpc_port))
     else:

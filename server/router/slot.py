@@ -76,7 +76,8 @@ class RouterSlot:
                 await self.context.write(pb.SlotFrame(request_id="", ack=pb.SlotAck()))
             return refused
 
-    async def send(self, frame: pb.SlotFrame) -> None:
+    async def send(self, frame: pb.SlotFrame | bytes) -> None:
+        """Write one frame: a message, or a data frame from ``frames.encode_data``."""
         if self.closed.is_set():
             raise SlotBroken("tunnel_disconnected")
         try:
