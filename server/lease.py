@@ -101,13 +101,13 @@ class LeaseArbiter:
             if unknown:
                 raise ValueError(f"unknown GPU ids {unknown}")
             if self._unmeetable(wanted, count):
-                raise GpuQuarantined(f"GPUs {sorted(self.quarantined)} are quarantined")
+                raise self._refusal()
             if all(self._holder[gpu] is owner for gpu in wanted):
                 return wanted  # re-entrant: already held
         elif not 1 <= count <= len(self.gpu_ids):
             raise ValueError(f"cannot lease {count} of {len(self.gpu_ids)} GPUs")
         elif self._unmeetable(None, count):
-            raise GpuQuarantined(f"GPUs {sorted(self.quarantined)} are quarantined")
+            raise self._refusal()
         future: asyncio.Future[tuple[int, ...]] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(owner, request_id, wanted, count, future)
         self._waiters.append(waiter)
@@ -149,6 +149,9 @@ class LeaseArbiter:
             return any(gpu in self.quarantined for gpu in wanted)
         return count > len(self.gpu_ids) - len(self.quarantined)
 
+    def _refusal(self) -> GpuQuarantined:
+        return GpuQuarantined(f"GPUs {sorted(self.quarantined)} are quarantined")
+
     def withdraw(self, owner: object) -> None:
         """Cancel every pending request of ``owner`` (e.g. a worker being killed)."""
         for waiter in [w for w in self._waiters if w.owner is owner]:
@@ -166,9 +169,7 @@ class LeaseArbiter:
                 continue
             if self._unmeetable(waiter.wanted, waiter.count):
                 self._waiters.remove(waiter)
-                waiter.future.set_exception(
-                    GpuQuarantined(f"GPUs {sorted(self.quarantined)} are quarantined")
-                )
+                waiter.future.set_exception(self._refusal())
                 continue
             if waiter.wanted is not None:
                 chosen: tuple[int, ...] | None = waiter.wanted

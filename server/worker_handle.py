@@ -569,35 +569,39 @@ class WorkerHandle:
         # A spawned worker runs under an accountant (its supervisor, or bubblewrap with its
         # PID namespace) that exits only once everything below it is gone: it is never
         # signalled itself, so that its exit stays proof of the clean-up.
-        accountant = not isinstance(self.process, ForkedProcess)
+        process = self.process
+        accountant = not isinstance(process, ForkedProcess)
+
+        def tree(known: list[int]) -> list[int]:
+            """The tree's live processes: ``known`` ones still alive, descendants found since,
+            and the worker itself (first) unless an accountant looks after it."""
+            found = [pid for pid in known if _alive(pid)]
+            found += [pid for pid in descendants(process.pid) if pid not in found]
+            if not accountant and process.poll() is None and process.pid not in found:
+                found.insert(0, process.pid)
+            return found
+
+        def group() -> int | None:
+            return None if accountant else self._group()
+
         try:
-            pids = descendants(self.process.pid)
-            if not accountant and self.process.poll() is None:
-                pids.insert(0, self.process.pid)
-            group = None if accountant else self._group()
-            _signal_all(pids, signal.SIGTERM, group=group)
+            pids = tree([])
+            _signal_all(pids, signal.SIGTERM, group=group())
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
-                pids = [pid for pid in pids if _alive(pid)] + [
-                    p for p in descendants(self.process.pid) if p not in pids
-                ]
-                if not accountant and self.process.poll() is None and self.process.pid not in pids:
-                    pids.append(self.process.pid)
-                if not pids and (not accountant or self.process.poll() is not None):
+                pids = tree(pids)
+                if not pids and (not accountant or process.poll() is not None):
                     break
                 await asyncio.sleep(0.02)
-            pids = [pid for pid in pids if _alive(pid)] + [
-                p for p in descendants(self.process.pid) if p not in pids
-            ]
-            _signal_all(pids, signal.SIGKILL, group=None if accountant else self._group())
+            _signal_all(tree(pids), signal.SIGKILL, group=group())
             confirm = cleanup_confirm_seconds()
             if not await self.wait_exit(confirm):
                 self.cleanup_unconfirmed = (
-                    f"worker {self.process.pid}: no exit report {confirm:g} s after SIGKILL"
+                    f"worker {process.pid}: no exit report {confirm:g} s after SIGKILL"
                 )
-            elif getattr(self.process, "survivors", 0):
-                survivors = self.process.survivors  # type: ignore[union-attr]
-                self.cleanup_unconfirmed = f"worker {self.process.pid}: " + (
+            elif self.survivors:
+                survivors = self.survivors
+                self.cleanup_unconfirmed = f"worker {process.pid}: " + (
                     "its launcher died before reporting on its descendants"
                     if survivors < 0
                     else f"{survivors} descendant(s) survived SIGKILL"

@@ -222,15 +222,13 @@ class Workspace:
     def read_output(self, limit: int) -> CapturedOutput:
         """First ``limit`` bytes of each stream, UTF-8 with replacement (blocking: run it in
         the executor for big limits)."""
-        if self.stdout_file is None or limit <= 0:
-            return NO_OUTPUT
-        out, out_more = _read_head(self.stdout_file, limit)
-        err, err_more = _read_head(self.stderr_file, limit)
-        return CapturedOutput(out, err, out_more, err_more)
+        output = self.read_small_output(limit, None)
+        assert output is not None  # no size bound: always read
+        return output
 
-    def read_small_output(self, limit: int, at_most: int) -> CapturedOutput | None:
+    def read_small_output(self, limit: int, at_most: int | None) -> CapturedOutput | None:
         """``read_output`` when both capture files together hold at most ``at_most`` bytes
-        (cheap enough for the event loop), else None."""
+        (cheap enough for the event loop; None: any size), else None."""
         if self.stdout_file is None or limit <= 0:
             return NO_OUTPUT
         fds: list[int] = []
@@ -239,8 +237,8 @@ class Workspace:
                 try:
                     fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
                 except OSError:
-                    fds.append(-1)  # read as empty, as ``read_output`` does
-            if sum(os.fstat(fd).st_size for fd in fds if fd >= 0) > at_most:
+                    fds.append(-1)  # a missing capture file reads as empty
+            if at_most is not None and sum(os.fstat(fd).st_size for fd in fds if fd >= 0) > at_most:
                 return None
             out, out_more = _read_head_fd(fds[0], limit)
             err, err_more = _read_head_fd(fds[1], limit)
@@ -258,17 +256,6 @@ class Workspace:
             "stdout": _read_tail(self.stdout_file, OUTPUT_TAIL_BYTES),
             "stderr": _read_tail(self.stderr_file, OUTPUT_TAIL_BYTES),
         }
-
-    def output_size(self) -> int:
-        """Bytes in the capture files so far (0 without capture)."""
-        total = 0
-        for path in (self.stdout_file, self.stderr_file):
-            if path is not None:
-                try:
-                    total += os.stat(path).st_size
-                except OSError:
-                    pass
-        return total
 
     def remove(self) -> None:
         """Remove the workspace in every case; capture files stay (they belong to the log)."""
@@ -301,17 +288,6 @@ def _remove_tree(path: Path) -> None:
 
 def _create_empty(path: str) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
-
-
-def _read_head(path: str | None, limit: int) -> tuple[str, bool]:
-    if path is None:
-        return "", False
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError:
-        return "", False
-    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
 
 
 def _read_head_fd(fd: int, limit: int) -> tuple[str, bool]:
