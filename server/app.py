@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import hmac
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,6 +17,7 @@ import tornado.web
 from kcoral_server.config import ServerConfig
 from kcoral_server.disk_cache import DiskCache
 from kcoral_server.eventlog import EventLog
+from kcoral_server.identity import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
 from kcoral_server.jobs import JobRegistry
 from kcoral_server.lease import LeaseArbiter
 from kcoral_server.memory_cache import MemoryCache
@@ -38,13 +38,17 @@ class ServerState:
         events: EventLog | None = None,
         sandbox: str = "none",
         auth_token: str | None = None,
+        router_secret: str | None = None,
     ) -> None:
         self.config = config
         self.mode = mode  # "cpu", "gpu" or "fake-gpu"
         self.gpus = list(gpus)
         self.gpu_ids = [g.id for g in self.gpus]
         self.sandbox = sandbox
-        self.auth_token = auth_token
+        self.auth_token = auth_token  # the token file's text (one token, or identity lines)
+        self.authenticator = Authenticator(
+            parse_tokens(auth_token) if auth_token is not None else None, router_secret
+        )
         self.instance_id = str(uuid.uuid4())
         now = datetime.datetime.now(datetime.timezone.utc)
         self.started_at = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -87,11 +91,11 @@ class ServerState:
         device = next((g for g in self.gpus if g.id == gpu_id), None)
         return device.uuid if device else ""
 
-    def authorized(self, header: str | None) -> bool:
-        if self.auth_token is None:
-            return True
-        expected = f"Bearer {self.auth_token}".encode()
-        return hmac.compare_digest((header or "").encode(), expected)
+    def authenticate(self, headers: Mapping[str, str]) -> Identity | None:
+        """The caller's identity from its bearer token; None means 401 (EXTENSIONS §6)."""
+        return self.authenticator.authenticate(
+            headers.get("Authorization"), headers.get(IDENTITY_HEADER)
+        )
 
     def request_done(self) -> None:
         self.finished_requests += 1

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from kcoral_server.identity import parse_tokens
+
 GIB = 1024**3
 DEVICE_MODES = ("auto", "gpu", "cpu")
 # Test-only runtime: GPU-mode pool and leases over fake devices, no CUDA (not in --help).
@@ -160,6 +162,10 @@ class ServerConfig:
             raise InvalidConfigError("auth_token_file", f"cannot be read: {reason}") from None
         if not token:
             raise InvalidConfigError("auth_token_file", "is empty")
+        try:
+            parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
+        except ValueError as exc:
+            raise InvalidConfigError("auth_token_file", str(exc)) from None
         return token
 
 

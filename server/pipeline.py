@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kcoral_server import ipc
 from kcoral_server.blob_resolution import Resolution, resolve_blobs
 from kcoral_server.body import RequestBody, bytes_memfd, memfd_locations
+from kcoral_server.identity import DEFAULT, Identity
 from kcoral_server.lease import GpuQuarantined
 from kcoral_server.pool import NoWorker, Seat
 from kcoral_server.responses import (
@@ -124,8 +125,10 @@ class ExecuteRequest:
         body: RequestBody,
         serialization: str | None,
         observer: RequestObserver | None = None,
+        identity: Identity = DEFAULT,
     ) -> None:
         self.state = state
+        self.identity = identity  # whose caches, jobs and workers this request may use
         self.observer = observer or _NO_OBSERVER
         self.request_id = request_id
         self.content_type = content_type

@@ -6,6 +6,7 @@ import ipaddress
 from typing import Any
 
 import tornado.web
+from kcoral_server.identity import DEFAULT, Identity
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER, accept_request_id
 from kcoral.protocol.strict_json import dumps_compact
@@ -20,6 +21,7 @@ class BaseHandler(tornado.web.RequestHandler):
     def initialize(self, state: Any) -> None:
         self.state = state
         self.request_id = accept_request_id(self.request.headers.get_list(REQUEST_ID_HEADER))
+        self.identity: Identity = DEFAULT  # set by prepare() from the bearer token
 
     def set_default_headers(self) -> None:
         self.set_header("Server", "kcoral")
@@ -31,9 +33,12 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def prepare(self) -> None:
         self.set_header(REQUEST_ID_HEADER, self.request_id)
-        if not self.PUBLIC and not self.state.authorized(self.request.headers.get("Authorization")):
-            self.send_error_json(401, "unauthorized", "missing or invalid bearer token")
-            return
+        if not self.PUBLIC:
+            identity = self.state.authenticate(self.request.headers)
+            if identity is None:
+                self.send_error_json(401, "unauthorized", "missing or invalid bearer token")
+                return
+            self.identity = identity
         if self.request.method not in self.ALLOWED:
             self.set_header("Allow", ", ".join(self.ALLOWED))
             self.send_error_json(405, "method_not_allowed", "method not allowed")

@@ -143,6 +143,7 @@ class ExecuteHandler(BaseHandler):
             body=body,
             serialization=self.serialization,
             observer=observer,
+            identity=self.identity,
         )
 
     async def post(self) -> None:
