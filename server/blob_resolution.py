@@ -4,6 +4,11 @@ Supplied blobs go into the memory cache (kinds kept in memory) and the disk cach
 uploads); every blob the program references is then found in the request, the disk cache or
 the memory cache, or reported missing (``CACHE_MISS``). Memory-cache entries the request
 uses are pinned until it ends.
+
+Who can reach what: both caches are looked up in the caller's scope (its identity name), so a
+program can only get cached bytes its own identity uploaded; another identity's blob is a
+``CACHE_MISS`` indistinguishable from a blob nobody uploaded, and the client must send the
+bytes (EXTENSIONS §6, PROTOCOL §9 as we implement it).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import contextlib
 from dataclasses import dataclass
 
 from kcoral_server.disk_cache import DiskCache
-from kcoral_server.memory_cache import MemoryCache
+from kcoral_server.memory_cache import DEFAULT_SCOPE, MemoryCache, scoped_key
 
 from kcoral.errors import ValidationError
 from kcoral.protocol.request import check_tensor_lengths
@@ -25,41 +30,46 @@ MEMORY_KINDS = frozenset({"tensor", "bytes", "library"})
 class Resolution:
     blobs: dict[str, bytes | memoryview]  # hash -> bytes the request keeps a reference to
     missing: list[str]
-    pins: list[str]
+    pins: list[str]  # memory-cache keys (``scoped_key``) to unpin when the request ends
 
 
 def resolve_blobs(
-    memory: MemoryCache, disk: DiskCache, program: Program, supplied: dict[str, memoryview]
+    memory: MemoryCache,
+    disk: DiskCache,
+    program: Program,
+    supplied: dict[str, memoryview],
+    scope: str = DEFAULT_SCOPE,
 ) -> Resolution:
-    """PROTOCOL §9.2 steps 2–5 (blocking: runs in the executor)."""
+    """PROTOCOL §9.2 steps 2–5 within ``scope``'s caches (blocking: runs in the executor)."""
     kinds = program.blob_kinds()
     to_disk = {}
     for sha, data in supplied.items():
         used = kinds.get(sha, frozenset())
         if used & MEMORY_KINDS and len(data) * 4 <= memory.capacity_bytes:
             # The cache outlives the request body, so it gets its own copy.
-            memory.put(sha, bytes(data))
+            memory.put(scoped_key(scope, sha), bytes(data))
         if "file" in used:
             to_disk[sha] = data
     if to_disk and disk.enabled:
         with contextlib.suppress(Exception):  # the disk cache never fails a request
-            disk.put_many(to_disk)
+            disk.put_many(to_disk, scope)
     resolved: dict[str, bytes | memoryview] = {}
     missing: list[str] = []
     pins: list[str] = []
     for sha, used in kinds.items():
         needs_memory = bool(used & MEMORY_KINDS)
-        if needs_memory and memory.pin(sha):
-            pins.append(sha)
+        key = scoped_key(scope, sha)
+        if needs_memory and memory.pin(key):
+            pins.append(key)
         if sha in supplied:
             resolved[sha] = supplied[sha]
             continue
         from_disk = from_memory = None
         if "file" in used and disk.enabled:
             with contextlib.suppress(Exception):
-                from_disk = disk.get(sha)
+                from_disk = disk.get(sha, scope)
         if needs_memory:
-            from_memory = memory.get(sha)
+            from_memory = memory.get(key)
         if ("file" in used and from_disk is None) or (needs_memory and from_memory is None):
             missing.append(sha)
             if from_memory is not None:
@@ -69,7 +79,7 @@ def resolve_blobs(
     try:
         check_tensor_lengths(program, resolved)
     except ValidationError:
-        for sha in pins:
-            memory.unpin(sha)
+        for key in pins:
+            memory.unpin(key)
         raise
     return Resolution(resolved, missing, pins)

@@ -1,12 +1,20 @@
 """Persistent cache of file-upload blobs (SERVER.md §10).
 
-Layout ``<dir>/v1/<first two hex digits>/<sha256>``; files 0600, directories 0700. Writes go
+Layout ``<dir>/v1/<first two hex digits>/<sha256>`` for the ``default`` identity (every
+caller of a server without named tokens) and ``<dir>/v1/id-<identity>/<two hex>/<sha256>`` for
+each other identity; files 0600, directories 0700. Writes go
 to a ``.tmp-*`` file renamed into place while holding an exclusive ``flock`` on ``v1/``, so
 several servers may share one directory. Reads verify the hash (a mismatch is a miss and the
 bad file is removed) and refresh the mtime that eviction orders by.
 
 The cache can never fail a request: every storage error (read-only directory, full disk,
 permissions, a vanished file) is a miss or a skipped write.
+
+Who can reach what: a lookup names a *scope* (the caller's identity name) and finds only
+files stored under it, so another token holder can neither read a blob it never uploaded by
+naming its hash nor learn from a miss whether somebody else uploaded it (EXTENSIONS §6). The
+same bytes uploaded by two identities are stored twice. Every server sharing the directory
+and every unsandboxed program of the server's user can read the files directly.
 """
 
 from __future__ import annotations
@@ -24,7 +32,11 @@ from typing import Any
 
 LAYOUT_VERSION = "v1"
 TMP_PREFIX = ".tmp-"
+SCOPE_PREFIX = "id-"
+DEFAULT_SCOPE = "default"  # stored in the original layout, straight under v1/
 _SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
+# An identity name (kcoral_server.identity): never "", "." or "..", never a "/".
+_SCOPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
 
 
 class DiskCache:
@@ -52,24 +64,36 @@ class DiskCache:
         """``<dir>/v1``, or None when disabled."""
         return None if self.root is None else self.root / LAYOUT_VERSION
 
-    def path_for(self, sha256: str) -> Path:
+    def path_for(self, sha256: str, scope: str = DEFAULT_SCOPE) -> Path:
         assert self.root is not None
-        return self.root / LAYOUT_VERSION / sha256[:2] / sha256
+        base = self.root / LAYOUT_VERSION
+        if scope != DEFAULT_SCOPE:
+            base = base / f"{SCOPE_PREFIX}{scope}"
+        return base / sha256[:2] / sha256
+
+    def _usable(self, sha256: object, scope: object) -> bool:
+        return (
+            self.enabled
+            and isinstance(sha256, str)
+            and _SHA256.fullmatch(sha256) is not None
+            and isinstance(scope, str)
+            and _SCOPE.fullmatch(scope) is not None
+        )
 
     # ---------------------------------------------------------------- reads
 
-    def get(self, sha256: str) -> bytes | None:
-        """The verified blob, or ``None`` (miss, disabled, corrupt or unreadable)."""
-        if not self.enabled or not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+    def get(self, sha256: str, scope: str = DEFAULT_SCOPE) -> bytes | None:
+        """``scope``'s verified blob, or ``None`` (miss, disabled, corrupt or unreadable)."""
+        if not self._usable(sha256, scope):
             return None
         try:
-            return self._read(sha256)
+            return self._read(sha256, scope)
         except Exception:  # a cache must never fail a request
             self.errors += 1
             return None
 
-    def _read(self, sha256: str) -> bytes | None:
-        path = self.path_for(sha256)
+    def _read(self, sha256: str, scope: str) -> bytes | None:
+        path = self.path_for(sha256, scope)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -94,11 +118,15 @@ class DiskCache:
         return data
 
     def __contains__(self, sha256: object) -> bool:
-        """Cheap presence check (no hash verification)."""
-        if not self.enabled or not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        """Cheap presence check in the ``default`` scope (no hash verification)."""
+        return self.contains(sha256, DEFAULT_SCOPE)
+
+    def contains(self, sha256: object, scope: str) -> bool:
+        """Cheap presence check in ``scope`` (no hash verification)."""
+        if not self._usable(sha256, scope):
             return False
         try:
-            return self.path_for(sha256).is_file()
+            return self.path_for(sha256, scope).is_file()  # type: ignore[arg-type]
         except OSError:
             return False
 
@@ -115,19 +143,20 @@ class DiskCache:
 
     # ---------------------------------------------------------------- writes
 
-    def put_many(self, items: Mapping[str, Any]) -> None:
-        """Store blobs keyed by their (already verified) SHA-256, then evict to the budget.
+    def put_many(self, items: Mapping[str, Any], scope: str = DEFAULT_SCOPE) -> None:
+        """Store blobs keyed by their (already verified) SHA-256 in ``scope``, then evict to
+        the budget.
 
         Blobs larger than the whole budget and malformed keys are skipped. Never raises.
         """
-        if not self.enabled:
+        if not self.enabled or not self._usable("0" * 64, scope):
             return
         try:
-            self._store(items)
+            self._store(items, scope)
         except Exception:  # a cache must never fail a request
             self.errors += 1
 
-    def _store(self, items: Mapping[str, Any]) -> None:
+    def _store(self, items: Mapping[str, Any], scope: str) -> None:
         wanted = {}
         for sha256, data in items.items():
             try:
@@ -146,15 +175,17 @@ class DiskCache:
             if not locked:
                 return
             for sha256, data in wanted.items():
-                self._write(sha256, data)
+                self._write(sha256, data, scope)
             self._evict()
 
-    def _write(self, sha256: str, data: Any) -> None:
-        path = self.path_for(sha256)
+    def _write(self, sha256: str, data: Any, scope: str) -> None:
+        path = self.path_for(sha256, scope)
         try:
             if path.is_file():
                 os.utime(path)  # already stored: just refresh
                 return
+            if scope != DEFAULT_SCOPE:  # (mkdir's parents=True would ignore the mode)
+                path.parent.parent.mkdir(mode=0o700, exist_ok=True)
             path.parent.mkdir(mode=0o700, exist_ok=True)
         except OSError:
             self.errors += 1
@@ -210,10 +241,23 @@ class DiskCache:
             return None
 
     def _shards(self) -> Iterator[os.DirEntry[str]]:
+        """Every entry of every shard directory, of every scope."""
         base = self.base
         assert base is not None
         with os.scandir(base) as entries:
-            shards = [e for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+            top = [e for e in entries if e.is_dir(follow_symlinks=False)]
+        shards = [e for e in top if len(e.name) == 2]
+        for scope in top:
+            if scope.name.startswith(SCOPE_PREFIX):
+                try:
+                    with os.scandir(scope.path) as entries:
+                        shards.extend(
+                            e
+                            for e in entries
+                            if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
+                        )
+                except OSError:
+                    self.errors += 1
         for shard in shards:
             try:
                 with os.scandir(shard.path) as entries:

@@ -6,6 +6,11 @@ bytes, and would only cost a later cache miss. Pinned entries may push usage ove
 budget; eviction skips them and catches up when they are unpinned.
 
 Thread-safe: the front-end resolves blobs in a thread pool.
+
+Who can reach what: keys are opaque to this class; callers key every blob by the identity
+that uploaded it (``scoped_key``), so another token holder that names the hash gets a miss,
+the same miss whether or not somebody else holds the blob (EXTENSIONS §6). Identical bytes
+uploaded by two identities are held twice.
 """
 
 from __future__ import annotations
@@ -15,6 +20,12 @@ from collections import OrderedDict
 from typing import Any
 
 Blob = Any  # bytes-like (bytes, bytearray, memoryview, mmap); kept by reference, never copied
+DEFAULT_SCOPE = "default"  # every caller of a server without named tokens
+
+
+def scoped_key(scope: str, sha256: str) -> str:
+    """The cache key of ``scope``'s blob ``sha256`` (the bare hash for ``default``)."""
+    return sha256 if scope == DEFAULT_SCOPE else f"{scope}/{sha256}"
 
 
 def _size(data: Blob) -> int | None:

@@ -244,7 +244,11 @@ class ExecuteRequest:
             kinds = program.blob_kinds()
             if (small or not parsed.blobs) and not any("file" in used for used in kinds.values()):
                 resolution = resolve_blobs(
-                    state.memory_cache, state.disk_cache, program, parsed.blobs
+                    state.memory_cache,
+                    state.disk_cache,
+                    program,
+                    parsed.blobs,
+                    self.identity.name,  # caches are per identity (EXTENSIONS §6)
                 )
             else:
                 resolution = await loop.run_in_executor(
@@ -254,14 +258,15 @@ class ExecuteRequest:
                     state.disk_cache,
                     program,
                     parsed.blobs,
+                    self.identity.name,
                 )
         except ValidationError as exc:  # row 14
             raise RequestFailed(400, "parse", str(exc), "rejected") from None
         try:
             return await self._admitted(program, parsed, resolution)
         finally:
-            for sha in resolution.pins:
-                state.memory_cache.unpin(sha)
+            for key in resolution.pins:
+                state.memory_cache.unpin(key)
 
     async def _admitted(
         self, program: Program, parsed: Any, resolution: Resolution
