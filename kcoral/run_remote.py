@@ -113,11 +113,23 @@ def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:
     base = os.getcwd()
     work = os.path.join(base, WORK_DIR)
     outputs = os.path.join(base, OUTPUTS_DIR)
+    tool = spec["tool"]
     os.mkdir(work, 0o700)
-    os.mkdir(outputs, 0o700)
+    # run-iket creates its output directory itself and refuses an existing one (CLIENT_API
+    # §11): it gets a path that does not exist yet, made afterwards if the tool did not.
+    if tool != "run-iket":
+        os.mkdir(outputs, 0o700)
+    try:
+        return _run_and_collect(tool, spec, inputs, work, outputs)
+    finally:
+        os.makedirs(outputs, 0o700, exist_ok=True)  # the folder return needs it
+
+
+def _run_and_collect(
+    tool: str, spec: dict[str, Any], inputs: bytes | None, work: str, outputs: str
+) -> dict[str, Any]:
     if inputs:
         unpack_inputs(inputs, work)
-    tool = spec["tool"]
     args = list(spec["args"])
     env = _tool_environment(tool, spec.get("env") or {}, work)
     report: dict[str, Any] = {
@@ -142,6 +154,7 @@ def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:
         report["error"] = f"{argv[0]}: {exc.strerror or exc}"
         return report
     returncode = process.wait()
+    os.makedirs(outputs, 0o700, exist_ok=True)  # run-iket may have failed before making it
     if returncode < 0:
         report["signal"] = -returncode
     else:

@@ -11,10 +11,12 @@ or use ``server_factory(*args, env=...)`` to start several, or one with special 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from required_suites import required_prefixes
 from server_process import RunningServer, running_server, start_server
 
 
@@ -49,3 +51,28 @@ def json_only_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
         env={"KCORAL_ALLOWED_SERIALIZATION": "json"},
     ) as server:
         yield server.url
+
+
+# ---------------------------------------------------------------- required in CI
+# `.ci/run` runs as root with the README's system packages installed: there the suites
+# listed in tests/ci_required.txt have no reason to skip, and a skip means a missing
+# install step or a broken check. Every skip's reason is shown (`-rs` in pyproject.toml).
+_required_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and os.environ.get("CI") and not hasattr(report, "wasxfail"):
+        if any(report.nodeid.startswith(prefix) for prefix in required_prefixes()):
+            _required_skips.append(f"{report.nodeid}: {report.longrepr[-1]}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _required_skips and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _required_skips:
+        terminalreporter.section("tests that must not skip in CI (tests/ci_required.txt)")
+        for line in _required_skips:
+            terminalreporter.write_line(f"SKIPPED IN CI: {line}")

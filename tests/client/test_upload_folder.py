@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from file_permissions import needs_file_permissions
 
 from kcoral import Program
 from kcoral.errors import ValidationError
@@ -143,7 +144,8 @@ def test_a_local_name_that_is_no_valid_workspace_path_is_refused(tmp_path):
     assert_refused(Program(), src, error=ValidationError)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
+@needs_file_permissions
+@pytest.mark.file_permissions
 def test_an_unreadable_file_is_an_os_error(tmp_path):
     src = make_tree(tmp_path / "src")
     (src / "a.txt").chmod(0)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,14 +132,56 @@ def test_gpus_above_one_fail_clearly_on_a_cpu_server(shell) -> None:
         shell.run_cell_magic("kcoral", "--gpus 2", "x = 1\n")
 
 
-def test_noblock_without_the_jobs_api_says_so(shell, cpu_server_url) -> None:
-    from kcoral import Client
+class PublishedProtocolOnly(http.server.BaseHTTPRequestHandler):
+    """A conforming server of the published protocol: `/health` and `/execute`, no `/v1/`."""
 
-    client = Client(cpu_server_url)
-    if "jobs" in (client.info().get("features") or []) and hasattr(client, "submit"):
-        pytest.skip("this server and client have the jobs API")
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            body = json.dumps(
+                {
+                    "status": "ok",
+                    "instance_id": "stand-in",
+                    "started_at": "2026-12-01T00:00:00.000000Z",
+                    "gpu_count": 0,
+                    "load": {
+                        "request_capacity": 1,
+                        "requests_in_progress": 0,
+                        "requests_waiting": 0,
+                    },
+                    "target": {},
+                    "versions": {},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+        else:
+            body = b'{"status": "ERROR", "error": {"kind": "not_found", "message": "not found"}}'
+            self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def published_protocol_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PublishedProtocolOnly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_noblock_on_a_server_without_the_jobs_api_says_so(shell, published_protocol_server) -> None:
     with pytest.raises(UsageError, match="needs the jobs API"):
-        shell.run_cell_magic("kcoral", "--noblock -r job", "x = 1\n")
+        shell.run_cell_magic(
+            "kcoral", f"--url {published_protocol_server} --noblock -r job", "x = 1\n"
+        )
 
 
 def test_an_unknown_input_name_is_a_usage_error(shell) -> None:
@@ -173,18 +218,9 @@ def test_config_sets_the_url_and_connect_switches_servers(shell, json_only_serve
     assert kcoral_metadata(captured)[-1]["server"] == json_only_server_url
 
 
-def needs_jobs(url: str) -> None:
-    from kcoral import Client
-
-    client = Client(url)
-    if "jobs" not in (client.info().get("features") or []) or not hasattr(client, "submit"):
-        pytest.skip("the server or client has no jobs API")
-
-
 def test_a_cell_on_a_jobs_server_walks_the_status_line_and_streams_output(
     shell, cpu_server_url
 ) -> None:
-    needs_jobs(cpu_server_url)
     result, captured = run(shell, "%%kcoral\nprint('live line')\n")
     assert result.error_in_exec is None, result.error_in_exec
     assert "live line" in captured.stdout
@@ -195,7 +231,6 @@ def test_a_cell_on_a_jobs_server_walks_the_status_line_and_streams_output(
 
 
 def test_noblock_binds_a_job_that_attach_follows_and_binds_outputs(shell, cpu_server_url) -> None:
-    needs_jobs(cpu_server_url)
     result, _ = run(shell, "%%kcoral --noblock -r job -o z\nprint('later')\nz = 7\n")
     assert result.error_in_exec is None, result.error_in_exec
     job = shell.user_ns["job"]
@@ -209,7 +244,6 @@ def test_noblock_binds_a_job_that_attach_follows_and_binds_outputs(shell, cpu_se
 
 
 def test_cancel_stops_a_noblock_job(shell, cpu_server_url) -> None:
-    needs_jobs(cpu_server_url)
     run(shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(60)\n")
     job = shell.user_ns["job"]
     with capture_output() as captured:

@@ -5,7 +5,9 @@ prebuilt lab extension, then drives headless Chromium (Debian's ``chromium`` thr
 ``playwright-core`` npm package of ``labextension/``; nothing downloads a browser) with
 ``lab_browser.cjs``: the status bar shows the server, a ``%%kcoral`` cell's job appears in
 the panel with live output, and Cancel stops a second, long-running job. Screenshots go to
-``docs/screenshots/``.
+the test's temporary folder; to refresh the README's pictures run
+``KCORAL_SCREENSHOT_DIR=docs/screenshots python -m pytest tests/labextension/test_browser.py``
+(a test never writes into tracked files on its own).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 PLAYWRIGHT = ROOT / "labextension" / "node_modules" / "playwright-core"
 BUILT = ROOT / "jupyter_ext" / "labextension"
 SCRIPT = Path(__file__).with_name("lab_browser.cjs")
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+SCREENSHOT_DIR_ENV = "KCORAL_SCREENSHOT_DIR"  # set it to refresh docs/screenshots/
 
 
 def _missing() -> str | None:
@@ -156,13 +158,15 @@ def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path
 @pytest.mark.timeout(420)
 def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_lab) -> None:
     url, token, tmp_path = jupyter_lab
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    chosen = os.environ.get(SCREENSHOT_DIR_ENV)
+    screenshots = Path(chosen).resolve() if chosen else tmp_path / "screenshots"
+    screenshots.mkdir(parents=True, exist_ok=True)
     env = dict(
         os.environ,
         LAB_URL=url,
         LAB_TOKEN=token,
         PLAYWRIGHT_CORE=str(PLAYWRIGHT),
-        SCREENSHOT_DIR=str(SCREENSHOTS),
+        SCREENSHOT_DIR=str(screenshots),
         NOTEBOOK="kcoral.ipynb",
     )
     done = subprocess.run(
@@ -185,4 +189,4 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
         ["kcoral:show-panel", True],
         ["kcoral:cancel-job", True],
     ]
-    assert (SCREENSHOTS / "statusbar.png").exists() and (SCREENSHOTS / "panel.png").exists()
+    assert (screenshots / "statusbar.png").exists() and (screenshots / "panel.png").exists()

@@ -3,6 +3,7 @@ a resource baseline measured after a warm-up request."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,3 +23,12 @@ def watched_server(tmp_path: Path):
     yield start
     for server in started:
         server.stop()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    fuzz = sys.modules.get("test_fuzz")
+    if fuzz is not None and fuzz.GENERATED[0]:
+        terminalreporter.write_line(
+            f"fuzz: {fuzz.GENERATED[0]} generated requests sent to a live server "
+            "(tests/reliability/test_fuzz.py)"
+        )

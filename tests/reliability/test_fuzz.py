@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from reliability_support import (
     BOUNDARY,
+    REQUESTS_SENT,
     TRIVIAL,
     assert_no_leaks,
     blob_part,
@@ -68,10 +69,16 @@ def fuzz_server(tmp_path_factory):
     server.stop()
 
 
+#: Generated requests this module sent, printed at the end of the run (README "Bad inputs").
+GENERATED = [0]
+
+
 @pytest.fixture
 def live(fuzz_server):
     """The module's server; after each property it is healthy and leaks nothing."""
+    sent_before = REQUESTS_SENT[0]
     yield fuzz_server
+    GENERATED[0] += REQUESTS_SENT[0] - sent_before
     check_healthy(fuzz_server.url)
     assert_no_leaks(fuzz_server.pid, fuzz_server.temp_dir, fuzz_server.baseline)
 

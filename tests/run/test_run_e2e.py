@@ -284,3 +284,31 @@ def _alive(pid: int) -> bool:
             return handle.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+RUN_IKET_STAND_IN = """#!{python}
+import os, sys
+args = sys.argv[1:]
+directory = args[args.index("--output-dir") + 1]
+if os.path.exists(directory):
+    print(f"run-iket: {{directory}} already exists", file=sys.stderr)
+    sys.exit(3)
+os.mkdir(directory)
+with open(os.path.join(directory, "trace.json"), "w") as trace:
+    trace.write('{{"traceEvents": []}}')
+print("profiled", args[args.index("--") + 1:])
+"""
+
+
+def test_run_iket_gets_an_output_directory_that_does_not_exist_yet_and_its_trace_comes_back(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    tools = in_tmp / "tools"
+    tools.mkdir()
+    stand_in = tools / "run-iket"
+    stand_in.write_text(RUN_IKET_STAND_IN.format(python=sys.executable))
+    stand_in.chmod(0o755)
+    argv = ["--out", "o", "-e", f"PATH={tools}", "--", "profile", "--", "python", "-c", "pass"]
+    assert run(server_url, "run-iket", *argv) == 0, capfd.readouterr().err
+    assert (in_tmp / "o" / "trace.json").read_text() == '{"traceEvents": []}'
+    assert "profiled ['python', '-c', 'pass']" in capfd.readouterr().out

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from file_permissions import needs_file_permissions
 from kcoral_server import disk_cache
 from kcoral_server.disk_cache import DiskCache
 
@@ -154,7 +155,8 @@ def test_a_root_that_is_a_file_gives_misses_and_skipped_writes(tmp_path) -> None
     assert cache.get(sha(b"a")) is None
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+@needs_file_permissions
+@pytest.mark.file_permissions
 def test_a_read_only_directory_gives_misses_and_skipped_writes(tmp_path) -> None:
     root = tmp_path / "c"
     DiskCache(root, 1)
