@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tornado.web
+from kcoral_server.browser_guard import BrowserGuard
 from kcoral_server.config import ServerConfig
 from kcoral_server.disk_cache import DiskCache
 from kcoral_server.eventlog import EventLog
@@ -39,6 +40,7 @@ class ServerState:
         sandbox: str = "none",
         auth_token: str | None = None,
         router_secret: str | None = None,
+        listen_host: str = "127.0.0.1",
     ) -> None:
         self.config = config
         self.mode = mode  # "cpu", "gpu" or "fake-gpu"
@@ -48,6 +50,13 @@ class ServerState:
         self.auth_token = auth_token  # the token file's text (one token, or identity lines)
         self.authenticator = Authenticator(
             parse_tokens(auth_token) if auth_token is not None else None, router_secret
+        )
+        # EXTENSIONS §6: web pages are refused before authentication, on every endpoint.
+        self.browser_guard = BrowserGuard.build(
+            config.allowed_origins,
+            config.allowed_hosts,
+            listen_host,
+            token_required=not self.authenticator.open,
         )
         self.instance_id = str(uuid.uuid4())
         now = datetime.datetime.now(datetime.timezone.utc)
@@ -180,12 +189,14 @@ def create_app(
     events: EventLog | None = None,
     sandbox: str | None = None,
     auth_token: str | None = None,
+    listen_host: str = "127.0.0.1",
 ) -> KCoralApplication:
     """Build the application for ``config`` (default ``ServerConfig()``); starts nothing.
 
     ``mode``/``gpus`` come from device resolution (``kcoral server`` probes for them); when
     omitted they follow ``config.device`` without probing (``auto`` means CPU here unless a
-    fake GPU count is configured).
+    fake GPU count is configured). ``listen_host`` is the address the caller listens on: a
+    token-less server accepts it in ``Host`` besides loopback names (EXTENSIONS §6).
     """
     from kcoral_server.handlers import routes
 
@@ -200,6 +211,7 @@ def create_app(
         events=events,
         sandbox=sandbox if sandbox is not None else "none",
         auth_token=auth_token if auth_token is not None else config.read_auth_token(),
+        listen_host=listen_host,
     )
     return KCoralApplication(state, routes(state))
 

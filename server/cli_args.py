@@ -198,6 +198,19 @@ def build_server_parser() -> argparse.ArgumentParser:
         help="request bytes in flight before 503; 0 = no limit (default 2 x --max-request-bytes)",
     )
     add("--worker-memory-limit-bytes", type=_INT, help="per worker; 0 = none (default 0)")
+    add(
+        "--allowed-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="let web pages from this origin call the server (repeatable; default none)",
+    )
+    add(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="accept this Host name without a client token besides loopback and the listen "
+        "address (repeatable; default none)",
+    )
     # Hidden: node-supervisor options (ROUTER.md §12), the supervisor's child entry point and
     # the test-only fake-GPU count.
     for option in _SUPERVISOR_OPTIONS:
@@ -308,6 +321,8 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     kwargs["log_console"] = not args.no_log_console
     kwargs["log_programs"] = not args.no_log_programs
     kwargs["allow_unauthenticated"] = bool(args.allow_unauthenticated)
+    kwargs["allowed_origins"] = list(args.allowed_origin or [])
+    kwargs["allowed_hosts"] = list(args.allowed_host or [])
     if args.sandbox is not None:
         kwargs["sandbox"] = args.sandbox
     if args.sandbox_readonly_path:

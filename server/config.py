@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from kcoral_server.browser_guard import host_problem, origin_problem
 from kcoral_server.identity import parse_tokens
 
 GIB = 1024**3
@@ -51,6 +52,8 @@ def option_name(field_name: str) -> str:
         "router_endpoint": "--router",
         "auth_token": "KCORAL_AUTH_TOKEN",
         "allowed_serialization": "KCORAL_ALLOWED_SERIALIZATION",
+        "allowed_origins": "--allowed-origin",
+        "allowed_hosts": "--allowed-host",
     }
     return special.get(field_name, "--" + field_name.replace("_", "-"))
 
@@ -137,6 +140,9 @@ class ServerConfig:
     worker_memory_limit_bytes: int = 0
     allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
     fake_gpu_count: int = 0
+    # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_hosts: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -184,8 +190,9 @@ def _normalize(config: ServerConfig) -> None:
     if isinstance(config.sandbox_readonly_paths, (tuple, list)):
         paths = [Path(p) if isinstance(p, str) else p for p in config.sandbox_readonly_paths]
         _set(config, "sandbox_readonly_paths", paths)
-    if isinstance(config.allowed_serialization, tuple):
-        _set(config, "allowed_serialization", list(config.allowed_serialization))
+    for name in ("allowed_serialization", "allowed_origins", "allowed_hosts"):
+        if isinstance(getattr(config, name), tuple):
+            _set(config, name, list(getattr(config, name)))
     for name in (
         "worker_termination_grace_seconds",
         "worker_wait_timeout_seconds",
@@ -314,6 +321,14 @@ def validate(config: ServerConfig) -> None:
                 "allowed_serialization",
                 f"names an unknown format {name!r} (known: {', '.join(SERIALIZATION_FORMATS)})",
             )
+    for name, problem_of in (("allowed_origins", origin_problem), ("allowed_hosts", host_problem)):
+        values = getattr(config, name)
+        if not isinstance(values, list):
+            raise InvalidConfigError(name, "must be a list of strings")
+        for value in values:
+            problem = problem_of(value)
+            if problem:
+                raise InvalidConfigError(name, problem)
 
 
 def _validate_router(config: ServerConfig) -> None:

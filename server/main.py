@@ -110,6 +110,7 @@ async def _serve(settings: ServerSettings, token: str | None) -> int:
             events=events,
             sandbox=sandbox,
             auth_token=token,
+            listen_host=settings.host,
         )
         state = app.state
         await state.start()

@@ -1,4 +1,5 @@
-"""Shared handler behaviour: JSON errors, ``X-Request-ID``, ``Allow`` on 405, auth."""
+"""Shared handler behaviour: JSON errors, ``X-Request-ID``, ``Allow`` on 405, browser
+refusals (``kcoral_server.browser_guard``), auth."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class BaseHandler(tornado.web.RequestHandler):
         self.state = state
         self.request_id = accept_request_id(self.request.headers.get_list(REQUEST_ID_HEADER))
         self.identity: Identity = DEFAULT  # set by prepare() from the bearer token
+        # (status, kind, message) when prepare() refused the request (403 or 401)
+        self.early_refusal: tuple[int, str, str] | None = None
 
     def set_default_headers(self) -> None:
         self.set_header("Server", "kcoral")
@@ -33,10 +36,17 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def prepare(self) -> None:
         self.set_header(REQUEST_ID_HEADER, self.request_id)
+        # Web pages first (EXTENSIONS §6): even /health answers a foreign page nothing.
+        refusal = self.state.browser_guard.refusal(self.request.headers)
+        if refusal is not None:
+            self.early_refusal = (403, "forbidden", refusal)
+            self.send_error_json(*self.early_refusal)
+            return
         if not self.PUBLIC:
             identity = self.state.authenticate(self.request.headers)
             if identity is None:
-                self.send_error_json(401, "unauthorized", "missing or invalid bearer token")
+                self.early_refusal = (401, "unauthorized", "missing or invalid bearer token")
+                self.send_error_json(*self.early_refusal)
                 return
             self.identity = identity
         if self.request.method not in self.ALLOWED:

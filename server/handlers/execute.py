@@ -1,7 +1,8 @@
 """``POST /execute``: the streamed body, the early refusals, then the pipeline.
 
-Refusals before the body is read, in this order: 401 (auth), 413 (declared length), the
-``X-KCoral-Serialization`` 400, the in-flight-bytes / shutting-down 503 (EXTENSIONS §6).
+Refusals before the body is read, in this order: 403 (a web page), 401 (auth), 413
+(declared length), the ``X-KCoral-Serialization`` 400, the in-flight-bytes / shutting-down
+503 (EXTENSIONS §6).
 Tornado closes the connection after answering a request whose body it did not read, so
 those answers say ``Connection: close`` (a pooled client must not reuse the connection).
 A client that disconnects before its answer is written cancels its program (EXTENSIONS §9).
@@ -48,8 +49,8 @@ class ExecuteHandler(BaseHandler):
     def prepare(self) -> None:
         super().prepare()
         if self._finished:
-            if self.get_status() == 401:
-                self._log_refusal(401, "unauthorized", "missing or invalid bearer token")
+            if self.early_refusal is not None:  # 403 (a web page) or 401
+                self._log_refusal(*self.early_refusal)
             return
         state = self.state
         config = state.config
