@@ -190,6 +190,7 @@ def create_app(
     sandbox: str | None = None,
     auth_token: str | None = None,
     listen_host: str = "127.0.0.1",
+    router_secret: str | None = None,
 ) -> KCoralApplication:
     """Build the application for ``config`` (default ``ServerConfig()``); starts nothing.
 
@@ -212,6 +213,8 @@ def create_app(
         sandbox=sandbox if sandbox is not None else "none",
         auth_token=auth_token if auth_token is not None else config.read_auth_token(),
         listen_host=listen_host,
+        # A node's child (ROUTER §12): only its tunnel, which holds this secret, is served.
+        router_secret=router_secret,
     )
     return KCoralApplication(state, routes(state))
 

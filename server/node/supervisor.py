@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import random
+import secrets as secrets_module
 import signal
 import subprocess
 import sys
@@ -27,6 +28,12 @@ from urllib.parse import urlsplit
 
 import grpc
 import psutil
+from kcoral_server.node.handover import (
+    SECRETS_FD_ENV,
+    NodeSecrets,
+    child_environment,
+    write_secrets,
+)
 from kcoral_server.node.http11 import get_json
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
@@ -47,6 +54,8 @@ STRIPPED_OPTIONS = frozenset(
         "--router",
         "--node-id",
         "--node-token",
+        # The child holds no client token: only its tunnel reaches it (ROUTER §12).
+        "--auth-token-file",
         "--health-interval-seconds",
         "--health-timeout-seconds",
         "--failure-threshold",
@@ -268,18 +277,23 @@ class Supervisor:
             str(ready),
             "--node-child",
         ]
-        env = dict(self.environ)
+        # No credential in the child's environment or command line (its workers would
+        # inherit them); the node token and a fresh router secret go through a pipe.
+        env = child_environment(self.environ)
         env.pop(VERSIONS_OVERRIDE_ENV, None)
+        secrets = NodeSecrets(self.config.node_token, secrets_module.token_urlsafe(32))
+        secrets_fd = write_secrets(secrets)
         env.update(
             KCORAL_ROUTER_ENDPOINT=self.config.router_endpoint,
             KCORAL_NODE_ID=self.config.node_id,
             KCORAL_SERVER_HOST=host,
             KCORAL_SERVER_PORT=str(port),
+            **{SECRETS_FD_ENV: str(secrets_fd)},
         )
-        env.pop("KCORAL_NODE_TOKEN", None)
-        if self.config.node_token:
-            env["KCORAL_NODE_TOKEN"] = self.config.node_token
-        self.child = subprocess.Popen(args, env=env)
+        try:
+            self.child = subprocess.Popen(args, env=env, pass_fds=(secrets_fd,))
+        finally:
+            os.close(secrets_fd)
         self.child_url = None
         self.log.event("server_child_started", node_id=self.config.node_id, pid=self.child.pid)
 

@@ -48,7 +48,9 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-
+# Never taken from the router's head: the tunnel sets host and authorization itself, and a
+# browser's origin and cookies have no business on the node (the router drops them before).
+SET_BY_TUNNEL = frozenset({b"host", b"authorization", b"origin", b"cookie"})
 
 METHOD_HEADER, PATH_HEADER = b":method", b":path"
 FORWARDABLE_METHODS = frozenset({b"GET", b"POST", b"DELETE"})
@@ -133,6 +135,7 @@ class Tunnel:
         server_url: str,
         slot_count: int,
         event_log: Any,
+        server_secret: str | None = None,
     ) -> None:
         self.router_endpoint = router_endpoint
         self.node_id = node_id
@@ -141,6 +144,13 @@ class Tunnel:
         parts = urlsplit(server_url)
         self.server_host = parts.hostname or "127.0.0.1"
         self.server_port = parts.port or 80
+        self.server_authority = parts.netloc.encode("ascii")  # 127.0.0.1:PORT, the Host
+        # What every relayed request presents to the local server (ROUTER §5): the child's
+        # own address as Host (a token-less server refuses foreign Host names, EXTENSIONS
+        # §6) and the router secret, without which the child serves nobody (ROUTER §12).
+        self.local_headers: list[tuple[bytes, bytes]] = [(b"host", self.server_authority)]
+        if server_secret:
+            self.local_headers.append((b"authorization", f"Bearer {server_secret}".encode()))
         self.slot_count = slot_count
         self.control_slots = control_slot_count(slot_count)
         self.event_log = event_log
@@ -325,11 +335,11 @@ class Tunnel:
             (h.name, h.value)
             for h in head.headers
             if h.name.lower() not in HOP_BY_HOP
+            and h.name.lower() not in SET_BY_TUNNEL
             and not h.name.startswith(b":")
             and not (chunked and h.name.lower() == b"content-length")
         ]
-        if not any(name.lower() == b"host" for name, _ in headers):
-            headers.append((b"host", b"kcoral-tunnel"))
+        headers.extend(self.local_headers)
         if chunked:
             headers.append((b"transfer-encoding", b"chunked"))
         connection = await pool.get()
@@ -436,12 +446,14 @@ async def start_tunnel(
     event_log: Any,
     *,
     instance_id: str | None = None,
+    server_secret: str | None = None,
 ) -> TunnelHandle:
     """Open ``slot_count`` slots for the server listening at ``server_url``.
 
     ``settings`` is the server's ``ServerSettings`` (or its ``ServerConfig``). Pass the
     server's ``instance_id``; without it, it is read from ``/internal/worker-status`` (the
-    slots must name the instance the supervisor reports).
+    slots must name the instance the supervisor reports). ``server_secret`` is the router
+    secret the local server requires (ROUTER §12).
     """
     config = getattr(settings, "config", settings)
     if instance_id is None:
@@ -454,6 +466,7 @@ async def start_tunnel(
         server_url,
         slot_count,
         event_log,
+        server_secret,
     )
     tunnel.start()
     return TunnelHandle(tunnel)

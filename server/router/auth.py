@@ -3,24 +3,32 @@ check (EXTENSIONS §6), router-made ``ERROR`` answers and the ``request_finished
 
 from __future__ import annotations
 
-import hmac
 import time
 import uuid
 from typing import Any
 
 import tornado.web
+from kcoral_server.browser_guard import BrowserGuard
+from kcoral_server.identity import DEFAULT, Identity
 
 from kcoral.protocol.strict_json import dumps_compact
 
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
 
 
-def token_matches(header: str | None, token: str | None) -> bool:
-    """Constant-time check of an ``Authorization: Bearer <token>`` header (no token = open)."""
-    if token is None:
-        return True
-    given = (header or "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, f"Bearer {token}".encode())
+def browser_refusal(state: Any, headers: Any) -> str | None:
+    """The 403 ``forbidden`` message for a web page's request, or None (EXTENSIONS §6).
+
+    Runs before the token check on every endpoint, ``/health`` included; see
+    ``kcoral_server.browser_guard`` for who is refused and why."""
+    settings = state.settings
+    guard = BrowserGuard.build(
+        settings.allowed_origins,
+        settings.allowed_hosts,
+        settings.host,
+        token_required=settings.auth_token is not None,
+    )
+    return guard.refusal(headers)
 
 
 class RouterHandler(tornado.web.RequestHandler):
@@ -42,14 +50,25 @@ class RouterHandler(tornado.web.RequestHandler):
         self.request_bytes = 0
         self.response_bytes = 0
         self.queue_wait_ms = 0.0
+        self.identity: Identity = DEFAULT
 
     def check_request(self) -> bool:
-        """401 without the client token, 405 for other methods; True when the request may go on."""
+        """403 for a web page, 401 without the client token, 405 for other methods; True when
+        the request may go on."""
         self.set_header("X-Request-ID", self.request_id)
-        token = self.state.settings.auth_token
-        if not token_matches(self.request.headers.get("Authorization"), token):
+        refusal = browser_refusal(self.state, self.request.headers)
+        if refusal is not None:
+            self.send_router_error(403, "forbidden", refusal, "request_rejected")
+            return False
+        # The identity the router vouches for to its nodes (X-KCoral-Identity); a client's
+        # own X-KCoral-Identity is never believed here (no router secret on this side).
+        identity = self.state.authenticator.authenticate(
+            self.request.headers.get("Authorization"), None
+        )
+        if identity is None:
             self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
             return False
+        self.identity = identity
         if self.request.method not in self.ALLOWED:
             self.send_router_error(
                 405,

@@ -15,6 +15,7 @@ from typing import Any
 
 import tornado.iostream
 import tornado.web
+from kcoral_server.identity import IDENTITY_HEADER, Identity
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
 from kcoral_server.router.frames import encode_data
@@ -35,13 +36,26 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-NOT_FORWARDED = HOP_BY_HOP | {"host", "expect", "x-kcoral-node", "x-request-id", "content-length"}
+# The client's credentials and browser headers stay at the router (a node, rogue or not,
+# never sees a client token); the identity the router checked travels instead, in
+# X-KCoral-Identity, which the node believes only from its tunnel (ROUTER §3, §8.4).
+CLIENT_ONLY = frozenset({"authorization", "cookie", "origin", IDENTITY_HEADER.lower()})
+NOT_FORWARDED = (
+    HOP_BY_HOP | CLIENT_ONLY | {"host", "expect", "x-kcoral-node", "x-request-id", "content-length"}
+)
 NOT_RELAYED = HOP_BY_HOP | {"content-length", "x-kcoral-node", "x-request-id"}
 TRANSPORT_MESSAGE = (
     "the tunnel to the node failed; the execution outcome is unknown and was not retried"
 )
 METHOD_HEADER, PATH_HEADER = b":method", b":path"
 BUFFERED_ANSWER_LIMIT = 1 << 16
+
+
+def identity_header(identity: Identity) -> pb.HttpHeader:
+    """``x-kcoral-identity`` naming who the router authenticated (``default`` when open)."""
+    return pb.HttpHeader(
+        name=IDENTITY_HEADER.lower().encode(), value=identity.header_value().encode()
+    )
 
 
 def connection_named(headers: Any) -> set[str]:
@@ -160,6 +174,7 @@ class ForwardHandler(RouterHandler):
             for name, value in self.request.headers.get_all()
             if name.lower() not in dropped
         )
+        headers.append(identity_header(self.identity))
         headers.append(pb.HttpHeader(name=b"x-request-id", value=self.request_id.encode()))
         if self.declared is not None:
             headers.append(pb.HttpHeader(name=b"content-length", value=str(self.declared).encode()))

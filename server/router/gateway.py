@@ -70,6 +70,20 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         node_id = first.node_id
         stream = self.registry.attach_supervisor(node_id)
+        if stream is None:
+            # ROUTER §4.3: the id belongs to a live stream; the claimant gets no traffic.
+            self.log.event(
+                "node_claim_refused",
+                level="WARNING",
+                node=node_id,
+                supervisor=first.supervisor_instance_id,
+                peer=context.peer(),
+                message="another supervisor stream for this node id is open and reporting",
+            )
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                "node id is held by a live supervisor stream",
+            )
         self.log.event("node_connected", node=node_id, supervisor=first.supervisor_instance_id)
         try:
             self.registry.apply_status(stream, first)

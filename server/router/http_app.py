@@ -4,11 +4,13 @@ token when one is set."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import tornado.web
-from kcoral_server.router.auth import NotFoundHandler
+from kcoral_server.identity import Authenticator, parse_tokens
+from kcoral_server.router.auth import NotFoundHandler, browser_refusal
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler
 from kcoral_server.router.log import RouterLog
@@ -32,6 +34,13 @@ class RouterState:
     started_at: str
     in_progress: int = 0  # requests on worker slots (control requests are not load)
     jobs: JobIndex = field(default_factory=JobIndex)
+    authenticator: Authenticator = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The client-token file has the server's format (EXTENSIONS §6): one bare token
+        # (identity ``default``) or ``NAME TOKEN [admin]`` lines; none = everyone ``default``.
+        tokens = self.settings.auth_token
+        self.authenticator = Authenticator(parse_tokens(tokens) if tokens is not None else None)
 
 
 def utc_now_micros() -> str:
@@ -44,6 +53,16 @@ class HealthHandler(tornado.web.RequestHandler):
 
     def compute_etag(self) -> None:
         return None  # a conditional GET still gets 200 and the body (PROTOCOL §12)
+
+    def prepare(self) -> None:
+        # No token is needed here, but a web page still learns nothing (EXTENSIONS §6).
+        refusal = browser_refusal(self.state, self.request.headers)
+        if refusal is not None:
+            error = {"kind": "forbidden", "message": refusal}
+            body = {"status": "ERROR", "request_id": str(uuid.uuid4()), "error": error}
+            self.set_status(403)
+            self.set_header("Content-Type", "application/json")
+            self.finish(dumps_compact(body))
 
     def get(self) -> None:
         state = self.state

@@ -19,7 +19,12 @@ from collections import OrderedDict
 from typing import Any
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.forward import METHOD_HEADER, PATH_HEADER, ForwardHandler
+from kcoral_server.router.forward import (
+    METHOD_HEADER,
+    PATH_HEADER,
+    ForwardHandler,
+    identity_header,
+)
 from kcoral_server.router.identity import MAX_FRAME_DATA
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, SlotBroken
@@ -117,8 +122,10 @@ def _error_kind(body: bytes) -> str | None:
 
 
 def _auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
-    value = handler.request.headers.get("Authorization")
-    return [] if value is None else [(b"authorization", value.encode("latin-1"))]
+    """Who asks, as the router vouches for it: never the client's own token (ROUTER §8.4);
+    each node answers only with that identity's jobs (404 for another's)."""
+    header = identity_header(handler.identity)
+    return [(header.name, header.value)]
 
 
 class JobsHandler(ForwardHandler):

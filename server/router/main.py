@@ -123,6 +123,16 @@ async def serve(settings: RouterSettings) -> int:
             host=settings.host,
             message="listening on a non-loopback address without client authentication",
         )
+    if settings.node_token is None and (
+        settings.auth_token is not None or not ipaddress.ip_address(settings.host).is_loopback
+    ):
+        log.event(
+            "unauthenticated_nodes",
+            level="WARNING",
+            host=settings.host,
+            message="accepting nodes without a node token (--allow-unauthenticated-nodes): "
+            "anyone who reaches the gRPC port can act as a node and receive client programs",
+        )
     sys.stderr.write(f"KCoral router listening on {url}\n")
     sys.stderr.flush()
     if settings.ready_file is not None:

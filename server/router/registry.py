@@ -23,7 +23,7 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
 
 @dataclass(eq=False)
 class SupervisorStream:
-    """One ``ConnectSupervisor`` call; a newer one for the same node supersedes it."""
+    """One ``ConnectSupervisor`` call; a newer one supersedes it only once it is silent."""
 
     node_id: str
     superseded: bool = False
@@ -87,9 +87,19 @@ class Registry:
 
     # -- supervisor streams ----------------------------------------------------------------
 
-    def attach_supervisor(self, node_id: str) -> SupervisorStream:
+    def attach_supervisor(self, node_id: str) -> SupervisorStream | None:
+        """The new stream for ``node_id``, or None when a live one already holds the id.
+
+        A stream is live while it is open and its last status is within
+        ``--max-status-age-seconds``: a second claim then comes from another process (a
+        rogue node, or a copy started by mistake) and must not take the node's traffic
+        (ROUTER §4.3). A silent (half-open) stream is superseded, so a node whose old
+        connection died unnoticed still gets back in.
+        """
         node = self._node(node_id)
         if node.stream is not None:
+            if time.monotonic() - node.last_status_at <= self.settings.max_status_age_seconds:
+                return None
             node.stream.superseded = True
         node.stream = SupervisorStream(node_id)
         return node.stream

@@ -10,6 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcoral_server.browser_guard import host_problem, origin_problem
+from kcoral_server.identity import parse_tokens
+
 
 @dataclass(frozen=True)
 class RouterSettings:
@@ -26,8 +29,12 @@ class RouterSettings:
     max_request_bytes: int = 268435456
     node_token: str | None = None
     ready_file: Path | None = None
-    auth_token: str | None = None  # the client token (EXTENSIONS §6), not the node token
+    auth_token: str | None = None  # the client token file's text (EXTENSIONS §6)
     allow_unauthenticated: bool = False
+    allow_unauthenticated_nodes: bool = False
+    # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
 
     def __repr__(self) -> str:  # never show the tokens
         fields = dict(self.__dict__)
@@ -76,6 +83,27 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="listen on a non-loopback address without a client token",
     )
+    add(
+        "--allow-unauthenticated-nodes",
+        action="store_true",
+        help="accept nodes without a node token although the router listens off loopback "
+        "or has a client token",
+    )
+    add(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from this origin call the router (repeatable; default none)",
+    )
+    add(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="accept this Host name without a client token besides loopback and the listen "
+        "address (repeatable; default none)",
+    )
     add("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -93,6 +121,10 @@ def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
         raise SettingsError(f"--auth-token-file cannot be read: {reason}") from None
     if not token:
         raise SettingsError("--auth-token-file is empty")
+    try:
+        parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
+    except ValueError as exc:
+        raise SettingsError(f"--auth-token-file: {exc}") from None
     return token
 
 
@@ -115,6 +147,27 @@ def parse_router_args(
             f"refusing to listen on non-loopback address {args.host} without a client token; "
             "set --auth-token-file or KCORAL_AUTH_TOKEN, or pass --allow-unauthenticated"
         )
+    if (
+        token is None
+        and (auth_token is not None or not address.is_loopback)
+        and not args.allow_unauthenticated_nodes
+    ):
+        # ROUTER §3: a node receives client programs and answers them; anyone who can claim
+        # to be one reads what clients send. Only a loopback router without client tokens
+        # (one user, one machine) may go without a node token.
+        raise SettingsError(
+            "refusing to accept nodes without a node token on a router that listens off "
+            "loopback or has a client token; set KCORAL_NODE_TOKEN (or --node-token), or "
+            "pass --allow-unauthenticated-nodes"
+        )
+    for option, values, problem_of in (
+        ("--allowed-origin", args.allowed_origin, origin_problem),
+        ("--allowed-host", args.allowed_host, host_problem),
+    ):
+        for value in values:
+            problem = problem_of(value)
+            if problem:
+                raise SettingsError(f"{option} {problem}")
     if not 0 <= args.port <= 65535:
         raise SettingsError("--port must be between 0 and 65535")
     if args.grpc_port is not None and not 0 <= args.grpc_port <= 65535:
@@ -150,4 +203,7 @@ def parse_router_args(
         ready_file=args.ready_file,
         auth_token=auth_token,
         allow_unauthenticated=args.allow_unauthenticated,
+        allow_unauthenticated_nodes=args.allow_unauthenticated_nodes,
+        allowed_origins=tuple(args.allowed_origin),
+        allowed_hosts=tuple(args.allowed_host),
     )

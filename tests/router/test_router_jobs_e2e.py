@@ -69,10 +69,15 @@ def submission_nodes(log: str) -> list[str]:
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("routed-jobs")
+    # A router with a client token needs a node token too (ROUTER §3).
+    nodes_env = {"KCORAL_NODE_TOKEN": "routed-node-token"}
     router = start_router(
-        tmp, "--status-check-interval-seconds", "0.3", env={"KCORAL_AUTH_TOKEN": TOKEN}
+        tmp,
+        "--status-check-interval-seconds",
+        "0.3",
+        env={"KCORAL_AUTH_TOKEN": TOKEN, **nodes_env},
     )
-    nodes = [Node(tmp, router, "node-a"), Node(tmp, router, "node-b")]
+    nodes = [Node(tmp, router, "node-a", nodes_env), Node(tmp, router, "node-b", nodes_env)]
     try:
         ready_nodes(router, 2)
         yield router, tmp

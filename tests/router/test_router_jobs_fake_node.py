@@ -139,11 +139,12 @@ def test_an_open_event_stream_leaves_the_worker_slot_to_execute(router):
 
 
 def test_the_client_token_guards_every_endpoint_but_health(tmp_path: Path):
-    router = start_router(tmp_path, env={"KCORAL_AUTH_TOKEN": "s3cret"})
+    # A router with a client token needs a node token too (ROUTER §3).
+    router = start_router(tmp_path, env={"KCORAL_AUTH_TOKEN": "s3cret", "KCORAL_NODE_TOKEN": "n"})
     good = [("Authorization", "Bearer s3cret")]
 
     async def scenario() -> None:
-        node = jobs_node(router.port, "a", [], control_slots=1)
+        node = jobs_node(router.port, "a", [], control_slots=1, token="n")
         await node.start()
         await wait_for_health(router.port, capacity(1))
         for method, path in [
@@ -176,16 +177,21 @@ def test_the_client_token_guards_every_endpoint_but_health(tmp_path: Path):
 
 
 def test_a_non_loopback_router_needs_a_client_token_or_an_explicit_opt_out(tmp_path: Path):
+    nodes = {"KCORAL_NODE_TOKEN": "n"}  # off loopback a node token is required as well
     with pytest.raises(SettingsError, match="without a client token"):
-        parse_router_args(["--host", "0.0.0.0"], {})
+        parse_router_args(["--host", "0.0.0.0"], nodes)
     assert (
-        parse_router_args(["--host", "0.0.0.0", "--allow-unauthenticated"], {}).auth_token is None
+        parse_router_args(["--host", "0.0.0.0", "--allow-unauthenticated"], nodes).auth_token
+        is None
     )
-    assert parse_router_args(["--host", "::"], {"KCORAL_AUTH_TOKEN": "t"}).auth_token == "t"
+    assert (
+        parse_router_args(["--host", "::"], {**nodes, "KCORAL_AUTH_TOKEN": "t"}).auth_token == "t"
+    )
     token_file = tmp_path / "token"
     token_file.write_text("from-file\n")
     settings = parse_router_args(
-        ["--host", "0.0.0.0", "--auth-token-file", str(token_file)], {"KCORAL_AUTH_TOKEN": "env"}
+        ["--host", "0.0.0.0", "--auth-token-file", str(token_file)],
+        {**nodes, "KCORAL_AUTH_TOKEN": "env"},
     )
     assert settings.auth_token == "from-file"
     assert "from-file" not in repr(settings)

@@ -149,6 +149,8 @@ def test_a_starting_node_fails_at_once_and_a_lost_stream_needs_recovery() -> Non
     stream = registry.attach_supervisor("n")
     registry.apply_status(stream, status(healthy=False))
     assert registry.nodes["n"].state == "unhealthy"
+    assert registry.attach_supervisor("n") is None  # the first stream still reports
+    registry.nodes["n"].last_status_at -= 3600  # ...until it falls silent (half-open)
     newer = registry.attach_supervisor("n")
     assert stream.superseded
     registry.apply_status(newer, status())

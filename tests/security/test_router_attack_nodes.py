@@ -1,0 +1,258 @@
+"""Attacks on a router by whoever can reach its gRPC side or plays a node (issue 16, 5a–5c).
+
+Attackers: a *rogue node* (a process that connects as a supervisor, with or without the node
+token) and a *token holder* who tries to speak for another identity. Each test runs a real
+``kcoral router`` process against in-process fake nodes (``tests/router/router_helpers``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+
+from kcoral_server.node.tunnel import auth_metadata, open_channel
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from router_helpers import (
+    FakeNode,
+    RouterProcess,
+    http_request,
+    start_router,
+    wait_for_health,
+)
+
+NODE_TOKEN = "node-token-for-tests"
+ALICE, BOB = "alice-client-token", "bob-client-token"
+
+
+def capacity(n: int):
+    return lambda body: body["load"]["request_capacity"] >= n
+
+
+def router_exit(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KCORAL_")}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "kcoral", "router", "--port", "0", *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+
+
+def test_a_router_with_a_client_token_or_off_loopback_refuses_to_start_without_a_node_token(
+    tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "clients"
+    token_file.write_text(f"alice {ALICE}\n")
+    for args in (
+        ["--auth-token-file", str(token_file)],  # loopback, but clients must authenticate
+        ["--host", "0.0.0.0", "--auth-token-file", str(token_file)],
+        ["--host", "0.0.0.0", "--allow-unauthenticated"],
+    ):
+        finished = router_exit(tmp_path, *args)
+        assert finished.returncode == 2, (args, finished.stderr)
+        assert "--allow-unauthenticated-nodes" in finished.stderr
+        assert "KCORAL_NODE_TOKEN" in finished.stderr
+
+
+def test_an_explicit_opt_out_accepts_unauthenticated_nodes_with_a_warning(tmp_path: Path) -> None:
+    router = start_router(
+        tmp_path, "--allow-unauthenticated-nodes", env={"KCORAL_AUTH_TOKEN": ALICE}
+    )
+    try:
+        log = router.wait_log("unauthenticated_nodes")
+        assert "WARNING" in log and "unauthenticated_nodes" in log
+    finally:
+        router.stop()
+
+
+async def claim(router: RouterProcess, node_id: str, token: str | None) -> grpc.StatusCode:
+    """A second supervisor stream for ``node_id``; the status code it ends with."""
+    channel = open_channel(router.url)
+    try:
+        call = pb_grpc.RouterGatewayStub(channel).ConnectSupervisor(metadata=auth_metadata(token))
+        rogue = FakeNode(router.port, node_id)
+        try:
+            await call.write(rogue.status())
+            answer = await asyncio.wait_for(call.read(), 10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        assert answer is grpc.aio.EOF, "the claim was acknowledged"
+        return (await call.code()) if hasattr(call, "code") else grpc.StatusCode.UNKNOWN
+    finally:
+        await channel.close()
+
+
+def test_a_rogue_supervisor_cannot_take_a_live_nodes_id_and_gets_no_client_traffic(
+    tmp_path: Path,
+) -> None:
+    # The rogue even holds the node token (a copied credential, or a node started twice).
+    router = start_router(
+        tmp_path, "--status-check-interval-seconds", "0.2", env={"KCORAL_NODE_TOKEN": NODE_TOKEN}
+    )
+
+    async def scenario() -> None:
+        real = FakeNode(router.port, "gpu-1", slots=2, token=NODE_TOKEN)
+        await real.start()
+        await wait_for_health(router.port, capacity(2))
+        assert await claim(router, "gpu-1", NODE_TOKEN) == grpc.StatusCode.ALREADY_EXISTS
+        # The rogue's slots name its own server instance: they are never given work.
+        rogue = FakeNode(router.port, "gpu-1", slots=2, token=NODE_TOKEN)
+        rogue.channel = open_channel(router.url)
+        rogue.stub = pb_grpc.RouterGatewayStub(rogue.channel)
+        for _ in range(2):
+            await rogue.open_slot()
+        for _ in range(8):
+            answer = await http_request(router.port, "POST", "/execute", b"secret program")
+            assert answer.status == 200 and answer.header("X-KCoral-Node") == "gpu-1"
+        assert rogue.requests == [] and len(real.requests) == 8
+        health = await wait_for_health(router.port, capacity(2))
+        assert health["status"] == "ok"
+        await rogue.close()
+        await real.close()
+
+    try:
+        asyncio.run(scenario())
+        log = router.wait_log("node_claim_refused")
+        assert "node_claim_refused" in log and "WARNING" in log
+        assert "node_disconnected" not in log  # the real node was never replaced
+    finally:
+        router.stop()
+
+
+def test_a_node_whose_old_stream_went_silent_gets_back_in_at_once(tmp_path: Path) -> None:
+    router = start_router(
+        tmp_path,
+        "--status-check-interval-seconds",
+        "0.2",
+        "--max-status-age-seconds",
+        "1",
+        "--node-retention-seconds",
+        "60",
+    )
+
+    async def scenario() -> None:
+        old = FakeNode(router.port, "gpu-1")
+        await old.start()
+        await wait_for_health(router.port, capacity(1))
+        # Half-open: the old stream stays open but sends nothing more (a network cut the
+        # router has not noticed); after the status age a reconnect must get in.
+        for task in old.tasks[:1]:
+            task.cancel()
+        await asyncio.sleep(1.5)
+        new = FakeNode(router.port, "gpu-1")
+        await new.start()  # acknowledged (FakeNode.start asserts the ack)
+        await wait_for_health(router.port, lambda b: b["status"] == "ok")
+        answer = await http_request(router.port, "POST", "/execute", b"x")
+        assert answer.status == 200 and new.requests
+        await new.close()
+        await old.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()
+
+
+def seen_headers(answer) -> list[tuple[str, str]]:
+    return [(n.lower(), v) for n, v in json.loads(answer.header("x-seen"))]
+
+
+def test_a_rogue_node_sees_no_client_token_origin_or_cookie_only_the_routers_identity(
+    tmp_path: Path,
+) -> None:
+    clients = tmp_path / "clients"
+    clients.write_text(f"alice {ALICE}\nbob {BOB} admin\n")
+    router = start_router(
+        tmp_path,
+        "--auth-token-file",
+        str(clients),
+        "--allowed-origin",
+        "https://notebook.example",
+        env={"KCORAL_NODE_TOKEN": NODE_TOKEN},
+    )
+    heads: list[pb.RequestHead] = []
+
+    async def logging_node(head: pb.RequestHead, body: bytes):
+        heads.append(head)  # what a rogue node would write to its log
+        pseudo = {h.name: h.value for h in head.headers}
+        if pseudo.get(b":path") == b"/v1/jobs":
+            return 200, [(b"content-type", b"application/json")], b"[]"
+        seen = json.dumps([[h.name.decode(), h.value.decode()] for h in head.headers])
+        return 200, [(b"x-seen", seen.encode())], body
+
+    async def scenario() -> None:
+        node = FakeNode(
+            router.port, "rogue", token=NODE_TOKEN, control_slots=1, handler=logging_node
+        )
+        await node.start()
+        await wait_for_health(router.port, capacity(1))
+        answer = await http_request(
+            router.port,
+            "POST",
+            "/execute",
+            b"x",
+            [
+                ("Authorization", f"Bearer {ALICE}"),
+                ("Origin", "https://notebook.example"),
+                ("Cookie", "session=abc"),
+                ("X-KCoral-Identity", "bob;admin"),  # alice pretending to be the admin
+            ],
+        )
+        assert answer.status == 200, answer.body
+        headers = seen_headers(answer)
+        names = [n for n, _ in headers]
+        for leaked in ("authorization", "origin", "cookie"):
+            assert leaked not in names
+        assert [v for n, v in headers if n == "x-kcoral-identity"] == ["alice"]
+        admin = await http_request(
+            router.port, "POST", "/execute", b"x", [("Authorization", f"Bearer {BOB}")]
+        )
+        assert [v for n, v in seen_headers(admin) if n == "x-kcoral-identity"] == ["bob;admin"]
+        listed = await http_request(
+            router.port, "GET", "/v1/jobs", headers=[("Authorization", f"Bearer {ALICE}")]
+        )
+        assert listed.status == 200
+        await node.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()
+    assert heads
+    for head in heads:
+        values = b" ".join(h.name + b"=" + h.value for h in head.headers)
+        assert ALICE.encode() not in values and BOB.encode() not in values
+        assert b"authorization" not in [h.name.lower() for h in head.headers]
+
+
+def test_a_router_without_client_tokens_names_every_caller_default(tmp_path: Path) -> None:
+    router = start_router(tmp_path)
+
+    async def scenario() -> None:
+        node = FakeNode(router.port, "n1")
+        await node.start()
+        await wait_for_health(router.port, capacity(1))
+        answer = await http_request(
+            router.port, "POST", "/execute", b"x", [("X-KCoral-Identity", "root;admin")]
+        )
+        assert answer.status == 200
+        identities = [v for n, v in seen_headers(answer) if n == "x-kcoral-identity"]
+        assert identities == ["default"]
+        await node.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()
