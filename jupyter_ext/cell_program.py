@@ -3,6 +3,11 @@
 Inputs travel in the cheapest honest form: tensors (NumPy, torch, DLPack) as tensor uploads,
 ``bytes`` as bytes uploads, JSON values as one literal argument, and everything else pickled
 in one ``bytes`` upload (which needs ``X-KCoral-Serialization: pickle``). No IPython here.
+
+Who can reach what (a malicious server): the answer is checked against what this cell asked
+for before anything reaches the kernel's namespace. Only the ``--out`` names come back, only
+they are unpickled, and only when the cell itself was sent with pickle (``load_requested``
+gets exactly that set); HTML the server authored is shown only in a sandboxed iframe.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from kcoral_jupyter.cell_source import CELL_FUNCTION, wrapper_source
 
 from kcoral import Program, ProgramResult
+from kcoral.errors import ProtocolError
 from kcoral.protocol.dtypes import dtype_name_of_numpy
 
 #: Return key of the cell's own value (outputs, final expression).
@@ -47,6 +53,25 @@ class BuiltCell:
     serialization: str | None  # "pickle" when some input had to be pickled
     torch_inputs: bool  # an input was a torch tensor: give tensors back as torch
     pickled_inputs: tuple[str, ...]
+    # What the cell asked to get back: nothing else is accepted from the server.
+    outputs: tuple[str, ...] = ()
+    return_files: tuple[str, ...] = ()
+    return_folders: tuple[str, ...] = ()
+
+    @property
+    def pickle_outputs(self) -> frozenset[str]:
+        """The ``--out`` names the server may answer pickled: all of them when the request
+        is sent with pickle (the wrapper pickles only what has no plain encoding), else none."""
+        return frozenset(self.outputs) if self.serialization == "pickle" else frozenset()
+
+    @property
+    def return_keys(self) -> frozenset[str]:
+        """The program's return keys: the cell record plus each file and folder asked for."""
+        return frozenset(
+            [CELL_KEY]
+            + [FILE_KEY_PREFIX + path for path in self.return_files]
+            + [FOLDER_KEY_PREFIX + path for path in self.return_folders]
+        )
 
 
 @dataclass(frozen=True)
@@ -56,7 +81,8 @@ class CellOutcome:
     outputs: dict[str, Any]
     has_value: bool
     value: Any = None
-    display: dict[str, str] | None = None  # a final value the server could only describe
+    # A final value the server could only describe, made safe: text, or HTML in a sandbox.
+    display: dict[str, str] | None = None
     files: dict[str, Any] = field(default_factory=dict)  # return path -> ReturnedFile/Folder
 
 
@@ -171,34 +197,85 @@ def build_cell(spec: CellSpec) -> BuiltCell:
         serialization="pickle" if pickled else None,
         torch_inputs=torch_inputs,
         pickled_inputs=tuple(pickled),
+        outputs=tuple(spec.outputs),
+        return_files=tuple(spec.return_files),
+        return_folders=tuple(spec.return_folders),
     )
 
 
-def read_outcome(result: ProgramResult, *, torch_outputs: bool = False) -> CellOutcome:
-    """Decode a ``COMPLETED`` cell result (tensors to torch when the inputs were torch)."""
+#: The fields of the record the wrapper returns (``cell_source._collect``).
+_CELL_FIELDS = frozenset(("outputs", "pickled", "has_value", "value", "display"))
+
+
+def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
+    """Decode the ``COMPLETED`` result of ``built``; ``ProtocolError`` for anything it did
+    not ask for.
+
+    The whole answer is checked before any value is unpickled or bound: an unexpected return
+    key, record field or ``--out`` name, a name sent twice or not at all, or a pickled value
+    the cell did not send with pickle. Refusing the whole answer (rather than ignoring the
+    extra) keeps the namespace untouched and tells the user the server misbehaved. Tensors
+    come back as torch when the inputs were torch.
+    """
+    what = f"request {result.request_id}"
+    unexpected = sorted(set(result.results) - built.return_keys)
+    if unexpected:
+        raise ProtocolError(
+            f"{what}: the server returned keys the cell did not ask for: {unexpected}"
+        )
     cell = result.results.get(CELL_KEY)
     if not isinstance(cell, dict):
-        raise ValueError(f"request {result.request_id}: the cell returned no value record")
-    outputs = dict(cell.get("outputs") or {})
-    packed = cell.get("pickled")
-    if isinstance(packed, bytes):
-        from kcoral.remote import load_envelope
+        raise ProtocolError(f"{what}: the cell returned no value record")
+    extra_fields = sorted(set(cell) - _CELL_FIELDS)
+    if extra_fields:
+        raise ProtocolError(f"{what}: the cell record has unknown fields {extra_fields}")
+    outputs = cell.get("outputs", {})
+    pickled = cell.get("pickled", {})
+    if not isinstance(outputs, dict):
+        raise ProtocolError(f"{what}: the cell's outputs must be an object")
+    if not isinstance(pickled, dict):
+        raise ProtocolError(
+            f"{what}: the cell's pickled values must be an object of names (one envelope each), "
+            f"not a {type(pickled).__name__}; nothing was unpickled"
+        )
+    requested = set(built.outputs)
+    problems = [
+        f"{label} {names}"
+        for label, names in (
+            ("names the cell did not ask for with -o:", sorted(set(outputs) - requested)),
+            ("names sent twice:", sorted(set(outputs) & set(pickled))),
+            ("no value for -o", sorted(requested - set(outputs) - set(pickled))),
+        )
+        if names
+    ]
+    if problems:
+        raise ProtocolError(f"{what}: the server's answer has {'; '.join(problems)}; nothing bound")
+    display = cell.get("display")
+    if display is not None and not isinstance(display, dict):
+        raise ProtocolError(f"{what}: the cell's display must be an object")
+    from kcoral.remote import load_requested
 
-        outputs.update(load_envelope(packed, writer="server", reader="client"))
+    values = dict(outputs)
+    values.update(load_requested(pickled, built.pickle_outputs, what=what))
     value = cell.get("value")
-    if torch_outputs:
-        outputs = {name: to_torch(item) for name, item in outputs.items()}
+    if built.torch_inputs:
+        values = {name: to_torch(item) for name, item in values.items()}
         value = to_torch(value)
     files = {
         key.partition(":")[2]: item
         for key, item in result.results.items()
         if key.startswith((FILE_KEY_PREFIX, FOLDER_KEY_PREFIX))
     }
+    shown = None
+    if display is not None:
+        from kcoral_jupyter.display import server_display
+
+        shown = server_display(display)
     return CellOutcome(
-        outputs=outputs,
+        outputs=values,
         has_value=bool(cell.get("has_value")),
         value=value,
-        display=cell.get("display"),
+        display=shown,
         files=files,
     )
 

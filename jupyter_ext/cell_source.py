@@ -8,6 +8,12 @@ a final expression the way IPython does, and returns the ``--out`` values.
 
 The wrapper is self-contained text; the server needs only ``kcoral`` (for the pickle envelope
 and ``ExecutionError``), never this package.
+
+What comes back is a record the kernel does not trust (a malicious server can send anything):
+``outputs`` (plain values by ``--out`` name), ``pickled`` (one envelope per ``--out`` name,
+only when the request was admitted with pickle), ``value`` or ``display`` (a ``text/plain`` /
+``text/html`` bundle of a final value that has no plain encoding). ``cell_program.read_outcome``
+checks every name and shows server HTML only in a sandboxed iframe.
 """
 
 from __future__ import annotations
@@ -126,8 +132,9 @@ def _collect(namespace, value, has_value):
         else:
             result["display"] = _display_data(value)
     if pickled:
+        # One envelope per --out name: the client checks the names before unpickling any.
         from kcoral.remote import dump_envelope
-        result["pickled"] = dump_envelope(pickled)
+        result["pickled"] = {{name: dump_envelope(item) for name, item in pickled.items()}}
     return result
 
 

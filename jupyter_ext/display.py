@@ -4,6 +4,12 @@ Self-contained markup with inline styles (no scripts, no widgets), so it renders
 JupyterLab, a saved notebook, nbconvert's HTML and a plain browser. Everything user-supplied
 is escaped; images are data URIs inside ``<img>`` (an SVG there cannot run scripts).
 
+Who can reach what (a malicious server): every string a server sends (names, messages,
+dtypes, paths, stdout/stderr, tracebacks) is escaped into our own markup. HTML the server
+*authored* (a remote DataFrame's ``_repr_html_``) is shown only by ``server_display``: inside
+an ``<iframe sandbox="">`` (no script, an opaque origin, no forms, no navigation of the
+notebook) whose document forbids network loads, never as raw HTML or JavaScript.
+
 The client classes reach this module lazily from their ``_repr_html_``; the IPython
 extension also registers these functions with IPython's HTML formatter.
 """
@@ -92,6 +98,50 @@ def timing_bar(
         f'background:#eaeef2;margin:4px 0">{"".join(segments)}</div>'
         f'<div style="color:#57606a">{legend} · total {escape(format_ms(total))}</div></div>'
     )
+
+
+# ------------------------------------------------------------- server-authored displays
+
+#: The iframe document may load nothing from the network (no beacons, no requests to other
+#: loopback services); inline styles and data: images still render.
+FRAME_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; font-src data:"
+MIN_FRAME_HEIGHT = 60
+MAX_FRAME_HEIGHT = 480
+
+
+def sandboxed_html(markup: str) -> str:
+    """``markup`` as the escaped ``srcdoc`` of an iframe that runs no script.
+
+    ``sandbox=""`` grants nothing: no scripts, an opaque origin (no access to the notebook,
+    its cookies or its kernel), no forms, popups or top-level navigation.
+    """
+    document = f'<meta http-equiv="Content-Security-Policy" content="{FRAME_POLICY}">{markup}'
+    lower = markup.lower()
+    rows = lower.count("<tr") or lower.count("<br") + markup.count("\n") + 1
+    height = min(MAX_FRAME_HEIGHT, max(MIN_FRAME_HEIGHT, 32 + 26 * rows))
+    return (
+        f'<iframe class="kcoral-server-html" sandbox="" srcdoc="{escape(document)}" '
+        'referrerpolicy="no-referrer" title="HTML from the KCoral server (sandboxed)" '
+        f'style="width:100%;max-width:900px;height:{height}px;border:1px solid #d0d7de;'
+        'border-radius:6px"></iframe>'
+    )
+
+
+def server_display(bundle: Mapping[str, object]) -> dict[str, str]:
+    """A display bundle the server authored, made safe to show in the notebook.
+
+    ``text/plain`` stays text, ``text/html`` becomes a ``sandboxed_html`` iframe. Every other
+    MIME type (and any value that is not a string) is dropped: JavaScript would run as is,
+    and SVG, Markdown (raw HTML passes through), LaTeX and widget views all have front ends
+    that execute or inline markup. Our own wrapper never sends them.
+    """
+    shown: dict[str, str] = {}
+    plain = bundle.get("text/plain")
+    shown["text/plain"] = plain if isinstance(plain, str) else "<display from the server>"
+    markup = bundle.get("text/html")
+    if isinstance(markup, str):
+        shown["text/html"] = sandboxed_html(markup)
+    return shown
 
 
 # ---------------------------------------------------------------------------- tensors

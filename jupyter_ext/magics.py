@@ -4,6 +4,10 @@ The cell path: parse options → build the program (``cell_program``) → run it
 with a status line that a display handle updates in place → bind ``--out`` values, show
 returned files, return the final expression's value. Every output carries provenance in its
 metadata under the key ``kcoral``.
+
+Who can reach what (a malicious server): what a server sends is shown as text or escaped
+into our own markup; only the ``--out`` names bind into the namespace (``read_outcome``
+refuses the rest), and HTML the server authored appears only in a sandboxed iframe.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from kcoral_jupyter.runner import (
 )
 from kcoral_jupyter.session import Session, get_json
 
-from kcoral import KCoralError, ProgramResult, TransportError
+from kcoral import KCoralError, ProgramResult, ProtocolError, TransportError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -259,7 +263,13 @@ class KCoralMagics(Magics):
             line_out.show(summary_text(result, record, device_label), status=result.status)
         if not result.completed:
             raise RemoteCellError(result, record)
-        outcome = read_outcome(result, torch_outputs=built.torch_inputs)
+        try:
+            outcome = read_outcome(result, built)
+        except ProtocolError as exc:  # a server answering what the cell did not ask for
+            if line_out is not None:
+                line_out.metadata = provenance(result, record, status="ERROR")
+                line_out.show(f"refused the server's answer: {exc}", status="ERROR")
+            raise
         self.shell.user_ns.update(outcome.outputs)
         for name, item in outcome.files.items():  # also in _kcoral["file:<path>"]
             display(
@@ -269,7 +279,7 @@ class KCoralMagics(Magics):
             )
         if not outcome.has_value:
             return None
-        if outcome.display is not None:
+        if outcome.display is not None:  # server-authored: text, or HTML in a sandboxed iframe
             display(dict(outcome.display), raw=True, metadata={"kcoral": meta})
             return None
         if outcome.value is not None:
@@ -390,7 +400,7 @@ class KCoralMagics(Magics):
 
     def _jobs(self, rest: list[str]) -> None:
         url = self.session.resolve_url(rest[0] if rest else None)
-        jobs = get_json(url, "/v1/jobs", self.session.settings.token)
+        jobs = get_json(url, "/v1/jobs", self.session.token_for(url))
         if not isinstance(jobs, list):
             jobs = jobs.get("jobs", []) if isinstance(jobs, dict) else []
         keys = ("job_id", "status", "worker_id", "gpu_ids", "queue_ms", "elapsed_ms")

@@ -8,6 +8,12 @@ cloudpickle is imported only when pickle mode is used.
 
 Both pickle payloads are wrapped in a small envelope naming the writer's Python and
 cloudpickle versions, so a mismatch is reported in words before anything is unpickled.
+
+Who can reach what (a malicious server): unpickling runs code, so the client unpickles only
+what the call itself asked for in pickle format, under the names it asked for
+(``load_requested``: the decoder is handed the set of names it may unpickle). A JSON-mode
+call never unpickles anything, whatever the answer holds; asking for pickle means trusting
+that server with code execution in this process.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import pickle
 import sys
 import threading
 import types
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Set
 from typing import Any
 
 from kcoral.errors import ProtocolError, RemoteExecutionError
@@ -94,6 +100,47 @@ def load_envelope(data: bytes | memoryview, *, writer: str, reader: str) -> Any:
             f"cloudpickle {ours['cloudpickle']}"
         )
     return pickle.loads(view[len(PICKLE_MAGIC) + end + 1 :])
+
+
+def load_requested(
+    payloads: Mapping[str, object], allowed: Set[str], *, what: str
+) -> dict[str, Any]:
+    """Unpickle server envelopes, but only those under a name in ``allowed``.
+
+    ``allowed`` is what this call asked for in pickle format (empty when it asked for none).
+    Every name and every payload is checked before the first one is unpickled, so an answer
+    carrying one name too many unpickles nothing: ``ProtocolError`` naming ``what`` (e.g.
+    "request <id>") and the names. A payload that is not an envelope, or comes from other
+    Python/cloudpickle versions, is a ``ProtocolError`` too.
+    """
+    if not isinstance(payloads, Mapping):
+        raise ProtocolError(
+            f"{what}: pickled values must be an object of names (one envelope each), not a "
+            f"{type(payloads).__name__}; nothing was unpickled"
+        )
+    unexpected = sorted(str(name) for name in payloads if name not in allowed)
+    if unexpected:
+        raise ProtocolError(
+            f"{what}: the server sent pickled values for {unexpected}, which this call did not "
+            "ask for in pickle format; nothing was unpickled"
+        )
+    for name, data in payloads.items():
+        if not isinstance(data, bytes):
+            raise ProtocolError(
+                f"{what}: pickled value {name!r} is a {type(data).__name__}, not bytes; "
+                "nothing was unpickled"
+            )
+    values: dict[str, Any] = {}
+    for name, data in payloads.items():
+        try:
+            values[name] = load_envelope(data, writer="server", reader="client")
+        except PickleVersionError as exc:
+            raise ProtocolError(f"{what}: {exc}") from None
+        except Exception as exc:  # e.g. a class the client cannot import, or no envelope
+            raise ProtocolError(
+                f"{what}: cannot unpickle {name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return values
 
 
 _BY_VALUE_LOCK = threading.Lock()
@@ -429,18 +476,14 @@ def output_value(result: ProgramResult, fmt: str) -> Any:
         raise ProtocolError(f"remote function result {result.request_id} has no 'output' return")
     value = result.results["output"]
     if fmt == "json":
+        # A JSON-mode call asked for no pickle: its output is data as decoded (bytes stay
+        # bytes, even bytes that look like a pickle envelope; a function may return those).
         return value
     if not isinstance(value, bytes):
         raise ProtocolError(f"pickle-mode result {result.request_id} is not bytes")
-    try:
-        return load_envelope(value, writer="server", reader="client")
-    except PickleVersionError as exc:
-        raise ProtocolError(str(exc)) from None
-    except Exception as exc:  # e.g. a result class the client cannot import
-        raise ProtocolError(
-            f"cannot unpickle the result of request {result.request_id}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+    # Only ``output`` was asked for in pickle; other return keys are never looked at.
+    what = f"the result of request {result.request_id}"
+    return load_requested({"output": value}, {"output"}, what=what)["output"]
 
 
 def remote_function_decorator(

@@ -126,7 +126,11 @@ def test_outcomes_decode_outputs_files_and_torch_when_asked() -> None:
         stdout_truncated=False,
         stderr_truncated=False,
     )
-    outcome = read_outcome(result)
+    built = build_cell(CellSpec(source="", outputs=["y"], return_files=["a.txt"]))
+    outcome = read_outcome(result, built)
     assert outcome.files == {"a.txt": "FILE"} and not outcome.has_value
     torch = pytest.importorskip("torch")
-    assert isinstance(read_outcome(result, torch_outputs=True).outputs["y"], torch.Tensor)
+    torch_built = build_cell(
+        CellSpec(source="", inputs={"t": torch.ones(1)}, outputs=["y"], return_files=["a.txt"])
+    )
+    assert isinstance(read_outcome(result, torch_built).outputs["y"], torch.Tensor)
