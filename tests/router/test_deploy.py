@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_server.cli_args import parse_server_args
+from kcoral_server.identity import parse_tokens
 from kcoral_server.router.settings import SettingsError, parse_router_args
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -20,15 +21,28 @@ def unit(name: str) -> configparser.ConfigParser:
     return parser
 
 
-def test_the_systemd_units_run_valid_commands_and_restart() -> None:
+def with_token_file(command: list[str], directory: Path) -> list[str]:
+    """``command`` with its ``--auth-token-file`` replaced by a file of named identities."""
+    index = command.index("--auth-token-file") + 1
+    tokens = directory / "clients"
+    tokens.write_text("alice c-alice\nops c-ops admin\n")
+    return [*command[:index], str(tokens), *command[index + 1 :]]
+
+
+def test_the_systemd_units_run_valid_commands_and_restart(tmp_path: Path) -> None:
     router = unit("kcoral-router.service")
     command = shlex.split(router["Service"]["ExecStart"])
     assert command[1] == "router"
+    arguments = with_token_file(command[2:], tmp_path)
+    # Off loopback: a node token is required (ROUTER §3), and so are client tokens.
+    with pytest.raises(SettingsError, match="node token"):
+        parse_router_args(arguments, {})
+    at = command.index("--auth-token-file")
+    without_clients = command[2:at] + command[at + 2 :]
     with pytest.raises(SettingsError, match="without a client token"):
-        parse_router_args(command[2:], {"KCORAL_NODE_TOKEN": "t"})
-    assert "KCORAL_AUTH_TOKEN=" in (DEPLOY / "systemd" / "kcoral-router.service").read_text()
-    settings = parse_router_args(command[2:], {"KCORAL_NODE_TOKEN": "t", "KCORAL_AUTH_TOKEN": "c"})
-    assert settings.port == 9000 and settings.auth_token == "c"
+        parse_router_args(without_clients, {"KCORAL_NODE_TOKEN": "t"})
+    settings = parse_router_args(arguments, {"KCORAL_NODE_TOKEN": "t"})
+    assert settings.port == 9000 and "ops c-ops admin" in (settings.auth_token or "")
     node = unit("kcoral-node.service")
     command = shlex.split(node["Service"]["ExecStart"].replace("%l", "gpu-host-1"))
     assert command[1] == "server"
@@ -41,7 +55,7 @@ def test_the_systemd_units_run_valid_commands_and_restart() -> None:
     assert int(node["Service"]["TimeoutStopSec"]) >= 900  # long drain
 
 
-def test_the_kubernetes_manifests_match_the_cli() -> None:
+def test_the_kubernetes_manifests_match_the_cli(tmp_path: Path) -> None:
     yaml = pytest.importorskip("yaml")
     router_docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "router.yaml").read_text()))
     deployment = next(d for d in router_docs if d["kind"] == "Deployment")
@@ -51,9 +65,17 @@ def test_the_kubernetes_manifests_match_the_cli() -> None:
     assert container["command"][:2] == ["kcoral", "router"]
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
     client_secret = next(d for d in router_docs if d["kind"] == "Secret")
-    assert secrets["KCORAL_AUTH_TOKEN"] == client_secret["metadata"]["name"]
-    assert secrets["KCORAL_NODE_TOKEN"] != secrets["KCORAL_AUTH_TOKEN"]
-    settings = parse_router_args(container["command"][2:], {"KCORAL_AUTH_TOKEN": "c"})
+    # The client tokens (named identities) are a mounted file, the node token an env var.
+    volume = deployment["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["secret"]["secretName"] == client_secret["metadata"]["name"]
+    assert secrets["KCORAL_NODE_TOKEN"] != client_secret["metadata"]["name"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    key = next(iter(client_secret["stringData"]))
+    command = container["command"]
+    assert command[command.index("--auth-token-file") + 1] == f"{mount['mountPath']}/{key}"
+    (tmp_path / "clients").write_text(client_secret["stringData"][key])
+    assert parse_tokens(client_secret["stringData"][key])  # valid identity lines
+    settings = parse_router_args(with_token_file(command[2:], tmp_path), {"KCORAL_NODE_TOKEN": "t"})
     ports = {p["containerPort"] for p in container["ports"]}
     assert ports == {settings.port}
     assert container["readinessProbe"]["tcpSocket"]["port"] == settings.port
