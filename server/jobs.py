@@ -7,6 +7,18 @@ numbered Server-Sent Events kept for replay (``Last-Event-ID``): ``phase``, ``st
 holds jobs by id, expires finished ones after ``job_retention_seconds`` or when
 ``job_retention_bytes`` is exceeded (oldest finished first) and remembers expired ids so
 they answer ``job_expired`` rather than ``not_found``.
+
+Who can reach what (EXTENSIONS §5, §6): a job belongs to the identity that submitted it.
+Another token holder gets exactly what an unknown id gets (``404 not_found``, also for an
+expired job, and lists show only its own jobs), so job ids, states, output and results do not
+leak between identities and a job cannot be cancelled by anyone but its owner; an admin
+identity sees and acts on all. With a single shared token every holder is ``default`` and
+shares all jobs.
+
+Memory: a finished job keeps its result and its event log in memory only while they are
+small (each at most ``KEEP_IN_MEMORY_BYTES``, all of them within ``MEMORY_BUDGET_BYTES``);
+larger ones are written to owner-only files (``job_spill``). ``job_retention_bytes`` bounds
+the results and events of finished jobs wherever they are kept.
 """
 
 from __future__ import annotations
@@ -17,8 +29,12 @@ import datetime
 import time
 import uuid
 from collections import OrderedDict
+from concurrent.futures import Executor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kcoral_server.identity import Identity
+from kcoral_server.job_spill import SpillDirectory, SpillFile
 from kcoral_server.output_stream import OutputTail
 from kcoral_server.pipeline import RequestObserver
 from kcoral_server.responses import Reply
@@ -35,6 +51,10 @@ SWEEP_SECONDS = 1.0
 EXPIRED_IDS_KEPT = 65536
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"})
 RECORD_OVERHEAD_BYTES = 1024  # the state fields of a finished job, roughly
+# A finished job's result or event log larger than this is written to disk ...
+KEEP_IN_MEMORY_BYTES = 1 << 20
+# ... and so is any once the retained ones in memory would exceed this.
+MEMORY_BUDGET_BYTES = 32 << 20
 
 
 def utc_now() -> str:
@@ -42,19 +62,39 @@ def utc_now() -> str:
 
 
 class StoredResult:
-    """A finished job's answer, exactly as ``/execute`` would have sent it."""
+    """A finished job's answer, exactly as ``/execute`` would have sent it: its body in
+    memory (``body``) or in an owner-only file (``file``)."""
 
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+    def __init__(
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: bytes | None,
+        file: SpillFile | None = None,
+    ) -> None:
         self.status = status
         self.headers = headers
         self.body = body
+        self.file = file
+
+    @property
+    def length(self) -> int:
+        if self.file is not None:
+            return self.file.length
+        return len(self.body) if self.body is not None else 0
+
+    @property
+    def in_memory(self) -> int:
+        """Bytes of the body held in memory."""
+        return len(self.body) if self.body is not None else 0
 
 
 class Job(RequestObserver):
     """One job: state fields, its event log and, once finished, its result."""
 
-    def __init__(self, request_id: str, target: dict[str, str]) -> None:
+    def __init__(self, request_id: str, target: dict[str, str], owner: str = "default") -> None:
         self.id = str(uuid.uuid4())
+        self.owner = owner  # the identity that submitted it: only it (or an admin) sees it
         self.request_id = request_id
         self.status = "QUEUED"
         self.submitted_at = utc_now()
@@ -69,8 +109,10 @@ class Job(RequestObserver):
         self.lease_held_ms: float | None = None
         self.elapsed_ms: float | None = None
         self.error_kind: str | None = None
-        self.events: list[bytes] = []  # event i has id i + 1
+        self.events: list[bytes] = []  # event i has id i + 1 (emptied once written to disk)
         self.event_bytes = 0
+        self.events_file: SpillFile | None = None  # a finished job's events, when on disk
+        self.event_offsets: list[int] = []  # where event i starts in events_file
         self.last_event_at = time.monotonic()
         self.listeners: set[asyncio.Event] = set()
         self.result: StoredResult | None = None
@@ -88,9 +130,22 @@ class Job(RequestObserver):
 
     @property
     def size(self) -> int:
-        """Bytes this job keeps in memory (for ``job_retention_bytes``)."""
-        body = len(self.result.body) if self.result is not None else 0
+        """Bytes this job keeps, in memory or on disk (for ``job_retention_bytes``)."""
+        body = self.result.length if self.result is not None else 0
         return RECORD_OVERHEAD_BYTES + body + self.event_bytes
+
+    @property
+    def memory_size(self) -> int:
+        """Bytes of result and events this job holds in memory."""
+        body = self.result.in_memory if self.result is not None else 0
+        events = 0 if self.events_file is not None else self.event_bytes
+        return body + events
+
+    @property
+    def event_count(self) -> int:
+        if self.events_file is not None:
+            return len(self.event_offsets)
+        return len(self.events)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -175,8 +230,8 @@ class Job(RequestObserver):
 
     # ------------------------------------------------------------------ the end
 
-    def finish(self, request: ExecuteRequest, reply: Reply, body: bytes) -> None:
-        """Store the final answer; ``reply`` is already copied into ``body``."""
+    def finish(self, request: ExecuteRequest, reply: Reply, result: StoredResult) -> None:
+        """Store the final answer; ``reply`` is already copied into ``result``."""
         if self._tail is not None:
             self._tail.close()
             self._tail = None
@@ -200,7 +255,7 @@ class Job(RequestObserver):
         if status != "COMPLETED":
             kind = fields.get("error_kind")
             self.error_kind = kind if isinstance(kind, str) else None
-        self.result = StoredResult(reply.status, dict(reply.headers), body)
+        self.result = result
         self.phase("finished", status=status)
 
     def cancel(self) -> None:
@@ -212,14 +267,17 @@ class Job(RequestObserver):
 
 
 class JobRegistry:
-    """Every retained job of one server, plus expired ids."""
+    """Every retained job of one server, plus expired ids (with their owners)."""
 
-    def __init__(self, retention_seconds: float, retention_bytes: int) -> None:
+    def __init__(
+        self, retention_seconds: float, retention_bytes: int, spill_parent: Path | None = None
+    ) -> None:
         self.retention_seconds = float(retention_seconds)
         self.retention_bytes = int(retention_bytes)
         self.jobs: OrderedDict[str, Job] = OrderedDict()  # submission order
-        self.expired: OrderedDict[str, None] = OrderedDict()
+        self.expired: OrderedDict[str, str] = OrderedDict()  # job id -> owner
         self.running: set[asyncio.Task] = set()
+        self.spill = SpillDirectory(spill_parent)
         self._sweeper: asyncio.Task | None = None
         self._pool: Pool | None = None
 
@@ -230,29 +288,84 @@ class JobRegistry:
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep_forever())
 
-    def new_job(self, request_id: str) -> Job:
-        job = Job(request_id, dict(self._pool.target) if self._pool is not None else {})
+    def new_job(self, request_id: str, owner: Identity) -> Job:
+        target = dict(self._pool.target) if self._pool is not None else {}
+        job = Job(request_id, target, owner.name)
         job.pool = self._pool
         return job
 
     def add(self, job: Job) -> None:
         self.jobs[job.id] = job
 
-    def lookup(self, job_id: str) -> Job | str:
-        """The job, or the error kind: ``not_found`` / ``job_expired``."""
+    def lookup(self, job_id: str, identity: Identity) -> Job | str:
+        """The job, or the error kind: ``not_found`` / ``job_expired``.
+
+        Someone else's job, live or expired, is ``not_found`` exactly like an id that never
+        existed: the answer must not tell another identity that the id is in use."""
         self.sweep()
         job = self.jobs.get(job_id)
         if job is not None:
-            return job
-        return "job_expired" if job_id in self.expired else "not_found"
+            return job if identity.owns(job.owner) else "not_found"
+        owner = self.expired.get(job_id)
+        return "job_expired" if owner is not None and identity.owns(owner) else "not_found"
 
-    def newest_first(self) -> list[Job]:
+    def newest_first(self, identity: Identity) -> list[Job]:
+        """The jobs ``identity`` may see, newest first."""
         self.sweep()
-        return list(reversed(self.jobs.values()))
+        return [job for job in reversed(self.jobs.values()) if identity.owns(job.owner)]
 
-    def finished(self, job: Job) -> None:
-        """A job ended: apply the byte bound now (the time bound is swept)."""
+    async def store_result(self, reply: Reply, executor: Executor | None) -> StoredResult:
+        """Copy a job's final answer out of ``reply``: in memory when small, else to disk."""
+        loop = asyncio.get_running_loop()
+        headers = dict(reply.headers)
+        if self._fits_in_memory(reply.length):
+            return StoredResult(reply.status, headers, b"".join(reply.chunks))
+        chunks = list(reply.chunks)
+        try:
+            file = await loop.run_in_executor(executor, self.spill.write, chunks)
+        except OSError:
+            # An unwritable temporary directory must not lose the answer: memory, then.
+            body = await loop.run_in_executor(executor, b"".join, chunks)
+            return StoredResult(reply.status, headers, body)
+        finally:
+            # The executor's finished work item may still hold this list for a moment; empty,
+            # it holds no view of the reply's mappings, which ``reply.close()`` can then
+            # unmap at once.
+            chunks.clear()
+        return StoredResult(reply.status, headers, None, file)
+
+    async def finished(self, job: Job, executor: Executor | None = None) -> None:
+        """A job ended: a large event log goes to disk, then the byte bound applies now
+        (the time bound is swept)."""
+        if job.events and not self._fits_in_memory(job.event_bytes, besides=job):
+            events = list(job.events)
+            try:
+                file = await asyncio.get_running_loop().run_in_executor(
+                    executor, self.spill.write, events
+                )
+            except OSError:
+                pass  # kept in memory: still bounded by job_retention_bytes
+            else:
+                offsets, at = [], 0
+                for event in events:
+                    offsets.append(at)
+                    at += len(event)
+                if job.id in self.jobs:
+                    # Switched in one step on the event loop: streams see one or the other.
+                    job.event_offsets, job.events_file, job.events = offsets, file, []
+                else:  # dropped meanwhile
+                    file.remove()
         self.sweep()
+
+    def _fits_in_memory(self, length: int, besides: Job | None = None) -> bool:
+        if length > KEEP_IN_MEMORY_BYTES:
+            return False
+        held = sum(
+            job.memory_size
+            for job in self.jobs.values()
+            if job.finished_monotonic is not None and job is not besides
+        )
+        return held + length <= MEMORY_BUDGET_BYTES
 
     # ------------------------------------------------------------------ retention
 
@@ -277,7 +390,12 @@ class JobRegistry:
 
     def _expire(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
-        self.expired[job.id] = None
+        self.expired[job.id] = job.owner
+        # A stream or result read already under way keeps its open file.
+        if job.result is not None and job.result.file is not None:
+            job.result.file.remove()
+        if job.events_file is not None:
+            job.events_file.remove()
         while len(self.expired) > EXPIRED_IDS_KEPT:
             self.expired.popitem(last=False)
 
@@ -304,3 +422,4 @@ class JobRegistry:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self.spill.close()

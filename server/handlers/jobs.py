@@ -4,11 +4,16 @@
 validation and ``CACHE_MISS`` negotiation, all answered as ``/execute`` answers them); once
 the request is admitted the handler answers 202 and the request runs on in the background,
 its outcome stored in the job.
+
+Who can reach what: every endpoint acts only on the caller's own jobs (``self.identity``,
+from the bearer token or, behind a router, from the router's tunnel); another identity's job
+answers exactly as an unknown id does. An admin identity reaches all.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
 from typing import Any
 
 import tornado.iostream
@@ -20,7 +25,7 @@ from kcoral_server.jobs import Job
 from kcoral.protocol.headers import REQUEST_ID_HEADER
 
 JOB_ID_PATTERN = r"([^/]+)"
-BIG_RESULT_BYTES = 1 << 20  # results at least this large are copied off the event loop
+Pieces = Generator[bytes, None, None]  # a stored file, read a piece at a time
 
 
 @tornado.web.stream_request_body
@@ -37,14 +42,14 @@ class JobSubmitHandler(ExecuteHandler):
         super().prepare()
 
     def get(self) -> None:
-        jobs = self.state.jobs.newest_first()
+        jobs = self.state.jobs.newest_first(self.identity)
         self.send_json(200, [job.state() for job in jobs])
 
     async def post(self) -> None:
         if self._finished or self.body is None:
             return
         state = self.state
-        job = state.jobs.new_job(self.request_id)
+        job = state.jobs.new_job(self.request_id, self.identity)
         request = self.new_request(job)
         self.pipeline = request  # a disconnect before the 202 cancels it, as for /execute
         task = asyncio.ensure_future(request.run())
@@ -75,16 +80,11 @@ class JobSubmitHandler(ExecuteHandler):
 async def _finish_job(state: Any, job: Job, request: Any, task: asyncio.Future) -> None:
     reply = await task
     try:
-        if reply.length >= BIG_RESULT_BYTES:
-            body = await asyncio.get_running_loop().run_in_executor(
-                state.executor, b"".join, reply.chunks
-            )
-        else:
-            body = b"".join(reply.chunks)
+        result = await state.jobs.store_result(reply, state.executor)
     finally:
         reply.close()
-    job.finish(request, reply, body)
-    state.jobs.finished(job)
+    job.finish(request, reply, result)
+    await state.jobs.finished(job, state.executor)
     state.reply_sent()
 
 
@@ -92,12 +92,15 @@ class JobHandler(BaseHandler):
     """Base of the per-job endpoints: the job or a 404 (``not_found`` / ``job_expired``)."""
 
     def find(self, job_id: str) -> Job | None:
-        found = self.state.jobs.lookup(job_id)
+        found = self.state.jobs.lookup(job_id, self.identity)
         if isinstance(found, Job):
             return found
-        message = "job expired" if found == "job_expired" else "job not found"
-        self.send_error_json(404, found, message)
+        self.not_found(found)
         return None
+
+    def not_found(self, kind: str = "not_found") -> None:
+        message = "job expired" if kind == "job_expired" else "job not found"
+        self.send_error_json(404, kind, message)
 
 
 class JobStateHandler(JobHandler):
@@ -131,23 +134,46 @@ class JobStateHandler(JobHandler):
 class JobResultHandler(JobHandler):
     """``GET /v1/jobs/{id}/result``: what ``/execute`` would have answered."""
 
-    def get(self, job_id: str) -> None:
+    async def get(self, job_id: str) -> None:
         job = self.find(job_id)
         if job is None:
             return
         if job.status == "CANCELLED":
             self.send_error_json(409, "cancelled", "the job was cancelled")
             return
-        if job.result is None:
+        result = job.result
+        if result is None:
             self.send_error_json(409, "not_finished", "the job has not finished")
             return
-        self.set_status(job.result.status)
-        for name, value in job.result.headers.items():
+        pieces = None
+        if result.file is not None:
+            try:  # opened now: the job may be dropped while its result is being sent
+                pieces = result.file.chunks()
+                first = await _next_piece(self.state, pieces)
+            except OSError:
+                self.not_found("job_expired")  # dropped between the lookup and the open
+                return
+        self.set_status(result.status)
+        for name, value in result.headers.items():
             self.set_header(name, value)
         # The stored /execute answer is replayed whole: its header names the request its
         # body names (PROTOCOL §7.2), not this GET.
         self.set_header(REQUEST_ID_HEADER, job.request_id)
-        self.finish(job.result.body)
+        if pieces is None:
+            self.finish(result.body)
+            return
+        # From disk a piece at a time: the front-end never holds the whole body.
+        self.set_header("Content-Length", str(result.file.length))
+        try:
+            while first is not None:
+                self.write(first)
+                await self.flush()
+                first = await _next_piece(self.state, pieces)
+        except tornado.iostream.StreamClosedError:
+            return
+        finally:
+            pieces.close()
+        self.finish()
 
 
 class JobEventsHandler(JobHandler):
@@ -174,6 +200,13 @@ class JobEventsHandler(JobHandler):
                 return
             while not self.closed:
                 self.wake.clear()
+                if job.events_file is not None:
+                    # A finished job's events on disk: the rest of them, a piece at a time.
+                    if position < job.event_count:
+                        start = job.event_offsets[position]
+                        if not await self._send_file(job.events_file.chunks(start)):
+                            return
+                    break
                 end = len(job.events)
                 if end > position:
                     self.write(b"".join(job.events[position:end]))
@@ -190,10 +223,30 @@ class JobEventsHandler(JobHandler):
         if not self.closed:
             self.finish()
 
+    async def _send_file(self, pieces: Pieces) -> bool:
+        """Write every piece; False when the client went away. A file already removed (the
+        job dropped) ends the stream early; a reconnect then learns ``job_expired``."""
+        try:
+            while (piece := await _next_piece(self.state, pieces)) is not None:
+                self.write(piece)
+                await self.flush()
+        except tornado.iostream.StreamClosedError:
+            return False
+        except OSError:
+            return True
+        finally:
+            pieces.close()
+        return True
+
     def on_connection_close(self) -> None:
         self.closed = True
         self.wake.set()
         super().on_connection_close()
+
+
+async def _next_piece(state: Any, pieces: Pieces) -> bytes | None:
+    """The next piece of a stored file, read off the event loop (None at the end)."""
+    return await asyncio.get_running_loop().run_in_executor(state.executor, next, pieces, None)
 
 
 def _last_event_id(value: str | None) -> int:

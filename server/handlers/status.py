@@ -53,9 +53,12 @@ class InfoHandler(BaseHandler):
         features = ["cpu-tensors", "async-run", "serialization", "jobs"]
         if self.state.auth_token is not None:
             features.append("auth")
+        # Who the caller is, where tokens make a difference (EXTENSIONS §1, §6).
+        identity = {} if self.state.authenticator.open else {"identity": self.identity.name}
         self.send_json(
             200,
             {
+                **identity,
                 "kcoral": kcoral.__version__,
                 "protocol": PROTOCOL_VERSION,
                 "features": features,
