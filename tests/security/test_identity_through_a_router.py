@@ -1,0 +1,90 @@
+"""Attack: another token holder reaches a job or a cached blob through a router (issue 16,
+point 6). The router authenticates the client and tells the node who it is; the node's server
+applies the same owner and cache rules as a plain server. Before the fix bob listed, read and
+cancelled alice's job through the router, and got her cached bytes by hash.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+
+from identity_support import (
+    TOKEN_A,
+    TOKEN_B,
+    TOKEN_R,
+    bytes_program,
+    execute,
+    request,
+    sha256,
+    token_file,
+)
+from router_helpers import Node, ready_nodes, start_router
+
+import kcoral
+
+pytestmark = pytest.mark.slow
+NODE_ENV = {"KCORAL_NODE_TOKEN": "identity-node-token-0123456789"}
+WAIT = """
+import os, time
+def f(go):
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    return "alice's result"
+"""
+SECRET = b"alice's weights through a router " * 32
+
+
+@pytest.fixture
+def routed(tmp_path: Path):
+    tokens = token_file(tmp_path / "secrets")
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+    node = Node(tmp_path, router, "node-identity", NODE_ENV)
+    try:
+        ready_nodes(router, 1)
+        yield router
+    finally:
+        node.stop()
+        router.stop()
+
+
+def _program(source: str, *args: object) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=source)
+    fn = program.get_function(module=module, name="f")
+    program.return_(key="r", value=program.run(fn=fn, args=list(args)))
+    return program
+
+
+def test_through_a_router_another_identity_neither_reaches_a_job_nor_a_cached_blob(
+    routed, tmp_path: Path
+) -> None:
+    url = routed.url
+    go = tmp_path / "go"
+    with kcoral.Client(url, token=TOKEN_A) as alice:
+        job = alice.submit(_program(WAIT, str(go)))
+        unknown = request(url, "GET", f"/v1/jobs/{uuid.uuid4()}", TOKEN_B)
+        for method, suffix in (("GET", ""), ("GET", "/result"), ("DELETE", "")):
+            answer = request(url, method, f"/v1/jobs/{job.id}{suffix}", TOKEN_B)
+            assert answer.status == 404, (method, suffix)
+            assert answer.json["error"]["kind"] == "not_found"
+        listed = request(url, "GET", "/v1/jobs", TOKEN_B)
+        assert listed.status == 200 and job.id not in {j["job_id"] for j in listed.json}
+        assert unknown.status == 404 and unknown.json["error"]["kind"] == "not_found"
+        by_root = request(url, "GET", f"/v1/jobs/{job.id}", TOKEN_R)
+        assert by_root.status == 200 and by_root.json["status"] in ("QUEUED", "RUNNING")
+        go.touch()
+        assert job.result().results["r"] == "alice's result"  # bob's DELETE did nothing
+
+        blob = sha256(SECRET)
+        before = execute(url, bytes_program(blob), TOKEN_B)
+        stored = execute(url, bytes_program(blob), TOKEN_A, {blob: SECRET})
+        assert stored.status == 200 and SECRET in stored.raw
+        after = execute(url, bytes_program(blob), TOKEN_B)
+    assert after.json["status"] == "CACHE_MISS" and SECRET not in after.raw
+    assert after.error_without_request_id() == before.error_without_request_id()
