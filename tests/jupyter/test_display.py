@@ -146,3 +146,18 @@ def test_a_job_shows_its_status_and_survives_an_unreachable_server() -> None:
 
     assert "RUNNING" in rich.job_html(FakeJob()) and "cpu/w0" in rich.job_html(FakeJob())
     assert "unknown" in rich.job_html(BrokenJob())
+
+
+def test_server_html_shows_only_in_a_sandboxed_iframe_and_other_types_are_dropped() -> None:
+    shown = rich.server_display(
+        {
+            "text/html": "<table><tr><td>1</td></tr></table><script>x()</script>",
+            "text/javascript": "x()",
+        }
+    )
+    assert set(shown) == {"text/plain", "text/html"}
+    frame = shown["text/html"]
+    assert frame.startswith('<iframe class="kcoral-server-html" sandbox="" srcdoc="')
+    assert "<script" not in frame and "&lt;script&gt;x()&lt;/script&gt;" in frame
+    assert "default-src &#x27;none&#x27;" in frame  # the document may load nothing
+    assert rich.server_display({"text/plain": 3}) == {"text/plain": "<display from the server>"}

@@ -92,6 +92,8 @@ class MaliciousServer:
 
     def __init__(self) -> None:
         self._answers: list[dict[str, Any]] = [{}]
+        self.features: list[str] = []  # ["jobs"]: cells go through the jobs API
+        self.stdout = ""  # streamed as a job's stdout event
         self.url = ""
         self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
         self._ready = threading.Event()
@@ -132,12 +134,44 @@ class MaliciousServer:
                 self.set_header("Content-Type", content_type)
                 self.finish(body)
 
-        info = {"kcoral": kcoral.__version__, "features": [], "device": "cpu"}
+            def get(self, _job_id: str) -> None:  # GET /v1/jobs/{id}/result
+                self.post()
+
+        class Submit(tornado.web.RequestHandler):
+            def post(self) -> None:
+                self.set_status(202)
+                self.finish(
+                    {"job_id": "job-1", "request_id": str(uuid.uuid4()), "status": "QUEUED"}
+                )
+
+        class Events(tornado.web.RequestHandler):
+            def get(self, _job_id: str) -> None:
+                self.set_header("Content-Type", "text/event-stream")
+                stdout = json.dumps({"text": owner.stdout})
+                finished = json.dumps({"phase": "finished", "status": "COMPLETED"})
+                self.finish(
+                    f"id: 1\nevent: stdout\ndata: {stdout}\n\n"
+                    f"id: 2\nevent: phase\ndata: {finished}\n\n"
+                )
+
+        class State(tornado.web.RequestHandler):
+            def get(self, job_id: str) -> None:
+                self.finish({"job_id": job_id, "status": "COMPLETED", "worker_id": "<b>w</b>"})
+
+        class Info(tornado.web.RequestHandler):
+            def get(self) -> None:
+                features = owner.features
+                self.finish({"kcoral": kcoral.__version__, "features": features, "device": "cpu"})
+
         app = tornado.web.Application(
             [
                 (r"/health", Json, {"body": {"status": "ok", "gpu_count": 0}}),
-                (r"/v1/info", Json, {"body": info}),
+                (r"/v1/info", Info),
                 (r"/execute", Execute),
+                (r"/v1/jobs", Submit),
+                (r"/v1/jobs/([^/]+)/events", Events),
+                (r"/v1/jobs/([^/]+)/result", Execute),
+                (r"/v1/jobs/([^/]+)", State),
             ]
         )
         sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
@@ -283,6 +317,22 @@ def test_a_malicious_server_cannot_unpickle_a_name_a_pickle_cell_did_not_ask_for
     assert isinstance(result.error_in_exec, ProtocolError)
     assert "['evil'], which this call did not ask for" in str(result.error_in_exec)
     assert "y" not in shell.user_ns and "evil" not in shell.user_ns
+
+
+def test_a_malicious_server_pickle_answer_through_the_jobs_api_is_refused(
+    shell: Any, malicious: MaliciousServer, tmp_path: Path
+) -> None:
+    """The live path: stdout streams as text, the result is checked like a blocking one."""
+    marker = tmp_path / "pwned"
+    malicious.features = ["jobs"]
+    malicious.stdout = HOSTILE_HTML
+    malicious.answer(cell_record(outputs={"y": 1}, pickled={"z": booby_trapped(marker)}))
+    result, captured = run(shell, "%%kcoral -o y\ny = 1\n")
+    assert not marker.exists()
+    assert isinstance(result.error_in_exec, ProtocolError)
+    assert "y" not in shell.user_ns
+    assert HOSTILE_HTML in captured.stdout  # a text stream, never markup
+    assert not any("<script" in o.data.get("text/html", "") for o in captured.outputs)
 
 
 def test_a_malicious_server_cannot_bind_names_the_cell_did_not_ask_for(
