@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import stat
 import time
@@ -207,3 +209,56 @@ def test_a_dropped_jobs_result_file_is_removed(server_factory, tmp_path: Path) -
     assert len(_spill_files(temp)) == 1
     answer = request(server.url, "GET", f"/v1/jobs/{second.id}/result")
     assert answer.status == 200 and answer.raw.count(b"r" * 4096) >= RESULT_BYTES // 4096
+
+
+LOUD = """
+import sys
+def f(lines):
+    for i in range(lines):
+        print(f"line {i:07d} " + "o" * 100)
+    sys.stdout.flush()
+    return lines
+"""
+
+
+def _event_ids_and_text(raw: bytes) -> tuple[list[int], str]:
+    ids, text = [], ""
+    for block in raw.decode().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "id" in fields:
+            ids.append(int(fields["id"]))
+            if fields.get("event") == "stdout":
+                text += json.loads(fields["data"])["text"]
+    return ids, text
+
+
+def test_a_large_event_log_is_replayed_from_its_file_after_any_event_id(
+    server_factory, tmp_path: Path
+) -> None:
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    server = server_factory("--num-workers", "1", env={"TMPDIR": str(temp)})
+    lines = 20_000  # about 2.3 MiB of output: more than a finished job keeps in memory
+    with kcoral.Client(server.url) as client:
+        job = client.submit(_program(LOUD, lines), output_limit_bytes=4 << 20)
+        job.wait()
+    expected = "".join(f"line {i:07d} " + "o" * 100 + "\n" for i in range(lines))
+    files = _spill_files(temp)
+    assert files and any(os.stat(f).st_size > len(expected) for f in files)
+    whole = request(server.url, "GET", f"/v1/jobs/{job.id}/events")
+    ids, text = _event_ids_and_text(whole.raw)
+    assert text == expected and ids == list(range(1, len(ids) + 1))
+    middle = ids[len(ids) // 2]
+    answer = http_get_after(server.url, f"/v1/jobs/{job.id}/events", middle)
+    rest, _ = _event_ids_and_text(answer)
+    assert rest == ids[middle:]
+
+
+def http_get_after(url: str, path: str, last_event_id: int) -> bytes:
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        connection.request("GET", path, headers={"Last-Event-ID": str(last_event_id)})
+        return connection.getresponse().read()
+    finally:
+        connection.close()
