@@ -4,6 +4,15 @@
 kernel (``PR_SET_PDEATHSIG`` on Linux, plus an ``atexit`` stop) and is advertised in a small
 JSON file in Jupyter's runtime directory (``kcoral-local-<kernel pid>.json``) so that the
 Jupyter server extension can offer it. No IPython import.
+
+Who can reach what: the server listens on loopback, where every local process and every web
+page the user visits can send it requests. It is therefore never token-less (EXTENSIONS §6):
+each start makes a fresh random token, handed to the child only through its environment
+(``KCORAL_AUTH_TOKEN``, never its command line, which every local user can read in
+``/proc``), kept by this object for the kernel's own client, and written only into the
+advertisement, a 0600 file in the user's 0700 runtime directory, for the server extension.
+A web page is refused by the server's Origin/Host checks as well. The user's remote
+``KCORAL_TOKEN`` is not passed on to the child.
 """
 
 from __future__ import annotations
@@ -11,7 +20,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,6 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ADVERT_PREFIX = "kcoral-local-"
+# Never inherited by the embedded server: the user's token for remote servers (tokens are
+# per URL) and any server token of the kernel's environment (replaced by a fresh one).
+NOT_INHERITED = ("KCORAL_TOKEN", "KCORAL_AUTH_TOKEN")
 
 
 def runtime_dir() -> Path:
@@ -51,6 +65,7 @@ class LocalServer:
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
         self.url: str | None = None
+        self.token: str | None = None  # the running server's client token
         self.process: subprocess.Popen[bytes] | None = None
         self.advert: Path | None = None
         self._directory: tempfile.TemporaryDirectory[str] | None = None
@@ -81,6 +96,9 @@ class LocalServer:
                 str(ready),
                 *self.extra_args,
             ]
+            self.token = secrets.token_urlsafe(32)
+            environment = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+            environment["KCORAL_AUTH_TOKEN"] = self.token
             with open(log, "wb") as stderr:
                 self.process = subprocess.Popen(
                     command,
@@ -88,6 +106,7 @@ class LocalServer:
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
                     cwd=folder,
+                    env=environment,
                     preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )
             deadline = time.monotonic() + self.start_timeout
@@ -119,24 +138,30 @@ class LocalServer:
             return ""
 
     def _advertise(self) -> None:
+        """Write the advertisement (with the token) where only this user can read it."""
+        assert self.process is not None
+        record = {
+            "url": self.url,
+            "pid": self.process.pid,
+            "kernel_pid": os.getpid(),
+            "started": time.time(),
+            "token": self.token,
+        }
         try:
-            folder = runtime_dir()
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = private_runtime_dir()
+            if folder is None:
+                self.advert = None  # the panel will not list it; the kernel still uses it
+                return
             path = folder / f"{ADVERT_PREFIX}{os.getpid()}.json"
-            temporary = path.with_suffix(".tmp")
-            assert self.process is not None
-            temporary.write_text(
-                json.dumps(
-                    {
-                        "url": self.url,
-                        "pid": self.process.pid,
-                        "kernel_pid": os.getpid(),
-                        "started": time.time(),
-                    }
-                ),
-                encoding="utf-8",
-            )
-            os.replace(temporary, path)
+            # mkstemp: a new file (O_EXCL), mode 0600 from its first byte on.
+            descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".kcoral-", suffix=".tmp")
+            try:
+                with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                    json.dump(record, file)
+                os.replace(temporary, path)
+            except BaseException:
+                os.unlink(temporary)
+                raise
             self.advert = path
         except OSError:
             self.advert = None  # advertising is a convenience; the server still works
@@ -158,6 +183,20 @@ class LocalServer:
             self._directory.cleanup()
             self._directory = None
         self.url = None
+        self.token = None
+
+
+def private_runtime_dir() -> Path | None:
+    """Jupyter's runtime directory, created 0700 if missing; None when it is not private.
+
+    A directory that another user owns or may write to could swap the advertisement (or
+    read it, if it is theirs): then nothing is advertised."""
+    folder = runtime_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    return folder
 
 
 def advertised_servers() -> list[dict[str, object]]:
@@ -169,6 +208,8 @@ def advertised_servers() -> list[dict[str, object]]:
         return found
     for path in paths:
         try:
+            if path.stat().st_uid != os.getuid():
+                continue  # not written by one of this user's kernels
             record = json.loads(path.read_text(encoding="utf-8"))
             pid = int(record["pid"])
             os.kill(pid, 0)

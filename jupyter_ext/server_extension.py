@@ -9,8 +9,10 @@
 
 Servers come from ``c.KCoralExtension.servers = [{"name": ..., "url": ..., "token": ...}]``;
 when none are configured: ``KCORAL_URL`` (with ``KCORAL_TOKEN``) and the embedded servers
-that kernels advertise in the runtime directory. ``?server=NAME`` picks one server for the
-job routes; otherwise each server is asked in turn.
+that kernels advertise in the runtime directory, each with its own token from its 0600
+advertisement (EXTENSIONS §6). Tokens stay in this process: the browser sees only names.
+``?server=NAME`` picks one server for the job routes; otherwise each server is asked in
+turn.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class KCoralExtension(Configurable):
                 {
                     "name": f"local-{record.get('kernel_pid')}",
                     "url": str(record["url"]),
-                    "token": "",
+                    # The embedded server's own token (never the user's KCORAL_TOKEN).
+                    "token": str(record.get("token") or ""),
                 }
             )
         return found

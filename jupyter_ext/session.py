@@ -1,6 +1,11 @@
 """Per-kernel state of the extension: settings, clients, the embedded server, known jobs.
 
 No IPython import: the magics own the notebook side; this owns which server to talk to.
+
+Tokens are per URL (EXTENSIONS §6): the user's token (``KCORAL_TOKEN`` /
+``%config KCoral.token``) goes to the servers the user names (``KCORAL_URL``,
+``%kcoral connect``, ``--url``), never to the embedded server, whose own fresh token goes
+only to it. A server the user did not mean to trust thus never sees the user's token.
 """
 
 from __future__ import annotations
@@ -87,11 +92,20 @@ class Session:
             self.forget(url)
         return stopped
 
+    def token_for(self, url: str) -> str:
+        """The bearer token for ``url`` ("" for none): the embedded server's own token for its
+        URL, the user's token for every other URL."""
+        local = self.local
+        if local is not None and local.url is not None and url == local.url:
+            return local.token or ""
+        return self.settings.token
+
     def client(self, url: str) -> Client:
-        key = (url, self.settings.token)
+        token = self.token_for(url)
+        key = (url, token)
         client = self._clients.get(key)
         if client is None:
-            client = Client(url, token=self.settings.token or None)
+            client = Client(url, token=token or None)
             self._clients[key] = client
         return client
 
