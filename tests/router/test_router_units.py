@@ -239,6 +239,11 @@ def test_supervisor_helpers_strip_its_options_and_probe_loopback() -> None:
         "2",
     ]
     assert child_arguments(argv) == ["--device", "cpu", "--num-workers", "2"]
+    # The child holds no client token: only its tunnel reaches it (ROUTER §12).
+    assert child_arguments(["--auth-token-file", "/etc/t", "--device", "cpu"]) == [
+        "--device",
+        "cpu",
+    ]
     assert probe_target("0.0.0.0") == ("127.0.0.1", None)
     assert probe_target("::") == ("::1", None)
     assert probe_target("10.1.2.3") == ("10.1.2.3", ("127.0.0.1", 0))
