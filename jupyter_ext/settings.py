@@ -36,7 +36,8 @@ class KCoral(Configurable):
     )
     local_args = List(
         Unicode(),
-        default_value=["--device", "auto", "--sandbox", "none", "--log-dir", ""],
+        # No --sandbox: the default (auto) confines cells wherever bubblewrap works.
+        default_value=["--device", "auto", "--log-dir", ""],
         help="Extra arguments of the embedded `kcoral server` (after --port 0 --ready-file).",
     ).tag(config=True)
     local_start_timeout = Float(120.0, help="Seconds to wait for the embedded server.").tag(

@@ -173,7 +173,11 @@ def build_server_parser() -> argparse.ArgumentParser:
     add("--log-dir", help="event log directory; '' disables (default logs; env KCORAL_LOG_DIR)")
     add("--no-log-console", action="store_true", default=None, help="no stderr mirror")
     add("--no-log-programs", action="store_true", default=None, help="do not store programs")
-    add("--sandbox", metavar="{bubblewrap,none}", help="(default bubblewrap)")
+    add(
+        "--sandbox",
+        metavar="{auto,bubblewrap,none}",
+        help="auto: bubblewrap where it works, else none with a warning (default auto)",
+    )
     add(
         "--sandbox-readonly-path",
         action="append",
@@ -197,7 +201,24 @@ def build_server_parser() -> argparse.ArgumentParser:
         type=_INT,
         help="request bytes in flight before 503; 0 = no limit (default 2 x --max-request-bytes)",
     )
-    add("--worker-memory-limit-bytes", type=_INT, help="per worker; 0 = none (default 0)")
+    add(
+        "--worker-memory-limit-bytes",
+        type=_INT,
+        help="per worker; 0 = none (default: physical memory / workers, at least 4 GiB, "
+        "where a cgroup enforces it)",
+    )
+    add(
+        "--worker-process-limit",
+        type=_INT,
+        help="processes and threads per worker (cgroup pids.max); 0 = none "
+        "(default 4096; env KCORAL_WORKER_PROCESS_LIMIT)",
+    )
+    add(
+        "--worker-env-deny",
+        action="append",
+        metavar="NAME",
+        help="environment variable no worker inherits; NAME* denies a prefix (repeatable)",
+    )
     add(
         "--allowed-origin",
         action="append",
@@ -304,6 +325,7 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
         "job_retention_bytes",
         "max_inflight_request_bytes",
         "worker_memory_limit_bytes",
+        "worker_process_limit",
         "fake_gpu_count",
     ):
         value = getattr(args, name)
@@ -325,6 +347,11 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     kwargs["allowed_hosts"] = list(args.allowed_host or [])
     if args.sandbox is not None:
         kwargs["sandbox"] = args.sandbox
+    if "worker_process_limit" not in kwargs:
+        processes = resolve.pick(None, "KCORAL_WORKER_PROCESS_LIMIT", parse_integer)
+        if processes is not None:
+            kwargs["worker_process_limit"] = processes
+    kwargs["worker_env_deny"] = list(args.worker_env_deny or [])
     if args.sandbox_readonly_path:
         if any(not p for p in args.sandbox_readonly_path):
             resolve.fail("--sandbox-readonly-path must not be empty")

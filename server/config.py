@@ -25,7 +25,7 @@ GIB = 1024**3
 DEVICE_MODES = ("auto", "gpu", "cpu")
 # Test-only runtime: GPU-mode pool and leases over fake devices, no CUDA (not in --help).
 FAKE_GPU_DEVICE = "fake-gpu"
-SANDBOXES = ("bubblewrap", "none")
+SANDBOXES = ("auto", "bubblewrap", "none")
 SERIALIZATION_FORMATS = ("json", "pickle")
 REDACTED = "<redacted>"
 
@@ -125,7 +125,7 @@ class ServerConfig:
     log_dir: Path | None = None
     log_console: bool = True
     log_programs: bool = True
-    sandbox: str = "bubblewrap"
+    sandbox: str = "auto"
     sandbox_readonly_paths: list[Path] = field(default_factory=list)
     router_endpoint: str | None = None
     node_id: str | None = None
@@ -137,7 +137,13 @@ class ServerConfig:
     auth_token: str | None = field(default=None, repr=False)
     allow_unauthenticated: bool = False
     max_inflight_request_bytes: int | None = None
-    worker_memory_limit_bytes: int = 0
+    # None: the default share of physical memory, enforced only where a cgroup can (limits.py)
+    worker_memory_limit_bytes: int | None = None
+    # None: KCORAL_WORKER_PROCESS_LIMIT, else limits.DEFAULT_PROCESS_LIMIT; 0 = none
+    worker_process_limit: int | None = None
+    # Variables no worker inherits (exact names, or prefixes ending in '*'), besides the
+    # KCoral secrets that no worker ever gets (sandbox.is_secret_variable).
+    worker_env_deny: list[str] = field(default_factory=list)
     allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
     fake_gpu_count: int = 0
     # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
@@ -190,7 +196,7 @@ def _normalize(config: ServerConfig) -> None:
     if isinstance(config.sandbox_readonly_paths, (tuple, list)):
         paths = [Path(p) if isinstance(p, str) else p for p in config.sandbox_readonly_paths]
         _set(config, "sandbox_readonly_paths", paths)
-    for name in ("allowed_serialization", "allowed_origins", "allowed_hosts"):
+    for name in ("allowed_serialization", "allowed_origins", "allowed_hosts", "worker_env_deny"):
         if isinstance(getattr(config, name), tuple):
             _set(config, name, list(getattr(config, name)))
     for name in (
@@ -280,7 +286,13 @@ def validate(config: ServerConfig) -> None:
     _check_seconds(config, "job_retention_seconds", positive=False)
     _check_int(config, "job_retention_bytes", 0)
     _check_int(config, "max_inflight_request_bytes", 0)
-    _check_int(config, "worker_memory_limit_bytes", 0)
+    for name in ("worker_memory_limit_bytes", "worker_process_limit"):
+        if getattr(config, name) is not None:
+            _check_int(config, name, 0)
+    if not isinstance(config.worker_env_deny, list) or not all(
+        isinstance(name, str) and name and "=" not in name for name in config.worker_env_deny
+    ):
+        raise InvalidConfigError("worker_env_deny", "must be a list of variable names")
 
     for name in ("disk_cache_dir", "log_dir", "auth_token_file"):
         _check_optional_path(config, name)
@@ -300,11 +312,11 @@ def validate(config: ServerConfig) -> None:
         # root are checked when the sandbox starts).
         if Path(os.path.abspath(path)) == Path("/"):
             raise InvalidConfigError("sandbox_readonly_paths", "must not be '/'")
-    if config.sandbox_readonly_paths and config.sandbox != "bubblewrap":
+    if config.sandbox_readonly_paths and config.sandbox == "none":
         raise InvalidConfigError(
             "sandbox_readonly_paths",
-            "requires sandbox 'bubblewrap'",
-            "--sandbox-readonly-path requires --sandbox bubblewrap",
+            "requires sandbox 'auto' or 'bubblewrap'",
+            "--sandbox-readonly-path requires --sandbox auto or bubblewrap",
         )
 
     _validate_router(config)

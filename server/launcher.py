@@ -7,15 +7,21 @@ is as clean as a spawn: the child sets its own environment (``CUDA_VISIBLE_DEVIC
 included) before anything reads it.
 
 Protocol on the launcher's ``AF_UNIX`` ``SOCK_SEQPACKET`` control socket: the front-end
-sends ``{"env": {...}}`` (JSON) with the worker's socketpair end; the launcher forks and
+sends ``{"env": {...}, "cgroups": [...]}`` (JSON) with the worker's socketpair end; the
+launcher forks, the child moves itself into the listed ``cgroup.procs`` files before it runs
+anything else (the per-worker limits, ``kcoral_server.limits``), and the launcher
 answers ``{"pid": N}`` with the read end of a status pipe, on which it writes the child's
 exit code (``subprocess`` convention: ``-signal`` when killed) and the number of orphans
 that survived ``SIGKILL`` once it reaped it. Workers
 are children of the launcher, not of the front-end, hence ``ForkedProcess`` instead of
 ``subprocess.Popen``.
 
-Used only without the bubblewrap sandbox and without a limits cgroup: both wrap the worker
-command, which a fork cannot do; those keep the spawn path.
+Used without the bubblewrap sandbox (which wraps the worker command in ``bwrap``, which a
+fork cannot do; those keep the spawn path), with or without limits.
+
+Who can reach what: a *program* in a forked worker reads ``/proc/self/environ``, which is
+the launcher's own start-up environment, not the worker's: the launcher is therefore started
+with the scrubbed worker environment (no KCoral secret, no denied variable).
 
 Lifetimes (SERVER §11): the launcher is a child subreaper, so whatever a dead worker left
 running (``setsid`` daemons included) is re-parented to it; it kills those orphans at once
@@ -43,8 +49,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kcoral_server.limits import enter_cgroups
 from kcoral_server.worker.reaper import (
     become_subreaper,
     children,
@@ -184,14 +192,24 @@ class Launcher:
         # replaced launchers still serving their workers; polled (reaped) on later starts
         self._retired: list[subprocess.Popen] = []
 
-    def launch(self, worker_fd: int, env: dict[str, str]) -> ForkedProcess:
-        """Fork a worker on ``worker_fd`` with environment ``env`` (blocking; call it off
-        the IO loop). Raises ``LauncherError``."""
-        payload = json.dumps({"env": env}).encode()
+    def launch(
+        self,
+        worker_fd: int,
+        env: dict[str, str],
+        *,
+        cgroups: Sequence[str] = (),
+        launcher_env: Mapping[str, str] | None = None,
+    ) -> ForkedProcess:
+        """Fork a worker on ``worker_fd`` with environment ``env``, inside the cgroups whose
+        ``cgroup.procs`` files ``cgroups`` names (blocking; call it off the IO loop).
+        ``launcher_env`` is the environment of a launcher this call has to start (the
+        default: ``kcoral_server.sandbox.worker_base_environment()``). Raises
+        ``LauncherError``."""
+        payload = json.dumps({"env": env, "cgroups": list(cgroups)}).encode()
         with self._lock:  # one request in flight: replies need no matching
             for attempt in (1, 2):  # a launcher that died is restarted once
                 try:
-                    sock = self._ensure_started()
+                    sock = self._ensure_started(launcher_env)
                     socket.send_fds(sock, [payload], [worker_fd])
                     data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 1)
                 except OSError as exc:
@@ -217,10 +235,14 @@ class Launcher:
         with self._lock:
             self._ensure_started()
 
-    def _ensure_started(self) -> socket.socket:
+    def _ensure_started(self, env: Mapping[str, str] | None = None) -> socket.socket:
         if self._sock is not None and self._process is not None and self._process.poll() is None:
             return self._sock
         self._retire_locked()
+        if env is None:
+            from kcoral_server.sandbox import worker_base_environment
+
+            env = worker_base_environment()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         command = [sys.executable, "-m", "kcoral_server.launcher", "--fd", str(child.fileno())]
         try:
@@ -228,6 +250,7 @@ class Launcher:
                 [*command, "--parent", str(os.getpid())],
                 pass_fds=(child.fileno(),),
                 start_new_session=True,
+                env=dict(env),  # forked workers' /proc/self/environ: no secrets there
             )
         except OSError:
             parent.close()
@@ -288,6 +311,7 @@ class Child:
 
     worker_fd: int
     env: dict[str, str]
+    cgroups: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -497,7 +521,9 @@ def _fork(
     launcher_fds: tuple[int, ...],
 ) -> Child | None:
     try:
-        env = json.loads(data)["env"]
+        request = json.loads(data)
+        env = request["env"]
+        cgroups = [str(path) for path in request.get("cgroups", [])]
         if len(fds) != 1:
             raise ValueError(f"expected one descriptor, got {len(fds)}")
     except (ValueError, KeyError, TypeError) as exc:
@@ -520,13 +546,17 @@ def _fork(
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if not tie_to_parent(launcher):
             os._exit(1)  # the launcher died before the prctl: nobody will supervise us
+        try:
+            enter_cgroups(cgroups)  # before anything else runs: limits hold from the start
+        except OSError:
+            os._exit(125)  # never run a worker outside its limits (like the spawn shim)
         control.close()
         for fd in (status_r, status_w, *launcher_fds):
             with contextlib.suppress(OSError):
                 os.close(fd)
         family.forget()
         os.setsid()  # like start_new_session=True: the front-end kills the whole group
-        return Child(worker_fd, env)
+        return Child(worker_fd, env, cgroups)
     os.close(worker_fd)
     family.workers[pid] = status_w
     _reply(control, {"pid": pid}, [status_r])

@@ -1,17 +1,27 @@
-"""Per-worker resource limits: memory and process count.
+"""Per-worker resource limits: memory and process count, on by default (README "Limits").
+
+Who can reach what: a *program* can make its worker start processes and allocate memory;
+these limits stop one program from taking the whole machine from the other seats and the
+front-end (a fork bomb, a runaway allocation).
 
 * Memory (``--worker-memory-limit-bytes``): a cgroup v2 ``memory.max`` where a writable cgroup
   v2 with the memory controller is available (the kernel then OOM-kills the worker, and the
   front-end names the limit), else an rlimit the worker sets on itself at start-up
   (``RLIMIT_AS``; ``RLIMIT_DATA`` for CUDA workers, whose driver reserves far more address
   space than it uses), so an allocation fails with ``MemoryError`` inside the program.
-* Processes (``worker_process_limit`` when the configuration has it, else the environment
-  variable ``KCORAL_WORKER_PROCESS_LIMIT``): a cgroup ``pids.max`` (v2, or the v1 ``pids``
-  hierarchy). ``RLIMIT_NPROC`` is not used: it counts per user and does not apply to root.
+  Default (``None``): ``default_memory_limit`` (physical memory shared by the seats, at
+  least 4 GiB), enforced only by a cgroup: an address-space rlimit nobody asked for would
+  break programs that reserve far more than they touch.
+* Processes (``--worker-process-limit``; else the environment variable
+  ``KCORAL_WORKER_PROCESS_LIMIT``; default ``DEFAULT_PROCESS_LIMIT``): a cgroup ``pids.max``
+  (v2, or the v1 ``pids`` hierarchy); it counts threads too. ``RLIMIT_NPROC`` is not used:
+  it counts per user and does not apply to root.
 
-The worker's tree is placed in its cgroup before anything runs: the launch command is
-wrapped in ``/bin/sh`` that writes its own pid into ``cgroup.procs`` and then ``exec``s the
-real command, so every later process (bwrap, the worker, its children) starts inside.
+The worker's tree is placed in its cgroup before anything runs: a spawned worker's launch
+command is wrapped in ``/bin/sh`` that writes its own pid into ``cgroup.procs`` and then
+``exec``s the real command, so every later process (bwrap, the worker, its children) starts
+inside; a worker forked by the launcher writes its pid there itself right after the fork,
+before it runs anything else (``enter_cgroups``), so limits cost the fork server nothing.
 
 Stdlib only: the worker imports the environment-variable names and the helpers at the end.
 """
@@ -28,7 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PROCESS_LIMIT_ENV = "KCORAL_WORKER_PROCESS_LIMIT"  # front-end setting (no CLI option yet)
+PROCESS_LIMIT_ENV = "KCORAL_WORKER_PROCESS_LIMIT"  # front-end setting (--worker-process-limit)
+# Far above what a real GPU program needs (torch's thread pools, compile workers and data
+# loaders stay in the hundreds even on big hosts), far below what exhausts a machine.
+DEFAULT_PROCESS_LIMIT = 4096
+# The default memory share never goes below this: a torch + CUDA worker needs a few GiB.
+MIN_DEFAULT_MEMORY_BYTES = 4 * 1024**3
 # Set in a worker's environment by the front-end:
 MEMORY_LIMIT_ENV = "KCORAL_WORKER_MEMORY_LIMIT_BYTES"  # the limit, for messages
 MEMORY_RLIMIT_ENV = "KCORAL_WORKER_MEMORY_RLIMIT"  # "AS" or "DATA" when the worker enforces it
@@ -44,17 +59,46 @@ SHIM = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift;
 class WorkerLimits:
     memory_bytes: int = 0  # 0 = none
     processes: int = 0  # 0 = none
+    #: the memory limit is the default one: a cgroup enforces it or nothing does
+    memory_cgroup_only: bool = False
 
 
-def limits_from_config(config: Any, environ: Mapping[str, str] | None = None) -> WorkerLimits:
-    """The limits of ``config`` (any object; missing fields mean no limit)."""
+def default_memory_limit(seats: int) -> int:
+    """Physical memory shared by ``seats`` workers, at least 4 GiB (never more than the
+    machine has): together the workers cannot push the front-end out of memory, and one
+    worker gets its fair share, which a real program stays within (0: memory unknown)."""
+    from kcoral_server.config import physical_memory_bytes
+
+    memory = physical_memory_bytes()
+    if not memory:
+        return 0
+    return max(memory // max(1, seats), min(memory, MIN_DEFAULT_MEMORY_BYTES))
+
+
+_MISSING = object()
+
+
+def limits_from_config(
+    config: Any, environ: Mapping[str, str] | None = None, *, seats: int = 1
+) -> WorkerLimits:
+    """The limits of ``config`` (a ``ServerConfig``, or any object whose missing fields mean
+    no limit); ``None`` fields take the defaults, ``seats`` workers sharing the memory."""
+    if config is None:
+        return WorkerLimits()
     environ = os.environ if environ is None else environ
-    memory = int(getattr(config, "worker_memory_limit_bytes", 0) or 0)
-    processes = int(getattr(config, "worker_process_limit", 0) or 0)
-    if not processes:
-        with contextlib.suppress(ValueError):
-            processes = max(0, int(environ.get(PROCESS_LIMIT_ENV, "0") or "0"))
-    return WorkerLimits(memory, processes)
+    from_env: int | None = None
+    with contextlib.suppress(ValueError):
+        raw_env = environ.get(PROCESS_LIMIT_ENV, "")
+        from_env = max(0, int(raw_env)) if raw_env else None
+    processes = getattr(config, "worker_process_limit", _MISSING)
+    if processes is _MISSING:
+        processes = from_env or 0
+    elif processes is None:
+        processes = DEFAULT_PROCESS_LIMIT if from_env is None else from_env
+    memory = getattr(config, "worker_memory_limit_bytes", 0)
+    if memory is None:
+        return WorkerLimits(default_memory_limit(seats), int(processes), memory_cgroup_only=True)
+    return WorkerLimits(int(memory or 0), int(processes))
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -124,11 +168,15 @@ class WorkerCgroup:
     memory_bytes: int = 0  # enforced by memory.max (0: not by the cgroup)
     processes: int = 0  # enforced by pids.max (0: not enforced)
 
+    @property
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files a new worker writes its pid into (``enter_cgroups``)."""
+        return [str(p / "cgroup.procs") for p in self.paths]
+
     def wrap(self, command: list[str]) -> list[str]:
         if not self.paths:
             return command
-        procs = [str(p / "cgroup.procs") for p in self.paths]
-        return ["/bin/sh", "-c", SHIM, "kcoral-cgroup", *procs, "--", *command]
+        return ["/bin/sh", "-c", SHIM, "kcoral-cgroup", *self.procs_files, "--", *command]
 
     def _counter(self, filename: str, key: str) -> int:
         for path in self.paths:
@@ -230,13 +278,40 @@ def create_cgroup(limits: WorkerLimits) -> WorkerCgroup:
 def worker_limit_environment(limits: WorkerLimits, cgroup: WorkerCgroup, device: str) -> dict:
     """Variables telling the worker which limits apply and which it must set itself."""
     env: dict[str, str] = {}
-    if limits.memory_bytes:
+    if limits.memory_bytes and (cgroup.memory_bytes or not limits.memory_cgroup_only):
         env[MEMORY_LIMIT_ENV] = str(limits.memory_bytes)
         if not cgroup.memory_bytes:
             env[MEMORY_RLIMIT_ENV] = "DATA" if device == "gpu" else "AS"
     if cgroup.processes:
         env[PROCESS_LIMIT_NOTE_ENV] = str(cgroup.processes)
     return env
+
+
+def unenforced(limits: WorkerLimits) -> list[str]:
+    """The limits of ``limits`` that no cgroup here can enforce (a trial cgroup is made and
+    removed): said once at start-up, so that a missing limit is never silent."""
+    cgroup = create_cgroup(limits)
+    try:
+        missing = []
+        if limits.memory_bytes and not cgroup.memory_bytes:
+            missing.append(
+                "memory (not enforced)"
+                if limits.memory_cgroup_only
+                else "memory (enforced by an rlimit instead)"
+            )
+        if limits.processes and not cgroup.processes:
+            missing.append("processes (not enforced)")
+        return missing
+    finally:
+        cgroup.remove()
+
+
+def enter_cgroups(procs_files: list[str]) -> None:
+    """In a freshly forked worker, before it runs anything: move into its cgroups (raises
+    ``OSError``; the caller must then exit rather than run unlimited)."""
+    for path in procs_files:
+        with open(path, "w") as f:
+            f.write("0")  # "0" is the writer itself (cgroup v1 and v2)
 
 
 def limit_message(cgroup: WorkerCgroup | None) -> str | None:

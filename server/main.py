@@ -15,6 +15,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import tornado.httpserver
@@ -25,7 +26,7 @@ from kcoral_server.config import config_for_log
 from kcoral_server.device import DeviceError, choose_devices
 from kcoral_server.eventlog import EventLog
 from kcoral_server.pool import PoolStartError
-from kcoral_server.sandbox import resolve_sandbox
+from kcoral_server.sandbox import SandboxUnavailable, resolve_sandbox
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,12 +39,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kcoral_server.node.supervisor import run_supervisor
 
         return run_supervisor(settings, argv)
+    router_secret = None
+    if settings.node_child:
+        # ROUTER §12: the supervisor's secrets arrive through a pipe, read before any worker
+        # exists; this child holds no client token and serves only its tunnel.
+        from kcoral_server.node.handover import HandoverError, read_secrets
+
+        try:
+            secrets = read_secrets(os.environ)
+        except HandoverError as exc:
+            sys.stderr.write(f"kcoral server: {exc}\n")
+            return 2
+        config = replace(
+            config, node_token=secrets.node_token, auth_token=None, auth_token_file=None
+        )
+        settings = replace(settings, config=config)
+        router_secret = secrets.router_secret
     try:
         token = config.read_auth_token()
     except ValueError as exc:
         sys.stderr.write(f"kcoral server: {exc}\n")
         return 2
-    if token is None and not is_loopback(settings.host) and not config.allow_unauthenticated:
+    if (
+        token is None
+        and router_secret is None
+        and not is_loopback(settings.host)
+        and not config.allow_unauthenticated
+    ):
         sys.stderr.write(
             f"kcoral server: refusing to listen on non-loopback address {settings.host} "
             "without a client token; set --auth-token-file or KCORAL_AUTH_TOKEN, or pass "
@@ -55,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kcoral server: warning: CUDA_VISIBLE_DEVICES does not restrict the server; "
             "workers are pinned by --gpus\n"
         )
-    return asyncio.run(_serve(settings, token))
+    return asyncio.run(_serve(settings, token, router_secret))
 
 
 def is_loopback(host: str) -> bool:
@@ -73,7 +95,9 @@ def probe_sandbox(sandbox: str, events: EventLog, readonly_paths: Sequence[Path]
     return resolve_sandbox(sandbox, readonly_paths, events)
 
 
-async def _serve(settings: ServerSettings, token: str | None) -> int:
+async def _serve(
+    settings: ServerSettings, token: str | None, router_secret: str | None = None
+) -> int:
     config = settings.config
     loop = asyncio.get_running_loop()
     events = EventLog(config.log_dir, console=config.log_console, log_programs=config.log_programs)
@@ -82,7 +106,7 @@ async def _serve(settings: ServerSettings, token: str | None) -> int:
         run_dir=str(events.run_dir) if events.run_dir else None,
         config=config_for_log(config),
     )
-    if token is None and not is_loopback(settings.host):
+    if token is None and router_secret is None and not is_loopback(settings.host):
         events.emit(
             "unauthenticated_access",
             "WARNING",
@@ -111,9 +135,15 @@ async def _serve(settings: ServerSettings, token: str | None) -> int:
             sandbox=sandbox,
             auth_token=token,
             listen_host=settings.host,
+            router_secret=router_secret,
         )
         state = app.state
         await state.start()
+    except SandboxUnavailable as exc:
+        # An explicit --sandbox bubblewrap never degrades to running programs unconfined.
+        events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
+        sys.stderr.write(f"kcoral server: {exc}\n")
+        return 2
     except (DeviceError, PoolStartError, OSError, ValueError) as exc:
         events.emit(
             "server_start_failed", "ERROR", error=str(exc), traceback=traceback.format_exc()
@@ -154,7 +184,12 @@ async def _serve(settings: ServerSettings, token: str | None) -> int:
         from kcoral_server.node.tunnel import start_tunnel
 
         tunnel = await start_tunnel(
-            settings, url, len(state.pool.seats), events, instance_id=state.instance_id
+            settings,
+            url,
+            len(state.pool.seats),
+            events,
+            instance_id=state.instance_id,
+            server_secret=router_secret,
         )
 
     stop = asyncio.Event()

@@ -357,6 +357,11 @@ class ExecuteRequest:
             return await self._execute_on_set(
                 seat, program, parsed, resolution, timeout, limit, queue_ms, gpu_count
             )
+        try:
+            # A reused worker never serves two identities (its /tmp, HOME, caches).
+            await state.pool.serve_identity(seat, self.identity.name)
+        except NoWorker:
+            raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
         handle = seat.worker
         assert handle is not None
         state.events.emit(
@@ -527,7 +532,7 @@ class ExecuteRequest:
         crash."""
         state = self.state
         workspace = Workspace.create(
-            state.events.output_dir, str(handle.pid) if limit > 0 else None
+            state.events.output_dir, str(handle.pid) if limit > 0 else None, limit
         )
         drive = _Drive(workspace=workspace, limit=limit)
         if limit > 0:

@@ -4,6 +4,11 @@ A seat (``cpu/w<i>`` or ``gpu<N>/w<i>``) outlives its processes; ``generation`` 
 Requests take an idle seat or queue FIFO; a seat that becomes idle goes to the oldest waiter.
 Replacing a worker (retirement, crash, timeout) runs in the background and the seat stays out
 of ``request_capacity`` until its new worker is ready.
+
+Who can reach what: a reused worker (``--max-requests-per-worker`` other than 1) keeps its
+sandbox's ``/tmp``, ``HOME``, caches and its interpreter's state from one program to the
+next, so it never serves two identities (another token holder): ``serve_identity`` replaces
+it, with a fresh sandbox directory, before a different identity's program runs.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral_server import ipc
+from kcoral_server import ipc, limits
 from kcoral_server.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.worker_handle import WorkerGone, WorkerHandle, WorkerStartError
 from kcoral_server.workspace import remove_stale_workspaces
@@ -29,6 +34,7 @@ RETIRE_LEVELS = {
     "timeout": "WARNING",
     "crashed": "ERROR",
     "cancelled": "INFO",  # its program was cancelled (EXTENSIONS §5, §9)
+    "identity": "INFO",  # the next program belongs to another identity
 }
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
@@ -151,7 +157,21 @@ class Pool:
 
     async def start(self) -> None:
         # SERVER §7: workspaces a front-end killed earlier left behind (its lock is free)
-        await asyncio.get_running_loop().run_in_executor(None, remove_stale_workspaces)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, remove_stale_workspaces)
+        wanted = limits.limits_from_config(self.config, seats=len(self.seats))
+        missing = await loop.run_in_executor(None, limits.unenforced, wanted)
+        if missing:
+            # said once, so that a limit nobody enforces is never silent (README "Limits")
+            self.events.emit(
+                "worker_limits_unenforced",
+                "WARNING",
+                missing=missing,
+                memory_bytes=wanted.memory_bytes,
+                processes=wanted.processes,
+                message="no writable cgroup enforces these per-worker limits: "
+                + ", ".join(missing),
+            )
         results = await asyncio.gather(
             *(self._start_seat(seat, phase="startup") for seat in self.seats)
         )
@@ -188,9 +208,10 @@ class Pool:
             on_gone=self._on_worker_gone,
             config=self.config,
             events=self.events,
+            seats=len(self.seats),
         )
 
-    async def _start_seat(self, seat: Seat, *, phase: str) -> bool:
+    async def _start_seat(self, seat: Seat, *, phase: str, idle: bool = True) -> bool:
         handle = self._new_handle(seat)
         try:
             info = await handle.start()
@@ -220,7 +241,8 @@ class Pool:
             device=info.device_uuid or (gpu.uuid if gpu and gpu.uuid else self.mode),
             arch=info.target.get("arch"),
         )
-        self._make_idle(seat)
+        if idle:
+            self._make_idle(seat)
         return True
 
     # ------------------------------------------------------------------ assignment
@@ -269,6 +291,40 @@ class Pool:
         if seat is not None:
             self._take(seat)
         return seat
+
+    async def serve_identity(self, seat: Seat, identity: str) -> None:
+        """Make the (acquired) seat's worker fit to run ``identity``'s program: a worker that
+        served another identity is replaced by a fresh one (fresh sandbox directory: empty
+        ``/tmp``, ``HOME`` and caches) first. ``NoWorker`` when the new one fails to start
+        (the seat is then replaced in the background)."""
+        handle = seat.worker
+        if handle is None or handle.identity in (None, identity):
+            if handle is not None:
+                handle.identity = identity
+            return
+        self.events.emit(
+            "worker_retired",
+            RETIRE_LEVELS["identity"],
+            worker_id=seat.id,
+            gpu_id=seat.gpu_id,
+            generation=seat.generation,
+            pid=handle.pid,
+            reason="identity",
+        )
+        started = False
+        try:
+            await self.kill(handle)
+            seat.worker = None
+            if self.quarantine_reason is None:
+                started = await self._start_seat(seat, phase="respawn", idle=False)
+        finally:
+            if not started:
+                seat.worker = None
+                self._schedule_replacement(seat, "crashed", emit_retired=False)
+        if not started:
+            raise NoWorker("the worker for this identity failed to start")
+        assert seat.worker is not None
+        seat.worker.identity = identity
 
     def _take(self, seat: Seat) -> None:
         seat.state = "busy"

@@ -1,8 +1,18 @@
-"""The optional bubblewrap sandbox of worker processes (SERVER.md §14).
+"""The bubblewrap sandbox of worker processes (SERVER.md §14) and what a program's
+environment may hold.
 
-Front-end side only: the start-up probe (with its ``sandbox_disabled`` fallback), the check
-of ``--sandbox-readonly-path`` values, and, per worker, a private host directory that
-becomes the sandbox's writable workspace plus the ``bwrap`` command line that runs the
+Who can reach what: a *program* (uploaded code) runs in a worker. Whatever the sandbox, its
+environment holds no KCoral secret (``is_secret_variable``: every ``KCORAL_*`` name with
+``TOKEN`` or ``SECRET`` in it) and no variable the operator denied (``--worker-env-deny``):
+``worker_base_environment`` scrubs them before any worker, launcher or supervisor starts.
+Under bubblewrap it also sees no other process (PID namespace), no network, no token file
+(``hidden_paths`` are covered by ``/dev/null``) and only the system, Python and package
+directories read-only; without a sandbox it can read whatever the server's user can.
+
+Front-end side only: the start-up probe (``--sandbox auto`` falls back to ``none`` with a
+``sandbox_disabled`` WARNING; an explicit ``bubblewrap`` that cannot run refuses to start),
+the check of ``--sandbox-readonly-path`` values, and, per worker, a private host directory
+that becomes the sandbox's writable workspace plus the ``bwrap`` command line that runs the
 worker inside it. The worker side (clearing the workspace between programs) lives in
 ``kcoral_server.worker.confinement``.
 
@@ -28,14 +38,17 @@ from typing import Any
 
 PROBE_TIMEOUT_SECONDS = 10.0
 DISABLED_MESSAGE = "the bubblewrap sandbox is unusable; continuing with --sandbox none"
+REFUSED_MESSAGE = "--sandbox bubblewrap cannot run here"
 WORKSPACE_MOUNTS = ("/work", "/workspace", "/kcoral-work")
 STATE_DIRS = ("tmp", "home", "cache", "cuda", "triton", "extensions", "libraries", "output", "shm")
 # Cleared between programs together with the workspace itself (caches survive reuse).
 SCRATCH_STATE_DIRS = ("tmp", "shm")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-# Front-end secrets a sandboxed program has no business reading from its environment.
-SECRET_VARIABLES = ("KCORAL_AUTH_TOKEN", "KCORAL_NODE_TOKEN")
+# Front-end secrets no program has any business reading from its environment; every other
+# ``KCORAL_*`` name with TOKEN or SECRET in it is one too (``is_secret_variable``).
+SECRET_VARIABLES = ("KCORAL_AUTH_TOKEN", "KCORAL_NODE_TOKEN", "KCORAL_TOKEN")
+SECRET_MARKERS = ("TOKEN", "SECRET")
 HOST_DIR_PREFIX = "kcoral-sandbox-"
 # Linked into the workspace's runtime state inside the sandbox.
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -43,6 +56,42 @@ PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 class SandboxError(ValueError):
     """The sandbox settings are unusable (e.g. a read-only path that exposes workspaces)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """``--sandbox bubblewrap`` was asked for explicitly and cannot run (exit 2)."""
+
+
+def is_secret_variable(name: str) -> bool:
+    """Whether ``name`` holds a KCoral secret (client, node, router or child token)."""
+    return name in SECRET_VARIABLES or (
+        name.startswith("KCORAL_") and any(marker in name for marker in SECRET_MARKERS)
+    )
+
+
+def is_denied(name: str, deny: Iterable[str]) -> bool:
+    """Whether ``name`` matches an operator's ``--worker-env-deny`` entry (exact, or a
+    prefix ending in ``*``)."""
+    for entry in deny:
+        if entry.endswith("*") and name.startswith(entry[:-1]):
+            return True
+        if name == entry:
+            return True
+    return False
+
+
+def worker_base_environment(
+    environ: Mapping[str, str] | None = None, deny: Iterable[str] = ()
+) -> dict[str, str]:
+    """``environ`` (default: the front-end's) without KCoral secrets and denied variables:
+    the starting point of every worker's, launcher's and supervisor's environment."""
+    environ = os.environ if environ is None else environ
+    deny = list(deny)
+    return {
+        name: value
+        for name, value in environ.items()
+        if not is_secret_variable(name) and not is_denied(name, deny)
+    }
 
 
 def workspace_root() -> Path:
@@ -100,17 +149,23 @@ def probe(bwrap: str | None = None, timeout: float = PROBE_TIMEOUT_SECONDS) -> s
 
 
 def resolve_sandbox(sandbox: str, readonly_paths: Sequence[Path], events: Any) -> str:
-    """The sandbox the server will use: ``bubblewrap`` when asked for and working, else
-    ``none`` after a ``sandbox_disabled`` event and a Python warning. Raises
-    ``SandboxError`` for a refused read-only path."""
-    if sandbox != "bubblewrap":
+    """The sandbox the server will use (``bubblewrap`` or ``none``).
+
+    ``auto`` is bubblewrap when the probe works, else ``none`` after a ``sandbox_disabled``
+    WARNING event and a Python warning (never silently). An explicit ``bubblewrap`` that
+    cannot run raises ``SandboxUnavailable``: the operator asked for confinement, so running
+    programs unconfined would be a silent downgrade. Raises ``SandboxError`` for a refused
+    read-only path."""
+    if sandbox not in ("auto", "bubblewrap"):
         return "none"
     check_readonly_paths(readonly_paths)
     error = probe()
     if error is None:
         return "bubblewrap"
+    if sandbox == "bubblewrap":
+        raise SandboxUnavailable(f"{REFUSED_MESSAGE}: {error}")
     events.emit(
-        "sandbox_disabled", "WARNING", sandbox="bubblewrap", error=error, message=DISABLED_MESSAGE
+        "sandbox_disabled", "WARNING", sandbox=sandbox, error=error, message=DISABLED_MESSAGE
     )
     warnings.warn(f"{DISABLED_MESSAGE}: {error}", RuntimeWarning, stacklevel=2)
     return "none"
@@ -186,6 +241,7 @@ class SandboxDir:
         gpu_ids: Sequence[int] = (),
         environ: Mapping[str, str] | None = None,
         bwrap: str | None = None,
+        hidden_paths: Sequence[Path] = (),
     ) -> None:
         self.bwrap = bwrap or shutil.which("bwrap")
         if self.bwrap is None:
@@ -194,6 +250,13 @@ class SandboxDir:
         self.readonly_paths = check_readonly_paths(readonly_paths)
         self.binds = readonly_binds(self.readonly_paths, environ)
         self.mount = choose_mount(self.binds)
+        # Secret files (the client token file) that a read-only bind would expose: each is
+        # covered by an empty /dev/null bind (a file outside every bind is invisible anyway).
+        self.hidden = [
+            resolved
+            for resolved in (Path(os.path.abspath(p)).resolve() for p in hidden_paths)
+            if resolved.is_file() and any(_is_within(resolved, bind) for bind in self.binds)
+        ]
         self.device = device
         self.gpu_ids = list(gpu_ids)
         self.host_dir = Path(tempfile.mkdtemp(prefix=HOST_DIR_PREFIX, dir=workspace_root()))
@@ -203,7 +266,7 @@ class SandboxDir:
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """The worker's environment inside the sandbox (§14 variables set)."""
-        result = {k: v for k, v in env.items() if k not in SECRET_VARIABLES}
+        result = {k: v for k, v in env.items() if not is_secret_variable(k)}
         state = {name: state_path(self.mount, name) for name in STATE_DIRS}
         result.update(
             HOME=state["home"],
@@ -242,6 +305,8 @@ class SandboxDir:
             argv += ["--ro-bind", str(path), str(path)]
         for target, link in system_links():
             argv += ["--symlink", target, link]
+        for path in self.hidden:
+            argv += ["--ro-bind", "/dev/null", str(path)]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         if self.device == "gpu":
             nodes = [*GPU_CONTROL_NODES, "/dev/nvidia-modeset"]

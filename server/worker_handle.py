@@ -1,5 +1,10 @@
 """Launching, talking to and killing one worker process.
 
+Who can reach what: the worker runs *programs* (uploaded code). Its environment starts from
+``sandbox.worker_base_environment`` (no KCoral secret, no ``--worker-env-deny``ed variable)
+in every sandbox mode and on both launch paths (forked from the launcher, or spawned), and
+it runs inside its limits (``kcoral_server.limits``) from its first instruction.
+
 A handle owns the process and its IPC channel, which hands it every message as soon as its
 frame is read. Lease messages are answered here (the front-end arbitrates and measures lease
 timings itself); everything else goes to the inbox for whoever drives the current request or
@@ -32,7 +37,7 @@ from kcoral_server.launcher import (
 )
 from kcoral_server.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.rank_variables import is_rank_variable
-from kcoral_server.sandbox import SandboxDir, SandboxError
+from kcoral_server.sandbox import SandboxDir, SandboxError, worker_base_environment
 
 STARTUP_TIMEOUT_SECONDS = 60.0
 
@@ -77,9 +82,12 @@ class WorkerInfo:
     device_uuid: str | None = None
 
 
-def worker_environment(device: str, gpu_ids: Sequence[int], gpu_uuids: Sequence[str]) -> dict:
-    """Environment of a new worker: unchanged on CPU; pinned to its GPUs otherwise."""
-    env = dict(os.environ)
+def worker_environment(
+    device: str, gpu_ids: Sequence[int], gpu_uuids: Sequence[str], deny: Sequence[str] = ()
+) -> dict:
+    """Environment of a new worker: the front-end's without KCoral secrets and ``deny``ed
+    variables; otherwise unchanged on CPU, pinned to its GPUs on a GPU."""
+    env = worker_base_environment(os.environ, deny)
     if device == "cpu":
         return env
     for name in list(env):
@@ -116,6 +124,7 @@ class WorkerHandle:
         on_gone: Callable[[WorkerHandle], None] | None = None,
         config: Any = None,
         events: Any = None,
+        seats: int = 1,
     ) -> None:
         self.seat_id = seat_id
         self.generation = generation
@@ -130,6 +139,10 @@ class WorkerHandle:
         self.on_gone = on_gone
         self.config = config  # ServerConfig: read-only paths and limits (None: no limits)
         self.events = events  # EventLog for worker_limit_exceeded (optional)
+        self.seats = seats  # workers sharing the machine's memory (the default memory limit)
+        #: the identity whose programs this worker ran (a worker never serves two: the pool
+        #: replaces it first, ``Pool.serve_identity``)
+        self.identity: str | None = None
         self.sandbox_dir: SandboxDir | None = None
         self._launch_lock = threading.Lock()
         self._abandoned = False
@@ -183,8 +196,13 @@ class WorkerHandle:
 
         def launch() -> subprocess.Popen | ForkedProcess:
             command, env = self._launch_command(child.fileno())
-            process = _fork_worker(command, child.fileno(), env)
+            assert self.cgroup is not None
+            process = None
+            if self.sandbox != "bubblewrap":
+                # forked workers enter their cgroup themselves, before running anything
+                process = _fork_worker(child.fileno(), env, self.cgroup.procs_files, self._deny)
             if process is None:
+                command = self.cgroup.wrap(command)
                 if self.sandbox != "bubblewrap":
                     # bubblewrap's PID namespace and --die-with-parent supervise a sandboxed
                     # worker; any other spawned one gets a supervisor process (SERVER §11)
@@ -270,22 +288,31 @@ class WorkerHandle:
             self.lease = LeaseClock()  # start-up leasing of a seat is not part of a request
         return self.info
 
+    @property
+    def _deny(self) -> list[str]:
+        return list(getattr(self.config, "worker_env_deny", None) or [])
+
     def _launch_command(self, fd: int) -> tuple[list[str], dict[str, str]]:
-        """Command and environment of the worker: wrapped in the sandbox when it is on, and
-        started inside its limits' cgroup (SERVER §6, §14)."""
-        env = worker_environment(self.device, self.gpu_ids, self.gpu_uuids)
+        """Command (in the sandbox when it is on; not yet in its cgroup: ``self.cgroup``
+        wraps or the launcher moves it) and environment of the worker (SERVER §6, §14)."""
+        env = worker_environment(self.device, self.gpu_ids, self.gpu_uuids, self._deny)
         command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
         if self.sandbox == "bubblewrap":
             paths = getattr(self.config, "sandbox_readonly_paths", None) or []
+            token_file = getattr(self.config, "auth_token_file", None)
             self.sandbox_dir = SandboxDir(
-                readonly_paths=paths, device=self.device, gpu_ids=self.gpu_ids, environ=env
+                readonly_paths=paths,
+                device=self.device,
+                gpu_ids=self.gpu_ids,
+                environ=env,
+                hidden_paths=[token_file] if token_file is not None else [],
             )
             env = self.sandbox_dir.environment(env)
             command = self.sandbox_dir.command(command)
-        wanted = limits.limits_from_config(self.config)
+        wanted = limits.limits_from_config(self.config, seats=self.seats)
         self.cgroup = limits.create_cgroup(wanted)
         env.update(limits.worker_limit_environment(wanted, self.cgroup, self.device))
-        return self.cgroup.wrap(command), env
+        return command, env
 
     def _kill_now(self) -> None:
         """Blocking SIGKILL of the tree, then clean-up: for a start-up that was cancelled
@@ -669,16 +696,18 @@ async def _readable(fds: Sequence[int]) -> None:
 LAUNCH_ENV = "KCORAL_WORKER_LAUNCH"
 
 
-def _fork_worker(command: list[str], fd: int, env: dict[str, str]) -> ForkedProcess | None:
-    """The plain worker command is forked from the preloaded launcher (~25 ms instead of an
-    interpreter start plus imports); a wrapped one (sandbox, cgroup shim) is spawned.
-    ``None``: spawn it."""
-    if command != [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]:
-        return None
+def _fork_worker(
+    fd: int, env: dict[str, str], cgroups: Sequence[str], deny: Sequence[str]
+) -> ForkedProcess | None:
+    """An unsandboxed worker is forked from the preloaded launcher (~25 ms instead of an
+    interpreter start plus imports); it moves itself into ``cgroups`` first. ``None``: spawn
+    it."""
     if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
         return None
     try:
-        return shared_launcher().launch(fd, env)
+        return shared_launcher().launch(
+            fd, env, cgroups=cgroups, launcher_env=worker_base_environment(os.environ, deny)
+        )
     except LauncherError:
         return None  # the launcher is broken: spawning still works
 

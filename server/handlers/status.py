@@ -63,6 +63,8 @@ class InfoHandler(BaseHandler):
                 "protocol": PROTOCOL_VERSION,
                 "features": features,
                 "device": self.state.device,
+                # the resolved mode: what confines programs here (EXTENSIONS §1, §6)
+                "sandbox": self.state.sandbox,
                 "limits": {
                     "max_request_bytes": config.max_request_bytes,
                     "max_response_bytes": config.max_response_bytes,

@@ -67,14 +67,18 @@ def test_a_failed_probe_logs_sandbox_disabled_and_warns(monkeypatch, tmp_path) -
         def emit(self, event, level="INFO", **fields):
             emitted.append((event, level, fields))
 
+    # issue 16: only --sandbox auto falls back; an explicit bubblewrap refuses
+    with pytest.raises(sandbox.SandboxUnavailable, match="bwrap was not found"):
+        sandbox.resolve_sandbox("bubblewrap", [], Events())
+    assert emitted == []
     with pytest.warns(RuntimeWarning, match="bubblewrap sandbox is unusable"):
-        assert sandbox.resolve_sandbox("bubblewrap", [], Events()) == "none"
+        assert sandbox.resolve_sandbox("auto", [], Events()) == "none"
     assert emitted == [
         (
             "sandbox_disabled",
             "WARNING",
             {
-                "sandbox": "bubblewrap",
+                "sandbox": "auto",
                 "error": "bwrap was not found on PATH",
                 "message": sandbox.DISABLED_MESSAGE,
             },
@@ -150,7 +154,8 @@ def test_the_sandbox_environment_points_state_into_the_workspace(tmp_path: Path)
 def test_without_bwrap_the_server_falls_back_with_a_warning(tmp_path: Path) -> None:
     empty = tmp_path / "empty-path"
     empty.mkdir()
-    server = sandboxed_server(tmp_path / "server", env={"PATH": str(empty)})
+    # issue 16: only --sandbox auto (the default) falls back; explicit bubblewrap refuses
+    server = start_server(tmp_path / "server", ["--sandbox", "auto"], env={"PATH": str(empty)})
     try:
         status, body, _ = execute(server.url, run_source("def main():\n    return 7\n"))
         assert status == 200 and body["status"] == "COMPLETED", body

@@ -67,7 +67,7 @@ def test_every_field_has_a_default_and_construction_is_keyword_only_in_practice(
     assert config.log_dir is None
     assert config.log_console is True
     assert config.log_programs is True
-    assert config.sandbox == "bubblewrap"
+    assert config.sandbox == "auto"  # issue 16: bubblewrap where it works, else loudly none
     assert config.sandbox_readonly_paths == []
     assert config.router_endpoint is None and config.node_id is None and config.node_token is None
     assert config.job_retention_seconds == 3600
@@ -75,7 +75,10 @@ def test_every_field_has_a_default_and_construction_is_keyword_only_in_practice(
     assert config.auth_token_file is None and config.auth_token is None
     assert config.allow_unauthenticated is False
     assert config.max_inflight_request_bytes == 2 * config.max_request_bytes
-    assert config.worker_memory_limit_bytes == 0
+    # issue 16: limits on by default (None: the default memory share, limits.py)
+    assert config.worker_memory_limit_bytes is None
+    assert config.worker_process_limit is None
+    assert config.worker_env_deny == []
     assert config.fake_gpu_count == 0
     assert not hasattr(config, "host") and not hasattr(config, "port")
 
@@ -238,7 +241,7 @@ def test_without_arguments_the_cli_defaults_apply(tmp_path) -> None:
     assert config.log_dir == Path("logs")
     assert config.disk_cache_dir == tmp_path / ".cache" / "kcoral" / "files"
     assert config.log_console and config.log_programs
-    assert config.sandbox == "bubblewrap"
+    assert config.sandbox == "auto"  # issue 16: bubblewrap where it works, else loudly none
     assert config.allowed_serialization == ["json", "pickle"]
 
 

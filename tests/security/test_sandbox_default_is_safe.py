@@ -1,0 +1,201 @@
+"""Attacks on the defaults (issue 16, points 4 and 7c): a silent downgrade to no sandbox, a
+reused worker that carries one identity's files to the next, and a program that starts
+processes without bound.
+
+Before the fix ``--sandbox bubblewrap`` that could not run quietly continued unconfined,
+nothing told a client which sandbox it got, the notebook's embedded server ran with
+``--sandbox none``, a reused bubblewrap worker showed one client's ``/tmp`` and ``HOME`` to
+the next, and a worker had no process limit by default.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kcoral_server import limits
+from sandbox_default_support import (
+    broken_bwrap,
+    bwrap_problem,
+    execute,
+    request,
+    returned,
+    run_source,
+)
+from server_process import start_server
+
+NO_BWRAP = bwrap_problem()
+needs_bwrap = pytest.mark.skipif(NO_BWRAP is not None, reason=f"bubblewrap unusable: {NO_BWRAP}")
+
+
+def _path_with(directory: Path) -> dict[str, str]:
+    return {"PATH": f"{directory}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def test_an_explicit_bubblewrap_sandbox_that_cannot_run_refuses_to_start(tmp_path: Path) -> None:
+    stub = broken_bwrap(tmp_path / "bin")
+    command = [sys.executable, "-m", "kcoral", "server", "--port", "0", "--device", "cpu"]
+    command += ["--sandbox", "bubblewrap", "--log-dir", "", "--disk-cache-dir", ""]
+    done = subprocess.run(
+        command,
+        env={**os.environ, **_path_with(stub)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--sandbox bubblewrap cannot run here" in done.stderr
+    assert "Permission denied" in done.stderr  # the reason bwrap gave
+    assert "listening" not in done.stderr
+
+
+def test_the_auto_sandbox_falls_back_to_none_loudly(tmp_path: Path) -> None:
+    stub = broken_bwrap(tmp_path / "bin")
+    server = start_server(tmp_path / "server", ["--sandbox", "auto"], env=_path_with(stub))
+    try:
+        status, info = request(server.url, "GET", "/v1/info")
+        events = server.events()
+    finally:
+        server.stop()
+    assert status == 200 and info["sandbox"] == "none", info
+    disabled = [e for e in events if e["event"] == "sandbox_disabled"]
+    assert len(disabled) == 1 and disabled[0]["level"] == "WARNING", disabled
+    assert "Permission denied" in disabled[0]["error"]
+
+
+@needs_bwrap
+def test_a_server_without_a_sandbox_flag_confines_programs(tmp_path: Path) -> None:
+    from kcoral_jupyter.settings import KCoral
+
+    # exactly the notebook's embedded server (its default arguments), plus a private cache
+    args = [*KCoral().local_args, "--disk-cache-dir", str(tmp_path / "cache")]
+    assert "--sandbox" not in args
+    server = start_server(tmp_path / "server", args, defaults=False)
+    try:
+        status, info = request(server.url, "GET", "/v1/info")
+        where = returned(
+            execute(
+                server.url,
+                run_source("import json, os\ndef main():\n    return json.dumps(os.getcwd())\n"),
+            )
+        )
+    finally:
+        server.stop()
+    assert status == 200 and info["sandbox"] == "bubblewrap", info
+    assert where.startswith("/work") or where.startswith("/kcoral-work"), where
+
+
+LEAVE = """
+import json, os
+def main(mark):
+    for directory in ("/tmp", os.environ["HOME"], os.environ.get("XDG_CACHE_HOME", "/tmp")):
+        with open(os.path.join(directory, "left-by-" + mark), "w") as f:
+            f.write(mark)
+    return json.dumps(True)
+"""
+LOOK = """
+import json, os
+def main():
+    found = []
+    for directory in ("/tmp", os.environ["HOME"], os.environ.get("XDG_CACHE_HOME", "/tmp")):
+        found += [n for n in os.listdir(directory) if n.startswith("left-by-")]
+    return json.dumps(sorted(set(found)))
+"""
+
+
+@needs_bwrap
+def test_a_reused_sandboxed_worker_shows_nothing_of_one_identity_to_another(
+    tmp_path: Path,
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice alice-token-77c1\nbob bob-token-3a9e\n")
+    os.chmod(tokens, 0o600)
+    server = start_server(
+        tmp_path / "server",
+        [
+            "--sandbox",
+            "bubblewrap",
+            "--max-requests-per-worker",
+            "0",
+            "--auth-token-file",
+            str(tokens),
+        ],
+    )
+    try:
+        alice, bob = "alice-token-77c1", "bob-token-3a9e"
+        assert returned(execute(server.url, run_source(LEAVE, args=["alice"]), alice))
+        # the same identity keeps its reused worker (and what it left there)
+        assert returned(execute(server.url, run_source(LOOK), alice)) == ["left-by-alice"]
+        assert returned(execute(server.url, run_source(LOOK), bob)) == []
+        assert returned(execute(server.url, run_source(LEAVE, args=["bob"]), bob))
+        assert returned(execute(server.url, run_source(LOOK), alice)) == []
+        retired = [e for e in server.events() if e["event"] == "worker_retired"]
+    finally:
+        server.stop()
+    assert [e["reason"] for e in retired] == ["identity", "identity"], retired
+
+
+# The reported attack forked 300 processes; threads count against the same limit
+# (pids.max) and are far cheaper to pile up to it on a shared test machine.
+FORK_UNTIL_REFUSED = """
+import json, os, signal, threading, time
+def main(forks, most):
+    children, threads = [], []
+    stop = threading.Event()
+    error = None
+    try:
+        while len(children) < forks:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(300)
+                os._exit(0)
+            children.append(pid)
+        while len(children) + len(threads) < most:
+            thread = threading.Thread(target=stop.wait, daemon=True)
+            thread.start()
+            threads.append(thread)
+    except (OSError, RuntimeError) as exc:
+        error = exc.__class__.__name__ + ": " + str(exc)
+    finally:
+        stop.set()
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            os.waitpid(pid, 0)
+        for thread in threads:
+            thread.join()
+    return json.dumps({"processes": len(children), "threads": len(threads), "error": error})
+"""
+
+
+def _default_process_limit_problem() -> str | None:
+    wanted = limits.WorkerLimits(processes=limits.DEFAULT_PROCESS_LIMIT)
+    if limits.unenforced(wanted):
+        return "no writable pids cgroup here"
+    return None
+
+
+@pytest.mark.skipif(
+    _default_process_limit_problem() is not None, reason=str(_default_process_limit_problem())
+)
+def test_a_program_that_forks_without_end_hits_the_default_process_limit(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "server", [])  # no limit flags: the defaults
+    try:
+        most = limits.DEFAULT_PROCESS_LIMIT + 100
+        program = run_source(FORK_UNTIL_REFUSED, args=[300, most])
+        found = returned(execute(server.url, program))
+        events = server.events()
+    finally:
+        server.stop()
+    assert found["processes"] == 300, found  # what used to run unbounded still works...
+    assert found["error"] is not None, found  # ... but the pile stops at the limit
+    assert found["processes"] + found["threads"] < limits.DEFAULT_PROCESS_LIMIT, found
+    assert not [
+        e
+        for e in events
+        if e["event"] == "worker_limits_unenforced" and "processes" in " ".join(e["missing"])
+    ]
