@@ -195,7 +195,11 @@ def build_server_parser() -> argparse.ArgumentParser:
         help="allow no token on a non-loopback address",
     )
     add("--job-retention-seconds", type=_SECONDS, help="keep finished jobs (default 3600)")
-    add("--job-retention-bytes", type=_INT, help="job results kept in memory (default 1073741824)")
+    add(
+        "--job-retention-bytes",
+        type=_INT,
+        help="results and events of finished jobs kept, in memory and on disk (default 1073741824)",
+    )
     add(
         "--max-inflight-request-bytes",
         type=_INT,
