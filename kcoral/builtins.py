@@ -27,6 +27,7 @@ from kcoral.errors import ExecutionError
 __all__ = ["BenchmarkConfig", "benchmark", "compile_tirx", "parse_config", "truncate_message"]
 
 MESSAGE_LIMIT = 600
+MISSING_CUPTI = "cupti-python is not installed (pip install 'kcoral[gpu]')"
 TRUNCATION_MARK = "…[truncated]…"
 ESTIMATE_CALLS = 5
 ZERO_ESTIMATE_COUNT = 1000
@@ -184,13 +185,20 @@ def _largest_cpu_cache() -> int:
     return max(sizes, default=32 * 1024**2)
 
 
+class CuptiUnavailable(Exception):
+    """CUPTI could not be loaded or used; the benchmark falls back to CUDA events."""
+
+
 class CudaEventClock:
-    """CUDA events on the current stream around each isolated call (EXTENSIONS §8)."""
+    """CUDA events on the current stream around each isolated call (EXTENSIONS §8).
+
+    ``fallback`` says why CUPTI was not used (``None`` when nobody asked for it)."""
 
     name = "cuda_events"
 
-    def __init__(self, torch: Any, flush_l2: bool) -> None:
+    def __init__(self, torch: Any, flush_l2: bool, fallback: str | None = None) -> None:
         self.torch = torch
+        self.fallback = fallback
         self._flush_buffer = None
         if flush_l2:
             device = torch.cuda.current_device()
@@ -261,9 +269,9 @@ class CuptiClock(CudaEventClock):
                     continue
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
-        except Exception as exc:
+        except Exception as exc:  # a missing or mismatched libcupti fails here too
             self.close()
-            raise _error("unavailable", f"CUPTI activity tracing failed: {_describe(exc)}") from exc
+            raise CuptiUnavailable(f"CUPTI activity tracing failed: {_describe(exc)}") from exc
 
     @staticmethod
     def _buffer_requested() -> tuple[int, int]:
@@ -283,7 +291,10 @@ class CuptiClock(CudaEventClock):
     def measure(self, call: Callable[[], None]) -> Measurement:
         self.flush()
         self.synchronize()
-        begin = int(self.cupti.get_timestamp())
+        try:
+            begin = int(self.cupti.get_timestamp())
+        except Exception as exc:
+            raise CuptiUnavailable(f"CUPTI timestamps failed: {_describe(exc)}") from exc
         call()
         self.synchronize()
         end = int(self.cupti.get_timestamp())
@@ -294,10 +305,13 @@ class CuptiClock(CudaEventClock):
         try:
             self.cupti.activity_flush_all(1)  # 1 = CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
         except Exception as exc:
-            raise _error("unavailable", f"CUPTI flush failed: {_describe(exc)}") from exc
+            raise CuptiUnavailable(f"CUPTI flush failed: {_describe(exc)}") from exc
         with self._lock:
             records = sorted(self._records)
         windows = self._windows[-len(measurements) :] if measurements else []
+        if windows and not any(begin <= r[0] <= end for begin, end in windows for r in records):
+            # nothing at all: CUPTI loaded but records nothing here (some sandboxes)
+            raise CuptiUnavailable("CUPTI recorded no GPU activity for any measured call")
         result = []
         for begin, end in windows:
             inside = [r for r in records if begin <= r[0] <= end]
@@ -344,8 +358,13 @@ def _select_clock(flush_l2: bool) -> CpuClock | CudaEventClock:
     try:
         cupti = importlib.import_module("cupti.cupti")
     except ImportError:
-        return CudaEventClock(torch, flush_l2)
-    return CuptiClock(torch, cupti, flush_l2)
+        return CudaEventClock(torch, flush_l2, MISSING_CUPTI)
+    except Exception as exc:  # installed, but its native pieces do not load
+        return CudaEventClock(torch, flush_l2, f"CUPTI failed to load: {_describe(exc)}")
+    try:
+        return CuptiClock(torch, cupti, flush_l2)
+    except CuptiUnavailable as exc:
+        return CudaEventClock(torch, flush_l2, str(exc))
 
 
 # ---------------------------------------------------------------------- benchmark
@@ -355,8 +374,9 @@ def benchmark(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
     """Time ``fn(*args)``; a trailing ``dict`` argument is the configuration (SERVER §15).
 
     Returns ``latency_ms_median``, ``latency_ms_mean``, ``latency_ms_min``,
-    ``latency_ms_max``, ``activities_stable``, ``flush_l2``, ``warmup``, ``repeat`` and
-    ``clock`` (``cupti``, ``cuda_events`` or ``cpu``).
+    ``latency_ms_max``, ``activities_stable``, ``flush_l2``, ``warmup``, ``repeat``,
+    ``clock`` (``cupti``, ``cuda_events`` or ``cpu``) and ``clock_fallback`` (why a GPU
+    worker timed with CUDA events instead of CUPTI, else ``None``).
     """
     config = None
     if args and isinstance(args[-1], dict):
@@ -379,19 +399,37 @@ def benchmark(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
         raise
     except Exception as exc:  # e.g. allocating the flush buffer failed
         raise _error("runtime", f"benchmark: {_describe(exc)}") from exc
+    clocks = [clock]
     try:
-        return _run_benchmark(clock, call, settings)
+        return _run_benchmark(clocks, call, settings)
     except ExecutionError:
         raise
     except Exception as exc:  # CUDA errors surface at synchronize or event timing
         raise _error("runtime", f"benchmark: {_describe(exc)}") from exc
     finally:
-        clock.close()
+        for used in clocks:
+            used.close()
+
+
+def _measure_all(
+    clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], repeat: int
+) -> list[Measurement]:
+    """``repeat`` measured calls; when CUPTI fails on the way, the measurement is redone
+    with CUDA events (the new clock is appended to ``clocks``, whose last one is used)."""
+    clock = clocks[-1]
+    try:
+        return clock.finish([clock.measure(call) for _ in range(repeat)])
+    except CuptiUnavailable as exc:
+        assert isinstance(clock, CudaEventClock)
+        fallback = CudaEventClock(clock.torch, clock._flush_buffer is not None, str(exc))
+        clocks.append(fallback)
+        return fallback.finish([fallback.measure(call) for _ in range(repeat)])
 
 
 def _run_benchmark(
-    clock: CpuClock | CudaEventClock, call: Callable[[], None], settings: BenchmarkConfig
+    clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], settings: BenchmarkConfig
 ) -> dict[str, Any]:
+    clock = clocks[-1]
     warmup, repeat = settings.warmup, settings.repeat
     if warmup is None or repeat is None:
         call()  # the untimed first call pays for lazy initialization and compilation
@@ -405,7 +443,8 @@ def _run_benchmark(
     for _ in range(warmup):
         clock.flush()
         call()
-    measurements = clock.finish([clock.measure(call) for _ in range(repeat)])
+    measurements = _measure_all(clocks, call, repeat)
+    clock = clocks[-1]
     times = [m.milliseconds for m in measurements]
     signatures = {m.activities for m in measurements}
     stable = len(signatures) <= 1 or None in signatures
@@ -419,6 +458,7 @@ def _run_benchmark(
         "warmup": warmup,
         "repeat": repeat,
         "clock": clock.name,
+        "clock_fallback": getattr(clock, "fallback", None),
     }
 
 

@@ -11,8 +11,18 @@ The worker cannot know who holds the lease it gave back, so the failure carries
 ``observed_at`` (``time.monotonic()``, the same clock the front-end's lease history uses)
 and ``interfered_request_id`` stays ``None`` until the front-end fills it in.
 
+Not every CUDA API entry is GPU work. Torch's own bookkeeping asks the runtime questions
+that create no work, allocate no device memory and launch nothing: a CPU backward pass
+starts autograd's device threads (``cudaGetDeviceCount``, ``cudaGetDevice``,
+``cuDevicePrimaryCtxGetState``), ``torch.profiler`` reads device properties and versions
+when it attaches CUPTI and synchronizes when it stops. ``ALLOWED_CALLS`` names those calls
+(PROTOCOL §6.2, implementation note); driver calls made *inside* an allowed runtime call
+(the runtime asks the driver) are allowed with it. ``CallJudge`` is that decision, free of
+CUPTI, so recorded call sequences test it.
+
 On CPU (and fake-GPU) workers the watch is a no-op. On a GPU worker without
-``cupti-python`` the run fails with ``unavailable``, naming the missing piece.
+``cupti-python``, or whose CUPTI library fails to load, the run fails with ``unavailable``,
+naming the missing piece and how to install it.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from kcoral_server.worker.failures import InstructionFailure, exception_text
 
 MISSING_CUPTI = (
     "cpu_only runs need CUPTI support (cupti-python, module 'cupti'), "
-    "which this worker cannot import"
+    "which this worker cannot import: pip install 'kcoral[gpu]'"
 )
 UNKNOWN_CALL_SITE = "an unknown call site"
 
@@ -41,6 +51,128 @@ _SERVER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.s
 _WORKER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ASYNCIO_DIR = os.path.dirname(os.path.abspath(__import__("asyncio").__file__)) + os.sep
 _RUNTIME_VERSION_SUFFIX = re.compile(r"^(cuda\w+?)_v\d{4,5}$")
+# CUPTI and the headers name variants: cudaX_v3020, cuX_v2, cuX_ptsz / _ptds (per-thread
+# default stream); the judge compares base names.
+_VARIANT_SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds)+$")
+
+# CUDA runtime and driver calls that create no GPU work, allocate no device memory and
+# launch nothing: queries, the current-device and current-context bookkeeping, error
+# reads, entry-point lookups and waits on this process's own (already drained) work.
+# PROTOCOL §6.2 implementation note lists the same names.
+ALLOWED_CALLS = frozenset(
+    {
+        # runtime: devices, versions, properties
+        "cudaGetDeviceCount",
+        "cudaGetDevice",
+        "cudaSetDevice",
+        "cudaGetDeviceProperties",
+        "cudaDeviceGetAttribute",
+        "cudaDeviceGetPCIBusId",
+        "cudaDeviceGetStreamPriorityRange",
+        "cudaDeviceCanAccessPeer",
+        "cudaDriverGetVersion",
+        "cudaRuntimeGetVersion",
+        "cudaMemGetInfo",
+        "cudaPointerGetAttributes",
+        # runtime: errors, entry points, capture state
+        "cudaGetLastError",
+        "cudaPeekAtLastError",
+        "cudaGetDriverEntryPoint",
+        "cudaGetDriverEntryPointByVersion",
+        "cudaStreamIsCapturing",
+        "cudaStreamGetCaptureInfo",
+        "cudaThreadExchangeStreamCaptureMode",
+        # runtime: waits and polls on this process's own streams and events
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaStreamQuery",
+        "cudaEventSynchronize",
+        "cudaEventQuery",
+        # driver: initialization (idempotent once the worker started), devices, versions
+        "cuInit",
+        "cuDriverGetVersion",
+        "cuDeviceGet",
+        "cuDeviceGetCount",
+        "cuDeviceGetName",
+        "cuDeviceGetUuid",
+        "cuDeviceGetAttribute",
+        "cuDeviceGetPCIBusId",
+        "cuDeviceTotalMem",
+        "cuDeviceCanAccessPeer",
+        "cuDevicePrimaryCtxGetState",
+        "cuMemGetInfo",
+        "cuPointerGetAttribute",
+        "cuPointerGetAttributes",
+        # driver: current-context bookkeeping, errors, entry points
+        "cuCtxGetCurrent",
+        "cuCtxSetCurrent",
+        "cuCtxGetDevice",
+        "cuCtxGetApiVersion",
+        "cuCtxGetFlags",
+        "cuCtxSynchronize",
+        "cuGetErrorName",
+        "cuGetErrorString",
+        "cuGetProcAddress",
+        "cuGetExportTable",
+        "cuStreamSynchronize",
+        "cuStreamQuery",
+        "cuEventSynchronize",
+        "cuEventQuery",
+    }
+)
+
+
+def base_name(name: str) -> str:
+    """``cudaGetDeviceCount_v3020`` → ``cudaGetDeviceCount``; ``cuMemAlloc_v2`` → ``cuMemAlloc``."""
+    return _VARIANT_SUFFIX.sub("", name)
+
+
+def is_allowed_call(name: str) -> bool:
+    """May a cpu_only call make this CUDA API call (it creates no GPU work)?"""
+    return base_name(name) in ALLOWED_CALLS
+
+
+class CallJudge:
+    """Finds the first CUDA API entry that counts as GPU work in a stream of callbacks.
+
+    ``enter``/``exit`` take the call's name and the calling thread. An allowed call opens a
+    span on its thread inside which every entry (the driver calls the runtime makes for it)
+    is allowed too; the first entry outside such a span that is not allowed is returned by
+    ``enter`` (and every later one as well: the caller keeps the first).
+    """
+
+    def __init__(self) -> None:
+        self._depth: dict[int, int] = {}
+
+    def enter(self, name: str, thread: int) -> bool:
+        """True when this entry is GPU work (a violation of the cpu_only watch)."""
+        depth = self._depth.get(thread, 0)
+        if depth or is_allowed_call(name):
+            self._depth[thread] = depth + 1
+            return False
+        return True
+
+    def exit(self, thread: int) -> None:
+        depth = self._depth.get(thread, 0)
+        if depth > 1:
+            self._depth[thread] = depth - 1
+        else:
+            self._depth.pop(thread, None)  # also an exit whose entry the watch never saw
+
+
+def first_violation(calls: list[tuple[str, str] | tuple[str, str, int]]) -> str | None:
+    """The first call that counts as GPU work in ``(site, name[, thread])`` records, site
+    ``"enter"`` or ``"exit"``; ``None`` when the sequence is honest (tests, reports)."""
+    judge = CallJudge()
+    for record in calls:
+        site, name = record[0], record[1]
+        thread = record[2] if len(record) > 2 else 0  # type: ignore[misc]
+        if site == "enter":
+            if judge.enter(name, thread):
+                return base_name(name)
+        else:
+            judge.exit(thread)
+    return None
 
 
 class GpuAccessFailure(InstructionFailure):
@@ -67,6 +199,7 @@ class CpuOnlyWatch:
         self._subscriber: Any = None
         self._lock = threading.Lock()
         self._violation: GpuAccessFailure | None = None
+        self._judge = CallJudge()
 
     @property
     def active(self) -> bool:
@@ -118,17 +251,22 @@ class CpuOnlyWatch:
         if self._violation is not None:
             return
         try:
-            if int(getattr(cbdata, "callback_site", 0)) != int(
+            entering = int(getattr(cbdata, "callback_site", 0)) == int(
                 self._cupti.ApiCallbackSite.API_ENTER
-            ):
-                return
+            )
         except Exception:
             return
         observed_at = time.monotonic()
+        thread = threading.get_ident()
         with self._lock:
             if self._violation is not None:
                 return
+            if not entering:
+                self._judge.exit(thread)
+                return
             name = _call_name(self._cupti, domain, cbid, cbdata)
+            if not self._judge.enter(name, thread):
+                return  # bookkeeping that creates no GPU work (ALLOWED_CALLS)
             frame = sys._getframe(1)
             self._violation = GpuAccessFailure(
                 name, call_site(frame), stack_text(frame, name), observed_at

@@ -19,6 +19,7 @@ from typing import Any
 
 from kcoral_server.ipc import Configure
 from kcoral_server.rank_variables import is_rank_variable
+from kcoral_server.worker.cupti_guard import cupti_missing_reason
 from kcoral_server.worker.leasing import Lease
 from kcoral_server.worker.tensors import host_tensor, torch_tensor
 
@@ -29,7 +30,15 @@ _GPU_TOOLCHAIN = {
     "triton": (("triton", "pytorch-triton"), "triton"),
     "cutlass": (("nvidia-cutlass-dsl",), None),
     "flashinfer": (("flashinfer-python",), None),
+    # the CUPTI clock and the cpu_only watch (EXTENSIONS §1 lists it among the optional pieces)
+    "cupti": (("cupti-python",), None),
 }
+
+
+GPU_EXTRA = "pip install 'kcoral[gpu]'"
+LIBRARY_NEEDS_TVM_FFI = (
+    f"library uploads need apache-tvm-ffi, which this worker cannot import ({GPU_EXTRA})"
+)
 
 
 def installed_version(*distributions: str) -> str | None:
@@ -96,7 +105,7 @@ class FakeGpuRuntime(CpuRuntime):
     device = "fake-gpu"
     uses_lease = True
     non_module_function_kind = "runtime"
-    library_unavailable = "library uploads require tvm_ffi, which this worker cannot import"
+    library_unavailable = LIBRARY_NEEDS_TVM_FFI
 
     def start(self, lease: Lease) -> Identity:
         identity = super().start(lease)
@@ -112,7 +121,7 @@ class GpuRuntime:
     device = "gpu"
     uses_lease = True
     non_module_function_kind = "runtime"
-    library_unavailable = "library uploads require tvm_ffi, which this worker cannot import"
+    library_unavailable = LIBRARY_NEEDS_TVM_FFI
 
     def __init__(self, configure: Configure) -> None:
         self.configure = configure
@@ -123,10 +132,8 @@ class GpuRuntime:
         import torch  # host-only preparation, off the lease
 
         self.torch = torch
-        try:
-            importlib.import_module("tvm_ffi")
-        except ImportError as exc:
-            raise RuntimeError(f"GPU workers need tvm_ffi: {exc}") from None
+        # tvm_ffi and cupti-python are optional (kcoral[gpu]): library uploads, the cpu_only
+        # watch and the CUPTI benchmark clock say what is missing when they are used.
         _preload_cute_dsl_runtime()
         lease.acquire()
         try:
@@ -210,9 +217,7 @@ class GpuRuntime:
             self.torch.cuda.empty_cache()
 
     def cpu_only_unavailable(self) -> str | None:
-        if importlib.util.find_spec("cupti") is None:
-            return "cpu_only runs need CUPTI support (cupti-python), which this worker lacks"
-        return None
+        return cupti_missing_reason()
 
 
 def _preload_cute_dsl_runtime() -> None:

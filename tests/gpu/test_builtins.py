@@ -32,6 +32,7 @@ RESULT_KEYS = {
     "warmup",
     "repeat",
     "clock",
+    "clock_fallback",
 }
 
 
@@ -232,6 +233,7 @@ def test_without_cupti_a_gpu_worker_times_calls_with_cuda_events(monkeypatch) ->
     monkeypatch.setitem(sys.modules, "cupti.cupti", None)
     result = benchmark(lambda: clock.advance_ms(2.0), {"warmup": 2, "repeat": 3})
     assert result["clock"] == "cuda_events"
+    assert result["clock_fallback"] == "cupti-python is not installed (pip install 'kcoral[gpu]')"
     assert result["latency_ms_median"] == pytest.approx(2.0)
     assert result["latency_ms_max"] == pytest.approx(2.0)
     assert result["activities_stable"] is True
@@ -318,15 +320,33 @@ def test_calls_that_launch_different_activities_are_reported_unstable(monkeypatc
     assert result["activities_stable"] is False
 
 
-def test_a_call_without_recorded_gpu_activity_is_unavailable(monkeypatch) -> None:
+def test_one_call_without_recorded_gpu_activity_among_others_is_unavailable(monkeypatch) -> None:
     clock = VirtualTime()
-    install_cupti(monkeypatch, clock)
+    cupti = install_cupti(monkeypatch, clock)
+    launches = iter([True, True, False, True])  # warm-up, then three measured calls
+
+    def sometimes() -> None:
+        if next(launches):
+            cupti.kernel("k", 1.0)
+        else:
+            clock.advance_ms(1.0)
+
     with pytest.raises(ExecutionError) as info:
-        benchmark(lambda: clock.advance_ms(1.0), {"warmup": 1, "repeat": 2})
+        benchmark(sometimes, {"warmup": 1, "repeat": 3})
     assert info.value.kind == "unavailable"
 
 
-def test_a_cupti_failure_is_unavailable(monkeypatch) -> None:
+def test_a_cupti_that_records_nothing_at_all_falls_back_to_cuda_events(monkeypatch) -> None:
+    clock = VirtualTime()
+    install_cupti(monkeypatch, clock)
+    result = benchmark(lambda: clock.advance_ms(1.0), {"warmup": 1, "repeat": 2})
+    assert result["clock"] == "cuda_events"
+    assert result["clock_fallback"] == "CUPTI recorded no GPU activity for any measured call"
+    assert result["latency_ms_median"] == pytest.approx(1.0)
+    assert result["repeat"] == 2
+
+
+def test_a_cupti_that_fails_to_start_falls_back_to_cuda_events_and_says_why(monkeypatch) -> None:
     clock = VirtualTime()
     cupti = install_cupti(monkeypatch, clock)
 
@@ -334,10 +354,58 @@ def test_a_cupti_failure_is_unavailable(monkeypatch) -> None:
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
 
     cupti.activity_enable = refuse
-    with pytest.raises(ExecutionError) as info:
-        benchmark(lambda: None, {"warmup": 1, "repeat": 1})
-    assert info.value.kind == "unavailable"
-    assert "CUPTI_ERROR_NOT_INITIALIZED" in info.value.message
+    result = benchmark(lambda: clock.advance_ms(3.0), {"warmup": 1, "repeat": 1})
+    assert result["clock"] == "cuda_events"
+    assert "CUPTI_ERROR_NOT_INITIALIZED" in result["clock_fallback"]
+    assert result["latency_ms_median"] == pytest.approx(3.0)
+
+
+def test_a_cupti_whose_library_does_not_load_falls_back_to_cuda_events(monkeypatch) -> None:
+    clock = VirtualTime()
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(clock))
+    monkeypatch.delitem(sys.modules, "cupti.cupti", raising=False)
+    real_import = builtins.importlib.import_module
+
+    def broken_import(name: str, *args):
+        if name == "cupti.cupti":
+            raise OSError("libcupti.so.13: cannot open shared object file")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(builtins.importlib, "import_module", broken_import)
+    result = benchmark(lambda: clock.advance_ms(1.0), {"warmup": 1, "repeat": 1})
+    assert result["clock"] == "cuda_events"
+    assert result["clock_fallback"] == (
+        "CUPTI failed to load: OSError: libcupti.so.13: cannot open shared object file"
+    )
+
+
+def test_a_cupti_flush_failure_redoes_the_measurement_with_cuda_events(monkeypatch) -> None:
+    clock = VirtualTime()
+    cupti = install_cupti(monkeypatch, clock)
+    calls = []
+
+    def flush_fails(flag: int) -> None:
+        raise RuntimeError("CUPTI_ERROR_INVALID_DEVICE")
+
+    cupti.activity_flush_all = flush_fails
+
+    def work() -> None:
+        calls.append(1)
+        cupti.kernel("k", 2.0)
+
+    result = benchmark(work, {"warmup": 1, "repeat": 3})
+    assert result["clock"] == "cuda_events"
+    assert "CUPTI flush failed" in result["clock_fallback"]
+    assert result["latency_ms_median"] == pytest.approx(2.0)
+    assert len(calls) == 1 + 3 + 3  # warm-up, the CUPTI attempt, the CUDA-event redo
+    assert cupti.enabled == set()
+
+
+def test_with_working_cupti_there_is_no_fallback(monkeypatch) -> None:
+    clock = VirtualTime()
+    cupti = install_cupti(monkeypatch, clock)
+    result = benchmark(lambda: cupti.kernel("k", 1.0), {"warmup": 1, "repeat": 1})
+    assert (result["clock"], result["clock_fallback"]) == ("cupti", None)
 
 
 def test_a_cpu_worker_with_torch_imported_but_no_cuda_uses_the_cpu_clock(monkeypatch) -> None:

@@ -49,7 +49,7 @@ class FakeCupti:
         self.domains.clear()
 
     def get_callback_name(self, domain: int, cbid: int) -> str:
-        return "cuCtxGetCurrent"
+        return "cuMemAlloc_v2"
 
     def finalize(self) -> None:
         self.finalized += 1
@@ -124,11 +124,11 @@ def test_a_cuda_call_in_a_cpu_only_function_fails_it_with_gpu_access(cupti: Fake
 
 
 def test_the_first_cuda_entry_wins_over_a_later_exception(cupti: FakeCupti) -> None:
-    source = "def f(cupti):\n    cupti.api('cuInit', 2)\n    raise ValueError('later')\n"
+    source = "def f(cupti):\n    cupti.api('cuLaunchKernel', 2)\n    raise ValueError('later')\n"
     f = uploaded_function(source, "f")
     with pytest.raises(GpuAccessFailure) as info, watch_cpu_only("gpu"):
         f(cupti)
-    assert info.value.fields["cuda_call"] == "cuInit"
+    assert info.value.fields["cuda_call"] == "cuLaunchKernel"
 
 
 def test_a_cpu_only_function_that_stays_off_the_gpu_runs_normally(cupti: FakeCupti) -> None:
@@ -152,7 +152,7 @@ def test_the_location_falls_back_to_the_innermost_frame_outside_the_server(
     def plain_helper() -> None:
         # a native caller: ``map`` invokes the callback with no Python frame in between,
         # as the CUDA library does
-        enter = SimpleNamespace(callback_site=0, function_name="cudaGetDeviceCount")
+        enter = SimpleNamespace(callback_site=0, function_name="cudaMalloc_v3020")
         list(map(cupti.callback, [None], [1], [42], [enter]))
 
     with pytest.raises(GpuAccessFailure) as info, watch_cpu_only("gpu"):
@@ -169,7 +169,7 @@ def test_a_call_with_no_known_frame_has_an_unknown_call_site() -> None:
 def test_a_nameless_callback_uses_cuptis_callback_name(cupti: FakeCupti) -> None:
     with pytest.raises(GpuAccessFailure) as info, watch_cpu_only("gpu"):
         cupti.api("")
-    assert info.value.fields["cuda_call"] == "cuCtxGetCurrent"
+    assert info.value.fields["cuda_call"] == "cuMemAlloc_v2"
 
 
 def test_a_cupti_that_refuses_a_subscriber_is_unavailable(cupti: FakeCupti) -> None:
@@ -194,3 +194,21 @@ def test_finalize_detaches_cupti_only_when_it_was_imported(cupti: FakeCupti, mon
 def test_the_missing_reason_names_cupti_python_without_importing_it(monkeypatch) -> None:
     monkeypatch.setattr(cupti_guard.importlib.util, "find_spec", lambda name: None)
     assert cupti_guard.cupti_missing_reason() == MISSING_CUPTI
+
+
+def test_torch_bookkeeping_in_a_cpu_only_function_passes_the_watch(cupti: FakeCupti) -> None:
+    with watch_cpu_only("gpu") as watch:
+        cupti.api("cudaGetDeviceCount_v3020")
+        cupti.api("cuDevicePrimaryCtxGetState", 2)
+        # an allowed runtime call and the driver call the runtime makes inside it
+        enter = SimpleNamespace(callback_site=0, function_name="cudaDeviceSynchronize_v3020")
+        inner = SimpleNamespace(callback_site=0, function_name="cuCtxSynchronize")
+        cupti.callback(None, 1, 1, enter)
+        cupti.callback(None, 2, 2, inner)
+        cupti.callback(None, 2, 2, SimpleNamespace(callback_site=1, function_name=""))
+        cupti.callback(None, 1, 1, SimpleNamespace(callback_site=1, function_name=""))
+        assert watch.active
+    with pytest.raises(GpuAccessFailure) as info, watch_cpu_only("gpu"):
+        cupti.api("cudaGetDevice_v3020")
+        cupti.api("cudaLaunchKernel_v7000")
+    assert info.value.fields["cuda_call"] == "cudaLaunchKernel"
