@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kcoral_server.handlers.base import BaseHandler
+from kcoral_server.optional_pieces import optional_pieces
 
 import kcoral
 
@@ -62,6 +63,8 @@ class InfoHandler(BaseHandler):
                 "kcoral": kcoral.__version__,
                 "protocol": PROTOCOL_VERSION,
                 "features": features,
+                # what the kcoral[gpu] extra adds, per the workers' versions (EXTENSIONS §1)
+                "optional": optional_pieces(self.state.device, self.state.pool.versions),
                 "device": self.state.device,
                 # the resolved mode: what confines programs here (EXTENSIONS §1, §6)
                 "sandbox": self.state.sandbox,
