@@ -5,6 +5,11 @@ One run directory per server start, ``<log-dir>/runs/<YYYYMMDDTHHMMSS.ffffffZ>[-
 per line; ``emit`` sits on the request path, so it only formats and writes.
 
 Logging never fails the server: every I/O or encoding error is swallowed (and counted).
+
+Who could read it otherwise: other local users. Records name clients and requests, programs
+hold uploaded source, capture files hold output; so every directory made here is 0700 and
+every file 0600 (SERVER §13); an existing ``runs/`` that others could read is tightened to
+0700 with a WARNING event (``log_dir_permissions``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -116,6 +122,26 @@ def format_console_line(timestamp: str, level: str, event: str, fields: dict[str
     return " ".join(parts)
 
 
+def _tighten(runs: Path) -> dict[str, Any] | None:
+    """Make an existing ``runs/`` owner-only: it is KCoral's and holds only runs, which
+    older versions left readable (0755). Returns the fields of a WARNING when it was
+    readable by others (tightened, or left so when that failed), else None."""
+    try:
+        mode = stat.S_IMODE(os.stat(runs).st_mode)
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    fields: dict[str, Any] = {"path": str(runs), "mode": f"{mode:04o}"}
+    try:
+        os.chmod(runs, mode & 0o700)
+    except OSError as exc:
+        fields["message"] = f"other users can read earlier runs here; cannot tighten: {exc}"
+    else:
+        fields["message"] = "other users could read earlier runs here; made it 0700"
+    return fields
+
+
 class EventLog:
     """The server's event log. ``log_dir=None`` writes no files (console only, if enabled).
 
@@ -157,23 +183,30 @@ class EventLog:
                 )
 
     def _open_run(self, log_dir: Path) -> None:
+        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         runs = log_dir / "runs"
-        runs.mkdir(parents=True, exist_ok=True)
+        runs.mkdir(mode=0o700, exist_ok=True)
+        loose = _tighten(runs)
         name = run_dir_name(time.time())
         suffix = 0
         while True:
             candidate = runs / (name if suffix == 0 else f"{name}-{suffix}")
             try:
-                candidate.mkdir()
+                candidate.mkdir(mode=0o700)
                 break
             except FileExistsError:
                 suffix += 1
-        (candidate / "programs").mkdir()
-        (candidate / "output").mkdir()
+        (candidate / "programs").mkdir(mode=0o700)
+        (candidate / "output").mkdir(mode=0o700)
         # Opened once for the whole run: emit() must not pay an open() per record.
-        self._file = open(candidate / "events.jsonl", "ab")
+        fd = os.open(
+            candidate / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
+        self._file = os.fdopen(fd, "ab")
         self._run_dir = candidate
         self._output_dir = candidate / "output"
+        if loose is not None:
+            self.emit("log_dir_permissions", "WARNING", **loose)
 
     @property
     def run_dir(self) -> Path | None:

@@ -2,6 +2,12 @@
 
 The front-end creates both and reads the capture files itself, so the output of a worker that
 crashed or was killed is still available (for the response or the ``output_tail`` log field).
+Capture files are bounded while the program runs (the front-end releases everything between
+the stream's first ``limit + CAPTURE_MARGIN`` bytes and its last ``CAPTURE_TAIL_KEEP``) and
+removed with the workspace: a program printing 200 MiB costs about its output limit on disk,
+and nothing once its request ended. Who reaches this: the program (any code a caller runs),
+which can also fill its workspace directly; the bound here is for what the server itself
+keeps, not a quota.
 
 Workspaces are named ``kcoral-program-<instance>-*``; the front-end instance holds an
 ``flock`` on ``kcoral-instance-<instance>.lock`` next to them for its whole life. A front-end
@@ -12,8 +18,10 @@ namespace the dead one ran in. Legacy names without an instance are never touche
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -27,6 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OUTPUT_TAIL_BYTES = 4096
+# What a capture file keeps while its program runs: the head the response returns (limit +
+# 1 bytes decide ``*_truncated``) plus this margin, and the last bytes for ``output_tail``.
+CAPTURE_MARGIN = 64 * 1024
+CAPTURE_TAIL_KEEP = 2 * OUTPUT_TAIL_BYTES
+# How often the front-end trims live capture files, and the least it releases at once.
+CAPTURE_CHECK_SECONDS = 0.05
+CAPTURE_TRIM_STEP = 256 * 1024
+_BLOCK = 4096
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 PROGRAM_PREFIX = "kcoral-program-"
 LOCK_PREFIX = "kcoral-instance-"
 LOCK_SUFFIX = ".lock"
@@ -150,6 +170,85 @@ def _remove_workspaces(directory: str, token: str, names: list[str]) -> int:
     return removed
 
 
+class _CappedFile:
+    """One live capture file: keeps ``[0, head_end)`` and the last ``CAPTURE_TAIL_KEEP``
+    bytes. The middle becomes a hole (the size, i.e. how much was written, stays true, so
+    ``*_truncated`` and the tail read as before); where holes are not supported the file is
+    cut back to ``head_end`` instead (the writers append, so they continue there)."""
+
+    def __init__(self, path: str, fd: int, head_end: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.inode = os.fstat(fd).st_ino
+        self.head_end = -(-head_end // _BLOCK) * _BLOCK
+        self.released_to = self.head_end
+        self.holes = True
+
+    def trim(self) -> None:
+        size = os.fstat(self.fd).st_size
+        if self.holes:
+            end = (size - CAPTURE_TAIL_KEEP) // _BLOCK * _BLOCK
+            if end - self.released_to < CAPTURE_TRIM_STEP:
+                return
+            mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+            if _LIBC.fallocate(self.fd, mode, self.released_to, end - self.released_to) == 0:
+                self.released_to = end
+                return
+            self.holes = False  # EOPNOTSUPP and friends: fall back to cutting
+        if size - self.head_end >= CAPTURE_TRIM_STEP:
+            os.ftruncate(self.fd, self.head_end)
+
+
+class _CaptureGuard:
+    """Trims every live capture file on the event loop every ``CAPTURE_CHECK_SECONDS``
+    (only while there are any). The front-end does it, not the worker: a program holding
+    the GIL in native code cannot stall it."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()  # ``discard`` may run in an executor thread
+        self._files: dict[int, list[_CappedFile]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, key: int, files: list[_CappedFile]) -> None:
+        with self._mutex:
+            self._files[key] = files
+        self._schedule()
+
+    def discard(self, key: int) -> None:
+        with self._mutex:
+            files = self._files.pop(key, [])
+            for capped in files:
+                with contextlib.suppress(OSError):
+                    os.close(capped.fd)
+
+    def _schedule(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a unit test): nothing trims, the files are removed all the same
+        if self._timer is not None and self._loop is loop and not self._timer.cancelled():
+            return
+        self._loop = loop
+        self._timer = loop.call_later(CAPTURE_CHECK_SECONDS, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        with self._mutex:
+            for files in self._files.values():
+                for capped in files:
+                    try:
+                        capped.trim()
+                    except OSError:
+                        pass  # never fail a request over its capture's size
+            busy = bool(self._files)
+        if busy:
+            self._schedule()
+
+
+_guard = _CaptureGuard()
+
+
 @dataclass(frozen=True)
 class CapturedOutput:
     stdout: str
@@ -176,6 +275,7 @@ class Workspace:
         self.root = os.fspath(path)
         self.stdout_file = None if stdout_path is None else os.fspath(stdout_path)
         self.stderr_file = None if stderr_path is None else os.fspath(stderr_path)
+        self._capped: list[_CappedFile] = []  # open while the guard trims them
 
     @property
     def path(self) -> Path:
@@ -190,9 +290,15 @@ class Workspace:
         return None if self.stderr_file is None else Path(self.stderr_file)
 
     @classmethod
-    def create(cls, output_dir: str | os.PathLike | None, capture_name: str | None) -> Workspace:
+    def create(
+        cls,
+        output_dir: str | os.PathLike | None,
+        capture_name: str | None,
+        output_limit: int | None = None,
+    ) -> Workspace:
         """Make the workspace (mode 0700) and, when ``capture_name`` is given, empty capture
-        files ``<output_dir>/<capture_name>.out`` / ``.err`` (mode 0600)."""
+        files ``<output_dir>/<capture_name>.out`` / ``.err`` (mode 0600). With
+        ``output_limit`` the files are trimmed to about that limit while the program runs."""
         parent = tempfile.gettempdir()
         prefix = f"{parent}{os.sep}{PROGRAM_PREFIX}{_instance.token_in(parent)}-"
         # ``mkdtemp`` without its generality: ``mkdir`` never follows or reuses an existing
@@ -217,7 +323,20 @@ class Workspace:
                 os.makedirs(directory, exist_ok=True)
                 _create_empty(stdout_file)
             _create_empty(stderr_file)
-        return cls(root, stdout_file, stderr_file)
+        workspace = cls(root, stdout_file, stderr_file)
+        if stdout_file is not None and stderr_file is not None and output_limit is not None:
+            workspace._cap(output_limit)
+        return workspace
+
+    def _cap(self, output_limit: int) -> None:
+        for path in (self.stdout_file, self.stderr_file):
+            assert path is not None
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            self._capped.append(_CappedFile(path, fd, output_limit + 1 + CAPTURE_MARGIN))
+        _guard.add(id(self), self._capped)
 
     def read_output(self, limit: int) -> CapturedOutput:
         """First ``limit`` bytes of each stream, UTF-8 with replacement (blocking: run it in
@@ -258,12 +377,30 @@ class Workspace:
         }
 
     def remove(self) -> None:
-        """Remove the workspace in every case; capture files stay (they belong to the log)."""
+        """Remove the workspace and the capture files in every case (the log keeps only
+        ``output_tail``)."""
+        self.remove_capture()
         _remove_tree(Path(self.root))
 
+    def remove_capture(self) -> None:
+        """Stop trimming and delete the capture files (two unlinks: fine on the event loop).
+        A capped file is deleted only while its name still means this request's file."""
+        _guard.discard(id(self))
+        inodes = {capped.path: capped.inode for capped in self._capped}
+        self._capped = []
+        for path in (self.stdout_file, self.stderr_file):
+            if path is None:
+                continue
+            with contextlib.suppress(OSError):
+                if path in inodes and os.stat(path).st_ino != inodes[path]:
+                    continue  # already another request's file of the same name
+                os.unlink(path)
+
     def remove_if_empty(self) -> bool:
-        """Remove the workspace when the program left it empty (one ``rmdir``, cheap enough
-        for the event loop); False when it holds anything, then ``remove`` must run."""
+        """Remove the capture files, and the workspace when the program left it empty (one
+        ``rmdir``, cheap enough for the event loop); False when it holds anything, then
+        ``remove`` must run."""
+        self.remove_capture()
         try:
             os.rmdir(self.root)
         except FileNotFoundError:

@@ -6,6 +6,12 @@ Refusals before the body is read, in this order: 403 (a web page), 401 (auth), 4
 Tornado closes the connection after answering a request whose body it did not read, so
 those answers say ``Connection: close`` (a pooled client must not reuse the connection).
 A client that disconnects before its answer is written cancels its program (EXTENSIONS §9).
+
+Bodies are bounded against a token holder (or any local program on a token-less loopback
+server) that opens slow uploads: in-flight bytes are charged as they arrive, never as
+declared, so a connection holds at most what it sent (and never more than
+``--max-request-bytes``); a body that stops, or trickles below ``MIN_BODY_RATE``, is
+dropped after ``--body-timeout-seconds``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ _UNLIMITED = 1 << 62
 # Bodies from this size on are received in rounds of this size instead of Tornado's 64 KiB:
 # each round costs a syscall, a buffer and a few Python calls (1,024 of them for 64 MiB).
 LARGE_BODY_CHUNK = 1 << 20
+# Slowest average a body may arrive at once ``--body-timeout-seconds`` have passed since it
+# started: far below any real link, far above a trickle that only keeps a connection open.
+MIN_BODY_RATE = 1024
 
 
 @tornado.web.stream_request_body
@@ -42,7 +51,8 @@ class ExecuteHandler(BaseHandler):
         self.inflight = 0
         self.body_unread = True  # until post(): an answer now leaves the body unread
         self.pipeline: ExecuteRequest | None = None  # while the program may still run
-        self.last_data_at = 0.0
+        self.max_inflight = 0  # --max-inflight-request-bytes, resolved (0: no limit)
+        self.last_data_at = self.body_started_at = 0.0
         self.idle_timer: asyncio.TimerHandle | None = None
         self.small_read_chunk: int | None = None  # the stream's own, while reading large
 
@@ -81,25 +91,41 @@ class ExecuteHandler(BaseHandler):
         if state.shutting_down or not state.pool.accepting:
             self.refuse(503, "busy", "server saturated", "no_worker")
             return
-        max_inflight = config.max_inflight_request_bytes
-        if max_inflight is None:
-            max_inflight = 2 * limit
-        size = declared if declared is not None else limit
-        if max_inflight and state.inflight_bytes + size > max_inflight and state.inflight_bytes:
+        # In-flight bytes are what bodies actually hold, never what they declared: a
+        # declaration reserves nothing, so connections that declare the maximum and then
+        # trickle cannot lock every other client out (EXTENSIONS §6). The declared length
+        # only decides here whether it could fit in what the others really hold now.
+        self.max_inflight = _max_inflight(config.max_inflight_request_bytes, limit)
+        if self._over_inflight(declared or 0):
             self.refuse(503, "busy", "server saturated", "no_worker")
             return
-        self.inflight = size
-        state.inflight_bytes += size
         self.body = RequestBody(limit, declared)
         if declared is not None and declared >= LARGE_BODY_CHUNK:
             self._read_in_large_chunks()
-        self.last_data_at = asyncio.get_running_loop().time()
+        self.last_data_at = self.body_started_at = asyncio.get_running_loop().time()
         self._watch_idle_body()
+
+    def _over_inflight(self, more: int) -> bool:
+        """Would ``more`` bytes take the in-flight total past the limit while other requests
+        hold bytes? (A request alone may always use up to ``--max-request-bytes``.)"""
+        held = self.state.inflight_bytes
+        others = held - self.inflight
+        return bool(self.max_inflight) and others > 0 and held + more > self.max_inflight
 
     def data_received(self, chunk: bytes) -> None:
         if self._finished or self.body is None:
             return
         self.last_data_at = asyncio.get_running_loop().time()
+        if self._over_inflight(len(chunk)):
+            # Bodies admitted together outgrew the limit: this one stops here, before its
+            # body is parsed (a 503 the client may retry), instead of growing memory.
+            self.body.close()
+            self.body = None
+            self.refuse(503, "busy", "server saturated", "no_worker")
+            return
+        # Charged as the bytes arrive; released when the request ends (on_finish).
+        self.inflight += len(chunk)
+        self.state.inflight_bytes += len(chunk)
         try:
             self.body.write(chunk)
         except BodyTooLarge:
@@ -199,18 +225,28 @@ class ExecuteHandler(BaseHandler):
         )
 
     def _watch_idle_body(self) -> None:
-        """Drop a body that stops arriving (slowloris): it would hold its in-flight byte
-        reservation, and with it other clients' uploads, forever."""
+        """Drop a body that stops arriving, or that arrives slower than ``MIN_BODY_RATE``
+        on average once ``--body-timeout-seconds`` have passed (slowloris: one byte every
+        8 s never trips the idle timeout, yet holds a connection and a handler forever)."""
         loop = asyncio.get_running_loop()
         timeout = self.state.config.body_timeout_seconds
         self.idle_timer = None
         if self.body is None or self._finished or not self.body_unread:
             return
-        idle = loop.time() - self.last_data_at
-        if idle < timeout:
+        now = loop.time()
+        idle = now - self.last_data_at
+        elapsed = now - self.body_started_at
+        too_slow = elapsed >= timeout and self.body.size < MIN_BODY_RATE * elapsed
+        if idle < timeout and not too_slow:
             self.idle_timer = loop.call_later(timeout - idle, self._watch_idle_body)
             return
-        message = f"request body sent nothing for {timeout:g} s; connection closed"
+        if too_slow and idle < timeout:
+            message = (
+                f"request body arrived slower than {MIN_BODY_RATE} bytes/s on average "
+                f"after {elapsed:.0f} s; connection closed"
+            )
+        else:
+            message = f"request body sent nothing for {timeout:g} s; connection closed"
         self._log_refusal(408, "body_timeout", message, "rejected")
         self._release()
         self.request.connection.stream.close()
@@ -235,6 +271,11 @@ class ExecuteHandler(BaseHandler):
         if self.body is not None:
             self.body.close()
             self.body = None
+
+
+def _max_inflight(configured: int | None, max_request_bytes: int) -> int:
+    """``--max-inflight-request-bytes`` resolved: default twice the request limit, 0 none."""
+    return 2 * max_request_bytes if configured is None else configured
 
 
 def _content_length(value: str | None) -> int | None:
