@@ -36,6 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kcoral_server.gpu_devices import device_nodes
+
 PROBE_TIMEOUT_SECONDS = 10.0
 DISABLED_MESSAGE = "the bubblewrap sandbox is unusable; continuing with --sandbox none"
 REFUSED_MESSAGE = "--sandbox bubblewrap cannot run here"
@@ -259,6 +261,8 @@ class SandboxDir:
         ]
         self.device = device
         self.gpu_ids = list(gpu_ids)
+        # the worker's GPUs by UUID, to find their device files (gpu_devices.py)
+        self.visible_devices = environ.get("CUDA_VISIBLE_DEVICES", "")
         self.host_dir = Path(tempfile.mkdtemp(prefix=HOST_DIR_PREFIX, dir=workspace_root()))
         for name in STATE_DIRS:
             (self.host_dir / ".kcoral" / name).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -310,7 +314,7 @@ class SandboxDir:
         argv += ["--proc", "/proc", "--dev", "/dev"]
         if self.device == "gpu":
             nodes = [*GPU_CONTROL_NODES, "/dev/nvidia-modeset"]
-            nodes += [f"/dev/nvidia{gpu}" for gpu in self.gpu_ids]
+            nodes += device_nodes(self.gpu_ids, self.visible_devices)  # by identity
             for node in nodes:
                 argv += ["--dev-bind-try", node, node]
             argv += ["--ro-bind-try", "/sys", "/sys"]  # the driver reads PCI topology there
