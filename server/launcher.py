@@ -16,8 +16,13 @@ that survived ``SIGKILL`` once it reaped it. Workers
 are children of the launcher, not of the front-end, hence ``ForkedProcess`` instead of
 ``subprocess.Popen``.
 
-Used without the bubblewrap sandbox (which wraps the worker command in ``bwrap``, which a
-fork cannot do; those keep the spawn path), with or without limits.
+Under bubblewrap each seat has its own launcher started *inside* that seat's sandbox
+(``Launcher(wrap=SandboxDir.command)``), so a sandboxed worker is a fork too. Such a
+launcher lives in a PID namespace and cannot see the front-end: it is not given
+``--parent`` (bwrap's ``--die-with-parent`` ties it to the front-end instead), its pids are
+translated to host pids by the front-end (``NSpid``), and its child waits for the front-end's
+"go" (a pipe sent with the request) while the front-end moves it into its cgroups, which
+the sandbox cannot reach.
 
 Who can reach what: a *program* in a forked worker reads ``/proc/self/environ``, which is
 the launcher's own start-up environment, not the worker's: the launcher is therefore started
@@ -49,7 +54,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kcoral_server.limits import enter_cgroups
@@ -183,9 +188,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 class Launcher:
-    """The front-end's handle on its launcher process (started on first use)."""
+    """The front-end's handle on its launcher process (started on first use).
 
-    def __init__(self) -> None:
+    ``wrap`` turns the launcher's command into the command that runs it (``bwrap ... --``:
+    a launcher inside a sandbox, see the module docstring)."""
+
+    def __init__(self, wrap: Callable[[list[str]], list[str]] | None = None) -> None:
+        self._wrap = wrap
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -205,18 +214,34 @@ class Launcher:
         ``launcher_env`` is the environment of a launcher this call has to start (the
         default: ``kcoral_server.sandbox.worker_base_environment()``). Raises
         ``LauncherError``."""
-        payload = json.dumps({"env": env, "cgroups": list(cgroups)}).encode()
+        sandboxed = self._wrap is not None
+        # A sandboxed child cannot reach the cgroup files: it waits for the front-end's go.
+        request = {"env": env, "cgroups": [] if sandboxed else list(cgroups), "go": sandboxed}
+        payload = json.dumps(request).encode()
         with self._lock:  # one request in flight: replies need no matching
             for attempt in (1, 2):  # a launcher that died is restarted once
+                go_r, go_w = os.pipe() if sandboxed else (-1, -1)
+                data = b""
                 try:
                     sock = self._ensure_started(launcher_env)
-                    socket.send_fds(sock, [payload], [worker_fd])
+                    sent = [worker_fd, go_r] if sandboxed else [worker_fd]
+                    socket.send_fds(sock, [payload], sent)
                     data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 1)
                 except OSError as exc:
                     self._stop_locked()
                     if attempt == 2:
                         raise LauncherError(f"worker launcher failed: {exc}") from None
                     continue
+                finally:
+                    if sandboxed:
+                        os.close(go_r)  # the child has its own copy
+                        if not data:
+                            os.close(go_w)
+                if sandboxed and data:
+                    try:
+                        return self._go(data, fds, go_w, cgroups)
+                    finally:
+                        os.close(go_w)  # without a go first, the child exits
                 if not data:
                     self._stop_locked()
                     if attempt == 2:
@@ -229,6 +254,28 @@ class Launcher:
                     raise LauncherError(reply.get("error", "worker launcher failed"))
                 return ForkedProcess(int(reply["pid"]), fds[0])
         raise LauncherError("worker launcher failed")  # pragma: no cover
+
+    def _go(self, data: bytes, fds: list[int], go: int, cgroups: Sequence[str]) -> ForkedProcess:
+        """A sandboxed launcher's reply: the child's host pid, moved into ``cgroups``, then
+        told to go on (it has run nothing of its own yet)."""
+        reply = json.loads(data)
+        if "pid" not in reply or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise LauncherError(reply.get("error", "worker launcher failed"))
+        assert self._process is not None
+        pid = host_pid(self._process.pid, int(reply["pid"]))
+        try:
+            if pid is None:
+                raise OSError(f"worker {reply['pid']} not found under the sandbox")
+            for path in cgroups:
+                with open(path, "w") as f:
+                    f.write(str(pid))
+            os.write(go, b"g")
+        except OSError as exc:
+            os.close(fds[0])
+            raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None
+        return ForkedProcess(pid, fds[0])
 
     def start(self) -> None:
         """Start the launcher now (e.g. in the background while the server starts)."""
@@ -245,9 +292,13 @@ class Launcher:
             env = worker_base_environment()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         command = [sys.executable, "-m", "kcoral_server.launcher", "--fd", str(child.fileno())]
+        if self._wrap is None:
+            command += ["--parent", str(os.getpid())]
+        else:
+            command = self._wrap(command)  # the front-end's pid means nothing in there
         try:
             self._process = subprocess.Popen(
-                [*command, "--parent", str(os.getpid())],
+                command,
                 pass_fds=(child.fileno(),),
                 start_new_session=True,
                 env=dict(env),  # forked workers' /proc/self/environ: no secrets there
@@ -287,6 +338,23 @@ class Launcher:
             self._retired.append(self._process)
             self._process = None
         self._retired = [p for p in self._retired if p.poll() is None]
+
+
+def host_pid(root: int, ns_pid: int) -> int | None:
+    """The host pid of the process below ``root`` whose pid in its own (innermost) PID
+    namespace is ``ns_pid`` (``NSpid`` in ``/proc/<pid>/status``)."""
+    stack = [root]
+    while stack:
+        for pid in children(stack.pop()):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    line = next((x for x in f if x.startswith("NSpid:")), "")
+            except OSError:
+                continue
+            if line.split()[-1:] == [str(ns_pid)]:
+                return pid
+            stack.append(pid)
+    return None
 
 
 _shared: Launcher | None = None
@@ -524,20 +592,22 @@ def _fork(
         request = json.loads(data)
         env = request["env"]
         cgroups = [str(path) for path in request.get("cgroups", [])]
-        if len(fds) != 1:
-            raise ValueError(f"expected one descriptor, got {len(fds)}")
+        wanted = 2 if request.get("go") else 1
+        if len(fds) != wanted:
+            raise ValueError(f"expected {wanted} descriptor(s), got {len(fds)}")
     except (ValueError, KeyError, TypeError) as exc:
         for fd in fds:
             os.close(fd)
         _reply(control, {"error": f"bad launch request: {exc}"}, [])
         return None
     worker_fd = fds[0]
+    go = fds[1] if len(fds) == 2 else None
     status_r, status_w = os.pipe()
     launcher = os.getpid()
     try:
         pid = os.fork()
     except OSError as exc:
-        for fd in (worker_fd, status_r, status_w):
+        for fd in (*fds, status_r, status_w):
             os.close(fd)
         _reply(control, {"error": f"fork failed: {exc}"}, [])
         return None
@@ -546,6 +616,15 @@ def _fork(
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if not tie_to_parent(launcher):
             os._exit(1)  # the launcher died before the prctl: nobody will supervise us
+        if go is not None:
+            # The front-end moves this process into its cgroups, then says go; nothing of
+            # the worker runs before (an empty read: it gave up, so never run unlimited).
+            try:
+                if os.read(go, 1) != b"g":
+                    os._exit(125)
+            except OSError:
+                os._exit(125)
+            os.close(go)
         try:
             enter_cgroups(cgroups)  # before anything else runs: limits hold from the start
         except OSError:
@@ -557,7 +636,8 @@ def _fork(
         family.forget()
         os.setsid()  # like start_new_session=True: the front-end kills the whole group
         return Child(worker_fd, env, cgroups)
-    os.close(worker_fd)
+    for fd in fds:
+        os.close(fd)
     family.workers[pid] = status_w
     _reply(control, {"pid": pid}, [status_r])
     os.close(status_r)

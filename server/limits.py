@@ -5,10 +5,11 @@ these limits stop one program from taking the whole machine from the other seats
 front-end (a fork bomb, a runaway allocation).
 
 * Memory (``--worker-memory-limit-bytes``): a cgroup v2 ``memory.max`` where a writable cgroup
-  v2 with the memory controller is available (the kernel then OOM-kills the worker, and the
-  front-end names the limit), else an rlimit the worker sets on itself at start-up
-  (``RLIMIT_AS``; ``RLIMIT_DATA`` for CUDA workers, whose driver reserves far more address
-  space than it uses), so an allocation fails with ``MemoryError`` inside the program.
+  v2 with the memory controller is available (or a v1 ``memory.limit_in_bytes``; the kernel
+  then OOM-kills the worker, and the front-end names the limit), else an rlimit the worker
+  sets on itself at start-up (``RLIMIT_AS``; ``RLIMIT_DATA`` for CUDA workers, whose driver
+  reserves far more address space than it uses), so an allocation fails with
+  ``MemoryError`` inside the program.
   Default (``None``): ``default_memory_limit`` (physical memory shared by the seats, at
   least 4 GiB), enforced only by a cgroup: an address-space rlimit nobody asked for would
   break programs that reserve far more than they touch.
@@ -193,7 +194,11 @@ class WorkerCgroup:
 
     def memory_limit_hit(self) -> bool:
         """Whether the kernel OOM-killed something of this worker at its ``memory.max``."""
-        return bool(self.memory_bytes) and self._counter("memory.events", "oom_kill") > 0
+        if not self.memory_bytes:
+            return False
+        # v2 counts in memory.events, v1 in memory.oom_control
+        kills = self._counter("memory.events", "oom_kill")
+        return kills > 0 or self._counter("memory.oom_control", "oom_kill") > 0
 
     def process_limit_hit(self) -> bool:
         return bool(self.processes) and self._counter("pids.events", "max") > 0
@@ -231,7 +236,9 @@ def create_cgroup(limits: WorkerLimits) -> WorkerCgroup:
     cgroup = WorkerCgroup()
     if not limits.memory_bytes and not limits.processes:
         return cgroup
-    name = CGROUP_PREFIX + uuid.uuid4().hex[:12]
+    # The front-end's pid in the name: a front-end killed outright leaves empty cgroups that
+    # the next server start removes (``remove_stale_cgroups``).
+    name = f"{CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     wanted = tuple(
         c for c, on in (("memory", limits.memory_bytes), ("pids", limits.processes)) if on
     )
@@ -254,6 +261,8 @@ def create_cgroup(limits: WorkerLimits) -> WorkerCgroup:
                 cgroup.memory_bytes = limits.memory_bytes
             if limits.processes and _write(path / "pids.max", str(limits.processes)):
                 cgroup.processes = limits.processes
+    if limits.memory_bytes and not cgroup.memory_bytes:
+        _add_v1_memory(cgroup, name, limits.memory_bytes)
     if limits.processes and not cgroup.processes:
         own = _own_cgroups().get("pids")
         if own is not None:
@@ -275,6 +284,26 @@ def create_cgroup(limits: WorkerLimits) -> WorkerCgroup:
     return cgroup
 
 
+def _add_v1_memory(cgroup: WorkerCgroup, name: str, memory_bytes: int) -> None:
+    """A cgroup v1 ``memory`` hierarchy's ``memory.limit_in_bytes`` (hosts without a v2
+    memory controller); swap is capped at the same total where it is accounted."""
+    own = _own_cgroups().get("memory")
+    if own is None:
+        return
+    path = CGROUP_MOUNT / "memory" / own.lstrip("/") / name
+    try:
+        path.mkdir()
+    except OSError:
+        return
+    if _write(path / "memory.limit_in_bytes", str(memory_bytes)):
+        _write(path / "memory.memsw.limit_in_bytes", str(memory_bytes))
+        cgroup.paths.append(path)
+        cgroup.memory_bytes = memory_bytes
+    else:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
 def worker_limit_environment(limits: WorkerLimits, cgroup: WorkerCgroup, device: str) -> dict:
     """Variables telling the worker which limits apply and which it must set itself."""
     env: dict[str, str] = {}
@@ -285,6 +314,33 @@ def worker_limit_environment(limits: WorkerLimits, cgroup: WorkerCgroup, device:
     if cgroup.processes:
         env[PROCESS_LIMIT_NOTE_ENV] = str(cgroup.processes)
     return env
+
+
+def _cgroup_parents() -> list[Path]:
+    """The directories ``create_cgroup`` makes worker cgroups in."""
+    parents = []
+    mount, own = _cgroup2_mount(), _own_cgroups()
+    if mount is not None and own.get("") is not None:
+        parents.append(mount / own[""].lstrip("/"))
+    for controller in ("pids", "memory"):
+        if own.get(controller) is not None:
+            parents.append(CGROUP_MOUNT / controller / own[controller].lstrip("/"))
+    return parents
+
+
+def remove_stale_cgroups() -> int:
+    """Remove empty worker cgroups of front-ends that no longer run (killed before they
+    could clean up); returns how many went. A live front-end's are never touched."""
+    removed = 0
+    for parent in _cgroup_parents():
+        for path in parent.glob(f"{CGROUP_PREFIX}*"):
+            owner = path.name[len(CGROUP_PREFIX) :].split("-", 1)[0]
+            if owner.isdigit() and os.path.exists(f"/proc/{owner}"):
+                continue
+            with contextlib.suppress(OSError):
+                path.rmdir()  # fails while processes remain: only empty ones go
+                removed += 1
+    return removed
 
 
 def unenforced(limits: WorkerLimits) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from kcoral_server import ipc, limits
 from kcoral_server.lease import GpuQuarantined, LeaseArbiter
-from kcoral_server.worker_handle import WorkerGone, WorkerHandle, WorkerStartError
+from kcoral_server.worker_handle import SeatSandbox, WorkerGone, WorkerHandle, WorkerStartError
 from kcoral_server.workspace import remove_stale_workspaces
 
 RETIRE_LEVELS = {
@@ -68,6 +68,8 @@ class Seat:
     served: int = 0
     assigned: bool = False
     replacement: asyncio.Task | None = field(default=None, repr=False)
+    #: under bubblewrap: the sandbox (and fork server) its workers share, one identity's
+    sandbox: SeatSandbox | None = field(default=None, repr=False)
 
 
 class Pool:
@@ -159,6 +161,7 @@ class Pool:
         # SERVER §7: workspaces a front-end killed earlier left behind (its lock is free)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, remove_stale_workspaces)
+        await loop.run_in_executor(None, limits.remove_stale_cgroups)  # of killed servers
         wanted = limits.limits_from_config(self.config, seats=len(self.seats))
         missing = await loop.run_in_executor(None, limits.unenforced, wanted)
         if missing:
@@ -192,6 +195,10 @@ class Pool:
     def _new_handle(self, seat: Seat) -> WorkerHandle:
         seat.generation += 1
         gpu = self.gpu_device(seat.gpu_id)
+        if self.sandbox == "bubblewrap" and seat.sandbox is None:
+            seat.sandbox = SeatSandbox(
+                config=self.config, device=self.mode, gpu_ids=[gpu.id] if gpu else []
+            )
         return WorkerHandle(
             seat_id=seat.id,
             generation=seat.generation,
@@ -209,6 +216,7 @@ class Pool:
             config=self.config,
             events=self.events,
             seats=len(self.seats),
+            seat_sandbox=seat.sandbox,
         )
 
     async def _start_seat(self, seat: Seat, *, phase: str, idle: bool = True) -> bool:
@@ -315,6 +323,9 @@ class Pool:
         try:
             await self.kill(handle)
             seat.worker = None
+            if seat.sandbox is not None:  # its HOME and caches are the other identity's
+                old, seat.sandbox = seat.sandbox, None
+                await asyncio.get_running_loop().run_in_executor(None, old.close)
             if self.quarantine_reason is None:
                 started = await self._start_seat(seat, phase="respawn", idle=False)
         finally:
@@ -551,3 +562,7 @@ class Pool:
             await self.kill(handle)
 
         await asyncio.gather(*(close_seat(seat) for seat in self.seats), return_exceptions=True)
+        sandboxes = [seat.sandbox for seat in self.seats if seat.sandbox is not None]
+        if sandboxes:  # their fork servers exit now that their workers have
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(None, box.close) for box in sandboxes))

@@ -30,6 +30,7 @@ from typing import Any
 from kcoral_server import ipc, limits
 from kcoral_server.launcher import (
     ForkedProcess,
+    Launcher,
     LauncherError,
     cleanup_confirm_seconds,
     shared_launcher,
@@ -38,6 +39,7 @@ from kcoral_server.launcher import (
 from kcoral_server.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.rank_variables import is_rank_variable
 from kcoral_server.sandbox import SandboxDir, SandboxError, worker_base_environment
+from kcoral_server.worker.confinement import clear_workspace
 
 STARTUP_TIMEOUT_SECONDS = 60.0
 
@@ -105,6 +107,74 @@ def _padded(uuids: Sequence[str], ids: Sequence[int]) -> list[str]:
     return list(uuids) + [""] * (len(ids) - len(uuids))
 
 
+def _sandbox_dir(config: Any, device: str, gpu_ids: Sequence[int], env: dict) -> SandboxDir:
+    paths = getattr(config, "sandbox_readonly_paths", None) or []
+    token_file = getattr(config, "auth_token_file", None)
+    return SandboxDir(
+        readonly_paths=paths,
+        device=device,
+        gpu_ids=gpu_ids,
+        environ=env,
+        hidden_paths=[token_file] if token_file is not None else [],
+    )
+
+
+class SeatSandbox:
+    """One seat's bubblewrap sandbox, kept across its workers: a sandbox directory and a fork
+    server started inside it, so that a fresh sandboxed worker is a fork (~25 ms) rather than
+    a ``bwrap`` start plus an interpreter's imports.
+
+    Who can reach what: everything a program leaves in the sandbox's ``HOME`` and caches
+    stays for the seat's next workers, so the sandbox belongs to one ``identity`` at a time
+    (``Pool.serve_identity`` discards it for another); the workspace and ``/tmp`` are emptied
+    before every new worker. Created lazily, in the launch thread (directories, processes)."""
+
+    def __init__(self, *, config: Any, device: str, gpu_ids: Sequence[int]) -> None:
+        self.config = config
+        self.device = device
+        self.gpu_ids = list(gpu_ids)
+        self.identity: str | None = None
+        self.dir: SandboxDir | None = None
+        self._launcher: Launcher | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def launch(self, fd: int, env: dict[str, str], cgroups: Sequence[str]) -> ForkedProcess:
+        """Fork a worker inside the sandbox (blocking). ``env`` is the worker's environment
+        outside; it is translated (§14 variables). Raises ``LauncherError``."""
+        with self._lock:
+            if self._closed:
+                raise LauncherError("the seat's sandbox is closed")
+            if self.dir is not None and not clear_workspace(str(self.dir.host_dir)):
+                self._discard()  # a workspace the front-end cannot empty: start afresh
+            if self.dir is None:
+                self.dir = _sandbox_dir(self.config, self.device, self.gpu_ids, env)
+                self._launcher = Launcher(wrap=self.dir.command)
+            assert self._launcher is not None
+            launcher_env = self.dir.environment(env)
+            for name in list(launcher_env):
+                if name.startswith("KCORAL_WORKER_"):
+                    del launcher_env[name]  # per-worker limit notes
+            return self._launcher.launch(
+                fd, self.dir.environment(env), cgroups=cgroups, launcher_env=launcher_env
+            )
+
+    def _discard(self) -> None:
+        if self._launcher is not None:
+            self._launcher.close()
+            self._launcher = None
+        if self.dir is not None:
+            self.dir.remove()
+            self.dir = None
+
+    def close(self) -> None:
+        """Stop the fork server (its workers are gone already) and remove the directory
+        (blocking)."""
+        with self._lock:
+            self._closed = True
+            self._discard()
+
+
 class WorkerHandle:
     """One worker process of a seat (or a transient GPU-set worker)."""
 
@@ -125,6 +195,7 @@ class WorkerHandle:
         config: Any = None,
         events: Any = None,
         seats: int = 1,
+        seat_sandbox: SeatSandbox | None = None,
     ) -> None:
         self.seat_id = seat_id
         self.generation = generation
@@ -140,9 +211,9 @@ class WorkerHandle:
         self.config = config  # ServerConfig: read-only paths and limits (None: no limits)
         self.events = events  # EventLog for worker_limit_exceeded (optional)
         self.seats = seats  # workers sharing the machine's memory (the default memory limit)
-        #: the identity whose programs this worker ran (a worker never serves two: the pool
-        #: replaces it first, ``Pool.serve_identity``)
-        self.identity: str | None = None
+        self.seat_sandbox = seat_sandbox if sandbox == "bubblewrap" else None
+        self._identity: str | None = None
+        self._owns_sandbox_dir = True  # False: the seat's sandbox directory, not removed here
         self.sandbox_dir: SandboxDir | None = None
         self._launch_lock = threading.Lock()
         self._abandoned = False
@@ -173,6 +244,20 @@ class WorkerHandle:
         self.quarantined = False
 
     @property
+    def identity(self) -> str | None:
+        """The identity whose programs this worker (and its seat's sandbox) ran: a worker
+        never serves two, the pool replaces it first (``Pool.serve_identity``)."""
+        if self.seat_sandbox is not None:
+            return self.seat_sandbox.identity
+        return self._identity
+
+    @identity.setter
+    def identity(self, name: str | None) -> None:
+        self._identity = name
+        if self.seat_sandbox is not None:
+            self.seat_sandbox.identity = name
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
@@ -195,21 +280,9 @@ class WorkerHandle:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
         def launch() -> subprocess.Popen | ForkedProcess:
-            command, env = self._launch_command(child.fileno())
-            assert self.cgroup is not None
-            process = None
-            if self.sandbox != "bubblewrap":
-                # forked workers enter their cgroup themselves, before running anything
-                process = _fork_worker(child.fileno(), env, self.cgroup.procs_files, self._deny)
+            process = self._fork_in_seat_sandbox(child.fileno())
             if process is None:
-                command = self.cgroup.wrap(command)
-                if self.sandbox != "bubblewrap":
-                    # bubblewrap's PID namespace and --die-with-parent supervise a sandboxed
-                    # worker; any other spawned one gets a supervisor process (SERVER §11)
-                    command = supervised_command(command, env)
-                process = subprocess.Popen(
-                    command, pass_fds=(child.fileno(),), env=env, start_new_session=True
-                )
+                process = self._fork_or_spawn(child.fileno())
             with self._launch_lock:
                 self.process = process
                 abandoned = self._abandoned
@@ -288,6 +361,41 @@ class WorkerHandle:
             self.lease = LeaseClock()  # start-up leasing of a seat is not part of a request
         return self.info
 
+    def _fork_or_spawn(self, fd: int) -> subprocess.Popen | ForkedProcess:
+        """Without a seat sandbox: forked from the shared launcher when unsandboxed (it
+        enters its cgroup itself, before running anything), else spawned."""
+        command, env = self._launch_command(fd)
+        assert self.cgroup is not None
+        if self.sandbox != "bubblewrap":
+            process = _fork_worker(fd, env, self.cgroup.procs_files, self._deny)
+            if process is not None:
+                return process
+        command = self.cgroup.wrap(command)
+        if self.sandbox != "bubblewrap":
+            # bubblewrap's PID namespace and --die-with-parent supervise a sandboxed worker;
+            # any other spawned one gets a supervisor process (SERVER §11)
+            command = supervised_command(command, env)
+        return subprocess.Popen(command, pass_fds=(fd,), env=env, start_new_session=True)
+
+    def _fork_in_seat_sandbox(self, fd: int) -> ForkedProcess | None:
+        """A worker forked by the seat's sandboxed fork server, in its limits' cgroup; None
+        when there is none (or it failed: the worker is then spawned in its own sandbox)."""
+        if self.seat_sandbox is None or os.environ.get(LAUNCH_ENV, "fork") == "spawn":
+            return None
+        env = worker_environment(self.device, self.gpu_ids, self.gpu_uuids, self._deny)
+        wanted = limits.limits_from_config(self.config, seats=self.seats)
+        cgroup = limits.create_cgroup(wanted)
+        env.update(limits.worker_limit_environment(wanted, cgroup, self.device))
+        try:
+            process = self.seat_sandbox.launch(fd, env, cgroup.procs_files)
+        except (LauncherError, SandboxError, OSError):
+            cgroup.remove()
+            return None
+        self.cgroup = cgroup
+        self.sandbox_dir = self.seat_sandbox.dir
+        self._owns_sandbox_dir = False
+        return process
+
     @property
     def _deny(self) -> list[str]:
         return list(getattr(self.config, "worker_env_deny", None) or [])
@@ -298,15 +406,8 @@ class WorkerHandle:
         env = worker_environment(self.device, self.gpu_ids, self.gpu_uuids, self._deny)
         command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
         if self.sandbox == "bubblewrap":
-            paths = getattr(self.config, "sandbox_readonly_paths", None) or []
-            token_file = getattr(self.config, "auth_token_file", None)
-            self.sandbox_dir = SandboxDir(
-                readonly_paths=paths,
-                device=self.device,
-                gpu_ids=self.gpu_ids,
-                environ=env,
-                hidden_paths=[token_file] if token_file is not None else [],
-            )
+            self.sandbox_dir = _sandbox_dir(self.config, self.device, self.gpu_ids, env)
+            self._owns_sandbox_dir = True
             env = self.sandbox_dir.environment(env)
             command = self.sandbox_dir.command(command)
         wanted = limits.limits_from_config(self.config, seats=self.seats)
@@ -338,7 +439,8 @@ class WorkerHandle:
             if self.cgroup.remove():
                 self.cgroup = None
         if self.sandbox_dir is not None:
-            self.sandbox_dir.remove()
+            if self._owns_sandbox_dir:
+                self.sandbox_dir.remove()
             self.sandbox_dir = None
 
     # ------------------------------------------------------------------ messages

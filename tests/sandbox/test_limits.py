@@ -61,21 +61,11 @@ def _strays(server) -> list[str]:
     return strays
 
 
-def _leftover_cgroups() -> list[Path]:
-    """Empty worker cgroups that stay (a leak). Every server makes worker cgroups now that
-    limits are on by default, so other servers' cgroups (never empty for long) are ignored."""
-    deadline = time.monotonic() + 10
-    while True:
-        empty = []
-        for path in Path("/sys/fs/cgroup").glob(f"**/{limits.CGROUP_PREFIX}*"):
-            try:
-                if not (path / "cgroup.procs").read_text().split():
-                    empty.append(path)
-            except OSError:
-                continue  # removed meanwhile
-        if not empty or time.monotonic() > deadline:
-            return empty
-        time.sleep(0.2)
+def _leftover_cgroups(server) -> list[Path]:
+    """Worker cgroups of ``server`` (named after its pid) that outlive it: every server makes
+    worker cgroups now that limits are on by default, so other servers' are ignored."""
+    pattern = f"**/{limits.CGROUP_PREFIX}{server.process.pid}-*"
+    return list(Path("/sys/fs/cgroup").glob(pattern))
 
 
 def _worker_count(server) -> int:
@@ -187,4 +177,4 @@ def test_a_fork_bomb_is_bounded_by_the_process_limit_and_leaves_nothing(
         assert body["status"] == "COMPLETED", body
     finally:
         server.stop()
-    assert _leftover_cgroups() == []
+    assert _leftover_cgroups(server) == []

@@ -139,6 +139,40 @@ def test_a_reused_sandboxed_worker_shows_nothing_of_one_identity_to_another(
     assert [e["reason"] for e in retired] == ["identity", "identity"], retired
 
 
+@needs_bwrap
+def test_a_fresh_sandboxed_worker_finds_nothing_its_predecessor_left_in_work_or_tmp(
+    tmp_path: Path,
+) -> None:
+    # one worker per request (the default): the seat's fork server starts each one in the
+    # same sandbox, which must look new to it
+    server = start_server(
+        tmp_path / "server", ["--sandbox", "bubblewrap", "--max-requests-per-worker", "1"]
+    )
+    leave = """
+import json, os
+def main():
+    for directory in (os.getcwd(), "/tmp", "/dev/shm"):
+        with open(os.path.join(directory, "left-by-first"), "w") as f:
+            f.write("x")
+    return json.dumps(os.getpid())
+"""
+    look = """
+import json, os
+def main():
+    return json.dumps(
+        [d for d in (os.getcwd(), "/tmp", "/dev/shm") if "left-by-first" in os.listdir(d)]
+    )
+"""
+    try:
+        first = returned(execute(server.url, run_source(leave)))
+        second = returned(execute(server.url, run_source(look)))
+        third = returned(execute(server.url, run_source(leave)))
+    finally:
+        server.stop()
+    assert second == []
+    assert first != third  # a new worker each time
+
+
 # The reported attack forked 300 processes; threads count against the same limit
 # (pids.max) and are far cheaper to pile up to it on a shared test machine.
 FORK_UNTIL_REFUSED = """

@@ -83,7 +83,8 @@ def test_a_program_without_a_sandbox_finds_no_secret_in_its_environment(
 
 
 @pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unusable: {bwrap_problem()}")
-def test_a_sandboxed_program_reads_no_secret_anywhere(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launch", ["fork", "spawn"])
+def test_a_sandboxed_program_reads_no_secret_anywhere(tmp_path: Path, launch: str) -> None:
     # The token file lies in a read-only path the sandbox binds, so only hiding protects it.
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -91,6 +92,7 @@ def test_a_sandboxed_program_reads_no_secret_anywhere(tmp_path: Path) -> None:
     token_file.write_text(f"{AUTH}\n")
     os.chmod(token_file, 0o600)
     env = {k: v for k, v in ENV.items() if k != "KCORAL_AUTH_TOKEN"}
+    env["KCORAL_WORKER_LAUNCH"] = launch  # fork: the seat's sandboxed fork server
     args = ["--sandbox", "bubblewrap", "--sandbox-readonly-path", str(shared), *DENY]
     server = start_server(
         tmp_path / "server", [*args, "--auth-token-file", str(token_file)], env=env
