@@ -31,14 +31,20 @@ from kcoral_server.sandbox import SandboxUnavailable, resolve_sandbox
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code."""
-    settings = parse_server_args(list(sys.argv[1:] if argv is None else argv), os.environ)
+    server_argv = list(sys.argv[1:] if argv is None else argv)
+    settings = parse_server_args(server_argv, os.environ)
     config = settings.config
     if settings.supervisor is not None:
         # ROUTER.md §12: this process becomes the node supervisor; the server runs as its
-        # child (`--node-child`), which serves and opens the slot tunnel below.
-        from kcoral_server.node.supervisor import run_supervisor
+        # child (`--node-child`), which serves and opens the slot tunnel below. Settings the
+        # child would refuse stop the supervisor now, with the child's own message.
+        from kcoral_server.node.supervisor import child_settings_problem, run_supervisor
 
-        return run_supervisor(settings, argv)
+        problem = child_settings_problem(settings, server_argv, os.environ)
+        if problem is not None:
+            sys.stderr.write(f"kcoral server: {problem}\n")
+            return 2
+        return run_supervisor(settings, server_argv)
     router_secret = None
     if settings.node_child:
         # ROUTER §12: the supervisor's secrets arrive through a pipe, read before any worker

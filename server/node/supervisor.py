@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import io
 import ipaddress
 import json
 import os
@@ -35,13 +36,14 @@ from kcoral_server.node.handover import (
     write_secrets,
 )
 from kcoral_server.node.http11 import get_json
-from kcoral_server.node.tunnel import auth_metadata, open_channel
+from kcoral_server.node.tunnel import auth_metadata, open_channel, wait_connected
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.log import RouterLog
 
 MAX_UINT64 = 2**64 - 1
 STARTING_MESSAGE = "KCoral Server is starting"
+USAGE_ERROR = 2  # the exit status of a server that refuses its settings
 PR_SET_CHILD_SUBREAPER = 36
 # Test-only: a JSON object merged into the reported ``versions`` (cohort tests).
 VERSIONS_OVERRIDE_ENV = "KCORAL_TEST_VERSIONS_OVERRIDE"
@@ -67,6 +69,46 @@ STRIPPED_OPTIONS = frozenset(
         "--restart-jitter",
     }
 )
+
+
+def child_settings_problem(
+    settings: Any, argv: Sequence[str], environ: Mapping[str, str]
+) -> str | None:
+    """Why the child server would refuse its settings (it exits 2), or None.
+
+    Checked before the supervisor starts: a child that cannot start with these settings
+    would otherwise exit 2 and be restarted forever with back-off."""
+    from kcoral_server.cli_args import parse_server_args
+    from kcoral_server.sandbox import SandboxError, SandboxUnavailable, resolve_sandbox
+
+    child_argv = [
+        *child_arguments(argv),
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--node-child",
+    ]
+    child_env = {
+        **environ,
+        "KCORAL_ROUTER_ENDPOINT": settings.config.router_endpoint,
+        "KCORAL_NODE_ID": settings.config.node_id,
+    }
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            child = parse_server_args(child_argv, child_env)
+    except SystemExit as exc:
+        if exc.code == 0:
+            return None
+        lines = errors.getvalue().strip().splitlines()
+        return lines[-1] if lines else f"the server's settings are invalid (exit {exc.code})"
+    if child.config.sandbox == "bubblewrap":  # explicit: the child refuses to run unconfined
+        try:
+            resolve_sandbox("bubblewrap", child.config.sandbox_readonly_paths, None)
+        except (SandboxUnavailable, SandboxError) as exc:
+            return str(exc)
+    return None
 
 
 def child_arguments(argv: Sequence[str]) -> list[str]:
@@ -168,6 +210,7 @@ class Supervisor:
         self.log = RouterLog()
         self.instance_id = str(uuid.uuid4())
         self.stopping = asyncio.Event()
+        self.exit_code = 0  # USAGE_ERROR once the child refused its settings
         self.status_changed = asyncio.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.child_url: str | None = None
@@ -218,6 +261,7 @@ class Supervisor:
             while True:
                 call = stub.ConnectSupervisor(metadata=metadata)
                 try:
+                    await wait_connected(channel)
                     await call.write(self.status())
                     ack = await asyncio.wait_for(call.read(), 12)
                     if ack is grpc.aio.EOF:
@@ -366,6 +410,18 @@ class Supervisor:
             failures = 0
             while not self.stopping.is_set():
                 code = self.child.poll()
+                if code == USAGE_ERROR:
+                    # The child refused its settings (its message is on stderr): a restart
+                    # would only repeat that, so the supervisor stops with the same status.
+                    self.log.event(
+                        "server_child_refused_settings",
+                        "ERROR",
+                        node_id=self.config.node_id,
+                        error="KCoral Server refused its settings (exit 2); not restarting",
+                    )
+                    self.exit_code = USAGE_ERROR
+                    self.stopping.set()
+                    return
                 if code is not None:
                     self.last_error = f"KCoral Server exited with status {code}"
                     break
@@ -438,7 +494,7 @@ class Supervisor:
         reporter.cancel()
         await asyncio.gather(reporter, return_exceptions=True)
         self.log.event("supervisor_stopped", node_id=self.config.node_id)
-        return 0
+        return self.exit_code
 
 
 def run_supervisor(settings: Any, argv: Sequence[str] | None = None) -> int:

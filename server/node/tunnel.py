@@ -105,6 +105,21 @@ def open_channel(router_endpoint: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, channel_options())
 
 
+#: ROUTER §4.1: how long the supervisor waits for a connection to the router per attempt.
+CONNECT_TIMEOUT_SECONDS = 2.0
+
+
+async def wait_connected(
+    channel: grpc.aio.Channel, timeout: float = CONNECT_TIMEOUT_SECONDS
+) -> None:
+    """Wait until ``channel`` is connected; ``ConnectionError`` after ``timeout`` seconds
+    (a router that accepts TCP but never speaks HTTP/2 must not hold the supervisor)."""
+    try:
+        await asyncio.wait_for(channel.channel_ready(), timeout)
+    except asyncio.TimeoutError:
+        raise ConnectionError(f"no connection to the router within {timeout:g} s") from None
+
+
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
@@ -354,7 +369,10 @@ class Tunnel:
                     request_id=rid,
                     response_head=pb.ResponseHead(
                         status=status,
-                        headers=[pb.HttpHeader(name=n, value=v) for n, v in response_headers],
+                        # lowercase on the gRPC stream, as HTTP/2 requires (ROUTER §5)
+                        headers=[
+                            pb.HttpHeader(name=n.lower(), value=v) for n, v in response_headers
+                        ],
                     ),
                 )
             )

@@ -18,6 +18,7 @@ import tornado.web
 from kcoral_server.identity import IDENTITY_HEADER, Identity
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
+from kcoral_server.router.body_failure import report_body_failures
 from kcoral_server.router.frames import encode_data
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
 from kcoral_server.router.scheduler import NoNode, RouterBusy
@@ -44,6 +45,7 @@ NOT_FORWARDED = (
     HOP_BY_HOP | CLIENT_ONLY | {"host", "expect", "x-kcoral-node", "x-request-id", "content-length"}
 )
 NOT_RELAYED = HOP_BY_HOP | {"content-length", "x-kcoral-node", "x-request-id"}
+BODY_FAILED_MESSAGE = "client request body failed while streaming"
 TRANSPORT_MESSAGE = (
     "the tunnel to the node failed; the execution outcome is unknown and was not retried"
 )
@@ -123,6 +125,8 @@ class ForwardHandler(RouterHandler):
                 return
         elif self.request.method != "POST" and "Transfer-Encoding" not in self.request.headers:
             self.declared = 0  # a bodiless GET or DELETE
+        else:
+            report_body_failures(self.request.connection, self._body_failed)
         loop = asyncio.get_running_loop()
         if self.SLOT_KIND == CONTROL:
             required = await self.choose_node()
@@ -169,8 +173,10 @@ class ForwardHandler(RouterHandler):
         if self.request.path != "/execute" or self.request.method != "POST":
             headers.append(pb.HttpHeader(name=METHOD_HEADER, value=self.request.method.encode()))
             headers.append(pb.HttpHeader(name=PATH_HEADER, value=self.request.uri.encode()))
+        # Lowercase names, as HTTP/2 requires (RFC 9113 §8.2.1, ROUTER §8.4): a node may read
+        # them as an ASGI server does and would not see `Content-Type` at all.
         headers.extend(
-            pb.HttpHeader(name=name.encode("latin-1"), value=value.encode("latin-1"))
+            pb.HttpHeader(name=name.lower().encode("latin-1"), value=value.encode("latin-1"))
             for name, value in self.request.headers.get_all()
             if name.lower() not in dropped
         )
@@ -231,6 +237,11 @@ class ForwardHandler(RouterHandler):
 
     async def delete(self, *args: str) -> None:
         await self._complete()
+
+    async def _body_failed(self, reason: str) -> None:
+        """The client's chunked body broke mid-stream (ROUTER §8.5): 400, slot cancelled."""
+        if not self._finished:
+            self._reject_body(400, "invalid_request", BODY_FAILED_MESSAGE)
 
     def _reject_body(self, status: int, kind: str, message: str) -> None:
         self.forwarding = False

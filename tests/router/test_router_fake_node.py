@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import uuid
 from pathlib import Path
 
@@ -377,3 +378,83 @@ def test_invalid_hello_and_duplicate_slot_ids_are_refused(router: RouterProcess)
         await channel.close()
 
     asyncio.run(scenario())
+
+
+async def lowercase_only_handler(
+    head: pb.RequestHead, body: bytes
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A node that reads header names as an ASGI server does: exact lowercase bytes only."""
+    names = [h.name for h in head.headers if not h.name.startswith(b":")]
+    if any(name != name.lower() for name in names):
+        return 400, [(b"content-type", b"text/plain")], b"not lowercase: " + b" ".join(names)
+    fields = {h.name: h.value for h in head.headers}
+    if not fields.get(b"content-type", b"").startswith(b"multipart/form-data"):
+        return 400, [(b"content-type", b"text/plain")], b"expected a multipart/form-data request"
+    # Answer with mixed-case names: the router must accept any case from a node.
+    return 200, [(b"Content-Type", b"application/json"), (b"X-Node-Said", b"yes")], b"{}"
+
+
+def test_a_node_that_reads_only_lowercase_header_names_sees_the_content_type(tmp_path: Path):
+    process = start_router(tmp_path, "--status-check-interval-seconds", "0.2")
+
+    async def scenario() -> None:
+        node = FakeNode(process.port, "node-lower", handler=lowercase_only_handler)
+        await node.start()
+        await wait_for_health(process.port, ready(1))
+        response = await http_request(
+            process.port,
+            "POST",
+            "/execute",
+            b"--b--\r\n",
+            [("Content-Type", "multipart/form-data; boundary=b"), ("X-Mixed-Case", "v")],
+        )
+        await node.close()
+        assert response.status == 200, response.body
+        assert response.header("Content-Type") == "application/json"
+        assert response.header("x-node-said") == "yes"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        process.stop()
+
+
+def test_a_chunked_body_that_breaks_mid_stream_is_400_and_cancels_the_slot(
+    router: RouterProcess,
+):
+    request = (
+        b"POST /execute HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: multipart/form-data; boundary=b\r\n\r\n5\r\nhello\r\nnot-a-size\r\n"
+    )
+
+    def exchange() -> bytes:
+        with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+            sock.sendall(request)
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+            return received
+
+    async def scenario() -> bytes:
+        node = FakeNode(router.port, "node-a")
+        await node.start()
+        await wait_for_health(router.port, ready(1))
+        answer = await asyncio.get_running_loop().run_in_executor(None, exchange)
+        for _ in range(50):
+            if node.cancels:
+                break
+            await asyncio.sleep(0.05)
+        await node.close()
+        assert node.cancels == ["request_rejected"]
+        return answer
+
+    answer = asyncio.run(scenario())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    error = json.loads(body)
+    assert error["error"] == {
+        "kind": "invalid_request",
+        "message": "client request body failed while streaming",
+    }
+    assert f"x-request-id: {error['request_id']}".encode() in head.lower()
+    assert "finish_reason=request_rejected" in router.wait_log("finish_reason=request_rejected")

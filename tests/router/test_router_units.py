@@ -260,3 +260,28 @@ def test_supervisor_helpers_strip_its_options_and_probe_loopback() -> None:
     assert healthy_body({**good, "worker_count": 0})
     assert healthy_body({**good, "versions": {"a": 1}})
     assert healthy_body({**good, "status": "starting"})
+
+
+def test_the_supervisor_gives_up_a_connect_attempt_after_two_seconds() -> None:
+    """ROUTER §4.1: a router address that accepts TCP but never answers HTTP/2 costs one
+    2 s attempt, then the supervisor's back-off takes over (no hang)."""
+    import socket
+
+    from kcoral_server.node.tunnel import CONNECT_TIMEOUT_SECONDS, open_channel, wait_connected
+
+    assert CONNECT_TIMEOUT_SECONDS == 2.0
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never speaks
+
+    async def attempt() -> str:
+        channel = open_channel(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        try:
+            with pytest.raises(ConnectionError) as raised:
+                await wait_connected(channel)
+            return str(raised.value)
+        finally:
+            await channel.close()
+
+    try:
+        assert asyncio.run(attempt()) == "no connection to the router within 2 s"
+    finally:
+        silent.close()
