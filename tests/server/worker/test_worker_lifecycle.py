@@ -282,11 +282,14 @@ def test_a_worker_that_cannot_start_reports_why_and_exits_1(tmp_path):
 def test_a_gpu_worker_without_cuda_fails_to_start_and_gives_the_lease_back(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA; the GPU suite covers real starts")
+        pytest.skip(
+            "this machine has CUDA, so a GPU worker starts here: real starts are "
+            "tests/gpu/test_gpu_server.py (pytest -m gpu)"
+        )
     worker = launch(tmp_path, "gpu", gpu_uuids=("GPU-none",))
     try:
         assert worker.failed is not None
-        assert "CUDA" in worker.failed.error or "tvm_ffi" in worker.failed.error
+        assert "CUDA" in worker.failed.error  # tvm_ffi and cupti-python are optional now
         tags = [m.tag for m in worker.startup]
         assert tags.count("lease_acquire") == tags.count("lease_release")
         assert worker.proc.wait(timeout=30) == 1
