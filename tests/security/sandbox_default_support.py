@@ -57,8 +57,14 @@ def request(
     return answer.status, json.loads(raw) if raw else None
 
 
-def execute(url: str, program: dict, token: str | None = None, timeout: float = 180.0) -> Any:
-    """``POST /execute``; the decoded result JSON (asserts a 200)."""
+def execute(
+    url: str,
+    program: dict,
+    token: str | None = None,
+    timeout: float = 180.0,
+    status: int = 200,
+) -> Any:
+    """``POST /execute``; the decoded result JSON (asserts the answer's ``status``)."""
     content_type, chunks, _length = encode_multipart(
         [("program", "application/json", json.dumps(program).encode())]
     )
@@ -75,7 +81,7 @@ def execute(url: str, program: dict, token: str | None = None, timeout: float = 
         kind = answer.headers.get("Content-Type", "")
     finally:
         connection.close()
-    assert answer.status == 200, (answer.status, raw[:2000])
+    assert answer.status == status, (answer.status, raw[:2000])
     if kind.startswith("multipart/"):
         parts = parse_multipart(memoryview(raw), boundary_from_content_type(kind))
         return json.loads(bytes(next(p.data for p in parts if p.name == "result")))

@@ -233,3 +233,96 @@ def test_a_program_that_forks_without_end_hits_the_default_process_limit(tmp_pat
         for e in events
         if e["event"] == "worker_limits_unenforced" and "processes" in " ".join(e["missing"])
     ]
+
+
+CRASH = "import os, signal\ndef main():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+HANG = "def main():\n    while True:\n        pass\n"
+DAEMON = """
+import json, os, time
+def main():
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    return json.dumps("left a daemon")
+"""
+
+
+def _strays(server) -> list[str]:
+    """Processes under the server other than workers, launchers and bwrap."""
+    import psutil
+
+    strays = []
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            line = " ".join(child.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if not any(k in line for k in ("kcoral_server.worker", "kcoral_server.launcher", "bwrap")):
+            strays.append(f"{child.pid} {line}")
+    return strays
+
+
+@needs_bwrap
+def test_a_sandboxed_program_that_crashes_hangs_or_leaves_a_daemon_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    # the seat's sandboxed fork server must clean up like a spawned sandbox did
+    server = start_server(
+        tmp_path / "server", ["--sandbox", "bubblewrap", "--max-requests-per-worker", "1"]
+    )
+    try:
+        crashed = execute(server.url, run_source(CRASH))
+        assert crashed["status"] == "FAILED", crashed
+        hang = run_source(HANG)
+        hang["options"] = {"timeout_seconds": 2}
+        hung = execute(server.url, hang, status=504)
+        assert hung["error"]["kind"] == "timeout", hung
+        daemon = execute(server.url, run_source(DAEMON))
+        assert "left background processes" in daemon["error"]["message"], daemon
+        assert returned(execute(server.url, run_source(LOOK))) == []
+        assert _strays(server) == []
+        assert server.stop() == 0
+    finally:
+        server.stop()
+
+
+OWN_MEMORY_LIMIT = """
+import json
+def main():
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        if controllers == "memory":
+            name = f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"
+        elif controllers == "":
+            name = f"/sys/fs/cgroup{path}/memory.max"
+        else:
+            continue
+        try:
+            value = open(name).read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            return json.dumps(int(value))
+    return json.dumps(None)
+"""
+
+
+def _default_memory_limit_problem() -> str | None:
+    wanted = limits.WorkerLimits(memory_bytes=limits.default_memory_limit(1))
+    if not wanted.memory_bytes or limits.unenforced(wanted):
+        return "no writable memory cgroup here"
+    return None
+
+
+@pytest.mark.skipif(
+    _default_memory_limit_problem() is not None, reason=str(_default_memory_limit_problem())
+)
+def test_a_worker_runs_under_a_memory_limit_without_any_flag(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "server", [])  # no limit flags: the defaults
+    try:
+        limit = returned(execute(server.url, run_source(OWN_MEMORY_LIMIT)))
+    finally:
+        server.stop()
+    assert limit == limits.default_memory_limit(1)
