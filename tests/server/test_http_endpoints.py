@@ -210,7 +210,8 @@ def test_a_non_loopback_bind_without_a_token_refuses_to_start(tmp_path) -> None:
 
 @pytest.mark.skipif(shutil.which("bwrap") is not None, reason="bwrap is installed here")
 def test_an_unusable_bubblewrap_sandbox_falls_back_to_none_with_a_warning(tmp_path) -> None:
-    running = start_server(tmp_path, ["--sandbox", "bubblewrap"])
+    # issue 16: only --sandbox auto (the default) falls back; explicit bubblewrap refuses
+    running = start_server(tmp_path, ["--sandbox", "auto"])
     try:
         health = get(running.url, "/health")
         events = running.events()
@@ -219,6 +220,6 @@ def test_an_unusable_bubblewrap_sandbox_falls_back_to_none_with_a_warning(tmp_pa
     assert health.status == 200
     disabled = [e for e in events if e["event"] == "sandbox_disabled"]
     assert len(disabled) == 1 and disabled[0]["level"] == "WARNING"
-    assert disabled[0]["sandbox"] == "bubblewrap"
+    assert disabled[0]["sandbox"] == "auto"
     ready = next(e for e in events if e["event"] == "pool_ready")
     assert ready["sandbox"] == "none" and ready["mode"] == "cpu"
