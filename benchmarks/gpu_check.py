@@ -1,22 +1,31 @@
 """GPU truth check: one command that checks what only a real GPU machine can show.
 
-    python benchmarks/gpu_check.py [--json PATH] [--gpus 0,1] [--dry-run]
+    python benchmarks/gpu_check.py [--json PATH] [--markdown PATH] [--gpus 0,1] [--dry-run]
+                                   [--tool-timeout SECONDS]
 
 Starts `kcoral server --device gpu` with 2 workers per GPU (the first GPU only, so that
-concurrency checks share one device) and prints a PASS/FAIL/SKIP table:
+concurrency checks share one device) and prints a PASS/FAIL/SKIP table, each row with its
+pass criterion and the clock its timings came from (`cupti`, `cuda_events`, `cpu`):
 
-* CUDA tensor round trip for every dtype;
-* two concurrent benchmarks never overlap on the GPU (their lease timings prove it);
-* a `cpu_only` compile step lets the other request measure meanwhile;
-* an illegal memory access fails only its own request, the next request on the GPU works;
-* the helper's median for an 8192x8192 bf16 matmul agrees (within 3 %) with the same
-  helper run locally in this process and with `torch.cuda.Event` timing;
-* KCoral's overhead per request (elapsed - lease held);
-* `gpu_count` over all GPUs with NCCL (SKIP with a single GPU; second server);
-* `kcoral run` GPU tools (compute-sanitizer, ncu) when installed.
+* CUDA tensor round trip for every dtype (PASS: all 12 come back bit-identical from CUDA);
+* cupti-python in the GPU workers (PASS: installed and the helper used the CUPTI clock;
+  FAIL: installed but CUPTI fell back, with the reason; SKIP: not installed);
+* two concurrent benchmarks never overlap on the GPU (PASS: disjoint windows and the
+  second one waited for the lease);
+* a `cpu_only` compile step lets the other request measure meanwhile (PASS: the other
+  request's measurement lies inside the compile step);
+* an illegal memory access fails only its own request (PASS: `runtime` failure, the next
+  request on the GPU works);
+* the helper's median for an 8192x8192 bf16 matmul on the server against the same helper in
+  this process (PASS: within 3 %), and against plain in-process `torch.cuda.Event` timing
+  (PASS: within 3 %);
+* KCoral's overhead per request, elapsed - lease held (PASS: median at most 20 ms);
+* `kcoral run` GPU tools (compute-sanitizer, ncu) when installed (PASS: exit 0, output);
+* `gpu_count` over all GPUs with NCCL (SKIP with a single GPU; second server).
 
 Every timing row records the device name, driver, clocks and temperature before and after
-(NVML when importable, else nvidia-smi). `--dry-run` runs every code path it can against a
+(NVML when importable, else nvidia-smi). The table is printed as Markdown, ready for the
+README (`--markdown PATH` also writes it). `--dry-run` runs every code path it can against a
 CPU server (CPU tensors, CPU clock: timings there are fake and labelled so); the verdicts
 that need a GPU become SKIP. Exit status: 1 if any row FAILed, 2 if requirements are
 missing, else 0.
@@ -42,6 +51,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 0.03
+OVERHEAD_LIMIT_MS = 20.0
 
 # module -> what to install; the server needs tornado & co., the check itself the client
 _REQUIREMENTS = {
@@ -53,9 +63,9 @@ _REQUIREMENTS = {
     "cloudpickle": "the server extra: pip install 'kcoral[server]' (cloudpickle)",
     "psutil": "the server extra: pip install 'kcoral[server]' (psutil)",
 }
+# tvm_ffi and cupti-python (kcoral[gpu]) are optional: the cupti row says whether it is there
 _GPU_REQUIREMENTS = {
     "torch": "torch with CUDA (pip install torch)",
-    "tvm_ffi": "the gpu extra: pip install 'kcoral[gpu]' (apache-tvm-ffi; GPU workers need it)",
 }
 
 
@@ -84,6 +94,7 @@ class Row:
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] | None = None  # GPU state before/after, for timing rows
+    clock: str | None = None  # where the row's timings came from: cupti, cuda_events, cpu
 
 
 def gpu_snapshot() -> dict[str, Any]:
@@ -260,7 +271,9 @@ def illegal_access():
 class Check:
     """Shared state of one run: the client, mode and sizes."""
 
-    def __init__(self, url: str, dry_run: bool, gpu_ids: list[int], work: Path) -> None:
+    def __init__(
+        self, url: str, dry_run: bool, gpu_ids: list[int], work: Path, tool_timeout: float = 600
+    ) -> None:
         import kcoral
 
         self.kcoral = kcoral
@@ -273,6 +286,7 @@ class Check:
         self.source = WORKLOAD.format(gpu=self.gpu)
         self.matmul_n = 8192 if self.gpu else 192
         self.bench_n = 4096 if self.gpu else 128
+        self.tool_timeout = tool_timeout
 
     def program(self) -> tuple[Any, Any]:
         program = self.kcoral.Program()
@@ -288,14 +302,16 @@ class Check:
         return self.client.execute(program, timeout_seconds=600, **options)
 
 
-def timed(check: Callable[[Check], Row]) -> Callable[[Check], Row]:
-    """Record the GPU state before and after a timing row."""
+def timed(check: Callable[[Check], Any]) -> Callable[[Check], Any]:
+    """Record the GPU state before and after a timing row (or rows)."""
 
-    def wrapper(ctx: Check) -> Row:
+    def wrapper(ctx: Check) -> Any:
         before = gpu_snapshot()
-        row = check(ctx)
-        row.environment = {"before": before, "after": gpu_snapshot()}
-        return row
+        outcome = check(ctx)
+        after = gpu_snapshot()
+        for row in outcome if isinstance(outcome, list) else [outcome]:
+            row.environment = {"before": before, "after": after}
+        return outcome
 
     wrapper.__name__ = check.__name__
     return wrapper
@@ -303,6 +319,14 @@ def timed(check: Callable[[Check], Row]) -> Callable[[Check], Row]:
 
 def _dry(detail: str) -> str:
     return f"dry run (CPU server, fake timings): {detail}"
+
+
+def _failed(result: Any) -> bool:
+    return isinstance(result, Exception) or result.status != "COMPLETED"
+
+
+def _why(result: Any) -> str:
+    return str(getattr(result, "error", None) or result)
 
 
 # ---------------------------------------------------------------------- the checks
@@ -370,23 +394,28 @@ def check_benchmarks_never_overlap(ctx: Check) -> Row:
     program = ctx.measure_program(ctx.bench_n, config)
     first, second = _concurrently(lambda: ctx.execute(program), lambda: ctx.execute(program))
     for result in (first, second):
-        if isinstance(result, Exception) or result.status != "COMPLETED":
-            return Row(name, "FAIL", f"a request failed: {getattr(result, 'error', result)}")
-    a, b = first.results["report"]["window"], second.results["report"]["window"]
+        if _failed(result):
+            return Row(name, "FAIL", f"a request failed: {_why(result)}")
+    reports = [first.results["report"], second.results["report"]]
+    clock = reports[0]["clock"]
+    a, b = reports[0]["window"], reports[1]["window"]
     overlap = a[0] < b[1] and b[0] < a[1]
     data = {
         "windows": [a, b],
         "lease_wait_ms": [first.lease_wait_ms, second.lease_wait_ms],
         "lease_held_ms": [first.lease_held_ms, second.lease_held_ms],
-        "median_ms": [first.results["report"]["latency_ms_median"],
-                      second.results["report"]["latency_ms_median"]],
-    }  # fmt: skip
+        "median_ms": [r["latency_ms_median"] for r in reports],
+        "clock_fallback": reports[0].get("clock_fallback"),
+    }
     if ctx.dry_run:
-        return Row(name, "SKIP", _dry(f"CPU workers take no lease; overlap={overlap}"), data)
+        detail = _dry(f"CPU workers take no lease; overlap={overlap}")
+        return Row(name, "SKIP", detail, data, clock=clock)
     waited = max(first.lease_wait_ms, second.lease_wait_ms)
     if overlap or waited <= 0:
-        return Row(name, "FAIL", f"overlap={overlap}, max lease_wait_ms={waited:.1f}", data)
-    return Row(name, "PASS", f"disjoint windows; one waited {waited:.1f} ms for the lease", data)
+        detail = f"overlap={overlap}, max lease_wait_ms={waited:.1f}"
+        return Row(name, "FAIL", detail, data, clock=clock)
+    detail = f"disjoint windows; one waited {waited:.1f} ms for the lease"
+    return Row(name, "PASS", detail, data, clock=clock)
 
 
 @timed
@@ -405,18 +434,48 @@ def check_cpu_only_lets_others_measure(ctx: Check) -> Row:
         return ctx.execute(measuring)
 
     first, second = _concurrently(lambda: ctx.execute(compiling), late_measure)
+    if not isinstance(first, Exception) and first.status == "FAILED":
+        if first.error and first.error.get("kind") == "unavailable":
+            # no cupti-python in the workers: cpu_only runs are refused (PROTOCOL §6.2)
+            return Row(name, "SKIP", f"cpu_only refused: {first.error['message']}")
     for result in (first, second):
-        if isinstance(result, Exception) or result.status != "COMPLETED":
-            return Row(name, "FAIL", f"a request failed: {getattr(result, 'error', result)}")
+        if _failed(result):
+            return Row(name, "FAIL", f"a request failed: {_why(result)}")
+    clock = second.results["report"]["clock"]
     window = first.results["window"]
     measured = second.results["report"]["window"]
     inside = window[0] <= measured[0] and measured[1] <= window[1]
     data = {"cpu_only_window": window, "measure_window": measured}
     if ctx.dry_run:
-        return Row(name, "SKIP", _dry(f"no leases on CPU; measured inside={inside}"), data)
+        detail = _dry(f"no leases on CPU; measured inside={inside}")
+        return Row(name, "SKIP", detail, data, clock=clock)
     if not inside:
-        return Row(name, "FAIL", "the measurement did not run during the cpu_only step", data)
-    return Row(name, "PASS", "the other request measured while this one compiled", data)
+        detail = "the measurement did not run during the cpu_only step"
+        return Row(name, "FAIL", detail, data, clock=clock)
+    detail = "the other request measured while this one compiled"
+    return Row(name, "PASS", detail, data, clock=clock)
+
+
+def check_cupti(ctx: Check) -> Row:
+    """Is cupti-python in the GPU workers, and does the helper's CUPTI clock work there?"""
+    name = "cupti-python in the GPU workers (CUPTI clock)"
+    with ctx.kcoral.Client(ctx.url) as client:
+        info = client.info()
+    piece = info.get("optional", {}).get("cupti")
+    if ctx.dry_run or piece is None:
+        return Row(name, "SKIP", _dry("a CPU server has no CUPTI"), {"optional": piece})
+    result = ctx.execute(ctx.measure_program(256, {"warmup": 2, "repeat": 5}))
+    if _failed(result):
+        return Row(name, "FAIL", f"the measurement failed: {_why(result)}")
+    report = result.results["report"]
+    data = {"optional": piece, "clock_fallback": report.get("clock_fallback")}
+    if not piece["available"]:
+        detail = f"not installed: {piece['reason']}; timings use {report['clock']}"
+        return Row(name, "SKIP", detail, data, clock=report["clock"])
+    if report["clock"] != "cupti":
+        detail = f"installed, but the helper fell back: {report.get('clock_fallback')}"
+        return Row(name, "FAIL", detail, data, clock=report["clock"])
+    return Row(name, "PASS", "installed; the helper timed with CUPTI", data, clock="cupti")
 
 
 def check_illegal_access_is_contained(ctx: Check) -> Row:
@@ -442,19 +501,21 @@ def check_illegal_access_is_contained(ctx: Check) -> Row:
     return Row(name, "PASS", detail, data)
 
 
-def _local_measurements(ctx: Check, config: dict[str, Any]) -> dict[str, float]:
+def _local_measurements(ctx: Check, config: dict[str, Any]) -> dict[str, Any]:
     """The same helper measurement in this process, plus plain CUDA-event timing."""
     from kcoral.builtins import benchmark
 
     namespace: dict[str, Any] = {}
     exec(compile(WORKLOAD.format(gpu=ctx.gpu), "<gpu_check workload>", "exec"), namespace)
     a, b = namespace["matrices"](ctx.matmul_n)
-    local = benchmark(namespace["matmul"], a, b, config)["latency_ms_median"]
+    helper = benchmark(namespace["matmul"], a, b, config)
+    local, clock = helper["latency_ms_median"], helper["clock"]
     if not ctx.gpu:
         start = time.perf_counter_ns()
         for _ in range(10):
             a @ b
-        return {"local_helper": local, "events": (time.perf_counter_ns() - start) / 1e7}
+        events = (time.perf_counter_ns() - start) / 1e7
+        return {"local_helper": local, "local_clock": clock, "events": events}
     import torch
 
     flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8,
@@ -469,35 +530,48 @@ def _local_measurements(ctx: Check, config: dict[str, Any]) -> dict[str, float]:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return {"local_helper": local, "events": statistics.median(times)}
+    return {"local_helper": local, "local_clock": clock, "events": statistics.median(times)}
 
 
 @timed
-def check_matmul_agreement(ctx: Check) -> Row:
-    name = f"{ctx.matmul_n}x{ctx.matmul_n} matmul: helper vs local vs events (3 %)"
+def check_matmul_agreement(ctx: Check) -> list[Row]:
+    size = f"{ctx.matmul_n}x{ctx.matmul_n} matmul"
+    names = (f"{size}: server helper vs local helper (3 %)",
+             f"{size}: helper vs in-process CUDA events (3 %)")  # fmt: skip
     config = {"warmup": 10, "repeat": 50}
     result = ctx.execute(ctx.measure_program(ctx.matmul_n, config))
-    if result.status != "COMPLETED":
-        return Row(name, "FAIL", f"the server measurement failed: {result.error}")
+    if _failed(result):
+        return [Row(name, "FAIL", f"the server measurement failed: {_why(result)}")
+                for name in names]  # fmt: skip
     report = result.results["report"]
     remote = report["latency_ms_median"]
     local = _local_measurements(ctx, config)
-    ratios = {key: remote / value if value else float("inf") for key, value in local.items()}
-    data = {"server": report, "local": local, "ratios": ratios}
-    detail = (
-        f"server {remote:.3f} ms ({report['clock']}), local helper "
-        f"{local['local_helper']:.3f} ms, events {local['events']:.3f} ms"
-    )
-    if ctx.dry_run:
-        return Row(name, "SKIP", _dry(detail), data)
-    if all(abs(r - 1) <= TOLERANCE for r in ratios.values()):
-        return Row(name, "PASS", detail, data)
-    return Row(name, "FAIL", detail, data)
+    rows = []
+    pairs = (
+        ("local_helper", f"server {remote:.3f} ms ({report['clock']}) vs local helper "
+                         f"{local['local_helper']:.3f} ms ({local['local_clock']})"),
+        ("events", f"server helper {remote:.3f} ms ({report['clock']}) vs in-process events "
+                   f"{local['events']:.3f} ms"),
+    )  # fmt: skip
+    for name, (key, detail) in zip(names, pairs, strict=True):
+        ratio = remote / local[key] if local[key] else float("inf")
+        data = {"server": report, "local": local, "ratio": ratio}
+        other = (
+            local["local_clock"] if key == "local_helper" else ("cuda_events" if ctx.gpu else "cpu")
+        )
+        clock = f"{report['clock']} / {other}"
+        detail = f"{detail}; ratio {ratio:.3f}"
+        if ctx.dry_run:
+            rows.append(Row(name, "SKIP", _dry(detail), data, clock=clock))
+        else:
+            status = "PASS" if abs(ratio - 1) <= TOLERANCE else "FAIL"
+            rows.append(Row(name, status, detail, data, clock=clock))
+    return rows
 
 
 @timed
 def check_overhead(ctx: Check) -> Row:
-    name = "KCoral overhead per request (elapsed - held)"
+    name = f"KCoral overhead per request (elapsed - held <= {OVERHEAD_LIMIT_MS:g} ms)"
     program, module = ctx.program()
     small = program.get_function(module=module, name="small_op")
     program.return_(key="sum", value=program.run(fn=small, args=[10]))
@@ -509,14 +583,17 @@ def check_overhead(ctx: Check) -> Row:
         if result.status != "COMPLETED":
             return Row(name, "FAIL", f"a request failed: {result.error}")
         overheads.append(result.elapsed_ms - result.lease_held_ms)
+    median = statistics.median(overheads)
     data = {"elapsed_minus_held_ms": overheads, "round_trip_ms": round_trips}
     detail = (
-        f"median {statistics.median(overheads):.2f} ms off the GPU; client round trip "
-        f"median {statistics.median(round_trips):.2f} ms"
+        f"median {median:.2f} ms off the GPU (limit {OVERHEAD_LIMIT_MS:g} ms); client round "
+        f"trip median {statistics.median(round_trips):.2f} ms"
     )
-    return Row(
-        name, "SKIP" if ctx.dry_run else "PASS", _dry(detail) if ctx.dry_run else detail, data
-    )
+    clock = "cpu" if ctx.dry_run else "server timings"
+    if ctx.dry_run:
+        return Row(name, "SKIP", _dry(detail), data, clock=clock)
+    status = "PASS" if median <= OVERHEAD_LIMIT_MS else "FAIL"
+    return Row(name, status, detail, data, clock=clock)
 
 
 def check_gpu_count(ctx: Check, all_gpus: list[int]) -> Row:
@@ -566,7 +643,7 @@ def check_tools(ctx: Check) -> list[Row]:
         detail = f"`kcoral run python` exit {done.returncode}; GPU tools need a GPU server"
         return [Row("kcoral run GPU tools", status, _dry(detail))]
     for tool in ("compute-sanitizer", "ncu"):
-        name = f"kcoral run {tool}"
+        name = f"kcoral run {tool} (exit 0, probe output)"
         if shutil.which(tool) is None:
             rows.append(Row(name, "SKIP", f"{tool} is not installed"))
             continue
@@ -575,9 +652,9 @@ def check_tools(ctx: Check) -> list[Row]:
             options += ["--out", str(ctx.work / "ncu-out")]
         command = [*base, tool, *options, "--", "python", "probe.py"]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=ctx.tool_timeout)
         except subprocess.TimeoutExpired:
-            rows.append(Row(name, "FAIL", "timed out"))
+            rows.append(Row(name, "FAIL", f"timed out after {ctx.tool_timeout:g} s"))
             continue
         ok = done.returncode == 0 and "2048.0" in done.stdout
         tail = (done.stdout + done.stderr)[-300:]
@@ -605,9 +682,10 @@ def run_checks(args: argparse.Namespace, work: Path) -> list[Row]:
         device_args = ["--device", "gpu", "--gpus", str(all_gpus[0]), "--workers-per-gpu", "2"]
     rows: list[Row] = []
     with server(work, "main", device_args) as url:
-        ctx = Check(url, args.dry_run, all_gpus, work)
+        ctx = Check(url, args.dry_run, all_gpus, work, args.tool_timeout)
         checks: list[tuple[str, Callable[[], Row | list[Row]]]] = [
             ("tensor round trip", lambda: check_tensor_round_trip(ctx)),
+            ("cupti-python", lambda: check_cupti(ctx)),
             ("benchmarks never overlap", lambda: check_benchmarks_never_overlap(ctx)),
             ("cpu_only lets others measure", lambda: check_cpu_only_lets_others_measure(ctx)),
             ("illegal access contained", lambda: check_illegal_access_is_contained(ctx)),
@@ -630,19 +708,37 @@ def _guarded(name: str, check: Callable[[], Row | list[Row]]) -> list[Row]:
     return outcome if isinstance(outcome, list) else [outcome]
 
 
-def print_table(rows: list[Row]) -> None:
-    width = max(len(row.name) for row in rows)
-    print(f"{'check':<{width}}  status  detail")
-    print(f"{'-' * width}  ------  ------")
+def markdown_table(rows: list[Row], dry_run: bool) -> str:
+    """The table for the README: one line per row, cells without pipes or newlines."""
+
+    def cell(text: object) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    environment = gpu_snapshot()
+    devices = environment.get("devices") or []
+    machine = ", ".join(sorted({str(d.get("name")) for d in devices})) or "no GPU"
+    title = (
+        f"KCoral GPU check, {time.strftime('%Y-%m-%d')}: {machine}, driver "
+        f"{environment.get('driver', '?')}" + (" (dry run on a CPU server)" if dry_run else "")
+    )
+    lines = [title, "", "| check | status | clock | detail |", "| --- | --- | --- | --- |"]
     for row in rows:
-        print(f"{row.name:<{width}}  {row.status:<6}  {row.detail}")
+        lines.append(
+            f"| {cell(row.name)} | {row.status} | {cell(row.clock or '-')} | {cell(row.detail)} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="KCoral GPU truth check")
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the Markdown table")
     parser.add_argument("--gpus", help="comma-separated GPU ids (default: every visible GPU)")
     parser.add_argument("--dry-run", action="store_true", help="CPU server, fake timings")
+    parser.add_argument(
+        "--tool-timeout", type=float, default=600.0, metavar="SECONDS",
+        help="limit for each `kcoral run` GPU tool row (default 600)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     missing = missing_requirements(args.dry_run)
     if missing:
@@ -653,7 +749,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))  # a source checkout works without installing
     with tempfile.TemporaryDirectory(prefix="kcoral-gpu-check-") as tmp:
         rows = run_checks(args, Path(tmp))
-    print_table(rows)
+    table = markdown_table(rows, args.dry_run)
+    print(table, end="")
+    if args.markdown:
+        Path(args.markdown).write_text(table)
     if args.json:
         report = {
             "dry_run": args.dry_run,
