@@ -357,8 +357,10 @@ def _select_clock(flush_l2: bool) -> CpuClock | CudaEventClock:
         return CpuClock(flush_l2)
     try:
         cupti = importlib.import_module("cupti.cupti")
-    except ImportError:
-        return CudaEventClock(torch, flush_l2, MISSING_CUPTI)
+    except ImportError as exc:
+        if exc.name in ("cupti", "cupti.cupti"):
+            return CudaEventClock(torch, flush_l2, MISSING_CUPTI)
+        return CudaEventClock(torch, flush_l2, f"CUPTI failed to load: {_describe(exc)}")
     except Exception as exc:  # installed, but its native pieces do not load
         return CudaEventClock(torch, flush_l2, f"CUPTI failed to load: {_describe(exc)}")
     try:

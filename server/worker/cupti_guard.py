@@ -282,7 +282,11 @@ def load_cupti() -> Any:
     """``cupti.cupti``, or an ``unavailable`` failure naming what is missing."""
     try:
         return importlib.import_module("cupti.cupti")
-    except ImportError:
+    except ImportError as exc:
+        if exc.name not in ("cupti", "cupti.cupti"):  # installed, but a dependency is not
+            raise InstructionFailure(
+                "unavailable", f"CUPTI (cupti-python) failed to load: {exception_text(exc)}"
+            ) from None
         raise InstructionFailure("unavailable", MISSING_CUPTI) from None
     except Exception as exc:  # the module exists but its native library does not load
         raise InstructionFailure(

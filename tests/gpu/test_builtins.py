@@ -507,3 +507,22 @@ def test_a_tirx_parse_diagnostic_fails_with_parse(monkeypatch) -> None:
     with pytest.raises(ExecutionError) as info:
         compile_tirx(BadKernel(), {"N": 1})
     assert info.value.kind == "parse"
+
+
+def test_a_cupti_python_missing_a_dependency_is_reported_as_a_load_failure(monkeypatch) -> None:
+    clock = VirtualTime()
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(clock))
+    monkeypatch.delitem(sys.modules, "cupti.cupti", raising=False)
+    real_import = builtins.importlib.import_module
+
+    def missing_dependency(name: str, *args):
+        if name == "cupti.cupti":
+            raise ModuleNotFoundError("No module named 'cuda'", name="cuda")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(builtins.importlib, "import_module", missing_dependency)
+    result = benchmark(lambda: clock.advance_ms(1.0), {"warmup": 1, "repeat": 1})
+    assert result["clock"] == "cuda_events"
+    assert result["clock_fallback"] == (
+        "CUPTI failed to load: ModuleNotFoundError: No module named 'cuda'"
+    )

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from kcoral_server.ipc import Configure
+from kcoral_server.worker import cupti_guard
 from kcoral_server.worker import runtime as runtime_module
 from kcoral_server.worker.cupti_guard import MISSING_CUPTI, watch_cpu_only
 from kcoral_server.worker.failures import InstructionFailure
@@ -126,3 +127,21 @@ def test_a_cupti_whose_library_fails_to_load_makes_cpu_only_runs_unavailable(
         pass
     assert info.value.kind == "unavailable"
     assert "CUPTI_13.4" in info.value.message
+
+
+def test_a_cupti_python_missing_a_dependency_says_so_for_cpu_only_runs(monkeypatch) -> None:
+    monkeypatch.delitem(sys.modules, "cupti.cupti", raising=False)
+    real_import = cupti_guard.importlib.import_module
+
+    def missing_dependency(name: str, *args):
+        if name == "cupti.cupti":
+            raise ModuleNotFoundError("No module named 'cuda'", name="cuda")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(cupti_guard.importlib, "import_module", missing_dependency)
+    with pytest.raises(InstructionFailure) as info, watch_cpu_only("gpu"):
+        pass
+    assert info.value.kind == "unavailable"
+    assert info.value.message == (
+        "CUPTI (cupti-python) failed to load: ModuleNotFoundError: No module named 'cuda'"
+    )
