@@ -300,8 +300,8 @@ def test_a_program_printing_50_mb_keeps_a_capture_file_near_its_limit_and_none_a
     assert wait_for(lambda: not capture_files(server), timeout=10), capture_files(server)
 
 
-@pytest.mark.parametrize("ending", ["timeout", "crash"])
-def test_capture_files_are_removed_when_a_program_times_out_or_crashes(
+@pytest.mark.parametrize("ending", ["timeout", "crash", "cancelled job"])
+def test_capture_files_are_removed_when_a_program_times_out_crashes_or_is_cancelled(
     server_factory, tmp_path: Path, ending: str
 ) -> None:
     server = server_factory()
@@ -310,13 +310,29 @@ def test_capture_files_are_removed_when_a_program_times_out_or_crashes(
     if ending == "timeout":
         options["timeout_seconds"] = 3
     body = execute_body(program(PRINTER, [str(marker), str(release), 4 << 20, ending], **options))
-    status, answer = post(server.url, body)
-    assert marker.exists(), answer
-    if ending == "timeout":
-        assert status == 504, answer
+    if ending == "cancelled job":
+        submitted = job_request(server.url, "POST", "/v1/jobs", body)
+        assert wait_for(marker.exists, timeout=60), submitted
+        assert capture_files(server)
+        job_request(server.url, "DELETE", f"/v1/jobs/{submitted['job_id']}")
     else:
-        assert status in (200, 500), answer
+        status, answer = post(server.url, body)
+        assert marker.exists(), answer
+        assert status == (504 if ending == "timeout" else 200), answer
     assert wait_for(lambda: not capture_files(server), timeout=10), capture_files(server)
+
+
+def job_request(url: str, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
+    connection = http.client.HTTPConnection(*address(url), timeout=60)
+    try:
+        headers = {"Content-Type": CONTENT_TYPE} if body is not None else {}
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        assert response.status in (200, 202), answer
+        return answer
+    finally:
+        connection.close()
 
 
 # ------------------------------------------------------------------ (e) log file modes
