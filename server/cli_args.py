@@ -155,7 +155,8 @@ def build_server_parser() -> argparse.ArgumentParser:
     add(
         "--body-timeout-seconds",
         type=_SECONDS,
-        help="drop a request whose body sends nothing for this long (default 60)",
+        help="drop a request whose body sends nothing for this long, or averages under "
+        "1024 bytes/s after it (default 60)",
     )
     add("--default-timeout-seconds", type=_SECONDS, help="(default 300)")
     add("--max-timeout-seconds", type=_SECONDS, help="clamp (default 900)")
@@ -203,7 +204,8 @@ def build_server_parser() -> argparse.ArgumentParser:
     add(
         "--max-inflight-request-bytes",
         type=_INT,
-        help="request bytes in flight before 503; 0 = no limit (default 2 x --max-request-bytes)",
+        help="request body bytes received and held before 503 (declared lengths reserve "
+        "nothing); 0 = no limit (default 2 x --max-request-bytes)",
     )
     add(
         "--worker-memory-limit-bytes",
