@@ -44,6 +44,7 @@ last worker has.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import select
@@ -340,6 +341,20 @@ class Launcher:
         self._retired = [p for p in self._retired if p.poll() is None]
 
 
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(dumpable: bool) -> bool:
+    """``PR_SET_DUMPABLE`` (Linux): a non-dumpable process cannot be ptraced, nor its
+    ``/proc/<pid>/mem`` and ``environ`` read, by other processes of its user without
+    ``CAP_SYS_PTRACE``. False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def host_pid(root: int, ns_pid: int) -> int | None:
     """The host pid of the process below ``root`` whose pid in its own (innermost) PID
     namespace is ``ns_pid`` (``NSpid`` in ``/proc/<pid>/status``)."""
@@ -535,6 +550,9 @@ def serve(control: socket.socket, parent: int | None = None) -> Child | None:
     gc.collect()
     gc.freeze()  # pages the children never write stay shared, collections skip them
     become_subreaper()
+    # Programs run as the same user in the same sandbox as their launcher: non-dumpable, it
+    # cannot be ptraced or have its memory read or written by them (each child resets it).
+    set_dumpable(False)
     alive, parent_fd = _watch_parent(parent)
     if not alive:
         return None
@@ -612,6 +630,7 @@ def _fork(
         _reply(control, {"error": f"fork failed: {exc}"}, [])
         return None
     if pid == 0:  # the worker
+        set_dumpable(True)  # the worker's /proc files stay its own (tools read them)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if not tie_to_parent(launcher):

@@ -106,3 +106,37 @@ def test_a_sandboxed_program_reads_no_secret_anywhere(tmp_path: Path, launch: st
     assert "MY_PRIVATE_KEY" not in found["environ"]
     # its PID namespace hides the front-end: only its own sandbox's processes are there
     assert str(server.process.pid) not in [k[4:] for k in found if k.startswith("proc")]
+
+
+TAKE_OVER = """
+import json, os
+
+def main():
+    parent = os.getppid()
+    found = {}
+    for name in ("mem", "environ"):
+        try:
+            with open(f"/proc/{parent}/{name}", "rb") as f:
+                f.read(1)
+            found[name] = "read"
+        except OSError as exc:
+            found[name] = exc.__class__.__name__
+    with open(f"/proc/{parent}/cmdline", "rb") as f:
+        found["parent"] = f.read().decode(errors="replace")
+    return json.dumps(found)
+"""
+
+
+@pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unusable: {bwrap_problem()}")
+def test_a_sandboxed_program_cannot_read_or_take_over_the_fork_server_of_its_seat(
+    tmp_path: Path,
+) -> None:
+    # The seat's fork server shares the program's sandbox and user; without a sandbox the
+    # program can do whatever the server's user can (root even more), so only this is tested.
+    server = start_server(tmp_path / "server", ["--sandbox", "bubblewrap"])
+    try:
+        found = returned(execute(server.url, run_source(TAKE_OVER)))
+    finally:
+        server.stop()
+    assert "kcoral_server.launcher" in found["parent"], found
+    assert found["mem"] == found["environ"] == "PermissionError", found
