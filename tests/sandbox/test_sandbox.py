@@ -88,6 +88,40 @@ def test_a_failed_probe_logs_sandbox_disabled_and_warns(monkeypatch, tmp_path) -
     assert len(emitted) == 1
 
 
+def test_every_kcoral_token_or_secret_and_every_denied_name_is_kept_from_workers() -> None:
+    environ = {
+        "KCORAL_AUTH_TOKEN": "a",
+        "KCORAL_NODE_TOKEN": "n",
+        "KCORAL_TOKEN": "t",
+        "KCORAL_ROUTER_SECRET": "r",
+        "KCORAL_CHILD_TOKEN_FILE": "c",
+        "KCORAL_LOG_DIR": "keep",
+        "AWS_SECRET_ACCESS_KEY": "denied",
+        "CLOUD_A": "denied",
+        "CLOUDY": "denied",
+        "PATH": "/usr/bin",
+    }
+    kept = sandbox.worker_base_environment(environ, ["AWS_SECRET_ACCESS_KEY", "CLOUD*"])
+    assert kept == {"KCORAL_LOG_DIR": "keep", "PATH": "/usr/bin"}
+
+
+def test_a_token_file_inside_a_readonly_bind_is_covered(tmp_path: Path) -> None:
+    token = tmp_path / "tokens"
+    token.write_text("secret\n")
+    outside = Path("/nonexistent-token-file")
+    box = SandboxDir(
+        readonly_paths=[tmp_path], bwrap="/opt/bwrap", environ={}, hidden_paths=[token, outside]
+    )
+    try:
+        argv = box.command(["python"])
+        assert ["--ro-bind", "/dev/null", str(token.resolve())] == argv[
+            argv.index("/dev/null") - 1 : argv.index("/dev/null") + 2
+        ]
+        assert str(outside) not in argv
+    finally:
+        box.remove()
+
+
 def test_the_bwrap_command_unshares_everything_and_binds_read_only(tmp_path: Path) -> None:
     extra = Path(__file__).parent
     box = SandboxDir(readonly_paths=[extra], bwrap="/opt/bwrap", environ={})
