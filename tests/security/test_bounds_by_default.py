@@ -189,6 +189,38 @@ def test_a_declared_huge_body_that_sends_little_holds_only_what_it_sent(server_f
         slow.close()
 
 
+def test_bodies_that_grow_past_the_in_flight_limit_together_are_stopped_while_arriving(
+    server_factory,
+) -> None:
+    limit = 1 << 20
+    server = server_factory(
+        "--max-request-bytes", str(limit), "--max-inflight-request-bytes", str(limit + limit // 2)
+    )
+    before = received(server)
+    first = slow_upload(server.url, limit, b"-")  # admitted: holds 1 byte
+    second = slow_upload(server.url, limit, b"-")  # admitted: 1 + 1 MiB fits in 1.5 MiB
+    try:
+        assert wait_for(lambda: received(server) >= before + 2)
+
+        def refused() -> bool:
+            return any(
+                e["event"] == "request_finished" and e.get("http_status") == 503
+                for e in server.events()
+            )
+
+        time.sleep(0.3)
+        assert not refused(), "a declaration alone was charged"
+        first.sendall(b"x" * (limit - 100))  # now ~1 MiB held
+        with contextlib.suppress(OSError):  # the server may close while we still send
+            second.sendall(b"x" * (limit - 100))
+        assert wait_for(refused, timeout=30), "memory grew past the in-flight limit"
+    finally:
+        first.close()
+        second.close()
+    status, answer = post(server.url, execute_body(program(ADD_ONE, [1])))
+    assert status == 200, answer  # both charges were given back
+
+
 def test_a_body_trickled_below_the_minimum_rate_is_cut_off(server_factory) -> None:
     # One byte every 0.5 s never trips the 2 s idle timeout; the average-rate rule must.
     server = server_factory("--body-timeout-seconds", "2")
