@@ -54,7 +54,11 @@ def request(
     body: bytes | None = None,
     content_type: str | None = None,
     timeout: float = 120.0,
+    *,
+    stream: bool = False,
 ) -> Answer:
+    """One request on a fresh connection. ``stream``: a 200 answer's body is not read (an
+    event stream of a running job would not end)."""
     host, port = url.split("://", 1)[1].rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     headers = {}
@@ -65,7 +69,7 @@ def request(
     try:
         connection.request(method, path, body=body, headers=headers)
         response = connection.getresponse()
-        raw = response.read()
+        raw = b"" if stream and response.status == 200 else response.read()
         return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, raw)
     finally:
         connection.close()

@@ -63,11 +63,11 @@ def test_another_identity_naming_a_cached_hash_gets_the_same_cache_miss_and_no_b
         assert alice.execute(program).results["r"] == secret  # now in alice's cache
     after = execute(server.url, by_hash(blob), TOKEN_B)
 
+    assert secret not in after.raw
     assert after.status == 200 and after.json["status"] == "CACHE_MISS"
     assert after.json["missing_blobs"] == [blob]
     # No existence oracle: exactly the answer bob got before alice uploaded anything.
     assert after.error_without_request_id() == before.error_without_request_id()
-    assert secret not in after.raw
     # Alice's own cache still works: by hash alone, her program runs on her bytes.
     mine = execute(server.url, by_hash(blob), TOKEN_A)
     assert mine.status == 200 and secret in mine.raw

@@ -51,7 +51,7 @@ def _reaches(url: str, token: str, job_id: str) -> dict[str, Answer]:
     """Every way of reaching a job, as the raw requests an attacker would send."""
     return {
         "state": request(url, "GET", f"/v1/jobs/{job_id}", token),
-        "events": request(url, "GET", f"/v1/jobs/{job_id}/events", token),
+        "events": request(url, "GET", f"/v1/jobs/{job_id}/events", token, stream=True),
         "result": request(url, "GET", f"/v1/jobs/{job_id}/result", token),
         "cancel": request(url, "DELETE", f"/v1/jobs/{job_id}", token),
     }
