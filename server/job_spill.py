@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Generator, Iterable
 from pathlib import Path
 
@@ -58,15 +59,23 @@ class SpillDirectory:
     def __init__(self, parent: Path | None = None) -> None:
         self.parent = parent
         self.path: Path | None = None
+        self.closed = False
         self._count = 0
+        self._lock = threading.Lock()  # executor threads write concurrently
 
     def write(self, chunks: Iterable[bytes | memoryview]) -> SpillFile:
-        """Write ``chunks`` to a new 0600 file (blocking: run it in the executor)."""
-        if self.path is None or not self.path.is_dir():
-            # mkdtemp creates the directory 0700 with an unguessable name.
-            self.path = Path(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=self.parent))
-        self._count += 1
-        path = self.path / f"{self._count:08d}"
+        """Write ``chunks`` to a new 0600 file (blocking: run it in the executor).
+
+        ``OSError`` after ``close()``: a job finishing during shutdown must not leave a new
+        directory behind."""
+        with self._lock:
+            if self.closed:
+                raise OSError("the job spill directory is closed")
+            if self.path is None or not self.path.is_dir():
+                # mkdtemp creates the directory 0700 with an unguessable name.
+                self.path = Path(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=self.parent))
+            self._count += 1
+            path = self.path / f"{self._count:08d}"
         fd = os.open(
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
@@ -83,6 +92,8 @@ class SpillDirectory:
 
     def close(self) -> None:
         """Remove the directory and everything in it (shutdown)."""
-        if self.path is not None:
-            shutil.rmtree(self.path, ignore_errors=True)
-            self.path = None
+        with self._lock:
+            self.closed = True
+            path, self.path = self.path, None
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
