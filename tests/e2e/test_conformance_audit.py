@@ -34,7 +34,7 @@ from kcoral.protocol.strict_json import dumps_compact
 
 # PROTOCOL §12: `started_at` is RFC 3339 UTC with `Z` (fractional seconds optional).
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-INFO_FIELDS = {"kcoral", "protocol", "features", "device", "limits"}
+INFO_FIELDS = {"kcoral", "protocol", "features", "device", "sandbox", "optional", "limits"}
 JOB_FIELDS = {
     "job_id",
     "request_id",
