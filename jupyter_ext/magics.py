@@ -33,7 +33,7 @@ from kcoral_jupyter.runner import (
     run_cell,
     translate_error,
 )
-from kcoral_jupyter.session import Session, get_json
+from kcoral_jupyter.session import ServerFacts, Session, get_json
 
 from kcoral import KCoralError, ProgramResult, ProtocolError, TransportError
 
@@ -136,8 +136,9 @@ def provenance(
     return data
 
 
-def summary_text(result: ProgramResult, record: RunRecord, device_label: str) -> str:
-    where = "ran on CPU" if device_label == "CPU" else f"GPU {list(record.gpu_ids) or device_label}"
+def summary_text(result: ProgramResult, record: RunRecord, facts: ServerFacts) -> str:
+    label = facts.label
+    where = "ran on CPU" if label == "CPU" else f"GPU {list(record.gpu_ids) or label}"
     pieces = [result.status, record.server]
     if record.worker_id:
         pieces.append(f"worker {record.worker_id}")
@@ -148,6 +149,8 @@ def summary_text(result: ProgramResult, record: RunRecord, device_label: str) ->
         f"held {rich.format_ms(result.lease_held_ms)}",
         f"total {rich.format_ms(result.queue_ms + result.elapsed_ms)}",
     ]
+    if facts.sandbox == "none":  # never a silent downgrade: say when nothing confined it
+        pieces.append("no sandbox")
     return " · ".join(pieces)
 
 
@@ -233,14 +236,14 @@ class KCoralMagics(Magics):
             line_out.metadata = provenance(None, record, status="ERROR")
             line_out.show(f"{type(exc).__name__}: {exc}", status="ERROR")
             raise
-        return self._finish(result, built, record, facts.label, line_out)
+        return self._finish(result, built, record, facts, line_out)
 
     def _finish(
         self,
         result: ProgramResult,
         built: Any,
         record: RunRecord,
-        device_label: str,
+        facts: ServerFacts,
         line_out: StatusLine | None,
     ) -> Any:
         meta = provenance(result, record)
@@ -260,7 +263,7 @@ class KCoralMagics(Magics):
         self.shell.user_ns["_kcoral"] = result
         if line_out is not None:
             line_out.metadata = meta
-            line_out.show(summary_text(result, record, device_label), status=result.status)
+            line_out.show(summary_text(result, record, facts), status=result.status)
         if not result.completed:
             raise RemoteCellError(result, record)
         try:
@@ -453,11 +456,11 @@ class KCoralMagics(Magics):
         except KCoralError as exc:
             raise translate_error(exc, ExecuteOptions(), url) from None
         pending = self.session.pending.pop(job_id, None)
-        label = self.session.facts(url).label
+        facts = self.session.facts(url)
         if pending is not None:
-            return self._finish(result, pending.built, record, label, line_out)
+            return self._finish(result, pending.built, record, facts, line_out)
         line_out.metadata = provenance(result, record)
-        line_out.show(summary_text(result, record, label), status=result.status)
+        line_out.show(summary_text(result, record, facts), status=result.status)
         return result
 
     def _cancel(self, rest: list[str]) -> None:
@@ -474,7 +477,9 @@ class KCoralMagics(Magics):
         url = rest[0].rstrip("/")
         facts = self.session.facts(url)  # fails loudly when the server is unreachable
         self.session.settings.url = url
-        print(f"kcoral: connected to {url} ({facts.label}, features: {', '.join(facts.features)})")
+        sandbox = f", sandbox: {facts.sandbox}" if facts.sandbox else ""
+        features = ", ".join(facts.features)
+        print(f"kcoral: connected to {url} ({facts.label}{sandbox}, features: {features})")
 
     def _url(self, rest: list[str]) -> str:
         """The URL cells run against (starts the local server if that is the default)."""

@@ -31,6 +31,7 @@ class ServerFacts:
     gpu_count: int
     target: dict[str, str]
     device: str
+    sandbox: str = ""  # `bubblewrap`, `none`, or "" when the server does not say
 
     @property
     def label(self) -> str:
@@ -126,6 +127,7 @@ class Session:
                 gpu_count=gpu_count if isinstance(gpu_count, int) else 0,
                 target=dict(target) if isinstance(target, dict) else {},
                 device=str(info.get("device") or ("gpu" if gpu_count else "cpu")),
+                sandbox=str(info.get("sandbox") or ""),
             )
             self._facts[url] = facts
         return facts

@@ -24,6 +24,8 @@ export interface IInfo {
   protocol: number;
   features: string[];
   device: string;
+  /** The mode programs run in (EXTENSIONS §1); absent on servers before 2026-12. */
+  sandbox?: string;
   limits?: Record<string, number>;
 }
 

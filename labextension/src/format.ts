@@ -10,6 +10,8 @@ export interface IStatusSummary {
   busy: number;
   capacity: number;
   queued: number;
+  /** `bubblewrap`, `none`, or '' when the server does not say. */
+  sandbox: string;
   /** Why the server is offline, for the tooltip. */
   reason: string;
 }
@@ -40,6 +42,7 @@ export function summarize(servers: IServerEntry[] | null, wanted: string): IStat
     busy: 0,
     capacity: 0,
     queued: 0,
+    sandbox: '',
     reason
   });
   if (servers === null) {
@@ -63,18 +66,29 @@ export function summarize(servers: IServerEntry[] | null, wanted: string): IStat
     busy: load.requests_in_progress,
     capacity: load.request_capacity,
     queued: load.requests_waiting,
+    sandbox: entry.info?.sandbox ?? '',
     reason: ''
   };
 }
 
-/** `KCoral ● sm_90a · 1/2 busy · 0 queued`, or `KCoral ● offline`. */
+/** How the panel and the status bar name a server's sandbox mode ('' when unknown). */
+export function sandboxText(sandbox: string | undefined): string {
+  if (sandbox === 'none') {
+    return 'no sandbox';
+  }
+  return sandbox ? `sandboxed (${sandbox})` : '';
+}
+
+/** `KCoral ● sm_90a · 1/2 busy · 0 queued`, `… · no sandbox` when programs run unconfined
+ * (never a silent downgrade), or `KCoral ● offline`. */
 export function statusText(summary: IStatusSummary): string {
   if (!summary.online) {
     return 'KCoral ● offline';
   }
+  const unconfined = summary.sandbox === 'none' ? ' · no sandbox' : '';
   return (
     `KCoral ● ${summary.target} · ${summary.busy}/${summary.capacity} busy · ` +
-    `${summary.queued} queued`
+    `${summary.queued} queued${unconfined}`
   );
 }
 
@@ -83,7 +97,10 @@ export function statusTitle(summary: IStatusSummary): string {
     const name = summary.server ? `${summary.server}: ` : '';
     return `KCoral ${name}offline (${summary.reason}). Click to open the KCoral panel.`;
   }
-  return `KCoral server ${summary.server}. Click to open the KCoral panel.`;
+  const sandbox = sandboxText(summary.sandbox);
+  const how = sandbox === 'no sandbox' ? 'without a sandbox' : sandbox;
+  const mode = sandbox ? ` Programs run ${how}.` : '';
+  return `KCoral server ${summary.server}.${mode} Click to open the KCoral panel.`;
 }
 
 /** Milliseconds as a whole number, `–` while unknown. */

@@ -13,6 +13,7 @@ import {
   formatMs,
   formatTime,
   isCancellable,
+  sandboxText,
   targetOf
 } from './format';
 import { KCoralModel } from './model';
@@ -226,6 +227,7 @@ export class KCoralPanel extends Widget {
             `${load.requests_in_progress}/${load.request_capacity} busy · ` +
               `${load.requests_waiting} queued`
           ],
+          ['sandbox', sandboxText(server.info?.sandbox) || '–'],
           ['kcoral', server.info?.kcoral ?? '–'],
           [
             'versions',

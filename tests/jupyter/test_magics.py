@@ -79,6 +79,14 @@ def test_the_summary_line_says_the_cell_ran_on_cpu(shell) -> None:
     assert any("COMPLETED" in t and "ran on CPU" in t for t in texts), texts
 
 
+def test_the_summary_line_says_when_the_server_runs_programs_without_a_sandbox(shell) -> None:
+    # The shared test server runs with --sandbox none (tests/server_process.py).
+    result, captured = run(shell, "%%kcoral\nx = 1\n")
+    assert result.error_in_exec is None
+    texts = [o.data.get("text/plain", "") for o in captured.outputs]
+    assert any(t.endswith(" · no sandbox") for t in texts), texts
+
+
 def test_a_remote_failure_raises_with_the_remote_traceback(shell) -> None:
     result, _ = run(shell, "%%kcoral\ndef f():\n    return 1 / 0\nf()\n")
     error = result.error_in_exec

@@ -4,7 +4,9 @@ import {
   formatMs,
   isCancellable,
   newestFirst,
+  sandboxText,
   statusText,
+  statusTitle,
   summarize
 } from '../format';
 import { health } from './helpers';
@@ -25,6 +27,18 @@ describe('status text', () => {
       'KCoral ● sm_90a · 1/2 busy · 0 queued'
     );
     expect(statusText(summarize([entry()], ''))).toBe('KCoral ● cpu · 1/2 busy · 0 queued');
+  });
+
+  it('says when programs run without a sandbox, and only then', () => {
+    const unconfined = { ...entry(), info: { ...entry().info!, sandbox: 'none' } };
+    const confined = { ...entry(), info: { ...entry().info!, sandbox: 'bubblewrap' } };
+    expect(statusText(summarize([unconfined], ''))).toBe(
+      'KCoral ● cpu · 1/2 busy · 0 queued · no sandbox'
+    );
+    expect(statusText(summarize([confined], ''))).toBe('KCoral ● cpu · 1/2 busy · 0 queued');
+    expect(statusTitle(summarize([unconfined], ''))).toMatch(/without a sandbox/);
+    expect(statusTitle(summarize([confined], ''))).toMatch(/sandboxed \(bubblewrap\)/);
+    expect(sandboxText(undefined)).toBe('');
   });
 
   it('says offline when there is no answer, no server, or no such server', () => {
