@@ -59,6 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kcoral_server.limits import enter_cgroups
+from kcoral_server.pidfd import open_pidfd
 from kcoral_server.worker.reaper import (
     become_subreaper,
     children,
@@ -524,10 +525,11 @@ def _watch_parent(parent: int | None) -> tuple[bool, int | None]:
     if parent is None:
         return True, None
     try:
-        pidfd = os.pidfd_open(parent)
-    except (AttributeError, OSError):
-        pidfd = None
-        # No pidfds (Linux < 5.3): the parent-death signal is the next best thing.
+        pidfd = open_pidfd(parent)
+    except ProcessLookupError:
+        return False, None
+    if pidfd is None:
+        # No pidfds (Linux < 5.3, gVisor): the parent-death signal is the next best thing.
         if not tie_to_parent(parent):
             return False, None
     # Checked after the pidfd is open: a parent that died before cannot be missed.

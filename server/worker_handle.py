@@ -37,6 +37,7 @@ from kcoral_server.launcher import (
     supervised_command,
 )
 from kcoral_server.lease import GpuQuarantined, LeaseArbiter
+from kcoral_server.pidfd import open_pidfd
 from kcoral_server.rank_variables import is_rank_variable
 from kcoral_server.sandbox import SandboxDir, SandboxError, worker_base_environment
 from kcoral_server.worker.confinement import clear_workspace
@@ -632,9 +633,9 @@ class WorkerHandle:
         # Both descriptors are the watcher's own: ``poll`` may close the status pipe's
         # original at any time, and the loop must never watch a closed (reusable) number.
         try:
-            pidfd: int | None = os.pidfd_open(process.pid)
-        except (AttributeError, OSError):
-            pidfd = None  # already gone (the status pipe tells), or no pidfds here
+            pidfd = open_pidfd(process.pid)  # None without pidfds: report or polling below
+        except ProcessLookupError:
+            pidfd = None  # already gone: the status pipe or poll() tells
         status_fd = getattr(process, "status_fd", None)
         report: int | None = None
         if status_fd is not None:

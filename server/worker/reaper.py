@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import glob
 import os
 import signal
 import time
+
+from kcoral_server.pidfd import open_pidfd
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -105,11 +106,12 @@ def reap_children() -> None:
 def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
     # A pidfd names this very process, so a recycled pid can never be hit by mistake.
     try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError) as exc:
-        if getattr(exc, "errno", None) != errno.ESRCH:  # no pidfds here: plain kill
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
+        fd = open_pidfd(pid)
+    except ProcessLookupError:
+        return
+    if fd is None:  # no pidfds here: a plain kill (the pid is our own unreaped child)
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
         return
     try:
         signal.pidfd_send_signal(fd, sig)
