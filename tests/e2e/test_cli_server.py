@@ -94,14 +94,27 @@ def test_every_server_option_is_accepted_on_the_command_line(tmp_path):
     try:
         with kcoral.Client(server.url) as c:
             assert c.health()["status"] == "ok"
-            result = c.execute(module_program("def f():\n    print('0123456789')\n", "f"))
-            assert result.completed, result.error
-            assert (result.stdout, result.stdout_truncated) == ("0123456", True)
+            # A node's server serves only its router tunnel (ROUTER §12): a direct program is
+            # refused, so the options' effect on a program is checked without the router.
+            with pytest.raises(kcoral.KCoralError) as refused:
+                c.execute(module_program("def f():\n    return 1\n", "f"))
+            assert refused.value.status_code == 401
         assert "e2e-secret-token" not in server.stderr()
     finally:
         assert server.stop() == 0
     assert not list((tmp_path / "logs").glob("runs/*/programs/*.json"))  # --no-log-programs
     assert "request_finished" not in server.stderr()  # --no-log-console
+    routed = {"--router", "--node-id", "--node-token"}
+    direct_args = [item for o, v in ALL_OPTIONS.items() if o not in routed for item in (o, v)]
+    direct_args += [*FLAGS, "--disk-cache-dir", str(tmp_path / "disk2"), "--log-dir", ""]
+    direct = start_server(tmp_path / "direct", direct_args, defaults=False)
+    try:
+        with kcoral.Client(direct.url) as c:
+            result = c.execute(module_program("def f():\n    print('0123456789')\n", "f"))
+            assert result.completed, result.error
+            assert (result.stdout, result.stdout_truncated) == ("0123456", True)
+    finally:
+        assert direct.stop() == 0
 
 
 def test_an_invalid_option_value_exits_non_zero_before_starting(tmp_path):

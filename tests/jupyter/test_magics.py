@@ -26,6 +26,7 @@ def shell(cpu_server_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
     monkeypatch.delenv("KCORAL_TOKEN", raising=False)
     globalipapp.start_ipython()  # once per process; later calls return None
     ip = InteractiveShell.instance()
+    ip.config.pop("KCoral", None)  # `%config KCoral.*` of an earlier test must not leak in
     ip.run_line_magic("load_ext", "kcoral_jupyter")
     try:
         yield ip

@@ -198,6 +198,7 @@ def shell(malicious: MaliciousServer, monkeypatch: pytest.MonkeyPatch) -> Iterat
     monkeypatch.delenv("KCORAL_TOKEN", raising=False)
     globalipapp.start_ipython()  # once per process; later calls return None
     ip = InteractiveShell.instance()
+    ip.config.pop("KCoral", None)  # `%config KCoral.*` of an earlier test must not leak in
     ip.run_line_magic("load_ext", "kcoral_jupyter")
     try:
         yield ip
