@@ -5,6 +5,16 @@ pyproject.toml, so the Jupyter server extension's auto-enable config and the pre
 JupyterLab extension would be missing from an editable install. This wrapper adds them to
 the editable wheel's ``.data/data/`` directory (with RECORD entries), exactly where a normal
 wheel puts them. Everything else is setuptools' own backend.
+
+Why not hatchling with hatch-jupyter-builder, the JupyterLab extension template's backend:
+its regular wheels map our folders to their import names (``sources``: ``server`` →
+``kcoral_server``, ``jupyter_ext`` → ``kcoral_jupyter``) and carry the data files
+(``shared-data``), but ``pip install -e .`` then fails: hatchling's dev mode refuses a
+``sources`` rewrite that changes a prefix rather than removes it ("Dev mode installations
+are unsupported when any path rewrite in the `sources` option changes a prefix", editables
+issue 20), with or without ``dev-mode-exact``. Tried with hatchling 1.33 on 2026-12-01.
+The builder part is not needed either: the built extension is committed, so no install
+runs node.
 """
 
 from __future__ import annotations
