@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kcoral_jupyter import display as rich
 from kcoral_jupyter.magics import KCoralMagics
 from kcoral_jupyter.session import Session
 from kcoral_jupyter.settings import KCoral
 
-# Registered by name so IPython never has to import kcoral.results itself to match them.
-_FORMATTERS = (
-    ("kcoral.results", "ProgramResult", rich.program_result_html),
-    ("kcoral.results", "ReturnedFile", rich.returned_file_html),
-    ("kcoral.results", "ReturnedFolder", rich.returned_folder_html),
-    ("kcoral.jobs", "Job", rich.job_html),
-)
-
+# Rich display of results and jobs is wired once, by their ``_repr_html_`` (kcoral.notebook);
+# no formatter is registered here.
 _SESSIONS: dict[int, Session] = {}
 
 
@@ -28,9 +21,6 @@ def load(ipython: Any) -> None:
     session = Session(settings=settings)
     _SESSIONS[id(ipython)] = session
     ipython.register_magics(KCoralMagics(ipython, session))
-    html = ipython.display_formatter.formatters["text/html"]
-    for module, name, function in _FORMATTERS:
-        html.for_type_by_name(module, name, function)
     ipython.events.register("pre_run_cell", _drop_stale_hook(ipython))
 
 

@@ -22,20 +22,24 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_program import CellSpec, build_cell, read_outcome, split_mapping
+from kcoral_jupyter.cell_program import (
+    BuiltCell,
+    CellSpec,
+    build_cell,
+    read_outcome,
+    split_mapping,
+)
 from kcoral_jupyter.runner import (
     ExecuteOptions,
     RemoteCellError,
     RunRecord,
-    can_submit,
-    describe_phase,
-    event_fields,
+    follow_job,
     run_cell,
     translate_error,
 )
-from kcoral_jupyter.session import ServerFacts, Session, get_json
+from kcoral_jupyter.session import PendingJob, ServerFacts, Session
 
-from kcoral import KCoralError, ProgramResult, ProtocolError, TransportError
+from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -217,12 +221,13 @@ class KCoralMagics(Magics):
             serialization=built.serialization,
         )
         client = self.session.client(url)
-        use_jobs = settings.use_jobs and "jobs" in facts.features and hasattr(client, "submit")
+        has_jobs = "jobs" in facts.features
         record = RunRecord(server=url, target=facts.target, device=facts.device)
         line_out = StatusLine(not (args.quiet or settings.quiet), provenance(None, record))
 
         if args.noblock:
-            return self._submit(client, built, options, record, args.result_name, use_jobs)
+            return self._submit(client, built, options, record, args.result_name, has_jobs)
+        use_jobs = settings.use_jobs and has_jobs
 
         try:
             result = run_cell(client, built, options, line_out, record=record, use_jobs=use_jobs)
@@ -306,39 +311,24 @@ class KCoralMagics(Magics):
 
     def _submit(
         self,
-        client: Any,
-        built: Any,
+        client: Client,
+        built: BuiltCell,
         options: ExecuteOptions,
         record: RunRecord,
         name: str | None,
-        use_jobs: bool,
+        has_jobs: bool,
     ) -> Any:
-        if use_jobs and not can_submit(client, options):
+        if not has_jobs:
             raise UsageError(
-                "%%kcoral --noblock cannot send pickled --in values with this kcoral client "
-                f"({', '.join(built.pickled_inputs)}); pass tensors, bytes or JSON values"
-            )
-        if not use_jobs:
-            missing = (
-                "this kcoral client (no Client.submit)"
-                if hasattr(client, "info") and "jobs" in self.session.facts(record.server).features
-                else record.server
-            )
-            raise UsageError(
-                f"%%kcoral --noblock needs the jobs API, which {missing} does not offer "
+                f"%%kcoral --noblock needs the jobs API, which {record.server} does not offer "
                 "(run without --noblock)"
             )
-        kwargs = options.as_kwargs()
-        if options.serialization:
-            kwargs["serialization"] = options.serialization
         try:
-            job = client.submit(built.program, **kwargs)
+            job = client.submit(built.program, **options.as_kwargs())
         except KCoralError as exc:
             raise translate_error(exc, options, record.server) from None
-        from kcoral_jupyter.session import PendingJob
-
-        self.session.pending[str(job.id)] = PendingJob(built=built, url=record.server)
-        record.job_id = str(job.id)
+        self.session.pending[job.id] = PendingJob(built=built, url=record.server)
+        record.job_id = job.id
         display(
             HTML(
                 f"<div style='font-family:monospace;font-size:12px'>kcoral: submitted job "
@@ -403,9 +393,7 @@ class KCoralMagics(Magics):
 
     def _jobs(self, rest: list[str]) -> None:
         url = self.session.resolve_url(rest[0] if rest else None)
-        jobs = get_json(url, "/v1/jobs", self.session.token_for(url))
-        if not isinstance(jobs, list):
-            jobs = jobs.get("jobs", []) if isinstance(jobs, dict) else []
+        jobs = self.session.client(url).jobs()
         keys = ("job_id", "status", "worker_id", "gpu_ids", "queue_ms", "elapsed_ms")
         head = "".join(f"<th>{k}</th>" for k in keys)
         body = "".join(
@@ -418,13 +406,10 @@ class KCoralMagics(Magics):
             {"text/plain": text, "text/html": f"<table><tr>{head}</tr>{body}</table>"}, raw=True
         )
 
-    def _job_client(self, job_id: str) -> tuple[Any, str]:
+    def _job_client(self, job_id: str) -> tuple[Client, str]:
         pending = self.session.pending.get(job_id)
         url = pending.url if pending else self.session.resolve_url()
-        client = self.session.client(url)
-        if not hasattr(client, "job"):
-            raise UsageError("%kcoral: this kcoral client has no jobs API")
-        return client, url
+        return self.session.client(url), url
 
     def _attach(self, rest: list[str]) -> Any:
         if len(rest) != 1:
@@ -436,20 +421,7 @@ class KCoralMagics(Magics):
         line_out = StatusLine(not self.session.settings.quiet, provenance(None, record))
         line_out.show(f"attached to job {job_id}")
         try:
-            for event in job.events():
-                name, data = event_fields(event)
-                if name in ("stdout", "stderr"):
-                    text = data.get("text") if isinstance(data, Mapping) else data
-                    if isinstance(text, str):
-                        record.streamed = True
-                        (line_out.stdout if name == "stdout" else line_out.stderr)(text)
-                elif name == "phase" and isinstance(data, Mapping):
-                    text = describe_phase(data, record)
-                    if text:
-                        line_out.show(text)
-                    if data.get("phase") == "finished":
-                        break
-            result = job.result()
+            result = follow_job(job, line_out, record)
         except KeyboardInterrupt:
             line_out.show(f"stopped following job {job_id}; it keeps running on the server")
             raise

@@ -5,19 +5,20 @@ stderr) and fetches the result; interrupting cancels the job. Servers whose ``/v
 does not list ``jobs`` get one blocking ``Client.execute`` (an interrupt closes the
 connection, which cancels the work there, EXTENSIONS §9). Failures become exceptions the
 notebook shows with the remote traceback. No IPython import: progress goes to a ``Reporter``.
+
+Only the public client API is used (``Client.execute``/``submit`` with ``serialization=``,
+``Job.events``/``result``/``status``/``cancel``), and request errors are told apart by
+their status and kind, never by the server's wording.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kcoral import Client, KCoralError, ProgramResult, RemoteExecutionError
-from kcoral.negotiation import ExecuteNegotiation
+from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError
 
 
 class Reporter(Protocol):
@@ -53,6 +54,7 @@ class ExecuteOptions:
             "timeout_seconds": self.timeout_seconds,
             "output_limit_bytes": self.output_limit_bytes,
             "gpu_count": self.gpu_count,
+            "serialization": self.serialization,
         }
 
 
@@ -122,19 +124,6 @@ def server_features(client: Client) -> list[str]:
     return [f for f in features if isinstance(f, str)] if isinstance(features, list) else []
 
 
-def can_submit(client: Any, options: ExecuteOptions) -> bool:
-    """Whether ``client.submit`` can carry these options (a serialization header too)."""
-    submit = getattr(client, "submit", None)
-    if submit is None:
-        return False
-    if options.serialization is None:
-        return True
-    try:
-        return "serialization" in inspect.signature(submit).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def run_cell(
     client: Client,
     built: Any,
@@ -144,18 +133,15 @@ def run_cell(
     record: RunRecord,
     use_jobs: bool,
 ) -> ProgramResult:
-    """Run ``built.program``; return a ``COMPLETED`` result or raise a cell exception."""
+    """Run ``built.program``; return the result (``COMPLETED`` or ``FAILED``) or raise a
+    cell exception for a request-level failure."""
     started = time.monotonic()
     try:
-        if use_jobs and can_submit(client, options):
+        if use_jobs:
             result = _run_as_job(client, built.program, options, reporter, record)
         else:
-            reporter.phase(
-                "running (pickled inputs: output comes at the end)"
-                if use_jobs
-                else "running (this server has no jobs API: output comes at the end)"
-            )
-            result = _run_blocking(client, built.program, options)
+            reporter.phase("running (this server has no jobs API: output comes at the end)")
+            result = client.execute(built.program, **options.as_kwargs())
     except KCoralError as exc:
         raise translate_error(exc, options, record.server) from None
     finally:
@@ -165,37 +151,14 @@ def run_cell(
     return result
 
 
-def _run_blocking(client: Client, program: Any, options: ExecuteOptions) -> ProgramResult:
-    negotiation = ExecuteNegotiation(
-        program, serialization=options.serialization, **options.as_kwargs()
-    )
-    return client.run_negotiation(negotiation)
-
-
 def _run_as_job(
     client: Client, program: Any, options: ExecuteOptions, reporter: Reporter, record: RunRecord
 ) -> ProgramResult:
-    kwargs = options.as_kwargs()
-    if options.serialization is not None:
-        kwargs["serialization"] = options.serialization
-    job = client.submit(program, **kwargs)  # type: ignore[attr-defined]
-    record.job_id = str(getattr(job, "id", "") or "") or None
+    job = client.submit(program, **options.as_kwargs())
+    record.job_id = job.id
     reporter.phase("submitted")
     try:
-        for event in job.events():
-            name, data = event_fields(event)
-            if name in ("stdout", "stderr"):
-                text = data.get("text") if isinstance(data, Mapping) else data
-                if isinstance(text, str) and text:
-                    record.streamed = True
-                    (reporter.stdout if name == "stdout" else reporter.stderr)(text)
-            elif name == "phase" and isinstance(data, Mapping):
-                text = describe_phase(data, record)
-                if text:
-                    reporter.phase(text)
-                if data.get("phase") == "finished":
-                    break
-        result = job.result()
+        result = follow_job(job, reporter, record)
     except KeyboardInterrupt:
         reporter.phase("interrupted: cancelling the job on the server")
         try:
@@ -207,31 +170,21 @@ def _run_as_job(
     return result
 
 
-def event_fields(event: Any) -> tuple[str, Any]:
-    """(event name, data) of a job event, whatever shape the client gives it."""
-    if isinstance(event, Mapping):
-        name = event.get("event") or event.get("type") or ""
-        data = event.get("data", event)
-    else:
-        name = (
-            getattr(event, "kind", None)
-            or getattr(event, "event", None)
-            or getattr(event, "type", None)
-            or ""
-        )
-        data = getattr(event, "data", None)
-    if isinstance(data, (bytes, str)) and name not in ("stdout", "stderr"):
-        try:
-            data = json.loads(data)
-        except ValueError:
-            pass
-    if name in ("stdout", "stderr") and isinstance(data, str):
-        try:
-            decoded = json.loads(data)
-        except ValueError:
-            decoded = data
-        data = decoded if isinstance(decoded, (str, Mapping)) else data
-    return str(name), data
+def follow_job(job: Job, reporter: Reporter, record: RunRecord) -> ProgramResult:
+    """Show a job's phases and output as they happen, then fetch its result (the one event
+    loop of the notebook layer: running cells and ``%kcoral attach`` both use it)."""
+    for event in job.events():
+        if event.kind in ("stdout", "stderr"):
+            if event.text:
+                record.streamed = True
+                (reporter.stdout if event.kind == "stdout" else reporter.stderr)(event.text)
+        elif event.kind == "phase":
+            text = describe_phase(event.data, record)
+            if text:
+                reporter.phase(text)
+            if event.finished:
+                break
+    return job.result()
 
 
 def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
@@ -257,16 +210,15 @@ def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
     return None
 
 
-def _merge_job_state(job: Any, record: RunRecord) -> None:
+def _merge_job_state(job: Job, record: RunRecord) -> None:
     try:
         state = job.status()
-    except Exception:
+    except KCoralError:  # the job expired meanwhile: the result is what counts
         return
-    if isinstance(state, Mapping):
-        record.worker_id = state.get("worker_id") or record.worker_id
-        ids = state.get("gpu_ids")
-        if isinstance(ids, (list, tuple)):
-            record.gpu_ids = tuple(int(i) for i in ids)
+    record.worker_id = state.get("worker_id") or record.worker_id
+    ids = state.get("gpu_ids")
+    if isinstance(ids, (list, tuple)):
+        record.gpu_ids = tuple(int(i) for i in ids)
 
 
 def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> Exception:
@@ -280,7 +232,9 @@ def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> E
             "%config KCoral.timeout = SECONDS (the server clamps it to its "
             "max_timeout_seconds, see %kcoral status)"
         )
-    if exc.kind == "parse" and "Serialization format 'pickle' not allowed" in exc.message:
+    # A cell's program is built by us, so a 400 "parse" for a cell sent with pickle is the
+    # server refusing the format (EXTENSIONS §4); the server's message is quoted, not read.
+    if exc.status_code == 400 and exc.kind == "parse" and options.serialization == "pickle":
         return PickleRefusedError(
             f"{server} does not allow pickle ({exc.message}); pass --in values that are "
             "tensors, bytes or JSON values, or ask the operator to allow pickle "

@@ -10,7 +10,6 @@ only to it. A server the user did not mean to trust thus never sees the user's t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ from kcoral_jupyter.local_server import LocalServer
 from kcoral_jupyter.runner import server_features
 from kcoral_jupyter.settings import KCoral
 
-from kcoral import Client
+from kcoral import Client, KCoralError
 
 
 @dataclass
@@ -118,7 +117,7 @@ class Session:
             info: dict[str, Any] = {}
             try:
                 info = client.info()
-            except Exception:
+            except KCoralError:  # a server of the published protocol has no /v1/info
                 info = {}
             gpu_count = health.get("gpu_count")
             target = health.get("target")
@@ -142,22 +141,3 @@ class Session:
             client.close()
         self._clients.clear()
         self.stop_local()
-
-
-def get_json(url: str, path: str, token: str, method: str = "GET") -> Any:
-    """A small JSON call for endpoints the client API does not cover (``GET /v1/jobs``)."""
-    import urllib3
-
-    headers = {"Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    response = urllib3.request(method, url + path, headers=headers, timeout=30.0, retries=False)
-    try:
-        document = json.loads(response.data or b"null")
-    except ValueError:
-        document = None
-    if response.status >= 400:
-        error = document.get("error") if isinstance(document, dict) else None
-        message = error.get("message") if isinstance(error, dict) else f"HTTP {response.status}"
-        raise RuntimeError(f"{method} {path} on {url}: {message}")
-    return document

@@ -1,55 +1,38 @@
-"""``AsyncClient``: the asyncio twin of ``Client`` (EXTENSIONS.md §4).
+"""``AsyncClient``: the asyncio flavour of ``Client`` (EXTENSIONS.md §4).
 
-Request building, cache negotiation and response validation are the sync client's code
-(``kcoral.negotiation``, ``kcoral.response``); this module only moves bytes with Tornado's
-``AsyncHTTPClient``. Tornado is imported on first use, so ``import kcoral`` stays thin.
-
-An ``AsyncHTTPClient`` belongs to one event loop, while an ``AsyncClient`` may be awaited
-from several (``asyncio.run`` twice, or a helper thread for blocking calls): one HTTP client
-is kept per loop and concurrency per loop is bounded by a semaphore, so callers queue on
-the semaphore instead of timing out in Tornado's own queue.
+A thin shell over the client core (``kcoral.base_client``): the same constructor, checks,
+warnings, requests and decoding as ``Client``; only driving a flow differs, here by awaiting
+an ``AsyncTransport``. The default transport runs the sync client's urllib3 transport on a
+bounded pool of threads (``kcoral.transport.ThreadedAsyncTransport``), so a plain
+``pip install kcoral`` has ``AsyncClient``, no event loop of our own is started, and the
+client can be awaited from any number of loops (CLIENT_API §1 says why threads).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
-from kcoral.errors import KCoralError, TransportError
-from kcoral.event_stream import EventSource, EventStreams
-from kcoral.jobs import AsyncJob, check_job_id, next_submission_step, require_jobs
-from kcoral.negotiation import Attempt, ExecuteNegotiation
-from kcoral.response import (
-    decode_health,
-    decode_json_object,
-    decode_target,
-    error_from_response,
-)
+from kcoral.base_client import BaseClient
+from kcoral.http import HttpTransport
+from kcoral.jobs import AsyncJob
+from kcoral.program import Program
+from kcoral.results import ProgramResult
+from kcoral.transport import AsyncTransport, Flow, Request, Response, ThreadedAsyncTransport
 
-if TYPE_CHECKING:
-    from kcoral.program import Program
-    from kcoral.remote import RemoteFunction
-    from kcoral.results import ProgramResult
+T = TypeVar("T")
 
-#: Bodies at least this large are decoded (hashed, copied) off the event loop.
-_DECODE_IN_THREAD_BYTES = 1 << 20
-# Tornado refuses bodies above max_body_size; the server bounds responses itself.
-_MAX_BODY_BYTES = 1 << 40
-_TOKEN_ENV = "KCORAL_TOKEN"
+#: Answers at least this large are decoded (hashed, copied) off the event loop.
+DECODE_IN_THREAD_BYTES = 1 << 20
 
 
-@dataclass
-class _LoopState:
-    http: Any  # tornado.httpclient.AsyncHTTPClient
-    slots: asyncio.Semaphore
+class AsyncClient(BaseClient):
+    """Asynchronous KCoral client; every method is a coroutine except ``function``/``job``.
 
+    ``transport`` replaces the HTTP stack (``kcoral.transport.MockTransport`` in tests)."""
 
-class AsyncClient:
-    """Asynchronous KCoral client; every method is a coroutine except ``function``."""
+    is_async = True
 
     def __init__(
         self,
@@ -59,36 +42,42 @@ class AsyncClient:
         connect_timeout_seconds: float = 10.0,
         token: str | None = None,
         max_connections: int = 64,
+        transport: AsyncTransport | None = None,
     ) -> None:
-        if not isinstance(base_url, str):
-            raise TypeError(f"base_url must be a str, not {type(base_url).__name__}")
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-            raise TypeError("max_connections must be an int")
-        if max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
-        self.base_url = base_url.rstrip("/")
-        self.connect_timeout_seconds = connect_timeout_seconds
-        self.max_connections = max_connections
-        self._headers = dict(headers or {})
-        token = token if token is not None else os.environ.get(_TOKEN_ENV) or None
-        if token is not None:
-            self._headers["Authorization"] = f"Bearer {token}"
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._info: dict[str, Any] | None = None
-        # read in threads (see kcoral.event_stream)
-        self._streams = EventStreams(
-            self.base_url,
-            self._headers,
+        super().__init__(
+            base_url,
+            headers=headers,
             connect_timeout_seconds=connect_timeout_seconds,
+            token=token,
             max_connections=max_connections,
         )
+        self._transport: AsyncTransport = transport or ThreadedAsyncTransport(
+            HttpTransport(
+                self.base_url,
+                headers=self.headers,
+                connect_timeout_seconds=self.connect_timeout_seconds,
+                max_connections=max_connections,
+            ),
+            max_workers=max_connections,
+        )
 
-    def __repr__(self) -> str:  # never shows headers: they may carry the token
-        return f"<AsyncClient {self.base_url}>"
+    async def run_flow(self, flow: Flow[T]) -> T:
+        """Drive one core flow to its value; large answers are decoded on a thread."""
+        step = _advance(flow, None)
+        while isinstance(step, Request):
+            response = await self._transport.handle_async_request(step)
+            if len(response.data) >= DECODE_IN_THREAD_BYTES:
+                loop = asyncio.get_running_loop()
+                step = await loop.run_in_executor(None, _advance, flow, response)
+            else:
+                step = _advance(flow, response)
+        return step.value
 
-    # -- lifecycle ----------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Release connections; results already returned stay usable (the client may be
+        used again afterwards: it opens new connections)."""
+        await self._transport.aclose()
+        self._forget_connections()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -96,29 +85,19 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Release connections; results already returned stay usable.
-
-        The client may be used again afterwards (it opens new connections).
-        """
-        states = list(self._loops.items())
-        self._loops.clear()
-        for _loop, state in states:
-            state.http.close()
-        self._streams.clear()
-
-    # -- endpoints ----------------------------------------------------------------------
+    # -- endpoints -----------------------------------------------------------------------
 
     async def health(self) -> dict[str, Any]:
         """``GET /health`` validated like ``Client.health``."""
-        status, headers, _content_type, body = await self._fetch("GET", "/health")
-        if status != 200:
-            raise error_from_response(status, headers, body)
-        return decode_health(body)
+        return await self.run_flow(self.health_flow())
 
     async def target(self) -> dict[str, str]:
         """``health()["target"]``; ``ProtocolError`` on CPU servers (no ``arch``)."""
-        return decode_target(await self.health())
+        return await self.run_flow(self.target_flow())
+
+    async def info(self) -> dict[str, Any]:
+        """``GET /v1/info`` (EXTENSIONS §1), read once per client."""
+        return await self.run_flow(self.info_flow())
 
     async def execute(
         self,
@@ -129,38 +108,16 @@ class AsyncClient:
         gpu_count: int | None = None,
         serialization: str | None = None,
     ) -> ProgramResult:
-        """Run ``program`` as ``Client.execute`` does (CLIENT_API.md §2.1).
-
-        ``serialization`` (``"json"``/``"pickle"``) is sent as ``X-KCoral-Serialization``;
-        remote functions set it.
-        """
-        negotiation = ExecuteNegotiation(
-            program,
-            headers=self._headers,
-            timeout_seconds=timeout_seconds,
-            output_limit_bytes=output_limit_bytes,
-            gpu_count=gpu_count,
-            serialization=serialization,
+        """Run ``program`` as ``Client.execute`` does (CLIENT_API.md §2.1)."""
+        return await self.run_flow(
+            self.execute_flow(
+                program,
+                timeout_seconds=timeout_seconds,
+                output_limit_bytes=output_limit_bytes,
+                gpu_count=gpu_count,
+                serialization=serialization,
+            )
         )
-        outcome: ProgramResult | Attempt = negotiation.first_attempt()
-        while isinstance(outcome, Attempt):
-            status, headers, content_type, body = await self._fetch("POST", "/execute", outcome)
-            if len(body) >= _DECODE_IN_THREAD_BYTES:
-                outcome = await asyncio.get_running_loop().run_in_executor(
-                    None, negotiation.handle_response, status, headers, content_type, body
-                )
-            else:
-                outcome = negotiation.handle_response(status, headers, content_type, body)
-        return outcome
-
-    async def info(self) -> dict[str, Any]:
-        """``GET /v1/info`` (EXTENSIONS §1), read once per client."""
-        if self._info is None:
-            status, headers, _content_type, body = await self._fetch("GET", "/v1/info")
-            if status != 200:
-                raise error_from_response(status, headers, body)
-            self._info = decode_json_object(body, "/v1/info response")
-        return dict(self._info)
 
     async def submit(
         self,
@@ -169,120 +126,44 @@ class AsyncClient:
         timeout_seconds: float | None = None,
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
+        serialization: str | None = None,
     ) -> AsyncJob:
         """Start ``program`` as a job (``Client.submit``'s twin)."""
-        negotiation = ExecuteNegotiation(
-            program,
-            headers=self._headers,
-            timeout_seconds=timeout_seconds,
-            output_limit_bytes=output_limit_bytes,
-            gpu_count=gpu_count,
+        job_id, request_id, blobs = await self.run_flow(
+            self.submit_flow(
+                program,
+                timeout_seconds=timeout_seconds,
+                output_limit_bytes=output_limit_bytes,
+                gpu_count=gpu_count,
+                serialization=serialization,
+            )
         )
-        try:
-            info = await self.info()
-        except KCoralError as exc:
-            if exc.status_code != 404:
-                raise
-            info = {}  # a server without /v1/info offers no jobs
-        require_jobs(info.get("features"), self.base_url)
-        known_blobs = tuple(program.blobs)
-        step: tuple[str, str] | Attempt = negotiation.first_attempt()
-        while isinstance(step, Attempt):
-            status, headers, content_type, body = await self._fetch("POST", "/v1/jobs", step)
-            step = next_submission_step(negotiation, status, headers, content_type, body)
-        job_id, request_id = step
-        return AsyncJob(self, job_id, request_id=request_id, known_blobs=known_blobs)
+        return AsyncJob(self, job_id, request_id=request_id, known_blobs=blobs)
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first."""
+        return await self.run_flow(self.jobs_flow())
 
     def job(self, job_id: str) -> AsyncJob:
         """Re-attach to an existing job."""
-        return AsyncJob(self, check_job_id(job_id))
+        return AsyncJob(self, self.check_job_id(job_id))
 
-    async def request(self, method: str, path: str) -> tuple[int, Any, str | None, bytes]:
-        """One plain request: ``(status, headers, content type, body)`` (used by jobs)."""
-        return await self._fetch(method, path)
+    async def request(
+        self, method: str, path: str, *, headers: Mapping[str, str] | None = None
+    ) -> Response:
+        """One plain request; the answer as it came."""
+        return await self.run_flow(self.request_flow(method, path, headers=headers))
 
-    def event_source(
-        self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
-    ) -> EventSource:
-        """A blocking Server-Sent Events stream at ``path`` (``AsyncJob`` reads it in a
-        thread)."""
-        return self._streams.open(path, last_event_id=last_event_id, read_timeout=read_timeout)
 
-    def function(
-        self,
-        *,
-        timeout: float | None = None,
-        output_limit_bytes: int | None = None,
-        cpu_only: bool = False,
-        serialization: str = "json",
-    ) -> Callable[[Callable[..., Any]], RemoteFunction]:
-        """Decorator making a ``RemoteFunction`` bound to this client (CLIENT_API.md §8)."""
-        from kcoral.remote import remote_function_decorator
+class _Done:
+    """A finished flow's value (a ``StopIteration`` cannot cross into an asyncio future)."""
 
-        return remote_function_decorator(
-            self,
-            timeout=timeout,
-            output_limit_bytes=output_limit_bytes,
-            cpu_only=cpu_only,
-            serialization=serialization,
-        )
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
-    # -- transport ----------------------------------------------------------------------
 
-    def _state(self) -> _LoopState:
-        loop = asyncio.get_running_loop()
-        state = self._loops.get(loop)
-        if state is None:
-            from tornado.httpclient import AsyncHTTPClient
-
-            http = AsyncHTTPClient(
-                force_instance=True,
-                max_clients=self.max_connections,
-                max_body_size=_MAX_BODY_BYTES,
-                max_buffer_size=_MAX_BODY_BYTES,
-            )
-            state = _LoopState(http, asyncio.Semaphore(self.max_connections))
-            self._loops[loop] = state
-        return state
-
-    async def _fetch(
-        self, method: str, path: str, attempt: Attempt | None = None
-    ) -> tuple[int, Any, str | None, bytes]:
-        from tornado.httpclient import HTTPClientError, HTTPRequest
-        from tornado.iostream import StreamClosedError
-
-        headers = dict(self._headers)
-        body_producer = None
-        if attempt is not None:
-            headers.update(attempt.headers)
-            headers["Content-Length"] = str(attempt.length)
-            chunks = attempt.chunks
-
-            async def body_producer(write: Callable[[bytes], Any]) -> None:
-                for chunk in chunks:
-                    await write(chunk)
-
-        request = HTTPRequest(
-            self.base_url + path,
-            method=method,
-            headers=headers,
-            body_producer=body_producer,
-            connect_timeout=self.connect_timeout_seconds,
-            request_timeout=0,  # no read timeout: the server enforces execution deadlines
-            follow_redirects=False,
-            decompress_response=False,
-        )
-        state = self._state()
-        async with state.slots:
-            try:
-                response = await state.http.fetch(request, raise_error=False)
-            except (HTTPClientError, StreamClosedError, OSError) as exc:
-                raise TransportError(f"{method} {self.base_url}{path}: {exc}") from exc
-        if response.code == 599:  # Tornado's "no HTTP response" (timeouts, resets)
-            raise TransportError(f"{method} {self.base_url}{path}: {response.error}")
-        return (
-            response.code,
-            response.headers,
-            response.headers.get("Content-Type"),
-            response.body or b"",
-        )
+def _advance(flow: Flow[Any], response: Response | None) -> Request | _Done:
+    try:
+        return next(flow) if response is None else flow.send(response)
+    except StopIteration as done:
+        return _Done(done.value)

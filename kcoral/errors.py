@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# Defined by the protocol layer (which imports nothing else of kcoral), re-exported here.
+from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ExecutionError, ValidationError
+
 if TYPE_CHECKING:
     from kcoral.results import ProgramResult
 
-#: The eight instruction error kinds of PROTOCOL.md §7.6.
-INSTRUCTION_ERROR_KINDS = frozenset(
-    {
-        "parse",
-        "compile",
-        "runtime",
-        "correctness",
-        "gpu_access",
-        "serialization",
-        "unavailable",
-        "engine",
-    }
-)
+__all__ = [
+    "INSTRUCTION_ERROR_KINDS",
+    "ExecutionError",
+    "KCoralError",
+    "ProtocolError",
+    "RemoteExecutionError",
+    "TransportError",
+    "ValidationError",
+]
 
 
 class KCoralError(Exception):
@@ -71,23 +70,3 @@ class RemoteExecutionError(RuntimeError):
     def remote_traceback(self) -> str:
         """The server-side traceback of the failure ("" when the server sent none)."""
         return (self.result.error or {}).get("traceback", "")
-
-
-class ValidationError(ValueError):
-    """A program, path or value that breaks the protocol's rules."""
-
-
-class ExecutionError(Exception):
-    """Raised by uploaded code to fail the running instruction with ``kind`` and ``message``."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        if kind not in INSTRUCTION_ERROR_KINDS:
-            raise ValueError(
-                f"unknown error kind {kind!r}; expected one of {sorted(INSTRUCTION_ERROR_KINDS)}"
-            )
-        super().__init__(kind, message)
-        self.kind = kind
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.message}"

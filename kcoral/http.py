@@ -14,26 +14,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import urllib3
 
 from kcoral.errors import TransportError
+from kcoral.transport import Request, Response
+
+#: The older name of ``Response`` (answers of this transport).
+HttpResponse = Response
 
 _DIRECT_READ_BYTES = 1 << 20
 # The reused buffer is kept between requests up to this size (larger answers get their own).
 _KEPT_BUFFER_BYTES = 256 << 20
-
-
-@dataclass(frozen=True)
-class HttpResponse:
-    """A fully read answer; ``headers`` is case-insensitive. ``data`` is ``bytes``, or a
-    read-only-by-convention ``memoryview`` for large bodies."""
-
-    status: int
-    headers: Mapping[str, str]
-    data: bytes | memoryview
 
 
 class HttpTransport:
@@ -45,15 +38,28 @@ class HttpTransport:
         *,
         headers: Mapping[str, str],
         connect_timeout_seconds: float,
+        max_connections: int = 10,
     ) -> None:
         self.base_url = base_url
         self._headers = dict(headers)
+        # maxsize: connections kept for reuse (more may open at once; they are not kept)
         self._pool = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=connect_timeout_seconds, read=None),
             retries=False,
+            maxsize=max_connections,
         )
         self._buffer: bytearray | None = None
         self._buffer_lock = threading.Lock()
+
+    def handle_request(self, request: Request) -> Response:
+        """The ``Transport`` interface (``kcoral.transport``)."""
+        return self.request(
+            request.method,
+            request.path,
+            body=request.chunks,
+            content_length=request.length,
+            headers=request.headers,
+        )
 
     def request(
         self,
@@ -63,7 +69,7 @@ class HttpTransport:
         body: Iterable[bytes | memoryview] | None = None,
         content_length: int | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> HttpResponse:
+    ) -> Response:
         """Send one request and read the whole answer.
 
         ``body`` chunks are streamed as given with an explicit ``Content-Length``. No answer
@@ -101,7 +107,7 @@ class HttpTransport:
             if response is not None:
                 response.close()
             raise TransportError(f"{method} {self.base_url}{path} failed: {exc}") from exc
-        return HttpResponse(status, response_headers, data)
+        return Response(status, response_headers, data)
 
     def close(self) -> None:
         """Drop every pooled connection; the transport stays usable (it reconnects)."""

@@ -13,22 +13,36 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kcoral.errors import KCoralError, ProtocolError
+from kcoral.errors import KCoralError, ProtocolError, ValidationError
 from kcoral.event_stream import JobEvent
 from kcoral.negotiation import Attempt, ExecuteNegotiation
+from kcoral.notebook import html_of
+from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import (
     CacheMiss,
     decode_execute_response,
     decode_json_object,
     error_from_response,
 )
+from kcoral.transport import Flow, Request
 
 if TYPE_CHECKING:
-    from kcoral.async_client import AsyncClient
-    from kcoral.client import Client
+    from kcoral.event_stream import EventSource
     from kcoral.results import ProgramResult
+
+
+class JobClient(Protocol):
+    """What a job needs of its client (``Client`` or ``AsyncClient``): a flow driver
+    (``run_flow`` returns the value, or a coroutine giving it) and event streams."""
+
+    def run_flow(self, flow: Flow[Any]) -> Any: ...
+
+    def event_source(
+        self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
+    ) -> EventSource: ...
+
 
 #: Job statuses after which nothing changes.
 FINISHED_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"})
@@ -58,6 +72,17 @@ def decode_job_result(
     return outcome
 
 
+def decode_job_list(body: bytes | memoryview) -> list[dict[str, Any]]:
+    """The job states of a ``GET /v1/jobs`` answer (a JSON array of objects)."""
+    try:
+        document = loads_strict(bytes(body))
+    except ValidationError as exc:
+        raise ProtocolError(f"job list is not valid JSON: {exc}") from None
+    if not isinstance(document, list) or not all(isinstance(job, dict) for job in document):
+        raise ProtocolError("job list is not an array of objects")
+    return document
+
+
 def decode_job_state(status: int, headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
     if status != 200:
         raise error_from_response(status, headers, body)
@@ -72,7 +97,7 @@ class _JobHandle:
 
     def __init__(
         self,
-        client: Any,
+        client: JobClient,
         job_id: str,
         *,
         request_id: str | None = None,
@@ -99,22 +124,28 @@ class _JobHandle:
     def result_path(self) -> str:
         return f"/v1/jobs/{self.id}/result"
 
+    def state_flow(self, method: str = "GET") -> Flow[dict[str, Any]]:
+        """``GET`` (state) or ``DELETE`` (cancel) ``/v1/jobs/{id}``: the job's state."""
+        response = yield Request(method, self.path)
+        return decode_job_state(response.status, response.headers, response.data)
+
+    def result_flow(self) -> Flow[ProgramResult]:
+        """``GET /v1/jobs/{id}/result`` decoded as ``execute``'s answer."""
+        response = yield Request("GET", self.result_path)
+        return decode_job_result(
+            response.status, response.headers, response.data, self._known_blobs
+        )
+
 
 class Job(_JobHandle):
     """A job on a server (sync client). ``id`` is the server's job id."""
 
-    client: Client
-
-    def _repr_html_(self) -> str:
-        # Rich display in notebooks; the Jupyter package is imported only here.
-        from kcoral_jupyter.display import job_html
-
-        return job_html(self)
+    def _repr_html_(self) -> str | None:
+        return html_of(self)
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/jobs/{id}``: the job's state (``status``, timings, worker, ...)."""
-        response = self.client.request("GET", self.path)
-        return decode_job_state(response.status, response.headers, response.data)
+        return self.client.run_flow(self.state_flow())
 
     def events(self, *, last_event_id: int = 0, heartbeats: bool = False) -> Iterator[JobEvent]:
         """Every event after ``last_event_id``, live, ending after the ``finished`` phase."""
@@ -158,25 +189,18 @@ class Job(_JobHandle):
         Raises as ``execute`` would (``KCoralError`` for a timed-out or failed request);
         a cancelled job raises ``KCoralError`` (409, kind ``cancelled``)."""
         self.wait(timeout)
-        response = self.client.request("GET", self.result_path)
-        return decode_job_result(
-            response.status, response.headers, response.data, self._known_blobs
-        )
+        return self.client.run_flow(self.result_flow())
 
     def cancel(self) -> dict[str, Any]:
         """``DELETE /v1/jobs/{id}``: cancel (idempotent); the job's state afterwards."""
-        response = self.client.request("DELETE", self.path)
-        return decode_job_state(response.status, response.headers, response.data)
+        return self.client.run_flow(self.state_flow("DELETE"))
 
 
 class AsyncJob(_JobHandle):
     """A job on a server (``AsyncClient``); every method is a coroutine but ``events``."""
 
-    client: AsyncClient
-
     async def status(self) -> dict[str, Any]:
-        status, headers, _type, body = await self.client.request("GET", self.path)
-        return decode_job_state(status, headers, body)
+        return await self.client.run_flow(self.state_flow())
 
     async def events(
         self, *, last_event_id: int = 0, heartbeats: bool = False
@@ -226,12 +250,10 @@ class AsyncJob(_JobHandle):
     async def result(self, timeout: float | None = None) -> ProgramResult:
         """As ``Job.result``."""
         await self.wait(timeout)
-        status, headers, _type, body = await self.client.request("GET", self.result_path)
-        return decode_job_result(status, headers, body, self._known_blobs)
+        return await self.client.run_flow(self.result_flow())
 
     async def cancel(self) -> dict[str, Any]:
-        status, headers, _type, body = await self.client.request("DELETE", self.path)
-        return decode_job_state(status, headers, body)
+        return await self.client.run_flow(self.state_flow("DELETE"))
 
 
 def check_job_id(job_id: object) -> str:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Mapping, Set
 from typing import Any
 
 from kcoral.errors import ProtocolError, RemoteExecutionError
-from kcoral.negotiation import SERIALIZATION_FORMATS, ExecuteNegotiation
+from kcoral.negotiation import SERIALIZATION_FORMATS
 from kcoral.program import Program
 from kcoral.remote_source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
@@ -441,24 +441,20 @@ class RemoteFunction:
     async def _execute_async(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], serialization: str | None
     ) -> ProgramResult:
-        from kcoral.async_client import AsyncClient
-
         fmt = self._format(serialization)
         program = self._build(args, kwargs, fmt)
-        if isinstance(self._client, AsyncClient):
+        if self._client.is_async:
             return await self._client.execute(program, **self._options(fmt))
         # A sync Client: its blocking call runs on a thread so the caller's loop keeps
         # running; the client's pool, headers and token are used as they are.
-        negotiation = ExecuteNegotiation(program, **self._options(fmt))
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._client.run_negotiation, negotiation)
+        call = functools.partial(self._client.execute, program, **self._options(fmt))
+        return await loop.run_in_executor(None, call)
 
     def _execute_blocking(self, program: Program, fmt: str) -> ProgramResult:
-        from kcoral.async_client import AsyncClient
-
-        if isinstance(self._client, AsyncClient):
+        if self._client.is_async:
             return run_blocking(self._client.execute(program, **self._options(fmt)))
-        return self._client.run_negotiation(ExecuteNegotiation(program, **self._options(fmt)))
+        return self._client.execute(program, **self._options(fmt))
 
     def _options(self, fmt: str) -> dict[str, Any]:
         return {

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kcoral.notebook import html_of
 from kcoral.protocol.paths import normalize_workspace_path
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -52,11 +53,8 @@ class ProgramResult:
     def __getitem__(self, key: str) -> Any:
         return self.results[key]
 
-    def _repr_html_(self) -> str:
-        # Rich display in notebooks; the Jupyter package is imported only here.
-        from kcoral_jupyter.display import program_result_html
-
-        return program_result_html(self)
+    def _repr_html_(self) -> str | None:
+        return html_of(self)
 
     def __repr__(self) -> str:
         parts = [
@@ -88,11 +86,8 @@ class ReturnedFile:
         if not isinstance(self.data, bytes):
             raise TypeError(f"ReturnedFile data must be bytes, not {type(self.data).__name__}")
 
-    def _repr_html_(self) -> str:
-        # Rich display in notebooks; the Jupyter package is imported only here.
-        from kcoral_jupyter.display import returned_file_html
-
-        return returned_file_html(self)
+    def _repr_html_(self) -> str | None:
+        return html_of(self)
 
     def __repr__(self) -> str:
         return f"ReturnedFile(<{len(self.data)} bytes>)"
@@ -177,11 +172,8 @@ class ReturnedFolder:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def _repr_html_(self) -> str:
-        # Rich display in notebooks; the Jupyter package is imported only here.
-        from kcoral_jupyter.display import returned_folder_html
-
-        return returned_folder_html(self)
+    def _repr_html_(self) -> str | None:
+        return html_of(self)
 
     def __repr__(self) -> str:
         return f"ReturnedFolder(<{len(self._files)} files, {len(self._directories)} directories>)"

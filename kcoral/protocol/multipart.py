@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 
 # RFC 2046 §5.1.1: bcharsnospace, plus space (never last), 1-70 characters.
 _BOUNDARY_RE = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")

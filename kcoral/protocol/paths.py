@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 
 MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096

@@ -10,8 +10,8 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kcoral.errors import ValidationError
 from kcoral.protocol.dtypes import byte_length
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.multipart import boundary_from_content_type, parse_multipart
 from kcoral.protocol.schema import Program
 from kcoral.protocol.strict_json import loads_strict

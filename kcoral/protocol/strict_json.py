@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 
 
 def _reject_constant(name: str) -> Any:

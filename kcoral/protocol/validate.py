@@ -12,8 +12,8 @@ import re
 import sys
 from typing import Any
 
-from kcoral.errors import ValidationError
 from kcoral.protocol.dtypes import ITEMSIZE
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path
 from kcoral.protocol.schema import (
     GetFunction,

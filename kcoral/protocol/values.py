@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
-from kcoral.errors import ValidationError
 from kcoral.protocol.dtypes import ITEMSIZE
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 
 Parts = list[bytes | memoryview]

@@ -260,3 +260,24 @@ def test_cancel_stops_a_noblock_job(shell, cpu_server_url) -> None:
     assert "cancelled" in captured.stdout
     job.wait(30)
     assert job.status()["status"] == "CANCELLED"
+
+
+def test_a_cell_with_pickled_inputs_streams_its_output_live_through_a_job(shell) -> None:
+    shell.user_ns["obj"] = {3, 1, 2}
+    result, captured = run(shell, "%%kcoral -i obj\nprint('pickled live', sorted(obj))\n")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert "pickled live [1, 2, 3]" in captured.stdout
+    lines = [o.data.get("text/plain", "") for o in captured.outputs]
+    assert not any("output comes at the end" in line for line in lines), lines
+    assert any("worker" in line for line in lines), lines
+    assert kcoral_metadata(captured)[-1]["job_id"]
+
+
+def test_noblock_works_with_pickled_inputs_and_attach_binds_the_outputs(shell) -> None:
+    shell.user_ns["obj"] = {3, 1, 2}
+    result, _ = run(shell, "%%kcoral --noblock -r job -i obj -o z\nz = frozenset(obj)\n")
+    assert result.error_in_exec is None, result.error_in_exec
+    job = shell.user_ns["job"]
+    with capture_output():
+        shell.run_line_magic("kcoral", f"attach {job.id}")
+    assert shell.user_ns["z"] == frozenset({1, 2, 3})

@@ -1,4 +1,4 @@
-"""The jobs path of ``run_cell`` against a stand-in client (the real jobs client comes later)."""
+"""``run_cell`` against a stand-in job and against ``Client`` over an in-memory transport."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from kcoral_jupyter.runner import (
     ExecuteOptions,
     PickleRefusedError,
     RunRecord,
-    event_fields,
     run_cell,
     translate_error,
 )
 
 from kcoral import KCoralError, ProgramResult
+from kcoral.event_stream import JobEvent
 
 DONE = ProgramResult("COMPLETED", "r1", 1.0, 2.0, 0.0, 0.0, {}, "", "", False, False)
 
@@ -64,12 +64,12 @@ class StandInClient:
 
 
 EVENTS = [
-    {"event": "phase", "data": {"phase": "queued", "position": 2}},
-    {"event": "phase", "data": '{"phase": "assigned", "worker_id": "cpu/w1"}'},
-    {"event": "phase", "data": {"phase": "instruction", "index": 2, "op": "run", "id": "cell"}},
-    {"event": "stdout", "data": {"text": "hello\n"}},
-    {"event": "stderr", "data": "warn\n"},
-    {"event": "phase", "data": {"phase": "finished", "status": "COMPLETED"}},
+    JobEvent(1, "phase", {"phase": "queued", "position": 2}),
+    JobEvent(2, "phase", {"phase": "assigned", "worker_id": "cpu/w1"}),
+    JobEvent(3, "phase", {"phase": "instruction", "index": 2, "op": "run", "id": "cell"}),
+    JobEvent(4, "stdout", {"text": "hello\n"}),
+    JobEvent(5, "stderr", {"text": "warn\n"}),
+    JobEvent(6, "phase", {"phase": "finished", "status": "COMPLETED"}),
 ]
 
 
@@ -92,7 +92,7 @@ def test_a_job_streams_output_and_walks_the_status_line_through_its_phases() -> 
     assert reporter.out == ["hello\n"] and reporter.err == ["warn\n"]
     assert record.job_id == "job-1" and record.worker_id == "cpu/w1" and record.streamed
     assert client.submitted == [
-        {"timeout_seconds": 5, "output_limit_bytes": None, "gpu_count": None}
+        {"timeout_seconds": 5, "output_limit_bytes": None, "gpu_count": None, "serialization": None}
     ]
 
 
@@ -110,12 +110,16 @@ def test_interrupting_a_job_cancels_it_on_the_server() -> None:
     assert job.cancelled
 
 
-def test_event_objects_with_attributes_are_understood() -> None:
-    class Event:
-        event = "phase"
-        data = '{"phase": "lease_wait"}'
-
-    assert event_fields(Event()) == ("phase", {"phase": "lease_wait"})
+def test_a_cell_with_pickled_inputs_is_submitted_as_a_job_with_its_serialization() -> None:
+    job = StandInJob(EVENTS)
+    client = StandInClient(job)
+    reporter = Reporter()
+    built = build_cell(CellSpec(source="print(len(obj))\n", inputs={"obj": {1, 2}}))
+    assert built.serialization == "pickle"
+    options = ExecuteOptions(serialization=built.serialization)
+    run_cell(client, built, options, reporter, record=RunRecord(server="http://s"), use_jobs=True)
+    assert client.submitted[0]["serialization"] == "pickle"
+    assert reporter.out == ["hello\n"]  # streamed live, not at the end
 
 
 def test_request_errors_become_actionable_exceptions() -> None:
@@ -127,4 +131,9 @@ def test_request_errors_become_actionable_exceptions() -> None:
         "Serialization format 'pickle' not allowed. Allowed formats: ['json']",
         kind="parse",
     )
-    assert isinstance(translate_error(refused, ExecuteOptions(), "http://s"), PickleRefusedError)
+    # Told apart by status and kind for a cell sent with pickle, whatever the wording.
+    pickled = ExecuteOptions(serialization="pickle")
+    assert isinstance(translate_error(refused, pickled, "http://s"), PickleRefusedError)
+    reworded = KCoralError(400, "pickle is off here", kind="parse")
+    assert isinstance(translate_error(reworded, pickled, "http://s"), PickleRefusedError)
+    assert translate_error(refused, ExecuteOptions(), "http://s") is refused

@@ -15,7 +15,6 @@ import remote_samples as samples
 
 import kcoral
 from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError
-from kcoral.negotiation import ExecuteNegotiation
 from kcoral.remote import PICKLE_MAGIC, TRAMPOLINE_SOURCE, dump_envelope
 
 
@@ -254,7 +253,7 @@ def test_a_version_mismatch_is_a_clear_runtime_failure(client) -> None:
     end = payload.index(b"\n", len(PICKLE_MAGIC))
     header = json.dumps({"python": "3.1", "cloudpickle": "0.0.1"}).encode()
     program = _pickle_program(PICKLE_MAGIC + header + payload[end:])
-    result = client.run_negotiation(ExecuteNegotiation(program, serialization="pickle"))
+    result = client.execute(program, serialization="pickle")
     assert result.error["kind"] == "runtime"
     assert "client has Python 3.1 with cloudpickle 0.0.1" in result.error["message"]
     assert "server has Python" in result.error["message"]

@@ -1,0 +1,278 @@
+"""The client core: everything ``Client`` and ``AsyncClient`` share, written once.
+
+Constructor checks, default headers (token, user agent), request building, the cache
+negotiation of PROTOCOL.md §9.3, answer decoding, errors, the ``/v1/info`` version warning
+and job submission live here as *flows* (``kcoral.transport.Flow``): generators that yield
+each request they need and receive its answer, without I/O. The two flavours only drive
+flows over their transport (a loop in ``Client``, an awaiting loop in ``AsyncClient``), so
+they cannot drift apart (httpx's ``BaseClient`` is the model).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import kcoral
+from kcoral.errors import KCoralError
+from kcoral.event_stream import EventSource, EventStreams
+from kcoral.jobs import check_job_id, decode_job_list, next_submission_step, require_jobs
+from kcoral.negotiation import Attempt, ExecuteNegotiation
+from kcoral.program import Program
+from kcoral.remote import RemoteFunction, remote_function_decorator
+from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
+from kcoral.results import ProgramResult
+from kcoral.transport import Flow, Request, Response
+
+TOKEN_ENV = "KCORAL_TOKEN"
+
+
+def client_version() -> str:
+    """This client's version (``kcoral.__version__``, the installed distribution's)."""
+    return kcoral.__version__
+
+
+def check_base_url(base_url: object) -> str:
+    """``base_url`` without trailing ``/`` (``TypeError``/``ValueError`` otherwise)."""
+    if not isinstance(base_url, str):
+        raise TypeError(f"base_url must be a str, not {type(base_url).__name__}")
+    url = base_url.rstrip("/")
+    if not url.lower().startswith(("http://", "https://")):
+        raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+    return url
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def attempt_request(path: str, attempt: Attempt) -> Request:
+    """The ``POST`` carrying one negotiation attempt."""
+    return Request("POST", path, attempt.headers, attempt.chunks, attempt.length)
+
+
+def _get(path: str) -> Request:
+    return Request("GET", path)
+
+
+class BaseClient:
+    """Settings and flows of one KCoral server or router. Construction never contacts it.
+
+    Subclasses set ``is_async`` and drive flows with ``run_flow``."""
+
+    #: ``True`` for the flavour whose calls are coroutines.
+    is_async: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout_seconds: float = 10.0,
+        token: str | None = None,
+        max_connections: int = 64,
+    ) -> None:
+        url = check_base_url(base_url)
+        if (
+            isinstance(connect_timeout_seconds, bool)
+            or not isinstance(connect_timeout_seconds, (int, float))
+            or not math.isfinite(connect_timeout_seconds)
+            or connect_timeout_seconds <= 0
+        ):
+            raise ValueError("connect_timeout_seconds must be a finite number > 0")
+        extra = dict(headers or {})
+        for name, value in extra.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError("headers must map str to str")
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
+        if token is not None and not isinstance(token, str):
+            raise TypeError("token must be a str")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise TypeError("max_connections must be an int")
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+
+        request_headers = {"User-Agent": f"kcoral/{client_version()}", **extra}
+        if token:
+            request_headers["Authorization"] = f"Bearer {token}"
+        self.base_url = url
+        self.connect_timeout_seconds = float(connect_timeout_seconds)
+        self.max_connections = max_connections
+        self.headers: Mapping[str, str] = request_headers  # sent with every request
+        self._info: dict[str, Any] | None = None
+        self._info_lock = threading.Lock()
+        # Event streams are long-lived and read by blocking threads in both flavours.
+        self._streams = EventStreams(
+            url,
+            request_headers,
+            connect_timeout_seconds=self.connect_timeout_seconds,
+            max_connections=max_connections,
+        )
+
+    def __repr__(self) -> str:
+        # Never show headers: they may carry the token.
+        return f"{type(self).__name__}({self.base_url!r})"
+
+    # -- flows ---------------------------------------------------------------------------
+
+    def health_flow(self) -> Flow[dict[str, Any]]:
+        """``GET /health``, validated (CLIENT_API §2)."""
+        response = yield _get("/health")
+        if response.status != 200:
+            raise error_from_response(response.status, response.headers, response.data)
+        return decode_health(response.data)
+
+    def target_flow(self) -> Flow[dict[str, str]]:
+        return decode_target((yield from self.health_flow()))
+
+    def info_flow(self) -> Flow[dict[str, Any]]:
+        """``GET /v1/info`` once per client (EXTENSIONS §1); one ``UserWarning`` when the
+        server's major.minor version differs from this client's."""
+        if self._info is None:
+            response = yield _get("/v1/info")
+            if response.status != 200:
+                raise error_from_response(response.status, response.headers, response.data)
+            info = decode_json_object(response.data, "/v1/info response")
+            with self._info_lock:
+                first = self._info is None
+                if first:
+                    self._info = info
+            server_version = info.get("kcoral")
+            ours = client_version()
+            if (
+                first
+                and isinstance(server_version, str)
+                and _major_minor(server_version) != _major_minor(ours)
+            ):
+                warnings.warn(
+                    f"KCoral server version {server_version} differs from client version {ours}",
+                    UserWarning,
+                    stacklevel=4,
+                )
+        return copy.deepcopy(self._info)
+
+    def execute_flow(
+        self,
+        program: Program,
+        *,
+        timeout_seconds: float | None = None,
+        output_limit_bytes: int | None = None,
+        gpu_count: int | None = None,
+        serialization: str | None = None,
+    ) -> Flow[ProgramResult]:
+        """``POST /execute`` with the cache negotiation of PROTOCOL §9.3 (CLIENT_API §2.1)."""
+        negotiation = ExecuteNegotiation(
+            program,
+            timeout_seconds=timeout_seconds,
+            output_limit_bytes=output_limit_bytes,
+            gpu_count=gpu_count,
+            serialization=serialization,
+        )
+        attempt = negotiation.first_attempt()
+        while True:
+            response = yield attempt_request("/execute", attempt)
+            outcome = negotiation.handle_response(
+                response.status,
+                response.headers,
+                response.headers.get("Content-Type"),
+                response.data,
+            )
+            if isinstance(outcome, ProgramResult):
+                return outcome
+            attempt = outcome
+
+    def submit_flow(
+        self,
+        program: Program,
+        *,
+        timeout_seconds: float | None = None,
+        output_limit_bytes: int | None = None,
+        gpu_count: int | None = None,
+        serialization: str | None = None,
+    ) -> Flow[tuple[str, str, tuple[str, ...]]]:
+        """``POST /v1/jobs`` (EXTENSIONS §5): ``(job id, request id, the program's blobs)``.
+
+        Arguments are checked before anything is sent; ``KCoralError`` (kind
+        ``unavailable``) when the server does not list feature ``jobs``."""
+        negotiation = ExecuteNegotiation(
+            program,
+            timeout_seconds=timeout_seconds,
+            output_limit_bytes=output_limit_bytes,
+            gpu_count=gpu_count,
+            serialization=serialization,
+        )
+        try:
+            info = yield from self.info_flow()
+        except KCoralError as exc:
+            if exc.status_code != 404:
+                raise
+            info = {}  # a server without /v1/info offers no jobs
+        require_jobs(info.get("features"), self.base_url)
+        known_blobs = tuple(program.blobs)
+        step: tuple[str, str] | Attempt = negotiation.first_attempt()
+        while isinstance(step, Attempt):
+            response = yield attempt_request("/v1/jobs", step)
+            step = next_submission_step(
+                negotiation,
+                response.status,
+                response.headers,
+                response.headers.get("Content-Type"),
+                response.data,
+            )
+        job_id, request_id = step
+        return job_id, request_id, known_blobs
+
+    def jobs_flow(self) -> Flow[list[dict[str, Any]]]:
+        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first."""
+        response = yield _get("/v1/jobs")
+        if response.status != 200:
+            raise error_from_response(response.status, response.headers, response.data)
+        return decode_job_list(response.data)
+
+    def request_flow(
+        self, method: str, path: str, *, headers: Mapping[str, str] | None = None
+    ) -> Flow[Response]:
+        """One plain request; the answer as it came (any status)."""
+        return (yield Request(method, path, dict(headers or {})))
+
+    # -- shared members ------------------------------------------------------------------
+
+    def run_flow(self, flow: Flow[Any]) -> Any:
+        """Drive ``flow`` over this client's transport (a coroutine in ``AsyncClient``)."""
+        raise NotImplementedError
+
+    def check_job_id(self, job_id: object) -> str:
+        return check_job_id(job_id)
+
+    def event_source(
+        self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
+    ) -> EventSource:
+        """A blocking Server-Sent Events stream at ``path`` (used by jobs); streams use their
+        own connections, kept apart from the request pool."""
+        return self._streams.open(path, last_event_id=last_event_id, read_timeout=read_timeout)
+
+    def function(
+        self,
+        *,
+        timeout: float | None = None,
+        output_limit_bytes: int | None = None,
+        cpu_only: bool = False,
+        serialization: str = "json",
+    ) -> Callable[[Callable[..., Any]], RemoteFunction]:
+        """Decorator returning a ``RemoteFunction`` bound to this client (CLIENT_API §8)."""
+        return remote_function_decorator(
+            self,
+            timeout=timeout,
+            output_limit_bytes=output_limit_bytes,
+            cpu_only=cpu_only,
+            serialization=serialization,
+        )
+
+    def _forget_connections(self) -> None:
+        self._streams.clear()

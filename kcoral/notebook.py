@@ -1,0 +1,30 @@
+"""Where the client's objects meet notebook rendering: the one wiring of ``_repr_html_``.
+
+``ProgramResult``, ``ReturnedFile``, ``ReturnedFolder`` and ``Job`` render through their
+``_repr_html_``, which calls ``html_of``; the markup itself lives in the Jupyter package
+(``kcoral_jupyter.display``), imported here on first display, never when ``kcoral`` is
+imported. Without the Jupyter package the objects show as text.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: The class name of each rendered object -> its function in ``kcoral_jupyter.display``.
+RENDERERS = {
+    "ProgramResult": "program_result_html",
+    "ReturnedFile": "returned_file_html",
+    "ReturnedFolder": "returned_folder_html",
+    "Job": "job_html",
+}
+
+
+def html_of(value: Any) -> str | None:
+    """``value``'s notebook HTML, or ``None`` (plain text) without the Jupyter package."""
+    try:
+        display = importlib.import_module("kcoral_jupyter.display")
+    except ImportError:
+        return None
+    render = getattr(display, RENDERERS[type(value).__name__])
+    return render(value)
