@@ -18,7 +18,6 @@ import { KCoralApi } from './api';
 import { kcoralIcon } from './icon';
 import { KCoralModel } from './model';
 import { KCoralPanel } from './panel';
-import { documentVisibility } from './poller';
 import { KCoralStatus } from './statusbar';
 
 const PLUGIN_ID = 'kcoral-jupyterlab:plugin';
@@ -50,8 +49,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     );
     const model = new KCoralModel(api, {
       pollIntervalMs: 3000,
-      statusServer: '',
-      visibility: documentVisibility(document)
+      statusServer: ''
     });
 
     const panel = new KCoralPanel(model);

@@ -1,18 +1,24 @@
 /**
- * The shared state behind the status bar item and the panel: one poller asks the server
- * extension for the servers and the jobs; views subscribe to changes.
+ * The shared state behind the status bar item and the panel: one `@lumino/polling` Poll
+ * (what jupyter-resource-usage uses) asks the server extension for the servers and the
+ * jobs, backing off while that fails and standing by while the page is hidden (a
+ * background tab should not keep asking a GPU server how busy it is); views subscribe to
+ * changes.
  */
+
+import { Poll } from '@lumino/polling';
 
 import { IJob, IServerEntry, KCoralApi } from './api';
 import { IStatusSummary, newestFirst, summarize } from './format';
-import { IVisibility, Poller } from './poller';
 
 export interface IModelOptions {
   pollIntervalMs: number;
   /** The configured server the status bar shows ('' = the first). */
   statusServer: string;
+  /** Upper bound of the delay after repeated failures (default 60 s). */
   maxIntervalMs?: number;
-  visibility?: IVisibility;
+  /** When polling stands by (default: while the page is hidden); injected by tests. */
+  standby?: Poll.Standby | (() => boolean | Poll.Standby);
 }
 
 export class KCoralModel {
@@ -22,7 +28,7 @@ export class KCoralModel {
   jobErrors: { server: string; message: string }[] = [];
   statusServer: string;
 
-  readonly poller: Poller;
+  readonly poller: Poll;
   private readonly _listeners = new Set<() => void>();
 
   constructor(
@@ -30,11 +36,16 @@ export class KCoralModel {
     options: IModelOptions
   ) {
     this.statusServer = options.statusServer;
-    this.poller = new Poller({
-      task: () => this.poll(),
-      intervalMs: options.pollIntervalMs,
-      maxIntervalMs: options.maxIntervalMs ?? 60_000,
-      visibility: options.visibility
+    this.poller = new Poll({
+      auto: false,
+      factory: () => this.poll(),
+      frequency: {
+        interval: options.pollIntervalMs,
+        backoff: true,
+        max: Math.max(options.maxIntervalMs ?? 60_000, options.pollIntervalMs)
+      },
+      name: 'kcoral:servers-and-jobs',
+      standby: options.standby ?? 'when-hidden'
     });
   }
 
@@ -49,17 +60,22 @@ export class KCoralModel {
   }
 
   start(): void {
-    this.poller.start();
+    void this.poller.start();
   }
 
   dispose(): void {
-    this.poller.stop();
+    this.poller.dispose();
     this._listeners.clear();
   }
 
   configure(pollIntervalMs: number, statusServer: string): void {
     this.statusServer = statusServer;
-    this.poller.setInterval(pollIntervalMs);
+    const frequency = this.poller.frequency;
+    this.poller.frequency = {
+      ...frequency,
+      interval: pollIntervalMs,
+      max: Math.max(frequency.max, pollIntervalMs)
+    };
     this._emit();
   }
 

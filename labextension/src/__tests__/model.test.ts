@@ -69,3 +69,94 @@ describe('KCoralModel', () => {
     expect(m.summary.online).toBe(false);
   });
 });
+
+describe('KCoralModel polling (@lumino/polling)', () => {
+  beforeEach(() => jest.useFakeTimers());
+  afterEach(() => jest.useRealTimers());
+
+  function counted(fail: () => boolean, standby: () => boolean = () => false) {
+    const calls = { servers: 0 };
+    const fetcher = async (path: string) => {
+      if (path === 'servers') {
+        calls.servers++;
+        if (fail()) {
+          throw new TypeError('Failed to fetch');
+        }
+        return jsonResponse({ servers: [server('a', true)] });
+      }
+      return jsonResponse({ jobs: [], errors: [] });
+    };
+    const m = new KCoralModel(new KCoralApi(fetcher), {
+      pollIntervalMs: 1000,
+      maxIntervalMs: 9000,
+      statusServer: '',
+      standby: standby
+    });
+    return { m, calls };
+  }
+
+  it('polls at once, then every interval while the server extension answers', async () => {
+    const { m, calls } = counted(() => false);
+    m.start();
+    await jest.advanceTimersByTimeAsync(10);
+    expect(calls.servers).toBe(1);
+    await jest.advanceTimersByTimeAsync(3000);
+    expect(calls.servers).toBe(4);
+    m.dispose();
+    await jest.advanceTimersByTimeAsync(10_000);
+    expect(calls.servers).toBe(4);
+  });
+
+  it('backs off while polls fail, up to the maximum, and recovers its interval', async () => {
+    let failing = true;
+    const { m, calls } = counted(() => failing);
+    m.start();
+    await jest.advanceTimersByTimeAsync(60_000);
+    // Every second without back-off would be 60 tries; growing delays capped at 9 s (with
+    // Lumino's random spread) leave far fewer.
+    expect(calls.servers).toBeGreaterThan(3);
+    expect(calls.servers).toBeLessThan(20);
+    failing = false;
+    for (let waited = 0; !m.summary.online && waited < 30_000; waited += 100) {
+      await jest.advanceTimersByTimeAsync(100); // until the next try, which succeeds ...
+    }
+    expect(m.summary.online).toBe(true);
+    const recovered = calls.servers;
+    await jest.advanceTimersByTimeAsync(3500); // ... and the interval is 1 s again
+    expect(calls.servers - recovered).toBeGreaterThanOrEqual(3);
+    m.dispose();
+  });
+
+  it('stands by while told to (a hidden page) and polls again afterwards', async () => {
+    let hidden = false;
+    const { m, calls } = counted(
+      () => false,
+      () => hidden
+    );
+    m.start();
+    await jest.advanceTimersByTimeAsync(10);
+    hidden = true;
+    const before = calls.servers;
+    await jest.advanceTimersByTimeAsync(30_000);
+    expect(calls.servers).toBe(before);
+    hidden = false;
+    await jest.advanceTimersByTimeAsync(2000);
+    expect(calls.servers).toBeGreaterThan(before);
+    m.dispose();
+  });
+
+  it('refreshes at once on request and applies a new interval', async () => {
+    const { m, calls } = counted(() => false);
+    m.start();
+    await jest.advanceTimersByTimeAsync(10);
+    await m.poller.refresh();
+    await jest.advanceTimersByTimeAsync(10);
+    expect(calls.servers).toBe(2);
+    m.configure(250, '');
+    await jest.advanceTimersByTimeAsync(1100); // the tick already scheduled, then 250 ms
+    const before = calls.servers;
+    await jest.advanceTimersByTimeAsync(1000);
+    expect(calls.servers - before).toBeGreaterThanOrEqual(3);
+    m.dispose();
+  });
+});
