@@ -60,13 +60,8 @@ from dataclasses import dataclass, field
 
 from kcoral_server.limits import enter_cgroups
 from kcoral_server.pidfd import open_pidfd
-from kcoral_server.worker.reaper import (
-    become_subreaper,
-    children,
-    is_alive,
-    kill_process,
-    tie_to_parent,
-)
+from kcoral_server.procfs import children, is_alive, kill_process, namespace_pid
+from kcoral_server.worker.reaper import become_subreaper, tie_to_parent
 
 _STATUS = struct.Struct("<ii")  # exit code, orphans that survived SIGKILL
 _MAX_MESSAGE = 1 << 20  # the environment travels in one datagram
@@ -126,7 +121,7 @@ class ForkedProcess:
         try:
             data = os.read(self._status_fd, _STATUS.size)
         except BlockingIOError:
-            if _pid_alive(self.pid):
+            if is_alive(self.pid):
                 return None
             # Exited (its pidfd already says so) but not yet reaped by the launcher, which
             # writes the code within moments: wait for it rather than report "running".
@@ -141,7 +136,7 @@ class ForkedProcess:
             data = b""
         if len(data) == _STATUS.size:
             self.returncode, self.survivors = _STATUS.unpack(data)
-        elif _pid_alive(self.pid):
+        elif is_alive(self.pid):
             return None  # the launcher died first; the worker itself still runs
         else:
             self.returncode = -signal.SIGKILL  # exit code lost with the launcher
@@ -178,15 +173,6 @@ class ForkedProcess:
 
     def __del__(self) -> None:
         self._close()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 class Launcher:
@@ -362,12 +348,7 @@ def host_pid(root: int, ns_pid: int) -> int | None:
     stack = [root]
     while stack:
         for pid in children(stack.pop()):
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    line = next((x for x in f if x.startswith("NSpid:")), "")
-            except OSError:
-                continue
-            if line.split()[-1:] == [str(ns_pid)]:
+            if namespace_pid(pid) == str(ns_pid):
                 return pid
             stack.append(pid)
     return None

@@ -36,12 +36,8 @@ from kcoral_server.responses import (
     error_reply,
     json_reply,
 )
-from kcoral_server.worker_handle import (
-    ReceiveInterrupted,
-    WorkerGone,
-    WorkerHandle,
-    WorkerStartError,
-)
+from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone, close_fds
+from kcoral_server.worker_handle import WorkerHandle, WorkerStartError
 from kcoral_server.workspace import NO_OUTPUT, CapturedOutput, Workspace
 
 from kcoral.errors import ValidationError
@@ -152,7 +148,7 @@ class ExecuteRequest:
         self.cancel_reason = reason
         self._cancel_event.set()
         if self._driving is not None:
-            self._driving.interrupt_receive()
+            self._driving.channel.interrupt()
         return True
 
     def _cancelled_failure(self) -> RequestFailed:
@@ -375,12 +371,12 @@ class ExecuteRequest:
             queue_ms=queue_ms,
         )
         started = time.monotonic()
-        handle.begin_request(self.request_id)
-        handle.on_lease = self.observer.lease
+        handle.lease.begin_request(self.request_id)
+        handle.lease.observe(self.observer.lease)
         try:
             drive = await self._drive(handle, parsed, resolution, timeout, limit, started)
         finally:
-            handle.on_lease = None
+            handle.lease.observe(None)
         retire = drive.reason_retire
         if drive.kind == "finished":
             retire = state.pool.retire_reason(seat, retire)
@@ -430,44 +426,19 @@ class ExecuteRequest:
         state = self.state
         assert state.arbiter is not None
         started = time.monotonic()
-        handle = WorkerHandle(
-            seat_id=seat.id,
-            generation=seat.generation,
-            device=state.mode,
-            gpu_ids=[],
-            gpu_uuids=[],
-            arbiter=state.arbiter,
-            sandbox=state.sandbox,
-            log_programs=state.config.log_programs,
-            allowed_serialization=state.config.allowed_serialization,
-            transient=True,
-            config=state.config,
-            events=state.events,
-        )
-        handle.begin_request(self.request_id)
-        handle.lease.waiting_since = started
-        self.observer.lease("lease_wait")
+        handle = state.pool.set_worker(seat)
+        handle.lease.begin_request(self.request_id)
+        handle.lease.observe(self.observer.lease)
         try:
-            gpu_ids = list(
-                await self._unless_cancelled(
-                    state.arbiter.acquire(handle, count=count, request_id=self.request_id)
-                )
+            gpu_ids = await self._unless_cancelled(
+                handle.take_gpu_set(count, self.request_id, state.gpu_uuid)
             )
         except BaseException as exc:
-            state.arbiter.withdraw(handle)
+            handle.lease.withdraw()
             state.pool.release_unused(seat)
             if isinstance(exc, GpuQuarantined):
                 raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
             raise
-        self.observer.lease("lease_held")
-        now = time.monotonic()
-        handle.lease.wait_total += now - started
-        handle.lease.waiting_since = None
-        handle.lease.held_since = now
-        handle.holds_lease = True
-        handle.gpu_ids = gpu_ids
-        uuids = [state.gpu_uuid(g) for g in gpu_ids]
-        handle.gpu_uuids = uuids if all(uuids) else []
         self.finish_fields["gpu_ids"] = gpu_ids
         state.events.emit(
             "request_routed",
@@ -500,7 +471,7 @@ class ExecuteRequest:
             return outcome
         finally:
             await state.pool.kill(handle)
-            handle.release_lease()
+            handle.lease.release()
             state.pool.release_unused(seat)
 
     def _confirm_cleanup(self, handle: WorkerHandle) -> None:
@@ -565,7 +536,7 @@ class ExecuteRequest:
             return await self._collect(handle, drive, timeout, started)
         finally:
             self._driving = None
-            handle.clear_interrupt()
+            handle.channel.clear_interrupt()
 
     async def _collect(
         self, handle: WorkerHandle, drive: _Drive, timeout: float, started: float
@@ -581,16 +552,16 @@ class ExecuteRequest:
                     ending = self._cancelled(handle, drive)
                     break
                 used = self._budget_used(handle, started)
-                if used >= timeout and not handle.waiting_for_lease:
+                if used >= timeout and not handle.lease.waiting:
                     ending = self._timed_out(handle, drive)
                     break
                 if alarm is None:
                     # The deadline only moves later (lease waits pause it): an alarm that
                     # rings early just leads to a new one.
-                    wait = 0.25 if handle.waiting_for_lease else max(0.001, timeout - used)
-                    alarm = loop.call_later(wait, handle.interrupt_receive)
+                    wait = 0.25 if handle.lease.waiting else max(0.001, timeout - used)
+                    alarm = loop.call_later(wait, handle.channel.interrupt)
                 try:
-                    message, fds = await handle.receive(None)
+                    message, fds = await handle.channel.receive(None)
                 except ReceiveInterrupted:
                     alarm.cancel()
                     alarm = None
@@ -605,12 +576,12 @@ class ExecuteRequest:
                     elif isinstance(message, ipc.ReturnProduced):
                         drive.returns.append(self._return_record(message, fds, drive))
                     elif isinstance(message, ipc.ProgramFinished):
-                        _close(fds)
+                        close_fds(fds)
                         return self._program_finished(message, drive, handle)
                     else:
                         raise ValueError(f"unexpected message {message.tag!r}")
                 except (ValueError, TypeError, OSError) as exc:
-                    _close(fds)
+                    close_fds(fds)
                     ending = self._gone(handle, drive, WorkerGone(str(exc), invalid=True))
                     break
         finally:
@@ -623,7 +594,7 @@ class ExecuteRequest:
     ) -> ReturnRecord:
         lengths = [int(n) for n in message.part_lengths]
         if any(n < 0 for n in lengths) or len(fds) != (1 if lengths else 0):
-            _close(fds)
+            close_fds(fds)
             raise ValueError("return parts do not match their descriptor")
         parts: list[memoryview] = []
         if fds:
@@ -643,7 +614,7 @@ class ExecuteRequest:
                 else:
                     parts = [memoryview(b"") for _ in lengths]
             finally:
-                _close(fds)
+                close_fds(fds)
         if not isinstance(message.node, dict) or not isinstance(message.key, str):
             raise ValueError("return node is not an object")
         return ReturnRecord(message.key, message.node, parts)
@@ -721,7 +692,7 @@ class ExecuteRequest:
         drive.reason_retire = "crashed"
         self.finish_fields["exitcode"] = handle.returncode
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
-        if handle.quarantined:
+        if handle.lease.quarantined:
             drive.kind = "quarantined"  # its GPU was taken out of service under it
         elif gone.invalid:
             drive.kind = "invalid"
@@ -777,10 +748,9 @@ class ExecuteRequest:
         self, drive: _Drive, handle: WorkerHandle, started: float, output: CapturedOutput
     ) -> Outcome:
         loop = asyncio.get_running_loop()
-        handle.end_request()
-        elapsed = time.monotonic() - started
         # Read now: once the seat is handed on, the handle times the next request.
-        lease_wait, lease_held = handle.lease.wait_total, handle.lease.held_total
+        lease_wait, lease_held = handle.lease.end_request()
+        elapsed = time.monotonic() - started
         if not drive.workspace.remove_if_empty():
             # a tree the program wrote: walking it can take long, keep it off the loop
             await loop.run_in_executor(self.state.executor, drive.workspace.remove)
@@ -864,9 +834,3 @@ def _instruction_error(instruction: ipc.InstructionStarted, message: str) -> dic
         "instruction_id": instruction.id,
         "traceback": "",
     }
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)

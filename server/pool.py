@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -24,7 +23,8 @@ from typing import Any
 
 from kcoral_server import ipc, limits
 from kcoral_server.lease import GpuQuarantined, LeaseArbiter
-from kcoral_server.worker_handle import SeatSandbox, WorkerGone, WorkerHandle, WorkerStartError
+from kcoral_server.worker_channel import WorkerGone, close_fds
+from kcoral_server.worker_handle import SeatSandbox, WorkerHandle, WorkerStartError
 from kcoral_server.workspace import remove_stale_workspaces
 
 RETIRE_LEVELS = {
@@ -150,11 +150,6 @@ class Pool:
     def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
         return next((g for g in self.gpus if g.id == gpu_id), None)
 
-    @property
-    def device(self) -> str:
-        """The worker runtime: "cpu", "gpu" or "fake-gpu"."""
-        return self.mode
-
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> None:
@@ -217,6 +212,25 @@ class Pool:
             events=self.events,
             seats=len(self.seats),
             seat_sandbox=seat.sandbox,
+        )
+
+    def set_worker(self, seat: Seat) -> WorkerHandle:
+        """PROTOCOL §6.5: a transient worker for a GPU-set request that borrowed ``seat``;
+        it leases its GPUs (``WorkerHandle.take_gpu_set``) before it starts, and is killed
+        while holding them."""
+        return WorkerHandle(
+            seat_id=seat.id,
+            generation=seat.generation,
+            device=self.mode,
+            gpu_ids=[],
+            gpu_uuids=[],
+            arbiter=self.arbiter,
+            sandbox=self.sandbox,
+            log_programs=self.config.log_programs,
+            allowed_serialization=self.allowed_serialization,
+            transient=True,
+            config=self.config,
+            events=self.events,
         )
 
     async def _start_seat(self, seat: Seat, *, phase: str, idle: bool = True) -> bool:
@@ -438,13 +452,11 @@ class Pool:
     async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:
         try:
             while True:
-                message, fds = await handle.receive(REUSE_READY_TIMEOUT_SECONDS)
-                for fd in fds:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+                message, fds = await handle.channel.receive(REUSE_READY_TIMEOUT_SECONDS)
+                close_fds(fds)
                 if isinstance(message, ipc.WorkerReady):
                     # After ProgramFinished the worker forgot the lease; it is ours to free.
-                    handle.release_lease()
+                    handle.lease.release()
                     break
                 # Anything else between requests is a protocol violation.
                 raise WorkerGone(f"unexpected message {message.tag!r}", invalid=True)
@@ -509,8 +521,8 @@ class Pool:
         grace = float(self.config.worker_termination_grace_seconds)
         arbiter = self.arbiter
         token: object | None = None
-        if arbiter is not None and handle.gpu_ids and not handle.holds_lease:
-            arbiter.withdraw(handle)
+        if arbiter is not None and handle.gpu_ids and not handle.lease.held:
+            handle.lease.withdraw()
             token = object()
             try:
                 await arbiter.acquire(token, handle.gpu_ids, request_id=handle.request_id)
@@ -521,7 +533,7 @@ class Pool:
         finally:
             if token is not None:
                 arbiter.release(token, handle.gpu_ids)  # type: ignore[union-attr]
-        handle.release_lease()
+        handle.lease.release()
         self._check_cleanup(handle)
 
     async def stop_worker(self, handle: WorkerHandle, timeout: float) -> bool:
@@ -530,7 +542,7 @@ class Pool:
         exited = await handle.stop(timeout, float(self.config.worker_termination_grace_seconds))
         if exited:
             handle.close()
-            handle.release_lease()
+            handle.lease.release()
             self._check_cleanup(handle)
         return exited
 

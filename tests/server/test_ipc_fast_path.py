@@ -1,5 +1,5 @@
 """The front-end's IPC fast path: the message codec, the non-blocking send, the channel's
-direct delivery to the worker handle, and ``WorkerHandle.receive`` without ``wait_for``."""
+direct delivery to the worker's channel, and ``WorkerChannel.receive`` without ``wait_for``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from dataclasses import fields
 
 import pytest
 from kcoral_server import ipc
-from kcoral_server.worker_handle import ReceiveInterrupted, WorkerGone, WorkerHandle
+from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone
+from kcoral_server.worker_handle import WorkerHandle
 
 SAMPLES: list[ipc.Message] = [
     ipc.Configure(
@@ -256,7 +257,7 @@ def _handle_on(front: socket.socket) -> WorkerHandle:
     handle = WorkerHandle(
         seat_id="s0", generation=1, device="cpu", gpu_ids=[], gpu_uuids=[], arbiter=None
     )
-    handle.channel = ipc.AsyncChannel(front, sink=handle._on_channel_item)
+    handle.channel.attach(front)
     return handle
 
 
@@ -273,8 +274,8 @@ def test_the_handle_answers_lease_requests_itself_and_queues_the_rest_in_order()
                 [_frame({"t": "program_finished", "v": 1, "status": "COMPLETED"}, 1)],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))],
             )
-            first, fds1 = await handle.receive(5)
-            second, fds2 = await handle.receive(5)
+            first, fds1 = await handle.channel.receive(5)
+            second, fds2 = await handle.channel.receive(5)
             assert first == ipc.InstructionStarted(index=0, op="call", id="a") and fds1 == []
             assert isinstance(second, ipc.ProgramFinished) and len(fds2) == 1
             assert os.fstat(fds2[0]).st_ino == os.fstat(r).st_ino
@@ -296,17 +297,17 @@ def test_receive_times_out_is_interrupted_and_then_reports_the_worker_gone() -> 
         handle = _handle_on(front)
         try:
             with pytest.raises(TimeoutError):
-                await handle.receive(0.01)
-            asyncio.get_running_loop().call_later(0.01, handle.interrupt_receive)
+                await handle.channel.receive(0.01)
+            asyncio.get_running_loop().call_later(0.01, handle.channel.interrupt)
             with pytest.raises(ReceiveInterrupted):
-                await handle.receive(5)
-            waiting = asyncio.ensure_future(handle.receive(5))
+                await handle.channel.receive(5)
+            waiting = asyncio.ensure_future(handle.channel.receive(5))
             await asyncio.sleep(0.01)
             back.close()  # the worker's end goes away
             with pytest.raises(WorkerGone, match="channel closed"):
                 await waiting
             with pytest.raises(WorkerGone):  # every later receive too
-                await handle.receive(5)
+                await handle.channel.receive(5)
         finally:
             handle.close()
 
@@ -319,13 +320,13 @@ def test_a_cancelled_receive_leaves_the_next_message_for_the_next_receive() -> N
         handle = _handle_on(front)
         worker = ipc.BlockingChannel(back)
         try:
-            waiting = asyncio.ensure_future(handle.receive(None))
+            waiting = asyncio.ensure_future(handle.channel.receive(None))
             await asyncio.sleep(0.01)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
             worker.send(ipc.WorkerReady(pid=7))
-            message, _ = await handle.receive(5)
+            message, _ = await handle.channel.receive(5)
             assert message == ipc.WorkerReady(pid=7)
         finally:
             handle.close()
@@ -341,7 +342,7 @@ def test_an_unreadable_worker_message_marks_the_worker_gone_as_invalid() -> None
         try:
             back.sendall(struct.pack(">IH", 3, 0) + b"{{{")
             with pytest.raises(WorkerGone) as caught:
-                await handle.receive(5)
+                await handle.channel.receive(5)
             assert caught.value.invalid
         finally:
             handle.close()

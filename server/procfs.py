@@ -1,0 +1,105 @@
+"""Reading process trees from ``/proc``: one module for the front-end, the fork server and
+the worker (stdlib only: the fork server and the worker import it before anything else).
+
+``/proc/<pid>/task/*/children`` lists a process's children per thread; a process that is
+a child subreaper (the worker, the fork server) gets orphans of its descendants re-parented
+to it, so walking these files from it finds every live descendant. Processes come and go
+while the files are read: every reader treats a vanished file as "no such process".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import signal
+from collections.abc import Sequence
+
+from kcoral_server.pidfd import open_pidfd
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (zombies included)."""
+    found: list[int] = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as handle:
+                found.extend(int(part) for part in handle.read().split())
+        except (OSError, ValueError):
+            continue  # the task or process went away meanwhile
+    return found
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every descendant of ``pid`` (default: this process), parents before children."""
+    root = os.getpid() if pid is None else pid
+    seen: list[int] = []
+    pending = [root]
+    while pending:
+        for child in children(pending.pop()):
+            if child not in seen:
+                seen.append(child)
+                pending.append(child)
+    return seen
+
+
+def state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (``R``, ``S``, ``Z``, ...); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    # the command name may contain spaces and parentheses: the state follows the last ')'
+    return data[data.rfind(")") + 2 :][:1] or None
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie has already finished)."""
+    return state(pid) not in (None, "Z", "X")
+
+
+def live_descendants(pid: int | None = None) -> list[int]:
+    """Descendants of ``pid`` (default: this process) that are not zombies."""
+    return [child for child in descendants(pid) if is_alive(child)]
+
+
+def namespace_pid(pid: int) -> str | None:
+    """The pid of ``pid`` in its innermost PID namespace (last ``NSpid`` field)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            line = next((x for x in handle if x.startswith("NSpid:")), "")
+    except OSError:
+        return None
+    fields = line.split()
+    return fields[-1] if len(fields) > 1 else None
+
+
+def kill_process(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal ``pid`` through a pidfd (a plain ``kill`` where pidfds are unsupported)."""
+    # A pidfd names this very process, so a recycled pid can never be hit by mistake.
+    try:
+        fd = open_pidfd(pid)
+    except ProcessLookupError:
+        return
+    if fd is None:  # no pidfds here: a plain kill (the pid is our own unreaped child)
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+        return
+    try:
+        signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def signal_all(pids: Sequence[int], sig: int, *, group: int | None = None) -> None:
+    """Send ``sig`` to the process group ``group`` (when given) and to each of ``pids``,
+    ignoring those already gone."""
+    if group is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(group, sig)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
