@@ -1,0 +1,105 @@
+"""Each flavour's shell against a real server: the same calls through ``Client`` and
+``AsyncClient`` give the same answers (request ids and timings aside)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from remote_samples import factorial
+
+from kcoral import AsyncClient, Client, Program
+from kcoral.errors import KCoralError
+
+
+def summary(value: Any) -> Any:
+    """What must agree between the flavours: no ids, no timings."""
+    if hasattr(value, "results") and hasattr(value, "status"):
+        return (value.status, dict(value.results), value.stdout, value.error is None)
+    if isinstance(value, dict) and "status" in value and "job_id" in value:
+        return value["status"]
+    return value
+
+
+def blob_program(data: bytes) -> Program:
+    program = Program()
+    module = program.upload(
+        kind="module", source="def size(b):\n    print('got', len(b))\n    return len(b)\n"
+    )
+    function = program.get_function(module=module, name="size")
+    blob = program.upload(kind="bytes", value=data)
+    program.return_(key="size", value=program.run(fn=function, args=[blob]))
+    return program
+
+
+def submit_and_wait(client: Any) -> Any:
+    job = client.submit(blob_program(b"job"), serialization="json")
+    texts = [event.text for event in job.events() if event.kind == "stdout"]
+    return "".join(texts), job.result()
+
+
+async def submit_and_wait_async(client: AsyncClient) -> Any:
+    job = await client.submit(blob_program(b"job"), serialization="json")
+    texts = [event.text async for event in job.events() if event.kind == "stdout"]
+    return "".join(texts), await job.result()
+
+
+def refused(client: Any) -> Any:
+    program = Program()
+    program.upload(kind="module", source="x = 1\n", id="m")
+    program.upload(kind="module", source="x = 2\n", id="n")
+    return client.execute(program, timeout_seconds=-1)
+
+
+SCENARIOS: dict[str, tuple[Callable[[Client], Any], Callable[[AsyncClient], Any]]] = {
+    "health": (lambda c: c.health()["status"], lambda c: c.health()),
+    "features": (lambda c: c.info()["features"], lambda c: c.info()),
+    "a blob program twice": (
+        lambda c: [c.execute(blob_program(b"x" * 1000)) for _ in range(2)],
+        lambda c: asyncio.gather(*[c.execute(blob_program(b"x" * 1000)) for _ in range(2)]),
+    ),
+    "a refused request": (refused, refused),
+    "a job with live output": (submit_and_wait, submit_and_wait_async),
+    "remote function, json": (
+        lambda c: c.function()(factorial).remote(5),
+        lambda c: c.function()(factorial).remote(5, run_async=True),
+    ),
+    "remote function, pickle": (
+        lambda c: c.function(serialization="pickle")(factorial).remote(5),
+        lambda c: c.function(serialization="pickle")(factorial).remote(5, run_async=True),
+    ),
+}
+
+
+def outcome(call: Callable[[], Any]) -> Any:
+    try:
+        value = call()
+    except KCoralError as exc:
+        return ("raised", exc.status_code, exc.kind)
+    if isinstance(value, list):
+        return [summary(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(summary(v) for v in value)
+    return summary(value)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_sync_and_async_clients_agree_against_a_real_server(server_url: str, name: str) -> None:
+    sync_call, async_call = SCENARIOS[name]
+    with Client(server_url) as client:
+        sync_outcome = outcome(lambda: sync_call(client))
+
+    async def run() -> Any:
+        async with AsyncClient(server_url) as client:
+            value = await async_call(client)
+        return value
+
+    async_outcome = outcome(lambda: asyncio.run(run()))
+    if name == "health":
+        async_outcome = async_outcome["status"]
+    if name == "features":
+        async_outcome = async_outcome["features"]
+    assert sync_outcome == async_outcome
+    assert sync_outcome  # something was compared
