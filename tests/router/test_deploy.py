@@ -64,17 +64,22 @@ def test_the_kubernetes_manifests_match_the_cli(tmp_path: Path) -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"][:2] == ["kcoral", "router"]
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
-    client_secret = next(d for d in router_docs if d["kind"] == "Secret")
+    # The Secrets come from the kustomization's generators (deploy/kubernetes/secrets/, kept
+    # out of git; the client tokens' format is in client-tokens.example).
+    kustomization = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
+    generated = {g["name"]: g["files"][0].split("=", 1) for g in kustomization["secretGenerator"]}
+    client_secret = "kcoral-client-tokens"
+    key = generated[client_secret][0]
     # The client tokens (named identities) are a mounted file, the node token an env var.
     volume = deployment["spec"]["template"]["spec"]["volumes"][0]
-    assert volume["secret"]["secretName"] == client_secret["metadata"]["name"]
-    assert secrets["KCORAL_NODE_TOKEN"] != client_secret["metadata"]["name"]
+    assert volume["secret"]["secretName"] == client_secret
+    assert secrets["KCORAL_NODE_TOKEN"] != client_secret
+    assert secrets["KCORAL_NODE_TOKEN"] in generated
     mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
-    key = next(iter(client_secret["stringData"]))
     command = container["command"]
     assert command[command.index("--auth-token-file") + 1] == f"{mount['mountPath']}/{key}"
-    (tmp_path / "clients").write_text(client_secret["stringData"][key])
-    assert parse_tokens(client_secret["stringData"][key])  # valid identity lines
+    example = (DEPLOY / "kubernetes" / "secrets" / "client-tokens.example").read_text()
+    assert parse_tokens(example)  # valid identity lines
     settings = parse_router_args(with_token_file(command[2:], tmp_path), {"KCORAL_NODE_TOKEN": "t"})
     ports = {p["containerPort"] for p in container["ports"]}
     assert ports == {settings.port}
@@ -86,7 +91,6 @@ def test_the_kubernetes_manifests_match_the_cli(tmp_path: Path) -> None:
 
     node_docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "node.yaml").read_text()))
     daemonset = next(d for d in node_docs if d["kind"] == "DaemonSet")
-    secret = next(d for d in node_docs if d["kind"] == "Secret")
     node = daemonset["spec"]["template"]["spec"]["containers"][0]
     assert node["resources"]["limits"]["nvidia.com/gpu"] >= 1
     command = [arg.replace("$(NODE_NAME)", "worker-7") for arg in node["command"]]
@@ -96,6 +100,6 @@ def test_the_kubernetes_manifests_match_the_cli(tmp_path: Path) -> None:
         f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
     )
     env = {e["name"]: e["valueFrom"] for e in node["env"]}
-    assert env["KCORAL_NODE_TOKEN"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+    assert env["KCORAL_NODE_TOKEN"]["secretKeyRef"]["name"] == secrets["KCORAL_NODE_TOKEN"]
     assert env["NODE_NAME"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert "--node-token" not in command

@@ -1,0 +1,221 @@
+"""The Kubernetes manifests pass the schema and agree with the code, the images and each
+other: commands through the real argument parsers, probes, drain time, tokens, the sandbox's
+needs and the kustomization's one place for images, tokens, replicas and GPUs."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from deploy_files import (
+    IMAGES,
+    KUBERNETES,
+    build_commands,
+    container,
+    final_stage_instructions,
+    kustomization,
+    manifests,
+    project_version,
+    resource,
+)
+from kcoral_server.cli_args import parse_server_args
+from kcoral_server.identity import parse_tokens
+from kcoral_server.router.settings import parse_router_args
+
+# The newest Kubernetes the installed schema knows (kubernetes-validate is pinned in the
+# test extra), validated strictly: a misspelt or misplaced field fails.
+KUBERNETES_VERSION = kubernetes_validate.latest_version()
+
+
+def node() -> dict:
+    return resource("DaemonSet", "kcoral-node")
+
+
+def router() -> dict:
+    return resource("Deployment", "kcoral-router")
+
+
+def node_command() -> list[str]:
+    """The node container's command with the downward-API node name filled in."""
+    command = [arg.replace("$(NODE_NAME)", "gpu-host-7") for arg in container(node())["command"]]
+    assert command[:2] == ["kcoral", "server"]
+    return command
+
+
+def router_arguments(tmp_path: Path) -> list[str]:
+    command = list(container(router())["command"])
+    assert command[:2] == ["kcoral", "router"]
+    index = command.index("--auth-token-file") + 1
+    tokens = tmp_path / "tokens"
+    tokens.write_text((KUBERNETES / "secrets" / "client-tokens.example").read_text())
+    command[index] = str(tokens)
+    return command[2:]
+
+
+def test_every_manifest_passes_the_kubernetes_schema_strictly() -> None:
+    failures = []
+    for name, documents in manifests().items():
+        assert documents, f"{name} holds no resource"
+        for document in documents:
+            try:
+                kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                label = f"{name}: {document['kind']}/{document['metadata']['name']}"
+                failures.append(f"{label}: {str(error).splitlines()[0]}")
+    assert not failures
+
+
+def test_every_yaml_file_is_a_resource_of_the_kustomization() -> None:
+    listed = set(kustomization()["resources"])
+    on_disk = {p.name for p in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk
+
+
+def test_the_manifests_name_the_images_the_build_files_produce() -> None:
+    built = {image: tag for _command, image, tag in build_commands().values()}
+    assert set(built) == {"kcoral-router", "kcoral-node"}
+    named = {container(w)["image"] for w in (router(), node())}
+    assert named == set(built)
+    # The kustomization points those names at a registry and pins them to this release.
+    images = {entry["name"]: entry for entry in kustomization()["images"]}
+    assert set(images) == set(built)
+    for image, tag in built.items():
+        assert images[image]["newTag"] == tag == project_version()
+
+
+def test_the_kustomization_sets_tokens_replicas_and_gpus_of_resources_that_exist() -> None:
+    spec = kustomization()
+    assert spec["namespace"] == resource("Namespace", "kcoral")["metadata"]["name"]
+    # Replicas: only the router's, and always one (a node's streams must share a router).
+    assert spec["replicas"] == [{"name": "kcoral-router", "count": 1}]
+    assert router()["spec"]["replicas"] == 1
+    # Tokens: the two Secrets the workloads read, generated from files kept out of git.
+    generated = {s["name"]: s for s in spec["secretGenerator"]}
+    assert set(generated) == {"kcoral-node-token", "kcoral-client-tokens"}
+    ignored = (KUBERNETES / "secrets" / ".gitignore").read_text().split()
+    for secret in generated.values():
+        ((key, path),) = (entry.split("=", 1) for entry in secret["files"])
+        assert path.startswith("secrets/") and path.removeprefix("secrets/") in ignored
+        assert key in {"token", "tokens"}
+    refs = []
+    for workload in (router(), node()):
+        for env in container(workload)["env"]:
+            source = env.get("valueFrom", {})
+            if "secretKeyRef" in source:
+                refs.append((source["secretKeyRef"]["name"], source["secretKeyRef"]["key"]))
+    volume = router()["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"]
+    assert set(refs) == {("kcoral-node-token", "token")}
+    assert volume == "kcoral-client-tokens"
+    # GPUs: the ids the server uses and the count asked of the device plugin, both here.
+    (settings,) = spec["configMapGenerator"]
+    ((key, gpus),) = (entry.split("=", 1) for entry in settings["literals"])
+    (patch,) = spec["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": "kcoral-node"}
+    counts = {op["path"].rsplit("/", 2)[-2]: op["value"] for op in _ops(patch["patch"])}
+    ids = [int(g) for g in gpus.split(",")]
+    assert ids == list(range(len(ids))) and counts == {"requests": len(ids), "limits": len(ids)}
+    resources = container(node())["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"]
+    assert resources["limits"]["nvidia.com/gpu"] == len(ids)  # the plain manifest agrees
+    env = {e["name"]: e for e in container(node())["env"]}
+    assert env["KCORAL_SERVER_GPUS"]["valueFrom"]["configMapKeyRef"] == {
+        "name": settings["name"],
+        "key": key,
+    }
+
+
+def _ops(text: str) -> list[dict]:
+    return yaml.safe_load(text)
+
+
+def test_the_router_command_parses_and_needs_both_kinds_of_token(tmp_path: Path) -> None:
+    arguments = router_arguments(tmp_path)
+    settings = parse_router_args(arguments, {"KCORAL_NODE_TOKEN": "t"})
+    assert not ipaddress.ip_address(settings.host).is_loopback
+    assert settings.node_token == "t" and "ops" in (settings.auth_token or "")
+    spec = router()["spec"]
+    box = container(router())
+    assert {p["containerPort"] for p in box["ports"]} == {settings.port}
+    for probe in ("readinessProbe", "livenessProbe"):
+        # /health is 503 until a node is ready, so the probes ask only for the port.
+        assert box[probe] == {**box[probe], "tcpSocket": {"port": settings.port}}
+    service = resource("Service", "kcoral-router")
+    assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == settings.port
+    # Never two routers at once, not even during an update.
+    assert spec["strategy"] == {"type": "Recreate"}
+    mount = next(m for m in box["volumeMounts"] if m["name"] == "client-tokens")
+    command = box["command"]
+    assert command[command.index("--auth-token-file") + 1] == f"{mount['mountPath']}/tokens"
+
+
+def test_the_node_command_parses_and_reaches_the_router_service(tmp_path: Path) -> None:
+    server = parse_server_args(node_command()[2:], {"KCORAL_NODE_TOKEN": "t"})
+    assert server.supervisor is not None and server.config.node_id == "gpu-host-7"
+    service = resource("Service", "kcoral-router")
+    port = service["spec"]["ports"][0]["port"]
+    assert server.config.router_endpoint == f"http://{service['metadata']['name']}:{port}"
+    assert server.config.sandbox == "bubblewrap"
+    env = {e["name"]: e for e in container(node())["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "--node-token" not in node_command() and "--auth-token-file" not in node_command()
+    # The GPU list comes from the environment the ConfigMap fills.
+    with_gpus = parse_server_args(node_command()[2:], {"KCORAL_SERVER_GPUS": "0,1,2,3"})
+    assert with_gpus.gpus_given and list(with_gpus.config.gpus) == [0, 1, 2, 3]
+
+
+def test_the_node_drains_within_its_grace_period_and_probes_its_own_server() -> None:
+    server = parse_server_args(node_command()[2:], {})
+    spec = node()["spec"]["template"]["spec"]
+    # SIGTERM lets active requests finish, each within --max-timeout-seconds; a minute more
+    # covers uploads, worker start and the answer.
+    assert spec["terminationGracePeriodSeconds"] >= server.config.max_timeout_seconds + 60
+    assert node()["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1}
+    box = container(node())
+    port = node_command()[node_command().index("--port") + 1]
+    assert "livenessProbe" not in box  # the supervisor restarts its server itself
+    for probe in ("startupProbe", "readinessProbe"):
+        interpreter, flag, code = box[probe]["exec"]["command"]
+        assert (interpreter, flag) == ("python3", "-c")
+        compile(code, probe, "exec")
+        assert f"http://127.0.0.1:{port}/health" in code
+
+
+def test_the_node_pod_gives_bubblewrap_what_it_needs_and_nothing_more() -> None:
+    pod = node()["spec"]["template"]["spec"]
+    context = container(node())["securityContext"]
+    # Namespaces made by an unprivileged process and a fresh /proc in them (SERVER §14).
+    assert context["seccompProfile"] == {"type": "Unconfined"}
+    assert context["appArmorProfile"] == {"type": "Unconfined"}
+    assert context["procMount"] == "Unmasked"
+    assert pod["hostUsers"] is False  # Kubernetes allows Unmasked only in a user namespace
+    # ... and no privilege on the machine.
+    assert "privileged" not in context and context["capabilities"] == {"drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # The namespace lets such pods in, and says so at the baseline level.
+    labels = resource("Namespace", "kcoral")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_both_pods_run_as_the_user_their_images_create() -> None:
+    for workload, build_file in ((router(), "router"), (node(), "node")):
+        users = [
+            rest
+            for word, rest in final_stage_instructions(IMAGES / f"{build_file}.Dockerfile")
+            if word == "USER"
+        ]
+        uid, gid = users[-1].split(":")
+        context = workload["spec"]["template"]["spec"]["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"]) == (int(uid), int(gid))
+        assert container(workload)["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("name", ["client-tokens.example"])
+def test_the_example_client_tokens_are_named_identities(name: str) -> None:
+    identities = parse_tokens((KUBERNETES / "secrets" / name).read_text())
+    assert {i.name for i in identities.values()} == {"alice", "bob", "ops"}
+    assert [i.name for i in identities.values() if i.admin] == ["ops"]

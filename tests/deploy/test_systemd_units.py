@@ -1,0 +1,83 @@
+"""The systemd units pass `systemd-analyze verify` and run commands the real parsers accept,
+with the node token only in the environment file."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deploy_files import SYSTEMD, unit_command
+from kcoral_server.cli_args import parse_server_args
+from kcoral_server.router.settings import parse_router_args
+
+UNITS = ("kcoral-router.service", "kcoral-node.service")
+
+
+def kcoral_entry_point() -> str:
+    """This environment's ``kcoral`` (the units name /usr/local/bin/kcoral, absent here)."""
+    found = shutil.which("kcoral", path=str(Path(sys.executable).parent)) or shutil.which("kcoral")
+    assert found, "the kcoral entry point is installed with the package"
+    return found
+
+
+def test_systemd_analyze_verify_accepts_both_units(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is missing (Debian's systemd package)")
+    kcoral = kcoral_entry_point()
+    copies = []
+    for name in UNITS:
+        text = (SYSTEMD / name).read_text()
+        assert text.count("/usr/local/bin/kcoral") == 1
+        copy = tmp_path / name
+        copy.write_text(text.replace("/usr/local/bin/kcoral", kcoral))
+        copies.append(str(copy))
+    done = subprocess.run(
+        [analyze, "verify", "--man=no", *copies],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # verify prints nothing for a clean unit; any line is a finding (unknown directive, bad
+    # value, missing command) even where the exit status stays 0.
+    assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), (
+        done.stdout + done.stderr
+    )
+
+
+def service(name: str) -> configparser.SectionProxy:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((SYSTEMD / name).read_text())
+    return parser["Service"]
+
+
+def test_the_units_take_the_node_token_from_an_environment_file(tmp_path: Path) -> None:
+    for name in UNITS:
+        section = service(name)
+        assert section["EnvironmentFile"].startswith("/etc/kcoral/")
+        assert "token" not in section["ExecStart"].lower().replace("--auth-token-file", "")
+        assert section["Restart"] == "always"
+    tokens = tmp_path / "clients"
+    tokens.write_text("alice c-alice\nops c-ops admin\n")
+    router = unit_command("kcoral-router.service", "kcoral")
+    at = router.index("--auth-token-file") + 1
+    settings = parse_router_args(
+        [*router[2:at], str(tokens), *router[at + 1 :]], {"KCORAL_NODE_TOKEN": "t"}
+    )
+    node = [a.replace("%l", "gpu-host-1") for a in unit_command("kcoral-node.service", "kcoral")]
+    server = parse_server_args(node[2:], {"KCORAL_NODE_TOKEN": "t"})
+    assert server.config.router_endpoint.endswith(f":{settings.port}")
+    assert server.config.sandbox == "bubblewrap"
+    # The node drains for up to its longest program before systemd kills it.
+    stop = int(service("kcoral-node.service")["TimeoutStopSec"])
+    assert stop >= server.config.max_timeout_seconds + 60
+    # The directories the node writes are the ones systemd creates for its user.
+    section = service("kcoral-node.service")
+    assert server.config.disk_cache_dir == Path("/var/cache") / section["CacheDirectory"]
+    assert server.config.log_dir == Path("/var/log") / section["LogsDirectory"]
