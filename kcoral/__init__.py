@@ -59,8 +59,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 if TYPE_CHECKING:  # static analysers see the real names
+    from kcoral.async_client import AsyncClient  # noqa: F401
     from kcoral.client import Client  # noqa: F401
     from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError, TransportError  # noqa: F401
+    from kcoral.jobs import Job  # noqa: F401
     from kcoral.program import Program, Register  # noqa: F401
     from kcoral.protocol.validate import parse_program  # noqa: F401
+    from kcoral.remote import RemoteFunction  # noqa: F401
     from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder  # noqa: F401
