@@ -25,7 +25,7 @@ from kcoral_server.blob_resolution import Resolution, resolve_blobs
 from kcoral_server.body import RequestBody, bytes_memfd, memfd_locations
 from kcoral_server.identity import DEFAULT, Identity
 from kcoral_server.lease import GpuQuarantined
-from kcoral_server.pool import NoWorker, Seat
+from kcoral_server.pool import NoWorker, RunResult, Seat
 from kcoral_server.responses import (
     Outcome,
     Reply,
@@ -312,27 +312,26 @@ class ExecuteRequest:
         self.observer.accepted(self)
 
         admitted_at = time.monotonic()
+        if self.cancel_reason is not None:
+            raise self._cancelled_failure()
+        checkout = state.pool.checkout(
+            config.worker_wait_timeout_seconds, owner=self.observer, wait=self._unless_cancelled
+        )
         try:
-            # An idle seat is taken at once: no task, no waiter (front-end CPU per request).
-            seat = state.pool.try_acquire() if self.cancel_reason is None else None
-            if seat is None:
-                seat = await self._unless_cancelled(
-                    state.pool.acquire(config.worker_wait_timeout_seconds, owner=self.observer)
-                )
-        except NoWorker:
+            async with checkout as seat:
+                queue_ms = (time.monotonic() - admitted_at) * 1000.0
+                self.seat = seat
+                self.finish_fields.update(worker_id=seat.id, gpu_id=seat.gpu_id, queue_ms=queue_ms)
+                gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
+                self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
+                try:
+                    outcome = await self._execute(
+                        seat, program, parsed, resolution, timeout, limit, queue_ms
+                    )
+                finally:
+                    state.request_done()
+        except NoWorker:  # only the checkout raises it: no seat within the wait, or closing
             raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
-        queue_ms = (time.monotonic() - admitted_at) * 1000.0
-        self.seat = seat
-        self.finish_fields.update(worker_id=seat.id, gpu_id=seat.gpu_id, queue_ms=queue_ms)
-        gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
-        self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
-        try:
-            outcome = await self._execute(
-                seat, program, parsed, resolution, timeout, limit, queue_ms
-            )
-        finally:
-            state.pool.finish_request(seat)
-            state.request_done()
         return await self._respond(outcome, queue_ms)
 
     # ------------------------------------------------------------------ execution
@@ -377,9 +376,8 @@ class ExecuteRequest:
             drive = await self._drive(handle, parsed, resolution, timeout, limit, started)
         finally:
             handle.lease.observe(None)
-        retire = drive.reason_retire
-        if drive.kind == "finished":
-            retire = state.pool.retire_reason(seat, retire)
+        retire = state.pool.retirement(seat, drive.reason_retire)
+        if drive.result is RunResult.FINISHED:
             # A one-shot worker closes its channel right after the outcome (gone is set):
             # its exit still has to be awaited and its code checked (§6.3, SERVER §8).
             if retire is not None and (
@@ -626,7 +624,7 @@ class ExecuteRequest:
             raise ValueError(f"unknown program status {message.status!r}")
         if message.status == "FAILED" and not isinstance(message.error, dict):
             raise ValueError("FAILED without an error object")
-        drive.kind = "finished"
+        drive.result = RunResult.FINISHED
         drive.status = message.status
         drive.error = message.error if message.status == "FAILED" else None
         if drive.error is not None and drive.error.get("kind") == "gpu_access":
@@ -672,7 +670,7 @@ class ExecuteRequest:
 
     async def _timed_out(self, handle: WorkerHandle, drive: _Drive) -> _Drive:
         await self.state.pool.kill(handle)
-        drive.kind = "timeout"
+        drive.result = RunResult.TIMED_OUT
         drive.reason = "timeout"
         drive.reason_retire = "timeout"
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
@@ -681,7 +679,7 @@ class ExecuteRequest:
     async def _cancelled(self, handle: WorkerHandle, drive: _Drive) -> _Drive:
         """Kill the program as for a timeout (under the lease); the worker is replaced."""
         await self.state.pool.kill(handle)
-        drive.kind = "cancelled"
+        drive.result = RunResult.CANCELLED
         drive.reason = self.cancel_reason or "cancelled"
         drive.reason_retire = "cancelled"
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
@@ -693,17 +691,17 @@ class ExecuteRequest:
         self.finish_fields["exitcode"] = handle.returncode
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         if handle.lease.quarantined:
-            drive.kind = "quarantined"  # its GPU was taken out of service under it
+            drive.result = RunResult.QUARANTINED  # its GPU was taken out of service under it
         elif gone.invalid:
-            drive.kind = "invalid"
+            drive.result = RunResult.INVALID
             drive.reason = "server_error"
         elif drive.last_instruction is not None:
-            drive.kind = "finished"
+            drive.result = RunResult.FINISHED
             drive.status = "FAILED"
             drive.error = _instruction_error(drive.last_instruction, CRASH_MESSAGE)
             drive.reason = "crashed"
         else:
-            drive.kind = "crashed"
+            drive.result = RunResult.CRASHED
             drive.reason = "crashed"
         return drive
 
@@ -733,7 +731,7 @@ class ExecuteRequest:
         if drive.limit <= 0:
             return NO_OUTPUT
         await self.observer.output_finished()
-        if drive.kind != "finished":
+        if drive.result is not RunResult.FINISHED:
             return NO_OUTPUT
         # small output is read here: cheaper than a thread hand-off
         output = drive.workspace.read_small_output(drive.limit, INLINE_READ_BYTES)
@@ -762,19 +760,19 @@ class ExecuteRequest:
         if handle.cleanup_unconfirmed is not None:
             close_maps(drive.maps)
             self._confirm_cleanup(handle)
-        if drive.kind == "quarantined":
+        if drive.result is RunResult.QUARANTINED:
             close_maps(drive.maps)
             raise RequestFailed(503, "busy", "server saturated", "no_worker")
-        if drive.kind == "timeout":
+        if drive.result is RunResult.TIMED_OUT:
             close_maps(drive.maps)
             raise RequestFailed(504, "timeout", "execution timed out", "timeout")
-        if drive.kind == "invalid":
+        if drive.result is RunResult.INVALID:
             close_maps(drive.maps)
             raise RequestFailed(500, "engine", "invalid worker response", "server_error")
-        if drive.kind == "crashed":
+        if drive.result is RunResult.CRASHED:
             close_maps(drive.maps)
             raise RequestFailed(500, "engine", "worker crashed", "crashed")
-        if drive.kind == "cancelled":
+        if drive.result is RunResult.CANCELLED:
             close_maps(drive.maps)
             raise self._cancelled_failure()
         return Outcome(
@@ -815,7 +813,7 @@ class _Drive:
 
     workspace: Workspace
     limit: int
-    kind: str = "running"  # finished | timeout | crashed | invalid | cancelled | quarantined
+    result: RunResult | None = None  # None while the program runs
     status: str = "FAILED"
     error: dict[str, Any] | None = None
     returns: list[ReturnRecord] = field(default_factory=list)

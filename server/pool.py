@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,29 @@ RETIRE_LEVELS = {
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
 REUSE_READY_TIMEOUT_SECONDS = 60.0
+
+
+class SeatState(enum.Enum):
+    """Where a seat is in its worker's life."""
+
+    STARTING = "starting"  # its first worker is starting
+    IDLE = "idle"  # its worker is ready for a program
+    BUSY = "busy"  # checked out, or its worker is cleaning up after a program
+    REPLACING = "replacing"  # a new worker is being started (with back-off)
+    FAILED = "failed"  # its worker failed to start; a replacement follows
+    QUARANTINED = "quarantined"  # the pool stopped admitting: no new worker
+    CLOSED = "closed"  # the pool is shutting down
+
+
+class RunResult(enum.Enum):
+    """How one program's run on a worker ended (the pipeline answers from it)."""
+
+    FINISHED = "finished"  # ProgramFinished (COMPLETED or FAILED), or a crash mid-instruction
+    TIMED_OUT = "timeout"  # the deadline passed: killed under its lease
+    CRASHED = "crashed"  # the worker died before running an instruction
+    CANCELLED = "cancelled"  # a job cancel or a client disconnect: killed under its lease
+    INVALID = "invalid"  # the worker spoke garbage
+    QUARANTINED = "quarantined"  # a GPU it needs was taken out of service under it
 
 
 class NoWorker(Exception):
@@ -64,7 +88,7 @@ class Seat:
     gpu_id: int | None
     generation: int = 0
     worker: WorkerHandle | None = None
-    state: str = "starting"  # starting | idle | busy | replacing | failed | closed
+    state: SeatState = SeatState.STARTING
     served: int = 0
     assigned: bool = False
     replacement: asyncio.Task | None = field(default=None, repr=False)
@@ -119,7 +143,7 @@ class Pool:
     def request_capacity(self) -> int:
         if not self.accepting:
             return 0
-        return sum(1 for s in self.seats if s.state in ("idle", "busy"))
+        return sum(1 for s in self.seats if s.state in (SeatState.IDLE, SeatState.BUSY))
 
     @property
     def requests_waiting(self) -> int:
@@ -145,7 +169,7 @@ class Pool:
 
     @property
     def busy_workers(self) -> int:
-        return sum(1 for s in self.seats if s.state != "idle")
+        return sum(1 for s in self.seats if s.state is not SeatState.IDLE)
 
     def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
         return next((g for g in self.gpus if g.id == gpu_id), None)
@@ -249,7 +273,7 @@ class Pool:
             )
             await self.kill(handle)
             seat.worker = None
-            seat.state = "failed"
+            seat.state = SeatState.FAILED
             return False
         seat.worker = handle
         seat.served = 0
@@ -304,6 +328,33 @@ class Pool:
         self._take(seat)
         return seat
 
+    @contextlib.asynccontextmanager
+    async def checkout(
+        self,
+        timeout: float,
+        *,
+        owner: object | None = None,
+        wait: Callable[[Awaitable[Seat]], Awaitable[Seat]] | None = None,
+    ) -> AsyncIterator[Seat]:
+        """The one way a request gets a seat (single GPU, GPU set and CPU alike): an idle
+        one at once (no task, no waiter: front-end CPU per request), else FIFO within
+        ``timeout`` (``wait`` wraps that wait, e.g. to stop it on a cancel); ``NoWorker``
+        when none comes or the pool stops admitting. The request counts in
+        ``requests_in_progress`` until the block ends. Inside it, the caller runs its
+        program and hands the seat back with the decision ``retirement`` takes (``release``),
+        or untouched (``release_unused``).
+
+        A seat pinned across several programs (a session) is a checkout held open across
+        them: the seat stays busy and its worker serves only that holder in between."""
+        seat = self.try_acquire()
+        if seat is None:
+            waiting = self.acquire(timeout, owner=owner)
+            seat = await (wait(waiting) if wait is not None else waiting)
+        try:
+            yield seat
+        finally:
+            self.finish_request(seat)
+
     def try_acquire(self) -> Seat | None:
         """An idle seat at once (marked busy), or None when the request would have to
         queue; ``NoWorker`` when the pool is not admitting."""
@@ -352,12 +403,12 @@ class Pool:
         seat.worker.identity = identity
 
     def _take(self, seat: Seat) -> None:
-        seat.state = "busy"
+        seat.state = SeatState.BUSY
         seat.assigned = True
         self.requests_in_progress += 1
 
     def _pick_idle(self) -> Seat | None:
-        idle = [s for s in self.seats if s.state == "idle"]
+        idle = [s for s in self.seats if s.state is SeatState.IDLE]
         if not idle:
             return None
         load: dict[int | None, int] = {}
@@ -366,11 +417,11 @@ class Pool:
         return min(idle, key=lambda s: load.get(s.gpu_id, 0))
 
     def _make_idle(self, seat: Seat) -> None:
-        seat.state = "idle"
+        seat.state = SeatState.IDLE
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                seat.state = "busy"
+                seat.state = SeatState.BUSY
                 waiter.set_result(seat)
                 return
 
@@ -418,12 +469,15 @@ class Pool:
         seat.assigned = False
         self.requests_in_progress = max(0, self.requests_in_progress - 1)
 
-    def retire_reason(self, seat: Seat, retire_reason: str | None) -> str | None:
-        """The retire reason ``release`` will apply after the current request."""
+    def retirement(self, seat: Seat, asked: str | None) -> str | None:
+        """The one decision whether the seat's worker retires after its current program:
+        ``asked`` (the run's reason: timeout, crashed, cancelled, or the worker's own, e.g.
+        poisoned_context), else the reuse limit (``request_limit``), else None (reuse).
+        ``release`` then applies it."""
         limit = self.config.max_requests_per_worker
-        if retire_reason is None and limit and seat.served + 1 >= limit:
+        if asked is None and limit and seat.served + 1 >= limit:
             return "request_limit"
-        return retire_reason
+        return asked
 
     def release_unused(self, seat: Seat) -> None:
         """Return a seat whose worker took no program (a GPU-set request borrowed it)."""
@@ -431,22 +485,22 @@ class Pool:
         if handle is None or handle.gone is not None:
             self._schedule_replacement(seat, "crashed")
         elif self.closing:
-            seat.state = "idle"
+            seat.state = SeatState.IDLE
         else:
             self._make_idle(seat)
 
     def release(self, seat: Seat, retire_reason: str | None) -> None:
-        """Hand the seat back after a request. ``retire_reason`` None keeps the worker (it
-        becomes idle once it reports ready again) unless the reuse limit says otherwise."""
+        """Hand the seat back after a request, with the ``retirement`` decided for it: None
+        keeps the worker (it becomes idle once it reports ready again); a worker that is
+        gone is replaced all the same."""
         handle = seat.worker
-        retire_reason = self.retire_reason(seat, retire_reason)
         seat.served += 1
         if handle is None or (handle.gone is not None and retire_reason is None):
             retire_reason = retire_reason or "crashed"
         if retire_reason is not None:
             self._schedule_replacement(seat, retire_reason)
             return
-        seat.state = "busy"  # until the worker reports clean
+        seat.state = SeatState.BUSY  # until the worker reports clean
         seat.replacement = asyncio.ensure_future(self._await_clean(seat, handle))
 
     async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:
@@ -464,14 +518,14 @@ class Pool:
             self._schedule_replacement(seat, "crashed")
             return
         if self.closing:
-            seat.state = "idle"
+            seat.state = SeatState.IDLE
             return
         self._make_idle(seat)
 
     def _on_worker_gone(self, handle: WorkerHandle) -> None:
         # Only idle seats are handled here; a busy seat's request notices by itself.
         for seat in self.seats:
-            if seat.worker is handle and seat.state == "idle":
+            if seat.worker is handle and seat.state is SeatState.IDLE:
                 self._schedule_replacement(seat, "crashed")
 
     def _schedule_replacement(self, seat: Seat, reason: str, *, emit_retired: bool = True) -> None:
@@ -486,7 +540,7 @@ class Pool:
                 pid=old.pid,
                 reason=reason,
             )
-        seat.state = "replacing"
+        seat.state = SeatState.REPLACING
         seat.replacement = asyncio.ensure_future(self._replace(seat, old, reason))
 
     async def _replace(self, seat: Seat, old: WorkerHandle | None, reason: str) -> None:
@@ -494,7 +548,7 @@ class Pool:
             await self.kill(old)
         seat.worker = None
         if self.quarantine_reason is not None:
-            seat.state = "quarantined"  # nothing is admitted any more: nothing to serve
+            seat.state = SeatState.QUARANTINED  # nothing is admitted any more: nothing to serve
             return
         delay = BACKOFF_START_SECONDS
         while not self.closing:
@@ -508,10 +562,10 @@ class Pool:
                 reason=reason,
                 error="worker failed to start",
             )
-            seat.state = "replacing"
+            seat.state = SeatState.REPLACING
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_SECONDS)
-        seat.state = "closed"
+        seat.state = SeatState.CLOSED
 
     async def kill(self, handle: WorkerHandle) -> None:
         """Kill a worker's process tree while holding its GPU's lease (§5); quarantine its
@@ -564,7 +618,7 @@ class Pool:
 
         async def close_seat(seat: Seat) -> None:
             handle = seat.worker
-            seat.state = "closed"
+            seat.state = SeatState.CLOSED
             if handle is None:
                 return
             if handle.gone is None:
