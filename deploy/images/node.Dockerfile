@@ -1,7 +1,8 @@
 # KCoral GPU node image: the CUDA 13 toolkit (nvcc, ncu and compute-sanitizer for uploaded
 # builds and `kcoral run`), Python 3.12, a CUDA 13 build of torch, bubblewrap for the worker
 # sandbox and kcoral[router,gpu] (the node supervisor speaks gRPC; the gpu extra brings
-# library uploads and the CUPTI clock, whose CUDA major matches this torch). GPU mode by default.
+# library uploads and the CUPTI clock, whose CUDA major matches this torch). GPU mode by
+# default, with every GPU it is given.
 #
 # Build from the repository root (the tag is the name deploy/kubernetes/ uses):
 #   docker build -f deploy/images/node.Dockerfile -t kcoral-node:0.1.0 .
@@ -46,6 +47,9 @@ RUN wheel="$(echo /wheels/kcoral-*.whl)" \
 # needs no privilege (the pod's securityContext says what the runtime must allow).
 USER 10001:10001
 WORKDIR /var/lib/kcoral
-# The node opens its streams to the router; it listens only on loopback, so nothing to expose.
+# GPU mode on every GPU the container sees (auto picks GPU mode wherever CUDA finds one; the
+# Kubernetes manifest pins --device gpu and the GPU list instead). As a node it also gets
+# --router and --node-id and opens its streams to the router: it listens only on loopback,
+# so there is nothing to expose.
 ENTRYPOINT ["kcoral"]
-CMD ["server", "--device", "gpu", "--sandbox", "bubblewrap"]
+CMD ["server", "--device", "auto", "--sandbox", "bubblewrap"]

@@ -94,7 +94,9 @@ def test_the_default_commands_of_the_images_parse(tmp_path: Path) -> None:
     assert node[:2] == ["kcoral", "server"]
     server = parse_server_args(node[2:], {})
     assert server.config.sandbox == "bubblewrap"
-    assert "gpu" in node  # GPU mode by default
+    # GPU mode wherever CUDA sees a GPU, on all of them (an explicit --device gpu without
+    # --gpus would use GPU 0 only).
+    assert node[node.index("--device") + 1] == "auto" and "--gpus" not in node
     node_stage = (IMAGES / "node.Dockerfile").read_text()
     assert "bubblewrap" in node_stage.split("apt-get install", 1)[1].split("\n", 1)[0]
 
