@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 from kcoral_jupyter.images import heatmap_png, line_svg
 
+from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder, TransportError
+
 PREVIEW_CHARS = 2000
 PREVIEW_LINES = 40
 MAX_TABLE_ROWS = 100
@@ -312,10 +314,9 @@ def returned_folder_html(folder: Any, name: str | None = None) -> str:
 
 def value_html(value: Any, name: str | None = None) -> str:
     """Any decoded result value."""
-    kind = type(value).__name__
-    if kind == "ReturnedFile" and hasattr(value, "read_bytes"):
+    if isinstance(value, ReturnedFile):
         return returned_file_html(value, name)
-    if kind == "ReturnedFolder" and hasattr(value, "directories"):
+    if isinstance(value, ReturnedFolder):
         return returned_folder_html(value, name)
     if _as_numpy(value) is not None:
         return tensor_html(value, name)
@@ -392,23 +393,20 @@ def program_result_html(result: Any, *, server: str | None = None) -> str:
     return "".join(parts)
 
 
-def job_html(job: Any) -> str:
+def job_html(job: Job) -> str:
     """A job handle: id, status (asked once), and how to get the result."""
-    job_id = getattr(job, "id", "?")
-    state: Any = None
+    job_id = job.id
     try:
         state = job.status()
-    except Exception as exc:  # an expired job or an unreachable server still displays
+    except (KCoralError, ProtocolError, TransportError) as exc:
+        # an expired job or an unreachable server still displays
         state = {"status": "unknown", "error": f"{type(exc).__name__}: {exc}"}
-    if isinstance(state, Mapping):
-        status = str(state.get("status", "unknown"))
-        facts = [
-            f"{escape(key)} {escape(state[key])}"
-            for key in ("worker_id", "gpu_ids", "queue_position", "elapsed_ms", "error")
-            if state.get(key) not in (None, [], "")
-        ]
-    else:
-        status, facts = str(state), []
+    status = str(state.get("status", "unknown"))
+    facts = [
+        f"{escape(key)} {escape(state[key])}"
+        for key in ("worker_id", "gpu_ids", "queue_position", "elapsed_ms", "error")
+        if state.get(key) not in (None, [], "")
+    ]
     return (
         f'<div class="kcoral-job" style="{_BOX}">{status_badge(status)} job '
         f"<code>{escape(job_id)}</code> {' · '.join(facts)}"

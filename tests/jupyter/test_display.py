@@ -11,7 +11,9 @@ import numpy as np
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.images import heatmap_png, line_svg, png_bytes
 
-from kcoral import ProgramResult, ReturnedFile, ReturnedFolder
+from kcoral import Client, ProgramResult, ReturnedFile, ReturnedFolder
+from kcoral.errors import TransportError
+from kcoral.transport import MockTransport, Request, Response
 
 
 def decode_png(data: bytes) -> np.ndarray:
@@ -132,20 +134,19 @@ def test_a_folder_is_shown_as_a_tree() -> None:
 
 
 def test_a_job_shows_its_status_and_survives_an_unreachable_server() -> None:
-    class FakeJob:
-        id = "1234"
+    def running(request: Request) -> Response:
+        body = b'{"job_id": "1234", "status": "RUNNING", "worker_id": "cpu/w0"}'
+        return Response(200, {"Content-Type": "application/json"}, body)
 
-        def status(self):
-            return {"status": "RUNNING", "worker_id": "cpu/w0"}
+    def down(request: Request) -> Response:
+        raise TransportError("down")
 
-    class BrokenJob:
-        id = "5678"
+    def job(handler: object, job_id: str) -> object:
+        return Client("http://s", transport=MockTransport(handler)).job(job_id)
 
-        def status(self):
-            raise ConnectionError("down")
-
-    assert "RUNNING" in rich.job_html(FakeJob()) and "cpu/w0" in rich.job_html(FakeJob())
-    assert "unknown" in rich.job_html(BrokenJob())
+    assert "RUNNING" in rich.job_html(job(running, "1234"))
+    assert "cpu/w0" in rich.job_html(job(running, "1234"))
+    assert "unknown" in rich.job_html(job(down, "5678"))
 
 
 def test_server_html_shows_only_in_a_sandboxed_iframe_and_other_types_are_dropped() -> None:
