@@ -77,7 +77,7 @@ class AsyncClient(BaseClient):
         """Release connections; results already returned stay usable (the client may be
         used again afterwards: it opens new connections)."""
         await self._transport.aclose()
-        self._forget_connections()
+        self.close_event_streams()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -16,7 +16,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -24,10 +24,12 @@ from kcoral.event_stream import EventSource, EventStreams
 from kcoral.jobs import check_job_id, decode_job_list, next_submission_step, require_jobs
 from kcoral.negotiation import Attempt, ExecuteNegotiation
 from kcoral.program import Program
-from kcoral.remote import RemoteFunction, remote_function_decorator
 from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
 from kcoral.results import ProgramResult
 from kcoral.transport import Flow, Request, Response
+
+if TYPE_CHECKING:
+    from kcoral.remote import RemoteFunction
 
 TOKEN_ENV = "KCORAL_TOKEN"
 
@@ -266,6 +268,9 @@ class BaseClient:
         serialization: str = "json",
     ) -> Callable[[Callable[..., Any]], RemoteFunction]:
         """Decorator returning a ``RemoteFunction`` bound to this client (CLIENT_API §8)."""
+        # Imported on first use: source capture (ast, dis, inspect) costs import time.
+        from kcoral.remote import remote_function_decorator
+
         return remote_function_decorator(
             self,
             timeout=timeout,
@@ -274,5 +279,6 @@ class BaseClient:
             serialization=serialization,
         )
 
-    def _forget_connections(self) -> None:
+    def close_event_streams(self) -> None:
+        """Close idle event-stream connections (part of ``close``/``aclose``)."""
         self._streams.clear()

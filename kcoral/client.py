@@ -63,7 +63,7 @@ class Client(BaseClient):
     def close(self) -> None:
         """Release pooled connections; returned results stay usable."""
         self._transport.close()
-        self._forget_connections()
+        self.close_event_streams()
 
     def __enter__(self) -> Client:
         return self
