@@ -99,18 +99,6 @@ class RequestBody:
             self.view = memoryview(self._map)
         return self.view
 
-    def offset_of(self, part: memoryview) -> int:
-        """Offset of a slice of ``view`` inside the body (for handing blobs over by fd)."""
-        assert self.view is not None
-        if not len(part):
-            return 0
-        base = np.frombuffer(self.view, dtype=np.uint8).__array_interface__["data"][0]
-        start = np.frombuffer(part, dtype=np.uint8).__array_interface__["data"][0]
-        offset = start - base
-        if not 0 <= offset <= self.size - len(part):
-            raise ValueError("slice is not part of the request body")
-        return offset
-
     def close(self) -> None:
         """Release the mapping and descriptor (views still exported keep the map alive)."""
         if self.view is not None:

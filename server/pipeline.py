@@ -22,7 +22,7 @@ from kcoral_server.body import RequestBody
 from kcoral_server.identity import DEFAULT, Identity
 from kcoral_server.pool import NoWorker, Seat
 from kcoral_server.responses import (
-    Outcome,
+    ProgramOutcome,
     Reply,
     RequestFailed,
     encode_outcome,
@@ -267,7 +267,7 @@ class ExecuteRequest:
 
     # ------------------------------------------------------------------ response
 
-    async def _respond(self, outcome: Outcome, queue_ms: float) -> tuple[Reply, str]:
+    async def _respond(self, outcome: ProgramOutcome, queue_ms: float) -> tuple[Reply, str]:
         if outcome.error is not None:
             self.finish_fields.update(
                 status=outcome.status,

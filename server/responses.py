@@ -105,7 +105,7 @@ class ReturnRecord:
 
 
 @dataclass
-class Outcome:
+class ProgramOutcome:
     """What running the program produced (before the response is encoded)."""
 
     status: str
@@ -121,7 +121,7 @@ class Outcome:
 
 
 def encode_outcome(
-    outcome: Outcome, request_id: str, queue_ms: float, max_response_bytes: int
+    outcome: ProgramOutcome, request_id: str, queue_ms: float, max_response_bytes: int
 ) -> Reply:
     """The 200 answer for ``outcome`` (PROTOCOL §7); ``RequestFailed`` when it cannot be
     encoded or exceeds ``max_response_bytes``."""

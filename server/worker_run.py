@@ -5,7 +5,7 @@ transient worker holding a leased GPU set, §6.5), collects its messages under a
 that pauses while the worker waits for a GPU lease, and ends in one ``RunResult``: the
 program finished, timed out, crashed, was cancelled, spoke garbage or lost its GPU to a
 quarantine. The worker's fate is the pool's: ``Pool.retirement`` decides once, ``release``
-applies it. What the request answers is ``execute``'s ``Outcome`` or ``RequestFailed``.
+applies it. What the request answers is ``execute``'s ``ProgramOutcome`` or ``RequestFailed``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kcoral_server.body import bytes_memfd, memfd_locations
 from kcoral_server.identity import Identity
 from kcoral_server.lease import GpuQuarantined
 from kcoral_server.pool import NoWorker, RunResult, Seat
-from kcoral_server.responses import Outcome, RequestFailed, ReturnRecord, close_maps
+from kcoral_server.responses import ProgramOutcome, RequestFailed, ReturnRecord, close_maps
 from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone, close_fds
 from kcoral_server.worker_handle import WorkerHandle, WorkerStartError
 from kcoral_server.workspace import NO_OUTPUT, CapturedOutput, Workspace
@@ -136,7 +136,7 @@ class Cancellation:
 
 class ProgramRun:
     """One program of one request on its checked-out seat; ``execute`` returns its
-    ``Outcome`` (or raises ``RequestFailed``). ``finish_fields`` is the request's log
+    ``ProgramOutcome`` (or raises ``RequestFailed``). ``finish_fields`` is the request's log
     record, filled in as the run learns things."""
 
     def __init__(
@@ -167,7 +167,7 @@ class ProgramRun:
         timeout: float,
         limit: int,
         queue_ms: float,
-    ) -> Outcome:
+    ) -> ProgramOutcome:
         state = self.state
         gpu_count = program.options.gpu_count
         if gpu_count is not None:
@@ -241,7 +241,7 @@ class ProgramRun:
         limit: int,
         queue_ms: float,
         count: int,
-    ) -> Outcome:
+    ) -> ProgramOutcome:
         """PROTOCOL §6.5: a transient fresh worker holding a set of ``count`` GPUs."""
         state = self.state
         assert state.arbiter is not None
@@ -566,7 +566,7 @@ class ProgramRun:
 
     async def _finish_outcome(
         self, drive: _Drive, handle: WorkerHandle, started: float, output: CapturedOutput
-    ) -> Outcome:
+    ) -> ProgramOutcome:
         loop = asyncio.get_running_loop()
         # Read now: once the seat is handed on, the handle times the next request.
         lease_wait, lease_held = handle.lease.end_request()
@@ -597,7 +597,7 @@ class ProgramRun:
         if drive.result is RunResult.CANCELLED:
             close_maps(drive.maps)
             raise self.cancellation.failure()
-        return Outcome(
+        return ProgramOutcome(
             status=drive.status,
             error=drive.error,
             returns=drive.returns,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcoral_server.handlers.base import NotFoundHandler
 from kcoral_server.handlers.execute import ExecuteHandler
@@ -16,8 +16,11 @@ from kcoral_server.handlers.jobs import (
 )
 from kcoral_server.handlers.status import HealthHandler, InfoHandler, WorkerStatusHandler
 
+if TYPE_CHECKING:
+    from kcoral_server.app import ServerState
 
-def routes(state: Any) -> list[tuple[str, type, dict[str, Any]]]:
+
+def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
     """URL table of the server (unknown paths fall through to a JSON 404)."""
     args = {"state": state}
     return [

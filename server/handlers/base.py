@@ -4,13 +4,16 @@ refusals (``kcoral_server.browser_guard``), auth."""
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tornado.web
 from kcoral_server.identity import DEFAULT, Identity
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER, accept_request_id
 from kcoral.protocol.strict_json import dumps_compact
+
+if TYPE_CHECKING:
+    from kcoral_server.app import ServerState
 
 
 class BaseHandler(tornado.web.RequestHandler):
@@ -19,7 +22,7 @@ class BaseHandler(tornado.web.RequestHandler):
     ALLOWED: tuple[str, ...] = ("GET",)
     PUBLIC = False  # True: no client token needed (EXTENSIONS §6)
 
-    def initialize(self, state: Any) -> None:
+    def initialize(self, state: ServerState) -> None:
         self.state = state
         self.request_id = accept_request_id(self.request.headers.get_list(REQUEST_ID_HEADER))
         self.identity: Identity = DEFAULT  # set by prepare() from the bearer token

@@ -17,24 +17,24 @@ dropped after ``--body-timeout-seconds``.
 from __future__ import annotations
 
 import asyncio
-import copy
-from typing import Any
+from typing import TYPE_CHECKING
 
 import tornado.iostream
 import tornado.web
 from kcoral_server.body import BodyTooLarge, RequestBody
 from kcoral_server.config import SERIALIZATION_FORMATS
 from kcoral_server.handlers.base import BaseHandler
+from kcoral_server.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
 from kcoral_server.pipeline import FINISH_LEVELS, ExecuteRequest, Reply, RequestObserver
 
 from kcoral.protocol.headers import SERIALIZATION_HEADER
 
+if TYPE_CHECKING:
+    from kcoral_server.app import ServerState
+
 TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
 # Tornado must never cut a body off before we do (we answer 413 ourselves).
 _UNLIMITED = 1 << 62
-# Bodies from this size on are received in rounds of this size instead of Tornado's 64 KiB:
-# each round costs a syscall, a buffer and a few Python calls (1,024 of them for 64 MiB).
-LARGE_BODY_CHUNK = 1 << 20
 # Slowest average a body may arrive at once ``--body-timeout-seconds`` have passed since it
 # started: far below any real link, far above a trickle that only keeps a connection open.
 MIN_BODY_RATE = 1024
@@ -44,7 +44,7 @@ MIN_BODY_RATE = 1024
 class ExecuteHandler(BaseHandler):
     ALLOWED = ("POST",)
 
-    def initialize(self, state: Any) -> None:
+    def initialize(self, state: ServerState) -> None:
         super().initialize(state)
         self.body: RequestBody | None = None
         self.serialization: str | None = None
@@ -54,7 +54,7 @@ class ExecuteHandler(BaseHandler):
         self.max_inflight = 0  # --max-inflight-request-bytes, resolved (0: no limit)
         self.last_data_at = self.body_started_at = 0.0
         self.idle_timer: asyncio.TimerHandle | None = None
-        self.small_read_chunk: int | None = None  # the stream's own, while reading large
+        self.large_reads: LargeReads | None = None  # while a large body is read
 
     def prepare(self) -> None:
         super().prepare()
@@ -101,7 +101,9 @@ class ExecuteHandler(BaseHandler):
             return
         self.body = RequestBody(limit, declared)
         if declared is not None and declared >= LARGE_BODY_CHUNK:
-            self._read_in_large_chunks()
+            # bodies from this size on are received in rounds of this size
+            self.large_reads = LargeReads(self.request.connection)
+            self.large_reads.start()
         self.last_data_at = self.body_started_at = asyncio.get_running_loop().time()
         self._watch_idle_body()
 
@@ -138,24 +140,10 @@ class ExecuteHandler(BaseHandler):
             self.set_header("Connection", "close")
         super().send_error_json(status, kind, message)
 
-    def _read_in_large_chunks(self) -> None:
-        connection = self.request.connection
-        stream = getattr(connection, "stream", None)
-        params = getattr(connection, "params", None)
-        if stream is None or params is None or not hasattr(stream, "read_chunk_size"):
-            return
-        # A copy: the parameters object is shared by every connection of the server.
-        params = copy.copy(params)
-        params.chunk_size = LARGE_BODY_CHUNK
-        connection.params = params
-        self.small_read_chunk = stream.read_chunk_size
-        stream.read_chunk_size = LARGE_BODY_CHUNK
-
     def _restore_read_chunk(self) -> None:
-        # Later small requests on this keep-alive connection read in small buffers again.
-        if self.small_read_chunk is not None:
-            self.request.connection.stream.read_chunk_size = self.small_read_chunk
-            self.small_read_chunk = None
+        if self.large_reads is not None:
+            self.large_reads.restore()
+            self.large_reads = None
 
     def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
         """The pipeline request for the received body (taken from the handler)."""

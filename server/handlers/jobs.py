@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tornado.iostream
 import tornado.web
@@ -23,6 +23,9 @@ from kcoral_server.handlers.execute import ExecuteHandler
 from kcoral_server.jobs import Job
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER
+
+if TYPE_CHECKING:
+    from kcoral_server.app import ServerState
 
 JOB_ID_PATTERN = r"([^/]+)"
 Pieces = Generator[bytes, None, None]  # a stored file, read a piece at a time
@@ -77,7 +80,7 @@ class JobSubmitHandler(ExecuteHandler):
             state.reply_sent()
 
 
-async def _finish_job(state: Any, job: Job, request: Any, task: asyncio.Future) -> None:
+async def _finish_job(state: ServerState, job: Job, request: Any, task: asyncio.Future) -> None:
     reply = await task
     try:
         result = await state.jobs.store_result(reply, state.executor)
@@ -179,7 +182,7 @@ class JobResultHandler(JobHandler):
 class JobEventsHandler(JobHandler):
     """``GET /v1/jobs/{id}/events``: Server-Sent Events, replayed after ``Last-Event-ID``."""
 
-    def initialize(self, state: Any) -> None:
+    def initialize(self, state: ServerState) -> None:
         super().initialize(state)
         self.wake = asyncio.Event()
         self.closed = False
@@ -244,7 +247,7 @@ class JobEventsHandler(JobHandler):
         super().on_connection_close()
 
 
-async def _next_piece(state: Any, pieces: Pieces) -> bytes | None:
+async def _next_piece(state: ServerState, pieces: Pieces) -> bytes | None:
     """The next piece of a stored file, read off the event loop (None at the end)."""
     return await asyncio.get_running_loop().run_in_executor(state.executor, next, pieces, None)
 
