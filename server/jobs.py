@@ -100,7 +100,8 @@ class Job(RequestObserver):
         self.submitted_at = utc_now()
         self.started_at: str | None = None
         self.finished_at: str | None = None
-        self.worker_id: str | None = None
+        #: the seat that ran it (``worker_id`` on the wire: a seat outlives its workers)
+        self.seat_id: str | None = None
         self.gpu_ids: list[int] | None = None
         self.target = dict(target)
         self.queue_position: int | None = None
@@ -155,7 +156,7 @@ class Job(RequestObserver):
             "submitted_at": self.submitted_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
-            "worker_id": self.worker_id,
+            "worker_id": self.seat_id,
             "gpu_ids": self.gpu_ids,
             "target": self.target,
             "queue_position": self.queue_position,
@@ -197,14 +198,14 @@ class Job(RequestObserver):
             self.queue_position = position
             self.phase("queued", position=position)
 
-    def assigned(self, worker_id: str, gpu_ids: list[int], queue_ms: float) -> None:
+    def assigned(self, seat_id: str, gpu_ids: list[int], queue_ms: float) -> None:
         self.status = "RUNNING"
         self.started_at = utc_now()
         self.queue_position = None
-        self.worker_id = worker_id
+        self.seat_id = seat_id
         self.gpu_ids = list(gpu_ids)
         self.queue_ms = queue_ms
-        self.phase("assigned", worker_id=worker_id, gpu_ids=self.gpu_ids)
+        self.phase("assigned", worker_id=seat_id, gpu_ids=self.gpu_ids)
 
     def lease(self, phase: str) -> None:
         self.phase(phase)

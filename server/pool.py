@@ -109,8 +109,11 @@ class Pool:
         arbiter: LeaseArbiter | None,
         sandbox: str = "none",
         allowed_serialization: Sequence[str] = ("json", "pickle"),
+        worker: Callable[..., WorkerHandle] = WorkerHandle,
     ) -> None:
         self.mode = mode  # "cpu", "gpu" or "fake-gpu"
+        #: makes the worker handles (unit tests of the pool's decisions pass a stand-in)
+        self._worker = worker
         self.gpus = list(gpus)
         self.config = config
         self.events = events
@@ -218,7 +221,7 @@ class Pool:
             seat.sandbox = SeatSandbox(
                 config=self.config, device=self.mode, gpu_ids=[gpu.id] if gpu else []
             )
-        return WorkerHandle(
+        return self._worker(
             seat_id=seat.id,
             generation=seat.generation,
             device=self.mode,
@@ -242,7 +245,7 @@ class Pool:
         """PROTOCOL §6.5: a transient worker for a GPU-set request that borrowed ``seat``;
         it leases its GPUs (``WorkerHandle.take_gpu_set``) before it starts, and is killed
         while holding them."""
-        return WorkerHandle(
+        return self._worker(
             seat_id=seat.id,
             generation=seat.generation,
             device=self.mode,

@@ -62,7 +62,9 @@ class RequestObserver:
     def accepted(self, request: ExecuteRequest) -> None:
         pass
 
-    def assigned(self, worker_id: str, gpu_ids: list[int], queue_ms: float) -> None:
+    def assigned(self, seat_id: str, gpu_ids: list[int], queue_ms: float) -> None:
+        """The request checked out ``seat_id`` (``worker_id`` on the wire and in logs: a
+        seat outlives the worker processes it runs)."""
         pass
 
     def lease(self, phase: str) -> None:

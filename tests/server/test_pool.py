@@ -1,0 +1,352 @@
+"""The pool's decisions, with a stand-in for the worker process (SERVER §4, §6).
+
+Which seat a request gets, who waits, when a worker retires and what replaces it, which
+identity a worker may serve, when the pool stops admitting. The real processes behind
+these decisions are tested beside this (``test_execute.py``, ``tests/reliability``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from kcoral_server import ipc, limits
+from kcoral_server import pool as pool_module
+from kcoral_server.config import ServerConfig
+from kcoral_server.pool import NoWorker, Pool, SeatState
+from kcoral_server.worker_channel import WorkerGone
+from kcoral_server.worker_handle import WorkerInfo, WorkerStartError
+
+_PIDS = itertools.count(10_000)
+
+
+class Events:
+    """Records what the pool logs."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, Any]]] = []
+
+    def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
+        self.records.append((event, level, fields))
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [fields for name, _level, fields in self.records if name == event]
+
+
+class StandInLease:
+    def __init__(self, gpu_ids: list[int]) -> None:
+        self.gpu_ids = list(gpu_ids)
+        self.held = False
+        self.request_id: str | None = None
+
+    def release(self) -> None:
+        self.held = False
+
+    def withdraw(self) -> None:
+        pass
+
+
+class StandInChannel:
+    """Between programs a real worker reports ready again; this one does at once (or
+    breaks, when its worker is gone)."""
+
+    def __init__(self) -> None:
+        self.gone: WorkerGone | None = None
+
+    async def receive(self, timeout: float | None) -> tuple[ipc.Message, list[int]]:
+        if self.gone is not None:
+            raise self.gone
+        return ipc.WorkerReady(pid=1), []
+
+
+class StandInWorker:
+    """What the pool needs of a ``WorkerHandle``, without a process."""
+
+    fail_starts = 0  # how many of the next starts fail
+    unconfirmed_kill: str | None = None  # what the next kill cannot confirm
+
+    def __init__(self, *, seat_id: str, generation: int, gpu_ids: list[int], **options: Any):
+        self.seat_id = seat_id
+        self.generation = generation
+        self.options = options
+        self.on_gone: Callable[[StandInWorker], None] | None = options.get("on_gone")
+        self.lease = StandInLease(gpu_ids)
+        self.channel = StandInChannel()
+        self.pid = next(_PIDS)
+        self.identity: str | None = None
+        self.info: WorkerInfo | None = None
+        self.killed = False
+        self.stopped = False
+        self.cleanup_unconfirmed: str | None = None
+
+    @property
+    def gpu_ids(self) -> list[int]:
+        return self.lease.gpu_ids
+
+    @property
+    def gone(self) -> WorkerGone | None:
+        return self.channel.gone
+
+    @property
+    def request_id(self) -> str | None:
+        return self.lease.request_id
+
+    async def start(self) -> WorkerInfo:
+        if StandInWorker.fail_starts:
+            StandInWorker.fail_starts -= 1
+            raise WorkerStartError("stand-in refuses to start")
+        self.info = WorkerInfo(self.pid, {"arch": "x86_64"}, {"python": "3"})
+        return self.info
+
+    def die(self) -> None:
+        """The process exits on its own."""
+        self.channel.gone = WorkerGone("channel closed: stand-in died")
+        if self.on_gone is not None:
+            self.on_gone(self)  # type: ignore[arg-type]
+
+    async def kill(self, grace: float) -> None:
+        self.cleanup_unconfirmed = StandInWorker.unconfirmed_kill
+        self.killed = True
+        self.channel.gone = self.channel.gone or WorkerGone("worker closed")
+
+    async def stop(self, timeout: float, grace: float) -> bool:
+        self.stopped = True
+        await self.kill(grace)
+        return True
+
+    def close(self) -> None:
+        self.channel.gone = self.channel.gone or WorkerGone("worker closed")
+
+
+@pytest.fixture(autouse=True)
+def _no_host_side_effects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Pool.start`` tidies what killed servers left in /tmp and the cgroup tree; a unit
+    test touches neither."""
+    monkeypatch.setattr(pool_module, "remove_stale_workspaces", lambda: 0)
+    monkeypatch.setattr(limits, "remove_stale_cgroups", lambda: None)
+    monkeypatch.setattr(limits, "unenforced", lambda wanted: [])
+    monkeypatch.setattr(pool_module, "BACKOFF_START_SECONDS", 0.01)
+    StandInWorker.fail_starts = 0
+    StandInWorker.unconfirmed_kill = None
+
+
+def run_pool(
+    test: Callable[[Pool, Events], Awaitable[None]], *, workers: int = 1, reuse: int = 0
+) -> Events:
+    """Start a CPU pool of stand-ins, run ``test`` on it, close it; the events logged."""
+    events = Events()
+
+    async def main() -> None:
+        config = ServerConfig(
+            num_workers=workers, max_requests_per_worker=reuse, sandbox="none", log_dir=""
+        )
+        pool = Pool(
+            mode="cpu", gpus=[], config=config, events=events, arbiter=None, worker=StandInWorker
+        )
+        await pool.start()
+        try:
+            await test(pool, events)
+        finally:
+            await pool.close(timeout=1)
+
+    asyncio.run(main())
+    return events
+
+
+async def settled(pool: Pool) -> None:
+    """Until no seat is replacing a worker or waiting for it to report clean."""
+    for _ in range(200):
+        pending = [s.replacement for s in pool.seats if s.replacement and not s.replacement.done()]
+        if not pending:
+            return
+        await asyncio.wait(pending, timeout=1)
+
+
+def test_an_idle_seat_is_checked_out_at_once_and_counted_until_the_checkout_ends() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        assert pool.request_capacity == 1
+        async with pool.checkout(1.0) as seat:
+            assert seat.state is SeatState.BUSY and pool.requests_in_progress == 1
+            pool.release(seat, pool.retirement(seat, None))
+        assert pool.requests_in_progress == 0
+        await settled(pool)
+        assert seat.state is SeatState.IDLE and seat.generation == 1
+
+    run_pool(test)
+
+
+def test_waiting_requests_get_seats_in_the_order_they_came() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        order: list[str] = []
+
+        async def request(name: str, hold: asyncio.Event | None = None) -> None:
+            async with pool.checkout(5.0, owner=name) as seat:
+                order.append(name)
+                if hold is not None:
+                    await hold.wait()
+                pool.release(seat, None)
+
+        hold = asyncio.Event()
+        first = asyncio.ensure_future(request("first", hold))
+        await asyncio.sleep(0)
+        later = [asyncio.ensure_future(request(name)) for name in ("second", "third")]
+        await asyncio.sleep(0.01)
+        assert pool.requests_waiting == 2
+        assert pool.queue_positions() == {"second": 0, "third": 1}
+        hold.set()
+        await asyncio.gather(first, *later)
+        assert order == ["first", "second", "third"]
+
+    run_pool(test)
+
+
+def test_a_checkout_that_waits_too_long_or_during_shutdown_gets_no_worker() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        async with pool.checkout(1.0) as seat:
+            with pytest.raises(NoWorker):
+                async with pool.checkout(0.01):
+                    pass
+            pool.release(seat, None)
+        pool.begin_shutdown()
+        with pytest.raises(NoWorker):
+            async with pool.checkout(1.0):
+                pass
+
+    run_pool(test)
+
+
+def test_a_cancelled_wait_leaves_the_queue() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        async with pool.checkout(1.0) as seat:
+            waiting = asyncio.ensure_future(pool.acquire(5.0, owner="late"))
+            await asyncio.sleep(0.01)
+            assert pool.requests_waiting == 1
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert pool.requests_waiting == 0 and pool.queue_positions() == {}
+            pool.release(seat, None)
+
+    run_pool(test)
+
+
+def test_the_retirement_decision_prefers_the_runs_reason_then_the_reuse_limit() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        seat = pool.seats[0]
+        assert pool.retirement(seat, None) is None  # served 0 of 2
+        assert pool.retirement(seat, "timeout") == "timeout"
+        seat.served = 1
+        assert pool.retirement(seat, None) == "request_limit"
+        assert pool.retirement(seat, "poisoned_context") == "poisoned_context"
+
+    run_pool(test, reuse=2)
+
+
+def test_unlimited_reuse_never_retires_a_worker_for_its_count() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        seat = pool.seats[0]
+        seat.served = 10_000
+        assert pool.retirement(seat, None) is None
+
+    run_pool(test, reuse=0)
+
+
+def test_a_retired_worker_is_killed_logged_and_replaced_by_a_new_generation() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        async with pool.checkout(1.0) as seat:
+            old = seat.worker
+            pool.release(seat, pool.retirement(seat, None))
+            assert seat.state is SeatState.REPLACING and pool.request_capacity == 0
+        await settled(pool)
+        assert old is not None and old.killed
+        assert seat.worker is not old and seat.generation == 2 and seat.state is SeatState.IDLE
+        retired = events.named("worker_retired")
+        assert [r["reason"] for r in retired] == ["request_limit"]
+        assert retired[0]["pid"] == old.pid
+
+    run_pool(test, reuse=1)
+
+
+def test_a_worker_that_died_during_its_program_is_replaced_as_crashed() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        async with pool.checkout(1.0) as seat:
+            seat.worker.die()  # type: ignore[union-attr]
+            pool.release(seat, pool.retirement(seat, None))
+        await settled(pool)
+        assert [r["reason"] for r in events.named("worker_retired")] == ["crashed"]
+        assert seat.generation == 2 and seat.state is SeatState.IDLE
+
+    run_pool(test)
+
+
+def test_an_idle_worker_that_dies_is_replaced_without_a_request() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        seat = pool.seats[0]
+        seat.worker.die()  # type: ignore[union-attr]
+        await settled(pool)
+        assert seat.generation == 2 and seat.state is SeatState.IDLE
+
+    run_pool(test)
+
+
+def test_a_replacement_that_fails_to_start_is_retried_with_backoff() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        StandInWorker.fail_starts = 2
+        async with pool.checkout(1.0) as seat:
+            pool.release(seat, "crashed")
+        await settled(pool)
+        assert len(events.named("worker_replace_failed")) == 2
+        assert seat.state is SeatState.IDLE and seat.generation == 4
+
+    run_pool(test)
+
+
+def test_a_worker_serves_one_identity_and_is_replaced_for_another() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        async with pool.checkout(1.0) as seat:
+            await pool.serve_identity(seat, "alice")
+            first = seat.worker
+            pool.release(seat, None)
+        await settled(pool)
+        async with pool.checkout(1.0) as seat:
+            await pool.serve_identity(seat, "alice")
+            assert seat.worker is first  # the same identity keeps its worker
+            await pool.serve_identity(seat, "bob")
+            assert seat.worker is not first and seat.worker.identity == "bob"  # type: ignore[union-attr]
+            pool.release(seat, None)
+        assert first is not None and first.killed
+        assert [r["reason"] for r in events.named("worker_retired")] == ["identity"]
+
+    run_pool(test)
+
+
+def test_an_unconfirmed_kill_stops_admission_and_leaves_the_seat_quarantined() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        StandInWorker.unconfirmed_kill = "stand-in: 1 descendant(s) survived SIGKILL"
+        async with pool.checkout(1.0) as seat:
+            pool.release(seat, "timeout")
+        await settled(pool)
+        assert pool.quarantine_reason == "stand-in: 1 descendant(s) survived SIGKILL"
+        assert not pool.accepting and pool.request_capacity == 0
+        assert seat.state is SeatState.QUARANTINED
+        assert len(events.named("devices_quarantined")) == 1
+        with pytest.raises(NoWorker):
+            async with pool.checkout(1.0):
+                pass
+
+    run_pool(test)
+
+
+def test_seats_fill_from_the_least_loaded_and_the_pool_starts_without_failed_workers() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        assert [s.state for s in pool.seats] == [SeatState.IDLE, SeatState.IDLE]
+        async with pool.checkout(1.0) as one, pool.checkout(1.0) as two:
+            assert {one.id, two.id} == {"cpu/w0", "cpu/w1"}
+            assert pool.busy_workers == 2 and pool.requests_in_progress == 2
+            pool.release(one, None)
+            pool.release(two, None)
+
+    run_pool(test, workers=2)
