@@ -12,11 +12,16 @@ import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, Field, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kcoral_server.config import InvalidConfigError, ServerConfig, default_disk_cache_dir
+from kcoral_server.config import (
+    InvalidConfigError,
+    ServerConfig,
+    default_disk_cache_dir,
+    flag_settings,
+)
 
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
 _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
@@ -114,6 +119,25 @@ _INT = _arg_type(parse_integer, "integer")
 _SECONDS = _arg_type(parse_seconds, "number of seconds")
 _GPUS = _arg_type(parse_gpus, "GPU id list")
 _NUMBER = _arg_type(parse_seconds, "number")
+#: a ``setting``'s kind -> (argparse type, converter for its environment variable)
+_KINDS = {"int": (_INT, parse_integer), "seconds": (_SECONDS, parse_seconds)}
+
+
+def _setting_help(setting: Field) -> str:
+    """``--help`` text of a declared setting: its help, then "(default …)"."""
+    meta = setting.metadata
+    if meta["hidden"]:
+        return argparse.SUPPRESS
+    shown = meta["shown_default"]
+    if shown is None:
+        default = setting.default
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        assert default is not MISSING, f"{setting.name}: a factory default needs shown_default"
+    if not shown.startswith(":"):
+        shown = " " + shown
+    if meta["env"]:
+        shown += f"; env {meta['env']}"
+    return f"{meta['help']} (default{shown})".lstrip()
 
 
 def build_server_parser() -> argparse.ArgumentParser:
@@ -134,6 +158,14 @@ def build_server_parser() -> argparse.ArgumentParser:
         parser.add_argument(option, **kwargs)
 
     hidden = argparse.SUPPRESS
+    settings = {setting.name: setting for setting in flag_settings()}
+
+    def add_setting(name: str) -> None:
+        """A ``ServerConfig`` setting, as its declaration says (``config.setting``)."""
+        setting = settings.pop(name)
+        kind, _convert = _KINDS[setting.metadata["kind"]]
+        add(setting.metadata["flag"], type=kind, help=_setting_help(setting))
+
     add("--host", help="listen address (default 127.0.0.1; env KCORAL_SERVER_HOST)")
     add("--port", type=_INT, help="port, 0 picks a free one (default 8000; env KCORAL_SERVER_PORT)")
     add("--ready-file", help="write the server URL to this file once it accepts requests")
@@ -143,34 +175,21 @@ def build_server_parser() -> argparse.ArgumentParser:
         help="device mode (default auto; env KCORAL_SERVER_DEVICE)",
     )
     add("--gpus", help="comma-separated physical GPU ids (default 0; env KCORAL_SERVER_GPUS)")
-    add("--num-workers", type=_INT, help="CPU mode worker count (default 1)")
-    add("--workers-per-gpu", type=_INT, help="GPU mode workers per GPU (default 8)")
-    add(
-        "--max-requests-per-worker",
-        type=_INT,
-        help="requests before a worker is replaced; 0 = reuse without limit (default 1)",
-    )
-    add("--worker-termination-grace-seconds", type=_SECONDS, help="SIGTERM->SIGKILL (default 5)")
-    add("--worker-wait-timeout-seconds", type=_SECONDS, help="wait for a worker (default 1800)")
-    add(
-        "--body-timeout-seconds",
-        type=_SECONDS,
-        help="drop a request whose body sends nothing for this long, or averages under "
-        "1024 bytes/s after it (default 60)",
-    )
-    add("--default-timeout-seconds", type=_SECONDS, help="(default 300)")
-    add("--max-timeout-seconds", type=_SECONDS, help="clamp (default 900)")
-    add("--max-request-bytes", type=_INT, help="413 above (default 268435456)")
-    add("--max-response-bytes", type=_INT, help="500 above (default 268435456)")
-    add("--output-limit-bytes", type=_INT, help="per-stream capture (default 1048576)")
-    add("--max-output-limit-bytes", type=_INT, help="clamp (default 16777216)")
-    add(
-        "--cache-capacity-bytes",
-        type=_INT,
-        help="memory cache (default: the smaller of 16 GiB and 1/4 of physical memory)",
-    )
+    add_setting("num_workers")
+    add_setting("workers_per_gpu")
+    add_setting("max_requests_per_worker")
+    add_setting("worker_termination_grace_seconds")
+    add_setting("worker_wait_timeout_seconds")
+    add_setting("body_timeout_seconds")
+    add_setting("default_timeout_seconds")
+    add_setting("max_timeout_seconds")
+    add_setting("max_request_bytes")
+    add_setting("max_response_bytes")
+    add_setting("output_limit_bytes")
+    add_setting("max_output_limit_bytes")
+    add_setting("cache_capacity_bytes")
     add("--disk-cache-dir", help="file-blob cache; '' disables (default ~/.cache/kcoral/files)")
-    add("--disk-cache-capacity-mbytes", type=_INT, help="MiB; 0 disables (default 16384)")
+    add_setting("disk_cache_capacity_mbytes")
     add("--log-dir", help="event log directory; '' disables (default logs; env KCORAL_LOG_DIR)")
     add("--no-log-console", action="store_true", default=None, help="no stderr mirror")
     add("--no-log-programs", action="store_true", default=None, help="do not store programs")
@@ -195,30 +214,11 @@ def build_server_parser() -> argparse.ArgumentParser:
         default=None,
         help="allow no token on a non-loopback address",
     )
-    add("--job-retention-seconds", type=_SECONDS, help="keep finished jobs (default 3600)")
-    add(
-        "--job-retention-bytes",
-        type=_INT,
-        help="results and events of finished jobs kept, in memory and on disk (default 1073741824)",
-    )
-    add(
-        "--max-inflight-request-bytes",
-        type=_INT,
-        help="request body bytes received and held before 503 (declared lengths reserve "
-        "nothing); 0 = no limit (default 2 x --max-request-bytes)",
-    )
-    add(
-        "--worker-memory-limit-bytes",
-        type=_INT,
-        help="per worker; 0 = none (default: physical memory / workers, at least 4 GiB, "
-        "where a cgroup enforces it)",
-    )
-    add(
-        "--worker-process-limit",
-        type=_INT,
-        help="processes and threads per worker (cgroup pids.max); 0 = none "
-        "(default 4096; env KCORAL_WORKER_PROCESS_LIMIT)",
-    )
+    add_setting("job_retention_seconds")
+    add_setting("job_retention_bytes")
+    add_setting("max_inflight_request_bytes")
+    add_setting("worker_memory_limit_bytes")
+    add_setting("worker_process_limit")
     add(
         "--worker-env-deny",
         action="append",
@@ -244,7 +244,8 @@ def build_server_parser() -> argparse.ArgumentParser:
         kind = _INT if option == "--failure-threshold" else _NUMBER
         add(option, type=kind, help=hidden)
     add("--node-child", action="store_true", default=None, help=hidden)
-    add("--fake-gpu-count", type=_INT, help=hidden)
+    add_setting("fake_gpu_count")
+    assert not settings, f"declared settings without an option: {sorted(settings)}"
     return parser
 
 
@@ -312,31 +313,13 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
                 resolve.fail(f"{origin}: {exc}")
             kwargs["gpus"] = []
 
-    for name in (
-        "num_workers",
-        "workers_per_gpu",
-        "max_requests_per_worker",
-        "worker_termination_grace_seconds",
-        "worker_wait_timeout_seconds",
-        "body_timeout_seconds",
-        "default_timeout_seconds",
-        "max_timeout_seconds",
-        "max_request_bytes",
-        "max_response_bytes",
-        "output_limit_bytes",
-        "max_output_limit_bytes",
-        "cache_capacity_bytes",
-        "disk_cache_capacity_mbytes",
-        "job_retention_seconds",
-        "job_retention_bytes",
-        "max_inflight_request_bytes",
-        "worker_memory_limit_bytes",
-        "worker_process_limit",
-        "fake_gpu_count",
-    ):
-        value = getattr(args, name)
+    for setting in flag_settings():  # flag, else its environment variable, else default
+        value = getattr(args, setting.name)
+        env = setting.metadata["env"]
+        if value is None and env is not None:
+            value = resolve.pick(None, env, _KINDS[setting.metadata["kind"]][1])
         if value is not None:
-            kwargs[name] = value
+            kwargs[setting.name] = value
 
     disk_dir = args.disk_cache_dir
     if disk_dir is None:
@@ -353,10 +336,6 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     kwargs["allowed_hosts"] = list(args.allowed_host or [])
     if args.sandbox is not None:
         kwargs["sandbox"] = args.sandbox
-    if "worker_process_limit" not in kwargs:
-        processes = resolve.pick(None, "KCORAL_WORKER_PROCESS_LIMIT", parse_integer)
-        if processes is not None:
-            kwargs["worker_process_limit"] = processes
     kwargs["worker_env_deny"] = list(args.worker_env_deny or [])
     if args.sandbox_readonly_path:
         if any(not p for p in args.sandbox_readonly_path):

@@ -12,7 +12,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,40 @@ def default_disk_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(home) / ".cache" / "kcoral" / "files"
 
 
+def setting(
+    default: Any = MISSING,
+    *,
+    flag: str,
+    kind: str,
+    help: str = "",
+    shown_default: str | None = None,
+    env: str | None = None,
+    hidden: bool = False,
+    default_factory: Any = MISSING,
+) -> Any:
+    """A ``ServerConfig`` field that ``kcoral server`` sets from one flag (and ``env`` when
+    the flag is absent): declared once, here; ``cli_args`` derives the argparse option, its
+    help (``help`` plus "(default …)": ``shown_default`` or the default itself) and the
+    copy into the config from it. ``kind`` is ``int`` or ``seconds`` (how the text parses);
+    ``hidden`` keeps it out of ``--help``."""
+    metadata = {
+        "flag": flag,
+        "kind": kind,
+        "help": help,
+        "shown_default": shown_default,
+        "env": env,
+        "hidden": hidden,
+    }
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def flag_settings() -> list[Field]:
+    """The ``ServerConfig`` fields declared with ``setting``, in declaration order."""
+    return [f for f in fields(ServerConfig) if "flag" in f.metadata]
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Frozen server configuration (SERVER.md §2 plus EXTENSIONS.md); validated on creation.
@@ -105,23 +139,60 @@ class ServerConfig:
 
     device: str = "auto"
     gpus: list[int] = field(default_factory=lambda: [0])
-    num_workers: int = 1
-    workers_per_gpu: int = 8
-    max_requests_per_worker: int = 1
-    worker_termination_grace_seconds: float = 5.0
-    worker_wait_timeout_seconds: float = 1800.0
+    num_workers: int = setting(1, flag="--num-workers", kind="int", help="CPU mode worker count")
+    workers_per_gpu: int = setting(
+        8, flag="--workers-per-gpu", kind="int", help="GPU mode workers per GPU"
+    )
+    max_requests_per_worker: int = setting(
+        1,
+        flag="--max-requests-per-worker",
+        kind="int",
+        help="requests before a worker is replaced; 0 = reuse without limit",
+    )
+    worker_termination_grace_seconds: float = setting(
+        5.0, flag="--worker-termination-grace-seconds", kind="seconds", help="SIGTERM->SIGKILL"
+    )
+    worker_wait_timeout_seconds: float = setting(
+        1800.0, flag="--worker-wait-timeout-seconds", kind="seconds", help="wait for a worker"
+    )
     # A request body that receives no bytes for this long is dropped (slowloris defence);
     # the limit is on idleness, not on the whole upload, so big slow uploads still work.
-    body_timeout_seconds: float = 60.0
-    default_timeout_seconds: float = 300.0
-    max_timeout_seconds: float = 900.0
-    max_request_bytes: int = 268435456
-    max_response_bytes: int = 268435456
-    output_limit_bytes: int = 1048576
-    max_output_limit_bytes: int = 16777216
-    cache_capacity_bytes: int = field(default_factory=default_cache_capacity_bytes)
+    body_timeout_seconds: float = setting(
+        60.0,
+        flag="--body-timeout-seconds",
+        kind="seconds",
+        help="drop a request whose body sends nothing for this long, or averages under "
+        "1024 bytes/s after it",
+    )
+    default_timeout_seconds: float = setting(
+        300.0, flag="--default-timeout-seconds", kind="seconds"
+    )
+    max_timeout_seconds: float = setting(
+        900.0, flag="--max-timeout-seconds", kind="seconds", help="clamp"
+    )
+    max_request_bytes: int = setting(
+        268435456, flag="--max-request-bytes", kind="int", help="413 above"
+    )
+    max_response_bytes: int = setting(
+        268435456, flag="--max-response-bytes", kind="int", help="500 above"
+    )
+    output_limit_bytes: int = setting(
+        1048576, flag="--output-limit-bytes", kind="int", help="per-stream capture"
+    )
+    max_output_limit_bytes: int = setting(
+        16777216, flag="--max-output-limit-bytes", kind="int", help="clamp"
+    )
+    cache_capacity_bytes: int = setting(
+        default_factory=default_cache_capacity_bytes,
+        flag="--cache-capacity-bytes",
+        kind="int",
+        help="memory cache",
+        shown_default=": the smaller of 16 GiB and 1/4 of physical memory",
+    )
     disk_cache_dir: Path | None = field(default_factory=default_disk_cache_dir)
-    disk_cache_capacity_mbytes: int = 16384
+    disk_cache_capacity_mbytes: int = setting(
+        16384, flag="--disk-cache-capacity-mbytes", kind="int", help="MiB; 0 disables"
+    )
     log_dir: Path | None = None
     log_console: bool = True
     log_programs: bool = True
@@ -131,21 +202,48 @@ class ServerConfig:
     node_id: str | None = None
     node_token: str | None = field(default=None, repr=False)
     # EXTENSIONS.md additions
-    job_retention_seconds: float = 3600.0
-    job_retention_bytes: int = GIB
+    job_retention_seconds: float = setting(
+        3600.0, flag="--job-retention-seconds", kind="seconds", help="keep finished jobs"
+    )
+    job_retention_bytes: int = setting(
+        GIB,
+        flag="--job-retention-bytes",
+        kind="int",
+        help="results and events of finished jobs kept, in memory and on disk",
+    )
     auth_token_file: Path | None = None
     auth_token: str | None = field(default=None, repr=False)
     allow_unauthenticated: bool = False
-    max_inflight_request_bytes: int | None = None
+    max_inflight_request_bytes: int | None = setting(
+        None,
+        flag="--max-inflight-request-bytes",
+        kind="int",
+        help="request body bytes received and held before 503 (declared lengths reserve "
+        "nothing); 0 = no limit",
+        shown_default="2 x --max-request-bytes",
+    )
     # None: the default share of physical memory, enforced only where a cgroup can (limits.py)
-    worker_memory_limit_bytes: int | None = None
+    worker_memory_limit_bytes: int | None = setting(
+        None,
+        flag="--worker-memory-limit-bytes",
+        kind="int",
+        help="per worker; 0 = none",
+        shown_default=": physical memory / workers, at least 4 GiB, where a cgroup enforces it",
+    )
     # None: KCORAL_WORKER_PROCESS_LIMIT, else limits.DEFAULT_PROCESS_LIMIT; 0 = none
-    worker_process_limit: int | None = None
+    worker_process_limit: int | None = setting(
+        None,
+        flag="--worker-process-limit",
+        kind="int",
+        help="processes and threads per worker (cgroup pids.max); 0 = none",
+        shown_default="4096",
+        env="KCORAL_WORKER_PROCESS_LIMIT",
+    )
     # Variables no worker inherits (exact names, or prefixes ending in '*'), besides the
     # KCoral secrets that no worker ever gets (sandbox.is_secret_variable).
     worker_env_deny: list[str] = field(default_factory=list)
     allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
-    fake_gpu_count: int = 0
+    fake_gpu_count: int = setting(0, flag="--fake-gpu-count", kind="int", hidden=True)
     # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
     allowed_origins: list[str] = field(default_factory=list)
     allowed_hosts: list[str] = field(default_factory=list)

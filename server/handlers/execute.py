@@ -95,7 +95,8 @@ class ExecuteHandler(BaseHandler):
         # declaration reserves nothing, so connections that declare the maximum and then
         # trickle cannot lock every other client out (EXTENSIONS §6). The declared length
         # only decides here whether it could fit in what the others really hold now.
-        self.max_inflight = _max_inflight(config.max_inflight_request_bytes, limit)
+        # resolved by ServerConfig (None -> 2 x --max-request-bytes); 0 means no limit
+        self.max_inflight = config.max_inflight_request_bytes or 0
         if self._over_inflight(declared or 0):
             self.refuse(503, "busy", "server saturated", "no_worker")
             return
@@ -259,11 +260,6 @@ class ExecuteHandler(BaseHandler):
         if self.body is not None:
             self.body.close()
             self.body = None
-
-
-def _max_inflight(configured: int | None, max_request_bytes: int) -> int:
-    """``--max-inflight-request-bytes`` resolved: default twice the request limit, 0 none."""
-    return 2 * max_request_bytes if configured is None else configured
 
 
 def _content_length(value: str | None) -> int | None:
