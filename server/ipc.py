@@ -323,14 +323,12 @@ _RECEIVE_BYTES = 1 << 20
 class AsyncChannel:
     """The front-end's end: non-blocking, driven by the event loop (no thread per worker).
 
-    Without ``sink``, messages wait in a queue for ``receive``. With ``sink``, each message
-    (then the exception that broke the channel, once) is handed to it from the reader
-    callback as soon as its frame is complete: no queue, task or loop hop in between.
+    Each message (then the exception that broke the channel, once) is handed to ``sink``
+    from the reader callback as soon as its frame is complete: no queue, task or loop hop in
+    between (``worker_channel.WorkerChannel`` is the sink that keeps an inbox).
     """
 
-    def __init__(
-        self, sock: socket.socket, sink: Callable[[ChannelItem], None] | None = None
-    ) -> None:
+    def __init__(self, sock: socket.socket, sink: Callable[[ChannelItem], None]) -> None:
         self.sock = sock
         self.sock.setblocking(False)
         self._loop = asyncio.get_running_loop()
@@ -340,8 +338,7 @@ class AsyncChannel:
         self._receive_buffer = bytearray(_RECEIVE_BYTES)
         self._receive_view = memoryview(self._receive_buffer)
         self._fds: list[int] = []
-        self._queue: asyncio.Queue[ChannelItem] = asyncio.Queue()
-        self._deliver = sink if sink is not None else self._queue.put_nowait
+        self._deliver = sink
         self._closed = False
         self._loop.add_reader(self.sock.fileno(), self._on_readable)
 
@@ -413,15 +410,6 @@ class AsyncChannel:
                 break
             self._on_readable()
         self._fail(exc)
-
-    async def receive(self) -> tuple[Message, list[int]]:
-        """Next message; raises ``EOFError``/``IpcError``/``OSError`` once the channel broke.
-        Only for a channel without ``sink``."""
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._queue.put_nowait(item)  # every later receive fails the same way
-            raise item
-        return item
 
     def send(self, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
         """Send without waiting. Frames are small, so a non-blocking send normally completes

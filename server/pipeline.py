@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kcoral_server.blob_resolution import Resolution, resolve_blobs
 from kcoral_server.body import RequestBody
 from kcoral_server.identity import DEFAULT, Identity
+from kcoral_server.offload import on_loop
 from kcoral_server.pool import NoWorker, Seat
 from kcoral_server.responses import (
     ProgramOutcome,
@@ -52,9 +53,6 @@ FINISH_LEVELS = {
 }
 # Re-exported: handlers and jobs build replies with these.
 __all__ = ["ExecuteRequest", "Reply", "RequestObserver", "error_reply", "json_reply"]
-# Below this size parsing, hashing and cache look-ups run on the IO loop: a thread
-# hand-off costs more CPU than the work.
-INLINE_PARSE_BYTES = 64 * 1024
 GPU_COUNT_MESSAGE = "gpu_count exceeds this GPU server's configured capacity"
 
 
@@ -138,7 +136,7 @@ class ExecuteRequest:
         view = self.body.finish()
         # A small body parses, hashes and resolves faster than a thread hand-off (front-end
         # CPU per request); only the disk cache stays off the loop.
-        small = len(view) <= INLINE_PARSE_BYTES
+        small = on_loop(len(view))
         try:
             if small:
                 parsed = parse_execute_request(self.content_type, view, verify_hashes=False)

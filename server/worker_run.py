@@ -23,6 +23,7 @@ from kcoral_server.blob_resolution import Resolution
 from kcoral_server.body import bytes_memfd, memfd_locations
 from kcoral_server.identity import Identity
 from kcoral_server.lease import GpuQuarantined
+from kcoral_server.offload import INLINE_BYTES, on_loop
 from kcoral_server.pool import NoWorker, RunResult, Seat
 from kcoral_server.responses import ProgramOutcome, RequestFailed, ReturnRecord, close_maps
 from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone, close_fds
@@ -40,9 +41,6 @@ CRASH_MESSAGE = "worker exited while executing the instruction"
 CLEANUP_MESSAGE = "worker cleanup was not confirmed; affected devices unavailable"
 # Return memfds are mapped prefaulted (64 MiB = 16,384 separate faults otherwise).
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-# Below these sizes work runs on the IO loop: a thread hand-off costs more CPU than the work.
-INLINE_READ_BYTES = 64 * 1024
-INLINE_COPY_BYTES = 64 * 1024
 CANCELLED_STATUS = 499  # logged only: nobody is left to receive a cancelled request's answer
 CANCEL_MESSAGES = {
     "cancelled": "the job was cancelled",
@@ -538,7 +536,7 @@ class ProgramRun:
         slices = [ipc.BlobSlice(*where) for where in located]
         extra_fd = None
         if copies:
-            if sum(len(memoryview(data)) for _, data in copies) <= INLINE_COPY_BYTES:
+            if on_loop(sum(len(memoryview(data)) for _, data in copies)):
                 extra_fd, placed = bytes_memfd(copies)  # cheaper than a thread hand-off
             else:
                 loop = asyncio.get_running_loop()
@@ -558,7 +556,7 @@ class ProgramRun:
         if drive.result is not RunResult.FINISHED:
             return NO_OUTPUT
         # small output is read here: cheaper than a thread hand-off
-        output = drive.workspace.read_small_output(drive.limit, INLINE_READ_BYTES)
+        output = drive.workspace.read_small_output(drive.limit, INLINE_BYTES)
         if output is not None:
             return output
         loop = asyncio.get_running_loop()

@@ -1,0 +1,59 @@
+"""Process trees read from /proc (``kcoral_server.procfs``), as the front-end, the fork
+server and the worker read them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from kcoral_server import procfs
+
+# a child that starts a grandchild, prints its pid and sleeps
+TREE = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_descendants_lists_children_and_grandchildren_parents_first() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        grandchild = int(parent.stdout.readline())
+        found = procfs.descendants()
+        assert found.index(parent.pid) < found.index(grandchild)
+        assert procfs.descendants(parent.pid) == [grandchild]
+        assert procfs.children(parent.pid) == [grandchild]
+        assert procfs.is_alive(grandchild) and procfs.state(grandchild) in ("S", "R")
+    finally:
+        procfs.signal_all(procfs.descendants(parent.pid), signal.SIGKILL, group=None)
+        parent.kill()
+        parent.wait()
+
+
+def test_a_zombie_is_not_alive_and_a_reaped_process_has_no_state() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    for _ in range(500):
+        if procfs.state(child.pid) == "Z":
+            break
+        time.sleep(0.01)
+    assert procfs.state(child.pid) == "Z" and not procfs.is_alive(child.pid)
+    assert child.pid not in procfs.live_descendants()
+    child.wait()
+    assert procfs.state(child.pid) is None and not procfs.is_alive(child.pid)
+
+
+def test_kill_process_signals_a_live_child() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    procfs.kill_process(child.pid, signal.SIGKILL)
+    assert child.wait(10) == -signal.SIGKILL
+
+
+def test_this_process_is_found_by_its_own_namespace_pid() -> None:
+    assert procfs.namespace_pid(os.getpid()) == str(os.getpid())
+    assert procfs.namespace_pid(-1) is None
