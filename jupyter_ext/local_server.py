@@ -18,11 +18,9 @@ A web page is refused by the server's Origin/Host checks as well. The user's rem
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import secrets
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -31,21 +29,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from kcoral_jupyter.runtime_records import (  # noqa: F401 - runtime_dir is re-exported
+    private_runtime_dir,
+    read_records,
+    runtime_dir,
+    write_record,
+)
+
 ADVERT_PREFIX = "kcoral-local-"
 # Never inherited by the embedded server: the user's token for remote servers (tokens are
 # per URL) and any server token of the kernel's environment (replaced by a fresh one).
 NOT_INHERITED = ("KCORAL_TOKEN", "KCORAL_AUTH_TOKEN")
-
-
-def runtime_dir() -> Path:
-    """Jupyter's runtime directory (``JUPYTER_RUNTIME_DIR`` honoured)."""
-    try:
-        from jupyter_core.paths import jupyter_runtime_dir
-
-        return Path(jupyter_runtime_dir())
-    except ImportError:  # jupyter_core absent: the same default it would pick
-        base = os.environ.get("JUPYTER_RUNTIME_DIR")
-        return Path(base) if base else Path.home() / ".local/share/jupyter/runtime"
 
 
 def _die_with_parent() -> None:
@@ -147,24 +141,8 @@ class LocalServer:
             "started": time.time(),
             "token": self.token,
         }
-        try:
-            folder = private_runtime_dir()
-            if folder is None:
-                self.advert = None  # the panel will not list it; the kernel still uses it
-                return
-            path = folder / f"{ADVERT_PREFIX}{os.getpid()}.json"
-            # mkstemp: a new file (O_EXCL), mode 0600 from its first byte on.
-            descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".kcoral-", suffix=".tmp")
-            try:
-                with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                    json.dump(record, file)
-                os.replace(temporary, path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
-            self.advert = path
-        except OSError:
-            self.advert = None  # advertising is a convenience; the server still works
+        # None: the panel will not list it; the kernel still uses it.
+        self.advert = write_record(f"{ADVERT_PREFIX}{os.getpid()}.json", record)
 
     def _cleanup(self) -> None:
         if self.advert is not None:
@@ -186,35 +164,6 @@ class LocalServer:
         self.token = None
 
 
-def private_runtime_dir() -> Path | None:
-    """Jupyter's runtime directory, created 0700 if missing; None when it is not private.
-
-    A directory that another user owns or may write to could swap the advertisement (or
-    read it, if it is theirs): then nothing is advertised."""
-    folder = runtime_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = folder.stat()
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return None
-    return folder
-
-
 def advertised_servers() -> list[dict[str, object]]:
     """Embedded servers advertised by live kernels (stale files are ignored)."""
-    found: list[dict[str, object]] = []
-    try:
-        paths = sorted(runtime_dir().glob(f"{ADVERT_PREFIX}*.json"))
-    except OSError:
-        return found
-    for path in paths:
-        try:
-            if path.stat().st_uid != os.getuid():
-                continue  # not written by one of this user's kernels
-            record = json.loads(path.read_text(encoding="utf-8"))
-            pid = int(record["pid"])
-            os.kill(pid, 0)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if isinstance(record.get("url"), str):
-            found.append(record)
-    return found
+    return read_records(ADVERT_PREFIX, "pid")

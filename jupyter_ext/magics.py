@@ -449,6 +449,7 @@ class KCoralMagics(Magics):
         url = rest[0].rstrip("/")
         facts = self.session.facts(url)  # fails loudly when the server is unreachable
         self.session.settings.url = url
+        self.session.use(url)  # the JupyterLab status bar follows this kernel's connection
         sandbox = f", sandbox: {facts.sandbox}" if facts.sandbox else ""
         features = ", ".join(facts.features)
         print(f"kcoral: connected to {url} ({facts.label}{sandbox}, features: {features})")

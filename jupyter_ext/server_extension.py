@@ -2,7 +2,7 @@
 
 | route | answer |
 |---|---|
-| `GET servers` | configured servers with `/health` and `/v1/info` (tokens stay here) |
+| `GET servers` | servers with `/health`, `/v1/info` and the kernels using them (`kernels`) |
 | `GET jobs` | recent jobs of every server that offers the jobs API, each tagged with `server` |
 | `GET jobs/{id}` | one job's state; `DELETE jobs/{id}` cancels it |
 | `GET jobs/{id}/events` | the job's Server-Sent Events, proxied as they arrive |
@@ -10,7 +10,11 @@
 Servers come from ``c.KCoralExtension.servers = [{"name": ..., "url": ..., "token": ...}]``;
 when none are configured: ``KCORAL_URL`` (with ``KCORAL_TOKEN``) and the embedded servers
 that kernels advertise in the runtime directory, each with its own token from its 0600
-advertisement (EXTENSIONS §6). Tokens stay in this process: the browser sees only names.
+advertisement (EXTENSIONS §6). Whatever is configured, every server a live kernel says it
+uses (``runtime_records.kernel_connections``: its embedded server, or the URL it connected
+to) is listed too, with the ids of those kernels in ``kernels``, so that the status bar can
+show the server of the notebook in focus. Tokens stay in this process: the browser sees
+only names.
 ``?server=NAME`` picks one server for the job routes; otherwise each server is asked in
 turn.
 """
@@ -27,6 +31,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from kcoral_jupyter.local_server import advertised_servers
+from kcoral_jupyter.runtime_records import kernel_connections
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from traitlets import Dict, Float, List
 from traitlets.config import Configurable
@@ -45,9 +50,28 @@ class KCoralExtension(Configurable):
         config=True
     )
 
-    def resolved_servers(self) -> list[dict[str, str]]:
-        """The configured servers, else KCORAL_URL and the kernels' embedded servers."""
-        found: list[dict[str, str]] = []
+    def resolved_servers(self) -> list[dict[str, Any]]:
+        """The configured servers (else KCORAL_URL and the kernels' embedded servers), plus
+        every server a live kernel uses, each with ``kernels``: the ids of those kernels."""
+        found = self._configured_or_advertised()
+        by_url = {entry["url"]: entry for entry in found}
+        for record in kernel_connections():
+            url = str(record["url"]).rstrip("/")
+            entry = by_url.get(url)
+            if entry is None:
+                kind = "local" if record.get("embedded") else "kernel"
+                entry = {
+                    "name": f"{kind}-{str(record['kernel_id'])[:8]}",
+                    "url": url,
+                    "token": str(record.get("token") or ""),
+                }
+                by_url[url] = entry
+                found.append(entry)
+            entry.setdefault("kernels", []).append(str(record["kernel_id"]))
+        return found
+
+    def _configured_or_advertised(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
         if self.servers:
             for index, entry in enumerate(self.servers):
                 url = str(entry.get("url", "")).rstrip("/")
@@ -84,7 +108,7 @@ class _KCoralHandler(APIHandler):
     def extension(self) -> KCoralExtension:
         return self.settings["kcoral_extension"]
 
-    def servers(self) -> list[dict[str, str]]:
+    def servers(self) -> list[dict[str, Any]]:
         servers = self.extension.resolved_servers()
         wanted = self.get_query_argument("server", None)
         if wanted is not None:
@@ -94,7 +118,7 @@ class _KCoralHandler(APIHandler):
         return servers
 
     async def upstream(
-        self, server: dict[str, str], method: str, path: str
+        self, server: dict[str, Any], method: str, path: str
     ) -> tuple[int, Any, str]:
         """(status, decoded JSON or None, error text) of one call; never raises."""
         headers = {"Accept": "application/json"}
@@ -124,7 +148,7 @@ class _KCoralHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(document))
 
-    async def find_job(self, job_id: str) -> tuple[dict[str, str], int, Any] | None:
+    async def find_job(self, job_id: str) -> tuple[dict[str, Any], int, Any] | None:
         """The server that knows ``job_id`` (first non-404 answer), with that answer."""
         for server in self.servers():
             status, document, _ = await self.upstream(
@@ -146,7 +170,7 @@ class ServersHandler(_KCoralHandler):
     async def get(self) -> None:
         servers = self.servers()
 
-        async def describe(server: dict[str, str]) -> dict[str, Any]:
+        async def describe(server: dict[str, Any]) -> dict[str, Any]:
             (h_status, health, h_error), (i_status, info, _) = await asyncio.gather(
                 self.upstream(server, "GET", "/health"), self.upstream(server, "GET", "/v1/info")
             )
@@ -158,6 +182,7 @@ class ServersHandler(_KCoralHandler):
                 "info": info if i_status == 200 else None,
                 "features": (info or {}).get("features", []) if i_status == 200 else [],
                 "reachable": h_status != 0,
+                "kernels": list(server.get("kernels", [])),
             }
             if h_status != 200:
                 entry["error"] = h_error or f"/health answered HTTP {h_status}"

@@ -17,6 +17,7 @@ from typing import Any
 from kcoral_jupyter.cell_program import BuiltCell
 from kcoral_jupyter.local_server import LocalServer
 from kcoral_jupyter.runner import server_features
+from kcoral_jupyter.runtime_records import KernelConnection
 from kcoral_jupyter.settings import KCoral
 
 from kcoral import Client, KCoralError
@@ -59,14 +60,28 @@ class Session:
     _facts: dict[str, ServerFacts] = field(default_factory=dict)
     pending: dict[str, PendingJob] = field(default_factory=dict)
     _announced_local: bool = False
+    # Tells the Jupyter server extension which server this kernel's cells use, so the status
+    # bar shows the one of the notebook in focus (a 0600 runtime record, runtime_records.py).
+    connection: KernelConnection = field(default_factory=KernelConnection)
+    _used_url: str | None = None
 
     def resolve_url(self, explicit: str | None = None) -> str:
         """``--url``, else the configured URL, else the embedded server (started on demand)."""
         if explicit:
             return explicit.rstrip("/")
         if self.settings.url:
-            return self.settings.url.rstrip("/")
-        return self.start_local()
+            url = self.settings.url.rstrip("/")
+        else:
+            url = self.start_local()
+        self.use(url)
+        return url
+
+    def use(self, url: str) -> None:
+        """Record that this kernel's cells now go to ``url`` (for the JupyterLab UI)."""
+        if url != self._used_url:
+            self._used_url = url
+            embedded = self.local is not None and self.local.url == url
+            self.connection.announce(url, self.token_for(url), embedded=embedded)
 
     def start_local(self) -> str:
         if self.local is None:
@@ -90,6 +105,9 @@ class Session:
         stopped = self.local.stop()
         if url:
             self.forget(url)
+            if url == self._used_url:
+                self._used_url = None
+                self.connection.withdraw()
         return stopped
 
     def token_for(self, url: str) -> str:
@@ -141,3 +159,4 @@ class Session:
             client.close()
         self._clients.clear()
         self.stop_local()
+        self.connection.withdraw()

@@ -39,6 +39,8 @@ export interface IServerEntry {
   features: string[];
   reachable: boolean;
   error?: string;
+  /** Ids of the live kernels whose cells use this server (their embedded or connected one). */
+  kernels?: string[];
 }
 
 /** Job states (EXTENSIONS §5). */

@@ -5,6 +5,9 @@ import { IJob, IServerEntry } from './api';
 /** What the status bar says about one server. */
 export interface IStatusSummary {
   online: boolean;
+  /** True when nothing was started yet: the focused notebook's kernel has no server and
+   * none is configured (its first `%%kcoral` cell starts the embedded one). */
+  notYet: boolean;
   server: string;
   target: string;
   busy: number;
@@ -26,17 +29,36 @@ export function targetOf(entry: IServerEntry): string {
   return device && device !== 'cpu' ? device : 'cpu';
 }
 
-/** The server the status bar shows: the one named in the settings, else the first. */
-export function pickServer(servers: IServerEntry[], wanted: string): IServerEntry | null {
+/**
+ * The server the status bar shows: the one the focused notebook's kernel uses, else the
+ * one named in the settings, else the first server that no kernel merely announced (a
+ * configured one).
+ */
+export function pickServer(
+  servers: IServerEntry[],
+  wanted: string,
+  kernelId: string | null = null
+): IServerEntry | null {
+  if (kernelId) {
+    const used = servers.find(s => (s.kernels ?? []).includes(kernelId));
+    if (used) {
+      return used;
+    }
+  }
   if (wanted) {
     return servers.find(s => s.name === wanted) ?? null;
   }
-  return servers[0] ?? null;
+  return servers.find(s => !s.name.startsWith('kernel-') && !s.name.startsWith('local-')) ?? null;
 }
 
-export function summarize(servers: IServerEntry[] | null, wanted: string): IStatusSummary {
+export function summarize(
+  servers: IServerEntry[] | null,
+  wanted: string,
+  kernelId: string | null = null
+): IStatusSummary {
   const offline = (server: string, reason: string): IStatusSummary => ({
     online: false,
+    notYet: false,
     server,
     target: '',
     busy: 0,
@@ -48,12 +70,12 @@ export function summarize(servers: IServerEntry[] | null, wanted: string): IStat
   if (servers === null) {
     return offline(wanted, 'the KCoral server extension cannot be reached');
   }
-  const entry = pickServer(servers, wanted);
+  const entry = pickServer(servers, wanted, kernelId);
   if (entry === null) {
-    return offline(
-      wanted,
-      wanted ? `no configured KCoral server is named ${wanted}` : 'no KCoral server is configured'
-    );
+    if (!wanted) {
+      return { ...offline('', 'no server yet'), notYet: true };
+    }
+    return offline(wanted, `no configured KCoral server is named ${wanted}`);
   }
   if (!entry.health) {
     return offline(entry.name, entry.error || `${entry.url} cannot be reached`);
@@ -61,6 +83,7 @@ export function summarize(servers: IServerEntry[] | null, wanted: string): IStat
   const load = entry.health.load;
   return {
     online: true,
+    notYet: false,
     server: entry.name,
     target: targetOf(entry),
     busy: load.requests_in_progress,
@@ -82,6 +105,9 @@ export function sandboxText(sandbox: string | undefined): string {
 /** `KCoral ● sm_90a · 1/2 busy · 0 queued`, `… · no sandbox` when programs run unconfined
  * (never a silent downgrade), or `KCoral ● offline`. */
 export function statusText(summary: IStatusSummary): string {
+  if (summary.notYet) {
+    return 'KCoral ○ no server yet (starts with the first cell)';
+  }
   if (!summary.online) {
     return 'KCoral ● offline';
   }
@@ -93,6 +119,12 @@ export function statusText(summary: IStatusSummary): string {
 }
 
 export function statusTitle(summary: IStatusSummary): string {
+  if (summary.notYet) {
+    return (
+      "This notebook's kernel uses no KCoral server yet: its first %%kcoral cell starts a " +
+      'local one (or uses KCORAL_URL, or %kcoral connect URL). Click to open the KCoral panel.'
+    );
+  }
   if (!summary.online) {
     const name = summary.server ? `${summary.server}: ` : '';
     return `KCoral ${name}offline (${summary.reason}). Click to open the KCoral panel.`;

@@ -8,7 +8,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, ISessionContext } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
@@ -25,6 +25,37 @@ const PLUGIN_ID = 'kcoral-jupyterlab:plugin';
 export namespace CommandIDs {
   export const showPanel = 'kcoral:show-panel';
   export const cancelJob = 'kcoral:cancel-job';
+}
+
+/** The session context of a notebook or console widget, if the widget has one. */
+function sessionContextOf(widget: unknown): ISessionContext | null {
+  const context = (widget as { sessionContext?: ISessionContext } | null)?.sessionContext;
+  return context ?? null;
+}
+
+/**
+ * Keep `model.focusedKernel` on the kernel of the widget in focus, so that the status bar
+ * shows the server that notebook's cells use (each kernel announces its own, EXTENSIONS §6).
+ */
+function followFocusedKernel(app: JupyterFrontEnd, model: KCoralModel): void {
+  let watched: ISessionContext | null = null;
+  const update = (): void => {
+    model.setFocusedKernel(watched?.session?.kernel?.id ?? null);
+  };
+  const onFocus = (): void => {
+    const context = sessionContextOf(app.shell.currentWidget);
+    if (context === null) {
+      return; // the file browser or a text editor: keep the last notebook's server
+    }
+    if (context !== watched) {
+      watched?.kernelChanged.disconnect(update);
+      watched = context;
+      watched.kernelChanged.connect(update);
+    }
+    update();
+  };
+  app.shell.currentChanged?.connect(onFocus);
+  onFocus();
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -51,6 +82,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       pollIntervalMs: 3000,
       statusServer: ''
     });
+    followFocusedKernel(app, model);
 
     const panel = new KCoralPanel(model);
     panel.title.icon = kcoralIcon;

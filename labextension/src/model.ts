@@ -27,6 +27,8 @@ export class KCoralModel {
   jobs: IJob[] = [];
   jobErrors: { server: string; message: string }[] = [];
   statusServer: string;
+  /** The kernel of the notebook in focus (null: no notebook, or no kernel yet). */
+  focusedKernel: string | null = null;
 
   readonly poller: Poll;
   private readonly _listeners = new Set<() => void>();
@@ -50,7 +52,18 @@ export class KCoralModel {
   }
 
   get summary(): IStatusSummary {
-    return summarize(this.servers, this.statusServer);
+    return summarize(this.servers, this.statusServer, this.focusedKernel);
+  }
+
+  /** The notebook in focus changed, or its kernel did: show that kernel's server. */
+  setFocusedKernel(kernelId: string | null): void {
+    if (kernelId !== this.focusedKernel) {
+      this.focusedKernel = kernelId;
+      this._emit();
+      if (kernelId !== null) {
+        void this.poller.refresh(); // a kernel that just connected is worth asking about
+      }
+    }
   }
 
   /** Calls `listener` after every poll; returns a function that unsubscribes. */

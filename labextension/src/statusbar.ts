@@ -40,12 +40,14 @@ export class KCoralStatus extends Widget {
   render(): void {
     const summary = this._model.summary;
     // The whole text is one string so tests and screen readers see what the spec says.
-    const text = statusText(summary);
+    const text = statusText(summary); // `KCoral <dot> <rest>`
     this.node.setAttribute('aria-label', text);
-    this._text.textContent = text.slice('KCoral ● '.length).replace(/^/, ' ');
+    this._dot.textContent = text.charAt('KCoral '.length);
+    this._text.textContent = ' ' + text.slice('KCoral ● '.length);
     this.node.title = statusTitle(summary);
-    this.node.dataset.state = summary.online ? 'online' : 'offline';
-    this.node.classList.toggle('jp-KCoral-offline', !summary.online);
+    const state = summary.notYet ? 'none' : summary.online ? 'online' : 'offline';
+    this.node.dataset.state = state;
+    this.node.classList.toggle('jp-KCoral-offline', state === 'offline');
   }
 
   dispose(): void {

@@ -20,7 +20,9 @@ function step(name, extra = {}) {
 async function runCell(page, index) {
   await page.evaluate(async i => {
     const app = window.jupyterapp;
-    const panel = app.shell.currentWidget;
+    // The notebook, even when a click in the KCoral panel moved the focus there.
+    const panel = [...app.shell.widgets('main')].find(w => w.sessionContext && w.content);
+    app.shell.activateById(panel.id);
     panel.content.activeCellIndex = i;
     // Not awaited: the command resolves only when the cell has finished running.
     void app.commands.execute('notebook:run-cell');
@@ -75,19 +77,22 @@ async function main() {
     });
     step('lab loaded');
 
-    // 1. The status bar shows the CPU server.
+    // 1. A fresh install: no server configured and none started yet.
     const status = page.locator('#kcoral-status');
     await status.waitFor({ timeout: 60000 });
-    await page.waitForFunction(
-      () => /KCoral ● cpu · \d+\/\d+ busy · \d+ queued/.test(
-        document.querySelector('#kcoral-status')?.getAttribute('aria-label') || ''
-      ),
-      null,
-      { timeout: 60000 }
-    );
-    seen.statusText = await status.getAttribute('aria-label');
-    seen.statusVisibleText = (await status.innerText()).replace(/\s+/g, ' ').trim();
-    step('status online', { text: seen.statusText });
+    const statusMatches = async pattern => {
+      await page.waitForFunction(
+        source => new RegExp(source).test(
+          document.querySelector('#kcoral-status')?.getAttribute('aria-label') || ''
+        ),
+        pattern.source,
+        { timeout: 90000 }
+      );
+      return status.getAttribute('aria-label');
+    };
+    seen.statusBeforeFirstCell = await statusMatches(/no server yet/);
+    seen.statusVisibleBefore = (await status.innerText()).replace(/\s+/g, ' ').trim();
+    step('status before the first cell', { text: seen.statusBeforeFirstCell });
 
     // Wait for the kernel, then load the magics (cell 0).
     await page.waitForFunction(
@@ -113,9 +118,13 @@ async function main() {
     step('panel open');
     await widenPanel(page);
 
-    // 3. A %%kcoral cell that prints for a few seconds; its job shows live output.
+    // 3. A %%kcoral cell that prints for a few seconds; its job shows live output. It starts
+    // the kernel's embedded server (one worker), which the status bar then shows.
     await runCell(page, 1);
     step('cell 1 started');
+    seen.statusText = await statusMatches(/KCoral ● cpu · \d+\/1 busy · \d+ queued/);
+    seen.statusVisibleText = (await status.innerText()).replace(/\s+/g, ' ').trim();
+    step('status shows the embedded server', { text: seen.statusText });
     const firstRow = panel.locator('tr.jp-KCoral-job').first();
     await firstRow.waitFor({ timeout: 60000 });
     seen.firstJobId = await firstRow.getAttribute('data-job-id');
@@ -180,7 +189,21 @@ async function main() {
     step('second job cancelled');
     await page.screenshot({ path: path.join(SHOTS, 'panel-cancelled.png') });
 
-    // 5. The palette commands exist.
+    // 5. `%kcoral connect URL` (a server with two workers): the status bar follows. Sent once
+    // the cancelled cell has ended: a request queued behind a failing cell would be aborted.
+    await page.waitForFunction(
+      () => {
+        const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
+        return w.sessionContext.session.kernel.status === 'idle';
+      },
+      null,
+      { timeout: 60000 }
+    );
+    await runCell(page, 3);
+    seen.statusAfterConnect = await statusMatches(/KCoral ● cpu · \d+\/2 busy · \d+ queued/);
+    step('status follows the connection', { text: seen.statusAfterConnect });
+
+    // 6. The palette commands exist.
     seen.commands = await page.evaluate(() =>
       ['kcoral:show-panel', 'kcoral:cancel-job'].map(id => [
         id,
@@ -195,6 +218,9 @@ async function main() {
     try {
       await page.screenshot({ path: path.join(SHOTS, 'failure.png') });
       seen.panelText = await page.locator('#kcoral-panel').innerText({ timeout: 2000 });
+      seen.cellTexts = await page.evaluate(() =>
+        [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map(c => c.innerText.slice(-600))
+      );
     } catch {
       // best effort
     }

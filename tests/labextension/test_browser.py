@@ -67,7 +67,8 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _write_notebook(path: Path) -> None:
+def _write_notebook(path: Path, connect_url: str) -> None:
+    sources = [*NOTEBOOK_CELLS, f"%kcoral connect {connect_url}"]
     cells = [
         {
             "cell_type": "code",
@@ -76,7 +77,7 @@ def _write_notebook(path: Path) -> None:
             "outputs": [],
             "execution_count": None,
         }
-        for source in NOTEBOOK_CELLS
+        for source in sources
     ]
     document = {
         "cells": cells,
@@ -91,11 +92,13 @@ def _write_notebook(path: Path) -> None:
 
 @pytest.fixture
 def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path]]:
-    """JupyterLab on loopback pointed at a fresh CPU KCoral server: (url, token, root)."""
+    """JupyterLab on loopback as after a fresh install (no KCoral server configured: the
+    first cell starts the kernel's embedded server), plus a CPU KCoral server with two
+    workers that the notebook's last cell connects to: (url, token, root)."""
     kcoral = server_factory("--num-workers", "2")
     root = tmp_path / "root"
     root.mkdir()
-    _write_notebook(root / "kcoral.ipynb")
+    _write_notebook(root / "kcoral.ipynb", kcoral.url)
     # Only this test's extension paths and settings: the committed build is what loads.
     jpath = tmp_path / "jupyter-path"
     (jpath / "labextensions").mkdir(parents=True)
@@ -115,7 +118,6 @@ def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path
     port = _free_port()
     env = dict(
         os.environ,
-        KCORAL_URL=kcoral.url,
         JUPYTER_PATH=str(jpath),
         JUPYTER_CONFIG_DIR=str(config),
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
@@ -123,6 +125,7 @@ def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path
         JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
     )
     env.pop("KCORAL_TOKEN", None)
+    env.pop("KCORAL_URL", None)
     log = tmp_path / "lab.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -177,8 +180,11 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
     seen = json.loads(lines[-1])
     lab_log = (tmp_path / "lab.log").read_text(errors="replace")[-3000:]
     assert seen.get("ok"), f"{json.dumps(seen, indent=1)}\n--- lab log ---\n{lab_log}"
-    assert seen["statusText"].startswith("KCoral ● cpu · ")
+    assert seen["statusBeforeFirstCell"] == "KCoral ○ no server yet (starts with the first cell)"
+    assert seen["statusVisibleBefore"] == seen["statusBeforeFirstCell"]
+    assert seen["statusText"].startswith("KCoral ● cpu · ")  # the kernel's embedded server
     assert seen["statusVisibleText"] == seen["statusText"]
+    assert "/2 busy" in seen["statusAfterConnect"]  # the server it connected to
     assert seen["panelOpenedByClick"]
     assert "tick 0" in seen["firstOutput"] and "tick 9" in seen["firstOutput"]
     assert seen["firstOutput"].index("tick 0") < seen["firstOutput"].index("tick 9")

@@ -41,10 +41,28 @@ describe('status text', () => {
     expect(sandboxText(undefined)).toBe('');
   });
 
-  it('says offline when there is no answer, no server, or no such server', () => {
+  it('says offline when there is no answer or no such server', () => {
     expect(statusText(summarize(null, ''))).toBe('KCoral ● offline');
-    expect(statusText(summarize([], ''))).toBe('KCoral ● offline');
     expect(summarize([entry()], 'other').reason).toMatch(/no configured KCoral server/);
+  });
+
+  it('says no server yet, not offline, before a fresh install has started one', () => {
+    expect(statusText(summarize([], ''))).toBe(
+      'KCoral ○ no server yet (starts with the first cell)'
+    );
+    expect(statusTitle(summarize([], 'x'.slice(1)))).toMatch(/first %%kcoral cell/);
+  });
+
+  it("shows the server the focused notebook's kernel uses, else a configured one", () => {
+    const configured = entry();
+    const embedded = { ...entry('sm_90a'), name: 'local-1a2b3c4d', kernels: ['k1'] };
+    const connected = { ...entry(), name: 'kernel-5e6f7a8b', kernels: ['k2'] };
+    const servers = [configured, embedded, connected];
+    expect(summarize(servers, '', 'k1').server).toBe('local-1a2b3c4d');
+    expect(summarize(servers, '', 'k2').server).toBe('kernel-5e6f7a8b');
+    expect(summarize(servers, '', 'k3').server).toBe('gpu'); // no record: the configured one
+    // Another kernel's embedded server is never shown for this notebook.
+    expect(statusText(summarize([embedded], '', 'k3'))).toMatch(/no server yet/);
   });
 });
 
