@@ -4,6 +4,12 @@ Inputs travel in the cheapest honest form: tensors (NumPy, torch, DLPack) as ten
 ``bytes`` as bytes uploads, JSON values as one literal argument, and everything else pickled
 in one ``bytes`` upload (which needs ``X-KCoral-Serialization: pickle``). No IPython here.
 
+Types (the rule the magic's help and the README state): a tensor ``-i`` value arrives on the
+server as the server makes tensor uploads (``torch.Tensor`` where the worker has torch, on
+the GPU of a GPU server; else NumPy). What comes back follows the remote type alone: a remote
+``torch.Tensor`` (an ``-o`` value or the final value) comes back as ``torch.Tensor`` whenever
+the kernel can import torch, a remote NumPy array as NumPy; ``--numpy`` gives NumPy always.
+
 Who can reach what (a malicious server): the answer is checked against what this cell asked
 for before anything reaches the kernel's namespace. Only the ``--out`` names come back, only
 they are unpickled, and only when the cell itself was sent with pickle (``load_requested``
@@ -43,6 +49,7 @@ class CellSpec:
     folders: Sequence[tuple[str, str]] = ()
     return_files: Sequence[str] = ()
     return_folders: Sequence[str] = ()
+    numpy: bool = False  # --numpy
 
 
 @dataclass(frozen=True)
@@ -51,12 +58,12 @@ class BuiltCell:
 
     program: Program
     serialization: str | None  # "pickle" when some input had to be pickled
-    torch_inputs: bool  # an input was a torch tensor: give tensors back as torch
     pickled_inputs: tuple[str, ...]
     # What the cell asked to get back: nothing else is accepted from the server.
     outputs: tuple[str, ...] = ()
     return_files: tuple[str, ...] = ()
     return_folders: tuple[str, ...] = ()
+    numpy: bool = False  # --numpy: remote torch tensors come back as NumPy arrays
 
     @property
     def pickle_outputs(self) -> frozenset[str]:
@@ -158,10 +165,8 @@ def build_cell(spec: CellSpec) -> BuiltCell:
     binary_names: list[str] = []
     binary_values: list[Any] = []
     pickled: dict[str, Any] = {}
-    torch_inputs = False
     for name, value in spec.inputs.items():
         if _is_tensor_like(value):
-            torch_inputs = torch_inputs or is_torch_tensor(value)
             binary_names.append(name)
             binary_values.append(program.upload(kind="tensor", value=value, id=f"in:{name}"))
         elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -195,16 +200,18 @@ def build_cell(spec: CellSpec) -> BuiltCell:
     return BuiltCell(
         program=program,
         serialization="pickle" if pickled else None,
-        torch_inputs=torch_inputs,
         pickled_inputs=tuple(pickled),
         outputs=tuple(spec.outputs),
         return_files=tuple(spec.return_files),
         return_folders=tuple(spec.return_folders),
+        numpy=spec.numpy,
     )
 
 
 #: The fields of the record the wrapper returns (``cell_source._collect``).
-_CELL_FIELDS = frozenset(("outputs", "pickled", "has_value", "value", "display"))
+_CELL_FIELDS = frozenset(
+    ("outputs", "pickled", "has_value", "value", "display", "torch", "torch_value")
+)
 
 
 def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
@@ -215,7 +222,8 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     key, record field or ``--out`` name, a name sent twice or not at all, or a pickled value
     the cell did not send with pickle. Refusing the whole answer (rather than ignoring the
     extra) keeps the namespace untouched and tells the user the server misbehaved. Tensors
-    come back as torch when the inputs were torch.
+    that were ``torch.Tensor`` on the server come back as torch when the kernel has torch
+    (not with ``--numpy``).
     """
     what = f"request {result.request_id}"
     unexpected = sorted(set(result.results) - built.return_keys)
@@ -250,6 +258,12 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     ]
     if problems:
         raise ProtocolError(f"{what}: the server's answer has {'; '.join(problems)}; nothing bound")
+    torch_names = cell.get("torch", [])
+    if not isinstance(torch_names, list) or not set(torch_names) <= set(outputs):
+        raise ProtocolError(f"{what}: the cell's torch names must be a list of its -o names")
+    torch_value = cell.get("torch_value", False)
+    if not isinstance(torch_value, bool):
+        raise ProtocolError(f"{what}: the cell's torch_value must be a boolean")
     display = cell.get("display")
     if display is not None and not isinstance(display, dict):
         raise ProtocolError(f"{what}: the cell's display must be an object")
@@ -258,9 +272,9 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     values = dict(outputs)
     values.update(load_requested(pickled, built.pickle_outputs, what=what))
     value = cell.get("value")
-    if built.torch_inputs:
-        values = {name: to_torch(item) for name, item in values.items()}
-        value = to_torch(value)
+    if not built.numpy and (torch_names or torch_value) and kernel_has_torch():
+        values.update({name: to_torch(values[name]) for name in torch_names})
+        value = to_torch(value) if torch_value else value
     files = {
         key.partition(":")[2]: item
         for key, item in result.results.items()
@@ -278,6 +292,15 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
         display=shown,
         files=files,
     )
+
+
+def kernel_has_torch() -> bool:
+    """Whether the kernel can import torch (without importing it: that costs seconds)."""
+    if "torch" in sys.modules:
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 def to_torch(value: Any) -> Any:

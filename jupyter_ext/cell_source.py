@@ -12,7 +12,9 @@ and ``ExecutionError``), never this package.
 What comes back is a record the kernel does not trust (a malicious server can send anything):
 ``outputs`` (plain values by ``--out`` name), ``pickled`` (one envelope per ``--out`` name,
 only when the request was admitted with pickle), ``value`` or ``display`` (a ``text/plain`` /
-``text/html`` bundle of a final value that has no plain encoding). ``cell_program.read_outcome``
+``text/html`` bundle of a final value that has no plain encoding), ``torch`` (the ``--out``
+names whose value is a ``torch.Tensor``) and ``torch_value`` (the final value is one), so
+that the kernel gives torch back for torch. ``cell_program.read_outcome``
 checks every name and shows server HTML only in a sandboxed iframe.
 """
 
@@ -92,6 +94,10 @@ def _encodable(value, depth=0):
     return False
 
 
+def _is_torch(value):
+    return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "dtype")
+
+
 def _display_data(value):
     data = {{"text/plain": repr(value)}}
     html = getattr(value, "_repr_html_", None)
@@ -126,9 +132,14 @@ def _collect(namespace, value, has_value):
                 "needed it (or return a plain value)",
             )
     result = {{"outputs": outputs, "has_value": has_value}}
+    torch_names = [name for name, item in outputs.items() if _is_torch(item)]
+    if torch_names:
+        result["torch"] = torch_names
     if has_value:
         if _encodable(value):
             result["value"] = value
+            if _is_torch(value):
+                result["torch_value"] = True
         else:
             result["display"] = _display_data(value)
     if pickled:

@@ -13,6 +13,7 @@ refuses the rest), and HTML the server authored appears only in a sandboxed ifra
 from __future__ import annotations
 
 import argparse
+import platform
 import shlex
 import sys
 from collections.abc import Mapping
@@ -22,6 +23,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 from kcoral_jupyter import display as rich
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    GpuRequiredError,
+    ServerUnreachableError,
+    TwoLineError,
+    root_reason,
+    shorten,
+)
 from kcoral_jupyter.cell_program import (
     BuiltCell,
     CellSpec,
@@ -33,18 +42,61 @@ from kcoral_jupyter.runner import (
     ExecuteOptions,
     RemoteCellError,
     RunRecord,
+    cancelled,
     follow_job,
+    missing_input_hint,
     run_cell,
     translate_error,
 )
-from kcoral_jupyter.session import PendingJob, ServerFacts, Session
+from kcoral_jupyter.session import PendingJob, ServerFacts, Session, normalize_url
 
+import kcoral
 from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
+
+#: What an explicit ``--gpus`` on a server without GPUs says, in warning style.
+CPU_WARNING = "ran on CPU (this server has no GPU)"
+
+HELP = """\
+%%kcoral [options]      run the cell on a KCoral server
+  -i, --in a,b          send kernel variables (tensors as tensors, bytes as bytes, JSON
+                        values as literals, anything else pickled); "-i a, b" works too
+  -o, --out c,d         bring remote variables back into the kernel
+  --gpus N              GPUs for the cell (default 1; on a CPU server an explicit --gpus
+                        runs on CPU and says so in warning style)
+  --require-gpu         refuse to run on a server without a GPU (KCoral.require_gpu)
+  --numpy               give tensors back as NumPy arrays, never torch
+  --url URL             this cell's server (127.0.0.1:8123 means http://127.0.0.1:8123)
+  --timeout S           execution deadline in seconds (KCoral.timeout)
+  --output-limit B      bytes of stdout/stderr kept per stream (KCoral.output_limit)
+  --file LOCAL[:REMOTE], --folder LOCAL[:REMOTE], --return-file PATH, --return-folder PATH
+  --noblock [-r NAME]   submit as a job and return at once (%kcoral attach ID follows it)
+  --quiet               no status line
+  Options are never abbreviated: --gpu is refused, not taken for --gpus.
+
+Types: tensor -i values arrive as torch.Tensor where the server has torch (on the GPU of a GPU
+server), else as NumPy arrays. What comes back follows its remote type: a remote torch.Tensor
+comes back as torch.Tensor whenever this kernel has torch, a NumPy array as NumPy (--numpy:
+always NumPy).
+
+%kcoral status [URL]    the server's health, info and these settings
+%kcoral jobs [URL]      this server's recent jobs
+%kcoral attach ID       follow a job and bind its -o values
+%kcoral cancel ID       cancel a job
+%kcoral connect URL     run cells on URL (a failed connect leaves the kernel unconnected)
+%kcoral local start|stop  the embedded server (Linux only; started by the first cell when
+                        no server is configured)
+%kcoral url             the URL cells run against
+%kcoral version         client and server versions
+%kcoral --help          this text
+
+Settings: %config KCoral.url / token / timeout / output_limit / quiet / require_gpu /
+verbose_errors (True: whole tracebacks instead of two-line errors); KCORAL_URL, KCORAL_TOKEN.
+"""
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # never sys.exit inside a kernel
-        raise UsageError(f"%%kcoral: {message}\n{self.format_usage()}")
+        raise UsageError(f"%%kcoral: {message} (%kcoral --help lists the options)")
 
 
 def _names(text: str) -> list[str]:
@@ -55,9 +107,31 @@ def _names(text: str) -> list[str]:
     return names
 
 
+#: Options whose value is a comma-separated list of names ("-i a, b" is one value).
+_LIST_OPTIONS = frozenset(("-i", "--in", "-o", "--out"))
+
+
+def join_name_lists(words: list[str]) -> list[str]:
+    """Rejoin a name list that the shell split at its spaces: ``-i a, b`` -> ``-i a,b``."""
+    joined: list[str] = []
+    for word in words:
+        if (
+            len(joined) >= 2
+            and joined[-2] in _LIST_OPTIONS
+            and (joined[-1].endswith(",") or word.startswith(","))
+        ):
+            joined[-1] += word
+            continue
+        joined.append(word)
+    return joined
+
+
 def cell_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="%%kcoral", add_help=False)
-    parser.add_argument("--gpus", type=int, default=1)
+    # allow_abbrev=False: "--gpu 1" must be refused, not taken for "--gpus 1".
+    parser = _Parser(prog="%%kcoral", add_help=False, allow_abbrev=False)
+    parser.add_argument("--gpus", type=int, default=None)  # None: not given (runs with 1)
+    parser.add_argument("--require-gpu", action="store_true")
+    parser.add_argument("--numpy", action="store_true")
     parser.add_argument("--url")
     parser.add_argument("-i", "--in", dest="inputs", action="append", default=[])
     parser.add_argument("-o", "--out", dest="outputs", action="append", default=[])
@@ -82,17 +156,23 @@ class StatusLine:
         self.handle: Any = None
         self.text = ""
 
-    def show(self, text: str, *, status: str | None = None) -> None:
+    def show(self, text: str, *, status: str | None = None, warning: bool = False) -> None:
+        """Show ``text``; ``warning`` styles it as one (amber, a warning sign), and a quiet
+        line still writes a warning to stderr: a warning is never hidden."""
         self.text = text
         if not self.enabled:
+            if warning:
+                sys.stderr.write(f"kcoral: warning: {text}\n")
             return
         badge = rich.status_badge(status) + " " if status else ""
+        sign = "\u26a0 " if warning else ""
+        colour = "#9a6700;font-weight:600" if warning else "#57606a"
         data = {
-            "text/plain": f"kcoral: {text}",
+            "text/plain": f"kcoral: {sign}{text}",
             "text/html": (
                 '<div class="kcoral-line" style="font-family:var(--jp-code-font-family,'
-                f'monospace);font-size:12px;color:#57606a">{badge}kcoral: {rich.escape(text)}'
-                "</div>"
+                f'monospace);font-size:12px;color:{colour}">{badge}kcoral: {sign}'
+                f"{rich.escape(text)}</div>"
             ),
         }
         metadata = {"kcoral": self.metadata}
@@ -125,6 +205,8 @@ def provenance(
         "target": record.target,
         "status": status,
     }
+    if record.warning:
+        data["warning"] = record.warning
     if result is not None:
         data.update(
             request_id=result.request_id,
@@ -143,6 +225,8 @@ def provenance(
 def summary_text(result: ProgramResult, record: RunRecord, facts: ServerFacts) -> str:
     label = facts.label
     where = "ran on CPU" if label == "CPU" else f"GPU {list(record.gpu_ids) or label}"
+    if record.warning:
+        where = record.warning
     pieces = [result.status, record.server]
     if record.worker_id:
         pieces.append(f"worker {record.worker_id}")
@@ -169,19 +253,29 @@ class KCoralMagics(Magics):
     @line_cell_magic
     def kcoral(self, line: str, cell: str | None = None) -> Any:
         """Run the cell on a KCoral server; as a line magic: jobs, status, connect, local.
+        (Replaced below by ``HELP``, which ``%kcoral --help`` prints too.)"""
+        try:
+            if cell is None:
+                return self._line(line)
+            return self._cell(line, cell)
+        except (TransportError, KCoralError) as exc:
+            # Not a program's failure: the transport's chain of causes and our frames help
+            # nobody at the notebook; two lines do (the chain stays on __cause__).
+            short = shorten(exc)
+            self._mark(short)
+            raise short from exc
+        except TwoLineError as exc:
+            self._mark(exc)
+            raise
 
-        %%kcoral [--gpus N] [--url URL] [-i a,b] [-o c,d] [--timeout S] [--output-limit B]
-                 [--file LOCAL[:REMOTE]]… [--folder LOCAL[:REMOTE]]… [--return-file PATH]…
-                 [--return-folder PATH]… [--noblock [-r NAME]] [--quiet]
-        %kcoral status | jobs | attach ID | cancel ID | connect URL | local start|stop | url
-        """
-        if cell is None:
-            return self._line(line)
-        return self._cell(line, cell)
+    def _mark(self, error: Any) -> None:
+        if isinstance(error, TwoLineError):
+            error.verbose = self.session.settings.verbose_errors
 
     def _cell(self, line: str, cell: str) -> Any:
-        args = cell_parser().parse_args(shlex.split(line))
-        if args.gpus < 1 or args.gpus > 8:
+        args = cell_parser().parse_args(join_name_lists(shlex.split(line)))
+        gpus = args.gpus if args.gpus is not None else 1
+        if gpus < 1 or gpus > 8:
             raise UsageError("%%kcoral: --gpus must be from 1 to 8")
         if args.result_name and not args.noblock:
             raise UsageError("%%kcoral: -r NAME goes with --noblock")
@@ -200,6 +294,7 @@ class KCoralMagics(Magics):
                 folders=[split_mapping(text) for text in args.folders],
                 return_files=list(args.return_files),
                 return_folders=list(args.return_folders),
+                numpy=args.numpy,
             )
             built = build_cell(spec)
         except (OSError, ValueError, TypeError) as exc:
@@ -207,9 +302,16 @@ class KCoralMagics(Magics):
 
         url = self.session.resolve_url(args.url)
         facts = self.session.facts(url)
-        if args.gpus > 1 and facts.gpu_count < args.gpus:
+        if facts.gpu_count == 0 and (args.require_gpu or settings.require_gpu):
+            said = "--require-gpu" if args.require_gpu else "KCoral.require_gpu"
+            raise GpuRequiredError(
+                f"{url} has no GPU and {said} asks for one: the cell did not run",
+                "connect to a GPU server (%kcoral connect URL), or drop --require-gpu / "
+                "%config KCoral.require_gpu = False to run on CPU",
+            )
+        if gpus > 1 and facts.gpu_count < gpus:
             raise UsageError(
-                f"%%kcoral: --gpus {args.gpus} needs a server with at least {args.gpus} GPUs; "
+                f"%%kcoral: --gpus {gpus} needs a server with at least {gpus} GPUs; "
                 f"{url} has {facts.gpu_count} ({facts.label})"
             )
         options = ExecuteOptions(
@@ -217,12 +319,20 @@ class KCoralMagics(Magics):
             output_limit_bytes=(
                 args.output_limit if args.output_limit is not None else settings.output_limit
             ),
-            gpu_count=args.gpus if args.gpus > 1 else None,
+            gpu_count=gpus if gpus > 1 else None,
             serialization=built.serialization,
         )
         client = self.session.client(url)
         has_jobs = "jobs" in facts.features
-        record = RunRecord(server=url, target=facts.target, device=facts.device)
+        record = RunRecord(
+            server=url,
+            target=facts.target,
+            device=facts.device,
+            # Who asked for a GPU must never take CPU timings for GPU ones (the default
+            # --gpus 1 of every cell says nothing: only an explicit one warns).
+            warning=CPU_WARNING if args.gpus is not None and facts.gpu_count == 0 else None,
+            output_limit_bytes=options.output_limit_bytes,
+        )
         line_out = StatusLine(not (args.quiet or settings.quiet), provenance(None, record))
 
         if args.noblock:
@@ -231,16 +341,21 @@ class KCoralMagics(Magics):
 
         try:
             result = run_cell(client, built, options, line_out, record=record, use_jobs=use_jobs)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
-            raise
-        except TransportError as exc:
-            line_out.show(f"no answer from {url}: {exc}", status="ERROR")
-            raise
+            if isinstance(exc, TwoLineError):
+                raise
+            raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:
             line_out.metadata = provenance(None, record, status="ERROR")
-            line_out.show(f"{type(exc).__name__}: {exc}", status="ERROR")
-            raise
+            short = shorten(exc, url)
+            line_out.show(
+                short.cause if isinstance(short, TwoLineError) else f"{type(exc).__name__}: {exc}",
+                status="ERROR",
+            )
+            if short is exc:
+                raise
+            raise short from exc
         return self._finish(result, built, record, facts, line_out)
 
     def _finish(
@@ -264,13 +379,19 @@ class KCoralMagics(Magics):
             ("stderr", result.stderr_truncated),
         ):
             if truncated:
-                sys.stderr.write(f"[kcoral: {stream} was truncated by the output limit]\n")
+                sys.stderr.write(truncation_note(stream, record.output_limit_bytes))
         self.shell.user_ns["_kcoral"] = result
         if line_out is not None:
             line_out.metadata = meta
-            line_out.show(summary_text(result, record, facts), status=result.status)
+            line_out.show(
+                summary_text(result, record, facts),
+                status=result.status,
+                warning=record.warning is not None,
+            )
         if not result.completed:
-            raise RemoteCellError(result, record)
+            raise RemoteCellError(
+                result, record, hint=missing_input_hint(result, self.shell.user_ns)
+            )
         try:
             outcome = read_outcome(result, built)
         except ProtocolError as exc:  # a server answering what the cell did not ask for
@@ -327,7 +448,9 @@ class KCoralMagics(Magics):
             job = client.submit(built.program, **options.as_kwargs())
         except KCoralError as exc:
             raise translate_error(exc, options, record.server) from None
-        self.session.pending[job.id] = PendingJob(built=built, url=record.server)
+        self.session.pending[job.id] = PendingJob(
+            built=built, url=record.server, warning=record.warning
+        )
         record.job_id = job.id
         display(
             HTML(
@@ -350,10 +473,15 @@ class KCoralMagics(Magics):
         if not words:
             raise UsageError(
                 "%kcoral: use %%kcoral as a cell magic, or %kcoral status | jobs | attach ID | "
-                "cancel ID | connect URL | local start|stop"
+                "cancel ID | connect URL | local start|stop | url | version (%kcoral --help)"
             )
         command, rest = words[0], words[1:]
         handler = {
+            "--help": self._help,
+            "-h": self._help,
+            "help": self._help,
+            "version": self._version,
+            "--version": self._version,
             "status": self._status,
             "jobs": self._jobs,
             "attach": self._attach,
@@ -363,8 +491,30 @@ class KCoralMagics(Magics):
             "url": self._url,
         }.get(command)
         if handler is None:
-            raise UsageError(f"%kcoral: unknown command {command!r}")
+            raise UsageError(f"%kcoral: unknown command {command!r} (%kcoral --help lists them)")
         return handler(rest)
+
+    def _help(self, rest: list[str]) -> None:
+        print(HELP, end="")
+
+    def _version(self, rest: list[str]) -> None:
+        """The client's version, and the server's when one is chosen (never starts one)."""
+        if rest:
+            raise UsageError("%kcoral version")
+        print(f"kcoral {kcoral.__version__} (client; Python {platform.python_version()})")
+        session = self.session
+        url = session.settings.url or (session.local.url if session.local else None)
+        if not url:
+            print("server: none yet (the first cell starts the embedded one)")
+            return
+        url = normalize_url(url)
+        try:
+            info = session.client(url).info()
+            print(f"server {url}: kcoral {info.get('kcoral')} (protocol {info.get('protocol')})")
+        except TransportError as exc:
+            print(f"server {url}: no answer ({root_reason(exc)})")
+        except KCoralError as exc:  # a server of the published protocol has no /v1/info
+            print(f"server {url}: version unknown (HTTP {exc.status_code})")
 
     def _status(self, rest: list[str]) -> None:
         url = self.session.resolve_url(rest[0] if rest else None)
@@ -393,15 +543,15 @@ class KCoralMagics(Magics):
 
     def _jobs(self, rest: list[str]) -> None:
         url = self.session.resolve_url(rest[0] if rest else None)
-        jobs = self.session.client(url).jobs()
+        jobs = [job for job in self.session.client(url).jobs() if isinstance(job, dict)]
         keys = ("job_id", "status", "worker_id", "gpu_ids", "queue_ms", "elapsed_ms")
-        head = "".join(f"<th>{k}</th>" for k in keys)
+        head = "".join(f"<th>{k.removesuffix('_ms')}</th>" for k in keys)
+        rows = [[job_cell(job, k) for k in keys] for job in jobs]
         body = "".join(
-            "<tr>" + "".join(f"<td>{rich.escape(job.get(k))}</td>" for k in keys) + "</tr>"
-            for job in jobs
-            if isinstance(job, dict)
+            "<tr>" + "".join(f"<td>{rich.escape(cell)}</td>" for cell in row) + "</tr>"
+            for row in rows
         )
-        text = "\n".join(" ".join(str(job.get(k)) for k in keys) for job in jobs) or "no jobs"
+        text = "\n".join(" ".join(row) for row in rows) or "no jobs"
         display(
             {"text/plain": text, "text/html": f"<table><tr>{head}</tr>{body}</table>"}, raw=True
         )
@@ -417,14 +567,18 @@ class KCoralMagics(Magics):
         job_id = rest[0]
         client, url = self._job_client(job_id)
         job = client.job(job_id)
-        record = RunRecord(server=url, job_id=job_id)
+        pending = self.session.pending.get(job_id)
+        record = RunRecord(server=url, job_id=job_id, warning=pending.warning if pending else None)
         line_out = StatusLine(not self.session.settings.quiet, provenance(None, record))
         line_out.show(f"attached to job {job_id}")
         try:
             result = follow_job(job, line_out, record)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             line_out.show(f"stopped following job {job_id}; it keeps running on the server")
-            raise
+            raise CellCancelledError(
+                f"stopped following job {job_id}; it keeps running on {url}",
+                f"%kcoral attach {job_id} follows it again, %kcoral cancel {job_id} stops it",
+            ) from exc
         except KCoralError as exc:
             raise translate_error(exc, ExecuteOptions(), url) from None
         pending = self.session.pending.pop(job_id, None)
@@ -432,7 +586,11 @@ class KCoralMagics(Magics):
         if pending is not None:
             return self._finish(result, pending.built, record, facts, line_out)
         line_out.metadata = provenance(result, record)
-        line_out.show(summary_text(result, record, facts), status=result.status)
+        line_out.show(
+            summary_text(result, record, facts),
+            status=result.status,
+            warning=record.warning is not None,
+        )
         return result
 
     def _cancel(self, rest: list[str]) -> None:
@@ -446,9 +604,20 @@ class KCoralMagics(Magics):
     def _connect(self, rest: list[str]) -> None:
         if len(rest) != 1:
             raise UsageError("%kcoral connect URL")
-        url = rest[0].rstrip("/")
-        facts = self.session.facts(url)  # fails loudly when the server is unreachable
+        url = normalize_url(rest[0])
+        try:
+            facts = self.session.facts(url)
+        except (TransportError, KCoralError) as exc:
+            # Never fall back silently: the next cell says it is not connected.
+            reason = root_reason(exc) if isinstance(exc, TransportError) else str(exc)
+            self.session.connect_failed(url, reason)
+            raise ServerUnreachableError(
+                f"could not connect to {url}: {reason}",
+                "the kernel stays unconnected (cells refuse to run) until a %kcoral connect "
+                "succeeds; check the URL and that the server runs there",
+            ) from exc
         self.session.settings.url = url
+        self.session.clear_failed_connect()  # also when the URL was already the setting
         self.session.use(url)  # the JupyterLab status bar follows this kernel's connection
         sandbox = f", sandbox: {facts.sandbox}" if facts.sandbox else ""
         features = ", ".join(facts.features)
@@ -469,3 +638,24 @@ class KCoralMagics(Magics):
             print("kcoral: local server stopped" if stopped else "kcoral: no local server")
         else:
             raise UsageError("%kcoral local start|stop")
+
+
+KCoralMagics.kcoral.__doc__ = HELP  # %kcoral? shows the same text as %kcoral --help
+
+
+def job_cell(job: Mapping[str, Any], key: str) -> str:
+    """One ``%kcoral jobs`` cell: durations rounded like the status line (``11.1 ms``)."""
+    value = job.get(key)
+    if key.endswith("_ms") and isinstance(value, (int, float)):
+        return rich.format_ms(value)
+    return "–" if value is None else str(value)
+
+
+def truncation_note(stream: str, limit: int | None) -> str:
+    """What a truncated stream says: the limit that cut it and how to move it."""
+    said = f"{limit} bytes" if limit is not None else "the server's default"
+    return (
+        f"[kcoral: {stream} was truncated at the output limit ({said} per stream); raise it "
+        "with --output-limit BYTES or %config KCoral.output_limit = BYTES (the server caps "
+        "it at its max_output_limit_bytes, see %kcoral status)]\n"
+    )

@@ -13,10 +13,17 @@ their status and kind, never by the server's wording.
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    CellTimeoutError,
+    PickleRefusedError,
+)
 
 from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError
 
@@ -70,14 +77,20 @@ class RunRecord:
     device: str | None = None
     target: dict[str, str] = field(default_factory=dict)
     wall_ms: float = 0.0
+    # Said in warning style on the summary line (an explicit --gpus that ran on a CPU server).
+    warning: str | None = None
+    output_limit_bytes: int | None = None  # what the cell asked for (None: the server's)
 
 
 class RemoteCellError(RemoteExecutionError):
     """A cell failed on the server; IPython shows the remote traceback, not ours."""
 
-    def __init__(self, result: ProgramResult, record: RunRecord | None = None) -> None:
+    def __init__(
+        self, result: ProgramResult, record: RunRecord | None = None, *, hint: str = ""
+    ) -> None:
         super().__init__(result)
         self.record = record
+        self.hint = hint  # one line after the remote traceback (e.g. a forgotten -i NAME)
 
     def _render_traceback_(self) -> list[str]:
         error = self.result.error or {}
@@ -85,15 +98,24 @@ class RemoteCellError(RemoteExecutionError):
         remote = str(error.get("traceback") or "").rstrip()
         if remote:
             lines += ["", "Remote traceback:", *_without_wrapper_frames(remote).splitlines()]
+        if self.hint:
+            lines += ["", self.hint]
         return lines
 
 
-class CellTimeoutError(TimeoutError):
-    """The server's execution deadline fired; the message says which limit and how to change it."""
-
-
-class PickleRefusedError(RuntimeError):
-    """An ``--in`` value needed pickle and the server does not allow it."""
+def missing_input_hint(result: ProgramResult, kernel_names: Collection[str]) -> str:
+    """For a remote ``NameError`` on a name the kernel has but the cell did not send: the
+    ``-i NAME`` that sends it ("" otherwise)."""
+    error = result.error or {}
+    text = f"{error.get('message') or ''}\n{error.get('traceback') or ''}"
+    match = re.search(r"NameError: name '([A-Za-z_][A-Za-z0-9_]*)' is not defined", text)
+    if match is None or match.group(1) not in kernel_names:
+        return ""
+    name = match.group(1)
+    return (
+        f"hint: {name!r} exists in this kernel but the cell runs on the server: "
+        f"send it with -i {name}"
+    )
 
 
 def _without_wrapper_frames(traceback: str) -> str:
@@ -222,24 +244,32 @@ def _merge_job_state(job: Job, record: RunRecord) -> None:
 
 
 def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> Exception:
-    """A request-level failure as the exception a notebook user can act on."""
+    """A request-level failure as the exception a notebook user can act on (two lines:
+    cause, what to do); other HTTP errors are returned as they are (the magic shortens them)."""
     if exc.kind == "timeout":
         limit = options.timeout_seconds
         said = f"--timeout {limit:g} s" if limit is not None else "the server's default timeout"
         return CellTimeoutError(
             f"the cell ran past its execution deadline ({said}) on {server} "
-            f"[request {exc.request_id}]. Raise it with --timeout SECONDS or "
-            "%config KCoral.timeout = SECONDS (the server clamps it to its "
-            "max_timeout_seconds, see %kcoral status)"
+            f"[request {exc.request_id}]",
+            "raise it with --timeout SECONDS or %config KCoral.timeout = SECONDS (the server "
+            "clamps it to its max_timeout_seconds, see %kcoral status)",
         )
     # A cell's program is built by us, so a 400 "parse" for a cell sent with pickle is the
     # server refusing the format (EXTENSIONS §4); the server's message is quoted, not read.
     if exc.status_code == 400 and exc.kind == "parse" and options.serialization == "pickle":
         return PickleRefusedError(
-            f"{server} does not allow pickle ({exc.message}); pass --in values that are "
-            "tensors, bytes or JSON values, or ask the operator to allow pickle "
-            "(KCORAL_ALLOWED_SERIALIZATION)"
+            f"{server} does not allow pickle ({exc.message})",
+            "pass --in values that are tensors, bytes or JSON values, or ask the operator to "
+            "allow pickle (KCORAL_ALLOWED_SERIALIZATION)",
         )
     if exc.kind == "cancelled":
-        return KeyboardInterrupt(f"the job was cancelled on {server}")
+        return cancelled(f"the job was cancelled on {server}")
     return exc
+
+
+def cancelled(cause: str) -> CellCancelledError:
+    """An interrupt or a cancel as the two lines the user sees (still a KeyboardInterrupt)."""
+    return CellCancelledError(
+        cause, "run the cell again; --noblock runs it as a job that an interrupt leaves alone"
+    )

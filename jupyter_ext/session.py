@@ -10,10 +10,13 @@ only to it. A server the user did not mean to trust thus never sees the user's t
 
 from __future__ import annotations
 
+import platform
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kcoral_jupyter.cell_errors import EmbeddedServerUnavailableError, NotConnectedError
 from kcoral_jupyter.cell_program import BuiltCell
 from kcoral_jupyter.local_server import LocalServer
 from kcoral_jupyter.runner import server_features
@@ -49,6 +52,7 @@ class PendingJob:
 
     built: BuiltCell
     url: str
+    warning: str | None = None  # "ran on CPU (this server has no GPU)" for an explicit --gpus
 
 
 @dataclass
@@ -64,13 +68,30 @@ class Session:
     # bar shows the one of the notebook in focus (a 0600 runtime record, runtime_records.py).
     connection: KernelConnection = field(default_factory=KernelConnection)
     _used_url: str | None = None
+    # Set by a failed ``%kcoral connect`` (URL, reason): no cell runs anywhere, and none falls
+    # back to the embedded server, until a connect succeeds or the user picks a server.
+    failed_connect: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        # Choosing a server (%config KCoral.url = ...) ends the unconnected state.
+        self.settings.observe(lambda _change: self.clear_failed_connect(), names="url")
 
     def resolve_url(self, explicit: str | None = None) -> str:
-        """``--url``, else the configured URL, else the embedded server (started on demand)."""
+        """``--url``, else the configured URL, else the embedded server (started on demand).
+
+        After a failed ``%kcoral connect`` only an explicit ``--url`` runs: silently running
+        somewhere else (the embedded CPU server) is what the user must never get."""
         if explicit:
-            return explicit.rstrip("/")
+            return normalize_url(explicit)
+        if self.failed_connect is not None:
+            url, reason = self.failed_connect
+            raise NotConnectedError(
+                f"not connected: %kcoral connect {url} failed ({reason})",
+                f"run %kcoral connect {url} again once it answers, connect elsewhere, "
+                "or %kcoral local start for a server on this machine",
+            )
         if self.settings.url:
-            url = self.settings.url.rstrip("/")
+            url = normalize_url(self.settings.url)
         else:
             url = self.start_local()
         self.use(url)
@@ -83,7 +104,25 @@ class Session:
             embedded = self.local is not None and self.local.url == url
             self.connection.announce(url, self.token_for(url), embedded=embedded)
 
+    def connect_failed(self, url: str, reason: str) -> None:
+        """Leave the kernel unconnected after a failed ``%kcoral connect url``."""
+        self.failed_connect = (url, reason)
+        if self._used_url is not None:
+            self._used_url = None
+            self.connection.withdraw()
+
+    def clear_failed_connect(self) -> None:
+        self.failed_connect = None
+
     def start_local(self) -> str:
+        if not embedded_server_supported():
+            raise EmbeddedServerUnavailableError(
+                f"no server configured, and the embedded KCoral server needs Linux (this "
+                f"kernel runs on {platform_name()})",
+                "connect to a Linux GPU server: %kcoral connect http://HOST:8123 (or set "
+                "KCORAL_URL before starting Jupyter)",
+            )
+        self.clear_failed_connect()
         if self.local is None:
             self.local = LocalServer(
                 self.settings.local_args, start_timeout=self.settings.local_start_timeout
@@ -160,3 +199,21 @@ class Session:
         self._clients.clear()
         self.stop_local()
         self.connection.withdraw()
+
+
+def normalize_url(text: str) -> str:
+    """A server address as a URL: ``127.0.0.1:8123`` gets ``http://``; no trailing slash."""
+    text = text.strip().rstrip("/")
+    return text if "://" in text else f"http://{text}"
+
+
+def embedded_server_supported() -> bool:
+    """The embedded server (``kcoral server``: worker processes, /proc, bubblewrap) runs on
+    Linux only; the client, the magics and the JupyterLab parts run everywhere."""
+    return sys.platform.startswith("linux")
+
+
+def platform_name() -> str:
+    return {"darwin": "macOS", "win32": "Windows"}.get(
+        sys.platform, platform.system() or sys.platform
+    )

@@ -34,6 +34,13 @@ class KCoral(Configurable):
     use_jobs = Bool(True, help="Use the jobs API for live output when the server offers it.").tag(
         config=True
     )
+    verbose_errors = Bool(
+        False,
+        help="Show whole tracebacks (internal frames included) instead of the two-line errors.",
+    ).tag(config=True)
+    require_gpu = Bool(
+        False, help="Refuse to run cells on a server without a GPU (as --require-gpu)."
+    ).tag(config=True)
     local_args = List(
         Unicode(),
         # No --sandbox: the default (auto) confines cells wherever bubblewrap works.
@@ -65,4 +72,6 @@ class KCoral(Configurable):
             "output_limit": self.output_limit,
             "use_jobs": self.use_jobs,
             "quiet": self.quiet,
+            "verbose_errors": self.verbose_errors,
+            "require_gpu": self.require_gpu,
         }

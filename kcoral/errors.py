@@ -48,7 +48,14 @@ class KCoralError(Exception):
 
 
 class TransportError(Exception):
-    """No HTTP response arrived. The server may already have run the program."""
+    """No HTTP response arrived. The server may already have run the program.
+
+    ``url`` is the address that did not answer (``None`` when unknown): the notebook names
+    it in its one-line message instead of the transport library's chain of causes."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
 
 
 class ProtocolError(Exception):

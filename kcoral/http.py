@@ -106,7 +106,9 @@ class HttpTransport:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if response is not None:
                 response.close()
-            raise TransportError(f"{method} {self.base_url}{path} failed: {exc}") from exc
+            raise TransportError(
+                f"{method} {self.base_url}{path} failed: {exc}", url=self.base_url
+            ) from exc
         return Response(status, response_headers, data)
 
     def close(self) -> None:

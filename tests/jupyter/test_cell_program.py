@@ -16,6 +16,7 @@ from kcoral_jupyter.cell_program import (
 from kcoral_jupyter.cell_source import CELL_FUNCTION, cell_file_name, wrapper_source
 
 from kcoral import ProgramResult
+from kcoral.errors import ProtocolError
 
 
 def wrapper(source: str, outputs=()):
@@ -129,8 +130,32 @@ def test_outcomes_decode_outputs_files_and_torch_when_asked() -> None:
     built = build_cell(CellSpec(source="", outputs=["y"], return_files=["a.txt"]))
     outcome = read_outcome(result, built)
     assert outcome.files == {"a.txt": "FILE"} and not outcome.has_value
+    # Issue 20.5: the type follows the remote type, not the inputs' types. A NumPy value
+    # stays NumPy even when the inputs were torch (this test used to expect torch here).
     torch = pytest.importorskip("torch")
     torch_built = build_cell(
         CellSpec(source="", inputs={"t": torch.ones(1)}, outputs=["y"], return_files=["a.txt"])
     )
-    assert isinstance(read_outcome(result, torch_built).outputs["y"], torch.Tensor)
+    assert isinstance(read_outcome(result, torch_built).outputs["y"], np.ndarray)
+    result.results["cell"]["torch"] = ["y"]  # the wrapper says: y was a torch.Tensor remotely
+    assert isinstance(read_outcome(result, built).outputs["y"], torch.Tensor)
+    numpy_built = build_cell(CellSpec(source="", outputs=["y"], return_files=["a.txt"], numpy=True))
+    assert isinstance(read_outcome(result, numpy_built).outputs["y"], np.ndarray)
+
+
+def test_torch_names_that_are_not_outputs_are_refused() -> None:
+    result = ProgramResult(
+        "COMPLETED",
+        "r",
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        {"cell": {"outputs": {}, "has_value": False, "torch": ["secret"]}},
+        "",
+        "",
+        False,
+        False,
+    )
+    with pytest.raises(ProtocolError, match="torch names"):
+        read_outcome(result, build_cell(CellSpec(source="")))

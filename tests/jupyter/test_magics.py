@@ -12,28 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
 from kcoral_jupyter.runner import PickleRefusedError, RemoteCellError
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def shell(cpu_server_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("KCORAL_URL", cpu_server_url)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    globalipapp.start_ipython()  # once per process; later calls return None
-    ip = InteractiveShell.instance()
-    ip.config.pop("KCoral", None)  # `%config KCoral.*` of an earlier test must not leak in
-    ip.run_line_magic("load_ext", "kcoral_jupyter")
-    try:
-        yield ip
-    finally:
-        ip.run_line_magic("unload_ext", "kcoral_jupyter")
-        for name in ("x", "y", "z", "n", "obj", "job", "_kcoral", "text", "blob", "t"):
-            ip.user_ns.pop(name, None)
 
 
 def run(ip: Any, source: str) -> tuple[Any, Any]:
