@@ -156,13 +156,13 @@ class StatusLine:
         self.handle: Any = None
         self.text = ""
 
-    def show(self, text: str, *, status: str | None = None, warning: bool = False) -> None:
-        """Show ``text``; ``warning`` styles it as one (amber, a warning sign), and a quiet
-        line still writes a warning to stderr: a warning is never hidden."""
+    def show(self, text: str, *, status: str | None = None, warning: str | None = None) -> None:
+        """Show ``text``; a ``warning`` (said within ``text``) styles it as one (amber, a
+        warning sign), and a quiet line still writes the warning to stderr: never hidden."""
         self.text = text
         if not self.enabled:
             if warning:
-                sys.stderr.write(f"kcoral: warning: {text}\n")
+                sys.stderr.write(f"kcoral: warning: {warning}\n")
             return
         badge = rich.status_badge(status) + " " if status else ""
         sign = "\u26a0 " if warning else ""
@@ -386,7 +386,7 @@ class KCoralMagics(Magics):
             line_out.show(
                 summary_text(result, record, facts),
                 status=result.status,
-                warning=record.warning is not None,
+                warning=record.warning,
             )
         if not result.completed:
             raise RemoteCellError(
@@ -589,7 +589,7 @@ class KCoralMagics(Magics):
         line_out.show(
             summary_text(result, record, facts),
             status=result.status,
-            warning=record.warning is not None,
+            warning=record.warning,
         )
         return result
 

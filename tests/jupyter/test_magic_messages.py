@@ -1,0 +1,280 @@
+"""What the magics say (issue 20): two-line errors, nothing silent, limits that say how to move
+them, predictable types, the small things. An in-process IPython shell against a real CPU
+server (the ``shell`` fixture of ``conftest.py``)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    EmbeddedServerUnavailableError,
+    GpuRequiredError,
+    NotConnectedError,
+    ServerUnreachableError,
+)
+from kcoral_jupyter.extension import session_of
+from kcoral_jupyter.magics import join_name_lists
+from kcoral_jupyter.runner import RemoteCellError
+
+from kcoral import Client
+
+pytestmark = pytest.mark.timeout(300)
+
+DEAD_URL = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+
+def run(ip: Any, source: str) -> tuple[Any, Any]:
+    with capture_output() as captured:
+        result = ip.run_cell(source)
+    return result, captured
+
+
+def rendered(error: Any) -> list[str]:
+    return list(error._render_traceback_())
+
+
+def lines_of(captured: Any) -> list[str]:
+    return [o.data.get("text/plain", "") for o in captured.outputs]
+
+
+# ------------------------------------------------------------------ 2: errors on one screen
+
+
+def test_a_dead_url_fails_in_one_line_of_cause_and_one_of_what_to_do(shell) -> None:
+    result, _ = run(shell, f"%%kcoral --url {DEAD_URL}\n1\n")
+    error = result.error_in_exec
+    assert isinstance(error, ServerUnreachableError)
+    lines = rendered(error)
+    assert len(lines) == 2 and len("\n".join(lines)) < 300, lines
+    assert lines[0] == f"ServerUnreachableError: no answer from {DEAD_URL}: Connection refused"
+    assert "%kcoral connect URL" in lines[1]
+
+
+def test_verbose_errors_show_the_whole_chain_with_the_internal_frames(shell) -> None:
+    shell.run_line_magic("config", "KCoral.verbose_errors = True")
+    result, _ = run(shell, f"%%kcoral --url {DEAD_URL}\n1\n")
+    text = "\n".join(rendered(result.error_in_exec))
+    assert "Traceback (most recent call last)" in text
+    assert "urllib3" in text and "magics.py" in text
+    assert text.rstrip().endswith("then %kcoral connect URL")
+
+
+def test_an_http_error_says_its_status_and_kind_and_what_to_do(shell) -> None:
+    result, _ = run(shell, "%kcoral attach 00000000-0000-4000-8000-000000000000")
+    lines = rendered(result.error_in_exec)
+    assert len(lines) == 2
+    assert "HTTP 404 not_found" in lines[0] and "%kcoral jobs" in lines[1]
+
+
+def test_an_interrupted_cell_cancels_its_job_and_ends_in_two_lines(shell, cpu_server_url) -> None:
+    client = Client(cpu_server_url)
+    before = {job["job_id"] for job in client.jobs()}
+    main = threading.get_ident()
+
+    def interrupt_once_running() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = [
+                j for j in client.jobs() if j["job_id"] not in before and j["status"] == "RUNNING"
+            ]
+            if running:
+                signal.pthread_kill(main, signal.SIGINT)  # what Jupyter's interrupt does
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=interrupt_once_running, daemon=True)
+    thread.start()
+    result, _ = run(shell, "%%kcoral\nimport time\ntime.sleep(60)\n")
+    thread.join()
+    error = result.error_in_exec
+    assert isinstance(error, CellCancelledError) and isinstance(error, KeyboardInterrupt)
+    lines = rendered(error)
+    assert len(lines) == 2 and "cancelled" in lines[0], lines
+    new = [j for j in client.jobs() if j["job_id"] not in before]
+    assert new
+    job = client.job(new[0]["job_id"])
+    job.wait(30)
+    assert job.status()["status"] == "CANCELLED"
+    client.close()
+
+
+def test_a_remote_traceback_stays_whole_and_a_kernel_name_gets_an_i_hint(shell) -> None:
+    shell.user_ns["w"] = 5
+    result, _ = run(shell, "%%kcoral\ndef f():\n    return w + 1\nf()\n")
+    error = result.error_in_exec
+    assert isinstance(error, RemoteCellError)
+    text = "\n".join(rendered(error))
+    assert "return w + 1" in text and "NameError: name 'w' is not defined" in text
+    assert text.endswith("send it with -i w")
+    result, _ = run(shell, "%%kcoral\nnot_in_the_kernel_either\n")
+    assert "-i" not in rendered(result.error_in_exec)[-1]
+
+
+# ------------------------------------------------------------------ 3: nothing silent
+
+
+def test_a_failed_connect_leaves_the_kernel_unconnected_and_the_next_cell_says_so(
+    shell, cpu_server_url
+) -> None:
+    result, _ = run(shell, f"%kcoral connect {DEAD_URL}")
+    assert isinstance(result.error_in_exec, ServerUnreachableError)
+    assert "stays unconnected" in str(result.error_in_exec)
+    result, _ = run(shell, "%%kcoral\n1\n")
+    error = result.error_in_exec
+    assert isinstance(error, NotConnectedError)
+    assert rendered(error)[0].startswith(
+        f"NotConnectedError: not connected: %kcoral connect {DEAD_URL}"
+    )
+    session = session_of(shell)
+    assert session is not None and session.local is None  # no embedded server was started
+    result, _ = run(shell, f"%kcoral connect {cpu_server_url}")
+    assert result.error_in_exec is None
+    result, _ = run(shell, "%%kcoral\n6 * 7\n")
+    assert result.result == 42
+
+
+def test_an_explicit_gpus_on_a_cpu_server_says_it_ran_on_cpu_in_warning_style(shell) -> None:
+    result, captured = run(shell, "%%kcoral --gpus 1\n1\n")
+    assert result.error_in_exec is None, result.error_in_exec
+    summary = lines_of(captured)[-1]
+    assert "\u26a0" in summary and "ran on CPU (this server has no GPU)" in summary
+    html = captured.outputs[-1].data["text/html"]
+    assert "#9a6700" in html
+    meta = [o.metadata["kcoral"] for o in captured.outputs if (o.metadata or {}).get("kcoral")]
+    assert meta[-1]["warning"] == "ran on CPU (this server has no GPU)"
+    # Without the option the line stays as it was (every cell defaults to --gpus 1).
+    result, captured = run(shell, "%%kcoral\n1\n")
+    assert "no GPU" not in lines_of(captured)[-1] and "ran on CPU" in lines_of(captured)[-1]
+
+
+def test_a_quiet_cell_with_an_explicit_gpus_still_warns_on_stderr(shell) -> None:
+    result, captured = run(shell, "%%kcoral --gpus 1 --quiet\n1\n")
+    assert result.error_in_exec is None
+    assert "warning: ran on CPU (this server has no GPU)" in captured.stderr
+
+
+def test_require_gpu_makes_a_cpu_run_an_error_before_anything_runs(shell) -> None:
+    result, _ = run(shell, "%%kcoral --require-gpu\nprint('ran')\n")
+    assert isinstance(result.error_in_exec, GpuRequiredError)
+    assert "--require-gpu" in rendered(result.error_in_exec)[0]
+    shell.run_line_magic("config", "KCoral.require_gpu = True")
+    result, captured = run(shell, "%%kcoral\nprint('ran')\n")
+    assert isinstance(result.error_in_exec, GpuRequiredError)
+    assert "KCoral.require_gpu" in str(result.error_in_exec) and "ran" not in captured.stdout
+
+
+# ------------------------------------------------------------------ 4: limits that say how
+
+
+def test_truncated_output_names_the_limit_and_the_option(shell) -> None:
+    result, captured = run(shell, "%%kcoral --output-limit 10\nprint('x' * 100)\n")
+    assert result.error_in_exec is None
+    assert "stdout was truncated at the output limit (10 bytes per stream)" in captured.stderr
+    assert "--output-limit BYTES" in captured.stderr
+
+
+# ------------------------------------------------------------------ 5: predictable types
+
+
+def test_a_remote_torch_tensor_comes_back_as_torch_and_numpy_as_numpy(shell) -> None:
+    torch = pytest.importorskip("torch", reason="the type rule for torch needs torch")
+    shell.user_ns["x"] = np.arange(3, dtype=np.float32)
+    result, _ = run(
+        shell, "%%kcoral -i x -o a,b\nimport numpy, torch\na = torch.ones(2)\nb = numpy.ones(2)\n"
+    )
+    assert result.error_in_exec is None, result.error_in_exec
+    assert isinstance(shell.user_ns["a"], torch.Tensor)  # NumPy inputs, torch result: torch
+    assert isinstance(shell.user_ns["b"], np.ndarray)
+    result, _ = run(shell, "%%kcoral\nimport torch\ntorch.arange(3)\n")
+    assert isinstance(result.result, torch.Tensor)
+    result, _ = run(
+        shell, "%%kcoral --numpy -o a\nimport torch\na = torch.ones(2)\ntorch.ones(1)\n"
+    )
+    assert isinstance(shell.user_ns["a"], np.ndarray) and isinstance(result.result, np.ndarray)
+
+
+def test_the_help_states_the_type_rule() -> None:
+    from kcoral_jupyter.magics import HELP
+
+    assert "comes back as torch.Tensor whenever this kernel has torch" in HELP
+    assert "--numpy" in HELP
+
+
+# ------------------------------------------------------------------ 6: small things
+
+
+def test_help_and_version_answer_without_starting_a_server(shell) -> None:
+    for command in ("--help", "-h"):
+        with capture_output() as captured:
+            shell.run_line_magic("kcoral", command)
+        assert "%%kcoral [options]" in captured.stdout and "%kcoral version" in captured.stdout
+    with capture_output() as captured:
+        shell.run_line_magic("kcoral", "version")
+    assert captured.stdout.startswith("kcoral ")
+    assert "protocol 1" in captured.stdout  # the configured server answered
+    assert session_of(shell).local is None
+
+
+def test_connect_adds_http_to_a_bare_host_and_port(shell, cpu_server_url) -> None:
+    bare = cpu_server_url.removeprefix("http://")
+    with capture_output() as captured:
+        shell.run_line_magic("kcoral", f"connect {bare}")
+    assert f"connected to {cpu_server_url}" in captured.stdout
+    result, _ = run(shell, f"%%kcoral --url {bare}\n2 + 2\n")
+    assert result.result == 4
+
+
+def test_a_name_list_may_have_spaces_after_its_commas(shell) -> None:
+    shell.user_ns["a"], shell.user_ns["b"] = 2, 3
+    result, _ = run(shell, "%%kcoral -i a, b -o x , y\nx = a * b\ny = a + b\n")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert (shell.user_ns["x"], shell.user_ns["y"]) == (6, 5)
+    assert join_name_lists(["-i", "a,", "b", "--file", "p,", "q"]) == [
+        "-i",
+        "a,b",
+        "--file",
+        "p,",
+        "q",
+    ]
+
+
+def test_jobs_prints_rounded_durations(shell) -> None:
+    run(shell, "%%kcoral\n1\n")
+    with capture_output() as captured:
+        shell.run_line_magic("kcoral", "jobs")
+    text = captured.outputs[-1].data["text/plain"]
+    for word in text.split():
+        if "." in word and word.replace(".", "").isdigit():  # a duration, e.g. 3.0 before "ms"
+            assert len(word.split(".")[1]) <= 1, text
+
+
+@pytest.mark.parametrize("option", ["--gpu 1", "--time 5", "--out-limit 5", "--nob"])
+def test_abbreviated_cell_options_are_refused(shell, option) -> None:
+    with pytest.raises(UsageError, match="unrecognized arguments"):
+        shell.run_cell_magic("kcoral", option, "x = 1\n")
+
+
+# ------------------------------------------------------------------ 8: not Linux
+
+
+def test_on_macos_without_a_server_the_first_cell_says_the_embedded_server_needs_linux(
+    shell, monkeypatch
+) -> None:
+    shell.run_line_magic("config", "KCoral.url = ''")
+    monkeypatch.setattr(sys, "platform", "darwin")
+    result, _ = run(shell, "%%kcoral\n1\n")
+    error = result.error_in_exec
+    assert isinstance(error, EmbeddedServerUnavailableError)
+    cause, action = rendered(error)
+    assert "the embedded KCoral server needs Linux (this kernel runs on macOS)" in cause
+    assert "%kcoral connect http://HOST:8123" in action
+    assert session_of(shell).local is None
