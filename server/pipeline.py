@@ -22,6 +22,7 @@ from kcoral_server.body import RequestBody
 from kcoral_server.identity import DEFAULT, Identity
 from kcoral_server.offload import on_loop
 from kcoral_server.pool import NoWorker, Seat
+from kcoral_server.request_control import NO_OBSERVER, Cancellation, RequestObserver
 from kcoral_server.responses import (
     ProgramOutcome,
     Reply,
@@ -30,7 +31,7 @@ from kcoral_server.responses import (
     error_reply,
     json_reply,
 )
-from kcoral_server.worker_run import NO_OBSERVER, Cancellation, ProgramRun, RequestObserver
+from kcoral_server.worker_run import ProgramRun
 
 from kcoral.errors import ValidationError
 from kcoral.protocol.request import parse_execute_request, verify_blob_hashes
