@@ -4,8 +4,9 @@ Handing work to a thread costs front-end CPU (a future, a wake-up of the loop, t
 own switch) that small work never earns back: below ``INLINE_BYTES`` parsing and hashing a
 body, resolving its blobs, copying cached blobs into a memfd and reading a program's output
 run on the loop; above it, in the executor so that the loop keeps serving other requests.
-``benchmarks/perf.py`` measures the difference ("front-end CPU per trivial request"); the
-numbers behind keeping it are in the issue 21 notes of ``docs/architecture.md``.
+``benchmarks/perf.py`` measures the difference ("front-end CPU per trivial request"): on
+the 2-core development machine (2026-12, two alternating runs) handing all of it off cost
+1.60 / 1.20 ms per trivial request against 1.30 / 0.90 ms with this threshold.
 """
 
 from __future__ import annotations
