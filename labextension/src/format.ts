@@ -160,6 +160,55 @@ export function formatGpus(ids: number[] | null | undefined): string {
   return ids && ids.length ? ids.join(',') : '–';
 }
 
+/** A duration for a narrow column: `12 ms`, `3.4 s`, `2 min 5 s`; `–` while unknown. */
+export function formatDuration(ms: number | null | undefined): string {
+  if (ms === null || ms === undefined || !Number.isFinite(ms)) {
+    return '–';
+  }
+  if (ms < 1000) {
+    return `${Math.round(ms)} ms`;
+  }
+  if (ms < 60000) {
+    return `${(ms / 1000).toFixed(1)} s`;
+  }
+  const seconds = Math.round(ms / 1000);
+  return `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
+}
+
+/**
+ * The jobs table's columns. Four short ones fit JupyterLab's default side-bar width (eight
+ * did not: the table scrolled sideways); the queue, lease-wait and held times are in each
+ * row's tooltip.
+ */
+export const JOB_COLUMNS: { name: string; title: string }[] = [
+  { name: 'Status', title: 'Job status' },
+  { name: 'Submitted', title: 'Submitted at (local time)' },
+  { name: 'Worker', title: 'Worker, and GPU ids on GPU servers' },
+  { name: 'Time', title: 'Total time (queue + run); the row tooltip splits it' }
+];
+
+/** One job's cells, in the order of `JOB_COLUMNS`. */
+export function jobCells(job: IJob): string[] {
+  const worker =
+    job.worker_id === null || job.worker_id === undefined ? '–' : String(job.worker_id);
+  const gpus = job.gpu_ids && job.gpu_ids.length ? ` · GPU ${formatGpus(job.gpu_ids)}` : '';
+  const total =
+    job.elapsed_ms === null || job.elapsed_ms === undefined
+      ? null
+      : job.elapsed_ms + (job.queue_ms ?? 0);
+  return [job.status, formatTime(job.submitted_at), worker + gpus, formatDuration(total)];
+}
+
+/** The row tooltip: the job, its server and its timings in full. */
+export function jobTitle(job: IJob): string {
+  const where = job.server ? ` on ${job.server}` : '';
+  const kind = job.error_kind ? ` (${job.error_kind})` : '';
+  const timings =
+    `queue ${formatDuration(job.queue_ms)} · lease wait ${formatDuration(job.lease_wait_ms)}` +
+    ` · held ${formatDuration(job.lease_held_ms)} · run ${formatDuration(job.elapsed_ms)}`;
+  return `job ${job.job_id}${where}${kind}\n${timings}`;
+}
+
 /** Newest first by submission time; jobs without one go last. */
 export function newestFirst(jobs: IJob[]): IJob[] {
   const time = (job: IJob): number => {

@@ -9,10 +9,10 @@ import { Widget } from '@lumino/widgets';
 import { IJob, IServerEntry } from './api';
 import {
   describePhase,
-  formatGpus,
-  formatMs,
-  formatTime,
   isCancellable,
+  JOB_COLUMNS,
+  jobCells,
+  jobTitle,
   sandboxText,
   targetOf
 } from './format';
@@ -33,18 +33,6 @@ function element<K extends keyof HTMLElementTagNameMap>(
   }
   return node;
 }
-
-const JOB_COLUMNS = ['Status', 'Submitted', 'Worker', 'GPU', 'Queue', 'Wait', 'Held', 'Total'];
-const JOB_COLUMN_TITLES = [
-  '',
-  '',
-  '',
-  'GPU ids',
-  'Queue time, ms',
-  'Lease wait, ms',
-  'Lease held, ms',
-  'Total time, ms'
-];
 
 export class KCoralPanel extends Widget {
   private readonly _servers = element('div', 'jp-KCoral-servers');
@@ -73,16 +61,16 @@ export class KCoralPanel extends Widget {
     const jobs = element('div', 'jp-KCoral-jobs');
     const table = element('table', 'jp-KCoral-jobTable');
     const head = element('tr');
-    JOB_COLUMNS.forEach((column, index) => {
-      const cell = element('th', '', column);
-      cell.title = JOB_COLUMN_TITLES[index];
+    for (const column of JOB_COLUMNS) {
+      const cell = element('th', '', column.name);
+      cell.title = column.title;
       head.append(cell);
-    });
+    }
     table.append(element('thead'), this._jobsBody);
     table.tHead!.append(head);
     const scroller = element('div', 'jp-KCoral-tableScroller');
     scroller.append(table);
-    jobs.append(element('h3', '', 'Jobs (times in ms)'), this._jobsNote, scroller);
+    jobs.append(element('h3', '', 'Jobs'), this._jobsNote, scroller);
 
     const output = element('div', 'jp-KCoral-output');
     const outputHeader = element('div', 'jp-KCoral-outputHeader');
@@ -262,22 +250,11 @@ export class KCoralPanel extends Widget {
       const row = element('tr', 'jp-KCoral-job');
       row.dataset.jobId = job.job_id;
       row.dataset.status = job.status;
-      row.title = `job ${job.job_id}${job.server ? ` on ${job.server}` : ''}` +
-        (job.error_kind ? ` (${job.error_kind})` : '');
+      row.title = jobTitle(job);
       if (this._selected?.job_id === job.job_id) {
         row.classList.add('jp-mod-selected');
       }
-      const cells = [
-        job.status,
-        formatTime(job.submitted_at),
-        job.worker_id === null || job.worker_id === undefined ? '–' : String(job.worker_id),
-        formatGpus(job.gpu_ids),
-        formatMs(job.queue_ms),
-        formatMs(job.lease_wait_ms),
-        formatMs(job.lease_held_ms),
-        formatMs(job.elapsed_ms)
-      ];
-      cells.forEach((text, index) => {
+      jobCells(job).forEach((text, index) => {
         const cell = element('td', index === 0 ? `jp-KCoral-status-${job.status}` : '', text);
         row.append(cell);
       });

@@ -1,0 +1,48 @@
+import { IJob } from '../api';
+import { formatDuration, JOB_COLUMNS, jobCells, jobTitle } from '../format';
+
+const job = (over: Partial<IJob> = {}): IJob => ({
+  job_id: '0b8e6f1c-2f4b-4c59-9f1e-6f3a1f1f2c11',
+  request_id: 'r',
+  status: 'COMPLETED',
+  submitted_at: '2026-12-01T12:34:56Z',
+  started_at: null,
+  finished_at: null,
+  worker_id: 'cpu/w0',
+  gpu_ids: [],
+  target: null,
+  queue_position: null,
+  queue_ms: 0.25,
+  lease_wait_ms: 0,
+  lease_held_ms: 0,
+  elapsed_ms: 11.09000004362315,
+  error_kind: null,
+  ...over
+});
+
+describe('the jobs table', () => {
+  it('has four short columns, which fit the default side-bar width', () => {
+    expect(JOB_COLUMNS.map(c => c.name)).toEqual(['Status', 'Submitted', 'Worker', 'Time']);
+    const cells = jobCells(job());
+    expect(cells).toHaveLength(JOB_COLUMNS.length);
+    // About 6 px per character at the panel's 11 px font: the four cells and their padding
+    // stay well under the ~300 px of JupyterLab's default right side bar.
+    expect(cells.join('').length).toBeLessThanOrEqual(32);
+    expect(cells[3]).toBe('11 ms');
+  });
+
+  it('puts GPU ids next to the worker and the split of the time in the tooltip', () => {
+    const cells = jobCells(job({ worker_id: 'gpu/w1', gpu_ids: [0, 1] }));
+    expect(cells[2]).toBe('gpu/w1 · GPU 0,1');
+    const title = jobTitle(job({ server: 'gpu', error_kind: 'timeout' }));
+    expect(title).toContain('on gpu (timeout)');
+    expect(title).toContain('queue 0 ms · lease wait 0 ms · held 0 ms · run 11 ms');
+  });
+
+  it('rounds durations to what a narrow column can show', () => {
+    expect(formatDuration(null)).toBe('–');
+    expect(formatDuration(0.011)).toBe('0 ms');
+    expect(formatDuration(3456)).toBe('3.5 s');
+    expect(formatDuration(125000)).toBe('2 min 5 s');
+  });
+});
