@@ -162,10 +162,12 @@ def encode_outcome(
         reply = Reply(200, {"Content-Type": "application/json"}, [data], len(data))
     if reply.length > max_response_bytes:
         reply.close()
+        # PROTOCOL §7.1's fixed text first; then the sizes and the flag (EXTENSIONS §10).
         raise RequestFailed(
             500,
             "response_too_large",
-            "results exceed the configured response-size limit",
+            f"results exceed the configured response-size limit: {reply.length} bytes, limit "
+            f"{max_response_bytes} bytes (max_response_bytes; kcoral server --max-response-bytes)",
             "server_error",
         )
     return reply

@@ -226,11 +226,14 @@ def test_results_over_max_response_bytes_are_500_response_too_large_and_the_work
             c.execute(program)
         assert caught.value.status_code == 500
         assert caught.value.kind == "response_too_large"
-        assert caught.value.message == "results exceed the configured response-size limit"
+        # Issue 20.4: PROTOCOL's fixed text, then the sizes and the flag (EXTENSIONS §10);
+        # this assertion used to expect the fixed text alone.
+        message = caught.value.message
+        assert message.startswith("results exceed the configured response-size limit: ")
+        assert "limit 200000 bytes" in message and "--max-response-bytes" in message
         raw = execute_program(server.url, program)
-        assert_error_answer(
-            raw, 500, "response_too_large", "results exceed the configured response-size limit"
-        )
+        assert_error_answer(raw, 500, "response_too_large")
+        assert raw.body["error"]["message"].startswith(message.partition(":")[0] + ": ")
         # A file return over the budget is an instruction failure instead (§5.4).
         files = kcoral.Program()
         files.upload_file(blob=b"y" * 300000, path="big.bin")

@@ -182,6 +182,18 @@ def test_truncated_output_names_the_limit_and_the_option(shell) -> None:
     assert "--output-limit BYTES" in captured.stderr
 
 
+def test_a_result_over_the_response_limit_names_both_sizes_and_the_server_flag(
+    shell, server_factory
+) -> None:
+    server = server_factory("--log-dir", "", "--num-workers", "1", "--max-response-bytes", "100000")
+    result, _ = run(shell, f"%%kcoral --url {server.url}\nimport numpy\nnumpy.zeros(100_000)\n")
+    error = result.error_in_exec
+    cause, action = rendered(error)
+    assert "HTTP 500 response_too_large" in cause  # the status the protocol fixes
+    assert "limit 100000 bytes" in cause and "bytes, limit" in cause
+    assert "--max-response-bytes" in cause and "return less" in action
+
+
 # ------------------------------------------------------------------ 5: predictable types
 
 
