@@ -139,6 +139,13 @@ def _start_py_spy(pid: int, output: Path) -> subprocess.Popen | None:
     return spy
 
 
+def _in_worker_package(frame: str) -> bool:
+    """A frame of the worker process's own package (``kcoral_server.worker``), not of the
+    front-end's ``worker_*`` modules (``worker_run``, ``worker_handle``, ...)."""
+    marks = ("kcoral_server.worker.", "kcoral_server/worker/", "server/worker/")
+    return any(mark in frame for mark in marks) or frame.endswith("kcoral_server.worker")
+
+
 def _summarize_py_spy(path: Path, requests: int, top: int = 12) -> dict[str, list]:
     """Top inclusive project frames per process (front-end vs worker), in on-CPU
     milliseconds per request (py-spy leaves idle samples out by default)."""
@@ -149,7 +156,7 @@ def _summarize_py_spy(path: Path, requests: int, top: int = 12) -> dict[str, lis
     for line in path.read_text().splitlines():
         stack, _sep, count = line.rpartition(" ")
         frames = stack.split(";")
-        worker = next((f for f in frames if "kcoral_server.worker" in f), None)
+        worker = next((f for f in frames if _in_worker_package(f)), None)
         process = "worker" if worker else "front-end"
         for frame in set(frames):
             if frame.startswith(_ENTRY_FRAMES):
