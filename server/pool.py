@@ -1,9 +1,12 @@
-"""Worker seats, FIFO assignment and worker replacement (SERVER.md §4, §6).
+"""The owner of every worker's life: seats, FIFO assignment, retirement and replacement
+(SERVER.md §4, §6).
 
 A seat (``cpu/w<i>`` or ``gpu<N>/w<i>``) outlives its processes; ``generation`` counts them.
-Requests take an idle seat or queue FIFO; a seat that becomes idle goes to the oldest waiter.
-Replacing a worker (retirement, crash, timeout) runs in the background and the seat stays out
-of ``request_capacity`` until its new worker is ready.
+Every request gets its seat through ``checkout`` (an idle seat, else FIFO; a seat that
+becomes idle goes to the oldest waiter). After the program, ``retirement`` decides once
+whether the worker stays, and ``release`` applies it; replacing a worker (retirement, crash,
+timeout) runs in the background and the seat stays out of ``request_capacity`` until its
+new worker is ready. Only the pool starts, stops and kills workers (``WorkerHandle``).
 
 Who can reach what: a reused worker (``--max-requests-per-worker`` other than 1) keeps its
 sandbox's ``/tmp``, ``HOME``, caches and its interpreter's state from one program to the
