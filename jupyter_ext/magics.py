@@ -342,9 +342,10 @@ class KCoralMagics(Magics):
         try:
             result = run_cell(client, built, options, line_out, record=record, use_jobs=use_jobs)
         except KeyboardInterrupt as exc:
-            line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
-            if isinstance(exc, TwoLineError):
+            if isinstance(exc, TwoLineError):  # cancelled elsewhere (the panel's Cancel)
+                line_out.show(exc.cause, status="CANCELLED")
                 raise
+            line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
             raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:
             line_out.metadata = provenance(None, record, status="ERROR")
