@@ -21,7 +21,7 @@ import contextlib
 import enum
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,39 @@ class Seat:
     replacement: asyncio.Task | None = field(default=None, repr=False)
     #: under bubblewrap: the sandbox (and fork server) its workers share, one identity's
     sandbox: SeatSandbox | None = field(default=None, repr=False)
+
+
+class Checkout:
+    """``Pool.checkout``'s context: the seat on entry, the request counted done on exit (a
+    plain class, not a generator: it is on every request's path)."""
+
+    __slots__ = ("_owner", "_pool", "_timeout", "_wait", "seat")
+
+    def __init__(
+        self,
+        pool: Pool,
+        timeout: float,
+        owner: object | None,
+        wait: Callable[[Awaitable[Seat]], Awaitable[Seat]] | None,
+    ) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self._owner = owner
+        self._wait = wait
+        self.seat: Seat | None = None
+
+    async def __aenter__(self) -> Seat:
+        pool = self._pool
+        seat = pool.try_acquire()
+        if seat is None:
+            waiting = pool.acquire(self._timeout, owner=self._owner)
+            seat = await (self._wait(waiting) if self._wait is not None else waiting)
+        self.seat = seat
+        return seat
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self.seat is not None:
+            self._pool.finish_request(self.seat)
 
 
 class Pool:
@@ -334,32 +367,24 @@ class Pool:
         self._take(seat)
         return seat
 
-    @contextlib.asynccontextmanager
-    async def checkout(
+    def checkout(
         self,
         timeout: float,
         *,
         owner: object | None = None,
         wait: Callable[[Awaitable[Seat]], Awaitable[Seat]] | None = None,
-    ) -> AsyncIterator[Seat]:
-        """The one way a request gets a seat (single GPU, GPU set and CPU alike): an idle
-        one at once (no task, no waiter: front-end CPU per request), else FIFO within
-        ``timeout`` (``wait`` wraps that wait, e.g. to stop it on a cancel); ``NoWorker``
-        when none comes or the pool stops admitting. The request counts in
-        ``requests_in_progress`` until the block ends. Inside it, the caller runs its
-        program and hands the seat back with the decision ``retirement`` takes (``release``),
-        or untouched (``release_unused``).
+    ) -> Checkout:
+        """The one way a request gets a seat (single GPU, GPU set and CPU alike):
+        ``async with pool.checkout(...) as seat``. An idle seat at once (no task, no waiter:
+        front-end CPU per request), else FIFO within ``timeout`` (``wait`` wraps that wait,
+        e.g. to stop it on a cancel); ``NoWorker`` when none comes or the pool stops
+        admitting. The request counts in ``requests_in_progress`` until the block ends.
+        Inside it, the caller runs its program and hands the seat back with the decision
+        ``retirement`` takes (``release``), or untouched (``release_unused``).
 
         A seat pinned across several programs (a session) is a checkout held open across
         them: the seat stays busy and its worker serves only that holder in between."""
-        seat = self.try_acquire()
-        if seat is None:
-            waiting = self.acquire(timeout, owner=owner)
-            seat = await (wait(waiting) if wait is not None else waiting)
-        try:
-            yield seat
-        finally:
-            self.finish_request(seat)
+        return Checkout(self, timeout, owner, wait)
 
     def try_acquire(self) -> Seat | None:
         """An idle seat at once (marked busy), or None when the request would have to
