@@ -122,15 +122,6 @@ class LocalServer:
             self._cleanup()
             return was_running
 
-    def log_tail(self, limit: int = 4000) -> str:
-        if self._directory is None:
-            return ""
-        path = Path(self._directory.name) / "server.log"
-        try:
-            return path.read_text(encoding="utf-8", errors="replace")[-limit:]
-        except OSError:
-            return ""
-
     def _advertise(self) -> None:
         """Write the advertisement (with the token) where only this user can read it."""
         assert self.process is not None

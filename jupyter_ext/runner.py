@@ -38,17 +38,6 @@ class Reporter(Protocol):
     def stderr(self, text: str) -> None: ...
 
 
-class SilentReporter:
-    def phase(self, text: str) -> None:
-        pass
-
-    def stdout(self, text: str) -> None:
-        pass
-
-    def stderr(self, text: str) -> None:
-        pass
-
-
 @dataclass(frozen=True)
 class ExecuteOptions:
     timeout_seconds: float | None = None
