@@ -20,12 +20,12 @@ from types import MappingProxyType
 from typing import Any
 
 from kcoral.notebook import html_of
+from kcoral.protocol.nofollow import CLOEXEC, DIRECTORY_FLAGS, closing_fd, open_beneath
 from kcoral.protocol.paths import normalize_workspace_path
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # O_PATH lets us walk through directories we may search but not list.
-_DIR_WALK_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+_DIR_WALK_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | CLOEXEC
 
 
 @dataclass(repr=False)
@@ -194,9 +194,7 @@ class ReturnedFolder:
         return Path(destination)
 
     def _fill(self, parent_fd: int, name: str) -> None:
-        root_fd = os.open(
-            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC, dir_fd=parent_fd
-        )
+        root_fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent_fd)
         try:
             os.fchmod(root_fd, 0o700)  # mkdir's mode is filtered by the umask
             for directory in self._directories:  # sorted: parents come first
@@ -205,7 +203,7 @@ class ReturnedFolder:
                     os.mkdir(leaf, 0o700, dir_fd=dir_fd)
                     new_fd = os.open(
                         leaf,
-                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC,
+                        DIRECTORY_FLAGS,
                         dir_fd=dir_fd,
                     )
                     try:
@@ -258,17 +256,10 @@ def _split_destination(destination: str | os.PathLike[str]) -> tuple[str, str]:
 def _open_parent(parent: str) -> Iterator[int]:
     """Open ``parent`` component by component, refusing to follow any symlink."""
     start = "/" if parent.startswith("/") else "."
-    fd = os.open(start, _DIR_WALK_FLAGS & ~os.O_NOFOLLOW)
-    try:
-        for component in parent.split("/"):
-            if component in ("", "."):
-                continue
-            next_fd = os.open(component, _DIR_WALK_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
-        yield fd
-    finally:
-        os.close(fd)
+    components = [c for c in parent.split("/") if c not in ("", ".")]
+    with closing_fd(os.open(start, _DIR_WALK_FLAGS & ~os.O_NOFOLLOW)) as start_fd:
+        with closing_fd(open_beneath(start_fd, components, flags=_DIR_WALK_FLAGS)) as fd:
+            yield fd
 
 
 @contextmanager
@@ -276,15 +267,8 @@ def _open_relative(root_fd: int, relative: str) -> Iterator[int]:
     if not relative:
         yield root_fd
         return
-    fd = os.dup(root_fd)
-    try:
-        for component in relative.split("/"):
-            next_fd = os.open(component, _DIR_WALK_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = next_fd
+    with closing_fd(open_beneath(root_fd, relative.split("/"), flags=_DIR_WALK_FLAGS)) as fd:
         yield fd
-    finally:
-        os.close(fd)
 
 
 def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:

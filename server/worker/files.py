@@ -7,16 +7,14 @@ redirect a write or a read outside the workspace.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kcoral_server.worker.failures import InstructionFailure
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from kcoral.protocol.nofollow import DIRECTORY_FLAGS, closing_fd, open_beneath
 
 
 def _why(exc: OSError) -> str:
@@ -27,33 +25,14 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-@contextlib.contextmanager
-def _opened(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
 def write_upload(workspace_fd: int, path: str, data: memoryview) -> None:
     """Write ``data`` to the normalized ``path``: new regular file 0600, parents 0700."""
     *parents, name = path.split("/")
     try:
-        current = os.dup(workspace_fd)
-        try:
-            for part in parents:
-                try:
-                    child = os.open(part, _DIR_FLAGS, dir_fd=current)
-                except FileNotFoundError:
-                    os.mkdir(part, 0o700, dir_fd=current)
-                    child = os.open(part, _DIR_FLAGS, dir_fd=current)
-                os.close(current)
-                current = child
+        with closing_fd(open_beneath(workspace_fd, parents, create_mode=0o700)) as parent:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o600, dir_fd=current)
-        finally:
-            os.close(current)
-        with _opened(fd):
+            fd = os.open(name, flags, 0o600, dir_fd=parent)
+        with closing_fd(fd):
             os.fchmod(fd, 0o600)  # exact mode whatever the umask
             view = memoryview(data).cast("B")
             while view:
@@ -97,7 +76,7 @@ def _read_regular(parent_fd: int, name: str, path: str, budget: Budget) -> bytes
         )
     except OSError as exc:
         raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
-    with _opened(fd):
+    with closing_fd(fd):
         try:
             opened = os.fstat(fd)
             if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
@@ -138,36 +117,28 @@ def _check_regular(mode: int, path: str) -> None:
 
 def _open_parent(workspace_fd: int, parts: list[str], path: str) -> int:
     """Descriptor of the directory holding the last component of ``parts``."""
-    current = os.dup(workspace_fd)
+
+    def check(parent: int, part: str, index: int) -> None:
+        where = "/".join(parts[: index + 1])
+        try:
+            mode = os.stat(part, dir_fd=parent, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            raise _fail(f"{path!r} does not exist") from None
+        if stat.S_ISLNK(mode):
+            raise _fail(f"{where!r} is a symlink")
+        if not stat.S_ISDIR(mode):
+            raise _fail(f"{where!r} is not a directory")
+
     try:
-        for index, part in enumerate(parts[:-1]):
-            where = "/".join(parts[: index + 1])
-            try:
-                mode = os.stat(part, dir_fd=current, follow_symlinks=False).st_mode
-            except FileNotFoundError:
-                raise _fail(f"{path!r} does not exist") from None
-            except OSError as exc:
-                raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
-            if stat.S_ISLNK(mode):
-                raise _fail(f"{where!r} is a symlink")
-            if not stat.S_ISDIR(mode):
-                raise _fail(f"{where!r} is not a directory")
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=current)
-            except OSError as exc:
-                raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
-            os.close(current)
-            current = child
-    except BaseException:
-        os.close(current)
-        raise
-    return current
+        return open_beneath(workspace_fd, parts[:-1], before_each=check)
+    except OSError as exc:
+        raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
 
 
 def collect_file(workspace_fd: int, path: str, budget: Budget) -> bytes:
     """Bytes of the regular file at normalized ``path``."""
     parts = path.split("/")
-    with _opened(_open_parent(workspace_fd, parts, path)) as parent:
+    with closing_fd(_open_parent(workspace_fd, parts, path)) as parent:
         return _read_regular(parent, parts[-1], path, budget)
 
 
@@ -180,7 +151,7 @@ class Folder:
 def collect_folder(workspace_fd: int, path: str, budget: Budget) -> Folder:
     """Every file (hidden ones too) and every directory under the folder at ``path``."""
     parts = path.split("/")
-    with _opened(_open_parent(workspace_fd, parts, path)) as parent:
+    with closing_fd(_open_parent(workspace_fd, parts, path)) as parent:
         try:
             mode = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False).st_mode
         except FileNotFoundError:
@@ -192,11 +163,11 @@ def collect_folder(workspace_fd: int, path: str, budget: Budget) -> Folder:
         if not stat.S_ISDIR(mode):
             raise _fail(f"{path!r} is not a directory")
         try:
-            root = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
+            root = os.open(parts[-1], DIRECTORY_FLAGS, dir_fd=parent)
         except OSError as exc:
             raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
     folder = Folder()
-    with _opened(root):
+    with closing_fd(root):
         _walk(root, "", path, folder, budget, set())
     folder.files = dict(sorted(folder.files.items()))
     folder.directories.sort()
@@ -225,10 +196,10 @@ def _walk(
         if stat.S_ISDIR(mode):
             folder.directories.append(relative)
             try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                child = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
             except OSError as exc:
                 raise _fail(f"cannot read {where!r}: {_why(exc)}") from None
-            with _opened(child):
+            with closing_fd(child):
                 _walk(child, f"{relative}/", where, folder, budget, visited)
         else:
             _check_regular(mode, where)
