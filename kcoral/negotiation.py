@@ -14,14 +14,16 @@ from typing import Any
 
 from kcoral.errors import ProtocolError
 from kcoral.program import Program
-from kcoral.protocol.headers import NODE_HEADER, SERIALIZATION_HEADER, node_preference
+from kcoral.protocol.headers import (
+    NODE_HEADER,
+    SERIALIZATION_FORMATS,
+    SERIALIZATION_HEADER,
+    node_preference,
+)
 from kcoral.protocol.multipart import encode_multipart
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral.response import CacheMiss, decode_execute_response, error_from_response
 from kcoral.results import ProgramResult
-
-#: Remote-function argument/result formats (EXTENSIONS.md §4).
-SERIALIZATION_FORMATS = ("json", "pickle")
 
 _MAX_ATTEMPTS = 3
 # Set per attempt by the negotiation; a caller-supplied value would break the request.

@@ -31,8 +31,8 @@ from collections.abc import Callable, Coroutine, Mapping, Set
 from typing import Any
 
 from kcoral.errors import ProtocolError, RemoteExecutionError
-from kcoral.negotiation import SERIALIZATION_FORMATS
 from kcoral.program import Program
+from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.remote_source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
 

@@ -21,12 +21,14 @@ from urllib.parse import urlsplit
 from kcoral_server.browser_guard import host_problem, origin_problem
 from kcoral_server.identity import parse_tokens
 
+# Standard library only like this module; every entry point has loaded kcoral already.
+from kcoral.protocol.headers import SERIALIZATION_FORMATS
+
 GIB = 1024**3
 DEVICE_MODES = ("auto", "gpu", "cpu")
 # Test-only runtime: GPU-mode pool and leases over fake devices, no CUDA (not in --help).
 FAKE_GPU_DEVICE = "fake-gpu"
 SANDBOXES = ("auto", "bubblewrap", "none")
-SERIALIZATION_FORMATS = ("json", "pickle")
 REDACTED = "<redacted>"
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 REQUEST_ID_HEADER = "X-Request-ID"
 NODE_HEADER = "X-KCoral-Node"
 SERIALIZATION_HEADER = "X-KCoral-Serialization"
+#: Its values: remote-function argument/result formats (EXTENSIONS.md §4).
+SERIALIZATION_FORMATS = ("json", "pickle")
 MAX_NODE_ECHO_CHARS = 512
 
 

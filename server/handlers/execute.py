@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 import tornado.iostream
 import tornado.web
 from kcoral_server.body import BodyTooLarge, RequestBody
-from kcoral_server.config import SERIALIZATION_FORMATS
 from kcoral_server.handlers.base import BaseHandler
 from kcoral_server.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
 from kcoral_server.pipeline import FINISH_LEVELS, ExecuteRequest, Reply, RequestObserver
 
-from kcoral.protocol.headers import SERIALIZATION_HEADER
+from kcoral.protocol.headers import SERIALIZATION_FORMATS, SERIALIZATION_HEADER
 
 if TYPE_CHECKING:
     from kcoral_server.app import ServerState
