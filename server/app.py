@@ -23,6 +23,7 @@ from kcoral_server.jobs import JobRegistry
 from kcoral_server.lease import LeaseArbiter
 from kcoral_server.memory_cache import MemoryCache
 from kcoral_server.pool import GpuDevice, Pool
+from kcoral_server.sessions import Sessions
 
 EXECUTOR_THREADS = 4
 
@@ -78,6 +79,7 @@ class ServerState:
             allowed_serialization=config.allowed_serialization,
         )
         self.jobs = JobRegistry(config.job_retention_seconds, config.job_retention_bytes)
+        self.sessions = Sessions(self)  # EXTENSIONS §11
         self.inflight_bytes = 0
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
@@ -157,6 +159,7 @@ class ServerState:
     async def stop(self) -> None:
         self.shutting_down = True
         self.jobs.close()
+        await self.sessions.close()
         await self.pool.close(timeout=float(self.config.worker_termination_grace_seconds) + 5)
         self.executor.shutdown(wait=False)
 

@@ -216,6 +216,8 @@ def build_server_parser() -> argparse.ArgumentParser:
     )
     add_setting("job_retention_seconds")
     add_setting("job_retention_bytes")
+    add_setting("max_sessions")
+    add_setting("session_idle_seconds")
     add_setting("max_inflight_request_bytes")
     add_setting("worker_memory_limit_bytes")
     add_setting("worker_process_limit")

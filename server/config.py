@@ -207,6 +207,12 @@ class ServerConfig:
     job_retention_seconds: float = setting(
         3600.0, flag="--job-retention-seconds", kind="seconds", help="keep finished jobs"
     )
+    max_sessions: int = setting(
+        1, flag="--max-sessions", kind="int", help="session seats beyond the stateless ones"
+    )
+    session_idle_seconds: float = setting(
+        600.0, flag="--session-idle-seconds", kind="seconds", help="end an idle session"
+    )
     job_retention_bytes: int = setting(
         GIB,
         flag="--job-retention-bytes",
@@ -306,6 +312,7 @@ def _normalize(config: ServerConfig) -> None:
         "default_timeout_seconds",
         "max_timeout_seconds",
         "job_retention_seconds",
+        "session_idle_seconds",
     ):
         value = getattr(config, name)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -385,6 +392,8 @@ def validate(config: ServerConfig) -> None:
     _check_int(config, "disk_cache_capacity_mbytes", 0)
     _check_seconds(config, "job_retention_seconds", positive=False)
     _check_int(config, "job_retention_bytes", 0)
+    _check_int(config, "max_sessions", 0)
+    _check_seconds(config, "session_idle_seconds", positive=True)
     _check_int(config, "max_inflight_request_bytes", 0)
     for name in ("worker_memory_limit_bytes", "worker_process_limit"):
         if getattr(config, name) is not None:

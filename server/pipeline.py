@@ -70,8 +70,11 @@ class ExecuteRequest:
         serialization: str | None,
         observer: RequestObserver | None = None,
         identity: Identity = DEFAULT,
+        session: Any = None,
     ) -> None:
         self.state = state
+        #: a ``sessions.Session`` whose pinned seat runs the program (EXTENSIONS §11)
+        self.session = session
         self.identity = identity  # whose caches, jobs and workers this request may use
         self.observer = observer or NO_OBSERVER
         self.request_id = request_id
@@ -199,7 +202,9 @@ class ExecuteRequest:
             }
             return json_reply(200, body), "cache_miss"
         options = program.options
-        if options.gpu_count is not None and (
+        if self.session is not None:
+            self.session.check_options(options)
+        elif options.gpu_count is not None and (
             state.mode == "cpu" or options.gpu_count > len(state.gpu_ids)
         ):
             raise RequestFailed(400, "parse", GPU_COUNT_MESSAGE, "rejected")
@@ -235,9 +240,11 @@ class ExecuteRequest:
         admitted_at = time.monotonic()
         if self.cancel_reason is not None:
             raise self.cancellation.failure()
-        checkout = state.pool.checkout(
-            config.worker_wait_timeout_seconds, owner=self.observer, wait=self.cancellation.unless
-        )
+        wait = config.worker_wait_timeout_seconds
+        if self.session is not None:
+            checkout = self.session.checkout(self)
+        else:
+            checkout = state.pool.checkout(wait, owner=self.observer, wait=self.cancellation.unless)
         try:
             async with checkout as seat:
                 queue_ms = (time.monotonic() - admitted_at) * 1000.0

@@ -97,6 +97,8 @@ class Seat:
     replacement: asyncio.Task | None = field(default=None, repr=False)
     #: under bubblewrap: the sandbox (and fork server) its workers share, one identity's
     sandbox: SeatSandbox | None = field(default=None, repr=False)
+    #: a session's seat (EXTENSIONS §11): outside ``seats``; the session takes each release
+    pinned: Callable[[str | None], None] | None = field(default=None, repr=False)
 
 
 class Checkout:
@@ -250,7 +252,7 @@ class Pool:
             if not ok:
                 self._schedule_replacement(seat, "crashed", emit_retired=False)
 
-    def _new_handle(self, seat: Seat) -> WorkerHandle:
+    def _new_handle(self, seat: Seat, *, transient: bool | None = None) -> WorkerHandle:
         seat.generation += 1
         gpu = self.gpu_device(seat.gpu_id)
         if self.sandbox == "bubblewrap" and seat.sandbox is None:
@@ -269,7 +271,7 @@ class Pool:
             allowed_serialization=self.allowed_serialization,
             # one request per worker: it exits right after its outcome instead of cleaning
             # up for a next program it will never get (the pipeline waits for that exit)
-            transient=self.config.max_requests_per_worker == 1,
+            transient=self.config.max_requests_per_worker == 1 if transient is None else transient,
             on_gone=self._on_worker_gone,
             config=self.config,
             events=self.events,
@@ -506,7 +508,7 @@ class Pool:
         poisoned_context), else the reuse limit (``request_limit``), else None (reuse).
         ``release`` then applies it."""
         limit = self.config.max_requests_per_worker
-        if asked is None and limit and seat.served + 1 >= limit:
+        if asked is None and limit and seat.served + 1 >= limit and seat.pinned is None:
             return "request_limit"
         return asked
 
@@ -528,6 +530,9 @@ class Pool:
         seat.served += 1
         if handle is None or (handle.gone is not None and retire_reason is None):
             retire_reason = retire_reason or "crashed"
+        if seat.pinned is not None:  # a session's seat: the session keeps or ends it
+            seat.pinned(retire_reason)
+            return
         if retire_reason is not None:
             self._schedule_replacement(seat, retire_reason)
             return

@@ -78,7 +78,7 @@ class ProgramRun:
     ) -> ProgramOutcome:
         state = self.state
         gpu_count = program.options.gpu_count
-        if gpu_count is not None:
+        if gpu_count is not None and seat.pinned is None:  # a session's GPUs are its seat's
             return await self._execute_on_set(
                 seat, program, parsed, resolution, timeout, limit, queue_ms, gpu_count
             )

@@ -1,5 +1,5 @@
 """HTTP handlers: ``/execute``, ``/v1/jobs``, ``/health``, ``/internal/worker-status``,
-``/v1/info``."""
+``/v1/info``, ``/v1/sessions``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ from kcoral_server.handlers.jobs import (
     JobResultHandler,
     JobStateHandler,
     JobSubmitHandler,
+)
+from kcoral_server.handlers.sessions import (
+    SESSION_ID_PATTERN,
+    SessionExecuteHandler,
+    SessionHandler,
+    SessionsHandler,
 )
 from kcoral_server.handlers.status import HealthHandler, InfoHandler, WorkerStatusHandler
 
@@ -29,6 +35,9 @@ def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
         (rf"/v1/jobs/{JOB_ID_PATTERN}", JobStateHandler, args),
         (rf"/v1/jobs/{JOB_ID_PATTERN}/events", JobEventsHandler, args),
         (rf"/v1/jobs/{JOB_ID_PATTERN}/result", JobResultHandler, args),
+        (r"/v1/sessions", SessionsHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}", SessionHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}/execute", SessionExecuteHandler, args),
         (r"/health", HealthHandler, args),
         (r"/internal/worker-status", WorkerStatusHandler, args),
         (r"/v1/info", InfoHandler, args),

@@ -54,6 +54,9 @@ class InfoHandler(BaseHandler):
         features = ["cpu-tensors", "async-run", "serialization", "jobs"]
         if self.state.auth_token is not None:
             features.append("auth")
+        sessions = self.state.sessions
+        if sessions.max > 0:  # EXTENSIONS §11
+            features.append("sessions")
         # Who the caller is, where tokens make a difference (EXTENSIONS §1, §6).
         identity = {} if self.state.authenticator.open else {"identity": self.identity.name}
         self.send_json(
@@ -68,6 +71,7 @@ class InfoHandler(BaseHandler):
                 "device": self.state.device,
                 # the resolved mode: what confines programs here (EXTENSIONS §1, §6)
                 "sandbox": self.state.sandbox,
+                "sessions": sessions.info(),
                 "limits": {
                     "max_request_bytes": config.max_request_bytes,
                     "max_response_bytes": config.max_response_bytes,

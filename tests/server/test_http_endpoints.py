@@ -42,7 +42,13 @@ def test_health_has_exactly_the_documented_keys(server) -> None:
 def test_info_lists_features_device_and_limits(server) -> None:
     body = get(server.url, "/v1/info").body
     assert body["protocol"] == 1 and body["device"] == "cpu"
-    assert set(body["features"]) == {"cpu-tensors", "async-run", "serialization", "jobs"}
+    assert set(body["features"]) == {
+        "cpu-tensors",
+        "async-run",
+        "serialization",
+        "jobs",
+        "sessions",
+    }
     assert body["limits"]["max_request_bytes"] == MAX_REQUEST
     assert set(body["limits"]) == {
         "max_request_bytes",

@@ -1,0 +1,118 @@
+"""``/v1/sessions``: create, list, inspect, end, and run programs in a session
+(EXTENSIONS §11). Another identity's session answers exactly as an unknown id (404)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from kcoral_server.handlers.base import BaseHandler
+from kcoral_server.handlers.execute import ExecuteHandler
+from kcoral_server.pipeline import ExecuteRequest, RequestObserver
+from kcoral_server.pool import NoWorker
+
+if TYPE_CHECKING:
+    from kcoral_server.sessions import Session
+
+SESSION_ID_PATTERN = r"(?P<session_id>[0-9a-f-]{36})"
+NOT_FOUND = "unknown session id"
+
+
+class SessionsHandler(BaseHandler):
+    """``POST /v1/sessions`` (create) and ``GET /v1/sessions`` (the caller's, newest first)."""
+
+    ALLOWED = ("GET", "POST")
+
+    def get(self) -> None:
+        self.send_json(200, self.state.sessions.listed(self.identity))
+
+    async def post(self) -> None:
+        try:
+            gpu_count, idle = self._options()
+        except ValueError as exc:
+            self.send_error_json(400, "parse", str(exc))
+            return
+        try:
+            session = await self.state.sessions.create(self.identity, gpu_count, idle)
+        except NoWorker as exc:
+            self.send_error_json(503, "busy", str(exc))
+            return
+        self.send_json(201, session.record())
+
+    def _options(self) -> tuple[int | None, float | None]:
+        """``gpu_count`` and ``idle_timeout_seconds`` from the body, checked."""
+        body: Any = {}
+        if self.request.body.strip():
+            try:
+                body = json.loads(self.request.body)
+            except ValueError:
+                raise ValueError("session body is not JSON") from None
+        if not isinstance(body, dict) or set(body) - {"gpu_count", "idle_timeout_seconds"}:
+            raise ValueError("session body takes only gpu_count and idle_timeout_seconds")
+        state = self.state
+        gpu_count = body.get("gpu_count")
+        if state.mode == "cpu":
+            if gpu_count is not None:
+                raise ValueError("gpu_count needs a GPU server")
+        else:
+            gpu_count = 1 if gpu_count is None else gpu_count
+            if not _is_int(gpu_count) or gpu_count < 1 or gpu_count > len(state.gpu_ids):
+                raise ValueError("gpu_count exceeds this GPU server's configured capacity")
+            if gpu_count > 1:
+                raise ValueError("a session pins one GPU on this server version")
+        idle = body.get("idle_timeout_seconds")
+        limit = state.sessions.idle_seconds
+        if idle is not None:
+            if not isinstance(idle, int | float) or isinstance(idle, bool) or not 0 < idle:
+                raise ValueError("idle_timeout_seconds must be a number above 0")
+            if idle > limit:
+                raise ValueError(f"idle_timeout_seconds exceeds --session-idle-seconds ({limit})")
+        return gpu_count, None if idle is None else float(idle)
+
+
+class SessionHandler(BaseHandler):
+    """``GET /v1/sessions/{id}`` (its record) and ``DELETE`` (end it; idempotent)."""
+
+    ALLOWED = ("GET", "DELETE")
+
+    def _session(self, session_id: str) -> Session | None:
+        session = self.state.sessions.get(self.identity, session_id)
+        if session is None:
+            self.send_error_json(404, "not_found", NOT_FOUND)
+        return session
+
+    def get(self, session_id: str) -> None:
+        session = self._session(session_id)
+        if session is not None:
+            self.send_json(200, session.record())
+
+    def delete(self, session_id: str) -> None:
+        session = self._session(session_id)
+        if session is not None:
+            session.end("deleted", "session ended by its owner")
+            self.send_json(200, session.record())
+
+
+class SessionExecuteHandler(ExecuteHandler):
+    """``POST /v1/sessions/{id}/execute``: as ``/execute``, on the session's worker."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        if self._finished:
+            return
+        session_id = self.path_kwargs.get("session_id", "")
+        self.session = self.state.sessions.get(self.identity, session_id)
+        if self.session is None:
+            self.refuse(404, "not_found", NOT_FOUND, "rejected")
+
+    def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
+        request = super().new_request(observer)
+        request.session = self.session
+        return request
+
+    async def post(self, session_id: str) -> None:  # type: ignore[override]
+        await super().post()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,344 @@
+"""Sessions: one worker pinned to one owner across several programs (EXTENSIONS §11).
+
+A session's seat (``session/<8 hex>``) is not one of the pool's stateless seats: it never
+takes stateless work and stateless work never waits for it. Its worker is a reused worker
+(SERVER §6 puts the environment and torch settings back after each program) whose Python
+state, ``kcoral.session.namespace`` included, survives from one program to the next. Each
+program takes the GPU lease for itself alone, exactly as a stateless one (``ProgramRun``);
+the pool hands the seat back to the session (``Seat.pinned``), which keeps the worker or,
+when the pool decided to retire it (timeout, crash, leftover work), ends the session with a
+reason that the next program gets as ``410 session_ended``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from kcoral_server import ipc
+from kcoral_server.pool import REUSE_READY_TIMEOUT_SECONDS, NoWorker, Seat, SeatState
+from kcoral_server.responses import RequestFailed
+from kcoral_server.worker_channel import WorkerGone, close_fds
+
+if TYPE_CHECKING:
+    from kcoral_server.app import ServerState
+    from kcoral_server.identity import Identity
+    from kcoral_server.pipeline import ExecuteRequest
+
+#: how the pool's retire reason becomes a session's end reason (EXTENSIONS §11)
+END_REASONS = {
+    "timeout": "timeout",
+    "crashed": "worker_exited",
+    "request_limit": "leftover_work",  # its program left child processes (SERVER §6)
+    "sandbox_cleanup": "leftover_work",
+    "cancelled": "interrupt_grace",
+}
+
+
+class Session:
+    """One session: its seat, its owner and where it is in its life."""
+
+    def __init__(
+        self, registry: Sessions, owner: str, gpu_id: int | None, idle_timeout: float
+    ) -> None:
+        self.registry = registry
+        self.id = str(uuid.uuid4())
+        self.owner = owner
+        self.gpu_id = gpu_id
+        self.idle_timeout = idle_timeout
+        self.seat = Seat(f"session/{self.id.replace('-', '')[:8]}", gpu_id)
+        self.seat.pinned = self._released
+        self.state = "STARTING"
+        self.created_at = time.time()
+        self.last_finished_at: float | None = None
+        self.programs = 0
+        self.end_reason: str | None = None
+        self.end_message: str | None = None
+        self.ended_at: float | None = None
+        self.running: ExecuteRequest | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._settling: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ record
+
+    def record(self) -> dict[str, Any]:
+        idle_from = self.last_finished_at or self.created_at
+        deadline = idle_from + self.idle_timeout if self.state == "IDLE" else None
+        return {
+            "session_id": self.id,
+            "owner": self.owner,
+            "state": self.state,
+            "gpu_count": None if self.gpu_id is None else 1,
+            "gpu_ids": [] if self.gpu_id is None else [self.gpu_id],
+            "worker_id": self.seat.id,
+            "created_at": self.created_at,
+            "last_program_finished_at": self.last_finished_at,
+            "idle_timeout_seconds": self.idle_timeout,
+            "idle_deadline": deadline,
+            "programs": self.programs,
+            "end_reason": self.end_reason,
+            "end_message": self.end_message,
+        }
+
+    # ------------------------------------------------------------------ programs
+
+    def check_options(self, options: Any) -> None:
+        """A program's own ``gpu_count`` may only repeat the session's (its GPUs are pinned)."""
+        wanted = None if self.gpu_id is None else 1
+        if options.gpu_count is not None and options.gpu_count != wanted:
+            message = f"gpu_count {options.gpu_count} differs from this session's ({wanted})"
+            raise RequestFailed(400, "parse", message, "rejected")
+
+    def refusal(self) -> RequestFailed | None:
+        """Why a program cannot run now: 410 for an ended session, 409 while one runs."""
+        if self.state == "ENDED":
+            message = self.end_message or "session ended"
+            return RequestFailed(410, "session_ended", message, "rejected")
+        if self.state != "IDLE":
+            message = "another program of this session is running"
+            return RequestFailed(409, "session_busy", message, "rejected")
+        handle = self.seat.worker
+        if handle is None or handle.gone is not None or handle.returncode is not None:
+            self.end("worker_exited", self._exited_message(None))
+            return self.refusal()
+        return None
+
+    def checkout(self, request: ExecuteRequest) -> SessionCheckout:
+        """The pipeline's seat for ``request`` (instead of ``Pool.checkout``)."""
+        return SessionCheckout(self, request)
+
+    def _released(self, retire_reason: str | None) -> None:
+        """``Pool.release`` for this seat: keep the worker, or end the session."""
+        request_id = self.running.request_id if self.running is not None else None
+        self.running = None
+        self.last_finished_at = time.time()
+        handle = self.seat.worker
+        if retire_reason is None and handle is not None:
+            self._settling = asyncio.ensure_future(self._settle(handle, request_id))
+            return
+        reason = END_REASONS.get(retire_reason or "crashed", "worker_exited")
+        if reason == "worker_exited":
+            message = self._exited_message(request_id)
+        elif reason == "timeout":
+            message = (
+                f"session ended: program {request_id} passed its deadline and its worker was killed"
+            )
+        elif reason == "interrupt_grace":
+            message = f"session ended: program {request_id} was cancelled and its worker was killed"
+        else:
+            message = f"session ended: program {request_id} left threads or processes running"
+        self.end(reason, message)
+
+    def _exited_message(self, request_id: str | None) -> str:
+        handle = self.seat.worker
+        code = handle.returncode if handle is not None else None
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        during = f" during program {request_id}" if request_id else ""
+        return f"session ended: its worker exited{during} ({how}); its state is lost"
+
+    async def _settle(self, handle: Any, request_id: str | None) -> None:
+        """Wait for the worker's clean-up after a program (it says ready again)."""
+        try:
+            while True:
+                message, fds = await handle.channel.receive(REUSE_READY_TIMEOUT_SECONDS)
+                close_fds(fds)
+                if isinstance(message, ipc.WorkerReady):
+                    handle.lease.release()  # after ProgramFinished the lease is ours to free
+                    break
+                raise WorkerGone(f"unexpected message {message.tag!r}", invalid=True)
+        except (asyncio.TimeoutError, TimeoutError, WorkerGone):
+            self.end("worker_exited", self._exited_message(request_id))
+            return
+        if self.state != "ENDED":
+            self.state = "IDLE"
+            self.seat.state = SeatState.IDLE
+            self._arm_idle_timer()
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._idle_timer = loop.call_later(self.idle_timeout, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if self.state == "IDLE":
+            message = (
+                f"session ended after {self.idle_timeout:g} s without a program "
+                "(--session-idle-seconds)"
+            )
+            self.end("idle_timeout", message)
+
+    # ------------------------------------------------------------------ end
+
+    def end(self, reason: str, message: str) -> None:
+        """End the session once: its worker retires in the background, its seat is freed."""
+        if self.state == "ENDED":
+            return
+        running = self.running
+        self.state = "ENDED"
+        self.end_reason = reason
+        self.end_message = message
+        self.ended_at = time.time()
+        self.seat.state = SeatState.CLOSED
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self.registry.events.emit(
+            "session_ended",
+            "INFO" if reason in ("deleted", "idle_timeout", "shutdown") else "WARNING",
+            session_id=self.id,
+            owner=self.owner,
+            reason=reason,
+            message=message,
+            programs=self.programs,
+        )
+        if running is not None:
+            # a program still runs: it is killed (under its lease) and answers as cancelled;
+            # the pool's release then finds the session ended
+            running.cancel("cancelled")
+            return
+        self.registry.retire(self)
+
+
+class SessionCheckout:
+    """``Session.checkout``'s context: the pinned seat, refused when the session cannot run."""
+
+    __slots__ = ("_request", "_session")
+
+    def __init__(self, session: Session, request: ExecuteRequest) -> None:
+        self._session = session
+        self._request = request
+
+    async def __aenter__(self) -> Seat:
+        session = self._session
+        refusal = session.refusal()
+        if refusal is not None:
+            raise refusal
+        if session._idle_timer is not None:
+            session._idle_timer.cancel()
+            session._idle_timer = None
+        session.state = "RUNNING"
+        session.seat.state = SeatState.BUSY
+        session.running = self._request
+        session.programs += 1
+        return session.seat
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        session = self._session
+        if session.running is self._request:  # it never reached the worker
+            session.running = None
+            if session.state == "RUNNING":
+                session.state = "IDLE"
+                session.seat.state = SeatState.IDLE
+                session._arm_idle_timer()
+        if session.state == "ENDED" and session.seat.worker is not None:
+            session.registry.retire(session)
+
+
+class Sessions:
+    """Every session of one server (``--max-sessions`` seats beyond the stateless ones)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.events = state.events
+        self.max = int(getattr(state.config, "max_sessions", 1))
+        self.idle_seconds = float(getattr(state.config, "session_idle_seconds", 600.0))
+        self.retention = float(state.config.job_retention_seconds)
+        self.sessions: dict[str, Session] = {}
+        self._retiring: set[asyncio.Task] = set()
+
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.state != "ENDED")
+
+    def info(self) -> dict[str, Any]:
+        """``/v1/info``'s ``sessions`` object."""
+        return {"max": self.max, "active": self.active, "idle_timeout_seconds": self.idle_seconds}
+
+    def _forget_old(self) -> None:
+        now = time.time()
+        for key, session in list(self.sessions.items()):
+            if session.ended_at is not None and now - session.ended_at > self.retention:
+                del self.sessions[key]
+
+    def get(self, identity: Identity, session_id: str) -> Session | None:
+        """The caller's session (any for an admin), else None: another identity's session
+        answers exactly as an unknown one."""
+        self._forget_old()
+        session = self.sessions.get(session_id)
+        if session is None or not (identity.admin or session.owner == identity.name):
+            return None
+        return session
+
+    def listed(self, identity: Identity) -> list[dict[str, Any]]:
+        self._forget_old()
+        mine = [s for s in self.sessions.values() if identity.admin or s.owner == identity.name]
+        return [s.record() for s in sorted(mine, key=lambda s: s.created_at, reverse=True)]
+
+    async def create(
+        self, identity: Identity, gpu_count: int | None, idle_timeout: float | None
+    ) -> Session:
+        """Start a session's worker; ``NoWorker`` when no session seat is free or it fails."""
+        pool = self.state.pool
+        if self.state.shutting_down or not pool.accepting:
+            raise NoWorker("server is not accepting requests")
+        if self.active >= self.max:
+            raise NoWorker(f"no session seat free (--max-sessions {self.max})")
+        gpu_id = self._pick_gpu() if gpu_count else None
+        session = Session(self, identity.name, gpu_id, idle_timeout or self.idle_seconds)
+        self.sessions[session.id] = session
+        # the seat counts from here: a concurrent create sees it taken
+        handle = pool._new_handle(session.seat, transient=False)
+        try:
+            await handle.start()
+            handle.identity = identity.name
+            session.seat.worker = handle
+        except Exception as exc:
+            await pool.kill(handle)
+            session.seat.worker = None
+            session.end("worker_exited", f"session worker failed to start: {exc}")
+            raise NoWorker(f"the session's worker failed to start: {exc}") from None
+        session.state = "IDLE"
+        session.seat.state = SeatState.IDLE
+        session._arm_idle_timer()
+        self.events.emit(
+            "session_started",
+            session_id=session.id,
+            owner=session.owner,
+            worker_id=session.seat.id,
+            gpu_id=gpu_id,
+            pid=handle.pid,
+            idle_timeout_seconds=session.idle_timeout,
+        )
+        return session
+
+    def _pick_gpu(self) -> int:
+        load = {gpu_id: 0 for gpu_id in self.state.gpu_ids}
+        for s in self.sessions.values():
+            if s.state != "ENDED" and s.gpu_id is not None:
+                load[s.gpu_id] = load.get(s.gpu_id, 0) + 1
+        return min(load, key=lambda g: (load[g], g))
+
+    def retire(self, session: Session) -> None:
+        """Stop an ended session's worker in the background (under its lease)."""
+        handle, session.seat.worker = session.seat.worker, None
+        if handle is None:
+            return
+        task = asyncio.ensure_future(self._retire(handle))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, handle: Any) -> None:
+        grace = float(self.state.config.worker_termination_grace_seconds)
+        if not await self.state.pool.stop_worker(handle, grace):
+            await self.state.pool.kill(handle)
+
+    async def close(self) -> None:
+        """Shutdown: every session ends (``shutdown``) and its worker stops."""
+        for session in list(self.sessions.values()):
+            session.end("shutdown", "session ended: the server shut down")
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)

@@ -1,0 +1,212 @@
+"""Sessions (EXTENSIONS §11) against real servers: state across programs, isolation, the
+per-program GPU lease (fake GPUs), the idle timeout, a crashed worker, owners."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from http_helpers import Response, execute_body, get, module_program, request
+
+FAKE_GPU = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "1"]
+
+STATE = """
+import json, os
+import kcoral.session as session
+def put(key, value):
+    session.namespace[key] = value
+    os.environ["KCORAL_TEST_LEAK"] = "1"
+    return json.dumps(sorted(session.namespace))
+def take(key):
+    return json.dumps([session.namespace.get(key), os.environ.get("KCORAL_TEST_LEAK")])
+def pid():
+    return json.dumps(os.getpid())
+"""
+
+WORK = """
+import time
+def work(log, seconds):
+    start = time.time()
+    time.sleep(seconds)
+    with open(log, "a") as f:
+        f.write(f"{start} {time.time()}\\n")
+    return seconds
+"""
+
+
+def _create(url: str, headers: dict[str, str] | None = None, **body: object) -> Response:
+    data = json.dumps(body).encode()
+    return request(url, "POST", "/v1/sessions", data, headers)
+
+
+def _run(
+    url: str, session_id: str, program: dict, headers: dict[str, str] | None = None
+) -> Response:
+    content_type, body = execute_body(program)
+    path = f"/v1/sessions/{session_id}/execute"
+    return request(url, "POST", path, body, {"Content-Type": content_type, **(headers or {})})
+
+
+def _call(url: str, session_id: str, name: str, *args: object) -> Response:
+    return _run(url, session_id, module_program(STATE, [(name, list(args))]))
+
+
+def _value(answer: Response, name: str) -> object:
+    assert answer.status == 200, answer.body
+    assert answer.body["status"] == "COMPLETED", answer.body
+    return json.loads(answer.body["results"][f"{name}#0"]["value"])
+
+
+def _wait_until(check, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.05)
+
+
+def test_state_persists_across_a_sessions_programs_and_the_environment_is_reset(
+    kcoral_server,
+) -> None:
+    created = _create(kcoral_server.url)
+    assert created.status == 201, created.body
+    session = created.body
+    assert session["state"] == "IDLE" and session["worker_id"].startswith("session/")
+    sid = session["session_id"]
+    assert _value(_call(kcoral_server.url, sid, "put", "model", [1, 2]), "put") == ["model"]
+    assert _value(_call(kcoral_server.url, sid, "take", "model"), "take") == [[1, 2], None]
+    record = get(kcoral_server.url, f"/v1/sessions/{sid}").body
+    assert record["programs"] == 2 and record["state"] == "IDLE"
+    info = get(kcoral_server.url, "/v1/info").body
+    assert "sessions" in info["features"]
+    assert info["sessions"]["active"] == 1 and info["sessions"]["max"] == 1
+
+
+@pytest.mark.parametrize("kcoral_server", [["--max-sessions", "2"]], indirect=True)
+def test_two_sessions_are_isolated_and_stateless_requests_never_see_the_namespace(
+    kcoral_server,
+) -> None:
+    url = kcoral_server.url
+    first = _create(url).body["session_id"]
+    second = _create(url).body["session_id"]
+    assert _create(url).status == 503  # --max-sessions 2
+    _value(_call(url, first, "put", "x", "first"), "put")
+    assert _value(_call(url, second, "take", "x"), "take") == [None, None]
+    assert _value(_call(url, first, "pid"), "pid") != _value(_call(url, second, "pid"), "pid")
+    stateless = request(url, "POST", "/execute", *_body(module_program(STATE, [("take", ["x"])])))
+    assert json.loads(stateless.body["results"]["take#0"]["value"]) == [None, None]
+
+
+def _body(program: dict) -> tuple[bytes, dict[str, str]]:
+    content_type, body = execute_body(program)
+    return body, {"Content-Type": content_type}
+
+
+@pytest.mark.parametrize("kcoral_server", [FAKE_GPU], indirect=True)
+def test_a_session_program_and_a_stateless_request_never_hold_the_gpu_lease_together(
+    kcoral_server, tmp_path: Path
+) -> None:
+    url = kcoral_server.url
+    sid = _create(url, gpu_count=1).body["session_id"]
+    log = tmp_path / "log"
+    answers: list[Response] = []
+    program = module_program(WORK, [("work", [str(log), 0.5])])
+    thread = threading.Thread(target=lambda: answers.append(_run(url, sid, program)))
+    thread.start()
+    stateless = request(url, "POST", "/execute", *_body(program))
+    thread.join()
+    assert stateless.body["status"] == "COMPLETED"
+    assert answers[0].body["status"] == "COMPLETED"
+    (_a_start, a_end), (b_start, _b_end) = sorted(
+        tuple(map(float, line.split())) for line in log.read_text().splitlines()
+    )
+    assert a_end <= b_start  # one after the other, never together
+    assert answers[0].body["lease_held_ms"] > 0 and stateless.body["lease_held_ms"] > 0
+    leases = [e for e in kcoral_server.events() if e["event"] == "request_finished"]
+    assert {e.get("worker_id") for e in leases} >= {"gpu0/w0"}
+
+
+def test_a_forgotten_session_ends_after_its_idle_timeout(kcoral_server) -> None:
+    url = kcoral_server.url
+    sid = _create(url, idle_timeout_seconds=0.5).body["session_id"]
+
+    def ended() -> bool:
+        return get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED"
+
+    _wait_until(ended)
+    record = get(url, f"/v1/sessions/{sid}").body
+    assert record["end_reason"] == "idle_timeout"
+    answer = _call(url, sid, "pid")
+    assert answer.status == 410 and answer.body["error"]["kind"] == "session_ended"
+    assert "--session-idle-seconds" in answer.body["error"]["message"]
+    assert get(url, "/v1/info").body["sessions"]["active"] == 0
+    assert _create(url).status == 201  # its seat is free again
+
+
+def test_a_killed_session_worker_ends_the_session_and_the_next_program_says_why(
+    kcoral_server,
+) -> None:
+    url = kcoral_server.url
+    sid = _create(url).body["session_id"]
+    pid = _value(_call(url, sid, "pid"), "pid")
+    os.kill(int(pid), signal.SIGKILL)  # type: ignore[call-overload]
+    answer = _call(url, sid, "pid")
+    assert answer.status == 410, answer.body
+    message = answer.body["error"]["message"]
+    assert "worker exited" in message and "state is lost" in message
+    assert get(url, f"/v1/sessions/{sid}").body["end_reason"] == "worker_exited"
+
+
+def test_ending_a_session_is_idempotent_and_frees_its_seat(kcoral_server) -> None:
+    url = kcoral_server.url
+    sid = _create(url).body["session_id"]
+    for _ in range(2):
+        ended = request(url, "DELETE", f"/v1/sessions/{sid}")
+        assert ended.status == 200 and ended.body["end_reason"] == "deleted"
+    assert _call(url, sid, "pid").status == 410
+    assert _create(url).status == 201
+
+
+def test_bad_session_bodies_and_unknown_ids_are_refused(kcoral_server) -> None:
+    url = kcoral_server.url
+    assert _create(url, gpu_count=1).status == 400  # a CPU server
+    assert _create(url, idle_timeout_seconds=10_000).status == 400
+    assert _create(url, colour="blue").status == 400
+    unknown = "00000000-0000-4000-8000-000000000000"
+    assert get(url, f"/v1/sessions/{unknown}").status == 404
+    assert _call(url, unknown, "pid").status == 404
+
+
+@pytest.fixture
+def named_server(server_factory, tmp_path: Path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice token-alice-0123456789\nbob token-bob-0123456789\n")
+    tokens.chmod(0o600)
+    return server_factory("--auth-token-file", str(tokens))
+
+
+ALICE = {"Authorization": "Bearer token-alice-0123456789"}
+BOB = {"Authorization": "Bearer token-bob-0123456789"}
+
+
+def test_another_identitys_session_answers_exactly_as_an_unknown_one(named_server) -> None:
+    url = named_server.url
+    created = _create(url, ALICE)
+    assert created.body["owner"] == "alice"
+    sid = created.body["session_id"]
+    unknown = "00000000-0000-4000-8000-000000000000"
+    program = module_program(STATE, [("pid", [])])
+    for session_id in (sid, unknown):
+        assert get(url, f"/v1/sessions/{session_id}", BOB).body["error"] == {
+            "kind": "not_found",
+            "message": "unknown session id",
+        }
+        assert _run(url, session_id, program, BOB).status == 404
+        assert request(url, "DELETE", f"/v1/sessions/{session_id}", None, BOB).status == 404
+    assert get(url, "/v1/sessions", BOB).body == []
+    assert get(url, f"/v1/sessions/{sid}", ALICE).body["state"] == "IDLE"
+    assert _run(url, sid, program, ALICE).body["status"] == "COMPLETED"
