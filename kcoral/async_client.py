@@ -19,6 +19,7 @@ from kcoral.http import HttpTransport
 from kcoral.jobs import AsyncJob
 from kcoral.program import Program
 from kcoral.results import ProgramResult
+from kcoral.sessions import AsyncSession, session_options
 from kcoral.transport import AsyncTransport, Flow, Request, Response, ThreadedAsyncTransport
 
 T = TypeVar("T")
@@ -147,6 +148,13 @@ class AsyncClient(BaseClient):
     def job(self, job_id: str) -> AsyncJob:
         """Re-attach to an existing job."""
         return AsyncJob(self, self.check_job_id(job_id))
+
+    def session(
+        self, gpu_count: int | None = None, idle_timeout: float | None = None
+    ) -> AsyncSession:
+        """A session (EXTENSIONS §11), started by ``async with`` (or ``await .start()``)
+        and ended when the block ends; arguments are checked at once."""
+        return AsyncSession(self, session_options(gpu_count, idle_timeout))
 
     async def request(
         self, method: str, path: str, *, headers: Mapping[str, str] | None = None

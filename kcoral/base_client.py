@@ -167,8 +167,10 @@ class BaseClient:
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        path: str = "/execute",
     ) -> Flow[ProgramResult]:
-        """``POST /execute`` with the cache negotiation of PROTOCOL §9.3 (CLIENT_API §2.1)."""
+        """``POST /execute`` with the cache negotiation of PROTOCOL §9.3 (CLIENT_API §2.1);
+        ``path`` is a session's execute path for a program in a session (EXTENSIONS §11)."""
         negotiation = ExecuteNegotiation(
             program,
             timeout_seconds=timeout_seconds,
@@ -178,7 +180,7 @@ class BaseClient:
         )
         attempt = negotiation.first_attempt()
         while True:
-            response = yield attempt_request("/execute", attempt)
+            response = yield attempt_request(path, attempt)
             outcome = negotiation.handle_response(
                 response.status,
                 response.headers,

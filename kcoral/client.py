@@ -15,6 +15,7 @@ from kcoral.http import HttpTransport
 from kcoral.jobs import Job
 from kcoral.program import Program
 from kcoral.results import ProgramResult
+from kcoral.sessions import Session, create_flow, record_flow, session_options
 from kcoral.transport import Flow, Response, Transport
 
 T = TypeVar("T")
@@ -140,6 +141,16 @@ class Client(BaseClient):
     def job(self, job_id: str) -> Job:
         """Re-attach to an existing job (nothing is sent until a method is called)."""
         return Job(self, self.check_job_id(job_id))
+
+    def session(self, gpu_count: int | None = None, idle_timeout: float | None = None) -> Session:
+        """Start a session (EXTENSIONS §11): a worker pinned to this caller whose programs
+        share ``kcoral.session.namespace``; use it as a context manager to end it."""
+        body = session_options(gpu_count, idle_timeout)
+        return Session(self, self.run_flow(create_flow(body)))
+
+    def attach_session(self, session_id: str) -> Session:
+        """An existing session of this caller, by id (read from the server)."""
+        return Session(self, self.run_flow(record_flow(session_id)))
 
     def request(
         self, method: str, path: str, *, headers: Mapping[str, str] | None = None
