@@ -13,6 +13,9 @@ reason that the next program gets as ``410 session_ended``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from kcoral_server.identity import Identity
     from kcoral_server.pipeline import ExecuteRequest
 
+#: how long an interrupted program has to stop before its worker is killed (EXTENSIONS §11)
+INTERRUPT_GRACE_SECONDS = 5.0
 #: how the pool's retire reason becomes a session's end reason (EXTENSIONS §11)
 END_REASONS = {
     "timeout": "timeout",
@@ -60,6 +65,7 @@ class Session:
         self.running: ExecuteRequest | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._settling: asyncio.Task | None = None
+        self._interrupted: ExecuteRequest | None = None  # the program an interrupt hit
 
     # ------------------------------------------------------------------ record
 
@@ -105,6 +111,26 @@ class Session:
             return self.refusal()
         return None
 
+    def interrupt(self) -> bool:
+        """Raise ``KeyboardInterrupt`` in the running program (SIGINT to its worker); a
+        program still running ``INTERRUPT_GRACE_SECONDS`` later is killed under its lease,
+        which ends the session. False when no program runs."""
+        running = self.running
+        handle = self.seat.worker
+        if running is None or handle is None or handle.pid is None:
+            return False
+        if self._interrupted is not running:
+            self._interrupted = running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, signal.SIGINT)
+            loop = asyncio.get_running_loop()
+            loop.call_later(INTERRUPT_GRACE_SECONDS, self._interrupt_expired, running)
+        return True
+
+    def _interrupt_expired(self, request: ExecuteRequest) -> None:
+        if self.running is request:
+            request.cancel("cancelled")
+
     def checkout(self, request: ExecuteRequest) -> SessionCheckout:
         """The pipeline's seat for ``request`` (instead of ``Pool.checkout``)."""
         return SessionCheckout(self, request)
@@ -112,6 +138,8 @@ class Session:
     def _released(self, retire_reason: str | None) -> None:
         """``Pool.release`` for this seat: keep the worker, or end the session."""
         request_id = self.running.request_id if self.running is not None else None
+        interrupted = self._interrupted is not None and self._interrupted is self.running
+        self._interrupted = None
         self.running = None
         self.last_finished_at = time.time()
         handle = self.seat.worker
@@ -124,6 +152,11 @@ class Session:
         elif reason == "timeout":
             message = (
                 f"session ended: program {request_id} passed its deadline and its worker was killed"
+            )
+        elif reason == "interrupt_grace" and interrupted:
+            message = (
+                f"session ended: program {request_id} did not stop within "
+                f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
             )
         elif reason == "interrupt_grace":
             message = f"session ended: program {request_id} was cancelled and its worker was killed"

@@ -18,6 +18,7 @@ from kcoral_server.handlers.sessions import (
     SESSION_ID_PATTERN,
     SessionExecuteHandler,
     SessionHandler,
+    SessionInterruptHandler,
     SessionsHandler,
 )
 from kcoral_server.handlers.status import HealthHandler, InfoHandler, WorkerStatusHandler
@@ -38,6 +39,7 @@ def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
         (r"/v1/sessions", SessionsHandler, args),
         (rf"/v1/sessions/{SESSION_ID_PATTERN}", SessionHandler, args),
         (rf"/v1/sessions/{SESSION_ID_PATTERN}/execute", SessionExecuteHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}/interrupt", SessionInterruptHandler, args),
         (r"/health", HealthHandler, args),
         (r"/internal/worker-status", WorkerStatusHandler, args),
         (r"/v1/info", InfoHandler, args),

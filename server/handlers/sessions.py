@@ -93,6 +93,18 @@ class SessionHandler(BaseHandler):
             self.send_json(200, session.record())
 
 
+class SessionInterruptHandler(SessionHandler):
+    """``POST /v1/sessions/{id}/interrupt``: ``KeyboardInterrupt`` in the running program."""
+
+    ALLOWED = ("POST",)
+
+    def post(self, session_id: str) -> None:
+        session = self._session(session_id)
+        if session is not None:
+            session.interrupt()
+            self.send_json(200, session.record())
+
+
 class SessionExecuteHandler(ExecuteHandler):
     """``POST /v1/sessions/{id}/execute``: as ``/execute``, on the session's worker."""
 
@@ -112,6 +124,15 @@ class SessionExecuteHandler(ExecuteHandler):
 
     async def post(self, session_id: str) -> None:  # type: ignore[override]
         await super().post()
+
+    def on_connection_close(self) -> None:
+        # A client that goes away interrupts its running program instead of killing it
+        # (EXTENSIONS §11): the session survives when the program stops within the grace.
+        session = getattr(self, "session", None)
+        if session is not None and self.pipeline is not None and session.running is self.pipeline:
+            session.interrupt()
+            self.pipeline = None
+        super().on_connection_close()
 
 
 def _is_int(value: Any) -> bool:

@@ -210,3 +210,68 @@ def test_another_identitys_session_answers_exactly_as_an_unknown_one(named_serve
     assert get(url, "/v1/sessions", BOB).body == []
     assert get(url, f"/v1/sessions/{sid}", ALICE).body["state"] == "IDLE"
     assert _run(url, sid, program, ALICE).body["status"] == "COMPLETED"
+
+
+LOOP = """
+import json, os, time
+import kcoral.session as session
+def spin(marker, stubborn):
+    session.namespace["kept"] = "yes"
+    open(marker, "w").close()
+    while True:
+        try:
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            if not stubborn:
+                raise
+"""
+
+
+def _spin_in_background(url: str, sid: str, marker: Path, stubborn: bool) -> tuple:
+    answers: list[Response] = []
+    program = module_program(LOOP, [("spin", [str(marker), stubborn])])
+    thread = threading.Thread(target=lambda: answers.append(_run(url, sid, program)))
+    thread.start()
+    _wait_until(marker.exists)
+    return thread, answers
+
+
+def test_an_interrupt_raises_keyboardinterrupt_in_the_program_and_keeps_the_session(
+    kcoral_server, tmp_path: Path
+) -> None:
+    url = kcoral_server.url
+    sid = _create(url).body["session_id"]
+    thread, answers = _spin_in_background(url, sid, tmp_path / "started", stubborn=False)
+    interrupted = request(url, "POST", f"/v1/sessions/{sid}/interrupt")
+    assert interrupted.status == 200 and interrupted.body["state"] == "RUNNING"
+    thread.join()
+    body = answers[0].body
+    assert body["status"] == "FAILED" and "KeyboardInterrupt" in json.dumps(body["error"])
+    _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE")
+    take = module_program(STATE, [("take", ["kept"])])
+    assert _value(_run(url, sid, take), "take") == ["yes", None]
+
+
+def test_a_program_that_ignores_the_interrupt_is_killed_after_the_grace_and_ends_the_session(
+    kcoral_server, tmp_path: Path
+) -> None:
+    url = kcoral_server.url
+    sid = _create(url).body["session_id"]
+    thread, answers = _spin_in_background(url, sid, tmp_path / "started", stubborn=True)
+    request(url, "POST", f"/v1/sessions/{sid}/interrupt")
+    thread.join()
+    assert answers[0].body["status"] == "ERROR"
+    record = get(url, f"/v1/sessions/{sid}").body
+    assert record["state"] == "ENDED" and record["end_reason"] == "interrupt_grace"
+    answer = _call(url, sid, "pid")
+    assert answer.status == 410 and "did not stop within" in answer.body["error"]["message"]
+
+
+def test_a_worker_that_dies_during_a_program_ends_the_session(kcoral_server) -> None:
+    url = kcoral_server.url
+    sid = _create(url).body["session_id"]
+    die = module_program("import os\ndef die():\n    os._exit(3)\n", [("die", [])])
+    assert _run(url, sid, die).body["status"] == "FAILED"
+    answer = _call(url, sid, "pid")
+    assert answer.status == 410
+    assert "exited during program" in answer.body["error"]["message"]
