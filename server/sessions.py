@@ -358,16 +358,19 @@ class Sessions:
     def retire(self, session: Session) -> None:
         """Stop an ended session's worker in the background (under its lease)."""
         handle, session.seat.worker = session.seat.worker, None
-        if handle is None:
+        sandbox, session.seat.sandbox = session.seat.sandbox, None
+        if handle is None and sandbox is None:
             return
-        task = asyncio.ensure_future(self._retire(handle))
+        task = asyncio.ensure_future(self._retire(handle, sandbox))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _retire(self, handle: Any) -> None:
+    async def _retire(self, handle: Any, sandbox: Any) -> None:
         grace = float(self.state.config.worker_termination_grace_seconds)
-        if not await self.state.pool.stop_worker(handle, grace):
+        if handle is not None and not await self.state.pool.stop_worker(handle, grace):
             await self.state.pool.kill(handle)
+        if sandbox is not None:  # under bubblewrap: the session's own sandbox directory
+            await asyncio.get_running_loop().run_in_executor(None, sandbox.close)
 
     async def close(self) -> None:
         """Shutdown: every session ends (``shutdown``) and its worker stops."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -275,3 +276,17 @@ def test_a_worker_that_dies_during_a_program_ends_the_session(kcoral_server) -> 
     answer = _call(url, sid, "pid")
     assert answer.status == 410
     assert "exited during program" in answer.body["error"]["message"]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (bwrap)")
+@pytest.mark.parametrize("kcoral_server", [["--sandbox", "bubblewrap"]], indirect=True)
+def test_state_persists_inside_the_bubblewrap_sandbox_too(kcoral_server) -> None:
+    url = kcoral_server.url
+    assert get(url, "/v1/info").body["sandbox"] == "bubblewrap"
+    created = _create(url)
+    if created.status == 503 and "start" in created.body["error"]["message"]:
+        pytest.skip(f"bubblewrap cannot start a worker here: {created.body['error']['message']}")
+    sid = created.body["session_id"]
+    _value(_call(url, sid, "put", "k", 7), "put")
+    assert _value(_call(url, sid, "take", "k"), "take") == [7, None]
+    assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
