@@ -105,11 +105,18 @@ class Session:
         if self.state != "IDLE":
             message = "another program of this session is running"
             return RequestFailed(409, "session_busy", message, "rejected")
-        handle = self.seat.worker
-        if handle is None or handle.gone is not None or handle.returncode is not None:
-            self.end("worker_exited", self._exited_message(None))
+        if not self.check_alive():
             return self.refusal()
         return None
+
+    def check_alive(self) -> bool:
+        """End an idle session whose worker died between programs; False when it did."""
+        handle = self.seat.worker
+        if self.state == "IDLE" and (
+            handle is None or handle.gone is not None or handle.returncode is not None
+        ):
+            self.end("worker_exited", self._exited_message(None))
+        return self.state != "ENDED"
 
     def interrupt(self) -> bool:
         """Raise ``KeyboardInterrupt`` in the running program (SIGINT to its worker); a
@@ -304,6 +311,7 @@ class Sessions:
         session = self.sessions.get(session_id)
         if session is None or not (identity.admin or session.owner == identity.name):
             return None
+        session.check_alive()  # its record says so as soon as its worker is gone
         return session
 
     def listed(self, identity: Identity) -> list[dict[str, Any]]:

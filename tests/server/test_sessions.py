@@ -155,6 +155,7 @@ def test_a_killed_session_worker_ends_the_session_and_the_next_program_says_why(
     sid = _create(url).body["session_id"]
     pid = _value(_call(url, sid, "pid"), "pid")
     os.kill(int(pid), signal.SIGKILL)  # type: ignore[call-overload]
+    _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED")
     answer = _call(url, sid, "pid")
     assert answer.status == 410, answer.body
     message = answer.body["error"]["message"]
