@@ -19,6 +19,7 @@ from kcoral_server.handlers.sessions import (
     SessionExecuteHandler,
     SessionHandler,
     SessionInterruptHandler,
+    SessionJobHandler,
     SessionsHandler,
 )
 from kcoral_server.handlers.status import HealthHandler, InfoHandler, WorkerStatusHandler
@@ -40,6 +41,7 @@ def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
         (rf"/v1/sessions/{SESSION_ID_PATTERN}", SessionHandler, args),
         (rf"/v1/sessions/{SESSION_ID_PATTERN}/execute", SessionExecuteHandler, args),
         (rf"/v1/sessions/{SESSION_ID_PATTERN}/interrupt", SessionInterruptHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}/jobs", SessionJobHandler, args),
         (r"/health", HealthHandler, args),
         (r"/internal/worker-status", WorkerStatusHandler, args),
         (r"/v1/info", InfoHandler, args),

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcoral_server.handlers.base import BaseHandler
 from kcoral_server.handlers.execute import ExecuteHandler
+from kcoral_server.handlers.jobs import JobSubmitHandler
 from kcoral_server.pipeline import ExecuteRequest, RequestObserver
 from kcoral_server.pool import NoWorker
 
@@ -110,12 +111,7 @@ class SessionExecuteHandler(ExecuteHandler):
 
     def prepare(self) -> None:
         super().prepare()
-        if self._finished:
-            return
-        session_id = self.path_kwargs.get("session_id", "")
-        self.session = self.state.sessions.get(self.identity, session_id)
-        if self.session is None:
-            self.refuse(404, "not_found", NOT_FOUND, "rejected")
+        self.session = _pinned_session(self)
 
     def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
         request = super().new_request(observer)
@@ -135,5 +131,41 @@ class SessionExecuteHandler(ExecuteHandler):
         super().on_connection_close()
 
 
+def _pinned_session(handler: ExecuteHandler) -> Session | None:
+    """The session a program is sent to, or None after refusing the request: 404 for an
+    unknown (or another identity's) id, 410 once ended, 409 while a program runs."""
+    if handler._finished:
+        return None
+    session_id = handler.path_kwargs.get("session_id", "")
+    session = handler.state.sessions.get(handler.identity, session_id)
+    if session is None:
+        handler.refuse(404, "not_found", NOT_FOUND, "rejected")
+        return None
+    refusal = session.refusal()  # before the body is read
+    if refusal is not None:
+        handler.refuse(refusal.status, refusal.kind, refusal.message, refusal.reason)
+        return None
+    return session
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+class SessionJobHandler(JobSubmitHandler):
+    """``POST /v1/sessions/{id}/jobs``: as ``POST /v1/jobs``, the program in the session;
+    the job is then read, streamed and cancelled through ``/v1/jobs/{job_id}``."""
+
+    ALLOWED = ("POST",)
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.session = _pinned_session(self)
+
+    def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
+        request = super().new_request(observer)
+        request.session = self.session
+        return request
+
+    async def post(self, session_id: str) -> None:  # type: ignore[override]
+        await super().post()

@@ -291,3 +291,23 @@ def test_state_persists_inside_the_bubblewrap_sandbox_too(kcoral_server) -> None
     _value(_call(url, sid, "put", "k", 7), "put")
     assert _value(_call(url, sid, "take", "k"), "take") == [7, None]
     assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
+
+
+def test_a_job_in_a_session_shares_its_state_and_is_read_through_v1_jobs(kcoral_server) -> None:
+    url = kcoral_server.url
+    sid = _create(url).body["session_id"]
+    _value(_call(url, sid, "put", "model", "built"), "put")
+    content_type, body = execute_body(module_program(STATE, [("take", ["model"])]))
+    path = f"/v1/sessions/{sid}/jobs"
+    submitted = request(url, "POST", path, body, {"Content-Type": content_type})
+    assert submitted.status == 202, submitted.body
+    job_id = submitted.body["job_id"]
+
+    def finished() -> bool:
+        return get(url, f"/v1/jobs/{job_id}").body["status"] not in ("QUEUED", "RUNNING")
+
+    _wait_until(finished)
+    assert _value(get(url, f"/v1/jobs/{job_id}/result"), "take") == ["built", None]
+    request(url, "DELETE", f"/v1/sessions/{sid}")
+    ended = request(url, "POST", path, body, {"Content-Type": content_type})
+    assert ended.status == 410 and ended.body["error"]["kind"] == "session_ended"
