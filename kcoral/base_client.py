@@ -199,8 +199,10 @@ class BaseClient:
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        path: str = "/v1/jobs",
     ) -> Flow[tuple[str, str, tuple[str, ...]]]:
-        """``POST /v1/jobs`` (EXTENSIONS §5): ``(job id, request id, the program's blobs)``.
+        """``POST /v1/jobs`` (EXTENSIONS §5): ``(job id, request id, the program's blobs)``;
+        ``path`` is a session's jobs path for a job in a session (EXTENSIONS §11).
 
         Arguments are checked before anything is sent; ``KCoralError`` (kind
         ``unavailable``) when the server does not list feature ``jobs``."""
@@ -221,7 +223,7 @@ class BaseClient:
         known_blobs = tuple(program.blobs)
         step: tuple[str, str] | Attempt = negotiation.first_attempt()
         while isinstance(step, Attempt):
-            response = yield attempt_request("/v1/jobs", step)
+            response = yield attempt_request(path, step)
             step = next_submission_step(
                 negotiation,
                 response.status,

@@ -13,6 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from kcoral.errors import KCoralError
+from kcoral.jobs import AsyncJob, Job
 from kcoral.response import decode_json_object, error_from_response
 from kcoral.transport import Flow, Request
 
@@ -91,6 +92,12 @@ class _SessionBase:
         path = f"/v1/sessions/{self.id}/execute"
         return self.client.execute_flow(program, path=path, **options)
 
+    def _submit_flow(
+        self, program: Program, options: dict[str, Any]
+    ) -> Flow[tuple[str, str, tuple[str, ...]]]:
+        path = f"/v1/sessions/{self.id}/jobs"
+        return self.client.submit_flow(program, path=path, **options)
+
 
 class Session(_SessionBase):
     """A session of a ``Client``: ``execute`` runs programs on its pinned worker."""
@@ -101,6 +108,11 @@ class Session(_SessionBase):
         """Run ``program`` in the session (``Client.execute``'s options); ``KCoralError``
         kind ``session_ended`` (HTTP 410) once the session has ended, saying why."""
         return self.client.run_flow(self._execute_flow(program, options))
+
+    def submit(self, program: Program, **options: Any) -> Job:
+        """Start ``program`` in the session as a job (``Client.submit``'s options)."""
+        job_id, request_id, blobs = self.client.run_flow(self._submit_flow(program, options))
+        return Job(self.client, job_id, request_id=request_id, known_blobs=blobs)
 
     def info(self) -> dict[str, Any]:
         """The session's record (``GET /v1/sessions/{id}``)."""
@@ -143,6 +155,12 @@ class AsyncSession(_SessionBase):
     async def execute(self, program: Program, **options: Any) -> ProgramResult:
         """As ``Session.execute``."""
         return await self.client.run_flow(self._execute_flow(program, options))
+
+    async def submit(self, program: Program, **options: Any) -> AsyncJob:
+        """As ``Session.submit``."""
+        flow = self._submit_flow(program, options)
+        job_id, request_id, blobs = await self.client.run_flow(flow)
+        return AsyncJob(self.client, job_id, request_id=request_id, known_blobs=blobs)
 
     async def info(self) -> dict[str, Any]:
         self.record = await self.client.run_flow(record_flow(self.id))

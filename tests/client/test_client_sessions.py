@@ -114,7 +114,8 @@ def test_against_a_real_server_state_survives_between_executes(server_factory) -
         with client.session() as session:
             assert session.execute(_remember(1)).results["previous"] is None
             assert session.execute(_remember(2)).results["previous"] == 1
-            assert client.attach_session(session.id).info()["programs"] == 2
+            assert session.submit(_remember(4)).result(timeout=60).results["previous"] == 2
+            assert client.attach_session(session.id).info()["programs"] == 3
         with pytest.raises(KCoralError) as ended:
             session.execute(_remember(3))
         assert ended.value.status_code == 410
@@ -129,6 +130,8 @@ def test_against_a_real_server_the_async_flavour_keeps_state_too(server_factory)
             async with client.session() as session:
                 first = await session.execute(_remember(5))
                 second = await session.execute(_remember(6))
-        return [first.results["previous"], second.results["previous"]]
+                job = await session.submit(_remember(7))
+                third = await job.result(timeout=60)
+        return [first.results["previous"], second.results["previous"], third.results["previous"]]
 
-    assert asyncio.run(run()) == [None, 5]
+    assert asyncio.run(run()) == [None, 5, 6]
