@@ -7,17 +7,36 @@ express (malformed bodies). The module name is unique across the test tree.
 
 from __future__ import annotations
 
-import hashlib
-import http.client
-import json
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+import raw_http
+from raw_http import Response as RawResponse
+from raw_http import decode, execute_body, sha256
+
 import kcoral
-from kcoral.protocol.multipart import boundary_from_content_type, encode_multipart, parse_multipart
+from kcoral.protocol.headers import is_canonical_uuid
+
+__all__ = [
+    "CACHE_MISS_FIELDS",
+    "ERROR_FIELDS",
+    "ERROR_OBJECT_FIELDS",
+    "FAILED_FIELDS",
+    "RESULT_FIELDS",
+    "RawResponse",
+    "decode",
+    "execute_body",
+    "execute_program",
+    "execute_raw",
+    "finished_events",
+    "health",
+    "is_canonical_uuid",
+    "module_program",
+    "request",
+    "sha256",
+    "wait_for",
+]
 
 # Exact field sets of PROTOCOL §7.2–§7.4 and §7.6.
 RESULT_FIELDS = {
@@ -46,30 +65,6 @@ CACHE_MISS_FIELDS = {"status", "request_id", "missing_blobs"}
 ERROR_FIELDS = {"status", "request_id", "error"}
 
 
-@dataclass
-class RawResponse:
-    status: int
-    headers: http.client.HTTPMessage
-    raw: bytes
-    body: Any = None  # decoded JSON (the ``result`` part of a multipart answer)
-    parts: dict[str, bytes] = field(default_factory=dict)
-    part_order: list[str] = field(default_factory=list)
-
-    def header_values(self, name: str) -> list[str]:
-        return self.headers.get_all(name) or []
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def is_canonical_uuid(value: object) -> bool:
-    try:
-        return isinstance(value, str) and str(uuid.UUID(value)) == value
-    except ValueError:
-        return False
-
-
 def request(
     url: str,
     method: str,
@@ -78,45 +73,7 @@ def request(
     headers: Mapping[str, str] | list[tuple[str, str]] | None = None,
     timeout: float = 120.0,
 ) -> RawResponse:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        conn.putrequest(method, path)
-        items = headers.items() if isinstance(headers, Mapping) else (headers or [])
-        for name, value in items:
-            conn.putheader(name, value)
-        if body is not None:
-            conn.putheader("Content-Length", str(len(body)))
-        conn.endheaders(body)
-        answer = conn.getresponse()
-        raw = answer.read()
-        return decode(answer.status, answer.headers, raw)
-    finally:
-        conn.close()
-
-
-def decode(status: int, headers: http.client.HTTPMessage, raw: bytes) -> RawResponse:
-    response = RawResponse(status, headers, raw)
-    content_type = headers.get("Content-Type", "")
-    if content_type.startswith("multipart/"):
-        parts = parse_multipart(memoryview(raw), boundary_from_content_type(content_type))
-        response.part_order = [p.name for p in parts]
-        response.parts = {p.name: bytes(p.data) for p in parts}
-        response.body = json.loads(response.parts.pop("result"))
-    elif content_type.startswith("application/json"):
-        response.body = json.loads(raw)
-    return response
-
-
-def execute_body(
-    document: Mapping[str, Any] | bytes, blobs: Mapping[str, bytes] = {}
-) -> tuple[str, bytes]:
-    """(Content-Type, body) of a well-formed ``/execute`` request."""
-    program = document if isinstance(document, bytes) else json.dumps(document).encode()
-    parts = [("program", "application/json", program)]
-    parts += [(f"blob:{key}", "application/octet-stream", data) for key, data in blobs.items()]
-    content_type, chunks, _ = encode_multipart(parts)
-    return content_type, b"".join(bytes(c) for c in chunks)
+    return raw_http.request(url, method, path, body, headers, timeout)
 
 
 def execute_raw(
@@ -125,8 +82,7 @@ def execute_raw(
     blobs: Mapping[str, bytes] = {},
     headers: Mapping[str, str] | None = None,
 ) -> RawResponse:
-    content_type, body = execute_body(document, blobs)
-    return request(url, "POST", "/execute", body, {"Content-Type": content_type, **(headers or {})})
+    return raw_http.post_execute(url, document, blobs, headers, timeout=120.0)
 
 
 def execute_program(

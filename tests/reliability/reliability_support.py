@@ -9,7 +9,6 @@ included), its descendant processes, and ``kcoral-program-*`` workspaces in its 
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
@@ -23,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raw_http import call_program, decode_body, sha256
+
 from kcoral.protocol.headers import is_canonical_uuid
-from kcoral.protocol.multipart import boundary_from_content_type, parse_multipart
 
 BOUNDARY = "fuzz-boundary-7d1c"
 ERROR_STATUSES = {
@@ -53,10 +53,6 @@ class Answer:
     parts: dict[str, bytes] = field(default_factory=dict)
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def address(url: str) -> tuple[str, int]:
     host, port = url.split("://", 1)[1].rsplit(":", 1)
     return host.strip("[]"), int(port)
@@ -65,13 +61,8 @@ def address(url: str) -> tuple[str, int]:
 def decode(status: int, headers: Iterable[tuple[str, str]], raw: bytes) -> Answer:
     lowered = {name.lower(): value for name, value in headers}
     answer = Answer(status, lowered, raw)
-    content_type = lowered.get("content-type", "")
-    if content_type.startswith("multipart/"):
-        parts = parse_multipart(memoryview(raw), boundary_from_content_type(content_type))
-        answer.parts = {p.name: bytes(p.data) for p in parts}
-        answer.body = json.loads(answer.parts.pop("result"))
-    elif content_type.startswith("application/json"):
-        answer.body = json.loads(raw)
+    decoded = decode_body(lowered.get("content-type", ""), raw)
+    answer.body, answer.parts = decoded.body, decoded.parts
     return answer
 
 
@@ -265,19 +256,8 @@ def execute(url: str, program: Any, blobs: Iterable[bytes] = (), **kwargs: Any) 
     return post_execute(url, execute_body(program, blobs), multipart_type(), **kwargs)
 
 
-def module_program(source: str, function: str, args: list | None = None, **options: Any) -> dict:
-    """Upload ``source``, call ``function(*args)`` and return the value under ``"value"``."""
-    program: dict[str, Any] = {
-        "instructions": [
-            {"op": "upload", "id": "m", "kind": "module", "source": source},
-            {"op": "get_function", "id": "f", "module": {"$ref": "m"}, "name": function},
-            {"op": "run", "id": "r", "fn": {"$ref": "f"}, "args": args or []},
-            {"op": "return", "key": "value", "value": {"$ref": "r"}},
-        ]
-    }
-    if options:
-        program["options"] = options
-    return program
+#: Upload ``source``, call ``function(*args)`` and return the value under ``"value"``.
+module_program = call_program
 
 
 TRIVIAL = module_program("def f(x):\n    return x + 1\n", "f", [41])

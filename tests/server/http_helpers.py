@@ -1,96 +1,31 @@
-"""Raw-HTTP helpers for the front-end tests (no dependency on ``kcoral.Client``)."""
+"""Raw-HTTP helpers for the front-end tests (no dependency on ``kcoral.Client``).
+
+The request and decoding are ``tests/raw_http.py``'s; what is here is the front-end's own:
+``module_program`` calling several functions of one module.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import http.client
-import json
-from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral.protocol.multipart import boundary_from_content_type, encode_multipart, parse_multipart
+from raw_http import Response, connection, decode, execute_body, request, sha256
+from raw_http import post_execute as execute
 
-
-@dataclass
-class Response:
-    status: int
-    headers: http.client.HTTPMessage
-    raw: bytes
-    body: Any = None  # decoded JSON (the ``result`` part for multipart answers)
-    parts: dict[str, bytes] = field(default_factory=dict)
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def connection(url: str, timeout: float = 60.0) -> http.client.HTTPConnection:
-    host, port = url.split("://", 1)[1].rsplit(":", 1)
-    return http.client.HTTPConnection(host, int(port), timeout=timeout)
-
-
-def decode(status: int, headers: http.client.HTTPMessage, raw: bytes) -> Response:
-    response = Response(status, headers, raw)
-    content_type = headers.get("Content-Type", "")
-    if content_type.startswith("multipart/"):
-        parts = parse_multipart(memoryview(raw), boundary_from_content_type(content_type))
-        response.parts = {p.name: bytes(p.data) for p in parts}
-        response.body = json.loads(response.parts.pop("result"))
-    elif content_type.startswith("application/json"):
-        response.body = json.loads(raw)
-    return response
-
-
-def request(
-    url: str,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | list[tuple[str, str]] | None = None,
-    timeout: float = 60.0,
-) -> Response:
-    conn = connection(url, timeout)
-    try:
-        conn.putrequest(method, path)
-        items = headers.items() if isinstance(headers, dict) else (headers or [])
-        for name, value in items:
-            conn.putheader(name, value)
-        if body is not None:
-            conn.putheader("Content-Length", str(len(body)))
-        conn.endheaders(body)
-        answer = conn.getresponse()
-        return decode(answer.status, answer.headers, answer.read())
-    finally:
-        conn.close()
+__all__ = [
+    "Response",
+    "connection",
+    "decode",
+    "execute",
+    "execute_body",
+    "get",
+    "module_program",
+    "request",
+    "sha256",
+]
 
 
 def get(url: str, path: str, headers: dict[str, str] | None = None) -> Response:
     return request(url, "GET", path, headers=headers)
-
-
-def execute_body(program: dict, blobs: dict[str, bytes] | None = None) -> tuple[str, bytes]:
-    parts = [("program", "application/json", json.dumps(program).encode())]
-    parts += [(f"blob:{h}", "application/octet-stream", b) for h, b in (blobs or {}).items()]
-    content_type, chunks, _length = encode_multipart(parts)
-    return content_type, b"".join(bytes(c) for c in chunks)
-
-
-def execute(
-    url: str,
-    program: dict,
-    blobs: dict[str, bytes] | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = 60.0,
-) -> Response:
-    content_type, body = execute_body(program, blobs)
-    return request(
-        url,
-        "POST",
-        "/execute",
-        body,
-        {"Content-Type": content_type, **(headers or {})},
-        timeout=timeout,
-    )
 
 
 def module_program(source: str, calls: list[tuple[str, list]], **options: Any) -> dict:
