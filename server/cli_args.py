@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 from kcoral_server.config import (
     InvalidConfigError,
     ServerConfig,
-    default_disk_cache_dir,
     flag_settings,
 )
 
@@ -120,7 +119,12 @@ _SECONDS = _arg_type(parse_seconds, "number of seconds")
 _GPUS = _arg_type(parse_gpus, "GPU id list")
 _NUMBER = _arg_type(parse_seconds, "number")
 #: a ``setting``'s kind -> (argparse type, converter for its environment variable)
-_KINDS = {"int": (_INT, parse_integer), "seconds": (_SECONDS, parse_seconds)}
+_KINDS = {
+    "int": (_INT, parse_integer),
+    "seconds": (_SECONDS, parse_seconds),
+    "text": (None, str),
+    "path": (None, str),  # made a Path once the empty-value rule has been applied
+}
 
 
 def _setting_help(setting: Field) -> str:
@@ -128,16 +132,22 @@ def _setting_help(setting: Field) -> str:
     meta = setting.metadata
     if meta["hidden"]:
         return argparse.SUPPRESS
+    text = meta["help"] + ("; '' disables" if meta["empty"] == "disables" else "")
+    if meta["kind"] == "switch":
+        return text
+    env = f"env {meta['env']}" if meta["env"] and meta["env_in_help"] else ""
     shown = meta["shown_default"]
     if shown is None:
-        default = setting.default
-        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        default = setting.default if meta["cli_default"] is MISSING else meta["cli_default"]
         assert default is not MISSING, f"{setting.name}: a factory default needs shown_default"
+        if default is None:  # nothing to show: no default (or only the variable)
+            return f"{text} ({env})" if env else text
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
     if not shown.startswith(":"):
         shown = " " + shown
-    if meta["env"]:
-        shown += f"; env {meta['env']}"
-    return f"{meta['help']} (default{shown})".lstrip()
+    if env:
+        shown += f"; {env}"
+    return f"{text} (default{shown})".lstrip()
 
 
 def build_server_parser() -> argparse.ArgumentParser:
@@ -163,17 +173,24 @@ def build_server_parser() -> argparse.ArgumentParser:
     def add_setting(name: str) -> None:
         """A ``ServerConfig`` setting, as its declaration says (``config.setting``)."""
         setting = settings.pop(name)
-        kind, _convert = _KINDS[setting.metadata["kind"]]
-        add(setting.metadata["flag"], type=kind, help=_setting_help(setting))
+        meta = setting.metadata
+        options: dict[str, Any] = {"help": _setting_help(setting)}
+        if meta["kind"] == "switch":
+            options.update(action="store_true", default=None)
+        elif _KINDS[meta["kind"]][0] is not None:
+            options["type"] = _KINDS[meta["kind"]][0]
+        if meta["metavar"] is not None:
+            options["metavar"] = meta["metavar"]
+        elif "action" not in options and "type" not in options:  # named after the flag
+            flag = meta["flag"]
+            options["metavar"] = "PATH" if flag.endswith(("-file", "-dir", "-path")) else None
+            options["metavar"] = options["metavar"] or flag[2:].upper().replace("-", "_")
+        add(meta["flag"], dest=name, **options)
 
     add("--host", help="listen address (default 127.0.0.1; env KCORAL_SERVER_HOST)")
     add("--port", type=_INT, help="port, 0 picks a free one (default 8000; env KCORAL_SERVER_PORT)")
     add("--ready-file", help="write the server URL to this file once it accepts requests")
-    add(
-        "--device",
-        metavar="{auto,gpu,cpu}",
-        help="device mode (default auto; env KCORAL_SERVER_DEVICE)",
-    )
+    add_setting("device")
     add("--gpus", help="comma-separated physical GPU ids (default 0; env KCORAL_SERVER_GPUS)")
     add_setting("num_workers")
     add_setting("workers_per_gpu")
@@ -188,32 +205,23 @@ def build_server_parser() -> argparse.ArgumentParser:
     add_setting("output_limit_bytes")
     add_setting("max_output_limit_bytes")
     add_setting("cache_capacity_bytes")
-    add("--disk-cache-dir", help="file-blob cache; '' disables (default ~/.cache/kcoral/files)")
+    add_setting("disk_cache_dir")
     add_setting("disk_cache_capacity_mbytes")
-    add("--log-dir", help="event log directory; '' disables (default logs; env KCORAL_LOG_DIR)")
-    add("--no-log-console", action="store_true", default=None, help="no stderr mirror")
-    add("--no-log-programs", action="store_true", default=None, help="do not store programs")
-    add(
-        "--sandbox",
-        metavar="{auto,bubblewrap,none}",
-        help="auto: bubblewrap where it works, else none with a warning (default auto)",
-    )
+    add_setting("log_dir")
+    add_setting("log_console")
+    add_setting("log_programs")
+    add_setting("sandbox")
     add(
         "--sandbox-readonly-path",
         action="append",
         metavar="PATH",
         help="extra read-only path in the sandbox (repeatable)",
     )
-    add("--router", help="router origin (env KCORAL_ROUTER_ENDPOINT)")
-    add("--node-id", help="node name (env KCORAL_NODE_ID)")
-    add("--node-token", help="node token; prefer env KCORAL_NODE_TOKEN")
-    add("--auth-token-file", help="require this bearer token (or env KCORAL_AUTH_TOKEN)")
-    add(
-        "--allow-unauthenticated",
-        action="store_true",
-        default=None,
-        help="allow no token on a non-loopback address",
-    )
+    add_setting("router_endpoint")
+    add_setting("node_id")
+    add_setting("node_token")
+    add_setting("auth_token_file")
+    add_setting("allow_unauthenticated")
     add_setting("job_retention_seconds")
     add_setting("job_retention_bytes")
     add_setting("max_sessions")
@@ -302,69 +310,34 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     if not 0 <= port <= 65535:
         resolve.fail(f"--port must be in 0-65535 (got {port})")
 
-    device = resolve.pick(args.device, "KCORAL_SERVER_DEVICE", _identity)
-    kwargs["device"] = "auto" if device is None else device
+    for setting in flag_settings():  # flag, else its environment variable, else default
+        _resolve_setting(setting, getattr(args, setting.name), resolve, environ, kwargs)
+
     gpus_text = args.gpus if args.gpus is not None else resolve.env("KCORAL_SERVER_GPUS")
     gpus_given = gpus_text is not None
     if gpus_given:
         try:
             kwargs["gpus"] = parse_gpus(gpus_text)
         except ValueError as exc:
-            if kwargs["device"] != "cpu":  # ignored in CPU mode (SERVER.md §2)
+            if kwargs.get("device", "auto") != "cpu":  # ignored in CPU mode (SERVER.md §2)
                 origin = "--gpus" if args.gpus is not None else "KCORAL_SERVER_GPUS"
                 resolve.fail(f"{origin}: {exc}")
             kwargs["gpus"] = []
 
-    for setting in flag_settings():  # flag, else its environment variable, else default
-        value = getattr(args, setting.name)
-        env = setting.metadata["env"]
-        if value is None and env is not None:
-            value = resolve.pick(None, env, _KINDS[setting.metadata["kind"]][1])
-        if value is not None:
-            kwargs[setting.name] = value
-
-    disk_dir = args.disk_cache_dir
-    if disk_dir is None:
-        kwargs["disk_cache_dir"] = default_disk_cache_dir(environ)
-    else:
-        kwargs["disk_cache_dir"] = Path(disk_dir) if disk_dir else None
-    log_dir = resolve.pick(args.log_dir, "KCORAL_LOG_DIR", _identity)
-    log_dir = "logs" if log_dir is None else log_dir
-    kwargs["log_dir"] = Path(log_dir) if log_dir else None
-    kwargs["log_console"] = not args.no_log_console
-    kwargs["log_programs"] = not args.no_log_programs
-    kwargs["allow_unauthenticated"] = bool(args.allow_unauthenticated)
     kwargs["allowed_origins"] = list(args.allowed_origin or [])
     kwargs["allowed_hosts"] = list(args.allowed_host or [])
-    if args.sandbox is not None:
-        kwargs["sandbox"] = args.sandbox
     kwargs["worker_env_deny"] = list(args.worker_env_deny or [])
     if args.sandbox_readonly_path:
         if any(not p for p in args.sandbox_readonly_path):
             resolve.fail("--sandbox-readonly-path must not be empty")
         kwargs["sandbox_readonly_paths"] = [Path(p) for p in args.sandbox_readonly_path]
-
-    router = resolve.pick(args.router, "KCORAL_ROUTER_ENDPOINT", _identity, empty_is_unset=True)
-    node_id = resolve.pick(args.node_id, "KCORAL_NODE_ID", _identity, empty_is_unset=True)
-    node_token = resolve.pick(args.node_token, "KCORAL_NODE_TOKEN", _identity, empty_is_unset=True)
-    if router is not None:
-        kwargs["router_endpoint"] = router
-    if node_id is not None:
-        kwargs["node_id"] = node_id
-    if node_token is not None:
-        if not node_token:
-            resolve.fail("--node-token must not be empty")
-        kwargs["node_token"] = node_token
+    router = kwargs.get("router_endpoint")
 
     serialization = resolve.env("KCORAL_ALLOWED_SERIALIZATION", empty_is_unset=True)
     if serialization is not None:
         kwargs["allowed_serialization"] = [s.strip() for s in serialization.split(",") if s.strip()]
 
-    if args.auth_token_file is not None:
-        if not args.auth_token_file:
-            resolve.fail("--auth-token-file must not be empty")
-        kwargs["auth_token_file"] = Path(args.auth_token_file)
-    else:
+    if "auth_token_file" not in kwargs:
         token = resolve.env("KCORAL_AUTH_TOKEN", empty_is_unset=True)
         if token is not None:
             kwargs["auth_token"] = token
@@ -398,6 +371,34 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
         node_child=node_child,
         gpus_given=gpus_given,
     )
+
+
+def _resolve_setting(
+    setting: Field,
+    value: Any,
+    resolve: _Resolver,
+    environ: Mapping[str, str],
+    kwargs: dict[str, Any],
+) -> None:
+    """Put a declared setting's value into ``kwargs``, or nothing for the field's default."""
+    meta = setting.metadata
+    if meta["kind"] == "switch":
+        if value:  # a --no-... flag turns its setting off
+            kwargs[setting.name] = not meta["flag"].startswith("--no-")
+        return
+    if value is None and meta["env"] is not None:
+        convert = _KINDS[meta["kind"]][1]
+        value = resolve.pick(None, meta["env"], convert, empty_is_unset=meta["env_empty_is_unset"])
+    if value is None and meta["cli_default"] is not MISSING:
+        default = meta["cli_default"]
+        value = default(environ) if callable(default) else default
+    if value == "" and meta["empty"] == "disables":
+        kwargs[setting.name] = None
+        return
+    if value == "" and meta["empty"] == "refused":
+        resolve.fail(f"{meta['flag']} must not be empty")
+    if value is not None:
+        kwargs[setting.name] = Path(value) if meta["kind"] == "path" else value
 
 
 def _supervisor_options(

@@ -46,12 +46,12 @@ class InvalidConfigError(ValueError):
 
 
 def option_name(field_name: str) -> str:
-    """The ``kcoral server`` option that sets ``field_name``."""
+    """The ``kcoral server`` option that sets ``field_name`` (its declared flag, if any)."""
+    for declared in flag_settings():
+        if declared.name == field_name:
+            return declared.metadata["flag"]
     special = {
-        "log_console": "--no-log-console",
-        "log_programs": "--no-log-programs",
         "sandbox_readonly_paths": "--sandbox-readonly-path",
-        "router_endpoint": "--router",
         "auth_token": "KCORAL_AUTH_TOKEN",
         "allowed_serialization": "KCORAL_ALLOWED_SERIALIZATION",
         "allowed_origins": "--allowed-origin",
@@ -106,12 +106,25 @@ def setting(
     env: str | None = None,
     hidden: bool = False,
     default_factory: Any = MISSING,
+    empty: str | None = None,
+    env_empty_is_unset: bool = False,
+    cli_default: Any = MISSING,
+    env_in_help: bool = True,
+    metavar: str | None = None,
+    secret: bool = False,
 ) -> Any:
     """A ``ServerConfig`` field that ``kcoral server`` sets from one flag (and ``env`` when
     the flag is absent): declared once, here; ``cli_args`` derives the argparse option, its
     help (``help`` plus "(default …)": ``shown_default`` or the default itself) and the
-    copy into the config from it. ``kind`` is ``int`` or ``seconds`` (how the text parses);
-    ``hidden`` keeps it out of ``--help``."""
+    copy into the config from it. ``hidden`` keeps it out of ``--help``.
+
+    ``kind`` says how the text parses: ``int``, ``seconds``, ``text``, ``path``, or
+    ``switch`` (a flag without a value that sets ``True``; ``False`` for a ``--no-`` flag).
+    ``empty`` is what the value ``''`` means: ``"disables"`` (the setting becomes ``None``)
+    or ``"refused"`` (a usage error); ``env_empty_is_unset`` makes an empty environment
+    variable count as absent. ``cli_default`` is the command line's default where it differs
+    from the field's: a value, or a function of the environment. A ``secret`` stays out of
+    ``repr``."""
     metadata = {
         "flag": flag,
         "kind": kind,
@@ -119,10 +132,15 @@ def setting(
         "shown_default": shown_default,
         "env": env,
         "hidden": hidden,
+        "empty": empty,
+        "env_empty_is_unset": env_empty_is_unset,
+        "cli_default": cli_default,
+        "env_in_help": env_in_help,
+        "metavar": metavar,
     }
     if default_factory is not MISSING:
-        return field(default_factory=default_factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
+        return field(default_factory=default_factory, metadata=metadata, repr=not secret)
+    return field(default=default, metadata=metadata, repr=not secret)
 
 
 def flag_settings() -> list[Field]:
@@ -139,7 +157,14 @@ class ServerConfig:
     ``auth_token_file`` by the CLI); it never appears in ``repr`` or logs.
     """
 
-    device: str = "auto"
+    device: str = setting(
+        "auto",
+        flag="--device",
+        kind="text",
+        help="device mode",
+        env="KCORAL_SERVER_DEVICE",
+        metavar="{auto,gpu,cpu}",
+    )
     gpus: list[int] = field(default_factory=lambda: [0])
     num_workers: int = setting(1, flag="--num-workers", kind="int", help="CPU mode worker count")
     workers_per_gpu: int = setting(
@@ -191,18 +216,68 @@ class ServerConfig:
         help="memory cache",
         shown_default=": the smaller of 16 GiB and 1/4 of physical memory",
     )
-    disk_cache_dir: Path | None = field(default_factory=default_disk_cache_dir)
+    disk_cache_dir: Path | None = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=default_disk_cache_dir,
+        flag="--disk-cache-dir",
+        kind="path",
+        help="file-blob cache",
+        empty="disables",
+        shown_default="~/.cache/kcoral/files",
+        cli_default=default_disk_cache_dir,  # of the environment the command line was given
+    )
     disk_cache_capacity_mbytes: int = setting(
         16384, flag="--disk-cache-capacity-mbytes", kind="int", help="MiB; 0 disables"
     )
-    log_dir: Path | None = None
-    log_console: bool = True
-    log_programs: bool = True
-    sandbox: str = "auto"
+    log_dir: Path | None = setting(  # noqa: RUF009 (setting is a field)
+        None,
+        flag="--log-dir",
+        kind="path",
+        help="event log directory",
+        empty="disables",
+        env="KCORAL_LOG_DIR",
+        cli_default="logs",
+    )
+    log_console: bool = setting(
+        True, flag="--no-log-console", kind="switch", help="no stderr mirror"
+    )
+    log_programs: bool = setting(
+        True, flag="--no-log-programs", kind="switch", help="do not store programs"
+    )
+    sandbox: str = setting(
+        "auto",
+        flag="--sandbox",
+        kind="text",
+        help="auto: bubblewrap where it works, else none with a warning",
+        metavar="{auto,bubblewrap,none}",
+    )
     sandbox_readonly_paths: list[Path] = field(default_factory=list)
-    router_endpoint: str | None = None
-    node_id: str | None = None
-    node_token: str | None = field(default=None, repr=False)
+    router_endpoint: str | None = setting(
+        None,
+        flag="--router",
+        kind="text",
+        help="router origin",
+        env="KCORAL_ROUTER_ENDPOINT",
+        env_empty_is_unset=True,
+    )
+    node_id: str | None = setting(
+        None,
+        flag="--node-id",
+        kind="text",
+        help="node name",
+        env="KCORAL_NODE_ID",
+        env_empty_is_unset=True,
+    )
+    node_token: str | None = setting(
+        None,
+        flag="--node-token",
+        kind="text",
+        help="node token; prefer env KCORAL_NODE_TOKEN",
+        env="KCORAL_NODE_TOKEN",
+        env_empty_is_unset=True,
+        env_in_help=False,
+        empty="refused",
+        secret=True,
+    )
     # EXTENSIONS.md additions
     job_retention_seconds: float = setting(
         3600.0, flag="--job-retention-seconds", kind="seconds", help="keep finished jobs"
@@ -219,9 +294,21 @@ class ServerConfig:
         kind="int",
         help="results and events of finished jobs kept, in memory and on disk",
     )
-    auth_token_file: Path | None = None
+    # KCORAL_AUTH_TOKEN is not this setting's variable: it gives auth_token itself.
+    auth_token_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
+        None,
+        flag="--auth-token-file",
+        kind="path",
+        help="require this bearer token (or env KCORAL_AUTH_TOKEN)",
+        empty="refused",
+    )
     auth_token: str | None = field(default=None, repr=False)
-    allow_unauthenticated: bool = False
+    allow_unauthenticated: bool = setting(
+        False,
+        flag="--allow-unauthenticated",
+        kind="switch",
+        help="allow no token on a non-loopback address",
+    )
     max_inflight_request_bytes: int | None = setting(
         None,
         flag="--max-inflight-request-bytes",

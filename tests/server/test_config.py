@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from kcoral_server.cli_args import ServerSettings, parse_server_args
+from kcoral_server.cli_args import ServerSettings, build_server_parser, parse_server_args
 from kcoral_server.config import (
     GIB,
     REDACTED,
     ServerConfig,
     config_for_log,
     default_cache_capacity_bytes,
+    flag_settings,
+    option_name,
     physical_memory_bytes,
     router_origin_problem,
 )
@@ -586,3 +589,16 @@ def test_help_lists_server_options_and_hides_supervisor_and_test_options(capsys)
         assert option in out
     for option in (*SUPERVISOR_ARGS[::2], "--node-child", "--fake-gpu-count", "fake-gpu"):
         assert option not in out
+
+
+def test_each_declared_setting_has_one_option_in_help_and_errors_name_that_option() -> None:
+    text = build_server_parser().format_help()
+    declared = flag_settings()
+    assert {"log_dir", "log_console", "router_endpoint", "auth_token_file"} <= {
+        s.name for s in declared
+    }
+    for setting in declared:
+        flag = setting.metadata["flag"]
+        assert option_name(setting.name) == flag
+        shown = len(re.findall(rf"^\s+{re.escape(flag)}(?![\w-])", text, re.MULTILINE))
+        assert shown == (0 if setting.metadata["hidden"] else 1), flag
