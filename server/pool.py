@@ -28,7 +28,7 @@ from typing import Any
 from kcoral_server import ipc, limits
 from kcoral_server.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.worker_channel import WorkerGone, close_fds
-from kcoral_server.worker_handle import SeatSandbox, WorkerHandle, WorkerStartError
+from kcoral_server.worker_handle import SeatSandbox, WorkerHandle, WorkerStartError, event_fields
 from kcoral_server.workspace import remove_stale_workspaces
 
 RETIRE_LEVELS = {
@@ -485,10 +485,7 @@ class Pool:
         self.events.emit(
             "devices_quarantined",
             "ERROR",
-            worker_id=handle.seat_id,
-            generation=handle.generation,
-            pid=handle.pid,
-            request_id=handle.request_id,
+            **event_fields(handle),
             gpu_ids=list(handle.gpu_ids),
             quarantined=sorted(self.arbiter.quarantined) if self.arbiter is not None else [],
             error=handle.cleanup_unconfirmed,

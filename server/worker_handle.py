@@ -63,6 +63,16 @@ class WorkerInfo:
     device_uuid: str | None = None
 
 
+def event_fields(handle: WorkerHandle) -> dict[str, Any]:
+    """Who a worker is in an event: its seat, generation, pid and current request."""
+    return {
+        "worker_id": handle.seat_id,
+        "generation": handle.generation,
+        "pid": handle.pid,
+        "request_id": handle.request_id,
+    }
+
+
 class WorkerHandle:
     """One worker process of a seat (or a transient GPU-set worker)."""
 
@@ -382,15 +392,7 @@ class WorkerHandle:
         if hit is None:
             return gone
         if self.events is not None:
-            self.events.emit(
-                "worker_limit_exceeded",
-                "WARNING",
-                worker_id=self.seat_id,
-                generation=self.generation,
-                pid=self.pid,
-                request_id=self.request_id,
-                message=hit,
-            )
+            self.events.emit("worker_limit_exceeded", "WARNING", **event_fields(self), message=hit)
         return WorkerGone(f"{gone}; {hit}", invalid=gone.invalid)
 
     def _gone(self) -> None:
