@@ -151,6 +151,8 @@ class Session:
         self.last_finished_at = time.time()
         handle = self.seat.worker
         if retire_reason is None and handle is not None:
+            # idle for its owner at once; the next program waits for the clean-up (checkout)
+            self.state = "IDLE"
             self._settling = asyncio.ensure_future(self._settle(handle, request_id))
             return
         reason = END_REASONS.get(retire_reason or "crashed", "worker_exited")
@@ -191,8 +193,7 @@ class Session:
         except (asyncio.TimeoutError, TimeoutError, WorkerGone):
             self.end("worker_exited", self._exited_message(request_id))
             return
-        if self.state != "ENDED":
-            self.state = "IDLE"
+        if self.state == "IDLE":
             self.seat.state = SeatState.IDLE
             self._arm_idle_timer()
 
@@ -255,6 +256,10 @@ class SessionCheckout:
     async def __aenter__(self) -> Seat:
         session = self._session
         refusal = session.refusal()
+        settling = session._settling
+        if refusal is None and settling is not None and not settling.done():
+            await asyncio.shield(settling)  # the worker's clean-up after the last program
+            refusal = session.refusal()
         if refusal is not None:
             raise refusal
         if session._idle_timer is not None:
