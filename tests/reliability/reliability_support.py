@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from raw_http import call_program, decode_body, sha256
+from server_process import start_server
 
 from kcoral.protocol.headers import is_canonical_uuid
 
@@ -169,40 +169,12 @@ class Launched:
 def launch(
     directory: Path, args: Iterable[str] = (), env: dict[str, str] | None = None
 ) -> Launched:
-    """Start a server with the suite's defaults (those of ``tests/conftest.py``) and wait
-    until it listens; then warm it up and record its resource baseline."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Start a server with the suite's defaults (``server_process.start_server``'s) and its
+    own ``TMPDIR``, and wait until it listens."""
     temp_dir = directory / "tmp"
-    temp_dir.mkdir(exist_ok=True)
-    ready = directory / "ready"
-    ready.unlink(missing_ok=True)
-    args = list(args)
-    command = [sys.executable, "-m", "kcoral", "server", "--port", "0", "--ready-file", str(ready)]
-    defaults = {
-        "--sandbox": "none",
-        "--device": "cpu",
-        "--max-requests-per-worker": "0",
-        "--disk-cache-dir": str(directory / "disk-cache"),
-        "--log-dir": str(directory / "logs"),
-    }
-    for option, value in defaults.items():
-        if option not in args:
-            command += [option, value]
-    full_env = {**os.environ, "TMPDIR": str(temp_dir), **(env or {})}
-    if "KCORAL_AUTH_TOKEN" not in (env or {}):
-        full_env.pop("KCORAL_AUTH_TOKEN", None)
-    with open(directory / "server.stderr", "wb") as stderr:
-        process = subprocess.Popen(
-            command + args, stdout=subprocess.DEVNULL, stderr=stderr, env=full_env, cwd=directory
-        )
-    if not wait_until(lambda: ready.exists() or process.poll() is not None, 60):
-        process.kill()
-    if process.poll() is not None or not ready.exists():
-        process.kill()
-        process.wait()
-        raise RuntimeError((directory / "server.stderr").read_text(errors="replace")[-4000:])
-    server = Launched(ready.read_text().strip(), process, directory, temp_dir)
-    return server
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    started = start_server(directory, list(args), env={"TMPDIR": str(temp_dir), **(env or {})})
+    return Launched(started.url, started.process, directory, temp_dir)
 
 
 def warm(server: Launched) -> Launched:
