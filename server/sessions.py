@@ -289,8 +289,8 @@ class Sessions:
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.events = state.events
-        self.max = int(getattr(state.config, "max_sessions", 1))
-        self.idle_seconds = float(getattr(state.config, "session_idle_seconds", 600.0))
+        self.max = int(state.config.max_sessions)
+        self.idle_seconds = float(state.config.session_idle_seconds)
         self.retention = float(state.config.job_retention_seconds)
         self.sessions: dict[str, Session] = {}
         self._retiring: set[asyncio.Task] = set()
