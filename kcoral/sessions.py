@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kcoral.errors import KCoralError
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from kcoral.base_client import BaseClient
     from kcoral.client import Client
     from kcoral.program import Program
+    from kcoral.remote import RemoteFunction
     from kcoral.results import ProgramResult
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -92,6 +94,26 @@ class _SessionBase:
         path = f"/v1/sessions/{self.id}/execute"
         return self.client.execute_flow(program, path=path, **options)
 
+    def function(
+        self,
+        *,
+        timeout: float | None = None,
+        output_limit_bytes: int | None = None,
+        cpu_only: bool = False,
+        serialization: str = "json",
+    ) -> Callable[[Callable[..., Any]], RemoteFunction]:
+        """``@session.function()``: as ``client.function()`` (CLIENT_API §8), each call
+        running in the session (its module-level state is the session's)."""
+        from kcoral.remote import remote_function_decorator  # as BaseClient.function does
+
+        return remote_function_decorator(
+            self,
+            timeout=timeout,
+            output_limit_bytes=output_limit_bytes,
+            cpu_only=cpu_only,
+            serialization=serialization,
+        )
+
     def _submit_flow(
         self, program: Program, options: dict[str, Any]
     ) -> Flow[tuple[str, str, tuple[str, ...]]]:
@@ -103,6 +125,7 @@ class Session(_SessionBase):
     """A session of a ``Client``: ``execute`` runs programs on its pinned worker."""
 
     client: Client
+    is_async = False  # remote functions call ``execute`` as they would a client's
 
     def execute(self, program: Program, **options: Any) -> ProgramResult:
         """Run ``program`` in the session (``Client.execute``'s options); ``KCoralError``
@@ -138,6 +161,7 @@ class AsyncSession(_SessionBase):
     """A session of an ``AsyncClient``: ``async with client.session() as s``."""
 
     client: AsyncClient
+    is_async = True
 
     def __init__(self, client: AsyncClient, body: dict[str, Any]) -> None:
         self.client = client

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -135,3 +136,41 @@ def test_against_a_real_server_the_async_flavour_keeps_state_too(server_factory)
         return [first.results["previous"], second.results["previous"], third.results["previous"]]
 
     assert asyncio.run(run()) == [None, 5, 6]
+
+
+def test_a_remote_function_of_a_session_keeps_its_state_between_calls(server_factory) -> None:
+    server = server_factory()
+    with Client(server.url) as client, client.session() as session:
+
+        @session.function()
+        def count() -> list[int]:
+            import os
+
+            import kcoral.session
+
+            calls = kcoral.session.namespace.get("calls", 0) + 1
+            kcoral.session.namespace["calls"] = calls
+            return [calls, os.getpid()]
+
+        answers = [count.remote(), count.remote(), count.remote()]
+    assert [calls for calls, _pid in answers] == [1, 2, 3]
+    assert len({pid for _calls, pid in answers}) == 1 and answers[0][1] != os.getpid()
+
+
+def test_an_async_sessions_remote_function_runs_in_the_session(server_factory) -> None:
+    server = server_factory()
+
+    async def run() -> list[int]:
+        async with AsyncClient(server.url) as client, client.session() as session:
+
+            @session.function()
+            def count() -> int:
+                import kcoral.session
+
+                calls = kcoral.session.namespace.get("calls", 0) + 1
+                kcoral.session.namespace["calls"] = calls
+                return calls
+
+            return [await count.remote(run_async=True), await count.remote(run_async=True)]
+
+    assert asyncio.run(run()) == [1, 2]
