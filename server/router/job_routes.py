@@ -243,14 +243,19 @@ class JobHandler(ForwardHandler):
         return None
 
 
+#: Node features the router does not route yet: never advertised through it.
+NOT_ROUTED_FEATURES = frozenset({"sessions"})
+
+
 class InfoHandler(ForwardHandler):
-    """``GET /v1/info`` of any ready node; ``auth`` is listed when the router needs a token."""
+    """``GET /v1/info`` of any ready node, as the router offers it: ``auth`` is listed when
+    the router needs a token, and what it does not route (``sessions``) is left out."""
 
     SLOT_KIND = CONTROL
     ALLOWED = ("GET",)
 
     def buffer_answer(self, status: int) -> bool:
-        return status == 200 and self.state.settings.auth_token is not None
+        return status == 200
 
     def rewrite(self, status: int, body: bytes) -> bytes:
         try:
@@ -258,7 +263,12 @@ class InfoHandler(ForwardHandler):
         except ValueError:
             return body
         features = info.get("features") if isinstance(info, dict) else None
-        if not isinstance(features, list) or "auth" in features:
+        if not isinstance(features, list):
             return body
-        info["features"] = [*features, "auth"]
+        offered = [f for f in features if f not in NOT_ROUTED_FEATURES]
+        if self.state.settings.auth_token is not None and "auth" not in offered:
+            offered.append("auth")
+        info["features"] = offered
+        for name in NOT_ROUTED_FEATURES:
+            info.pop(name, None)  # the node's own session counts
         return dumps_compact(info)

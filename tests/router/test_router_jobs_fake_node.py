@@ -47,7 +47,13 @@ def jobs_node(port: int, name: str, seen: list, release: asyncio.Event | None = 
         if path.startswith("/v1/jobs/"):
             return error("job_expired" if "expired" in path else "not_found")
         if path == "/v1/info":
-            info = {"kcoral": "9.9.9", "protocol": 1, "features": ["jobs"], "device": "cpu"}
+            info = {
+                "kcoral": "9.9.9",
+                "protocol": 1,
+                "features": ["jobs", "sessions"],
+                "device": "cpu",
+                "sessions": {"max": 1, "active": 0, "idle_timeout_seconds": 600},
+            }
             return 200, ok, json.dumps(info).encode()
         return 200, [(b"content-type", b"application/octet-stream")], body
 
@@ -100,6 +106,8 @@ def test_job_requests_follow_the_job_to_its_node_and_lists_are_merged(router):
         info = await http_request(router.port, "GET", "/v1/info")
         assert info.status == 200 and info.json()["kcoral"] == "9.9.9"
         assert "auth" not in info.json()["features"]
+        # The router does not route sessions yet: it does not offer them either.
+        assert info.json()["features"] == ["jobs"] and "sessions" not in info.json()
         for node in nodes:
             await node.close()
         # The job's node carried every request for it, and the method/path travelled as
