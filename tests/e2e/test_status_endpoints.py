@@ -22,7 +22,16 @@ import kcoral
 
 # PROTOCOL §12: `started_at` is RFC 3339 UTC with `Z` (fractional seconds optional).
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-INFO_FIELDS = {"kcoral", "protocol", "features", "device", "sandbox", "optional", "limits"}
+INFO_FIELDS = {
+    "kcoral",
+    "protocol",
+    "features",
+    "device",
+    "sandbox",
+    "optional",
+    "sessions",
+    "limits",
+}
 
 
 def non_loopback_ipv4() -> str | None:
