@@ -119,14 +119,15 @@ def test_a_rogue_supervisor_cannot_take_a_live_nodes_id_and_gets_no_client_traff
         assert rogue.requests == [] and len(real.requests) == 8
         health = await wait_for_health(router.port, capacity(2))
         assert health["status"] == "ok"
+        # Read while both nodes are still connected: closing them below logs disconnects.
+        log = router.wait_log("node_claim_refused")
+        assert "node_claim_refused" in log and "WARNING" in log
+        assert "node_disconnected" not in log  # the real node was never replaced
         await rogue.close()
         await real.close()
 
     try:
         asyncio.run(scenario())
-        log = router.wait_log("node_claim_refused")
-        assert "node_claim_refused" in log and "WARNING" in log
-        assert "node_disconnected" not in log  # the real node was never replaced
     finally:
         router.stop()
 
