@@ -26,6 +26,7 @@ source tree, the first free name of ``WORKSPACE_MOUNTS``); runtime state under
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -54,6 +55,10 @@ SECRET_MARKERS = ("TOKEN", "SECRET")
 HOST_DIR_PREFIX = "kcoral-sandbox-"
 # Linked into the workspace's runtime state inside the sandbox.
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+# Set in a sandboxed worker's environment when its /tmp or /var/tmp is a private tmpfs
+# (an install under /tmp): JSON {"roots": [...], "keep": [read-only binds inside them]}.
+# The front-end cannot reach that tmpfs, so each new worker empties it itself.
+PRIVATE_TMP_ENV = "KCORAL_SANDBOX_PRIVATE_TMP"
 
 
 class SandboxError(ValueError):
@@ -286,12 +291,21 @@ class SandboxDir:
             PYTHONNOUSERSITE="1",
             PWD=self.mount,
         )
+        tmpfs = self.private_tmp_dirs()
+        if tmpfs:
+            keep = [str(b) for b in self.binds if any(_is_within(b, Path(d)) for d in tmpfs)]
+            result[PRIVATE_TMP_ENV] = json.dumps({"roots": tmpfs, "keep": keep})
         extra_dirs = [str(p) for p in self.readonly_paths if p.is_dir()]
         existing = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
         path = list(dict.fromkeys(extra_dirs + existing))
         if path:
             result["PYTHONPATH"] = os.pathsep.join(path)
         return result
+
+    def private_tmp_dirs(self) -> list[str]:
+        """``/tmp``/``/var/tmp`` when a read-only path lives under them: then that directory
+        is a private tmpfs of the sandbox, not a link into the workspace (see ``command``)."""
+        return [d for d in ("/tmp", "/var/tmp") if any(_is_within(b, Path(d)) for b in self.binds)]
 
     def command(self, worker_command: Sequence[str]) -> list[str]:
         """``bwrap ... -- <worker_command>``; inherited fds (the IPC socket) stay open."""
@@ -302,7 +316,7 @@ class SandboxDir:
         # needs its mount point inside that directory, which then cannot be a link into the
         # workspace: such a directory becomes a private tmpfs made before the binds (TMPDIR
         # and the other variables still point into the workspace's state).
-        tmpfs = [d for d in ("/tmp", "/var/tmp") if any(_is_within(b, Path(d)) for b in self.binds)]
+        tmpfs = self.private_tmp_dirs()
         for directory in tmpfs:
             argv += ["--tmpfs", directory]
         for path in self.binds:

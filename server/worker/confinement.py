@@ -3,6 +3,9 @@
 * ``clear_workspace``: a sandboxed worker keeps one workspace (``/work``) for its whole life,
   so it empties it between programs (SERVER §14); the runtime state under ``.kcoral/``
   survives except its scratch directories (``tmp``, ``shm``).
+* ``empty_private_tmp``: where the sandbox's ``/tmp`` is a private tmpfs (an install under
+  ``/tmp``), the front-end cannot empty it from outside; a new worker empties it itself,
+  before anything of a program runs, keeping only the read-only binds that live there.
 * ``limit_note``: turns an exception caused by a per-worker limit into a message that says
   so (``MemoryError`` under the memory rlimit, ``EAGAIN`` from ``fork`` at ``pids.max``).
 """
@@ -11,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
+from collections.abc import Mapping
 
 from kcoral_server.limits import memory_limit, process_limit
-from kcoral_server.sandbox import SCRATCH_STATE_DIRS, STATE_DIRS
+from kcoral_server.sandbox import PRIVATE_TMP_ENV, SCRATCH_STATE_DIRS, STATE_DIRS
 
 STATE_DIR = ".kcoral"
 
@@ -60,6 +65,35 @@ def clear_workspace(root: str) -> bool:
     except OSError:
         return False
     return not leftovers and not any(scratch)
+
+
+def _empty_except(directory: str, keep: list[str]) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            path = os.path.join(directory, name)
+            if path in keep:
+                continue  # a read-only bind (the install): nothing of a program's
+            if any(k.startswith(path + os.sep) for k in keep):
+                _empty_except(path, keep)  # a directory on the way to a bind
+            else:
+                _remove(path)
+
+
+def empty_private_tmp(environ: Mapping[str, str] | None = None) -> None:
+    """Empty the sandbox's private ``/tmp`` (and ``/var/tmp``) for a new worker: every seat's
+    workers share that tmpfs, and what one program left there must not reach the next."""
+    raw = (os.environ if environ is None else environ).get(PRIVATE_TMP_ENV)
+    if not raw:
+        return
+    try:
+        spec = json.loads(raw)
+        roots, keep = list(spec["roots"]), [str(k) for k in spec["keep"]]
+    except (ValueError, KeyError, TypeError):
+        return
+    for root in roots:
+        # Only the sandbox's own tmpfs (a mount point there); never a host's directory.
+        if root in ("/tmp", "/var/tmp") and os.path.ismount(root):
+            _empty_except(root, keep)
 
 
 def limit_note(exc: BaseException) -> str | None:

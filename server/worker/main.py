@@ -22,6 +22,7 @@ from kcoral_server.ipc import (
     WorkerStartFailed,
 )
 from kcoral_server.limits import apply_memory_rlimit
+from kcoral_server.worker.confinement import empty_private_tmp
 from kcoral_server.worker.engine import Engine
 from kcoral_server.worker.failures import exception_text
 from kcoral_server.worker.leasing import Lease, WorkerExit
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
     args = parser.parse_args(argv)
     apply_memory_rlimit()  # before anything big is imported or allocated
+    empty_private_tmp()  # a sandbox's private /tmp holds what the seat's last worker left
     sock = socket.socket(fileno=args.fd)
     channel = BlockingChannel(sock)
     try:

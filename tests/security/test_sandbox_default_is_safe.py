@@ -140,13 +140,23 @@ def test_a_reused_sandboxed_worker_shows_nothing_of_one_identity_to_another(
 
 
 @needs_bwrap
+@pytest.mark.parametrize("layout", ["tmp-linked", "tmp-private"])
 def test_a_fresh_sandboxed_worker_finds_nothing_its_predecessor_left_in_work_or_tmp(
-    tmp_path: Path,
+    tmp_path: Path, layout: str
 ) -> None:
     # one worker per request (the default): the seat's fork server starts each one in the
-    # same sandbox, which must look new to it
+    # same sandbox, which must look new to it. A read-only path under /tmp (an install or
+    # checkout there, as in a CI clone) makes the sandbox's /tmp a private tmpfs that the
+    # front-end cannot empty from outside.
+    extra = []
+    if layout == "tmp-private":
+        readonly = tmp_path / "readonly"
+        readonly.mkdir()
+        assert str(readonly).startswith("/tmp/"), readonly
+        extra = ["--sandbox-readonly-path", str(readonly)]
     server = start_server(
-        tmp_path / "server", ["--sandbox", "bubblewrap", "--max-requests-per-worker", "1"]
+        tmp_path / "server",
+        ["--sandbox", "bubblewrap", "--max-requests-per-worker", "1", *extra],
     )
     leave = """
 import json, os
