@@ -37,7 +37,10 @@ class BodyTooLarge(Exception):
 
 # A body declared at most this long is received into memory: the memfd's create, reserve,
 # write, truncate, map, unmap and close cost more than the request's own work. Blobs in it
-# are copied into a memfd for the worker only when there are any.
+# are copied into a memfd for the worker only when there are any. Measured 2026-12-01 on
+# the quiet 2-core machine, 3 alternating rounds of 1,500 trivial requests (reused worker):
+# front-end CPU 0.92-0.99 ms per request in memory against 0.97-1.03 ms through a memfd
+# (about 5 % less; p50 latency equal within noise), so this second path stays (issue 21.5).
 SMALL_BODY_BYTES = 64 * 1024
 
 
