@@ -12,35 +12,12 @@ import warnings
 
 import numpy as np
 import pytest
+from server_answers import REQUEST_ID, cache_miss, completed
 
 import kcoral
 from kcoral import Client, Program
 from kcoral.errors import KCoralError, ProtocolError, TransportError
 from kcoral.protocol.multipart import encode_multipart
-
-REQUEST_ID = "0b5c1f7e-3a0d-4c53-9d0e-6f1a2b3c4d5e"
-
-
-def completed(**extra):
-    body = {
-        "status": "COMPLETED",
-        "request_id": REQUEST_ID,
-        "queue_ms": 0.4,
-        "elapsed_ms": 12,
-        "lease_wait_ms": 0.0,
-        "lease_held_ms": 1.5,
-        "stdout": "hi\n",
-        "stderr": "",
-        "stdout_truncated": False,
-        "stderr_truncated": False,
-        "results": {},
-    }
-    body.update(extra)
-    return body
-
-
-def cache_miss(*hashes):
-    return {"status": "CACHE_MISS", "request_id": REQUEST_ID, "missing_blobs": list(hashes)}
 
 
 def two_blob_program():

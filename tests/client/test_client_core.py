@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from server_answers import REQUEST_ID, cache_miss, completed
 
 import kcoral
 from kcoral import AsyncClient, Client, Program
@@ -24,35 +25,12 @@ from kcoral.protocol.multipart import boundary_from_content_type, parse_multipar
 from kcoral.transport import AsyncTransport, MockTransport, Request, Response, Transport
 
 URL = "http://kcoral.test"
-REQUEST_ID = "0b5c1f7e-3a0d-4c53-9d0e-6f1a2b3c4d5e"
 JOB_ID = "6f1a2b3c-4d5e-4c53-9d0e-0b5c1f7e3a0d"
 
 
 def answer(body: object, status: int = 200, **headers: str) -> Response:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     return Response(status, {"Content-Type": "application/json", **headers}, data)
-
-
-def completed(**extra: Any) -> dict[str, Any]:
-    body = {
-        "status": "COMPLETED",
-        "request_id": REQUEST_ID,
-        "queue_ms": 0.4,
-        "elapsed_ms": 12,
-        "lease_wait_ms": 0.0,
-        "lease_held_ms": 1.5,
-        "stdout": "hi\n",
-        "stderr": "",
-        "stdout_truncated": False,
-        "stderr_truncated": False,
-        "results": {},
-    }
-    body.update(extra)
-    return body
-
-
-def cache_miss(*hashes: str) -> dict[str, Any]:
-    return {"status": "CACHE_MISS", "request_id": REQUEST_ID, "missing_blobs": list(hashes)}
 
 
 def error(status: int, kind: str, message: str) -> Response:
