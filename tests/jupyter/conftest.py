@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing import globalipapp
+from kcoral_shell import kcoral_shell
 from server_process import running_server
 
 
@@ -27,30 +26,6 @@ def cpu_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def shell(cpu_server_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The process's IPython shell with ``kcoral_jupyter`` loaded, cells going to
     ``cpu_server_url``; unloaded (and the names tests bind removed) afterwards."""
-    monkeypatch.setenv("KCORAL_URL", cpu_server_url)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    globalipapp.start_ipython()  # once per process; later calls return None
-    ip = InteractiveShell.instance()
-    ip.config.pop("KCoral", None)  # `%config KCoral.*` of an earlier test must not leak in
-    ip.run_line_magic("load_ext", "kcoral_jupyter")
-    try:
+    names = ("x", "y", "z", "n", "obj", "job", "_kcoral", "text", "blob", "t", "a", "b", "w", "v")
+    with kcoral_shell(cpu_server_url, monkeypatch, names) as ip:
         yield ip
-    finally:
-        ip.run_line_magic("unload_ext", "kcoral_jupyter")
-        for name in (
-            "x",
-            "y",
-            "z",
-            "n",
-            "obj",
-            "job",
-            "_kcoral",
-            "text",
-            "blob",
-            "t",
-            "a",
-            "b",
-            "w",
-            "v",
-        ):
-            ip.user_ns.pop(name, None)

@@ -26,9 +26,8 @@ import pytest
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing import globalipapp
 from IPython.utils.capture import capture_output
+from kcoral_shell import kcoral_shell
 from nbclient import NotebookClient
 
 import kcoral
@@ -194,18 +193,8 @@ def malicious() -> Iterator[MaliciousServer]:
 @pytest.fixture
 def shell(malicious: MaliciousServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """An in-process IPython shell whose ``%%kcoral`` cells go to the malicious server."""
-    monkeypatch.setenv("KCORAL_URL", malicious.url)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    globalipapp.start_ipython()  # once per process; later calls return None
-    ip = InteractiveShell.instance()
-    ip.config.pop("KCoral", None)  # `%config KCoral.*` of an earlier test must not leak in
-    ip.run_line_magic("load_ext", "kcoral_jupyter")
-    try:
+    with kcoral_shell(malicious.url, monkeypatch, ("x", "y", "s", "evil", "_kcoral")) as ip:
         yield ip
-    finally:
-        ip.run_line_magic("unload_ext", "kcoral_jupyter")
-        for name in ("x", "y", "s", "evil", "_kcoral"):
-            ip.user_ns.pop(name, None)
 
 
 def run(ip: Any, source: str) -> tuple[Any, Any]:
