@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from typing import ClassVar
 
 import numpy as np
 import pytest
+from stand_in_http import serving
 
 from kcoral.errors import ProtocolError, TransportError
 from kcoral.http import HttpTransport
@@ -42,13 +42,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[type[_Handler]]:
     handler = type("Handler", (_Handler,), {"payloads": [], "short_by": 0})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    handler.url = f"http://127.0.0.1:{httpd.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(handler) as url:
+        handler.url = url  # type: ignore[attr-defined]
+        yield handler
 
 
 def transport(url: str) -> HttpTransport:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from kcoral_jupyter.runner import PickleRefusedError, RemoteCellError
+from stand_in_http import serving
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -158,14 +158,8 @@ class PublishedProtocolOnly(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def published_protocol_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PublishedProtocolOnly)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(PublishedProtocolOnly) as url:
+        yield url
 
 
 def test_noblock_on_a_server_without_the_jobs_api_says_so(shell, published_protocol_server) -> None:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import http.client
 import json
 import stat
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,6 +21,7 @@ import pytest
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
 from kcoral_jupyter.session import Session
 from kcoral_jupyter.settings import KCoral
+from stand_in_http import serving
 
 import kcoral
 from kcoral import Client
@@ -146,14 +146,8 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def remote() -> Iterator[str]:
     Recorder.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Recorder) as url:
+        yield url
 
 
 def test_tokens_follow_their_url(runtime: Path, remote: str, monkeypatch: pytest.MonkeyPatch):
