@@ -56,7 +56,8 @@ METHOD_HEADER, PATH_HEADER = b":method", b":path"
 FORWARDABLE_METHODS = frozenset({b"GET", b"POST", b"DELETE"})
 #: The node's own endpoints a router may reach; never /internal/* (it trusts loopback peers).
 FORWARDABLE = re.compile(
-    rb"/(?:execute|v1/info|v1/jobs(?:/[A-Za-z0-9_~%-][A-Za-z0-9_.~%-]*(?:/events|/result)?)?)"
+    rb"/(?:execute|v1/info|v1/jobs(?:/[A-Za-z0-9_~%-][A-Za-z0-9_.~%-]*(?:/events|/result)?)?"
+    rb"|v1/sessions(?:/[0-9a-f-]{36}(?:/execute|/jobs|/interrupt)?)?)"
     rb"(?:\?[\x21-\x7e]*)?"
 )
 CONTROL_SLOTS_ENV = "KCORAL_NODE_CONTROL_SLOTS"
