@@ -6,6 +6,8 @@
 | `GET jobs` | recent jobs of every server that offers the jobs API, each tagged with `server` |
 | `GET jobs/{id}` | one job's state; `DELETE jobs/{id}` cancels it |
 | `GET jobs/{id}/events` | the job's Server-Sent Events, proxied as they arrive |
+| `GET sessions` | every server's sessions (EXTENSIONS §11), tagged with `server`, `observed_at` |
+| `GET sessions/{id}` | one session's record; `DELETE sessions/{id}` ends it |
 
 Servers come from ``c.KCoralExtension.servers = [{"name": ..., "url": ..., "token": ...}]``;
 when none are configured: ``KCORAL_URL`` (with ``KCORAL_TOKEN``) and the embedded servers
@@ -15,15 +17,25 @@ uses (``runtime_records.kernel_connections``: its embedded server, or the URL it
 to) is listed too, with the ids of those kernels in ``kernels``, so that the status bar can
 show the server of the notebook in focus. Tokens stay in this process: the browser sees
 only names.
-``?server=NAME`` picks one server for the job routes; otherwise each server is asked in
-turn.
+``?server=NAME`` picks one server for the job and session routes; otherwise each server is
+asked in turn.
+
+Who can reach these routes: only callers the Jupyter server authenticates (``APIHandler``:
+its token or login cookie, and the XSRF check that keeps another site's page from using that
+cookie to stop a session or cancel a job). They act with the KCoral tokens configured here,
+so they see and stop what those tokens' identities may (an admin token: every session).
+Job ids from the browser are percent-encoded into one path segment; a session id that is
+not a plain token (letters, digits, ``-``, ``_``) is refused before any server is asked, so
+no id can reach another upstream route.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import os
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -37,6 +49,8 @@ from traitlets import Dict, Float, List
 from traitlets.config import Configurable
 
 EVENTS_TIMEOUT_SECONDS = 24 * 3600.0
+# Session ids are UUID4s (EXTENSIONS §11); anything else is no session of any server.
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}", re.ASCII)
 
 
 class KCoralExtension(Configurable):
@@ -121,6 +135,14 @@ class _KCoralHandler(APIHandler):
         self, server: dict[str, Any], method: str, path: str
     ) -> tuple[int, Any, str]:
         """(status, decoded JSON or None, error text) of one call; never raises."""
+        status, document, error, _ = await self.upstream_timed(server, method, path)
+        return status, document, error
+
+    async def upstream_timed(
+        self, server: dict[str, Any], method: str, path: str
+    ) -> tuple[int, Any, str, float | None]:
+        """``upstream``'s answer plus the server's clock when it answered (its ``Date``
+        header, Unix seconds; None when it sent none)."""
         headers = {"Accept": "application/json"}
         if server.get("token"):
             headers["Authorization"] = f"Bearer {server['token']}"
@@ -134,14 +156,14 @@ class _KCoralHandler(APIHandler):
         try:
             response: HTTPResponse = await AsyncHTTPClient().fetch(request, raise_error=False)
         except (OSError, HTTPClientError, asyncio.TimeoutError) as exc:
-            return 0, None, f"{type(exc).__name__}: {exc}"
+            return 0, None, f"{type(exc).__name__}: {exc}", None
         if response.code == 599:
-            return 0, None, str(response.error)
+            return 0, None, str(response.error), None
         try:
             document = json.loads(response.body or b"null")
         except ValueError:
             document = None
-        return response.code, document, ""
+        return response.code, document, "", _date_header_seconds(response)
 
     def write_json(self, status: int, document: Any) -> None:
         self.set_status(status)
@@ -158,11 +180,27 @@ class _KCoralHandler(APIHandler):
                 return server, status, document
         return None
 
-    def not_found(self, job_id: str) -> None:
+    def not_found(self, job_id: str, what: str = "job") -> None:
         self.write_json(
             404,
-            {"error": {"kind": "not_found", "message": f"no KCoral server knows job {job_id}"}},
+            {
+                "error": {
+                    "kind": "not_found",
+                    "message": f"no KCoral server knows {what} {job_id[:80]}",
+                }
+            },
         )
+
+
+def _date_header_seconds(response: HTTPResponse) -> float | None:
+    """The upstream server's clock (its ``Date`` header) in Unix seconds, or None."""
+    value = response.headers.get("Date")
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
 
 
 class ServersHandler(_KCoralHandler):
@@ -283,14 +321,113 @@ class JobEventsHandler(_KCoralHandler):
             self.finish()
 
 
+class SessionsHandler(_KCoralHandler):
+    """Every server's sessions. Each record gains ``server`` and ``observed_at``: the
+    KCoral server's clock when it answered, so the panel counts idle time and the time
+    left before the idle timeout on that clock, not on the browser's (they may differ)."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        async def listed(server: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+            status, document, error, clock = await self.upstream_timed(
+                server, "GET", "/v1/sessions"
+            )
+            if status == 200 and isinstance(document, list):
+                records = [_tagged(r, 200, server, clock) for r in document if isinstance(r, dict)]
+                return records, None
+            if status == 0:
+                return [], None  # unreachable: its server card already says so
+            # A refused token is worth a line in the panel (its /v1/info would be refused
+            # too); otherwise a server that does not offer sessions contributes nothing.
+            if status not in (401, 403):
+                _, info, _ = await self.upstream(server, "GET", "/v1/info")
+                features = info.get("features") if isinstance(info, dict) else None
+                if not isinstance(features, list) or "sessions" not in features:
+                    return [], None
+            return [], error or _refusal_text(status, document)
+
+        servers = self.servers()
+        answers = await asyncio.gather(*(listed(server) for server in servers))
+        sessions: list[dict[str, Any]] = []
+        errors: list[dict[str, str]] = []
+        for server, (records, problem) in zip(servers, answers, strict=True):
+            sessions += records
+            if problem:
+                errors.append({"server": server["name"], "message": problem})
+        self.write_json(200, {"sessions": sessions, "errors": errors})
+
+
+class SessionHandler(_KCoralHandler):
+    """One session's record (``GET``), or ends it (``DELETE``, idempotent upstream)."""
+
+    async def find_session(
+        self, session_id: str
+    ) -> tuple[dict[str, Any], int, Any, float | None] | None:
+        """The server that knows ``session_id`` (first non-404 answer), with that answer."""
+        if not SESSION_ID.fullmatch(session_id):
+            return None
+        for server in self.servers():
+            status, document, _, clock = await self.upstream_timed(
+                server, "GET", _session_path(session_id)
+            )
+            if status and status not in (404, 405):
+                return server, status, document, clock
+        return None
+
+    @tornado.web.authenticated
+    async def get(self, session_id: str) -> None:
+        found = await self.find_session(session_id)
+        if found is None:
+            return self.not_found(session_id, "session")
+        server, status, document, clock = found
+        self.write_json(status, _tagged(document, status, server, clock))
+
+    @tornado.web.authenticated
+    async def delete(self, session_id: str) -> None:
+        found = await self.find_session(session_id)
+        if found is None:
+            return self.not_found(session_id, "session")
+        server = found[0]
+        status, document, error, clock = await self.upstream_timed(
+            server, "DELETE", _session_path(session_id)
+        )
+        if status == 0:
+            return self.write_json(502, {"error": {"kind": "server_transport", "message": error}})
+        self.write_json(status, _tagged(document, status, server, clock))
+
+
+def _session_path(session_id: str) -> str:
+    # Checked against SESSION_ID already; quoted all the same, as one path segment.
+    return f"/v1/sessions/{quote(session_id, safe='')}"
+
+
+def _tagged(document: Any, status: int, server: dict[str, Any], clock: float | None) -> Any:
+    """A session record as the panel reads it: with its ``server`` and ``observed_at``."""
+    if isinstance(document, dict) and status == 200:
+        return dict(document, server=server["name"], observed_at=clock)
+    return document
+
+
+def _refusal_text(status: int, document: Any) -> str:
+    """The KCoral error message of a refusal, else its status."""
+    if isinstance(document, dict) and isinstance(document.get("error"), dict):
+        message = document["error"].get("message")
+        if isinstance(message, str) and message:
+            return f"HTTP {status}: {message[:200]}"
+    return f"HTTP {status}"
+
+
 def handlers(base_url: str) -> list[tuple[str, type]]:
     api = url_path_join(base_url, "kcoral", "api")
     job = r"(?P<job_id>[^/]+)"
+    session = r"(?P<session_id>[^/]+)"
     return [
         (url_path_join(api, "servers"), ServersHandler),
         (url_path_join(api, "jobs"), JobsHandler),
         (url_path_join(api, "jobs", job), JobHandler),
         (url_path_join(api, "jobs", job, "events"), JobEventsHandler),
+        (url_path_join(api, "sessions"), SessionsHandler),
+        (url_path_join(api, "sessions", session), SessionHandler),
     ]
 
 
