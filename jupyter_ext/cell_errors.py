@@ -84,6 +84,27 @@ class GpuRequiredError(TwoLineError, RuntimeError):
     """``require_gpu`` (or ``--require-gpu``) and the server has no GPU."""
 
 
+class SessionsUnavailableError(TwoLineError, RuntimeError):
+    """``%kcoral session start|attach`` on a server whose features lack ``sessions``."""
+
+
+class SessionSeatsFullError(TwoLineError, RuntimeError):
+    """No session seat is free (503 ``busy`` on ``POST /v1/sessions``, EXTENSIONS §11)."""
+
+
+class SessionEndedError(TwoLineError, RuntimeError):
+    """The kernel's session has ended (410 ``session_ended``): its state is gone."""
+
+
+class SessionBusyError(TwoLineError, RuntimeError):
+    """The session runs another program (409 ``session_busy``)."""
+
+
+class SessionNotFoundError(TwoLineError, LookupError):
+    """The server knows no such session for this token (404: unknown, dropped after it
+    ended, or another identity's, which answers exactly like an unknown one)."""
+
+
 def root_reason(exc: BaseException) -> str:
     """The innermost cause of a transport failure in a few words (``Connection refused``).
 

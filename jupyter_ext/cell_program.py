@@ -50,6 +50,7 @@ class CellSpec:
     return_files: Sequence[str] = ()
     return_folders: Sequence[str] = ()
     numpy: bool = False  # --numpy
+    in_session: bool = False  # run in the session's kcoral.session.namespace (EXTENSIONS §11)
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,9 @@ def build_cell(spec: CellSpec) -> BuiltCell:
         binary_values.append(program.upload(kind="bytes", value=payload, id="in:pickled"))
 
     module = program.upload(
-        kind="module", source=wrapper_source(spec.source, list(spec.outputs)), id="cell_module"
+        kind="module",
+        source=wrapper_source(spec.source, list(spec.outputs), in_session=spec.in_session),
+        id="cell_module",
     )
     function = program.get_function(module=module, name=CELL_FUNCTION, id="cell_function")
     # The literal dict sits inside a list position, so reference-shaped data stays literal.

@@ -6,6 +6,11 @@ function ``_kcoral_cell`` binds the inputs into a fresh ``__main__``-like namesp
 body there (so the body still *is* module-level code: globals, classes, ``global``), evaluates
 a final expression the way IPython does, and returns the ``--out`` values.
 
+In a session (EXTENSIONS §11, ``%kcoral session start``) the namespace is not fresh: it is
+``kcoral.session.namespace``, the dict that lives as long as the session's worker, so the
+names one cell defines (functions and classes included: their globals are that dict) are
+there in the next, and a program sent through ``client.session()`` sees them too.
+
 The wrapper is self-contained text; the server needs only ``kcoral`` (for the pickle envelope
 and ``ExecutionError``), never this package.
 
@@ -37,6 +42,7 @@ import linecache as _linecache
 _CELL_SOURCE = {cell_source}
 _CELL_FILE = {cell_file}
 _OUTPUTS = {outputs}
+_IN_SESSION = {in_session}
 _TENSOR_DTYPES = frozenset(
     ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
      "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -44,10 +50,12 @@ _TENSOR_DTYPES = frozenset(
 
 
 def _register_source():
-    # Tracebacks and inspect.getsource (Triton, TIRx) read the cell through linecache.
-    for name in [n for n in _linecache.cache if n.startswith("<kcoral-cell:")]:
-        if name != _CELL_FILE:
-            del _linecache.cache[name]
+    # Tracebacks and inspect.getsource (Triton, TIRx) read the cell through linecache. In a
+    # session, functions of earlier cells still run, so their cells' lines stay readable.
+    if not _IN_SESSION:
+        for name in [n for n in _linecache.cache if n.startswith("<kcoral-cell:")]:
+            if name != _CELL_FILE:
+                del _linecache.cache[name]
     _linecache.cache[_CELL_FILE] = (
         len(_CELL_SOURCE), None, _CELL_SOURCE.splitlines(True), _CELL_FILE
     )
@@ -163,7 +171,14 @@ async def _finish_async(code, last, namespace):
 def {function}(literals, binary_names, *values):
     """Bind the inputs, run the cell body as module code, return the outputs."""
     _register_source()
-    namespace = {{"__name__": "__main__", "__builtins__": __builtins__}}
+    if _IN_SESSION:
+        import kcoral.session as _session
+
+        namespace = _session.namespace
+        namespace["__name__"] = "__main__"
+        namespace["__builtins__"] = __builtins__
+    else:
+        namespace = {{"__name__": "__main__", "__builtins__": __builtins__}}
     namespace.update(literals)
     values = list(values)
     if len(values) > len(binary_names):
@@ -190,11 +205,13 @@ def cell_file_name(source: str) -> str:
     return f"<kcoral-cell:{hashlib.sha1(source.encode('utf-8')).hexdigest()[:16]}>"
 
 
-def wrapper_source(cell_source: str, outputs: list[str]) -> str:
-    """The module text uploaded for one cell (deterministic for the same inputs)."""
+def wrapper_source(cell_source: str, outputs: list[str], *, in_session: bool = False) -> str:
+    """The module text uploaded for one cell (deterministic for the same inputs);
+    ``in_session``: the cell runs in ``kcoral.session.namespace`` instead of a fresh dict."""
     return _TEMPLATE.format(
         cell_source=json.dumps(cell_source),  # a JSON string is a valid Python str literal
         cell_file=json.dumps(cell_file_name(cell_source)),
         outputs=json.dumps(list(outputs)),
+        in_session=repr(bool(in_session)),
         function=CELL_FUNCTION,
     )

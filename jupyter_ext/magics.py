@@ -16,6 +16,7 @@ import argparse
 import platform
 import shlex
 import sys
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,10 +39,24 @@ from kcoral_jupyter.cell_program import (
     read_outcome,
     split_mapping,
 )
+from kcoral_jupyter.remote_session import (
+    RemoteSession,
+    RemoteSessions,
+    after_stop_hint,
+    creation_refusal,
+    ended_error,
+    listed_sessions,
+    not_found_for_attach,
+    require_sessions,
+    seconds_text,
+    session_refusal,
+    status_rows,
+)
 from kcoral_jupyter.runner import (
     ExecuteOptions,
     RemoteCellError,
     RunRecord,
+    Target,
     cancelled,
     follow_job,
     missing_input_hint,
@@ -86,6 +101,16 @@ always NumPy).
 %kcoral local start|stop  the embedded server (Linux only; started by the first cell when
                         no server is configured)
 %kcoral url             the URL cells run against
+%kcoral session start [--gpus N] [--idle SECONDS] [--keep]
+                        start a session on the kernel's server: from then on %%kcoral cells
+                        run in it, so the names a cell defines are there in the next (-i/-o
+                        still move values); the kernel's shutdown or restart ends it, unless
+                        --keep (then the server's idle timeout, --idle, ends it)
+%kcoral session stop    end it (its state is gone); cells run without a session again
+%kcoral session status  its state, programs, idle deadline and GPU
+%kcoral session attach ID  run cells in a session of yours from another kernel (started
+                        with --keep); it stays kept when this kernel ends
+%kcoral session list    your sessions on the kernel's server
 %kcoral version         client and server versions
 %kcoral --help          this text
 
@@ -207,6 +232,8 @@ def provenance(
     }
     if record.warning:
         data["warning"] = record.warning
+    if record.session_id:
+        data["session_id"] = record.session_id
     if result is not None:
         data.update(
             request_id=result.request_id,
@@ -227,7 +254,10 @@ def summary_text(result: ProgramResult, record: RunRecord, facts: ServerFacts) -
     where = "ran on CPU" if label == "CPU" else f"GPU {list(record.gpu_ids) or label}"
     if record.warning:
         where = record.warning
-    pieces = [result.status, record.server]
+    pieces = [result.status]
+    if record.session_id:  # the 8 hex digits %kcoral session status shows in full
+        pieces.append(f"session {record.session_id[:8]}")
+    pieces.append(record.server)
     if record.worker_id:
         pieces.append(f"worker {record.worker_id}")
     pieces += [
@@ -247,6 +277,7 @@ class KCoralMagics(Magics):
     def __init__(self, shell: Any, session: Session) -> None:
         super().__init__(shell)
         self.session = session
+        self.remote_sessions = RemoteSessions()  # %kcoral session: where cells keep state
 
     # ------------------------------------------------------------------------- cell
 
@@ -279,6 +310,9 @@ class KCoralMagics(Magics):
             raise UsageError("%%kcoral: --gpus must be from 1 to 8")
         if args.result_name and not args.noblock:
             raise UsageError("%%kcoral: -r NAME goes with --noblock")
+        remote = self.remote_sessions.active()
+        if remote is not None:
+            self._check_session_cell(remote, args.url, gpus)
         settings = self.session.settings
         inputs = {}
         for name in [n for text in args.inputs for n in _names(text)]:
@@ -295,12 +329,13 @@ class KCoralMagics(Magics):
                 return_files=list(args.return_files),
                 return_folders=list(args.return_folders),
                 numpy=args.numpy,
+                in_session=remote is not None,
             )
             built = build_cell(spec)
         except (OSError, ValueError, TypeError) as exc:
             raise UsageError(f"%%kcoral: {exc}") from None
 
-        url = self.session.resolve_url(args.url)
+        url = remote.url if remote is not None else self.session.resolve_url(args.url)
         facts = self.session.facts(url)
         if facts.gpu_count == 0 and (args.require_gpu or settings.require_gpu):
             said = "--require-gpu" if args.require_gpu else "KCoral.require_gpu"
@@ -309,7 +344,7 @@ class KCoralMagics(Magics):
                 "connect to a GPU server (%kcoral connect URL), or drop --require-gpu / "
                 "%config KCoral.require_gpu = False to run on CPU",
             )
-        if gpus > 1 and facts.gpu_count < gpus:
+        if gpus > 1 and facts.gpu_count < gpus and remote is None:
             raise UsageError(
                 f"%%kcoral: --gpus {gpus} needs a server with at least {gpus} GPUs; "
                 f"{url} has {facts.gpu_count} ({facts.label})"
@@ -319,10 +354,11 @@ class KCoralMagics(Magics):
             output_limit_bytes=(
                 args.output_limit if args.output_limit is not None else settings.output_limit
             ),
-            gpu_count=gpus if gpus > 1 else None,
+            # A session's GPUs were chosen at its start: its programs name none.
+            gpu_count=gpus if gpus > 1 and remote is None else None,
             serialization=built.serialization,
         )
-        client = self.session.client(url)
+        client: Target = self.session.client(url) if remote is None else remote.handle
         has_jobs = "jobs" in facts.features
         record = RunRecord(
             server=url,
@@ -332,11 +368,12 @@ class KCoralMagics(Magics):
             # --gpus 1 of every cell says nothing: only an explicit one warns).
             warning=CPU_WARNING if args.gpus is not None and facts.gpu_count == 0 else None,
             output_limit_bytes=options.output_limit_bytes,
+            session_id=remote.id if remote is not None else None,
         )
         line_out = StatusLine(not (args.quiet or settings.quiet), provenance(None, record))
 
         if args.noblock:
-            return self._submit(client, built, options, record, args.result_name, has_jobs)
+            return self._submit(client, built, options, record, args.result_name, has_jobs, remote)
         use_jobs = settings.use_jobs and has_jobs
 
         try:
@@ -349,6 +386,10 @@ class KCoralMagics(Magics):
             raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:
             line_out.metadata = provenance(None, record, status="ERROR")
+            refusal = self._session_refusal(exc, remote)
+            if refusal is not None:
+                line_out.show(refusal.cause, status="ERROR")
+                raise refusal from exc
             short = shorten(exc, url)
             line_out.show(
                 short.cause if isinstance(short, TwoLineError) else f"{type(exc).__name__}: {exc}",
@@ -390,9 +431,10 @@ class KCoralMagics(Magics):
                 warning=record.warning,
             )
         if not result.completed:
-            raise RemoteCellError(
-                result, record, hint=missing_input_hint(result, self.shell.user_ns)
-            )
+            hint = missing_input_hint(result, self.shell.user_ns)
+            if not hint and record.session_id is None:
+                hint = after_stop_hint(result, self.remote_sessions.stopped_label)
+            raise RemoteCellError(result, record, hint=hint)
         try:
             outcome = read_outcome(result, built)
         except ProtocolError as exc:  # a server answering what the cell did not ask for
@@ -431,14 +473,38 @@ class KCoralMagics(Magics):
 
         hook.compute_format_data = compute
 
+    def _check_session_cell(self, remote: RemoteSession, url: str | None, gpus: int) -> None:
+        """A cell in a session: refused at once when the session ended or when its options
+        contradict the session (another server, other GPUs)."""
+        if remote.ended_message is not None:
+            raise ended_error(remote)
+        if url and normalize_url(url) != remote.url:
+            raise UsageError(
+                f"%%kcoral: --url {url}: this kernel's cells run in {remote.label} on "
+                f"{remote.url}; %kcoral session stop first to run elsewhere"
+            )
+        if gpus > 1 and gpus != remote.gpu_count:
+            raise UsageError(
+                f"%%kcoral: --gpus {gpus}: {remote.label} has {remote.gpu_count or 0} GPUs, "
+                "fixed at its start (%kcoral session start --gpus N)"
+            )
+
+    @staticmethod
+    def _session_refusal(exc: BaseException, remote: RemoteSession | None) -> Any:
+        """A refusal of the session's program (ended, busy, unknown) as two lines."""
+        if remote is None or not isinstance(exc, KCoralError):
+            return None
+        return session_refusal(exc, remote)
+
     def _submit(
         self,
-        client: Client,
+        client: Target,
         built: BuiltCell,
         options: ExecuteOptions,
         record: RunRecord,
         name: str | None,
         has_jobs: bool,
+        remote: RemoteSession | None = None,
     ) -> Any:
         if not has_jobs:
             raise UsageError(
@@ -448,7 +514,8 @@ class KCoralMagics(Magics):
         try:
             job = client.submit(built.program, **options.as_kwargs())
         except KCoralError as exc:
-            raise translate_error(exc, options, record.server) from None
+            refusal = self._session_refusal(exc, remote)
+            raise (refusal or translate_error(exc, options, record.server)) from None
         self.session.pending[job.id] = PendingJob(
             built=built, url=record.server, warning=record.warning
         )
@@ -474,7 +541,8 @@ class KCoralMagics(Magics):
         if not words:
             raise UsageError(
                 "%kcoral: use %%kcoral as a cell magic, or %kcoral status | jobs | attach ID | "
-                "cancel ID | connect URL | local start|stop | url | version (%kcoral --help)"
+                "cancel ID | connect URL | local start|stop | session ... | url | version "
+                "(%kcoral --help)"
             )
         command, rest = words[0], words[1:]
         handler = {
@@ -490,6 +558,7 @@ class KCoralMagics(Magics):
             "connect": self._connect,
             "local": self._local,
             "url": self._url,
+            "session": self._remote_session,
         }.get(command)
         if handler is None:
             raise UsageError(f"%kcoral: unknown command {command!r} (%kcoral --help lists them)")
@@ -526,6 +595,9 @@ class KCoralMagics(Magics):
         except KCoralError as exc:
             info = {"error": str(exc)}
         rows = [("server", url), *self.session.settings.describe().items()]
+        remote = self.remote_sessions.active()
+        if remote is not None:
+            rows.append(("session", f"{remote.id} on {remote.url}"))
         rows += [(f"health.{k}", v) for k, v in health.items()]
         rows += [(f"info.{k}", v) for k, v in info.items()]
         table = "".join(
@@ -640,8 +712,180 @@ class KCoralMagics(Magics):
         else:
             raise UsageError("%kcoral local start|stop")
 
+    # --------------------------------------------------------------- session (EXTENSIONS §11)
+
+    def _remote_session(self, rest: list[str]) -> Any:
+        command = rest[0] if rest else ""
+        handler = {
+            "start": self._session_start,
+            "stop": self._session_stop,
+            "status": self._session_status,
+            "attach": self._session_attach,
+            "list": self._session_list,
+        }.get(command)
+        if handler is None:
+            raise UsageError(SESSION_USAGE)
+        return handler(rest[1:])
+
+    def _session_server(self, what: str) -> tuple[str, Client]:
+        """The kernel's server for a new or attached session, which must offer sessions;
+        refused while the kernel is in a session that has not ended."""
+        remote = self.remote_sessions.active()
+        if remote is not None and remote.ended_message is None:
+            raise UsageError(
+                f"%kcoral session {what}: this kernel's cells run in {remote.label} on "
+                f"{remote.url}; %kcoral session stop ends it first"
+            )
+        url = self.session.resolve_url()
+        require_sessions(url, self.session.facts(url).features)
+        return url, self.session.client(url)
+
+    def _session_start(self, rest: list[str]) -> None:
+        args = session_start_parser().parse_args(rest)
+        url, client = self._session_server("start")
+        facts = self.session.facts(url)
+        gpu_count = args.gpus
+        if gpu_count is not None and facts.gpu_count == 0:
+            print(f"kcoral: warning: {url} has no GPU: the session runs on CPU", file=sys.stderr)
+            gpu_count = None  # a CPU server takes no gpu_count (EXTENSIONS §11)
+        try:
+            handle = client.session(gpu_count=gpu_count, idle_timeout=args.idle)
+        except ValueError as exc:
+            raise UsageError(f"%kcoral session start: {exc}") from None
+        except KCoralError as exc:
+            refusal = creation_refusal(exc, url)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        remote = self.remote_sessions.adopt(
+            RemoteSession(handle, url, self.session.token_for(url), keep=args.keep)
+        )
+        ends = (
+            "kept when this kernel ends: %kcoral session attach " + remote.id + " picks it up"
+            if args.keep
+            else "ended when this kernel shuts down or restarts"
+        )
+        print(
+            f"kcoral: {remote.label} started on {url} ({session_place(handle.record)}, idle "
+            f"timeout {seconds_text(handle.record.get('idle_timeout_seconds'))}); %%kcoral cells "
+            "run in it; "
+            f"{ends}\nkcoral: session id {remote.id}"
+        )
+
+    def _session_stop(self, rest: list[str]) -> None:
+        if rest:
+            raise UsageError("%kcoral session stop")
+        remote = self.remote_sessions.stop()
+        if remote is None:
+            print("kcoral: no session in this kernel (cells run without one)")
+            return
+        print(
+            f"kcoral: {remote.label} ended on {remote.url} (its state is gone); cells run "
+            "without a session again"
+        )
+
+    def _session_status(self, rest: list[str]) -> None:
+        if rest:
+            raise UsageError("%kcoral session status")
+        remote = self.remote_sessions.active()
+        if remote is None:
+            print("kcoral: no session in this kernel (%kcoral session start begins one)")
+            return
+        try:
+            record = remote.handle.info()
+        except KCoralError as exc:
+            refusal = session_refusal(exc, remote)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        if record.get("state") == "ENDED":
+            remote.ended_message = str(record.get("end_message") or "ended")
+        self._show_rows(status_rows(record, remote))
+
+    def _session_attach(self, rest: list[str]) -> None:
+        if len(rest) != 1:
+            raise UsageError("%kcoral session attach SESSION_ID")
+        session_id = rest[0]
+        if not is_session_id(session_id):
+            raise UsageError(f"%kcoral session attach: {session_id!r} is not a session id")
+        url, client = self._session_server("attach")
+        try:
+            handle = client.attach_session(session_id)
+        except KCoralError as exc:
+            if exc.status_code == 404:
+                raise not_found_for_attach(session_id, url) from exc
+            raise
+        remote = RemoteSession(handle, url, self.session.token_for(url), keep=True)
+        if handle.record.get("state") == "ENDED":
+            remote.ended_message = str(handle.record.get("end_message") or "ended")
+            raise ended_error(remote)
+        self.remote_sessions.adopt(remote)
+        print(
+            f"kcoral: attached to {remote.label} on {url} ({session_place(handle.record)}, "
+            f"{handle.record.get('programs')} programs so far); %%kcoral cells run in it; "
+            "it is kept when this kernel ends (%kcoral session stop ends it)"
+        )
+
+    def _session_list(self, rest: list[str]) -> None:
+        if rest:
+            raise UsageError("%kcoral session list")
+        url = self.session.resolve_url()
+        require_sessions(url, self.session.facts(url).features)
+        records = listed_sessions(self.session.client(url))
+        if not records:
+            print(f"kcoral: no sessions of yours on {url}")
+            return
+        for record in records:
+            print(
+                f"{record.get('session_id')}  {record.get('state')}  "
+                f"{record.get('programs')} programs  {session_place(record)}"
+            )
+
+    def _show_rows(self, rows: list[tuple[str, str]]) -> None:
+        table = "".join(
+            f"<tr><td style='padding:1px 8px'><b>{rich.escape(k)}</b></td>"
+            f"<td style='padding:1px 8px;text-align:left'>{rich.escape(v)}</td></tr>"
+            for k, v in rows
+        )
+        display(
+            {
+                "text/plain": "\n".join(f"{k}: {v}" for k, v in rows),
+                "text/html": f"<table class='kcoral-status-table'>{table}</table>",
+            },
+            raw=True,
+        )
+
 
 KCoralMagics.kcoral.__doc__ = HELP  # %kcoral? shows the same text as %kcoral --help
+
+
+SESSION_USAGE = (
+    "%kcoral session start [--gpus N] [--idle SECONDS] [--keep] | stop | status | "
+    "attach SESSION_ID | list (%kcoral --help)"
+)
+
+
+def session_start_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="%kcoral session start", add_help=False, allow_abbrev=False)
+    parser.add_argument("--gpus", type=int, default=None)  # None: the server's default
+    parser.add_argument("--idle", type=float, default=None)  # None: --session-idle-seconds
+    parser.add_argument("--keep", action="store_true")
+    return parser
+
+
+def is_session_id(text: str) -> bool:
+    """A UUID's shape (what the server makes, EXTENSIONS §11), checked before it goes into
+    a request path."""
+    try:
+        return str(uuid.UUID(text)) == text.lower() and len(text) == 36
+    except ValueError:
+        return False
+
+
+def session_place(record: Mapping[str, Any]) -> str:
+    """Where a session's programs run, from its record: ``GPU [0]`` or ``CPU``."""
+    gpu_ids = record.get("gpu_ids")
+    return f"GPU {gpu_ids}" if gpu_ids else "CPU"
 
 
 def job_cell(job: Mapping[str, Any], key: str) -> str:

@@ -26,6 +26,11 @@ from kcoral_jupyter.cell_errors import (
 )
 
 from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError
+from kcoral.sessions import Session as ClientSession
+
+#: Where a cell's program goes: the server (stateless), or the kernel's session there (the
+#: two share ``execute`` and ``submit``, EXTENSIONS §11).
+Target = Client | ClientSession
 
 
 class Reporter(Protocol):
@@ -69,6 +74,7 @@ class RunRecord:
     # Said in warning style on the summary line (an explicit --gpus that ran on a CPU server).
     warning: str | None = None
     output_limit_bytes: int | None = None  # what the cell asked for (None: the server's)
+    session_id: str | None = None  # the session the cell ran in (EXTENSIONS §11)
 
 
 class RemoteCellError(RemoteExecutionError):
@@ -136,7 +142,7 @@ def server_features(client: Client) -> list[str]:
 
 
 def run_cell(
-    client: Client,
+    client: Target,
     built: Any,
     options: ExecuteOptions,
     reporter: Reporter,
@@ -163,7 +169,7 @@ def run_cell(
 
 
 def _run_as_job(
-    client: Client, program: Any, options: ExecuteOptions, reporter: Reporter, record: RunRecord
+    client: Target, program: Any, options: ExecuteOptions, reporter: Reporter, record: RunRecord
 ) -> ProgramResult:
     job = client.submit(program, **options.as_kwargs())
     record.job_id = job.id
