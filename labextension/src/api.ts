@@ -27,6 +27,8 @@ export interface IInfo {
   /** The mode programs run in (EXTENSIONS §1); absent on servers before 2026-12. */
   sandbox?: string;
   limits?: Record<string, number>;
+  /** Session seats (EXTENSIONS §11); absent on servers without the `sessions` feature. */
+  sessions?: { max: number; active: number; idle_timeout_seconds: number };
 }
 
 /** One configured server as `GET kcoral/api/servers` describes it. */
@@ -76,6 +78,39 @@ export interface IJob {
 /** `GET kcoral/api/jobs`: every server's jobs, and the servers that could not answer. */
 export interface IJobList {
   jobs: IJob[];
+  errors: { server: string; message: string }[];
+}
+
+/** Session states (EXTENSIONS §11). */
+export type SessionState = 'STARTING' | 'IDLE' | 'RUNNING' | 'ENDED';
+
+/**
+ * One session (EXTENSIONS §11 record; times in Unix seconds), plus what the extension
+ * adds: the `server` it came from and `observed_at`, that server's clock when it answered.
+ */
+export interface ISession {
+  session_id: string;
+  owner: string;
+  state: SessionState | string;
+  gpu_count: number | null;
+  gpu_ids: number[] | null;
+  worker_id: string | null;
+  created_at: number | null;
+  last_program_finished_at: number | null;
+  idle_timeout_seconds: number | null;
+  idle_deadline: number | null;
+  programs: number | null;
+  end_reason: string | null;
+  end_message: string | null;
+  /** Resident memory of the session's worker, when the server reports it. */
+  memory_bytes?: number | null;
+  server?: string;
+  observed_at?: number | null;
+}
+
+/** `GET kcoral/api/sessions`: every server's sessions, and the servers that refused. */
+export interface ISessionList {
+  sessions: ISession[];
   errors: { server: string; message: string }[];
 }
 
@@ -140,6 +175,21 @@ export class KCoralApi {
     return this._json(`jobs/${encodeURIComponent(id)}${serverQuery(server)}`, {
       method: 'DELETE'
     });
+  }
+
+  async sessions(): Promise<ISessionList> {
+    const body = (await this._json('sessions')) as Partial<ISessionList>;
+    return {
+      sessions: Array.isArray(body?.sessions) ? body.sessions : [],
+      errors: Array.isArray(body?.errors) ? body.errors : []
+    };
+  }
+
+  /** Ends a session (idempotent on the server); returns its record afterwards. */
+  async stopSession(id: string, server?: string): Promise<ISession> {
+    return (await this._json(`sessions/${encodeURIComponent(id)}${serverQuery(server)}`, {
+      method: 'DELETE'
+    })) as ISession;
   }
 
   /** Opens the job's event stream, resuming after `lastEventId` when given. */

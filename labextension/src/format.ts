@@ -1,6 +1,6 @@
 /** Text shown by the status bar item and the panel (pure functions, tested with jest). */
 
-import { IJob, IServerEntry } from './api';
+import { IInfo, IJob, ISession, IServerEntry } from './api';
 
 /** What the status bar says about one server. */
 export interface IStatusSummary {
@@ -252,4 +252,139 @@ export function describePhase(phase: string, fields: Record<string, unknown>): s
     default:
       return phase;
   }
+}
+
+/** Bytes in binary units for a narrow column: `812 KiB`, `412 MiB`, `1.2 GiB`; `–` when
+ * unknown (servers before the field, or a worker that could not be measured). */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (typeof bytes !== 'number' || !Number.isFinite(bytes) || bytes < 0) {
+    return '–';
+  }
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  const shown = unit > 0 && value < 9.95 ? value.toFixed(1) : String(Math.round(value));
+  return `${shown} ${units[unit]}`;
+}
+
+/** A span of time in its largest whole units, rounded down: `12 s`, `4 min`, `2 h 5 min`. */
+export function formatAge(seconds: number): string {
+  const whole = Math.max(0, Math.floor(seconds));
+  if (whole < 60) {
+    return `${whole} s`;
+  }
+  if (whole < 3600) {
+    return `${Math.floor(whole / 60)} min`;
+  }
+  const minutes = Math.floor((whole % 3600) / 60);
+  return `${Math.floor(whole / 3600)} h${minutes ? ` ${minutes} min` : ''}`;
+}
+
+/** What the panel shows of one session. */
+export interface ISessionView {
+  shortId: string;
+  owner: string;
+  gpu: string;
+  memory: string;
+  /** `starting`, `running`, `idle 2 min · ends in 8 min`, `ended: idle timeout`. */
+  state: string;
+  /** The tooltip: full id, server, worker, programs, and why it ended. */
+  title: string;
+  live: boolean;
+}
+
+function isNumber(value: unknown): value is number {
+  return typeof value === 'number' && Number.isFinite(value);
+}
+
+/**
+ * One session as the panel shows it. Idle time and time left are counted on the KCoral
+ * server's clock (`observed_at`, which the server extension adds) so that a browser whose
+ * clock is off still shows true numbers; `browserNow` (Unix seconds) is the fallback.
+ */
+export function sessionView(session: ISession, browserNow: number): ISessionView {
+  const now = isNumber(session.observed_at) ? session.observed_at : browserNow;
+  const gpuIds = Array.isArray(session.gpu_ids) ? session.gpu_ids : [];
+  const live = session.state !== 'ENDED';
+  let state: string;
+  switch (session.state) {
+    case 'IDLE': {
+      const since = session.last_program_finished_at ?? session.created_at;
+      const parts = [isNumber(since) ? `idle ${formatAge(now - since)}` : 'idle'];
+      if (isNumber(session.idle_deadline)) {
+        const left = session.idle_deadline - now;
+        parts.push(left >= 1 ? `ends in ${formatAge(left)}` : 'ending');
+      }
+      state = parts.join(' · ');
+      break;
+    }
+    case 'RUNNING':
+      state = 'running';
+      break;
+    case 'STARTING':
+      state = 'starting';
+      break;
+    case 'ENDED':
+      state = session.end_reason ? `ended: ${session.end_reason.replace(/_/g, ' ')}` : 'ended';
+      break;
+    default:
+      state = String(session.state).toLowerCase();
+  }
+  const facts: string[] = [];
+  if (session.worker_id) {
+    facts.push(`worker ${session.worker_id}`);
+  }
+  if (isNumber(session.programs)) {
+    facts.push(`${session.programs} program${session.programs === 1 ? '' : 's'}`);
+  }
+  if (isNumber(session.idle_timeout_seconds)) {
+    facts.push(`ends after ${formatAge(session.idle_timeout_seconds)} without a program`);
+  }
+  const lines = [
+    `session ${session.session_id}${session.server ? ` on ${session.server}` : ''}`,
+    facts.join(' · ')
+  ];
+  if (session.end_message) {
+    lines.push(session.end_message);
+  }
+  return {
+    shortId: session.session_id.slice(0, 8),
+    owner: session.owner || '–',
+    gpu: gpuIds.length ? `GPU ${gpuIds.join(',')}` : 'CPU',
+    memory: formatBytes(session.memory_bytes),
+    state,
+    title: lines.filter(line => line).join('\n'),
+    live
+  };
+}
+
+/** Live sessions first, then newest first (by creation; those without a time go last). */
+export function orderSessions(sessions: ISession[]): ISession[] {
+  const created = (s: ISession): number => (isNumber(s.created_at) ? s.created_at : -Infinity);
+  return sessions
+    .map((session, index) => ({ session, index }))
+    .sort(
+      (a, b) =>
+        Number(b.session.state !== 'ENDED') - Number(a.session.state !== 'ENDED') ||
+        created(b.session) - created(a.session) ||
+        a.index - b.index
+    )
+    .map(item => item.session);
+}
+
+/** The server card's `sessions` line: `1/2 seats held · 10 min idle limit`; '' when the
+ * server offers no sessions. */
+export function sessionSeatsText(info: IInfo | null | undefined): string {
+  const seats = info?.sessions;
+  if (!seats || !isNumber(seats.max) || !isNumber(seats.active) || seats.max <= 0) {
+    return '';
+  }
+  const limit = isNumber(seats.idle_timeout_seconds)
+    ? ` · ${formatAge(seats.idle_timeout_seconds)} idle limit`
+    : '';
+  return `${seats.active}/${seats.max} seats held${limit}`;
 }

@@ -1,15 +1,15 @@
 /**
  * The shared state behind the status bar item and the panel: one `@lumino/polling` Poll
- * (what jupyter-resource-usage uses) asks the server extension for the servers and the
- * jobs, backing off while that fails and standing by while the page is hidden (a
- * background tab should not keep asking a GPU server how busy it is); views subscribe to
- * changes.
+ * (what jupyter-resource-usage uses) asks the server extension for the servers, the jobs
+ * and the sessions, backing off while that fails and standing by while the page is hidden
+ * (a background tab should not keep asking a GPU server how busy it is); views subscribe
+ * to changes.
  */
 
 import { Poll } from '@lumino/polling';
 
-import { IJob, IServerEntry, KCoralApi } from './api';
-import { IStatusSummary, newestFirst, summarize } from './format';
+import { IJob, ISession, IServerEntry, KCoralApi } from './api';
+import { IStatusSummary, newestFirst, orderSessions, summarize } from './format';
 
 export interface IModelOptions {
   pollIntervalMs: number;
@@ -26,6 +26,9 @@ export class KCoralModel {
   servers: IServerEntry[] | null = null;
   jobs: IJob[] = [];
   jobErrors: { server: string; message: string }[] = [];
+  /** Live sessions first, then recently ended ones (EXTENSIONS §11). */
+  sessions: ISession[] = [];
+  sessionErrors: { server: string; message: string }[] = [];
   statusServer: string;
   /** The kernel of the notebook in focus (null: no notebook, or no kernel yet). */
   focusedKernel: string | null = null;
@@ -102,11 +105,19 @@ export class KCoralModel {
    * reached, so the poller backs off; the state is updated either way.
    */
   async poll(): Promise<void> {
-    const [servers, jobs] = await Promise.allSettled([this.api.servers(), this.api.jobs()]);
+    const [servers, jobs, sessions] = await Promise.allSettled([
+      this.api.servers(),
+      this.api.jobs(),
+      this.api.sessions()
+    ]);
     this.servers = servers.status === 'fulfilled' ? servers.value : null;
     if (jobs.status === 'fulfilled') {
       this.jobs = newestFirst(jobs.value.jobs);
       this.jobErrors = jobs.value.errors;
+    }
+    if (sessions.status === 'fulfilled') {
+      this.sessions = orderSessions(sessions.value.sessions);
+      this.sessionErrors = sessions.value.errors;
     }
     this._emit();
     if (servers.status === 'rejected') {

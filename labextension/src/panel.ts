@@ -1,12 +1,13 @@
 /**
- * The KCoral side panel: configured servers with health, target, versions and features; the
- * jobs table (newest first, refreshed by the model's poller); the selected job's live output
- * followed through the server extension, with Cancel for queued and running jobs.
+ * The KCoral side panel: configured servers with health, target, versions, features and
+ * session seats; the sessions (EXTENSIONS §11) with a Stop button each; the jobs table
+ * (newest first, refreshed by the model's poller); the selected job's live output followed
+ * through the server extension, with Cancel for queued and running jobs.
  */
 
 import { Widget } from '@lumino/widgets';
 
-import { IJob, IServerEntry } from './api';
+import { IJob, ISession, IServerEntry } from './api';
 import {
   describePhase,
   isCancellable,
@@ -14,6 +15,8 @@ import {
   jobCells,
   jobTitle,
   sandboxText,
+  sessionSeatsText,
+  sessionView,
   targetOf
 } from './format';
 import { KCoralModel } from './model';
@@ -34,8 +37,19 @@ function element<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/** Ended sessions stay listed for the server's retention time; the panel shows this many. */
+const ENDED_SESSIONS_SHOWN = 3;
+/** How long the result of a Stop click stays on screen. */
+const STOP_NOTE_MS = 8000;
+
 export class KCoralPanel extends Widget {
   private readonly _servers = element('div', 'jp-KCoral-servers');
+  private readonly _sessions = element('div', 'jp-KCoral-sessions');
+  private readonly _sessionList = element('div', 'jp-KCoral-sessionList');
+  private readonly _sessionNote = element('div', 'jp-KCoral-note jp-KCoral-sessionNote');
+  /** Sessions whose Stop is in flight: their button stays disabled across re-renders. */
+  private readonly _stopping = new Set<string>();
+  private _stopNoteTimer: ReturnType<typeof setTimeout> | undefined;
   private readonly _jobsBody = element('tbody');
   private readonly _jobsNote = element('div', 'jp-KCoral-note');
   private readonly _outputTitle = element('span', 'jp-KCoral-outputTitle', 'No job selected');
@@ -79,7 +93,16 @@ export class KCoralPanel extends Widget {
     outputHeader.append(this._outputTitle, this._cancel);
     output.append(element('h3', '', 'Output'), outputHeader, this._phase, this._output);
 
-    this.node.append(header, element('h3', '', 'Servers'), this._servers, jobs, output);
+    this._sessions.append(element('h3', '', 'Sessions'), this._sessionNote, this._sessionList);
+
+    this.node.append(
+      header,
+      element('h3', '', 'Servers'),
+      this._servers,
+      this._sessions,
+      jobs,
+      output
+    );
     this._unsubscribe = _model.subscribe(() => this.render());
     this.render();
   }
@@ -97,6 +120,7 @@ export class KCoralPanel extends Widget {
 
   render(): void {
     this._renderServers(this._model.servers);
+    this._renderSessions(this._model.sessions);
     this._renderJobs(this._model.jobs);
     if (this._selected) {
       const latest = this._model.job(this._selected.job_id);
@@ -156,7 +180,26 @@ export class KCoralPanel extends Widget {
     return this.cancel(this._selected);
   }
 
+  /** Ends a session (its running program is stopped, its worker retires, EXTENSIONS §11). */
+  async stopSession(session: ISession): Promise<void> {
+    const shortId = session.session_id.slice(0, 8);
+    this._stopping.add(session.session_id);
+    this._renderSessions(this._model.sessions);
+    try {
+      const record = await this._model.api.stopSession(session.session_id, session.server);
+      const how = record?.state === 'ENDED' ? 'ended' : `is ${record?.state ?? 'unknown'}`;
+      this._showStopNote(`session ${shortId} ${how}`, false);
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      this._showStopNote(`stop ${shortId} failed: ${message}`, true);
+    } finally {
+      this._stopping.delete(session.session_id);
+    }
+    await this._model.poller.refresh();
+  }
+
   dispose(): void {
+    clearTimeout(this._stopNoteTimer);
     this._follow?.abort();
     this._unsubscribe();
     this._selectionListeners.clear();
@@ -207,6 +250,7 @@ export class KCoralPanel extends Widget {
       card.append(title);
       if (server.health) {
         const load = server.health.load;
+        const seats = sessionSeatsText(server.info);
         const facts: [string, string][] = [
           ['health', server.health.status],
           ['target', targetOf(server)],
@@ -216,6 +260,7 @@ export class KCoralPanel extends Widget {
               `${load.requests_waiting} queued`
           ],
           ['sandbox', sandboxText(server.info?.sandbox) || '–'],
+          ...(seats ? [['sessions', seats] as [string, string]] : []),
           ['kcoral', server.info?.kcoral ?? '–'],
           [
             'versions',
@@ -234,6 +279,73 @@ export class KCoralPanel extends Widget {
         card.append(element('div', 'jp-KCoral-note', server.error || 'unreachable'));
       }
       this._servers.append(card);
+    }
+  }
+
+  private _showStopNote(text: string, failed: boolean): void {
+    clearTimeout(this._stopNoteTimer);
+    this._sessionNote.textContent = text;
+    this._sessionNote.classList.toggle('jp-KCoral-error', failed);
+    this._stopNoteTimer = setTimeout(() => {
+      this._stopNoteTimer = undefined;
+      this._renderSessions(this._model.sessions);
+    }, STOP_NOTE_MS);
+    this._renderSessions(this._model.sessions);
+  }
+
+  private _renderSessions(sessions: ISession[]): void {
+    const live = sessions.filter(s => s.state !== 'ENDED');
+    const ended = sessions.filter(s => s.state === 'ENDED');
+    const shown = [...live, ...ended.slice(0, ENDED_SESSIONS_SHOWN)];
+    const notes = this._model.sessionErrors.map(e => `${e.server}: ${e.message}`);
+    if (this._stopNoteTimer === undefined) {
+      this._sessionNote.textContent = notes.join('; ');
+      this._sessionNote.classList.remove('jp-KCoral-error');
+    }
+    // Nothing to say when no server has a session: the server cards show the free seats.
+    this._sessions.hidden = shown.length === 0 && !this._sessionNote.textContent;
+    const now = Date.now() / 1000;
+    this._sessionList.replaceChildren();
+    for (const session of shown) {
+      const view = sessionView(session, now);
+      const card = element('div', 'jp-KCoral-session');
+      card.dataset.sessionId = session.session_id;
+      card.dataset.state = session.state;
+      card.title = view.title;
+      const line = element('div', 'jp-KCoral-sessionLine');
+      line.append(
+        element('span', 'jp-KCoral-sessionId', view.shortId),
+        element('span', 'jp-KCoral-sessionOwner', view.owner),
+        element('span', 'jp-KCoral-sessionGpu', view.gpu),
+        element('span', 'jp-KCoral-sessionMemory', view.memory)
+      );
+      const state = element('div', 'jp-KCoral-sessionState', view.state);
+      const body = element('div', 'jp-KCoral-sessionBody');
+      body.append(line, state);
+      card.append(body);
+      if (view.live) {
+        const stopping = this._stopping.has(session.session_id);
+        const stop = element(
+          'button',
+          'jp-KCoral-stopSession jp-mod-styled',
+          stopping ? 'Stopping…' : 'Stop'
+        );
+        stop.title = `End session ${session.session_id}: its state is lost, its seat freed`;
+        stop.disabled = stopping;
+        stop.addEventListener('click', () => void this.stopSession(session));
+        card.append(stop);
+      }
+      this._sessionList.append(card);
+    }
+    const hidden = ended.length - (shown.length - live.length);
+    if (hidden > 0) {
+      this._sessionList.append(
+        element(
+          'div',
+          'jp-KCoral-note',
+          `${hidden} older ended session${hidden === 1 ? '' : 's'} not shown`
+        )
+      );
     }
   }
 

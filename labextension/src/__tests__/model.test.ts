@@ -58,6 +58,35 @@ describe('KCoralModel', () => {
     expect(m.summary.online).toBe(false);
   });
 
+  it('polls the sessions too, live first, and keeps them when one poll of them fails', async () => {
+    let failSessions = false;
+    const fetcher = async (path: string) => {
+      if (path === 'servers') {
+        return jsonResponse({ servers: [server('a', true)] });
+      }
+      if (path === 'sessions') {
+        if (failSessions) {
+          throw new TypeError('Failed to fetch');
+        }
+        return jsonResponse({
+          sessions: [
+            { session_id: 'gone', state: 'ENDED', created_at: 2 },
+            { session_id: 'live', state: 'IDLE', created_at: 1 }
+          ],
+          errors: [{ server: 'b', message: 'HTTP 401' }]
+        });
+      }
+      return jsonResponse({ jobs: [], errors: [] });
+    };
+    const m = new KCoralModel(new KCoralApi(fetcher), { pollIntervalMs: 1000, statusServer: '' });
+    await m.poll();
+    expect(m.sessions.map(s => s.session_id)).toEqual(['live', 'gone']);
+    expect(m.sessionErrors).toEqual([{ server: 'b', message: 'HTTP 401' }]);
+    failSessions = true;
+    await m.poll();
+    expect(m.sessions.map(s => s.session_id)).toEqual(['live', 'gone']);
+  });
+
   it('goes offline when the server extension itself cannot be reached', async () => {
     let up = true;
     const m = model(() => (up ? [server('a', true)] : new TypeError('Failed to fetch')));
