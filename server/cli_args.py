@@ -19,7 +19,9 @@ from typing import Any, NoReturn
 from kcoral_server.config import (
     InvalidConfigError,
     ServerConfig,
+    declared_settings,
     flag_settings,
+    setting,
 )
 
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
@@ -28,17 +30,62 @@ _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re
 
 @dataclass(frozen=True)
 class SupervisorOptions:
-    """ROUTER.md §12 node-supervisor options (only with ``--router``)."""
+    """ROUTER.md §12 node-supervisor options (hidden; only with ``--router``)."""
 
-    health_interval_seconds: float = 2.0
-    health_timeout_seconds: float = 1.0
-    failure_threshold: int = 3
-    startup_grace_seconds: float = 30.0
-    stable_reset_seconds: float = 60.0
-    termination_grace_seconds: float = 5.0
-    restart_min_delay_seconds: float = 1.0
-    restart_max_delay_seconds: float = 30.0
-    restart_jitter: float = 0.2
+    health_interval_seconds: float = setting(
+        2.0, flag="--health-interval-seconds", kind="number", hidden=True
+    )
+    health_timeout_seconds: float = setting(
+        1.0, flag="--health-timeout-seconds", kind="number", hidden=True
+    )
+    failure_threshold: int = setting(3, flag="--failure-threshold", kind="int", hidden=True)
+    startup_grace_seconds: float = setting(
+        30.0, flag="--startup-grace-seconds", kind="number", hidden=True
+    )
+    stable_reset_seconds: float = setting(
+        60.0, flag="--stable-reset-seconds", kind="number", hidden=True
+    )
+    termination_grace_seconds: float = setting(
+        5.0, flag="--termination-grace-seconds", kind="number", hidden=True
+    )
+    restart_min_delay_seconds: float = setting(
+        1.0, flag="--restart-min-delay-seconds", kind="number", hidden=True
+    )
+    restart_max_delay_seconds: float = setting(
+        30.0, flag="--restart-max-delay-seconds", kind="number", hidden=True
+    )
+    restart_jitter: float = setting(0.2, flag="--restart-jitter", kind="number", hidden=True)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "health_interval_seconds",
+            "health_timeout_seconds",
+            "restart_min_delay_seconds",
+            "restart_max_delay_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise InvalidConfigError(name, "must be > 0")
+        if self.failure_threshold < 1:
+            raise InvalidConfigError("failure_threshold", "must be >= 1")
+        if self.restart_min_delay_seconds > self.restart_max_delay_seconds:
+            raise InvalidConfigError(
+                "restart_min_delay_seconds", "must be <= --restart-max-delay-seconds"
+            )
+        for name in ("startup_grace_seconds", "stable_reset_seconds", "termination_grace_seconds"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(name, "must be >= 0")
+        if not 0 <= self.restart_jitter <= 0.5:
+            raise InvalidConfigError("restart_jitter", "must be in 0-0.5")
+
+
+def supervisor_flags() -> list[str]:
+    """The hidden options that only a node supervisor takes (it strips them for its child)."""
+    return [option.metadata["flag"] for option in declared_settings(SupervisorOptions)]
+
+
+def listen_flags() -> list[str]:
+    """``--host``, ``--port`` and ``--ready-file``: where this server listens and says so."""
+    return [option.metadata["flag"] for option in declared_settings(ServerSettings)]
 
 
 @dataclass(frozen=True)
@@ -51,26 +98,31 @@ class ServerSettings:
     """
 
     config: ServerConfig
-    host: str = "127.0.0.1"
-    port: int = 8000
-    ready_file: Path | None = None
+    host: str = setting(
+        "127.0.0.1",
+        flag="--host",
+        kind="text",
+        help="listen address",
+        env="KCORAL_SERVER_HOST",
+        empty="refused",
+    )
+    port: int = setting(
+        8000, flag="--port", kind="int", help="port, 0 picks a free one", env="KCORAL_SERVER_PORT"
+    )
+    ready_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
+        None,
+        flag="--ready-file",
+        kind="path",
+        help="write the server URL to this file once it accepts requests",
+        empty="disables",
+    )
     supervisor: SupervisorOptions | None = None
     node_child: bool = False
     gpus_given: bool = False
 
-
-# hidden option -> SupervisorOptions field
-_SUPERVISOR_OPTIONS = {
-    "--health-interval-seconds": "health_interval_seconds",
-    "--health-timeout-seconds": "health_timeout_seconds",
-    "--failure-threshold": "failure_threshold",
-    "--startup-grace-seconds": "startup_grace_seconds",
-    "--stable-reset-seconds": "stable_reset_seconds",
-    "--termination-grace-seconds": "termination_grace_seconds",
-    "--restart-min-delay-seconds": "restart_min_delay_seconds",
-    "--restart-max-delay-seconds": "restart_max_delay_seconds",
-    "--restart-jitter": "restart_jitter",
-}
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise InvalidConfigError("port", f"must be in 0-65535 (got {self.port})")
 
 
 def parse_integer(text: str) -> int:
@@ -118,28 +170,37 @@ _INT = _arg_type(parse_integer, "integer")
 _SECONDS = _arg_type(parse_seconds, "number of seconds")
 _GPUS = _arg_type(parse_gpus, "GPU id list")
 _NUMBER = _arg_type(parse_seconds, "number")
-#: a ``setting``'s kind -> (argparse type, converter for its environment variable)
+#: a ``setting``'s kind -> (argparse type, converter of its text from the environment, or
+#: from the flag where the argparse type is None)
 _KINDS = {
     "int": (_INT, parse_integer),
     "seconds": (_SECONDS, parse_seconds),
+    "number": (_NUMBER, parse_seconds),
     "text": (None, str),
     "path": (None, str),  # made a Path once the empty-value rule has been applied
+    # parsed after argparse: a bad list is an error only outside CPU mode (SERVER.md §2)
+    "gpu_ids": (None, parse_gpus),
 }
+_METAVARS = {_INT: "N", _SECONDS: "SECONDS", _NUMBER: "X"}
 
 
-def _setting_help(setting: Field) -> str:
+def _setting_help(declared: Field) -> str:
     """``--help`` text of a declared setting: its help, then "(default …)"."""
-    meta = setting.metadata
+    meta = declared.metadata
     if meta["hidden"]:
         return argparse.SUPPRESS
-    text = meta["help"] + ("; '' disables" if meta["empty"] == "disables" else "")
+    default = declared.default if meta["cli_default"] is MISSING else meta["cli_default"]
+    # '' disables: said only where there is a default to disable
+    disables = meta["empty"] == "disables" and default is not None
+    text = meta["help"] + ("; '' disables" if disables else "")
     if meta["kind"] == "switch":
         return text
+    if meta["repeatable"]:
+        return f"{text} (repeatable; default none)"
     env = f"env {meta['env']}" if meta["env"] and meta["env_in_help"] else ""
     shown = meta["shown_default"]
     if shown is None:
-        default = setting.default if meta["cli_default"] is MISSING else meta["cli_default"]
-        assert default is not MISSING, f"{setting.name}: a factory default needs shown_default"
+        assert default is not MISSING, f"{declared.name}: a factory default needs shown_default"
         if default is None:  # nothing to show: no default (or only the variable)
             return f"{text} ({env})" if env else text
         shown = f"{default:g}" if isinstance(default, float) else str(default)
@@ -150,112 +211,44 @@ def _setting_help(setting: Field) -> str:
     return f"{text} (default{shown})".lstrip()
 
 
+def _add_setting(parser: argparse.ArgumentParser, declared: Field) -> None:
+    """The argparse option of a declared setting, as its declaration says."""
+    meta = declared.metadata
+    flag = meta["flag"]
+    options: dict[str, Any] = {"dest": declared.name, "help": _setting_help(declared)}
+    if meta["kind"] == "switch":
+        options.update(action="store_true", default=None)
+    else:
+        if meta["repeatable"]:
+            options["action"] = "append"
+        argparse_type = _KINDS[meta["kind"]][0]
+        if argparse_type is not None:
+            options["type"] = argparse_type
+        # named after its kind, else after the flag
+        metavar = meta["metavar"] or _METAVARS.get(argparse_type)
+        if metavar is None and flag.endswith(("-file", "-dir", "-path")):
+            metavar = "PATH"
+        options["metavar"] = metavar or flag[2:].upper().replace("-", "_")
+    parser.add_argument(flag, **options)
+
+
 def build_server_parser() -> argparse.ArgumentParser:
-    """The ``kcoral server`` parser. Every default is ``None`` so that precedence
-    (flag > environment > default) can be resolved afterwards."""
+    """The ``kcoral server`` parser: one option per declared setting (``config.setting``),
+    the listen settings first. Every default is ``None`` so that precedence (flag >
+    environment > default) can be resolved afterwards."""
     parser = argparse.ArgumentParser(
         prog="kcoral server",
         description="Run a KCoral server.",
         allow_abbrev=False,
     )
-    metavars = {_INT: "N", _SECONDS: "SECONDS", _NUMBER: "X"}
-
-    def add(option: str, **kwargs: Any) -> None:
-        if "type" in kwargs and "metavar" not in kwargs:
-            kwargs["metavar"] = metavars[kwargs["type"]]
-        elif "action" not in kwargs and "metavar" not in kwargs:
-            kwargs["metavar"] = "PATH" if option.endswith(("-file", "-dir", "-path")) else None
-        parser.add_argument(option, **kwargs)
-
-    hidden = argparse.SUPPRESS
-    settings = {setting.name: setting for setting in flag_settings()}
-
-    def add_setting(name: str) -> None:
-        """A ``ServerConfig`` setting, as its declaration says (``config.setting``)."""
-        setting = settings.pop(name)
-        meta = setting.metadata
-        options: dict[str, Any] = {"help": _setting_help(setting)}
-        if meta["kind"] == "switch":
-            options.update(action="store_true", default=None)
-        elif _KINDS[meta["kind"]][0] is not None:
-            options["type"] = _KINDS[meta["kind"]][0]
-        if meta["metavar"] is not None:
-            options["metavar"] = meta["metavar"]
-        elif "action" not in options and "type" not in options:  # named after the flag
-            flag = meta["flag"]
-            options["metavar"] = "PATH" if flag.endswith(("-file", "-dir", "-path")) else None
-            options["metavar"] = options["metavar"] or flag[2:].upper().replace("-", "_")
-        add(meta["flag"], dest=name, **options)
-
-    add("--host", help="listen address (default 127.0.0.1; env KCORAL_SERVER_HOST)")
-    add("--port", type=_INT, help="port, 0 picks a free one (default 8000; env KCORAL_SERVER_PORT)")
-    add("--ready-file", help="write the server URL to this file once it accepts requests")
-    add_setting("device")
-    add("--gpus", help="comma-separated physical GPU ids (default 0; env KCORAL_SERVER_GPUS)")
-    add_setting("num_workers")
-    add_setting("workers_per_gpu")
-    add_setting("max_requests_per_worker")
-    add_setting("worker_termination_grace_seconds")
-    add_setting("worker_wait_timeout_seconds")
-    add_setting("body_timeout_seconds")
-    add_setting("default_timeout_seconds")
-    add_setting("max_timeout_seconds")
-    add_setting("max_request_bytes")
-    add_setting("max_response_bytes")
-    add_setting("output_limit_bytes")
-    add_setting("max_output_limit_bytes")
-    add_setting("cache_capacity_bytes")
-    add_setting("disk_cache_dir")
-    add_setting("disk_cache_capacity_mbytes")
-    add_setting("log_dir")
-    add_setting("log_console")
-    add_setting("log_programs")
-    add_setting("sandbox")
-    add(
-        "--sandbox-readonly-path",
-        action="append",
-        metavar="PATH",
-        help="extra read-only path in the sandbox (repeatable)",
-    )
-    add_setting("router_endpoint")
-    add_setting("node_id")
-    add_setting("node_token")
-    add_setting("auth_token_file")
-    add_setting("allow_unauthenticated")
-    add_setting("job_retention_seconds")
-    add_setting("job_retention_bytes")
-    add_setting("max_sessions")
-    add_setting("session_idle_seconds")
-    add_setting("max_inflight_request_bytes")
-    add_setting("worker_memory_limit_bytes")
-    add_setting("worker_process_limit")
-    add(
-        "--worker-env-deny",
-        action="append",
-        metavar="NAME",
-        help="environment variable no worker inherits; NAME* denies a prefix (repeatable)",
-    )
-    add(
-        "--allowed-origin",
-        action="append",
-        metavar="ORIGIN",
-        help="let web pages from this origin call the server (repeatable; default none)",
-    )
-    add(
-        "--allowed-host",
-        action="append",
-        metavar="HOST",
-        help="accept this Host name without a client token besides loopback and the listen "
-        "address (repeatable; default none)",
-    )
-    # Hidden: node-supervisor options (ROUTER.md §12), the supervisor's child entry point and
-    # the test-only fake-GPU count.
-    for option in _SUPERVISOR_OPTIONS:
-        kind = _INT if option == "--failure-threshold" else _NUMBER
-        add(option, type=kind, help=hidden)
-    add("--node-child", action="store_true", default=None, help=hidden)
-    add_setting("fake_gpu_count")
-    assert not settings, f"declared settings without an option: {sorted(settings)}"
+    for declared in (
+        *declared_settings(ServerSettings),
+        *flag_settings(),
+        *declared_settings(SupervisorOptions),
+    ):
+        _add_setting(parser, declared)
+    # The supervisor's child entry point (ROUTER.md §12): not a setting, never typed by hand.
+    parser.add_argument("--node-child", action="store_true", default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -275,62 +268,70 @@ class _Resolver:
             return None
         return value
 
-    def pick(
-        self, flag_value: Any, env_name: str, convert: Any, *, empty_is_unset: bool = False
-    ) -> Any:
-        if flag_value is not None:
-            return flag_value
-        raw = self.env(env_name, empty_is_unset=empty_is_unset)
-        if raw is None:
-            return None
+    def settings(self, owner: Any, args: argparse.Namespace) -> dict[str, Any]:
+        """Keyword arguments for dataclass ``owner`` from its declared settings: only those
+        given (flag, variable or the command line's own default), so that the others keep
+        the field's default."""
+        values: dict[str, Any] = {}
+        for declared in declared_settings(owner):
+            self._resolve(declared, getattr(args, declared.name), values)
+        return values
+
+    def _resolve(self, declared: Field, value: Any, values: dict[str, Any]) -> None:
+        meta = declared.metadata
+        name, flag, kind = declared.name, meta["flag"], meta["kind"]
+        if kind == "switch":
+            if value:  # a --no-... flag turns its setting off
+                values[name] = not flag.startswith("--no-")
+            return
+        if meta["repeatable"]:
+            if value is not None:
+                if meta["empty"] == "refused" and "" in value:
+                    self.fail(f"{flag} must not be empty")
+                values[name] = [Path(v) for v in value] if kind == "path" else list(value)
+            return
+        origin = flag
+        if value is None and meta["env"] is not None:
+            value = self.env(meta["env"], empty_is_unset=meta["env_empty_is_unset"])
+            origin = meta["env"]
+            if value is not None and _KINDS[kind][0] is not None:  # what the flag's type does
+                value = self._convert(value, kind, origin, values)
+        if value is None and meta["cli_default"] is not MISSING:
+            default = meta["cli_default"]
+            value = default(self.environ) if callable(default) else default
+        if value == "" and meta["empty"] == "disables":
+            values[name] = None
+            return
+        if value == "" and meta["empty"] == "refused":
+            self.fail(f"{flag} must not be empty")
+        if isinstance(value, str) and _KINDS[kind][0] is None:
+            value = self._convert(value, kind, origin, values)
+        if value is not None:
+            values[name] = Path(value) if kind == "path" else value
+
+    def _convert(self, text: str, kind: str, origin: str, values: dict[str, Any]) -> Any:
         try:
-            return convert(raw)
+            return _KINDS[kind][1](text)
         except ValueError as exc:
-            self.fail(f"{env_name}: {exc}")
-
-
-def _identity(text: str) -> str:
-    return text
+            if kind == "gpu_ids" and values.get("device") == "cpu":
+                return []  # GPU ids are ignored in CPU mode (SERVER.md §2)
+            self.fail(f"{origin}: {exc}")
 
 
 def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> ServerSettings:
     """Parse ``kcoral server`` arguments. Invalid settings raise ``SystemExit(2)`` with a
-    message on stderr; ``--help`` raises ``SystemExit(0)``."""
+    message on stderr; ``--help`` raises ``SystemExit(0)``.
+
+    Every option is a declared setting; what a declaration cannot say stays here:
+    ``KCORAL_AUTH_TOKEN`` (a variable that gives ``auth_token`` itself, and only without
+    ``--auth-token-file``), ``KCORAL_ALLOWED_SERIALIZATION`` (a variable with no flag,
+    EXTENSIONS §3), the supervisor's options (only with ``--router``), ``--node-child``
+    (the supervisor's child) and the rule that routed deployments need Linux."""
     parser = build_server_parser()
     args = parser.parse_args(list(argv))
     resolve = _Resolver(parser, environ)
-    kwargs: dict[str, Any] = {}
-
-    host = resolve.pick(args.host, "KCORAL_SERVER_HOST", _identity)
-    host = "127.0.0.1" if host is None else host
-    if not host:
-        resolve.fail("--host must not be empty")
-    port = resolve.pick(args.port, "KCORAL_SERVER_PORT", parse_integer)
-    port = 8000 if port is None else port
-    if not 0 <= port <= 65535:
-        resolve.fail(f"--port must be in 0-65535 (got {port})")
-
-    for setting in flag_settings():  # flag, else its environment variable, else default
-        _resolve_setting(setting, getattr(args, setting.name), resolve, environ, kwargs)
-
-    gpus_text = args.gpus if args.gpus is not None else resolve.env("KCORAL_SERVER_GPUS")
-    gpus_given = gpus_text is not None
-    if gpus_given:
-        try:
-            kwargs["gpus"] = parse_gpus(gpus_text)
-        except ValueError as exc:
-            if kwargs.get("device", "auto") != "cpu":  # ignored in CPU mode (SERVER.md §2)
-                origin = "--gpus" if args.gpus is not None else "KCORAL_SERVER_GPUS"
-                resolve.fail(f"{origin}: {exc}")
-            kwargs["gpus"] = []
-
-    kwargs["allowed_origins"] = list(args.allowed_origin or [])
-    kwargs["allowed_hosts"] = list(args.allowed_host or [])
-    kwargs["worker_env_deny"] = list(args.worker_env_deny or [])
-    if args.sandbox_readonly_path:
-        if any(not p for p in args.sandbox_readonly_path):
-            resolve.fail("--sandbox-readonly-path must not be empty")
-        kwargs["sandbox_readonly_paths"] = [Path(p) for p in args.sandbox_readonly_path]
+    listen = resolve.settings(ServerSettings, args)
+    kwargs = resolve.settings(ServerConfig, args)
     router = kwargs.get("router_endpoint")
 
     serialization = resolve.env("KCORAL_ALLOWED_SERIALIZATION", empty_is_unset=True)
@@ -347,6 +348,7 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
         if config.auth_token_file is not None:
             # Read now: a missing token file must stop the server before anything starts.
             config = replace(config, auth_token=config.read_auth_token())
+        settings = ServerSettings(config=config, **listen)
     except InvalidConfigError as exc:
         resolve.fail(exc.cli_message)
     except ValueError as exc:
@@ -360,73 +362,21 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
         supervisor = None
     if router is not None and not sys.platform.startswith("linux"):
         resolve.fail("--router (routed deployments) needs Linux")
-
-    ready_file = Path(args.ready_file) if args.ready_file else None
-    return ServerSettings(
-        config=config,
-        host=host,
-        port=port,
-        ready_file=ready_file,
-        supervisor=supervisor,
-        node_child=node_child,
-        gpus_given=gpus_given,
+    return replace(
+        settings, supervisor=supervisor, node_child=node_child, gpus_given="gpus" in kwargs
     )
-
-
-def _resolve_setting(
-    setting: Field,
-    value: Any,
-    resolve: _Resolver,
-    environ: Mapping[str, str],
-    kwargs: dict[str, Any],
-) -> None:
-    """Put a declared setting's value into ``kwargs``, or nothing for the field's default."""
-    meta = setting.metadata
-    if meta["kind"] == "switch":
-        if value:  # a --no-... flag turns its setting off
-            kwargs[setting.name] = not meta["flag"].startswith("--no-")
-        return
-    if value is None and meta["env"] is not None:
-        convert = _KINDS[meta["kind"]][1]
-        value = resolve.pick(None, meta["env"], convert, empty_is_unset=meta["env_empty_is_unset"])
-    if value is None and meta["cli_default"] is not MISSING:
-        default = meta["cli_default"]
-        value = default(environ) if callable(default) else default
-    if value == "" and meta["empty"] == "disables":
-        kwargs[setting.name] = None
-        return
-    if value == "" and meta["empty"] == "refused":
-        resolve.fail(f"{meta['flag']} must not be empty")
-    if value is not None:
-        kwargs[setting.name] = Path(value) if meta["kind"] == "path" else value
 
 
 def _supervisor_options(
     args: argparse.Namespace, resolve: _Resolver, router: str | None
 ) -> SupervisorOptions | None:
-    given = {
-        option: getattr(args, name)
-        for option, name in _SUPERVISOR_OPTIONS.items()
-        if getattr(args, name) is not None
-    }
+    given = resolve.settings(SupervisorOptions, args)
     if router is None:
         if given:
-            resolve.fail(f"{next(iter(given))} requires --router")
+            option = next(o for o in declared_settings(SupervisorOptions) if o.name in given)
+            resolve.fail(f"{option.metadata['flag']} requires --router")
         return None
-    options = SupervisorOptions(**{_SUPERVISOR_OPTIONS[o]: v for o, v in given.items()})
-    for name in ("health_interval_seconds", "health_timeout_seconds"):
-        if getattr(options, name) <= 0:
-            resolve.fail(f"--{name.replace('_', '-')} must be > 0")
-    for name in ("restart_min_delay_seconds", "restart_max_delay_seconds"):
-        if getattr(options, name) <= 0:
-            resolve.fail(f"--{name.replace('_', '-')} must be > 0")
-    if options.failure_threshold < 1:
-        resolve.fail("--failure-threshold must be >= 1")
-    if options.restart_min_delay_seconds > options.restart_max_delay_seconds:
-        resolve.fail("--restart-min-delay-seconds must be <= --restart-max-delay-seconds")
-    for name in ("startup_grace_seconds", "stable_reset_seconds", "termination_grace_seconds"):
-        if getattr(options, name) < 0:
-            resolve.fail(f"--{name.replace('_', '-')} must be >= 0")
-    if not 0 <= options.restart_jitter <= 0.5:
-        resolve.fail("--restart-jitter must be in 0-0.5")
-    return options
+    try:
+        return SupervisorOptions(**given)
+    except InvalidConfigError as exc:
+        resolve.fail(exc.cli_message)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
@@ -50,12 +50,10 @@ def option_name(field_name: str) -> str:
     for declared in flag_settings():
         if declared.name == field_name:
             return declared.metadata["flag"]
+    # The two settings that only a variable sets (cli_args says why).
     special = {
-        "sandbox_readonly_paths": "--sandbox-readonly-path",
         "auth_token": "KCORAL_AUTH_TOKEN",
         "allowed_serialization": "KCORAL_ALLOWED_SERIALIZATION",
-        "allowed_origins": "--allowed-origin",
-        "allowed_hosts": "--allowed-host",
     }
     return special.get(field_name, "--" + field_name.replace("_", "-"))
 
@@ -112,19 +110,29 @@ def setting(
     env_in_help: bool = True,
     metavar: str | None = None,
     secret: bool = False,
+    repeatable: bool = False,
+    minimum: float | None = None,
+    positive: bool = False,
+    problem: Callable[[Any], str | None] | None = None,
 ) -> Any:
-    """A ``ServerConfig`` field that ``kcoral server`` sets from one flag (and ``env`` when
-    the flag is absent): declared once, here; ``cli_args`` derives the argparse option, its
-    help (``help`` plus "(default …)": ``shown_default`` or the default itself) and the
-    copy into the config from it. ``hidden`` keeps it out of ``--help``.
+    """A field that ``kcoral server`` sets from one flag (and ``env`` when the flag is
+    absent): declared once, here; ``cli_args`` derives the argparse option, its help
+    (``help`` plus "(default …)": ``shown_default`` or the default itself), the copy into
+    the config and ``validate`` derives the field's own rule from it. ``hidden`` keeps it
+    out of ``--help``.
 
-    ``kind`` says how the text parses: ``int``, ``seconds``, ``text``, ``path``, or
-    ``switch`` (a flag without a value that sets ``True``; ``False`` for a ``--no-`` flag).
-    ``empty`` is what the value ``''`` means: ``"disables"`` (the setting becomes ``None``)
-    or ``"refused"`` (a usage error); ``env_empty_is_unset`` makes an empty environment
-    variable count as absent. ``cli_default`` is the command line's default where it differs
-    from the field's: a value, or a function of the environment. A ``secret`` stays out of
-    ``repr``."""
+    ``kind`` says how the text parses: ``int``, ``seconds``, ``number``, ``text``, ``path``,
+    ``gpu_ids`` (comma-separated GPU ids; a bad list is ignored in CPU mode, SERVER.md §2),
+    or ``switch`` (a flag without a value that sets ``True``; ``False`` for a ``--no-``
+    flag). A ``repeatable`` flag may be given many times and the field is the list of its
+    values (``text`` or ``path``). ``empty`` is what the value ``''`` means: ``"disables"``
+    (the setting becomes ``None``) or ``"refused"`` (a usage error); ``env_empty_is_unset``
+    makes an empty environment variable count as absent. ``cli_default`` is the command
+    line's default where it differs from the field's: a value, or a function of the
+    environment. ``minimum`` bounds an ``int`` (``None`` is allowed where the default is
+    ``None``); ``positive`` makes a ``seconds`` value > 0 instead of >= 0. ``problem`` says
+    why a value (each value of a ``repeatable``; never ``None``) is refused, or None. A
+    ``secret`` stays out of ``repr``."""
     metadata = {
         "flag": flag,
         "kind": kind,
@@ -137,15 +145,24 @@ def setting(
         "cli_default": cli_default,
         "env_in_help": env_in_help,
         "metavar": metavar,
+        "repeatable": repeatable,
+        "minimum": minimum,
+        "positive": positive,
+        "problem": problem,
     }
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=metadata, repr=not secret)
     return field(default=default, metadata=metadata, repr=not secret)
 
 
+def declared_settings(owner: Any) -> list[Field]:
+    """The fields of dataclass ``owner`` declared with ``setting``, in declaration order."""
+    return [f for f in fields(owner) if "flag" in f.metadata]
+
+
 def flag_settings() -> list[Field]:
     """The ``ServerConfig`` fields declared with ``setting``, in declaration order."""
-    return [f for f in fields(ServerConfig) if "flag" in f.metadata]
+    return declared_settings(ServerConfig)
 
 
 @dataclass(frozen=True)
@@ -164,17 +181,28 @@ class ServerConfig:
         help="device mode",
         env="KCORAL_SERVER_DEVICE",
         metavar="{auto,gpu,cpu}",
+        problem=lambda value: _one_of(value, DEVICE_MODES, hidden=(FAKE_GPU_DEVICE,)),
     )
-    gpus: list[int] = field(default_factory=lambda: [0])
-    num_workers: int = setting(1, flag="--num-workers", kind="int", help="CPU mode worker count")
+    gpus: list[int] = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=lambda: [0],
+        flag="--gpus",
+        kind="gpu_ids",
+        help="comma-separated physical GPU ids",
+        shown_default="0",
+        env="KCORAL_SERVER_GPUS",
+    )
+    num_workers: int = setting(
+        1, flag="--num-workers", kind="int", help="CPU mode worker count", minimum=1
+    )
     workers_per_gpu: int = setting(
-        8, flag="--workers-per-gpu", kind="int", help="GPU mode workers per GPU"
+        8, flag="--workers-per-gpu", kind="int", help="GPU mode workers per GPU", minimum=1
     )
     max_requests_per_worker: int = setting(
         1,
         flag="--max-requests-per-worker",
         kind="int",
         help="requests before a worker is replaced; 0 = reuse without limit",
+        minimum=0,
     )
     worker_termination_grace_seconds: float = setting(
         5.0, flag="--worker-termination-grace-seconds", kind="seconds", help="SIGTERM->SIGKILL"
@@ -190,24 +218,25 @@ class ServerConfig:
         kind="seconds",
         help="drop a request whose body sends nothing for this long, or averages under "
         "1024 bytes/s after it",
+        positive=True,
     )
     default_timeout_seconds: float = setting(
-        300.0, flag="--default-timeout-seconds", kind="seconds"
+        300.0, flag="--default-timeout-seconds", kind="seconds", positive=True
     )
     max_timeout_seconds: float = setting(
-        900.0, flag="--max-timeout-seconds", kind="seconds", help="clamp"
+        900.0, flag="--max-timeout-seconds", kind="seconds", help="clamp", positive=True
     )
     max_request_bytes: int = setting(
-        268435456, flag="--max-request-bytes", kind="int", help="413 above"
+        268435456, flag="--max-request-bytes", kind="int", help="413 above", minimum=1
     )
     max_response_bytes: int = setting(
-        268435456, flag="--max-response-bytes", kind="int", help="500 above"
+        268435456, flag="--max-response-bytes", kind="int", help="500 above", minimum=1
     )
     output_limit_bytes: int = setting(
-        1048576, flag="--output-limit-bytes", kind="int", help="per-stream capture"
+        1048576, flag="--output-limit-bytes", kind="int", help="per-stream capture", minimum=0
     )
     max_output_limit_bytes: int = setting(
-        16777216, flag="--max-output-limit-bytes", kind="int", help="clamp"
+        16777216, flag="--max-output-limit-bytes", kind="int", help="clamp", minimum=0
     )
     cache_capacity_bytes: int = setting(
         default_factory=default_cache_capacity_bytes,
@@ -215,6 +244,7 @@ class ServerConfig:
         kind="int",
         help="memory cache",
         shown_default=": the smaller of 16 GiB and 1/4 of physical memory",
+        minimum=0,
     )
     disk_cache_dir: Path | None = setting(  # noqa: RUF009 (setting is a field)
         default_factory=default_disk_cache_dir,
@@ -226,7 +256,7 @@ class ServerConfig:
         cli_default=default_disk_cache_dir,  # of the environment the command line was given
     )
     disk_cache_capacity_mbytes: int = setting(
-        16384, flag="--disk-cache-capacity-mbytes", kind="int", help="MiB; 0 disables"
+        16384, flag="--disk-cache-capacity-mbytes", kind="int", help="MiB; 0 disables", minimum=0
     )
     log_dir: Path | None = setting(  # noqa: RUF009 (setting is a field)
         None,
@@ -249,8 +279,21 @@ class ServerConfig:
         kind="text",
         help="auto: bubblewrap where it works, else none with a warning",
         metavar="{auto,bubblewrap,none}",
+        problem=lambda value: _one_of(value, SANDBOXES),
     )
-    sandbox_readonly_paths: list[Path] = field(default_factory=list)
+    sandbox_readonly_paths: list[Path] = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=list,
+        flag="--sandbox-readonly-path",
+        kind="path",
+        repeatable=True,
+        help="extra read-only path in the sandbox",
+        empty="refused",
+        # SERVER.md §14: '/' would shadow the whole sandbox (ancestors of the workspace
+        # root are checked when the sandbox starts).
+        problem=lambda path: (
+            "must not be '/'" if Path(os.path.abspath(path)) == Path("/") else None
+        ),
+    )
     router_endpoint: str | None = setting(
         None,
         flag="--router",
@@ -258,6 +301,7 @@ class ServerConfig:
         help="router origin",
         env="KCORAL_ROUTER_ENDPOINT",
         env_empty_is_unset=True,
+        problem=lambda value: router_origin_problem(value),
     )
     node_id: str | None = setting(
         None,
@@ -266,6 +310,11 @@ class ServerConfig:
         help="node name",
         env="KCORAL_NODE_ID",
         env_empty_is_unset=True,
+        problem=lambda value: (
+            None
+            if valid_node_id(value)
+            else "must be 1-64 characters: an ASCII letter or digit, then [A-Za-z0-9_.-]"
+        ),
     )
     node_token: str | None = setting(
         None,
@@ -277,22 +326,9 @@ class ServerConfig:
         env_in_help=False,
         empty="refused",
         secret=True,
-    )
-    # EXTENSIONS.md additions
-    job_retention_seconds: float = setting(
-        3600.0, flag="--job-retention-seconds", kind="seconds", help="keep finished jobs"
-    )
-    max_sessions: int = setting(
-        1, flag="--max-sessions", kind="int", help="session seats beyond the stateless ones"
-    )
-    session_idle_seconds: float = setting(
-        600.0, flag="--session-idle-seconds", kind="seconds", help="end an idle session"
-    )
-    job_retention_bytes: int = setting(
-        GIB,
-        flag="--job-retention-bytes",
-        kind="int",
-        help="results and events of finished jobs kept, in memory and on disk",
+        problem=lambda value: (
+            None if isinstance(value, str) and value else "must be a non-empty string"
+        ),
     )
     # KCORAL_AUTH_TOKEN is not this setting's variable: it gives auth_token itself.
     auth_token_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
@@ -309,6 +345,31 @@ class ServerConfig:
         kind="switch",
         help="allow no token on a non-loopback address",
     )
+    # EXTENSIONS.md additions
+    job_retention_seconds: float = setting(
+        3600.0, flag="--job-retention-seconds", kind="seconds", help="keep finished jobs"
+    )
+    job_retention_bytes: int = setting(
+        GIB,
+        flag="--job-retention-bytes",
+        kind="int",
+        help="results and events of finished jobs kept, in memory and on disk",
+        minimum=0,
+    )
+    max_sessions: int = setting(
+        1,
+        flag="--max-sessions",
+        kind="int",
+        help="session seats beyond the stateless ones",
+        minimum=0,
+    )
+    session_idle_seconds: float = setting(
+        600.0,
+        flag="--session-idle-seconds",
+        kind="seconds",
+        help="end an idle session",
+        positive=True,
+    )
     max_inflight_request_bytes: int | None = setting(
         None,
         flag="--max-inflight-request-bytes",
@@ -316,6 +377,7 @@ class ServerConfig:
         help="request body bytes received and held before 503 (declared lengths reserve "
         "nothing); 0 = no limit",
         shown_default="2 x --max-request-bytes",
+        minimum=0,
     )
     # None: the default share of physical memory, enforced only where a cgroup can (limits.py)
     worker_memory_limit_bytes: int | None = setting(
@@ -324,6 +386,7 @@ class ServerConfig:
         kind="int",
         help="per worker; 0 = none",
         shown_default=": physical memory / workers, at least 4 GiB, where a cgroup enforces it",
+        minimum=0,
     )
     # None: KCORAL_WORKER_PROCESS_LIMIT, else limits.DEFAULT_PROCESS_LIMIT; 0 = none
     worker_process_limit: int | None = setting(
@@ -333,15 +396,45 @@ class ServerConfig:
         help="processes and threads per worker (cgroup pids.max); 0 = none",
         shown_default="4096",
         env="KCORAL_WORKER_PROCESS_LIMIT",
+        minimum=0,
     )
     # Variables no worker inherits (exact names, or prefixes ending in '*'), besides the
     # KCoral secrets that no worker ever gets (sandbox.is_secret_variable).
-    worker_env_deny: list[str] = field(default_factory=list)
-    allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
-    fake_gpu_count: int = setting(0, flag="--fake-gpu-count", kind="int", hidden=True)
+    worker_env_deny: list[str] = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=list,
+        flag="--worker-env-deny",
+        kind="text",
+        repeatable=True,
+        metavar="NAME",
+        help="environment variable no worker inherits; NAME* denies a prefix",
+        problem=lambda name: (
+            None
+            if isinstance(name, str) and name and "=" not in name
+            else "must be a list of variable names"
+        ),
+    )
     # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
-    allowed_origins: list[str] = field(default_factory=list)
-    allowed_hosts: list[str] = field(default_factory=list)
+    allowed_origins: list[str] = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=list,
+        flag="--allowed-origin",
+        kind="text",
+        repeatable=True,
+        metavar="ORIGIN",
+        help="let web pages from this origin call the server",
+        problem=origin_problem,
+    )
+    allowed_hosts: list[str] = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=list,
+        flag="--allowed-host",
+        kind="text",
+        repeatable=True,
+        metavar="HOST",
+        help="accept this Host name without a client token besides loopback and the listen address",
+        problem=host_problem,
+    )
+    # No flag: EXTENSIONS §3 gives it only a variable, KCORAL_ALLOWED_SERIALIZATION (cli_args).
+    allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
+    fake_gpu_count: int = setting(0, flag="--fake-gpu-count", kind="int", hidden=True, minimum=0)
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -379,31 +472,23 @@ def _set(config: ServerConfig, name: str, value: Any) -> None:
 
 
 def _normalize(config: ServerConfig) -> None:
-    """Accept friendly Python inputs (str paths, tuples) and resolve derived defaults."""
-    for name in ("disk_cache_dir", "log_dir", "auth_token_file"):
+    """Accept friendly Python inputs (str paths, tuples, whole seconds) and resolve derived
+    defaults, as each setting's declared kind says."""
+    for setting in flag_settings():
+        name, kind = setting.name, setting.metadata["kind"]
         value = getattr(config, name)
-        if isinstance(value, str):
-            _set(config, name, Path(value) if value else None)
-    if isinstance(config.gpus, tuple):
-        _set(config, "gpus", list(config.gpus))
-    if isinstance(config.sandbox_readonly_paths, (tuple, list)):
-        paths = [Path(p) if isinstance(p, str) else p for p in config.sandbox_readonly_paths]
-        _set(config, "sandbox_readonly_paths", paths)
-    for name in ("allowed_serialization", "allowed_origins", "allowed_hosts", "worker_env_deny"):
-        if isinstance(getattr(config, name), tuple):
-            _set(config, name, list(getattr(config, name)))
-    for name in (
-        "worker_termination_grace_seconds",
-        "worker_wait_timeout_seconds",
-        "body_timeout_seconds",
-        "default_timeout_seconds",
-        "max_timeout_seconds",
-        "job_retention_seconds",
-        "session_idle_seconds",
-    ):
-        value = getattr(config, name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            _set(config, name, float(value))
+        if setting.metadata["repeatable"] or kind == "gpu_ids":
+            if isinstance(value, tuple):
+                value = list(value)
+            if kind == "path" and isinstance(value, list):
+                value = [Path(p) if isinstance(p, str) else p for p in value]
+        elif kind == "path" and isinstance(value, str):
+            value = Path(value) if value else None
+        elif kind == "seconds" and _is_int(value):
+            value = float(value)
+        _set(config, name, value)
+    if isinstance(config.allowed_serialization, tuple):
+        _set(config, "allowed_serialization", list(config.allowed_serialization))
     if config.max_inflight_request_bytes is None and _is_int(config.max_request_bytes):
         _set(config, "max_inflight_request_bytes", 2 * config.max_request_bytes)
 
@@ -412,102 +497,86 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_int(config: ServerConfig, name: str, minimum: int) -> None:
+def _one_of(value: object, shown: tuple[str, ...], hidden: tuple[str, ...] = ()) -> str | None:
+    if value in shown or value in hidden:
+        return None
+    return f"must be one of {', '.join(shown)} (got {value!r})"
+
+
+def _value_problem(setting: Field, value: Any) -> str | None:
+    """Why one value of a declared setting breaks its declared kind and rule, or None."""
+    meta = setting.metadata
+    kind = meta["kind"]
+    if kind == "int":
+        if value is None and setting.default is None:
+            return None
+        if not _is_int(value):
+            return f"must be an integer (got {value!r})"
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            return f"must be >= {meta['minimum']} (got {value})"
+    elif kind == "seconds":
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"must be a finite number of seconds (got {value!r})"
+        if not math.isfinite(value):
+            return f"must be a finite number of seconds (got {value!r})"
+        if meta["positive"] and value <= 0:
+            return f"must be > 0 (got {value})"
+        if value < 0:
+            return f"must be >= 0 (got {value})"
+    elif kind == "switch":
+        if not isinstance(value, bool):
+            return f"must be a bool (got {value!r})"
+    elif kind == "path" and not meta["repeatable"]:
+        if value is not None and not isinstance(value, Path):
+            return f"must be a path or None (got {value!r})"
+    if value is not None and meta["problem"] is not None:
+        return meta["problem"](value)
+    return None
+
+
+def _check_declared(config: ServerConfig, setting: Field) -> None:
+    """A declared setting's own rule (kind, bounds, ``problem``), for each value of a list."""
+    name, meta = setting.name, setting.metadata
     value = getattr(config, name)
-    if not _is_int(value):
-        raise InvalidConfigError(name, f"must be an integer (got {value!r})")
-    if value < minimum:
-        raise InvalidConfigError(name, f"must be >= {minimum} (got {value})")
+    if meta["kind"] == "gpu_ids":
+        if not isinstance(value, list):
+            raise InvalidConfigError(name, f"must be a list of GPU ids (got {value!r})")
+        if config.device == "cpu":  # SERVER.md §2: ignored in CPU mode
+            return
+        for gpu in value:
+            if not _is_int(gpu) or gpu < 0:
+                raise InvalidConfigError(name, f"must hold GPU ids >= 0 (got {gpu!r})")
+        return
+    if not meta["repeatable"]:
+        problem = _value_problem(setting, value)
+        if problem:
+            raise InvalidConfigError(name, problem)
+        return
+    if not isinstance(value, list):
+        raise InvalidConfigError(name, f"must be a list of {_ITEMS[meta['kind']]}")
+    for item in value:  # a text item's type is its ``problem``'s to judge
+        if meta["kind"] == "path" and not isinstance(item, Path):
+            raise InvalidConfigError(name, f"must hold paths (got {item!r})")
+        problem = _value_problem(setting, item)
+        if problem:
+            raise InvalidConfigError(name, problem)
 
 
-def _check_seconds(config: ServerConfig, name: str, *, positive: bool) -> None:
-    value = getattr(config, name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise InvalidConfigError(name, f"must be a finite number of seconds (got {value!r})")
-    if positive and value <= 0:
-        raise InvalidConfigError(name, f"must be > 0 (got {value})")
-    if not positive and value < 0:
-        raise InvalidConfigError(name, f"must be >= 0 (got {value})")
-
-
-def _check_optional_path(config: ServerConfig, name: str) -> None:
-    value = getattr(config, name)
-    if value is not None and not isinstance(value, Path):
-        raise InvalidConfigError(name, f"must be a path or None (got {value!r})")
-
-
-def _check_bool(config: ServerConfig, name: str) -> None:
-    if not isinstance(getattr(config, name), bool):
-        raise InvalidConfigError(name, f"must be a bool (got {getattr(config, name)!r})")
+_ITEMS = {"path": "paths", "text": "strings"}
 
 
 def validate(config: ServerConfig) -> None:
-    """Every rule of SERVER.md §2 / EXTENSIONS.md / ROUTER.md §3 that needs no I/O."""
-    devices = (*DEVICE_MODES, FAKE_GPU_DEVICE)
-    if config.device not in devices:
-        raise InvalidConfigError(
-            "device", f"must be one of {', '.join(DEVICE_MODES)} (got {config.device!r})"
-        )
-    _check_int(config, "fake_gpu_count", 0)
+    """Every rule of SERVER.md §2 / EXTENSIONS.md / ROUTER.md §3 that needs no I/O: each
+    declared setting's own, then those between settings."""
+    for setting in flag_settings():
+        _check_declared(config, setting)
     if config.device == FAKE_GPU_DEVICE and config.fake_gpu_count < 1:
         raise InvalidConfigError(
             "fake_gpu_count",
             f"must be >= 1 with device {FAKE_GPU_DEVICE!r}",
         )
-    if not isinstance(config.gpus, list):
-        raise InvalidConfigError("gpus", f"must be a list of GPU ids (got {config.gpus!r})")
-    if config.device != "cpu":  # SERVER.md §2: ignored in CPU mode
-        for gpu in config.gpus:
-            if not _is_int(gpu) or gpu < 0:
-                raise InvalidConfigError("gpus", f"must hold GPU ids >= 0 (got {gpu!r})")
-        if not config.gpus and config.device in ("gpu", FAKE_GPU_DEVICE):
-            raise InvalidConfigError("gpus", "must not be empty in GPU mode")
-
-    _check_int(config, "num_workers", 1)
-    _check_int(config, "workers_per_gpu", 1)
-    _check_int(config, "max_requests_per_worker", 0)
-    _check_seconds(config, "worker_termination_grace_seconds", positive=False)
-    _check_seconds(config, "worker_wait_timeout_seconds", positive=False)
-    _check_seconds(config, "body_timeout_seconds", positive=True)
-    _check_seconds(config, "default_timeout_seconds", positive=True)
-    _check_seconds(config, "max_timeout_seconds", positive=True)
-    _check_int(config, "max_request_bytes", 1)
-    _check_int(config, "max_response_bytes", 1)
-    _check_int(config, "output_limit_bytes", 0)
-    _check_int(config, "max_output_limit_bytes", 0)
-    _check_int(config, "cache_capacity_bytes", 0)
-    _check_int(config, "disk_cache_capacity_mbytes", 0)
-    _check_seconds(config, "job_retention_seconds", positive=False)
-    _check_int(config, "job_retention_bytes", 0)
-    _check_int(config, "max_sessions", 0)
-    _check_seconds(config, "session_idle_seconds", positive=True)
-    _check_int(config, "max_inflight_request_bytes", 0)
-    for name in ("worker_memory_limit_bytes", "worker_process_limit"):
-        if getattr(config, name) is not None:
-            _check_int(config, name, 0)
-    if not isinstance(config.worker_env_deny, list) or not all(
-        isinstance(name, str) and name and "=" not in name for name in config.worker_env_deny
-    ):
-        raise InvalidConfigError("worker_env_deny", "must be a list of variable names")
-
-    for name in ("disk_cache_dir", "log_dir", "auth_token_file"):
-        _check_optional_path(config, name)
-    for name in ("log_console", "log_programs", "allow_unauthenticated"):
-        _check_bool(config, name)
-
-    if config.sandbox not in SANDBOXES:
-        raise InvalidConfigError(
-            "sandbox", f"must be one of {', '.join(SANDBOXES)} (got {config.sandbox!r})"
-        )
-    if not isinstance(config.sandbox_readonly_paths, list):
-        raise InvalidConfigError("sandbox_readonly_paths", "must be a list of paths")
-    for path in config.sandbox_readonly_paths:
-        if not isinstance(path, Path):
-            raise InvalidConfigError("sandbox_readonly_paths", f"must hold paths (got {path!r})")
-        # SERVER.md §14: '/' would shadow the whole sandbox (ancestors of the workspace
-        # root are checked when the sandbox starts).
-        if Path(os.path.abspath(path)) == Path("/"):
-            raise InvalidConfigError("sandbox_readonly_paths", "must not be '/'")
+    if not config.gpus and config.device in ("gpu", FAKE_GPU_DEVICE):
+        raise InvalidConfigError("gpus", "must not be empty in GPU mode")
     if config.sandbox_readonly_paths and config.sandbox == "none":
         raise InvalidConfigError(
             "sandbox_readonly_paths",
@@ -529,26 +598,10 @@ def validate(config: ServerConfig) -> None:
                 "allowed_serialization",
                 f"names an unknown format {name!r} (known: {', '.join(SERIALIZATION_FORMATS)})",
             )
-    for name, problem_of in (("allowed_origins", origin_problem), ("allowed_hosts", host_problem)):
-        values = getattr(config, name)
-        if not isinstance(values, list):
-            raise InvalidConfigError(name, "must be a list of strings")
-        for value in values:
-            problem = problem_of(value)
-            if problem:
-                raise InvalidConfigError(name, problem)
 
 
 def _validate_router(config: ServerConfig) -> None:
-    if config.router_endpoint is not None:
-        problem = router_origin_problem(config.router_endpoint)
-        if problem:
-            raise InvalidConfigError("router_endpoint", problem)
-    if config.node_id is not None and not valid_node_id(config.node_id):
-        raise InvalidConfigError(
-            "node_id",
-            "must be 1-64 characters: an ASCII letter or digit, then [A-Za-z0-9_.-]",
-        )
+    """ROUTER.md §3: a node names both its router and itself, or neither."""
     if config.router_endpoint is not None and config.node_id is None:
         raise InvalidConfigError(
             "router_endpoint", "requires node_id", "--router requires --node-id"
@@ -557,10 +610,6 @@ def _validate_router(config: ServerConfig) -> None:
         raise InvalidConfigError(
             "node_id", "requires router_endpoint", "--node-id requires --router"
         )
-    if config.node_token is not None and (
-        not isinstance(config.node_token, str) or not config.node_token
-    ):
-        raise InvalidConfigError("node_token", "must be a non-empty string")
 
 
 def valid_node_id(value: object) -> bool:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import grpc
 import psutil
+from kcoral_server.cli_args import listen_flags, supervisor_flags
 from kcoral_server.node.handover import (
     SECRETS_FD_ENV,
     NodeSecrets,
@@ -47,26 +48,17 @@ USAGE_ERROR = 2  # the exit status of a server that refuses its settings
 PR_SET_CHILD_SUBREAPER = 36
 # Test-only: a JSON object merged into the reported ``versions`` (cohort tests).
 VERSIONS_OVERRIDE_ENV = "KCORAL_TEST_VERSIONS_OVERRIDE"
-# Options that the supervisor owns or passes through the environment instead.
+# Options that the supervisor owns or passes through the environment instead: the listen
+# settings, the node's identity and the supervisor's own (declared in cli_args).
 STRIPPED_OPTIONS = frozenset(
     {
-        "--host",
-        "--port",
-        "--ready-file",
+        *listen_flags(),
         "--router",
         "--node-id",
         "--node-token",
         # The child holds no client token: only its tunnel reaches it (ROUTER §12).
         "--auth-token-file",
-        "--health-interval-seconds",
-        "--health-timeout-seconds",
-        "--failure-threshold",
-        "--startup-grace-seconds",
-        "--stable-reset-seconds",
-        "--termination-grace-seconds",
-        "--restart-min-delay-seconds",
-        "--restart-max-delay-seconds",
-        "--restart-jitter",
+        *supervisor_flags(),
     }
 )
 

@@ -1,0 +1,201 @@
+"""Each declared ``kcoral server`` setting (``config.setting``) round-trips from its flag,
+from its variable and from nothing to the same place; bad values of each list kind are usage
+errors (SERVER.md §2, EXTENSIONS.md §2/§6, ROUTER.md §12)."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, Field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kcoral_server.cli_args import (
+    ServerSettings,
+    SupervisorOptions,
+    parse_server_args,
+    supervisor_flags,
+)
+from kcoral_server.config import declared_settings, flag_settings
+
+ROUTED = ("--router", "http://router:9000", "--node-id", "node-1")
+TOKEN_FILE = "token-file"  # a placeholder: the test writes a real token file for it
+
+#: setting -> (the text given, the value expected, other options that value needs)
+SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
+    "host": ("0.0.0.0", "0.0.0.0", ()),
+    "port": ("8123", 8123, ()),
+    "ready_file": ("/tmp/kcoral-ready", Path("/tmp/kcoral-ready"), ()),
+    "device": ("cpu", "cpu", ()),
+    "gpus": ("1,2", [1, 2], ()),
+    "num_workers": ("3", 3, ()),
+    "workers_per_gpu": ("2", 2, ()),
+    "max_requests_per_worker": ("0", 0, ()),
+    "worker_termination_grace_seconds": ("2.5", 2.5, ()),
+    "worker_wait_timeout_seconds": ("10", 10.0, ()),
+    "body_timeout_seconds": ("7", 7.0, ()),
+    "default_timeout_seconds": ("30", 30.0, ()),
+    "max_timeout_seconds": ("60", 60.0, ()),
+    "max_request_bytes": ("1000", 1000, ()),
+    "max_response_bytes": ("2000", 2000, ()),
+    "output_limit_bytes": ("300", 300, ()),
+    "max_output_limit_bytes": ("400", 400, ()),
+    "cache_capacity_bytes": ("5000", 5000, ()),
+    "disk_cache_dir": ("/tmp/kcoral-blobs", Path("/tmp/kcoral-blobs"), ()),
+    "disk_cache_capacity_mbytes": ("12", 12, ()),
+    "log_dir": ("/tmp/kcoral-logs", Path("/tmp/kcoral-logs"), ()),
+    "log_console": ("", False, ()),
+    "log_programs": ("", False, ()),
+    "sandbox": ("none", "none", ()),
+    "sandbox_readonly_paths": ("/opt/data", [Path("/opt/data")], ()),
+    "router_endpoint": ("http://router:9000", "http://router:9000", ("--node-id", "n1")),
+    "node_id": ("node-7", "node-7", ("--router", "http://router:9000")),
+    "node_token": ("node-secret", "node-secret", ()),
+    "auth_token_file": (TOKEN_FILE, TOKEN_FILE, ()),
+    "allow_unauthenticated": ("", True, ()),
+    "job_retention_seconds": ("0", 0.0, ()),
+    "job_retention_bytes": ("0", 0, ()),
+    "max_sessions": ("4", 4, ()),
+    "session_idle_seconds": ("9", 9.0, ()),
+    "max_inflight_request_bytes": ("0", 0, ()),
+    "worker_memory_limit_bytes": ("0", 0, ()),
+    "worker_process_limit": ("64", 64, ()),
+    "worker_env_deny": ("AWS_*", ["AWS_*"], ()),
+    "allowed_origins": ("https://lab.example.org", ["https://lab.example.org"], ()),
+    "allowed_hosts": ("lab.example.org", ["lab.example.org"], ()),
+    "fake_gpu_count": ("2", 2, ()),
+    "health_interval_seconds": ("4", 4.0, ROUTED),
+    "health_timeout_seconds": ("0.5", 0.5, ROUTED),
+    "failure_threshold": ("5", 5, ROUTED),
+    "startup_grace_seconds": ("0", 0.0, ROUTED),
+    "stable_reset_seconds": ("1", 1.0, ROUTED),
+    "termination_grace_seconds": ("3", 3.0, ROUTED),
+    "restart_min_delay_seconds": ("2", 2.0, ROUTED),
+    "restart_max_delay_seconds": ("40", 40.0, ROUTED),
+    "restart_jitter": ("0.1", 0.1, ROUTED),
+}
+
+DECLARED = [
+    *declared_settings(ServerSettings),
+    *flag_settings(),
+    *declared_settings(SupervisorOptions),
+]
+WITH_VARIABLE = [declared for declared in DECLARED if declared.metadata["env"]]
+
+
+def settings_value(settings: ServerSettings, name: str) -> Any:
+    for holder in (settings, settings.config, settings.supervisor):
+        if holder is not None and name in {f.name for f in declared_settings(type(holder))}:
+            return getattr(holder, name)
+    raise AssertionError(f"{name} is not a declared setting")
+
+
+def given(declared: Field, tmp_path: Path) -> tuple[str, Any, tuple[str, ...]]:
+    text, expected, companions = SAMPLES[declared.name]
+    if text == TOKEN_FILE:
+        token_file = tmp_path / "token"
+        token_file.write_text("a-client-token\n", encoding="utf-8")
+        return str(token_file), token_file, companions
+    return text, expected, companions
+
+
+def test_every_declared_setting_has_a_sample_here() -> None:
+    assert sorted(SAMPLES) == sorted(declared.name for declared in DECLARED)
+
+
+@pytest.mark.parametrize("declared", DECLARED, ids=lambda d: d.metadata["flag"])
+def test_a_declared_setting_comes_from_its_flag(declared: Field, tmp_path: Path) -> None:
+    text, expected, companions = given(declared, tmp_path)
+    flag = declared.metadata["flag"]
+    argv = [flag] if declared.metadata["kind"] == "switch" else [flag, text]
+    settings = parse_server_args([*argv, *companions], {})
+    assert settings_value(settings, declared.name) == expected
+
+
+@pytest.mark.parametrize("declared", WITH_VARIABLE, ids=lambda d: d.metadata["env"])
+def test_a_declared_setting_comes_from_its_variable_when_the_flag_is_absent(
+    declared: Field, tmp_path: Path
+) -> None:
+    text, expected, companions = given(declared, tmp_path)
+    settings = parse_server_args(list(companions), {declared.metadata["env"]: text})
+    assert settings_value(settings, declared.name) == expected
+
+
+@pytest.mark.parametrize("declared", WITH_VARIABLE, ids=lambda d: d.metadata["env"])
+def test_a_declared_settings_flag_wins_over_its_variable(declared: Field, tmp_path: Path) -> None:
+    text, expected, companions = given(declared, tmp_path)
+    variable_text = "3,4" if declared.name == "gpus" else text + "9"
+    argv = [declared.metadata["flag"], text, *companions]
+    settings = parse_server_args(argv, {declared.metadata["env"]: variable_text})
+    assert settings_value(settings, declared.name) == expected
+
+
+@pytest.mark.parametrize("declared", DECLARED, ids=lambda d: d.metadata["flag"])
+def test_a_declared_setting_left_out_takes_its_declared_default(declared: Field) -> None:
+    # a supervisor option exists only with a router; the others need nothing else
+    companions = (
+        ROUTED if declared.name in {f.name for f in declared_settings(SupervisorOptions)} else ()
+    )
+    environ = {"HOME": "/home/someone", "XDG_CACHE_HOME": ""}
+    settings = parse_server_args(list(companions), environ)
+    meta = declared.metadata
+    if meta["cli_default"] is not MISSING:
+        default = meta["cli_default"]
+        expected = Path(default(environ) if callable(default) else default)
+    elif declared.default_factory is not MISSING:
+        expected = declared.default_factory()
+    else:
+        expected = declared.default
+    if declared.name == "max_inflight_request_bytes":  # None: twice the request limit
+        expected = 2 * settings.config.max_request_bytes
+    assert settings_value(settings, declared.name) == expected
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str], **environ: str) -> str:
+    with pytest.raises(SystemExit) as excinfo:
+        parse_server_args(argv, environ)
+    assert excinfo.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sandbox-readonly-path", ""], "--sandbox-readonly-path must not be empty"),
+        (["--sandbox-readonly-path", "/"], "--sandbox-readonly-path must not be '/'"),
+        (
+            ["--sandbox-readonly-path", "/opt", "--sandbox-readonly-path", "/"],
+            "--sandbox-readonly-path must not be '/'",
+        ),
+        (["--worker-env-deny", "A=B"], "--worker-env-deny must be a list of variable names"),
+        (["--worker-env-deny", ""], "--worker-env-deny must be a list of variable names"),
+        (["--allowed-origin", "*"], "--allowed-origin must name one origin"),
+        (["--allowed-origin", "https://a.example/path"], "--allowed-origin"),
+        (["--allowed-host", "a.example/x"], "--allowed-host must be a bare host name"),
+        (["--allowed-host", "*.example.org"], "--allowed-host must be a bare host name"),
+        (["--gpus", "0,x"], "--gpus: not a GPU id: 'x'"),
+        (["--gpus", "-1"], "--gpus: not a GPU id: '-1'"),
+    ],
+)
+def test_a_bad_value_of_a_list_setting_is_a_usage_error_naming_its_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert message in refused(capsys, argv)
+
+
+def test_a_bad_gpu_list_in_the_variable_is_a_usage_error_naming_the_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "KCORAL_SERVER_GPUS: not a GPU id: 'x'" in refused(capsys, [], KCORAL_SERVER_GPUS="x")
+
+
+def test_a_supervisor_option_without_a_router_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for flag in supervisor_flags():
+        assert refused(capsys, [flag, "1"]).endswith(f"{flag} requires --router")
+
+
+def test_a_non_numeric_supervisor_option_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "invalid number" in refused(capsys, [*ROUTED, "--restart-jitter", "much"])
