@@ -2,9 +2,36 @@
 
 Spawning ``python -m kcoral_server.worker`` costs an interpreter start plus the worker's
 imports (~1 s on a loaded machine); forking a process that already imported them costs
-~25 ms. The launcher imports the worker modules but never torch and never CUDA, so a fork
-is as clean as a spawn: the child sets its own environment (``CUDA_VISIBLE_DEVICES``
-included) before anything reads it.
+~25 ms. The launcher imports the worker modules and, when asked (``--preload torch``, the
+server's ``--worker-preload``) and installed, torch with numpy, so a worker that touches a
+tensor does not pay ``import torch`` (~1.2 s of CPU) either.
+
+The fork rule (SERVER §1): the launcher forks only while it is single-threaded and CUDA is
+not initialized, so a fork is as clean as a spawn. Before every fork it checks
+
+* CUDA: ``torch.cuda.is_initialized()`` is False (the only ``torch.cuda`` function the
+  launcher calls: it reads a flag and caches no device count). The child sets its own
+  environment (``CUDA_VISIBLE_DEVICES`` included) before anything initializes CUDA, which
+  a GPU worker does later, under its lease.
+* Python threads: none but the main thread (``threading.enumerate()``).
+* native threads: none but the main thread (``/proc/self/task``). numpy's bundled OpenBLAS
+  starts its pool threads when it loads; OpenBLAS's own ``pthread_atfork`` handler would
+  stop them during ``fork()``, but the launcher stops them itself right after the preload
+  (``blas_thread_shutdown_``, the function that handler calls), so the rule holds literally
+  at every instant the launcher forks. A worker's first BLAS call starts the pool again with
+  the usual number of threads: workers' BLAS stays multi-threaded. torch's own pools start
+  at its first parallel operation, which the launcher never runs.
+
+A launcher that finds the rule broken refuses to fork: the front-end receives the reason
+(``LauncherRefused``), the worker start fails with it in the event log and the request that
+waited for the worker, and the remedy is ``--worker-preload none``. It never silently
+falls back to a spawn, which would hide a launcher that forks unsafely.
+
+The preload waits until the launcher has been idle for ``PRELOAD_IDLE_SECONDS`` after it
+served its first requests: the pool's first workers are forked (and the server ready) as
+fast as without it, the import runs while the server waits for its first request, and a
+fork request arriving during the import waits for it. Workers forked before it import
+torch themselves, as they did without a preload.
 
 Protocol on the launcher's ``AF_UNIX`` ``SOCK_SEQPACKET`` control socket: the front-end
 sends ``{"env": {...}, "cgroups": [...]}`` (JSON) with the worker's socketpair end; the
@@ -36,7 +63,7 @@ descendants are gone". An orphan that outlives ``SIGKILL`` for ``orphan_kill_sec
 clean-up and quarantines the worker's GPUs (SERVER §8, §11). It watches the front-end
 through a pidfd and, when the front-end dies, kills every worker and exits; each worker
 gets ``SIGKILL`` when the launcher dies (``PR_SET_PDEATHSIG``; the launcher is
-single-threaded, so that is exact). When the
+single-threaded when it forks, see the fork rule, so that is exact). When the
 front-end only closes the control socket the launcher forks nothing more and exits once its
 last worker has.
 """
@@ -45,6 +72,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
+import importlib.util
 import json
 import os
 import select
@@ -99,8 +128,19 @@ PRELOADED = (
 )
 
 
+#: what ``--preload`` may name: modules the launcher imports once idle, when installed
+PRELOADABLE = ("torch",)
+#: how long the launcher must have had no request before it starts the preload
+PRELOAD_IDLE_SECONDS = 0.2
+
+
 class LauncherError(OSError):
     """The launcher could not fork a worker (the caller may fall back to spawning)."""
+
+
+class LauncherRefused(LauncherError):
+    """The launcher broke the fork rule (a thread, or CUDA initialized) and refused to
+    fork: a configuration or environment problem to report, not to work around."""
 
 
 class ForkedProcess:
@@ -112,6 +152,8 @@ class ForkedProcess:
         #: orphans that survived ``SIGKILL`` (known with the exit code); -1: unknown, the
         #: launcher went away before it reported
         self.survivors = 0
+        #: the modules the launcher had preloaded when it forked this worker
+        self.preloaded: tuple[str, ...] = ()
         self._status_fd: int | None = status_fd
         os.set_blocking(status_fd, False)
 
@@ -179,10 +221,19 @@ class Launcher:
     """The front-end's handle on its launcher process (started on first use).
 
     ``wrap`` turns the launcher's command into the command that runs it (``bwrap ... --``:
-    a launcher inside a sandbox, see the module docstring)."""
+    a launcher inside a sandbox, see the module docstring); ``preload`` names modules of
+    ``PRELOADABLE`` it imports too (those installed)."""
 
-    def __init__(self, wrap: Callable[[list[str]], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+        preload: Sequence[str] = (),
+    ) -> None:
+        unknown = sorted(set(preload) - set(PRELOADABLE))
+        if unknown:
+            raise ValueError(f"cannot preload {', '.join(unknown)}")
         self._wrap = wrap
+        self.preload = tuple(preload)
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -239,8 +290,8 @@ class Launcher:
                 if "pid" not in reply or len(fds) != 1:
                     for fd in fds:
                         os.close(fd)
-                    raise LauncherError(reply.get("error", "worker launcher failed"))
-                return ForkedProcess(int(reply["pid"]), fds[0])
+                    raise _reply_error(reply)
+                return _forked(int(reply["pid"]), fds[0], reply)
         raise LauncherError("worker launcher failed")  # pragma: no cover
 
     def _go(self, data: bytes, fds: list[int], go: int, cgroups: Sequence[str]) -> ForkedProcess:
@@ -250,7 +301,7 @@ class Launcher:
         if "pid" not in reply or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            raise LauncherError(reply.get("error", "worker launcher failed"))
+            raise _reply_error(reply)
         assert self._process is not None
         pid = host_pid(self._process.pid, int(reply["pid"]))
         try:
@@ -263,7 +314,7 @@ class Launcher:
         except OSError as exc:
             os.close(fds[0])
             raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None
-        return ForkedProcess(pid, fds[0])
+        return _forked(pid, fds[0], reply)
 
     def start(self) -> None:
         """Start the launcher now (e.g. in the background while the server starts)."""
@@ -280,6 +331,8 @@ class Launcher:
             env = worker_base_environment()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         command = [sys.executable, "-m", "kcoral_server.launcher", "--fd", str(child.fileno())]
+        if self.preload:
+            command += ["--preload", ",".join(self.preload)]
         if self._wrap is None:
             command += ["--parent", str(os.getpid())]
         else:
@@ -328,6 +381,18 @@ class Launcher:
         self._retired = [p for p in self._retired if p.poll() is None]
 
 
+def _forked(pid: int, status_fd: int, reply: dict) -> ForkedProcess:
+    process = ForkedProcess(pid, status_fd)
+    process.preloaded = tuple(str(name) for name in reply.get("preloaded", ()))
+    return process
+
+
+def _reply_error(reply: dict) -> LauncherError:
+    """The exception for a launcher's answer without a worker."""
+    message = str(reply.get("error", "worker launcher failed"))
+    return LauncherRefused(message) if reply.get("refused") else LauncherError(message)
+
+
 PR_SET_DUMPABLE = 4
 
 
@@ -354,17 +419,18 @@ def host_pid(root: int, ns_pid: int) -> int | None:
     return None
 
 
-_shared: Launcher | None = None
+_shared: dict[tuple[str, ...], Launcher] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_launcher() -> Launcher:
-    """The process-wide launcher (one per front-end)."""
-    global _shared
+def shared_launcher(preload: Sequence[str] = ()) -> Launcher:
+    """The process-wide unsandboxed launcher preloading ``preload`` (one per front-end and
+    preload: servers in one process may be configured differently)."""
+    key = tuple(preload)
     with _shared_lock:
-        if _shared is None:
-            _shared = Launcher()
-        return _shared
+        if key not in _shared:
+            _shared[key] = Launcher(preload=key)
+        return _shared[key]
 
 
 # ---------------------------------------------------------------------- launcher process
@@ -521,17 +587,132 @@ def _watch_parent(parent: int | None) -> tuple[bool, int | None]:
     return True, pidfd
 
 
-def serve(control: socket.socket, parent: int | None = None) -> Child | None:
-    """The launcher loop; returns ``None`` in the launcher (exit) or a ``Child`` in a child.
+def preload(names: Sequence[str]) -> list[str]:
+    """Import the installed modules of ``names`` (a failure is printed: the workers then
+    import them themselves), then stop the native threads their loading started (the fork
+    rule); returns the modules now loaded."""
+    loaded = []
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            continue  # not installed: nothing to preload
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            print(f"kcoral launcher: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
+            continue
+        loaded.append(name)
+    stop_blas_pools()
+    _freeze_heap()
+    return loaded
 
-    ``parent`` is the front-end's pid: the launcher kills its workers and exits when it dies.
-    """
-    for name in PRELOADED:
-        __import__(name)
+
+def _freeze_heap() -> None:
     import gc
 
     gc.collect()
     gc.freeze()  # pages the children never write stay shared, collections skip them
+
+
+#: the function OpenBLAS's own ``pthread_atfork`` prepare handler calls: it joins the pool
+#: threads, and the next BLAS call starts them again
+_BLAS_SHUTDOWN = "blas_thread_shutdown_"
+
+
+def stop_blas_pools() -> int:
+    """Stop the thread pool of every OpenBLAS loaded here (numpy's bundled one included);
+    returns how many were stopped. Each starts again, with its configured number of
+    threads, at the first BLAS call of the process that makes it (a forked worker)."""
+    stopped = 0
+    for path in _loaded_libraries():
+        if "openblas" not in os.path.basename(path).lower():
+            continue
+        try:
+            library = ctypes.CDLL(path)  # already loaded: the same handle, no new init
+            getattr(library, _BLAS_SHUTDOWN)()
+        except (OSError, AttributeError):
+            continue  # not an OpenBLAS we know how to stop: the thread check will say so
+        stopped += 1
+    return stopped
+
+
+def _loaded_libraries() -> list[str]:
+    """Paths of the shared objects mapped into this process."""
+    found: dict[str, None] = {}
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and ".so" in fields[5]:
+                    found.setdefault(fields[5].strip(), None)
+    except OSError:
+        return []
+    return list(found)
+
+
+def fork_hazards() -> list[str]:
+    """What breaks the fork rule right now (see the module docstring); empty: fork."""
+    hazards = []
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    # is_initialized reads torch's flag; it neither initializes CUDA nor caches a count
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        hazards.append("CUDA is initialized")
+    main = threading.main_thread()
+    python = [thread.name for thread in threading.enumerate() if thread is not main]
+    if python:
+        hazards.append(f"Python thread(s) besides the main one: {', '.join(sorted(python))}")
+    native = _other_native_threads()
+    if native:
+        hazards.append(f"native thread(s) besides the main one: {', '.join(native)}")
+    return hazards
+
+
+def _other_native_threads() -> list[str]:
+    """``tid (name)`` of this process's threads other than the main one ([] if /proc cannot
+    say)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+        # "<pid>/task/<tid>" as this /proc numbers them (a sandbox mounts its own)
+        own = os.readlink("/proc/thread-self").rsplit("/", 1)[-1]
+    except OSError:
+        return []
+    others = []
+    for tid in sorted(tids, key=int):
+        if tid == own:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue  # it ended meanwhile
+        others.append(f"{tid} ({name})")
+    return others
+
+
+def refusal_message(hazards: Sequence[str]) -> str:
+    """The error a launcher that breaks the fork rule answers with."""
+    return (
+        "the worker fork server refused to fork: "
+        + "; ".join(hazards)
+        + " (a fork now could deadlock the worker or break CUDA in it, SERVER §1;"
+        " --worker-preload none turns the preload off if it caused this)"
+    )
+
+
+def serve(
+    control: socket.socket, parent: int | None = None, preload_names: Sequence[str] = ()
+) -> Child | None:
+    """The launcher loop; returns ``None`` in the launcher (exit) or a ``Child`` in a child.
+
+    ``parent`` is the front-end's pid: the launcher kills its workers and exits when it dies.
+    ``preload_names`` are imported once the launcher is idle (the module docstring).
+    """
+    for name in PRELOADED:
+        __import__(name)
+    _freeze_heap()
+    pending = list(preload_names)
+    loaded: list[str] = []
+    last_request = time.monotonic()
     become_subreaper()
     # Programs run as the same user in the same sandbox as their launcher: non-dumpable, it
     # cannot be ptraced or have its memory read or written by them (each child resets it).
@@ -552,10 +733,17 @@ def serve(control: socket.socket, parent: int | None = None) -> Child | None:
                 watched.append(control)
             if parent_fd is not None:
                 watched.append(parent_fd)
-            readable, _w, _x = select.select(watched, [], [], family.poll_interval)
+            timeout = family.poll_interval
+            if pending and accepting:
+                timeout = min(timeout or PRELOAD_IDLE_SECONDS, PRELOAD_IDLE_SECONDS)
+            readable, _w, _x = select.select(watched, [], [], timeout)
             if parent_fd is not None and parent_fd in readable:
                 family.kill_all()  # the front-end died (SIGKILL): nothing may outlive it
                 return None
+            idle = time.monotonic() - last_request >= PRELOAD_IDLE_SECONDS
+            if pending and accepting and control not in readable and idle:
+                loaded = preload(pending)  # blocks; requests queue on the socket meanwhile
+                pending = []
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
@@ -565,9 +753,10 @@ def serve(control: socket.socket, parent: int | None = None) -> Child | None:
                     data, fds, _flags, _addr = socket.recv_fds(control, _MAX_MESSAGE, 4)
                 except OSError:
                     data, fds = b"", []
+                last_request = time.monotonic()
                 if data:
                     fds_to_close = (wake_r, wake_w, *(() if parent_fd is None else (parent_fd,)))
-                    child = _fork(control, data, fds, family, fds_to_close)
+                    child = _fork(control, data, fds, family, fds_to_close, loaded)
                     if child is not None:
                         parent_fd = None  # closed in the child already
                         return child
@@ -588,6 +777,7 @@ def _fork(
     fds: list[int],
     family: Family,
     launcher_fds: tuple[int, ...],
+    preloaded: Sequence[str] = (),
 ) -> Child | None:
     try:
         request = json.loads(data)
@@ -600,6 +790,14 @@ def _fork(
         for fd in fds:
             os.close(fd)
         _reply(control, {"error": f"bad launch request: {exc}"}, [])
+        return None
+    hazards = fork_hazards()
+    if hazards:
+        for fd in fds:
+            os.close(fd)
+        message = refusal_message(hazards)
+        print(f"kcoral launcher: {message}", file=sys.stderr, flush=True)
+        _reply(control, {"error": message, "refused": True}, [])
         return None
     worker_fd = fds[0]
     go = fds[1] if len(fds) == 2 else None
@@ -641,7 +839,7 @@ def _fork(
     for fd in fds:
         os.close(fd)
     family.workers[pid] = status_w
-    _reply(control, {"pid": pid}, [status_r])
+    _reply(control, {"pid": pid, "preloaded": list(preloaded)}, [status_r])
     os.close(status_r)
     return None
 
@@ -735,19 +933,42 @@ def run_child(child: Child) -> int:
     return worker_main(["--fd", str(child.worker_fd)])
 
 
+_USAGE = (
+    "usage: python -m kcoral_server.launcher --fd N [--parent PID] [--preload MODULE,...]"
+    " | --supervise PARENT_PID"
+)
+
+
+def _parse_launcher_args(args: Sequence[str]) -> dict[str, str] | None:
+    """``--fd``, ``--parent`` and ``--preload`` (each at most once, ``--fd`` required), or
+    None for anything else."""
+    if len(args) % 2:
+        return None
+    options = dict(zip(args[::2], args[1::2], strict=True))
+    if len(options) != len(args) // 2 or "--fd" not in options:
+        return None
+    if not set(options) <= {"--fd", "--parent", "--preload"}:
+        return None
+    if not all(options[name].isdigit() for name in ("--fd", "--parent") if name in options):
+        return None
+    preload_names = options.get("--preload", "").split(",") if "--preload" in options else []
+    if not set(preload_names) <= set(PRELOADABLE):
+        return None
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "--supervise":
         return supervise(int(args[1]))
-    if len(args) not in (2, 4) or args[0] != "--fd" or (len(args) == 4 and args[2] != "--parent"):
-        print(
-            "usage: python -m kcoral_server.launcher --fd N [--parent PID]"
-            " | --supervise PARENT_PID",
-            file=sys.stderr,
-        )
+    options = _parse_launcher_args(args)
+    if options is None:
+        print(_USAGE, file=sys.stderr)
         return 2
-    control = socket.socket(fileno=int(args[1]))
-    child = serve(control, int(args[3]) if len(args) == 4 else None)
+    control = socket.socket(fileno=int(options["--fd"]))
+    parent = int(options["--parent"]) if "--parent" in options else None
+    names = options["--preload"].split(",") if "--preload" in options else []
+    child = serve(control, parent, names)
     if child is None:
         return 0
     code = run_child(child)

@@ -12,7 +12,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from kcoral_server.launcher import ForkedProcess, Launcher, LauncherError, shared_launcher
+from kcoral_server.launcher import (
+    ForkedProcess,
+    Launcher,
+    LauncherError,
+    LauncherRefused,
+    shared_launcher,
+)
 from kcoral_server.rank_variables import is_rank_variable
 from kcoral_server.sandbox import SandboxDir, worker_base_environment
 from kcoral_server.worker.confinement import clear_workspace
@@ -39,6 +45,15 @@ def worker_environment(
 
 def _padded(uuids: Sequence[str], ids: Sequence[int]) -> list[str]:
     return list(uuids) + [""] * (len(ids) - len(uuids))
+
+
+#: ``--worker-preload`` values -> the modules the fork servers import (SERVER §1)
+WORKER_PRELOADS = {"torch": ("torch",), "none": ()}
+
+
+def preload_for(config: Any) -> tuple[str, ...]:
+    """The modules a fork server of a server configured with ``config`` preloads."""
+    return WORKER_PRELOADS.get(getattr(config, "worker_preload", "torch"), ())
 
 
 def sandbox_dir_for(config: Any, device: str, gpu_ids: Sequence[int], env: dict) -> SandboxDir:
@@ -83,7 +98,7 @@ class SeatSandbox:
                 self._discard()  # a workspace the front-end cannot empty: start afresh
             if self.dir is None:
                 self.dir = sandbox_dir_for(self.config, self.device, self.gpu_ids, env)
-                self._launcher = Launcher(wrap=self.dir.command)
+                self._launcher = Launcher(wrap=self.dir.command, preload=preload_for(self.config))
             assert self._launcher is not None
             launcher_env = self.dir.environment(env)
             for name in list(launcher_env):
@@ -114,16 +129,22 @@ LAUNCH_ENV = "KCORAL_WORKER_LAUNCH"
 
 
 def fork_worker(
-    fd: int, env: dict[str, str], cgroups: Sequence[str], deny: Sequence[str]
+    fd: int,
+    env: dict[str, str],
+    cgroups: Sequence[str],
+    deny: Sequence[str],
+    config: Any = None,
 ) -> ForkedProcess | None:
     """An unsandboxed worker is forked from the preloaded launcher (~25 ms instead of an
     interpreter start plus imports); it moves itself into ``cgroups`` first. ``None``: spawn
-    it."""
+    it. Raises ``LauncherRefused`` when the launcher broke the fork rule (SERVER §1)."""
     if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
         return None
     try:
-        return shared_launcher().launch(
+        return shared_launcher(preload_for(config)).launch(
             fd, env, cgroups=cgroups, launcher_env=worker_base_environment(os.environ, deny)
         )
+    except LauncherRefused:
+        raise  # a launcher that forks unsafely is reported, not worked around
     except LauncherError:
         return None  # the launcher is broken: spawning still works
