@@ -30,6 +30,7 @@ from kcoral_server import ipc, limits, procfs
 from kcoral_server.launcher import (
     ForkedProcess,
     LauncherError,
+    LauncherRefused,
     cleanup_confirm_seconds,
     supervised_command,
 )
@@ -279,7 +280,7 @@ class WorkerHandle:
         command, env = self._launch_command(fd)
         assert self.cgroup is not None
         if self.sandbox != "bubblewrap":
-            process = fork_worker(fd, env, self.cgroup.procs_files, self._deny)
+            process = fork_worker(fd, env, self.cgroup.procs_files, self._deny, self.config)
             if process is not None:
                 return process
         command = self.cgroup.wrap(command)
@@ -300,6 +301,9 @@ class WorkerHandle:
         env.update(limits.worker_limit_environment(wanted, cgroup, self.device))
         try:
             process = self.seat_sandbox.launch(fd, env, cgroup.procs_files)
+        except LauncherRefused:
+            cgroup.remove()
+            raise  # the fork rule was broken (SERVER §1): reported, not worked around
         except (LauncherError, SandboxError, OSError):
             cgroup.remove()
             return None
