@@ -398,6 +398,17 @@ class ServerConfig:
         env="KCORAL_WORKER_PROCESS_LIMIT",
         minimum=0,
     )
+    # SERVER §1: what the worker fork servers import besides the worker's own modules
+    worker_preload: str = setting(
+        "torch",
+        flag="--worker-preload",
+        kind="text",
+        help="modules the worker fork servers import once idle, so fresh workers start with "
+        "them; torch (with numpy) where installed, or none",
+        env="KCORAL_WORKER_PRELOAD",
+        metavar="{torch,none}",
+        problem=lambda value: _one_of(value, ("torch", "none")),
+    )
     # Variables no worker inherits (exact names, or prefixes ending in '*'), besides the
     # KCoral secrets that no worker ever gets (sandbox.is_secret_variable).
     worker_env_deny: list[str] = setting(  # noqa: RUF009 (setting is a field)
