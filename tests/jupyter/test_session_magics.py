@@ -1,0 +1,277 @@
+"""``%kcoral session`` (EXTENSIONS §11, issue 23.5) in an in-process IPython shell against a
+real CPU server whose tokens name two identities, alice and bob: cells share state in a
+session, ``-i``/``-o`` still move values, and every refusal is two lines that say why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+from kcoral_jupyter.cell_errors import (
+    SessionBusyError,
+    SessionEndedError,
+    SessionNotFoundError,
+    SessionSeatsFullError,
+    SessionsUnavailableError,
+)
+from kcoral_jupyter.runner import RemoteCellError
+from kcoral_shell import kcoral_shell
+from server_process import running_server
+
+from kcoral import Client
+
+pytestmark = pytest.mark.timeout(300)
+
+ALICE = "token-alice-0123456789"
+BOB = "token-bob-0123456789"
+NAMES = ("x", "y", "n", "total", "_kcoral", "job")
+
+
+@pytest.fixture(scope="module")
+def session_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One session seat, two identities."""
+    directory = tmp_path_factory.mktemp("session-magics")
+    tokens = directory / "tokens"
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    tokens.chmod(0o600)
+    args = ["--log-dir", "", "--num-workers", "1", "--max-sessions", "1"]
+    with running_server(directory / "server", [*args, "--auth-token-file", str(tokens)]) as server:
+        yield server.url
+
+
+@pytest.fixture
+def shell(session_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The extension loaded with alice's token; whatever session a test leaves is ended."""
+    with kcoral_shell(session_server, monkeypatch, NAMES) as ip:
+        ip.run_line_magic("config", f"KCoral.token = {ALICE!r}")
+        try:
+            yield ip
+        finally:
+            magics = ip.magics_manager.registry["KCoralMagics"]
+            if magics.remote_sessions.current is not None:
+                magics.remote_sessions.current.keep = False
+                magics.remote_sessions.end_at_exit()
+                magics.remote_sessions.current = None
+
+
+def run(ip: Any, source: str) -> tuple[Any, Any]:
+    with capture_output() as captured:
+        result = ip.run_cell(source)
+    return result, captured
+
+
+def ok(ip: Any, source: str) -> tuple[Any, Any]:
+    result, captured = run(ip, source)
+    assert result.error_in_exec is None, (result.error_in_exec, captured.stdout)
+    assert result.error_before_exec is None, result.error_before_exec
+    return result, captured
+
+
+def texts(captured: Any) -> str:
+    shown = [o.data.get("text/plain", "") for o in captured.outputs]
+    return "\n".join([captured.stdout, captured.stderr, *shown])
+
+
+def started_id(captured: Any) -> str:
+    line = next(t for t in captured.stdout.splitlines() if t.startswith("kcoral: session id "))
+    return line.removeprefix("kcoral: session id ").strip()
+
+
+def record_of(url: str, session_id: str, token: str = ALICE) -> dict:
+    with Client(url, token=token) as client:
+        return client.attach_session(session_id).record
+
+
+def test_names_a_session_cell_defines_are_there_in_the_next_cell(shell) -> None:
+    _, started = ok(shell, "%kcoral session start")
+    assert "%%kcoral cells run in it" in started.stdout
+    ok(shell, "%%kcoral\ncount = 41\ndef bump():\n    return count + 1\n")
+    result, captured = ok(shell, "%%kcoral\nbump()\n")
+    assert result.result == 42
+    summary = texts(captured)
+    assert f"session {started_id(started)[:8]}" in summary and "COMPLETED" in summary
+
+
+def test_in_and_out_values_still_move_between_kernel_and_session(shell) -> None:
+    ok(shell, "%kcoral session start")
+    shell.user_ns["n"] = 5
+    ok(shell, "%%kcoral -i n\nbase = n * 10\n")
+    shell.user_ns["n"] = 2
+    result, _ = ok(shell, "%%kcoral -i n -o total\ntotal = base + n\ntotal\n")
+    assert shell.user_ns["total"] == 52 and result.result == 52
+
+
+def test_a_session_cell_sees_what_a_client_program_stored_in_kcoral_session_namespace(
+    shell,
+) -> None:
+    ok(shell, "%kcoral session start")
+    ok(shell, "%%kcoral\nimport kcoral.session\nkcoral.session.namespace['shared'] = 'yes'\n")
+    result, _ = ok(shell, "%%kcoral\nshared\n")
+    assert result.result == "yes"
+
+
+def test_the_cells_provenance_carries_the_session_id(shell) -> None:
+    _, started = ok(shell, "%kcoral session start")
+    _, captured = ok(shell, "%%kcoral\n1\n")
+    tagged = [o.metadata["kcoral"] for o in captured.outputs if (o.metadata or {}).get("kcoral")]
+    assert tagged and tagged[-1]["session_id"] == started_id(started)
+
+
+def test_session_status_shows_state_programs_idle_deadline_and_gpu(shell) -> None:
+    _, started = ok(shell, "%kcoral session start --idle 300")
+    ok(shell, "%%kcoral\nx = 1\n")
+    _, captured = ok(shell, "%kcoral session status")
+    shown = texts(captured)
+    assert f"session: {started_id(started)}" in shown
+    assert "state: IDLE" in shown and "programs: 1" in shown
+    assert "idle deadline: in " in shown and "idle timeout: 300 s" in shown
+    assert "GPU: none (CPU)" in shown and "when this kernel ends: ended" in shown
+
+
+def test_stop_ends_the_session_and_a_following_cell_says_where_the_names_went(
+    shell, session_server
+) -> None:
+    _, started = ok(shell, "%kcoral session start")
+    ok(shell, "%%kcoral\nremembered = 1\n")
+    _, stopped = ok(shell, "%kcoral session stop")
+    assert "ended" in stopped.stdout and "without a session again" in stopped.stdout
+    record = record_of(session_server, started_id(started))
+    assert record["state"] == "ENDED" and record["end_reason"] == "deleted"
+    result, _ = run(shell, "%%kcoral\nremembered\n")
+    error = result.error_in_exec
+    assert isinstance(error, RemoteCellError)
+    rendered = "\n".join(error._render_traceback_())
+    assert "NameError" in rendered
+    assert f"since session {started_id(started)[:8]} was stopped" in rendered
+
+
+def test_a_session_ended_on_the_server_refuses_the_next_cells_in_two_lines(
+    shell, session_server
+) -> None:
+    _, started = ok(shell, "%kcoral session start")
+    with Client(session_server, token=ALICE) as client:
+        client.attach_session(started_id(started)).close()  # as another kernel's stop would
+    for _ in range(2):  # the 410, then the same answer without asking the server
+        result, _ = run(shell, "%%kcoral\n1\n")
+        error = result.error_in_exec
+        assert isinstance(error, SessionEndedError)
+        lines = error._render_traceback_()
+        assert len(lines) == 2
+        assert "has ended: session ended by its owner" in lines[0]
+        assert "%kcoral session start" in lines[1]
+    ok(shell, "%kcoral session stop")
+    result, _ = ok(shell, "%%kcoral\n2\n")  # without a session again
+    assert result.result == 2
+
+
+def test_another_identity_cannot_attach_a_session_and_is_told_in_two_lines(
+    shell, session_server
+) -> None:
+    _, started = ok(shell, "%kcoral session start --keep")
+    session_id = started_id(started)
+    ok(shell, "%%kcoral\nsecret = 'alice'\n")
+    magics = shell.magics_manager.registry["KCoralMagics"]
+    kept = magics.remote_sessions.current
+    magics.remote_sessions.current = None  # as a new kernel: nothing attached
+    try:
+        shell.run_line_magic("config", f"KCoral.token = {BOB!r}")
+        result, _ = run(shell, f"%kcoral session attach {session_id}")
+        error = result.error_in_exec
+        assert isinstance(error, SessionNotFoundError)
+        lines = error._render_traceback_()
+        assert len(lines) == 2 and f"no session {session_id}" in lines[0]
+        assert magics.remote_sessions.current is None
+        shell.run_line_magic("config", f"KCoral.token = {ALICE!r}")
+        ok(shell, f"%kcoral session attach {session_id}")  # its owner may
+        result, _ = ok(shell, "%%kcoral\nsecret\n")
+        assert result.result == "alice"
+    finally:
+        magics.remote_sessions.current = magics.remote_sessions.current or kept
+
+
+def test_an_attach_argument_that_is_not_a_session_id_is_refused_before_any_request(
+    shell,
+) -> None:
+    for bad in ("../../v1/jobs", "not-an-id", "x" * 36):
+        result, _ = run(shell, f"%kcoral session attach {bad}")
+        assert isinstance(result.error_in_exec, UsageError), bad
+
+
+def test_a_second_start_while_a_session_is_active_is_refused(shell) -> None:
+    ok(shell, "%kcoral session start")
+    result, _ = run(shell, "%kcoral session start")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "session stop ends it first" in str(result.error_in_exec)
+
+
+def test_a_full_set_of_session_seats_is_told_in_two_lines(shell, session_server) -> None:
+    with Client(session_server, token=BOB) as client, client.session():
+        result, _ = run(shell, "%kcoral session start")
+    error = result.error_in_exec
+    assert isinstance(error, SessionSeatsFullError)
+    lines = error._render_traceback_()
+    assert len(lines) == 2 and "no session seat free" in lines[0]
+    assert "--max-sessions" in lines[1]
+
+
+def test_a_cell_sent_while_the_sessions_program_runs_is_told_the_session_is_busy(
+    shell,
+) -> None:
+    ok(shell, "%kcoral session start")
+    ok(shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(60)\n")
+    result, _ = run(shell, "%%kcoral\n1\n")
+    error = result.error_in_exec
+    assert isinstance(error, SessionBusyError)
+    assert len(error._render_traceback_()) == 2
+    ok(shell, "%kcoral session stop")  # kills the sleeping program with the session
+
+
+def test_a_session_cell_may_not_name_another_server(shell) -> None:
+    ok(shell, "%kcoral session start")
+    result, _ = run(shell, "%%kcoral --url 127.0.0.1:9\n1\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "session stop first" in str(result.error_in_exec)
+
+
+def test_the_kernels_exit_ends_its_session_unless_it_was_kept(shell, session_server) -> None:
+    magics = shell.magics_manager.registry["KCoralMagics"]
+    _, started = ok(shell, "%kcoral session start --keep")
+    magics.remote_sessions.end_at_exit()
+    assert record_of(session_server, started_id(started))["state"] == "IDLE"
+    magics.remote_sessions.current.keep = False
+    magics.remote_sessions.end_at_exit()
+    assert record_of(session_server, started_id(started))["end_reason"] == "deleted"
+    magics.remote_sessions.current = None
+
+
+def test_session_list_shows_the_callers_sessions(shell) -> None:
+    _, started = ok(shell, "%kcoral session start")
+    _, listed = ok(shell, "%kcoral session list")
+    assert started_id(started) in listed.stdout and "IDLE" in listed.stdout
+
+
+def test_session_help_and_usage_name_every_subcommand(shell) -> None:
+    _, helped = ok(shell, "%kcoral --help")
+    for text in ("session start", "session stop", "session status", "session attach", "--keep"):
+        assert text in helped.stdout
+    result, _ = run(shell, "%kcoral session restart")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "start" in str(result.error_in_exec) and "attach" in str(result.error_in_exec)
+
+
+def test_a_server_without_sessions_is_told_in_two_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["--log-dir", "", "--num-workers", "1", "--max-sessions", "0"]
+    with running_server(tmp_path / "server", args) as server:
+        with kcoral_shell(server.url, monkeypatch, NAMES) as ip:
+            result, _ = run(ip, "%kcoral session start")
+    error = result.error_in_exec
+    assert isinstance(error, SessionsUnavailableError)
+    lines = error._render_traceback_()
+    assert len(lines) == 2 and "does not offer sessions" in lines[0]
+    assert "--max-sessions" in lines[1]
