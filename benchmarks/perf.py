@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,13 +33,20 @@ import perf_workers as workers
 
 import kcoral
 
+HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
+DEFAULT_RAY_PYTHON = HERE / ".ray-venv" / "bin" / "python"
 
 
 @dataclass
 class Row:
-    """One line of the table; ``ratio``/``target`` empty for report-only measures."""
+    """One line of the table; ``ratio``/``target`` empty for report-only measures.
 
+    ``configuration`` names the server flags the row was measured with ("default flags",
+    "--sandbox none") or "machine" for rows that start no KCoral server of their own.
+    """
+
+    configuration: str
     measure: str
     value: str
     reference: str = ""
@@ -53,19 +61,24 @@ class Plan:
     rss_bytes: int
     trivial: int
     spaced: int
+    torch: int
     back_to_back: int
     bulk: int
     per_client: int
     cpu_requests: int
     starts: int
     raw_reps: int
+    ray_calls: int
 
 
 def make_plan(quick: bool, repeat: int) -> Plan:
     if quick:
-        return Plan(MIB, 4 * MIB, 3, 2, 2, 2, 1, 3, 1, 2)
+        return Plan(MIB, 4 * MIB, 3, 2, 1, 2, 2, 1, 3, 1, 2, 3)
     r = max(1, repeat)
-    return Plan(64 * MIB, 200 * MIB, 40 * r, 15 * r, 15 * r, 5 * r, 20 * r, 50 * r, 5 * r, 5 * r)
+    return Plan(
+        64 * MIB, 200 * MIB, 40 * r, 15 * r, 5 * r, 15 * r, 5 * r, 20 * r, 50 * r, 5 * r, 5 * r,
+        200 * r,
+    )  # fmt: skip
 
 
 def ms(seconds: float) -> str:
@@ -77,8 +90,130 @@ def judge(ratio: float, limit: float, *, at_least: bool = False) -> str:
     return "PASS" if ok else "MISS"
 
 
-def measure(plan: Plan, log: Callable[[str], None]) -> tuple[list[Row], dict]:
-    results: dict = {"plan": asdict(plan)}
+CONCURRENCY_LEVELS = (1, 2, 4, 8)
+
+
+def measure_configuration(
+    configuration: kc.Configuration, plan: Plan, log: Callable[[str], None]
+) -> dict:
+    """Every main row's numbers for one server configuration, with its own echo baseline
+    measured right before (so load drift between configurations does not skew ratios)."""
+    name = configuration.name
+    results: dict = {}
+    log(f"[{name}] bare Tornado echo (urllib3, same transport as kcoral.Client)")
+    body_size = kc.trivial_request_bytes()
+    with base.echo_server() as echo_url:
+        echo = kc.median(base.echo_round_trips(echo_url, body_size, plan.trivial))
+    results["echo"] = {"body_bytes": body_size, "p50_seconds": echo}
+
+    reused_args = ["--num-workers", "2", "--max-requests-per-worker", "0"]
+    reused_args += ["--cache-capacity-bytes", str(max(1024 * MIB, 8 * plan.bulk_bytes))]
+    with (
+        kc.kcoral_server(reused_args, configuration=configuration) as server,
+        kcoral.Client(server.url) as client,
+    ):
+        results["sandbox"] = kc.resolved_sandbox(server.url)
+        log(f"[{name}] warming both reused workers (sandbox: {results['sandbox']})")
+        kc.warm_up_workers(server.url, 2)
+        kc.trivial_round_trips(client, 3)
+        log(f"[{name}] trivial round trips, reused workers")
+        trivial = kc.trivial_round_trips(client, plan.trivial)
+        log(f"[{name}] front-end and worker CPU per trivial request")
+        cpu = kc.cpu_per_request(client, server.pid, plan.cpu_requests)
+        log(f"[{name}] {plan.bulk_bytes // MIB} MiB bytes cold / warm, tensor cold")
+        kc.bytes_cold(client, plan.bulk_bytes, 1)  # first big transfer sizes the buffers
+        cold = kc.median(kc.bytes_cold(client, plan.bulk_bytes, plan.bulk))
+        warm = kc.median(kc.bytes_warm(client, plan.bulk_bytes, plan.bulk))
+        kc.tensor_cold(client, plan.bulk_bytes, 1)
+        tensor = kc.median(kc.tensor_cold(client, plan.bulk_bytes, plan.bulk))
+        log(f"[{name}] concurrent client processes {CONCURRENCY_LEVELS}")
+        rates = kc.concurrent_process_rates(server.url, CONCURRENCY_LEVELS, plan.per_client)
+    results["reused"] = {
+        "trivial_p50_seconds": kc.median(trivial),
+        "trivial_p90_seconds": kc.p90(trivial),
+        "frontend_cpu_seconds_per_request": cpu.frontend,
+        "worker_cpu_seconds_per_request": cpu.workers,
+        "wall_seconds_per_request": cpu.wall,
+        "bytes_cold_seconds": cold,
+        "bytes_warm_seconds": warm,
+        "tensor_cold_seconds": tensor,
+        "concurrency_client": "client processes, one kcoral.Client each",
+        "concurrency_rates": {str(k): v for k, v in rates.items()},
+    }
+
+    with (
+        kc.kcoral_server([], configuration=configuration) as server,
+        kcoral.Client(server.url) as client,
+    ):
+        log(f"[{name}] fresh worker per request: trivial and torch cells spaced 100 ms")
+        kc.trivial_round_trips(client, 2, spacing=0.5)
+        spaced, torch = kc.alternating_round_trips(client, plan.spaced, plan.torch, spacing=0.1)
+        log(f"[{name}] fresh worker per request: back to back")
+        rate = kc.back_to_back_rate(client, plan.back_to_back)
+    results["fresh"] = {
+        "spaced_p50_seconds": kc.median(spaced),
+        "spaced_p90_seconds": kc.p90(spaced),
+        "torch_cell_p50_seconds": kc.median(torch),
+        "back_to_back_per_second": rate,
+    }
+    return results
+
+
+def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> list[Row]:
+    echo = results["echo"]["p50_seconds"]
+    reused, fresh = results["reused"], results["fresh"]
+    trivial, spaced = reused["trivial_p50_seconds"], fresh["spaced_p50_seconds"]
+    torch = fresh["torch_cell_p50_seconds"]
+    cold, warm = reused["bytes_cold_seconds"], reused["bytes_warm_seconds"]
+    tensor = reused["tensor_cold_seconds"]
+    floor_cold, floor_warm = floors["bulk_cold_seconds"], floors["bulk_warm_seconds"]
+    frontend_cpu = reused["frontend_cpu_seconds_per_request"]
+    worker_cpu = reused["worker_cpu_seconds_per_request"]
+    wall = reused["wall_seconds_per_request"]
+    rates = {int(k): v for k, v in reused["concurrency_rates"].items()}
+    r8 = rates[8] / rates[1]
+    mib = f"{plan.bulk_bytes // MIB} MiB"
+    rows = [
+        Row(name, "sandbox (resolved, /v1/info)", results["sandbox"]),
+        Row(name, "trivial round trip, reused workers, p50", ms(trivial), f"echo {ms(echo)}",
+            trivial / echo, "<= 2x echo", judge(trivial / echo, 2)),
+        Row(name, "trivial, fresh worker, spaced 100 ms, p50", ms(spaced), f"echo {ms(echo)}",
+            spaced / echo, "<= 4x echo", judge(spaced / echo, 4)),
+        Row(name, "torch cell, fresh worker, spaced 100 ms, p50", ms(torch),
+            f"trivial {ms(spaced)}", torch / spaced, "<= 1.3x trivial", judge(torch / spaced, 1.3)),
+        Row(name, "trivial, fresh worker, back to back", f"{fresh['back_to_back_per_second']:.1f}"
+            " req/s"),
+        Row(name, "front-end CPU per trivial request", ms(frontend_cpu), f"wall {ms(wall)}",
+            frontend_cpu / 1e-3, "<= 1 ms (1000 req/s)", judge(frontend_cpu, 1e-3)),
+        Row(name, "worker CPU per trivial request", ms(worker_cpu), f"wall {ms(wall)}",
+            worker_cpu / 0.5e-3, "<= 0.5 ms", judge(worker_cpu, 0.5e-3)),
+        Row(name, f"{mib} bytes upload+return, cold", ms(cold), f"floor {ms(floor_cold)}",
+            cold / floor_cold, "<= 1.4x floor", judge(cold / floor_cold, 1.4)),
+        Row(name, f"{mib} bytes return, warm (cached)", ms(warm), f"floor {ms(floor_warm)}",
+            warm / floor_warm, "<= 1.4x floor", judge(warm / floor_warm, 1.4)),
+        Row(name, f"{mib} float32 tensor upload+return, cold", ms(tensor),
+            f"floor {ms(floor_cold)}", tensor / floor_cold, "<= 1.5x floor",
+            judge(tensor / floor_cold, 1.5)),
+    ]  # fmt: skip
+    for level, value in rates.items():
+        label = "process" if level == 1 else "processes"
+        rows.append(
+            Row(name, f"{level} concurrent client {label}, 2 reused workers", f"{value:.1f} req/s")
+        )
+    rows.append(
+        Row(name, "8-process rate / 1-process rate", f"{r8:.2f}x", "one kcoral.Client each", r8,
+            ">= 1.5x", judge(r8, 1.5, at_least=True))
+    )  # fmt: skip
+    return rows
+
+
+def measure(
+    plan: Plan,
+    configurations: list[kc.Configuration],
+    ray_python: Path | None,
+    log: Callable[[str], None],
+) -> tuple[list[Row], dict]:
+    results: dict = {"plan": asdict(plan), "configurations": {}}
     rows: list[Row] = []
 
     log("raw speeds: loopback TCP, SHA-256, memcpy, python start-up")
@@ -92,108 +227,96 @@ def measure(plan: Plan, log: Callable[[str], None]) -> tuple[list[Row], dict]:
         "memcpy_seconds_per_byte": copy,
         "python_startup_seconds": startup,
     }
+    size = plan.bulk_bytes
+    floors = {
+        "bulk_cold_seconds": 2 * size * tcp + 4 * size * sha,  # both ways; 4 hashes (README)
+        "bulk_warm_seconds": size * tcp + 2 * size * sha,
+    }
+    results["floors"] = floors
 
-    log("bare Tornado echo (urllib3, same transport as kcoral.Client)")
-    body_size = kc.trivial_request_bytes()
-    with base.echo_server() as echo_url:
-        echo = kc.median(base.echo_round_trips(echo_url, body_size, plan.trivial))
-    results["echo"] = {"body_bytes": body_size, "p50_seconds": echo}
+    for configuration in configurations:
+        measured = measure_configuration(configuration, plan, log)
+        results["configurations"][configuration.name] = measured
+        rows += configuration_rows(configuration.name, measured, floors, plan)
 
     log("worker start: spawn vs preloaded fork")
     spawn = kc.median(workers.spawn_start_seconds(plan.starts))
     fork = kc.median(workers.fork_start_seconds(plan.starts))
     results["worker_start"] = {"spawn_seconds": spawn, "fork_seconds": fork}
 
-    reused_args = ["--num-workers", "2", "--max-requests-per-worker", "0"]
-    reused_args += ["--cache-capacity-bytes", str(max(1024 * MIB, 8 * plan.bulk_bytes))]
-    with kc.kcoral_server(reused_args) as server, kcoral.Client(server.url) as client:
-        log("warming both reused workers")
-        kc.warm_up_workers(server.url, 2)
-        kc.trivial_round_trips(client, 3)
-        log("trivial round trips, reused workers")
-        trivial = kc.trivial_round_trips(client, plan.trivial)
-        log("front-end CPU per trivial request")
-        cpu, wall = kc.frontend_cpu_per_request(client, server.pid, plan.cpu_requests)
-        log(f"{plan.bulk_bytes // MIB} MiB bytes cold / warm, tensor cold")
-        kc.bytes_cold(client, plan.bulk_bytes, 1)  # first big transfer sizes the buffers
-        cold = kc.median(kc.bytes_cold(client, plan.bulk_bytes, plan.bulk))
-        warm = kc.median(kc.bytes_warm(client, plan.bulk_bytes, plan.bulk))
-        kc.tensor_cold(client, plan.bulk_bytes, 1)
-        tensor = kc.median(kc.tensor_cold(client, plan.bulk_bytes, plan.bulk))
-        log("concurrent clients 1, 2, 4, 8")
-        how, rates = kc.concurrent_rates(server.url, (1, 2, 4, 8), plan.per_client)
-    results["reused"] = {
-        "trivial_p50_seconds": kc.median(trivial),
-        "trivial_p90_seconds": kc.p90(trivial),
-        "frontend_cpu_seconds_per_request": cpu,
-        "wall_seconds_per_request": wall,
-        "bytes_cold_seconds": cold,
-        "bytes_warm_seconds": warm,
-        "tensor_cold_seconds": tensor,
-        "concurrency_client": how,
-        "concurrency_rates": {str(k): v for k, v in rates.items()},
-    }
-
-    with kc.kcoral_server([]) as server, kcoral.Client(server.url) as client:
-        log("fresh worker per request: spaced 100 ms, then back to back")
-        kc.trivial_round_trips(client, 2, spacing=0.5)
-        spaced = kc.trivial_round_trips(client, plan.spaced, spacing=0.1)
-        rate = kc.back_to_back_rate(client, plan.back_to_back)
-    results["fresh"] = {
-        "spaced_p50_seconds": kc.median(spaced),
-        "spaced_p90_seconds": kc.p90(spaced),
-        "back_to_back_per_second": rate,
-    }
-
-    log(f"front-end peak RSS while moving {plan.rss_bytes // MIB} MiB")
+    first = configurations[0]
+    log(f"front-end peak RSS while moving {plan.rss_bytes // MIB} MiB ({first.name})")
     rss_args = ["--max-requests-per-worker", "0", "--max-request-bytes", str(2 * plan.rss_bytes)]
-    with kc.kcoral_server(rss_args) as server:
+    with kc.kcoral_server(rss_args, configuration=first) as server:
         with kcoral.Client(server.url) as client:
             kc.trivial_round_trips(client, 1)
         rss = kc.peak_rss_while_moving(server.url, server.pid, plan.rss_bytes)
-    results["rss"] = rss
-
-    size = plan.bulk_bytes
-    floor_cold = 2 * size * tcp + 4 * size * sha  # both directions; 4 hashes (see README)
-    floor_warm = size * tcp + 2 * size * sha
-    results["floors"] = {"bulk_cold_seconds": floor_cold, "bulk_warm_seconds": floor_warm}
-    mib = f"{size // MIB} MiB"
+    results["rss"] = {**rss, "configuration": first.name}
     peak = max(rss["vm_hwm"], rss["peak_rss_sampled"])
-    r8 = rates[8] / rates[1]
+
+    results["ray"] = ray_results = ray_row_results(ray_python, plan, log)
+    reference = results["configurations"][first.name]["reused"]["trivial_p50_seconds"]
     rows += [
-        Row("trivial round trip, reused workers, p50", ms(kc.median(trivial)),
-            f"echo {ms(echo)}", kc.median(trivial) / echo, "<= 4x echo",
-            judge(kc.median(trivial) / echo, 4)),
-        Row("trivial, fresh worker, spaced 100 ms, p50", ms(kc.median(spaced)),
-            f"echo {ms(echo)}", kc.median(spaced) / echo, "<= 6x echo",
-            judge(kc.median(spaced) / echo, 6)),
-        Row("trivial, fresh worker, back to back", f"{rate:.1f} req/s"),
-        Row("worker start: spawn / preloaded fork", f"{ms(spawn)} / {ms(fork)}",
+        ray_row(ray_results, reference, first.name),
+        Row("machine", "worker start: spawn / preloaded fork", f"{ms(spawn)} / {ms(fork)}",
             f"python -c pass {ms(startup)}", spawn / fork, "report"),
-        Row(f"{mib} bytes upload+return, cold", ms(cold), f"floor {ms(floor_cold)}",
-            cold / floor_cold, "<= 1.6x floor", judge(cold / floor_cold, 1.6)),
-        Row(f"{mib} bytes return, warm (cached)", ms(warm), f"floor {ms(floor_warm)}",
-            warm / floor_warm, "<= 1.6x floor", judge(warm / floor_warm, 1.6)),
-        Row(f"{mib} float32 tensor upload+return, cold", ms(tensor), f"floor {ms(floor_cold)}",
-            tensor / floor_cold, "<= 1.8x floor", judge(tensor / floor_cold, 1.8)),
-    ]  # fmt: skip
-    for level, value in rates.items():
-        rows.append(Row(f"{level} concurrent client(s), 2 reused workers", f"{value:.1f} req/s"))
-    rows += [
-        Row("8-client rate / 1-client rate", f"{r8:.2f}x", how, r8, ">= 1.5x",
-            judge(r8, 1.5, at_least=True)),
-        Row("front-end CPU per trivial request", ms(cpu), f"wall {ms(wall)}",
-            cpu / 1e-3, "<= 1 ms (1000 req/s)", judge(cpu, 1e-3)),
-        Row(f"front-end peak RSS, {plan.rss_bytes // MIB} MiB request",
+        Row(first.name, f"front-end peak RSS, {plan.rss_bytes // MIB} MiB request",
             f"{peak / MIB:.0f} MiB", f"idle {rss['baseline_rss'] / MIB:.0f} MiB",
             peak / plan.rss_bytes, "<= 2.5x request", judge(peak / plan.rss_bytes, 2.5)),
-        Row("raw loopback TCP / SHA-256 / memcpy", f"{1 / tcp / MIB:.0f} / {1 / sha / MIB:.0f}"
-            f" / {1 / copy / MIB:.0f} MiB/s"),
+        Row("machine", "raw loopback TCP / SHA-256 / memcpy", f"{1 / tcp / MIB:.0f} / "
+            f"{1 / sha / MIB:.0f} / {1 / copy / MIB:.0f} MiB/s"),
     ]  # fmt: skip
     return rows, results
 
 
-def print_table(rows: list[Row], machine: dict, out=sys.stdout) -> None:
+RAY_ROW = "Ray actor call round trip, p50 (peer)"
+
+
+def ray_row_results(ray_python: Path | None, plan: Plan, log: Callable[[str], None]) -> dict:
+    """Run ``perf_ray.py`` in Ray's own interpreter; ``{"skipped": why}`` when it cannot."""
+    if ray_python is None:
+        return {"skipped": "skipped (--quick or --no-ray)"}
+    if not ray_python.exists():
+        return {"skipped": f"{ray_python} missing: run benchmarks/setup_ray.sh"}
+    log(f"Ray actor calls ({ray_python})")
+    command = [str(ray_python), str(HERE / "perf_ray.py"), str(plan.ray_calls)]
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"skipped": f"Ray did not run: {exc}"}
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        error = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"Ray failed (exit {completed.returncode}): {error[:160]}"}
+    try:
+        document = json.loads(lines[-1])
+        samples = [float(s) for s in document["samples"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        return {"skipped": f"Ray answered something else: {exc}"}
+    return {
+        "version": document.get("ray"),
+        "p50_seconds": kc.median(samples),
+        "p90_seconds": kc.p90(samples),
+        "init_seconds": document.get("init_seconds"),
+        "calls": len(samples),
+    }
+
+
+def ray_row(ray: dict, kcoral_trivial: float, configuration: str) -> Row:
+    """The peer row: Ray's p50 and how many Ray calls fit in one KCoral trivial request."""
+    if "skipped" in ray:
+        return Row("machine", RAY_ROW, "not measured", ray["skipped"])
+    return Row(
+        "machine",
+        RAY_ROW,
+        ms(ray["p50_seconds"]),
+        f"kcoral reused {ms(kcoral_trivial)} ({configuration})",
+        kcoral_trivial / ray["p50_seconds"],
+        f"report: kcoral/ray (ray {ray['version']})",
+    )
+
+
+def print_table(rows: list[Row], machine: dict, results: dict, out=sys.stdout) -> None:
     print("\nmachine:", file=out)
     print(
         f"  {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs "
@@ -204,9 +327,14 @@ def print_table(rows: list[Row], machine: dict, out=sys.stdout) -> None:
     print("  " + ", ".join(f"{k} {v}" for k, v in machine["versions"].items()), file=out)
     load = machine["load_average"], machine.get("load_average_end")
     print(f"  load average (1/5/15 min) at start {load[0]}, at end {load[1]}", file=out)
-    header = ("measure", "median", "reference", "ratio", "target", "verdict")
+    print("configurations:", file=out)
+    for name, measured in results["configurations"].items():
+        flags = " ".join(kc.CONFIGURATIONS_BY_NAME[name].flags) or "(none added)"
+        print(f"  {name}: server flags {flags}; sandbox resolved: {measured['sandbox']}", file=out)
+    header = ("configuration", "measure", "median", "reference", "ratio", "target", "verdict")
     table = [header] + [
         (
+            r.configuration,
             r.measure,
             r.value,
             r.reference,
@@ -233,14 +361,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="multiply every sample count")
     parser.add_argument("--json", type=Path, help="write all results to this file")
     parser.add_argument("--profile", type=Path, help="also profile trivial requests into DIR")
+    parser.add_argument(
+        "--configuration",
+        choices=sorted(kc.CONFIGURATIONS),
+        action="append",
+        help="server configuration(s) to measure (default: both; --quick: default only)",
+    )
+    parser.add_argument(
+        "--ray-python",
+        type=Path,
+        help=f"interpreter with ray installed (default: {DEFAULT_RAY_PYTHON}, made on demand "
+        "by benchmarks/setup_ray.sh)",
+    )
+    parser.add_argument("--no-ray", action="store_true", help="leave the Ray peer row out")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
+    started = time.monotonic()
     machine = base.describe_machine()
+    log(f"load average (1/5/15 min) at start: {machine['load_average']}")
+    names = args.configuration or (["default"] if args.quick else ["default", "sandbox-none"])
+    configurations = [kc.CONFIGURATIONS[name] for name in dict.fromkeys(names)]
+    ray_python = choose_ray_python(args, log)
     plan = make_plan(args.quick, args.repeat)
-    rows, results = measure(plan, log)
+    rows, results = measure(plan, configurations, ray_python, log)
     profile = None
     if args.profile is not None:
         import perf_profile
@@ -249,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
         requests = 5 if args.quick else 50 * max(1, args.repeat)
         profile = perf_profile.profile_trivial(args.profile, requests)
     machine["load_average_end"] = list(os.getloadavg())
-    print_table(rows, machine)
+    machine["run_seconds"] = time.monotonic() - started
+    log(f"load average (1/5/15 min) at end: {machine['load_average_end']}")
+    print_table(rows, machine, results)
+    print(f"\nrun took {machine['run_seconds']:.0f} s")
     if profile is not None:
         print("\n" + profile["summary"])
     if args.json is not None:
@@ -261,6 +412,28 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(document, indent=2, default=str))
     return 0
+
+
+def choose_ray_python(args: argparse.Namespace, log: Callable[[str], None]) -> Path | None:
+    """The Ray interpreter to use, or None to skip the row.
+
+    An explicit ``--ray-python`` is used as given; otherwise the default venv is created on
+    demand (``setup_ray.sh`` needs the package index) before anything is measured, so the
+    install does not load the machine during a measurement.
+    """
+    if args.no_ray or (args.quick and args.ray_python is None):
+        return None
+    if args.ray_python is not None:
+        return args.ray_python
+    if not DEFAULT_RAY_PYTHON.exists():
+        log("creating benchmarks/.ray-venv (setup_ray.sh: python -m venv + pip install ray)")
+        setup = subprocess.run(
+            ["sh", str(HERE / "setup_ray.sh")], capture_output=True, text=True, timeout=1800
+        )
+        if setup.returncode != 0:
+            tail = (setup.stderr.strip().splitlines() or ["no output"])[-1]
+            log(f"setup_ray.sh failed (exit {setup.returncode}): {tail}")
+    return DEFAULT_RAY_PYTHON
 
 
 if __name__ == "__main__":

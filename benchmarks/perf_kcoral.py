@@ -1,13 +1,16 @@
 """KCoral measurements of ``perf.py``: private servers and the timed client workloads.
 
 Every server is a real ``kcoral server --device cpu --port 0`` subprocess on loopback with
-its own disk cache directory; every round trip goes through the public ``kcoral.Client``
-(or ``kcoral.AsyncClient`` for the concurrency row).
+its own disk cache directory, started in one of two configurations (``DEFAULT_FLAGS``: the
+server's own sandbox and limits; ``SANDBOX_NONE``: ``--sandbox none``); every round trip
+goes through the public ``kcoral.Client``. The concurrency row runs N client *processes*
+(``python perf_kcoral.py client URL COUNT``), each with its own ``Client``, so the clients
+do not share a GIL.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -15,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +33,25 @@ TRIVIAL_SOURCE = "def answer(x):\n    return x + 1\n"
 ECHO_SOURCE = "def echo(value):\n    return value\n"
 LENGTH_SOURCE = "def length(value):\n    return len(value)\n"
 SLEEP_SOURCE = "import time\ndef nap(value):\n    time.sleep(0.3)\n    return value.shape[0]\n"
+# The "torch cell": what a notebook cell that makes a small tensor costs on a fresh worker.
+TORCH_SOURCE = "import torch\ndef answer(x):\n    return x + int(torch.ones(1).item())\n"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """How a server is started beyond the row's own flags (workers, reuse, cache size)."""
+
+    name: str
+    flags: tuple[str, ...]
+
+
+# The server's defaults: ``--sandbox auto`` (bubblewrap where it runs) and its per-worker
+# limits. Only what would measure something other than KCoral is overridden, in both
+# configurations (see ``kcoral_server``).
+DEFAULT_FLAGS = Configuration("default flags", ())
+SANDBOX_NONE = Configuration("--sandbox none", ("--sandbox", "none"))
+CONFIGURATIONS = {"default": DEFAULT_FLAGS, "sandbox-none": SANDBOX_NONE}
+CONFIGURATIONS_BY_NAME = {c.name: c for c in CONFIGURATIONS.values()}
 
 
 @dataclass
@@ -44,10 +67,18 @@ class Server:
 
 @contextmanager
 def kcoral_server(
-    extra: Sequence[str], *, log_dir: Path | None = None, profile_to: Path | None = None
+    extra: Sequence[str],
+    *,
+    configuration: Configuration = SANDBOX_NONE,
+    log_dir: Path | None = None,
+    profile_to: Path | None = None,
 ) -> Iterator[Server]:
     """Start ``kcoral server`` on a free loopback port; stop it (SIGTERM) afterwards.
 
+    Whatever the configuration: no log files unless ``log_dir`` (the default ``logs/`` would
+    write event logs and program records into the working tree and measure the disk), no
+    console mirror (a stderr file nobody reads), and a private disk cache (a cache warmed
+    by an earlier run, or shared with the user's ``~/.cache``, would turn cold rows warm).
     ``profile_to`` runs the front-end under cProfile, writing the stats there at exit.
     """
     with tempfile.TemporaryDirectory(prefix="kcoral-perf-") as base:
@@ -57,7 +88,7 @@ def kcoral_server(
             prefix += ["-m", "cProfile", "-o", str(profile_to)]
         command = [
             *prefix, "-m", "kcoral", "server", "--device", "cpu", "--port", "0",
-            "--ready-file", str(ready), "--sandbox", "none",
+            "--ready-file", str(ready), *configuration.flags,
             "--log-dir", str(log_dir) if log_dir is not None else "", "--no-log-console",
             "--disk-cache-dir", os.path.join(base, "disk"), *extra,
         ]  # fmt: skip
@@ -104,6 +135,16 @@ def echo_program(kind: str, value: object, source: str = ECHO_SOURCE) -> kcoral.
     return program
 
 
+def torch_program() -> kcoral.Program:
+    """The trivial program's shape, but its module imports torch and makes a small tensor."""
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=TORCH_SOURCE)
+    function = program.get_function(module=module, name="answer")
+    output = program.run(fn=function, args=[41])
+    program.return_(key="answer", value=output)
+    return program
+
+
 def trivial_request_bytes() -> int:
     """Size of the trivial program's first ``/execute`` body (what the echo should carry)."""
     from kcoral.negotiation import ExecuteNegotiation
@@ -134,6 +175,25 @@ def trivial_round_trips(
     return times
 
 
+def alternating_round_trips(
+    client: kcoral.Client, trivial: int, torch: int, *, spacing: float
+) -> tuple[list[float], list[float]]:
+    """(trivial, torch cell) seconds per program, spaced, each torch cell right after a
+    trivial one, so both see the same load; the first ``torch`` rounds carry a torch cell."""
+    trivial_times: list[float] = []
+    torch_times: list[float] = []
+    for i in range(max(trivial, torch)):
+        if i < trivial:
+            trivial_times += trivial_round_trips(client, 1, spacing=spacing)
+        if i < torch:
+            time.sleep(spacing)
+            start = time.perf_counter()
+            result = client.execute(torch_program())
+            torch_times.append(time.perf_counter() - start)
+            _check_trivial(result)
+    return trivial_times, torch_times
+
+
 def back_to_back_rate(client: kcoral.Client, requests: int) -> float:
     start = time.perf_counter()
     for _ in range(requests):
@@ -144,18 +204,22 @@ def back_to_back_rate(client: kcoral.Client, requests: int) -> float:
 def warm_up_workers(url: str, workers: int) -> None:
     """Occupy every worker at once with a small tensor, so each imports torch and numpy."""
 
+    failures: list[str] = []
+
     def one() -> None:
         with kcoral.Client(url) as client:
             value = np.zeros(4, dtype=np.float32)
             result = client.execute(echo_program("tensor", value, SLEEP_SOURCE))
             if not result.completed:
-                raise RuntimeError(f"warm-up failed: {result.error}")
+                failures.append(f"{result.status} {result.error}")
 
     threads = [threading.Thread(target=one) for _ in range(workers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if failures:  # a cold worker would make every later row measure its imports
+        raise RuntimeError(f"warm-up failed: {failures[0]}")
 
 
 def bytes_cold(client: kcoral.Client, size: int, samples: int) -> list[float]:
@@ -201,71 +265,111 @@ def tensor_cold(client: kcoral.Client, size: int, samples: int) -> list[float]:
     return times
 
 
-def concurrent_rates(url: str, levels: Sequence[int], requests_per_client: int) -> tuple[str, dict]:
-    """Requests/s for each number of concurrent clients in one asyncio process.
+def concurrent_process_rates(url: str, levels: Sequence[int], requests_per_client: int) -> dict:
+    """Requests/s for each number of concurrent client processes, one ``Client`` each.
 
-    Uses ``kcoral.AsyncClient`` when it works, else one thread with its own ``Client`` per
-    concurrent client; the first value says which.
+    Per level: start the processes, let each open its connection and run two trivial
+    requests, then release them all at once (a line on stdin); rate = all their requests /
+    the wall time from that signal until the last one is done.
     """
+    return {level: _process_rate(url, level, requests_per_client) for level in levels}
+
+
+def _process_rate(url: str, clients: int, requests_per_client: int) -> float:
+    command = [sys.executable, __file__, "client", url, str(requests_per_client)]
+    processes = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(clients)
+    ]
     try:
-        rates = asyncio.run(_async_rates(url, levels, requests_per_client))
-        return "AsyncClient (one asyncio loop)", rates
-    except Exception as exc:
-        print(f"  AsyncClient unusable ({exc!r}); using threads", file=sys.stderr)
-    return "threads, one Client each", _thread_rates(url, levels, requests_per_client)
-
-
-async def _async_rates(url: str, levels: Sequence[int], per_client: int) -> dict[int, float]:
-    client = kcoral.AsyncClient(url)
-    try:
-
-        async def worker(count: int) -> None:
-            for _ in range(count):
-                _check_trivial(await client.execute(trivial_program()))
-
-        await asyncio.gather(*(worker(2) for _ in range(max(levels))))  # open connections
-        rates = {}
-        for level in levels:
-            start = time.perf_counter()
-            await asyncio.gather(*(worker(per_client) for _ in range(level)))
-            rates[level] = level * per_client / (time.perf_counter() - start)
-        return rates
-    finally:
-        await client.aclose()
-
-
-def _thread_rates(url: str, levels: Sequence[int], per_client: int) -> dict[int, float]:
-    rates = {}
-    for level in levels:
-        clients = [kcoral.Client(url) for _ in range(level)]
-        for client in clients:
-            _check_trivial(client.execute(trivial_program()))
-        threads = [
-            threading.Thread(target=back_to_back_rate, args=(client, per_client))
-            for client in clients
-        ]
+        for process in processes:
+            _expect_line(process, "ready")
         start = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        rates[level] = level * per_client / (time.perf_counter() - start)
-        for client in clients:
-            client.close()
-    return rates
+        for process in processes:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        for process in processes:
+            _expect_line(process, "done")
+        wall = time.perf_counter() - start
+    finally:
+        for process in processes:
+            process.stdin.close()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+    return clients * requests_per_client / wall
 
 
-def frontend_cpu_per_request(client: kcoral.Client, pid: int, requests: int) -> tuple[float, float]:
-    """(front-end CPU seconds, wall seconds) per sequential trivial request."""
-    process = psutil.Process(pid)
-    before = process.cpu_times()
+def _expect_line(process: subprocess.Popen, expected: str) -> None:
+    line = process.stdout.readline().strip()
+    if line != expected:
+        raise RuntimeError(f"a client process said {line!r} instead of {expected!r}")
+
+
+def _client_process(url: str, requests: int) -> None:
+    """One concurrent client (``python perf_kcoral.py client URL COUNT``)."""
+    with kcoral.Client(url) as client:
+        for _ in range(2):  # connection open, every lazy import done
+            _check_trivial(client.execute(trivial_program()))
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return
+        for _ in range(requests):
+            _check_trivial(client.execute(trivial_program()))
+    print("done", flush=True)
+
+
+@dataclass(frozen=True)
+class CpuPerRequest:
+    """Seconds per sequential trivial request: front-end CPU, worker CPU and wall time."""
+
+    frontend: float
+    workers: float
+    wall: float
+
+
+def cpu_per_request(client: kcoral.Client, pid: int, requests: int) -> CpuPerRequest:
+    """Front-end and worker CPU (user + system) per sequential trivial request.
+
+    The front-end is the ``kcoral server`` process itself; the workers are every process
+    below it (under bubblewrap: ``bwrap`` -> per-seat launcher -> forked worker), found with
+    psutil, including the CPU of children they reaped during the requests.
+    """
+    frontend = psutil.Process(pid)
+    before, workers_before = frontend.cpu_times(), descendant_cpu_seconds(pid)
     start = time.perf_counter()
     for _ in range(requests):
         _check_trivial(client.execute(trivial_program()))
     wall = time.perf_counter() - start
-    after = process.cpu_times()
+    after, workers_after = frontend.cpu_times(), descendant_cpu_seconds(pid)
     cpu = (after.user - before.user) + (after.system - before.system)
-    return cpu / requests, wall / requests
+    worker_cpu = sum(
+        seconds - workers_before.get(key, 0.0) for key, seconds in workers_after.items()
+    )
+    return CpuPerRequest(cpu / requests, worker_cpu / requests, wall / requests)
+
+
+def descendant_cpu_seconds(pid: int) -> dict[tuple[int, float], float]:
+    """CPU seconds so far of each process below ``pid``, keyed by (pid, create time) so a
+    reused pid is a new process; a process that exits meanwhile is skipped."""
+    seconds = {}
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            times = child.cpu_times()
+            key = (child.pid, child.create_time())
+        except psutil.Error:
+            continue
+        seconds[key] = times.user + times.system + times.children_user + times.children_system
+    return seconds
+
+
+def resolved_sandbox(url: str) -> str:
+    """What confines programs on that server (``/v1/info``: ``bubblewrap`` or ``none``)."""
+    with urllib.request.urlopen(url + "/v1/info", timeout=30) as response:
+        return str(json.load(response).get("sandbox"))
 
 
 def peak_rss_while_moving(url: str, pid: int, size: int) -> dict[str, float]:
@@ -318,3 +422,10 @@ def median(samples: Sequence[float]) -> float:
 def p90(samples: Sequence[float]) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "client":
+        _client_process(sys.argv[2], int(sys.argv[3]))
+    else:
+        sys.exit("usage: perf_kcoral.py client URL REQUESTS")
