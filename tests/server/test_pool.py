@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from kcoral_server import ipc, limits
-from kcoral_server import pool as pool_module
+from kcoral_server import pool_replacement, pool_startup
 from kcoral_server.config import ServerConfig
 from kcoral_server.pool import NoWorker, Pool, SeatState
 from kcoral_server.worker_channel import WorkerGone
@@ -125,10 +125,10 @@ class StandInWorker:
 def _no_host_side_effects(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Pool.start`` tidies what killed servers left in /tmp and the cgroup tree; a unit
     test touches neither."""
-    monkeypatch.setattr(pool_module, "remove_stale_workspaces", lambda: 0)
+    monkeypatch.setattr(pool_startup, "remove_stale_workspaces", lambda: 0)
     monkeypatch.setattr(limits, "remove_stale_cgroups", lambda: None)
     monkeypatch.setattr(limits, "unenforced", lambda wanted: [])
-    monkeypatch.setattr(pool_module, "BACKOFF_START_SECONDS", 0.01)
+    monkeypatch.setattr(pool_replacement, "BACKOFF_START_SECONDS", 0.01)
     StandInWorker.fail_starts = 0
     StandInWorker.unconfirmed_kill = None
 

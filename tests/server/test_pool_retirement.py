@@ -1,0 +1,60 @@
+"""Whether a worker retires after its program, and a kept worker's clean report
+(server/pool_retirement.py, SERVER.md §4, §6)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kcoral_server import ipc
+from kcoral_server.pool_retirement import reported_clean, retirement
+from kcoral_server.seat import Seat
+from kcoral_server.worker_channel import WorkerGone
+
+
+def test_the_runs_own_reason_wins_over_the_reuse_limit() -> None:
+    seat = Seat("cpu/w0", None, served=1)
+    assert retirement(seat, "timeout", 2) == "timeout"
+    assert retirement(seat, None, 2) == "request_limit"
+    assert retirement(Seat("cpu/w0", None, served=0), None, 2) is None
+
+
+def test_no_limit_and_a_sessions_seat_never_retire_for_the_count() -> None:
+    assert retirement(Seat("cpu/w0", None, served=10_000), None, 0) is None
+    pinned = Seat("cpu/w0", None, served=5, pinned=lambda reason: None)
+    assert retirement(pinned, None, 1) is None
+    assert retirement(pinned, "crashed", 1) == "crashed"
+
+
+class Lease:
+    released = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+class Channel:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    async def receive(self, timeout: float | None) -> tuple[Any, list[int]]:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer, []
+
+
+class Handle:
+    def __init__(self, answer: Any) -> None:
+        self.channel = Channel(answer)
+        self.lease = Lease()
+
+
+def test_a_kept_worker_is_clean_only_when_it_says_ready() -> None:
+    ready = Handle(ipc.WorkerReady(pid=1))
+    assert asyncio.run(reported_clean(ready)) is True  # type: ignore[arg-type]
+    assert ready.lease.released  # the lease it forgot after its program is freed
+    gone = Handle(WorkerGone("channel closed"))
+    assert asyncio.run(reported_clean(gone)) is False  # type: ignore[arg-type]
+    talking = Handle(ipc.ProgramFinished(status="COMPLETED"))
+    assert asyncio.run(reported_clean(talking)) is False  # type: ignore[arg-type]
+    assert not talking.lease.released
