@@ -325,7 +325,7 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     Every option is a declared setting; what a declaration cannot say stays here:
     ``KCORAL_AUTH_TOKEN`` (a variable that gives ``auth_token`` itself, and only without
     ``--auth-token-file``), ``KCORAL_ALLOWED_SERIALIZATION`` (a variable with no flag,
-    EXTENSIONS §3), the supervisor's options (only with ``--router``), ``--node-child``
+    EXTENSIONS §4), the supervisor's options (only with ``--router``), ``--node-child``
     (the supervisor's child) and the rule that routed deployments need Linux."""
     parser = build_server_parser()
     args = parser.parse_args(list(argv))

@@ -443,7 +443,7 @@ class ServerConfig:
         help="accept this Host name without a client token besides loopback and the listen address",
         problem=host_problem,
     )
-    # No flag: EXTENSIONS §3 gives it only a variable, KCORAL_ALLOWED_SERIALIZATION (cli_args).
+    # No flag: EXTENSIONS §4 gives it only a variable, KCORAL_ALLOWED_SERIALIZATION (cli_args).
     allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
     fake_gpu_count: int = setting(0, flag="--fake-gpu-count", kind="int", hidden=True, minimum=0)
 

@@ -52,7 +52,7 @@ def retirement(seat: Seat, asked: str | None, max_requests_per_worker: int) -> s
 
 
 def emit_retired(events: Any, seat: Seat, handle: WorkerHandle, reason: str) -> None:
-    """The ``worker_retired`` event (SERVER.md §10) of ``seat``'s worker ``handle``."""
+    """The ``worker_retired`` event (SERVER.md §13) of ``seat``'s worker ``handle``."""
     events.emit(
         "worker_retired",
         RETIRE_LEVELS.get(reason, "INFO"),

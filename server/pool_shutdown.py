@@ -1,5 +1,5 @@
 """Closing a pool: replacements cancelled, then every worker stopped politely within the
-time left, else killed under its lease, then the seats' sandboxes closed (SERVER.md §7)."""
+time left, else killed under its lease, then the seats' sandboxes closed (SERVER.md §12)."""
 
 from __future__ import annotations
 

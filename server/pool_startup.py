@@ -1,5 +1,5 @@
 """What a pool does on the host before its first workers start, and what it learns from the
-first ones that did (SERVER.md §7, §10; README "Limits")."""
+first ones that did (SERVER.md §7 workspaces, §4 pool; README "Limits")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a pool learns from its first workers (server/pool_startup.py, SERVER.md §10)."""
+"""What a pool learns from its first workers (server/pool_startup.py, SERVER.md §4)."""
 
 from __future__ import annotations
 
