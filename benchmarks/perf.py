@@ -1,16 +1,62 @@
-"""KCoral performance harness (issue 4): one command, every measure, its baseline and target.
+"""KCoral performance harness (issues 4, 22): one command, every measure, its baseline and target.
 
     python benchmarks/perf.py [--quick] [--repeat N] [--json PATH] [--profile DIR]
+                              [--configuration default|sandbox-none ...]
+                              [--ray-python PATH | --no-ray]
 
-Starts its own servers on loopback (CPU mode, no sandbox, no log files, private disk
-caches), a bare Tornado echo server, and measures round trips, bulk transfers, concurrency,
-front-end CPU and memory, worker start-up (spawn vs preloaded fork), and this machine's raw
-loopback TCP, SHA-256 and memcpy speed. Prints a table of medians, ratios and PASS/MISS per
-target plus a machine description. Timings are never asserted: MISS is information.
+Prints one table: per row the configuration it was measured in, the median, the same-run
+reference it is compared with, the ratio, the target and PASS/MISS (``info`` for rows
+without a target). Timings are never asserted: MISS is information. The machine (CPU,
+memory, versions) and its load average at the start and the end of the run are printed
+and recorded in the JSON.
 
-``--quick`` uses tiny sizes and a few iterations (a smoke test, not a measurement).
-``--repeat N`` multiplies every sample count. ``--profile DIR`` adds a profile of trivial
-requests (client cProfile, front-end cProfile, event-log phase timestamps) written to DIR.
+Configurations. The main rows are measured twice, on servers started
+
+* with the server's default flags ("default flags": ``--sandbox auto``, i.e. bubblewrap
+  where it runs, and the default per-worker limits), and
+* with ``--sandbox none`` added ("--sandbox none"),
+
+both on loopback in CPU mode with ``--log-dir ''``, ``--no-log-console`` and a private
+``--disk-cache-dir``: event-log files and program records would measure the disk and
+write into the working tree, and a disk cache warmed by an earlier run (or the user's own
+``~/.cache``) would make cold rows warm. The resolved sandbox (``/v1/info``) is a row.
+
+Main rows, per configuration (each configuration measures its own bare Tornado echo
+baseline right before its servers start, through the same urllib3 transport as
+``kcoral.Client``, with a body as large as the trivial request):
+
+* trivial round trip on 2 reused workers (``--num-workers 2 --max-requests-per-worker 0``),
+  p50 <= 2x echo;
+* trivial round trip with a fresh worker per request (the default), spaced 100 ms, p50
+  <= 4x echo; the same server back to back (req/s, info);
+* torch cell: a program whose module imports torch and makes a one-element tensor, on the
+  fresh-worker server, alternating with the trivial programs above, p50 <= 1.3x trivial;
+* front-end CPU (user + system of the ``kcoral server`` process) <= 1 ms and worker CPU
+  (every process below it, found with psutil: under bubblewrap ``bwrap`` -> seat launcher
+  -> forked worker, including children they reaped) <= 0.5 ms per sequential trivial
+  request on the reused workers;
+* 64 MiB ``bytes`` upload + return cold and return warm <= 1.4x the floor, float32 tensor
+  cold <= 1.5x the floor; floor = raw loopback TCP time for the bytes moved + SHA-256 time
+  for the hashes the protocol requires (cold: 2 x size moved, 4 x size hashed; warm: 1 x
+  moved, 2 x hashed);
+* 1, 2, 4 and 8 concurrent client *processes* (``perf_kcoral.py client``, one
+  ``kcoral.Client`` each, so they share no GIL) on the 2 reused workers: each process is
+  started, connects and runs two trivial requests, then all are released by one signal;
+  rate = all requests / wall time; 8-process rate >= 1.5x the 1-process rate.
+
+Once per run: front-end peak RSS moving 200 MiB (first configuration), worker start-up
+(spawn vs preloaded fork, ``perf_workers.py``), raw loopback TCP / SHA-256 / memcpy speed,
+and the Ray peer row: a trivial actor method call (actor created once and warmed,
+``ray.get(actor.f.remote())``, p50) under ``ray.init(num_cpus=2, include_dashboard=False)``,
+with the ratio KCoral reused trivial p50 / Ray p50. Ray is no project dependency and never
+enters the project's environment (it pins its own grpcio/protobuf): ``perf_ray.py`` runs in
+``--ray-python`` (default ``benchmarks/.ray-venv/bin/python``, created before anything is
+measured by ``setup_ray.sh`` when missing). When Ray cannot run, the row says why.
+
+``--quick`` uses tiny sizes and a few iterations, the default-flags configuration only and
+no Ray (a smoke test run by ``tests/benchmarks/``, not a measurement). ``--repeat N``
+multiplies every sample count. ``--profile DIR`` adds a profile of trivial requests
+(client cProfile, front-end py-spy, event-log phase timestamps) written to DIR.
 """
 
 from __future__ import annotations
@@ -35,7 +81,8 @@ import kcoral
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
-DEFAULT_RAY_PYTHON = HERE / ".ray-venv" / "bin" / "python"
+RAY_VENV = HERE / ".ray-venv"
+DEFAULT_RAY_PYTHON = RAY_VENV / "bin" / "python"
 
 
 @dataclass
@@ -286,8 +333,7 @@ def ray_row_results(ray_python: Path | None, plan: Plan, log: Callable[[str], No
         return {"skipped": f"Ray did not run: {exc}"}
     lines = completed.stdout.strip().splitlines()
     if completed.returncode != 0 or not lines:
-        error = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"skipped": f"Ray failed (exit {completed.returncode}): {error[:160]}"}
+        return {"skipped": f"Ray failed (exit {completed.returncode}): {_why(completed.stderr)}"}
     try:
         document = json.loads(lines[-1])
         samples = [float(s) for s in document["samples"]]
@@ -300,6 +346,13 @@ def ray_row_results(ray_python: Path | None, plan: Plan, log: Callable[[str], No
         "init_seconds": document.get("init_seconds"),
         "calls": len(samples),
     }
+
+
+def _why(stderr: str) -> str:
+    """The line of a failed run's stderr that names the error (Ray logs a lot around it)."""
+    lines = stderr.strip().splitlines() or ["no output"]
+    named = [line for line in lines if "Error" in line or "error" in line]
+    return (named or lines)[-1].strip()[:160]
 
 
 def ray_row(ray: dict, kcoral_trivial: float, configuration: str) -> Row:
@@ -425,7 +478,7 @@ def choose_ray_python(args: argparse.Namespace, log: Callable[[str], None]) -> P
         return None
     if args.ray_python is not None:
         return args.ray_python
-    if not DEFAULT_RAY_PYTHON.exists():
+    if not (DEFAULT_RAY_PYTHON.exists() and any(RAY_VENV.glob("lib/python*/site-packages/ray"))):
         log("creating benchmarks/.ray-venv (setup_ray.sh: python -m venv + pip install ray)")
         setup = subprocess.run(
             ["sh", str(HERE / "setup_ray.sh")], capture_output=True, text=True, timeout=1800
