@@ -179,6 +179,7 @@ class ProgramRun:
         self.settled = False
         # only modules that appear (or change) during the program can come from its workspace
         self.modules_before = dict(sys.modules)
+        self.importers_before = set(sys.path_importer_cache)
 
     # ------------------------------------------------------------------ driver
 
@@ -532,8 +533,9 @@ class ProgramRun:
         self.module_kinds.clear()
         self.modules.teardown()
         # here, not in settle: the front-end deletes the workspace once it has the outcome
-        _drop_workspace_modules(self.request.workspace, self.modules_before)
+        _drop_workspace_modules(self.request.workspace, self.modules_before, self.importers_before)
         self.modules_before = {}
+        self.importers_before = set()
         if self.blobs is not None:
             self.blobs.close()
         flush_c_stdio()
@@ -576,15 +578,29 @@ def _own_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8192:]
 
 
-def _drop_workspace_modules(workspace: str, before: dict[str, Any]) -> None:
+def _drop_workspace_modules(
+    workspace: str, before: dict[str, Any], importers_before: set[Any]
+) -> None:
     """Forget modules a program imported from its workspace (it is deleted afterwards).
 
-    Only modules added or replaced since ``before`` are examined, by string prefix:
-    ``realpath`` on every module of a process that loaded torch cost ~0.5 s per program."""
+    Only modules added or replaced since ``before``, and path importers added since
+    ``importers_before``, are examined (the workspace is new to every program), by string
+    prefix: ``realpath`` on every module of a process that loaded torch cost ~0.5 s per
+    program, and the workspace's own ``realpath`` is only taken when something is new."""
+    try:
+        # one C-level pass over sys.modules (usually nothing changed); a value with its own
+        # failing __hash__ or __eq__ (anything can be put into sys.modules) takes the loop
+        changed = [name for name, _module in sys.modules.items() - before.items()]
+    except Exception:
+        changed = [name for name, module in sys.modules.items() if before.get(name) is not module]
+    importers = [
+        key for key in sys.path_importer_cache.keys() - importers_before if isinstance(key, str)
+    ]
+    if not changed and not importers:
+        return
     roots = tuple({os.path.realpath(workspace) + os.sep, os.path.abspath(workspace) + os.sep})
-    for name, module in list(sys.modules.items()):
-        if before.get(name) is module:
-            continue
+    for name in changed:
+        module = sys.modules.get(name)
         filename = getattr(module, "__file__", None)
         if not isinstance(filename, str):
             continue
@@ -592,6 +608,6 @@ def _drop_workspace_modules(workspace: str, before: dict[str, Any]) -> None:
             filename = os.path.realpath(filename)
         if filename.startswith(roots):
             sys.modules.pop(name, None)
-    for key in list(sys.path_importer_cache):
-        if isinstance(key, str) and (key + os.sep).startswith(roots):
+    for key in importers:
+        if (key + os.sep).startswith(roots):
             sys.path_importer_cache.pop(key, None)

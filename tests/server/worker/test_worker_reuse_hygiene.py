@@ -1,0 +1,84 @@
+"""What a reused worker forgets between programs, on the cheaper clean-up paths (round 6):
+the workspace's path importers, modules next to an unhashable ``sys.modules`` entry, and a
+native environment that ``setenv`` had to move."""
+
+from __future__ import annotations
+
+from worker_harness import call, function, give, module
+
+PROBE = (
+    "import os, sys\n"
+    "def state(old_workspace):\n"
+    "    native = os.popen('env').read()\n"
+    "    return {\n"
+    "        'importers': [k for k in sys.path_importer_cache\n"
+    "                      if isinstance(k, str) and k.startswith(old_workspace)],\n"
+    "        'helper': 'hygiene_helper' in sys.modules,\n"
+    "        'native': native.count('KCORAL_MOVED_'),\n"
+    "        'python': sum(k.startswith('KCORAL_MOVED_') for k in os.environ),\n"
+    "    }\n"
+)
+
+
+def _probe(worker, old_workspace: str) -> dict:
+    result = worker.run(
+        [
+            module("p", PROBE),
+            function("state", "p", "state"),
+            call("s", "state", old_workspace),
+            give("s", "s"),
+        ]
+    )
+    assert result.finished.status == "COMPLETED", result.error
+    return {k: v["value"] for k, v in result.value("s")["value"].items()}
+
+
+def test_a_reused_worker_forgets_the_path_importers_and_modules_of_a_deleted_workspace(
+    start_worker,
+):
+    worker = start_worker()
+    source = (
+        "import os, sys\n"
+        "os.makedirs('pkg')\n"
+        "open('pkg/hygiene_helper.py', 'w').write('VALUE = 1\\n')\n"
+        "sys.path.insert(0, os.getcwd() + '/pkg')\n"
+        "import hygiene_helper\n"
+        "assert any(str(k).endswith('/pkg') for k in sys.path_importer_cache)\n"
+    )
+    first = worker.run([module("m", source)])
+    assert first.finished.status == "COMPLETED", first.error
+    state = _probe(worker, str(first.workspace))
+    assert state["importers"] == []
+    assert state["helper"] is False
+
+
+def test_an_unhashable_entry_in_sys_modules_does_not_stop_the_module_clean_up(start_worker):
+    worker = start_worker()
+    source = (
+        "import os, sys\n"
+        "class Unhashable:\n"
+        "    __hash__ = None\n"
+        "sys.modules['kcoral_unhashable_entry'] = Unhashable()\n"
+        "open('hygiene_helper.py', 'w').write('VALUE = 1\\n')\n"
+        "sys.path.insert(0, os.getcwd())\n"
+        "import hygiene_helper\n"
+    )
+    first = worker.run([module("m", source)])
+    assert first.finished.status == "COMPLETED", first.error
+    state = _probe(worker, str(first.workspace))
+    assert state["helper"] is False
+
+
+def test_native_variables_are_removed_also_after_setenv_moved_the_environment(start_worker):
+    worker = start_worker()
+    source = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None)\n"
+        "for i in range(300):\n"  # enough to make libc reallocate its environ array
+        "    libc.setenv(f'KCORAL_MOVED_{i}'.encode(), b'x', 1)\n"
+    )
+    first = worker.run([module("m", source)])
+    assert first.finished.status == "COMPLETED", first.error
+    state = _probe(worker, str(first.workspace))
+    assert state["native"] == 0
+    assert state["python"] == 0
