@@ -10,7 +10,6 @@ while the files are read: every reader treats a vanished file as "no such proces
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import signal
 from collections.abc import Sequence
@@ -21,10 +20,21 @@ from kcoral_server.pidfd import open_pidfd
 def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (zombies included)."""
     found: list[int] = []
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+    # listdir and raw reads, not glob and open(): the worker asks after every program
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found  # the process went away
+    for task in tasks:
         try:
-            with open(path) as handle:
-                found.extend(int(part) for part in handle.read().split())
+            fd = os.open(f"/proc/{pid}/task/{task}/children", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = b""
+                while chunk := os.read(fd, 65536):
+                    data += chunk
+            finally:
+                os.close(fd)
+            found.extend(int(part) for part in data.split())
         except (OSError, ValueError):
             continue  # the task or process went away meanwhile
     return found
