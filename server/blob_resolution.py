@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from kcoral_server.body import share_with_cache
 from kcoral_server.disk_cache import DiskCache
 from kcoral_server.memory_cache import DEFAULT_SCOPE, MemoryCache, scoped_key
 
@@ -46,8 +47,9 @@ def resolve_blobs(
     for sha, data in supplied.items():
         used = kinds.get(sha, frozenset())
         if used & MEMORY_KINDS and len(data) * 4 <= memory.capacity_bytes:
-            # The cache outlives the request body, so it gets its own copy.
-            memory.put(scoped_key(scope, sha), bytes(data))
+            # The cache outlives the request body: a large blob keeps its sealed body (and
+            # its descriptor, handed to later workers as it is); anything else is copied.
+            memory.put(scoped_key(scope, sha), data if share_with_cache(data) else bytes(data))
         if "file" in used:
             to_disk[sha] = data
     if to_disk and disk.enabled:

@@ -5,6 +5,12 @@ parsed through ``memoryview`` slices. The same descriptor is then handed to the 
 blob offsets, so supplied blobs reach the worker without another copy. Small bodies (at
 most ``SMALL_BODY_BYTES`` declared) stay in memory instead.
 
+Once received, a memfd body is sealed (no write, no resize): the worker that maps it, and the
+programs it runs, cannot change bytes the front-end verified. That is what lets the memory
+cache keep a large blob as a view of its body instead of a copy (``share_with_cache``): the
+body's descriptor then stays open, owned by its mapping, until the last cache entry and
+request that use it are gone, and warm requests hand it to workers without a copy.
+
 Who reaches this: callers past the 403 (web page) and 401 checks, i.e. a token holder, or
 any local program on a token-less loopback server. A body costs memory only for the bytes
 that actually arrived: the declared ``Content-Length`` picks the buffer's kind but reserves
@@ -15,20 +21,45 @@ EXTENSIONS §6).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
 
-# Prefault mapped memfds in one pass (64 MiB = 16,384 separate faults otherwise).
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+# Prefault mapped memfds in one pass (64 MiB = 16,384 separate faults otherwise). Private:
+# a read-only shared map of a write-sealed memfd is refused by kernels before 6.7, and a
+# private map that is never written shares the memfd's pages all the same.
+_MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+# The memory cache keeps a blob as a view of its body (no copy) from this size on, when the
+# blob is at least half the body (a small blob must not pin a large body's memory) ...
+SHARED_BLOB_BYTES = 1 << 20
+# ... and while fewer bodies than this are held for the cache: each holds a descriptor.
+MAX_CACHED_BODIES = 64
 
 
 class BodyMap(mmap.mmap):
-    """The read-only mapping of a received body; ``memfd`` stays open while it lives."""
+    """The read-only mapping of a received body. ``memfd`` stays open while the request
+    runs; once the memory cache holds a view (``cached``) the mapping owns the descriptor
+    and closes it when the last view is gone."""
 
-    memfd: int
+    memfd: int = -1
+    sealed: bool = False
+    cached: bool = False
+    owns_memfd: bool = False
+
+    def __del__(self) -> None:
+        if self.owns_memfd and self.memfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.memfd)
+            self.memfd = -1
+
+
+# Bodies whose mapping a cache entry has referenced, while they live (for the count limit).
+_cached_bodies: weakref.WeakSet[BodyMap] = weakref.WeakSet()
 
 
 class BodyTooLarge(Exception):
@@ -63,7 +94,7 @@ class RequestBody:
         # No ``fallocate`` of the declared length: that reserved memory for bytes that may
         # never come (a declared 256 MiB trickled a byte at a time held 256 MiB), and
         # appending 1 MiB writes to an unreserved memfd measured no slower.
-        self.fd = os.memfd_create("kcoral-request", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("kcoral-request", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
 
     def write(self, chunk: bytes | memoryview) -> None:
         if self.fd is None and self._buffer is None:
@@ -97,8 +128,10 @@ class RequestBody:
         if self.size == 0:
             self.view = memoryview(b"")
         else:
+            sealed = _seal(self.fd)
             self._map = BodyMap(self.fd, self.size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
             self._map.memfd = self.fd
+            self._map.sealed = sealed
             self.view = memoryview(self._map)
         return self.view
 
@@ -108,14 +141,63 @@ class RequestBody:
             with contextlib.suppress(BufferError):
                 self.view.release()
             self.view = None
+        handed_over = False
+        map_left = None
         if self._map is not None:
-            with contextlib.suppress(BufferError):
+            try:
                 self._map.close()
+            except BufferError:  # views still exported
+                # A cache entry may hand this body to later workers: the mapping keeps the
+                # descriptor until its last view is gone. Other views (a request's blobs
+                # that are still referenced) only need the memory, which the map keeps.
+                handed_over = self._map.owns_memfd = self._map.cached
+                map_left = self._map
             self._map = None
-        if self.fd is not None:
+        if self.fd is not None and not handed_over:
             os.close(self.fd)
-            self.fd = None
+            if map_left is not None:
+                map_left.memfd = -1  # views that outlive the request hold memory only
+        self.fd = None
         self._buffer = None
+
+
+def _seal(fd: int) -> bool:
+    """Forbid every later change of the memfd's bytes and size; False where the kernel
+    refuses (the body then works as before, but is never shared with the cache)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except OSError:
+        return False
+    return True
+
+
+def share_with_cache(data: memoryview) -> bool:
+    """Whether the memory cache may keep ``data`` (a supplied blob) as it is, a view of its
+    sealed body, instead of a copy; if so the body is marked as held for the cache."""
+    body = data.obj
+    if (
+        not isinstance(body, BodyMap)
+        or body.closed
+        or not body.sealed
+        or data.nbytes < SHARED_BLOB_BYTES
+        or data.nbytes * 2 < len(body)
+    ):
+        return False
+    if not body.cached:
+        if len(_cached_bodies) >= MAX_CACHED_BODIES:
+            return False
+        body.cached = True
+        _cached_bodies.add(body)
+    return True
+
+
+def held_descriptors(data: object) -> tuple[object, int] | None:
+    """The body whose descriptors a cache entry ``data`` keeps open, and how many: its
+    memfd and the mapping's own duplicate (Python's ``mmap`` keeps one until closed)."""
+    body = data.obj if isinstance(data, memoryview) else None
+    if isinstance(body, BodyMap) and body.cached and not body.closed:
+        return body, 1 + (body.memfd >= 0)
+    return None
 
 
 def _address(buffer: memoryview | mmap.mmap) -> int:
@@ -134,7 +216,7 @@ def memfd_locations(
     copies: list[tuple[str, bytes | memoryview]] = []
     for sha, data in blobs.items():
         body = data.obj if isinstance(data, memoryview) else None
-        if not isinstance(body, BodyMap) or body.closed or not data.nbytes:
+        if not isinstance(body, BodyMap) or body.closed or body.memfd < 0 or not data.nbytes:
             copies.append((sha, data))
             continue
         offset = _address(data) - _address(body)  # type: ignore[arg-type]

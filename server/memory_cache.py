@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 Blob = Any  # bytes-like (bytes, bytearray, memoryview, mmap); kept by reference, never copied
+# Descriptors held by an entry: the object that keeps them open (a received body, for a
+# view of it) and how many, else None. The front-end's is ``body.held_descriptors``.
+DescriptorsOf = Callable[[Any], tuple[object, int] | None]
 DEFAULT_SCOPE = "default"  # every caller of a server without named tokens
 
 
@@ -53,6 +57,19 @@ class MemoryCache:
     def used_bytes(self) -> int:
         """Bytes held by all entries, pinned ones included."""
         return self._used
+
+    def held_descriptors(self, descriptors_of: DescriptorsOf) -> int:
+        """How many descriptors the entries keep open (``descriptors_of`` says which object
+        holds how many; entries sharing a holder count once): what a leak check must not
+        count as leaked."""
+        with self._lock:
+            blobs = [item[0] for item in self._lru.values()]
+            blobs += [entry[0] for entry in self._pinned.values()]
+        holders: dict[int, int] = {}
+        for held in map(descriptors_of, blobs):
+            if held is not None:
+                holders[id(held[0])] = held[1]
+        return sum(holders.values())
 
     @property
     def pinned_bytes(self) -> int:

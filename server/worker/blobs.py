@@ -10,8 +10,10 @@ import threading
 
 from kcoral_server.ipc import BlobSlice
 
-# Prefault the blob maps in one pass (64 MiB = 16,384 separate faults otherwise).
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+# Prefault the blob maps in one pass (64 MiB = 16,384 separate faults otherwise). Private:
+# request bodies arrive write-sealed (``kcoral_server.body``), and kernels before 6.7
+# refuse a shared map of those even read-only; an unwritten private map shares the pages.
+_MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 # From this many return bytes on, hashing runs in a second thread while the parts are
 # written (both release the GIL); below it a thread costs more than it saves.
 _PARALLEL_HASH_BYTES = 1 << 20

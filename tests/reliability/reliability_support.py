@@ -174,6 +174,7 @@ def launch(
     temp_dir = directory / "tmp"
     temp_dir.mkdir(parents=True, exist_ok=True)
     started = start_server(directory, list(args), env={"TMPDIR": str(temp_dir), **(env or {})})
+    _STATUS_URLS[started.process.pid] = started.url
     return Launched(started.url, started.process, directory, temp_dir)
 
 
@@ -335,11 +336,32 @@ def workspaces(temp_dir: Path) -> list[Path]:
     return sorted(temp_dir.glob("kcoral-program-*"))
 
 
+# pid -> URL of every server ``launch`` started: where ``measure`` asks what its cache holds
+_STATUS_URLS: dict[int, str] = {}
+
+
+def cache_descriptors(url: str) -> int:
+    """Descriptors the server's memory cache keeps open on purpose (PROTOCOL §13): large
+    blobs cached as views of their request bodies. 0 when the server cannot say."""
+    try:
+        answer = get(url, "/internal/worker-status")
+        held = answer.body.get("cache_descriptors") if answer.status == 200 else 0
+    except (OSError, http.client.HTTPException, AttributeError):
+        return 0
+    return held if type(held) is int and held >= 0 else 0
+
+
 def measure(pid: int, temp_dir: Path) -> Resources:
+    """What the front-end holds. Its open descriptors exclude those its memory cache holds
+    on purpose (the server counts them by cache entry: any other descriptor, a body memfd
+    that no entry names included, still counts as a leak)."""
     try:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         fds = -1
+    url = _STATUS_URLS.get(pid)
+    if url is not None and fds >= 0:
+        fds -= cache_descriptors(url)
     return Resources(fds, len(descendants(pid)), len(workspaces(temp_dir)), rss_bytes(pid))
 
 

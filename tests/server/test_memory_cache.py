@@ -141,3 +141,22 @@ def test_concurrent_puts_gets_and_pins_keep_the_accounting_exact() -> None:
     assert cache.used_bytes <= 4000
     assert cache.used_bytes == 100 * len(cache)
     assert cache.pinned_bytes == 0
+
+
+def test_held_descriptors_counts_each_holder_once_pinned_entries_included() -> None:
+    class Holder:
+        pass
+
+    first, second = Holder(), Holder()
+    holders = {"a": (first, 2), "b": (first, 2), "c": (second, 1)}
+    cache = MemoryCache(1 << 20)
+    for key in ("a", "b", "c", "plain"):
+        cache.put(key, key.encode())
+    cache.pin("c")
+
+    def descriptors_of(blob: bytes) -> tuple[object, int] | None:
+        return holders.get(blob.decode())
+
+    assert cache.held_descriptors(descriptors_of) == 3
+    cache.unpin("c")
+    assert cache.held_descriptors(lambda blob: None) == 0
