@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kcoral_server.body import held_descriptors
 from kcoral_server.handlers.base import BaseHandler
 from kcoral_server.optional_pieces import optional_pieces
 
@@ -42,6 +43,8 @@ class WorkerStatusHandler(BaseHandler):
                 "versions": dict(pool.versions),
                 "worker_count": len(pool.seats),
                 "busy_workers": pool.busy_workers,
+                # descriptors the memory cache keeps open on purpose (leak checks: PROTOCOL §13)
+                "cache_descriptors": self.state.memory_cache.held_descriptors(held_descriptors),
             },
         )
 

@@ -67,6 +67,7 @@ def test_worker_status_answers_loopback_peers(server) -> None:
         "versions",
         "worker_count",
         "busy_workers",
+        "cache_descriptors",
     }
     assert body["worker_count"] == 2 and body["busy_workers"] == 0
 
