@@ -735,7 +735,9 @@ def serve(
                 watched.append(parent_fd)
             timeout = family.poll_interval
             if pending and accepting:
-                timeout = min(timeout or PRELOAD_IDLE_SECONDS, PRELOAD_IDLE_SECONDS)
+                quiet = time.monotonic() - last_request
+                remaining = max(0.0, PRELOAD_IDLE_SECONDS - quiet)
+                timeout = remaining if timeout is None else min(timeout, remaining)
             readable, _w, _x = select.select(watched, [], [], timeout)
             if parent_fd is not None and parent_fd in readable:
                 family.kill_all()  # the front-end died (SIGKILL): nothing may outlive it

@@ -1,0 +1,287 @@
+"""Fork servers that preload torch (SERVER §1, ``--worker-preload``): fresh workers start
+with torch imported, the launcher forks only single-threaded and without CUDA, and one that
+breaks that rule refuses to fork and says why.
+
+The test session turns the preload off (tests/conftest.py); these tests turn it on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kcoral_server import sandbox
+from kcoral_server.launcher import (
+    PRELOAD_IDLE_SECONDS,
+    ForkedProcess,
+    Launcher,
+    LauncherRefused,
+)
+from kcoral_server.sandbox import worker_base_environment
+from server_process import RunningServer, start_server
+
+import kcoral
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("numpy") is None,
+    reason="torch and numpy are not installed: there is nothing to preload",
+)
+
+BWRAP_PROBLEM = sandbox.probe()
+SANDBOXES = [
+    pytest.param("none", id="unsandboxed"),
+    pytest.param(
+        "auto",
+        id="default-sandbox",
+        marks=pytest.mark.skipif(
+            BWRAP_PROBLEM is not None, reason=f"bubblewrap cannot run here: {BWRAP_PROBLEM}"
+        ),
+    ),
+]
+#: forks tried until one comes from the preloaded launcher (the first ones may not)
+FORK_TRIES = 30
+
+
+# ---------------------------------------------------------------- the launcher itself
+
+
+@pytest.fixture
+def preloading_launcher() -> Iterator[Launcher]:
+    launcher = Launcher(preload=("torch",))
+    yield launcher
+    launcher.close()
+
+
+def _fork(launcher: Launcher, launcher_env: dict[str, str] | None = None) -> ForkedProcess:
+    """A worker that exits as soon as it reads EOF on its channel (closed here at once)."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        return launcher.launch(child.fileno(), dict(os.environ), launcher_env=launcher_env)
+    finally:
+        child.close()
+        parent.close()
+
+
+def _fork_after_the_preload(launcher: Launcher) -> ForkedProcess:
+    """Fork until a worker comes from the preloaded launcher: the launcher imports torch
+    once it has had no request for ``PRELOAD_IDLE_SECONDS``."""
+    for _ in range(FORK_TRIES):
+        process = _fork(launcher)
+        if process.preloaded:
+            return process
+        process.wait(60)
+        time.sleep(PRELOAD_IDLE_SECONDS * 2)  # leave the launcher idle long enough
+    raise AssertionError(f"no worker came from a preloaded launcher in {FORK_TRIES} forks")
+
+
+def _mapped(pid: int, fragment: str) -> bool:
+    return fragment in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_worker_forked_after_the_preload_has_torch_loaded_before_it_runs_anything(
+    preloading_launcher,
+):
+    process = _fork_after_the_preload(preloading_launcher)
+    assert process.preloaded == ("torch",)
+    # the worker has read nothing yet (its channel's EOF at most): torch came with the fork
+    assert _mapped(process.pid, "libtorch")
+    assert process.wait(60) == 0
+
+
+def test_the_preloading_launcher_runs_no_thread_but_its_main_one(preloading_launcher):
+    process = _fork_after_the_preload(preloading_launcher)
+    process.wait(60)
+    assert preloading_launcher._process is not None
+    launcher_pid = preloading_launcher._process.pid
+    assert _mapped(launcher_pid, "openblas")  # numpy's BLAS is loaded, its pool stopped
+    assert os.listdir(f"/proc/{launcher_pid}/task") == [str(launcher_pid)]
+
+
+PRELOAD_AND_LOOK = """
+import json, os, sys, threading
+from kcoral_server.launcher import fork_hazards, preload
+loaded = preload(["torch"])
+import torch
+print(json.dumps({
+    "loaded": loaded,
+    "numpy": "numpy" in sys.modules,
+    "cuda_initialized": torch.cuda.is_initialized(),
+    "python_threads": len(threading.enumerate()),
+    "native_threads": len(os.listdir("/proc/self/task")),
+    "hazards": fork_hazards(),
+}))
+"""
+
+
+def test_after_the_preload_cuda_is_not_initialized_and_the_process_is_single_threaded():
+    env = worker_base_environment(os.environ)
+    found = subprocess.run(
+        [sys.executable, "-c", PRELOAD_AND_LOOK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    state = json.loads(found.stdout)
+    assert state == {
+        "loaded": ["torch"],
+        "numpy": True,
+        "cuda_initialized": False,
+        "python_threads": 1,
+        "native_threads": 1,
+        "hazards": [],
+    }
+
+
+# ---------------------------------------------------------------- refusals
+
+INTRUDERS = {
+    "python-thread": (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), name='intruder', daemon=True).start()\n",
+        "Python thread(s) besides the main one: intruder",
+    ),
+    "native-thread": (
+        # a thread the threading module does not know about: /proc still counts it
+        "import _thread, time\n_thread.start_new_thread(time.sleep, (3600,))\n",
+        "native thread(s) besides the main one",
+    ),
+    "cuda-initialized": (
+        "import sys, types\n"
+        "fake = types.ModuleType('torch')\n"
+        "fake.cuda = types.SimpleNamespace(is_initialized=lambda: True)\n"
+        "sys.modules['torch'] = fake\n",
+        "CUDA is initialized",
+    ),
+}
+
+
+@pytest.mark.parametrize("intruder", sorted(INTRUDERS))
+def test_a_launcher_that_breaks_the_fork_rule_refuses_to_fork_and_says_why(
+    tmp_path: Path, intruder: str
+):
+    """``sitecustomize`` (imported at every interpreter start) breaks the rule in the
+    launcher before it serves anything."""
+    source, reason = INTRUDERS[intruder]
+    (tmp_path / "sitecustomize.py").write_text(source)
+    launcher_env = worker_base_environment(os.environ)
+    launcher_env["PYTHONPATH"] = str(tmp_path)
+    launcher = Launcher()
+    try:
+        with pytest.raises(LauncherRefused) as refused:
+            _fork(launcher, launcher_env)
+        assert "refused to fork" in str(refused.value)
+        assert reason in str(refused.value)
+        assert "--worker-preload none" in str(refused.value)
+        with pytest.raises(LauncherRefused):  # and it goes on refusing
+            _fork(launcher, launcher_env)
+    finally:
+        launcher.close()
+
+
+def test_a_refusal_reaches_the_event_log_of_a_server_whose_launcher_runs_a_thread(
+    tmp_path: Path,
+):
+    """No worker starts, so neither does the server; the event log says why."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(INTRUDERS["python-thread"][0])
+    with pytest.raises(RuntimeError, match="server did not start"):
+        start_server(
+            tmp_path / "server",
+            ["--worker-preload", "torch"],
+            env={"PYTHONPATH": str(tmp_path / "site")},
+        )
+    events = [
+        json.loads(line)
+        for path in (tmp_path / "server" / "logs").glob("runs/*/events.jsonl")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    failures = [event for event in events if event.get("event") == "worker_failed"]
+    assert failures
+    assert all("refused to fork" in event["error"] for event in failures)
+    assert all("intruder" in event["error"] for event in failures)
+
+
+# ---------------------------------------------------------------- through a server
+
+SEES_TORCH = "import sys\nPRELOADED = 'torch' in sys.modules\ndef seen():\n    return PRELOADED\n"
+
+MATMULS = """
+import numpy as np
+import torch
+def multiply(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.random((256, 256))
+    b = a @ a.T + 256 * np.eye(256)
+    inverse = np.linalg.inv(b)
+    t = torch.from_numpy(a)
+    product = t @ t.T
+    return [float(np.trace(b @ inverse)), float(product.trace()), float(torch.ones(4).sum())]
+"""
+
+
+def _call(client: kcoral.Client, source: str, name: str, args: list | None = None):
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=source, id="m")
+    function = program.get_function(module=module, name=name, id="f")
+    program.return_(key="out", value=program.run(fn=function, args=args or [], id="out"))
+    return client.execute(program)["out"]
+
+
+@pytest.fixture(params=SANDBOXES)
+def fresh_worker_server(request, tmp_path: Path) -> Iterator[RunningServer]:
+    """A server (sandbox as parametrized) giving every request a fresh, forked worker."""
+    server = start_server(
+        tmp_path / "server",
+        [
+            "--sandbox",
+            request.param,
+            "--worker-preload",
+            "torch",
+            "--max-requests-per-worker",
+            "1",
+        ],
+    )
+    yield server
+    server.stop()
+
+
+@pytest.mark.timeout(600)
+def test_fresh_workers_see_torch_imported_when_their_first_line_runs_and_matmuls_work(
+    fresh_worker_server,
+):
+    with kcoral.Client(fresh_worker_server.url) as client:
+        seen = []
+        while not any(seen):  # the pool's first workers were forked before the preload
+            seen.append(_call(client, SEES_TORCH, "seen"))
+            assert len(seen) <= FORK_TRIES, "no fresh worker came with torch imported"
+        for _ in range(3):
+            assert _call(client, SEES_TORCH, "seen") is True
+        # numpy's and torch's thread pools start afresh in every forked worker: no hang
+        for seed in range(6):
+            identity, trace, ones = _call(client, MATMULS, "multiply", [seed])
+            assert identity == pytest.approx(256.0)
+            assert trace > 0
+            assert ones == 4.0
+
+
+def test_without_the_preload_a_fresh_worker_imports_torch_itself(tmp_path: Path):
+    server = start_server(
+        tmp_path / "server",
+        ["--worker-preload", "none", "--max-requests-per-worker", "1"],
+    )
+    try:
+        with kcoral.Client(server.url) as client:
+            assert [_call(client, SEES_TORCH, "seen") for _ in range(3)] == [False] * 3
+    finally:
+        server.stop()
