@@ -184,7 +184,7 @@ _KINDS = {
 _METAVARS = {_INT: "N", _SECONDS: "SECONDS", _NUMBER: "X"}
 
 
-def _setting_help(declared: Field) -> str:
+def setting_help(declared: Field) -> str:
     """``--help`` text of a declared setting: its help, then "(default …)"."""
     meta = declared.metadata
     if meta["hidden"]:
@@ -211,11 +211,11 @@ def _setting_help(declared: Field) -> str:
     return f"{text} (default{shown})".lstrip()
 
 
-def _add_setting(parser: argparse.ArgumentParser, declared: Field) -> None:
+def add_setting_option(parser: argparse.ArgumentParser, declared: Field) -> None:
     """The argparse option of a declared setting, as its declaration says."""
     meta = declared.metadata
     flag = meta["flag"]
-    options: dict[str, Any] = {"dest": declared.name, "help": _setting_help(declared)}
+    options: dict[str, Any] = {"dest": declared.name, "help": setting_help(declared)}
     if meta["kind"] == "switch":
         options.update(action="store_true", default=None)
     else:
@@ -246,7 +246,7 @@ def build_server_parser() -> argparse.ArgumentParser:
         *flag_settings(),
         *declared_settings(SupervisorOptions),
     ):
-        _add_setting(parser, declared)
+        add_setting_option(parser, declared)
     # The supervisor's child entry point (ROUTER.md §12): not a setting, never typed by hand.
     parser.add_argument("--node-child", action="store_true", default=None, help=argparse.SUPPRESS)
     return parser

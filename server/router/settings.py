@@ -4,37 +4,101 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kcoral_server.browser_guard import host_problem, origin_problem
+from kcoral_server.cli_args import add_setting_option
+from kcoral_server.config import declared_settings, setting
 from kcoral_server.identity import parse_tokens
 
 
 @dataclass(frozen=True)
 class RouterSettings:
-    host: str = "127.0.0.1"
-    port: int = 9000
-    grpc_port: int | None = None
-    status_check_interval_seconds: float = 1.0
-    max_status_age_seconds: float = 5.0
-    unhealthy_threshold: int = 3
-    recovery_threshold: int = 2
-    queue_wait_timeout_seconds: float = 1800.0
-    max_queued_requests: int = 1024
-    node_retention_seconds: float = 600.0
-    max_request_bytes: int = 268435456
-    node_token: str | None = None
-    ready_file: Path | None = None
-    auth_token: str | None = None  # the client token file's text (EXTENSIONS §6)
-    allow_unauthenticated: bool = False
-    allow_unauthenticated_nodes: bool = False
+    """Every ``kcoral router`` option, each declared once (``config.setting``: flag, kind,
+    default, help); the parser and its ``--help`` are derived from the declarations."""
+
+    host: str = setting(
+        "127.0.0.1", flag="--host", kind="text", help="listen address (a literal IP address)"
+    )
+    port: int = setting(
+        9000, flag="--port", kind="int", help="HTTP and gRPC port (0 = any free port)"
+    )
+    grpc_port: int | None = setting(
+        None, flag="--grpc-port", kind="int", help="serve gRPC on its own port instead"
+    )
+    status_check_interval_seconds: float = setting(
+        1.0, flag="--status-check-interval-seconds", kind="seconds", help="staleness checks"
+    )
+    max_status_age_seconds: float = setting(
+        5.0, flag="--max-status-age-seconds", kind="seconds", help="oldest usable node status"
+    )
+    unhealthy_threshold: int = setting(
+        3, flag="--unhealthy-threshold", kind="int", help="failures before unhealthy"
+    )
+    recovery_threshold: int = setting(
+        2, flag="--recovery-threshold", kind="int", help="successes before ready"
+    )
+    queue_wait_timeout_seconds: float = setting(
+        1800.0, flag="--queue-wait-timeout-seconds", kind="seconds", help="wait for a node"
+    )
+    max_queued_requests: int = setting(
+        1024, flag="--max-queued-requests", kind="int", help="waiting requests before 503"
+    )
+    node_retention_seconds: float = setting(
+        600.0,
+        flag="--node-retention-seconds",
+        kind="seconds",
+        help="keep a disconnected node's entry",
+    )
+    max_request_bytes: int = setting(
+        268435456, flag="--max-request-bytes", kind="int", help="413 above"
+    )
+    # resolved by hand: an empty KCORAL_NODE_TOKEN is refused, not unset (ROUTER §3)
+    node_token: str | None = setting(
+        None,
+        flag="--node-token",
+        kind="text",
+        help="node token (prefer env KCORAL_NODE_TOKEN)",
+        secret=True,
+    )
+    ready_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
+        None, flag="--ready-file", kind="path", hidden=True
+    )
+    # the client token file's text (EXTENSIONS §6), read from --auth-token-file (not a field)
+    auth_token: str | None = None
+    allow_unauthenticated: bool = setting(
+        False,
+        flag="--allow-unauthenticated",
+        kind="switch",
+        help="listen on a non-loopback address without a client token",
+    )
+    allow_unauthenticated_nodes: bool = setting(
+        False,
+        flag="--allow-unauthenticated-nodes",
+        kind="switch",
+        help="accept nodes without a node token although the router listens off loopback "
+        "or has a client token",
+    )
     # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
-    allowed_origins: tuple[str, ...] = ()
-    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = setting(
+        (),
+        flag="--allowed-origin",
+        kind="text",
+        repeatable=True,
+        metavar="ORIGIN",
+        help="let web pages from this origin call the router",
+    )
+    allowed_hosts: tuple[str, ...] = setting(
+        (),
+        flag="--allowed-host",
+        kind="text",
+        repeatable=True,
+        metavar="HOST",
+        help="accept this Host name without a client token besides loopback and the listen address",
+    )
 
     def __repr__(self) -> str:  # never show the tokens
         fields = dict(self.__dict__)
@@ -47,65 +111,34 @@ class SettingsError(ValueError):
     """An invalid option; the message names it."""
 
 
-def _duration(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
-    return value
-
-
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kcoral router",
         description="Route KCoral requests to GPU nodes that connect over gRPC.",
         allow_abbrev=False,
     )
-    add = parser.add_argument
-    add("--host", default="127.0.0.1", help="listen address (a literal IP address)")
-    add("--port", type=int, default=9000, help="HTTP and gRPC port (0 = any free port)")
-    add("--grpc-port", type=int, default=None, help="serve gRPC on its own port instead")
-    add("--status-check-interval-seconds", type=_duration, default=1.0)
-    add("--max-status-age-seconds", type=_duration, default=5.0)
-    add("--unhealthy-threshold", type=int, default=3)
-    add("--recovery-threshold", type=int, default=2)
-    add("--queue-wait-timeout-seconds", type=_duration, default=1800.0)
-    add("--max-queued-requests", type=int, default=1024)
-    add("--node-retention-seconds", type=_duration, default=600.0)
-    add("--max-request-bytes", type=int, default=268435456)
-    add("--node-token", default=None, help="node token (prefer env KCORAL_NODE_TOKEN)")
-    add(
+    for declared in declared_settings(RouterSettings):
+        add_setting_option(parser, declared)
+    # A file, not a setting: the settings hold the token read from it.
+    parser.add_argument(
         "--auth-token-file",
-        default=None,
+        metavar="PATH",
         help="file holding the client token (or env KCORAL_AUTH_TOKEN)",
     )
-    add(
-        "--allow-unauthenticated",
-        action="store_true",
-        help="listen on a non-loopback address without a client token",
-    )
-    add(
-        "--allow-unauthenticated-nodes",
-        action="store_true",
-        help="accept nodes without a node token although the router listens off loopback "
-        "or has a client token",
-    )
-    add(
-        "--allowed-origin",
-        action="append",
-        default=[],
-        metavar="ORIGIN",
-        help="let web pages from this origin call the router (repeatable; default none)",
-    )
-    add(
-        "--allowed-host",
-        action="append",
-        default=[],
-        metavar="HOST",
-        help="accept this Host name without a client token besides loopback and the listen "
-        "address (repeatable; default none)",
-    )
-    add("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def _given_or_default(args: argparse.Namespace) -> None:
+    """Every declared option left out takes its declared default (lists become tuples)."""
+    for declared in declared_settings(RouterSettings):
+        value = getattr(args, declared.name)
+        if value is None:
+            value = declared.default
+        elif declared.metadata["repeatable"]:
+            value = tuple(value)
+        elif declared.metadata["kind"] == "path":
+            value = Path(value) if value else None
+        setattr(args, declared.name, value)
 
 
 def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
@@ -134,6 +167,7 @@ def parse_router_args(
     """Parse and validate; argparse errors exit 2, rule violations raise ``SettingsError``."""
     env = os.environ if environ is None else environ
     args = _build_parser().parse_args(list(argv))
+    _given_or_default(args)
     token = args.node_token if args.node_token is not None else env.get("KCORAL_NODE_TOKEN")
     if token is not None and token == "":
         raise SettingsError("--node-token must not be empty")
@@ -161,8 +195,8 @@ def parse_router_args(
             "pass --allow-unauthenticated-nodes"
         )
     for option, values, problem_of in (
-        ("--allowed-origin", args.allowed_origin, origin_problem),
-        ("--allowed-host", args.allowed_host, host_problem),
+        ("--allowed-origin", args.allowed_origins, origin_problem),
+        ("--allowed-host", args.allowed_hosts, host_problem),
     ):
         for value in values:
             problem = problem_of(value)
@@ -187,23 +221,7 @@ def parse_router_args(
         raise SettingsError(
             "--node-retention-seconds must be greater than --max-status-age-seconds"
         )
-    return RouterSettings(
-        host=args.host,
-        port=args.port,
-        grpc_port=args.grpc_port,
-        status_check_interval_seconds=args.status_check_interval_seconds,
-        max_status_age_seconds=args.max_status_age_seconds,
-        unhealthy_threshold=args.unhealthy_threshold,
-        recovery_threshold=args.recovery_threshold,
-        queue_wait_timeout_seconds=args.queue_wait_timeout_seconds,
-        max_queued_requests=args.max_queued_requests,
-        node_retention_seconds=args.node_retention_seconds,
-        max_request_bytes=args.max_request_bytes,
-        node_token=token,
-        ready_file=args.ready_file,
-        auth_token=auth_token,
-        allow_unauthenticated=args.allow_unauthenticated,
-        allow_unauthenticated_nodes=args.allow_unauthenticated_nodes,
-        allowed_origins=tuple(args.allowed_origin),
-        allowed_hosts=tuple(args.allowed_host),
-    )
+    declared = {
+        option.name: getattr(args, option.name) for option in declared_settings(RouterSettings)
+    }
+    return RouterSettings(**{**declared, "node_token": token, "auth_token": auth_token})
