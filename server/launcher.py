@@ -37,11 +37,11 @@ Protocol on the launcher's ``AF_UNIX`` ``SOCK_SEQPACKET`` control socket: the fr
 sends ``{"env": {...}, "cgroups": [...]}`` (JSON) with the worker's socketpair end; the
 launcher forks, the child moves itself into the listed ``cgroup.procs`` files before it runs
 anything else (the per-worker limits, ``kcoral_server.limits``), and the launcher
-answers ``{"pid": N}`` with the read end of a status pipe, on which it writes the child's
-exit code (``subprocess`` convention: ``-signal`` when killed) and the number of orphans
-that survived ``SIGKILL`` once it reaped it. Workers
-are children of the launcher, not of the front-end, hence ``ForkedProcess`` instead of
-``subprocess.Popen``.
+answers ``{"pid": N, "preloaded": [...]}`` with the read end of a status pipe, on which it
+writes the child's exit code (``subprocess`` convention: ``-signal`` when killed) and the
+number of orphans that survived ``SIGKILL`` once it reaped it; or ``{"error": "..."}``
+(with ``"refused": true`` when the fork rule forbade the fork). Workers are children of
+the launcher, not of the front-end, hence ``ForkedProcess`` instead of ``subprocess.Popen``.
 
 Under bubblewrap each seat has its own launcher started *inside* that seat's sandbox
 (``Launcher(wrap=SandboxDir.command)``), so a sandboxed worker is a fork too. Such a
