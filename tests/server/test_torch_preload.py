@@ -142,6 +142,33 @@ def test_after_the_preload_cuda_is_not_initialized_and_the_process_is_single_thr
     }
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--fd", "3", "--preload", "numpy"],
+        ["--fd", "3", "--preload", ""],
+        ["--fd", "3", "--preload", "torch", "--preload", "torch"],
+        ["--fd", "x"],
+        ["--preload", "torch"],
+    ],
+    ids=["unknown-module", "empty-list", "repeated", "bad-fd", "no-fd"],
+)
+def test_the_launcher_answers_bad_arguments_with_its_usage(arguments: list[str]):
+    found = subprocess.run(
+        [sys.executable, "-m", "kcoral_server.launcher", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert found.returncode == 2
+    assert found.stderr.startswith("usage: python -m kcoral_server.launcher --fd N")
+
+
+def test_a_launcher_cannot_be_asked_to_preload_an_unknown_module():
+    with pytest.raises(ValueError, match="cannot preload numpy"):
+        Launcher(preload=("numpy",))
+
+
 # ---------------------------------------------------------------- refusals
 
 INTRUDERS = {
