@@ -147,7 +147,8 @@ class Session(_SessionBase):
         try:
             self.record = self.client.run_flow(end_flow(self.id))
         except KCoralError as exc:
-            if exc.status_code != 404:  # 404: dropped after it ended long ago
+            # 404: dropped after it ended long ago; 410: a router lost its node (ended)
+            if exc.status_code not in (404, 410):
                 raise
 
     def __enter__(self) -> Session:
@@ -196,7 +197,7 @@ class AsyncSession(_SessionBase):
         try:
             self.record = await self.client.run_flow(end_flow(self.id))
         except KCoralError as exc:
-            if exc.status_code != 404:
+            if exc.status_code not in (404, 410):
                 raise
 
     async def __aenter__(self) -> AsyncSession:

@@ -104,6 +104,28 @@ class ForwardHandler(RouterHandler):
     def rewrite(self, status: int, body: bytes) -> bytes:
         return body
 
+    def send_router_error(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        reason: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        # Tornado closes a connection whose request it had not read to the end once the
+        # answer is out, without saying so: say it, or a client reuses the connection and
+        # its next request is lost (seen with a 404 answered before a GET's empty body).
+        connection = self.request.connection
+        if connection is not None and not getattr(connection, "_read_finished", True):
+            headers = {**(headers or {}), "Connection": "close"}
+        super().send_router_error(status, kind, message, reason, headers)
+
+    def no_node(self) -> None:
+        """No slot came within the wait (or the required node went away)."""
+        self.send_router_error(
+            503, "no_node", "no compatible node has an available slot", "queue_timeout"
+        )
+
     # -- request side ----------------------------------------------------------------------
 
     async def prepare(self) -> None:
@@ -146,9 +168,7 @@ class ForwardHandler(RouterHandler):
             self.send_router_error(503, "router_busy", "router queue is full", "queue_full")
             return
         except NoNode:
-            self.send_router_error(
-                503, "no_node", "no compatible node has an available slot", "queue_timeout"
-            )
+            self.no_node()
             return
         except asyncio.CancelledError:
             return  # the client went away while queued

@@ -1,5 +1,6 @@
 """The router's client side: ``GET /health``, streaming ``POST /execute`` (ROUTER.md §8–§9),
-``/v1/info`` and the jobs endpoints (``job_routes``); all but ``/health`` need the client
+``/v1/info``, the jobs endpoints (``job_routes``) and the sessions endpoints
+(``session_routes``); all but ``/health`` need the client
 token when one is set."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, J
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
+from kcoral_server.router.session_routes import SessionHandler, SessionIndex, SessionsHandler
 from kcoral_server.router.settings import RouterSettings
 
 from kcoral.protocol.strict_json import dumps_compact
@@ -34,6 +36,7 @@ class RouterState:
     started_at: str
     in_progress: int = 0  # requests on worker slots (control requests are not load)
     jobs: JobIndex = field(default_factory=JobIndex)
+    sessions: SessionIndex = field(default_factory=SessionIndex)
     authenticator: Authenticator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +101,8 @@ def make_app(state: RouterState) -> tornado.web.Application:
             (r"/v1/info", InfoHandler, {"state": state}),
             (r"/v1/jobs", JobsHandler, {"state": state}),
             (r"/v1/jobs/([^/]+)(/events|/result)?", JobHandler, {"state": state}),
+            (r"/v1/sessions", SessionsHandler, {"state": state}),
+            (r"/v1/sessions/([^/]+)(/execute|/jobs|/interrupt)?", SessionHandler, {"state": state}),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args={"state": state},

@@ -113,7 +113,7 @@ async def _collect(slot: Any) -> tuple[int, bytes] | None:
         parts.append(frame.data)
 
 
-def _error_kind(body: bytes) -> str | None:
+def error_kind(body: bytes) -> str | None:
     try:
         document = json.loads(body)
         return document["error"]["kind"]
@@ -121,7 +121,7 @@ def _error_kind(body: bytes) -> str | None:
         return None
 
 
-def _auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
+def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
     """Who asks, as the router vouches for it: never the client's own token (ROUTER §8.4);
     each node answers only with that identity's jobs (404 for another's)."""
     header = identity_header(handler.identity)
@@ -160,7 +160,7 @@ class JobsHandler(ForwardHandler):
                 503, "no_node", "no compatible node has an available slot", "queue_timeout"
             )
             return
-        headers = _auth_headers(self)
+        headers = auth_headers(self)
         answers = await asyncio.gather(
             *(fetch(self.state, node, "GET", "/v1/jobs", headers) for node in nodes)
         )
@@ -218,7 +218,7 @@ class JobHandler(ForwardHandler):
 
     async def _look_up(self, job_id: str) -> str | None:
         nodes = [n.node_id for n in self.state.registry.control_nodes(ready_only=False)]
-        headers = _auth_headers(self)
+        headers = auth_headers(self)
         answers = await asyncio.gather(
             *(fetch(self.state, node, "GET", f"/v1/jobs/{job_id}", headers) for node in nodes)
         )
@@ -235,7 +235,7 @@ class JobHandler(ForwardHandler):
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"
                 )
                 return None
-            kinds.add(_error_kind(body))
+            kinds.add(error_kind(body))
         if "job_expired" in kinds:
             self.send_router_error(404, "job_expired", "job expired", "request_rejected")
         else:
@@ -243,13 +243,14 @@ class JobHandler(ForwardHandler):
         return None
 
 
-#: Node features the router does not route yet: never advertised through it.
-NOT_ROUTED_FEATURES = frozenset({"sessions"})
+#: Per-node counts a router's ``/v1/info`` leaves out (one node's numbers, not the cluster's).
+NODE_LOCAL_COUNTS = ("sessions",)
 
 
 class InfoHandler(ForwardHandler):
     """``GET /v1/info`` of any ready node, as the router offers it: ``auth`` is listed when
-    the router needs a token, and what it does not route (``sessions``) is left out."""
+    the router needs a token, ``sessions`` when a connected node offers it (EXTENSIONS §11),
+    and the answering node's own session counts are left out."""
 
     SLOT_KIND = CONTROL
     ALLOWED = ("GET",)
@@ -265,10 +266,20 @@ class InfoHandler(ForwardHandler):
         features = info.get("features") if isinstance(info, dict) else None
         if not isinstance(features, list):
             return body
-        offered = [f for f in features if f not in NOT_ROUTED_FEATURES]
+        offered = list(features)
+        offering = self.state.sessions.offering
+        if "sessions" in offered and self.node is not None:
+            offering.add(self.node)
+        elif self.node is not None:
+            offering.discard(self.node)
+        if "sessions" not in offered and any(
+            node.connected and node.node_id in offering
+            for node in self.state.registry.nodes.values()
+        ):
+            offered.append("sessions")
         if self.state.settings.auth_token is not None and "auth" not in offered:
             offered.append("auth")
         info["features"] = offered
-        for name in NOT_ROUTED_FEATURES:
-            info.pop(name, None)  # the node's own session counts
+        for name in NODE_LOCAL_COUNTS:
+            info.pop(name, None)
         return dumps_compact(info)

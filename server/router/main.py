@@ -63,7 +63,7 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
         control.wake()
 
     registry.on_change = wake
-    return RouterState(
+    state = RouterState(
         settings=settings,
         registry=registry,
         admission=admission,
@@ -72,6 +72,8 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
         instance_id=str(uuid.uuid4()),
         started_at=utc_now_micros(),
     )
+    registry.on_node_lost = state.sessions.node_lost  # its sessions' state is gone
+    return state
 
 
 async def serve(settings: RouterSettings) -> int:

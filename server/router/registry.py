@@ -83,6 +83,9 @@ class Registry:
         self.nodes: dict[str, NodeRecord] = {}
         self.baseline: tuple[dict[str, str], dict[str, str]] | None = None
         self.on_change = on_change
+        # Called with (node_id, why) when what lived on a node's server is gone for the
+        # router: the node left (stream ended or stale) or its server instance changed.
+        self.on_node_lost: Callable[[str, str], None] = lambda node_id, why: None
         self._selections = 0
 
     # -- supervisor streams ----------------------------------------------------------------
@@ -129,6 +132,8 @@ class Registry:
                 node.old_instances.add(node.server_instance_id)
             if status.server_instance_id:
                 node.server_instance_id = status.server_instance_id
+            if server_changed:
+                self.on_node_lost(node.node_id, "restarted its server")
             # Slots of another instance can never receive work again (§4.4).
             for slot in list(node.slots.values()):
                 if slot.instance_id != node.server_instance_id:
@@ -174,6 +179,7 @@ class Registry:
             node.state = UNHEALTHY
 
     def _lose(self, node: NodeRecord, now: float) -> None:
+        self.on_node_lost(node.node_id, "left the router")
         node.connected = False
         node.state = UNHEALTHY
         node.successes = 0

@@ -106,8 +106,8 @@ def test_job_requests_follow_the_job_to_its_node_and_lists_are_merged(router):
         info = await http_request(router.port, "GET", "/v1/info")
         assert info.status == 200 and info.json()["kcoral"] == "9.9.9"
         assert "auth" not in info.json()["features"]
-        # The router does not route sessions yet: it does not offer them either.
-        assert info.json()["features"] == ["jobs"] and "sessions" not in info.json()
+        # The router routes sessions, so it offers them, without one node's own counts.
+        assert info.json()["features"] == ["jobs", "sessions"] and "sessions" not in info.json()
         for node in nodes:
             await node.close()
         # The job's node carried every request for it, and the method/path travelled as
@@ -174,7 +174,7 @@ def test_the_client_token_guards_every_endpoint_but_health(tmp_path: Path):
         executed = await http_request(router.port, "POST", "/execute", b"x", good)
         assert executed.status == 200
         info = await http_request(router.port, "GET", "/v1/info", headers=good)
-        assert info.json()["features"] == ["jobs", "auth"]
+        assert info.json()["features"] == ["jobs", "sessions", "auth"]
         await node.close()
 
     try:
