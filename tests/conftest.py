@@ -19,6 +19,11 @@ import pytest
 from required_suites import required_prefixes
 from server_process import RunningServer, running_server, start_server
 
+# The fork servers' torch preload (SERVER §1) costs each server start ~1.2 s of CPU in the
+# background, and the suite starts hundreds on 2 cores: off for the session unless the
+# environment says otherwise; tests/server/test_torch_preload.py turns it on by flag.
+os.environ.setdefault("KCORAL_WORKER_PRELOAD", "none")
+
 
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator:
