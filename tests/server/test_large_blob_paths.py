@@ -1,14 +1,16 @@
-"""Large blobs: supplied blobs located in their body by offset, hashes taken while writing,
-cached blobs served again."""
+"""Large blobs: bodies read in large rounds into a reused buffer, supplied blobs located in
+their body by offset, hashes taken while writing, cached blobs served again."""
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import mmap
 import os
+import socket
 
 import pytest
-from http_helpers import execute, sha256
+from http_helpers import Response, decode, execute, execute_body, sha256
 from kcoral_server.body import RequestBody, memfd_locations
 from kcoral_server.worker.blobs import hashed_parts_memfd
 
@@ -92,3 +94,44 @@ def test_a_large_cached_blob_reaches_the_worker_again(kcoral_server) -> None:
         node = response.body["results"]["b"]
         assert node["sha256"] == sha256(data)
         assert response.parts[node["part"]] == data
+
+
+def _send_in_pieces(sock: socket.socket, data: bytes, sizes: list[int]) -> None:
+    """``data`` in pieces of the given sizes (cycled), each its own ``send``."""
+    at, turn = 0, 0
+    while at < len(data):
+        size = sizes[turn % len(sizes)]
+        sock.sendall(data[at : at + size])
+        at, turn = at + size, turn + 1
+
+
+def _answer(sock: socket.socket) -> Response:
+    answer = http.client.HTTPResponse(sock)
+    answer.begin()
+    return decode(answer.status, answer.headers, answer.read())
+
+
+def test_a_large_body_in_odd_pieces_then_a_small_one_on_the_same_connection(
+    kcoral_server,
+) -> None:
+    # The large body is read into one reused buffer (handlers/large_reads.py): its first
+    # bytes arrive with the headers, the rest in pieces smaller and larger than a round.
+    data = os.urandom(3 * MIB + 12345)
+    program = {
+        "instructions": [
+            {"op": "upload", "id": "b", "kind": "bytes", "blob": sha256(data)},
+            {"op": "return", "key": "b", "value": {"$ref": "b"}},
+        ]
+    }
+    host, port = kcoral_server.url.split("://", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        for blobs in ({sha256(data): data}, {}):  # the second one is small (cached blob)
+            content_type, body = execute_body(program, blobs)
+            head = (
+                f"POST /execute HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            _send_in_pieces(sock, head + body, [len(head) + 100, 7, MIB + 3, 65536, 1])
+            response = _answer(sock)
+            assert response.status == 200 and response.body["status"] == "COMPLETED"
+            assert response.parts[response.body["results"]["b"]["part"]] == data
