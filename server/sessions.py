@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from kcoral_server import ipc
+from kcoral_server import ipc, procfs
 from kcoral_server.pool import REUSE_READY_TIMEOUT_SECONDS, NoWorker, Seat, SeatState
 from kcoral_server.responses import RequestFailed
 from kcoral_server.worker_channel import WorkerGone, close_fds
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 #: how long an interrupted program has to stop before its worker is killed (EXTENSIONS §11)
 INTERRUPT_GRACE_SECONDS = 5.0
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 #: how the pool's retire reason becomes a session's end reason (EXTENSIONS §11)
 END_REASONS = {
     "timeout": "timeout",
@@ -86,6 +87,31 @@ class Session:
             "programs": self.programs,
             "end_reason": self.end_reason,
             "end_message": self.end_message,
+            "memory_bytes": self.memory_bytes(),
+        }
+
+    def memory_bytes(self) -> int | None:
+        """Resident memory of the session's worker (its process tree: under bubblewrap the
+        worker is a child of ``bwrap``); None once it ended or when ``/proc`` cannot say."""
+        handle = self.seat.worker
+        pid = handle.pid if handle is not None else None
+        if self.state == "ENDED" or pid is None:
+            return None
+        sizes = [resident_bytes(p) for p in (pid, *procfs.descendants(pid))]
+        known = [size for size in sizes if size is not None]
+        return sum(known) if known else None
+
+    def seat_status(self) -> dict[str, Any]:
+        """This session's seat as ``/internal/worker-status`` lists it (EXTENSIONS §11)."""
+        handle = self.seat.worker
+        return {
+            "seat_id": self.seat.id,
+            "session_id": self.id,
+            "owner": self.owner,
+            "state": self.state,
+            "gpu_ids": [] if self.gpu_id is None else [self.gpu_id],
+            "worker_pid": handle.pid if handle is not None else None,
+            "memory_bytes": self.memory_bytes(),
         }
 
     # ------------------------------------------------------------------ programs
@@ -244,6 +270,16 @@ class Session:
         self.registry.retire(self)
 
 
+def resident_bytes(pid: int) -> int | None:
+    """``pid``'s resident set size from ``/proc/<pid>/statm``; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            resident_pages = int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * PAGE_SIZE
+
+
 class SessionCheckout:
     """``Session.checkout``'s context: the pinned seat, refused when the session cannot run."""
 
@@ -318,6 +354,11 @@ class Sessions:
             return None
         session.check_alive()  # its record says so as soon as its worker is gone
         return session
+
+    def seats(self) -> list[dict[str, Any]]:
+        """The seats live sessions hold (``/internal/worker-status``), oldest first."""
+        live = [s for s in self.sessions.values() if s.state != "ENDED"]
+        return [s.seat_status() for s in sorted(live, key=lambda s: s.created_at)]
 
     def listed(self, identity: Identity) -> list[dict[str, Any]]:
         self._forget_old()

@@ -45,6 +45,8 @@ class WorkerStatusHandler(BaseHandler):
                 "busy_workers": pool.busy_workers,
                 # descriptors the memory cache keeps open on purpose (leak checks: PROTOCOL §13)
                 "cache_descriptors": self.state.memory_cache.held_descriptors(held_descriptors),
+                # seats held by sessions, beyond worker_count (EXTENSIONS §11)
+                "session_seats": self.state.sessions.seats(),
             },
         )
 

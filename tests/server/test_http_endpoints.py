@@ -68,6 +68,7 @@ def test_worker_status_answers_loopback_peers(server) -> None:
         "worker_count",
         "busy_workers",
         "cache_descriptors",
+        "session_seats",
     }
     assert body["worker_count"] == 2 and body["busy_workers"] == 0
 

@@ -166,10 +166,22 @@ def test_a_killed_session_worker_ends_the_session_and_the_next_program_says_why(
 def test_ending_a_session_is_idempotent_and_frees_its_seat(kcoral_server) -> None:
     url = kcoral_server.url
     sid = _create(url).body["session_id"]
+    # A live session's seat is in the node's status and its record says its worker's memory.
+    pid = _value(_call(url, sid, "pid"), "pid")
+    record = get(url, f"/v1/sessions/{sid}").body
+    assert isinstance(record["memory_bytes"], int) and record["memory_bytes"] > 0
+    seats = get(url, "/internal/worker-status").body["session_seats"]
+    assert [(s["session_id"], s["worker_pid"], s["owner"]) for s in seats] == [
+        (sid, pid, "default")
+    ]
+    assert seats[0]["seat_id"] == record["worker_id"] and seats[0]["gpu_ids"] == []
+    assert seats[0]["state"] == "IDLE" and seats[0]["memory_bytes"] > 0
     for _ in range(2):
         ended = request(url, "DELETE", f"/v1/sessions/{sid}")
         assert ended.status == 200 and ended.body["end_reason"] == "deleted"
     assert _call(url, sid, "pid").status == 410
+    assert get(url, f"/v1/sessions/{sid}").body["memory_bytes"] is None
+    assert get(url, "/internal/worker-status").body["session_seats"] == []
     assert _create(url).status == 201
 
 
