@@ -102,7 +102,14 @@ def kcoral_server(
                     tail = stderr_path.read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"kcoral server did not start:\n{tail}")
                 time.sleep(0.02)
-            yield Server(ready.read_text().strip(), process, log_dir)
+            try:
+                yield Server(ready.read_text().strip(), process, log_dir)
+            except Exception as exc:
+                # A failed round trip is only explained by what the server said meanwhile.
+                time.sleep(0.5)
+                state = "running" if process.poll() is None else f"exit {process.returncode}"
+                tail = stderr_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{exc}\nkcoral server ({state}) stderr:\n{tail}") from exc
         finally:
             process.terminate()
             try:

@@ -57,7 +57,7 @@ def test_the_quick_harness_prints_every_row_with_a_verdict_and_writes_json(tmp_p
     assert {row["configuration"] for row in rows} == {"default flags", "machine"}
     measured = document["results"]["configurations"]["default flags"]
     assert measured["sandbox"] in {"bubblewrap", "none"}
-    assert measured["reused"]["worker_cpu_seconds_per_request"] > 0
+    assert measured["reused"]["worker_cpu_seconds_per_request"] >= 0  # 10 ms clock ticks
     assert set(measured["reused"]["concurrency_rates"]) == {"1", "2", "4", "8"}
     assert "skipped" in document["results"]["ray"]
     assert document["results"]["worker_start"]["spawn_seconds"] > 0
