@@ -42,6 +42,7 @@ from kcoral_server.worker.failures import (
 )
 from kcoral_server.worker.files import Budget, collect_file, collect_folder, write_upload
 from kcoral_server.worker.leasing import Lease, WorkerExit
+from kcoral_server.worker.leftovers import leftover_threads, live_threads, thread_message
 from kcoral_server.worker.libraries import Libraries, library_function
 from kcoral_server.worker.modules import (
     CudaSourceModule,
@@ -177,6 +178,7 @@ class ProgramRun:
         self.poisoned = False
         self.gpu_access_at: float | None = None  # monotonic time of a cpu_only CUDA call
         self.settled = False
+        self.threads_before = live_threads()  # threads it starts must end with it
         # only modules that appear (or change) during the program can come from its workspace
         self.modules_before = dict(sys.modules)
         self.importers_before = set(sys.path_importer_cache)
@@ -497,6 +499,11 @@ class ProgramRun:
                 self.error = error_object("runtime", LEFTOVER_MESSAGE, last, "")
         if not verified:
             self.poisoned = True
+        threads = leftover_threads(self.threads_before, self.engine.loop)
+        if threads:  # a thread cannot be killed: the worker retires (as for processes)
+            self.left_processes = True
+            if self.error is None:
+                self.error = error_object("runtime", thread_message(threads), last, "")
         if self.engine.configure.sandbox == "bubblewrap":
             # §14: the sandbox keeps one workspace; a worker that cannot empty it must not
             # take another program (retired like a poisoned one).
