@@ -289,6 +289,7 @@ export interface ISessionView {
   shortId: string;
   owner: string;
   gpu: string;
+  /** `mem 412 MiB`: the worker's resident memory; `mem –` when the server does not say. */
   memory: string;
   /** `starting`, `running`, `idle 2 min · ends in 8 min`, `ended: idle timeout`. */
   state: string;
@@ -355,7 +356,7 @@ export function sessionView(session: ISession, browserNow: number): ISessionView
     shortId: session.session_id.slice(0, 8),
     owner: session.owner || '–',
     gpu: gpuIds.length ? `GPU ${gpuIds.join(',')}` : 'CPU',
-    memory: formatBytes(session.memory_bytes),
+    memory: `mem ${formatBytes(session.memory_bytes)}`,
     state,
     title: lines.filter(line => line).join('\n'),
     live

@@ -316,9 +316,14 @@ export class KCoralPanel extends Widget {
       line.append(
         element('span', 'jp-KCoral-sessionId', view.shortId),
         element('span', 'jp-KCoral-sessionOwner', view.owner),
-        element('span', 'jp-KCoral-sessionGpu', view.gpu),
-        element('span', 'jp-KCoral-sessionMemory', view.memory)
+        element('span', 'jp-KCoral-sessionGpu', view.gpu)
       );
+      if (view.live) {
+        // An ended session's worker is gone: no memory to speak of.
+        const memory = element('span', 'jp-KCoral-sessionMemory', view.memory);
+        memory.title = "Resident memory of the session's worker process";
+        line.append(memory);
+      }
       const state = element('div', 'jp-KCoral-sessionState', view.state);
       const body = element('div', 'jp-KCoral-sessionBody');
       body.append(line, state);

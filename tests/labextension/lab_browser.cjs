@@ -5,7 +5,7 @@
 'use strict';
 
 const path = require('path');
-const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+const { launchBrowser, widenPanel } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -29,42 +29,8 @@ async function runCell(page, index) {
   }, index);
 }
 
-// Best effort, for readable screenshots: hide the file browser and drag the right side
-// bar wider than its default.
-async function widenPanel(page) {
-  try {
-    await page.evaluate(() => window.jupyterapp.shell.collapseLeft());
-    const box = await page.locator('#kcoral-panel').boundingBox();
-    const handles = page.locator('#jp-main-split-panel > .lm-SplitPanel-handle');
-    for (let i = 0; i < (await handles.count()); i++) {
-      const h = await handles.nth(i).boundingBox();
-      if (h && box && Math.abs(h.x + h.width - box.x) < 12) {
-        await page.mouse.move(h.x + h.width / 2, h.y + h.height / 2);
-        await page.mouse.down();
-        await page.mouse.move(h.x - 260, h.y + h.height / 2, { steps: 5 });
-        await page.mouse.up();
-        break;
-      }
-    }
-  } catch {
-    // the layout is only cosmetic here
-  }
-}
-
 async function main() {
-  const browser = await chromium.launch({
-    executablePath: '/usr/bin/chromium',
-    headless: true,
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-      '--no-first-run',
-      '--disable-dev-shm-usage'
-    ]
-  });
+  const browser = await launchBrowser();
   const page = await browser.newPage({ viewport: { width: 1500, height: 900 } });
   const consoleErrors = [];
   page.on('console', msg => {

@@ -1,10 +1,12 @@
-"""The JupyterLab extension in a real browser (issue 7).
+"""The JupyterLab extension in a real browser (issues 7 and 23.5).
 
 Starts a CPU KCoral server and JupyterLab with the server extension and the committed
 prebuilt lab extension, then drives headless Chromium (Debian's ``chromium`` through the
 ``playwright-core`` npm package of ``labextension/``; nothing downloads a browser) with
 ``lab_browser.cjs``: the status bar shows the server, a ``%%kcoral`` cell's job appears in
-the panel with live output, and Cancel stops a second, long-running job. Screenshots go to
+the panel with live output, and Cancel stops a second, long-running job; with
+``lab_sessions.cjs``: the panel lists a server's sessions and their seats, and Stop ends
+the running one (the server's record says ``deleted``). Screenshots go to
 the test's temporary folder; to refresh the README's pictures run
 ``KCORAL_SCREENSHOT_DIR=docs/screenshots python -m pytest tests/labextension/test_browser.py``
 (a test never writes into tracked files on its own).
@@ -12,9 +14,11 @@ the test's temporary folder; to refresh the README's pictures run
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,12 +30,17 @@ from pathlib import Path
 
 import pytest
 
+import kcoral
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 PLAYWRIGHT = ROOT / "labextension" / "node_modules" / "playwright-core"
 BUILT = ROOT / "jupyter_ext" / "labextension"
 SCRIPT = Path(__file__).with_name("lab_browser.cjs")
+SESSIONS_SCRIPT = Path(__file__).with_name("lab_sessions.cjs")
 SCREENSHOT_DIR_ENV = "KCORAL_SCREENSHOT_DIR"  # set it to refresh docs/screenshots/
+LAB_TOKEN = "kcoral-browser-test"
+KCORAL_TOKEN = "kcoral-browser-test-server-token"
 
 
 def _missing() -> str | None:
@@ -90,31 +99,25 @@ def _write_notebook(path: Path, connect_url: str) -> None:
     path.write_text(json.dumps(document), encoding="utf-8")
 
 
-@pytest.fixture
-def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path]]:
-    """JupyterLab on loopback as after a fresh install (no KCoral server configured: the
-    first cell starts the kernel's embedded server), plus a CPU KCoral server with two
-    workers that the notebook's last cell connects to: (url, token, root)."""
-    kcoral = server_factory("--num-workers", "2")
-    root = tmp_path / "root"
-    root.mkdir()
-    _write_notebook(root / "kcoral.ipynb", kcoral.url)
-    # Only this test's extension paths and settings: the committed build is what loads.
+@contextlib.contextmanager
+def _running_lab(tmp_path: Path, root: Path, kcoral_servers: list[dict] | None) -> Iterator[str]:
+    """JupyterLab on loopback with only this test's extension paths and settings (the
+    committed build is what loads) and ``c.KCoralExtension.servers`` when given; its URL."""
     jpath = tmp_path / "jupyter-path"
     (jpath / "labextensions").mkdir(parents=True)
     (jpath / "labextensions" / "kcoral-jupyterlab").symlink_to(BUILT)
     config = tmp_path / "config"
     config.mkdir()
-    (config / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}}})
-    )
+    server_config: dict = {"ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}}}
+    if kcoral_servers is not None:
+        server_config["KCoralExtension"] = {"servers": kcoral_servers}
+    (config / "jupyter_server_config.json").write_text(json.dumps(server_config))
     settings = tmp_path / "settings" / "kcoral-jupyterlab"
     settings.mkdir(parents=True)
     (settings / "plugin.jupyterlab-settings").write_text(json.dumps({"pollInterval": 1}))
     news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    token = "kcoral-browser-test"
     port = _free_port()
     env = dict(
         os.environ,
@@ -132,7 +135,7 @@ def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path
             [
                 sys.executable, "-m", "jupyter", "lab", "--no-browser",
                 "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+                f"--IdentityProvider.token={LAB_TOKEN}", f"--ServerApp.root_dir={root}",
                 "--LabApp.expose_app_in_browser=True", "--allow-root",
             ],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root,
@@ -142,13 +145,13 @@ def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path
         deadline = time.monotonic() + 90
         while True:
             try:
-                with urllib.request.urlopen(f"{url}api/status?token={token}", timeout=2):
+                with urllib.request.urlopen(f"{url}api/status?token={LAB_TOKEN}", timeout=2):
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     pytest.fail("JupyterLab did not start:\n" + log.read_text()[-4000:])
                 time.sleep(0.25)
-        yield url, token, tmp_path
+        yield url
     finally:
         process.terminate()
         try:
@@ -158,28 +161,52 @@ def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path
             process.wait(10)
 
 
-@pytest.mark.timeout(420)
-def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_lab) -> None:
-    url, token, tmp_path = jupyter_lab
+def _screenshot_dir(tmp_path: Path) -> Path:
     chosen = os.environ.get(SCREENSHOT_DIR_ENV)
     screenshots = Path(chosen).resolve() if chosen else tmp_path / "screenshots"
     screenshots.mkdir(parents=True, exist_ok=True)
+    return screenshots
+
+
+def _run_script(script: Path, url: str, tmp_path: Path, **extra_env: str) -> dict:
+    """Run one browser script; what it saw (it must report ``ok``)."""
     env = dict(
         os.environ,
         LAB_URL=url,
-        LAB_TOKEN=token,
+        LAB_TOKEN=LAB_TOKEN,
         PLAYWRIGHT_CORE=str(PLAYWRIGHT),
-        SCREENSHOT_DIR=str(screenshots),
-        NOTEBOOK="kcoral.ipynb",
+        SCREENSHOT_DIR=str(_screenshot_dir(tmp_path)),
+        **extra_env,
     )
     done = subprocess.run(
-        ["node", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=360
+        ["node", str(script)], capture_output=True, text=True, env=env, timeout=360
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"no report from the browser script:\n{done.stdout}\n{done.stderr}"
     seen = json.loads(lines[-1])
     lab_log = (tmp_path / "lab.log").read_text(errors="replace")[-3000:]
     assert seen.get("ok"), f"{json.dumps(seen, indent=1)}\n--- lab log ---\n{lab_log}"
+    return seen
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path]]:
+    """JupyterLab on loopback as after a fresh install (no KCoral server configured: the
+    first cell starts the kernel's embedded server), plus a CPU KCoral server with two
+    workers that the notebook's last cell connects to: (url, token, root)."""
+    kcoral = server_factory("--num-workers", "2")
+    root = tmp_path / "root"
+    root.mkdir()
+    _write_notebook(root / "kcoral.ipynb", kcoral.url)
+    with _running_lab(tmp_path, root, None) as url:
+        yield url, LAB_TOKEN, tmp_path
+
+
+@pytest.mark.timeout(420)
+def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_lab) -> None:
+    url, _, tmp_path = jupyter_lab
+    seen = _run_script(SCRIPT, url, tmp_path, NOTEBOOK="kcoral.ipynb")
+    screenshots = _screenshot_dir(tmp_path)
     assert seen["statusBeforeFirstCell"] == "KCoral ○ no server yet (starts with the first cell)"
     assert seen["statusVisibleBefore"] == seen["statusBeforeFirstCell"]
     assert seen["statusText"].startswith("KCoral ● cpu · ")  # the kernel's embedded server
@@ -196,3 +223,59 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
         ["kcoral:cancel-job", True],
     ]
     assert (screenshots / "statusbar.png").exists() and (screenshots / "panel.png").exists()
+
+
+def _sleeping_program(seconds: int) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(
+        kind="module", source=f"import time\ndef f():\n    time.sleep({seconds})\n"
+    )
+    program.return_(key="x", value=program.run(fn=program.get_function(module=module, name="f")))
+    return program
+
+
+def _record(client: kcoral.Client, session_id: str) -> dict:
+    return json.loads(bytes(client.request("GET", f"/v1/sessions/{session_id}").data))
+
+
+@pytest.mark.timeout(420)
+def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_factory) -> None:
+    kcoral_server = server_factory("--max-sessions", "2", env={"KCORAL_AUTH_TOKEN": KCORAL_TOKEN})
+    client = kcoral.Client(kcoral_server.url, token=KCORAL_TOKEN)
+    with client.session() as idle, client.session() as busy:
+        idle.execute(_sleeping_program(0))  # one program run: the idle clock restarted
+        job = busy.submit(_sleeping_program(300))
+        root = tmp_path / "root"
+        root.mkdir()
+        servers = [{"name": "cpu", "url": kcoral_server.url, "token": KCORAL_TOKEN}]
+        with _running_lab(tmp_path, root, servers) as url:
+            seen = _run_script(
+                SESSIONS_SCRIPT, url, tmp_path, IDLE_SESSION=idle.id, RUNNING_SESSION=busy.id
+            )
+        assert seen["sessionsVisible"]
+        assert seen["order"][:2] == [busy.id, idle.id]  # the newest first
+        # "mem –" until the server reports the worker's memory (memory_bytes)
+        memory = re.compile(r"mem (–|\d+(\.\d)? (B|KiB|MiB|GiB))")
+        for card, session in ((seen["idle"], idle), (seen["running"], busy)):
+            assert card["id"] == session.id[:8]
+            assert card["owner"] == "default" and card["gpu"] == "CPU"
+            assert memory.fullmatch(card["memory"]), card["memory"]
+            assert session.id in card["title"] and " on cpu" in card["title"]
+            assert card["stop"] == {"text": "Stop", "enabled": True}
+        assert seen["running"]["stateText"] == "running"
+        assert re.fullmatch(r"idle \d+ (s|min) · ends in \d+ min", seen["idle"]["stateText"])
+        assert seen["seats"].startswith("2/2 seats held · ")
+
+        assert seen["stopped"]["state"] == "ENDED"
+        assert seen["stopped"]["stateText"] == "ended: deleted"
+        assert seen["stopped"]["stop"] is None and seen["stopped"]["memory"] is None
+        assert seen["note"] == f"session {busy.id[:8]} ended"
+        assert seen["idleAfter"]["state"] == "IDLE"
+        assert seen["seatsAfter"].startswith("1/2 seats held")
+        stopped = _record(client, busy.id)
+        assert (stopped["state"], stopped["end_reason"]) == ("ENDED", "deleted")
+        assert _record(client, idle.id)["state"] == "IDLE"
+        with pytest.raises(kcoral.KCoralError):
+            job.result()
+    screenshots = _screenshot_dir(tmp_path)
+    assert (screenshots / "sessions.png").exists()

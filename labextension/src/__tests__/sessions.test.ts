@@ -35,7 +35,7 @@ describe('a session in the panel', () => {
       '5f0c2a9e',
       'alice',
       'CPU',
-      '–'
+      'mem –'
     ]);
     expect(view.live).toBe(true);
   });
@@ -77,7 +77,7 @@ describe('a session in the panel', () => {
 
   it('names its GPUs and the memory of its worker', () => {
     const view = sessionView(session({ gpu_count: 1, gpu_ids: [3], memory_bytes: 431_000_000 }), 0);
-    expect([view.gpu, view.memory]).toEqual(['GPU 3', '411 MiB']);
+    expect([view.gpu, view.memory]).toEqual(['GPU 3', 'mem 411 MiB']);
   });
 
   it('puts the whole id, its server and its worker in the tooltip', () => {
