@@ -4,13 +4,16 @@ session, ``-i``/``-o`` still move values, and every refusal is two lines that sa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
+from jupyter_client.manager import start_new_kernel
 from kcoral_jupyter.cell_errors import (
     SessionBusyError,
     SessionEndedError,
@@ -20,6 +23,7 @@ from kcoral_jupyter.cell_errors import (
 )
 from kcoral_jupyter.runner import RemoteCellError
 from kcoral_shell import kcoral_shell
+from nbclient import NotebookClient
 from server_process import running_server
 
 from kcoral import Client
@@ -29,6 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 ALICE = "token-alice-0123456789"
 BOB = "token-bob-0123456789"
 NAMES = ("x", "y", "n", "total", "_kcoral", "job")
+EXIT_WAIT_SECONDS = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +280,156 @@ def test_a_server_without_sessions_is_told_in_two_lines(
     lines = error._render_traceback_()
     assert len(lines) == 2 and "does not offer sessions" in lines[0]
     assert "--max-sessions" in lines[1]
+
+
+# ------------------------------------------------------------------ real kernels (nbclient)
+
+
+def run_kernel(
+    sources: list[str], url: str, token: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[Any]:
+    """Execute ``sources`` as a notebook in a fresh kernel (with ``KCORAL_URL`` and
+    ``KCORAL_TOKEN``), which is shut down at the end; the executed code cells."""
+    monkeypatch.setenv("KCORAL_URL", url)
+    monkeypatch.setenv("KCORAL_TOKEN", token)
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    client = NotebookClient(
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": tmp_path}},
+    )
+    client.km = client.create_kernel_manager()
+    # A loaded machine may take longer than the 5 s Jupyter waits before it signals a kernel
+    # that is still shutting down (its exit hooks, ours among them, would not run).
+    client.km.shutdown_wait_time = EXIT_WAIT_SECONDS
+    client.execute()
+    return notebook.cells
+
+
+def shown(cell: Any) -> str:
+    parts = []
+    for output in cell.outputs:
+        if output.output_type == "stream":
+            parts.append(output.text)
+        elif "data" in output:
+            parts.append(output["data"].get("text/plain", ""))
+        elif output.output_type == "error":
+            parts.append("\n".join(output["traceback"]))
+    return "\n".join(parts)
+
+
+def error_name(cell: Any) -> str | None:
+    errors = [o for o in cell.outputs if o.output_type == "error"]
+    return errors[0]["ename"] if errors else None
+
+
+def session_id_in(cell: Any) -> str:
+    match = re.search(r"kcoral: session id ([0-9a-f-]{36})", shown(cell))
+    assert match, shown(cell)
+    return match.group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_kept_session_is_picked_up_by_its_owner_from_a_new_kernel_and_by_nobody_else(
+    session_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = run_kernel(
+        [
+            "%load_ext kcoral",
+            "%kcoral session start --keep",
+            "%%kcoral\nweights = [1, 2, 3]\n",
+            "scale = 10",
+            "%%kcoral -i scale -o scaled\nscaled = [w * scale for w in weights]\n",
+            "scaled",
+            "%%kcoral\nlen(weights)\n",
+        ],
+        session_server,
+        ALICE,
+        tmp_path,
+        monkeypatch,
+    )
+    assert [error_name(cell) for cell in first] == [None] * len(first), [shown(c) for c in first]
+    session_id = session_id_in(first[1])
+    assert "[10, 20, 30]" in shown(first[5])
+    assert "3" in shown(first[6]) and f"session {session_id[:8]}" in shown(first[6])
+    assert record_of(session_server, session_id)["state"] == "IDLE"  # kept after shutdown
+
+    stranger = run_kernel(
+        ["%load_ext kcoral", f"%kcoral session attach {session_id}", "%%kcoral\nweights\n"],
+        session_server,
+        BOB,
+        tmp_path,
+        monkeypatch,
+    )
+    assert error_name(stranger[1]) == "SessionNotFoundError"
+    assert f"no session {session_id}" in shown(stranger[1])
+    assert error_name(stranger[2]) == "RemoteCellError"  # ran stateless: no weights there
+
+    owner = run_kernel(
+        [
+            "%load_ext kcoral",
+            f"%kcoral session attach {session_id}",
+            "%%kcoral\nsum(weights)\n",
+            "%kcoral session stop",
+            "%%kcoral\nweights\n",
+        ],
+        session_server,
+        ALICE,
+        tmp_path,
+        monkeypatch,
+    )
+    assert error_name(owner[1]) is None and "attached to session" in shown(owner[1])
+    assert "6" in shown(owner[2])
+    assert "ended" in shown(owner[3])
+    assert error_name(owner[4]) == "RemoteCellError"
+    assert f"session {session_id[:8]} was stopped" in shown(owner[4])
+    assert record_of(session_server, session_id)["end_reason"] == "deleted"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_kernel_shutdown_ends_a_session_that_was_not_kept(
+    session_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cells = run_kernel(
+        ["%load_ext kcoral", "%kcoral session start", "%%kcoral\nx = 1\n"],
+        session_server,
+        ALICE,
+        tmp_path,
+        monkeypatch,
+    )
+    assert [error_name(cell) for cell in cells] == [None] * 3, [shown(c) for c in cells]
+    record = record_of(session_server, session_id_in(cells[1]))
+    assert record["state"] == "ENDED" and record["end_reason"] == "deleted"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_kernel_restart_ends_a_session_that_was_not_kept(
+    session_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KCORAL_URL", session_server)
+    monkeypatch.setenv("KCORAL_TOKEN", ALICE)
+    manager, kernel = start_new_kernel(kernel_name="python3")
+    manager.shutdown_wait_time = EXIT_WAIT_SECONDS
+    try:
+        printed: list[str] = []
+
+        def keep_text(message: dict) -> None:
+            if message["msg_type"] == "stream":
+                printed.append(message["content"]["text"])
+
+        kernel.execute_interactive(
+            "%load_ext kcoral\n%kcoral session start", output_hook=keep_text, timeout=120
+        )
+        match = re.search(r"kcoral: session id ([0-9a-f-]{36})", "".join(printed))
+        assert match, printed
+        manager.restart_kernel(now=False)  # as Jupyter's Restart: a shutdown request first
+        record = record_of(session_server, match.group(1))
+        assert record["state"] == "ENDED" and record["end_reason"] == "deleted"
+    finally:
+        kernel.stop_channels()
+        manager.shutdown_kernel(now=True)
