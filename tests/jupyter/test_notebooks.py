@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import nbformat
@@ -85,3 +87,22 @@ def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
     assert "ZeroDivisionError" in outputs  # RemoteExecutionError with the remote traceback
     assert "49" in outputs and "[0, 1, 4, 9, 16, 25, 36, 49]" in outputs  # async def, gather
     assert "HELLO" in outputs  # AsyncClient
+
+
+def test_the_sessions_notebook_builds_once_and_compares_with_stateless_cells(
+    cpu_server_url, tmp_path, monkeypatch
+) -> None:
+    notebook = execute("sessions.ipynb", cpu_server_url, tmp_path, monkeypatch)
+    cells = [c for c in notebook.cells if c.cell_type == "code"]
+    outputs = "\n".join(texts(c) for c in cells)
+    assert "started on" in outputs and "session id" in outputs
+    # built once in the session; the next cells found the model, -i/-o moved values
+    assert outputs.count("built and trained in") == 1 + 3  # the session's, three stateless
+    accuracy = next(c for c in cells if "held-out accuracy" in c.source)
+    assert re.search(r"held-out accuracy: [01]\.\d{3}", texts(accuracy))
+    predicted = next(c for c in cells if c.source == "predicted")
+    assert len(ast.literal_eval(texts(predicted))) == 5  # five class indices, back by -o
+    assert "state: IDLE" in outputs and "programs: 3" in outputs
+    # the comparison, computed in the notebook (its numbers are the machine's, not asserted)
+    assert "ended" in outputs and "without a session again" in outputs
+    assert "a stateless cell took" in outputs and "x the time of a session cell" in outputs
