@@ -1,0 +1,142 @@
+"""Routed sessions against a real router process and in-process fake nodes (ROUTER §13):
+the node with the most free seats gets the session, a node that restarts its server ends
+its sessions, bad node answers are left out, and a session the router never saw created
+is looked up on the nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from router_helpers import FakeNode, http_request, start_router, wait_for_health
+
+OK = [(b"content-type", b"application/json")]
+
+
+def target(head: pb.RequestHead) -> tuple[str, str]:
+    pseudo = {h.name.decode(): h.value.decode() for h in head.headers if h.name.startswith(b":")}
+    return pseudo.get(":method", "POST"), pseudo.get(":path", "/execute")
+
+
+def sessions_node(port: int, name: str, seats: tuple[int, int] | None, seen: list, **kw):
+    """A fake node with ``seats`` = (max, active) session seats (None: no sessions, and a
+    ``/v1/info`` that is not JSON), which creates sessions and knows the ones it made."""
+    made: dict[str, dict] = {}
+
+    async def handler(head: pb.RequestHead, body: bytes):
+        method, path = target(head)
+        identity = next(h.value.decode() for h in head.headers if h.name == b"x-kcoral-identity")
+        seen.append((name, method, path, identity))
+        if path == "/v1/info":
+            if seats is None:
+                return 200, OK, b"not json"
+            counts = {"max": seats[0], "active": seats[1], "idle_timeout_seconds": 600}
+            info = {"features": ["jobs", "sessions"], "sessions": counts}
+            return 200, OK, json.dumps(info).encode()
+        if (method, path) == ("POST", "/v1/sessions"):
+            record = {"session_id": str(uuid.uuid4()), "owner": identity, "created_at": 1.0}
+            made[record["session_id"]] = record
+            return 201, OK, json.dumps(record).encode()
+        if (method, path) == ("GET", "/v1/sessions"):
+            mine = [r for r in made.values() if r["owner"] == identity]
+            return 200, OK, json.dumps([*mine, {"not": "a record"}]).encode()
+        session_id = path.split("/")[3] if path.startswith("/v1/sessions/") else ""
+        record = made.get(session_id)
+        if record is None or record["owner"] != identity:
+            error = {"status": "ERROR", "request_id": "x", "error": {"kind": "not_found"}}
+            return 404, OK, json.dumps(error).encode()
+        return 200, OK, json.dumps(record).encode()
+
+    node = FakeNode(port, name, handler=handler, control_slots=2, **kw)
+    node.made = made  # type: ignore[attr-defined]
+    return node
+
+
+@pytest.fixture
+def router(tmp_path: Path):
+    process = start_router(tmp_path, "--status-check-interval-seconds", "0.2")
+    yield process
+    process.stop()
+
+
+def test_a_session_goes_to_the_node_with_the_most_free_seats_and_stays_there(router):
+    async def scenario() -> None:
+        seen: list = []
+        nodes = [
+            sessions_node(router.port, "full", (1, 1), seen),
+            sessions_node(router.port, "free", (4, 1), seen),
+            sessions_node(router.port, "none", None, seen),
+        ]
+        for node in nodes:
+            await node.start()
+        await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 3)
+        created = await http_request(router.port, "POST", "/v1/sessions", b"{}")
+        assert created.status == 201 and created.header("X-KCoral-Node") == "free"
+        session_id = created.json()["session_id"]
+        for method, path in [
+            ("GET", f"/v1/sessions/{session_id}"),
+            ("POST", f"/v1/sessions/{session_id}/execute"),
+            ("POST", f"/v1/sessions/{session_id}/interrupt"),
+            ("DELETE", f"/v1/sessions/{session_id}"),
+        ]:
+            answer = await http_request(
+                router.port, method, path, b"" if method == "POST" else None
+            )
+            assert (answer.status, answer.header("X-KCoral-Node")) == (200, "free"), path
+        listed = await http_request(router.port, "GET", "/v1/sessions")
+        assert [r["session_id"] for r in listed.json()] == [session_id]  # bad records left out
+        # only the free node saw the session's requests, each with the caller's identity
+        on_others = [p for n, _, p, _ in seen if n != "free" and session_id in p]
+        assert on_others == []
+        assert {i for n, _, p, i in seen if session_id in p} == {"default"}
+        for node in nodes:
+            await node.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_node_that_restarts_its_server_ends_its_sessions_for_the_router(router):
+    async def scenario() -> None:
+        node = sessions_node(router.port, "n1", (2, 0), [])
+        await node.start()
+        await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 1)
+        session_id = (await http_request(router.port, "POST", "/v1/sessions", b"{}")).json()[
+            "session_id"
+        ]
+        node.instance_id = str(uuid.uuid4())  # its next status names another server instance
+        deadline = time.monotonic() + 30
+        while True:  # until the router has the status with the new instance
+            answer = await http_request(router.port, "GET", f"/v1/sessions/{session_id}")
+            if answer.status == 410 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert answer.status == 410 and answer.json()["error"]["kind"] == "session_ended"
+        assert answer.json()["error"]["message"] == (
+            "session ended: its node n1 restarted its server; its state is lost"
+        )
+        await node.close()
+
+    asyncio.run(scenario())
+
+
+def test_sessions_the_router_never_saw_are_looked_up_and_full_nodes_refuse(router):
+    async def scenario() -> None:
+        node = sessions_node(router.port, "n2", (1, 1), [])
+        await node.start()
+        await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 1)
+        refused = await http_request(router.port, "POST", "/v1/sessions", b"{}")
+        assert refused.status == 503 and refused.json()["error"]["kind"] == "busy"
+        known = str(uuid.uuid4())
+        node.made[known] = {"session_id": known, "owner": "default", "created_at": 2.0}
+        found = await http_request(router.port, "GET", f"/v1/sessions/{known}")
+        assert found.status == 200 and found.header("X-KCoral-Node") == "n2"
+        unknown = await http_request(router.port, "GET", f"/v1/sessions/{uuid.uuid4()}")
+        assert unknown.status == 404 and unknown.json()["error"]["kind"] == "not_found"
+        await node.close()
+
+    asyncio.run(scenario())
