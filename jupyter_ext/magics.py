@@ -49,6 +49,7 @@ from kcoral_jupyter.remote_session import (
     not_found_for_attach,
     require_sessions,
     seconds_text,
+    session_interrupted,
     session_refusal,
     status_rows,
 )
@@ -382,6 +383,9 @@ class KCoralMagics(Magics):
             if isinstance(exc, TwoLineError):  # cancelled elsewhere (the panel's Cancel)
                 line_out.show(exc.cause, status="CANCELLED")
                 raise
+            if remote is not None:
+                line_out.show(f"interrupted: KeyboardInterrupt raised in {remote.label}")
+                raise session_interrupted(remote) from exc
             line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
             raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:

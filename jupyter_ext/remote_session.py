@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
     SessionBusyError,
     SessionEndedError,
     SessionNotFoundError,
@@ -82,6 +83,15 @@ def ended_error(remote: RemoteSession) -> SessionEndedError:
         f"{remote.label} on {remote.url} has ended: {remote.ended_message}",
         "its variables are gone: %kcoral session start begins a new session, "
         "%kcoral session stop runs cells without one",
+    )
+
+
+def session_interrupted(remote: RemoteSession) -> CellCancelledError:
+    """An interrupted session cell: its program got ``KeyboardInterrupt``, not a kill."""
+    return CellCancelledError(
+        f"interrupted: KeyboardInterrupt raised in {remote.label}'s program on {remote.url}",
+        "the session keeps its state if the program stopped within 5 s (else the next cell "
+        "says it ended); %kcoral session status shows it",
     )
 
 

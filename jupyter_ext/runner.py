@@ -26,6 +26,7 @@ from kcoral_jupyter.cell_errors import (
 )
 
 from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError
+from kcoral.response import error_from_response
 from kcoral.sessions import Session as ClientSession
 
 #: Where a cell's program goes: the server (stateless), or the kernel's session there (the
@@ -177,6 +178,12 @@ def _run_as_job(
     try:
         result = follow_job(job, reporter, record)
     except KeyboardInterrupt:
+        if isinstance(client, ClientSession):
+            # Cancelling a session's job kills its worker and so the session's state
+            # (EXTENSIONS §11); an interrupt raises KeyboardInterrupt in the program instead.
+            reporter.phase("interrupted: raising KeyboardInterrupt in the session's program")
+            interrupt_session(client)
+            raise
         reporter.phase("interrupted: cancelling the job on the server")
         try:
             job.cancel()
@@ -185,6 +192,14 @@ def _run_as_job(
         raise
     _merge_job_state(job, record)
     return result
+
+
+def interrupt_session(session: ClientSession) -> None:
+    """``POST /v1/sessions/{id}/interrupt``: ``KeyboardInterrupt`` in its running program; a
+    program that stops within 5 s leaves the session and its state alone (EXTENSIONS §11)."""
+    response = session.client.request("POST", f"/v1/sessions/{session.id}/interrupt")
+    if response.status != 200:
+        raise error_from_response(response.status, response.headers, response.data)
 
 
 def follow_job(job: Job, reporter: Reporter, record: RunRecord) -> ProgramResult:

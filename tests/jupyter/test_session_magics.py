@@ -286,16 +286,25 @@ def test_a_server_without_sessions_is_told_in_two_lines(
 
 
 def run_kernel(
-    sources: list[str], url: str, token: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sources: list[str],
+    url: str,
+    token: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    interrupted: str | None = None,
 ) -> list[Any]:
     """Execute ``sources`` as a notebook in a fresh kernel (with ``KCORAL_URL`` and
-    ``KCORAL_TOKEN``), which is shut down at the end; the executed code cells."""
+    ``KCORAL_TOKEN``), which is shut down at the end; the executed code cells. The cell
+    whose source is ``interrupted`` gets Jupyter's interrupt (SIGINT, a user's Stop button)
+    after 30 s."""
     monkeypatch.setenv("KCORAL_URL", url)
     monkeypatch.setenv("KCORAL_TOKEN", token)
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
     client = NotebookClient(
         notebook,
         timeout=120,
+        timeout_func=lambda cell: 30 if cell.source == interrupted else 120,
+        interrupt_on_timeout=True,
         kernel_name="python3",
         allow_errors=True,
         resources={"metadata": {"path": tmp_path}},
@@ -433,3 +442,32 @@ def test_a_kernel_restart_ends_a_session_that_was_not_kept(
     finally:
         kernel.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+SLEEPING_CELL = "%%kcoral\nimport time\nprint('started', flush=True)\ntime.sleep(600)\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_interrupting_a_session_cell_stops_its_program_and_keeps_the_session(
+    session_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cells = run_kernel(
+        [
+            "%load_ext kcoral",
+            "%kcoral session start",
+            "%%kcoral\nkept = 'still here'\n",
+            SLEEPING_CELL,
+            "%%kcoral\nkept\n",
+            "%kcoral session status",
+        ],
+        session_server,
+        ALICE,
+        tmp_path,
+        monkeypatch,
+        interrupted=SLEEPING_CELL,
+    )
+    assert error_name(cells[3]) == "CellCancelledError"
+    assert "KeyboardInterrupt raised in session" in shown(cells[3])
+    assert error_name(cells[4]) is None and "still here" in shown(cells[4])
+    assert "state: IDLE" in shown(cells[5])
