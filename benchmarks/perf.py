@@ -119,12 +119,17 @@ class Plan:
 
 
 def make_plan(quick: bool, repeat: int) -> Plan:
+    """Sample counts: ``--quick`` is a smoke test; otherwise ``repeat`` multiplies them."""
     if quick:
-        return Plan(MIB, 4 * MIB, 3, 2, 1, 2, 2, 1, 3, 1, 2, 3)
+        return Plan(
+            bulk_bytes=MIB, rss_bytes=4 * MIB, trivial=3, spaced=2, torch=1, back_to_back=2,
+            bulk=2, per_client=1, cpu_requests=3, starts=1, raw_reps=2, ray_calls=3,
+        )  # fmt: skip
     r = max(1, repeat)
     return Plan(
-        64 * MIB, 200 * MIB, 40 * r, 15 * r, 5 * r, 15 * r, 5 * r, 20 * r, 50 * r, 5 * r, 5 * r,
-        200 * r,
+        bulk_bytes=64 * MIB, rss_bytes=200 * MIB, trivial=40 * r, spaced=15 * r, torch=5 * r,
+        back_to_back=15 * r, bulk=5 * r, per_client=20 * r, cpu_requests=50 * r, starts=5 * r,
+        raw_reps=5 * r, ray_calls=200 * r,
     )  # fmt: skip
 
 
