@@ -27,11 +27,13 @@ A launcher that finds the rule broken refuses to fork: the front-end receives th
 waited for the worker, and the remedy is ``--worker-preload none``. It never silently
 falls back to a spawn, which would hide a launcher that forks unsafely.
 
-The preload waits until the launcher has been idle for ``PRELOAD_IDLE_SECONDS`` after it
-served its first requests: the pool's first workers are forked (and the server ready) as
-fast as without it, the import runs while the server waits for its first request, and a
-fork request arriving during the import waits for it. Workers forked before it import
-torch themselves, as they did without a preload.
+The preload waits until the launcher has had no request for ``PRELOAD_IDLE_SECONDS``, or
+``PRELOAD_LATEST_SECONDS`` after it started at the latest: the pool's first workers are
+forked (and the server ready) as fast as without it, the import runs while the server
+waits for its first request, and a fork request arriving during the import waits for it.
+Workers forked before it import torch themselves, as they did without a preload. The
+preload's own ``weakref.finalize`` callbacks are not run at a worker's exit (see
+``keep_preload_finalizers_from_exit``).
 
 Protocol on the launcher's ``AF_UNIX`` ``SOCK_SEQPACKET`` control socket: the front-end
 sends ``{"env": {...}, "cgroups": [...]}`` (JSON) with the worker's socketpair end; the
@@ -84,6 +86,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -132,6 +135,9 @@ PRELOADED = (
 PRELOADABLE = ("torch",)
 #: how long the launcher must have had no request before it starts the preload
 PRELOAD_IDLE_SECONDS = 0.2
+#: ... or this long after it started at the latest, however busy (a seat replaced
+#: back-to-back never leaves its launcher idle)
+PRELOAD_LATEST_SECONDS = 2.0
 
 
 class LauncherError(OSError):
@@ -602,8 +608,24 @@ def preload(names: Sequence[str]) -> list[str]:
             continue
         loaded.append(name)
     stop_blas_pools()
+    keep_preload_finalizers_from_exit()
     _freeze_heap()
     return loaded
+
+
+def keep_preload_finalizers_from_exit() -> int:
+    """Mark the ``weakref.finalize`` callbacks registered so far as not run at exit; returns
+    how many. torch registers one per operator library (~130, ~25-80 ms at every worker's
+    exit, which a transient worker's next request waits for); they only tidy registries of
+    the exiting process itself. A program's own finalizers still run at its exit."""
+    registry = getattr(weakref.finalize, "_registry", {})  # no public way to list them
+    marked = 0
+    for finalizer in list(registry):
+        with contextlib.suppress(AttributeError, TypeError):
+            if finalizer.atexit:
+                finalizer.atexit = False
+                marked += 1
+    return marked
 
 
 def _freeze_heap() -> None:
@@ -712,7 +734,7 @@ def serve(
     _freeze_heap()
     pending = list(preload_names)
     loaded: list[str] = []
-    last_request = time.monotonic()
+    last_request = started = time.monotonic()
     become_subreaper()
     # Programs run as the same user in the same sandbox as their launcher: non-dumpable, it
     # cannot be ptraced or have its memory read or written by them (each child resets it).
@@ -735,15 +757,16 @@ def serve(
                 watched.append(parent_fd)
             timeout = family.poll_interval
             if pending and accepting:
-                quiet = time.monotonic() - last_request
-                remaining = max(0.0, PRELOAD_IDLE_SECONDS - quiet)
+                due = min(last_request + PRELOAD_IDLE_SECONDS, started + PRELOAD_LATEST_SECONDS)
+                remaining = max(0.0, due - time.monotonic())
                 timeout = remaining if timeout is None else min(timeout, remaining)
             readable, _w, _x = select.select(watched, [], [], timeout)
             if parent_fd is not None and parent_fd in readable:
                 family.kill_all()  # the front-end died (SIGKILL): nothing may outlive it
                 return None
-            idle = time.monotonic() - last_request >= PRELOAD_IDLE_SECONDS
-            if pending and accepting and control not in readable and idle:
+            now = time.monotonic()
+            idle = control not in readable and now - last_request >= PRELOAD_IDLE_SECONDS
+            if pending and accepting and (idle or now - started >= PRELOAD_LATEST_SECONDS):
                 loaded = preload(pending)  # blocks; requests queue on the socket meanwhile
                 pending = []
             if wake_r in readable:
