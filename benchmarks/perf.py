@@ -333,7 +333,12 @@ def ray_row_results(ray_python: Path | None, plan: Plan, log: Callable[[str], No
     log(f"Ray actor calls ({ray_python})")
     command = [str(ray_python), str(HERE / "perf_ray.py"), str(plan.ray_calls)]
     try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        # No usage report to Ray's servers: the run is offline, and a request out would
+        # add its time and traffic to the measurement.
+        environment = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        completed = subprocess.run(
+            command, capture_output=True, text=True, timeout=600, env=environment
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"skipped": f"Ray did not run: {exc}"}
     lines = completed.stdout.strip().splitlines()

@@ -45,3 +45,16 @@ def test_a_ray_measurement_becomes_a_row_with_the_kcoral_to_ray_ratio():
     assert row.value == "1.00 ms"
     assert row.ratio == pytest.approx(4.0)
     assert "kcoral/ray" in row.target
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    not perf.DEFAULT_RAY_PYTHON.exists(),
+    reason="Ray is no project dependency: benchmarks/setup_ray.sh makes benchmarks/.ray-venv",
+)
+def test_the_ray_peer_row_measures_actor_calls_in_rays_own_interpreter():
+    ray = perf.ray_row_results(perf.DEFAULT_RAY_PYTHON, PLAN, no_log)
+    assert "skipped" not in ray, ray
+    assert ray["calls"] == PLAN.ray_calls
+    row = perf.ray_row(ray, 0.01, "default flags")
+    assert row.value.endswith(" ms") and row.ratio > 0
