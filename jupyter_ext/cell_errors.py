@@ -88,6 +88,10 @@ class SessionsUnavailableError(TwoLineError, RuntimeError):
     """``%kcoral session start|attach`` on a server whose features lack ``sessions``."""
 
 
+class SessionOptionsRefusedError(TwoLineError, ValueError):
+    """The server refused ``--gpus`` or ``--idle`` of a new session (400 on create)."""
+
+
 class SessionSeatsFullError(TwoLineError, RuntimeError):
     """No session seat is free (503 ``busy`` on ``POST /v1/sessions``, EXTENSIONS §11)."""
 

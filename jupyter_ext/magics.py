@@ -8,6 +8,9 @@ metadata under the key ``kcoral``.
 Who can reach what (a malicious server): what a server sends is shown as text or escaped
 into our own markup; only the ``--out`` names bind into the namespace (``read_outcome``
 refuses the rest), and HTML the server authored appears only in a sandboxed iframe.
+
+``%kcoral session ...`` (EXTENSIONS §11, ``remote_session.py``): while the kernel holds a
+session, cells run in its worker's ``kcoral.session.namespace`` (``CellSpec.in_session``).
 """
 
 from __future__ import annotations
@@ -112,6 +115,9 @@ always NumPy).
 %kcoral session attach ID  run cells in a session of yours from another kernel (started
                         with --keep); it stays kept when this kernel ends
 %kcoral session list    your sessions on the kernel's server
+  While a session is active, cells run in it on its server (--url elsewhere is refused), and
+  an interrupt raises KeyboardInterrupt in the cell's program: the session stays if it stops
+  within 5 s. Names live in kcoral.session.namespace, which client programs of the session see.
 %kcoral version         client and server versions
 %kcoral --help          this text
 
@@ -122,7 +128,7 @@ verbose_errors (True: whole tracebacks instead of two-line errors); KCORAL_URL, 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # never sys.exit inside a kernel
-        raise UsageError(f"%%kcoral: {message} (%kcoral --help lists the options)")
+        raise UsageError(f"{self.prog}: {message} (%kcoral --help lists the options)")
 
 
 def _names(text: str) -> list[str]:
@@ -746,6 +752,8 @@ class KCoralMagics(Magics):
 
     def _session_start(self, rest: list[str]) -> None:
         args = session_start_parser().parse_args(rest)
+        if args.gpus is not None and args.gpus < 1:  # checked here too: a CPU server drops it
+            raise UsageError("%kcoral session start: --gpus must be 1 or more")
         url, client = self._session_server("start")
         facts = self.session.facts(url)
         gpu_count = args.gpus

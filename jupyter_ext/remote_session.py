@@ -30,6 +30,7 @@ from kcoral_jupyter.cell_errors import (
     SessionBusyError,
     SessionEndedError,
     SessionNotFoundError,
+    SessionOptionsRefusedError,
     SessionSeatsFullError,
     SessionsUnavailableError,
 )
@@ -119,7 +120,14 @@ def session_refusal(exc: KCoralError, remote: RemoteSession) -> BaseException | 
 
 
 def creation_refusal(exc: KCoralError, url: str) -> BaseException | None:
-    """``POST /v1/sessions``'s seat limit as two lines; ``None`` for the other errors."""
+    """``POST /v1/sessions``'s refusals a user can act on (its options, the seat limit) as
+    two lines; ``None`` for the other errors."""
+    if exc.status_code == 400:
+        return SessionOptionsRefusedError(
+            f"{url} refused the session's options: {exc.message}",
+            "change --gpus or --idle as it says (%kcoral status shows info.sessions, with "
+            "the server's idle_timeout_seconds cap)",
+        )
     if exc.status_code == 503:
         return SessionSeatsFullError(
             f"{url} has no session seat free: {exc.message}",

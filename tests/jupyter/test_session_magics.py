@@ -18,6 +18,7 @@ from kcoral_jupyter.cell_errors import (
     SessionBusyError,
     SessionEndedError,
     SessionNotFoundError,
+    SessionOptionsRefusedError,
     SessionSeatsFullError,
     SessionsUnavailableError,
 )
@@ -204,6 +205,18 @@ def test_an_attach_argument_that_is_not_a_session_id_is_refused_before_any_reque
     for bad in ("../../v1/jobs", "not-an-id", "x" * 36):
         result, _ = run(shell, f"%kcoral session attach {bad}")
         assert isinstance(result.error_in_exec, UsageError), bad
+
+
+def test_session_options_the_server_refuses_are_told_in_two_lines(shell) -> None:
+    result, _ = run(shell, "%kcoral session start --idle 100000")
+    error = result.error_in_exec
+    assert isinstance(error, SessionOptionsRefusedError)
+    lines = error._render_traceback_()
+    assert len(lines) == 2 and "--session-idle-seconds" in lines[0] and "--idle" in lines[1]
+    for bad in ("--idle 0", "--gpus 0", "--idle soon", "--gpu 1"):
+        result, _ = run(shell, f"%kcoral session start {bad}")
+        assert isinstance(result.error_in_exec, UsageError), bad
+        assert "%kcoral session start" in str(result.error_in_exec)
 
 
 def test_a_second_start_while_a_session_is_active_is_refused(shell) -> None:
