@@ -108,8 +108,9 @@ always NumPy).
 %kcoral session start [--gpus N] [--idle SECONDS] [--keep]
                         start a session on the kernel's server: from then on %%kcoral cells
                         run in it, so the names a cell defines are there in the next (-i/-o
-                        still move values); the kernel's shutdown or restart ends it, unless
-                        --keep (then the server's idle timeout, --idle, ends it)
+                        still move values); the kernel's shutdown or restart ends it unless
+                        --keep, and the server ends it after --idle SECONDS without a cell
+                        (default: its --session-idle-seconds)
 %kcoral session stop    end it (its state is gone); cells run without a session again
 %kcoral session status  its state, programs, idle deadline and GPU
 %kcoral session attach ID  run cells in a session of yours from another kernel (started
@@ -117,7 +118,7 @@ always NumPy).
 %kcoral session list    your sessions on the kernel's server
   While a session is active, cells run in it on its server (--url elsewhere is refused), and
   an interrupt raises KeyboardInterrupt in the cell's program: the session stays if it stops
-  within 5 s. Names live in kcoral.session.namespace, which client programs of the session see.
+  within 5 s. Names live in kcoral.session.namespace, which the session's client programs see.
 %kcoral version         client and server versions
 %kcoral --help          this text
 
@@ -705,6 +706,12 @@ class KCoralMagics(Magics):
         sandbox = f", sandbox: {facts.sandbox}" if facts.sandbox else ""
         features = ", ".join(facts.features)
         print(f"kcoral: connected to {url} ({facts.label}{sandbox}, features: {features})")
+        remote = self.remote_sessions.active()
+        if remote is not None and remote.url != url:
+            print(
+                f"kcoral: cells still run in {remote.label} on {remote.url} until "
+                "%kcoral session stop"
+            )
 
     def _url(self, rest: list[str]) -> str:
         """The URL cells run against (starts the local server if that is the default)."""
