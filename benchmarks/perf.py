@@ -87,7 +87,7 @@ DEFAULT_RAY_PYTHON = RAY_VENV / "bin" / "python"
 
 @dataclass
 class Row:
-    """One line of the table; ``ratio``/``target`` empty for report-only measures.
+    """One line of the table; report-only measures have no ratio and the target "report".
 
     ``configuration`` names the server flags the row was measured with ("default flags",
     "--sandbox none") or "machine" for rows that start no KCoral server of their own.
@@ -98,7 +98,7 @@ class Row:
     value: str
     reference: str = ""
     ratio: float | None = None
-    target: str = ""
+    target: str = "report"  # measured and shown, with no limit to meet
     verdict: str = "info"
 
 
