@@ -20,6 +20,7 @@ from kcoral_server.router.listener import DemuxServer
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
+from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 
 GRPC_OPTIONS = [
@@ -73,6 +74,7 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
         started_at=utc_now_micros(),
     )
     registry.on_node_lost = state.sessions.node_lost  # its sessions' state is gone
+    registry.on_node_back = node_back_handler(state)  # it may still hold them: end them
     return state
 
 

@@ -86,6 +86,8 @@ class Registry:
         # Called with (node_id, why) when what lived on a node's server is gone for the
         # router: the node left (stream ended or stale) or its server instance changed.
         self.on_node_lost: Callable[[str, str], None] = lambda node_id, why: None
+        # Called with the node id when a node that was lost reconnects with the same server.
+        self.on_node_back: Callable[[str], None] = lambda node_id: None
         self._selections = 0
 
     # -- supervisor streams ----------------------------------------------------------------
@@ -141,9 +143,18 @@ class Registry:
                         (grpc.StatusCode.FAILED_PRECONDITION, "server instance replaced"),
                         "tunnel_disconnected",
                     )
+        came_back = (
+            not node.connected
+            and node.lost_at is not None
+            and bool(node.server_instance_id)
+            and not server_changed
+            and not sup_changed
+        )
         node.connected = True
         node.lost_at = None
         node.last_status_at = now
+        if came_back:
+            self.on_node_back(node.node_id)
         if status.server_healthy:
             node.worker_count = status.worker_count
             node.busy_workers = status.busy_workers

@@ -10,7 +10,8 @@
   every node first (the router may have restarted).
 * A node that leaves the router (its stream ends or goes stale) or whose server instance
   changes has lost its sessions' state: from then on the router answers every request for
-  them ``410 session_ended`` itself, naming the node, even if the node comes back.
+  them ``410 session_ended`` itself, naming the node, even if the node comes back; one
+  that comes back with the same server is asked to end them (their seats are free again).
 
 Who can reach what: every request carries the identity the router checked
 (``X-KCoral-Identity``, believed by the node only with the router secret), so the node
@@ -24,11 +25,12 @@ import asyncio
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kcoral_server.identity import Identity
-from kcoral_server.router.forward import ForwardHandler
+from kcoral_server.router.forward import ForwardHandler, identity_header
 from kcoral_server.router.job_routes import auth_headers, error_kind, fetch
 from kcoral_server.router.slot import CONTROL
 
@@ -45,6 +47,7 @@ class RoutedSession:
     instance_id: str  # the node's server instance that holds the session's worker
     owner: str
     ended: str | None = None  # the 410 message once the router knows its state is lost
+    released: bool = False  # its node came back and was asked to end it
 
 
 class SessionIndex:
@@ -75,8 +78,48 @@ class SessionIndex:
             if session.node_id == node_id and session.ended is None:
                 session.ended = f"session ended: its node {node_id} {why}; its state is lost"
 
+    def orphans(self, node_id: str, instance_id: str) -> list[tuple[str, RoutedSession]]:
+        """Sessions the router ended when ``node_id`` left that its server (``instance_id``,
+        the same as before) may still hold: each is returned once."""
+        found = []
+        for session_id, session in self._sessions.items():
+            if (
+                session.node_id == node_id
+                and session.instance_id == instance_id
+                and session.ended is not None
+                and not session.released
+            ):
+                session.released = True
+                found.append((session_id, session))
+        return found
+
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+async def release_orphans(state: Any, node_id: str) -> None:
+    """A lost node came back with the same server: it still holds the sessions the router
+    ended when it left (they answer 410 here for good), so each is deleted there in its
+    owner's name and its seat is free again instead of waiting for its idle timeout."""
+    node = state.registry.nodes.get(node_id)
+    if node is None:
+        return
+    for session_id, session in state.sessions.orphans(node_id, node.server_instance_id):
+        header = identity_header(Identity(session.owner))
+        path = f"/v1/sessions/{session_id}"
+        await fetch(state, node_id, "DELETE", path, [(header.name, header.value)])
+
+
+def node_back_handler(state: Any) -> Callable[[str], None]:
+    """``Registry.on_node_back`` for ``state``: release the node's orphans in the background."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    def node_back(node_id: str) -> None:
+        task = asyncio.ensure_future(release_orphans(state, node_id))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    return node_back
 
 
 def offers_sessions(info: Any) -> bool:

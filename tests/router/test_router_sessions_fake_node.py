@@ -140,3 +140,38 @@ def test_sessions_the_router_never_saw_are_looked_up_and_full_nodes_refuse(route
         await node.close()
 
     asyncio.run(scenario())
+
+
+def test_a_node_that_comes_back_is_asked_to_end_the_sessions_the_router_ended(router):
+    async def scenario() -> None:
+        seen: list = []
+        first = sessions_node(router.port, "n3", (2, 0), seen)
+        await first.start()
+        await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 1)
+        created = await http_request(router.port, "POST", "/v1/sessions", b"{}")
+        session_id = created.json()["session_id"]
+        await first.close()  # its stream ends: the router ends its sessions
+        await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] == 0)
+        ended = await http_request(router.port, "GET", f"/v1/sessions/{session_id}")
+        assert ended.status == 410, ended.json()
+        assert "its node n3 left the router" in ended.json()["error"]["message"]
+        # the same server (instance and supervisor) reconnects, still holding the session
+        again = sessions_node(
+            router.port,
+            "n3",
+            (2, 1),
+            seen,
+            instance_id=first.instance_id,
+            supervisor_id=first.supervisor_id,
+        )
+        await again.start()
+        deleted = ("n3", "DELETE", f"/v1/sessions/{session_id}", "default")
+        deadline = time.monotonic() + 30
+        while deleted not in seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert deleted in seen  # in its owner's name, so the node frees the seat
+        still = await http_request(router.port, "GET", f"/v1/sessions/{session_id}")
+        assert still.status == 410  # its state was lost all the same
+        await again.close()
+
+    asyncio.run(scenario())
