@@ -25,7 +25,7 @@ from kcoral_jupyter.cell_errors import (
     PickleRefusedError,
 )
 
-from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError
+from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError, TransportError
 from kcoral.response import error_from_response
 from kcoral.sessions import Session as ClientSession
 
@@ -182,7 +182,8 @@ def _run_as_job(
             # Cancelling a session's job kills its worker and so the session's state
             # (EXTENSIONS §11); an interrupt raises KeyboardInterrupt in the program instead.
             reporter.phase("interrupted: raising KeyboardInterrupt in the session's program")
-            interrupt_session(client)
+            if stop_session_program(client, job):
+                reporter.phase("interrupted: the session's program has stopped")
             raise
         reporter.phase("interrupted: cancelling the job on the server")
         try:
@@ -200,6 +201,30 @@ def interrupt_session(session: ClientSession) -> None:
     response = session.client.request("POST", f"/v1/sessions/{session.id}/interrupt")
     if response.status != 200:
         raise error_from_response(response.status, response.headers, response.data)
+
+
+#: An interrupted session cell waits this long per round for its program to stop (the server
+#: gives it 5 s, then kills the worker, EXTENSIONS §11), and sends the interrupt again each
+#: round: one that came while the program was still queued stopped nothing. Waiting means the
+#: next cell finds the session idle instead of busy (409).
+INTERRUPT_ROUND_SECONDS = 6.0
+INTERRUPT_ROUNDS = 5
+
+
+def stop_session_program(session: ClientSession, job: Job) -> bool:
+    """Interrupt the session's running ``job`` until it has finished (``True``); ``False``
+    when it still runs after every round. A second interrupt from the user stops waiting."""
+    try:
+        for _ in range(INTERRUPT_ROUNDS):
+            interrupt_session(session)
+            try:
+                job.wait(timeout=INTERRUPT_ROUND_SECONDS)
+                return True
+            except TimeoutError:
+                continue
+    except (KeyboardInterrupt, KCoralError, TransportError):
+        pass  # the interrupt is what the cell reports; the next cell meets what is left
+    return False
 
 
 def follow_job(job: Job, reporter: Reporter, record: RunRecord) -> ProgramResult:
