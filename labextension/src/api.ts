@@ -179,8 +179,13 @@ export class KCoralApi {
 
   async sessions(): Promise<ISessionList> {
     const body = (await this._json('sessions')) as Partial<ISessionList>;
+    // Records come from KCoral servers, which may send anything: keep those with an id.
+    const records: unknown[] = Array.isArray(body?.sessions) ? body.sessions : [];
     return {
-      sessions: Array.isArray(body?.sessions) ? body.sessions : [],
+      sessions: records.filter(
+        (r): r is ISession =>
+          typeof r === 'object' && r !== null && typeof (r as ISession).session_id === 'string'
+      ),
       errors: Array.isArray(body?.errors) ? body.errors : []
     };
   }

@@ -302,6 +302,11 @@ function isNumber(value: unknown): value is number {
   return typeof value === 'number' && Number.isFinite(value);
 }
 
+/** A text field of a record from a server, which may send anything: '' unless a string. */
+function textOf(value: unknown): string {
+  return typeof value === 'string' ? value : '';
+}
+
 /**
  * One session as the panel shows it. Idle time and time left are counted on the KCoral
  * server's clock (`observed_at`, which the server extension adds) so that a browser whose
@@ -309,7 +314,8 @@ function isNumber(value: unknown): value is number {
  */
 export function sessionView(session: ISession, browserNow: number): ISessionView {
   const now = isNumber(session.observed_at) ? session.observed_at : browserNow;
-  const gpuIds = Array.isArray(session.gpu_ids) ? session.gpu_ids : [];
+  const gpuIds = Array.isArray(session.gpu_ids) ? session.gpu_ids.filter(isNumber) : [];
+  const endReason = textOf(session.end_reason);
   const live = session.state !== 'ENDED';
   let state: string;
   switch (session.state) {
@@ -330,13 +336,13 @@ export function sessionView(session: ISession, browserNow: number): ISessionView
       state = 'starting';
       break;
     case 'ENDED':
-      state = session.end_reason ? `ended: ${session.end_reason.replace(/_/g, ' ')}` : 'ended';
+      state = endReason ? `ended: ${endReason.replace(/_/g, ' ')}` : 'ended';
       break;
     default:
       state = String(session.state).toLowerCase();
   }
   const facts: string[] = [];
-  if (session.worker_id) {
+  if (textOf(session.worker_id)) {
     facts.push(`worker ${session.worker_id}`);
   }
   if (isNumber(session.programs)) {
@@ -346,15 +352,15 @@ export function sessionView(session: ISession, browserNow: number): ISessionView
     facts.push(`ends after ${formatAge(session.idle_timeout_seconds)} without a program`);
   }
   const lines = [
-    `session ${session.session_id}${session.server ? ` on ${session.server}` : ''}`,
+    `session ${session.session_id}${textOf(session.server) ? ` on ${session.server}` : ''}`,
     facts.join(' · ')
   ];
-  if (session.end_message) {
-    lines.push(session.end_message);
+  if (textOf(session.end_message)) {
+    lines.push(textOf(session.end_message));
   }
   return {
     shortId: session.session_id.slice(0, 8),
-    owner: session.owner || '–',
+    owner: textOf(session.owner) || '–',
     gpu: gpuIds.length ? `GPU ${gpuIds.join(',')}` : 'CPU',
     memory: `mem ${formatBytes(session.memory_bytes)}`,
     state,

@@ -2,7 +2,8 @@
 // tests/labextension/test_browser.py: the panel lists two sessions of a KCoral server, and
 // Stop ends the running one. Prints one JSON line with what it saw; the pytest side
 // asserts. Environment: LAB_URL (with trailing slash), LAB_TOKEN, PLAYWRIGHT_CORE,
-// SCREENSHOT_DIR, IDLE_SESSION and RUNNING_SESSION (the two session ids).
+// SCREENSHOT_DIR, IDLE_SESSION and RUNNING_SESSION (the two session ids), ROGUE_SESSION (the
+// id a rogue server sends, full of markup).
 'use strict';
 
 const path = require('path');
@@ -13,6 +14,7 @@ const TOKEN = process.env.LAB_TOKEN;
 const SHOTS = process.env.SCREENSHOT_DIR;
 const IDLE = process.env.IDLE_SESSION;
 const RUNNING = process.env.RUNNING_SESSION;
+const ROGUE = process.env.ROGUE_SESSION;
 const seen = { steps: [] };
 
 function step(name, extra = {}) {
@@ -21,10 +23,13 @@ function step(name, extra = {}) {
 
 const card = id => `#kcoral-panel .jp-KCoral-session[data-session-id="${id}"]`;
 
-// The text of each field of one session's card, as the user sees it.
+// The text of each field of one session's card, as the user sees it (found by comparing
+// ids, not by a selector: a rogue server's id is full of quotes).
 async function readCard(page, id) {
-  return page.evaluate(selector => {
-    const node = document.querySelector(selector);
+  return page.evaluate(wanted => {
+    const node = [...document.querySelectorAll('#kcoral-panel .jp-KCoral-session')].find(
+      n => n.dataset.sessionId === wanted
+    );
     const text = cls => node.querySelector(`.${cls}`)?.textContent ?? null;
     const stop = node.querySelector('button.jp-KCoral-stopSession');
     return {
@@ -37,7 +42,7 @@ async function readCard(page, id) {
       title: node.title,
       stop: stop ? { text: stop.textContent, enabled: !stop.disabled } : null
     };
-  }, card(id));
+  }, id);
 }
 
 async function main() {
@@ -71,6 +76,16 @@ async function main() {
         n => n.dataset.sessionId
       )
     );
+    await page.waitForFunction(
+      wanted =>
+        [...document.querySelectorAll('#kcoral-panel .jp-KCoral-session')].some(
+          n => n.dataset.sessionId === wanted
+        ),
+      ROGUE,
+      { timeout: 60000 }
+    );
+    seen.rogue = await readCard(page, ROGUE);
+    seen.pwned = await page.evaluate(() => window.__kcoralPwned ?? null);
     seen.idle = await readCard(page, IDLE);
     seen.running = await readCard(page, RUNNING);
     seen.seats = await page.evaluate(() => {

@@ -6,7 +6,8 @@ prebuilt lab extension, then drives headless Chromium (Debian's ``chromium`` thr
 ``lab_browser.cjs``: the status bar shows the server, a ``%%kcoral`` cell's job appears in
 the panel with live output, and Cancel stops a second, long-running job; with
 ``lab_sessions.cjs``: the panel lists a server's sessions and their seats, and Stop ends
-the running one (the server's record says ``deleted``). Screenshots go to
+the running one (the server's record says ``deleted``), while a rogue server's markup stays
+text. Screenshots go to
 the test's temporary folder; to refresh the README's pictures run
 ``KCORAL_SCREENSHOT_DIR=docs/screenshots python -m pytest tests/labextension/test_browser.py``
 (a test never writes into tracked files on its own).
@@ -15,6 +16,7 @@ the test's temporary folder; to refresh the README's pictures run
 from __future__ import annotations
 
 import contextlib
+import http.server
 import importlib.util
 import json
 import os
@@ -29,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from stand_in_http import serving
 
 import kcoral
 
@@ -225,6 +228,48 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
     assert (screenshots / "statusbar.png").exists() and (screenshots / "panel.png").exists()
 
 
+# What a rogue KCoral server says about its one session: markup in every text field, to
+# show that the panel writes them as text (a script in them would set window.__kcoralPwned).
+ROGUE_SESSION_ID = '"><img src=x onerror="window.__kcoralPwned=1">'
+ROGUE_OWNER = '<img src=x onerror="window.__kcoralPwned=2">'
+
+
+class _RogueServer(http.server.BaseHTTPRequestHandler):
+    """A server that answers the panel's polls with markup where text belongs."""
+
+    def do_GET(self) -> None:
+        record = {
+            "session_id": ROGUE_SESSION_ID,
+            "owner": ROGUE_OWNER,
+            "state": "IDLE",
+            "gpu_ids": ["<b>"],
+            "end_message": "<script>window.__kcoralPwned=3</script>",
+            "memory_bytes": "<i>lots</i>",
+        }
+        answers = {
+            "/health": {
+                "status": "ok",
+                "instance_id": "rogue",
+                "started_at": "2026-01-05T09:30:00Z",
+                "gpu_count": 0,
+                "load": {"request_capacity": 1, "requests_in_progress": 0, "requests_waiting": 0},
+                "target": {},
+                "versions": {},
+            },
+            "/v1/info": {"kcoral": "<b>9</b>", "protocol": 1, "features": ["sessions"]},
+            "/v1/sessions": [record],
+        }
+        body = json.dumps(answers.get(self.path, {"error": {"kind": "not_found"}})).encode()
+        self.send_response(200 if self.path in answers else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def _sleeping_program(seconds: int) -> kcoral.Program:
     program = kcoral.Program()
     module = program.upload(
@@ -247,13 +292,27 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
         job = busy.submit(_sleeping_program(300))
         root = tmp_path / "root"
         root.mkdir()
-        servers = [{"name": "cpu", "url": kcoral_server.url, "token": KCORAL_TOKEN}]
-        with _running_lab(tmp_path, root, servers) as url:
-            seen = _run_script(
-                SESSIONS_SCRIPT, url, tmp_path, IDLE_SESSION=idle.id, RUNNING_SESSION=busy.id
-            )
+        with serving(_RogueServer) as rogue_url:
+            servers = [
+                {"name": "cpu", "url": kcoral_server.url, "token": KCORAL_TOKEN},
+                {"name": "rogue", "url": rogue_url},
+            ]
+            with _running_lab(tmp_path, root, servers) as url:
+                seen = _run_script(
+                    SESSIONS_SCRIPT,
+                    url,
+                    tmp_path,
+                    IDLE_SESSION=idle.id,
+                    RUNNING_SESSION=busy.id,
+                    ROGUE_SESSION=ROGUE_SESSION_ID,
+                )
         assert seen["sessionsVisible"]
-        assert seen["order"][:2] == [busy.id, idle.id]  # the newest first
+        assert seen["order"][:2] == [busy.id, idle.id]  # the newest first, the rogue's last
+        # The rogue server's markup is shown as text and runs nothing.
+        assert seen["pwned"] is None
+        assert seen["rogue"]["owner"] == ROGUE_OWNER
+        assert seen["rogue"]["id"] == ROGUE_SESSION_ID[:8]
+        assert seen["rogue"]["gpu"] == "CPU" and seen["rogue"]["memory"] == "mem –"
         # "mem –" until the server reports the worker's memory (memory_bytes)
         memory = re.compile(r"mem (–|\d+(\.\d)? (B|KiB|MiB|GiB))")
         for card, session in ((seen["idle"], idle), (seen["running"], busy)):

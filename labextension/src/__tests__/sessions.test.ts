@@ -75,6 +75,21 @@ describe('a session in the panel', () => {
     expect(ended.title).toContain('--session-idle-seconds');
   });
 
+  it('shows fields of the wrong type from a rogue server as unknown, without failing', () => {
+    const rogue = {
+      ...session(),
+      owner: { html: '<b>' },
+      gpu_ids: ['<img>', 2],
+      end_reason: 5,
+      end_message: ['x'],
+      worker_id: 3,
+      state: 'ENDED'
+    } as unknown as ISession;
+    const view = sessionView(rogue, 0);
+    expect([view.owner, view.gpu, view.state]).toEqual(['–', 'GPU 2', 'ended']);
+    expect(view.title).not.toContain('worker');
+  });
+
   it('names its GPUs and the memory of its worker', () => {
     const view = sessionView(session({ gpu_count: 1, gpu_ids: [3], memory_bytes: 431_000_000 }), 0);
     expect([view.gpu, view.memory]).toEqual(['GPU 3', 'mem 411 MiB']);
@@ -151,5 +166,14 @@ describe('the session routes of the extension', () => {
   it('reads a malformed answer as no sessions', async () => {
     const api = new KCoralApi(async () => jsonResponse({ sessions: 'nope' }));
     expect(await api.sessions()).toEqual({ sessions: [], errors: [] });
+  });
+
+  it('drops records without a string id that a rogue server sends', async () => {
+    const api = new KCoralApi(async () =>
+      jsonResponse({ sessions: [null, 7, { session_id: 12 }, session()], errors: [] })
+    );
+    expect((await api.sessions()).sessions.map(s => s.session_id)).toEqual([
+      session().session_id
+    ]);
   });
 });
