@@ -89,15 +89,15 @@ class Pool:
         #: called (no arguments) whenever the queue of waiting requests changes
         self.queue_listeners = self._queue.listeners
         self._handles = HandleMaker(
-            worker,
-            mode,
-            config,
-            events,
-            arbiter,
-            sandbox,
-            self.allowed_serialization,
-            len(self.seats),
-            self._on_worker_gone,
+            make=worker,  # unit tests of the pool's decisions pass a stand-in
+            mode=mode,
+            config=config,
+            events=events,
+            arbiter=arbiter,
+            sandbox=sandbox,
+            allowed_serialization=self.allowed_serialization,
+            seats=len(self.seats),
+            on_gone=self._on_worker_gone,
         )
 
     # ------------------------------------------------------------------ counters
