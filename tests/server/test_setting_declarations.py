@@ -1,6 +1,7 @@
 """Each declared ``kcoral server`` setting (``config.setting``) round-trips from its flag,
 from its variable and from nothing to the same place; bad values of each list kind are usage
-errors (SERVER.md §2, EXTENSIONS.md §2/§6, ROUTER.md §12)."""
+errors (SERVER.md §2, EXTENSIONS.md §2/§6, ROUTER.md §12). The ``kcoral router`` options
+(ROUTER.md §11) are declared the same way."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kcoral_server.cli_args import (
     supervisor_flags,
 )
 from kcoral_server.config import declared_settings, flag_settings
+from kcoral_server.router.settings import RouterSettings, parse_router_args
 
 ROUTED = ("--router", "http://router:9000", "--node-id", "node-1")
 TOKEN_FILE = "token-file"  # a placeholder: the test writes a real token file for it
@@ -200,3 +202,52 @@ def test_a_non_numeric_supervisor_option_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert "invalid number" in refused(capsys, [*ROUTED, "--restart-jitter", "much"])
+
+
+#: ``kcoral router`` option -> (the text given, the value expected)
+ROUTER_SAMPLES: dict[str, tuple[str, Any]] = {
+    "host": ("127.0.0.2", "127.0.0.2"),
+    "port": ("9100", 9100),
+    "grpc_port": ("9200", 9200),
+    "status_check_interval_seconds": ("2", 2.0),
+    "max_status_age_seconds": ("6", 6.0),
+    "unhealthy_threshold": ("4", 4),
+    "recovery_threshold": ("3", 3),
+    "queue_wait_timeout_seconds": ("60", 60.0),
+    "max_queued_requests": ("10", 10),
+    "node_retention_seconds": ("700", 700.0),
+    "max_request_bytes": ("1000", 1000),
+    "node_token": ("node-secret", "node-secret"),
+    "ready_file": ("/tmp/kcoral-router-ready", Path("/tmp/kcoral-router-ready")),
+    "allow_unauthenticated": ("", True),
+    "allow_unauthenticated_nodes": ("", True),
+    "allowed_origins": ("https://lab.example.org", ("https://lab.example.org",)),
+    "allowed_hosts": ("lab.example.org", ("lab.example.org",)),
+}
+ROUTER_DECLARED = declared_settings(RouterSettings)
+
+
+def test_every_declared_router_option_has_a_sample_here() -> None:
+    assert sorted(ROUTER_SAMPLES) == sorted(declared.name for declared in ROUTER_DECLARED)
+
+
+@pytest.mark.parametrize("declared", ROUTER_DECLARED, ids=lambda d: d.metadata["flag"])
+def test_a_declared_router_option_comes_from_its_flag_or_takes_its_default(
+    declared: Field,
+) -> None:
+    text, expected = ROUTER_SAMPLES[declared.name]
+    flag = declared.metadata["flag"]
+    argv = [flag] if declared.metadata["kind"] == "switch" else [flag, text]
+    assert getattr(parse_router_args(argv, {}), declared.name) == expected
+    assert getattr(parse_router_args([], {}), declared.name) == declared.default
+
+
+def test_the_router_help_shows_each_declared_default_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        parse_router_args(["--help"], {})
+    assert excinfo.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("(default 9000)") == 1 and text.count("(default 1800)") == 1
+    assert "--ready-file" not in text  # for tests and launchers only
