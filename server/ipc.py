@@ -7,6 +7,11 @@ holding blobs or encoded results) ride along as ``SCM_RIGHTS`` ancillary data on
 
 JSON rather than pickle: the worker runs uploaded code, so nothing the front-end reads from it
 may be able to execute code on the front-end. Large bytes never travel inside frames.
+
+Beside the socket, each worker shares one ``ProgressSlot`` with the front-end: the index of
+the instruction it started last, written before the instruction runs. The front-end reads
+it only when a program ended (to name the instruction a crash or a teardown failure belongs
+to), so a program needs no ``InstructionStarted`` frame unless someone follows it live.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import array
 import asyncio
 import fcntl
 import json
+import mmap
 import os
 import socket
 import struct
@@ -94,6 +100,12 @@ class RunProgram(Message):
     # are the indexes (into this frame's fds, after the blob fds) of the open stdout and
     # stderr files, used instead of the paths.
     capture_fds: list[int] = field(default_factory=list)
+    # Index (into this frame's fds) of the worker's ``ProgressSlot`` memfd: sent with a
+    # worker's first program, kept by the worker for the next ones.
+    progress_fd: int | None = None
+    # Send ``InstructionStarted`` frames too (someone follows the program live). A worker
+    # without a progress slot always sends them.
+    report_instructions: bool = True
 
 
 @dataclass
@@ -188,6 +200,66 @@ class ProgramFinished(Message):
     # monotonic time (CLOCK_MONOTONIC, shared by all processes of the host) of the CUDA call
     # that broke a cpu_only run; the front-end alone knows who held the GPU then
     gpu_access_at: float | None = None
+
+
+# ---------------------------------------------------------------- progress slot
+
+#: the slot: one little-endian int64, 0 before any instruction, else 1 + the index started
+_SLOT = struct.Struct("<q")
+_SLOT_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+class ProgressSlot:
+    """Which instruction of the current program a worker started last, in shared memory.
+
+    Who can reach it: the front-end, which creates the memfd, and the one worker process it
+    is sent to, i.e. also that worker's programs (uploaded code), which can write any value
+    (as they can already send any ``InstructionStarted`` frame on the socket). The front-end
+    therefore only trusts an index inside the program it sent (``last_started``), and the
+    memfd is sealed against shrinking before it is sent: a mapping of a truncated memfd
+    would kill the front-end with ``SIGBUS`` on its next read.
+    """
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self._map = mapped
+
+    @classmethod
+    def create(cls) -> tuple[ProgressSlot, int]:
+        """The front-end's slot and its sealed memfd (the caller sends, then closes it).
+        ``OSError`` where memfds or seals are unavailable."""
+        fd = os.memfd_create("kcoral-progress", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, _SLOT.size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SLOT_SEALS)
+            return cls(mmap.mmap(fd, _SLOT.size)), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, fd: int) -> ProgressSlot:
+        """The worker's view of a received slot memfd (the caller closes ``fd``)."""
+        return cls(mmap.mmap(fd, _SLOT.size))
+
+    def reset(self) -> None:
+        """No instruction started yet (the front-end, before it sends a program)."""
+        _SLOT.pack_into(self._map, 0, 0)
+
+    def started(self, index: int) -> None:
+        """The worker is about to run instruction ``index``."""
+        _SLOT.pack_into(self._map, 0, index + 1)
+
+    def last_started(self, instruction_count: int) -> int | None:
+        """Index of the last instruction started, or None: none started, or a value no
+        instruction of a program of ``instruction_count`` has (written by uploaded code)."""
+        try:
+            (value,) = _SLOT.unpack_from(self._map, 0)
+        except ValueError:  # closed
+            return None
+        return value - 1 if 1 <= value <= instruction_count else None
+
+    def close(self) -> None:
+        self._map.close()
 
 
 # One encoder for every frame: ``json.dumps`` with non-default arguments builds a new

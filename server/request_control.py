@@ -45,6 +45,12 @@ class RequestObserver:
     def instruction(self, index: int, op: str, instruction_id: str | None) -> None:
         pass
 
+    @property
+    def follows_instructions(self) -> bool:
+        """Whether ``instruction`` does anything: only then does the worker report each
+        instruction by frame as it starts (else the progress slot alone records it)."""
+        return type(self).instruction is not RequestObserver.instruction
+
     def output_started(self, workspace: Workspace, limit: int) -> None:
         pass
 

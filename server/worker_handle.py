@@ -132,6 +132,10 @@ class WorkerHandle:
         #: not killed yet); the pool quarantines the worker's GPUs (SERVER §8, §11)
         self.cleanup_unconfirmed: str | None = None
         self.killed = False  # ``kill`` ran to its end (it is not repeated)
+        # ipc.ProgressSlot shared with this process; unmapped with the handle (not by
+        # ``close``: a crashed program's instruction is read from it after the kill)
+        self._progress: ipc.ProgressSlot | None = None
+        self._progress_unavailable = False
 
     @property
     def gpu_ids(self) -> list[int]:
@@ -379,6 +383,19 @@ class WorkerHandle:
             self.channel.send(message, [*fds, *opened])
         finally:
             close_fds(opened)
+
+    def progress_slot(self) -> tuple[ipc.ProgressSlot | None, int | None]:
+        """This worker's progress slot, plus its memfd when the worker has not been sent it
+        yet (the caller sends it with the program, then closes it). ``(None, None)`` where
+        memfds cannot be sealed: the worker then reports every instruction by frame."""
+        if self._progress is not None or self._progress_unavailable:
+            return self._progress, None
+        try:
+            self._progress, fd = ipc.ProgressSlot.create()
+        except (OSError, AttributeError, ValueError):  # no memfd_create, seals or mmap
+            self._progress_unavailable = True
+            return None, None
+        return self._progress, fd
 
     def _lease_message(self, message: ipc.Message) -> None:
         if isinstance(message, ipc.LeaseAcquire):

@@ -14,6 +14,7 @@ import asyncio
 import mmap
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone, close_f
 from kcoral_server.worker_handle import WorkerHandle, WorkerStartError
 from kcoral_server.workspace import NO_OUTPUT, CapturedOutput, Workspace
 
-from kcoral.protocol.schema import Program
+from kcoral.protocol.schema import Instruction, Program, Return
 
 if TYPE_CHECKING:
     from kcoral_server.app import ServerState
@@ -233,14 +234,21 @@ class ProgramRun:
         workspace = Workspace.create(
             state.events.output_dir, str(handle.pid) if limit > 0 else None, limit
         )
-        drive = _Drive(workspace=workspace, limit=limit)
+        drive = _Drive(workspace=workspace, limit=limit, instructions=parsed.program.instructions)
         if limit > 0:
             self.observer.output_started(workspace, limit)
         if self.cancellation.reason is not None:
             return await self._cancelled(handle, drive)
-        extra_fd = None
+        extra_fd = progress_fd = None
         try:
             blobs, fds, extra_fd = await self._blob_slices(resolution.blobs)
+            drive.progress, progress_fd = handle.progress_slot()
+            progress_index = None
+            if progress_fd is not None:
+                progress_index = len(fds)
+                fds.append(progress_fd)
+            if drive.progress is not None:
+                drive.progress.reset()
             handle.send(
                 ipc.RunProgram(
                     request_id=self.request_id,
@@ -251,14 +259,19 @@ class ProgramRun:
                     blobs=blobs,
                     serialization=self.serialization,
                     max_response_bytes=state.config.max_response_bytes,
+                    progress_fd=progress_index,
+                    # the slot names a crash's instruction; frames only for a live observer
+                    report_instructions=drive.progress is None
+                    or self.observer.follows_instructions,
                 ),
                 fds,
             )
         except WorkerGone as gone:
             return await self._gone(handle, drive, gone)
         finally:
-            if extra_fd is not None:
-                os.close(extra_fd)
+            for fd in (extra_fd, progress_fd):
+                if fd is not None:
+                    os.close(fd)
         self.cancellation.driving(handle)
         try:
             return await self._collect(handle, drive, timeout, started)
@@ -305,6 +318,7 @@ class ProgramRun:
                         drive.returns.append(self._return_record(message, fds, drive))
                     elif isinstance(message, ipc.ProgramFinished):
                         close_fds(fds)
+                        drive.read_progress()
                         return self._program_finished(message, drive, handle)
                     else:
                         raise ValueError(f"unexpected message {message.tag!r}")
@@ -417,6 +431,7 @@ class ProgramRun:
 
     async def _gone(self, handle: WorkerHandle, drive: _Drive, gone: WorkerGone) -> _Drive:
         await self.state.pool.kill(handle)
+        drive.read_progress()  # the process is gone: the slot holds its last word
         drive.reason_retire = "crashed"
         self.finish_fields["exitcode"] = handle.returncode
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
@@ -532,6 +547,25 @@ class _Drive:
     reason: str = "server_error"
     reason_retire: str | None = None
     maps: list[mmap.mmap] = field(default_factory=list)
+    instructions: Sequence[Instruction] = ()
+    progress: ipc.ProgressSlot | None = None  # the worker's, when it has one
+
+    def read_progress(self) -> None:
+        """Take the last instruction started from the progress slot (the program is over):
+        without ``InstructionStarted`` frames this is the only record of it. A value that
+        names no instruction of this program (uploaded code can write the slot) leaves what
+        the frames said, if anything."""
+        if self.progress is None:
+            return
+        index = self.progress.last_started(len(self.instructions))
+        if index is None:
+            return
+        instruction = self.instructions[index]
+        self.last_instruction = ipc.InstructionStarted(
+            index=index,
+            op=instruction.op,
+            id=None if isinstance(instruction, Return) else instruction.id,
+        )
 
 
 def _instruction_error(instruction: ipc.InstructionStarted, message: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from kcoral_server.ipc import (
     Configure,
     InstructionStarted,
     ProgramFinished,
+    ProgressSlot,
     ReturnProduced,
     RunProgram,
 )
@@ -134,6 +135,21 @@ class Engine:
         self.libraries = Libraries(runtime.library_unavailable)
         self.unsettled: ProgramRun | None = None  # outcome sent, slow clean-up still due
         self.programs = 0
+        # shared with the front-end (ipc.ProgressSlot); arrives with the first program
+        self.progress: ProgressSlot | None = None
+
+    def attach_progress(self, fd: int) -> None:
+        """Use the progress slot memfd ``fd`` (closed here) from now on."""
+        try:
+            slot = ProgressSlot.attach(fd)
+        except (OSError, ValueError):
+            return  # without a slot every instruction is reported by frame instead
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.progress is not None:
+            self.progress.close()
+        self.progress = slot
 
     def run(self, request: RunProgram, fds: list[int]) -> Outcome:
         self.settle()  # a caller that never settled still gets a clean process
@@ -178,6 +194,8 @@ class ProgramRun:
         self.poisoned = False
         self.gpu_access_at: float | None = None  # monotonic time of a cpu_only CUDA call
         self.settled = False
+        self.progress: ProgressSlot | None = None  # set by ``execute``
+        self.report_instructions = True
         self.threads_before = live_threads()  # threads it starts must end with it
         # only modules that appear (or change) during the program can come from its workspace
         self.modules_before = dict(sys.modules)
@@ -189,7 +207,12 @@ class ProgramRun:
         request = self.request
         capture = None
         startup_failure: Exception | None = None
-        capture_fds = self._take_capture_fds()
+        capture_fds, progress_fd = self._take_own_fds()
+        if progress_fd is not None:
+            self.engine.attach_progress(progress_fd)
+        # frames only when someone follows the program live (or there is no slot to write)
+        self.progress = self.engine.progress
+        self.report_instructions = request.report_instructions or self.progress is None
         if request.stdout_path is not None and request.stderr_path is not None:
             try:
                 if capture_fds:
@@ -228,15 +251,19 @@ class ProgramRun:
         self.lease.forget()  # after ProgramFinished the lease is the front-end's business
         return outcome
 
-    def _take_capture_fds(self) -> list[int]:
-        """The capture descriptors a sandboxed worker receives instead of paths (they follow
-        the blob fds in the frame)."""
-        wanted = self.request.capture_fds
-        if len(wanted) != 2 or not all(0 <= i < len(self.fds) for i in wanted):
-            return []
-        taken = [self.fds[i] for i in wanted]
-        self.fds = [fd for i, fd in enumerate(self.fds) if i not in wanted]
-        return taken
+    def _take_own_fds(self) -> tuple[list[int], int | None]:
+        """The frame's descriptors that are not blobs (they follow the blob fds): the capture
+        files a sandboxed worker receives instead of paths, and the progress slot."""
+        fds = self.fds
+        capture = self.request.capture_fds
+        if len(capture) != 2 or not all(0 <= i < len(fds) for i in capture):
+            capture = []
+        progress = self.request.progress_fd
+        if progress is None or not 0 <= progress < len(fds) or progress in capture:
+            progress = None
+        taken = {*capture, progress}
+        self.fds = [fd for i, fd in enumerate(fds) if i not in taken]
+        return [fds[i] for i in capture], None if progress is None else fds[progress]
 
     def _run_instructions(self, startup_failure: Exception | None = None) -> None:
         try:
@@ -262,7 +289,10 @@ class ProgramRun:
         for instruction in program.instructions:
             where = Attribution(instruction.index, instruction.op, _instruction_id(instruction))
             self.previous, self.last = self.last, where
-            self.channel.send(InstructionStarted(index=where.index, op=where.op, id=where.id))
+            if self.progress is not None:
+                self.progress.started(where.index)
+            if self.report_instructions:
+                self.channel.send(InstructionStarted(index=where.index, op=where.op, id=where.id))
             try:
                 self._step(instruction)
             except WorkerExit:
@@ -595,11 +625,15 @@ def _drop_workspace_modules(
     prefix: ``realpath`` on every module of a process that loaded torch cost ~0.5 s per
     program, and the workspace's own ``realpath`` is only taken when something is new."""
     try:
-        # one C-level pass over sys.modules (usually nothing changed); a value with its own
-        # failing __hash__ or __eq__ (anything can be put into sys.modules) takes the loop
-        changed = [name for name, _module in sys.modules.items() - before.items()]
-    except Exception:
-        changed = [name for name, module in sys.modules.items() if before.get(name) is not module]
+        # one C-level comparison (values by identity first): usually nothing changed
+        unchanged = sys.modules == before
+    except Exception:  # a value with its own failing __eq__ (anything can be put there)
+        unchanged = False
+    changed = (
+        []
+        if unchanged
+        else [name for name, module in sys.modules.items() if before.get(name) is not module]
+    )
     importers = [
         key for key in sys.path_importer_cache.keys() - importers_before if isinstance(key, str)
     ]

@@ -4,6 +4,7 @@ send, and the channel's direct delivery of each frame to its sink."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import socket
@@ -35,7 +36,9 @@ SAMPLES: list[ipc.Message] = [
         blobs=[ipc.BlobSlice("ab" * 32, 0, 16, 4), ipc.BlobSlice("cd" * 32, 1, 0, 9)],
         serialization="pickle",
         max_response_bytes=1234,
-        capture_fds=[2, 3],
+        capture_fds=[3, 4],
+        progress_fd=2,
+        report_instructions=False,
     ),
     ipc.LeaseGranted(),
     ipc.Shutdown(),
@@ -260,3 +263,56 @@ def test_a_frame_announcing_missing_descriptors_breaks_the_channel() -> None:
 
 def _ignore(item: ipc.ChannelItem) -> None:
     """A sink for channels that only send in a test."""
+
+
+# ---------------------------------------------------------------- progress slot
+
+
+def test_a_progress_slot_says_which_instruction_the_other_process_started_last() -> None:
+    slot, fd = ipc.ProgressSlot.create()
+    try:
+        worker_side = ipc.ProgressSlot.attach(fd)
+    finally:
+        os.close(fd)
+    slot.reset()
+    assert slot.last_started(4) is None
+    worker_side.started(0)
+    assert slot.last_started(4) == 0
+    worker_side.started(3)
+    assert slot.last_started(4) == 3
+    slot.reset()
+    assert worker_side.last_started(4) is None
+
+
+@pytest.mark.parametrize("written", [-5, 0, 6, 2**62])  # 1..5 name instructions 0..4
+def test_a_progress_value_that_names_no_instruction_of_the_program_is_not_trusted(
+    written: int,
+) -> None:
+    slot, fd = ipc.ProgressSlot.create()
+    os.close(fd)
+    slot._map[:8] = struct.pack("<q", written)  # what uploaded code in the worker can write
+    assert slot.last_started(5) is None
+
+
+def test_the_worker_cannot_shrink_the_progress_memfd_under_the_front_end() -> None:
+    # A worker (uploaded code) that truncated the memfd would make the front-end's next
+    # read of its mapping a SIGBUS: the memfd is sealed before it is sent.
+    slot, fd = ipc.ProgressSlot.create()
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 1 << 20)
+        with pytest.raises(PermissionError):
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, 0)  # nor remove or add seals
+    finally:
+        os.close(fd)
+    assert slot.last_started(1) is None  # still readable
+
+
+def test_a_closed_progress_slot_reads_as_no_instruction() -> None:
+    slot, fd = ipc.ProgressSlot.create()
+    os.close(fd)
+    slot.started(0)
+    slot.close()
+    assert slot.last_started(1) is None

@@ -1,15 +1,16 @@
 """What a reused worker forgets between programs, on the cheaper clean-up paths (round 6):
-the workspace's path importers, modules next to an unhashable ``sys.modules`` entry, and a
-native environment that ``setenv`` had to move."""
+the workspace's path importers, modules next to odd ``sys.modules`` entries (unhashable,
+failing comparisons), and a native environment that ``setenv`` had to move."""
 
 from __future__ import annotations
 
 from worker_harness import call, function, give, module
 
 PROBE = (
-    "import os, sys\n"
+    "import os, subprocess, sys\n"
     "def state(old_workspace):\n"
-    "    native = os.popen('env').read()\n"
+    # waited for: a child still exiting at the end of the program would count as left over
+    "    native = subprocess.run(['env'], capture_output=True, text=True).stdout\n"
     "    return {\n"
     "        'importers': [k for k in sys.path_importer_cache\n"
     "                      if isinstance(k, str) and k.startswith(old_workspace)],\n"
@@ -52,13 +53,16 @@ def test_a_reused_worker_forgets_the_path_importers_and_modules_of_a_deleted_wor
     assert state["helper"] is False
 
 
-def test_an_unhashable_entry_in_sys_modules_does_not_stop_the_module_clean_up(start_worker):
+def test_odd_values_in_sys_modules_do_not_stop_the_module_clean_up(start_worker):
     worker = start_worker()
     source = (
         "import os, sys\n"
-        "class Unhashable:\n"
+        "class Odd:\n"
         "    __hash__ = None\n"
-        "sys.modules['kcoral_unhashable_entry'] = Unhashable()\n"
+        "    def __eq__(self, other):\n"
+        "        raise RuntimeError('no comparing me')\n"
+        "sys.modules['kcoral_odd_entry'] = Odd()\n"
+        "sys.modules['json'] = Odd()\n"  # replaces a module the worker had: compared
         "open('hygiene_helper.py', 'w').write('VALUE = 1\\n')\n"
         "sys.path.insert(0, os.getcwd())\n"
         "import hygiene_helper\n"
