@@ -137,6 +137,16 @@ class Engine:
         self.programs = 0
         # shared with the front-end (ipc.ProgressSlot); arrives with the first program
         self.progress: ProgressSlot | None = None
+        # sys.modules and the path importers as a program starts: copied again only after
+        # a program changed them (a copy of a torch worker's ~1,100 modules is ~40 us). One
+        # that went stale between programs only makes the next comparison take the loop.
+        self.modules_seen: dict[str, Any] = {}
+        self.importers_seen: set[Any] = set()
+        self.remember_modules()
+
+    def remember_modules(self) -> None:
+        self.modules_seen = dict(sys.modules)
+        self.importers_seen = set(sys.path_importer_cache)
 
     def attach_progress(self, fd: int) -> None:
         """Use the progress slot memfd ``fd`` (closed here) from now on."""
@@ -198,8 +208,9 @@ class ProgramRun:
         self.report_instructions = True
         self.threads_before = live_threads()  # threads it starts must end with it
         # only modules that appear (or change) during the program can come from its workspace
-        self.modules_before = dict(sys.modules)
-        self.importers_before = set(sys.path_importer_cache)
+        # (the engine's copies, not taken anew per program: see ``Engine.modules_seen``)
+        self.modules_before = engine.modules_seen
+        self.importers_before = engine.importers_seen
 
     # ------------------------------------------------------------------ driver
 
@@ -570,7 +581,10 @@ class ProgramRun:
         self.module_kinds.clear()
         self.modules.teardown()
         # here, not in settle: the front-end deletes the workspace once it has the outcome
-        _drop_workspace_modules(self.request.workspace, self.modules_before, self.importers_before)
+        if _drop_workspace_modules(
+            self.request.workspace, self.modules_before, self.importers_before
+        ):
+            self.engine.remember_modules()
         self.modules_before = {}
         self.importers_before = set()
         if self.blobs is not None:
@@ -617,13 +631,14 @@ def _own_traceback(exc: BaseException) -> str:
 
 def _drop_workspace_modules(
     workspace: str, before: dict[str, Any], importers_before: set[Any]
-) -> None:
+) -> bool:
     """Forget modules a program imported from its workspace (it is deleted afterwards).
 
     Only modules added or replaced since ``before``, and path importers added since
     ``importers_before``, are examined (the workspace is new to every program), by string
     prefix: ``realpath`` on every module of a process that loaded torch cost ~0.5 s per
-    program, and the workspace's own ``realpath`` is only taken when something is new."""
+    program, and the workspace's own ``realpath`` is only taken when something is new.
+    True when something was new (the snapshots are then out of date)."""
     try:
         # one C-level comparison (values by identity first): usually nothing changed
         unchanged = sys.modules == before
@@ -638,7 +653,7 @@ def _drop_workspace_modules(
         key for key in sys.path_importer_cache.keys() - importers_before if isinstance(key, str)
     ]
     if not changed and not importers:
-        return
+        return False
     roots = tuple({os.path.realpath(workspace) + os.sep, os.path.abspath(workspace) + os.sep})
     for name in changed:
         module = sys.modules.get(name)
@@ -652,3 +667,4 @@ def _drop_workspace_modules(
     for key in importers:
         if (key + os.sep).startswith(roots):
             sys.path_importer_cache.pop(key, None)
+    return True

@@ -86,3 +86,32 @@ def test_native_variables_are_removed_also_after_setenv_moved_the_environment(st
     state = _probe(worker, str(first.workspace))
     assert state["native"] == 0
     assert state["python"] == 0
+
+
+def test_each_program_imports_its_own_workspace_module_of_the_same_name(start_worker):
+    # the engine's module snapshot is only copied again after a program changed sys.modules
+    worker = start_worker()
+    importer = (
+        "import os, sys\n"
+        "def load(value):\n"
+        "    open('hygiene_helper.py', 'w').write(f'VALUE = {value}\\n')\n"
+        "    sys.path.insert(0, os.getcwd())\n"
+        "    import hygiene_helper\n"
+        "    return hygiene_helper.VALUE\n"
+    )
+    workspaces = []
+    for value in (1, 2, 3):
+        result = worker.run(
+            [
+                module("m", importer),
+                function("load", "m", "load"),
+                call("v", "load", value),
+                give("v", "v"),
+            ]
+        )
+        assert result.finished.status == "COMPLETED", result.error
+        assert result.value("v")["value"] == value
+        workspaces.append(str(result.workspace))
+    state = _probe(worker, workspaces[-1])
+    assert state["helper"] is False
+    assert state["importers"] == []
