@@ -74,8 +74,8 @@ def require_sessions(url: str, features: list[str]) -> None:
     if "sessions" not in features:
         raise SessionsUnavailableError(
             f"{url} does not offer sessions (its /v1/info features lack 'sessions')",
-            "ask its operator to start it with kcoral server --max-sessions N (N > 0; a router "
-            "does not route sessions yet), or run cells without a session",
+            "ask its operator for sessions (kcoral server --max-sessions N, N > 0), or run "
+            "cells without a session",
         )
 
 
