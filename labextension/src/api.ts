@@ -145,6 +145,85 @@ async function errorOf(response: Response): Promise<ApiError> {
   return new ApiError(response.status, kind, message);
 }
 
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function isCount(value: unknown): value is number {
+  return typeof value === 'number' && Number.isFinite(value);
+}
+
+/** Only the string values of a map a server sent. */
+function stringsOf(value: unknown): Record<string, string> {
+  const kept: Record<string, string> = {};
+  if (isObject(value)) {
+    for (const [key, item] of Object.entries(value)) {
+      if (typeof item === 'string') {
+        kept[key] = item;
+      }
+    }
+  }
+  return kept;
+}
+
+/**
+ * A server entry whose `/health` and `/v1/info` parts (which come from the KCoral server
+ * as it sent them) have the types the views read; a malformed `/health` is shown as an
+ * unhealthy server rather than breaking the panel. Null without a name.
+ */
+function checkedServer(raw: unknown): IServerEntry | null {
+  if (!isObject(raw) || typeof raw.name !== 'string') {
+    return null;
+  }
+  const entry = raw as unknown as IServerEntry;
+  const health = raw.health;
+  const load = isObject(health) ? health.load : undefined;
+  const healthy =
+    isObject(health) &&
+    isObject(load) &&
+    isCount(load.request_capacity) &&
+    isCount(load.requests_in_progress) &&
+    isCount(load.requests_waiting);
+  const info = isObject(raw.info) ? raw.info : null;
+  const seats = info?.sessions;
+  return {
+    ...entry,
+    url: typeof raw.url === 'string' ? raw.url : '',
+    health: healthy
+      ? {
+          ...(health as unknown as IHealth),
+          status: String(health.status),
+          target: stringsOf(health.target),
+          versions: stringsOf(health.versions)
+        }
+      : null,
+    info: info
+      ? {
+          ...(info as unknown as IInfo),
+          kcoral: typeof info.kcoral === 'string' ? info.kcoral : '',
+          sandbox: typeof info.sandbox === 'string' ? info.sandbox : undefined,
+          device: typeof info.device === 'string' ? info.device : '',
+          sessions:
+            isObject(seats) && isCount(seats.max) && isCount(seats.active)
+              ? (seats as IInfo['sessions'])
+              : undefined
+        }
+      : null,
+    features: Array.isArray(raw.features)
+      ? raw.features.filter((f): f is string => typeof f === 'string')
+      : [],
+    kernels: Array.isArray(raw.kernels)
+      ? raw.kernels.filter((k): k is string => typeof k === 'string')
+      : [],
+    error:
+      typeof raw.error === 'string'
+        ? raw.error
+        : isObject(health) && !healthy
+          ? 'the server answered /health without its load counts'
+          : undefined
+  };
+}
+
 function serverQuery(server: string | undefined): string {
   return server ? `?server=${encodeURIComponent(server)}` : '';
 }
@@ -154,8 +233,9 @@ export class KCoralApi {
   constructor(private readonly _fetch: Fetcher) {}
 
   async servers(): Promise<IServerEntry[]> {
-    const body = (await this._json('servers')) as { servers?: IServerEntry[] };
-    return Array.isArray(body?.servers) ? body.servers : [];
+    const body = (await this._json('servers')) as { servers?: unknown[] };
+    const entries = Array.isArray(body?.servers) ? body.servers : [];
+    return entries.map(checkedServer).filter((e): e is IServerEntry => e !== null);
   }
 
   async jobs(): Promise<IJobList> {

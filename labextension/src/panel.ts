@@ -305,6 +305,8 @@ export class KCoralPanel extends Widget {
     // Nothing to say when no server has a session: the server cards show the free seats.
     this._sessions.hidden = shown.length === 0 && !this._sessionNote.textContent;
     const now = Date.now() / 1000;
+    // Name the server on each card only when the list mixes servers (the tooltip always has it).
+    const mixed = new Set(shown.map(s => s.server)).size > 1;
     this._sessionList.replaceChildren();
     for (const session of shown) {
       const view = sessionView(session, now);
@@ -318,6 +320,9 @@ export class KCoralPanel extends Widget {
         element('span', 'jp-KCoral-sessionOwner', view.owner),
         element('span', 'jp-KCoral-sessionGpu', view.gpu)
       );
+      if (mixed && session.server) {
+        line.append(element('span', 'jp-KCoral-sessionServer', `on ${session.server}`));
+      }
       if (view.live) {
         // An ended session's worker is gone: no memory to speak of.
         const memory = element('span', 'jp-KCoral-sessionMemory', view.memory);

@@ -38,6 +38,7 @@ async function readCard(page, id) {
       owner: text('jp-KCoral-sessionOwner'),
       gpu: text('jp-KCoral-sessionGpu'),
       memory: text('jp-KCoral-sessionMemory'),
+      server: text('jp-KCoral-sessionServer'),
       stateText: text('jp-KCoral-sessionState'),
       title: node.title,
       stop: stop ? { text: stop.textContent, enabled: !stop.disabled } : null
@@ -86,6 +87,10 @@ async function main() {
     );
     seen.rogue = await readCard(page, ROGUE);
     seen.pwned = await page.evaluate(() => window.__kcoralPwned ?? null);
+    seen.rogueServer = await page.evaluate(() => {
+      const node = document.querySelector('#kcoral-panel .jp-KCoral-server[data-server="rogue"]');
+      return node ? { state: node.dataset.state, text: node.textContent } : null;
+    });
     seen.idle = await readCard(page, IDLE);
     seen.running = await readCard(page, RUNNING);
     seen.seats = await page.evaluate(() => {

@@ -235,7 +235,8 @@ ROGUE_OWNER = '<img src=x onerror="window.__kcoralPwned=2">'
 
 
 class _RogueServer(http.server.BaseHTTPRequestHandler):
-    """A server that answers the panel's polls with markup where text belongs."""
+    """A server that answers the panel's polls with markup where text belongs, and a
+    ``/health`` without its load counts."""
 
     def do_GET(self) -> None:
         record = {
@@ -252,7 +253,7 @@ class _RogueServer(http.server.BaseHTTPRequestHandler):
                 "instance_id": "rogue",
                 "started_at": "2026-01-05T09:30:00Z",
                 "gpu_count": 0,
-                "load": {"request_capacity": 1, "requests_in_progress": 0, "requests_waiting": 0},
+                "load": "<b>busy</b>",  # not the object PROTOCOL §12 says
                 "target": {},
                 "versions": {},
             },
@@ -313,6 +314,8 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
         assert seen["rogue"]["owner"] == ROGUE_OWNER
         assert seen["rogue"]["id"] == ROGUE_SESSION_ID[:8]
         assert seen["rogue"]["gpu"] == "CPU" and seen["rogue"]["memory"] == "mem –"
+        assert seen["rogueServer"]["state"] == "offline"
+        assert "without its load counts" in seen["rogueServer"]["text"]
         # "mem –" until the server reports the worker's memory (memory_bytes)
         memory = re.compile(r"mem (–|\d+(\.\d)? (B|KiB|MiB|GiB))")
         for card, session in ((seen["idle"], idle), (seen["running"], busy)):
@@ -320,6 +323,7 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
             assert card["owner"] == "default" and card["gpu"] == "CPU"
             assert memory.fullmatch(card["memory"]), card["memory"]
             assert session.id in card["title"] and " on cpu" in card["title"]
+            assert card["server"] == "on cpu"  # two servers have sessions: each card says which
             assert card["stop"] == {"text": "Stop", "enabled": True}
         assert seen["running"]["stateText"] == "running"
         assert re.fullmatch(r"idle \d+ (s|min) · ends in \d+ min", seen["idle"]["stateText"])

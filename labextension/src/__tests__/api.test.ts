@@ -14,6 +14,31 @@ describe('KCoralApi', () => {
     expect((await api.jobs()).jobs.map(j => j.job_id)).toEqual(['j']);
   });
 
+  it('reads a rogue server entry with the wrong types as unhealthy, not as a failure', async () => {
+    const fetcher = async () =>
+      jsonResponse({
+        servers: [
+          7,
+          { url: 'http://nameless' },
+          {
+            name: 'rogue',
+            url: 'http://rogue',
+            health: { status: 'ok', load: 'busy', versions: { torch: { x: 1 } } },
+            info: { kcoral: ['1'], sessions: { max: 'many' } },
+            features: 'sessions',
+            kernels: [1, 'k']
+          }
+        ]
+      });
+    const [rogue, ...rest] = await new KCoralApi(fetcher).servers();
+    expect(rest).toEqual([]);
+    expect(rogue.health).toBeNull();
+    expect(rogue.error).toBe('the server answered /health without its load counts');
+    expect(rogue.features).toEqual([]);
+    expect(rogue.kernels).toEqual(['k']);
+    expect(rogue.info).toMatchObject({ kcoral: '', sessions: undefined });
+  });
+
   it('cancels with DELETE on the job, naming the server that has it', async () => {
     const fetcher = jest.fn(async () => jsonResponse({ job_id: 'j/1', status: 'CANCELLED' }));
     await new KCoralApi(fetcher).cancel('j/1', 'gpu box');
