@@ -208,7 +208,8 @@ def test_a_reused_worker_restores_its_state_between_programs(start_worker):
     probe = (
         "import linecache, os, sys\n"
         "def state():\n"
-        "    native = os.popen('echo ${KCORAL_TEST_NATIVE:-unset}').read().strip()\n"
+        "    with os.popen('echo ${KCORAL_TEST_NATIVE:-unset}') as shell:\n"  # close() waits for it
+        "        native = shell.read().strip()\n"
         "    return {\n"
         "        'py': os.environ.get('KCORAL_TEST_PY', 'unset'),\n"
         "        'native': native,\n"
