@@ -38,6 +38,17 @@ def _check_length(data: memoryview, dtype: str, shape: tuple[int, ...]) -> None:
         )
 
 
+def private_copy(data: memoryview) -> Any:
+    """A writable NumPy ``uint8`` copy of ``data``. NumPy asks the kernel for transparent
+    huge pages for large arrays (``madvise``), which a ``bytearray`` does not get: a 64 MiB
+    copy into fresh memory measured ~6 ms this way against ~33 ms (4 KiB page faults)."""
+    import numpy as np
+
+    copy = np.empty(len(data), dtype=np.uint8)
+    copy[:] = np.frombuffer(data, dtype=np.uint8)
+    return copy
+
+
 def torch_tensor(
     torch: Any, data: memoryview, dtype: str, shape: tuple[int, ...], device: str | None = None
 ) -> Any:
@@ -48,7 +59,8 @@ def torch_tensor(
         if len(data) == 0:
             tensor = torch.empty(shape, dtype=torch_dtype)
         else:
-            tensor = torch.frombuffer(bytearray(data), dtype=torch_dtype).reshape(shape)
+            raw = torch.from_numpy(private_copy(data))
+            tensor = raw.view(torch_dtype).reshape(shape)
         if device is not None:
             tensor = tensor.to(device)
     except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
