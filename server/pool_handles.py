@@ -1,5 +1,6 @@
 """The worker handles a pool makes: a seat's own worker (on the seat's GPU, in the seat's
-sandbox) and a GPU-set request's transient one (PROTOCOL §6.5)."""
+sandbox), a session's worker (on its pinned GPU set, EXTENSIONS §11) and a GPU-set
+request's transient one (PROTOCOL §6.5)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,27 @@ class HandleMaker:
             gpu_ids=gpu_ids,
             gpu_uuids=[gpu.uuid] if gpu and gpu.uuid else [],
             transient=transient,
+            on_gone=self.on_gone,
+            seats=self.seats,
+            seat_sandbox=seat.sandbox,
+        )
+
+    def for_pinned_set(self, seat: Seat, gpus: Sequence[GpuDevice]) -> WorkerHandle:
+        """A session's worker (EXTENSIONS §11), built for the GPU set pinned to its seat
+        (``gpus``, in the order its programs see them; empty on a CPU server). It is kept
+        between programs, and each program takes the lease on the whole set, as a
+        stateless worker takes it on its one GPU (SERVER §5)."""
+        seat.generation += 1
+        gpu_ids = [gpu.id for gpu in gpus]
+        if self.sandbox == "bubblewrap" and seat.sandbox is None:
+            # the sandbox exposes exactly the set's device nodes
+            seat.sandbox = SeatSandbox(config=self.config, device=self.mode, gpu_ids=gpu_ids)
+        uuids = [gpu.uuid for gpu in gpus]
+        return self.make(
+            **self._shared(seat),
+            gpu_ids=gpu_ids,
+            gpu_uuids=uuids if all(uuids) else [],  # ids alone when any UUID is unknown
+            transient=False,
             on_gone=self.on_gone,
             seats=self.seats,
             seat_sandbox=seat.sandbox,
