@@ -139,6 +139,12 @@ class Pool:
     def _new_handle(self, seat: Seat, *, transient: bool | None = None) -> WorkerHandle:
         return self._handles.for_seat(seat, self.gpu_device(seat.gpu_id), transient)
 
+    def session_worker(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
+        """EXTENSIONS §11: a session's worker on the GPU set pinned to its seat, in that
+        order (``HandleMaker.for_pinned_set``); the session starts and retires it."""
+        gpus = [gpu for gpu_id in gpu_ids for gpu in self.gpus if gpu.id == gpu_id]
+        return self._handles.for_pinned_set(seat, gpus)
+
     def set_worker(self, seat: Seat) -> WorkerHandle:
         """PROTOCOL §6.5: a transient worker for a GPU-set request that borrowed ``seat``
         (``HandleMaker.for_gpu_set``)."""
