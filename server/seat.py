@@ -43,6 +43,8 @@ class GpuDevice:
 @dataclass
 class Seat:
     id: str
+    #: the seat's GPU; a session's seat: the first of its pinned set, which its worker's
+    #: ``gpu_ids`` (and the lease) hold in full (EXTENSIONS §11)
     gpu_id: int | None
     generation: int = 0
     worker: WorkerHandle | None = None

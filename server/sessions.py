@@ -3,8 +3,10 @@
 A session's seat (``session/<8 hex>``) is not one of the pool's stateless seats: it never
 takes stateless work and stateless work never waits for it. Its worker is a reused worker
 (SERVER §6 puts the environment and torch settings back after each program) whose Python
-state, ``kcoral.session.namespace`` included, survives from one program to the next. Each
-program takes the GPU lease for itself alone, exactly as a stateless one (``ProgramRun``);
+state, ``kcoral.session.namespace`` included, survives from one program to the next. Its
+worker is built for the session's GPU set (one or more GPUs, pinned at creation); each
+program takes the lease on that whole set for itself alone, exactly as a stateless one
+takes it on its GPU or its set (``ProgramRun``), and gives it back at its end;
 the pool hands the seat back to the session (``Seat.pinned``), which keeps the worker or,
 when the pool decided to retire it (timeout, crash, leftover work), ends the session with a
 reason that the next program gets as ``410 session_ended``.
@@ -47,14 +49,16 @@ class Session:
     """One session: its seat, its owner and where it is in its life."""
 
     def __init__(
-        self, registry: Sessions, owner: str, gpu_id: int | None, idle_timeout: float
+        self, registry: Sessions, owner: str, gpu_ids: list[int], idle_timeout: float
     ) -> None:
         self.registry = registry
         self.id = str(uuid.uuid4())
         self.owner = owner
-        self.gpu_id = gpu_id
+        #: the GPUs pinned to the session, in the order its programs see them (empty: CPU)
+        self.gpu_ids = list(gpu_ids)
         self.idle_timeout = idle_timeout
-        self.seat = Seat(f"session/{self.id.replace('-', '')[:8]}", gpu_id)
+        seat_id = f"session/{self.id.replace('-', '')[:8]}"
+        self.seat = Seat(seat_id, self.gpu_ids[0] if self.gpu_ids else None)
         self.seat.pinned = self._released
         self.state = "STARTING"
         self.created_at = time.time()
@@ -77,8 +81,8 @@ class Session:
             "session_id": self.id,
             "owner": self.owner,
             "state": self.state,
-            "gpu_count": None if self.gpu_id is None else 1,
-            "gpu_ids": [] if self.gpu_id is None else [self.gpu_id],
+            "gpu_count": self.gpu_count,
+            "gpu_ids": list(self.gpu_ids),
             "worker_id": self.seat.id,
             "created_at": self.created_at,
             "last_program_finished_at": self.last_finished_at,
@@ -109,16 +113,21 @@ class Session:
             "session_id": self.id,
             "owner": self.owner,
             "state": self.state,
-            "gpu_ids": [] if self.gpu_id is None else [self.gpu_id],
+            "gpu_ids": list(self.gpu_ids),
             "worker_pid": handle.pid if handle is not None else None,
             "memory_bytes": self.memory_bytes(),
         }
 
     # ------------------------------------------------------------------ programs
 
+    @property
+    def gpu_count(self) -> int | None:
+        """How many GPUs are pinned to the session; None on a CPU server."""
+        return len(self.gpu_ids) or None
+
     def check_options(self, options: Any) -> None:
         """A program's own ``gpu_count`` may only repeat the session's (its GPUs are pinned)."""
-        wanted = None if self.gpu_id is None else 1
+        wanted = self.gpu_count
         if options.gpu_count is not None and options.gpu_count != wanted:
             message = f"gpu_count {options.gpu_count} differs from this session's ({wanted})"
             raise RequestFailed(400, "parse", message, "rejected")
@@ -270,6 +279,20 @@ class Session:
         self.registry.retire(self)
 
 
+def least_used_gpus(gpu_ids: list[int], pinned: list[list[int]], count: int) -> list[int]:
+    """The GPU set of a new session (EXTENSIONS §11): the ``count`` GPUs of ``gpu_ids`` (the
+    server's, in ``--gpus`` order) pinned to the fewest live sessions (``pinned``: their
+    sets), lowest id first among equals; returned in ``--gpus`` order, the order in which
+    the lease arbiter hands out a stateless program's set."""
+    load = dict.fromkeys(gpu_ids, 0)
+    for gpu_set in pinned:
+        for gpu_id in gpu_set:
+            if gpu_id in load:
+                load[gpu_id] += 1
+    chosen = set(sorted(load, key=lambda gpu_id: (load[gpu_id], gpu_id))[:count])
+    return [gpu_id for gpu_id in gpu_ids if gpu_id in chosen]
+
+
 def resident_bytes(pid: int) -> int | None:
     """``pid``'s resident set size from ``/proc/<pid>/statm``; None when it is gone."""
     try:
@@ -374,11 +397,11 @@ class Sessions:
             raise NoWorker("server is not accepting requests")
         if self.active >= self.max:
             raise NoWorker(f"no session seat free (--max-sessions {self.max})")
-        gpu_id = self._pick_gpu() if gpu_count else None
-        session = Session(self, identity.name, gpu_id, idle_timeout or self.idle_seconds)
+        gpu_ids = self._pick_gpus(gpu_count) if gpu_count else []
+        session = Session(self, identity.name, gpu_ids, idle_timeout or self.idle_seconds)
         self.sessions[session.id] = session
-        # the seat counts from here: a concurrent create sees it taken
-        handle = pool._new_handle(session.seat, transient=False)
+        # the seat (and its GPUs) count from here: a concurrent create sees them taken
+        handle = pool.session_worker(session.seat, gpu_ids)
         try:
             await handle.start()
             handle.identity = identity.name
@@ -396,18 +419,15 @@ class Sessions:
             session_id=session.id,
             owner=session.owner,
             worker_id=session.seat.id,
-            gpu_id=gpu_id,
+            gpu_ids=gpu_ids,
             pid=handle.pid,
             idle_timeout_seconds=session.idle_timeout,
         )
         return session
 
-    def _pick_gpu(self) -> int:
-        load = {gpu_id: 0 for gpu_id in self.state.gpu_ids}
-        for s in self.sessions.values():
-            if s.state != "ENDED" and s.gpu_id is not None:
-                load[s.gpu_id] = load.get(s.gpu_id, 0) + 1
-        return min(load, key=lambda g: (load[g], g))
+    def _pick_gpus(self, count: int) -> list[int]:
+        live = [s.gpu_ids for s in self.sessions.values() if s.state != "ENDED"]
+        return least_used_gpus(self.state.gpu_ids, live, count)
 
     def retire(self, session: Session) -> None:
         """Stop an ended session's worker in the background (under its lease)."""

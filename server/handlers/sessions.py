@@ -57,10 +57,11 @@ class SessionsHandler(BaseHandler):
                 raise ValueError("gpu_count needs a GPU server")
         else:
             gpu_count = 1 if gpu_count is None else gpu_count
-            if not _is_int(gpu_count) or gpu_count < 1 or gpu_count > len(state.gpu_ids):
-                raise ValueError("gpu_count exceeds this GPU server's configured capacity")
-            if gpu_count > 1:
-                raise ValueError("a session pins one GPU on this server version")
+            gpus = len(state.gpu_ids)
+            if not _is_int(gpu_count) or gpu_count < 1:
+                raise ValueError(f"gpu_count must be an integer from 1 to {gpus}")
+            if gpu_count > gpus:
+                raise ValueError(f"gpu_count {gpu_count} exceeds this server's GPU count ({gpus})")
         idle = body.get("idle_timeout_seconds")
         limit = state.sessions.idle_seconds
         if idle is not None:
