@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import ctypes
 import fcntl
 import json
 import mmap
@@ -25,6 +26,7 @@ import os
 import socket
 import struct
 import termios
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -207,6 +209,18 @@ class ProgramFinished(Message):
 #: the slot: one little-endian int64, 0 before any instruction, else 1 + the index started
 _SLOT = struct.Struct("<q")
 _SLOT_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+)
+_LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 class ProgressSlot:
@@ -218,10 +232,22 @@ class ProgressSlot:
     therefore only trusts an index inside the program it sent (``last_started``), and the
     memfd is sealed against shrinking before it is sent: a mapping of a truncated memfd
     would kill the front-end with ``SIGBUS`` on its next read.
+
+    The page is mapped through libc, not ``mmap.mmap``, which keeps a duplicate of the
+    descriptor open for as long as the mapping lives: a slot holds no descriptor in either
+    process. It is unmapped by ``close`` or when the slot is collected.
     """
 
-    def __init__(self, mapped: mmap.mmap) -> None:
-        self._map = mapped
+    def __init__(self, fd: int) -> None:
+        """Map the slot memfd ``fd`` (the caller still closes ``fd``)."""
+        address = _LIBC.mmap(
+            None, _SLOT.size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0
+        )
+        if address is None or address == _MAP_FAILED:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error))
+        self._view: ctypes.Array | None = (ctypes.c_char * _SLOT.size).from_address(address)
+        self._unmap = weakref.finalize(self, _LIBC.munmap, address, _SLOT.size)
 
     @classmethod
     def create(cls) -> tuple[ProgressSlot, int]:
@@ -231,7 +257,7 @@ class ProgressSlot:
         try:
             os.ftruncate(fd, _SLOT.size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SLOT_SEALS)
-            return cls(mmap.mmap(fd, _SLOT.size)), fd
+            return cls(fd), fd
         except BaseException:
             os.close(fd)
             raise
@@ -239,27 +265,29 @@ class ProgressSlot:
     @classmethod
     def attach(cls, fd: int) -> ProgressSlot:
         """The worker's view of a received slot memfd (the caller closes ``fd``)."""
-        return cls(mmap.mmap(fd, _SLOT.size))
+        return cls(fd)
 
     def reset(self) -> None:
         """No instruction started yet (the front-end, before it sends a program)."""
-        _SLOT.pack_into(self._map, 0, 0)
+        if self._view is not None:
+            _SLOT.pack_into(self._view, 0, 0)
 
     def started(self, index: int) -> None:
         """The worker is about to run instruction ``index``."""
-        _SLOT.pack_into(self._map, 0, index + 1)
+        if self._view is not None:
+            _SLOT.pack_into(self._view, 0, index + 1)
 
     def last_started(self, instruction_count: int) -> int | None:
         """Index of the last instruction started, or None: none started, or a value no
         instruction of a program of ``instruction_count`` has (written by uploaded code)."""
-        try:
-            (value,) = _SLOT.unpack_from(self._map, 0)
-        except ValueError:  # closed
+        if self._view is None:
             return None
+        (value,) = _SLOT.unpack_from(self._view, 0)
         return value - 1 if 1 <= value <= instruction_count else None
 
     def close(self) -> None:
-        self._map.close()
+        self._view = None  # before the unmap: nothing reads the page afterwards
+        self._unmap()
 
 
 # One encoder for every frame: ``json.dumps`` with non-default arguments builds a new
