@@ -139,3 +139,42 @@ def test_a_node_that_leaves_the_router_ends_its_sessions_with_a_clear_error(tmp_
         for node in nodes:
             node.stop()
         router.stop()
+
+
+GPU_STATE = """
+import os
+import kcoral.session as session
+def put(value):
+    session.namespace["value"] = value
+    return [os.environ.get("CUDA_VISIBLE_DEVICES"), os.getpid()]
+def take():
+    return [session.namespace.get("value"), os.getpid()]
+"""
+
+
+def gpu_call(name: str, *args: object) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=GPU_STATE)
+    function = program.get_function(module=module, name=name)
+    program.return_(key="r", value=program.run(fn=function, args=list(args)))
+    return program
+
+
+def test_a_routed_session_pins_the_gpu_count_it_asked_for_on_its_node(tmp_path):
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3", env=NODES_ENV)
+    fake_gpus = ("--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1")
+    node = Node(tmp_path, router, "n-gpu", NODES_ENV, *fake_gpus)
+    try:
+        ready_nodes(router, 1)
+        with kcoral.Client(router.url) as client, client.session(gpu_count=2) as session:
+            assert session.record["gpu_count"] == 2 and session.record["gpu_ids"] == [0, 1]
+            visible, pid = session.execute(gpu_call("put", "kept")).results["r"]
+            assert visible == "0,1"
+            assert session.execute(gpu_call("take")).results["r"] == ["kept", pid]
+        with kcoral.Client(router.url) as client, pytest.raises(KCoralError) as too_many:
+            client.session(gpu_count=3)  # the node's seat is free again: its node refuses
+        assert too_many.value.status_code == 400
+        assert "exceeds this server's GPU count (2)" in str(too_many.value)
+    finally:
+        node.stop()
+        router.stop()
