@@ -13,8 +13,10 @@ import contextlib
 import gc
 import inspect
 import json
+import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +65,21 @@ from kcoral.protocol.strict_json import loads_strict
 LEFTOVER_MESSAGE = "program left background processes running; they were terminated"
 NOT_A_MODULE = "get_function expects an uploaded module or library handle"
 # Survivors of each clean-up are frozen out of the collector (torch alone is hundreds of
-# thousands of objects); a periodic full pass still finds cycles among frozen objects.
+# thousands of objects); a periodic full pass still finds cycles among frozen objects. That
+# pass walks every object: ~40-80 ms of CPU in a worker that preloaded torch, which every
+# 100 programs was most of a trivial program's worker CPU. It comes every
+# FULL_COLLECTION_EVERY programs while it is cheap, and is spaced out as it gets dearer so
+# it costs about FULL_COLLECTION_SHARE_SECONDS per program, never rarer than
+# FULL_COLLECTION_MAX_SPACING programs.
 FULL_COLLECTION_EVERY = 100
+FULL_COLLECTION_SHARE_SECONDS = 25e-6
+FULL_COLLECTION_MAX_SPACING = 2000
+
+
+def full_collection_spacing(seconds: float) -> int:
+    """Programs until the next full pass, after one that took ``seconds`` of CPU."""
+    wanted = math.ceil(seconds / FULL_COLLECTION_SHARE_SECONDS)
+    return min(max(wanted, FULL_COLLECTION_EVERY), FULL_COLLECTION_MAX_SPACING)
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -135,6 +150,7 @@ class Engine:
         self.libraries = Libraries(runtime.library_unavailable)
         self.unsettled: ProgramRun | None = None  # outcome sent, slow clean-up still due
         self.programs = 0
+        self.next_full_collection = FULL_COLLECTION_EVERY  # a program count
         # shared with the front-end (ipc.ProgressSlot); arrives with the first program
         self.progress: ProgressSlot | None = None
         # sys.modules and the path importers as a program starts: copied again only after
@@ -175,7 +191,10 @@ class Engine:
         if run is None:
             return
         self.programs += 1
-        run.settle(full_collection=self.programs % FULL_COLLECTION_EVERY == 0)
+        full = self.programs >= self.next_full_collection
+        took = run.settle(full_collection=full)
+        if full:
+            self.next_full_collection = self.programs + full_collection_spacing(took)
 
 
 class ProgramRun:
@@ -596,18 +615,22 @@ class ProgramRun:
         if self.exiting:
             self.settle()
 
-    def settle(self, *, full_collection: bool = False) -> None:
-        """Restore the process, collect garbage, detach CUPTI (idempotent)."""
+    def settle(self, *, full_collection: bool = False) -> float:
+        """Restore the process, collect garbage, detach CUPTI (idempotent). Returns the CPU
+        seconds the collection took."""
         if self.settled:
-            return
+            return 0.0
         self.settled = True
         self.engine.snapshot.restore()  # environment, cwd, sys.path, torch settings, ...
+        started = time.thread_time()
         if full_collection:
             gc.unfreeze()
         gc.collect()
         gc.freeze()
+        took = time.thread_time() - started
         finalize_cupti()  # SERVER §6: CUPTI is detached between reused requests
         self.runtime.after_program()
+        return took
 
 
 def _instruction_id(instruction: Instruction) -> str | None:

@@ -4,6 +4,12 @@ failing comparisons), and a native environment that ``setenv`` had to move."""
 
 from __future__ import annotations
 
+import pytest
+from kcoral_server.worker.engine import (
+    FULL_COLLECTION_EVERY,
+    FULL_COLLECTION_MAX_SPACING,
+    full_collection_spacing,
+)
 from worker_harness import call, function, give, module
 
 PROBE = (
@@ -115,3 +121,18 @@ def test_each_program_imports_its_own_workspace_module_of_the_same_name(start_wo
     state = _probe(worker, workspaces[-1])
     assert state["helper"] is False
     assert state["importers"] == []
+
+
+@pytest.mark.parametrize(
+    ("seconds", "spacing"),
+    [
+        (0.0, FULL_COLLECTION_EVERY),  # cheap: as often as before
+        (0.001, FULL_COLLECTION_EVERY),
+        (0.010, 400),  # ~25 us per program
+        (0.040, 1600),
+        (0.080, FULL_COLLECTION_MAX_SPACING),  # a torch worker on a loaded machine
+        (10.0, FULL_COLLECTION_MAX_SPACING),
+    ],
+)
+def test_a_dearer_full_collection_comes_less_often_within_bounds(seconds, spacing):
+    assert full_collection_spacing(seconds) == spacing
