@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from kcoral_server import ipc, limits
-from kcoral_server import pool_replacement, pool_startup
+from kcoral_server import ipc, limits, pool_replacement, pool_startup
 from kcoral_server.config import ServerConfig
 from kcoral_server.pool import NoWorker, Pool, SeatState
 from kcoral_server.worker_channel import WorkerGone
