@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from kcoral_server.body import share_with_cache
+from kcoral_server.body import hold_for_cache, shareable
 from kcoral_server.disk_cache import DiskCache
 from kcoral_server.memory_cache import DEFAULT_SCOPE, MemoryCache, scoped_key
 
@@ -47,9 +47,17 @@ def resolve_blobs(
     for sha, data in supplied.items():
         used = kinds.get(sha, frozenset())
         if used & MEMORY_KINDS and len(data) * 4 <= memory.capacity_bytes:
-            # The cache outlives the request body: a large blob keeps its sealed body (and
-            # its descriptor, handed to later workers as it is); anything else is copied.
-            memory.put(scoped_key(scope, sha), data if share_with_cache(data) else bytes(data))
+            key = scoped_key(scope, sha)
+            if memory.get(key) is not None:
+                pass  # the same bytes, cached already (and now the most recently used)
+            elif shareable(data):
+                # The cache outlives the request body: a large blob keeps its sealed body
+                # (and its descriptor, handed to later workers as it is) ...
+                memory.put(key, data)
+                if memory.get(key) is data:
+                    hold_for_cache(data)
+            else:
+                memory.put(key, bytes(data))  # ... anything else is copied
         if "file" in used:
             to_disk[sha] = data
     if to_disk and disk.enabled:

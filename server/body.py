@@ -7,7 +7,7 @@ most ``SMALL_BODY_BYTES`` declared) stay in memory instead.
 
 Once received, a memfd body is sealed (no write, no resize): the worker that maps it, and the
 programs it runs, cannot change bytes the front-end verified. That is what lets the memory
-cache keep a large blob as a view of its body instead of a copy (``share_with_cache``): the
+cache keep a large blob as a view of its body instead of a copy (``shareable``): the
 body's descriptor then stays open, owned by its mapping, until the last cache entry and
 request that use it are gone, and warm requests hand it to workers without a copy.
 
@@ -171,24 +171,27 @@ def _seal(fd: int) -> bool:
     return True
 
 
-def share_with_cache(data: memoryview) -> bool:
+def shareable(data: memoryview) -> bool:
     """Whether the memory cache may keep ``data`` (a supplied blob) as it is, a view of its
-    sealed body, instead of a copy; if so the body is marked as held for the cache."""
+    sealed body, instead of a copy."""
     body = data.obj
-    if (
-        not isinstance(body, BodyMap)
-        or body.closed
-        or not body.sealed
-        or data.nbytes < SHARED_BLOB_BYTES
-        or data.nbytes * 2 < len(body)
-    ):
-        return False
-    if not body.cached:
-        if len(_cached_bodies) >= MAX_CACHED_BODIES:
-            return False
-        body.cached = True
-        _cached_bodies.add(body)
-    return True
+    return (
+        isinstance(body, BodyMap)
+        and not body.closed
+        and body.sealed
+        and data.nbytes >= SHARED_BLOB_BYTES
+        and data.nbytes * 2 >= len(body)
+        and (body.cached or len(_cached_bodies) < MAX_CACHED_BODIES)
+    )
+
+
+def hold_for_cache(data: memoryview) -> None:
+    """Mark ``data``'s body as held by a cache entry (call once the cache stores ``data``):
+    its descriptor then outlives the request, owned by the mapping."""
+    body = data.obj
+    assert isinstance(body, BodyMap)
+    body.cached = True
+    _cached_bodies.add(body)
 
 
 def held_descriptors(data: object) -> tuple[object, int] | None:

@@ -174,7 +174,7 @@ def launch(
     temp_dir = directory / "tmp"
     temp_dir.mkdir(parents=True, exist_ok=True)
     started = start_server(directory, list(args), env={"TMPDIR": str(temp_dir), **(env or {})})
-    _STATUS_URLS[started.process.pid] = started.url
+    _STATUS_LINES[started.process.pid] = StatusLine(started.url)
     return Launched(started.url, started.process, directory, temp_dir)
 
 
@@ -336,32 +336,58 @@ def workspaces(temp_dir: Path) -> list[Path]:
     return sorted(temp_dir.glob("kcoral-program-*"))
 
 
-# pid -> URL of every server ``launch`` started: where ``measure`` asks what its cache holds
-_STATUS_URLS: dict[int, str] = {}
-
-
 def cache_descriptors(url: str) -> int:
     """Descriptors the server's memory cache keeps open on purpose (PROTOCOL §13): large
     blobs cached as views of their request bodies. 0 when the server cannot say."""
-    try:
-        answer = get(url, "/internal/worker-status")
-        held = answer.body.get("cache_descriptors") if answer.status == 200 else 0
-    except (OSError, http.client.HTTPException, AttributeError):
-        return 0
+    return _held_in(get(url, "/internal/worker-status"))
+
+
+def _held_in(answer: Answer) -> int:
+    body = answer.body if answer.status == 200 and isinstance(answer.body, dict) else {}
+    held = body.get("cache_descriptors", 0)
     return held if type(held) is int and held >= 0 else 0
+
+
+class StatusLine:
+    """One kept-alive connection to a server's ``/internal/worker-status`` for ``measure``.
+    Open at every count, it is the same one descriptor of the front-end each time; a new
+    connection per query would be closed by the client just before the next count, and the
+    front-end's end of it may not be closed yet (one descriptor more, now and then)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.connection: http.client.HTTPConnection | None = None
+
+    def cache_descriptors(self) -> int:
+        for _ in range(2):  # a connection the server closed while idle: once more, anew
+            try:
+                if self.connection is None:
+                    self.connection = http.client.HTTPConnection(*address(self.url), timeout=30)
+                self.connection.request("GET", "/internal/worker-status")
+                response = self.connection.getresponse()
+                raw = response.read()
+                return _held_in(decode(response.status, response.getheaders(), raw))
+            except (OSError, http.client.HTTPException):
+                if self.connection is not None:
+                    self.connection.close()
+                self.connection = None
+        return 0
+
+
+# pid -> the status line of every server ``launch`` started (``measure`` asks it)
+_STATUS_LINES: dict[int, StatusLine] = {}
 
 
 def measure(pid: int, temp_dir: Path) -> Resources:
     """What the front-end holds. Its open descriptors exclude those its memory cache holds
     on purpose (the server counts them by cache entry: any other descriptor, a body memfd
     that no entry names included, still counts as a leak)."""
+    line = _STATUS_LINES.get(pid)
+    held = line.cache_descriptors() if line is not None else 0  # asked before counting
     try:
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        fds = len(os.listdir(f"/proc/{pid}/fd")) - held
     except OSError:
         fds = -1
-    url = _STATUS_URLS.get(pid)
-    if url is not None and fds >= 0:
-        fds -= cache_descriptors(url)
     return Resources(fds, len(descendants(pid)), len(workspaces(temp_dir)), rss_bytes(pid))
 
 

@@ -97,6 +97,9 @@ def test_a_cached_large_blob_holds_one_descriptor_that_the_leak_check_does_not_c
     # warm: no blob sent, the worker gets the cached body's descriptor
     assert echoed(execute(server.url, bytes_program(ECHO, "echo"))) == BLOB
     assert cache_descriptors(server.url) == HELD
+    # the same blob sent again: cached already, so this body closes with its request
+    assert echoed(execute(server.url, bytes_program(ECHO, "echo"), [BLOB])) == BLOB
+    assert cache_descriptors(server.url) == HELD
     assert_no_leaks(server.pid, server.temp_dir, server.baseline)
 
 

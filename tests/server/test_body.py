@@ -13,8 +13,9 @@ from kcoral_server.body import (
     SMALL_BODY_BYTES,
     RequestBody,
     held_descriptors,
+    hold_for_cache,
     memfd_locations,
-    share_with_cache,
+    shareable,
 )
 
 
@@ -78,15 +79,15 @@ def test_only_a_large_blob_that_is_most_of_its_body_is_shared_with_the_cache() -
     large = SHARED_BLOB_BYTES
     body = _received(b"h" * 100 + b"b" * large + b"t" * 100)
     assert body.view is not None
-    assert not share_with_cache(body.view[100 : 100 + large - 1])  # under the size
-    assert share_with_cache(body.view[100 : 100 + large])
+    assert not shareable(body.view[100 : 100 + large - 1])  # under the size
+    assert shareable(body.view[100 : 100 + large])
     body.close()
     half = _received(b"f" * (large + 2) + b"b" * large)  # a file part as large as the blob
     assert half.view is not None
-    assert not share_with_cache(half.view[large + 2 :])  # would pin twice its own memory
+    assert not shareable(half.view[large + 2 :])  # would pin twice its own memory
     half.close()
     small = _received(b"s" * 10)  # received in memory: nothing to share
-    assert small.view is not None and not share_with_cache(small.view)
+    assert small.view is not None and not shareable(small.view)
     small.close()
 
 
@@ -95,7 +96,8 @@ def test_a_body_the_cache_holds_keeps_its_descriptor_until_the_last_view_is_gone
     assert body.view is not None
     fd = body.fd
     entry = body.view[:]
-    assert share_with_cache(entry)
+    assert shareable(entry)
+    hold_for_cache(entry)
     assert held_descriptors(entry) == (entry.obj, 2)
     body.close()  # the request ends; the cache entry lives on
     os.fstat(fd)  # still open: later workers get it
@@ -111,7 +113,8 @@ def test_a_body_the_cache_does_not_hold_closes_its_descriptor_with_the_request()
     body = _received(os.urandom(SHARED_BLOB_BYTES))
     assert body.view is not None
     fd = body.fd
-    still_referenced = body.view[:10]
+    still_referenced = body.view[:]
+    assert shareable(still_referenced)  # but no cache entry took it
     body.close()
     with pytest.raises(OSError):
         os.fstat(fd)
