@@ -5,11 +5,13 @@ parsed through ``memoryview`` slices. The same descriptor is then handed to the 
 blob offsets, so supplied blobs reach the worker without another copy. Small bodies (at
 most ``SMALL_BODY_BYTES`` declared) stay in memory instead.
 
-Once received, a memfd body is sealed (no write, no resize): the worker that maps it, and the
-programs it runs, cannot change bytes the front-end verified. That is what lets the memory
-cache keep a large blob as a view of its body instead of a copy (``shareable``): the
-body's descriptor then stays open, owned by its mapping, until the last cache entry and
-request that use it are gone, and warm requests hand it to workers without a copy.
+Once received, a memfd body is sealed (no write, no resize): the worker that maps it, the
+programs it runs, and any program beside us that opens the front-end's memfds under
+``/proc`` (same user, no sandbox) cannot change bytes the front-end verified. That is what
+lets the memory cache keep a large blob as a view of its body instead of a copy
+(``shareable``): the body's descriptor then stays open, owned by its mapping, until the
+last cache entry and request that use it are gone, and warm requests hand it to workers
+without a copy.
 
 Who reaches this: callers past the 403 (web page) and 401 checks, i.e. a token holder, or
 any local program on a token-less loopback server. A body costs memory only for the bytes
