@@ -32,9 +32,9 @@ baseline right before its servers start, through the same urllib3 transport as
 * torch cell: a program whose module imports torch and makes a one-element tensor, on the
   fresh-worker server, alternating with the trivial programs above, p50 <= 1.3x trivial;
 * front-end CPU (user + system of the ``kcoral server`` process) <= 1 ms and worker CPU
-  (every process below it, found with psutil: under bubblewrap ``bwrap`` -> seat launcher
-  -> forked worker, including children they reaped) <= 0.5 ms per sequential trivial
-  request on the reused workers;
+  (the childless processes below it, found with psutil: under bubblewrap ``bwrap`` -> seat
+  launcher -> forked worker; the launchers' one-off torch preload is not a request's cost)
+  <= 0.5 ms per sequential trivial request on the reused workers;
 * 64 MiB ``bytes`` upload + return cold and return warm <= 1.4x the floor, float32 tensor
   cold <= 1.5x the floor; floor = raw loopback TCP time for the bytes moved + SHA-256 time
   for the hashes the protocol requires (cold: 2 x size moved, 4 x size hashed; warm: 1 x

@@ -341,30 +341,37 @@ class CpuPerRequest:
 def cpu_per_request(client: kcoral.Client, pid: int, requests: int) -> CpuPerRequest:
     """Front-end and worker CPU (user + system) per sequential trivial request.
 
-    The front-end is the ``kcoral server`` process itself; the workers are every process
-    below it (under bubblewrap: ``bwrap`` -> per-seat launcher -> forked worker), found with
-    psutil, including the CPU of children they reaped during the requests.
+    The front-end is the ``kcoral server`` process itself; the workers are the processes
+    below it that have no children of their own (under bubblewrap: ``bwrap`` -> per-seat
+    launcher -> forked worker; unsandboxed: launcher -> worker), found with psutil. The
+    launchers are left out on purpose: they fork nothing while reused workers serve, but
+    each imports torch once it has been idle for a moment (``--worker-preload``), and that
+    one-off second of CPU is not a cost of any request.
     """
     frontend = psutil.Process(pid)
-    before, workers_before = frontend.cpu_times(), descendant_cpu_seconds(pid)
+    before, workers_before = frontend.cpu_times(), worker_cpu_seconds(pid)
     start = time.perf_counter()
     for _ in range(requests):
         _check_trivial(client.execute(trivial_program()))
     wall = time.perf_counter() - start
-    after, workers_after = frontend.cpu_times(), descendant_cpu_seconds(pid)
+    after, workers_after = frontend.cpu_times(), worker_cpu_seconds(pid)
     cpu = (after.user - before.user) + (after.system - before.system)
     worker_cpu = sum(
-        seconds - workers_before.get(key, 0.0) for key, seconds in workers_after.items()
+        seconds - workers_before[key]
+        for key, seconds in workers_after.items()
+        if key in workers_before  # a worker started meanwhile is not a reused one
     )
     return CpuPerRequest(cpu / requests, worker_cpu / requests, wall / requests)
 
 
-def descendant_cpu_seconds(pid: int) -> dict[tuple[int, float], float]:
-    """CPU seconds so far of each process below ``pid``, keyed by (pid, create time) so a
-    reused pid is a new process; a process that exits meanwhile is skipped."""
+def worker_cpu_seconds(pid: int) -> dict[tuple[int, float], float]:
+    """CPU seconds so far of each childless process below ``pid`` (the workers), keyed by
+    (pid, create time) so a reused pid is a new process; one that exits meanwhile is skipped."""
     seconds = {}
     for child in psutil.Process(pid).children(recursive=True):
         try:
+            if child.children():
+                continue
             times = child.cpu_times()
             key = (child.pid, child.create_time())
         except psutil.Error:
