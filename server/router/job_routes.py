@@ -128,6 +128,21 @@ def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
     return [(header.name, header.value)]
 
 
+async def ask_every_node(
+    handler: Any, path: str, *, ready_only: bool = False
+) -> list[tuple[str, tuple[int, bytes] | None]]:
+    """``GET path`` on every control node at once, as the caller (``auth_headers``).
+
+    One ``(node id, answer)`` pair a node, ``None`` for a node that could not answer in
+    time; an empty list when no node is connected (or ready, with ``ready_only``)."""
+    nodes = [n.node_id for n in handler.state.registry.control_nodes(ready_only=ready_only)]
+    headers = auth_headers(handler)
+    answers = await asyncio.gather(
+        *(fetch(handler.state, node, "GET", path, headers) for node in nodes)
+    )
+    return list(zip(nodes, answers, strict=True))
+
+
 class JobsHandler(ForwardHandler):
     """``POST /v1/jobs`` (forwarded like ``/execute``) and ``GET /v1/jobs`` (merged)."""
 
@@ -154,18 +169,12 @@ class JobsHandler(ForwardHandler):
     async def get(self) -> None:
         if self._finished:
             return
-        nodes = [n.node_id for n in self.state.registry.control_nodes(ready_only=False)]
-        if not nodes:
-            self.send_router_error(
-                503, "no_node", "no compatible node has an available slot", "queue_timeout"
-            )
+        answers = await ask_every_node(self, "/v1/jobs")
+        if not answers:
+            self.no_node()
             return
-        headers = auth_headers(self)
-        answers = await asyncio.gather(
-            *(fetch(self.state, node, "GET", "/v1/jobs", headers) for node in nodes)
-        )
         merged: list[Any] = []
-        for node, answer in zip(nodes, answers, strict=True):
+        for node, answer in answers:
             if answer is None:
                 continue  # a node that cannot answer now is left out of the list
             status, body = answer
@@ -217,13 +226,8 @@ class JobHandler(ForwardHandler):
         return await self._look_up(job_id)
 
     async def _look_up(self, job_id: str) -> str | None:
-        nodes = [n.node_id for n in self.state.registry.control_nodes(ready_only=False)]
-        headers = auth_headers(self)
-        answers = await asyncio.gather(
-            *(fetch(self.state, node, "GET", f"/v1/jobs/{job_id}", headers) for node in nodes)
-        )
         kinds = set()
-        for node, answer in zip(nodes, answers, strict=True):
+        for node, answer in await ask_every_node(self, f"/v1/jobs/{job_id}"):
             if answer is None:
                 continue
             status, body = answer

@@ -31,7 +31,7 @@ from typing import Any
 
 from kcoral_server.identity import Identity
 from kcoral_server.router.forward import ForwardHandler, identity_header
-from kcoral_server.router.job_routes import auth_headers, error_kind, fetch
+from kcoral_server.router.job_routes import ask_every_node, error_kind, fetch
 from kcoral_server.router.slot import CONTROL
 
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -151,18 +151,12 @@ class SessionsHandler(ForwardHandler):
         await super().prepare()
 
     async def choose_node(self) -> str | None:
-        nodes = [n.node_id for n in self.state.registry.control_nodes(ready_only=True)]
-        if not nodes:
-            self.send_router_error(
-                503, "no_node", "no compatible node has an available slot", "queue_timeout"
-            )
+        answers = await ask_every_node(self, "/v1/info", ready_only=True)
+        if not answers:
+            self.no_node()
             return None
-        headers = auth_headers(self)
-        answers = await asyncio.gather(
-            *(fetch(self.state, node, "GET", "/v1/info", headers) for node in nodes)
-        )
         free: dict[str, int] = {}
-        for node, answer in zip(nodes, answers, strict=True):
+        for node, answer in answers:
             if answer is None or answer[0] != 200:
                 continue
             try:
@@ -205,18 +199,12 @@ class SessionsHandler(ForwardHandler):
     async def get(self) -> None:
         if self._finished:
             return
-        nodes = [n.node_id for n in self.state.registry.control_nodes(ready_only=False)]
-        if not nodes:
-            self.send_router_error(
-                503, "no_node", "no compatible node has an available slot", "queue_timeout"
-            )
+        answers = await ask_every_node(self, "/v1/sessions")
+        if not answers:
+            self.no_node()
             return
-        headers = auth_headers(self)
-        answers = await asyncio.gather(
-            *(fetch(self.state, node, "GET", "/v1/sessions", headers) for node in nodes)
-        )
         merged: list[Any] = []
-        for node, answer in zip(nodes, answers, strict=True):
+        for node, answer in answers:
             if answer is None or answer[0] != 200:
                 continue  # a node that cannot answer now (or has no sessions) is left out
             try:
@@ -297,15 +285,7 @@ class SessionHandler(ForwardHandler):
         return body
 
     async def _look_up(self, session_id: str) -> str | None:
-        nodes = [n.node_id for n in self.state.registry.control_nodes(ready_only=False)]
-        headers = auth_headers(self)
-        answers = await asyncio.gather(
-            *(
-                fetch(self.state, node, "GET", f"/v1/sessions/{session_id}", headers)
-                for node in nodes
-            )
-        )
-        for node, answer in zip(nodes, answers, strict=True):
+        for node, answer in await ask_every_node(self, f"/v1/sessions/{session_id}"):
             if answer is None:
                 continue
             status, body = answer
