@@ -5,17 +5,13 @@
 'use strict';
 
 const path = require('path');
-const { launchBrowser, widenPanel } = require('./lab_common.cjs');
+const { recorder, runLab, widenPanel } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
 const SHOTS = process.env.SCREENSHOT_DIR;
 const NOTEBOOK = process.env.NOTEBOOK;
-const seen = { steps: [] };
-
-function step(name, extra = {}) {
-  seen.steps.push({ name, t: Date.now(), ...extra });
-}
+const { seen, step } = recorder();
 
 async function runCell(page, index) {
   await page.evaluate(async i => {
@@ -29,175 +25,152 @@ async function runCell(page, index) {
   }, index);
 }
 
-async function main() {
-  const browser = await launchBrowser();
-  const page = await browser.newPage({ viewport: { width: 1500, height: 900 } });
-  const consoleErrors = [];
-  page.on('console', msg => {
-    if (msg.type() === 'error') consoleErrors.push(msg.text());
-  });
-  try {
-    await page.goto(`${LAB_URL}lab/tree/${NOTEBOOK}?token=${TOKEN}`);
-    await page.waitForFunction(() => window.jupyterapp && window.jupyterapp.shell, null, {
-      timeout: 90000
-    });
-    step('lab loaded');
-
-    // 1. A fresh install: no server configured and none started yet.
-    const status = page.locator('#kcoral-status');
-    await status.waitFor({ timeout: 60000 });
-    const statusMatches = async pattern => {
-      await page.waitForFunction(
-        source => new RegExp(source).test(
-          document.querySelector('#kcoral-status')?.getAttribute('aria-label') || ''
-        ),
-        pattern.source,
-        { timeout: 90000 }
-      );
-      return status.getAttribute('aria-label');
-    };
-    seen.statusBeforeFirstCell = await statusMatches(/no server yet/);
-    seen.statusVisibleBefore = (await status.innerText()).replace(/\s+/g, ' ').trim();
-    step('status before the first cell', { text: seen.statusBeforeFirstCell });
-
-    // Wait for the kernel, then load the magics (cell 0).
+async function drive(page) {
+  // 1. A fresh install: no server configured and none started yet.
+  const status = page.locator('#kcoral-status');
+  await status.waitFor({ timeout: 60000 });
+  const statusMatches = async pattern => {
     await page.waitForFunction(
-      () => {
-        const w = window.jupyterapp.shell.currentWidget;
-        return w && w.sessionContext && w.sessionContext.session?.kernel?.status === 'idle';
-      },
-      null,
+      source => new RegExp(source).test(
+        document.querySelector('#kcoral-status')?.getAttribute('aria-label') || ''
+      ),
+      pattern.source,
       { timeout: 90000 }
     );
-    await runCell(page, 0);
-    await page.waitForFunction(
-      () => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle',
-      null,
-      { timeout: 30000 }
-    );
+    return status.getAttribute('aria-label');
+  };
+  seen.statusBeforeFirstCell = await statusMatches(/no server yet/);
+  seen.statusVisibleBefore = (await status.innerText()).replace(/\s+/g, ' ').trim();
+  step('status before the first cell', { text: seen.statusBeforeFirstCell });
 
-    // 2. Clicking the status bar item opens the panel.
-    await status.click();
-    const panel = page.locator('#kcoral-panel');
-    await panel.waitFor({ state: 'visible', timeout: 30000 });
-    seen.panelOpenedByClick = true;
-    step('panel open');
-    await widenPanel(page);
+  // Wait for the kernel, then load the magics (cell 0).
+  await page.waitForFunction(
+    () => {
+      const w = window.jupyterapp.shell.currentWidget;
+      return w && w.sessionContext && w.sessionContext.session?.kernel?.status === 'idle';
+    },
+    null,
+    { timeout: 90000 }
+  );
+  await runCell(page, 0);
+  await page.waitForFunction(
+    () => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle',
+    null,
+    { timeout: 30000 }
+  );
 
-    // 3. A %%kcoral cell that prints for a few seconds; its job shows live output. It starts
-    // the kernel's embedded server (one worker), which the status bar then shows.
-    await runCell(page, 1);
-    step('cell 1 started');
-    seen.statusText = await statusMatches(/KCoral ● cpu · \d+\/1 busy · \d+ queued/);
-    seen.statusVisibleText = (await status.innerText()).replace(/\s+/g, ' ').trim();
-    step('status shows the embedded server', { text: seen.statusText });
-    const firstRow = panel.locator('tr.jp-KCoral-job').first();
-    await firstRow.waitFor({ timeout: 60000 });
-    seen.firstJobId = await firstRow.getAttribute('data-job-id');
-    seen.firstJobStatusAtSelect = await firstRow.getAttribute('data-status');
-    await firstRow.click();
-    const output = panel.locator('pre.jp-KCoral-outputText');
-    await page.waitForFunction(
-      () => /tick 0/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
-      null,
-      { timeout: 60000 }
-    );
-    const early = await output.innerText();
-    seen.outputMidRun = !/tick 9/.test(early);
-    step('first output', { output: early });
-    await page.screenshot({ path: path.join(SHOTS, 'panel.png') });
-    await page.waitForFunction(
-      () => /tick 9/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
-      null,
-      { timeout: 60000 }
-    );
-    seen.firstOutput = await output.innerText();
-    await page.waitForFunction(
-      id => document.querySelector(`#kcoral-panel tr[data-job-id="${id}"]`)?.dataset.status === 'COMPLETED',
-      seen.firstJobId,
-      { timeout: 60000 }
-    );
-    seen.firstJobFinalStatus = 'COMPLETED';
-    step('first job completed');
-    await status.screenshot({ path: path.join(SHOTS, 'statusbar.png') });
+  // 2. Clicking the status bar item opens the panel.
+  await status.click();
+  const panel = page.locator('#kcoral-panel');
+  await panel.waitFor({ state: 'visible', timeout: 30000 });
+  seen.panelOpenedByClick = true;
+  step('panel open');
+  await widenPanel(page);
 
-    // 4. A second, long-running job is cancelled from the panel.
-    await runCell(page, 2);
-    await page.waitForFunction(
-      first => {
-        const row = document.querySelector('#kcoral-panel tr.jp-KCoral-job');
-        return row && row.dataset.jobId !== first && row.dataset.status === 'RUNNING';
-      },
-      seen.firstJobId,
-      { timeout: 60000 }
-    );
-    const secondRow = panel.locator('tr.jp-KCoral-job').first();
-    seen.secondJobId = await secondRow.getAttribute('data-job-id');
-    await secondRow.click();
-    await page.waitForFunction(
-      () => /long job started/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
-      null,
-      { timeout: 60000 }
-    );
-    seen.busyStatusText = await status.getAttribute('aria-label');
-    await page.screenshot({ path: path.join(SHOTS, 'panel-running.png') });
-    const cancel = panel.locator('button.jp-KCoral-cancel');
-    seen.cancelEnabled = await cancel.isEnabled();
-    await cancel.click();
-    step('cancel clicked');
-    await page.waitForFunction(
-      id => document.querySelector(`#kcoral-panel tr[data-job-id="${id}"]`)?.dataset.status === 'CANCELLED',
-      seen.secondJobId,
-      { timeout: 60000 }
-    );
-    seen.secondJobFinalStatus = 'CANCELLED';
-    seen.cancelEnabledAfter = await cancel.isEnabled();
-    step('second job cancelled');
-    await page.screenshot({ path: path.join(SHOTS, 'panel-cancelled.png') });
+  // 3. A %%kcoral cell that prints for a few seconds; its job shows live output. It starts
+  // the kernel's embedded server (one worker), which the status bar then shows.
+  await runCell(page, 1);
+  step('cell 1 started');
+  seen.statusText = await statusMatches(/KCoral ● cpu · \d+\/1 busy · \d+ queued/);
+  seen.statusVisibleText = (await status.innerText()).replace(/\s+/g, ' ').trim();
+  step('status shows the embedded server', { text: seen.statusText });
+  const firstRow = panel.locator('tr.jp-KCoral-job').first();
+  await firstRow.waitFor({ timeout: 60000 });
+  seen.firstJobId = await firstRow.getAttribute('data-job-id');
+  seen.firstJobStatusAtSelect = await firstRow.getAttribute('data-status');
+  await firstRow.click();
+  const output = panel.locator('pre.jp-KCoral-outputText');
+  await page.waitForFunction(
+    () => /tick 0/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
+    null,
+    { timeout: 60000 }
+  );
+  const early = await output.innerText();
+  seen.outputMidRun = !/tick 9/.test(early);
+  step('first output', { output: early });
+  await page.screenshot({ path: path.join(SHOTS, 'panel.png') });
+  await page.waitForFunction(
+    () => /tick 9/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
+    null,
+    { timeout: 60000 }
+  );
+  seen.firstOutput = await output.innerText();
+  await page.waitForFunction(
+    id => document.querySelector(`#kcoral-panel tr[data-job-id="${id}"]`)?.dataset.status === 'COMPLETED',
+    seen.firstJobId,
+    { timeout: 60000 }
+  );
+  seen.firstJobFinalStatus = 'COMPLETED';
+  step('first job completed');
+  await status.screenshot({ path: path.join(SHOTS, 'statusbar.png') });
 
-    // 5. `%kcoral connect URL` (a server with two workers): the status bar follows. Sent once
-    // the cancelled cell has ended: a request queued behind a failing cell would be aborted.
-    await page.waitForFunction(
-      () => {
-        const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
-        return w.sessionContext.session.kernel.status === 'idle';
-      },
-      null,
-      { timeout: 60000 }
-    );
-    await runCell(page, 3);
-    seen.statusAfterConnect = await statusMatches(/KCoral ● cpu · \d+\/2 busy · \d+ queued/);
-    step('status follows the connection', { text: seen.statusAfterConnect });
+  // 4. A second, long-running job is cancelled from the panel.
+  await runCell(page, 2);
+  await page.waitForFunction(
+    first => {
+      const row = document.querySelector('#kcoral-panel tr.jp-KCoral-job');
+      return row && row.dataset.jobId !== first && row.dataset.status === 'RUNNING';
+    },
+    seen.firstJobId,
+    { timeout: 60000 }
+  );
+  const secondRow = panel.locator('tr.jp-KCoral-job').first();
+  seen.secondJobId = await secondRow.getAttribute('data-job-id');
+  await secondRow.click();
+  await page.waitForFunction(
+    () => /long job started/.test(document.querySelector('#kcoral-panel pre.jp-KCoral-outputText')?.textContent || ''),
+    null,
+    { timeout: 60000 }
+  );
+  seen.busyStatusText = await status.getAttribute('aria-label');
+  await page.screenshot({ path: path.join(SHOTS, 'panel-running.png') });
+  const cancel = panel.locator('button.jp-KCoral-cancel');
+  seen.cancelEnabled = await cancel.isEnabled();
+  await cancel.click();
+  step('cancel clicked');
+  await page.waitForFunction(
+    id => document.querySelector(`#kcoral-panel tr[data-job-id="${id}"]`)?.dataset.status === 'CANCELLED',
+    seen.secondJobId,
+    { timeout: 60000 }
+  );
+  seen.secondJobFinalStatus = 'CANCELLED';
+  seen.cancelEnabledAfter = await cancel.isEnabled();
+  step('second job cancelled');
+  await page.screenshot({ path: path.join(SHOTS, 'panel-cancelled.png') });
 
-    // 6. The palette commands exist.
-    seen.commands = await page.evaluate(() =>
-      ['kcoral:show-panel', 'kcoral:cancel-job'].map(id => [
-        id,
-        window.jupyterapp.commands.hasCommand(id),
-        window.jupyterapp.commands.label(id)
-      ])
-    );
-    seen.ok = true;
-  } catch (error) {
-    seen.ok = false;
-    seen.error = String(error && error.stack ? error.stack : error);
-    try {
-      await page.screenshot({ path: path.join(SHOTS, 'failure.png') });
-      seen.panelText = await page.locator('#kcoral-panel').innerText({ timeout: 2000 });
-      seen.cellTexts = await page.evaluate(() =>
-        [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map(c => c.innerText.slice(-600))
-      );
-    } catch {
-      // best effort
-    }
-  } finally {
-    seen.consoleErrors = consoleErrors.slice(0, 20);
-    await browser.close();
-  }
-  process.stdout.write(JSON.stringify(seen) + '\n');
+  // 5. `%kcoral connect URL` (a server with two workers): the status bar follows. Sent once
+  // the cancelled cell has ended: a request queued behind a failing cell would be aborted.
+  await page.waitForFunction(
+    () => {
+      const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
+      return w.sessionContext.session.kernel.status === 'idle';
+    },
+    null,
+    { timeout: 60000 }
+  );
+  await runCell(page, 3);
+  seen.statusAfterConnect = await statusMatches(/KCoral ● cpu · \d+\/2 busy · \d+ queued/);
+  step('status follows the connection', { text: seen.statusAfterConnect });
+
+  // 6. The palette commands exist.
+  seen.commands = await page.evaluate(() =>
+    ['kcoral:show-panel', 'kcoral:cancel-job'].map(id => [
+      id,
+      window.jupyterapp.commands.hasCommand(id),
+      window.jupyterapp.commands.label(id)
+    ])
+  );
 }
 
-main().catch(error => {
-  process.stdout.write(JSON.stringify({ ok: false, error: String(error) }) + '\n');
-  process.exit(1);
+runLab({
+  url: `${LAB_URL}lab/tree/${NOTEBOOK}?token=${TOKEN}`,
+  shots: SHOTS,
+  seen,
+  step,
+  drive,
+  onFailure: async page => {
+    seen.cellTexts = await page.evaluate(() =>
+      [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map(c => c.innerText.slice(-600))
+    );
+  }
 });

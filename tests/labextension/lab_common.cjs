@@ -1,8 +1,10 @@
 // What the browser scripts of tests/labextension share: Debian's headless Chromium through
-// playwright-core (PLAYWRIGHT_CORE: the module path; nothing downloads a browser), and a
-// wider KCoral panel for readable screenshots.
+// playwright-core (PLAYWRIGHT_CORE: the module path; nothing downloads a browser), a wider
+// KCoral panel for readable screenshots, and the run around each script's own steps (the
+// JSON line the pytest side reads).
 'use strict';
 
+const path = require('path');
 const { chromium } = require(process.env.PLAYWRIGHT_CORE);
 
 function launchBrowser() {
@@ -42,4 +44,56 @@ async function widenPanel(page, by = 260) {
   }
 }
 
-module.exports = { launchBrowser, widenPanel };
+// What a script saw, and `step` to note a milestone in it (with its time).
+function recorder() {
+  const seen = { steps: [] };
+  const step = (name, extra = {}) => {
+    seen.steps.push({ name, t: Date.now(), ...extra });
+  };
+  return { seen, step };
+}
+
+// Opens `url` in a fresh 1500×900 page, waits for JupyterLab, runs `drive(page)` and prints
+// `seen` as one JSON line: `ok`, or the error with a failure.png screenshot in `shots`, the
+// panel's text and whatever `onFailure(page)` adds; the page's console errors either way.
+async function driveLab({ url, shots, seen, step, drive, onFailure = async () => {} }) {
+  const browser = await launchBrowser();
+  const page = await browser.newPage({ viewport: { width: 1500, height: 900 } });
+  const consoleErrors = [];
+  page.on('console', msg => {
+    if (msg.type() === 'error') consoleErrors.push(msg.text());
+  });
+  try {
+    await page.goto(url);
+    await page.waitForFunction(() => window.jupyterapp && window.jupyterapp.shell, null, {
+      timeout: 90000
+    });
+    step('lab loaded');
+    await drive(page);
+    seen.ok = true;
+  } catch (error) {
+    seen.ok = false;
+    seen.error = String(error && error.stack ? error.stack : error);
+    try {
+      await page.screenshot({ path: path.join(shots, 'failure.png') });
+      seen.panelText = await page.locator('#kcoral-panel').innerText({ timeout: 2000 });
+      await onFailure(page);
+    } catch {
+      // best effort
+    }
+  } finally {
+    seen.consoleErrors = consoleErrors.slice(0, 20);
+    await browser.close();
+  }
+  process.stdout.write(JSON.stringify(seen) + '\n');
+}
+
+// A script's entry point: even a failure to start the browser ends in a JSON line.
+function runLab(options) {
+  driveLab(options).catch(error => {
+    process.stdout.write(JSON.stringify({ ok: false, error: String(error) }) + '\n');
+    process.exit(1);
+  });
+}
+
+module.exports = { launchBrowser, widenPanel, recorder, runLab };

@@ -7,7 +7,7 @@
 'use strict';
 
 const path = require('path');
-const { launchBrowser, widenPanel } = require('./lab_common.cjs');
+const { recorder, runLab, widenPanel } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -15,11 +15,7 @@ const SHOTS = process.env.SCREENSHOT_DIR;
 const IDLE = process.env.IDLE_SESSION;
 const RUNNING = process.env.RUNNING_SESSION;
 const ROGUE = process.env.ROGUE_SESSION;
-const seen = { steps: [] };
-
-function step(name, extra = {}) {
-  seen.steps.push({ name, t: Date.now(), ...extra });
-}
+const { seen, step } = recorder();
 
 const card = id => `#kcoral-panel .jp-KCoral-session[data-session-id="${id}"]`;
 
@@ -46,105 +42,75 @@ async function readCard(page, id) {
   }, id);
 }
 
-async function main() {
-  const browser = await launchBrowser();
-  const page = await browser.newPage({ viewport: { width: 1500, height: 900 } });
-  const consoleErrors = [];
-  page.on('console', msg => {
-    if (msg.type() === 'error') consoleErrors.push(msg.text());
+async function drive(page) {
+  await page.locator('#kcoral-status').waitFor({ timeout: 60000 });
+  await page.evaluate(() => window.jupyterapp.commands.execute('kcoral:show-panel'));
+  const panel = page.locator('#kcoral-panel');
+  await panel.waitFor({ state: 'visible', timeout: 30000 });
+  await page.locator(card(RUNNING)).waitFor({ timeout: 60000 });
+  await page.locator(card(IDLE)).waitFor({ timeout: 60000 });
+  // The running session's job may still be starting when the panel first polls.
+  await page.waitForFunction(
+    selector => document.querySelector(selector)?.dataset.state === 'RUNNING',
+    card(RUNNING),
+    { timeout: 60000 }
+  );
+  step('sessions listed');
+  seen.order = await page.evaluate(() =>
+    [...document.querySelectorAll('#kcoral-panel .jp-KCoral-session')].map(
+      n => n.dataset.sessionId
+    )
+  );
+  await page.waitForFunction(
+    wanted =>
+      [...document.querySelectorAll('#kcoral-panel .jp-KCoral-session')].some(
+        n => n.dataset.sessionId === wanted
+      ),
+    ROGUE,
+    { timeout: 60000 }
+  );
+  seen.rogue = await readCard(page, ROGUE);
+  seen.pwned = await page.evaluate(() => window.__kcoralPwned ?? null);
+  seen.rogueServer = await page.evaluate(() => {
+    const node = document.querySelector('#kcoral-panel .jp-KCoral-server[data-server="rogue"]');
+    return node ? { state: node.dataset.state, text: node.textContent } : null;
   });
-  try {
-    await page.goto(`${LAB_URL}lab?token=${TOKEN}`);
-    await page.waitForFunction(() => window.jupyterapp && window.jupyterapp.shell, null, {
-      timeout: 90000
-    });
-    step('lab loaded');
-    await page.locator('#kcoral-status').waitFor({ timeout: 60000 });
-    await page.evaluate(() => window.jupyterapp.commands.execute('kcoral:show-panel'));
-    const panel = page.locator('#kcoral-panel');
-    await panel.waitFor({ state: 'visible', timeout: 30000 });
-    await page.locator(card(RUNNING)).waitFor({ timeout: 60000 });
-    await page.locator(card(IDLE)).waitFor({ timeout: 60000 });
-    // The running session's job may still be starting when the panel first polls.
-    await page.waitForFunction(
-      selector => document.querySelector(selector)?.dataset.state === 'RUNNING',
-      card(RUNNING),
-      { timeout: 60000 }
-    );
-    step('sessions listed');
-    seen.order = await page.evaluate(() =>
-      [...document.querySelectorAll('#kcoral-panel .jp-KCoral-session')].map(
-        n => n.dataset.sessionId
-      )
-    );
-    await page.waitForFunction(
-      wanted =>
-        [...document.querySelectorAll('#kcoral-panel .jp-KCoral-session')].some(
-          n => n.dataset.sessionId === wanted
-        ),
-      ROGUE,
-      { timeout: 60000 }
-    );
-    seen.rogue = await readCard(page, ROGUE);
-    seen.pwned = await page.evaluate(() => window.__kcoralPwned ?? null);
-    seen.rogueServer = await page.evaluate(() => {
-      const node = document.querySelector('#kcoral-panel .jp-KCoral-server[data-server="rogue"]');
-      return node ? { state: node.dataset.state, text: node.textContent } : null;
-    });
-    seen.idle = await readCard(page, IDLE);
-    seen.running = await readCard(page, RUNNING);
-    seen.seats = await page.evaluate(() => {
-      const terms = [...document.querySelectorAll('#kcoral-panel .jp-KCoral-facts dt')];
-      return terms.find(dt => dt.textContent === 'sessions')?.nextElementSibling?.textContent;
-    });
-    seen.sessionsVisible = await page.locator('#kcoral-panel .jp-KCoral-sessions').isVisible();
-    await page.screenshot({ path: path.join(SHOTS, 'sessions-narrow.png') });
-    await widenPanel(page);
-    await page.screenshot({ path: path.join(SHOTS, 'sessions.png') });
+  seen.idle = await readCard(page, IDLE);
+  seen.running = await readCard(page, RUNNING);
+  seen.seats = await page.evaluate(() => {
+    const terms = [...document.querySelectorAll('#kcoral-panel .jp-KCoral-facts dt')];
+    return terms.find(dt => dt.textContent === 'sessions')?.nextElementSibling?.textContent;
+  });
+  seen.sessionsVisible = await page.locator('#kcoral-panel .jp-KCoral-sessions').isVisible();
+  await page.screenshot({ path: path.join(SHOTS, 'sessions-narrow.png') });
+  await widenPanel(page);
+  await page.screenshot({ path: path.join(SHOTS, 'sessions.png') });
 
-    await page.locator(`${card(RUNNING)} button.jp-KCoral-stopSession`).click();
-    step('stop clicked');
-    await page.waitForFunction(
-      selector => document.querySelector(selector)?.dataset.state === 'ENDED',
-      card(RUNNING),
-      { timeout: 60000 }
-    );
-    seen.stopped = await readCard(page, RUNNING);
-    seen.idleAfter = await readCard(page, IDLE);
-    seen.note = await page.locator('#kcoral-panel .jp-KCoral-sessionNote').innerText();
-    await page.waitForFunction(
-      () => {
-        const terms = [...document.querySelectorAll('#kcoral-panel .jp-KCoral-facts dt')];
-        const seats = terms.find(dt => dt.textContent === 'sessions');
-        return /^1\//.test(seats?.nextElementSibling?.textContent || '');
-      },
-      null,
-      { timeout: 60000 }
-    );
-    seen.seatsAfter = await page.evaluate(() => {
+  await page.locator(`${card(RUNNING)} button.jp-KCoral-stopSession`).click();
+  step('stop clicked');
+  await page.waitForFunction(
+    selector => document.querySelector(selector)?.dataset.state === 'ENDED',
+    card(RUNNING),
+    { timeout: 60000 }
+  );
+  seen.stopped = await readCard(page, RUNNING);
+  seen.idleAfter = await readCard(page, IDLE);
+  seen.note = await page.locator('#kcoral-panel .jp-KCoral-sessionNote').innerText();
+  await page.waitForFunction(
+    () => {
       const terms = [...document.querySelectorAll('#kcoral-panel .jp-KCoral-facts dt')];
-      return terms.find(dt => dt.textContent === 'sessions')?.nextElementSibling?.textContent;
-    });
-    step('session ended');
-    await page.screenshot({ path: path.join(SHOTS, 'sessions-stopped.png') });
-    seen.ok = true;
-  } catch (error) {
-    seen.ok = false;
-    seen.error = String(error && error.stack ? error.stack : error);
-    try {
-      await page.screenshot({ path: path.join(SHOTS, 'failure.png') });
-      seen.panelText = await page.locator('#kcoral-panel').innerText({ timeout: 2000 });
-    } catch {
-      // best effort
-    }
-  } finally {
-    seen.consoleErrors = consoleErrors.slice(0, 20);
-    await browser.close();
-  }
-  process.stdout.write(JSON.stringify(seen) + '\n');
+      const seats = terms.find(dt => dt.textContent === 'sessions');
+      return /^1\//.test(seats?.nextElementSibling?.textContent || '');
+    },
+    null,
+    { timeout: 60000 }
+  );
+  seen.seatsAfter = await page.evaluate(() => {
+    const terms = [...document.querySelectorAll('#kcoral-panel .jp-KCoral-facts dt')];
+    return terms.find(dt => dt.textContent === 'sessions')?.nextElementSibling?.textContent;
+  });
+  step('session ended');
+  await page.screenshot({ path: path.join(SHOTS, 'sessions-stopped.png') });
 }
 
-main().catch(error => {
-  process.stdout.write(JSON.stringify({ ok: false, error: String(error) }) + '\n');
-  process.exit(1);
-});
+runLab({ url: `${LAB_URL}lab?token=${TOKEN}`, shots: SHOTS, seen, step, drive });
