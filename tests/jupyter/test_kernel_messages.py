@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from notebook_cells import shown
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -24,16 +25,6 @@ def error_of(cell) -> dict:
     errors = [o for o in cell.outputs if o.output_type == "error"]
     assert len(errors) == 1, cell.outputs
     return errors[0]
-
-
-def shown(cell) -> str:
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif "data" in output:
-            parts.append(output["data"].get("text/plain", ""))
-    return "\n".join(parts)
 
 
 def test_a_notebook_session_sees_short_errors_and_nothing_silent(
@@ -80,25 +71,27 @@ def test_a_notebook_session_sees_short_errors_and_nothing_silent(
     assert unconnected["ename"] == "NotConnectedError"
     assert f"%kcoral connect http://{DEAD} failed" in unconnected["traceback"][0]
 
-    assert f"connected to {cpu_server_url}" in shown(cells[3])
+    assert f"connected to {cpu_server_url}" in shown(cells[3], tracebacks=False)
 
-    assert "ran on CPU (this server has no GPU)" in shown(cells[4])
-    assert "\u26a0" in shown(cells[4])
-    assert "('torch', 'torch')" in shown(cells[5])
+    assert "ran on CPU (this server has no GPU)" in shown(cells[4], tracebacks=False)
+    assert "\u26a0" in shown(cells[4], tracebacks=False)
+    assert "('torch', 'torch')" in shown(cells[5], tracebacks=False)
 
     hint = error_of(cells[7])
     assert hint["ename"] == "RemoteCellError"
     assert hint["traceback"][-1].endswith("send it with -i w")
 
     # IPython shows a UsageError as one stderr line, not as an error output.
-    assert "UsageError: %%kcoral: unrecognized arguments: --gpu 1" in shown(cells[8])
+    assert "UsageError: %%kcoral: unrecognized arguments: --gpu 1" in shown(
+        cells[8], tracebacks=False
+    )
 
     interrupted = error_of(cells[9])
     assert interrupted["ename"] == "CellCancelledError", interrupted
     assert len(interrupted["traceback"]) == 2, interrupted["traceback"]
     assert "cancelled" in interrupted["traceback"][0]
 
-    assert "Types:" in shown(cells[10])
+    assert "Types:" in shown(cells[10], tracebacks=False)
     screenshot(notebook, tmp_path)
 
 

@@ -25,6 +25,7 @@ from kcoral_jupyter.cell_errors import (
 from kcoral_jupyter.runner import RemoteCellError
 from kcoral_shell import kcoral_shell
 from nbclient import NotebookClient
+from notebook_cells import shown
 from server_process import running_server
 
 from kcoral import Client
@@ -75,6 +76,15 @@ def ok(ip: Any, source: str) -> tuple[Any, Any]:
     assert result.error_in_exec is None, (result.error_in_exec, captured.stdout)
     assert result.error_before_exec is None, result.error_before_exec
     return result, captured
+
+
+def refusal_lines(result: Any, kind: type[Exception]) -> list[str]:
+    """The lines a refused cell shows: it failed with ``kind``, told in two lines."""
+    error = result.error_in_exec
+    assert isinstance(error, kind), error
+    lines = error._render_traceback_()
+    assert len(lines) == 2, lines
+    return lines
 
 
 def texts(captured: Any) -> str:
@@ -163,10 +173,7 @@ def test_a_session_ended_on_the_server_refuses_the_next_cells_in_two_lines(
         client.attach_session(started_id(started)).close()  # as another kernel's stop would
     for _ in range(2):  # the 410, then the same answer without asking the server
         result, _ = run(shell, "%%kcoral\n1\n")
-        error = result.error_in_exec
-        assert isinstance(error, SessionEndedError)
-        lines = error._render_traceback_()
-        assert len(lines) == 2
+        lines = refusal_lines(result, SessionEndedError)
         assert "has ended: session ended by its owner" in lines[0]
         assert "%kcoral session start" in lines[1]
     ok(shell, "%kcoral session stop")
@@ -186,10 +193,8 @@ def test_another_identity_cannot_attach_a_session_and_is_told_in_two_lines(
     try:
         shell.run_line_magic("config", f"KCoral.token = {BOB!r}")
         result, _ = run(shell, f"%kcoral session attach {session_id}")
-        error = result.error_in_exec
-        assert isinstance(error, SessionNotFoundError)
-        lines = error._render_traceback_()
-        assert len(lines) == 2 and f"no session {session_id}" in lines[0]
+        lines = refusal_lines(result, SessionNotFoundError)
+        assert f"no session {session_id}" in lines[0]
         assert magics.remote_sessions.current is None
         shell.run_line_magic("config", f"KCoral.token = {ALICE!r}")
         ok(shell, f"%kcoral session attach {session_id}")  # its owner may
@@ -209,10 +214,8 @@ def test_an_attach_argument_that_is_not_a_session_id_is_refused_before_any_reque
 
 def test_session_options_the_server_refuses_are_told_in_two_lines(shell) -> None:
     result, _ = run(shell, "%kcoral session start --idle 100000")
-    error = result.error_in_exec
-    assert isinstance(error, SessionOptionsRefusedError)
-    lines = error._render_traceback_()
-    assert len(lines) == 2 and "--session-idle-seconds" in lines[0] and "--idle" in lines[1]
+    lines = refusal_lines(result, SessionOptionsRefusedError)
+    assert "--session-idle-seconds" in lines[0] and "--idle" in lines[1]
     for bad in ("--idle 0", "--gpus 0", "--idle soon", "--gpu 1"):
         result, _ = run(shell, f"%kcoral session start {bad}")
         assert isinstance(result.error_in_exec, UsageError), bad
@@ -229,10 +232,8 @@ def test_a_second_start_while_a_session_is_active_is_refused(shell) -> None:
 def test_a_full_set_of_session_seats_is_told_in_two_lines(shell, session_server) -> None:
     with Client(session_server, token=BOB) as client, client.session():
         result, _ = run(shell, "%kcoral session start")
-    error = result.error_in_exec
-    assert isinstance(error, SessionSeatsFullError)
-    lines = error._render_traceback_()
-    assert len(lines) == 2 and "no session seat free" in lines[0]
+    lines = refusal_lines(result, SessionSeatsFullError)
+    assert "no session seat free" in lines[0]
     assert "--max-sessions" in lines[1]
 
 
@@ -242,9 +243,7 @@ def test_a_cell_sent_while_the_sessions_program_runs_is_told_the_session_is_busy
     ok(shell, "%kcoral session start")
     ok(shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(60)\n")
     result, _ = run(shell, "%%kcoral\n1\n")
-    error = result.error_in_exec
-    assert isinstance(error, SessionBusyError)
-    assert len(error._render_traceback_()) == 2
+    refusal_lines(result, SessionBusyError)
     ok(shell, "%kcoral session stop")  # kills the sleeping program with the session
 
 
@@ -288,10 +287,8 @@ def test_a_server_without_sessions_is_told_in_two_lines(
     with running_server(tmp_path / "server", args) as server:
         with kcoral_shell(server.url, monkeypatch, NAMES) as ip:
             result, _ = run(ip, "%kcoral session start")
-    error = result.error_in_exec
-    assert isinstance(error, SessionsUnavailableError)
-    lines = error._render_traceback_()
-    assert len(lines) == 2 and "does not offer sessions" in lines[0]
+    lines = refusal_lines(result, SessionsUnavailableError)
+    assert "does not offer sessions" in lines[0]
     assert "--max-sessions" in lines[1]
 
 
@@ -328,18 +325,6 @@ def run_kernel(
     client.km.shutdown_wait_time = EXIT_WAIT_SECONDS
     client.execute()
     return notebook.cells
-
-
-def shown(cell: Any) -> str:
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif "data" in output:
-            parts.append(output["data"].get("text/plain", ""))
-        elif output.output_type == "error":
-            parts.append("\n".join(output["traceback"]))
-    return "\n".join(parts)
 
 
 def error_name(cell: Any) -> str | None:
