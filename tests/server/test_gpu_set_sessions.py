@@ -4,17 +4,17 @@ lease on the whole set, so a stateless program on any GPU of the set never runs 
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from http_helpers import Response, execute_body, get, module_program, request
+from http_helpers import Response, get, module_program, request
 from kcoral_server.pool_handles import HandleMaker
 from kcoral_server.seat import GpuDevice, Seat
 from kcoral_server.sessions import least_used_gpus
+from session_requests import create_session, run_in, value_of
 
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
 
@@ -37,22 +37,6 @@ def work(log, who, seconds):
         f.write(f"{who} {start} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES')}\\n")
     return seconds
 """
-
-
-def _create(url: str, **body: object) -> Response:
-    return request(url, "POST", "/v1/sessions", json.dumps(body).encode())
-
-
-def _run(url: str, session_id: str | None, program: dict) -> Response:
-    content_type, body = execute_body(program)
-    path = "/execute" if session_id is None else f"/v1/sessions/{session_id}/execute"
-    return request(url, "POST", path, body, {"Content-Type": content_type})
-
-
-def _value(answer: Response, name: str) -> object:
-    assert answer.status == 200, answer.body
-    assert answer.body["status"] == "COMPLETED", answer.body
-    return json.loads(answer.body["results"][f"{name}#0"]["value"])
 
 
 # ---------------------------------------------------------------- the choice of the set
@@ -98,18 +82,18 @@ def test_a_sessions_worker_is_built_for_its_whole_pinned_set_and_kept_between_pr
 @pytest.mark.parametrize("kcoral_server", [TWO_FAKE_GPUS], indirect=True)
 def test_a_two_gpu_sessions_programs_see_both_gpus_and_keep_their_state(kcoral_server) -> None:
     url = kcoral_server.url
-    created = _create(url, gpu_count=2)
+    created = create_session(url, gpu_count=2)
     assert created.status == 201, created.body
     record = created.body
     assert record["gpu_count"] == 2 and record["gpu_ids"] == [0, 1]
     sid = record["session_id"]
-    pid, visible = _value(_run(url, sid, module_program(STATE, [("put", ["k", 41])])), "put")
+    pid, visible = value_of(run_in(url, sid, module_program(STATE, [("put", ["k", 41])])), "put")
     assert visible == "0,1"
-    assert _value(_run(url, sid, module_program(STATE, [("take", ["k"])])), "take") == [pid, 41]
+    assert value_of(run_in(url, sid, module_program(STATE, [("take", ["k"])])), "take") == [pid, 41]
     # a program may repeat the session's count, never ask for another one
     same = module_program(STATE, [("take", ["k"])], gpu_count=2)
-    assert _value(_run(url, sid, same), "take") == [pid, 41]
-    other = _run(url, sid, module_program(STATE, [("take", ["k"])], gpu_count=1))
+    assert value_of(run_in(url, sid, same), "take") == [pid, 41]
+    other = run_in(url, sid, module_program(STATE, [("take", ["k"])], gpu_count=1))
     assert other.status == 400 and other.body["error"]["kind"] == "parse"
     assert "differs from this session's (2)" in other.body["error"]["message"]
     seats = get(url, "/internal/worker-status").body["session_seats"]
@@ -122,7 +106,7 @@ def test_a_stateless_program_on_a_gpu_of_the_set_never_holds_the_lease_during_a_
     kcoral_server, tmp_path: Path
 ) -> None:
     url = kcoral_server.url
-    sid = _create(url, gpu_count=2).body["session_id"]
+    sid = create_session(url, gpu_count=2).body["session_id"]
     log = tmp_path / "log"
     answers: dict[str, Response] = {}
     start = threading.Barrier(3)
@@ -130,7 +114,7 @@ def test_a_stateless_program_on_a_gpu_of_the_set_never_holds_the_lease_during_a_
     def send(who: str, session_id: str | None) -> None:
         program = module_program(WORK, [("work", [str(log), who, 0.5])])
         start.wait()
-        answers[who] = _run(url, session_id, program)
+        answers[who] = run_in(url, session_id, program)
 
     threads = [
         threading.Thread(target=send, args=("session", sid)),
@@ -162,15 +146,15 @@ def test_a_session_asking_for_more_gpus_than_the_server_has_is_refused_clearly(
     kcoral_server,
 ) -> None:
     url = kcoral_server.url
-    too_many = _create(url, gpu_count=3)
+    too_many = create_session(url, gpu_count=3)
     assert too_many.status == 400 and too_many.body["error"]["kind"] == "parse"
     assert too_many.body["error"]["message"] == "gpu_count 3 exceeds this server's GPU count (2)"
     for bad in (0, -1, 1.5, "2", True):
-        refused = _create(url, gpu_count=bad)
+        refused = create_session(url, gpu_count=bad)
         assert refused.status == 400, bad
         assert refused.body["error"]["message"] == "gpu_count must be an integer from 1 to 2"
     assert get(url, "/v1/info").body["sessions"]["active"] == 0
-    assert _create(url, gpu_count=2).status == 201  # nothing was held by the refusals
+    assert create_session(url, gpu_count=2).status == 201  # nothing was held by the refusals
 
 
 def test_sessions_spread_over_the_gpus_with_the_fewest_sessions(server_factory) -> None:
@@ -185,11 +169,11 @@ def test_sessions_spread_over_the_gpus_with_the_fewest_sessions(server_factory) 
         "2",
     )
     url = server.url
-    first = _create(url, gpu_count=2).body
-    second = _create(url, gpu_count=2).body
+    first = create_session(url, gpu_count=2).body
+    second = create_session(url, gpu_count=2).body
     assert (first["gpu_ids"], second["gpu_ids"]) == ([0, 1], [0, 2])
     assert request(url, "DELETE", f"/v1/sessions/{first['session_id']}").status == 200
-    third = _create(url).body  # the default count, 1: GPU 1 is pinned to no live session
+    third = create_session(url).body  # the default count, 1: GPU 1 is pinned to no live session
     assert third["gpu_count"] == 1 and third["gpu_ids"] == [1]
 
 
@@ -199,11 +183,11 @@ def test_sessions_spread_over_the_gpus_with_the_fewest_sessions(server_factory) 
 )
 def test_a_two_gpu_session_inside_the_bubblewrap_sandbox_sees_its_set(kcoral_server) -> None:
     url = kcoral_server.url
-    created = _create(url, gpu_count=2)
+    created = create_session(url, gpu_count=2)
     if created.status == 503 and "start" in created.body["error"]["message"]:
         pytest.skip(f"bubblewrap cannot start a worker here: {created.body['error']['message']}")
     sid = created.body["session_id"]
-    pid, visible = _value(_run(url, sid, module_program(STATE, [("put", ["k", 5])])), "put")
+    pid, visible = value_of(run_in(url, sid, module_program(STATE, [("put", ["k", 5])])), "put")
     assert visible == "0,1"
-    assert _value(_run(url, sid, module_program(STATE, [("take", ["k"])])), "take") == [pid, 5]
+    assert value_of(run_in(url, sid, module_program(STATE, [("take", ["k"])])), "take") == [pid, 5]
     assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from http_helpers import Response, execute_body, get, module_program, request
+from session_requests import create_session, run_in, value_of
 
 FAKE_GPU = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "1"]
 
@@ -40,27 +41,8 @@ def work(log, seconds):
 """
 
 
-def _create(url: str, headers: dict[str, str] | None = None, **body: object) -> Response:
-    data = json.dumps(body).encode()
-    return request(url, "POST", "/v1/sessions", data, headers)
-
-
-def _run(
-    url: str, session_id: str, program: dict, headers: dict[str, str] | None = None
-) -> Response:
-    content_type, body = execute_body(program)
-    path = f"/v1/sessions/{session_id}/execute"
-    return request(url, "POST", path, body, {"Content-Type": content_type, **(headers or {})})
-
-
 def _call(url: str, session_id: str, name: str, *args: object) -> Response:
-    return _run(url, session_id, module_program(STATE, [(name, list(args))]))
-
-
-def _value(answer: Response, name: str) -> object:
-    assert answer.status == 200, answer.body
-    assert answer.body["status"] == "COMPLETED", answer.body
-    return json.loads(answer.body["results"][f"{name}#0"]["value"])
+    return run_in(url, session_id, module_program(STATE, [(name, list(args))]))
 
 
 def _wait_until(check, timeout: float = 30.0) -> None:
@@ -73,13 +55,13 @@ def _wait_until(check, timeout: float = 30.0) -> None:
 def test_state_persists_across_a_sessions_programs_and_the_environment_is_reset(
     kcoral_server,
 ) -> None:
-    created = _create(kcoral_server.url)
+    created = create_session(kcoral_server.url)
     assert created.status == 201, created.body
     session = created.body
     assert session["state"] == "IDLE" and session["worker_id"].startswith("session/")
     sid = session["session_id"]
-    assert _value(_call(kcoral_server.url, sid, "put", "model", [1, 2]), "put") == ["model"]
-    assert _value(_call(kcoral_server.url, sid, "take", "model"), "take") == [[1, 2], None]
+    assert value_of(_call(kcoral_server.url, sid, "put", "model", [1, 2]), "put") == ["model"]
+    assert value_of(_call(kcoral_server.url, sid, "take", "model"), "take") == [[1, 2], None]
     record = get(kcoral_server.url, f"/v1/sessions/{sid}").body
     assert record["programs"] == 2 and record["state"] == "IDLE"
     info = get(kcoral_server.url, "/v1/info").body
@@ -92,12 +74,12 @@ def test_two_sessions_are_isolated_and_stateless_requests_never_see_the_namespac
     kcoral_server,
 ) -> None:
     url = kcoral_server.url
-    first = _create(url).body["session_id"]
-    second = _create(url).body["session_id"]
-    assert _create(url).status == 503  # --max-sessions 2
-    _value(_call(url, first, "put", "x", "first"), "put")
-    assert _value(_call(url, second, "take", "x"), "take") == [None, None]
-    assert _value(_call(url, first, "pid"), "pid") != _value(_call(url, second, "pid"), "pid")
+    first = create_session(url).body["session_id"]
+    second = create_session(url).body["session_id"]
+    assert create_session(url).status == 503  # --max-sessions 2
+    value_of(_call(url, first, "put", "x", "first"), "put")
+    assert value_of(_call(url, second, "take", "x"), "take") == [None, None]
+    assert value_of(_call(url, first, "pid"), "pid") != value_of(_call(url, second, "pid"), "pid")
     stateless = request(url, "POST", "/execute", *_body(module_program(STATE, [("take", ["x"])])))
     assert json.loads(stateless.body["results"]["take#0"]["value"]) == [None, None]
 
@@ -112,11 +94,11 @@ def test_a_session_program_and_a_stateless_request_never_hold_the_gpu_lease_toge
     kcoral_server, tmp_path: Path
 ) -> None:
     url = kcoral_server.url
-    sid = _create(url, gpu_count=1).body["session_id"]
+    sid = create_session(url, gpu_count=1).body["session_id"]
     log = tmp_path / "log"
     answers: list[Response] = []
     program = module_program(WORK, [("work", [str(log), 0.5])])
-    thread = threading.Thread(target=lambda: answers.append(_run(url, sid, program)))
+    thread = threading.Thread(target=lambda: answers.append(run_in(url, sid, program)))
     thread.start()
     stateless = request(url, "POST", "/execute", *_body(program))
     thread.join()
@@ -133,7 +115,7 @@ def test_a_session_program_and_a_stateless_request_never_hold_the_gpu_lease_toge
 
 def test_a_forgotten_session_ends_after_its_idle_timeout(kcoral_server) -> None:
     url = kcoral_server.url
-    sid = _create(url, idle_timeout_seconds=0.5).body["session_id"]
+    sid = create_session(url, idle_timeout_seconds=0.5).body["session_id"]
 
     def ended() -> bool:
         return get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED"
@@ -145,15 +127,15 @@ def test_a_forgotten_session_ends_after_its_idle_timeout(kcoral_server) -> None:
     assert answer.status == 410 and answer.body["error"]["kind"] == "session_ended"
     assert "--session-idle-seconds" in answer.body["error"]["message"]
     assert get(url, "/v1/info").body["sessions"]["active"] == 0
-    assert _create(url).status == 201  # its seat is free again
+    assert create_session(url).status == 201  # its seat is free again
 
 
 def test_a_killed_session_worker_ends_the_session_and_the_next_program_says_why(
     kcoral_server,
 ) -> None:
     url = kcoral_server.url
-    sid = _create(url).body["session_id"]
-    pid = _value(_call(url, sid, "pid"), "pid")
+    sid = create_session(url).body["session_id"]
+    pid = value_of(_call(url, sid, "pid"), "pid")
     os.kill(int(pid), signal.SIGKILL)  # type: ignore[call-overload]
     _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED")
     answer = _call(url, sid, "pid")
@@ -165,9 +147,9 @@ def test_a_killed_session_worker_ends_the_session_and_the_next_program_says_why(
 
 def test_ending_a_session_is_idempotent_and_frees_its_seat(kcoral_server) -> None:
     url = kcoral_server.url
-    sid = _create(url).body["session_id"]
+    sid = create_session(url).body["session_id"]
     # A live session's seat is in the node's status and its record says its worker's memory.
-    pid = _value(_call(url, sid, "pid"), "pid")
+    pid = value_of(_call(url, sid, "pid"), "pid")
     record = get(url, f"/v1/sessions/{sid}").body
     assert isinstance(record["memory_bytes"], int) and record["memory_bytes"] > 0
     seats = get(url, "/internal/worker-status").body["session_seats"]
@@ -182,14 +164,14 @@ def test_ending_a_session_is_idempotent_and_frees_its_seat(kcoral_server) -> Non
     assert _call(url, sid, "pid").status == 410
     assert get(url, f"/v1/sessions/{sid}").body["memory_bytes"] is None
     assert get(url, "/internal/worker-status").body["session_seats"] == []
-    assert _create(url).status == 201
+    assert create_session(url).status == 201
 
 
 def test_bad_session_bodies_and_unknown_ids_are_refused(kcoral_server) -> None:
     url = kcoral_server.url
-    assert _create(url, gpu_count=1).status == 400  # a CPU server
-    assert _create(url, idle_timeout_seconds=10_000).status == 400
-    assert _create(url, colour="blue").status == 400
+    assert create_session(url, gpu_count=1).status == 400  # a CPU server
+    assert create_session(url, idle_timeout_seconds=10_000).status == 400
+    assert create_session(url, colour="blue").status == 400
     unknown = "00000000-0000-4000-8000-000000000000"
     assert get(url, f"/v1/sessions/{unknown}").status == 404
     assert _call(url, unknown, "pid").status == 404
@@ -209,7 +191,7 @@ BOB = {"Authorization": "Bearer token-bob-0123456789"}
 
 def test_another_identitys_session_answers_exactly_as_an_unknown_one(named_server) -> None:
     url = named_server.url
-    created = _create(url, ALICE)
+    created = create_session(url, ALICE)
     assert created.body["owner"] == "alice"
     sid = created.body["session_id"]
     unknown = "00000000-0000-4000-8000-000000000000"
@@ -219,11 +201,11 @@ def test_another_identitys_session_answers_exactly_as_an_unknown_one(named_serve
             "kind": "not_found",
             "message": "unknown session id",
         }
-        assert _run(url, session_id, program, BOB).status == 404
+        assert run_in(url, session_id, program, BOB).status == 404
         assert request(url, "DELETE", f"/v1/sessions/{session_id}", None, BOB).status == 404
     assert get(url, "/v1/sessions", BOB).body == []
     assert get(url, f"/v1/sessions/{sid}", ALICE).body["state"] == "IDLE"
-    assert _run(url, sid, program, ALICE).body["status"] == "COMPLETED"
+    assert run_in(url, sid, program, ALICE).body["status"] == "COMPLETED"
 
 
 LOOP = """
@@ -244,7 +226,7 @@ def spin(marker, stubborn):
 def _spin_in_background(url: str, sid: str, marker: Path, stubborn: bool) -> tuple:
     answers: list[Response] = []
     program = module_program(LOOP, [("spin", [str(marker), stubborn])])
-    thread = threading.Thread(target=lambda: answers.append(_run(url, sid, program)))
+    thread = threading.Thread(target=lambda: answers.append(run_in(url, sid, program)))
     thread.start()
     _wait_until(marker.exists)
     return thread, answers
@@ -254,7 +236,7 @@ def test_an_interrupt_raises_keyboardinterrupt_in_the_program_and_keeps_the_sess
     kcoral_server, tmp_path: Path
 ) -> None:
     url = kcoral_server.url
-    sid = _create(url).body["session_id"]
+    sid = create_session(url).body["session_id"]
     thread, answers = _spin_in_background(url, sid, tmp_path / "started", stubborn=False)
     interrupted = request(url, "POST", f"/v1/sessions/{sid}/interrupt")
     assert interrupted.status == 200 and interrupted.body["state"] == "RUNNING"
@@ -263,14 +245,14 @@ def test_an_interrupt_raises_keyboardinterrupt_in_the_program_and_keeps_the_sess
     assert body["status"] == "FAILED" and "KeyboardInterrupt" in json.dumps(body["error"])
     _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE")
     take = module_program(STATE, [("take", ["kept"])])
-    assert _value(_run(url, sid, take), "take") == ["yes", None]
+    assert value_of(run_in(url, sid, take), "take") == ["yes", None]
 
 
 def test_a_program_that_ignores_the_interrupt_is_killed_after_the_grace_and_ends_the_session(
     kcoral_server, tmp_path: Path
 ) -> None:
     url = kcoral_server.url
-    sid = _create(url).body["session_id"]
+    sid = create_session(url).body["session_id"]
     thread, answers = _spin_in_background(url, sid, tmp_path / "started", stubborn=True)
     request(url, "POST", f"/v1/sessions/{sid}/interrupt")
     thread.join()
@@ -283,9 +265,9 @@ def test_a_program_that_ignores_the_interrupt_is_killed_after_the_grace_and_ends
 
 def test_a_worker_that_dies_during_a_program_ends_the_session(kcoral_server) -> None:
     url = kcoral_server.url
-    sid = _create(url).body["session_id"]
+    sid = create_session(url).body["session_id"]
     die = module_program("import os\ndef die():\n    os._exit(3)\n", [("die", [])])
-    assert _run(url, sid, die).body["status"] == "FAILED"
+    assert run_in(url, sid, die).body["status"] == "FAILED"
     answer = _call(url, sid, "pid")
     assert answer.status == 410
     assert "exited during program" in answer.body["error"]["message"]
@@ -296,19 +278,19 @@ def test_a_worker_that_dies_during_a_program_ends_the_session(kcoral_server) -> 
 def test_state_persists_inside_the_bubblewrap_sandbox_too(kcoral_server) -> None:
     url = kcoral_server.url
     assert get(url, "/v1/info").body["sandbox"] == "bubblewrap"
-    created = _create(url)
+    created = create_session(url)
     if created.status == 503 and "start" in created.body["error"]["message"]:
         pytest.skip(f"bubblewrap cannot start a worker here: {created.body['error']['message']}")
     sid = created.body["session_id"]
-    _value(_call(url, sid, "put", "k", 7), "put")
-    assert _value(_call(url, sid, "take", "k"), "take") == [7, None]
+    value_of(_call(url, sid, "put", "k", 7), "put")
+    assert value_of(_call(url, sid, "take", "k"), "take") == [7, None]
     assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
 
 
 def test_a_job_in_a_session_shares_its_state_and_is_read_through_v1_jobs(kcoral_server) -> None:
     url = kcoral_server.url
-    sid = _create(url).body["session_id"]
-    _value(_call(url, sid, "put", "model", "built"), "put")
+    sid = create_session(url).body["session_id"]
+    value_of(_call(url, sid, "put", "model", "built"), "put")
     content_type, body = execute_body(module_program(STATE, [("take", ["model"])]))
     path = f"/v1/sessions/{sid}/jobs"
     submitted = request(url, "POST", path, body, {"Content-Type": content_type})
@@ -319,7 +301,7 @@ def test_a_job_in_a_session_shares_its_state_and_is_read_through_v1_jobs(kcoral_
         return get(url, f"/v1/jobs/{job_id}").body["status"] not in ("QUEUED", "RUNNING")
 
     _wait_until(finished)
-    assert _value(get(url, f"/v1/jobs/{job_id}/result"), "take") == ["built", None]
+    assert value_of(get(url, f"/v1/jobs/{job_id}/result"), "take") == ["built", None]
     request(url, "DELETE", f"/v1/sessions/{sid}")
     ended = request(url, "POST", path, body, {"Content-Type": content_type})
     assert ended.status == 410 and ended.body["error"]["kind"] == "session_ended"
