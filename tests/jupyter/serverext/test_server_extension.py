@@ -6,6 +6,7 @@ import json
 
 import pytest
 import tornado.httpclient
+from jupyter_login import login_cookies
 from traitlets.config import Config
 
 from kcoral import Client
@@ -98,12 +99,7 @@ async def test_a_cross_site_request_is_refused(
     # A browser session (the login cookie), but from another site's page: Jupyter refuses
     # cross-origin API calls and state changes without the XSRF token, so a page elsewhere
     # cannot read the servers or cancel jobs with the user's cookie.
-    token = jp_auth_header["Authorization"].split()[-1]
-    login = await http_server_client.fetch(
-        f"{jp_base_url}?token={token}", follow_redirects=False, raise_error=False
-    )
-    cookies = "; ".join(c.split(";")[0] for c in login.headers.get_list("Set-Cookie"))
-    assert cookies
+    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
     same_site = await http_server_client.fetch(
         f"{jp_base_url}kcoral/api/servers", headers={"Cookie": cookies}, raise_error=False
     )

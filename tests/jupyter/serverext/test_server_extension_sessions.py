@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 import tornado.httpclient
+from jupyter_login import login_cookies
 from server_process import running_server
 from stand_in_http import serving
 from traitlets.config import Config
@@ -191,12 +192,7 @@ async def test_an_unauthenticated_request_is_refused(http_server_client, jp_base
 async def test_another_sites_page_cannot_stop_a_session_with_the_users_cookie(
     http_server_client, jp_base_url, jp_auth_header, client
 ) -> None:
-    token = jp_auth_header["Authorization"].split()[-1]
-    login = await http_server_client.fetch(
-        f"{jp_base_url}?token={token}", follow_redirects=False, raise_error=False
-    )
-    cookies = "; ".join(c.split(";")[0] for c in login.headers.get_list("Set-Cookie"))
-    assert cookies
+    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
     with client.session() as session:
         # Another site's page: Jupyter blocks the cross-origin call (it answers 404) ...
         cross_site = await http_server_client.fetch(
