@@ -122,10 +122,10 @@ def kcoral_server(
 # -- programs --------------------------------------------------------------------------
 
 
-def trivial_program() -> kcoral.Program:
+def trivial_program(source: str = TRIVIAL_SOURCE) -> kcoral.Program:
     """Upload a module, get its function, run it, return an int."""
     program = kcoral.Program()
-    module = program.upload(kind="module", source=TRIVIAL_SOURCE)
+    module = program.upload(kind="module", source=source)
     function = program.get_function(module=module, name="answer")
     output = program.run(fn=function, args=[41])
     program.return_(key="answer", value=output)
@@ -144,12 +144,7 @@ def echo_program(kind: str, value: object, source: str = ECHO_SOURCE) -> kcoral.
 
 def torch_program() -> kcoral.Program:
     """The trivial program's shape, but its module imports torch and makes a small tensor."""
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=TORCH_SOURCE)
-    function = program.get_function(module=module, name="answer")
-    output = program.run(fn=function, args=[41])
-    program.return_(key="answer", value=output)
-    return program
+    return trivial_program(TORCH_SOURCE)
 
 
 def trivial_request_bytes() -> int:
