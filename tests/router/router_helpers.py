@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,17 @@ class Node:
                     child.kill()
                 self.process.kill()
                 self.process.wait()
+
+
+@contextmanager
+def stopping(router: RouterProcess, nodes: list[Node]) -> Iterator[None]:
+    """Stops the real nodes, then their router, however the block ends."""
+    try:
+        yield
+    finally:
+        for node in nodes:
+            node.stop()
+        router.stop()
 
 
 def ready_nodes(router: RouterProcess, count: int) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_server.node import supervisor as supervisor_module
-from router_helpers import Node, RouterProcess, http_request, ready_nodes, start_router
+from router_helpers import Node, RouterProcess, http_request, ready_nodes, start_router, stopping
 
 import kcoral
 
@@ -23,13 +23,9 @@ pytestmark = pytest.mark.slow
 def cluster(tmp_path: Path):
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
     nodes = [Node(tmp_path, router, "node-a"), Node(tmp_path, router, "node-b")]
-    try:
+    with stopping(router, nodes):
         ready_nodes(router, 2)
         yield router, nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        router.stop()
 
 
 MODULE = """

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from router_helpers import Node, ready_nodes, start_router
+from router_helpers import Node, ready_nodes, start_router, stopping
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -78,13 +78,9 @@ def routed(tmp_path_factory: pytest.TempPathFactory):
         env={"KCORAL_AUTH_TOKEN": TOKEN, **nodes_env},
     )
     nodes = [Node(tmp, router, "node-a", nodes_env), Node(tmp, router, "node-b", nodes_env)]
-    try:
+    with stopping(router, nodes):
         ready_nodes(router, 2)
         yield router, tmp
-    finally:
-        for node in nodes:
-            node.stop()
-        router.stop()
 
 
 def test_a_routed_job_streams_its_output_live_and_can_be_reattached(routed):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from router_helpers import Node, ready_nodes, start_router
+from router_helpers import Node, ready_nodes, start_router, stopping
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -27,9 +27,10 @@ def take():
 """
 
 
-def call(name: str, *args: object) -> kcoral.Program:
+def call(name: str, *args: object, source: str = STATE) -> kcoral.Program:
+    """A program that calls ``name(*args)`` of module ``source`` and returns it as ``r``."""
     program = kcoral.Program()
-    module = program.upload(kind="module", source=STATE)
+    module = program.upload(kind="module", source=source)
     function = program.get_function(module=module, name=name)
     program.return_(key="r", value=program.run(fn=function, args=list(args)))
     return program
@@ -53,13 +54,9 @@ def routed_cluster(tmp, node_ids: list[str]):
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory: pytest.TempPathFactory):
     router, nodes = routed_cluster(tmp_path_factory.mktemp("routed-sessions"), ["n-a", "n-b"])
-    try:
+    with stopping(router, nodes):
         ready_nodes(router, 2)
         yield router
-    finally:
-        for node in nodes:
-            node.stop()
-        router.stop()
 
 
 def test_a_routed_sessions_programs_share_state_on_the_node_it_was_created_on(routed):
@@ -118,7 +115,7 @@ def test_a_routed_session_id_that_is_not_one_is_unknown(routed):
 
 def test_a_node_that_leaves_the_router_ends_its_sessions_with_a_clear_error(tmp_path):
     router, nodes = routed_cluster(tmp_path, ["n-gone"])
-    try:
+    with stopping(router, nodes):
         ready_nodes(router, 1)
         with kcoral.Client(router.url, token=ALICE) as client:
             session = client.session()
@@ -135,10 +132,6 @@ def test_a_node_that_leaves_the_router_ends_its_sessions_with_a_clear_error(tmp_
         with kcoral.Client(router.url, token=BOB) as bob:
             # another identity still learns nothing about it
             assert bob.request("GET", f"/v1/sessions/{session.id}").status == 404
-    finally:
-        for node in nodes:
-            node.stop()
-        router.stop()
 
 
 GPU_STATE = """
@@ -152,29 +145,18 @@ def take():
 """
 
 
-def gpu_call(name: str, *args: object) -> kcoral.Program:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=GPU_STATE)
-    function = program.get_function(module=module, name=name)
-    program.return_(key="r", value=program.run(fn=function, args=list(args)))
-    return program
-
-
 def test_a_routed_session_pins_the_gpu_count_it_asked_for_on_its_node(tmp_path):
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3", env=NODES_ENV)
     fake_gpus = ("--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1")
     node = Node(tmp_path, router, "n-gpu", NODES_ENV, *fake_gpus)
-    try:
+    with stopping(router, [node]):
         ready_nodes(router, 1)
         with kcoral.Client(router.url) as client, client.session(gpu_count=2) as session:
             assert session.record["gpu_count"] == 2 and session.record["gpu_ids"] == [0, 1]
-            visible, pid = session.execute(gpu_call("put", "kept")).results["r"]
+            visible, pid = session.execute(call("put", "kept", source=GPU_STATE)).results["r"]
             assert visible == "0,1"
-            assert session.execute(gpu_call("take")).results["r"] == ["kept", pid]
+            assert session.execute(call("take", source=GPU_STATE)).results["r"] == ["kept", pid]
         with kcoral.Client(router.url) as client, pytest.raises(KCoralError) as too_many:
             client.session(gpu_count=3)  # the node's seat is free again: its node refuses
         assert too_many.value.status_code == 400
         assert "exceeds this server's GPU count (2)" in str(too_many.value)
-    finally:
-        node.stop()
-        router.stop()
