@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import socket
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,7 +22,7 @@ from kcoral_server.node.tunnel import Tunnel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router import frames
 from kcoral_server.router.listener import DemuxServer
-from router_helpers import FakeNode, RouterProcess, http_request, start_router, wait_for_health
+from router_helpers import FakeNode, RouterProcess, http_request, wait_for_health
 
 FRAME = 262144
 REQUEST_ID = "0b5e7c1e-9f1c-4b53-a5a0-2f3b9c8d1e2f"
@@ -157,13 +156,6 @@ def test_the_relay_carries_http2_connections_byte_for_byte_both_ways(use_splice:
 
 
 # -- through a real router ------------------------------------------------------------------
-
-
-@pytest.fixture
-def router(tmp_path: Path):
-    process = start_router(tmp_path, "--status-check-interval-seconds", "0.2")
-    yield process
-    process.stop()
 
 
 class RecordingNode(FakeNode):

@@ -9,18 +9,10 @@ import uuid
 from pathlib import Path
 
 import grpc
-import pytest
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from router_helpers import FakeNode, RouterProcess, http_request, start_router, wait_for_health
-
-
-@pytest.fixture
-def router(tmp_path: Path):
-    process = start_router(tmp_path, "--status-check-interval-seconds", "0.2")
-    yield process
-    process.stop()
 
 
 def ready(n: int):

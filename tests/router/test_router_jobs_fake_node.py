@@ -60,13 +60,6 @@ def jobs_node(port: int, name: str, seen: list, release: asyncio.Event | None = 
     return FakeNode(port, name, handler=handler, **kw)
 
 
-@pytest.fixture
-def router(tmp_path: Path):
-    process = start_router(tmp_path, "--status-check-interval-seconds", "0.2")
-    yield process
-    process.stop()
-
-
 def capacity(n: int):
     return lambda body: body["load"]["request_capacity"] >= n
 

@@ -9,11 +9,9 @@ import asyncio
 import json
 import time
 import uuid
-from pathlib import Path
 
-import pytest
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from router_helpers import FakeNode, http_request, start_router, wait_for_health
+from router_helpers import FakeNode, http_request, wait_for_health
 
 OK = [(b"content-type", b"application/json")]
 
@@ -55,13 +53,6 @@ def sessions_node(port: int, name: str, seats: tuple[int, int] | None, seen: lis
     node = FakeNode(port, name, handler=handler, control_slots=2, **kw)
     node.made = made  # type: ignore[attr-defined]
     return node
-
-
-@pytest.fixture
-def router(tmp_path: Path):
-    process = start_router(tmp_path, "--status-check-interval-seconds", "0.2")
-    yield process
-    process.stop()
 
 
 def test_a_session_goes_to_the_node_with_the_most_free_seats_and_stays_there(router):
