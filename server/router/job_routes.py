@@ -128,6 +128,18 @@ def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
     return [(header.name, header.value)]
 
 
+def learn_submitted_job(handler: Any, body: bytes) -> bytes:
+    """Remember the node of the job a 202 answer names (later requests for it go there);
+    the body passes unchanged."""
+    try:
+        job_id = json.loads(body)["job_id"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    if isinstance(job_id, str) and handler.node is not None:
+        handler.state.jobs.remember(job_id, handler.node)
+    return body
+
+
 async def ask_every_node(
     handler: Any, path: str, *, ready_only: bool = False
 ) -> list[tuple[str, tuple[int, bytes] | None]]:
@@ -141,6 +153,20 @@ async def ask_every_node(
         *(fetch(handler.state, node, "GET", path, headers) for node in nodes)
     )
     return list(zip(nodes, answers, strict=True))
+
+
+async def answers_to_merge(
+    handler: Any, path: str
+) -> list[tuple[str, tuple[int, bytes] | None]] | None:
+    """Every connected node's answer to ``GET path``, for a merged list; ``None`` once the
+    request is answered already (refused in ``prepare``, or 503 ``no_node`` without nodes)."""
+    if handler._finished:
+        return None
+    answers = await ask_every_node(handler, path)
+    if not answers:
+        handler.no_node()
+        return None
+    return answers
 
 
 class JobsHandler(ForwardHandler):
@@ -158,20 +184,11 @@ class JobsHandler(ForwardHandler):
         return status == 202
 
     def rewrite(self, status: int, body: bytes) -> bytes:
-        try:
-            job_id = json.loads(body)["job_id"]
-        except (ValueError, KeyError, TypeError):
-            return body
-        if isinstance(job_id, str) and self.node is not None:
-            self.state.jobs.remember(job_id, self.node)
-        return body
+        return learn_submitted_job(self, body)
 
     async def get(self) -> None:
-        if self._finished:
-            return
-        answers = await ask_every_node(self, "/v1/jobs")
-        if not answers:
-            self.no_node()
+        answers = await answers_to_merge(self, "/v1/jobs")
+        if answers is None:
             return
         merged: list[Any] = []
         for node, answer in answers:

@@ -31,7 +31,13 @@ from typing import Any
 
 from kcoral_server.identity import Identity
 from kcoral_server.router.forward import ForwardHandler, identity_header
-from kcoral_server.router.job_routes import ask_every_node, error_kind, fetch
+from kcoral_server.router.job_routes import (
+    answers_to_merge,
+    ask_every_node,
+    error_kind,
+    fetch,
+    learn_submitted_job,
+)
 from kcoral_server.router.slot import CONTROL
 
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -197,11 +203,8 @@ class SessionsHandler(ForwardHandler):
         return True
 
     async def get(self) -> None:
-        if self._finished:
-            return
-        answers = await ask_every_node(self, "/v1/sessions")
-        if not answers:
-            self.no_node()
+        answers = await answers_to_merge(self, "/v1/sessions")
+        if answers is None:
             return
         merged: list[Any] = []
         for node, answer in answers:
@@ -276,13 +279,7 @@ class SessionHandler(ForwardHandler):
         return status == 202 and self.path_args[1] == "/jobs"
 
     def rewrite(self, status: int, body: bytes) -> bytes:
-        try:
-            job_id = json.loads(body)["job_id"]
-        except (ValueError, KeyError, TypeError):
-            return body
-        if isinstance(job_id, str) and self.node is not None:
-            self.state.jobs.remember(job_id, self.node)  # read through /v1/jobs/{id}
-        return body
+        return learn_submitted_job(self, body)  # read through /v1/jobs/{id}
 
     async def _look_up(self, session_id: str) -> str | None:
         for node, answer in await ask_every_node(self, f"/v1/sessions/{session_id}"):
