@@ -80,13 +80,8 @@ def test_two_sessions_are_isolated_and_stateless_requests_never_see_the_namespac
     value_of(_call(url, first, "put", "x", "first"), "put")
     assert value_of(_call(url, second, "take", "x"), "take") == [None, None]
     assert value_of(_call(url, first, "pid"), "pid") != value_of(_call(url, second, "pid"), "pid")
-    stateless = request(url, "POST", "/execute", *_body(module_program(STATE, [("take", ["x"])])))
+    stateless = run_in(url, None, module_program(STATE, [("take", ["x"])]))
     assert json.loads(stateless.body["results"]["take#0"]["value"]) == [None, None]
-
-
-def _body(program: dict) -> tuple[bytes, dict[str, str]]:
-    content_type, body = execute_body(program)
-    return body, {"Content-Type": content_type}
 
 
 @pytest.mark.parametrize("kcoral_server", [FAKE_GPU], indirect=True)
@@ -100,7 +95,7 @@ def test_a_session_program_and_a_stateless_request_never_hold_the_gpu_lease_toge
     program = module_program(WORK, [("work", [str(log), 0.5])])
     thread = threading.Thread(target=lambda: answers.append(run_in(url, sid, program)))
     thread.start()
-    stateless = request(url, "POST", "/execute", *_body(program))
+    stateless = run_in(url, None, program)
     thread.join()
     assert stateless.body["status"] == "COMPLETED"
     assert answers[0].body["status"] == "COMPLETED"
