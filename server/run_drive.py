@@ -1,0 +1,131 @@
+"""The state of one program on its worker while it runs, and how it ends (PROTOCOL §6–§7).
+
+``ProgramDrive`` is what ``worker_run.ProgramRun`` learns from the worker's messages: the
+returns, the last instruction started and finally one ``RunResult`` with the status, error
+and reasons that the answer (``program_outcome``) and the worker's fate
+(``Pool.retirement``) are decided from. Its methods turn each way a program ends into that
+state; they never touch the worker.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoral_server import ipc
+from kcoral_server.pool import RunResult
+from kcoral_server.responses import ReturnRecord
+from kcoral_server.worker_channel import WorkerGone
+from kcoral_server.workspace import Workspace
+
+from kcoral.protocol.schema import Instruction, Return
+
+__all__ = ["CRASH_MESSAGE", "ProgramDrive", "instruction_error"]
+
+CRASH_MESSAGE = "worker exited while executing the instruction"
+
+
+@dataclass
+class ProgramDrive:
+    """Progress of one program on a worker."""
+
+    workspace: Workspace
+    limit: int
+    result: RunResult | None = None  # None while the program runs
+    status: str = "FAILED"
+    error: dict[str, Any] | None = None
+    returns: list[ReturnRecord] = field(default_factory=list)
+    last_instruction: ipc.InstructionStarted | None = None
+    reason: str = "server_error"
+    reason_retire: str | None = None
+    maps: list[mmap.mmap] = field(default_factory=list)
+    instructions: Sequence[Instruction] = ()
+    progress: ipc.ProgressSlot | None = None  # the worker's, when it has one
+
+    def read_progress(self) -> None:
+        """Take the last instruction started from the progress slot (the program is over):
+        without ``InstructionStarted`` frames this is the only record of it. A value that
+        names no instruction of this program (uploaded code can write the slot) leaves what
+        the frames said, if anything."""
+        if self.progress is None:
+            return
+        index = self.progress.last_started(len(self.instructions))
+        if index is None:
+            return
+        instruction = self.instructions[index]
+        self.last_instruction = ipc.InstructionStarted(
+            index=index,
+            op=instruction.op,
+            id=None if isinstance(instruction, Return) else instruction.id,
+        )
+
+    def finished(self, message: ipc.ProgramFinished) -> None:
+        """The worker's ``ProgramFinished``; ``ValueError`` when it is malformed."""
+        if message.status not in ("COMPLETED", "FAILED"):
+            raise ValueError(f"unknown program status {message.status!r}")
+        if message.status == "FAILED" and not isinstance(message.error, dict):
+            raise ValueError("FAILED without an error object")
+        self.result = RunResult.FINISHED
+        self.status = message.status
+        self.error = message.error if message.status == "FAILED" else None
+        if message.left_processes:
+            self.reason_retire = "request_limit"
+            if self.status == "COMPLETED" and self.last_instruction is not None:
+                self.status = "FAILED"
+                self.error = instruction_error(
+                    self.last_instruction,
+                    "program left background processes running; they were terminated",
+                )
+        if message.poisoned:
+            self.reason_retire = "poisoned_context"
+        self.reason = "completed" if self.status == "COMPLETED" else "program_failed"
+
+    def failed_at_teardown(self, returncode: int) -> None:
+        """A retiring worker exited with ``returncode`` after a completed program."""
+        if self.status == "COMPLETED" and self.last_instruction is not None:
+            self.status = "FAILED"
+            self.reason = "program_failed"
+            self.error = instruction_error(
+                self.last_instruction, f"worker exited with code {returncode} during teardown"
+            )
+
+    def timed_out(self) -> None:
+        self.result = RunResult.TIMED_OUT
+        self.reason = "timeout"
+        self.reason_retire = "timeout"
+
+    def cancelled(self, reason: str | None) -> None:
+        self.result = RunResult.CANCELLED
+        self.reason = reason or "cancelled"
+        self.reason_retire = "cancelled"
+
+    def worker_lost(self, gone: WorkerGone, quarantined: bool) -> None:
+        """The worker went away (or spoke garbage) before ``ProgramFinished``."""
+        self.read_progress()  # the process is gone: the slot holds its last word
+        self.reason_retire = "crashed"
+        if quarantined:
+            self.result = RunResult.QUARANTINED  # its GPU was taken out of service under it
+        elif gone.invalid:
+            self.result = RunResult.INVALID
+            self.reason = "server_error"
+        elif self.last_instruction is not None:
+            self.result = RunResult.FINISHED
+            self.status = "FAILED"
+            self.error = instruction_error(self.last_instruction, CRASH_MESSAGE)
+            self.reason = "crashed"
+        else:
+            self.result = RunResult.CRASHED
+            self.reason = "crashed"
+
+
+def instruction_error(instruction: ipc.InstructionStarted, message: str) -> dict[str, Any]:
+    return {
+        "kind": "runtime",
+        "message": message,
+        "instruction_index": instruction.index,
+        "instruction_op": instruction.op,
+        "instruction_id": instruction.id,
+        "traceback": "",
+    }
