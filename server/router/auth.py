@@ -94,6 +94,12 @@ class RouterHandler(tornado.web.RequestHandler):
         self.set_status(status)
         self.set_header("X-Request-ID", self.request_id)
         self.set_header("Content-Type", "application/json")
+        # Tornado closes a connection whose request it had not read to the end once the
+        # answer is out, without saying so: say it, or a client reuses the connection and
+        # its next request is lost (seen with a 404 answered before a GET's empty body).
+        connection = self.request.connection
+        if connection is not None and not getattr(connection, "_read_finished", True):
+            self.set_header("Connection", "close")
         for name, value in (headers or {}).items():
             self.set_header(name, value)
         if status == 503:

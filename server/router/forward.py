@@ -104,22 +104,6 @@ class ForwardHandler(RouterHandler):
     def rewrite(self, status: int, body: bytes) -> bytes:
         return body
 
-    def send_router_error(
-        self,
-        status: int,
-        kind: str,
-        message: str,
-        reason: str,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        # Tornado closes a connection whose request it had not read to the end once the
-        # answer is out, without saying so: say it, or a client reuses the connection and
-        # its next request is lost (seen with a 404 answered before a GET's empty body).
-        connection = self.request.connection
-        if connection is not None and not getattr(connection, "_read_finished", True):
-            headers = {**(headers or {}), "Connection": "close"}
-        super().send_router_error(status, kind, message, reason, headers)
-
     def no_node(self) -> None:
         """No slot came within the wait (or the required node went away)."""
         self.send_router_error(
