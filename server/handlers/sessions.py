@@ -107,8 +107,10 @@ class SessionInterruptHandler(SessionHandler):
             self.send_json(200, session.record())
 
 
-class SessionExecuteHandler(ExecuteHandler):
-    """``POST /v1/sessions/{id}/execute``: as ``/execute``, on the session's worker."""
+class _InSession(ExecuteHandler):
+    """What running a program in a session adds to ``/execute`` and ``POST /v1/jobs``: the
+    session is found (or the request refused) before the body is read, and the program is
+    pinned to it."""
 
     def prepare(self) -> None:
         super().prepare()
@@ -121,6 +123,10 @@ class SessionExecuteHandler(ExecuteHandler):
 
     async def post(self, session_id: str) -> None:  # type: ignore[override]
         await super().post()
+
+
+class SessionExecuteHandler(_InSession):
+    """``POST /v1/sessions/{id}/execute``: as ``/execute``, on the session's worker."""
 
     def on_connection_close(self) -> None:
         # A client that goes away interrupts its running program instead of killing it
@@ -153,20 +159,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class SessionJobHandler(JobSubmitHandler):
+class SessionJobHandler(_InSession, JobSubmitHandler):
     """``POST /v1/sessions/{id}/jobs``: as ``POST /v1/jobs``, the program in the session;
     the job is then read, streamed and cancelled through ``/v1/jobs/{job_id}``."""
 
     ALLOWED = ("POST",)
-
-    def prepare(self) -> None:
-        super().prepare()
-        self.session = _pinned_session(self)
-
-    def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
-        request = super().new_request(observer)
-        request.session = self.session
-        return request
-
-    async def post(self, session_id: str) -> None:  # type: ignore[override]
-        await super().post()
