@@ -22,10 +22,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from kcoral_server import ipc, procfs
-from kcoral_server.pool import REUSE_READY_TIMEOUT_SECONDS, NoWorker, Seat, SeatState
+from kcoral_server import procfs
+from kcoral_server.pool import NoWorker, Seat, SeatState
+from kcoral_server.pool_retirement import reported_clean
 from kcoral_server.responses import RequestFailed
-from kcoral_server.worker_channel import WorkerGone, close_fds
 
 if TYPE_CHECKING:
     from kcoral_server.app import ServerState
@@ -217,15 +217,7 @@ class Session:
 
     async def _settle(self, handle: Any, request_id: str | None) -> None:
         """Wait for the worker's clean-up after a program (it says ready again)."""
-        try:
-            while True:
-                message, fds = await handle.channel.receive(REUSE_READY_TIMEOUT_SECONDS)
-                close_fds(fds)
-                if isinstance(message, ipc.WorkerReady):
-                    handle.lease.release()  # after ProgramFinished the lease is ours to free
-                    break
-                raise WorkerGone(f"unexpected message {message.tag!r}", invalid=True)
-        except (asyncio.TimeoutError, TimeoutError, WorkerGone):
+        if not await reported_clean(handle):
             self.end("worker_exited", self._exited_message(request_id))
             return
         if self.state == "IDLE":
