@@ -35,6 +35,15 @@ def confirm_cleanup(handle: WorkerHandle) -> None:
         )
 
 
+# The answer of a program that did not finish: (status, kind, message, finish reason).
+FAILED_ANSWERS: dict[RunResult, tuple[int, str, str, str]] = {
+    RunResult.QUARANTINED: (503, "busy", "server saturated", "no_worker"),
+    RunResult.TIMED_OUT: (504, "timeout", "execution timed out", "timeout"),
+    RunResult.INVALID: (500, "engine", "invalid worker response", "server_error"),
+    RunResult.CRASHED: (500, "engine", "worker crashed", "crashed"),
+}
+
+
 def program_outcome(
     drive: ProgramDrive,
     handle: WorkerHandle,
@@ -49,18 +58,10 @@ def program_outcome(
     if handle.cleanup_unconfirmed is not None:
         close_maps(drive.maps)
         confirm_cleanup(handle)
-    if drive.result is RunResult.QUARANTINED:
+    failure = FAILED_ANSWERS.get(drive.result)  # type: ignore[arg-type]
+    if failure is not None:
         close_maps(drive.maps)
-        raise RequestFailed(503, "busy", "server saturated", "no_worker")
-    if drive.result is RunResult.TIMED_OUT:
-        close_maps(drive.maps)
-        raise RequestFailed(504, "timeout", "execution timed out", "timeout")
-    if drive.result is RunResult.INVALID:
-        close_maps(drive.maps)
-        raise RequestFailed(500, "engine", "invalid worker response", "server_error")
-    if drive.result is RunResult.CRASHED:
-        close_maps(drive.maps)
-        raise RequestFailed(500, "engine", "worker crashed", "crashed")
+        raise RequestFailed(*failure)
     if drive.result is RunResult.CANCELLED:
         close_maps(drive.maps)
         raise cancellation.failure()
