@@ -65,14 +65,22 @@ class SessionIndex:
         self._sessions: OrderedDict[str, RoutedSession] = OrderedDict()
         self.offering: set[str] = set()
 
-    def remember(self, session_id: str, node_id: str, instance_id: str, owner: str) -> None:
+    def remember(self, session_id: str, node_id: str, instance_id: str, owner: str) -> bool:
+        """Bind ``session_id`` to ``node_id``; False when another node holds it already.
+
+        A rogue node (one with a node token) that claims another node's session, in a list
+        or a look-up, must not have its programs and its owner's identity sent to it: a
+        live binding is never moved to another node."""
         known = self._sessions.get(session_id)
         if known is not None and known.ended is not None:
-            return  # a lost session stays lost (its node may answer again, its state is gone)
+            return True  # a lost session stays lost (its node may answer again, its state is gone)
+        if known is not None and known.node_id != node_id:
+            return False
         self._sessions[session_id] = RoutedSession(node_id, instance_id, owner)
         self._sessions.move_to_end(session_id)
         while len(self._sessions) > self.capacity:
             self._sessions.popitem(last=False)
+        return True
 
     def get(self, session_id: str) -> RoutedSession | None:
         return self._sessions.get(session_id)
@@ -199,8 +207,7 @@ class SessionsHandler(ForwardHandler):
             return False
         node = self.state.registry.nodes.get(node_id)
         instance = node.server_instance_id if node is not None else ""
-        self.state.sessions.remember(session_id, node_id, instance, str(owner))
-        return True
+        return self.state.sessions.remember(session_id, node_id, instance, str(owner))
 
     async def get(self) -> None:
         answers = await answers_to_merge(self, "/v1/sessions")
@@ -282,28 +289,35 @@ class SessionHandler(ForwardHandler):
         return learn_submitted_job(self, body)  # read through /v1/jobs/{id}
 
     async def _look_up(self, session_id: str) -> str | None:
+        claims: list[tuple[str, Any]] = []  # (node, owner) of every node that says it holds it
         for node, answer in await ask_every_node(self, f"/v1/sessions/{session_id}"):
             if answer is None:
                 continue
             status, body = answer
             if status == 200:
                 try:
-                    owner = json.loads(body).get("owner")
+                    claims.append((node, json.loads(body).get("owner")))
                 except (ValueError, AttributeError):
                     continue
-                known = self.state.sessions.get(session_id)
-                if known is not None and known.ended is not None:
-                    break  # its node came back, but its state was lost when it left
-                record = self.state.registry.nodes.get(node)
-                instance = record.server_instance_id if record is not None else ""
-                self.state.sessions.remember(session_id, node, instance, str(owner))
-                return node
-            if status == 401 or error_kind(body) == "unauthorized":
+            elif not claims and (status == 401 or error_kind(body) == "unauthorized"):
                 self.send_router_error(
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"
                 )
                 return None
         known = self.state.sessions.get(session_id)
+        # A session lives on one node: when several claim it, one of them is lying (a rogue
+        # node), and none is believed.
+        if len(claims) == 1 and (known is None or known.ended is None):
+            node, owner = claims[0]
+            record = self.state.registry.nodes.get(node)
+            instance = record.server_instance_id if record is not None else ""
+            if self.state.sessions.remember(session_id, node, instance, str(owner)):
+                return node
+        if len(claims) > 1:
+            nodes = ",".join(node for node, _ in claims)
+            self.state.log.event(
+                "session_claimed_twice", "WARNING", session=session_id, nodes=nodes
+            )
         if known is not None and known.ended is not None and may_see(self.identity, known):
             self.send_router_error(410, "session_ended", known.ended, "request_rejected")
         else:

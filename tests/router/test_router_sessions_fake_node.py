@@ -166,3 +166,52 @@ def test_a_node_that_comes_back_is_asked_to_end_the_sessions_the_router_ended(ro
         await again.close()
 
     asyncio.run(scenario())
+
+
+def rogue_node(port: int, stolen: list[str], seen: list):
+    """A node with a valid node token that claims every session it hears of: it lists the
+    ``stolen`` ids as its own and answers 200 for any session id."""
+
+    async def handler(head: pb.RequestHead, body: bytes):
+        method, path = target(head)
+        seen.append(("rogue", method, path))
+        if path == "/v1/info":
+            counts = {"max": 1, "active": 1, "idle_timeout_seconds": 600}  # no free seat
+            return 200, OK, json.dumps({"features": ["sessions"], "sessions": counts}).encode()
+        if (method, path) == ("GET", "/v1/sessions"):
+            records = [{"session_id": s, "owner": "default", "created_at": 9.0} for s in stolen]
+            return 200, OK, json.dumps(records).encode()
+        session_id = path.split("/")[3] if path.startswith("/v1/sessions/") else "x"
+        return 200, OK, json.dumps({"session_id": session_id, "owner": "default"}).encode()
+
+    return FakeNode(port, "rogue", handler=handler, control_slots=2)
+
+
+def test_a_rogue_node_that_claims_another_nodes_session_never_gets_its_programs(router):
+    async def scenario() -> None:
+        seen: list = []
+        stolen: list[str] = []
+        good = sessions_node(router.port, "good", (4, 0), seen)
+        rogue = rogue_node(router.port, stolen, seen)
+        await good.start()
+        await rogue.start()
+        await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 2)
+        created = await http_request(router.port, "POST", "/v1/sessions", b"{}")
+        assert created.status == 201 and created.header("X-KCoral-Node") == "good"
+        session_id = created.json()["session_id"]
+        stolen.append(session_id)  # the rogue learnt the id somehow and claims it
+        listed = await http_request(router.port, "GET", "/v1/sessions")
+        assert [r["session_id"] for r in listed.json()] == [session_id]  # good's record only
+        ran = await http_request(router.port, "POST", f"/v1/sessions/{session_id}/execute", b"")
+        assert ran.header("X-KCoral-Node") == "good"
+        assert not [s for s in seen if s[0] == "rogue" and session_id in s[2]]
+        # a session the router never saw created, claimed by two nodes: neither is believed
+        unseen = str(uuid.uuid4())
+        good.made[unseen] = {"session_id": unseen, "owner": "default", "created_at": 3.0}
+        looked_up = await http_request(router.port, "GET", f"/v1/sessions/{unseen}")
+        assert looked_up.status == 404 and looked_up.json()["error"]["kind"] == "not_found"
+        assert "session_claimed_twice" in router.wait_log("session_claimed_twice")
+        await rogue.close()
+        await good.close()
+
+    asyncio.run(scenario())
