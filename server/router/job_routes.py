@@ -44,11 +44,18 @@ class JobIndex:
         self.capacity = capacity
         self._nodes: OrderedDict[str, str] = OrderedDict()
 
-    def remember(self, job_id: str, node_id: str) -> None:
+    def remember(self, job_id: str, node_id: str) -> bool:
+        """Bind ``job_id`` to ``node_id``; False when another node holds it already: a job
+        lives on one node, and a rogue node that claims another's job id (in its list or a
+        look-up) must not get that job's reads and cancels with its owner's identity."""
+        known = self._nodes.get(job_id)
+        if known is not None and known != node_id:
+            return False
         self._nodes[job_id] = node_id
         self._nodes.move_to_end(job_id)
         while len(self._nodes) > self.capacity:
             self._nodes.popitem(last=False)
+        return True
 
     def node_of(self, job_id: str) -> str | None:
         return self._nodes.get(job_id)
@@ -206,8 +213,8 @@ class JobsHandler(ForwardHandler):
                 continue
             for job in jobs:
                 if isinstance(job, dict) and isinstance(job.get("job_id"), str):
-                    self.state.jobs.remember(job["job_id"], node)
-                    merged.append(job)
+                    if self.state.jobs.remember(job["job_id"], node):
+                        merged.append(job)
         merged.sort(key=lambda job: str(job.get("submitted_at") or ""), reverse=True)
         self.finish_reason = "completed"
         self.send_json(200, merged)
@@ -248,8 +255,7 @@ class JobHandler(ForwardHandler):
             if answer is None:
                 continue
             status, body = answer
-            if status == 200:
-                self.state.jobs.remember(job_id, node)
+            if status == 200 and self.state.jobs.remember(job_id, node):
                 return node
             if status == 401:
                 self.send_router_error(

@@ -11,8 +11,10 @@ from kcoral_server.node.supervisor import child_arguments, healthy_body, probe_t
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.gateway import status_problem
 from kcoral_server.router.identity import is_valid_node_id, parse_router_origin
+from kcoral_server.router.job_routes import JobIndex
 from kcoral_server.router.registry import Registry
 from kcoral_server.router.scheduler import Admission, NoNode, RouterBusy
+from kcoral_server.router.session_routes import SessionIndex
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.router.slot import RouterSlot
 
@@ -285,3 +287,19 @@ def test_the_supervisor_gives_up_a_connect_attempt_after_two_seconds() -> None:
         assert asyncio.run(attempt()) == "no connection to the router within 2 s"
     finally:
         silent.close()
+
+
+def test_a_job_bound_to_a_node_is_never_moved_to_another_that_claims_it() -> None:
+    jobs = JobIndex()
+    assert jobs.remember("job-1", "good")
+    assert not jobs.remember("job-1", "rogue")  # a rogue node's list or look-up answer
+    assert jobs.node_of("job-1") == "good"
+    assert jobs.remember("job-1", "good")  # its own node may repeat it
+
+
+def test_a_session_bound_to_a_node_is_never_moved_to_another_that_claims_it() -> None:
+    sessions = SessionIndex()
+    assert sessions.remember("s-1", "good", "instance-1", "alice")
+    assert not sessions.remember("s-1", "rogue", "instance-9", "alice")
+    known = sessions.get("s-1")
+    assert known is not None and known.node_id == "good"
