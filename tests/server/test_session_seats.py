@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,18 @@ def test_a_cap_of_zero_lets_one_of_several_identities_take_every_seat(
     ).url
     assert [create_session(url, ALICE).status for _ in range(2)] == [201, 201]
     assert _refusal(create_session(url, BOB)).startswith("no session seat free")
+
+
+def test_an_identity_that_asks_for_seats_all_at_once_still_gets_only_its_cap(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = _token_file(tmp_path, "alice token-alice-0123456789\nbob token-bob-0123456789\n")
+    url = server_factory("--auth-token-file", tokens, "--max-sessions", "4").url
+    # the seat counts from the moment a create is admitted, before its worker has started
+    with ThreadPoolExecutor(4) as pool:
+        statuses = sorted(pool.map(lambda _: create_session(url, ALICE).status, range(4)))
+    assert statuses == [201, 201, 503, 503]
+    assert create_session(url, BOB).status == 201
 
 
 @pytest.mark.parametrize(
