@@ -363,6 +363,17 @@ class ServerConfig:
         help="session seats beyond the stateless ones",
         minimum=0,
     )
+    # None: half the seats, rounded up, once there are 2+ seats and 2+ identities (a node
+    # behind a router counts as several); session_seats.per_identity_cap says why
+    max_sessions_per_identity: int | None = setting(
+        None,
+        flag="--max-sessions-per-identity",
+        kind="int",
+        help="session seats one identity may hold; 0 = no cap. With one identity (one bare "
+        "token, or no token) there is no cap by default",
+        shown_default=": half of --max-sessions, rounded up, with 2+ seats and 2+ identities",
+        minimum=0,
+    )
     session_idle_seconds: float = setting(
         600.0,
         flag="--session-idle-seconds",

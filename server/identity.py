@@ -99,6 +99,10 @@ class Authenticator:
         self._tokens = [(f"Bearer {t}".encode(), who) for t, who in (tokens or {}).items()]
         self._router = f"Bearer {router_secret}".encode() if router_secret else None
         self.open = tokens is None and router_secret is None
+        # How many identities can call (fair session seats): an open server serves one,
+        # ``default``; behind a router the identities are the router's, unknown here.
+        names = {who.name for who in (tokens or {}).values()}
+        self.identity_count: int | None = None if router_secret else max(1, len(names))
 
     def authenticate(
         self, authorization: str | None, identity_header: str | None

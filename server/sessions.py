@@ -26,6 +26,7 @@ from kcoral_server import procfs
 from kcoral_server.pool import NoWorker, Seat, SeatState
 from kcoral_server.pool_retirement import reported_clean
 from kcoral_server.responses import RequestFailed
+from kcoral_server.session_seats import SeatRules, per_identity_cap
 
 if TYPE_CHECKING:
     from kcoral_server.app import ServerState
@@ -74,9 +75,13 @@ class Session:
 
     # ------------------------------------------------------------------ record
 
-    def record(self) -> dict[str, Any]:
+    def idle_deadline(self) -> float | None:
+        """When an idle session ends by its idle timeout; None while it starts or runs."""
         idle_from = self.last_finished_at or self.created_at
-        deadline = idle_from + self.idle_timeout if self.state == "IDLE" else None
+        return idle_from + self.idle_timeout if self.state == "IDLE" else None
+
+    def record(self) -> dict[str, Any]:
+        deadline = self.idle_deadline()
         return {
             "session_id": self.id,
             "owner": self.owner,
@@ -341,6 +346,12 @@ class Sessions:
         self.state = state
         self.events = state.events
         self.max = int(state.config.max_sessions)
+        cap = per_identity_cap(
+            self.max,
+            state.config.max_sessions_per_identity,
+            state.authenticator.identity_count,
+        )
+        self.rules = SeatRules(self.max, cap)  # fair seats: no identity takes them all
         self.idle_seconds = float(state.config.session_idle_seconds)
         self.retention = float(state.config.job_retention_seconds)
         self.sessions: dict[str, Session] = {}
@@ -350,9 +361,19 @@ class Sessions:
     def active(self) -> int:
         return sum(1 for s in self.sessions.values() if s.state != "ENDED")
 
-    def info(self) -> dict[str, Any]:
-        """``/v1/info``'s ``sessions`` object."""
-        return {"max": self.max, "active": self.active, "idle_timeout_seconds": self.idle_seconds}
+    def live(self) -> list[Session]:
+        return [s for s in self.sessions.values() if s.state != "ENDED"]
+
+    def info(self, identity: Identity) -> dict[str, Any]:
+        """``/v1/info``'s ``sessions`` object, with the caller's share: a router places a
+        session only where the caller is below ``max_per_identity`` (ROUTER §13)."""
+        return {
+            "max": self.max,
+            "active": self.active,
+            "idle_timeout_seconds": self.idle_seconds,
+            "max_per_identity": self.rules.cap,
+            "held_by_you": sum(1 for s in self.live() if s.owner == identity.name),
+        }
 
     def _forget_old(self) -> None:
         now = time.time()
@@ -387,8 +408,9 @@ class Sessions:
         pool = self.state.pool
         if self.state.shutting_down or not pool.accepting:
             raise NoWorker("server is not accepting requests")
-        if self.active >= self.max:
-            raise NoWorker(f"no session seat free (--max-sessions {self.max})")
+        refusal = self.rules.refusal(self.live(), identity.name)
+        if refusal is not None:
+            raise NoWorker(refusal)
         gpu_ids = self._pick_gpus(gpu_count) if gpu_count else []
         session = Session(self, identity.name, gpu_ids, idle_timeout or self.idle_seconds)
         self.sessions[session.id] = session

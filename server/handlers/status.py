@@ -76,7 +76,7 @@ class InfoHandler(BaseHandler):
                 "device": self.state.device,
                 # the resolved mode: what confines programs here (EXTENSIONS §1, §6)
                 "sandbox": self.state.sandbox,
-                "sessions": sessions.info(),
+                "sessions": sessions.info(self.identity),
                 "limits": {
                     "max_request_bytes": config.max_request_bytes,
                     "max_response_bytes": config.max_response_bytes,

@@ -1,7 +1,8 @@
 """Sessions through the router (EXTENSIONS §11, ROUTER §13): a session lives on one node.
 
-* ``POST /v1/sessions`` asks every ready node's ``/v1/info`` and goes to the node with the
-  most free session seats (fewest active sessions first); the router reads the session id
+* ``POST /v1/sessions`` asks every ready node's ``/v1/info`` (as the caller) and goes to
+  the node with the most free session seats for the caller (free seats, capped by what the
+  caller may still hold there under the node's per-identity cap); the router reads the session id
   from the node's 201 answer and remembers its node, server instance and owner.
 * ``GET /v1/sessions`` asks every connected node and merges the caller's lists.
 * ``/v1/sessions/{id}`` (``GET``, ``DELETE``) and its ``/execute``, ``/jobs`` and
@@ -141,11 +142,27 @@ def offers_sessions(info: Any) -> bool:
 
 
 def free_seats(info: Any) -> int:
+    """The session seats a node's ``/v1/info`` (asked as the caller) offers the caller: its
+    free seats, no more than the caller may still take under the node's per-identity cap
+    (``max_per_identity`` - ``held_by_you``; EXTENSIONS §11), so a session never goes to a
+    node that would refuse it for the cap while another has room."""
     counts = info.get("sessions") if isinstance(info, dict) else None
     if not isinstance(counts, dict):
         return 0
-    free = counts.get("max", 0) - counts.get("active", 0)
-    return free if isinstance(free, int) and not isinstance(free, bool) else 0
+    free = _count(counts, "max") - _count(counts, "active")
+    cap = counts.get("max_per_identity")
+    if _is_count(cap):  # absent or null: no cap (or a node from before the cap)
+        free = min(free, cap - _count(counts, "held_by_you"))
+    return max(free, 0)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(counts: dict[str, Any], key: str) -> int:
+    value = counts.get(key, 0)
+    return value if _is_count(value) else 0
 
 
 def may_see(identity: Identity, session: RoutedSession) -> bool:

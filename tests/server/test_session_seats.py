@@ -1,0 +1,155 @@
+"""Fair session seats (EXTENSIONS §11) against real servers: one identity cannot take every
+seat, the refusal says how many seats exist, how many the caller holds and when the
+earliest frees by idle timeout; a server with one identity lets it take them all."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from http_helpers import get
+from kcoral_server.config import InvalidConfigError, ServerConfig
+from kcoral_server.session_seats import SeatRules, per_identity_cap
+from session_requests import create_session
+
+ALICE = {"Authorization": "Bearer token-alice-0123456789"}
+BOB = {"Authorization": "Bearer token-bob-0123456789"}
+WHEN = re.compile(r"in (\d+) s \(at (\S+)\)$")
+
+
+def _token_file(tmp_path: Path, text: str) -> str:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(text)
+    tokens.chmod(0o600)
+    return str(tokens)
+
+
+def _utc(seconds: float) -> str:
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _refusal(answer) -> str:
+    assert answer.status == 503, answer.body
+    assert answer.body["error"]["kind"] == "busy"
+    return answer.body["error"]["message"]
+
+
+def test_an_identity_at_its_cap_is_refused_with_the_counts_and_another_identity_gets_a_seat(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = _token_file(tmp_path, "alice token-alice-0123456789\nbob token-bob-0123456789\n")
+    url = server_factory("--auth-token-file", tokens, "--max-sessions", "3").url
+    # alice takes seats up to the default cap, half of three rounded up
+    first = create_session(url, ALICE, idle_timeout_seconds=300)
+    second = create_session(url, ALICE, idle_timeout_seconds=500)
+    assert first.status == 201 and second.status == 201, (first.body, second.body)
+    message = _refusal(create_session(url, ALICE))
+    assert message.startswith(
+        "no session seat free (--max-sessions 3): 3 seats, 2 held, 2 by you, the most one "
+        "identity may hold (--max-sessions-per-identity 2); the earliest of yours frees by "
+        "idle timeout in "
+    ), message
+    seconds, at = WHEN.search(message).groups()
+    assert 0 < int(seconds) <= 300
+    assert at == _utc(first.body["idle_deadline"])  # the sooner of alice's two
+    # what a router reads to place sessions (ROUTER §13): the cap and the caller's share
+    info = get(url, "/v1/info", ALICE).body["sessions"]
+    assert info["max_per_identity"] == 2 and info["held_by_you"] == 2
+    assert get(url, "/v1/info", BOB).body["sessions"]["held_by_you"] == 0
+
+    # bob still gets the seat alice cannot take; then every seat is held
+    assert create_session(url, BOB).status == 201
+    message = _refusal(create_session(url, BOB))
+    assert message.startswith(
+        "no session seat free (--max-sessions 3): 3 seats, 3 held, 1 by you; the earliest "
+        "frees by idle timeout in "
+    ), message
+    assert WHEN.search(message).group(2) == _utc(first.body["idle_deadline"])
+
+
+@pytest.mark.parametrize(
+    "token_text", [None, "alice token-alice-0123456789\n"], ids=["no token", "one identity"]
+)
+def test_a_server_with_one_identity_lets_it_take_every_seat(
+    server_factory, tmp_path: Path, token_text: str | None
+) -> None:
+    args = ["--max-sessions", "2"]
+    if token_text is not None:
+        args += ["--auth-token-file", _token_file(tmp_path, token_text)]
+    url = server_factory(*args).url
+    assert [create_session(url, ALICE).status for _ in range(2)] == [201, 201]
+    message = _refusal(create_session(url, ALICE))
+    assert message.startswith("no session seat free (--max-sessions 2): 2 seats, 2 held, 2 by you;")
+    assert "--max-sessions-per-identity" not in message
+    assert get(url, "/v1/info", ALICE).body["sessions"]["max_per_identity"] is None
+
+
+def test_a_cap_of_zero_lets_one_of_several_identities_take_every_seat(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = _token_file(tmp_path, "alice token-alice-0123456789\nbob token-bob-0123456789\n")
+    url = server_factory(
+        "--auth-token-file", tokens, "--max-sessions", "2", "--max-sessions-per-identity", "0"
+    ).url
+    assert [create_session(url, ALICE).status for _ in range(2)] == [201, 201]
+    assert _refusal(create_session(url, BOB)).startswith("no session seat free")
+
+
+def test_an_identity_that_asks_for_seats_all_at_once_still_gets_only_its_cap(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = _token_file(tmp_path, "alice token-alice-0123456789\nbob token-bob-0123456789\n")
+    url = server_factory("--auth-token-file", tokens, "--max-sessions", "4").url
+    # the seat counts from the moment a create is admitted, before its worker has started
+    with ThreadPoolExecutor(4) as pool:
+        statuses = sorted(pool.map(lambda _: create_session(url, ALICE).status, range(4)))
+    assert statuses == [201, 201, 503, 503]
+    assert create_session(url, BOB).status == 201
+
+
+@pytest.mark.parametrize(
+    ("seats", "setting", "identities", "cap"),
+    [
+        (3, None, 2, 2),
+        (4, None, 5, 2),
+        (2, None, 2, 1),
+        (1, None, 2, None),  # one seat: nothing to share
+        (3, None, 1, None),  # one identity (or a token-less server): nobody to be fair to
+        (3, None, None, 2),  # a node behind a router: the router's identities count as several
+        (3, 0, 2, None),
+        (3, 1, 1, 1),
+    ],
+)
+def test_the_default_cap_is_half_the_seats_only_with_two_seats_and_two_identities(
+    seats: int, setting: int | None, identities: int | None, cap: int | None
+) -> None:
+    assert per_identity_cap(seats, setting, identities) == cap
+
+
+class _Held:
+    def __init__(self, owner: str, deadline: float | None) -> None:
+        self.owner = owner
+        self.deadline = deadline
+
+    def idle_deadline(self) -> float | None:
+        return self.deadline
+
+
+def test_a_refusal_while_every_session_runs_says_none_frees_by_idle_timeout_yet() -> None:
+    rules = SeatRules(seats=2, cap=1)
+    assert rules.refusal([_Held("bob", None)], "alice", now=0.0) is None
+    message = rules.refusal([_Held("alice", None), _Held("bob", 50.0)], "alice", now=0.0)
+    assert message == (
+        "no session seat free (--max-sessions 2): 2 seats, 2 held, 1 by you, the most one "
+        "identity may hold (--max-sessions-per-identity 1); none of yours is idle, so none "
+        "frees by idle timeout before its program ends"
+    )
+
+
+def test_a_negative_per_identity_cap_is_refused() -> None:
+    with pytest.raises(InvalidConfigError, match="max_sessions_per_identity"):
+        ServerConfig(max_sessions_per_identity=-1)
