@@ -99,6 +99,9 @@ class Authenticator:
         self._tokens = [(f"Bearer {t}".encode(), who) for t, who in (tokens or {}).items()]
         self._router = f"Bearer {router_secret}".encode() if router_secret else None
         self.open = tokens is None and router_secret is None
+        # A node's child: no client token, only its tunnel's secret. It then requires that
+        # secret on every endpoint, /health and /internal/worker-status included (ROUTER §12).
+        self.tunnel_only = tokens is None and router_secret is not None
 
     def authenticate(
         self, authorization: str | None, identity_header: str | None
