@@ -115,7 +115,7 @@ def test_the_node_childs_port_serves_only_its_tunnel(routed) -> None:
 def test_a_local_process_gets_401_from_the_node_childs_health_and_worker_status(routed) -> None:
     # Issue 28, point 3: both carried the server instance id, the one value a holder of the
     # node token lacked to open slots under this node's id.
-    _router, _node, port, _tmp = routed
+    router, _node, port, _tmp = routed
     loopback = {"Host": f"127.0.0.1:{port}"}
     for path in ("/health", "/internal/worker-status"):
         for headers in (
@@ -129,6 +129,9 @@ def test_a_local_process_gets_401_from_the_node_childs_health_and_worker_status(
             assert set(document) == {"status", "request_id", "error"}
             assert document["error"]["kind"] == "unauthorized"
             assert b"instance_id" not in body and b"versions" not in body
+    # This node's supervisor announced a slot key: its slots (which carry work, or the node
+    # would not be ready) presented it, and the router did not fall back to the token alone.
+    assert "node_without_slot_key" not in router.log()
 
 
 def test_neither_the_node_token_nor_the_child_secret_reaches_the_child_or_a_program(
