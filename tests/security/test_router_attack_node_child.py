@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +21,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 
+from deploy_files import container, resource
 from router_helpers import Node, ready_nodes, start_router
 
 import kcoral
@@ -132,6 +136,25 @@ def test_a_local_process_gets_401_from_the_node_childs_health_and_worker_status(
     # This node's supervisor announced a slot key: its slots (which carry work, or the node
     # would not be ready) presented it, and the router did not fall back to the token alone.
     assert "node_without_slot_key" not in router.log()
+
+
+def test_the_node_pods_probes_take_the_childs_401_as_the_server_answering(routed) -> None:
+    # deploy/kubernetes/node.yaml probes the child's /health, which now answers 401 only.
+    _router, _node, port, _tmp = routed
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
+    box = container(resource("DaemonSet", "kcoral-node"))
+    for probe in ("startupProbe", "readinessProbe"):
+        _interpreter, _flag, code = box[probe]["exec"]["command"]
+        assert "127.0.0.1:8000" in code
+        for target, ready in ((port, True), (closed, False)):
+            run = subprocess.run(
+                [sys.executable, "-c", code.replace("127.0.0.1:8000", f"127.0.0.1:{target}")],
+                capture_output=True,
+                timeout=60,
+            )
+            assert (run.returncode == 0) == ready, (probe, target, run.stderr)
 
 
 def test_neither_the_node_token_nor_the_child_secret_reaches_the_child_or_a_program(
