@@ -103,6 +103,9 @@ class Authenticator:
         # ``default``; behind a router the identities are the router's, unknown here.
         names = {who.name for who in (tokens or {}).values()}
         self.identity_count: int | None = None if router_secret else max(1, len(names))
+        # A node's child: no client token, only its tunnel's secret. It then requires that
+        # secret on every endpoint, /health and /internal/worker-status included (ROUTER §12).
+        self.tunnel_only = tokens is None and router_secret is not None
 
     def authenticate(
         self, authorization: str | None, identity_header: str | None

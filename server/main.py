@@ -46,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return run_supervisor(settings, server_argv)
     router_secret = None
+    slot_key = ""  # ROUTER §12: what this node child's slots present to the router
     if settings.node_child:
         # ROUTER §12: the supervisor's secrets arrive through a pipe, read before any worker
         # exists; this child holds no client token and serves only its tunnel.
@@ -61,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         settings = replace(settings, config=config)
         router_secret = secrets.router_secret
+        slot_key = secrets.slot_key
     try:
         token = config.read_auth_token()
     except ValueError as exc:
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kcoral server: warning: CUDA_VISIBLE_DEVICES does not restrict the server; "
             "workers are pinned by --gpus\n"
         )
-    return asyncio.run(_serve(settings, token, router_secret))
+    return asyncio.run(_serve(settings, token, router_secret, slot_key))
 
 
 def is_loopback(host: str) -> bool:
@@ -102,7 +104,10 @@ def probe_sandbox(sandbox: str, events: EventLog, readonly_paths: Sequence[Path]
 
 
 async def _serve(
-    settings: ServerSettings, token: str | None, router_secret: str | None = None
+    settings: ServerSettings,
+    token: str | None,
+    router_secret: str | None = None,
+    slot_key: str = "",
 ) -> int:
     config = settings.config
     loop = asyncio.get_running_loop()
@@ -196,6 +201,7 @@ async def _serve(
             events,
             instance_id=state.instance_id,
             server_secret=router_secret,
+            slot_key=slot_key,
         )
 
     stop = asyncio.Event()

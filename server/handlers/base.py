@@ -45,7 +45,11 @@ class BaseHandler(tornado.web.RequestHandler):
             self.early_refusal = (403, "forbidden", refusal)
             self.send_error_json(*self.early_refusal)
             return
-        if not self.PUBLIC:
+        # A node's child answers nothing without its router secret, not even the public
+        # endpoints: /health and /internal/worker-status carry the server instance id, the
+        # one value a holder of the node token lacked to open slots under this node's id
+        # (ROUTER §12). The supervisor's probes and the tunnel present the secret.
+        if not self.PUBLIC or self.state.authenticator.tunnel_only:
             identity = self.state.authenticate(self.request.headers)
             if identity is None:
                 self.early_refusal = (401, "unauthorized", "missing or invalid bearer token")

@@ -21,7 +21,15 @@ class HealthHandler(BaseHandler):
 
 
 class WorkerStatusHandler(BaseHandler):
-    """PROTOCOL §13: loopback peers only (others get 404); no token needed."""
+    """PROTOCOL §13: loopback peers only (others get 404); no token needed, but without one
+    the session seats are counts only.
+
+    Any local process can reach this endpoint, and published supervisors call it without a
+    token, so it stays open; but session ids, owners and worker pids are what one user
+    needed to find another user's session worker (and, without a sandbox, read its
+    memory), so only a caller this server authenticates sees them: a client token, the
+    router secret, or anyone on a server without tokens (one identity, which owns every
+    session there already)."""
 
     PUBLIC = True
 
@@ -34,6 +42,11 @@ class WorkerStatusHandler(BaseHandler):
 
     def get(self) -> None:
         pool = self.state.pool
+        seats = self.state.sessions.seats()
+        authenticated = self.state.authenticate(self.request.headers) is not None
+        # seats held by sessions, beyond worker_count (EXTENSIONS §11); who holds them only
+        # for an authenticated caller
+        described = {"session_seats": seats} if authenticated else {}
         self.send_json(
             200,
             {
@@ -45,8 +58,8 @@ class WorkerStatusHandler(BaseHandler):
                 "busy_workers": pool.busy_workers,
                 # descriptors the memory cache keeps open on purpose (leak checks: PROTOCOL §13)
                 "cache_descriptors": self.state.memory_cache.held_descriptors(held_descriptors),
-                # seats held by sessions, beyond worker_count (EXTENSIONS §11)
-                "session_seats": self.state.sessions.seats(),
+                "session_seat_count": len(seats),
+                **described,
             },
         )
 

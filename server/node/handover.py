@@ -1,10 +1,14 @@
 """How the node supervisor hands its secrets to its child server (ROUTER §12).
 
-Two secrets cross from supervisor to child: the node token (the child's slot streams present
-it to the router) and the *router secret*, a random value made fresh for every child start
-that the tunnel presents on each request it relays to the child's loopback port. The child
-believes ``X-KCoral-Identity`` only from a request carrying that secret and holds no client
-token, so it serves nobody but its own tunnel.
+Three secrets cross from supervisor to child: the node token (the child's slot streams present
+it to the router), the *router secret*, a random value made fresh for every child start
+that the tunnel presents on each request it relays to the child's loopback port, and the
+*slot key*, also fresh for every start, which the supervisor announces to the router on its
+own stream and the child's slots present in their ``SlotHello``. The child believes
+``X-KCoral-Identity`` only from a request carrying the router secret and holds no client
+token, so it serves nobody but its own tunnel; the router opens slots for a node only to
+the holder of its slot key, so the node token alone does not let another process take a
+live node's seats (ROUTER §12).
 
 Who can reach what: a *program* run by the child (a worker) must not learn either secret,
 or it could claim the node's id at the router (node token) or talk to its own server as any
@@ -37,6 +41,7 @@ class HandoverError(RuntimeError):
 class NodeSecrets:
     node_token: str | None = field(default=None, repr=False)
     router_secret: str = field(default="", repr=False)
+    slot_key: str = field(default="", repr=False)
 
 
 def is_credential(name: str) -> bool:
@@ -56,7 +61,11 @@ def write_secrets(secrets: NodeSecrets) -> int:
 
     The caller closes the returned descriptor once the child has started."""
     payload = json.dumps(
-        {"node_token": secrets.node_token, "router_secret": secrets.router_secret}
+        {
+            "node_token": secrets.node_token,
+            "router_secret": secrets.router_secret,
+            "slot_key": secrets.slot_key,
+        }
     ).encode()
     if len(payload) > MAX_SECRETS_BYTES:
         raise ValueError("node secrets are too large")
@@ -90,10 +99,15 @@ def read_secrets(environ: MutableMapping[str, str]) -> NodeSecrets:
     try:
         document = json.loads(b"".join(chunks))
         token, secret = document["node_token"], document["router_secret"]
-    except (ValueError, KeyError, TypeError):
+        slot_key = document.get("slot_key", "")
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise HandoverError("the node secrets are malformed") from None
-    if (token is not None and not isinstance(token, str)) or not isinstance(secret, str):
+    if (
+        (token is not None and not isinstance(token, str))
+        or not isinstance(secret, str)
+        or not isinstance(slot_key, str)
+    ):
         raise HandoverError("the node secrets are malformed")
     if not secret:
         raise HandoverError("the node secrets hold no router secret")
-    return NodeSecrets(node_token=token or None, router_secret=secret)
+    return NodeSecrets(node_token=token or None, router_secret=secret, slot_key=slot_key)

@@ -138,17 +138,20 @@ async def get_json(
     path: str,
     *,
     local_addr: tuple[str, int] | None = None,
+    bearer: str | None = None,
 ) -> tuple[int, Any]:
-    """One ``GET`` with ``Connection: close``; returns ``(status, parsed JSON or None)``."""
+    """One ``GET`` with ``Connection: close``; returns ``(status, parsed JSON or None)``.
+
+    ``bearer``: a secret to present as ``Authorization: Bearer`` (a node's child answers
+    nothing without its router secret, ROUTER §12)."""
     connection = HttpConnection(host, port, local_addr=local_addr)
     await connection.open()
     try:
         hostname = f"[{host}]" if ":" in host else host
-        await connection.send_head(
-            "GET",
-            path,
-            [(b"Host", f"{hostname}:{port}".encode()), (b"Connection", b"close")],
-        )
+        head = [(b"Host", f"{hostname}:{port}".encode()), (b"Connection", b"close")]
+        if bearer:
+            head.append((b"Authorization", f"Bearer {bearer}".encode()))
+        await connection.send_head("GET", path, head)
         status, headers = await connection.read_head()
         data = b"".join([piece async for piece in connection.body(status, headers, "GET")])
     finally:

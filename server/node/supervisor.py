@@ -214,6 +214,12 @@ class Supervisor:
         raw = self.environ.get(VERSIONS_OVERRIDE_ENV)
         if raw:
             self.versions_override = {str(k): str(v) for k, v in json.loads(raw).items()}
+        # Both made fresh at each child start (start_child). The probe presents the router
+        # secret, without which the child answers nothing (ROUTER §12); the slot key is
+        # announced in every status, and the router opens this node's slots only for a
+        # hello that carries it, so the node token alone cannot take this node's seats.
+        self.router_secret = ""
+        self.slot_key = ""
         self.workdir = Path(tempfile.mkdtemp(prefix="kcoral-supervisor-"))
         self.user_ready_written = False
 
@@ -233,6 +239,7 @@ class Supervisor:
             server_instance_id=self.body.get("instance_id", "") if healthy else "",
             last_error="" if healthy else self.last_error,
             health_age_millis=age,
+            slot_key=self.slot_key,
         )
         if healthy:
             status.worker_count = self.body["worker_count"]
@@ -317,7 +324,9 @@ class Supervisor:
         # inherit them); the node token and a fresh router secret go through a pipe.
         env = child_environment(self.environ)
         env.pop(VERSIONS_OVERRIDE_ENV, None)
-        secrets = NodeSecrets(self.config.node_token, secrets_module.token_urlsafe(32))
+        self.router_secret = secrets_module.token_urlsafe(32)
+        self.slot_key = secrets_module.token_urlsafe(32)
+        secrets = NodeSecrets(self.config.node_token, self.router_secret, self.slot_key)
         secrets_fd = write_secrets(secrets)
         env.update(
             KCORAL_ROUTER_ENDPOINT=self.config.router_endpoint,
@@ -347,7 +356,13 @@ class Supervisor:
         host, local = probe_target(self.settings.host)
         try:
             status, body = await asyncio.wait_for(
-                get_json(host, parts.port or 80, "/internal/worker-status", local_addr=local),
+                get_json(
+                    host,
+                    parts.port or 80,
+                    "/internal/worker-status",
+                    local_addr=local,
+                    bearer=self.router_secret,
+                ),
                 self.options.health_timeout_seconds,
             )
         except asyncio.TimeoutError:
@@ -397,6 +412,7 @@ class Supervisor:
             self.report()
             await asyncio.get_running_loop().run_in_executor(None, kill_descendants)
             self.start_child()
+            self.report()  # the new slot key reaches the router before the child's slots
             started = time.monotonic()
             healthy_since: float | None = None
             failures = 0

@@ -152,8 +152,12 @@ class Tunnel:
         slot_count: int,
         event_log: Any,
         server_secret: str | None = None,
+        slot_key: str = "",
     ) -> None:
         self.router_endpoint = router_endpoint
+        # Presented in every hello: the router takes this node's slots only with the key
+        # the supervisor announced for this child start (ROUTER §12).
+        self.slot_key = slot_key
         self.node_id = node_id
         self.metadata = auth_metadata(token)
         self.server_instance_id = server_instance_id
@@ -223,6 +227,7 @@ class Tunnel:
                     server_instance_id=self.server_instance_id,
                     slot_id=slot_id,
                     protocol_version=PROTOCOL_VERSION,
+                    slot_key=self.slot_key,
                 )
                 await call.write(pb.SlotFrame(request_id="", hello=hello))
                 ack = await asyncio.wait_for(call.read(), ACK_TIMEOUT)
@@ -466,17 +471,19 @@ async def start_tunnel(
     *,
     instance_id: str | None = None,
     server_secret: str | None = None,
+    slot_key: str = "",
 ) -> TunnelHandle:
     """Open ``slot_count`` slots for the server listening at ``server_url``.
 
     ``settings`` is the server's ``ServerSettings`` (or its ``ServerConfig``). Pass the
     server's ``instance_id``; without it, it is read from ``/internal/worker-status`` (the
     slots must name the instance the supervisor reports). ``server_secret`` is the router
-    secret the local server requires (ROUTER §12).
+    secret the local server requires, ``slot_key`` the key the supervisor announced for
+    this child start (ROUTER §12).
     """
     config = getattr(settings, "config", settings)
     if instance_id is None:
-        instance_id = await _server_instance_id(server_url)
+        instance_id = await _server_instance_id(server_url, server_secret)
     tunnel = Tunnel(
         config.router_endpoint,
         config.node_id,
@@ -486,12 +493,13 @@ async def start_tunnel(
         slot_count,
         event_log,
         server_secret,
+        slot_key,
     )
     tunnel.start()
     return TunnelHandle(tunnel)
 
 
-async def _server_instance_id(server_url: str) -> str:
+async def _server_instance_id(server_url: str, server_secret: str | None) -> str:
     from kcoral_server.node.http11 import get_json
 
     parts = urlsplit(server_url)
@@ -500,7 +508,9 @@ async def _server_instance_id(server_url: str) -> str:
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
-    _status, body = await get_json(host, parts.port or 80, "/internal/worker-status")
+    _status, body = await get_json(
+        host, parts.port or 80, "/internal/worker-status", bearer=server_secret
+    )
     if not isinstance(body, dict) or not isinstance(body.get("instance_id"), str):
         raise RuntimeError("the server's /internal/worker-status has no instance_id")
     return body["instance_id"]

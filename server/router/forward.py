@@ -44,7 +44,32 @@ CLIENT_ONLY = frozenset({"authorization", "cookie", "origin", IDENTITY_HEADER.lo
 NOT_FORWARDED = (
     HOP_BY_HOP | CLIENT_ONLY | {"host", "expect", "x-kcoral-node", "x-request-id", "content-length"}
 )
-NOT_RELAYED = HOP_BY_HOP | {"content-length", "x-kcoral-node", "x-request-id"}
+#: The only headers of a node's answer the router passes on (ROUTER §8.6): the ones our
+#: server sends that mean something to a client. A node is a process that holds the node
+#: token, not a party the router's clients trust: anything else it adds (``Set-Cookie``,
+#: ``Access-Control-Allow-Origin: *``, ``Location``, ...) would speak in the router's name
+#: to the client and to a browser, so it is dropped. Extending this list is a deliberate
+#: act; ``tests/security/test_router_attack_node_headers.py`` checks it against every header
+#: our server sends.
+RELAYED_RESPONSE_HEADERS = frozenset(
+    {
+        "content-type",
+        "allow",  # 405 (PROTOCOL §2)
+        "retry-after",  # 503 busy
+        "cache-control",  # job events (Server-Sent Events)
+        "x-accel-buffering",  # job events: proxies must not buffer the stream
+    }
+)
+#: Headers our server sends that the router does not relay on purpose: it frames the body
+#: itself (``content-length``, hop-by-hop), names itself (``server``, ``date``) and sets its
+#: own ``x-request-id`` and ``x-kcoral-node``.
+DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {
+    "content-length",
+    "server",
+    "date",
+    "x-request-id",
+    "x-kcoral-node",
+}
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
 TRANSPORT_MESSAGE = (
     "the tunnel to the node failed; the execution outcome is unknown and was not retried"
@@ -353,7 +378,7 @@ class ForwardHandler(RouterHandler):
                     or any(c in value for c in "\r\n\0")
                 ):
                     return None, []
-                if name.lower() not in NOT_RELAYED:
+                if name.lower() in RELAYED_RESPONSE_HEADERS:
                     headers.append((name, value))
         except UnicodeDecodeError:
             return None, []

@@ -11,7 +11,7 @@ from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.frames import SERVICE, parse_frame, serialize_frame
 from kcoral_server.router.identity import PROTOCOL_VERSION, bearer_matches, is_valid_node_id
 from kcoral_server.router.log import RouterLog
-from kcoral_server.router.registry import Registry
+from kcoral_server.router.registry import SLOT_KEY_REFUSAL, Registry
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
 
@@ -85,6 +85,15 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 "node id is held by a live supervisor stream",
             )
         self.log.event("node_connected", node=node_id, supervisor=first.supervisor_instance_id)
+        if not first.slot_key:
+            # A published supervisor: its slots are taken on the node token alone, as before.
+            self.log.event(
+                "node_without_slot_key",
+                level="WARNING",
+                node=node_id,
+                message="this supervisor announces no slot key: whoever holds the node token "
+                "and learns its server instance id can open slots for it; upgrade the node",
+            )
         try:
             self.registry.apply_status(stream, first)
             await context.write(pb.SupervisorAck())
@@ -133,7 +142,9 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 kind = value
         if kind not in (WORKER, CONTROL):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown slot kind")
-        slot = RouterSlot(hello.node_id, hello.slot_id, hello.server_instance_id, context, kind)
+        slot = RouterSlot(
+            hello.node_id, hello.slot_id, hello.server_instance_id, context, kind, hello.slot_key
+        )
         try:
             refused = await slot.register_and_acknowledge(self.registry.add_slot)
         except BaseException:  # the ack could not be written: the slot is not usable
@@ -141,6 +152,16 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             self.registry.remove_slot(slot)
             raise
         if refused is not None:
+            if refused[1] == SLOT_KEY_REFUSAL:
+                # Someone holds the node token but not this node's slot key: a stranger
+                # trying to take the node's seats (ROUTER §12). It got no ack and no work.
+                self.log.event(
+                    "slot_refused",
+                    level="WARNING",
+                    node=hello.node_id,
+                    peer=context.peer(),
+                    message=SLOT_KEY_REFUSAL,
+                )
             await context.abort(*refused)
         reader = None
         try:

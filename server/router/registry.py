@@ -20,6 +20,8 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
     "unhealthy",
 )
 
+SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
+
 
 @dataclass(eq=False)
 class SupervisorStream:
@@ -37,6 +39,10 @@ class NodeRecord:
     connected: bool = False
     supervisor_instance_id: str = ""
     server_instance_id: str = ""
+    # The slot key the supervisor announced ("" from published supervisors): only a slot
+    # that presents it takes work, so the node token plus a learnt server instance id no
+    # longer open seats under a live node's id (ROUTER §12).
+    slot_key: str = ""
     old_instances: set[str] = field(default_factory=set)
     worker_count: int = 0
     busy_workers: int = 0
@@ -55,7 +61,10 @@ class NodeRecord:
         return [
             s
             for s in self.slots.values()
-            if s.kind == kind and s.instance_id == self.server_instance_id and not s.closed.is_set()
+            if s.kind == kind
+            and s.instance_id == self.server_instance_id
+            and s.holds_key(self.slot_key)
+            and not s.closed.is_set()
         ]
 
     def idle_slots(self, kind: str = WORKER) -> list[RouterSlot]:
@@ -129,6 +138,16 @@ class Registry:
             status.server_instance_id != node.server_instance_id
         )
         node.supervisor_instance_id = status.supervisor_instance_id
+        if status.slot_key != node.slot_key:
+            node.slot_key = status.slot_key
+            # Slots opened before the key was announced (or under an older one) that do not
+            # hold it are a stranger's: they never get work and are closed.
+            for slot in list(node.slots.values()):
+                if not slot.holds_key(node.slot_key):
+                    slot.close(
+                        (grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL),
+                        "tunnel_disconnected",
+                    )
         if server_changed or sup_changed:
             if node.server_instance_id:
                 node.old_instances.add(node.server_instance_id)
@@ -235,6 +254,8 @@ class Registry:
             return grpc.StatusCode.ALREADY_EXISTS, "slot_id already connected for this node"
         if slot.instance_id in node.old_instances:
             return grpc.StatusCode.FAILED_PRECONDITION, "server instance was replaced"
+        if not slot.holds_key(node.slot_key):
+            return grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL
         if not node.connected and node.lost_at is None:
             node.lost_at = time.monotonic()  # no supervisor yet: retention applies
         node.slots[slot.slot_id] = slot

@@ -7,6 +7,7 @@ slot writes request frames with ``send`` and reads reply frames with ``next_fram
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,11 +36,18 @@ class RouterSlot:
     results, cancels) so an open event stream never takes a worker seat's slot."""
 
     def __init__(
-        self, node_id: str, slot_id: str, instance_id: str, context: Any, kind: str = WORKER
+        self,
+        node_id: str,
+        slot_id: str,
+        instance_id: str,
+        context: Any,
+        kind: str = WORKER,
+        slot_key: str = "",
     ) -> None:
         self.node_id = node_id
         self.slot_id = slot_id
         self.instance_id = instance_id
+        self.slot_key = slot_key  # from the hello; checked against the supervisor's (§12)
         self.context = context
         self.kind = kind
         self.request_id: str | None = None
@@ -49,6 +57,13 @@ class RouterSlot:
         self.close_status: tuple[grpc.StatusCode, str] | None = None
         self._replies: Channel[pb.SlotFrame] | None = None
         self._write_lock = asyncio.Lock()
+
+    def holds_key(self, announced: str) -> bool:
+        """Whether this slot presented ``announced``, the key its node's supervisor announced
+        (constant time; a supervisor that announced none demands none, ROUTER §12)."""
+        if not announced:
+            return True
+        return hmac.compare_digest(self.slot_key.encode(), announced.encode())
 
     @property
     def busy(self) -> bool:

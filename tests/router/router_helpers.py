@@ -132,8 +132,7 @@ Handler = Callable[[pb.RequestHead, bytes], Awaitable[tuple[int, list[tuple[byte
 async def echo_handler(
     head: pb.RequestHead, body: bytes
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    seen = json.dumps([[h.name.decode(), h.value.decode()] for h in head.headers]).encode()
-    return 200, [(b"content-type", b"application/octet-stream"), (b"x-seen", seen)], body
+    return 200, [(b"content-type", b"application/octet-stream")], body
 
 
 @dataclass
@@ -152,8 +151,12 @@ class FakeNode:
     supervisor_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     cancels: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    heads: list[pb.RequestHead] = field(default_factory=list)  # as the node received them
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     busy: int = 0
+    # The key announced on the supervisor stream and presented in every hello (ROUTER §12);
+    # "" plays a published supervisor, which announces none.
+    slot_key: str = ""
 
     def status(self) -> pb.SupervisorStatus:
         status = pb.SupervisorStatus(
@@ -165,6 +168,7 @@ class FakeNode:
             busy_workers=min(self.busy, self.slots) if self.healthy else 0,
             health_age_millis=10 if self.healthy else 2**64 - 1,
             last_error="" if self.healthy else "down",
+            slot_key=self.slot_key,
         )
         status.versions.update(self.versions)
         return status
@@ -193,6 +197,7 @@ class FakeNode:
             server_instance_id=self.instance_id,
             slot_id=str(uuid.uuid4()),
             protocol_version=1,
+            slot_key=self.slot_key,
         )
         await call.write(pb.SlotFrame(hello=hello))
         ack = await asyncio.wait_for(call.read(), 5)
@@ -227,6 +232,7 @@ class FakeNode:
                 assert kind == "request_head", kind
                 rid, head, parts = frame.request_id, frame.request_head, []
                 self.requests.append(rid)
+                self.heads.append(head)
                 while True:
                     frame = await next_frame()
                     if frame is grpc.aio.EOF:

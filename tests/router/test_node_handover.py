@@ -1,4 +1,5 @@
-"""The supervisor → child hand-over of the node token and the router secret (ROUTER §12)."""
+"""The supervisor → child hand-over of the node token, the router secret and the slot key
+(ROUTER §12)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,17 @@ from kcoral_server.node.handover import (
 
 
 def test_secrets_cross_a_pipe_once_and_leave_no_trace_in_the_environment() -> None:
-    fd = write_secrets(NodeSecrets("node-token", "router-secret"))
+    fd = write_secrets(NodeSecrets("node-token", "router-secret", "slot-key"))
     environ = {SECRETS_FD_ENV: str(fd), "PATH": "/bin"}
     secrets = read_secrets(environ)
-    assert (secrets.node_token, secrets.router_secret) == ("node-token", "router-secret")
+    assert (secrets.node_token, secrets.router_secret, secrets.slot_key) == (
+        "node-token",
+        "router-secret",
+        "slot-key",
+    )
     assert environ == {"PATH": "/bin"}
-    assert "node-token" not in repr(secrets) and "router-secret" not in repr(secrets)
+    for secret in ("node-token", "router-secret", "slot-key"):
+        assert secret not in repr(secrets)
     with pytest.raises(OSError):
         os.fstat(fd)  # read once, then closed: nothing for a worker to inherit
 

@@ -32,6 +32,15 @@ def test_the_proto_keeps_the_normative_field_numbers() -> None:
         "versions": 12,
         "last_error": 13,
         "health_age_millis": 14,
+        "slot_key": 15,  # added 2026-12 (ROUTER §12)
+    }
+    hello = pb.SlotHello.DESCRIPTOR.fields_by_name
+    assert {name: f.number for name, f in hello.items()} == {
+        "node_id": 1,
+        "server_instance_id": 2,
+        "slot_id": 3,
+        "protocol_version": 4,
+        "slot_key": 5,  # added 2026-12 (ROUTER §12)
     }
     frame = pb.SlotFrame.DESCRIPTOR.fields_by_name
     assert {name: f.number for name, f in frame.items()} == {

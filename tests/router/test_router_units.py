@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from typing import Any
 
+import grpc
 import pytest
 from kcoral_server.node.supervisor import child_arguments, healthy_body, probe_target
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
@@ -303,3 +304,28 @@ def test_a_session_bound_to_a_node_is_never_moved_to_another_that_claims_it() ->
     assert not sessions.remember("s-1", "rogue", "instance-9", "alice")
     known = sessions.get("s-1")
     assert known is not None and known.node_id == "good"
+
+
+def test_a_node_that_announced_a_slot_key_takes_only_slots_that_present_it() -> None:
+    registry = make_registry()
+    early = RouterSlot("n", str(uuid.uuid4()), "inst", FakeContext())  # before any status
+    assert registry.add_slot(early) is None
+    stream = registry.attach_supervisor("n")
+    registry.apply_status(stream, status(slot_key="key-1"))
+    assert early.closed.is_set() and early.close_status[0] == grpc.StatusCode.PERMISSION_DENIED
+    for stranger in ("", "key-2", "key-"):
+        slot = RouterSlot("n", str(uuid.uuid4()), "inst", FakeContext(), slot_key=stranger)
+        refused = registry.add_slot(slot)
+        assert refused is not None and refused[0] == grpc.StatusCode.PERMISSION_DENIED
+    own = RouterSlot("n", str(uuid.uuid4()), "inst", FakeContext(), slot_key="key-1")
+    assert registry.add_slot(own) is None
+    assert registry.nodes["n"].current_slots() == [own]
+    # A restart of the child announces a new key: the old child's slots take no more work.
+    registry.apply_status(stream, status(slot_key="key-2"))
+    assert own.closed.is_set() and registry.nodes["n"].current_slots() == []
+
+
+def test_a_supervisor_without_a_slot_key_has_its_slots_taken_on_the_token_alone() -> None:
+    registry = make_registry()
+    (slot,) = add_node(registry, "published")
+    assert registry.nodes["published"].current_slots() == [slot]

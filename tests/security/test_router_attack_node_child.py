@@ -4,13 +4,16 @@ real router and a real node (supervisor + CPU server child) on loopback.
 Attackers: a *program* on the node machine (it can reach the child's loopback port and read
 ``/proc`` as the server's user, without a sandbox), and *another token holder* at the router.
 Before the fix the child answered ``/v1/jobs`` on its port to anyone, and its environment
-held the node token (which workers inherited).
+held the node token (which workers inherited); until issue 28 it answered ``/health`` and
+``/internal/worker-status``, with the server instance id, to anyone.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +21,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 
+from deploy_files import container, resource
 from router_helpers import Node, ready_nodes, start_router
 
 import kcoral
@@ -51,15 +56,18 @@ def program(source: str, *args: object) -> kcoral.Program:
     return built
 
 
-def get(port: int, method: str, path: str, headers: dict[str, str]) -> int:
+def answer(port: int, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         connection.request(method, path, body=b"" if method == "POST" else None, headers=headers)
-        answer = connection.getresponse()
-        answer.read()
-        return answer.status
+        response = connection.getresponse()
+        return response.status, response.read()
     finally:
         connection.close()
+
+
+def get(port: int, method: str, path: str, headers: dict[str, str]) -> int:
+    return answer(port, method, path, headers)[0]
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +110,51 @@ def test_the_node_childs_port_serves_only_its_tunnel(routed) -> None:
         for token in (NODE_TOKEN, ALICE):  # neither is the child's secret
             with_token = {**forged, "Authorization": f"Bearer {token}"}
             assert get(port, method, path, with_token) == 401, (method, path, token)
-    # The supervisor's probes stay public; the router path still works.
-    assert get(port, "GET", "/health", loopback) == 200
+    # The router path still works (and the supervisor's probes, or the node would not be
+    # ready): both present the child's secret.
     with kcoral.Client(router.url, token=ALICE) as client:
         assert "jobs" in client.info()["features"]
+
+
+def test_a_local_process_gets_401_from_the_node_childs_health_and_worker_status(routed) -> None:
+    # Issue 28, point 3: both carried the server instance id, the one value a holder of the
+    # node token lacked to open slots under this node's id.
+    router, _node, port, _tmp = routed
+    loopback = {"Host": f"127.0.0.1:{port}"}
+    for path in ("/health", "/internal/worker-status"):
+        for headers in (
+            loopback,
+            {**loopback, "Authorization": f"Bearer {NODE_TOKEN}"},
+            {**loopback, "Authorization": f"Bearer {ALICE}", "X-KCoral-Identity": "alice"},
+        ):
+            status, body = answer(port, "GET", path, headers)
+            assert status == 401, (path, headers)
+            document = json.loads(body)
+            assert set(document) == {"status", "request_id", "error"}
+            assert document["error"]["kind"] == "unauthorized"
+            assert b"instance_id" not in body and b"versions" not in body
+    # This node's supervisor announced a slot key: its slots (which carry work, or the node
+    # would not be ready) presented it, and the router did not fall back to the token alone.
+    assert "node_without_slot_key" not in router.log()
+
+
+def test_the_node_pods_probes_take_the_childs_401_as_the_server_answering(routed) -> None:
+    # deploy/kubernetes/node.yaml probes the child's /health, which now answers 401 only.
+    _router, _node, port, _tmp = routed
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
+    box = container(resource("DaemonSet", "kcoral-node"))
+    for probe in ("startupProbe", "readinessProbe"):
+        _interpreter, _flag, code = box[probe]["exec"]["command"]
+        assert "127.0.0.1:8000" in code
+        for target, ready in ((port, True), (closed, False)):
+            run = subprocess.run(
+                [sys.executable, "-c", code.replace("127.0.0.1:8000", f"127.0.0.1:{target}")],
+                capture_output=True,
+                timeout=60,
+            )
+            assert (run.returncode == 0) == ready, (probe, target, run.stderr)
 
 
 def test_neither_the_node_token_nor_the_child_secret_reaches_the_child_or_a_program(

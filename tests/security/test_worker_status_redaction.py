@@ -1,0 +1,94 @@
+"""``/internal/worker-status`` tells a stranger only counts (issue 28, point 4).
+
+Attacker: any local process (another user of a shared GPU box, or another identity's
+program). The endpoint answers loopback peers without a token, since published node
+supervisors probe it without one; it used to list every session's id, owner and worker pid,
+which with ``--sandbox none`` was the map one user needed to read another user's session
+memory. Now a caller without a credential this server accepts sees the seats as a count.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from raw_http import request
+from server_process import start_server
+
+ALICE = "alice-token-0123456789abcdef"
+BOB = "bob-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def server_with_a_session(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("worker-status")
+    tokens = directory / "tokens"
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    tokens.chmod(0o600)
+    server = start_server(
+        directory / "server",
+        ["--auth-token-file", str(tokens), "--num-workers", "1", "--max-sessions", "1"],
+    )
+    try:
+        created = request(
+            server.url,
+            "POST",
+            "/v1/sessions",
+            b"{}",
+            {"Authorization": f"Bearer {ALICE}"},
+            timeout=120,
+        )
+        assert created.status == 201, created.body
+        yield server, created.body["session_id"]
+    finally:
+        server.stop()
+
+
+def test_a_local_process_without_a_token_sees_session_seats_as_a_count_only(
+    server_with_a_session,
+) -> None:
+    server, session_id = server_with_a_session
+    full = request(
+        server.url, "GET", "/internal/worker-status", headers={"Authorization": f"Bearer {ALICE}"}
+    )
+    (seat,) = full.body["session_seats"]
+    stranger = request(server.url, "GET", "/internal/worker-status")
+    assert stranger.status == 200
+    body = stranger.body
+    assert set(body) == {
+        "status",
+        "instance_id",
+        "target",
+        "versions",
+        "worker_count",
+        "busy_workers",
+        "cache_descriptors",
+        "session_seat_count",
+    }
+    assert body["session_seat_count"] == 1 and body["status"] == "ok"
+    text = stranger.raw.decode()
+    assert session_id not in text and "alice" not in text
+    assert f"{seat['worker_pid']}" not in json.dumps(
+        {k: v for k, v in body.items() if k != "instance_id"}
+    )
+    # A wrong token is no credential either.
+    forged = request(
+        server.url, "GET", "/internal/worker-status", headers={"Authorization": "Bearer guess"}
+    )
+    assert forged.status == 200 and "session_seats" not in forged.body
+
+
+def test_a_token_holder_sees_the_full_body(server_with_a_session) -> None:
+    server, session_id = server_with_a_session
+    for token in (ALICE, BOB):
+        answer = request(
+            server.url,
+            "GET",
+            "/internal/worker-status",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert answer.status == 200
+        (seat,) = answer.body["session_seats"]
+        assert seat["session_id"] == session_id and seat["owner"] == "alice"
+        assert isinstance(seat["worker_pid"], int)
+        assert answer.body["session_seat_count"] == 1
