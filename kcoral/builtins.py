@@ -24,7 +24,14 @@ from typing import Any
 
 from kcoral.errors import ExecutionError
 
-__all__ = ["BenchmarkConfig", "benchmark", "compile_tirx", "parse_config", "truncate_message"]
+__all__ = [
+    "BenchmarkConfig",
+    "benchmark",
+    "compare",
+    "compile_tirx",
+    "parse_config",
+    "truncate_message",
+]
 
 MESSAGE_LIMIT = 600
 MISSING_CUPTI = "cupti-python is not installed (pip install 'kcoral[gpu]')"
@@ -32,6 +39,15 @@ TRUNCATION_MARK = "…[truncated]…"
 ESTIMATE_CALLS = 5
 ZERO_ESTIMATE_COUNT = 1000
 TIRX_CACHE_CAPACITY = 32
+#: Samples a result carries by default, and at most (about 40 bytes of JSON each, so the
+#: largest is a few MB, far below the server's default --max-response-bytes of 256 MiB).
+DEFAULT_MAX_SAMPLES = 1000
+MAX_SAMPLES_LIMIT = 100_000
+#: The adaptive mode's default measuring budget.
+DEFAULT_ADAPTIVE_MAX_MS = 2000.0
+#: ``benchmark`` measures in this many rounds, reading the GPU's state between them.
+BENCHMARK_ROUNDS = 10
+LABEL_LIMIT = 200
 
 
 def truncate_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
@@ -65,6 +81,12 @@ class BenchmarkConfig:
     warmup: int | None = None
     repeat: int | None = None
     flush_l2: bool = True
+    # EXTENSIONS §12: samples kept, the adaptive mode, throttled rounds, a history label
+    max_samples: int = DEFAULT_MAX_SAMPLES
+    target_precision: float | None = None
+    max_ms: float = DEFAULT_ADAPTIVE_MAX_MS
+    discard_throttled: bool = False
+    label: str | None = None
 
 
 def _budget(key: str, value: object) -> float:
@@ -83,26 +105,88 @@ def _count(key: str, value: object) -> int:
     return value
 
 
-def parse_config(config: Mapping[str, Any] | None) -> BenchmarkConfig:
-    """Validate a configuration mapping; unknown keys and bad values fail with ``runtime``."""
+def _flag(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise _error("runtime", f"benchmark config {key!r} must be a boolean, not {value!r}")
+    return value
+
+
+def _precision(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _error(
+            "runtime", f"benchmark config 'target_precision' must be a number, not {value!r}"
+        )
+    if not (0 < value <= 1):
+        raise _error(
+            "runtime",
+            f"benchmark config 'target_precision' must be in (0, 1], not {value!r}",
+        )
+    return float(value)
+
+
+def _label(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > LABEL_LIMIT:
+        raise _error(
+            "runtime",
+            f"benchmark config 'label' must be a non-empty string of at most {LABEL_LIMIT} "
+            f"characters, not {truncate_message(repr(value), 80)}",
+        )
+    return value
+
+
+#: The keys ``benchmark`` accepts; ``compare`` accepts these and its own.
+BENCHMARK_KEYS = frozenset(
+    {
+        "warmup_ms",
+        "repeat_ms",
+        "warmup",
+        "repeat",
+        "flush_l2",
+        "max_samples",
+        "target_precision",
+        "max_ms",
+        "discard_throttled",
+        "label",
+    }
+)
+
+
+def parse_config(
+    config: Mapping[str, Any] | None, extra_keys: frozenset[str] = frozenset()
+) -> BenchmarkConfig:
+    """Validate a configuration mapping; unknown keys and bad values fail with ``runtime``.
+
+    ``extra_keys`` are accepted and left to the caller (``compare``'s own keys)."""
     if config is None:
         return BenchmarkConfig()
-    known = {"warmup_ms", "repeat_ms", "warmup", "repeat", "flush_l2"}
+    known = BENCHMARK_KEYS | extra_keys
     unknown = sorted(str(key) for key in config if key not in known)
     if unknown:
         raise _error(
             "runtime",
             f"unknown benchmark config key(s) {unknown}; expected some of {sorted(known)}",
         )
-    flush = config.get("flush_l2", True)
-    if not isinstance(flush, bool):
-        raise _error("runtime", f"benchmark config 'flush_l2' must be a boolean, not {flush!r}")
+    max_samples = config.get("max_samples", DEFAULT_MAX_SAMPLES)
+    if _count("max_samples", max_samples) > MAX_SAMPLES_LIMIT:
+        raise _error(
+            "runtime", f"benchmark config 'max_samples' must be at most {MAX_SAMPLES_LIMIT}"
+        )
     return BenchmarkConfig(
         warmup_ms=_budget("warmup_ms", config.get("warmup_ms", 25.0)),
         repeat_ms=_budget("repeat_ms", config.get("repeat_ms", 100.0)),
         warmup=None if config.get("warmup") is None else _count("warmup", config["warmup"]),
         repeat=None if config.get("repeat") is None else _count("repeat", config["repeat"]),
-        flush_l2=flush,
+        flush_l2=_flag(config, "flush_l2", True),
+        max_samples=max_samples,
+        target_precision=_precision(config.get("target_precision")),
+        max_ms=_budget("max_ms", config.get("max_ms", DEFAULT_ADAPTIVE_MAX_MS)),
+        discard_throttled=_flag(config, "discard_throttled", False),
+        label=_label(config.get("label")),
     )
 
 
@@ -378,7 +462,9 @@ def benchmark(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
     Returns ``latency_ms_median``, ``latency_ms_mean``, ``latency_ms_min``,
     ``latency_ms_max``, ``activities_stable``, ``flush_l2``, ``warmup``, ``repeat``,
     ``clock`` (``cupti``, ``cuda_events`` or ``cpu``) and ``clock_fallback`` (why a GPU
-    worker timed with CUDA events instead of CUPTI, else ``None``).
+    worker timed with CUDA events instead of CUPTI, else ``None``), and the keys of
+    EXTENSIONS §12: every sample, percentiles, noise, the adaptive mode's verdict and the
+    machine's state (``"kind": "kcoral.benchmark"``).
     """
     config = None
     if args and isinstance(args[-1], dict):
@@ -413,25 +499,26 @@ def benchmark(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
             used.close()
 
 
-def _measure_all(
-    clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], repeat: int
-) -> list[Measurement]:
-    """``repeat`` measured calls; when CUPTI fails on the way, the measurement is redone
-    with CUDA events (the new clock is appended to ``clocks``, whose last one is used)."""
+def with_cuda_event_fallback(
+    clocks: list[CpuClock | CudaEventClock], measure: Callable[[Any], Any]
+) -> Any:
+    """``measure(clock)``; when CUPTI fails on the way, the measurement is redone with CUDA
+    events (the new clock is appended to ``clocks``, whose last one is used)."""
     clock = clocks[-1]
     try:
-        return clock.finish([clock.measure(call) for _ in range(repeat)])
+        return measure(clock)
     except CuptiUnavailable as exc:
         assert isinstance(clock, CudaEventClock)
         fallback = CudaEventClock(clock.torch, clock._flush_buffer is not None, str(exc))
         clocks.append(fallback)
-        return fallback.finish([fallback.measure(call) for _ in range(repeat)])
+        return measure(fallback)
 
 
-def _run_benchmark(
-    clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], settings: BenchmarkConfig
-) -> dict[str, Any]:
-    clock = clocks[-1]
+def warm_up(
+    clock: CpuClock | CudaEventClock, call: Callable[[], None], settings: BenchmarkConfig
+) -> tuple[int, int]:
+    """The untimed first call, the estimate when a budget needs one, and the warm-up calls;
+    returns the (warmup, repeat) counts."""
     warmup, repeat = settings.warmup, settings.repeat
     if warmup is None or repeat is None:
         call()  # the untimed first call pays for lazy initialization and compilation
@@ -445,23 +532,122 @@ def _run_benchmark(
     for _ in range(warmup):
         clock.flush()
         call()
-    measurements = _measure_all(clocks, call, repeat)
+    return warmup, repeat
+
+
+def state_probe(clock: CpuClock | CudaEventClock) -> Any:
+    """An NVML probe of the worker's own GPU on a GPU clock, else ``None``."""
+    if not isinstance(clock, CudaEventClock):
+        return None
+    from kcoral.bench_gpu_state import NvmlProbe
+
+    return NvmlProbe.open()
+
+
+def machine_report(
+    clock: CpuClock | CudaEventClock, probe: Any, outcome: Any, settings: BenchmarkConfig
+) -> dict[str, Any]:
+    """``gpu_state`` or ``machine``, the ``warnings`` and the adaptive mode's verdict."""
+    from kcoral.bench_gpu_state import cpu_machine_state, cpu_warnings
+
+    report: dict[str, Any] = {
+        "rounds": outcome.rounds,
+        "stopped_by": outcome.stopped_by,
+        "target_precision": settings.target_precision,
+        "max_ms": settings.max_ms if settings.target_precision is not None else None,
+        "discard_throttled": settings.discard_throttled,
+        "discarded_rounds": outcome.discarded_rounds,
+        "label": settings.label,
+    }
+    if probe is None:
+        machine = cpu_machine_state()
+        report["machine"] = machine
+        report["gpu_state"] = None
+        warnings = cpu_warnings(machine)
+    else:
+        report["machine"] = None
+        report["gpu_state"] = probe.report(outcome.throttled_rounds, outcome.discarded_rounds)
+        warnings = probe.warnings(outcome.throttled_rounds, outcome.rounds)
+        if outcome.throttled_rounds and settings.discard_throttled:
+            if outcome.discarded_rounds:
+                warnings.append(f"{outcome.discarded_rounds} throttled rounds were dropped")
+            else:
+                warnings.append("every round was throttled, so none was dropped")
+    if outcome.stopped_by in ("max_ms", "max_calls") and settings.target_precision is not None:
+        warnings.append(
+            f"the median did not reach the target precision {settings.target_precision:g} "
+            f"before {outcome.stopped_by} ended the measurement"
+        )
+    report["warnings"] = warnings
+    return report
+
+
+def _round_plan(repeat: int, adaptive: bool) -> tuple[int, Callable[[list[int]], list[int]]]:
+    """(rounds, next_round) for ``benchmark``: ``repeat`` calls in at most
+    ``BENCHMARK_ROUNDS`` rounds; adaptive, rounds of that size until the rule stops."""
+    rounds = min(BENCHMARK_ROUNDS, repeat)
+    sizes = [repeat // rounds + (1 if i < repeat % rounds else 0) for i in range(rounds)]
+    done = [0]
+
+    def next_round(alive: list[int]) -> list[int]:
+        size = sizes[done[0] % rounds] if not adaptive else max(1, repeat // rounds)
+        done[0] += 1
+        return [0] * size
+
+    return rounds, next_round
+
+
+def _run_benchmark(
+    clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], settings: BenchmarkConfig
+) -> dict[str, Any]:
+    from kcoral.bench_rounds import StopRule, measure_rounds
+    from kcoral.bench_stats import median_precision, summary
+
+    warmup, repeat = warm_up(clocks[-1], call, settings)
+    adaptive = settings.target_precision is not None
+
+    def measure(clock: CpuClock | CudaEventClock) -> tuple[Any, Any]:
+        rounds, next_round = _round_plan(repeat, adaptive)
+        rule = StopRule(rounds, settings.target_precision, settings.max_ms)
+        probe = state_probe(clock)
+        try:
+            return probe, measure_rounds(
+                clock, [call], next_round, rule, probe, settings.discard_throttled
+            )
+        finally:
+            if probe is not None:
+                probe.close()
+
+    probe, outcome = with_cuda_event_fallback(clocks, measure)
     clock = clocks[-1]
-    times = [m.milliseconds for m in measurements]
-    signatures = {m.activities for m in measurements}
+    times = outcome.samples[0]
+    signatures = outcome.signatures[0]
     stable = len(signatures) <= 1 or None in signatures
-    return {
-        "latency_ms_median": float(statistics.median(times)),
-        "latency_ms_mean": float(statistics.fmean(times)),
-        "latency_ms_min": float(min(times)),
-        "latency_ms_max": float(max(times)),
+    result = {
+        "kind": "kcoral.benchmark",
         "activities_stable": bool(stable),
         "flush_l2": settings.flush_l2,
         "warmup": warmup,
-        "repeat": repeat,
+        "repeat": outcome.calls,
         "clock": clock.name,
         "clock_fallback": getattr(clock, "fallback", None),
+        **summary(times, settings.max_samples),
+        **machine_report(clock, probe, outcome, settings),
     }
+    precision = median_precision(times)
+    result["precision"] = precision if math.isfinite(precision) else None
+    return result
+
+
+def compare(candidates: Mapping[str, Callable[..., Any]], *args: Any) -> dict[str, Any]:
+    """Time several implementations of one operation against the first (EXTENSIONS §12.2):
+    interleaved, shuffled rounds, a correctness check first, a bootstrap speedup interval.
+
+    A trailing ``dict`` argument is the configuration: the keys of ``benchmark`` and
+    ``reference``, ``rtol``, ``atol``, ``outputs`` and ``seed``."""
+    from kcoral.bench_compare import run_comparison
+
+    return run_comparison(candidates, args)
 
 
 # ---------------------------------------------------------------------- compile_tirx
