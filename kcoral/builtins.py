@@ -13,7 +13,6 @@ import ctypes
 import importlib
 import math
 import os
-import statistics
 import sys
 import threading
 import time
