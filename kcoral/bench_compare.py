@@ -16,24 +16,25 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kcoral.bench_correctness import Check, check, clone, result_of
-from kcoral.bench_rounds import CandidateFailed, StopRule, measure_rounds
-from kcoral.bench_stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary
-from kcoral.builtins import (
-    BenchmarkConfig,
+from kcoral.bench_clocks import (
     CpuClock,
     CudaEventClock,
-    _describe,
-    _error,
-    _select_clock,
-    calls_for_budget,
-    machine_report,
-    parse_config,
-    state_probe,
-    truncate_message,
+    select_clock,
     warm_up,
     with_cuda_event_fallback,
 )
+from kcoral.bench_config import (
+    BenchmarkConfig,
+    calls_for_budget,
+    describe,
+    helper_error,
+    parse_config,
+    truncate_message,
+)
+from kcoral.bench_correctness import Check, check, clone, result_of
+from kcoral.bench_report import machine_report, state_probe
+from kcoral.bench_rounds import CandidateFailed, StopRule, measure_rounds
+from kcoral.bench_stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary
 from kcoral.errors import ExecutionError
 
 #: ``compare``'s own configuration keys, beside ``benchmark``'s.
@@ -48,7 +49,7 @@ _VERDICTS = {"greater": "faster", "smaller": "slower", NO_DIFFERENCE: NO_DIFFERE
 
 
 def _fail(message: str) -> ExecutionError:
-    return _error("runtime", f"compare: {message}")
+    return helper_error("runtime", f"compare: {message}")
 
 
 def _candidates(candidates: object) -> list[tuple[str, Callable[..., Any]]]:
@@ -115,18 +116,18 @@ def run_comparison(candidates: object, args: Sequence[Any]) -> dict[str, Any]:
     outputs = _outputs(options, len(args))
     seed = _seed(options)
     try:
-        clock = _select_clock(settings.flush_l2)
+        clock = select_clock(settings.flush_l2)
     except ExecutionError:
         raise
     except Exception as exc:
-        raise _fail(_describe(exc)) from exc
+        raise _fail(describe(exc)) from exc
     clocks: list[CpuClock | CudaEventClock] = [clock]
     try:
         return _Comparison(named, args, options, settings, rtol, atol, outputs, seed).run(clocks)
     except ExecutionError:
         raise
     except Exception as exc:  # CUDA errors surface at synchronize or event timing
-        raise _fail(_describe(exc)) from exc
+        raise _fail(describe(exc)) from exc
     finally:
         for used in clocks:
             used.close()
@@ -163,7 +164,7 @@ class _Comparison:
         try:
             return result_of(self.reference, clone(self.args), self.outputs)
         except Exception as exc:
-            raise _fail(f"the reference raised {_describe(exc)}") from exc
+            raise _fail(f"the reference raised {describe(exc)}") from exc
 
     def check_all(self) -> None:
         expected = self._expected() if self.has_reference else None
@@ -173,7 +174,7 @@ class _Comparison:
                 # a fresh clone: the check must not leave state behind in the timed arguments
                 actual = result_of(fn, clone(self.args), self.outputs)
             except Exception as exc:
-                entry.update(status="failed", error=truncate_message(_describe(exc), 300))
+                entry.update(status="failed", error=truncate_message(describe(exc), 300))
                 continue
             if not self.has_reference:
                 continue
@@ -250,8 +251,8 @@ class _Comparison:
 
     def _failed(self, index: int, cause: BaseException) -> None:
         if index == 0:
-            raise _fail(f"the baseline {self.names[0]!r} raised {_describe(cause)}") from cause
-        self.entries[index].update(status="failed", error=truncate_message(_describe(cause), 300))
+            raise _fail(f"the baseline {self.names[0]!r} raised {describe(cause)}") from cause
+        self.entries[index].update(status="failed", error=truncate_message(describe(cause), 300))
 
     def _result(self, clock: Any, probe: Any, outcome: Any, timed: list[int]) -> dict[str, Any]:
         samples = {index: outcome.samples[position] for position, index in enumerate(timed)}
@@ -284,5 +285,5 @@ class _Comparison:
             "rtol": self.rtol,
             "atol": self.atol,
             "outputs": self.outputs,
-            **machine_report(clock, probe, outcome, self.settings),
+            **machine_report(probe, outcome, self.settings),
         }
