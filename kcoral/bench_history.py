@@ -147,17 +147,26 @@ def remember_benchmarks(
     remembered; returns one note per file written, for the cell's output."""
     from kcoral.bench_results import BenchmarkResult, ComparisonResult
 
-    notes = []
-    seen: set[int] = set()
+    # the cell's value and an -o name may be the same result decoded twice: one record
+    groups: list[list[dict[str, Any]]] = []
     for value in values:
-        if not isinstance(value, (BenchmarkResult, ComparisonResult)) or id(value) in seen:
+        if not isinstance(value, (BenchmarkResult, ComparisonResult)):
             continue
-        seen.add(id(value))
-        own = value.get("label")
+        for group in groups:
+            if group[0] is value or group[0] == value:
+                group.append(value)
+                break
+        else:
+            groups.append([value])
+    notes = []
+    for first, *same in groups:
+        own = first.get("label")
         name = label or (own if isinstance(own, str) and own else None)
         if name is None:
             continue
         directory, where = history_directory(user_ns)
-        remember(value, name, directory, where)
-        notes.append(f"kcoral: benchmark {name!r} recorded in {value['history']['file']} ({where})")
+        remember(first, name, directory, where)
+        for other in same:
+            other["history"] = first["history"]
+        notes.append(f"kcoral: benchmark {name!r} recorded in {first['history']['file']} ({where})")
     return notes
