@@ -65,7 +65,7 @@ def box_plot_svg(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
     span = high - low
     low, high = max(0.0, low - 0.05 * span), high + 0.05 * span
     inner = PLOT_WIDTH - LABEL_WIDTH - 20
-    height = ROW_HEIGHT * len(drawn) + 36
+    height = ROW_HEIGHT * len(drawn) + 52
 
     def x(value: float) -> float:
         return LABEL_WIDTH + (value - low) / (high - low) * inner
@@ -127,7 +127,7 @@ def _table_html(result: Mapping[str, Any]) -> str:
         cells = []
         for cell in row:
             style = _CELL
-            if cell in ("mismatch", "failed", "REGRESSION", "slower"):
+            if cell.startswith(("mismatch", "failed")) or cell in ("REGRESSION", "slower"):
                 style += ";color:#cf222e;font-weight:bold"
             elif cell == "faster":
                 style += ";color:#1a7f37"

@@ -125,7 +125,10 @@ def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
         header += ["vs previous [95% CI]", ""]
     rows = [header]
     for name, entry in rows_of(result):
-        status = entry.get("status", "ok")
+        status = one_line(entry.get("status", "ok"), 12)
+        error = number(entry.get("max_abs_error"))
+        if status == "mismatch" and error is not None:
+            status += f" (max error {error:.3g})"
         noise = number(entry.get("noise"))
         speedup = entry.get("speedup")
         if isinstance(speedup, Mapping):
@@ -134,7 +137,7 @@ def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
             speed = "baseline" if name == result.get("baseline") else "-"
         row = [
             one_line(name),
-            one_line(status, 12),
+            status,
             ms(entry.get("latency_ms_median")),
             ms(entry.get("latency_ms_iqr")),
             "-" if noise is None else f"{noise:.1%}",

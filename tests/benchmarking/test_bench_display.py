@@ -146,3 +146,20 @@ def test_format_comparison_shows_the_history_change_and_flags_a_regression() -> 
     assert "vs previous" in text and "1.5× [1.3, 1.7]" in text and "REGRESSION" in text
     assert "history: /tmp/kcoral-benchmarks.jsonl" in text
     assert "REGRESSION" in result._repr_html_()
+
+
+def test_a_mismatch_row_shows_its_largest_error_and_a_failed_one_its_status() -> None:
+    result = as_bench_result(
+        {
+            "kind": "kcoral.comparison",
+            "baseline": "a",
+            "candidates": {
+                "a": {"status": "ok", "latency_ms_median": 1.0},
+                "b": {"status": "mismatch", "max_abs_error": 0.5},
+                "c": {"status": "failed", "error": "ValueError: boom"},
+            },
+        }
+    )
+    text = format_comparison(result)
+    assert "mismatch (max error 0.5)" in text and "failed" in text
+    assert "color:#cf222e" in result._repr_html_()
