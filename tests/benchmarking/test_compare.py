@@ -171,6 +171,18 @@ def test_on_a_virtual_gpu_clock_the_speedup_is_exact(monkeypatch) -> None:
     assert same["speedup"]["verdict"] == "no significant difference"
 
 
+def test_an_adaptive_comparison_stops_once_every_median_is_known(monkeypatch) -> None:
+    clock = VirtualTime()
+    install_gpu(monkeypatch, clock)
+    result = compare(
+        {"a": clock.kernel(2.0), "b": clock.kernel(1.0)},
+        {"target_precision": 0.01, "max_ms": 60_000, "seed": 0},
+    )
+    assert result["stopped_by"] == "target_precision"
+    assert all(c["sample_count"] >= 10 for c in result["candidates"].values())
+    assert all(c["precision"] <= 0.01 for c in result["candidates"].values())
+
+
 # ---------------------------------------------------------------------- order
 
 
