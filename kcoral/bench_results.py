@@ -33,12 +33,20 @@ class BenchmarkResult(dict):
     def _repr_html_(self) -> str | None:
         return html_of(self)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # a notebook's text/plain is the table, not a thousand samples; repr() stays the dict's
+        printer.text(format_comparison(self))
+
 
 class ComparisonResult(dict):
     """What ``kcoral.builtins.compare`` returned, as the ``dict`` it is."""
 
     def _repr_html_(self) -> str | None:
         return html_of(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # a notebook's text/plain is the table, not a thousand samples; repr() stays the dict's
+        printer.text(format_comparison(self))
 
 
 def as_bench_result(value: dict[str, Any]) -> dict[str, Any]:

@@ -163,3 +163,13 @@ def test_a_mismatch_row_shows_its_largest_error_and_a_failed_one_its_status() ->
     text = format_comparison(result)
     assert "mismatch (max error 0.5)" in text and "failed" in text
     assert "color:#cf222e" in result._repr_html_()
+
+
+def test_in_ipython_the_plain_text_of_a_result_is_its_table_not_every_sample() -> None:
+    from IPython.lib.pretty import pretty
+
+    result = as_bench_result(
+        {"kind": "kcoral.benchmark", "latency_ms_median": 1.0, "samples_ms": [1.0] * 1000}
+    )
+    assert pretty(result) == format_comparison(result)
+    assert repr(result) == repr(dict(result))  # the JSON stays the source of truth
