@@ -7,7 +7,8 @@
 #
 # Only what that machine lacks is fetched, with --no-deps: the server's tornado, the
 # kcoral[gpu] extra (apache-tvm-ffi; cupti-python of CUDA 13.0, matching torch's
-# nvidia-cuda-cupti 13.0 and cuda-bindings 13.0 there) and pyelftools (cupti-python needs it).
+# nvidia-cuda-cupti 13.0 and cuda-bindings 13.0 there; nvidia-ml-py, pure Python, for the
+# GPU state benchmark results carry) and pyelftools (cupti-python needs it).
 # numpy, ml_dtypes, urllib3, cloudpickle, psutil, pytest, pytest-timeout, setuptools and
 # wheel are in that image already. The device tool carries the folder (64 MiB for the whole
 # working tree): this script fails when the wheels and the tree together would not fit.
@@ -23,6 +24,7 @@ WHEELS=(
     "apache-tvm-ffi==0.1.15.post2"
     "cupti-python==13.0.1"
     "pyelftools==0.33"
+    "nvidia-ml-py==13.615.71"
 )
 
 rm -rf "$DEST"

@@ -19,6 +19,10 @@ pass criterion and the clock its timings came from (`cupti`, `cuda_events`, `cpu
 * the helper's median for an 8192x8192 bf16 matmul on the server against the same helper in
   this process (PASS: within 3 %), and against plain in-process `torch.cuda.Event` timing
   (PASS: within 3 %);
+* `compare` on a 4096x4096 matmul written two ways, `a @ b` and `torch.mm` (PASS: both pass
+  the reference check and the speedup is within 3 % of 1: one cuBLAS kernel);
+* NVML readings in the helper's result (PASS: the worker's own GPU opened by UUID, with SM
+  and memory clocks, temperature and power; FAIL: no `gpu_state` or a reading missing);
 * KCoral's overhead per request, elapsed - lease held (PASS: median at most 20 ms);
 * `kcoral run` GPU tools (compute-sanitizer, ncu) when installed (PASS: exit 0, output);
 * `gpu_count` over all GPUs with NCCL (SKIP with a single GPU; second server).
@@ -199,7 +203,7 @@ def server(work: Path, name: str, device_args: list[str]) -> Iterator[str]:
 WORKLOAD = """
 import time
 
-from kcoral.builtins import benchmark
+from kcoral.builtins import benchmark, compare
 
 GPU = {gpu}
 
@@ -226,6 +230,21 @@ def measure(n, config):
     report = benchmark(matmul, a, b, config)
     report["window"] = [start, time.monotonic()]
     return report
+
+
+def mm(a, b):
+    if GPU:
+        import torch
+        return torch.mm(a, b)
+    import numpy as np
+    return np.dot(a, b)
+
+
+def compare_matmuls(n, config):
+    a, b = matrices(n)
+    # the reference is computed here: a callable cannot travel in the JSON config
+    checked = dict(config, reference=matmul(a, b), rtol=1e-2, atol=1e-2)
+    return compare({{"a @ b": matmul, "torch.mm": mm}}, a, b, checked)
 
 
 def compile_step(seconds):
@@ -569,6 +588,66 @@ def check_matmul_agreement(ctx: Check) -> list[Row]:
     return rows
 
 
+COMPARE_TOLERANCE = 0.03  # two spellings of one kernel: the speedup within 3 % of 1
+
+
+@timed
+def check_compare_two_matmuls(ctx: Check) -> Row:
+    """``compare`` on a GPU: both variants pass the reference check, and two spellings of one
+    cuBLAS kernel (``a @ b``, ``torch.mm``) come out within 3 % of each other."""
+    n = ctx.bench_n
+    name = f"compare: {n}x{n} matmul, a @ b vs torch.mm (speedup within 3 % of 1)"
+    program, module = ctx.program()
+    fn = program.get_function(module=module, name="compare_matmuls")
+    config = {"warmup": 10, "repeat": 60, "seed": 0}
+    program.return_(key="comparison", value=program.run(fn=fn, args=[n, config]))
+    result = ctx.execute(program)
+    if _failed(result):
+        return Row(name, "FAIL", f"the comparison failed: {_why(result)}")
+    comparison = result.results["comparison"]
+    other = comparison["candidates"]["torch.mm"]
+    statuses = {key: entry["status"] for key, entry in comparison["candidates"].items()}
+    speedup = other.get("speedup") or {}
+    detail = (
+        f"statuses {statuses}; speedup {speedup.get('value', float('nan')):.3f} "
+        f"[{speedup.get('ci95_low', float('nan')):.3f}, "
+        f"{speedup.get('ci95_high', float('nan')):.3f}] over {comparison['rounds']} "
+        f"shuffled rounds (seed {comparison['seed']}); warnings {comparison['warnings']}"
+    )
+    data = {"comparison": comparison}
+    if ctx.dry_run:
+        return Row(name, "SKIP", _dry(detail), data, clock=comparison["clock"])
+    ok = set(statuses.values()) == {"ok"} and abs(speedup["value"] - 1) <= COMPARE_TOLERANCE
+    return Row(name, "PASS" if ok else "FAIL", detail, data, clock=comparison["clock"])
+
+
+def check_nvml_readings(ctx: Check) -> Row:
+    """The helper's result carries NVML readings of the worker's own GPU (nvidia-ml-py)."""
+    name = "NVML readings with every measurement (clocks, temperature, power, throttling)"
+    result = ctx.execute(ctx.measure_program(ctx.bench_n, {"warmup": 5, "repeat": 20}))
+    if _failed(result):
+        return Row(name, "FAIL", f"the measurement failed: {_why(result)}")
+    report = result.results["report"]
+    state = report.get("gpu_state")
+    if ctx.dry_run:
+        detail = f"a CPU worker reports its machine instead: {report.get('machine')}"
+        return Row(name, "SKIP", _dry(detail), {"machine": report.get("machine")}, clock="cpu")
+    data = {"gpu_state": state, "warnings": report.get("warnings")}
+    if not state or not state.get("available"):
+        reason = (state or {}).get("reason", "no gpu_state key")
+        return Row(name, "FAIL", f"no NVML readings: {reason}", data, clock=report["clock"])
+    sample = (state.get("samples") or [{}])[0]
+    wanted = ("sm_clock_mhz", "memory_clock_mhz", "temperature_c", "power_w")
+    missing = [key for key in wanted if sample.get(key) is None]
+    detail = (
+        f"{state.get('name')} {state.get('uuid')}: SM {state.get('sm_clock_mhz_min')}–"
+        f"{state.get('sm_clock_mhz_max')} MHz, up to {state.get('temperature_c_max')} °C, "
+        f"clocks locked {state.get('clocks_locked')}, {state.get('throttled_rounds')} throttled "
+        f"rounds; missing {missing or 'nothing'}"
+    )
+    return Row(name, "FAIL" if missing else "PASS", detail, data, clock=report["clock"])
+
+
 @timed
 def check_overhead(ctx: Check) -> Row:
     name = f"KCoral overhead per request (elapsed - held <= {OVERHEAD_LIMIT_MS:g} ms)"
@@ -690,6 +769,8 @@ def run_checks(args: argparse.Namespace, work: Path) -> list[Row]:
             ("cpu_only lets others measure", lambda: check_cpu_only_lets_others_measure(ctx)),
             ("illegal access contained", lambda: check_illegal_access_is_contained(ctx)),
             ("matmul agreement", lambda: check_matmul_agreement(ctx)),
+            ("compare two matmuls", lambda: check_compare_two_matmuls(ctx)),
+            ("NVML readings", lambda: check_nvml_readings(ctx)),
             ("overhead per request", lambda: check_overhead(ctx)),
             ("kcoral run GPU tools", lambda: check_tools(ctx)),
             ("gpu_count with NCCL", lambda: check_gpu_count(ctx, all_gpus)),

@@ -71,6 +71,7 @@ from kcoral_jupyter.session import PendingJob, ServerFacts, Session, normalize_u
 
 import kcoral
 from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
+from kcoral.bench_history import remember_benchmarks
 
 #: What an explicit ``--gpus`` on a server without GPUs says, in warning style.
 CPU_WARNING = "ran on CPU (this server has no GPU)"
@@ -90,6 +91,7 @@ HELP = """\
   --file LOCAL[:REMOTE], --folder LOCAL[:REMOTE], --return-file PATH, --return-folder PATH
   --noblock [-r NAME]   submit as a job and return at once (%kcoral attach ID follows it)
   --quiet               no status line
+  --bench-label NAME    keep benchmark results in the notebook's history under NAME
   Options are never abbreviated: --gpu is refused, not taken for --gpus.
 
 Types: tensor -i values arrive as torch.Tensor where the server has torch (on the GPU of a GPU
@@ -177,6 +179,7 @@ def cell_parser() -> argparse.ArgumentParser:
     parser.add_argument("--noblock", action="store_true")
     parser.add_argument("-r", dest="result_name")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--bench-label")  # history of benchmark results (EXTENSIONS §12.6)
     return parser
 
 
@@ -409,7 +412,11 @@ class KCoralMagics(Magics):
             if short is exc:
                 raise
             raise short from exc
-        return self._finish(result, built, record, facts, line_out)
+        value = self._finish(result, built, record, facts, line_out)
+        bound = [value, *(self.shell.user_ns.get(name) for name in spec.outputs)]
+        for note in remember_benchmarks(args.bench_label, bound, self.shell.user_ns):
+            print(note)
+        return value
 
     def _finish(
         self,

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kcoral.bench_results import as_bench_result
 from kcoral.errors import INSTRUCTION_ERROR_KINDS, KCoralError, ProtocolError, ValidationError
 from kcoral.protocol import multipart
 from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_dtype
@@ -311,7 +312,8 @@ class _NodeDecoder:
             return [self.decode(item, f"{where}[{i}]") for i, item in enumerate(items)]
         if node_type == "object":
             members = self._typed(value, dict, where)
-            return {key: self.decode(item, f"{where}.{key}") for key, item in members.items()}
+            decoded = {key: self.decode(item, f"{where}.{key}") for key, item in members.items()}
+            return as_bench_result(decoded)  # a benchmark's dict renders (EXTENSIONS §12.5)
         if node_type == "bytes":
             return self._verified(node, where, bytes)
         if node_type == "tensor":

@@ -121,7 +121,7 @@ def test_explicit_counts_skip_the_estimate_and_run_exactly_those_calls() -> None
     calls = []
     result = benchmark(lambda x: calls.append(x), 7, {"warmup": 2, "repeat": 3, "flush_l2": False})
     assert calls == [7] * 5
-    assert set(result) == RESULT_KEYS
+    assert RESULT_KEYS <= set(result)  # the published keys stay; EXTENSIONS §12 adds more
     assert (result["warmup"], result["repeat"], result["clock"]) == (2, 3, "cpu")
     assert result["activities_stable"] is True
     assert result["flush_l2"] is False

@@ -26,18 +26,23 @@ def test_the_dry_run_exercises_every_check_on_a_cpu_server(tmp_path: Path) -> No
     report = json.loads(report_path.read_text())
     assert report["dry_run"] is True
     rows = {row["name"]: row for row in report["rows"]}
-    assert len(rows) == 10
+    assert len(rows) == 12
     assert {row["status"] for row in rows.values()} <= {"PASS", "SKIP"}
     assert rows["tensor round trip, every dtype"]["status"] == "PASS"
     for row in rows.values():
         if row["status"] == "SKIP":
             assert row["detail"].startswith("dry run (CPU server, fake timings)")
     timing_rows = [row for row in rows.values() if row["environment"] is not None]
-    assert len(timing_rows) == 5
+    assert len(timing_rows) == 6
     assert all(set(row["environment"]) == {"before", "after"} for row in timing_rows)
     assert all(row["clock"] for row in timing_rows)  # every timing row names its clock
     assert any("in-process CUDA events (3 %)" in name for name in rows)
     assert any(name.startswith("cupti-python") for name in rows)
+    # EXTENSIONS §12: compare on two matmul variants, NVML readings (device-only rows)
+    compared = next(row for name, row in rows.items() if name.startswith("compare: "))
+    assert "'a @ b': 'ok', 'torch.mm': 'ok'" in compared["detail"]
+    assert compared["data"]["comparison"]["kind"] == "kcoral.comparison"
+    assert rows[next(n for n in rows if n.startswith("NVML readings"))]["status"] == "SKIP"
     # the printed table is the Markdown written to --markdown, ready for the README
     table = table_path.read_text()
     assert table in done.stdout

@@ -1,0 +1,201 @@
+"""Benchmark and comparison results on the client (EXTENSIONS §12.5): ``dict`` subclasses that
+render in a notebook and print as a table.
+
+The decoded JSON stays the source of truth: ``BenchmarkResult`` and ``ComparisonResult``
+are the very ``dict`` the server sent, with ``_repr_html_`` (a distribution plot above a
+table, drawn by ``kcoral_jupyter.bench_display``) and ``format_comparison`` for terminals.
+A returned object becomes one when its ``kind`` says so and its shape fits; anything else
+stays a plain ``dict``.
+
+Who can reach what: every string and number here came from a server, which may be rogue.
+The text table takes only what it can show (numbers as numbers, names as one line), so a
+malformed result prints dashes instead of raising.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from kcoral.notebook import html_of
+
+BENCHMARK_KIND = "kcoral.benchmark"
+COMPARISON_KIND = "kcoral.comparison"
+NAME_WIDTH = 40
+
+__all__ = ["BenchmarkResult", "ComparisonResult", "as_bench_result", "format_comparison"]
+
+
+class BenchmarkResult(dict):
+    """What ``kcoral.builtins.benchmark`` returned, as the ``dict`` it is."""
+
+    def _repr_html_(self) -> str | None:
+        return html_of(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # a notebook's text/plain is the table, not a thousand samples; repr() stays the dict's
+        printer.text(format_comparison(self))
+
+
+class ComparisonResult(dict):
+    """What ``kcoral.builtins.compare`` returned, as the ``dict`` it is."""
+
+    def _repr_html_(self) -> str | None:
+        return html_of(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # a notebook's text/plain is the table, not a thousand samples; repr() stays the dict's
+        printer.text(format_comparison(self))
+
+
+def as_bench_result(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` as a ``BenchmarkResult`` or ``ComparisonResult`` when its ``kind`` names one
+    and its shape fits, else ``value`` itself."""
+    kind = value.get("kind")
+    if kind == BENCHMARK_KIND:
+        return BenchmarkResult(value)
+    if kind == COMPARISON_KIND and isinstance(value.get("candidates"), Mapping):
+        return ComparisonResult(value)
+    return value
+
+
+def number(value: object) -> float | None:
+    """``value`` when it is a finite number (not a bool), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def one_line(text: object, width: int = NAME_WIDTH) -> str:
+    """A server-sent name as one printable line of at most ``width`` characters."""
+    clean = "".join(ch if ch.isprintable() else "?" for ch in str(text))
+    return clean if len(clean) <= width else clean[: width - 1] + "…"
+
+
+def rows_of(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(name, statistics) per candidate; a benchmark is one row named by its label."""
+    if result.get("kind") == COMPARISON_KIND:
+        candidates = result.get("candidates")
+        if not isinstance(candidates, Mapping):
+            return []
+        return [
+            (str(name), entry if isinstance(entry, Mapping) else {})
+            for name, entry in candidates.items()
+        ]
+    label = result.get("label")
+    return [(str(label) if isinstance(label, str) else "benchmark", result)]
+
+
+def ms(value: object) -> str:
+    found = number(value)
+    if found is None:
+        return "-"
+    return f"{found:.4g}"
+
+
+def ratio_text(interval: object) -> str:
+    """``1.98× [1.91, 2.05]`` for a speedup or change, ``-`` without one."""
+    if not isinstance(interval, Mapping):
+        return "-"
+    value, low, high = (number(interval.get(k)) for k in ("value", "ci95_low", "ci95_high"))
+    if value is None:
+        return "-"
+    if low is None or high is None:
+        return f"{value:.3g}×"
+    return f"{value:.3g}× [{low:.3g}, {high:.3g}]"
+
+
+def verdict_of(interval: object) -> str:
+    if not isinstance(interval, Mapping):
+        return ""
+    verdict = interval.get("verdict")
+    return one_line(verdict, 30) if isinstance(verdict, str) else ""
+
+
+def change_of(result: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    """This candidate's change against the previous run of the same history key."""
+    history = result.get("history")
+    if not isinstance(history, Mapping):
+        return None
+    changes = history.get("changes")
+    if not isinstance(changes, Mapping):
+        return None
+    change = changes.get(name)
+    return change if isinstance(change, Mapping) else None
+
+
+def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
+    """The table as cells of text, header first (shared by the text and HTML tables)."""
+    header = ["candidate", "status", "median ms", "IQR ms", "noise", "speedup [95% CI]", ""]
+    with_history = isinstance(result.get("history"), Mapping)
+    if with_history:
+        header += ["vs previous [95% CI]", ""]
+    rows = [header]
+    for name, entry in rows_of(result):
+        status = one_line(entry.get("status", "ok"), 12)
+        error = number(entry.get("max_abs_error"))
+        if status == "mismatch" and error is not None:
+            status += f" (max error {error:.3g})"
+        noise = number(entry.get("noise"))
+        speedup = entry.get("speedup")
+        if isinstance(speedup, Mapping):
+            speed = ratio_text(speedup)
+        else:
+            speed = "baseline" if name == result.get("baseline") else "-"
+        row = [
+            one_line(name),
+            status,
+            ms(entry.get("latency_ms_median")),
+            ms(entry.get("latency_ms_iqr")),
+            "-" if noise is None else f"{noise:.1%}",
+            speed,
+            verdict_of(speedup),
+        ]
+        if with_history:
+            change = change_of(result, name)
+            flag = ""
+            if change is not None:
+                flag = "REGRESSION" if change.get("regression") is True else verdict_of(change)
+            row += [ratio_text(change), flag]
+        rows.append(row)
+    return rows
+
+
+def warnings_of(result: Mapping[str, Any]) -> list[str]:
+    warnings = result.get("warnings")
+    if not isinstance(warnings, list):
+        return []
+    return [one_line(w, 300) for w in warnings if isinstance(w, str)]
+
+
+def format_comparison(result: Mapping[str, Any]) -> str:
+    """A benchmark or comparison result as a text table (for scripts and terminals): median,
+    IQR, noise, speedup with its 95 % interval and what it says, status, and the warnings."""
+    rows = table_rows(result)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths).rstrip())
+    facts = []
+    clock = result.get("clock")
+    if isinstance(clock, str):
+        facts.append(f"clock {one_line(clock, 20)}")
+    seed = result.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        facts.append(f"seed {seed}")
+    rounds = result.get("rounds")
+    if isinstance(rounds, int) and not isinstance(rounds, bool):
+        facts.append(f"{rounds} rounds")
+    stopped = result.get("stopped_by")
+    if isinstance(stopped, str):
+        facts.append(f"stopped by {one_line(stopped, 20)}")
+    if facts:
+        lines.append(", ".join(facts))
+    lines += [f"warning: {w}" for w in warnings_of(result)]
+    history = result.get("history")
+    if isinstance(history, Mapping) and isinstance(history.get("file"), str):
+        lines.append(f"history: {one_line(history['file'], 300)}")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Statistics of benchmark samples (EXTENSIONS §12): percentiles, spread, a distribution-free
+interval for the median, and a seeded bootstrap for the ratio of two medians.
+
+numpy only, imported by ``kcoral.builtins`` when a helper runs (never at ``import kcoral``).
+Every value is finite, because the wire's number nodes must be (PROTOCOL §6): a median of 0
+gives a noise of 0, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: Bootstrap resamples behind every speedup interval; enough for a stable 95 % interval.
+BOOTSTRAP_RESAMPLES = 2000
+#: Resamples drawn at once, so memory stays bounded for long sample lists.
+_BOOTSTRAP_CHUNK = 250
+#: The 95 % normal quantile, for the order-statistic interval of the median.
+_Z95 = 1.959963984540054
+#: What an interval that contains 1 reads as.
+NO_DIFFERENCE = "no significant difference"
+
+
+def thinned(samples: Sequence[float], max_samples: int) -> tuple[list[float], bool]:
+    """At most ``max_samples`` of ``samples``, evenly spaced in call order, and whether
+    any were left out (the statistics are always computed over all of them)."""
+    if len(samples) <= max_samples:
+        return [float(x) for x in samples], False
+    picks = np.linspace(0, len(samples) - 1, num=max_samples).round().astype(int)
+    return [float(samples[i]) for i in picks], True
+
+
+def summary(samples: Sequence[float], max_samples: int) -> dict[str, Any]:
+    """The published statistics of one sample list (SERVER §15 plus EXTENSIONS §12)."""
+    times = np.asarray(samples, dtype=float)
+    p05, p25, median, p75, p95 = (float(v) for v in np.percentile(times, [5, 25, 50, 75, 95]))
+    iqr = p75 - p25
+    kept, was_thinned = thinned(samples, max_samples)
+    return {
+        "latency_ms_median": median,
+        "latency_ms_mean": float(times.mean()),
+        "latency_ms_min": float(times.min()),
+        "latency_ms_max": float(times.max()),
+        "latency_ms_p05": p05,
+        "latency_ms_p25": p25,
+        "latency_ms_p75": p75,
+        "latency_ms_p95": p95,
+        "latency_ms_iqr": iqr,
+        "noise": iqr / median if median > 0 else 0.0,
+        "sample_count": int(times.size),
+        "samples_ms": kept,
+        "samples_thinned": was_thinned,
+    }
+
+
+def median_precision(samples: Sequence[float]) -> float:
+    """Half the width of a 95 % interval for the median, divided by the median.
+
+    The interval is distribution-free: the order statistics at ranks n/2 ± 1.96·√n/2
+    (a binomial argument), so it needs no resampling and shrinks as calls are added,
+    unlike the noise (IQR / median), which is a property of the kernel, not of the count.
+    Infinite while there are too few samples for the interval to exist."""
+    n = len(samples)
+    if n < 6:
+        return math.inf
+    ordered = np.sort(np.asarray(samples, dtype=float))
+    half_width_ranks = _Z95 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half_width_ranks))
+    high = min(n - 1, math.ceil(n / 2 + half_width_ranks))
+    median = float(np.median(ordered))
+    if median <= 0:
+        return 0.0
+    return float(ordered[high] - ordered[low]) / 2 / median
+
+
+def _bootstrap_medians(samples: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    medians = np.empty(resamples)
+    for start in range(0, resamples, _BOOTSTRAP_CHUNK):
+        count = min(_BOOTSTRAP_CHUNK, resamples - start)
+        picks = rng.integers(0, samples.size, size=(count, samples.size))
+        medians[start : start + count] = np.median(samples[picks], axis=1)
+    return medians
+
+
+def ratio_of_medians(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    seed: int,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> dict[str, Any]:
+    """median(numerator) / median(denominator) with a seeded percentile-bootstrap 95 %
+    interval (each list resampled on its own) and what the interval says.
+
+    ``verdict`` is ``"greater"`` when the whole interval lies above 1, ``"smaller"`` when
+    below, else ``"no significant difference"``. A zero denominator median counts as the
+    smallest positive float, so the ratio stays finite."""
+    top = np.asarray(numerator, dtype=float)
+    bottom = np.asarray(denominator, dtype=float)
+    rng = np.random.default_rng(seed)
+    tiny = np.finfo(float).tiny
+    value = float(np.median(top)) / max(float(np.median(bottom)), tiny)
+    ratios = _bootstrap_medians(top, rng, resamples) / np.maximum(
+        _bootstrap_medians(bottom, rng, resamples), tiny
+    )
+    low, high = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
+    limit = np.finfo(float).max
+    value, low, high = (min(x, limit) for x in (value, low, high))
+    if low > 1:
+        verdict = "greater"
+    elif high < 1:
+        verdict = "smaller"
+    else:
+        verdict = NO_DIFFERENCE
+    return {"value": value, "ci95_low": low, "ci95_high": high, "verdict": verdict}
