@@ -384,8 +384,10 @@ class ServerConfig:
         None,
         flag="--worker-memory-limit-bytes",
         kind="int",
-        help="per worker; 0 = none",
-        shown_default=": physical memory / workers, at least 4 GiB, where a cgroup enforces it",
+        help="per worker; 0 = none; all workers together stay under the workers' memory "
+        "(physical memory less the cache and a reserve)",
+        shown_default=": the workers' memory / seats (session seats included), at least 4 GiB, "
+        "where a cgroup enforces it",
         minimum=0,
     )
     # None: KCORAL_WORKER_PROCESS_LIMIT, else limits.DEFAULT_PROCESS_LIMIT; 0 = none
