@@ -111,23 +111,27 @@ def _memory_ceiling() -> int:
 
 
 def _own_memory_ceiling() -> int:
-    """The memory limit of the cgroup the front-end runs in (a container's, a systemd
-    unit's ``MemoryMax``), 0 when none is set or readable."""
+    """The smallest memory limit of the cgroup the front-end runs in and its ancestors (a
+    container's, a systemd unit's or slice's ``MemoryMax``), 0 when none is set or
+    readable."""
     own = _own_cgroups()
-    candidates = []
+    hierarchies = []
     mount = _cgroup2_mount()
     if mount is not None and own.get("") is not None:
-        candidates.append(mount / own[""].lstrip("/") / "memory.max")
+        hierarchies.append((mount, own[""], "memory.max"))
     if own.get("memory") is not None:
-        candidates.append(
-            CGROUP_MOUNT / "memory" / own["memory"].lstrip("/") / "memory.limit_in_bytes"
-        )
-    for path in candidates:
-        with contextlib.suppress(OSError, ValueError):
-            value = int(path.read_text().strip())
-            if 0 < value < 1 << 60:  # v1 writes "no limit" as a huge page-aligned number
-                return value
-    return 0
+        hierarchies.append((CGROUP_MOUNT / "memory", own["memory"], "memory.limit_in_bytes"))
+    found = 0
+    for root, path, filename in hierarchies:
+        cgroup = root / path.lstrip("/")
+        for directory in [cgroup, *cgroup.parents]:
+            if directory != root and root not in directory.parents:
+                break  # above the hierarchy's mount
+            with contextlib.suppress(OSError, ValueError):
+                value = int((directory / filename).read_text().strip())
+                if 0 < value < 1 << 60:  # v1 writes "no limit" as a huge number
+                    found = min(found, value) if found else value
+    return found
 
 
 def workers_memory_bytes(cache_bytes: int = 0) -> int:

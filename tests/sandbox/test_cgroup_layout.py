@@ -131,3 +131,16 @@ def test_a_killed_front_ends_parent_and_its_empty_worker_cgroups_are_removed(
     os.makedirs(live / f"{limits.CGROUP_PREFIX}{os.getpid()}-abc")
     assert limits.remove_stale_cgroups() == 2
     assert not dead.exists() and live.exists()
+
+
+def test_a_memory_limit_above_the_front_end_is_the_machine_the_workers_share(
+    fake: FakeCgroupFs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a container's or a systemd slice's MemoryMax: the workers' memory is what it leaves
+    slice_dir = fake.root / "system.slice"
+    (slice_dir / "memory.max").write_text(str(8 * limits.GIB))
+    (fake.root / fake.own.lstrip("/") / "memory.max").write_text("max")
+    monkeypatch.setattr(limits, "_ceilings", {})
+    assert limits._own_memory_ceiling() == 8 * limits.GIB
+    reserve = limits.memory_reserve(8 * limits.GIB, limits.GIB)
+    assert limits.workers_memory_bytes(limits.GIB) == 8 * limits.GIB - reserve
