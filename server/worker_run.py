@@ -29,7 +29,7 @@ from kcoral_server.run_gpu_set import execute_on_gpu_set
 from kcoral_server.run_io import blob_slices, read_output
 from kcoral_server.run_records import record_gpu_access, return_record
 from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone, close_fds
-from kcoral_server.worker_handle import WorkerHandle
+from kcoral_server.worker_handle import WorkerHandle, event_fields
 from kcoral_server.workspace import CapturedOutput, Workspace
 from kcoral_server.workspace_watch import WorkspaceWatch
 
@@ -303,13 +303,9 @@ class ProgramRun:
         if handle.seat_sandbox is not None:
             handle.seat_sandbox.spoiled = True
         drive.disk_limit_passed(limit)
+        message = workspace_watch.limit_message(limit)
         self.state.events.emit(
-            "worker_limit_exceeded",
-            "WARNING",
-            request_id=self.request_id,
-            worker_id=handle.seat_id,
-            pid=handle.pid,
-            message=workspace_watch.limit_message(limit),
+            "worker_limit_exceeded", "WARNING", **event_fields(handle), message=message
         )
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         return drive
