@@ -188,6 +188,9 @@ def test_the_session_worker_gets_the_same_share_under_the_same_parent(tmp_path) 
         assert answer.status == 200 and answer.body["status"] == "COMPLETED", answer.body
         session = json.loads(answer.body["results"]["value"]["value"])
         assert session == stateless
+        # the session seat is one of the seats the parent is shared over, not extra
+        assert session["parent_name"].startswith("kcoral-workers-"), session
+        assert session["worker"] <= max(session["parent"] // SEATS, 4096 * MIB), session
         assert session["worker"] == _expected().memory_bytes
     finally:
         server.stop()
