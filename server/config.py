@@ -395,8 +395,20 @@ class ServerConfig:
         None,
         flag="--worker-memory-limit-bytes",
         kind="int",
-        help="per worker; 0 = none",
-        shown_default=": physical memory / workers, at least 4 GiB, where a cgroup enforces it",
+        help="per worker; 0 = none; all workers together stay under the workers' memory "
+        "(physical memory less the cache and a reserve)",
+        shown_default=": the workers' memory / seats (session seats included), at least 4 GiB, "
+        "where a cgroup enforces it",
+        minimum=0,
+    )
+    # Under bubblewrap (workspace_watch.py): the disk one sandbox directory may hold.
+    workspace_limit_bytes: int = setting(
+        4 * GIB,
+        flag="--workspace-limit-bytes",
+        kind="int",
+        help="disk a sandboxed program's workspace, HOME and caches may hold; past it the "
+        "worker is killed and the program fails naming the limit; 0 = none (no bound "
+        "without a sandbox)",
         minimum=0,
     )
     # None: KCORAL_WORKER_PROCESS_LIMIT, else limits.DEFAULT_PROCESS_LIMIT; 0 = none

@@ -10,9 +10,20 @@ front-end (a fork bomb, a runaway allocation).
   sets on itself at start-up (``RLIMIT_AS``; ``RLIMIT_DATA`` for CUDA workers, whose driver
   reserves far more address space than it uses), so an allocation fails with
   ``MemoryError`` inside the program.
-  Default (``None``): ``default_memory_limit`` (physical memory shared by the seats, at
-  least 4 GiB), enforced only by a cgroup: an address-space rlimit nobody asked for would
-  break programs that reserve far more than they touch.
+  Default (``None``): ``default_memory_limit`` (the workers' memory, below, shared by every
+  seat that can hold a worker, at least 4 GiB or all of it), enforced only by a cgroup: an
+  address-space rlimit nobody asked for would break programs that reserve far more than
+  they touch.
+* The whole worker tree (issue 28): every worker cgroup of a front-end lives under one
+  parent, ``kcoral-workers-<front-end pid>``, whose memory limit is the workers' memory
+  (``workers_memory_bytes``: the machine's, or the front-end's own cgroup limit where
+  smaller, less ``memory_reserve`` for the front-end and the system). A per-worker limit
+  alone, even a fair share, would let all seats together (or an explicit
+  ``--worker-memory-limit-bytes`` times the seats) push the front-end out of memory; under
+  the parent the kernel OOM-kills a worker first. Under cgroup v2 a cgroup that hands
+  controllers to children may hold no process itself ("no internal processes"), so the
+  front-end (with its launchers) first moves into a leaf of its own, ``kcoral-front-end``,
+  next to the workers' parent (``WorkerTree``).
 * Processes (``--worker-process-limit``; else the environment variable
   ``KCORAL_WORKER_PROCESS_LIMIT``; default ``DEFAULT_PROCESS_LIMIT``): a cgroup ``pids.max``
   (v2, or the v1 ``pids`` hierarchy); it counts threads too. ``RLIMIT_NPROC`` is not used:
@@ -29,10 +40,12 @@ Stdlib only: the worker imports the environment-variable names and the helpers a
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import resource
 import signal
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,8 +56,17 @@ PROCESS_LIMIT_ENV = "KCORAL_WORKER_PROCESS_LIMIT"  # front-end setting (--worker
 # Far above what a real GPU program needs (torch's thread pools, compile workers and data
 # loaders stay in the hundreds even on big hosts), far below what exhausts a machine.
 DEFAULT_PROCESS_LIMIT = 4096
-# The default memory share never goes below this: a torch + CUDA worker needs a few GiB.
+# The default memory share never goes below this (nor above the workers' memory): a torch +
+# CUDA worker needs a few GiB; the workers' parent limit still protects the front-end.
 MIN_DEFAULT_MEMORY_BYTES = 4 * 1024**3
+GIB = 1024**3
+# Kept out of the workers' reach besides the front-end's memory cache
+# (--cache-capacity-bytes): the front-end's own objects, the system and a shell; a
+# sixteenth of the memory, between 1 and 4 GiB.
+MIN_MEMORY_RESERVE_BYTES = GIB
+MAX_MEMORY_RESERVE_BYTES = 4 * GIB
+# Spare workers started ahead per seat (issue 31); counted in the share once they exist.
+SPARE_WORKERS_PER_SEAT = 0
 # Set in a worker's environment by the front-end:
 MEMORY_LIMIT_ENV = "KCORAL_WORKER_MEMORY_LIMIT_BYTES"  # the limit, for messages
 MEMORY_RLIMIT_ENV = "KCORAL_WORKER_MEMORY_RLIMIT"  # "AS" or "DATA" when the worker enforces it
@@ -52,6 +74,10 @@ PROCESS_LIMIT_NOTE_ENV = "KCORAL_WORKER_PROCESS_LIMIT_ENFORCED"  # the enforced 
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 CGROUP_PREFIX = "kcoral-worker-"
+# The parent of one front-end's worker cgroups (its pid follows), and the v2 leaf the
+# front-end moves into so that its own cgroup may hand controllers to that parent.
+TREE_PREFIX = "kcoral-workers-"
+FRONT_END_LEAF = "kcoral-front-end"
 # Writes its pid into each cgroup.procs given before "--", then becomes the command.
 SHIM = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
@@ -62,18 +88,92 @@ class WorkerLimits:
     processes: int = 0  # 0 = none
     #: the memory limit is the default one: a cgroup enforces it or nothing does
     memory_cgroup_only: bool = False
+    #: the limit of the parent of all of a front-end's workers (0 = none): see WorkerTree
+    all_workers_memory_bytes: int = 0
 
 
-def default_memory_limit(seats: int) -> int:
-    """Physical memory shared by ``seats`` workers, at least 4 GiB (never more than the
-    machine has): together the workers cannot push the front-end out of memory, and one
-    worker gets its fair share, which a real program stays within (0: memory unknown)."""
+def memory_reserve(memory: int, cache_bytes: int = 0) -> int:
+    """What the workers' parent limit keeps free of ``memory`` for the front-end (its memory
+    cache of ``cache_bytes`` and a sixteenth, between 1 and 4 GiB, for the rest of it and
+    the system), never more than half of the memory."""
+    base = min(max(memory // 16, MIN_MEMORY_RESERVE_BYTES), MAX_MEMORY_RESERVE_BYTES)
+    return min(base + max(0, cache_bytes), memory // 2)
+
+
+_ceilings: dict[int, int] = {}  # by pid: read once, before the front-end moves into its leaf
+
+
+def _memory_ceiling() -> int:
+    pid = os.getpid()
+    if pid not in _ceilings:
+        _ceilings[pid] = _own_memory_ceiling()
+    return _ceilings[pid]
+
+
+def _own_memory_ceiling() -> int:
+    """The smallest memory limit of the cgroup the front-end runs in and its ancestors (a
+    container's, a systemd unit's or slice's ``MemoryMax``), 0 when none is set or
+    readable."""
+    own = _own_cgroups()
+    hierarchies = []
+    mount = _cgroup2_mount()
+    if mount is not None and own.get("") is not None:
+        hierarchies.append((mount, own[""], "memory.max"))
+    if own.get("memory") is not None:
+        hierarchies.append((CGROUP_MOUNT / "memory", own["memory"], "memory.limit_in_bytes"))
+    found = 0
+    for root, path, filename in hierarchies:
+        cgroup = root / path.lstrip("/")
+        for directory in [cgroup, *cgroup.parents]:
+            if directory != root and root not in directory.parents:
+                break  # above the hierarchy's mount
+            with contextlib.suppress(OSError, ValueError):
+                value = int((directory / filename).read_text().strip())
+                if 0 < value < 1 << 60:  # v1 writes "no limit" as a huge number
+                    found = min(found, value) if found else value
+    return found
+
+
+def workers_memory_bytes(cache_bytes: int = 0) -> int:
+    """All the memory the workers may hold together (the parent limit): the machine's, or
+    the front-end's own cgroup limit where smaller, less ``memory_reserve`` (0: unknown)."""
     from kcoral_server.config import physical_memory_bytes
 
-    memory = physical_memory_bytes()
+    memory = physical_memory_bytes() or 0
+    ceiling = _memory_ceiling()
+    if ceiling:
+        memory = min(memory, ceiling) if memory else ceiling
     if not memory:
         return 0
-    return max(memory // max(1, seats), min(memory, MIN_DEFAULT_MEMORY_BYTES))
+    return _whole_pages(memory - memory_reserve(memory, cache_bytes))
+
+
+def _whole_pages(size: int) -> int:
+    """``size`` rounded down to whole pages, as the kernel keeps a memory limit."""
+    return size - size % resource.getpagesize()
+
+
+def default_memory_limit(
+    seats: int, spare: int = SPARE_WORKERS_PER_SEAT, cache_bytes: int = 0
+) -> int:
+    """One worker's default memory share: the workers' memory divided over ``seats`` (every
+    seat that can hold a worker: stateless and session seats) and their ``spare`` workers
+    each, at least 4 GiB unless the workers' memory is smaller (then all of it). Together
+    the workers stay within their parent limit; one worker gets its fair share, which a real
+    program stays within (0: memory unknown). ``cache_bytes``: the front-end's memory
+    cache, which the reserve keeps out of the workers' reach."""
+    memory = workers_memory_bytes(cache_bytes)
+    if not memory:
+        return 0
+    workers = max(1, seats) * (1 + max(0, spare))
+    return _whole_pages(max(memory // workers, min(memory, MIN_DEFAULT_MEMORY_BYTES)))
+
+
+def worker_seats(config: Any, stateless_seats: int) -> int:
+    """Every seat that can hold a worker at once: the pool's stateless seats and its session
+    seats (``--max-sessions``)."""
+    sessions = getattr(config, "max_sessions", 0) or 0
+    return max(1, stateless_seats + int(sessions))
 
 
 _MISSING = object()
@@ -83,7 +183,8 @@ def limits_from_config(
     config: Any, environ: Mapping[str, str] | None = None, *, seats: int = 1
 ) -> WorkerLimits:
     """The limits of ``config`` (a ``ServerConfig``, or any object whose missing fields mean
-    no limit); ``None`` fields take the defaults, ``seats`` workers sharing the memory."""
+    no limit); ``None`` fields take the defaults, the memory shared by the ``seats``
+    stateless seats and the config's session seats (``worker_seats``)."""
     if config is None:
         return WorkerLimits()
     environ = os.environ if environ is None else environ
@@ -97,9 +198,21 @@ def limits_from_config(
     elif processes is None:
         processes = DEFAULT_PROCESS_LIMIT if from_env is None else from_env
     memory = getattr(config, "worker_memory_limit_bytes", 0)
+    cache = int(getattr(config, "cache_capacity_bytes", 0) or 0)
     if memory is None:
-        return WorkerLimits(default_memory_limit(seats), int(processes), memory_cgroup_only=True)
-    return WorkerLimits(int(memory or 0), int(processes))
+        share = default_memory_limit(worker_seats(config, seats), cache_bytes=cache)
+        return WorkerLimits(
+            share,
+            int(processes),
+            memory_cgroup_only=True,
+            all_workers_memory_bytes=workers_memory_bytes(cache),
+        )
+    if not memory:
+        return WorkerLimits(0, int(processes))  # the operator turned memory limits off
+    # an explicit share times the seats may exceed the machine: the parent still holds
+    return WorkerLimits(
+        int(memory), int(processes), all_workers_memory_bytes=workers_memory_bytes(cache)
+    )
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -140,25 +253,137 @@ def _write(path: Path, text: str) -> bool:
     return True
 
 
-def _v2_parent(controllers: tuple[str, ...]) -> Path | None:
-    """Our own v2 cgroup when it can hand ``controllers`` to a child we create."""
+def _enable(cgroup: Path, controller: str) -> bool:
+    """Hand ``controller`` to the children of ``cgroup`` (fails, EBUSY, in a non-root v2
+    cgroup that holds processes itself)."""
+    try:
+        if controller in (cgroup / "cgroup.subtree_control").read_text().split():
+            return True
+    except OSError:
+        return False
+    return _write(cgroup / "cgroup.subtree_control", f"+{controller}")
+
+
+def _move_front_end_to_leaf(parent: Path) -> None:
+    """Move every process of ``parent`` (the front-end, its launchers and, on a node, its
+    supervisor) into the leaf ``parent/kcoral-front-end``: cgroup v2's "no internal
+    processes" rule lets ``parent`` hand its controllers to the workers' parent only once it
+    holds no process itself. ``parent`` is the cgroup the front-end was started in: its
+    systemd unit's (``Delegate=yes``: all of it is the unit's) or its container's, so what
+    else runs there moves along, as in a delegated container's own init."""
+    leaf = parent / FRONT_END_LEAF
+    try:
+        leaf.mkdir(exist_ok=True)
+        pids = (parent / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        _write(leaf / "cgroup.procs", pid)  # a process gone meanwhile: nothing to move
+
+
+def _v2_tree(name: str) -> tuple[Path | None, tuple[str, ...]]:
+    """This front-end's workers' parent in the v2 hierarchy and the controllers it hands to
+    worker cgroups (``None`` where no writable v2 cgroup with ``memory`` or ``pids`` is)."""
     mount = _cgroup2_mount()
     own = _own_cgroups().get("")
     if mount is None or own is None:
-        return None
+        return None, ()
     parent = mount / own.lstrip("/")
     try:
         available = (parent / "cgroup.controllers").read_text().split()
-        enabled = (parent / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return None, ()
+    wanted = [c for c in ("memory", "pids") if c in available]
+    if not wanted or not os.access(parent, os.W_OK):
+        return None, ()
+    if not _enable(parent, wanted[0]):
+        _move_front_end_to_leaf(parent)
+    handed = [c for c in wanted if _enable(parent, c)]
+    if not handed:
+        return None, ()
+    tree = parent / name
+    try:
+        tree.mkdir(exist_ok=True)
+    except OSError:
+        return None, ()
+    return tree, tuple(c for c in handed if _enable(tree, c))
+
+
+def _v1_tree(name: str) -> Path | None:
+    """This front-end's workers' parent in the v1 ``memory`` hierarchy (hosts without a v2
+    memory controller); v1 has no rule against processes next to child cgroups."""
+    own = _own_cgroups().get("memory")
+    if own is None:
+        return None
+    tree = CGROUP_MOUNT / "memory" / own.lstrip("/") / name
+    try:
+        tree.mkdir(exist_ok=True)
     except OSError:
         return None
-    for name in controllers:
-        if name not in available:
-            return None
-        # Fails (EBUSY) in a non-root cgroup that holds processes itself: then no v2 here.
-        if name not in enabled and not _write(parent / "cgroup.subtree_control", f"+{name}"):
-            return None
-    return parent if os.access(parent, os.W_OK) else None
+    return tree
+
+
+def _set_v1_memory_limit(path: Path, memory_bytes: int) -> bool:
+    """``memory.limit_in_bytes`` and, where swap is accounted, the same total for memory
+    plus swap (the kernel wants memsw >= the limit at every step: the order depends)."""
+    if _write(path / "memory.limit_in_bytes", str(memory_bytes)):
+        _write(path / "memory.memsw.limit_in_bytes", str(memory_bytes))
+        return True
+    _write(path / "memory.memsw.limit_in_bytes", str(memory_bytes))
+    return _write(path / "memory.limit_in_bytes", str(memory_bytes))
+
+
+@dataclass
+class WorkerTree:
+    """The parent of all of one front-end's worker cgroups, in each hierarchy that has one,
+    and the memory limit that holds for all its workers together (0: none enforced)."""
+
+    v2: Path | None = None
+    v2_controllers: tuple[str, ...] = ()
+    v1_memory: Path | None = None
+    memory_bytes: int = 0
+
+    def limit_memory(self, memory_bytes: int) -> None:
+        """Make ``memory_bytes`` the limit of the whole tree (no swap beyond it)."""
+        if not memory_bytes or memory_bytes == self.memory_bytes:
+            return
+        enforced = False
+        if self.v2 is not None and "memory" in self.v2_controllers:
+            enforced = _write(self.v2 / "memory.max", str(memory_bytes))
+            if enforced:
+                _write(self.v2 / "memory.swap.max", "0")
+        if self.v1_memory is not None:
+            enforced = _set_v1_memory_limit(self.v1_memory, memory_bytes) or enforced
+        if enforced:
+            self.memory_bytes = memory_bytes
+
+    def remove(self) -> None:
+        """Remove the parents once their worker cgroups are gone (at the front-end's exit;
+        ``remove_stale_cgroups`` takes those of a front-end that was killed)."""
+        for path in (self.v2, self.v1_memory):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+
+
+_trees: dict[int, WorkerTree] = {}  # by pid: a forked child never uses its parent's
+_trees_lock = threading.Lock()
+
+
+def worker_tree(all_workers_memory_bytes: int = 0) -> WorkerTree:
+    """This front-end's ``WorkerTree`` (made on first use, removed at exit), its memory
+    limited to ``all_workers_memory_bytes`` where that is given."""
+    with _trees_lock:
+        tree = _trees.get(os.getpid())
+        if tree is None:
+            _memory_ceiling()  # read before the front-end may move into its leaf
+            name = f"{TREE_PREFIX}{os.getpid()}"
+            v2, controllers = _v2_tree(name)
+            tree = WorkerTree(v2, controllers, None if "memory" in controllers else _v1_tree(name))
+            _trees[os.getpid()] = tree
+            atexit.register(tree.remove)
+        tree.limit_memory(all_workers_memory_bytes)
+        return tree
 
 
 @dataclass
@@ -242,27 +467,24 @@ def create_cgroup(limits: WorkerLimits) -> WorkerCgroup:
     wanted = tuple(
         c for c, on in (("memory", limits.memory_bytes), ("pids", limits.processes)) if on
     )
-    parent = _v2_parent(wanted)
-    if parent is None and limits.memory_bytes:
-        parent = _v2_parent(("memory",))
-    if parent is None and limits.processes:
-        parent = _v2_parent(("pids",))
-    if parent is not None:
-        path = parent / name
+    tree = worker_tree(limits.all_workers_memory_bytes if limits.memory_bytes else 0)
+    usable = [c for c in wanted if c in tree.v2_controllers]
+    if tree.v2 is not None and usable:
+        path: Path | None = tree.v2 / name
         try:
-            path.mkdir()
+            path.mkdir()  # type: ignore[union-attr]
         except OSError:
             path = None
         if path is not None:
             cgroup.paths.append(path)
-            if limits.memory_bytes and _write(path / "memory.max", str(limits.memory_bytes)):
+            if "memory" in usable and _write(path / "memory.max", str(limits.memory_bytes)):
                 _write(path / "memory.swap.max", "0")
                 _write(path / "memory.oom.group", "1")  # kill the whole tree, not one child
                 cgroup.memory_bytes = limits.memory_bytes
-            if limits.processes and _write(path / "pids.max", str(limits.processes)):
+            if "pids" in usable and _write(path / "pids.max", str(limits.processes)):
                 cgroup.processes = limits.processes
-    if limits.memory_bytes and not cgroup.memory_bytes:
-        _add_v1_memory(cgroup, name, limits.memory_bytes)
+    if limits.memory_bytes and not cgroup.memory_bytes and tree.v1_memory is not None:
+        _add_v1_memory(cgroup, tree.v1_memory / name, limits.memory_bytes)
     if limits.processes and not cgroup.processes:
         own = _own_cgroups().get("pids")
         if own is not None:
@@ -284,19 +506,15 @@ def create_cgroup(limits: WorkerLimits) -> WorkerCgroup:
     return cgroup
 
 
-def _add_v1_memory(cgroup: WorkerCgroup, name: str, memory_bytes: int) -> None:
-    """A cgroup v1 ``memory`` hierarchy's ``memory.limit_in_bytes`` (hosts without a v2
-    memory controller); swap is capped at the same total where it is accounted."""
-    own = _own_cgroups().get("memory")
-    if own is None:
-        return
-    path = CGROUP_MOUNT / "memory" / own.lstrip("/") / name
+def _add_v1_memory(cgroup: WorkerCgroup, path: Path, memory_bytes: int) -> None:
+    """A cgroup v1 ``memory`` hierarchy's ``memory.limit_in_bytes`` at ``path`` (hosts
+    without a v2 memory controller); swap is capped at the same total where it is
+    accounted."""
     try:
         path.mkdir()
     except OSError:
         return
-    if _write(path / "memory.limit_in_bytes", str(memory_bytes)):
-        _write(path / "memory.memsw.limit_in_bytes", str(memory_bytes))
+    if _set_v1_memory_limit(path, memory_bytes):
         cgroup.paths.append(path)
         cgroup.memory_bytes = memory_bytes
     else:
@@ -317,7 +535,7 @@ def worker_limit_environment(limits: WorkerLimits, cgroup: WorkerCgroup, device:
 
 
 def _cgroup_parents() -> list[Path]:
-    """The directories ``create_cgroup`` makes worker cgroups in."""
+    """The directories that hold worker cgroups and workers' parents (``create_cgroup``)."""
     parents = []
     mount, own = _cgroup2_mount(), _own_cgroups()
     if mount is not None and own.get("") is not None:
@@ -328,17 +546,29 @@ def _cgroup_parents() -> list[Path]:
     return parents
 
 
+def _owner_runs(path: Path, prefix: str) -> bool:
+    owner = path.name[len(prefix) :].split("-", 1)[0]
+    return owner.isdigit() and os.path.exists(f"/proc/{owner}")
+
+
 def remove_stale_cgroups() -> int:
-    """Remove empty worker cgroups of front-ends that no longer run (killed before they
-    could clean up); returns how many went. A live front-end's are never touched."""
+    """Remove empty worker cgroups (and workers' parents) of front-ends that no longer run
+    (killed before they could clean up); returns how many went. A live front-end's are
+    never touched."""
     removed = 0
     for parent in _cgroup_parents():
-        for path in parent.glob(f"{CGROUP_PREFIX}*"):
-            owner = path.name[len(CGROUP_PREFIX) :].split("-", 1)[0]
-            if owner.isdigit() and os.path.exists(f"/proc/{owner}"):
-                continue
+        trees = [t for t in parent.glob(f"{TREE_PREFIX}*") if not _owner_runs(t, TREE_PREFIX)]
+        # worker cgroups of the old flat layout (and v1 pids), then inside dead parents
+        for holder in [parent, *trees]:
+            for path in holder.glob(f"{CGROUP_PREFIX}*"):
+                if _owner_runs(path, CGROUP_PREFIX):
+                    continue
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # fails while processes remain: only empty ones go
+                    removed += 1
+        for tree in trees:
             with contextlib.suppress(OSError):
-                path.rmdir()  # fails while processes remain: only empty ones go
+                tree.rmdir()
                 removed += 1
     return removed
 

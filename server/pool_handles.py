@@ -35,7 +35,9 @@ class HandleMaker:
         seat.generation += 1
         gpu_ids = [gpu.id] if gpu else []
         if self.sandbox == "bubblewrap" and seat.sandbox is None:
-            seat.sandbox = SeatSandbox(config=self.config, device=self.mode, gpu_ids=gpu_ids)
+            seat.sandbox = SeatSandbox(
+                config=self.config, device=self.mode, gpu_ids=gpu_ids, seats=self.seats
+            )
         if transient is None:
             transient = self.config.max_requests_per_worker == 1
         return self.make(
@@ -57,7 +59,9 @@ class HandleMaker:
         gpu_ids = [gpu.id for gpu in gpus]
         if self.sandbox == "bubblewrap" and seat.sandbox is None:
             # the sandbox exposes exactly the set's device nodes
-            seat.sandbox = SeatSandbox(config=self.config, device=self.mode, gpu_ids=gpu_ids)
+            seat.sandbox = SeatSandbox(
+                config=self.config, device=self.mode, gpu_ids=gpu_ids, seats=self.seats
+            )
         uuids = [gpu.uuid for gpu in gpus]
         return self.make(
             **self._shared(seat),

@@ -25,6 +25,7 @@ RETIRE_LEVELS = {
     "crashed": "ERROR",
     "cancelled": "INFO",  # its program was cancelled (EXTENSIONS §5, §9)
     "identity": "INFO",  # the next program belongs to another identity
+    "disk_limit": "WARNING",  # its program passed --workspace-limit-bytes (sandbox)
 }
 #: how long a kept worker may take to report clean before it counts as crashed
 REUSE_READY_TIMEOUT_SECONDS = 60.0

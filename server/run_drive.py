@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral_server import ipc
+from kcoral_server import ipc, workspace_watch
 from kcoral_server.pool import RunResult
 from kcoral_server.responses import ReturnRecord
 from kcoral_server.worker_channel import WorkerGone
@@ -95,6 +95,23 @@ class ProgramDrive:
         self.result = RunResult.TIMED_OUT
         self.reason = "timeout"
         self.reason_retire = "timeout"
+
+    def disk_limit_passed(self, limit: int) -> None:
+        """The sandbox directory passed ``--workspace-limit-bytes``; the worker was killed."""
+        self.read_progress()  # the process is gone: the slot holds its last word
+        self.result = RunResult.FINISHED
+        self.status = "FAILED"
+        self.reason = "program_failed"
+        self.reason_retire = workspace_watch.RETIRE_REASON
+        if self.last_instruction is None and self.instructions:
+            first = self.instructions[0]  # it wrote before it said anything: the first
+            self.last_instruction = ipc.InstructionStarted(
+                index=0, op=first.op, id=None if isinstance(first, Return) else first.id
+            )
+        if self.last_instruction is None:
+            self.result = RunResult.CRASHED
+            return
+        self.error = instruction_error(self.last_instruction, workspace_watch.limit_message(limit))
 
     def cancelled(self, reason: str | None) -> None:
         self.result = RunResult.CANCELLED

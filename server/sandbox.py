@@ -20,7 +20,11 @@ Layout inside a sandbox: read-only system directories, Python prefixes, the pack
 read-only path (at their host paths); the worker's host directory mounted read-write at
 ``/work`` (or, when ``/work`` would shadow a read-only path such as an editable install's
 source tree, the first free name of ``WORKSPACE_MOUNTS``); runtime state under
-``<mount>/.kcoral/``; ``/tmp``, ``/var/tmp`` and ``/dev/shm`` pointing into it.
+``<mount>/.kcoral/``; ``/tmp``, ``/var/tmp`` and ``/dev/shm`` private tmpfs of a fixed size
+each (``tmpfs_bytes``): their pages are charged to the memory cgroup of the worker that
+writes them, and the size bounds them where no cgroup does (issue 28: a program put 1.9 GB
+into the workspace, ``/tmp`` and ``/dev/shm``; the workspace itself is watched by
+``workspace_watch``).
 """
 
 from __future__ import annotations
@@ -55,10 +59,12 @@ SECRET_MARKERS = ("TOKEN", "SECRET")
 HOST_DIR_PREFIX = "kcoral-sandbox-"
 # Linked into the workspace's runtime state inside the sandbox.
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-# Set in a sandboxed worker's environment when its /tmp or /var/tmp is a private tmpfs
-# (an install under /tmp): JSON {"roots": [...], "keep": [read-only binds inside them]}.
-# The front-end cannot reach that tmpfs, so each new worker empties it itself.
+# Set in a sandboxed worker's environment: its /tmp, /var/tmp and /dev/shm are private
+# tmpfs: JSON {"roots": [...], "keep": [read-only binds inside them, e.g. an install under
+# /tmp]}. The front-end cannot reach them, so each worker empties them itself.
 PRIVATE_TMP_ENV = "KCORAL_SANDBOX_PRIVATE_TMP"
+# The size of each of those tmpfs when the caller names none.
+DEFAULT_TMPFS_BYTES = 1024**3
 
 
 class SandboxError(ValueError):
@@ -249,8 +255,10 @@ class SandboxDir:
         environ: Mapping[str, str] | None = None,
         bwrap: str | None = None,
         hidden_paths: Sequence[Path] = (),
+        tmpfs_bytes: int = DEFAULT_TMPFS_BYTES,
     ) -> None:
         self.bwrap = bwrap or shutil.which("bwrap")
+        self.tmpfs_bytes = tmpfs_bytes
         if self.bwrap is None:
             raise SandboxError("bwrap was not found on PATH")
         environ = os.environ if environ is None else environ
@@ -303,22 +311,23 @@ class SandboxDir:
         return result
 
     def private_tmp_dirs(self) -> list[str]:
-        """``/tmp``/``/var/tmp`` when a read-only path lives under them: then that directory
-        is a private tmpfs of the sandbox, not a link into the workspace (see ``command``)."""
-        return [d for d in ("/tmp", "/var/tmp") if any(_is_within(b, Path(d)) for b in self.binds)]
+        """The sandbox's private tmpfs (``/tmp``, ``/var/tmp``, ``/dev/shm``; see
+        ``command``), which each worker empties itself."""
+        return list(PRIVATE_DIRS)
 
     def command(self, worker_command: Sequence[str]) -> list[str]:
         """``bwrap ... -- <worker_command>``; inherited fds (the IPC socket) stay open."""
         assert self.bwrap is not None
         argv = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
         argv += ["--cap-drop", "ALL"]
-        # A read-only path under /tmp or /var/tmp (an install or checkout that lives there)
-        # needs its mount point inside that directory, which then cannot be a link into the
-        # workspace: such a directory becomes a private tmpfs made before the binds (TMPDIR
-        # and the other variables still point into the workspace's state).
-        tmpfs = self.private_tmp_dirs()
-        for directory in tmpfs:
-            argv += ["--tmpfs", directory]
+        # /tmp and /var/tmp are private tmpfs of a fixed size (memory, charged to the
+        # worker's cgroup: a program cannot fill the host's disk through them), made before
+        # the binds so that a read-only path under them (an install or checkout that lives
+        # there) gets its mount point inside. TMPDIR and the other variables still point
+        # into the workspace's state, which workspace_watch bounds.
+        size = str(self.tmpfs_bytes)
+        for directory in ("/tmp", "/var/tmp"):
+            argv += ["--size", size, "--tmpfs", directory]
         for path in self.binds:
             argv += ["--ro-bind", str(path), str(path)]
         for target, link in system_links():
@@ -333,12 +342,8 @@ class SandboxDir:
                 argv += ["--dev-bind-try", node, node]
             argv += ["--ro-bind-try", "/sys", "/sys"]  # the driver reads PCI topology there
         argv += ["--bind", str(self.host_dir), self.mount]
-        # --dev already made /dev/shm a directory, so it is bound rather than linked.
-        argv += ["--bind", str(self.host_dir / ".kcoral" / "shm"), "/dev/shm"]
-        if "/tmp" not in tmpfs:
-            argv += ["--symlink", state_path(self.mount, "tmp"), "/tmp"]
-        if "/var/tmp" not in tmpfs:
-            argv += ["--dir", "/var", "--symlink", state_path(self.mount, "tmp"), "/var/tmp"]
+        # over the directory --dev made: shared memory of the same size, charged likewise
+        argv += ["--size", size, "--tmpfs", "/dev/shm"]
         argv += ["--chdir", self.mount, "--", *worker_command]
         return argv
 

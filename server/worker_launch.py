@@ -12,6 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from kcoral_server import limits
 from kcoral_server.launcher import (
     ForkedProcess,
     Launcher,
@@ -20,7 +21,7 @@ from kcoral_server.launcher import (
     shared_launcher,
 )
 from kcoral_server.rank_variables import is_rank_variable
-from kcoral_server.sandbox import SandboxDir, worker_base_environment
+from kcoral_server.sandbox import DEFAULT_TMPFS_BYTES, SandboxDir, worker_base_environment
 from kcoral_server.worker.confinement import clear_workspace
 
 
@@ -56,7 +57,26 @@ def preload_for(config: Any) -> tuple[str, ...]:
     return WORKER_PRELOADS.get(getattr(config, "worker_preload", "torch"), ())
 
 
-def sandbox_dir_for(config: Any, device: str, gpu_ids: Sequence[int], env: dict) -> SandboxDir:
+#: the smallest size of a sandbox's /tmp, /var/tmp and /dev/shm
+MIN_TMPFS_BYTES = 64 * 1024**2
+
+
+def tmpfs_bytes_for(config: Any, seats: int) -> int:
+    """The size of each of a sandbox's ``/tmp``, ``/var/tmp`` and ``/dev/shm``: a quarter of
+    the worker's memory share (``--worker-memory-limit-bytes`` or the default share, also
+    where nothing enforces it), at least 64 MiB. Their pages count against the worker's
+    memory cgroup, so together with its own memory they can never pass the share; the
+    size bounds them where no cgroup does."""
+    wanted = limits.limits_from_config(config, {}, seats=seats)
+    share = wanted.memory_bytes or limits.default_memory_limit(limits.worker_seats(config, seats))
+    if not share:
+        return DEFAULT_TMPFS_BYTES
+    return max(MIN_TMPFS_BYTES, share // 4)
+
+
+def sandbox_dir_for(
+    config: Any, device: str, gpu_ids: Sequence[int], env: dict, seats: int = 1
+) -> SandboxDir:
     paths = getattr(config, "sandbox_readonly_paths", None) or []
     token_file = getattr(config, "auth_token_file", None)
     return SandboxDir(
@@ -65,6 +85,7 @@ def sandbox_dir_for(config: Any, device: str, gpu_ids: Sequence[int], env: dict)
         gpu_ids=gpu_ids,
         environ=env,
         hidden_paths=[token_file] if token_file is not None else [],
+        tmpfs_bytes=tmpfs_bytes_for(config, seats),
     )
 
 
@@ -78,15 +99,19 @@ class SeatSandbox:
     (``Pool.serve_identity`` discards it for another); the workspace and ``/tmp`` are emptied
     before every new worker. Created lazily, in the launch thread (directories, processes)."""
 
-    def __init__(self, *, config: Any, device: str, gpu_ids: Sequence[int]) -> None:
+    def __init__(self, *, config: Any, device: str, gpu_ids: Sequence[int], seats: int = 1) -> None:
         self.config = config
         self.device = device
         self.gpu_ids = list(gpu_ids)
+        self.seats = seats  # the pool's stateless seats, for the tmpfs size
         self.identity: str | None = None
         self.dir: SandboxDir | None = None
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
         self._closed = False
+        #: a program passed --workspace-limit-bytes here: the next worker gets a fresh
+        #: directory (what it left in HOME and caches would end the next programs too)
+        self.spoiled = False
 
     def launch(self, fd: int, env: dict[str, str], cgroups: Sequence[str]) -> ForkedProcess:
         """Fork a worker inside the sandbox (blocking). ``env`` is the worker's environment
@@ -94,10 +119,13 @@ class SeatSandbox:
         with self._lock:
             if self._closed:
                 raise LauncherError("the seat's sandbox is closed")
-            if self.dir is not None and not clear_workspace(str(self.dir.host_dir)):
+            if self.dir is not None and (
+                self.spoiled or not clear_workspace(str(self.dir.host_dir))
+            ):
                 self._discard()  # a workspace the front-end cannot empty: start afresh
+            self.spoiled = False
             if self.dir is None:
-                self.dir = sandbox_dir_for(self.config, self.device, self.gpu_ids, env)
+                self.dir = sandbox_dir_for(self.config, self.device, self.gpu_ids, env, self.seats)
                 self._launcher = Launcher(wrap=self.dir.command, preload=preload_for(self.config))
             assert self._launcher is not None
             launcher_env = self.dir.environment(env)

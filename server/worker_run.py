@@ -17,7 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from kcoral_server import ipc
+from kcoral_server import ipc, workspace_watch
 from kcoral_server.blob_resolution import Resolution
 from kcoral_server.identity import Identity
 from kcoral_server.pool import NoWorker, RunResult, Seat
@@ -29,8 +29,9 @@ from kcoral_server.run_gpu_set import execute_on_gpu_set
 from kcoral_server.run_io import blob_slices, read_output
 from kcoral_server.run_records import record_gpu_access, return_record
 from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone, close_fds
-from kcoral_server.worker_handle import WorkerHandle
+from kcoral_server.worker_handle import WorkerHandle, event_fields
 from kcoral_server.workspace import CapturedOutput, Workspace
+from kcoral_server.workspace_watch import WorkspaceWatch
 
 from kcoral.protocol.schema import Program
 
@@ -190,14 +191,35 @@ class ProgramRun:
                 if fd is not None:
                     os.close(fd)
         self.cancellation.driving(handle)
+        watch = self._workspace_watch(handle)
         try:
-            return await self._collect(handle, drive, timeout, started)
+            return await self._collect(handle, drive, timeout, started, watch)
         finally:
+            if watch is not None:
+                await watch.stop()
             self.cancellation.driving(None)
             handle.channel.clear_interrupt()
 
+    def _workspace_watch(self, handle: WorkerHandle) -> WorkspaceWatch | None:
+        """The watch on a sandboxed worker's directory (``--workspace-limit-bytes``); None
+        without a sandbox (nothing bounds its disk) or a limit."""
+        limit = int(getattr(self.state.config, "workspace_limit_bytes", 0) or 0)
+        sandbox_dir = handle.sandbox_dir
+        if not limit or sandbox_dir is None:
+            return None
+        watch = WorkspaceWatch(
+            sandbox_dir.host_dir, limit, self.state.executor, handle.channel.interrupt
+        )
+        watch.start()
+        return watch
+
     async def _collect(
-        self, handle: WorkerHandle, drive: ProgramDrive, timeout: float, started: float
+        self,
+        handle: WorkerHandle,
+        drive: ProgramDrive,
+        timeout: float,
+        started: float,
+        watch: WorkspaceWatch | None = None,
     ) -> ProgramDrive:
         # The deadline is one alarm that interrupts the receive (as a cancel does), not a
         # timeout per message: ``wait_for`` costs a task, a timer and three loop hops for
@@ -208,6 +230,9 @@ class ProgramRun:
             while True:
                 if self.cancellation.reason is not None:
                     ending = self._cancelled(handle, drive)
+                    break
+                if watch is not None and watch.exceeded:
+                    ending = self._disk_limit_passed(handle, drive, watch.limit)
                     break
                 used = self.budget_used(handle, started)
                 if used >= timeout and not handle.lease.waiting:
@@ -266,6 +291,22 @@ class ProgramRun:
     async def _timed_out(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
         await self.state.pool.kill(handle)
         drive.timed_out()
+        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        return drive
+
+    async def _disk_limit_passed(
+        self, handle: WorkerHandle, drive: ProgramDrive, limit: int
+    ) -> ProgramDrive:
+        """Kill the program as for a timeout; its seat's sandbox directory is discarded, so
+        that what it wrote (caches, HOME) does not end the seat's next programs too."""
+        await self.state.pool.kill(handle)
+        if handle.seat_sandbox is not None:
+            handle.seat_sandbox.spoiled = True
+        drive.disk_limit_passed(limit)
+        message = workspace_watch.limit_message(limit)
+        self.state.events.emit(
+            "worker_limit_exceeded", "WARNING", **event_fields(handle), message=message
+        )
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         return drive
 

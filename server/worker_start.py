@@ -231,7 +231,7 @@ def _launch_command(
     env = worker_environment(spec.device, spec.gpu_ids, spec.gpu_uuids, spec.deny)
     command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
     if spec.sandbox == "bubblewrap":
-        sandbox_dir = sandbox_dir_for(spec.config, spec.device, spec.gpu_ids, env)
+        sandbox_dir = sandbox_dir_for(spec.config, spec.device, spec.gpu_ids, env, spec.seats)
         confinement.sandbox_dir = sandbox_dir
         confinement.owns_sandbox_dir = True
         env = sandbox_dir.environment(env)

@@ -3,9 +3,10 @@
 * ``clear_workspace``: a sandboxed worker keeps one workspace (``/work``) for its whole life,
   so it empties it between programs (SERVER §14); the runtime state under ``.kcoral/``
   survives except its scratch directories (``tmp``, ``shm``).
-* ``empty_private_tmp``: where the sandbox's ``/tmp`` is a private tmpfs (an install under
-  ``/tmp``), the front-end cannot empty it from outside; a new worker empties it itself,
-  before anything of a program runs, keeping only the read-only binds that live there.
+* ``empty_private_tmp``: the sandbox's ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are private
+  tmpfs that the front-end cannot empty from outside; a new worker empties them itself,
+  before anything of a program runs (and again between programs), keeping only the
+  read-only binds that live there (an install under ``/tmp``).
 * ``limit_note``: turns an exception caused by a per-worker limit into a message that says
   so (``MemoryError`` under the memory rlimit, ``EAGAIN`` from ``fork`` at ``pids.max``).
 """
@@ -80,8 +81,9 @@ def _empty_except(directory: str, keep: list[str]) -> None:
 
 
 def empty_private_tmp(environ: Mapping[str, str] | None = None) -> None:
-    """Empty the sandbox's private ``/tmp`` (and ``/var/tmp``) for a new worker: every seat's
-    workers share that tmpfs, and what one program left there must not reach the next."""
+    """Empty the sandbox's private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` for a new worker
+    or program: every seat's workers share those tmpfs, what one program left there must
+    not reach the next, and it holds memory charged to the seat's workers."""
     raw = (os.environ if environ is None else environ).get(PRIVATE_TMP_ENV)
     if not raw:
         return
@@ -92,7 +94,7 @@ def empty_private_tmp(environ: Mapping[str, str] | None = None) -> None:
         return
     for root in roots:
         # Only the sandbox's own tmpfs (a mount point there); never a host's directory.
-        if root in ("/tmp", "/var/tmp") and os.path.ismount(root):
+        if root in ("/tmp", "/var/tmp", "/dev/shm") and os.path.ismount(root):
             _empty_except(root, keep)
 
 

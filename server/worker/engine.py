@@ -33,7 +33,7 @@ from kcoral_server.ipc import (
 from kcoral_server.worker import context
 from kcoral_server.worker.blobs import BlobMaps, hashed_parts_memfd
 from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
-from kcoral_server.worker.confinement import clear_workspace
+from kcoral_server.worker.confinement import clear_workspace, empty_private_tmp
 from kcoral_server.worker.cupti_guard import GpuAccessFailure, finalize_cupti, watch_cpu_only
 from kcoral_server.worker.failures import (
     Attribution,
@@ -569,6 +569,7 @@ class ProgramRun:
             # take another program (retired like a poisoned one).
             if not clear_workspace(self.request.workspace):
                 self.poisoned = True
+            empty_private_tmp()  # /tmp, /var/tmp, /dev/shm: tmpfs only the worker reaches
 
     def _record_fault(self, fault: CudaFault | None, last: Attribution) -> None:
         if fault is None:

@@ -81,3 +81,9 @@ def test_the_units_take_the_node_token_from_an_environment_file(tmp_path: Path) 
     section = service("kcoral-node.service")
     assert server.config.disk_cache_dir == Path("/var/cache") / section["CacheDirectory"]
     assert server.config.log_dir == Path("/var/log") / section["LogsDirectory"]
+
+
+def test_the_node_unit_delegates_its_cgroup_so_worker_limits_are_enforced() -> None:
+    # Without Delegate=yes the unit's cgroup is systemd's: the front-end cannot make the
+    # workers' parent limit nor their cgroups, and every per-worker limit goes unenforced.
+    assert service("kcoral-node.service").get("Delegate") == "yes"

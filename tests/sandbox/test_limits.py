@@ -80,9 +80,10 @@ def test_limits_come_from_the_config_and_the_process_limit_also_from_the_environ
     class Config:
         worker_memory_limit_bytes = 1000
 
-    assert limits.limits_from_config(Config(), {}) == WorkerLimits(1000, 0)
+    parent = limits.workers_memory_bytes()  # the workers' parent holds an explicit share too
+    assert limits.limits_from_config(Config(), {}) == WorkerLimits(1000, 0, False, parent)
     environ = {limits.PROCESS_LIMIT_ENV: "64"}
-    assert limits.limits_from_config(Config(), environ) == WorkerLimits(1000, 64)
+    assert limits.limits_from_config(Config(), environ) == WorkerLimits(1000, 64, False, parent)
     assert limits.limits_from_config(None, {}) == WorkerLimits(0, 0)
 
 
@@ -92,19 +93,22 @@ def test_a_server_config_has_limits_by_default_and_flags_win_over_the_environmen
     environ = {limits.PROCESS_LIMIT_ENV: "64"}
     default = limits.limits_from_config(ServerConfig(), {}, seats=4)
     assert default.processes == limits.DEFAULT_PROCESS_LIMIT
-    assert default.memory_bytes == limits.default_memory_limit(4)
+    cache = ServerConfig().cache_capacity_bytes
+    # four stateless seats and the default session seat share the workers' memory
+    assert default.memory_bytes == limits.default_memory_limit(5, cache_bytes=cache)
     assert default.memory_cgroup_only  # never an address-space rlimit nobody asked for
     assert limits.limits_from_config(ServerConfig(), environ).processes == 64
     explicit = ServerConfig(worker_process_limit=0, worker_memory_limit_bytes=0)
     assert limits.limits_from_config(explicit, environ) == WorkerLimits(0, 0)
 
 
-def test_the_default_memory_share_is_at_least_4_gib_and_never_above_physical_memory() -> None:
+def test_the_default_memory_share_is_at_least_4_gib_and_never_above_the_workers_memory() -> None:
     from kcoral_server.config import physical_memory_bytes
 
-    memory = physical_memory_bytes() or 0
-    assert limits.default_memory_limit(1) == memory
-    assert limits.default_memory_limit(10_000) == min(memory, limits.MIN_DEFAULT_MEMORY_BYTES)
+    workers = limits.workers_memory_bytes()
+    assert 0 < workers < (physical_memory_bytes() or 0)  # the reserve is never the workers'
+    assert limits.default_memory_limit(1) == workers
+    assert limits.default_memory_limit(10_000) == min(workers, limits.MIN_DEFAULT_MEMORY_BYTES)
 
 
 def test_a_default_memory_limit_no_cgroup_enforces_is_not_an_rlimit() -> None:

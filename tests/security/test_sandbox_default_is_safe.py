@@ -335,4 +335,7 @@ def test_a_worker_runs_under_a_memory_limit_without_any_flag(tmp_path: Path) -> 
         limit = returned(execute(server.url, run_source(OWN_MEMORY_LIMIT)))
     finally:
         server.stop()
-    assert limit == limits.default_memory_limit(1)
+    # one stateless seat and the default session seat share what the reserve leaves
+    from kcoral_server.config import ServerConfig
+
+    assert limit == limits.limits_from_config(ServerConfig(), {}, seats=1).memory_bytes

@@ -62,6 +62,7 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "max_inflight_request_bytes": ("0", 0, ()),
     "worker_memory_limit_bytes": ("0", 0, ()),
     "worker_process_limit": ("64", 64, ()),
+    "workspace_limit_bytes": ("1000", 1000, ()),
     "worker_preload": ("none", "none", ()),
     "worker_env_deny": ("AWS_*", ["AWS_*"], ()),
     "allowed_origins": ("https://lab.example.org", ["https://lab.example.org"], ()),
