@@ -160,6 +160,8 @@ class ForkedProcess:
         self.survivors = 0
         #: the modules the launcher had preloaded when it forked this worker
         self.preloaded: tuple[str, ...] = ()
+        #: the other workers of its launcher (``worker_strays`` leaves their orphans alone)
+        self.forks: Forks | None = None
         self._status_fd: int | None = status_fd
         os.set_blocking(status_fd, False)
 
@@ -223,6 +225,33 @@ class ForkedProcess:
         self._close()
 
 
+class Forks:
+    """The front-end's record of the workers one ``Launcher`` forked: which live, and
+    whether a fork is in flight (its child may already be among the launcher's children,
+    not yet known here). Updated from the launching thread, read on the IO loop."""
+
+    def __init__(self) -> None:
+        self.started = 0  # launch requests begun ...
+        self.done = 0  # ... and ended (the child, if any, recorded before this moves)
+        self._workers: weakref.WeakValueDictionary[int, ForkedProcess] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def add(self, process: ForkedProcess) -> None:
+        process.forks = self
+        self._workers[process.pid] = process
+
+    @property
+    def settled(self) -> bool:
+        """No fork in flight: every child of the launcher that is a worker is in ``live``
+        (ask before ``live``)."""
+        return self.started == self.done
+
+    def live(self) -> set[int]:
+        """Host pids of the workers whose exit has not been seen."""
+        return {pid for pid, p in list(self._workers.items()) if p.returncode is None}
+
+
 class Launcher:
     """The front-end's handle on its launcher process (started on first use).
 
@@ -245,6 +274,7 @@ class Launcher:
         self._sock: socket.socket | None = None
         # replaced launchers still serving their workers; polled (reaped) on later starts
         self._retired: list[subprocess.Popen] = []
+        self.forks = Forks()
 
     def launch(
         self,
@@ -264,40 +294,57 @@ class Launcher:
         request = {"env": env, "cgroups": [] if sandboxed else list(cgroups), "go": sandboxed}
         payload = json.dumps(request).encode()
         with self._lock:  # one request in flight: replies need no matching
-            for attempt in (1, 2):  # a launcher that died is restarted once
-                go_r, go_w = os.pipe() if sandboxed else (-1, -1)
-                data = b""
+            self.forks.started += 1
+            try:
+                process = self._launch_locked(worker_fd, payload, sandboxed, cgroups, launcher_env)
+                self.forks.add(process)
+                return process
+            finally:
+                self.forks.done += 1
+
+    def _launch_locked(
+        self,
+        worker_fd: int,
+        payload: bytes,
+        sandboxed: bool,
+        cgroups: Sequence[str],
+        launcher_env: Mapping[str, str] | None,
+    ) -> ForkedProcess:
+        """``launch`` under the lock."""
+        for attempt in (1, 2):  # a launcher that died is restarted once
+            go_r, go_w = os.pipe() if sandboxed else (-1, -1)
+            data = b""
+            try:
+                sock = self._ensure_started(launcher_env)
+                sent = [worker_fd, go_r] if sandboxed else [worker_fd]
+                socket.send_fds(sock, [payload], sent)
+                data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 1)
+            except OSError as exc:
+                self._stop_locked()
+                if attempt == 2:
+                    raise LauncherError(f"worker launcher failed: {exc}") from None
+                continue
+            finally:
+                if sandboxed:
+                    os.close(go_r)  # the child has its own copy
+                    if not data:
+                        os.close(go_w)
+            if sandboxed and data:
                 try:
-                    sock = self._ensure_started(launcher_env)
-                    sent = [worker_fd, go_r] if sandboxed else [worker_fd]
-                    socket.send_fds(sock, [payload], sent)
-                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 1)
-                except OSError as exc:
-                    self._stop_locked()
-                    if attempt == 2:
-                        raise LauncherError(f"worker launcher failed: {exc}") from None
-                    continue
+                    return self._go(data, fds, go_w, cgroups)
                 finally:
-                    if sandboxed:
-                        os.close(go_r)  # the child has its own copy
-                        if not data:
-                            os.close(go_w)
-                if sandboxed and data:
-                    try:
-                        return self._go(data, fds, go_w, cgroups)
-                    finally:
-                        os.close(go_w)  # without a go first, the child exits
-                if not data:
-                    self._stop_locked()
-                    if attempt == 2:
-                        raise LauncherError("worker launcher exited")
-                    continue
-                reply = json.loads(data)
-                if "pid" not in reply or len(fds) != 1:
-                    for fd in fds:
-                        os.close(fd)
-                    raise _reply_error(reply)
-                return _forked(int(reply["pid"]), fds[0], reply)
+                    os.close(go_w)  # without a go first, the child exits
+            if not data:
+                self._stop_locked()
+                if attempt == 2:
+                    raise LauncherError("worker launcher exited")
+                continue
+            reply = json.loads(data)
+            if "pid" not in reply or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                raise _reply_error(reply)
+            return _forked(int(reply["pid"]), fds[0], reply)
         raise LauncherError("worker launcher failed")  # pragma: no cover
 
     def _go(self, data: bytes, fds: list[int], go: int, cgroups: Sequence[str]) -> ForkedProcess:

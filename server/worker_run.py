@@ -13,6 +13,7 @@ from the worker's messages come from ``run_records``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -236,7 +237,7 @@ class ProgramRun:
                     elif isinstance(message, ipc.ProgramFinished):
                         close_fds(fds)
                         drive.read_progress()
-                        return self._program_finished(message, drive, handle)
+                        return await self._program_finished(message, drive, handle)
                     else:
                         raise ValueError(f"unexpected message {message.tag!r}")
                 except (ValueError, TypeError, OSError) as exc:
@@ -248,9 +249,25 @@ class ProgramRun:
                 alarm.cancel()  # before any kill: nothing may interrupt later receives
         return await ending
 
-    def _program_finished(
+    async def _program_finished(
         self, message: ipc.ProgramFinished, drive: ProgramDrive, handle: WorkerHandle
     ) -> ProgramDrive:
+        # Before the seat and the lease are handed on: processes the program left where
+        # the worker does not look (SERVER §8) are killed, and fail it as leftovers do.
+        found = handle.strays.find() if handle.strays is not None else []
+        if found:
+            assert handle.strays is not None
+            loop = asyncio.get_running_loop()
+            killed = await loop.run_in_executor(self.state.executor, handle.strays.kill, found)
+            self.state.events.emit(
+                "worker_strays_killed",
+                "WARNING",
+                request_id=self.request_id,
+                worker_id=handle.seat_id,
+                pid=handle.pid,
+                pids=killed,
+            )
+            message = dataclasses.replace(message, left_processes=True)
         drive.finished(message)
         if drive.error is not None and drive.error.get("kind") == "gpu_access":
             record_gpu_access(

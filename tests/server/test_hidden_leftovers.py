@@ -11,6 +11,7 @@ session end. Native threads a library keeps (OpenBLAS's pool) must not fail a pr
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 import uuid
 
@@ -18,6 +19,7 @@ import psutil
 import pytest
 from http_helpers import module_program, request
 from kcoral_server import sandbox
+from kcoral_server.worker_launch import LAUNCH_ENV
 from session_requests import create_session, run_in, value_of
 
 BWRAP_PROBLEM = sandbox.probe()
@@ -63,6 +65,19 @@ def escaped_process(marker):
             os.execv("/bin/sleep", [marker, "600"])
         os._exit(0)
     os.waitpid(child, 0)
+    return json.dumps(os.getpid())
+
+def escape_and_wait(marker, flag):
+    # the orphan keeps this worker's session: the launcher's other workers leave it alone
+    ctypes.CDLL(None).prctl(36, 0, 0, 0, 0)
+    child = os.fork()
+    if child == 0:
+        if os.fork() == 0:
+            os.execv("/bin/sleep", [marker, "600"])
+        os._exit(0)
+    os.waitpid(child, 0)
+    while not os.path.exists(flag):
+        time.sleep(0.05)
     return json.dumps(os.getpid())
 
 def blas_pool():
@@ -137,12 +152,19 @@ def test_a_reused_worker_whose_program_hid_a_thread_is_retired(
 
 @pytest.mark.parametrize("sandbox_mode", SANDBOXES)
 @pytest.mark.parametrize("limits", ["cgroup", "no-cgroup"])
+@pytest.mark.parametrize("launch", ["fork", "spawn"])
 def test_a_process_that_escapes_the_workers_subreaper_fails_the_program_and_is_killed(
-    server_factory, sandbox_mode: str, limits: str
+    server_factory, sandbox_mode: str, limits: str, launch: str
 ) -> None:
     # without limits no worker cgroup exists: the process tree above the worker finds it
+    # (the launcher that forked it, or the supervisor or bwrap of a spawned one)
     args = ["--worker-memory-limit-bytes", "0", "--worker-process-limit", "0"]
-    server = server_factory("--sandbox", sandbox_mode, *(args if limits == "no-cgroup" else []))
+    server = server_factory(
+        "--sandbox",
+        sandbox_mode,
+        *(args if limits == "no-cgroup" else []),
+        env={LAUNCH_ENV: launch},
+    )
     marker = f"kcoral-escapee-{uuid.uuid4().hex[:12]}"
     sid = create_session(server.url).body["session_id"]
     answer = run_in(server.url, sid, _program("escaped_process", marker))
@@ -152,6 +174,31 @@ def test_a_process_that_escapes_the_workers_subreaper_fails_the_program_and_is_k
     assert record.status == 410 and "left threads or processes" in record.body["error"]["message"]
     # the server keeps serving
     assert value_of(run_in(server.url, None, _program("pid")), "pid")
+
+
+def test_an_honest_program_is_not_blamed_for_an_orphan_of_another_workers_program(
+    server_factory, tmp_path
+) -> None:
+    # one shared launcher without cgroups: both workers' orphans become its children
+    server = server_factory(
+        "--num-workers", "2", "--worker-memory-limit-bytes", "0", "--worker-process-limit", "0"
+    )
+    marker = f"kcoral-escapee-{uuid.uuid4().hex[:12]}"
+    flag = tmp_path / "flag"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        escaping = pool.submit(
+            run_in, server.url, None, _program("escape_and_wait", marker, str(flag))
+        )
+        deadline = time.monotonic() + 60
+        while not _processes_named(marker):
+            assert time.monotonic() < deadline and not escaping.done(), "no orphan appeared"
+            time.sleep(0.05)
+        honest = run_in(server.url, None, _program("pid"))
+        assert value_of(honest, "pid")  # COMPLETED on the other worker
+        assert _processes_named(marker)  # not killed by the other worker's check
+        flag.write_text("go")
+        _assert_failed_for_leftovers(escaping.result(timeout=120), "left background processes")
+    assert _wait_gone(marker) == []
 
 
 @pytest.mark.parametrize("sandbox_mode", SANDBOXES)
