@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcoral_server import ipc
 from kcoral_server.blob_resolution import Resolution
+from kcoral_server.exit_cause import TIMEOUT_MESSAGE, deadline_message, limit_cause
 from kcoral_server.identity import Identity
 from kcoral_server.pool import NoWorker, RunResult, Seat
 from kcoral_server.program_outcome import program_outcome
@@ -62,6 +63,7 @@ class ProgramRun:
         self.observer = observer
         self.cancellation = cancellation
         self.finish_fields = finish_fields
+        self.timeout_message = TIMEOUT_MESSAGE  # with the deadline once ``execute`` knows it
 
     async def execute(
         self,
@@ -74,6 +76,10 @@ class ProgramRun:
         queue_ms: float,
     ) -> ProgramOutcome:
         state = self.state
+        # for a 504's message: the deadline and the setting that set it
+        self.timeout_message = deadline_message(
+            timeout, program.options.timeout_seconds, state.config
+        )
         gpu_count = program.options.gpu_count
         if gpu_count is not None and seat.pinned is None:  # a session's GPUs are its seat's
             return await execute_on_gpu_set(
@@ -282,7 +288,7 @@ class ProgramRun:
 
     async def _timed_out(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
         await self.state.pool.kill(handle)
-        drive.timed_out()
+        drive.timed_out(self.timeout_message)
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         return drive
 
@@ -296,8 +302,9 @@ class ProgramRun:
     async def _gone(
         self, handle: WorkerHandle, drive: ProgramDrive, gone: WorkerGone
     ) -> ProgramDrive:
+        cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
         await self.state.pool.kill(handle)
-        drive.worker_lost(gone, quarantined=handle.lease.quarantined)
+        drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
         self.finish_fields["exitcode"] = handle.returncode
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         return drive

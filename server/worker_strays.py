@@ -116,5 +116,5 @@ def stray_watch(process: object, cgroup: WorkerCgroup | None) -> StrayWatch:
     the ``Popen`` of its supervisor or ``bwrap``)."""
     pid = process.pid  # type: ignore[attr-defined]
     if isinstance(process, ForkedProcess):
-        return StrayWatch(pid, cgroup=cgroup, forks=process.forks or Forks())
+        return StrayWatch(pid, cgroup=cgroup, forks=process.forks)  # None: its own tree
     return StrayWatch(pid, cgroup=cgroup, root=pid)
