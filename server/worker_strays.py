@@ -16,8 +16,10 @@ cannot change:
 * without a cgroup, the process tree above the worker, which stays a subreaper the program
   cannot switch off: a spawned worker's supervisor or ``bwrap`` (its PID namespace and
   init), a forked worker's launcher. Every process below that root that was not there when
-  the worker became ready is the program's; among a shared launcher's children, its other
-  workers and what belongs to their sessions (a process group session a program's
+  the worker became ready is the program's, except the worker's own descendants, which
+  its reaper has just killed (the walk does not descend into the worker: it has a
+  ``children`` file per thread, dozens with torch's pools). Among a shared launcher's
+  children, its other workers and what belongs to their sessions (the session a program's
   descendants keep unless they call ``setsid``) are left to those workers' own checks, so
   an orphan that left every session is blamed on the program whose check finds it.
 
@@ -64,6 +66,12 @@ class StrayWatch:
         self.forks = forks
         self.launcher = procfs.parent(worker) if forks is not None else None
         self.session = procfs.session(worker)
+        #: the tree's processes without children when the worker became ready: the worker
+        #: itself, whose descendants are its reaper's (``_members`` does not walk them)
+        self.leaves: set[int] = set()
+        if self.cgroup is None and root is not None:
+            tree = [root, *procfs.descendants(root)]
+            self.leaves = {pid for pid in tree if not procfs.children(pid)}
         self.own: set[int] = set(self._members())  # the worker and what launched it
 
     def _members(self) -> list[int]:
@@ -71,8 +79,8 @@ class StrayWatch:
         if self.cgroup is not None:
             return self.cgroup.pids()
         if self.root is not None:
-            return [self.root, *procfs.descendants(self.root)]
-        found = [self.worker, *procfs.descendants(self.worker)]
+            return self._below(self.root)
+        found = [self.worker]
         if self.launcher is None or self.forks is None:
             return found
         orphans = procfs.children(self.launcher)
@@ -89,6 +97,20 @@ class StrayWatch:
             # forked right now (that one is not in ``live`` yet).
             if session == self.session or settled:
                 found += [pid, *procfs.descendants(pid)]
+        return found
+
+    def _below(self, root: int) -> list[int]:
+        """``root`` and the processes below it, without walking below ``leaves``."""
+        found = [root]
+        pending = [root]
+        while pending:
+            pid = pending.pop()
+            if pid in self.leaves:
+                continue
+            for child in procfs.children(pid):
+                if child not in found:
+                    found.append(child)
+                    pending.append(child)
         return found
 
     def find(self) -> list[int]:
