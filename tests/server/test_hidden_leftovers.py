@@ -85,6 +85,12 @@ def blas_pool():
     matrix = numpy.ones((256, 256))
     return json.dumps(float((matrix @ matrix).sum()))
 
+def torch_pools():
+    import torch
+    weights = torch.ones((256, 256), requires_grad=True)
+    (weights @ weights).sum().backward()  # intra-op pool and autograd's threads
+    return json.dumps(float(weights.grad.sum()))
+
 def pid():
     return json.dumps(os.getpid())
 """
@@ -202,14 +208,18 @@ def test_an_honest_program_is_not_blamed_for_an_orphan_of_another_workers_progra
 
 
 @pytest.mark.parametrize("sandbox_mode", SANDBOXES)
+@pytest.mark.parametrize(
+    ("library", "function", "value"),
+    [("numpy", "blas_pool", float(256**3)), ("torch", "torch_pools", float(2 * 256**3))],
+)
 def test_native_threads_a_library_keeps_do_not_fail_a_session_program(
-    server_factory, sandbox_mode: str
+    server_factory, sandbox_mode: str, library: str, function: str, value: float
 ) -> None:
-    pytest.importorskip("numpy", reason="numpy provides the BLAS pool this test starts")
+    pytest.importorskip(library, reason=f"{library} provides the thread pools this test starts")
     server = server_factory("--sandbox", sandbox_mode)
     sid = create_session(server.url).body["session_id"]
-    first = run_in(server.url, sid, _program("blas_pool"))
-    assert value_of(first, "blas_pool") == float(256**3)
+    first = run_in(server.url, sid, _program(function))
+    assert value_of(first, function) == value
     pid = value_of(run_in(server.url, sid, _program("pid")), "pid")
     assert value_of(run_in(server.url, sid, _program("pid")), "pid") == pid
     record = request(server.url, "GET", f"/v1/sessions/{sid}").body
