@@ -12,11 +12,15 @@ session end. Native threads a library keeps (OpenBLAS's pool) must not fail a pr
 from __future__ import annotations
 
 import concurrent.futures
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from http_helpers import module_program, request
 from kcoral_server import sandbox
 from kcoral_server.worker_launch import LAUNCH_ENV
