@@ -87,7 +87,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kcoral_server.limits import enter_cgroups
@@ -237,9 +237,18 @@ class Forks:
             weakref.WeakValueDictionary()
         )
 
-    def add(self, process: ForkedProcess) -> None:
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        self.started += 1
+        try:
+            yield
+        finally:
+            self.done += 1
+
+    def add(self, process: ForkedProcess) -> ForkedProcess:
         process.forks = self
         self._workers[process.pid] = process
+        return process
 
     @property
     def settled(self) -> bool:
@@ -293,58 +302,42 @@ class Launcher:
         # A sandboxed child cannot reach the cgroup files: it waits for the front-end's go.
         request = {"env": env, "cgroups": [] if sandboxed else list(cgroups), "go": sandboxed}
         payload = json.dumps(request).encode()
-        with self._lock:  # one request in flight: replies need no matching
-            self.forks.started += 1
-            try:
-                process = self._launch_locked(worker_fd, payload, sandboxed, cgroups, launcher_env)
-                self.forks.add(process)
-                return process
-            finally:
-                self.forks.done += 1
-
-    def _launch_locked(
-        self,
-        worker_fd: int,
-        payload: bytes,
-        sandboxed: bool,
-        cgroups: Sequence[str],
-        launcher_env: Mapping[str, str] | None,
-    ) -> ForkedProcess:
-        """``launch`` under the lock."""
-        for attempt in (1, 2):  # a launcher that died is restarted once
-            go_r, go_w = os.pipe() if sandboxed else (-1, -1)
-            data = b""
-            try:
-                sock = self._ensure_started(launcher_env)
-                sent = [worker_fd, go_r] if sandboxed else [worker_fd]
-                socket.send_fds(sock, [payload], sent)
-                data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 1)
-            except OSError as exc:
-                self._stop_locked()
-                if attempt == 2:
-                    raise LauncherError(f"worker launcher failed: {exc}") from None
-                continue
-            finally:
-                if sandboxed:
-                    os.close(go_r)  # the child has its own copy
-                    if not data:
-                        os.close(go_w)
-            if sandboxed and data:
+        # one request in flight: replies need no matching
+        with self._lock, self.forks.in_flight():
+            for attempt in (1, 2):  # a launcher that died is restarted once
+                go_r, go_w = os.pipe() if sandboxed else (-1, -1)
+                data = b""
                 try:
-                    return self._go(data, fds, go_w, cgroups)
+                    sock = self._ensure_started(launcher_env)
+                    sent = [worker_fd, go_r] if sandboxed else [worker_fd]
+                    socket.send_fds(sock, [payload], sent)
+                    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 1)
+                except OSError as exc:
+                    self._stop_locked()
+                    if attempt == 2:
+                        raise LauncherError(f"worker launcher failed: {exc}") from None
+                    continue
                 finally:
-                    os.close(go_w)  # without a go first, the child exits
-            if not data:
-                self._stop_locked()
-                if attempt == 2:
-                    raise LauncherError("worker launcher exited")
-                continue
-            reply = json.loads(data)
-            if "pid" not in reply or len(fds) != 1:
-                for fd in fds:
-                    os.close(fd)
-                raise _reply_error(reply)
-            return _forked(int(reply["pid"]), fds[0], reply)
+                    if sandboxed:
+                        os.close(go_r)  # the child has its own copy
+                        if not data:
+                            os.close(go_w)
+                if sandboxed and data:
+                    try:
+                        return self._go(data, fds, go_w, cgroups)
+                    finally:
+                        os.close(go_w)  # without a go first, the child exits
+                if not data:
+                    self._stop_locked()
+                    if attempt == 2:
+                        raise LauncherError("worker launcher exited")
+                    continue
+                reply = json.loads(data)
+                if "pid" not in reply or len(fds) != 1:
+                    for fd in fds:
+                        os.close(fd)
+                    raise _reply_error(reply)
+                return self.forks.add(_forked(int(reply["pid"]), fds[0], reply))
         raise LauncherError("worker launcher failed")  # pragma: no cover
 
     def _go(self, data: bytes, fds: list[int], go: int, cgroups: Sequence[str]) -> ForkedProcess:
@@ -367,7 +360,7 @@ class Launcher:
         except OSError as exc:
             os.close(fds[0])
             raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None
-        return _forked(pid, fds[0], reply)
+        return self.forks.add(_forked(pid, fds[0], reply))
 
     def start(self) -> None:
         """Start the launcher now (e.g. in the background while the server starts)."""
