@@ -87,7 +87,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kcoral_server.limits import enter_cgroups
@@ -160,6 +160,8 @@ class ForkedProcess:
         self.survivors = 0
         #: the modules the launcher had preloaded when it forked this worker
         self.preloaded: tuple[str, ...] = ()
+        #: the other workers of its launcher (``worker_strays`` leaves their orphans alone)
+        self.forks: Forks | None = None
         self._status_fd: int | None = status_fd
         os.set_blocking(status_fd, False)
 
@@ -223,6 +225,42 @@ class ForkedProcess:
         self._close()
 
 
+class Forks:
+    """The front-end's record of the workers one ``Launcher`` forked: which live, and
+    whether a fork is in flight (its child may already be among the launcher's children,
+    not yet known here). Updated from the launching thread, read on the IO loop."""
+
+    def __init__(self) -> None:
+        self.started = 0  # launch requests begun ...
+        self.done = 0  # ... and ended (the child, if any, recorded before this moves)
+        self._workers: weakref.WeakValueDictionary[int, ForkedProcess] = (
+            weakref.WeakValueDictionary()
+        )
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        self.started += 1
+        try:
+            yield
+        finally:
+            self.done += 1
+
+    def add(self, process: ForkedProcess) -> ForkedProcess:
+        process.forks = self
+        self._workers[process.pid] = process
+        return process
+
+    @property
+    def settled(self) -> bool:
+        """No fork in flight: every child of the launcher that is a worker is in ``live``
+        (ask before ``live``)."""
+        return self.started == self.done
+
+    def live(self) -> set[int]:
+        """Host pids of the workers whose exit has not been seen."""
+        return {pid for pid, p in list(self._workers.items()) if p.returncode is None}
+
+
 class Launcher:
     """The front-end's handle on its launcher process (started on first use).
 
@@ -245,6 +283,7 @@ class Launcher:
         self._sock: socket.socket | None = None
         # replaced launchers still serving their workers; polled (reaped) on later starts
         self._retired: list[subprocess.Popen] = []
+        self.forks = Forks()
 
     def launch(
         self,
@@ -263,7 +302,8 @@ class Launcher:
         # A sandboxed child cannot reach the cgroup files: it waits for the front-end's go.
         request = {"env": env, "cgroups": [] if sandboxed else list(cgroups), "go": sandboxed}
         payload = json.dumps(request).encode()
-        with self._lock:  # one request in flight: replies need no matching
+        # one request in flight: replies need no matching
+        with self._lock, self.forks.in_flight():
             for attempt in (1, 2):  # a launcher that died is restarted once
                 go_r, go_w = os.pipe() if sandboxed else (-1, -1)
                 data = b""
@@ -297,7 +337,7 @@ class Launcher:
                     for fd in fds:
                         os.close(fd)
                     raise _reply_error(reply)
-                return _forked(int(reply["pid"]), fds[0], reply)
+                return self.forks.add(_forked(int(reply["pid"]), fds[0], reply))
         raise LauncherError("worker launcher failed")  # pragma: no cover
 
     def _go(self, data: bytes, fds: list[int], go: int, cgroups: Sequence[str]) -> ForkedProcess:
@@ -320,7 +360,7 @@ class Launcher:
         except OSError as exc:
             os.close(fds[0])
             raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None
-        return _forked(pid, fds[0], reply)
+        return self.forks.add(_forked(pid, fds[0], reply))
 
     def start(self) -> None:
         """Start the launcher now (e.g. in the background while the server starts)."""

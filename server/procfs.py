@@ -64,6 +64,31 @@ def state(pid: int) -> str | None:
     return data[data.rfind(")") + 2 :][:1] or None
 
 
+def _stat_field(pid: int, index: int) -> int | None:
+    """Numeric field ``index`` after the command name of ``/proc/<pid>/stat`` (0 is the
+    state); None when the process is gone. Pids are those of the reader's namespace."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(")") + 2 :].split()
+    try:
+        return int(fields[index])
+    except (IndexError, ValueError):
+        return None
+
+
+def parent(pid: int) -> int | None:
+    """The parent of ``pid`` (None when it is gone)."""
+    return _stat_field(pid, 1)
+
+
+def session(pid: int) -> int | None:
+    """The session id of ``pid`` (inherited by its children until one calls ``setsid``)."""
+    return _stat_field(pid, 3)
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie has already finished)."""
     return state(pid) not in (None, "Z", "X")

@@ -61,7 +61,12 @@ def program_outcome(
     failure = FAILED_ANSWERS.get(drive.result)  # type: ignore[arg-type]
     if failure is not None:
         close_maps(drive.maps)
-        raise RequestFailed(*failure)
+        status, kind, message, reason = failure
+        if drive.result is RunResult.TIMED_OUT:
+            message = drive.timeout_message  # names the deadline and its setting
+        elif drive.result is RunResult.CRASHED and drive.cause is not None:
+            message = f"{message}: {drive.cause}"  # the limit it was killed at
+        raise RequestFailed(status, kind, message, reason)
     if drive.result is RunResult.CANCELLED:
         close_maps(drive.maps)
         raise cancellation.failure()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcoral_server import ipc, workspace_watch
+from kcoral_server.exit_cause import TIMEOUT_MESSAGE
 from kcoral_server.pool import RunResult
 from kcoral_server.responses import ReturnRecord
 from kcoral_server.worker_channel import WorkerGone
@@ -43,6 +44,9 @@ class ProgramDrive:
     maps: list[mmap.mmap] = field(default_factory=list)
     instructions: Sequence[Instruction] = ()
     progress: ipc.ProgressSlot | None = None  # the worker's, when it has one
+    #: the limit the worker died at, for the answer (``exit_cause.limit_cause``)
+    cause: str | None = None
+    timeout_message: str = TIMEOUT_MESSAGE  # the 504's, naming the deadline once known
 
     def read_progress(self) -> None:
         """Take the last instruction started from the progress slot (the program is over):
@@ -91,8 +95,10 @@ class ProgramDrive:
                 self.last_instruction, f"worker exited with code {returncode} during teardown"
             )
 
-    def timed_out(self) -> None:
+    def timed_out(self, message: str | None = None) -> None:
         self.result = RunResult.TIMED_OUT
+        if message is not None:
+            self.timeout_message = message
         self.reason = "timeout"
         self.reason_retire = "timeout"
 
@@ -118,10 +124,12 @@ class ProgramDrive:
         self.reason = reason or "cancelled"
         self.reason_retire = "cancelled"
 
-    def worker_lost(self, gone: WorkerGone, quarantined: bool) -> None:
-        """The worker went away (or spoke garbage) before ``ProgramFinished``."""
+    def worker_lost(self, gone: WorkerGone, quarantined: bool, cause: str | None = None) -> None:
+        """The worker went away (or spoke garbage) before ``ProgramFinished``; ``cause`` is
+        the limit it was killed at, when its cgroup says so."""
         self.read_progress()  # the process is gone: the slot holds its last word
         self.reason_retire = "crashed"
+        self.cause = cause
         if quarantined:
             self.result = RunResult.QUARANTINED  # its GPU was taken out of service under it
         elif gone.invalid:
@@ -130,7 +138,8 @@ class ProgramDrive:
         elif self.last_instruction is not None:
             self.result = RunResult.FINISHED
             self.status = "FAILED"
-            self.error = instruction_error(self.last_instruction, CRASH_MESSAGE)
+            message = CRASH_MESSAGE if cause is None else f"{CRASH_MESSAGE}: {cause}"
+            self.error = instruction_error(self.last_instruction, message)
             self.reason = "crashed"
         else:
             self.result = RunResult.CRASHED

@@ -76,7 +76,7 @@ async def execute_on_gpu_set(
             await state.pool.kill(handle)
             confirm_cleanup(handle)
             if run.budget_used(handle, started) >= timeout:
-                raise RequestFailed(504, "timeout", "execution timed out", "timeout") from None
+                raise RequestFailed(504, "timeout", run.timeout_message, "timeout") from None
             raise RequestFailed(
                 500, "engine", "worker crashed", "crashed", error_detail=str(exc)
             ) from None

@@ -39,6 +39,7 @@ from kcoral_server.worker_start import (
     WorkerStartError,
     ready_info,
 )
+from kcoral_server.worker_strays import StrayWatch, stray_watch
 
 __all__ = [
     "ReceiveInterrupted",
@@ -117,6 +118,8 @@ class WorkerHandle:
         # ``close``: a crashed program's instruction is read from it after the kill)
         self._progress: ipc.ProgressSlot | None = None
         self._progress_unavailable = False
+        #: where processes its programs leave are found (SERVER §8); set once it is ready
+        self.strays: StrayWatch | None = None
 
     @property
     def gpu_ids(self) -> list[int]:
@@ -239,6 +242,8 @@ class WorkerHandle:
             raise
         close_fds(fds)
         self.info = ready_info(self._launch_spec(), message)
+        # now, before any program: what is there belongs to the worker itself
+        self.strays = stray_watch(self.process, self.cgroup)
         self.lease.release()
         self.lease.forget_start_up()
         return self.info

@@ -13,12 +13,14 @@ from the worker's messages come from ``run_records``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from kcoral_server import ipc, workspace_watch
 from kcoral_server.blob_resolution import Resolution
+from kcoral_server.exit_cause import TIMEOUT_MESSAGE, deadline_message, limit_cause
 from kcoral_server.identity import Identity
 from kcoral_server.pool import NoWorker, RunResult, Seat
 from kcoral_server.program_outcome import program_outcome
@@ -62,6 +64,7 @@ class ProgramRun:
         self.observer = observer
         self.cancellation = cancellation
         self.finish_fields = finish_fields
+        self.timeout_message = TIMEOUT_MESSAGE  # with the deadline once ``execute`` knows it
 
     async def execute(
         self,
@@ -74,6 +77,10 @@ class ProgramRun:
         queue_ms: float,
     ) -> ProgramOutcome:
         state = self.state
+        # for a 504's message: the deadline and the setting that set it
+        self.timeout_message = deadline_message(
+            timeout, program.options.timeout_seconds, state.config
+        )
         gpu_count = program.options.gpu_count
         if gpu_count is not None and seat.pinned is None:  # a session's GPUs are its seat's
             return await execute_on_gpu_set(
@@ -261,7 +268,7 @@ class ProgramRun:
                     elif isinstance(message, ipc.ProgramFinished):
                         close_fds(fds)
                         drive.read_progress()
-                        return self._program_finished(message, drive, handle)
+                        return await self._program_finished(message, drive, handle)
                     else:
                         raise ValueError(f"unexpected message {message.tag!r}")
                 except (ValueError, TypeError, OSError) as exc:
@@ -273,9 +280,25 @@ class ProgramRun:
                 alarm.cancel()  # before any kill: nothing may interrupt later receives
         return await ending
 
-    def _program_finished(
+    async def _program_finished(
         self, message: ipc.ProgramFinished, drive: ProgramDrive, handle: WorkerHandle
     ) -> ProgramDrive:
+        # Before the seat and the lease are handed on: processes the program left where
+        # the worker does not look (SERVER §8) are killed, and fail it as leftovers do.
+        found = handle.strays.find() if handle.strays is not None else []
+        if found:
+            assert handle.strays is not None
+            loop = asyncio.get_running_loop()
+            killed = await loop.run_in_executor(self.state.executor, handle.strays.kill, found)
+            self.state.events.emit(
+                "worker_strays_killed",
+                "WARNING",
+                request_id=self.request_id,
+                worker_id=handle.seat_id,
+                pid=handle.pid,
+                pids=killed,
+            )
+            message = dataclasses.replace(message, left_processes=True)
         drive.finished(message)
         if drive.error is not None and drive.error.get("kind") == "gpu_access":
             record_gpu_access(
@@ -290,7 +313,7 @@ class ProgramRun:
 
     async def _timed_out(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
         await self.state.pool.kill(handle)
-        drive.timed_out()
+        drive.timed_out(self.timeout_message)
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         return drive
 
@@ -320,8 +343,9 @@ class ProgramRun:
     async def _gone(
         self, handle: WorkerHandle, drive: ProgramDrive, gone: WorkerGone
     ) -> ProgramDrive:
+        cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
         await self.state.pool.kill(handle)
-        drive.worker_lost(gone, quarantined=handle.lease.quarantined)
+        drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
         self.finish_fields["exitcode"] = handle.returncode
         self.finish_fields["output_tail"] = drive.workspace.output_tail()
         return drive

@@ -107,5 +107,8 @@ def limit_note(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
         limit = process_limit()
         if limit:
-            return f"the worker process limit of {limit} processes may have been hit"
+            return (
+                f"the worker process limit of {limit} processes (--worker-process-limit) "
+                "may have been hit"
+            )
     return None

@@ -287,9 +287,11 @@ def test_an_execution_past_its_deadline_is_504_timeout_without_results(client, e
     with pytest.raises(kcoral.KCoralError) as caught:
         client.execute(program, timeout_seconds=1.5)
     assert (caught.value.status_code, caught.value.kind) == (504, "timeout")
-    assert caught.value.message == "execution timed out"
+    # SERVER §8: the message names the deadline and the setting that set it
+    assert caught.value.message.startswith("execution timed out after its deadline of 1.5 s")
     raw = execute_program(e2e_server.url, program, {"timeout_seconds": 1.5})
-    assert_error_answer(raw, 504, "timeout", "execution timed out")
+    assert_error_answer(raw, 504, "timeout")
+    assert raw.body["error"]["message"] == caught.value.message
     assert finished_events(e2e_server, raw.body["request_id"])[0]["finish_reason"] == "timeout"
     # The seat comes back: later programs run.
     assert client.execute(module_program("def f():\n    return 7\n", "f"))["out"] == 7

@@ -51,8 +51,11 @@ def test_a_timeout_kills_grandchildren_and_removes_the_workspace(kcoral_server, 
     assert response.body == {
         "status": "ERROR",
         "request_id": response.body["request_id"],
-        "error": {"kind": "timeout", "message": "execution timed out"},
+        "error": {"kind": "timeout", "message": response.body["error"]["message"]},
     }
+    assert response.body["error"]["message"].startswith(
+        "execution timed out after its deadline of 1 s (the program's timeout_seconds"
+    )
     pid_text, workspace = marker.read_text().splitlines()
     assert _wait_until(lambda: not _alive(int(pid_text)))
     assert not Path(workspace).exists()

@@ -57,3 +57,19 @@ def test_kill_process_signals_a_live_child() -> None:
 def test_this_process_is_found_by_its_own_namespace_pid() -> None:
     assert procfs.namespace_pid(os.getpid()) == str(os.getpid())
     assert procfs.namespace_pid(-1) is None
+
+
+def test_a_child_reports_its_parent_and_keeps_its_session_until_it_calls_setsid() -> None:
+    kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    own = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        assert procfs.parent(kept.pid) == os.getpid()
+        assert procfs.session(kept.pid) == os.getsid(0)
+        assert procfs.session(own.pid) == own.pid
+    finally:
+        for child in (kept, own):
+            child.kill()
+            child.wait()
+    assert procfs.parent(kept.pid) is None and procfs.session(own.pid) is None
