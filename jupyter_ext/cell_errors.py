@@ -76,6 +76,11 @@ class NotConnectedError(TwoLineError, ConnectionError):
     """``%kcoral connect`` failed: the kernel stays unconnected until told otherwise."""
 
 
+class ServerAddressError(TwoLineError, ValueError):
+    """A server address (``--url``, ``%kcoral connect``, ``KCoral.url``) that the address
+    rule of ``kcoral.server_address`` does not allow."""
+
+
 class EmbeddedServerUnavailableError(TwoLineError, RuntimeError):
     """No server is configured and this platform cannot run the embedded one."""
 

@@ -312,3 +312,17 @@ def test_run_iket_gets_an_output_directory_that_does_not_exist_yet_and_its_trace
     assert run(server_url, "run-iket", *argv) == 0, capfd.readouterr().err
     assert (in_tmp / "o" / "trace.json").read_text() == '{"traceEvents": []}'
     assert "profiled ['python', '-c', 'pass']" in capfd.readouterr().out
+
+
+def test_kcoral_url_as_host_and_port_selects_the_server_as_in_the_magics(
+    server_url: str,
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KCORAL_URL", server_url.removeprefix("http://"))
+    assert kcoral_main(["run", "python", "--", "-c", "print(6 * 7)"]) == 0
+    assert capfd.readouterr().out == "42\n"
+    address = server_url.removeprefix("http://")
+    assert run(address, "python", "--", "-c", "print(7)") == 0
+    assert capfd.readouterr().out == "7\n"
