@@ -66,7 +66,7 @@ def test_verbose_errors_show_the_whole_chain_with_the_internal_frames(shell) -> 
     text = "\n".join(rendered(result.error_in_exec))
     assert "Traceback (most recent call last)" in text
     assert "urllib3" in text and "magics.py" in text
-    assert text.rstrip().endswith("then %kcoral connect URL")
+    assert text.rstrip().endswith("%kcoral local start gives this kernel its own")
 
 
 def test_an_http_error_says_its_status_and_kind_and_what_to_do(shell) -> None:
