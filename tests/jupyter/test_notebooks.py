@@ -20,6 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from notebook_screenshot import screenshot
 from server_process import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +119,8 @@ def test_the_quickstart_notebook_runs_end_to_end(connection, tmp_path, monkeypat
     # --noblock + attach (both servers offer jobs), through the kernel's client
     assert any("submitted" in t for t in everything)
     assert any("background done" in t for t in everything)
+    if connection.name == "embedded":  # as the README runs it: its picture
+        screenshot(notebook.cells, "quickstart.png", tmp_path, height=3000)
 
 
 def test_the_benchmark_notebook_says_it_ran_on_cpu(connection, tmp_path, monkeypatch) -> None:
