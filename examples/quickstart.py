@@ -1,13 +1,19 @@
 """Start a local CPU `kcoral server`, run a short program on it, print the results.
 
-Run: python examples/quickstart.py            (starts and stops its own server)
-     python examples/quickstart.py --url URL  (uses a server that is already running)
+Run: python examples/quickstart.py               (starts and stops its own server)
+     python examples/quickstart.py --server-log  (the same, showing the server's log lines)
+     python examples/quickstart.py --url URL     (uses a server that is already running)
+
+The server's own log (its event lines, its start and shutdown messages) goes to a file next
+to its cache, not to this terminal, and is printed only when the server fails to start;
+``--server-log`` shows it here as it happens.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,8 +38,9 @@ def describe(data):
 
 
 @contextlib.contextmanager
-def local_server() -> Iterator[str]:
-    """`kcoral server --device cpu` on a free port, stopped (SIGTERM, graceful) at the end."""
+def local_server(show_log: bool = False) -> Iterator[str]:
+    """`kcoral server --device cpu` on a free port, stopped (SIGTERM, graceful) at the end;
+    its log lines go to this terminal only with ``show_log``."""
     with tempfile.TemporaryDirectory(prefix="kcoral-quickstart-") as tmp:
         ready = Path(tmp) / "url"
         command = [
@@ -41,13 +48,16 @@ def local_server() -> Iterator[str]:
             "--num-workers", "2", "--sandbox", "none", "--log-dir", "",
             "--disk-cache-dir", str(Path(tmp) / "cache"), "--ready-file", str(ready),
         ]  # fmt: skip
-        print("$", " ".join(command[1:]).replace("-m kcoral", "kcoral", 1), flush=True)
-        server = subprocess.Popen(command)
+        print("$", shlex.join(command[1:]).replace("-m kcoral", "kcoral", 1), flush=True)
+        log_path = Path(tmp) / "server.log"
+        with open(log_path, "wb") as log:
+            server = subprocess.Popen(command, stderr=None if show_log else log)
         try:
             deadline = time.monotonic() + 60
             while not ready.exists() or not ready.read_text().strip():
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the server did not start")
+                    sys.stderr.write(log_path.read_text(errors="replace")[-4000:])
+                    raise SystemExit("the server did not start (its log is above)")
                 time.sleep(0.05)
             yield ready.read_text().strip()
         finally:
@@ -79,11 +89,14 @@ def run(url: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", help="use this server instead of starting one")
-    url = parser.parse_args().url
-    if url:
-        run(url)
+    parser.add_argument(
+        "--server-log", action="store_true", help="show the started server's log lines here"
+    )
+    args = parser.parse_args()
+    if args.url:
+        run(args.url)
         return
-    with local_server() as started:
+    with local_server(show_log=args.server_log) as started:
         run(started)
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import traceback
 from typing import Any
+from urllib.parse import urlsplit
 
 from kcoral import KCoralError, TransportError
+from kcoral.errors import root_reason
 
 #: Said after the action when the short form hides frames.
 VERBOSE_HINT = "%config KCoral.verbose_errors = True shows the whole traceback"
@@ -76,6 +78,11 @@ class NotConnectedError(TwoLineError, ConnectionError):
     """``%kcoral connect`` failed: the kernel stays unconnected until told otherwise."""
 
 
+class ServerAddressError(TwoLineError, ValueError):
+    """A server address (``--url``, ``%kcoral connect``, ``KCoral.url``) that the address
+    rule of ``kcoral.server_address`` does not allow."""
+
+
 class EmbeddedServerUnavailableError(TwoLineError, RuntimeError):
     """No server is configured and this platform cannot run the embedded one."""
 
@@ -109,39 +116,27 @@ class SessionNotFoundError(TwoLineError, LookupError):
     ended, or another identity's, which answers exactly like an unknown one)."""
 
 
-def root_reason(exc: BaseException) -> str:
-    """The innermost cause of a transport failure in a few words (``Connection refused``).
-
-    urllib3 wraps the socket error two or three times (``MaxRetryError.reason``,
-    ``NewConnectionError.__cause__``); the innermost one is what a person can act on."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    last = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        last = current
-        reason = getattr(current, "reason", None)
-        current = (
-            reason
-            if isinstance(reason, BaseException)
-            else (current.__cause__ or current.__context__)
-        )
-    if isinstance(last, OSError) and last.strerror:
-        return last.strerror
-    text = str(last).strip() or type(last).__name__
-    # urllib3's texts name objects by address ("<... object at 0x7f...>: ..."): keep the tail.
-    text = text.rpartition(">: ")[2] or text
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
 def unreachable(exc: TransportError, server: str | None = None) -> ServerUnreachableError:
-    """A ``TransportError`` as the two lines a user acts on."""
+    """A ``TransportError`` as the two lines a user acts on, naming the address tried."""
     where = server or getattr(exc, "url", None) or "the server"
-    return ServerUnreachableError(
-        f"no answer from {where}: {root_reason(exc)}",
-        "check the URL and that the server runs there (kcoral server --port 8123), "
-        "then %kcoral connect URL",
-    )
+    return ServerUnreachableError(f"no answer from {where}: {root_reason(exc)}", start_hint(where))
+
+
+def start_hint(url: str) -> str:
+    """What to do when ``url`` does not answer: the ``kcoral server`` that would serve that
+    very address on this machine (its port; none for the default 8000), else a check."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if host in ("127.0.0.1", "localhost", "::1"):
+        command = "kcoral server" if port in (None, 8000) else f"kcoral server --port {port}"
+        return (
+            f"start the server there ({command}) or %kcoral connect to one that runs; "
+            "%kcoral local start gives this kernel its own"
+        )
+    return f"check that a server runs at {url} and answers from here, then %kcoral connect URL"
 
 
 #: What to do for the HTTP error kinds a user can act on (PROTOCOL §7, EXTENSIONS §5-6).

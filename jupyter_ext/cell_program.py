@@ -6,9 +6,10 @@ in one ``bytes`` upload (which needs ``X-KCoral-Serialization: pickle``). No IPy
 
 Types (the rule the magic's help and the README state): a tensor ``-i`` value arrives on the
 server as the server makes tensor uploads (``torch.Tensor`` where the worker has torch, on
-the GPU of a GPU server; else NumPy). What comes back follows the remote type alone: a remote
-``torch.Tensor`` (an ``-o`` value or the final value) comes back as ``torch.Tensor`` whenever
-the kernel can import torch, a remote NumPy array as NumPy; ``--numpy`` gives NumPy always.
+the GPU of a GPU server; else NumPy). What comes back (``-o`` tensors and the final value) is
+in the library of the cell's ``-i`` tensors: NumPy in, NumPy out; torch in, torch out. With
+no tensor ``-i`` or both kinds, a remote ``torch.Tensor`` comes back as torch when the kernel
+has torch and a remote NumPy array as NumPy; ``--numpy``/``--torch`` force either.
 
 Who can reach what (a malicious server): the answer is checked against what this cell asked
 for before anything reaches the kernel's namespace. Only the ``--out`` names come back, only
@@ -50,6 +51,7 @@ class CellSpec:
     return_files: Sequence[str] = ()
     return_folders: Sequence[str] = ()
     numpy: bool = False  # --numpy
+    torch: bool = False  # --torch
     in_session: bool = False  # run in the session's kcoral.session.namespace (EXTENSIONS §11)
 
 
@@ -65,6 +67,9 @@ class BuiltCell:
     return_files: tuple[str, ...] = ()
     return_folders: tuple[str, ...] = ()
     numpy: bool = False  # --numpy: remote torch tensors come back as NumPy arrays
+    # "numpy"/"torch": every tensor comes back in that library (--numpy/--torch, or the
+    # library of all the cell's tensor inputs); None: each as its remote type.
+    library: str | None = None
 
     @property
     def pickle_outputs(self) -> frozenset[str]:
@@ -208,7 +213,29 @@ def build_cell(spec: CellSpec) -> BuiltCell:
         return_files=tuple(spec.return_files),
         return_folders=tuple(spec.return_folders),
         numpy=spec.numpy,
+        library=returned_library(spec),
     )
+
+
+def returned_library(spec: CellSpec) -> str | None:
+    """The library every tensor of the cell comes back in ("numpy", "torch"), or None for
+    "each as its remote type": ``--numpy``/``--torch``, else the one library of the cell's
+    tensor inputs (NumPy in, NumPy out; torch in, torch out); none or both give None."""
+    if spec.numpy and spec.torch:
+        raise ValueError("--numpy and --torch contradict each other: give one")
+    if spec.numpy:
+        return "numpy"
+    if spec.torch:
+        if not kernel_has_torch():
+            raise ValueError("--torch: this kernel cannot import torch")
+        return "torch"
+    numpy = sys.modules.get("numpy")
+    kinds = {
+        "torch" if is_torch_tensor(value) else "numpy"
+        for value in spec.inputs.values()
+        if is_torch_tensor(value) or (numpy is not None and isinstance(value, numpy.ndarray))
+    }
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 #: The fields of the record the wrapper returns (``cell_source._collect``).
@@ -275,7 +302,10 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     values = dict(outputs)
     values.update(load_requested(pickled, built.pickle_outputs, what=what))
     value = cell.get("value")
-    if not built.numpy and (torch_names or torch_value) and kernel_has_torch():
+    if built.library == "torch":  # torch in, torch out: NumPy arrays made remotely too
+        values = {name: to_torch(item) for name, item in values.items()}
+        value = to_torch(value)
+    elif built.library is None and (torch_names or torch_value) and kernel_has_torch():
         values.update({name: to_torch(values[name]) for name in torch_names})
         value = to_torch(value) if torch_value else value
     files = {

@@ -71,16 +71,23 @@ def format_ms(value: float | None) -> str:
 
 
 def timing_bar(
-    queue_ms: float, lease_wait_ms: float, lease_held_ms: float, elapsed_ms: float
+    queue_ms: float,
+    lease_wait_ms: float,
+    lease_held_ms: float,
+    elapsed_ms: float,
+    *,
+    leased: bool = True,
 ) -> str:
-    """A stacked bar: queue, lease wait, lease held, and the rest of ``elapsed_ms``."""
+    """A stacked bar: queue, lease wait, lease held, and the rest of ``elapsed_ms``; without
+    ``leased`` (a program that held no GPU) the lease pieces are left out, not shown as 0."""
     rest = max(0.0, elapsed_ms - lease_wait_ms - lease_held_ms)
-    pieces = [
-        ("queue", queue_ms, "#8c959f"),
-        ("lease wait", lease_wait_ms, "#bf8700"),
-        ("lease held", lease_held_ms, "#1a7f37"),
-        ("rest", rest, "#0969da"),
-    ]
+    pieces = [("queue", queue_ms, "#8c959f")]
+    if leased:
+        pieces += [
+            ("lease wait", lease_wait_ms, "#bf8700"),
+            ("lease held", lease_held_ms, "#1a7f37"),
+        ]
+    pieces.append(("rest", rest, "#0969da"))
     total = sum(max(0.0, value) for _, value, _ in pieces)
     segments = []
     for name, value, colour in pieces:
@@ -381,7 +388,15 @@ def program_result_html(result: Any, *, server: str | None = None) -> str:
     parts = [
         f'<div class="kcoral-result" style="{_BOX}">',
         " · ".join(head),
-        timing_bar(result.queue_ms, result.lease_wait_ms, result.lease_held_ms, result.elapsed_ms),
+        timing_bar(
+            result.queue_ms,
+            result.lease_wait_ms,
+            result.lease_held_ms,
+            result.elapsed_ms,
+            # A CPU server has no GPU lease (both exactly 0, no GPU ids): its 0.0 ms pieces
+            # would say nothing true. A GPU program holds its lease for a measurable time.
+            leased=bool(result.gpu_ids or result.lease_wait_ms or result.lease_held_ms),
+        ),
         _stream_html("stdout", result.stdout, result.stdout_truncated),
         _stream_html("stderr", result.stderr, result.stderr_truncated),
     ]

@@ -42,6 +42,7 @@ from kcoral_jupyter.cell_program import (
     read_outcome,
     split_mapping,
 )
+from kcoral_jupyter.kernel_client import KernelClient
 from kcoral_jupyter.remote_session import (
     RemoteSession,
     RemoteSessions,
@@ -84,7 +85,7 @@ HELP = """\
   --gpus N              GPUs for the cell (default 1; on a CPU server an explicit --gpus
                         runs on CPU and says so in warning style)
   --require-gpu         refuse to run on a server without a GPU (KCoral.require_gpu)
-  --numpy               give tensors back as NumPy arrays, never torch
+  --numpy, --torch      give every tensor back as NumPy arrays / torch tensors
   --url URL             this cell's server (127.0.0.1:8123 means http://127.0.0.1:8123)
   --timeout S           execution deadline in seconds (KCoral.timeout)
   --output-limit B      bytes of stdout/stderr kept per stream (KCoral.output_limit)
@@ -95,9 +96,9 @@ HELP = """\
   Options are never abbreviated: --gpu is refused, not taken for --gpus.
 
 Types: tensor -i values arrive as torch.Tensor where the server has torch (on the GPU of a GPU
-server), else as NumPy arrays. What comes back follows its remote type: a remote torch.Tensor
-comes back as torch.Tensor whenever this kernel has torch, a NumPy array as NumPy (--numpy:
-always NumPy).
+server), else as NumPy arrays. Tensors come back in the library of the cell's -i tensors (NumPy
+in, NumPy out; torch in, torch out); with none or both, a remote torch.Tensor comes back as
+torch.Tensor when this kernel has torch; --numpy / --torch force either.
 
 %kcoral status [URL]    the server's health, info and these settings
 %kcoral jobs [URL]      this server's recent jobs
@@ -107,6 +108,8 @@ always NumPy).
 %kcoral local start|stop  the embedded server (Linux only; started by the first cell when
                         no server is configured)
 %kcoral url             the URL cells run against
+client = %kcoral client a kcoral.Client for the kernel's server, with its token (it follows
+                        %kcoral connect and %kcoral local stop/start; the token is never shown)
 %kcoral session start [--gpus N] [--idle SECONDS] [--keep]
                         start a session on the kernel's server: from then on %%kcoral cells
                         run in it, so the names a cell defines are there in the next (-i/-o
@@ -167,6 +170,7 @@ def cell_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", type=int, default=None)  # None: not given (runs with 1)
     parser.add_argument("--require-gpu", action="store_true")
     parser.add_argument("--numpy", action="store_true")
+    parser.add_argument("--torch", action="store_true")
     parser.add_argument("--url")
     parser.add_argument("-i", "--in", dest="inputs", action="append", default=[])
     parser.add_argument("-o", "--out", dest="outputs", action="append", default=[])
@@ -200,11 +204,13 @@ class StatusLine:
             if warning:
                 sys.stderr.write(f"kcoral: warning: {warning}\n")
             return
+        # The status is said once: as the badge in HTML, as the first word in plain text.
         badge = rich.status_badge(status) + " " if status else ""
+        word = f"{status} · " if status else ""
         sign = "\u26a0 " if warning else ""
         colour = "#9a6700;font-weight:600" if warning else "#57606a"
         data = {
-            "text/plain": f"kcoral: {sign}{text}",
+            "text/plain": f"kcoral: {word}{sign}{text}",
             "text/html": (
                 '<div class="kcoral-line" style="font-family:var(--jp-code-font-family,'
                 f'monospace);font-size:12px;color:{colour}">{badge}kcoral: {sign}'
@@ -261,23 +267,24 @@ def provenance(
 
 
 def summary_text(result: ProgramResult, record: RunRecord, facts: ServerFacts) -> str:
-    label = facts.label
-    where = "ran on CPU" if label == "CPU" else f"GPU {list(record.gpu_ids) or label}"
+    """The finished cell's line, without its status (``StatusLine.show`` says that once)."""
+    on_cpu = facts.gpu_count == 0
+    where = "ran on CPU" if on_cpu else f"GPU {list(record.gpu_ids) or facts.label}"
     if record.warning:
         where = record.warning
-    pieces = [result.status]
+    pieces = []
     if record.session_id:  # the 8 hex digits %kcoral session status shows in full
         pieces.append(f"session {record.session_id[:8]}")
     pieces.append(record.server)
     if record.worker_id:
         pieces.append(f"worker {record.worker_id}")
-    pieces += [
-        where,
-        f"queue {rich.format_ms(result.queue_ms)}",
-        f"lease wait {rich.format_ms(result.lease_wait_ms)}",
-        f"held {rich.format_ms(result.lease_held_ms)}",
-        f"total {rich.format_ms(result.queue_ms + result.elapsed_ms)}",
-    ]
+    pieces += [where, f"queue {rich.format_ms(result.queue_ms)}"]
+    if not on_cpu:  # a CPU server has no GPU lease: its 0.0 ms would say nothing true
+        pieces += [
+            f"lease wait {rich.format_ms(result.lease_wait_ms)}",
+            f"held {rich.format_ms(result.lease_held_ms)}",
+        ]
+    pieces.append(f"total {rich.format_ms(result.queue_ms + result.elapsed_ms)}")
     if facts.sandbox == "none":  # never a silent downgrade: say when nothing confined it
         pieces.append("no sandbox")
     return " · ".join(pieces)
@@ -340,6 +347,7 @@ class KCoralMagics(Magics):
                 return_files=list(args.return_files),
                 return_folders=list(args.return_folders),
                 numpy=args.numpy,
+                torch=args.torch,
                 in_session=remote is not None,
             )
             built = build_cell(spec)
@@ -559,7 +567,7 @@ class KCoralMagics(Magics):
         if not words:
             raise UsageError(
                 "%kcoral: use %%kcoral as a cell magic, or %kcoral status | jobs | attach ID | "
-                "cancel ID | connect URL | local start|stop | session ... | url | version "
+                "cancel ID | connect URL | local start|stop | session ... | url | client | version "
                 "(%kcoral --help)"
             )
         command, rest = words[0], words[1:]
@@ -576,6 +584,7 @@ class KCoralMagics(Magics):
             "connect": self._connect,
             "local": self._local,
             "url": self._url,
+            "client": self._kernel_client,
             "session": self._remote_session,
         }.get(command)
         if handler is None:
@@ -635,14 +644,13 @@ class KCoralMagics(Magics):
     def _jobs(self, rest: list[str]) -> None:
         url = self.session.resolve_url(rest[0] if rest else None)
         jobs = [job for job in self.session.client(url).jobs() if isinstance(job, dict)]
-        keys = ("job_id", "status", "worker_id", "gpu_ids", "queue_ms", "elapsed_ms")
-        head = "".join(f"<th>{k.removesuffix('_ms')}</th>" for k in keys)
-        rows = [[job_cell(job, k) for k in keys] for job in jobs]
+        head = "".join(f"<th>{rich.escape(title)}</th>" for title in JOB_COLUMNS)
+        rows = [job_row(job) for job in jobs]
         body = "".join(
             "<tr>" + "".join(f"<td>{rich.escape(cell)}</td>" for cell in row) + "</tr>"
             for row in rows
         )
-        text = "\n".join(" ".join(row) for row in rows) or "no jobs"
+        text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
         display(
             {"text/plain": text, "text/html": f"<table><tr>{head}</tr>{body}</table>"}, raw=True
         )
@@ -725,6 +733,14 @@ class KCoralMagics(Magics):
         if rest:
             raise UsageError("%kcoral url")
         return self.session.resolve_url()
+
+    def _kernel_client(self, rest: list[str]) -> KernelClient:
+        """``client = %kcoral client``: a Client that follows this kernel's connection (its
+        URL and token are looked up on every request, so a restarted embedded server's new
+        token is used; the object never holds or shows the token)."""
+        if rest:
+            raise UsageError("%kcoral client")
+        return KernelClient(self.session)
 
     def _local(self, rest: list[str]) -> None:
         if rest == ["start"]:
@@ -914,12 +930,44 @@ def session_place(record: Mapping[str, Any]) -> str:
     return f"GPU {gpu_ids}" if gpu_ids else "CPU"
 
 
-def job_cell(job: Mapping[str, Any], key: str) -> str:
-    """One ``%kcoral jobs`` cell: durations rounded like the status line (``11.1 ms``)."""
-    value = job.get(key)
-    if key.endswith("_ms") and isinstance(value, (int, float)):
-        return rich.format_ms(value)
-    return "–" if value is None else str(value)
+#: The ``%kcoral jobs`` columns, in words a user reads (``job_row`` fills them).
+JOB_COLUMNS = ("job", "status", "worker", "GPUs", "submitted", "took")
+#: Said for a value not known (yet): a job still queued has no worker.
+UNKNOWN = "\u2014"
+
+
+def job_row(job: Mapping[str, Any]) -> list[str]:
+    """One ``%kcoral jobs`` row: GPUs as ``0, 1`` or ``cpu`` (ran without one), the time it
+    was submitted (UTC, to the second), and how long it ran, rounded like the status line."""
+    gpu_ids = job.get("gpu_ids")
+    if isinstance(gpu_ids, list) and gpu_ids:
+        gpus = ", ".join(str(i) for i in gpu_ids)
+    elif isinstance(gpu_ids, list):
+        gpus = "cpu"
+    else:
+        gpus = UNKNOWN
+    submitted = job.get("submitted_at")
+    if isinstance(submitted, str) and "T" in submitted:
+        day, clock = submitted.split("T", 1)
+        submitted = f"{day} {clock[:8]} UTC"
+    took = job.get("elapsed_ms")
+    return [
+        str(job.get("job_id") or UNKNOWN),
+        str(job.get("status") or UNKNOWN),
+        str(job.get("worker_id") or UNKNOWN),
+        gpus,
+        str(submitted or UNKNOWN),
+        rich.format_ms(took) if isinstance(took, (int, float)) else UNKNOWN,
+    ]
+
+
+def aligned(rows: list[list[str]]) -> str:
+    """Rows as plain-text columns, each padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
 
 
 def truncation_note(stream: str, limit: int | None) -> str:

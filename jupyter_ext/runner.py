@@ -258,13 +258,27 @@ def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
     if phase == "lease_held":
         return "running on GPU"
     if phase == "instruction":
-        label = {"upload": "uploading", "get_function": "loading", "run": "running cell"}.get(
-            str(data.get("op")), str(data.get("op"))
-        )
-        return f"instruction {data.get('index')}: {label} ({data.get('id')})"
+        return describe_instruction(str(data.get("op")), str(data.get("id") or ""), data)
     if phase == "finished":
         return f"done ({data.get('status')})"
     return None
+
+
+def describe_instruction(op: str, ident: str, data: Mapping[str, Any]) -> str:
+    """What an instruction of a cell's program does, in the cell's words (the ids are the
+    ones ``cell_program.build_cell`` gives); a program of other origin gets its op and id."""
+    if ident.startswith("in:") and ident != "in:pickled":
+        return f"sending {ident.removeprefix('in:')}"
+    if ident == "in:pickled":
+        return "sending the pickled inputs"
+    if ident in ("cell_module", "cell_function"):
+        return "loading the cell"
+    if ident == "cell":
+        return "running"
+    if op.startswith("return"):
+        return "returning the results"
+    verb = {"upload": "uploading", "get_function": "loading", "run": "running"}.get(op, op)
+    return f"instruction {data.get('index')}: {verb} {ident}".rstrip()
 
 
 def _merge_job_state(job: Job, record: RunRecord) -> None:

@@ -48,6 +48,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HT
 from traitlets import Dict, Float, List
 from traitlets.config import Configurable
 
+from kcoral.server_address import server_url
+
 EVENTS_TIMEOUT_SECONDS = 24 * 3600.0
 # Session ids are UUID4s (EXTENSIONS §11); anything else is no session of any server.
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}", re.ASCII)
@@ -88,7 +90,7 @@ class KCoralExtension(Configurable):
         found: list[dict[str, Any]] = []
         if self.servers:
             for index, entry in enumerate(self.servers):
-                url = str(entry.get("url", "")).rstrip("/")
+                url = _address(entry.get("url"))
                 if url:
                     found.append(
                         {
@@ -98,7 +100,7 @@ class KCoralExtension(Configurable):
                         }
                     )
             return found
-        env_url = os.environ.get("KCORAL_URL", "").strip().rstrip("/")
+        env_url = _address(os.environ.get("KCORAL_URL"))
         if env_url:
             found.append(
                 {"name": "default", "url": env_url, "token": os.environ.get("KCORAL_TOKEN", "")}
@@ -113,6 +115,17 @@ class KCoralExtension(Configurable):
                 }
             )
         return found
+
+
+def _address(text: object) -> str:
+    """A configured server address as a URL, by the rule every entry point shares
+    (``kcoral.server_address``); "" for none or one the rule refuses (not listed)."""
+    if not text:
+        return ""
+    try:
+        return server_url(text)
+    except (TypeError, ValueError):
+        return ""
 
 
 class _KCoralHandler(APIHandler):

@@ -16,7 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral_jupyter.cell_errors import EmbeddedServerUnavailableError, NotConnectedError
+from kcoral_jupyter.cell_errors import (
+    EmbeddedServerUnavailableError,
+    NotConnectedError,
+    ServerAddressError,
+)
 from kcoral_jupyter.cell_program import BuiltCell
 from kcoral_jupyter.local_server import LocalServer
 from kcoral_jupyter.runner import server_features
@@ -24,6 +28,7 @@ from kcoral_jupyter.runtime_records import KernelConnection
 from kcoral_jupyter.settings import KCoral
 
 from kcoral import Client, KCoralError
+from kcoral.server_address import server_url
 
 
 @dataclass
@@ -103,6 +108,11 @@ class Session:
             self._used_url = url
             embedded = self.local is not None and self.local.url == url
             self.connection.announce(url, self.token_for(url), embedded=embedded)
+
+    @property
+    def used_url(self) -> str | None:
+        """The URL this kernel's cells last went to (None before the first, or after a stop)."""
+        return self._used_url
 
     def connect_failed(self, url: str, reason: str) -> None:
         """Leave the kernel unconnected after a failed ``%kcoral connect url``."""
@@ -202,9 +212,16 @@ class Session:
 
 
 def normalize_url(text: str) -> str:
-    """A server address as a URL: ``127.0.0.1:8123`` gets ``http://``; no trailing slash."""
-    text = text.strip().rstrip("/")
-    return text if "://" in text else f"http://{text}"
+    """A server address as a URL (``127.0.0.1:8123`` -> ``http://127.0.0.1:8123``), by the
+    rule ``Client`` and ``kcoral run`` share (``kcoral.server_address``); two lines when the
+    address breaks it."""
+    try:
+        return server_url(text)
+    except (TypeError, ValueError) as exc:
+        raise ServerAddressError(
+            f"not a server address: {exc}",
+            "write host:port (127.0.0.1:8000, [::1]:8000) or a URL (http://host:8000)",
+        ) from None
 
 
 def embedded_server_supported() -> bool:

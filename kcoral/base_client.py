@@ -26,6 +26,7 @@ from kcoral.negotiation import Attempt, ExecuteNegotiation
 from kcoral.program import Program
 from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
 from kcoral.results import ProgramResult
+from kcoral.server_address import server_url
 from kcoral.transport import Flow, Request, Response
 
 if TYPE_CHECKING:
@@ -40,13 +41,14 @@ def client_version() -> str:
 
 
 def check_base_url(base_url: object) -> str:
-    """``base_url`` without trailing ``/`` (``TypeError``/``ValueError`` otherwise)."""
+    """``base_url`` as the URL it names, by the one address rule of ``kcoral.server_address``
+    (``host:port`` means ``http://host:port``); ``TypeError``/``ValueError`` otherwise."""
     if not isinstance(base_url, str):
         raise TypeError(f"base_url must be a str, not {type(base_url).__name__}")
-    url = base_url.rstrip("/")
-    if not url.lower().startswith(("http://", "https://")):
-        raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
-    return url
+    try:
+        return server_url(base_url)
+    except ValueError as exc:
+        raise ValueError(f"base_url: {exc}") from None
 
 
 def _major_minor(version: str) -> tuple[str, ...]:

@@ -58,6 +58,32 @@ class TransportError(Exception):
         self.url = url
 
 
+def root_reason(exc: BaseException) -> str:
+    """The innermost cause of a transport failure in a few words (``Connection refused``).
+
+    urllib3 wraps the socket error two or three times (``MaxRetryError.reason``,
+    ``NewConnectionError.__cause__``); the innermost one is what a person can act on (the
+    notebook's errors and ``kcoral run`` both say it in one line)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    last = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        last = current
+        reason = getattr(current, "reason", None)
+        current = (
+            reason
+            if isinstance(reason, BaseException)
+            else (current.__cause__ or current.__context__)
+        )
+    if isinstance(last, OSError) and last.strerror:
+        return last.strerror
+    text = str(last).strip() or type(last).__name__
+    # urllib3's texts name objects by address ("<... object at 0x7f...>: ..."): keep the tail.
+    text = text.rpartition(">: ")[2] or text
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 class ProtocolError(Exception):
     """A response broke the protocol, or cache negotiation could not recover."""
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kcoral.protocol.paths import normalize_workspace_path
 from kcoral.run_tools import TOOLS, Tool, UsageError, check_tool_args, get_tool
+from kcoral.server_address import server_url
 
 PROG = "kcoral run"
 DEFAULT_TIMEOUT_SECONDS = 300
@@ -167,26 +167,11 @@ def select_server(
 
 
 def _check_url(url: str, source: str) -> str:
-    problem = None
+    """The URL ``url`` names, by the address rule every entry point shares (CLIENT_API §2)."""
     try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError for an invalid port
+        return server_url(url)
     except ValueError as exc:
-        problem = str(exc)
-    else:
-        if parts.scheme not in ("http", "https"):
-            problem = "it must start with http:// or https://"
-        elif not parts.hostname:
-            problem = "it has no host"
-        elif parts.query or parts.fragment or "?" in url or "#" in url:
-            problem = "it must not have a query or fragment"
-        elif parts.username is not None or parts.password is not None:
-            problem = "it must not contain credentials"
-        elif any(char.isspace() for char in url):
-            problem = "it must not contain whitespace"
-    if problem:
-        raise UsageError(f"{source} {url!r} is not a valid server URL: {problem}")
-    return url.rstrip("/")
+        raise UsageError(f"{source} is not a valid server address: {exc}") from None
 
 
 def _check_host(host: str) -> str:

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from kcoral import run_remote
-from kcoral.errors import KCoralError, ProtocolError, TransportError
+from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
 from kcoral.progress import Progress
 from kcoral.run_args import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
 from kcoral.run_inputs import LocalFileError, collect_inputs
 from kcoral.run_outputs import OUTPUTS_KEY, STATUS_KEY, report, say, write_output
-from kcoral.run_tools import UsageError
+from kcoral.run_tools import UsageError, check_python_args
 
 
 def main(argv: Sequence[str]) -> int:
@@ -82,6 +82,10 @@ def run(options: RunOptions) -> int:
     except LocalFileError as exc:
         say(str(exc))
         return 1
+    missing = unsent_script(options, [path for path, _data, _executable in files])
+    if missing:
+        say(missing)
+        return 2
     options.input_bytes = sum(len(data) for _path, data, _executable in files)
     inputs = run_remote.pack_inputs(files) if files else None
     program = build_program(options, inputs)
@@ -91,12 +95,31 @@ def run(options: RunOptions) -> int:
         say(f"server error: {exc}")
         return 1
     except TransportError as exc:
-        say(f"cannot reach the server at {options.url}: {exc}")
+        # One line: the address and the innermost reason, not urllib3's chain of wrappers.
+        say(f"cannot reach the server at {options.url}: {root_reason(exc)}")
         return 1
     except ProtocolError as exc:
         say(f"invalid response from the server: {exc}")
         return 1
     return report(options, result)
+
+
+def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
+    """Why ``python SCRIPT`` cannot find a relative script, in the words the user typed, or
+    None. The tool runs in a fresh remote directory holding only the ``--send`` inputs, so a
+    relative script that none of them provides can only fail there, and the remote message
+    would name a workspace path the user never saw. An absolute path may exist on the
+    server and is left to it."""
+    if options.tool.name != "python":
+        return None
+    script = check_python_args(options.args)
+    if script is None or os.path.isabs(script):
+        return None
+    if os.path.normpath(script) in sent:
+        return None
+    if os.path.exists(script):
+        return f"python: {script} was not sent (the tool runs remotely): add --send {script}"
+    return f"python: {script}: no such file here, and no --send input provides it"
 
 
 def execute(options: RunOptions, program: Any) -> Any:

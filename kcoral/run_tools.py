@@ -110,8 +110,9 @@ def check_tool_args(tool: Tool, args: Sequence[str]) -> None:
             raise UsageError(f"{tool.name}: the executable name is empty")
 
 
-def check_python_args(args: Sequence[str]) -> None:
-    """Walk python's own options the way the interpreter does, up to the program to run."""
+def check_python_args(args: Sequence[str]) -> str | None:
+    """Walk python's own options the way the interpreter does, up to the program to run;
+    the script's path as typed (``None`` for ``-c``/``-m``)."""
     index = 0
     while index < len(args):
         word = args[index]
@@ -123,7 +124,7 @@ def check_python_args(args: Sequence[str]) -> None:
                 raise UsageError("python: a script, -m MODULE or -c CODE is required")
             if args[index + 1] == "-":
                 raise UsageError("python: reading the program from stdin ('-') is refused")
-            return
+            return args[index + 1]
         if word.startswith("--"):
             name = word.split("=", 1)[0]
             if name in _PYTHON_VALUE_LONG and "=" not in word:
@@ -133,7 +134,7 @@ def check_python_args(args: Sequence[str]) -> None:
             index += 1
             continue
         if not word.startswith("-"):
-            return  # the script
+            return word  # the script
         letters = word[1:]
         for position, letter in enumerate(letters):
             if letter == "i":
@@ -141,7 +142,7 @@ def check_python_args(args: Sequence[str]) -> None:
             if letter in "cm":
                 if position + 1 == len(letters) and index + 1 >= len(args):
                     raise UsageError(f"python: option -{letter} needs a value")
-                return
+                return None
             if letter in _PYTHON_VALUE_SHORT:
                 if position + 1 == len(letters):
                     index += 1

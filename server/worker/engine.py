@@ -151,6 +151,7 @@ class Engine:
         self.unsettled: ProgramRun | None = None  # outcome sent, slow clean-up still due
         self.programs = 0
         self.next_full_collection = FULL_COLLECTION_EVERY  # a program count
+        self.modules_after_settle = len(sys.modules)  # to see a program that imported some
         # shared with the front-end (ipc.ProgressSlot); arrives with the first program
         self.progress: ProgressSlot | None = None
         # sys.modules and the path importers as a program starts: copied again only after
@@ -192,7 +193,15 @@ class Engine:
             return
         self.programs += 1
         full = self.programs >= self.next_full_collection
-        took = run.settle(full_collection=full)
+        # A program that left modules behind (a session's first ``import torch``) made
+        # objects that live as long as the process, as start-up's do. Collecting all of them
+        # now took ~0.8 s (torch), and the next program waits for this clean-up: a session's
+        # next cell showed it as its queue time on an idle server (issue 29.9). So only the
+        # young generations, where a program's short-lived garbage is, are collected then,
+        # and the rest is frozen with the modules until the periodic full pass.
+        imported = len(sys.modules) > self.modules_after_settle
+        took = run.settle(full_collection=full, young_only=imported and not full)
+        self.modules_after_settle = len(sys.modules)
         if full:
             self.next_full_collection = self.programs + full_collection_spacing(took)
 
@@ -616,9 +625,9 @@ class ProgramRun:
         if self.exiting:
             self.settle()
 
-    def settle(self, *, full_collection: bool = False) -> float:
-        """Restore the process, collect garbage, detach CUPTI (idempotent). Returns the CPU
-        seconds the collection took."""
+    def settle(self, *, full_collection: bool = False, young_only: bool = False) -> float:
+        """Restore the process, collect garbage (``young_only``: generations 0 and 1),
+        detach CUPTI (idempotent). Returns the CPU seconds the collection took."""
         if self.settled:
             return 0.0
         self.settled = True
@@ -626,7 +635,7 @@ class ProgramRun:
         started = time.thread_time()
         if full_collection:
             gc.unfreeze()
-        gc.collect()
+        gc.collect(1 if young_only else 2)
         gc.freeze()
         took = time.thread_time() - started
         finalize_cupti()  # SERVER §6: CUPTI is detached between reused requests

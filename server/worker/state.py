@@ -175,7 +175,16 @@ def _torch_settings() -> dict[str, Any]:
     return settings
 
 
-def _apply_torch_settings(settings: dict[str, Any]) -> None:
+def _apply_torch_settings(wanted: dict[str, Any]) -> None:
+    """Set the torch settings of ``wanted`` that differ from torch's current ones.
+
+    Only the differing ones: a setter is not free even when it changes nothing, and
+    ``torch.use_deterministic_algorithms`` imports ``torch._inductor.config`` (sympy and
+    ~800 modules, seconds of CPU) on its first call. After a program that imported torch
+    (a session's first cell) the worker's clean-up called it, and the next program waited
+    for that (issue 29.9); reading every setting costs well under a millisecond."""
+    current = _torch_settings()
+    settings = {key: value for key, value in wanted.items() if current.get(key) != value}
     torch = sys.modules["torch"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

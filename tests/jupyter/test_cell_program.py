@@ -130,17 +130,24 @@ def test_outcomes_decode_outputs_files_and_torch_when_asked() -> None:
     built = build_cell(CellSpec(source="", outputs=["y"], return_files=["a.txt"]))
     outcome = read_outcome(result, built)
     assert outcome.files == {"a.txt": "FILE"} and not outcome.has_value
-    # Issue 20.5: the type follows the remote type, not the inputs' types. A NumPy value
-    # stays NumPy even when the inputs were torch (this test used to expect torch here).
+    # Issue 29.10: tensors come back in the library of the cell's -i tensors. A NumPy value
+    # made remotely comes back as torch when the inputs were torch.
     torch = pytest.importorskip("torch")
     torch_built = build_cell(
         CellSpec(source="", inputs={"t": torch.ones(1)}, outputs=["y"], return_files=["a.txt"])
     )
-    assert isinstance(read_outcome(result, torch_built).outputs["y"], np.ndarray)
+    assert isinstance(read_outcome(result, torch_built).outputs["y"], torch.Tensor)
     result.results["cell"]["torch"] = ["y"]  # the wrapper says: y was a torch.Tensor remotely
-    assert isinstance(read_outcome(result, built).outputs["y"], torch.Tensor)
+    assert isinstance(read_outcome(result, built).outputs["y"], torch.Tensor)  # no -i: remote
     numpy_built = build_cell(CellSpec(source="", outputs=["y"], return_files=["a.txt"], numpy=True))
     assert isinstance(read_outcome(result, numpy_built).outputs["y"], np.ndarray)
+    numpy_in = build_cell(CellSpec(source="", inputs={"x": np.ones(1)}, outputs=["y"]))
+    result.results.pop("file:a.txt")
+    assert isinstance(read_outcome(result, numpy_in).outputs["y"], np.ndarray)  # NumPy in
+    both = build_cell(
+        CellSpec(source="", inputs={"x": np.ones(1), "t": torch.ones(1)}, outputs=["y"])
+    )
+    assert isinstance(read_outcome(result, both).outputs["y"], torch.Tensor)  # both: remote
 
 
 def test_torch_names_that_are_not_outputs_are_refused() -> None:

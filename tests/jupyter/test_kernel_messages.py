@@ -5,15 +5,13 @@ refused, and the hint for a name that was not sent."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 from notebook_cells import shown
+from notebook_screenshot import screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -92,36 +90,5 @@ def test_a_notebook_session_sees_short_errors_and_nothing_silent(
     assert "cancelled" in interrupted["traceback"][0]
 
     assert "Types:" in shown(cells[10], tracebacks=False)
-    screenshot(notebook, tmp_path)
-
-
-def screenshot(notebook, tmp_path: Path) -> None:
-    """With ``KCORAL_SCREENSHOT_DIR`` set, render the executed notebook (without the long
-    --help text) to ``notebook-messages.png`` there, for the README."""
-    folder = os.environ.get("KCORAL_SCREENSHOT_DIR")
-    chromium = shutil.which("chromium")
-    if not folder or not chromium:
-        return
-    from nbconvert import HTMLExporter
-
-    shown_cells = nbformat.v4.new_notebook(cells=notebook.cells[:10])
-    html, _ = HTMLExporter(template_name="lab").from_notebook_node(shown_cells)
-    page = tmp_path / "messages.html"
-    page.write_text(html, encoding="utf-8")
-    target = Path(folder).resolve() / "notebook-messages.png"
-    subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            f"--screenshot={target}",
-            "--window-size=1200,1130",
-            "--virtual-time-budget=5000",
-            page.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    # With KCORAL_SCREENSHOT_DIR set: the README's picture (without the long --help text).
+    screenshot(notebook.cells[:10], "notebook-messages.png", tmp_path, height=1130)

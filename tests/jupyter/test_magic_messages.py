@@ -56,7 +56,8 @@ def test_a_dead_url_fails_in_one_line_of_cause_and_one_of_what_to_do(shell) -> N
     lines = rendered(error)
     assert len(lines) == 2 and len("\n".join(lines)) < 300, lines
     assert lines[0] == f"ServerUnreachableError: no answer from {DEAD_URL}: Connection refused"
-    assert "%kcoral connect URL" in lines[1]
+    # The hint names the address tried (port 9), not a port the user never used.
+    assert "(kcoral server --port 9)" in lines[1] and "8123" not in lines[1]
 
 
 def test_verbose_errors_show_the_whole_chain_with_the_internal_frames(shell) -> None:
@@ -65,7 +66,7 @@ def test_verbose_errors_show_the_whole_chain_with_the_internal_frames(shell) -> 
     text = "\n".join(rendered(result.error_in_exec))
     assert "Traceback (most recent call last)" in text
     assert "urllib3" in text and "magics.py" in text
-    assert text.rstrip().endswith("then %kcoral connect URL")
+    assert text.rstrip().endswith("%kcoral local start gives this kernel its own")
 
 
 def test_an_http_error_says_its_status_and_kind_and_what_to_do(shell) -> None:
@@ -197,15 +198,30 @@ def test_a_result_over_the_response_limit_names_both_sizes_and_the_server_flag(
 # ------------------------------------------------------------------ 5: predictable types
 
 
-def test_a_remote_torch_tensor_comes_back_as_torch_and_numpy_as_numpy(shell) -> None:
+def test_tensors_come_back_in_the_library_of_the_cells_tensor_inputs(shell) -> None:
     torch = pytest.importorskip("torch", reason="the type rule for torch needs torch")
     shell.user_ns["x"] = np.arange(3, dtype=np.float32)
-    result, _ = run(
-        shell, "%%kcoral -i x -o a,b\nimport numpy, torch\na = torch.ones(2)\nb = numpy.ones(2)\n"
-    )
+    made = "import numpy, torch\na = torch.ones(2)\nb = numpy.ones(2)\n"
+    result, _ = run(shell, "%%kcoral -i x -o a,b\n" + made)
     assert result.error_in_exec is None, result.error_in_exec
-    assert isinstance(shell.user_ns["a"], torch.Tensor)  # NumPy inputs, torch result: torch
-    assert isinstance(shell.user_ns["b"], np.ndarray)
+    # NumPy in, NumPy out: x arrived remotely as a torch tensor, but came from NumPy.
+    assert isinstance(shell.user_ns["a"], np.ndarray) and isinstance(shell.user_ns["b"], np.ndarray)
+    shell.user_ns["t"] = torch.arange(3)
+    result, _ = run(shell, "%%kcoral -i t -o a,b\n" + made)
+    assert result.error_in_exec is None, result.error_in_exec
+    # torch in, torch out, also for what the cell made with NumPy.
+    assert isinstance(shell.user_ns["a"], torch.Tensor) and isinstance(
+        shell.user_ns["b"], torch.Tensor
+    )
+    result, _ = run(shell, "%%kcoral -i x,t -o a,b\n" + made)
+    # both kinds in: each as its remote type.
+    assert isinstance(shell.user_ns["a"], torch.Tensor) and isinstance(
+        shell.user_ns["b"], np.ndarray
+    )
+    result, _ = run(shell, "%%kcoral --torch -i x -o b\n" + made)
+    assert isinstance(shell.user_ns["b"], torch.Tensor)  # --torch forces torch
+    result, _ = run(shell, "%%kcoral --numpy --torch -o b\n" + made)
+    assert isinstance(result.error_in_exec, UsageError)
     result, _ = run(shell, "%%kcoral\nimport torch\ntorch.arange(3)\n")
     assert isinstance(result.result, torch.Tensor)
     result, _ = run(
@@ -217,8 +233,8 @@ def test_a_remote_torch_tensor_comes_back_as_torch_and_numpy_as_numpy(shell) -> 
 def test_the_help_states_the_type_rule() -> None:
     from kcoral_jupyter.magics import HELP
 
-    assert "comes back as torch.Tensor whenever this kernel has torch" in HELP
-    assert "--numpy" in HELP
+    assert "Tensors come back in the library of the cell's -i tensors (NumPy" in HELP
+    assert "--numpy / --torch force either" in HELP
 
 
 # ------------------------------------------------------------------ 6: small things

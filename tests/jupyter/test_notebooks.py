@@ -1,26 +1,78 @@
-"""The example notebooks, executed by nbclient on a real kernel against a CPU server."""
+"""The example notebooks, executed top to bottom by nbclient on a real kernel, twice each:
+
+* ``embedded``: as the README's first command leaves them (no ``KCORAL_URL``, no
+  ``KCORAL_TOKEN``): the kernel starts its own embedded server, with its own fresh token;
+* ``token``: against a token-protected CPU server named by ``KCORAL_URL``/``KCORAL_TOKEN``.
+
+nbclient stops at the first error output of a cell not tagged ``raises-exception``, so a run
+that finishes had no unexpected error; the token never appears in the saved notebook.
+"""
 
 from __future__ import annotations
 
 import ast
 import re
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from notebook_screenshot import screenshot
+from server_process import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def execute(name: str, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("KCORAL_URL", url)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+@dataclass(frozen=True)
+class Connection:
+    """How the kernel finds its server: ``url``/``token`` in its environment, or neither."""
+
+    name: str
+    url: str | None = None
+    token: str | None = None
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connection]:
+    """A CPU server that refuses requests without its bearer token (pickle allowed)."""
+    token = secrets.token_urlsafe(24)
+    with running_server(
+        tmp_path_factory.mktemp("token-server"),
+        ["--log-dir", "", "--num-workers", "2"],
+        env={"KCORAL_AUTH_TOKEN": token, "KCORAL_ALLOWED_SERIALIZATION": "json,pickle"},
+    ) as server:
+        yield Connection("token", server.url, token)
+
+
+@pytest.fixture(params=["embedded", "token"])
+def connection(request: pytest.FixtureRequest) -> Connection:
+    if request.param == "embedded":
+        return Connection("embedded")
+    return request.getfixturevalue("token_server")
+
+
+def execute(name: str, connection: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    for variable, value in (("KCORAL_URL", connection.url), ("KCORAL_TOKEN", connection.token)):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
     notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     NotebookClient(
-        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
     ).execute()
+    saved = nbformat.writes(notebook)
+    if connection.token:
+        assert connection.token not in saved
+    assert "Bearer " not in saved
+    magics = any("%load_ext kcoral" in cell.source for cell in notebook.cells)
+    if connection.name == "embedded" and magics:  # the kernel's own server ran the cells
+        assert "started a local server at http://127.0.0.1:" in saved
     return notebook
 
 
@@ -43,8 +95,8 @@ def texts(cell) -> str:
     return "\n".join(text for text, _name in parts)
 
 
-def test_the_quickstart_notebook_runs_end_to_end(cpu_server_url, tmp_path, monkeypatch) -> None:
-    notebook = execute("quickstart.ipynb", cpu_server_url, tmp_path, monkeypatch)
+def test_the_quickstart_notebook_runs_end_to_end(connection, tmp_path, monkeypatch) -> None:
+    notebook = execute("quickstart.ipynb", connection, tmp_path, monkeypatch)
     cells = [c for c in notebook.cells if c.cell_type == "code"]
     everything = [texts(c) for c in cells]
     # the magic with --in/--out: stdout, the final value, provenance, summary
@@ -56,19 +108,23 @@ def test_the_quickstart_notebook_runs_end_to_end(cpu_server_url, tmp_path, monke
     assert result["metadata"]["kcoral"]["request_id"]
     # the tensor rendered with a heatmap, the returned file, the deliberate failure
     assert any("kcoral-heatmap" in t and "shape (3, 4)" in t for t in everything)
-    assert any("mean of y: 42" in t and "report.txt" in t for t in everything)
+    # the returned report computes what it says: y = x * 2.5 + 1, x evenly from 0 to 1
+    assert any("mean of y: 2.25" in t and "report.txt" in t for t in everything)
     failed = next(c for c in cells if "raises-exception" in c.metadata.get("tags", []))
     error = next(o for o in failed.outputs if o.output_type == "error")
     assert error["ename"] == "RemoteCellError"
     assert "deliberate failure: 2 != 3" in "\n".join(error["traceback"])
     # the Client API result renders as HTML with its table
     assert any("kcoral-result" in t and "grid" in t for t in everything)
-    # --noblock + attach, or the honest note that the server lacks jobs
-    assert any("submitted" in t or "no jobs API" in t for t in everything)
+    # --noblock + attach (both servers offer jobs), through the kernel's client
+    assert any("submitted" in t for t in everything)
+    assert any("background done" in t for t in everything)
+    if connection.name == "embedded":  # as the README runs it: its picture
+        screenshot(notebook.cells, "quickstart.png", tmp_path, height=3000)
 
 
-def test_the_benchmark_notebook_says_it_ran_on_cpu(cpu_server_url, tmp_path, monkeypatch) -> None:
-    notebook = execute("benchmark_kernel.ipynb", cpu_server_url, tmp_path, monkeypatch)
+def test_the_benchmark_notebook_says_it_ran_on_cpu(connection, tmp_path, monkeypatch) -> None:
+    notebook = execute("benchmark_kernel.ipynb", connection, tmp_path, monkeypatch)
     output = "\n".join(texts(c) for c in notebook.cells if c.cell_type == "code")
     assert "512x512 matmul on cpu" in output
     assert "No GPU on this server: the kernel ran on the CPU" in output
@@ -76,9 +132,9 @@ def test_the_benchmark_notebook_says_it_ran_on_cpu(cpu_server_url, tmp_path, mon
 
 
 def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
-    cpu_server_url, tmp_path, monkeypatch
+    connection, tmp_path, monkeypatch
 ) -> None:
-    notebook = execute("remote_functions.ipynb", cpu_server_url, tmp_path, monkeypatch)
+    notebook = execute("remote_functions.ipynb", connection, tmp_path, monkeypatch)
     outputs = "\n".join(texts(c) for c in notebook.cells if c.cell_type == "code")
     assert "{'mean': 4.666666666666667, 'n': 3}" in outputs  # JSON mode, defaults bound
     assert "ValueError:" in outputs and "offset" in outputs  # JSON refuses outside globals
@@ -90,9 +146,9 @@ def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
 
 
 def test_the_sessions_notebook_builds_once_and_compares_with_stateless_cells(
-    cpu_server_url, tmp_path, monkeypatch
+    connection, tmp_path, monkeypatch
 ) -> None:
-    notebook = execute("sessions.ipynb", cpu_server_url, tmp_path, monkeypatch)
+    notebook = execute("sessions.ipynb", connection, tmp_path, monkeypatch)
     cells = [c for c in notebook.cells if c.cell_type == "code"]
     outputs = "\n".join(texts(c) for c in cells)
     assert "started on" in outputs and "session id" in outputs

@@ -57,7 +57,8 @@ def test_run_help_and_tool_help_print_without_a_server(
         ["python", "--url", URL, "--url", URL, "--", "x.py"],
         ["python", "--", "x.py"],
         ["python", "--url", "ftp://host", "--", "x.py"],
-        ["python", "--url", "host:8000", "--", "x.py"],
+        ["python", "--url", "host", "--", "x.py"],  # host:port needs its port
+        ["python", "--url", "::1:8000", "--", "x.py"],  # IPv6 only in brackets
         ["python", "--url", "http://", "--", "x.py"],
         ["python", "--url", "http://h:99999", "--", "x.py"],
         ["python", "--url", URL, "--port", "8000", "--", "x.py"],

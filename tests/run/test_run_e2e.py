@@ -227,7 +227,9 @@ def test_truncated_output_is_reported(
 
 def test_an_unreachable_server_exits_1(in_tmp: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert run("http://127.0.0.1:9", "python", "--", "-c", "pass") == 1
-    assert "cannot reach the server" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    # One line: the address and the reason, not urllib3's chain of wrappers (issue 29.6).
+    assert err == "kcoral run: cannot reach the server at http://127.0.0.1:9: Connection refused\n"
 
 
 def _start_sleeping_tool(server_url: str, marker: Path) -> subprocess.Popen[bytes]:
@@ -312,3 +314,33 @@ def test_run_iket_gets_an_output_directory_that_does_not_exist_yet_and_its_trace
     assert run(server_url, "run-iket", *argv) == 0, capfd.readouterr().err
     assert (in_tmp / "o" / "trace.json").read_text() == '{"traceEvents": []}'
     assert "profiled ['python', '-c', 'pass']" in capfd.readouterr().out
+
+
+def test_kcoral_url_as_host_and_port_selects_the_server_as_in_the_magics(
+    server_url: str,
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KCORAL_URL", server_url.removeprefix("http://"))
+    assert kcoral_main(["run", "python", "--", "-c", "print(6 * 7)"]) == 0
+    assert capfd.readouterr().out == "42\n"
+    address = server_url.removeprefix("http://")
+    assert run(address, "python", "--", "-c", "print(7)") == 0
+    assert capfd.readouterr().out == "7\n"
+
+
+def test_a_script_that_was_not_sent_is_named_as_the_user_typed_it(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert run(server_url, "python", "--", "missing.py") == 2
+    err = capfd.readouterr().err
+    assert "missing.py: no such file here, and no --send input provides it" in err
+    assert "kcoral-program-" not in err and "/work/" not in err  # no remote workspace path
+    (in_tmp / "here.py").write_text("print('here')\n")
+    assert run(server_url, "python", "--", "here.py") == 2
+    assert "here.py was not sent (the tool runs remotely): add --send here.py" in (
+        capfd.readouterr().err
+    )
+    assert run(server_url, "python", "--send", "here.py", "--", "./here.py") == 0
+    assert capfd.readouterr().out == "here\n"

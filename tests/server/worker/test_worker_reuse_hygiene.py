@@ -136,3 +136,78 @@ def test_each_program_imports_its_own_workspace_module_of_the_same_name(start_wo
 )
 def test_a_dearer_full_collection_comes_less_often_within_bounds(seconds, spacing):
     assert full_collection_spacing(seconds) == spacing
+
+
+GC_PROBE = (
+    "import gc, sys, types\n"
+    "def install():\n"
+    # a module the program leaves behind, as `import torch` in a session's first cell does
+    "    probe = types.ModuleType('kcoral_gc_probe')\n"
+    "    probe.seen = []\n"
+    "    probe.state = [[i] for i in range(50000)]\n"  # long-lived objects it made
+    "    gc.callbacks.append(lambda phase, info: phase == 'start'\n"
+    "                        and probe.seen.append(info['generation']))\n"
+    "    sys.modules['kcoral_gc_probe'] = probe\n"
+    "    return []\n"
+    "def seen():\n"
+    "    probe = sys.modules['kcoral_gc_probe']\n"
+    "    found, probe.seen[:] = list(probe.seen), []\n"
+    "    return found\n"
+)
+
+
+def _gc_probe(worker, name: str) -> list:
+    result = worker.run(
+        [
+            module("g", GC_PROBE),
+            function(name, "g", name),
+            call("r", name),
+            give("r", "r"),
+        ]
+    )
+    assert result.finished.status == "COMPLETED", result.error
+    value = result.value("r")["value"]
+    return [item["value"] for item in value] if isinstance(value, list) else value
+
+
+def test_after_a_program_that_left_modules_behind_the_worker_does_not_traverse_them(
+    start_worker,
+):
+    # A session's second cell waited for the clean-up of the first, which had imported
+    # torch: a full collection of every new object (~0.8 s) before the worker was ready
+    # (issue 29.9). After such a program only the young generations are collected.
+    worker = start_worker()
+    _gc_probe(worker, "install")
+    after_import = _gc_probe(worker, "seen")  # the clean-up after `install` ran meanwhile
+    assert after_import and max(after_import) == 1, after_import
+    # A program that imported nothing is followed by the whole collection, as before.
+    after_plain = _gc_probe(worker, "seen")
+    assert 2 in after_plain, after_plain
+
+
+def test_the_clean_up_after_a_first_import_of_torch_sets_only_what_changed(start_worker):
+    # It used to reset every torch setting to torch's defaults, and the first call of
+    # torch.use_deterministic_algorithms imports torch._inductor.config (sympy, ~800
+    # modules, seconds): a session's next cell waited for it (issue 29.9).
+    pytest.importorskip("torch", reason="the torch settings clean-up needs torch")
+    worker = start_worker()
+    importer = (
+        "import sys\ndef load():\n    import torch\n"
+        "    return 'torch._inductor.config' in sys.modules\n"
+    )
+    probe = "import sys\ndef seen():\n    return 'torch._inductor.config' in sys.modules\n"
+    for source, name, expected in ((importer, "load", False), (probe, "seen", False)):
+        result = worker.run(
+            [module("m", source), function(name, "m", name), call("r", name), give("r", "r")]
+        )
+        assert result.finished.status == "COMPLETED", result.error
+        assert result.value("r")["value"] is expected
+    # a setting a program did change is still put back
+    changer = "import torch\ndef change():\n    torch.set_grad_enabled(False)\n    return True\n"
+    reader = "import torch\ndef read():\n    return torch.is_grad_enabled()\n"
+    for source, name, expected in ((changer, "change", True), (reader, "read", True)):
+        result = worker.run(
+            [module("m", source), function(name, "m", name), call("r", name), give("r", "r")]
+        )
+        assert result.finished.status == "COMPLETED", result.error
+        assert result.value("r")["value"] is expected

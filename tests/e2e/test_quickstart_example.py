@@ -1,0 +1,40 @@
+"""``python examples/quickstart.py``, as the README runs it: its result, and no server log
+lines around it unless ``--server-log`` asks for them (issue 29.8)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def run_example(tmp_path: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args],
+        capture_output=True,
+        text=True,
+        timeout=380,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_the_quickstart_example_prints_its_result_and_not_the_servers_log(tmp_path) -> None:
+    output = run_example(tmp_path)
+    assert "status: COMPLETED" in output and "scaling (2, 3) by 2.5" in output
+    assert " INFO " not in output and "server_started" not in output
+    assert "Shutdown requested" not in output and "listening on" not in output
+    assert len(output.splitlines()) <= 10, output
+
+
+def test_the_server_log_switch_shows_the_servers_log_lines(tmp_path) -> None:
+    output = run_example(tmp_path, "--server-log")
+    assert "server_started" in output and "Shutdown requested" in output
+    assert "status: COMPLETED" in output
