@@ -81,3 +81,9 @@ def test_the_units_take_the_node_token_from_an_environment_file(tmp_path: Path) 
     section = service("kcoral-node.service")
     assert server.config.disk_cache_dir == Path("/var/cache") / section["CacheDirectory"]
     assert server.config.log_dir == Path("/var/log") / section["LogsDirectory"]
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_each_unit_raises_the_open_files_limit(name: str) -> None:
+    # Issue 28: at the usual 1024 a few hundred idle sockets stopped ``accept``.
+    assert int(service(name)["LimitNOFILE"]) >= 65536
