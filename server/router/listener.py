@@ -243,16 +243,20 @@ class DemuxServer(tornado.tcpserver.TCPServer):
             # and a real client (which sends at once) is classified before it gets old.
             oldest = next(iter(self.unclassified))
             self.unclassified.pop(oldest).cancel()
-        task = asyncio.ensure_future(
-            asyncio.wait_for(classify(stream.socket), self.classify_timeout_seconds)
-        )
+        task = asyncio.ensure_future(self._classify_in_time(stream.socket))
         self.unclassified[stream] = task
         try:
             return await task
         except (asyncio.CancelledError, TimeoutError, asyncio.TimeoutError, OSError):
+            task.cancel()  # this handler itself was cancelled (shutdown): stop waiting too
             return None
         finally:
             self.unclassified.pop(stream, None)
+
+    async def _classify_in_time(self, sock: socket.socket) -> Protocol | None:
+        # ``classify`` is called here, inside the task, so a task dropped before it first
+        # ran leaves no never-awaited coroutine behind.
+        return await asyncio.wait_for(classify(sock), self.classify_timeout_seconds)
 
     async def _splice(self, stream: tornado.iostream.IOStream) -> None:
         # Take the socket away from Tornado: it never registered the descriptor (only classify
