@@ -202,9 +202,11 @@ class DemuxServer(tornado.tcpserver.TCPServer):
         http_server: tornado.httpserver.HTTPServer,
         grpc_port: int,
         *,
-        classify_timeout_seconds: float,
-        max_unclassified: int,
+        classify_timeout_seconds: float = 10.0,
+        max_unclassified: int = MAX_UNCLASSIFIED_CONNECTIONS,
     ) -> None:
+        """``main`` passes ``--request-head-timeout-seconds`` and ``unclassified_bound`` of
+        the raised descriptor limit; the defaults are theirs at the default settings."""
         # Streams handed to Tornado's HTTP server read in whole 256 KiB pieces, so each
         # request-body ``data`` frame is full (TCPServer's default is 64 KiB: 4x the frames).
         super().__init__(read_chunk_size=MAX_FRAME_DATA)
