@@ -196,6 +196,38 @@ async def splice_relay(client: socket.socket, upstream: socket.socket) -> None:
         upstream.close()
 
 
+class Unclassified:
+    """One connection being classified: its stream and the task that classifies it.
+
+    Whoever ends the wait closes the socket at once, so its descriptor is free before
+    Tornado's next burst of accepts (up to 128 in one event-loop turn): 64 dropped sockets
+    still waiting for their handler to wake would otherwise add up to ``EMFILE``.
+    """
+
+    def __init__(self, stream: tornado.iostream.IOStream) -> None:
+        self.stream = stream
+        self.task: asyncio.Task[Protocol | None] | None = None
+        self.started = False
+
+    async def classify_or_close(self) -> Protocol | None:
+        self.started = True
+        try:
+            return await classify(self.stream.socket)
+        except BaseException:
+            # Dropped (the bound), late (the deadline) or failed: ``classify`` has taken
+            # its reader off the descriptor by now, so closing it here is safe.
+            self.stream.close()
+            raise
+
+    def drop(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        if not self.started:
+            # Its task never ran, so nothing registered the descriptor: close it now
+            # (a cancelled task that never started runs none of its own code).
+            self.stream.close()
+
+
 class DemuxServer(tornado.tcpserver.TCPServer):
     def __init__(
         self,
@@ -216,7 +248,7 @@ class DemuxServer(tornado.tcpserver.TCPServer):
         self.classify_timeout_seconds = classify_timeout_seconds
         self.max_unclassified = max_unclassified
         # Connections not yet classified, oldest first (dicts keep insertion order).
-        self.unclassified: dict[tornado.iostream.IOStream, asyncio.Task[Any]] = {}
+        self.unclassified: dict[tornado.iostream.IOStream, Unclassified] = {}
 
     async def handle_stream(self, stream: tornado.iostream.IOStream, address: Any) -> None:
         protocol = await self._classify(stream)
@@ -243,22 +275,23 @@ class DemuxServer(tornado.tcpserver.TCPServer):
         while len(self.unclassified) >= self.max_unclassified:
             # Drop the oldest, never the newcomer: an attacker's idle sockets age out first,
             # and a real client (which sends at once) is classified before it gets old.
-            oldest = next(iter(self.unclassified))
-            self.unclassified.pop(oldest).cancel()
-        task = asyncio.ensure_future(self._classify_in_time(stream.socket))
-        self.unclassified[stream] = task
+            self.unclassified.pop(next(iter(self.unclassified))).drop()
+        waiting = Unclassified(stream)
+        waiting.task = asyncio.ensure_future(waiting.classify_or_close())
+        # The deadline cancels the task itself (not ``wait_for``, whose extra task would
+        # free the descriptor an event-loop turn later).
+        deadline = asyncio.get_running_loop().call_later(
+            self.classify_timeout_seconds, waiting.task.cancel
+        )
+        self.unclassified[stream] = waiting
         try:
-            return await task
-        except (asyncio.CancelledError, TimeoutError, asyncio.TimeoutError, OSError):
-            task.cancel()  # this handler itself was cancelled (shutdown): stop waiting too
+            return await waiting.task
+        except (asyncio.CancelledError, OSError):
+            waiting.task.cancel()  # this handler itself was cancelled (shutdown): stop too
             return None
         finally:
+            deadline.cancel()
             self.unclassified.pop(stream, None)
-
-    async def _classify_in_time(self, sock: socket.socket) -> Protocol | None:
-        # ``classify`` is called here, inside the task, so a task dropped before it first
-        # ran leaves no never-awaited coroutine behind.
-        return await asyncio.wait_for(classify(sock), self.classify_timeout_seconds)
 
     async def _splice(self, stream: tornado.iostream.IOStream) -> None:
         # Take the socket away from Tornado: it never registered the descriptor (only classify
