@@ -230,7 +230,10 @@ class EventStreams:
         if self._pool is None:
             import urllib3
 
-            self._pool = urllib3.PoolManager(
+            from kcoral.keep_alive import pool_manager
+
+            # a stream's connection idle for 5 s is replaced before use (kcoral.keep_alive)
+            self._pool = pool_manager(
                 timeout=urllib3.Timeout(connect=self.connect_timeout_seconds, read=None),
                 retries=False,
                 maxsize=self.max_connections,

@@ -19,6 +19,7 @@ from typing import Any
 import urllib3
 
 from kcoral.errors import TransportError
+from kcoral.keep_alive import pool_manager
 from kcoral.transport import Request, Response
 
 #: The older name of ``Response`` (answers of this transport).
@@ -43,7 +44,8 @@ class HttpTransport:
         self.base_url = base_url
         self._headers = dict(headers)
         # maxsize: connections kept for reuse (more may open at once; they are not kept)
-        self._pool = urllib3.PoolManager(
+        # connections idle for 5 s are replaced before use (kcoral.keep_alive says why)
+        self._pool = pool_manager(
             timeout=urllib3.Timeout(connect=connect_timeout_seconds, read=None),
             retries=False,
             maxsize=max_connections,

@@ -220,6 +220,18 @@ class ServerConfig:
         "1024 bytes/s after it",
         positive=True,
     )
+    # Issue 28: a connection that sends nothing, or dribbles its head, held a socket for as
+    # long as Tornado waits for a head. Tornado counts that wait from the connection's start
+    # or its previous answer, so this is also the keep-alive idle time; kcoral clients drop
+    # a pooled connection after half the default (kcoral.keep_alive), before it closes here.
+    request_head_timeout_seconds: float = setting(
+        10.0,
+        flag="--request-head-timeout-seconds",
+        kind="seconds",
+        help="close a connection that has not sent a complete request head within this "
+        "long of opening, or of its previous answer",
+        positive=True,
+    )
     default_timeout_seconds: float = setting(
         300.0, flag="--default-timeout-seconds", kind="seconds", positive=True
     )

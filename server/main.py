@@ -25,6 +25,7 @@ from kcoral_server.cli_args import ServerSettings, parse_server_args
 from kcoral_server.config import config_for_log
 from kcoral_server.device import DeviceError, choose_devices
 from kcoral_server.eventlog import EventLog
+from kcoral_server.open_files import raise_open_file_limit
 from kcoral_server.pool import PoolStartError
 from kcoral_server.sandbox import SandboxUnavailable, resolve_sandbox
 
@@ -32,6 +33,9 @@ from kcoral_server.sandbox import SandboxUnavailable, resolve_sandbox
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit code."""
     server_argv = list(sys.argv[1:] if argv is None else argv)
+    # Clients, worker pipes and memfds are all descriptors; the supervisor, the server and
+    # the workers (which inherit it) take all the hard limit allows (issue 28).
+    raise_open_file_limit()
     settings = parse_server_args(server_argv, os.environ)
     config = settings.config
     if settings.supervisor is not None:
@@ -169,8 +173,9 @@ async def _serve(
     server = tornado.httpserver.HTTPServer(
         app,
         max_body_size=config.max_request_bytes + (1 << 20),
-        # also bounds how long a connection may take to send its request headers
-        idle_connection_timeout=config.body_timeout_seconds,
+        # Tornado's only head deadline: the wait for each request head, counted from the
+        # connection's start or its previous answer (also the keep-alive idle time, issue 28).
+        idle_connection_timeout=config.request_head_timeout_seconds,
     )
     try:
         sockets = tornado.netutil.bind_sockets(settings.port, settings.host)

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,8 +68,10 @@ def start_server(
     *,
     env: dict[str, str] | None = None,
     defaults: bool = True,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> RunningServer:
-    """Start ``python -m kcoral server`` and wait for its ready file."""
+    """Start ``python -m kcoral server`` and wait for its ready file (``preexec_fn`` runs in
+    the child first, e.g. to lower a resource limit)."""
     directory.mkdir(parents=True, exist_ok=True)
     ready = directory / "ready"
     ready.unlink(missing_ok=True)
@@ -95,7 +97,12 @@ def start_server(
     full_env.update(env or {})
     with open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=stderr, env=full_env, cwd=directory
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=full_env,
+            cwd=directory,
+            preexec_fn=preexec_fn,
         )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while not ready.exists():

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import secrets as secrets_module
+import shutil
 import signal
 import subprocess
 import sys
@@ -482,6 +483,15 @@ class Supervisor:
             self.user_ready_written = True
 
     async def run(self) -> int:
+        """Supervise until SIGTERM/SIGINT; a stop, clean or not, removes the work folder."""
+        try:
+            return await self._run()
+        finally:
+            # Issue 28: every stop left its kcoral-supervisor-* folder in /tmp; the child's
+            # ready file is all it holds and the child is gone by now.
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def _run(self) -> int:
         set_child_subreaper()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

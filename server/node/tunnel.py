@@ -17,6 +17,7 @@ import asyncio
 import os
 import random
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ from kcoral_server.router.identity import (
     parse_router_origin,
 )
 from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA
+
+from kcoral.keep_alive import POOLED_IDLE_SECONDS
 
 ACK_TIMEOUT = 10.0
 MIN_DELAY, MAX_DELAY, JITTER = 1.0, 30.0, 0.2
@@ -432,10 +435,14 @@ class HttpConnectionPool:
         self.host = host
         self.port = port
         self.idle: HttpConnection | None = None
+        self.idle_since = 0.0
 
     async def get(self) -> HttpConnection:
         connection, self.idle = self.idle, None
-        if connection is not None and connection.usable:
+        # The child closes a connection idle for its head deadline (10 s by default); one
+        # idle for half of that is replaced rather than raced (kcoral.keep_alive).
+        fresh = time.monotonic() - self.idle_since < POOLED_IDLE_SECONDS
+        if connection is not None and connection.usable and fresh:
             return connection
         if connection is not None:
             connection.close()
@@ -446,6 +453,7 @@ class HttpConnectionPool:
     def put(self, connection: HttpConnection) -> None:
         if connection.usable:
             self.idle = connection
+            self.idle_since = time.monotonic()
         else:
             connection.close()
 

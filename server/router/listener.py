@@ -5,13 +5,23 @@ The split is decided with ``MSG_PEEK`` so HTTP/1.1 clients pay nothing; only gRP
 cross the relay (see docs/scaling.md for its measured cost and ``--grpc-port`` to avoid it).
 The relay moves bytes with ``splice(2)`` through a kernel pipe, so request bodies crossing it
 are never copied into Python; where ``os.splice`` is missing it falls back to Tornado streams.
+
+Anyone who reaches the port can open connections, so classifying one costs nothing while it
+waits and has a deadline (issue 28: a client that sent ``P`` and closed kept the old peek
+loop spinning a core, and 1,100 of them exhausted the descriptors): the first byte decides
+unless it is ``P``; ``P``, ``PR`` and ``PRI`` are rechecked on a backing-off timer (the
+socket stays readable while they sit unread, so waiting for readability would spin) and a
+peer that hung up is seen with ``POLLRDHUP``. Connections still unclassified are bounded; at
+the bound the oldest is dropped, so an attacker cannot lock out new clients.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import fcntl
 import os
+import select
 import socket
 from typing import Any
 
@@ -30,17 +40,67 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 
 
-async def peek(sock: socket.socket, count: int) -> bytes:
-    """Wait until ``count`` bytes (or EOF) can be peeked without consuming them."""
+class Protocol(enum.Enum):
+    HTTP1 = "http/1.1"
+    GRPC = "grpc"
+
+
+#: Rechecks of an ambiguous prefix (``P``..``PRI``) back off from the first to the last delay.
+FIRST_RECHECK_SECONDS = 0.005
+LAST_RECHECK_SECONDS = 0.25
+#: Connections waiting to be classified: a quarter of the descriptors, at most this many.
+MAX_UNCLASSIFIED_CONNECTIONS = 1024
+MIN_UNCLASSIFIED_CONNECTIONS = 16
+_PEER_HUNG_UP = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
+
+
+def unclassified_bound(open_file_limit: int) -> int:
+    """How many connections may wait to be classified at once under ``open_file_limit``
+    descriptors: a quarter of them, so the rest stay free for clients already being served."""
+    return max(
+        MIN_UNCLASSIFIED_CONNECTIONS, min(MAX_UNCLASSIFIED_CONNECTIONS, open_file_limit // 4)
+    )
+
+
+async def classify(sock: socket.socket) -> Protocol | None:
+    """Which protocol the connection speaks, or ``None`` once the peer closed without saying.
+
+    Nothing is consumed. Only the HTTP/2 preface and HTTP/1.1 methods ``POST``, ``PUT`` and
+    ``PATCH`` start with ``P``, so any other first byte is HTTP/1.1 at once, and those are
+    told apart from ``PRI `` by the bytes that follow.
+    """
     loop = asyncio.get_running_loop()
     while True:
         try:
-            data = sock.recv(count, socket.MSG_PEEK)
+            first = sock.recv(1, socket.MSG_PEEK)
+            break
         except BlockingIOError:
-            data = None
-        if data is not None and (len(data) >= count or data == b""):
-            return data
-        await _ready(loop.add_reader, loop.remove_reader, sock.fileno())
+            # Nothing pending: the descriptor is not readable, so this wait does not spin.
+            await _ready(loop.add_reader, loop.remove_reader, sock.fileno())
+    if not first:
+        return None
+    if first != HTTP2_PREFIX[:1]:
+        return Protocol.HTTP1
+    delay = FIRST_RECHECK_SECONDS
+    while True:
+        seen = sock.recv(len(HTTP2_PREFIX), socket.MSG_PEEK)  # >= 1 byte pending: no block
+        if seen == HTTP2_PREFIX:
+            return Protocol.GRPC
+        if not HTTP2_PREFIX.startswith(seen):
+            return Protocol.HTTP1
+        if peer_hung_up(sock):
+            return None  # a partial prefix and then EOF is neither protocol
+        # The unread bytes keep the socket readable, so readiness cannot say "more came":
+        # look again later, less often the longer the peer dawdles (the deadline ends it).
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, LAST_RECHECK_SECONDS)
+
+
+def peer_hung_up(sock: socket.socket) -> bool:
+    """Whether the peer shut down its side (readable data still pending does not hide it)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), _PEER_HUNG_UP)
+    return any(events & _PEER_HUNG_UP for _, events in poller.poll(0))
 
 
 async def _ready(add: Any, remove: Any, fd: int) -> None:
@@ -136,26 +196,67 @@ async def splice_relay(client: socket.socket, upstream: socket.socket) -> None:
         upstream.close()
 
 
+class Unclassified:
+    """One connection being classified: its stream and the task that classifies it.
+
+    Whoever ends the wait closes the socket at once, so its descriptor is free before
+    Tornado's next burst of accepts (up to 128 in one event-loop turn): 64 dropped sockets
+    still waiting for their handler to wake would otherwise add up to ``EMFILE``.
+    """
+
+    def __init__(self, stream: tornado.iostream.IOStream) -> None:
+        self.stream = stream
+        self.task: asyncio.Task[Protocol | None] | None = None
+        self.started = False
+
+    async def classify_or_close(self) -> Protocol | None:
+        self.started = True
+        try:
+            return await classify(self.stream.socket)
+        except BaseException:
+            # Dropped (the bound), late (the deadline) or failed: ``classify`` has taken
+            # its reader off the descriptor by now, so closing it here is safe.
+            self.stream.close()
+            raise
+
+    def drop(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+        if not self.started:
+            # Its task never ran, so nothing registered the descriptor: close it now
+            # (a cancelled task that never started runs none of its own code).
+            self.stream.close()
+
+
 class DemuxServer(tornado.tcpserver.TCPServer):
-    def __init__(self, http_server: tornado.httpserver.HTTPServer, grpc_port: int) -> None:
+    def __init__(
+        self,
+        http_server: tornado.httpserver.HTTPServer,
+        grpc_port: int,
+        *,
+        classify_timeout_seconds: float = 10.0,
+        max_unclassified: int = MAX_UNCLASSIFIED_CONNECTIONS,
+    ) -> None:
+        """``main`` passes ``--request-head-timeout-seconds`` and ``unclassified_bound`` of
+        the raised descriptor limit; the defaults are theirs at the default settings."""
         # Streams handed to Tornado's HTTP server read in whole 256 KiB pieces, so each
         # request-body ``data`` frame is full (TCPServer's default is 64 KiB: 4x the frames).
         super().__init__(read_chunk_size=MAX_FRAME_DATA)
         self.http_server = http_server
         self.grpc_port = grpc_port
         self.use_splice = hasattr(os, "splice")
+        self.classify_timeout_seconds = classify_timeout_seconds
+        self.max_unclassified = max_unclassified
+        # Connections not yet classified, oldest first (dicts keep insertion order).
+        self.unclassified: dict[tornado.iostream.IOStream, Unclassified] = {}
 
     async def handle_stream(self, stream: tornado.iostream.IOStream, address: Any) -> None:
-        try:
-            prefix = await peek(stream.socket, len(HTTP2_PREFIX))
-        except OSError:
+        protocol = await self._classify(stream)
+        if protocol is None:
             stream.close()
             return
-        if prefix != HTTP2_PREFIX:
-            if prefix:
-                self.http_server.handle_stream(stream, address)
-            else:
-                stream.close()
+        if protocol is Protocol.HTTP1:
+            self.http_server.handle_stream(stream, address)
             return
         if self.use_splice:
             await self._splice(stream)
@@ -169,8 +270,31 @@ class DemuxServer(tornado.tcpserver.TCPServer):
             s.set_nodelay(True)
         await asyncio.gather(pipe(stream, upstream), pipe(upstream, stream))
 
+    async def _classify(self, stream: tornado.iostream.IOStream) -> Protocol | None:
+        """``classify`` under the deadline and the bound; ``None``: drop the connection."""
+        while len(self.unclassified) >= self.max_unclassified:
+            # Drop the oldest, never the newcomer: an attacker's idle sockets age out first,
+            # and a real client (which sends at once) is classified before it gets old.
+            self.unclassified.pop(next(iter(self.unclassified))).drop()
+        waiting = Unclassified(stream)
+        waiting.task = asyncio.ensure_future(waiting.classify_or_close())
+        # The deadline cancels the task itself (not ``wait_for``, whose extra task would
+        # free the descriptor an event-loop turn later).
+        deadline = asyncio.get_running_loop().call_later(
+            self.classify_timeout_seconds, waiting.task.cancel
+        )
+        self.unclassified[stream] = waiting
+        try:
+            return await waiting.task
+        except (asyncio.CancelledError, OSError):
+            waiting.task.cancel()  # this handler itself was cancelled (shutdown): stop too
+            return None
+        finally:
+            deadline.cancel()
+            self.unclassified.pop(stream, None)
+
     async def _splice(self, stream: tornado.iostream.IOStream) -> None:
-        # Take the socket away from Tornado: it never registered the descriptor (only peek
+        # Take the socket away from Tornado: it never registered the descriptor (only classify
         # did, and it unregistered), and from here on only the relay touches it.
         client = stream.socket
         upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 import grpc
 import tornado.httpserver
 import tornado.netutil
+from kcoral_server.open_files import raise_open_file_limit
 from kcoral_server.router.gateway import Gateway, add_gateway_to_server
 from kcoral_server.router.http_app import RouterState, make_app, utc_now_micros
 from kcoral_server.router.identity import MAX_FRAME_DATA, MAX_GRPC_MESSAGE
-from kcoral_server.router.listener import DemuxServer
+from kcoral_server.router.listener import DemuxServer, unclassified_bound
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
@@ -80,6 +81,8 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
 
 async def serve(settings: RouterSettings) -> int:
     log = RouterLog()
+    # One descriptor per client, node and relay: take all the hard limit allows (issue 28).
+    open_file_limit = raise_open_file_limit()
     state = build_state(settings, log)
     grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
     add_gateway_to_server(Gateway(state.registry, settings, log), grpc_server)
@@ -94,7 +97,10 @@ async def serve(settings: RouterSettings) -> int:
     http_server = tornado.httpserver.HTTPServer(
         make_app(state),
         max_body_size=1 << 62,
-        idle_connection_timeout=3600,
+        # Tornado's only head deadline: the wait for each request head, counted from the
+        # connection's start or its previous answer (so also the keep-alive idle time). At
+        # 3600 s each silent socket was the attacker's for an hour (issue 28).
+        idle_connection_timeout=settings.request_head_timeout_seconds,
         # Read the body in whole 256 KiB frames: 4x fewer gRPC messages than the default.
         chunk_size=MAX_FRAME_DATA,
     )
@@ -105,7 +111,12 @@ async def serve(settings: RouterSettings) -> int:
         await grpc_server.stop(0)
         return 1
     if settings.grpc_port is None:
-        front = DemuxServer(http_server, grpc_port)
+        front = DemuxServer(
+            http_server,
+            grpc_port,
+            classify_timeout_seconds=settings.request_head_timeout_seconds,
+            max_unclassified=unclassified_bound(open_file_limit),
+        )
         front.add_sockets(sockets)
     else:
         front = http_server

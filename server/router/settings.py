@@ -56,6 +56,17 @@ class RouterSettings:
     max_request_bytes: int = setting(
         268435456, flag="--max-request-bytes", kind="int", help="413 above"
     )
+    # Issue 28: anyone who reaches the port can open connections; one that does not say what
+    # it speaks, or send its request head, within this long is closed (also the keep-alive
+    # idle time, which Tornado counts as the wait for the next head; clients drop theirs at
+    # half of the default, kcoral.keep_alive).
+    request_head_timeout_seconds: float = setting(
+        10.0,
+        flag="--request-head-timeout-seconds",
+        kind="seconds",
+        help="close a connection that has not sent its protocol preface or a complete "
+        "request head within this long of opening, or of its previous answer",
+    )
     # resolved by hand: an empty KCORAL_NODE_TOKEN is refused, not unset (ROUTER §3)
     node_token: str | None = setting(
         None,
@@ -206,7 +217,11 @@ def parse_router_args(
         raise SettingsError("--port must be between 0 and 65535")
     if args.grpc_port is not None and not 0 <= args.grpc_port <= 65535:
         raise SettingsError("--grpc-port must be between 0 and 65535")
-    positive = ("status_check_interval_seconds", "max_status_age_seconds")
+    positive = (
+        "status_check_interval_seconds",
+        "max_status_age_seconds",
+        "request_head_timeout_seconds",
+    )
     for name in positive:
         if getattr(args, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be > 0")

@@ -87,3 +87,9 @@ def test_the_node_unit_delegates_its_cgroup_so_worker_limits_are_enforced() -> N
     # Without Delegate=yes the unit's cgroup is systemd's: the front-end cannot make the
     # workers' parent limit nor their cgroups, and every per-worker limit goes unenforced.
     assert service("kcoral-node.service").get("Delegate") == "yes"
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_each_unit_raises_the_open_files_limit(name: str) -> None:
+    # Issue 28: at the usual 1024 a few hundred idle sockets stopped ``accept``.
+    assert int(service(name)["LimitNOFILE"]) >= 65536

@@ -54,7 +54,14 @@ class RouterProcess:
                 self.process.wait()
 
 
-def start_router(tmp: Path, *args: str, env: dict[str, str] | None = None) -> RouterProcess:
+def start_router(
+    tmp: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> RouterProcess:
+    """A real router on a free port; ``preexec_fn`` runs in the child before it starts (a
+    test lowers its descriptor limit there)."""
     ready = tmp / f"router-ready-{uuid.uuid4().hex[:6]}"
     log_path = tmp / f"router-{uuid.uuid4().hex[:6]}.log"
     command = [sys.executable, "-m", "kcoral", "router", "--port", "0", "--ready-file", str(ready)]
@@ -62,7 +69,12 @@ def start_router(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Ro
     environment.update(env or {})
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [*command, *args], stdout=log, stderr=subprocess.STDOUT, text=True, env=environment
+            [*command, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environment,
+            preexec_fn=preexec_fn,
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

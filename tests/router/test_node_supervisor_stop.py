@@ -1,0 +1,67 @@
+"""A real node (supervisor + CPU server child) under ``kcoral router``: a SIGTERM stop
+removes the supervisor's ``kcoral-supervisor-*`` work folder (issue 28 point 9), and every
+process of the node runs with its soft descriptor limit raised to the hard one (point 1)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+from router_helpers import HERE, RouterProcess, node_command, ready_nodes
+
+
+def soft_limit_256() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+
+def open_files_limits(pid: int) -> tuple[str, str]:
+    """(soft, hard) from the process's ``/proc/PID/limits``."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return soft, hard
+    raise AssertionError(f"no open-files line for {pid}")
+
+
+def test_a_node_stopped_with_sigterm_leaves_no_work_folder_and_raised_its_limits(
+    tmp_path: Path, router: RouterProcess
+) -> None:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"this machine's hard limit ({hard}) leaves nothing to raise")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
+    environment["TMPDIR"] = str(temporary)  # where tempfile puts the supervisor's folder
+    with open(tmp_path / "node.log", "w") as log:
+        node = subprocess.Popen(
+            node_command(tmp_path, router.url, "n1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            cwd=str(HERE),
+            preexec_fn=soft_limit_256,
+        )
+    try:
+        ready_nodes(router, 1)
+        assert list(temporary.glob("kcoral-supervisor-*")), "the supervisor made no folder"
+        processes = [psutil.Process(node.pid), *psutil.Process(node.pid).children(True)]
+        assert len(processes) >= 3, "expected the supervisor, its server and a worker"
+        for process in processes:
+            soft, hard_seen = open_files_limits(process.pid)
+            assert soft == hard_seen != "256", process.cmdline()
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(60) == 0
+        assert not list(temporary.glob("kcoral-supervisor-*")), (tmp_path / "node.log").read_text()
+    finally:
+        if node.poll() is None:
+            for child in psutil.Process(node.pid).children(recursive=True):
+                child.kill()
+            node.kill()
+            node.wait()
