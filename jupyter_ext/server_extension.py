@@ -74,7 +74,16 @@ class KCoralExtension(Configurable):
         every server a live kernel uses, each with ``kernels``: the ids of those kernels."""
         found = self._configured_or_advertised()
         by_url = {entry["url"]: entry for entry in found}
-        for record in kernel_connections():
+        connections = kernel_connections()
+        # An embedded server belongs to the kernel that started it, even once that kernel
+        # has connected elsewhere (its label names that kernel's notebook).
+        kernel_of_pid = {r.get("kernel_pid"): str(r["kernel_id"]) for r in connections}
+        for entry in found:
+            if "owner_pid" in entry:
+                owner = kernel_of_pid.get(entry.pop("owner_pid"))
+                if owner is not None:
+                    entry["owner_kernel"] = owner
+        for record in connections:
             url = str(record["url"]).rstrip("/")
             entry = by_url.get(url)
             if entry is None:
@@ -85,6 +94,8 @@ class KCoralExtension(Configurable):
                     "token": str(record.get("token") or ""),
                     "embedded": bool(record.get("embedded")),
                 }
+                if record.get("embedded"):
+                    entry["owner_kernel"] = str(record["kernel_id"])
                 by_url[url] = entry
                 found.append(entry)
             entry.setdefault("kernels", []).append(str(record["kernel_id"]))
@@ -115,6 +126,7 @@ class KCoralExtension(Configurable):
                     "name": f"local-{record.get('kernel_pid')}",
                     "url": str(record["url"]),
                     "embedded": True,
+                    "owner_pid": record.get("kernel_pid"),
                     # The embedded server's own token (never the user's KCORAL_TOKEN).
                     "token": str(record.get("token") or ""),
                 }
@@ -241,9 +253,10 @@ class ServersHandler(_KCoralHandler):
                 self.upstream(server, "GET", "/health"), self.upstream(server, "GET", "/v1/info")
             )
             notebooks = notebooks_of(server.get("kernels", []), paths)
+            owners = notebooks_of([server.get("owner_kernel", "")], paths)
             entry: dict[str, Any] = {
                 "name": server["name"],
-                "label": server_label(server, notebooks),
+                "label": server_label(server, owners),
                 "notebooks": notebooks,
                 "url": server["url"],
                 "auth": bool(server.get("token")),

@@ -4,8 +4,8 @@ The server extension knows each server by a routing name (``?server=NAME``): the
 configuration gives it, ``default`` for ``KCORAL_URL``, ``local-<pid>`` for a kernel's
 embedded server and ``kernel-<id>`` for a URL a kernel connected to. Those last two say
 nothing to a person, so each server also gets a ``label``: the configured name, "local
-server of quickstart.ipynb" (the notebooks whose kernels use it, from the Jupyter
-server's sessions), or its URL; and ``notebooks``, the notebooks that use it.
+server of quickstart.ipynb" (the notebook of the kernel that started it, from the Jupyter
+server's sessions), or its URL; and ``notebooks``, the notebooks whose kernels use it.
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ def url_label(url: str) -> str:
     return shown if parts.scheme == "http" else f"{parts.scheme}://{shown}"
 
 
-def server_label(entry: Mapping[str, Any], notebooks: list[str]) -> str:
-    """What the panel calls one server."""
+def server_label(entry: Mapping[str, Any], owners: list[str]) -> str:
+    """What the panel calls one server; ``owners``: for a kernel's embedded server, the
+    notebook of the kernel that started it."""
     name = str(entry.get("name", ""))
     if entry.get("embedded"):
+        notebooks = owners
         if not notebooks:
             return "local server of a kernel"
         shown = ", ".join(notebooks[:NOTEBOOKS_IN_A_LABEL])
