@@ -422,6 +422,9 @@ export class KCoralPanel extends Widget {
       }
       jobCells(job).forEach((text, index) => {
         const cell = element('td', index === 0 ? `jp-KCoral-status-${job.status}` : '', text);
+        if (index === 2) {
+          cell.title = `worker ${text}\n${row.title}`; // the column that may be cut off
+        }
         row.append(cell);
       });
       row.addEventListener('click', () => this.select(job));

@@ -55,7 +55,14 @@ async function panelFit(page) {
       .filter(n => n.getClientRects().length && n.getBoundingClientRect().right > right + 0.5)
       .map(n => `${n.tagName.toLowerCase()}.${n.className}: ${(n.textContent || '').slice(0, 40)}`)
       .slice(0, 10);
+    // Cells cut short with an ellipsis: any header, and any status, time or submitted cell
+    // (only the worker column may give way; its tooltip has the whole text).
+    const cut = [...panel.querySelectorAll('.jp-KCoral-jobTable th, .jp-KCoral-jobTable td')]
+      .filter(c => c.tagName === 'TH' || c.cellIndex !== 2)
+      .filter(c => c.scrollWidth > c.clientWidth)
+      .map(c => c.textContent);
     return {
+      cut,
       panelClientWidth: panel.clientWidth,
       panelScrollWidth: panel.scrollWidth,
       tableScrollWidth: table ? table.scrollWidth : 0,

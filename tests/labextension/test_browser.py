@@ -240,6 +240,7 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
         assert fit["tableScrollWidth"] <= fit["panelClientWidth"], fit
         assert fit["panelScrollWidth"] <= fit["panelClientWidth"], fit
         assert fit["overflowing"] == [], fit
+        assert fit["cut"] == [], fit  # no header, status or time cut short
     # Each server has a name a person recognises: the notebook's embedded server by its
     # notebook, the connected one by its URL (not local-31932 / kernel-f76ef9e1).
     embedded = seen["embeddedServer"]
@@ -338,6 +339,9 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
         assert seen["rogue"]["id"] == ROGUE_SESSION_ID[:8]
         assert seen["rogue"]["gpu"] == "CPU" and seen["rogue"]["memory"] == "mem –"
         assert seen["rogueServer"]["state"] == "offline"
+        # At the default side-bar width the session cards fit too (issue 29.4).
+        assert seen["fitNarrow"]["panelScrollWidth"] <= seen["fitNarrow"]["panelClientWidth"]
+        assert seen["fitNarrow"]["overflowing"] == [], seen["fitNarrow"]
         assert "without its load counts" in seen["rogueServer"]["text"]
         # "mem –" until the server reports the worker's memory (memory_bytes)
         memory = re.compile(r"mem (–|\d+(\.\d)? (B|KiB|MiB|GiB))")
@@ -348,12 +352,12 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
             assert session.id in card["title"] and " on cpu" in card["title"]
             assert card["server"] == "on cpu"  # two servers have sessions: each card says which
             assert card["stop"] == {"text": "Stop", "enabled": True}
-        assert seen["running"]["stateText"] == "running"
+        assert seen["running"]["stateText"] == "running a program"
         assert re.fullmatch(r"idle \d+ (s|min) · ends in \d+ min", seen["idle"]["stateText"])
         assert seen["seats"].startswith("2/2 seats held · ")
 
         assert seen["stopped"]["state"] == "ENDED"
-        assert seen["stopped"]["stateText"] == "ended: deleted"
+        assert seen["stopped"]["stateText"] == "stopped"  # not "ended: deleted"
         assert seen["stopped"]["stop"] is None and seen["stopped"]["memory"] is None
         assert seen["note"] == f"session {busy.id[:8]} ended"
         assert seen["idleAfter"]["state"] == "IDLE"
