@@ -2,7 +2,7 @@
 
 | route | answer |
 |---|---|
-| `GET servers` | servers with `/health`, `/v1/info` and the kernels using them (`kernels`) |
+| `GET servers` | servers with `/health`, `/v1/info`, a `label`, `kernels`, `notebooks` |
 | `GET jobs` | recent jobs of every server that offers the jobs API, each tagged with `server` |
 | `GET jobs/{id}` | one job's state; `DELETE jobs/{id}` cancels it |
 | `GET jobs/{id}/events` | the job's Server-Sent Events, proxied as they arrive |
@@ -16,7 +16,10 @@ advertisement (EXTENSIONS §6). Whatever is configured, every server a live kern
 uses (``runtime_records.kernel_connections``: its embedded server, or the URL it connected
 to) is listed too, with the ids of those kernels in ``kernels``, so that the status bar can
 show the server of the notebook in focus. Tokens stay in this process: the browser sees
-only names.
+only names. ``kernels``: the ids of the live kernels that use a server; ``notebooks``: their
+notebooks. A server that cannot be asked is described in one line of words
+(``upstream_problems``), and each gets a ``label`` (``server_labels``): its configured name,
+"local server of NOTEBOOK", or its URL.
 ``?server=NAME`` picks one server for the job and session routes; otherwise each server is
 asked in turn.
 
@@ -44,6 +47,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from kcoral_jupyter.local_server import advertised_servers
 from kcoral_jupyter.runtime_records import kernel_connections
+from kcoral_jupyter.server_labels import notebooks_of, server_label
+from kcoral_jupyter.upstream_problems import refusal_problem, transport_problem
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from traitlets import Dict, Float, List
 from traitlets.config import Configurable
@@ -71,7 +76,16 @@ class KCoralExtension(Configurable):
         every server a live kernel uses, each with ``kernels``: the ids of those kernels."""
         found = self._configured_or_advertised()
         by_url = {entry["url"]: entry for entry in found}
-        for record in kernel_connections():
+        connections = kernel_connections()
+        # An embedded server belongs to the kernel that started it, even once that kernel
+        # has connected elsewhere (its label names that kernel's notebook).
+        kernel_of_pid = {r.get("kernel_pid"): str(r["kernel_id"]) for r in connections}
+        for entry in found:
+            if "owner_pid" in entry:
+                owner = kernel_of_pid.get(entry.pop("owner_pid"))
+                if owner is not None:
+                    entry["owner_kernel"] = owner
+        for record in connections:
             url = str(record["url"]).rstrip("/")
             entry = by_url.get(url)
             if entry is None:
@@ -80,7 +94,10 @@ class KCoralExtension(Configurable):
                     "name": f"{kind}-{str(record['kernel_id'])[:8]}",
                     "url": url,
                     "token": str(record.get("token") or ""),
+                    "embedded": bool(record.get("embedded")),
                 }
+                if record.get("embedded"):
+                    entry["owner_kernel"] = str(record["kernel_id"])
                 by_url[url] = entry
                 found.append(entry)
             entry.setdefault("kernels", []).append(str(record["kernel_id"]))
@@ -110,6 +127,8 @@ class KCoralExtension(Configurable):
                 {
                     "name": f"local-{record.get('kernel_pid')}",
                     "url": str(record["url"]),
+                    "embedded": True,
+                    "owner_pid": record.get("kernel_pid"),
                     # The embedded server's own token (never the user's KCORAL_TOKEN).
                     "token": str(record.get("token") or ""),
                 }
@@ -169,14 +188,34 @@ class _KCoralHandler(APIHandler):
         try:
             response: HTTPResponse = await AsyncHTTPClient().fetch(request, raise_error=False)
         except (OSError, HTTPClientError, asyncio.TimeoutError) as exc:
-            return 0, None, f"{type(exc).__name__}: {exc}", None
+            timeout = self.extension.request_timeout
+            return 0, None, transport_problem(exc, server["url"], timeout), None
         if response.code == 599:
-            return 0, None, str(response.error), None
+            error = response.error or OSError("no answer")
+            return (
+                0,
+                None,
+                transport_problem(error, server["url"], self.extension.request_timeout),
+                None,
+            )
         try:
             document = json.loads(response.body or b"null")
         except ValueError:
             document = None
         return response.code, document, "", _date_header_seconds(response)
+
+    async def notebook_paths(self) -> dict[str, str]:
+        """Kernel id -> the path of the notebook (or console) whose session uses it."""
+        try:
+            sessions = await self.session_manager.list_sessions()
+        except Exception:  # the names are a courtesy: never fail the panel's poll for them
+            return {}
+        paths: dict[str, str] = {}
+        for record in sessions:
+            kernel = record.get("kernel") or {}
+            if isinstance(kernel.get("id"), str) and isinstance(record.get("path"), str):
+                paths[kernel["id"]] = record["path"]
+        return paths
 
     def write_json(self, status: int, document: Any) -> None:
         self.set_status(status)
@@ -220,13 +259,18 @@ class ServersHandler(_KCoralHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         servers = self.servers()
+        paths = await self.notebook_paths()
 
         async def describe(server: dict[str, Any]) -> dict[str, Any]:
             (h_status, health, h_error), (i_status, info, _) = await asyncio.gather(
                 self.upstream(server, "GET", "/health"), self.upstream(server, "GET", "/v1/info")
             )
+            notebooks = notebooks_of(server.get("kernels", []), paths)
+            owners = notebooks_of([server.get("owner_kernel", "")], paths)
             entry: dict[str, Any] = {
                 "name": server["name"],
+                "label": server_label(server, owners),
+                "notebooks": notebooks,
                 "url": server["url"],
                 "auth": bool(server.get("token")),
                 "health": health if h_status == 200 else None,
@@ -236,7 +280,13 @@ class ServersHandler(_KCoralHandler):
                 "kernels": list(server.get("kernels", [])),
             }
             if h_status != 200:
-                entry["error"] = h_error or f"/health answered HTTP {h_status}"
+                entry["error"] = h_error or refusal_problem(
+                    h_status, health, bool(server.get("token"))
+                )
+            elif i_status in (401, 403):
+                # /health answers anyone (PROTOCOL §12); the token is judged from here on,
+                # and every cell, job and session would be refused the same way.
+                entry["error"] = refusal_problem(i_status, info, bool(server.get("token")))
             return entry
 
         described = await asyncio.gather(*(describe(s) for s in servers))
@@ -256,7 +306,9 @@ class JobsHandler(_KCoralHandler):
                 ]
             else:
                 reason = error or (
-                    "this server has no jobs API" if status == 404 else f"HTTP {status}"
+                    "this server has no jobs API"
+                    if status == 404
+                    else refusal_problem(status, document, bool(server.get("token")))
                 )
                 errors.append({"server": server["name"], "message": reason})
         self.write_json(200, {"jobs": jobs, "errors": errors})
@@ -357,7 +409,7 @@ class SessionsHandler(_KCoralHandler):
                 features = info.get("features") if isinstance(info, dict) else None
                 if not isinstance(features, list) or "sessions" not in features:
                     return [], None
-            return [], error or _refusal_text(status, document)
+            return [], error or refusal_problem(status, document, bool(server.get("token")))
 
         servers = self.servers()
         answers = await asyncio.gather(*(listed(server) for server in servers))
@@ -419,15 +471,6 @@ def _tagged(document: Any, status: int, server: dict[str, Any], clock: float | N
     if isinstance(document, dict) and status == 200:
         return dict(document, server=server["name"], observed_at=clock)
     return document
-
-
-def _refusal_text(status: int, document: Any) -> str:
-    """The KCoral error message of a refusal, else its status."""
-    if isinstance(document, dict) and isinstance(document.get("error"), dict):
-        message = document["error"].get("message")
-        if isinstance(message, str) and message:
-            return f"HTTP {status}: {message[:200]}"
-    return f"HTTP {status}"
 
 
 def handlers(base_url: str) -> list[tuple[str, type]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from kcoral_server.config import (
+    SETTING_GROUPS,
     InvalidConfigError,
     ServerConfig,
     declared_settings,
@@ -25,6 +26,10 @@ from kcoral_server.config import (
 )
 
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+# A size: a whole number, optionally K, M, G or T, binary ("256M", "4GiB"). "GB" is refused:
+# it reads as 10**9 to some and 2**30 to others.
+_SIZE = re.compile(r"(-?[0-9]+)(?:([KMGT])(?:iB)?)?", re.ASCII | re.IGNORECASE)
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
@@ -33,28 +38,32 @@ class SupervisorOptions:
     """ROUTER.md §12 node-supervisor options (hidden; only with ``--router``)."""
 
     health_interval_seconds: float = setting(
-        2.0, flag="--health-interval-seconds", kind="number", hidden=True
+        2.0, flag="--health-interval-seconds", kind="number", group="router", hidden=True
     )
     health_timeout_seconds: float = setting(
-        1.0, flag="--health-timeout-seconds", kind="number", hidden=True
+        1.0, flag="--health-timeout-seconds", kind="number", group="router", hidden=True
     )
-    failure_threshold: int = setting(3, flag="--failure-threshold", kind="int", hidden=True)
+    failure_threshold: int = setting(
+        3, flag="--failure-threshold", kind="int", group="router", hidden=True
+    )
     startup_grace_seconds: float = setting(
-        30.0, flag="--startup-grace-seconds", kind="number", hidden=True
+        30.0, flag="--startup-grace-seconds", kind="number", group="router", hidden=True
     )
     stable_reset_seconds: float = setting(
-        60.0, flag="--stable-reset-seconds", kind="number", hidden=True
+        60.0, flag="--stable-reset-seconds", kind="number", group="router", hidden=True
     )
     termination_grace_seconds: float = setting(
-        5.0, flag="--termination-grace-seconds", kind="number", hidden=True
+        5.0, flag="--termination-grace-seconds", kind="number", group="router", hidden=True
     )
     restart_min_delay_seconds: float = setting(
-        1.0, flag="--restart-min-delay-seconds", kind="number", hidden=True
+        1.0, flag="--restart-min-delay-seconds", kind="number", group="router", hidden=True
     )
     restart_max_delay_seconds: float = setting(
-        30.0, flag="--restart-max-delay-seconds", kind="number", hidden=True
+        30.0, flag="--restart-max-delay-seconds", kind="number", group="router", hidden=True
     )
-    restart_jitter: float = setting(0.2, flag="--restart-jitter", kind="number", hidden=True)
+    restart_jitter: float = setting(
+        0.2, flag="--restart-jitter", kind="number", group="router", hidden=True
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -102,17 +111,24 @@ class ServerSettings:
         "127.0.0.1",
         flag="--host",
         kind="text",
-        help="listen address",
+        group="network",
+        help="address to listen on; off loopback a client token is required",
         env="KCORAL_SERVER_HOST",
         empty="refused",
     )
     port: int = setting(
-        8000, flag="--port", kind="int", help="port, 0 picks a free one", env="KCORAL_SERVER_PORT"
+        8000,
+        flag="--port",
+        kind="int",
+        group="network",
+        help="port to listen on; 0 picks a free one",
+        env="KCORAL_SERVER_PORT",
     )
     ready_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
         None,
         flag="--ready-file",
         kind="path",
+        group="network",
         help="write the server URL to this file once it accepts requests",
         empty="disables",
     )
@@ -130,6 +146,25 @@ def parse_integer(text: str) -> int:
     if not _INTEGER.fullmatch(text):
         raise ValueError(f"not a plain integer: {text!r}")
     return int(text)
+
+
+def parse_bytes(text: str) -> int:
+    """A size in bytes: a plain integer, or one ending in ``K``, ``M``, ``G`` or ``T``
+    (KiB, MiB, GiB, TiB; ``256M``, ``4G``, ``512KiB``; ``GB`` is refused as ambiguous)."""
+    match = _SIZE.fullmatch(text)
+    if not match:
+        raise ValueError(f"not a size (a whole number, or one with K, M or G): {text!r}")
+    unit = match.group(2)
+    return int(match.group(1)) * (_UNITS[unit.upper()] if unit else 1)
+
+
+def format_bytes(size: int) -> str:
+    """A size for ``--help``: in the largest binary unit that divides it (``256 MiB``),
+    else in bytes."""
+    for suffix, unit in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size and size % unit == 0:
+            return f"{size // unit} {suffix}"
+    return f"{size} bytes" if size != 0 else "0"
 
 
 def parse_seconds(text: str) -> float:
@@ -167,6 +202,7 @@ def _arg_type(convert: Any, description: str) -> Any:
 
 
 _INT = _arg_type(parse_integer, "integer")
+_BYTES = _arg_type(parse_bytes, "size")
 _SECONDS = _arg_type(parse_seconds, "number of seconds")
 _GPUS = _arg_type(parse_gpus, "GPU id list")
 _NUMBER = _arg_type(parse_seconds, "number")
@@ -174,6 +210,7 @@ _NUMBER = _arg_type(parse_seconds, "number")
 #: from the flag where the argparse type is None)
 _KINDS = {
     "int": (_INT, parse_integer),
+    "bytes": (_BYTES, parse_bytes),
     "seconds": (_SECONDS, parse_seconds),
     "number": (_NUMBER, parse_seconds),
     "text": (None, str),
@@ -181,7 +218,7 @@ _KINDS = {
     # parsed after argparse: a bad list is an error only outside CPU mode (SERVER.md §2)
     "gpu_ids": (None, parse_gpus),
 }
-_METAVARS = {_INT: "N", _SECONDS: "SECONDS", _NUMBER: "X"}
+_METAVARS = {_INT: "N", _BYTES: "SIZE", _SECONDS: "SECONDS", _NUMBER: "X"}
 
 
 def setting_help(declared: Field) -> str:
@@ -203,7 +240,10 @@ def setting_help(declared: Field) -> str:
         assert default is not MISSING, f"{declared.name}: a factory default needs shown_default"
         if default is None:  # nothing to show: no default (or only the variable)
             return f"{text} ({env})" if env else text
-        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        if meta["kind"] == "bytes":
+            shown = format_bytes(default)
+        else:
+            shown = f"{default:g}" if isinstance(default, float) else str(default)
     if not shown.startswith(":"):
         shown = " " + shown
     if env:
@@ -211,7 +251,7 @@ def setting_help(declared: Field) -> str:
     return f"{text} (default{shown})".lstrip()
 
 
-def add_setting_option(parser: argparse.ArgumentParser, declared: Field) -> None:
+def add_setting_option(parser: Any, declared: Field) -> None:
     """The argparse option of a declared setting, as its declaration says."""
     meta = declared.metadata
     flag = meta["flag"]
@@ -232,21 +272,57 @@ def add_setting_option(parser: argparse.ArgumentParser, declared: Field) -> None
     parser.add_argument(flag, **options)
 
 
+def add_grouped_options(
+    parser: argparse.ArgumentParser, declared: Sequence[Field]
+) -> dict[str, Any]:
+    """One argparse option per declared setting, each in its declared group's section of
+    ``--help`` (groups in ``SETTING_GROUPS`` order, options in declaration order; a group
+    whose options are all hidden is left out). The sections made, by group key."""
+    sections: dict[str, Any] = {}
+    for key, title in SETTING_GROUPS.items():
+        if any(d.metadata["group"] == key and not d.metadata["hidden"] for d in declared):
+            sections[key] = parser.add_argument_group(title)
+    for one in declared:
+        add_setting_option(sections.get(one.metadata["group"], parser), one)
+    return sections
+
+
+# Both commands' --help: pre-wrapped (RawDescriptionHelpFormatter keeps the examples' lines).
+SIZES_NOTE = """\
+Sizes take K, M or G (KiB, MiB, GiB) or plain bytes: 256M, 4G, 268435456.
+An option with an env variable reads it when the option is not given."""
+
+SERVER_EXAMPLES = """\
+examples:
+  kcoral server                                 GPU if CUDA works, else CPU; 127.0.0.1:8000
+  kcoral server --device cpu --num-workers 4    four CPU workers
+  kcoral server --gpus 0,1 --workers-per-gpu 4  GPUs 0 and 1, four workers each
+  kcoral server --max-request-bytes 1G --max-response-bytes 512M
+  KCORAL_AUTH_TOKEN=s3cret kcoral server --host 0.0.0.0
+  kcoral server --router http://router:9000 --node-id gpu-1   a node of a router
+"""
+
+
 def build_server_parser() -> argparse.ArgumentParser:
     """The ``kcoral server`` parser: one option per declared setting (``config.setting``),
-    the listen settings first. Every default is ``None`` so that precedence (flag >
-    environment > default) can be resolved afterwards."""
+    grouped as declared, the listen settings first. Every default is ``None`` so that
+    precedence (flag > environment > default) can be resolved afterwards."""
     parser = argparse.ArgumentParser(
         prog="kcoral server",
-        description="Run a KCoral server.",
+        usage="%(prog)s [options]",
+        description=f"Run a KCoral server.\n\n{SIZES_NOTE}",
+        epilog=SERVER_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    for declared in (
-        *declared_settings(ServerSettings),
-        *flag_settings(),
-        *declared_settings(SupervisorOptions),
-    ):
-        add_setting_option(parser, declared)
+    add_grouped_options(
+        parser,
+        [
+            *declared_settings(ServerSettings),
+            *flag_settings(),
+            *declared_settings(SupervisorOptions),
+        ],
+    )
     # The supervisor's child entry point (ROUTER.md §12): not a setting, never typed by hand.
     parser.add_argument("--node-child", action="store_true", default=None, help=argparse.SUPPRESS)
     return parser

@@ -94,11 +94,26 @@ def default_disk_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(home) / ".cache" / "kcoral" / "files"
 
 
+#: ``--help``'s option groups (``setting(group=...)``), in the order ``--help`` shows them.
+SETTING_GROUPS: dict[str, str] = {
+    "network": "network and auth",
+    "workers": "workers",
+    "requests": "requests: time and size limits",
+    "sessions": "sessions and jobs",
+    "sandbox": "sandbox and worker limits",
+    "caches": "caches",
+    "logging": "logging",
+    "router": "router and node",
+    "nodes": "nodes",  # the router's view of its nodes (kcoral router)
+}
+
+
 def setting(
     default: Any = MISSING,
     *,
     flag: str,
     kind: str,
+    group: str | None = None,
     help: str = "",
     shown_default: str | None = None,
     env: str | None = None,
@@ -121,7 +136,12 @@ def setting(
     the config and ``validate`` derives the field's own rule from it. ``hidden`` keeps it
     out of ``--help``.
 
-    ``kind`` says how the text parses: ``int``, ``seconds``, ``number``, ``text``, ``path``,
+    ``group`` (required; a key of ``SETTING_GROUPS``) is the part of ``--help`` that lists
+    it, so that every new flag lands somewhere a reader looks.
+
+    ``kind`` says how the text parses: ``int``, ``bytes`` (an ``int`` field whose text may
+    end in ``K``, ``M`` or ``G``: KiB, MiB, GiB; ``--help`` shows it in those units),
+    ``seconds``, ``number``, ``text``, ``path``,
     ``gpu_ids`` (comma-separated GPU ids; a bad list is ignored in CPU mode, SERVER.md §2),
     or ``switch`` (a flag without a value that sets ``True``; ``False`` for a ``--no-``
     flag). A ``repeatable`` flag may be given many times and the field is the list of its
@@ -133,9 +153,16 @@ def setting(
     ``None``); ``positive`` makes a ``seconds`` value > 0 instead of >= 0. ``problem`` says
     why a value (each value of a ``repeatable``; never ``None``) is refused, or None. A
     ``secret`` stays out of ``repr``."""
+    if group not in SETTING_GROUPS:
+        # Raised at import: a declaration merged without a group fails loudly, naming it.
+        raise TypeError(
+            f"setting {flag}: group= is required, one of {', '.join(SETTING_GROUPS)} "
+            f"(got {group!r})"
+        )
     metadata = {
         "flag": flag,
         "kind": kind,
+        "group": group,
         "help": help,
         "shown_default": shown_default,
         "env": env,
@@ -178,7 +205,8 @@ class ServerConfig:
         "auto",
         flag="--device",
         kind="text",
-        help="device mode",
+        group="workers",
+        help="where programs run: gpu, cpu, or auto (gpu when CUDA answers, else cpu)",
         env="KCORAL_SERVER_DEVICE",
         metavar="{auto,gpu,cpu}",
         problem=lambda value: _one_of(value, DEVICE_MODES, hidden=(FAKE_GPU_DEVICE,)),
@@ -187,28 +215,48 @@ class ServerConfig:
         default_factory=lambda: [0],
         flag="--gpus",
         kind="gpu_ids",
-        help="comma-separated physical GPU ids",
+        group="workers",
+        help="comma-separated physical GPU ids the workers use (ignored in CPU mode)",
         shown_default="0",
         env="KCORAL_SERVER_GPUS",
     )
     num_workers: int = setting(
-        1, flag="--num-workers", kind="int", help="CPU mode worker count", minimum=1
+        1,
+        flag="--num-workers",
+        kind="int",
+        group="workers",
+        help="worker processes in CPU mode: programs that run at once",
+        minimum=1,
     )
     workers_per_gpu: int = setting(
-        8, flag="--workers-per-gpu", kind="int", help="GPU mode workers per GPU", minimum=1
+        8,
+        flag="--workers-per-gpu",
+        kind="int",
+        group="workers",
+        help="worker processes per GPU in GPU mode (they take turns on the GPU)",
+        minimum=1,
     )
     max_requests_per_worker: int = setting(
         1,
         flag="--max-requests-per-worker",
         kind="int",
-        help="requests before a worker is replaced; 0 = reuse without limit",
+        group="workers",
+        help="programs a worker runs before a fresh one replaces it; 0 = reuse without limit",
         minimum=0,
     )
     worker_termination_grace_seconds: float = setting(
-        5.0, flag="--worker-termination-grace-seconds", kind="seconds", help="SIGTERM->SIGKILL"
+        5.0,
+        flag="--worker-termination-grace-seconds",
+        kind="seconds",
+        group="workers",
+        help="how long a worker being stopped has after SIGTERM before SIGKILL",
     )
     worker_wait_timeout_seconds: float = setting(
-        1800.0, flag="--worker-wait-timeout-seconds", kind="seconds", help="wait for a worker"
+        1800.0,
+        flag="--worker-wait-timeout-seconds",
+        kind="seconds",
+        group="workers",
+        help="how long a request waits for a free worker before 503 busy",
     )
     # A request body that receives no bytes for this long is dropped (slowloris defence);
     # the limit is on idleness, not on the whole upload, so big slow uploads still work.
@@ -216,6 +264,7 @@ class ServerConfig:
         60.0,
         flag="--body-timeout-seconds",
         kind="seconds",
+        group="requests",
         help="drop a request whose body sends nothing for this long, or averages under "
         "1024 bytes/s after it",
         positive=True,
@@ -228,33 +277,65 @@ class ServerConfig:
         10.0,
         flag="--request-head-timeout-seconds",
         kind="seconds",
+        group="network",
         help="close a connection that has not sent a complete request head within this "
         "long of opening, or of its previous answer",
         positive=True,
     )
     default_timeout_seconds: float = setting(
-        300.0, flag="--default-timeout-seconds", kind="seconds", positive=True
+        300.0,
+        flag="--default-timeout-seconds",
+        kind="seconds",
+        group="requests",
+        help="run time of a program that asks for no timeout",
+        positive=True,
     )
     max_timeout_seconds: float = setting(
-        900.0, flag="--max-timeout-seconds", kind="seconds", help="clamp", positive=True
+        900.0,
+        flag="--max-timeout-seconds",
+        kind="seconds",
+        group="requests",
+        help="longest run time a program may ask for (a longer one gets this)",
+        positive=True,
     )
     max_request_bytes: int = setting(
-        268435456, flag="--max-request-bytes", kind="int", help="413 above", minimum=1
+        268435456,
+        flag="--max-request-bytes",
+        kind="bytes",
+        group="requests",
+        help="largest request body; a larger one is refused with 413",
+        minimum=1,
     )
     max_response_bytes: int = setting(
-        268435456, flag="--max-response-bytes", kind="int", help="500 above", minimum=1
+        268435456,
+        flag="--max-response-bytes",
+        kind="bytes",
+        group="requests",
+        help="largest answer; a program whose results are larger fails (response_too_large)",
+        minimum=1,
     )
     output_limit_bytes: int = setting(
-        1048576, flag="--output-limit-bytes", kind="int", help="per-stream capture", minimum=0
+        1048576,
+        flag="--output-limit-bytes",
+        kind="bytes",
+        group="requests",
+        help="stdout and stderr kept per stream when a program asks for no limit",
+        minimum=0,
     )
     max_output_limit_bytes: int = setting(
-        16777216, flag="--max-output-limit-bytes", kind="int", help="clamp", minimum=0
+        16777216,
+        flag="--max-output-limit-bytes",
+        kind="bytes",
+        group="requests",
+        help="most stdout or stderr a program may ask to keep (a larger ask gets this)",
+        minimum=0,
     )
     cache_capacity_bytes: int = setting(
         default_factory=default_cache_capacity_bytes,
         flag="--cache-capacity-bytes",
-        kind="int",
-        help="memory cache",
+        kind="bytes",
+        group="caches",
+        help="memory for uploaded blobs kept for later requests",
         shown_default=": the smaller of 16 GiB and 1/4 of physical memory",
         minimum=0,
     )
@@ -262,34 +343,52 @@ class ServerConfig:
         default_factory=default_disk_cache_dir,
         flag="--disk-cache-dir",
         kind="path",
-        help="file-blob cache",
+        group="caches",
+        help="folder that keeps uploaded file blobs across restarts",
         empty="disables",
         shown_default="~/.cache/kcoral/files",
         cli_default=default_disk_cache_dir,  # of the environment the command line was given
     )
     disk_cache_capacity_mbytes: int = setting(
-        16384, flag="--disk-cache-capacity-mbytes", kind="int", help="MiB; 0 disables", minimum=0
+        16384,
+        flag="--disk-cache-capacity-mbytes",
+        kind="int",
+        group="caches",
+        help="size of the disk cache in MiB; 0 disables it",
+        shown_default="16384 MiB = 16 GiB",
+        minimum=0,
     )
     log_dir: Path | None = setting(  # noqa: RUF009 (setting is a field)
         None,
         flag="--log-dir",
         kind="path",
-        help="event log directory",
+        group="logging",
+        help="folder for the event log (JSON lines) and the programs received",
         empty="disables",
         env="KCORAL_LOG_DIR",
         cli_default="logs",
     )
     log_console: bool = setting(
-        True, flag="--no-log-console", kind="switch", help="no stderr mirror"
+        True,
+        flag="--no-log-console",
+        kind="switch",
+        group="logging",
+        help="do not print the events on stderr",
     )
     log_programs: bool = setting(
-        True, flag="--no-log-programs", kind="switch", help="do not store programs"
+        True,
+        flag="--no-log-programs",
+        kind="switch",
+        group="logging",
+        help="do not store each program received in the log folder",
     )
     sandbox: str = setting(
         "auto",
         flag="--sandbox",
         kind="text",
-        help="auto: bubblewrap where it works, else none with a warning",
+        group="sandbox",
+        help="run programs inside a bubblewrap sandbox; auto: where bubblewrap works, "
+        "else none with a warning",
         metavar="{auto,bubblewrap,none}",
         problem=lambda value: _one_of(value, SANDBOXES),
     )
@@ -298,7 +397,8 @@ class ServerConfig:
         flag="--sandbox-readonly-path",
         kind="path",
         repeatable=True,
-        help="extra read-only path in the sandbox",
+        group="sandbox",
+        help="also show programs this host path, read-only, inside the sandbox",
         empty="refused",
         # SERVER.md §14: '/' would shadow the whole sandbox (ancestors of the workspace
         # root are checked when the sandbox starts).
@@ -310,7 +410,8 @@ class ServerConfig:
         None,
         flag="--router",
         kind="text",
-        help="router origin",
+        group="router",
+        help="run as a node of the router at this origin (http://host:port)",
         env="KCORAL_ROUTER_ENDPOINT",
         env_empty_is_unset=True,
         problem=lambda value: router_origin_problem(value),
@@ -319,7 +420,8 @@ class ServerConfig:
         None,
         flag="--node-id",
         kind="text",
-        help="node name",
+        group="router",
+        help="this node's name at the router (with --router)",
         env="KCORAL_NODE_ID",
         env_empty_is_unset=True,
         problem=lambda value: (
@@ -332,7 +434,8 @@ class ServerConfig:
         None,
         flag="--node-token",
         kind="text",
-        help="node token; prefer env KCORAL_NODE_TOKEN",
+        group="router",
+        help="the token this node shows the router; prefer env KCORAL_NODE_TOKEN",
         env="KCORAL_NODE_TOKEN",
         env_empty_is_unset=True,
         env_in_help=False,
@@ -347,7 +450,8 @@ class ServerConfig:
         None,
         flag="--auth-token-file",
         kind="path",
-        help="require this bearer token (or env KCORAL_AUTH_TOKEN)",
+        group="network",
+        help="file of the client token(s) every request must carry (or env KCORAL_AUTH_TOKEN)",
         empty="refused",
     )
     auth_token: str | None = field(default=None, repr=False)
@@ -355,16 +459,23 @@ class ServerConfig:
         False,
         flag="--allow-unauthenticated",
         kind="switch",
-        help="allow no token on a non-loopback address",
+        group="network",
+        help="listen on a non-loopback address without a client token (anyone who reaches "
+        "the port runs code)",
     )
     # EXTENSIONS.md additions
     job_retention_seconds: float = setting(
-        3600.0, flag="--job-retention-seconds", kind="seconds", help="keep finished jobs"
+        3600.0,
+        flag="--job-retention-seconds",
+        kind="seconds",
+        group="sessions",
+        help="how long a finished job's result stays to be fetched",
     )
     job_retention_bytes: int = setting(
         GIB,
         flag="--job-retention-bytes",
-        kind="int",
+        kind="bytes",
+        group="sessions",
         help="results and events of finished jobs kept, in memory and on disk",
         minimum=0,
     )
@@ -372,7 +483,8 @@ class ServerConfig:
         1,
         flag="--max-sessions",
         kind="int",
-        help="session seats beyond the stateless ones",
+        group="sessions",
+        help="sessions that may be open at once (each holds a worker of its own)",
         minimum=0,
     )
     # None: half the seats, rounded up, once there are 2+ seats and 2+ identities (a node
@@ -381,6 +493,7 @@ class ServerConfig:
         None,
         flag="--max-sessions-per-identity",
         kind="int",
+        group="sessions",
         help="session seats one identity may hold; 0 = no cap. With one identity (one bare "
         "token, or no token) there is no cap by default",
         shown_default=": half of --max-sessions, rounded up, with 2+ seats and 2+ identities",
@@ -390,15 +503,17 @@ class ServerConfig:
         600.0,
         flag="--session-idle-seconds",
         kind="seconds",
-        help="end an idle session",
+        group="sessions",
+        help="end a session that runs no program for this long",
         positive=True,
     )
     max_inflight_request_bytes: int | None = setting(
         None,
         flag="--max-inflight-request-bytes",
-        kind="int",
-        help="request body bytes received and held before 503 (declared lengths reserve "
-        "nothing); 0 = no limit",
+        kind="bytes",
+        group="requests",
+        help="request body bytes held at once before new requests get 503 (declared "
+        "lengths reserve nothing); 0 = no limit",
         shown_default="2 x --max-request-bytes",
         minimum=0,
     )
@@ -406,9 +521,10 @@ class ServerConfig:
     worker_memory_limit_bytes: int | None = setting(
         None,
         flag="--worker-memory-limit-bytes",
-        kind="int",
-        help="per worker; 0 = none; all workers together stay under the workers' memory "
-        "(physical memory less the cache and a reserve)",
+        kind="bytes",
+        group="sandbox",
+        help="memory each worker may use; 0 = no limit; all workers together stay under the "
+        "workers' memory (physical memory less the cache and a reserve)",
         shown_default=": the workers' memory / seats (session seats included), at least 4 GiB, "
         "where a cgroup enforces it",
         minimum=0,
@@ -417,7 +533,8 @@ class ServerConfig:
     workspace_limit_bytes: int = setting(
         4 * GIB,
         flag="--workspace-limit-bytes",
-        kind="int",
+        kind="bytes",
+        group="sandbox",
         help="disk a sandboxed program's workspace, HOME and caches may hold; past it the "
         "worker is killed and the program fails naming the limit; 0 = none (no bound "
         "without a sandbox)",
@@ -428,6 +545,7 @@ class ServerConfig:
         None,
         flag="--worker-process-limit",
         kind="int",
+        group="sandbox",
         help="processes and threads per worker (cgroup pids.max); 0 = none",
         shown_default="4096",
         env="KCORAL_WORKER_PROCESS_LIMIT",
@@ -438,6 +556,7 @@ class ServerConfig:
         "torch",
         flag="--worker-preload",
         kind="text",
+        group="workers",
         help="modules the worker fork servers import once idle, so fresh workers start with "
         "them; torch (with numpy) where installed, or none",
         env="KCORAL_WORKER_PRELOAD",
@@ -451,6 +570,7 @@ class ServerConfig:
         flag="--worker-env-deny",
         kind="text",
         repeatable=True,
+        group="sandbox",
         metavar="NAME",
         help="environment variable no worker inherits; NAME* denies a prefix",
         problem=lambda name: (
@@ -465,6 +585,7 @@ class ServerConfig:
         flag="--allowed-origin",
         kind="text",
         repeatable=True,
+        group="network",
         metavar="ORIGIN",
         help="let web pages from this origin call the server",
         problem=origin_problem,
@@ -474,13 +595,16 @@ class ServerConfig:
         flag="--allowed-host",
         kind="text",
         repeatable=True,
+        group="network",
         metavar="HOST",
         help="accept this Host name without a client token besides loopback and the listen address",
         problem=host_problem,
     )
     # No flag: EXTENSIONS §4 gives it only a variable, KCORAL_ALLOWED_SERIALIZATION (cli_args).
     allowed_serialization: list[str] = field(default_factory=lambda: list(SERIALIZATION_FORMATS))
-    fake_gpu_count: int = setting(0, flag="--fake-gpu-count", kind="int", hidden=True, minimum=0)
+    fake_gpu_count: int = setting(
+        0, flag="--fake-gpu-count", kind="int", group="workers", hidden=True, minimum=0
+    )
 
     def __post_init__(self) -> None:
         _normalize(self)
@@ -553,7 +677,7 @@ def _value_problem(setting: Field, value: Any) -> str | None:
     """Why one value of a declared setting breaks its declared kind and rule, or None."""
     meta = setting.metadata
     kind = meta["kind"]
-    if kind == "int":
+    if kind in ("int", "bytes"):  # a size is an integer field, whatever its flag's text
         if value is None and setting.default is None:
             return None
         if not _is_int(value):

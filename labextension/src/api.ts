@@ -33,7 +33,12 @@ export interface IInfo {
 
 /** One configured server as `GET kcoral/api/servers` describes it. */
 export interface IServerEntry {
+  /** The routing name (`?server=`): configured, `default`, `local-<pid>`, `kernel-<id>`. */
   name: string;
+  /** What a person calls it: the configured name, `local server of NOTEBOOK`, or its URL. */
+  label?: string;
+  /** The notebooks whose kernels use it. */
+  notebooks?: string[];
   url: string;
   auth: boolean;
   health: IHealth | null;

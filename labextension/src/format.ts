@@ -9,6 +9,8 @@ export interface IStatusSummary {
    * none is configured (its first `%%kcoral` cell starts the embedded one). */
   notYet: boolean;
   server: string;
+  /** What a person calls that server (its `label`), for the tooltip. */
+  label: string;
   target: string;
   busy: number;
   capacity: number;
@@ -60,6 +62,7 @@ export function summarize(
     online: false,
     notYet: false,
     server,
+    label: server,
     target: '',
     busy: 0,
     capacity: 0,
@@ -78,13 +81,17 @@ export function summarize(
     return offline(wanted, `no configured KCoral server is named ${wanted}`);
   }
   if (!entry.health) {
-    return offline(entry.name, entry.error || `${entry.url} cannot be reached`);
+    return {
+      ...offline(entry.name, entry.error || `${entry.url} cannot be reached`),
+      label: labelOf(entry)
+    };
   }
   const load = entry.health.load;
   return {
     online: true,
     notYet: false,
     server: entry.name,
+    label: labelOf(entry),
     target: targetOf(entry),
     busy: load.requests_in_progress,
     capacity: load.request_capacity,
@@ -126,13 +133,44 @@ export function statusTitle(summary: IStatusSummary): string {
     );
   }
   if (!summary.online) {
-    const name = summary.server ? `${summary.server}: ` : '';
+    const name = summary.label ? `${summary.label}: ` : '';
     return `KCoral ${name}offline (${summary.reason}). Click to open the KCoral panel.`;
   }
   const sandbox = sandboxText(summary.sandbox);
   const how = sandbox === 'no sandbox' ? 'without a sandbox' : sandbox;
   const mode = sandbox ? ` Programs run ${how}.` : '';
-  return `KCoral server ${summary.server}.${mode} Click to open the KCoral panel.`;
+  return `KCoral server: ${summary.label}.${mode} Click to open the KCoral panel.`;
+}
+
+/** What a person calls a server: its `label` from the server extension, else its name. */
+export function labelOf(entry: IServerEntry): string {
+  return typeof entry.label === 'string' && entry.label ? entry.label : entry.name;
+}
+
+/** The label of the server named `name` among `servers` (the name itself when unknown). */
+export function serverLabel(servers: IServerEntry[] | null, name: string | undefined): string {
+  if (!name) {
+    return '';
+  }
+  const entry = (servers ?? []).find(s => s.name === name);
+  return entry ? labelOf(entry) : name;
+}
+
+/** Job states (EXTENSIONS §5) as a person says them. */
+const JOB_STATUS_WORDS = new Map<string, string>([
+  ['QUEUED', 'queued'],
+  ['RUNNING', 'running'],
+  ['COMPLETED', 'done'],
+  ['FAILED', 'failed'],
+  ['CANCELLED', 'cancelled'],
+  ['TIMED_OUT', 'timed out'],
+  ['ERROR', 'error']
+]);
+
+/** A job's status for the table: `done`, `timed out` (a Map: a server's text is no key). */
+export function jobStatusText(status: string | null | undefined): string {
+  const known = JOB_STATUS_WORDS.get(String(status));
+  return known ?? String(status ?? '–').toLowerCase().replace(/_/g, ' ');
 }
 
 /** Milliseconds as a whole number, `–` while unknown. */
@@ -196,12 +234,17 @@ export function jobCells(job: IJob): string[] {
     job.elapsed_ms === null || job.elapsed_ms === undefined
       ? null
       : job.elapsed_ms + (job.queue_ms ?? 0);
-  return [job.status, formatTime(job.submitted_at), worker + gpus, formatDuration(total)];
+  return [
+    jobStatusText(job.status),
+    formatTime(job.submitted_at),
+    worker + gpus,
+    formatDuration(total)
+  ];
 }
 
-/** The row tooltip: the job, its server and its timings in full. */
-export function jobTitle(job: IJob): string {
-  const where = job.server ? ` on ${job.server}` : '';
+/** The row tooltip: the job, its server (`serverName`: its label) and its timings in full. */
+export function jobTitle(job: IJob, serverName: string = job.server ?? ''): string {
+  const where = serverName ? ` on ${serverName}` : '';
   const kind = job.error_kind ? ` (${job.error_kind})` : '';
   const timings =
     `queue ${formatDuration(job.queue_ms)} · lease wait ${formatDuration(job.lease_wait_ms)}` +
@@ -284,6 +327,17 @@ export function formatAge(seconds: number): string {
   return `${Math.floor(whole / 3600)} h${minutes ? ` ${minutes} min` : ''}`;
 }
 
+/** Why a session ended (EXTENSIONS §11 `end_reason`), as a person says it. */
+const END_REASON_WORDS = new Map<string, string>([
+  ['deleted', 'stopped'],
+  ['idle_timeout', 'ended: idle too long'],
+  ['worker_exited', 'ended: its worker exited'],
+  ['timeout', 'ended: a program ran past its time limit'],
+  ['interrupt_grace', 'ended: a program would not stop'],
+  ['leftover_work', 'ended: a program left work running'],
+  ['shutdown', 'ended: the server shut down']
+]);
+
 /** What the panel shows of one session. */
 export interface ISessionView {
   shortId: string;
@@ -291,7 +345,8 @@ export interface ISessionView {
   gpu: string;
   /** `mem 412 MiB`: the worker's resident memory; `mem –` when the server does not say. */
   memory: string;
-  /** `starting`, `running`, `idle 2 min · ends in 8 min`, `ended: idle timeout`. */
+  /** `starting`, `running a program`, `idle 2 min · ends in 8 min`, `stopped`,
+   * `ended: idle too long`. */
   state: string;
   /** The tooltip: full id, server, worker, programs, and why it ended. */
   title: string;
@@ -312,7 +367,11 @@ function textOf(value: unknown): string {
  * server's clock (`observed_at`, which the server extension adds) so that a browser whose
  * clock is off still shows true numbers; `browserNow` (Unix seconds) is the fallback.
  */
-export function sessionView(session: ISession, browserNow: number): ISessionView {
+export function sessionView(
+  session: ISession,
+  browserNow: number,
+  serverName: string = textOf(session.server)
+): ISessionView {
   const now = isNumber(session.observed_at) ? session.observed_at : browserNow;
   const gpuIds = Array.isArray(session.gpu_ids) ? session.gpu_ids.filter(isNumber) : [];
   const endReason = textOf(session.end_reason);
@@ -330,13 +389,15 @@ export function sessionView(session: ISession, browserNow: number): ISessionView
       break;
     }
     case 'RUNNING':
-      state = 'running';
+      state = 'running a program';
       break;
     case 'STARTING':
       state = 'starting';
       break;
     case 'ENDED':
-      state = endReason ? `ended: ${endReason.replace(/_/g, ' ')}` : 'ended';
+      state =
+        END_REASON_WORDS.get(endReason) ??
+        (endReason ? `ended: ${endReason.replace(/_/g, ' ')}` : 'ended');
       break;
     default:
       state = String(session.state).toLowerCase();
@@ -352,7 +413,7 @@ export function sessionView(session: ISession, browserNow: number): ISessionView
     facts.push(`ends after ${formatAge(session.idle_timeout_seconds)} without a program`);
   }
   const lines = [
-    `session ${session.session_id}${textOf(session.server) ? ` on ${session.server}` : ''}`,
+    `session ${session.session_id}${serverName ? ` on ${serverName}` : ''}`,
     facts.join(' · ')
   ];
   if (textOf(session.end_message)) {

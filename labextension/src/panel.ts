@@ -13,8 +13,11 @@ import {
   isCancellable,
   JOB_COLUMNS,
   jobCells,
+  jobStatusText,
   jobTitle,
+  labelOf,
   sandboxText,
+  serverLabel,
   sessionSeatsText,
   sessionView,
   targetOf
@@ -242,12 +245,17 @@ export class KCoralPanel extends Widget {
       card.dataset.server = server.name;
       card.dataset.state = server.health ? 'online' : 'offline';
       const title = element('div', 'jp-KCoral-serverTitle');
+      title.title = `${server.url} (${server.name})`;
       title.append(
         element('span', 'jp-KCoral-dot', '●'),
-        element('span', 'jp-KCoral-serverName', ` ${server.name} `),
-        element('span', 'jp-KCoral-serverUrl', server.url)
+        element('span', 'jp-KCoral-serverName', ` ${labelOf(server)}`)
       );
       card.append(title);
+      // The URL on its own line: a long one wraps instead of widening the panel.
+      if (labelOf(server) !== server.url.replace(/^http:\/\//, '')) {
+        card.append(element('div', 'jp-KCoral-serverUrl', server.url));
+      }
+      const notebooks = Array.isArray(server.notebooks) ? server.notebooks : [];
       if (server.health) {
         const load = server.health.load;
         const seats = sessionSeatsText(server.info);
@@ -268,15 +276,22 @@ export class KCoralPanel extends Widget {
               .map(([k, v]) => `${k} ${v}`)
               .join(', ') || '–'
           ],
-          ['features', server.features.length ? server.features.join(', ') : '–']
+          ['features', server.features.length ? server.features.join(', ') : '–'],
+          ...(notebooks.length ? [['used by', notebooks.join(', ')] as [string, string]] : [])
         ];
         const list = element('dl', 'jp-KCoral-facts');
         for (const [key, value] of facts) {
           list.append(element('dt', '', key), element('dd', '', value));
         }
         card.append(list);
+        if (server.error) {
+          // Up, but refusing this Jupyter server's token: every cell would be refused too.
+          card.append(element('div', 'jp-KCoral-note jp-KCoral-serverError', server.error));
+        }
       } else {
-        card.append(element('div', 'jp-KCoral-note', server.error || 'unreachable'));
+        card.append(
+          element('div', 'jp-KCoral-note jp-KCoral-serverError', server.error || 'unreachable')
+        );
       }
       this._servers.append(card);
     }
@@ -297,7 +312,10 @@ export class KCoralPanel extends Widget {
     const live = sessions.filter(s => s.state !== 'ENDED');
     const ended = sessions.filter(s => s.state === 'ENDED');
     const shown = [...live, ...ended.slice(0, ENDED_SESSIONS_SHOWN)];
-    const notes = this._model.sessionErrors.map(e => `${e.server}: ${e.message}`);
+    const servers = this._model.servers;
+    const notes = this._model.sessionErrors.map(
+      e => `${serverLabel(servers, e.server)}: ${e.message}`
+    );
     if (this._stopNoteTimer === undefined) {
       this._sessionNote.textContent = notes.join('; ');
       this._sessionNote.classList.remove('jp-KCoral-error');
@@ -309,7 +327,7 @@ export class KCoralPanel extends Widget {
     const mixed = new Set(shown.map(s => s.server)).size > 1;
     this._sessionList.replaceChildren();
     for (const session of shown) {
-      const view = sessionView(session, now);
+      const view = sessionView(session, now, serverLabel(servers, session.server));
       const card = element('div', 'jp-KCoral-session');
       card.dataset.sessionId = session.session_id;
       card.dataset.state = session.state;
@@ -321,7 +339,9 @@ export class KCoralPanel extends Widget {
         element('span', 'jp-KCoral-sessionGpu', view.gpu)
       );
       if (mixed && session.server) {
-        line.append(element('span', 'jp-KCoral-sessionServer', `on ${session.server}`));
+        line.append(
+          element('span', 'jp-KCoral-sessionServer', `on ${serverLabel(servers, session.server)}`)
+        );
       }
       if (view.live) {
         // An ended session's worker is gone: no memory to speak of.
@@ -361,23 +381,50 @@ export class KCoralPanel extends Widget {
 
   private _renderJobs(jobs: IJob[]): void {
     this._jobsBody.replaceChildren();
+    const servers = this._model.servers;
     const notes = this._model.jobErrors
       .filter(e => !/no jobs API/.test(e.message))
-      .map(e => `${e.server}: ${e.message}`);
+      .map(e => `${serverLabel(servers, e.server)}: ${e.message}`);
     this._jobsNote.textContent = jobs.length === 0 ? 'No jobs yet.' : '';
     if (notes.length) {
       this._jobsNote.textContent += ` ${notes.join('; ')}`;
     }
+    // Jobs of several servers: one block per server under a row that names it (in the
+    // order the servers' newest jobs come), newest first within each.
+    const byServer = new Map<string, IJob[]>();
+    for (const job of jobs) {
+      const key = job.server ?? '';
+      byServer.set(key, [...(byServer.get(key) ?? []), job]);
+    }
+    const mixed = byServer.size > 1;
+    for (const [server, serverJobs] of byServer) {
+      if (mixed) {
+        const heading = element('tr', 'jp-KCoral-jobServer');
+        heading.dataset.server = server;
+        const cell = element('th', '', serverLabel(servers, server) || 'unknown server');
+        cell.colSpan = JOB_COLUMNS.length;
+        heading.append(cell);
+        this._jobsBody.append(heading);
+      }
+      this._renderJobRows(serverJobs);
+    }
+  }
+
+  private _renderJobRows(jobs: IJob[]): void {
+    const servers = this._model.servers;
     for (const job of jobs) {
       const row = element('tr', 'jp-KCoral-job');
       row.dataset.jobId = job.job_id;
       row.dataset.status = job.status;
-      row.title = jobTitle(job);
+      row.title = jobTitle(job, serverLabel(servers, job.server));
       if (this._selected?.job_id === job.job_id) {
         row.classList.add('jp-mod-selected');
       }
       jobCells(job).forEach((text, index) => {
         const cell = element('td', index === 0 ? `jp-KCoral-status-${job.status}` : '', text);
+        if (index === 2) {
+          cell.title = `worker ${text}\n${row.title}`; // the column that may be cut off
+        }
         row.append(cell);
       });
       row.addEventListener('click', () => this.select(job));
@@ -391,8 +438,9 @@ export class KCoralPanel extends Widget {
       this._outputTitle.textContent = 'No job selected';
       this._cancel.disabled = true;
     } else {
-      this._outputTitle.textContent = `${job.status} · job ${job.job_id.slice(0, 8)}`;
-      this._outputTitle.title = `job ${job.job_id}${job.server ? ` on ${job.server}` : ''}`;
+      const where = serverLabel(this._model.servers, job.server);
+      this._outputTitle.textContent = `${jobStatusText(job.status)} · job ${job.job_id.slice(0, 8)}`;
+      this._outputTitle.title = `job ${job.job_id}${where ? ` on ${where}` : ''}`;
       this._outputTitle.dataset.jobId = job.job_id;
       this._cancel.disabled = !isCancellable(job.status);
     }

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcoral_server.browser_guard import host_problem, origin_problem
-from kcoral_server.cli_args import add_setting_option
+from kcoral_server.cli_args import SIZES_NOTE, add_grouped_options
 from kcoral_server.config import declared_settings, setting
 from kcoral_server.identity import parse_tokens
 
@@ -21,40 +21,81 @@ class RouterSettings:
     default, help); the parser and its ``--help`` are derived from the declarations."""
 
     host: str = setting(
-        "127.0.0.1", flag="--host", kind="text", help="listen address (a literal IP address)"
+        "127.0.0.1",
+        flag="--host",
+        kind="text",
+        group="network",
+        help="address to listen on (a literal IP address); off loopback a client token is required",
     )
     port: int = setting(
-        9000, flag="--port", kind="int", help="HTTP and gRPC port (0 = any free port)"
+        9000,
+        flag="--port",
+        kind="int",
+        group="network",
+        help="port for clients (HTTP) and nodes (gRPC); 0 picks a free one",
     )
     grpc_port: int | None = setting(
-        None, flag="--grpc-port", kind="int", help="serve gRPC on its own port instead"
+        None,
+        flag="--grpc-port",
+        kind="int",
+        group="network",
+        help="serve the nodes' gRPC on this port of its own instead",
     )
     status_check_interval_seconds: float = setting(
-        1.0, flag="--status-check-interval-seconds", kind="seconds", help="staleness checks"
+        1.0,
+        flag="--status-check-interval-seconds",
+        kind="seconds",
+        group="nodes",
+        help="how often the router checks that each node's status is fresh",
     )
     max_status_age_seconds: float = setting(
-        5.0, flag="--max-status-age-seconds", kind="seconds", help="oldest usable node status"
+        5.0,
+        flag="--max-status-age-seconds",
+        kind="seconds",
+        group="nodes",
+        help="a node whose last status is older gets no new requests",
     )
     unhealthy_threshold: int = setting(
-        3, flag="--unhealthy-threshold", kind="int", help="failures before unhealthy"
+        3,
+        flag="--unhealthy-threshold",
+        kind="int",
+        group="nodes",
+        help="failed checks in a row before a node counts as unhealthy",
     )
     recovery_threshold: int = setting(
-        2, flag="--recovery-threshold", kind="int", help="successes before ready"
+        2,
+        flag="--recovery-threshold",
+        kind="int",
+        group="nodes",
+        help="good checks in a row before an unhealthy node gets requests again",
     )
     queue_wait_timeout_seconds: float = setting(
-        1800.0, flag="--queue-wait-timeout-seconds", kind="seconds", help="wait for a node"
+        1800.0,
+        flag="--queue-wait-timeout-seconds",
+        kind="seconds",
+        group="requests",
+        help="how long a request waits for a free node before 503 no_node",
     )
     max_queued_requests: int = setting(
-        1024, flag="--max-queued-requests", kind="int", help="waiting requests before 503"
+        1024,
+        flag="--max-queued-requests",
+        kind="int",
+        group="requests",
+        help="requests that may wait for a node; more get 503 router_busy",
     )
     node_retention_seconds: float = setting(
         600.0,
         flag="--node-retention-seconds",
         kind="seconds",
-        help="keep a disconnected node's entry",
+        group="nodes",
+        help="how long a disconnected node stays listed",
     )
     max_request_bytes: int = setting(
-        268435456, flag="--max-request-bytes", kind="int", help="413 above"
+        268435456,
+        flag="--max-request-bytes",
+        kind="bytes",
+        group="requests",
+        help="largest request body; a larger one is refused with 413",
     )
     # Issue 28: anyone who reaches the port can open connections; one that does not say what
     # it speaks, or send its request head, within this long is closed (also the keep-alive
@@ -64,6 +105,7 @@ class RouterSettings:
         10.0,
         flag="--request-head-timeout-seconds",
         kind="seconds",
+        group="network",
         help="close a connection that has not sent its protocol preface or a complete "
         "request head within this long of opening, or of its previous answer",
     )
@@ -72,11 +114,12 @@ class RouterSettings:
         None,
         flag="--node-token",
         kind="text",
-        help="node token (prefer env KCORAL_NODE_TOKEN)",
+        group="nodes",
+        help="the token nodes must show (prefer env KCORAL_NODE_TOKEN)",
         secret=True,
     )
     ready_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
-        None, flag="--ready-file", kind="path", hidden=True
+        None, flag="--ready-file", kind="path", group="network", hidden=True
     )
     # the client token file's text (EXTENSIONS §6), read from --auth-token-file (not a field)
     auth_token: str | None = None
@@ -84,12 +127,14 @@ class RouterSettings:
         False,
         flag="--allow-unauthenticated",
         kind="switch",
+        group="network",
         help="listen on a non-loopback address without a client token",
     )
     allow_unauthenticated_nodes: bool = setting(
         False,
         flag="--allow-unauthenticated-nodes",
         kind="switch",
+        group="nodes",
         help="accept nodes without a node token although the router listens off loopback "
         "or has a client token",
     )
@@ -99,6 +144,7 @@ class RouterSettings:
         flag="--allowed-origin",
         kind="text",
         repeatable=True,
+        group="network",
         metavar="ORIGIN",
         help="let web pages from this origin call the router",
     )
@@ -107,6 +153,7 @@ class RouterSettings:
         flag="--allowed-host",
         kind="text",
         repeatable=True,
+        group="network",
         metavar="HOST",
         help="accept this Host name without a client token besides loopback and the listen address",
     )
@@ -122,16 +169,27 @@ class SettingsError(ValueError):
     """An invalid option; the message names it."""
 
 
+ROUTER_EXAMPLES = """\
+examples:
+  kcoral router                              127.0.0.1:9000, for nodes of this machine
+  KCORAL_NODE_TOKEN=n0de kcoral router --host 0.0.0.0 --auth-token-file tokens.txt
+  kcoral router --max-request-bytes 1G --queue-wait-timeout-seconds 600
+  kcoral server --router http://127.0.0.1:9000 --node-id gpu-1   a node joins it
+"""
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kcoral router",
-        description="Route KCoral requests to GPU nodes that connect over gRPC.",
+        usage="%(prog)s [options]",
+        description=f"Route KCoral requests to GPU nodes that connect over gRPC.\n\n{SIZES_NOTE}",
+        epilog=ROUTER_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    for declared in declared_settings(RouterSettings):
-        add_setting_option(parser, declared)
+    sections = add_grouped_options(parser, declared_settings(RouterSettings))
     # A file, not a setting: the settings hold the token read from it.
-    parser.add_argument(
+    sections["network"].add_argument(
         "--auth-token-file",
         metavar="PATH",
         help="file holding the client token (or env KCORAL_AUTH_TOKEN)",

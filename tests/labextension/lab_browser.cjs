@@ -5,7 +5,7 @@
 'use strict';
 
 const path = require('path');
-const { recorder, runLab, widenPanel } = require('./lab_common.cjs');
+const { panelFit, recorder, runLab } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -65,7 +65,8 @@ async function drive(page) {
   await panel.waitFor({ state: 'visible', timeout: 30000 });
   seen.panelOpenedByClick = true;
   step('panel open');
-  await widenPanel(page);
+  // The panel stays at JupyterLab's default side-bar width: what a fresh install shows, and
+  // what the screenshots show (issue 29.4: it must fit there).
 
   // 3. A %%kcoral cell that prints for a few seconds; its job shows live output. It starts
   // the kernel's embedded server (one worker), which the status bar then shows.
@@ -101,6 +102,25 @@ async function drive(page) {
     { timeout: 60000 }
   );
   seen.firstJobFinalStatus = 'COMPLETED';
+  seen.firstJobCells = await page.evaluate(
+    id => [...document.querySelector(`#kcoral-panel tr[data-job-id="${id}"]`).cells].map(
+      c => c.textContent
+    ),
+    seen.firstJobId
+  );
+  seen.fitOneServer = await panelFit(page);
+  seen.embeddedServer = await page.evaluate(() => {
+    const card = document.querySelector('#kcoral-panel .jp-KCoral-server');
+    return {
+      name: card?.dataset.server,
+      label: card?.querySelector('.jp-KCoral-serverName')?.textContent.trim(),
+      url: card?.querySelector('.jp-KCoral-serverUrl')?.textContent,
+      facts: [...(card?.querySelectorAll('.jp-KCoral-facts dt') ?? [])].map(dt => [
+        dt.textContent,
+        dt.nextElementSibling?.textContent
+      ])
+    };
+  });
   step('first job completed');
   await status.screenshot({ path: path.join(SHOTS, 'statusbar.png') });
 
@@ -152,7 +172,28 @@ async function drive(page) {
   seen.statusAfterConnect = await statusMatches(/KCoral ● cpu · \d+\/2 busy · \d+ queued/);
   step('status follows the connection', { text: seen.statusAfterConnect });
 
-  // 6. The palette commands exist.
+  // 6. A job on that second server: the jobs table says which server each job ran on.
+  await runCell(page, 4);
+  await page.waitForFunction(
+    () => document.querySelectorAll('#kcoral-panel tr.jp-KCoral-jobServer').length === 2 &&
+      document.querySelector('#kcoral-panel tr.jp-KCoral-job')?.dataset.status === 'COMPLETED',
+    null,
+    { timeout: 90000 }
+  );
+  seen.jobServerHeadings = await page.evaluate(() =>
+    [...document.querySelectorAll('#kcoral-panel tr.jp-KCoral-jobServer')].map(r => r.textContent)
+  );
+  seen.serverLabels = await page.evaluate(() =>
+    [...document.querySelectorAll('#kcoral-panel .jp-KCoral-server')].map(card => [
+      card.dataset.server,
+      card.querySelector('.jp-KCoral-serverName')?.textContent.trim()
+    ])
+  );
+  seen.fitTwoServers = await panelFit(page);
+  await page.screenshot({ path: path.join(SHOTS, 'panel-two-servers.png') });
+  step('jobs of two servers');
+
+  // 7. The palette commands exist.
   seen.commands = await page.evaluate(() =>
     ['kcoral:show-panel', 'kcoral:cancel-job'].map(id => [
       id,

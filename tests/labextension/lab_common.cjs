@@ -1,7 +1,7 @@
 // What the browser scripts of tests/labextension share: Debian's headless Chromium through
 // playwright-core (PLAYWRIGHT_CORE: the module path; nothing downloads a browser), a wider
-// KCoral panel for readable screenshots, and the run around each script's own steps (the
-// JSON line the pytest side reads).
+// KCoral panel where a screenshot wants one, a measure of whether the panel fits its side
+// bar, and the run around each script's own steps (the JSON line the pytest side reads).
 'use strict';
 
 const path = require('path');
@@ -42,6 +42,34 @@ async function widenPanel(page, by = 260) {
   } catch {
     // the layout is only cosmetic here
   }
+}
+
+// Whether the KCoral panel fits its side bar as it is now (issue 29.4): its width, the
+// jobs table's, and the elements whose right edge passes the panel's (at most ten).
+async function panelFit(page) {
+  return page.evaluate(() => {
+    const panel = document.querySelector('#kcoral-panel');
+    const table = panel.querySelector('table.jp-KCoral-jobTable');
+    const right = panel.getBoundingClientRect().right;
+    const overflowing = [...panel.querySelectorAll('*')]
+      .filter(n => n.getClientRects().length && n.getBoundingClientRect().right > right + 0.5)
+      .map(n => `${n.tagName.toLowerCase()}.${n.className}: ${(n.textContent || '').slice(0, 40)}`)
+      .slice(0, 10);
+    // Cells cut short with an ellipsis: any header, and any status, time or submitted cell
+    // (only the worker column may give way; its tooltip has the whole text).
+    const cut = [...panel.querySelectorAll('.jp-KCoral-jobTable th, .jp-KCoral-jobTable td')]
+      .filter(c => c.tagName === 'TH' || c.cellIndex !== 2)
+      .filter(c => c.scrollWidth > c.clientWidth)
+      .map(c => c.textContent);
+    return {
+      cut,
+      panelClientWidth: panel.clientWidth,
+      panelScrollWidth: panel.scrollWidth,
+      tableScrollWidth: table ? table.scrollWidth : 0,
+      sideBarWidth: Math.round(panel.parentElement.getBoundingClientRect().width),
+      overflowing
+    };
+  });
 }
 
 // What a script saw, and `step` to note a milestone in it (with its time).
@@ -96,4 +124,4 @@ function runLab(options) {
   });
 }
 
-module.exports = { launchBrowser, widenPanel, recorder, runLab };
+module.exports = { launchBrowser, panelFit, widenPanel, recorder, runLab };

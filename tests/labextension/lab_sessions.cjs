@@ -7,7 +7,7 @@
 'use strict';
 
 const path = require('path');
-const { recorder, runLab, widenPanel } = require('./lab_common.cjs');
+const { panelFit, recorder, runLab, widenPanel } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -82,6 +82,7 @@ async function drive(page) {
     return terms.find(dt => dt.textContent === 'sessions')?.nextElementSibling?.textContent;
   });
   seen.sessionsVisible = await page.locator('#kcoral-panel .jp-KCoral-sessions').isVisible();
+  seen.fitNarrow = await panelFit(page);
   await page.screenshot({ path: path.join(SHOTS, 'sessions-narrow.png') });
   await widenPanel(page);
   await page.screenshot({ path: path.join(SHOTS, 'sessions.png') });

@@ -7,7 +7,9 @@ prebuilt lab extension, then drives headless Chromium (Debian's ``chromium`` thr
 the panel with live output, and Cancel stops a second, long-running job; with
 ``lab_sessions.cjs``: the panel lists a server's sessions and their seats, and Stop ends
 the running one (the server's record says ``deleted``), while a rogue server's markup stays
-text. Screenshots go to
+text; with ``lab_run_all.cjs``: Run All on the README's quickstart in a fresh JupyterLab
+shows no error outside the cell that fails on purpose. The panel is measured at
+JupyterLab's default side-bar width: nothing in it may overflow. Screenshots go to
 the test's temporary folder; to refresh the README's pictures run
 ``KCORAL_SCREENSHOT_DIR=docs/screenshots python -m pytest tests/labextension/test_browser.py``
 (a test never writes into tracked files on its own).
@@ -41,6 +43,7 @@ PLAYWRIGHT = ROOT / "labextension" / "node_modules" / "playwright-core"
 BUILT = ROOT / "jupyter_ext" / "labextension"
 SCRIPT = Path(__file__).with_name("lab_browser.cjs")
 SESSIONS_SCRIPT = Path(__file__).with_name("lab_sessions.cjs")
+RUN_ALL_SCRIPT = Path(__file__).with_name("lab_run_all.cjs")
 SCREENSHOT_DIR_ENV = "KCORAL_SCREENSHOT_DIR"  # set it to refresh docs/screenshots/
 LAB_TOKEN = "kcoral-browser-test"
 KCORAL_TOKEN = "kcoral-browser-test-server-token"
@@ -71,6 +74,8 @@ NOTEBOOK_CELLS = [
     "    print(f'tick {i}', flush=True)\n    time.sleep(0.5)",
     "%%kcoral\nimport time\nprint('long job started', flush=True)\ntime.sleep(120)",
 ]
+# After the cells above: `%kcoral connect URL` (cell 3), then one cell on that server.
+SECOND_SERVER_CELL = "%%kcoral\nprint('on the second server')"
 
 
 def _free_port() -> int:
@@ -80,7 +85,7 @@ def _free_port() -> int:
 
 
 def _write_notebook(path: Path, connect_url: str) -> None:
-    sources = [*NOTEBOOK_CELLS, f"%kcoral connect {connect_url}"]
+    sources = [*NOTEBOOK_CELLS, f"%kcoral connect {connect_url}", SECOND_SERVER_CELL]
     cells = [
         {
             "cell_type": "code",
@@ -196,18 +201,19 @@ def _run_script(script: Path, url: str, tmp_path: Path, **extra_env: str) -> dic
 def jupyter_lab(tmp_path: Path, server_factory) -> Iterator[tuple[str, str, Path]]:
     """JupyterLab on loopback as after a fresh install (no KCoral server configured: the
     first cell starts the kernel's embedded server), plus a CPU KCoral server with two
-    workers that the notebook's last cell connects to: (url, token, root)."""
+    workers that the notebook's cell 3 connects to: (url, token, tmp_path, that server's
+    URL)."""
     kcoral = server_factory("--num-workers", "2")
     root = tmp_path / "root"
     root.mkdir()
     _write_notebook(root / "kcoral.ipynb", kcoral.url)
     with _running_lab(tmp_path, root, None) as url:
-        yield url, LAB_TOKEN, tmp_path
+        yield url, LAB_TOKEN, tmp_path, kcoral.url
 
 
 @pytest.mark.timeout(420)
 def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_lab) -> None:
-    url, _, tmp_path = jupyter_lab
+    url, _, tmp_path, connect_url = jupyter_lab
     seen = _run_script(SCRIPT, url, tmp_path, NOTEBOOK="kcoral.ipynb")
     screenshots = _screenshot_dir(tmp_path)
     assert seen["statusBeforeFirstCell"] == "KCoral ○ no server yet (starts with the first cell)"
@@ -226,6 +232,24 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
         ["kcoral:cancel-job", True],
     ]
     assert (screenshots / "statusbar.png").exists() and (screenshots / "panel.png").exists()
+    assert seen["firstJobCells"][0] == "done"  # a word, not COMPLETED
+
+    # Issue 29.4: at JupyterLab's default side-bar width nothing in the panel overflows,
+    # with one server's jobs and with two servers' jobs under their servers' names.
+    for fit in (seen["fitOneServer"], seen["fitTwoServers"]):
+        assert fit["tableScrollWidth"] <= fit["panelClientWidth"], fit
+        assert fit["panelScrollWidth"] <= fit["panelClientWidth"], fit
+        assert fit["overflowing"] == [], fit
+        assert fit["cut"] == [], fit  # no header, status or time cut short
+    # Each server has a name a person recognises: the notebook's embedded server by its
+    # notebook, the connected one by its URL (not local-31932 / kernel-f76ef9e1).
+    embedded = seen["embeddedServer"]
+    assert embedded["label"] == "local server of kcoral.ipynb", embedded
+    assert ["used by", "kcoral.ipynb"] in embedded["facts"]
+    host_port = connect_url.removeprefix("http://")
+    labels = dict(seen["serverLabels"])
+    assert sorted(labels.values()) == sorted(["local server of kcoral.ipynb", host_port])
+    assert seen["jobServerHeadings"] == [host_port, "local server of kcoral.ipynb"]
 
 
 # What a rogue KCoral server says about its one session: markup in every text field, to
@@ -315,6 +339,9 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
         assert seen["rogue"]["id"] == ROGUE_SESSION_ID[:8]
         assert seen["rogue"]["gpu"] == "CPU" and seen["rogue"]["memory"] == "mem –"
         assert seen["rogueServer"]["state"] == "offline"
+        # At the default side-bar width the session cards fit too (issue 29.4).
+        assert seen["fitNarrow"]["panelScrollWidth"] <= seen["fitNarrow"]["panelClientWidth"]
+        assert seen["fitNarrow"]["overflowing"] == [], seen["fitNarrow"]
         assert "without its load counts" in seen["rogueServer"]["text"]
         # "mem –" until the server reports the worker's memory (memory_bytes)
         memory = re.compile(r"mem (–|\d+(\.\d)? (B|KiB|MiB|GiB))")
@@ -325,12 +352,12 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
             assert session.id in card["title"] and " on cpu" in card["title"]
             assert card["server"] == "on cpu"  # two servers have sessions: each card says which
             assert card["stop"] == {"text": "Stop", "enabled": True}
-        assert seen["running"]["stateText"] == "running"
+        assert seen["running"]["stateText"] == "running a program"
         assert re.fullmatch(r"idle \d+ (s|min) · ends in \d+ min", seen["idle"]["stateText"])
         assert seen["seats"].startswith("2/2 seats held · ")
 
         assert seen["stopped"]["state"] == "ENDED"
-        assert seen["stopped"]["stateText"] == "ended: deleted"
+        assert seen["stopped"]["stateText"] == "stopped"  # not "ended: deleted"
         assert seen["stopped"]["stop"] is None and seen["stopped"]["memory"] is None
         assert seen["note"] == f"session {busy.id[:8]} ended"
         assert seen["idleAfter"]["state"] == "IDLE"
@@ -342,3 +369,44 @@ def test_the_panel_lists_sessions_and_stop_ends_one(tmp_path: Path, server_facto
             job.result()
     screenshots = _screenshot_dir(tmp_path)
     assert (screenshots / "sessions.png").exists()
+
+
+QUICKSTART = ROOT / "notebooks" / "quickstart.ipynb"
+FAILS_ON_PURPOSE = "raises-exception"  # nbformat's tag for a cell that is meant to raise
+
+
+def _error_outputs(cell: dict) -> list[str]:
+    """A cell's error outputs (tracebacks), as text."""
+    return [
+        f"{output.get('ename')}: {output.get('evalue')}"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "error"
+    ]
+
+
+@pytest.mark.timeout(420)
+def test_run_all_on_the_quickstart_in_a_fresh_jupyterlab_shows_no_error_but_the_deliberate_one(
+    tmp_path: Path,
+) -> None:
+    # Issue 29.1: what a person does first. A fresh JupyterLab (no KCoral server configured,
+    # no KCORAL_URL: the notebook starts its kernel's embedded server), the README's
+    # quickstart, Run All; every code cell runs, and only the cell tagged raises-exception
+    # shows an error.
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(QUICKSTART, root / "quickstart.ipynb")
+    with _running_lab(tmp_path, root, None) as url:
+        seen = _run_script(RUN_ALL_SCRIPT, url, tmp_path, NOTEBOOK="quickstart.ipynb")
+    code = [cell for cell in seen["cells"] if cell["cell_type"] == "code"]
+    not_run = [i for i, c in enumerate(seen["cells"]) if c in code and c["execution_count"] is None]
+    unexpected = {
+        index: _error_outputs(cell)
+        for index, cell in enumerate(seen["cells"])
+        if cell["cell_type"] == "code"
+        and FAILS_ON_PURPOSE not in cell.get("metadata", {}).get("tags", [])
+        and _error_outputs(cell)
+    }
+    assert unexpected == {}, unexpected
+    assert code and not_run == [], f"Run All stopped before cells {not_run}"
+    deliberate = [c for c in code if FAILS_ON_PURPOSE in c.get("metadata", {}).get("tags", [])]
+    assert deliberate and all(_error_outputs(cell) for cell in deliberate)

@@ -5,7 +5,9 @@ errors (SERVER.md §2, EXTENSIONS.md §2/§6, ROUTER.md §12). The ``kcoral rout
 
 from __future__ import annotations
 
-from dataclasses import MISSING, Field
+import argparse
+import re
+from dataclasses import MISSING, Field, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +15,12 @@ import pytest
 from kcoral_server.cli_args import (
     ServerSettings,
     SupervisorOptions,
+    _Resolver,
+    add_grouped_options,
     parse_server_args,
     supervisor_flags,
 )
-from kcoral_server.config import declared_settings, flag_settings
+from kcoral_server.config import SETTING_GROUPS, declared_settings, flag_settings, setting
 from kcoral_server.router.settings import RouterSettings, parse_router_args
 
 ROUTED = ("--router", "http://router:9000", "--node-id", "node-1")
@@ -255,3 +259,178 @@ def test_the_router_help_shows_each_declared_default_once(
     text = " ".join(capsys.readouterr().out.split())
     assert text.count("(default 9000)") == 1 and text.count("(default 1800)") == 1
     assert "--ready-file" not in text  # for tests and launchers only
+
+
+# --help a person can read (issue 29.7): groups from the declarations, sizes in units.
+
+SIZED = [declared for declared in DECLARED if declared.metadata["kind"] == "bytes"]
+ROUTER_SIZED = [d for d in ROUTER_DECLARED if d.metadata["kind"] == "bytes"]
+
+
+def help_text(parse: Any, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as excinfo:
+        parse(["--help"], {})
+    assert excinfo.value.code == 0
+    return capsys.readouterr().out
+
+
+def sections(text: str) -> dict[str, str]:
+    """``--help``'s sections by title (a line ending in ':' that starts a block)."""
+    found: dict[str, str] = {}
+    title = ""
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            title = line[:-1]
+            found[title] = ""
+        elif title:
+            found[title] += line + "\n"
+    return found
+
+
+def test_a_setting_declared_without_a_group_fails_at_import_naming_its_flag() -> None:
+    # What a merge that adds a flag without group= meets first: a clear error, not a
+    # flag that --help lists nowhere.
+    with pytest.raises(TypeError, match=r"setting --new-flag: group= is required, one of"):
+        setting(1, flag="--new-flag", kind="int", help="something new")
+    with pytest.raises(TypeError, match=r"got 'misc'"):
+        setting(1, flag="--new-flag", kind="int", group="misc", help="something new")
+
+
+@pytest.mark.parametrize(
+    "declared", [*DECLARED, *ROUTER_DECLARED], ids=lambda d: d.metadata["flag"]
+)
+def test_every_declared_setting_names_a_known_group(declared: Field) -> None:
+    assert declared.metadata["group"] in SETTING_GROUPS
+
+
+@pytest.mark.parametrize(
+    ("parse", "declared"),
+    [(parse_server_args, DECLARED), (parse_router_args, ROUTER_DECLARED)],
+    ids=["server", "router"],
+)
+def test_help_lists_each_option_under_its_declared_group_and_ends_with_examples(
+    capsys: pytest.CaptureFixture[str], parse: Any, declared: list[Field]
+) -> None:
+    text = help_text(parse, capsys)
+    shown = sections(text)
+    for one in declared:
+        flag, group = one.metadata["flag"], SETTING_GROUPS[one.metadata["group"]]
+        if one.metadata["hidden"]:
+            assert flag not in text
+            continue
+        assert group in shown, f"{flag}: no section {group!r}"
+        assert re.search(rf"^  {re.escape(flag)}\b", shown[group], re.MULTILINE), flag
+    examples = shown["examples"].strip().splitlines()
+    assert len(examples) >= 3 and all(
+        line.lstrip().startswith(("kcoral", "KCORAL")) for line in examples
+    )
+
+
+@pytest.mark.parametrize(
+    "declared", [*DECLARED, *ROUTER_DECLARED], ids=lambda d: d.metadata["flag"]
+)
+def test_every_shown_option_says_what_it_does_in_words(declared: Field) -> None:
+    # "clamp", "413 above" and "500 above" said nothing to a reader.
+    if declared.metadata["hidden"]:
+        return
+    words = re.findall(r"[A-Za-z]{2,}", declared.metadata["help"])
+    assert len(words) >= 4, (declared.metadata["flag"], declared.metadata["help"])
+
+
+@pytest.mark.parametrize(
+    ("parse", "declared"),
+    [(parse_server_args, DECLARED), (parse_router_args, ROUTER_DECLARED)],
+    ids=["server", "router"],
+)
+def test_help_shows_sizes_in_units_never_as_raw_byte_counts(
+    capsys: pytest.CaptureFixture[str], parse: Any, declared: list[Field]
+) -> None:
+    text = " ".join(help_text(parse, capsys).split())
+    assert "268435456 " not in text.replace("268435456.", "") and "16777216" not in text
+    assert "(default 256 MiB)" in text
+    for one in declared:
+        if one.metadata["kind"] == "bytes" and not one.metadata["hidden"]:
+            assert f"{one.metadata['flag']} SIZE " in text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("256M", 256 << 20),
+        ("4G", 4 << 30),
+        ("512K", 512 << 10),
+        ("512k", 512 << 10),
+        ("2GiB", 2 << 30),
+        ("1000", 1000),
+        ("0", 0),
+    ],
+)
+def test_a_size_takes_k_m_or_g_binary_units_or_plain_bytes(text: str, expected: int) -> None:
+    settings = parse_server_args(["--max-output-limit-bytes", text], {})
+    assert settings.config.max_output_limit_bytes == expected
+
+
+@pytest.mark.parametrize("declared", SIZED, ids=lambda d: d.metadata["flag"])
+def test_every_size_setting_takes_a_unit_suffix_and_stays_an_integer(declared: Field) -> None:
+    settings = parse_server_args([declared.metadata["flag"], "3M"], {})
+    value = settings_value(settings, declared.name)
+    assert value == 3 << 20 and type(value) is int
+
+
+@pytest.mark.parametrize("declared", ROUTER_SIZED, ids=lambda d: d.metadata["flag"])
+def test_every_router_size_option_takes_a_unit_suffix(declared: Field) -> None:
+    assert getattr(parse_router_args([declared.metadata["flag"], "1G"], {}), declared.name) == (
+        1 << 30
+    )
+
+
+@pytest.mark.parametrize("text", ["1.5G", "12X", "M", "-", "256 M", "1e6", "4GB", " 4G"])
+def test_a_size_that_is_no_size_is_a_usage_error_naming_the_option(
+    capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    message = refused(capsys, ["--max-request-bytes", text])
+    assert "--max-request-bytes" in message and "invalid size" in message
+
+
+@dataclass(frozen=True)
+class _SizedFromTheEnvironment:
+    """A size setting with a variable, as later issues may declare one."""
+
+    limit_bytes: int = setting(
+        1 << 20,
+        flag="--limit-bytes",
+        kind="bytes",
+        group="requests",
+        help="a size that a variable may give",
+        env="KCORAL_TEST_LIMIT_BYTES",
+    )
+
+
+def _sized_from(argv: list[str], environ: dict[str, str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="test", exit_on_error=False)
+    add_grouped_options(parser, declared_settings(_SizedFromTheEnvironment))
+    resolve = _Resolver(parser, environ)
+    return resolve.settings(_SizedFromTheEnvironment, parser.parse_args(argv))
+
+
+def test_a_size_from_an_environment_variable_takes_units_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _sized_from([], {"KCORAL_TEST_LIMIT_BYTES": "64M"}) == {"limit_bytes": 64 << 20}
+    assert _sized_from(["--limit-bytes", "2K"], {"KCORAL_TEST_LIMIT_BYTES": "64M"}) == {
+        "limit_bytes": 2048
+    }
+    with pytest.raises(SystemExit):
+        _sized_from([], {"KCORAL_TEST_LIMIT_BYTES": "64X"})
+    assert "KCORAL_TEST_LIMIT_BYTES: not a size" in capsys.readouterr().err
+
+
+def test_the_spec_bounds_the_port_as_the_parser_does() -> None:
+    # Issue 29.12: SERVER §2 said 1-65535 while EXTENSIONS §2 (and the parser) take 0.
+    spec = (Path(__file__).resolve().parents[2] / "docs" / "spec" / "SERVER.md").read_text()
+    row = next(line for line in spec.splitlines() if line.startswith("| `--port` "))
+    assert "0–65535" in row
+    assert parse_server_args(["--port", "0"], {}).port == 0
+    assert parse_server_args(["--port", "65535"], {}).port == 65535
+    with pytest.raises(SystemExit):
+        parse_server_args(["--port", "65536"], {})

@@ -1,5 +1,12 @@
-import { IJob } from '../api';
-import { formatDuration, JOB_COLUMNS, jobCells, jobTitle } from '../format';
+import { IJob, IServerEntry } from '../api';
+import {
+  formatDuration,
+  JOB_COLUMNS,
+  jobCells,
+  jobStatusText,
+  jobTitle,
+  serverLabel
+} from '../format';
 
 const job = (over: Partial<IJob> = {}): IJob => ({
   job_id: '0b8e6f1c-2f4b-4c59-9f1e-6f3a1f1f2c11',
@@ -44,5 +51,32 @@ describe('the jobs table', () => {
     expect(formatDuration(0.011)).toBe('0 ms');
     expect(formatDuration(3456)).toBe('3.5 s');
     expect(formatDuration(125000)).toBe('2 min 5 s');
+  });
+});
+
+describe('the words of the jobs table', () => {
+  it('says each status as a person would', () => {
+    expect(
+      ['QUEUED', 'RUNNING', 'COMPLETED', 'FAILED', 'CANCELLED', 'TIMED_OUT', 'ERROR'].map(
+        jobStatusText
+      )
+    ).toEqual(['queued', 'running', 'done', 'failed', 'cancelled', 'timed out', 'error']);
+    expect(jobStatusText('SOMETHING_NEW')).toBe('something new');
+    expect(jobStatusText('toString')).toBe('tostring');
+    expect(jobCells(job())[0]).toBe('done');
+  });
+
+  it('names the server of a job by its label', () => {
+    const servers = [
+      { name: 'local-31932', label: 'local server of quickstart.ipynb' },
+      { name: 'kernel-f76ef9e1', label: '127.0.0.1:8123' },
+      { name: 'gpu' }
+    ] as IServerEntry[];
+    expect(serverLabel(servers, 'local-31932')).toBe('local server of quickstart.ipynb');
+    expect(serverLabel(servers, 'gpu')).toBe('gpu');
+    expect(serverLabel(servers, 'gone')).toBe('gone');
+    expect(jobTitle(job({ server: 'local-31932' }), serverLabel(servers, 'local-31932'))).toContain(
+      'on local server of quickstart.ipynb'
+    );
   });
 });

@@ -59,7 +59,7 @@ describe('a session in the panel', () => {
 
   it('shows running and ended sessions without an idle clock', () => {
     expect(sessionView(session({ state: 'RUNNING', idle_deadline: null }), 0).state).toBe(
-      'running'
+      'running a program'
     );
     const ended = sessionView(
       session({
@@ -70,7 +70,7 @@ describe('a session in the panel', () => {
       }),
       0
     );
-    expect(ended.state).toBe('ended: idle timeout');
+    expect(ended.state).toBe('ended: idle too long');
     expect(ended.live).toBe(false);
     expect(ended.title).toContain('--session-idle-seconds');
   });
@@ -175,5 +175,24 @@ describe('the session routes of the extension', () => {
     expect((await api.sessions()).sessions.map(s => s.session_id)).toEqual([
       session().session_id
     ]);
+  });
+});
+
+describe('the words a session card uses', () => {
+  it('says a session stopped from the panel is stopped, and why others ended, in words', () => {
+    const ended = (end_reason: string): string =>
+      sessionView(session({ state: 'ENDED', idle_deadline: null, end_reason }), 0).state;
+    expect(ended('deleted')).toBe('stopped');
+    expect(ended('idle_timeout')).toBe('ended: idle too long');
+    expect(ended('worker_exited')).toBe('ended: its worker exited');
+    expect(ended('shutdown')).toBe('ended: the server shut down');
+    expect(ended('some_new_reason')).toBe('ended: some new reason');
+    // A rogue server's reason is text, never a key of an object's prototype.
+    expect(ended('constructor')).toBe('ended: constructor');
+  });
+
+  it('names the server by the label it is given', () => {
+    const view = sessionView(session({ server: 'local-4242' }), 0, 'local server of a.ipynb');
+    expect(view.title).toContain('on local server of a.ipynb');
   });
 });

@@ -128,7 +128,7 @@ async def test_a_server_that_refuses_the_token_is_named_in_the_errors(
     document = json.loads((await jp_fetch("kcoral", "api", "sessions")).body)
     errors = {e["server"]: e["message"] for e in document["errors"]}
     assert list(errors) == ["wrong-token"]
-    assert errors["wrong-token"].startswith("HTTP 401")
+    assert errors["wrong-token"] == "refused the token configured for it (HTTP 401)"
     assert "not-it" not in json.dumps(document)
 
 

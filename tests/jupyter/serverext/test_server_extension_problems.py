@@ -1,0 +1,123 @@
+"""What the panel is told about a server it cannot ask (issue 29.4): one line in words,
+for a server that is not running, a host name that does not resolve, a server that never
+answers and one that wants a token, each against the real thing on loopback; and a label
+a person recognises for each server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+from server_process import running_server
+from traitlets.config import Config
+
+pytestmark = pytest.mark.timeout(180)
+
+TOKEN = "problems-server-token"
+
+
+@pytest.fixture(scope="module")
+def locked_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real CPU server that requires TOKEN."""
+    with running_server(
+        tmp_path_factory.mktemp("locked-server"),
+        ["--log-dir", ""],
+        env={"KCORAL_AUTH_TOKEN": TOKEN},
+    ) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def silent_url() -> Iterator[str]:
+    """A listener that accepts connections and never says a word."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        for connection in accepted:
+            connection.close()
+        listener.close()
+
+
+def _refused_port() -> int:
+    with socket.socket() as probe:  # bound and closed: nothing listens there now
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+REFUSED_PORT = _refused_port()
+
+
+@pytest.fixture
+def jp_server_config(locked_server_url: str, silent_url: str) -> Config:
+    return Config(
+        {
+            "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
+            "KCoralExtension": {
+                "request_timeout": 2.0,
+                "servers": [
+                    {"name": "gpu box", "url": locked_server_url, "token": TOKEN},
+                    {"name": "no token", "url": locked_server_url},
+                    {"name": "wrong token", "url": locked_server_url, "token": "not-it"},
+                    {"name": "stopped", "url": f"http://127.0.0.1:{REFUSED_PORT}"},
+                    {"name": "nowhere", "url": "http://kcoral-no-such-host.invalid:8000"},
+                    {"name": "silent", "url": silent_url},
+                ],
+            },
+        }
+    )
+
+
+async def _servers(jp_fetch) -> dict[str, dict]:
+    document = json.loads((await jp_fetch("kcoral", "api", "servers")).body)
+    return {entry["name"]: entry for entry in document["servers"]}
+
+
+async def test_each_server_that_cannot_be_asked_is_described_in_one_line_of_words(
+    jp_fetch, silent_url
+) -> None:
+    servers = await _servers(jp_fetch)
+    assert servers["gpu box"]["health"]["status"] == "ok" and "error" not in servers["gpu box"]
+    errors = {name: entry.get("error") for name, entry in servers.items() if name != "gpu box"}
+    assert errors == {
+        "no token": "needs a token: set one for this server (HTTP 401)",
+        "wrong token": "refused the token configured for it (HTTP 401)",
+        "stopped": f"not running: nothing answers at 127.0.0.1:{REFUSED_PORT}",
+        "nowhere": "unknown host: the name kcoral-no-such-host.invalid does not resolve",
+        "silent": f"no answer from {silent_url.removeprefix('http://')} within 2 s",
+    }
+    for text in errors.values():  # no exception names, no errno, one line
+        assert "Error" not in text and "Errno" not in text and "\n" not in text
+
+
+async def test_the_jobs_notes_name_the_problem_in_the_same_words(jp_fetch) -> None:
+    document = json.loads((await jp_fetch("kcoral", "api", "jobs")).body)
+    notes = {e["server"]: e["message"] for e in document["errors"]}
+    assert notes["stopped"] == f"not running: nothing answers at 127.0.0.1:{REFUSED_PORT}"
+    assert notes["no token"] == "needs a token: set one for this server (HTTP 401)"
+
+
+async def test_a_configured_server_is_labelled_with_its_configured_name(jp_fetch) -> None:
+    servers = await _servers(jp_fetch)
+    assert servers["gpu box"]["label"] == "gpu box"
+    assert servers["gpu box"]["notebooks"] == []
