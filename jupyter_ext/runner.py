@@ -248,8 +248,12 @@ def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
     """The status-line text of one ``phase`` event."""
     phase = data.get("phase") or data.get("name")
     if phase == "queued":
+        # ``position`` counts the requests ahead (EXTENSIONS §5): 0 is next in line, which
+        # "queued #0" made read like a queue on an idle server.
         position = data.get("position")
-        return f"queued #{position}" if position is not None else "queued"
+        if isinstance(position, int) and position > 0:
+            return f"queued behind {position}"
+        return "waiting for a worker"
     if phase == "assigned":
         record.worker_id = str(data.get("worker_id") or "") or record.worker_id
         return f"worker {record.worker_id}"

@@ -246,9 +246,13 @@ export function jobCells(job: IJob): string[] {
 export function jobTitle(job: IJob, serverName: string = job.server ?? ''): string {
   const where = serverName ? ` on ${serverName}` : '';
   const kind = job.error_kind ? ` (${job.error_kind})` : '';
-  const timings =
-    `queue ${formatDuration(job.queue_ms)} · lease wait ${formatDuration(job.lease_wait_ms)}` +
-    ` · held ${formatDuration(job.lease_held_ms)} · run ${formatDuration(job.elapsed_ms)}`;
+  // A CPU job holds no GPU lease: its lease times would be true zeros of something that
+  // never happened, so only a job on GPUs says them.
+  const lease =
+    job.gpu_ids && job.gpu_ids.length > 0
+      ? ` · lease wait ${formatDuration(job.lease_wait_ms)} · held ${formatDuration(job.lease_held_ms)}`
+      : '';
+  const timings = `queue ${formatDuration(job.queue_ms)}${lease} · run ${formatDuration(job.elapsed_ms)}`;
   return `job ${job.job_id}${where}${kind}\n${timings}`;
 }
 

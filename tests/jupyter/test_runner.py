@@ -9,6 +9,7 @@ from kcoral_jupyter.runner import (
     ExecuteOptions,
     PickleRefusedError,
     RunRecord,
+    describe_phase,
     run_cell,
     translate_error,
 )
@@ -84,7 +85,7 @@ def test_a_job_streams_output_and_walks_the_status_line_through_its_phases() -> 
     assert result is DONE
     assert reporter.lines == [
         "submitted",
-        "queued #2",
+        "queued behind 2",
         "worker cpu/w1",
         "running",  # the cell's own words, not "instruction 2: running cell (cell)"
         "done (COMPLETED)",
@@ -137,3 +138,10 @@ def test_request_errors_become_actionable_exceptions() -> None:
     reworded = KCoralError(400, "pickle is off here", kind="parse")
     assert isinstance(translate_error(reworded, pickled, "http://s"), PickleRefusedError)
     assert translate_error(refused, ExecuteOptions(), "http://s") is refused
+
+
+def test_a_job_next_in_line_says_it_waits_for_a_worker_not_queued_number_zero() -> None:
+    record = RunRecord(server="http://s")
+    assert describe_phase({"phase": "queued", "position": 0}, record) == "waiting for a worker"
+    assert describe_phase({"phase": "queued"}, record) == "waiting for a worker"
+    assert describe_phase({"phase": "queued", "position": 3}, record) == "queued behind 3"

@@ -41,9 +41,15 @@ describe('the jobs table', () => {
   it('puts GPU ids next to the worker and the split of the time in the tooltip', () => {
     const cells = jobCells(job({ worker_id: 'gpu/w1', gpu_ids: [0, 1] }));
     expect(cells[2]).toBe('gpu/w1 · GPU 0,1');
-    const title = jobTitle(job({ server: 'gpu', error_kind: 'timeout' }));
+    const title = jobTitle(job({ server: 'gpu', error_kind: 'timeout', gpu_ids: [0] }));
     expect(title).toContain('on gpu (timeout)');
     expect(title).toContain('queue 0 ms · lease wait 0 ms · held 0 ms · run 11 ms');
+  });
+
+  it('says no GPU lease in the tooltip of a CPU job', () => {
+    const title = jobTitle(job({ worker_id: 'cpu/w0', gpu_ids: [] }));
+    expect(title).toContain('queue 0 ms · run 11 ms');
+    expect(title).not.toContain('lease');
   });
 
   it('rounds durations to what a narrow column can show', () => {
