@@ -93,9 +93,12 @@ def test_every_server_option_is_accepted_on_the_command_line(tmp_path):
     server = start_server(tmp_path / "server", args, defaults=False)
     try:
         with kcoral.Client(server.url) as c:
-            assert c.health()["status"] == "ok"
-            # A node's server serves only its router tunnel (ROUTER §12): a direct program is
-            # refused, so the options' effect on a program is checked without the router.
+            # A node's server answers only its router tunnel and supervisor (ROUTER §12,
+            # issue 28): /health is refused to a stranger as a direct program is, so the
+            # options' effect on a program is checked without the router.
+            with pytest.raises(kcoral.KCoralError) as stranger:
+                c.health()
+            assert stranger.value.status_code == 401
             with pytest.raises(kcoral.KCoralError) as refused:
                 c.execute(module_program("def f():\n    return 1\n", "f"))
             assert refused.value.status_code == 401
