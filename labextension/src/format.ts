@@ -277,7 +277,10 @@ export function isCancellable(status: string | null | undefined): boolean {
 export function describePhase(phase: string, fields: Record<string, unknown>): string {
   switch (phase) {
     case 'queued':
-      return fields.position !== undefined ? `queued (position ${fields.position})` : 'queued';
+      // `position` counts the requests ahead (EXTENSIONS §5): 0 is next in line.
+      return typeof fields.position === 'number' && fields.position > 0
+        ? `queued behind ${fields.position}`
+        : 'waiting for a worker';
     case 'assigned':
       return fields.worker_id !== undefined ? `assigned to worker ${fields.worker_id}` : phase;
     case 'instruction': {
@@ -291,7 +294,9 @@ export function describePhase(phase: string, fields: Record<string, unknown>): s
       return parts.join(' ');
     }
     case 'finished':
-      return fields.status !== undefined ? `finished: ${fields.status}` : 'finished';
+      return fields.status !== undefined
+        ? `finished: ${jobStatusText(String(fields.status))}`
+        : 'finished';
     case 'lease_wait':
       return 'waiting for the GPU lease';
     case 'lease_held':

@@ -91,10 +91,11 @@ describe('job formatting', () => {
   });
 
   it('describes phases for the output pane', () => {
-    expect(describePhase('queued', { position: 3 })).toBe('queued (position 3)');
+    expect(describePhase('queued', { position: 3 })).toBe('queued behind 3');
+    expect(describePhase('queued', { position: 0 })).toBe('waiting for a worker');
     expect(describePhase('instruction', { index: 1, op: 'run', id: 'r1' })).toBe(
       'instruction 1 run r1'
     );
-    expect(describePhase('finished', { status: 'CANCELLED' })).toBe('finished: CANCELLED');
+    expect(describePhase('finished', { status: 'CANCELLED' })).toBe('finished: cancelled');
   });
 });
