@@ -22,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
+from kcoral_server.exit_cause import size_text
+
 #: a measurement at most this often, and never more than a tenth of the time (a program
 #: that made a huge tree makes every walk long)
 CHECK_INTERVAL_SECONDS = 1.0
@@ -62,7 +64,7 @@ def disk_usage(root: Path, stop_above: int = 0) -> int:
 
 def limit_message(limit: int) -> str:
     return (
-        f"the program's workspace passed its disk limit of {limit} bytes "
+        f"the program's workspace passed its disk limit of {size_text(limit)} "
         "(--workspace-limit-bytes) and its worker was killed"
     )
 

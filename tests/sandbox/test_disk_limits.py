@@ -157,7 +157,7 @@ def test_a_program_that_writes_past_the_workspace_limit_ends_naming_the_limit(
         assert status == 200 and body["status"] == "FAILED", body
         assert body["error"]["kind"] == "runtime", body
         message = body["error"]["message"]
-        assert f"disk limit of {limit} bytes" in message and "--workspace-limit-bytes" in message
+        assert "disk limit of 16.0 MiB" in message and "--workspace-limit-bytes" in message
         events = server.events()
         hits = [e for e in events if e["event"] == "worker_limit_exceeded"]
         assert hits and "--workspace-limit-bytes" in hits[0]["message"], hits
@@ -192,7 +192,7 @@ def test_a_session_program_past_the_workspace_limit_ends_the_session_not_the_ser
             timeout=300,
         )
         assert answer.status == 200 and answer.body["status"] == "FAILED", answer.body
-        assert f"disk limit of {limit} bytes" in answer.body["error"]["message"]
+        assert "disk limit of 16.0 MiB" in answer.body["error"]["message"]
         assert _returned(execute(server.url, run_source("def main():\n    return 5\n"))) == 5
     finally:
         server.stop()
