@@ -115,6 +115,23 @@ class LocalServer:
             atexit.register(self.stop)
             return self.url
 
+    @property
+    def log_path(self) -> Path | None:
+        """The running server's log file (its stderr: SERVER §12's messages and the event
+        log's console lines), kept out of the notebook and the terminal so that cells
+        show only what they print; ``%kcoral local log`` shows its end."""
+        if self._directory is None:
+            return None
+        return Path(self._directory.name) / "server.log"
+
+    def log_tail(self, lines: int) -> str:
+        """The last ``lines`` lines of the server's log ('' when there is none)."""
+        path = self.log_path
+        if path is None or not path.exists():
+            return ""
+        text = path.read_text(encoding="utf-8", errors="replace")
+        return "".join(text.splitlines(keepends=True)[-lines:])
+
     def stop(self) -> bool:
         """Stop the server; True if one was running."""
         with self._lock:

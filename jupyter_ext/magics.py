@@ -107,6 +107,8 @@ torch.Tensor when this kernel has torch; --numpy / --torch force either.
 %kcoral connect URL     run cells on URL (a failed connect leaves the kernel unconnected)
 %kcoral local start|stop  the embedded server (Linux only; started by the first cell when
                         no server is configured)
+%kcoral local log [LINES] the end of the embedded server's log (default 40 lines), which
+                        goes to its log file only, never to the notebook or the terminal
 %kcoral url             the URL cells run against
 client = %kcoral client a kcoral.Client for the kernel's server, with its token (it follows
                         %kcoral connect and %kcoral local stop/start; the token is never shown)
@@ -567,8 +569,8 @@ class KCoralMagics(Magics):
         if not words:
             raise UsageError(
                 "%kcoral: use %%kcoral as a cell magic, or %kcoral status | jobs | attach ID | "
-                "cancel ID | connect URL | local start|stop | session ... | url | client | version "
-                "(%kcoral --help)"
+                "cancel ID | connect URL | local start|stop|log | session ... | url | client | "
+                "version (%kcoral --help)"
             )
         command, rest = words[0], words[1:]
         handler = {
@@ -749,8 +751,27 @@ class KCoralMagics(Magics):
         elif rest == ["stop"]:
             stopped = self.session.stop_local()
             print("kcoral: local server stopped" if stopped else "kcoral: no local server")
+        elif rest[:1] == ["log"] and len(rest) <= 2:
+            self._local_log(rest[1:])
         else:
-            raise UsageError("%kcoral local start|stop")
+            raise UsageError("%kcoral local start|stop|log [LINES]")
+
+    def _local_log(self, rest: list[str]) -> None:
+        """The end of the embedded server's log: it never goes to the notebook or the
+        terminal on its own (issue 29.8), so this is the switch that shows it."""
+        try:
+            lines = int(rest[0]) if rest else 40
+        except ValueError:
+            lines = 0
+        if lines < 1:
+            raise UsageError("%kcoral local log [LINES]: LINES is a positive whole number")
+        local = self.session.local
+        path = local.log_path if local is not None else None
+        if local is None or path is None:
+            print("kcoral: no local server (the first cell without a configured server starts one)")
+            return
+        print(f"kcoral: the last {lines} lines of {path}")
+        print(local.log_tail(lines), end="")
 
     # --------------------------------------------------------------- session (EXTENSIONS §11)
 
