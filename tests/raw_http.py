@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,3 +132,19 @@ def call_program(
     if options:
         program["options"] = options
     return program
+
+
+def read_until_closed(sock: socket.socket, timeout: float | None = None) -> bytes:
+    """All the peer sends until it closes (a reset counts as closing); raises
+    ``TimeoutError`` if it never does within ``timeout`` (None: the socket's own)."""
+    if timeout is not None:
+        sock.settimeout(timeout)
+    received = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return received
+        if not data:
+            return received
+        received += data

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from raw_http import read_until_closed
 from router_helpers import RouterProcess, start_router
 
 #: Long enough that only the behaviour under test (EOF, the bound) can close a connection.
@@ -53,19 +54,6 @@ def health_status(port: int) -> int | None:
     except OSError:
         return None
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else None
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """All the peer sends until it closes; raises ``TimeoutError`` if it never does."""
-    received = b""
-    while True:
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            return received
-        if not data:
-            return received
-        received += data
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from raw_http import read_until_closed
 from server_process import RunningServer, start_server
 
 GENEROUS_SECONDS = 30.0  # far past the 1 s deadline these servers run with
@@ -38,19 +39,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         running.stop()
 
 
-def read_until_closed(sock: socket.socket) -> bytes:
-    sock.settimeout(GENEROUS_SECONDS)
-    received = b""
-    while True:
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            return received
-        if not data:
-            return received
-        received += data
-
-
 @pytest.mark.parametrize(
     "sent",
     [b"", b"G", b"POST /v1/execute HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"],
@@ -61,7 +49,7 @@ def test_a_connection_without_a_complete_request_head_is_closed_at_the_deadline(
 ) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as attacker:
         attacker.sendall(sent)
-        assert read_until_closed(attacker) == b""  # closed, with no answer
+        assert read_until_closed(attacker, GENEROUS_SECONDS) == b""  # closed, with no answer
     with socket.create_connection(("127.0.0.1", server.port)) as client:
         client.sendall(HEALTH)
         client.settimeout(GENEROUS_SECONDS)
@@ -74,7 +62,8 @@ def test_a_kept_alive_connection_idle_past_the_deadline_is_closed(server: Runnin
         client.settimeout(GENEROUS_SECONDS)
         answer = client.recv(65536)
         assert answer.startswith(b"HTTP/1.1 200 ")
-        rest = read_until_closed(client)  # nothing more is asked: closed after 1 s idle
+        # nothing more is asked: closed after 1 s idle
+        rest = read_until_closed(client, GENEROUS_SECONDS)
         assert b"HTTP/1.1" not in rest
 
 
