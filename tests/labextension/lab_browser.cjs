@@ -5,7 +5,7 @@
 'use strict';
 
 const path = require('path');
-const { panelFit, recorder, runLab } = require('./lab_common.cjs');
+const { kernelIdle, panelFit, recorder, runLab } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -44,14 +44,7 @@ async function drive(page) {
   step('status before the first cell', { text: seen.statusBeforeFirstCell });
 
   // Wait for the kernel, then load the magics (cell 0).
-  await page.waitForFunction(
-    () => {
-      const w = window.jupyterapp.shell.currentWidget;
-      return w && w.sessionContext && w.sessionContext.session?.kernel?.status === 'idle';
-    },
-    null,
-    { timeout: 90000 }
-  );
+  await kernelIdle(page);
   await runCell(page, 0);
   await page.waitForFunction(
     () => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle',

@@ -72,6 +72,19 @@ async function panelFit(page) {
   });
 }
 
+// Waits until the notebook in front has a kernel and it is idle (a fresh JupyterLab starts
+// the kernel after the page has loaded).
+async function kernelIdle(page) {
+  await page.waitForFunction(
+    () => {
+      const w = window.jupyterapp.shell.currentWidget;
+      return w && w.sessionContext && w.sessionContext.session?.kernel?.status === 'idle';
+    },
+    null,
+    { timeout: 90000 }
+  );
+}
+
 // What a script saw, and `step` to note a milestone in it (with its time).
 function recorder() {
   const seen = { steps: [] };
@@ -124,4 +137,4 @@ function runLab(options) {
   });
 }
 
-module.exports = { launchBrowser, panelFit, widenPanel, recorder, runLab };
+module.exports = { kernelIdle, launchBrowser, panelFit, widenPanel, recorder, runLab };

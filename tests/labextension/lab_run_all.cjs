@@ -8,7 +8,7 @@
 'use strict';
 
 const path = require('path');
-const { recorder, runLab } = require('./lab_common.cjs');
+const { kernelIdle, recorder, runLab } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -23,14 +23,7 @@ function cellsOf() {
 }
 
 async function drive(page) {
-  await page.waitForFunction(
-    () => {
-      const w = window.jupyterapp.shell.currentWidget;
-      return w && w.sessionContext && w.sessionContext.session?.kernel?.status === 'idle';
-    },
-    null,
-    { timeout: 90000 }
-  );
+  await kernelIdle(page);
   step('kernel idle');
   await page.evaluate(() => {
     // Not awaited: it resolves only when the last cell has run.
