@@ -27,7 +27,7 @@ UPLOAD_BYTES = 64 << 20
 def upload_request() -> tuple[dict[str, str], list[bytes | memoryview], int]:
     """The body of a negotiation's all-blobs attempt: the program JSON, then the blob."""
     from kcoral import Program
-    from kcoral.negotiation import execute_body
+    from kcoral.connection.negotiation import execute_body
     from kcoral.protocol.multipart import encode_multipart
 
     program = Program()
@@ -42,8 +42,8 @@ def upload_request() -> tuple[dict[str, str], list[bytes | memoryview], int]:
 
 def sync_stack(name: str, url: str) -> Callable[[str, str, Any], int]:
     if name == "urllib3":
-        from kcoral.http import HttpTransport
-        from kcoral.transport import Request
+        from kcoral.connection.http import HttpTransport
+        from kcoral.connection.transport import Request
 
         transport = HttpTransport(url, headers={}, connect_timeout_seconds=10)
 
@@ -68,8 +68,8 @@ def sync_stack(name: str, url: str) -> Callable[[str, str, Any], int]:
 
 def async_stack(name: str, url: str) -> Callable[[str, str, Any], Any]:
     if name == "urllib3-threads":
-        from kcoral.http import HttpTransport
-        from kcoral.transport import Request, ThreadedAsyncTransport
+        from kcoral.connection.http import HttpTransport
+        from kcoral.connection.transport import Request, ThreadedAsyncTransport
 
         transport = ThreadedAsyncTransport(
             HttpTransport(url, headers={}, connect_timeout_seconds=10), max_workers=64

@@ -105,7 +105,7 @@ try:
 except Exception as exc:
     print(f"CUPTI does not load: {type(exc).__name__}: {exc}")
 try:  # the sandbox's device files by identity (SERVER §14), read on real hardware
-    from kcoral_server.gpu_devices import system_gpu_table
+    from kcoral_server.gpu.device_nodes import system_gpu_table
     print("gpu table:", system_gpu_table())
 except Exception as exc:
     print(f"gpu table failed: {type(exc).__name__}: {exc}")

@@ -5,7 +5,7 @@
 * ``sha256_seconds_per_byte`` / ``memcpy_seconds_per_byte`` — hashing and copying speed.
 * ``python_startup_seconds`` — a bare ``python -c pass``.
 * ``echo_server`` + ``echo_round_trips`` — a bare Tornado POST echo driven by the same
-  urllib3 transport (``kcoral.http.HttpTransport``) that ``kcoral.Client`` uses.
+  urllib3 transport (``kcoral.connection.http.HttpTransport``) that ``kcoral.Client`` uses.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from kcoral.http import HttpTransport
+from kcoral.connection.http import HttpTransport
 
 HERE = Path(__file__).resolve().parent
 

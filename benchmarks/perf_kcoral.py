@@ -149,7 +149,7 @@ def torch_program() -> kcoral.Program:
 
 def trivial_request_bytes() -> int:
     """Size of the trivial program's first ``/execute`` body (what the echo should carry)."""
-    from kcoral.negotiation import ExecuteNegotiation
+    from kcoral.connection.negotiation import ExecuteNegotiation
 
     return ExecuteNegotiation(trivial_program()).first_attempt().length
 

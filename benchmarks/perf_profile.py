@@ -42,7 +42,7 @@ _CLIENT_PHASES = {
 }
 _PY_SPY_RATE = 250
 # Frames every sample of a process shares (interpreter entry, CLI, event loop): no signal.
-_ENTRY_FRAMES = ("<module> (", "main (", "server_main (", "serve (server/worker/main")
+_ENTRY_FRAMES = ("<module> (", "main (", "server_main (", "serve (server/kcoral_server/worker/main")
 _EVENTS = ("request_received", "request_accepted", "request_routed", "request_finished")
 
 
@@ -142,7 +142,7 @@ def _start_py_spy(pid: int, output: Path) -> subprocess.Popen | None:
 def _in_worker_package(frame: str) -> bool:
     """A frame of the worker process's own package (``kcoral_server.worker``), not of the
     front-end's ``worker_*`` modules (``worker_run``, ``worker_handle``, ...)."""
-    marks = ("kcoral_server.worker.", "kcoral_server/worker/", "server/worker/")
+    marks = ("kcoral_server.worker.", "kcoral_server/worker/", "server/kcoral_server/worker/")
     return any(mark in frame for mark in marks) or frame.endswith("kcoral_server.worker")
 
 

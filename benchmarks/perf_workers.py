@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from kcoral_server import ipc
+from kcoral_server.processes import ipc
 
 HERE = Path(__file__).resolve().parent
 

@@ -24,18 +24,18 @@ _EXPORTS: dict[str, str] = {
     "ProgramResult": "kcoral.results",
     "ReturnedFile": "kcoral.results",
     "ReturnedFolder": "kcoral.results",
-    "BenchmarkResult": "kcoral.bench_results",
-    "ComparisonResult": "kcoral.bench_results",
-    "format_comparison": "kcoral.bench_results",
+    "BenchmarkResult": "kcoral.bench.results",
+    "ComparisonResult": "kcoral.bench.results",
+    "format_comparison": "kcoral.bench.results",
     "RemoteFunction": "kcoral.remote",
     "Job": "kcoral.jobs",
     "KCoralError": "kcoral.errors",
     "TransportError": "kcoral.errors",
     "ProtocolError": "kcoral.errors",
     "RemoteExecutionError": "kcoral.errors",
-    "ServerConfig": "kcoral_server.config",
+    "ServerConfig": "kcoral_server.settings.config",
     "parse_program": "kcoral.protocol.validate",
-    "create_app": "kcoral_server.app",
+    "create_app": "kcoral_server.front_door.app",
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]

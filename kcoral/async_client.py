@@ -3,7 +3,7 @@
 A thin shell over the client core (``kcoral.base_client``): the same constructor, checks,
 warnings, requests and decoding as ``Client``; only driving a flow differs, here by awaiting
 an ``AsyncTransport``. The default transport runs the sync client's urllib3 transport on a
-bounded pool of threads (``kcoral.transport.ThreadedAsyncTransport``), so a plain
+bounded pool of threads (``kcoral.connection.transport.ThreadedAsyncTransport``), so a plain
 ``pip install kcoral`` has ``AsyncClient``, no event loop of our own is started, and the
 client can be awaited from any number of loops (CLIENT_API §1 says why threads).
 """
@@ -15,12 +15,18 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from kcoral.base_client import BaseClient
-from kcoral.http import HttpTransport
+from kcoral.client_sessions import AsyncSession, session_options
+from kcoral.connection.http import HttpTransport
+from kcoral.connection.transport import (
+    AsyncTransport,
+    Flow,
+    Request,
+    Response,
+    ThreadedAsyncTransport,
+)
 from kcoral.jobs import AsyncJob
 from kcoral.program import Program
 from kcoral.results import ProgramResult
-from kcoral.sessions import AsyncSession, session_options
-from kcoral.transport import AsyncTransport, Flow, Request, Response, ThreadedAsyncTransport
 
 T = TypeVar("T")
 
@@ -31,7 +37,8 @@ DECODE_IN_THREAD_BYTES = 1 << 20
 class AsyncClient(BaseClient):
     """Asynchronous KCoral client; every method is a coroutine except ``function``/``job``.
 
-    ``transport`` replaces the HTTP stack (``kcoral.transport.MockTransport`` in tests)."""
+    ``transport`` replaces the HTTP stack (``kcoral.connection.transport.MockTransport`` in
+    tests)."""
 
     is_async = True
 

@@ -2,7 +2,8 @@
 
 Constructor checks, default headers (token, user agent), request building, the cache
 negotiation of PROTOCOL.md §9.3, answer decoding, errors, the ``/v1/info`` version warning
-and job submission live here as *flows* (``kcoral.transport.Flow``): generators that yield
+and job submission live here as *flows* (``kcoral.connection.transport.Flow``): generators that
+yield
 each request they need and receive its answer, without I/O. The two flavours only drive
 flows over their transport (a loop in ``Client``, an awaiting loop in ``AsyncClient``), so
 they cannot drift apart (httpx's ``BaseClient`` is the model).
@@ -19,15 +20,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import kcoral
+from kcoral.connection.event_stream import EventSource, EventStreams
+from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
+from kcoral.connection.server_address import server_url
+from kcoral.connection.transport import Flow, Request, Response
 from kcoral.errors import KCoralError
-from kcoral.event_stream import EventSource, EventStreams
 from kcoral.jobs import check_job_id, decode_job_list, next_submission_step, require_jobs
-from kcoral.negotiation import Attempt, ExecuteNegotiation
 from kcoral.program import Program
 from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
 from kcoral.results import ProgramResult
-from kcoral.server_address import server_url
-from kcoral.transport import Flow, Request, Response
 
 if TYPE_CHECKING:
     from kcoral.remote import RemoteFunction
@@ -41,7 +42,8 @@ def client_version() -> str:
 
 
 def check_base_url(base_url: object) -> str:
-    """``base_url`` as the URL it names, by the one address rule of ``kcoral.server_address``
+    """``base_url`` as the URL it names, by the one address rule of
+    ``kcoral.connection.server_address``
     (``host:port`` means ``http://host:port``); ``TypeError``/``ValueError`` otherwise."""
     if not isinstance(base_url, str):
         raise TypeError(f"base_url must be a str, not {type(base_url).__name__}")

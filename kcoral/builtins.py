@@ -6,7 +6,7 @@ no GPU library: torch, CUPTI, NVML and TVM are imported inside the helpers, when
 Failures raise ``kcoral.errors.ExecutionError`` so the instruction fails with the kind the
 spec names; messages are cut to 600 characters, keeping the start and the end.
 
-The configuration lives in ``kcoral.bench_config``, the clocks in ``kcoral.bench_clocks``;
+The configuration lives in ``kcoral.bench.config``, the clocks in ``kcoral.bench.clocks``;
 the names uploaded code and older callers use are handed on from here.
 """
 
@@ -18,14 +18,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kcoral.bench_clocks import (
+from kcoral.bench.clocks import (
     CpuClock,
     CudaEventClock,
     select_clock,
     warm_up,
     with_cuda_event_fallback,
 )
-from kcoral.bench_config import (
+from kcoral.bench.config import (
     TRUNCATION_MARK,
     BenchmarkConfig,
     calls_for_budget,
@@ -116,9 +116,9 @@ def _round_plan(repeat: int, adaptive: bool) -> tuple[int, Callable[[list[int]],
 def _run_benchmark(
     clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], settings: BenchmarkConfig
 ) -> dict[str, Any]:
-    from kcoral.bench_report import machine_report, state_probe
-    from kcoral.bench_rounds import StopRule, measure_rounds
-    from kcoral.bench_stats import median_precision, summary
+    from kcoral.bench.report import machine_report, state_probe
+    from kcoral.bench.rounds import StopRule, measure_rounds
+    from kcoral.bench.stats import median_precision, summary
 
     warmup, repeat = warm_up(clocks[-1], call, settings)
     adaptive = settings.target_precision is not None
@@ -162,7 +162,7 @@ def compare(candidates: Mapping[str, Callable[..., Any]], *args: Any) -> dict[st
 
     A trailing ``dict`` argument is the configuration: the keys of ``benchmark`` and
     ``reference``, ``rtol``, ``atol``, ``outputs`` and ``seed``."""
-    from kcoral.bench_compare import run_comparison
+    from kcoral.bench.compare import run_comparison
 
     return run_comparison(candidates, args)
 

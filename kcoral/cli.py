@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _missing_extra("router", exc)
         return router_main(rest)
     if command == "run":
-        from kcoral.run_cli import main as run_main
+        from kcoral.run.command import main as run_main
 
         return run_main(rest)
     sys.stderr.write(f"kcoral: unknown sub-command {command!r}\n\n{_USAGE}")

@@ -1,7 +1,8 @@
 """The synchronous ``Client`` (CLIENT_API.md §2, EXTENSIONS.md §1, §5, §6, §9).
 
 A thin shell over the client core (``kcoral.base_client``): it drives the core's flows over
-a blocking ``Transport`` (urllib3 by default, ``kcoral.http``), which needs no event loop and
+a blocking ``Transport`` (urllib3 by default, ``kcoral.connection.http``), which needs no event
+loop and
 so also works in a thread that already runs one (a Jupyter kernel).
 """
 
@@ -11,12 +12,12 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from kcoral.base_client import BaseClient
-from kcoral.http import HttpTransport
+from kcoral.client_sessions import Session, create_flow, record_flow, session_options
+from kcoral.connection.http import HttpTransport
+from kcoral.connection.transport import Flow, Response, Transport
 from kcoral.jobs import Job
 from kcoral.program import Program
 from kcoral.results import ProgramResult
-from kcoral.sessions import Session, create_flow, record_flow, session_options
-from kcoral.transport import Flow, Response, Transport
 
 T = TypeVar("T")
 
@@ -24,7 +25,8 @@ T = TypeVar("T")
 class Client(BaseClient):
     """Talks to one KCoral server or router. Construction never contacts it.
 
-    ``transport`` replaces the HTTP stack (``kcoral.transport.MockTransport`` in tests)."""
+    ``transport`` replaces the HTTP stack (``kcoral.connection.transport.MockTransport`` in
+    tests)."""
 
     is_async = False
 

@@ -2,7 +2,8 @@
 
 ``client.submit(program)`` returns a ``Job``; ``client.job(job_id)`` re-attaches to one.
 Events arrive as ``JobEvent(id, kind, data)`` records from the job's Server-Sent Events
-stream (``kcoral.event_stream``), every event once, in order, ending after the ``finished``
+stream (``kcoral.connection.event_stream``), every event once, in order, ending after the
+``finished``
 phase. ``result()`` answers exactly what ``execute`` would have returned.
 """
 
@@ -15,9 +16,10 @@ import time
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kcoral.connection.event_stream import JobEvent
+from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
+from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError, ProtocolError, ValidationError
-from kcoral.event_stream import JobEvent
-from kcoral.negotiation import Attempt, ExecuteNegotiation
 from kcoral.notebook import html_of
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import (
@@ -26,10 +28,9 @@ from kcoral.response import (
     decode_json_object,
     error_from_response,
 )
-from kcoral.transport import Flow, Request
 
 if TYPE_CHECKING:
-    from kcoral.event_stream import EventSource
+    from kcoral.connection.event_stream import EventSource
     from kcoral.results import ProgramResult
 
 

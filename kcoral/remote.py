@@ -3,7 +3,7 @@
 Two formats (EXTENSIONS.md §4). ``json`` uploads the function's source (see
 ``kcoral.remote_source``) and sends JSON literals and whole binary arguments. ``pickle``
 sends the function and its arguments by value with cloudpickle in one ``bytes`` upload; the
-server's trampoline (``kcoral_server.trampoline``) runs it and pickles the result back.
+server's trampoline (``kcoral_server.worker.trampoline``) runs it and pickles the result back.
 cloudpickle is imported only when pickle mode is used.
 
 Both pickle payloads are wrapped in a small envelope naming the writer's Python and
@@ -40,7 +40,7 @@ from kcoral.results import ProgramResult
 RESERVED_PARAMETERS = ("run_async", "serialization")
 
 #: What a pickle-mode program imports on the server.
-TRAMPOLINE_SOURCE = "from kcoral_server.trampoline import call_pickled\n"
+TRAMPOLINE_SOURCE = "from kcoral_server.worker.trampoline import call_pickled\n"
 TRAMPOLINE_FUNCTION = "call_pickled"
 
 PICKLE_MAGIC = b"KCORAL-PICKLE/1\n"

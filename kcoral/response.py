@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kcoral.bench_results import as_bench_result
+from kcoral.bench.results import as_bench_result
 from kcoral.errors import INSTRUCTION_ERROR_KINDS, KCoralError, ProtocolError, ValidationError
 from kcoral.protocol import multipart
 from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_dtype

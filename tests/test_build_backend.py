@@ -66,7 +66,7 @@ def test_a_wheel_builds_without_node_and_imports_under_the_three_names(tmp_path,
         assert {"kcoral", "kcoral_server", "kcoral_jupyter"} <= tops
         assert "kcoral_server/proto/kcoral_gateway_pb2.py" in names
     if kind == "wheel":
-        probe = "import kcoral, kcoral_server.config, kcoral_jupyter; print(kcoral_server.__file__)"
+        probe = "import kcoral, kcoral_server.settings.config, kcoral_jupyter; print(kcoral_server.__file__)"
         where = subprocess.run(
             [sys.executable, "-c", probe],
             capture_output=True,

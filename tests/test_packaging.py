@@ -31,7 +31,7 @@ def test_import_kcoral_loads_no_server_torch_jupyter_or_grpc_module() -> None:
         " ReturnedFolder, KCoralError, TransportError, ProtocolError, RemoteExecutionError,"
         " ServerConfig, parse_program\n"
         "heavy = ('tornado', 'torch', 'jupyter', 'jupyter_server', 'IPython', 'ipykernel',"
-        " 'grpc', 'google.protobuf', 'tvm_ffi', 'kcoral_server.app')\n"
+        " 'grpc', 'google.protobuf', 'tvm_ffi', 'kcoral_server.front_door.app')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
     )
     out = subprocess.run(

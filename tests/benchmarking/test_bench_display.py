@@ -13,7 +13,7 @@ import pytest
 from server_process import RunningServer, running_server
 
 import kcoral
-from kcoral.bench_results import (
+from kcoral.bench.results import (
     BenchmarkResult,
     ComparisonResult,
     as_bench_result,

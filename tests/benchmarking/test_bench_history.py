@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from kcoral.bench_history import (
+from kcoral.bench.history import (
     BESIDE_NOTEBOOK,
     HISTORY_FILE,
     HISTORY_SAMPLES,
@@ -18,7 +18,7 @@ from kcoral.bench_history import (
     remember,
     remember_benchmarks,
 )
-from kcoral.bench_results import as_bench_result
+from kcoral.bench.results import as_bench_result
 
 
 def comparison(median_a: float, median_b: float, seed: int, clock: str = "cpu") -> dict:

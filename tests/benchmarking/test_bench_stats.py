@@ -1,4 +1,4 @@
-"""``kcoral.bench_stats``: percentiles, thinning, the median's precision and the seeded
+"""``kcoral.bench.stats``: percentiles, thinning, the median's precision and the seeded
 bootstrap of a ratio of medians, on synthetic samples (no clocks, so exact where it can be)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kcoral.bench_stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary, thinned
+from kcoral.bench.stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary, thinned
 
 
 def test_the_summary_has_every_percentile_the_iqr_and_the_noise() -> None:

@@ -31,7 +31,7 @@ for blocked in ("tornado", "psutil", "kcoral_server", "kcoral_jupyter"):
     sys.modules[blocked] = None
 import json
 import kcoral
-from kcoral.transport import MockTransport, Response
+from kcoral.connection.transport import MockTransport, Response
 from kcoral.remote import dump_envelope
 from kcoral.protocol.multipart import encode_multipart
 import hashlib

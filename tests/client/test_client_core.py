@@ -20,9 +20,9 @@ from server_answers import REQUEST_ID, cache_miss, completed
 
 import kcoral
 from kcoral import AsyncClient, Client, Program
+from kcoral.connection.transport import AsyncTransport, MockTransport, Request, Response, Transport
 from kcoral.errors import KCoralError, ProtocolError, TransportError
 from kcoral.protocol.multipart import boundary_from_content_type, parse_multipart
-from kcoral.transport import AsyncTransport, MockTransport, Request, Response, Transport
 
 URL = "http://kcoral.test"
 JOB_ID = "6f1a2b3c-4d5e-4c53-9d0e-0b5c1f7e3a0d"

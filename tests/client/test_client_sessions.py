@@ -11,8 +11,8 @@ import os
 import pytest
 
 from kcoral import AsyncClient, Client, Program
+from kcoral.connection.transport import MockTransport, Request, Response
 from kcoral.errors import KCoralError
-from kcoral.transport import MockTransport, Request, Response
 
 URL = "http://kcoral.test"
 SESSION_ID = "6f1a2b3c-4d5e-4c53-9d0e-0b5c1f7e3a0d"

@@ -1,4 +1,5 @@
-"""The client's keep-alive pools (``kcoral.keep_alive``) against a real server: a connection
+"""The client's keep-alive pools (``kcoral.connection.keep_alive``) against a real server: a
+connection
 idle for ``POOLED_IDLE_SECONDS`` (half the server's 10 s head deadline) is replaced before it
 is used, so a request never races the server closing it; one the server already closed is
 replaced without an error (issue 28 point 1)."""
@@ -10,8 +11,8 @@ import time
 import psutil
 from server_process import RunningServer
 
-from kcoral.http import HttpTransport
-from kcoral.keep_alive import POOLED_IDLE_SECONDS
+from kcoral.connection.http import HttpTransport
+from kcoral.connection.keep_alive import POOLED_IDLE_SECONDS
 
 
 def client_ports(server: RunningServer) -> set[int]:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from stand_in_http import serving
 
+from kcoral.connection.http import HttpTransport
 from kcoral.errors import ProtocolError, TransportError
-from kcoral.http import HttpTransport
 from kcoral.protocol.multipart import encode_multipart
 from kcoral.response import decode_execute_response
 

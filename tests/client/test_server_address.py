@@ -1,4 +1,5 @@
-"""One rule for what a server address may look like (CLIENT_API §2): ``kcoral.server_address``
+"""One rule for what a server address may look like (CLIENT_API §2):
+``kcoral.connection.server_address``
 decides for ``Client``, ``AsyncClient``, ``KCORAL_URL``, ``kcoral run --url``, the magics and
 the Jupyter server extension. The rule's table, then each entry point against a real server
 (the magics' in tests/jupyter/test_magic_messages.py, ``kcoral run``'s in
@@ -11,7 +12,7 @@ import asyncio
 import pytest
 
 from kcoral import AsyncClient, Client
-from kcoral.server_address import server_url
+from kcoral.connection.server_address import server_url
 
 
 @pytest.mark.parametrize(

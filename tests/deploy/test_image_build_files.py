@@ -24,8 +24,8 @@ from deploy_files import (
     final_stage_instructions,
     project_version,
 )
-from kcoral_server.cli_args import parse_server_args
 from kcoral_server.router.settings import parse_router_args
+from kcoral_server.settings.command_line import parse_server_args
 
 
 def hadolint() -> str:

@@ -21,9 +21,9 @@ from deploy_files import (
     project_version,
     resource,
 )
-from kcoral_server.cli_args import parse_server_args
-from kcoral_server.identity import parse_tokens
+from kcoral_server.front_door.callers import parse_tokens
 from kcoral_server.router.settings import parse_router_args
+from kcoral_server.settings.command_line import parse_server_args
 
 # The newest Kubernetes the installed schema knows (kubernetes-validate is pinned in the
 # test extra), validated strictly: a misspelt or misplaced field fails.

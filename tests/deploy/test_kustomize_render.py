@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 from deploy_files import KUBERNETES, kustomization
-from kcoral_server.cli_args import parse_server_args
-from kcoral_server.identity import parse_tokens
+from kcoral_server.front_door.callers import parse_tokens
 from kcoral_server.router.settings import parse_router_args
+from kcoral_server.settings.command_line import parse_server_args
 
 NODE_TOKEN = "0123456789abcdef0123456789abcdef"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from deploy_files import SYSTEMD, unit_command
-from kcoral_server.cli_args import parse_server_args
 from kcoral_server.router.settings import parse_router_args
+from kcoral_server.settings.command_line import parse_server_args
 
 UNITS = ("kcoral-router.service", "kcoral-node.service")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kcoral_server import gpu_devices
-from kcoral_server.gpu_devices import (
+from kcoral_server.gpu import device_nodes as gpu_devices
+from kcoral_server.gpu.device_nodes import (
     GpuRecord,
     device_nodes,
     gpu_table,
@@ -21,7 +21,7 @@ from kcoral_server.gpu_devices import (
     parse_smi,
     read_proc,
 )
-from kcoral_server.sandbox import SandboxDir
+from kcoral_server.processes.sandbox import SandboxDir
 
 UUID_A = "GPU-5a1f9a3e-2c4b-11ee-8c90-0242ac120002"
 UUID_B = "GPU-e04b7c21-9d3a-4f55-b1c6-7f2d0c9a8e11"

@@ -9,7 +9,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from kcoral_server.ipc import Configure
+from kcoral_server.processes.ipc import Configure
 from kcoral_server.worker import cupti_guard
 from kcoral_server.worker import runtime as runtime_module
 from kcoral_server.worker.cupti_guard import MISSING_CUPTI, watch_cpu_only

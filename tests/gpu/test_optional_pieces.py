@@ -7,7 +7,7 @@ import importlib.util
 import json
 import urllib.request
 
-from kcoral_server.optional_pieces import optional_pieces
+from kcoral_server.front_door.optional_pieces import optional_pieces
 
 
 def test_a_gpu_server_without_the_extra_says_what_is_missing_and_how_to_install_it() -> None:

@@ -363,7 +363,7 @@ def test_output_beyond_the_limit_is_not_streamed_and_matches_the_result(kcoral_s
 def test_a_disconnected_execute_client_has_its_program_killed(
     kcoral_server, tmp_path: Path
 ) -> None:
-    from kcoral.negotiation import ExecuteNegotiation
+    from kcoral.connection.negotiation import ExecuteNegotiation
 
     pids = tmp_path / "pids"
     attempt = ExecuteNegotiation(module_program(SLEEP, "f", str(pids), 120)).first_attempt()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from job_helpers import wait_for_file
 
-from kcoral import run_cli
 from kcoral.client import Client
+from kcoral.run import command as run_cli
 
 LIVE = (
     "import os, time; print('first', flush=True); open(os.environ['MARK'], 'w').close()\n"

@@ -12,8 +12,8 @@ from kcoral_jupyter import display as rich
 from kcoral_jupyter.images import heatmap_png, line_svg, png_bytes
 
 from kcoral import Client, ProgramResult, ReturnedFile, ReturnedFolder
+from kcoral.connection.transport import MockTransport, Request, Response
 from kcoral.errors import TransportError
-from kcoral.transport import MockTransport, Request, Response
 
 
 def decode_png(data: bytes) -> np.ndarray:

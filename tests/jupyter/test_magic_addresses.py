@@ -1,5 +1,5 @@
 """The magics read server addresses by the rule ``Client`` and ``kcoral run`` share
-(``kcoral.server_address``, CLIENT_API §2): ``host:port`` works everywhere, and what the
+(``kcoral.connection.server_address``, CLIENT_API §2): ``host:port`` works everywhere, and what the
 rule refuses is a two-line error, never a request to a made-up URL."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from kcoral_jupyter.runner import (
 )
 
 from kcoral import KCoralError, ProgramResult
-from kcoral.event_stream import JobEvent
+from kcoral.connection.event_stream import JobEvent
 
 DONE = ProgramResult("COMPLETED", "r1", 1.0, 2.0, 0.0, 0.0, {}, "", "", False, False)
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kcoral_server.launcher import ORPHAN_KILL_ENV, supervised_command
+from kcoral_server.processes.launcher import ORPHAN_KILL_ENV, supervised_command
 from reliability_support import (
     TRIVIAL,
     check_documented,
@@ -154,7 +154,7 @@ def test_a_request_queued_when_devices_are_quarantined_is_answered_503(tmp_path:
 #: a ``kill_process`` that spares the pids listed in a file: a descendant that "survives"
 SPARING_KILL = """
 import os, signal
-import kcoral_server.launcher as launcher
+import kcoral_server.processes.launcher as launcher
 _real_kill = launcher.kill_process
 def _sparing_kill(pid, sig=signal.SIGKILL):
     try:

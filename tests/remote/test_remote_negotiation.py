@@ -7,8 +7,8 @@ import json
 import pytest
 
 import kcoral
+from kcoral.connection.negotiation import Attempt, ExecuteNegotiation, execute_body
 from kcoral.errors import KCoralError, ProtocolError
-from kcoral.negotiation import Attempt, ExecuteNegotiation, execute_body
 
 RESULT = {
     "status": "COMPLETED", "request_id": "r", "queue_ms": 0, "elapsed_ms": 1,

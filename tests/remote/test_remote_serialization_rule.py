@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kcoral_server.serialization import allowed_serialization, check_serialization
+from kcoral_server.execution.serialization import allowed_serialization, check_serialization
 
 from kcoral.errors import ValidationError
 

@@ -7,8 +7,7 @@ import json
 import threading
 
 import pytest
-from kcoral_server import trampoline
-from kcoral_server.worker import context
+from kcoral_server.worker import context, trampoline
 
 from kcoral.errors import ExecutionError
 from kcoral.remote import PICKLE_MAGIC, dump_envelope, load_envelope

@@ -7,9 +7,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from kcoral_server.cli_args import parse_server_args
-from kcoral_server.identity import parse_tokens
+from kcoral_server.front_door.callers import parse_tokens
 from kcoral_server.router.settings import SettingsError, parse_router_args
+from kcoral_server.settings.command_line import parse_server_args
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

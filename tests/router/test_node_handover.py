@@ -100,7 +100,7 @@ def test_a_node_whose_server_would_refuse_its_settings_stops_before_supervising(
 
 SUPERVISE_A_REFUSING_CHILD = """
 import asyncio, sys
-from kcoral_server.cli_args import parse_server_args
+from kcoral_server.settings.command_line import parse_server_args
 from kcoral_server.node.supervisor import Supervisor
 
 argv = ["--router", "http://127.0.0.1:9", "--node-id", "n1", "--log-dir", "",

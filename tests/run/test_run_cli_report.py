@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from kcoral import run_cli
-from kcoral.progress import Progress, format_bytes
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
-from kcoral.run_args import parse_command_line
-from kcoral.run_cli import build_program
-from kcoral.run_inputs import LocalFileError, collect_inputs
-from kcoral.run_outputs import report
-from kcoral.run_remote import unpack_inputs
+from kcoral.run import command as run_cli
+from kcoral.run.arguments import parse_command_line
+from kcoral.run.command import build_program
+from kcoral.run.inputs import LocalFileError, collect_inputs
+from kcoral.run.outputs import report
+from kcoral.run.progress import Progress, format_bytes
+from kcoral.run.worker_side import unpack_inputs
 
 
 def options(tmp_path: Path, *extra: str, args: tuple[str, ...] = ("x.py",)):
@@ -198,7 +198,7 @@ def test_the_program_uploads_the_runner_inputs_and_returns_status_and_outputs(
 
 
 def test_the_runner_source_is_the_module_itself() -> None:
-    from kcoral import run_remote
+    from kcoral.run import worker_side as run_remote
 
     namespace: dict = {}
     exec(compile(run_cli.runner_source(), "<runner>", "exec"), namespace)

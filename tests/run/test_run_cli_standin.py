@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from kcoral import run_cli
 from kcoral.cli import main as kcoral_main
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
+from kcoral.run import command as run_cli
 
 _CHILD = """
 import json, sys, types

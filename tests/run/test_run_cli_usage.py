@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kcoral import run_cli
 from kcoral.cli import main as kcoral_main
-from kcoral.run_args import parse_command_line
-from kcoral.run_tools import UsageError
+from kcoral.run import command as run_cli
+from kcoral.run.arguments import parse_command_line
+from kcoral.run.tools import UsageError
 
 URL = "http://127.0.0.1:9"
 
@@ -191,7 +191,7 @@ def test_kcoral_run_loads_no_server_or_gpu_stack() -> None:
     import sys
 
     code = (
-        "import sys, kcoral.run_cli, kcoral.client\n"
+        "import sys, kcoral.run.command, kcoral.client\n"
         "from kcoral.cli import main\n"
         "assert main(['run', '--help']) == 0\n"
         "heavy = {'tornado', 'torch', 'IPython', 'grpc', 'kcoral_server'} & set(sys.modules)\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kcoral import run_remote
-from kcoral.run_remote import pack_inputs, run_tool, unpack_inputs
+from kcoral.run import worker_side as run_remote
+from kcoral.run.worker_side import pack_inputs, run_tool, unpack_inputs
 
 
 @pytest.fixture

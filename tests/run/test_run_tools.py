@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kcoral.run_tools import TOOLS, UsageError, check_tool_args, get_tool
+from kcoral.run.tools import TOOLS, UsageError, check_tool_args, get_tool
 
 
 def check(tool: str, *args: str) -> None:

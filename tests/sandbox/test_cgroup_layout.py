@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kcoral_server import limits
+from kcoral_server.processes import limits
 
 INTERFACE = ("cgroup.procs", "cgroup.subtree_control", "memory.max", "pids.max")
 

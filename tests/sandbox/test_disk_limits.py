@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 
 import pytest
-from kcoral_server import sandbox
-from kcoral_server.config import ServerConfig
-from kcoral_server.worker_launch import MIN_TMPFS_BYTES, tmpfs_bytes_for
-from kcoral_server.workspace_watch import disk_usage
+from kcoral_server.processes import sandbox
+from kcoral_server.processes.launch import MIN_TMPFS_BYTES, tmpfs_bytes_for
+from kcoral_server.settings.config import ServerConfig
+from kcoral_server.storage.workspace_watch import disk_usage
 from sandbox_helpers import execute, run_source
 from server_process import start_server
 
@@ -111,7 +111,7 @@ def test_disk_usage_counts_allocated_bytes_and_stops_early(tmp_path: Path) -> No
 
 
 def test_the_workspace_limit_is_one_flag_with_a_default() -> None:
-    from kcoral_server.cli_args import parse_server_args
+    from kcoral_server.settings.command_line import parse_server_args
 
     assert ServerConfig().workspace_limit_bytes == 4 * 1024**3
     settings = parse_server_args(["--workspace-limit-bytes", "1000"], {})

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from kcoral_server import limits
-from kcoral_server.limits import WorkerCgroup, WorkerLimits
+from kcoral_server.processes import limits
+from kcoral_server.processes.limits import WorkerCgroup, WorkerLimits
 from sandbox_helpers import execute, run_source
 from server_process import start_server
 
@@ -56,7 +56,9 @@ def _strays(server) -> list[str]:
             line = " ".join(child.cmdline())
         except psutil.NoSuchProcess:
             continue
-        if not any(k in line for k in ("kcoral_server.worker", "kcoral_server.launcher", "bwrap")):
+        if not any(
+            k in line for k in ("kcoral_server.worker", "kcoral_server.processes.launcher", "bwrap")
+        ):
             strays.append(f"{child.pid} {line}")
     return strays
 
@@ -88,7 +90,7 @@ def test_limits_come_from_the_config_and_the_process_limit_also_from_the_environ
 
 
 def test_a_server_config_has_limits_by_default_and_flags_win_over_the_environment() -> None:
-    from kcoral_server.config import ServerConfig
+    from kcoral_server.settings.config import ServerConfig
 
     environ = {limits.PROCESS_LIMIT_ENV: "64"}
     default = limits.limits_from_config(ServerConfig(), {}, seats=4)
@@ -103,7 +105,7 @@ def test_a_server_config_has_limits_by_default_and_flags_win_over_the_environmen
 
 
 def test_the_default_memory_share_is_at_least_4_gib_and_never_above_the_workers_memory() -> None:
-    from kcoral_server.config import physical_memory_bytes
+    from kcoral_server.settings.config import physical_memory_bytes
 
     workers = limits.workers_memory_bytes()
     assert 0 < workers < (physical_memory_bytes() or 0)  # the reserve is never the workers'

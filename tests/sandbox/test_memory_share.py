@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from kcoral_server import limits
-from kcoral_server.config import ServerConfig, physical_memory_bytes
+from kcoral_server.processes import limits
+from kcoral_server.settings.config import ServerConfig, physical_memory_bytes
 from raw_http import request
 from sandbox_helpers import execute, run_source
 from server_process import start_server

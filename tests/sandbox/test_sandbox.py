@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kcoral_server import sandbox
-from kcoral_server.sandbox import SandboxDir, SandboxError
+from kcoral_server.processes import sandbox
+from kcoral_server.processes.sandbox import SandboxDir, SandboxError
 from sandbox_helpers import execute, run_source, sha256
 from server_process import start_server
 

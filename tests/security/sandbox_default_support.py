@@ -16,7 +16,7 @@ from kcoral.protocol.multipart import boundary_from_content_type, encode_multipa
 
 def bwrap_problem() -> str | None:
     """Why bubblewrap cannot run here (None: it can)."""
-    from kcoral_server.sandbox import probe
+    from kcoral_server.processes.sandbox import probe
 
     return probe()
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kcoral_server.cli_args import parse_server_args
 from kcoral_server.router.settings import SettingsError, parse_router_args
+from kcoral_server.settings.command_line import parse_server_args
 
 import kcoral
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from kcoral_jupyter.kernel_state import Session
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
-from kcoral_jupyter.session import Session
 from kcoral_jupyter.settings import KCoral
 from stand_in_http import serving
 

@@ -22,8 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from http_helpers import module_program, request
-from kcoral_server import sandbox
-from kcoral_server.worker_launch import LAUNCH_ENV
+from kcoral_server.processes import sandbox
+from kcoral_server.processes.launch import LAUNCH_ENV
 from session_requests import create_session, run_in, value_of
 
 BWRAP_PROBLEM = sandbox.probe()

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kcoral_server import limits
+from kcoral_server.processes import limits
 from sandbox_default_support import (
     broken_bwrap,
     bwrap_problem,
@@ -269,7 +269,9 @@ def _strays(server) -> list[str]:
             line = " ".join(child.cmdline())
         except psutil.NoSuchProcess:
             continue
-        if not any(k in line for k in ("kcoral_server.worker", "kcoral_server.launcher", "bwrap")):
+        if not any(
+            k in line for k in ("kcoral_server.worker", "kcoral_server.processes.launcher", "bwrap")
+        ):
             strays.append(f"{child.pid} {line}")
     return strays
 
@@ -336,6 +338,6 @@ def test_a_worker_runs_under_a_memory_limit_without_any_flag(tmp_path: Path) -> 
     finally:
         server.stop()
     # one stateless seat and the default session seat share what the reserve leaves
-    from kcoral_server.config import ServerConfig
+    from kcoral_server.settings.config import ServerConfig
 
     assert limit == limits.limits_from_config(ServerConfig(), {}, seats=1).memory_bytes

@@ -138,5 +138,5 @@ def test_a_sandboxed_program_cannot_read_or_take_over_the_fork_server_of_its_sea
         found = returned(execute(server.url, run_source(TAKE_OVER)))
     finally:
         server.stop()
-    assert "kcoral_server.launcher" in found["parent"], found
+    assert "kcoral_server.processes.launcher" in found["parent"], found
     assert found["mem"] == found["environ"] == "PermissionError", found

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kcoral_server.config import ServerConfig
+from kcoral_server.settings.config import ServerConfig
 
 import kcoral
 

@@ -1,4 +1,5 @@
-"""The /execute body (``kcoral_server.body``): small declared bodies in memory, others in a
+"""The /execute body (``kcoral_server.front_door.body``): small declared bodies in memory, others
+in a
 sealed memfd, where a worker finds each blob, and which bodies the memory cache keeps."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import mmap
 import os
 
 import pytest
-from kcoral_server.body import (
+from kcoral_server.front_door.body import (
     SHARED_BLOB_BYTES,
     SMALL_BODY_BYTES,
     RequestBody,

@@ -10,8 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from kcoral_server.cli_args import ServerSettings, build_server_parser, parse_server_args
-from kcoral_server.config import (
+from kcoral_server.settings.command_line import (
+    ServerSettings,
+    build_server_parser,
+    parse_server_args,
+)
+from kcoral_server.settings.config import (
     GIB,
     REDACTED,
     ServerConfig,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from file_permissions import needs_file_permissions
-from kcoral_server import disk_cache
-from kcoral_server.disk_cache import DiskCache
+from kcoral_server.storage import disk_cache
+from kcoral_server.storage.disk_cache import DiskCache
 
 MIB = 1024 * 1024
 

@@ -8,7 +8,7 @@ import re
 import threading
 from pathlib import Path
 
-from kcoral_server.eventlog import EventLog, format_console_line, format_timestamp
+from kcoral_server.storage.event_log import EventLog, format_console_line, format_timestamp
 
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 RUN_NAME = re.compile(r"\d{8}T\d{6}\.\d{6}Z(-\d+)?")

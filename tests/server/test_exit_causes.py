@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 from http_helpers import execute, module_program
-from kcoral_server import limits
-from kcoral_server.exit_cause import deadline_message, size_text
-from kcoral_server.limits import WorkerLimits
+from kcoral_server.execution.exit_cause import deadline_message, size_text
+from kcoral_server.processes import limits
+from kcoral_server.processes.limits import WorkerLimits
 
 MEMORY_LIMIT = 256 * 1024 * 1024
 PROCESS_LIMIT = 32

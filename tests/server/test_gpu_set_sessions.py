@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 from http_helpers import Response, get, module_program, request
-from kcoral_server.pool_handles import HandleMaker
-from kcoral_server.seat import GpuDevice, Seat
-from kcoral_server.sessions import least_used_gpus
+from kcoral_server.pool.handles import HandleMaker
+from kcoral_server.pool.seat import GpuDevice, Seat
+from kcoral_server.sessions.registry import least_used_gpus
 from session_requests import create_session, run_in, value_of
 
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]

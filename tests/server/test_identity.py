@@ -1,4 +1,5 @@
-"""Unit tests of ``kcoral_server.identity``: token files, the identity header, authentication.
+"""Unit tests of ``kcoral_server.front_door.callers``: token files, the identity header,
+authentication.
 
 Decision logic only; the same rules are exercised against real servers in
 ``tests/security/test_identity_jobs.py`` and ``tests/security/test_identity_caches.py``.
@@ -7,8 +8,8 @@ Decision logic only; the same rules are exercised against real servers in
 from __future__ import annotations
 
 import pytest
-from kcoral_server import identity as identity_module
-from kcoral_server.identity import (
+from kcoral_server.front_door import callers as identity_module
+from kcoral_server.front_door.callers import (
     DEFAULT,
     Authenticator,
     Identity,

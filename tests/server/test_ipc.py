@@ -1,4 +1,4 @@
-"""Front-end <-> worker IPC (``kcoral_server.ipc``): the message codec, the non-blocking
+"""Front-end <-> worker IPC (``kcoral_server.processes.ipc``): the message codec, the non-blocking
 send, and the channel's direct delivery of each frame to its sink."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from dataclasses import fields
 
 import pytest
-from kcoral_server import ipc
+from kcoral_server.processes import ipc
 
 SAMPLES: list[ipc.Message] = [
     ipc.Configure(

@@ -1,4 +1,4 @@
-"""Unit tests of ``kcoral_server.job_spill``: private files for finished jobs' bodies.
+"""Unit tests of ``kcoral_server.jobs.spill``: private files for finished jobs' bodies.
 
 The end-to-end behaviour (results leave memory, files go with their jobs) is tested against
 real servers in ``tests/security/test_identity_jobs.py``.
@@ -10,8 +10,8 @@ import os
 import stat
 
 import pytest
-from kcoral_server import job_spill
-from kcoral_server.job_spill import SpillDirectory
+from kcoral_server.jobs import spill as job_spill
+from kcoral_server.jobs.spill import SpillDirectory
 
 
 def test_a_body_is_written_owner_only_and_read_back_in_pieces_from_any_offset(

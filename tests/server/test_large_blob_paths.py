@@ -11,7 +11,7 @@ import socket
 
 import pytest
 from http_helpers import Response, decode, execute, execute_body, sha256
-from kcoral_server.body import RequestBody, memfd_locations
+from kcoral_server.front_door.body import RequestBody, memfd_locations
 from kcoral_server.worker.blobs import hashed_parts_memfd
 
 from kcoral.protocol.values import encode_value, fill_part_hashes

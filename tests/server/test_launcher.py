@@ -7,8 +7,8 @@ import signal
 import socket
 
 import pytest
-from kcoral_server import ipc
-from kcoral_server.launcher import Launcher
+from kcoral_server.processes import ipc
+from kcoral_server.processes.launcher import Launcher
 
 
 def _configure() -> ipc.Configure:

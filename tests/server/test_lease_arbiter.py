@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kcoral_server.lease import GpuQuarantined, LeaseArbiter
+from kcoral_server.gpu.lease import GpuQuarantined, LeaseArbiter
 
 
 def run(coro):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from kcoral_server.memory_cache import MemoryCache
+from kcoral_server.storage.memory_cache import MemoryCache
 
 
 def blob(size: int, fill: int = 0) -> bytes:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kcoral_server.pidfd import NO_PIDFD_ENV, open_pidfd
+from kcoral_server.processes.pidfd import NO_PIDFD_ENV, open_pidfd
 
 import kcoral
 

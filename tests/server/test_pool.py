@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from kcoral_server import ipc, limits, pool_replacement, pool_startup
-from kcoral_server.config import ServerConfig
-from kcoral_server.pool import NoWorker, Pool, SeatState
-from kcoral_server.worker_channel import WorkerGone
-from kcoral_server.worker_handle import WorkerInfo, WorkerStartError
+from kcoral_server.pool import replacement as pool_replacement
+from kcoral_server.pool import startup as pool_startup
+from kcoral_server.pool.pool import NoWorker, Pool, SeatState
+from kcoral_server.processes import ipc, limits
+from kcoral_server.processes.channel import WorkerGone
+from kcoral_server.processes.handle import WorkerInfo, WorkerStartError
+from kcoral_server.settings.config import ServerConfig
 
 _PIDS = itertools.count(10_000)
 

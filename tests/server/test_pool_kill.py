@@ -1,4 +1,4 @@
-"""Ending a worker under its GPUs' lease (server/pool_kill.py, SERVER.md §5, §8, §11).
+"""Ending a worker under its GPUs' lease (server/kcoral_server/pool/kill.py, SERVER.md §5, §8, §11).
 
 The attack: a worker killed without the lease could still run on a GPU that the next
 program already leased, and read that program's memory."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kcoral_server.lease import LeaseArbiter
-from kcoral_server.pool_kill import kill_under_lease, quarantine_unconfirmed
+from kcoral_server.gpu.lease import LeaseArbiter
+from kcoral_server.pool.kill import kill_under_lease, quarantine_unconfirmed
 
 
 class Lease:

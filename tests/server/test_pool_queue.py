@@ -1,12 +1,12 @@
-"""Requests waiting for a seat (server/pool_queue.py, SERVER.md §4, EXTENSIONS §5)."""
+"""Requests waiting for a seat (server/kcoral_server/pool/queue.py, SERVER.md §4, EXTENSIONS §5)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from kcoral_server.pool_queue import NoWorker, SeatQueue
-from kcoral_server.seat import Seat
+from kcoral_server.pool.queue import NoWorker, SeatQueue
+from kcoral_server.pool.seat import Seat
 
 
 def test_a_freed_seat_goes_to_the_oldest_waiting_request() -> None:

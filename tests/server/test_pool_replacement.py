@@ -1,4 +1,5 @@
-"""A seat's new worker, retried with back-off (server/pool_replacement.py, SERVER.md §6)."""
+"""A seat's new worker, retried with back-off (server/kcoral_server/pool/replacement.py, SERVER.md
+§6)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from kcoral_server import pool_replacement
-from kcoral_server.pool_replacement import start_with_backoff
-from kcoral_server.seat import Seat, SeatState
+from kcoral_server.pool import replacement as pool_replacement
+from kcoral_server.pool.replacement import start_with_backoff
+from kcoral_server.pool.seat import Seat, SeatState
 
 
 class Events:

@@ -1,15 +1,15 @@
 """Whether a worker retires after its program, and a kept worker's clean report
-(server/pool_retirement.py, SERVER.md §4, §6)."""
+(server/kcoral_server/pool/retirement.py, SERVER.md §4, §6)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from kcoral_server import ipc
-from kcoral_server.pool_retirement import reported_clean, retirement
-from kcoral_server.seat import Seat
-from kcoral_server.worker_channel import WorkerGone
+from kcoral_server.pool.retirement import reported_clean, retirement
+from kcoral_server.pool.seat import Seat
+from kcoral_server.processes import ipc
+from kcoral_server.processes.channel import WorkerGone
 
 
 def test_the_runs_own_reason_wins_over_the_reuse_limit() -> None:

@@ -1,11 +1,12 @@
-"""What a pool learns from its first workers (server/pool_startup.py, SERVER.md §4)."""
+"""What a pool learns from its first workers (server/kcoral_server/pool/startup.py, SERVER.md
+§4)."""
 
 from __future__ import annotations
 
 import pytest
-from kcoral_server.pool_startup import PoolStartError, common_target
-from kcoral_server.seat import Seat
-from kcoral_server.worker_handle import WorkerInfo
+from kcoral_server.pool.seat import Seat
+from kcoral_server.pool.startup import PoolStartError, common_target
+from kcoral_server.processes.handle import WorkerInfo
 
 
 class Started:

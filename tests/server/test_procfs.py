@@ -1,4 +1,4 @@
-"""Process trees read from /proc (``kcoral_server.procfs``), as the front-end, the fork
+"""Process trees read from /proc (``kcoral_server.processes.procfs``), as the front-end, the fork
 server and the worker read them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from kcoral_server import procfs
+from kcoral_server.processes import procfs
 
 # a child that starts a grandchild, prints its pid and sleeps
 TREE = (

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kcoral_server import ipc
-from kcoral_server.pool import RunResult
-from kcoral_server.run_drive import CRASH_MESSAGE, ProgramDrive
-from kcoral_server.worker_channel import WorkerGone
-from kcoral_server.workspace import Workspace
+from kcoral_server.execution.drive import CRASH_MESSAGE, ProgramDrive
+from kcoral_server.pool.pool import RunResult
+from kcoral_server.processes import ipc
+from kcoral_server.processes.channel import WorkerGone
+from kcoral_server.storage.workspace import Workspace
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import mmap
 import os
 
 import pytest
-from kcoral_server import ipc
-from kcoral_server.run_records import return_record
+from kcoral_server.execution.records import return_record
+from kcoral_server.processes import ipc
 
 
 def memfd_with(data: bytes) -> int:

@@ -1,8 +1,9 @@
-"""A pool's seats and which idle one a request gets (server/seat.py, SERVER.md §4)."""
+"""A pool's seats and which idle one a request gets (server/kcoral_server/pool/seat.py, SERVER.md
+§4)."""
 
 from __future__ import annotations
 
-from kcoral_server.seat import GpuDevice, Seat, SeatState, least_loaded_idle, seats_for
+from kcoral_server.pool.seat import GpuDevice, Seat, SeatState, least_loaded_idle, seats_for
 
 
 def test_cpu_mode_has_num_workers_seats_and_gpu_mode_workers_per_gpu_on_each_gpu() -> None:

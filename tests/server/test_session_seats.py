@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from http_helpers import get
-from kcoral_server.config import InvalidConfigError, ServerConfig
-from kcoral_server.session_seats import SeatRules, per_identity_cap
+from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
+from kcoral_server.settings.config import InvalidConfigError, ServerConfig
 from session_requests import create_session
 
 ALICE = {"Authorization": "Bearer token-alice-0123456789"}

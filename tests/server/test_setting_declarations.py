@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kcoral_server.cli_args import (
+from kcoral_server.router.settings import RouterSettings, parse_router_args
+from kcoral_server.settings.command_line import (
     ServerSettings,
     SupervisorOptions,
     _Resolver,
@@ -20,8 +21,7 @@ from kcoral_server.cli_args import (
     parse_server_args,
     supervisor_flags,
 )
-from kcoral_server.config import SETTING_GROUPS, declared_settings, flag_settings, setting
-from kcoral_server.router.settings import RouterSettings, parse_router_args
+from kcoral_server.settings.config import SETTING_GROUPS, declared_settings, flag_settings, setting
 
 ROUTED = ("--router", "http://router:9000", "--node-id", "node-1")
 TOKEN_FILE = "token-file"  # a placeholder: the test writes a real token file for it

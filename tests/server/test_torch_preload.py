@@ -18,14 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kcoral_server import sandbox
-from kcoral_server.launcher import (
+from kcoral_server.processes import sandbox
+from kcoral_server.processes.launcher import (
     PRELOAD_IDLE_SECONDS,
     ForkedProcess,
     Launcher,
     LauncherRefused,
 )
-from kcoral_server.sandbox import worker_base_environment
+from kcoral_server.processes.sandbox import worker_base_environment
 from server_process import RunningServer, start_server
 
 import kcoral
@@ -107,7 +107,7 @@ def test_the_preloading_launcher_runs_no_thread_but_its_main_one(preloading_laun
 
 PRELOAD_AND_LOOK = """
 import json, os, sys, threading
-from kcoral_server.launcher import fork_hazards, preload
+from kcoral_server.processes.launcher import fork_hazards, preload
 loaded = preload(["torch"])
 import torch
 print(json.dumps({
@@ -155,13 +155,13 @@ def test_after_the_preload_cuda_is_not_initialized_and_the_process_is_single_thr
 )
 def test_the_launcher_answers_bad_arguments_with_its_usage(arguments: list[str]):
     found = subprocess.run(
-        [sys.executable, "-m", "kcoral_server.launcher", *arguments],
+        [sys.executable, "-m", "kcoral_server.processes.launcher", *arguments],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert found.returncode == 2
-    assert found.stderr.startswith("usage: python -m kcoral_server.launcher --fd N")
+    assert found.stderr.startswith("usage: python -m kcoral_server.processes.launcher --fd N")
 
 
 def test_a_launcher_cannot_be_asked_to_preload_an_unknown_module():
@@ -171,7 +171,7 @@ def test_a_launcher_cannot_be_asked_to_preload_an_unknown_module():
 
 FINALIZERS_AT_EXIT = """
 import os, weakref
-from kcoral_server.launcher import _quick_exit, preload
+from kcoral_server.processes.launcher import _quick_exit, preload
 preload(["torch"])
 read, write = os.pipe()
 pid = os.fork()

@@ -1,4 +1,4 @@
-"""A worker's channel as the front-end reads it (``kcoral_server.worker_channel``): lease
+"""A worker's channel as the front-end reads it (``kcoral_server.processes.channel``): lease
 messages answered by the handle's lease, the rest queued in order, ``receive`` without
 ``wait_for`` (timeouts, interrupts, cancelled receives), and a broken channel reported as
 ``WorkerGone`` on every later receive."""
@@ -13,9 +13,9 @@ import socket
 import struct
 
 import pytest
-from kcoral_server import ipc
-from kcoral_server.worker_channel import ReceiveInterrupted, WorkerGone
-from kcoral_server.worker_handle import WorkerHandle
+from kcoral_server.processes import ipc
+from kcoral_server.processes.channel import ReceiveInterrupted, WorkerGone
+from kcoral_server.processes.handle import WorkerHandle
 
 
 def _frame(body: object, fd_count: int = 0) -> bytes:

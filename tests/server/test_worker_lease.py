@@ -1,4 +1,4 @@
-"""A worker's lease as the front-end holds it (``kcoral_server.worker_lease``): granted at
+"""A worker's lease as the front-end holds it (``kcoral_server.gpu.worker_lease``): granted at
 once on a CPU, queued at the arbiter on a GPU, refused under a quarantine, GPU sets, and
 the request's lease clock. The real workers asking for it: ``test_leases.py``."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kcoral_server.lease import GpuQuarantined, LeaseArbiter
-from kcoral_server.worker_lease import LeaseHolder
+from kcoral_server.gpu.lease import GpuQuarantined, LeaseArbiter
+from kcoral_server.gpu.worker_lease import LeaseHolder
 
 
 class Worker:

@@ -1,4 +1,4 @@
-"""A request's workspace (``kcoral_server.workspace``): private directories, capture files,
+"""A request's workspace (``kcoral_server.storage.workspace``): private directories, capture files,
 removal, and output read on the loop when small."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from kcoral_server.workspace import NO_OUTPUT, Workspace
+from kcoral_server.storage.workspace import NO_OUTPUT, Workspace
 
 
 def test_a_workspace_is_private_and_its_capture_files_are_made_in_a_missing_directory(

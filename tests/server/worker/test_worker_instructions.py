@@ -78,7 +78,10 @@ def test_a_failing_run_reports_the_uploaded_source_line_in_its_traceback(shared_
     )
     assert error["traceback"].startswith("Traceback (most recent call last):\n")
     assert f'File "{name}", line 2, in div\n    return a / b' in error["traceback"]
-    assert "kcoral_server" not in error["traceback"] and "server/worker" not in error["traceback"]
+    assert (
+        "kcoral_server" not in error["traceback"]
+        and "server/kcoral_server/worker" not in error["traceback"]
+    )
 
 
 def test_a_missing_function_name_fails_with_parse(shared_worker):

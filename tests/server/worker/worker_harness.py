@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcoral_server.ipc import (
+from kcoral_server.processes.ipc import (
     BlobSlice,
     BlockingChannel,
     Configure,

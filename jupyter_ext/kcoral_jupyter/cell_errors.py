@@ -1,0 +1,190 @@
+"""Errors a notebook user sees: one line of cause, one line of what to do.
+
+A dead URL used to print ten thousand characters of urllib3 traceback and an interrupt a
+traceback through the magic's own frames; neither helps the person at the notebook. Every
+request-level failure (no answer, an HTTP error, a deadline, a cancel, a refused format)
+becomes one of the classes below, whose ``_render_traceback_`` (the hook IPython calls instead
+of formatting a traceback) returns exactly two lines. ``%config KCoral.verbose_errors = True``
+shows the whole chain, internal frames included. A failing program's own traceback is not
+handled here (``runner.RemoteCellError`` shows it as it is).
+
+No IPython import: the classes are plain exceptions that also read well outside a kernel.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+from urllib.parse import urlsplit
+
+from kcoral import KCoralError, TransportError
+from kcoral.errors import root_reason
+
+#: Said after the action when the short form hides frames.
+VERBOSE_HINT = "%config KCoral.verbose_errors = True shows the whole traceback"
+
+
+class TwoLineError(BaseException):
+    """Base of the short errors: ``cause`` (what happened) and ``action`` (what to do). Each
+    subclass also derives from the built-in exception it is a kind of (``TimeoutError``,
+    ``KeyboardInterrupt``, ...), so ``except`` clauses written for those still catch it.
+
+    ``verbose`` is set by the magic from ``KCoral.verbose_errors`` just before the error
+    leaves the cell; the short form is the default."""
+
+    verbose = False
+
+    def __init__(self, cause: str, action: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.action = action
+
+    def __str__(self) -> str:
+        return f"{self.cause}\n{self.action}"
+
+    def _render_traceback_(self) -> list[str]:
+        if self.verbose:
+            text = "".join(traceback.format_exception(self))
+            return text.rstrip("\n").splitlines()
+        return [f"{type(self).__name__}: {self.cause}", self.action]
+
+
+class ServerUnreachableError(TwoLineError, ConnectionError):
+    """No HTTP answer came (refused, reset, unknown host, connect time-out)."""
+
+
+class ServerRefusedError(TwoLineError, RuntimeError):
+    """The server answered with an HTTP error (busy, unauthorized, too large, ...)."""
+
+    def __init__(self, cause: str, action: str, *, status_code: int, kind: str | None) -> None:
+        super().__init__(cause, action)
+        self.status_code = status_code
+        self.kind = kind
+
+
+class CellTimeoutError(TwoLineError, TimeoutError):
+    """The server's execution deadline fired; says which limit and how to change it."""
+
+
+class CellCancelledError(TwoLineError, KeyboardInterrupt):
+    """The cell was interrupted or its job cancelled (still a ``KeyboardInterrupt``)."""
+
+
+class PickleRefusedError(TwoLineError, RuntimeError):
+    """An ``--in`` value needed pickle and the server does not allow it."""
+
+
+class NotConnectedError(TwoLineError, ConnectionError):
+    """``%kcoral connect`` failed: the kernel stays unconnected until told otherwise."""
+
+
+class ServerAddressError(TwoLineError, ValueError):
+    """A server address (``--url``, ``%kcoral connect``, ``KCoral.url``) that the address
+    rule of ``kcoral.connection.server_address`` does not allow."""
+
+
+class EmbeddedServerUnavailableError(TwoLineError, RuntimeError):
+    """No server is configured and this platform cannot run the embedded one."""
+
+
+class GpuRequiredError(TwoLineError, RuntimeError):
+    """``require_gpu`` (or ``--require-gpu``) and the server has no GPU."""
+
+
+class SessionsUnavailableError(TwoLineError, RuntimeError):
+    """``%kcoral session start|attach`` on a server whose features lack ``sessions``."""
+
+
+class SessionOptionsRefusedError(TwoLineError, ValueError):
+    """The server refused ``--gpus`` or ``--idle`` of a new session (400 on create)."""
+
+
+class SessionSeatsFullError(TwoLineError, RuntimeError):
+    """No session seat is free (503 ``busy`` on ``POST /v1/sessions``, EXTENSIONS §11)."""
+
+
+class SessionEndedError(TwoLineError, RuntimeError):
+    """The kernel's session has ended (410 ``session_ended``): its state is gone."""
+
+
+class SessionBusyError(TwoLineError, RuntimeError):
+    """The session runs another program (409 ``session_busy``)."""
+
+
+class SessionNotFoundError(TwoLineError, LookupError):
+    """The server knows no such session for this token (404: unknown, dropped after it
+    ended, or another identity's, which answers exactly like an unknown one)."""
+
+
+def unreachable(exc: TransportError, server: str | None = None) -> ServerUnreachableError:
+    """A ``TransportError`` as the two lines a user acts on, naming the address tried."""
+    where = server or getattr(exc, "url", None) or "the server"
+    return ServerUnreachableError(f"no answer from {where}: {root_reason(exc)}", start_hint(where))
+
+
+def start_hint(url: str) -> str:
+    """What to do when ``url`` does not answer: the ``kcoral server`` that would serve that
+    very address on this machine (its port; none for the default 8000), else a check."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if host in ("127.0.0.1", "localhost", "::1"):
+        command = "kcoral server" if port in (None, 8000) else f"kcoral server --port {port}"
+        return (
+            f"start the server there ({command}) or %kcoral connect to one that runs; "
+            "%kcoral local start gives this kernel its own"
+        )
+    return f"check that a server runs at {url} and answers from here, then %kcoral connect URL"
+
+
+#: What to do for the HTTP error kinds a user can act on (PROTOCOL §7, EXTENSIONS §5-6).
+_ACTIONS = {
+    "busy": "every worker is taken: run the cell again in a moment, or use a less busy server",
+    "unauthorized": "set this server's token: %config KCoral.token = '...' (or KCORAL_TOKEN)",
+    "forbidden": "the server refuses this origin or host; its message names the flag to set",
+    "request_too_large": (
+        "send less (smaller -i values, --file, --folder), or ask the operator to raise "
+        "kcoral server --max-request-bytes"
+    ),
+    "response_too_large": (
+        "return less (smaller -o values, --return-file, --return-folder, the final value), "
+        "or ask the operator to raise kcoral server --max-response-bytes"
+    ),
+    "not_found": "%kcoral jobs lists the jobs this server keeps for you",
+    "job_expired": "the server dropped the job's result (--job-retention-seconds); run it again",
+    "parse": "the server could not read the request; %kcoral status shows its version",
+}
+
+
+def refused(exc: KCoralError, server: str | None = None) -> ServerRefusedError:
+    """An HTTP error answer as the two lines a user acts on; status and kind stay readable."""
+    where = f"{server} answered " if server else ""
+    request = f" [request {exc.request_id}]" if exc.request_id else ""
+    kind = f" {exc.kind}" if exc.kind else ""
+    action = _ACTIONS.get(
+        exc.kind or "", f"%kcoral status shows the server's state; {VERBOSE_HINT}"
+    )
+    return ServerRefusedError(
+        f"{where}HTTP {exc.status_code}{kind}: {exc.message}{request}",
+        action,
+        status_code=exc.status_code,
+        kind=exc.kind,
+    )
+
+
+def shorten(exc: BaseException, server: str | None = None) -> BaseException:
+    """``exc`` as a short error when it is a request-level failure, else ``exc`` itself."""
+    if isinstance(exc, TransportError):
+        return unreachable(exc, server)
+    if isinstance(exc, KCoralError):
+        return refused(exc, server)
+    return exc
+
+
+def with_verbosity(exc: Any, verbose: bool) -> Any:
+    """Mark a short error for the full or the two-line rendering; others pass through."""
+    if isinstance(exc, TwoLineError):
+        exc.verbose = verbose
+    return exc

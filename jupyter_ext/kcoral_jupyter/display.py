@@ -1,0 +1,430 @@
+"""HTML for ``ProgramResult``, ``ReturnedFile``, ``ReturnedFolder``, ``Job`` and tensors.
+
+Self-contained markup with inline styles (no scripts, no widgets), so it renders the same in
+JupyterLab, a saved notebook, nbconvert's HTML and a plain browser. Everything user-supplied
+is escaped; images are data URIs inside ``<img>`` (an SVG there cannot run scripts).
+
+Who can reach what (a malicious server): every string a server sends (names, messages,
+dtypes, paths, stdout/stderr, tracebacks) is escaped into our own markup. HTML the server
+*authored* (a remote DataFrame's ``_repr_html_``) is shown only by ``server_display``: inside
+an ``<iframe sandbox="">`` (no script, an opaque origin, no forms, no navigation of the
+notebook) whose document forbids network loads, never as raw HTML or JavaScript.
+
+The client classes reach this module lazily from their ``_repr_html_``; the IPython
+extension also registers these functions with IPython's HTML formatter.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder, TransportError
+from kcoral_jupyter.images import heatmap_png, line_svg
+
+PREVIEW_CHARS = 2000
+PREVIEW_LINES = 40
+MAX_TABLE_ROWS = 100
+MAX_TREE_ENTRIES = 200
+
+_STATUS_COLOURS = {
+    "COMPLETED": "#1a7f37",
+    "FAILED": "#cf222e",
+    "CANCELLED": "#6e7781",
+    "TIMED_OUT": "#bc4c00",
+    "ERROR": "#cf222e",
+    "RUNNING": "#0969da",
+    "QUEUED": "#8250df",
+}
+_BOX = (
+    "font-family:var(--jp-code-font-family,monospace);font-size:12px;"
+    "border:1px solid #d0d7de;border-radius:6px;padding:8px;margin:4px 0;max-width:900px"
+)
+_PRE = (
+    "margin:2px 0;padding:6px;background:#f6f8fa;border-radius:4px;max-height:320px;"
+    "overflow:auto;white-space:pre-wrap"
+)
+
+
+def escape(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def status_badge(status: str) -> str:
+    colour = _STATUS_COLOURS.get(status, "#57606a")
+    return (
+        f'<span class="kcoral-status" style="background:{colour};color:white;'
+        f'border-radius:10px;padding:1px 8px;font-weight:600">{escape(status)}</span>'
+    )
+
+
+def format_ms(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value >= 10000:
+        return f"{value / 1000:.1f} s"
+    return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def timing_bar(
+    queue_ms: float,
+    lease_wait_ms: float,
+    lease_held_ms: float,
+    elapsed_ms: float,
+    *,
+    leased: bool = True,
+) -> str:
+    """A stacked bar: queue, lease wait, lease held, and the rest of ``elapsed_ms``; without
+    ``leased`` (a program that held no GPU) the lease pieces are left out, not shown as 0."""
+    rest = max(0.0, elapsed_ms - lease_wait_ms - lease_held_ms)
+    pieces = [("queue", queue_ms, "#8c959f")]
+    if leased:
+        pieces += [
+            ("lease wait", lease_wait_ms, "#bf8700"),
+            ("lease held", lease_held_ms, "#1a7f37"),
+        ]
+    pieces.append(("rest", rest, "#0969da"))
+    total = sum(max(0.0, value) for _, value, _ in pieces)
+    segments = []
+    for name, value, colour in pieces:
+        if total > 0 and value > 0:
+            share = 100.0 * value / total
+            segments.append(
+                f'<div title="{escape(name)} {escape(format_ms(value))}" '
+                f'style="width:{share:.2f}%;background:{colour};min-width:1px"></div>'
+            )
+    legend = " · ".join(
+        f'<span style="color:{colour}">■</span> {escape(name)} {escape(format_ms(value))}'
+        for name, value, colour in pieces
+    )
+    return (
+        '<div class="kcoral-timing">'
+        '<div style="display:flex;height:8px;border-radius:3px;overflow:hidden;'
+        f'background:#eaeef2;margin:4px 0">{"".join(segments)}</div>'
+        f'<div style="color:#57606a">{legend} · total {escape(format_ms(total))}</div></div>'
+    )
+
+
+# ------------------------------------------------------------- server-authored displays
+
+#: The iframe document may load nothing from the network (no beacons, no requests to other
+#: loopback services); inline styles and data: images still render.
+FRAME_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; font-src data:"
+MIN_FRAME_HEIGHT = 60
+MAX_FRAME_HEIGHT = 480
+
+
+def sandboxed_html(markup: str) -> str:
+    """``markup`` as the escaped ``srcdoc`` of an iframe that runs no script.
+
+    ``sandbox=""`` grants nothing: no scripts, an opaque origin (no access to the notebook,
+    its cookies or its kernel), no forms, popups or top-level navigation.
+    """
+    document = f'<meta http-equiv="Content-Security-Policy" content="{FRAME_POLICY}">{markup}'
+    lower = markup.lower()
+    rows = lower.count("<tr") or lower.count("<br") + markup.count("\n") + 1
+    height = min(MAX_FRAME_HEIGHT, max(MIN_FRAME_HEIGHT, 32 + 26 * rows))
+    return (
+        f'<iframe class="kcoral-server-html" sandbox="" srcdoc="{escape(document)}" '
+        'referrerpolicy="no-referrer" title="HTML from the KCoral server (sandboxed)" '
+        f'style="width:100%;max-width:900px;height:{height}px;border:1px solid #d0d7de;'
+        'border-radius:6px"></iframe>'
+    )
+
+
+def server_display(bundle: Mapping[str, object]) -> dict[str, str]:
+    """A display bundle the server authored, made safe to show in the notebook.
+
+    ``text/plain`` stays text, ``text/html`` becomes a ``sandboxed_html`` iframe. Every other
+    MIME type (and any value that is not a string) is dropped: JavaScript would run as is,
+    and SVG, Markdown (raw HTML passes through), LaTeX and widget views all have front ends
+    that execute or inline markup. Our own wrapper never sends them.
+    """
+    shown: dict[str, str] = {}
+    plain = bundle.get("text/plain")
+    shown["text/plain"] = plain if isinstance(plain, str) else "<display from the server>"
+    markup = bundle.get("text/html")
+    if isinstance(markup, str):
+        shown["text/html"] = sandboxed_html(markup)
+    return shown
+
+
+# ---------------------------------------------------------------------------- tensors
+
+
+def tensor_stats(array: np.ndarray) -> dict[str, Any]:
+    """shape, dtype and (for non-empty numeric arrays) min/max/mean."""
+    stats: dict[str, Any] = {"shape": tuple(array.shape), "dtype": str(array.dtype)}
+    if array.size:
+        try:
+            values = np.asarray(array, dtype=np.float64)
+        except (TypeError, ValueError):
+            return stats
+        finite = values[np.isfinite(values)]
+        if finite.size:
+            stats.update(
+                min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean())
+            )
+    return stats
+
+
+def _as_numpy(value: Any) -> np.ndarray | None:
+    if isinstance(value, np.ndarray):
+        return value
+    module = type(value).__module__.split(".")[0]
+    if module == "torch" and hasattr(value, "detach"):
+        try:
+            tensor = value.detach().cpu()
+            if str(tensor.dtype) in ("torch.bfloat16",) or "float8" in str(tensor.dtype):
+                tensor = tensor.float()
+            return tensor.numpy()
+        except Exception:
+            return None
+    return None
+
+
+def tensor_html(value: Any, name: str | None = None) -> str:
+    """Shape/dtype/min/max/mean, a preview, and a picture for 1-D and 2-D tensors."""
+    array = _as_numpy(value)
+    if array is None:
+        return f"<pre>{escape(repr(value))}</pre>"
+    stats = tensor_stats(array)
+    facts = [f"shape {escape(stats['shape'])}", f"dtype {escape(stats['dtype'])}"]
+    for key in ("min", "max", "mean"):
+        if key in stats:
+            facts.append(f"{key} {stats[key]:.6g}")
+    with np.printoptions(threshold=50, edgeitems=3, precision=4, linewidth=100):
+        preview = np.array2string(np.asarray(array, dtype=_printable(array)))
+    picture = ""
+    if array.size and "min" in stats:
+        try:
+            if array.ndim == 2:
+                encoded = base64.b64encode(heatmap_png(np.asarray(array, np.float64))).decode()
+                picture = (
+                    f'<img class="kcoral-heatmap" src="data:image/png;base64,{encoded}" '
+                    'style="image-rendering:pixelated;max-width:256px;border:1px solid #ddd" '
+                    f'alt="heatmap of {escape(name or "tensor")}"/>'
+                )
+            elif array.ndim == 1 and array.size > 1:
+                picture = line_svg(np.asarray(array, np.float64))
+        except (TypeError, ValueError):
+            picture = ""
+    title = f"<b>{escape(name)}</b> " if name else ""
+    return (
+        f'<div class="kcoral-tensor">{title}<span>{" · ".join(facts)}</span>'
+        f'<pre style="{_PRE}">{escape(preview)}</pre>{picture}</div>'
+    )
+
+
+def _printable(array: np.ndarray) -> Any:
+    # ml_dtypes arrays print fine but slowly; print them as float32.
+    return np.float32 if array.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else None
+
+
+# ----------------------------------------------------------------------- files, folders
+
+
+def sniff_image(data: bytes) -> str | None:
+    """The image MIME type of ``data`` (PNG, JPEG, SVG) or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    head = data[:512].lstrip().lower()
+    if head.startswith(b"<svg") or (head.startswith(b"<?xml") and b"<svg" in head):
+        return "image/svg+xml"
+    return None
+
+
+def text_preview(data: bytes) -> str | None:
+    """The start of ``data`` if it is UTF-8 text (no NUL bytes), else None."""
+    sample = data[: PREVIEW_CHARS * 4]
+    if b"\x00" in sample:
+        return None
+    try:
+        text = sample.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(sample) - 4:  # a cut multi-byte character at the end is fine
+            return None
+        text = sample[: exc.start].decode("utf-8")
+    lines = text[:PREVIEW_CHARS].splitlines()[:PREVIEW_LINES]
+    return "\n".join(lines)
+
+
+def format_size(size: int) -> str:
+    value = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} bytes"
+
+
+def returned_file_html(returned: Any, name: str | None = None) -> str:
+    """An image inline, a text preview, or the size and how to save it."""
+    data: bytes = returned.read_bytes()
+    label = escape(name) if name else "file"
+    header = f"<b>{label}</b> · {escape(format_size(len(data)))}"
+    kind = sniff_image(data)
+    if kind is not None:
+        encoded = base64.b64encode(data).decode("ascii")
+        body = (
+            f'<img class="kcoral-image" src="data:{kind};base64,{encoded}" '
+            f'style="max-width:480px;display:block" alt="{label}"/>'
+        )
+    else:
+        preview = text_preview(data)
+        if preview is not None:
+            more = " (preview)" if len(preview.encode()) < len(data) else ""
+            body = f'<pre style="{_PRE}">{escape(preview)}</pre>{escape(more)}'
+        else:
+            target = escape(repr(name.rsplit("/", 1)[-1])) if name else "'output.bin'"
+            body = (
+                '<div style="color:#57606a">binary file; save it with '
+                f"<code>.save({target})</code></div>"
+            )
+    return f'<div class="kcoral-file" style="{_BOX}">{header}{body}</div>'
+
+
+def returned_folder_html(folder: Any, name: str | None = None) -> str:
+    """The folder as a tree of directories and files with sizes."""
+    files: Mapping[str, Any] = folder.files
+    entries = sorted([(path, None) for path in folder.directories] + list(files.items()))
+    lines = []
+    for path, item in entries[:MAX_TREE_ENTRIES]:
+        depth = path.count("/")
+        leaf = path.rsplit("/", 1)[-1]
+        if item is None:
+            lines.append(f"{'  ' * depth}{escape(leaf)}/")
+        else:
+            size = format_size(len(item.read_bytes()))
+            lines.append(f"{'  ' * depth}{escape(leaf)}  <span style='color:#57606a'>{size}</span>")
+    if len(entries) > MAX_TREE_ENTRIES:
+        lines.append(f"… {len(entries) - MAX_TREE_ENTRIES} more entries")
+    total = sum(len(item.read_bytes()) for item in files.values())
+    header = (
+        f"<b>{escape(name) if name else 'folder'}/</b> · {len(files)} files · "
+        f"{len(folder.directories)} directories · {escape(format_size(total))}"
+    )
+    tree = "\n".join(lines) if lines else "(empty)"
+    return (
+        f'<div class="kcoral-folder" style="{_BOX}">{header}<pre style="{_PRE}">{tree}</pre></div>'
+    )
+
+
+# ------------------------------------------------------------------------- values
+
+
+def value_html(value: Any, name: str | None = None) -> str:
+    """Any decoded result value."""
+    if isinstance(value, ReturnedFile):
+        return returned_file_html(value, name)
+    if isinstance(value, ReturnedFolder):
+        return returned_folder_html(value, name)
+    if _as_numpy(value) is not None:
+        return tensor_html(value, name)
+    if isinstance(value, bytes):
+        return f"<code>{escape(format_size(len(value)))} of bytes</code> {escape(value[:64])}"
+    text = repr(value)
+    if len(text) > PREVIEW_CHARS:
+        text = text[:PREVIEW_CHARS] + " …"
+    return f"<code>{escape(text)}</code>"
+
+
+def results_table(results: Mapping[str, Any]) -> str:
+    rows = []
+    for index, (key, value) in enumerate(results.items()):
+        if index >= MAX_TABLE_ROWS:
+            rows.append(f"<tr><td colspan=3>… {len(results) - index} more</td></tr>")
+            break
+        rows.append(
+            "<tr>"
+            f'<td style="vertical-align:top;padding:2px 6px"><b>{escape(key)}</b></td>'
+            f'<td style="vertical-align:top;padding:2px 6px;color:#57606a">'
+            f"{escape(type(value).__name__)}</td>"
+            f'<td style="padding:2px 6px;text-align:left">{value_html(value, key)}</td>'
+            "</tr>"
+        )
+    return f'<table class="kcoral-results" style="border-collapse:collapse">{"".join(rows)}</table>'
+
+
+def _stream_html(label: str, text: str, truncated: bool) -> str:
+    if not text and not truncated:
+        return ""
+    note = " <i>(truncated by the output limit)</i>" if truncated else ""
+    return f"<div><b>{label}</b>{note}<pre style='{_PRE}'>{escape(text)}</pre></div>"
+
+
+def error_html(error: Mapping[str, Any]) -> str:
+    where = (
+        f"instruction {escape(error.get('instruction_index'))} "
+        f"({escape(error.get('instruction_op'))} {escape(error.get('instruction_id'))})"
+    )
+    traceback = str(error.get("traceback") or "")
+    details = (
+        f"<details open><summary>remote traceback</summary><pre style='{_PRE}'>"
+        f"{escape(traceback)}</pre></details>"
+        if traceback
+        else ""
+    )
+    return (
+        '<div class="kcoral-error" style="color:#cf222e">'
+        f"<b>{escape(error.get('kind'))}</b>: {escape(error.get('message'))} · {where}</div>"
+        f"{details}"
+    )
+
+
+def program_result_html(result: Any, *, server: str | None = None) -> str:
+    """Badge, timing bar, output streams, error, results table."""
+    head = [status_badge(result.status), f"request <code>{escape(result.request_id)}</code>"]
+    if server:
+        head.append(f"on {escape(server)}")
+    if result.gpu_ids:
+        head.append(f"GPUs {escape(list(result.gpu_ids))}")
+    parts = [
+        f'<div class="kcoral-result" style="{_BOX}">',
+        " · ".join(head),
+        timing_bar(
+            result.queue_ms,
+            result.lease_wait_ms,
+            result.lease_held_ms,
+            result.elapsed_ms,
+            # A CPU server has no GPU lease (both exactly 0, no GPU ids): its 0.0 ms pieces
+            # would say nothing true. A GPU program holds its lease for a measurable time.
+            leased=bool(result.gpu_ids or result.lease_wait_ms or result.lease_held_ms),
+        ),
+        _stream_html("stdout", result.stdout, result.stdout_truncated),
+        _stream_html("stderr", result.stderr, result.stderr_truncated),
+    ]
+    if result.error:
+        parts.append(error_html(result.error))
+    if result.results:
+        parts.append(results_table(result.results))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def job_html(job: Job) -> str:
+    """A job handle: id, status (asked once), and how to get the result."""
+    job_id = job.id
+    try:
+        state = job.status()
+    except (KCoralError, ProtocolError, TransportError) as exc:
+        # an expired job or an unreachable server still displays
+        state = {"status": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+    status = str(state.get("status", "unknown"))
+    facts = [
+        f"{escape(key)} {escape(state[key])}"
+        for key in ("worker_id", "gpu_ids", "queue_position", "elapsed_ms", "error")
+        if state.get(key) not in (None, [], "")
+    ]
+    return (
+        f'<div class="kcoral-job" style="{_BOX}">{status_badge(status)} job '
+        f"<code>{escape(job_id)}</code> {' · '.join(facts)}"
+        '<div style="color:#57606a">.result() waits for the outcome · .cancel() stops it · '
+        f"%kcoral attach {escape(job_id)} follows it</div></div>"
+    )

@@ -1,0 +1,236 @@
+"""Per-kernel state of the extension: settings, clients, the embedded server, known jobs.
+
+No IPython import: the magics own the notebook side; this owns which server to talk to.
+
+Tokens are per URL (EXTENSIONS §6): the user's token (``KCORAL_TOKEN`` /
+``%config KCoral.token``) goes to the servers the user names (``KCORAL_URL``,
+``%kcoral connect``, ``--url``), never to the embedded server, whose own fresh token goes
+only to it. A server the user did not mean to trust thus never sees the user's token.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoral import Client, KCoralError
+from kcoral.connection.server_address import server_url
+from kcoral_jupyter.cell_errors import (
+    EmbeddedServerUnavailableError,
+    NotConnectedError,
+    ServerAddressError,
+)
+from kcoral_jupyter.cell_program import BuiltCell
+from kcoral_jupyter.local_server import LocalServer
+from kcoral_jupyter.runner import server_features
+from kcoral_jupyter.runtime_records import KernelConnection
+from kcoral_jupyter.settings import KCoral
+
+
+@dataclass
+class ServerFacts:
+    """What a cell needs to know about a server, read once per client."""
+
+    features: list[str]
+    gpu_count: int
+    target: dict[str, str]
+    device: str
+    sandbox: str = ""  # `bubblewrap`, `none`, or "" when the server does not say
+
+    @property
+    def label(self) -> str:
+        if self.gpu_count == 0:
+            return "CPU"
+        arch = self.target.get("arch")
+        return f"{self.gpu_count} GPU{'s' if self.gpu_count != 1 else ''}" + (
+            f" ({arch})" if arch else ""
+        )
+
+
+@dataclass
+class PendingJob:
+    """A ``--noblock`` job of this kernel: enough to bind its ``--out`` values later."""
+
+    built: BuiltCell
+    url: str
+    warning: str | None = None  # "ran on CPU (this server has no GPU)" for an explicit --gpus
+
+
+@dataclass
+class Session:
+    settings: KCoral
+    announce: Callable[[str], None] = print
+    local: LocalServer | None = None
+    _clients: dict[tuple[str, str], Client] = field(default_factory=dict)
+    _facts: dict[str, ServerFacts] = field(default_factory=dict)
+    pending: dict[str, PendingJob] = field(default_factory=dict)
+    _announced_local: bool = False
+    # Tells the Jupyter server extension which server this kernel's cells use, so the status
+    # bar shows the one of the notebook in focus (a 0600 runtime record, runtime_records.py).
+    connection: KernelConnection = field(default_factory=KernelConnection)
+    _used_url: str | None = None
+    # Set by a failed ``%kcoral connect`` (URL, reason): no cell runs anywhere, and none falls
+    # back to the embedded server, until a connect succeeds or the user picks a server.
+    failed_connect: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        # Choosing a server (%config KCoral.url = ...) ends the unconnected state.
+        self.settings.observe(lambda _change: self.clear_failed_connect(), names="url")
+
+    def resolve_url(self, explicit: str | None = None) -> str:
+        """``--url``, else the configured URL, else the embedded server (started on demand).
+
+        After a failed ``%kcoral connect`` only an explicit ``--url`` runs: silently running
+        somewhere else (the embedded CPU server) is what the user must never get."""
+        if explicit:
+            return normalize_url(explicit)
+        if self.failed_connect is not None:
+            url, reason = self.failed_connect
+            raise NotConnectedError(
+                f"not connected: %kcoral connect {url} failed ({reason})",
+                f"run %kcoral connect {url} again once it answers, connect elsewhere, "
+                "or %kcoral local start for a server on this machine",
+            )
+        if self.settings.url:
+            url = normalize_url(self.settings.url)
+        else:
+            url = self.start_local()
+        self.use(url)
+        return url
+
+    def use(self, url: str) -> None:
+        """Record that this kernel's cells now go to ``url`` (for the JupyterLab UI)."""
+        if url != self._used_url:
+            self._used_url = url
+            embedded = self.local is not None and self.local.url == url
+            self.connection.announce(url, self.token_for(url), embedded=embedded)
+
+    @property
+    def used_url(self) -> str | None:
+        """The URL this kernel's cells last went to (None before the first, or after a stop)."""
+        return self._used_url
+
+    def connect_failed(self, url: str, reason: str) -> None:
+        """Leave the kernel unconnected after a failed ``%kcoral connect url``."""
+        self.failed_connect = (url, reason)
+        if self._used_url is not None:
+            self._used_url = None
+            self.connection.withdraw()
+
+    def clear_failed_connect(self) -> None:
+        self.failed_connect = None
+
+    def start_local(self) -> str:
+        if not embedded_server_supported():
+            raise EmbeddedServerUnavailableError(
+                f"no server configured, and the embedded KCoral server needs Linux (this "
+                f"kernel runs on {platform_name()})",
+                "connect to a Linux GPU server: %kcoral connect http://HOST:8123 (or set "
+                "KCORAL_URL before starting Jupyter)",
+            )
+        self.clear_failed_connect()
+        if self.local is None:
+            self.local = LocalServer(
+                self.settings.local_args, start_timeout=self.settings.local_start_timeout
+            )
+        was_running = self.local.running
+        url = self.local.start()
+        if not was_running and not self._announced_local:
+            self._announced_local = True
+            self.announce(
+                f"kcoral: no server configured (KCORAL_URL, %kcoral connect URL); started a "
+                f"local server at {url} for this kernel's lifetime"
+            )
+        return url
+
+    def stop_local(self) -> bool:
+        if self.local is None:
+            return False
+        url = self.local.url
+        stopped = self.local.stop()
+        if url:
+            self.forget(url)
+            if url == self._used_url:
+                self._used_url = None
+                self.connection.withdraw()
+        return stopped
+
+    def token_for(self, url: str) -> str:
+        """The bearer token for ``url`` ("" for none): the embedded server's own token for its
+        URL, the user's token for every other URL."""
+        local = self.local
+        if local is not None and local.url is not None and url == local.url:
+            return local.token or ""
+        return self.settings.token
+
+    def client(self, url: str) -> Client:
+        token = self.token_for(url)
+        key = (url, token)
+        client = self._clients.get(key)
+        if client is None:
+            client = Client(url, token=token or None)
+            self._clients[key] = client
+        return client
+
+    def facts(self, url: str) -> ServerFacts:
+        facts = self._facts.get(url)
+        if facts is None:
+            client = self.client(url)
+            health = client.health()
+            info: dict[str, Any] = {}
+            try:
+                info = client.info()
+            except KCoralError:  # a server of the published protocol has no /v1/info
+                info = {}
+            gpu_count = health.get("gpu_count")
+            target = health.get("target")
+            facts = ServerFacts(
+                features=server_features(client),
+                gpu_count=gpu_count if isinstance(gpu_count, int) else 0,
+                target=dict(target) if isinstance(target, dict) else {},
+                device=str(info.get("device") or ("gpu" if gpu_count else "cpu")),
+                sandbox=str(info.get("sandbox") or ""),
+            )
+            self._facts[url] = facts
+        return facts
+
+    def forget(self, url: str) -> None:
+        self._facts.pop(url, None)
+        for key in [k for k in self._clients if k[0] == url]:
+            self._clients.pop(key).close()
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        self.stop_local()
+        self.connection.withdraw()
+
+
+def normalize_url(text: str) -> str:
+    """A server address as a URL (``127.0.0.1:8123`` -> ``http://127.0.0.1:8123``), by the
+    rule ``Client`` and ``kcoral run`` share (``kcoral.connection.server_address``); two lines when
+    the
+    address breaks it."""
+    try:
+        return server_url(text)
+    except (TypeError, ValueError) as exc:
+        raise ServerAddressError(
+            f"not a server address: {exc}",
+            "write host:port (127.0.0.1:8000, [::1]:8000) or a URL (http://host:8000)",
+        ) from None
+
+
+def embedded_server_supported() -> bool:
+    """The embedded server (``kcoral server``: worker processes, /proc, bubblewrap) runs on
+    Linux only; the client, the magics and the JupyterLab parts run everywhere."""
+    return sys.platform.startswith("linux")
+
+
+def platform_name() -> str:
+    return {"darwin": "macOS", "win32": "Windows"}.get(
+        sys.platform, platform.system() or sys.platform
+    )

@@ -1,0 +1,258 @@
+"""The kernel's session on a KCoral server (EXTENSIONS §11): ``%kcoral session start`` pins a
+worker, and every ``%%kcoral`` cell then runs in its ``kcoral.session.namespace``, so the
+names one cell defines are there in the next.
+
+Called "remote session" because ``kcoral_jupyter.kernel_state.Session`` is something else: the
+kernel's connection state (which server, which token). No IPython import.
+
+Lifetime: a session this kernel started ends when the kernel process exits (a shutdown or a
+restart both end the process; ``atexit`` sends the ``DELETE``) unless it was started with
+``--keep``. A kernel killed without running its exit hooks leaves the session to the server's
+idle timeout. A session picked up with ``attach`` was kept on purpose, so it stays kept.
+
+Who can reach what: a session answers only the identity (token) that created it; another
+token gets ``404`` exactly as for an unknown id (the server enforces it, EXTENSIONS §11), so
+an id shown in a notebook gives nobody else its state. A malicious server's records are only
+shown as text (``status_rows`` stringifies every field it reads).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kcoral import Client, KCoralError, ProgramResult
+from kcoral.client_sessions import Session as ClientSession
+from kcoral.client_sessions import end_flow
+from kcoral.response import error_from_response
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    SessionBusyError,
+    SessionEndedError,
+    SessionNotFoundError,
+    SessionOptionsRefusedError,
+    SessionSeatsFullError,
+    SessionsUnavailableError,
+)
+
+#: Seconds the exit hook waits to connect before it leaves the session to the idle timeout.
+EXIT_CONNECT_TIMEOUT_SECONDS = 3.0
+
+
+@dataclass
+class RemoteSession:
+    """The session the kernel's cells run in."""
+
+    handle: ClientSession
+    url: str
+    token: str  # "" for none: the exit hook's fresh client needs it
+    keep: bool  # not ended when the kernel exits
+    ended_message: str | None = None  # set once the server said it ended
+
+    @property
+    def id(self) -> str:
+        return self.handle.id
+
+    @property
+    def label(self) -> str:
+        """Short and unambiguous enough for a status line (UUID4: 8 hex digits)."""
+        return f"session {self.id[:8]}"
+
+    @property
+    def gpu_count(self) -> int | None:
+        count = self.handle.record.get("gpu_count")
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+def require_sessions(url: str, features: list[str]) -> None:
+    """Refuse, in two lines, a server that does not offer sessions."""
+    if "sessions" not in features:
+        raise SessionsUnavailableError(
+            f"{url} does not offer sessions (its /v1/info features lack 'sessions')",
+            "ask its operator for sessions (kcoral server --max-sessions N, N > 0), or run "
+            "cells without a session",
+        )
+
+
+def ended_error(remote: RemoteSession) -> SessionEndedError:
+    return SessionEndedError(
+        f"{remote.label} on {remote.url} has ended: {remote.ended_message}",
+        "its variables are gone: %kcoral session start begins a new session, "
+        "%kcoral session stop runs cells without one",
+    )
+
+
+def session_interrupted(remote: RemoteSession) -> CellCancelledError:
+    """An interrupted session cell: its program got ``KeyboardInterrupt``, not a kill."""
+    return CellCancelledError(
+        f"interrupted: KeyboardInterrupt raised in {remote.label}'s program on {remote.url}",
+        "the session keeps its state if the program stopped within 5 s (else the next cell "
+        "says it ended); %kcoral session status shows it",
+    )
+
+
+def session_refusal(exc: KCoralError, remote: RemoteSession) -> BaseException | None:
+    """A session program's refusal (410, 409, 404) as two lines; ``None`` for the others.
+    A 410 or 404 marks the session ended: later cells refuse at once, saying why."""
+    if exc.status_code == 410:
+        remote.ended_message = exc.message or "ended"
+        return ended_error(remote)
+    if exc.status_code == 409:
+        return SessionBusyError(
+            f"{remote.label} is running another program (a --noblock job, or another kernel "
+            "attached to it)",
+            "run the cell again once that program has finished (%kcoral jobs lists jobs), or "
+            "%kcoral session stop to end the session",
+        )
+    if exc.status_code == 404:
+        remote.ended_message = "the server no longer knows it (dropped after it ended)"
+        return SessionNotFoundError(
+            f"{remote.label} is unknown to {remote.url} (dropped after it ended)",
+            "%kcoral session start begins a new session, %kcoral session stop runs cells "
+            "without one",
+        )
+    return None
+
+
+def creation_refusal(exc: KCoralError, url: str) -> BaseException | None:
+    """``POST /v1/sessions``'s refusals a user can act on (its options, the seat limit) as
+    two lines; ``None`` for the other errors."""
+    if exc.status_code == 400:
+        return SessionOptionsRefusedError(
+            f"{url} refused the session's options: {exc.message}",
+            "change --gpus or --idle as it says (%kcoral status shows info.sessions, with "
+            "the server's idle_timeout_seconds cap)",
+        )
+    if exc.status_code == 503:
+        return SessionSeatsFullError(
+            f"{url} has no session seat free: {exc.message}",
+            "end a session you no longer need (%kcoral session list, then stop it), wait for "
+            "an idle one to time out, or ask the operator for kcoral server --max-sessions N",
+        )
+    return None
+
+
+def not_found_for_attach(session_id: str, url: str) -> SessionNotFoundError:
+    return SessionNotFoundError(
+        f"no session {session_id} on {url} for this kernel's token",
+        "a session answers only the token that started it (KCoral.token / KCORAL_TOKEN); "
+        "%kcoral session list shows yours",
+    )
+
+
+class RemoteSessions:
+    """At most one session per kernel: the one its cells run in."""
+
+    def __init__(self) -> None:
+        self.current: RemoteSession | None = None
+        # The label of the session ``%kcoral session stop`` ended last: a stateless cell's
+        # NameError then says where its names went.
+        self.stopped_label: str | None = None
+        self._exit_hook = False
+
+    def active(self) -> RemoteSession | None:
+        """The session cells run in (also one that has ended: cells then say so)."""
+        return self.current
+
+    def adopt(self, remote: RemoteSession) -> RemoteSession:
+        self.current = remote
+        self.stopped_label = None
+        if not self._exit_hook:  # one hook for the kernel's lifetime, whatever it holds then
+            atexit.register(self.end_at_exit)
+            self._exit_hook = True
+        return remote
+
+    def stop(self) -> RemoteSession | None:
+        """End the current session (idempotent on the server); the kernel leaves it either
+        way, so a session the server lost does not trap the notebook."""
+        remote = self.current
+        if remote is None:
+            return None
+        self.current = None
+        self.stopped_label = remote.label
+        if remote.ended_message is None:
+            remote.handle.close()
+        return remote
+
+    def end_at_exit(self) -> None:
+        """The kernel process exits: end a session that is not kept. Never raises (nothing
+        could show it); a server that does not answer leaves it to the idle timeout. A fresh
+        client, because the extension may have closed the kernel's clients already."""
+        remote = self.current
+        if remote is None or remote.keep or remote.ended_message is not None:
+            return
+        try:
+            client = Client(
+                remote.url,
+                token=remote.token or None,
+                connect_timeout_seconds=EXIT_CONNECT_TIMEOUT_SECONDS,
+            )
+            try:
+                client.run_flow(end_flow(remote.id))
+            finally:
+                client.close()
+        except Exception:  # at exit there is no one to tell
+            pass
+
+
+def listed_sessions(client: Client) -> list[dict[str, Any]]:
+    """``GET /v1/sessions``: the caller's sessions, newest first (records only)."""
+    response = client.request("GET", "/v1/sessions")
+    if response.status != 200:
+        raise error_from_response(response.status, response.headers, response.data)
+    try:
+        records = json.loads(bytes(response.data))
+    except ValueError:
+        records = None
+    if not isinstance(records, list):
+        return []
+    return [record for record in records if isinstance(record, dict)]
+
+
+def status_rows(
+    record: Mapping[str, Any], remote: RemoteSession | None, now: float | None = None
+) -> list[tuple[str, str]]:
+    """What ``%kcoral session status`` shows: every value as text. ``idle deadline`` is in
+    seconds from now by this machine's clock (the server's clock may differ a little)."""
+    now = time.time() if now is None else now
+    state = str(record.get("state"))
+    rows = [("session", str(record.get("session_id"))), ("state", state)]
+    if remote is not None:
+        rows.append(("server", remote.url))
+    rows.append(("programs", str(record.get("programs"))))
+    gpu_ids = record.get("gpu_ids")
+    rows.append(("GPU", f"{gpu_ids}" if gpu_ids else "none (CPU)"))
+    deadline = record.get("idle_deadline")
+    if state == "ENDED":
+        rows.append(("ended", f"{record.get('end_reason')}: {record.get('end_message')}"))
+    elif isinstance(deadline, (int, float)) and not isinstance(deadline, bool):
+        rows.append(("idle deadline", f"in {max(0.0, deadline - now):.0f} s"))
+    else:
+        rows.append(("idle deadline", "none while a program runs"))
+    rows.append(("idle timeout", seconds_text(record.get("idle_timeout_seconds"))))
+    if remote is not None:
+        rows.append(("when this kernel ends", "kept" if remote.keep else "ended"))
+    return rows
+
+
+def seconds_text(value: Any) -> str:
+    """``600 s`` for a number, the value as text otherwise (a record is the server's)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g} s"
+    return f"{value} s"
+
+
+def after_stop_hint(result: ProgramResult, stopped_label: str | None) -> str:
+    """For a ``NameError`` in a cell run after ``%kcoral session stop``: where names went."""
+    error = result.error or {}
+    text = f"{error.get('message') or ''}\n{error.get('traceback') or ''}"
+    if stopped_label is None or "NameError" not in text:
+        return ""
+    return (
+        f"hint: cells run without a session since {stopped_label} was stopped; the names it "
+        "held are gone (%kcoral session start begins a new one)"
+    )

@@ -1,0 +1,327 @@
+"""Run a built cell on a server: live through the jobs API, or blocking without it.
+
+The jobs path (EXTENSIONS.md §5) submits the program, follows its events (phases, stdout,
+stderr) and fetches the result; interrupting cancels the job. Servers whose ``/v1/info``
+does not list ``jobs`` get one blocking ``Client.execute`` (an interrupt closes the
+connection, which cancels the work there, EXTENSIONS §9). Failures become exceptions the
+notebook shows with the remote traceback. No IPython import: progress goes to a ``Reporter``.
+
+Only the public client API is used (``Client.execute``/``submit`` with ``serialization=``,
+``Job.events``/``result``/``status``/``cancel``), and request errors are told apart by
+their status and kind, never by the server's wording.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError, TransportError
+from kcoral.client_sessions import Session as ClientSession
+from kcoral.response import error_from_response
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    CellTimeoutError,
+    PickleRefusedError,
+)
+
+#: Where a cell's program goes: the server (stateless), or the kernel's session there (the
+#: two share ``execute`` and ``submit``, EXTENSIONS §11).
+Target = Client | ClientSession
+
+
+class Reporter(Protocol):
+    """Where a running cell reports to (the magic's status line and output streams)."""
+
+    def phase(self, text: str) -> None: ...
+
+    def stdout(self, text: str) -> None: ...
+
+    def stderr(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ExecuteOptions:
+    timeout_seconds: float | None = None
+    output_limit_bytes: int | None = None
+    gpu_count: int | None = None
+    serialization: str | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {
+            "timeout_seconds": self.timeout_seconds,
+            "output_limit_bytes": self.output_limit_bytes,
+            "gpu_count": self.gpu_count,
+            "serialization": self.serialization,
+        }
+
+
+@dataclass
+class RunRecord:
+    """What we learned about one run, for the summary line and output provenance."""
+
+    server: str
+    job_id: str | None = None
+    worker_id: str | None = None
+    gpu_ids: tuple[int, ...] = ()
+    streamed: bool = False  # stdout/stderr already shown while it ran
+    device: str | None = None
+    target: dict[str, str] = field(default_factory=dict)
+    wall_ms: float = 0.0
+    # Said in warning style on the summary line (an explicit --gpus that ran on a CPU server).
+    warning: str | None = None
+    output_limit_bytes: int | None = None  # what the cell asked for (None: the server's)
+    session_id: str | None = None  # the session the cell ran in (EXTENSIONS §11)
+
+
+class RemoteCellError(RemoteExecutionError):
+    """A cell failed on the server; IPython shows the remote traceback, not ours."""
+
+    def __init__(
+        self, result: ProgramResult, record: RunRecord | None = None, *, hint: str = ""
+    ) -> None:
+        super().__init__(result)
+        self.record = record
+        self.hint = hint  # one line after the remote traceback (e.g. a forgotten -i NAME)
+
+    def _render_traceback_(self) -> list[str]:
+        error = self.result.error or {}
+        lines = [f"{type(self).__name__}: {self}"]
+        remote = str(error.get("traceback") or "").rstrip()
+        if remote:
+            lines += ["", "Remote traceback:", *_without_wrapper_frames(remote).splitlines()]
+        if self.hint:
+            lines += ["", self.hint]
+        return lines
+
+
+def missing_input_hint(result: ProgramResult, kernel_names: Collection[str]) -> str:
+    """For a remote ``NameError`` on a name the kernel has but the cell did not send: the
+    ``-i NAME`` that sends it ("" otherwise)."""
+    error = result.error or {}
+    text = f"{error.get('message') or ''}\n{error.get('traceback') or ''}"
+    match = re.search(r"NameError: name '([A-Za-z_][A-Za-z0-9_]*)' is not defined", text)
+    if match is None or match.group(1) not in kernel_names:
+        return ""
+    name = match.group(1)
+    return (
+        f"hint: {name!r} exists in this kernel but the cell runs on the server: "
+        f"send it with -i {name}"
+    )
+
+
+def _without_wrapper_frames(traceback: str) -> str:
+    """Drop the generated wrapper's frames: the user wrote the cell, not the wrapper."""
+    lines = traceback.splitlines()
+    kept: list[str] = []
+    skip_source = False
+    for line in lines:
+        if skip_source:
+            # The frame's source line and Python 3.11's caret lines are indented deeper.
+            if line.startswith("    "):
+                continue
+            skip_source = False
+        if line.startswith('  File "<uploaded:'):
+            skip_source = True
+            continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def server_features(client: Client) -> list[str]:
+    """The ``/v1/info`` feature list; a server without ``/v1/info`` has none."""
+    try:
+        info = client.info()
+    except KCoralError:
+        return []
+    features = info.get("features")
+    return [f for f in features if isinstance(f, str)] if isinstance(features, list) else []
+
+
+def run_cell(
+    client: Target,
+    built: Any,
+    options: ExecuteOptions,
+    reporter: Reporter,
+    *,
+    record: RunRecord,
+    use_jobs: bool,
+) -> ProgramResult:
+    """Run ``built.program``; return the result (``COMPLETED`` or ``FAILED``) or raise a
+    cell exception for a request-level failure."""
+    started = time.monotonic()
+    try:
+        if use_jobs:
+            result = _run_as_job(client, built.program, options, reporter, record)
+        else:
+            reporter.phase("running (this server has no jobs API: output comes at the end)")
+            result = client.execute(built.program, **options.as_kwargs())
+    except KCoralError as exc:
+        raise translate_error(exc, options, record.server) from None
+    finally:
+        record.wall_ms = (time.monotonic() - started) * 1000.0
+    if result.gpu_ids:
+        record.gpu_ids = tuple(result.gpu_ids)
+    return result
+
+
+def _run_as_job(
+    client: Target, program: Any, options: ExecuteOptions, reporter: Reporter, record: RunRecord
+) -> ProgramResult:
+    job = client.submit(program, **options.as_kwargs())
+    record.job_id = job.id
+    reporter.phase("submitted")
+    try:
+        result = follow_job(job, reporter, record)
+    except KeyboardInterrupt:
+        if isinstance(client, ClientSession):
+            # Cancelling a session's job kills its worker and so the session's state
+            # (EXTENSIONS §11); an interrupt raises KeyboardInterrupt in the program instead.
+            reporter.phase("interrupted: raising KeyboardInterrupt in the session's program")
+            if stop_session_program(client, job):
+                reporter.phase("interrupted: the session's program has stopped")
+            raise
+        reporter.phase("interrupted: cancelling the job on the server")
+        try:
+            job.cancel()
+        finally:
+            reporter.phase(f"cancelled job {record.job_id} (kernel state kept)")
+        raise
+    _merge_job_state(job, record)
+    return result
+
+
+def interrupt_session(session: ClientSession) -> None:
+    """``POST /v1/sessions/{id}/interrupt``: ``KeyboardInterrupt`` in its running program; a
+    program that stops within 5 s leaves the session and its state alone (EXTENSIONS §11)."""
+    response = session.client.request("POST", f"/v1/sessions/{session.id}/interrupt")
+    if response.status != 200:
+        raise error_from_response(response.status, response.headers, response.data)
+
+
+#: An interrupted session cell waits this long per round for its program to stop (the server
+#: gives it 5 s, then kills the worker, EXTENSIONS §11), and sends the interrupt again each
+#: round: one that came while the program was still queued stopped nothing. Waiting means the
+#: next cell finds the session idle instead of busy (409).
+INTERRUPT_ROUND_SECONDS = 6.0
+INTERRUPT_ROUNDS = 5
+
+
+def stop_session_program(session: ClientSession, job: Job) -> bool:
+    """Interrupt the session's running ``job`` until it has finished (``True``); ``False``
+    when it still runs after every round. A second interrupt from the user stops waiting."""
+    try:
+        for _ in range(INTERRUPT_ROUNDS):
+            interrupt_session(session)
+            try:
+                job.wait(timeout=INTERRUPT_ROUND_SECONDS)
+                return True
+            except TimeoutError:
+                continue
+    except (KeyboardInterrupt, KCoralError, TransportError):
+        pass  # the interrupt is what the cell reports; the next cell meets what is left
+    return False
+
+
+def follow_job(job: Job, reporter: Reporter, record: RunRecord) -> ProgramResult:
+    """Show a job's phases and output as they happen, then fetch its result (the one event
+    loop of the notebook layer: running cells and ``%kcoral attach`` both use it)."""
+    for event in job.events():
+        if event.kind in ("stdout", "stderr"):
+            if event.text:
+                record.streamed = True
+                (reporter.stdout if event.kind == "stdout" else reporter.stderr)(event.text)
+        elif event.kind == "phase":
+            text = describe_phase(event.data, record)
+            if text:
+                reporter.phase(text)
+            if event.finished:
+                break
+    return job.result()
+
+
+def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
+    """The status-line text of one ``phase`` event."""
+    phase = data.get("phase") or data.get("name")
+    if phase == "queued":
+        # ``position`` counts the requests ahead (EXTENSIONS §5): 0 is next in line, which
+        # "queued #0" made read like a queue on an idle server.
+        position = data.get("position")
+        if isinstance(position, int) and position > 0:
+            return f"queued behind {position}"
+        return "waiting for a worker"
+    if phase == "assigned":
+        record.worker_id = str(data.get("worker_id") or "") or record.worker_id
+        return f"worker {record.worker_id}"
+    if phase == "lease_wait":
+        return "waiting for GPU"
+    if phase == "lease_held":
+        return "running on GPU"
+    if phase == "instruction":
+        return describe_instruction(str(data.get("op")), str(data.get("id") or ""), data)
+    if phase == "finished":
+        return f"done ({data.get('status')})"
+    return None
+
+
+def describe_instruction(op: str, ident: str, data: Mapping[str, Any]) -> str:
+    """What an instruction of a cell's program does, in the cell's words (the ids are the
+    ones ``cell_program.build_cell`` gives); a program of other origin gets its op and id."""
+    if ident.startswith("in:") and ident != "in:pickled":
+        return f"sending {ident.removeprefix('in:')}"
+    if ident == "in:pickled":
+        return "sending the pickled inputs"
+    if ident in ("cell_module", "cell_function"):
+        return "loading the cell"
+    if ident == "cell":
+        return "running"
+    if op.startswith("return"):
+        return "returning the results"
+    verb = {"upload": "uploading", "get_function": "loading", "run": "running"}.get(op, op)
+    return f"instruction {data.get('index')}: {verb} {ident}".rstrip()
+
+
+def _merge_job_state(job: Job, record: RunRecord) -> None:
+    try:
+        state = job.status()
+    except KCoralError:  # the job expired meanwhile: the result is what counts
+        return
+    record.worker_id = state.get("worker_id") or record.worker_id
+    ids = state.get("gpu_ids")
+    if isinstance(ids, (list, tuple)):
+        record.gpu_ids = tuple(int(i) for i in ids)
+
+
+def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> Exception:
+    """A request-level failure as the exception a notebook user can act on (two lines:
+    cause, what to do); other HTTP errors are returned as they are (the magic shortens them)."""
+    if exc.kind == "timeout":
+        limit = options.timeout_seconds
+        said = f"--timeout {limit:g} s" if limit is not None else "the server's default timeout"
+        return CellTimeoutError(
+            f"the cell ran past its execution deadline ({said}) on {server} "
+            f"[request {exc.request_id}]",
+            "raise it with --timeout SECONDS or %config KCoral.timeout = SECONDS (the server "
+            "clamps it to its max_timeout_seconds, see %kcoral status)",
+        )
+    # A cell's program is built by us, so a 400 "parse" for a cell sent with pickle is the
+    # server refusing the format (EXTENSIONS §4); the server's message is quoted, not read.
+    if exc.status_code == 400 and exc.kind == "parse" and options.serialization == "pickle":
+        return PickleRefusedError(
+            f"{server} does not allow pickle ({exc.message})",
+            "pass --in values that are tensors, bytes or JSON values, or ask the operator to "
+            "allow pickle (KCORAL_ALLOWED_SERIALIZATION)",
+        )
+    if exc.kind == "cancelled":
+        return cancelled(f"the job was cancelled on {server}")
+    return exc
+
+
+def cancelled(cause: str) -> CellCancelledError:
+    """An interrupt or a cancel as the two lines the user sees (still a KeyboardInterrupt)."""
+    return CellCancelledError(
+        cause, "run the cell again; --noblock runs it as a job that an interrupt leaves alone"
+    )

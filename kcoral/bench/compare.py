@@ -1,0 +1,289 @@
+"""``kcoral.builtins.compare``: several implementations of one operation, timed against the
+first inside one lease (EXTENSIONS §12.2–§12.3).
+
+Order of work: validate, clone the arguments per candidate (so one cannot feed another),
+check each candidate's result against the reference (a candidate that differs is not
+timed), warm every survivor up, then measure in rounds of one call per candidate in a
+freshly shuffled order (seeded, the seed reported), the L2 flushed before each call, so
+drift, boost clocks and heat hit every candidate alike. Speedups come from a seeded
+bootstrap over the samples.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kcoral.bench.clocks import (
+    CpuClock,
+    CudaEventClock,
+    select_clock,
+    warm_up,
+    with_cuda_event_fallback,
+)
+from kcoral.bench.config import (
+    BenchmarkConfig,
+    calls_for_budget,
+    describe,
+    helper_error,
+    parse_config,
+    truncate_message,
+)
+from kcoral.bench.correctness import Check, check, clone, result_of
+from kcoral.bench.report import machine_report, state_probe
+from kcoral.bench.rounds import CandidateFailed, StopRule, measure_rounds
+from kcoral.bench.stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary
+from kcoral.errors import ExecutionError
+
+#: ``compare``'s own configuration keys, beside ``benchmark``'s.
+COMPARE_KEYS = frozenset({"reference", "rtol", "atol", "outputs", "seed"})
+MAX_CANDIDATES = 32
+NAME_LIMIT = 200
+#: Fewer rounds than this give a bootstrap interval that means little; budgets never go below.
+MIN_ROUNDS = 10
+DEFAULT_RTOL = 1e-5
+DEFAULT_ATOL = 1e-8
+_VERDICTS = {"greater": "faster", "smaller": "slower", NO_DIFFERENCE: NO_DIFFERENCE}
+
+
+def _fail(message: str) -> ExecutionError:
+    return helper_error("runtime", f"compare: {message}")
+
+
+def _candidates(candidates: object) -> list[tuple[str, Callable[..., Any]]]:
+    if not isinstance(candidates, Mapping):
+        raise _fail(f"candidates must map names to callables, not {type(candidates).__name__}")
+    if not 1 <= len(candidates) <= MAX_CANDIDATES:
+        raise _fail(f"give from 1 to {MAX_CANDIDATES} candidates, not {len(candidates)}")
+    found = []
+    for name, fn in candidates.items():
+        if not isinstance(name, str) or not name or len(name) > NAME_LIMIT:
+            raise _fail(f"a candidate name must be a string of 1 to {NAME_LIMIT} characters")
+        if not callable(fn):
+            raise _fail(f"candidate {name!r}: {type(fn).__name__} object is not callable")
+        found.append((name, fn))
+    return found
+
+
+def _tolerance(options: Mapping[str, Any], key: str, default: float) -> float:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(f"config {key!r} must be a number, not {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise _fail(f"config {key!r} must be finite and >= 0, not {value!r}")
+    return float(value)
+
+
+def _outputs(options: Mapping[str, Any], arg_count: int) -> list[int] | None:
+    value = options.get("outputs")
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _fail("config 'outputs' must be a non-empty list of argument positions")
+    positions = []
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < arg_count:
+            raise _fail(
+                f"config 'outputs': {item!r} is not an argument position (0..{arg_count - 1})"
+            )
+        if item in positions:
+            raise _fail(f"config 'outputs' names position {item} twice")
+        positions.append(item)
+    return positions
+
+
+def _seed(options: Mapping[str, Any]) -> int:
+    value = options.get("seed")
+    if value is None:
+        return int.from_bytes(os.urandom(4), "big")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise _fail(f"config 'seed' must be an integer from 0 to 2**63 - 1, not {value!r}")
+    return value
+
+
+def run_comparison(candidates: object, args: Sequence[Any]) -> dict[str, Any]:
+    """The body of ``kcoral.builtins.compare``."""
+    config = None
+    if args and isinstance(args[-1], dict):
+        config, args = args[-1], tuple(args[:-1])
+    settings = parse_config(config, COMPARE_KEYS)
+    options = config or {}
+    named = _candidates(candidates)
+    rtol = _tolerance(options, "rtol", DEFAULT_RTOL)
+    atol = _tolerance(options, "atol", DEFAULT_ATOL)
+    outputs = _outputs(options, len(args))
+    seed = _seed(options)
+    try:
+        clock = select_clock(settings.flush_l2)
+    except ExecutionError:
+        raise
+    except Exception as exc:
+        raise _fail(describe(exc)) from exc
+    clocks: list[CpuClock | CudaEventClock] = [clock]
+    try:
+        return _Comparison(named, args, options, settings, rtol, atol, outputs, seed).run(clocks)
+    except ExecutionError:
+        raise
+    except Exception as exc:  # CUDA errors surface at synchronize or event timing
+        raise _fail(describe(exc)) from exc
+    finally:
+        for used in clocks:
+            used.close()
+
+
+class _Comparison:
+    def __init__(
+        self,
+        named: list[tuple[str, Callable[..., Any]]],
+        args: Sequence[Any],
+        options: Mapping[str, Any],
+        settings: BenchmarkConfig,
+        rtol: float,
+        atol: float,
+        outputs: list[int] | None,
+        seed: int,
+    ) -> None:
+        self.names = [name for name, _ in named]
+        self.functions = [fn for _, fn in named]
+        self.args = tuple(args)
+        self.has_reference = "reference" in options
+        self.reference = options.get("reference")
+        self.settings = settings
+        self.rtol, self.atol, self.outputs, self.seed = rtol, atol, outputs, seed
+        self.entries: list[dict[str, Any]] = [{"status": "ok"} for _ in named]
+        # one argument set per candidate, cloned, so no candidate reads another's writes
+        self.argsets = [clone(self.args) for _ in named]
+
+    # -------------------------------------------------------------- correctness
+
+    def _expected(self) -> Any:
+        if not callable(self.reference):
+            return self.reference
+        try:
+            return result_of(self.reference, clone(self.args), self.outputs)
+        except Exception as exc:
+            raise _fail(f"the reference raised {describe(exc)}") from exc
+
+    def check_all(self) -> None:
+        expected = self._expected() if self.has_reference else None
+        for index, fn in enumerate(self.functions):
+            entry = self.entries[index]
+            try:
+                # a fresh clone: the check must not leave state behind in the timed arguments
+                actual = result_of(fn, clone(self.args), self.outputs)
+            except Exception as exc:
+                entry.update(status="failed", error=truncate_message(describe(exc), 300))
+                continue
+            if not self.has_reference:
+                continue
+            verdict: Check = check(actual, expected, self.rtol, self.atol)
+            entry["max_abs_error"] = verdict.max_abs_error
+            if not verdict.matches:
+                entry.update(status="mismatch", error=verdict.message)
+        baseline = self.entries[0]
+        if baseline["status"] != "ok":
+            what = "does not match the reference" if baseline["status"] == "mismatch" else "failed"
+            raise _fail(
+                f"the baseline {self.names[0]!r} {what} ({baseline.get('error')}), so nothing "
+                "can be compared with it"
+            )
+
+    # -------------------------------------------------------------- timing
+
+    def _call(self, index: int) -> Callable[[], None]:
+        fn, argset = self.functions[index], self.argsets[index]
+
+        def call() -> None:
+            try:
+                fn(*argset)
+            except Exception as exc:
+                raise CandidateFailed(exc) from exc
+
+        return call
+
+    def run(self, clocks: list[CpuClock | CudaEventClock]) -> dict[str, Any]:
+        self.check_all()
+        timed = [i for i, entry in enumerate(self.entries) if entry["status"] == "ok"]
+        calls = {i: self._call(i) for i in timed}
+        repeats = {}
+        for index in list(timed):
+            try:
+                warmup, repeat = warm_up(clocks[-1], calls[index], self.settings)
+            except CandidateFailed as exc:
+                self._failed(index, exc.cause)
+                timed.remove(index)
+                continue
+            self.entries[index]["warmup"] = warmup
+            repeats[index] = repeat
+        if self.settings.repeat is not None:
+            rounds = self.settings.repeat
+        else:
+            # the budget covers a whole round: one call of every candidate
+            per_round = sum(self.settings.repeat_ms / repeats[i] for i in timed)
+            rounds = max(MIN_ROUNDS, calls_for_budget(self.settings.repeat_ms, per_round))
+
+        def measure(clock: CpuClock | CudaEventClock) -> tuple[Any, Any]:
+            import numpy as np
+
+            rng = np.random.default_rng(self.seed)  # a redo on CUDA events replays the order
+
+            def next_round(alive: list[int]) -> list[int]:
+                return [alive[i] for i in rng.permutation(len(alive))]
+
+            rule = StopRule(rounds, self.settings.target_precision, self.settings.max_ms)
+            probe = state_probe(clock)
+            try:
+                order = [calls[i] for i in timed]
+                outcome = measure_rounds(
+                    clock, order, next_round, rule, probe, self.settings.discard_throttled
+                )
+            finally:
+                if probe is not None:
+                    probe.close()
+            return probe, outcome
+
+        probe, outcome = with_cuda_event_fallback(clocks, measure)
+        for position, cause in outcome.failures.items():
+            self._failed(timed[position], cause)
+        return self._result(clocks[-1], probe, outcome, timed)
+
+    def _failed(self, index: int, cause: BaseException) -> None:
+        if index == 0:
+            raise _fail(f"the baseline {self.names[0]!r} raised {describe(cause)}") from cause
+        self.entries[index].update(status="failed", error=truncate_message(describe(cause), 300))
+
+    def _result(self, clock: Any, probe: Any, outcome: Any, timed: list[int]) -> dict[str, Any]:
+        samples = {index: outcome.samples[position] for position, index in enumerate(timed)}
+        baseline = samples[0]
+        candidates: dict[str, Any] = {}
+        for index, name in enumerate(self.names):
+            entry = self.entries[index]
+            if entry["status"] == "ok" and samples.get(index):
+                times = samples[index]
+                signatures = outcome.signatures[timed.index(index)]
+                entry["activities_stable"] = len(signatures) <= 1 or None in signatures
+                entry.update(summary(times, self.settings.max_samples))
+                precision = median_precision(times)
+                entry["precision"] = precision if math.isfinite(precision) else None
+                if index > 0:
+                    speedup = ratio_of_medians(baseline, times, self.seed + index)
+                    speedup["verdict"] = _VERDICTS[speedup["verdict"]]
+                    entry["speedup"] = speedup
+            candidates[name] = entry
+        return {
+            "kind": "kcoral.comparison",
+            "baseline": self.names[0],
+            "order": list(self.names),
+            "candidates": candidates,
+            "seed": self.seed,
+            "clock": clock.name,
+            "clock_fallback": getattr(clock, "fallback", None),
+            "flush_l2": self.settings.flush_l2,
+            "reference_checked": self.has_reference,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "outputs": self.outputs,
+            **machine_report(probe, outcome, self.settings),
+        }

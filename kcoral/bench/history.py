@@ -1,0 +1,172 @@
+"""Benchmark history (EXTENSIONS §12.6): named results kept in a JSON Lines file beside the
+notebook, keyed by label, GPU kind and clock, so a table can show the change against the
+previous run of the same key, with its 95 % interval, and flag a significant regression.
+
+The file is the user's: plain JSON, one result per line, a capped set of samples each,
+safe to delete. Lines this module cannot read are skipped, never fatal. The statistics
+(numpy) are imported only when a labelled result is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+HISTORY_FILE = "kcoral-benchmarks.jsonl"
+#: Samples kept per candidate and run: enough for a bootstrap interval, small on disk.
+HISTORY_SAMPLES = 200
+#: The bootstrap seed of history changes: the same two runs always give the same interval.
+CHANGE_SEED = 0
+BESIDE_NOTEBOOK = "beside the notebook"
+IN_WORKING_DIRECTORY = "in the kernel's working directory (no notebook path is known)"
+
+
+def history_directory(user_ns: Mapping[str, Any] | None = None) -> tuple[Path, str]:
+    """Where the history goes and how that was decided.
+
+    Jupyter gives the kernel its notebook's path in ``JPY_SESSION_NAME`` (absolute, or
+    relative to the server's root while the kernel runs in the notebook's folder); VS Code
+    puts it in ``__vsc_ipynb_file__``. Without either, the working directory, said so."""
+    candidates = []
+    vscode = (user_ns or {}).get("__vsc_ipynb_file__")
+    if isinstance(vscode, str) and vscode:
+        candidates.append(Path(vscode))
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    if session:
+        path = Path(session)
+        candidates.append(path if path.is_absolute() else Path.cwd() / path.name)
+    for notebook in candidates:
+        if notebook.suffix == ".ipynb" and notebook.is_file():
+            return notebook.parent.resolve(), BESIDE_NOTEBOOK
+    return Path.cwd().resolve(), IN_WORKING_DIRECTORY
+
+
+def history_key(result: Mapping[str, Any], label: str) -> dict[str, str]:
+    """label, GPU kind (NVML's name, ``cpu`` on a CPU worker) and clock of ``result``."""
+    gpu = "unknown GPU"
+    state = result.get("gpu_state")
+    if isinstance(state, Mapping) and isinstance(state.get("name"), str):
+        gpu = state["name"]
+    elif result.get("clock") == "cpu":
+        gpu = "cpu"
+    clock = result.get("clock")
+    return {"label": label, "gpu": gpu, "clock": clock if isinstance(clock, str) else "unknown"}
+
+
+def _candidates(result: Mapping[str, Any]) -> dict[str, list[float]]:
+    """name -> samples of each timed candidate (a benchmark is one candidate, its label)."""
+    from kcoral.bench.results import number, rows_of
+
+    found = {}
+    for name, entry in rows_of(result):
+        samples = entry.get("samples_ms")
+        if not isinstance(samples, list):
+            continue
+        values = [v for v in (number(s) for s in samples) if v is not None and v >= 0]
+        if values:
+            found[name] = values
+    return found
+
+
+def _previous(path: Path, key: Mapping[str, str]) -> dict[str, Any] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    last = None
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a hand-edited or cut line: skipped
+        if isinstance(entry, dict) and entry.get("key") == dict(key):
+            last = entry
+    return last
+
+
+def remember(
+    result: dict[str, Any], label: str, directory: Path | None = None, where: str = ""
+) -> dict[str, Any]:
+    """Compare ``result`` with the previous run of its key, append it to the history, and
+    put ``history`` into ``result`` (file, key, previous run's time, changes per candidate:
+    new median / old median with a bootstrap interval, ``regression`` when the whole
+    interval lies above 1)."""
+    from kcoral.bench.stats import ratio_of_medians, thinned
+
+    if directory is None:
+        directory, where = history_directory()
+    path = directory / HISTORY_FILE
+    key = history_key(result, label)
+    current = _candidates(result)
+    previous = _previous(path, key)
+    changes = {}
+    if previous is not None and isinstance(previous.get("candidates"), dict):
+        for name, samples in current.items():
+            old = previous["candidates"].get(name)
+            old_samples = old.get("samples_ms") if isinstance(old, dict) else None
+            if not isinstance(old_samples, list) or not old_samples:
+                continue
+            change = ratio_of_medians(samples, old_samples, CHANGE_SEED)
+            verdict = {"greater": "slower", "smaller": "faster"}.get(change["verdict"])
+            change["verdict"] = verdict or change["verdict"]
+            change["regression"] = verdict == "slower"
+            changes[name] = change
+    entry = {
+        "key": key,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kind": result.get("kind"),
+        "candidates": {
+            name: {
+                "latency_ms_median": sorted(samples)[len(samples) // 2],
+                "samples_ms": thinned(samples, HISTORY_SAMPLES)[0],
+            }
+            for name, samples in current.items()
+        },
+    }
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry) + "\n")
+    result["history"] = {
+        "file": str(path),
+        "where": where,
+        "key": key,
+        "previous_time": previous.get("time") if previous else None,
+        "changes": changes,
+    }
+    return result
+
+
+def remember_benchmarks(
+    label: str | None, values: Sequence[Any], user_ns: Mapping[str, Any]
+) -> list[str]:
+    """What the ``%%kcoral`` magic does after a cell: every benchmark or comparison result
+    among ``values`` that has a label (``--bench-label`` first, else its own ``label``) is
+    remembered; returns one note per file written, for the cell's output."""
+    from kcoral.bench.results import BenchmarkResult, ComparisonResult
+
+    # the cell's value and an -o name may be the same result decoded twice: one record
+    groups: list[list[dict[str, Any]]] = []
+    for value in values:
+        if not isinstance(value, (BenchmarkResult, ComparisonResult)):
+            continue
+        for group in groups:
+            if group[0] is value or group[0] == value:
+                group.append(value)
+                break
+        else:
+            groups.append([value])
+    notes = []
+    for first, *same in groups:
+        own = first.get("label")
+        name = label or (own if isinstance(own, str) and own else None)
+        if name is None:
+            continue
+        directory, where = history_directory(user_ns)
+        remember(first, name, directory, where)
+        for other in same:
+            other["history"] = first["history"]
+        notes.append(f"kcoral: benchmark {name!r} recorded in {first['history']['file']} ({where})")
+    return notes

@@ -1,0 +1,55 @@
+"""What a benchmark result says about the machine and the measurement (EXTENSIONS §12.4):
+the NVML probe of a GPU worker's own GPU, the CPU machine's state otherwise, the rounds,
+what stopped the measurement, and the warnings to read before trusting a number."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kcoral.bench.clocks import CpuClock, CudaEventClock
+from kcoral.bench.config import BenchmarkConfig
+from kcoral.bench.gpu_state import NvmlProbe, cpu_machine_state, cpu_warnings
+from kcoral.bench.rounds import RoundsOutcome
+
+
+def state_probe(clock: CpuClock | CudaEventClock) -> NvmlProbe | None:
+    """An NVML probe of the worker's own GPU on a GPU clock, else ``None``."""
+    if not isinstance(clock, CudaEventClock):
+        return None
+    return NvmlProbe.open()
+
+
+def machine_report(
+    probe: NvmlProbe | None, outcome: RoundsOutcome, settings: BenchmarkConfig
+) -> dict[str, Any]:
+    """``gpu_state`` or ``machine``, the ``warnings`` and the adaptive mode's verdict."""
+    report: dict[str, Any] = {
+        "rounds": outcome.rounds,
+        "stopped_by": outcome.stopped_by,
+        "target_precision": settings.target_precision,
+        "max_ms": settings.max_ms if settings.target_precision is not None else None,
+        "discard_throttled": settings.discard_throttled,
+        "discarded_rounds": outcome.discarded_rounds,
+        "label": settings.label,
+    }
+    if probe is None:
+        machine = cpu_machine_state()
+        report["machine"] = machine
+        report["gpu_state"] = None
+        warnings = cpu_warnings(machine)
+    else:
+        report["machine"] = None
+        report["gpu_state"] = probe.report(outcome.throttled_rounds, outcome.discarded_rounds)
+        warnings = probe.warnings(outcome.throttled_rounds, outcome.rounds)
+        if outcome.throttled_rounds and settings.discard_throttled:
+            if outcome.discarded_rounds:
+                warnings.append(f"{outcome.discarded_rounds} throttled rounds were dropped")
+            else:
+                warnings.append("every round was throttled, so none was dropped")
+    if outcome.stopped_by in ("max_ms", "max_calls") and settings.target_precision is not None:
+        warnings.append(
+            f"the median did not reach the target precision {settings.target_precision:g} "
+            f"before {outcome.stopped_by} ended the measurement"
+        )
+    report["warnings"] = warnings
+    return report

@@ -1,0 +1,207 @@
+"""Sessions on the client (EXTENSIONS §11): ``client.session(gpu_count=1)`` pins a worker,
+runs programs in it (their ``kcoral.session.namespace`` survives from one to the next) and
+ends it when the ``with`` block ends.
+
+The requests are flows of the client core (``kcoral.connection.transport.Flow``), so ``Session`` and
+``AsyncSession`` only drive them, as ``Client`` and ``AsyncClient`` do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kcoral.connection.transport import Flow, Request
+from kcoral.errors import KCoralError
+from kcoral.jobs import AsyncJob, Job
+from kcoral.response import decode_json_object, error_from_response
+
+if TYPE_CHECKING:
+    from kcoral.async_client import AsyncClient
+    from kcoral.base_client import BaseClient
+    from kcoral.client import Client
+    from kcoral.program import Program
+    from kcoral.remote import RemoteFunction
+    from kcoral.results import ProgramResult
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def session_options(gpu_count: int | None, idle_timeout: float | None) -> dict[str, Any]:
+    """The ``POST /v1/sessions`` body, checked before anything is sent."""
+    body: dict[str, Any] = {}
+    if gpu_count is not None:
+        if isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 1:
+            raise ValueError("gpu_count must be an int >= 1")
+        body["gpu_count"] = gpu_count
+    if idle_timeout is not None:
+        if (
+            isinstance(idle_timeout, bool)
+            or not isinstance(idle_timeout, (int, float))
+            or not math.isfinite(idle_timeout)
+            or idle_timeout <= 0
+        ):
+            raise ValueError("idle_timeout must be a finite number of seconds > 0")
+        body["idle_timeout_seconds"] = idle_timeout
+    return body
+
+
+def _record(expected: int, response: Any, what: str) -> dict[str, Any]:
+    if response.status != expected:
+        raise error_from_response(response.status, response.headers, response.data)
+    return decode_json_object(response.data, what)
+
+
+def create_flow(body: dict[str, Any]) -> Flow[dict[str, Any]]:
+    """``POST /v1/sessions``: the new session's record."""
+    data = json.dumps(body).encode()
+    response = yield Request("POST", "/v1/sessions", JSON_HEADERS, [data], len(data))
+    return _record(201, response, "session record")
+
+
+def record_flow(session_id: str) -> Flow[dict[str, Any]]:
+    """``GET /v1/sessions/{id}``."""
+    response = yield Request("GET", f"/v1/sessions/{session_id}")
+    return _record(200, response, "session record")
+
+
+def end_flow(session_id: str) -> Flow[dict[str, Any]]:
+    """``DELETE /v1/sessions/{id}`` (idempotent)."""
+    response = yield Request("DELETE", f"/v1/sessions/{session_id}")
+    return _record(200, response, "session record")
+
+
+def _check_id(session_id: object) -> str:
+    if not isinstance(session_id, str) or len(session_id) != 36:
+        raise ValueError(f"not a session id: {session_id!r}")
+    return session_id
+
+
+class _SessionBase:
+    """What both flavours share: the id, the last record seen, the execute flow."""
+
+    def __init__(self, client: BaseClient, record: dict[str, Any]) -> None:
+        self.client = client
+        self.id = _check_id(record.get("session_id"))
+        self.record = record  # as last read from the server
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id!r})"
+
+    def _execute_flow(self, program: Program, options: dict[str, Any]) -> Flow[ProgramResult]:
+        path = f"/v1/sessions/{self.id}/execute"
+        return self.client.execute_flow(program, path=path, **options)
+
+    def function(
+        self,
+        *,
+        timeout: float | None = None,
+        output_limit_bytes: int | None = None,
+        cpu_only: bool = False,
+        serialization: str = "json",
+    ) -> Callable[[Callable[..., Any]], RemoteFunction]:
+        """``@session.function()``: as ``client.function()`` (CLIENT_API §8), each call
+        running in the session (its module-level state is the session's)."""
+        from kcoral.remote import remote_function_decorator  # as BaseClient.function does
+
+        return remote_function_decorator(
+            self,
+            timeout=timeout,
+            output_limit_bytes=output_limit_bytes,
+            cpu_only=cpu_only,
+            serialization=serialization,
+        )
+
+    def _submit_flow(
+        self, program: Program, options: dict[str, Any]
+    ) -> Flow[tuple[str, str, tuple[str, ...]]]:
+        path = f"/v1/sessions/{self.id}/jobs"
+        return self.client.submit_flow(program, path=path, **options)
+
+
+class Session(_SessionBase):
+    """A session of a ``Client``: ``execute`` runs programs on its pinned worker."""
+
+    client: Client
+    is_async = False  # remote functions call ``execute`` as they would a client's
+
+    def execute(self, program: Program, **options: Any) -> ProgramResult:
+        """Run ``program`` in the session (``Client.execute``'s options); ``KCoralError``
+        kind ``session_ended`` (HTTP 410) once the session has ended, saying why."""
+        return self.client.run_flow(self._execute_flow(program, options))
+
+    def submit(self, program: Program, **options: Any) -> Job:
+        """Start ``program`` in the session as a job (``Client.submit``'s options)."""
+        job_id, request_id, blobs = self.client.run_flow(self._submit_flow(program, options))
+        return Job(self.client, job_id, request_id=request_id, known_blobs=blobs)
+
+    def info(self) -> dict[str, Any]:
+        """The session's record (``GET /v1/sessions/{id}``)."""
+        self.record = self.client.run_flow(record_flow(self.id))
+        return dict(self.record)
+
+    def close(self) -> None:
+        """End the session (its state is gone); a session already ended stays ended."""
+        try:
+            self.record = self.client.run_flow(end_flow(self.id))
+        except KCoralError as exc:
+            # 404: dropped after it ended long ago; 410: a router lost its node (ended)
+            if exc.status_code not in (404, 410):
+                raise
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncSession(_SessionBase):
+    """A session of an ``AsyncClient``: ``async with client.session() as s``."""
+
+    client: AsyncClient
+    is_async = True
+
+    def __init__(self, client: AsyncClient, body: dict[str, Any]) -> None:
+        self.client = client
+        self._body = body
+        self.id = ""
+        self.record: dict[str, Any] = {}
+
+    async def start(self) -> AsyncSession:
+        """Create the session on the server (``async with`` does this)."""
+        if not self.id:
+            record = await self.client.run_flow(create_flow(self._body))
+            super().__init__(self.client, record)
+        return self
+
+    async def execute(self, program: Program, **options: Any) -> ProgramResult:
+        """As ``Session.execute``."""
+        return await self.client.run_flow(self._execute_flow(program, options))
+
+    async def submit(self, program: Program, **options: Any) -> AsyncJob:
+        """As ``Session.submit``."""
+        flow = self._submit_flow(program, options)
+        job_id, request_id, blobs = await self.client.run_flow(flow)
+        return AsyncJob(self.client, job_id, request_id=request_id, known_blobs=blobs)
+
+    async def info(self) -> dict[str, Any]:
+        self.record = await self.client.run_flow(record_flow(self.id))
+        return dict(self.record)
+
+    async def close(self) -> None:
+        if not self.id:
+            return
+        try:
+            self.record = await self.client.run_flow(end_flow(self.id))
+        except KCoralError as exc:
+            if exc.status_code not in (404, 410):
+                raise
+
+    async def __aenter__(self) -> AsyncSession:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

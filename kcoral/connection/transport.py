@@ -1,0 +1,158 @@
+"""What moves bytes for a client: the transport interface and its in-memory and threaded kinds.
+
+The client core (``kcoral.base_client``) turns every call into ``Request`` values and reads
+``Response`` values; a transport only sends one and returns the other. ``Client`` uses a
+synchronous ``Transport`` (``kcoral.connection.http.HttpTransport``, urllib3), ``AsyncClient`` an
+``AsyncTransport``: by default the same urllib3 transport run on a bounded pool of threads
+(``ThreadedAsyncTransport``; why threads and not an asyncio HTTP library: CLIENT_API §1).
+
+``MockTransport(handler)`` answers from a function and is both kinds at once, so the same
+scenario runs through ``Client`` and ``AsyncClient`` without a server (as httpx's
+``MockTransport``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request relative to the client's base URL.
+
+    ``chunks`` is the body in pieces (sent as given, never joined by the client); ``None``
+    sends no body."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    chunks: Sequence[bytes | memoryview] | None = None
+    length: int = 0
+
+    def body(self) -> bytes:
+        """The whole body as one ``bytes`` (tests and transports that cannot stream)."""
+        return b"".join(bytes(chunk) for chunk in self.chunks or ())
+
+
+@dataclass(frozen=True)
+class Response:
+    """A fully read answer; ``headers`` is case-insensitive. ``data`` is ``bytes``, or a
+    read-only-by-convention ``memoryview`` for large bodies (``kcoral.connection.http``)."""
+
+    status: int
+    headers: Mapping[str, str]
+    data: bytes | memoryview
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Sends one request and reads the whole answer; ``TransportError`` when none came."""
+
+    def handle_request(self, request: Request) -> Response: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncTransport(Protocol):
+    """The asynchronous twin of ``Transport``."""
+
+    async def handle_async_request(self, request: Request) -> Response: ...
+
+    async def aclose(self) -> None: ...
+
+
+class CaseInsensitiveHeaders(dict[str, str]):
+    """Answer headers looked up whatever their capitalization (for ``MockTransport``)."""
+
+    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        for name, value in (headers or {}).items():
+            self[name] = value
+
+    def __setitem__(self, name: str, value: str) -> None:
+        super().__setitem__(name.lower(), value)
+
+    def __getitem__(self, name: str) -> str:
+        return super().__getitem__(name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.lower())
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+class MockTransport:
+    """A transport answered by ``handler(request) -> Response``, in memory; sync and async.
+
+    Headers of the handler's answer become case-insensitive, as a real transport's are."""
+
+    def __init__(self, handler: Callable[[Request], Response]) -> None:
+        self.handler = handler
+        self.requests: list[Request] = []  # every request seen, in order
+        self.closed = False
+
+    def handle_request(self, request: Request) -> Response:
+        self.requests.append(request)
+        response = self.handler(request)
+        return Response(response.status, CaseInsensitiveHeaders(response.headers), response.data)
+
+    async def handle_async_request(self, request: Request) -> Response:
+        return self.handle_request(request)
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class ThreadedAsyncTransport:
+    """A blocking ``Transport`` awaited from asyncio: each request runs on one of at most
+    ``max_workers`` threads, so callers queue here instead of on connections, and any number
+    of event loops (``asyncio.run`` twice, a helper thread's loop) may share the client.
+
+    Cancelling the awaiting task does not stop a request already sent; its answer is read
+    and dropped (the server's deadline bounds it)."""
+
+    def __init__(self, transport: Transport, *, max_workers: int) -> None:
+        self.transport = transport
+        self.max_workers = max_workers
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.max_workers, thread_name_prefix="kcoral-http"
+                )
+            return self._executor
+
+    async def handle_async_request(self, request: Request) -> Response:
+        future = self._pool().submit(self.transport.handle_request, request)
+        return await asyncio.wrap_future(future)
+
+    def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
+        self.transport.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+#: One client call without I/O: a generator that yields each ``Request`` it needs, is sent
+#: each ``Response``, and returns the call's value. ``Client`` and ``AsyncClient`` differ
+#: only in how they drive it (``kcoral.base_client``).
+Flow = Generator[Request, Response, T]

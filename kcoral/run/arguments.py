@@ -1,0 +1,259 @@
+"""``kcoral run`` command line: options, server selection, ``--env``/``--fetch`` checks.
+
+CLIENT_API.md §11. The command line is checked completely before anything else happens, so a
+usage error (exit status 2) never contacts a server. The tools' own argument rules live in
+``kcoral.run.tools``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoral.connection.server_address import server_url
+from kcoral.protocol.paths import normalize_workspace_path
+from kcoral.run.tools import TOOLS, Tool, UsageError, check_tool_args, get_tool
+
+PROG = "kcoral run"
+DEFAULT_TIMEOUT_SECONDS = 300
+DEFAULT_OUTPUT_LIMIT_BYTES = 268435456
+
+USAGE = f"usage: {PROG} TOOL [options] -- ARGS...\n"
+_OPTIONS_HELP = """\
+options (before the first '--'):
+  --url URL               server or router URL (default: $KCORAL_URL)
+  --host HOST             server host (default 127.0.0.1 when only --port is given)
+  --port PORT             server port (default 8000 when only --host is given)
+  --timeout SECONDS       execution timeout, a positive integer (default 300)
+  --output-limit-bytes N  captured stdout/stderr limit per stream (default 268435456)
+  --send PATH             local file or directory to upload (repeatable)
+  -e, --env NAME[=VALUE]  remote environment variable; bare NAME copies the local value
+  --fetch PATH            file or directory to bring back, relative to the tool's directory
+  --out DIR               new local directory for returned files
+  -h, --help              show this help
+"""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REFUSED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "KCORAL_DIR"})
+_VALUE_OPTIONS = {
+    "--url": "url",
+    "--host": "host",
+    "--port": "port",
+    "--timeout": "timeout",
+    "--output-limit-bytes": "output_limit",
+    "--send": "send",
+    "--env": "env",
+    "-e": "env",
+    "--fetch": "fetch",
+    "--out": "out",
+}
+_REPEATABLE = frozenset({"send", "env", "fetch"})
+
+
+class HelpRequested(Exception):
+    """``--help`` was given; the argument is the text to print."""
+
+
+@dataclass
+class RunOptions:
+    """A checked ``kcoral run`` command line."""
+
+    tool: Tool
+    args: list[str]
+    url: str
+    timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
+    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT_BYTES
+    send: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    fetch: list[str] = field(default_factory=list)
+    out: str | None = None
+    #: printed on stderr before running (e.g. --host/--port overriding KCORAL_URL)
+    warnings: list[str] = field(default_factory=list)
+    #: bytes of --send inputs (for the progress line)
+    input_bytes: int = 0
+    #: set by ``execute`` when the tool's output was already printed live (EXTENSIONS §7)
+    output_streamed: bool = False
+
+
+def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:
+    """Check the whole command line; ``UsageError`` or ``HelpRequested`` otherwise."""
+    words = list(argv)
+    if not words or words[0] in ("-h", "--help"):
+        raise HelpRequested(general_help())
+    tool = get_tool(words[0])
+    values: dict[str, Any] = {}
+    index = 1
+    while True:
+        if index >= len(words):
+            raise UsageError("missing '--' before the tool's arguments")
+        word = words[index]
+        index += 1
+        if word == "--":
+            break
+        if word in ("-h", "--help"):
+            raise HelpRequested(tool_help(tool))
+        name, value, index = _option_value(word, words, index)
+        key = _VALUE_OPTIONS[name]
+        if key in _REPEATABLE:
+            values.setdefault(key, []).append(value)
+        elif key in values:
+            raise UsageError(f"option {name} given more than once")
+        else:
+            values[key] = value
+    args = words[index:]
+    check_tool_args(tool, args)
+    url, warnings = select_server(
+        values.get("url"), values.get("host"), values.get("port"), environ
+    )
+    options = RunOptions(tool=tool, args=args, url=url, warnings=warnings)
+    if "timeout" in values:
+        options.timeout_seconds = _positive_int("--timeout", values["timeout"])
+    if "output_limit" in values:
+        options.output_limit_bytes = _positive_int("--output-limit-bytes", values["output_limit"])
+    options.send = list(values.get("send", []))
+    options.env = parse_env(values.get("env", []), environ)
+    options.fetch = parse_fetch(values.get("fetch", []))
+    options.out = values.get("out")
+    _check_outputs(options)
+    return options
+
+
+def _option_value(word: str, words: list[str], index: int) -> tuple[str, str, int]:
+    """Split ``--name=value``, ``--name value``, ``-eVALUE`` or ``-e VALUE``."""
+    if word.startswith("--") and "=" in word:
+        name, value = word.split("=", 1)
+        if name in _VALUE_OPTIONS:
+            return name, value, index
+    elif word in _VALUE_OPTIONS:
+        if index >= len(words) or words[index] == "--":
+            raise UsageError(f"option {word} needs a value")
+        return word, words[index], index + 1
+    elif word.startswith("-e") and not word.startswith("--"):
+        return "-e", word[2:], index
+    if word.startswith("-"):
+        raise UsageError(f"unknown option {word.split('=', 1)[0]}")
+    raise UsageError(f"unexpected argument {word!r}: the tool's arguments go after '--'")
+
+
+def _positive_int(option: str, text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
+        raise UsageError(f"{option} must be a positive integer, not {text!r}")
+    return int(text)
+
+
+def select_server(
+    url: str | None, host: str | None, port: str | None, environ: Mapping[str, str]
+) -> tuple[str, list[str]]:
+    """The base URL to use and any warning about it (CLIENT_API §11, server selection)."""
+    if url is not None and (host is not None or port is not None):
+        raise UsageError("--url cannot be combined with --host/--port")
+    if host is not None or port is not None:
+        host_text = "127.0.0.1" if host is None else host
+        port_text = "8000" if port is None else port
+        address = f"http://{_check_host(host_text)}:{_check_port(port_text)}"
+        warnings = []
+        if environ.get("KCORAL_URL"):
+            warnings.append(f"--host/--port override KCORAL_URL; using {address}")
+        return address, warnings
+    if url is None:
+        url = environ.get("KCORAL_URL") or None
+        if url is None:
+            raise UsageError("no server given: use --url, --host/--port or set KCORAL_URL")
+        return _check_url(url, "KCORAL_URL"), []
+    return _check_url(url, "--url"), []
+
+
+def _check_url(url: str, source: str) -> str:
+    """The URL ``url`` names, by the address rule every entry point shares (CLIENT_API §2)."""
+    try:
+        return server_url(url)
+    except ValueError as exc:
+        raise UsageError(f"{source} is not a valid server address: {exc}") from None
+
+
+def _check_host(host: str) -> str:
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if ":" in bare:
+        try:
+            ipaddress.IPv6Address(bare)
+        except ValueError:
+            raise UsageError(f"--host {host!r} is not a host name or IP address") from None
+        return "[" + bare.replace("%", "%25") + "]"
+    if not host or "://" in host or any(char in "/:@?#\\[]%" or char.isspace() for char in host):
+        raise UsageError(
+            f"--host {host!r} must be a host name or IP address (no scheme, port or path)"
+        )
+    return host
+
+
+def _check_port(port: str) -> int:
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise UsageError(f"--port must be an integer in 1-65535, not {port!r}")
+    return int(port)
+
+
+def parse_env(assignments: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """``NAME[=VALUE]`` words -> overrides; the last assignment of a name wins."""
+    result: dict[str, str] = {}
+    for assignment in assignments:
+        name, has_value, value = assignment.partition("=")
+        if not _ENV_NAME.fullmatch(name):
+            raise UsageError(f"--env: invalid variable name {name!r}")
+        if name in _REFUSED_ENV:
+            raise UsageError(f"--env: {name} cannot be set (the server manages it)")
+        if not has_value:
+            if name not in environ:
+                raise UsageError(f"--env: {name} is not set locally")
+            value = environ[name]
+        if "\x00" in value:
+            raise UsageError(f"--env: the value of {name} contains NUL")
+        result.pop(name, None)
+        result[name] = value
+    return result
+
+
+def parse_fetch(paths: Sequence[str]) -> list[str]:
+    """Normalized ``--fetch`` paths (relative, no ``..``, no backslash)."""
+    result = []
+    for path in paths:
+        try:
+            result.append(normalize_workspace_path(path))
+        except ValueError as exc:
+            raise UsageError(f"--fetch {path!r}: {exc}") from None
+    return result
+
+
+def _check_outputs(options: RunOptions) -> None:
+    tool = options.tool
+    if options.fetch and not tool.allows_fetch:
+        raise UsageError(f"{tool.name} does not take --fetch (its outputs come back in --out)")
+    if tool.requires_out and options.out is None:
+        raise UsageError(f"{tool.name} requires --out DIR")
+    if not tool.requires_out and bool(options.fetch) != (options.out is not None):
+        raise UsageError("--fetch and --out must be given together")
+    if options.out is not None:
+        if not options.out:
+            raise UsageError("--out must not be empty")
+        if os.path.lexists(options.out):
+            raise UsageError(f"--out {options.out!r} already exists (nothing is overwritten)")
+
+
+def general_help() -> str:
+    tools = "".join(f"  {tool.name:<18}{tool.synopsis}\n" for tool in TOOLS.values())
+    return (
+        f"{USAGE}\nRun a command-line tool on a KCoral worker and bring its output back.\n\n"
+        f"tools:\n{tools}\n{_OPTIONS_HELP}\n"
+        "Exit status: the tool's own status (128 + N when killed by signal N); 1 when the\n"
+        "program failed, the server could not be reached or a requested output is missing;\n"
+        "2 for an invalid command line. See `kcoral run TOOL --help`.\n"
+    )
+
+
+def tool_help(tool: Tool) -> str:
+    return (
+        f"usage: {PROG} {tool.name} [options] -- {tool.synopsis}\n\n"
+        f"{tool.description}\n\n{_OPTIONS_HELP}"
+    )

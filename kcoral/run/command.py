@@ -1,0 +1,169 @@
+"""``kcoral run TOOL [options] -- ARGS…``: one command-line tool on a remote worker.
+
+CLIENT_API.md §11. The work is one ordinary program built with the public client API: the
+runner module of ``kcoral.run.worker_side``, the inputs as one ``bytes`` upload, one ``run`` whose
+value says how the tool ended, and with ``--out`` one folder return. The command line is
+checked by ``kcoral.run.arguments``, inputs are read by ``kcoral.run.inputs`` and the result is
+reported by ``kcoral.run.outputs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
+from kcoral.run import worker_side as run_remote
+from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
+from kcoral.run.inputs import LocalFileError, collect_inputs
+from kcoral.run.outputs import OUTPUTS_KEY, STATUS_KEY, report, say, write_output
+from kcoral.run.progress import Progress
+from kcoral.run.tools import UsageError, check_python_args
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of ``kcoral run``; returns the exit status."""
+    try:
+        options = parse_command_line(argv, os.environ)
+    except HelpRequested as help_text:
+        sys.stdout.write(str(help_text))
+        return 0
+    except UsageError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n{USAGE}")
+        return 2
+    for warning in options.warnings:
+        say(f"warning: {warning}")
+    try:
+        return run(options)
+    except KeyboardInterrupt:
+        # A job was cancelled with DELETE; a plain /execute had its connection closed,
+        # which makes the server cancel the tool (EXTENSIONS §9).
+        say("interrupted; the remote tool was cancelled")
+        return 130
+
+
+def runner_source() -> str:
+    """Source of the module that runs on the worker."""
+    return inspect.getsource(run_remote)
+
+
+def build_program(options: RunOptions, inputs: bytes | None) -> Any:
+    """The one program of an invocation (a ``kcoral.Program``)."""
+    from kcoral.program import Program
+
+    program = Program()
+    module = program.upload(kind="module", source=runner_source(), id="runner")
+    function = program.get_function(module=module, name="run_tool", id="run_tool")
+    inputs_arg: Any = None
+    if inputs:
+        inputs_arg = program.upload(kind="bytes", value=inputs, id="inputs")
+    spec = {
+        "tool": options.tool.name,
+        "args": list(options.args),
+        "env": dict(options.env),
+        "fetch": list(options.fetch),
+        "collect": options.out is not None,
+    }
+    status = program.run(fn=function, args=[inputs_arg, spec], id=STATUS_KEY)
+    program.return_(key=STATUS_KEY, value=status)
+    if options.out is not None:
+        program.return_folder(key=OUTPUTS_KEY, path=run_remote.OUTPUTS_DIR)
+    return program
+
+
+def run(options: RunOptions) -> int:
+    """Send the inputs, run the tool remotely, print its output; returns the exit status."""
+    try:
+        files = collect_inputs(options.send)
+    except LocalFileError as exc:
+        say(str(exc))
+        return 1
+    missing = unsent_script(options, [path for path, _data, _executable in files])
+    if missing:
+        say(missing)
+        return 2
+    options.input_bytes = sum(len(data) for _path, data, _executable in files)
+    inputs = run_remote.pack_inputs(files) if files else None
+    program = build_program(options, inputs)
+    try:
+        result = execute(options, program)
+    except KCoralError as exc:
+        say(f"server error: {exc}")
+        return 1
+    except TransportError as exc:
+        # One line: the address and the innermost reason, not urllib3's chain of wrappers.
+        say(f"cannot reach the server at {options.url}: {root_reason(exc)}")
+        return 1
+    except ProtocolError as exc:
+        say(f"invalid response from the server: {exc}")
+        return 1
+    return report(options, result)
+
+
+def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
+    """Why ``python SCRIPT`` cannot find a relative script, in the words the user typed, or
+    None. The tool runs in a fresh remote directory holding only the ``--send`` inputs, so a
+    relative script that none of them provides can only fail there, and the remote message
+    would name a workspace path the user never saw. An absolute path may exist on the
+    server and is left to it."""
+    if options.tool.name != "python":
+        return None
+    script = check_python_args(options.args)
+    if script is None or os.path.isabs(script):
+        return None
+    if os.path.normpath(script) in sent:
+        return None
+    if os.path.exists(script):
+        return f"python: {script} was not sent (the tool runs remotely): add --send {script}"
+    return f"python: {script}: no such file here, and no --send input provides it"
+
+
+def execute(options: RunOptions, program: Any) -> Any:
+    """Run ``program`` and return its ``ProgramResult``.
+
+    When the server lists feature ``jobs`` (EXTENSIONS §7) the program is submitted as a
+    job and its stdout/stderr are printed while it runs (``options.output_streamed``);
+    Ctrl-C then cancels the job. Otherwise the output arrives with the response.
+    """
+    from kcoral.client import Client
+
+    progress = Progress(f"{PROG}: sending inputs", options.input_bytes, sys.stderr, waiting=True)
+    with Client(options.url) as client:
+        if not _offers_jobs(client):
+            with progress:
+                return client.execute(
+                    program,
+                    timeout_seconds=options.timeout_seconds,
+                    output_limit_bytes=options.output_limit_bytes,
+                )
+        with progress:
+            job = client.submit(
+                program,
+                timeout_seconds=options.timeout_seconds,
+                output_limit_bytes=options.output_limit_bytes,
+            )
+        try:
+            for event in job.events():
+                if event.kind == "stdout":
+                    write_output(sys.stdout, event.text)
+                elif event.kind == "stderr":
+                    write_output(sys.stderr, event.text)
+            options.output_streamed = True
+            return job.result()
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):
+                job.cancel()  # waits until the remote process tree is gone
+            raise
+
+
+def _offers_jobs(client: Any) -> bool:
+    """Whether ``/v1/info`` lists ``jobs`` (a server without ``/v1/info`` has none)."""
+    try:
+        features = client.info().get("features")
+    except KCoralError:
+        return False
+    return isinstance(features, list) and "jobs" in features

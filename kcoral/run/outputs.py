@@ -1,0 +1,107 @@
+"""``kcoral run`` results: print the tool's output, save ``--out``, choose the exit status.
+
+CLIENT_API.md §11. ``report`` reads the ``ProgramResult`` of the program that
+``kcoral.run.command`` built: the runner's status dict under ``STATUS_KEY`` and, with ``--out``,
+the returned folder under ``OUTPUTS_KEY``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from kcoral.run.arguments import PROG, RunOptions
+from kcoral.run.progress import Progress
+
+STATUS_KEY = "status"
+OUTPUTS_KEY = "outputs"
+
+
+def report(options: RunOptions, result: Any) -> int:
+    """Print the captured output, save returned files; returns the exit status."""
+    if not options.output_streamed:
+        write_output(sys.stdout, result.stdout)
+        write_output(sys.stderr, result.stderr)
+    for stream_name in ("stdout", "stderr"):
+        if getattr(result, f"{stream_name}_truncated"):
+            say(
+                f"the remote {stream_name} was truncated at the server's output limit "
+                "(see --output-limit-bytes)"
+            )
+    if not result.completed:
+        error = result.error or {}
+        say(
+            f"remote program failed ({error.get('kind')}): {error.get('message')} "
+            f"[request {result.request_id}]"
+        )
+        traceback = error.get("traceback")
+        if traceback:
+            sys.stderr.write(traceback if traceback.endswith("\n") else traceback + "\n")
+        return 1
+    outcome = result.results.get(STATUS_KEY)
+    if not isinstance(outcome, dict):
+        say("invalid response from the server: the runner returned no status")
+        return 1
+    if outcome.get("error"):
+        say(str(outcome["error"]))
+        return 1
+    for skipped in outcome.get("skipped") or []:
+        say(f"warning: {skipped} is not a regular file or directory; not returned")
+    status = _exit_status(outcome)
+    if options.out is not None:
+        if not _save_outputs(options.out, result.results.get(OUTPUTS_KEY)):
+            return 1
+    missing = outcome.get("missing") or []
+    for item in missing:
+        say(f"missing output {item.get('path')}: {item.get('reason')}")
+    if missing and status == 0:
+        return 1
+    return status
+
+
+def _exit_status(outcome: Mapping[str, Any]) -> int:
+    if isinstance(outcome.get("signal"), int):
+        return 128 + outcome["signal"]
+    if isinstance(outcome.get("exit_code"), int):
+        # statuses beyond 255 cannot be process exit statuses; keep them non-zero
+        code = outcome["exit_code"]
+        return code if 0 <= code <= 255 else 1
+    return 1
+
+
+def _save_outputs(out: str, folder: Any) -> bool:
+    if folder is None or not hasattr(folder, "save"):
+        say("invalid response from the server: the outputs folder is missing")
+        return False
+    total = sum(len(item.read_bytes()) for item in folder.files.values())
+    try:
+        parent = os.path.dirname(os.path.abspath(out))
+        os.makedirs(parent, exist_ok=True)
+        with Progress(f"{PROG}: saving outputs", total, sys.stderr) as progress:
+            folder.save(out)
+            progress.advance(total)
+    except (OSError, ValueError) as exc:
+        say(f"cannot save the outputs to {out!r}: {exc}")
+        return False
+    return True
+
+
+def write_output(stream: TextIO, text: str) -> None:
+    if not text:
+        return
+    stream.flush()
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        # bytes, so that a non-UTF-8 terminal locale cannot fail on the tool's output
+        buffer.write(text.encode("utf-8", "surrogateescape"))
+        buffer.flush()
+    else:
+        stream.write(text)
+        stream.flush()
+
+
+def say(message: str) -> None:
+    sys.stderr.write(f"{PROG}: {message}\n")
+    sys.stderr.flush()

@@ -1,0 +1,111 @@
+"""What follows a request from outside and what stops it: the hooks a job uses to watch
+its request (``RequestObserver``), and the request's cancel (``Cancellation``,
+EXTENSIONS §5, §9) that stops its wait for a seat or interrupts its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from kcoral_server.execution.responses import RequestFailed
+
+if TYPE_CHECKING:
+    from kcoral_server.execution.pipeline import ExecuteRequest
+    from kcoral_server.processes.handle import WorkerHandle
+    from kcoral_server.storage.workspace import Workspace
+
+CANCELLED_STATUS = 499  # logged only: nobody is left to receive a cancelled request's answer
+CANCEL_MESSAGES = {
+    "cancelled": "the job was cancelled",
+    "client_disconnected": "the client disconnected",
+}
+
+
+class RequestObserver:
+    """Hooks a job uses to follow its request (``/execute`` passes none: all no-ops).
+
+    Called on the event loop, in this order: ``accepted`` (every check passed, about to
+    queue), ``assigned``, then any ``lease``/``instruction`` calls, ``output_started`` /
+    ``output_finished`` around the program's run. ``output_finished`` must drain the capture
+    files before the response reads them.
+    """
+
+    def accepted(self, request: ExecuteRequest) -> None:
+        pass
+
+    def assigned(self, seat_id: str, gpu_ids: list[int], queue_ms: float) -> None:
+        """The request checked out ``seat_id`` (``worker_id`` on the wire and in logs: a
+        seat outlives the worker processes it runs)."""
+        pass
+
+    def lease(self, phase: str) -> None:
+        pass
+
+    def instruction(self, index: int, op: str, instruction_id: str | None) -> None:
+        pass
+
+    @property
+    def follows_instructions(self) -> bool:
+        """Whether ``instruction`` does anything: only then does the worker report each
+        instruction by frame as it starts (else the progress slot alone records it)."""
+        return type(self).instruction is not RequestObserver.instruction
+
+    def output_started(self, workspace: Workspace, limit: int) -> None:
+        pass
+
+    async def output_finished(self) -> None:
+        pass
+
+
+NO_OBSERVER = RequestObserver()
+
+
+class Cancellation:
+    """A request's cancel (EXTENSIONS §5, §9) as its run sees it: the reason, an event
+    that stops waits, and the worker whose receive it interrupts."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._event = asyncio.Event()
+        self._driving: WorkerHandle | None = None  # the worker running the program now
+
+    def cancel(self, reason: str) -> bool:
+        """False when cancelled before."""
+        if self.reason is not None:
+            return False
+        self.reason = reason
+        self._event.set()
+        if self._driving is not None:
+            self._driving.channel.interrupt()
+        return True
+
+    def driving(self, handle: WorkerHandle | None) -> None:
+        """``handle`` runs the program now (None: no longer)."""
+        self._driving = handle
+
+    def failure(self) -> RequestFailed:
+        reason = self.reason or "cancelled"
+        return RequestFailed(
+            CANCELLED_STATUS, "cancelled", CANCEL_MESSAGES.get(reason, reason), reason
+        )
+
+    async def unless(self, awaitable: Any) -> Any:
+        """Await ``awaitable`` unless the request is cancelled first (then it is cancelled
+        too, and ``RequestFailed`` is raised)."""
+        if self.reason is not None:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise self.failure()
+        task = asyncio.ensure_future(awaitable)
+        waiter = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise self.failure()

@@ -1,0 +1,157 @@
+"""The state of one program on its worker while it runs, and how it ends (PROTOCOL §6–§7).
+
+``ProgramDrive`` is what ``worker_run.ProgramRun`` learns from the worker's messages: the
+returns, the last instruction started and finally one ``RunResult`` with the status, error
+and reasons that the answer (``program_outcome``) and the worker's fate
+(``Pool.retirement``) are decided from. Its methods turn each way a program ends into that
+state; they never touch the worker.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoral.protocol.schema import Instruction, Return
+from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE
+from kcoral_server.execution.responses import ReturnRecord
+from kcoral_server.pool.pool import RunResult
+from kcoral_server.processes import ipc
+from kcoral_server.processes.channel import WorkerGone
+from kcoral_server.storage import workspace_watch
+from kcoral_server.storage.workspace import Workspace
+
+__all__ = ["CRASH_MESSAGE", "ProgramDrive", "instruction_error"]
+
+CRASH_MESSAGE = "worker exited while executing the instruction"
+
+
+@dataclass
+class ProgramDrive:
+    """Progress of one program on a worker."""
+
+    workspace: Workspace
+    limit: int
+    result: RunResult | None = None  # None while the program runs
+    status: str = "FAILED"
+    error: dict[str, Any] | None = None
+    returns: list[ReturnRecord] = field(default_factory=list)
+    last_instruction: ipc.InstructionStarted | None = None
+    reason: str = "server_error"
+    reason_retire: str | None = None
+    maps: list[mmap.mmap] = field(default_factory=list)
+    instructions: Sequence[Instruction] = ()
+    progress: ipc.ProgressSlot | None = None  # the worker's, when it has one
+    #: the limit the worker died at, for the answer (``exit_cause.limit_cause``)
+    cause: str | None = None
+    timeout_message: str = TIMEOUT_MESSAGE  # the 504's, naming the deadline once known
+
+    def read_progress(self) -> None:
+        """Take the last instruction started from the progress slot (the program is over):
+        without ``InstructionStarted`` frames this is the only record of it. A value that
+        names no instruction of this program (uploaded code can write the slot) leaves what
+        the frames said, if anything."""
+        if self.progress is None:
+            return
+        index = self.progress.last_started(len(self.instructions))
+        if index is None:
+            return
+        instruction = self.instructions[index]
+        self.last_instruction = ipc.InstructionStarted(
+            index=index,
+            op=instruction.op,
+            id=None if isinstance(instruction, Return) else instruction.id,
+        )
+
+    def finished(self, message: ipc.ProgramFinished) -> None:
+        """The worker's ``ProgramFinished``; ``ValueError`` when it is malformed."""
+        if message.status not in ("COMPLETED", "FAILED"):
+            raise ValueError(f"unknown program status {message.status!r}")
+        if message.status == "FAILED" and not isinstance(message.error, dict):
+            raise ValueError("FAILED without an error object")
+        self.result = RunResult.FINISHED
+        self.status = message.status
+        self.error = message.error if message.status == "FAILED" else None
+        if message.left_processes:
+            self.reason_retire = "request_limit"
+            if self.status == "COMPLETED" and self.last_instruction is not None:
+                self.status = "FAILED"
+                self.error = instruction_error(
+                    self.last_instruction,
+                    "program left background processes running; they were terminated",
+                )
+        if message.poisoned:
+            self.reason_retire = "poisoned_context"
+        self.reason = "completed" if self.status == "COMPLETED" else "program_failed"
+
+    def failed_at_teardown(self, returncode: int) -> None:
+        """A retiring worker exited with ``returncode`` after a completed program."""
+        if self.status == "COMPLETED" and self.last_instruction is not None:
+            self.status = "FAILED"
+            self.reason = "program_failed"
+            self.error = instruction_error(
+                self.last_instruction, f"worker exited with code {returncode} during teardown"
+            )
+
+    def timed_out(self, message: str | None = None) -> None:
+        self.result = RunResult.TIMED_OUT
+        if message is not None:
+            self.timeout_message = message
+        self.reason = "timeout"
+        self.reason_retire = "timeout"
+
+    def disk_limit_passed(self, limit: int) -> None:
+        """The sandbox directory passed ``--workspace-limit-bytes``; the worker was killed."""
+        self.read_progress()  # the process is gone: the slot holds its last word
+        self.result = RunResult.FINISHED
+        self.status = "FAILED"
+        self.reason = "program_failed"
+        self.reason_retire = workspace_watch.RETIRE_REASON
+        if self.last_instruction is None and self.instructions:
+            first = self.instructions[0]  # it wrote before it said anything: the first
+            self.last_instruction = ipc.InstructionStarted(
+                index=0, op=first.op, id=None if isinstance(first, Return) else first.id
+            )
+        if self.last_instruction is None:
+            self.result = RunResult.CRASHED
+            return
+        self.error = instruction_error(self.last_instruction, workspace_watch.limit_message(limit))
+
+    def cancelled(self, reason: str | None) -> None:
+        self.result = RunResult.CANCELLED
+        self.reason = reason or "cancelled"
+        self.reason_retire = "cancelled"
+
+    def worker_lost(self, gone: WorkerGone, quarantined: bool, cause: str | None = None) -> None:
+        """The worker went away (or spoke garbage) before ``ProgramFinished``; ``cause`` is
+        the limit it was killed at, when its cgroup says so."""
+        self.read_progress()  # the process is gone: the slot holds its last word
+        self.reason_retire = "crashed"
+        self.cause = cause
+        if quarantined:
+            self.result = RunResult.QUARANTINED  # its GPU was taken out of service under it
+        elif gone.invalid:
+            self.result = RunResult.INVALID
+            self.reason = "server_error"
+        elif self.last_instruction is not None:
+            self.result = RunResult.FINISHED
+            self.status = "FAILED"
+            message = CRASH_MESSAGE if cause is None else f"{CRASH_MESSAGE}: {cause}"
+            self.error = instruction_error(self.last_instruction, message)
+            self.reason = "crashed"
+        else:
+            self.result = RunResult.CRASHED
+            self.reason = "crashed"
+
+
+def instruction_error(instruction: ipc.InstructionStarted, message: str) -> dict[str, Any]:
+    return {
+        "kind": "runtime",
+        "message": message,
+        "instruction_index": instruction.index,
+        "instruction_op": instruction.op,
+        "instruction_id": instruction.id,
+        "traceback": "",
+    }

@@ -1,0 +1,64 @@
+"""Why a program's worker died, in words for the answer (SERVER §8).
+
+A worker the kernel killed at its memory limit used to answer ``worker exited while
+executing the instruction`` and nothing more: only the server log named the limit, and the
+person who sent the program cannot read that log. The answer now says which limit, its
+size and the flag that moves it, where the server can tell: the worker's cgroup counts its
+OOM kills (``memory.events`` / ``memory.oom_control``) and refused forks (``pids.events``),
+and the deadline is the server's own. Counters are read only once a worker is gone, never
+on the happy path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kcoral_server.processes.limits import WorkerCgroup
+
+__all__ = ["TIMEOUT_MESSAGE", "deadline_message", "limit_cause", "size_text"]
+
+#: PROTOCOL §7.1: how the message of a program past its deadline starts
+TIMEOUT_MESSAGE = "execution timed out"
+
+
+def size_text(size: int) -> str:
+    """``4.0 GiB``, ``512.0 MiB``, ``64.0 KiB`` or ``100 bytes``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def limit_cause(cgroup: WorkerCgroup | None) -> str | None:
+    """The limit the worker's cgroup recorded hitting, as the clause that follows a crash's
+    message and a colon (None: no cgroup, or none was hit). Read it before the cgroup is
+    removed."""
+    if cgroup is None:
+        return None
+    if cgroup.memory_limit_hit():
+        return (
+            "killed at its memory limit "
+            f"({size_text(cgroup.memory_bytes)}, --worker-memory-limit-bytes)"
+        )
+    if cgroup.process_limit_hit():
+        return (
+            "it reached its process limit "
+            f"({cgroup.processes} processes and threads, --worker-process-limit)"
+        )
+    return None
+
+
+def deadline_message(timeout: float, asked: float | None, config: Any) -> str:
+    """The 504 ``timeout`` message: the deadline and the setting that set it. ``asked`` is
+    the program's ``timeout_seconds`` (None: it gave none), ``config`` the server's."""
+    largest = float(getattr(config, "max_timeout_seconds", timeout))
+    if asked is None:
+        source = (
+            "--default-timeout-seconds; a program sets its own with timeout_seconds, "
+            f"up to --max-timeout-seconds ({largest:g} s)"
+        )
+    elif float(asked) > timeout:
+        source = f"--max-timeout-seconds; the program asked for {float(asked):g} s"
+    else:
+        source = f"the program's timeout_seconds; --max-timeout-seconds allows {largest:g} s"
+    return f"{TIMEOUT_MESSAGE} after its deadline of {timeout:g} s ({source})"

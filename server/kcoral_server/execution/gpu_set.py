@@ -1,0 +1,92 @@
+"""A program that asks for ``gpu_count`` GPUs: a transient worker on a leased GPU set
+(PROTOCOL §6.5, SERVER §8).
+
+The set is leased before the worker starts (any ``count`` free GPUs, FIFO with the other
+waiters), the worker is started on it under the request's deadline, runs the program like a
+seat's worker (``ProgramRun.drive_program``) and is killed while it still holds the set, so
+that no CUDA context outlives the lease. Its seat is given back unused either way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from kcoral.protocol.schema import Program
+from kcoral_server.execution.blob_handover import read_output
+from kcoral_server.execution.blob_resolution import Resolution
+from kcoral_server.execution.outcome import confirm_cleanup
+from kcoral_server.execution.responses import ProgramOutcome, RequestFailed
+from kcoral_server.gpu.lease import GpuQuarantined
+from kcoral_server.pool.pool import Seat
+from kcoral_server.processes.handle import WorkerStartError
+
+if TYPE_CHECKING:
+    from kcoral_server.execution.run import ProgramRun
+
+__all__ = ["execute_on_gpu_set"]
+
+
+async def execute_on_gpu_set(
+    run: ProgramRun,
+    seat: Seat,
+    program: Program,
+    parsed: Any,
+    resolution: Resolution,
+    timeout: float,
+    limit: int,
+    queue_ms: float,
+    count: int,
+) -> ProgramOutcome:
+    """PROTOCOL §6.5: ``run``'s program on a transient fresh worker holding a set of
+    ``count`` GPUs."""
+    state = run.state
+    assert state.arbiter is not None
+    started = time.monotonic()
+    handle = state.pool.set_worker(seat)
+    handle.lease.begin_request(run.request_id)
+    handle.lease.observe(run.observer.lease)
+    try:
+        gpu_ids = await run.cancellation.unless(
+            handle.take_gpu_set(count, run.request_id, state.gpu_uuid)
+        )
+    except BaseException as exc:
+        handle.lease.withdraw()
+        state.pool.release_unused(seat)
+        if isinstance(exc, GpuQuarantined):
+            raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
+        raise
+    run.finish_fields["gpu_ids"] = gpu_ids
+    state.events.emit(
+        "request_routed",
+        request_id=run.request_id,
+        worker_id=seat.id,
+        gpu_id=seat.gpu_id,
+        gpu_ids=gpu_ids,
+        generation=seat.generation,
+        pid=None,
+        queue_ms=queue_ms,
+    )
+    try:
+        remaining = timeout - run.budget_used(handle, started)
+        try:
+            await run.cancellation.unless(handle.start(timeout=max(0.001, remaining)))
+        except WorkerStartError as exc:
+            await state.pool.kill(handle)
+            confirm_cleanup(handle)
+            if run.budget_used(handle, started) >= timeout:
+                raise RequestFailed(504, "timeout", run.timeout_message, "timeout") from None
+            raise RequestFailed(
+                500, "engine", "worker crashed", "crashed", error_detail=str(exc)
+            ) from None
+        drive = await run.drive_program(handle, parsed, resolution, timeout, limit, started)
+        # The transient worker is killed while holding its set (§6.5).
+        await state.pool.kill(handle)
+        output = await read_output(drive, run.observer, state.executor)
+        outcome = await run.finish_outcome(drive, handle, started, output)
+        outcome.gpu_ids = gpu_ids
+        return outcome
+    finally:
+        await state.pool.kill(handle)
+        handle.lease.release()
+        state.pool.release_unused(seat)

@@ -1,0 +1,83 @@
+"""What a request answers for a program's end (PROTOCOL §6, §7.1; SERVER §8, §11).
+
+A finished ``ProgramDrive`` becomes the request's ``ProgramOutcome``; every other end
+becomes its ``RequestFailed`` with the documented status: 503 ``busy`` for a GPU
+quarantined under the program, 504 ``timeout``, 500 ``engine`` for an invalid worker
+response, a crash or a clean-up that could not be confirmed, the cancellation's own
+failure for a cancel. A failure closes the return maps, which nobody will answer with.
+"""
+
+from __future__ import annotations
+
+from kcoral_server.execution.control import Cancellation
+from kcoral_server.execution.drive import ProgramDrive
+from kcoral_server.execution.responses import ProgramOutcome, RequestFailed, close_maps
+from kcoral_server.pool.pool import RunResult
+from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.storage.workspace import CapturedOutput
+
+__all__ = ["CLEANUP_MESSAGE", "confirm_cleanup", "program_outcome"]
+
+#: PROTOCOL §7.1: the fixed message of a clean-up that could not be verified
+CLEANUP_MESSAGE = "worker cleanup was not confirmed; affected devices unavailable"
+
+
+def confirm_cleanup(handle: WorkerHandle) -> None:
+    """500 ``engine`` when the worker's end could not be confirmed (the pool has
+    quarantined its GPUs and stopped admitting)."""
+    if handle.cleanup_unconfirmed is not None:
+        raise RequestFailed(
+            500,
+            "engine",
+            CLEANUP_MESSAGE,
+            "server_error",
+            error_detail=handle.cleanup_unconfirmed,
+        )
+
+
+# The answer of a program that did not finish: (status, kind, message, finish reason).
+FAILED_ANSWERS: dict[RunResult, tuple[int, str, str, str]] = {
+    RunResult.QUARANTINED: (503, "busy", "server saturated", "no_worker"),
+    RunResult.TIMED_OUT: (504, "timeout", "execution timed out", "timeout"),
+    RunResult.INVALID: (500, "engine", "invalid worker response", "server_error"),
+    RunResult.CRASHED: (500, "engine", "worker crashed", "crashed"),
+}
+
+
+def program_outcome(
+    drive: ProgramDrive,
+    handle: WorkerHandle,
+    cancellation: Cancellation,
+    output: CapturedOutput,
+    *,
+    elapsed: float,
+    lease_wait: float,
+    lease_held: float,
+) -> ProgramOutcome:
+    """The answer for ``drive``'s end: its outcome, or ``RequestFailed``."""
+    if handle.cleanup_unconfirmed is not None:
+        close_maps(drive.maps)
+        confirm_cleanup(handle)
+    failure = FAILED_ANSWERS.get(drive.result)  # type: ignore[arg-type]
+    if failure is not None:
+        close_maps(drive.maps)
+        status, kind, message, reason = failure
+        if drive.result is RunResult.TIMED_OUT:
+            message = drive.timeout_message  # names the deadline and its setting
+        elif drive.result is RunResult.CRASHED and drive.cause is not None:
+            message = f"{message}: {drive.cause}"  # the limit it was killed at
+        raise RequestFailed(status, kind, message, reason)
+    if drive.result is RunResult.CANCELLED:
+        close_maps(drive.maps)
+        raise cancellation.failure()
+    return ProgramOutcome(
+        status=drive.status,
+        error=drive.error,
+        returns=drive.returns,
+        output=output,
+        elapsed=elapsed,
+        lease_wait=lease_wait,
+        lease_held=lease_held,
+        reason=drive.reason,
+        maps=drive.maps,
+    )

@@ -1,0 +1,290 @@
+"""One ``/execute`` request, from a received body to a response (PROTOCOL §3, §6–§9).
+
+Checks run in the order of PROTOCOL §3.2: rows 2–11 and 13 (parsing), row 9 (hashing),
+cache resolution with row 14, row 15 (``CACHE_MISS``), then row 12. Bodies of at most 64 KiB
+go through them on the event loop (a thread hand-off costs more); larger ones, and the disk
+cache, in the executor. An admitted request checks a seat out of the pool
+(``Pool.checkout``), runs its program there (``worker_run.ProgramRun``) and answers from
+the outcome (``responses.encode_outcome``); it ends in exactly one ``request_finished``
+event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from kcoral.errors import ValidationError
+from kcoral.protocol.request import parse_execute_request, verify_blob_hashes
+from kcoral.protocol.schema import Program
+from kcoral_server.execution.blob_resolution import Resolution, resolve_blobs
+from kcoral_server.execution.control import NO_OBSERVER, Cancellation, RequestObserver
+from kcoral_server.execution.responses import (
+    ProgramOutcome,
+    Reply,
+    RequestFailed,
+    encode_outcome,
+    error_reply,
+    json_reply,
+)
+from kcoral_server.execution.run import ProgramRun
+from kcoral_server.front_door.body import RequestBody
+from kcoral_server.front_door.callers import DEFAULT, Identity
+from kcoral_server.front_door.offload import on_loop
+from kcoral_server.pool.pool import NoWorker, Seat
+
+if TYPE_CHECKING:
+    from kcoral_server.front_door.app import ServerState
+
+FINISH_LEVELS = {
+    "completed": "INFO",
+    "program_failed": "INFO",
+    "cache_miss": "INFO",
+    "rejected": "WARNING",
+    "no_worker": "WARNING",
+    "timeout": "WARNING",
+    "crashed": "ERROR",
+    "server_error": "ERROR",
+    "client_disconnected": "INFO",
+    "cancelled": "INFO",
+}
+# Re-exported: handlers and jobs build replies with these.
+__all__ = ["ExecuteRequest", "Reply", "RequestObserver", "error_reply", "json_reply"]
+GPU_COUNT_MESSAGE = "gpu_count exceeds this GPU server's configured capacity"
+
+
+class ExecuteRequest:
+    """Everything about one request; ``run()`` returns its ``Reply``."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        *,
+        request_id: str,
+        content_type: str | None,
+        body: RequestBody,
+        serialization: str | None,
+        observer: RequestObserver | None = None,
+        identity: Identity = DEFAULT,
+        session: Any = None,
+    ) -> None:
+        self.state = state
+        #: a ``sessions.Session`` whose pinned seat runs the program (EXTENSIONS §11)
+        self.session = session
+        self.identity = identity  # whose caches, jobs and workers this request may use
+        self.observer = observer or NO_OBSERVER
+        self.request_id = request_id
+        self.content_type = content_type
+        self.body = body
+        self.serialization = serialization
+        self.finish_fields: dict[str, Any] = {}
+        self.seat: Seat | None = None
+        self.timeout_seconds: float | None = None
+        self.finish_reason: str | None = None  # set once the request has ended
+        self.cancellation = Cancellation()
+
+    def cancel(self, reason: str) -> bool:
+        """Stop this request (EXTENSIONS §5, §9): a queued one leaves the queue, a running
+        one's process tree is killed under its lease and the worker replaced. ``reason`` is
+        the finish reason (``cancelled`` or ``client_disconnected``). False when the request
+        already ended or was cancelled before."""
+        if self.finish_reason is not None:
+            return False
+        return self.cancellation.cancel(reason)
+
+    @property
+    def cancel_reason(self) -> str | None:
+        return self.cancellation.reason
+
+    # ------------------------------------------------------------------ top level
+
+    async def run(self) -> Reply:
+        state = self.state
+        try:
+            reply, reason = await self._run()
+        except RequestFailed as failure:
+            reply = error_reply(failure.status, self.request_id, failure.kind, failure.message)
+            reason = failure.reason
+            self.finish_fields.update(failure.fields)
+            self.finish_fields.setdefault("error_kind", failure.kind)
+            self.finish_fields.setdefault("error_message", failure.message[:2048])
+        except Exception as exc:  # an unhandled front-end fault: never leak it to the client
+            reply = error_reply(500, self.request_id, "engine", "internal server error")
+            reason = "server_error"
+            self.finish_fields.update(
+                error_kind="engine",
+                error_message=f"{type(exc).__name__}: {exc}"[:2048],
+                traceback=traceback.format_exc()[-8192:],
+            )
+        finally:
+            self.body.close()
+        self.finish_reason = reason
+        state.events.emit(
+            "request_finished",
+            FINISH_LEVELS.get(reason, "ERROR"),
+            request_id=self.request_id,
+            http_status=reply.status,
+            finish_reason=reason,
+            response_bytes=reply.length,
+            **self.finish_fields,
+        )
+        return reply
+
+    async def _run(self) -> tuple[Reply, str]:
+        state = self.state
+        loop = asyncio.get_running_loop()
+        view = self.body.finish()
+        # A small body parses, hashes and resolves faster than a thread hand-off (front-end
+        # CPU per request); only the disk cache stays off the loop.
+        small = on_loop(len(view))
+        try:
+            if small:
+                parsed = parse_execute_request(self.content_type, view, verify_hashes=False)
+                verify_blob_hashes(parsed.blobs)
+            else:
+                parsed = await loop.run_in_executor(
+                    state.executor,
+                    lambda: parse_execute_request(self.content_type, view, verify_hashes=False),
+                )
+                if parsed.blobs:
+                    await asyncio.gather(
+                        *(
+                            loop.run_in_executor(state.executor, verify_blob_hashes, {h: data})
+                            for h, data in parsed.blobs.items()
+                        )
+                    )
+        except ValidationError as exc:
+            raise RequestFailed(400, "parse", str(exc), "rejected") from None
+        program = parsed.program
+        try:
+            kinds = program.blob_kinds()
+            if (small or not parsed.blobs) and not any("file" in used for used in kinds.values()):
+                resolution = resolve_blobs(
+                    state.memory_cache,
+                    state.disk_cache,
+                    program,
+                    parsed.blobs,
+                    self.identity.name,  # caches are per identity (EXTENSIONS §6)
+                )
+            else:
+                resolution = await loop.run_in_executor(
+                    state.executor,
+                    resolve_blobs,
+                    state.memory_cache,
+                    state.disk_cache,
+                    program,
+                    parsed.blobs,
+                    self.identity.name,
+                )
+        except ValidationError as exc:  # row 14
+            raise RequestFailed(400, "parse", str(exc), "rejected") from None
+        try:
+            return await self._admitted(program, parsed, resolution)
+        finally:
+            for key in resolution.pins:
+                state.memory_cache.unpin(key)
+
+    async def _admitted(
+        self, program: Program, parsed: Any, resolution: Resolution
+    ) -> tuple[Reply, str]:
+        state = self.state
+        config = state.config
+        if resolution.missing:
+            self.finish_fields["missing"] = len(resolution.missing)
+            body = {
+                "status": "CACHE_MISS",
+                "request_id": self.request_id,
+                "missing_blobs": resolution.missing,
+            }
+            return json_reply(200, body), "cache_miss"
+        options = program.options
+        if self.session is not None:
+            self.session.check_options(options)
+        elif options.gpu_count is not None and (
+            state.mode == "cpu" or options.gpu_count > len(state.gpu_ids)
+        ):
+            raise RequestFailed(400, "parse", GPU_COUNT_MESSAGE, "rejected")
+        timeout = config.default_timeout_seconds
+        if options.timeout_seconds is not None:
+            timeout = options.timeout_seconds
+        timeout = min(float(timeout), float(config.max_timeout_seconds))
+        limit = config.output_limit_bytes
+        if options.output_limit_bytes is not None:
+            limit = options.output_limit_bytes
+        limit = min(int(limit), int(config.max_output_limit_bytes))
+        self.timeout_seconds = timeout
+        self.finish_fields["timeout_seconds"] = timeout
+
+        program_file = state.events.record_program(self.request_id, bytes(parsed.program_bytes))
+        ops = Counter(i.op for i in program.instructions)
+        uploads = Counter(i.kind for i in program.instructions if i.op == "upload")
+        accepted: dict[str, Any] = {
+            "request_id": self.request_id,
+            "request_bytes": self.body.size,
+            "timeout_seconds": timeout,
+            "program": program_file,
+            "instructions": len(program.instructions),
+            "ops": dict(ops),
+            "uploads": dict(uploads),
+            "blob_bytes": sum(len(memoryview(b)) for b in resolution.blobs.values()),
+        }
+        if options.gpu_count is not None:
+            accepted["gpu_count"] = options.gpu_count
+        state.events.emit("request_accepted", **accepted)
+        self.observer.accepted(self)
+
+        admitted_at = time.monotonic()
+        if self.cancel_reason is not None:
+            raise self.cancellation.failure()
+        wait = config.worker_wait_timeout_seconds
+        if self.session is not None:
+            checkout = self.session.checkout(self)
+        else:
+            checkout = state.pool.checkout(wait, owner=self.observer, wait=self.cancellation.unless)
+        try:
+            async with checkout as seat:
+                queue_ms = (time.monotonic() - admitted_at) * 1000.0
+                self.seat = seat
+                self.finish_fields.update(worker_id=seat.id, gpu_id=seat.gpu_id, queue_ms=queue_ms)
+                gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
+                self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
+                try:
+                    run = ProgramRun(
+                        state,
+                        request_id=self.request_id,
+                        identity=self.identity,
+                        serialization=self.serialization,
+                        observer=self.observer,
+                        cancellation=self.cancellation,
+                        finish_fields=self.finish_fields,
+                    )
+                    outcome = await run.execute(
+                        seat, program, parsed, resolution, timeout, limit, queue_ms
+                    )
+                finally:
+                    state.request_done()
+        except NoWorker:  # only the checkout raises it: no seat within the wait, or closing
+            raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
+        return await self._respond(outcome, queue_ms)
+
+    # ------------------------------------------------------------------ response
+
+    async def _respond(self, outcome: ProgramOutcome, queue_ms: float) -> tuple[Reply, str]:
+        if outcome.error is not None:
+            self.finish_fields.update(
+                status=outcome.status,
+                error_kind=outcome.error.get("kind"),
+                error_message=str(outcome.error.get("message", ""))[:2048],
+                instruction_index=outcome.error.get("instruction_index"),
+                instruction_op=outcome.error.get("instruction_op"),
+                instruction_id=outcome.error.get("instruction_id"),
+            )
+        else:
+            self.finish_fields["status"] = outcome.status
+        reply = encode_outcome(
+            outcome, self.request_id, queue_ms, self.state.config.max_response_bytes
+        )
+        return reply, outcome.reason

@@ -1,0 +1,376 @@
+"""One admitted program on the seat its request checked out (PROTOCOL §6, SERVER §5–§8).
+
+``ProgramRun.execute`` sends the program to the seat's worker (or, for ``gpu_count``, to a
+transient worker holding a leased GPU set, §6.5), collects its messages under a deadline
+that pauses while the worker waits for a GPU lease, and ends in one ``RunResult``: the
+program finished, timed out, crashed, was cancelled, spoke garbage or lost its GPU to a
+quarantine. The worker's fate is the pool's: ``Pool.retirement`` decides once, ``release``
+applies it. What the request answers is ``execute``'s ``ProgramOutcome`` or ``RequestFailed``
+(``program_outcome``); the run's state is a ``run_drive.ProgramDrive``, and the records made
+from the worker's messages come from ``run_records``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from kcoral.protocol.schema import Program
+from kcoral_server.execution.blob_handover import blob_slices, read_output
+from kcoral_server.execution.blob_resolution import Resolution
+from kcoral_server.execution.control import Cancellation, RequestObserver
+from kcoral_server.execution.drive import ProgramDrive
+from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE, deadline_message, limit_cause
+from kcoral_server.execution.gpu_set import execute_on_gpu_set
+from kcoral_server.execution.outcome import program_outcome
+from kcoral_server.execution.records import record_gpu_access, return_record
+from kcoral_server.execution.responses import ProgramOutcome, RequestFailed
+from kcoral_server.front_door.callers import Identity
+from kcoral_server.pool.pool import NoWorker, RunResult, Seat
+from kcoral_server.processes import ipc
+from kcoral_server.processes.channel import ReceiveInterrupted, WorkerGone, close_fds
+from kcoral_server.processes.handle import WorkerHandle, event_fields
+from kcoral_server.storage import workspace_watch
+from kcoral_server.storage.workspace import CapturedOutput, Workspace
+from kcoral_server.storage.workspace_watch import WorkspaceWatch
+
+if TYPE_CHECKING:
+    from kcoral_server.front_door.app import ServerState
+
+
+class ProgramRun:
+    """One program of one request on its checked-out seat; ``execute`` returns its
+    ``ProgramOutcome`` (or raises ``RequestFailed``). ``finish_fields`` is the request's log
+    record, filled in as the run learns things."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        *,
+        request_id: str,
+        identity: Identity,
+        serialization: str | None,
+        observer: RequestObserver,
+        cancellation: Cancellation,
+        finish_fields: dict[str, Any],
+    ) -> None:
+        self.state = state
+        self.request_id = request_id
+        self.identity = identity
+        self.serialization = serialization
+        self.observer = observer
+        self.cancellation = cancellation
+        self.finish_fields = finish_fields
+        self.timeout_message = TIMEOUT_MESSAGE  # with the deadline once ``execute`` knows it
+
+    async def execute(
+        self,
+        seat: Seat,
+        program: Program,
+        parsed: Any,
+        resolution: Resolution,
+        timeout: float,
+        limit: int,
+        queue_ms: float,
+    ) -> ProgramOutcome:
+        state = self.state
+        # for a 504's message: the deadline and the setting that set it
+        self.timeout_message = deadline_message(
+            timeout, program.options.timeout_seconds, state.config
+        )
+        gpu_count = program.options.gpu_count
+        if gpu_count is not None and seat.pinned is None:  # a session's GPUs are its seat's
+            return await execute_on_gpu_set(
+                self, seat, program, parsed, resolution, timeout, limit, queue_ms, gpu_count
+            )
+        try:
+            # A reused worker never serves two identities (its /tmp, HOME, caches).
+            await state.pool.serve_identity(seat, self.identity.name)
+        except NoWorker:
+            raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
+        handle = seat.worker
+        assert handle is not None
+        state.events.emit(
+            "request_routed",
+            request_id=self.request_id,
+            worker_id=seat.id,
+            gpu_id=seat.gpu_id,
+            gpu_ids=handle.gpu_ids,
+            generation=seat.generation,
+            pid=handle.pid,
+            queue_ms=queue_ms,
+        )
+        started = time.monotonic()
+        handle.lease.begin_request(self.request_id)
+        handle.lease.observe(self.observer.lease)
+        try:
+            drive = await self.drive_program(handle, parsed, resolution, timeout, limit, started)
+        finally:
+            handle.lease.observe(None)
+        retire = state.pool.retirement(seat, drive.reason_retire)
+        if drive.result is RunResult.FINISHED:
+            # A one-shot worker closes its channel right after the outcome (gone is set):
+            # its exit still has to be awaited and its code checked (§6.3, SERVER §8).
+            if retire is not None and (
+                handle.gone is None or handle.returncode != 0 or handle.survivors
+            ):
+                # The deadline also covers a retiring worker's exit (SERVER §8).
+                remaining = timeout - self.budget_used(handle, started)
+                exited = await state.pool.stop_worker(handle, max(0.0, remaining))
+                if not exited:
+                    drive = await self._timed_out(handle, drive)
+                    retire = "timeout"
+                elif (
+                    drive.status == "COMPLETED"
+                    and handle.returncode not in (0, None)
+                    and drive.last_instruction is not None
+                ):
+                    self.finish_fields["exitcode"] = handle.returncode
+                    drive.failed_at_teardown(handle.returncode)
+        try:
+            # Output is read before the seat is handed on: the worker's next request
+            # recreates (truncates) the same capture files.
+            output = await read_output(drive, self.observer, state.executor)
+        finally:
+            state.pool.release(seat, retire)
+        return await self.finish_outcome(drive, handle, started, output)
+
+    def budget_used(self, handle: WorkerHandle, started: float) -> float:
+        now = time.monotonic()
+        return (now - started) - handle.lease.wait_so_far(now)
+
+    async def drive_program(
+        self,
+        handle: WorkerHandle,
+        parsed: Any,
+        resolution: Resolution,
+        timeout: float,
+        limit: int,
+        started: float,
+    ) -> ProgramDrive:
+        """Send the program and collect messages until ``ProgramFinished``, a timeout or a
+        crash."""
+        state = self.state
+        workspace = Workspace.create(
+            state.events.output_dir, str(handle.pid) if limit > 0 else None, limit
+        )
+        drive = ProgramDrive(
+            workspace=workspace, limit=limit, instructions=parsed.program.instructions
+        )
+        if limit > 0:
+            self.observer.output_started(workspace, limit)
+        if self.cancellation.reason is not None:
+            return await self._cancelled(handle, drive)
+        extra_fd = progress_fd = None
+        try:
+            blobs, fds, extra_fd = await blob_slices(resolution.blobs, state.executor)
+            drive.progress, progress_fd = handle.progress_slot()
+            progress_index = None
+            if progress_fd is not None:
+                progress_index = len(fds)
+                fds.append(progress_fd)
+            if drive.progress is not None:
+                drive.progress.reset()
+            handle.send(
+                ipc.RunProgram(
+                    request_id=self.request_id,
+                    program_json=bytes(parsed.program_bytes).decode("utf-8"),
+                    workspace=workspace.root,
+                    stdout_path=workspace.stdout_file,
+                    stderr_path=workspace.stderr_file,
+                    blobs=blobs,
+                    serialization=self.serialization,
+                    max_response_bytes=state.config.max_response_bytes,
+                    progress_fd=progress_index,
+                    # the slot names a crash's instruction; frames only for a live observer
+                    report_instructions=drive.progress is None
+                    or self.observer.follows_instructions,
+                ),
+                fds,
+            )
+        except WorkerGone as gone:
+            return await self._gone(handle, drive, gone)
+        finally:
+            for fd in (extra_fd, progress_fd):
+                if fd is not None:
+                    os.close(fd)
+        self.cancellation.driving(handle)
+        watch = self._workspace_watch(handle)
+        try:
+            return await self._collect(handle, drive, timeout, started, watch)
+        finally:
+            if watch is not None:
+                await watch.stop()
+            self.cancellation.driving(None)
+            handle.channel.clear_interrupt()
+
+    def _workspace_watch(self, handle: WorkerHandle) -> WorkspaceWatch | None:
+        """The watch on a sandboxed worker's directory (``--workspace-limit-bytes``); None
+        without a sandbox (nothing bounds its disk) or a limit."""
+        limit = int(getattr(self.state.config, "workspace_limit_bytes", 0) or 0)
+        sandbox_dir = handle.sandbox_dir
+        if not limit or sandbox_dir is None:
+            return None
+        watch = WorkspaceWatch(
+            sandbox_dir.host_dir, limit, self.state.executor, handle.channel.interrupt
+        )
+        watch.start()
+        return watch
+
+    async def _collect(
+        self,
+        handle: WorkerHandle,
+        drive: ProgramDrive,
+        timeout: float,
+        started: float,
+        watch: WorkspaceWatch | None = None,
+    ) -> ProgramDrive:
+        # The deadline is one alarm that interrupts the receive (as a cancel does), not a
+        # timeout per message: ``wait_for`` costs a task, a timer and three loop hops for
+        # each of the ~6 messages of even a trivial program.
+        loop = asyncio.get_running_loop()
+        alarm: asyncio.TimerHandle | None = None
+        try:
+            while True:
+                if self.cancellation.reason is not None:
+                    ending = self._cancelled(handle, drive)
+                    break
+                if watch is not None and watch.exceeded:
+                    ending = self._disk_limit_passed(handle, drive, watch.limit)
+                    break
+                used = self.budget_used(handle, started)
+                if used >= timeout and not handle.lease.waiting:
+                    ending = self._timed_out(handle, drive)
+                    break
+                if alarm is None:
+                    # The deadline only moves later (lease waits pause it): an alarm that
+                    # rings early just leads to a new one.
+                    wait = 0.25 if handle.lease.waiting else max(0.001, timeout - used)
+                    alarm = loop.call_later(wait, handle.channel.interrupt)
+                try:
+                    message, fds = await handle.channel.receive(None)
+                except ReceiveInterrupted:
+                    alarm.cancel()
+                    alarm = None
+                    continue
+                except WorkerGone as gone:
+                    ending = self._gone(handle, drive, gone)
+                    break
+                try:
+                    if isinstance(message, ipc.InstructionStarted):
+                        drive.last_instruction = message
+                        self.observer.instruction(message.index, message.op, message.id)
+                    elif isinstance(message, ipc.ReturnProduced):
+                        drive.returns.append(return_record(message, fds, drive.maps))
+                    elif isinstance(message, ipc.ProgramFinished):
+                        close_fds(fds)
+                        drive.read_progress()
+                        return await self._program_finished(message, drive, handle)
+                    else:
+                        raise ValueError(f"unexpected message {message.tag!r}")
+                except (ValueError, TypeError, OSError) as exc:
+                    close_fds(fds)
+                    ending = self._gone(handle, drive, WorkerGone(str(exc), invalid=True))
+                    break
+        finally:
+            if alarm is not None:
+                alarm.cancel()  # before any kill: nothing may interrupt later receives
+        return await ending
+
+    async def _program_finished(
+        self, message: ipc.ProgramFinished, drive: ProgramDrive, handle: WorkerHandle
+    ) -> ProgramDrive:
+        # Before the seat and the lease are handed on: processes the program left where
+        # the worker does not look (SERVER §8) are killed, and fail it as leftovers do.
+        found = handle.strays.find() if handle.strays is not None else []
+        if found:
+            assert handle.strays is not None
+            loop = asyncio.get_running_loop()
+            killed = await loop.run_in_executor(self.state.executor, handle.strays.kill, found)
+            self.state.events.emit(
+                "worker_strays_killed",
+                "WARNING",
+                request_id=self.request_id,
+                worker_id=handle.seat_id,
+                pid=handle.pid,
+                pids=killed,
+            )
+            message = dataclasses.replace(message, left_processes=True)
+        drive.finished(message)
+        if drive.error is not None and drive.error.get("kind") == "gpu_access":
+            record_gpu_access(
+                drive.error,
+                message.gpu_access_at,
+                handle,
+                request_id=self.request_id,
+                arbiter=self.state.arbiter,
+                events=self.state.events,
+            )
+        return drive
+
+    async def _timed_out(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
+        await self.state.pool.kill(handle)
+        drive.timed_out(self.timeout_message)
+        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        return drive
+
+    async def _disk_limit_passed(
+        self, handle: WorkerHandle, drive: ProgramDrive, limit: int
+    ) -> ProgramDrive:
+        """Kill the program as for a timeout; its seat's sandbox directory is discarded, so
+        that what it wrote (caches, HOME) does not end the seat's next programs too."""
+        await self.state.pool.kill(handle)
+        if handle.seat_sandbox is not None:
+            handle.seat_sandbox.spoiled = True
+        drive.disk_limit_passed(limit)
+        message = workspace_watch.limit_message(limit)
+        self.state.events.emit(
+            "worker_limit_exceeded", "WARNING", **event_fields(handle), message=message
+        )
+        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        return drive
+
+    async def _cancelled(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
+        """Kill the program as for a timeout (under the lease); the worker is replaced."""
+        await self.state.pool.kill(handle)
+        drive.cancelled(self.cancellation.reason)
+        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        return drive
+
+    async def _gone(
+        self, handle: WorkerHandle, drive: ProgramDrive, gone: WorkerGone
+    ) -> ProgramDrive:
+        cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
+        await self.state.pool.kill(handle)
+        drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
+        self.finish_fields["exitcode"] = handle.returncode
+        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        return drive
+
+    async def finish_outcome(
+        self, drive: ProgramDrive, handle: WorkerHandle, started: float, output: CapturedOutput
+    ) -> ProgramOutcome:
+        loop = asyncio.get_running_loop()
+        # Read now: once the seat is handed on, the handle times the next request.
+        lease_wait, lease_held = handle.lease.end_request()
+        elapsed = time.monotonic() - started
+        if not drive.workspace.remove_if_empty():
+            # a tree the program wrote: walking it can take long, keep it off the loop
+            await loop.run_in_executor(self.state.executor, drive.workspace.remove)
+        self.finish_fields.update(
+            elapsed_ms=elapsed * 1000.0,
+            lease_wait_ms=lease_wait * 1000.0,
+            lease_held_ms=lease_held * 1000.0,
+        )
+        return program_outcome(
+            drive,
+            handle,
+            self.cancellation,
+            output,
+            elapsed=elapsed,
+            lease_wait=lease_wait,
+            lease_held=lease_held,
+        )

@@ -1,0 +1,167 @@
+"""Web pages must not drive a KCoral server or router (EXTENSIONS §6, "Browsers").
+
+Who can reach what: a *web page* the user merely visits can make the browser send a "simple"
+cross-site request (a multipart ``POST /execute`` needs no CORS preflight) to
+``http://127.0.0.1:PORT``, and with DNS rebinding (the page's own name re-pointed at
+127.0.0.1) it can read the answer too. Two checks close both doors, before authentication,
+on every endpoint (``/health`` included):
+
+* **Origin.** Browsers put ``Origin`` on cross-site requests (and on every ``POST``);
+  KCoral's clients, the Jupyter server extension and the router tunnel never send one. A
+  request whose ``Origin`` is present and not allow-listed (``--allowed-origin``) is refused.
+  ``Origin: null`` (sandboxed iframes, ``file:`` pages) counts as present and cannot be
+  allow-listed.
+* **Host.** A rebound page still sends its *own* name in ``Host``. On a server or router
+  that needs no client token (the only kind a rebound page can use), ``Host`` must be a
+  loopback name or address, the address the process listens on, or allow-listed
+  (``--allowed-host``). Loopback names are exactly ``localhost`` (not ``*.localhost``:
+  allow those explicitly). On a wildcard listen address (``0.0.0.0``, ``::``) any IP literal
+  passes: a page can only rebind a *name*, never an address. A token-protected process skips
+  this check: a rebound page cannot know the token.
+
+Standard library only: ``kcoral_server.settings.config`` validates the allow-lists through this
+module.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+ORIGIN_FLAG = "--allowed-origin"
+HOST_FLAG = "--allowed-host"
+LOOPBACK_NAMES = frozenset({"localhost"})
+WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::"})
+_ECHO_LIMIT = 100  # refused values are echoed so the operator knows what to allow; briefly
+
+
+class HeaderList(Protocol):
+    """Tornado's ``HTTPHeaders`` (or anything else that lists a header's values)."""
+
+    def get_list(self, name: str) -> list[str]: ...
+
+
+def normalize_origin(value: str) -> str:
+    """``scheme://host[:port]`` lower-cased, without a trailing slash (as browsers send it)."""
+    return value.strip().rstrip("/").lower()
+
+
+def origin_problem(value: object) -> str | None:
+    """Why ``value`` cannot be an ``--allowed-origin`` entry, or None."""
+    if not isinstance(value, str) or not value.strip():
+        return "must be a non-empty origin such as https://lab.example.org"
+    text = normalize_origin(value)
+    if text in ("null", "*"):
+        return f"must name one origin ({value!r} would let any page in)"
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        return f"is not a valid origin ({exc})"
+    if not parts.scheme or not parts.hostname or text != f"{parts.scheme}://{parts.netloc}":
+        return f"must be scheme://host[:port] without a path (got {value!r})"
+    return None
+
+
+def normalize_host(value: str) -> str:
+    """A ``Host`` value or allow-list entry without its port, brackets or final dot."""
+    text = value.strip().lower()
+    if text.startswith("["):  # [v6] or [v6]:port
+        return text[1 : text.find("]")] if "]" in text else text
+    if text.count(":") == 1:  # name:port or v4:port (a bare v6 address has several colons)
+        text = text.split(":", 1)[0]
+    return text[:-1] if text.endswith(".") else text
+
+
+def host_problem(value: object) -> str | None:
+    """Why ``value`` cannot be an ``--allowed-host`` entry, or None."""
+    if not isinstance(value, str) or not value.strip():
+        return "must be a non-empty host name"
+    if any(c in value for c in "/@ \t*") or value.strip() != value:
+        return f"must be a bare host name or address, without scheme, path or wildcard ({value!r})"
+    name = normalize_host(value)
+    if ":" in name and not _is_ip(name):
+        return f"must be a host name without a port ({value!r})"
+    if not name:
+        return "must be a non-empty host name"
+    return None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_loopback(name: str) -> bool:
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _echo(value: str) -> str:
+    return repr(value if len(value) <= _ECHO_LIMIT else value[:_ECHO_LIMIT] + "...")
+
+
+@dataclass(frozen=True)
+class BrowserGuard:
+    """The two checks of one process; build it with ``BrowserGuard.build``."""
+
+    allowed_origins: frozenset[str]
+    allowed_hosts: frozenset[str]
+    listen_host: str
+    check_host: bool  # False when every request needs a client token
+
+    @classmethod
+    def build(
+        cls,
+        allowed_origins: Iterable[str] = (),
+        allowed_hosts: Iterable[str] = (),
+        listen_host: str = "127.0.0.1",
+        *,
+        token_required: bool,
+    ) -> BrowserGuard:
+        return cls(
+            allowed_origins=frozenset(normalize_origin(o) for o in allowed_origins),
+            allowed_hosts=frozenset(normalize_host(h) for h in allowed_hosts),
+            listen_host=normalize_host(listen_host),
+            check_host=not token_required,
+        )
+
+    def host_allowed(self, value: str) -> bool:
+        """Whether a ``Host`` header value names this process (port ignored)."""
+        name = normalize_host(value)
+        if _is_loopback(name) or name in self.allowed_hosts or name == self.listen_host:
+            return True
+        # A wildcard listener answers on every address of the machine; an IP literal in
+        # Host cannot come from DNS rebinding, which needs a name the attacker controls.
+        return self.listen_host in WILDCARD_ADDRESSES and _is_ip(name)
+
+    def refusal(self, headers: HeaderList) -> str | None:
+        """The 403 ``forbidden`` message for this request, or None when it may go on."""
+        for origin in headers.get_list("Origin"):
+            if normalize_origin(origin) == "null":  # sandboxed iframes, file: pages
+                return "requests from web pages are refused: Origin 'null' is never allowed"
+            if normalize_origin(origin) not in self.allowed_origins:
+                return (
+                    f"requests from web pages are refused: Origin {_echo(origin)} is not "
+                    f"allowed (the operator can allow it with {ORIGIN_FLAG})"
+                )
+        if self.check_host:
+            for host in headers.get_list("Host"):
+                if not self.host_allowed(host):
+                    return (
+                        f"Host {_echo(host)} is not this server's address (a DNS rebinding "
+                        f"page?); the operator can allow it with {HOST_FLAG}"
+                    )
+        return None

@@ -1,0 +1,125 @@
+"""Who sent a request: client tokens mapped to named identities (EXTENSIONS §6).
+
+A token file holds either one bare token (identity ``default``) or one ``NAME TOKEN
+[admin]`` line per identity (blank lines and ``#`` comments are ignored). A server without
+any client token serves everyone as ``default``: all callers then share jobs and cache,
+which is why such a server listens on loopback only.
+
+Behind a router, the node's child server holds no client tokens at all: the router
+authenticates the client and the tunnel presents the node's *router secret* together with
+the identity in ``X-KCoral-Identity``. That header is believed only from a request carrying
+the router secret, so a program or a local user who reaches the child's loopback port
+cannot claim another identity.
+
+Standard library only: ``kcoral_server.settings.config`` reads token files through this module.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+IDENTITY_HEADER = "X-KCoral-Identity"
+ADMIN_MARK = "admin"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An authenticated caller. ``admin`` sees every identity's jobs and sessions."""
+
+    name: str
+    admin: bool = False
+
+    def owns(self, owner: str) -> bool:
+        """Whether this identity may see and act on something ``owner`` created."""
+        return self.admin or owner == self.name
+
+    def header_value(self) -> str:
+        """How the router names this identity to a node (``NAME`` or ``NAME;admin``)."""
+        return f"{self.name};{ADMIN_MARK}" if self.admin else self.name
+
+
+DEFAULT = Identity("default")
+
+
+def valid_identity_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
+def parse_identity_header(value: str | None) -> Identity | None:
+    """``NAME`` or ``NAME;admin`` as the router sends it; None if malformed."""
+    if value is None:
+        return None
+    name, _, flag = value.strip().partition(";")
+    if not valid_identity_name(name) or flag not in ("", ADMIN_MARK):
+        return None
+    return Identity(name, admin=flag == ADMIN_MARK)
+
+
+def parse_tokens(text: str) -> dict[str, Identity]:
+    """Token -> identity from a token file's text; ``ValueError`` names the bad line."""
+    lines = [
+        (number, line.split())
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    if not lines:
+        raise ValueError("is empty")
+    if len(lines) == 1 and len(lines[0][1]) == 1:
+        return {lines[0][1][0]: DEFAULT}
+    tokens: dict[str, Identity] = {}
+    names: set[str] = set()
+    for number, fields in lines:
+        if len(fields) not in (2, 3) or (len(fields) == 3 and fields[2] != ADMIN_MARK):
+            raise ValueError(f"line {number}: expected 'NAME TOKEN' or 'NAME TOKEN admin'")
+        name, token = fields[0], fields[1]
+        if not valid_identity_name(name):
+            raise ValueError(f"line {number}: invalid identity name {name!r}")
+        if name in names:
+            raise ValueError(f"line {number}: identity {name!r} is listed twice")
+        if token in tokens:
+            raise ValueError(f"line {number}: the token of {name!r} is already used")
+        names.add(name)
+        tokens[token] = Identity(name, admin=len(fields) == 3)
+    return tokens
+
+
+class Authenticator:
+    """Bearer header -> identity, in constant time per token.
+
+    ``tokens`` None (and no router secret): the server is open and everyone is ``default``.
+    """
+
+    def __init__(
+        self, tokens: Mapping[str, Identity] | None, router_secret: str | None = None
+    ) -> None:
+        self._tokens = [(f"Bearer {t}".encode(), who) for t, who in (tokens or {}).items()]
+        self._router = f"Bearer {router_secret}".encode() if router_secret else None
+        self.open = tokens is None and router_secret is None
+        # How many identities can call (fair session seats): an open server serves one,
+        # ``default``; behind a router the identities are the router's, unknown here.
+        names = {who.name for who in (tokens or {}).values()}
+        self.identity_count: int | None = None if router_secret else max(1, len(names))
+        # A node's child: no client token, only its tunnel's secret. It then requires that
+        # secret on every endpoint, /health and /internal/worker-status included (ROUTER §12).
+        self.tunnel_only = tokens is None and router_secret is not None
+
+    def authenticate(
+        self, authorization: str | None, identity_header: str | None
+    ) -> Identity | None:
+        """The caller's identity, or None when the request must be refused (401)."""
+        if self.open:
+            return DEFAULT
+        given = (authorization or "").encode("utf-8", "surrogateescape")
+        if self._router is not None and hmac.compare_digest(given, self._router):
+            if identity_header is None:
+                return DEFAULT
+            return parse_identity_header(identity_header)
+        found = None
+        for expected, who in self._tokens:  # every comparison runs: no timing hint of which
+            if hmac.compare_digest(given, expected):
+                found = who
+        return found

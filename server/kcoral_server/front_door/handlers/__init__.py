@@ -1,0 +1,49 @@
+"""HTTP handlers: ``/execute``, ``/v1/jobs``, ``/health``, ``/internal/worker-status``,
+``/v1/info``, ``/v1/sessions``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kcoral_server.front_door.handlers.base import NotFoundHandler
+from kcoral_server.front_door.handlers.execute import ExecuteHandler
+from kcoral_server.front_door.handlers.jobs import (
+    JOB_ID_PATTERN,
+    JobEventsHandler,
+    JobResultHandler,
+    JobStateHandler,
+    JobSubmitHandler,
+)
+from kcoral_server.front_door.handlers.sessions import (
+    SESSION_ID_PATTERN,
+    SessionExecuteHandler,
+    SessionHandler,
+    SessionInterruptHandler,
+    SessionJobHandler,
+    SessionsHandler,
+)
+from kcoral_server.front_door.handlers.status import HealthHandler, InfoHandler, WorkerStatusHandler
+
+if TYPE_CHECKING:
+    from kcoral_server.front_door.app import ServerState
+
+
+def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
+    """URL table of the server (unknown paths fall through to a JSON 404)."""
+    args = {"state": state}
+    return [
+        (r"/execute", ExecuteHandler, args),
+        (r"/v1/jobs", JobSubmitHandler, args),
+        (rf"/v1/jobs/{JOB_ID_PATTERN}", JobStateHandler, args),
+        (rf"/v1/jobs/{JOB_ID_PATTERN}/events", JobEventsHandler, args),
+        (rf"/v1/jobs/{JOB_ID_PATTERN}/result", JobResultHandler, args),
+        (r"/v1/sessions", SessionsHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}", SessionHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}/execute", SessionExecuteHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}/interrupt", SessionInterruptHandler, args),
+        (rf"/v1/sessions/{SESSION_ID_PATTERN}/jobs", SessionJobHandler, args),
+        (r"/health", HealthHandler, args),
+        (r"/internal/worker-status", WorkerStatusHandler, args),
+        (r"/v1/info", InfoHandler, args),
+        (r".*", NotFoundHandler, args),
+    ]

@@ -1,0 +1,270 @@
+"""``POST /execute``: the streamed body, the early refusals, then the pipeline.
+
+Refusals before the body is read, in this order: 403 (a web page), 401 (auth), 413
+(declared length), the ``X-KCoral-Serialization`` 400, the in-flight-bytes / shutting-down
+503 (EXTENSIONS §6).
+Tornado closes the connection after answering a request whose body it did not read, so
+those answers say ``Connection: close`` (a pooled client must not reuse the connection).
+A client that disconnects before its answer is written cancels its program (EXTENSIONS §9).
+
+Bodies are bounded against a token holder (or any local program on a token-less loopback
+server) that opens slow uploads: in-flight bytes are charged as they arrive, never as
+declared, so a connection holds at most what it sent (and never more than
+``--max-request-bytes``); a body that stops, or trickles below ``MIN_BODY_RATE``, is
+dropped after ``--body-timeout-seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import tornado.iostream
+import tornado.web
+
+from kcoral.protocol.headers import SERIALIZATION_FORMATS, SERIALIZATION_HEADER
+from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest, Reply, RequestObserver
+from kcoral_server.front_door.body import BodyTooLarge, RequestBody
+from kcoral_server.front_door.handlers.base import BaseHandler
+from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
+
+if TYPE_CHECKING:
+    from kcoral_server.front_door.app import ServerState
+
+TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
+# Tornado must never cut a body off before we do (we answer 413 ourselves).
+_UNLIMITED = 1 << 62
+# Slowest average a body may arrive at once ``--body-timeout-seconds`` have passed since it
+# started: far below any real link, far above a trickle that only keeps a connection open.
+MIN_BODY_RATE = 1024
+
+
+@tornado.web.stream_request_body
+class ExecuteHandler(BaseHandler):
+    ALLOWED = ("POST",)
+
+    def initialize(self, state: ServerState) -> None:
+        super().initialize(state)
+        self.body: RequestBody | None = None
+        self.serialization: str | None = None
+        self.inflight = 0
+        self.body_unread = True  # until post(): an answer now leaves the body unread
+        self.pipeline: ExecuteRequest | None = None  # while the program may still run
+        self.max_inflight = 0  # --max-inflight-request-bytes, resolved (0: no limit)
+        self.last_data_at = self.body_started_at = 0.0
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.large_reads: LargeReads | None = None  # while a large body is read
+
+    def prepare(self) -> None:
+        super().prepare()
+        if self._finished:
+            if self.early_refusal is not None:  # 403 (a web page) or 401
+                self._log_refusal(*self.early_refusal)
+            return
+        state = self.state
+        config = state.config
+        declared = _content_length(self.request.headers.get("Content-Length"))
+        state.events.emit(
+            "request_received",
+            request_id=self.request_id,
+            client=self.request.remote_ip,
+            content_length=declared,
+        )
+        self.request.connection.set_max_body_size(_UNLIMITED)
+        limit = config.max_request_bytes
+        if declared is not None and declared > limit:
+            self.refuse(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
+            return
+        formats = self.request.headers.get_list(SERIALIZATION_HEADER)
+        if formats:
+            chosen = formats[0].strip()
+            allowed = list(config.allowed_serialization)
+            if len(formats) != 1 or chosen not in SERIALIZATION_FORMATS:
+                self.refuse(400, "parse", f"Unknown serialization format {chosen!r}", "rejected")
+                return
+            if chosen not in allowed:
+                message = f"Serialization format {chosen!r} not allowed. Allowed formats: {allowed}"
+                self.refuse(400, "parse", message, "rejected")
+                return
+            self.serialization = chosen
+        if state.shutting_down or not state.pool.accepting:
+            self.refuse(503, "busy", "server saturated", "no_worker")
+            return
+        # In-flight bytes are what bodies actually hold, never what they declared: a
+        # declaration reserves nothing, so connections that declare the maximum and then
+        # trickle cannot lock every other client out (EXTENSIONS §6). The declared length
+        # only decides here whether it could fit in what the others really hold now.
+        # resolved by ServerConfig (None -> 2 x --max-request-bytes); 0 means no limit
+        self.max_inflight = config.max_inflight_request_bytes or 0
+        if self._over_inflight(declared or 0):
+            self.refuse(503, "busy", "server saturated", "no_worker")
+            return
+        self.body = RequestBody(limit, declared)
+        if declared is not None and declared >= LARGE_BODY_CHUNK:
+            # bodies from this size on are received in rounds of this size
+            self.large_reads = LargeReads(self.request.connection)
+            self.large_reads.start()
+        self.last_data_at = self.body_started_at = asyncio.get_running_loop().time()
+        self._watch_idle_body()
+
+    def _over_inflight(self, more: int) -> bool:
+        """Would ``more`` bytes take the in-flight total past the limit while other requests
+        hold bytes? (A request alone may always use up to ``--max-request-bytes``.)"""
+        held = self.state.inflight_bytes
+        others = held - self.inflight
+        return bool(self.max_inflight) and others > 0 and held + more > self.max_inflight
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished or self.body is None:
+            return
+        self.last_data_at = asyncio.get_running_loop().time()
+        if self._over_inflight(len(chunk)):
+            # Bodies admitted together outgrew the limit: this one stops here, before its
+            # body is parsed (a 503 the client may retry), instead of growing memory.
+            self.body.close()
+            self.body = None
+            self.refuse(503, "busy", "server saturated", "no_worker")
+            return
+        # Charged as the bytes arrive; released when the request ends (on_finish).
+        self.inflight += len(chunk)
+        self.state.inflight_bytes += len(chunk)
+        try:
+            self.body.write(chunk)
+        except BodyTooLarge:
+            self.body.close()
+            self.body = None
+            self.refuse(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
+
+    def send_error_json(self, status: int, kind: str, message: str) -> None:
+        if self.body_unread:
+            self.set_header("Connection", "close")
+        super().send_error_json(status, kind, message)
+
+    def _restore_read_chunk(self) -> None:
+        if self.large_reads is not None:
+            self.large_reads.restore()
+            self.large_reads = None
+
+    def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
+        """The pipeline request for the received body (taken from the handler)."""
+        self._restore_read_chunk()
+        body, self.body = self.body, None
+        assert body is not None
+        self.body_unread = False
+        return ExecuteRequest(
+            self.state,
+            request_id=self.request_id,
+            content_type=self.request.headers.get("Content-Type"),
+            body=body,
+            serialization=self.serialization,
+            observer=observer,
+            identity=self.identity,
+        )
+
+    async def post(self) -> None:
+        if self._finished or self.body is None:
+            return
+        request = self.new_request()
+        self.pipeline = request
+        self.state.open_requests += 1
+        try:
+            reply = await request.run()
+            self.pipeline = None
+            try:
+                await self.send_reply(reply)
+            finally:
+                reply.close()
+        finally:
+            self.pipeline = None
+            self.state.open_requests -= 1
+            self.state.reply_sent()
+
+    async def send_reply(self, reply: Reply) -> None:
+        self.set_status(reply.status)
+        for name, value in reply.headers.items():
+            self.set_header(name, value)
+        if len(reply.chunks) == 1 and isinstance(reply.chunks[0], bytes):
+            self.finish(reply.chunks[0])
+            return
+        self.set_header("Content-Length", str(reply.length))
+        try:
+            await self.flush()  # headers only
+            connection = self.request.connection
+            for chunk in reply.chunks:
+                await connection.write(chunk)  # memoryviews go out without a copy
+            self.finish()
+        except tornado.iostream.StreamClosedError:
+            pass  # the client went away; nothing left to tell it
+
+    def refuse(self, status: int, kind: str, message: str, reason: str) -> None:
+        """Answer before the body is read, and log the request's end."""
+        self.send_error_json(status, kind, message)
+        self._log_refusal(status, kind, message, reason)
+
+    def _log_refusal(self, status: int, kind: str, message: str, reason: str = "rejected") -> None:
+        self.state.events.emit(
+            "request_finished",
+            FINISH_LEVELS.get(reason, "WARNING"),
+            request_id=self.request_id,
+            http_status=status,
+            finish_reason=reason,
+            error_kind=kind,
+            error_message=message,
+        )
+
+    def _watch_idle_body(self) -> None:
+        """Drop a body that stops arriving, or that arrives slower than ``MIN_BODY_RATE``
+        on average once ``--body-timeout-seconds`` have passed (slowloris: one byte every
+        8 s never trips the idle timeout, yet holds a connection and a handler forever)."""
+        loop = asyncio.get_running_loop()
+        timeout = self.state.config.body_timeout_seconds
+        self.idle_timer = None
+        if self.body is None or self._finished or not self.body_unread:
+            return
+        now = loop.time()
+        idle = now - self.last_data_at
+        elapsed = now - self.body_started_at
+        too_slow = elapsed >= timeout and self.body.size < MIN_BODY_RATE * elapsed
+        if idle < timeout and not too_slow:
+            self.idle_timer = loop.call_later(timeout - idle, self._watch_idle_body)
+            return
+        if too_slow and idle < timeout:
+            message = (
+                f"request body arrived slower than {MIN_BODY_RATE} bytes/s on average "
+                f"after {elapsed:.0f} s; connection closed"
+            )
+        else:
+            message = f"request body sent nothing for {timeout:g} s; connection closed"
+        self._log_refusal(408, "body_timeout", message, "rejected")
+        self._release()
+        self.request.connection.stream.close()
+
+    def on_finish(self) -> None:
+        self._release()
+
+    def on_connection_close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.cancel("client_disconnected")
+        self._release()
+        super().on_connection_close()
+
+    def _release(self) -> None:
+        self._restore_read_chunk()
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        if self.inflight:
+            self.state.inflight_bytes -= self.inflight
+            self.inflight = 0
+        if self.body is not None:
+            self.body.close()
+            self.body = None
+
+
+def _content_length(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None

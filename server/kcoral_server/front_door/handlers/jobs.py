@@ -1,0 +1,262 @@
+"""``/v1/jobs`` endpoints (EXTENSIONS §5).
+
+``POST /v1/jobs`` is ``POST /execute`` up to admission (same streamed body, refusals,
+validation and ``CACHE_MISS`` negotiation, all answered as ``/execute`` answers them); once
+the request is admitted the handler answers 202 and the request runs on in the background,
+its outcome stored in the job.
+
+Who can reach what: every endpoint acts only on the caller's own jobs (``self.identity``,
+from the bearer token or, behind a router, from the router's tunnel); another identity's job
+answers exactly as an unknown id does. An admin identity reaches all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import tornado.iostream
+import tornado.web
+
+from kcoral.protocol.headers import REQUEST_ID_HEADER
+from kcoral_server.front_door.handlers.base import BaseHandler
+from kcoral_server.front_door.handlers.execute import ExecuteHandler
+from kcoral_server.jobs.store import Job
+
+if TYPE_CHECKING:
+    from kcoral_server.front_door.app import ServerState
+
+JOB_ID_PATTERN = r"([^/]+)"
+Pieces = Generator[bytes, None, None]  # a stored file, read a piece at a time
+
+
+@tornado.web.stream_request_body
+class JobSubmitHandler(ExecuteHandler):
+    """``POST /v1/jobs`` (and ``GET /v1/jobs``: the recent jobs, newest first)."""
+
+    ALLOWED = ("GET", "POST")
+
+    def prepare(self) -> None:
+        if self.request.method == "GET":
+            self.body_unread = False
+            BaseHandler.prepare(self)
+            return
+        super().prepare()
+
+    def get(self) -> None:
+        jobs = self.state.jobs.newest_first(self.identity)
+        self.send_json(200, [job.state() for job in jobs])
+
+    async def post(self) -> None:
+        if self._finished or self.body is None:
+            return
+        state = self.state
+        job = state.jobs.new_job(self.request_id, self.identity)
+        request = self.new_request(job)
+        self.pipeline = request  # a disconnect before the 202 cancels it, as for /execute
+        task = asyncio.ensure_future(request.run())
+        await asyncio.wait({task, job.accepted_future}, return_when=asyncio.FIRST_COMPLETED)
+        self.pipeline = None
+        if job.accepted_future.done():
+            state.jobs.add(job)
+            running = asyncio.ensure_future(_finish_job(state, job, request, task))
+            state.jobs.running.add(running)
+            running.add_done_callback(state.jobs.running.discard)
+            self.send_json(
+                202, {"job_id": job.id, "request_id": job.request_id, "status": "QUEUED"}
+            )
+            return
+        # Refused or a cache miss: answered exactly as /execute answers it; no job exists.
+        state.open_requests += 1
+        try:
+            reply = task.result()
+            try:
+                await self.send_reply(reply)
+            finally:
+                reply.close()
+        finally:
+            state.open_requests -= 1
+            state.reply_sent()
+
+
+async def _finish_job(state: ServerState, job: Job, request: Any, task: asyncio.Future) -> None:
+    reply = await task
+    try:
+        result = await state.jobs.store_result(reply, state.executor)
+    finally:
+        reply.close()
+    job.finish(request, reply, result)
+    await state.jobs.finished(job, state.executor)
+    state.reply_sent()
+
+
+class JobHandler(BaseHandler):
+    """Base of the per-job endpoints: the job or a 404 (``not_found`` / ``job_expired``)."""
+
+    def find(self, job_id: str) -> Job | None:
+        found = self.state.jobs.lookup(job_id, self.identity)
+        if isinstance(found, Job):
+            return found
+        self.not_found(found)
+        return None
+
+    def not_found(self, kind: str = "not_found") -> None:
+        message = "job expired" if kind == "job_expired" else "job not found"
+        self.send_error_json(404, kind, message)
+
+
+class JobStateHandler(JobHandler):
+    """``GET /v1/jobs/{id}`` and ``DELETE /v1/jobs/{id}`` (cancel, idempotent)."""
+
+    ALLOWED = ("GET", "DELETE")
+
+    def get(self, job_id: str) -> None:
+        job = self.find(job_id)
+        if job is not None:
+            self.send_json(200, job.state())
+
+    async def delete(self, job_id: str) -> None:
+        job = self.find(job_id)
+        if job is None:
+            return
+        if not job.finished:
+            job.cancel()
+            # A queued job ends at once; a running one once its process tree is gone.
+            event = asyncio.Event()
+            job.listeners.add(event)
+            try:
+                while not job.finished:
+                    event.clear()
+                    await event.wait()
+            finally:
+                job.listeners.discard(event)
+        self.send_json(200, job.state())
+
+
+class JobResultHandler(JobHandler):
+    """``GET /v1/jobs/{id}/result``: what ``/execute`` would have answered."""
+
+    async def get(self, job_id: str) -> None:
+        job = self.find(job_id)
+        if job is None:
+            return
+        if job.status == "CANCELLED":
+            self.send_error_json(409, "cancelled", "the job was cancelled")
+            return
+        result = job.result
+        if result is None:
+            self.send_error_json(409, "not_finished", "the job has not finished")
+            return
+        pieces = None
+        if result.file is not None:
+            try:  # opened now: the job may be dropped while its result is being sent
+                pieces = result.file.chunks()
+                first = await _next_piece(self.state, pieces)
+            except OSError:
+                self.not_found("job_expired")  # dropped between the lookup and the open
+                return
+        self.set_status(result.status)
+        for name, value in result.headers.items():
+            self.set_header(name, value)
+        # The stored /execute answer is replayed whole: its header names the request its
+        # body names (PROTOCOL §7.2), not this GET.
+        self.set_header(REQUEST_ID_HEADER, job.request_id)
+        if pieces is None:
+            self.finish(result.body)
+            return
+        # From disk a piece at a time: the front-end never holds the whole body.
+        self.set_header("Content-Length", str(result.file.length))
+        try:
+            while first is not None:
+                self.write(first)
+                await self.flush()
+                first = await _next_piece(self.state, pieces)
+        except tornado.iostream.StreamClosedError:
+            return
+        finally:
+            pieces.close()
+        self.finish()
+
+
+class JobEventsHandler(JobHandler):
+    """``GET /v1/jobs/{id}/events``: Server-Sent Events, replayed after ``Last-Event-ID``."""
+
+    def initialize(self, state: ServerState) -> None:
+        super().initialize(state)
+        self.wake = asyncio.Event()
+        self.closed = False
+
+    async def get(self, job_id: str) -> None:
+        job = self.find(job_id)
+        if job is None:
+            return
+        position = _last_event_id(self.request.headers.get("Last-Event-ID"))
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("Cache-Control", "no-cache")
+        self.set_header("X-Accel-Buffering", "no")
+        job.listeners.add(self.wake)
+        try:
+            try:
+                await self.flush()  # headers now: the client knows the stream is open
+            except tornado.iostream.StreamClosedError:
+                return
+            while not self.closed:
+                self.wake.clear()
+                if job.events_file is not None:
+                    # A finished job's events on disk: the rest of them, a piece at a time.
+                    if position < job.event_count:
+                        start = job.event_offsets[position]
+                        if not await self._send_file(job.events_file.chunks(start)):
+                            return
+                    break
+                end = len(job.events)
+                if end > position:
+                    self.write(b"".join(job.events[position:end]))
+                    position = end
+                    try:
+                        await self.flush()
+                    except tornado.iostream.StreamClosedError:
+                        return
+                if job.finished and position >= len(job.events):
+                    break
+                await self.wake.wait()
+        finally:
+            job.listeners.discard(self.wake)
+        if not self.closed:
+            self.finish()
+
+    async def _send_file(self, pieces: Pieces) -> bool:
+        """Write every piece; False when the client went away. A file already removed (the
+        job dropped) ends the stream early; a reconnect then learns ``job_expired``."""
+        try:
+            while (piece := await _next_piece(self.state, pieces)) is not None:
+                self.write(piece)
+                await self.flush()
+        except tornado.iostream.StreamClosedError:
+            return False
+        except OSError:
+            return True
+        finally:
+            pieces.close()
+        return True
+
+    def on_connection_close(self) -> None:
+        self.closed = True
+        self.wake.set()
+        super().on_connection_close()
+
+
+async def _next_piece(state: ServerState, pieces: Pieces) -> bytes | None:
+    """The next piece of a stored file, read off the event loop (None at the end)."""
+    return await asyncio.get_running_loop().run_in_executor(state.executor, next, pieces, None)
+
+
+def _last_event_id(value: str | None) -> int:
+    """Events to skip: the ``Last-Event-ID`` number (0 when absent or not a number)."""
+    if value is None:
+        return 0
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        return 0
+    return int(text)

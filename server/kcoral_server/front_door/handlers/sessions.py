@@ -1,0 +1,166 @@
+"""``/v1/sessions``: create, list, inspect, end, and run programs in a session
+(EXTENSIONS §11). Another identity's session answers exactly as an unknown id (404)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from kcoral_server.execution.pipeline import ExecuteRequest, RequestObserver
+from kcoral_server.front_door.handlers.base import BaseHandler
+from kcoral_server.front_door.handlers.execute import ExecuteHandler
+from kcoral_server.front_door.handlers.jobs import JobSubmitHandler
+from kcoral_server.pool.pool import NoWorker
+
+if TYPE_CHECKING:
+    from kcoral_server.sessions.registry import Session
+
+SESSION_ID_PATTERN = r"(?P<session_id>[0-9a-f-]{36})"
+NOT_FOUND = "unknown session id"
+
+
+class SessionsHandler(BaseHandler):
+    """``POST /v1/sessions`` (create) and ``GET /v1/sessions`` (the caller's, newest first)."""
+
+    ALLOWED = ("GET", "POST")
+
+    def get(self) -> None:
+        self.send_json(200, self.state.sessions.listed(self.identity))
+
+    async def post(self) -> None:
+        try:
+            gpu_count, idle = self._options()
+        except ValueError as exc:
+            self.send_error_json(400, "parse", str(exc))
+            return
+        try:
+            session = await self.state.sessions.create(self.identity, gpu_count, idle)
+        except NoWorker as exc:
+            self.send_error_json(503, "busy", str(exc))
+            return
+        self.send_json(201, session.record())
+
+    def _options(self) -> tuple[int | None, float | None]:
+        """``gpu_count`` and ``idle_timeout_seconds`` from the body, checked."""
+        body: Any = {}
+        if self.request.body.strip():
+            try:
+                body = json.loads(self.request.body)
+            except ValueError:
+                raise ValueError("session body is not JSON") from None
+        if not isinstance(body, dict) or set(body) - {"gpu_count", "idle_timeout_seconds"}:
+            raise ValueError("session body takes only gpu_count and idle_timeout_seconds")
+        state = self.state
+        gpu_count = body.get("gpu_count")
+        if state.mode == "cpu":
+            if gpu_count is not None:
+                raise ValueError("gpu_count needs a GPU server")
+        else:
+            gpu_count = 1 if gpu_count is None else gpu_count
+            gpus = len(state.gpu_ids)
+            if not _is_int(gpu_count) or gpu_count < 1:
+                raise ValueError(f"gpu_count must be an integer from 1 to {gpus}")
+            if gpu_count > gpus:
+                raise ValueError(f"gpu_count {gpu_count} exceeds this server's GPU count ({gpus})")
+        idle = body.get("idle_timeout_seconds")
+        limit = state.sessions.idle_seconds
+        if idle is not None:
+            if not isinstance(idle, int | float) or isinstance(idle, bool) or not 0 < idle:
+                raise ValueError("idle_timeout_seconds must be a number above 0")
+            if idle > limit:
+                raise ValueError(f"idle_timeout_seconds exceeds --session-idle-seconds ({limit})")
+        return gpu_count, None if idle is None else float(idle)
+
+
+class SessionHandler(BaseHandler):
+    """``GET /v1/sessions/{id}`` (its record) and ``DELETE`` (end it; idempotent)."""
+
+    ALLOWED = ("GET", "DELETE")
+
+    def _session(self, session_id: str) -> Session | None:
+        session = self.state.sessions.get(self.identity, session_id)
+        if session is None:
+            self.send_error_json(404, "not_found", NOT_FOUND)
+        return session
+
+    def get(self, session_id: str) -> None:
+        session = self._session(session_id)
+        if session is not None:
+            self.send_json(200, session.record())
+
+    def delete(self, session_id: str) -> None:
+        session = self._session(session_id)
+        if session is not None:
+            session.end("deleted", "session ended by its owner")
+            self.send_json(200, session.record())
+
+
+class SessionInterruptHandler(SessionHandler):
+    """``POST /v1/sessions/{id}/interrupt``: ``KeyboardInterrupt`` in the running program."""
+
+    ALLOWED = ("POST",)
+
+    def post(self, session_id: str) -> None:
+        session = self._session(session_id)
+        if session is not None:
+            session.interrupt()
+            self.send_json(200, session.record())
+
+
+class _InSession(ExecuteHandler):
+    """What running a program in a session adds to ``/execute`` and ``POST /v1/jobs``: the
+    session is found (or the request refused) before the body is read, and the program is
+    pinned to it."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.session = _pinned_session(self)
+
+    def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
+        request = super().new_request(observer)
+        request.session = self.session
+        return request
+
+    async def post(self, session_id: str) -> None:  # type: ignore[override]
+        await super().post()
+
+
+class SessionExecuteHandler(_InSession):
+    """``POST /v1/sessions/{id}/execute``: as ``/execute``, on the session's worker."""
+
+    def on_connection_close(self) -> None:
+        # A client that goes away interrupts its running program instead of killing it
+        # (EXTENSIONS §11): the session survives when the program stops within the grace.
+        session = getattr(self, "session", None)
+        if session is not None and self.pipeline is not None and session.running is self.pipeline:
+            session.interrupt()
+            self.pipeline = None
+        super().on_connection_close()
+
+
+def _pinned_session(handler: ExecuteHandler) -> Session | None:
+    """The session a program is sent to, or None after refusing the request: 404 for an
+    unknown (or another identity's) id, 410 once ended, 409 while a program runs."""
+    if handler._finished:
+        return None
+    session_id = handler.path_kwargs.get("session_id", "")
+    session = handler.state.sessions.get(handler.identity, session_id)
+    if session is None:
+        handler.refuse(404, "not_found", NOT_FOUND, "rejected")
+        return None
+    refusal = session.refusal()  # before the body is read
+    if refusal is not None:
+        handler.refuse(refusal.status, refusal.kind, refusal.message, refusal.reason)
+        return None
+    return session
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class SessionJobHandler(_InSession, JobSubmitHandler):
+    """``POST /v1/sessions/{id}/jobs``: as ``POST /v1/jobs``, the program in the session;
+    the job is then read, streamed and cancelled through ``/v1/jobs/{job_id}``."""
+
+    ALLOWED = ("POST",)

@@ -1,0 +1,117 @@
+"""Which GPUs does this machine have? (EXTENSIONS §2 ``--device auto``.)
+
+The probe runs in a short-lived subprocess: the front-end itself never imports torch and never
+creates a CUDA context (forking workers after CUDA initialization is unsafe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kcoral_server.pool.pool import GpuDevice
+
+PROBE_TIMEOUT_SECONDS = 60.0
+
+_PROBE = r"""
+import json
+try:
+    import torch
+except Exception:
+    print(json.dumps({"devices": []}))
+    raise SystemExit(0)
+devices = []
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        uuid = str(getattr(p, "uuid", "") or "")
+        if uuid and not uuid.startswith("GPU-"):
+            uuid = "GPU-" + uuid
+        devices.append({"index": i, "uuid": uuid, "major": p.major, "minor": p.minor})
+print(json.dumps({"devices": devices}))
+"""
+
+
+class DeviceError(Exception):
+    """The requested GPUs are not usable (missing, or of mixed architectures)."""
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    mode: str  # "cpu", "gpu" or "fake-gpu"
+    gpus: list[GpuDevice]
+
+
+def arch_name(major: int, minor: int) -> str:
+    """``sm_{major}{minor}`` plus ``a`` when major >= 9 (PROTOCOL §12)."""
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def probe_gpus(environ: Mapping[str, str] | None = None, *, physical: bool = False) -> list[dict]:
+    """Visible CUDA devices as ``{"index", "uuid", "major", "minor"}`` (empty without CUDA).
+
+    ``physical`` drops ``CUDA_VISIBLE_DEVICES`` so indices are physical ids."""
+    env = dict(os.environ if environ is None else environ)
+    if physical:
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_SECONDS,
+            check=False,
+        )
+        return list(json.loads(done.stdout.strip().splitlines()[-1])["devices"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
+        return []
+
+
+def choose_devices(
+    device: str,
+    gpus: Sequence[int],
+    *,
+    gpus_given: bool,
+    fake_gpu_count: int = 0,
+    environ: Mapping[str, str] | None = None,
+) -> DeviceChoice:
+    """Resolve ``--device`` (``auto``/``gpu``/``cpu``/``fake-gpu``) to a mode and GPU list."""
+    if device == "fake-gpu" or fake_gpu_count:
+        count = fake_gpu_count or len(gpus)
+        ids = list(gpus)[:count] if gpus_given and len(gpus) >= count else list(range(count))
+        return DeviceChoice("fake-gpu", [GpuDevice(i, "", "sm_90a") for i in ids])
+    if device == "cpu":
+        return DeviceChoice("cpu", [])
+    if device == "auto":
+        visible = probe_gpus(environ)
+        if not visible:
+            return DeviceChoice("cpu", [])
+        if not gpus_given:
+            found = _describe(visible)
+            _check_one_arch(found)
+            return DeviceChoice("gpu", found)
+    physical = {d["index"]: d for d in probe_gpus(environ, physical=True)}
+    missing = [g for g in gpus if g not in physical]
+    if missing:
+        raise DeviceError(f"GPU ids {missing} are not available on this machine")
+    chosen = _describe([physical[g] for g in dict.fromkeys(gpus)])
+    _check_one_arch(chosen)
+    return DeviceChoice("gpu", chosen)
+
+
+def _describe(devices: list[dict]) -> list[GpuDevice]:
+    return [
+        GpuDevice(int(d["index"]), str(d.get("uuid") or ""), arch_name(d["major"], d["minor"]))
+        for d in devices
+    ]
+
+
+def _check_one_arch(gpus: list[GpuDevice]) -> None:
+    arches = sorted({g.arch for g in gpus})
+    if len(arches) > 1:
+        raise DeviceError(f"GPUs of one server must share one architecture, got {arches}")

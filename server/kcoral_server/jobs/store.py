@@ -1,0 +1,425 @@
+"""Jobs (EXTENSIONS §5): ``/execute`` requests whose outcome is stored instead of written.
+
+A ``Job`` observes its ``ExecuteRequest`` (``RequestObserver``) and turns what happens into
+numbered Server-Sent Events kept for replay (``Last-Event-ID``): ``phase``, ``stdout``,
+``stderr`` and ``heartbeat``. When the request ends, its ``Reply`` is copied into the job
+(the exact status, content type and body ``/execute`` would have sent). ``JobRegistry``
+holds jobs by id, expires finished ones after ``job_retention_seconds`` or when
+``job_retention_bytes`` is exceeded (oldest finished first) and remembers expired ids so
+they answer ``job_expired`` rather than ``not_found``.
+
+Who can reach what (EXTENSIONS §5, §6): a job belongs to the identity that submitted it.
+Another token holder gets exactly what an unknown id gets (``404 not_found``, also for an
+expired job, and lists show only its own jobs), so job ids, states, output and results do not
+leak between identities and a job cannot be cancelled by anyone but its owner; an admin
+identity sees and acts on all. With a single shared token every holder is ``default`` and
+shares all jobs.
+
+Memory: a finished job keeps its result and its event log in memory only while they are
+small (each at most ``KEEP_IN_MEMORY_BYTES``, all of them within ``MEMORY_BUDGET_BYTES``);
+larger ones are written to owner-only files (``job_spill``). ``job_retention_bytes`` bounds
+the results and events of finished jobs wherever they are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import time
+import uuid
+from collections import OrderedDict
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.execution.pipeline import RequestObserver
+from kcoral_server.execution.responses import Reply
+from kcoral_server.front_door.callers import Identity
+from kcoral_server.jobs.output_stream import OutputTail
+from kcoral_server.jobs.spill import SpillDirectory, SpillFile
+
+if TYPE_CHECKING:
+    from kcoral_server.execution.pipeline import ExecuteRequest
+    from kcoral_server.pool.pool import Pool
+    from kcoral_server.storage.workspace import Workspace
+
+HEARTBEAT_SECONDS = 15.0
+SWEEP_SECONDS = 1.0
+EXPIRED_IDS_KEPT = 65536
+FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"})
+RECORD_OVERHEAD_BYTES = 1024  # the state fields of a finished job, roughly
+# A finished job's result or event log larger than this is written to disk ...
+KEEP_IN_MEMORY_BYTES = 1 << 20
+# ... and so is any once the retained ones in memory would exceed this.
+MEMORY_BUDGET_BYTES = 32 << 20
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class StoredResult:
+    """A finished job's answer, exactly as ``/execute`` would have sent it: its body in
+    memory (``body``) or in an owner-only file (``file``)."""
+
+    def __init__(
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: bytes | None,
+        file: SpillFile | None = None,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.file = file
+
+    @property
+    def length(self) -> int:
+        if self.file is not None:
+            return self.file.length
+        return len(self.body) if self.body is not None else 0
+
+    @property
+    def in_memory(self) -> int:
+        """Bytes of the body held in memory."""
+        return len(self.body) if self.body is not None else 0
+
+
+class Job(RequestObserver):
+    """One job: state fields, its event log and, once finished, its result."""
+
+    def __init__(self, request_id: str, target: dict[str, str], owner: str = "default") -> None:
+        self.id = str(uuid.uuid4())
+        self.owner = owner  # the identity that submitted it: only it (or an admin) sees it
+        self.request_id = request_id
+        self.status = "QUEUED"
+        self.submitted_at = utc_now()
+        self.started_at: str | None = None
+        self.finished_at: str | None = None
+        #: the seat that ran it (``worker_id`` on the wire: a seat outlives its workers)
+        self.seat_id: str | None = None
+        self.gpu_ids: list[int] | None = None
+        self.target = dict(target)
+        self.queue_position: int | None = None
+        self.queue_ms: float | None = None
+        self.lease_wait_ms: float | None = None
+        self.lease_held_ms: float | None = None
+        self.elapsed_ms: float | None = None
+        self.error_kind: str | None = None
+        self.events: list[bytes] = []  # event i has id i + 1 (emptied once written to disk)
+        self.event_bytes = 0
+        self.events_file: SpillFile | None = None  # a finished job's events, when on disk
+        self.event_offsets: list[int] = []  # where event i starts in events_file
+        self.last_event_at = time.monotonic()
+        self.listeners: set[asyncio.Event] = set()
+        self.result: StoredResult | None = None
+        self.finished_monotonic: float | None = None
+        self.request: ExecuteRequest | None = None
+        self.accepted_future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._tail: OutputTail | None = None
+        self.pool: Pool | None = None
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def size(self) -> int:
+        """Bytes this job keeps, in memory or on disk (for ``job_retention_bytes``)."""
+        body = self.result.length if self.result is not None else 0
+        return RECORD_OVERHEAD_BYTES + body + self.event_bytes
+
+    @property
+    def memory_size(self) -> int:
+        """Bytes of result and events this job holds in memory."""
+        body = self.result.in_memory if self.result is not None else 0
+        events = 0 if self.events_file is not None else self.event_bytes
+        return body + events
+
+    @property
+    def event_count(self) -> int:
+        if self.events_file is not None:
+            return len(self.event_offsets)
+        return len(self.events)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "job_id": self.id,
+            "request_id": self.request_id,
+            "status": self.status,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "worker_id": self.seat_id,
+            "gpu_ids": self.gpu_ids,
+            "target": self.target,
+            "queue_position": self.queue_position,
+            "queue_ms": self.queue_ms,
+            "lease_wait_ms": self.lease_wait_ms,
+            "lease_held_ms": self.lease_held_ms,
+            "elapsed_ms": self.elapsed_ms,
+            "error_kind": self.error_kind,
+        }
+
+    # ------------------------------------------------------------------ events
+
+    def append(self, kind: str, data: dict[str, Any]) -> None:
+        """Record one event and wake every open stream."""
+        number = len(self.events) + 1
+        payload = dumps_compact(data).decode("utf-8")
+        # JSON escapes line breaks, so one ``data:`` line carries the whole payload.
+        self.events.append(f"id: {number}\nevent: {kind}\ndata: {payload}\n\n".encode())
+        self.event_bytes += len(self.events[-1])
+        self.last_event_at = time.monotonic()
+        for listener in self.listeners:
+            listener.set()
+
+    def phase(self, name: str, **fields: Any) -> None:
+        self.append("phase", {"phase": name, **fields})
+
+    # ------------------------------------------------------------------ RequestObserver
+
+    def accepted(self, request: ExecuteRequest) -> None:
+        self.request = request
+        if self.pool is not None:
+            self.queue_position = self.pool.requests_waiting
+        self.phase("queued", position=self.queue_position or 0)
+        if not self.accepted_future.done():
+            self.accepted_future.set_result(True)
+
+    def queue_moved(self, position: int) -> None:
+        if self.status == "QUEUED" and position != self.queue_position:
+            self.queue_position = position
+            self.phase("queued", position=position)
+
+    def assigned(self, seat_id: str, gpu_ids: list[int], queue_ms: float) -> None:
+        self.status = "RUNNING"
+        self.started_at = utc_now()
+        self.queue_position = None
+        self.seat_id = seat_id
+        self.gpu_ids = list(gpu_ids)
+        self.queue_ms = queue_ms
+        self.phase("assigned", worker_id=seat_id, gpu_ids=self.gpu_ids)
+
+    def lease(self, phase: str) -> None:
+        self.phase(phase)
+
+    def instruction(self, index: int, op: str, instruction_id: str | None) -> None:
+        self.phase("instruction", index=index, op=op, id=instruction_id)
+
+    def output_started(self, workspace: Workspace, limit: int) -> None:
+        if workspace.stdout_path is None or workspace.stderr_path is None:
+            return
+        self._tail = OutputTail(
+            workspace.stdout_path,
+            workspace.stderr_path,
+            limit,
+            lambda stream, text: self.append(stream, {"text": text}),
+        )
+        self._tail.start()
+
+    async def output_finished(self) -> None:
+        if self._tail is not None:
+            tail, self._tail = self._tail, None
+            await tail.finish()
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self, request: ExecuteRequest, reply: Reply, result: StoredResult) -> None:
+        """Store the final answer; ``reply`` is already copied into ``result``."""
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
+        fields = request.finish_fields
+        reason = request.finish_reason
+        if reason in ("cancelled", "client_disconnected"):
+            status = "CANCELLED"
+        elif reply.status == 200:
+            status = str(fields.get("status", "FAILED"))
+        elif reply.status == 504:
+            status = "TIMED_OUT"
+        else:
+            status = "ERROR"
+        self.status = status
+        self.finished_at = utc_now()
+        self.finished_monotonic = time.monotonic()
+        self.queue_position = None
+        for name in ("queue_ms", "lease_wait_ms", "lease_held_ms", "elapsed_ms"):
+            if isinstance(fields.get(name), (int, float)):
+                setattr(self, name, float(fields[name]))
+        if status != "COMPLETED":
+            kind = fields.get("error_kind")
+            self.error_kind = kind if isinstance(kind, str) else None
+        self.result = result
+        self.phase("finished", status=status)
+
+    def cancel(self) -> None:
+        """Cancel a queued or running job (a finished one is left alone)."""
+        if self.finished:
+            return
+        if self.request is not None:
+            self.request.cancel("cancelled")
+
+
+class JobRegistry:
+    """Every retained job of one server, plus expired ids (with their owners)."""
+
+    def __init__(
+        self, retention_seconds: float, retention_bytes: int, spill_parent: Path | None = None
+    ) -> None:
+        self.retention_seconds = float(retention_seconds)
+        self.retention_bytes = int(retention_bytes)
+        self.jobs: OrderedDict[str, Job] = OrderedDict()  # submission order
+        self.expired: OrderedDict[str, str] = OrderedDict()  # job id -> owner
+        self.running: set[asyncio.Task] = set()
+        self.spill = SpillDirectory(spill_parent)
+        self._sweeper: asyncio.Task | None = None
+        self._pool: Pool | None = None
+
+    def attach(self, pool: Pool) -> None:
+        """Follow ``pool``'s queue (positions) and start the sweeper."""
+        self._pool = pool
+        pool.queue_listeners.append(self._queue_changed)
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep_forever())
+
+    def new_job(self, request_id: str, owner: Identity) -> Job:
+        target = dict(self._pool.target) if self._pool is not None else {}
+        job = Job(request_id, target, owner.name)
+        job.pool = self._pool
+        return job
+
+    def add(self, job: Job) -> None:
+        self.jobs[job.id] = job
+
+    def lookup(self, job_id: str, identity: Identity) -> Job | str:
+        """The job, or the error kind: ``not_found`` / ``job_expired``.
+
+        Someone else's job, live or expired, is ``not_found`` exactly like an id that never
+        existed: the answer must not tell another identity that the id is in use."""
+        self.sweep()
+        job = self.jobs.get(job_id)
+        if job is not None:
+            return job if identity.owns(job.owner) else "not_found"
+        owner = self.expired.get(job_id)
+        return "job_expired" if owner is not None and identity.owns(owner) else "not_found"
+
+    def newest_first(self, identity: Identity) -> list[Job]:
+        """The jobs ``identity`` may see, newest first."""
+        self.sweep()
+        return [job for job in reversed(self.jobs.values()) if identity.owns(job.owner)]
+
+    async def store_result(self, reply: Reply, executor: Executor | None) -> StoredResult:
+        """Copy a job's final answer out of ``reply``: in memory when small, else to disk."""
+        loop = asyncio.get_running_loop()
+        headers = dict(reply.headers)
+        if self._fits_in_memory(reply.length):
+            return StoredResult(reply.status, headers, b"".join(reply.chunks))
+        chunks = list(reply.chunks)
+        try:
+            file = await loop.run_in_executor(executor, self.spill.write, chunks)
+        except OSError:
+            # An unwritable temporary directory must not lose the answer: memory, then.
+            body = await loop.run_in_executor(executor, b"".join, chunks)
+            return StoredResult(reply.status, headers, body)
+        finally:
+            # The executor's finished work item may still hold this list for a moment; empty,
+            # it holds no view of the reply's mappings, which ``reply.close()`` can then
+            # unmap at once.
+            chunks.clear()
+        return StoredResult(reply.status, headers, None, file)
+
+    async def finished(self, job: Job, executor: Executor | None = None) -> None:
+        """A job ended: a large event log goes to disk, then the byte bound applies now
+        (the time bound is swept)."""
+        if job.events and not self._fits_in_memory(job.event_bytes, besides=job):
+            events = list(job.events)
+            try:
+                file = await asyncio.get_running_loop().run_in_executor(
+                    executor, self.spill.write, events
+                )
+            except OSError:
+                pass  # kept in memory: still bounded by job_retention_bytes
+            else:
+                offsets, at = [], 0
+                for event in events:
+                    offsets.append(at)
+                    at += len(event)
+                if job.id in self.jobs:
+                    # Switched in one step on the event loop: streams see one or the other.
+                    job.event_offsets, job.events_file, job.events = offsets, file, []
+                else:  # dropped meanwhile
+                    file.remove()
+        self.sweep()
+
+    def _fits_in_memory(self, length: int, besides: Job | None = None) -> bool:
+        if length > KEEP_IN_MEMORY_BYTES:
+            return False
+        held = sum(
+            job.memory_size
+            for job in self.jobs.values()
+            if job.finished_monotonic is not None and job is not besides
+        )
+        return held + length <= MEMORY_BUDGET_BYTES
+
+    # ------------------------------------------------------------------ retention
+
+    def sweep(self) -> None:
+        now = time.monotonic()
+        finished = [j for j in self.jobs.values() if j.finished_monotonic is not None]
+        for job in finished:
+            if now - job.finished_monotonic >= self.retention_seconds:  # type: ignore[operator]
+                self._expire(job)
+        total = sum(j.size for j in self.jobs.values() if j.finished_monotonic is not None)
+        if total <= self.retention_bytes:
+            return
+        by_age = sorted(
+            (j for j in self.jobs.values() if j.finished_monotonic is not None),
+            key=lambda j: j.finished_monotonic,  # type: ignore[arg-type,return-value]
+        )
+        for job in by_age:
+            if total <= self.retention_bytes:
+                break
+            total -= job.size
+            self._expire(job)
+
+    def _expire(self, job: Job) -> None:
+        self.jobs.pop(job.id, None)
+        self.expired[job.id] = job.owner
+        # A stream or result read already under way keeps its open file.
+        if job.result is not None and job.result.file is not None:
+            job.result.file.remove()
+        if job.events_file is not None:
+            job.events_file.remove()
+        while len(self.expired) > EXPIRED_IDS_KEPT:
+            self.expired.popitem(last=False)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            with contextlib.suppress(Exception):  # the sweeper must never die
+                self.sweep()
+                now = time.monotonic()
+                for job in list(self.jobs.values()):
+                    if not job.finished and now - job.last_event_at >= HEARTBEAT_SECONDS:
+                        job.append("heartbeat", {})
+
+    def _queue_changed(self) -> None:
+        if self._pool is None:
+            return
+        for owner, position in self._pool.queue_positions().items():
+            if isinstance(owner, Job):
+                owner.queue_moved(position)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        self.spill.close()

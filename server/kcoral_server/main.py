@@ -1,0 +1,260 @@
+"""``kcoral server``: resolve devices, start the pool, serve, and shut down gracefully.
+
+Start-up order (SERVER §2, §12; EXTENSIONS §2, §6): parse and validate the options, refuse a
+non-loopback address without a token, open the event log, probe the sandbox and the devices,
+start the pool (``pool_ready``), print ``Application startup complete.``, listen, then print
+``KCoral server listening on http://HOST:PORT`` and write it to ``--ready-file``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import tornado.httpserver
+import tornado.netutil
+
+from kcoral_server.front_door.app import ServerState, create_app
+from kcoral_server.gpu.inventory import DeviceError, choose_devices
+from kcoral_server.pool.pool import PoolStartError
+from kcoral_server.processes.open_files import raise_open_file_limit
+from kcoral_server.processes.sandbox import SandboxUnavailable, resolve_sandbox
+from kcoral_server.settings.command_line import ServerSettings, parse_server_args
+from kcoral_server.settings.config import config_for_log
+from kcoral_server.storage.event_log import EventLog
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the exit code."""
+    server_argv = list(sys.argv[1:] if argv is None else argv)
+    # Clients, worker pipes and memfds are all descriptors; the supervisor, the server and
+    # the workers (which inherit it) take all the hard limit allows (issue 28).
+    raise_open_file_limit()
+    settings = parse_server_args(server_argv, os.environ)
+    config = settings.config
+    if settings.supervisor is not None:
+        # ROUTER.md §12: this process becomes the node supervisor; the server runs as its
+        # child (`--node-child`), which serves and opens the slot tunnel below. Settings the
+        # child would refuse stop the supervisor now, with the child's own message.
+        from kcoral_server.node.supervisor import child_settings_problem, run_supervisor
+
+        problem = child_settings_problem(settings, server_argv, os.environ)
+        if problem is not None:
+            sys.stderr.write(f"kcoral server: {problem}\n")
+            return 2
+        return run_supervisor(settings, server_argv)
+    router_secret = None
+    slot_key = ""  # ROUTER §12: what this node child's slots present to the router
+    if settings.node_child:
+        # ROUTER §12: the supervisor's secrets arrive through a pipe, read before any worker
+        # exists; this child holds no client token and serves only its tunnel.
+        from kcoral_server.node.handover import HandoverError, read_secrets
+
+        try:
+            secrets = read_secrets(os.environ)
+        except HandoverError as exc:
+            sys.stderr.write(f"kcoral server: {exc}\n")
+            return 2
+        config = replace(
+            config, node_token=secrets.node_token, auth_token=None, auth_token_file=None
+        )
+        settings = replace(settings, config=config)
+        router_secret = secrets.router_secret
+        slot_key = secrets.slot_key
+    try:
+        token = config.read_auth_token()
+    except ValueError as exc:
+        sys.stderr.write(f"kcoral server: {exc}\n")
+        return 2
+    if (
+        token is None
+        and router_secret is None
+        and not is_loopback(settings.host)
+        and not config.allow_unauthenticated
+    ):
+        sys.stderr.write(
+            f"kcoral server: refusing to listen on non-loopback address {settings.host} "
+            "without a client token; set --auth-token-file or KCORAL_AUTH_TOKEN, or pass "
+            "--allow-unauthenticated\n"
+        )
+        return 2
+    if config.device == "gpu" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        sys.stderr.write(
+            "kcoral server: warning: CUDA_VISIBLE_DEVICES does not restrict the server; "
+            "workers are pinned by --gpus\n"
+        )
+    return asyncio.run(_serve(settings, token, router_secret, slot_key))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def probe_sandbox(sandbox: str, events: EventLog, readonly_paths: Sequence[Path] = ()) -> str:
+    """``bubblewrap`` if ``bwrap`` works here, else ``none`` with a ``sandbox_disabled`` event
+    (``kcoral_server.processes.sandbox.resolve_sandbox``)."""
+    return resolve_sandbox(sandbox, readonly_paths, events)
+
+
+async def _serve(
+    settings: ServerSettings,
+    token: str | None,
+    router_secret: str | None = None,
+    slot_key: str = "",
+) -> int:
+    config = settings.config
+    loop = asyncio.get_running_loop()
+    events = EventLog(config.log_dir, console=config.log_console, log_programs=config.log_programs)
+    events.emit(
+        "server_started",
+        run_dir=str(events.run_dir) if events.run_dir else None,
+        config=config_for_log(config),
+    )
+    if token is None and router_secret is None and not is_loopback(settings.host):
+        events.emit(
+            "unauthenticated_access",
+            "WARNING",
+            host=settings.host,
+            message="listening on a non-loopback address without client authentication",
+        )
+    state: ServerState | None = None
+    try:
+        sandbox = await loop.run_in_executor(
+            None, probe_sandbox, config.sandbox, events, config.sandbox_readonly_paths
+        )
+        choice = await loop.run_in_executor(
+            None,
+            lambda: choose_devices(
+                config.device,
+                config.gpus,
+                gpus_given=settings.gpus_given,
+                fake_gpu_count=config.fake_gpu_count,
+            ),
+        )
+        app = create_app(
+            config,
+            mode=choice.mode,
+            gpus=choice.gpus,
+            events=events,
+            sandbox=sandbox,
+            auth_token=token,
+            listen_host=settings.host,
+            router_secret=router_secret,
+        )
+        state = app.state
+        await state.start()
+    except SandboxUnavailable as exc:
+        # An explicit --sandbox bubblewrap never degrades to running programs unconfined.
+        events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
+        sys.stderr.write(f"kcoral server: {exc}\n")
+        return 2
+    except (DeviceError, PoolStartError, OSError, ValueError) as exc:
+        events.emit(
+            "server_start_failed", "ERROR", error=str(exc), traceback=traceback.format_exc()
+        )
+        sys.stderr.write(f"kcoral server: start-up failed: {exc}\n")
+        if state is not None:
+            await state.stop()
+        return 1
+    sys.stderr.write("Application startup complete.\n")
+    sys.stderr.flush()
+
+    server = tornado.httpserver.HTTPServer(
+        app,
+        max_body_size=config.max_request_bytes + (1 << 20),
+        # Tornado's only head deadline: the wait for each request head, counted from the
+        # connection's start or its previous answer (also the keep-alive idle time, issue 28).
+        idle_connection_timeout=config.request_head_timeout_seconds,
+    )
+    try:
+        sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
+    except OSError as exc:
+        events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
+        sys.stderr.write(
+            f"kcoral server: cannot listen on {settings.host}:{settings.port}: {exc}\n"
+        )
+        await state.stop()
+        return 1
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{host}:{port}"
+    sys.stderr.write(f"KCoral server listening on {url}\n")
+    sys.stderr.flush()
+    if settings.ready_file is not None:
+        _write_ready_file(settings.ready_file, url)
+
+    tunnel = None
+    if settings.node_child:
+        from kcoral_server.node.tunnel import start_tunnel
+
+        tunnel = await start_tunnel(
+            settings,
+            url,
+            len(state.pool.seats),
+            events,
+            instance_id=state.instance_id,
+            server_secret=router_secret,
+            slot_key=slot_key,
+        )
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if tunnel is not None:
+        # SERVER §12.5: idle slots close at once, active ones deliver their response.
+        await asyncio.gather(_shutdown(state, events), tunnel.close())
+    else:
+        await _shutdown(state, events)
+    server.stop()
+    await server.close_all_connections()
+    events.emit("server_stopped")
+    events.close()
+    return 0
+
+
+async def _shutdown(state: ServerState, events: EventLog) -> None:
+    """SERVER §12: stop admitting, let running requests finish, close workers."""
+    pool = state.pool
+    state.shutting_down = True
+    pool.begin_shutdown()
+    remaining = pool.requests_in_progress
+    events.emit("shutdown_started", remaining=remaining)
+    sys.stderr.write(f"Shutdown requested. Finishing remaining benchmarks: {remaining} left.\n")
+    sys.stderr.flush()
+    seen = state.finished_requests
+    while pool.requests_in_progress > 0 or state.open_requests > 0:
+        try:
+            await asyncio.wait_for(state.wait_request_done(), 1.0)
+        except (asyncio.TimeoutError, TimeoutError):
+            pass
+        now_remaining = pool.requests_in_progress
+        while seen < state.finished_requests:
+            seen += 1
+            events.emit("shutdown_waiting", remaining=now_remaining)
+        if now_remaining != remaining:
+            remaining = now_remaining
+            sys.stderr.write(f"Finishing remaining benchmarks: {remaining} left.\n")
+            sys.stderr.flush()
+    await state.stop()
+    events.emit("shutdown_complete")
+
+
+def _write_ready_file(path: Path, url: str) -> None:
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(url + "\n", encoding="utf-8")
+    os.replace(temporary, path)

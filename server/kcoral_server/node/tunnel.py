@@ -1,0 +1,524 @@
+"""The node's slot tunnel (ROUTER.md §5): one ``ConnectSlot`` stream per worker seat, each
+request relayed to the node's own loopback ``POST /execute`` while streaming both ways.
+
+Beyond the spec (docs/scaling.md): a request head may name another method and path with the
+pseudo-headers ``:method`` / ``:path`` (only the endpoints in ``FORWARDABLE``), and the node
+also opens ``control_slot_count(seats)`` *control* slots (gRPC metadata
+``kcoral-slot-kind: control``) for ``/v1/info`` and the job reads, so long-lived event
+streams never occupy a worker seat's slot.
+
+Started by the child server once it listens: ``handle = await start_tunnel(...)``;
+``await handle.close()`` on shutdown closes idle slots at once and lets busy ones finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+
+from kcoral.connection.keep_alive import POOLED_IDLE_SECONDS
+from kcoral_server.node.http11 import HttpConnection, HttpError
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.channel import Channel, ChannelClosed
+from kcoral_server.router.frames import connect_slot_callable, encode_data
+from kcoral_server.router.identity import (
+    MAX_FRAME_DATA,
+    MAX_GRPC_MESSAGE,
+    PROTOCOL_VERSION,
+    parse_router_origin,
+)
+from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA
+
+ACK_TIMEOUT = 10.0
+MIN_DELAY, MAX_DELAY, JITTER = 1.0, 30.0, 0.2
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+# Never taken from the router's head: the tunnel sets host and authorization itself, and a
+# browser's origin and cookies have no business on the node (the router drops them before).
+SET_BY_TUNNEL = frozenset({b"host", b"authorization", b"origin", b"cookie"})
+
+METHOD_HEADER, PATH_HEADER = b":method", b":path"
+FORWARDABLE_METHODS = frozenset({b"GET", b"POST", b"DELETE"})
+#: The node's own endpoints a router may reach; never /internal/* (it trusts loopback peers).
+FORWARDABLE = re.compile(
+    rb"/(?:execute|v1/info|v1/jobs(?:/[A-Za-z0-9_~%-][A-Za-z0-9_.~%-]*(?:/events|/result)?)?"
+    rb"|v1/sessions(?:/[0-9a-f-]{36}(?:/execute|/jobs|/interrupt)?)?)"
+    rb"(?:\?[\x21-\x7e]*)?"
+)
+CONTROL_SLOTS_ENV = "KCORAL_NODE_CONTROL_SLOTS"
+
+
+def control_slot_count(worker_slots: int, environ: Any = None) -> int:
+    """Control slots to open: twice the worker seats, at least 4 (env override for tests)."""
+    env = os.environ if environ is None else environ
+    value = env.get(CONTROL_SLOTS_ENV, "")
+    if value.isdigit():
+        return int(value)
+    return max(4, 2 * worker_slots)
+
+
+def request_target(head: pb.RequestHead) -> tuple[str, str]:
+    """``(method, path)`` of a request head: its pseudo-headers, else ``POST /execute``."""
+    methods = [h.value for h in head.headers if h.name == METHOD_HEADER]
+    paths = [h.value for h in head.headers if h.name == PATH_HEADER]
+    if not methods and not paths:
+        return "POST", "/execute"
+    if len(methods) != 1 or len(paths) != 1:
+        raise ProtocolViolation("a request head needs exactly one :method and one :path")
+    if methods[0] not in FORWARDABLE_METHODS or FORWARDABLE.fullmatch(paths[0]) is None:
+        raise ProtocolViolation("request method or path not forwardable")
+    return methods[0].decode(), paths[0].decode()
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+        ("grpc.keepalive_time_ms", 15000),
+        ("grpc.keepalive_timeout_ms", 5000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def open_channel(router_endpoint: str) -> grpc.aio.Channel:
+    """A gRPC channel to the router origin (TLS with default roots for ``https://``)."""
+    _origin, host, port, tls = parse_router_origin(router_endpoint)
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if tls:
+        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), channel_options())
+    return grpc.aio.insecure_channel(target, channel_options())
+
+
+#: ROUTER §4.1: how long the supervisor waits for a connection to the router per attempt.
+CONNECT_TIMEOUT_SECONDS = 2.0
+
+
+async def wait_connected(
+    channel: grpc.aio.Channel, timeout: float = CONNECT_TIMEOUT_SECONDS
+) -> None:
+    """Wait until ``channel`` is connected; ``ConnectionError`` after ``timeout`` seconds
+    (a router that accepts TCP but never speaks HTTP/2 must not hold the supervisor)."""
+    try:
+        await asyncio.wait_for(channel.channel_ready(), timeout)
+    except asyncio.TimeoutError:
+        raise ConnectionError(f"no connection to the router within {timeout:g} s") from None
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def jittered(delay: float) -> float:
+    return delay * random.uniform(1 - JITTER, 1 + JITTER)
+
+
+class ProtocolViolation(Exception):
+    """The router sent a frame the node must not accept; the stream is dropped."""
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    body: Channel[bytes | memoryview | None] = field(default_factory=lambda: Channel(capacity=2))
+    body_open: bool = True
+    task: asyncio.Task[None] | None = None
+
+
+class Tunnel:
+    def __init__(
+        self,
+        router_endpoint: str,
+        node_id: str,
+        token: str | None,
+        server_instance_id: str,
+        server_url: str,
+        slot_count: int,
+        event_log: Any,
+        server_secret: str | None = None,
+        slot_key: str = "",
+    ) -> None:
+        self.router_endpoint = router_endpoint
+        # Presented in every hello: the router takes this node's slots only with the key
+        # the supervisor announced for this child start (ROUTER §12).
+        self.slot_key = slot_key
+        self.node_id = node_id
+        self.metadata = auth_metadata(token)
+        self.server_instance_id = server_instance_id
+        parts = urlsplit(server_url)
+        self.server_host = parts.hostname or "127.0.0.1"
+        self.server_port = parts.port or 80
+        self.server_authority = parts.netloc.encode("ascii")  # 127.0.0.1:PORT, the Host
+        # What every relayed request presents to the local server (ROUTER §5): the child's
+        # own address as Host (a token-less server refuses foreign Host names, EXTENSIONS
+        # §6) and the router secret, without which the child serves nobody (ROUTER §12).
+        self.local_headers: list[tuple[bytes, bytes]] = [(b"host", self.server_authority)]
+        if server_secret:
+            self.local_headers.append((b"authorization", f"Bearer {server_secret}".encode()))
+        self.slot_count = slot_count
+        self.control_slots = control_slot_count(slot_count)
+        self.event_log = event_log
+        self.closing = False
+        self.channel = open_channel(router_endpoint)
+        # Data frames go through the wire-level fast path (frames.py); data arrives as
+        # memoryviews into the received message, written to the loopback socket uncopied.
+        self.connect_slot = connect_slot_callable(self.channel)
+        self.tasks: list[asyncio.Task[None]] = []
+        self.idle_calls: dict[int, Any] = {}
+
+    def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
+        if self.event_log is not None:
+            self.event_log.emit(event, level, **fields)
+
+    def start(self) -> None:
+        self.emit(
+            "tunnel_started",
+            router_endpoint=self.router_endpoint,
+            node_id=self.node_id,
+            slots=self.slot_count,
+            control_slots=self.control_slots,
+        )
+        loop = asyncio.get_running_loop()
+        total = self.slot_count + self.control_slots
+        self.tasks = [loop.create_task(self.run_slot(i)) for i in range(total)]
+
+    async def close(self) -> None:
+        """Close idle slots now; busy ones close after delivering their response."""
+        self.closing = True
+        for call in list(self.idle_calls.values()):
+            call.cancel()
+        for task in self.tasks:
+            if task.done():
+                continue
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.channel.close()
+
+    # -- one slot --------------------------------------------------------------------------
+
+    async def run_slot(self, index: int) -> None:
+        delay = MIN_DELAY
+        connection = HttpConnectionPool(self.server_host, self.server_port)
+        metadata = self.metadata
+        if index >= self.slot_count:
+            metadata = (*metadata, (SLOT_KIND_METADATA, CONTROL))
+        while not self.closing:
+            slot_id = str(uuid.uuid4())
+            call = self.connect_slot(metadata=metadata)
+            expected, error = False, ""
+            try:
+                hello = pb.SlotHello(
+                    node_id=self.node_id,
+                    server_instance_id=self.server_instance_id,
+                    slot_id=slot_id,
+                    protocol_version=PROTOCOL_VERSION,
+                    slot_key=self.slot_key,
+                )
+                await call.write(pb.SlotFrame(request_id="", hello=hello))
+                ack = await asyncio.wait_for(call.read(), ACK_TIMEOUT)
+                if ack is grpc.aio.EOF or ack.WhichOneof("payload") != "ack":
+                    raise ProtocolViolation("the router did not acknowledge the slot")
+                delay = MIN_DELAY
+                self.emit("tunnel_connected", node_id=self.node_id, slot=index, slot_id=slot_id)
+                expected, error = await self.serve(index, slot_id, call, connection)
+            except asyncio.CancelledError:
+                # grpc.aio reports a locally cancelled call as CancelledError on read/write;
+                # only a cancellation of this task itself ends the slot loop.
+                current_task = asyncio.current_task()
+                if current_task is not None and current_task.cancelling():
+                    call.cancel()
+                    connection.close()
+                    raise
+                error = "slot stream cancelled"
+            except asyncio.TimeoutError:
+                error = "no ack from the router within 10 s"
+            except grpc.RpcError as exc:
+                error = f"{exc.code().name}: {exc.details()}" if hasattr(exc, "code") else str(exc)
+            except (ProtocolViolation, OSError) as exc:
+                error = str(exc) or type(exc).__name__
+            finally:
+                self.idle_calls.pop(index, None)
+                call.cancel()
+            if self.closing:
+                break
+            wait = 0.0 if expected else jittered(delay)
+            if not expected:
+                delay = min(delay * 2, MAX_DELAY)
+            self.emit(
+                "tunnel_disconnected",
+                "INFO" if expected else "WARNING",
+                node_id=self.node_id,
+                slot=index,
+                error=error,
+                reconnect_delay_seconds=round(wait, 3),
+            )
+            await self._sleep(wait)
+        connection.close()
+
+    async def _sleep(self, seconds: float) -> None:
+        end = asyncio.get_running_loop().time() + seconds
+        while not self.closing:
+            left = end - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.2))
+
+    async def serve(
+        self, index: int, slot_id: str, call: Any, connection: HttpConnectionPool
+    ) -> tuple[bool, str]:
+        """Read router frames until the stream ends; return ``(expected_cancel, error)``."""
+        current: _Request | None = None
+        self.idle_calls[index] = call
+        try:
+            while True:
+                if self.closing and (current is None or current.task.done()):
+                    return False, "shutting down"
+                frame = await call.read()
+                if frame is grpc.aio.EOF:
+                    return False, "the router closed the slot"
+                kind = frame.WhichOneof("payload")
+                if kind == "request_head":
+                    if not frame.request_id or (current is not None and current.body_open):
+                        raise ProtocolViolation("unexpected request_head")
+                    request_target(frame.request_head)  # refuses what may not be forwarded
+                    previous = current.task if current is not None else None
+                    current = _Request(frame.request_id)
+                    self.idle_calls.pop(index, None)
+                    current.task = asyncio.get_running_loop().create_task(
+                        self.relay(call, frame, current, previous, connection, index)
+                    )
+                elif kind in ("data", "end"):
+                    if (
+                        current is None
+                        or frame.request_id != current.request_id
+                        or not current.body_open
+                    ):
+                        raise ProtocolViolation(f"unexpected {kind} frame")
+                    if kind == "data":
+                        data = frame.data
+                        if len(data) > MAX_FRAME_DATA:
+                            raise ProtocolViolation("data frame over 262144 bytes")
+                        await current.body.put(data)
+                    else:
+                        current.body_open = False
+                        await current.body.put(None)
+                elif kind == "cancel":
+                    reason = frame.cancel.reason
+                    self.emit(
+                        "tunnel_request_cancelled",
+                        node_id=self.node_id,
+                        request_id=frame.request_id,
+                        slot=slot_id,
+                        reason=reason,
+                    )
+                    return current is not None, f"cancelled: {reason}"
+                else:
+                    raise ProtocolViolation(f"unexpected {kind} frame")
+        finally:
+            if current is not None and current.task is not None and not current.task.done():
+                current.body.close("slot closed")
+                current.task.cancel()
+                connection.close()
+                await asyncio.gather(current.task, return_exceptions=True)
+
+    async def relay(
+        self,
+        call: Any,
+        head_frame: pb.SlotFrame,
+        request: _Request,
+        previous: asyncio.Task[None] | None,
+        pool: HttpConnectionPool,
+        index: int,
+    ) -> None:
+        """Deliver one request to the loopback server and stream its response back."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)
+        rid = request.request_id
+        head = head_frame.request_head
+        method, path = request_target(head)
+        chunked = not head.HasField("content_length")
+        headers = [
+            (h.name, h.value)
+            for h in head.headers
+            if h.name.lower() not in HOP_BY_HOP
+            and h.name.lower() not in SET_BY_TUNNEL
+            and not h.name.startswith(b":")
+            and not (chunked and h.name.lower() == b"content-length")
+        ]
+        headers.extend(self.local_headers)
+        if chunked:
+            headers.append((b"transfer-encoding", b"chunked"))
+        connection = await pool.get()
+        body_task = asyncio.get_running_loop().create_task(
+            self._send_body(connection, request, chunked)
+        )
+        try:
+            await connection.send_head(method, path, headers)
+            status, response_headers = await connection.read_head()
+            await call.write(
+                pb.SlotFrame(
+                    request_id=rid,
+                    response_head=pb.ResponseHead(
+                        status=status,
+                        # lowercase on the gRPC stream, as HTTP/2 requires (ROUTER §5)
+                        headers=[
+                            pb.HttpHeader(name=n.lower(), value=v) for n, v in response_headers
+                        ],
+                    ),
+                )
+            )
+            async for piece in connection.body(status, response_headers, method):
+                await call.write(encode_data(rid, piece))
+            if not body_task.done():
+                # Early answer: the rest of the body is not wanted; this connection is spent.
+                connection.reusable = False
+                body_task.cancel()
+            await call.write(pb.SlotFrame(request_id=rid, end=pb.EndOfBody()))
+        except (HttpError, OSError, asyncio.IncompleteReadError) as exc:
+            # The local server failed us; dropping the stream tells the router (502).
+            connection.close()
+            call.cancel()
+            self.emit(
+                "tunnel_request_failed",
+                "WARNING",
+                node_id=self.node_id,
+                request_id=rid,
+                error=str(exc) or type(exc).__name__,
+            )
+            return
+        finally:
+            if not body_task.done():
+                body_task.cancel()
+            await asyncio.gather(body_task, return_exceptions=True)
+            pool.put(connection)
+            if self.closing:
+                call.cancel()
+            else:
+                self.idle_calls[index] = call
+
+    async def _send_body(
+        self, connection: HttpConnection, request: _Request, chunked: bool
+    ) -> None:
+        try:
+            while True:
+                piece = await request.body.get()
+                if piece is None:
+                    await connection.send_end(chunked=chunked)
+                    return
+                await connection.send(piece, chunked=chunked)
+        except ChannelClosed:
+            return
+
+
+class HttpConnectionPool:
+    """At most one kept-alive loopback connection per slot (slots carry one request at a time)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.idle: HttpConnection | None = None
+        self.idle_since = 0.0
+
+    async def get(self) -> HttpConnection:
+        connection, self.idle = self.idle, None
+        # The child closes a connection idle for its head deadline (10 s by default); one
+        # idle for half of that is replaced rather than raced (kcoral.connection.keep_alive).
+        fresh = time.monotonic() - self.idle_since < POOLED_IDLE_SECONDS
+        if connection is not None and connection.usable and fresh:
+            return connection
+        if connection is not None:
+            connection.close()
+        connection = HttpConnection(self.host, self.port)
+        await connection.open()
+        return connection
+
+    def put(self, connection: HttpConnection) -> None:
+        if connection.usable:
+            self.idle = connection
+            self.idle_since = time.monotonic()
+        else:
+            connection.close()
+
+    def close(self) -> None:
+        if self.idle is not None:
+            self.idle.close()
+            self.idle = None
+
+
+@dataclass
+class TunnelHandle:
+    tunnel: Tunnel
+
+    async def close(self) -> None:
+        await self.tunnel.close()
+
+
+async def start_tunnel(
+    settings: Any,
+    server_url: str,
+    slot_count: int,
+    event_log: Any,
+    *,
+    instance_id: str | None = None,
+    server_secret: str | None = None,
+    slot_key: str = "",
+) -> TunnelHandle:
+    """Open ``slot_count`` slots for the server listening at ``server_url``.
+
+    ``settings`` is the server's ``ServerSettings`` (or its ``ServerConfig``). Pass the
+    server's ``instance_id``; without it, it is read from ``/internal/worker-status`` (the
+    slots must name the instance the supervisor reports). ``server_secret`` is the router
+    secret the local server requires, ``slot_key`` the key the supervisor announced for
+    this child start (ROUTER §12).
+    """
+    config = getattr(settings, "config", settings)
+    if instance_id is None:
+        instance_id = await _server_instance_id(server_url, server_secret)
+    tunnel = Tunnel(
+        config.router_endpoint,
+        config.node_id,
+        config.node_token,
+        instance_id,
+        server_url,
+        slot_count,
+        event_log,
+        server_secret,
+        slot_key,
+    )
+    tunnel.start()
+    return TunnelHandle(tunnel)
+
+
+async def _server_instance_id(server_url: str, server_secret: str | None) -> str:
+    from kcoral_server.node.http11 import get_json
+
+    parts = urlsplit(server_url)
+    host = parts.hostname or "127.0.0.1"
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    _status, body = await get_json(
+        host, parts.port or 80, "/internal/worker-status", bearer=server_secret
+    )
+    if not isinstance(body, dict) or not isinstance(body.get("instance_id"), str):
+        raise RuntimeError("the server's /internal/worker-status has no instance_id")
+    return body["instance_id"]

@@ -1,0 +1,93 @@
+"""The worker handles a pool makes: a seat's own worker (on the seat's GPU, in the seat's
+sandbox), a session's worker (on its pinned GPU set, EXTENSIONS §11) and a GPU-set
+request's transient one (PROTOCOL §6.5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kcoral_server.gpu.lease import LeaseArbiter
+from kcoral_server.pool.seat import GpuDevice, Seat
+from kcoral_server.processes.handle import SeatSandbox, WorkerHandle
+
+
+@dataclass
+class HandleMaker:
+    """What every handle of one pool shares; ``make`` is ``WorkerHandle`` (unit tests of
+    the pool's decisions pass a stand-in)."""
+
+    make: Callable[..., WorkerHandle]
+    mode: str  # "cpu", "gpu" or "fake-gpu"
+    config: Any
+    events: Any
+    arbiter: LeaseArbiter | None
+    sandbox: str
+    allowed_serialization: Sequence[str]
+    seats: int
+    on_gone: Callable[[WorkerHandle], None]
+
+    def for_seat(self, seat: Seat, gpu: GpuDevice | None, transient: bool | None) -> WorkerHandle:
+        """The seat's next worker (a new generation). ``transient`` (by default: one
+        request per worker) makes it exit right after its outcome instead of cleaning up
+        for a next program it will never get (the pipeline waits for that exit)."""
+        seat.generation += 1
+        gpu_ids = [gpu.id] if gpu else []
+        if self.sandbox == "bubblewrap" and seat.sandbox is None:
+            seat.sandbox = SeatSandbox(
+                config=self.config, device=self.mode, gpu_ids=gpu_ids, seats=self.seats
+            )
+        if transient is None:
+            transient = self.config.max_requests_per_worker == 1
+        return self.make(
+            **self._shared(seat),
+            gpu_ids=gpu_ids,
+            gpu_uuids=[gpu.uuid] if gpu and gpu.uuid else [],
+            transient=transient,
+            on_gone=self.on_gone,
+            seats=self.seats,
+            seat_sandbox=seat.sandbox,
+        )
+
+    def for_pinned_set(self, seat: Seat, gpus: Sequence[GpuDevice]) -> WorkerHandle:
+        """A session's worker (EXTENSIONS §11), built for the GPU set pinned to its seat
+        (``gpus``, in the order its programs see them; empty on a CPU server). It is kept
+        between programs, and each program takes the lease on the whole set, as a
+        stateless worker takes it on its one GPU (SERVER §5)."""
+        seat.generation += 1
+        gpu_ids = [gpu.id for gpu in gpus]
+        if self.sandbox == "bubblewrap" and seat.sandbox is None:
+            # the sandbox exposes exactly the set's device nodes
+            seat.sandbox = SeatSandbox(
+                config=self.config, device=self.mode, gpu_ids=gpu_ids, seats=self.seats
+            )
+        uuids = [gpu.uuid for gpu in gpus]
+        return self.make(
+            **self._shared(seat),
+            gpu_ids=gpu_ids,
+            gpu_uuids=uuids if all(uuids) else [],  # ids alone when any UUID is unknown
+            transient=False,
+            on_gone=self.on_gone,
+            seats=self.seats,
+            seat_sandbox=seat.sandbox,
+        )
+
+    def for_gpu_set(self, seat: Seat) -> WorkerHandle:
+        """A transient worker for a GPU-set request that borrowed ``seat``; it leases its
+        GPUs (``WorkerHandle.take_gpu_set``) before it starts, and is killed while holding
+        them."""
+        return self.make(**self._shared(seat), gpu_ids=[], gpu_uuids=[], transient=True)
+
+    def _shared(self, seat: Seat) -> dict[str, Any]:
+        return {
+            "seat_id": seat.id,
+            "generation": seat.generation,
+            "device": self.mode,
+            "arbiter": self.arbiter,
+            "sandbox": self.sandbox,
+            "log_programs": self.config.log_programs,
+            "allowed_serialization": list(self.allowed_serialization),
+            "config": self.config,
+            "events": self.events,
+        }

@@ -1,0 +1,383 @@
+"""The owner of every worker's life: seats, assignment, retirement and replacement
+(SERVER.md §4, §6). Only the pool starts, stops and kills workers (``WorkerHandle``).
+
+Every request gets its seat through ``checkout`` (an idle seat, else FIFO: ``pool_queue``).
+After the program, ``retirement`` decides once whether the worker stays, and ``release``
+applies it (``pool_retirement``); replacing a worker (retirement, crash, timeout) runs in
+the background with back-off (``pool_replacement``) and the seat stays out of
+``request_capacity`` until its new worker is ready. Workers end under their GPUs' lease
+(``pool_kill``); a seat's states are in ``seat``, start-up and shutdown in
+``pool_startup`` and ``pool_shutdown``.
+
+Who can reach what: a reused worker (``--max-requests-per-worker`` other than 1) keeps its
+sandbox's ``/tmp``, ``HOME``, caches and its interpreter's state from one program to the
+next, so it never serves two identities (another token holder): ``serve_identity`` replaces
+it, with a fresh sandbox directory, before a different identity's program runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from kcoral_server.gpu.lease import LeaseArbiter
+from kcoral_server.pool import retirement as pool_retirement
+from kcoral_server.pool.handles import HandleMaker
+from kcoral_server.pool.kill import kill_under_lease, quarantine_unconfirmed, stop_politely
+from kcoral_server.pool.queue import Checkout, NoWorker, SeatQueue
+from kcoral_server.pool.replacement import start_with_backoff
+from kcoral_server.pool.retirement import REUSE_READY_TIMEOUT_SECONDS, RunResult, reported_clean
+from kcoral_server.pool.seat import (
+    SERVING,
+    GpuDevice,
+    Seat,
+    SeatState,
+    least_loaded_idle,
+    seats_for,
+)
+from kcoral_server.pool.shutdown import close_seats
+from kcoral_server.pool.startup import PoolStartError, common_target, prepare_host
+from kcoral_server.processes.channel import WorkerGone
+from kcoral_server.processes.handle import WorkerHandle, WorkerStartError
+
+# What the rest of the server imports from here (defined in the pool's own modules).
+__all__ = [
+    "REUSE_READY_TIMEOUT_SECONDS",
+    "Checkout",
+    "GpuDevice",
+    "NoWorker",
+    "Pool",
+    "PoolStartError",
+    "RunResult",
+    "Seat",
+    "SeatState",
+]
+
+
+class Pool:
+    """All seats of one server, plus the queue of requests waiting for one."""
+
+    def __init__(
+        self,
+        *,
+        mode: str,
+        gpus: Sequence[GpuDevice],
+        config: Any,
+        events: Any,
+        arbiter: LeaseArbiter | None,
+        sandbox: str = "none",
+        allowed_serialization: Sequence[str] = ("json", "pickle"),
+        worker: Callable[..., WorkerHandle] = WorkerHandle,
+    ) -> None:
+        self.mode = mode  # "cpu", "gpu" or "fake-gpu"
+        self.gpus = list(gpus)
+        self.config = config
+        self.events = events
+        self.arbiter = arbiter
+        self.sandbox = sandbox
+        self.allowed_serialization = list(allowed_serialization)
+        self.seats = seats_for(mode, self.gpus, config.num_workers, config.workers_per_gpu)
+        self.target: dict[str, str] = {}
+        self.versions: dict[str, str] = {}
+        self.accepting = False
+        self.closing = False
+        #: why the pool stopped admitting for good (a clean-up it could not confirm)
+        self.quarantine_reason: str | None = None
+        self.requests_in_progress = 0
+        self._queue = SeatQueue()
+        #: called (no arguments) whenever the queue of waiting requests changes
+        self.queue_listeners = self._queue.listeners
+        self._handles = HandleMaker(
+            make=worker,  # unit tests of the pool's decisions pass a stand-in
+            mode=mode,
+            config=config,
+            events=events,
+            arbiter=arbiter,
+            sandbox=sandbox,
+            allowed_serialization=self.allowed_serialization,
+            seats=len(self.seats),
+            on_gone=self._on_worker_gone,
+        )
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def request_capacity(self) -> int:
+        return sum(1 for s in self.seats if s.state in SERVING) if self.accepting else 0
+
+    @property
+    def requests_waiting(self) -> int:
+        return self._queue.waiting
+
+    def queue_positions(self) -> dict[object, int]:
+        """Owner -> number of requests ahead of it, for queued ``acquire`` calls that named
+        an owner."""
+        return self._queue.positions()
+
+    @property
+    def busy_workers(self) -> int:
+        return sum(1 for s in self.seats if s.state is not SeatState.IDLE)
+
+    def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
+        return next((g for g in self.gpus if g.id == gpu_id), None)
+
+    # ------------------------------------------------------------------ start-up
+
+    async def start(self) -> None:
+        await prepare_host(self.config, len(self.seats), self.events)
+        results = await asyncio.gather(
+            *(self._start_seat(seat, phase="startup") for seat in self.seats)
+        )
+        ready = [seat for seat, ok in zip(self.seats, results, strict=True) if ok]
+        self.target, self.versions = common_target(ready)
+        self.accepting = True
+        for seat, ok in zip(self.seats, results, strict=True):
+            if not ok:
+                self._schedule_replacement(seat, "crashed", emit_retired=False)
+
+    def _new_handle(self, seat: Seat, *, transient: bool | None = None) -> WorkerHandle:
+        return self._handles.for_seat(seat, self.gpu_device(seat.gpu_id), transient)
+
+    def session_worker(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
+        """EXTENSIONS §11: a session's worker on the GPU set pinned to its seat, in that
+        order (``HandleMaker.for_pinned_set``); the session starts and retires it."""
+        gpus = [gpu for gpu_id in gpu_ids for gpu in self.gpus if gpu.id == gpu_id]
+        return self._handles.for_pinned_set(seat, gpus)
+
+    def set_worker(self, seat: Seat) -> WorkerHandle:
+        """PROTOCOL §6.5: a transient worker for a GPU-set request that borrowed ``seat``
+        (``HandleMaker.for_gpu_set``)."""
+        return self._handles.for_gpu_set(seat)
+
+    async def _start_seat(self, seat: Seat, *, phase: str, idle: bool = True) -> bool:
+        handle = self._new_handle(seat)
+        try:
+            info = await handle.start()
+        except (WorkerStartError, WorkerGone, OSError) as exc:
+            self.events.emit(
+                "worker_failed",
+                "ERROR",
+                worker_id=seat.id,
+                gpu_id=seat.gpu_id,
+                generation=seat.generation,
+                phase=phase,
+                error=str(exc),
+            )
+            await self.kill(handle)
+            seat.worker = None
+            seat.state = SeatState.FAILED
+            return False
+        seat.worker = handle
+        seat.served = 0
+        gpu = self.gpu_device(seat.gpu_id)
+        self.events.emit(
+            "worker_ready",
+            worker_id=seat.id,
+            gpu_id=seat.gpu_id,
+            generation=seat.generation,
+            pid=info.pid,
+            device=info.device_uuid or (gpu.uuid if gpu and gpu.uuid else self.mode),
+            arch=info.target.get("arch"),
+        )
+        if idle:
+            self._make_idle(seat)
+        return True
+
+    # ------------------------------------------------------------------ assignment
+
+    def checkout(
+        self,
+        timeout: float,
+        *,
+        owner: object | None = None,
+        wait: Callable[[Awaitable[Seat]], Awaitable[Seat]] | None = None,
+    ) -> Checkout:
+        """The one way a request gets a seat (single GPU, GPU set and CPU alike):
+        ``async with pool.checkout(...) as seat``. An idle seat at once (no task, no waiter:
+        front-end CPU per request), else FIFO within ``timeout`` (``wait`` wraps that wait,
+        e.g. to stop it on a cancel); ``NoWorker`` when none comes or the pool stops
+        admitting. The request counts in ``requests_in_progress`` until the block ends.
+        Inside it, the caller runs its program and hands the seat back with the decision
+        ``retirement`` takes (``release``), or untouched (``release_unused``).
+
+        A seat pinned across several programs (a session) is a checkout held open across
+        them: the seat stays busy and its worker serves only that holder in between."""
+        return Checkout(self, timeout, owner, wait)
+
+    def try_acquire(self) -> Seat | None:
+        """An idle seat at once (marked busy), or None when the request would have to
+        queue; ``NoWorker`` when the pool is not admitting."""
+        if not self.accepting:
+            raise NoWorker("server is not accepting requests")
+        seat = least_loaded_idle(self.seats) if not self.requests_waiting else None
+        if seat is not None:
+            self._take(seat)
+        return seat
+
+    async def acquire(self, timeout: float, owner: object | None = None) -> Seat:
+        """An idle seat, marked busy; ``NoWorker`` after ``timeout`` or during shutdown.
+
+        ``owner`` names the caller in ``queue_positions`` while it waits. Cancelling the
+        wait leaves the queue (a seat assigned in the same tick is handed on)."""
+        seat = self.try_acquire()
+        if seat is None:
+            seat = await self._queue.wait(timeout, owner, self.release_unused)
+            self._take(seat)
+        return seat
+
+    async def serve_identity(self, seat: Seat, identity: str) -> None:
+        """Make the (acquired) seat's worker fit to run ``identity``'s program: a worker that
+        served another identity is replaced by a fresh one (fresh sandbox directory: empty
+        ``/tmp``, ``HOME`` and caches) first. ``NoWorker`` when the new one fails to start
+        (the seat is then replaced in the background)."""
+        handle = seat.worker
+        if handle is None or handle.identity in (None, identity):
+            if handle is not None:
+                handle.identity = identity
+            return
+        pool_retirement.emit_retired(self.events, seat, handle, "identity")
+        started = False
+        try:
+            await self.kill(handle)
+            seat.worker = None
+            if seat.sandbox is not None:  # its HOME and caches are the other identity's
+                old, seat.sandbox = seat.sandbox, None
+                await asyncio.get_running_loop().run_in_executor(None, old.close)
+            if self.quarantine_reason is None:
+                started = await self._start_seat(seat, phase="respawn", idle=False)
+        finally:
+            if not started:
+                seat.worker = None
+                self._schedule_replacement(seat, "crashed", emit_retired=False)
+        if not started:
+            raise NoWorker("the worker for this identity failed to start")
+        assert seat.worker is not None
+        seat.worker.identity = identity
+
+    def _take(self, seat: Seat) -> None:
+        seat.state = SeatState.BUSY
+        seat.assigned = True
+        self.requests_in_progress += 1
+
+    def _make_idle(self, seat: Seat) -> None:
+        """The seat's worker is ready: the oldest waiting request gets it, else it idles."""
+        seat.state = SeatState.BUSY if self._queue.hand_over(seat) else SeatState.IDLE
+
+    def begin_shutdown(self) -> None:
+        """Stop admitting: ``request_capacity`` 0, queued requests get ``NoWorker``."""
+        self.closing = True
+        self._stop_admitting("server is shutting down")
+
+    def _stop_admitting(self, why: str) -> None:
+        self.accepting = False
+        self._queue.fail_all(why)
+
+    # ------------------------------------------------------------------ after a request
+
+    def finish_request(self, seat: Seat) -> None:
+        seat.assigned = False
+        self.requests_in_progress = max(0, self.requests_in_progress - 1)
+
+    def retirement(self, seat: Seat, asked: str | None) -> str | None:
+        """The one decision whether the seat's worker retires after its current program
+        (``pool_retirement.retirement``); ``release`` then applies it."""
+        return pool_retirement.retirement(seat, asked, self.config.max_requests_per_worker)
+
+    def release_unused(self, seat: Seat) -> None:
+        """Return a seat whose worker took no program (a GPU-set request borrowed it)."""
+        handle = seat.worker
+        if handle is None or handle.gone is not None:
+            self._schedule_replacement(seat, "crashed")
+        elif self.closing:
+            seat.state = SeatState.IDLE
+        else:
+            self._make_idle(seat)
+
+    def release(self, seat: Seat, retire_reason: str | None) -> None:
+        """Hand the seat back after a request, with the ``retirement`` decided for it: None
+        keeps the worker (it becomes idle once it reports ready again); a worker that is
+        gone is replaced all the same."""
+        handle = seat.worker
+        seat.served += 1
+        if handle is None or (handle.gone is not None and retire_reason is None):
+            retire_reason = retire_reason or "crashed"
+        if seat.pinned is not None:  # a session's seat: the session keeps or ends it
+            seat.pinned(retire_reason)
+            return
+        if retire_reason is not None:
+            self._schedule_replacement(seat, retire_reason)
+            return
+        seat.state = SeatState.BUSY  # until the worker reports clean
+        seat.replacement = asyncio.ensure_future(self._await_clean(seat, handle))
+
+    async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:
+        if not await reported_clean(handle):
+            self._schedule_replacement(seat, "crashed")
+        elif self.closing:
+            seat.state = SeatState.IDLE
+        else:
+            self._make_idle(seat)
+
+    def _on_worker_gone(self, handle: WorkerHandle) -> None:
+        # Only idle seats are handled here; a busy seat's request notices by itself.
+        for seat in self.seats:
+            if seat.worker is handle and seat.state is SeatState.IDLE:
+                self._schedule_replacement(seat, "crashed")
+
+    def _schedule_replacement(self, seat: Seat, reason: str, *, emit_retired: bool = True) -> None:
+        old = seat.worker
+        if emit_retired and old is not None:
+            pool_retirement.emit_retired(self.events, seat, old, reason)
+        seat.state = SeatState.REPLACING
+        seat.replacement = asyncio.ensure_future(self._replace(seat, old, reason))
+
+    async def _replace(self, seat: Seat, old: WorkerHandle | None, reason: str) -> None:
+        if old is not None:
+            await self.kill(old)
+        seat.worker = None
+        if self.quarantine_reason is not None:
+            seat.state = SeatState.QUARANTINED  # nothing is admitted any more: nothing to serve
+            return
+        await start_with_backoff(
+            seat,
+            reason,
+            lambda: self._start_seat(seat, phase="respawn"),
+            lambda: self.closing,
+            self.events,
+        )
+
+    # ------------------------------------------------------------------ ending workers
+
+    async def kill(self, handle: WorkerHandle) -> None:
+        """Kill a worker's process tree while holding its GPU's lease (§5); quarantine its
+        GPUs when the kill cannot be confirmed. A second call does nothing."""
+        if handle.killed:
+            return
+        grace = float(self.config.worker_termination_grace_seconds)
+        await kill_under_lease(handle, self.arbiter, grace)
+        self._check_cleanup(handle)
+
+    async def stop_worker(self, handle: WorkerHandle, timeout: float) -> bool:
+        """Retire a worker politely: ``Shutdown``, then wait for its exit. The lease it holds
+        is kept until the process is gone. False when it did not exit within ``timeout``."""
+        grace = float(self.config.worker_termination_grace_seconds)
+        exited = await stop_politely(handle, timeout, grace)
+        if exited:
+            self._check_cleanup(handle)
+        return exited
+
+    def _check_cleanup(self, handle: WorkerHandle) -> None:
+        """SERVER §8, §11: a worker whose end could not be confirmed may still be running
+        on its GPUs. They are quarantined (never leased again) and the server stops
+        admitting requests; requests already running finish (those that need a quarantined
+        GPU answer 503)."""
+        first = self.quarantine_reason is None
+        if quarantine_unconfirmed(handle, self.arbiter, self.events) and first:
+            self.quarantine_reason = handle.cleanup_unconfirmed
+            self._stop_admitting("devices quarantined")
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop every worker (politely, then by force) under its lease."""
+        self.begin_shutdown()
+        await close_seats(self.seats, timeout, self.stop_worker, self.kill)

@@ -1,0 +1,79 @@
+"""A seat of the pool and where it is in its worker's life (SERVER.md §4).
+
+A seat (``cpu/w<i>`` or ``gpu<N>/w<i>``) outlives its processes: ``generation`` counts the
+workers it has had, ``served`` the programs its current worker ran. Only the pool moves a
+seat from one state to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kcoral_server.processes.handle import SeatSandbox, WorkerHandle
+
+
+class SeatState(enum.Enum):
+    """Where a seat is in its worker's life."""
+
+    STARTING = "starting"  # its first worker is starting
+    IDLE = "idle"  # its worker is ready for a program
+    BUSY = "busy"  # checked out, or its worker is cleaning up after a program
+    REPLACING = "replacing"  # a new worker is being started (with back-off)
+    FAILED = "failed"  # its worker failed to start; a replacement follows
+    QUARANTINED = "quarantined"  # the pool stopped admitting: no new worker
+    CLOSED = "closed"  # the pool is shutting down
+
+
+#: the states in which a seat counts in ``request_capacity`` (it has a live worker)
+SERVING = (SeatState.IDLE, SeatState.BUSY)
+
+
+@dataclass
+class GpuDevice:
+    """One configured GPU: physical id, UUID when known, arch (``sm_90a``)."""
+
+    id: int
+    uuid: str = ""
+    arch: str = ""
+
+
+@dataclass
+class Seat:
+    id: str
+    #: the seat's GPU; a session's seat: the first of its pinned set, which its worker's
+    #: ``gpu_ids`` (and the lease) hold in full (EXTENSIONS §11)
+    gpu_id: int | None
+    generation: int = 0
+    worker: WorkerHandle | None = None
+    state: SeatState = SeatState.STARTING
+    served: int = 0
+    assigned: bool = False
+    replacement: asyncio.Task | None = field(default=None, repr=False)
+    #: under bubblewrap: the sandbox (and fork server) its workers share, one identity's
+    sandbox: SeatSandbox | None = field(default=None, repr=False)
+    #: a session's seat (EXTENSIONS §11): outside ``seats``; the session takes each release
+    pinned: Callable[[str | None], None] | None = field(default=None, repr=False)
+
+
+def seats_for(
+    mode: str, gpus: list[GpuDevice], num_workers: int, workers_per_gpu: int
+) -> list[Seat]:
+    """The pool's seats: ``num_workers`` in CPU mode, else ``workers_per_gpu`` per GPU."""
+    if mode == "cpu":
+        return [Seat(f"cpu/w{i}", None) for i in range(num_workers)]
+    return [Seat(f"gpu{gpu.id}/w{i}", gpu.id) for gpu in gpus for i in range(workers_per_gpu)]
+
+
+def least_loaded_idle(seats: list[Seat]) -> Seat | None:
+    """An idle seat on the GPU with the fewest requests assigned (spreads requests across
+    GPUs), or None when no seat is idle."""
+    idle = [s for s in seats if s.state is SeatState.IDLE]
+    if not idle:
+        return None
+    load: dict[int | None, int] = {}
+    for s in seats:
+        load[s.gpu_id] = load.get(s.gpu_id, 0) + (1 if s.assigned else 0)
+    return min(idle, key=lambda s: load.get(s.gpu_id, 0))

@@ -1,0 +1,48 @@
+"""Closing a pool: replacements cancelled, then every worker stopped politely within the
+time left, else killed under its lease, then the seats' sandboxes closed (SERVER.md §12)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from kcoral_server.pool.seat import Seat, SeatState
+from kcoral_server.processes.handle import WorkerHandle
+
+
+async def close_seats(
+    seats: list[Seat],
+    timeout: float,
+    stop: Callable[[WorkerHandle, float], Awaitable[bool]],
+    kill: Callable[[WorkerHandle], Awaitable[None]],
+) -> None:
+    """Close every seat within about ``timeout`` seconds: ``stop`` (polite, given the time
+    left) each live worker, ``kill`` those that do not exit and those already gone."""
+    replacing = [
+        seat.replacement
+        for seat in seats
+        if seat.replacement is not None and not seat.replacement.done()
+    ]
+    for task in replacing:
+        task.cancel()
+    deadline = time.monotonic() + timeout
+    if replacing:  # a cancelled start cleans up after itself (processes, sandbox dirs)
+        await asyncio.wait(replacing, timeout=timeout)
+
+    async def close_seat(seat: Seat) -> None:
+        handle = seat.worker
+        seat.state = SeatState.CLOSED
+        if handle is None:
+            return
+        if handle.gone is None:
+            remaining = max(0.1, deadline - time.monotonic())
+            if await stop(handle, remaining):
+                return
+        await kill(handle)
+
+    await asyncio.gather(*(close_seat(seat) for seat in seats), return_exceptions=True)
+    sandboxes = [seat.sandbox for seat in seats if seat.sandbox is not None]
+    if sandboxes:  # their fork servers exit now that their workers have
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, box.close) for box in sandboxes))

@@ -1,0 +1,46 @@
+"""What a pool does on the host before its first workers start, and what it learns from the
+first ones that did (SERVER.md §7 workspaces, §4 pool; README "Limits")."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kcoral_server.pool.seat import Seat
+from kcoral_server.processes import limits
+from kcoral_server.storage.workspace import remove_stale_workspaces
+
+
+class PoolStartError(Exception):
+    """The pool could not start (no worker came up, or mixed GPU architectures)."""
+
+
+async def prepare_host(config: Any, seats: int, events: Any) -> None:
+    """Tidy what killed servers left (workspaces whose lock is free, cgroups) and say once
+    which per-worker limits no cgroup enforces, so that such a limit is never silent."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, remove_stale_workspaces)
+    await loop.run_in_executor(None, limits.remove_stale_cgroups)
+    wanted = limits.limits_from_config(config, seats=seats)
+    missing = await loop.run_in_executor(None, limits.unenforced, wanted)
+    if missing:
+        events.emit(
+            "worker_limits_unenforced",
+            "WARNING",
+            missing=missing,
+            memory_bytes=wanted.memory_bytes,
+            processes=wanted.processes,
+            message="no writable cgroup enforces these per-worker limits: " + ", ".join(missing),
+        )
+
+
+def common_target(ready: list[Seat]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``target`` and ``versions`` the server reports, from the seats whose first worker
+    started; ``PoolStartError`` when none did or their GPUs differ in architecture."""
+    if not ready:
+        raise PoolStartError("no worker could be started")
+    infos = [seat.worker.info for seat in ready]  # type: ignore[union-attr]
+    arches = {info.target.get("arch") for info in infos}
+    if len(arches) > 1:
+        raise PoolStartError(f"GPUs report different architectures: {sorted(arches)}")
+    return dict(infos[0].target), dict(infos[0].versions)

@@ -1,0 +1,178 @@
+"""Where a worker process comes from: its environment, its seat's sandbox, the fork server.
+
+Who can reach what: the worker runs *programs* (uploaded code). Its environment starts from
+``sandbox.worker_base_environment`` (no KCoral secret, no ``--worker-env-deny``ed variable)
+in every sandbox mode and on both launch paths (forked from a launcher, or spawned).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from kcoral_server.processes import limits
+from kcoral_server.processes.launcher import (
+    ForkedProcess,
+    Launcher,
+    LauncherError,
+    LauncherRefused,
+    shared_launcher,
+)
+from kcoral_server.processes.rank_variables import is_rank_variable
+from kcoral_server.processes.sandbox import DEFAULT_TMPFS_BYTES, SandboxDir, worker_base_environment
+from kcoral_server.worker.confinement import clear_workspace
+
+
+def worker_environment(
+    device: str, gpu_ids: Sequence[int], gpu_uuids: Sequence[str], deny: Sequence[str] = ()
+) -> dict:
+    """Environment of a new worker: the front-end's without KCoral secrets and ``deny``ed
+    variables; otherwise unchanged on CPU, pinned to its GPUs on a GPU."""
+    env = worker_base_environment(os.environ, deny)
+    if device == "cpu":
+        return env
+    for name in list(env):
+        if is_rank_variable(name):
+            del env[name]
+    devices = [
+        uuid if uuid else str(gpu)
+        for gpu, uuid in zip(gpu_ids, _padded(gpu_uuids, gpu_ids), strict=False)
+    ]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    return env
+
+
+def _padded(uuids: Sequence[str], ids: Sequence[int]) -> list[str]:
+    return list(uuids) + [""] * (len(ids) - len(uuids))
+
+
+#: ``--worker-preload`` values -> the modules the fork servers import (SERVER §1)
+WORKER_PRELOADS = {"torch": ("torch",), "none": ()}
+
+
+def preload_for(config: Any) -> tuple[str, ...]:
+    """The modules a fork server of a server configured with ``config`` preloads."""
+    return WORKER_PRELOADS.get(getattr(config, "worker_preload", "torch"), ())
+
+
+#: the smallest size of a sandbox's /tmp, /var/tmp and /dev/shm
+MIN_TMPFS_BYTES = 64 * 1024**2
+
+
+def tmpfs_bytes_for(config: Any, seats: int) -> int:
+    """The size of each of a sandbox's ``/tmp``, ``/var/tmp`` and ``/dev/shm``: a quarter of
+    the worker's memory share (``--worker-memory-limit-bytes`` or the default share, also
+    where nothing enforces it), at least 64 MiB. Their pages count against the worker's
+    memory cgroup, so together with its own memory they can never pass the share; the
+    size bounds them where no cgroup does."""
+    wanted = limits.limits_from_config(config, {}, seats=seats)
+    share = wanted.memory_bytes or limits.default_memory_limit(limits.worker_seats(config, seats))
+    if not share:
+        return DEFAULT_TMPFS_BYTES
+    return max(MIN_TMPFS_BYTES, share // 4)
+
+
+def sandbox_dir_for(
+    config: Any, device: str, gpu_ids: Sequence[int], env: dict, seats: int = 1
+) -> SandboxDir:
+    paths = getattr(config, "sandbox_readonly_paths", None) or []
+    token_file = getattr(config, "auth_token_file", None)
+    return SandboxDir(
+        readonly_paths=paths,
+        device=device,
+        gpu_ids=gpu_ids,
+        environ=env,
+        hidden_paths=[token_file] if token_file is not None else [],
+        tmpfs_bytes=tmpfs_bytes_for(config, seats),
+    )
+
+
+class SeatSandbox:
+    """One seat's bubblewrap sandbox, kept across its workers: a sandbox directory and a fork
+    server started inside it, so that a fresh sandboxed worker is a fork (~25 ms) rather than
+    a ``bwrap`` start plus an interpreter's imports.
+
+    Who can reach what: everything a program leaves in the sandbox's ``HOME`` and caches
+    stays for the seat's next workers, so the sandbox belongs to one ``identity`` at a time
+    (``Pool.serve_identity`` discards it for another); the workspace and ``/tmp`` are emptied
+    before every new worker. Created lazily, in the launch thread (directories, processes)."""
+
+    def __init__(self, *, config: Any, device: str, gpu_ids: Sequence[int], seats: int = 1) -> None:
+        self.config = config
+        self.device = device
+        self.gpu_ids = list(gpu_ids)
+        self.seats = seats  # the pool's stateless seats, for the tmpfs size
+        self.identity: str | None = None
+        self.dir: SandboxDir | None = None
+        self._launcher: Launcher | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        #: a program passed --workspace-limit-bytes here: the next worker gets a fresh
+        #: directory (what it left in HOME and caches would end the next programs too)
+        self.spoiled = False
+
+    def launch(self, fd: int, env: dict[str, str], cgroups: Sequence[str]) -> ForkedProcess:
+        """Fork a worker inside the sandbox (blocking). ``env`` is the worker's environment
+        outside; it is translated (§14 variables). Raises ``LauncherError``."""
+        with self._lock:
+            if self._closed:
+                raise LauncherError("the seat's sandbox is closed")
+            if self.dir is not None and (
+                self.spoiled or not clear_workspace(str(self.dir.host_dir))
+            ):
+                self._discard()  # a workspace the front-end cannot empty: start afresh
+            self.spoiled = False
+            if self.dir is None:
+                self.dir = sandbox_dir_for(self.config, self.device, self.gpu_ids, env, self.seats)
+                self._launcher = Launcher(wrap=self.dir.command, preload=preload_for(self.config))
+            assert self._launcher is not None
+            launcher_env = self.dir.environment(env)
+            for name in list(launcher_env):
+                if name.startswith("KCORAL_WORKER_"):
+                    del launcher_env[name]  # per-worker limit notes
+            return self._launcher.launch(
+                fd, self.dir.environment(env), cgroups=cgroups, launcher_env=launcher_env
+            )
+
+    def _discard(self) -> None:
+        if self._launcher is not None:
+            self._launcher.close()
+            self._launcher = None
+        if self.dir is not None:
+            self.dir.remove()
+            self.dir = None
+
+    def close(self) -> None:
+        """Stop the fork server (its workers are gone already) and remove the directory
+        (blocking)."""
+        with self._lock:
+            self._closed = True
+            self._discard()
+
+
+#: ``spawn`` turns the fork server off (every worker is a new interpreter)
+LAUNCH_ENV = "KCORAL_WORKER_LAUNCH"
+
+
+def fork_worker(
+    fd: int,
+    env: dict[str, str],
+    cgroups: Sequence[str],
+    deny: Sequence[str],
+    config: Any = None,
+) -> ForkedProcess | None:
+    """An unsandboxed worker is forked from the preloaded launcher (~25 ms instead of an
+    interpreter start plus imports); it moves itself into ``cgroups`` first. ``None``: spawn
+    it. Raises ``LauncherRefused`` when the launcher broke the fork rule (SERVER §1)."""
+    if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
+        return None
+    try:
+        return shared_launcher(preload_for(config)).launch(
+            fd, env, cgroups=cgroups, launcher_env=worker_base_environment(os.environ, deny)
+        )
+    except LauncherRefused:
+        raise  # a launcher that forks unsafely is reported, not worked around
+    except LauncherError:
+        return None  # the launcher is broken: spawning still works

@@ -1,0 +1,140 @@
+"""Reading process trees from ``/proc``: one module for the front-end, the fork server and
+the worker (stdlib only: the fork server and the worker import it before anything else).
+
+``/proc/<pid>/task/*/children`` lists a process's children per thread; a process that is
+a child subreaper (the worker, the fork server) gets orphans of its descendants re-parented
+to it, so walking these files from it finds every live descendant. Processes come and go
+while the files are read: every reader treats a vanished file as "no such process".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Sequence
+
+from kcoral_server.processes.pidfd import open_pidfd
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (zombies included)."""
+    found: list[int] = []
+    # listdir and raw reads, not glob and open(): the worker asks after every program
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found  # the process went away
+    for task in tasks:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{task}/children", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = b""
+                while chunk := os.read(fd, 65536):
+                    data += chunk
+            finally:
+                os.close(fd)
+            found.extend(int(part) for part in data.split())
+        except (OSError, ValueError):
+            continue  # the task or process went away meanwhile
+    return found
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every descendant of ``pid`` (default: this process), parents before children."""
+    root = os.getpid() if pid is None else pid
+    seen: list[int] = []
+    pending = [root]
+    while pending:
+        for child in children(pending.pop()):
+            if child not in seen:
+                seen.append(child)
+                pending.append(child)
+    return seen
+
+
+def state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` (``R``, ``S``, ``Z``, ...); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    # the command name may contain spaces and parentheses: the state follows the last ')'
+    return data[data.rfind(")") + 2 :][:1] or None
+
+
+def _stat_field(pid: int, index: int) -> int | None:
+    """Numeric field ``index`` after the command name of ``/proc/<pid>/stat`` (0 is the
+    state); None when the process is gone. Pids are those of the reader's namespace."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(")") + 2 :].split()
+    try:
+        return int(fields[index])
+    except (IndexError, ValueError):
+        return None
+
+
+def parent(pid: int) -> int | None:
+    """The parent of ``pid`` (None when it is gone)."""
+    return _stat_field(pid, 1)
+
+
+def session(pid: int) -> int | None:
+    """The session id of ``pid`` (inherited by its children until one calls ``setsid``)."""
+    return _stat_field(pid, 3)
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie has already finished)."""
+    return state(pid) not in (None, "Z", "X")
+
+
+def live_descendants(pid: int | None = None) -> list[int]:
+    """Descendants of ``pid`` (default: this process) that are not zombies."""
+    return [child for child in descendants(pid) if is_alive(child)]
+
+
+def namespace_pid(pid: int) -> str | None:
+    """The pid of ``pid`` in its innermost PID namespace (last ``NSpid`` field)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            line = next((x for x in handle if x.startswith("NSpid:")), "")
+    except OSError:
+        return None
+    fields = line.split()
+    return fields[-1] if len(fields) > 1 else None
+
+
+def kill_process(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal ``pid`` through a pidfd (a plain ``kill`` where pidfds are unsupported)."""
+    # A pidfd names this very process, so a recycled pid can never be hit by mistake.
+    try:
+        fd = open_pidfd(pid)
+    except ProcessLookupError:
+        return
+    if fd is None:  # no pidfds here: a plain kill (the pid is our own unreaped child)
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+        return
+    try:
+        signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def signal_all(pids: Sequence[int], sig: int, *, group: int | None = None) -> None:
+    """Send ``sig`` to the process group ``group`` (when given) and to each of ``pids``,
+    ignoring those already gone."""
+    if group is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(group, sig)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)

@@ -1,0 +1,154 @@
+"""What every router endpoint but ``/health`` shares: a fresh request id, the client token
+check (EXTENSIONS §6), router-made ``ERROR`` answers and the ``request_finished`` line."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import tornado.web
+
+from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.front_door.browser_guard import BrowserGuard
+from kcoral_server.front_door.callers import DEFAULT, Identity
+
+UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
+
+
+def browser_refusal(state: Any, headers: Any) -> str | None:
+    """The 403 ``forbidden`` message for a web page's request, or None (EXTENSIONS §6).
+
+    Runs before the token check on every endpoint, ``/health`` included; see
+    ``kcoral_server.front_door.browser_guard`` for who is refused and why."""
+    settings = state.settings
+    guard = BrowserGuard.build(
+        settings.allowed_origins,
+        settings.allowed_hosts,
+        settings.host,
+        token_required=settings.auth_token is not None,
+    )
+    return guard.refusal(headers)
+
+
+class RouterHandler(tornado.web.RequestHandler):
+    """Base of the authenticated endpoints; ``ALLOWED`` methods, others get 405."""
+
+    ALLOWED: tuple[str, ...] = ("GET",)
+
+    def compute_etag(self) -> None:
+        """No ``Etag``: conditional GETs get the whole answer, never a bodiless 304."""
+        return None
+
+    def initialize(self, state: Any) -> None:
+        self.state = state
+        # ROUTER §8.1: a fresh id for every request (the client's X-Request-ID is dropped).
+        self.request_id = str(uuid.uuid4())
+        self.received_at = time.monotonic()
+        self.finish_reason: str | None = None
+        self.node: str | None = None
+        self.request_bytes = 0
+        self.response_bytes = 0
+        self.queue_wait_ms = 0.0
+        self.identity: Identity = DEFAULT
+
+    def check_request(self) -> bool:
+        """403 for a web page, 401 without the client token, 405 for other methods; True when
+        the request may go on."""
+        self.set_header("X-Request-ID", self.request_id)
+        refusal = browser_refusal(self.state, self.request.headers)
+        if refusal is not None:
+            self.send_router_error(403, "forbidden", refusal, "request_rejected")
+            return False
+        # The identity the router vouches for to its nodes (X-KCoral-Identity); a client's
+        # own X-KCoral-Identity is never believed here (no router secret on this side).
+        identity = self.state.authenticator.authenticate(
+            self.request.headers.get("Authorization"), None
+        )
+        if identity is None:
+            self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
+            return False
+        self.identity = identity
+        if self.request.method not in self.ALLOWED:
+            self.send_router_error(
+                405,
+                "method_not_allowed",
+                "method not allowed",
+                "request_rejected",
+                {"Allow": ", ".join(self.ALLOWED)},
+            )
+            return False
+        return True
+
+    def send_router_error(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        reason: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if self._finished:
+            return
+        self.clear()
+        self.set_status(status)
+        self.set_header("X-Request-ID", self.request_id)
+        self.set_header("Content-Type", "application/json")
+        # Tornado closes a connection whose request it had not read to the end once the
+        # answer is out, without saying so: say it, or a client reuses the connection and
+        # its next request is lost (seen with a 404 answered before a GET's empty body).
+        connection = self.request.connection
+        if connection is not None and not getattr(connection, "_read_finished", True):
+            self.set_header("Connection", "close")
+        for name, value in (headers or {}).items():
+            self.set_header(name, value)
+        if status == 503:
+            self.set_header("Retry-After", "1")
+        body = {
+            "status": "ERROR",
+            "request_id": self.request_id,
+            "error": {"kind": kind, "message": message},
+        }
+        self.finish_reason = self.finish_reason or reason
+        self.finish(dumps_compact(body))
+
+    def send_json(self, status: int, body: Any) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(dumps_compact(body))
+
+    def on_finish(self) -> None:
+        self.log_finished()
+
+    def log_finished(self) -> None:
+        if getattr(self, "_logged", False):
+            return
+        self._logged = True
+        reason = self.finish_reason or "completed"
+        level = "INFO" if reason == "completed" else "WARNING"
+        path = self.request.path
+        self.state.log.event(
+            "request_finished",
+            level=level,
+            request_id=self.request_id,
+            # The spec'd line is /execute's; other endpoints add their method and path.
+            method=None if path == "/execute" else self.request.method,
+            path=None if path == "/execute" else path,
+            node=self.node,
+            http_status=self.get_status(),
+            queue_wait_ms=round(self.queue_wait_ms, 1),
+            duration_ms=round((time.monotonic() - self.received_at) * 1000, 1),
+            request_bytes=self.request_bytes,
+            response_bytes=self.response_bytes,
+            finish_reason=reason,
+        )
+
+
+class NotFoundHandler(RouterHandler):
+    """Unknown paths: 404 ``not_found`` (after the token check, so paths cannot be probed)."""
+
+    ALLOWED = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+
+    def prepare(self) -> None:
+        if self.check_request():
+            self.send_router_error(404, "not_found", "not found", "request_rejected")

@@ -1,0 +1,198 @@
+"""The gRPC service ``kcoral.gateway.v1.RouterGateway`` (ROUTER.md §2–§5)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from kcoral_server.router.frames import SERVICE, parse_frame, serialize_frame
+from kcoral_server.router.identity import PROTOCOL_VERSION, bearer_matches, is_valid_node_id
+from kcoral_server.router.log import RouterLog
+from kcoral_server.router.registry import SLOT_KEY_REFUSAL, Registry
+from kcoral_server.router.settings import RouterSettings
+from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
+
+FIRST_MESSAGE_TIMEOUT = 10.0
+
+
+def status_problem(
+    status: pb.SupervisorStatus, settings: RouterSettings, node_id: str | None
+) -> str | None:
+    """Why a ``SupervisorStatus`` is invalid (§4.3), or None."""
+    if not is_valid_node_id(status.node_id):
+        return "invalid node_id"
+    if node_id is not None and status.node_id != node_id:
+        return "node_id changed on the stream"
+    if not status.supervisor_instance_id:
+        return "supervisor_instance_id is empty"
+    if status.server_healthy:
+        if not status.server_instance_id:
+            return "a healthy status needs a server_instance_id"
+        if status.worker_count < 1:
+            return "a healthy status needs worker_count >= 1"
+        if status.busy_workers > status.worker_count:
+            return "busy_workers exceeds worker_count"
+        if status.health_age_millis > settings.max_status_age_seconds * 1000:
+            return "health_age_millis exceeds the maximum status age"
+    return None
+
+
+class Gateway(pb_grpc.RouterGatewayServicer):
+    def __init__(self, registry: Registry, settings: RouterSettings, log: RouterLog) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.log = log
+
+    async def _authenticate(self, context: Any) -> None:
+        value = None
+        for key, item in context.invocation_metadata() or ():
+            if key == "authorization":
+                value = item
+        if not bearer_matches(value, self.settings.node_token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing node token")
+
+    async def _first(self, context: Any) -> Any:
+        try:
+            return await asyncio.wait_for(context.read(), FIRST_MESSAGE_TIMEOUT)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no first message within 10 s")
+
+    async def ConnectSupervisor(self, request_iterator: Any, context: Any) -> None:
+        await self._authenticate(context)
+        first = await self._first(context)
+        if first is grpc.aio.EOF:
+            return
+        problem = status_problem(first, self.settings, None)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        node_id = first.node_id
+        stream = self.registry.attach_supervisor(node_id)
+        if stream is None:
+            # ROUTER §4.3: the id belongs to a live stream; the claimant gets no traffic.
+            self.log.event(
+                "node_claim_refused",
+                level="WARNING",
+                node=node_id,
+                supervisor=first.supervisor_instance_id,
+                peer=context.peer(),
+                message="another supervisor stream for this node id is open and reporting",
+            )
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                "node id is held by a live supervisor stream",
+            )
+        self.log.event("node_connected", node=node_id, supervisor=first.supervisor_instance_id)
+        if not first.slot_key:
+            # A published supervisor: its slots are taken on the node token alone, as before.
+            self.log.event(
+                "node_without_slot_key",
+                level="WARNING",
+                node=node_id,
+                message="this supervisor announces no slot key: whoever holds the node token "
+                "and learns its server instance id can open slots for it; upgrade the node",
+            )
+        try:
+            self.registry.apply_status(stream, first)
+            await context.write(pb.SupervisorAck())
+            while True:
+                status = await context.read()
+                if status is grpc.aio.EOF:
+                    return
+                if stream.superseded:
+                    await context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION, "superseded by a newer stream"
+                    )
+                problem = status_problem(status, self.settings, node_id)
+                if problem is not None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+                before = self.registry.nodes[node_id].state
+                self.registry.apply_status(stream, status)
+                after = self.registry.nodes[node_id].state
+                if after != before:
+                    self.log.event("node_state", node=node_id, state=after, previous=before)
+        finally:
+            if not stream.superseded:
+                self.log.event("node_disconnected", level="WARNING", node=node_id)
+            self.registry.detach_supervisor(stream)
+
+    async def ConnectSlot(self, request_iterator: Any, context: Any) -> None:
+        await self._authenticate(context)
+        first = await self._first(context)
+        if first is grpc.aio.EOF:
+            return
+        if first.request_id or first.WhichOneof("payload") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must be hello")
+        hello = first.hello
+        if hello.protocol_version != PROTOCOL_VERSION:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "unsupported slot protocol_version"
+            )
+        if not is_valid_node_id(hello.node_id):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid node_id")
+        if not hello.server_instance_id or not hello.slot_id:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "server_instance_id and slot_id are required"
+            )
+        kind = WORKER
+        for key, value in context.invocation_metadata() or ():
+            if key == SLOT_KIND_METADATA:
+                kind = value
+        if kind not in (WORKER, CONTROL):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown slot kind")
+        slot = RouterSlot(
+            hello.node_id, hello.slot_id, hello.server_instance_id, context, kind, hello.slot_key
+        )
+        try:
+            refused = await slot.register_and_acknowledge(self.registry.add_slot)
+        except BaseException:  # the ack could not be written: the slot is not usable
+            slot.close(None, "tunnel_disconnected")
+            self.registry.remove_slot(slot)
+            raise
+        if refused is not None:
+            if refused[1] == SLOT_KEY_REFUSAL:
+                # Someone holds the node token but not this node's slot key: a stranger
+                # trying to take the node's seats (ROUTER §12). It got no ack and no work.
+                self.log.event(
+                    "slot_refused",
+                    level="WARNING",
+                    node=hello.node_id,
+                    peer=context.peer(),
+                    message=SLOT_KEY_REFUSAL,
+                )
+            await context.abort(*refused)
+        reader = None
+        try:
+            reader = asyncio.get_running_loop().create_task(slot.read_loop())
+            closed = asyncio.get_running_loop().create_task(slot.closed.wait())
+            await asyncio.wait({reader, closed}, return_when=asyncio.FIRST_COMPLETED)
+            closed.cancel()
+        finally:
+            slot.close(None, "tunnel_disconnected")
+            if reader is not None and not reader.done():
+                reader.cancel()
+            self.registry.remove_slot(slot)
+        if slot.close_status is not None:
+            await context.abort(*slot.close_status)
+
+
+def add_gateway_to_server(gateway: Gateway, server: grpc.aio.Server) -> None:
+    """Register ``gateway`` like the generated ``add_RouterGatewayServicer_to_server``, but
+    with the data-frame fast path (``frames.py``) as ``ConnectSlot``'s (de)serializers."""
+    handlers = {
+        "ConnectSupervisor": grpc.stream_stream_rpc_method_handler(
+            gateway.ConnectSupervisor,
+            request_deserializer=pb.SupervisorStatus.FromString,
+            response_serializer=pb.SupervisorAck.SerializeToString,
+        ),
+        "ConnectSlot": grpc.stream_stream_rpc_method_handler(
+            gateway.ConnectSlot,
+            request_deserializer=parse_frame,
+            response_serializer=serialize_frame,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

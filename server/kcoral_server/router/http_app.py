@@ -1,0 +1,111 @@
+"""The router's client side: ``GET /health``, streaming ``POST /execute`` (ROUTER.md §8–§9),
+``/v1/info``, the jobs endpoints (``job_routes``) and the sessions endpoints
+(``session_routes``); all but ``/health`` need the client
+token when one is set."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import tornado.web
+
+from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.front_door.callers import Authenticator, parse_tokens
+from kcoral_server.router.auth import NotFoundHandler, browser_refusal
+from kcoral_server.router.forward import ForwardHandler
+from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler
+from kcoral_server.router.log import RouterLog
+from kcoral_server.router.registry import Registry
+from kcoral_server.router.scheduler import Admission, ControlAdmission
+from kcoral_server.router.session_routes import SessionHandler, SessionIndex, SessionsHandler
+from kcoral_server.router.settings import RouterSettings
+
+
+@dataclass
+class RouterState:
+    """Everything the handlers share (one per router process)."""
+
+    settings: RouterSettings
+    registry: Registry
+    admission: Admission
+    log: RouterLog
+    control: ControlAdmission
+    instance_id: str
+    started_at: str
+    in_progress: int = 0  # requests on worker slots (control requests are not load)
+    jobs: JobIndex = field(default_factory=JobIndex)
+    sessions: SessionIndex = field(default_factory=SessionIndex)
+    authenticator: Authenticator = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The client-token file has the server's format (EXTENSIONS §6): one bare token
+        # (identity ``default``) or ``NAME TOKEN [admin]`` lines; none = everyone ``default``.
+        tokens = self.settings.auth_token
+        self.authenticator = Authenticator(parse_tokens(tokens) if tokens is not None else None)
+
+
+def utc_now_micros() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class HealthHandler(tornado.web.RequestHandler):
+    def initialize(self, state: RouterState) -> None:
+        self.state = state
+
+    def compute_etag(self) -> None:
+        return None  # a conditional GET still gets 200 and the body (PROTOCOL §12)
+
+    def prepare(self) -> None:
+        # No token is needed here, but a web page still learns nothing (EXTENSIONS §6).
+        refusal = browser_refusal(self.state, self.request.headers)
+        if refusal is not None:
+            error = {"kind": "forbidden", "message": refusal}
+            body = {"status": "ERROR", "request_id": str(uuid.uuid4()), "error": error}
+            self.set_status(403)
+            self.set_header("Content-Type", "application/json")
+            self.finish(dumps_compact(body))
+
+    def get(self) -> None:
+        state = self.state
+        ok = state.registry.any_ready_with_slots()
+        baseline = state.registry.baseline or ({}, {})
+        body = {
+            "status": "ok" if ok else "unavailable",
+            "instance_id": state.instance_id,
+            "started_at": state.started_at,
+            "gpu_count": None,
+            "load": {
+                "request_capacity": state.registry.capacity(),
+                "requests_in_progress": state.in_progress,
+                "requests_waiting": state.admission.waiting,
+            },
+            "target": baseline[0],
+            "versions": baseline[1],
+        }
+        self.set_status(200 if ok else 503)
+        self.set_header("Content-Type", "application/json")
+        self.finish(dumps_compact(body))
+
+
+class ExecuteHandler(ForwardHandler):
+    """``POST /execute`` (ROUTER.md §8)."""
+
+
+def make_app(state: RouterState) -> tornado.web.Application:
+    return tornado.web.Application(
+        [
+            (r"/health", HealthHandler, {"state": state}),
+            (r"/execute", ExecuteHandler, {"state": state}),
+            (r"/v1/info", InfoHandler, {"state": state}),
+            (r"/v1/jobs", JobsHandler, {"state": state}),
+            (r"/v1/jobs/([^/]+)(/events|/result)?", JobHandler, {"state": state}),
+            (r"/v1/sessions", SessionsHandler, {"state": state}),
+            (r"/v1/sessions/([^/]+)(/execute|/jobs|/interrupt)?", SessionHandler, {"state": state}),
+        ],
+        default_handler_class=NotFoundHandler,
+        default_handler_args={"state": state},
+        # request_finished is the router's access log; Tornado's would duplicate it.
+        log_function=lambda handler: None,
+    )

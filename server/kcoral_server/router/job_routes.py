@@ -1,0 +1,311 @@
+"""``/v1/info`` and the jobs endpoints of EXTENSIONS §1, §5 through the router.
+
+* ``POST /v1/jobs`` is scheduled like ``/execute`` (worker slot, ``X-KCoral-Node``
+  affinity); the router reads the job id from the 202 answer and remembers its node.
+* ``GET /v1/jobs`` asks every connected node and merges the lists, newest first.
+* ``/v1/jobs/{id}[/events|/result]`` and ``DELETE /v1/jobs/{id}`` go to the job's node on a
+  control slot; an id the router has not seen is looked up on every node first (the router
+  may have restarted), and one no node knows is 404 ``not_found``.
+* ``GET /v1/info`` goes to any ready node on a control slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.forward import (
+    METHOD_HEADER,
+    PATH_HEADER,
+    ForwardHandler,
+    identity_header,
+)
+from kcoral_server.router.identity import MAX_FRAME_DATA
+from kcoral_server.router.scheduler import NoNode, RouterBusy
+from kcoral_server.router.slot import CONTROL, SlotBroken
+
+JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+FAN_OUT_SLOT_WAIT = 10.0  # seconds one node may keep a list or lookup waiting for a slot
+FAN_OUT_ANSWER_WAIT = 30.0
+MAX_FETCHED_BYTES = 64 << 20
+
+
+class JobIndex:
+    """Job id → node id, learned from 202 answers, merged lists and look-ups (bounded)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._nodes: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, job_id: str, node_id: str) -> bool:
+        """Bind ``job_id`` to ``node_id``; False when another node holds it already: a job
+        lives on one node, and a rogue node that claims another's job id (in its list or a
+        look-up) must not get that job's reads and cancels with its owner's identity."""
+        known = self._nodes.get(job_id)
+        if known is not None and known != node_id:
+            return False
+        self._nodes[job_id] = node_id
+        self._nodes.move_to_end(job_id)
+        while len(self._nodes) > self.capacity:
+            self._nodes.popitem(last=False)
+        return True
+
+    def node_of(self, job_id: str) -> str | None:
+        return self._nodes.get(job_id)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+async def fetch(
+    state: Any, node_id: str, method: str, path: str, headers: list[tuple[bytes, bytes]]
+) -> tuple[int, bytes] | None:
+    """One bodiless request to ``node_id`` on a control slot, answer collected whole.
+
+    ``None`` when the node has no free control slot in time or the slot failed."""
+    request_id = str(uuid.uuid4())
+    try:
+        _node, slot = await state.control.acquire(node_id, request_id, FAN_OUT_SLOT_WAIT)
+    except (NoNode, RouterBusy):
+        return None
+    done = False
+    try:
+        head = pb.RequestHead(
+            headers=[
+                pb.HttpHeader(name=METHOD_HEADER, value=method.encode()),
+                pb.HttpHeader(name=PATH_HEADER, value=path.encode()),
+                *(pb.HttpHeader(name=n, value=v) for n, v in headers),
+                pb.HttpHeader(name=b"x-request-id", value=request_id.encode()),
+                pb.HttpHeader(name=b"content-length", value=b"0"),
+            ],
+            content_length=0,
+        )
+        await slot.send(pb.SlotFrame(request_id=request_id, request_head=head))
+        await slot.send(pb.SlotFrame(request_id=request_id, end=pb.EndOfBody()))
+        answer = await asyncio.wait_for(_collect(slot), FAN_OUT_ANSWER_WAIT)
+        done = answer is not None
+        return answer
+    except (SlotBroken, asyncio.TimeoutError):
+        return None
+    finally:
+        if done:
+            state.registry.release(slot)
+        else:
+            slot.cancel("invalid_response")
+
+
+async def _collect(slot: Any) -> tuple[int, bytes] | None:
+    head = await slot.next_frame()
+    if head.WhichOneof("payload") != "response_head":
+        return None
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        frame = await slot.next_frame()
+        kind = frame.WhichOneof("payload")
+        if kind == "end":
+            return head.response_head.status, b"".join(parts)
+        if kind != "data" or len(frame.data) > MAX_FRAME_DATA:
+            return None
+        size += len(frame.data)
+        if size > MAX_FETCHED_BYTES:
+            return None
+        parts.append(frame.data)
+
+
+def error_kind(body: bytes) -> str | None:
+    try:
+        document = json.loads(body)
+        return document["error"]["kind"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
+    """Who asks, as the router vouches for it: never the client's own token (ROUTER §8.4);
+    each node answers only with that identity's jobs (404 for another's)."""
+    header = identity_header(handler.identity)
+    return [(header.name, header.value)]
+
+
+def learn_submitted_job(handler: Any, body: bytes) -> bytes:
+    """Remember the node of the job a 202 answer names (later requests for it go there);
+    the body passes unchanged."""
+    try:
+        job_id = json.loads(body)["job_id"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    if isinstance(job_id, str) and handler.node is not None:
+        handler.state.jobs.remember(job_id, handler.node)
+    return body
+
+
+async def ask_every_node(
+    handler: Any, path: str, *, ready_only: bool = False
+) -> list[tuple[str, tuple[int, bytes] | None]]:
+    """``GET path`` on every control node at once, as the caller (``auth_headers``).
+
+    One ``(node id, answer)`` pair a node, ``None`` for a node that could not answer in
+    time; an empty list when no node is connected (or ready, with ``ready_only``)."""
+    nodes = [n.node_id for n in handler.state.registry.control_nodes(ready_only=ready_only)]
+    headers = auth_headers(handler)
+    answers = await asyncio.gather(
+        *(fetch(handler.state, node, "GET", path, headers) for node in nodes)
+    )
+    return list(zip(nodes, answers, strict=True))
+
+
+async def answers_to_merge(
+    handler: Any, path: str
+) -> list[tuple[str, tuple[int, bytes] | None]] | None:
+    """Every connected node's answer to ``GET path``, for a merged list; ``None`` once the
+    request is answered already (refused in ``prepare``, or 503 ``no_node`` without nodes)."""
+    if handler._finished:
+        return None
+    answers = await ask_every_node(handler, path)
+    if not answers:
+        handler.no_node()
+        return None
+    return answers
+
+
+class JobsHandler(ForwardHandler):
+    """``POST /v1/jobs`` (forwarded like ``/execute``) and ``GET /v1/jobs`` (merged)."""
+
+    ALLOWED = ("GET", "POST")
+
+    async def prepare(self) -> None:
+        if self.request.method == "GET":
+            self.check_request()
+            return
+        await super().prepare()
+
+    def buffer_answer(self, status: int) -> bool:
+        return status == 202
+
+    def rewrite(self, status: int, body: bytes) -> bytes:
+        return learn_submitted_job(self, body)
+
+    async def get(self) -> None:
+        answers = await answers_to_merge(self, "/v1/jobs")
+        if answers is None:
+            return
+        merged: list[Any] = []
+        for node, answer in answers:
+            if answer is None:
+                continue  # a node that cannot answer now is left out of the list
+            status, body = answer
+            if status != 200:
+                self._relay_refusal(node, status, body)
+                return
+            try:
+                jobs = json.loads(body)
+            except ValueError:
+                continue
+            if not isinstance(jobs, list):
+                continue
+            for job in jobs:
+                if isinstance(job, dict) and isinstance(job.get("job_id"), str):
+                    if self.state.jobs.remember(job["job_id"], node):
+                        merged.append(job)
+        merged.sort(key=lambda job: str(job.get("submitted_at") or ""), reverse=True)
+        self.finish_reason = "completed"
+        self.send_json(200, merged)
+
+    def _relay_refusal(self, node: str, status: int, body: bytes) -> None:
+        self.node = node
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("X-KCoral-Node", node)
+        self.finish_reason = "completed"
+        self.finish(body)
+
+
+class JobHandler(ForwardHandler):
+    """``GET /v1/jobs/{id}``, ``/events``, ``/result`` and ``DELETE /v1/jobs/{id}``."""
+
+    SLOT_KIND = CONTROL
+    ALLOWED = ("GET", "DELETE")
+
+    def check_request(self) -> bool:
+        if self.path_args[1] is not None:  # /events and /result are read-only
+            self.ALLOWED = ("GET",)
+        return super().check_request()
+
+    async def choose_node(self) -> str | None:
+        job_id = self.path_args[0]
+        if not JOB_ID.fullmatch(job_id):
+            self.send_router_error(404, "not_found", "job not found", "request_rejected")
+            return None
+        node = self.state.jobs.node_of(job_id)
+        if node is not None and node in self.state.registry.nodes:
+            return node
+        return await self._look_up(job_id)
+
+    async def _look_up(self, job_id: str) -> str | None:
+        kinds = set()
+        for node, answer in await ask_every_node(self, f"/v1/jobs/{job_id}"):
+            if answer is None:
+                continue
+            status, body = answer
+            if status == 200 and self.state.jobs.remember(job_id, node):
+                return node
+            if status == 401:
+                self.send_router_error(
+                    401, "unauthorized", "missing or invalid bearer token", "request_rejected"
+                )
+                return None
+            kinds.add(error_kind(body))
+        if "job_expired" in kinds:
+            self.send_router_error(404, "job_expired", "job expired", "request_rejected")
+        else:
+            self.send_router_error(404, "not_found", "job not found", "request_rejected")
+        return None
+
+
+#: Per-node counts a router's ``/v1/info`` leaves out (one node's numbers, not the cluster's).
+NODE_LOCAL_COUNTS = ("sessions",)
+
+
+class InfoHandler(ForwardHandler):
+    """``GET /v1/info`` of any ready node, as the router offers it: ``auth`` is listed when
+    the router needs a token, ``sessions`` when a connected node offers it (EXTENSIONS §11),
+    and the answering node's own session counts are left out."""
+
+    SLOT_KIND = CONTROL
+    ALLOWED = ("GET",)
+
+    def buffer_answer(self, status: int) -> bool:
+        return status == 200
+
+    def rewrite(self, status: int, body: bytes) -> bytes:
+        try:
+            info = json.loads(body)
+        except ValueError:
+            return body
+        features = info.get("features") if isinstance(info, dict) else None
+        if not isinstance(features, list):
+            return body
+        offered = list(features)
+        offering = self.state.sessions.offering
+        if "sessions" in offered and self.node is not None:
+            offering.add(self.node)
+        elif self.node is not None:
+            offering.discard(self.node)
+        if "sessions" not in offered and any(
+            node.connected and node.node_id in offering
+            for node in self.state.registry.nodes.values()
+        ):
+            offered.append("sessions")
+        if self.state.settings.auth_token is not None and "auth" not in offered:
+            offered.append("auth")
+        info["features"] = offered
+        for name in NODE_LOCAL_COUNTS:
+            info.pop(name, None)
+        return dumps_compact(info)

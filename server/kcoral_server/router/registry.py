@@ -1,0 +1,351 @@
+"""Node records, their states (ROUTER.md §6), their slots and slot selection (§7.1–§7.2)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.settings import RouterSettings
+from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
+
+STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
+    "starting",
+    "ready",
+    "recovering",
+    "incompatible",
+    "unhealthy",
+)
+
+SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
+
+
+@dataclass(eq=False)
+class SupervisorStream:
+    """One ``ConnectSupervisor`` call; a newer one supersedes it only once it is silent."""
+
+    node_id: str
+    superseded: bool = False
+
+
+@dataclass(eq=False)
+class NodeRecord:
+    node_id: str
+    state: str = STARTING
+    stream: SupervisorStream | None = None
+    connected: bool = False
+    supervisor_instance_id: str = ""
+    server_instance_id: str = ""
+    # The slot key the supervisor announced ("" from published supervisors): only a slot
+    # that presents it takes work, so the node token plus a learnt server instance id no
+    # longer open seats under a live node's id (ROUTER §12).
+    slot_key: str = ""
+    old_instances: set[str] = field(default_factory=set)
+    worker_count: int = 0
+    busy_workers: int = 0
+    target: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    last_error: str = ""
+    last_status_at: float = 0.0
+    lost_at: float | None = None
+    failures: int = 0
+    successes: int = 0
+    saturated_until: float = 0.0
+    last_selected: int = 0
+    slots: dict[str, RouterSlot] = field(default_factory=dict)
+
+    def current_slots(self, kind: str = WORKER) -> list[RouterSlot]:
+        return [
+            s
+            for s in self.slots.values()
+            if s.kind == kind
+            and s.instance_id == self.server_instance_id
+            and s.holds_key(self.slot_key)
+            and not s.closed.is_set()
+        ]
+
+    def idle_slots(self, kind: str = WORKER) -> list[RouterSlot]:
+        return [s for s in self.current_slots(kind) if not s.busy]
+
+    def inflight(self) -> int:
+        """Requests on worker slots (control requests are not load)."""
+        return sum(1 for s in self.slots.values() if s.busy and s.kind == WORKER)
+
+    def busy_slots(self) -> int:
+        return sum(1 for s in self.slots.values() if s.busy)
+
+    def saturated(self, now: float) -> bool:
+        return now < self.saturated_until
+
+    def load(self) -> float:
+        return max(self.busy_workers, self.inflight()) / max(self.worker_count, 1)
+
+
+class Registry:
+    def __init__(
+        self, settings: RouterSettings, on_change: Callable[[], None] = lambda: None
+    ) -> None:
+        self.settings = settings
+        self.nodes: dict[str, NodeRecord] = {}
+        self.baseline: tuple[dict[str, str], dict[str, str]] | None = None
+        self.on_change = on_change
+        # Called with (node_id, why) when what lived on a node's server is gone for the
+        # router: the node left (stream ended or stale) or its server instance changed.
+        self.on_node_lost: Callable[[str, str], None] = lambda node_id, why: None
+        # Called with the node id when a node that was lost reconnects with the same server.
+        self.on_node_back: Callable[[str], None] = lambda node_id: None
+        self._selections = 0
+
+    # -- supervisor streams ----------------------------------------------------------------
+
+    def attach_supervisor(self, node_id: str) -> SupervisorStream | None:
+        """The new stream for ``node_id``, or None when a live one already holds the id.
+
+        A stream is live while it is open and its last status is within
+        ``--max-status-age-seconds``: a second claim then comes from another process (a
+        rogue node, or a copy started by mistake) and must not take the node's traffic
+        (ROUTER §4.3). A silent (half-open) stream is superseded, so a node whose old
+        connection died unnoticed still gets back in.
+        """
+        node = self._node(node_id)
+        if node.stream is not None:
+            if time.monotonic() - node.last_status_at <= self.settings.max_status_age_seconds:
+                return None
+            node.stream.superseded = True
+        node.stream = SupervisorStream(node_id)
+        return node.stream
+
+    def detach_supervisor(self, stream: SupervisorStream) -> None:
+        node = self.nodes.get(stream.node_id)
+        if node is None or node.stream is not stream:
+            return
+        node.stream = None
+        self._lose(node, time.monotonic())
+        self.on_change()
+
+    def apply_status(self, stream: SupervisorStream, status: pb.SupervisorStatus) -> None:
+        node = self.nodes.get(stream.node_id)
+        if node is None or node.stream is not stream:
+            return
+        now = time.monotonic()
+        sup_changed = bool(node.supervisor_instance_id) and (
+            status.supervisor_instance_id != node.supervisor_instance_id
+        )
+        server_changed = bool(status.server_instance_id) and (
+            status.server_instance_id != node.server_instance_id
+        )
+        node.supervisor_instance_id = status.supervisor_instance_id
+        if status.slot_key != node.slot_key:
+            node.slot_key = status.slot_key
+            # Slots opened before the key was announced (or under an older one) that do not
+            # hold it are a stranger's: they never get work and are closed.
+            for slot in list(node.slots.values()):
+                if not slot.holds_key(node.slot_key):
+                    slot.close(
+                        (grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL),
+                        "tunnel_disconnected",
+                    )
+        if server_changed or sup_changed:
+            if node.server_instance_id:
+                node.old_instances.add(node.server_instance_id)
+            if status.server_instance_id:
+                node.server_instance_id = status.server_instance_id
+            if server_changed:
+                self.on_node_lost(node.node_id, "restarted its server")
+            # Slots of another instance can never receive work again (§4.4).
+            for slot in list(node.slots.values()):
+                if slot.instance_id != node.server_instance_id:
+                    slot.close(
+                        (grpc.StatusCode.FAILED_PRECONDITION, "server instance replaced"),
+                        "tunnel_disconnected",
+                    )
+        came_back = (
+            not node.connected
+            and node.lost_at is not None
+            and bool(node.server_instance_id)
+            and not server_changed
+            and not sup_changed
+        )
+        node.connected = True
+        node.lost_at = None
+        node.last_status_at = now
+        if came_back:
+            self.on_node_back(node.node_id)
+        if status.server_healthy:
+            node.worker_count = status.worker_count
+            node.busy_workers = status.busy_workers
+            node.target = dict(status.target)
+            node.versions = dict(status.versions)
+            node.saturated_until = 0.0
+            self._success(node)
+        else:
+            node.last_error = status.last_error
+            self._failure(node)
+        self.on_change()
+
+    def _success(self, node: NodeRecord) -> None:
+        node.failures = 0
+        if self.baseline is None:
+            self.baseline = (dict(node.target), dict(node.versions))
+        if (node.target, node.versions) != self.baseline:
+            node.state = INCOMPATIBLE
+            node.successes = 0
+            return
+        if node.state in (STARTING, INCOMPATIBLE, READY):
+            node.state = READY
+            return
+        node.successes += 1
+        node.state = READY if node.successes >= self.settings.recovery_threshold else RECOVERING
+
+    def _failure(self, node: NodeRecord) -> None:
+        node.successes = 0
+        node.failures += 1
+        if node.state in (STARTING, RECOVERING):
+            node.state = UNHEALTHY
+        elif node.failures >= self.settings.unhealthy_threshold:
+            node.state = UNHEALTHY
+
+    def _lose(self, node: NodeRecord, now: float) -> None:
+        self.on_node_lost(node.node_id, "left the router")
+        node.connected = False
+        node.state = UNHEALTHY
+        node.successes = 0
+        if node.lost_at is None:
+            node.lost_at = now
+
+    def check(self) -> None:
+        """Periodic staleness check, saturation expiry and retention (§6)."""
+        now = time.monotonic()
+        for node in list(self.nodes.values()):
+            if node.connected and now - node.last_status_at > self.settings.max_status_age_seconds:
+                self._lose(node, now)
+            if (
+                not node.connected
+                and node.lost_at is not None
+                and node.busy_slots() == 0
+                and now - node.lost_at > self.settings.node_retention_seconds
+            ):
+                self.forget(node)
+        if not self.nodes:
+            self.baseline = None
+        self.on_change()
+
+    def forget(self, node: NodeRecord) -> None:
+        for slot in list(node.slots.values()):
+            slot.close((grpc.StatusCode.UNAVAILABLE, "node forgotten"), "tunnel_disconnected")
+        if node.stream is not None:
+            node.stream.superseded = True
+        self.nodes.pop(node.node_id, None)
+
+    def mark_saturated(self, node_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.saturated_until = time.monotonic() + self.settings.status_check_interval_seconds
+
+    # -- slots -----------------------------------------------------------------------------
+
+    def add_slot(self, slot: RouterSlot) -> tuple[grpc.StatusCode, str] | None:
+        """Register a slot; return an error status for the stream instead when refused."""
+        node = self._node(slot.node_id)
+        if slot.slot_id in node.slots:
+            return grpc.StatusCode.ALREADY_EXISTS, "slot_id already connected for this node"
+        if slot.instance_id in node.old_instances:
+            return grpc.StatusCode.FAILED_PRECONDITION, "server instance was replaced"
+        if not slot.holds_key(node.slot_key):
+            return grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL
+        if not node.connected and node.lost_at is None:
+            node.lost_at = time.monotonic()  # no supervisor yet: retention applies
+        node.slots[slot.slot_id] = slot
+        self.on_change()
+        return None
+
+    def remove_slot(self, slot: RouterSlot) -> None:
+        node = self.nodes.get(slot.node_id)
+        if node is not None and node.slots.get(slot.slot_id) is slot:
+            del node.slots[slot.slot_id]
+        self.on_change()
+
+    def release(self, slot: RouterSlot) -> None:
+        slot.finish()
+        self.on_change()
+
+    def eligible(self, node: NodeRecord, now: float) -> bool:
+        return (
+            node.state == READY
+            and node.connected
+            and not node.saturated(now)
+            and bool(node.idle_slots())
+        )
+
+    def select(self, affinity: str | None, request_id: str) -> tuple[NodeRecord, RouterSlot] | None:
+        """Pick a node (affinity, then power of two choices) and lease its oldest idle slot."""
+        now = time.monotonic()
+        chosen = None
+        if affinity is not None:
+            node = self.nodes.get(affinity)
+            if node is not None and self.eligible(node, now):
+                chosen = node
+        if chosen is None:
+            candidates = [n for n in self.nodes.values() if self.eligible(n, now)]
+            if not candidates:
+                return None
+            pair = random.sample(candidates, 2) if len(candidates) > 1 else candidates
+            chosen = min(pair, key=lambda n: (n.load(), n.last_selected))
+        slot = min(chosen.idle_slots(), key=lambda s: s.idle_since)
+        self._selections += 1
+        chosen.last_selected = self._selections
+        slot.begin(request_id)
+        return chosen, slot
+
+    def control_nodes(self, *, ready_only: bool) -> list[NodeRecord]:
+        """Connected nodes that have control slots of their current server instance."""
+        return [
+            n
+            for n in self.nodes.values()
+            if n.connected and (n.state == READY or not ready_only) and n.current_slots(CONTROL)
+        ]
+
+    def select_control(
+        self, node_id: str | None, request_id: str
+    ) -> tuple[NodeRecord, RouterSlot] | None:
+        """Lease an idle control slot: of ``node_id`` (any state; a job lives there), or of
+        any ``ready`` node (fewest busy control slots first)."""
+        if node_id is not None:
+            node = self.nodes.get(node_id)
+            candidates = [node] if node is not None and node.connected else []
+        else:
+            candidates = [n for n in self.nodes.values() if n.state == READY and n.connected]
+        candidates = [n for n in candidates if n.idle_slots(CONTROL)]
+        if not candidates:
+            return None
+        chosen = min(
+            candidates, key=lambda n: len(n.current_slots(CONTROL)) - len(n.idle_slots(CONTROL))
+        )
+        slot = min(chosen.idle_slots(CONTROL), key=lambda s: s.idle_since)
+        slot.begin(request_id)
+        return chosen, slot
+
+    # -- health ----------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        now = time.monotonic()
+        return sum(
+            len(n.current_slots())
+            for n in self.nodes.values()
+            if n.state == READY and n.connected and not n.saturated(now)
+        )
+
+    def any_ready_with_slots(self) -> bool:
+        return any(
+            n.state == READY and n.connected and n.current_slots() for n in self.nodes.values()
+        )
+
+    def _node(self, node_id: str) -> NodeRecord:
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = self.nodes[node_id] = NodeRecord(node_id)
+        return node

@@ -1,0 +1,342 @@
+"""Sessions through the router (EXTENSIONS §11, ROUTER §13): a session lives on one node.
+
+* ``POST /v1/sessions`` asks every ready node's ``/v1/info`` (as the caller) and goes to
+  the node with the most free session seats for the caller (free seats, capped by what the
+  caller may still hold there under the node's per-identity cap); the router reads the session id
+  from the node's 201 answer and remembers its node, server instance and owner.
+* ``GET /v1/sessions`` asks every connected node and merges the caller's lists.
+* ``/v1/sessions/{id}`` (``GET``, ``DELETE``) and its ``/execute``, ``/jobs`` and
+  ``/interrupt`` go to the session's node on a control slot (a session's programs run on its
+  own seat, never on a stateless worker's); an id the router has not seen is looked up on
+  every node first (the router may have restarted).
+* A node that leaves the router (its stream ends or goes stale) or whose server instance
+  changes has lost its sessions' state: from then on the router answers every request for
+  them ``410 session_ended`` itself, naming the node, even if the node comes back; one
+  that comes back with the same server is asked to end them (their seats are free again).
+
+Who can reach what: every request carries the identity the router checked
+(``X-KCoral-Identity``, believed by the node only with the router secret), so the node
+answers another identity's session as an unknown one (404); the router's own answers for
+lost sessions apply the same rule from the owner it learned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kcoral_server.front_door.callers import Identity
+from kcoral_server.router.forward import ForwardHandler, identity_header
+from kcoral_server.router.job_routes import (
+    answers_to_merge,
+    ask_every_node,
+    error_kind,
+    fetch,
+    learn_submitted_job,
+)
+from kcoral_server.router.slot import CONTROL
+
+SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+NOT_FOUND = "unknown session id"
+NO_SEAT = "no node offers a free session seat"
+
+
+@dataclass
+class RoutedSession:
+    """Where one session lives, as the router knows it."""
+
+    node_id: str
+    instance_id: str  # the node's server instance that holds the session's worker
+    owner: str
+    ended: str | None = None  # the 410 message once the router knows its state is lost
+    released: bool = False  # its node came back and was asked to end it
+
+
+class SessionIndex:
+    """Session id → node, learned from 201 answers, merged lists and look-ups (bounded),
+    and which nodes offer sessions (from their ``/v1/info``)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._sessions: OrderedDict[str, RoutedSession] = OrderedDict()
+        self.offering: set[str] = set()
+
+    def remember(self, session_id: str, node_id: str, instance_id: str, owner: str) -> bool:
+        """Bind ``session_id`` to ``node_id``; False when another node holds it already.
+
+        A rogue node (one with a node token) that claims another node's session, in a list
+        or a look-up, must not have its programs and its owner's identity sent to it: a
+        live binding is never moved to another node."""
+        known = self._sessions.get(session_id)
+        if known is not None and known.ended is not None:
+            return True  # a lost session stays lost (its node may answer again, its state is gone)
+        if known is not None and known.node_id != node_id:
+            return False
+        self._sessions[session_id] = RoutedSession(node_id, instance_id, owner)
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > self.capacity:
+            self._sessions.popitem(last=False)
+        return True
+
+    def get(self, session_id: str) -> RoutedSession | None:
+        return self._sessions.get(session_id)
+
+    def node_lost(self, node_id: str, why: str) -> None:
+        """Every live session of ``node_id`` ends for the router (``why``: what happened)."""
+        self.offering.discard(node_id)
+        for session in self._sessions.values():
+            if session.node_id == node_id and session.ended is None:
+                session.ended = f"session ended: its node {node_id} {why}; its state is lost"
+
+    def orphans(self, node_id: str, instance_id: str) -> list[tuple[str, RoutedSession]]:
+        """Sessions the router ended when ``node_id`` left that its server (``instance_id``,
+        the same as before) may still hold: each is returned once."""
+        found = []
+        for session_id, session in self._sessions.items():
+            if (
+                session.node_id == node_id
+                and session.instance_id == instance_id
+                and session.ended is not None
+                and not session.released
+            ):
+                session.released = True
+                found.append((session_id, session))
+        return found
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+async def release_orphans(state: Any, node_id: str) -> None:
+    """A lost node came back with the same server: it still holds the sessions the router
+    ended when it left (they answer 410 here for good), so each is deleted there in its
+    owner's name and its seat is free again instead of waiting for its idle timeout."""
+    node = state.registry.nodes.get(node_id)
+    if node is None:
+        return
+    for session_id, session in state.sessions.orphans(node_id, node.server_instance_id):
+        header = identity_header(Identity(session.owner))
+        path = f"/v1/sessions/{session_id}"
+        await fetch(state, node_id, "DELETE", path, [(header.name, header.value)])
+
+
+def node_back_handler(state: Any) -> Callable[[str], None]:
+    """``Registry.on_node_back`` for ``state``: release the node's orphans in the background."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    def node_back(node_id: str) -> None:
+        task = asyncio.ensure_future(release_orphans(state, node_id))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    return node_back
+
+
+def offers_sessions(info: Any) -> bool:
+    return isinstance(info, dict) and "sessions" in (info.get("features") or [])
+
+
+def free_seats(info: Any) -> int:
+    """The session seats a node's ``/v1/info`` (asked as the caller) offers the caller: its
+    free seats, no more than the caller may still take under the node's per-identity cap
+    (``max_per_identity`` - ``held_by_you``; EXTENSIONS §11), so a session never goes to a
+    node that would refuse it for the cap while another has room."""
+    counts = info.get("sessions") if isinstance(info, dict) else None
+    if not isinstance(counts, dict):
+        return 0
+    free = _count(counts, "max") - _count(counts, "active")
+    cap = counts.get("max_per_identity")
+    if _is_count(cap):  # absent or null: no cap (or a node from before the cap)
+        free = min(free, cap - _count(counts, "held_by_you"))
+    return max(free, 0)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(counts: dict[str, Any], key: str) -> int:
+    value = counts.get(key, 0)
+    return value if _is_count(value) else 0
+
+
+def may_see(identity: Identity, session: RoutedSession) -> bool:
+    return identity.admin or identity.name == session.owner
+
+
+class SessionsHandler(ForwardHandler):
+    """``POST /v1/sessions`` (to the node with the most free seats) and ``GET`` (merged)."""
+
+    SLOT_KIND = CONTROL
+    ALLOWED = ("GET", "POST")
+
+    async def prepare(self) -> None:
+        if self.request.method == "GET":
+            self.check_request()
+            return
+        await super().prepare()
+
+    async def choose_node(self) -> str | None:
+        answers = await ask_every_node(self, "/v1/info", ready_only=True)
+        if not answers:
+            self.no_node()
+            return None
+        free: dict[str, int] = {}
+        for node, answer in answers:
+            if answer is None or answer[0] != 200:
+                continue
+            try:
+                info = json.loads(answer[1])
+            except ValueError:
+                continue
+            if offers_sessions(info):
+                self.state.sessions.offering.add(node)
+                free[node] = free_seats(info)
+            else:
+                self.state.sessions.offering.discard(node)
+        if not free or max(free.values()) < 1:
+            self.send_router_error(503, "busy", NO_SEAT, "queue_timeout")
+            return None
+        return max(free, key=lambda node: (free[node], node))
+
+    def buffer_answer(self, status: int) -> bool:
+        return status == 201
+
+    def rewrite(self, status: int, body: bytes) -> bytes:
+        try:
+            record = json.loads(body)
+        except ValueError:
+            return body
+        self._learn(self.node, record)
+        return body
+
+    def _learn(self, node_id: str | None, record: Any) -> bool:
+        """Remember a session record's node; False for a record that is not one."""
+        if not isinstance(record, dict) or node_id is None:
+            return False
+        session_id, owner = record.get("session_id"), record.get("owner")
+        if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
+            return False
+        node = self.state.registry.nodes.get(node_id)
+        instance = node.server_instance_id if node is not None else ""
+        return self.state.sessions.remember(session_id, node_id, instance, str(owner))
+
+    async def get(self) -> None:
+        answers = await answers_to_merge(self, "/v1/sessions")
+        if answers is None:
+            return
+        merged: list[Any] = []
+        for node, answer in answers:
+            if answer is None or answer[0] != 200:
+                continue  # a node that cannot answer now (or has no sessions) is left out
+            try:
+                records = json.loads(answer[1])
+            except ValueError:
+                continue
+            if isinstance(records, list):
+                merged.extend(record for record in records if self._learn(node, record))
+        merged.sort(key=lambda record: float(record.get("created_at") or 0), reverse=True)
+        self.finish_reason = "completed"
+        self.send_json(200, merged)
+
+
+class SessionHandler(ForwardHandler):
+    """``GET``/``DELETE /v1/sessions/{id}`` and ``POST …/execute``, ``…/jobs``,
+    ``…/interrupt``: to the session's node, or ``410`` once that node is gone."""
+
+    SLOT_KIND = CONTROL
+    ALLOWED = ("GET", "DELETE")
+
+    def check_request(self) -> bool:
+        if self.path_args[1] is not None:  # /execute, /jobs and /interrupt are POSTs
+            self.ALLOWED = ("POST",)
+        return super().check_request()
+
+    async def choose_node(self) -> str | None:
+        session_id = self.path_args[0]
+        if not SESSION_ID.fullmatch(session_id):
+            self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
+            return None
+        index = self.state.sessions
+        session = index.get(session_id)
+        if session is None:
+            return await self._look_up(session_id)
+        if not may_see(self.identity, session):
+            # another identity's session answers exactly as an unknown id; the node says so
+            # too, so it is asked (it may be an admin's or a renamed owner's)
+            return await self._look_up(session_id)
+        node = self.state.registry.nodes.get(session.node_id)
+        if session.ended is None and (node is None or not node.connected):
+            index.node_lost(session.node_id, "left the router")
+        elif (
+            session.ended is None
+            and node is not None
+            and node.server_instance_id
+            not in (
+                session.instance_id,
+                "",
+            )
+        ):
+            index.node_lost(session.node_id, "restarted its server")
+        if session.ended is not None:
+            self.send_router_error(410, "session_ended", session.ended, "request_rejected")
+            return None
+        return session.node_id
+
+    def no_node(self) -> None:
+        # The session's node went away while this request waited for its control slot.
+        session = self.state.sessions.get(self.path_args[0])
+        node = self.state.registry.nodes.get(session.node_id) if session is not None else None
+        if session is not None and session.ended is None and (node is None or not node.connected):
+            self.state.sessions.node_lost(session.node_id, "left the router")
+        if session is not None and session.ended is not None:
+            self.send_router_error(410, "session_ended", session.ended, "request_rejected")
+            return
+        super().no_node()
+
+    def buffer_answer(self, status: int) -> bool:
+        return status == 202 and self.path_args[1] == "/jobs"
+
+    def rewrite(self, status: int, body: bytes) -> bytes:
+        return learn_submitted_job(self, body)  # read through /v1/jobs/{id}
+
+    async def _look_up(self, session_id: str) -> str | None:
+        claims: list[tuple[str, Any]] = []  # (node, owner) of every node that says it holds it
+        for node, answer in await ask_every_node(self, f"/v1/sessions/{session_id}"):
+            if answer is None:
+                continue
+            status, body = answer
+            if status == 200:
+                try:
+                    claims.append((node, json.loads(body).get("owner")))
+                except (ValueError, AttributeError):
+                    continue
+            elif not claims and (status == 401 or error_kind(body) == "unauthorized"):
+                self.send_router_error(
+                    401, "unauthorized", "missing or invalid bearer token", "request_rejected"
+                )
+                return None
+        known = self.state.sessions.get(session_id)
+        # A session lives on one node: when several claim it, one of them is lying (a rogue
+        # node), and none is believed.
+        if len(claims) == 1 and (known is None or known.ended is None):
+            node, owner = claims[0]
+            record = self.state.registry.nodes.get(node)
+            instance = record.server_instance_id if record is not None else ""
+            if self.state.sessions.remember(session_id, node, instance, str(owner)):
+                return node
+        if len(claims) > 1:
+            nodes = ",".join(node for node, _ in claims)
+            self.state.log.event(
+                "session_claimed_twice", "WARNING", session=session_id, nodes=nodes
+            )
+        if known is not None and known.ended is not None and may_see(self.identity, known):
+            self.send_router_error(410, "session_ended", known.ended, "request_rejected")
+        else:
+            self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
+        return None

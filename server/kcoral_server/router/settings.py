@@ -1,0 +1,300 @@
+"""``kcoral router`` options (ROUTER.md §11) as one frozen dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kcoral_server.front_door.browser_guard import host_problem, origin_problem
+from kcoral_server.front_door.callers import parse_tokens
+from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
+from kcoral_server.settings.config import declared_settings, setting
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """Every ``kcoral router`` option, each declared once (``config.setting``: flag, kind,
+    default, help); the parser and its ``--help`` are derived from the declarations."""
+
+    host: str = setting(
+        "127.0.0.1",
+        flag="--host",
+        kind="text",
+        group="network",
+        help="address to listen on (a literal IP address); off loopback a client token is required",
+    )
+    port: int = setting(
+        9000,
+        flag="--port",
+        kind="int",
+        group="network",
+        help="port for clients (HTTP) and nodes (gRPC); 0 picks a free one",
+    )
+    grpc_port: int | None = setting(
+        None,
+        flag="--grpc-port",
+        kind="int",
+        group="network",
+        help="serve the nodes' gRPC on this port of its own instead",
+    )
+    status_check_interval_seconds: float = setting(
+        1.0,
+        flag="--status-check-interval-seconds",
+        kind="seconds",
+        group="nodes",
+        help="how often the router checks that each node's status is fresh",
+    )
+    max_status_age_seconds: float = setting(
+        5.0,
+        flag="--max-status-age-seconds",
+        kind="seconds",
+        group="nodes",
+        help="a node whose last status is older gets no new requests",
+    )
+    unhealthy_threshold: int = setting(
+        3,
+        flag="--unhealthy-threshold",
+        kind="int",
+        group="nodes",
+        help="failed checks in a row before a node counts as unhealthy",
+    )
+    recovery_threshold: int = setting(
+        2,
+        flag="--recovery-threshold",
+        kind="int",
+        group="nodes",
+        help="good checks in a row before an unhealthy node gets requests again",
+    )
+    queue_wait_timeout_seconds: float = setting(
+        1800.0,
+        flag="--queue-wait-timeout-seconds",
+        kind="seconds",
+        group="requests",
+        help="how long a request waits for a free node before 503 no_node",
+    )
+    max_queued_requests: int = setting(
+        1024,
+        flag="--max-queued-requests",
+        kind="int",
+        group="requests",
+        help="requests that may wait for a node; more get 503 router_busy",
+    )
+    node_retention_seconds: float = setting(
+        600.0,
+        flag="--node-retention-seconds",
+        kind="seconds",
+        group="nodes",
+        help="how long a disconnected node stays listed",
+    )
+    max_request_bytes: int = setting(
+        268435456,
+        flag="--max-request-bytes",
+        kind="bytes",
+        group="requests",
+        help="largest request body; a larger one is refused with 413",
+    )
+    # Issue 28: anyone who reaches the port can open connections; one that does not say what
+    # it speaks, or send its request head, within this long is closed (also the keep-alive
+    # idle time, which Tornado counts as the wait for the next head; clients drop theirs at
+    # half of the default, kcoral.connection.keep_alive).
+    request_head_timeout_seconds: float = setting(
+        10.0,
+        flag="--request-head-timeout-seconds",
+        kind="seconds",
+        group="network",
+        help="close a connection that has not sent its protocol preface or a complete "
+        "request head within this long of opening, or of its previous answer",
+    )
+    # resolved by hand: an empty KCORAL_NODE_TOKEN is refused, not unset (ROUTER §3)
+    node_token: str | None = setting(
+        None,
+        flag="--node-token",
+        kind="text",
+        group="nodes",
+        help="the token nodes must show (prefer env KCORAL_NODE_TOKEN)",
+        secret=True,
+    )
+    ready_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
+        None, flag="--ready-file", kind="path", group="network", hidden=True
+    )
+    # the client token file's text (EXTENSIONS §6), read from --auth-token-file (not a field)
+    auth_token: str | None = None
+    allow_unauthenticated: bool = setting(
+        False,
+        flag="--allow-unauthenticated",
+        kind="switch",
+        group="network",
+        help="listen on a non-loopback address without a client token",
+    )
+    allow_unauthenticated_nodes: bool = setting(
+        False,
+        flag="--allow-unauthenticated-nodes",
+        kind="switch",
+        group="nodes",
+        help="accept nodes without a node token although the router listens off loopback "
+        "or has a client token",
+    )
+    # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
+    allowed_origins: tuple[str, ...] = setting(
+        (),
+        flag="--allowed-origin",
+        kind="text",
+        repeatable=True,
+        group="network",
+        metavar="ORIGIN",
+        help="let web pages from this origin call the router",
+    )
+    allowed_hosts: tuple[str, ...] = setting(
+        (),
+        flag="--allowed-host",
+        kind="text",
+        repeatable=True,
+        group="network",
+        metavar="HOST",
+        help="accept this Host name without a client token besides loopback and the listen address",
+    )
+
+    def __repr__(self) -> str:  # never show the tokens
+        fields = dict(self.__dict__)
+        for name in ("node_token", "auth_token"):
+            fields[name] = None if fields[name] is None else "<redacted>"
+        return "RouterSettings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+class SettingsError(ValueError):
+    """An invalid option; the message names it."""
+
+
+ROUTER_EXAMPLES = """\
+examples:
+  kcoral router                              127.0.0.1:9000, for nodes of this machine
+  KCORAL_NODE_TOKEN=n0de kcoral router --host 0.0.0.0 --auth-token-file tokens.txt
+  kcoral router --max-request-bytes 1G --queue-wait-timeout-seconds 600
+  kcoral server --router http://127.0.0.1:9000 --node-id gpu-1   a node joins it
+"""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kcoral router",
+        usage="%(prog)s [options]",
+        description=f"Route KCoral requests to GPU nodes that connect over gRPC.\n\n{SIZES_NOTE}",
+        epilog=ROUTER_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    sections = add_grouped_options(parser, declared_settings(RouterSettings))
+    # A file, not a setting: the settings hold the token read from it.
+    sections["network"].add_argument(
+        "--auth-token-file",
+        metavar="PATH",
+        help="file holding the client token (or env KCORAL_AUTH_TOKEN)",
+    )
+    return parser
+
+
+def _given_or_default(args: argparse.Namespace) -> None:
+    """Every declared option left out takes its declared default (lists become tuples)."""
+    for declared in declared_settings(RouterSettings):
+        value = getattr(args, declared.name)
+        if value is None:
+            value = declared.default
+        elif declared.metadata["repeatable"]:
+            value = tuple(value)
+        elif declared.metadata["kind"] == "path":
+            value = Path(value) if value else None
+        setattr(args, declared.name, value)
+
+
+def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
+    """The client token: from ``--auth-token-file`` (stripped), else ``KCORAL_AUTH_TOKEN``."""
+    if path is None:
+        return env.get("KCORAL_AUTH_TOKEN") or None
+    if not path:
+        raise SettingsError("--auth-token-file must not be empty")
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise SettingsError(f"--auth-token-file cannot be read: {reason}") from None
+    if not token:
+        raise SettingsError("--auth-token-file is empty")
+    try:
+        parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
+    except ValueError as exc:
+        raise SettingsError(f"--auth-token-file: {exc}") from None
+    return token
+
+
+def parse_router_args(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> RouterSettings:
+    """Parse and validate; argparse errors exit 2, rule violations raise ``SettingsError``."""
+    env = os.environ if environ is None else environ
+    args = _build_parser().parse_args(list(argv))
+    _given_or_default(args)
+    token = args.node_token if args.node_token is not None else env.get("KCORAL_NODE_TOKEN")
+    if token is not None and token == "":
+        raise SettingsError("--node-token must not be empty")
+    try:
+        address = ipaddress.ip_address(args.host)
+    except ValueError:
+        raise SettingsError(f"--host must be a literal IP address, got {args.host!r}") from None
+    auth_token = _client_token(args.auth_token_file, env)
+    if auth_token is None and not address.is_loopback and not args.allow_unauthenticated:
+        raise SettingsError(
+            f"refusing to listen on non-loopback address {args.host} without a client token; "
+            "set --auth-token-file or KCORAL_AUTH_TOKEN, or pass --allow-unauthenticated"
+        )
+    if (
+        token is None
+        and (auth_token is not None or not address.is_loopback)
+        and not args.allow_unauthenticated_nodes
+    ):
+        # ROUTER §3: a node receives client programs and answers them; anyone who can claim
+        # to be one reads what clients send. Only a loopback router without client tokens
+        # (one user, one machine) may go without a node token.
+        raise SettingsError(
+            "refusing to accept nodes without a node token on a router that listens off "
+            "loopback or has a client token; set KCORAL_NODE_TOKEN (or --node-token), or "
+            "pass --allow-unauthenticated-nodes"
+        )
+    for option, values, problem_of in (
+        ("--allowed-origin", args.allowed_origins, origin_problem),
+        ("--allowed-host", args.allowed_hosts, host_problem),
+    ):
+        for value in values:
+            problem = problem_of(value)
+            if problem:
+                raise SettingsError(f"{option} {problem}")
+    if not 0 <= args.port <= 65535:
+        raise SettingsError("--port must be between 0 and 65535")
+    if args.grpc_port is not None and not 0 <= args.grpc_port <= 65535:
+        raise SettingsError("--grpc-port must be between 0 and 65535")
+    positive = (
+        "status_check_interval_seconds",
+        "max_status_age_seconds",
+        "request_head_timeout_seconds",
+    )
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be > 0")
+    for name in ("unhealthy_threshold", "recovery_threshold", "max_request_bytes"):
+        if getattr(args, name) < 1:
+            raise SettingsError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.queue_wait_timeout_seconds < 0:
+        raise SettingsError("--queue-wait-timeout-seconds must be >= 0")
+    if args.max_queued_requests < 0:
+        raise SettingsError("--max-queued-requests must be >= 0")
+    if args.node_retention_seconds <= args.max_status_age_seconds:
+        raise SettingsError(
+            "--node-retention-seconds must be greater than --max-status-age-seconds"
+        )
+    declared = {
+        option.name: getattr(args, option.name) for option in declared_settings(RouterSettings)
+    }
+    return RouterSettings(**{**declared, "node_token": token, "auth_token": auth_token})

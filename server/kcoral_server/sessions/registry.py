@@ -1,0 +1,468 @@
+"""Sessions: one worker pinned to one owner across several programs (EXTENSIONS §11).
+
+A session's seat (``session/<8 hex>``) is not one of the pool's stateless seats: it never
+takes stateless work and stateless work never waits for it. Its worker is a reused worker
+(SERVER §6 puts the environment and torch settings back after each program) whose Python
+state, ``kcoral.session.namespace`` included, survives from one program to the next. Its
+worker is built for the session's GPU set (one or more GPUs, pinned at creation); each
+program takes the lease on that whole set for itself alone, exactly as a stateless one
+takes it on its GPU or its set (``ProgramRun``), and gives it back at its end;
+the pool hands the seat back to the session (``Seat.pinned``), which keeps the worker or,
+when the pool decided to retire it (timeout, crash, leftover work), ends the session with a
+reason that the next program gets as ``410 session_ended``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from kcoral_server.execution.responses import RequestFailed
+from kcoral_server.pool.pool import NoWorker, Seat, SeatState
+from kcoral_server.pool.retirement import reported_clean
+from kcoral_server.processes import procfs
+from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
+
+if TYPE_CHECKING:
+    from kcoral_server.execution.pipeline import ExecuteRequest
+    from kcoral_server.front_door.app import ServerState
+    from kcoral_server.front_door.callers import Identity
+
+#: how long an interrupted program has to stop before its worker is killed (EXTENSIONS §11)
+INTERRUPT_GRACE_SECONDS = 5.0
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+#: how the pool's retire reason becomes a session's end reason (EXTENSIONS §11)
+END_REASONS = {
+    "timeout": "timeout",
+    "crashed": "worker_exited",
+    "request_limit": "leftover_work",  # its program left child processes (SERVER §6)
+    "sandbox_cleanup": "leftover_work",
+    "cancelled": "interrupt_grace",
+}
+
+
+class Session:
+    """One session: its seat, its owner and where it is in its life."""
+
+    def __init__(
+        self, registry: Sessions, owner: str, gpu_ids: list[int], idle_timeout: float
+    ) -> None:
+        self.registry = registry
+        self.id = str(uuid.uuid4())
+        self.owner = owner
+        #: the GPUs pinned to the session, in the order its programs see them (empty: CPU)
+        self.gpu_ids = list(gpu_ids)
+        self.idle_timeout = idle_timeout
+        seat_id = f"session/{self.id.replace('-', '')[:8]}"
+        self.seat = Seat(seat_id, self.gpu_ids[0] if self.gpu_ids else None)
+        self.seat.pinned = self._released
+        self.state = "STARTING"
+        self.created_at = time.time()
+        self.last_finished_at: float | None = None
+        self.programs = 0
+        self.end_reason: str | None = None
+        self.end_message: str | None = None
+        self.ended_at: float | None = None
+        self.running: ExecuteRequest | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._settling: asyncio.Task | None = None
+        self._interrupted: ExecuteRequest | None = None  # the program an interrupt hit
+
+    # ------------------------------------------------------------------ record
+
+    def idle_deadline(self) -> float | None:
+        """When an idle session ends by its idle timeout; None while it starts or runs."""
+        idle_from = self.last_finished_at or self.created_at
+        return idle_from + self.idle_timeout if self.state == "IDLE" else None
+
+    def record(self) -> dict[str, Any]:
+        deadline = self.idle_deadline()
+        return {
+            "session_id": self.id,
+            "owner": self.owner,
+            "state": self.state,
+            "gpu_count": self.gpu_count,
+            "gpu_ids": list(self.gpu_ids),
+            "worker_id": self.seat.id,
+            "created_at": self.created_at,
+            "last_program_finished_at": self.last_finished_at,
+            "idle_timeout_seconds": self.idle_timeout,
+            "idle_deadline": deadline,
+            "programs": self.programs,
+            "end_reason": self.end_reason,
+            "end_message": self.end_message,
+            "memory_bytes": self.memory_bytes(),
+        }
+
+    def memory_bytes(self) -> int | None:
+        """Resident memory of the session's worker (its process tree: under bubblewrap the
+        worker is a child of ``bwrap``); None once it ended or when ``/proc`` cannot say."""
+        handle = self.seat.worker
+        pid = handle.pid if handle is not None else None
+        if self.state == "ENDED" or pid is None:
+            return None
+        sizes = [resident_bytes(p) for p in (pid, *procfs.descendants(pid))]
+        known = [size for size in sizes if size is not None]
+        return sum(known) if known else None
+
+    def seat_status(self) -> dict[str, Any]:
+        """This session's seat as ``/internal/worker-status`` lists it (EXTENSIONS §11)."""
+        handle = self.seat.worker
+        return {
+            "seat_id": self.seat.id,
+            "session_id": self.id,
+            "owner": self.owner,
+            "state": self.state,
+            "gpu_ids": list(self.gpu_ids),
+            "worker_pid": handle.pid if handle is not None else None,
+            "memory_bytes": self.memory_bytes(),
+        }
+
+    # ------------------------------------------------------------------ programs
+
+    @property
+    def gpu_count(self) -> int | None:
+        """How many GPUs are pinned to the session; None on a CPU server."""
+        return len(self.gpu_ids) or None
+
+    def check_options(self, options: Any) -> None:
+        """A program's own ``gpu_count`` may only repeat the session's (its GPUs are pinned)."""
+        wanted = self.gpu_count
+        if options.gpu_count is not None and options.gpu_count != wanted:
+            message = f"gpu_count {options.gpu_count} differs from this session's ({wanted})"
+            raise RequestFailed(400, "parse", message, "rejected")
+
+    def refusal(self) -> RequestFailed | None:
+        """Why a program cannot run now: 410 for an ended session, 409 while one runs."""
+        if self.state == "ENDED":
+            message = self.end_message or "session ended"
+            return RequestFailed(410, "session_ended", message, "rejected")
+        if self.state != "IDLE":
+            message = "another program of this session is running"
+            return RequestFailed(409, "session_busy", message, "rejected")
+        if not self.check_alive():
+            return self.refusal()
+        return None
+
+    def check_alive(self) -> bool:
+        """End an idle session whose worker died between programs; False when it did."""
+        handle = self.seat.worker
+        if self.state == "IDLE" and (
+            handle is None or handle.gone is not None or handle.returncode is not None
+        ):
+            self.end("worker_exited", self._exited_message(None))
+        return self.state != "ENDED"
+
+    def interrupt(self) -> bool:
+        """Raise ``KeyboardInterrupt`` in the running program (SIGINT to its worker); a
+        program still running ``INTERRUPT_GRACE_SECONDS`` later is killed under its lease,
+        which ends the session. False when no program runs."""
+        running = self.running
+        handle = self.seat.worker
+        if running is None or handle is None or handle.pid is None:
+            return False
+        if self._interrupted is not running:
+            self._interrupted = running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, signal.SIGINT)
+            loop = asyncio.get_running_loop()
+            loop.call_later(INTERRUPT_GRACE_SECONDS, self._interrupt_expired, running)
+        return True
+
+    def _interrupt_expired(self, request: ExecuteRequest) -> None:
+        if self.running is request:
+            request.cancel("cancelled")
+
+    def checkout(self, request: ExecuteRequest) -> SessionCheckout:
+        """The pipeline's seat for ``request`` (instead of ``Pool.checkout``)."""
+        return SessionCheckout(self, request)
+
+    def _released(self, retire_reason: str | None) -> None:
+        """``Pool.release`` for this seat: keep the worker, or end the session."""
+        request_id = self.running.request_id if self.running is not None else None
+        interrupted = self._interrupted is not None and self._interrupted is self.running
+        self._interrupted = None
+        self.running = None
+        self.last_finished_at = time.time()
+        handle = self.seat.worker
+        if retire_reason is None and handle is not None:
+            # idle for its owner at once; the next program waits for the clean-up (checkout)
+            self.state = "IDLE"
+            self._settling = asyncio.ensure_future(self._settle(handle, request_id))
+            return
+        reason = END_REASONS.get(retire_reason or "crashed", "worker_exited")
+        if reason == "worker_exited":
+            message = self._exited_message(request_id)
+        elif reason == "timeout":
+            message = (
+                f"session ended: program {request_id} passed its deadline and its worker was killed"
+            )
+        elif reason == "interrupt_grace" and interrupted:
+            message = (
+                f"session ended: program {request_id} did not stop within "
+                f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
+            )
+        elif reason == "interrupt_grace":
+            message = f"session ended: program {request_id} was cancelled and its worker was killed"
+        else:
+            message = f"session ended: program {request_id} left threads or processes running"
+        self.end(reason, message)
+
+    def _exited_message(self, request_id: str | None) -> str:
+        handle = self.seat.worker
+        code = handle.returncode if handle is not None else None
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        during = f" during program {request_id}" if request_id else ""
+        return f"session ended: its worker exited{during} ({how}); its state is lost"
+
+    async def _settle(self, handle: Any, request_id: str | None) -> None:
+        """Wait for the worker's clean-up after a program (it says ready again)."""
+        if not await reported_clean(handle):
+            self.end("worker_exited", self._exited_message(request_id))
+            return
+        if self.state == "IDLE":
+            self.seat.state = SeatState.IDLE
+            self._arm_idle_timer()
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._idle_timer = loop.call_later(self.idle_timeout, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle_timer = None
+        if self.state == "IDLE":
+            message = (
+                f"session ended after {self.idle_timeout:g} s without a program "
+                "(--session-idle-seconds)"
+            )
+            self.end("idle_timeout", message)
+
+    # ------------------------------------------------------------------ end
+
+    def end(self, reason: str, message: str) -> None:
+        """End the session once: its worker retires in the background, its seat is freed."""
+        if self.state == "ENDED":
+            return
+        running = self.running
+        self.state = "ENDED"
+        self.end_reason = reason
+        self.end_message = message
+        self.ended_at = time.time()
+        self.seat.state = SeatState.CLOSED
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self.registry.events.emit(
+            "session_ended",
+            "INFO" if reason in ("deleted", "idle_timeout", "shutdown") else "WARNING",
+            session_id=self.id,
+            owner=self.owner,
+            reason=reason,
+            message=message,
+            programs=self.programs,
+        )
+        if running is not None:
+            # a program still runs: it is killed (under its lease) and answers as cancelled;
+            # the pool's release then finds the session ended
+            running.cancel("cancelled")
+            return
+        self.registry.retire(self)
+
+
+def least_used_gpus(gpu_ids: list[int], pinned: list[list[int]], count: int) -> list[int]:
+    """The GPU set of a new session (EXTENSIONS §11): the ``count`` GPUs of ``gpu_ids`` (the
+    server's, in ``--gpus`` order) pinned to the fewest live sessions (``pinned``: their
+    sets), lowest id first among equals; returned in ``--gpus`` order, the order in which
+    the lease arbiter hands out a stateless program's set."""
+    load = dict.fromkeys(gpu_ids, 0)
+    for gpu_set in pinned:
+        for gpu_id in gpu_set:
+            if gpu_id in load:
+                load[gpu_id] += 1
+    chosen = set(sorted(load, key=lambda gpu_id: (load[gpu_id], gpu_id))[:count])
+    return [gpu_id for gpu_id in gpu_ids if gpu_id in chosen]
+
+
+def resident_bytes(pid: int) -> int | None:
+    """``pid``'s resident set size from ``/proc/<pid>/statm``; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            resident_pages = int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * PAGE_SIZE
+
+
+class SessionCheckout:
+    """``Session.checkout``'s context: the pinned seat, refused when the session cannot run."""
+
+    __slots__ = ("_request", "_session")
+
+    def __init__(self, session: Session, request: ExecuteRequest) -> None:
+        self._session = session
+        self._request = request
+
+    async def __aenter__(self) -> Seat:
+        session = self._session
+        refusal = session.refusal()
+        settling = session._settling
+        if refusal is None and settling is not None and not settling.done():
+            await asyncio.shield(settling)  # the worker's clean-up after the last program
+            refusal = session.refusal()
+        if refusal is not None:
+            raise refusal
+        if session._idle_timer is not None:
+            session._idle_timer.cancel()
+            session._idle_timer = None
+        session.state = "RUNNING"
+        session.seat.state = SeatState.BUSY
+        session.running = self._request
+        session.programs += 1
+        return session.seat
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        session = self._session
+        if session.running is self._request:  # it never reached the worker
+            session.running = None
+            if session.state == "RUNNING":
+                session.state = "IDLE"
+                session.seat.state = SeatState.IDLE
+                session._arm_idle_timer()
+        if session.state == "ENDED" and session.seat.worker is not None:
+            session.registry.retire(session)
+
+
+class Sessions:
+    """Every session of one server (``--max-sessions`` seats beyond the stateless ones)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.events = state.events
+        self.max = int(state.config.max_sessions)
+        cap = per_identity_cap(
+            self.max,
+            state.config.max_sessions_per_identity,
+            state.authenticator.identity_count,
+        )
+        self.rules = SeatRules(self.max, cap)  # fair seats: no identity takes them all
+        self.idle_seconds = float(state.config.session_idle_seconds)
+        self.retention = float(state.config.job_retention_seconds)
+        self.sessions: dict[str, Session] = {}
+        self._retiring: set[asyncio.Task] = set()
+
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.state != "ENDED")
+
+    def live(self) -> list[Session]:
+        return [s for s in self.sessions.values() if s.state != "ENDED"]
+
+    def info(self, identity: Identity) -> dict[str, Any]:
+        """``/v1/info``'s ``sessions`` object, with the caller's share: a router places a
+        session only where the caller is below ``max_per_identity`` (ROUTER §13)."""
+        return {
+            "max": self.max,
+            "active": self.active,
+            "idle_timeout_seconds": self.idle_seconds,
+            "max_per_identity": self.rules.cap,
+            "held_by_you": sum(1 for s in self.live() if s.owner == identity.name),
+        }
+
+    def _forget_old(self) -> None:
+        now = time.time()
+        for key, session in list(self.sessions.items()):
+            if session.ended_at is not None and now - session.ended_at > self.retention:
+                del self.sessions[key]
+
+    def get(self, identity: Identity, session_id: str) -> Session | None:
+        """The caller's session (any for an admin), else None: another identity's session
+        answers exactly as an unknown one."""
+        self._forget_old()
+        session = self.sessions.get(session_id)
+        if session is None or not (identity.admin or session.owner == identity.name):
+            return None
+        session.check_alive()  # its record says so as soon as its worker is gone
+        return session
+
+    def seats(self) -> list[dict[str, Any]]:
+        """The seats live sessions hold (``/internal/worker-status``), oldest first."""
+        live = [s for s in self.sessions.values() if s.state != "ENDED"]
+        return [s.seat_status() for s in sorted(live, key=lambda s: s.created_at)]
+
+    def listed(self, identity: Identity) -> list[dict[str, Any]]:
+        self._forget_old()
+        mine = [s for s in self.sessions.values() if identity.admin or s.owner == identity.name]
+        return [s.record() for s in sorted(mine, key=lambda s: s.created_at, reverse=True)]
+
+    async def create(
+        self, identity: Identity, gpu_count: int | None, idle_timeout: float | None
+    ) -> Session:
+        """Start a session's worker; ``NoWorker`` when no session seat is free or it fails."""
+        pool = self.state.pool
+        if self.state.shutting_down or not pool.accepting:
+            raise NoWorker("server is not accepting requests")
+        refusal = self.rules.refusal(self.live(), identity.name)
+        if refusal is not None:
+            raise NoWorker(refusal)
+        gpu_ids = self._pick_gpus(gpu_count) if gpu_count else []
+        session = Session(self, identity.name, gpu_ids, idle_timeout or self.idle_seconds)
+        self.sessions[session.id] = session
+        # the seat (and its GPUs) count from here: a concurrent create sees them taken
+        handle = pool.session_worker(session.seat, gpu_ids)
+        try:
+            await handle.start()
+            handle.identity = identity.name
+            session.seat.worker = handle
+        except Exception as exc:
+            await pool.kill(handle)
+            session.seat.worker = None
+            session.end("worker_exited", f"session worker failed to start: {exc}")
+            raise NoWorker(f"the session's worker failed to start: {exc}") from None
+        session.state = "IDLE"
+        session.seat.state = SeatState.IDLE
+        session._arm_idle_timer()
+        self.events.emit(
+            "session_started",
+            session_id=session.id,
+            owner=session.owner,
+            worker_id=session.seat.id,
+            gpu_ids=gpu_ids,
+            pid=handle.pid,
+            idle_timeout_seconds=session.idle_timeout,
+        )
+        return session
+
+    def _pick_gpus(self, count: int) -> list[int]:
+        live = [s.gpu_ids for s in self.sessions.values() if s.state != "ENDED"]
+        return least_used_gpus(self.state.gpu_ids, live, count)
+
+    def retire(self, session: Session) -> None:
+        """Stop an ended session's worker in the background (under its lease)."""
+        handle, session.seat.worker = session.seat.worker, None
+        sandbox, session.seat.sandbox = session.seat.sandbox, None
+        if handle is None and sandbox is None:
+            return
+        task = asyncio.ensure_future(self._retire(handle, sandbox))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, handle: Any, sandbox: Any) -> None:
+        grace = float(self.state.config.worker_termination_grace_seconds)
+        if handle is not None and not await self.state.pool.stop_worker(handle, grace):
+            await self.state.pool.kill(handle)
+        if sandbox is not None:  # under bubblewrap: the session's own sandbox directory
+            await asyncio.get_running_loop().run_in_executor(None, sandbox.close)
+
+    async def close(self) -> None:
+        """Shutdown: every session ends (``shutdown``) and its worker stops."""
+        for session in list(self.sessions.values()):
+            session.end("shutdown", "session ended: the server shut down")
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)

@@ -1,0 +1,702 @@
+"""Runs one program: instruction semantics, lease placement, returns and teardown.
+
+PROTOCOL §5–§7 and SERVER §6–§9. The engine talks to the front-end only through the
+channel: ``InstructionStarted`` before each instruction, lease messages where §6.2 puts
+them, one ``ReturnProduced`` per successful return (sent at once, so a later crash keeps
+it), and finally a ``ProgramFinished`` built by the caller from ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import inspect
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kcoral.errors import ValidationError
+from kcoral.protocol.paths import normalize_workspace_path
+from kcoral.protocol.schema import GetFunction, Instruction, LiteralArg, Ref, Return, Run, Upload
+from kcoral.protocol.strict_json import loads_strict
+from kcoral_server.processes.ipc import (
+    BlockingChannel,
+    Configure,
+    InstructionStarted,
+    ProgramFinished,
+    ProgressSlot,
+    ReturnProduced,
+    RunProgram,
+)
+from kcoral_server.worker import context
+from kcoral_server.worker.blobs import BlobMaps, hashed_parts_memfd
+from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
+from kcoral_server.worker.confinement import clear_workspace, empty_private_tmp
+from kcoral_server.worker.cupti_guard import GpuAccessFailure, finalize_cupti, watch_cpu_only
+from kcoral_server.worker.failures import (
+    Attribution,
+    InstructionFailure,
+    classify,
+    error_object,
+    exception_text,
+    format_user_traceback,
+)
+from kcoral_server.worker.files import Budget, collect_file, collect_folder, write_upload
+from kcoral_server.worker.leasing import Lease, WorkerExit
+from kcoral_server.worker.leftovers import leftover_threads, live_threads, thread_message
+from kcoral_server.worker.libraries import Libraries, library_function
+from kcoral_server.worker.modules import (
+    CudaSourceModule,
+    PythonModules,
+    cuda_function,
+    python_attribute,
+)
+from kcoral_server.worker.reaper import kill_descendants
+from kcoral_server.worker.runtime import CpuRuntime, CudaFault, GpuRuntime
+from kcoral_server.worker.state import ProcessSnapshot
+
+LEFTOVER_MESSAGE = "program left background processes running; they were terminated"
+NOT_A_MODULE = "get_function expects an uploaded module or library handle"
+# Survivors of each clean-up are frozen out of the collector (torch alone is hundreds of
+# thousands of objects); a periodic full pass still finds cycles among frozen objects. That
+# pass walks every object: ~40-80 ms of CPU in a worker that preloaded torch, which every
+# 100 programs was most of a trivial program's worker CPU. It comes every
+# FULL_COLLECTION_EVERY programs while it is cheap, and is spaced out as it gets dearer so
+# it costs about FULL_COLLECTION_SHARE_SECONDS per program, never rarer than
+# FULL_COLLECTION_MAX_SPACING programs.
+FULL_COLLECTION_EVERY = 100
+FULL_COLLECTION_SHARE_SECONDS = 25e-6
+FULL_COLLECTION_MAX_SPACING = 2000
+
+
+def full_collection_spacing(seconds: float) -> int:
+    """Programs until the next full pass, after one that took ``seconds`` of CPU."""
+    wanted = math.ceil(seconds / FULL_COLLECTION_SHARE_SECONDS)
+    return min(max(wanted, FULL_COLLECTION_EVERY), FULL_COLLECTION_MAX_SPACING)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _parse(program_json: str) -> Any:
+    from kcoral.protocol.validate import parse_program  # written by the protocol engineer
+
+    return parse_program(loads_strict(program_json))
+
+
+def _encode(value: Any, first_part_index: int) -> tuple[dict, list[Any]]:
+    from kcoral.protocol import values  # imported late: it is only needed for returns
+
+    try:
+        # unhashed: the parts are hashed while they are written out (``_send_return``)
+        return values.encode_value(value, first_part_index, hash_parts=False)
+    except values.ValueEncodingError as exc:
+        raise InstructionFailure("serialization", str(exc)) from None
+    except InstructionFailure:
+        raise
+    except Exception as exc:  # e.g. a __dlpack__ of uploaded code that raises
+        raise InstructionFailure(
+            "serialization", exception_text(exc), format_user_traceback(exc)
+        ) from None
+
+
+@dataclass
+class Outcome:
+    status: str
+    error: dict[str, Any] | None
+    left_processes: bool
+    poisoned: bool
+    lease_held: bool
+    gpu_access_at: float | None = None
+
+    def message(self) -> ProgramFinished:
+        return ProgramFinished(
+            status=self.status,
+            error=self.error,
+            left_processes=self.left_processes,
+            poisoned=self.poisoned,
+            lease_held=self.lease_held,
+            gpu_access_at=self.gpu_access_at,
+        )
+
+
+class Engine:
+    """Per-worker state that outlives programs: the event loop, loaded libraries."""
+
+    def __init__(
+        self,
+        channel: BlockingChannel,
+        runtime: CpuRuntime | GpuRuntime,
+        lease: Lease,
+        configure: Configure,
+        snapshot: ProcessSnapshot,
+    ) -> None:
+        self.channel = channel
+        self.runtime = runtime
+        self.lease = lease
+        self.configure = configure
+        self.snapshot = snapshot
+        # EXTENSIONS §3: one loop per worker process, created once, reused by every program
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.libraries = Libraries(runtime.library_unavailable)
+        self.unsettled: ProgramRun | None = None  # outcome sent, slow clean-up still due
+        self.programs = 0
+        self.next_full_collection = FULL_COLLECTION_EVERY  # a program count
+        self.modules_after_settle = len(sys.modules)  # to see a program that imported some
+        # shared with the front-end (ipc.ProgressSlot); arrives with the first program
+        self.progress: ProgressSlot | None = None
+        # sys.modules and the path importers as a program starts: copied again only after
+        # a program changed them (a copy of a torch worker's ~1,100 modules is ~40 us). One
+        # that went stale between programs only makes the next comparison take the loop.
+        self.modules_seen: dict[str, Any] = {}
+        self.importers_seen: set[Any] = set()
+        self.remember_modules()
+
+    def remember_modules(self) -> None:
+        self.modules_seen = dict(sys.modules)
+        self.importers_seen = set(sys.path_importer_cache)
+
+    def attach_progress(self, fd: int) -> None:
+        """Use the progress slot memfd ``fd`` (closed here) from now on."""
+        try:
+            slot = ProgressSlot.attach(fd)
+        except (OSError, ValueError):
+            return  # without a slot every instruction is reported by frame instead
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.progress is not None:
+            self.progress.close()
+        self.progress = slot
+
+    def run(self, request: RunProgram, fds: list[int]) -> Outcome:
+        self.settle()  # a caller that never settled still gets a clean process
+        run = ProgramRun(self, request, fds)
+        outcome = run.execute()
+        self.unsettled = run
+        return outcome
+
+    def settle(self) -> None:
+        """The slow part of teardown, done after ``ProgramFinished`` went out and before
+        ``WorkerReady`` (the seat, and the GPU lease, stay busy until then)."""
+        run, self.unsettled = self.unsettled, None
+        if run is None:
+            return
+        self.programs += 1
+        full = self.programs >= self.next_full_collection
+        # A program that left modules behind (a session's first ``import torch``) made
+        # objects that live as long as the process, as start-up's do. Collecting all of them
+        # now took ~0.8 s (torch), and the next program waits for this clean-up: a session's
+        # next cell showed it as its queue time on an idle server (issue 29.9). So only the
+        # young generations, where a program's short-lived garbage is, are collected then,
+        # and the rest is frozen with the modules until the periodic full pass.
+        imported = len(sys.modules) > self.modules_after_settle
+        took = run.settle(full_collection=full, young_only=imported and not full)
+        self.modules_after_settle = len(sys.modules)
+        if full:
+            self.next_full_collection = self.programs + full_collection_spacing(took)
+
+
+class ProgramRun:
+    """One program from ``RunProgram`` to its ``Outcome``."""
+
+    def __init__(self, engine: Engine, request: RunProgram, fds: list[int]) -> None:
+        self.engine = engine
+        self.request = request
+        self.fds = fds
+        self.channel = engine.channel
+        self.runtime = engine.runtime
+        self.lease = engine.lease
+        self.handles: dict[str, Any] = {}
+        self.module_kinds: dict[str, str] = {}  # handle id -> "python" | "cuda" | "library"
+        self.cpu_only: set[str] = set()
+        self.modules = PythonModules()
+        self.blobs: BlobMaps | None = None
+        self.workspace_fd: int | None = None
+        self.part_index = 0  # next return:<i>
+        self.part_bytes = 0  # bytes of all parts produced so far (file/folder budget)
+        self.last: Attribution | None = None  # last instruction that started
+        self.previous: Attribution | None = None  # the one before it
+        self.exiting = False  # the front-end went away or asked us to stop
+        self.error: dict[str, Any] | None = None
+        self.left_processes = False
+        self.poisoned = False
+        self.gpu_access_at: float | None = None  # monotonic time of a cpu_only CUDA call
+        self.settled = False
+        self.progress: ProgressSlot | None = None  # set by ``execute``
+        self.report_instructions = True
+        self.threads_before = live_threads()  # threads it starts must end with it
+        # only modules that appear (or change) during the program can come from its workspace
+        # (the engine's copies, not taken anew per program: see ``Engine.modules_seen``)
+        self.modules_before = engine.modules_seen
+        self.importers_before = engine.importers_seen
+
+    # ------------------------------------------------------------------ driver
+
+    def execute(self) -> Outcome:
+        request = self.request
+        capture = None
+        startup_failure: Exception | None = None
+        capture_fds, progress_fd = self._take_own_fds()
+        if progress_fd is not None:
+            self.engine.attach_progress(progress_fd)
+        # frames only when someone follows the program live (or there is no slot to write)
+        self.progress = self.engine.progress
+        self.report_instructions = request.report_instructions or self.progress is None
+        if request.stdout_path is not None and request.stderr_path is not None:
+            try:
+                if capture_fds:
+                    capture = OutputCapture(capture_fds[0], capture_fds[1])
+                else:
+                    capture = OutputCapture(request.stdout_path, request.stderr_path)
+            except OSError as exc:  # the front-end's capture files are unusable
+                startup_failure = exc
+        for fd in capture_fds:  # now duplicated onto fds 1 and 2
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        context.current = context.RequestContext(
+            request_id=request.request_id,
+            device=self.runtime.device,
+            workspace=request.workspace,
+            serialization=request.serialization,
+            allowed_serialization=tuple(self.engine.configure.allowed_serialization),
+        )
+        try:
+            try:
+                self._run_instructions(startup_failure)
+            finally:
+                self._teardown()
+        finally:
+            context.current = None
+            if capture is not None:
+                capture.restore()
+        outcome = Outcome(
+            status="FAILED" if self.error is not None else "COMPLETED",
+            error=self.error,
+            left_processes=self.left_processes,
+            poisoned=self.poisoned,
+            lease_held=self.lease.held,
+            gpu_access_at=self.gpu_access_at,
+        )
+        self.lease.forget()  # after ProgramFinished the lease is the front-end's business
+        return outcome
+
+    def _take_own_fds(self) -> tuple[list[int], int | None]:
+        """The frame's descriptors that are not blobs (they follow the blob fds): the capture
+        files a sandboxed worker receives instead of paths, and the progress slot."""
+        fds = self.fds
+        capture = self.request.capture_fds
+        if len(capture) != 2 or not all(0 <= i < len(fds) for i in capture):
+            capture = []
+        progress = self.request.progress_fd
+        if progress is None or not 0 <= progress < len(fds) or progress in capture:
+            progress = None
+        taken = {*capture, progress}
+        self.fds = [fd for i, fd in enumerate(fds) if i not in taken]
+        return [fds[i] for i in capture], None if progress is None else fds[progress]
+
+    def _run_instructions(self, startup_failure: Exception | None = None) -> None:
+        try:
+            if startup_failure is not None:
+                raise startup_failure
+            self.workspace_fd = os.open(
+                self.request.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+            os.chdir(self.request.workspace)
+            self.blobs = BlobMaps(self.request.blobs, self.fds)
+            self.fds = []
+            program = _parse(self.request.program_json)
+        except Exception as exc:
+            for fd in self.fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            where = self._first_attribution()
+            self._fail(
+                InstructionFailure("engine", f"cannot start the program: {exception_text(exc)}"),
+                where,
+            )
+            return
+        for instruction in program.instructions:
+            where = Attribution(instruction.index, instruction.op, _instruction_id(instruction))
+            self.previous, self.last = self.last, where
+            if self.progress is not None:
+                self.progress.started(where.index)
+            if self.report_instructions:
+                self.channel.send(InstructionStarted(index=where.index, op=where.op, id=where.id))
+            try:
+                self._step(instruction)
+            except WorkerExit:
+                self.exiting = True
+                raise
+            except InstructionFailure as failure:
+                self._fail(failure, failure.where or where)
+                return
+            except Exception as exc:  # a fault of the worker itself, not of uploaded code
+                self._fail(
+                    InstructionFailure(
+                        "engine", f"internal error: {exception_text(exc)}", _own_traceback(exc)
+                    ),
+                    where,
+                )
+                return
+
+    def _first_attribution(self) -> Attribution:
+        try:
+            first = json.loads(self.request.program_json)["instructions"][0]
+            op = first.get("op") if isinstance(first.get("op"), str) else "upload"
+            ident = first.get("id") if isinstance(first.get("id"), str) else None
+            return Attribution(0, op, ident)
+        except Exception:
+            return Attribution(0, "upload", None)
+
+    def _fail(self, failure: InstructionFailure, where: Attribution) -> None:
+        self.error = error_object(failure.kind, failure.message, where, failure.traceback)
+        if isinstance(failure, GpuAccessFailure):
+            self.error.update(failure.fields)
+            # for the front-end, which alone knows who held the GPU then
+            self.gpu_access_at = failure.observed_at
+
+    def _step(self, instruction: Instruction) -> None:
+        if isinstance(instruction, Upload):
+            self._upload(instruction)
+        elif isinstance(instruction, GetFunction):
+            self._get_function(instruction)
+        elif isinstance(instruction, Run):
+            self._run(instruction)
+        elif isinstance(instruction, Return):
+            if instruction.kind == "value":
+                self._return_value(instruction)
+            else:
+                self._return_path(instruction)
+        else:
+            raise InstructionFailure("engine", f"unknown instruction {instruction!r}")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _call_user(self, call: Callable[[], Any]) -> Any:
+        """Run uploaded code; every exception (SystemExit too) fails the instruction."""
+        try:
+            result = call()
+            if inspect.isawaitable(result):
+                result = self.engine.loop.run_until_complete(_awaited(result))
+            return result
+        except BaseException as exc:
+            raise classify(exc) from None
+
+    def _drain_and_release(self) -> None:
+        """Finish outstanding GPU work, then give the lease back (§6.2)."""
+        if not self.lease.held:
+            return
+        fault = self.runtime.drain()
+        self.lease.release()
+        if fault is not None:
+            self.poisoned = self.poisoned or fault.sticky
+            # the fault belongs to GPU work that already ran, not to this instruction
+            raise InstructionFailure("runtime", fault.message, "", self.previous)
+
+    def _blob(self, sha256: str | None) -> memoryview:
+        assert self.blobs is not None and sha256 is not None
+        return self.blobs.get(sha256)
+
+    def _resolve(self, ref: Ref) -> Any:
+        try:
+            return self.handles[ref.id]
+        except KeyError:
+            raise InstructionFailure("engine", f"handle '{ref.id}' does not exist") from None
+
+    # ------------------------------------------------------------------ instructions
+
+    def _upload(self, upload: Upload) -> None:
+        kind = upload.kind
+        if kind == "module" and upload.language == "cuda":
+            self.handles[upload.id] = CudaSourceModule(upload.source or "")
+            self.module_kinds[upload.id] = "cuda"
+        elif kind == "module":
+            self.lease.acquire()
+            module, code = self.modules.compile(upload.source or "")
+            self._call_user(lambda: exec(code, module.__dict__))
+            self.handles[upload.id] = module
+            self.module_kinds[upload.id] = "python"
+        elif kind == "tensor":
+            self.lease.acquire()
+            shape = tuple(upload.shape or ())
+            data = self._blob(upload.blob)
+            self.handles[upload.id] = self.runtime.tensor(data, upload.dtype or "", shape)
+        elif kind == "bytes":
+            self.handles[upload.id] = bytes(self._blob(upload.blob))
+        elif kind == "file":
+            self._drain_and_release()
+            path = upload.path or ""
+            if self.engine.configure.sandbox == "bubblewrap" and path.split("/")[0] == ".kcoral":
+                raise InstructionFailure("runtime", f"path {path!r} is reserved in the sandbox")
+            assert self.workspace_fd is not None
+            write_upload(self.workspace_fd, path, self._blob(upload.blob))
+            if upload.id is not None:
+                self.handles[upload.id] = path
+        elif kind == "library":
+            self.lease.acquire()
+            library = self.engine.libraries.load(upload.blob or "", self._blob(upload.blob))
+            self.handles[upload.id] = library
+            self.module_kinds[upload.id] = "library"
+        else:
+            raise InstructionFailure("engine", f"unknown upload kind {kind!r}")
+
+    def _get_function(self, get: GetFunction) -> None:
+        target = self._resolve(get.module)
+        kind = self.module_kinds.get(get.module.id)
+        if kind == "python":
+            self.lease.acquire()
+            value = self._call_user(lambda: python_attribute(target, get.name, get.module.id))
+        elif kind == "cuda":
+            value = cuda_function(target, get.name)
+        elif kind == "library":
+            self.lease.acquire()
+            value = library_function(target, get.name)
+        else:
+            raise InstructionFailure(self.runtime.non_module_function_kind, NOT_A_MODULE)
+        self.handles[get.id] = value
+        if get.cpu_only:
+            self.cpu_only.add(get.id)
+
+    def _run(self, run: Run) -> None:
+        function = self._resolve(run.fn)
+        watched = run.fn.id in self.cpu_only
+        if watched:
+            self._drain_and_release()
+        else:
+            self.lease.acquire()
+        if not callable(function):
+            raise InstructionFailure("runtime", f"handle '{run.fn.id}' is not callable")
+        args = [self._resolve(arg) if isinstance(arg, Ref) else _literal(arg) for arg in run.args]
+        if not watched:
+            self.handles[run.id] = self._call_user(lambda: function(*args))
+            return
+        with watch_cpu_only(self.runtime.device):  # PROTOCOL §6.2 cpu_only watch
+            self.handles[run.id] = self._call_user(lambda: function(*args))
+
+    def _return_value(self, ret: Return) -> None:
+        self.lease.acquire()  # tensors on the GPU are copied to the host under the lease
+        assert ret.value is not None
+        value = self._resolve(ret.value)
+        node, parts = _encode(value, self.part_index)
+        self._send_return(ret, node, parts)
+
+    def _return_path(self, ret: Return) -> None:
+        self._drain_and_release()
+        path = self._runtime_path(ret.path)
+        budget = Budget(self.request.max_response_bytes - self.part_bytes)
+        assert self.workspace_fd is not None
+        if ret.kind == "file":
+            data = collect_file(self.workspace_fd, path, budget)
+            node: dict[str, Any] = _file_node(data, self.part_index)
+            parts = [data]
+        else:
+            folder = collect_folder(self.workspace_fd, path, budget)
+            files: dict[str, Any] = {}
+            parts = []
+            for relative, data in folder.files.items():
+                files[relative] = _file_node(data, self.part_index + len(parts))
+                parts.append(data)
+            node = {"type": "folder", "files": files, "directories": folder.directories}
+        self._send_return(ret, node, parts)
+
+    def _runtime_path(self, path: str | Ref | None) -> str:
+        if not isinstance(path, Ref):
+            return normalize_workspace_path(path)  # literals were normalized at parse time
+        value = self._resolve(path)
+        if not isinstance(value, str):
+            raise InstructionFailure(
+                "serialization",
+                f"path handle '{path.id}' holds {type(value).__name__}, not a string",
+            )
+        try:
+            return normalize_workspace_path(value)
+        except ValidationError as exc:
+            raise InstructionFailure("serialization", f"invalid path: {exc}") from None
+
+    def _send_return(self, ret: Return, node: dict[str, Any], parts: list[Any]) -> None:
+        from kcoral.protocol.values import fill_part_hashes
+
+        fd, lengths, digests = hashed_parts_memfd(parts)
+        try:
+            fill_part_hashes(node, self.part_index, digests)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        message = ReturnProduced(index=ret.index, key=ret.key, node=node, part_lengths=lengths)
+        try:
+            self.channel.send(message, [fd] if fd is not None else [])
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self.part_index += len(parts)
+        self.part_bytes += sum(lengths)
+
+    # ------------------------------------------------------------------ teardown
+
+    def _teardown(self) -> None:
+        """§6.3: under the lease drain the device, drop everything, restore the process."""
+        last = self.last or self._first_attribution()
+        if self.exiting:
+            self._cleanup_process()
+            return  # the worker exits now; its caller kills what the program left
+        try:
+            self.lease.acquire()
+        except WorkerExit:
+            self.exiting = True
+            self._cleanup_process()
+            raise
+        self._record_fault(self.runtime.drain(), last)
+        self._cancel_pending_tasks()
+        self._cleanup_process()
+        if self.poisoned is False and self.error is not None and self.runtime.device == "gpu":
+            self._record_fault(self.runtime.check_context(), last)
+        found, verified = kill_descendants()
+        if found:
+            self.left_processes = True
+            if self.error is None:
+                self.error = error_object("runtime", LEFTOVER_MESSAGE, last, "")
+        if not verified:
+            self.poisoned = True
+        threads = leftover_threads(self.threads_before, self.engine.loop)
+        if threads:  # a thread cannot be killed: the worker retires (as for processes)
+            self.left_processes = True
+            if self.error is None:
+                self.error = error_object("runtime", thread_message(threads), last, "")
+        if self.engine.configure.sandbox == "bubblewrap":
+            # §14: the sandbox keeps one workspace; a worker that cannot empty it must not
+            # take another program (retired like a poisoned one).
+            if not clear_workspace(self.request.workspace):
+                self.poisoned = True
+            empty_private_tmp()  # /tmp, /var/tmp, /dev/shm: tmpfs only the worker reaches
+
+    def _record_fault(self, fault: CudaFault | None, last: Attribution) -> None:
+        if fault is None:
+            return
+        if fault.sticky:
+            self.poisoned = True
+            if self.error is None:
+                self.error = error_object("runtime", fault.message, last, "")
+        elif self.error is not None and self.error["kind"] == "gpu_access":
+            self.error["message"] += f"; CUDA also reports {fault.message}"
+        else:
+            self.error = error_object("runtime", fault.message, last, "")
+
+    def _cancel_pending_tasks(self) -> None:
+        loop = self.engine.loop
+        try:
+            pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=5))
+        except BaseException:  # a task that refuses to die must not break teardown
+            pass
+
+    def _cleanup_process(self) -> None:
+        """The part of clean-up the outcome waits for: what the program's output and the
+        leftover-process check depend on. ``settle`` does the rest."""
+        self.handles.clear()
+        self.module_kinds.clear()
+        self.modules.teardown()
+        # here, not in settle: the front-end deletes the workspace once it has the outcome
+        if _drop_workspace_modules(
+            self.request.workspace, self.modules_before, self.importers_before
+        ):
+            self.engine.remember_modules()
+        self.modules_before = {}
+        self.importers_before = set()
+        if self.blobs is not None:
+            self.blobs.close()
+        flush_c_stdio()
+        if self.workspace_fd is not None:
+            os.close(self.workspace_fd)
+            self.workspace_fd = None
+        if self.exiting:
+            self.settle()
+
+    def settle(self, *, full_collection: bool = False, young_only: bool = False) -> float:
+        """Restore the process, collect garbage (``young_only``: generations 0 and 1),
+        detach CUPTI (idempotent). Returns the CPU seconds the collection took."""
+        if self.settled:
+            return 0.0
+        self.settled = True
+        self.engine.snapshot.restore()  # environment, cwd, sys.path, torch settings, ...
+        started = time.thread_time()
+        if full_collection:
+            gc.unfreeze()
+        gc.collect(1 if young_only else 2)
+        gc.freeze()
+        took = time.thread_time() - started
+        finalize_cupti()  # SERVER §6: CUPTI is detached between reused requests
+        self.runtime.after_program()
+        return took
+
+
+def _instruction_id(instruction: Instruction) -> str | None:
+    return None if isinstance(instruction, Return) else instruction.id
+
+
+def _literal(arg: LiteralArg | Any) -> Any:
+    return arg.value if isinstance(arg, LiteralArg) else arg
+
+
+def _file_node(data: bytes, part_index: int) -> dict[str, Any]:
+    # ``sha256`` is filled in by ``_send_return`` while the part is written out
+    return {"type": "file", "size": len(data), "part": f"return:{part_index}", "sha256": ""}
+
+
+def _own_traceback(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8192:]
+
+
+def _drop_workspace_modules(
+    workspace: str, before: dict[str, Any], importers_before: set[Any]
+) -> bool:
+    """Forget modules a program imported from its workspace (it is deleted afterwards).
+
+    Only modules added or replaced since ``before``, and path importers added since
+    ``importers_before``, are examined (the workspace is new to every program), by string
+    prefix: ``realpath`` on every module of a process that loaded torch cost ~0.5 s per
+    program, and the workspace's own ``realpath`` is only taken when something is new.
+    True when something was new (the snapshots are then out of date)."""
+    try:
+        # one C-level comparison (values by identity first): usually nothing changed
+        unchanged = sys.modules == before
+    except Exception:  # a value with its own failing __eq__ (anything can be put there)
+        unchanged = False
+    changed = (
+        []
+        if unchanged
+        else [name for name, module in sys.modules.items() if before.get(name) is not module]
+    )
+    importers = [
+        key for key in sys.path_importer_cache.keys() - importers_before if isinstance(key, str)
+    ]
+    if not changed and not importers:
+        return False
+    roots = tuple({os.path.realpath(workspace) + os.sep, os.path.abspath(workspace) + os.sep})
+    for name in changed:
+        module = sys.modules.get(name)
+        filename = getattr(module, "__file__", None)
+        if not isinstance(filename, str):
+            continue
+        if not os.path.isabs(filename):  # relative to the program's cwd: resolve it once
+            filename = os.path.realpath(filename)
+        if filename.startswith(roots):
+            sys.modules.pop(name, None)
+    for key in importers:
+        if (key + os.sep).startswith(roots):
+            sys.path_importer_cache.pop(key, None)
+    return True

@@ -1,0 +1,205 @@
+"""Workspace files: file uploads and file/folder returns (PROTOCOL §5.1, §5.4).
+
+Everything walks from a descriptor of the ORIGINAL workspace, one component at a time with
+``O_NOFOLLOW``, so neither a later ``chdir`` nor a symlink planted by the program can
+redirect a write or a read outside the workspace.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+
+from kcoral.protocol.nofollow import DIRECTORY_FLAGS, closing_fd, open_beneath
+from kcoral_server.worker.failures import InstructionFailure
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "a path component is a symlink"
+    if exc.errno == errno.ENOTDIR:
+        return "a path component is not a directory"
+    return exc.strerror or str(exc)
+
+
+def write_upload(workspace_fd: int, path: str, data: memoryview) -> None:
+    """Write ``data`` to the normalized ``path``: new regular file 0600, parents 0700."""
+    *parents, name = path.split("/")
+    try:
+        with closing_fd(open_beneath(workspace_fd, parents, create_mode=0o700)) as parent:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=parent)
+        with closing_fd(fd):
+            os.fchmod(fd, 0o600)  # exact mode whatever the umask
+            view = memoryview(data).cast("B")
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+    except OSError as exc:
+        raise InstructionFailure("runtime", f"cannot write file {path!r}: {_why(exc)}") from None
+
+
+def _fail(message: str) -> InstructionFailure:
+    return InstructionFailure("serialization", message)
+
+
+@dataclass
+class Budget:
+    """Response bytes left for binary parts (``max_response_bytes`` minus parts so far)."""
+
+    remaining: int
+
+    def take(self, size: int, path: str) -> None:
+        if size > self.remaining:
+            raise _fail(
+                f"return of {path!r} would exceed the response size limit (max_response_bytes)"
+            )
+        self.remaining -= size
+
+
+def _read_regular(parent_fd: int, name: str, path: str, budget: Budget) -> bytes:
+    """Read a regular file that must not change (size, mtime, ctime) while read."""
+    try:
+        before = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise _fail(f"{path!r} does not exist") from None
+    except OSError as exc:
+        raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
+    _check_regular(before.st_mode, path)
+    budget.take(before.st_size, path)
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent_fd
+        )
+    except OSError as exc:
+        raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
+    with closing_fd(fd):
+        try:
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
+                raise _fail(f"{path!r} changed while it was being read")
+            _check_regular(opened.st_mode, path)
+            chunks = []
+            total = 0
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > opened.st_size:
+                    raise _fail(f"{path!r} changed while it was being read")
+                chunks.append(chunk)
+            after = os.fstat(fd)
+        except OSError as exc:
+            raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
+    if (
+        total != opened.st_size
+        or after.st_size != opened.st_size
+        or after.st_mtime_ns != opened.st_mtime_ns
+        or after.st_ctime_ns != opened.st_ctime_ns
+        or opened.st_size != before.st_size
+    ):
+        raise _fail(f"{path!r} changed while it was being read")
+    return b"".join(chunks)
+
+
+def _check_regular(mode: int, path: str) -> None:
+    if stat.S_ISLNK(mode):
+        raise _fail(f"{path!r} is a symlink")
+    if stat.S_ISDIR(mode):
+        raise _fail(f"{path!r} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise _fail(f"{path!r} is not a regular file (FIFO, socket or device)")
+
+
+def _open_parent(workspace_fd: int, parts: list[str], path: str) -> int:
+    """Descriptor of the directory holding the last component of ``parts``."""
+
+    def check(parent: int, part: str, index: int) -> None:
+        where = "/".join(parts[: index + 1])
+        try:
+            mode = os.stat(part, dir_fd=parent, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            raise _fail(f"{path!r} does not exist") from None
+        if stat.S_ISLNK(mode):
+            raise _fail(f"{where!r} is a symlink")
+        if not stat.S_ISDIR(mode):
+            raise _fail(f"{where!r} is not a directory")
+
+    try:
+        return open_beneath(workspace_fd, parts[:-1], before_each=check)
+    except OSError as exc:
+        raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
+
+
+def collect_file(workspace_fd: int, path: str, budget: Budget) -> bytes:
+    """Bytes of the regular file at normalized ``path``."""
+    parts = path.split("/")
+    with closing_fd(_open_parent(workspace_fd, parts, path)) as parent:
+        return _read_regular(parent, parts[-1], path, budget)
+
+
+@dataclass
+class Folder:
+    files: dict[str, bytes] = field(default_factory=dict)
+    directories: list[str] = field(default_factory=list)
+
+
+def collect_folder(workspace_fd: int, path: str, budget: Budget) -> Folder:
+    """Every file (hidden ones too) and every directory under the folder at ``path``."""
+    parts = path.split("/")
+    with closing_fd(_open_parent(workspace_fd, parts, path)) as parent:
+        try:
+            mode = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            raise _fail(f"{path!r} does not exist") from None
+        except OSError as exc:
+            raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
+        if stat.S_ISLNK(mode):
+            raise _fail(f"{path!r} is a symlink")
+        if not stat.S_ISDIR(mode):
+            raise _fail(f"{path!r} is not a directory")
+        try:
+            root = os.open(parts[-1], DIRECTORY_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            raise _fail(f"cannot read {path!r}: {_why(exc)}") from None
+    folder = Folder()
+    with closing_fd(root):
+        _walk(root, "", path, folder, budget, set())
+    folder.files = dict(sorted(folder.files.items()))
+    folder.directories.sort()
+    return folder
+
+
+def _walk(
+    dir_fd: int, prefix: str, shown: str, folder: Folder, budget: Budget, visited: set
+) -> None:
+    info = os.fstat(dir_fd)
+    key = (info.st_dev, info.st_ino)
+    if key in visited:
+        raise _fail(f"directory {shown!r} was reached twice")
+    visited.add(key)
+    try:
+        names = sorted(os.listdir(dir_fd))
+    except OSError as exc:
+        raise _fail(f"cannot list {shown!r}: {_why(exc)}") from None
+    for name in names:
+        relative = f"{prefix}{name}"
+        where = f"{shown}/{name}"
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError as exc:
+            raise _fail(f"cannot read {where!r}: {_why(exc)}") from None
+        if stat.S_ISDIR(mode):
+            folder.directories.append(relative)
+            try:
+                child = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _fail(f"cannot read {where!r}: {_why(exc)}") from None
+            with closing_fd(child):
+                _walk(child, f"{relative}/", where, folder, budget, visited)
+        else:
+            _check_regular(mode, where)
+            folder.files[relative] = _read_regular(dir_fd, name, where, budget)

@@ -1,0 +1,65 @@
+"""The worker's side of the per-GPU lease (PROTOCOL §6.2, SERVER §5).
+
+The front-end arbitrates: the worker sends ``LeaseAcquire`` and blocks until
+``LeaseGranted``; ``LeaseRelease`` needs no reply. In cpu mode the lease is disabled and
+no lease message is ever sent.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kcoral_server.processes.ipc import (
+    BlockingChannel,
+    IpcError,
+    LeaseAcquire,
+    LeaseGranted,
+    LeaseRelease,
+    Shutdown,
+)
+
+
+class WorkerExit(Exception):
+    """The front-end asked the worker to stop (or went away) while it was waiting."""
+
+
+class Lease:
+    def __init__(self, channel: BlockingChannel, enabled: bool) -> None:
+        self.channel = channel
+        self.enabled = enabled
+        self.held = False
+
+    def acquire(self) -> None:
+        """Hold the lease (blocking until granted); a no-op when held or disabled."""
+        if not self.enabled or self.held:
+            return
+        self.channel.send(LeaseAcquire())
+        try:
+            message, fds = self.channel.receive()
+        except EOFError:
+            raise WorkerExit("channel closed while waiting for the lease") from None
+        for fd in fds:  # nothing legitimate carries fds here
+            _close(fd)
+        if isinstance(message, Shutdown):
+            raise WorkerExit("shutdown while waiting for the lease")
+        if not isinstance(message, LeaseGranted):
+            raise IpcError(f"expected lease_granted, got {message.tag}")
+        self.held = True
+
+    def release(self) -> None:
+        """Give the lease back (the caller drained GPU work first); no-op when not held."""
+        if not self.enabled or not self.held:
+            return
+        self.channel.send(LeaseRelease())
+        self.held = False
+
+    def forget(self) -> None:
+        """The front-end took the lease over (it does so after ``ProgramFinished``)."""
+        self.held = False
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

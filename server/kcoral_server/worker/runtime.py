@@ -1,0 +1,243 @@
+"""Device runtimes of a worker: ``cpu``, ``gpu`` (CUDA via torch) and ``fake-gpu``.
+
+A runtime knows how to start (target, versions, device UUID), how to materialize tensors,
+and how to drain and check the device. The engine owns instruction semantics and leasing;
+``uses_lease`` tells it whether to lease at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import files as metadata_files
+from typing import Any
+
+from kcoral_server.processes.ipc import Configure
+from kcoral_server.processes.rank_variables import is_rank_variable
+from kcoral_server.worker.cupti_guard import cupti_missing_reason
+from kcoral_server.worker.leasing import Lease
+from kcoral_server.worker.tensors import host_tensor, torch_tensor
+
+# versions key -> (distribution names to ask, module to import as a last resort)
+_GPU_TOOLCHAIN = {
+    "tvm": (("apache-tvm", "tvm"), "tvm"),
+    "tvm_ffi": (("apache-tvm-ffi", "tvm-ffi", "tvm_ffi"), "tvm_ffi"),
+    "triton": (("triton", "pytorch-triton"), "triton"),
+    "cutlass": (("nvidia-cutlass-dsl",), None),
+    "flashinfer": (("flashinfer-python",), None),
+    # the CUPTI clock and the cpu_only watch (EXTENSIONS §1 lists it among the optional pieces)
+    "cupti": (("cupti-python",), None),
+}
+
+
+GPU_EXTRA = "pip install 'kcoral[gpu]'"
+LIBRARY_NEEDS_TVM_FFI = (
+    f"library uploads need apache-tvm-ffi, which this worker cannot import ({GPU_EXTRA})"
+)
+
+
+def installed_version(*distributions: str) -> str | None:
+    """Version of the first installed distribution, without importing it."""
+    for name in distributions:
+        with contextlib.suppress(PackageNotFoundError, ValueError):
+            return version(name)
+    return None
+
+
+@dataclass
+class Identity:
+    """What ``WorkerReady`` reports."""
+
+    target: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    device_uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class CudaFault:
+    """A CUDA error found while draining; ``sticky`` means the context is unusable."""
+
+    message: str
+    sticky: bool
+
+
+class CpuRuntime:
+    device = "cpu"
+    uses_lease = False
+    non_module_function_kind = "unavailable"
+    library_unavailable = "library uploads require a GPU worker"
+
+    def __init__(self, configure: Configure) -> None:
+        self.configure = configure
+
+    def start(self, lease: Lease) -> Identity:
+        versions: dict[str, str] = {}
+        for key, dists in (("tvm_ffi", _GPU_TOOLCHAIN["tvm_ffi"][0]), ("torch", ("torch",))):
+            found = installed_version(*dists)
+            if found is not None:
+                versions[key] = found
+        return Identity(target={}, versions=versions)
+
+    def tensor(self, data: memoryview, dtype: str, shape: tuple[int, ...]) -> Any:
+        return host_tensor(data, dtype, shape)
+
+    def drain(self) -> CudaFault | None:
+        return None
+
+    def check_context(self) -> CudaFault | None:
+        return None
+
+    def after_program(self) -> None:
+        pass
+
+    def cpu_only_unavailable(self) -> str | None:
+        return None  # the cpu_only watch is a no-op off the GPU
+
+
+class FakeGpuRuntime(CpuRuntime):
+    """Leases like a GPU worker, computes like a CPU worker (tests of lease behaviour)."""
+
+    device = "fake-gpu"
+    uses_lease = True
+    non_module_function_kind = "runtime"
+    library_unavailable = LIBRARY_NEEDS_TVM_FFI
+
+    def start(self, lease: Lease) -> Identity:
+        identity = super().start(lease)
+        lease.acquire()  # "CUDA initialization" happens under the lease, as on a real GPU
+        lease.release()
+        identity.target = {"arch": "sm_90a"}
+        uuids = self.configure.gpu_uuids
+        identity.device_uuid = uuids[0] if uuids else None
+        return identity
+
+
+class GpuRuntime:
+    device = "gpu"
+    uses_lease = True
+    non_module_function_kind = "runtime"
+    library_unavailable = LIBRARY_NEEDS_TVM_FFI
+
+    def __init__(self, configure: Configure) -> None:
+        self.configure = configure
+        self.torch: Any = None
+
+    def start(self, lease: Lease) -> Identity:
+        self._prepare_environment()
+        import torch  # host-only preparation, off the lease
+
+        self.torch = torch
+        # tvm_ffi and cupti-python are optional (kcoral[gpu]): library uploads, the cpu_only
+        # watch and the CUPTI benchmark clock say what is missing when they are used.
+        _preload_cute_dsl_runtime()
+        lease.acquire()
+        try:
+            identity = self._initialize_cuda()
+            fault = self.drain()
+            if fault is not None:
+                raise RuntimeError(f"CUDA initialization failed: {fault.message}")
+        finally:
+            lease.release()
+        return identity
+
+    def _prepare_environment(self) -> None:
+        uuids, ids = self.configure.gpu_uuids, self.configure.gpu_ids
+        if uuids or ids:
+            visible = ",".join(uuids) if uuids else ",".join(str(i) for i in ids)
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        for name in list(os.environ):
+            if is_rank_variable(name):  # SERVER §6 step 2
+                del os.environ[name]
+
+    def _initialize_cuda(self) -> Identity:
+        torch = self.torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch reports no usable CUDA device")
+        torch.cuda.init()
+        torch.cuda.set_device(0)
+        props = torch.cuda.get_device_properties(0)
+        major, minor = props.major, props.minor
+        suffix = "a" if major >= 9 else ""
+        # lets later TVM-FFI compiles skip the driver query (SERVER §6 step 4)
+        os.environ.setdefault("TVM_FFI_CUDA_ARCH_LIST", f"{major}.{minor}{suffix}")
+        torch.zeros(1, device="cuda")  # creates the context now, under the lease
+        versions = {"torch": str(torch.__version__)}
+        if torch.version.cuda:
+            versions["cuda"] = str(torch.version.cuda)
+        for key, (dists, module) in _GPU_TOOLCHAIN.items():
+            found = installed_version(*dists)
+            if found is None and module is not None and importlib.util.find_spec(module):
+                with contextlib.suppress(Exception):
+                    found = str(getattr(importlib.import_module(module), "__version__", ""))
+            if found:
+                versions[key] = found
+        uuid = getattr(props, "uuid", None)
+        device_uuid = None
+        if uuid is not None:
+            device_uuid = str(uuid)
+            if not device_uuid.startswith(("GPU-", "MIG-")):
+                device_uuid = f"GPU-{device_uuid}"
+        return Identity({"arch": f"sm_{major}{minor}{suffix}"}, versions, device_uuid)
+
+    def tensor(self, data: memoryview, dtype: str, shape: tuple[int, ...]) -> Any:
+        return torch_tensor(self.torch, data, dtype, shape, device="cuda")
+
+    def _synchronize_all(self) -> None:
+        for index in range(self.torch.cuda.device_count()):
+            self.torch.cuda.synchronize(index)
+
+    def drain(self) -> CudaFault | None:
+        """Synchronize every device and read (thereby clearing) a pending CUDA error."""
+        try:
+            self._synchronize_all()
+        except Exception as exc:  # torch raises RuntimeError/AcceleratorError for CUDA faults
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            sticky = self.check_context() is not None
+            return CudaFault(message, sticky)
+        return None
+
+    def check_context(self) -> CudaFault | None:
+        """Is the context still usable? A sticky error fails every later CUDA call."""
+        try:
+            self._synchronize_all()
+            probe = self.torch.ones(1, device="cuda")
+            probe.add_(1)
+            self._synchronize_all()
+        except Exception as exc:
+            return CudaFault(str(exc).strip().splitlines()[0] if str(exc) else repr(exc), True)
+        return None
+
+    def after_program(self) -> None:
+        with contextlib.suppress(Exception):
+            self.torch.cuda.empty_cache()
+
+    def cpu_only_unavailable(self) -> str | None:
+        return cupti_missing_reason()
+
+
+def _preload_cute_dsl_runtime() -> None:
+    """Make ``libcute_dsl_runtime.so`` globally visible for CuTe DSL exports (§5.1)."""
+    try:
+        files = metadata_files("nvidia-cutlass-dsl") or []
+    except PackageNotFoundError:
+        return
+    for entry in files:
+        if entry.name == "libcute_dsl_runtime.so":
+            with contextlib.suppress(OSError):
+                ctypes.CDLL(str(entry.locate()), mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+def make_runtime(configure: Configure) -> CpuRuntime | GpuRuntime:
+    if configure.device == "cpu":
+        return CpuRuntime(configure)
+    if configure.device == "fake-gpu":
+        return FakeGpuRuntime(configure)
+    if configure.device == "gpu":
+        return GpuRuntime(configure)
+    raise ValueError(f"unknown device mode {configure.device!r}")
