@@ -1,6 +1,6 @@
 """The state of one program on its worker while it runs, and how it ends (PROTOCOL §6–§7).
 
-``ProgramDrive`` is what ``worker_run.ProgramRun`` learns from the worker's messages: the
+``ProgramDrive`` is what ``run.SeatRun`` learns from the worker's messages: the
 returns, the last instruction started and finally one ``RunResult`` with the status, error
 and reasons that the answer (``program_outcome``) and the worker's fate
 (``Pool.retirement``) are decided from. Its methods turn each way a program ends into that

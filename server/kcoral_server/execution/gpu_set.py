@@ -3,7 +3,7 @@
 
 The set is leased before the worker starts (any ``count`` free GPUs, FIFO with the other
 waiters), the worker is started on it under the request's deadline, runs the program like a
-seat's worker (``ProgramRun.drive_program``) and is killed while it still holds the set, so
+seat's worker (``SeatRun.drive_program``) and is killed while it still holds the set, so
 that no CUDA context outlives the lease. Its seat is given back unused either way.
 """
 
@@ -22,13 +22,13 @@ from kcoral_server.pool.pool import Seat
 from kcoral_server.processes.handle import WorkerStartError
 
 if TYPE_CHECKING:
-    from kcoral_server.execution.run import ProgramRun
+    from kcoral_server.execution.run import SeatRun
 
 __all__ = ["execute_on_gpu_set"]
 
 
 async def execute_on_gpu_set(
-    run: ProgramRun,
+    run: SeatRun,
     seat: Seat,
     program: Program,
     parsed: Any,

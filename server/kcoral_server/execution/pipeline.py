@@ -4,7 +4,7 @@ Checks run in the order of PROTOCOL §3.2: rows 2–11 and 13 (parsing), row 9 (
 cache resolution with row 14, row 15 (``CACHE_MISS``), then row 12. Bodies of at most 64 KiB
 go through them on the event loop (a thread hand-off costs more); larger ones, and the disk
 cache, in the executor. An admitted request checks a seat out of the pool
-(``Pool.checkout``), runs its program there (``worker_run.ProgramRun``) and answers from
+(``Pool.checkout``), runs its program there (``run.SeatRun``) and answers from
 the outcome (``responses.encode_outcome``); it ends in exactly one ``request_finished``
 event.
 """
@@ -30,7 +30,7 @@ from kcoral_server.execution.responses import (
     error_reply,
     json_reply,
 )
-from kcoral_server.execution.run import ProgramRun
+from kcoral_server.execution.run import SeatRun
 from kcoral_server.front_door.body import RequestBody
 from kcoral_server.front_door.callers import DEFAULT, Identity
 from kcoral_server.front_door.offload import on_loop
@@ -252,7 +252,7 @@ class ExecuteRequest:
                 gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
                 self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
                 try:
-                    run = ProgramRun(
+                    run = SeatRun(
                         state,
                         request_id=self.request_id,
                         identity=self.identity,

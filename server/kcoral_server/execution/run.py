@@ -1,6 +1,6 @@
 """One admitted program on the seat its request checked out (PROTOCOL §6, SERVER §5–§8).
 
-``ProgramRun.execute`` sends the program to the seat's worker (or, for ``gpu_count``, to a
+``SeatRun.execute`` sends the program to the seat's worker (or, for ``gpu_count``, to a
 transient worker holding a leased GPU set, §6.5), collects its messages under a deadline
 that pauses while the worker waits for a GPU lease, and ends in one ``RunResult``: the
 program finished, timed out, crashed, was cancelled, spoke garbage or lost its GPU to a
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
 
 
-class ProgramRun:
+class SeatRun:
     """One program of one request on its checked-out seat; ``execute`` returns its
     ``ProgramOutcome`` (or raises ``RequestFailed``). ``finish_fields`` is the request's log
     record, filled in as the run learns things."""

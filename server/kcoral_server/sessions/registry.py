@@ -6,7 +6,7 @@ takes stateless work and stateless work never waits for it. Its worker is a reus
 state, ``kcoral.session.namespace`` included, survives from one program to the next. Its
 worker is built for the session's GPU set (one or more GPUs, pinned at creation); each
 program takes the lease on that whole set for itself alone, exactly as a stateless one
-takes it on its GPU or its set (``ProgramRun``), and gives it back at its end;
+takes it on its GPU or its set (``SeatRun``), and gives it back at its end;
 the pool hands the seat back to the session (``Seat.pinned``), which keeps the worker or,
 when the pool decided to retire it (timeout, crash, leftover work), ends the session with a
 reason that the next program gets as ``410 session_ended``.

@@ -147,7 +147,7 @@ class Engine:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.libraries = Libraries(runtime.library_unavailable)
-        self.unsettled: ProgramRun | None = None  # outcome sent, slow clean-up still due
+        self.unsettled: ProgramExecution | None = None  # outcome sent, slow clean-up still due
         self.programs = 0
         self.next_full_collection = FULL_COLLECTION_EVERY  # a program count
         self.modules_after_settle = len(sys.modules)  # to see a program that imported some
@@ -179,7 +179,7 @@ class Engine:
 
     def run(self, request: RunProgram, fds: list[int]) -> Outcome:
         self.settle()  # a caller that never settled still gets a clean process
-        run = ProgramRun(self, request, fds)
+        run = ProgramExecution(self, request, fds)
         outcome = run.execute()
         self.unsettled = run
         return outcome
@@ -205,7 +205,7 @@ class Engine:
             self.next_full_collection = self.programs + full_collection_spacing(took)
 
 
-class ProgramRun:
+class ProgramExecution:
     """One program from ``RunProgram`` to its ``Outcome``."""
 
     def __init__(self, engine: Engine, request: RunProgram, fds: list[int]) -> None:

@@ -50,7 +50,7 @@ def installed_version(*distributions: str) -> str | None:
 
 
 @dataclass
-class Identity:
+class ReadyReport:
     """What ``WorkerReady`` reports."""
 
     target: dict[str, str] = field(default_factory=dict)
@@ -75,13 +75,13 @@ class CpuRuntime:
     def __init__(self, configure: Configure) -> None:
         self.configure = configure
 
-    def start(self, lease: Lease) -> Identity:
+    def start(self, lease: Lease) -> ReadyReport:
         versions: dict[str, str] = {}
         for key, dists in (("tvm_ffi", _GPU_TOOLCHAIN["tvm_ffi"][0]), ("torch", ("torch",))):
             found = installed_version(*dists)
             if found is not None:
                 versions[key] = found
-        return Identity(target={}, versions=versions)
+        return ReadyReport(target={}, versions=versions)
 
     def tensor(self, data: memoryview, dtype: str, shape: tuple[int, ...]) -> Any:
         return host_tensor(data, dtype, shape)
@@ -107,7 +107,7 @@ class FakeGpuRuntime(CpuRuntime):
     non_module_function_kind = "runtime"
     library_unavailable = LIBRARY_NEEDS_TVM_FFI
 
-    def start(self, lease: Lease) -> Identity:
+    def start(self, lease: Lease) -> ReadyReport:
         identity = super().start(lease)
         lease.acquire()  # "CUDA initialization" happens under the lease, as on a real GPU
         lease.release()
@@ -127,7 +127,7 @@ class GpuRuntime:
         self.configure = configure
         self.torch: Any = None
 
-    def start(self, lease: Lease) -> Identity:
+    def start(self, lease: Lease) -> ReadyReport:
         self._prepare_environment()
         import torch  # host-only preparation, off the lease
 
@@ -154,7 +154,7 @@ class GpuRuntime:
             if is_rank_variable(name):  # SERVER §6 step 2
                 del os.environ[name]
 
-    def _initialize_cuda(self) -> Identity:
+    def _initialize_cuda(self) -> ReadyReport:
         torch = self.torch
         if not torch.cuda.is_available():
             raise RuntimeError("torch reports no usable CUDA device")
@@ -182,7 +182,7 @@ class GpuRuntime:
             device_uuid = str(uuid)
             if not device_uuid.startswith(("GPU-", "MIG-")):
                 device_uuid = f"GPU-{device_uuid}"
-        return Identity({"arch": f"sm_{major}{minor}{suffix}"}, versions, device_uuid)
+        return ReadyReport({"arch": f"sm_{major}{minor}{suffix}"}, versions, device_uuid)
 
     def tensor(self, data: memoryview, dtype: str, shape: tuple[int, ...]) -> Any:
         return torch_tensor(self.torch, data, dtype, shape, device="cuda")
