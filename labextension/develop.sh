@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # After `pip install -e .`: link the committed prebuilt extension into this environment's
-# share/jupyter/labextensions (what `pip install .` installs as data files). Needed because
-# setuptools' editable wheels skip `data-files` (its editable_wheel asks the distribution
-# for `has_data`, which does not exist, so install_data never runs).
+# share/jupyter/labextensions in place of the copy the install put there (the wheel's
+# shared-data), so that `npm run build` shows up in JupyterLab without reinstalling.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
