@@ -83,12 +83,13 @@ project_rc=0
 timeout "$INSTALL_SECONDS" "$PYTHON" -m pip install --quiet --no-index --no-deps \
     --no-build-isolation --no-cache-dir -e . || project_rc=$?
 if [ "$project_rc" -ne 0 ]; then
-    # no setuptools/wheel to build with: the import names point into the checkout instead
+    # no hatchling, editables or hatch-jupyter-builder to build with offline: the import
+    # names point into the checkout instead
     echo "editable install failed ($project_rc); using the checkout through PYTHONPATH"
     mkdir -p "$SCRATCH/site"
     ln -s "$ROOT/kcoral" "$SCRATCH/site/kcoral"
-    ln -s "$ROOT/server" "$SCRATCH/site/kcoral_server"
-    ln -s "$ROOT/jupyter_ext" "$SCRATCH/site/kcoral_jupyter"
+    ln -s "$ROOT/server/kcoral_server" "$SCRATCH/site/kcoral_server"
+    ln -s "$ROOT/jupyter_ext/kcoral_jupyter" "$SCRATCH/site/kcoral_jupyter"
     export PYTHONPATH="$SCRATCH/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$PYTHON" - <<'EOF' 2>&1 | tee -a "$OUT_DIR/environment.txt"

@@ -101,7 +101,8 @@ def test_the_default_commands_of_the_images_parse(tmp_path: Path) -> None:
     assert "bubblewrap" in node_stage.split("apt-get install", 1)[1].split("\n", 1)[0]
 
 
-# No build isolation: the build here must not reach a registry for setuptools.
+# No build isolation: the build here must not reach a registry for hatchling and
+# hatch-jupyter-builder (the test extra installs both).
 PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q")
 
 
@@ -120,9 +121,10 @@ def included_by_dockerignore() -> list[str]:
 def test_the_build_context_holds_every_package_folder_of_the_wheel() -> None:
     kept = set(included_by_dockerignore())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    folders = set(project["tool"]["setuptools"]["package-dir"].values())
-    backend = project["build-system"]["backend-path"]
-    assert folders | set(backend) | {"pyproject.toml", project["project"]["readme"]} <= kept
+    wheel = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+    sources = [*wheel["packages"], *wheel["shared-data"]]
+    folders = {Path(source).parts[0] for source in sources}
+    assert folders | {"pyproject.toml", project["project"]["readme"]} <= kept
 
 
 def test_the_wheel_stage_builds_from_the_build_context_alone(tmp_path: Path) -> None:

@@ -14,8 +14,21 @@ SHARE = "share/jupyter/labextensions/kcoral-jupyterlab"
 
 
 def _data_files() -> dict[str, list[str]]:
+    """The wheel's shared-data (pyproject.toml) as install folder -> glob patterns of the files
+    it receives: a mapped folder's files keep their place below the install folder."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return config["tool"]["setuptools"]["data-files"]
+    shared = config["tool"]["hatch"]["build"]["targets"]["wheel"]["shared-data"]
+    found: dict[str, list[str]] = {}
+    for source, target in shared.items():
+        if not (ROOT / source).is_dir():
+            found.setdefault(str(Path(target).parent), []).append(source)
+            continue
+        for folder in [ROOT / source, *(p for p in (ROOT / source).rglob("*") if p.is_dir())]:
+            relative = folder.relative_to(ROOT / source)
+            found.setdefault(str(Path(target, relative)), []).append(
+                str(Path(source, relative, "*"))
+            )
+    return found
 
 
 def test_every_built_file_is_installed_under_share_jupyter_labextensions() -> None:
