@@ -63,7 +63,7 @@ def test_workspaces_of_a_dead_instance_are_removed_and_live_ones_kept(tmp_path) 
         [
             sys.executable,
             "-c",
-            "import sys, time; from kcoral_server import workspace;"
+            "import sys, time; from kcoral_server.storage import workspace;"
             f"workspace.remove_stale_workspaces({str(tmp_path)!r});"
             f"import tempfile; tempfile.tempdir = {str(tmp_path)!r};"
             "print(workspace.Workspace.create(None, None).path, flush=True); time.sleep(60)",
