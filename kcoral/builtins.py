@@ -34,7 +34,7 @@ from kcoral.bench.config import (
     parse_config,
     truncate_message,
 )
-from kcoral.errors import ExecutionError
+from kcoral.protocol.errors import ExecutionError
 
 __all__ = [
     "TRUNCATION_MARK",

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kcoral.connection.event_stream import JobEvent
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.transport import Flow, Request
-from kcoral.errors import KCoralError, ProtocolError, ValidationError
+from kcoral.errors import KCoralError, ProtocolError
 from kcoral.notebook import html_of
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import (
     CacheMiss,

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from kcoral.bench.results import as_bench_result
-from kcoral.errors import INSTRUCTION_ERROR_KINDS, KCoralError, ProtocolError, ValidationError
+from kcoral.errors import KCoralError, ProtocolError
 from kcoral.protocol import multipart
 from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_dtype
+from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ValidationError
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.protocol.values import NODE_FIELDS
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder

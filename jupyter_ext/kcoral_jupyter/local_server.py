@@ -29,12 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kcoral_jupyter.runtime_records import (  # noqa: F401 - runtime_dir is re-exported
-    private_runtime_dir,
-    read_records,
-    runtime_dir,
-    write_record,
-)
+from kcoral_jupyter.runtime_records import read_records, write_record
 
 ADVERT_PREFIX = "kcoral-local-"
 # Never inherited by the embedded server: the user's token for remote servers (tokens are

@@ -30,13 +30,13 @@ from IPython.display import HTML, display
 import kcoral
 from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.bench.history import remember_benchmarks
+from kcoral.errors import root_reason
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
     GpuRequiredError,
     ServerUnreachableError,
     TwoLineError,
-    root_reason,
     shorten,
 )
 from kcoral_jupyter.cell_program import (

@@ -35,7 +35,7 @@ from kcoral.bench.correctness import Check, check, clone, result_of
 from kcoral.bench.report import machine_report, state_probe
 from kcoral.bench.rounds import CandidateFailed, StopRule, measure_rounds
 from kcoral.bench.stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary
-from kcoral.errors import ExecutionError
+from kcoral.protocol.errors import ExecutionError
 
 #: ``compare``'s own configuration keys, beside ``benchmark``'s.
 COMPARE_KEYS = frozenset({"reference", "rtol", "atol", "outputs", "seed"})

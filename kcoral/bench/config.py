@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kcoral.errors import ExecutionError
+from kcoral.protocol.errors import ExecutionError
 
 MESSAGE_LIMIT = 600
 TRUNCATION_MARK = "…[truncated]…"

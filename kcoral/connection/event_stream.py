@@ -16,7 +16,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kcoral.errors import ProtocolError, TransportError, ValidationError
+from kcoral.errors import ProtocolError, TransportError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import error_from_response
 

@@ -23,7 +23,7 @@ import tornado.netutil
 
 from kcoral_server.front_door.app import ServerState, create_app
 from kcoral_server.gpu.inventory import DeviceError, choose_devices
-from kcoral_server.pool.pool import PoolStartError
+from kcoral_server.pool.startup import PoolStartError
 from kcoral_server.processes.open_files import raise_open_file_limit
 from kcoral_server.processes.sandbox import SandboxUnavailable, resolve_sandbox
 from kcoral_server.settings.command_line import ServerSettings, parse_server_args

@@ -11,7 +11,7 @@ import pytest
 from bench_fakes import VirtualTime, install_gpu
 
 from kcoral.builtins import benchmark, compare
-from kcoral.errors import ExecutionError
+from kcoral.protocol.errors import ExecutionError
 
 PUBLISHED_KEYS = {
     "latency_ms_median",

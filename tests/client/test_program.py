@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kcoral import Program, Register
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 
 
 def module(program, **kwargs):

@@ -11,8 +11,8 @@ import pytest
 from file_permissions import needs_file_permissions
 
 from kcoral import Program
-from kcoral.errors import ValidationError
 from kcoral.program import read_folder
+from kcoral.protocol.errors import ValidationError
 
 
 def make_tree(root):

@@ -12,15 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from kcoral import builtins
-from kcoral.builtins import (
-    TRUNCATION_MARK,
-    benchmark,
-    calls_for_budget,
-    compile_tirx,
-    parse_config,
-    truncate_message,
-)
-from kcoral.errors import ExecutionError
+from kcoral.bench.config import TRUNCATION_MARK, calls_for_budget, parse_config, truncate_message
+from kcoral.builtins import benchmark, compile_tirx
+from kcoral.protocol.errors import ExecutionError
 
 RESULT_KEYS = {
     "latency_ms_median",

@@ -18,8 +18,8 @@ import pytest
 from job_helpers import alive, module_program, wait_for, wait_for_file
 
 import kcoral
+from kcoral.connection.event_stream import JobEvent
 from kcoral.errors import KCoralError
-from kcoral.jobs import JobEvent
 
 WAIT_FOR_FILE = """
 import os, time

@@ -66,7 +66,7 @@ def test_binary_inputs_are_bound_by_name() -> None:
 
 
 def test_a_missing_output_fails_the_run_with_its_name() -> None:
-    from kcoral.errors import ExecutionError
+    from kcoral.protocol.errors import ExecutionError
 
     with pytest.raises(ExecutionError, match="'missing' is not defined"):
         wrapper("x = 1\n", ["missing"])({}, [])
@@ -78,14 +78,14 @@ def test_an_unencodable_final_value_comes_back_as_its_repr() -> None:
 
 
 def test_an_unencodable_output_without_pickle_says_what_to_do() -> None:
-    from kcoral.errors import ExecutionError
+    from kcoral.protocol.errors import ExecutionError
 
     with pytest.raises(ExecutionError, match="needs pickle"):
         wrapper("s = {1}\n", ["s"])({}, [])
 
 
 def test_pickled_inputs_are_refused_outside_a_pickle_request() -> None:
-    from kcoral.errors import ExecutionError
+    from kcoral.protocol.errors import ExecutionError
     from kcoral.remote import dump_envelope
 
     with pytest.raises(ExecutionError, match="refusing to unpickle"):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
-from kcoral_jupyter.runner import PickleRefusedError, RemoteCellError
+from kcoral_jupyter.cell_errors import PickleRefusedError
+from kcoral_jupyter.runner import RemoteCellError
 from stand_in_http import serving
 
 pytestmark = pytest.mark.timeout(300)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from kcoral_jupyter.cell_errors import CellTimeoutError, PickleRefusedError
 from kcoral_jupyter.cell_program import CellSpec, build_cell
 from kcoral_jupyter.runner import (
-    CellTimeoutError,
     ExecuteOptions,
-    PickleRefusedError,
     RunRecord,
     describe_phase,
     run_cell,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.multipart import (
     Part,
     boundary_from_content_type,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.multipart import encode_multipart
 from kcoral.protocol.request import (
     check_tensor_lengths,

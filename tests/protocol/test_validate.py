@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import kcoral
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.schema import GetFunction, LiteralArg, Options, Ref, Return, Run, Upload
 from kcoral.protocol.validate import parse_program
 

@@ -42,7 +42,7 @@ from reliability_support import (
 )
 
 from kcoral import parse_program
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.headers import is_canonical_uuid
 
 pytestmark = pytest.mark.slow

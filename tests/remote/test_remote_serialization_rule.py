@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kcoral_server.execution.serialization import allowed_serialization, check_serialization
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 
 
 def test_no_header_admits_the_request_without_a_format() -> None:

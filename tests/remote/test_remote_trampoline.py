@@ -9,7 +9,7 @@ import threading
 import pytest
 from kcoral_server.worker import context, trampoline
 
-from kcoral.errors import ExecutionError
+from kcoral.protocol.errors import ExecutionError
 from kcoral.remote import PICKLE_MAGIC, dump_envelope, load_envelope
 
 

@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 from kcoral_server.pool import replacement as pool_replacement
 from kcoral_server.pool import startup as pool_startup
-from kcoral_server.pool.pool import NoWorker, Pool, SeatState
+from kcoral_server.pool.pool import Pool
+from kcoral_server.pool.queue import NoWorker
+from kcoral_server.pool.seat import SeatState
 from kcoral_server.processes import ipc, limits
 from kcoral_server.processes.channel import WorkerGone
-from kcoral_server.processes.handle import WorkerInfo, WorkerStartError
+from kcoral_server.processes.start import WorkerInfo, WorkerStartError
 from kcoral_server.settings.config import ServerConfig
 
 _PIDS = itertools.count(10_000)

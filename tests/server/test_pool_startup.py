@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kcoral_server.pool.seat import Seat
 from kcoral_server.pool.startup import PoolStartError, common_target
-from kcoral_server.processes.handle import WorkerInfo
+from kcoral_server.processes.start import WorkerInfo
 
 
 class Started:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from kcoral_server.execution.drive import CRASH_MESSAGE, ProgramDrive
-from kcoral_server.pool.pool import RunResult
+from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.storage.workspace import Workspace

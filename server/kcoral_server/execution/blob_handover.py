@@ -15,7 +15,7 @@ from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.drive import ProgramDrive
 from kcoral_server.front_door.body import bytes_memfd, memfd_locations
 from kcoral_server.front_door.offload import INLINE_BYTES, on_loop
-from kcoral_server.pool.pool import RunResult
+from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes import ipc
 from kcoral_server.storage.workspace import NO_OUTPUT, CapturedOutput
 

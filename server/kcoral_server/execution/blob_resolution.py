@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.request import check_tensor_lengths
 from kcoral.protocol.schema import Program
 from kcoral_server.front_door.body import hold_for_cache, shareable

@@ -17,7 +17,7 @@ from typing import Any
 from kcoral.protocol.schema import Instruction, Return
 from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE
 from kcoral_server.execution.responses import ReturnRecord
-from kcoral_server.pool.pool import RunResult
+from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.storage import workspace_watch

@@ -18,8 +18,8 @@ from kcoral_server.execution.blob_resolution import Resolution
 from kcoral_server.execution.outcome import confirm_cleanup
 from kcoral_server.execution.responses import ProgramOutcome, RequestFailed
 from kcoral_server.gpu.lease import GpuQuarantined
-from kcoral_server.pool.pool import Seat
-from kcoral_server.processes.handle import WorkerStartError
+from kcoral_server.pool.seat import Seat
+from kcoral_server.processes.start import WorkerStartError
 
 if TYPE_CHECKING:
     from kcoral_server.execution.run import SeatRun

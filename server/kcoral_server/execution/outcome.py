@@ -12,7 +12,7 @@ from __future__ import annotations
 from kcoral_server.execution.control import Cancellation
 from kcoral_server.execution.drive import ProgramDrive
 from kcoral_server.execution.responses import ProgramOutcome, RequestFailed, close_maps
-from kcoral_server.pool.pool import RunResult
+from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.storage.workspace import CapturedOutput
 

@@ -17,7 +17,7 @@ import traceback
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.request import parse_execute_request, verify_blob_hashes
 from kcoral.protocol.schema import Program
 from kcoral_server.execution.blob_resolution import Resolution, resolve_blobs
@@ -34,7 +34,8 @@ from kcoral_server.execution.run import SeatRun
 from kcoral_server.front_door.body import RequestBody
 from kcoral_server.front_door.callers import DEFAULT, Identity
 from kcoral_server.front_door.offload import on_loop
-from kcoral_server.pool.pool import NoWorker, Seat
+from kcoral_server.pool.queue import NoWorker
+from kcoral_server.pool.seat import Seat
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState

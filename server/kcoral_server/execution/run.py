@@ -29,7 +29,9 @@ from kcoral_server.execution.outcome import program_outcome
 from kcoral_server.execution.records import record_gpu_access, return_record
 from kcoral_server.execution.responses import ProgramOutcome, RequestFailed
 from kcoral_server.front_door.callers import Identity
-from kcoral_server.pool.pool import NoWorker, RunResult, Seat
+from kcoral_server.pool.queue import NoWorker
+from kcoral_server.pool.retirement import RunResult
+from kcoral_server.pool.seat import Seat
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import ReceiveInterrupted, WorkerGone, close_fds
 from kcoral_server.processes.handle import WorkerHandle, event_fields

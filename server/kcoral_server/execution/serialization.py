@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.headers import SERIALIZATION_HEADER
 
 ENV_VAR = "KCORAL_ALLOWED_SERIALIZATION"

@@ -19,7 +19,8 @@ from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.jobs.store import JobRegistry
-from kcoral_server.pool.pool import GpuDevice, Pool
+from kcoral_server.pool.pool import Pool
+from kcoral_server.pool.seat import GpuDevice
 from kcoral_server.sessions.registry import Sessions
 from kcoral_server.settings.config import ServerConfig
 from kcoral_server.storage.disk_cache import DiskCache

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kcoral_server.pool.pool import GpuDevice
+from kcoral_server.pool.seat import GpuDevice
 
 PROBE_TIMEOUT_SECONDS = 60.0
 

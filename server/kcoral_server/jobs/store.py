@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.strict_json import dumps_compact
-from kcoral_server.execution.pipeline import RequestObserver
+from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.responses import Reply
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.jobs.output_stream import OutputTail

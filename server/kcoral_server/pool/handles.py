@@ -10,7 +10,8 @@ from typing import Any
 
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool.seat import GpuDevice, Seat
-from kcoral_server.processes.handle import SeatSandbox, WorkerHandle
+from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.launch import SeatSandbox
 
 
 @dataclass

@@ -39,7 +39,8 @@ from kcoral_server.pool.seat import (
 from kcoral_server.pool.shutdown import close_seats
 from kcoral_server.pool.startup import PoolStartError, common_target, prepare_host
 from kcoral_server.processes.channel import WorkerGone
-from kcoral_server.processes.handle import WorkerHandle, WorkerStartError
+from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.start import WorkerStartError
 
 # What the rest of the server imports from here (defined in the pool's own modules).
 __all__ = [

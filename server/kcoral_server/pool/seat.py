@@ -12,7 +12,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kcoral_server.processes.handle import SeatSandbox, WorkerHandle
+from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.launch import SeatSandbox
 
 
 class SeatState(enum.Enum):

@@ -23,8 +23,9 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from kcoral_server.execution.responses import RequestFailed
-from kcoral_server.pool.pool import NoWorker, Seat, SeatState
+from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.retirement import reported_clean
+from kcoral_server.pool.seat import Seat, SeatState
 from kcoral_server.processes import procfs
 from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 from kcoral.protocol.schema import GetFunction, Instruction, LiteralArg, Ref, Return, Run, Upload
 from kcoral.protocol.strict_json import loads_strict

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from kcoral.errors import ExecutionError
+from kcoral.protocol.errors import ExecutionError
 
 TRACEBACK_LIMIT = 8192
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from kcoral.errors import ExecutionError
+from kcoral.protocol.errors import ExecutionError
 
 
 def admitted_serialization() -> str | None:

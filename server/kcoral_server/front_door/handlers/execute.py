@@ -23,7 +23,9 @@ import tornado.iostream
 import tornado.web
 
 from kcoral.protocol.headers import SERIALIZATION_FORMATS, SERIALIZATION_HEADER
-from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest, Reply, RequestObserver
+from kcoral_server.execution.control import RequestObserver
+from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
+from kcoral_server.execution.responses import Reply
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads

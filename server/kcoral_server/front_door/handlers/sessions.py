@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from kcoral_server.execution.pipeline import ExecuteRequest, RequestObserver
+from kcoral_server.execution.control import RequestObserver
+from kcoral_server.execution.pipeline import ExecuteRequest
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.front_door.handlers.jobs import JobSubmitHandler
-from kcoral_server.pool.pool import NoWorker
+from kcoral_server.pool.queue import NoWorker
 
 if TYPE_CHECKING:
     from kcoral_server.sessions.registry import Session
