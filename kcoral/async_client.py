@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from kcoral.base_client import BaseClient
-from kcoral.client_sessions import AsyncSession, session_options
+from kcoral.client_sessions import AsyncSession, list_flow, session_options
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.transport import (
     AsyncTransport,
@@ -162,6 +162,10 @@ class AsyncClient(BaseClient):
         """A session (EXTENSIONS §11), started by ``async with`` (or ``await .start()``)
         and ended when the block ends; arguments are checked at once."""
         return AsyncSession(self, session_options(gpu_count, idle_timeout))
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        """As ``Client.sessions``: ``GET /v1/sessions``, the caller's session records."""
+        return await self.run_flow(list_flow())
 
     async def request(
         self, method: str, path: str, *, headers: Mapping[str, str] | None = None

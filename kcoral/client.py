@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from kcoral.base_client import BaseClient
-from kcoral.client_sessions import Session, create_flow, record_flow, session_options
+from kcoral.client_sessions import (
+    Session,
+    create_flow,
+    list_flow,
+    record_flow,
+    session_options,
+)
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.transport import Flow, Response, Transport
 from kcoral.jobs import Job
@@ -153,6 +159,11 @@ class Client(BaseClient):
     def attach_session(self, session_id: str) -> Session:
         """An existing session of this caller, by id (read from the server)."""
         return Session(self, self.run_flow(record_flow(session_id)))
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """``GET /v1/sessions`` (EXTENSIONS §11): the caller's session records, live and
+        recently ended, newest first (``attach_session(record["session_id"])`` picks one up)."""
+        return self.run_flow(list_flow())
 
     def request(
         self, method: str, path: str, *, headers: Mapping[str, str] | None = None

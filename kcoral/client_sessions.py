@@ -14,8 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kcoral.connection.transport import Flow, Request
-from kcoral.errors import KCoralError
+from kcoral.errors import KCoralError, ProtocolError
 from kcoral.jobs import AsyncJob, Job
+from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import decode_json_object, error_from_response
 
 if TYPE_CHECKING:
@@ -64,6 +66,31 @@ def create_flow(body: dict[str, Any]) -> Flow[dict[str, Any]]:
 def record_flow(session_id: str) -> Flow[dict[str, Any]]:
     """``GET /v1/sessions/{id}``."""
     response = yield Request("GET", f"/v1/sessions/{session_id}")
+    return _record(200, response, "session record")
+
+
+def list_flow() -> Flow[list[dict[str, Any]]]:
+    """``GET /v1/sessions``: the caller's session records, newest first."""
+    response = yield Request("GET", "/v1/sessions")
+    if response.status != 200:
+        raise error_from_response(response.status, response.headers, response.data)
+    return decode_session_list(response.data)
+
+
+def decode_session_list(body: bytes | memoryview) -> list[dict[str, Any]]:
+    """The records of a ``GET /v1/sessions`` answer (a JSON array of objects)."""
+    try:
+        document = loads_strict(bytes(body))
+    except ValidationError as exc:
+        raise ProtocolError(f"session list is not valid JSON: {exc}") from None
+    if not isinstance(document, list) or not all(isinstance(item, dict) for item in document):
+        raise ProtocolError("session list is not an array of objects")
+    return document
+
+
+def interrupt_flow(session_id: str) -> Flow[dict[str, Any]]:
+    """``POST /v1/sessions/{id}/interrupt``: ``KeyboardInterrupt`` in the running program."""
+    response = yield Request("POST", f"/v1/sessions/{session_id}/interrupt")
     return _record(200, response, "session record")
 
 
@@ -142,6 +169,14 @@ class Session(_SessionBase):
         self.record = self.client.run_flow(record_flow(self.id))
         return dict(self.record)
 
+    def interrupt(self) -> dict[str, Any]:
+        """Raise ``KeyboardInterrupt`` in the session's running program (``POST
+        /v1/sessions/{id}/interrupt``); a program that stops within 5 s leaves the session
+        and its state alone (EXTENSIONS §11). Also answers when nothing runs. Returns the
+        session's record."""
+        self.record = self.client.run_flow(interrupt_flow(self.id))
+        return dict(self.record)
+
     def close(self) -> None:
         """End the session (its state is gone); a session already ended stays ended."""
         try:
@@ -189,6 +224,11 @@ class AsyncSession(_SessionBase):
 
     async def info(self) -> dict[str, Any]:
         self.record = await self.client.run_flow(record_flow(self.id))
+        return dict(self.record)
+
+    async def interrupt(self) -> dict[str, Any]:
+        """As ``Session.interrupt``."""
+        self.record = await self.client.run_flow(interrupt_flow(self.id))
         return dict(self.record)
 
     async def close(self) -> None:

@@ -70,8 +70,6 @@ DECLARATIVE_SETTINGS = {
 # Classes (`path:Class`) and modules (`path`) over the limits today, being split (issue 30
 # point 5). Remove an entry once it fits; the list ends empty.
 PENDING_SPLITS = {
-    "jupyter_ext/kcoral_jupyter/magics.py",
-    "jupyter_ext/kcoral_jupyter/magics.py:KCoralMagics",
     "server/kcoral_server/worker/engine.py",
     "server/kcoral_server/worker/engine.py:ProgramExecution",
     "server/kcoral_server/processes/launcher.py",

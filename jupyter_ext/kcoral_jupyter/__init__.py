@@ -11,7 +11,8 @@ from typing import Any
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics, the settings object and the HTML formatters."""
+    """Register the magics and the settings object (``%config KCoral``). No HTML formatter is
+    registered: results and jobs render through their own ``_repr_html_``."""
     from kcoral_jupyter.extension import load
 
     load(ipython)

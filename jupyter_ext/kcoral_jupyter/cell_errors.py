@@ -14,7 +14,6 @@ No IPython import: the classes are plain exceptions that also read well outside 
 from __future__ import annotations
 
 import traceback
-from typing import Any
 from urllib.parse import urlsplit
 
 from kcoral import KCoralError, TransportError
@@ -180,11 +179,4 @@ def shorten(exc: BaseException, server: str | None = None) -> BaseException:
         return unreachable(exc, server)
     if isinstance(exc, KCoralError):
         return refused(exc, server)
-    return exc
-
-
-def with_verbosity(exc: Any, verbose: bool) -> Any:
-    """Mark a short error for the full or the two-line rendering; others pass through."""
-    if isinstance(exc, TwoLineError):
-        exc.verbose = verbose
     return exc

@@ -1,4 +1,6 @@
-"""HTML for ``ProgramResult``, ``ReturnedFile``, ``ReturnedFolder``, ``Job`` and tensors.
+"""HTML for ``ProgramResult``, ``ReturnedFile``, ``ReturnedFolder``, ``Job`` and tensors, and
+the magics' own screens (a cell's status line, ``%kcoral status``/``jobs`` tables, a
+submitted job): all HTML of the package is written here.
 
 Self-contained markup with inline styles (no scripts, no widgets), so it renders the same in
 JupyterLab, a saved notebook, nbconvert's HTML and a plain browser. Everything user-supplied
@@ -10,8 +12,8 @@ dtypes, paths, stdout/stderr, tracebacks) is escaped into our own markup. HTML t
 an ``<iframe sandbox="">`` (no script, an opaque origin, no forms, no navigation of the
 notebook) whose document forbids network loads, never as raw HTML or JavaScript.
 
-The client classes reach this module lazily from their ``_repr_html_``; the IPython
-extension also registers these functions with IPython's HTML formatter.
+The client classes reach this module lazily from their ``_repr_html_`` (``kcoral.notebook``);
+no function here is registered with IPython's HTML formatter.
 """
 
 from __future__ import annotations
@@ -428,3 +430,62 @@ def job_html(job: Job) -> str:
         '<div style="color:#57606a">.result() waits for the outcome · .cancel() stops it · '
         f"%kcoral attach {escape(job_id)} follows it</div></div>"
     )
+
+
+# ----------------------------------------------------------------- the magics' screens
+
+
+def status_line_bundle(text: str, *, status: str | None, warning: bool) -> dict[str, str]:
+    """A cell's status line: the status said once (the badge in HTML, the first word in plain
+    text); a warning in amber after a warning sign."""
+    badge = status_badge(status) + " " if status else ""
+    word = f"{status} · " if status else ""
+    sign = "\u26a0 " if warning else ""
+    colour = "#9a6700;font-weight:600" if warning else "#57606a"
+    return {
+        "text/plain": f"kcoral: {word}{sign}{text}",
+        "text/html": (
+            '<div class="kcoral-line" style="font-family:var(--jp-code-font-family,'
+            f'monospace);font-size:12px;color:{colour}">{badge}kcoral: {sign}'
+            f"{escape(text)}</div>"
+        ),
+    }
+
+
+def rows_bundle(rows: list[tuple[str, Any]]) -> dict[str, str]:
+    """``name: value`` rows (``%kcoral status``, ``%kcoral session status``), every value as
+    text."""
+    table = "".join(
+        f"<tr><td style='padding:1px 8px'><b>{escape(k)}</b></td>"
+        f"<td style='padding:1px 8px;text-align:left'>{escape(v)}</td></tr>"
+        for k, v in rows
+    )
+    return {
+        "text/plain": "\n".join(f"{k}: {v}" for k, v in rows),
+        "text/html": f"<table class='kcoral-status-table'>{table}</table>",
+    }
+
+
+def jobs_bundle(columns: tuple[str, ...], rows: list[list[str]], text: str) -> dict[str, str]:
+    """The ``%kcoral jobs`` table; ``text`` is its plain-text form."""
+    head = "".join(f"<th>{escape(title)}</th>" for title in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    return {"text/plain": text, "text/html": f"<table><tr>{head}</tr>{body}</table>"}
+
+
+def submitted_job_bundle(job_id: str, server: str, name: str | None) -> dict[str, str]:
+    """What ``%%kcoral --noblock`` shows: the job, where it went, how to follow it."""
+    bound = f" as {name}" if name else ""
+    return {
+        "text/plain": (
+            f"kcoral: submitted job {job_id} to {server}{bound}; %kcoral attach {job_id} follows it"
+        ),
+        "text/html": (
+            f"<div style='font-family:monospace;font-size:12px'>kcoral: submitted job "
+            f"<code>{escape(job_id)}</code> to {escape(server)}"
+            f"{' as ' + escape(name) if name else ''}; "
+            f"<code>%kcoral attach {escape(job_id)}</code> follows it</div>"
+        ),
+    }

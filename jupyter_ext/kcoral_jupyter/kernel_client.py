@@ -5,13 +5,13 @@ token: the embedded server's token is made fresh at each start and lives only in
 kernel (``local_server.py``), so ``Client(url)`` built from ``%kcoral url`` is refused with
 401, and a client built once would break at the next ``%kcoral local stop``/``start`` or
 ``%kcoral connect``. This client therefore decides on every request where it goes: it asks
-the kernel's ``Session`` for its current URL (``resolve_url``, which also starts the
-embedded server when that is the default) and sends the request through the session's own
-client for that URL, which carries that URL's token (``Session.token_for``).
+the kernel's state (``KernelState``) for its current URL (``resolve_url``, which also starts
+the embedded server when that is the default) and sends the request through the kernel's own
+client for that URL, which carries that URL's token (``KernelState.token_for``).
 
 Who can see the token: nobody through this object. It holds no token and no headers with
-one; ``repr`` names only the URL. The token stays in the session's per-URL clients, as it
-did before. No IPython import (the magic hands the session in).
+one; ``repr`` names only the URL. The token stays in the kernel's per-URL clients, as it
+did before. No IPython import (the magic hands the kernel state in).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kcoral.connection.event_stream import EventSource
 from kcoral.connection.transport import Flow, Request, Response
 
 if TYPE_CHECKING:
-    from kcoral_jupyter.kernel_state import Session
+    from kcoral_jupyter.kernel_state import KernelState
 
 
 def _one_request(request: Request) -> Generator[Request, Response, Response]:
@@ -32,19 +32,19 @@ def _one_request(request: Request) -> Generator[Request, Response, Response]:
 
 
 class KernelConnectionTransport:
-    """Sends each request through the kernel session's client for its current URL."""
+    """Sends each request through the kernel's client for its current URL."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
+    def __init__(self, kernel: KernelState) -> None:
+        self.kernel = kernel
 
     def current_client(self) -> Client:
-        return self.session.client(self.session.resolve_url())
+        return self.kernel.client(self.kernel.resolve_url())
 
     def handle_request(self, request: Request) -> Response:
         return self.current_client().run_flow(_one_request(request))
 
     def close(self) -> None:
-        """Nothing of its own to close: the session owns (and closes) its clients."""
+        """Nothing of its own to close: the kernel state owns (and closes) its clients."""
 
 
 class KernelClient(Client):
@@ -53,15 +53,15 @@ class KernelClient(Client):
     ``base_url`` is read anew each time; requests, job event streams and ``/v1/info`` go to
     the server the kernel's cells use at that moment."""
 
-    def __init__(self, session: Session) -> None:
-        self._connection = KernelConnectionTransport(session)
-        # token="": never read KCORAL_TOKEN into this object (the session's clients hold
+    def __init__(self, kernel: KernelState) -> None:
+        self._connection = KernelConnectionTransport(kernel)
+        # token="": never read KCORAL_TOKEN into this object (the kernel's clients hold
         # the right token for each URL; the user's token must not reach the embedded server).
-        super().__init__(session.resolve_url(), token="", transport=self._connection)
+        super().__init__(kernel.resolve_url(), token="", transport=self._connection)
 
     @property  # type: ignore[override]
     def base_url(self) -> str:
-        return self._connection.session.resolve_url()
+        return self._connection.kernel.resolve_url()
 
     @base_url.setter
     def base_url(self, _value: str) -> None:
@@ -69,8 +69,7 @@ class KernelClient(Client):
 
     def __repr__(self) -> str:
         # Never starts a server: says the URL the kernel uses now, if any.
-        session = self._connection.session
-        used = session.used_url or "none yet"
+        used = self._connection.kernel.used_url or "none yet"
         return f"KernelClient(the kernel's connection, now {used!r})"
 
     def info_flow(self) -> Flow[dict[str, Any]]:

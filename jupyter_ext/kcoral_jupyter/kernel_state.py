@@ -1,4 +1,7 @@
-"""Per-kernel state of the extension: settings, clients, the embedded server, known jobs.
+"""Per-kernel state of the extension: settings, clients, the embedded server, known jobs,
+and the KCoral session the kernel's cells run in (``notebook_session.SessionHolder``).
+
+Called ``KernelState``, not a session: "session" names only KCoral sessions (EXTENSIONS §11).
 
 No IPython import: the magics own the notebook side; this owns which server to talk to.
 
@@ -25,6 +28,7 @@ from kcoral_jupyter.cell_errors import (
 )
 from kcoral_jupyter.cell_program import BuiltCell
 from kcoral_jupyter.local_server import LocalServer
+from kcoral_jupyter.notebook_session import SessionHolder
 from kcoral_jupyter.runner import server_features
 from kcoral_jupyter.runtime_records import KernelConnection
 from kcoral_jupyter.settings import KCoral
@@ -60,7 +64,9 @@ class PendingJob:
 
 
 @dataclass
-class Session:
+class KernelState:
+    """One kernel's state: which server its cells use, with which token, and what runs there."""
+
     settings: KCoral
     announce: Callable[[str], None] = print
     local: LocalServer | None = None
@@ -75,6 +81,8 @@ class Session:
     # Set by a failed ``%kcoral connect`` (URL, reason): no cell runs anywhere, and none falls
     # back to the embedded server, until a connect succeeds or the user picks a server.
     failed_connect: tuple[str, str] | None = None
+    # ``%kcoral session``: the KCoral session the cells run in, if any.
+    sessions: SessionHolder = field(default_factory=SessionHolder)
 
     def __post_init__(self) -> None:
         # Choosing a server (%config KCoral.url = ...) ends the unconnected state.

@@ -2,8 +2,10 @@
 worker, and every ``%%kcoral`` cell then runs in its ``kcoral.session.namespace``, so the
 names one cell defines are there in the next.
 
-Called "remote session" because ``kcoral_jupyter.kernel_state.Session`` is something else: the
-kernel's connection state (which server, which token). No IPython import.
+``NotebookSession`` is that session as the notebook holds it (the client's ``Session`` handle,
+its server, whether it is kept); ``SessionHolder`` (``KernelState.sessions``) holds the one
+the cells run in. Only the public client API is used (``Client.sessions``,
+``Session.info``/``close``). No IPython import.
 
 Lifetime: a session this kernel started ends when the kernel process exits (a shutdown or a
 restart both end the process; ``atexit`` sends the ``DELETE``) unless it was started with
@@ -19,7 +21,6 @@ shown as text (``status_rows`` stringifies every field it reads).
 from __future__ import annotations
 
 import atexit
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,8 +28,6 @@ from typing import Any
 
 from kcoral import Client, KCoralError, ProgramResult
 from kcoral.client_sessions import Session as ClientSession
-from kcoral.client_sessions import end_flow
-from kcoral.response import error_from_response
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
     SessionBusyError,
@@ -37,6 +36,7 @@ from kcoral_jupyter.cell_errors import (
     SessionOptionsRefusedError,
     SessionSeatsFullError,
     SessionsUnavailableError,
+    TwoLineError,
 )
 
 #: Seconds the exit hook waits to connect before it leaves the session to the idle timeout.
@@ -44,7 +44,7 @@ EXIT_CONNECT_TIMEOUT_SECONDS = 3.0
 
 
 @dataclass
-class RemoteSession:
+class NotebookSession:
     """The session the kernel's cells run in."""
 
     handle: ClientSession
@@ -78,7 +78,7 @@ def require_sessions(url: str, features: list[str]) -> None:
         )
 
 
-def ended_error(remote: RemoteSession) -> SessionEndedError:
+def ended_error(remote: NotebookSession) -> SessionEndedError:
     return SessionEndedError(
         f"{remote.label} on {remote.url} has ended: {remote.ended_message}",
         "its variables are gone: %kcoral session start begins a new session, "
@@ -86,7 +86,7 @@ def ended_error(remote: RemoteSession) -> SessionEndedError:
     )
 
 
-def session_interrupted(remote: RemoteSession) -> CellCancelledError:
+def session_interrupted(remote: NotebookSession) -> CellCancelledError:
     """An interrupted session cell: its program got ``KeyboardInterrupt``, not a kill."""
     return CellCancelledError(
         f"interrupted: KeyboardInterrupt raised in {remote.label}'s program on {remote.url}",
@@ -95,7 +95,7 @@ def session_interrupted(remote: RemoteSession) -> CellCancelledError:
     )
 
 
-def session_refusal(exc: KCoralError, remote: RemoteSession) -> BaseException | None:
+def session_refusal(exc: KCoralError, remote: NotebookSession) -> TwoLineError | None:
     """A session program's refusal (410, 409, 404) as two lines; ``None`` for the others.
     A 410 or 404 marks the session ended: later cells refuse at once, saying why."""
     if exc.status_code == 410:
@@ -118,7 +118,7 @@ def session_refusal(exc: KCoralError, remote: RemoteSession) -> BaseException | 
     return None
 
 
-def creation_refusal(exc: KCoralError, url: str) -> BaseException | None:
+def creation_refusal(exc: KCoralError, url: str) -> TwoLineError | None:
     """``POST /v1/sessions``'s refusals a user can act on (its options, the seat limit) as
     two lines; ``None`` for the other errors."""
     if exc.status_code == 400:
@@ -144,21 +144,21 @@ def not_found_for_attach(session_id: str, url: str) -> SessionNotFoundError:
     )
 
 
-class RemoteSessions:
+class SessionHolder:
     """At most one session per kernel: the one its cells run in."""
 
     def __init__(self) -> None:
-        self.current: RemoteSession | None = None
+        self.current: NotebookSession | None = None
         # The label of the session ``%kcoral session stop`` ended last: a stateless cell's
         # NameError then says where its names went.
         self.stopped_label: str | None = None
         self._exit_hook = False
 
-    def active(self) -> RemoteSession | None:
+    def active(self) -> NotebookSession | None:
         """The session cells run in (also one that has ended: cells then say so)."""
         return self.current
 
-    def adopt(self, remote: RemoteSession) -> RemoteSession:
+    def adopt(self, remote: NotebookSession) -> NotebookSession:
         self.current = remote
         self.stopped_label = None
         if not self._exit_hook:  # one hook for the kernel's lifetime, whatever it holds then
@@ -166,7 +166,7 @@ class RemoteSessions:
             self._exit_hook = True
         return remote
 
-    def stop(self) -> RemoteSession | None:
+    def stop(self) -> NotebookSession | None:
         """End the current session (idempotent on the server); the kernel leaves it either
         way, so a session the server lost does not trap the notebook."""
         remote = self.current
@@ -192,29 +192,15 @@ class RemoteSessions:
                 connect_timeout_seconds=EXIT_CONNECT_TIMEOUT_SECONDS,
             )
             try:
-                client.run_flow(end_flow(remote.id))
+                client.attach_session(remote.id).close()
             finally:
                 client.close()
         except Exception:  # at exit there is no one to tell
             pass
 
 
-def listed_sessions(client: Client) -> list[dict[str, Any]]:
-    """``GET /v1/sessions``: the caller's sessions, newest first (records only)."""
-    response = client.request("GET", "/v1/sessions")
-    if response.status != 200:
-        raise error_from_response(response.status, response.headers, response.data)
-    try:
-        records = json.loads(bytes(response.data))
-    except ValueError:
-        records = None
-    if not isinstance(records, list):
-        return []
-    return [record for record in records if isinstance(record, dict)]
-
-
 def status_rows(
-    record: Mapping[str, Any], remote: RemoteSession | None, now: float | None = None
+    record: Mapping[str, Any], remote: NotebookSession | None, now: float | None = None
 ) -> list[tuple[str, str]]:
     """What ``%kcoral session status`` shows: every value as text. ``idle deadline`` is in
     seconds from now by this machine's clock (the server's clock may differ a little)."""

@@ -7,8 +7,8 @@ connection, which cancels the work there, EXTENSIONS §9). Failures become excep
 notebook shows with the remote traceback. No IPython import: progress goes to a ``Reporter``.
 
 Only the public client API is used (``Client.execute``/``submit`` with ``serialization=``,
-``Job.events``/``result``/``status``/``cancel``), and request errors are told apart by
-their status and kind, never by the server's wording.
+``Job.events``/``result``/``status``/``cancel``, ``Session.interrupt``), and request errors
+are told apart by their status and kind, never by the server's wording.
 """
 
 from __future__ import annotations
@@ -19,14 +19,22 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kcoral import Client, Job, KCoralError, ProgramResult, RemoteExecutionError, TransportError
+from kcoral import (
+    Client,
+    Job,
+    KCoralError,
+    Program,
+    ProgramResult,
+    RemoteExecutionError,
+    TransportError,
+)
 from kcoral.client_sessions import Session as ClientSession
-from kcoral.response import error_from_response
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
     CellTimeoutError,
     PickleRefusedError,
 )
+from kcoral_jupyter.cell_program import BuiltCell
 
 #: Where a cell's program goes: the server (stateless), or the kernel's session there (the
 #: two share ``execute`` and ``submit``, EXTENSIONS §11).
@@ -143,7 +151,7 @@ def server_features(client: Client) -> list[str]:
 
 def run_cell(
     client: Target,
-    built: Any,
+    built: BuiltCell,
     options: ExecuteOptions,
     reporter: Reporter,
     *,
@@ -169,7 +177,7 @@ def run_cell(
 
 
 def _run_as_job(
-    client: Target, program: Any, options: ExecuteOptions, reporter: Reporter, record: RunRecord
+    client: Target, program: Program, options: ExecuteOptions, reporter: Reporter, record: RunRecord
 ) -> ProgramResult:
     job = client.submit(program, **options.as_kwargs())
     record.job_id = job.id
@@ -194,14 +202,6 @@ def _run_as_job(
     return result
 
 
-def interrupt_session(session: ClientSession) -> None:
-    """``POST /v1/sessions/{id}/interrupt``: ``KeyboardInterrupt`` in its running program; a
-    program that stops within 5 s leaves the session and its state alone (EXTENSIONS §11)."""
-    response = session.client.request("POST", f"/v1/sessions/{session.id}/interrupt")
-    if response.status != 200:
-        raise error_from_response(response.status, response.headers, response.data)
-
-
 #: An interrupted session cell waits this long per round for its program to stop (the server
 #: gives it 5 s, then kills the worker, EXTENSIONS §11), and sends the interrupt again each
 #: round: one that came while the program was still queued stopped nothing. Waiting means the
@@ -215,7 +215,7 @@ def stop_session_program(session: ClientSession, job: Job) -> bool:
     when it still runs after every round. A second interrupt from the user stops waiting."""
     try:
         for _ in range(INTERRUPT_ROUNDS):
-            interrupt_session(session)
+            session.interrupt()
             try:
                 job.wait(timeout=INTERRUPT_ROUND_SECONDS)
                 return True
@@ -295,7 +295,7 @@ def _merge_job_state(job: Job, record: RunRecord) -> None:
         record.gpu_ids = tuple(int(i) for i in ids)
 
 
-def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> Exception:
+def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> BaseException:
     """A request-level failure as the exception a notebook user can act on (two lines:
     cause, what to do); other HTTP errors are returned as they are (the magic shortens them)."""
     if exc.kind == "timeout":

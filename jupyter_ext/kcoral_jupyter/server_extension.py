@@ -87,8 +87,10 @@ class KCoralExtension(Configurable):
                     entry["owner_kernel"] = owner
         for record in connections:
             url = str(record["url"]).rstrip("/")
-            entry = by_url.get(url)
-            if entry is None:
+            known = by_url.get(url)
+            if known is not None:
+                entry = known
+            else:
                 kind = "local" if record.get("embedded") else "kernel"
                 entry = {
                     "name": f"{kind}-{str(record['kernel_id'])[:8]}",

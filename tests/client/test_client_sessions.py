@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 
 import pytest
 
 from kcoral import AsyncClient, Client, Program
 from kcoral.connection.transport import MockTransport, Request, Response
-from kcoral.errors import KCoralError
+from kcoral.errors import KCoralError, ProtocolError
 
 URL = "http://kcoral.test"
 SESSION_ID = "6f1a2b3c-4d5e-4c53-9d0e-0b5c1f7e3a0d"
@@ -174,3 +175,75 @@ def test_an_async_sessions_remote_function_runs_in_the_session(server_factory) -
             return [await count.remote(run_async=True), await count.remote(run_async=True)]
 
     assert asyncio.run(run()) == [1, 2]
+
+
+SLEEP = """
+import time
+def sleep():
+    time.sleep(60)
+"""
+
+
+def _sleep() -> Program:
+    program = Program()
+    module = program.upload(kind="module", source=SLEEP, id="m")
+    fn = program.get_function(module=module, name="sleep", id="fn")
+    program.run(fn=fn, args=[], id="r")
+    return program
+
+
+def _until_running(session, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while session.info()["state"] != "RUNNING":
+        assert time.monotonic() < deadline, session.record
+        time.sleep(0.05)
+
+
+def test_sessions_lists_the_callers_sessions_newest_first(server_factory) -> None:
+    server = server_factory("--max-sessions", "2")
+    with Client(server.url) as client:
+        assert client.sessions() == []
+        with client.session() as first, client.session() as second:
+            listed = client.sessions()
+            assert [record["session_id"] for record in listed] == [second.id, first.id]
+            assert all(record["state"] == "IDLE" for record in listed)
+        assert {record["state"] for record in client.sessions()} == {"ENDED"}
+
+
+def test_interrupt_stops_the_running_program_and_the_session_keeps_its_state(
+    server_factory,
+) -> None:
+    server = server_factory()
+    with Client(server.url) as client, client.session() as session:
+        assert session.execute(_remember(8)).results["previous"] is None
+        assert session.interrupt()["state"] == "IDLE"  # nothing runs: answered all the same
+        job = session.submit(_sleep())
+        _until_running(session)
+        assert session.interrupt()["session_id"] == session.id
+        result = job.result(timeout=60)
+        assert result.status == "FAILED" and "KeyboardInterrupt" in str(result.error)
+        assert session.execute(_remember(9)).results["previous"] == 8
+
+
+def test_the_async_flavour_lists_and_interrupts_sessions_too(server_factory) -> None:
+    server = server_factory()
+
+    async def run() -> tuple[list[str], str, str]:
+        async with AsyncClient(server.url) as client, client.session() as session:
+            listed = [record["session_id"] for record in await client.sessions()]
+            job = await session.submit(_sleep())
+            while (await session.info())["state"] != "RUNNING":
+                await asyncio.sleep(0.05)
+            record = await session.interrupt()
+            result = await job.result(timeout=60)
+            return listed, record["session_id"], result.status
+
+    listed, interrupted, status = asyncio.run(run())
+    assert len(listed) == 1 and listed == [interrupted] and status == "FAILED"
+
+
+def test_a_session_list_that_is_not_an_array_of_objects_is_refused() -> None:
+    for body in ({"sessions": []}, [RECORD, "x"]):
+        transport = MockTransport(lambda _request, body=body: _answer(body))
+        with pytest.raises(ProtocolError, match="session list"):
+            Client(URL, transport=transport).sessions()

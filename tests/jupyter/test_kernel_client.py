@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kcoral_jupyter.extension import session_of
+from kcoral_jupyter.extension import kernel_state_of
 from kcoral_shell import kcoral_shell
 
 import kcoral
@@ -25,7 +25,7 @@ def embedded_shell(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A shell with no server configured: the first use starts the embedded one."""
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     with kcoral_shell("", monkeypatch, ("client", "url")) as ip:
-        session_of(ip).settings.local_args = FAST_LOCAL
+        kernel_state_of(ip).settings.local_args = FAST_LOCAL
         yield ip
 
 
@@ -59,15 +59,15 @@ def test_the_kernel_client_follows_a_restarted_embedded_server_and_its_new_token
     embedded_shell,
 ) -> None:
     client = embedded_shell.run_line_magic("kcoral", "client")
-    session = session_of(embedded_shell)
+    kernel = kernel_state_of(embedded_shell)
     assert _returns_seven(client) == 7
-    first_url, first_token = session.local.url, session.local.token
+    first_url, first_token = kernel.local.url, kernel.local.token
     embedded_shell.run_line_magic("kcoral", "local stop")
     embedded_shell.run_line_magic("kcoral", "local start")
-    assert session.local.token != first_token  # a fresh token at each start
+    assert kernel.local.token != first_token  # a fresh token at each start
     assert _returns_seven(client) == 7  # the same object, the new server and token
-    assert client.base_url == session.local.url
-    assert session.local.url != first_url or session.local.token != first_token
+    assert client.base_url == kernel.local.url
+    assert kernel.local.url != first_url or kernel.local.token != first_token
     # A job's event stream goes to the current server too, with its token.
     job = client.submit(_seven())
     assert [event.kind for event in job.events()][-1:] and job.result()["seven"] == 7
@@ -76,7 +76,7 @@ def test_the_kernel_client_follows_a_restarted_embedded_server_and_its_new_token
 def test_the_kernel_client_never_shows_or_keeps_the_token(embedded_shell) -> None:
     client = embedded_shell.run_line_magic("kcoral", "client")
     client.health()
-    token = session_of(embedded_shell).local.token
+    token = kernel_state_of(embedded_shell).local.token
     assert token
     assert token not in repr(client) and token not in str(client)
     assert all(token not in value for value in client.headers.values())

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
-from kcoral_jupyter.extension import session_of
+from kcoral_jupyter.extension import kernel_state_of
 from kcoral_shell import kcoral_shell
 
 pytestmark = pytest.mark.timeout(300)
@@ -21,9 +21,9 @@ FAST_LOCAL = ["--device", "cpu", "--sandbox", "none", "--log-dir", "", "--disk-c
 def embedded_shell(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     with kcoral_shell("", monkeypatch, ()) as ip:
-        session_of(ip).settings.local_args = FAST_LOCAL
+        kernel_state_of(ip).settings.local_args = FAST_LOCAL
         yield ip
-        session_of(ip).stop_local()
+        kernel_state_of(ip).stop_local()
 
 
 def test_the_embedded_servers_log_stays_out_of_the_notebook_until_local_log_shows_it(
@@ -38,7 +38,7 @@ def test_the_embedded_servers_log_stays_out_of_the_notebook_until_local_log_show
     assert url in lines[-1] and started.err == ""
     embedded_shell.run_line_magic("kcoral", "local log 200")
     shown = capfd.readouterr().out
-    path = session_of(embedded_shell).local.log_path
+    path = kernel_state_of(embedded_shell).local.log_path
     assert shown.startswith(f"kcoral: the last 200 lines of {path}\n")
     # The server's own start-up messages (SERVER §12) are in its log, with its URL.
     assert url.rsplit(":", 1)[1] in shown.split("\n", 1)[1]

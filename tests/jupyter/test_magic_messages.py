@@ -21,8 +21,8 @@ from kcoral_jupyter.cell_errors import (
     NotConnectedError,
     ServerUnreachableError,
 )
-from kcoral_jupyter.extension import session_of
-from kcoral_jupyter.magics import join_name_lists
+from kcoral_jupyter.extension import kernel_state_of
+from kcoral_jupyter.magics.options import join_name_lists
 from kcoral_jupyter.runner import RemoteCellError
 
 from kcoral import Client
@@ -135,8 +135,8 @@ def test_a_failed_connect_leaves_the_kernel_unconnected_and_the_next_cell_says_s
     assert rendered(error)[0].startswith(
         f"NotConnectedError: not connected: %kcoral connect {DEAD_URL}"
     )
-    session = session_of(shell)
-    assert session is not None and session.local is None  # no embedded server was started
+    kernel = kernel_state_of(shell)
+    assert kernel is not None and kernel.local is None  # no embedded server was started
     result, _ = run(shell, f"%kcoral connect {cpu_server_url}")
     assert result.error_in_exec is None
     result, _ = run(shell, "%%kcoral\n6 * 7\n")
@@ -231,7 +231,7 @@ def test_tensors_come_back_in_the_library_of_the_cells_tensor_inputs(shell) -> N
 
 
 def test_the_help_states_the_type_rule() -> None:
-    from kcoral_jupyter.magics import HELP
+    from kcoral_jupyter.magics.options import HELP
 
     assert "Tensors come back in the library of the cell's -i tensors (NumPy" in HELP
     assert "--numpy / --torch force either" in HELP
@@ -249,7 +249,7 @@ def test_help_and_version_answer_without_starting_a_server(shell) -> None:
         shell.run_line_magic("kcoral", "version")
     assert captured.stdout.startswith("kcoral ")
     assert "protocol 1" in captured.stdout  # the configured server answered
-    assert session_of(shell).local is None
+    assert kernel_state_of(shell).local is None
 
 
 def test_connect_adds_http_to_a_bare_host_and_port(shell, cpu_server_url) -> None:
@@ -305,4 +305,4 @@ def test_on_macos_without_a_server_the_first_cell_says_the_embedded_server_needs
     cause, action = rendered(error)
     assert "the embedded KCoral server needs Linux (this kernel runs on macOS)" in cause
     assert "%kcoral connect http://HOST:8123" in action
-    assert session_of(shell).local is None
+    assert kernel_state_of(shell).local is None

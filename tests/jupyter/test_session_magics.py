@@ -59,10 +59,10 @@ def shell(session_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
             yield ip
         finally:
             magics = ip.magics_manager.registry["KCoralMagics"]
-            if magics.remote_sessions.current is not None:
-                magics.remote_sessions.current.keep = False
-                magics.remote_sessions.end_at_exit()
-                magics.remote_sessions.current = None
+            if magics.kernel.sessions.current is not None:
+                magics.kernel.sessions.current.keep = False
+                magics.kernel.sessions.end_at_exit()
+                magics.kernel.sessions.current = None
 
 
 def run(ip: Any, source: str) -> tuple[Any, Any]:
@@ -188,20 +188,20 @@ def test_another_identity_cannot_attach_a_session_and_is_told_in_two_lines(
     session_id = started_id(started)
     ok(shell, "%%kcoral\nsecret = 'alice'\n")
     magics = shell.magics_manager.registry["KCoralMagics"]
-    kept = magics.remote_sessions.current
-    magics.remote_sessions.current = None  # as a new kernel: nothing attached
+    kept = magics.kernel.sessions.current
+    magics.kernel.sessions.current = None  # as a new kernel: nothing attached
     try:
         shell.run_line_magic("config", f"KCoral.token = {BOB!r}")
         result, _ = run(shell, f"%kcoral session attach {session_id}")
         lines = refusal_lines(result, SessionNotFoundError)
         assert f"no session {session_id}" in lines[0]
-        assert magics.remote_sessions.current is None
+        assert magics.kernel.sessions.current is None
         shell.run_line_magic("config", f"KCoral.token = {ALICE!r}")
         ok(shell, f"%kcoral session attach {session_id}")  # its owner may
         result, _ = ok(shell, "%%kcoral\nsecret\n")
         assert result.result == "alice"
     finally:
-        magics.remote_sessions.current = magics.remote_sessions.current or kept
+        magics.kernel.sessions.current = magics.kernel.sessions.current or kept
 
 
 def test_an_attach_argument_that_is_not_a_session_id_is_refused_before_any_request(
@@ -257,12 +257,12 @@ def test_a_session_cell_may_not_name_another_server(shell) -> None:
 def test_the_kernels_exit_ends_its_session_unless_it_was_kept(shell, session_server) -> None:
     magics = shell.magics_manager.registry["KCoralMagics"]
     _, started = ok(shell, "%kcoral session start --keep")
-    magics.remote_sessions.end_at_exit()
+    magics.kernel.sessions.end_at_exit()
     assert record_of(session_server, started_id(started))["state"] == "IDLE"
-    magics.remote_sessions.current.keep = False
-    magics.remote_sessions.end_at_exit()
+    magics.kernel.sessions.current.keep = False
+    magics.kernel.sessions.end_at_exit()
     assert record_of(session_server, started_id(started))["end_reason"] == "deleted"
-    magics.remote_sessions.current = None
+    magics.kernel.sessions.current = None
 
 
 def test_session_list_shows_the_callers_sessions(shell) -> None:

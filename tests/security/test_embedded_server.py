@@ -4,7 +4,7 @@ Attackers: a *web page* or any *local process* reaching the embedded server's lo
 (it must present a token it cannot learn: not on the command line, only in a 0600 file in a
 0700 directory), and a *server* the user connects to (it must never receive another
 server's token). Real ``kcoral server`` children started through ``LocalServer`` /
-``Session``; a small recording HTTP server stands in for the user's remote server.
+``KernelState``; a small recording HTTP server stands in for the user's remote server.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from kcoral_jupyter.kernel_state import Session
+from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
 from kcoral_jupyter.settings import KCoral
 from stand_in_http import serving
@@ -153,19 +153,19 @@ def remote() -> Iterator[str]:
 def test_tokens_follow_their_url(runtime: Path, remote: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("KCORAL_TOKEN", REMOTE_TOKEN)  # what the embedded server must not get
     settings = KCoral(url=remote, token=REMOTE_TOKEN, local_args=LOCAL_ARGS)
-    session = Session(settings, announce=lambda text: None)
+    kernel = KernelState(settings, announce=lambda text: None)
     try:
-        assert session.client(session.resolve_url()).health()["status"] == "ok"
-        local_url = session.start_local()
-        local = session.local
+        assert kernel.client(kernel.resolve_url()).health()["status"] == "ok"
+        local_url = kernel.start_local()
+        local = kernel.local
         assert local is not None and local.process is not None
         # A 401 would raise here: the local server got its own token, not the user's.
-        assert session.client(local_url).info()["features"]
-        assert session.token_for(local_url) == local.token != REMOTE_TOKEN
-        assert session.token_for(remote) == REMOTE_TOKEN
-        session.client(remote).info()
+        assert kernel.client(local_url).info()["features"]
+        assert kernel.token_for(local_url) == local.token != REMOTE_TOKEN
+        assert kernel.token_for(remote) == REMOTE_TOKEN
+        kernel.client(remote).info()
         assert Recorder.seen and set(Recorder.seen) == {f"Bearer {REMOTE_TOKEN}"}
         environment = Path(f"/proc/{local.process.pid}/environ").read_bytes()
         assert REMOTE_TOKEN.encode() not in environment
     finally:
-        session.close()
+        kernel.close()

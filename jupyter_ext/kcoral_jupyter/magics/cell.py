@@ -1,0 +1,314 @@
+"""``%%kcoral``: run a cell on a KCoral server.
+
+The cell path: parse options (``options.cell_parser``) → build the program (``cell_program``)
+→ run it (``runner``) with a status line that a display handle updates in place → bind
+``--out`` values, show returned files, return the final expression's value. Every output
+carries provenance in its metadata under the key ``kcoral``.
+
+Who can reach what (a malicious server): what a server sends is shown as text or escaped
+into our own markup; only the ``--out`` names bind into the namespace (``read_outcome``
+refuses the rest), and HTML the server authored appears only in a sandboxed iframe.
+
+While the kernel holds a session (``%kcoral session``, EXTENSIONS §11), cells run in its
+worker's ``kcoral.session.namespace`` (``CellSpec.in_session``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.display import display
+
+from kcoral import Job, KCoralError, ProgramResult, ProtocolError
+from kcoral.bench.history import remember_benchmarks
+from kcoral_jupyter import display as rich
+from kcoral_jupyter.cell_errors import GpuRequiredError, TwoLineError, shorten
+from kcoral_jupyter.cell_program import BuiltCell, CellSpec, build_cell, read_outcome, split_mapping
+from kcoral_jupyter.kernel_state import KernelState, PendingJob, ServerFacts, normalize_url
+from kcoral_jupyter.magics.options import cell_parser, join_name_lists, names
+from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
+from kcoral_jupyter.notebook_session import (
+    NotebookSession,
+    after_stop_hint,
+    ended_error,
+    session_interrupted,
+    session_refusal,
+)
+from kcoral_jupyter.runner import (
+    ExecuteOptions,
+    RemoteCellError,
+    RunRecord,
+    Target,
+    cancelled,
+    missing_input_hint,
+    run_cell,
+    translate_error,
+)
+
+#: What an explicit ``--gpus`` on a server without GPUs says, in warning style.
+CPU_WARNING = "ran on CPU (this server has no GPU)"
+
+
+class CellMagic:
+    """``%%kcoral [options]``: one cell's run, from its options to its bound values."""
+
+    def __init__(self, shell: InteractiveShell, kernel: KernelState) -> None:
+        self.shell = shell
+        self.kernel = kernel
+
+    def run(self, line: str, cell: str) -> Any:
+        args = cell_parser().parse(join_name_lists(shlex.split(line)))
+        gpus = args.gpus if args.gpus is not None else 1
+        if gpus < 1 or gpus > 8:
+            raise UsageError("%%kcoral: --gpus must be from 1 to 8")
+        if args.result_name and not args.noblock:
+            raise UsageError("%%kcoral: -r NAME goes with --noblock")
+        remote = self.kernel.sessions.active()
+        if remote is not None:
+            self._check_session_cell(remote, args.url, gpus)
+        settings = self.kernel.settings
+        built, spec = self._build(args, cell, in_session=remote is not None)
+
+        url = remote.url if remote is not None else self.kernel.resolve_url(args.url)
+        facts = self.kernel.facts(url)
+        if facts.gpu_count == 0 and (args.require_gpu or settings.require_gpu):
+            said = "--require-gpu" if args.require_gpu else "KCoral.require_gpu"
+            raise GpuRequiredError(
+                f"{url} has no GPU and {said} asks for one: the cell did not run",
+                "connect to a GPU server (%kcoral connect URL), or drop --require-gpu / "
+                "%config KCoral.require_gpu = False to run on CPU",
+            )
+        if gpus > 1 and facts.gpu_count < gpus and remote is None:
+            raise UsageError(
+                f"%%kcoral: --gpus {gpus} needs a server with at least {gpus} GPUs; "
+                f"{url} has {facts.gpu_count} ({facts.label})"
+            )
+        options = ExecuteOptions(
+            timeout_seconds=args.timeout if args.timeout is not None else settings.timeout,
+            output_limit_bytes=(
+                args.output_limit if args.output_limit is not None else settings.output_limit
+            ),
+            # A session's GPUs were chosen at its start: its programs name none.
+            gpu_count=gpus if gpus > 1 and remote is None else None,
+            serialization=built.serialization,
+        )
+        client: Target = self.kernel.client(url) if remote is None else remote.handle
+        has_jobs = "jobs" in facts.features
+        record = RunRecord(
+            server=url,
+            target=facts.target,
+            device=facts.device,
+            # Who asked for a GPU must never take CPU timings for GPU ones (the default
+            # --gpus 1 of every cell says nothing: only an explicit one warns).
+            warning=CPU_WARNING if args.gpus is not None and facts.gpu_count == 0 else None,
+            output_limit_bytes=options.output_limit_bytes,
+            session_id=remote.id if remote is not None else None,
+        )
+        line_out = StatusLine(not (args.quiet or settings.quiet), provenance(None, record))
+
+        if args.noblock:
+            return self._submit(client, built, options, record, args.result_name, has_jobs, remote)
+        use_jobs = settings.use_jobs and has_jobs
+
+        try:
+            result = run_cell(client, built, options, line_out, record=record, use_jobs=use_jobs)
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, TwoLineError):  # cancelled elsewhere (the panel's Cancel)
+                line_out.show(exc.cause, status="CANCELLED")
+                raise
+            if remote is not None:
+                line_out.show(f"interrupted: KeyboardInterrupt raised in {remote.label}")
+                raise session_interrupted(remote) from exc
+            line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
+            raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
+        except Exception as exc:
+            line_out.metadata = provenance(None, record, status="ERROR")
+            refusal = self._session_refusal(exc, remote)
+            if refusal is not None:
+                line_out.show(refusal.cause, status="ERROR")
+                raise refusal from exc
+            short = shorten(exc, url)
+            line_out.show(
+                short.cause if isinstance(short, TwoLineError) else f"{type(exc).__name__}: {exc}",
+                status="ERROR",
+            )
+            if short is exc:
+                raise
+            raise short from exc
+        value = self.finish(result, built, record, facts, line_out)
+        bound = [value, *(self.shell.user_ns.get(name) for name in spec.outputs)]
+        for note in remember_benchmarks(args.bench_label, bound, self.shell.user_ns):
+            print(note)
+        return value
+
+    def _build(
+        self, args: argparse.Namespace, cell: str, *, in_session: bool
+    ) -> tuple[BuiltCell, CellSpec]:
+        inputs = {}
+        for name in [n for text in args.inputs for n in names(text)]:
+            if name not in self.shell.user_ns:
+                raise UsageError(f"%%kcoral: --in {name}: no such name in the kernel")
+            inputs[name] = self.shell.user_ns[name]
+        try:
+            spec = CellSpec(
+                source=cell,
+                inputs=inputs,
+                outputs=[n for text in args.outputs for n in names(text)],
+                files=[split_mapping(text) for text in args.files],
+                folders=[split_mapping(text) for text in args.folders],
+                return_files=list(args.return_files),
+                return_folders=list(args.return_folders),
+                numpy=args.numpy,
+                torch=args.torch,
+                in_session=in_session,
+            )
+            return build_cell(spec), spec
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"%%kcoral: {exc}") from None
+
+    def finish(
+        self,
+        result: ProgramResult,
+        built: BuiltCell,
+        record: RunRecord,
+        facts: ServerFacts,
+        line_out: StatusLine | None,
+    ) -> Any:
+        """Show a finished program's output and bind its ``--out`` values (also for a job
+        that ``%kcoral attach`` followed); the cell's value, or ``RemoteCellError``."""
+        meta = provenance(result, record)
+        if not record.streamed:
+            if result.stdout:
+                sys.stdout.write(result.stdout)
+                sys.stdout.flush()
+            if result.stderr:
+                sys.stderr.write(result.stderr)
+                sys.stderr.flush()
+        for stream, truncated in (
+            ("stdout", result.stdout_truncated),
+            ("stderr", result.stderr_truncated),
+        ):
+            if truncated:
+                sys.stderr.write(truncation_note(stream, record.output_limit_bytes))
+        self.shell.user_ns["_kcoral"] = result
+        if line_out is not None:
+            line_out.metadata = meta
+            line_out.show(
+                summary_text(result, record, facts),
+                status=result.status,
+                warning=record.warning,
+            )
+        if not result.completed:
+            hint = missing_input_hint(result, self.shell.user_ns)
+            if not hint and record.session_id is None:
+                hint = after_stop_hint(result, self.kernel.sessions.stopped_label)
+            raise RemoteCellError(result, record, hint=hint)
+        try:
+            outcome = read_outcome(result, built)
+        except ProtocolError as exc:  # a server answering what the cell did not ask for
+            if line_out is not None:
+                line_out.metadata = provenance(result, record, status="ERROR")
+                line_out.show(f"refused the server's answer: {exc}", status="ERROR")
+            raise
+        self.shell.user_ns.update(outcome.outputs)
+        for name, item in outcome.files.items():  # also in _kcoral["file:<path>"]
+            display(
+                {"text/plain": f"{name}: {item!r}", "text/html": rich.value_html(item, name)},
+                raw=True,
+                metadata={"kcoral": meta},
+            )
+        if not outcome.has_value:
+            return None
+        if outcome.display is not None:  # server-authored: text, or HTML in a sandboxed iframe
+            display(dict(outcome.display), raw=True, metadata={"kcoral": meta})
+            return None
+        if outcome.value is not None:
+            self._tag_next_result(outcome.value, meta)
+        return outcome.value
+
+    def _tag_next_result(self, value: object, meta: dict[str, Any]) -> None:
+        """Give the cell's ``execute_result`` our provenance (one shot, this value only)."""
+        hook = self.shell.displayhook
+        original = type(hook).compute_format_data
+
+        def compute(result: object) -> tuple[dict[str, Any], dict[str, Any]]:
+            hook.__dict__.pop("compute_format_data", None)
+            data, metadata = original(hook, result)
+            if result is value:
+                metadata = dict(metadata or {})
+                metadata["kcoral"] = meta
+            return data, metadata
+
+        hook.compute_format_data = compute  # type: ignore[method-assign]
+
+    def _check_session_cell(self, remote: NotebookSession, url: str | None, gpus: int) -> None:
+        """A cell in a session: refused at once when the session ended or when its options
+        contradict the session (another server, other GPUs)."""
+        if remote.ended_message is not None:
+            raise ended_error(remote)
+        if url and normalize_url(url) != remote.url:
+            raise UsageError(
+                f"%%kcoral: --url {url}: this kernel's cells run in {remote.label} on "
+                f"{remote.url}; %kcoral session stop first to run elsewhere"
+            )
+        if gpus > 1 and gpus != remote.gpu_count:
+            raise UsageError(
+                f"%%kcoral: --gpus {gpus}: {remote.label} has {remote.gpu_count or 0} GPUs, "
+                "fixed at its start (%kcoral session start --gpus N)"
+            )
+
+    @staticmethod
+    def _session_refusal(exc: BaseException, remote: NotebookSession | None) -> TwoLineError | None:
+        """A refusal of the session's program (ended, busy, unknown) as two lines."""
+        if remote is None or not isinstance(exc, KCoralError):
+            return None
+        return session_refusal(exc, remote)
+
+    def _submit(
+        self,
+        client: Target,
+        built: BuiltCell,
+        options: ExecuteOptions,
+        record: RunRecord,
+        name: str | None,
+        has_jobs: bool,
+        remote: NotebookSession | None = None,
+    ) -> Job | None:
+        if not has_jobs:
+            raise UsageError(
+                f"%%kcoral --noblock needs the jobs API, which {record.server} does not offer "
+                "(run without --noblock)"
+            )
+        try:
+            job = client.submit(built.program, **options.as_kwargs())
+        except KCoralError as exc:
+            refusal = self._session_refusal(exc, remote)
+            raise (refusal or translate_error(exc, options, record.server)) from None
+        self.kernel.pending[job.id] = PendingJob(
+            built=built, url=record.server, warning=record.warning
+        )
+        record.job_id = job.id
+        display(
+            rich.submitted_job_bundle(job.id, record.server, name),
+            raw=True,
+            metadata={"kcoral": provenance(None, record, status="QUEUED")},
+        )
+        if name:
+            self.shell.user_ns[name] = job
+            return None
+        return job
+
+
+def truncation_note(stream: str, limit: int | None) -> str:
+    """What a truncated stream says: the limit that cut it and how to move it."""
+    said = f"{limit} bytes" if limit is not None else "the server's default"
+    return (
+        f"[kcoral: {stream} was truncated at the output limit ({said} per stream); raise it "
+        "with --output-limit BYTES or %config KCoral.output_limit = BYTES (the server caps "
+        "it at its max_output_limit_bytes, see %kcoral status)]\n"
+    )

@@ -1,0 +1,133 @@
+"""``%kcoral status``, ``jobs``, ``attach`` and ``cancel``: what a server runs for this kernel.
+
+``attach`` follows a job with the status line a running cell shows and, for a
+``--noblock`` job of this kernel, binds its ``--out`` values as the cell would have.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from IPython.display import display
+
+from kcoral import Client, KCoralError
+from kcoral_jupyter import display as rich
+from kcoral_jupyter.cell_errors import CellCancelledError
+from kcoral_jupyter.kernel_state import KernelState
+from kcoral_jupyter.magics.cell import CellMagic
+from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
+from kcoral_jupyter.runner import ExecuteOptions, RunRecord, follow_job, translate_error
+
+#: The ``%kcoral jobs`` columns, in words a user reads (``job_row`` fills them).
+JOB_COLUMNS = ("job", "status", "worker", "GPUs", "submitted", "took")
+#: Said for a value not known (yet): a job still queued has no worker.
+UNKNOWN = "\u2014"
+
+
+class JobCommands:
+    """The server's state and its jobs, for the kernel's server or a named one."""
+
+    def __init__(self, kernel: KernelState, cell: CellMagic) -> None:
+        self.kernel = kernel
+        self.cell = cell  # binds a followed --noblock job's values
+
+    def status(self, args: argparse.Namespace) -> None:
+        url = self.kernel.resolve_url(args.url)
+        client = self.kernel.client(url)
+        health = client.health()
+        try:
+            info: Mapping[str, Any] = client.info()
+        except KCoralError as exc:
+            info = {"error": str(exc)}
+        rows: list[tuple[str, Any]] = [("server", url), *self.kernel.settings.describe().items()]
+        remote = self.kernel.sessions.active()
+        if remote is not None:
+            rows.append(("session", f"{remote.id} on {remote.url}"))
+        rows += [(f"health.{k}", v) for k, v in health.items()]
+        rows += [(f"info.{k}", v) for k, v in info.items()]
+        display(rich.rows_bundle(rows), raw=True)
+
+    def jobs(self, args: argparse.Namespace) -> None:
+        url = self.kernel.resolve_url(args.url)
+        jobs = [job for job in self.kernel.client(url).jobs() if isinstance(job, dict)]
+        rows = [job_row(job) for job in jobs]
+        text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
+        display(rich.jobs_bundle(JOB_COLUMNS, rows, text), raw=True)
+
+    def _job_client(self, job_id: str) -> tuple[Client, str]:
+        pending = self.kernel.pending.get(job_id)
+        url = pending.url if pending else self.kernel.resolve_url()
+        return self.kernel.client(url), url
+
+    def attach(self, args: argparse.Namespace) -> Any:
+        job_id: str = args.job_id
+        client, url = self._job_client(job_id)
+        job = client.job(job_id)
+        pending = self.kernel.pending.get(job_id)
+        record = RunRecord(server=url, job_id=job_id, warning=pending.warning if pending else None)
+        line_out = StatusLine(not self.kernel.settings.quiet, provenance(None, record))
+        line_out.show(f"attached to job {job_id}")
+        try:
+            result = follow_job(job, line_out, record)
+        except KeyboardInterrupt as exc:
+            line_out.show(f"stopped following job {job_id}; it keeps running on the server")
+            raise CellCancelledError(
+                f"stopped following job {job_id}; it keeps running on {url}",
+                f"%kcoral attach {job_id} follows it again, %kcoral cancel {job_id} stops it",
+            ) from exc
+        except KCoralError as exc:
+            raise translate_error(exc, ExecuteOptions(), url) from None
+        pending = self.kernel.pending.pop(job_id, None)
+        facts = self.kernel.facts(url)
+        if pending is not None:
+            return self.cell.finish(result, pending.built, record, facts, line_out)
+        line_out.metadata = provenance(result, record)
+        line_out.show(
+            summary_text(result, record, facts),
+            status=result.status,
+            warning=record.warning,
+        )
+        return result
+
+    def cancel(self, args: argparse.Namespace) -> None:
+        job_id: str = args.job_id
+        client, url = self._job_client(job_id)
+        client.job(job_id).cancel()
+        self.kernel.pending.pop(job_id, None)
+        print(f"kcoral: cancelled job {job_id} on {url}")
+
+
+def job_row(job: Mapping[str, Any]) -> list[str]:
+    """One ``%kcoral jobs`` row: GPUs as ``0, 1`` or ``cpu`` (ran without one), the time it
+    was submitted (UTC, to the second), and how long it ran, rounded like the status line."""
+    gpu_ids = job.get("gpu_ids")
+    if isinstance(gpu_ids, list) and gpu_ids:
+        gpus = ", ".join(str(i) for i in gpu_ids)
+    elif isinstance(gpu_ids, list):
+        gpus = "cpu"
+    else:
+        gpus = UNKNOWN
+    submitted = job.get("submitted_at")
+    if isinstance(submitted, str) and "T" in submitted:
+        day, clock = submitted.split("T", 1)
+        submitted = f"{day} {clock[:8]} UTC"
+    took = job.get("elapsed_ms")
+    return [
+        str(job.get("job_id") or UNKNOWN),
+        str(job.get("status") or UNKNOWN),
+        str(job.get("worker_id") or UNKNOWN),
+        gpus,
+        str(submitted or UNKNOWN),
+        rich.format_ms(took) if isinstance(took, (int, float)) else UNKNOWN,
+    ]
+
+
+def aligned(rows: list[list[str]]) -> str:
+    """Rows as plain-text columns, each padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )

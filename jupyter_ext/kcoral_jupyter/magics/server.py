@@ -1,0 +1,95 @@
+"""``%kcoral connect``, ``url``, ``client``, ``local start|stop|log`` and ``version``: which
+server the kernel's cells use, and the embedded one (``local_server.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+import kcoral
+from kcoral import KCoralError, TransportError
+from kcoral.errors import root_reason
+from kcoral_jupyter.cell_errors import ServerUnreachableError
+from kcoral_jupyter.kernel_client import KernelClient
+from kcoral_jupyter.kernel_state import KernelState, normalize_url
+
+
+class ServerCommands:
+    """Choosing the kernel's server, and the embedded server's life."""
+
+    def __init__(self, kernel: KernelState) -> None:
+        self.kernel = kernel
+
+    def connect(self, args: argparse.Namespace) -> None:
+        kernel = self.kernel
+        url = normalize_url(args.url)
+        try:
+            facts = kernel.facts(url)
+        except (TransportError, KCoralError) as exc:
+            # Never fall back silently: the next cell says it is not connected.
+            reason = root_reason(exc) if isinstance(exc, TransportError) else str(exc)
+            kernel.connect_failed(url, reason)
+            raise ServerUnreachableError(
+                f"could not connect to {url}: {reason}",
+                "the kernel stays unconnected (cells refuse to run) until a %kcoral connect "
+                "succeeds; check the URL and that the server runs there",
+            ) from exc
+        kernel.settings.url = url
+        kernel.clear_failed_connect()  # also when the URL was already the setting
+        kernel.use(url)  # the JupyterLab status bar follows this kernel's connection
+        sandbox = f", sandbox: {facts.sandbox}" if facts.sandbox else ""
+        features = ", ".join(facts.features)
+        print(f"kcoral: connected to {url} ({facts.label}{sandbox}, features: {features})")
+        remote = kernel.sessions.active()
+        if remote is not None and remote.url != url:
+            print(
+                f"kcoral: cells still run in {remote.label} on {remote.url} until "
+                "%kcoral session stop"
+            )
+
+    def url(self, args: argparse.Namespace) -> str:
+        """The URL cells run against (starts the local server if that is the default)."""
+        return self.kernel.resolve_url()
+
+    def client(self, args: argparse.Namespace) -> KernelClient:
+        """``client = %kcoral client``: a Client that follows this kernel's connection (its
+        URL and token are looked up on every request, so a restarted embedded server's new
+        token is used; the object never holds or shows the token)."""
+        return KernelClient(self.kernel)
+
+    def local_start(self, args: argparse.Namespace) -> None:
+        url = self.kernel.start_local()
+        print(f"kcoral: local server running at {url}")
+
+    def local_stop(self, args: argparse.Namespace) -> None:
+        stopped = self.kernel.stop_local()
+        print("kcoral: local server stopped" if stopped else "kcoral: no local server")
+
+    def local_log(self, args: argparse.Namespace) -> None:
+        """The end of the embedded server's log: it never goes to the notebook or the
+        terminal on its own (issue 29.8), so this is the switch that shows it."""
+        lines: int = args.lines
+        local = self.kernel.local
+        path = local.log_path if local is not None else None
+        if local is None or path is None:
+            print("kcoral: no local server (the first cell without a configured server starts one)")
+            return
+        print(f"kcoral: the last {lines} lines of {path}")
+        print(local.log_tail(lines), end="")
+
+    def version(self, args: argparse.Namespace) -> None:
+        """The client's version, and the server's when one is chosen (never starts one)."""
+        print(f"kcoral {kcoral.__version__} (client; Python {platform.python_version()})")
+        kernel = self.kernel
+        url = kernel.settings.url or (kernel.local.url if kernel.local else None)
+        if not url:
+            print("server: none yet (the first cell starts the embedded one)")
+            return
+        url = normalize_url(url)
+        try:
+            info = kernel.client(url).info()
+            print(f"server {url}: kcoral {info.get('kcoral')} (protocol {info.get('protocol')})")
+        except TransportError as exc:
+            print(f"server {url}: no answer ({root_reason(exc)})")
+        except KCoralError as exc:  # a server of the published protocol has no /v1/info
+            print(f"server {url}: version unknown (HTTP {exc.status_code})")

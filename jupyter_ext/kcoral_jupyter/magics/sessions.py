@@ -1,0 +1,156 @@
+"""``%kcoral session start|stop|status|attach|list`` (EXTENSIONS §11): the KCoral session the
+kernel's cells run in (``notebook_session.py`` holds it; ``cell.py`` runs cells in it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.display import display
+
+from kcoral import Client, KCoralError
+from kcoral_jupyter import display as rich
+from kcoral_jupyter.kernel_state import KernelState
+from kcoral_jupyter.notebook_session import (
+    NotebookSession,
+    creation_refusal,
+    ended_error,
+    not_found_for_attach,
+    require_sessions,
+    seconds_text,
+    session_refusal,
+    status_rows,
+)
+
+
+class SessionCommands:
+    """Starting, ending, showing and picking up the kernel's session."""
+
+    def __init__(self, kernel: KernelState) -> None:
+        self.kernel = kernel
+
+    def _server(self, what: str) -> tuple[str, Client]:
+        """The kernel's server for a new or attached session, which must offer sessions;
+        refused while the kernel is in a session that has not ended."""
+        remote = self.kernel.sessions.active()
+        if remote is not None and remote.ended_message is None:
+            raise UsageError(
+                f"%kcoral session {what}: this kernel's cells run in {remote.label} on "
+                f"{remote.url}; %kcoral session stop ends it first"
+            )
+        url = self.kernel.resolve_url()
+        require_sessions(url, self.kernel.facts(url).features)
+        return url, self.kernel.client(url)
+
+    def start(self, args: argparse.Namespace) -> None:
+        if args.gpus is not None and args.gpus < 1:  # checked here too: a CPU server drops it
+            raise UsageError("%kcoral session start: --gpus must be 1 or more")
+        url, client = self._server("start")
+        facts = self.kernel.facts(url)
+        gpu_count = args.gpus
+        if gpu_count is not None and facts.gpu_count == 0:
+            print(f"kcoral: warning: {url} has no GPU: the session runs on CPU", file=sys.stderr)
+            gpu_count = None  # a CPU server takes no gpu_count (EXTENSIONS §11)
+        try:
+            handle = client.session(gpu_count=gpu_count, idle_timeout=args.idle)
+        except ValueError as exc:
+            raise UsageError(f"%kcoral session start: {exc}") from None
+        except KCoralError as exc:
+            refusal = creation_refusal(exc, url)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        remote = self.kernel.sessions.adopt(
+            NotebookSession(handle, url, self.kernel.token_for(url), keep=args.keep)
+        )
+        ends = (
+            "kept when this kernel ends: %kcoral session attach " + remote.id + " picks it up"
+            if args.keep
+            else "ended when this kernel shuts down or restarts"
+        )
+        print(
+            f"kcoral: {remote.label} started on {url} ({session_place(handle.record)}, idle "
+            f"timeout {seconds_text(handle.record.get('idle_timeout_seconds'))}); %%kcoral cells "
+            "run in it; "
+            f"{ends}\nkcoral: session id {remote.id}"
+        )
+
+    def stop(self, args: argparse.Namespace) -> None:
+        remote = self.kernel.sessions.stop()
+        if remote is None:
+            print("kcoral: no session in this kernel (cells run without one)")
+            return
+        print(
+            f"kcoral: {remote.label} ended on {remote.url} (its state is gone); cells run "
+            "without a session again"
+        )
+
+    def status(self, args: argparse.Namespace) -> None:
+        remote = self.kernel.sessions.active()
+        if remote is None:
+            print("kcoral: no session in this kernel (%kcoral session start begins one)")
+            return
+        try:
+            record = remote.handle.info()
+        except KCoralError as exc:
+            refusal = session_refusal(exc, remote)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        if record.get("state") == "ENDED":
+            remote.ended_message = str(record.get("end_message") or "ended")
+        display(rich.rows_bundle(status_rows(record, remote)), raw=True)
+
+    def attach(self, args: argparse.Namespace) -> None:
+        session_id: str = args.session_id
+        if not is_session_id(session_id):
+            raise UsageError(f"%kcoral session attach: {session_id!r} is not a session id")
+        url, client = self._server("attach")
+        try:
+            handle = client.attach_session(session_id)
+        except KCoralError as exc:
+            if exc.status_code == 404:
+                raise not_found_for_attach(session_id, url) from exc
+            raise
+        remote = NotebookSession(handle, url, self.kernel.token_for(url), keep=True)
+        if handle.record.get("state") == "ENDED":
+            remote.ended_message = str(handle.record.get("end_message") or "ended")
+            raise ended_error(remote)
+        self.kernel.sessions.adopt(remote)
+        print(
+            f"kcoral: attached to {remote.label} on {url} ({session_place(handle.record)}, "
+            f"{handle.record.get('programs')} programs so far); %%kcoral cells run in it; "
+            "it is kept when this kernel ends (%kcoral session stop ends it)"
+        )
+
+    def list_sessions(self, args: argparse.Namespace) -> None:
+        url = self.kernel.resolve_url()
+        require_sessions(url, self.kernel.facts(url).features)
+        records = self.kernel.client(url).sessions()
+        if not records:
+            print(f"kcoral: no sessions of yours on {url}")
+            return
+        for record in records:
+            print(
+                f"{record.get('session_id')}  {record.get('state')}  "
+                f"{record.get('programs')} programs  {session_place(record)}"
+            )
+
+
+def is_session_id(text: str) -> bool:
+    """A UUID's shape (what the server makes, EXTENSIONS §11), checked before it goes into
+    a request path."""
+    try:
+        return str(uuid.UUID(text)) == text.lower() and len(text) == 36
+    except ValueError:
+        return False
+
+
+def session_place(record: Mapping[str, Any]) -> str:
+    """Where a session's programs run, from its record: ``GPU [0]`` or ``CPU``."""
+    gpu_ids = record.get("gpu_ids")
+    return f"GPU {gpu_ids}" if gpu_ids else "CPU"

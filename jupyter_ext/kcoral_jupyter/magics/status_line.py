@@ -1,0 +1,109 @@
+"""The line a running cell shows, updated in place, and the provenance its outputs carry.
+
+Its final text is the summary a saved notebook keeps (``summary_text``); every output of a
+cell carries ``provenance`` in its metadata under the key ``kcoral``. The HTML is the
+display module's (``display.status_line_bundle``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.display import DisplayHandle, display
+
+from kcoral import ProgramResult
+from kcoral_jupyter import display as rich
+from kcoral_jupyter.kernel_state import ServerFacts
+from kcoral_jupyter.runner import RunRecord
+
+
+class StatusLine:
+    """One line updated in place; its final text is the summary a saved notebook keeps."""
+
+    def __init__(self, enabled: bool, metadata: dict[str, Any]) -> None:
+        self.enabled = enabled
+        self.metadata = metadata
+        self.handle: DisplayHandle | None = None
+        self.text = ""
+
+    def show(self, text: str, *, status: str | None = None, warning: str | None = None) -> None:
+        """Show ``text``; a ``warning`` (said within ``text``) styles it as one (amber, a
+        warning sign), and a quiet line still writes the warning to stderr: never hidden."""
+        self.text = text
+        if not self.enabled:
+            if warning:
+                sys.stderr.write(f"kcoral: warning: {warning}\n")
+            return
+        data = rich.status_line_bundle(text, status=status, warning=bool(warning))
+        metadata = {"kcoral": self.metadata}
+        if self.handle is None:
+            self.handle = display(data, raw=True, metadata=metadata, display_id=True)
+        else:
+            self.handle.update(data, raw=True, metadata=metadata)
+
+    # Reporter protocol (runner.Reporter)
+    def phase(self, text: str) -> None:
+        self.show(text)
+
+    def stdout(self, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def stderr(self, text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def provenance(
+    result: ProgramResult | None, record: RunRecord, status: str | None = None
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "job_id": record.job_id,
+        "server": record.server,
+        "worker_id": record.worker_id,
+        "gpu_ids": list(record.gpu_ids),
+        "target": record.target,
+        "status": status,
+    }
+    if record.warning:
+        data["warning"] = record.warning
+    if record.session_id:
+        data["session_id"] = record.session_id
+    if result is not None:
+        data.update(
+            request_id=result.request_id,
+            status=result.status,
+            timings={
+                "queue_ms": result.queue_ms,
+                "lease_wait_ms": result.lease_wait_ms,
+                "lease_held_ms": result.lease_held_ms,
+                "elapsed_ms": result.elapsed_ms,
+                "wall_ms": round(record.wall_ms, 3),
+            },
+        )
+    return data
+
+
+def summary_text(result: ProgramResult, record: RunRecord, facts: ServerFacts) -> str:
+    """The finished cell's line, without its status (``StatusLine.show`` says that once)."""
+    on_cpu = facts.gpu_count == 0
+    where = "ran on CPU" if on_cpu else f"GPU {list(record.gpu_ids) or facts.label}"
+    if record.warning:
+        where = record.warning
+    pieces = []
+    if record.session_id:  # the 8 hex digits %kcoral session status shows in full
+        pieces.append(f"session {record.session_id[:8]}")
+    pieces.append(record.server)
+    if record.worker_id:
+        pieces.append(f"worker {record.worker_id}")
+    pieces += [where, f"queue {rich.format_ms(result.queue_ms)}"]
+    if not on_cpu:  # a CPU server has no GPU lease: its 0.0 ms would say nothing true
+        pieces += [
+            f"lease wait {rich.format_ms(result.lease_wait_ms)}",
+            f"held {rich.format_ms(result.lease_held_ms)}",
+        ]
+    pieces.append(f"total {rich.format_ms(result.queue_ms + result.elapsed_ms)}")
+    if facts.sandbox == "none":  # never a silent downgrade: say when nothing confined it
+        pieces.append("no sandbox")
+    return " · ".join(pieces)
