@@ -37,7 +37,7 @@ async def execute_on_gpu_set(
     assert count is not None
     timeout = admitted.timeout
     started = time.monotonic()
-    handle = state.pool.set_worker(seat)
+    handle = state.pool.handles.for_gpu_set(seat)
     handle.lease.begin_request(run.request_id)
     handle.lease.observe(run.observer.lease)
     try:

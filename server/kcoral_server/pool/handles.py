@@ -1,6 +1,6 @@
-"""The worker handles a pool makes: a seat's own worker (on the seat's GPU, in the seat's
-sandbox), a session's worker (on its pinned GPU set, EXTENSIONS §11) and a GPU-set
-request's transient one (PROTOCOL §6.5)."""
+"""The worker handles a pool makes (``Pool.handles``): a seat's own worker (on the seat's
+GPU, in the seat's sandbox), a session's worker (on its pinned GPU set, EXTENSIONS §11) and
+a GPU-set request's transient one (PROTOCOL §6.5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from typing import Any
 
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool.seat import GpuDevice, Seat
-from kcoral_server.processes.handle import SeatSandbox, WorkerHandle
+from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.launch import SeatSandbox
+from kcoral_server.settings.config import ServerConfig
+from kcoral_server.storage.event_log import EventLog
 
 
 @dataclass
@@ -20,18 +23,24 @@ class HandleMaker:
 
     make: Callable[..., WorkerHandle]
     mode: str  # "cpu", "gpu" or "fake-gpu"
-    config: Any
-    events: Any
+    gpus: Sequence[GpuDevice]  # the pool's
+    config: ServerConfig
+    events: EventLog
     arbiter: LeaseArbiter | None
     sandbox: str
     allowed_serialization: Sequence[str]
     seats: int
     on_gone: Callable[[WorkerHandle], None]
 
-    def for_seat(self, seat: Seat, gpu: GpuDevice | None, transient: bool | None) -> WorkerHandle:
-        """The seat's next worker (a new generation). ``transient`` (by default: one
-        request per worker) makes it exit right after its outcome instead of cleaning up
-        for a next program it will never get (the pipeline waits for that exit)."""
+    def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
+        return next((g for g in self.gpus if g.id == gpu_id), None)
+
+    def for_seat(self, seat: Seat, transient: bool | None = None) -> WorkerHandle:
+        """The seat's next worker (a new generation), on the seat's GPU. ``transient`` (by
+        default: one request per worker) makes it exit right after its outcome instead of
+        cleaning up for a next program it will never get (the pipeline waits for that
+        exit)."""
+        gpu = self.gpu_device(seat.gpu_id)
         seat.generation += 1
         gpu_ids = [gpu.id] if gpu else []
         if self.sandbox == "bubblewrap" and seat.sandbox is None:
@@ -50,11 +59,13 @@ class HandleMaker:
             seat_sandbox=seat.sandbox,
         )
 
-    def for_pinned_set(self, seat: Seat, gpus: Sequence[GpuDevice]) -> WorkerHandle:
+    def for_pinned_set(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
         """A session's worker (EXTENSIONS §11), built for the GPU set pinned to its seat
-        (``gpus``, in the order its programs see them; empty on a CPU server). It is kept
+        (``gpu_ids``, in the order its programs see them; empty on a CPU server). It is kept
         between programs, and each program takes the lease on the whole set, as a
-        stateless worker takes it on its one GPU (SERVER §5)."""
+        stateless worker takes it on its one GPU (SERVER §5); the session starts and
+        retires it."""
+        gpus = [gpu for gpu_id in gpu_ids for gpu in self.gpus if gpu.id == gpu_id]
         seat.generation += 1
         gpu_ids = [gpu.id for gpu in gpus]
         if self.sandbox == "bubblewrap" and seat.sandbox is None:
