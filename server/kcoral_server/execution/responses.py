@@ -27,7 +27,7 @@ class Reply:
     headers: dict[str, str]
     chunks: list[bytes | memoryview]
     length: int
-    keep_alive: list[Any] = field(default_factory=list)  # mmaps backing the chunks
+    keep_alive: list[mmap.mmap] = field(default_factory=list)  # maps backing the chunks
 
     def close(self) -> None:
         self.chunks = []
@@ -41,7 +41,7 @@ class Reply:
         self.keep_alive = []
 
 
-def close_when_released(item: Any, attempts: int = 10) -> None:
+def close_when_released(item: mmap.mmap, attempts: int = 10) -> None:
     """Close a mapping whose views are still exported, once they are gone.
 
     A write cut short by a disconnecting client leaves the views in Tornado's frames, which
