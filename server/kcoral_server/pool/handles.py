@@ -23,7 +23,6 @@ class HandleMaker:
 
     make: Callable[..., WorkerHandle]
     mode: str  # "cpu", "gpu" or "fake-gpu"
-    gpus: Sequence[GpuDevice]  # the pool's
     config: ServerConfig
     events: EventLog
     arbiter: LeaseArbiter | None
@@ -31,6 +30,7 @@ class HandleMaker:
     allowed_serialization: Sequence[str]
     seats: int
     on_gone: Callable[[WorkerHandle], None]
+    gpus: Sequence[GpuDevice] = ()  # the pool's
 
     def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
         return next((g for g in self.gpus if g.id == gpu_id), None)
@@ -59,13 +59,17 @@ class HandleMaker:
             seat_sandbox=seat.sandbox,
         )
 
-    def for_pinned_set(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
-        """A session's worker (EXTENSIONS §11), built for the GPU set pinned to its seat
-        (``gpu_ids``, in the order its programs see them; empty on a CPU server). It is kept
-        between programs, and each program takes the lease on the whole set, as a
-        stateless worker takes it on its one GPU (SERVER §5); the session starts and
-        retires it."""
+    def for_session(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
+        """A session's worker on the pool's GPUs ``gpu_ids``, in that order
+        (``for_pinned_set``); the session starts and retires it."""
         gpus = [gpu for gpu_id in gpu_ids for gpu in self.gpus if gpu.id == gpu_id]
+        return self.for_pinned_set(seat, gpus)
+
+    def for_pinned_set(self, seat: Seat, gpus: Sequence[GpuDevice]) -> WorkerHandle:
+        """A session's worker (EXTENSIONS §11), built for the GPU set pinned to its seat
+        (``gpus``, in the order its programs see them; empty on a CPU server). It is kept
+        between programs, and each program takes the lease on the whole set, as a
+        stateless worker takes it on its one GPU (SERVER §5)."""
         seat.generation += 1
         gpu_ids = [gpu.id for gpu in gpus]
         if self.sandbox == "bubblewrap" and seat.sandbox is None:

@@ -90,7 +90,7 @@ class Pool:
             float(config.worker_termination_grace_seconds),
             lambda reason: self._stop_admitting("devices quarantined"),
         )
-        #: makes every worker handle of this pool (a session's: ``for_pinned_set``, a
+        #: makes every worker handle of this pool (a session's: ``for_session``, a
         #: GPU-set request's transient one: ``for_gpu_set``)
         self.handles = HandleMaker(
             make=worker,  # unit tests of the pool's decisions pass a stand-in

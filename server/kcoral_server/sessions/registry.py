@@ -419,7 +419,7 @@ class Sessions:
         session = Session(self, identity.name, gpu_ids, idle_timeout or self.idle_seconds)
         self.sessions[session.id] = session
         # the seat (and its GPUs) count from here: a concurrent create sees them taken
-        handle = pool.handles.for_pinned_set(session.seat, gpu_ids)
+        handle = pool.handles.for_session(session.seat, gpu_ids)
         try:
             await handle.start()
             handle.identity = identity.name
