@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
 
 from kcoral_server.execution.responses import RequestFailed
 
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from kcoral_server.execution.pipeline import ExecuteRequest
     from kcoral_server.processes.handle import WorkerHandle
     from kcoral_server.storage.workspace import Workspace
+
+T = TypeVar("T")
 
 CANCELLED_STATUS = 499  # logged only: nobody is left to receive a cancelled request's answer
 CANCEL_MESSAGES = {
@@ -90,7 +93,7 @@ class Cancellation:
             CANCELLED_STATUS, "cancelled", CANCEL_MESSAGES.get(reason, reason), reason
         )
 
-    async def unless(self, awaitable: Any) -> Any:
+    async def unless(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` unless the request is cancelled first (then it is cancelled
         too, and ``RequestFailed`` is raised)."""
         if self.reason is not None:

@@ -11,9 +11,8 @@ on the happy path.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kcoral_server.processes.limits import WorkerCgroup
+from kcoral_server.settings.config import ServerConfig
 
 __all__ = ["TIMEOUT_MESSAGE", "deadline_message", "limit_cause", "size_text"]
 
@@ -48,10 +47,10 @@ def limit_cause(cgroup: WorkerCgroup | None) -> str | None:
     return None
 
 
-def deadline_message(timeout: float, asked: float | None, config: Any) -> str:
+def deadline_message(timeout: float, asked: float | None, config: ServerConfig) -> str:
     """The 504 ``timeout`` message: the deadline and the setting that set it. ``asked`` is
     the program's ``timeout_seconds`` (None: it gave none), ``config`` the server's."""
-    largest = float(getattr(config, "max_timeout_seconds", timeout))
+    largest = float(config.max_timeout_seconds)
     if asked is None:
         source = (
             "--default-timeout-seconds; a program sets its own with timeout_seconds, "

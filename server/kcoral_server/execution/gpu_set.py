@@ -10,13 +10,12 @@ that no CUDA context outlives the lease. Its seat is given back unused either wa
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from kcoral.protocol.schema import Program
+from kcoral_server.execution.admitted import AdmittedProgram
 from kcoral_server.execution.blob_handover import read_output
-from kcoral_server.execution.blob_resolution import Resolution
 from kcoral_server.execution.outcome import confirm_cleanup
-from kcoral_server.execution.responses import ProgramOutcome, RequestFailed
+from kcoral_server.execution.responses import SATURATED, ProgramOutcome, RequestFailed
 from kcoral_server.gpu.lease import GpuQuarantined
 from kcoral_server.pool.seat import Seat
 from kcoral_server.processes.start import WorkerStartError
@@ -28,22 +27,17 @@ __all__ = ["execute_on_gpu_set"]
 
 
 async def execute_on_gpu_set(
-    run: SeatRun,
-    seat: Seat,
-    program: Program,
-    parsed: Any,
-    resolution: Resolution,
-    timeout: float,
-    limit: int,
-    queue_ms: float,
-    count: int,
+    run: SeatRun, seat: Seat, admitted: AdmittedProgram, queue_ms: float
 ) -> ProgramOutcome:
-    """PROTOCOL §6.5: ``run``'s program on a transient fresh worker holding a set of
-    ``count`` GPUs."""
+    """PROTOCOL §6.5: ``run``'s program on a transient fresh worker holding a set of the
+    ``gpu_count`` GPUs it asks for."""
     state = run.state
     assert state.arbiter is not None
+    count = admitted.program.options.gpu_count
+    assert count is not None
+    timeout = admitted.timeout
     started = time.monotonic()
-    handle = state.pool.set_worker(seat)
+    handle = state.pool.handles.for_gpu_set(seat)
     handle.lease.begin_request(run.request_id)
     handle.lease.observe(run.observer.lease)
     try:
@@ -54,9 +48,9 @@ async def execute_on_gpu_set(
         handle.lease.withdraw()
         state.pool.release_unused(seat)
         if isinstance(exc, GpuQuarantined):
-            raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
+            raise SATURATED.failure() from None
         raise
-    run.finish_fields["gpu_ids"] = gpu_ids
+    run.record.gpu_ids = gpu_ids
     state.events.emit(
         "request_routed",
         request_id=run.request_id,
@@ -79,7 +73,7 @@ async def execute_on_gpu_set(
             raise RequestFailed(
                 500, "engine", "worker crashed", "crashed", error_detail=str(exc)
             ) from None
-        drive = await run.drive_program(handle, parsed, resolution, timeout, limit, started)
+        drive = await run.drive_program(handle, admitted, started)
         # The transient worker is killed while holding its set (§6.5).
         await state.pool.kill(handle)
         output = await read_output(drive, run.observer, state.executor)

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from kcoral_server.execution.control import Cancellation
 from kcoral_server.execution.drive import ProgramDrive
-from kcoral_server.execution.responses import ProgramOutcome, RequestFailed, close_maps
+from kcoral_server.execution.responses import (
+    SATURATED,
+    ProgramOutcome,
+    Refusal,
+    RequestFailed,
+    close_maps,
+)
 from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.storage.workspace import CapturedOutput
@@ -35,12 +41,12 @@ def confirm_cleanup(handle: WorkerHandle) -> None:
         )
 
 
-# The answer of a program that did not finish: (status, kind, message, finish reason).
-FAILED_ANSWERS: dict[RunResult, tuple[int, str, str, str]] = {
-    RunResult.QUARANTINED: (503, "busy", "server saturated", "no_worker"),
-    RunResult.TIMED_OUT: (504, "timeout", "execution timed out", "timeout"),
-    RunResult.INVALID: (500, "engine", "invalid worker response", "server_error"),
-    RunResult.CRASHED: (500, "engine", "worker crashed", "crashed"),
+#: The answer of a program that did not finish.
+FAILED_ANSWERS: dict[RunResult, Refusal] = {
+    RunResult.QUARANTINED: SATURATED,
+    RunResult.TIMED_OUT: Refusal(504, "timeout", "execution timed out", "timeout"),
+    RunResult.INVALID: Refusal(500, "engine", "invalid worker response", "server_error"),
+    RunResult.CRASHED: Refusal(500, "engine", "worker crashed", "crashed"),
 }
 
 
@@ -58,15 +64,15 @@ def program_outcome(
     if handle.cleanup_unconfirmed is not None:
         close_maps(drive.maps)
         confirm_cleanup(handle)
-    failure = FAILED_ANSWERS.get(drive.result)  # type: ignore[arg-type]
-    if failure is not None:
+    refusal = FAILED_ANSWERS.get(drive.result) if drive.result is not None else None
+    if refusal is not None:
         close_maps(drive.maps)
-        status, kind, message, reason = failure
+        message = refusal.message
         if drive.result is RunResult.TIMED_OUT:
             message = drive.timeout_message  # names the deadline and its setting
         elif drive.result is RunResult.CRASHED and drive.cause is not None:
             message = f"{message}: {drive.cause}"  # the limit it was killed at
-        raise RequestFailed(status, kind, message, reason)
+        raise RequestFailed(refusal.status, refusal.kind, message, refusal.reason)
     if drive.result is RunResult.CANCELLED:
         close_maps(drive.maps)
         raise cancellation.failure()

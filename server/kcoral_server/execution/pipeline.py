@@ -18,11 +18,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.errors import ValidationError
-from kcoral.protocol.request import parse_execute_request, verify_blob_hashes
-from kcoral.protocol.schema import Program
+from kcoral.protocol.request import ParsedRequest, parse_execute_request, verify_blob_hashes
+from kcoral_server.execution.admitted import AdmittedProgram
 from kcoral_server.execution.blob_resolution import Resolution, resolve_blobs
 from kcoral_server.execution.control import NO_OBSERVER, Cancellation, RequestObserver
+from kcoral_server.execution.request_record import RequestRecord, SeatAssignment
 from kcoral_server.execution.responses import (
+    SATURATED,
     ProgramOutcome,
     Reply,
     RequestFailed,
@@ -39,6 +41,7 @@ from kcoral_server.pool.seat import Seat
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
+    from kcoral_server.sessions.registry import Session
 
 FINISH_LEVELS = {
     "completed": "INFO",
@@ -70,10 +73,10 @@ class ExecuteRequest:
         serialization: str | None,
         observer: RequestObserver | None = None,
         identity: Identity = DEFAULT,
-        session: Any = None,
+        session: Session | None = None,
     ) -> None:
         self.state = state
-        #: a ``sessions.Session`` whose pinned seat runs the program (EXTENSIONS §11)
+        #: the session whose pinned seat runs the program (EXTENSIONS §11)
         self.session = session
         self.identity = identity  # whose caches, jobs and workers this request may use
         self.observer = observer or NO_OBSERVER
@@ -81,9 +84,10 @@ class ExecuteRequest:
         self.content_type = content_type
         self.body = body
         self.serialization = serialization
-        self.finish_fields: dict[str, Any] = {}
+        #: what ``request_finished`` and the request's job say about it, filled in as the
+        #: request and its run learn things
+        self.record = RequestRecord()
         self.seat: Seat | None = None
-        self.timeout_seconds: float | None = None
         self.finish_reason: str | None = None  # set once the request has ended
         self.cancellation = Cancellation()
 
@@ -109,17 +113,11 @@ class ExecuteRequest:
         except RequestFailed as failure:
             reply = error_reply(failure.status, self.request_id, failure.kind, failure.message)
             reason = failure.reason
-            self.finish_fields.update(failure.fields)
-            self.finish_fields.setdefault("error_kind", failure.kind)
-            self.finish_fields.setdefault("error_message", failure.message[:2048])
+            self.record.failed(failure)
         except Exception as exc:  # an unhandled front-end fault: never leak it to the client
             reply = error_reply(500, self.request_id, "engine", "internal server error")
             reason = "server_error"
-            self.finish_fields.update(
-                error_kind="engine",
-                error_message=f"{type(exc).__name__}: {exc}"[:2048],
-                traceback=traceback.format_exc()[-8192:],
-            )
+            self.record.faulted(exc, traceback.format_exc())
         finally:
             self.body.close()
         self.finish_reason = reason
@@ -130,7 +128,7 @@ class ExecuteRequest:
             http_status=reply.status,
             finish_reason=reason,
             response_bytes=reply.length,
-            **self.finish_fields,
+            **self.record.fields(),
         )
         return reply
 
@@ -183,18 +181,16 @@ class ExecuteRequest:
         except ValidationError as exc:  # row 14
             raise RequestFailed(400, "parse", str(exc), "rejected") from None
         try:
-            return await self._admitted(program, parsed, resolution)
+            return await self._admitted(parsed, resolution)
         finally:
             for key in resolution.pins:
                 state.memory_cache.unpin(key)
 
-    async def _admitted(
-        self, program: Program, parsed: Any, resolution: Resolution
-    ) -> tuple[Reply, str]:
+    async def _admitted(self, parsed: ParsedRequest, resolution: Resolution) -> tuple[Reply, str]:
         state = self.state
-        config = state.config
+        program = parsed.program
         if resolution.missing:
-            self.finish_fields["missing"] = len(resolution.missing)
+            self.record.missing = len(resolution.missing)
             body = {
                 "status": "CACHE_MISS",
                 "request_id": self.request_id,
@@ -208,16 +204,8 @@ class ExecuteRequest:
             state.mode == "cpu" or options.gpu_count > len(state.gpu_ids)
         ):
             raise RequestFailed(400, "parse", GPU_COUNT_MESSAGE, "rejected")
-        timeout = config.default_timeout_seconds
-        if options.timeout_seconds is not None:
-            timeout = options.timeout_seconds
-        timeout = min(float(timeout), float(config.max_timeout_seconds))
-        limit = config.output_limit_bytes
-        if options.output_limit_bytes is not None:
-            limit = options.output_limit_bytes
-        limit = min(int(limit), int(config.max_output_limit_bytes))
-        self.timeout_seconds = timeout
-        self.finish_fields["timeout_seconds"] = timeout
+        admitted = AdmittedProgram.under(parsed, resolution, state.config)
+        self.record.timeout_seconds = admitted.timeout
 
         program_file = state.events.record_program(self.request_id, bytes(parsed.program_bytes))
         ops = Counter(i.op for i in program.instructions)
@@ -225,7 +213,7 @@ class ExecuteRequest:
         accepted: dict[str, Any] = {
             "request_id": self.request_id,
             "request_bytes": self.body.size,
-            "timeout_seconds": timeout,
+            "timeout_seconds": admitted.timeout,
             "program": program_file,
             "instructions": len(program.instructions),
             "ops": dict(ops),
@@ -240,7 +228,7 @@ class ExecuteRequest:
         admitted_at = time.monotonic()
         if self.cancel_reason is not None:
             raise self.cancellation.failure()
-        wait = config.worker_wait_timeout_seconds
+        wait = state.config.worker_wait_timeout_seconds
         if self.session is not None:
             checkout = self.session.checkout(self)
         else:
@@ -249,7 +237,7 @@ class ExecuteRequest:
             async with checkout as seat:
                 queue_ms = (time.monotonic() - admitted_at) * 1000.0
                 self.seat = seat
-                self.finish_fields.update(worker_id=seat.id, gpu_id=seat.gpu_id, queue_ms=queue_ms)
+                self.record.seat = SeatAssignment(seat.id, seat.gpu_id, queue_ms)
                 gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
                 self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
                 try:
@@ -260,31 +248,19 @@ class ExecuteRequest:
                         serialization=self.serialization,
                         observer=self.observer,
                         cancellation=self.cancellation,
-                        finish_fields=self.finish_fields,
+                        record=self.record,
                     )
-                    outcome = await run.execute(
-                        seat, program, parsed, resolution, timeout, limit, queue_ms
-                    )
+                    outcome = await run.execute(seat, admitted, queue_ms)
                 finally:
                     state.request_done()
         except NoWorker:  # only the checkout raises it: no seat within the wait, or closing
-            raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
-        return await self._respond(outcome, queue_ms)
+            raise SATURATED.failure() from None
+        return self._respond(outcome, queue_ms)
 
     # ------------------------------------------------------------------ response
 
-    async def _respond(self, outcome: ProgramOutcome, queue_ms: float) -> tuple[Reply, str]:
-        if outcome.error is not None:
-            self.finish_fields.update(
-                status=outcome.status,
-                error_kind=outcome.error.get("kind"),
-                error_message=str(outcome.error.get("message", ""))[:2048],
-                instruction_index=outcome.error.get("instruction_index"),
-                instruction_op=outcome.error.get("instruction_op"),
-                instruction_id=outcome.error.get("instruction_id"),
-            )
-        else:
-            self.finish_fields["status"] = outcome.status
+    def _respond(self, outcome: ProgramOutcome, queue_ms: float) -> tuple[Reply, str]:
+        self.record.answered(outcome)
         reply = encode_outcome(
             outcome, self.request_id, queue_ms, self.state.config.max_response_bytes
         )

@@ -27,7 +27,7 @@ class Reply:
     headers: dict[str, str]
     chunks: list[bytes | memoryview]
     length: int
-    keep_alive: list[Any] = field(default_factory=list)  # mmaps backing the chunks
+    keep_alive: list[mmap.mmap] = field(default_factory=list)  # maps backing the chunks
 
     def close(self) -> None:
         self.chunks = []
@@ -41,7 +41,7 @@ class Reply:
         self.keep_alive = []
 
 
-def close_when_released(item: Any, attempts: int = 10) -> None:
+def close_when_released(item: mmap.mmap, attempts: int = 10) -> None:
     """Close a mapping whose views are still exported, once they are gone.
 
     A write cut short by a disconnecting client leaves the views in Tornado's frames, which
@@ -85,15 +85,38 @@ def error_reply(status: int, request_id: str, kind: str, message: str) -> Reply:
 
 
 class RequestFailed(Exception):
-    """Ends a request early with an ERROR reply and a finish reason."""
+    """Ends a request early with an ERROR reply and a finish reason; ``error_detail`` is
+    logged (``request_finished``), never answered."""
 
-    def __init__(self, status: int, kind: str, message: str, reason: str, **fields: Any) -> None:
+    def __init__(
+        self, status: int, kind: str, message: str, reason: str, *, error_detail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.message = message
         self.reason = reason
-        self.fields = fields
+        self.error_detail = error_detail
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An ``ERROR`` answer the server gives in more than one place: its HTTP status, error
+    kind and message, and the ``finish_reason`` it is logged with."""
+
+    status: int
+    kind: str
+    message: str
+    reason: str
+
+    def failure(self) -> RequestFailed:
+        """The refusal as the exception that ends a running request."""
+        return RequestFailed(self.status, self.kind, self.message, self.reason)
+
+
+#: PROTOCOL §7.1: no seat within the wait, the server closing or past its in-flight bytes,
+#: or a GPU quarantined under the program; the client may retry (``Retry-After``)
+SATURATED = Refusal(503, "busy", "server saturated", "no_worker")
 
 
 @dataclass

@@ -6,8 +6,9 @@ that pauses while the worker waits for a GPU lease, and ends in one ``RunResult`
 program finished, timed out, crashed, was cancelled, spoke garbage or lost its GPU to a
 quarantine. The worker's fate is the pool's: ``Pool.retirement`` decides once, ``release``
 applies it. What the request answers is ``execute``'s ``ProgramOutcome`` or ``RequestFailed``
-(``program_outcome``); the run's state is a ``run_drive.ProgramDrive``, and the records made
-from the worker's messages come from ``run_records``.
+(``program_outcome``); the run's state is a ``drive.ProgramDrive``, and the records made
+from the worker's messages come from ``records``. What the run learns for the request's log
+goes into its ``RequestRecord``.
 """
 
 from __future__ import annotations
@@ -16,18 +17,18 @@ import asyncio
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from kcoral.protocol.schema import Program
+from kcoral_server.execution.admitted import AdmittedProgram
 from kcoral_server.execution.blob_handover import blob_slices, read_output
-from kcoral_server.execution.blob_resolution import Resolution
 from kcoral_server.execution.control import Cancellation, RequestObserver
 from kcoral_server.execution.drive import ProgramDrive
 from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE, deadline_message, limit_cause
 from kcoral_server.execution.gpu_set import execute_on_gpu_set
 from kcoral_server.execution.outcome import program_outcome
 from kcoral_server.execution.records import record_gpu_access, return_record
-from kcoral_server.execution.responses import ProgramOutcome, RequestFailed
+from kcoral_server.execution.request_record import RequestRecord, RunTimes
+from kcoral_server.execution.responses import SATURATED, ProgramOutcome
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.retirement import RunResult
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 class SeatRun:
     """One program of one request on its checked-out seat; ``execute`` returns its
-    ``ProgramOutcome`` (or raises ``RequestFailed``). ``finish_fields`` is the request's log
+    ``ProgramOutcome`` (or raises ``RequestFailed``). ``record`` is the request's log
     record, filled in as the run learns things."""
 
     def __init__(
@@ -57,7 +58,7 @@ class SeatRun:
         serialization: str | None,
         observer: RequestObserver,
         cancellation: Cancellation,
-        finish_fields: dict[str, Any],
+        record: RequestRecord,
     ) -> None:
         self.state = state
         self.request_id = request_id
@@ -65,34 +66,25 @@ class SeatRun:
         self.serialization = serialization
         self.observer = observer
         self.cancellation = cancellation
-        self.finish_fields = finish_fields
+        self.record = record
         self.timeout_message = TIMEOUT_MESSAGE  # with the deadline once ``execute`` knows it
 
     async def execute(
-        self,
-        seat: Seat,
-        program: Program,
-        parsed: Any,
-        resolution: Resolution,
-        timeout: float,
-        limit: int,
-        queue_ms: float,
+        self, seat: Seat, admitted: AdmittedProgram, queue_ms: float
     ) -> ProgramOutcome:
         state = self.state
+        options = admitted.program.options
         # for a 504's message: the deadline and the setting that set it
         self.timeout_message = deadline_message(
-            timeout, program.options.timeout_seconds, state.config
+            admitted.timeout, options.timeout_seconds, state.config
         )
-        gpu_count = program.options.gpu_count
-        if gpu_count is not None and seat.pinned is None:  # a session's GPUs are its seat's
-            return await execute_on_gpu_set(
-                self, seat, program, parsed, resolution, timeout, limit, queue_ms, gpu_count
-            )
+        if options.gpu_count is not None and seat.pinned is None:  # a session's: its seat's
+            return await execute_on_gpu_set(self, seat, admitted, queue_ms)
         try:
             # A reused worker never serves two identities (its /tmp, HOME, caches).
             await state.pool.serve_identity(seat, self.identity.name)
         except NoWorker:
-            raise RequestFailed(503, "busy", "server saturated", "no_worker") from None
+            raise SATURATED.failure() from None
         handle = seat.worker
         assert handle is not None
         state.events.emit(
@@ -109,7 +101,7 @@ class SeatRun:
         handle.lease.begin_request(self.request_id)
         handle.lease.observe(self.observer.lease)
         try:
-            drive = await self.drive_program(handle, parsed, resolution, timeout, limit, started)
+            drive = await self.drive_program(handle, admitted, started)
         finally:
             handle.lease.observe(None)
         retire = state.pool.retirement(seat, drive.reason_retire)
@@ -120,7 +112,7 @@ class SeatRun:
                 handle.gone is None or handle.returncode != 0 or handle.survivors
             ):
                 # The deadline also covers a retiring worker's exit (SERVER §8).
-                remaining = timeout - self.budget_used(handle, started)
+                remaining = admitted.timeout - self.budget_used(handle, started)
                 exited = await state.pool.stop_worker(handle, max(0.0, remaining))
                 if not exited:
                     drive = await self._timed_out(handle, drive)
@@ -130,7 +122,7 @@ class SeatRun:
                     and handle.returncode not in (0, None)
                     and drive.last_instruction is not None
                 ):
-                    self.finish_fields["exitcode"] = handle.returncode
+                    self.record.exitcode = handle.returncode
                     drive.failed_at_teardown(handle.returncode)
         try:
             # Output is read before the seat is handed on: the worker's next request
@@ -145,22 +137,17 @@ class SeatRun:
         return (now - started) - handle.lease.wait_so_far(now)
 
     async def drive_program(
-        self,
-        handle: WorkerHandle,
-        parsed: Any,
-        resolution: Resolution,
-        timeout: float,
-        limit: int,
-        started: float,
+        self, handle: WorkerHandle, admitted: AdmittedProgram, started: float
     ) -> ProgramDrive:
         """Send the program and collect messages until ``ProgramFinished``, a timeout or a
         crash."""
         state = self.state
+        limit = admitted.output_limit
         workspace = Workspace.create(
             state.events.output_dir, str(handle.pid) if limit > 0 else None, limit
         )
         drive = ProgramDrive(
-            workspace=workspace, limit=limit, instructions=parsed.program.instructions
+            workspace=workspace, limit=limit, instructions=admitted.program.instructions
         )
         if limit > 0:
             self.observer.output_started(workspace, limit)
@@ -168,7 +155,7 @@ class SeatRun:
             return await self._cancelled(handle, drive)
         extra_fd = progress_fd = None
         try:
-            blobs, fds, extra_fd = await blob_slices(resolution.blobs, state.executor)
+            blobs, fds, extra_fd = await blob_slices(admitted.resolution.blobs, state.executor)
             drive.progress, progress_fd = handle.progress_slot()
             progress_index = None
             if progress_fd is not None:
@@ -179,7 +166,7 @@ class SeatRun:
             handle.send(
                 ipc.RunProgram(
                     request_id=self.request_id,
-                    program_json=bytes(parsed.program_bytes).decode("utf-8"),
+                    program_json=bytes(admitted.parsed.program_bytes).decode("utf-8"),
                     workspace=workspace.root,
                     stdout_path=workspace.stdout_file,
                     stderr_path=workspace.stderr_file,
@@ -202,7 +189,7 @@ class SeatRun:
         self.cancellation.driving(handle)
         watch = self._workspace_watch(handle)
         try:
-            return await self._collect(handle, drive, timeout, started, watch)
+            return await self._collect(handle, drive, admitted.timeout, started, watch)
         finally:
             if watch is not None:
                 await watch.stop()
@@ -212,7 +199,7 @@ class SeatRun:
     def _workspace_watch(self, handle: WorkerHandle) -> WorkspaceWatch | None:
         """The watch on a sandboxed worker's directory (``--workspace-limit-bytes``); None
         without a sandbox (nothing bounds its disk) or a limit."""
-        limit = int(getattr(self.state.config, "workspace_limit_bytes", 0) or 0)
+        limit = self.state.config.workspace_limit_bytes
         sandbox_dir = handle.sandbox_dir
         if not limit or sandbox_dir is None:
             return None
@@ -316,7 +303,7 @@ class SeatRun:
     async def _timed_out(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
         await self.state.pool.kill(handle)
         drive.timed_out(self.timeout_message)
-        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        self.record.output_tail = drive.workspace.output_tail()
         return drive
 
     async def _disk_limit_passed(
@@ -332,14 +319,14 @@ class SeatRun:
         self.state.events.emit(
             "worker_limit_exceeded", "WARNING", **event_fields(handle), message=message
         )
-        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        self.record.output_tail = drive.workspace.output_tail()
         return drive
 
     async def _cancelled(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
         """Kill the program as for a timeout (under the lease); the worker is replaced."""
         await self.state.pool.kill(handle)
         drive.cancelled(self.cancellation.reason)
-        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        self.record.output_tail = drive.workspace.output_tail()
         return drive
 
     async def _gone(
@@ -348,8 +335,8 @@ class SeatRun:
         cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
         await self.state.pool.kill(handle)
         drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
-        self.finish_fields["exitcode"] = handle.returncode
-        self.finish_fields["output_tail"] = drive.workspace.output_tail()
+        self.record.exitcode = handle.returncode
+        self.record.output_tail = drive.workspace.output_tail()
         return drive
 
     async def finish_outcome(
@@ -362,7 +349,7 @@ class SeatRun:
         if not drive.workspace.remove_if_empty():
             # a tree the program wrote: walking it can take long, keep it off the loop
             await loop.run_in_executor(self.state.executor, drive.workspace.remove)
-        self.finish_fields.update(
+        self.record.times = RunTimes(
             elapsed_ms=elapsed * 1000.0,
             lease_wait_ms=lease_wait * 1000.0,
             lease_held_ms=lease_held * 1000.0,

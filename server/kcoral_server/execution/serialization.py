@@ -1,29 +1,32 @@
-"""The ``X-KCoral-Serialization`` admission rule (EXTENSIONS.md §4).
+"""The ``X-KCoral-Serialization`` admission rule and the variable that configures it
+(EXTENSIONS.md §4).
 
-The front-end calls ``check_serialization`` after the 413 check and before parsing the
-body; the admitted format travels to the worker in ``RunProgram.serialization`` and from
-there to ``kcoral_server.worker.trampoline.admitted_serialization``.
+``kcoral server`` reads ``KCORAL_ALLOWED_SERIALIZATION`` with ``allowed_serialization``
+(``settings.command_line``); the ``/execute`` handler calls ``check_serialization`` after the
+413 check and before reading the body (``front_door.handlers.execute``). The admitted format
+travels to the worker in ``RunProgram.serialization`` and from there to
+``kcoral_server.worker.trampoline.admitted_serialization``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from kcoral.protocol.errors import ValidationError
-from kcoral.protocol.headers import SERIALIZATION_HEADER
+from kcoral.protocol.headers import SERIALIZATION_FORMATS, SERIALIZATION_HEADER
 
 ENV_VAR = "KCORAL_ALLOWED_SERIALIZATION"
-KNOWN_FORMATS: tuple[str, ...] = ("json", "pickle")
-DEFAULT_ALLOWED: tuple[str, ...] = ("json", "pickle")
+KNOWN_FORMATS: tuple[str, ...] = SERIALIZATION_FORMATS
+DEFAULT_ALLOWED: tuple[str, ...] = SERIALIZATION_FORMATS
 
 
 def allowed_serialization(environ: Mapping[str, str] | None = None) -> list[str]:
     """Allowed formats from ``KCORAL_ALLOWED_SERIALIZATION`` (default ``json,pickle``).
 
-    Comma-separated, spaces ignored, order kept, duplicates dropped; an empty value counts
-    as unset (as in ``kcoral_server.settings.config``). ``ValueError`` for an unknown name: a
-    configuration mistake should stop the server at start-up, not surface per request.
+    Comma-separated, spaces ignored, order kept, duplicates dropped; an empty or blank value
+    counts as unset. ``ValueError`` for an unknown name: a configuration mistake stops the
+    server at start-up (``kcoral server`` exits with status 2) instead of failing requests.
     """
     environ = os.environ if environ is None else environ
     raw = environ.get(ENV_VAR)
@@ -43,7 +46,7 @@ def allowed_serialization(environ: Mapping[str, str] | None = None) -> list[str]
     return allowed
 
 
-def check_serialization(header_values: list[str], allowed: list[str]) -> str | None:
+def check_serialization(header_values: Sequence[str], allowed: Sequence[str]) -> str | None:
     """The format a request is admitted with, or ``None`` when it sent no header.
 
     ``header_values`` are all ``X-KCoral-Serialization`` values of the request. Raises

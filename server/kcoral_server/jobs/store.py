@@ -235,12 +235,12 @@ class Job(RequestObserver):
         if self._tail is not None:
             self._tail.close()
             self._tail = None
-        fields = request.finish_fields
+        record = request.record
         reason = request.finish_reason
         if reason in ("cancelled", "client_disconnected"):
             status = "CANCELLED"
         elif reply.status == 200:
-            status = str(fields.get("status", "FAILED"))
+            status = record.status or "FAILED"
         elif reply.status == 504:
             status = "TIMED_OUT"
         else:
@@ -249,12 +249,14 @@ class Job(RequestObserver):
         self.finished_at = utc_now()
         self.finished_monotonic = time.monotonic()
         self.queue_position = None
-        for name in ("queue_ms", "lease_wait_ms", "lease_held_ms", "elapsed_ms"):
-            if isinstance(fields.get(name), (int, float)):
-                setattr(self, name, float(fields[name]))
+        if record.seat is not None:
+            self.queue_ms = record.seat.queue_ms
+        if record.times is not None:
+            self.elapsed_ms = record.times.elapsed_ms
+            self.lease_wait_ms = record.times.lease_wait_ms
+            self.lease_held_ms = record.times.lease_held_ms
         if status != "COMPLETED":
-            kind = fields.get("error_kind")
-            self.error_kind = kind if isinstance(kind, str) else None
+            self.error_kind = record.error.kind if record.error is not None else None
         self.result = result
         self.phase("finished", status=status)
 

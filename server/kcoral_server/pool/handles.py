@@ -1,6 +1,6 @@
-"""The worker handles a pool makes: a seat's own worker (on the seat's GPU, in the seat's
-sandbox), a session's worker (on its pinned GPU set, EXTENSIONS §11) and a GPU-set
-request's transient one (PROTOCOL §6.5)."""
+"""The worker handles a pool makes (``Pool.handles``): a seat's own worker (on the seat's
+GPU, in the seat's sandbox), a session's worker (on its pinned GPU set, EXTENSIONS §11) and
+a GPU-set request's transient one (PROTOCOL §6.5)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool.seat import GpuDevice, Seat
 from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.processes.launch import SeatSandbox
+from kcoral_server.settings.config import ServerConfig
+from kcoral_server.storage.event_log import EventLog
 
 
 @dataclass
@@ -21,18 +23,24 @@ class HandleMaker:
 
     make: Callable[..., WorkerHandle]
     mode: str  # "cpu", "gpu" or "fake-gpu"
-    config: Any
-    events: Any
+    config: ServerConfig
+    events: EventLog
     arbiter: LeaseArbiter | None
     sandbox: str
     allowed_serialization: Sequence[str]
     seats: int
     on_gone: Callable[[WorkerHandle], None]
+    gpus: Sequence[GpuDevice] = ()  # the pool's
 
-    def for_seat(self, seat: Seat, gpu: GpuDevice | None, transient: bool | None) -> WorkerHandle:
-        """The seat's next worker (a new generation). ``transient`` (by default: one
-        request per worker) makes it exit right after its outcome instead of cleaning up
-        for a next program it will never get (the pipeline waits for that exit)."""
+    def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
+        return next((g for g in self.gpus if g.id == gpu_id), None)
+
+    def for_seat(self, seat: Seat, transient: bool | None = None) -> WorkerHandle:
+        """The seat's next worker (a new generation), on the seat's GPU. ``transient`` (by
+        default: one request per worker) makes it exit right after its outcome instead of
+        cleaning up for a next program it will never get (the pipeline waits for that
+        exit)."""
+        gpu = self.gpu_device(seat.gpu_id)
         seat.generation += 1
         gpu_ids = [gpu.id] if gpu else []
         if self.sandbox == "bubblewrap" and seat.sandbox is None:
@@ -50,6 +58,12 @@ class HandleMaker:
             seats=self.seats,
             seat_sandbox=seat.sandbox,
         )
+
+    def for_session(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
+        """A session's worker on the pool's GPUs ``gpu_ids``, in that order
+        (``for_pinned_set``); the session starts and retires it."""
+        gpus = [gpu for gpu_id in gpu_ids for gpu in self.gpus if gpu.id == gpu_id]
+        return self.for_pinned_set(seat, gpus)
 
     def for_pinned_set(self, seat: Seat, gpus: Sequence[GpuDevice]) -> WorkerHandle:
         """A session's worker (EXTENSIONS §11), built for the GPU set pinned to its seat

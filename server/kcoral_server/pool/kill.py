@@ -1,5 +1,7 @@
 """Ending a worker: killed while holding its GPUs' lease, or stopped politely, and its GPUs
-quarantined when its end cannot be confirmed (SERVER.md §5, §8, §11).
+quarantined when its end cannot be confirmed (SERVER.md §5, §8, §11). ``WorkerEnds`` does
+it for one pool (``Pool.kill``, ``Pool.stop_worker``) and remembers the first end it could
+not confirm, after which the pool admits nothing.
 
 Who can reach what: a worker killed without the lease could still be running on a GPU that
 the next program already leased, and see that program's memory; a GPU whose worker may
@@ -8,10 +10,57 @@ still run is never leased again.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from kcoral_server.gpu.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.processes.handle import WorkerHandle, event_fields
+from kcoral_server.storage.event_log import EventLog
+
+
+class WorkerEnds:
+    """How one pool's workers end; ``on_unconfirmed`` (called once, with the reason) stops
+    the pool admitting when an end could not be confirmed."""
+
+    def __init__(
+        self,
+        arbiter: LeaseArbiter | None,
+        events: EventLog,
+        grace: float,
+        on_unconfirmed: Callable[[str], None],
+    ) -> None:
+        self.arbiter = arbiter
+        self.events = events
+        self.grace = grace  # --worker-termination-grace-seconds
+        self.on_unconfirmed = on_unconfirmed
+        #: the first end that could not be confirmed (its GPUs are quarantined)
+        self.quarantine_reason: str | None = None
+
+    async def kill(self, handle: WorkerHandle) -> None:
+        """Kill a worker's process tree while holding its GPU's lease (§5); quarantine its
+        GPUs when the kill cannot be confirmed. A second call does nothing."""
+        if handle.killed:
+            return
+        await kill_under_lease(handle, self.arbiter, self.grace)
+        self._check_cleanup(handle)
+
+    async def stop(self, handle: WorkerHandle, timeout: float) -> bool:
+        """Retire a worker politely: ``Shutdown``, then wait for its exit. The lease it holds
+        is kept until the process is gone. False when it did not exit within ``timeout``."""
+        exited = await stop_politely(handle, timeout, self.grace)
+        if exited:
+            self._check_cleanup(handle)
+        return exited
+
+    def _check_cleanup(self, handle: WorkerHandle) -> None:
+        """SERVER §8, §11: a worker whose end could not be confirmed may still be running
+        on its GPUs. They are quarantined (never leased again) and the server stops
+        admitting requests; requests already running finish (those that need a quarantined
+        GPU answer 503)."""
+        first = self.quarantine_reason is None
+        if quarantine_unconfirmed(handle, self.arbiter, self.events) and first:
+            assert handle.cleanup_unconfirmed is not None
+            self.quarantine_reason = handle.cleanup_unconfirmed
+            self.on_unconfirmed(self.quarantine_reason)
 
 
 async def kill_under_lease(
@@ -45,7 +94,9 @@ async def stop_politely(handle: WorkerHandle, timeout: float, grace: float) -> b
     return exited
 
 
-def quarantine_unconfirmed(handle: WorkerHandle, arbiter: LeaseArbiter | None, events: Any) -> bool:
+def quarantine_unconfirmed(
+    handle: WorkerHandle, arbiter: LeaseArbiter | None, events: EventLog
+) -> bool:
     """When ``handle``'s end could not be confirmed: quarantine its GPUs (never leased
     again), say so (``devices_quarantined``) and return True; else False."""
     if handle.cleanup_unconfirmed is None:

@@ -1,13 +1,13 @@
 """The owner of every worker's life: seats, assignment, retirement and replacement
 (SERVER.md §4, §6). Only the pool starts, stops and kills workers (``WorkerHandle``).
 
-Every request gets its seat through ``checkout`` (an idle seat, else FIFO: ``pool_queue``).
+Every request gets its seat through ``checkout`` (an idle seat, else FIFO: ``queue``).
 After the program, ``retirement`` decides once whether the worker stays, and ``release``
-applies it (``pool_retirement``); replacing a worker (retirement, crash, timeout) runs in
-the background with back-off (``pool_replacement``) and the seat stays out of
-``request_capacity`` until its new worker is ready. Workers end under their GPUs' lease
-(``pool_kill``); a seat's states are in ``seat``, start-up and shutdown in
-``pool_startup`` and ``pool_shutdown``.
+applies it (``retirement``); replacing a worker (retirement, crash, timeout) runs in
+the background with back-off (``replacement``) and the seat stays out of
+``request_capacity`` until its new worker is ready. The handles the pool starts are made by
+``handles.HandleMaker``; workers end under their GPUs' lease (``kill.WorkerEnds``); a
+seat's states are in ``seat``, start-up and shutdown in ``startup`` and ``shutdown``.
 
 Who can reach what: a reused worker (``--max-requests-per-worker`` other than 1) keeps its
 sandbox's ``/tmp``, ``HOME``, caches and its interpreter's state from one program to the
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import retirement as pool_retirement
 from kcoral_server.pool.handles import HandleMaker
-from kcoral_server.pool.kill import kill_under_lease, quarantine_unconfirmed, stop_politely
+from kcoral_server.pool.kill import WorkerEnds
 from kcoral_server.pool.queue import Checkout, NoWorker, SeatQueue
 from kcoral_server.pool.replacement import start_with_backoff
 from kcoral_server.pool.retirement import REUSE_READY_TIMEOUT_SECONDS, RunResult, reported_clean
@@ -41,6 +40,8 @@ from kcoral_server.pool.startup import PoolStartError, common_target, prepare_ho
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.processes.start import WorkerStartError
+from kcoral_server.settings.config import ServerConfig
+from kcoral_server.storage.event_log import EventLog
 
 # What the rest of the server imports from here (defined in the pool's own modules).
 __all__ = [
@@ -64,8 +65,8 @@ class Pool:
         *,
         mode: str,
         gpus: Sequence[GpuDevice],
-        config: Any,
-        events: Any,
+        config: ServerConfig,
+        events: EventLog,
         arbiter: LeaseArbiter | None,
         sandbox: str = "none",
         allowed_serialization: Sequence[str] = ("json", "pickle"),
@@ -75,28 +76,32 @@ class Pool:
         self.gpus = list(gpus)
         self.config = config
         self.events = events
-        self.arbiter = arbiter
-        self.sandbox = sandbox
-        self.allowed_serialization = list(allowed_serialization)
         self.seats = seats_for(mode, self.gpus, config.num_workers, config.workers_per_gpu)
         self.target: dict[str, str] = {}
         self.versions: dict[str, str] = {}
         self.accepting = False
         self.closing = False
-        #: why the pool stopped admitting for good (a clean-up it could not confirm)
-        self.quarantine_reason: str | None = None
         self.requests_in_progress = 0
         self._queue = SeatQueue()
         #: called (no arguments) whenever the queue of waiting requests changes
         self.queue_listeners = self._queue.listeners
-        self._handles = HandleMaker(
+        self.ends = WorkerEnds(
+            arbiter,
+            events,
+            float(config.worker_termination_grace_seconds),
+            lambda reason: self._stop_admitting("devices quarantined"),
+        )
+        #: makes every worker handle of this pool (a session's: ``for_session``, a
+        #: GPU-set request's transient one: ``for_gpu_set``)
+        self.handles = HandleMaker(
             make=worker,  # unit tests of the pool's decisions pass a stand-in
             mode=mode,
+            gpus=self.gpus,
             config=config,
             events=events,
             arbiter=arbiter,
             sandbox=sandbox,
-            allowed_serialization=self.allowed_serialization,
+            allowed_serialization=list(allowed_serialization),
             seats=len(self.seats),
             on_gone=self._on_worker_gone,
         )
@@ -120,9 +125,6 @@ class Pool:
     def busy_workers(self) -> int:
         return sum(1 for s in self.seats if s.state is not SeatState.IDLE)
 
-    def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
-        return next((g for g in self.gpus if g.id == gpu_id), None)
-
     # ------------------------------------------------------------------ start-up
 
     async def start(self) -> None:
@@ -137,22 +139,13 @@ class Pool:
             if not ok:
                 self._schedule_replacement(seat, "crashed", emit_retired=False)
 
-    def _new_handle(self, seat: Seat, *, transient: bool | None = None) -> WorkerHandle:
-        return self._handles.for_seat(seat, self.gpu_device(seat.gpu_id), transient)
-
-    def session_worker(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
-        """EXTENSIONS §11: a session's worker on the GPU set pinned to its seat, in that
-        order (``HandleMaker.for_pinned_set``); the session starts and retires it."""
-        gpus = [gpu for gpu_id in gpu_ids for gpu in self.gpus if gpu.id == gpu_id]
-        return self._handles.for_pinned_set(seat, gpus)
-
-    def set_worker(self, seat: Seat) -> WorkerHandle:
-        """PROTOCOL §6.5: a transient worker for a GPU-set request that borrowed ``seat``
-        (``HandleMaker.for_gpu_set``)."""
-        return self._handles.for_gpu_set(seat)
+    @property
+    def quarantine_reason(self) -> str | None:
+        """Why the pool stopped admitting for good (a clean-up it could not confirm)."""
+        return self.ends.quarantine_reason
 
     async def _start_seat(self, seat: Seat, *, phase: str, idle: bool = True) -> bool:
-        handle = self._new_handle(seat)
+        handle = self.handles.for_seat(seat)
         try:
             info = await handle.start()
         except (WorkerStartError, WorkerGone, OSError) as exc:
@@ -171,7 +164,7 @@ class Pool:
             return False
         seat.worker = handle
         seat.served = 0
-        gpu = self.gpu_device(seat.gpu_id)
+        gpu = self.handles.gpu_device(seat.gpu_id)
         self.events.emit(
             "worker_ready",
             worker_id=seat.id,
@@ -262,8 +255,10 @@ class Pool:
         self.requests_in_progress += 1
 
     def _make_idle(self, seat: Seat) -> None:
-        """The seat's worker is ready: the oldest waiting request gets it, else it idles."""
-        seat.state = SeatState.BUSY if self._queue.hand_over(seat) else SeatState.IDLE
+        """The seat's worker is ready: the oldest waiting request gets it, else (or when the
+        pool is closing) it idles."""
+        handed = not self.closing and self._queue.hand_over(seat)
+        seat.state = SeatState.BUSY if handed else SeatState.IDLE
 
     def begin_shutdown(self) -> None:
         """Stop admitting: ``request_capacity`` 0, queued requests get ``NoWorker``."""
@@ -290,8 +285,6 @@ class Pool:
         handle = seat.worker
         if handle is None or handle.gone is not None:
             self._schedule_replacement(seat, "crashed")
-        elif self.closing:
-            seat.state = SeatState.IDLE
         else:
             self._make_idle(seat)
 
@@ -315,8 +308,6 @@ class Pool:
     async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:
         if not await reported_clean(handle):
             self._schedule_replacement(seat, "crashed")
-        elif self.closing:
-            seat.state = SeatState.IDLE
         else:
             self._make_idle(seat)
 
@@ -351,32 +342,12 @@ class Pool:
     # ------------------------------------------------------------------ ending workers
 
     async def kill(self, handle: WorkerHandle) -> None:
-        """Kill a worker's process tree while holding its GPU's lease (§5); quarantine its
-        GPUs when the kill cannot be confirmed. A second call does nothing."""
-        if handle.killed:
-            return
-        grace = float(self.config.worker_termination_grace_seconds)
-        await kill_under_lease(handle, self.arbiter, grace)
-        self._check_cleanup(handle)
+        """Kill a worker under its GPUs' lease (``WorkerEnds.kill``)."""
+        await self.ends.kill(handle)
 
     async def stop_worker(self, handle: WorkerHandle, timeout: float) -> bool:
-        """Retire a worker politely: ``Shutdown``, then wait for its exit. The lease it holds
-        is kept until the process is gone. False when it did not exit within ``timeout``."""
-        grace = float(self.config.worker_termination_grace_seconds)
-        exited = await stop_politely(handle, timeout, grace)
-        if exited:
-            self._check_cleanup(handle)
-        return exited
-
-    def _check_cleanup(self, handle: WorkerHandle) -> None:
-        """SERVER §8, §11: a worker whose end could not be confirmed may still be running
-        on its GPUs. They are quarantined (never leased again) and the server stops
-        admitting requests; requests already running finish (those that need a quarantined
-        GPU answer 503)."""
-        first = self.quarantine_reason is None
-        if quarantine_unconfirmed(handle, self.arbiter, self.events) and first:
-            self.quarantine_reason = handle.cleanup_unconfirmed
-            self._stop_admitting("devices quarantined")
+        """Retire a worker politely within ``timeout`` (``WorkerEnds.stop``)."""
+        return await self.ends.stop(handle, timeout)
 
     async def close(self, timeout: float = 10.0) -> None:
         """Stop every worker (politely, then by force) under its lease."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from kcoral_server.pool.seat import Seat, SeatState
+from kcoral_server.storage.event_log import EventLog
 
 BACKOFF_START_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
@@ -18,7 +18,7 @@ async def start_with_backoff(
     reason: str,
     start: Callable[[], Awaitable[bool]],
     closing: Callable[[], bool],
-    events: Any,
+    events: EventLog,
 ) -> None:
     """``start`` a worker for ``seat`` until it succeeds (``start`` makes the seat idle),
     waiting twice as long after each failure, at most ``BACKOFF_MAX_SECONDS``; the seat is

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from typing import Any
 
 from kcoral_server.pool.seat import Seat
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import WorkerGone, close_fds
 from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.storage.event_log import EventLog
 
 #: the level of the ``worker_retired`` event for each reason
 RETIRE_LEVELS = {
@@ -52,7 +52,7 @@ def retirement(seat: Seat, asked: str | None, max_requests_per_worker: int) -> s
     return asked
 
 
-def emit_retired(events: Any, seat: Seat, handle: WorkerHandle, reason: str) -> None:
+def emit_retired(events: EventLog, seat: Seat, handle: WorkerHandle, reason: str) -> None:
     """The ``worker_retired`` event (SERVER.md §13) of ``seat``'s worker ``handle``."""
     events.emit(
         "worker_retired",

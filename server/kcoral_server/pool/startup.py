@@ -8,6 +8,8 @@ from typing import Any
 
 from kcoral_server.pool.seat import Seat
 from kcoral_server.processes import limits
+from kcoral_server.settings.config import ServerConfig
+from kcoral_server.storage.event_log import EventLog
 from kcoral_server.storage.workspace import remove_stale_workspaces
 
 
@@ -15,7 +17,7 @@ class PoolStartError(Exception):
     """The pool could not start (no worker came up, or mixed GPU architectures)."""
 
 
-async def prepare_host(config: Any, seats: int, events: Any) -> None:
+async def prepare_host(config: ServerConfig, seats: int, events: EventLog) -> None:
     """Tidy what killed servers left (workspaces whose lock is free, cgroups) and say once
     which per-worker limits no cgroup enforces, so that such a limit is never silent."""
     loop = asyncio.get_running_loop()

@@ -22,7 +22,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from kcoral_server.execution.responses import RequestFailed
+from kcoral.protocol.schema import Options
+from kcoral_server.execution.responses import Refusal, RequestFailed
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.retirement import reported_clean
 from kcoral_server.pool.seat import Seat, SeatState
@@ -33,7 +34,11 @@ if TYPE_CHECKING:
     from kcoral_server.execution.pipeline import ExecuteRequest
     from kcoral_server.front_door.app import ServerState
     from kcoral_server.front_door.callers import Identity
+    from kcoral_server.processes.handle import WorkerHandle
+    from kcoral_server.processes.launch import SeatSandbox
 
+#: a program sent while another of the session runs (EXTENSIONS §11)
+BUSY = Refusal(409, "session_busy", "another program of this session is running", "rejected")
 #: how long an interrupted program has to stop before its worker is killed (EXTENSIONS §11)
 INTERRUPT_GRACE_SECONDS = 5.0
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -131,21 +136,20 @@ class Session:
         """How many GPUs are pinned to the session; None on a CPU server."""
         return len(self.gpu_ids) or None
 
-    def check_options(self, options: Any) -> None:
+    def check_options(self, options: Options) -> None:
         """A program's own ``gpu_count`` may only repeat the session's (its GPUs are pinned)."""
         wanted = self.gpu_count
         if options.gpu_count is not None and options.gpu_count != wanted:
             message = f"gpu_count {options.gpu_count} differs from this session's ({wanted})"
             raise RequestFailed(400, "parse", message, "rejected")
 
-    def refusal(self) -> RequestFailed | None:
+    def refusal(self) -> Refusal | None:
         """Why a program cannot run now: 410 for an ended session, 409 while one runs."""
         if self.state == "ENDED":
             message = self.end_message or "session ended"
-            return RequestFailed(410, "session_ended", message, "rejected")
+            return Refusal(410, "session_ended", message, "rejected")
         if self.state != "IDLE":
-            message = "another program of this session is running"
-            return RequestFailed(409, "session_busy", message, "rejected")
+            return BUSY
         if not self.check_alive():
             return self.refusal()
         return None
@@ -221,7 +225,7 @@ class Session:
         during = f" during program {request_id}" if request_id else ""
         return f"session ended: its worker exited{during} ({how}); its state is lost"
 
-    async def _settle(self, handle: Any, request_id: str | None) -> None:
+    async def _settle(self, handle: WorkerHandle, request_id: str | None) -> None:
         """Wait for the worker's clean-up after a program (it says ready again)."""
         if not await reported_clean(handle):
             self.end("worker_exited", self._exited_message(request_id))
@@ -318,7 +322,7 @@ class SessionCheckout:
             await asyncio.shield(settling)  # the worker's clean-up after the last program
             refusal = session.refusal()
         if refusal is not None:
-            raise refusal
+            raise refusal.failure()
         if session._idle_timer is not None:
             session._idle_timer.cancel()
             session._idle_timer = None
@@ -416,7 +420,7 @@ class Sessions:
         session = Session(self, identity.name, gpu_ids, idle_timeout or self.idle_seconds)
         self.sessions[session.id] = session
         # the seat (and its GPUs) count from here: a concurrent create sees them taken
-        handle = pool.session_worker(session.seat, gpu_ids)
+        handle = pool.handles.for_session(session.seat, gpu_ids)
         try:
             await handle.start()
             handle.identity = identity.name
@@ -454,7 +458,7 @@ class Sessions:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _retire(self, handle: Any, sandbox: Any) -> None:
+    async def _retire(self, handle: WorkerHandle | None, sandbox: SeatSandbox | None) -> None:
         grace = float(self.state.config.worker_termination_grace_seconds)
         if handle is not None and not await self.state.pool.stop_worker(handle, grace):
             await self.state.pool.kill(handle)

@@ -16,6 +16,8 @@ from dataclasses import MISSING, Field, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kcoral_server.execution.serialization import ENV_VAR as SERIALIZATION_ENV_VAR
+from kcoral_server.execution.serialization import allowed_serialization
 from kcoral_server.settings.config import (
     SETTING_GROUPS,
     InvalidConfigError,
@@ -410,9 +412,14 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     kwargs = resolve.settings(ServerConfig, args)
     router = kwargs.get("router_endpoint")
 
-    serialization = resolve.env("KCORAL_ALLOWED_SERIALIZATION", empty_is_unset=True)
+    serialization = resolve.env(SERIALIZATION_ENV_VAR, empty_is_unset=True)
     if serialization is not None:
-        kwargs["allowed_serialization"] = [s.strip() for s in serialization.split(",") if s.strip()]
+        try:
+            kwargs["allowed_serialization"] = allowed_serialization(
+                {SERIALIZATION_ENV_VAR: serialization}
+            )
+        except ValueError as exc:
+            resolve.fail(str(exc))
 
     if "auth_token_file" not in kwargs:
         token = resolve.env("KCORAL_AUTH_TOKEN", empty_is_unset=True)

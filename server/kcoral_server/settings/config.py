@@ -829,27 +829,3 @@ def config_for_log(config: ServerConfig) -> dict[str, Any]:
             value = [str(v) if isinstance(v, Path) else v for v in value]
         result[item.name] = value
     return result
-
-
-# Names that moved to ``kcoral_server.settings.command_line``; resolved lazily so that this module
-# keeps
-# importing only the standard library and old imports keep working.
-_MOVED_TO_CLI_ARGS = frozenset(
-    {
-        "SupervisorOptions",
-        "ServerSettings",
-        "build_server_parser",
-        "parse_server_args",
-        "parse_integer",
-        "parse_seconds",
-        "parse_gpus",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_CLI_ARGS:
-        from kcoral_server.settings import command_line as cli_args
-
-        return getattr(cli_args, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

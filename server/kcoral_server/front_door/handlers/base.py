@@ -10,10 +10,14 @@ import tornado.web
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER, accept_request_id
 from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.execution.responses import Refusal
 from kcoral_server.front_door.callers import DEFAULT, Identity
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
+
+
+UNAUTHORIZED = Refusal(401, "unauthorized", "missing or invalid bearer token", "rejected")
 
 
 class BaseHandler(tornado.web.RequestHandler):
@@ -26,8 +30,8 @@ class BaseHandler(tornado.web.RequestHandler):
         self.state = state
         self.request_id = accept_request_id(self.request.headers.get_list(REQUEST_ID_HEADER))
         self.identity: Identity = DEFAULT  # set by prepare() from the bearer token
-        # (status, kind, message) when prepare() refused the request (403 or 401)
-        self.early_refusal: tuple[int, str, str] | None = None
+        #: set when prepare() refused the request (403 or 401)
+        self.early_refusal: Refusal | None = None
 
     def set_default_headers(self) -> None:
         self.set_header("Server", "kcoral")
@@ -42,8 +46,8 @@ class BaseHandler(tornado.web.RequestHandler):
         # Web pages first (EXTENSIONS §6): even /health answers a foreign page nothing.
         refusal = self.state.browser_guard.refusal(self.request.headers)
         if refusal is not None:
-            self.early_refusal = (403, "forbidden", refusal)
-            self.send_error_json(*self.early_refusal)
+            self.early_refusal = Refusal(403, "forbidden", refusal, "rejected")
+            self.send_error_json(403, "forbidden", refusal)
             return
         # A node's child answers nothing without its router secret, not even the public
         # endpoints: /health and /internal/worker-status carry the server instance id, the
@@ -52,8 +56,8 @@ class BaseHandler(tornado.web.RequestHandler):
         if not self.PUBLIC or self.state.authenticator.tunnel_only:
             identity = self.state.authenticate(self.request.headers)
             if identity is None:
-                self.early_refusal = (401, "unauthorized", "missing or invalid bearer token")
-                self.send_error_json(*self.early_refusal)
+                self.early_refusal = UNAUTHORIZED
+                self.send_error_json(UNAUTHORIZED.status, UNAUTHORIZED.kind, UNAUTHORIZED.message)
                 return
             self.identity = identity
         if self.request.method not in self.ALLOWED:

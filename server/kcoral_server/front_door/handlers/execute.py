@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 import tornado.iostream
 import tornado.web
 
-from kcoral.protocol.headers import SERIALIZATION_FORMATS, SERIALIZATION_HEADER
+from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.headers import SERIALIZATION_HEADER
 from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
-from kcoral_server.execution.responses import Reply
+from kcoral_server.execution.responses import SATURATED, Refusal, Reply
+from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
 
 TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
+TOO_LARGE = Refusal(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
 # Tornado must never cut a body off before we do (we answer 413 ourselves).
 _UNLIMITED = 1 << 62
 # Slowest average a body may arrive at once ``--body-timeout-seconds`` have passed since it
@@ -61,7 +64,7 @@ class ExecuteHandler(BaseHandler):
         super().prepare()
         if self._finished:
             if self.early_refusal is not None:  # 403 (a web page) or 401
-                self._log_refusal(*self.early_refusal)
+                self._log_refusal(self.early_refusal)
             return
         state = self.state
         config = state.config
@@ -75,22 +78,17 @@ class ExecuteHandler(BaseHandler):
         self.request.connection.set_max_body_size(_UNLIMITED)
         limit = config.max_request_bytes
         if declared is not None and declared > limit:
-            self.refuse(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
+            self.refuse(TOO_LARGE)
             return
-        formats = self.request.headers.get_list(SERIALIZATION_HEADER)
-        if formats:
-            chosen = formats[0].strip()
-            allowed = list(config.allowed_serialization)
-            if len(formats) != 1 or chosen not in SERIALIZATION_FORMATS:
-                self.refuse(400, "parse", f"Unknown serialization format {chosen!r}", "rejected")
-                return
-            if chosen not in allowed:
-                message = f"Serialization format {chosen!r} not allowed. Allowed formats: {allowed}"
-                self.refuse(400, "parse", message, "rejected")
-                return
-            self.serialization = chosen
+        try:
+            self.serialization = check_serialization(
+                self.request.headers.get_list(SERIALIZATION_HEADER), config.allowed_serialization
+            )
+        except ValidationError as exc:
+            self.refuse(Refusal(400, "parse", str(exc), "rejected"))
+            return
         if state.shutting_down or not state.pool.accepting:
-            self.refuse(503, "busy", "server saturated", "no_worker")
+            self.refuse(SATURATED)
             return
         # In-flight bytes are what bodies actually hold, never what they declared: a
         # declaration reserves nothing, so connections that declare the maximum and then
@@ -99,7 +97,7 @@ class ExecuteHandler(BaseHandler):
         # resolved by ServerConfig (None -> 2 x --max-request-bytes); 0 means no limit
         self.max_inflight = config.max_inflight_request_bytes or 0
         if self._over_inflight(declared or 0):
-            self.refuse(503, "busy", "server saturated", "no_worker")
+            self.refuse(SATURATED)
             return
         self.body = RequestBody(limit, declared)
         if declared is not None and declared >= LARGE_BODY_CHUNK:
@@ -125,7 +123,7 @@ class ExecuteHandler(BaseHandler):
             # body is parsed (a 503 the client may retry), instead of growing memory.
             self.body.close()
             self.body = None
-            self.refuse(503, "busy", "server saturated", "no_worker")
+            self.refuse(SATURATED)
             return
         # Charged as the bytes arrive; released when the request ends (on_finish).
         self.inflight += len(chunk)
@@ -135,7 +133,7 @@ class ExecuteHandler(BaseHandler):
         except BodyTooLarge:
             self.body.close()
             self.body = None
-            self.refuse(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
+            self.refuse(TOO_LARGE)
 
     def send_error_json(self, status: int, kind: str, message: str) -> None:
         if self.body_unread:
@@ -198,20 +196,20 @@ class ExecuteHandler(BaseHandler):
         except tornado.iostream.StreamClosedError:
             pass  # the client went away; nothing left to tell it
 
-    def refuse(self, status: int, kind: str, message: str, reason: str) -> None:
+    def refuse(self, refusal: Refusal) -> None:
         """Answer before the body is read, and log the request's end."""
-        self.send_error_json(status, kind, message)
-        self._log_refusal(status, kind, message, reason)
+        self.send_error_json(refusal.status, refusal.kind, refusal.message)
+        self._log_refusal(refusal)
 
-    def _log_refusal(self, status: int, kind: str, message: str, reason: str = "rejected") -> None:
+    def _log_refusal(self, refusal: Refusal) -> None:
         self.state.events.emit(
             "request_finished",
-            FINISH_LEVELS.get(reason, "WARNING"),
+            FINISH_LEVELS.get(refusal.reason, "WARNING"),
             request_id=self.request_id,
-            http_status=status,
-            finish_reason=reason,
-            error_kind=kind,
-            error_message=message,
+            http_status=refusal.status,
+            finish_reason=refusal.reason,
+            error_kind=refusal.kind,
+            error_message=refusal.message,
         )
 
     def _watch_idle_body(self) -> None:
@@ -237,7 +235,7 @@ class ExecuteHandler(BaseHandler):
             )
         else:
             message = f"request body sent nothing for {timeout:g} s; connection closed"
-        self._log_refusal(408, "body_timeout", message, "rejected")
+        self._log_refusal(Refusal(408, "body_timeout", message, "rejected"))
         self._release()
         self.request.connection.stream.close()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import tornado.iostream
 import tornado.web
@@ -25,6 +25,8 @@ from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.jobs.store import Job
 
 if TYPE_CHECKING:
+    from kcoral_server.execution.pipeline import ExecuteRequest
+    from kcoral_server.execution.responses import Reply
     from kcoral_server.front_door.app import ServerState
 
 JOB_ID_PATTERN = r"([^/]+)"
@@ -80,7 +82,9 @@ class JobSubmitHandler(ExecuteHandler):
             state.reply_sent()
 
 
-async def _finish_job(state: ServerState, job: Job, request: Any, task: asyncio.Future) -> None:
+async def _finish_job(
+    state: ServerState, job: Job, request: ExecuteRequest, task: asyncio.Future[Reply]
+) -> None:
     reply = await task
     try:
         result = await state.jobs.store_result(reply, state.executor)

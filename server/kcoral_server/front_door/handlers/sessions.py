@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.pipeline import ExecuteRequest
+from kcoral_server.execution.responses import Refusal
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.front_door.handlers.jobs import JobSubmitHandler
@@ -147,11 +148,11 @@ def _pinned_session(handler: ExecuteHandler) -> Session | None:
     session_id = handler.path_kwargs.get("session_id", "")
     session = handler.state.sessions.get(handler.identity, session_id)
     if session is None:
-        handler.refuse(404, "not_found", NOT_FOUND, "rejected")
+        handler.refuse(Refusal(404, "not_found", NOT_FOUND, "rejected"))
         return None
     refusal = session.refusal()  # before the body is read
     if refusal is not None:
-        handler.refuse(refusal.status, refusal.kind, refusal.message, refusal.reason)
+        handler.refuse(refusal)
         return None
     return session
 
