@@ -76,7 +76,6 @@ PENDING_SPLITS = {
     "server/kcoral_server/processes/limits.py",
     "server/kcoral_server/router/forward.py:ForwardHandler",
     "server/kcoral_server/node/supervisor.py:Supervisor",
-    "server/kcoral_server/execution/run.py:SeatRun",
 }
 
 

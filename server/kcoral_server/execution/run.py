@@ -23,7 +23,8 @@ from kcoral_server.execution.admitted import AdmittedProgram
 from kcoral_server.execution.blob_handover import blob_slices, read_output
 from kcoral_server.execution.control import Cancellation, RequestObserver
 from kcoral_server.execution.drive import ProgramDrive
-from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE, deadline_message, limit_cause
+from kcoral_server.execution.endings import RunEndings
+from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE, deadline_message
 from kcoral_server.execution.gpu_set import execute_on_gpu_set
 from kcoral_server.execution.outcome import program_outcome
 from kcoral_server.execution.records import record_gpu_access, return_record
@@ -35,8 +36,7 @@ from kcoral_server.pool.retirement import RunResult
 from kcoral_server.pool.seat import Seat
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import ReceiveInterrupted, WorkerGone, close_fds
-from kcoral_server.processes.handle import WorkerHandle, event_fields
-from kcoral_server.storage import workspace_watch
+from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.storage.workspace import CapturedOutput, Workspace
 from kcoral_server.storage.workspace_watch import WorkspaceWatch
 
@@ -68,6 +68,7 @@ class SeatRun:
         self.cancellation = cancellation
         self.record = record
         self.timeout_message = TIMEOUT_MESSAGE  # with the deadline once ``execute`` knows it
+        self.endings = RunEndings(state.pool, state.events, record)
 
     async def execute(
         self, seat: Seat, admitted: AdmittedProgram, queue_ms: float
@@ -115,7 +116,7 @@ class SeatRun:
                 remaining = admitted.timeout - self.budget_used(handle, started)
                 exited = await state.pool.stop_worker(handle, max(0.0, remaining))
                 if not exited:
-                    drive = await self._timed_out(handle, drive)
+                    drive = await self.endings.timed_out(handle, drive, self.timeout_message)
                     retire = "timeout"
                 elif (
                     drive.status == "COMPLETED"
@@ -152,7 +153,7 @@ class SeatRun:
         if limit > 0:
             self.observer.output_started(workspace, limit)
         if self.cancellation.reason is not None:
-            return await self._cancelled(handle, drive)
+            return await self.endings.cancelled(handle, drive, self.cancellation.reason)
         extra_fd = progress_fd = None
         try:
             blobs, fds, extra_fd = await blob_slices(admitted.resolution.blobs, state.executor)
@@ -181,7 +182,7 @@ class SeatRun:
                 fds,
             )
         except WorkerGone as gone:
-            return await self._gone(handle, drive, gone)
+            return await self.endings.gone(handle, drive, gone)
         finally:
             for fd in (extra_fd, progress_fd):
                 if fd is not None:
@@ -225,14 +226,14 @@ class SeatRun:
         try:
             while True:
                 if self.cancellation.reason is not None:
-                    ending = self._cancelled(handle, drive)
+                    ending = self.endings.cancelled(handle, drive, self.cancellation.reason)
                     break
                 if watch is not None and watch.exceeded:
-                    ending = self._disk_limit_passed(handle, drive, watch.limit)
+                    ending = self.endings.disk_limit_passed(handle, drive, watch.limit)
                     break
                 used = self.budget_used(handle, started)
                 if used >= timeout and not handle.lease.waiting:
-                    ending = self._timed_out(handle, drive)
+                    ending = self.endings.timed_out(handle, drive, self.timeout_message)
                     break
                 if alarm is None:
                     # The deadline only moves later (lease waits pause it): an alarm that
@@ -246,7 +247,7 @@ class SeatRun:
                     alarm = None
                     continue
                 except WorkerGone as gone:
-                    ending = self._gone(handle, drive, gone)
+                    ending = self.endings.gone(handle, drive, gone)
                     break
                 try:
                     if isinstance(message, ipc.InstructionStarted):
@@ -262,7 +263,7 @@ class SeatRun:
                         raise ValueError(f"unexpected message {message.tag!r}")
                 except (ValueError, TypeError, OSError) as exc:
                     close_fds(fds)
-                    ending = self._gone(handle, drive, WorkerGone(str(exc), invalid=True))
+                    ending = self.endings.gone(handle, drive, WorkerGone(str(exc), invalid=True))
                     break
         finally:
             if alarm is not None:
@@ -298,45 +299,6 @@ class SeatRun:
                 arbiter=self.state.arbiter,
                 events=self.state.events,
             )
-        return drive
-
-    async def _timed_out(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
-        await self.state.pool.kill(handle)
-        drive.timed_out(self.timeout_message)
-        self.record.output_tail = drive.workspace.output_tail()
-        return drive
-
-    async def _disk_limit_passed(
-        self, handle: WorkerHandle, drive: ProgramDrive, limit: int
-    ) -> ProgramDrive:
-        """Kill the program as for a timeout; its seat's sandbox directory is discarded, so
-        that what it wrote (caches, HOME) does not end the seat's next programs too."""
-        await self.state.pool.kill(handle)
-        if handle.seat_sandbox is not None:
-            handle.seat_sandbox.spoiled = True
-        drive.disk_limit_passed(limit)
-        message = workspace_watch.limit_message(limit)
-        self.state.events.emit(
-            "worker_limit_exceeded", "WARNING", **event_fields(handle), message=message
-        )
-        self.record.output_tail = drive.workspace.output_tail()
-        return drive
-
-    async def _cancelled(self, handle: WorkerHandle, drive: ProgramDrive) -> ProgramDrive:
-        """Kill the program as for a timeout (under the lease); the worker is replaced."""
-        await self.state.pool.kill(handle)
-        drive.cancelled(self.cancellation.reason)
-        self.record.output_tail = drive.workspace.output_tail()
-        return drive
-
-    async def _gone(
-        self, handle: WorkerHandle, drive: ProgramDrive, gone: WorkerGone
-    ) -> ProgramDrive:
-        cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
-        await self.state.pool.kill(handle)
-        drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
-        self.record.exitcode = handle.returncode
-        self.record.output_tail = drive.workspace.output_tail()
         return drive
 
     async def finish_outcome(
