@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kcoral_server.processes.limits import WorkerCgroup
+from kcoral_server.processes.cgroups import WorkerCgroup
 
 __all__ = ["TIMEOUT_MESSAGE", "deadline_message", "limit_cause", "size_text"]
 
