@@ -10,7 +10,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from kcoral.errors import ValidationError
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 from kcoral.protocol.schema import GetFunction, Instruction, LiteralArg, Ref, Return, Run, Upload
 from kcoral_server.processes.ipc import ReturnProduced
