@@ -27,8 +27,6 @@ The rules, and how this file reads them:
 * **Small classes and modules**: no class over 300 lines (from its ``class`` line to its
   last line), no module over 600 lines, except the declarative settings modules listed in
   ``DECLARATIVE_SETTINGS`` (one declaration per setting, so they grow with the settings).
-  ``PENDING_SPLITS`` holds today's offenders, which are being split; the test fails when
-  one of them fits the limit, so that the list only shrinks.
 """
 
 from __future__ import annotations
@@ -67,18 +65,9 @@ DECLARATIVE_SETTINGS = {
     "server/kcoral_server/router/settings.py",
 }
 
+
 # Classes (`path:Class`) and modules (`path`) over the limits today, being split (issue 30
 # point 5). Remove an entry once it fits; the list ends empty.
-PENDING_SPLITS = {
-    "server/kcoral_server/worker/engine.py",
-    "server/kcoral_server/worker/engine.py:ProgramExecution",
-    "server/kcoral_server/processes/launcher.py",
-    "server/kcoral_server/processes/limits.py",
-    "server/kcoral_server/router/forward.py:ForwardHandler",
-    "server/kcoral_server/node/supervisor.py:Supervisor",
-}
-
-
 @dataclass(frozen=True)
 class Module:
     """One module of the package trees: its dotted name and file."""
@@ -370,17 +359,8 @@ def oversized() -> dict[str, str]:
 
 
 def test_no_class_is_over_300_lines_and_no_module_over_600() -> None:
-    problems = [
-        f"{problem}: split it"
-        for name, problem in sorted(oversized().items())
-        if name not in PENDING_SPLITS
-    ]
+    problems = [f"{problem}: split it" for name, problem in sorted(oversized().items())]
     assert not problems, "\n".join(problems)
-
-
-def test_every_pending_split_is_still_over_its_limit() -> None:
-    done = sorted(PENDING_SPLITS - set(oversized()))
-    assert not done, "now within the limits, remove from PENDING_SPLITS: " + ", ".join(done)
 
 
 def test_the_declarative_settings_modules_exist() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_server.processes import ipc
-from kcoral_server.processes.launcher import Launcher, supervised_command
+from kcoral_server.processes.launcher.front_end import Launcher, supervised_command
 from kcoral_server.storage import workspace
 from reliability_support import (
     TRIVIAL,
@@ -218,7 +218,7 @@ def test_workers_die_with_their_launcher_and_the_launcher_with_its_front_end(tmp
             sys.executable,
             "-c",
             "import os, socket, time\n"
-            "from kcoral_server.processes.launcher import Launcher\n"
+            "from kcoral_server.processes.launcher.front_end import Launcher\n"
             "launcher = Launcher()\n"
             "parent, child = socket.socketpair()\n"
             "process = launcher.launch(child.fileno(), dict(os.environ))\n"

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kcoral_server.processes.launcher import ORPHAN_KILL_ENV, supervised_command
+from kcoral_server.processes.launcher.front_end import supervised_command
+from kcoral_server.processes.launcher.wire import ORPHAN_KILL_ENV
 from reliability_support import (
     TRIVIAL,
     check_documented,
@@ -154,7 +155,8 @@ def test_a_request_queued_when_devices_are_quarantined_is_answered_503(tmp_path:
 #: a ``kill_process`` that spares the pids listed in a file: a descendant that "survives"
 SPARING_KILL = """
 import os, signal
-import kcoral_server.processes.launcher as launcher
+import kcoral_server.processes.launcher.family as launcher
+from kcoral_server.processes.launcher import spawn_supervisor, wire
 _real_kill = launcher.kill_process
 def _sparing_kill(pid, sig=signal.SIGKILL):
     try:
@@ -198,7 +200,7 @@ def test_the_fork_server_reports_a_descendant_that_survived_sigkill(tmp_path: Pa
         family.workers[worker.pid] = status_w
         while not select.select([status_r], [], [], 0.01)[0]:
             family.collect()
-        code, survivors = launcher._STATUS.unpack(os.read(status_r, launcher._STATUS.size))
+        code, survivors = wire.STATUS.unpack(os.read(status_r, wire.STATUS.size))
         daemon = int(open(os.environ["SPARE_FILE"]).read())
         _real_kill(daemon)
         print(json.dumps([code, survivors, family.orphans == [daemon]]))
@@ -224,7 +226,7 @@ def test_a_spawned_workers_supervisor_stays_until_a_surviving_descendant_is_gone
     spare = tmp_path / "spare"
     env = {**os.environ, **FAST, "SPARE_FILE": str(spare)}
     supervised_command([sys.executable, "-c", LEAVES_A_DAEMON], env)
-    entry = SPARING_KILL + "import sys\nsys.exit(launcher.supervise(os.getppid()))\n"
+    entry = SPARING_KILL + "import sys\nsys.exit(spawn_supervisor.supervise(os.getppid()))\n"
     supervisor = subprocess.Popen([sys.executable, "-c", entry], env=env)
     try:
         assert wait_until(spare.exists, 60)

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kcoral_server.processes import limits
+from kcoral_server.processes import cgroups, limits
 
 INTERFACE = ("cgroup.procs", "cgroup.subtree_control", "memory.max", "pids.max")
 
@@ -71,12 +71,12 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupFs:
             fs.make(self)  # the kernel fills a new cgroup with its interface files
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
-    monkeypatch.setattr(limits, "_write", fs.write)
-    monkeypatch.setattr(limits, "_cgroup2_mount", lambda: fs.root)
-    monkeypatch.setattr(limits, "_own_cgroups", lambda: {"": own})
-    monkeypatch.setattr(limits, "_trees", {})
-    monkeypatch.setattr(limits, "_ceilings", {os.getpid(): 0})
-    monkeypatch.setattr(limits.atexit, "register", lambda *_: None)
+    monkeypatch.setattr(cgroups, "_write", fs.write)
+    monkeypatch.setattr(cgroups, "_cgroup2_mount", lambda: fs.root)
+    monkeypatch.setattr(cgroups, "_own_cgroups", lambda: {"": own})
+    monkeypatch.setattr(cgroups, "_trees", {})
+    monkeypatch.setattr(cgroups, "_ceilings", {os.getpid(): 0})
+    monkeypatch.setattr(cgroups.atexit, "register", lambda *_: None)
     return fs
 
 
@@ -85,9 +85,9 @@ def test_the_front_end_moves_into_a_leaf_and_workers_sit_under_one_limited_paren
 ) -> None:
     service = fake.root / fake.own.lstrip("/")
     wanted = limits.WorkerLimits(1 << 30, 64, all_workers_memory_bytes=3 << 30)
-    cgroup = limits.create_cgroup(wanted)
-    leaf = service / limits.FRONT_END_LEAF
-    tree = service / f"{limits.TREE_PREFIX}{os.getpid()}"
+    cgroup = cgroups.create_cgroup(wanted)
+    leaf = service / cgroups.FRONT_END_LEAF
+    tree = service / f"{cgroups.TREE_PREFIX}{os.getpid()}"
     # every process of the unit (front-end and supervisor) now lives in the leaf
     assert fake.procs(service) == []
     assert sorted(fake.procs(leaf)) == sorted([str(os.getpid()), "4242"])
@@ -99,7 +99,7 @@ def test_the_front_end_moves_into_a_leaf_and_workers_sit_under_one_limited_paren
     assert (cgroup.paths[0] / "memory.max").read_text() == str(1 << 30)
     assert (cgroup.paths[0] / "memory.oom.group").read_text() == "1"
     # a worker can enter its cgroup (the parent holds no process itself)
-    assert limits._write(cgroup.paths[0] / "cgroup.procs", "777")
+    assert cgroups._write(cgroup.paths[0] / "cgroup.procs", "777")
 
 
 def test_a_cgroup_shared_with_processes_it_cannot_move_leaves_v2_limits_unenforced(
@@ -113,10 +113,10 @@ def test_a_cgroup_shared_with_processes_it_cannot_move_leaves_v2_limits_unenforc
             return False  # not ours to move (another user's process)
         return real_write(path, text)
 
-    monkeypatch.setattr(limits, "_write", stuck)
+    monkeypatch.setattr(cgroups, "_write", stuck)
     wanted = limits.WorkerLimits(1 << 30, 64, memory_cgroup_only=True)
-    assert limits.create_cgroup(wanted).paths == []
-    assert "memory (not enforced)" in limits.unenforced(wanted)
+    assert cgroups.create_cgroup(wanted).paths == []
+    assert "memory (not enforced)" in cgroups.unenforced(wanted)
     assert fake.procs(service) == ["4242"]
 
 
@@ -124,12 +124,12 @@ def test_a_killed_front_ends_parent_and_its_empty_worker_cgroups_are_removed(
     fake: FakeCgroupFs,
 ) -> None:
     service = fake.root / fake.own.lstrip("/")
-    dead = service / f"{limits.TREE_PREFIX}999999999"
+    dead = service / f"{cgroups.TREE_PREFIX}999999999"
     # plain directories: the stand-in's interface files would keep rmdir from working
-    os.makedirs(dead / f"{limits.CGROUP_PREFIX}999999999-abc")
-    live = service / f"{limits.TREE_PREFIX}{os.getpid()}"
-    os.makedirs(live / f"{limits.CGROUP_PREFIX}{os.getpid()}-abc")
-    assert limits.remove_stale_cgroups() == 2
+    os.makedirs(dead / f"{cgroups.CGROUP_PREFIX}999999999-abc")
+    live = service / f"{cgroups.TREE_PREFIX}{os.getpid()}"
+    os.makedirs(live / f"{cgroups.CGROUP_PREFIX}{os.getpid()}-abc")
+    assert cgroups.remove_stale_cgroups() == 2
     assert not dead.exists() and live.exists()
 
 
@@ -140,7 +140,7 @@ def test_a_memory_limit_above_the_front_end_is_the_machine_the_workers_share(
     slice_dir = fake.root / "system.slice"
     (slice_dir / "memory.max").write_text(str(8 * limits.GIB))
     (fake.root / fake.own.lstrip("/") / "memory.max").write_text("max")
-    monkeypatch.setattr(limits, "_ceilings", {})
-    assert limits._own_memory_ceiling() == 8 * limits.GIB
+    monkeypatch.setattr(cgroups, "_ceilings", {})
+    assert cgroups._own_memory_ceiling() == 8 * limits.GIB
     reserve = limits.memory_reserve(8 * limits.GIB, limits.GIB)
     assert limits.workers_memory_bytes(limits.GIB) == 8 * limits.GIB - reserve

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from kcoral_server.processes import limits
-from kcoral_server.processes.limits import WorkerCgroup, WorkerLimits
+from kcoral_server.processes import cgroups, limits
+from kcoral_server.processes.cgroups import WorkerCgroup
+from kcoral_server.processes.limits import WorkerLimits
 from sandbox_helpers import execute, run_source
 from server_process import start_server
 
@@ -36,7 +37,7 @@ def main():
 
 
 def _pids_limit_enforceable() -> str | None:
-    cgroup = limits.create_cgroup(WorkerLimits(processes=32))
+    cgroup = cgroups.create_cgroup(WorkerLimits(processes=32))
     try:
         return None if cgroup.processes else "no writable cgroup with a pids controller"
     finally:
@@ -66,7 +67,7 @@ def _strays(server) -> list[str]:
 def _leftover_cgroups(server) -> list[Path]:
     """Worker cgroups of ``server`` (named after its pid) that outlive it: every server makes
     worker cgroups now that limits are on by default, so other servers' are ignored."""
-    pattern = f"**/{limits.CGROUP_PREFIX}{server.process.pid}-*"
+    pattern = f"**/{cgroups.CGROUP_PREFIX}{server.process.pid}-*"
     return list(Path("/sys/fs/cgroup").glob(pattern))
 
 
@@ -132,16 +133,16 @@ def test_the_worker_enforces_memory_itself_only_without_a_memory_cgroup() -> Non
 def test_an_oom_kill_in_the_cgroup_is_reported_with_the_limit(tmp_path: Path) -> None:
     cgroup = WorkerCgroup([tmp_path], memory_bytes=4096)
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
-    assert limits.limit_message(cgroup) is None
+    assert cgroups.limit_message(cgroup) is None
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-    message = limits.limit_message(cgroup)
+    message = cgroups.limit_message(cgroup)
     assert message is not None and "memory limit of 4096 bytes" in message
 
 
 def test_the_launch_wrapper_enters_every_cgroup_before_the_command(tmp_path: Path) -> None:
     cgroup = WorkerCgroup([tmp_path / "a", tmp_path / "b"])
     wrapped = cgroup.wrap(["python", "-m", "x"])
-    assert wrapped[:3] == ["/bin/sh", "-c", limits.SHIM]
+    assert wrapped[:3] == ["/bin/sh", "-c", cgroups.SHIM]
     assert wrapped[4:] == [
         str(tmp_path / "a" / "cgroup.procs"),
         str(tmp_path / "b" / "cgroup.procs"),

@@ -3,7 +3,7 @@
 Attacker: a rogue node (whoever holds the node token and gets a slot, or a compromised node
 server). The router used to pass on every header of a node's answer except hop-by-hop
 ones, so a node could set ``Set-Cookie`` or ``Access-Control-Allow-Origin: *`` in the
-router's name. Now it passes on only ``forward.RELAYED_RESPONSE_HEADERS``; the second test
+router's name. Now it passes on only ``headers.RELAYED_RESPONSE_HEADERS``; the second test
 collects every header our own server sends, from real answers of each endpoint, and checks
 each one is either relayed or deliberately dropped, so the allow-list cannot silently lose
 one of ours.
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.forward import DROPPED_RESPONSE_HEADERS, RELAYED_RESPONSE_HEADERS
+from kcoral_server.router.headers import DROPPED_RESPONSE_HEADERS, RELAYED_RESPONSE_HEADERS
 from raw_http import Response, call_program, execute_body, request
 from router_helpers import FakeNode, http_request, start_router, wait_for_health
 from server_process import start_server

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kcoral_server.processes import limits
+from kcoral_server.processes import cgroups, limits
 from sandbox_default_support import (
     broken_bwrap,
     bwrap_problem,
@@ -218,7 +218,7 @@ def main(forks, most):
 
 def _default_process_limit_problem() -> str | None:
     wanted = limits.WorkerLimits(processes=limits.DEFAULT_PROCESS_LIMIT)
-    if limits.unenforced(wanted):
+    if cgroups.unenforced(wanted):
         return "no writable pids cgroup here"
     return None
 
@@ -323,7 +323,7 @@ def main():
 
 def _default_memory_limit_problem() -> str | None:
     wanted = limits.WorkerLimits(memory_bytes=limits.default_memory_limit(1))
-    if not wanted.memory_bytes or limits.unenforced(wanted):
+    if not wanted.memory_bytes or cgroups.unenforced(wanted):
         return "no writable memory cgroup here"
     return None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from http_helpers import execute, module_program
 from kcoral_server.execution.exit_cause import deadline_message, size_text
-from kcoral_server.processes import limits
+from kcoral_server.processes import cgroups
 from kcoral_server.processes.limits import WorkerLimits
 
 MEMORY_LIMIT = 256 * 1024 * 1024
@@ -42,7 +42,7 @@ def sleep(seconds):
 
 
 def _enforced(wanted: WorkerLimits, field: str) -> str | None:
-    cgroup = limits.create_cgroup(wanted)
+    cgroup = cgroups.create_cgroup(wanted)
     try:
         return None if getattr(cgroup, field) else f"no writable cgroup enforces {field} here"
     finally:

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 from kcoral_server.processes import ipc
-from kcoral_server.processes.launcher import Launcher
+from kcoral_server.processes.launcher.front_end import Launcher
 
 
 def _configure() -> ipc.Configure:

@@ -18,7 +18,7 @@ from kcoral_server.pool import startup as pool_startup
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.seat import SeatState
-from kcoral_server.processes import ipc, limits
+from kcoral_server.processes import cgroups, ipc
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.start import WorkerInfo, WorkerStartError
 from kcoral_server.settings.config import ServerConfig
@@ -129,8 +129,8 @@ def _no_host_side_effects(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Pool.start`` tidies what killed servers left in /tmp and the cgroup tree; a unit
     test touches neither."""
     monkeypatch.setattr(pool_startup, "remove_stale_workspaces", lambda: 0)
-    monkeypatch.setattr(limits, "remove_stale_cgroups", lambda: None)
-    monkeypatch.setattr(limits, "unenforced", lambda wanted: [])
+    monkeypatch.setattr(cgroups, "remove_stale_cgroups", lambda: None)
+    monkeypatch.setattr(cgroups, "unenforced", lambda wanted: [])
     monkeypatch.setattr(pool_replacement, "BACKOFF_START_SECONDS", 0.01)
     StandInWorker.fail_starts = 0
     StandInWorker.unconfirmed_kill = None

@@ -19,12 +19,8 @@ from pathlib import Path
 
 import pytest
 from kcoral_server.processes import sandbox
-from kcoral_server.processes.launcher import (
-    PRELOAD_IDLE_SECONDS,
-    ForkedProcess,
-    Launcher,
-    LauncherRefused,
-)
+from kcoral_server.processes.launcher.fork_server import PRELOAD_IDLE_SECONDS
+from kcoral_server.processes.launcher.front_end import ForkedProcess, Launcher, LauncherRefused
 from kcoral_server.processes.sandbox import worker_base_environment
 from server_process import RunningServer, start_server
 
@@ -107,7 +103,7 @@ def test_the_preloading_launcher_runs_no_thread_but_its_main_one(preloading_laun
 
 PRELOAD_AND_LOOK = """
 import json, os, sys, threading
-from kcoral_server.processes.launcher import fork_hazards, preload
+from kcoral_server.processes.launcher.fork_server import fork_hazards, preload
 loaded = preload(["torch"])
 import torch
 print(json.dumps({
@@ -171,7 +167,8 @@ def test_a_launcher_cannot_be_asked_to_preload_an_unknown_module():
 
 FINALIZERS_AT_EXIT = """
 import os, weakref
-from kcoral_server.processes.launcher import _quick_exit, preload
+from kcoral_server.processes.launcher.fork_server import preload
+from kcoral_server.processes.launcher.forked_worker import quick_exit as _quick_exit
 preload(["torch"])
 read, write = os.pipe()
 pid = os.fork()

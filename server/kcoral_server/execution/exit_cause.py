@@ -11,7 +11,7 @@ on the happy path.
 
 from __future__ import annotations
 
-from kcoral_server.processes.limits import WorkerCgroup
+from kcoral_server.processes.cgroups import WorkerCgroup
 from kcoral_server.settings.config import ServerConfig
 
 __all__ = ["TIMEOUT_MESSAGE", "deadline_message", "limit_cause", "size_text"]

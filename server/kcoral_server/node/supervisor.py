@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import grpc
 import psutil
 
 from kcoral_server.node.handover import (
@@ -38,9 +37,8 @@ from kcoral_server.node.handover import (
     write_secrets,
 )
 from kcoral_server.node.http11 import get_json
-from kcoral_server.node.tunnel import auth_metadata, open_channel, wait_connected
+from kcoral_server.node.status_stream import stream_status
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.log import RouterLog
 from kcoral_server.settings.command_line import listen_flags, supervisor_flags
 
@@ -254,55 +252,15 @@ class Supervisor:
         self.status_changed.set()
 
     async def report_loop(self) -> None:
-        delay = 1.0
-        channel = open_channel(self.config.router_endpoint)
-        stub = pb_grpc.RouterGatewayStub(channel)
-        metadata = auth_metadata(self.config.node_token)
-        try:
-            while True:
-                call = stub.ConnectSupervisor(metadata=metadata)
-                try:
-                    await wait_connected(channel)
-                    await call.write(self.status())
-                    ack = await asyncio.wait_for(call.read(), 12)
-                    if ack is grpc.aio.EOF:
-                        raise ConnectionError("the router ended the supervisor stream")
-                    delay = 1.0
-                    self.log.event("supervisor_connected", node_id=self.config.node_id)
-                    while True:
-                        self.status_changed.clear()
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(
-                                self.status_changed.wait(), self.options.health_interval_seconds
-                            )
-                        await call.write(self.status())
-                        if self.stopping.is_set() and self.child is None:
-                            await call.done_writing()
-                            return
-                except (grpc.RpcError, ConnectionError, asyncio.TimeoutError) as exc:
-                    text = (
-                        f"{exc.code().name}: {exc.details()}"
-                        if isinstance(exc, grpc.RpcError) and hasattr(exc, "code")
-                        else str(exc)
-                    )
-                    self.log.event(
-                        "supervisor_disconnected",
-                        "WARNING",
-                        node_id=self.config.node_id,
-                        error=text or type(exc).__name__,
-                        reconnect_delay_seconds=delay,
-                    )
-                except asyncio.CancelledError:
-                    call.cancel()
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise
-                finally:
-                    call.cancel()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
-        finally:
-            await channel.close()
+        """Stream ``status()`` to the router until the supervisor stops (``status_stream``)."""
+        await stream_status(
+            self.config,
+            self.status,
+            self.status_changed,
+            interval=self.options.health_interval_seconds,
+            done=lambda: self.stopping.is_set() and self.child is None,
+            log=self.log,
+        )
 
     # -- the child server ------------------------------------------------------------------
 

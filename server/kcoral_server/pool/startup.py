@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from kcoral_server.pool.seat import Seat
-from kcoral_server.processes import limits
+from kcoral_server.processes import cgroups, limits
 from kcoral_server.settings.config import ServerConfig
 from kcoral_server.storage.event_log import EventLog
 from kcoral_server.storage.workspace import remove_stale_workspaces
@@ -22,9 +22,9 @@ async def prepare_host(config: ServerConfig, seats: int, events: EventLog) -> No
     which per-worker limits no cgroup enforces, so that such a limit is never silent."""
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, remove_stale_workspaces)
-    await loop.run_in_executor(None, limits.remove_stale_cgroups)
+    await loop.run_in_executor(None, cgroups.remove_stale_cgroups)
     wanted = limits.limits_from_config(config, seats=seats)
-    missing = await loop.run_in_executor(None, limits.unenforced, wanted)
+    missing = await loop.run_in_executor(None, cgroups.unenforced, wanted)
     if missing:
         events.emit(
             "worker_limits_unenforced",

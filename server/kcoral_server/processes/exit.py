@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from kcoral_server.processes import procfs
-from kcoral_server.processes.launcher import ForkedProcess, cleanup_confirm_seconds
+from kcoral_server.processes.launcher.front_end import ForkedProcess, cleanup_confirm_seconds
 from kcoral_server.processes.pidfd import open_pidfd
 
 __all__ = ["kill_tree", "kill_tree_now", "survivors_of", "watch_exit"]

@@ -10,7 +10,8 @@ kills a handle.
 
 Who can reach what: the worker runs *programs* (uploaded code). It is launched by
 ``kcoral_server.processes.start`` (environment without secrets, seat sandbox, fork server)
-and runs inside its limits (``kcoral_server.processes.limits``) from its first instruction.
+and runs inside its limits (``kcoral_server.processes.limits``, enforced by
+``kcoral_server.processes.cgroups``) from its first instruction.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import Any
 
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.gpu.worker_lease import LeaseHolder
-from kcoral_server.processes import ipc, limits
+from kcoral_server.processes import cgroups, ipc
 from kcoral_server.processes.channel import ReceiveInterrupted, WorkerChannel, WorkerGone, close_fds
 from kcoral_server.processes.exit import kill_tree, survivors_of, watch_exit
 from kcoral_server.processes.launch import SeatSandbox
-from kcoral_server.processes.launcher import ForkedProcess
+from kcoral_server.processes.launcher.front_end import ForkedProcess
 from kcoral_server.processes.sandbox import SandboxDir
 from kcoral_server.processes.start import (
     STARTUP_TIMEOUT_SECONDS,
@@ -179,7 +180,7 @@ class WorkerHandle:
         return self.os_process.confinement
 
     @property
-    def cgroup(self) -> limits.WorkerCgroup | None:
+    def cgroup(self) -> cgroups.WorkerCgroup | None:
         return self.confinement.cgroup
 
     @property
@@ -300,7 +301,7 @@ class WorkerHandle:
 
     def _describe_gone(self, gone: WorkerGone) -> WorkerGone:
         """Name the limit the worker hit, if that is why it is gone (and log it)."""
-        hit = limits.limit_message(self.cgroup)
+        hit = cgroups.limit_message(self.cgroup)
         if hit is None:
             return gone
         if self.events is not None:

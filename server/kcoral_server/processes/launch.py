@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kcoral_server.processes import limits
-from kcoral_server.processes.launcher import (
+from kcoral_server.processes.launcher.front_end import (
     ForkedProcess,
     Launcher,
     LauncherError,

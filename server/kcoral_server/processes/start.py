@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral_server.processes import ipc, limits
+from kcoral_server.processes import cgroups, ipc, limits
 from kcoral_server.processes.exit import kill_tree_now
 from kcoral_server.processes.launch import (
     LAUNCH_ENV,
@@ -33,7 +33,7 @@ from kcoral_server.processes.launch import (
     sandbox_dir_for,
     worker_environment,
 )
-from kcoral_server.processes.launcher import (
+from kcoral_server.processes.launcher.front_end import (
     ForkedProcess,
     LauncherError,
     LauncherRefused,
@@ -88,7 +88,7 @@ class WorkerConfinement:
     """The cgroup and sandbox directory of one worker process, removed once it is gone."""
 
     def __init__(self) -> None:
-        self.cgroup: limits.WorkerCgroup | None = None
+        self.cgroup: cgroups.WorkerCgroup | None = None
         self.sandbox_dir: SandboxDir | None = None
         self.owns_sandbox_dir = True  # False: the seat's sandbox directory, not removed here
 
@@ -207,7 +207,7 @@ def _fork_in_seat_sandbox(
         return None
     env = worker_environment(spec.device, spec.gpu_ids, spec.gpu_uuids, spec.deny)
     wanted = limits.limits_from_config(spec.config, seats=spec.seats)
-    cgroup = limits.create_cgroup(wanted)
+    cgroup = cgroups.create_cgroup(wanted)
     env.update(limits.worker_limit_environment(wanted, cgroup, spec.device))
     try:
         process = seat_sandbox.launch(fd, env, cgroup.procs_files)
@@ -237,7 +237,7 @@ def _launch_command(
         env = sandbox_dir.environment(env)
         command = sandbox_dir.command(command)
     wanted = limits.limits_from_config(spec.config, seats=spec.seats)
-    confinement.cgroup = limits.create_cgroup(wanted)
+    confinement.cgroup = cgroups.create_cgroup(wanted)
     env.update(limits.worker_limit_environment(wanted, confinement.cgroup, spec.device))
     return command, env
 

@@ -9,7 +9,7 @@ the worker process can be undone by the program, so the front-end looks as well,
 ``ProgramFinished`` and before the lease and the seat are handed on, from places the program
 cannot change:
 
-* the worker's cgroup (``limits.WorkerCgroup``, on by default where cgroups can be written):
+* the worker's cgroup (``cgroups.WorkerCgroup``, on by default where cgroups can be written):
   no process leaves it on its own, whoever its parent becomes. One read of its
   ``cgroup.procs``; the processes in it when the worker became ready (the worker and what
   launches it: the cgroup shim's ``bwrap``, the supervisor) are the worker's own.
@@ -34,8 +34,8 @@ from __future__ import annotations
 import time
 
 from kcoral_server.processes import procfs
-from kcoral_server.processes.launcher import ForkedProcess, Forks
-from kcoral_server.processes.limits import WorkerCgroup
+from kcoral_server.processes.cgroups import WorkerCgroup
+from kcoral_server.processes.launcher.front_end import ForkedProcess, Forks
 
 __all__ = ["StrayWatch", "stray_watch"]
 

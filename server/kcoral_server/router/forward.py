@@ -16,81 +16,20 @@ from typing import Any
 import tornado.iostream
 import tornado.web
 
-from kcoral_server.front_door.callers import IDENTITY_HEADER, Identity
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
 from kcoral_server.router.body_failure import report_body_failures
 from kcoral_server.router.frames import encode_data
+from kcoral_server.router.headers import forwarded_headers, relayed_response_head
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, WORKER, SlotBroken
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# The client's credentials and browser headers stay at the router (a node, rogue or not,
-# never sees a client token); the identity the router checked travels instead, in
-# X-KCoral-Identity, which the node believes only from its tunnel (ROUTER §3, §8.4).
-CLIENT_ONLY = frozenset({"authorization", "cookie", "origin", IDENTITY_HEADER.lower()})
-NOT_FORWARDED = (
-    HOP_BY_HOP | CLIENT_ONLY | {"host", "expect", "x-kcoral-node", "x-request-id", "content-length"}
-)
-#: The only headers of a node's answer the router passes on (ROUTER §8.6): the ones our
-#: server sends that mean something to a client. A node is a process that holds the node
-#: token, not a party the router's clients trust: anything else it adds (``Set-Cookie``,
-#: ``Access-Control-Allow-Origin: *``, ``Location``, ...) would speak in the router's name
-#: to the client and to a browser, so it is dropped. Extending this list is a deliberate
-#: act; ``tests/security/test_router_attack_node_headers.py`` checks it against every header
-#: our server sends.
-RELAYED_RESPONSE_HEADERS = frozenset(
-    {
-        "content-type",
-        "allow",  # 405 (PROTOCOL §2)
-        "retry-after",  # 503 busy
-        "cache-control",  # job events (Server-Sent Events)
-        "x-accel-buffering",  # job events: proxies must not buffer the stream
-    }
-)
-#: Headers our server sends that the router does not relay on purpose: it frames the body
-#: itself (``content-length``, hop-by-hop), names itself (``server``, ``date``) and sets its
-#: own ``x-request-id`` and ``x-kcoral-node``.
-DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {
-    "content-length",
-    "server",
-    "date",
-    "x-request-id",
-    "x-kcoral-node",
-}
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
 TRANSPORT_MESSAGE = (
     "the tunnel to the node failed; the execution outcome is unknown and was not retried"
 )
-METHOD_HEADER, PATH_HEADER = b":method", b":path"
 BUFFERED_ANSWER_LIMIT = 1 << 16
-
-
-def identity_header(identity: Identity) -> pb.HttpHeader:
-    """``x-kcoral-identity`` naming who the router authenticated (``default`` when open)."""
-    return pb.HttpHeader(
-        name=IDENTITY_HEADER.lower().encode(), value=identity.header_value().encode()
-    )
-
-
-def connection_named(headers: Any) -> set[str]:
-    names: set[str] = set()
-    for value in headers.get_list("Connection"):
-        names.update(part.strip().lower() for part in value.split(",") if part.strip())
-    return names
 
 
 @tornado.web.stream_request_body
@@ -189,32 +128,14 @@ class ForwardHandler(RouterHandler):
             self.state.in_progress += 1
             self.counted = True
         self.forwarding = True
-        head = pb.RequestHead(headers=self._forwarded_headers())
+        headers = forwarded_headers(self.request, self.identity, self.request_id, self.declared)
+        head = pb.RequestHead(headers=headers)
         if self.declared is not None:
             head.content_length = self.declared
         self.relay_task = loop.create_task(self._relay_response())
         await self._send(pb.SlotFrame(request_id=self.request_id, request_head=head))
         if self.declared == 0 and self.request.method != "POST":
             await self._finish_body()  # nothing will arrive: end the request body now
-
-    def _forwarded_headers(self) -> list[pb.HttpHeader]:
-        dropped = NOT_FORWARDED | connection_named(self.request.headers)
-        headers = []
-        if self.request.path != "/execute" or self.request.method != "POST":
-            headers.append(pb.HttpHeader(name=METHOD_HEADER, value=self.request.method.encode()))
-            headers.append(pb.HttpHeader(name=PATH_HEADER, value=self.request.uri.encode()))
-        # Lowercase names, as HTTP/2 requires (RFC 9113 §8.2.1, ROUTER §8.4): a node may read
-        # them as an ASGI server does and would not see `Content-Type` at all.
-        headers.extend(
-            pb.HttpHeader(name=name.lower().encode("latin-1"), value=value.encode("latin-1"))
-            for name, value in self.request.headers.get_all()
-            if name.lower() not in dropped
-        )
-        headers.append(identity_header(self.identity))
-        headers.append(pb.HttpHeader(name=b"x-request-id", value=self.request_id.encode()))
-        if self.declared is not None:
-            headers.append(pb.HttpHeader(name=b"content-length", value=str(self.declared).encode()))
-        return headers
 
     async def _send(self, frame: pb.SlotFrame | bytes) -> None:
         try:
@@ -291,7 +212,7 @@ class ForwardHandler(RouterHandler):
         slot = self.slot
         try:
             head = await slot.next_frame()
-            status, headers = self._check_head(head)
+            status, headers = relayed_response_head(head)
             if status is None:
                 self._invalid_response()
                 return
@@ -361,29 +282,6 @@ class ForwardHandler(RouterHandler):
         self.slot_done()
         if not self._finished:
             self.finish()
-
-    def _check_head(self, frame: pb.SlotFrame) -> tuple[int | None, list[tuple[str, str]]]:
-        if frame.WhichOneof("payload") != "response_head":
-            return None, []
-        status = frame.response_head.status
-        if not 200 <= status <= 599:
-            return None, []
-        headers = []
-        try:
-            for header in frame.response_head.headers:
-                name = header.name.decode("ascii")
-                value = header.value.decode("latin-1")
-                if (
-                    not name
-                    or any(c in name for c in " :\r\n\0")
-                    or any(c in value for c in "\r\n\0")
-                ):
-                    return None, []
-                if name.lower() in RELAYED_RESPONSE_HEADERS:
-                    headers.append((name, value))
-        except UnicodeDecodeError:
-            return None, []
-        return status, headers
 
     def _invalid_response(self) -> None:
         self.finish_reason = "invalid_response"

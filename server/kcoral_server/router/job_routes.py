@@ -20,12 +20,8 @@ from typing import Any
 
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.forward import (
-    METHOD_HEADER,
-    PATH_HEADER,
-    ForwardHandler,
-    identity_header,
-)
+from kcoral_server.router.forward import ForwardHandler
+from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, SlotBroken

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kcoral_server.front_door.callers import Identity
-from kcoral_server.router.forward import ForwardHandler, identity_header
+from kcoral_server.router.forward import ForwardHandler
+from kcoral_server.router.headers import identity_header
 from kcoral_server.router.job_routes import (
     answers_to_merge,
     ask_every_node,

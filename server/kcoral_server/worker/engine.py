@@ -1,6 +1,8 @@
-"""Runs one program: instruction semantics, lease placement, returns and teardown.
+"""Runs one program: from ``RunProgram`` through its instructions to teardown and ``Outcome``.
 
-PROTOCOL §5–§7 and SERVER §6–§9. The engine talks to the front-end only through the
+PROTOCOL §5–§7 and SERVER §6–§9. What each instruction does (and where the lease is taken
+for it) is ``instructions.Instructions``; ``ProgramExecution`` drives it and tears the
+program down under the lease (§6.3). The engine talks to the front-end only through the
 channel: ``InstructionStarted`` before each instruction, lease messages where §6.2 puts
 them, one ``ReturnProduced`` per successful return (sent at once, so a later crash keeps
 it), and finally a ``ProgramFinished`` built by the caller from ``Outcome``.
@@ -11,19 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import inspect
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kcoral.protocol.errors import ValidationError
-from kcoral.protocol.paths import normalize_workspace_path
-from kcoral.protocol.schema import GetFunction, Instruction, LiteralArg, Ref, Return, Run, Upload
+from kcoral.protocol.schema import Instruction, Return
 from kcoral.protocol.strict_json import loads_strict
 from kcoral_server.processes.ipc import (
     BlockingChannel,
@@ -31,38 +29,28 @@ from kcoral_server.processes.ipc import (
     InstructionStarted,
     ProgramFinished,
     ProgressSlot,
-    ReturnProduced,
     RunProgram,
 )
 from kcoral_server.worker import context
-from kcoral_server.worker.blobs import BlobMaps, hashed_parts_memfd
+from kcoral_server.worker.blobs import BlobMaps
 from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
 from kcoral_server.worker.confinement import clear_workspace, empty_private_tmp
-from kcoral_server.worker.cupti_guard import GpuAccessFailure, finalize_cupti, watch_cpu_only
+from kcoral_server.worker.cupti_guard import GpuAccessFailure, finalize_cupti
 from kcoral_server.worker.failures import (
     Attribution,
     InstructionFailure,
-    classify,
     error_object,
     exception_text,
-    format_user_traceback,
 )
-from kcoral_server.worker.files import Budget, collect_file, collect_folder, write_upload
+from kcoral_server.worker.instructions import Instructions
 from kcoral_server.worker.leasing import Lease, WorkerExit
 from kcoral_server.worker.leftovers import leftover_threads, live_threads, thread_message
-from kcoral_server.worker.libraries import Libraries, library_function
-from kcoral_server.worker.modules import (
-    CudaSourceModule,
-    PythonModules,
-    cuda_function,
-    python_attribute,
-)
+from kcoral_server.worker.libraries import Libraries
 from kcoral_server.worker.reaper import kill_descendants
 from kcoral_server.worker.runtime import CpuRuntime, CudaFault, GpuRuntime
 from kcoral_server.worker.state import ProcessSnapshot
 
 LEFTOVER_MESSAGE = "program left background processes running; they were terminated"
-NOT_A_MODULE = "get_function expects an uploaded module or library handle"
 # Survivors of each clean-up are frozen out of the collector (torch alone is hundreds of
 # thousands of objects); a periodic full pass still finds cycles among frozen objects. That
 # pass walks every object: ~40-80 ms of CPU in a worker that preloaded torch, which every
@@ -81,30 +69,10 @@ def full_collection_spacing(seconds: float) -> int:
     return min(max(wanted, FULL_COLLECTION_EVERY), FULL_COLLECTION_MAX_SPACING)
 
 
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
-
-
 def _parse(program_json: str) -> Any:
     from kcoral.protocol.validate import parse_program  # written by the protocol engineer
 
     return parse_program(loads_strict(program_json))
-
-
-def _encode(value: Any, first_part_index: int) -> tuple[dict, list[Any]]:
-    from kcoral.protocol import values  # imported late: it is only needed for returns
-
-    try:
-        # unhashed: the parts are hashed while they are written out (``_send_return``)
-        return values.encode_value(value, first_part_index, hash_parts=False)
-    except values.ValueEncodingError as exc:
-        raise InstructionFailure("serialization", str(exc)) from None
-    except InstructionFailure:
-        raise
-    except Exception as exc:  # e.g. a __dlpack__ of uploaded code that raises
-        raise InstructionFailure(
-            "serialization", exception_text(exc), format_user_traceback(exc)
-        ) from None
 
 
 @dataclass
@@ -215,20 +183,12 @@ class ProgramExecution:
         self.channel = engine.channel
         self.runtime = engine.runtime
         self.lease = engine.lease
-        self.handles: dict[str, Any] = {}
-        self.module_kinds: dict[str, str] = {}  # handle id -> "python" | "cuda" | "library"
-        self.cpu_only: set[str] = set()
-        self.modules = PythonModules()
-        self.blobs: BlobMaps | None = None
-        self.workspace_fd: int | None = None
-        self.part_index = 0  # next return:<i>
-        self.part_bytes = 0  # bytes of all parts produced so far (file/folder budget)
+        self.instructions = Instructions(engine, request.max_response_bytes)
         self.last: Attribution | None = None  # last instruction that started
-        self.previous: Attribution | None = None  # the one before it
         self.exiting = False  # the front-end went away or asked us to stop
         self.error: dict[str, Any] | None = None
         self.left_processes = False
-        self.poisoned = False
+        self._poisoned = False  # see ``poisoned``
         self.gpu_access_at: float | None = None  # monotonic time of a cpu_only CUDA call
         self.settled = False
         self.progress: ProgressSlot | None = None  # set by ``execute``
@@ -238,6 +198,12 @@ class ProgramExecution:
         # (the engine's copies, not taken anew per program: see ``Engine.modules_seen``)
         self.modules_before = engine.modules_seen
         self.importers_before = engine.importers_seen
+
+    @property
+    def poisoned(self) -> bool:
+        """The worker must not run another program: a sticky device fault, an unconfirmed
+        clean-up or a workspace it could not empty."""
+        return self._poisoned or self.instructions.poisoned
 
     # ------------------------------------------------------------------ driver
 
@@ -307,11 +273,11 @@ class ProgramExecution:
         try:
             if startup_failure is not None:
                 raise startup_failure
-            self.workspace_fd = os.open(
+            self.instructions.workspace_fd = os.open(
                 self.request.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
             )
             os.chdir(self.request.workspace)
-            self.blobs = BlobMaps(self.request.blobs, self.fds)
+            self.instructions.blobs = BlobMaps(self.request.blobs, self.fds)
             self.fds = []
             program = _parse(self.request.program_json)
         except Exception as exc:
@@ -326,13 +292,13 @@ class ProgramExecution:
             return
         for instruction in program.instructions:
             where = Attribution(instruction.index, instruction.op, _instruction_id(instruction))
-            self.previous, self.last = self.last, where
+            previous, self.last = self.last, where
             if self.progress is not None:
                 self.progress.started(where.index)
             if self.report_instructions:
                 self.channel.send(InstructionStarted(index=where.index, op=where.op, id=where.id))
             try:
-                self._step(instruction)
+                self.instructions.step(instruction, previous)
             except WorkerExit:
                 self.exiting = True
                 raise
@@ -364,183 +330,6 @@ class ProgramExecution:
             # for the front-end, which alone knows who held the GPU then
             self.gpu_access_at = failure.observed_at
 
-    def _step(self, instruction: Instruction) -> None:
-        if isinstance(instruction, Upload):
-            self._upload(instruction)
-        elif isinstance(instruction, GetFunction):
-            self._get_function(instruction)
-        elif isinstance(instruction, Run):
-            self._run(instruction)
-        elif isinstance(instruction, Return):
-            if instruction.kind == "value":
-                self._return_value(instruction)
-            else:
-                self._return_path(instruction)
-        else:
-            raise InstructionFailure("engine", f"unknown instruction {instruction!r}")
-
-    # ------------------------------------------------------------------ helpers
-
-    def _call_user(self, call: Callable[[], Any]) -> Any:
-        """Run uploaded code; every exception (SystemExit too) fails the instruction."""
-        try:
-            result = call()
-            if inspect.isawaitable(result):
-                result = self.engine.loop.run_until_complete(_awaited(result))
-            return result
-        except BaseException as exc:
-            raise classify(exc) from None
-
-    def _drain_and_release(self) -> None:
-        """Finish outstanding GPU work, then give the lease back (§6.2)."""
-        if not self.lease.held:
-            return
-        fault = self.runtime.drain()
-        self.lease.release()
-        if fault is not None:
-            self.poisoned = self.poisoned or fault.sticky
-            # the fault belongs to GPU work that already ran, not to this instruction
-            raise InstructionFailure("runtime", fault.message, "", self.previous)
-
-    def _blob(self, sha256: str | None) -> memoryview:
-        assert self.blobs is not None and sha256 is not None
-        return self.blobs.get(sha256)
-
-    def _resolve(self, ref: Ref) -> Any:
-        try:
-            return self.handles[ref.id]
-        except KeyError:
-            raise InstructionFailure("engine", f"handle '{ref.id}' does not exist") from None
-
-    # ------------------------------------------------------------------ instructions
-
-    def _upload(self, upload: Upload) -> None:
-        kind = upload.kind
-        if kind == "module" and upload.language == "cuda":
-            self.handles[upload.id] = CudaSourceModule(upload.source or "")
-            self.module_kinds[upload.id] = "cuda"
-        elif kind == "module":
-            self.lease.acquire()
-            module, code = self.modules.compile(upload.source or "")
-            self._call_user(lambda: exec(code, module.__dict__))
-            self.handles[upload.id] = module
-            self.module_kinds[upload.id] = "python"
-        elif kind == "tensor":
-            self.lease.acquire()
-            shape = tuple(upload.shape or ())
-            data = self._blob(upload.blob)
-            self.handles[upload.id] = self.runtime.tensor(data, upload.dtype or "", shape)
-        elif kind == "bytes":
-            self.handles[upload.id] = bytes(self._blob(upload.blob))
-        elif kind == "file":
-            self._drain_and_release()
-            path = upload.path or ""
-            if self.engine.configure.sandbox == "bubblewrap" and path.split("/")[0] == ".kcoral":
-                raise InstructionFailure("runtime", f"path {path!r} is reserved in the sandbox")
-            assert self.workspace_fd is not None
-            write_upload(self.workspace_fd, path, self._blob(upload.blob))
-            if upload.id is not None:
-                self.handles[upload.id] = path
-        elif kind == "library":
-            self.lease.acquire()
-            library = self.engine.libraries.load(upload.blob or "", self._blob(upload.blob))
-            self.handles[upload.id] = library
-            self.module_kinds[upload.id] = "library"
-        else:
-            raise InstructionFailure("engine", f"unknown upload kind {kind!r}")
-
-    def _get_function(self, get: GetFunction) -> None:
-        target = self._resolve(get.module)
-        kind = self.module_kinds.get(get.module.id)
-        if kind == "python":
-            self.lease.acquire()
-            value = self._call_user(lambda: python_attribute(target, get.name, get.module.id))
-        elif kind == "cuda":
-            value = cuda_function(target, get.name)
-        elif kind == "library":
-            self.lease.acquire()
-            value = library_function(target, get.name)
-        else:
-            raise InstructionFailure(self.runtime.non_module_function_kind, NOT_A_MODULE)
-        self.handles[get.id] = value
-        if get.cpu_only:
-            self.cpu_only.add(get.id)
-
-    def _run(self, run: Run) -> None:
-        function = self._resolve(run.fn)
-        watched = run.fn.id in self.cpu_only
-        if watched:
-            self._drain_and_release()
-        else:
-            self.lease.acquire()
-        if not callable(function):
-            raise InstructionFailure("runtime", f"handle '{run.fn.id}' is not callable")
-        args = [self._resolve(arg) if isinstance(arg, Ref) else _literal(arg) for arg in run.args]
-        if not watched:
-            self.handles[run.id] = self._call_user(lambda: function(*args))
-            return
-        with watch_cpu_only(self.runtime.device):  # PROTOCOL §6.2 cpu_only watch
-            self.handles[run.id] = self._call_user(lambda: function(*args))
-
-    def _return_value(self, ret: Return) -> None:
-        self.lease.acquire()  # tensors on the GPU are copied to the host under the lease
-        assert ret.value is not None
-        value = self._resolve(ret.value)
-        node, parts = _encode(value, self.part_index)
-        self._send_return(ret, node, parts)
-
-    def _return_path(self, ret: Return) -> None:
-        self._drain_and_release()
-        path = self._runtime_path(ret.path)
-        budget = Budget(self.request.max_response_bytes - self.part_bytes)
-        assert self.workspace_fd is not None
-        if ret.kind == "file":
-            data = collect_file(self.workspace_fd, path, budget)
-            node: dict[str, Any] = _file_node(data, self.part_index)
-            parts = [data]
-        else:
-            folder = collect_folder(self.workspace_fd, path, budget)
-            files: dict[str, Any] = {}
-            parts = []
-            for relative, data in folder.files.items():
-                files[relative] = _file_node(data, self.part_index + len(parts))
-                parts.append(data)
-            node = {"type": "folder", "files": files, "directories": folder.directories}
-        self._send_return(ret, node, parts)
-
-    def _runtime_path(self, path: str | Ref | None) -> str:
-        if not isinstance(path, Ref):
-            return normalize_workspace_path(path)  # literals were normalized at parse time
-        value = self._resolve(path)
-        if not isinstance(value, str):
-            raise InstructionFailure(
-                "serialization",
-                f"path handle '{path.id}' holds {type(value).__name__}, not a string",
-            )
-        try:
-            return normalize_workspace_path(value)
-        except ValidationError as exc:
-            raise InstructionFailure("serialization", f"invalid path: {exc}") from None
-
-    def _send_return(self, ret: Return, node: dict[str, Any], parts: list[Any]) -> None:
-        from kcoral.protocol.values import fill_part_hashes
-
-        fd, lengths, digests = hashed_parts_memfd(parts)
-        try:
-            fill_part_hashes(node, self.part_index, digests)
-        except BaseException:
-            if fd is not None:
-                os.close(fd)
-            raise
-        message = ReturnProduced(index=ret.index, key=ret.key, node=node, part_lengths=lengths)
-        try:
-            self.channel.send(message, [fd] if fd is not None else [])
-        finally:
-            if fd is not None:
-                os.close(fd)
-        self.part_index += len(parts)
-        self.part_bytes += sum(lengths)
-
     # ------------------------------------------------------------------ teardown
 
     def _teardown(self) -> None:
@@ -558,7 +347,7 @@ class ProgramExecution:
         self._record_fault(self.runtime.drain(), last)
         self._cancel_pending_tasks()
         self._cleanup_process()
-        if self.poisoned is False and self.error is not None and self.runtime.device == "gpu":
+        if not self.poisoned and self.error is not None and self.runtime.device == "gpu":
             self._record_fault(self.runtime.check_context(), last)
         found, verified = kill_descendants()
         if found:
@@ -566,7 +355,7 @@ class ProgramExecution:
             if self.error is None:
                 self.error = error_object("runtime", LEFTOVER_MESSAGE, last, "")
         if not verified:
-            self.poisoned = True
+            self._poisoned = True
         threads = leftover_threads(self.threads_before, self.engine.loop)
         if threads:  # a thread cannot be killed: the worker retires (as for processes)
             self.left_processes = True
@@ -576,14 +365,14 @@ class ProgramExecution:
             # §14: the sandbox keeps one workspace; a worker that cannot empty it must not
             # take another program (retired like a poisoned one).
             if not clear_workspace(self.request.workspace):
-                self.poisoned = True
+                self._poisoned = True
             empty_private_tmp()  # /tmp, /var/tmp, /dev/shm: tmpfs only the worker reaches
 
     def _record_fault(self, fault: CudaFault | None, last: Attribution) -> None:
         if fault is None:
             return
         if fault.sticky:
-            self.poisoned = True
+            self._poisoned = True
             if self.error is None:
                 self.error = error_object("runtime", fault.message, last, "")
         elif self.error is not None and self.error["kind"] == "gpu_access":
@@ -605,9 +394,7 @@ class ProgramExecution:
     def _cleanup_process(self) -> None:
         """The part of clean-up the outcome waits for: what the program's output and the
         leftover-process check depend on. ``settle`` does the rest."""
-        self.handles.clear()
-        self.module_kinds.clear()
-        self.modules.teardown()
+        self.instructions.close()
         # here, not in settle: the front-end deletes the workspace once it has the outcome
         if _drop_workspace_modules(
             self.request.workspace, self.modules_before, self.importers_before
@@ -615,12 +402,7 @@ class ProgramExecution:
             self.engine.remember_modules()
         self.modules_before = {}
         self.importers_before = set()
-        if self.blobs is not None:
-            self.blobs.close()
         flush_c_stdio()
-        if self.workspace_fd is not None:
-            os.close(self.workspace_fd)
-            self.workspace_fd = None
         if self.exiting:
             self.settle()
 
@@ -644,15 +426,6 @@ class ProgramExecution:
 
 def _instruction_id(instruction: Instruction) -> str | None:
     return None if isinstance(instruction, Return) else instruction.id
-
-
-def _literal(arg: LiteralArg | Any) -> Any:
-    return arg.value if isinstance(arg, LiteralArg) else arg
-
-
-def _file_node(data: bytes, part_index: int) -> dict[str, Any]:
-    # ``sha256`` is filled in by ``_send_return`` while the part is written out
-    return {"type": "file", "size": len(data), "part": f"return:{part_index}", "sha256": ""}
 
 
 def _own_traceback(exc: BaseException) -> str:

@@ -1,5 +1,5 @@
 """A torch tensor upload is the program's own writable copy of its blob (EXTENSIONS §2),
-made in huge-page-backed NumPy memory (``worker/tensors.private_copy``)."""
+made in huge-page-backed NumPy memory (``worker/runtime.private_copy``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,79 @@
+"""The node supervisor's status reports to the router over ``ConnectSupervisor`` (ROUTER.md
+§12): one status at connect, then one whenever it changes or every health interval, with
+reconnects backing off up to 30 s."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import grpc
+
+from kcoral_server.node.tunnel import auth_metadata, open_channel, wait_connected
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from kcoral_server.router.log import RouterLog
+from kcoral_server.settings.config import ServerConfig
+
+
+async def stream_status(
+    config: ServerConfig,
+    status: Callable[[], pb.SupervisorStatus],
+    changed: asyncio.Event,
+    *,
+    interval: float,
+    done: Callable[[], bool],
+    log: RouterLog,
+) -> None:
+    """Send ``status()`` to the router of ``config`` at connect, when ``changed`` is set and
+    every ``interval`` seconds, reconnecting after failures, until ``done()`` after a send
+    (or the task is cancelled)."""
+    assert config.router_endpoint is not None  # a node supervisor runs only with --router
+    delay = 1.0
+    channel = open_channel(config.router_endpoint)
+    stub = pb_grpc.RouterGatewayStub(channel)
+    metadata = auth_metadata(config.node_token)
+    try:
+        while True:
+            call = stub.ConnectSupervisor(metadata=metadata)
+            try:
+                await wait_connected(channel)
+                await call.write(status())
+                ack = await asyncio.wait_for(call.read(), 12)
+                if ack is grpc.aio.EOF:
+                    raise ConnectionError("the router ended the supervisor stream")
+                delay = 1.0
+                log.event("supervisor_connected", node_id=config.node_id)
+                while True:
+                    changed.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(changed.wait(), interval)
+                    await call.write(status())
+                    if done():
+                        await call.done_writing()
+                        return
+            except (grpc.RpcError, ConnectionError, asyncio.TimeoutError) as exc:
+                text = (
+                    f"{exc.code().name}: {exc.details()}"
+                    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code")
+                    else str(exc)
+                )
+                log.event(
+                    "supervisor_disconnected",
+                    "WARNING",
+                    node_id=config.node_id,
+                    error=text or type(exc).__name__,
+                    reconnect_delay_seconds=delay,
+                )
+            except asyncio.CancelledError:
+                call.cancel()
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+            finally:
+                call.cancel()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+    finally:
+        await channel.close()

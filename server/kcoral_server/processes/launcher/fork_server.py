@@ -1,0 +1,369 @@
+"""The fork server's own process: the loop that forks workers, the preload, the fork rule.
+
+``main`` is ``python -m kcoral_server.processes.launcher``. It serves the control socket
+(``serve``) until the front-end goes away, and in each forked child it returns to run the
+worker (``forked_worker``); with ``--supervise`` it is a spawned worker's supervisor
+instead (``spawn_supervisor``). The fork rule, the preload and the lifetimes are described
+in the package docstring (``kcoral_server.processes.launcher``) and SERVER §1, §11.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+from kcoral_server.processes.launcher.family import Family, watch_parent
+from kcoral_server.processes.launcher.forked_worker import (
+    Child,
+    become_worker,
+    quick_exit,
+    run_child,
+    set_dumpable,
+)
+from kcoral_server.processes.launcher.spawn_supervisor import supervise
+from kcoral_server.processes.launcher.wire import (
+    ENTRY_MODULE,
+    MAX_MESSAGE,
+    PRELOADABLE,
+    LaunchReply,
+    LaunchRequest,
+)
+from kcoral_server.worker.reaper import become_subreaper
+
+#: imported by the launcher before it forks anything (what every worker imports anyway)
+PRELOADED = (
+    "kcoral_server.worker.main",
+    "kcoral_server.worker.engine",
+    "kcoral.protocol.validate",
+    "kcoral.protocol.values",
+)
+#: how long the launcher must have had no request before it starts the preload
+PRELOAD_IDLE_SECONDS = 0.2
+#: ... or this long after it started at the latest, however busy (a seat replaced
+#: back-to-back never leaves its launcher idle)
+PRELOAD_LATEST_SECONDS = 2.0
+
+
+def serve(
+    control: socket.socket, parent: int | None = None, preload_names: Sequence[str] = ()
+) -> Child | None:
+    """The launcher loop; returns ``None`` in the launcher (exit) or a ``Child`` in a child.
+
+    ``parent`` is the front-end's pid: the launcher kills its workers and exits when it dies.
+    ``preload_names`` are imported once the launcher is idle (the package docstring).
+    """
+    for name in PRELOADED:
+        __import__(name)
+    freeze_heap()
+    pending = list(preload_names)
+    loaded: list[str] = []
+    last_request = started = time.monotonic()
+    become_subreaper()
+    # Programs run as the same user in the same sandbox as their launcher: non-dumpable, it
+    # cannot be ptraced or have its memory read or written by them (each child resets it).
+    set_dumpable(False)
+    alive, parent_fd = watch_parent(parent)
+    if not alive:
+        return None
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
+    family = Family()
+    accepting = True
+    try:
+        while True:
+            watched: list[socket.socket | int] = [wake_r]
+            if accepting:
+                watched.append(control)
+            if parent_fd is not None:
+                watched.append(parent_fd)
+            timeout = family.poll_interval
+            if pending and accepting:
+                due = min(last_request + PRELOAD_IDLE_SECONDS, started + PRELOAD_LATEST_SECONDS)
+                remaining = max(0.0, due - time.monotonic())
+                timeout = remaining if timeout is None else min(timeout, remaining)
+            readable, _w, _x = select.select(watched, [], [], timeout)
+            if parent_fd is not None and parent_fd in readable:
+                family.kill_all()  # the front-end died (SIGKILL): nothing may outlive it
+                return None
+            now = time.monotonic()
+            idle = control not in readable and now - last_request >= PRELOAD_IDLE_SECONDS
+            if pending and accepting and (idle or now - started >= PRELOAD_LATEST_SECONDS):
+                loaded = preload(pending)  # blocks; requests queue on the socket meanwhile
+                pending = []
+            if wake_r in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+            family.collect()
+            if control in readable:
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(control, MAX_MESSAGE, 4)
+                except OSError:
+                    data, fds = b"", []
+                last_request = time.monotonic()
+                if data:
+                    fds_to_close = (wake_r, wake_w, *(() if parent_fd is None else (parent_fd,)))
+                    child = _fork(control, data, fds, family, fds_to_close, loaded)
+                    if child is not None:
+                        parent_fd = None  # closed in the child already
+                        return child
+                else:
+                    accepting = False  # the front-end closed the socket: fork no more
+            if not accepting and family.empty:
+                return None
+    finally:
+        family.close()
+        if parent_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(parent_fd)
+
+
+def _fork(
+    control: socket.socket,
+    data: bytes,
+    fds: list[int],
+    family: Family,
+    launcher_fds: tuple[int, ...],
+    preloaded: Sequence[str] = (),
+) -> Child | None:
+    try:
+        request = LaunchRequest.decode(data)
+        if len(fds) != request.descriptors:
+            raise ValueError(f"expected {request.descriptors} descriptor(s), got {len(fds)}")
+    except (ValueError, KeyError, TypeError) as exc:
+        for fd in fds:
+            os.close(fd)
+        _reply(control, LaunchReply(error=f"bad launch request: {exc}"), [])
+        return None
+    hazards = fork_hazards()
+    if hazards:
+        for fd in fds:
+            os.close(fd)
+        message = refusal_message(hazards)
+        print(f"kcoral launcher: {message}", file=sys.stderr, flush=True)
+        _reply(control, LaunchReply(error=message, refused=True), [])
+        return None
+    worker_fd = fds[0]
+    go = fds[1] if len(fds) == 2 else None
+    status_r, status_w = os.pipe()
+    launcher = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        for fd in (*fds, status_r, status_w):
+            os.close(fd)
+        _reply(control, LaunchReply(error=f"fork failed: {exc}"), [])
+        return None
+    if pid == 0:  # the worker
+        return become_worker(
+            Child(worker_fd, request.env, list(request.cgroups)),
+            launcher=launcher,
+            go=go,
+            control=control,
+            launcher_fds=(status_r, status_w, *launcher_fds),
+            family=family,
+        )
+    for fd in fds:
+        os.close(fd)
+    family.workers[pid] = status_w
+    _reply(control, LaunchReply(pid=pid, preloaded=tuple(preloaded)), [status_r])
+    os.close(status_r)
+    return None
+
+
+def _reply(control: socket.socket, reply: LaunchReply, fds: list[int]) -> None:
+    with contextlib.suppress(OSError):
+        socket.send_fds(control, [reply.encode()], fds)
+
+
+# ---------------------------------------------------------------------- the fork rule
+
+
+def fork_hazards() -> list[str]:
+    """What breaks the fork rule right now (see the package docstring); empty: fork."""
+    hazards = []
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    # is_initialized reads torch's flag; it neither initializes CUDA nor caches a count
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        hazards.append("CUDA is initialized")
+    main = threading.main_thread()
+    python = [thread.name for thread in threading.enumerate() if thread is not main]
+    if python:
+        hazards.append(f"Python thread(s) besides the main one: {', '.join(sorted(python))}")
+    native = _other_native_threads()
+    if native:
+        hazards.append(f"native thread(s) besides the main one: {', '.join(native)}")
+    return hazards
+
+
+def _other_native_threads() -> list[str]:
+    """``tid (name)`` of this process's threads other than the main one ([] if /proc cannot
+    say)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+        # "<pid>/task/<tid>" as this /proc numbers them (a sandbox mounts its own)
+        own = os.readlink("/proc/thread-self").rsplit("/", 1)[-1]
+    except OSError:
+        return []
+    others = []
+    for tid in sorted(tids, key=int):
+        if tid == own:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue  # it ended meanwhile
+        others.append(f"{tid} ({name})")
+    return others
+
+
+def refusal_message(hazards: Sequence[str]) -> str:
+    """The error a launcher that breaks the fork rule answers with."""
+    return (
+        "the worker fork server refused to fork: "
+        + "; ".join(hazards)
+        + " (a fork now could deadlock the worker or break CUDA in it, SERVER §1;"
+        " --worker-preload none turns the preload off if it caused this)"
+    )
+
+
+# ---------------------------------------------------------------------- the preload
+
+
+def preload(names: Sequence[str]) -> list[str]:
+    """Import the installed modules of ``names`` (a failure is printed: the workers then
+    import them themselves), then stop the native threads their loading started (the fork
+    rule); returns the modules now loaded."""
+    loaded = []
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            continue  # not installed: nothing to preload
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            print(f"kcoral launcher: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
+            continue
+        loaded.append(name)
+    stop_blas_pools()
+    keep_preload_finalizers_from_exit()
+    freeze_heap()
+    return loaded
+
+
+def keep_preload_finalizers_from_exit() -> int:
+    """Mark the ``weakref.finalize`` callbacks registered so far as not run at exit; returns
+    how many. torch registers one per operator library (~130, ~25-80 ms at every worker's
+    exit, which a transient worker's next request waits for); they only tidy registries of
+    the exiting process itself. A program's own finalizers still run at its exit."""
+    registry = getattr(weakref.finalize, "_registry", {})  # no public way to list them
+    marked = 0
+    for finalizer in list(registry):
+        with contextlib.suppress(AttributeError, TypeError):
+            if finalizer.atexit:
+                finalizer.atexit = False
+                marked += 1
+    return marked
+
+
+def freeze_heap() -> None:
+    """Collect, then freeze what survives: pages the children never write stay shared, and
+    their collections skip those objects."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+#: the function OpenBLAS's own ``pthread_atfork`` prepare handler calls: it joins the pool
+#: threads, and the next BLAS call starts them again
+_BLAS_SHUTDOWN = "blas_thread_shutdown_"
+
+
+def stop_blas_pools() -> int:
+    """Stop the thread pool of every OpenBLAS loaded here (numpy's bundled one included);
+    returns how many were stopped. Each starts again, with its configured number of
+    threads, at the first BLAS call of the process that makes it (a forked worker)."""
+    stopped = 0
+    for path in _loaded_libraries():
+        if "openblas" not in os.path.basename(path).lower():
+            continue
+        try:
+            library = ctypes.CDLL(path)  # already loaded: the same handle, no new init
+            getattr(library, _BLAS_SHUTDOWN)()
+        except (OSError, AttributeError):
+            continue  # not an OpenBLAS we know how to stop: the thread check will say so
+        stopped += 1
+    return stopped
+
+
+def _loaded_libraries() -> list[str]:
+    """Paths of the shared objects mapped into this process."""
+    found: dict[str, None] = {}
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and ".so" in fields[5]:
+                    found.setdefault(fields[5].strip(), None)
+    except OSError:
+        return []
+    return list(found)
+
+
+# ---------------------------------------------------------------------- command line
+
+_USAGE = (
+    f"usage: python -m {ENTRY_MODULE} --fd N [--parent PID] [--preload MODULE,...]"
+    " | --supervise PARENT_PID"
+)
+
+
+def _parse_launcher_args(args: Sequence[str]) -> dict[str, str] | None:
+    """``--fd``, ``--parent`` and ``--preload`` (each at most once, ``--fd`` required), or
+    None for anything else."""
+    if len(args) % 2:
+        return None
+    options = dict(zip(args[::2], args[1::2], strict=True))
+    if len(options) != len(args) // 2 or "--fd" not in options:
+        return None
+    if not set(options) <= {"--fd", "--parent", "--preload"}:
+        return None
+    if not all(options[name].isdigit() for name in ("--fd", "--parent") if name in options):
+        return None
+    preload_names = options.get("--preload", "").split(",") if "--preload" in options else []
+    if not set(preload_names) <= set(PRELOADABLE):
+        return None
+    return options
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--supervise":
+        return supervise(int(args[1]))
+    options = _parse_launcher_args(args)
+    if options is None:
+        print(_USAGE, file=sys.stderr)
+        return 2
+    control = socket.socket(fileno=int(options["--fd"]))
+    parent = int(options["--parent"]) if "--parent" in options else None
+    names = options["--preload"].split(",") if "--preload" in options else []
+    child = serve(control, parent, names)
+    if child is None:
+        return 0
+    code = run_child(child)
+    quick_exit(code)
+    return code  # pragma: no cover

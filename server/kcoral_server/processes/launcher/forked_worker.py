@@ -1,0 +1,115 @@
+"""A freshly forked child of the fork server, from the fork until it runs the worker.
+
+``become_worker`` runs first, still on the launcher's stack: it resets what the launcher
+set for itself, ties the child to the launcher, waits for the front-end's go (a sandboxed
+launcher's child), enters the worker's cgroups before anything else runs, and drops the
+launcher's descriptors and bookkeeping. Once the launcher's stack is unwound, ``run_child``
+takes the worker's environment and runs the worker, and ``quick_exit`` ends the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kcoral_server.processes.cgroups import enter_cgroups
+from kcoral_server.processes.launcher.family import Family
+from kcoral_server.worker.reaper import tie_to_parent
+
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(dumpable: bool) -> bool:
+    """``PR_SET_DUMPABLE`` (Linux): a non-dumpable process cannot be ptraced, nor its
+    ``/proc/<pid>/mem`` and ``environ`` read, by other processes of its user without
+    ``CAP_SYS_PTRACE``. False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass
+class Child:
+    """What a freshly forked child runs once the launcher's stack is unwound."""
+
+    worker_fd: int
+    env: dict[str, str]
+    cgroups: list[str] = field(default_factory=list)
+
+
+def become_worker(
+    child: Child,
+    *,
+    launcher: int,
+    go: int | None,
+    control: socket.socket,
+    launcher_fds: Sequence[int],
+    family: Family,
+) -> Child:
+    """In the child, right after the fork: leave the launcher behind (``launcher`` is its
+    pid, ``control`` its socket, ``launcher_fds`` its other descriptors, ``family`` its
+    bookkeeping) and enter ``child``'s cgroups, after the front-end's go on the pipe ``go``
+    where one is given. Exits the process rather than run a worker outside its limits."""
+    set_dumpable(True)  # the worker's /proc files stay its own (tools read them)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if not tie_to_parent(launcher):
+        os._exit(1)  # the launcher died before the prctl: nobody will supervise us
+    if go is not None:
+        # The front-end moves this process into its cgroups, then says go; nothing of
+        # the worker runs before (an empty read: it gave up, so never run unlimited).
+        try:
+            if os.read(go, 1) != b"g":
+                os._exit(125)
+        except OSError:
+            os._exit(125)
+        os.close(go)
+    try:
+        enter_cgroups(child.cgroups)  # before anything else runs: limits hold from the start
+    except OSError:
+        os._exit(125)  # never run a worker outside its limits (like the spawn shim)
+    control.close()
+    for fd in launcher_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    family.forget()
+    os.setsid()  # like start_new_session=True: the front-end kills the whole group
+    return child
+
+
+def run_child(child: Child) -> int:
+    """In the forked worker: take the requested environment, then run the worker."""
+    os.environ.clear()
+    os.environ.update(child.env)
+    from kcoral_server.worker import __main__ as entry
+    from kcoral_server.worker.main import main as worker_main
+
+    sys.argv = [entry.__file__, "--fd", str(child.worker_fd)]  # as if spawned
+
+    return worker_main(["--fd", str(child.worker_fd)])
+
+
+def quick_exit(code: int) -> None:
+    """Exit a forked worker without interpreter finalization: tearing down every module
+    touches (and so copies) every page shared with the launcher, ~15 ms per worker. What a
+    program could observe still happens: atexit handlers, finalizers of its garbage, flushed
+    stdio."""
+    import atexit
+    import gc
+
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    with contextlib.suppress(BaseException):
+        gc.collect()  # start-up objects are frozen: this only walks what programs left
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
