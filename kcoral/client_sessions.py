@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError
@@ -107,7 +107,7 @@ class _SessionBase:
         from kcoral.remote import remote_function_decorator  # as BaseClient.function does
 
         return remote_function_decorator(
-            self,
+            cast("Session | AsyncSession", self),
             timeout=timeout,
             output_limit_bytes=output_limit_bytes,
             cpu_only=cpu_only,
@@ -125,7 +125,9 @@ class Session(_SessionBase):
     """A session of a ``Client``: ``execute`` runs programs on its pinned worker."""
 
     client: Client
-    is_async = False  # remote functions call ``execute`` as they would a client's
+    is_async: ClassVar[Literal[False]] = (
+        False  # remote functions call ``execute`` as they would a client's
+    )
 
     def execute(self, program: Program, **options: Any) -> ProgramResult:
         """Run ``program`` in the session (``Client.execute``'s options); ``KCoralError``
@@ -162,7 +164,7 @@ class AsyncSession(_SessionBase):
     """A session of an ``AsyncClient``: ``async with client.session() as s``."""
 
     client: AsyncClient
-    is_async = True
+    is_async: ClassVar[Literal[True]] = True
 
     def __init__(self, client: AsyncClient, body: dict[str, Any]) -> None:
         self.client = client
