@@ -42,7 +42,7 @@ MIN_BODY_RATE = 1024
 
 @tornado.web.stream_request_body
 class ExecuteHandler(BaseHandler):
-    ALLOWED = ("POST",)
+    ALLOWED: tuple[str, ...] = ("POST",)
 
     def initialize(self, state: ServerState) -> None:
         super().initialize(state)
