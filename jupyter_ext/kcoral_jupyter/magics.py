@@ -21,9 +21,10 @@ import shlex
 import sys
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 
@@ -135,7 +136,7 @@ verbose_errors (True: whole tracebacks instead of two-line errors); KCORAL_URL, 
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # never sys.exit inside a kernel
+    def error(self, message: str) -> NoReturn:  # never sys.exit inside a kernel
         raise UsageError(f"{self.prog}: {message} (%kcoral --help lists the options)")
 
 
@@ -294,7 +295,9 @@ def summary_text(result: ProgramResult, record: RunRecord, facts: ServerFacts) -
 
 @magics_class
 class KCoralMagics(Magics):
-    def __init__(self, shell: Any, session: Session) -> None:
+    shell: InteractiveShell  # registered by a shell, never without one
+
+    def __init__(self, shell: InteractiveShell, session: Session) -> None:
         super().__init__(shell)
         self.session = session
         self.remote_sessions = RemoteSessions()  # %kcoral session: where cells keep state
@@ -499,7 +502,8 @@ class KCoralMagics(Magics):
                 metadata["kcoral"] = meta
             return data, metadata
 
-        hook.compute_format_data = compute
+        # one shot: this instance's override, which removes itself on first use
+        hook.compute_format_data = compute  # type: ignore[method-assign]
 
     def _check_session_cell(self, remote: RemoteSession, url: str | None, gpus: int) -> None:
         """A cell in a session: refused at once when the session ended or when its options

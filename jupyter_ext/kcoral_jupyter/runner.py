@@ -295,7 +295,7 @@ def _merge_job_state(job: Job, record: RunRecord) -> None:
         record.gpu_ids = tuple(int(i) for i in ids)
 
 
-def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> Exception:
+def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> BaseException:
     """A request-level failure as the exception a notebook user can act on (two lines:
     cause, what to do); other HTTP errors are returned as they are (the magic shortens them)."""
     if exc.kind == "timeout":
