@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
-from kcoral.connection.transport import Flow, Request
+from kcoral.connection.transport import Flow, Request, Response
 from kcoral.errors import KCoralError
 from kcoral.jobs import AsyncJob, Job
 from kcoral.response import decode_json_object, error_from_response
@@ -48,7 +48,7 @@ def session_options(gpu_count: int | None, idle_timeout: float | None) -> dict[s
     return body
 
 
-def _record(expected: int, response: Any, what: str) -> dict[str, Any]:
+def _record(expected: int, response: Response, what: str) -> dict[str, Any]:
     if response.status != expected:
         raise error_from_response(response.status, response.headers, response.data)
     return decode_json_object(response.data, what)
