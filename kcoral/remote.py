@@ -28,7 +28,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Coroutine, Mapping, Set
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program
@@ -427,14 +427,52 @@ class RemoteFunction:
 
     # -- calling ------------------------------------------------------------------------
 
+    @overload
+    def execute(
+        self,
+        *args: Any,
+        run_async: Literal[False] = False,
+        serialization: str | None = None,
+        **kwargs: Any,
+    ) -> ProgramResult: ...
+
+    @overload
+    def execute(
+        self, *args: Any, run_async: Literal[True], serialization: str | None = None, **kwargs: Any
+    ) -> Coroutine[Any, Any, ProgramResult]: ...
+
+    @overload
+    def execute(
+        self, *args: Any, run_async: bool, serialization: str | None = None, **kwargs: Any
+    ) -> ProgramResult | Coroutine[Any, Any, ProgramResult]: ...
+
     def execute(
         self, *args: Any, run_async: bool = False, serialization: str | None = None, **kwargs: Any
-    ) -> Any:
+    ) -> ProgramResult | Coroutine[Any, Any, ProgramResult]:
         """Run remotely; the ``ProgramResult`` (a coroutine giving it with ``run_async``)."""
         if run_async:
             return self._execute_async(args, kwargs, serialization)
         fmt = self._format(serialization)
         return self._execute_blocking(self._build(args, kwargs, fmt), fmt)
+
+    @overload
+    def remote(
+        self,
+        *args: Any,
+        run_async: Literal[False] = False,
+        serialization: str | None = None,
+        **kwargs: Any,
+    ) -> Any: ...
+
+    @overload
+    def remote(
+        self, *args: Any, run_async: Literal[True], serialization: str | None = None, **kwargs: Any
+    ) -> Coroutine[Any, Any, Any]: ...
+
+    @overload
+    def remote(
+        self, *args: Any, run_async: bool, serialization: str | None = None, **kwargs: Any
+    ) -> Any: ...
 
     def remote(
         self, *args: Any, run_async: bool = False, serialization: str | None = None, **kwargs: Any
