@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
-from kcoral.connection.transport import Flow, Request, Response
+from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError
 from kcoral.jobs import AsyncJob, Job
 from kcoral.response import decode_json_object, error_from_response
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kcoral.async_client import AsyncClient
     from kcoral.base_client import BaseClient
     from kcoral.client import Client
+    from kcoral.connection.transport import Response
     from kcoral.program import Program
     from kcoral.remote import RemoteFunction
     from kcoral.results import ProgramResult
