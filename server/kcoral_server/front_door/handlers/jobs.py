@@ -56,8 +56,7 @@ class JobSubmitHandler(ExecuteHandler):
         request = self.new_request(job)
         self.pipeline = request  # a disconnect before the 202 cancels it, as for /execute
         task = asyncio.ensure_future(request.run())
-        waited: set[asyncio.Future[Any]] = {task, job.accepted_future}
-        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, job.accepted_future), return_when=asyncio.FIRST_COMPLETED)
         self.pipeline = None
         if job.accepted_future.done():
             state.jobs.add(job)
