@@ -41,32 +41,47 @@ _EXPORTS: dict[str, str] = {
 __all__ = [*sorted(_EXPORTS), "__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'kcoral' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # type checkers see the imports at the end, and no fallback for typos
+
+    def __getattr__(name: str) -> Any:
+        module_name = _EXPORTS.get(name)
+        if module_name is None:
+            raise AttributeError(f"module 'kcoral' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module_name), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext kcoral`` loads the Jupyter integration."""
     from kcoral_jupyter import load_ipython_extension as load
 
     load(ipython)
 
 
-if TYPE_CHECKING:  # static analysers see the real names
-    from kcoral.async_client import AsyncClient  # noqa: F401
-    from kcoral.client import Client  # noqa: F401
-    from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError, TransportError  # noqa: F401
-    from kcoral.jobs import Job  # noqa: F401
-    from kcoral.program import Program, Register  # noqa: F401
-    from kcoral.protocol.validate import parse_program  # noqa: F401
-    from kcoral.remote import RemoteFunction  # noqa: F401
-    from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder  # noqa: F401
+if TYPE_CHECKING:  # static analysers see the real names ("X as X": re-exported, PEP 484)
+    from IPython.core.interactiveshell import InteractiveShell
+    from kcoral_server.front_door.app import create_app as create_app
+    from kcoral_server.settings.config import ServerConfig as ServerConfig
+
+    from kcoral.async_client import AsyncClient as AsyncClient
+    from kcoral.bench.results import BenchmarkResult as BenchmarkResult
+    from kcoral.bench.results import ComparisonResult as ComparisonResult
+    from kcoral.bench.results import format_comparison as format_comparison
+    from kcoral.client import Client as Client
+    from kcoral.errors import KCoralError as KCoralError
+    from kcoral.errors import ProtocolError as ProtocolError
+    from kcoral.errors import RemoteExecutionError as RemoteExecutionError
+    from kcoral.errors import TransportError as TransportError
+    from kcoral.jobs import Job as Job
+    from kcoral.program import Program as Program
+    from kcoral.program import Register as Register
+    from kcoral.protocol.validate import parse_program as parse_program
+    from kcoral.remote import RemoteFunction as RemoteFunction
+    from kcoral.results import ProgramResult as ProgramResult
+    from kcoral.results import ReturnedFile as ReturnedFile
+    from kcoral.results import ReturnedFolder as ReturnedFolder

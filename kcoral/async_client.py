@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from kcoral.base_client import BaseClient
 from kcoral.client_sessions import AsyncSession, list_flow, session_options
@@ -40,7 +40,7 @@ class AsyncClient(BaseClient):
     ``transport`` replaces the HTTP stack (``kcoral.connection.transport.MockTransport`` in
     tests)."""
 
-    is_async = True
+    is_async: ClassVar[Literal[True]] = True
 
     def __init__(
         self,
@@ -174,14 +174,14 @@ class AsyncClient(BaseClient):
         return await self.run_flow(self.request_flow(method, path, headers=headers))
 
 
-class _Done:
+class _Done(Generic[T]):
     """A finished flow's value (a ``StopIteration`` cannot cross into an asyncio future)."""
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: T) -> None:
         self.value = value
 
 
-def _advance(flow: Flow[Any], response: Response | None) -> Request | _Done:
+def _advance(flow: Flow[T], response: Response | None) -> Request | _Done[T]:
     try:
         return next(flow) if response is None else flow.send(response)
     except StopIteration as done:

@@ -17,7 +17,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import kcoral
 from kcoral.connection.event_stream import EventSource, EventStreams
@@ -31,6 +31,8 @@ from kcoral.response import decode_health, decode_json_object, decode_target, er
 from kcoral.results import ProgramResult
 
 if TYPE_CHECKING:
+    from kcoral.async_client import AsyncClient
+    from kcoral.client import Client
     from kcoral.remote import RemoteFunction
 
 TOKEN_ENV = "KCORAL_TOKEN"
@@ -161,6 +163,7 @@ class BaseClient:
                     UserWarning,
                     stacklevel=4,
                 )
+        assert self._info is not None  # set above, by this call or an earlier one
         return copy.deepcopy(self._info)
 
     def execute_flow(
@@ -280,7 +283,7 @@ class BaseClient:
         from kcoral.remote import remote_function_decorator
 
         return remote_function_decorator(
-            self,
+            cast("Client | AsyncClient", self),
             timeout=timeout,
             output_limit_bytes=output_limit_bytes,
             cpu_only=cpu_only,

@@ -9,7 +9,7 @@ so also works in a thread that already runs one (a Jupyter kernel).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from kcoral.base_client import BaseClient
 from kcoral.client_sessions import (
@@ -34,7 +34,7 @@ class Client(BaseClient):
     ``transport`` replaces the HTTP stack (``kcoral.connection.transport.MockTransport`` in
     tests)."""
 
-    is_async = False
+    is_async: ClassVar[Literal[False]] = False
 
     def __init__(
         self,
@@ -67,7 +67,7 @@ class Client(BaseClient):
             while True:
                 request = flow.send(self._transport.handle_request(request))
         except StopIteration as done:
-            return done.value
+            return cast(T, done.value)  # a Flow[T] returns a T
 
     def close(self) -> None:
         """Release pooled connections; returned results stay usable."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError, ProtocolError
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kcoral.async_client import AsyncClient
     from kcoral.base_client import BaseClient
     from kcoral.client import Client
+    from kcoral.connection.transport import Response
     from kcoral.program import Program
     from kcoral.remote import RemoteFunction
     from kcoral.results import ProgramResult
@@ -50,7 +51,7 @@ def session_options(gpu_count: int | None, idle_timeout: float | None) -> dict[s
     return body
 
 
-def _record(expected: int, response: Any, what: str) -> dict[str, Any]:
+def _record(expected: int, response: Response, what: str) -> dict[str, Any]:
     if response.status != expected:
         raise error_from_response(response.status, response.headers, response.data)
     return decode_json_object(response.data, what)
@@ -134,7 +135,7 @@ class _SessionBase:
         from kcoral.remote import remote_function_decorator  # as BaseClient.function does
 
         return remote_function_decorator(
-            self,
+            cast("Session | AsyncSession", self),
             timeout=timeout,
             output_limit_bytes=output_limit_bytes,
             cpu_only=cpu_only,
@@ -152,7 +153,9 @@ class Session(_SessionBase):
     """A session of a ``Client``: ``execute`` runs programs on its pinned worker."""
 
     client: Client
-    is_async = False  # remote functions call ``execute`` as they would a client's
+    is_async: ClassVar[Literal[False]] = (
+        False  # remote functions call ``execute`` as they would a client's
+    )
 
     def execute(self, program: Program, **options: Any) -> ProgramResult:
         """Run ``program`` in the session (``Client.execute``'s options); ``KCoralError``
@@ -197,7 +200,7 @@ class AsyncSession(_SessionBase):
     """A session of an ``AsyncClient``: ``async with client.session() as s``."""
 
     client: AsyncClient
-    is_async = True
+    is_async: ClassVar[Literal[True]] = True
 
     def __init__(self, client: AsyncClient, body: dict[str, Any]) -> None:
         self.client = client

@@ -102,4 +102,5 @@ class RemoteExecutionError(RuntimeError):
     @property
     def remote_traceback(self) -> str:
         """The server-side traceback of the failure ("" when the server sent none)."""
-        return (self.result.error or {}).get("traceback", "")
+        traceback: str = (self.result.error or {}).get("traceback", "")
+        return traceback

@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kcoral.connection.event_stream import JobEvent
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
@@ -35,11 +35,24 @@ if TYPE_CHECKING:
     from kcoral.results import ProgramResult
 
 
-class JobClient(Protocol):
-    """What a job needs of its client (``Client`` or ``AsyncClient``): a flow driver
-    (``run_flow`` returns the value, or a coroutine giving it) and event streams."""
+T = TypeVar("T")
 
-    def run_flow(self, flow: Flow[Any]) -> Any: ...
+
+class JobClient(Protocol):
+    """What a job needs of its client (``Client``): a flow driver (``run_flow`` returns the
+    value) and event streams."""
+
+    def run_flow(self, flow: Flow[T]) -> T: ...
+
+    def event_source(
+        self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
+    ) -> EventSource: ...
+
+
+class AsyncJobClient(Protocol):
+    """``JobClient`` of an ``AsyncClient``: ``run_flow`` gives an awaitable of the value."""
+
+    def run_flow(self, flow: Flow[T]) -> Awaitable[T]: ...
 
     def event_source(
         self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
@@ -50,7 +63,7 @@ class JobClient(Protocol):
 FINISHED_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"})
 
 
-def decode_job_accepted(body: bytes) -> tuple[str, str]:
+def decode_job_accepted(body: bytes | memoryview) -> tuple[str, str]:
     """``(job_id, request_id)`` from a 202 ``POST /v1/jobs`` answer."""
     document = decode_json_object(body, "job submission response")
     job_id, request_id = document.get("job_id"), document.get("request_id")
@@ -62,7 +75,7 @@ def decode_job_accepted(body: bytes) -> tuple[str, str]:
 
 
 def decode_job_result(
-    status: int, headers: Mapping[str, str], body: bytes, known_blobs: Collection[str]
+    status: int, headers: Mapping[str, str], body: bytes | memoryview, known_blobs: Collection[str]
 ) -> ProgramResult:
     """The ``ProgramResult`` of ``GET /v1/jobs/{id}/result`` (non-200 raises as ``execute``
     would: ``KCoralError``)."""
@@ -85,7 +98,9 @@ def decode_job_list(body: bytes | memoryview) -> list[dict[str, Any]]:
     return document
 
 
-def decode_job_state(status: int, headers: Mapping[str, str], body: bytes) -> dict[str, Any]:
+def decode_job_state(
+    status: int, headers: Mapping[str, str], body: bytes | memoryview
+) -> dict[str, Any]:
     if status != 200:
         raise error_from_response(status, headers, body)
     state = decode_json_object(body, "job state")
@@ -99,7 +114,7 @@ class _JobHandle:
 
     def __init__(
         self,
-        client: JobClient,
+        client: JobClient | AsyncJobClient,
         job_id: str,
         *,
         request_id: str | None = None,
@@ -141,6 +156,8 @@ class _JobHandle:
 
 class Job(_JobHandle):
     """A job on a server (sync client). ``id`` is the server's job id."""
+
+    client: JobClient
 
     def _repr_html_(self) -> str | None:
         return html_of(self)
@@ -200,6 +217,8 @@ class Job(_JobHandle):
 
 class AsyncJob(_JobHandle):
     """A job on a server (``AsyncClient``); every method is a coroutine but ``events``."""
+
+    client: AsyncJobClient
 
     async def status(self) -> dict[str, Any]:
         return await self.client.run_flow(self.state_flow())
@@ -283,7 +302,7 @@ def next_submission_step(
     status: int,
     headers: Mapping[str, str],
     content_type: str | None,
-    body: bytes,
+    body: bytes | memoryview,
 ) -> tuple[str, str] | Attempt:
     """One answer to ``POST /v1/jobs``: ``(job_id, request_id)`` once accepted (202), else
     the negotiation's next ``Attempt`` (after a ``CACHE_MISS``); raises as ``execute`` would

@@ -10,6 +10,7 @@ package the objects show as text.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 #: The class name of each rendered object -> its function in ``kcoral_jupyter.display``
@@ -31,5 +32,5 @@ def html_of(value: Any) -> str | None:
         display = importlib.import_module(f"kcoral_jupyter.{module or 'display'}")
     except ImportError:
         return None
-    render = getattr(display, function)
+    render: Callable[[Any], str | None] = getattr(display, function)
     return render(value)

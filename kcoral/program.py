@@ -74,9 +74,9 @@ class Program:
         kind: str,
         source: str | None = None,
         language: str = "python",
-        value: Any = None,
+        value: object = None,
         dtype: str | None = None,
-        shape: Any = None,
+        shape: Sequence[int] | None = None,
     ) -> Register:
         """Upload a module, tensor, bytes or library value and name it."""
         if kind == "file":
@@ -114,7 +114,7 @@ class Program:
         self._commit(instruction, counter, blobs=[] if blob is None else [blob])
         return Register(new_id)
 
-    def upload_file(self, *, blob: Any, path: str, id: str | None = None) -> Register:
+    def upload_file(self, *, blob: object, path: str, id: str | None = None) -> Register:
         """Place ``blob`` at workspace ``path``; the register's value is the normalized path."""
         normalized = normalize_workspace_path(path)
         data, digest = _hashed_snapshot(blob, "upload_file blob")
@@ -165,7 +165,12 @@ class Program:
     # -- functions and calls -------------------------------------------------------------
 
     def get_function(
-        self, *, id: str | None = None, module: Any, name: str, cpu_only: bool = False
+        self,
+        *,
+        id: str | None = None,
+        module: Register | dict[str, str],
+        name: str,
+        cpu_only: bool = False,
     ) -> Register:
         """Select ``name`` from an uploaded module or library."""
         module_ref = self._reference(module, "module", allow_dict=True)
@@ -185,7 +190,9 @@ class Program:
         self._commit(instruction, counter)
         return Register(new_id)
 
-    def run(self, *, id: str | None = None, fn: Register, args: Any = None) -> Register:
+    def run(
+        self, *, id: str | None = None, fn: Register, args: Sequence[object] | None = None
+    ) -> Register:
         """Call ``fn(*args)``; top-level Registers and ``{"$ref": id}`` are resolved."""
         if not isinstance(fn, Register):
             raise TypeError(f"fn must be a Register, not {type(fn).__name__}")
@@ -204,26 +211,26 @@ class Program:
 
     # -- returns -------------------------------------------------------------------------
 
-    def return_(self, *, key: str, value: Any) -> None:
+    def return_(self, *, key: str, value: Register | dict[str, str]) -> None:
         """Return the value of a register under ``key``."""
         self._check_key(key)
         ref = self._reference(value, "value", allow_dict=True)
         self._commit({"op": "return", "key": key, "value": ref}, self._counter, key=key)
 
-    def return_file(self, *, key: str, path: Any) -> None:
+    def return_file(self, *, key: str, path: str | Register) -> None:
         """Return a workspace file (a literal path, or a Register holding one)."""
         self._return_path(key, path, "file")
 
-    def return_folder(self, *, key: str, path: Any) -> None:
+    def return_folder(self, *, key: str, path: str | Register) -> None:
         """Return a workspace folder (a literal path, or a Register holding one)."""
         self._return_path(key, path, "folder")
 
     # -- internals -----------------------------------------------------------------------
 
-    def _return_path(self, key: str, path: Any, kind: str) -> None:
+    def _return_path(self, key: str, path: str | Register, kind: str) -> None:
         self._check_key(key)
         if isinstance(path, Register):
-            wire_path: Any = self._reference(path, "path", allow_dict=False)
+            wire_path: str | dict[str, str] = self._reference(path, "path", allow_dict=False)
         else:
             wire_path = normalize_workspace_path(path)
         instruction = {"op": "return", "key": key, "kind": kind, "path": wire_path}
@@ -253,7 +260,7 @@ class Program:
                 raise ValueError(f"file path {first!r} is uploaded twice")
             raise ValueError(f"file path {first!r} conflicts with {second!r}")
 
-    def _reference(self, value: Any, what: str, *, allow_dict: bool) -> dict[str, str]:
+    def _reference(self, value: object, what: str, *, allow_dict: bool) -> dict[str, str]:
         if isinstance(value, Register):
             ref_id = value.id
         elif (

@@ -28,13 +28,23 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Coroutine, Mapping, Set
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.remote_source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
+
+if TYPE_CHECKING:
+    from kcoral.async_client import AsyncClient
+    from kcoral.client import Client
+    from kcoral.client_sessions import AsyncSession, Session
+
+    #: What a remote function runs through (``is_async`` tells the two kinds apart).
+    RemoteCaller: TypeAlias = Client | AsyncClient | Session | AsyncSession
+
+T = TypeVar("T")
 
 #: Keyword arguments of ``remote``/``execute`` themselves, so no parameter may use them.
 RESERVED_PARAMETERS = ("run_async", "serialization")
@@ -68,7 +78,8 @@ def dump_envelope(value: Any) -> bytes:
     import cloudpickle
 
     header = json.dumps(runtime_versions(), sort_keys=True).encode("ascii")
-    return PICKLE_MAGIC + header + b"\n" + cloudpickle.dumps(value)
+    pickled: bytes = cloudpickle.dumps(value)
+    return PICKLE_MAGIC + header + b"\n" + pickled
 
 
 def load_envelope(data: bytes | memoryview, *, writer: str, reader: str) -> Any:
@@ -124,14 +135,16 @@ def load_requested(
             f"{what}: the server sent pickled values for {unexpected}, which this call did not "
             "ask for in pickle format; nothing was unpickled"
         )
+    envelopes: dict[str, bytes] = {}
     for name, data in payloads.items():
         if not isinstance(data, bytes):
             raise ProtocolError(
                 f"{what}: pickled value {name!r} is a {type(data).__name__}, not bytes; "
                 "nothing was unpickled"
             )
+        envelopes[name] = data
     values: dict[str, Any] = {}
-    for name, data in payloads.items():
+    for name, data in envelopes.items():
         try:
             values[name] = load_envelope(data, writer="server", reader="client")
         except PickleVersionError as exc:
@@ -230,7 +243,7 @@ def _plain_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def run_blocking(coroutine: Coroutine[Any, Any, Any]) -> Any:
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` to completion from synchronous code.
 
     In a thread that already runs an event loop (a Jupyter kernel) no second loop may start
@@ -240,20 +253,21 @@ def run_blocking(coroutine: Coroutine[Any, Any, Any]) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coroutine)
-    outcome: dict[str, Any] = {}
+    values: list[T] = []
+    errors: list[BaseException] = []
 
     def target() -> None:
         try:
-            outcome["value"] = asyncio.run(coroutine)
+            values.append(asyncio.run(coroutine))
         except BaseException as exc:  # handed to the waiting thread as is
-            outcome["error"] = exc
+            errors.append(exc)
 
     thread = threading.Thread(target=target, name="kcoral-blocking-call", daemon=True)
     thread.start()
     thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 # ------------------------------------------------------------------------ RemoteFunction
@@ -262,11 +276,15 @@ def run_blocking(coroutine: Coroutine[Any, Any, Any]) -> Any:
 class RemoteFunction:
     """A function that runs locally when called and remotely through ``remote``."""
 
+    # set by functools.update_wrapper
+    __wrapped__: Callable[..., Any]
+    __name__: str
+
     def __init__(
         self,
         fn: Callable[..., Any],
         *,
-        client: Any,
+        client: RemoteCaller,
         timeout: float | None = None,
         output_limit_bytes: int | None = None,
         cpu_only: bool = False,
@@ -409,14 +427,52 @@ class RemoteFunction:
 
     # -- calling ------------------------------------------------------------------------
 
+    @overload
+    def execute(
+        self,
+        *args: Any,
+        run_async: Literal[False] = False,
+        serialization: str | None = None,
+        **kwargs: Any,
+    ) -> ProgramResult: ...
+
+    @overload
+    def execute(
+        self, *args: Any, run_async: Literal[True], serialization: str | None = None, **kwargs: Any
+    ) -> Coroutine[Any, Any, ProgramResult]: ...
+
+    @overload
+    def execute(
+        self, *args: Any, run_async: bool, serialization: str | None = None, **kwargs: Any
+    ) -> ProgramResult | Coroutine[Any, Any, ProgramResult]: ...
+
     def execute(
         self, *args: Any, run_async: bool = False, serialization: str | None = None, **kwargs: Any
-    ) -> Any:
+    ) -> ProgramResult | Coroutine[Any, Any, ProgramResult]:
         """Run remotely; the ``ProgramResult`` (a coroutine giving it with ``run_async``)."""
         if run_async:
             return self._execute_async(args, kwargs, serialization)
         fmt = self._format(serialization)
         return self._execute_blocking(self._build(args, kwargs, fmt), fmt)
+
+    @overload
+    def remote(
+        self,
+        *args: Any,
+        run_async: Literal[False] = False,
+        serialization: str | None = None,
+        **kwargs: Any,
+    ) -> Any: ...
+
+    @overload
+    def remote(
+        self, *args: Any, run_async: Literal[True], serialization: str | None = None, **kwargs: Any
+    ) -> Coroutine[Any, Any, Any]: ...
+
+    @overload
+    def remote(
+        self, *args: Any, run_async: bool, serialization: str | None = None, **kwargs: Any
+    ) -> Any: ...
 
     def remote(
         self, *args: Any, run_async: bool = False, serialization: str | None = None, **kwargs: Any
@@ -483,7 +539,7 @@ def output_value(result: ProgramResult, fmt: str) -> Any:
 
 
 def remote_function_decorator(
-    client: Any, **options: Any
+    client: RemoteCaller, **options: Any
 ) -> Callable[[Callable[..., Any]], RemoteFunction]:
     """``@client.function(...)`` of both clients: a decorator binding ``RemoteFunction``
     to ``client`` with the decorator's options."""

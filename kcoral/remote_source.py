@@ -16,6 +16,7 @@ import dis
 import inspect
 import textwrap
 import types
+from collections.abc import Callable
 
 #: Parameters of the generated dispatcher (CLIENT_API §8 program shape).
 _DISPATCHER_PARAMETERS = ("nargs", "names", "literals", "values")
@@ -23,7 +24,7 @@ _DISPATCHER_PARAMETERS = ("nargs", "names", "literals", "values")
 _PICKLE_HINT = "; use serialization='pickle' to send it by value"
 
 
-def dispatcher_name(fn: types.FunctionType) -> str:
+def dispatcher_name(fn: Callable[..., object]) -> str:
     """Name of the generated dispatcher for ``fn``."""
     return f"_kcoral_invoke_{fn.__name__}"
 
@@ -60,12 +61,14 @@ def _parse_function(
             f"({exc})" + _PICKLE_HINT
         ) from None
     text = textwrap.dedent(source)
+    lines = text.splitlines()
+    tree: ast.Module | None
     try:
         tree = ast.parse(text)
     except SyntaxError:
         # dedent cannot strip a common indent (e.g. a multi-line string inside an
         # indented function): parse it nested in a block instead and unparse later.
-        text = None
+        lines = []
         try:
             tree = ast.parse("if 1:\n" + source)
         except SyntaxError:
@@ -80,7 +83,7 @@ def _parse_function(
             f"the source of remote function {fn.__name__!r} could not be located in its file"
             + _PICKLE_HINT
         )
-    return node, ([] if text is None else text.splitlines())
+    return node, lines
 
 
 def _check_decorators(fn: types.FunctionType, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:

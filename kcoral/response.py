@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,7 @@ _GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"
 # From this part size on, the part is hashed in a second thread while it is copied out
 # (hashing releases the GIL); below it a thread costs more than it saves.
 _PARALLEL_HASH_BYTES = 1 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -186,23 +187,24 @@ def _request_id(document: dict[str, Any]) -> str:
 def _program_result(document: dict[str, Any], parts: dict[str, memoryview]) -> ProgramResult:
     status = document["status"]
     request_id = _request_id(document)
-    timings = []
+    timings: dict[str, float] = {}
     for name in _TIMINGS:
-        value = _finite_float(document.get(name))
-        if value is None:
+        timing = _finite_float(document.get(name))
+        if timing is None:
             raise ProtocolError(f"{name} must be a finite number")
-        timings.append(value)
-    streams = []
+        timings[name] = timing
+    streams: dict[str, str] = {}
     for name in ("stdout", "stderr"):
-        if not isinstance(document.get(name), str):
+        stream = document.get(name)
+        if not isinstance(stream, str):
             raise ProtocolError(f"{name} must be a string")
-        streams.append(document[name])
-    flags = []
+        streams[name] = stream
+    flags: dict[str, bool] = {}
     for name in ("stdout_truncated", "stderr_truncated"):
-        value = document.get(name, False)
-        if not isinstance(value, bool):
+        flag = document.get(name, False)
+        if not isinstance(flag, bool):
             raise ProtocolError(f"{name} must be a boolean")
-        flags.append(value)
+        flags[name] = flag
     gpu_ids = _gpu_ids(document)
 
     raw_results = document.get("results")
@@ -224,10 +226,15 @@ def _program_result(document: dict[str, Any], parts: dict[str, memoryview]) -> P
     return ProgramResult(
         status,
         request_id,
-        *timings,
-        results,
-        *streams,
-        *flags,
+        queue_ms=timings["queue_ms"],
+        elapsed_ms=timings["elapsed_ms"],
+        lease_wait_ms=timings["lease_wait_ms"],
+        lease_held_ms=timings["lease_held_ms"],
+        results=results,
+        stdout=streams["stdout"],
+        stderr=streams["stderr"],
+        stdout_truncated=flags["stdout_truncated"],
+        stderr_truncated=flags["stderr_truncated"],
         error=error,
         gpu_ids=gpu_ids,
     )
@@ -329,9 +336,7 @@ class _NodeDecoder:
             raise ProtocolError(f"result {where!r}: value must be {expected.__name__}")
         return value
 
-    def _verified(
-        self, node: dict[str, Any], where: str, convert: Callable[[memoryview], Any]
-    ) -> Any:
+    def _verified(self, node: dict[str, Any], where: str, convert: Callable[[memoryview], T]) -> T:
         """``convert(part)`` for the node's part, once its SHA-256 matched the node's.
 
         A large part is hashed while it is converted (the copy out of the response body),
@@ -345,7 +350,8 @@ class _NodeDecoder:
             raise ProtocolError(f"result {where!r}: part {expected!r} is missing")
         if data.nbytes < _PARALLEL_HASH_BYTES:
             digest = hashlib.sha256(data).hexdigest()
-            value = convert(data) if node["sha256"] == digest else None
+            if node["sha256"] == digest:  # else refused below, unconverted
+                value = convert(data)
         else:
             digests: list[str] = []
             hasher = threading.Thread(
@@ -379,7 +385,8 @@ class _NodeDecoder:
             if data.nbytes != length:
                 return None  # reported after the hash check, which comes first
             # copy(): a writable array that owns its memory, independent of the response body
-            return np.frombuffer(data, dtype=numpy_dtype(dtype)).reshape(shape).copy()
+            array: np.ndarray = np.frombuffer(data, dtype=numpy_dtype(dtype)).reshape(shape).copy()
+            return array
 
         array = self._verified(node, where, to_array)
         if array is None:

@@ -19,7 +19,8 @@ def load(ipython: InteractiveShell) -> None:
     if id(ipython) in _STATES:  # %load_ext twice, or via both names
         return
     settings = KCoral(parent=ipython)
-    ipython.configurables.append(settings)
+    # IPython types configurables as its shells; any Configurable belongs there
+    ipython.configurables.append(settings)  # type: ignore[arg-type]
     kernel = KernelState(settings=settings)
     _STATES[id(ipython)] = kernel
     ipython.register_magics(KCoralMagics(ipython, kernel))
@@ -38,8 +39,9 @@ def unload(ipython: InteractiveShell) -> None:
     kernel = _STATES.pop(id(ipython), None)
     if kernel is not None:
         kernel.close()
-        if kernel.settings in ipython.configurables:
-            ipython.configurables.remove(kernel.settings)
+        configurables: list[object] = list(ipython.configurables)
+        if kernel.settings in configurables:
+            ipython.configurables.remove(kernel.settings)  # type: ignore[arg-type]
 
 
 def kernel_state_of(ipython: InteractiveShell) -> KernelState | None:

@@ -59,7 +59,7 @@ class KernelClient(Client):
         # the right token for each URL; the user's token must not reach the embedded server).
         super().__init__(kernel.resolve_url(), token="", transport=self._connection)
 
-    @property  # type: ignore[override]
+    @property
     def base_url(self) -> str:
         return self._connection.kernel.resolve_url()
 

@@ -80,11 +80,11 @@ class KCoralExtension(Configurable):
         # An embedded server belongs to the kernel that started it, even once that kernel
         # has connected elsewhere (its label names that kernel's notebook).
         kernel_of_pid = {r.get("kernel_pid"): str(r["kernel_id"]) for r in connections}
-        for entry in found:
-            if "owner_pid" in entry:
-                owner = kernel_of_pid.get(entry.pop("owner_pid"))
+        for listed in found:
+            if "owner_pid" in listed:
+                owner = kernel_of_pid.get(listed.pop("owner_pid"))
                 if owner is not None:
-                    entry["owner_kernel"] = owner
+                    listed["owner_kernel"] = owner
         for record in connections:
             url = str(record["url"]).rstrip("/")
             known = by_url.get(url)

@@ -27,7 +27,7 @@ NAME_WIDTH = 40
 __all__ = ["BenchmarkResult", "ComparisonResult", "as_bench_result", "format_comparison"]
 
 
-class BenchmarkResult(dict):
+class BenchmarkResult(dict[str, Any]):
     """What ``kcoral.builtins.benchmark`` returned, as the ``dict`` it is."""
 
     def _repr_html_(self) -> str | None:
@@ -38,7 +38,7 @@ class BenchmarkResult(dict):
         printer.text(format_comparison(self))
 
 
-class ComparisonResult(dict):
+class ComparisonResult(dict[str, Any]):
     """What ``kcoral.builtins.compare`` returned, as the ``dict`` it is."""
 
     def _repr_html_(self) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import cast
 
 import urllib3
 
@@ -85,12 +85,14 @@ class HttpTransport:
         all_headers.update(extra)
         if body is not None:
             all_headers["Content-Length"] = str(content_length)
-        response: Any = None
+        response: urllib3.BaseHTTPResponse | None = None
         try:
             response = self._pool.request(
                 method,
                 self.base_url + path,
-                body=body,
+                # urllib3 sends each chunk with socket.sendall, which takes any buffer; its
+                # annotation only names bytes and str
+                body=cast("Iterable[bytes] | None", body),
                 headers=all_headers,
                 preload_content=False,
                 redirect=False,
@@ -118,7 +120,7 @@ class HttpTransport:
         self._pool.clear()
         self._buffer = None
 
-    def _read_body(self, response: Any) -> bytes | memoryview:
+    def _read_body(self, response: urllib3.BaseHTTPResponse) -> bytes | memoryview:
         headers = response.headers
         raw = getattr(response, "_fp", None)  # the http.client response urllib3 wraps
         try:

@@ -48,7 +48,8 @@ def numpy_dtype(name: str) -> np.dtype:
     if name in _ML_DTYPES:
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, name))
+        exotic: np.dtype = np.dtype(getattr(ml_dtypes, name))
+        return exotic
     if name not in ITEMSIZE:
         raise ValueError(f"unknown dtype {name!r}")
     return np.dtype(name).newbyteorder("<") if ITEMSIZE[name] > 1 else np.dtype(name)

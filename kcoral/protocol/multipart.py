@@ -232,14 +232,14 @@ def _parse_headers(view: memoryview, start: int, end: int, index: int) -> tuple[
     encodings: list[str] = []
     for raw in lines:
         try:
-            line = raw.decode("utf-8")
+            header = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise ValidationError(f"multipart part {index}: header is not UTF-8") from None
-        if line[0] in " \t":
+        if header[0] in " \t":
             raise ValidationError(f"multipart part {index}: folded header lines are not allowed")
-        name, colon, value = line.partition(":")
+        name, colon, value = header.partition(":")
         if not colon or not _TOKEN_RE.fullmatch(name):
-            raise ValidationError(f"multipart part {index}: malformed header line {line!r}")
+            raise ValidationError(f"multipart part {index}: malformed header line {header!r}")
         if any(c in value for c in "\r\x00"):
             raise ValidationError(f"multipart part {index}: control character in header")
         key = name.lower()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from typing import Any
+from typing import Any, Literal, TypeGuard
 
 from kcoral.protocol.dtypes import ITEMSIZE
 from kcoral.protocol.errors import ValidationError
@@ -25,26 +25,29 @@ from kcoral.protocol.schema import (
     Return,
     Run,
     Upload,
+    UploadKind,
 )
 
 BLOB_RE = re.compile(r"[0-9a-f]{64}")
 OPS = ("upload", "get_function", "run", "return")
-UPLOAD_KINDS = ("module", "tensor", "bytes", "file", "library")
+UPLOAD_KINDS: tuple[UploadKind, ...] = ("module", "tensor", "bytes", "file", "library")
 MODULE_LANGUAGES = ("python", "cuda")
 MAX_GPU_COUNT = 8
 
-# upload kind -> (required fields, optional fields); PROTOCOL.md §5.1 field matrix.
-_UPLOAD_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+# (required fields, optional fields) of one instruction form
+_Fields = tuple[frozenset[str], frozenset[str]]
+# upload kind -> its fields; PROTOCOL.md §5.1 field matrix.
+_UPLOAD_FIELDS: dict[str, _Fields] = {
     "module": (frozenset({"op", "kind", "id", "source"}), frozenset({"language"})),
     "tensor": (frozenset({"op", "kind", "id", "blob", "dtype", "shape"}), frozenset()),
     "bytes": (frozenset({"op", "kind", "id", "blob"}), frozenset()),
     "file": (frozenset({"op", "kind", "blob", "path"}), frozenset({"id"})),
     "library": (frozenset({"op", "kind", "id", "blob"}), frozenset()),
 }
-_GET_FUNCTION_FIELDS = (frozenset({"op", "id", "module", "name"}), frozenset({"cpu_only"}))
-_RUN_FIELDS = (frozenset({"op", "id", "fn"}), frozenset({"args"}))
-_VALUE_RETURN_FIELDS = (frozenset({"op", "key", "value"}), frozenset())
-_PATH_RETURN_FIELDS = (frozenset({"op", "key", "kind", "path"}), frozenset())
+_GET_FUNCTION_FIELDS: _Fields = (frozenset({"op", "id", "module", "name"}), frozenset({"cpu_only"}))
+_RUN_FIELDS: _Fields = (frozenset({"op", "id", "fn"}), frozenset({"args"}))
+_VALUE_RETURN_FIELDS: _Fields = (frozenset({"op", "key", "value"}), frozenset())
+_PATH_RETURN_FIELDS: _Fields = (frozenset({"op", "key", "kind", "path"}), frozenset())
 _OPTION_KEYS = ("timeout_seconds", "output_limit_bytes", "gpu_count")
 
 
@@ -63,8 +66,16 @@ def is_reference(value: object) -> bool:
     )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_upload_kind(value: object) -> TypeGuard[UploadKind]:
+    return isinstance(value, str) and value in UPLOAD_KINDS
+
+
+def _is_path_return_kind(value: object) -> TypeGuard[Literal["file", "folder"]]:
+    return value in ("file", "folder")
 
 
 def _type_name(value: object) -> str:
@@ -107,9 +118,7 @@ class _ProgramParser:
 
     # ---------------------------------------------------------------- field helpers
 
-    def fields(
-        self, obj: dict[str, Any], spec: tuple[frozenset[str], frozenset[str]], what: str
-    ) -> None:
+    def fields(self, obj: dict[str, Any], spec: _Fields, what: str) -> None:
         required, optional = spec
         for name in obj:
             if name not in required and name not in optional:
@@ -174,7 +183,7 @@ class _ProgramParser:
         if "kind" not in obj:
             raise ValidationError("missing field 'kind' for upload")
         kind = obj["kind"]
-        if not isinstance(kind, str) or kind not in UPLOAD_KINDS:
+        if not _is_upload_kind(kind):
             raise ValidationError(
                 f"unknown upload kind {_show(kind)}; expected one of {', '.join(UPLOAD_KINDS)}"
             )
@@ -234,7 +243,7 @@ class _ProgramParser:
             key = self.new_key(obj)
             return Return(index, key, "value", value=self.reference(obj["value"], "value"))
         kind = obj["kind"]
-        if not isinstance(kind, str) or kind not in ("file", "folder"):
+        if not _is_path_return_kind(kind):
             raise ValidationError(f'return kind must be "file" or "folder", not {_show(kind)}')
         self.fields(obj, _PATH_RETURN_FIELDS, f"{kind} return")
         key = self.new_key(obj)

@@ -25,6 +25,8 @@ from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 
 Parts = list[bytes | memoryview]
+#: One value node of PROTOCOL §7.5 as its decoded JSON object.
+ValueNode = dict[str, Any]
 
 #: node type -> its exact field set (§7.5).
 NODE_FIELDS: dict[str, frozenset[str]] = {
@@ -119,7 +121,7 @@ def _sha256(data: bytes | memoryview) -> str:
 
 def _binary_node(
     fields: dict[str, Any], data: bytes | memoryview, index: int, hashed: bool = True
-) -> dict:
+) -> ValueNode:
     # Unhashed nodes get their digest later (``fill_part_hashes``), from the pass that also
     # writes the part out.
     return {**fields, "part": part_name(index), "sha256": _sha256(data) if hashed else ""}
@@ -143,12 +145,12 @@ class _Encoder:
         self.numpy = sys.modules.get("numpy")
         self.torch = sys.modules.get("torch")
 
-    def add_part(self, fields: dict[str, Any], data: bytes | memoryview) -> dict:
+    def add_part(self, fields: dict[str, Any], data: bytes | memoryview) -> ValueNode:
         node = _binary_node(fields, data, self.first + len(self.parts), self.hash_parts)
         self.parts.append(data)
         return node
 
-    def encode(self, value: object) -> dict:
+    def encode(self, value: object) -> ValueNode:
         np = self.numpy
         if value is None:
             return {"type": "null"}
@@ -169,7 +171,7 @@ class _Encoder:
                 return {"type": "array", "value": [self.encode(item) for item in value]}
         if isinstance(value, dict):
             with _Visit(self, value):
-                encoded: dict[str, dict] = {}
+                encoded: dict[str, ValueNode] = {}
                 for key, item in value.items():
                     if not isinstance(key, str):
                         raise ValueEncodingError(
@@ -189,14 +191,15 @@ class _Encoder:
             return self.tensor(*self.dlpack(value))
         raise ValueEncodingError(f"cannot encode value of type {type(value).__name__!r}")
 
-    def tensor(self, dtype: str, shape: list[int], data: memoryview) -> dict:
+    def tensor(self, dtype: str, shape: list[int], data: memoryview) -> ValueNode:
         return self.add_part({"type": "tensor", "dtype": dtype, "shape": shape}, data)
 
     def dlpack(self, value: object) -> tuple[str, list[int], memoryview]:
         import numpy as np
 
         try:
-            array = np.from_dlpack(value)
+            # any object with __dlpack__ (checked by the caller); NumPy raises for the rest
+            array = np.from_dlpack(value)  # type: ignore[arg-type]
         except Exception as exc:
             # NumPy refuses bfloat16/float8 and device memory; torch takes both.
             torch = self.torch or sys.modules.get("torch")
@@ -281,7 +284,7 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
 
 def encode_value(
     value: object, first_part_index: int, *, hash_parts: bool = True
-) -> tuple[dict, Parts]:
+) -> tuple[ValueNode, Parts]:
     """Encode a return value; parts are numbered from ``return:<first_part_index>``.
 
     Raises ``ValueEncodingError`` for values §7.5 cannot carry (kind ``serialization``).
@@ -298,7 +301,7 @@ def encode_value(
 
 def file_node(
     data: bytes | bytearray | memoryview, part_index: int, *, hash_parts: bool = True
-) -> tuple[dict, bytes | memoryview]:
+) -> tuple[ValueNode, bytes | memoryview]:
     """Node and part for a file return of ``data`` (``hash_parts`` as in ``encode_value``)."""
     content = _bytes_of(data)
     size = len(content) if isinstance(content, bytes) else content.nbytes
@@ -306,7 +309,7 @@ def file_node(
     return node, content
 
 
-def fill_part_hashes(node: dict, first_part_index: int, digests: Sequence[str]) -> None:
+def fill_part_hashes(node: ValueNode, first_part_index: int, digests: Sequence[str]) -> None:
     """Set the ``sha256`` of every binary node under ``node`` from ``digests``, which are
     in part order starting at ``return:<first_part_index>``."""
     stack = [node]
@@ -329,7 +332,7 @@ def folder_node(
     files: list[tuple[str, bytes | bytearray | memoryview]],
     directories: list[str],
     first_part_index: int,
-) -> tuple[dict, Parts]:
+) -> tuple[ValueNode, Parts]:
     """Node and parts for a folder return.
 
     ``files`` are (normalized relative path, content); ``directories`` may list only the empty
@@ -341,7 +344,7 @@ def folder_node(
     problem = folder_manifest_problem(paths, all_directories)
     if problem is not None:
         raise ValueEncodingError(f"invalid folder: {problem}")
-    nodes: dict[str, dict] = {}
+    nodes: dict[str, ValueNode] = {}
     parts: Parts = []
     for offset, (path, data) in enumerate(ordered):
         node, part = file_node(data, first_part_index + offset)

@@ -62,11 +62,12 @@ def report(options: RunOptions, result: Any) -> int:
 
 
 def _exit_status(outcome: Mapping[str, Any]) -> int:
-    if isinstance(outcome.get("signal"), int):
-        return 128 + outcome["signal"]
-    if isinstance(outcome.get("exit_code"), int):
+    signal = outcome.get("signal")
+    if isinstance(signal, int):
+        return 128 + signal
+    code = outcome.get("exit_code")
+    if isinstance(code, int):
         # statuses beyond 255 cannot be process exit statuses; keep them non-zero
-        code = outcome["exit_code"]
         return code if 0 <= code <= 255 else 1
     return 1
 

@@ -33,12 +33,13 @@ async def blob_slices(
     extra_fd = None
     if copies:
         if on_loop(sum(len(memoryview(data)) for _, data in copies)):
-            extra_fd, placed = bytes_memfd(copies)  # cheaper than a thread hand-off
+            memfd, placed = bytes_memfd(copies)  # cheaper than a thread hand-off
         else:
             loop = asyncio.get_running_loop()
-            extra_fd, placed = await loop.run_in_executor(executor, bytes_memfd, copies)
+            memfd, placed = await loop.run_in_executor(executor, bytes_memfd, copies)
+        extra_fd = memfd
         index = len(fds)
-        fds.append(extra_fd)
+        fds.append(memfd)
         slices += [ipc.BlobSlice(sha, index, off, n) for sha, off, n in placed]
     return slices, fds, extra_fd
 

@@ -41,7 +41,8 @@ from kcoral_server.pool.seat import Seat
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
-    from kcoral_server.sessions.registry import Session
+    from kcoral_server.pool.queue import Checkout
+    from kcoral_server.sessions.registry import Session, SessionCheckout
 
 FINISH_LEVELS = {
     "completed": "INFO",
@@ -229,6 +230,7 @@ class ExecuteRequest:
         if self.cancel_reason is not None:
             raise self.cancellation.failure()
         wait = state.config.worker_wait_timeout_seconds
+        checkout: SessionCheckout | Checkout
         if self.session is not None:
             checkout = self.session.checkout(self)
         else:

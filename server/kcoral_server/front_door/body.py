@@ -221,10 +221,16 @@ def memfd_locations(
     copies: list[tuple[str, bytes | memoryview]] = []
     for sha, data in blobs.items():
         body = data.obj if isinstance(data, memoryview) else None
-        if not isinstance(body, BodyMap) or body.closed or body.memfd < 0 or not data.nbytes:
+        if (
+            not isinstance(data, memoryview)
+            or not isinstance(body, BodyMap)
+            or body.closed
+            or body.memfd < 0
+            or not data.nbytes
+        ):
             copies.append((sha, data))
             continue
-        offset = _address(data) - _address(body)  # type: ignore[arg-type]
+        offset = _address(data) - _address(body)
         if not 0 <= offset <= len(body) - data.nbytes:
             copies.append((sha, data))
             continue

@@ -49,35 +49,47 @@ class HttpConnection:
             self.writer.close()
         self.reader = self.writer = None
 
+    @property
+    def _in(self) -> asyncio.StreamReader:
+        if self.reader is None:
+            raise HttpError("the connection is not open")
+        return self.reader
+
+    @property
+    def _out(self) -> asyncio.StreamWriter:
+        if self.writer is None:
+            raise HttpError("the connection is not open")
+        return self.writer
+
     async def send_head(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> None:
         lines = [f"{method} {path} HTTP/1.1".encode()]
         lines.extend(name + b": " + value for name, value in headers)
-        self.writer.write(b"\r\n".join(lines) + b"\r\n\r\n")
-        await self.writer.drain()
+        self._out.write(b"\r\n".join(lines) + b"\r\n\r\n")
+        await self._out.drain()
 
-    async def send(self, data: bytes, *, chunked: bool) -> None:
+    async def send(self, data: bytes | memoryview, *, chunked: bool) -> None:
         if chunked:
             if not data:
                 return
-            self.writer.writelines([f"{len(data):x}\r\n".encode(), data, b"\r\n"])
+            self._out.writelines([f"{len(data):x}\r\n".encode(), data, b"\r\n"])
         else:
-            self.writer.write(data)
-        await self.writer.drain()
+            self._out.write(data)
+        await self._out.drain()
 
     async def send_end(self, *, chunked: bool) -> None:
         if chunked:
-            self.writer.write(b"0\r\n\r\n")
-            await self.writer.drain()
+            self._out.write(b"0\r\n\r\n")
+            await self._out.drain()
 
     async def read_head(self) -> tuple[int, list[tuple[bytes, bytes]]]:
-        line = await self.reader.readline()
+        line = await self._in.readline()
         parts = line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise HttpError(f"invalid status line {line[:80]!r}")
         status = int(parts[1])
         headers = []
         while True:
-            line = await self.reader.readline()
+            line = await self._in.readline()
             if not line.endswith(b"\n"):
                 raise HttpError("connection closed inside the response head")
             line = line.rstrip(b"\r\n")
@@ -100,32 +112,32 @@ class HttpConnection:
             return
         if b"chunked" in names.get(b"transfer-encoding", b"").lower():
             while True:
-                size_line = await self.reader.readline()
+                size_line = await self._in.readline()
                 try:
                     size = int(size_line.split(b";")[0].strip(), 16)
                 except ValueError:
                     raise HttpError("invalid chunk size") from None
                 if size == 0:
-                    while (await self.reader.readline()).strip():
+                    while (await self._in.readline()).strip():
                         pass  # trailers
                     return
                 async for piece in self._exactly(size):
                     yield piece
-                await self.reader.readexactly(2)
+                await self._in.readexactly(2)
         elif b"content-length" in names:
             async for piece in self._exactly(int(names[b"content-length"])):
                 yield piece
         else:
             self.reusable = False
             while True:
-                piece = await self.reader.read(MAX_PIECE)
+                piece = await self._in.read(MAX_PIECE)
                 if not piece:
                     return
                 yield piece
 
     async def _exactly(self, count: int) -> AsyncIterator[bytes]:
         while count > 0:
-            piece = await self.reader.read(min(count, MAX_PIECE))
+            piece = await self._in.read(min(count, MAX_PIECE))
             if not piece:
                 raise HttpError("connection closed inside the response body")
             count -= len(piece)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable
 
 import grpc
@@ -69,7 +70,8 @@ async def stream_status(
             except asyncio.CancelledError:
                 call.cancel()
                 task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                # Python 3.10 has no Task.cancelling(): every cancellation ends the loop
+                if task is not None and (sys.version_info < (3, 11) or task.cancelling()):
                     raise
             finally:
                 call.cancel()

@@ -372,12 +372,14 @@ class Supervisor:
             self.report()
             await asyncio.get_running_loop().run_in_executor(None, kill_descendants)
             self.start_child()
+            child = self.child
+            assert child is not None  # start_child sets it or raises
             self.report()  # the new slot key reaches the router before the child's slots
             started = time.monotonic()
             healthy_since: float | None = None
             failures = 0
             while not self.stopping.is_set():
-                code = self.child.poll()
+                code = child.poll()
                 if code == USAGE_ERROR:
                     # The child refused its settings (its message is on stderr): a restart
                     # would only repeat that, so the supervisor stops with the same status.
@@ -393,7 +395,7 @@ class Supervisor:
                 if code is not None:
                     self.last_error = f"KCoral Server exited with status {code}"
                     break
-                reap_zombies(self.child.pid)
+                reap_zombies(child.pid)
                 problem = await self.probe()
                 now = time.monotonic()
                 if problem is None:
@@ -410,7 +412,7 @@ class Supervisor:
                     healthy_since = None
                     if now - started >= options.startup_grace_seconds:
                         failures += 1
-                if self.child.poll() is not None:
+                if child.poll() is not None:
                     continue
                 self.report()
                 if failures >= options.failure_threshold:

@@ -17,6 +17,7 @@ import asyncio
 import os
 import random
 import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from kcoral.connection.keep_alive import POOLED_IDLE_SECONDS
 from kcoral_server.node.http11 import HttpConnection, HttpError
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.channel import Channel, ChannelClosed
-from kcoral_server.router.frames import connect_slot_callable, encode_data
+from kcoral_server.router.frames import SlotCall, connect_slot_callable, encode_data
 from kcoral_server.router.identity import (
     MAX_FRAME_DATA,
     MAX_GRPC_MESSAGE,
@@ -183,7 +184,7 @@ class Tunnel:
         # memoryviews into the received message, written to the loopback socket uncopied.
         self.connect_slot = connect_slot_callable(self.channel)
         self.tasks: list[asyncio.Task[None]] = []
-        self.idle_calls: dict[int, Any] = {}
+        self.idle_calls: dict[int, SlotCall] = {}
 
     def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
         if self.event_log is not None:
@@ -234,16 +235,19 @@ class Tunnel:
                 )
                 await call.write(pb.SlotFrame(request_id="", hello=hello))
                 ack = await asyncio.wait_for(call.read(), ACK_TIMEOUT)
-                if ack is grpc.aio.EOF or ack.WhichOneof("payload") != "ack":
+                if not isinstance(ack, pb.SlotFrame) or ack.WhichOneof("payload") != "ack":
                     raise ProtocolViolation("the router did not acknowledge the slot")
                 delay = MIN_DELAY
                 self.emit("tunnel_connected", node_id=self.node_id, slot=index, slot_id=slot_id)
                 expected, error = await self.serve(index, slot_id, call, connection)
             except asyncio.CancelledError:
                 # grpc.aio reports a locally cancelled call as CancelledError on read/write;
-                # only a cancellation of this task itself ends the slot loop.
+                # only a cancellation of this task itself ends the slot loop (on Python 3.10,
+                # which has no Task.cancelling(), every cancellation does).
                 current_task = asyncio.current_task()
-                if current_task is not None and current_task.cancelling():
+                if current_task is not None and (
+                    sys.version_info < (3, 11) or current_task.cancelling()
+                ):
                     call.cancel()
                     connection.close()
                     raise
@@ -284,12 +288,17 @@ class Tunnel:
     async def serve(
         self, index: int, slot_id: str, call: Any, connection: HttpConnectionPool
     ) -> tuple[bool, str]:
-        """Read router frames until the stream ends; return ``(expected_cancel, error)``."""
+        """Read router frames until the stream ends; return ``(expected_cancel, error)``.
+
+        ``call`` stays untyped here: its frames are a ``SlotFrame`` or the fast path's
+        ``DataFrame``, told apart by ``WhichOneof``, which the types cannot follow."""
         current: _Request | None = None
         self.idle_calls[index] = call
         try:
             while True:
-                if self.closing and (current is None or current.task.done()):
+                if self.closing and (
+                    current is None or current.task is None or current.task.done()
+                ):
                     return False, "shutting down"
                 frame = await call.read()
                 if frame is grpc.aio.EOF:
@@ -341,7 +350,7 @@ class Tunnel:
 
     async def relay(
         self,
-        call: Any,
+        call: SlotCall,
         head_frame: pb.SlotFrame,
         request: _Request,
         previous: asyncio.Task[None] | None,

@@ -303,6 +303,7 @@ class Pool:
             self._schedule_replacement(seat, retire_reason)
             return
         seat.state = SeatState.BUSY  # until the worker reports clean
+        assert handle is not None  # a seat without a worker was retired above
         seat.replacement = asyncio.ensure_future(self._await_clean(seat, handle))
 
     async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:

@@ -41,8 +41,11 @@ def common_target(ready: list[Seat]) -> tuple[dict[str, Any], dict[str, Any]]:
     started; ``PoolStartError`` when none did or their GPUs differ in architecture."""
     if not ready:
         raise PoolStartError("no worker could be started")
-    infos = [seat.worker.info for seat in ready]  # type: ignore[union-attr]
+    infos = []
+    for seat in ready:
+        assert seat.worker is not None and seat.worker.info is not None  # it started
+        infos.append(seat.worker.info)
     arches = {info.target.get("arch") for info in infos}
     if len(arches) > 1:
-        raise PoolStartError(f"GPUs report different architectures: {sorted(arches)}")
+        raise PoolStartError(f"GPUs report different architectures: {sorted(arches, key=str)}")
     return dict(infos[0].target), dict(infos[0].versions)

@@ -116,7 +116,7 @@ class WorkerChannel:
                 self._inbox.append(item)  # every later receive fails the same way
                 raise item
             if item is not _INTERRUPT:
-                return item  # type: ignore[return-value]
+                return item
             if self._interrupted:
                 self._interrupted = False
                 raise ReceiveInterrupted()

@@ -27,7 +27,7 @@ import socket
 import struct
 import termios
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -352,7 +352,7 @@ class BlockingChannel:
         self.sock = sock
         self.sock.setblocking(True)
 
-    def send(self, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
+    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
         payload = encode(message)
         frame = _FRAME_HEAD.pack(len(payload), len(fds)) + payload
         if fds:
@@ -511,7 +511,7 @@ class AsyncChannel:
             self._on_readable()
         self._fail(exc)
 
-    def send(self, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
+    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
         """Send without waiting. Frames are small, so a non-blocking send normally completes
         at once; only what does not fit in the socket buffer is sent blocking (bounded, to
         keep frames whole and in order). A worker that reads nothing for that long (wedged)

@@ -143,26 +143,28 @@ def limits_from_config(
     with contextlib.suppress(ValueError):
         raw_env = environ.get(PROCESS_LIMIT_ENV, "")
         from_env = max(0, int(raw_env)) if raw_env else None
-    processes = getattr(config, "worker_process_limit", _MISSING)
-    if processes is _MISSING:
+    configured: Any = getattr(config, "worker_process_limit", _MISSING)
+    if configured is _MISSING:
         processes = from_env or 0
-    elif processes is None:
+    elif configured is None:
         processes = DEFAULT_PROCESS_LIMIT if from_env is None else from_env
+    else:
+        processes = int(configured)
     memory = getattr(config, "worker_memory_limit_bytes", 0)
     cache = int(getattr(config, "cache_capacity_bytes", 0) or 0)
     if memory is None:
         share = default_memory_limit(worker_seats(config, seats), cache_bytes=cache)
         return WorkerLimits(
             share,
-            int(processes),
+            processes,
             memory_cgroup_only=True,
             all_workers_memory_bytes=workers_memory_bytes(cache),
         )
     if not memory:
-        return WorkerLimits(0, int(processes))  # the operator turned memory limits off
+        return WorkerLimits(0, processes)  # the operator turned memory limits off
     # an explicit share times the seats may exceed the machine: the parent still holds
     return WorkerLimits(
-        int(memory), int(processes), all_workers_memory_bytes=workers_memory_bytes(cache)
+        int(memory), processes, all_workers_memory_bytes=workers_memory_bytes(cache)
     )
 
 

@@ -171,10 +171,8 @@ def launch_worker(
 ) -> subprocess.Popen | ForkedProcess:
     """Start the worker process with ``fd`` as its end of the channel (blocking: run it in
     a thread, forking a big front-end takes a while)."""
-    process = _fork_in_seat_sandbox(spec, confinement, fd)
-    if process is None:
-        process = _fork_or_spawn(spec, confinement, fd)
-    return process
+    forked = _fork_in_seat_sandbox(spec, confinement, fd)
+    return forked if forked is not None else _fork_or_spawn(spec, confinement, fd)
 
 
 def _fork_or_spawn(

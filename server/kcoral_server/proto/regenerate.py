@@ -1,4 +1,5 @@
-"""Regenerate ``kcoral_gateway_pb2*.py`` from ``kcoral_gateway.proto`` (needs grpcio-tools).
+"""Regenerate ``kcoral_gateway_pb2*.py`` from ``kcoral_gateway.proto`` (needs grpcio-tools),
+with ``kcoral_gateway_pb2.pyi``: the messages' types, for the type checker.
 
 The generated modules are committed so that installing KCoral never needs protoc; the test
 ``tests/router/test_proto_current.py`` regenerates them into a temporary folder and compares.
@@ -20,7 +21,7 @@ HEADER = (
 
 
 def generate(out_dir: Path) -> list[Path]:
-    """Write the two generated modules into ``out_dir`` and return their paths."""
+    """Write the two generated modules and the stub into ``out_dir``; return their paths."""
     from grpc_tools import protoc
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -29,6 +30,7 @@ def generate(out_dir: Path) -> list[Path]:
             "protoc",
             f"-I{HERE}",
             f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
             f"--grpc_python_out={out_dir}",
             str(HERE / PROTO),
         ]
@@ -36,7 +38,7 @@ def generate(out_dir: Path) -> list[Path]:
     if code != 0:
         raise RuntimeError(f"protoc failed with exit status {code}")
     written = []
-    for name in ("kcoral_gateway_pb2.py", "kcoral_gateway_pb2_grpc.py"):
+    for name in ("kcoral_gateway_pb2.py", "kcoral_gateway_pb2.pyi", "kcoral_gateway_pb2_grpc.py"):
         path = out_dir / name
         text = path.read_text()
         # protoc writes a top-level import; inside our package it must be relative.

@@ -15,6 +15,7 @@ from typing import Any
 
 import tornado.iostream
 import tornado.web
+from tornado.http1connection import HTTP1Connection
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
@@ -225,6 +226,7 @@ class ForwardHandler(RouterHandler):
             self.set_status(status)
             for name, value in headers:
                 self.add_header(name, value)
+            assert self.node is not None  # chosen with the slot
             self.set_header("X-KCoral-Node", self.node)
             self.set_header("X-Request-ID", self.request_id)
             buffered: list[bytes] | None = [] if self.buffer_answer(status) else None
@@ -295,7 +297,8 @@ class ForwardHandler(RouterHandler):
 
     def _abort_connection(self) -> None:
         self.slot_done()
-        stream = self.request.connection.stream if self.request.connection else None
+        connection = self.request.connection
+        stream = connection.stream if isinstance(connection, HTTP1Connection) else None
         if stream is not None:
             stream.close()
 

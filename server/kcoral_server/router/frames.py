@@ -15,8 +15,6 @@ page faults), so data frames are written and read at the wire level instead:
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
@@ -131,11 +129,18 @@ def parse_frame_view(raw: bytes) -> pb.SlotFrame | DataFrame:
     return pb.SlotFrame.FromString(raw)
 
 
-def connect_slot_callable(channel: grpc.aio.Channel) -> Any:
+#: The node's side of a ``ConnectSlot`` stream.
+SlotCall = grpc.aio.StreamStreamCall[pb.SlotFrame | bytes, pb.SlotFrame | DataFrame]
+
+
+def connect_slot_callable(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.StreamStreamMultiCallable[pb.SlotFrame | bytes, pb.SlotFrame | DataFrame]:
     """``ConnectSlot`` on ``channel`` with the fast-path (de)serializers (node side)."""
     return channel.stream_stream(
         CONNECT_SLOT,
         request_serializer=serialize_frame,
         response_deserializer=parse_frame_view,
-        _registered_method=True,
+        # grpcio takes it since 1.63 (its generated stubs pass it); types-grpcio lacks it
+        _registered_method=True,  # type: ignore[call-arg]
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -17,6 +17,11 @@ from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
 
 FIRST_MESSAGE_TIMEOUT = 10.0
+
+#: The server side of a ``ConnectSupervisor`` stream and of a ``ConnectSlot`` stream.
+SupervisorContext = grpc.aio.ServicerContext[pb.SupervisorStatus, pb.SupervisorAck]
+SlotContext = grpc.aio.ServicerContext[pb.SlotFrame, pb.SlotFrame]
+Message = TypeVar("Message")
 
 
 def status_problem(
@@ -41,13 +46,20 @@ def status_problem(
     return None
 
 
+async def read_message(context: grpc.aio.ServicerContext[Message, Any]) -> Message | None:
+    """The stream's next message, or None at its end (grpc.aio's ``EOF``, which the
+    types-grpcio stubs leave out of ``read``)."""
+    message: object = await context.read()
+    return None if message is grpc.aio.EOF else cast(Message, message)
+
+
 class Gateway(pb_grpc.RouterGatewayServicer):
     def __init__(self, registry: Registry, settings: RouterSettings, log: RouterLog) -> None:
         self.registry = registry
         self.settings = settings
         self.log = log
 
-    async def _authenticate(self, context: Any) -> None:
+    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         value = None
         for key, item in context.invocation_metadata() or ():
             if key == "authorization":
@@ -55,16 +67,17 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         if not bearer_matches(value, self.settings.node_token):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing node token")
 
-    async def _first(self, context: Any) -> Any:
+    async def _first(self, context: grpc.aio.ServicerContext[Message, Any]) -> Message | None:
         try:
-            return await asyncio.wait_for(context.read(), FIRST_MESSAGE_TIMEOUT)
+            reading = read_message(context)
+            return await asyncio.wait_for(reading, FIRST_MESSAGE_TIMEOUT)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no first message within 10 s")
 
-    async def ConnectSupervisor(self, request_iterator: Any, context: Any) -> None:
+    async def ConnectSupervisor(self, request_iterator: object, context: SupervisorContext) -> None:
         await self._authenticate(context)
         first = await self._first(context)
-        if first is grpc.aio.EOF:
+        if first is None:
             return
         problem = status_problem(first, self.settings, None)
         if problem is not None:
@@ -99,8 +112,8 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             self.registry.apply_status(stream, first)
             await context.write(pb.SupervisorAck())
             while True:
-                status = await context.read()
-                if status is grpc.aio.EOF:
+                status = await read_message(context)
+                if status is None:
                     return
                 if stream.superseded:
                     await context.abort(
@@ -119,10 +132,10 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 self.log.event("node_disconnected", level="WARNING", node=node_id)
             self.registry.detach_supervisor(stream)
 
-    async def ConnectSlot(self, request_iterator: Any, context: Any) -> None:
+    async def ConnectSlot(self, request_iterator: object, context: SlotContext) -> None:
         await self._authenticate(context)
         first = await self._first(context)
-        if first is grpc.aio.EOF:
+        if first is None:
             return
         if first.request_id or first.WhichOneof("payload") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must be hello")
@@ -140,7 +153,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         kind = WORKER
         for key, value in context.invocation_metadata() or ():
             if key == SLOT_KIND_METADATA:
-                kind = value
+                kind = value if isinstance(value, str) else ""  # bytes: no kind we know
         if kind not in (WORKER, CONTROL):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown slot kind")
         slot = RouterSlot(
@@ -182,7 +195,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
 def add_gateway_to_server(gateway: Gateway, server: grpc.aio.Server) -> None:
     """Register ``gateway`` like the generated ``add_RouterGatewayServicer_to_server``, but
     with the data-frame fast path (``frames.py``) as ``ConnectSlot``'s (de)serializers."""
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "ConnectSupervisor": grpc.stream_stream_rpc_method_handler(
             gateway.ConnectSupervisor,
             request_deserializer=pb.SupervisorStatus.FromString,

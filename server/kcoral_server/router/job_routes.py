@@ -188,7 +188,7 @@ class JobsHandler(ForwardHandler):
     def rewrite(self, status: int, body: bytes) -> bytes:
         return learn_submitted_job(self, body)
 
-    async def get(self) -> None:
+    async def get(self, *args: str) -> None:
         answers = await answers_to_merge(self, "/v1/jobs")
         if answers is None:
             return
@@ -227,7 +227,7 @@ class JobHandler(ForwardHandler):
     """``GET /v1/jobs/{id}``, ``/events``, ``/result`` and ``DELETE /v1/jobs/{id}``."""
 
     SLOT_KIND = CONTROL
-    ALLOWED = ("GET", "DELETE")
+    ALLOWED: tuple[str, ...] = ("GET", "DELETE")
 
     def check_request(self) -> bool:
         if self.path_args[1] is not None:  # /events and /result are read-only

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import grpc
 import tornado.httpserver
 import tornado.netutil
+import tornado.tcpserver
 
 from kcoral_server.processes.open_files import raise_open_file_limit
 from kcoral_server.router.gateway import Gateway, add_gateway_to_server
@@ -111,6 +112,7 @@ async def serve(settings: RouterSettings) -> int:
         sys.stderr.write(f"kcoral router: error: cannot listen: {exc}\n")
         await grpc_server.stop(0)
         return 1
+    front: tornado.tcpserver.TCPServer  # HTTPServer is one too
     if settings.grpc_port is None:
         front = DemuxServer(
             http_server,

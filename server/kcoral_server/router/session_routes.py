@@ -28,7 +28,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.router.forward import ForwardHandler
@@ -157,7 +157,7 @@ def free_seats(info: Any) -> int:
     return max(free, 0)
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -227,7 +227,7 @@ class SessionsHandler(ForwardHandler):
         instance = node.server_instance_id if node is not None else ""
         return self.state.sessions.remember(session_id, node_id, instance, str(owner))
 
-    async def get(self) -> None:
+    async def get(self, *args: str) -> None:
         answers = await answers_to_merge(self, "/v1/sessions")
         if answers is None:
             return
@@ -251,7 +251,7 @@ class SessionHandler(ForwardHandler):
     ``…/interrupt``: to the session's node, or ``410`` once that node is gone."""
 
     SLOT_KIND = CONTROL
-    ALLOWED = ("GET", "DELETE")
+    ALLOWED: tuple[str, ...] = ("GET", "DELETE")
 
     def check_request(self) -> bool:
         if self.path_args[1] is not None:  # /execute, /jobs and /interrupt are POSTs

@@ -11,10 +11,10 @@ import argparse
 import math
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from kcoral_server.execution.serialization import ENV_VAR as SERIALIZATION_ENV_VAR
 from kcoral_server.execution.serialization import allowed_serialization
@@ -27,6 +27,7 @@ from kcoral_server.settings.config import (
     setting,
 )
 
+T = TypeVar("T")
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
 # A size: a whole number, optionally K, M, G or T, binary ("256M", "4GiB"). "GB" is refused:
 # it reads as 10**9 to some and 2**30 to others.
@@ -192,8 +193,8 @@ def parse_gpus(text: str) -> list[int]:
     return ids
 
 
-def _arg_type(convert: Any, description: str) -> Any:
-    def converter(text: str) -> Any:
+def _arg_type(convert: Callable[[str], T], description: str) -> Callable[[str], T]:
+    def converter(text: str) -> T:
         try:
             return convert(text)
         except ValueError:
@@ -210,7 +211,7 @@ _GPUS = _arg_type(parse_gpus, "GPU id list")
 _NUMBER = _arg_type(parse_seconds, "number")
 #: a ``setting``'s kind -> (argparse type, converter of its text from the environment, or
 #: from the flag where the argparse type is None)
-_KINDS = {
+_KINDS: dict[str, tuple[Callable[[str], Any] | None, Callable[[str], Any]]] = {
     "int": (_INT, parse_integer),
     "bytes": (_BYTES, parse_bytes),
     "seconds": (_SECONDS, parse_seconds),
@@ -220,7 +221,12 @@ _KINDS = {
     # parsed after argparse: a bad list is an error only outside CPU mode (SERVER.md §2)
     "gpu_ids": (None, parse_gpus),
 }
-_METAVARS = {_INT: "N", _BYTES: "SIZE", _SECONDS: "SECONDS", _NUMBER: "X"}
+_METAVARS: dict[Callable[[str], Any] | None, str] = {
+    _INT: "N",
+    _BYTES: "SIZE",
+    _SECONDS: "SECONDS",
+    _NUMBER: "X",
+}
 
 
 def setting_help(declared: Field) -> str:

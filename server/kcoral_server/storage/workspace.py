@@ -268,9 +268,9 @@ class Workspace:
 
     def __init__(
         self,
-        path: str | os.PathLike,
-        stdout_path: str | os.PathLike | None,
-        stderr_path: str | os.PathLike | None,
+        path: str | os.PathLike[str],
+        stdout_path: str | os.PathLike[str] | None,
+        stderr_path: str | os.PathLike[str] | None,
     ) -> None:
         self.root = os.fspath(path)
         self.stdout_file = None if stdout_path is None else os.fspath(stdout_path)
@@ -348,7 +348,7 @@ class Workspace:
     def read_small_output(self, limit: int, at_most: int | None) -> CapturedOutput | None:
         """``read_output`` when both capture files together hold at most ``at_most`` bytes
         (cheap enough for the event loop; None: any size), else None."""
-        if self.stdout_file is None or limit <= 0:
+        if self.stdout_file is None or self.stderr_file is None or limit <= 0:
             return NO_OUTPUT
         fds: list[int] = []
         try:

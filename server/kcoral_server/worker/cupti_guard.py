@@ -27,6 +27,7 @@ naming the missing piece and how to install it.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import os
@@ -49,7 +50,7 @@ UNKNOWN_CALL_SITE = "an unknown call site"
 # Frames of the server package are never the culprit's location.
 _SERVER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _WORKER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_ASYNCIO_DIR = os.path.dirname(os.path.abspath(__import__("asyncio").__file__)) + os.sep
+_ASYNCIO_DIR = os.path.abspath(asyncio.__path__[0]) + os.sep
 _RUNTIME_VERSION_SUFFIX = re.compile(r"^(cuda\w+?)_v\d{4,5}$")
 # CUPTI and the headers name variants: cudaX_v3020, cuX_v2, cuX_ptsz / _ptds (per-thread
 # default stream); the judge compares base names.
@@ -166,7 +167,7 @@ def first_violation(calls: list[tuple[str, str] | tuple[str, str, int]]) -> str 
     judge = CallJudge()
     for record in calls:
         site, name = record[0], record[1]
-        thread = record[2] if len(record) > 2 else 0  # type: ignore[misc]
+        thread = record[2] if len(record) > 2 else 0
         if site == "enter":
             if judge.enter(name, thread):
                 return base_name(name)

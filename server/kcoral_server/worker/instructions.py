@@ -126,23 +126,7 @@ class Instructions:
 
     def _upload(self, upload: Upload) -> None:
         kind = upload.kind
-        if kind == "module" and upload.language == "cuda":
-            self.handles[upload.id] = CudaSourceModule(upload.source or "")
-            self.module_kinds[upload.id] = "cuda"
-        elif kind == "module":
-            self.lease.acquire()
-            module, code = self.modules.compile(upload.source or "")
-            self._call_user(lambda: exec(code, module.__dict__))
-            self.handles[upload.id] = module
-            self.module_kinds[upload.id] = "python"
-        elif kind == "tensor":
-            self.lease.acquire()
-            shape = tuple(upload.shape or ())
-            data = self._blob(upload.blob)
-            self.handles[upload.id] = self.runtime.tensor(data, upload.dtype or "", shape)
-        elif kind == "bytes":
-            self.handles[upload.id] = bytes(self._blob(upload.blob))
-        elif kind == "file":
+        if kind == "file":
             self._drain_and_release()
             path = upload.path or ""
             if self.engine.configure.sandbox == "bubblewrap" and path.split("/")[0] == ".kcoral":
@@ -151,11 +135,30 @@ class Instructions:
             write_upload(self.workspace_fd, path, self._blob(upload.blob))
             if upload.id is not None:
                 self.handles[upload.id] = path
+            return
+        handle = upload.id
+        assert handle is not None  # only a file upload may have no id (PROTOCOL §5.1)
+        if kind == "module" and upload.language == "cuda":
+            self.handles[handle] = CudaSourceModule(upload.source or "")
+            self.module_kinds[handle] = "cuda"
+        elif kind == "module":
+            self.lease.acquire()
+            module, code = self.modules.compile(upload.source or "")
+            self._call_user(lambda: exec(code, module.__dict__))
+            self.handles[handle] = module
+            self.module_kinds[handle] = "python"
+        elif kind == "tensor":
+            self.lease.acquire()
+            shape = tuple(upload.shape or ())
+            data = self._blob(upload.blob)
+            self.handles[handle] = self.runtime.tensor(data, upload.dtype or "", shape)
+        elif kind == "bytes":
+            self.handles[handle] = bytes(self._blob(upload.blob))
         elif kind == "library":
             self.lease.acquire()
             library = self.engine.libraries.load(upload.blob or "", self._blob(upload.blob))
-            self.handles[upload.id] = library
-            self.module_kinds[upload.id] = "library"
+            self.handles[handle] = library
+            self.module_kinds[handle] = "library"
         else:
             raise InstructionFailure("engine", f"unknown upload kind {kind!r}")
 

@@ -135,7 +135,7 @@ def _name(ident: int, root: FrameType) -> str:
     listed = threading._active.get(ident)  # type: ignore[attr-defined]
     if isinstance(listed, threading.Thread) and not isinstance(
         listed,
-        threading._DummyThread,  # type: ignore[attr-defined]
+        threading._DummyThread,
     ):
         return listed.name
     if root.f_code is threading.Thread._bootstrap.__code__:  # type: ignore[attr-defined]
@@ -173,7 +173,7 @@ def leftover_threads(
         for thread in threading.enumerate()
         if thread not in before.objects
         and thread is not current
-        and not isinstance(thread, threading._DummyThread)  # type: ignore[attr-defined]
+        and not isinstance(thread, threading._DummyThread)
     ]
     for thread in joinable:
         thread.join(max(0.0, deadline - time.monotonic()))

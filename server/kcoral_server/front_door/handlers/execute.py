@@ -17,10 +17,11 @@ dropped after ``--body-timeout-seconds``.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import tornado.iostream
 import tornado.web
+from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer hands us
 
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.headers import SERIALIZATION_HEADER
@@ -46,7 +47,7 @@ MIN_BODY_RATE = 1024
 
 @tornado.web.stream_request_body
 class ExecuteHandler(BaseHandler):
-    ALLOWED = ("POST",)
+    ALLOWED: tuple[str, ...] = ("POST",)
 
     def initialize(self, state: ServerState) -> None:
         super().initialize(state)
@@ -75,7 +76,7 @@ class ExecuteHandler(BaseHandler):
             client=self.request.remote_ip,
             content_length=declared,
         )
-        self.request.connection.set_max_body_size(_UNLIMITED)
+        cast(HTTP1Connection, self.request.connection).set_max_body_size(_UNLIMITED)
         limit = config.max_request_bytes
         if declared is not None and declared > limit:
             self.refuse(TOO_LARGE)
@@ -189,9 +190,10 @@ class ExecuteHandler(BaseHandler):
         self.set_header("Content-Length", str(reply.length))
         try:
             await self.flush()  # headers only
-            connection = self.request.connection
+            connection = cast(HTTP1Connection, self.request.connection)
             for chunk in reply.chunks:
-                await connection.write(chunk)  # memoryviews go out without a copy
+                # memoryviews go out without a copy (Tornado takes any buffer, annotated bytes)
+                await connection.write(chunk)  # type: ignore[arg-type]
             self.finish()
         except tornado.iostream.StreamClosedError:
             pass  # the client went away; nothing left to tell it
@@ -237,7 +239,7 @@ class ExecuteHandler(BaseHandler):
             message = f"request body sent nothing for {timeout:g} s; connection closed"
         self._log_refusal(Refusal(408, "body_timeout", message, "rejected"))
         self._release()
-        self.request.connection.stream.close()
+        cast(HTTP1Connection, self.request.connection).stream.close()
 
     def on_finish(self) -> None:
         self._release()

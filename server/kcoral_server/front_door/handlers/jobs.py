@@ -37,7 +37,7 @@ Pieces = Generator[bytes, None, None]  # a stored file, read a piece at a time
 class JobSubmitHandler(ExecuteHandler):
     """``POST /v1/jobs`` (and ``GET /v1/jobs``: the recent jobs, newest first)."""
 
-    ALLOWED = ("GET", "POST")
+    ALLOWED: tuple[str, ...] = ("GET", "POST")
 
     def prepare(self) -> None:
         if self.request.method == "GET":
@@ -58,7 +58,7 @@ class JobSubmitHandler(ExecuteHandler):
         request = self.new_request(job)
         self.pipeline = request  # a disconnect before the 202 cancels it, as for /execute
         task = asyncio.ensure_future(request.run())
-        await asyncio.wait({task, job.accepted_future}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, job.accepted_future), return_when=asyncio.FIRST_COMPLETED)
         self.pipeline = None
         if job.accepted_future.done():
             state.jobs.add(job)
@@ -113,7 +113,7 @@ class JobHandler(BaseHandler):
 class JobStateHandler(JobHandler):
     """``GET /v1/jobs/{id}`` and ``DELETE /v1/jobs/{id}`` (cancel, idempotent)."""
 
-    ALLOWED = ("GET", "DELETE")
+    ALLOWED: tuple[str, ...] = ("GET", "DELETE")
 
     def get(self, job_id: str) -> None:
         job = self.find(job_id)
@@ -170,6 +170,7 @@ class JobResultHandler(JobHandler):
             self.finish(result.body)
             return
         # From disk a piece at a time: the front-end never holds the whole body.
+        assert result.file is not None  # the pieces come from it
         self.set_header("Content-Length", str(result.file.length))
         try:
             while first is not None:

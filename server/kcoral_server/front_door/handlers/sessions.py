@@ -24,7 +24,7 @@ NOT_FOUND = "unknown session id"
 class SessionsHandler(BaseHandler):
     """``POST /v1/sessions`` (create) and ``GET /v1/sessions`` (the caller's, newest first)."""
 
-    ALLOWED = ("GET", "POST")
+    ALLOWED: tuple[str, ...] = ("GET", "POST")
 
     def get(self) -> None:
         self.send_json(200, self.state.sessions.listed(self.identity))
@@ -77,7 +77,7 @@ class SessionsHandler(BaseHandler):
 class SessionHandler(BaseHandler):
     """``GET /v1/sessions/{id}`` (its record) and ``DELETE`` (end it; idempotent)."""
 
-    ALLOWED = ("GET", "DELETE")
+    ALLOWED: tuple[str, ...] = ("GET", "DELETE")
 
     def _session(self, session_id: str) -> Session | None:
         session = self.state.sessions.get(self.identity, session_id)
@@ -100,7 +100,7 @@ class SessionHandler(BaseHandler):
 class SessionInterruptHandler(SessionHandler):
     """``POST /v1/sessions/{id}/interrupt``: ``KeyboardInterrupt`` in the running program."""
 
-    ALLOWED = ("POST",)
+    ALLOWED: tuple[str, ...] = ("POST",)
 
     def post(self, session_id: str) -> None:
         session = self._session(session_id)
@@ -123,7 +123,7 @@ class _InSession(ExecuteHandler):
         request.session = self.session
         return request
 
-    async def post(self, session_id: str) -> None:  # type: ignore[override]
+    async def post(self, session_id: str = "") -> None:  # Tornado passes the URL's id
         await super().post()
 
 
@@ -165,4 +165,4 @@ class SessionJobHandler(_InSession, JobSubmitHandler):
     """``POST /v1/sessions/{id}/jobs``: as ``POST /v1/jobs``, the program in the session;
     the job is then read, streamed and cancelled through ``/v1/jobs/{job_id}``."""
 
-    ALLOWED = ("POST",)
+    ALLOWED: tuple[str, ...] = ("POST",)
