@@ -1,4 +1,5 @@
-"""The three package trees keep the layout rules of issue 30 (DESIGN.md §2 says why).
+"""The three package trees keep the layout rules of issue 30: a folder per idea, so that a
+newcomer goes from an import path to its file and from a file to its one idea.
 
 The trees are ``kcoral/``, ``server/kcoral_server/`` and ``jupyter_ext/kcoral_jupyter/``.
 The rules, and how this file reads them:

@@ -56,8 +56,6 @@ FINISH_LEVELS = {
     "client_disconnected": "INFO",
     "cancelled": "INFO",
 }
-# Re-exported: handlers and jobs build replies with these.
-__all__ = ["ExecuteRequest", "Reply", "RequestObserver", "error_reply", "json_reply"]
 GPU_COUNT_MESSAGE = "gpu_count exceeds this GPU server's configured capacity"
 
 

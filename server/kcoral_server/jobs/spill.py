@@ -2,13 +2,13 @@
 
 A finished job's answer can be as large as ``max_response_bytes`` (256 MiB) and its event log
 as large as its output limit; kept in memory, two tiny jobs returning a lot held 400 MB of
-the front-end for an hour. ``JobRegistry`` (``jobs.py``) keeps only small ones in memory and
+the front-end for an hour. ``JobRegistry`` (``jobs.store``) keeps only small ones in memory and
 writes the rest here: one directory per server process, created owner-only (0700) on first
 use in the system temporary directory, one 0600 file per stored body, each removed when its
 job is dropped and the whole directory at shutdown.
 
 Who can reach what: through the API only the job's owner (or an admin identity) reaches a
-job's files (``jobs.py`` decides). Other local users cannot open them (modes). A program the
+job's files (``jobs.store`` decides). Other local users cannot open them (modes). A program the
 server runs *without* a sandbox runs as the server's user and can read them, as it can read
 anything that user can; under bubblewrap the temporary directory is not the program's.
 """

@@ -17,7 +17,7 @@ shares all jobs.
 
 Memory: a finished job keeps its result and its event log in memory only while they are
 small (each at most ``KEEP_IN_MEMORY_BYTES``, all of them within ``MEMORY_BUDGET_BYTES``);
-larger ones are written to owner-only files (``job_spill``). ``job_retention_bytes`` bounds
+larger ones are written to owner-only files (``jobs.spill``). ``job_retention_bytes`` bounds
 the results and events of finished jobs wherever they are kept.
 """
 

@@ -40,7 +40,7 @@ from kcoral_server.node.http11 import get_json
 from kcoral_server.node.status_stream import stream_status
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
-from kcoral_server.settings.command_line import listen_flags, supervisor_flags
+from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
 
 MAX_UINT64 = 2**64 - 1
 STARTING_MESSAGE = "KCoral Server is starting"
@@ -476,7 +476,7 @@ class Supervisor:
         return self.exit_code
 
 
-def run_supervisor(settings: Any, argv: Sequence[str] | None = None) -> int:
+def run_supervisor(settings: ServerSettings, argv: Sequence[str] | None = None) -> int:
     """Run the node supervisor until SIGTERM/SIGINT; ``argv`` are the ``kcoral server``
     arguments (default: ``sys.argv`` after ``server``)."""
     if not sys.platform.startswith("linux"):

@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -38,6 +38,11 @@ from kcoral_server.router.identity import (
     parse_router_origin,
 )
 from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA
+from kcoral_server.settings.command_line import ServerSettings
+
+if TYPE_CHECKING:
+    from kcoral_server.settings.config import ServerConfig
+    from kcoral_server.storage.event_log import EventLog
 
 ACK_TIMEOUT = 10.0
 MIN_DELAY, MAX_DELAY, JITTER = 1.0, 30.0, 0.2
@@ -481,10 +486,10 @@ class TunnelHandle:
 
 
 async def start_tunnel(
-    settings: Any,
+    settings: ServerSettings | ServerConfig,
     server_url: str,
     slot_count: int,
-    event_log: Any,
+    event_log: EventLog,
     *,
     instance_id: str | None = None,
     server_secret: str | None = None,
@@ -498,7 +503,9 @@ async def start_tunnel(
     secret the local server requires, ``slot_key`` the key the supervisor announced for
     this child start (ROUTER §12).
     """
-    config = getattr(settings, "config", settings)
+    config = settings.config if isinstance(settings, ServerSettings) else settings
+    if config.router_endpoint is None or config.node_id is None:
+        raise ValueError("a tunnel needs --router and --node-id")
     if instance_id is None:
         instance_id = await _server_instance_id(server_url, server_secret)
     tunnel = Tunnel(

@@ -26,7 +26,7 @@ from kcoral_server.pool.handles import HandleMaker
 from kcoral_server.pool.kill import WorkerEnds
 from kcoral_server.pool.queue import Checkout, NoWorker, SeatQueue
 from kcoral_server.pool.replacement import start_with_backoff
-from kcoral_server.pool.retirement import REUSE_READY_TIMEOUT_SECONDS, RunResult, reported_clean
+from kcoral_server.pool.retirement import reported_clean
 from kcoral_server.pool.seat import (
     SERVING,
     GpuDevice,
@@ -36,25 +36,12 @@ from kcoral_server.pool.seat import (
     seats_for,
 )
 from kcoral_server.pool.shutdown import close_seats
-from kcoral_server.pool.startup import PoolStartError, common_target, prepare_host
+from kcoral_server.pool.startup import common_target, prepare_host
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.processes.start import WorkerStartError
 from kcoral_server.settings.config import ServerConfig
 from kcoral_server.storage.event_log import EventLog
-
-# What the rest of the server imports from here (defined in the pool's own modules).
-__all__ = [
-    "REUSE_READY_TIMEOUT_SECONDS",
-    "Checkout",
-    "GpuDevice",
-    "NoWorker",
-    "Pool",
-    "PoolStartError",
-    "RunResult",
-    "Seat",
-    "SeatState",
-]
 
 
 class Pool:

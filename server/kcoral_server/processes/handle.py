@@ -3,8 +3,8 @@
 A handle owns the process and composes the worker's other ideas: its ``channel``
 (``WorkerChannel``: the inbox of messages, interrupts), its ``lease`` (``LeaseHolder``: the
 GPUs it may use and the current request's lease clock), how it is launched
-(``worker_start``: fork, spawn, seat sandbox, its ``WorkerConfinement``) and how its exit is
-noticed and its tree killed (``worker_exit``). Whoever drives a request receives through
+(``processes.start``: fork, spawn, seat sandbox, its ``WorkerConfinement``) and how its exit is
+noticed and its tree killed (``processes.exit``). Whoever drives a request receives through
 ``handle.channel`` and times through ``handle.lease``; only the pool starts, stops and
 kills a handle.
 
@@ -21,12 +21,12 @@ import contextlib
 import socket
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.gpu.worker_lease import LeaseHolder
 from kcoral_server.processes import cgroups, ipc
-from kcoral_server.processes.channel import ReceiveInterrupted, WorkerChannel, WorkerGone, close_fds
+from kcoral_server.processes.channel import WorkerChannel, WorkerGone, close_fds
 from kcoral_server.processes.exit import kill_tree, survivors_of, watch_exit
 from kcoral_server.processes.launch import SeatSandbox
 from kcoral_server.processes.launcher.front_end import ForkedProcess
@@ -42,14 +42,9 @@ from kcoral_server.processes.start import (
 )
 from kcoral_server.processes.strays import StrayWatch, stray_watch
 
-__all__ = [
-    "ReceiveInterrupted",
-    "SeatSandbox",
-    "WorkerGone",
-    "WorkerHandle",
-    "WorkerInfo",
-    "WorkerStartError",
-]
+if TYPE_CHECKING:
+    from kcoral_server.settings.config import ServerConfig
+    from kcoral_server.storage.event_log import EventLog
 
 
 def event_fields(handle: WorkerHandle) -> dict[str, Any]:
@@ -79,8 +74,8 @@ class WorkerHandle:
         allowed_serialization: Sequence[str] = ("json", "pickle"),
         transient: bool = False,
         on_gone: Callable[[WorkerHandle], None] | None = None,
-        config: Any = None,
-        events: Any = None,
+        config: ServerConfig | None = None,
+        events: EventLog | None = None,
         seats: int = 1,
         seat_sandbox: SeatSandbox | None = None,
     ) -> None:
@@ -343,7 +338,7 @@ class WorkerHandle:
 
         The caller holds the lease (or ensures the GPU is not in use). Afterwards
         ``cleanup_unconfirmed`` says whether the tree's end could not be confirmed
-        (``worker_exit.kill_tree``); only a confirmed end removes the confinement."""
+        (``exit.kill_tree``); only a confirmed end removes the confinement."""
         if self.process is None or self.killed:
             return
         try:

@@ -4,7 +4,7 @@ Three ways, tried in this order: forked by the seat's sandboxed fork server (bub
 seats), forked by the shared launcher (unsandboxed workers: it enters its cgroup itself,
 before running anything), else spawned (``python -m kcoral_server.worker``, wrapped into its
 cgroup, in its own sandbox or under a supervisor). Each way confines the process from its
-first instruction: limits' cgroup, environment without secrets (``worker_launch``).
+first instruction: limits' cgroup, environment without secrets (``processes.launch``).
 
 ``WorkerConfinement`` records what a launch created (cgroup, sandbox directory) as soon as it
 exists, so that a launch failing half-way leaves nothing behind. ``WorkerProcess`` launches
