@@ -207,13 +207,14 @@ class _KCoralHandler(APIHandler):
         return response.code, document, "", _date_header_seconds(response)
 
     async def notebook_paths(self) -> dict[str, str]:
-        """Kernel id -> the path of the notebook (or console) whose session uses it."""
+        """Kernel id -> the path of the notebook (or console) that runs it, from Jupyter's own
+        session manager (Jupyter's word for a notebook-kernel pairing, not a KCoral session)."""
         try:
-            sessions = await self.session_manager.list_sessions()
+            pairings = await self.session_manager.list_sessions()
         except Exception:  # the names are a courtesy: never fail the panel's poll for them
             return {}
         paths: dict[str, str] = {}
-        for record in sessions:
+        for record in pairings:
             kernel = record.get("kernel") or {}
             if isinstance(kernel.get("id"), str) and isinstance(record.get("path"), str):
                 paths[kernel["id"]] = record["path"]
