@@ -66,10 +66,10 @@ def test_a_child_reports_its_parent_and_keeps_its_session_until_it_calls_setsid(
     )
     try:
         assert procfs.parent(kept.pid) == os.getpid()
-        assert procfs.session(kept.pid) == os.getsid(0)
-        assert procfs.session(own.pid) == own.pid
+        assert procfs.sid(kept.pid) == os.getsid(0)
+        assert procfs.sid(own.pid) == own.pid
     finally:
         for child in (kept, own):
             child.kill()
             child.wait()
-    assert procfs.parent(kept.pid) is None and procfs.session(own.pid) is None
+    assert procfs.parent(kept.pid) is None and procfs.sid(own.pid) is None

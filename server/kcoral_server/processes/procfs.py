@@ -84,8 +84,9 @@ def parent(pid: int) -> int | None:
     return _stat_field(pid, 1)
 
 
-def session(pid: int) -> int | None:
-    """The session id of ``pid`` (inherited by its children until one calls ``setsid``)."""
+def sid(pid: int) -> int | None:
+    """The POSIX process-session id of ``pid``, as ``getsid(2)`` names it (inherited by its
+    children until one calls ``setsid``; "session" alone means a KCoral session here)."""
     return _stat_field(pid, 3)
 
 

@@ -19,9 +19,9 @@ cannot change:
   the worker became ready is the program's, except the worker's own descendants, which
   its reaper has just killed (the walk does not descend into the worker: it has a
   ``children`` file per thread, dozens with torch's pools). Among a shared launcher's
-  children, its other workers and what belongs to their sessions (the session a program's
-  descendants keep unless they call ``setsid``) are left to those workers' own checks, so
-  an orphan that left every session is blamed on the program whose check finds it.
+  children, its other workers and what belongs to their process sessions (the SID a
+  program's descendants keep unless they call ``setsid``) are left to those workers' own
+  checks, so an orphan that left every process session is blamed on the program whose check finds it.
 
 What is found is killed (``SIGKILL`` through pidfds) and the program fails as for any
 leftover descendant; the worker then retires, and its confinement's removal kills whatever
@@ -50,7 +50,7 @@ class StrayWatch:
     Exactly one way is used: the ``cgroup`` when it has paths; else the tree below
     ``root`` (a spawned worker's supervisor or ``bwrap``); else the worker's own tree plus
     its ``launcher``'s children (a forked worker's parent) except the other workers in
-    ``forks`` and their sessions."""
+    ``forks`` and their process sessions."""
 
     def __init__(
         self,
@@ -65,7 +65,7 @@ class StrayWatch:
         self.root = root
         self.forks = forks
         self.launcher = procfs.parent(worker) if forks is not None else None
-        self.session = procfs.session(worker)
+        self.sid = procfs.sid(worker)
         #: the tree's processes without children when the worker became ready: the worker
         #: itself, whose descendants are its reaper's (``_members`` does not walk them)
         self.leaves: set[int] = set()
@@ -90,12 +90,12 @@ class StrayWatch:
         for pid in orphans:
             if pid == self.worker or pid in others:
                 continue
-            session = procfs.session(pid)
-            if session in others:
+            sid = procfs.sid(pid)
+            if sid in others:
                 continue  # another worker's program's: that worker's check finds it
-            # An orphan that left every session: ours, unless it may be a worker being
+            # An orphan that left every process session: ours, unless it may be a worker being
             # forked right now (that one is not in ``live`` yet).
-            if session == self.session or settled:
+            if sid == self.sid or settled:
                 found += [pid, *procfs.descendants(pid)]
         return found
 
