@@ -21,7 +21,8 @@ cannot change:
   ``children`` file per thread, dozens with torch's pools). Among a shared launcher's
   children, its other workers and what belongs to their process sessions (the SID a
   program's descendants keep unless they call ``setsid``) are left to those workers' own
-  checks, so an orphan that left every process session is blamed on the program whose check finds it.
+  checks, so an orphan that left every process session is blamed on the program whose
+  check finds it.
 
 What is found is killed (``SIGKILL`` through pidfds) and the program fails as for any
 leftover descendant; the worker then retires, and its confinement's removal kills whatever
