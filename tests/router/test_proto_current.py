@@ -33,6 +33,16 @@ def test_the_proto_keeps_the_normative_field_numbers() -> None:
         "last_error": 13,
         "health_age_millis": 14,
         "slot_key": 15,  # added 2026-12 (ROUTER §12)
+        "kind": 16,  # added 2026-12 (ROUTER §6)
+        "labels": 17,  # added 2026-12 (ROUTER §6)
+    }
+    kind = pb.NodeKind.DESCRIPTOR.fields_by_name
+    assert {name: f.number for name, f in kind.items()} == {
+        "gpu": 1,
+        "arch": 2,
+        "memory_bytes": 3,
+        "gpus": 4,
+        "product": 5,
     }
     hello = pb.SlotHello.DESCRIPTOR.fields_by_name
     assert {name: f.number for name, f in hello.items()} == {

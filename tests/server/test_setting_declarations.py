@@ -57,6 +57,11 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "router_endpoint": ("http://router:9000", "http://router:9000", ("--node-id", "n1")),
     "node_id": ("node-7", "node-7", ("--router", "http://router:9000")),
     "node_token": ("node-secret", "node-secret", ()),
+    "node_labels": (
+        "pool=big",
+        ["pool=big"],
+        ("--router", "http://router:9000", "--node-id", "n1"),
+    ),
     "auth_token_file": (TOKEN_FILE, TOKEN_FILE, ()),
     "allow_unauthenticated": ("", True, ()),
     "job_retention_seconds": ("0", 0.0, ()),

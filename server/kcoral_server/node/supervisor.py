@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from kcoral_server.gpu.inventory import DeviceError, choose_devices
+from kcoral_server.gpu.kind import UNKNOWN_KIND, NodeKind, describe_node
 from kcoral_server.node.handover import (
     SECRETS_FD_ENV,
     NodeSecrets,
@@ -41,6 +43,7 @@ from kcoral_server.node.status_stream import stream_status
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
+from kcoral_server.settings.config import node_labels
 
 MAX_UINT64 = 2**64 - 1
 STARTING_MESSAGE = "KCoral Server is starting"
@@ -48,6 +51,9 @@ USAGE_ERROR = 2  # the exit status of a server that refuses its settings
 PR_SET_CHILD_SUBREAPER = 36
 # Test-only: a JSON object merged into the reported ``versions`` (cohort tests).
 VERSIONS_OVERRIDE_ENV = "KCORAL_TEST_VERSIONS_OVERRIDE"
+# Test-only: a JSON object of NodeKind fields reported instead of the probed kind (mixed
+# fleets of CPU nodes).
+NODE_KIND_OVERRIDE_ENV = "KCORAL_TEST_NODE_KIND"
 # Options that the supervisor owns or passes through the environment instead: the listen
 # settings, the node's identity and the supervisor's own (declared in cli_args).
 STRIPPED_OPTIONS = frozenset(
@@ -56,6 +62,7 @@ STRIPPED_OPTIONS = frozenset(
         "--router",
         "--node-id",
         "--node-token",
+        "--node-label",  # reported by the supervisor (ROUTER §6)
         # The child holds no client token: only its tunnel reaches it (ROUTER §12).
         "--auth-token-file",
         *supervisor_flags(),
@@ -186,6 +193,28 @@ def reap_zombies(keep: int | None) -> None:
                 os.waitpid(child.pid, os.WNOHANG)
 
 
+def probe_kind(settings: Any) -> NodeKind:
+    """A node's kind, found as its child server resolves its devices (a subprocess probe:
+    the supervisor never imports torch)."""
+    config = settings.config
+    try:
+        choice = choose_devices(
+            config.device,
+            config.gpus,
+            gpus_given=getattr(settings, "gpus_given", False),
+            fake_gpu_count=config.fake_gpu_count,
+        )
+    except DeviceError:
+        return NodeKind(UNKNOWN_KIND)  # the child refuses to start and says why
+    return describe_node(choice.mode, choice.gpus)
+
+
+def kind_message(kind: NodeKind | None) -> pb.NodeKind:
+    """What a status says of the node's kind (ROUTER §6; empty until it is known, when the
+    status is not healthy yet)."""
+    return pb.NodeKind() if kind is None else pb.NodeKind(**kind.as_json())
+
+
 class Supervisor:
     # How the child server is started; the hidden --node-child makes it serve and open the
     # slots without starting another supervisor.
@@ -211,6 +240,8 @@ class Supervisor:
         self.last_error = STARTING_MESSAGE
         self.body: dict[str, Any] = {}
         self.versions_override: dict[str, str] = {}
+        override = self.environ.get(NODE_KIND_OVERRIDE_ENV)
+        self.node_kind = NodeKind(**json.loads(override)) if override else None  # _probed
         raw = self.environ.get(VERSIONS_OVERRIDE_ENV)
         if raw:
             self.versions_override = {str(k): str(v) for k, v in json.loads(raw).items()}
@@ -226,7 +257,8 @@ class Supervisor:
     # -- status reports --------------------------------------------------------------------
 
     def status(self) -> pb.SupervisorStatus:
-        healthy = self.healthy and self.child is not None and self.child.poll() is None
+        child_up = self.child is not None and self.child.poll() is None
+        healthy = self.healthy and child_up and self.node_kind is not None
         age = (
             MAX_UINT64
             if self.last_healthy_at is None
@@ -246,6 +278,8 @@ class Supervisor:
             status.busy_workers = self.body["busy_workers"]
             status.target.update(self.body["target"])
             status.versions.update({**self.body["versions"], **self.versions_override})
+        status.kind.CopyFrom(kind_message(self.node_kind))
+        status.labels.update(node_labels(self.config))
         return status
 
     def report(self) -> None:
@@ -284,6 +318,7 @@ class Supervisor:
         # inherit them); the node token and a fresh router secret go through a pipe.
         env = child_environment(self.environ)
         env.pop(VERSIONS_OVERRIDE_ENV, None)
+        env.pop(NODE_KIND_OVERRIDE_ENV, None)
         self.router_secret = secrets_module.token_urlsafe(32)
         self.slot_key = secrets_module.token_urlsafe(32)
         secrets = NodeSecrets(self.config.node_token, self.router_secret, self.slot_key)
@@ -443,6 +478,10 @@ class Supervisor:
             Path(path).write_text(self.child_url + "\n")
             self.user_ready_written = True
 
+    def _probed(self, probe: asyncio.Future[NodeKind]) -> None:
+        self.node_kind = NodeKind(UNKNOWN_KIND) if probe.exception() else probe.result()
+        self.report()
+
     async def run(self) -> int:
         """Supervise until SIGTERM/SIGINT; a stop, clean or not, removes the work folder."""
         try:
@@ -457,6 +496,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
+        if self.node_kind is None:
+            loop.run_in_executor(None, probe_kind, self.settings).add_done_callback(self._probed)
         reporter = loop.create_task(self.report_loop())
         supervisor = loop.create_task(self.supervise())
         await self.stopping.wait()

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SupervisorStatus(_message.Message):
-    __slots__ = ("node_id", "server_healthy", "supervisor_instance_id", "server_instance_id", "worker_count", "busy_workers", "target", "versions", "last_error", "health_age_millis", "slot_key")
+    __slots__ = ("node_id", "server_healthy", "supervisor_instance_id", "server_instance_id", "worker_count", "busy_workers", "target", "versions", "last_error", "health_age_millis", "slot_key", "kind", "labels")
     class TargetEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,13 @@ class SupervisorStatus(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +43,8 @@ class SupervisorStatus(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     HEALTH_AGE_MILLIS_FIELD_NUMBER: _ClassVar[int]
     SLOT_KEY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     server_healthy: bool
     supervisor_instance_id: str
@@ -47,7 +56,23 @@ class SupervisorStatus(_message.Message):
     last_error: str
     health_age_millis: int
     slot_key: str
-    def __init__(self, node_id: _Optional[str] = ..., server_healthy: _Optional[bool] = ..., supervisor_instance_id: _Optional[str] = ..., server_instance_id: _Optional[str] = ..., worker_count: _Optional[int] = ..., busy_workers: _Optional[int] = ..., target: _Optional[_Mapping[str, str]] = ..., versions: _Optional[_Mapping[str, str]] = ..., last_error: _Optional[str] = ..., health_age_millis: _Optional[int] = ..., slot_key: _Optional[str] = ...) -> None: ...
+    kind: NodeKind
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., server_healthy: _Optional[bool] = ..., supervisor_instance_id: _Optional[str] = ..., server_instance_id: _Optional[str] = ..., worker_count: _Optional[int] = ..., busy_workers: _Optional[int] = ..., target: _Optional[_Mapping[str, str]] = ..., versions: _Optional[_Mapping[str, str]] = ..., last_error: _Optional[str] = ..., health_age_millis: _Optional[int] = ..., slot_key: _Optional[str] = ..., kind: _Optional[_Union[NodeKind, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NodeKind(_message.Message):
+    __slots__ = ("gpu", "arch", "memory_bytes", "gpus", "product")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCT_FIELD_NUMBER: _ClassVar[int]
+    gpu: str
+    arch: str
+    memory_bytes: int
+    gpus: int
+    product: str
+    def __init__(self, gpu: _Optional[str] = ..., arch: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[int] = ..., product: _Optional[str] = ...) -> None: ...
 
 class SupervisorAck(_message.Message):
     __slots__ = ()

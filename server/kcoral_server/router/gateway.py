@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -15,6 +16,7 @@ from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import SLOT_KEY_REFUSAL, Registry
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
+from kcoral_server.settings.config import MAX_NODE_LABELS, node_label_problem
 
 FIRST_MESSAGE_TIMEOUT = 10.0
 
@@ -22,6 +24,9 @@ FIRST_MESSAGE_TIMEOUT = 10.0
 SupervisorContext = grpc.aio.ServicerContext[pb.SupervisorStatus, pb.SupervisorAck]
 SlotContext = grpc.aio.ServicerContext[pb.SlotFrame, pb.SlotFrame]
 Message = TypeVar("Message")
+
+
+KIND_KEY = re.compile(r"[a-z0-9]{0,32}", re.ASCII)  # "" from published supervisors
 
 
 def status_problem(
@@ -43,6 +48,21 @@ def status_problem(
             return "busy_workers exceeds worker_count"
         if status.health_age_millis > settings.max_status_age_seconds * 1000:
             return "health_age_millis exceeds the maximum status age"
+    return kind_problem(status)
+
+
+def kind_problem(status: pb.SupervisorStatus) -> str | None:
+    """Why a status's kind or labels break ROUTER §6's bounds (they are shown in /v1/info
+    and kept per node, so a node cannot make the router hold much), or None."""
+    kind = status.kind
+    if not KIND_KEY.fullmatch(kind.gpu) or len(kind.arch) > 32 or len(kind.product) > 128:
+        return "kind is malformed (gpu: up to 32 of [a-z0-9]; arch, product bounded)"
+    if len(status.labels) > MAX_NODE_LABELS:
+        return f"more than {MAX_NODE_LABELS} labels"
+    for key, value in status.labels.items():
+        problem = node_label_problem(f"{key}={value}")
+        if problem is not None:
+            return f"label {problem}"
     return None
 
 

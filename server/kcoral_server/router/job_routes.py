@@ -23,6 +23,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
+from kcoral_server.router.registry import fleet
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, SlotBroken
 
@@ -304,4 +305,6 @@ class InfoHandler(ForwardHandler):
         info["features"] = offered
         for name in NODE_LOCAL_COUNTS:
             info.pop(name, None)
+        # The answering node is of the default kind; what else the fleet has (ROUTER §6).
+        info["fleet"] = fleet(self.state.registry)
         return dumps_compact(info)

@@ -6,6 +6,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -49,6 +50,13 @@ class NodeRecord:
     busy_workers: int = 0
     target: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    # What the node is (ROUTER §6): its GPU kind ("" from published supervisors) with arch,
+    # memory and count, and its operator's labels.
+    kind: str = ""
+    arch: str = ""
+    gpus: int = 0
+    memory_bytes: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
     last_error: str = ""
     last_status_at: float = 0.0
     lost_at: float | None = None
@@ -91,7 +99,9 @@ class Registry:
     ) -> None:
         self.settings = settings
         self.nodes: dict[str, NodeRecord] = {}
-        self.baseline: tuple[dict[str, str], dict[str, str]] | None = None
+        # One compatibility baseline per kind, in the order the kinds first became healthy:
+        # the first is the default kind, where requests without a selector go (ROUTER §6).
+        self.baselines: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self.on_change = on_change
         # Called with (node_id, why) when what lived on a node's server is gone for the
         # router: the node left (stream ended or stale) or its server instance changed.
@@ -176,6 +186,9 @@ class Registry:
         if came_back:
             self.on_node_back(node.node_id)
         if status.server_healthy:
+            node.kind, node.arch = status.kind.gpu, status.kind.arch
+            node.gpus, node.memory_bytes = status.kind.gpus, status.kind.memory_bytes
+            node.labels = dict(status.labels)
             node.worker_count = status.worker_count
             node.busy_workers = status.busy_workers
             node.target = dict(status.target)
@@ -187,11 +200,21 @@ class Registry:
             self._failure(node)
         self.on_change()
 
+    @property
+    def default_kind(self) -> str | None:
+        """The kind of requests without a selector: the first kind with a baseline."""
+        return next(iter(self.baselines), None)
+
+    @property
+    def baseline(self) -> tuple[dict[str, str], dict[str, str]] | None:
+        """The default kind's ``target`` and ``versions`` (what ``/health`` shows)."""
+        kind = self.default_kind
+        return None if kind is None else self.baselines[kind]
+
     def _success(self, node: NodeRecord) -> None:
         node.failures = 0
-        if self.baseline is None:
-            self.baseline = (dict(node.target), dict(node.versions))
-        if (node.target, node.versions) != self.baseline:
+        baseline = self.baselines.setdefault(node.kind, (dict(node.target), dict(node.versions)))
+        if (node.target, node.versions) != baseline:
             node.state = INCOMPATIBLE
             node.successes = 0
             return
@@ -230,8 +253,10 @@ class Registry:
                 and now - node.lost_at > self.settings.node_retention_seconds
             ):
                 self.forget(node)
-        if not self.nodes:
-            self.baseline = None
+        # A kind none of whose node records is left sets a new baseline with its next node.
+        kinds = {n.kind for n in self.nodes.values()}
+        for kind in [k for k in self.baselines if k not in kinds]:
+            del self.baselines[kind]
         self.on_change()
 
     def forget(self, node: NodeRecord) -> None:
@@ -273,9 +298,14 @@ class Registry:
         slot.finish()
         self.on_change()
 
+    def of_default_kind(self, node: NodeRecord) -> bool:
+        """Whether ``node`` serves requests without a selector (ROUTER §6)."""
+        return node.kind == self.default_kind
+
     def eligible(self, node: NodeRecord, now: float) -> bool:
         return (
             node.state == READY
+            and self.of_default_kind(node)
             and node.connected
             and not node.saturated(now)
             and bool(node.idle_slots())
@@ -306,7 +336,9 @@ class Registry:
         return [
             n
             for n in self.nodes.values()
-            if n.connected and (n.state == READY or not ready_only) and n.current_slots(CONTROL)
+            if n.connected
+            and (not ready_only or (n.state == READY and self.of_default_kind(n)))
+            and n.current_slots(CONTROL)
         ]
 
     def select_control(
@@ -318,7 +350,11 @@ class Registry:
             node = self.nodes.get(node_id)
             candidates = [node] if node is not None and node.connected else []
         else:
-            candidates = [n for n in self.nodes.values() if n.state == READY and n.connected]
+            candidates = [
+                n
+                for n in self.nodes.values()
+                if n.state == READY and n.connected and self.of_default_kind(n)
+            ]
         candidates = [n for n in candidates if n.idle_slots(CONTROL)]
         if not candidates:
             return None
@@ -332,16 +368,18 @@ class Registry:
     # -- health ----------------------------------------------------------------------------
 
     def capacity(self) -> int:
+        """Worker slots of the default kind's ready nodes (``/health`` describes that kind)."""
         now = time.monotonic()
         return sum(
             len(n.current_slots())
             for n in self.nodes.values()
-            if n.state == READY and n.connected and not n.saturated(now)
+            if n.state == READY and n.connected and not n.saturated(now) and self.of_default_kind(n)
         )
 
     def any_ready_with_slots(self) -> bool:
         return any(
-            n.state == READY and n.connected and n.current_slots() for n in self.nodes.values()
+            n.state == READY and n.connected and n.current_slots() and self.of_default_kind(n)
+            for n in self.nodes.values()
         )
 
     def _node(self, node_id: str) -> NodeRecord:
@@ -349,3 +387,35 @@ class Registry:
         if node is None:
             node = self.nodes[node_id] = NodeRecord(node_id)
         return node
+
+
+def fleet(registry: Registry) -> dict[str, list[dict[str, Any]]]:
+    """``/v1/info``'s ``fleet`` (ROUTER §6): the ``ready`` nodes counted by kind and by
+    label, the default kind first."""
+    kinds: dict[tuple[str, str, int], int] = {}
+    labels: dict[tuple[str, str], int] = {}
+    for n in registry.nodes.values():
+        if not n.connected or n.state != READY:
+            continue
+        key = (n.kind, n.arch, n.gpus)
+        kinds[key] = kinds.get(key, 0) + 1
+        for label in n.labels.items():
+            labels[label] = labels.get(label, 0) + 1
+    default = registry.default_kind
+    return {
+        "kinds": [
+            {
+                "gpu": gpu or None,
+                "arch": arch or None,
+                "gpus": gpus,
+                "nodes": count,
+                "default": gpu == default,
+            }
+            for (gpu, arch, gpus), count in sorted(
+                kinds.items(), key=lambda i: (i[0][0] != default, i[0])
+            )
+        ],
+        "labels": [
+            {"key": k, "value": v, "nodes": count} for (k, v), count in sorted(labels.items())
+        ],
+    }

@@ -445,6 +445,18 @@ class ServerConfig:
             None if isinstance(value, str) and value else "must be a non-empty string"
         ),
     )
+    # ROUTER §6: what the operator says of this node, reported to the router beside its kind.
+    node_labels: list[str] = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=list,
+        flag="--node-label",
+        kind="text",
+        repeatable=True,
+        group="router",
+        metavar="KEY=VALUE",
+        help="a label of this node at the router (with --router); repeatable",
+        empty="refused",
+        problem=lambda value: node_label_problem(value),
+    )
     # KCORAL_AUTH_TOKEN is not this setting's variable: it gives auth_token itself.
     auth_token_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
         None,
@@ -780,6 +792,45 @@ def _validate_router(config: ServerConfig) -> None:
         raise InvalidConfigError(
             "node_id", "requires router_endpoint", "--node-id requires --router"
         )
+    if len(config.node_labels) > MAX_NODE_LABELS:
+        raise InvalidConfigError("node_labels", f"must hold at most {MAX_NODE_LABELS} labels")
+    keys = [label.partition("=")[0] for label in config.node_labels]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise InvalidConfigError("node_labels", f"gives the key {repeated[0]!r} twice", None)
+    if config.node_labels and config.router_endpoint is None:
+        raise InvalidConfigError(
+            "node_labels", "requires router_endpoint", "--node-label requires --router"
+        )
+
+
+#: ROUTER §6: the built-in keys a label may not shadow, and the bounds of labels.
+BUILT_IN_LABEL_KEYS = ("gpu", "arch", "gpus", "node")
+MAX_NODE_LABELS = 16
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,31}", re.ASCII)
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
+
+
+def node_label_problem(value: object) -> str | None:
+    """Why ``value`` is not a ``KEY=VALUE`` node label (ROUTER §6), or None."""
+    if not isinstance(value, str) or "=" not in value:
+        return f"must be KEY=VALUE (got {value!r})"
+    key, _, text = value.partition("=")
+    if not _LABEL_KEY.fullmatch(key):
+        return f"key {key!r} must be 1-32 characters: a lowercase ASCII letter, then [a-z0-9_.-]"
+    if key in BUILT_IN_LABEL_KEYS:
+        return f"key {key!r} is built in ({', '.join(BUILT_IN_LABEL_KEYS)}); choose another"
+    if not _LABEL_VALUE.fullmatch(text):
+        return (
+            f"value of {key!r} must be 1-64 characters: an ASCII letter or digit, "
+            "then [A-Za-z0-9_.-]"
+        )
+    return None
+
+
+def node_labels(config: ServerConfig) -> dict[str, str]:
+    """The node's labels as a map (validated: keys are distinct)."""
+    return dict(label.partition("=")[::2] for label in config.node_labels)
 
 
 def valid_node_id(value: object) -> bool:
