@@ -124,3 +124,11 @@ def test_the_router_counts_a_routed_program_per_node_for_a_client_token(router) 
     assert 'kcoral_router_node_state{node="node-m",state="ready"} 1.0' in text
     assert 'kcoral_router_requests_total{reason="completed",status="200"}' in text
     assert METRICS_TOKEN not in router.log() and CLIENT_TOKEN not in router.log()
+
+
+def test_a_program_never_sees_the_metrics_token_in_its_environment(server) -> None:
+    source = "import os\ndef main():\n    return repr(dict(os.environ))\n"
+    answer = execute(server.url, call_program(source), headers=bearer(CLIENT_TOKEN))
+    assert answer.status == 200 and answer.body["status"] == "COMPLETED"
+    assert "PATH" in answer.raw.decode()  # the environment came back
+    assert METRICS_TOKEN not in answer.raw.decode()
