@@ -31,6 +31,8 @@ class Resolution:
     blobs: dict[str, bytes | memoryview]  # hash -> bytes the request keeps a reference to
     missing: list[str]
     pins: list[str]  # memory-cache keys (``scoped_key``) to unpin when the request ends
+    hits: int = 0  # referenced blobs the request did not carry, found in a cache
+    hit_bytes: int = 0  # and their bytes
 
 
 def resolve_blobs(
@@ -65,6 +67,7 @@ def resolve_blobs(
     resolved: dict[str, bytes | memoryview] = {}
     missing: list[str] = []
     pins: list[str] = []
+    hits = hit_bytes = 0
     for sha, used in kinds.items():
         needs_memory = bool(used & MEMORY_KINDS)
         key = scoped_key(scope, sha)
@@ -85,10 +88,12 @@ def resolve_blobs(
                 resolved[sha] = from_memory  # still checked by row 14
             continue
         resolved[sha] = from_disk if from_disk is not None else from_memory  # type: ignore[assignment]
+        hits += 1
+        hit_bytes += len(memoryview(resolved[sha]))
     try:
         check_tensor_lengths(program, resolved)
     except ValidationError:
         for key in pins:
             memory.unpin(key)
         raise
-    return Resolution(resolved, missing, pins)
+    return Resolution(resolved, missing, pins, hits, hit_bytes)

@@ -218,6 +218,8 @@ class ExecuteRequest:
             "ops": dict(ops),
             "uploads": dict(uploads),
             "blob_bytes": sum(len(memoryview(b)) for b in resolution.blobs.values()),
+            "cache_hits": resolution.hits,
+            "cache_hit_bytes": resolution.hit_bytes,
         }
         if options.gpu_count is not None:
             accepted["gpu_count"] = options.gpu_count

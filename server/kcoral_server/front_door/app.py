@@ -19,6 +19,7 @@ from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.jobs.store import JobRegistry
+from kcoral_server.metrics.server_metrics import ServerMetrics
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.seat import GpuDevice
 from kcoral_server.sessions.registry import Sessions
@@ -82,6 +83,8 @@ class ServerState:
         )
         self.jobs = JobRegistry(config.job_retention_seconds, config.job_retention_bytes)
         self.sessions = Sessions(self)  # EXTENSIONS §11
+        self.metrics = ServerMetrics(self.gpu_ids)  # EXTENSIONS §13, its own registry
+        self.metrics.attach(self)
         self.inflight_bytes = 0
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
@@ -172,6 +175,15 @@ class KCoralApplication(tornado.web.Application):
     def __init__(self, state: ServerState, handlers: list, **settings: Any) -> None:
         super().__init__(handlers, **settings)
         self.state = state
+
+    def log_request(self, handler: tornado.web.RequestHandler) -> None:
+        """Tornado's access log, and the request's duration for ``/metrics``."""
+        from kcoral_server.front_door.handlers import METRIC_ENDPOINTS
+
+        super().log_request(handler)
+        self.state.metrics.observe_request(
+            METRIC_ENDPOINTS.get(type(handler)), handler.request.request_time()
+        )
 
     def listen(self, port: int, address: str | None = None, **kwargs: Any) -> Any:
         kwargs.setdefault("max_body_size", self.state.config.max_request_bytes + (1 << 20))

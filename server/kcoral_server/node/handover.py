@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 
 SECRETS_FD_ENV = "KCORAL_NODE_SECRETS_FD"
 #: Environment variables that carry KCoral credentials; never passed on to the child.
-CREDENTIAL_VARIABLES = frozenset({"KCORAL_NODE_TOKEN", "KCORAL_AUTH_TOKEN", "KCORAL_TOKEN"})
+CREDENTIAL_VARIABLES = frozenset(
+    {"KCORAL_NODE_TOKEN", "KCORAL_AUTH_TOKEN", "KCORAL_TOKEN", "KCORAL_METRICS_TOKEN"}
+)
 MAX_SECRETS_BYTES = 65536  # fits in a pipe buffer: writing never blocks before the child reads
 
 

@@ -62,9 +62,7 @@ class RouterHandler(tornado.web.RequestHandler):
             return False
         # The identity the router vouches for to its nodes (X-KCoral-Identity); a client's
         # own X-KCoral-Identity is never believed here (no router secret on this side).
-        identity = self.state.authenticator.authenticate(
-            self.request.headers.get("Authorization"), None
-        )
+        identity = self.authenticate()
         if identity is None:
             self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
             return False
@@ -79,6 +77,12 @@ class RouterHandler(tornado.web.RequestHandler):
             )
             return False
         return True
+
+    def authenticate(self) -> Identity | None:
+        """The caller's identity from its client token; None: 401."""
+        return self.state.authenticator.authenticate(
+            self.request.headers.get("Authorization"), None
+        )
 
     def send_router_error(
         self,

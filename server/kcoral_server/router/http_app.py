@@ -1,6 +1,6 @@
 """The router's client side: ``GET /health``, streaming ``POST /execute`` (ROUTER.md §8–§9),
-``/v1/info``, the jobs endpoints (``job_routes``) and the sessions endpoints
-(``session_routes``); all but ``/health`` need the client
+``/v1/info``, the jobs endpoints (``job_routes``), the sessions endpoints
+(``session_routes``) and ``/metrics`` (``metrics_route``); all but ``/health`` need the client
 token when one is set."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import tornado.web
 
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.callers import Authenticator, parse_tokens
+from kcoral_server.metrics.router_metrics import RouterMetrics
 from kcoral_server.router.auth import NotFoundHandler, browser_refusal
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler
 from kcoral_server.router.log import RouterLog
+from kcoral_server.router.metrics_route import RouterMetricsHandler
 from kcoral_server.router.registry import Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import SessionHandler, SessionIndex, SessionsHandler
@@ -38,12 +40,15 @@ class RouterState:
     jobs: JobIndex = field(default_factory=JobIndex)
     sessions: SessionIndex = field(default_factory=SessionIndex)
     authenticator: Authenticator = field(init=False)
+    metrics: RouterMetrics = field(init=False)  # EXTENSIONS §13
 
     def __post_init__(self) -> None:
         # The client-token file has the server's format (EXTENSIONS §6): one bare token
         # (identity ``default``) or ``NAME TOKEN [admin]`` lines; none = everyone ``default``.
         tokens = self.settings.auth_token
         self.authenticator = Authenticator(parse_tokens(tokens) if tokens is not None else None)
+        self.metrics = RouterMetrics()
+        self.metrics.attach(self)
 
 
 def utc_now_micros() -> str:
@@ -103,6 +108,7 @@ def make_app(state: RouterState) -> tornado.web.Application:
             (r"/v1/jobs/([^/]+)(/events|/result)?", JobHandler, {"state": state}),
             (r"/v1/sessions", SessionsHandler, {"state": state}),
             (r"/v1/sessions/([^/]+)(/execute|/jobs|/interrupt)?", SessionHandler, {"state": state}),
+            (r"/metrics", RouterMetricsHandler, {"state": state}),
         ],
         default_handler_class=NotFoundHandler,
         default_handler_args={"state": state},

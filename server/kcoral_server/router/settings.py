@@ -118,6 +118,16 @@ class RouterSettings:
         help="the token nodes must show (prefer env KCORAL_NODE_TOKEN)",
         secret=True,
     )
+    # resolved by hand like node_token: an empty KCORAL_METRICS_TOKEN is refused
+    metrics_token: str | None = setting(
+        None,
+        flag="--metrics-token",
+        kind="text",
+        group="network",
+        help="a token that reads /metrics and nothing else (for a scraper that should hold "
+        "no client token); prefer env KCORAL_METRICS_TOKEN",
+        secret=True,
+    )
     ready_file: Path | None = setting(  # noqa: RUF009 (setting is a field)
         None, flag="--ready-file", kind="path", group="network", hidden=True
     )
@@ -160,7 +170,7 @@ class RouterSettings:
 
     def __repr__(self) -> str:  # never show the tokens
         fields = dict(self.__dict__)
-        for name in ("node_token", "auth_token"):
+        for name in ("node_token", "auth_token", "metrics_token"):
             fields[name] = None if fields[name] is None else "<redacted>"
         return "RouterSettings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
@@ -240,6 +250,13 @@ def parse_router_args(
     token = args.node_token if args.node_token is not None else env.get("KCORAL_NODE_TOKEN")
     if token is not None and token == "":
         raise SettingsError("--node-token must not be empty")
+    metrics_token = (
+        args.metrics_token if args.metrics_token is not None else env.get("KCORAL_METRICS_TOKEN")
+    )
+    if metrics_token is not None and (
+        metrics_token == "" or metrics_token.strip() != metrics_token
+    ):
+        raise SettingsError("--metrics-token must be a non-empty token without surrounding spaces")
     try:
         address = ipaddress.ip_address(args.host)
     except ValueError:
@@ -297,4 +314,11 @@ def parse_router_args(
     declared = {
         option.name: getattr(args, option.name) for option in declared_settings(RouterSettings)
     }
-    return RouterSettings(**{**declared, "node_token": token, "auth_token": auth_token})
+    return RouterSettings(
+        **{
+            **declared,
+            "node_token": token,
+            "auth_token": auth_token,
+            "metrics_token": metrics_token,
+        }
+    )

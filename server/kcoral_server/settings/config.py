@@ -467,6 +467,24 @@ class ServerConfig:
         empty="refused",
     )
     auth_token: str | None = field(default=None, repr=False)
+    metrics_token: str | None = setting(
+        None,
+        flag="--metrics-token",
+        kind="text",
+        group="network",
+        help="a token that reads /metrics and nothing else (for a scraper that should hold "
+        "no client token); prefer env KCORAL_METRICS_TOKEN",
+        env="KCORAL_METRICS_TOKEN",
+        env_empty_is_unset=True,
+        env_in_help=False,
+        empty="refused",
+        secret=True,
+        problem=lambda value: (
+            None
+            if isinstance(value, str) and value.strip() == value and value
+            else "must be a non-empty string without surrounding spaces"
+        ),
+    )
     allow_unauthenticated: bool = setting(
         False,
         flag="--allow-unauthenticated",
@@ -872,7 +890,7 @@ def config_for_log(config: ServerConfig) -> dict[str, Any]:
         if item.name == "auth_token":
             continue
         value = getattr(config, item.name)
-        if item.name == "node_token" and value is not None:
+        if item.name in ("node_token", "metrics_token") and value is not None:
             value = REDACTED
         elif isinstance(value, Path):
             value = str(value)

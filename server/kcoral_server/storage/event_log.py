@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -162,6 +163,8 @@ class EventLog:
         self.file_error: str | None = None  # why file logging is off despite a log_dir
         self._stream = stream
         self._lock = threading.Lock()
+        # Called with every record (``/metrics`` counts from them): see ``add_listener``.
+        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._file: BinaryIO | None = None
         self._run_dir: Path | None = None
         self._temp_output: Path | None = None
@@ -227,8 +230,18 @@ class EventLog:
                     self._output_dir = self._temp_output
         return self._output_dir
 
+    def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """Have ``listener(event, fields)`` called with every record, written or not (even
+        with ``--log-dir ''``), on the emitting thread; what it raises is swallowed."""
+        self._listeners.append(listener)
+
     def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
         """Write one record (and its console line). Never raises."""
+        for listener in self._listeners:
+            try:
+                listener(event, fields)
+            except Exception:
+                self.errors += 1
         if self._file is None and not self.console:
             return  # nothing to write to (``--log-dir ''`` without console): skip formatting
         try:

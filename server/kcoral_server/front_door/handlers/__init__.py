@@ -1,5 +1,5 @@
 """HTTP handlers: ``/execute``, ``/v1/jobs``, ``/health``, ``/internal/worker-status``,
-``/v1/info``, ``/v1/sessions``."""
+``/v1/info``, ``/v1/sessions``, ``/metrics``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from kcoral_server.front_door.handlers.jobs import (
     JobStateHandler,
     JobSubmitHandler,
 )
+from kcoral_server.front_door.handlers.metrics import MetricsHandler
 from kcoral_server.front_door.handlers.sessions import (
     SESSION_ID_PATTERN,
     SessionExecuteHandler,
@@ -45,5 +46,25 @@ def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
         (r"/health", HealthHandler, args),
         (r"/internal/worker-status", WorkerStatusHandler, args),
         (r"/v1/info", InfoHandler, args),
+        (r"/metrics", MetricsHandler, args),
         (r".*", NotFoundHandler, args),
     ]
+
+
+#: the endpoint each handler's request durations are counted under (``kcoral_server.metrics``)
+METRIC_ENDPOINTS: dict[type, str] = {
+    ExecuteHandler: "execute",
+    JobSubmitHandler: "jobs",
+    JobStateHandler: "jobs",
+    JobEventsHandler: "jobs",
+    JobResultHandler: "jobs",
+    SessionsHandler: "sessions",
+    SessionHandler: "sessions",
+    SessionExecuteHandler: "sessions",
+    SessionInterruptHandler: "sessions",
+    SessionJobHandler: "sessions",
+    HealthHandler: "health",
+    InfoHandler: "info",
+    WorkerStatusHandler: "worker_status",
+    MetricsHandler: "metrics",
+}

@@ -54,7 +54,7 @@ class BaseHandler(tornado.web.RequestHandler):
         # one value a holder of the node token lacked to open slots under this node's id
         # (ROUTER §12). The supervisor's probes and the tunnel present the secret.
         if not self.PUBLIC or self.state.authenticator.tunnel_only:
-            identity = self.state.authenticate(self.request.headers)
+            identity = self.authenticate()
             if identity is None:
                 self.early_refusal = UNAUTHORIZED
                 self.send_error_json(UNAUTHORIZED.status, UNAUTHORIZED.kind, UNAUTHORIZED.message)
@@ -63,6 +63,10 @@ class BaseHandler(tornado.web.RequestHandler):
         if self.request.method not in self.ALLOWED:
             self.set_header("Allow", ", ".join(self.ALLOWED))
             self.send_error_json(405, "method_not_allowed", "method not allowed")
+
+    def authenticate(self) -> Identity | None:
+        """The caller's identity from its bearer token; None: 401."""
+        return self.state.authenticate(self.request.headers)
 
     def send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
         data = dumps_compact(body)

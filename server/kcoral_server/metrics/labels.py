@@ -1,0 +1,138 @@
+"""The label values metrics may carry: each from a fixed set, so a series count stays bounded
+whatever clients send (EXTENSIONS §13).
+
+No label ever holds a token, an identity, a request id or anything of a program: the values
+below are the server's own words (error kinds, finish and retirement reasons, endpoints),
+HTTP status classes, and GPU ids from the server's configuration. Anything outside a set is
+counted as ``other``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS
+
+OTHER = "other"
+NONE = "none"
+
+#: error kinds of answers (PROTOCOL §7.6, §10; EXTENSIONS) besides the instruction kinds
+ERROR_KINDS = INSTRUCTION_ERROR_KINDS | {
+    "timeout",
+    "busy",
+    "cancelled",
+    "request_too_large",
+    "body_timeout",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "method_not_allowed",
+    "not_finished",
+    "session_busy",
+    "session_ended",
+}
+#: ``request_finished``'s ``finish_reason`` (SERVER §13)
+FINISH_REASONS = frozenset(
+    {
+        "completed",
+        "program_failed",
+        "cache_miss",
+        "rejected",
+        "no_worker",
+        "timeout",
+        "crashed",
+        "server_error",
+        "client_disconnected",
+        "cancelled",
+    }
+)
+#: ``worker_retired``'s ``reason`` (SERVER §13)
+RETIRE_REASONS = frozenset(
+    {
+        "request_limit",
+        "poisoned_context",
+        "sandbox_cleanup",
+        "timeout",
+        "crashed",
+        "cancelled",
+        "identity",
+        "disk_limit",
+    }
+)
+#: ``worker_failed``'s ``phase``
+START_PHASES = frozenset({"startup", "respawn"})
+
+
+def one_of(value: Any, allowed: Iterable[str]) -> str:
+    """``value`` when it is one of ``allowed``, ``none`` when absent, else ``other``."""
+    if value is None:
+        return NONE
+    return value if isinstance(value, str) and value in allowed else OTHER
+
+
+def status_label(value: Any) -> str:
+    """An HTTP status as its three digits (100-599), else ``other``."""
+    return str(value) if isinstance(value, int) and 100 <= value <= 599 else OTHER
+
+
+def gpu_label(value: Any, gpu_ids: frozenset[int]) -> str:
+    """A configured GPU's id, ``cpu`` for none, else ``other`` (never a client's number)."""
+    if value is None:
+        return "cpu"
+    return str(value) if isinstance(value, int) and value in gpu_ids else OTHER
+
+
+#: the router's ``request_finished`` ``finish_reason`` (ROUTER §10)
+ROUTER_FINISH_REASONS = frozenset(
+    {
+        "completed",
+        "queue_full",
+        "queue_timeout",
+        "tunnel_disconnected",
+        "invalid_response",
+        "request_rejected",
+        "client_disconnected",
+    }
+)
+#: finish reasons that say the tunnel to a node failed
+TUNNEL_ERRORS = frozenset({"tunnel_disconnected", "invalid_response"})
+#: node states (ROUTER §6)
+NODE_STATES = frozenset({"starting", "ready", "recovering", "incompatible", "unhealthy"})
+#: the most node ids a router's metrics name; later ones are counted as ``other`` (anyone
+#: holding the node token may connect under new ids)
+MAX_NODE_LABELS = 256
+
+
+def endpoint_of(path: Any) -> str:
+    """A request path as the endpoint it names (never the path: it holds job and session ids)."""
+    if not isinstance(path, str) or path == "/execute":
+        return "execute"
+    for prefix, endpoint in (
+        ("/v1/jobs", "jobs"),
+        ("/v1/sessions", "sessions"),
+        ("/v1/info", "info"),
+        ("/health", "health"),
+        ("/metrics", "metrics"),
+    ):
+        if path == prefix or path.startswith(prefix + "/"):
+            return endpoint
+    return OTHER
+
+
+class NodeLabels:
+    """Node ids as label values, at most ``MAX_NODE_LABELS`` of them per process."""
+
+    def __init__(self, limit: int = MAX_NODE_LABELS) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, node: Any) -> str:
+        if not isinstance(node, str) or not node:
+            return NONE
+        if node in self._seen:
+            return node
+        if len(self._seen) >= self._limit:
+            return OTHER
+        self._seen.add(node)
+        return node

@@ -1,0 +1,61 @@
+"""The Grafana dashboards of ``deploy/grafana/`` query only metrics that exist: every
+``kcoral_*`` name in their queries is one a real server's (or router's) ``/metrics`` names."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from deploy_files import DEPLOY
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+from metrics_support import exported_names
+from router_helpers import start_router
+from server_process import start_server
+
+GRAFANA = DEPLOY / "grafana"
+
+
+def queried_metrics(dashboard: str) -> set[str]:
+    document = json.loads((GRAFANA / dashboard).read_text(encoding="utf-8"))
+    return {
+        name
+        for panel in document["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bkcoral_[a-z_]+", target["expr"])
+    }
+
+
+def test_every_metric_the_server_dashboard_queries_exists(tmp_path: Path) -> None:
+    queried = queried_metrics("kcoral-server.json")
+    assert len(queried) >= 10
+    server = start_server(tmp_path, ["--num-workers", "1"])
+    try:
+        exported = exported_names(server.url)
+    finally:
+        server.stop()
+    assert queried <= exported, queried - exported
+
+
+def test_every_metric_the_router_dashboard_queries_exists(tmp_path: Path) -> None:
+    queried = queried_metrics("kcoral-router.json")
+    assert len(queried) >= 8
+    router = start_router(tmp_path)
+    try:
+        exported = exported_names(router.url)
+    finally:
+        router.stop()
+    assert queried <= exported, queried - exported
+
+
+@pytest.mark.parametrize("dashboard", ["kcoral-server.json", "kcoral-router.json"])
+def test_a_dashboard_asks_for_its_prometheus_data_source(dashboard: str) -> None:
+    document = json.loads((GRAFANA / dashboard).read_text(encoding="utf-8"))
+    variables = {v["name"]: v for v in document["templating"]["list"]}
+    assert variables["datasource"]["query"] == "prometheus"
+    for panel in document["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}"

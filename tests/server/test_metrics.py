@@ -1,0 +1,75 @@
+"""``GET /metrics`` of a real server (EXTENSIONS §13): what it counts after real requests,
+and that its labels hold nothing a client chose."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from http_helpers import execute
+from metrics_support import scrape
+from raw_http import call_program
+from server_process import start_server
+
+SECRET_WORD = "pr0gram-c0ntent-never-in-metrics"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    running = start_server(tmp_path_factory.mktemp("metrics"), ["--num-workers", "1"])
+    yield running
+    running.stop()
+
+
+def test_a_completed_program_is_counted_with_its_status_and_duration(server) -> None:
+    before = scrape(server.url)
+    assert execute(server.url, call_program("def main():\n    return 1\n")).status == 200
+    after = scrape(server.url)
+    key = 'kcoral_requests_total{error_kind="none",reason="completed",status="200"}'
+    assert after[key] == before.get(key, 0) + 1
+    duration = 'kcoral_request_duration_seconds_count{endpoint="execute"}'
+    assert after[duration] == before.get(duration, 0) + 1
+    assert after['kcoral_worker_starts_total{gpu="cpu"}'] >= 1
+    assert after["kcoral_queue_depth"] == 0 and after["kcoral_session_seats_held"] == 0
+
+
+def test_a_failing_program_is_counted_under_its_error_kind(server) -> None:
+    source = f"def main():\n    raise ValueError({SECRET_WORD!r})\n"
+    response = execute(server.url, call_program(source), headers={"X-Request-ID": SECRET_WORD})
+    assert response.status == 200 and response.body["status"] == "FAILED"
+    samples = scrape(server.url)
+    key = 'kcoral_requests_total{error_kind="runtime",reason="program_failed",status="200"}'
+    assert samples[key] >= 1
+    assert not any(SECRET_WORD in name for name in samples)
+
+
+def test_a_cache_miss_and_a_later_hit_are_counted_with_their_bytes(server) -> None:
+    data = b"\x00" * 64
+    sha = hashlib.sha256(data).hexdigest()
+    program = {
+        "instructions": [
+            {"op": "upload", "id": "b", "kind": "bytes", "blob": sha},
+            {"op": "return", "key": "value", "value": {"$ref": "b"}},
+        ]
+    }
+    before = scrape(server.url)
+    assert execute(server.url, program).body["status"] == "CACHE_MISS"
+    assert execute(server.url, program, {sha: data}).status == 200
+    assert execute(server.url, program).status == 200  # from the cache now
+    after = scrape(server.url)
+    assert after["kcoral_cache_misses_total"] == before.get("kcoral_cache_misses_total", 0) + 1
+    assert after["kcoral_cache_hits_total"] == before.get("kcoral_cache_hits_total", 0) + 1
+    hit_bytes = after["kcoral_cache_hit_bytes_total"] - before.get(
+        "kcoral_cache_hit_bytes_total", 0
+    )
+    assert hit_bytes == len(data)
+    assert after["kcoral_memory_cache_bytes"] >= len(data)
+
+
+def test_an_unknown_error_kind_or_reason_is_counted_as_other() -> None:
+    from kcoral_server.metrics.labels import ERROR_KINDS, gpu_label, one_of, status_label
+
+    assert one_of("an-attacker's-kind", ERROR_KINDS) == "other"
+    assert one_of(None, ERROR_KINDS) == "none" and one_of("runtime", ERROR_KINDS) == "runtime"
+    assert status_label(1000) == "other" and status_label(404) == "404"
+    assert gpu_label(7, frozenset({0, 1})) == "other" and gpu_label(None, frozenset()) == "cpu"

@@ -1,0 +1,151 @@
+"""A real Prometheus (Debian's ``prometheus``) scrapes a real server's and a real router's
+``/metrics`` with their metrics token, and one series of each is read back through
+Prometheus's HTTP API (issue 33.4). CI installs ``prometheus`` (README
+``ci-system-packages``), and this file is in ``tests/ci_required.txt``, so it never skips
+there."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from http_helpers import execute
+from raw_http import call_program
+from server_process import start_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+from router_helpers import Node, ready_nodes, start_router
+
+PROMETHEUS = shutil.which("prometheus")
+NODE_TOKEN = "n0de-t0ken-for-prometheus"
+METRICS_TOKEN = "scraper-t0ken-for-prometheus"
+CLIENT_TOKEN = "client-t0ken-for-prometheus"
+#: how long Prometheus may take to start and scrape (a generous bound, not a measurement)
+PATIENCE_SECONDS = 90.0
+
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus is not installed (apt-get install prometheus)"
+)
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape_config(targets: dict[str, str], token_file: Path) -> str:
+    """Prometheus's configuration: one job per ``name -> host:port``, each with the token."""
+    jobs = [
+        {
+            "job_name": name,
+            "metrics_path": "/metrics",
+            "authorization": {"type": "Bearer", "credentials_file": str(token_file)},
+            "static_configs": [{"targets": [target]}],
+        }
+        for name, target in targets.items()
+    ]
+    return json.dumps(  # YAML is a superset of JSON
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": jobs,
+        }
+    )
+
+
+def query(base: str, expression: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return list(answer["data"]["result"])
+
+
+def wait_for_series(base: str, expression: str, process: subprocess.Popen) -> list[dict]:
+    deadline = time.monotonic() + PATIENCE_SECONDS
+    while True:
+        assert process.poll() is None, "prometheus exited"
+        try:
+            result = query(base, expression)
+        except OSError:
+            result = []  # not listening yet
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
+
+
+def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_answers_queries(
+    tmp_path: Path,
+) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text(CLIENT_TOKEN + "\n")
+    token_file.chmod(0o600)
+    server = start_server(
+        tmp_path / "server",
+        ["--num-workers", "1", "--auth-token-file", str(token_file)],
+        env={"KCORAL_METRICS_TOKEN": METRICS_TOKEN},
+    )
+    secrets = {"KCORAL_NODE_TOKEN": NODE_TOKEN, "KCORAL_METRICS_TOKEN": METRICS_TOKEN}
+    router = start_router(tmp_path, "--auth-token-file", str(token_file), env=secrets)
+    node = Node(tmp_path, router, "node-p", {"KCORAL_NODE_TOKEN": NODE_TOKEN})
+    scraper_token = tmp_path / "scraper-token"
+    scraper_token.write_text(METRICS_TOKEN)
+    scraper_token.chmod(0o600)
+    port = free_loopback_port()
+    config = tmp_path / "prometheus.yml"
+    targets = {
+        "kcoral-server": f"{server.host}:{server.port}",
+        "kcoral-router": f"127.0.0.1:{router.port}",
+    }
+    config.write_text(scrape_config(targets, scraper_token))
+    log = tmp_path / "prometheus.log"
+    assert PROMETHEUS is not None
+    with open(log, "wb") as output:
+        prometheus = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+        program = call_program("def main():\n    return 1\n")
+        assert execute(server.url, program, headers=headers).status == 200
+        ready_nodes(router, 1)
+        assert execute(router.url, program, headers=headers).status == 200
+        base = f"http://127.0.0.1:{port}"
+        series = 'kcoral_requests_total{reason="completed",status="200"}'
+        found = wait_for_series(base, series, prometheus)
+        assert found, log.read_text(errors="replace")[-3000:]
+        assert found[0]["metric"]["job"] == "kcoral-server"
+        assert float(found[0]["value"][1]) >= 1
+        routed = wait_for_series(
+            base, 'kcoral_router_routed_requests_total{node="node-p"}', prometheus
+        )
+        assert routed and routed[0]["metric"]["job"] == "kcoral-router"
+        assert float(routed[0]["value"][1]) >= 1
+        for job in targets:  # each scrape itself succeeded, token and all
+            up = query(base, f'up{{job="{job}"}}')
+            assert up and up[0]["value"][1] == "1", job
+    finally:
+        prometheus.terminate()
+        try:
+            prometheus.wait(30)
+        except subprocess.TimeoutExpired:
+            prometheus.kill()
+            prometheus.wait()
+        node.stop()
+        router.stop()
+        server.stop()
