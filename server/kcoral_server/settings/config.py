@@ -453,7 +453,7 @@ class ServerConfig:
         repeatable=True,
         group="router",
         metavar="KEY=VALUE",
-        help="a label of this node at the router (with --router); repeatable",
+        help="a label of this node at the router (with --router), e.g. pool=big",
         empty="refused",
         problem=lambda value: node_label_problem(value),
     )
