@@ -25,9 +25,10 @@ import functools
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 SMI_QUERY = ("--query-gpu=uuid,pci.bus_id,index", "--format=csv,noheader")
@@ -107,53 +108,74 @@ def parse_smi(text: str) -> list[tuple[str, str, int]]:
     return rows
 
 
-def query_smi() -> list[tuple[str, str, int]]:
+def smi_output(query: Sequence[str]) -> str | None:
+    """What ``nvidia-smi QUERY...`` prints, or ``None`` without it or when it fails (here
+    and for the node's GPU kind, ``kind.probe_products``)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
+        return None
     try:
         done = subprocess.run(
-            [smi, *SMI_QUERY],
+            [smi, *query],
             capture_output=True,
             text=True,
             timeout=SMI_TIMEOUT_SECONDS,
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return []
-    return parse_smi(done.stdout) if done.returncode == 0 else []
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def query_smi() -> list[tuple[str, str, int]]:
+    output = smi_output(SMI_QUERY)
+    return [] if output is None else parse_smi(output)
+
+
+@contextlib.contextmanager
+def nvml_session() -> Iterator[Any]:
+    """``pynvml``, initialised for the block and shut down after it, or ``None`` without
+    ``nvidia-ml-py`` or a driver that answers."""
+    try:
+        import pynvml  # nvidia-ml-py; optional
+    except ImportError:
+        yield None
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        yield None
+        return
+    try:
+        yield pynvml
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
 
 
 def query_nvml() -> list[tuple[str, str, int | None]] | None:
     """``(uuid, bus id, minor)`` per GPU through NVML, or ``None`` without ``pynvml``."""
-    try:
-        import pynvml  # nvidia-ml-py; optional
-    except ImportError:
-        return None
     rows: list[tuple[str, str, int | None]] = []
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            bus = normalize_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
-            minor: int | None = None
-            with contextlib.suppress(Exception):
-                minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
-            if bus is not None:
-                rows.append((normalize_uuid(uuid), bus, minor))
-    except Exception:
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    with nvml_session() as pynvml:
+        if pynvml is None:
+            return None
+        try:
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = nvml_text(pynvml.nvmlDeviceGetUUID(handle))
+                bus = normalize_bus_id(nvml_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+                minor: int | None = None
+                with contextlib.suppress(Exception):
+                    minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+                if bus is not None:
+                    rows.append((normalize_uuid(uuid), bus, minor))
+        except Exception:
+            return None
     return rows
 
 
-def _text(value: object) -> str:
+def nvml_text(value: object) -> str:
+    """A string NVML gives back (bytes in older bindings, str in newer)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

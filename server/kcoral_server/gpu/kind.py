@@ -9,14 +9,12 @@ memory sizes, form factors and MIG profiles go, the model stays.
 
 from __future__ import annotations
 
-import contextlib
 import re
-import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kcoral_server.gpu.device_nodes import nvml_session, nvml_text, smi_output
 from kcoral_server.pool.seat import GpuDevice
 
 CPU_KIND = "cpu"
@@ -24,7 +22,6 @@ FAKE_KIND = "fake"  # the test-only fake-GPU runtime
 UNKNOWN_KIND = "unknown"  # a GPU whose product no source names
 MAX_KEY_LENGTH = 32
 SMI_QUERY = ("--query-gpu=uuid,index,name,memory.total", "--format=csv,noheader,nounits")
-SMI_TIMEOUT_SECONDS = 20.0
 
 # Words that name the vendor, a product line or a generation rather than the model.
 _DROPPED_WORDS = frozenset(
@@ -96,47 +93,25 @@ def probe_products() -> dict[str, tuple[str, int]]:
 
 
 def _nvml_products() -> dict[str, tuple[str, int]]:
-    try:
-        import pynvml  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return {}
     found: dict[str, tuple[str, int]] = {}
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return {}
-    try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            name = pynvml.nvmlDeviceGetName(handle)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            found[uuid] = found[str(index)] = (name, memory)
-    except Exception:
-        return {}
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    with nvml_session() as pynvml:
+        if pynvml is None:
+            return {}
+        try:
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                name = nvml_text(pynvml.nvmlDeviceGetName(handle))
+                uuid = nvml_text(pynvml.nvmlDeviceGetUUID(handle))
+                memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+                found[uuid] = found[str(index)] = (name, memory)
+        except Exception:
+            return {}
     return found
 
 
 def _smi_products() -> dict[str, tuple[str, int]]:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return {}
-    try:
-        done = subprocess.run(
-            [smi, *SMI_QUERY],
-            capture_output=True,
-            text=True,
-            timeout=SMI_TIMEOUT_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return parse_smi_products(done.stdout) if done.returncode == 0 else {}
+    output = smi_output(SMI_QUERY)
+    return {} if output is None else parse_smi_products(output)
 
 
 def parse_smi_products(text: str) -> dict[str, tuple[str, int]]:
