@@ -9,37 +9,25 @@ log); refusals are.
 
 from __future__ import annotations
 
-import hmac
-
-from prometheus_client import CONTENT_TYPE_LATEST
-
 from kcoral_server.front_door.callers import Identity
+from kcoral_server.metrics.scrape import answer_scrape, scraper
 from kcoral_server.router.auth import RouterHandler
-
-#: whom a request carrying the metrics token is (it reaches only this handler)
-SCRAPER = Identity("metrics")
 
 
 class RouterMetricsHandler(RouterHandler):
     ALLOWED = ("GET",)
 
     def authenticate(self) -> Identity | None:
-        token = self.state.settings.metrics_token
-        if token is not None:
-            given = (self.request.headers.get("Authorization") or "").encode(
-                "utf-8", "surrogateescape"
-            )
-            if hmac.compare_digest(given, f"Bearer {token}".encode()):
-                return SCRAPER
-        return super().authenticate()
+        found = scraper(
+            self.request.headers.get("Authorization"), self.state.settings.metrics_token
+        )
+        return found if found is not None else super().authenticate()
 
     def prepare(self) -> None:
         self.check_request()
 
     def get(self) -> None:
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.set_header("Cache-Control", "no-store")
-        self.finish(self.state.metrics.exposition())
+        answer_scrape(self, self.state.metrics.exposition())
 
     def on_finish(self) -> None:
         if self.get_status() != 200:

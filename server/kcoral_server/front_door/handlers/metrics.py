@@ -9,31 +9,17 @@ and then also this. The text holds counts only: no token, identity, request id o
 
 from __future__ import annotations
 
-import hmac
-
-from prometheus_client import CONTENT_TYPE_LATEST
-
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.front_door.handlers.base import BaseHandler
-
-#: whom a request carrying the metrics token is (it reaches only this handler)
-SCRAPER = Identity("metrics")
+from kcoral_server.metrics.scrape import answer_scrape, scraper
 
 
 class MetricsHandler(BaseHandler):
     ALLOWED = ("GET",)
 
     def authenticate(self) -> Identity | None:
-        token = self.state.config.metrics_token
-        if token is not None:
-            given = (self.request.headers.get("Authorization") or "").encode(
-                "utf-8", "surrogateescape"
-            )
-            if hmac.compare_digest(given, f"Bearer {token}".encode()):
-                return SCRAPER
-        return super().authenticate()
+        found = scraper(self.request.headers.get("Authorization"), self.state.config.metrics_token)
+        return found if found is not None else super().authenticate()
 
     def get(self) -> None:
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.set_header("Cache-Control", "no-store")
-        self.finish(self.state.metrics.exposition())
+        answer_scrape(self, self.state.metrics.exposition())
