@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, TextIO
+
+from kcoral_server.storage.event_log import Listener, Listeners
 
 
 def format_value(value: Any) -> str:
@@ -23,19 +24,15 @@ class RouterLog:
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream if stream is not None else sys.stderr
-        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self._listeners = Listeners()
 
-    def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+    def add_listener(self, listener: Listener) -> None:
         """Have ``listener(event, fields)`` called with every line (``/metrics`` counts from
         them); what it raises is swallowed."""
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def event(self, event: str, level: str = "INFO", **fields: Any) -> None:
-        for listener in self._listeners:
-            try:
-                listener(event, fields)
-            except Exception:
-                pass  # metrics never fail a request
+        self._listeners.tell(event, fields)  # metrics never fail a request
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         parts = [stamp, f"{level:<7}", event]
         parts.extend(

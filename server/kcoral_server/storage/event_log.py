@@ -143,6 +143,31 @@ def _tighten(runs: Path) -> dict[str, Any] | None:
     return fields
 
 
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class Listeners:
+    """Who hears every record of a log (``/metrics`` counts from them), on the emitting
+    thread; what one raises is swallowed and counted, so it never fails the emitter. The
+    server's ``EventLog`` and the router's ``RouterLog`` both dispatch through one."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Listener] = []
+
+    def add(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def tell(self, event: str, fields: dict[str, Any]) -> int:
+        """Call every listener with ``(event, fields)``; how many raised."""
+        failed = 0
+        for listener in self._listeners:
+            try:
+                listener(event, fields)
+            except Exception:
+                failed += 1
+        return failed
+
+
 class EventLog:
     """The server's event log. ``log_dir=None`` writes no files (console only, if enabled).
 
@@ -164,7 +189,7 @@ class EventLog:
         self._stream = stream
         self._lock = threading.Lock()
         # Called with every record (``/metrics`` counts from them): see ``add_listener``.
-        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self._listeners = Listeners()
         self._file: BinaryIO | None = None
         self._run_dir: Path | None = None
         self._temp_output: Path | None = None
@@ -230,18 +255,14 @@ class EventLog:
                     self._output_dir = self._temp_output
         return self._output_dir
 
-    def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+    def add_listener(self, listener: Listener) -> None:
         """Have ``listener(event, fields)`` called with every record, written or not (even
         with ``--log-dir ''``), on the emitting thread; what it raises is swallowed."""
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
         """Write one record (and its console line). Never raises."""
-        for listener in self._listeners:
-            try:
-                listener(event, fields)
-            except Exception:
-                self.errors += 1
+        self.errors += self._listeners.tell(event, fields)
         if self._file is None and not self.console:
             return  # nothing to write to (``--log-dir ''`` without console): skip formatting
         try:
