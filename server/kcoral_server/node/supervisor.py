@@ -193,7 +193,7 @@ def reap_zombies(keep: int | None) -> None:
                 os.waitpid(child.pid, os.WNOHANG)
 
 
-def probe_kind(settings: Any) -> NodeKind:
+def probe_kind(settings: ServerSettings) -> NodeKind:
     """A node's kind, found as its child server resolves its devices (a subprocess probe:
     the supervisor never imports torch)."""
     config = settings.config
@@ -201,7 +201,7 @@ def probe_kind(settings: Any) -> NodeKind:
         choice = choose_devices(
             config.device,
             config.gpus,
-            gpus_given=getattr(settings, "gpus_given", False),
+            gpus_given=settings.gpus_given,
             fake_gpu_count=config.fake_gpu_count,
         )
     except DeviceError:
