@@ -250,7 +250,10 @@ class Supervisor:
         # announced in every status, and the router opens this node's slots only for a
         # hello that carries it, so the node token alone cannot take this node's seats.
         self.router_secret = ""
-        self.slot_key = ""
+        # A key from the start, not "": the status stream may connect before the first
+        # child start, and a first status without a key reads as a published supervisor
+        # (the router's node_without_slot_key warning). start_child makes a fresh one.
+        self.slot_key = secrets_module.token_urlsafe(32)
         self.workdir = Path(tempfile.mkdtemp(prefix="kcoral-supervisor-"))
         self.user_ready_written = False
 
