@@ -163,6 +163,34 @@ def healthy_body(body: Any) -> str | None:
     return None
 
 
+async def probe_child(
+    child_url: str, listen_host: str, router_secret: str, timeout: float
+) -> tuple[str | None, Any]:
+    """Ask the child's /internal/worker-status; (failure text or None, the body)."""
+    parts = urlsplit(child_url)
+    host, local = probe_target(listen_host)
+    try:
+        status, body = await asyncio.wait_for(
+            get_json(
+                host,
+                parts.port or 80,
+                "/internal/worker-status",
+                local_addr=local,
+                bearer=router_secret,
+            ),
+            timeout,
+        )
+    except asyncio.TimeoutError:
+        return "worker-status probe timed out", None
+    except OSError as exc:
+        return f"worker-status probe failed: {exc}", None
+    except Exception as exc:
+        return f"worker-status probe failed: {type(exc).__name__}: {exc}", None
+    if not 200 <= status < 300:
+        return f"worker-status answered HTTP {status}", None
+    return healthy_body(body), body
+
+
 def set_child_subreaper() -> None:
     """Become the reaper of orphaned descendants so none escapes a restart."""
     with contextlib.suppress(OSError, AttributeError):
@@ -350,32 +378,15 @@ class Supervisor:
                     self.child_url = text
             if self.child_url is None:
                 return STARTING_MESSAGE
-        parts = urlsplit(self.child_url)
-        host, local = probe_target(self.settings.host)
-        try:
-            status, body = await asyncio.wait_for(
-                get_json(
-                    host,
-                    parts.port or 80,
-                    "/internal/worker-status",
-                    local_addr=local,
-                    bearer=self.router_secret,
-                ),
-                self.options.health_timeout_seconds,
-            )
-        except asyncio.TimeoutError:
-            return "worker-status probe timed out"
-        except OSError as exc:
-            return f"worker-status probe failed: {exc}"
-        except Exception as exc:
-            return f"worker-status probe failed: {type(exc).__name__}: {exc}"
-        if not 200 <= status < 300:
-            return f"worker-status answered HTTP {status}"
-        problem = healthy_body(body)
-        if problem is not None:
-            return problem
-        self.body = body
-        return None
+        problem, body = await probe_child(
+            self.child_url,
+            self.settings.host,
+            self.router_secret,
+            self.options.health_timeout_seconds,
+        )
+        if problem is None:
+            self.body = body
+        return problem
 
     async def stop_child(self, grace: float | None) -> int | None:
         """SIGTERM the child, SIGKILL after ``grace`` (None = wait forever), reap all."""
