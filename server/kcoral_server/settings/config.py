@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 # Standard library only like this module; every entry point has loaded kcoral already.
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
+from kcoral.protocol.selector import BUILT_IN_KEYS
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens
 
@@ -822,8 +823,7 @@ def _validate_router(config: ServerConfig) -> None:
         )
 
 
-#: ROUTER §6: the built-in keys a label may not shadow, and the bounds of labels.
-BUILT_IN_LABEL_KEYS = ("gpu", "arch", "gpus", "node")
+#: ROUTER §6: the bounds of labels (the built-in keys they may not shadow: BUILT_IN_KEYS).
 MAX_NODE_LABELS = 16
 _LABEL_KEY = re.compile(r"[a-z][a-z0-9_.-]{0,31}", re.ASCII)
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
@@ -836,8 +836,8 @@ def node_label_problem(value: object) -> str | None:
     key, _, text = value.partition("=")
     if not _LABEL_KEY.fullmatch(key):
         return f"key {key!r} must be 1-32 characters: a lowercase ASCII letter, then [a-z0-9_.-]"
-    if key in BUILT_IN_LABEL_KEYS:
-        return f"key {key!r} is built in ({', '.join(BUILT_IN_LABEL_KEYS)}); choose another"
+    if key in BUILT_IN_KEYS:
+        return f"key {key!r} is built in ({', '.join(BUILT_IN_KEYS)}); choose another"
     if not _LABEL_VALUE.fullmatch(text):
         return (
             f"value of {key!r} must be 1-64 characters: an ASCII letter or digit, "
