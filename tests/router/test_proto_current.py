@@ -35,6 +35,16 @@ def test_the_proto_keeps_the_normative_field_numbers() -> None:
         "slot_key": 15,  # added 2026-12 (ROUTER §12)
         "kind": 16,  # added 2026-12 (ROUTER §6)
         "labels": 17,  # added 2026-12 (ROUTER §6)
+        "lease_stats": 19,  # added 2026-12 (ROUTER §6)
+    }
+    lease_stats = pb.LeaseStats.DESCRIPTOR.fields_by_name
+    assert {name: f.number for name, f in lease_stats.items()} == {
+        "count": 1,
+        "seat_held_mean_ms": 2,
+        "seat_held_p50_ms": 3,
+        "lease_held_mean_ms": 4,
+        "lease_held_p50_ms": 5,
+        "queued": 6,
     }
     kind = pb.NodeKind.DESCRIPTOR.fields_by_name
     assert {name: f.number for name, f in kind.items()} == {

@@ -17,6 +17,7 @@ import tornado.web
 
 from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
+from kcoral_server.front_door.recent_leases import RecentLeases
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.jobs.store import JobRegistry
 from kcoral_server.metrics.server_metrics import ServerMetrics
@@ -85,6 +86,9 @@ class ServerState:
         self.sessions = Sessions(self)  # EXTENSIONS §11
         self.metrics = ServerMetrics(self.gpu_ids)  # EXTENSIONS §13, its own registry
         self.metrics.attach(self)
+        # what a node's supervisor reports of its recent programs (PROTOCOL §13, ROUTER §6)
+        self.recent_leases = RecentLeases()
+        self.events.add_listener(self.recent_leases.record)
         self.inflight_bytes = 0
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0

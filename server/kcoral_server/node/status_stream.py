@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -16,6 +18,39 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.log import RouterLog
 from kcoral_server.settings.config import ServerConfig
+
+#: LeaseStats' duration fields, as the child's worker-status names them (ROUTER §6)
+LEASE_STAT_TIMES = (
+    "seat_held_mean_ms",
+    "seat_held_p50_ms",
+    "lease_held_mean_ms",
+    "lease_held_p50_ms",
+)
+
+
+def lease_stats_message(body: dict[str, Any]) -> pb.LeaseStats | None:
+    """``lease_stats`` of the child's worker-status as a status's ``LeaseStats`` (ROUTER
+    §6), or None when the body has none or a malformed one (a child of another version):
+    the node is then reported without them, never unhealthy for it."""
+    stats = body.get("lease_stats")
+    if not isinstance(stats, dict):
+        return None
+    count, queued = stats.get("count"), stats.get("queued")
+    if type(count) is not int or type(queued) is not int:
+        return None
+    if not (0 <= count < 2**32 and 0 <= queued < 2**64):
+        return None
+    message = pb.LeaseStats(count=count, queued=queued)
+    for name in LEASE_STAT_TIMES:
+        value = stats.get(name)
+        if count == 0:
+            continue  # no recent programs: the times are null
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if not math.isfinite(value) or value < 0:
+            return None
+        setattr(message, name, float(value))
+    return message
 
 
 async def stream_status(

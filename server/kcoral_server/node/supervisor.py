@@ -39,7 +39,7 @@ from kcoral_server.node.handover import (
     write_secrets,
 )
 from kcoral_server.node.http11 import get_json
-from kcoral_server.node.status_stream import stream_status
+from kcoral_server.node.status_stream import lease_stats_message, stream_status
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
@@ -309,6 +309,9 @@ class Supervisor:
             status.busy_workers = self.body["busy_workers"]
             status.target.update(self.body["target"])
             status.versions.update({**self.body["versions"], **self.versions_override})
+            lease_stats = lease_stats_message(self.body)
+            if lease_stats is not None:
+                status.lease_stats.CopyFrom(lease_stats)
         status.kind.CopyFrom(kind_message(self.node_kind))
         status.labels.update(node_labels(self.config))
         return status

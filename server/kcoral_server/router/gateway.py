@@ -48,7 +48,7 @@ def status_problem(
             return "busy_workers exceeds worker_count"
         if status.health_age_millis > settings.max_status_age_seconds * 1000:
             return "health_age_millis exceeds the maximum status age"
-    return kind_problem(status)
+    return kind_problem(status) or lease_stats_problem(status)
 
 
 def kind_problem(status: pb.SupervisorStatus) -> str | None:
@@ -63,6 +63,31 @@ def kind_problem(status: pb.SupervisorStatus) -> str | None:
         problem = node_label_problem(f"{key}={value}")
         if problem is not None:
             return f"label {problem}"
+    return None
+
+
+#: bounds of a status's LeaseStats (ROUTER §6): a node cannot make /v1/info's estimates
+#: non-finite, negative or absurd for the rows it shares with other nodes
+MAX_LEASE_COUNT = 1 << 20
+MAX_LEASE_MS = 1e10  # about 115 days
+MAX_NODE_QUEUED = 1 << 32
+
+
+def lease_stats_problem(status: pb.SupervisorStatus) -> str | None:
+    """Why a status's ``lease_stats`` is out of bounds, or None."""
+    if not status.HasField("lease_stats"):
+        return None
+    stats = status.lease_stats
+    times = (
+        stats.seat_held_mean_ms,
+        stats.seat_held_p50_ms,
+        stats.lease_held_mean_ms,
+        stats.lease_held_p50_ms,
+    )
+    if not all(0.0 <= t <= MAX_LEASE_MS for t in times):  # NaN fails too
+        return "lease_stats times must be finite, from 0 to 1e10 ms"
+    if stats.count > MAX_LEASE_COUNT or stats.queued > MAX_NODE_QUEUED:
+        return "lease_stats count or queued is out of bounds"
     return None
 
 

@@ -23,7 +23,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
-from kcoral_server.router.registry import fleet
+from kcoral_server.router.registry import fleet, fleet_status
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, SlotBroken
 
@@ -307,4 +307,7 @@ class InfoHandler(ForwardHandler):
             info.pop(name, None)
         # The answering node is of the default kind; what else the fleet has (ROUTER §6).
         info["fleet"] = fleet(self.state.registry)
+        # ... and what each part holds now: seats, queue, estimated wait (ROUTER §6).
+        queued = self.state.admission.queued_selectors()
+        info["fleet_status"] = fleet_status(self.state.registry, queued)
         return dumps_compact(info)

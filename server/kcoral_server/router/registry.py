@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from kcoral.protocol.selector import selector_matches
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
@@ -57,6 +58,9 @@ class NodeRecord:
     gpus: int = 0
     memory_bytes: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    # Its recent programs and own queue, as its supervisor reports them (None from published
+    # supervisors): /v1/info's fleet_status estimates waits from them (ROUTER §6).
+    lease_stats: pb.LeaseStats | None = None
     last_error: str = ""
     last_status_at: float = 0.0
     lost_at: float | None = None
@@ -189,6 +193,7 @@ class Registry:
             node.kind, node.arch = status.kind.gpu, status.kind.arch
             node.gpus, node.memory_bytes = status.kind.gpus, status.kind.memory_bytes
             node.labels = dict(status.labels)
+            node.lease_stats = status.lease_stats if status.HasField("lease_stats") else None
             node.worker_count = status.worker_count
             node.busy_workers = status.busy_workers
             node.target = dict(status.target)
@@ -417,5 +422,72 @@ def fleet(registry: Registry) -> dict[str, list[dict[str, Any]]]:
         ],
         "labels": [
             {"key": k, "value": v, "nodes": count} for (k, v), count in sorted(labels.items())
+        ],
+    }
+
+
+def offered_keys(node: NodeRecord) -> dict[str, str]:
+    """What ``node`` offers a selector (ROUTER §6): its labels and the built-in keys."""
+    built_in = {"gpu": node.kind, "arch": node.arch, "gpus": str(node.gpus), "node": node.node_id}
+    return {**node.labels, **{k: v for k, v in built_in.items() if v}}
+
+
+def fleet_status(
+    registry: Registry, queued: Sequence[Mapping[str, str]] = ()
+) -> dict[str, list[dict[str, Any]]]:
+    """``/v1/info``'s ``fleet_status`` (ROUTER §6): ``fleet``'s rows with what they hold now.
+
+    Per kind and per label of the ``ready`` nodes: ``seats`` (their worker slots),
+    ``free_seats`` (idle ones), ``queued`` (requests waiting at the router that a node of
+    the row could serve — ``queued`` holds each waiter's selector, ``{}`` for the default
+    kind — plus those waiting in the nodes' own pools), ``recent_programs`` (the nodes'
+    reported count) and ``estimated_wait_seconds``: an estimate, ``(queued + 1 -
+    free_seats) / seats`` times the mean time a recent program held its seat, at least 0,
+    ``None`` without recent programs."""
+    default = registry.default_kind
+    ready = [n for n in registry.nodes.values() if n.connected and n.state == READY]
+    kinds: dict[tuple[str, str, int], list[NodeRecord]] = {}
+    labels: dict[tuple[str, str], list[NodeRecord]] = {}
+    for n in ready:
+        kinds.setdefault((n.kind, n.arch, n.gpus), []).append(n)
+        for label in n.labels.items():
+            labels.setdefault(label, []).append(n)
+
+    def serves(selector: Mapping[str, str], node: NodeRecord) -> bool:
+        if not selector:
+            return node.kind == default
+        return selector_matches(selector, offered_keys(node))
+
+    def load(nodes: list[NodeRecord]) -> dict[str, Any]:
+        seats = sum(len(n.current_slots()) for n in nodes)
+        free = sum(len(n.idle_slots()) for n in nodes)
+        stats = [n.lease_stats for n in nodes if n.lease_stats is not None]
+        waiting = sum(1 for s in queued if any(serves(s, n) for n in nodes))
+        waiting += sum(s.queued for s in stats)
+        count = sum(s.count for s in stats)
+        estimate = None
+        if count and seats:
+            held_ms = sum(s.count * s.seat_held_mean_ms for s in stats) / count
+            estimate = round(max(0, waiting + 1 - free) / seats * held_ms / 1000.0, 3)
+        return {
+            "nodes": len(nodes),
+            "seats": seats,
+            "free_seats": free,
+            "queued": waiting,
+            "recent_programs": count,
+            "estimated_wait_seconds": estimate,
+        }
+
+    return {
+        "kinds": [
+            {"gpu": gpu or None, "arch": arch or None, "gpus": gpus, "default": gpu == default}
+            | load(nodes)
+            for (gpu, arch, gpus), nodes in sorted(
+                kinds.items(), key=lambda i: (i[0][0] != default, i[0])
+            )
+        ],
+        "labels": [
+            {"key": key, "value": value} | load(nodes)
+            for (key, value), nodes in sorted(labels.items())
         ],
     }

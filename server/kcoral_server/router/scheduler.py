@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import MutableSequence
+from collections.abc import Mapping, MutableSequence
 from dataclasses import dataclass
 
 from kcoral_server.router.registry import NodeRecord, Registry
@@ -58,6 +58,12 @@ class Admission:
     @property
     def waiting(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
+
+    def queued_selectors(self) -> list[Mapping[str, str]]:
+        """What each waiting request needs, oldest first, for ``/v1/info``'s
+        ``fleet_status`` (ROUTER §6): ``{}`` is the default kind, where a request without
+        a selector goes (every waiter, until requests carry selectors)."""
+        return [{} for w in self._waiters if not w.future.done()]
 
     async def acquire(self, affinity: str | None, request_id: str) -> Lease:
         if not self._waiters:

@@ -45,7 +45,12 @@ class WorkerStatusHandler(BaseHandler):
         authenticated = self.state.authenticate(self.request.headers) is not None
         # seats held by sessions, beyond worker_count (EXTENSIONS §11); who holds them only
         # for an authenticated caller
-        described = {"session_seats": seats} if authenticated else {}
+        described: dict[str, object] = {"session_seats": seats} if authenticated else {}
+        if self.state.authenticator.tunnel_only:
+            # A node's child (every caller here holds the router secret: its supervisor):
+            # what its recent programs held, for the router's estimated wait (ROUTER §6).
+            stats = {**self.state.recent_leases.summary(), "queued": pool.requests_waiting}
+            described["lease_stats"] = stats
         self.send_json(
             200,
             {
