@@ -466,13 +466,71 @@ def rows_bundle(rows: list[tuple[str, Any]]) -> dict[str, str]:
     }
 
 
-def jobs_bundle(columns: tuple[str, ...], rows: list[list[str]], text: str) -> dict[str, str]:
-    """The ``%kcoral jobs`` table; ``text`` is its plain-text form."""
+def table_bundle(columns: tuple[str, ...], rows: list[list[str]], text: str) -> dict[str, str]:
+    """A table (``%kcoral jobs``, the fleet of ``%kcoral status``); ``text`` is its
+    plain-text form."""
     head = "".join(f"<th>{escape(title)}</th>" for title in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
     )
     return {"text/plain": text, "text/html": f"<table><tr>{head}</tr>{body}</table>"}
+
+
+#: Said for a number not known
+UNKNOWN = "\u2014"
+#: The fleet table's columns (``%kcoral status`` through a router, ROUTER §6 fleet_status).
+FLEET_COLUMNS = ("fleet", "nodes", "free seats", "queue", "est. wait")
+
+
+def wait_text(seconds: object) -> str:
+    """An estimated wait in few characters: ``—`` when not known, ``0 s``, ``12 s``,
+    ``3.5 min``, ``2.0 h``."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return UNKNOWN
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 1 or seconds == 0 else "<1 s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def fleet_rows(fleet_status: Mapping[str, Any]) -> list[list[str]]:
+    """The rows of the fleet table: each kind (``gpu=h100 sm_90a x8``, the default kind
+    marked), then each label (``pool=big``), with its nodes, free seats of all, queue and
+    estimated wait."""
+    rows: list[list[str]] = []
+    for kind in fleet_status.get("kinds") or []:
+        if not isinstance(kind, Mapping):
+            continue
+        name = f"gpu={kind.get('gpu') or '?'}"
+        if kind.get("arch"):
+            name += f" {kind['arch']}"
+        if isinstance(kind.get("gpus"), int) and kind["gpus"] > 0:
+            name += f" x{kind['gpus']}"
+        if kind.get("default"):
+            name += " (default)"
+        rows.append([name, *_fleet_numbers(kind)])
+    for label in fleet_status.get("labels") or []:
+        if isinstance(label, Mapping):
+            rows.append([f"{label.get('key')}={label.get('value')}", *_fleet_numbers(label)])
+    return rows
+
+
+def _fleet_numbers(row: Mapping[str, Any]) -> list[str]:
+    """Nodes, free seats, queue and wait of a row; ``—`` for what it does not say (a
+    router's ``fleet`` without ``fleet_status`` counts nodes only)."""
+
+    def number(key: str) -> str:
+        value = row.get(key)
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else UNKNOWN
+
+    free, seats = number("free_seats"), number("seats")
+    return [
+        number("nodes"),
+        UNKNOWN if UNKNOWN in (free, seats) else f"{free} of {seats}",
+        number("queued"),
+        wait_text(row.get("estimated_wait_seconds")),
+    ]
 
 
 def submitted_job_bundle(job_id: str, server: str, name: str | None) -> dict[str, str]:

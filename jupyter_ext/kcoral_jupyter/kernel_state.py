@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,9 @@ class ServerFacts:
     target: dict[str, str]
     device: str
     sandbox: str = ""  # `bubblewrap`, `none`, or "" when the server does not say
+    # A router's default kind (``/v1/info`` fleet, ROUTER §6): where a cell without
+    # --select goes; None from a direct server.
+    default_kind: str | None = None
 
     @property
     def label(self) -> str:
@@ -52,6 +55,17 @@ class ServerFacts:
         return f"{self.gpu_count} GPU{'s' if self.gpu_count != 1 else ''}" + (
             f" ({arch})" if arch else ""
         )
+
+
+def default_kind(info: Mapping[str, Any]) -> str | None:
+    """The GPU kind a router sends requests without a selector to (its ``fleet`` kind
+    marked ``default``), or None."""
+    fleet = info.get("fleet")
+    kinds = fleet.get("kinds") if isinstance(fleet, Mapping) else None
+    for kind in kinds if isinstance(kinds, list) else []:
+        if isinstance(kind, Mapping) and kind.get("default") and isinstance(kind.get("gpu"), str):
+            return str(kind["gpu"])
+    return None
 
 
 @dataclass
@@ -183,6 +197,13 @@ class KernelState:
             self._clients[key] = client
         return client
 
+    def fresh_info(self, url: str) -> dict[str, Any]:
+        """``/v1/info`` as ``url`` answers it now: a client reads it once and keeps it, but
+        a router's fleet (seats, queue, estimated wait) changes by the second."""
+        token = self.token_for(url)
+        with Client(url, token=token or None) as client:
+            return client.info()
+
     def facts(self, url: str) -> ServerFacts:
         facts = self._facts.get(url)
         if facts is None:
@@ -201,6 +222,7 @@ class KernelState:
                 target=dict(target) if isinstance(target, dict) else {},
                 device=str(info.get("device") or ("gpu" if gpu_count else "cpu")),
                 sandbox=str(info.get("sandbox") or ""),
+                default_kind=default_kind(info),
             )
             self._facts[url] = facts
         return facts

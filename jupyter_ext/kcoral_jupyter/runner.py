@@ -57,6 +57,7 @@ class ExecuteOptions:
     output_limit_bytes: int | None = None
     gpu_count: int | None = None
     serialization: str | None = None
+    select: str | None = None  # a selector's canonical text (EXTENSIONS, selectors)
 
     def as_kwargs(self) -> dict[str, Any]:
         return {
@@ -64,6 +65,8 @@ class ExecuteOptions:
             "output_limit_bytes": self.output_limit_bytes,
             "gpu_count": self.gpu_count,
             "serialization": self.serialization,
+            # only when given: a cell without one sends what it always sent
+            **({"select": self.select} if self.select is not None else {}),
         }
 
 
@@ -83,6 +86,9 @@ class RunRecord:
     warning: str | None = None
     output_limit_bytes: int | None = None  # what the cell asked for (None: the server's)
     session_id: str | None = None  # the session the cell ran in (EXTENSIONS §11)
+    # What a queued cell waits for: its --select, else the router's default kind
+    # ("gpu=h100", from /v1/info fleet); None when not known (a direct server).
+    waits_for: str | None = None
 
 
 class RemoteCellError(RemoteExecutionError):
@@ -179,6 +185,8 @@ def run_cell(
 def _run_as_job(
     client: Target, program: Program, options: ExecuteOptions, reporter: Reporter, record: RunRecord
 ) -> ProgramResult:
+    if record.waits_for:  # a router holds the submission while every such seat is busy
+        reporter.phase(f"submitting, waiting for {record.waits_for}")
     job = client.submit(program, **options.as_kwargs())
     record.job_id = job.id
     reporter.phase("submitted")
@@ -250,9 +258,10 @@ def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
         # ``position`` counts the requests ahead (EXTENSIONS §5): 0 is next in line, which
         # "queued #0" made read like a queue on an idle server.
         position = data.get("position")
+        wanted = f", waiting for {record.waits_for}" if record.waits_for else ""
         if isinstance(position, int) and position > 0:
-            return f"queued behind {position}"
-        return "waiting for a worker"
+            return f"queued behind {position}{wanted}"
+        return f"waiting for {record.waits_for}" if record.waits_for else "waiting for a worker"
     if phase == "assigned":
         record.worker_id = str(data.get("worker_id") or "") or record.worker_id
         return f"worker {record.worker_id}"

@@ -171,3 +171,23 @@ def test_server_html_shows_only_in_a_sandboxed_iframe_and_other_types_are_droppe
     assert "<script" not in frame and "&lt;script&gt;x()&lt;/script&gt;" in frame
     assert "default-src &#x27;none&#x27;" in frame  # the document may load nothing
     assert rich.server_display({"text/plain": 3}) == {"text/plain": "<display from the server>"}
+
+
+def test_the_fleet_table_says_each_kind_and_label_in_few_characters() -> None:
+    fleet_status = {
+        "kinds": [
+            {"gpu": "h100", "arch": "sm_90a", "gpus": 8, "default": True, "nodes": 2,
+             "seats": 16, "free_seats": 0, "queued": 5, "estimated_wait_seconds": 192.0},
+            {"gpu": None, "arch": None, "gpus": 0, "default": False, "nodes": 1},  # fleet only
+        ],
+        "labels": [{"key": "pool", "value": "big", "nodes": 2, "seats": 16, "free_seats": 0,
+                    "queued": 5, "estimated_wait_seconds": None}],
+    }  # fmt: skip
+    assert rich.fleet_rows(fleet_status) == [
+        ["gpu=h100 sm_90a x8 (default)", "2", "0 of 16", "5", "3.2 min"],
+        ["gpu=?", "1", "\u2014", "\u2014", "\u2014"],
+        ["pool=big", "2", "0 of 16", "5", "\u2014"],
+    ]
+    assert [rich.wait_text(s) for s in (0.0, 0.4, 12.2, 7200.0, None, True)] == [
+        "0 s", "<1 s", "12 s", "2.0 h", "\u2014", "\u2014"
+    ]  # fmt: skip

@@ -144,3 +144,16 @@ def test_a_job_next_in_line_says_it_waits_for_a_worker_not_queued_number_zero() 
     assert describe_phase({"phase": "queued", "position": 0}, record) == "waiting for a worker"
     assert describe_phase({"phase": "queued"}, record) == "waiting for a worker"
     assert describe_phase({"phase": "queued", "position": 3}, record) == "queued behind 3"
+
+
+def test_a_queued_job_says_the_kind_it_waits_for_when_known() -> None:
+    record = RunRecord(server="http://router", waits_for="gpu=h100")
+    assert describe_phase({"phase": "queued", "position": 0}, record) == "waiting for gpu=h100"
+    assert describe_phase({"phase": "queued", "position": 2}, record) == (
+        "queued behind 2, waiting for gpu=h100"
+    )
+
+
+def test_a_select_is_sent_only_when_given() -> None:
+    assert "select" not in ExecuteOptions().as_kwargs()
+    assert ExecuteOptions(select="gpu=h100").as_kwargs()["select"] == "gpu=h100"

@@ -71,19 +71,27 @@ class CellMagic:
         remote = self.kernel.sessions.active()
         if remote is not None:
             self._check_session_cell(remote, args.url, gpus)
+            if args.select is not None:
+                raise UsageError(
+                    f"%%kcoral: {remote.label}'s cells run on its node; --select is given to "
+                    "%kcoral session start"
+                )
         settings = self.kernel.settings
         built, spec = self._build(args, cell, in_session=remote is not None)
 
         url = remote.url if remote is not None else self.kernel.resolve_url(args.url)
         facts = self.kernel.facts(url)
-        if facts.gpu_count == 0 and (args.require_gpu or settings.require_gpu):
+        # With --select the node is the router's choice: the server's facts describe its
+        # default kind, not the node that will run the cell, so they decide nothing here.
+        selected = args.select is not None
+        if not selected and facts.gpu_count == 0 and (args.require_gpu or settings.require_gpu):
             said = "--require-gpu" if args.require_gpu else "KCoral.require_gpu"
             raise GpuRequiredError(
                 f"{url} has no GPU and {said} asks for one: the cell did not run",
                 "connect to a GPU server (%kcoral connect URL), or drop --require-gpu / "
                 "%config KCoral.require_gpu = False to run on CPU",
             )
-        if gpus > 1 and facts.gpu_count < gpus and remote is None:
+        if gpus > 1 and facts.gpu_count < gpus and remote is None and not selected:
             raise UsageError(
                 f"%%kcoral: --gpus {gpus} needs a server with at least {gpus} GPUs; "
                 f"{url} has {facts.gpu_count} ({facts.label})"
@@ -96,6 +104,7 @@ class CellMagic:
             # A session's GPUs were chosen at its start: its programs name none.
             gpu_count=gpus if gpus > 1 and remote is None else None,
             serialization=built.serialization,
+            select=args.select,
         )
         client: Target = self.kernel.client(url) if remote is None else remote.handle
         has_jobs = "jobs" in facts.features
@@ -105,9 +114,14 @@ class CellMagic:
             device=facts.device,
             # Who asked for a GPU must never take CPU timings for GPU ones (the default
             # --gpus 1 of every cell says nothing: only an explicit one warns).
-            warning=CPU_WARNING if args.gpus is not None and facts.gpu_count == 0 else None,
+            warning=(
+                CPU_WARNING
+                if args.gpus is not None and facts.gpu_count == 0 and not selected
+                else None
+            ),
             output_limit_bytes=options.output_limit_bytes,
             session_id=remote.id if remote is not None else None,
+            waits_for=waits_for(args.select, facts) if remote is None else None,
         )
         line_out = StatusLine(not (args.quiet or settings.quiet), provenance(None, record))
 
@@ -302,6 +316,14 @@ class CellMagic:
             self.shell.user_ns[name] = job
             return None
         return job
+
+
+def waits_for(select: str | None, facts: ServerFacts) -> str | None:
+    """What the cell's status line says it waits for while queued: its selector, else the
+    router's default kind (``gpu=h100``), else nothing (a direct server)."""
+    if select is not None:
+        return select
+    return f"gpu={facts.default_kind}" if facts.default_kind else None
 
 
 def truncation_note(stream: str, limit: int | None) -> str:

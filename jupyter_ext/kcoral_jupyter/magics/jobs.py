@@ -22,6 +22,9 @@ from kcoral_jupyter.runner import ExecuteOptions, RunRecord, follow_job, transla
 
 #: The ``%kcoral jobs`` columns, in words a user reads (``job_row`` fills them).
 JOB_COLUMNS = ("job", "status", "worker", "GPUs", "submitted", "took")
+#: ``/v1/info`` keys of a router shown as the fleet table instead of rows (``fleet`` has the
+#: same rows as ``fleet_status``, which adds the numbers).
+FLEET_KEYS = ("fleet", "fleet_status")
 #: Said for a value not known (yet): a job still queued has no worker.
 UNKNOWN = "\u2014"
 
@@ -38,7 +41,7 @@ class JobCommands:
         client = self.kernel.client(url)
         health = client.health()
         try:
-            info: Mapping[str, Any] = client.info()
+            info: Mapping[str, Any] = self.kernel.fresh_info(url)
         except KCoralError as exc:
             info = {"error": str(exc)}
         rows: list[tuple[str, Any]] = [("server", url), *self.kernel.settings.describe().items()]
@@ -46,15 +49,21 @@ class JobCommands:
         if remote is not None:
             rows.append(("session", f"{remote.id} on {remote.url}"))
         rows += [(f"health.{k}", v) for k, v in health.items()]
-        rows += [(f"info.{k}", v) for k, v in info.items()]
+        # A router's fleet is a table of its own (ROUTER §6), not two rows of JSON.
+        fleet = info.get("fleet_status") or info.get("fleet")
+        rows += [(f"info.{k}", v) for k, v in info.items() if k not in FLEET_KEYS]
         display(rich.rows_bundle(rows), raw=True)
+        if isinstance(fleet, Mapping):
+            table = rich.fleet_rows(fleet)
+            text = aligned([list(rich.FLEET_COLUMNS), *table]) if table else "no ready nodes"
+            display(rich.table_bundle(rich.FLEET_COLUMNS, table, text), raw=True)
 
     def jobs(self, args: argparse.Namespace) -> None:
         url = self.kernel.resolve_url(args.url)
         jobs = [job for job in self.kernel.client(url).jobs() if isinstance(job, dict)]
         rows = [job_row(job) for job in jobs]
         text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
-        display(rich.jobs_bundle(JOB_COLUMNS, rows, text), raw=True)
+        display(rich.table_bundle(JOB_COLUMNS, rows, text), raw=True)
 
     def _job_client(self, job_id: str) -> tuple[Client, str]:
         pending = self.kernel.pending.get(job_id)

@@ -13,6 +13,8 @@ from typing import NoReturn
 
 from IPython.core.error import UsageError
 
+from kcoral.protocol.selector import SelectorError, format_selector, parse_selector
+
 #: Options whose value is a comma-separated list of names ("-i a, b" is one value).
 _LIST_OPTIONS = frozenset(("-i", "--in", "-o", "--out"))
 
@@ -134,6 +136,7 @@ def cell_parser() -> UsageParser:
         action="store_true",
         help="refuse to run on a server without a GPU (KCoral.require_gpu)",
     )
+    add("--select", type=selector_text, metavar="SELECTOR", help=SELECT_HELP)
     add("--numpy", action="store_true", help="give every tensor back as NumPy arrays")
     add("--torch", action="store_true", help="give every tensor back as torch tensors")
     add(
@@ -193,6 +196,22 @@ def cell_parser() -> UsageParser:
         help="keep benchmark results in the notebook's history under NAME",
     )
     return parser
+
+
+def selector_text(text: str) -> str:
+    """A ``--select`` value in its canonical form (``gpu=h100,pool=big``); argparse turns a
+    malformed one into the command's usage error, before anything is sent."""
+    try:
+        return format_selector(parse_selector(text))
+    except SelectorError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (a selector is key=value[,key=value])") from None
+
+
+#: ``--select``'s help, for cells and sessions alike
+SELECT_HELP = (
+    "run on a node that fits key=value[,key=value] (gpu=h100, arch, gpus=N: at least N, "
+    "node, or an operator's label), through a router"
+)
 
 
 def _positive_lines(text: str) -> int:
@@ -263,6 +282,7 @@ def line_parsers() -> dict[str, UsageParser]:
         action="store_true",
         help="not ended by the kernel's shutdown or restart (which end it otherwise)",
     )
+    add("--select", type=selector_text, metavar="SELECTOR", help=SELECT_HELP)
     session_stop = _line(
         "session stop", "end it (its state is gone); cells run without a session again"
     )

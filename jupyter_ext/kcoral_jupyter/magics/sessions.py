@@ -52,11 +52,15 @@ class SessionCommands:
         url, client = self._server("start")
         facts = self.kernel.facts(url)
         gpu_count = args.gpus
-        if gpu_count is not None and facts.gpu_count == 0:
+        # With --select the router picks the node: the server's facts (its default kind)
+        # say nothing about that node's GPUs.
+        if gpu_count is not None and facts.gpu_count == 0 and args.select is None:
             print(f"kcoral: warning: {url} has no GPU: the session runs on CPU", file=sys.stderr)
             gpu_count = None  # a CPU server takes no gpu_count (EXTENSIONS §11)
+        # only when given: a session without one is created as it always was
+        select = {"select": args.select} if args.select is not None else {}
         try:
-            handle = client.session(gpu_count=gpu_count, idle_timeout=args.idle)
+            handle = client.session(gpu_count=gpu_count, idle_timeout=args.idle, **select)
         except ValueError as exc:
             raise UsageError(f"%kcoral session start: {exc}") from None
         except KCoralError as exc:

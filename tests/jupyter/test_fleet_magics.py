@@ -1,0 +1,190 @@
+"""The fleet in a notebook (issue 33 point 3): ``%kcoral status`` through a router shows its
+kinds and labels with nodes, free seats, queue and estimated wait (a real kernel, nbclient);
+a cell queued at the router says what it waits for; ``--select`` is checked before anything
+is sent. A real router with two real CPU nodes, one reporting another kind."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+from kcoral_shell import kcoral_shell
+from nbclient import NotebookClient
+from notebook_cells import shown
+
+from kcoral import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+
+from kcoral_server.node import supervisor as supervisor_module
+from raw_http import call_program, post_execute, request
+from router_helpers import Node, RouterProcess, start_router
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+OTHER_KIND = {"gpu": "h100", "arch": "sm_90a", "memory_bytes": 80 << 30, "gpus": 1}
+HOLD = (
+    "import os, time\n\n"
+    "def main(path):\n"
+    "    while not os.path.exists(path):\n"
+    "        time.sleep(0.02)\n"
+    "    return 1\n"
+)
+
+
+def fleet_status(router: RouterProcess) -> dict[str, Any]:
+    info = request(router.url, "GET", "/v1/info")
+    return info.body.get("fleet_status") or {} if info.status == 200 else {}
+
+
+def default_row(router: RouterProcess) -> dict[str, Any]:
+    kinds = fleet_status(router).get("kinds") or [{}]
+    return kinds[0]
+
+
+def wait_for(check, what: str, router: RouterProcess, timeout: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what}\n{router.log()}"
+        time.sleep(0.1)
+    return value
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    router = start_router(tmp, "--status-check-interval-seconds", "0.3")
+    other = {supervisor_module.NODE_KIND_OVERRIDE_ENV: json.dumps(OTHER_KIND)}
+    # cpu-a first: its kind is the default (the first kind with a healthy node)
+    nodes = [Node(tmp, router, "cpu-a", None, "--node-label", "pool=small")]
+    try:
+        wait_for(lambda: default_row(router).get("seats") == 1, "cpu-a ready", router)
+        nodes.append(Node(tmp, router, "h100-a", other, "--node-label", "pool=big"))
+        wait_for(
+            lambda: [k["seats"] for k in fleet_status(router).get("kinds", [])] == [1, 1],
+            "both nodes ready with a seat",
+            router,
+        )
+        yield router
+    finally:
+        for node in nodes:
+            node.stop()
+        router.stop()
+
+
+def test_kcoral_status_through_a_router_shows_the_fleet_table(
+    fleet: RouterProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    wait_reported = (  # the supervisor reports the cell's run with its next status
+        "import json, time, urllib.request\n"
+        "def reported():\n"
+        f"    with urllib.request.urlopen({fleet.url!r} + '/v1/info') as answer:\n"
+        "        return json.load(answer)['fleet_status']['kinds'][0]['recent_programs']\n"
+        "while reported() < 1:\n"
+        "    time.sleep(0.1)\n"
+    )
+    sources = [
+        "%load_ext kcoral",
+        f"%kcoral connect {fleet.url}",
+        "%%kcoral\n1 + 1\n",  # 2: runs on the default kind's node
+        wait_reported,
+        "%kcoral status",  # 4
+        "%%kcoral --select gpu\n1\n",  # 5: refused before anything is sent
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    NotebookClient(
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": tmp_path}},
+    ).execute()
+    cells = notebook.cells
+    assert "2" in shown(cells[2])
+    assert not [o for o in cells[3].outputs if o.output_type == "error"], shown(cells[3])
+    status = cells[4]
+    tables = [o for o in status.outputs if "data" in o]
+    assert len(tables) == 2, status.outputs  # the rows, then the fleet table
+    rows_text = tables[0]["data"]["text/plain"]
+    assert "info.fleet" not in rows_text and "info.device: cpu" in rows_text
+    lines = tables[1]["data"]["text/plain"].splitlines()
+    assert lines[0].split("  ")[0] == "fleet" and lines[0].endswith("est. wait")
+    cells_of = {line.split("  ")[0]: line.split() for line in lines[1:]}
+    # default kind: 1 node, its seat free, nothing queued, one recent program: no wait
+    assert cells_of["gpu=cpu (default)"][-7:] == ["1", "1", "of", "1", "0", "0", "s"]
+    # the other kind never ran a program: no estimate
+    assert cells_of["gpu=h100 sm_90a x1"][-6:] == ["1", "1", "of", "1", "0", "\u2014"]
+    assert set(cells_of) == {"gpu=cpu (default)", "gpu=h100 sm_90a x1", "pool=big", "pool=small"}
+    html = tables[1]["data"]["text/html"]
+    assert "<th>est. wait</th>" in html and "gpu=h100 sm_90a x1" in html
+    # IPython says a magic's UsageError on stderr, in one line
+    refused = shown(cells[5], tracebacks=False)
+    assert "UsageError: %%kcoral: argument --select: selector part 'gpu' must be key=value" in (
+        refused
+    ), refused
+
+
+def test_a_cell_queued_at_the_router_says_it_waits_for_the_default_kind(
+    fleet: RouterProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    holder = threading.Thread(
+        target=post_execute, args=(fleet.url, call_program(HOLD, args=[str(release)]))
+    )
+    holder.start()
+    try:
+        wait_for(lambda: default_row(fleet).get("free_seats") == 0, "the seat held", fleet)
+
+        def release_once_queued() -> None:
+            wait_for(lambda: default_row(fleet).get("queued") == 1, "the cell queued", fleet)
+            release.write_text("go")
+
+        releaser = threading.Thread(target=release_once_queued)
+        releaser.start()
+        with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output() as seen:
+            result = ip.run_cell("%%kcoral\n40 + 2\n")
+        releaser.join(120)
+        assert result.error_in_exec is None, result.error_in_exec
+        lines = [o.data.get("text/plain", "") for o in seen.outputs]
+        assert "kcoral: submitting, waiting for gpu=cpu" in lines, lines
+        assert result.result == 42
+    finally:
+        release.write_text("go")
+        holder.join(120)
+
+
+def test_a_bad_select_sends_nothing(fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = len(Client(fleet.url).jobs())
+    with kcoral_shell(fleet.url, monkeypatch, ()) as ip:
+        for line in ("%%kcoral --select gpus=two", "%%kcoral --select =h100"):
+            with pytest.raises(UsageError, match="argument --select"):
+                ip.run_cell_magic("kcoral", line.removeprefix("%%kcoral "), "1\n")
+        with pytest.raises(UsageError, match="argument --select"):
+            ip.run_line_magic("kcoral", "session start --select gpu")
+    assert len(Client(fleet.url).jobs()) == before
+
+
+@pytest.mark.skipif(
+    "select" not in inspect.signature(Client.execute).parameters,
+    reason="the client's select= (issue 33 point 2) is not merged into this branch yet",
+)
+def test_select_runs_a_cell_on_the_chosen_kinds_node(
+    fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output():
+        result = ip.run_cell("%%kcoral --select gpu=h100\nimport os\nos.environ.get('X', 1)\n")
+    assert result.error_in_exec is None, result.error_in_exec
+    served = [line for line in fleet.log().splitlines() if "request_finished" in line]
+    assert any("node=h100-a" in line for line in served), served[-5:]
