@@ -29,6 +29,30 @@ export interface IInfo {
   limits?: Record<string, number>;
   /** Session seats (EXTENSIONS §11); absent on servers without the `sessions` feature. */
   sessions?: { max: number; active: number; idle_timeout_seconds: number };
+  /** A router's fleet now (ROUTER §6): absent from a direct server. */
+  fleet_status?: IFleetStatus;
+}
+
+/** What one part of a router's fleet holds now (ROUTER §6 `fleet_status`). */
+export interface IFleetLoad {
+  nodes: number;
+  seats: number;
+  free_seats: number;
+  queued: number;
+  recent_programs: number;
+  /** An estimate; null without recent programs. */
+  estimated_wait_seconds: number | null;
+}
+
+/** A router's `/v1/info` `fleet_status`: per GPU kind (the default first), per label. */
+export interface IFleetStatus {
+  kinds: (IFleetLoad & {
+    gpu: string | null;
+    arch: string | null;
+    gpus: number;
+    default: boolean;
+  })[];
+  labels: (IFleetLoad & { key: string; value: string })[];
 }
 
 /** One configured server as `GET kcoral/api/servers` describes it. */

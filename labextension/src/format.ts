@@ -1,6 +1,6 @@
 /** Text shown by the status bar item and the panel (pure functions, tested with jest). */
 
-import { IInfo, IJob, ISession, IServerEntry } from './api';
+import { IFleetLoad, IInfo, IJob, ISession, IServerEntry } from './api';
 
 /** What the status bar says about one server. */
 export interface IStatusSummary {
@@ -464,4 +464,76 @@ export function sessionSeatsText(info: IInfo | null | undefined): string {
     ? ` · ${formatAge(seats.idle_timeout_seconds)} idle limit`
     : '';
   return `${seats.active}/${seats.max} seats held${limit}`;
+}
+
+/** The fleet table's columns (a router's `fleet_status`, ROUTER §6) and their tooltips. */
+export const FLEET_COLUMNS: { name: string; title: string }[] = [
+  {
+    name: 'fleet',
+    title: 'GPU kind (gpu=…; bold: the default kind, where cells without --select go) or label'
+  },
+  { name: 'nodes', title: 'ready nodes' },
+  { name: 'free', title: 'free seats of all seats' },
+  { name: 'queue', title: 'requests waiting for these nodes' },
+  { name: 'wait', title: 'estimated wait, from recent programs (– without any)' }
+];
+
+/** One fleet row as the panel shows it: its cells and its tooltip. */
+export interface IFleetRow {
+  cells: string[];
+  title: string;
+  isDefault: boolean;
+}
+
+/** An estimated wait in few characters (`–` when not known). */
+export function waitText(seconds: unknown): string {
+  if (!isNumber(seconds)) {
+    return '–';
+  }
+  if (seconds < 1) {
+    return seconds === 0 ? '0 s' : '<1 s';
+  }
+  if (seconds < 60) {
+    return `${Math.round(seconds)} s`;
+  }
+  return seconds < 3600 ? `${(seconds / 60).toFixed(1)} min` : `${(seconds / 3600).toFixed(1)} h`;
+}
+
+function fleetCells(name: string, load: Partial<IFleetLoad>): string[] {
+  const count = (value: unknown): string => (isNumber(value) ? String(value) : '–');
+  const free =
+    isNumber(load.free_seats) && isNumber(load.seats) ? `${load.free_seats}/${load.seats}` : '–';
+  return [name, count(load.nodes), free, count(load.queued), waitText(load.estimated_wait_seconds)];
+}
+
+/** The rows of a router's fleet table; none for a direct server (no `fleet_status`). */
+export function fleetRows(info: IInfo | null | undefined): IFleetRow[] {
+  const fleet = info?.fleet_status;
+  if (!fleet || typeof fleet !== 'object') {
+    return [];
+  }
+  const rows: IFleetRow[] = [];
+  for (const kind of Array.isArray(fleet.kinds) ? fleet.kinds : []) {
+    if (!kind || typeof kind !== 'object') {
+      continue;
+    }
+    const gpu = typeof kind.gpu === 'string' ? kind.gpu : '?';
+    const count = isNumber(kind.gpus) && kind.gpus > 0 ? ` ×${kind.gpus}` : '';
+    const arch = typeof kind.arch === 'string' && kind.arch ? ` ${kind.arch}` : '';
+    const isDefault = kind.default === true;
+    rows.push({
+      cells: fleetCells(`gpu=${gpu}${count}`, kind),
+      title:
+        `gpu=${gpu}${arch}${count}` +
+        (isDefault ? ': the default kind (requests without --select go here)' : ''),
+      isDefault
+    });
+  }
+  for (const label of Array.isArray(fleet.labels) ? fleet.labels : []) {
+    if (label && typeof label === 'object') {
+      const name = `${String(label.key)}=${String(label.value)}`;
+      rows.push({ cells: fleetCells(name, label), title: `nodes labelled ${name}`, isDefault: false });
+    }
+  }
+  return rows;
 }

@@ -10,6 +10,8 @@ import { Widget } from '@lumino/widgets';
 import { IJob, ISession, IServerEntry } from './api';
 import {
   describePhase,
+  FLEET_COLUMNS,
+  fleetRows,
   isCancellable,
   JOB_COLUMNS,
   jobCells,
@@ -38,6 +40,32 @@ function element<K extends keyof HTMLElementTagNameMap>(
     node.textContent = text;
   }
   return node;
+}
+
+/** A router's fleet (ROUTER §6): kinds and labels with nodes, free seats, queue, wait. */
+function fleetTable(server: IServerEntry): HTMLElement | null {
+  const rows = fleetRows(server.info);
+  if (rows.length === 0) {
+    return null;
+  }
+  const table = element('table', 'jp-KCoral-fleet');
+  const head = element('tr');
+  for (const column of FLEET_COLUMNS) {
+    const cell = element('th', '', column.name);
+    cell.title = column.title;
+    head.append(cell);
+  }
+  table.append(element('thead'), element('tbody'));
+  table.tHead!.append(head);
+  for (const row of rows) {
+    const line = element('tr', row.isDefault ? 'jp-KCoral-fleetDefault' : '');
+    line.title = row.title;
+    for (const text of row.cells) {
+      line.append(element('td', '', text));
+    }
+    table.tBodies[0].append(line);
+  }
+  return table;
 }
 
 /** Ended sessions stay listed for the server's retention time; the panel shows this many. */
@@ -284,6 +312,10 @@ export class KCoralPanel extends Widget {
           list.append(element('dt', '', key), element('dd', '', value));
         }
         card.append(list);
+        const fleet = fleetTable(server);
+        if (fleet) {
+          card.append(fleet);
+        }
         if (server.error) {
           // Up, but refusing this Jupyter server's token: every cell would be refused too.
           card.append(element('div', 'jp-KCoral-note jp-KCoral-serverError', server.error));

@@ -27,6 +27,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -410,3 +411,79 @@ def test_run_all_on_the_quickstart_in_a_fresh_jupyterlab_shows_no_error_but_the_
     assert code and not_run == [], f"Run All stopped before cells {not_run}"
     deliberate = [c for c in code if FAILS_ON_PURPOSE in c.get("metadata", {}).get("tags", [])]
     assert deliberate and all(_error_outputs(cell) for cell in deliberate)
+
+
+FLEET_SCRIPT = Path(__file__).with_name("lab_fleet.cjs")
+OTHER_KIND = {"gpu": "h100", "arch": "sm_90a", "memory_bytes": 80 << 30, "gpus": 1}
+HOLD_SOURCE = (
+    "import os, time\n\n"
+    "def main(path):\n"
+    "    while not os.path.exists(path):\n"
+    "        time.sleep(0.02)\n"
+    "    return 1\n"
+)
+
+
+@pytest.mark.timeout(420)
+def test_the_panel_shows_a_routers_fleet_with_true_short_numbers(tmp_path: Path) -> None:
+    # Issue 33.3: a router behind the panel: its kinds and labels with nodes, free seats,
+    # queue and estimated wait, while a program holds the default kind's only seat and
+    # another waits at the router.
+    sys.path.insert(0, str(ROOT / "tests" / "router"))
+    from kcoral_server.node import supervisor as supervisor_module
+    from raw_http import call_program, post_execute, request
+    from router_helpers import Node, start_router, stopping
+
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    nodes = [Node(tmp_path, router, "cpu-a", None, "--node-label", "pool=small")]
+    release = tmp_path / "release"
+    with stopping(router, nodes):
+
+        def default_kind() -> dict:
+            answer = request(router.url, "GET", "/v1/info")
+            kinds = answer.body.get("fleet_status", {}).get("kinds") if answer.status == 200 else 0
+            return kinds[0] if kinds else {}
+
+        def wait_for(check) -> None:
+            deadline = time.monotonic() + 90
+            while not check():
+                assert time.monotonic() < deadline, router.log()
+                time.sleep(0.1)
+
+        wait_for(lambda: default_kind().get("seats") == 1)  # cpu-a first: the default kind
+        other = {supervisor_module.NODE_KIND_OVERRIDE_ENV: json.dumps(OTHER_KIND)}
+        nodes.append(Node(tmp_path, router, "h100-a", other, "--node-label", "pool=big"))
+        wait_for(lambda: len(request(router.url, "GET", "/v1/info").body["fleet"]["kinds"]) == 2)
+        assert post_execute(router.url, call_program("def main():\n    return 1\n")).status == 200
+        hold = call_program(HOLD_SOURCE, args=[str(release)])
+        holding = [threading.Thread(target=post_execute, args=(router.url, hold)) for _ in "ab"]
+        holding[0].start()  # holds the only seat
+        wait_for(lambda: default_kind().get("free_seats") == 0)
+        holding[1].start()  # waits at the router
+        root = tmp_path / "root"
+        root.mkdir()
+        try:
+            with _running_lab(tmp_path, root, [{"name": "fleet", "url": router.url}]) as url:
+                seen = _run_script(FLEET_SCRIPT, url, tmp_path)
+        finally:
+            release.write_text("go")
+            for thread in holding:
+                thread.join(120)
+    fleet = seen["fleet"]
+    assert fleet["header"] == ["fleet", "nodes", "free", "queue", "wait"]
+    rows = {row["cells"][0]: row for row in fleet["rows"]}
+    assert list(rows) == ["gpu=cpu", "gpu=h100 ×1", "pool=big", "pool=small"]
+    cpu = rows["gpu=cpu"]
+    assert cpu["cells"][1:4] == ["1", "0/1", "1"] and cpu["bold"]
+    # (queued 1 + 1) / 1 seat × a few ms of recent seat time: under a second, said so
+    assert re.fullmatch(r"<1 s|\d+ s", cpu["cells"][4]), cpu
+    assert "the default kind" in cpu["title"]
+    assert rows["gpu=h100 ×1"]["cells"][1:] == ["1", "1/1", "0", "–"]
+    assert not rows["gpu=h100 ×1"]["bold"] and "sm_90a" in rows["gpu=h100 ×1"]["title"]
+    assert rows["pool=small"]["cells"][1:4] == ["1", "0/1", "1"]
+    assert rows["pool=big"]["cells"][1:] == ["1", "1/1", "0", "–"]
+    assert fleet["cut"] == []  # no number cut short
+    fit = seen["fitNarrow"]
+    assert fit["panelScrollWidth"] <= fit["panelClientWidth"], fit
+    assert fit["overflowing"] == [], fit
+    assert (_screenshot_dir(tmp_path) / "fleet-narrow.png").exists()
