@@ -23,13 +23,14 @@ from deploy_files import ROOT
 
 import kcoral
 
-pytestmark = pytest.mark.slow
+# A bound for a run-through that hangs (a node that never gets ready), not a measurement:
+# on a quiet machine the blocks take seconds, on a loaded one minutes (the suite's default
+# timeout of 120 s was reached once while other suites ran).
+HANG_SECONDS = 400
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(HANG_SECONDS + 60)]
 
 DOCS = ROOT / "docs" / "scaling.md"
 NEEDS_SELECTORS = "<!-- run-through: needs selectors (issue 33 point 2) -->"
-# A bound for a run-through that hangs (a node that never gets ready), not a measurement:
-# on a quiet machine the blocks take seconds.
-HANG_SECONDS = 300
 
 
 def section(title: str) -> str:
