@@ -112,7 +112,8 @@ def parse_node_metrics(blob: bytes) -> tuple[tuple[Family, tuple[Sample, ...]], 
         samples = kept.setdefault(family.name, {})
         for sample in parsed_family.samples:
             name = names.get(sample.name)
-            if name is None or not isinstance(sample.value, float):
+            value = sample.value
+            if name is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             values = _label_values(family, name, dict(sample.labels))
             if values is None or (name, values) in samples:
@@ -120,7 +121,7 @@ def parse_node_metrics(blob: bytes) -> tuple[tuple[Family, tuple[Sample, ...]], 
             count += 1
             if count > MAX_NODE_SAMPLES:
                 raise RelayRefused("too_many_samples")
-            samples[(name, values)] = sample.value
+            samples[(name, values)] = float(value)
     return tuple(
         (_FAMILIES[name], tuple((key[0], key[1], value) for key, value in samples.items()))
         for name, samples in kept.items()
