@@ -1,4 +1,5 @@
-"""Reading a router's ``/metrics`` in tests: its samples, found by name and labels."""
+"""Reading a router's ``/metrics`` in tests (its samples, found by name and labels), and a
+fake node that sends a metrics text of the test's choosing."""
 
 from __future__ import annotations
 
@@ -7,7 +8,24 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
+from router_helpers import FakeNode
+
+
+@dataclass
+class MetricsNode(FakeNode):
+    """A fake node whose every status carries ``text`` as its metrics, under kind ``gpu``."""
+
+    text: bytes = b""
+    gpu: str = "cpu"
+    gpus: int = 1
+
+    def status(self) -> pb.SupervisorStatus:
+        status = super().status()
+        status.kind.gpu, status.kind.gpus = self.gpu, self.gpus
+        status.node_metrics = self.text
+        return status
 
 
 @dataclass(frozen=True)

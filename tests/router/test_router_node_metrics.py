@@ -10,9 +10,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from node_metrics_support import matching, router_samples, wait_for_samples
+from node_metrics_support import MetricsNode, matching, router_samples, wait_for_samples
 from raw_http import call_program, post_execute
-from router_helpers import FakeNode, Node, ready_nodes, start_router, stopping
+from router_helpers import Node, ready_nodes, start_router, stopping
 
 pytestmark = pytest.mark.slow
 
@@ -51,15 +51,8 @@ def test_a_nodes_server_series_and_the_routers_per_kind_series_show_at_the_route
         assert matching(samples, "kcoral_router_kind_queue_wait_seconds_count", kind="cpu")
 
         async def another_kind() -> None:
-            fake = FakeNode(router.port, "h100-fake", slots=2)
-            original = fake.status
-
-            def status():  # a published-style node of another kind, no metrics text
-                message = original()
-                message.kind.gpu, message.kind.gpus = "h100", 2
-                return message
-
-            fake.status = status  # type: ignore[method-assign]
+            # a node of another kind that sends no metrics text
+            fake = MetricsNode(router.port, "h100-fake", slots=2, gpu="h100", gpus=2)
             await fake.start()
             try:
                 seen = await asyncio.to_thread(

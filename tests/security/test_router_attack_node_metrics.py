@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from kcoral_server.metrics.node_relay import MAX_NODE_METRICS_BYTES, MAX_NODE_SAMPLES
-from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from node_metrics_support import Sample, matching, wait_for_samples
-from router_helpers import FakeNode, http_request, start_router, wait_for_health
+from node_metrics_support import MetricsNode, Sample, matching, wait_for_samples
+from router_helpers import http_request, start_router, wait_for_health
 
 NODE_TOKEN = "node-token-for-metrics-attacks"
 
@@ -45,20 +43,6 @@ TOO_MANY = b"# TYPE kcoral_worker_starts_total counter\n" + b"".join(
     b'kcoral_worker_starts_total{gpu="%d"} 1\n' % i for i in range(MAX_NODE_SAMPLES + 1)
 )
 GARBAGE = b"\xff\xfe{{{ this is no exposition \x00"
-
-
-@dataclass
-class MetricsNode(FakeNode):
-    """A fake node whose every status carries ``text`` as its metrics, under kind ``gpu``."""
-
-    text: bytes = b""
-    gpu: str = "cpu"
-
-    def status(self) -> pb.SupervisorStatus:
-        status = super().status()
-        status.kind.gpu, status.kind.gpus = self.gpu, 1
-        status.node_metrics = self.text
-        return status
 
 
 def capacity(n: int):

@@ -171,11 +171,17 @@ class NodeRelay:
         count = sum(len(samples) for _, samples in families)
         others = sum(s.samples for n, s in self._nodes.items() if n != node_id)
         if others + count > MAX_RELAYED_SAMPLES:
-            self.forget(node_id)
+            self.refuse(node_id)
             raise RelayRefused("router_full")
         self._nodes[node_id] = NodeSeries(server_instance_id, families, count, now)
 
+    def refuse(self, node_id: str) -> None:
+        """Drop ``node_id``'s series after a refused text (its next is still read no sooner
+        than an interval after this one)."""
+        self._nodes.pop(node_id, None)
+
     def forget(self, node_id: str) -> None:
+        """Drop all the router holds of a node that left."""
         self._nodes.pop(node_id, None)
         self._parsed_at.pop(node_id, None)
 

@@ -78,6 +78,12 @@ class RouterGauges(Collector):
         info = GaugeMetricFamily(
             "kcoral_router_node_info", "1 for each node, with its kind", labels=["node", "kind"]
         )
+        # Summed per label value: the nodes past the named ones share ``other``, and a
+        # sample repeated in one exposition is an error to Prometheus.
+        states: Tally[tuple[str, str]] = Tally()
+        node_busy: Tally[str] = Tally()
+        node_workers: Tally[str] = Tally()
+        kinds: Tally[tuple[str, str]] = Tally()
         kind_states: Tally[tuple[str, str]] = Tally()
         kind_busy: Tally[str] = Tally()
         kind_workers: Tally[str] = Tally()
@@ -85,15 +91,22 @@ class RouterGauges(Collector):
         for node in list(registry.nodes.values()):
             label, kind = self._nodes(node.node_id), self._kinds(node.kind)
             node_state_label = one_of(node.state, NODE_STATES)
-            node_state.add_metric([label, node_state_label], 1.0)
-            busy.add_metric([label], float(node.inflight()))
-            workers.add_metric([label], float(node.worker_count))
-            info.add_metric([label, kind], 1.0)
+            states[(label, node_state_label)] += 1
+            node_busy[label] += node.inflight()
+            node_workers[label] += node.worker_count
+            kinds[(label, kind)] = 1
             kind_states[(kind, node_state_label)] += 1
             kind_busy[kind] += node.inflight()
             kind_workers[kind] += node.worker_count
             if node.connected and label == node.node_id:
                 live.append(LiveNode(node.node_id, node.server_instance_id, label, kind))
+        for (label, node_state_label), count in states.items():
+            node_state.add_metric([label, node_state_label], float(count))
+        for label, workers_count in node_workers.items():
+            busy.add_metric([label], float(node_busy[label]))
+            workers.add_metric([label], float(workers_count))
+        for (label, kind), one in kinds.items():
+            info.add_metric([label, kind], float(one))
         yield from (node_state, busy, workers, info)
         by_kind = GaugeMetricFamily(
             "kcoral_router_kind_nodes", "nodes of each kind in each state", labels=["kind", "state"]
@@ -222,7 +235,7 @@ class RouterMetrics:
         series, and never ends its stream."""
         blob = status.node_metrics
         if not blob or self._state is None or self._nodes(node_id) != node_id:
-            return  # nothing sent, or a node the metrics do not name
+            return  # nothing sent, or a node the metrics do not name (so node_id is a label)
         now = time.monotonic()
         if not status.server_healthy or not self.relay.wants(node_id, now):
             return
@@ -234,6 +247,5 @@ class RouterMetrics:
             live = [n for n, record in nodes.items() if record.connected]
             self.relay.keep(node_id, status.server_instance_id, families, now, live)
         except RelayRefused as refused:
-            self.relay.forget(node_id)
-            self.relay.wants(node_id, now)  # still read at most once per interval
+            self.relay.refuse(node_id)
             self.relay_refused.labels(node_id, refused.reason).inc()
