@@ -49,6 +49,7 @@ def test_a_nodes_server_series_and_the_routers_per_kind_series_show_at_the_route
         )
         assert matching(samples, "kcoral_router_kind_workers", kind="cpu")[0].value >= 1
         assert matching(samples, "kcoral_router_kind_queue_wait_seconds_count", kind="cpu")
+        assert matching(samples, "kcoral_router_node_queue_wait_seconds_count", node="cpu-m")
 
         async def another_kind() -> None:
             # a node of another kind that sends no metrics text

@@ -168,6 +168,13 @@ class RouterMetrics:
             buckets=SECONDS_BUCKETS,
             registry=registry,
         )
+        self.node_queue_wait = Histogram(
+            "kcoral_router_node_queue_wait_seconds",
+            "time a routed request waited for a node, by the node it got",
+            ["node"],
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
         self.kind_routed = Counter(
             "kcoral_router_kind_routed_requests",
             "requests the router sent to a node of each kind",
@@ -226,8 +233,10 @@ class RouterMetrics:
             self.kind_tunnel_errors.labels(kind).inc()
         wait = fields.get("queue_wait_ms")
         if isinstance(wait, (int, float)):
-            self.queue_wait.observe(max(0.0, wait / 1000.0))
-            self.kind_queue_wait.labels(kind).observe(max(0.0, wait / 1000.0))
+            seconds = max(0.0, wait / 1000.0)
+            self.queue_wait.observe(seconds)
+            self.node_queue_wait.labels(label).observe(seconds)
+            self.kind_queue_wait.labels(kind).observe(seconds)
 
     async def node_status(self, node_id: str, status: pb.SupervisorStatus) -> None:
         """Keep the node's own series when ``status`` carries them (``node_relay``). The
