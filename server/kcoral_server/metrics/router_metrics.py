@@ -83,7 +83,7 @@ class RouterGauges(Collector):
         states: Tally[tuple[str, str]] = Tally()
         node_busy: Tally[str] = Tally()
         node_workers: Tally[str] = Tally()
-        kinds: Tally[tuple[str, str]] = Tally()
+        kinds: set[tuple[str, str]] = set()
         kind_states: Tally[tuple[str, str]] = Tally()
         kind_busy: Tally[str] = Tally()
         kind_workers: Tally[str] = Tally()
@@ -94,7 +94,7 @@ class RouterGauges(Collector):
             states[(label, node_state_label)] += 1
             node_busy[label] += node.inflight()
             node_workers[label] += node.worker_count
-            kinds[(label, kind)] = 1
+            kinds.add((label, kind))
             kind_states[(kind, node_state_label)] += 1
             kind_busy[kind] += node.inflight()
             kind_workers[kind] += node.worker_count
@@ -105,8 +105,8 @@ class RouterGauges(Collector):
         for label, workers_count in node_workers.items():
             busy.add_metric([label], float(node_busy[label]))
             workers.add_metric([label], float(workers_count))
-        for (label, kind), one in kinds.items():
-            info.add_metric([label, kind], float(one))
+        for label, kind in sorted(kinds):
+            info.add_metric([label, kind], 1.0)
         yield from (node_state, busy, workers, info)
         by_kind = GaugeMetricFamily(
             "kcoral_router_kind_nodes", "nodes of each kind in each state", labels=["kind", "state"]
