@@ -258,3 +258,8 @@ class RouterMetrics:
         except RelayRefused as refused:
             self.relay.refuse(node_id)
             self.relay_refused.labels(node_id, refused.reason).inc()
+        except Exception as exc:  # a fault here must not end the node's stream
+            self.relay.refuse(node_id)
+            self._state.log.event(
+                "node_metrics_failed", "ERROR", node=node_id, error=f"{type(exc).__name__}: {exc}"
+            )
