@@ -40,7 +40,8 @@ from kcoral_server.metrics.server_metrics import SERVER_FAMILIES, Family
 MAX_NODE_METRICS_BYTES = 131072
 #: the most samples kept of one node (an 8-GPU server exports about 650, a 16-GPU one 1200)
 MAX_NODE_SAMPLES = 2048
-#: the most samples kept of all nodes together (some 40 MB at most)
+#: the most samples kept of all nodes together (256 8-GPU nodes need some 150000): about
+#: 45 MB of typical samples, under 90 MB of the largest a node can send
 MAX_RELAYED_SAMPLES = 262144
 MAX_LABEL_VALUE = 64
 MIN_RELAY_INTERVAL_SECONDS = 5.0
