@@ -130,17 +130,20 @@ def test_the_mixed_fleet_run_through_selects_a_node_by_its_label(tmp_path: Path)
     assert refused.startswith("503 ") and "zone=c" in refused
 
 
-def test_the_metrics_run_through_shows_a_series_of_the_server_and_one_of_the_router(
+def test_the_metrics_run_through_shows_series_of_the_server_the_router_and_its_node(
     tmp_path: Path,
 ) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus is missing (Debian's prometheus, --no-install-recommends)")
     output = run_blocks("Metrics", tmp_path, "/tmp/kcoral-metrics")
     answers = [json.loads(line) for line in output.splitlines() if line.startswith('{"status"')]
-    server, router = (answer["data"]["result"] for answer in answers[-2:])
+    server, router, node = (answer["data"]["result"] for answer in answers[-3:])
     (series,) = server
     assert series["metric"]["job"] == "kcoral-server" and series["value"][1] == "1"
     assert series["metric"]["reason"] == "completed" and series["metric"]["status"] == "200"
     (series,) = router
     assert series["metric"]["job"] == "kcoral-router" and series["value"][1] == "1"
     assert series["metric"]["node"] == "cpu-a"
+    (series,) = node  # the node's own gauge, relayed up its supervisor stream
+    assert series["metric"]["job"] == "kcoral-router" and series["value"][1] == "1"
+    assert series["metric"]["node"] == "cpu-a" and series["metric"]["kind"] == "cpu"
