@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shlex
@@ -26,24 +27,91 @@ def project_version() -> str:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
-def kustomization() -> dict[str, Any]:
-    return yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+def kustomization(folder: Path = KUBERNETES) -> dict[str, Any]:
+    return yaml.safe_load((folder / "kustomization.yaml").read_text())
 
 
-def manifests() -> dict[str, list[dict[str, Any]]]:
-    """Every resource file the kustomization lists, as its YAML documents."""
-    return {
-        name: [d for d in yaml.safe_load_all((KUBERNETES / name).read_text()) if d]
-        for name in kustomization()["resources"]
-    }
+def manifests(root: Path = KUBERNETES) -> dict[str, list[dict[str, Any]]]:
+    """Every resource file the kustomization in ``root`` reaches (through its overlays into
+    the base), by its path under ``root``, as its YAML documents."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    folders = [root.resolve()]
+    while folders:
+        folder = folders.pop(0)
+        for entry in kustomization(folder)["resources"]:
+            path = (folder / entry).resolve()
+            name = path.relative_to(root.resolve()).as_posix()
+            if path.is_dir():
+                folders.append(path)
+            elif name not in found:
+                found[name] = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return found
 
 
-def resource(kind: str, name: str) -> dict[str, Any]:
-    for documents in manifests().values():
+def overlays(root: Path = KUBERNETES) -> dict[str, dict[str, Any]]:
+    """The overlays the kustomization lists (one per kind of machine): name -> kustomization."""
+    listed = [e for e in kustomization(root)["resources"] if e.startswith("overlays/")]
+    return {entry.removeprefix("overlays/"): kustomization(root / entry) for entry in listed}
+
+
+def overlay_patch(overlay: dict[str, Any]) -> list[dict[str, Any]]:
+    """An overlay's JSON patch (RFC 6902) of the base's DaemonSet."""
+    (patch,) = overlay["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": "kcoral-node"}
+    return yaml.safe_load(patch["patch"])
+
+
+def patched(document: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
+    """``document`` with a JSON patch applied (the operations kustomize's overlays use: add,
+    replace, remove, test), without kubectl: what an overlay makes of the base offline."""
+    result = copy.deepcopy(document)
+    for operation in operations:
+        *parents, last = [
+            part.replace("~1", "/").replace("~0", "~")
+            for part in operation["path"].lstrip("/").split("/")
+        ]
+        target: Any = result
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        key: Any = last if isinstance(target, dict) else (len(target) if last == "-" else int(last))
+        op = operation["op"]
+        if op == "test":
+            assert target[key] == operation["value"], operation
+        elif op == "remove":
+            del target[key]
+        elif op == "add" and isinstance(target, list):
+            target.insert(key, operation["value"])
+        elif op in ("add", "replace"):
+            assert op == "add" or key in target or isinstance(target, list), operation
+            target[key] = operation["value"]
+        else:
+            raise AssertionError(f"unexpected patch operation {operation}")
+    return result
+
+
+def resource(kind: str, name: str, root: Path = KUBERNETES) -> dict[str, Any]:
+    for documents in manifests(root).values():
         for document in documents:
             if document["kind"] == kind and document["metadata"]["name"] == name:
                 return document
     raise LookupError(f"no {kind} {name} in deploy/kubernetes")
+
+
+def overlay_node(name: str, root: Path = KUBERNETES) -> dict[str, Any]:
+    """The DaemonSet overlay ``name`` makes of the base (``patched``), named and labelled as
+    its kustomization says."""
+    overlay = overlays(root)[name]
+    daemonset = patched(resource("DaemonSet", "kcoral-node", root), overlay_patch(overlay))
+    daemonset["metadata"]["name"] += overlay["nameSuffix"]
+    (labelling,) = overlay["labels"]
+    assert labelling["includeSelectors"] is True
+    metadata, spec = daemonset["metadata"], daemonset["spec"]
+    metadata["labels"] = {**metadata["labels"], **labelling["pairs"]}
+    selector = spec["selector"]
+    selector["matchLabels"] = {**selector["matchLabels"], **labelling["pairs"]}
+    template = spec["template"]["metadata"]
+    template["labels"] = {**template["labels"], **labelling["pairs"]}
+    return daemonset
 
 
 def container(workload: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """docs/scaling.md "Deploy it" runs on the files as they are: the build commands are the build
-files' own, each `sed` edit of the kustomization finds its text and leaves the GPU settings
-in agreement, and the names the commands use are the ones the manifests use."""
+files' own, each `sed` edit of a kustomization finds its text and leaves the GPU settings in
+agreement, an overlay copied as the docs say is a kind of its own, and the names the
+commands use are the ones the manifests use."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from deploy_files import KUBERNETES, ROOT, build_commands, kustomization, resource
+from deploy_files import (
+    KUBERNETES,
+    ROOT,
+    build_commands,
+    container,
+    kustomization,
+    overlay_node,
+    overlays,
+    resource,
+)
+from kcoral_server.gpu.kind import gpu_key
 
 DOCS = ROOT / "docs" / "scaling.md"
 
@@ -34,32 +45,95 @@ def test_the_docs_build_each_image_with_the_command_its_build_file_names() -> No
     assert built <= set(commands())
 
 
-def test_each_sed_edit_of_the_kustomization_finds_its_text(tmp_path: Path) -> None:
-    edits = [c for c in commands() if c.startswith("sed -i") and "kustomization.yaml" in c]
-    assert len(edits) == 3  # registry, GPUs per machine, release tag
-    for edit in edits:
-        copy = tmp_path / "kustomization.yaml"
-        shutil.copy(KUBERNETES / "kustomization.yaml", copy)
-        sed = edit.split(" && ")[0].replace("deploy/kubernetes/kustomization.yaml", str(copy))
-        done = subprocess.run(
-            ["bash", "-c", sed],
-            env={"REGISTRY": "registry.example.com/ml", "PATH": "/usr/bin:/bin"},
-        )
-        assert done.returncode == 0
-        edited = yaml.safe_load(copy.read_text())
-        assert edited != kustomization(), f"{sed} changed nothing"
-        # The GPU ids and the device plugin count still agree after the edit.
-        (settings,) = edited["configMapGenerator"]
-        gpus = settings["literals"][0].split("=", 1)[1].split(",")
-        counts = {op["value"] for op in yaml.safe_load(edited["patches"][0]["patch"])}
-        assert counts == {len(gpus)}
+def kustomization_edits() -> list[str]:
+    """The commands that edit (or copy) a kustomization, without what follows them."""
+    edits = [
+        c.split(" && kubectl ")[0]
+        for c in commands()
+        if c.startswith(("sed -i", "cp -r ")) and "kustomization.yaml" in c
+    ]
+    assert all(" deploy/kubernetes/" in edit for edit in edits)
+    return edits
+
+
+def copy_of_the_files(tmp_path: Path) -> Path:
+    """A copy of deploy/kubernetes in ``tmp_path``, where the commands (run from the
+    repository root) find it; the copy's deploy/kubernetes."""
+    copy = tmp_path / "deploy" / "kubernetes"
+    shutil.copytree(KUBERNETES, copy, symlinks=True)
+    return copy
+
+
+def run_in(tmp_path: Path, command: str) -> None:
+    done = subprocess.run(
+        ["bash", "-e", "-c", command],
+        cwd=tmp_path,
+        env={"REGISTRY": "registry.example.com/ml", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, command + "\n" + done.stderr
+
+
+def kustomization_texts(copy: Path) -> dict[str, str]:
+    return {str(p.relative_to(copy)): p.read_text() for p in copy.rglob("kustomization.yaml")}
+
+
+def test_each_edit_of_a_kustomization_finds_its_text(tmp_path: Path) -> None:
+    edits = kustomization_edits()
+    # Registry, GPUs per machine, a copied overlay and its listing, release tag.
+    assert len(edits) == 5
+    for number, edit in enumerate(edits):
+        copy = copy_of_the_files(tmp_path / str(number))
+        before = kustomization_texts(copy)
+        run_in(tmp_path / str(number), edit)
+        after = kustomization_texts(copy)
+        assert after != before, f"{edit} changed nothing"
+        for text in after.values():
+            assert isinstance(yaml.safe_load(text), dict), edit
+
+
+def test_the_edit_of_the_gpus_per_machine_keeps_ids_and_count_in_agreement(
+    tmp_path: Path,
+) -> None:
+    (edit,) = [e for e in kustomization_edits() if "gpus=" in e]
+    copy = copy_of_the_files(tmp_path)
+    run_in(tmp_path, edit)
+    (kind,) = [name for name in overlays(copy) if overlays(copy)[name] != overlays()[name]]
+    (settings,) = overlays(copy)[kind]["configMapGenerator"]
+    gpus = settings["literals"][0].split("=", 1)[1].split(",")
+    resources = container(overlay_node(kind, copy))["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"]
+    assert resources["limits"]["nvidia.com/gpu"] == len(gpus) != 8
+
+
+def test_an_overlay_copied_as_the_docs_say_is_a_kind_of_its_own(tmp_path: Path) -> None:
+    copy_commands = [e for e in kustomization_edits() if "h200" in e]
+    assert len(copy_commands) == 2
+    copy = copy_of_the_files(tmp_path)
+    for command in copy_commands:
+        run_in(tmp_path, command)
+    assert set(overlays(copy)) == set(overlays()) | {"h200"}
+    text = (copy / "overlays" / "h200" / "kustomization.yaml").read_text()
+    assert "h100" not in text.lower(), text
+    daemonset = overlay_node("h200", copy)
+    assert daemonset["metadata"]["name"] == "kcoral-node-h200"
+    assert daemonset["spec"]["selector"]["matchLabels"]["kcoral/kind"] == "h200"
+    product = daemonset["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"]
+    (wanted,) = re.findall(r"s/NVIDIA-H100-80GB-HBM3/([^/]+)/", copy_commands[0])
+    assert product == wanted and gpu_key(product.replace("-", " ")) == "h200"
+    assert f"gpu-product={product}" in container(daemonset)["command"]
 
 
 def test_the_docs_use_the_names_the_manifests_use() -> None:
     text = " ".join(commands())
     selector = resource("DaemonSet", "kcoral-node")["spec"]["template"]["spec"]["nodeSelector"]
-    ((label, value),) = selector.items()
-    assert f"{label}={value}" in text and f"{label}-" in text
+    ((label, _value),) = selector.items()
+    assert f"{label}-" in text
+    # Each kind's machines are labelled as its overlay's node selector asks.
+    for name in overlays():
+        value = overlay_node(name)["spec"]["template"]["spec"]["nodeSelector"][label]
+        assert f"{label}={value}" in text, name
     assert f"-n {kustomization()['namespace']}" in text
     assert "kubectl apply -k deploy/kubernetes" in text
     for generator in kustomization()["secretGenerator"]:
@@ -67,6 +141,7 @@ def test_the_docs_use_the_names_the_manifests_use() -> None:
         assert f"deploy/kubernetes/{path}" in text
     labels = resource("DaemonSet", "kcoral-node")["spec"]["template"]["metadata"]["labels"]
     assert "-l app.kubernetes.io/name=" + labels["app.kubernetes.io/name"] in text
+    assert "-L kcoral/kind" in text and "-L nvidia.com/gpu.product" in text
     assert "svc/kcoral-router 9000:9000" in text and "deploy/kcoral-router" in text
 
 

@@ -1,15 +1,22 @@
 """The Kubernetes manifests pass the schema and agree with the code, the images and each
 other: commands through the real argument parsers, probes, drain time, tokens, the sandbox's
-needs and the kustomization's one place for images, tokens, replicas and GPUs."""
+needs, the kustomization's one place for images, tokens and replicas, and its overlays: one
+node DaemonSet per GPU kind, each on its own machines with its product and GPUs.
+
+No kubectl here: each overlay's JSON patch is applied to the base in Python (deploy_files
+``patched``: add, replace, remove, test), which is what the overlay makes of the base's
+DaemonSet before the kustomization adds namespace, images and the tokens' hashed names;
+tests/deploy/test_kustomize_render.py renders the same with `kubectl kustomize` where it is
+installed and compares."""
 
 from __future__ import annotations
 
 import ipaddress
+import itertools
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 from deploy_files import (
     IMAGES,
     KUBERNETES,
@@ -18,12 +25,18 @@ from deploy_files import (
     final_stage_instructions,
     kustomization,
     manifests,
+    overlay_node,
+    overlay_patch,
+    overlays,
+    patched,
     project_version,
     resource,
 )
 from kcoral_server.front_door.callers import parse_tokens
+from kcoral_server.gpu.kind import CPU_KIND, gpu_key
 from kcoral_server.router.settings import parse_router_args
 from kcoral_server.settings.command_line import parse_server_args
+from kcoral_server.settings.config import node_labels
 
 # The newest Kubernetes the installed schema knows (kubernetes-validate is pinned in the
 # test extra), validated strictly: a misspelt or misplaced field fails.
@@ -70,8 +83,17 @@ def test_every_manifest_passes_the_kubernetes_schema_strictly() -> None:
 
 def test_every_yaml_file_is_a_resource_of_the_kustomization() -> None:
     listed = set(kustomization()["resources"])
-    on_disk = {p.name for p in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == on_disk
+    # node.yaml is a link to the base's DaemonSet (where it was before the overlays), and
+    # not a resource of its own: the overlays make one DaemonSet per kind of it.
+    link = KUBERNETES / "node.yaml"
+    assert link.is_symlink() and link.resolve() == (KUBERNETES / "base" / "node.yaml")
+    on_disk = {p.name for p in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml", "node.yaml"}
+    overlay_folders = {f"overlays/{p.name}" for p in (KUBERNETES / "overlays").iterdir()}
+    assert listed == on_disk | overlay_folders
+    assert kustomization(KUBERNETES / "base")["resources"] == ["node.yaml"]
+    for name, overlay in overlays().items():
+        assert overlay["resources"] == ["../../base"], name
+    assert set(manifests()) == on_disk | {"base/node.yaml"}
 
 
 def test_the_manifests_name_the_images_the_build_files_produce() -> None:
@@ -109,26 +131,6 @@ def test_the_kustomization_sets_tokens_replicas_and_gpus_of_resources_that_exist
     volume = router()["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"]
     assert set(refs) == {("kcoral-node-token", "token")}
     assert volume == "kcoral-client-tokens"
-    # GPUs: the ids the server uses and the count asked of the device plugin, both here.
-    (settings,) = spec["configMapGenerator"]
-    ((key, gpus),) = (entry.split("=", 1) for entry in settings["literals"])
-    (patch,) = spec["patches"]
-    assert patch["target"] == {"kind": "DaemonSet", "name": "kcoral-node"}
-    counts = {op["path"].rsplit("/", 2)[-2]: op["value"] for op in _ops(patch["patch"])}
-    ids = [int(g) for g in gpus.split(",")]
-    assert ids == list(range(len(ids))) and counts == {"requests": len(ids), "limits": len(ids)}
-    resources = container(node())["resources"]
-    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"]
-    assert resources["limits"]["nvidia.com/gpu"] == len(ids)  # the plain manifest agrees
-    env = {e["name"]: e for e in container(node())["env"]}
-    assert env["KCORAL_SERVER_GPUS"]["valueFrom"]["configMapKeyRef"] == {
-        "name": settings["name"],
-        "key": key,
-    }
-
-
-def _ops(text: str) -> list[dict]:
-    return yaml.safe_load(text)
 
 
 def test_the_router_command_parses_and_needs_both_kinds_of_token(tmp_path: Path) -> None:
@@ -219,3 +221,119 @@ def test_the_example_client_tokens_are_named_identities(name: str) -> None:
     identities = parse_tokens((KUBERNETES / "secrets" / name).read_text())
     assert {i.name for i in identities.values()} == {"alice", "bob", "ops"}
     assert [i.name for i in identities.values() if i.admin] == ["ops"]
+
+
+# The label NVIDIA GPU feature discovery (GPU Operator) puts on each GPU machine: the product
+# name with hyphens for spaces, e.g. NVIDIA-H100-80GB-HBM3.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def gpu_overlays() -> list[str]:
+    return [name for name in overlays() if name != CPU_KIND]
+
+
+def overlay_command(name: str) -> list[str]:
+    """The command of overlay ``name``'s node container, its node name filled in."""
+    box = container(overlay_node(name))
+    command = [arg.replace("$(NODE_NAME)", "gpu-host-7") for arg in box["command"]]
+    assert command[:2] == ["kcoral", "server"]
+    return command
+
+
+def test_the_kustomization_makes_one_node_daemonset_per_kind_each_named_for_it() -> None:
+    assert {"h100", "a100", CPU_KIND} <= set(overlays())
+    for name in overlays():
+        daemonset = overlay_node(name)
+        assert daemonset["metadata"]["name"] == f"kcoral-node-{name}"
+        kubernetes_validate.validate(daemonset, KUBERNETES_VERSION, strict=True)
+        # Pods and selector carry the kind, so no DaemonSet claims another's pods; all keep
+        # app.kubernetes.io/name, so one `kubectl logs -l` reaches every node pod.
+        selector = daemonset["spec"]["selector"]["matchLabels"]
+        assert selector == {"app.kubernetes.io/name": "kcoral-node", "kcoral/kind": name}
+        assert selector.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_no_machine_matches_the_node_selectors_of_two_overlays() -> None:
+    # Two node pods on one machine would claim one node id (the machine's name) and fight
+    # over its GPUs; so every two overlays ask one machine label for different values.
+    chosen = {n: overlay_node(n)["spec"]["template"]["spec"] for n in overlays()}
+    for name, pod in chosen.items():
+        assert "affinity" not in pod, f"{name}: only the node selector picks machines"
+    for a, b in itertools.combinations(chosen, 2):
+        first, second = chosen[a]["nodeSelector"], chosen[b]["nodeSelector"]
+        assert any(k in second and second[k] != v for k, v in first.items()), (a, b)
+
+
+def test_each_gpu_overlay_picks_its_product_and_gives_the_node_that_product_as_a_label() -> None:
+    base_selector = node()["spec"]["template"]["spec"]["nodeSelector"]
+    for name in gpu_overlays():
+        selector = overlay_node(name)["spec"]["template"]["spec"]["nodeSelector"]
+        product = selector[GPU_PRODUCT_LABEL]
+        assert selector == {**base_selector, GPU_PRODUCT_LABEL: product}
+        # The overlay is named for the kind the node reports of that product itself.
+        assert gpu_key(product.replace("-", " ")) == name
+        server = parse_server_args(overlay_command(name)[2:], {"KCORAL_NODE_TOKEN": "t"})
+        assert node_labels(server.config) == {"gpu-product": product}
+        assert server.config.device == "gpu"
+
+
+def test_each_gpu_overlay_sets_the_gpu_ids_and_the_device_plugin_count_together() -> None:
+    for name in gpu_overlays():
+        (settings,) = overlays()[name]["configMapGenerator"]
+        ((key, gpus),) = (entry.split("=", 1) for entry in settings["literals"])
+        ids = [int(g) for g in gpus.split(",")]
+        assert ids == list(range(len(ids))), name
+        box = container(overlay_node(name))
+        resources = box["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == len(ids), name
+        assert resources["requests"]["nvidia.com/gpu"] == len(ids), name
+        env = {e["name"]: e for e in box["env"]}
+        reference = env["KCORAL_SERVER_GPUS"]["valueFrom"]["configMapKeyRef"]
+        assert reference == {"name": settings["name"], "key": key}
+        server = parse_server_args(overlay_command(name)[2:], {"KCORAL_SERVER_GPUS": gpus})
+        assert server.gpus_given and list(server.config.gpus) == ids
+
+
+def test_the_cpu_overlay_runs_a_cpu_node_that_asks_the_machine_for_no_gpu() -> None:
+    daemonset = overlay_node(CPU_KIND)
+    pod, box = daemonset["spec"]["template"]["spec"], container(daemonset)
+    assert pod["nodeSelector"] == {"kcoral/node": "cpu"}
+    assert "nvidia.com/gpu" not in str(box["resources"]) and "tolerations" not in pod
+    assert "KCORAL_SERVER_GPUS" not in {e["name"] for e in box["env"]}
+    server = parse_server_args(overlay_command(CPU_KIND)[2:], {"KCORAL_NODE_TOKEN": "t"})
+    assert server.config.device == "cpu" and node_labels(server.config) == {}
+
+
+def test_no_overlay_changes_what_the_node_pod_may_do_or_where_it_connects() -> None:
+    base = node()
+    base_pod = base["spec"]["template"]["spec"]
+    base_server = parse_server_args(node_command()[2:], {"KCORAL_NODE_TOKEN": "t"})
+    for name in overlays():
+        daemonset = overlay_node(name)
+        pod = daemonset["spec"]["template"]["spec"]
+        assert container(daemonset)["securityContext"] == container(base)["securityContext"]
+        for field in ("securityContext", "hostUsers", "automountServiceAccountToken", "volumes"):
+            assert pod[field] == base_pod[field], (name, field)
+        server = parse_server_args(overlay_command(name)[2:], {"KCORAL_NODE_TOKEN": "t"})
+        assert server.config.router_endpoint == base_server.config.router_endpoint
+        assert server.config.sandbox == base_server.config.sandbox == "bubblewrap"
+        assert server.config.node_id == "gpu-host-7"
+
+
+def test_an_overlay_label_that_shadows_a_built_in_key_stops_the_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A copied overlay that labelled its A100 machines gpu=h100 would have them claim a kind
+    # they are not; the node refuses to start, naming the built-in key.
+    operations = overlay_patch(overlays()["a100"])
+    forged = [
+        {**op, "value": "gpu=h100"} if str(op.get("value")).startswith("gpu-product=") else op
+        for op in operations
+    ]
+    daemonset = patched(node(), forged)
+    command = [a.replace("$(NODE_NAME)", "gpu-host-7") for a in container(daemonset)["command"]]
+    assert "gpu=h100" in command
+    with pytest.raises(SystemExit) as stopped:
+        parse_server_args(command[2:], {"KCORAL_NODE_TOKEN": "t"})
+    assert stopped.value.code == 2
+    assert "'gpu' is built in" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """The kustomization as Kubernetes receives it (`kubectl kustomize`, offline): every
 rendered resource passes the schema, the generated Secrets reach the workloads under their
-hashed names, the images carry registry and tag, and the commands parse with the tokens
-the Secrets hold."""
+hashed names, the images carry registry and tag, the commands parse with the tokens the
+Secrets hold, and each overlay's DaemonSet is what tests/deploy/test_kubernetes_manifests.py
+checks without kubectl (deploy_files ``overlay_node``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_files import KUBERNETES, kustomization
+from deploy_files import KUBERNETES, container, kustomization, overlay_node, overlays
 from kcoral_server.front_door.callers import parse_tokens
 from kcoral_server.router.settings import parse_router_args
 from kcoral_server.settings.command_line import parse_server_args
@@ -21,7 +22,11 @@ from kcoral_server.settings.command_line import parse_server_args
 NODE_TOKEN = "0123456789abcdef0123456789abcdef"
 
 
-def render(tmp_path: Path, edit: dict | None = None) -> dict[tuple[str, str], dict]:
+def render(
+    tmp_path: Path, edit: dict | None = None, overlay_edits: dict[str, dict] | None = None
+) -> dict[tuple[str, str], dict]:
+    """The kustomization rendered from a copy, ``edit`` merged into its top level and each
+    of ``overlay_edits`` into the overlay it names."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed (its kustomize renders the kustomization)")
@@ -33,6 +38,10 @@ def render(tmp_path: Path, edit: dict | None = None) -> dict[tuple[str, str], di
     if edit is not None:
         spec = kustomization() | edit
         (copy / "kustomization.yaml").write_text(yaml.safe_dump(spec))
+    for name, overlay_edit in (overlay_edits or {}).items():
+        folder = copy / "overlays" / name
+        spec = kustomization(KUBERNETES / "overlays" / name) | overlay_edit
+        (folder / "kustomization.yaml").write_text(yaml.safe_dump(spec))
     done = subprocess.run(
         [kubectl, "kustomize", str(copy)], capture_output=True, text=True, timeout=120
     )
@@ -76,22 +85,21 @@ def test_the_rendered_workloads_get_the_tokens_images_and_gpus_set_in_one_place(
                 "newTag": "9",
             },
             {"name": "kcoral-node", "newName": "registry.example.com/kcoral-node", "newTag": "9"},
-        ],
-        "configMapGenerator": [{"name": "kcoral-node-settings", "literals": ["gpus=0,1"]}],
-        "patches": [
-            {
-                "target": {"kind": "DaemonSet", "name": "kcoral-node"},
-                "patch": "\n".join(
-                    f"- {{op: replace, path: /spec/template/spec/containers/0/resources/{part}"
-                    "/nvidia.com~1gpu, value: 2}"
-                    for part in ("requests", "limits")
-                ),
-            }
-        ],
+        ]
     }
-    rendered = render(tmp_path, edit)
+    # Two GPUs on the H100 machines, set in their overlay.
+    h100 = kustomization(KUBERNETES / "overlays" / "h100")
+    (patch,) = h100["patches"]
+    assert patch["patch"].count("value: 8") == 2
+    overlay_edit = {
+        "configMapGenerator": [{"name": "kcoral-node-settings", "literals": ["gpus=0,1"]}],
+        "patches": [{**patch, "patch": patch["patch"].replace("value: 8", "value: 2")}],
+    }
+    rendered = render(tmp_path, edit, {"h100": overlay_edit})
     router = rendered["Deployment", "kcoral-router"]["spec"]["template"]["spec"]
-    node = rendered["DaemonSet", "kcoral-node"]["spec"]["template"]["spec"]
+    node = rendered["DaemonSet", "kcoral-node-h100"]["spec"]["template"]["spec"]
+    other = rendered["DaemonSet", "kcoral-node-a100"]["spec"]["template"]["spec"]
+    assert other["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
     (router_box,), (node_box,) = router["containers"], node["containers"]
     assert router_box["image"] == "registry.example.com/kcoral-router:9"
     assert node_box["image"] == "registry.example.com/kcoral-node:9"
@@ -127,3 +135,34 @@ def test_the_rendered_workloads_get_the_tokens_images_and_gpus_set_in_one_place(
     node_command = [a.replace("$(NODE_NAME)", "gpu-host-7") for a in node_box["command"]]
     server = parse_server_args(node_command[2:], node_env)
     assert list(server.config.gpus) == [0, 1]
+
+
+def test_each_overlay_renders_as_the_offline_checks_see_it_with_the_shared_parts_added(
+    tmp_path: Path,
+) -> None:
+    rendered = render(tmp_path)
+    daemonsets = {name: d for (kind, name), d in rendered.items() if kind == "DaemonSet"}
+    assert set(daemonsets) == {f"kcoral-node-{name}" for name in overlays()}
+    for name in overlays():
+        got = daemonsets[f"kcoral-node-{name}"]
+        assert got["metadata"].pop("namespace") == "kcoral"
+        box = container(got)
+        assert box["image"] == "kcoral-node:0.1.0"
+        box["image"] = "kcoral-node"
+        # Generated names carry a hash, the overlay's ConfigMap also its kind: the offline
+        # form names what the overlay and the base wrote.
+        for env in box["env"]:
+            source = env.get("valueFrom", {})
+            if "secretKeyRef" in source:
+                secret = source["secretKeyRef"]
+                assert ("Secret", secret["name"]) in rendered
+                secret["name"] = secret["name"].rsplit("-", 1)[0]
+            elif "configMapKeyRef" in source:
+                settings = source["configMapKeyRef"]
+                (literal,) = overlays()[name]["configMapGenerator"][0]["literals"]
+                key, value = literal.split("=", 1)
+                assert rendered["ConfigMap", settings["name"]]["data"] == {key: value}
+                unhashed = settings["name"].rsplit("-", 1)[0]
+                assert unhashed == f"kcoral-node-settings-{name}"
+                settings["name"] = unhashed.removesuffix(f"-{name}")
+        assert got == overlay_node(name), name

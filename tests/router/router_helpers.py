@@ -25,6 +25,9 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 
 HERE = Path(__file__).resolve().parent
+#: Every router and node log a test started; conftest shows the recent ones when a test
+#: fails, so a failure under CI load can be read from its report (the logs die with tmp).
+STARTED_LOGS: list[Path] = []
 
 
 @dataclass
@@ -64,6 +67,7 @@ def start_router(
     test lowers its descriptor limit there)."""
     ready = tmp / f"router-ready-{uuid.uuid4().hex[:6]}"
     log_path = tmp / f"router-{uuid.uuid4().hex[:6]}.log"
+    STARTED_LOGS.append(log_path)
     command = [sys.executable, "-m", "kcoral", "router", "--port", "0", "--ready-file", str(ready)]
     environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
     environment.update(env or {})
@@ -343,6 +347,7 @@ class Node:
     def __init__(self, tmp: Path, router: RouterProcess, node_id: str, env=None, *extra: str):
         self.node_id = node_id
         self.log_path = tmp / f"node-{node_id}.log"
+        STARTED_LOGS.append(self.log_path)
         environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
         environment.update(env or {})
         with open(self.log_path, "w") as log:

@@ -1,6 +1,7 @@
 """A real Prometheus (Debian's ``prometheus``) scrapes a real server's and a real router's
-``/metrics`` with their metrics token, and one series of each is read back through
-Prometheus's HTTP API (issue 33.4). CI installs ``prometheus`` (README
+``/metrics`` with their metrics token, and one series of each, and one of a node's that came
+up its supervisor stream to the router, is read back through Prometheus's HTTP API (issue
+33.4). CI installs ``prometheus`` (README
 ``ci-system-packages``), and this file is in ``tests/ci_required.txt``, so it never skips
 there."""
 
@@ -95,7 +96,17 @@ def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_ans
     )
     secrets = {"KCORAL_NODE_TOKEN": NODE_TOKEN, "KCORAL_METRICS_TOKEN": METRICS_TOKEN}
     router = start_router(tmp_path, "--auth-token-file", str(token_file), env=secrets)
-    node = Node(tmp_path, router, "node-p", {"KCORAL_NODE_TOKEN": NODE_TOKEN})
+    # The node's own text goes up at its first healthy probe, then not again during the test
+    # (600 s): it holds its gauges but no request count, so the kcoral_requests_total query
+    # below finds the server's series only.
+    node = Node(
+        tmp_path,
+        router,
+        "node-p",
+        {"KCORAL_NODE_TOKEN": NODE_TOKEN},
+        "--metrics-interval-seconds",
+        "600",
+    )
     scraper_token = tmp_path / "scraper-token"
     scraper_token.write_text(METRICS_TOKEN)
     scraper_token.chmod(0o600)
@@ -136,6 +147,11 @@ def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_ans
         )
         assert routed and routed[0]["metric"]["job"] == "kcoral-router"
         assert float(routed[0]["value"][1]) >= 1
+        # A node's own series, up its supervisor stream, labelled by the router (§13).
+        relayed = wait_for_series(
+            base, 'kcoral_request_capacity{job="kcoral-router",node="node-p"}', prometheus
+        )
+        assert relayed and relayed[0]["metric"]["kind"] == "cpu"
         for job in targets:  # each scrape itself succeeded, token and all
             up = query(base, f'up{{job="{job}"}}')
             assert up and up[0]["value"][1] == "1", job

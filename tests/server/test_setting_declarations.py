@@ -88,6 +88,7 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "restart_min_delay_seconds": ("2", 2.0, ROUTED),
     "restart_max_delay_seconds": ("40", 40.0, ROUTED),
     "restart_jitter": ("0.1", 0.1, ROUTED),
+    "metrics_interval_seconds": ("0", 0.0, ROUTED),
 }
 
 DECLARED = [

@@ -101,7 +101,9 @@ TUNNEL_ERRORS = frozenset({"tunnel_disconnected", "invalid_response"})
 NODE_STATES = frozenset({"starting", "ready", "recovering", "incompatible", "unhealthy"})
 #: the most node ids a router's metrics name; later ones are counted as ``other`` (anyone
 #: holding the node token may connect under new ids)
-MAX_NODE_LABELS = 256
+MAX_NAMED_NODES = 256
+#: the most node kinds a router's metrics name (a kind is a node's word too)
+MAX_NAMED_KINDS = 64
 
 
 def endpoint_of(path: Any) -> str:
@@ -120,19 +122,20 @@ def endpoint_of(path: Any) -> str:
     return OTHER
 
 
-class NodeLabels:
-    """Node ids as label values, at most ``MAX_NODE_LABELS`` of them per process."""
+class BoundedLabels:
+    """Words the router learns from nodes (node ids, kinds) as label values: at most
+    ``limit`` distinct ones per process, later ones as ``other``; ``none`` for an empty one."""
 
-    def __init__(self, limit: int = MAX_NODE_LABELS) -> None:
+    def __init__(self, limit: int) -> None:
         self._limit = limit
         self._seen: set[str] = set()
 
-    def __call__(self, node: Any) -> str:
-        if not isinstance(node, str) or not node:
+    def __call__(self, word: Any) -> str:
+        if not isinstance(word, str) or not word:
             return NONE
-        if node in self._seen:
-            return node
+        if word in self._seen:
+            return word
         if len(self._seen) >= self._limit:
             return OTHER
-        self._seen.add(node)
-        return node
+        self._seen.add(word)
+        return word

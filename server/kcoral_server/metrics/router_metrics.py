@@ -1,13 +1,18 @@
-"""A router's own Prometheus metrics (EXTENSIONS §13), in a registry of its own.
+"""A router's Prometheus metrics (EXTENSIONS §13), in a registry of its own.
 
 As on a server, counters and histograms come from the log: ``RouterMetrics.record`` listens to
 every ``RouterLog`` line (``request_finished`` carries the node, status, finish reason, queue
-wait and duration), and gauges (each node's state, busy slots and workers; the queue) are read
-from the router's registry at the scrape. Labels: ``kcoral_server.metrics.labels``.
+wait and duration; the node's kind is the router's record of it), and gauges (each node's
+state, busy slots and workers, the same per kind; the queue) are read from the router's
+registry at the scrape. The nodes' own series come up their supervisor streams and are
+exposed by ``kcoral_server.metrics.node_relay``. Labels: ``kcoral_server.metrics.labels``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -16,26 +21,39 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kcoral_server.metrics.labels import (
+    MAX_NAMED_KINDS,
+    MAX_NAMED_NODES,
     NODE_STATES,
     ROUTER_FINISH_REASONS,
     TUNNEL_ERRORS,
-    NodeLabels,
+    BoundedLabels,
     endpoint_of,
     one_of,
     status_label,
 )
+from kcoral_server.metrics.node_relay import LiveNode, NodeRelay, RelayRefused, parse_node_metrics
 from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
 
 if TYPE_CHECKING:
+    from kcoral_server.proto import kcoral_gateway_pb2 as pb
     from kcoral_server.router.http_app import RouterState
 
 
 class RouterGauges(Collector):
-    """Per-node and queue gauges read from the router's state at each scrape."""
+    """Per-node, per-kind and queue gauges read from the router's state at each scrape, and
+    the connected nodes' own series (``NodeRelay``)."""
 
-    def __init__(self, read: Callable[[], RouterState | None], nodes: NodeLabels) -> None:
+    def __init__(
+        self,
+        read: Callable[[], RouterState | None],
+        nodes: BoundedLabels,
+        kinds: BoundedLabels,
+        relay: NodeRelay,
+    ) -> None:
         self._read = read
         self._nodes = nodes
+        self._kinds = kinds
+        self._relay = relay
 
     def collect(self) -> Iterator[Metric]:
         state = self._read()
@@ -57,23 +75,67 @@ class RouterGauges(Collector):
         workers = GaugeMetricFamily(
             "kcoral_router_node_workers", "workers each node reports", labels=["node"]
         )
+        info = GaugeMetricFamily(
+            "kcoral_router_node_info", "1 for each node, with its kind", labels=["node", "kind"]
+        )
+        # Summed per label value: the nodes past the named ones share ``other``, and a
+        # sample repeated in one exposition is an error to Prometheus.
+        states: Tally[tuple[str, str]] = Tally()
+        node_busy: Tally[str] = Tally()
+        node_workers: Tally[str] = Tally()
+        kinds: set[tuple[str, str]] = set()
+        kind_states: Tally[tuple[str, str]] = Tally()
+        kind_busy: Tally[str] = Tally()
+        kind_workers: Tally[str] = Tally()
+        live: list[LiveNode] = []
         for node in list(registry.nodes.values()):
-            label = self._nodes(node.node_id)
-            node_state.add_metric([label, one_of(node.state, NODE_STATES)], 1.0)
-            busy.add_metric([label], float(node.inflight()))
-            workers.add_metric([label], float(node.worker_count))
-        yield node_state
-        yield busy
-        yield workers
+            label, kind = self._nodes(node.node_id), self._kinds(node.kind)
+            node_state_label = one_of(node.state, NODE_STATES)
+            states[(label, node_state_label)] += 1
+            node_busy[label] += node.inflight()
+            node_workers[label] += node.worker_count
+            kinds.add((label, kind))
+            kind_states[(kind, node_state_label)] += 1
+            kind_busy[kind] += node.inflight()
+            kind_workers[kind] += node.worker_count
+            if node.connected and label == node.node_id:
+                live.append(LiveNode(node.node_id, node.server_instance_id, label, kind))
+        for (label, node_state_label), count in states.items():
+            node_state.add_metric([label, node_state_label], float(count))
+        for label, workers_count in node_workers.items():
+            busy.add_metric([label], float(node_busy[label]))
+            workers.add_metric([label], float(workers_count))
+        for label, kind in sorted(kinds):
+            info.add_metric([label, kind], 1.0)
+        yield from (node_state, busy, workers, info)
+        by_kind = GaugeMetricFamily(
+            "kcoral_router_kind_nodes", "nodes of each kind in each state", labels=["kind", "state"]
+        )
+        for (kind, node_state_label), count in sorted(kind_states.items()):
+            by_kind.add_metric([kind, node_state_label], float(count))
+        kind_busy_family = GaugeMetricFamily(
+            "kcoral_router_kind_busy", "requests on the worker slots of each kind", labels=["kind"]
+        )
+        kind_workers_family = GaugeMetricFamily(
+            "kcoral_router_kind_workers", "workers the nodes of each kind report", labels=["kind"]
+        )
+        for kind in sorted(kind_workers):
+            kind_busy_family.add_metric([kind], float(kind_busy[kind]))
+            kind_workers_family.add_metric([kind], float(kind_workers[kind]))
+        yield from (by_kind, kind_busy_family, kind_workers_family)
+        yield from self._relay.collect(live)
 
 
 class RouterMetrics:
-    """One router's metrics. ``record`` is the ``RouterLog`` listener."""
+    """One router's metrics. ``record`` is the ``RouterLog`` listener; ``node_status`` gets
+    every supervisor status (for the node's own series it may carry)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._state: RouterState | None = None
-        self._nodes = NodeLabels()
+        self._nodes = BoundedLabels(MAX_NAMED_NODES)
+        self._kinds = BoundedLabels(MAX_NAMED_KINDS)
+        self.relay = NodeRelay()
         registry = self.registry
         self.requests = Counter(
             "kcoral_router_requests",
@@ -106,7 +168,39 @@ class RouterMetrics:
             buckets=SECONDS_BUCKETS,
             registry=registry,
         )
-        registry.register(RouterGauges(lambda: self._state, self._nodes))
+        self.node_queue_wait = Histogram(
+            "kcoral_router_node_queue_wait_seconds",
+            "time a routed request waited for a node, by the node it got",
+            ["node"],
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.kind_routed = Counter(
+            "kcoral_router_kind_routed_requests",
+            "requests the router sent to a node of each kind",
+            ["kind"],
+            registry=registry,
+        )
+        self.kind_tunnel_errors = Counter(
+            "kcoral_router_kind_tunnel_errors",
+            "requests whose tunnel to a node of each kind failed",
+            ["kind"],
+            registry=registry,
+        )
+        self.kind_queue_wait = Histogram(
+            "kcoral_router_kind_queue_wait_seconds",
+            "time a routed request waited for a node, by the kind of the node it got",
+            ["kind"],
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.relay_refused = Counter(
+            "kcoral_router_node_metrics_refused",
+            "metrics texts of nodes the router refused, by reason",
+            ["node", "reason"],
+            registry=registry,
+        )
+        registry.register(RouterGauges(lambda: self._state, self._nodes, self._kinds, self.relay))
 
     def attach(self, state: RouterState) -> None:
         self._state = state
@@ -114,6 +208,10 @@ class RouterMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def _kind_of(self, node_id: str) -> str:
+        node = self._state.registry.nodes.get(node_id) if self._state is not None else None
+        return self._kinds(node.kind if node is not None else None)
 
     def record(self, event: str, fields: dict[str, Any]) -> None:
         if event != "request_finished":
@@ -127,10 +225,41 @@ class RouterMetrics:
         node = fields.get("node")
         if node is None:
             return  # never reached a node
-        label = self._nodes(node)
+        label, kind = self._nodes(node), self._kind_of(node)
         self.routed.labels(label).inc()
+        self.kind_routed.labels(kind).inc()
         if reason in TUNNEL_ERRORS:
             self.tunnel_errors.labels(label).inc()
+            self.kind_tunnel_errors.labels(kind).inc()
         wait = fields.get("queue_wait_ms")
         if isinstance(wait, (int, float)):
-            self.queue_wait.observe(max(0.0, wait / 1000.0))
+            seconds = max(0.0, wait / 1000.0)
+            self.queue_wait.observe(seconds)
+            self.node_queue_wait.labels(label).observe(seconds)
+            self.kind_queue_wait.labels(kind).observe(seconds)
+
+    async def node_status(self, node_id: str, status: pb.SupervisorStatus) -> None:
+        """Keep the node's own series when ``status`` carries them (``node_relay``). The
+        text is parsed off the event loop; a refused one is counted and drops the node's
+        series, and never ends its stream."""
+        blob = status.node_metrics
+        if not blob or self._state is None or self._nodes(node_id) != node_id:
+            return  # nothing sent, or a node the metrics do not name (so node_id is a label)
+        now = time.monotonic()
+        if not status.server_healthy or not self.relay.wants(node_id, now):
+            return
+        try:
+            families = await asyncio.get_running_loop().run_in_executor(
+                None, parse_node_metrics, blob
+            )
+            nodes = self._state.registry.nodes
+            live = [n for n, record in nodes.items() if record.connected]
+            self.relay.keep(node_id, status.server_instance_id, families, now, live)
+        except RelayRefused as refused:
+            self.relay.refuse(node_id)
+            self.relay_refused.labels(node_id, refused.reason).inc()
+        except Exception as exc:  # a fault here must not end the node's stream
+            self.relay.refuse(node_id)
+            self._state.log.event(
+                "node_metrics_failed", "ERROR", node=node_id, error=f"{type(exc).__name__}: {exc}"
+            )

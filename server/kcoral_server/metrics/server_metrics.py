@@ -16,6 +16,7 @@ Labels come only from the fixed sets of ``kcoral_server.metrics.labels``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -41,6 +42,110 @@ SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 ENDPOINTS = frozenset({"execute", "jobs", "sessions", "health", "info", "worker_status", "metrics"})
 
 
+@dataclass(frozen=True)
+class Family:
+    """One metric a server exports: its type, name, help and label names. Declared once
+    here: the server makes its metrics from these, and a router passes on a node's series
+    only when they match one (``kcoral_server.metrics.node_relay``)."""
+
+    type: str  # "counter", "histogram" or "gauge", as the Prometheus parser names them
+    name: str  # without a counter's ``_total``
+    documentation: str
+    labels: tuple[str, ...] = ()
+
+    def sample_names(self) -> frozenset[str]:
+        """The names of this family's samples in the text format (``_created`` left out)."""
+        if self.type == "counter":
+            return frozenset({self.name + "_total"})
+        if self.type == "histogram":
+            return frozenset({self.name + suffix for suffix in ("_bucket", "_count", "_sum")})
+        return frozenset({self.name})
+
+
+REQUESTS = Family(
+    "counter",
+    "kcoral_requests",
+    "program requests finished, by HTTP status, finish reason and error kind",
+    ("status", "reason", "error_kind"),
+)
+REQUEST_SECONDS = Family(
+    "histogram",
+    "kcoral_request_duration_seconds",
+    "HTTP request duration, received to answered, by endpoint",
+    ("endpoint",),
+)
+QUEUE_SECONDS = Family(
+    "histogram", "kcoral_queue_wait_seconds", "time a request waited for a worker", ("gpu",)
+)
+LEASE_WAIT = Family(
+    "histogram",
+    "kcoral_lease_wait_seconds",
+    "time a program waited for its GPU lease, per GPU",
+    ("gpu",),
+)
+LEASE_HELD = Family(
+    "histogram",
+    "kcoral_lease_held_seconds",
+    "time a program held its GPU lease, per GPU",
+    ("gpu",),
+)
+WORKER_STARTS = Family("counter", "kcoral_worker_starts", "worker processes that started", ("gpu",))
+WORKER_START_FAILURES = Family(
+    "counter",
+    "kcoral_worker_start_failures",
+    "worker processes that failed to start, by phase",
+    ("gpu", "phase"),
+)
+WORKER_RETIREMENTS = Family(
+    "counter", "kcoral_worker_retirements", "worker processes retired, by reason", ("gpu", "reason")
+)
+CACHE_HITS = Family("counter", "kcoral_cache_hits", "referenced blobs found in a cache")
+CACHE_HIT_BYTES = Family("counter", "kcoral_cache_hit_bytes", "bytes of the blobs found in a cache")
+CACHE_MISSES = Family("counter", "kcoral_cache_misses", "blobs a CACHE_MISS answer named")
+#: gauges read from the server's state at each scrape (``StateGauges``)
+QUEUE_DEPTH = Family("gauge", "kcoral_queue_depth", "requests waiting for a worker")
+IN_PROGRESS = Family("gauge", "kcoral_requests_in_progress", "requests holding a worker")
+CAPACITY = Family("gauge", "kcoral_request_capacity", "workers that can take a request")
+SEATS_HELD = Family("gauge", "kcoral_session_seats_held", "seats held by live sessions")
+MEMORY_CACHE_BYTES = Family("gauge", "kcoral_memory_cache_bytes", "bytes in the memory cache")
+MEMORY_CACHE_ENTRIES = Family("gauge", "kcoral_memory_cache_entries", "blobs in the memory cache")
+
+#: every family a server exports
+SERVER_FAMILIES = (
+    REQUESTS,
+    REQUEST_SECONDS,
+    QUEUE_SECONDS,
+    LEASE_WAIT,
+    LEASE_HELD,
+    WORKER_STARTS,
+    WORKER_START_FAILURES,
+    WORKER_RETIREMENTS,
+    CACHE_HITS,
+    CACHE_HIT_BYTES,
+    CACHE_MISSES,
+    QUEUE_DEPTH,
+    IN_PROGRESS,
+    CAPACITY,
+    SEATS_HELD,
+    MEMORY_CACHE_BYTES,
+    MEMORY_CACHE_ENTRIES,
+)
+
+
+def counter(family: Family, registry: CollectorRegistry) -> Counter:
+    return Counter(family.name, family.documentation, family.labels, registry=registry)
+
+
+def histogram(family: Family, registry: CollectorRegistry) -> Histogram:
+    return Histogram(
+        family.name,
+        family.documentation,
+        family.labels,
+        buckets=SECONDS_BUCKETS,
+        registry=registry,
+    )
+
+
 class StateGauges(Collector):
     """Gauges read from the server's state at each scrape."""
 
@@ -53,23 +158,15 @@ class StateGauges(Collector):
             return
         pool = state.pool
         values = [
-            ("kcoral_queue_depth", "requests waiting for a worker", pool.requests_waiting),
-            ("kcoral_requests_in_progress", "requests holding a worker", pool.requests_in_progress),
-            (
-                "kcoral_request_capacity",
-                "workers that can take a request",
-                0 if state.shutting_down else pool.request_capacity,
-            ),
-            ("kcoral_session_seats_held", "seats held by live sessions", state.sessions.active),
-            (
-                "kcoral_memory_cache_bytes",
-                "bytes in the memory cache",
-                state.memory_cache.used_bytes,
-            ),
-            ("kcoral_memory_cache_entries", "blobs in the memory cache", len(state.memory_cache)),
+            (QUEUE_DEPTH, pool.requests_waiting),
+            (IN_PROGRESS, pool.requests_in_progress),
+            (CAPACITY, 0 if state.shutting_down else pool.request_capacity),
+            (SEATS_HELD, state.sessions.active),
+            (MEMORY_CACHE_BYTES, state.memory_cache.used_bytes),
+            (MEMORY_CACHE_ENTRIES, len(state.memory_cache)),
         ]
-        for name, documentation, value in values:
-            yield GaugeMetricFamily(name, documentation, value=float(value))
+        for family, value in values:
+            yield GaugeMetricFamily(family.name, family.documentation, value=float(value))
 
 
 class ServerMetrics:
@@ -81,64 +178,17 @@ class ServerMetrics:
         self._gpus = frozenset(gpu_ids)
         self._state: ServerState | None = None
         registry = self.registry
-        self.requests = Counter(
-            "kcoral_requests",
-            "program requests finished, by HTTP status, finish reason and error kind",
-            ["status", "reason", "error_kind"],
-            registry=registry,
-        )
-        self.request_seconds = Histogram(
-            "kcoral_request_duration_seconds",
-            "HTTP request duration, received to answered, by endpoint",
-            ["endpoint"],
-            buckets=SECONDS_BUCKETS,
-            registry=registry,
-        )
-        self.queue_seconds = Histogram(
-            "kcoral_queue_wait_seconds",
-            "time a request waited for a worker",
-            ["gpu"],
-            buckets=SECONDS_BUCKETS,
-            registry=registry,
-        )
-        self.lease_wait = Histogram(
-            "kcoral_lease_wait_seconds",
-            "time a program waited for its GPU lease, per GPU",
-            ["gpu"],
-            buckets=SECONDS_BUCKETS,
-            registry=registry,
-        )
-        self.lease_held = Histogram(
-            "kcoral_lease_held_seconds",
-            "time a program held its GPU lease, per GPU",
-            ["gpu"],
-            buckets=SECONDS_BUCKETS,
-            registry=registry,
-        )
-        self.worker_starts = Counter(
-            "kcoral_worker_starts", "worker processes that started", ["gpu"], registry=registry
-        )
-        self.worker_start_failures = Counter(
-            "kcoral_worker_start_failures",
-            "worker processes that failed to start, by phase",
-            ["gpu", "phase"],
-            registry=registry,
-        )
-        self.worker_retirements = Counter(
-            "kcoral_worker_retirements",
-            "worker processes retired, by reason",
-            ["gpu", "reason"],
-            registry=registry,
-        )
-        self.cache_hits = Counter(
-            "kcoral_cache_hits", "referenced blobs found in a cache", registry=registry
-        )
-        self.cache_hit_bytes = Counter(
-            "kcoral_cache_hit_bytes", "bytes of the blobs found in a cache", registry=registry
-        )
-        self.cache_misses = Counter(
-            "kcoral_cache_misses", "blobs a CACHE_MISS answer named", registry=registry
-        )
+        self.requests = counter(REQUESTS, registry)
+        self.request_seconds = histogram(REQUEST_SECONDS, registry)
+        self.queue_seconds = histogram(QUEUE_SECONDS, registry)
+        self.lease_wait = histogram(LEASE_WAIT, registry)
+        self.lease_held = histogram(LEASE_HELD, registry)
+        self.worker_starts = counter(WORKER_STARTS, registry)
+        self.worker_start_failures = counter(WORKER_START_FAILURES, registry)
+        self.worker_retirements = counter(WORKER_RETIREMENTS, registry)
+        self.cache_hits = counter(CACHE_HITS, registry)
+        self.cache_hit_bytes = counter(CACHE_HIT_BYTES, registry)
+        self.cache_misses = counter(CACHE_MISSES, registry)
         registry.register(StateGauges(lambda: self._state))
 
     def attach(self, state: ServerState) -> None:

@@ -144,18 +144,20 @@ class HttpConnection:
             yield piece
 
 
-async def get_json(
+async def get(
     host: str,
     port: int,
     path: str,
     *,
     local_addr: tuple[str, int] | None = None,
     bearer: str | None = None,
-) -> tuple[int, Any]:
-    """One ``GET`` with ``Connection: close``; returns ``(status, parsed JSON or None)``.
+    limit: int | None = None,
+) -> tuple[int, bytes]:
+    """One ``GET`` with ``Connection: close``; returns ``(status, body)``.
 
     ``bearer``: a secret to present as ``Authorization: Bearer`` (a node's child answers
-    nothing without its router secret, ROUTER §12)."""
+    nothing without its router secret, ROUTER §12). ``limit``: the most body bytes read;
+    ``HttpError`` beyond it."""
     connection = HttpConnection(host, port, local_addr=local_addr)
     await connection.open()
     try:
@@ -165,9 +167,27 @@ async def get_json(
             head.append((b"Authorization", f"Bearer {bearer}".encode()))
         await connection.send_head("GET", path, head)
         status, headers = await connection.read_head()
-        data = b"".join([piece async for piece in connection.body(status, headers, "GET")])
+        pieces, size = [], 0
+        async for piece in connection.body(status, headers, "GET"):
+            size += len(piece)
+            if limit is not None and size > limit:
+                raise HttpError(f"the answer is larger than {limit} bytes")
+            pieces.append(piece)
     finally:
         connection.close()
+    return status, b"".join(pieces)
+
+
+async def get_json(
+    host: str,
+    port: int,
+    path: str,
+    *,
+    local_addr: tuple[str, int] | None = None,
+    bearer: str | None = None,
+) -> tuple[int, Any]:
+    """``get``, its body parsed as JSON (None when it is not JSON)."""
+    status, data = await get(host, port, path, local_addr=local_addr, bearer=bearer)
     try:
         return status, json.loads(data)
     except ValueError:

@@ -39,6 +39,7 @@ from kcoral_server.node.handover import (
     write_secrets,
 )
 from kcoral_server.node.http11 import get_json
+from kcoral_server.node.metrics_fetch import MetricsReader
 from kcoral_server.node.status_stream import lease_stats_message, stream_status
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
@@ -283,6 +284,7 @@ class Supervisor:
         # (the router's node_without_slot_key warning). start_child makes a fresh one.
         self.slot_key = secrets_module.token_urlsafe(32)
         self.workdir = Path(tempfile.mkdtemp(prefix="kcoral-supervisor-"))
+        self.metrics = MetricsReader(self.options, probe_target(settings.host), self.log)
         self.user_ready_written = False
 
     # -- status reports --------------------------------------------------------------------
@@ -309,6 +311,7 @@ class Supervisor:
             status.busy_workers = self.body["busy_workers"]
             status.target.update(self.body["target"])
             status.versions.update({**self.body["versions"], **self.versions_override})
+            status.node_metrics = self.metrics.take()  # now and then (metrics_fetch)
             lease_stats = lease_stats_message(self.body)
             if lease_stats is not None:
                 status.lease_stats.CopyFrom(lease_stats)
@@ -369,6 +372,7 @@ class Supervisor:
         finally:
             os.close(secrets_fd)
         self.child_url = None
+        self.metrics.restart()
         self.log.event("server_child_started", node_id=self.config.node_id, pid=self.child.pid)
 
     async def probe(self) -> str | None:
@@ -389,6 +393,7 @@ class Supervisor:
         )
         if problem is None:
             self.body = body
+            await self.metrics.refresh(self.child_url, self.router_secret)
         return problem
 
     async def stop_child(self, grace: float | None) -> int | None:

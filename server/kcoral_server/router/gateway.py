@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -98,11 +99,24 @@ async def read_message(context: grpc.aio.ServicerContext[Message, Any]) -> Messa
     return None if message is grpc.aio.EOF else cast(Message, message)
 
 
+async def ignore_status(node_id: str, status: pb.SupervisorStatus) -> None:
+    return None
+
+
 class Gateway(pb_grpc.RouterGatewayServicer):
-    def __init__(self, registry: Registry, settings: RouterSettings, log: RouterLog) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        settings: RouterSettings,
+        log: RouterLog,
+        on_status: Callable[[str, pb.SupervisorStatus], Awaitable[None]] = ignore_status,
+    ) -> None:
         self.registry = registry
         self.settings = settings
         self.log = log
+        # Called with every valid status once the registry has it: the router's metrics
+        # take the node's own series from it (EXTENSIONS §13); it never ends the stream.
+        self.on_status = on_status
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         value = None
@@ -156,6 +170,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         try:
             self.registry.apply_status(stream, first)
             await context.write(pb.SupervisorAck())
+            await self.on_status(node_id, first)
             while True:
                 status = await read_message(context)
                 if status is None:
@@ -172,6 +187,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 after = self.registry.nodes[node_id].state
                 if after != before:
                     self.log.event("node_state", node=node_id, state=after, previous=before)
+                await self.on_status(node_id, status)
         finally:
             if not stream.superseded:
                 self.log.event("node_disconnected", level="WARNING", node=node_id)

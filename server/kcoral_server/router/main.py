@@ -87,7 +87,8 @@ async def serve(settings: RouterSettings) -> int:
     open_file_limit = raise_open_file_limit()
     state = build_state(settings, log)
     grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
-    add_gateway_to_server(Gateway(state.registry, settings, log), grpc_server)
+    gateway = Gateway(state.registry, settings, log, on_status=state.metrics.node_status)
+    add_gateway_to_server(gateway, grpc_server)
     if settings.grpc_port is not None:
         grpc_port = grpc_server.add_insecure_port(host_port(settings.host, settings.grpc_port))
     else:

@@ -67,6 +67,10 @@ class SupervisorOptions:
     restart_jitter: float = setting(
         0.2, flag="--restart-jitter", kind="number", group="router", hidden=True
     )
+    # How often the child's /metrics text goes up the status stream (EXTENSIONS §13); 0: never.
+    metrics_interval_seconds: float = setting(
+        15.0, flag="--metrics-interval-seconds", kind="number", group="router", hidden=True
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -83,7 +87,12 @@ class SupervisorOptions:
             raise InvalidConfigError(
                 "restart_min_delay_seconds", "must be <= --restart-max-delay-seconds"
             )
-        for name in ("startup_grace_seconds", "stable_reset_seconds", "termination_grace_seconds"):
+        for name in (
+            "startup_grace_seconds",
+            "stable_reset_seconds",
+            "termination_grace_seconds",
+            "metrics_interval_seconds",
+        ):
             if getattr(self, name) < 0:
                 raise InvalidConfigError(name, "must be >= 0")
         if not 0 <= self.restart_jitter <= 0.5:

@@ -1,0 +1,210 @@
+"""A node's own metrics at its router (EXTENSIONS §13, ROUTER §4): the ``/metrics`` text its
+supervisor sends now and then in ``SupervisorStatus.node_metrics``, checked, and exposed in
+the router's ``/metrics`` with the router's ``node`` and ``kind`` labels.
+
+A node opens no inbound port, so nothing can scrape it; its supervisor reads the child's
+``/metrics`` over loopback with the router secret and sends the text up the stream it already
+holds. Whoever holds the node token can play a node, so the router trusts none of the text:
+
+* it passes on only the families a server exports (``SERVER_FAMILIES``: name, type and label
+  names must match; other series are dropped), never the router's own ``kcoral_router_*``,
+  and writes its own help text;
+* it drops any ``node`` or ``kind`` label the node sent and sets both itself, from the
+  supervisor stream the text came on and the kind the router holds for that node: no node
+  speaks for another;
+* it bounds everything: ``MAX_NODE_METRICS_BYTES`` of text, ``MAX_NODE_SAMPLES`` samples
+  per node, label values of ``MAX_LABEL_VALUE`` characters, ``MAX_RELAYED_SAMPLES`` samples
+  for all nodes together, one text per node every ``MIN_RELAY_INTERVAL_SECONDS`` (parsing
+  costs the router CPU, so a node sending faster is not read faster), and only nodes the
+  router's metrics name (``MAX_NAMED_NODES``). A text that breaks a bound, or that
+  prometheus-client's parser refuses, is refused whole: the node's series disappear, the
+  node itself keeps serving, and ``kcoral_router_node_metrics_refused_total{node,reason}``
+  counts it;
+* it shows a node's series only while the node is connected and runs the server instance
+  the text came from.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from kcoral_server.metrics.server_metrics import SERVER_FAMILIES, Family
+
+#: the most text one status may carry (the supervisor sends none larger)
+MAX_NODE_METRICS_BYTES = 131072
+#: the most samples kept of one node (an 8-GPU server exports about 650, a 16-GPU one 1200)
+MAX_NODE_SAMPLES = 2048
+#: the most samples kept of all nodes together (256 8-GPU nodes need some 150000): about
+#: 45 MB of typical samples, under 90 MB of the largest a node can send
+MAX_RELAYED_SAMPLES = 262144
+MAX_LABEL_VALUE = 64
+MIN_RELAY_INTERVAL_SECONDS = 5.0
+#: the labels the router sets on every relayed sample
+ROUTER_LABELS = ("node", "kind")
+#: why a text was refused (the ``reason`` label)
+REFUSAL_REASONS = frozenset({"too_large", "unparsable", "too_many_samples", "router_full"})
+
+_FAMILIES = {family.name: family for family in SERVER_FAMILIES}
+
+#: one sample: its name, its label values in the family's label order (``le`` last), value
+Sample = tuple[str, tuple[str, ...], float]
+
+
+class RelayRefused(Exception):
+    """A node's metrics text that the router does not pass on; ``reason`` names why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class NodeSeries:
+    """What the router keeps of one node's text."""
+
+    server_instance_id: str
+    families: tuple[tuple[Family, tuple[Sample, ...]], ...]
+    samples: int
+    received_at: float
+
+
+def _label_values(family: Family, name: str, labels: dict[str, str]) -> tuple[str, ...] | None:
+    """The sample's label values in ``family``'s order, or None when its labels are not the
+    family's (the router's own ``node`` and ``kind`` are dropped first)."""
+    for key in ROUTER_LABELS:
+        labels.pop(key, None)
+    expected = family.labels + (("le",) if name.endswith("_bucket") else ())
+    if len(labels) != len(expected) or any(key not in labels for key in expected):
+        return None
+    values = tuple(sys.intern(labels[key]) for key in expected)  # they repeat, node to node
+    if any(len(value) > MAX_LABEL_VALUE for value in values):
+        return None
+    if name.endswith("_bucket"):
+        try:
+            if math.isnan(float(values[-1])):
+                return None
+        except ValueError:
+            return None
+    return values
+
+
+def parse_node_metrics(blob: bytes) -> tuple[tuple[Family, tuple[Sample, ...]], ...]:
+    """The series of a node's metrics text that the router passes on; ``RelayRefused``
+    when the text is refused whole."""
+    if len(blob) > MAX_NODE_METRICS_BYTES:
+        raise RelayRefused("too_large")
+    try:
+        parsed = list(text_string_to_metric_families(blob.decode("utf-8")))
+    except Exception as exc:  # the parser's errors are not one type; a node's text is foreign
+        raise RelayRefused("unparsable") from exc
+    kept: dict[str, dict[tuple[str, tuple[str, ...]], float]] = {}
+    count = 0
+    for parsed_family in parsed:
+        family = _FAMILIES.get(parsed_family.name)
+        if family is None or parsed_family.type != family.type:
+            continue  # not a series a server exports (or a newer server's): dropped
+        names = {name: name for name in family.sample_names()}  # one string per name
+        samples = kept.setdefault(family.name, {})
+        for sample in parsed_family.samples:
+            name = names.get(sample.name)
+            value = sample.value
+            if name is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            values = _label_values(family, name, dict(sample.labels))
+            if values is None or (name, values) in samples:
+                continue
+            count += 1
+            if count > MAX_NODE_SAMPLES:
+                raise RelayRefused("too_many_samples")
+            samples[(name, values)] = float(value)
+    return tuple(
+        (_FAMILIES[name], tuple((key[0], key[1], value) for key, value in samples.items()))
+        for name, samples in kept.items()
+        if samples
+    )
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    """A connected node as the scrape sees it: its id, server instance and label values."""
+
+    node_id: str
+    server_instance_id: str
+    node_label: str
+    kind_label: str
+
+
+class NodeRelay:
+    """The nodes' series the router holds, and their exposition at a scrape."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeSeries] = {}
+        self._parsed_at: dict[str, float] = {}
+
+    def wants(self, node_id: str, now: float) -> bool:
+        """Whether a text from ``node_id`` is read now (at most one per interval)."""
+        last = self._parsed_at.get(node_id)
+        if last is not None and now - last < MIN_RELAY_INTERVAL_SECONDS:
+            return False
+        self._parsed_at[node_id] = now
+        return True
+
+    def keep(
+        self,
+        node_id: str,
+        server_instance_id: str,
+        families: tuple[tuple[Family, tuple[Sample, ...]], ...],
+        now: float,
+        live: Iterable[str],
+    ) -> None:
+        """Hold ``families`` as ``node_id``'s series; ``RelayRefused("router_full")`` when
+        all nodes' series together would pass ``MAX_RELAYED_SAMPLES`` (the series of nodes
+        not in ``live`` are let go first)."""
+        connected = set(live)
+        for gone in [n for n in self._nodes if n not in connected]:
+            self.forget(gone)
+        count = sum(len(samples) for _, samples in families)
+        others = sum(s.samples for n, s in self._nodes.items() if n != node_id)
+        if others + count > MAX_RELAYED_SAMPLES:
+            self.refuse(node_id)
+            raise RelayRefused("router_full")
+        self._nodes[node_id] = NodeSeries(server_instance_id, families, count, now)
+
+    def refuse(self, node_id: str) -> None:
+        """Drop ``node_id``'s series after a refused text (its next is still read no sooner
+        than an interval after this one)."""
+        self._nodes.pop(node_id, None)
+
+    def forget(self, node_id: str) -> None:
+        """Drop all the router holds of a node that left."""
+        self._nodes.pop(node_id, None)
+        self._parsed_at.pop(node_id, None)
+
+    @property
+    def samples(self) -> int:
+        return sum(series.samples for series in self._nodes.values())
+
+    def collect(self, live: Iterable[LiveNode]) -> Iterator[Metric]:
+        """One family per name, with every live node's samples under its labels."""
+        merged: dict[str, Metric] = {}
+        for node in live:
+            series = self._nodes.get(node.node_id)
+            if series is None or series.server_instance_id != node.server_instance_id:
+                continue
+            for family, samples in series.families:
+                metric = merged.get(family.name)
+                if metric is None:
+                    metric = Metric(family.name, family.documentation, family.type)
+                    merged[family.name] = metric
+                for name, values, value in samples:
+                    keys = family.labels + (("le",) if name.endswith("_bucket") else ())
+                    labels = dict(zip(keys, values, strict=True))
+                    labels["node"], labels["kind"] = node.node_label, node.kind_label
+                    metric.add_sample(name, labels, value)
+        yield from merged.values()
