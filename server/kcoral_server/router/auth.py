@@ -99,14 +99,14 @@ class RouterHandler(tornado.web.RequestHandler):
             return None
         return self.selector
 
-    def offered(self, selector: Selector, gpu_count: int | None = None) -> bool:
+    def offered(self, selector: Selector) -> bool:
         """Whether a connected ``ready`` node offers ``selector`` (busy ones count: the
         request waits for them); else ``503 no_matching_node`` naming what the fleet
-        offers, at once. Without a selector or GPU count this is never refused here."""
+        offers, at once. A request without a selector is never refused here."""
         registry = self.state.registry
-        if (not selector and gpu_count is None) or offering_nodes(registry, selector, gpu_count):
+        if not selector or offering_nodes(registry, selector):
             return True
-        message = no_match_message(registry, selector, gpu_count)
+        message = no_match_message(registry, selector)
         self.send_router_error(503, NO_MATCHING_NODE, message, "request_rejected")
         return False
 

@@ -58,20 +58,28 @@ def has_gpus(node: NodeRecord, gpu_count: int | None) -> bool:
     return gpu_count is None or not node.kind or node.gpus >= gpu_count
 
 
-def offering_nodes(
-    registry: Registry, selector: Selector, gpu_count: int | None = None
-) -> list[NodeRecord]:
-    """The connected ``ready`` nodes a request with ``selector`` (and a session's
-    ``gpu_count``) may go to, busy or not."""
+def offering_nodes(registry: Registry, selector: Selector) -> list[NodeRecord]:
+    """The connected ``ready`` nodes a request with ``selector`` may go to, busy or not."""
     default = registry.default_kind
     return [
         n
         for n in registry.nodes.values()
-        if n.connected
-        and n.state == "ready"
-        and serves(n, selector, default)
-        and has_gpus(n, gpu_count)
+        if n.connected and n.state == "ready" and serves(n, selector, default)
     ]
+
+
+def session_nodes(
+    registry: Registry, selector: Selector, gpu_count: int | None
+) -> list[NodeRecord]:
+    """The nodes a new session of ``gpu_count`` GPUs may go to (ROUTER §13): of those that
+    fit ``selector``, the ones with enough GPUs; when none has enough, the ones with the
+    most, whose own ``400`` then says how many it has (as before nodes reported counts)."""
+    nodes = offering_nodes(registry, selector)
+    enough = [n for n in nodes if has_gpus(n, gpu_count)]
+    if enough or not nodes:
+        return enough
+    most = max(n.gpus for n in nodes)
+    return [n for n in nodes if n.gpus == most]
 
 
 def fleet_offers(nodes: Iterable[NodeRecord]) -> str:
@@ -93,13 +101,10 @@ def fleet_offers(nodes: Iterable[NodeRecord]) -> str:
     return "the fleet offers " + ", ".join(named)
 
 
-def no_match_message(registry: Registry, selector: Selector, gpu_count: int | None = None) -> str:
+def no_match_message(registry: Registry, selector: Selector) -> str:
     """The ``503 no_matching_node`` message: what was asked and what the fleet offers."""
-    asked = f"the selector {format_selector(selector)}" if selector else "the default kind"
-    if gpu_count is not None:
-        asked += f" with {gpu_count} GPUs for the session (gpu_count {gpu_count})"
     ready = [n for n in registry.nodes.values() if n.connected and n.state == "ready"]
-    return f"no ready node offers {asked}; {fleet_offers(ready)}"
+    return f"no ready node offers the selector {format_selector(selector)}; {fleet_offers(ready)}"
 
 
 def selector_fits_session(node: NodeRecord | None, selector: Selector) -> str | None:

@@ -41,7 +41,7 @@ from kcoral_server.router.job_routes import (
     fetch,
     learn_submitted_job,
 )
-from kcoral_server.router.selection import offering_nodes, selector_fits_session
+from kcoral_server.router.selection import offering_nodes, selector_fits_session, session_nodes
 from kcoral_server.router.slot import CONTROL
 
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -236,9 +236,9 @@ class SessionsHandler(ForwardHandler):
         if not self.selector and not offering_nodes(registry, {}):
             self.no_node()  # no ready node of the default kind: as before selectors
             return None
-        if not self.offered(self.selector, self.gpu_count):
+        if not self.offered(self.selector):
             return None
-        among = offering_nodes(registry, self.selector, self.gpu_count)
+        among = session_nodes(registry, self.selector, self.gpu_count)
         answers = await ask_every_node(self, "/v1/info", among=among)
         if not answers:
             self.no_node()
