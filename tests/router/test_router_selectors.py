@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 from raw_http import call_program, execute_body, post_execute, request
-from router_helpers import Node, RouterProcess, start_router, stopping
+from router_helpers import Node, RouterProcess, http_request, start_router, stopping
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -268,3 +268,26 @@ def test_a_sessions_programs_must_fit_its_node_and_a_selector_opens_no_other_ses
                     assert answer.status == 404, answer.raw
                     assert answer.body["error"]["kind"] == "not_found"
             assert session.execute(program()).completed  # alice's session is untouched
+
+
+def test_a_session_body_is_read_whole_for_its_gpu_count_chunked_or_not_and_bounded(
+    fleet: RouterProcess,
+) -> None:
+    auth = ("Authorization", f"Bearer {ALICE}")
+    body = b'{"gpu_count": 2}'
+    chunked = asyncio.run(
+        http_request(
+            fleet.port,
+            "POST",
+            "/v1/sessions",
+            headers=[auth, ("Content-Type", "application/json"), ("X-KCoral-Select", "gpu=fake")],
+            chunks=[body[:5], body[5:]],
+        )
+    )
+    assert chunked.status == 201, chunked.body
+    assert chunked.header("X-KCoral-Node") == "fake-a"
+    session_id = chunked.json()["session_id"]
+    ended = request(fleet.url, "DELETE", f"/v1/sessions/{session_id}", headers=[auth])
+    assert ended.status == 200 and ended.body["state"] == "ENDED"
+    too_large = request(fleet.url, "POST", "/v1/sessions", b" " * 70_000, [auth])
+    assert too_large.status == 413 and too_large.body["error"]["kind"] == "request_too_large"
