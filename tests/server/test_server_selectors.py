@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from kcoral_server.front_door.app import create_app
+from kcoral_server.front_door.node_fit import describe_offers, logged, selector_refusal
+from kcoral_server.settings.config import ServerConfig
 from raw_http import call_program, execute_body, post_execute, request
 from server_process import RunningServer, running_server
 
@@ -134,3 +137,26 @@ def test_a_sessions_program_must_fit_its_server_and_another_callers_session_stay
                     ],
                 )
                 assert answer.status == 404 and answer.body["error"]["kind"] == "not_found"
+
+
+def test_a_routers_node_offers_its_node_id_and_labels_too() -> None:
+    """Decision logic on the server's own state (a node's child is reached only through its
+    router, which keeps the header to itself; the routed behaviour is tested there)."""
+    config = ServerConfig(
+        router_endpoint="http://127.0.0.1:1", node_id="n-7", node_labels=["pool=big"]
+    )
+    state = create_app(config).state
+    assert describe_offers(state) == {"pool": "big", "gpu": "cpu", "gpus": "0", "node": "n-7"}
+    assert selector_refusal(state, ["node=n-7,pool=big,gpu=cpu"]) is None
+    assert selector_refusal(state, []) is None and selector_refusal(state, [" "]) is None
+    unfit = selector_refusal(state, ["pool=small"])
+    assert unfit is not None and (unfit.status, unfit.kind) == (503, "no_matching_node")
+    assert unfit.message.endswith("it offers gpu=cpu, gpus=0, node=n-7, pool=big")
+    in_session = selector_refusal(state, ["pool=small"], in_session=True)
+    assert in_session is not None and (in_session.status, in_session.kind) == (
+        409,
+        "selector_mismatch",
+    )
+    malformed = selector_refusal(state, ["pool"])
+    assert malformed is not None and malformed.kind == "invalid_selector"
+    assert "pool" not in logged(malformed).message  # the caller's text is never logged

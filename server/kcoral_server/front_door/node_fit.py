@@ -73,8 +73,10 @@ def selector_refusal(
         selector = header_selector(values)
     except SelectorError as exc:
         return Refusal(400, INVALID_SELECTOR, str(exc), "rejected")
+    if not selector:
+        return None  # no selector: nothing to match (and no probe on the loop)
     offered = server_offers(state)
-    if not selector or selector_matches(selector, offered):
+    if selector_matches(selector, offered):
         return None
     if in_session:
         message = f"{session_mismatch('this server', selector)} (it offers {offers_text(offered)})"
