@@ -137,6 +137,8 @@ def test_a_sessions_program_must_fit_its_server_and_another_callers_session_stay
                     ],
                 )
                 assert answer.status == 404 and answer.body["error"]["kind"] == "not_found"
+        ended = refusal(lambda: session.execute(program(), select="gpu=h100"))
+        assert (ended.status_code, ended.kind) == (410, "session_ended")  # ended comes first
 
 
 def test_a_routers_node_offers_its_node_id_and_labels_too() -> None:

@@ -126,10 +126,11 @@ class _InSession(ExecuteHandler):
 
     def selector_unfit(self) -> Refusal | None:
         """A program's selector must fit the session's server (409 ``selector_mismatch``);
-        an unknown or another identity's session is answered 404 first, whatever the
-        selector (``_pinned_session``)."""
+        an unknown or another identity's session is answered 404 first, an ended one 410,
+        whatever the selector (``_pinned_session``)."""
         session_id = self.path_kwargs.get("session_id", "")
-        if self.state.sessions.get(self.identity, session_id) is None:
+        session = self.state.sessions.get(self.identity, session_id)
+        if session is None or session.state == "ENDED":
             return None
         values = self.request.headers.get_list(SELECT_HEADER)
         return selector_refusal(self.state, values, in_session=True)
