@@ -85,6 +85,9 @@ class ServerState:
         self.sessions = Sessions(self)  # EXTENSIONS §11
         self.metrics = ServerMetrics(self.gpu_ids)  # EXTENSIONS §13, its own registry
         self.metrics.attach(self)
+        # What a selector is matched against (EXTENSIONS §14; front_door.node_fit), found
+        # once: at start, or by the first request with a selector.
+        self.offers: dict[str, str] | None = None
         self.inflight_bytes = 0
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
@@ -150,7 +153,14 @@ class ServerState:
         await asyncio.shield(self.started)
 
     async def _start(self) -> None:
+        from kcoral_server.front_door.node_fit import describe_offers
+
         self.jobs.attach(self.pool)
+        if self.offers is None:  # a GPU probe (NVML or nvidia-smi): off the loop
+            offers = await asyncio.get_running_loop().run_in_executor(
+                self.executor, describe_offers, self
+            )
+            self.offers = self.offers or offers
         await self.pool.start()
         self.events.emit(
             "pool_ready",

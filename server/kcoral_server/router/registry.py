@@ -10,7 +10,9 @@ from typing import Any
 
 import grpc
 
+from kcoral.protocol.selector import Selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.selection import serves
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
@@ -302,25 +304,30 @@ class Registry:
         """Whether ``node`` serves requests without a selector (ROUTER §6)."""
         return node.kind == self.default_kind
 
-    def eligible(self, node: NodeRecord, now: float) -> bool:
+    def eligible(self, node: NodeRecord, now: float, selector: Selector | None = None) -> bool:
+        """Ready, connected, not saturated, an idle slot, and of the default kind (no
+        selector) or matching ``selector`` (ROUTER §6, §7)."""
         return (
             node.state == READY
-            and self.of_default_kind(node)
+            and serves(node, selector or {}, self.default_kind)
             and node.connected
             and not node.saturated(now)
             and bool(node.idle_slots())
         )
 
-    def select(self, affinity: str | None, request_id: str) -> tuple[NodeRecord, RouterSlot] | None:
-        """Pick a node (affinity, then power of two choices) and lease its oldest idle slot."""
+    def select(
+        self, affinity: str | None, request_id: str, selector: Selector | None = None
+    ) -> tuple[NodeRecord, RouterSlot] | None:
+        """Pick a node (affinity, then power of two choices) among those ``selector`` allows
+        (an affinity never overrides it) and lease its oldest idle slot."""
         now = time.monotonic()
         chosen = None
         if affinity is not None:
             node = self.nodes.get(affinity)
-            if node is not None and self.eligible(node, now):
+            if node is not None and self.eligible(node, now, selector):
                 chosen = node
         if chosen is None:
-            candidates = [n for n in self.nodes.values() if self.eligible(n, now)]
+            candidates = [n for n in self.nodes.values() if self.eligible(n, now, selector)]
             if not candidates:
                 return None
             pair = random.sample(candidates, 2) if len(candidates) > 1 else candidates
