@@ -162,3 +162,15 @@ def test_a_routers_node_offers_its_node_id_and_labels_too() -> None:
     malformed = selector_refusal(state, ["pool"])
     assert malformed is not None and malformed.kind == "invalid_selector"
     assert "pool" not in logged(malformed).message  # the caller's text is never logged
+
+
+def test_a_selector_refusal_is_counted_under_its_own_error_kind(server: RunningServer) -> None:
+    with kcoral.Client(server.url, token=ALICE) as client:
+        refusal(lambda: client.execute(program(), select={"gpu": "h100"}))
+        metrics = client.request("GET", "/metrics").data.decode()
+    counted = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("kcoral_requests_total{") and 'status="503"' in line
+    ]
+    assert any('error_kind="no_matching_node"' in line for line in counted), counted
