@@ -26,6 +26,7 @@ from kcoral.connection.transport import (
 )
 from kcoral.jobs import AsyncJob
 from kcoral.program import Program
+from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.results import ProgramResult
 
 T = TypeVar("T")
@@ -115,6 +116,7 @@ class AsyncClient(BaseClient):
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        select: SelectorInput = None,
     ) -> ProgramResult:
         """Run ``program`` as ``Client.execute`` does (CLIENT_API.md §2.1)."""
         return await self.run_flow(
@@ -124,6 +126,7 @@ class AsyncClient(BaseClient):
                 output_limit_bytes=output_limit_bytes,
                 gpu_count=gpu_count,
                 serialization=serialization,
+                select=select,
             )
         )
 
@@ -135,6 +138,7 @@ class AsyncClient(BaseClient):
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        select: SelectorInput = None,
     ) -> AsyncJob:
         """Start ``program`` as a job (``Client.submit``'s twin)."""
         job_id, request_id, blobs = await self.run_flow(
@@ -144,6 +148,7 @@ class AsyncClient(BaseClient):
                 output_limit_bytes=output_limit_bytes,
                 gpu_count=gpu_count,
                 serialization=serialization,
+                select=select,
             )
         )
         return AsyncJob(self, job_id, request_id=request_id, known_blobs=blobs)
@@ -157,11 +162,16 @@ class AsyncClient(BaseClient):
         return AsyncJob(self, self.check_job_id(job_id))
 
     def session(
-        self, gpu_count: int | None = None, idle_timeout: float | None = None
+        self,
+        gpu_count: int | None = None,
+        idle_timeout: float | None = None,
+        *,
+        select: SelectorInput = None,
     ) -> AsyncSession:
         """A session (EXTENSIONS §11), started by ``async with`` (or ``await .start()``)
-        and ended when the block ends; arguments are checked at once."""
-        return AsyncSession(self, session_options(gpu_count, idle_timeout))
+        and ended when the block ends; arguments (``select`` too) are checked at once."""
+        body = session_options(gpu_count, idle_timeout)
+        return AsyncSession(self, body, check_select(select))
 
     async def sessions(self) -> list[dict[str, Any]]:
         """As ``Client.sessions``: ``GET /v1/sessions``, the caller's session records."""

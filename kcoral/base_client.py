@@ -27,6 +27,7 @@ from kcoral.connection.transport import Flow, Request, Response
 from kcoral.errors import KCoralError
 from kcoral.jobs import check_job_id, decode_job_list, next_submission_step, require_jobs
 from kcoral.program import Program
+from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
 from kcoral.results import ProgramResult
 
@@ -174,16 +175,19 @@ class BaseClient:
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        select: SelectorInput = None,
         path: str = "/execute",
     ) -> Flow[ProgramResult]:
         """``POST /execute`` with the cache negotiation of PROTOCOL §9.3 (CLIENT_API §2.1);
-        ``path`` is a session's execute path for a program in a session (EXTENSIONS §11)."""
+        ``path`` is a session's execute path for a program in a session (EXTENSIONS §11);
+        ``select`` is sent as ``X-KCoral-Select`` on every attempt (EXTENSIONS §14)."""
         negotiation = ExecuteNegotiation(
             program,
             timeout_seconds=timeout_seconds,
             output_limit_bytes=output_limit_bytes,
             gpu_count=gpu_count,
             serialization=serialization,
+            select=check_select(select),
         )
         attempt = negotiation.first_attempt()
         while True:
@@ -206,6 +210,7 @@ class BaseClient:
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        select: SelectorInput = None,
         path: str = "/v1/jobs",
     ) -> Flow[tuple[str, str, tuple[str, ...]]]:
         """``POST /v1/jobs`` (EXTENSIONS §5): ``(job id, request id, the program's blobs)``;
@@ -219,6 +224,7 @@ class BaseClient:
             output_limit_bytes=output_limit_bytes,
             gpu_count=gpu_count,
             serialization=serialization,
+            select=check_select(select),
         )
         try:
             info = yield from self.info_flow()
@@ -277,8 +283,10 @@ class BaseClient:
         output_limit_bytes: int | None = None,
         cpu_only: bool = False,
         serialization: str = "json",
+        select: SelectorInput = None,
     ) -> Callable[[Callable[..., Any]], RemoteFunction]:
-        """Decorator returning a ``RemoteFunction`` bound to this client (CLIENT_API §8)."""
+        """Decorator returning a ``RemoteFunction`` bound to this client (CLIENT_API §8);
+        every call sends ``select`` (EXTENSIONS §14)."""
         # Imported on first use: source capture (ast, dis, inspect) costs import time.
         from kcoral.remote import remote_function_decorator
 
@@ -288,6 +296,7 @@ class BaseClient:
             output_limit_bytes=output_limit_bytes,
             cpu_only=cpu_only,
             serialization=serialization,
+            select=check_select(select),  # checked now, before any function is decorated
         )
 
     def close_event_streams(self) -> None:

@@ -23,6 +23,7 @@ from kcoral.connection.http import HttpTransport
 from kcoral.connection.transport import Flow, Response, Transport
 from kcoral.jobs import Job
 from kcoral.program import Program
+from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.results import ProgramResult
 
 T = TypeVar("T")
@@ -102,11 +103,15 @@ class Client(BaseClient):
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        select: SelectorInput = None,
     ) -> ProgramResult:
         """Run ``program`` once; ``FAILED`` programs are returned, not raised.
 
         ``serialization`` (``"json"``/``"pickle"``) is sent as ``X-KCoral-Serialization``
-        (EXTENSIONS §4); remote functions and pickled notebook inputs set it."""
+        (EXTENSIONS §4); remote functions and pickled notebook inputs set it. ``select``
+        (``{"gpu": "h100"}`` or ``"gpu=h100"``) says what the node that runs it must offer
+        (``X-KCoral-Select``, EXTENSIONS §14); a malformed one raises before anything is
+        sent."""
         return self.run_flow(
             self.execute_flow(
                 program,
@@ -114,6 +119,7 @@ class Client(BaseClient):
                 output_limit_bytes=output_limit_bytes,
                 gpu_count=gpu_count,
                 serialization=serialization,
+                select=select,
             )
         )
 
@@ -125,6 +131,7 @@ class Client(BaseClient):
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        select: SelectorInput = None,
     ) -> Job:
         """Start ``program`` as a job and return at once (``POST /v1/jobs``).
 
@@ -138,6 +145,7 @@ class Client(BaseClient):
                 output_limit_bytes=output_limit_bytes,
                 gpu_count=gpu_count,
                 serialization=serialization,
+                select=select,
             )
         )
         return Job(self, job_id, request_id=request_id, known_blobs=blobs)
@@ -150,11 +158,18 @@ class Client(BaseClient):
         """Re-attach to an existing job (nothing is sent until a method is called)."""
         return Job(self, self.check_job_id(job_id))
 
-    def session(self, gpu_count: int | None = None, idle_timeout: float | None = None) -> Session:
+    def session(
+        self,
+        gpu_count: int | None = None,
+        idle_timeout: float | None = None,
+        *,
+        select: SelectorInput = None,
+    ) -> Session:
         """Start a session (EXTENSIONS §11): a worker pinned to this caller whose programs
-        share ``kcoral.session.namespace``; use it as a context manager to end it."""
-        body = session_options(gpu_count, idle_timeout)
-        return Session(self, self.run_flow(create_flow(body)))
+        share ``kcoral.session.namespace``; use it as a context manager to end it. With
+        ``select`` it starts on a node that fits, and its programs send it too."""
+        body, selector = session_options(gpu_count, idle_timeout), check_select(select)
+        return Session(self, self.run_flow(create_flow(body, selector)), selector)
 
     def attach_session(self, session_id: str) -> Session:
         """An existing session of this caller, by id (read from the server)."""

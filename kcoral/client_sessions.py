@@ -17,6 +17,7 @@ from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError, ProtocolError
 from kcoral.jobs import AsyncJob, Job
 from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.selector import SELECT_HEADER, Selector, format_selector
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import decode_json_object, error_from_response
 
@@ -57,10 +58,14 @@ def _record(expected: int, response: Response, what: str) -> dict[str, Any]:
     return decode_json_object(response.data, what)
 
 
-def create_flow(body: dict[str, Any]) -> Flow[dict[str, Any]]:
-    """``POST /v1/sessions``: the new session's record."""
+def create_flow(body: dict[str, Any], selector: Selector | None = None) -> Flow[dict[str, Any]]:
+    """``POST /v1/sessions``: the new session's record; ``selector`` (checked) is sent as
+    ``X-KCoral-Select`` (EXTENSIONS §14)."""
     data = json.dumps(body).encode()
-    response = yield Request("POST", "/v1/sessions", JSON_HEADERS, [data], len(data))
+    headers = dict(JSON_HEADERS)
+    if selector:
+        headers[SELECT_HEADER] = format_selector(selector)
+    response = yield Request("POST", "/v1/sessions", headers, [data], len(data))
     return _record(201, response, "session record")
 
 
@@ -108,19 +113,30 @@ def _check_id(session_id: object) -> str:
 
 
 class _SessionBase:
-    """What both flavours share: the id, the last record seen, the execute flow."""
+    """What both flavours share: the id, the last record seen, the selector it was started
+    with (its programs send it: a router checks it against the session's node), the
+    execute flow."""
 
-    def __init__(self, client: BaseClient, record: dict[str, Any]) -> None:
+    def __init__(
+        self, client: BaseClient, record: dict[str, Any], select: Selector | None = None
+    ) -> None:
         self.client = client
         self.id = _check_id(record.get("session_id"))
         self.record = record  # as last read from the server
+        self.select: Selector = dict(select or {})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r})"
 
+    def _options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """A program's options: ``select`` absent or None means the session's."""
+        if options.get("select") is None:
+            return {**options, "select": self.select}
+        return options
+
     def _execute_flow(self, program: Program, options: dict[str, Any]) -> Flow[ProgramResult]:
         path = f"/v1/sessions/{self.id}/execute"
-        return self.client.execute_flow(program, path=path, **options)
+        return self.client.execute_flow(program, path=path, **self._options(options))
 
     def function(
         self,
@@ -146,7 +162,7 @@ class _SessionBase:
         self, program: Program, options: dict[str, Any]
     ) -> Flow[tuple[str, str, tuple[str, ...]]]:
         path = f"/v1/sessions/{self.id}/jobs"
-        return self.client.submit_flow(program, path=path, **options)
+        return self.client.submit_flow(program, path=path, **self._options(options))
 
 
 class Session(_SessionBase):
@@ -202,17 +218,20 @@ class AsyncSession(_SessionBase):
     client: AsyncClient
     is_async: ClassVar[Literal[True]] = True
 
-    def __init__(self, client: AsyncClient, body: dict[str, Any]) -> None:
+    def __init__(
+        self, client: AsyncClient, body: dict[str, Any], select: Selector | None = None
+    ) -> None:
         self.client = client
         self._body = body
         self.id = ""
         self.record: dict[str, Any] = {}
+        self.select = dict(select or {})
 
     async def start(self) -> AsyncSession:
         """Create the session on the server (``async with`` does this)."""
         if not self.id:
-            record = await self.client.run_flow(create_flow(self._body))
-            super().__init__(self.client, record)
+            record = await self.client.run_flow(create_flow(self._body, self.select))
+            super().__init__(self.client, record, self.select)
         return self
 
     async def execute(self, program: Program, **options: Any) -> ProgramResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Mapping
@@ -22,6 +23,7 @@ from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError, ProtocolError
 from kcoral.notebook import html_of
 from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.headers import NODE_HEADER
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import (
     CacheMiss,
@@ -84,7 +86,7 @@ def decode_job_result(
     outcome = decode_execute_response(headers.get("Content-Type"), body, known_blobs)
     if isinstance(outcome, CacheMiss):
         raise ProtocolError("a job result cannot be a CACHE_MISS")
-    return outcome
+    return dataclasses.replace(outcome, node=headers.get(NODE_HEADER))  # the job's node
 
 
 def decode_job_list(body: bytes | memoryview) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
+from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.remote_source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
 
@@ -289,8 +290,10 @@ class RemoteFunction:
         output_limit_bytes: int | None = None,
         cpu_only: bool = False,
         serialization: str = "json",
+        select: SelectorInput = None,
     ) -> None:
         serialization = _check_serialization(serialization, "serialization")
+        self.select = check_select(select)  # sent with every call (EXTENSIONS §14)
         if serialization == "json" and not isinstance(fn, types.FunctionType):
             raise TypeError(f"a remote function must be a Python function, not {type(fn).__name__}")
         if not callable(fn):
@@ -517,6 +520,8 @@ class RemoteFunction:
             "timeout_seconds": self.timeout,
             "output_limit_bytes": self.output_limit_bytes,
             "serialization": fmt,
+            # None in a session: the session's own selector
+            "select": self.select or None,
         }
 
 

@@ -45,6 +45,9 @@ class ProgramResult:
     stderr_truncated: bool
     error: dict[str, Any] | None = None
     gpu_ids: tuple[int, ...] = field(default=())
+    #: The node that ran it: the router's ``X-KCoral-Node`` answer header (None from a
+    #: direct server, which names no node).
+    node: str | None = None
 
     @property
     def completed(self) -> bool:
@@ -69,6 +72,8 @@ class ProgramResult:
             parts.append(f"error={self.error.get('kind')}: {self.error.get('message')!r}")
         if self.gpu_ids:
             parts.append(f"gpu_ids={self.gpu_ids!r}")
+        if self.node is not None:
+            parts.append(f"node={self.node!r}")
         return f"ProgramResult({', '.join(parts)})"
 
 

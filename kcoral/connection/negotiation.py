@@ -8,6 +8,7 @@ non-200 answer and ``ProtocolError`` for a broken one. The clients only move byt
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +22,16 @@ from kcoral.protocol.headers import (
     node_preference,
 )
 from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.selector import SELECT_HEADER, Selector, format_selector
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral.response import CacheMiss, decode_execute_response, error_from_response
 from kcoral.results import ProgramResult
 
 _MAX_ATTEMPTS = 3
 # Set per attempt by the negotiation; a caller-supplied value would break the request.
-_OWN_HEADERS = frozenset({"content-type", "content-length", NODE_HEADER.lower()})
+_OWN_HEADERS = frozenset(
+    {"content-type", "content-length", NODE_HEADER.lower(), SELECT_HEADER.lower()}
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class ExecuteNegotiation:
         output_limit_bytes: int | None = None,
         gpu_count: int | None = None,
         serialization: str | None = None,
+        select: Selector | None = None,
     ) -> None:
         if serialization is not None and serialization not in SERIALIZATION_FORMATS:
             raise ValueError(
@@ -107,6 +112,9 @@ class ExecuteNegotiation:
                 k: v for k, v in self._headers.items() if k.lower() != SERIALIZATION_HEADER.lower()
             }
             self._headers[SERIALIZATION_HEADER] = serialization
+        # Sent on every attempt: a cache-miss retry needs a node that fits as much as the
+        # first attempt did (EXTENSIONS §14), whatever X-KCoral-Node it echoes.
+        self._selector = format_selector(select or {})
         self._attempts = 0
 
     def first_attempt(self) -> Attempt:
@@ -123,7 +131,7 @@ class ExecuteNegotiation:
             raise error_from_response(status_code, headers, body)
         outcome = decode_execute_response(content_type, body, self._blobs)
         if not isinstance(outcome, CacheMiss):
-            return outcome
+            return dataclasses.replace(outcome, node=headers.get(NODE_HEADER))
         if self._attempts >= _MAX_ATTEMPTS:
             raise ProtocolError(
                 f"server still reports missing blobs after {_MAX_ATTEMPTS} attempts "
@@ -146,5 +154,7 @@ class ExecuteNegotiation:
         }
         if node is not None:
             headers[NODE_HEADER] = node
+        if self._selector:
+            headers[SELECT_HEADER] = self._selector
         headers["Content-Type"] = content_type
         return Attempt(self._attempts, headers, chunks, length)

@@ -9,12 +9,17 @@ and the server share this one parser so a selector means the same thing at both 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 SELECT_HEADER = "X-KCoral-Select"
 #: Keys every node has; an operator's label may not shadow one (``--node-label``).
 BUILT_IN_KEYS = ("gpu", "arch", "gpus", "node")
 MAX_SELECTOR_CHARS = 512
+#: The error kinds of selectors (EXTENSIONS §14): 400 for a header that is no selector, 503
+#: when no node (or this server) fits, 409 when a session's node does not fit its program's.
+INVALID_SELECTOR = "invalid_selector"
+NO_MATCHING_NODE = "no_matching_node"
+SELECTOR_MISMATCH = "selector_mismatch"
 MAX_SELECTOR_KEYS = 16
 _KEY = re.compile(r"[a-z][a-z0-9_.-]{0,31}", re.ASCII)
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
@@ -46,6 +51,16 @@ def parse_selector(text: str) -> Selector:
     return selector
 
 
+def header_selector(values: Sequence[str]) -> Selector:
+    """The selector of a request's ``X-KCoral-Select`` header values (``{}``: none, or an
+    empty value); ``SelectorError`` when the header is repeated or malformed."""
+    if not values:
+        return {}
+    if len(values) > 1:
+        raise SelectorError(f"give one {SELECT_HEADER} header, not {len(values)}")
+    return parse_selector(values[0]) if values[0].strip() else {}
+
+
 def as_selector(select: SelectorInput) -> Selector:
     """A selector from what a caller gives: a map (``{"gpu": "h100", "gpus": 2}``), the
     text form, or None (no selector: ``{}``)."""
@@ -63,6 +78,21 @@ def as_selector(select: SelectorInput) -> Selector:
     if len(selector) > MAX_SELECTOR_KEYS:
         raise SelectorError(f"a selector has at most {MAX_SELECTOR_KEYS} keys")
     return selector
+
+
+def check_select(select: object) -> Selector:
+    """A client call's ``select=`` as a selector, checked before anything is sent:
+    ``TypeError`` for what is neither a map, a string nor None; ``SelectorError`` (a
+    ``ValueError``) saying what is wrong with a malformed one."""
+    if select is not None and not isinstance(select, (str, Mapping)):
+        raise TypeError(
+            "select must be a map such as {'gpu': 'h100'}, a string such as 'gpu=h100', "
+            f"or None, not {type(select).__name__}"
+        )
+    try:
+        return as_selector(select)
+    except SelectorError as exc:
+        raise SelectorError(f"select: {exc}") from None
 
 
 def format_selector(selector: Mapping[str, str]) -> str:
@@ -83,6 +113,15 @@ def selector_matches(selector: Mapping[str, str], offered: Mapping[str, str]) ->
         elif have != wanted:
             return False
     return True
+
+
+def session_mismatch(where: str, selector: Mapping[str, str]) -> str:
+    """The ``409 selector_mismatch`` message for a session's program: ``where`` its session
+    runs (``node n1``, ``this server``)."""
+    return (
+        f"the session runs on {where}, which does not fit the selector "
+        f"{format_selector(selector)}; a session's programs run where the session is"
+    )
 
 
 def _check_pair(key: str, value: str) -> None:

@@ -183,8 +183,73 @@ def test_a_bad_select_sends_nothing(fleet: RouterProcess, monkeypatch: pytest.Mo
 def test_select_runs_a_cell_on_the_chosen_kinds_node(
     fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output():
+    with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output() as seen:
         result = ip.run_cell("%%kcoral --select gpu=h100\nimport os\nos.environ.get('X', 1)\n")
     assert result.error_in_exec is None, result.error_in_exec
     served = [line for line in fleet.log().splitlines() if "request_finished" in line]
     assert any("node=h100-a" in line for line in served), served[-5:]
+    assert "· node h100-a ·" in seen.outputs[-1].data["text/plain"]  # the summary says where
+
+
+@pytest.mark.skipif(
+    "select" not in inspect.signature(Client.execute).parameters,
+    reason="the client's select= (issue 33 point 2) is not merged into this branch yet",
+)
+def test_a_cell_queued_for_a_selected_kind_says_so_and_only_that_row_counts_it(
+    fleet: RouterProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    hold = call_program(HOLD, args=[str(release)])
+    selected = {"headers": {"X-KCoral-Select": "gpu=h100"}}
+    holder = threading.Thread(target=post_execute, args=(fleet.url, hold), kwargs=selected)
+    holder.start()
+
+    def h100_row() -> dict[str, Any]:
+        return next(k for k in fleet_status(fleet).get("kinds", []) if k["gpu"] == "h100")
+
+    try:
+        wait_for(lambda: h100_row()["free_seats"] == 0, "h100-a's seat held", fleet)
+        seen_rows: list[dict[str, Any]] = []
+
+        def release_once_queued() -> None:
+            wait_for(lambda: h100_row()["queued"] == 1, "the cell queued for h100", fleet)
+            seen_rows.append(fleet_status(fleet))
+            release.write_text("go")
+
+        releaser = threading.Thread(target=release_once_queued)
+        releaser.start()
+        with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output() as seen:
+            result = ip.run_cell("%%kcoral --select gpu=h100\n40 + 2\n")
+        releaser.join(120)
+        assert result.error_in_exec is None, result.error_in_exec
+        lines = [o.data.get("text/plain", "") for o in seen.outputs]
+        assert "kcoral: submitting, waiting for gpu=h100" in lines, lines
+        (rows,) = seen_rows
+        queued = {(k["gpu"], k["queued"]) for k in rows["kinds"]}
+        assert queued == {("cpu", 0), ("h100", 1)}  # the cpu row is not asked for
+        labels = {(r["value"], r["queued"]) for r in rows["labels"]}
+        assert labels == {("big", 1), ("small", 0)}
+    finally:
+        release.write_text("go")
+        holder.join(120)
+
+
+@pytest.mark.skipif(
+    "select" not in inspect.signature(Client.session).parameters,
+    reason="the client's select= (issue 33 point 2) is not merged into this branch yet",
+)
+def test_a_session_started_with_select_runs_its_cells_on_that_kind(
+    fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with kcoral_shell(fleet.url, monkeypatch, ("_kcoral", "x")) as ip, capture_output():
+        ip.run_line_magic("kcoral", "session start --select gpu=h100")
+        try:
+            first = ip.run_cell("%%kcoral\nx = 20\n")
+            second = ip.run_cell("%%kcoral\nx * 2 + 2\n")
+        finally:
+            ip.run_line_magic("kcoral", "session stop")
+    assert first.error_in_exec is None and second.error_in_exec is None, second.error_in_exec
+    assert second.result == 42
+    lines = [line for line in fleet.log().splitlines() if "/v1/sessions" in line]
+    served = [line.split("node=")[1].split()[0] for line in lines if "node=" in line]
+    assert served and set(served) == {"h100-a"}, lines[-5:]

@@ -57,10 +57,8 @@ class SessionCommands:
         if gpu_count is not None and facts.gpu_count == 0 and args.select is None:
             print(f"kcoral: warning: {url} has no GPU: the session runs on CPU", file=sys.stderr)
             gpu_count = None  # a CPU server takes no gpu_count (EXTENSIONS §11)
-        # only when given: a session without one is created as it always was
-        select = {"select": args.select} if args.select is not None else {}
         try:
-            handle = client.session(gpu_count=gpu_count, idle_timeout=args.idle, **select)
+            handle = client.session(gpu_count=gpu_count, idle_timeout=args.idle, select=args.select)
         except ValueError as exc:
             raise UsageError(f"%kcoral session start: {exc}") from None
         except KCoralError as exc:

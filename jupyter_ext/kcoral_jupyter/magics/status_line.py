@@ -95,6 +95,8 @@ def summary_text(result: ProgramResult, record: RunRecord, facts: ServerFacts) -
     if record.session_id:  # the 8 hex digits %kcoral session status shows in full
         pieces.append(f"session {record.session_id[:8]}")
     pieces.append(record.server)
+    if result.node:  # the node a router chose (None from a direct server)
+        pieces.append(f"node {result.node}")
     if record.worker_id:
         pieces.append(f"worker {record.worker_id}")
     pieces += [where, f"queue {rich.format_ms(result.queue_ms)}"]

@@ -89,6 +89,9 @@ class ServerState:
         # what a node's supervisor reports of its recent programs (PROTOCOL §13, ROUTER §6)
         self.recent_leases = RecentLeases()
         self.events.add_listener(self.recent_leases.record)
+        # What a selector is matched against (EXTENSIONS §14; front_door.node_fit), found
+        # once: at start, or by the first request with a selector.
+        self.offers: dict[str, str] | None = None
         self.inflight_bytes = 0
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
@@ -154,7 +157,14 @@ class ServerState:
         await asyncio.shield(self.started)
 
     async def _start(self) -> None:
+        from kcoral_server.front_door.node_fit import describe_offers
+
         self.jobs.attach(self.pool)
+        if self.offers is None:  # a GPU probe (NVML or nvidia-smi): off the loop
+            offers = await asyncio.get_running_loop().run_in_executor(
+                self.executor, describe_offers, self
+            )
+            self.offers = self.offers or offers
         await self.pool.start()
         self.events.emit(
             "pool_ready",

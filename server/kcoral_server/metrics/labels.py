@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS
+from kcoral.protocol.selector import INVALID_SELECTOR, NO_MATCHING_NODE, SELECTOR_MISMATCH
 
 OTHER = "other"
 NONE = "none"
@@ -31,6 +32,9 @@ ERROR_KINDS = INSTRUCTION_ERROR_KINDS | {
     "not_finished",
     "session_busy",
     "session_ended",
+    INVALID_SELECTOR,
+    NO_MATCHING_NODE,
+    SELECTOR_MISMATCH,
 }
 #: ``request_finished``'s ``finish_reason`` (SERVER §13)
 FINISH_REASONS = frozenset(

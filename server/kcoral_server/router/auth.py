@@ -9,9 +9,19 @@ from typing import Any
 
 import tornado.web
 
+from kcoral.protocol.selector import (
+    INVALID_SELECTOR,
+    NO_MATCHING_NODE,
+    SELECT_HEADER,
+    Selector,
+    SelectorError,
+    format_selector,
+    header_selector,
+)
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import DEFAULT, Identity
+from kcoral_server.router.selection import no_match_message, offering_nodes
 
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
 
@@ -51,6 +61,7 @@ class RouterHandler(tornado.web.RequestHandler):
         self.response_bytes = 0
         self.queue_wait_ms = 0.0
         self.identity: Identity = DEFAULT
+        self.selector: Selector = {}  # X-KCoral-Select, where the route reads it
 
     def check_request(self) -> bool:
         """403 for a web page, 401 without the client token, 405 for other methods; True when
@@ -77,6 +88,27 @@ class RouterHandler(tornado.web.RequestHandler):
             )
             return False
         return True
+
+    def read_selector(self) -> Selector | None:
+        """The request's ``X-KCoral-Select`` selector (``{}``: none), or None once a
+        malformed one was answered ``400 invalid_selector`` (EXTENSIONS §14)."""
+        try:
+            self.selector = header_selector(self.request.headers.get_list(SELECT_HEADER))
+        except SelectorError as exc:
+            self.send_router_error(400, INVALID_SELECTOR, str(exc), "request_rejected")
+            return None
+        return self.selector
+
+    def offered(self, selector: Selector) -> bool:
+        """Whether a connected ``ready`` node offers ``selector`` (busy ones count: the
+        request waits for them); else ``503 no_matching_node`` naming what the fleet
+        offers, at once. A request without a selector is never refused here."""
+        registry = self.state.registry
+        if not selector or offering_nodes(registry, selector):
+            return True
+        message = no_match_message(registry, selector)
+        self.send_router_error(503, NO_MATCHING_NODE, message, "request_rejected")
+        return False
 
     def authenticate(self) -> Identity | None:
         """The caller's identity from its client token; None: 401."""
@@ -139,6 +171,7 @@ class RouterHandler(tornado.web.RequestHandler):
             method=None if path == "/execute" else self.request.method,
             path=None if path == "/execute" else path,
             node=self.node,
+            select=format_selector(self.selector) or None,  # canonical: never the raw header
             http_status=self.get_status(),
             queue_wait_ms=round(self.queue_wait_ms, 1),
             duration_ms=round((time.monotonic() - self.received_at) * 1000, 1),

@@ -79,8 +79,11 @@ class ForwardHandler(RouterHandler):
     # -- request side ----------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        if not self.check_request():
-            return
+        if self.check_request() and self.check_length():
+            await self.forward_head()
+
+    def check_length(self) -> bool:
+        """``Content-Length`` checks (ROUTER §8 step 2); False once the request is answered."""
         lengths = self.request.headers.get_list("Content-Length")
         if lengths:
             values = {v.strip() for v in ",".join(lengths).split(",")}
@@ -88,17 +91,21 @@ class ForwardHandler(RouterHandler):
                 self.send_router_error(
                     400, "invalid_request", "invalid Content-Length", "request_rejected"
                 )
-                return
+                return False
             self.declared = int(next(iter(values)))
             if self.declared > self.state.settings.max_request_bytes:
                 self.send_router_error(
                     413, "request_too_large", "request body is too large", "request_rejected"
                 )
-                return
+                return False
         elif self.request.method != "POST" and "Transfer-Encoding" not in self.request.headers:
             self.declared = 0  # a bodiless GET or DELETE
         else:
             report_body_failures(self.request.connection, self._body_failed)
+        return True
+
+    async def forward_head(self) -> None:
+        """Choose the node and a slot, then send the request's head there."""
         loop = asyncio.get_running_loop()
         if self.SLOT_KIND == CONTROL:
             required = await self.choose_node()
@@ -106,11 +113,14 @@ class ForwardHandler(RouterHandler):
                 return
             acquire = self.state.control.acquire(required, self.request_id)
         else:
+            selector = self.read_selector()  # an affinity never overrides it (ROUTER §7)
+            if selector is None or not self.offered(selector):
+                return
             affinity = None
             preferred = self.request.headers.get_list("X-KCoral-Node")
             if len(preferred) == 1 and is_valid_node_id(preferred[0]):
                 affinity = preferred[0]
-            acquire = self.state.admission.acquire(affinity, self.request_id)
+            acquire = self.state.admission.acquire(affinity, self.request_id, selector)
         self.acquire_task = loop.create_task(acquire)
         try:
             node, slot = await self.acquire_task

@@ -30,8 +30,12 @@ HOP_BY_HOP = frozenset(
 # never sees a client token); the identity the router checked travels instead, in
 # X-KCoral-Identity, which the node believes only from its tunnel (ROUTER §3, §8.4).
 CLIENT_ONLY = frozenset({"authorization", "cookie", "origin", IDENTITY_HEADER.lower()})
+# X-KCoral-Select is the router's to read (EXTENSIONS §14): it chose a node that fits, and
+# the node never sees it (its own view of itself may differ from what it reported).
 NOT_FORWARDED = (
-    HOP_BY_HOP | CLIENT_ONLY | {"host", "expect", "x-kcoral-node", "x-request-id", "content-length"}
+    HOP_BY_HOP
+    | CLIENT_ONLY
+    | {"host", "expect", "x-kcoral-node", "x-kcoral-select", "x-request-id", "content-length"}
 )
 #: The only headers of a node's answer the router passes on (ROUTER §8.6): the ones our
 #: server sends that mean something to a client. A node is a process that holds the node

@@ -16,6 +16,7 @@ import json
 import re
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from kcoral.protocol.strict_json import dumps_compact
@@ -23,7 +24,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
-from kcoral_server.router.registry import fleet, fleet_status
+from kcoral_server.router.registry import NodeRecord, fleet, fleet_status
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, SlotBroken
 
@@ -144,13 +145,24 @@ def learn_submitted_job(handler: Any, body: bytes) -> bytes:
 
 
 async def ask_every_node(
-    handler: Any, path: str, *, ready_only: bool = False
+    handler: Any,
+    path: str,
+    *,
+    ready_only: bool = False,
+    among: Iterable[NodeRecord] | None = None,
 ) -> list[tuple[str, tuple[int, bytes] | None]]:
-    """``GET path`` on every control node at once, as the caller (``auth_headers``).
+    """``GET path`` on every control node at once (or those ``among`` them), as the caller
+    (``auth_headers``).
 
     One ``(node id, answer)`` pair a node, ``None`` for a node that could not answer in
     time; an empty list when no node is connected (or ready, with ``ready_only``)."""
-    nodes = [n.node_id for n in handler.state.registry.control_nodes(ready_only=ready_only)]
+    registry = handler.state.registry
+    if among is None:
+        controls = registry.control_nodes(ready_only=ready_only)
+    else:
+        wanted = {n.node_id for n in among}
+        controls = [n for n in registry.control_nodes(ready_only=False) if n.node_id in wanted]
+    nodes = [n.node_id for n in controls]
     headers = auth_headers(handler)
     answers = await asyncio.gather(
         *(fetch(handler.state, node, "GET", path, headers) for node in nodes)

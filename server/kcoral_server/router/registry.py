@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from kcoral.protocol.selector import selector_matches
+from kcoral.protocol.selector import Selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.selection import serves
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
@@ -307,25 +308,30 @@ class Registry:
         """Whether ``node`` serves requests without a selector (ROUTER §6)."""
         return node.kind == self.default_kind
 
-    def eligible(self, node: NodeRecord, now: float) -> bool:
+    def eligible(self, node: NodeRecord, now: float, selector: Selector | None = None) -> bool:
+        """Ready, connected, not saturated, an idle slot, and of the default kind (no
+        selector) or matching ``selector`` (ROUTER §6, §7)."""
         return (
             node.state == READY
-            and self.of_default_kind(node)
+            and serves(node, selector or {}, self.default_kind)
             and node.connected
             and not node.saturated(now)
             and bool(node.idle_slots())
         )
 
-    def select(self, affinity: str | None, request_id: str) -> tuple[NodeRecord, RouterSlot] | None:
-        """Pick a node (affinity, then power of two choices) and lease its oldest idle slot."""
+    def select(
+        self, affinity: str | None, request_id: str, selector: Selector | None = None
+    ) -> tuple[NodeRecord, RouterSlot] | None:
+        """Pick a node (affinity, then power of two choices) among those ``selector`` allows
+        (an affinity never overrides it) and lease its oldest idle slot."""
         now = time.monotonic()
         chosen = None
         if affinity is not None:
             node = self.nodes.get(affinity)
-            if node is not None and self.eligible(node, now):
+            if node is not None and self.eligible(node, now, selector):
                 chosen = node
         if chosen is None:
-            candidates = [n for n in self.nodes.values() if self.eligible(n, now)]
+            candidates = [n for n in self.nodes.values() if self.eligible(n, now, selector)]
             if not candidates:
                 return None
             pair = random.sample(candidates, 2) if len(candidates) > 1 else candidates
@@ -426,14 +432,8 @@ def fleet(registry: Registry) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def offered_keys(node: NodeRecord) -> dict[str, str]:
-    """What ``node`` offers a selector (ROUTER §6): its labels and the built-in keys."""
-    built_in = {"gpu": node.kind, "arch": node.arch, "gpus": str(node.gpus), "node": node.node_id}
-    return {**node.labels, **{k: v for k, v in built_in.items() if v}}
-
-
 def fleet_status(
-    registry: Registry, queued: Sequence[Mapping[str, str]] = ()
+    registry: Registry, queued: Sequence[Selector] = ()
 ) -> dict[str, list[dict[str, Any]]]:
     """``/v1/info``'s ``fleet_status`` (ROUTER §6): ``fleet``'s rows with what they hold now.
 
@@ -453,16 +453,11 @@ def fleet_status(
         for label in n.labels.items():
             labels.setdefault(label, []).append(n)
 
-    def serves(selector: Mapping[str, str], node: NodeRecord) -> bool:
-        if not selector:
-            return node.kind == default
-        return selector_matches(selector, offered_keys(node))
-
     def load(nodes: list[NodeRecord]) -> dict[str, Any]:
         seats = sum(len(n.current_slots()) for n in nodes)
         free = sum(len(n.idle_slots()) for n in nodes)
         stats = [n.lease_stats for n in nodes if n.lease_stats is not None]
-        waiting = sum(1 for s in queued if any(serves(s, n) for n in nodes))
+        waiting = sum(1 for s in queued if any(serves(n, s, default) for n in nodes))
         waiting += sum(s.queued for s in stats)
         count = sum(s.count for s in stats)
         estimate = None

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping, MutableSequence
-from dataclasses import dataclass
+from collections.abc import MutableSequence
+from dataclasses import dataclass, field
 
+from kcoral.protocol.selector import Selector, format_selector
 from kcoral_server.router.registry import NodeRecord, Registry
 from kcoral_server.router.slot import RouterSlot
 
@@ -26,6 +27,7 @@ class _Waiter:
     affinity: str | None
     request_id: str
     future: asyncio.Future[Lease]
+    selector: Selector = field(default_factory=dict)  # worker waiters only (ROUTER §7)
 
 
 async def wait_for_slot(
@@ -59,35 +61,47 @@ class Admission:
     def waiting(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
 
-    def queued_selectors(self) -> list[Mapping[str, str]]:
+    def queued_selectors(self) -> list[Selector]:
         """What each waiting request needs, oldest first, for ``/v1/info``'s
         ``fleet_status`` (ROUTER §6): ``{}`` is the default kind, where a request without
-        a selector goes (every waiter, until requests carry selectors)."""
-        return [{} for w in self._waiters if not w.future.done()]
+        a selector goes."""
+        return [w.selector for w in self._waiters if not w.future.done()]
 
-    async def acquire(self, affinity: str | None, request_id: str) -> Lease:
+    async def acquire(
+        self, affinity: str | None, request_id: str, selector: Selector | None = None
+    ) -> Lease:
         if not self._waiters:
-            lease = self.registry.select(affinity, request_id)
+            lease = self.registry.select(affinity, request_id, selector)
             if lease is not None:
                 return lease
         if self.waiting >= self.max_queued:
             raise RouterBusy
-        waiter = _Waiter(affinity, request_id, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(affinity, request_id, future, dict(selector or {}))
         self._waiters.append(waiter)
         self.wake()
         return await wait_for_slot(self.registry, self._waiters, waiter, self.wait_timeout)
 
     def wake(self) -> None:
-        """Serve waiters in FIFO order while slots are available."""
-        while self._waiters:
-            waiter = self._waiters[0]
+        """Serve waiters in FIFO order while slots are available.
+
+        Waiters with one selector (no selector: the default kind) compete for the same
+        nodes, and among them the oldest is served first; once one finds no slot, later
+        ones with its selector are passed over in this round, and a waiter whose selector
+        asks for other nodes is not held back behind it (ROUTER §7)."""
+        starved: set[str] = set()
+        for waiter in list(self._waiters):
             if waiter.future.done():
-                self._waiters.popleft()
+                self._waiters.remove(waiter)
                 continue
-            lease = self.registry.select(waiter.affinity, waiter.request_id)
+            wanted = format_selector(waiter.selector)
+            if wanted in starved:
+                continue
+            lease = self.registry.select(waiter.affinity, waiter.request_id, waiter.selector)
             if lease is None:
-                return
-            self._waiters.popleft()
+                starved.add(wanted)
+                continue
+            self._waiters.remove(waiter)
             waiter.future.set_result(lease)
 
 

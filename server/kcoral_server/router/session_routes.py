@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from kcoral.protocol.selector import SELECTOR_MISMATCH
 from kcoral_server.front_door.callers import Identity
-from kcoral_server.router.forward import ForwardHandler
+from kcoral_server.router.forward import BUFFERED_ANSWER_LIMIT, ForwardHandler
 from kcoral_server.router.headers import identity_header
 from kcoral_server.router.job_routes import (
     answers_to_merge,
@@ -40,11 +41,14 @@ from kcoral_server.router.job_routes import (
     fetch,
     learn_submitted_job,
 )
+from kcoral_server.router.selection import offering_nodes, selector_fits_session, session_nodes
 from kcoral_server.router.slot import CONTROL
 
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NOT_FOUND = "unknown session id"
 NO_SEAT = "no node offers a free session seat"
+#: The most of a ``POST /v1/sessions`` body the router holds to read its ``gpu_count``.
+MAX_SESSION_BODY = BUFFERED_ANSWER_LIMIT
 
 
 @dataclass
@@ -170,20 +174,72 @@ def may_see(identity: Identity, session: RoutedSession) -> bool:
     return identity.admin or identity.name == session.owner
 
 
+def requested_gpu_count(body: bytes) -> int | None:
+    """The ``gpu_count`` a ``POST /v1/sessions`` body asks for, or None (absent, or not a
+    count: the node answers such a body with its own ``400``)."""
+    try:
+        document = json.loads(body) if body.strip() else {}
+    except ValueError:
+        return None
+    value = document.get("gpu_count") if isinstance(document, dict) else None
+    return value if _is_count(value) and value >= 1 else None
+
+
 class SessionsHandler(ForwardHandler):
-    """``POST /v1/sessions`` (to the node with the most free seats) and ``GET`` (merged)."""
+    """``POST /v1/sessions`` (to the node with the most free seats among those that fit its
+    selector and its ``gpu_count``) and ``GET`` (merged).
+
+    The small body is held until it is whole (at most ``MAX_SESSION_BODY``): its
+    ``gpu_count`` decides which nodes may take the session (ROUTER §13)."""
 
     SLOT_KIND = CONTROL
     ALLOWED = ("GET", "POST")
 
     async def prepare(self) -> None:
+        self.held: bytearray | None = None
+        self.gpu_count: int | None = None
         if self.request.method == "GET":
             self.check_request()
             return
-        await super().prepare()
+        if self.check_request() and self.check_length() and self.read_selector() is not None:
+            if (self.declared or 0) > MAX_SESSION_BODY:
+                self._too_large()
+                return
+            self.held = bytearray()
+
+    def _too_large(self) -> None:
+        message = f"a session body is at most {MAX_SESSION_BODY} bytes"
+        self.send_router_error(413, "request_too_large", message, "request_rejected")
+
+    async def data_received(self, chunk: bytes) -> None:
+        if self.held is None:
+            await super().data_received(chunk)
+        elif not self._finished:
+            self.held += chunk
+            if len(self.held) > MAX_SESSION_BODY:
+                self.held = None
+                self._too_large()
+
+    async def post(self, *args: str) -> None:
+        if self.held is None or self._finished:
+            return
+        body, self.held = bytes(self.held), None
+        self.gpu_count = requested_gpu_count(body)
+        self.declared = len(body)  # the held body goes on with its length, chunked or not
+        await self.forward_head()
+        if body:
+            await self.data_received(body)
+        await super().post()
 
     async def choose_node(self) -> str | None:
-        answers = await ask_every_node(self, "/v1/info", ready_only=True)
+        registry = self.state.registry
+        if not self.selector and not offering_nodes(registry, {}):
+            self.no_node()  # no ready node of the default kind: as before selectors
+            return None
+        if not self.offered(self.selector):
+            return None
+        among = session_nodes(registry, self.selector, self.gpu_count)
+        answers = await ask_every_node(self, "/v1/info", among=among)
         if not answers:
             self.no_node()
             return None
@@ -287,7 +343,21 @@ class SessionHandler(ForwardHandler):
         if session.ended is not None:
             self.send_router_error(410, "session_ended", session.ended, "request_rejected")
             return None
-        return session.node_id
+        return self._fitting(session.node_id)
+
+    def _fitting(self, node_id: str) -> str | None:
+        """``node_id`` for a request of the session; a program (``/execute``, ``/jobs``)
+        whose selector that node does not fit gets ``409 selector_mismatch``: a session's
+        programs run on its node, never elsewhere."""
+        if self.path_args[1] not in ("/execute", "/jobs"):
+            return node_id
+        if self.read_selector() is None:
+            return None
+        mismatch = selector_fits_session(self.state.registry.nodes.get(node_id), self.selector)
+        if mismatch is not None:
+            self.send_router_error(409, SELECTOR_MISMATCH, mismatch, "request_rejected")
+            return None
+        return node_id
 
     def no_node(self) -> None:
         # The session's node went away while this request waited for its control slot.
@@ -330,7 +400,7 @@ class SessionHandler(ForwardHandler):
             record = self.state.registry.nodes.get(node)
             instance = record.server_instance_id if record is not None else ""
             if self.state.sessions.remember(session_id, node, instance, str(owner)):
-                return node
+                return self._fitting(node)
         if len(claims) > 1:
             nodes = ",".join(node for node, _ in claims)
             self.state.log.event(

@@ -1,7 +1,8 @@
 """``POST /execute``: the streamed body, the early refusals, then the pipeline.
 
 Refusals before the body is read, in this order: 403 (a web page), 401 (auth), 413
-(declared length), the ``X-KCoral-Serialization`` 400, the in-flight-bytes / shutting-down
+(declared length), the ``X-KCoral-Serialization`` 400, the ``X-KCoral-Select`` 400 or 503
+(a selector this server does not fit, EXTENSIONS §14), the in-flight-bytes / shutting-down
 503 (EXTENSIONS §6).
 Tornado closes the connection after answering a request whose body it did not read, so
 those answers say ``Connection: close`` (a pooled client must not reuse the connection).
@@ -25,6 +26,7 @@ from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer
 
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.headers import SERIALIZATION_HEADER
+from kcoral.protocol.selector import SELECT_HEADER
 from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
 from kcoral_server.execution.responses import SATURATED, Refusal, Reply
@@ -32,6 +34,7 @@ from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
+from kcoral_server.front_door.node_fit import logged, selector_refusal
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
@@ -88,6 +91,10 @@ class ExecuteHandler(BaseHandler):
         except ValidationError as exc:
             self.refuse(Refusal(400, "parse", str(exc), "rejected"))
             return
+        unfit = self.selector_unfit()
+        if unfit is not None:
+            self.refuse(unfit)
+            return
         if state.shutting_down or not state.pool.accepting:
             self.refuse(SATURATED)
             return
@@ -107,6 +114,11 @@ class ExecuteHandler(BaseHandler):
             self.large_reads.start()
         self.last_data_at = self.body_started_at = asyncio.get_running_loop().time()
         self._watch_idle_body()
+
+    def selector_unfit(self) -> Refusal | None:
+        """Why this server does not take the request's ``X-KCoral-Select`` (EXTENSIONS
+        §14), or None."""
+        return selector_refusal(self.state, self.request.headers.get_list(SELECT_HEADER))
 
     def _over_inflight(self, more: int) -> bool:
         """Would ``more`` bytes take the in-flight total past the limit while other requests
@@ -204,6 +216,7 @@ class ExecuteHandler(BaseHandler):
         self._log_refusal(refusal)
 
     def _log_refusal(self, refusal: Refusal) -> None:
+        refusal = logged(refusal)
         self.state.events.emit(
             "request_finished",
             FINISH_LEVELS.get(refusal.reason, "WARNING"),

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from kcoral.protocol.selector import SELECT_HEADER
 from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.pipeline import ExecuteRequest
 from kcoral_server.execution.responses import Refusal
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.front_door.handlers.jobs import JobSubmitHandler
+from kcoral_server.front_door.node_fit import selector_refusal
 from kcoral_server.pool.queue import NoWorker
 
 if TYPE_CHECKING:
@@ -30,6 +32,10 @@ class SessionsHandler(BaseHandler):
         self.send_json(200, self.state.sessions.listed(self.identity))
 
     async def post(self) -> None:
+        unfit = selector_refusal(self.state, self.request.headers.get_list(SELECT_HEADER))
+        if unfit is not None:  # a session of a selector this server does not fit
+            self.send_error_json(unfit.status, unfit.kind, unfit.message)
+            return
         try:
             gpu_count, idle = self._options()
         except ValueError as exc:
@@ -117,6 +123,17 @@ class _InSession(ExecuteHandler):
     def prepare(self) -> None:
         super().prepare()
         self.session = _pinned_session(self)
+
+    def selector_unfit(self) -> Refusal | None:
+        """A program's selector must fit the session's server (409 ``selector_mismatch``);
+        an unknown or another identity's session is answered 404 first, an ended one 410,
+        whatever the selector (``_pinned_session``)."""
+        session_id = self.path_kwargs.get("session_id", "")
+        session = self.state.sessions.get(self.identity, session_id)
+        if session is None or session.state == "ENDED":
+            return None
+        values = self.request.headers.get_list(SELECT_HEADER)
+        return selector_refusal(self.state, values, in_session=True)
 
     def new_request(self, observer: RequestObserver | None = None) -> ExecuteRequest:
         request = super().new_request(observer)

@@ -1,0 +1,116 @@
+"""Which nodes a request may go to (ROUTER §6, §7, §13; EXTENSIONS §14).
+
+A request's ``X-KCoral-Select`` selector (``kcoral.protocol.selector``) is matched against
+what each node offers: its operator's labels and the built-in keys ``gpu`` (its kind),
+``arch``, ``gpus`` (its GPU count; ``gpus=N`` means at least N) and ``node`` (its id). A
+request without a selector goes to the default kind, as every published client's always
+did. The router consumes the header: nodes never see it (``headers.NOT_FORWARDED``).
+
+Who can reach what: a selector only narrows the nodes the scheduler would pick anyway, so
+it opens nothing a request without one could not reach; it never moves a session
+(``selector_fits_session``), and it is caller input, so it is parsed (bounded: 512
+characters, 16 keys) before anything else reads it and only its canonical form is logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from kcoral.protocol.selector import (
+    Selector,
+    format_selector,
+    selector_matches,
+    session_mismatch,
+)
+
+if TYPE_CHECKING:
+    from kcoral_server.router.registry import NodeRecord, Registry
+
+#: At most this many offers are named in a ``no_matching_node`` message.
+MAX_NAMED_OFFERS = 24
+
+
+def node_offers(node: NodeRecord) -> dict[str, str]:
+    """What ``node`` offers a selector: its labels and the built-in keys (a published
+    supervisor's node reports no kind: it offers no ``gpu``/``arch``)."""
+    offered = dict(node.labels)
+    if node.kind:
+        offered["gpu"] = node.kind
+    if node.arch:
+        offered["arch"] = node.arch
+    offered["gpus"] = str(node.gpus)
+    offered["node"] = node.node_id
+    return offered
+
+
+def serves(node: NodeRecord, selector: Selector, default_kind: str | None) -> bool:
+    """Whether a request with ``selector`` may go to ``node``: without one, only nodes of
+    the default kind (ROUTER §6); with one, exactly the nodes that match it."""
+    if not selector:
+        return node.kind == default_kind
+    return selector_matches(selector, node_offers(node))
+
+
+def has_gpus(node: NodeRecord, gpu_count: int | None) -> bool:
+    """Whether ``node`` can hold a session of ``gpu_count`` GPUs (ROUTER §13). A node of a
+    published supervisor reports no count: it is not filtered, as before."""
+    return gpu_count is None or not node.kind or node.gpus >= gpu_count
+
+
+def offering_nodes(registry: Registry, selector: Selector) -> list[NodeRecord]:
+    """The connected ``ready`` nodes a request with ``selector`` may go to, busy or not."""
+    default = registry.default_kind
+    return [
+        n
+        for n in registry.nodes.values()
+        if n.connected and n.state == "ready" and serves(n, selector, default)
+    ]
+
+
+def session_nodes(
+    registry: Registry, selector: Selector, gpu_count: int | None
+) -> list[NodeRecord]:
+    """The nodes a new session of ``gpu_count`` GPUs may go to (ROUTER §13): of those that
+    fit ``selector``, the ones with enough GPUs; when none has enough, the ones with the
+    most, whose own ``400`` then says how many it has (as before nodes reported counts)."""
+    nodes = offering_nodes(registry, selector)
+    enough = [n for n in nodes if has_gpus(n, gpu_count)]
+    if enough or not nodes:
+        return enough
+    most = max(n.gpus for n in nodes)
+    return [n for n in nodes if n.gpus == most]
+
+
+def fleet_offers(nodes: Iterable[NodeRecord]) -> str:
+    """What ready nodes offer, in selector words: ``gpu=a100: 1 node, gpu=h100: 2 nodes``,
+    then the labels (``pool=big: 1 node``); bounded."""
+    kinds: dict[str, int] = {}
+    labels: dict[str, int] = {}
+    for node in nodes:
+        kind = f"gpu={node.kind},gpus={node.gpus}" if node.kind else "a node of no kind"
+        kinds[kind] = kinds.get(kind, 0) + 1
+        for key, value in node.labels.items():
+            labels[f"{key}={value}"] = labels.get(f"{key}={value}", 0) + 1
+    entries = [*sorted(kinds.items()), *sorted(labels.items())]
+    if not entries:
+        return "the fleet has no ready node"
+    named = [f"{what}: {count} node{'s' if count != 1 else ''}" for what, count in entries]
+    if len(named) > MAX_NAMED_OFFERS:
+        named = [*named[:MAX_NAMED_OFFERS], f"and {len(named) - MAX_NAMED_OFFERS} more"]
+    return "the fleet offers " + ", ".join(named)
+
+
+def no_match_message(registry: Registry, selector: Selector) -> str:
+    """The ``503 no_matching_node`` message: what was asked and what the fleet offers."""
+    ready = [n for n in registry.nodes.values() if n.connected and n.state == "ready"]
+    return f"no ready node offers the selector {format_selector(selector)}; {fleet_offers(ready)}"
+
+
+def selector_fits_session(node: NodeRecord | None, selector: Selector) -> str | None:
+    """The ``409 selector_mismatch`` message for a program of a session on ``node`` whose
+    selector that node does not fit, or None (it fits, or there is no selector)."""
+    if not selector or (node is not None and selector_matches(selector, node_offers(node))):
+        return None
+    where = f"node {node.node_id}" if node is not None else "its node"
+    return session_mismatch(where, selector)
