@@ -5,7 +5,6 @@ is sent. A real router with two real CPU nodes, one reporting another kind."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 import threading
@@ -176,10 +175,6 @@ def test_a_bad_select_sends_nothing(fleet: RouterProcess, monkeypatch: pytest.Mo
     assert len(Client(fleet.url).jobs()) == before
 
 
-@pytest.mark.skipif(
-    "select" not in inspect.signature(Client.execute).parameters,
-    reason="the client's select= (issue 33 point 2) is not merged into this branch yet",
-)
 def test_select_runs_a_cell_on_the_chosen_kinds_node(
     fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,10 +186,6 @@ def test_select_runs_a_cell_on_the_chosen_kinds_node(
     assert "· node h100-a ·" in seen.outputs[-1].data["text/plain"]  # the summary says where
 
 
-@pytest.mark.skipif(
-    "select" not in inspect.signature(Client.execute).parameters,
-    reason="the client's select= (issue 33 point 2) is not merged into this branch yet",
-)
 def test_a_cell_queued_for_a_selected_kind_says_so_and_only_that_row_counts_it(
     fleet: RouterProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,10 +225,6 @@ def test_a_cell_queued_for_a_selected_kind_says_so_and_only_that_row_counts_it(
         holder.join(120)
 
 
-@pytest.mark.skipif(
-    "select" not in inspect.signature(Client.session).parameters,
-    reason="the client's select= (issue 33 point 2) is not merged into this branch yet",
-)
 def test_a_session_started_with_select_runs_its_cells_on_that_kind(
     fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
