@@ -6,6 +6,12 @@ Refusals before the body is read, in this order: 403 (a web page), 401 (auth), 4
 503 (EXTENSIONS §6).
 Tornado closes the connection after answering a request whose body it did not read, so
 those answers say ``Connection: close`` (a pooled client must not reuse the connection).
+A refused request whose declared body is small (``DRAIN_BEFORE_REFUSING``) is answered once
+that body has arrived and been read away instead: closing a socket with unread bytes makes
+the kernel reset the connection, and a reset can destroy the answer before the client reads
+it (a routed session's ``410`` once reached its client as a broken response). That answer
+keeps the connection open; a small body that does not arrive within
+``--body-timeout-seconds`` gets the refusal then, with ``Connection: close``.
 A client that disconnects before its answer is written cancels its program (EXTENSIONS §9).
 
 Bodies are bounded against a token holder (or any local program on a token-less loopback
@@ -46,6 +52,8 @@ _UNLIMITED = 1 << 62
 # Slowest average a body may arrive at once ``--body-timeout-seconds`` have passed since it
 # started: far below any real link, far above a trickle that only keeps a connection open.
 MIN_BODY_RATE = 1024
+#: Bodies up to this declared length are read (and dropped) before a refusal is answered.
+DRAIN_BEFORE_REFUSING = 64 * 1024
 
 
 @tornado.web.stream_request_body
@@ -63,6 +71,9 @@ class ExecuteHandler(BaseHandler):
         self.last_data_at = self.body_started_at = 0.0
         self.idle_timer: asyncio.TimerHandle | None = None
         self.large_reads: LargeReads | None = None  # while a large body is read
+        # A refusal that waits for its small body to arrive (``refuse``), and its deadline.
+        self.pending_refusal: Refusal | None = None
+        self.drain_timer: asyncio.TimerHandle | None = None
 
     def prepare(self) -> None:
         super().prepare()
@@ -175,7 +186,7 @@ class ExecuteHandler(BaseHandler):
         )
 
     async def post(self) -> None:
-        if self._finished or self.body is None:
+        if self.answer_pending_refusal() or self._finished or self.body is None:
             return
         request = self.new_request()
         self.pipeline = request
@@ -210,8 +221,45 @@ class ExecuteHandler(BaseHandler):
         except tornado.iostream.StreamClosedError:
             pass  # the client went away; nothing left to tell it
 
+    @property
+    def refused(self) -> bool:
+        """Answered already, or a refusal waits for the body to arrive."""
+        return self._finished or self.pending_refusal is not None
+
     def refuse(self, refusal: Refusal) -> None:
-        """Answer before the body is read, and log the request's end."""
+        """Refuse the request and log its end: at once, or (a small body not read yet) once
+        the body has arrived, read away (see the module's docstring)."""
+        if self.pending_refusal is not None or self._finished:
+            return  # refused already
+        declared = _content_length(self.request.headers.get("Content-Length"))
+        if self.body_unread and declared is not None and 0 < declared <= DRAIN_BEFORE_REFUSING:
+            self.pending_refusal = refusal
+            if self.body is not None:  # what arrives from now on is dropped unread
+                self.body.close()
+                self.body = None
+            timeout = float(self.state.config.body_timeout_seconds)
+            loop = asyncio.get_running_loop()
+            self.drain_timer = loop.call_later(timeout, self._refuse_now)
+            return
+        self.pending_refusal = refusal
+        self._refuse_now()
+
+    def answer_pending_refusal(self) -> bool:
+        """The whole body has arrived: send the refusal waiting for it (the connection stays
+        open). True when the request was refused."""
+        if self.pending_refusal is None:
+            return False
+        self.body_unread = False
+        self._refuse_now()
+        return True
+
+    def _refuse_now(self) -> None:
+        refusal, self.pending_refusal = self.pending_refusal, None
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+            self.drain_timer = None
+        if self._finished or refusal is None:
+            return
         self.send_error_json(refusal.status, refusal.kind, refusal.message)
         self._log_refusal(refusal)
 
@@ -265,6 +313,10 @@ class ExecuteHandler(BaseHandler):
 
     def _release(self) -> None:
         self._restore_read_chunk()
+        self.pending_refusal = None
+        if self.drain_timer is not None:
+            self.drain_timer.cancel()
+            self.drain_timer = None
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None

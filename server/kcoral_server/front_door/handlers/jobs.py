@@ -51,7 +51,7 @@ class JobSubmitHandler(ExecuteHandler):
         self.send_json(200, [job.state() for job in jobs])
 
     async def post(self) -> None:
-        if self._finished or self.body is None:
+        if self.answer_pending_refusal() or self._finished or self.body is None:
             return
         state = self.state
         job = state.jobs.new_job(self.request_id, self.identity)

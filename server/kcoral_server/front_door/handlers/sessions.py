@@ -160,7 +160,7 @@ class SessionExecuteHandler(_InSession):
 def _pinned_session(handler: ExecuteHandler) -> Session | None:
     """The session a program is sent to, or None after refusing the request: 404 for an
     unknown (or another identity's) id, 410 once ended, 409 while a program runs."""
-    if handler._finished:
+    if handler.refused:
         return None
     session_id = handler.path_kwargs.get("session_id", "")
     session = handler.state.sessions.get(handler.identity, session_id)
