@@ -27,6 +27,9 @@ PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sc
 NODE_NAME = "kcnode"
 PARTITION = "kctest"
 GRES_TYPE = "tiny"
+#: what the test's node jobs pass to ``kcoral server`` after the script's own options (and
+#: docs/scaling.md "Slurm" with them): no sandbox and reused workers keep two cores light
+NODE_OPTIONS = ("--sandbox", "none", "--max-requests-per-worker", "0")
 
 
 def missing_programs() -> list[str]:

@@ -1,6 +1,7 @@
 """``deploy/slurm/kcoral-node.sbatch`` run by bash outside Slurm, with the job's variables set
 by hand and ``KCORAL_NODE_DRY_RUN=1`` (it prints the command it would exec, one argument a
-line). The real run under Slurm is ``tests/deploy/test_slurm_nodes.py``."""
+line). The real run under Slurm is ``tests/deploy/test_slurm_nodes.py``; docs/scaling.md
+"Slurm" types what that test runs."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from slurm_cluster import NODE_OPTIONS, SlurmCluster
 
-SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "kcoral-node.sbatch"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "deploy" / "slurm" / "kcoral-node.sbatch"
 
 
 def run_script(tmp_path: Path, token_mode: int = 0o600, **variables: str):
@@ -60,3 +63,39 @@ def test_outside_slurm_or_with_odd_gpu_ids_it_refuses(tmp_path: Path) -> None:
     assert outside.returncode == 2 and "run me with sbatch" in outside.stderr
     odd = run_script(tmp_path, SLURM_JOB_GPUS="0,gpu1")
     assert odd.returncode == 2 and "not GPU ids" in odd.stderr
+
+
+def slurm_section() -> str:
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    start = text.index("## Slurm\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def settings(lines: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in lines.splitlines() if "=" in line)
+    return {key: value for key, value in pairs if " " not in key}
+
+
+def test_the_docs_run_through_types_what_the_slurm_test_runs(tmp_path: Path) -> None:
+    section = slurm_section()
+    submit = f"sbatch $KCORAL_REPO/deploy/slurm/kcoral-node.sbatch {' '.join(NODE_OPTIONS)}"
+    assert section.count(submit) == 2  # two node jobs
+    assert "scancel --batch --signal=TERM $JOB" in section
+    assert "--node-token-file" in section and '"slurm-*"' in section
+    # The docs' slurm.conf uses the test's plugins (no cgroups) and daemons' user.
+    docs = settings(section[section.index("<<CONF\n") : section.index("\nCONF\n")])
+    cluster = SlurmCluster(tmp_path)
+    cluster.write_files()
+    test = settings(cluster.conf.read_text())
+    for key in (
+        "SlurmUser",
+        "AuthType",
+        "ProctrackType",
+        "TaskPlugin",
+        "JobAcctGatherType",
+        "SelectType",
+        "SelectTypeParameters",
+        "SlurmdParameters",
+    ):
+        assert docs[key] == test[key], key

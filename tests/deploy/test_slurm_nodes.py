@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 from router_helpers import RouterProcess, http_request, start_router
 from slurm_cluster import (
     GRES_TYPE,
+    NODE_OPTIONS,
     PARTITION,
     SlurmCluster,
     missing_programs,
@@ -159,9 +160,8 @@ def test_two_slurm_node_jobs_serve_and_one_drains_while_its_program_runs(tmp_pat
             environment["HOME"] = str(home)
             environment["PATH"] = f"{Path(sys.executable).parent}:{environment.get('PATH', '')}"
             submit = ["--chdir", str(jobs), "--output", str(jobs / "kcoral-node-%j.out")]
-            options = ["--sandbox", "none", "--max-requests-per-worker", "0"]
-            first = sbatch(cluster, SCRIPT, submit, options, environment)
-            second = sbatch(cluster, SCRIPT, submit, options, environment)
+            first = sbatch(cluster, SCRIPT, submit, NODE_OPTIONS, environment)
+            second = sbatch(cluster, SCRIPT, submit, NODE_OPTIONS, environment)
 
             def outputs() -> str:
                 return "\n".join(
