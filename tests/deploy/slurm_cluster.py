@@ -214,10 +214,19 @@ PartitionName={PARTITION} Nodes={NODE_NAME} Default=YES MaxTime=INFINITE State=U
                 return word.split("=", 1)[1]
         return ""
 
+    def jobs_left(self) -> bool:
+        answer = self.run("squeue", "--noheader", "--states=all", check=False)
+        states = [line.split()[4] for line in answer.stdout.splitlines() if line.split()]
+        return answer.returncode == 0 and any(state in ("R", "PD", "CG") for state in states)
+
     def stop(self) -> None:
         """Cancel every job, stop the daemons and leave no process of theirs behind."""
-        if self.daemons and self.daemons[0].poll() is None:
+        if self.daemons and all(daemon.poll() is None for daemon in self.daemons):
             self.run("scancel", "--full", "--partition", PARTITION, check=False)
+            # Let the jobs' slurmstepd end with them before their slurmd goes.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and self.jobs_left():
+                time.sleep(0.5)
         for daemon in reversed(self.daemons):
             stop_tree(daemon)
 
