@@ -89,7 +89,15 @@ async def stream_status(
                     if done():
                         await call.done_writing()
                         return
-            except (grpc.RpcError, ConnectionError, asyncio.TimeoutError) as exc:
+            # InvalidStateError: a write to a call the router already ended (the router went
+            # away between two statuses); like any lost stream, reconnect. Uncaught, it ended
+            # the reports for good and the supervisor's stop with a traceback (exit 1).
+            except (
+                grpc.RpcError,
+                ConnectionError,
+                asyncio.TimeoutError,
+                asyncio.InvalidStateError,
+            ) as exc:
                 text = (
                     f"{exc.code().name}: {exc.details()}"
                     if isinstance(exc, grpc.RpcError) and hasattr(exc, "code")

@@ -14,6 +14,7 @@ Started by the child server once it listens: ``handle = await start_tunnel(...)`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -424,7 +425,11 @@ class Tunnel:
             await asyncio.gather(body_task, return_exceptions=True)
             pool.put(connection)
             if self.closing:
-                call.cancel()
+                # Draining: half-close, and the router ends the stream once it has read the
+                # answer (serve() then sees the end). A cancel here could overtake the frames
+                # just written, and the last answer of a draining node was lost.
+                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                    await call.done_writing()
             else:
                 self.idle_calls[index] = call
 

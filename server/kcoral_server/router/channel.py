@@ -28,6 +28,7 @@ class Channel(Generic[T]):
         self._getter: asyncio.Future[None] | None = None
         self._putter: asyncio.Future[None] | None = None
         self.closed_reason: str | None = None
+        self._drain = False  # closed without discarding: get() hands out what is left first
 
     async def put(self, item: T) -> bool:
         """Wait for room and append; return False (dropping the item) if closed."""
@@ -41,22 +42,28 @@ class Channel(Generic[T]):
         return True
 
     async def get(self) -> T:
-        """Next item; after ``close`` the remaining items are discarded and this raises."""
+        """Next item; after ``close`` the remaining items are discarded (unless it was closed
+        with ``discard=False``: they come first) and this raises."""
         while not self._items:
             if self.closed_reason is not None:
                 raise ChannelClosed(self.closed_reason)
             self._getter = asyncio.get_running_loop().create_future()
             await self._getter
-        if self.closed_reason is not None:
+        if self.closed_reason is not None and not self._drain:
             raise ChannelClosed(self.closed_reason)
         item = self._items.popleft()
         self._wake("_putter")
         return item
 
-    def close(self, reason: str) -> None:
-        if self.closed_reason is None:
-            self.closed_reason = reason
-        self._items.clear()
+    def close(self, reason: str, *, discard: bool = True) -> None:
+        """No more puts; ``discard=False`` lets the consumer take the items already in (the
+        first close decides)."""
+        if self.closed_reason is not None:
+            return
+        self.closed_reason = reason
+        self._drain = not discard
+        if discard:
+            self._items.clear()
         self._wake("_getter")
         self._wake("_putter")
 

@@ -12,7 +12,12 @@ import grpc
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.frames import SERVICE, parse_frame, serialize_frame
-from kcoral_server.router.identity import PROTOCOL_VERSION, bearer_matches, is_valid_node_id
+from kcoral_server.router.identity import (
+    PROTOCOL_VERSION,
+    NodeGrant,
+    is_valid_node_id,
+    node_grant,
+)
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import SLOT_KEY_REFUSAL, Registry
 from kcoral_server.router.settings import RouterSettings
@@ -118,13 +123,35 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         # take the node's own series from it (EXTENSIONS §13); it never ends the stream.
         self.on_status = on_status
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> NodeGrant:
+        """The node ids the call's node token opens; ``UNAUTHENTICATED`` without one."""
         value = None
         for key, item in context.invocation_metadata() or ():
             if key == "authorization":
                 value = item
-        if not bearer_matches(value, self.settings.node_token):
+        grant = node_grant(value, self.settings.node_token, self.settings.node_tokens)
+        if grant is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing node token")
+        assert grant is not None  # abort raises
+        return grant
+
+    async def _check_grant(
+        self, context: grpc.aio.ServicerContext[Any, Any], grant: NodeGrant, node_id: str
+    ) -> None:
+        """ROUTER §3: a per-node token opens only its own node ids, for the supervisor
+        stream and the slots alike; another id is ``PERMISSION_DENIED`` (and a WARNING)."""
+        if grant.opens(node_id):
+            return
+        self.log.event(
+            "node_token_refused",
+            level="WARNING",
+            node=node_id,
+            peer=context.peer(),
+            message=f"the node token presented opens {grant}, not this one",
+        )
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED, f"this node token does not open node id {node_id}"
+        )
 
     async def _first(self, context: grpc.aio.ServicerContext[Message, Any]) -> Message | None:
         try:
@@ -134,7 +161,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no first message within 10 s")
 
     async def ConnectSupervisor(self, request_iterator: object, context: SupervisorContext) -> None:
-        await self._authenticate(context)
+        grant = await self._authenticate(context)
         first = await self._first(context)
         if first is None:
             return
@@ -142,6 +169,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         node_id = first.node_id
+        await self._check_grant(context, grant, node_id)
         stream = self.registry.attach_supervisor(node_id)
         if stream is None:
             # ROUTER §4.3: the id belongs to a live stream; the claimant gets no traffic.
@@ -194,7 +222,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             self.registry.detach_supervisor(stream)
 
     async def ConnectSlot(self, request_iterator: object, context: SlotContext) -> None:
-        await self._authenticate(context)
+        grant = await self._authenticate(context)
         first = await self._first(context)
         if first is None:
             return
@@ -207,6 +235,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             )
         if not is_valid_node_id(hello.node_id):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid node_id")
+        await self._check_grant(context, grant, hello.node_id)
         if not hello.server_instance_id or not hello.slot_id:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "server_instance_id and slot_id are required"

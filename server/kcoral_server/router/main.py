@@ -133,6 +133,7 @@ async def serve(settings: RouterSettings) -> int:
         grpc=url if settings.grpc_port is None else f"http://{host_port(settings.host, grpc_port)}",
         instance_id=state.instance_id,
         node_token="set" if settings.node_token else None,
+        node_tokens=len(settings.node_tokens.entries) if settings.node_tokens else None,
         client_token="set" if settings.auth_token else None,
     )
     if settings.auth_token is None and not ipaddress.ip_address(settings.host).is_loopback:
@@ -142,8 +143,10 @@ async def serve(settings: RouterSettings) -> int:
             host=settings.host,
             message="listening on a non-loopback address without client authentication",
         )
-    if settings.node_token is None and (
-        settings.auth_token is not None or not ipaddress.ip_address(settings.host).is_loopback
+    if (
+        settings.node_token is None
+        and settings.node_tokens is None
+        and (settings.auth_token is not None or not ipaddress.ip_address(settings.host).is_loopback)
     ):
         log.event(
             "unauthenticated_nodes",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens
+from kcoral_server.router.identity import NodeTokens, parse_node_tokens
 from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
 from kcoral_server.settings.config import declared_settings, setting
 
@@ -118,6 +120,10 @@ class RouterSettings:
         help="the token nodes must show (prefer env KCORAL_NODE_TOKEN)",
         secret=True,
     )
+    # ROUTER §3: the per-node tokens read from --node-token-file (a file, like the client
+    # token's, not a field), each opening only the node ids its line names: Slurm users who
+    # each held the one shared token could otherwise take each other's node ids.
+    node_tokens: NodeTokens | None = None
     # resolved by hand like node_token: an empty KCORAL_METRICS_TOKEN is refused
     metrics_token: str | None = setting(
         None,
@@ -170,7 +176,7 @@ class RouterSettings:
 
     def __repr__(self) -> str:  # never show the tokens
         fields = dict(self.__dict__)
-        for name in ("node_token", "auth_token", "metrics_token"):
+        for name in ("node_token", "auth_token", "metrics_token", "node_tokens"):
             fields[name] = None if fields[name] is None else "<redacted>"
         return "RouterSettings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
@@ -203,6 +209,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--auth-token-file",
         metavar="PATH",
         help="file holding the client token (or env KCORAL_AUTH_TOKEN)",
+    )
+    sections["nodes"].add_argument(
+        "--node-token-file",
+        metavar="PATH",
+        help="file of per-node tokens, lines 'NODE_ID TOKEN' ('PREFIX* TOKEN': every id with "
+        "that prefix); a token opens only its own node ids; mode 0600 or stricter",
     )
     return parser
 
@@ -240,6 +252,32 @@ def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
     return token
 
 
+def _node_tokens(path: str | None) -> NodeTokens | None:
+    """The per-node tokens of ``--node-token-file`` (ROUTER §3), refused where the file is
+    open to its group or others: whoever reads it may act as any node it lists, and whoever
+    writes it may add a node of their own."""
+    if path is None:
+        return None
+    if not path:
+        raise SettingsError("--node-token-file must not be empty")
+    try:
+        mode = os.stat(path).st_mode
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise SettingsError(f"--node-token-file cannot be read: {reason}") from None
+    if mode & 0o077:
+        raise SettingsError(
+            f"--node-token-file {path} is open to its group or others (mode "
+            f"{stat.S_IMODE(mode):04o}); make it readable by the router's user only: "
+            f"chmod 600 {path}"
+        )
+    try:
+        return parse_node_tokens(text)
+    except ValueError as exc:
+        raise SettingsError(f"--node-token-file: {exc}") from None
+
+
 def parse_router_args(
     argv: Sequence[str], environ: Mapping[str, str] | None = None
 ) -> RouterSettings:
@@ -267,8 +305,10 @@ def parse_router_args(
             f"refusing to listen on non-loopback address {args.host} without a client token; "
             "set --auth-token-file or KCORAL_AUTH_TOKEN, or pass --allow-unauthenticated"
         )
+    node_tokens = _node_tokens(args.node_token_file)
     if (
         token is None
+        and node_tokens is None
         and (auth_token is not None or not address.is_loopback)
         and not args.allow_unauthenticated_nodes
     ):
@@ -277,7 +317,8 @@ def parse_router_args(
         # (one user, one machine) may go without a node token.
         raise SettingsError(
             "refusing to accept nodes without a node token on a router that listens off "
-            "loopback or has a client token; set KCORAL_NODE_TOKEN (or --node-token), or "
+            "loopback or has a client token; set KCORAL_NODE_TOKEN (or --node-token, or "
+            "per-node tokens with --node-token-file), or "
             "pass --allow-unauthenticated-nodes"
         )
     for option, values, problem_of in (
@@ -318,6 +359,7 @@ def parse_router_args(
         **{
             **declared,
             "node_token": token,
+            "node_tokens": node_tokens,
             "auth_token": auth_token,
             "metrics_token": metrics_token,
         }

@@ -134,12 +134,14 @@ class RouterSlot:
             self._replies.close(reason)
         asyncio.get_running_loop().create_task(send_then_close())
 
-    def close(self, status: tuple[grpc.StatusCode, str] | None, reason: str) -> None:
+    def close(
+        self, status: tuple[grpc.StatusCode, str] | None, reason: str, *, discard: bool = True
+    ) -> None:
         if self.closed.is_set():
             return
         self.close_status = status
         if self._replies is not None:
-            self._replies.close(reason)
+            self._replies.close(reason, discard=discard)
         self.closed.set()
 
     # -- used by the gRPC servicer ---------------------------------------------------------
@@ -150,7 +152,10 @@ class RouterSlot:
             while not self.closed.is_set():
                 frame = await self.context.read()
                 if frame is grpc.aio.EOF:
-                    self.close(None, "tunnel_disconnected")
+                    # A draining node half-closes its slot after its last answer (SERVER
+                    # §12.5): the frames it sent before still reach the client; an answer
+                    # cut off before its ``end`` fails as before.
+                    self.close(None, "tunnel_disconnected", discard=False)
                     return
                 problem = self._check(frame)
                 if problem is not None:

@@ -1,0 +1,96 @@
+"""A node stopped with SIGTERM while a program runs on it delivers that program's answer.
+
+Found running nodes as Slurm jobs (issue 33, point 5; ``#SBATCH --signal=B:TERM@N`` drains a
+node before its time limit): the child's tunnel cancelled its slot stream right after writing
+the last answer's frames, and the router discarded the frames it had queued when the stream
+ended, so the client of the last program got a cut-off answer. Now a draining tunnel
+half-closes its slot and the router hands on what arrived before the stream's end. A real
+router process, real nodes (supervisor + CPU server) and the real client; the program waits
+for the test to let it go, so the stop always lands while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+
+from router_helpers import Node, http_request, ready_nodes, start_router
+
+import kcoral
+
+HOLD = """
+import time
+from pathlib import Path
+
+def hold(folder):
+    Path(folder, "started").write_text("")
+    while not Path(folder, "release").exists():
+        time.sleep(0.02)
+    return "answer " * 200
+"""
+
+
+def held_program(folder: Path) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=HOLD)
+    fn = program.get_function(module=module, name="hold")
+    program.return_(key="out", value=program.run(fn=fn, args=[str(folder)]))
+    return program
+
+
+def wait_until(condition: Any, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def test_the_program_running_on_a_node_stopped_with_sigterm_completes_for_its_client(
+    tmp_path: Path,
+) -> None:
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    try:
+        for round_ in range(3):  # the lost answer was a race: give it several chances
+            node = Node(tmp_path, router, f"n{round_}")
+            try:
+                ready_nodes(router, 1)
+                folder = tmp_path / f"held-{round_}"
+                folder.mkdir()
+                outcome: dict[str, Any] = {}
+
+                def run(folder: Path = folder, outcome: dict[str, Any] = outcome) -> None:
+                    try:
+                        with kcoral.Client(router.url) as client:
+                            outcome["result"] = client.execute(held_program(folder))
+                    except Exception as exc:  # shown by the assertion below
+                        outcome["error"] = exc
+
+                runner = threading.Thread(target=run)
+                runner.start()
+                wait_until((folder / "started").exists, "the program runs")
+                node.process.send_signal(signal.SIGTERM)
+
+                def unhealthy() -> bool:
+                    health = asyncio.run(http_request(router.port, "GET", "/health")).json()
+                    return health["load"]["request_capacity"] == 0
+
+                wait_until(unhealthy, "the router takes the node out")
+                assert runner.is_alive()
+                (folder / "release").write_text("")
+                runner.join(60)
+                assert "error" not in outcome, (outcome, node.log_path.read_text()[-3000:])
+                result = outcome["result"]
+                assert result.status == "COMPLETED" and result["out"] == "answer " * 200
+                assert node.process.wait(60) == 0
+            finally:
+                node.stop()
+        assert "tunnel_disconnected" not in router.log()
+    finally:
+        router.stop()
