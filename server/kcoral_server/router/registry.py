@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from kcoral.protocol.selector import Selector
+from kcoral.protocol.selector import Selector, format_selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.selection import serves
 from kcoral_server.router.settings import RouterSettings
@@ -453,11 +453,21 @@ def fleet_status(
         for label in n.labels.items():
             labels.setdefault(label, []).append(n)
 
+    # Each distinct selector once (up to --max-queued-requests waiters): the ready nodes it
+    # may go to, and how many waiters carry it.
+    wanted: dict[str, tuple[set[str], int]] = {}
+    for selector in queued:
+        key = format_selector(selector)
+        if key not in wanted:
+            wanted[key] = ({n.node_id for n in ready if serves(n, selector, default)}, 0)
+        wanted[key] = (wanted[key][0], wanted[key][1] + 1)
+
     def load(nodes: list[NodeRecord]) -> dict[str, Any]:
         seats = sum(len(n.current_slots()) for n in nodes)
         free = sum(len(n.idle_slots()) for n in nodes)
         stats = [n.lease_stats for n in nodes if n.lease_stats is not None]
-        waiting = sum(1 for s in queued if any(serves(n, s, default) for n in nodes))
+        ids = {n.node_id for n in nodes}
+        waiting = sum(count for served, count in wanted.values() if served & ids)
         waiting += sum(s.queued for s in stats)
         count = sum(s.count for s in stats)
         estimate = None
