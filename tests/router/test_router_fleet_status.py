@@ -116,6 +116,9 @@ def test_fleet_status_shows_seats_the_queue_and_an_estimate_once_programs_ran(
         )
         assert busy["seats"] == 1 and busy["free_seats"] == 0
         assert busy["recent_programs"] == 0 and busy["estimated_wait_seconds"] is None
+        # The router's metrics count the same waiter for the kind it waits for.
+        scraped = request(router.url, "GET", "/metrics").raw.decode()
+        assert 'kcoral_router_kind_queue_depth{kind="cpu"} 1.0' in scraped.splitlines()
         held.release()
 
         # The supervisor reports both programs; with the seat free the wait is 0.

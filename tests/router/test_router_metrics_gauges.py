@@ -18,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 class Waiting:
     waiting: int = 0
 
+    def queued_selectors(self) -> list[dict[str, str]]:
+        return []
+
 
 @dataclass
 class State:
