@@ -92,6 +92,36 @@ def start_router(
     raise RuntimeError("router did not start")
 
 
+async def rogue_slot(
+    router: RouterProcess, node_id: str, instance_id: str, *, token: str, slot_key: str
+) -> tuple[grpc.StatusCode, list[str]]:
+    """A slot a rogue opens under ``node_id`` with ``token`` and ``slot_key``: the status
+    its stream ends with and the payload kinds of the frames it received meanwhile."""
+    channel = open_channel(router.url)
+    received: list[str] = []
+    try:
+        call = pb_grpc.RouterGatewayStub(channel).ConnectSlot(metadata=auth_metadata(token))
+        hello = pb.SlotHello(
+            node_id=node_id,
+            server_instance_id=instance_id,
+            slot_id=str(uuid.uuid4()),
+            protocol_version=1,
+            slot_key=slot_key,
+        )
+        try:
+            await call.write(pb.SlotFrame(hello=hello))
+            while True:
+                frame = await asyncio.wait_for(call.read(), 30)
+                if frame is grpc.aio.EOF:
+                    break
+                received.append(frame.WhichOneof("payload"))
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), received
+        return await call.code(), received
+    finally:
+        await channel.close()
+
+
 @dataclass
 class Response:
     status: int

@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
 from pathlib import Path
 
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
-from kcoral_server.node.tunnel import auth_metadata, open_channel
+from kcoral_server.node.tunnel import open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
-from router_helpers import FakeNode, RouterProcess, http_request, start_router, wait_for_health
+from router_helpers import (
+    FakeNode,
+    RouterProcess,
+    http_request,
+    rogue_slot,
+    start_router,
+    wait_for_health,
+)
 
 NODE_TOKEN = "node-token-for-slot-tests"
 SLOT_KEY = "slot-key-only-the-nodes-own-child-holds"
@@ -35,33 +41,6 @@ def capacity(n: int):
 
 async def forged_answer(head: pb.RequestHead, body: bytes):
     return 500, [(b"content-type", b"text/plain")], b"FORGED BY ROGUE SLOT"
-
-
-async def rogue_slot(router: RouterProcess, node_id: str, instance_id: str, key: str):
-    """Open a slot as the rogue; return ``(status code, frames it received)``."""
-    channel = open_channel(router.url)
-    received: list[str] = []
-    try:
-        call = pb_grpc.RouterGatewayStub(channel).ConnectSlot(metadata=auth_metadata(NODE_TOKEN))
-        hello = pb.SlotHello(
-            node_id=node_id,
-            server_instance_id=instance_id,
-            slot_id=str(uuid.uuid4()),
-            protocol_version=1,
-            slot_key=key,
-        )
-        try:
-            await call.write(pb.SlotFrame(hello=hello))
-            while True:
-                frame = await asyncio.wait_for(call.read(), 30)
-                if frame is grpc.aio.EOF:
-                    break
-                received.append(frame.WhichOneof("payload"))
-        except grpc.aio.AioRpcError as exc:
-            return exc.code(), received
-        return await call.code(), received
-    finally:
-        await channel.close()
 
 
 def started_router(tmp_path: Path) -> RouterProcess:
@@ -80,7 +59,9 @@ def test_a_token_holder_who_knows_the_instance_id_but_not_the_slot_key_gets_no_s
         await real.start()
         await wait_for_health(router.port, capacity(2))
         for key in ("", "a-guessed-key", SLOT_KEY[:-1]):
-            code, received = await rogue_slot(router, "gpu-1", real.instance_id, key)
+            code, received = await rogue_slot(
+                router, "gpu-1", real.instance_id, token=NODE_TOKEN, slot_key=key
+            )
             assert code == grpc.StatusCode.PERMISSION_DENIED, (key, code)
             assert received == [], "the rogue slot was acknowledged or sent work"
         for _ in range(6):
@@ -107,7 +88,9 @@ def test_a_slot_opened_before_the_supervisor_announced_its_key_is_closed_and_get
     async def scenario() -> None:
         real = FakeNode(router.port, "gpu-1", slots=1, token=NODE_TOKEN, slot_key=SLOT_KEY)
         # The rogue is there first, naming the instance the real node is about to report.
-        early = asyncio.ensure_future(rogue_slot(router, "gpu-1", real.instance_id, ""))
+        early = asyncio.ensure_future(
+            rogue_slot(router, "gpu-1", real.instance_id, token=NODE_TOKEN, slot_key="")
+        )
         await asyncio.sleep(0.5)  # let its hello arrive; nothing below depends on timing
         await real.start()
         code, received = await asyncio.wait_for(early, 60)

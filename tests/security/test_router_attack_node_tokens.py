@@ -23,11 +23,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from kcoral_server.node.tunnel import auth_metadata, open_channel
-from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.identity import parse_node_tokens
 from kcoral_server.router.settings import SettingsError, parse_router_args
-from router_helpers import FakeNode, RouterProcess, http_request, start_router, wait_for_health
+from router_helpers import (
+    FakeNode,
+    RouterProcess,
+    http_request,
+    rogue_slot,
+    start_router,
+    wait_for_health,
+)
 
 TOKEN_A = "token-of-node-a-only"
 TOKEN_B = "token-of-node-b-only"
@@ -76,33 +82,6 @@ async def claim(router: RouterProcess, node_id: str, token: str) -> grpc.StatusC
         await channel.close()
 
 
-async def rogue_slot(router: RouterProcess, node_id: str, instance_id: str, token: str):
-    """A slot under ``node_id`` with the right instance id and slot key but ``token``."""
-    channel = open_channel(router.url)
-    received: list[str] = []
-    try:
-        call = pb_grpc.RouterGatewayStub(channel).ConnectSlot(metadata=auth_metadata(token))
-        hello = pb.SlotHello(
-            node_id=node_id,
-            server_instance_id=instance_id,
-            slot_id=str(uuid.uuid4()),
-            protocol_version=1,
-            slot_key=SLOT_KEY,
-        )
-        try:
-            await call.write(pb.SlotFrame(hello=hello))
-            while True:
-                frame = await asyncio.wait_for(call.read(), 30)
-                if frame is grpc.aio.EOF:
-                    break
-                received.append(frame.WhichOneof("payload"))
-        except grpc.aio.AioRpcError as exc:
-            return exc.code(), received
-        return await call.code(), received
-    finally:
-        await channel.close()
-
-
 def test_the_token_of_n_a_cannot_claim_the_id_of_an_absent_n_b(tmp_path: Path) -> None:
     router = started_router(tmp_path)
 
@@ -138,7 +117,9 @@ def test_the_token_of_n_a_cannot_open_slots_of_a_serving_n_b_even_with_its_slot_
         mine = FakeNode(router.port, "n-a", slots=1, token=TOKEN_A)
         await mine.start()  # n-a's own token opens n-a
         await wait_for_health(router.port, capacity(2))
-        code, received = await rogue_slot(router, "n-b", real.instance_id, TOKEN_A)
+        code, received = await rogue_slot(
+            router, "n-b", real.instance_id, token=TOKEN_A, slot_key=SLOT_KEY
+        )
         assert code == grpc.StatusCode.PERMISSION_DENIED
         assert received == [], "the rogue slot was acknowledged or sent work"
         # A second supervisor stream for the serving n-b is refused on the token too.
@@ -168,7 +149,9 @@ def test_a_prefix_line_opens_the_ids_with_its_prefix_and_no_others(tmp_path: Pat
         await wait_for_health(router.port, capacity(1))
         for other in ("slurm-bob-1", "n-a", "slurm-alic"):
             assert await claim(router, other, TOKEN_ALICE) == grpc.StatusCode.PERMISSION_DENIED
-        code, _ = await rogue_slot(router, "n-a", job.instance_id, TOKEN_ALICE)
+        code, _ = await rogue_slot(
+            router, "n-a", job.instance_id, token=TOKEN_ALICE, slot_key=SLOT_KEY
+        )
         assert code == grpc.StatusCode.PERMISSION_DENIED
         answer = await http_request(router.port, "POST", "/execute", b"x")
         assert answer.header("X-KCoral-Node") == "slurm-alice-4711-host1"
