@@ -9,6 +9,7 @@ cgroup) and the front-end ends a program whose sandbox directory passes
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 from kcoral_server.processes import sandbox
 from kcoral_server.processes.launch import MIN_TMPFS_BYTES, tmpfs_bytes_for
 from kcoral_server.settings.config import ServerConfig
-from kcoral_server.storage.workspace_watch import disk_usage
+from kcoral_server.storage import workspace_watch
+from kcoral_server.storage.workspace_watch import WorkspaceWatch, disk_usage
 from sandbox_helpers import execute, run_source
 from server_process import start_server
 
@@ -108,6 +110,22 @@ def test_disk_usage_counts_allocated_bytes_and_stops_early(tmp_path: Path) -> No
     used = disk_usage(tmp_path)
     assert 2 * MIB <= used < 3 * MIB
     assert disk_usage(tmp_path / "missing") == 0
+
+
+def test_a_program_that_ends_before_the_first_interval_costs_no_walk_of_its_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks: list[Path] = []
+    monkeypatch.setattr(workspace_watch, "disk_usage", lambda root, limit: walks.append(root) or 0)
+
+    async def short_program() -> None:
+        watch = WorkspaceWatch(tmp_path, MIB, None, lambda: None)
+        watch.start()
+        await asyncio.sleep(0)  # the watch task starts, then the program ends
+        await watch.stop()
+
+    asyncio.run(short_program())
+    assert walks == []
 
 
 def test_the_workspace_limit_is_one_flag_with_a_default() -> None:
