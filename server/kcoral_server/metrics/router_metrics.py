@@ -20,7 +20,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kcoral.protocol.selector import format_selector
 from kcoral_server.metrics.labels import (
     MAX_NAMED_KINDS,
     MAX_NAMED_NODES,
@@ -34,8 +33,7 @@ from kcoral_server.metrics.labels import (
 )
 from kcoral_server.metrics.node_relay import LiveNode, NodeRelay, RelayRefused, parse_node_metrics
 from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
-from kcoral_server.router.registry import READY
-from kcoral_server.router.selection import serves
+from kcoral_server.router.selection import ready_nodes, waiters_by_selector
 
 if TYPE_CHECKING:
     from kcoral_server.proto import kcoral_gateway_pb2 as pb
@@ -131,20 +129,16 @@ class RouterGauges(Collector):
 
     def _kind_queue(self, state: RouterState, kinds: set[str]) -> Metric:
         """Requests waiting at the router that a ready node of each kind could serve (one
-        that waits for ``zone=a`` counts for every kind with a node in zone a). Each distinct
-        selector is matched once: a full queue holds 1024 waiters."""
+        that waits for ``zone=a`` counts for every kind with a node in zone a)."""
         registry = state.registry
-        ready = [n for n in list(registry.nodes.values()) if n.connected and n.state == READY]
-        waiting: Tally[str] = Tally()
-        selectors: dict[str, dict[str, str]] = {}
-        for selector in state.admission.queued_selectors():
-            key = format_selector(selector)
-            waiting[key] += 1
-            selectors[key] = selector
+        ready = ready_nodes(registry)
+        kind_of = {n.node_id: self._kinds(n.kind) for n in ready}
+        waiters = waiters_by_selector(
+            ready, state.admission.queued_selectors(), registry.default_kind
+        )
         depth: Tally[str] = Tally({kind: 0 for kind in kinds})
-        for key, count in waiting.items():
-            default = registry.default_kind
-            for kind in {self._kinds(n.kind) for n in ready if serves(n, selectors[key], default)}:
+        for served, count in waiters:
+            for kind in {kind_of[node_id] for node_id in served}:
                 depth[kind] += count
         family = GaugeMetricFamily(
             "kcoral_router_kind_queue_depth",

@@ -10,9 +10,9 @@ from typing import Any
 
 import grpc
 
-from kcoral.protocol.selector import Selector, format_selector
+from kcoral.protocol.selector import Selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.selection import serves
+from kcoral_server.router.selection import ready_nodes, serves, waiters_by_selector
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
@@ -405,9 +405,7 @@ def fleet(registry: Registry) -> dict[str, list[dict[str, Any]]]:
     label, the default kind first."""
     kinds: dict[tuple[str, str, int], int] = {}
     labels: dict[tuple[str, str], int] = {}
-    for n in registry.nodes.values():
-        if not n.connected or n.state != READY:
-            continue
+    for n in ready_nodes(registry):
         key = (n.kind, n.arch, n.gpus)
         kinds[key] = kinds.get(key, 0) + 1
         for label in n.labels.items():
@@ -445,7 +443,7 @@ def fleet_status(
     free_seats) / seats`` times the mean time a recent program held its seat, at least 0,
     ``None`` without recent programs."""
     default = registry.default_kind
-    ready = [n for n in registry.nodes.values() if n.connected and n.state == READY]
+    ready = ready_nodes(registry)
     kinds: dict[tuple[str, str, int], list[NodeRecord]] = {}
     labels: dict[tuple[str, str], list[NodeRecord]] = {}
     for n in ready:
@@ -453,21 +451,14 @@ def fleet_status(
         for label in n.labels.items():
             labels.setdefault(label, []).append(n)
 
-    # Each distinct selector once (up to --max-queued-requests waiters): the ready nodes it
-    # may go to, and how many waiters carry it.
-    wanted: dict[str, tuple[set[str], int]] = {}
-    for selector in queued:
-        key = format_selector(selector)
-        if key not in wanted:
-            wanted[key] = ({n.node_id for n in ready if serves(n, selector, default)}, 0)
-        wanted[key] = (wanted[key][0], wanted[key][1] + 1)
+    wanted = waiters_by_selector(ready, queued, default)
 
     def load(nodes: list[NodeRecord]) -> dict[str, Any]:
         seats = sum(len(n.current_slots()) for n in nodes)
         free = sum(len(n.idle_slots()) for n in nodes)
         stats = [n.lease_stats for n in nodes if n.lease_stats is not None]
         ids = {n.node_id for n in nodes}
-        waiting = sum(count for served, count in wanted.values() if served & ids)
+        waiting = sum(count for served, count in wanted if served & ids)
         waiting += sum(s.queued for s in stats)
         count = sum(s.count for s in stats)
         estimate = None

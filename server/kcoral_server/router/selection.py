@@ -14,7 +14,8 @@ characters, 16 keys) before anything else reads it and only its canonical form i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from kcoral.protocol.selector import (
@@ -29,6 +30,14 @@ if TYPE_CHECKING:
 
 #: At most this many offers are named in a ``no_matching_node`` message.
 MAX_NAMED_OFFERS = 24
+#: ``registry.READY`` (the registry imports this module, so the word is spelled here too).
+_READY = "ready"
+
+
+def ready_nodes(registry: Registry) -> list[NodeRecord]:
+    """The connected ``ready`` nodes: the fleet that selectors, ``fleet`` and the metrics
+    describe."""
+    return [n for n in registry.nodes.values() if n.connected and n.state == _READY]
 
 
 def node_offers(node: NodeRecord) -> dict[str, str]:
@@ -61,10 +70,25 @@ def has_gpus(node: NodeRecord, gpu_count: int | None) -> bool:
 def offering_nodes(registry: Registry, selector: Selector) -> list[NodeRecord]:
     """The connected ``ready`` nodes a request with ``selector`` may go to, busy or not."""
     default = registry.default_kind
+    return [n for n in ready_nodes(registry) if serves(n, selector, default)]
+
+
+def waiters_by_selector(
+    nodes: Sequence[NodeRecord], queued: Iterable[Selector], default_kind: str | None
+) -> list[tuple[frozenset[str], int]]:
+    """The waiters ``queued`` (each one's selector, ``{}`` for the default kind) grouped by
+    selector: the ids of the ``nodes`` each may go to, and how many waiters carry it. Each
+    distinct selector is matched once (a full queue holds up to --max-queued-requests
+    waiters, read at every ``/v1/info`` and scrape)."""
+    counts: Counter[str] = Counter()
+    selectors: dict[str, Selector] = {}
+    for selector in queued:
+        key = format_selector(selector)
+        counts[key] += 1
+        selectors.setdefault(key, selector)
     return [
-        n
-        for n in registry.nodes.values()
-        if n.connected and n.state == "ready" and serves(n, selector, default)
+        (frozenset(n.node_id for n in nodes if serves(n, selectors[key], default_kind)), count)
+        for key, count in counts.items()
     ]
 
 
@@ -103,8 +127,8 @@ def fleet_offers(nodes: Iterable[NodeRecord]) -> str:
 
 def no_match_message(registry: Registry, selector: Selector) -> str:
     """The ``503 no_matching_node`` message: what was asked and what the fleet offers."""
-    ready = [n for n in registry.nodes.values() if n.connected and n.state == "ready"]
-    return f"no ready node offers the selector {format_selector(selector)}; {fleet_offers(ready)}"
+    offers = fleet_offers(ready_nodes(registry))
+    return f"no ready node offers the selector {format_selector(selector)}; {offers}"
 
 
 def selector_fits_session(node: NodeRecord | None, selector: Selector) -> str | None:
