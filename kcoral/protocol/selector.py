@@ -100,6 +100,19 @@ def format_selector(selector: Mapping[str, str]) -> str:
     return ",".join(f"{key}={selector[key]}" for key in sorted(selector))
 
 
+def offers(
+    labels: Mapping[str, str], *, gpu: str, arch: str, gpus: int, node: str
+) -> dict[str, str]:
+    """What a node offers a selector, as ``selector_matches`` reads it: its labels and the
+    built-in keys (``gpu``, ``arch`` and ``node`` only when known, ``gpus`` always)."""
+    offered = dict(labels)
+    for key, value in (("gpu", gpu), ("arch", arch), ("node", node)):
+        if value:
+            offered[key] = value
+    offered["gpus"] = str(gpus)
+    return offered
+
+
 def selector_matches(selector: Mapping[str, str], offered: Mapping[str, str]) -> bool:
     """Whether a node offering ``offered`` (its labels and built-in keys, values as text)
     fits ``selector``: ``gpus=N`` means at least N GPUs, every other key is equality."""

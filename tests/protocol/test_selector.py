@@ -8,6 +8,7 @@ from kcoral.protocol.selector import (
     SelectorError,
     as_selector,
     format_selector,
+    offers,
     parse_selector,
     selector_matches,
 )
@@ -55,3 +56,10 @@ def test_gpus_means_at_least_and_every_other_key_means_equal():
     assert not selector_matches({"gpu": "a100"}, node)
     assert not selector_matches({"rack": "r1"}, node)  # a label the node does not have
     assert selector_matches({}, node)
+
+
+def test_a_node_offers_its_labels_and_only_the_built_in_keys_it_knows():
+    known = offers({"zone": "eu"}, gpu="h100", arch="sm_90", gpus=8, node="n1")
+    assert known == {"zone": "eu", "gpu": "h100", "arch": "sm_90", "gpus": "8", "node": "n1"}
+    # A published supervisor's node reports no kind; a direct server may have no node id.
+    assert offers({}, gpu="", arch="", gpus=0, node="") == {"gpus": "0"}

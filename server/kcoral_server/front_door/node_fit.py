@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kcoral.protocol.selector import (
+    BUILT_IN_KEYS,
     INVALID_SELECTOR,
     NO_MATCHING_NODE,
     SELECTOR_MISMATCH,
     SelectorError,
     format_selector,
     header_selector,
+    offers,
     selector_matches,
     session_mismatch,
 )
@@ -40,14 +42,13 @@ def describe_offers(state: ServerState) -> dict[str, str]:
     """What this server offers a selector (the GPU probe of ``describe_node`` runs here on a
     GPU server: NVML or ``nvidia-smi``, never torch)."""
     kind = describe_node(state.mode, state.gpus)
-    offered = node_labels(state.config)
-    offered["gpu"] = kind.gpu
-    if kind.arch:
-        offered["arch"] = kind.arch
-    offered["gpus"] = str(state.gpu_count)
-    if state.config.node_id:
-        offered["node"] = state.config.node_id
-    return offered
+    return offers(
+        node_labels(state.config),
+        gpu=kind.gpu,
+        arch=kind.arch,
+        gpus=state.gpu_count,
+        node=state.config.node_id or "",
+    )
 
 
 def server_offers(state: ServerState) -> dict[str, str]:
@@ -59,7 +60,7 @@ def server_offers(state: ServerState) -> dict[str, str]:
 
 def offers_text(offered: dict[str, str]) -> str:
     """``gpu=cpu, gpus=0, pool=big``: the built-in keys first, then the labels."""
-    built_in = [k for k in ("gpu", "arch", "gpus", "node") if k in offered]
+    built_in = [k for k in BUILT_IN_KEYS if k in offered]
     labels = sorted(k for k in offered if k not in built_in)
     return ", ".join(f"{key}={offered[key]}" for key in [*built_in, *labels])
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from kcoral.protocol.selector import (
     Selector,
     format_selector,
+    offers,
     selector_matches,
     session_mismatch,
 )
@@ -43,14 +44,7 @@ def ready_nodes(registry: Registry) -> list[NodeRecord]:
 def node_offers(node: NodeRecord) -> dict[str, str]:
     """What ``node`` offers a selector: its labels and the built-in keys (a published
     supervisor's node reports no kind: it offers no ``gpu``/``arch``)."""
-    offered = dict(node.labels)
-    if node.kind:
-        offered["gpu"] = node.kind
-    if node.arch:
-        offered["arch"] = node.arch
-    offered["gpus"] = str(node.gpus)
-    offered["node"] = node.node_id
-    return offered
+    return offers(node.labels, gpu=node.kind, arch=node.arch, gpus=node.gpus, node=node.node_id)
 
 
 def serves(node: NodeRecord, selector: Selector, default_kind: str | None) -> bool:
