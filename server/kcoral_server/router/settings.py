@@ -232,17 +232,24 @@ def _given_or_default(args: argparse.Namespace) -> None:
         setattr(args, declared.name, value)
 
 
+def _read_file(flag: str, path: str) -> tuple[str, int]:
+    """The text and mode of the file ``flag`` names; ``SettingsError`` saying why not."""
+    if not path:
+        raise SettingsError(f"{flag} must not be empty")
+    try:
+        mode = os.stat(path).st_mode
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise SettingsError(f"{flag} cannot be read: {reason}") from None
+    return text, mode
+
+
 def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
     """The client token: from ``--auth-token-file`` (stripped), else ``KCORAL_AUTH_TOKEN``."""
     if path is None:
         return env.get("KCORAL_AUTH_TOKEN") or None
-    if not path:
-        raise SettingsError("--auth-token-file must not be empty")
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise SettingsError(f"--auth-token-file cannot be read: {reason}") from None
+    token = _read_file("--auth-token-file", path)[0].strip()
     if not token:
         raise SettingsError("--auth-token-file is empty")
     try:
@@ -258,14 +265,7 @@ def _node_tokens(path: str | None) -> NodeTokens | None:
     writes it may add a node of their own."""
     if path is None:
         return None
-    if not path:
-        raise SettingsError("--node-token-file must not be empty")
-    try:
-        mode = os.stat(path).st_mode
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise SettingsError(f"--node-token-file cannot be read: {reason}") from None
+    text, mode = _read_file("--node-token-file", path)
     if mode & 0o077:
         raise SettingsError(
             f"--node-token-file {path} is open to its group or others (mode "
