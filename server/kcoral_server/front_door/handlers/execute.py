@@ -229,8 +229,8 @@ class ExecuteHandler(BaseHandler):
     def refuse(self, refusal: Refusal) -> None:
         """Refuse the request and log its end: at once, or (a small body not read yet) once
         the body has arrived, read away (see the module's docstring)."""
-        if self.pending_refusal is not None or self._finished:
-            return  # refused already
+        if self.refused:
+            return
         declared = _content_length(self.request.headers.get("Content-Length"))
         if self.body_unread and declared is not None and 0 < declared <= DRAIN_BEFORE_REFUSING:
             self.pending_refusal = refusal
@@ -239,10 +239,9 @@ class ExecuteHandler(BaseHandler):
                 self.body = None
             timeout = float(self.state.config.body_timeout_seconds)
             loop = asyncio.get_running_loop()
-            self.drain_timer = loop.call_later(timeout, self._refuse_now)
+            self.drain_timer = loop.call_later(timeout, self._refuse_pending)
             return
-        self.pending_refusal = refusal
-        self._refuse_now()
+        self._answer_refusal(refusal)
 
     def answer_pending_refusal(self) -> bool:
         """The whole body has arrived: send the refusal waiting for it (the connection stays
@@ -250,16 +249,19 @@ class ExecuteHandler(BaseHandler):
         if self.pending_refusal is None:
             return False
         self.body_unread = False
-        self._refuse_now()
+        self._refuse_pending()
         return True
 
-    def _refuse_now(self) -> None:
+    def _refuse_pending(self) -> None:
+        """Send the waiting refusal: its body has arrived, or its deadline has passed."""
         refusal, self.pending_refusal = self.pending_refusal, None
         if self.drain_timer is not None:
             self.drain_timer.cancel()
             self.drain_timer = None
-        if self._finished or refusal is None:
-            return
+        if refusal is not None and not self._finished:
+            self._answer_refusal(refusal)
+
+    def _answer_refusal(self, refusal: Refusal) -> None:
         self.send_error_json(refusal.status, refusal.kind, refusal.message)
         self._log_refusal(refusal)
 
