@@ -1,4 +1,4 @@
-"""KCoral performance harness (issues 4, 22): one command, every measure, its baseline and target.
+"""KCoral performance harness (issues 4, 22, 31): every measure, its baseline and target.
 
     python benchmarks/perf.py [--quick] [--repeat N] [--json PATH] [--profile DIR]
                               [--configuration default|sandbox-none ...]
@@ -28,7 +28,9 @@ baseline right before its servers start, through the same urllib3 transport as
 * trivial round trip on 2 reused workers (``--num-workers 2 --max-requests-per-worker 0``),
   p50 <= 2x echo;
 * trivial round trip with a fresh worker per request (the default), spaced 100 ms, p50
-  <= 4x echo; the same server back to back (req/s, info);
+  <= 4x echo; the same server back to back: req/s (info), p50 <= 4x the reused p50 and
+  the median ``queue_ms`` the server reports <= 2 ms (each seat's next fresh worker is
+  started ahead, issue 31);
 * torch cell: a program whose module imports torch and makes a one-element tensor, on the
   fresh-worker server, alternating with the trivial programs above, p50 <= 1.3x trivial;
 * front-end CPU (user + system of the ``kcoral server`` process) <= 1 ms and worker CPU
@@ -48,10 +50,13 @@ Once per run: front-end peak RSS moving 200 MiB (first configuration), worker st
 (spawn vs preloaded fork, ``perf_workers.py``), raw loopback TCP / SHA-256 / memcpy speed,
 and the Ray peer row: a trivial actor method call (actor created once and warmed,
 ``ray.get(actor.f.remote())``, p50) under ``ray.init(num_cpus=2, include_dashboard=False)``,
-with the ratio KCoral reused trivial p50 / Ray p50. Ray is no project dependency and never
-enters the project's environment (it pins its own grpcio/protobuf): ``perf_ray.py`` runs in
-``--ray-python`` (default ``benchmarks/.ray-venv/bin/python``, created before anything is
-measured by ``setup_ray.sh`` when missing). When Ray cannot run, the row says why.
+with the ratio KCoral reused trivial p50 / Ray p50 (target <= 3x, default flags). When
+both configurations ran, "sandbox tax" rows give each main measure with default flags as a
+ratio of the same measure with ``--sandbox none`` (target <= 1.15x, issue 31). Ray is no
+project dependency and never enters the project's environment (it pins its own
+grpcio/protobuf): ``perf_ray.py`` runs in ``--ray-python`` (default
+``benchmarks/.ray-venv/bin/python``, created before anything is measured by
+``setup_ray.sh`` when missing). When Ray cannot run, the row says why.
 
 ``--quick`` uses tiny sizes and a few iterations, the default-flags configuration only and
 no Ray (a smoke test run by ``tests/benchmarks/``, not a measurement). ``--repeat N``
@@ -207,12 +212,14 @@ def measure_configuration(
         kc.trivial_round_trips(client, 2, spacing=0.5)
         spaced, torch = kc.alternating_round_trips(client, plan.spaced, plan.torch, spacing=0.1)
         log(f"[{name}] fresh worker per request: back to back")
-        rate = kc.back_to_back_rate(client, plan.back_to_back)
+        back = kc.back_to_back(client, plan.back_to_back)
     results["fresh"] = {
         "spaced_p50_seconds": kc.median(spaced),
         "spaced_p90_seconds": kc.p90(spaced),
         "torch_cell_p50_seconds": kc.median(torch),
-        "back_to_back_per_second": rate,
+        "back_to_back_per_second": back["per_second"],
+        "back_to_back_p50_seconds": back["p50_seconds"],
+        "back_to_back_queue_ms_median": back["queue_ms_median"],
     }
     return results
 
@@ -222,6 +229,7 @@ def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> li
     reused, fresh = results["reused"], results["fresh"]
     trivial, spaced = reused["trivial_p50_seconds"], fresh["spaced_p50_seconds"]
     torch = fresh["torch_cell_p50_seconds"]
+    back, queued = fresh["back_to_back_p50_seconds"], fresh["back_to_back_queue_ms_median"]
     cold, warm = reused["bytes_cold_seconds"], reused["bytes_warm_seconds"]
     tensor = reused["tensor_cold_seconds"]
     floor_cold, floor_warm = floors["bulk_cold_seconds"], floors["bulk_warm_seconds"]
@@ -241,6 +249,10 @@ def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> li
             f"trivial {ms(spaced)}", torch / spaced, "<= 1.3x trivial", judge(torch / spaced, 1.3)),
         Row(name, "trivial, fresh worker, back to back", f"{fresh['back_to_back_per_second']:.1f}"
             " req/s"),
+        Row(name, "trivial, fresh worker, back to back, p50", ms(back), f"reused {ms(trivial)}",
+            back / trivial, "<= 4x reused", judge(back / trivial, 4)),
+        Row(name, "queue_ms, fresh worker, back to back, median", f"{queued:.2f} ms",
+            "the wait for the seat's next worker", queued, "<= 2 ms", judge(queued, 2)),
         Row(name, "front-end CPU per trivial request", ms(frontend_cpu), f"wall {ms(wall)}",
             frontend_cpu / 1e-3, "<= 1 ms (1000 req/s)", judge(frontend_cpu, 1e-3)),
         Row(name, "worker CPU per trivial request", ms(worker_cpu), f"wall {ms(wall)}",
@@ -296,6 +308,7 @@ def measure(
         measured = measure_configuration(configuration, plan, log)
         results["configurations"][configuration.name] = measured
         rows += configuration_rows(configuration.name, measured, floors, plan)
+    rows += sandbox_tax_rows(results["configurations"])
 
     log("worker start: spawn vs preloaded fork")
     spawn = kc.median(workers.spawn_start_seconds(plan.starts))
@@ -327,7 +340,40 @@ def measure(
     return rows, results
 
 
+#: the rows compared across configurations (issue 31): default flags / --sandbox none
+SANDBOX_TAX_MEASURES = (
+    ("reused", "trivial_p50_seconds", "trivial round trip, reused workers, p50"),
+    ("fresh", "spaced_p50_seconds", "trivial, fresh worker, spaced 100 ms, p50"),
+    ("fresh", "back_to_back_p50_seconds", "trivial, fresh worker, back to back, p50"),
+    ("fresh", "torch_cell_p50_seconds", "torch cell, fresh worker, spaced 100 ms, p50"),
+    ("reused", "frontend_cpu_seconds_per_request", "front-end CPU per trivial request"),
+    ("reused", "worker_cpu_seconds_per_request", "worker CPU per trivial request"),
+    ("reused", "bytes_cold_seconds", "64 MiB bytes upload+return, cold"),
+    ("reused", "bytes_warm_seconds", "64 MiB bytes return, warm (cached)"),
+    ("reused", "tensor_cold_seconds", "64 MiB float32 tensor upload+return, cold"),
+)
+SANDBOX_TAX_TARGET = 1.15
+
+
+def sandbox_tax_rows(configurations: dict) -> list[Row]:
+    """Each measure with default flags as a ratio of the same measure with ``--sandbox
+    none``, same run (target <= 1.15x); nothing when either configuration did not run."""
+    default, bare = configurations.get("default"), configurations.get("sandbox-none")
+    if default is None or bare is None:
+        return []
+    rows = []
+    for group, key, measure in SANDBOX_TAX_MEASURES:
+        ours, reference = default[group][key], bare[group][key]
+        ratio = ours / reference if reference else float("inf")
+        rows.append(
+            Row("sandbox tax", measure, ms(ours), f"--sandbox none {ms(reference)}", ratio,
+                f"<= {SANDBOX_TAX_TARGET}x", judge(ratio, SANDBOX_TAX_TARGET))
+        )  # fmt: skip
+    return rows
+
+
 RAY_ROW = "Ray actor call round trip, p50 (peer)"
+RAY_TARGET = 3.0
 
 
 def ray_row_results(ray_python: Path | None, plan: Plan, log: Callable[[str], None]) -> dict:
@@ -381,7 +427,8 @@ def ray_row(ray: dict, kcoral_trivial: float, configuration: str) -> Row:
         ms(ray["p50_seconds"]),
         f"kcoral reused {ms(kcoral_trivial)} ({configuration})",
         kcoral_trivial / ray["p50_seconds"],
-        f"report: kcoral/ray (ray {ray['version']})",
+        f"kcoral/ray <= {RAY_TARGET:g}x (ray {ray['version']})",
+        judge(kcoral_trivial / ray["p50_seconds"], RAY_TARGET),
     )
 
 

@@ -196,11 +196,23 @@ def alternating_round_trips(
     return trivial_times, torch_times
 
 
-def back_to_back_rate(client: kcoral.Client, requests: int) -> float:
+def back_to_back(client: kcoral.Client, requests: int) -> dict[str, float]:
+    """Trivial programs one right after the other: the rate, the p50 round trip and the
+    median ``queue_ms`` the server reports (the wait for a seat's next fresh worker)."""
+    times: list[float] = []
+    queued: list[float] = []
     start = time.perf_counter()
     for _ in range(requests):
-        _check_trivial(client.execute(trivial_program()))
-    return requests / (time.perf_counter() - start)
+        sent = time.perf_counter()
+        result = client.execute(trivial_program())
+        times.append(time.perf_counter() - sent)
+        _check_trivial(result)
+        queued.append(result.queue_ms)
+    return {
+        "per_second": requests / (time.perf_counter() - start),
+        "p50_seconds": median(times),
+        "queue_ms_median": median(queued),
+    }
 
 
 def warm_up_workers(url: str, workers: int) -> None:

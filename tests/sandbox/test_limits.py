@@ -97,8 +97,9 @@ def test_a_server_config_has_limits_by_default_and_flags_win_over_the_environmen
     default = limits.limits_from_config(ServerConfig(), {}, seats=4)
     assert default.processes == limits.DEFAULT_PROCESS_LIMIT
     cache = ServerConfig().cache_capacity_bytes
-    # four stateless seats and the default session seat share the workers' memory
-    assert default.memory_bytes == limits.default_memory_limit(5, cache_bytes=cache)
+    # four stateless seats, their spare workers and the default session seat share the
+    # workers' memory
+    assert default.memory_bytes == limits.default_memory_limit(9, cache_bytes=cache)
     assert default.memory_cgroup_only  # never an address-space rlimit nobody asked for
     assert limits.limits_from_config(ServerConfig(), environ).processes == 64
     explicit = ServerConfig(worker_process_limit=0, worker_memory_limit_bytes=0)

@@ -90,8 +90,10 @@ def _memory_unenforced(server) -> str | None:
 
 
 def _expected() -> limits.WorkerLimits:
-    """What the server computes with its default flags (same machine, same defaults)."""
-    return limits.limits_from_config(ServerConfig(num_workers=3), {}, seats=3)
+    """What the server computes with its default limit flags (same machine, same defaults;
+    ``start_server`` reuses workers, so no seat keeps a spare)."""
+    config = ServerConfig(num_workers=3, max_requests_per_worker=0)
+    return limits.limits_from_config(config, {}, seats=3)
 
 
 # ---------------------------------------------------------------- units
@@ -106,10 +108,10 @@ def test_the_default_share_divides_what_the_reserve_leaves_over_every_seat() -> 
     share = limits.default_memory_limit(8, cache_bytes=2 * limits.GIB)
     share_bytes = max(workers // 8, min(workers, limits.MIN_DEFAULT_MEMORY_BYTES))
     assert share_bytes - 4096 < share <= share_bytes
-    # a spare worker per seat (issue 31) halves the share once it is counted
-    workers = limits.workers_memory_bytes()
-    share_bytes = max(workers // 128, min(workers, limits.MIN_DEFAULT_MEMORY_BYTES))
-    assert share_bytes - 4096 < limits.default_memory_limit(64, spare=1) <= share_bytes
+    # a spare worker per stateless seat (issue 31) counts as a worker of its own
+    assert limits.worker_seats(ServerConfig(max_sessions=0), 64) == 128
+    assert limits.worker_seats(ServerConfig(max_sessions=3, spare_workers=False), 64) == 67
+    assert limits.worker_seats(ServerConfig(max_sessions=3, max_requests_per_worker=0), 64) == 67
 
 
 def test_a_small_machine_keeps_a_reserve_and_its_floor_never_exceeds_the_workers_memory() -> None:
@@ -125,8 +127,9 @@ def test_session_seats_count_in_the_default_share() -> None:
     one = limits.limits_from_config(ServerConfig(max_sessions=0), {}, seats=2)
     more = limits.limits_from_config(ServerConfig(max_sessions=6), {}, seats=2)
     cache = ServerConfig().cache_capacity_bytes
-    assert one.memory_bytes == limits.default_memory_limit(2, cache_bytes=cache)
-    assert more.memory_bytes == limits.default_memory_limit(8, cache_bytes=cache)
+    # two stateless seats, each with its spare worker, and the session seats
+    assert one.memory_bytes == limits.default_memory_limit(4, cache_bytes=cache)
+    assert more.memory_bytes == limits.default_memory_limit(10, cache_bytes=cache)
     assert one.all_workers_memory_bytes == limits.workers_memory_bytes(cache)
     # an explicit share is still held by the workers' parent; 0 turns memory limits off
     explicit = limits.limits_from_config(ServerConfig(worker_memory_limit_bytes=1 << 40), {})

@@ -13,11 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import replacement as pool_replacement
 from kcoral_server.pool import startup as pool_startup
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.queue import NoWorker
-from kcoral_server.pool.seat import SeatState
+from kcoral_server.pool.seat import GpuDevice, Seat, SeatState
 from kcoral_server.processes import cgroups, ipc
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.start import WorkerInfo, WorkerStartError
@@ -79,8 +80,9 @@ class StandInWorker:
         self.lease = StandInLease(gpu_ids)
         self.channel = StandInChannel()
         self.pid = next(_PIDS)
-        self.identity: str | None = None
+        self._identity: str | None = None
         self.info: WorkerInfo | None = None
+        self.launches = 0
         self.killed = False
         self.stopped = False
         self.cleanup_unconfirmed: str | None = None
@@ -88,6 +90,19 @@ class StandInWorker:
     @property
     def gpu_ids(self) -> list[int]:
         return self.lease.gpu_ids
+
+    @property
+    def identity(self) -> str | None:
+        """As a real handle's: its seat sandbox's, when it has one."""
+        sandbox = self.options.get("seat_sandbox")
+        return sandbox.identity if sandbox is not None else self._identity
+
+    @identity.setter
+    def identity(self, name: str | None) -> None:
+        self._identity = name
+        sandbox = self.options.get("seat_sandbox")
+        if sandbox is not None:
+            sandbox.identity = name
 
     @property
     def gone(self) -> WorkerGone | None:
@@ -98,9 +113,16 @@ class StandInWorker:
         return self.lease.request_id
 
     async def start(self) -> WorkerInfo:
+        await self.launch()
+        return await self.configure()
+
+    async def launch(self) -> None:
+        self.launches += 1
         if StandInWorker.fail_starts:
             StandInWorker.fail_starts -= 1
             raise WorkerStartError("stand-in refuses to start")
+
+    async def configure(self) -> WorkerInfo:
         self.info = WorkerInfo(self.pid, {"arch": "x86_64"}, {"python": "3"})
         return self.info
 
@@ -137,17 +159,32 @@ def _no_host_side_effects(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_pool(
-    test: Callable[[Pool, Events], Awaitable[None]], *, workers: int = 1, reuse: int = 0
+    test: Callable[[Pool, Events], Awaitable[None]],
+    *,
+    workers: int = 1,
+    reuse: int = 0,
+    sandbox: str = "none",
+    mode: str = "cpu",
+    events: Events | None = None,
+    worker: type[StandInWorker] = StandInWorker,
 ) -> Events:
-    """Start a CPU pool of stand-ins, run ``test`` on it, close it; the events logged."""
-    events = Events()
+    """Start a pool of stand-ins (CPU, or ``fake-gpu`` on one GPU), run ``test`` on it,
+    close it; the events logged."""
+    events = events if events is not None else Events()
 
     async def main() -> None:
         config = ServerConfig(
-            num_workers=workers, max_requests_per_worker=reuse, sandbox="none", log_dir=""
+            num_workers=workers, max_requests_per_worker=reuse, sandbox=sandbox, log_dir=""
         )
+        gpus = [GpuDevice(0)] if mode != "cpu" else []
         pool = Pool(
-            mode="cpu", gpus=[], config=config, events=events, arbiter=None, worker=StandInWorker
+            mode=mode,
+            gpus=gpus,
+            config=config,
+            events=events,
+            arbiter=LeaseArbiter([0]) if gpus else None,
+            sandbox=sandbox,
+            worker=worker,
         )
         await pool.start()
         try:
@@ -160,9 +197,15 @@ def run_pool(
 
 
 async def settled(pool: Pool) -> None:
-    """Until no seat is replacing a worker or waiting for it to report clean."""
+    """Until no seat is replacing a worker, waiting for it to report clean or starting its
+    spare."""
     for _ in range(200):
-        pending = [s.replacement for s in pool.seats if s.replacement and not s.replacement.done()]
+        pending = [
+            task
+            for s in pool.seats
+            for task in (s.replacement, s.spare_start)
+            if task is not None and not task.done()
+        ]
         if not pending:
             return
         await asyncio.wait(pending, timeout=1)
@@ -353,3 +396,132 @@ def test_seats_fill_from_the_least_loaded_and_the_pool_starts_without_failed_wor
             pool.release(two, None)
 
     run_pool(test, workers=2)
+
+
+# ---------------------------------------------------------------- spare workers (issue 31)
+
+
+async def one_program(pool: Pool, identity: str = "alice") -> Seat:
+    """Check out a seat, serve ``identity`` and hand it back as a finished program."""
+    async with pool.checkout(1.0) as seat:
+        await pool.serve_identity(seat, identity)
+        pool.release(seat, pool.retirement(seat, None))
+    await settled(pool)
+    return seat
+
+
+def test_a_seat_of_one_program_workers_takes_over_its_spare_after_the_old_is_gone() -> None:
+    class Watch(Events):
+        """At each take-over: was the worker it replaces already killed?"""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool: Pool | None = None
+            self.old_killed: list[bool] = []
+
+        def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
+            if event == "worker_ready" and fields.get("started_ahead"):
+                assert self.pool is not None
+                self.old_killed.append(all(w.killed for w in retired))
+            super().emit(event, level, **fields)
+
+    retired: list[Any] = []
+    watch = Watch()
+
+    async def test(pool: Pool, events: Events) -> None:
+        watch.pool = pool
+        await settled(pool)
+        seat = pool.seats[0]
+        first, spare = seat.worker, seat.spare
+        assert spare is not None and spare is not first and spare.info is not None
+        for _ in range(3):
+            retired.append(seat.worker)
+            await one_program(pool)
+            assert seat.worker is spare and seat.state is SeatState.IDLE
+            assert seat.spare is not None and seat.spare is not seat.worker
+            spare = seat.spare
+        assert seat.generation == 4 and seat.worker.generation == 4  # type: ignore[union-attr]
+        assert [r["reason"] for r in events.named("worker_retired")] == ["request_limit"] * 3
+
+    run_pool(test, reuse=1, events=watch)
+    assert watch.old_killed == [True, True, True]  # never two workers for one program
+
+
+def test_a_reused_worker_or_no_spare_workers_keeps_no_spare() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await one_program(pool)
+        assert pool.seats[0].spare is None and pool.seats[0].spare_start is None
+
+    run_pool(test, reuse=0)
+    run_pool(test, reuse=2)
+
+
+def test_a_gpu_seats_spare_is_launched_ahead_but_configured_only_when_it_takes_over() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        spare = seat.spare
+        assert spare is not None and spare.launches == 1 and spare.info is None  # no CUDA yet
+        await one_program(pool)
+        assert seat.worker is spare and spare.info is not None
+
+    run_pool(test, reuse=1, mode="fake-gpu")
+
+
+def test_a_spare_lives_in_the_other_sandbox_and_serves_only_what_its_identity_allows() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        first_box = seat.sandbox
+        assert first_box is not None and seat.spare_sandbox not in (None, first_box)
+        await one_program(pool, "alice")  # alice ran in the first sandbox
+        assert seat.sandbox is not first_box and seat.spare_sandbox is first_box
+        await one_program(pool, "bob")  # a spare from a sandbox nobody used: bob's now
+        assert first_box.identity == "alice" and seat.sandbox is first_box  # alice's again
+        taken = seat.worker
+        async with pool.checkout(1.0) as seat:
+            await pool.serve_identity(seat, "bob")  # alice's HOME and caches: never bob's
+            assert seat.worker is not taken and seat.worker.identity == "bob"  # type: ignore[union-attr]
+            assert taken is not None and taken.killed and seat.sandbox is not first_box
+            pool.release(seat, pool.retirement(seat, None))
+        await settled(pool)
+        retired = [r["reason"] for r in events.named("worker_retired")]
+        assert retired == ["request_limit", "request_limit", "identity", "request_limit"]
+
+    run_pool(test, reuse=1, sandbox="bubblewrap")
+
+
+def test_shutdown_ends_spares_and_spares_still_starting() -> None:
+    made: list[Any] = []
+    seats: list[Seat] = []
+
+    class Recorded(StandInWorker):
+        def __init__(self, **options: Any) -> None:
+            super().__init__(**options)
+            made.append(self)
+
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seats.extend(pool.seats)
+        await one_program(pool)
+        async with pool.checkout(1.0) as seat:
+            pool.release(seat, pool.retirement(seat, None))
+        await asyncio.sleep(0)  # the next spare is starting when the pool closes
+
+    run_pool(test, reuse=1, worker=Recorded)
+    assert len(made) >= 3 and all(worker.killed for worker in made)
+    assert all(seat.spare is None for seat in seats)
+    assert all(seat.spare_start is None or seat.spare_start.done() for seat in seats)
+
+
+def test_a_spare_that_fails_to_start_is_logged_and_the_seat_starts_a_worker_as_before() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        seat.spare.die()  # type: ignore[union-attr]
+        await one_program(pool)
+        assert seat.state is SeatState.IDLE and seat.worker is not None
+        assert seat.worker.gone is None
+        assert [r["phase"] for r in events.named("worker_failed")] == ["respawn"]
+
+    run_pool(test, reuse=1)

@@ -35,28 +35,38 @@ class HandleMaker:
     def gpu_device(self, gpu_id: int | None) -> GpuDevice | None:
         return next((g for g in self.gpus if g.id == gpu_id), None)
 
-    def for_seat(self, seat: Seat, transient: bool | None = None) -> WorkerHandle:
-        """The seat's next worker (a new generation), on the seat's GPU. ``transient`` (by
-        default: one request per worker) makes it exit right after its outcome instead of
-        cleaning up for a next program it will never get (the pipeline waits for that
-        exit)."""
+    def for_seat(self, seat: Seat, *, spare: bool = False) -> WorkerHandle:
+        """The seat's next worker (a new generation), on the seat's GPU, in the seat's
+        sandbox. It is transient when every worker serves one request: it exits right after
+        its outcome instead of cleaning up for a next program it will never get (the
+        pipeline waits for that exit).
+
+        ``spare``: the worker started ahead for the seat's next program (``Pool``), in the
+        seat's other sandbox; its generation is the next one, and becomes the seat's when
+        it takes over."""
         gpu = self.gpu_device(seat.gpu_id)
-        seat.generation += 1
+        generation = seat.generation + 1
+        if not spare:
+            seat.generation = generation
         gpu_ids = [gpu.id] if gpu else []
-        if self.sandbox == "bubblewrap" and seat.sandbox is None:
-            seat.sandbox = SeatSandbox(
+        sandbox = seat.spare_sandbox if spare else seat.sandbox
+        if self.sandbox == "bubblewrap" and sandbox is None:
+            sandbox = SeatSandbox(
                 config=self.config, device=self.mode, gpu_ids=gpu_ids, seats=self.seats
             )
-        if transient is None:
-            transient = self.config.max_requests_per_worker == 1
+            if spare:
+                seat.spare_sandbox = sandbox
+            else:
+                seat.sandbox = sandbox
         return self.make(
             **self._shared(seat),
+            generation=generation,
             gpu_ids=gpu_ids,
             gpu_uuids=[gpu.uuid] if gpu and gpu.uuid else [],
-            transient=transient,
+            transient=self.config.max_requests_per_worker == 1,
             on_gone=self.on_gone,
             seats=self.seats,
-            seat_sandbox=seat.sandbox,
+            seat_sandbox=sandbox,
         )
 
     def for_session(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
@@ -80,6 +90,7 @@ class HandleMaker:
         uuids = [gpu.uuid for gpu in gpus]
         return self.make(
             **self._shared(seat),
+            generation=seat.generation,
             gpu_ids=gpu_ids,
             gpu_uuids=uuids if all(uuids) else [],  # ids alone when any UUID is unknown
             transient=False,
@@ -92,12 +103,17 @@ class HandleMaker:
         """A transient worker for a GPU-set request that borrowed ``seat``; it leases its
         GPUs (``WorkerHandle.take_gpu_set``) before it starts, and is killed while holding
         them."""
-        return self.make(**self._shared(seat), gpu_ids=[], gpu_uuids=[], transient=True)
+        return self.make(
+            **self._shared(seat),
+            generation=seat.generation,
+            gpu_ids=[],
+            gpu_uuids=[],
+            transient=True,
+        )
 
     def _shared(self, seat: Seat) -> dict[str, Any]:
         return {
             "seat_id": seat.id,
-            "generation": seat.generation,
             "device": self.mode,
             "arbiter": self.arbiter,
             "sandbox": self.sandbox,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import retirement as pool_retirement
@@ -36,10 +37,11 @@ from kcoral_server.pool.seat import (
     seats_for,
 )
 from kcoral_server.pool.shutdown import close_seats
-from kcoral_server.pool.startup import common_target, prepare_host
+from kcoral_server.pool.spares import SpareWorkers
+from kcoral_server.pool.startup import common_target, emit_ready, prepare_host
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
-from kcoral_server.processes.start import WorkerStartError
+from kcoral_server.processes.start import WorkerInfo, WorkerStartError
 from kcoral_server.settings.config import ServerConfig
 from kcoral_server.storage.event_log import EventLog
 
@@ -92,6 +94,8 @@ class Pool:
             seats=len(self.seats),
             on_gone=self._on_worker_gone,
         )
+        #: each stateless seat's next worker, started ahead (SERVER §6)
+        self.spares = SpareWorkers(self)
 
     # ------------------------------------------------------------------ counters
 
@@ -149,21 +153,18 @@ class Pool:
             seat.worker = None
             seat.state = SeatState.FAILED
             return False
-        seat.worker = handle
-        seat.served = 0
-        gpu = self.handles.gpu_device(seat.gpu_id)
-        self.events.emit(
-            "worker_ready",
-            worker_id=seat.id,
-            gpu_id=seat.gpu_id,
-            generation=seat.generation,
-            pid=info.pid,
-            device=info.device_uuid or (gpu.uuid if gpu and gpu.uuid else self.mode),
-            arch=info.target.get("arch"),
-        )
+        self._occupy(seat, handle, info)
         if idle:
             self._make_idle(seat)
         return True
+
+    def _occupy(self, seat: Seat, handle: WorkerHandle, info: WorkerInfo, **fields: Any) -> None:
+        """``handle``, ready, becomes the seat's worker (``worker_ready``); a spare starts."""
+        seat.worker = handle
+        seat.served = 0
+        gpu = self.handles.gpu_device(seat.gpu_id)
+        emit_ready(self.events, seat, info, gpu, self.mode, **fields)
+        self.spares.keep(seat)
 
     # ------------------------------------------------------------------ assignment
 
@@ -319,13 +320,13 @@ class Pool:
         if self.quarantine_reason is not None:
             seat.state = SeatState.QUARANTINED  # nothing is admitted any more: nothing to serve
             return
-        await start_with_backoff(
-            seat,
-            reason,
-            lambda: self._start_seat(seat, phase="respawn"),
-            lambda: self.closing,
-            self.events,
-        )
+        taken = await self.spares.take(seat)
+        if taken is not None:  # the seat's next worker was started ahead: ready now
+            self._occupy(seat, *taken, started_ahead=True)
+            self._make_idle(seat)
+            return
+        start = lambda: self._start_seat(seat, phase="respawn")  # noqa: E731
+        await start_with_backoff(seat, reason, start, lambda: self.closing, self.events)
 
     # ------------------------------------------------------------------ ending workers
 

@@ -57,6 +57,14 @@ class Seat:
     sandbox: SeatSandbox | None = field(default=None, repr=False)
     #: a session's seat (EXTENSIONS §11): outside ``seats``; the session takes each release
     pinned: Callable[[str | None], None] | None = field(default=None, repr=False)
+    #: the worker started ahead for the seat's next program (``Pool`` keeps one per stateless
+    #: seat when every worker serves one program, SERVER §6): launched while the current
+    #: worker runs, in the seat's other sandbox, and configured (CUDA) only when it takes over
+    spare: WorkerHandle | None = field(default=None, repr=False)
+    spare_start: asyncio.Task | None = field(default=None, repr=False)
+    #: under bubblewrap: the sandbox of the spare, never the running program's; the two
+    #: change places when the spare takes over
+    spare_sandbox: SeatSandbox | None = field(default=None, repr=False)
 
 
 def seats_for(

@@ -1,5 +1,6 @@
-"""Closing a pool: replacements cancelled, then every worker stopped politely within the
-time left, else killed under its lease, then the seats' sandboxes closed (SERVER.md §12)."""
+"""Closing a pool: replacements and spare starts cancelled, then every worker stopped
+politely within the time left, else killed under its lease (spares, which ran nothing, are
+killed), then the seats' sandboxes closed (SERVER.md §12)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ async def close_seats(
     """Close every seat within about ``timeout`` seconds: ``stop`` (polite, given the time
     left) each live worker, ``kill`` those that do not exit and those already gone."""
     replacing = [
-        seat.replacement
+        task
         for seat in seats
-        if seat.replacement is not None and not seat.replacement.done()
+        for task in (seat.replacement, seat.spare_start)
+        if task is not None and not task.done()
     ]
     for task in replacing:
         task.cancel()
@@ -33,6 +35,9 @@ async def close_seats(
     async def close_seat(seat: Seat) -> None:
         handle = seat.worker
         seat.state = SeatState.CLOSED
+        spare, seat.spare = seat.spare, None
+        if spare is not None:  # it ran nothing: nothing to wait for
+            await kill(spare)
         if handle is None:
             return
         if handle.gone is None:
@@ -42,7 +47,9 @@ async def close_seats(
         await kill(handle)
 
     await asyncio.gather(*(close_seat(seat) for seat in seats), return_exceptions=True)
-    sandboxes = [seat.sandbox for seat in seats if seat.sandbox is not None]
+    sandboxes = [
+        box for seat in seats for box in (seat.sandbox, seat.spare_sandbox) if box is not None
+    ]
     if sandboxes:  # their fork servers exit now that their workers have
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, box.close) for box in sandboxes))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kcoral_server.pool.seat import Seat
+from kcoral_server.pool.seat import GpuDevice, Seat
 from kcoral_server.processes import cgroups, limits
+from kcoral_server.processes.start import WorkerInfo
 from kcoral_server.settings.config import ServerConfig
 from kcoral_server.storage.event_log import EventLog
 from kcoral_server.storage.workspace import remove_stale_workspaces
@@ -49,3 +50,20 @@ def common_target(ready: list[Seat]) -> tuple[dict[str, Any], dict[str, Any]]:
     if len(arches) > 1:
         raise PoolStartError(f"GPUs report different architectures: {sorted(arches, key=str)}")
     return dict(infos[0].target), dict(infos[0].versions)
+
+
+def emit_ready(
+    events: EventLog, seat: Seat, info: WorkerInfo, gpu: GpuDevice | None, mode: str, **fields: Any
+) -> None:
+    """The ``worker_ready`` event (SERVER.md §13) of ``seat``'s new worker in a ``mode``
+    pool; ``fields`` add to it (``started_ahead``: a spare took over, SERVER §6)."""
+    events.emit(
+        "worker_ready",
+        worker_id=seat.id,
+        gpu_id=seat.gpu_id,
+        generation=seat.generation,
+        pid=info.pid,
+        device=info.device_uuid or (gpu.uuid if gpu and gpu.uuid else mode),
+        arch=info.target.get("arch"),
+        **fields,
+    )

@@ -57,6 +57,21 @@ def event_fields(handle: WorkerHandle) -> dict[str, Any]:
     }
 
 
+def configure_message(handle: WorkerHandle) -> ipc.Configure:
+    """What ``handle``'s worker is told to be (its first message)."""
+    return ipc.Configure(
+        worker_id=handle.seat_id,
+        generation=handle.generation,
+        device=handle.device,
+        gpu_ids=handle.gpu_ids,
+        gpu_uuids=handle.gpu_uuids,
+        sandbox=handle.sandbox,
+        log_programs=handle.log_programs,
+        allowed_serialization=handle.allowed_serialization,
+        transient=handle.transient,
+    )
+
+
 class WorkerHandle:
     """One worker process of a seat (or a transient GPU-set worker)."""
 
@@ -201,6 +216,12 @@ class WorkerHandle:
 
     async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> WorkerInfo:
         """Launch the process and wait for ``WorkerReady`` (lease requests are served)."""
+        await self.launch()
+        return await self.configure(timeout)
+
+    async def launch(self) -> None:
+        """Start the process (fork, spawn, seat sandbox); until ``configure`` it imports
+        nothing more, initialises no GPU and runs no program (a spare worker, SERVER §6)."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             await self.os_process.launch(self._launch_spec, child.fileno())
@@ -214,20 +235,13 @@ class WorkerHandle:
         self._exit_watch = asyncio.ensure_future(
             watch_exit(self.process, self.channel.process_exited, self._exit_event)
         )
-        self.send(
-            ipc.Configure(
-                worker_id=self.seat_id,
-                generation=self.generation,
-                device=self.device,
-                gpu_ids=self.gpu_ids,
-                gpu_uuids=self.gpu_uuids,
-                sandbox=self.sandbox,
-                log_programs=self.log_programs,
-                allowed_serialization=self.allowed_serialization,
-                transient=self.transient,
-            )
-        )
+
+    async def configure(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> WorkerInfo:
+        """Send ``Configure`` to the launched worker and wait for ``WorkerReady``: a GPU
+        worker initialises CUDA now, under the lease (SERVER §6 step 4)."""
+        assert self.process is not None, "configure follows launch"
         try:
+            self.send(configure_message(self))
             message, fds = await self.channel.receive(timeout)
         except (asyncio.TimeoutError, TimeoutError):
             raise WorkerStartError("worker start-up timed out") from None

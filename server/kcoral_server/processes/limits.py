@@ -59,8 +59,6 @@ GIB = 1024**3
 # sixteenth of the memory, between 1 and 4 GiB.
 MIN_MEMORY_RESERVE_BYTES = GIB
 MAX_MEMORY_RESERVE_BYTES = 4 * GIB
-# Spare workers started ahead per seat (issue 31); counted in the share once they exist.
-SPARE_WORKERS_PER_SEAT = 0
 # Set in a worker's environment by the front-end:
 MEMORY_LIMIT_ENV = "KCORAL_WORKER_MEMORY_LIMIT_BYTES"  # the limit, for messages
 MEMORY_RLIMIT_ENV = "KCORAL_WORKER_MEMORY_RLIMIT"  # "AS" or "DATA" when the worker enforces it
@@ -104,27 +102,33 @@ def _whole_pages(size: int) -> int:
     return size - size % resource.getpagesize()
 
 
-def default_memory_limit(
-    seats: int, spare: int = SPARE_WORKERS_PER_SEAT, cache_bytes: int = 0
-) -> int:
+def default_memory_limit(seats: int, cache_bytes: int = 0) -> int:
     """One worker's default memory share: the workers' memory divided over ``seats`` (every
-    seat that can hold a worker: stateless and session seats) and their ``spare`` workers
-    each, at least 4 GiB unless the workers' memory is smaller (then all of it). Together
-    the workers stay within their parent limit; one worker gets its fair share, which a real
-    program stays within (0: memory unknown). ``cache_bytes``: the front-end's memory
-    cache, which the reserve keeps out of the workers' reach."""
+    worker that can be alive at once: ``worker_seats``), at least 4 GiB unless the workers'
+    memory is smaller (then all of it). Together the workers stay within their parent limit;
+    one worker gets its fair share, which a real program stays within (0: memory unknown).
+    ``cache_bytes``: the front-end's memory cache, which the reserve keeps out of the
+    workers' reach."""
     memory = workers_memory_bytes(cache_bytes)
     if not memory:
         return 0
-    workers = max(1, seats) * (1 + max(0, spare))
-    return _whole_pages(max(memory // workers, min(memory, MIN_DEFAULT_MEMORY_BYTES)))
+    return _whole_pages(max(memory // max(1, seats), min(memory, MIN_DEFAULT_MEMORY_BYTES)))
+
+
+def keeps_spare_workers(config: Any) -> bool:
+    """Whether each stateless seat keeps a spare worker started ahead (SERVER §6): every
+    worker serves one program and ``--no-spare-workers`` is not given."""
+    return getattr(config, "max_requests_per_worker", 1) == 1 and bool(
+        getattr(config, "spare_workers", False)
+    )
 
 
 def worker_seats(config: Any, stateless_seats: int) -> int:
-    """Every seat that can hold a worker at once: the pool's stateless seats and its session
-    seats (``--max-sessions``)."""
+    """Every worker that can be alive at once, each a memory share: the pool's stateless
+    seats (twice, when each keeps a spare) and its session seats (``--max-sessions``)."""
     sessions = getattr(config, "max_sessions", 0) or 0
-    return max(1, stateless_seats + int(sessions))
+    per_seat = 2 if keeps_spare_workers(config) else 1
+    return max(1, stateless_seats * per_seat + int(sessions))
 
 
 _MISSING = object()

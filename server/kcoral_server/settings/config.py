@@ -244,6 +244,16 @@ class ServerConfig:
         help="programs a worker runs before a fresh one replaces it; 0 = reuse without limit",
         minimum=0,
     )
+    # SERVER §6 (added 2026-12, issue 31): the seat's next fresh worker is started while
+    # its current one runs, so back-to-back programs do not wait for a fork
+    spare_workers: bool = setting(
+        True,
+        flag="--no-spare-workers",
+        kind="switch",
+        group="workers",
+        help="do not start each seat's next fresh worker ahead (with "
+        "--max-requests-per-worker 1); halves the memory the workers may hold at once",
+    )
     worker_termination_grace_seconds: float = setting(
         5.0,
         flag="--worker-termination-grace-seconds",

@@ -1,0 +1,104 @@
+"""Each stateless seat's next worker, started while its current one runs (SERVER §6).
+
+With one fresh worker per program (``--max-requests-per-worker 1``, the default), forking
+the next worker takes longer than a short program, so a seat that had to start it after
+its program would keep the next request waiting. ``SpareWorkers`` starts it ahead; it takes
+over once the current worker is gone (``Pool._replace``).
+
+Who can reach what: a spare lives in the seat's other sandbox directory, never the running
+program's (``Seat.spare_sandbox``; the workspace and ``/tmp`` are emptied before each fresh
+worker, SERVER §14), runs nothing before it takes over, and passes ``Pool.serve_identity``
+like any worker, so it serves only an identity its sandbox's HOME and caches allow. A GPU
+seat's spare is launched but configured only at take-over: CUDA is initialised under the
+lease then, never beside a running program (SERVER §5). Each spare counts as a worker in
+the default memory share (``limits.worker_seats``); shutdown kills spares
+(``shutdown.close_seats``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from kcoral_server.pool.handles import HandleMaker
+from kcoral_server.pool.seat import Seat, SeatState
+from kcoral_server.processes import limits
+from kcoral_server.processes.channel import WorkerGone
+from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.start import WorkerInfo, WorkerStartError
+
+if TYPE_CHECKING:
+    from kcoral_server.pool.pool import Pool
+
+
+class SpareWorkers:
+    """Starts and hands over the spares of one pool's seats."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.handles: HandleMaker = pool.handles
+        self.events = pool.events
+        self.kill = pool.kill
+        #: ``limits.keeps_spare_workers``: one fresh worker per program, and not turned off
+        self.enabled = limits.keeps_spare_workers(pool.config)
+        #: a CPU worker has nothing to initialise under a lease: configured ahead as well
+        self.configure_ahead = pool.mode == "cpu"
+        #: the pool still admits programs (not closing, nothing quarantined)
+        self.admitting = lambda: not pool.closing and pool.quarantine_reason is None
+
+    def keep(self, seat: Seat) -> None:
+        """Start ``seat``'s spare in the background unless it has one (or a session holds
+        the seat, or the pool stops admitting)."""
+        starting = seat.spare_start is not None and not seat.spare_start.done()
+        if not self.enabled or seat.pinned is not None or seat.spare is not None or starting:
+            return
+        if self.admitting():
+            seat.spare_start = asyncio.ensure_future(self._start(seat))
+
+    async def _start(self, seat: Seat) -> None:
+        handle = self.handles.for_seat(seat, spare=True)
+        try:
+            await handle.launch()
+            if self.configure_ahead:
+                await handle.configure()
+        except (WorkerStartError, WorkerGone, OSError) as exc:
+            self._failed(seat, handle.generation, "spare", exc)
+            await self.kill(handle)
+            return
+        if not self.admitting() or seat.state is SeatState.CLOSED:
+            await self.kill(handle)
+            return
+        seat.spare = handle
+
+    async def take(self, seat: Seat) -> tuple[WorkerHandle, WorkerInfo] | None:
+        """``seat``'s spare, ready to become its worker (its current one is gone): awaited
+        while it still starts, configured now where that initialises a GPU, with the seat's
+        next generation; its sandbox becomes the seat's. None when there is none or it
+        fails (logged): the caller starts a worker as before."""
+        if seat.spare_start is not None and not seat.spare_start.done():
+            await asyncio.shield(seat.spare_start)
+        spare, seat.spare = seat.spare, None
+        if spare is None:
+            return None
+        seat.sandbox, seat.spare_sandbox = seat.spare_sandbox, seat.sandbox
+        seat.generation += 1
+        spare.generation = seat.generation
+        try:
+            info = spare.info or await spare.configure()
+            if spare.gone is not None:
+                raise spare.gone
+        except (WorkerStartError, WorkerGone, OSError) as exc:
+            self._failed(seat, seat.generation, "respawn", exc)
+            await self.kill(spare)
+            return None
+        return spare, info
+
+    def _failed(self, seat: Seat, generation: int, phase: str, error: Exception) -> None:
+        self.events.emit(
+            "worker_failed",
+            "ERROR",
+            worker_id=seat.id,
+            gpu_id=seat.gpu_id,
+            generation=generation,
+            phase=phase,
+            error=str(error),
+        )
