@@ -52,6 +52,7 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "log_dir": ("/tmp/kcoral-logs", Path("/tmp/kcoral-logs"), ()),
     "log_console": ("", False, ()),
     "log_programs": ("", False, ()),
+    "spare_workers": ("", False, ()),
     "sandbox": ("none", "none", ()),
     "sandbox_readonly_paths": ("/opt/data", [Path("/opt/data")], ()),
     "router_endpoint": ("http://router:9000", "http://router:9000", ("--node-id", "n1")),

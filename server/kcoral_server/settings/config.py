@@ -251,8 +251,8 @@ class ServerConfig:
         flag="--no-spare-workers",
         kind="switch",
         group="workers",
-        help="do not start each seat's next fresh worker ahead (with "
-        "--max-requests-per-worker 1); halves the memory the workers may hold at once",
+        help="do not start each seat's next fresh worker ahead when every worker serves one "
+        "program (spares count in the default memory share)",
     )
     worker_termination_grace_seconds: float = setting(
         5.0,
