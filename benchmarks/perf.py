@@ -181,6 +181,9 @@ def measure_configuration(
         kc.trivial_round_trips(client, 3)
         log(f"[{name}] trivial round trips, reused workers")
         trivial = kc.trivial_round_trips(client, plan.trivial)
+        log(f"[{name}] remote functions (json, pickle) and session programs")
+        remote = kc.remote_function_round_trips(client, plan.trivial)
+        session = kc.session_round_trips(client, plan.trivial)
         log(f"[{name}] front-end and worker CPU per trivial request")
         cpu = kc.cpu_per_request(client, server.pid, plan.cpu_requests)
         log(f"[{name}] {plan.bulk_bytes // MIB} MiB bytes cold / warm, tensor cold")
@@ -194,6 +197,9 @@ def measure_configuration(
     results["reused"] = {
         "trivial_p50_seconds": kc.median(trivial),
         "trivial_p90_seconds": kc.p90(trivial),
+        "remote_json_p50_seconds": kc.median(remote["json"]),
+        "remote_pickle_p50_seconds": kc.median(remote["pickle"]),
+        "session_p50_seconds": kc.median(session),
         "frontend_cpu_seconds_per_request": cpu.frontend,
         "worker_cpu_seconds_per_request": cpu.workers,
         "wall_seconds_per_request": cpu.wall,
@@ -243,6 +249,14 @@ def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> li
         Row(name, "sandbox (resolved, /v1/info)", results["sandbox"]),
         Row(name, "trivial round trip, reused workers, p50", ms(trivial), f"echo {ms(echo)}",
             trivial / echo, "<= 2x echo", judge(trivial / echo, 2)),
+        Row(name, "remote function call (json), reused workers, p50",
+            ms(reused["remote_json_p50_seconds"]), f"trivial {ms(trivial)}",
+            reused["remote_json_p50_seconds"] / trivial, "report"),
+        Row(name, "remote function call (pickle), reused workers, p50",
+            ms(reused["remote_pickle_p50_seconds"]), f"trivial {ms(trivial)}",
+            reused["remote_pickle_p50_seconds"] / trivial, "report"),
+        Row(name, "trivial program in a session, p50", ms(reused["session_p50_seconds"]),
+            f"trivial {ms(trivial)}", reused["session_p50_seconds"] / trivial, "report"),
         Row(name, "trivial, fresh worker, spaced 100 ms, p50", ms(spaced), f"echo {ms(echo)}",
             spaced / echo, "<= 4x echo", judge(spaced / echo, 4)),
         Row(name, "torch cell, fresh worker, spaced 100 ms, p50", ms(torch),
@@ -329,6 +343,7 @@ def measure(
     reference = results["configurations"][first.name]["reused"]["trivial_p50_seconds"]
     rows += [
         ray_row(ray_results, reference, first.name),
+        *ray_ratio_rows(ray_results, results["configurations"][first.name]["reused"], first.name),
         Row("machine", "worker start: spawn / preloaded fork", f"{ms(spawn)} / {ms(fork)}",
             f"python -c pass {ms(startup)}", spawn / fork, "report"),
         Row(first.name, f"front-end peak RSS, {plan.rss_bytes // MIB} MiB request",
@@ -343,6 +358,9 @@ def measure(
 #: the rows compared across configurations (issue 31): default flags / --sandbox none
 SANDBOX_TAX_MEASURES = (
     ("reused", "trivial_p50_seconds", "trivial round trip, reused workers, p50"),
+    ("reused", "remote_json_p50_seconds", "remote function call (json), reused workers, p50"),
+    ("reused", "remote_pickle_p50_seconds", "remote function call (pickle), reused workers, p50"),
+    ("reused", "session_p50_seconds", "trivial program in a session, p50"),
     ("fresh", "spaced_p50_seconds", "trivial, fresh worker, spaced 100 ms, p50"),
     ("fresh", "back_to_back_p50_seconds", "trivial, fresh worker, back to back, p50"),
     ("fresh", "torch_cell_p50_seconds", "torch cell, fresh worker, spaced 100 ms, p50"),
@@ -430,6 +448,25 @@ def ray_row(ray: dict, kcoral_trivial: float, configuration: str) -> Row:
         f"kcoral/ray <= {RAY_TARGET:g}x (ray {ray['version']})",
         judge(kcoral_trivial / ray["p50_seconds"], RAY_TARGET),
     )
+
+
+def ray_ratio_rows(ray: dict, reused: dict, configuration: str) -> list[Row]:
+    """A remote function call and a session program as ratios of the Ray actor call, same
+    run (report: Ray's call carries no program, upload or sandbox)."""
+    if "skipped" in ray:
+        return []
+    rows = []
+    for key, measure in (
+        ("remote_json_p50_seconds", "remote function call (json) / Ray actor call"),
+        ("remote_pickle_p50_seconds", "remote function call (pickle) / Ray actor call"),
+        ("session_p50_seconds", "session program / Ray actor call"),
+    ):
+        ratio = reused[key] / ray["p50_seconds"]
+        rows.append(
+            Row("machine", measure, ms(reused[key]), f"ray {ms(ray['p50_seconds'])} "
+                f"({configuration})", ratio, "report")
+        )  # fmt: skip
+    return rows
 
 
 def print_table(rows: list[Row], machine: dict, results: dict, out=sys.stdout) -> None:

@@ -196,6 +196,47 @@ def alternating_round_trips(
     return trivial_times, torch_times
 
 
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+def remote_function_round_trips(client: kcoral.Client, samples: int) -> dict[str, list[float]]:
+    """Seconds per trivial remote function call (``client.function``), JSON and pickle
+    arguments, after a warm-up (cloudpickle's first import on the worker)."""
+    calls = {
+        "json": client.function()(_plus_one),
+        "pickle": client.function(serialization="pickle")(_plus_one),
+    }
+    times: dict[str, list[float]] = {}
+    for name, function in calls.items():
+        for _ in range(3):
+            function.remote(1)
+        samples_of: list[float] = []
+        for _ in range(samples):
+            start = time.perf_counter()
+            answer = function.remote(1)
+            samples_of.append(time.perf_counter() - start)
+            if answer != 2:
+                raise RuntimeError(f"remote function ({name}) answered {answer!r}")
+        times[name] = samples_of
+    return times
+
+
+def session_round_trips(client: kcoral.Client, samples: int) -> list[float]:
+    """Seconds per trivial program in a session (EXTENSIONS §11): its pinned worker, the
+    lease still taken per program."""
+    with client.session() as session:
+        for _ in range(3):
+            _check_trivial(session.execute(trivial_program()))
+        times = []
+        for _ in range(samples):
+            start = time.perf_counter()
+            result = session.execute(trivial_program())
+            times.append(time.perf_counter() - start)
+            _check_trivial(result)
+    return times
+
+
 def back_to_back(client: kcoral.Client, requests: int) -> dict[str, float]:
     """Trivial programs one right after the other: the rate, the p50 round trip and the
     median ``queue_ms`` the server reports (the wait for a seat's next fresh worker)."""

@@ -163,7 +163,7 @@ class Pool:
         seat.worker = handle
         seat.served = 0
         gpu = self.handles.gpu_device(seat.gpu_id)
-        emit_ready(self.events, seat, info, gpu, self.mode, **fields)
+        emit_ready(self.events, seat, handle.pid, info, gpu, self.mode, **fields)
         self.spares.keep(seat)
 
     # ------------------------------------------------------------------ assignment

@@ -53,16 +53,24 @@ def common_target(ready: list[Seat]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def emit_ready(
-    events: EventLog, seat: Seat, info: WorkerInfo, gpu: GpuDevice | None, mode: str, **fields: Any
+    events: EventLog,
+    seat: Seat,
+    pid: int | None,
+    info: WorkerInfo,
+    gpu: GpuDevice | None,
+    mode: str,
+    **fields: Any,
 ) -> None:
     """The ``worker_ready`` event (SERVER.md §13) of ``seat``'s new worker in a ``mode``
-    pool; ``fields`` add to it (``started_ahead``: a spare took over, SERVER §6)."""
+    pool; ``fields`` add to it (``started_ahead``: a spare took over, SERVER §6). ``pid`` is
+    the host's, as in ``worker_retired`` and ``request_routed`` (a sandboxed worker's own,
+    in ``info``, is its PID namespace's)."""
     events.emit(
         "worker_ready",
         worker_id=seat.id,
         gpu_id=seat.gpu_id,
         generation=seat.generation,
-        pid=info.pid,
+        pid=pid if pid is not None else info.pid,
         device=info.device_uuid or (gpu.uuid if gpu and gpu.uuid else mode),
         arch=info.target.get("arch"),
         **fields,
