@@ -376,7 +376,8 @@ SANDBOX_TAX_TARGET = 1.15
 def sandbox_tax_rows(configurations: dict) -> list[Row]:
     """Each measure with default flags as a ratio of the same measure with ``--sandbox
     none``, same run (target <= 1.15x); nothing when either configuration did not run."""
-    default, bare = configurations.get("default"), configurations.get("sandbox-none")
+    default = configurations.get(kc.DEFAULT_FLAGS.name)
+    bare = configurations.get(kc.SANDBOX_NONE.name)
     if default is None or bare is None:
         return []
     rows = []
