@@ -338,6 +338,8 @@ def test_a_worker_runs_under_a_memory_limit_without_any_flag(tmp_path: Path) -> 
     finally:
         server.stop()
     # one stateless seat and the default session seat share what the reserve leaves
+    # (``start_server`` reuses workers, so the seat keeps no spare)
     from kcoral_server.settings.config import ServerConfig
 
-    assert limit == limits.limits_from_config(ServerConfig(), {}, seats=1).memory_bytes
+    config = ServerConfig(max_requests_per_worker=0)
+    assert limit == limits.limits_from_config(config, {}, seats=1).memory_bytes
