@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
 
         log("profiling trivial requests")
         requests = 5 if args.quick else 50 * max(1, args.repeat)
-        profile = perf_profile.profile_trivial(args.profile, requests)
+        profile = perf_profile.profile_trivial(args.profile, requests, tuple(configurations))
     machine["load_average_end"] = list(os.getloadavg())
     machine["run_seconds"] = time.monotonic() - started
     log(f"load average (1/5/15 min) at end: {machine['load_average_end']}")

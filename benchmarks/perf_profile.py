@@ -10,7 +10,9 @@ Three views of the same sequential trivial requests against one reused CPU worke
   response's own ``queue_ms``/``elapsed_ms``.
 
 Two scenarios: a worker that never imported torch, and one that did (a tensor went
-through it first), since reused-worker teardown cost depends on what the process holds.
+through it first), since reused-worker teardown cost depends on what the process holds;
+each on a server of every configuration ``perf.py`` measured (default flags and
+``--sandbox none``), so the sandbox's per-request cost shows beside the bare one.
 """
 
 from __future__ import annotations
@@ -46,12 +48,24 @@ _ENTRY_FRAMES = ("<module> (", "main (", "server_main (", "serve (server/kcoral_
 _EVENTS = ("request_received", "request_accepted", "request_routed", "request_finished")
 
 
-def profile_trivial(directory: Path, requests: int) -> dict:
+def profile_trivial(
+    directory: Path,
+    requests: int,
+    configurations: tuple[kc.Configuration, ...] = (kc.SANDBOX_NONE,),
+) -> dict:
+    """Profile both scenarios on a server of each configuration (issue 31: default flags
+    beside ``--sandbox none``, to find what the sandbox adds per request)."""
     directory.mkdir(parents=True, exist_ok=True)
     report: dict = {"requests": requests, "scenarios": {}}
     lines = [f"profile of {requests} sequential trivial requests, 1 reused worker"]
-    for name, with_torch in (("plain worker", False), ("worker after a torch tensor", True)):
-        scenario = _scenario(directory / name.replace(" ", "_"), requests, with_torch)
+    scenarios = [
+        (f"{scenario} ({configuration.name})", with_torch, configuration)
+        for configuration in configurations
+        for scenario, with_torch in (("plain worker", False), ("worker after a torch tensor", True))
+    ]
+    for name, with_torch, configuration in scenarios:
+        folder = directory / "".join(c if c.isalnum() else "_" for c in name)
+        scenario = _scenario(folder, requests, with_torch, configuration)
         report["scenarios"][name] = scenario
         lines += ["", f"== {name}: wall p50 {scenario['wall_p50_ms']:.1f} ms"]
         lines += [f"  client {k}: {v:.2f} ms/request" for k, v in scenario["client"].items()]
@@ -64,12 +78,17 @@ def profile_trivial(directory: Path, requests: int) -> dict:
     return report
 
 
-def _scenario(directory: Path, requests: int, with_torch: bool) -> dict:
+def _scenario(
+    directory: Path, requests: int, with_torch: bool, configuration: kc.Configuration
+) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     logs = directory / "logs"
     extra = ["--num-workers", "1", "--max-requests-per-worker", "0"]
     result: dict = {}
-    with kc.kcoral_server(extra, log_dir=logs) as server, kcoral.Client(server.url) as client:
+    with (
+        kc.kcoral_server(extra, configuration=configuration, log_dir=logs) as server,
+        kcoral.Client(server.url) as client,
+    ):
         if with_torch:
             client.execute(kc.echo_program("tensor", np.zeros(4, dtype=np.float32)))
         kc.trivial_round_trips(client, 5)
