@@ -38,7 +38,7 @@ from kcoral_server.pool.seat import (
 )
 from kcoral_server.pool.shutdown import close_seats
 from kcoral_server.pool.spares import SpareWorkers
-from kcoral_server.pool.startup import common_target, emit_ready, prepare_host
+from kcoral_server.pool.startup import common_target, emit_failed, emit_ready, prepare_host
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.processes.start import WorkerInfo, WorkerStartError
@@ -140,15 +140,7 @@ class Pool:
         try:
             info = await handle.start()
         except (WorkerStartError, WorkerGone, OSError) as exc:
-            self.events.emit(
-                "worker_failed",
-                "ERROR",
-                worker_id=seat.id,
-                gpu_id=seat.gpu_id,
-                generation=seat.generation,
-                phase=phase,
-                error=str(exc),
-            )
+            emit_failed(self.events, seat, seat.generation, phase, exc)
             await self.kill(handle)
             seat.worker = None
             seat.state = SeatState.FAILED

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from kcoral_server.pool.handles import HandleMaker
 from kcoral_server.pool.seat import Seat, SeatState
+from kcoral_server.pool.startup import emit_failed
 from kcoral_server.processes import limits
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
@@ -61,7 +62,7 @@ class SpareWorkers:
             if self.configure_ahead:
                 await handle.configure()
         except (WorkerStartError, WorkerGone, OSError) as exc:
-            self._failed(seat, handle.generation, "spare", exc)
+            emit_failed(self.events, seat, handle.generation, "spare", exc)
             await self.kill(handle)
             return
         if not self.admitting() or seat.state is SeatState.CLOSED:
@@ -87,18 +88,7 @@ class SpareWorkers:
             if spare.gone is not None:
                 raise spare.gone
         except (WorkerStartError, WorkerGone, OSError) as exc:
-            self._failed(seat, seat.generation, "respawn", exc)
+            emit_failed(self.events, seat, seat.generation, "respawn", exc)
             await self.kill(spare)
             return None
         return spare, info
-
-    def _failed(self, seat: Seat, generation: int, phase: str, error: Exception) -> None:
-        self.events.emit(
-            "worker_failed",
-            "ERROR",
-            worker_id=seat.id,
-            gpu_id=seat.gpu_id,
-            generation=generation,
-            phase=phase,
-            error=str(error),
-        )

@@ -75,3 +75,17 @@ def emit_ready(
         arch=info.target.get("arch"),
         **fields,
     )
+
+
+def emit_failed(events: EventLog, seat: Seat, generation: int, phase: str, error: object) -> None:
+    """The ``worker_failed`` event (SERVER.md §13) of ``seat``'s worker ``generation`` that
+    did not start (``phase``: ``startup``, ``respawn`` or ``spare``, SERVER §6)."""
+    events.emit(
+        "worker_failed",
+        "ERROR",
+        worker_id=seat.id,
+        gpu_id=seat.gpu_id,
+        generation=generation,
+        phase=phase,
+        error=str(error),
+    )
