@@ -230,6 +230,14 @@ def measure_configuration(
     return results
 
 
+#: the reused-worker calls beside a plain program (issue 31): results key, row
+CALL_MEASURES = (
+    ("remote_json_p50_seconds", "remote function call (json), reused workers, p50"),
+    ("remote_pickle_p50_seconds", "remote function call (pickle), reused workers, p50"),
+    ("session_p50_seconds", "trivial program in a session, p50"),
+)
+
+
 def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> list[Row]:
     echo = results["echo"]["p50_seconds"]
     reused, fresh = results["reused"], results["fresh"]
@@ -249,14 +257,8 @@ def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> li
         Row(name, "sandbox (resolved, /v1/info)", results["sandbox"]),
         Row(name, "trivial round trip, reused workers, p50", ms(trivial), f"echo {ms(echo)}",
             trivial / echo, "<= 2x echo", judge(trivial / echo, 2)),
-        Row(name, "remote function call (json), reused workers, p50",
-            ms(reused["remote_json_p50_seconds"]), f"trivial {ms(trivial)}",
-            reused["remote_json_p50_seconds"] / trivial, "report"),
-        Row(name, "remote function call (pickle), reused workers, p50",
-            ms(reused["remote_pickle_p50_seconds"]), f"trivial {ms(trivial)}",
-            reused["remote_pickle_p50_seconds"] / trivial, "report"),
-        Row(name, "trivial program in a session, p50", ms(reused["session_p50_seconds"]),
-            f"trivial {ms(trivial)}", reused["session_p50_seconds"] / trivial, "report"),
+        *(Row(name, measure, ms(reused[key]), f"trivial {ms(trivial)}", reused[key] / trivial,
+              "report") for key, measure in CALL_MEASURES),
         Row(name, "trivial, fresh worker, spaced 100 ms, p50", ms(spaced), f"echo {ms(echo)}",
             spaced / echo, "<= 4x echo", judge(spaced / echo, 4)),
         Row(name, "torch cell, fresh worker, spaced 100 ms, p50", ms(torch),
@@ -358,9 +360,7 @@ def measure(
 #: the rows compared across configurations (issue 31): default flags / --sandbox none
 SANDBOX_TAX_MEASURES = (
     ("reused", "trivial_p50_seconds", "trivial round trip, reused workers, p50"),
-    ("reused", "remote_json_p50_seconds", "remote function call (json), reused workers, p50"),
-    ("reused", "remote_pickle_p50_seconds", "remote function call (pickle), reused workers, p50"),
-    ("reused", "session_p50_seconds", "trivial program in a session, p50"),
+    *(("reused", key, measure) for key, measure in CALL_MEASURES),
     ("fresh", "spaced_p50_seconds", "trivial, fresh worker, spaced 100 ms, p50"),
     ("fresh", "back_to_back_p50_seconds", "trivial, fresh worker, back to back, p50"),
     ("fresh", "torch_cell_p50_seconds", "torch cell, fresh worker, spaced 100 ms, p50"),

@@ -19,10 +19,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -200,6 +201,18 @@ def _plus_one(x: int) -> int:
     return x + 1
 
 
+def timed_calls(call: Callable[[], object], samples: int, warm_up: int = 3) -> list[float]:
+    """Seconds per ``call()`` after ``warm_up`` untimed ones; ``call`` checks its own answer."""
+    for _ in range(warm_up):
+        call()
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def remote_function_round_trips(client: kcoral.Client, samples: int) -> dict[str, list[float]]:
     """Seconds per trivial remote function call (``client.function``), JSON and pickle
     arguments, after a warm-up (cloudpickle's first import on the worker)."""
@@ -207,34 +220,23 @@ def remote_function_round_trips(client: kcoral.Client, samples: int) -> dict[str
         "json": client.function()(_plus_one),
         "pickle": client.function(serialization="pickle")(_plus_one),
     }
-    times: dict[str, list[float]] = {}
-    for name, function in calls.items():
-        for _ in range(3):
-            function.remote(1)
-        samples_of: list[float] = []
-        for _ in range(samples):
-            start = time.perf_counter()
+
+    def checked(name: str, function: Any) -> Callable[[], None]:
+        def call() -> None:
             answer = function.remote(1)
-            samples_of.append(time.perf_counter() - start)
             if answer != 2:
                 raise RuntimeError(f"remote function ({name}) answered {answer!r}")
-        times[name] = samples_of
-    return times
+
+        return call
+
+    return {name: timed_calls(checked(name, fn), samples) for name, fn in calls.items()}
 
 
 def session_round_trips(client: kcoral.Client, samples: int) -> list[float]:
     """Seconds per trivial program in a session (EXTENSIONS §11): its pinned worker, the
     lease still taken per program."""
     with client.session() as session:
-        for _ in range(3):
-            _check_trivial(session.execute(trivial_program()))
-        times = []
-        for _ in range(samples):
-            start = time.perf_counter()
-            result = session.execute(trivial_program())
-            times.append(time.perf_counter() - start)
-            _check_trivial(result)
-    return times
+        return timed_calls(lambda: _check_trivial(session.execute(trivial_program())), samples)
 
 
 def back_to_back(client: kcoral.Client, requests: int) -> dict[str, float]:
