@@ -416,12 +416,10 @@ def test_a_seat_of_one_program_workers_takes_over_its_spare_after_the_old_is_gon
 
         def __init__(self) -> None:
             super().__init__()
-            self.pool: Pool | None = None
             self.old_killed: list[bool] = []
 
         def emit(self, event: str, level: str = "INFO", **fields: Any) -> None:
             if event == "worker_ready" and fields.get("started_ahead"):
-                assert self.pool is not None
                 self.old_killed.append(all(w.killed for w in retired))
             super().emit(event, level, **fields)
 
@@ -429,7 +427,6 @@ def test_a_seat_of_one_program_workers_takes_over_its_spare_after_the_old_is_gon
     watch = Watch()
 
     async def test(pool: Pool, events: Events) -> None:
-        watch.pool = pool
         await settled(pool)
         seat = pool.seats[0]
         first, spare = seat.worker, seat.spare
