@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kcoral_server.pool.retirement import reported_clean, retirement
+from kcoral_server.pool.retirement import reason_to_retire, retirement
 from kcoral_server.pool.seat import Seat
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import WorkerGone
@@ -51,10 +51,19 @@ class Handle:
 
 def test_a_kept_worker_is_clean_only_when_it_says_ready() -> None:
     ready = Handle(ipc.WorkerReady(pid=1))
-    assert asyncio.run(reported_clean(ready)) is True  # type: ignore[arg-type]
+    assert asyncio.run(reason_to_retire(ready)) is None  # type: ignore[arg-type]
     assert ready.lease.released  # the lease it forgot after its program is freed
     gone = Handle(WorkerGone("channel closed"))
-    assert asyncio.run(reported_clean(gone)) is False  # type: ignore[arg-type]
+    assert asyncio.run(reason_to_retire(gone)) == "crashed"  # type: ignore[arg-type]
     talking = Handle(ipc.ProgramFinished(status="COMPLETED"))
-    assert asyncio.run(reported_clean(talking)) is False  # type: ignore[arg-type]
+    assert asyncio.run(reason_to_retire(talking)) == "crashed"  # type: ignore[arg-type]
     assert not talking.lease.released
+
+
+def test_a_worker_that_cannot_empty_its_sandbox_retires_for_that_reason() -> None:
+    retiring = Handle(ipc.WorkerRetiring(reason=ipc.SANDBOX_CLEANUP))
+    assert asyncio.run(reason_to_retire(retiring)) == "sandbox_cleanup"  # type: ignore[arg-type]
+    assert not retiring.lease.released  # it is retired under its lease, like a crash
+    # the program runs in the worker and could send this frame: no other reason is believed
+    made_up = Handle(ipc.WorkerRetiring(reason="timeout"))
+    assert asyncio.run(reason_to_retire(made_up)) == "crashed"  # type: ignore[arg-type]

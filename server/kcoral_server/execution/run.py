@@ -144,8 +144,12 @@ class SeatRun:
         crash."""
         state = self.state
         limit = admitted.output_limit
+        # a sandboxed program's workspace is its sandbox's own (``run_program`` sends its path)
         workspace = Workspace.create(
-            state.events.output_dir, str(handle.pid) if limit > 0 else None, limit
+            state.events.output_dir,
+            str(handle.pid) if limit > 0 else None,
+            limit,
+            directory=handle.sandbox_dir is None,
         )
         drive = ProgramDrive(
             workspace=workspace, limit=limit, instructions=admitted.program.instructions
@@ -168,7 +172,7 @@ class SeatRun:
                 ipc.RunProgram(
                     request_id=self.request_id,
                     program_json=bytes(admitted.parsed.program_bytes).decode("utf-8"),
-                    workspace=workspace.root,
+                    workspace=workspace.root or "",
                     stdout_path=workspace.stdout_file,
                     stderr_path=workspace.stderr_file,
                     blobs=blobs,

@@ -27,7 +27,7 @@ from kcoral_server.pool.handles import HandleMaker
 from kcoral_server.pool.kill import WorkerEnds
 from kcoral_server.pool.queue import Checkout, NoWorker, SeatQueue
 from kcoral_server.pool.replacement import start_with_backoff
-from kcoral_server.pool.retirement import reported_clean
+from kcoral_server.pool.retirement import reason_to_retire
 from kcoral_server.pool.seat import (
     SERVING,
     GpuDevice,
@@ -287,8 +287,8 @@ class Pool:
         seat.replacement = asyncio.ensure_future(self._await_clean(seat, handle))
 
     async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:
-        if not await reported_clean(handle):
-            self._schedule_replacement(seat, "crashed")
+        if (reason := await reason_to_retire(handle)) is not None:
+            self._schedule_replacement(seat, reason)
         else:
             self._make_idle(seat)
 

@@ -2,7 +2,7 @@
 report that it is clean again (SERVER.md §4, §6).
 
 ``retirement`` is the one decision; ``Pool.release`` applies it. A worker that stays waits
-for ``reported_clean`` before it takes the next program.
+for ``reason_to_retire`` before it takes the next program.
 """
 
 from __future__ import annotations
@@ -65,15 +65,19 @@ def emit_retired(events: EventLog, seat: Seat, handle: WorkerHandle, reason: str
     )
 
 
-async def reported_clean(handle: WorkerHandle) -> bool:
+async def reason_to_retire(handle: WorkerHandle) -> str | None:
     """Wait for a kept worker's ``WorkerReady`` after its program, then free the lease it
-    forgot; False when it says anything else, goes away or takes too long."""
+    forgot. None when it is clean; else the reason it retires: its own (``WorkerRetiring``:
+    ``sandbox_cleanup``), or ``crashed`` when it says anything else, goes away or takes
+    too long."""
     try:
         message, fds = await handle.channel.receive(REUSE_READY_TIMEOUT_SECONDS)
         close_fds(fds)
     except (asyncio.TimeoutError, TimeoutError, WorkerGone):
-        return False
+        return "crashed"
+    if isinstance(message, ipc.WorkerRetiring) and message.reason == ipc.SANDBOX_CLEANUP:
+        return message.reason  # the one reason a worker gives itself (a program could lie)
     if not isinstance(message, ipc.WorkerReady):
-        return False  # anything else between requests is a protocol violation
+        return "crashed"  # anything else between requests is a protocol violation
     handle.lease.release()  # after ProgramFinished the worker forgot the lease; ours to free
-    return True
+    return None

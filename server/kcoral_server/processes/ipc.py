@@ -136,6 +136,19 @@ class WorkerReady(Message):
     device_uuid: str | None = None
 
 
+#: ``WorkerRetiring.reason`` of a sandboxed worker whose workspace would not empty (§14)
+SANDBOX_CLEANUP = "sandbox_cleanup"
+
+
+@dataclass
+class WorkerRetiring(Message):
+    """Sent instead of ``WorkerReady`` after a program's clean-up when the worker must not
+    take another program (``reason``: a ``worker_retired`` reason); it exits next."""
+
+    tag: ClassVar[str] = "worker_retiring"
+    reason: str
+
+
 @dataclass
 class WorkerStartFailed(Message):
     tag: ClassVar[str] = "worker_start_failed"

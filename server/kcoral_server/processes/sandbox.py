@@ -361,8 +361,8 @@ class SandboxDir:
     def run_program(self, message: Any, fd_count: int) -> tuple[Any, list[int]]:
         """``RunProgram`` as the sandboxed worker must see it, plus fds to append to its frame.
 
-        The workspace becomes the sandbox mount (the front-end's per-request directory is not
-        visible inside); the capture files stay where the front-end reads them and travel as
+        The workspace is the sandbox mount (the front-end makes no per-request directory
+        for a sandboxed program: none would be visible inside); the capture files stay where the front-end reads them and travel as
         open descriptors (``capture_fds`` are their indexes in the frame). The caller closes
         the returned fds after sending.
         """

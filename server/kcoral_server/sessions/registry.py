@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from kcoral.protocol.schema import Options
 from kcoral_server.execution.responses import Refusal, RequestFailed
 from kcoral_server.pool.queue import NoWorker
-from kcoral_server.pool.retirement import reported_clean
+from kcoral_server.pool.retirement import reason_to_retire
 from kcoral_server.pool.seat import Seat, SeatState
 from kcoral_server.processes import procfs
 from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
@@ -227,7 +227,15 @@ class Session:
 
     async def _settle(self, handle: WorkerHandle, request_id: str | None) -> None:
         """Wait for the worker's clean-up after a program (it says ready again)."""
-        if not await reported_clean(handle):
+        reason = await reason_to_retire(handle)
+        if reason == "sandbox_cleanup":
+            self.end(
+                END_REASONS[reason],
+                f"session ended: program {request_id} left files in its workspace that "
+                "could not be removed",
+            )
+            return
+        if reason is not None:
             self.end("worker_exited", self._exited_message(request_id))
             return
         if self.state == "IDLE":

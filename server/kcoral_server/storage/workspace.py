@@ -264,22 +264,24 @@ class Workspace:
     """A private ``kcoral-program-*`` directory plus the request's capture files.
 
     Made once per request on the event loop, so it keeps plain strings (``root``,
-    ``stdout_file``, ``stderr_file``); the ``Path`` forms are built when asked for."""
+    ``stdout_file``, ``stderr_file``); the ``Path`` forms are built when asked for. A
+    sandboxed program's workspace is its sandbox's ``/work`` instead: ``root`` is then None
+    (no directory of the front-end's to make or delete)."""
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | None,
         stdout_path: str | os.PathLike[str] | None,
         stderr_path: str | os.PathLike[str] | None,
     ) -> None:
-        self.root = os.fspath(path)
+        self.root = None if path is None else os.fspath(path)
         self.stdout_file = None if stdout_path is None else os.fspath(stdout_path)
         self.stderr_file = None if stderr_path is None else os.fspath(stderr_path)
         self._capped: list[_CappedFile] = []  # open while the guard trims them
 
     @property
-    def path(self) -> Path:
-        return Path(self.root)
+    def path(self) -> Path | None:
+        return None if self.root is None else Path(self.root)
 
     @property
     def stdout_path(self) -> Path | None:
@@ -295,23 +297,15 @@ class Workspace:
         output_dir: str | os.PathLike | None,
         capture_name: str | None,
         output_limit: int | None = None,
+        *,
+        directory: bool = True,
     ) -> Workspace:
-        """Make the workspace (mode 0700) and, when ``capture_name`` is given, empty capture
-        files ``<output_dir>/<capture_name>.out`` / ``.err`` (mode 0600). With
-        ``output_limit`` the files are trimmed to about that limit while the program runs."""
+        """Make the workspace (mode 0700; not with ``directory=False``: a sandboxed program
+        has its own) and, when ``capture_name`` is given, empty capture files
+        ``<output_dir>/<capture_name>.out`` / ``.err`` (mode 0600). With ``output_limit``
+        the files are trimmed to about that limit while the program runs."""
         parent = tempfile.gettempdir()
-        prefix = f"{parent}{os.sep}{PROGRAM_PREFIX}{_instance.token_in(parent)}-"
-        # ``mkdtemp`` without its generality: ``mkdir`` never follows or reuses an existing
-        # name, so a random suffix and a retry on collision are all it takes.
-        for _ in range(100):
-            root = f"{prefix}{secrets.token_hex(5)}"  # unpredictable, like ``mkdtemp``
-            try:
-                os.mkdir(root, 0o700)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise FileExistsError(errno.EEXIST, "no unused workspace name", prefix)
+        root = _new_workspace_dir(parent) if directory else None
         stdout_file = stderr_file = None
         if capture_name is not None:
             directory = os.fspath(output_dir) if output_dir is not None else parent
@@ -380,7 +374,8 @@ class Workspace:
         """Remove the workspace and the capture files in every case (the log keeps only
         ``output_tail``)."""
         self.remove_capture()
-        _remove_tree(Path(self.root))
+        if self.root is not None:
+            _remove_tree(Path(self.root))
 
     def remove_capture(self) -> None:
         """Stop trimming and delete the capture files (two unlinks: fine on the event loop).
@@ -401,6 +396,8 @@ class Workspace:
         ``rmdir``, cheap enough for the event loop); False when it holds anything, then
         ``remove`` must run."""
         self.remove_capture()
+        if self.root is None:
+            return True
         try:
             os.rmdir(self.root)
         except FileNotFoundError:
@@ -408,6 +405,21 @@ class Workspace:
         except OSError:
             return False  # not empty, or made unremovable: the full walk handles it
         return True
+
+
+def _new_workspace_dir(parent: str) -> str:
+    """A new ``kcoral-program-*`` directory in ``parent``: ``mkdtemp`` without its
+    generality (``mkdir`` never follows or reuses an existing name, so a random suffix and a
+    retry on collision are all it takes)."""
+    prefix = f"{parent}{os.sep}{PROGRAM_PREFIX}{_instance.token_in(parent)}-"
+    for _ in range(100):
+        root = f"{prefix}{secrets.token_hex(5)}"  # unpredictable, like ``mkdtemp``
+        try:
+            os.mkdir(root, 0o700)
+            return root
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused workspace name", prefix)
 
 
 def _remove_tree(path: Path) -> None:

@@ -82,11 +82,26 @@ class WorkspaceWatch:
         self._executor = executor
         self._on_exceeded = on_exceeded
         self._task: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
+        # The first measurement after one interval, not at once: a program that has only
+        # just started has written nothing yet, and one walk (an executor hop and a scan of
+        # HOME and the caches) on every request was front-end CPU that only sandboxed
+        # requests paid (issue 31's sandbox tax). A timer rather than a sleeping task: a
+        # program shorter than the interval costs one timer and its cancel. What a reused
+        # worker's earlier program left is measured by the next measurement all the same.
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(CHECK_INTERVAL_SECONDS, self._begin)
+
+    def _begin(self) -> None:
+        self._timer = None
         self._task = asyncio.ensure_future(self._watch())
 
     async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -95,13 +110,6 @@ class WorkspaceWatch:
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
-        # The first measurement after one interval, not at once: a program that has only
-        # just started has written nothing yet, and one walk (an executor hop and a scan of
-        # HOME and the caches) on every request was front-end CPU that only sandboxed
-        # requests paid (issue 31's sandbox tax); a program shorter than the interval costs
-        # none. What a reused worker's earlier program left is measured by the next
-        # measurement all the same.
-        await asyncio.sleep(CHECK_INTERVAL_SECONDS)
         while True:
             began = time.monotonic()
             used = await loop.run_in_executor(self._executor, disk_usage, self.root, self.limit)

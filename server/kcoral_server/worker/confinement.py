@@ -40,26 +40,59 @@ def _remove(path: str) -> None:
             os.unlink(path)
 
 
-def _empty(directory: str, keep: tuple[str, ...] = ()) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(directory):
-            if name not in keep:
-                _remove(os.path.join(directory, name))
+def _empty(directory: str) -> bool:
+    """Remove everything in ``directory``; False when it was already empty (True also when
+    it cannot be listed: a program took its permissions away, and the check must see it)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return False  # made again by the caller
+    except OSError:
+        return True
+    for name in names:
+        _remove(os.path.join(directory, name))
+    return bool(names)
 
 
 def clear_workspace(root: str) -> bool:
-    """Empty the sandbox workspace ``root`` for the next program; True when it is clean."""
+    """Empty the sandbox workspace ``root`` for the next program; True when it is clean.
+
+    Runs after every program of a reused sandboxed worker, so the usual case (a program
+    that left nothing) is one scan of the workspace, of ``.kcoral`` and of its scratch
+    directories, each of which shows it clean; only what was removed is scanned again
+    (issue 31: the earlier ``makedirs`` per state directory and second listing were most of
+    the sandbox's worker CPU per request)."""
     with contextlib.suppress(OSError):
         os.chmod(root, 0o700)
-    _empty(root, keep=(STATE_DIR,))
+    try:
+        with os.scandir(root) as entries:
+            strays = [
+                entry.path
+                for entry in entries
+                if entry.name != STATE_DIR or not entry.is_dir(follow_symlinks=False)
+            ]
+    except OSError:
+        return False
+    for path in strays:  # a ``.kcoral`` that is a file or a link goes too
+        _remove(path)
+    removed = bool(strays)
     state = os.path.join(root, STATE_DIR)
-    if os.path.islink(state) or not os.path.isdir(state):
-        _remove(state)
-    for name in SCRATCH_STATE_DIRS:
-        _empty(os.path.join(state, name))
+    try:
+        with os.scandir(state) as entries:
+            present = {entry.name: entry.is_dir(follow_symlinks=False) for entry in entries}
+    except OSError:
+        present = {}
     for name in STATE_DIRS:
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.join(state, name), mode=0o700, exist_ok=True)
+        if present.get(name) is False:  # a file or a link where a directory belongs
+            _remove(os.path.join(state, name))
+            del present[name]
+        if name not in present:
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.join(state, name), mode=0o700, exist_ok=True)
+    for name in SCRATCH_STATE_DIRS:
+        removed = _empty(os.path.join(state, name)) or removed
+    if not removed:
+        return True
     try:
         leftovers = [name for name in os.listdir(root) if name != STATE_DIR]
         scratch = [os.listdir(os.path.join(state, name)) for name in SCRATCH_STATE_DIRS]
@@ -80,22 +113,42 @@ def _empty_except(directory: str, keep: list[str]) -> None:
                 _remove(path)
 
 
-def empty_private_tmp(environ: Mapping[str, str] | None = None) -> None:
-    """Empty the sandbox's private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` for a new worker
-    or program: every seat's workers share those tmpfs, what one program left there must
-    not reach the next, and it holds memory charged to the seat's workers."""
-    raw = (os.environ if environ is None else environ).get(PRIVATE_TMP_ENV)
+#: this process's private tmpfs roots and the binds in them, read once (``private_tmp``)
+_private_tmp: tuple[list[str], list[str]] | None = None
+
+
+def _private_tmp_spec(environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The sandbox's own tmpfs roots (a mount point there; never a host's directory) and the
+    read-only binds inside them, from the launch environment."""
+    raw = environ.get(PRIVATE_TMP_ENV)
     if not raw:
-        return
+        return [], []
     try:
         spec = json.loads(raw)
         roots, keep = list(spec["roots"]), [str(k) for k in spec["keep"]]
     except (ValueError, KeyError, TypeError):
-        return
+        return [], []
+    mounted = [r for r in roots if r in ("/tmp", "/var/tmp", "/dev/shm") and os.path.ismount(r)]
+    return mounted, keep
+
+
+def empty_private_tmp(environ: Mapping[str, str] | None = None) -> None:
+    """Empty the sandbox's private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` for a new worker
+    or program: every seat's workers share those tmpfs, what one program left there must
+    not reach the next, and it holds memory charged to the seat's workers.
+
+    The process's own roots are found once, at its start (``main`` calls this before any
+    program): a program can change ``os.environ`` but not the mounts, and parsing and two
+    ``lstat`` per root after every program was sandbox-only worker CPU (issue 31)."""
+    global _private_tmp
+    if environ is not None:
+        roots, keep = _private_tmp_spec(environ)
+    else:
+        if _private_tmp is None:
+            _private_tmp = _private_tmp_spec(os.environ)
+        roots, keep = _private_tmp
     for root in roots:
-        # Only the sandbox's own tmpfs (a mount point there); never a host's directory.
-        if root in ("/tmp", "/var/tmp", "/dev/shm") and os.path.ismount(root):
-            _empty_except(root, keep)
+        _empty_except(root, keep)
 
 
 def limit_note(exc: BaseException) -> str | None:

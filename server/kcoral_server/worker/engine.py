@@ -146,18 +146,31 @@ class Engine:
         self.progress = slot
 
     def run(self, request: RunProgram, fds: list[int]) -> Outcome:
-        self.settle()  # a caller that never settled still gets a clean process
+        if not self.settle():  # a caller that never settled still gets a clean process
+            raise WorkerExit  # ... or none: a sandbox workspace that would not empty
         run = ProgramExecution(self, request, fds)
         outcome = run.execute()
         self.unsettled = run
         return outcome
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """The slow part of teardown, done after ``ProgramFinished`` went out and before
-        ``WorkerReady`` (the seat, and the GPU lease, stay busy until then)."""
+        ``WorkerReady`` (the seat, and the GPU lease, stay busy until then). False when
+        the sandbox's workspace would not empty: the worker must not take another program.
+
+        Emptying the workspace and the private ``/tmp`` is here, after the answer, because
+        what a program left there cannot change its outcome (issue 31: before, every
+        sandboxed request waited for it). A one-shot worker never settles: it exits, and
+        its seat's next worker starts in an emptied workspace and empties ``/tmp`` itself."""
         run, self.unsettled = self.unsettled, None
         if run is None:
-            return
+            return True
+        clean = True
+        if self.configure.sandbox == "bubblewrap":
+            # §14: the sandbox keeps one workspace (kill_descendants already ran: nothing of
+            # the program's still writes there)
+            clean = clear_workspace(run.request.workspace)
+            empty_private_tmp()  # /tmp, /var/tmp, /dev/shm: tmpfs only the worker reaches
         self.programs += 1
         full = self.programs >= self.next_full_collection
         # A program that left modules behind (a session's first ``import torch``) made
@@ -171,6 +184,7 @@ class Engine:
         self.modules_after_settle = len(sys.modules)
         if full:
             self.next_full_collection = self.programs + full_collection_spacing(took)
+        return clean
 
 
 class ProgramExecution:
@@ -361,12 +375,6 @@ class ProgramExecution:
             self.left_processes = True
             if self.error is None:
                 self.error = error_object("runtime", thread_message(threads), last, "")
-        if self.engine.configure.sandbox == "bubblewrap":
-            # §14: the sandbox keeps one workspace; a worker that cannot empty it must not
-            # take another program (retired like a poisoned one).
-            if not clear_workspace(self.request.workspace):
-                self._poisoned = True
-            empty_private_tmp()  # /tmp, /var/tmp, /dev/shm: tmpfs only the worker reaches
 
     def _record_fault(self, fault: CudaFault | None, last: Attribution) -> None:
         if fault is None:

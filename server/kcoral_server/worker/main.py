@@ -13,12 +13,14 @@ import os
 import socket
 
 from kcoral_server.processes.ipc import (
+    SANDBOX_CLEANUP,
     BlockingChannel,
     Configure,
     IpcError,
     RunProgram,
     Shutdown,
     WorkerReady,
+    WorkerRetiring,
     WorkerStartFailed,
 )
 from kcoral_server.processes.limits import apply_memory_rlimit
@@ -90,9 +92,12 @@ def serve(channel: BlockingChannel) -> int:
         channel.send(outcome.message())
         if configure.transient:
             return 0  # exits at once: nothing to clean for a next program
-        if not outcome.poisoned:
-            engine.settle()  # the slow clean-up, after the outcome, before ready again
-            channel.send(ready)
+        if outcome.poisoned:
+            continue  # no WorkerReady: the front-end retires it (Shutdown, or its end)
+        if not engine.settle():  # the slow clean-up, after the outcome, before ready again
+            channel.send(WorkerRetiring(reason=SANDBOX_CLEANUP))
+            return 0
+        channel.send(ready)
 
 
 def main(argv: list[str] | None = None) -> int:

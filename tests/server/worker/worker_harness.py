@@ -182,6 +182,7 @@ def launch(
     transient: bool = False,
     gpu_uuids: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    sandbox: str = "none",
 ) -> Worker:
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = child.fileno()
@@ -209,6 +210,7 @@ def launch(
             device=device,
             gpu_uuids=list(gpu_uuids),
             transient=transient,
+            sandbox=sandbox,  # "bubblewrap" without bwrap: the worker's own clean-up only
         )
     )
     while True:
