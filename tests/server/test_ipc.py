@@ -45,6 +45,7 @@ SAMPLES: list[ipc.Message] = [
     ipc.WorkerReady(pid=42, target={"python": "3.11"}, versions={"kcoral": "0"}, device_uuid="u"),
     ipc.WorkerStartFailed(error="boom"),
     ipc.WorkerRetiring(reason=ipc.SANDBOX_CLEANUP),
+    ipc.WorkerExiting(code=3),
     ipc.InstructionStarted(index=2, op="call", id=None),
     ipc.LeaseAcquire(),
     ipc.LeaseRelease(),

@@ -169,14 +169,16 @@ FINALIZERS_AT_EXIT = """
 import os, weakref
 from kcoral_server.processes.launcher.fork_server import preload
 from kcoral_server.processes.launcher.forked_worker import quick_exit as _quick_exit
+from kcoral_server.worker.main import run_exit_handlers
 preload(["torch"])
 read, write = os.pipe()
 pid = os.fork()
-if pid == 0:  # like a worker: a program's finalizer, then the worker's quick exit
+if pid == 0:  # like a worker: a program's finalizer, then the worker's exit handlers and quick exit
     class Kept:
         pass
     kept = Kept()
     weakref.finalize(kept, os.write, write, b"program finalizer ran")
+    run_exit_handlers()
     _quick_exit(0)
 os.close(write)
 print(os.read(read, 100).decode())

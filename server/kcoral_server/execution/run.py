@@ -25,6 +25,7 @@ from kcoral_server.execution.control import Cancellation, RequestObserver
 from kcoral_server.execution.drive import ProgramDrive
 from kcoral_server.execution.endings import RunEndings
 from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE, deadline_message
+from kcoral_server.execution.exit_report import announced_exit
 from kcoral_server.execution.gpu_set import execute_on_gpu_set
 from kcoral_server.execution.outcome import program_outcome
 from kcoral_server.execution.records import record_gpu_access, return_record
@@ -107,9 +108,17 @@ class SeatRun:
             handle.lease.observe(None)
         retire = state.pool.retirement(seat, drive.reason_retire)
         if drive.result is RunResult.FINISHED:
-            # A one-shot worker closes its channel right after the outcome (gone is set):
-            # its exit still has to be awaited and its code checked (§6.3, SERVER §8).
-            if retire is not None and (
+            # A one-shot worker's exit code is checked (§6.3, SERVER §8): the one it
+            # announces once nothing of it can change the answer, else the real one.
+            announced = None
+            if retire is not None and handle.transient:
+                remaining = admitted.timeout - self.budget_used(handle, started)
+                announced = await announced_exit(handle, remaining)
+            if announced is not None:
+                if announced != 0 and drive.status == "COMPLETED":
+                    self.record.exitcode = announced
+                    drive.failed_at_teardown(announced)
+            elif retire is not None and (
                 handle.gone is None or handle.returncode != 0 or handle.survivors
             ):
                 # The deadline also covers a retiring worker's exit (SERVER §8).

@@ -150,6 +150,16 @@ class WorkerRetiring(Message):
 
 
 @dataclass
+class WorkerExiting(Message):
+    """A forked worker's last frame: it ran its exit handlers and killed its descendants,
+    and ends now with ``code`` (``os._exit``); nothing of it can change its last program's
+    answer any more. Its exit is still awaited before its seat or lease is handed on."""
+
+    tag: ClassVar[str] = "worker_exiting"
+    code: int
+
+
+@dataclass
 class WorkerStartFailed(Message):
     tag: ClassVar[str] = "worker_start_failed"
     error: str

@@ -362,9 +362,9 @@ class SandboxDir:
         """``RunProgram`` as the sandboxed worker must see it, plus fds to append to its frame.
 
         The workspace is the sandbox mount (the front-end makes no per-request directory
-        for a sandboxed program: none would be visible inside); the capture files stay where the front-end reads them and travel as
-        open descriptors (``capture_fds`` are their indexes in the frame). The caller closes
-        the returned fds after sending.
+        for a sandboxed program: none would be visible inside); the capture files stay
+        where the front-end reads them and travel as open descriptors (``capture_fds`` are
+        their indexes in the frame). The caller closes the returned fds after sending.
         """
         opened: list[int] = []
         indexes: list[int] = []

@@ -308,13 +308,13 @@ class Workspace:
         root = _new_workspace_dir(parent) if directory else None
         stdout_file = stderr_file = None
         if capture_name is not None:
-            directory = os.fspath(output_dir) if output_dir is not None else parent
-            stdout_file = os.path.join(directory, f"{capture_name}.out")
-            stderr_file = os.path.join(directory, f"{capture_name}.err")
+            capture_dir = os.fspath(output_dir) if output_dir is not None else parent
+            stdout_file = os.path.join(capture_dir, f"{capture_name}.out")
+            stderr_file = os.path.join(capture_dir, f"{capture_name}.err")
             try:
                 _create_empty(stdout_file)
             except FileNotFoundError:  # the first request (or a removed output directory)
-                os.makedirs(directory, exist_ok=True)
+                os.makedirs(capture_dir, exist_ok=True)
                 _create_empty(stdout_file)
             _create_empty(stderr_file)
         workspace = cls(root, stdout_file, stderr_file)

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import os
 import socket
+import sys
 
 from kcoral_server.processes.ipc import (
     SANDBOX_CLEANUP,
@@ -19,6 +20,7 @@ from kcoral_server.processes.ipc import (
     IpcError,
     RunProgram,
     Shutdown,
+    WorkerExiting,
     WorkerReady,
     WorkerRetiring,
     WorkerStartFailed,
@@ -100,7 +102,31 @@ def serve(channel: BlockingChannel) -> int:
         channel.send(ready)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_exit_handlers() -> None:
+    """What a program could observe of its process's exit, for a process that ends with
+    ``os._exit``: atexit handlers, finalizers of its garbage, flushed stdio."""
+    import atexit
+
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    with contextlib.suppress(BaseException):
+        gc.collect()  # start-up objects are frozen: this only walks what programs left
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+
+
+def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
+    """Run the worker; its exit code.
+
+    ``forked``: a fork of the launcher, which ends with ``os._exit`` right after (interpreter
+    finalization would touch, and so copy, every page it shares with the launcher). So the
+    exit's observable part runs here (``run_exit_handlers``), then the descendants are
+    killed, and the last frame, ``WorkerExiting``, tells the front-end the exit code: from
+    then on nothing of the worker can change its last program's answer, which need not
+    wait the ~15 ms the kernel takes to tear down a process that maps torch (issue 31;
+    SERVER §8). Not sent when a descendant could not be killed: the front-end then waits
+    for the exit and the launcher's report, as for a spawned worker."""
     parser = argparse.ArgumentParser(prog="python -m kcoral_server.worker")
     parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
     args = parser.parse_args(argv)
@@ -108,11 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     empty_private_tmp()  # a sandbox's private /tmp holds what the seat's last worker left
     sock = socket.socket(fileno=args.fd)
     channel = BlockingChannel(sock)
+    code = 1  # the front-end is gone or speaks nonsense: nothing left to report to
     try:
-        return serve(channel)
+        code = serve(channel)
     except (OSError, IpcError):
-        return 1  # the front-end is gone or speaks nonsense: nothing left to report to
+        pass
     finally:
-        kill_descendants()
+        if forked:
+            run_exit_handlers()
+        _found, verified = kill_descendants()
+        if forked and verified:
+            with contextlib.suppress(OSError):
+                channel.send(WorkerExiting(code=code))
         with contextlib.suppress(OSError):
             sock.close()
+    return code

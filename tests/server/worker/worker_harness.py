@@ -28,6 +28,7 @@ from kcoral_server.processes.ipc import (
     WorkerReady,
     WorkerStartFailed,
 )
+from kcoral_server.processes.launcher.front_end import ForkedProcess, Launcher
 
 
 def blocking_env(directory: Path, *modules: str) -> dict[str, str]:
@@ -73,7 +74,7 @@ class Result:
 
 @dataclass
 class Worker:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     channel: BlockingChannel
     tmp: Path
     transient: bool = False
@@ -183,22 +184,30 @@ def launch(
     gpu_uuids: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     sandbox: str = "none",
+    launcher: Launcher | None = None,
 ) -> Worker:
+    """A started worker: spawned (``python -m kcoral_server.worker``), or forked by
+    ``launcher`` as the server's workers are."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = child.fileno()
-    command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
-    log = open(tmp / "worker.log", "ab")
-    proc = subprocess.Popen(
-        command,
-        pass_fds=[fd],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        env=env,
-        cwd=tmp,
-    )
-    log.close()
+    if launcher is not None:
+        proc: subprocess.Popen | ForkedProcess = launcher.launch(
+            fd, dict(os.environ if env is None else env)
+        )
+    else:
+        command = [sys.executable, "-m", "kcoral_server.worker", "--fd", str(fd)]
+        log = open(tmp / "worker.log", "ab")
+        proc = subprocess.Popen(
+            command,
+            pass_fds=[fd],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            cwd=tmp,
+        )
+        log.close()
     child.close()
     channel = BlockingChannel(parent)
     parent.settimeout(60)  # a wedged worker fails the test instead of hanging it

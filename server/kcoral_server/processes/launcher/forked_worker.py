@@ -86,7 +86,8 @@ def become_worker(
 
 
 def run_child(child: Child) -> int:
-    """In the forked worker: take the requested environment, then run the worker."""
+    """In the forked worker: take the requested environment, then run the worker (which
+    runs what a program could observe of the exit itself: ``worker.main.main``)."""
     os.environ.clear()
     os.environ.update(child.env)
     from kcoral_server.worker import __main__ as entry
@@ -94,22 +95,12 @@ def run_child(child: Child) -> int:
 
     sys.argv = [entry.__file__, "--fd", str(child.worker_fd)]  # as if spawned
 
-    return worker_main(["--fd", str(child.worker_fd)])
+    return worker_main(["--fd", str(child.worker_fd)], forked=True)
 
 
 def quick_exit(code: int) -> None:
     """Exit a forked worker without interpreter finalization: tearing down every module
     touches (and so copies) every page shared with the launcher, ~15 ms per worker. What a
-    program could observe still happens: atexit handlers, finalizers of its garbage, flushed
-    stdio."""
-    import atexit
-    import gc
-
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    with contextlib.suppress(BaseException):
-        gc.collect()  # start-up objects are frozen: this only walks what programs left
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            stream.flush()
+    program could observe of it (atexit handlers, finalizers of its garbage, flushed stdio)
+    already ran in the worker (``worker.main.run_exit_handlers``)."""
     os._exit(code)
