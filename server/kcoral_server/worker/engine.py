@@ -104,7 +104,7 @@ class Engine:
         runtime: CpuRuntime | GpuRuntime,
         lease: Lease,
         configure: Configure,
-        snapshot: ProcessSnapshot,
+        snapshot: ProcessSnapshot | None,
     ) -> None:
         self.channel = channel
         self.runtime = runtime
@@ -126,7 +126,8 @@ class Engine:
         # that went stale between programs only makes the next comparison take the loop.
         self.modules_seen: dict[str, Any] = {}
         self.importers_seen: set[Any] = set()
-        self.remember_modules()
+        if not configure.transient:  # a one-shot worker has no next program to protect
+            self.remember_modules()
 
     def remember_modules(self) -> None:
         self.modules_seen = dict(sys.modules)
@@ -404,7 +405,8 @@ class ProgramExecution:
         leftover-process check depend on. ``settle`` does the rest."""
         self.instructions.close()
         # here, not in settle: the front-end deletes the workspace once it has the outcome
-        if _drop_workspace_modules(
+        # (a one-shot worker exits instead: no next program could import them)
+        if not self.engine.configure.transient and _drop_workspace_modules(
             self.request.workspace, self.modules_before, self.importers_before
         ):
             self.engine.remember_modules()
@@ -420,7 +422,8 @@ class ProgramExecution:
         if self.settled:
             return 0.0
         self.settled = True
-        self.engine.snapshot.restore()  # environment, cwd, sys.path, torch settings, ...
+        if self.engine.snapshot is not None:  # None: a one-shot worker, which exits instead
+            self.engine.snapshot.restore()  # environment, cwd, sys.path, torch settings, ...
         started = time.thread_time()
         if full_collection:
             gc.unfreeze()

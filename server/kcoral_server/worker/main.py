@@ -57,7 +57,9 @@ def serve(channel: BlockingChannel) -> int:
         runtime = make_runtime(configure)
         lease = Lease(channel, enabled=runtime.uses_lease)
         identity = runtime.start(lease)
-        snapshot = ProcessSnapshot()  # the post-start state every program returns to
+        # the post-start state every program returns to; a one-shot worker's first program
+        # is its last (taking it copied ~2 ms of pages shared with the launcher per start)
+        snapshot = None if configure.transient else ProcessSnapshot()
         engine = Engine(channel, runtime, lease, configure, snapshot)
     except WorkerExit:
         return 0
@@ -116,8 +118,16 @@ def run_exit_handlers() -> None:
             stream.flush()
 
 
-def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
-    """Run the worker; its exit code.
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kcoral_server.worker --fd N``: a spawned worker."""
+    parser = argparse.ArgumentParser(prog="python -m kcoral_server.worker")
+    parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
+    args = parser.parse_args(argv)
+    return run(args.fd)
+
+
+def run(fd: int, *, forked: bool = False) -> int:
+    """Run the worker on its socketpair end ``fd``; its exit code.
 
     ``forked``: a fork of the launcher, which ends with ``os._exit`` right after (interpreter
     finalization would touch, and so copy, every page it shares with the launcher). So the
@@ -127,12 +137,9 @@ def main(argv: list[str] | None = None, *, forked: bool = False) -> int:
     wait the ~15 ms the kernel takes to tear down a process that maps torch (issue 31;
     SERVER §8). Not sent when a descendant could not be killed: the front-end then waits
     for the exit and the launcher's report, as for a spawned worker."""
-    parser = argparse.ArgumentParser(prog="python -m kcoral_server.worker")
-    parser.add_argument("--fd", type=int, required=True, help="the worker's socketpair end")
-    args = parser.parse_args(argv)
     apply_memory_rlimit()  # before anything big is imported or allocated
     empty_private_tmp()  # a sandbox's private /tmp holds what the seat's last worker left
-    sock = socket.socket(fileno=args.fd)
+    sock = socket.socket(fileno=fd)
     channel = BlockingChannel(sock)
     code = 1  # the front-end is gone or speaks nonsense: nothing left to report to
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib
 import importlib.util
 import os
@@ -44,12 +45,26 @@ LIBRARY_NEEDS_TVM_FFI = (
 )
 
 
+@functools.cache
 def installed_version(*distributions: str) -> str | None:
-    """Version of the first installed distribution, without importing it."""
+    """Version of the first installed distribution, without importing it.
+
+    Asked once per process: each lookup scans ``sys.path`` (~5 ms in a freshly forked
+    worker, where it also copies the pages it touches), and a fork server asks before it
+    forks (``remember_installed_versions``), so its workers report what was installed when
+    it started, as they run the torch it preloaded then."""
     for name in distributions:
         with contextlib.suppress(PackageNotFoundError, ValueError):
             return version(name)
     return None
+
+
+def remember_installed_versions() -> None:
+    """Look up every version a worker reports (``installed_version``) in this process,
+    so that the processes forked from it inherit the answers."""
+    installed_version("torch")
+    for distributions, _module in _GPU_TOOLCHAIN.values():
+        installed_version(*distributions)
 
 
 @dataclass

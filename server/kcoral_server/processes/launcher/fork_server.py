@@ -43,6 +43,7 @@ from kcoral_server.worker.reaper import become_subreaper
 
 #: imported by the launcher before it forks anything (what every worker imports anyway)
 PRELOADED = (
+    "kcoral_server.worker.__main__",  # its file names the worker in sys.argv (run_child)
     "kcoral_server.worker.main",
     "kcoral_server.worker.engine",
     "kcoral.protocol.validate",
@@ -65,6 +66,9 @@ def serve(
     """
     for name in PRELOADED:
         __import__(name)
+    from kcoral_server.worker.runtime import remember_installed_versions
+
+    remember_installed_versions()  # what every worker reports at start, asked once
     freeze_heap()
     pending = list(preload_names)
     loaded: list[str] = []
