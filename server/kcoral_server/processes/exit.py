@@ -101,7 +101,12 @@ async def kill_tree(
         pids = tree(pids)
         if not pids and (not accountant or process.poll() is not None):
             break
-        await asyncio.sleep(0.02)
+        if process.returncode is None:
+            # woken by the exit itself: usually the worker was ending anyway (a one-shot
+            # worker that announced its exit, SERVER §8) and its seat's next one waits
+            await wait_exit(0.02)
+        else:
+            await asyncio.sleep(0.02)  # gone; descendants it left are polled
     procfs.signal_all(tree(pids), signal.SIGKILL, group=group())
     confirm = cleanup_confirm_seconds()
     if not await wait_exit(confirm):
