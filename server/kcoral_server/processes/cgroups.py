@@ -119,9 +119,11 @@ def _read_small(path: Path, limit: int = 1 << 20) -> bytes:
     """Up to ``limit`` bytes of a small kernel file, read whole (a ``cgroup.procs``)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while (chunk := os.read(fd, 65536)) and sum(map(len, chunks)) < limit:
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and (chunk := os.read(fd, 65536)):
             chunks.append(chunk)
+            size += len(chunk)
         return b"".join(chunks)
     finally:
         os.close(fd)
