@@ -12,7 +12,14 @@ import grpc
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
-from router_helpers import FakeNode, RouterProcess, http_request, start_router, wait_for_health
+from router_helpers import (
+    FakeNode,
+    RouterProcess,
+    http_request,
+    start_router,
+    stream_status,
+    wait_for_health,
+)
 
 
 def ready(n: int):
@@ -285,21 +292,24 @@ def test_client_disconnect_cancels_the_slot_and_frees_capacity(router: RouterPro
 def test_node_token_is_required_when_configured(tmp_path: Path):
     router = start_router(tmp_path, env={"KCORAL_NODE_TOKEN": "s3cret"})
 
-    async def attempt(token: str | None) -> grpc.StatusCode | None:
+    async def once(token: str | None) -> tuple[grpc.StatusCode | None, str]:
         channel = open_channel(router.url)
         stub = pb_grpc.RouterGatewayStub(channel)
         call = stub.ConnectSupervisor(metadata=auth_metadata(token))
         try:
             await call.write(FakeNode(router.port, "n").status())
             await call.read()
-            return None
+            return None, ""
         except grpc.RpcError:
             # The router's status, not the write's: a write racing the router's abort can
-            # fail on the client side with another code.
-            return await call.code()
+            # fail on the client side with another code (``stream_status``).
+            return await call.code(), await call.details() or ""
         finally:
             call.cancel()
             await channel.close()
+
+    async def attempt(token: str | None) -> grpc.StatusCode | None:
+        return await stream_status(lambda: once(token))
 
     async def scenario() -> None:
         assert await attempt(None) == grpc.StatusCode.UNAUTHENTICATED

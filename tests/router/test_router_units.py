@@ -329,3 +329,34 @@ def test_a_supervisor_without_a_slot_key_has_its_slots_taken_on_the_token_alone(
     registry = make_registry()
     (slot,) = add_node(registry, "published")
     assert registry.nodes["published"].current_slots() == [slot]
+
+
+def test_a_status_the_client_library_lost_is_asked_again_and_a_real_one_is_not() -> None:
+    from router_helpers import LOST_STATUS_DETAILS, STATUS_TRIES, stream_status
+
+    answers = [(grpc.StatusCode.INTERNAL, LOST_STATUS_DETAILS)] * 2
+    answers.append((grpc.StatusCode.UNAUTHENTICATED, "invalid or missing node token"))
+    asked: list[int] = []
+
+    async def attempt() -> tuple[grpc.StatusCode | None, str]:
+        asked.append(1)
+        return answers[len(asked) - 1]
+
+    assert asyncio.run(stream_status(attempt)) is grpc.StatusCode.UNAUTHENTICATED
+    assert len(asked) == 3
+
+    async def router_says_internal() -> tuple[grpc.StatusCode | None, str]:
+        asked.append(1)
+        return grpc.StatusCode.INTERNAL, "the router's own failure"
+
+    asked.clear()
+    assert asyncio.run(stream_status(router_says_internal)) is grpc.StatusCode.INTERNAL
+    assert len(asked) == 1  # the router's INTERNAL is an answer, not a lost one
+
+    async def always_lost() -> tuple[grpc.StatusCode | None, str]:
+        asked.append(1)
+        return grpc.StatusCode.INTERNAL, LOST_STATUS_DETAILS
+
+    asked.clear()
+    assert asyncio.run(stream_status(always_lost)) is grpc.StatusCode.INTERNAL
+    assert len(asked) == STATUS_TRIES  # bounded: a persistent loss still fails the test

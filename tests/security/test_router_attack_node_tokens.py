@@ -32,6 +32,7 @@ from router_helpers import (
     http_request,
     rogue_slot,
     start_router,
+    stream_status,
     wait_for_health,
 )
 
@@ -67,19 +68,26 @@ def capacity(n: int):
     return lambda body: body["load"]["request_capacity"] >= n
 
 
-async def claim(router: RouterProcess, node_id: str, token: str) -> grpc.StatusCode:
+async def claim(router: RouterProcess, node_id: str, token: str) -> grpc.StatusCode | None:
     """Open a supervisor stream for ``node_id`` with ``token``; the call's status (OK: acked)."""
-    node = FakeNode(router.port, node_id, slots=1, token=token)
-    channel = open_channel(router.url)
-    try:
-        call = pb_grpc.RouterGatewayStub(channel).ConnectSupervisor(metadata=auth_metadata(token))
-        await call.write(node.status())
-        ack = await asyncio.wait_for(call.read(), 30)
-        return grpc.StatusCode.OK if ack is not grpc.aio.EOF else await call.code()
-    except grpc.aio.AioRpcError as exc:
-        return exc.code()
-    finally:
-        await channel.close()
+
+    async def attempt() -> tuple[grpc.StatusCode | None, str]:
+        node = FakeNode(router.port, node_id, slots=1, token=token)
+        channel = open_channel(router.url)
+        try:
+            stub = pb_grpc.RouterGatewayStub(channel)
+            call = stub.ConnectSupervisor(metadata=auth_metadata(token))
+            await call.write(node.status())
+            ack = await asyncio.wait_for(call.read(), 30)
+            if ack is not grpc.aio.EOF:
+                return grpc.StatusCode.OK, ""
+            return await call.code(), await call.details() or ""
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        finally:
+            await channel.close()
+
+    return await stream_status(attempt)
 
 
 def test_the_token_of_n_a_cannot_claim_the_id_of_an_absent_n_b(tmp_path: Path) -> None:

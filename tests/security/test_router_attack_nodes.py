@@ -26,6 +26,7 @@ from router_helpers import (
     RouterProcess,
     http_request,
     start_router,
+    stream_status,
     wait_for_health,
 )
 
@@ -77,21 +78,26 @@ def test_an_explicit_opt_out_accepts_unauthenticated_nodes_with_a_warning(tmp_pa
         router.stop()
 
 
-async def claim(router: RouterProcess, node_id: str, token: str | None) -> grpc.StatusCode:
+async def claim(router: RouterProcess, node_id: str, token: str | None) -> grpc.StatusCode | None:
     """A second supervisor stream for ``node_id``; the status code it ends with."""
-    channel = open_channel(router.url)
-    try:
-        call = pb_grpc.RouterGatewayStub(channel).ConnectSupervisor(metadata=auth_metadata(token))
-        rogue = FakeNode(router.port, node_id)
+
+    async def attempt() -> tuple[grpc.StatusCode | None, str]:
+        channel = open_channel(router.url)
         try:
-            await call.write(rogue.status())
-            answer = await asyncio.wait_for(call.read(), 10)
-        except grpc.aio.AioRpcError as exc:
-            return exc.code()
-        assert answer is grpc.aio.EOF, "the claim was acknowledged"
-        return (await call.code()) if hasattr(call, "code") else grpc.StatusCode.UNKNOWN
-    finally:
-        await channel.close()
+            stub = pb_grpc.RouterGatewayStub(channel)
+            call = stub.ConnectSupervisor(metadata=auth_metadata(token))
+            rogue = FakeNode(router.port, node_id)
+            try:
+                await call.write(rogue.status())
+                answer = await asyncio.wait_for(call.read(), 10)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code(), exc.details() or ""
+            assert answer is grpc.aio.EOF, "the claim was acknowledged"
+            return await call.code(), await call.details() or ""
+        finally:
+            await channel.close()
+
+    return await stream_status(attempt)
 
 
 def test_a_rogue_supervisor_cannot_take_a_live_nodes_id_and_gets_no_client_traffic(
