@@ -108,32 +108,33 @@ class SeatRun:
             handle.lease.observe(None)
         retire = state.pool.retirement(seat, drive.reason_retire)
         if drive.result is RunResult.FINISHED:
-            # A one-shot worker's exit code is checked (§6.3, SERVER §8): the one it
-            # announces once nothing of it can change the answer, else the real one.
-            announced = None
+            # A retiring worker's exit code is checked (§6.3, SERVER §8): the one a
+            # one-shot worker announces once nothing of it can change the answer, else the
+            # real one, awaited within the deadline.
+            code = None
             if retire is not None and handle.transient:
                 remaining = admitted.timeout - self.budget_used(handle, started)
-                announced = await announced_exit(handle, remaining)
-            if announced is not None:
-                if announced != 0 and drive.status == "COMPLETED":
-                    self.record.exitcode = announced
-                    drive.failed_at_teardown(announced)
-            elif retire is not None and (
-                handle.gone is None or handle.returncode != 0 or handle.survivors
+                code = await announced_exit(handle, remaining)
+            if (
+                code is None
+                and retire is not None
+                and (handle.gone is None or handle.returncode != 0 or handle.survivors)
             ):
                 # The deadline also covers a retiring worker's exit (SERVER §8).
                 remaining = admitted.timeout - self.budget_used(handle, started)
-                exited = await state.pool.stop_worker(handle, max(0.0, remaining))
-                if not exited:
+                if await state.pool.stop_worker(handle, max(0.0, remaining)):
+                    code = handle.returncode
+                else:
                     drive = await self.endings.timed_out(handle, drive, self.timeout_message)
                     retire = "timeout"
-                elif (
-                    drive.status == "COMPLETED"
-                    and handle.returncode not in (0, None)
-                    and drive.last_instruction is not None
-                ):
-                    self.record.exitcode = handle.returncode
-                    drive.failed_at_teardown(handle.returncode)
+            if (
+                code is not None
+                and code != 0
+                and drive.status == "COMPLETED"
+                and drive.last_instruction is not None
+            ):
+                self.record.exitcode = code
+                drive.failed_at_teardown(code)
         try:
             # Output is read before the seat is handed on: the worker's next request
             # recreates (truncates) the same capture files.
