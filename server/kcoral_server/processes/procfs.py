@@ -17,6 +17,20 @@ from collections.abc import Sequence
 from kcoral_server.processes.pidfd import open_pidfd
 
 
+def read_kernel_file(path: str | os.PathLike[str]) -> bytes:
+    """The whole of a small ``/proc`` or ``/sys`` file, by raw reads: not ``open()`` or
+    ``Path.read_text``, whose file object costs more than the read (these are read after
+    every program: 21 against 52 µs a file on the 2-core machine). Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
 def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (zombies included)."""
     found: list[int] = []
@@ -27,13 +41,7 @@ def children(pid: int) -> list[int]:
         return found  # the process went away
     for task in tasks:
         try:
-            fd = os.open(f"/proc/{pid}/task/{task}/children", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                data = b""
-                while chunk := os.read(fd, 65536):
-                    data += chunk
-            finally:
-                os.close(fd)
+            data = read_kernel_file(f"/proc/{pid}/task/{task}/children")
             found.extend(int(part) for part in data.split())
         except (OSError, ValueError):
             continue  # the task or process went away meanwhile
