@@ -27,7 +27,7 @@ from kcoral_server.execution.responses import Refusal, RequestFailed
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.retirement import reason_to_retire
 from kcoral_server.pool.seat import Seat, SeatState
-from kcoral_server.processes import procfs
+from kcoral_server.processes import ipc, procfs
 from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ END_REASONS = {
     "timeout": "timeout",
     "crashed": "worker_exited",
     "request_limit": "leftover_work",  # its program left child processes (SERVER §6)
-    "sandbox_cleanup": "leftover_work",
+    ipc.SANDBOX_CLEANUP: "leftover_work",
     "cancelled": "interrupt_grace",
 }
 
@@ -228,7 +228,7 @@ class Session:
     async def _settle(self, handle: WorkerHandle, request_id: str | None) -> None:
         """Wait for the worker's clean-up after a program (it says ready again)."""
         reason = await reason_to_retire(handle)
-        if reason == "sandbox_cleanup":
+        if reason == ipc.SANDBOX_CLEANUP:
             self.end(
                 END_REASONS[reason],
                 f"session ended: program {request_id} left files in its workspace that "

@@ -113,7 +113,7 @@ def _empty_except(directory: str, keep: list[str]) -> None:
                 _remove(path)
 
 
-#: this process's private tmpfs roots and the binds in them, read once (``private_tmp``)
+#: this process's private tmpfs roots and the binds in them, read once (``empty_private_tmp``)
 _private_tmp: tuple[list[str], list[str]] | None = None
 
 
