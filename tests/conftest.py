@@ -12,6 +12,7 @@ or use ``server_factory(*args, env=...)`` to start several, or one with special 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,3 +82,29 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("tests that must not skip in CI (tests/ci_required.txt)")
         for line in _required_skips:
             terminalreporter.write_line(f"SKIPPED IN CI: {line}")
+
+
+# ---------------------------------------------------------------- router and node logs
+LOG_TAIL_LINES = 80
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A failed test's report ends with the tails of the router and node logs written while
+    it ran: they live in tmp folders that are gone by the time anyone reads a CI log.
+
+    Any folder's tests may start routers and nodes (``tests/router/router_helpers.py``);
+    the helpers are looked up, not imported, so a test that started none pays nothing."""
+    report = yield
+    helpers = sys.modules.get("router_helpers")
+    if helpers is None or not (report.failed and call.when == "call"):
+        return report
+    for path in helpers.STARTED_LOGS:
+        try:
+            if path.stat().st_mtime < call.start:
+                continue
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            continue
+        report.sections.append((f"log {path.name} (last {len(lines)} lines)", "\n".join(lines)))
+    return report
