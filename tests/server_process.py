@@ -127,3 +127,40 @@ def running_server(
         yield server
     finally:
         server.stop()
+
+
+#: What runs under a server by design: its workers and what launches them.
+WORKER_PROCESS_MARKS = ("kcoral_server.worker", "kcoral_server.processes.launcher", "bwrap")
+
+
+def stray_processes(server: RunningServer) -> list[str]:
+    """``"pid command line"`` of each process under ``server`` that is neither a worker nor
+    what launches one (the fork server, bwrap)."""
+    import psutil  # a test dependency; the servers these helpers start never need it
+
+    try:
+        children = psutil.Process(server.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    strays = []
+    for child in children:
+        try:
+            line = " ".join(child.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if not any(mark in line for mark in WORKER_PROCESS_MARKS):
+            strays.append(f"{child.pid} {line}")
+    return strays
+
+
+def strays_once_settled(server: RunningServer, within: float = 15.0) -> list[str]:
+    """The stray processes still there after at most ``within`` seconds.
+
+    A one-shot worker sends its exit report before the kernel has torn it down, and the
+    answer goes out on that report (SERVER §8): the worker that ran the last program may
+    still be exiting when the answer arrives, and an exiting process has no command line.
+    It is gone within moments; a real stray (a daemon a test left sleeping) stays."""
+    deadline = time.monotonic() + within
+    while (strays := stray_processes(server)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return strays

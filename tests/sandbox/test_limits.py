@@ -11,7 +11,7 @@ from kcoral_server.processes import cgroups, limits
 from kcoral_server.processes.cgroups import WorkerCgroup
 from kcoral_server.processes.limits import WorkerLimits
 from sandbox_helpers import execute, run_source
-from server_process import start_server
+from server_process import start_server, stray_processes, strays_once_settled
 
 MEMORY_LIMIT = 512 * 1024 * 1024
 
@@ -42,26 +42,6 @@ def _pids_limit_enforceable() -> str | None:
         return None if cgroup.processes else "no writable cgroup with a pids controller"
     finally:
         cgroup.remove()
-
-
-def _strays(server) -> list[str]:
-    """Processes under the server that are neither workers nor what launches them (the fork
-    server, bwrap)."""
-    try:
-        children = psutil.Process(server.process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    strays = []
-    for child in children:
-        try:
-            line = " ".join(child.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if not any(
-            k in line for k in ("kcoral_server.worker", "kcoral_server.processes.launcher", "bwrap")
-        ):
-            strays.append(f"{child.pid} {line}")
-    return strays
 
 
 def _leftover_cgroups(server) -> list[Path]:
@@ -187,7 +167,7 @@ def test_a_program_that_allocates_past_the_memory_limit_fails_naming_the_limit(
             assert crashed and str(MEMORY_LIMIT) in crashed[0]["message"], body
         status, body, _ = execute(server.url, run_source("def main():\n    return 5\n"))
         assert body["status"] == "COMPLETED", body
-        assert _strays(server) == []
+        assert strays_once_settled(server) == []
     finally:
         server.stop()
 
@@ -204,8 +184,8 @@ def test_a_fork_bomb_is_bounded_by_the_process_limit_and_leaves_nothing(
         assert body["error"]["kind"] == "runtime"
         assert "process limit of 32" in body["error"]["message"]
         deadline = time.monotonic() + 30
-        while _strays(server) or _worker_count(server) > workers:
-            assert time.monotonic() < deadline, _strays(server)
+        while stray_processes(server) or _worker_count(server) > workers:
+            assert time.monotonic() < deadline, stray_processes(server)
             time.sleep(0.1)
         status, body, _ = execute(server.url, run_source("def main():\n    return 5\n"))
         assert body["status"] == "COMPLETED", body

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from sandbox_default_support import (
     returned,
     run_source,
 )
-from server_process import start_server
+from server_process import start_server, strays_once_settled
 
 NO_BWRAP = bwrap_problem()
 needs_bwrap = pytest.mark.skipif(NO_BWRAP is not None, reason=f"bubblewrap unusable: {NO_BWRAP}")
@@ -260,36 +259,6 @@ def main():
 """
 
 
-def _strays(server) -> list[str]:
-    """Processes under the server other than workers, launchers and bwrap."""
-    import psutil
-
-    strays = []
-    for child in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            line = " ".join(child.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if not any(
-            k in line for k in ("kcoral_server.worker", "kcoral_server.processes.launcher", "bwrap")
-        ):
-            strays.append(f"{child.pid} {line}")
-    return strays
-
-
-def _strays_once_settled(server, within: float = 15.0) -> list[str]:
-    """The strays still there after ``within`` seconds.
-
-    A one-shot worker sends its exit report before the kernel has torn it down, and the
-    answer goes out on that report (SERVER §8): the worker that ran the last program may
-    still be exiting when the answer arrives, and an exiting process has no command line.
-    It is gone within moments; a real stray (the daemon here sleeps 600 s) stays."""
-    deadline = time.monotonic() + within
-    while (strays := _strays(server)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return strays
-
-
 @needs_bwrap
 def test_a_sandboxed_program_that_crashes_hangs_or_leaves_a_daemon_leaves_nothing_behind(
     tmp_path: Path,
@@ -308,7 +277,7 @@ def test_a_sandboxed_program_that_crashes_hangs_or_leaves_a_daemon_leaves_nothin
         daemon = execute(server.url, run_source(DAEMON))
         assert "left background processes" in daemon["error"]["message"], daemon
         assert returned(execute(server.url, run_source(LOOK))) == []
-        assert _strays_once_settled(server) == []
+        assert strays_once_settled(server) == []
         assert server.stop() == 0
     finally:
         server.stop()
