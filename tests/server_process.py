@@ -154,13 +154,16 @@ def stray_processes(server: RunningServer) -> list[str]:
 
 
 def strays_once_settled(server: RunningServer, within: float = 15.0) -> list[str]:
-    """The stray processes still there after at most ``within`` seconds.
+    """``stray_processes``, waiting at most ``within`` seconds for the exiting ones.
 
     A one-shot worker sends its exit report before the kernel has torn it down, and the
     answer goes out on that report (SERVER §8): the worker that ran the last program may
     still be exiting when the answer arrives, and an exiting process has no command line.
-    It is gone within moments; a real stray (a daemon a test left sleeping) stays."""
+    Only such processes are waited for; a stray with a command line is returned at once,
+    and one that stays without a command line (never reaped) is returned after ``within``."""
     deadline = time.monotonic() + within
     while (strays := stray_processes(server)) and time.monotonic() < deadline:
+        if any(line.partition(" ")[2] for line in strays):
+            break
         time.sleep(0.1)
     return strays
