@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from kcoral_server.gpu.lease import LeaseArbiter
@@ -85,6 +85,7 @@ class StandInWorker:
         self.launches = 0
         self.killed = False
         self.stopped = False
+        self.exit_announced = False  # the pipeline sets it where a real handle's is believed
         self.cleanup_unconfirmed: str | None = None
 
     @property
@@ -203,7 +204,7 @@ async def settled(pool: Pool) -> None:
         pending = [
             task
             for s in pool.seats
-            for task in (s.replacement, s.spare_start)
+            for task in (s.replacement, s.spare_start, s.leaving)
             if task is not None and not task.done()
         ]
         if not pending:
@@ -522,3 +523,158 @@ def test_a_spare_that_fails_to_start_is_logged_and_the_seat_starts_a_worker_as_b
         assert [r["phase"] for r in events.named("worker_failed")] == ["respawn"]
 
     run_pool(test, reuse=1)
+
+
+# ------------------------------------- a CPU seat hands over at the exit report (issue 31)
+
+
+class SlowExit(StandInWorker):
+    """A worker whose kill returns only once ``exited`` is set (the kernel tearing down a
+    process that maps torch); each launch records how many of its seat's other workers
+    were alive and whether one of them lived in its sandbox directory."""
+
+    made: ClassVar[list[SlowExit]] = []
+    slow = False  # set by a test once its pool has started
+    exited: asyncio.Event
+    launched_beside: ClassVar[list[tuple[int, bool]]] = []
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        SlowExit.made.append(self)
+
+    async def launch(self) -> None:
+        others = [w for w in SlowExit.made if w is not self and w.launches and not w.killed]
+        box = self.options.get("seat_sandbox")
+        shares = box is not None and any(w.options.get("seat_sandbox") is box for w in others)
+        SlowExit.launched_beside.append((len(others), shares))
+        await super().launch()
+
+    async def kill(self, grace: float) -> None:
+        if SlowExit.slow:
+            await SlowExit.exited.wait()
+        await super().kill(grace)
+
+
+async def announced_program(pool: Pool) -> Any:
+    """A one-shot program whose worker's exit report was believed; the worker it ran on."""
+    async with pool.checkout(1.0) as seat:
+        await pool.serve_identity(seat, "alice")
+        ran = seat.worker
+        ran.exit_announced = True  # type: ignore[union-attr]
+        pool.release(seat, pool.retirement(seat, None))
+    return ran
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("the pool never got there")
+
+
+@pytest.fixture
+def slow_exits() -> None:
+    SlowExit.made = []
+    SlowExit.launched_beside = []
+    SlowExit.slow = False
+
+
+def slow_from_now() -> None:
+    """Each worker's kill waits for ``SlowExit.exited`` from now on."""
+    SlowExit.exited = asyncio.Event()
+    SlowExit.slow = True
+
+
+def run_slow(test: Callable[[Pool, Events], Awaitable[None]], **options: Any) -> None:
+    """``run_pool`` with one-shot ``SlowExit`` workers; after ``test`` (passed or failed)
+    workers go at once, so the pool closes."""
+
+    async def ending_fast(pool: Pool, events: Events) -> None:
+        try:
+            await test(pool, events)
+        finally:
+            SlowExit.slow = False
+            if hasattr(SlowExit, "exited"):
+                SlowExit.exited.set()
+
+    run_pool(ending_fast, reuse=1, worker=SlowExit, **options)
+
+
+@pytest.mark.usefixtures("slow_exits")
+@pytest.mark.parametrize("sandbox", ["none", "bubblewrap"])
+def test_a_cpu_seat_takes_its_spare_at_the_exit_report_and_starts_the_next_once_the_old_is_gone(
+    sandbox: str,
+) -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        slow_from_now()  # from now on a worker takes its time to go
+        spare = seat.spare
+        old = await announced_program(pool)
+        await until(lambda: seat.worker is spare and seat.state is SeatState.IDLE)
+        assert not old.killed  # ready for the next program while the old one is torn down
+        starting = seat.spare_start is not None and not seat.spare_start.done()
+        assert seat.spare is None and not starting  # its directory is still in use
+        SlowExit.exited.set()
+        await settled(pool)
+        assert old.killed and seat.spare is not None
+        assert seat.spare.options.get("seat_sandbox") is old.options.get("seat_sandbox")
+        ready = events.named("worker_ready")
+        assert ready[-1]["started_ahead"] is True and ready[-1]["generation"] == 2
+
+    run_slow(test, sandbox=sandbox)
+    # every worker started beside at most one other of its seat, never in its directory
+    assert SlowExit.launched_beside and all(
+        others <= 1 and not shares for others, shares in SlowExit.launched_beside
+    )
+
+
+@pytest.mark.usefixtures("slow_exits")
+def test_a_seat_keeps_at_most_one_leaving_worker_when_programs_follow_each_other() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        slow_from_now()
+        first = await announced_program(pool)
+        await until(lambda: seat.state is SeatState.IDLE)
+        second = await announced_program(pool)  # before the first is gone
+        await asyncio.sleep(0.02)
+        assert not first.killed and seat.state is SeatState.REPLACING  # no spare yet: waits
+        live = [w for w in SlowExit.made if w.launches and not w.killed]
+        assert live == [first, second]
+        SlowExit.exited.set()
+        await settled(pool)
+        assert first.killed and second.killed and seat.state is SeatState.IDLE
+
+    run_slow(test)
+    assert all(others <= 1 for others, _shares in SlowExit.launched_beside)
+
+
+@pytest.mark.usefixtures("slow_exits")
+def test_a_gpu_seat_waits_for_its_worker_to_be_gone_even_after_its_exit_report() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        slow_from_now()
+        spare = seat.spare
+        old = await announced_program(pool)
+        await asyncio.sleep(0.02)
+        assert seat.worker is not spare and seat.state is SeatState.REPLACING
+        SlowExit.exited.set()  # the lease and the CUDA context wait for the exit (SERVER §5)
+        await settled(pool)
+        assert old.killed and seat.worker is spare
+
+    run_slow(test, mode="fake-gpu")
+
+
+@pytest.mark.usefixtures("slow_exits")
+def test_shutdown_waits_for_the_kill_of_a_worker_that_handed_its_seat_over() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        slow_from_now()
+        await announced_program(pool)
+        asyncio.get_running_loop().call_later(0.05, SlowExit.exited.set)
+
+    run_slow(test)
+    assert len(SlowExit.made) >= 2 and all(w.killed for w in SlowExit.made if w.launches)

@@ -40,4 +40,5 @@ async def announced_exit(handle: WorkerHandle, timeout: float) -> int | None:
         return None  # anything else after the outcome: the exit and its code decide
     if handle.strays is not None and handle.strays.find():
         return None  # something still runs: killed and confirmed before the answer
+    handle.exit_announced = True  # a CPU seat may hand over now (``SpareWorkers``)
     return message.code

@@ -40,7 +40,11 @@ class WorkerEnds:
         GPUs when the kill cannot be confirmed. A second call does nothing."""
         if handle.killed:
             return
-        await kill_under_lease(handle, self.arbiter, self.grace)
+        # A worker whose exit report was believed has nothing left to run (SERVER §8): no
+        # grace, so a program that forged the report never outlives it by ``grace`` seconds
+        # beside its seat's next program.
+        grace = 0.0 if handle.exit_announced else self.grace
+        await kill_under_lease(handle, self.arbiter, grace)
         self._check_cleanup(handle)
 
     async def stop(self, handle: WorkerHandle, timeout: float) -> bool:

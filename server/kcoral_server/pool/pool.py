@@ -306,7 +306,11 @@ class Pool:
         seat.replacement = asyncio.ensure_future(self._replace(seat, old, reason))
 
     async def _replace(self, seat: Seat, old: WorkerHandle | None, reason: str) -> None:
-        if old is not None:
+        if seat.leaving is not None:  # at most one leaving worker per seat
+            await asyncio.wait([seat.leaving])
+        if old is not None and self.spares.takes_over_early(old) and self.accepting:
+            seat.leaving = asyncio.ensure_future(self.spares.see_off(seat, old))
+        elif old is not None:
             await self.kill(old)
         seat.worker = None
         if self.quarantine_reason is not None:
@@ -317,6 +321,8 @@ class Pool:
             self._occupy(seat, *taken, started_ahead=True)
             self._make_idle(seat)
             return
+        if seat.leaving is not None:  # a worker started anew may need its sandbox directory
+            await asyncio.wait([seat.leaving])
         start = lambda: self._start_seat(seat, phase="respawn")  # noqa: E731
         await start_with_backoff(seat, reason, start, lambda: self.closing, self.events)
 

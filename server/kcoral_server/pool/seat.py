@@ -65,6 +65,9 @@ class Seat:
     #: under bubblewrap: the sandbox of the spare, never the running program's; the two
     #: change places when the spare takes over
     spare_sandbox: SeatSandbox | None = field(default=None, repr=False)
+    #: a CPU seat's previous worker, handed over at its exit report: killed and confirmed
+    #: gone by this task, before the seat's next spare starts in its sandbox directory
+    leaving: asyncio.Task | None = field(default=None, repr=False)
 
 
 def seats_for(

@@ -1,4 +1,5 @@
-"""Closing a pool: replacements and spare starts cancelled, then every worker stopped
+"""Closing a pool: replacements and spare starts cancelled, the kills of workers that
+handed their seats over at their exit report awaited, then every worker stopped
 politely within the time left, else killed under its lease (spares, which ran nothing, are
 killed), then the seats' sandboxes closed (SERVER.md §12)."""
 
@@ -28,9 +29,11 @@ async def close_seats(
     ]
     for task in replacing:
         task.cancel()
+    # a worker that handed its seat over at its exit report is being killed: let that end
+    leaving = [seat.leaving for seat in seats if seat.leaving is not None]
     deadline = time.monotonic() + timeout
-    if replacing:  # a cancelled start cleans up after itself (processes, sandbox dirs)
-        await asyncio.wait(replacing, timeout=timeout)
+    if replacing or leaving:  # a cancelled start cleans up after itself (processes, dirs)
+        await asyncio.wait([*replacing, *leaving], timeout=timeout)
 
     async def close_seat(seat: Seat) -> None:
         handle = seat.worker

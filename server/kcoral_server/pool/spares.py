@@ -52,6 +52,8 @@ class SpareWorkers:
         starting = seat.spare_start is not None and not seat.spare_start.done()
         if not self.enabled or seat.pinned is not None or seat.spare is not None or starting:
             return
+        if seat.leaving is not None and not seat.leaving.done():
+            return  # its sandbox directory is the leaving worker's: ``see_off`` starts it
         if self.admitting():
             seat.spare_start = asyncio.ensure_future(self._start(seat))
 
@@ -69,6 +71,20 @@ class SpareWorkers:
             await self.kill(handle)
             return
         seat.spare = handle
+
+    def takes_over_early(self, old: WorkerHandle) -> bool:
+        """Whether ``old``'s spare may take its seat over before ``old`` is gone: on a CPU
+        seat (no lease, no CUDA context to keep apart) whose worker's exit report was
+        believed (``exit_report``: its descendants are dead and it calls ``os._exit``), so
+        the next program need not wait the ~15 ms the kernel takes to tear it down."""
+        return self.enabled and self.configure_ahead and old.exit_announced and not old.gpu_ids
+
+    async def see_off(self, seat: Seat, old: WorkerHandle) -> None:
+        """Kill what is left of ``old`` (confirmed, SERVER §8), then start ``seat``'s next
+        spare, which empties and reuses ``old``'s sandbox directory."""
+        await self.kill(old)
+        seat.leaving = None  # this task: a seat's next leaving worker waits for it to end
+        self.keep(seat)
 
     async def take(self, seat: Seat) -> tuple[WorkerHandle, WorkerInfo] | None:
         """``seat``'s spare, ready to become its worker (its current one is gone): awaited

@@ -125,6 +125,7 @@ class WorkerHandle:
         #: not killed yet); the pool quarantines the worker's GPUs (SERVER §8, §11)
         self.cleanup_unconfirmed: str | None = None
         self.killed = False  # ``kill`` ran to its end (it is not repeated)
+        self.exit_announced = False  # its exit report was believed (SERVER §8, exit_report)
         # ipc.ProgressSlot shared with this process; unmapped with the handle (not by
         # ``close``: a crashed program's instruction is read from it after the kill)
         self._progress: ipc.ProgressSlot | None = None
