@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import replacement as pool_replacement
+from kcoral_server.pool import spares as pool_spares
 from kcoral_server.pool import startup as pool_startup
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.queue import NoWorker
@@ -204,7 +205,7 @@ async def settled(pool: Pool) -> None:
         pending = [
             task
             for s in pool.seats
-            for task in (s.replacement, s.spare_start, s.leaving)
+            for task in (s.replacement, s.spare_start, s.departure, *s.leaving)
             if task is not None and not task.done()
         ]
         if not pending:
@@ -529,30 +530,46 @@ def test_a_spare_that_fails_to_start_is_logged_and_the_seat_starts_a_worker_as_b
 
 
 class SlowExit(StandInWorker):
-    """A worker whose kill returns only once ``exited`` is set (the kernel tearing down a
-    process that maps torch); each launch records how many of its seat's other workers
-    were alive and whether one of them lived in its sandbox directory."""
+    """A worker that takes its time to go once killed: it runs code on while ``runs_on`` is
+    set (``procfs.exiting`` reads it), then its kill returns only once ``exited`` is set
+    (the kernel tearing down a process that maps torch). Each launch records how many of
+    its seat's other workers could still run code and whether one of them lived in its
+    sandbox directory."""
 
     made: ClassVar[list[SlowExit]] = []
     slow = False  # set by a test once its pool has started
+    runs_on = False  # a killed worker still runs code
     exited: asyncio.Event
     launched_beside: ClassVar[list[tuple[int, bool]]] = []
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
+        self.kill_started = False
         SlowExit.made.append(self)
 
+    def may_run_code(self) -> bool:
+        return (
+            bool(self.launches) and not self.killed and (SlowExit.runs_on or not self.kill_started)
+        )
+
     async def launch(self) -> None:
-        others = [w for w in SlowExit.made if w is not self and w.launches and not w.killed]
+        others = [w for w in SlowExit.made if w is not self and w.may_run_code()]
         box = self.options.get("seat_sandbox")
         shares = box is not None and any(w.options.get("seat_sandbox") is box for w in others)
         SlowExit.launched_beside.append((len(others), shares))
         await super().launch()
 
     async def kill(self, grace: float) -> None:
+        self.kill_started = True
         if SlowExit.slow:
             await SlowExit.exited.wait()
         await super().kill(grace)
+
+
+def exiting(pid: int) -> bool:
+    """``procfs.exiting`` for stand-ins: a killed one runs no code unless ``runs_on``."""
+    worker = next(w for w in SlowExit.made if w.pid == pid)
+    return not worker.may_run_code()
 
 
 async def announced_program(pool: Pool) -> Any:
@@ -574,16 +591,18 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 @pytest.fixture
-def slow_exits() -> None:
+def slow_exits(monkeypatch: pytest.MonkeyPatch) -> None:
     SlowExit.made = []
     SlowExit.launched_beside = []
-    SlowExit.slow = False
+    SlowExit.slow = SlowExit.runs_on = False
+    monkeypatch.setattr(pool_spares.procfs, "exiting", exiting)
 
 
 def slow_from_now() -> None:
-    """Each worker's kill waits for ``SlowExit.exited`` from now on."""
+    """From now on a killed worker runs code on (``runs_on``) and its kill waits for
+    ``SlowExit.exited``."""
     SlowExit.exited = asyncio.Event()
-    SlowExit.slow = True
+    SlowExit.slow = SlowExit.runs_on = True
 
 
 def run_slow(test: Callable[[Pool, Events], Awaitable[None]], **options: Any) -> None:
@@ -594,58 +613,68 @@ def run_slow(test: Callable[[Pool, Events], Awaitable[None]], **options: Any) ->
         try:
             await test(pool, events)
         finally:
-            SlowExit.slow = False
+            SlowExit.slow = SlowExit.runs_on = False
             if hasattr(SlowExit, "exited"):
                 SlowExit.exited.set()
 
     run_pool(ending_fast, reuse=1, worker=SlowExit, **options)
 
 
+def spare_starting(seat: Seat) -> bool:
+    started = seat.spare_start is not None and not seat.spare_start.done()
+    return started or seat.spare is not None
+
+
 @pytest.mark.usefixtures("slow_exits")
 @pytest.mark.parametrize("sandbox", ["none", "bubblewrap"])
-def test_a_cpu_seat_takes_its_spare_at_the_exit_report_and_starts_the_next_once_the_old_is_gone(
+def test_a_cpu_seat_hands_over_at_its_exit_report_and_starts_a_spare_once_the_old_runs_no_code(
     sandbox: str,
 ) -> None:
     async def test(pool: Pool, events: Events) -> None:
         await settled(pool)
         seat = pool.seats[0]
-        slow_from_now()  # from now on a worker takes its time to go
+        slow_from_now()
         spare = seat.spare
         old = await announced_program(pool)
         await until(lambda: seat.worker is spare and seat.state is SeatState.IDLE)
-        assert not old.killed  # ready for the next program while the old one is torn down
-        starting = seat.spare_start is not None and not seat.spare_start.done()
-        assert seat.spare is None and not starting  # its directory is still in use
+        assert old.kill_started and not old.killed  # ready while the old one is killed
+        await asyncio.sleep(0.02)
+        assert not spare_starting(seat)  # the old one may still run code in its directory
+        SlowExit.runs_on = False  # the kill took: the kernel tears it down from now on
+        await until(lambda: seat.spare is not None)
+        assert not old.killed  # the next spare started beside that teardown
+        assert seat.spare.options.get("seat_sandbox") is old.options.get("seat_sandbox")  # type: ignore[union-attr]
         SlowExit.exited.set()
         await settled(pool)
-        assert old.killed and seat.spare is not None
-        assert seat.spare.options.get("seat_sandbox") is old.options.get("seat_sandbox")
+        assert old.killed and not seat.leaving
         ready = events.named("worker_ready")
         assert ready[-1]["started_ahead"] is True and ready[-1]["generation"] == 2
 
     run_slow(test, sandbox=sandbox)
-    # every worker started beside at most one other of its seat, never in its directory
+    # every worker started beside at most one other of its seat that could run code, and
+    # never in such a one's directory
     assert SlowExit.launched_beside and all(
         others <= 1 and not shares for others, shares in SlowExit.launched_beside
     )
 
 
 @pytest.mark.usefixtures("slow_exits")
-def test_a_seat_keeps_at_most_one_leaving_worker_when_programs_follow_each_other() -> None:
+def test_a_seat_hands_over_again_only_once_its_last_leaving_worker_runs_no_code() -> None:
     async def test(pool: Pool, events: Events) -> None:
         await settled(pool)
         seat = pool.seats[0]
         slow_from_now()
         first = await announced_program(pool)
         await until(lambda: seat.state is SeatState.IDLE)
-        second = await announced_program(pool)  # before the first is gone
+        second = await announced_program(pool)  # while the first still runs code
         await asyncio.sleep(0.02)
-        assert not first.killed and seat.state is SeatState.REPLACING  # no spare yet: waits
-        live = [w for w in SlowExit.made if w.launches and not w.killed]
-        assert live == [first, second]
+        assert seat.state is SeatState.REPLACING and not second.kill_started
+        assert [w for w in SlowExit.made if w.may_run_code()] == [first, second]
+        SlowExit.runs_on = False
+        await until(lambda: seat.state is SeatState.IDLE and second.kill_started)
         SlowExit.exited.set()
         await settled(pool)
-        assert first.killed and second.killed and seat.state is SeatState.IDLE
+        assert first.killed and second.killed and not seat.leaving
 
     run_slow(test)
     assert all(others <= 1 for others, _shares in SlowExit.launched_beside)
@@ -657,6 +686,7 @@ def test_a_gpu_seat_waits_for_its_worker_to_be_gone_even_after_its_exit_report()
         await settled(pool)
         seat = pool.seats[0]
         slow_from_now()
+        SlowExit.runs_on = False
         spare = seat.spare
         old = await announced_program(pool)
         await asyncio.sleep(0.02)
@@ -673,6 +703,7 @@ def test_shutdown_waits_for_the_kill_of_a_worker_that_handed_its_seat_over() -> 
     async def test(pool: Pool, events: Events) -> None:
         await settled(pool)
         slow_from_now()
+        SlowExit.runs_on = False
         await announced_program(pool)
         asyncio.get_running_loop().call_later(0.05, SlowExit.exited.set)
 

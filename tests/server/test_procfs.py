@@ -73,3 +73,24 @@ def test_a_child_reports_its_parent_and_keeps_its_session_until_it_calls_setsid(
             child.kill()
             child.wait()
     assert procfs.parent(kept.pid) is None and procfs.sid(own.pid) is None
+
+
+def test_a_process_is_exiting_once_killed_and_a_running_one_with_threads_is_not() -> None:
+    threads = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    child = subprocess.Popen(
+        [sys.executable, "-c", threads + "print(1, flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline()
+        assert len(os.listdir(f"/proc/{child.pid}/task")) == 2
+        assert not procfs.exiting(child.pid)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while not procfs.exiting(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert procfs.exiting(child.pid)  # killed: a zombie (or still tearing down) until reaped
+    finally:
+        child.kill()
+        child.wait()
+    assert procfs.exiting(child.pid)  # reaped: gone

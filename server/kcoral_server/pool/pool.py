@@ -306,10 +306,10 @@ class Pool:
         seat.replacement = asyncio.ensure_future(self._replace(seat, old, reason))
 
     async def _replace(self, seat: Seat, old: WorkerHandle | None, reason: str) -> None:
-        if seat.leaving is not None:  # at most one leaving worker per seat
-            await asyncio.wait([seat.leaving])
+        if seat.departure is not None:  # the last one handed over runs no more code first
+            await asyncio.wait([seat.departure])
         if old is not None and self.spares.takes_over_early(old) and self.accepting:
-            seat.leaving = asyncio.ensure_future(self.spares.see_off(seat, old))
+            seat.departure = asyncio.ensure_future(self.spares.see_off(seat, old))
         elif old is not None:
             await self.kill(old)
         seat.worker = None
@@ -321,8 +321,8 @@ class Pool:
             self._occupy(seat, *taken, started_ahead=True)
             self._make_idle(seat)
             return
-        if seat.leaving is not None:  # a worker started anew may need its sandbox directory
-            await asyncio.wait([seat.leaving])
+        if seat.departure is not None:  # a worker started anew may need its sandbox directory
+            await asyncio.wait([seat.departure])
         start = lambda: self._start_seat(seat, phase="respawn")  # noqa: E731
         await start_with_backoff(seat, reason, start, lambda: self.closing, self.events)
 

@@ -65,9 +65,12 @@ class Seat:
     #: under bubblewrap: the sandbox of the spare, never the running program's; the two
     #: change places when the spare takes over
     spare_sandbox: SeatSandbox | None = field(default=None, repr=False)
-    #: a CPU seat's previous worker, handed over at its exit report: killed and confirmed
-    #: gone by this task, before the seat's next spare starts in its sandbox directory
-    leaving: asyncio.Task | None = field(default=None, repr=False)
+    #: a CPU seat's previous worker, handed over at its exit report (SERVER §6): this task
+    #: ends once it is killed and can run no more code; the seat's next spare (in its sandbox
+    #: directory) and next hand-over wait for that
+    departure: asyncio.Task | None = field(default=None, repr=False)
+    #: the kills of such workers until their ends are confirmed (shutdown awaits them)
+    leaving: set[asyncio.Task] = field(default_factory=set, repr=False)
 
 
 def seats_for(

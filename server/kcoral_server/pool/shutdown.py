@@ -30,7 +30,12 @@ async def close_seats(
     for task in replacing:
         task.cancel()
     # a worker that handed its seat over at its exit report is being killed: let that end
-    leaving = [seat.leaving for seat in seats if seat.leaving is not None]
+    leaving = [
+        task
+        for seat in seats
+        for task in (seat.departure, *seat.leaving)
+        if task is not None and not task.done()
+    ]
     deadline = time.monotonic() + timeout
     if replacing or leaving:  # a cancelled start cleans up after itself (processes, dirs)
         await asyncio.wait([*replacing, *leaving], timeout=timeout)

@@ -72,9 +72,10 @@ def state(pid: int) -> str | None:
     return data[data.rfind(")") + 2 :][:1] or None
 
 
-def _stat_field(pid: int, index: int) -> int | None:
+def _stat_field(pid: int | str, index: int) -> int | None:
     """Numeric field ``index`` after the command name of ``/proc/<pid>/stat`` (0 is the
-    state); None when the process is gone. Pids are those of the reader's namespace."""
+    state; ``pid`` may be ``"<pid>/task/<tid>"``); None when the process is gone. Pids are
+    those of the reader's namespace."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             data = handle.read()
@@ -96,6 +97,26 @@ def sid(pid: int) -> int | None:
     """The POSIX process-session id of ``pid``, as ``getsid(2)`` names it (inherited by its
     children until one calls ``setsid``; "session" alone means a KCoral session here)."""
     return _stat_field(pid, 3)
+
+
+#: ``PF_EXITING`` in a thread's ``stat`` flags (``include/linux/sched.h``): it is in
+#: ``do_exit`` and runs no more user code
+PF_EXITING = 0x4
+
+
+def exiting(pid: int) -> bool:
+    """True when ``pid`` can run no more code: gone, or every thread of it exiting. A killed
+    process is exiting within microseconds, while the kernel may take tens of milliseconds
+    more to tear its memory down; a number reused by a new process reads as not exiting."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in threads:
+        flags = _stat_field(f"{pid}/task/{tid}", 6)
+        if flags is not None and not flags & PF_EXITING:
+            return False
+    return True
 
 
 def is_alive(pid: int) -> bool:
