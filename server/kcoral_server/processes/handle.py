@@ -57,6 +57,17 @@ def event_fields(handle: WorkerHandle) -> dict[str, Any]:
     }
 
 
+def described(handle: WorkerHandle, gone: WorkerGone) -> WorkerGone:
+    """``gone``, naming the limit the worker hit if that is why it is gone (and logging it);
+    not after a believed exit report, which decided the answer (SERVER §8)."""
+    hit = None if handle.exit_announced else cgroups.limit_message(handle.cgroup)
+    if hit is None:
+        return gone
+    if handle.events is not None:
+        handle.events.emit("worker_limit_exceeded", "WARNING", **event_fields(handle), message=hit)
+    return WorkerGone(f"{gone}; {hit}", invalid=gone.invalid)
+
+
 def configure_message(handle: WorkerHandle) -> ipc.Configure:
     """What ``handle``'s worker is told to be (its first message)."""
     return ipc.Configure(
@@ -117,7 +128,9 @@ class WorkerHandle:
             refused=lambda why: self.channel.fail(WorkerGone(why)),
         )
         self.channel = WorkerChannel(
-            on_lease=self._lease_message, describe=self._describe_gone, on_gone=self._gone
+            on_lease=self._lease_message,
+            describe=lambda gone: described(self, gone),
+            on_gone=self._gone,
         )
         self._exit_event = asyncio.Event()
         self._exit_watch: asyncio.Task | None = None
@@ -308,15 +321,6 @@ class WorkerHandle:
     def _grant(self) -> None:
         with contextlib.suppress(WorkerGone):
             self.channel.send(ipc.LeaseGranted())
-
-    def _describe_gone(self, gone: WorkerGone) -> WorkerGone:
-        """Name the limit the worker hit, if that is why it is gone (and log it)."""
-        hit = cgroups.limit_message(self.cgroup)
-        if hit is None:
-            return gone
-        if self.events is not None:
-            self.events.emit("worker_limit_exceeded", "WARNING", **event_fields(self), message=hit)
-        return WorkerGone(f"{gone}; {hit}", invalid=gone.invalid)
 
     def _gone(self) -> None:
         if self.on_gone is not None:

@@ -128,13 +128,13 @@ class SeatSandbox:
                 self.dir = sandbox_dir_for(self.config, self.device, self.gpu_ids, env, self.seats)
                 self._launcher = Launcher(wrap=self.dir.command, preload=preload_for(self.config))
             assert self._launcher is not None
-            launcher_env = self.dir.environment(env)
-            for name in list(launcher_env):
-                if name.startswith("KCORAL_WORKER_"):
-                    del launcher_env[name]  # per-worker limit notes
-            return self._launcher.launch(
-                fd, self.dir.environment(env), cgroups=cgroups, launcher_env=launcher_env
-            )
+            worker_env = self.dir.environment(env)
+            launcher_env = {  # without the per-worker limit notes
+                name: value
+                for name, value in worker_env.items()
+                if not name.startswith("KCORAL_WORKER_")
+            }
+            return self._launcher.launch(fd, worker_env, cgroups=cgroups, launcher_env=launcher_env)
 
     def _discard(self) -> None:
         if self._launcher is not None:
