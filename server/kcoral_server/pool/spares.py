@@ -3,7 +3,9 @@
 With one fresh worker per program (``--max-requests-per-worker 1``, the default), forking
 the next worker takes longer than a short program, so a seat that had to start it after
 its program would keep the next request waiting. ``SpareWorkers`` starts it ahead; it takes
-over once the current worker is gone (``Pool._replace``).
+over once the current worker is gone (``Pool._replace``), or on a CPU seat as soon as that
+worker's exit report was believed (``takes_over_early``): the old worker is then killed
+beside its successor (``see_off``) and the next spare starts once it runs no more code.
 
 Who can reach what: a spare lives in the seat's other sandbox directory, never the running
 program's (``Seat.spare_sandbox``; the workspace and ``/tmp`` are emptied before each fresh
