@@ -92,7 +92,8 @@ class SpareWorkers:
         kill = asyncio.ensure_future(self.kill(old))
         seat.leaving.add(kill)
         kill.add_done_callback(seat.leaving.discard)
-        while not kill.done() and not procfs.exiting(old.pid):
+        pid = old.pid  # None: it has no process, so nothing of it runs
+        while pid is not None and not kill.done() and not procfs.exiting(pid):
             await asyncio.sleep(EXITING_POLL_SECONDS)
         seat.departure = None  # this task: ``keep`` waits for it
         self.keep(seat)
