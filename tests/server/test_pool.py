@@ -598,11 +598,14 @@ def slow_exits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool_spares.procfs, "exiting", exiting)
 
 
-def slow_from_now() -> None:
-    """From now on a killed worker runs code on (``runs_on``) and its kill waits for
-    ``SlowExit.exited``."""
+async def slowed_seat(pool: Pool, *, runs_on: bool = True) -> Seat:
+    """The pool's seat once it has settled; from then on a killed worker runs code on
+    (while ``runs_on``) and its kill waits for ``SlowExit.exited``."""
+    await settled(pool)
     SlowExit.exited = asyncio.Event()
-    SlowExit.slow = SlowExit.runs_on = True
+    SlowExit.slow = True
+    SlowExit.runs_on = runs_on
+    return pool.seats[0]
 
 
 def run_slow(test: Callable[[Pool, Events], Awaitable[None]], **options: Any) -> None:
@@ -631,9 +634,7 @@ def test_a_cpu_seat_hands_over_at_its_exit_report_and_starts_a_spare_once_the_ol
     sandbox: str,
 ) -> None:
     async def test(pool: Pool, events: Events) -> None:
-        await settled(pool)
-        seat = pool.seats[0]
-        slow_from_now()
+        seat = await slowed_seat(pool)
         spare = seat.spare
         old = await announced_program(pool)
         await until(lambda: seat.worker is spare and seat.state is SeatState.IDLE)
@@ -661,9 +662,7 @@ def test_a_cpu_seat_hands_over_at_its_exit_report_and_starts_a_spare_once_the_ol
 @pytest.mark.usefixtures("slow_exits")
 def test_a_seat_hands_over_again_only_once_its_last_leaving_worker_runs_no_code() -> None:
     async def test(pool: Pool, events: Events) -> None:
-        await settled(pool)
-        seat = pool.seats[0]
-        slow_from_now()
+        seat = await slowed_seat(pool)
         first = await announced_program(pool)
         await until(lambda: seat.state is SeatState.IDLE)
         second = await announced_program(pool)  # while the first still runs code
@@ -683,10 +682,7 @@ def test_a_seat_hands_over_again_only_once_its_last_leaving_worker_runs_no_code(
 @pytest.mark.usefixtures("slow_exits")
 def test_a_gpu_seat_waits_for_its_worker_to_be_gone_even_after_its_exit_report() -> None:
     async def test(pool: Pool, events: Events) -> None:
-        await settled(pool)
-        seat = pool.seats[0]
-        slow_from_now()
-        SlowExit.runs_on = False
+        seat = await slowed_seat(pool, runs_on=False)
         spare = seat.spare
         old = await announced_program(pool)
         await asyncio.sleep(0.02)
@@ -701,9 +697,7 @@ def test_a_gpu_seat_waits_for_its_worker_to_be_gone_even_after_its_exit_report()
 @pytest.mark.usefixtures("slow_exits")
 def test_shutdown_waits_for_the_kill_of_a_worker_that_handed_its_seat_over() -> None:
     async def test(pool: Pool, events: Events) -> None:
-        await settled(pool)
-        slow_from_now()
-        SlowExit.runs_on = False
+        await slowed_seat(pool, runs_on=False)
         await announced_program(pool)
         asyncio.get_running_loop().call_later(0.05, SlowExit.exited.set)
 
