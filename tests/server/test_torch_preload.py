@@ -23,6 +23,7 @@ from kcoral_server.processes.launcher.fork_server import PRELOAD_IDLE_SECONDS
 from kcoral_server.processes.launcher.front_end import ForkedProcess, Launcher, LauncherRefused
 from kcoral_server.processes.sandbox import worker_base_environment
 from server_process import RunningServer, start_server
+from test_huge_pages import fold_problem
 
 import kcoral
 
@@ -99,6 +100,23 @@ def test_the_preloading_launcher_runs_no_thread_but_its_main_one(preloading_laun
     launcher_pid = preloading_launcher._process.pid
     assert _mapped(launcher_pid, "openblas")  # numpy's BLAS is loaded, its pool stopped
     assert os.listdir(f"/proc/{launcher_pid}/task") == [str(launcher_pid)]
+
+
+def _anonymous_huge_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.skipif(fold_problem() is not None, reason=str(fold_problem()))
+def test_the_preloading_launchers_heap_is_on_huge_pages(preloading_launcher):
+    process = _fork_after_the_preload(preloading_launcher)
+    process.wait(60)
+    assert preloading_launcher._process is not None
+    # torch's and numpy's heap, folded after the preload: each fork copies ~60 entries
+    # for it instead of ~37,000 (launcher.huge_pages)
+    assert _anonymous_huge_kib(preloading_launcher._process.pid) >= 32 << 10
 
 
 PRELOAD_AND_LOOK = """

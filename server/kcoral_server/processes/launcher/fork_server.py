@@ -31,6 +31,7 @@ from kcoral_server.processes.launcher.forked_worker import (
     run_child,
     set_dumpable,
 )
+from kcoral_server.processes.launcher.huge_pages import collapse_heap
 from kcoral_server.processes.launcher.spawn_supervisor import supervise
 from kcoral_server.processes.launcher.wire import (
     ENTRY_MODULE,
@@ -285,11 +286,13 @@ def keep_preload_finalizers_from_exit() -> int:
 
 def freeze_heap() -> None:
     """Collect, then freeze what survives: pages the children never write stay shared, and
-    their collections skip those objects."""
+    their collections skip those objects. Then fold the heap into huge pages: each fork
+    copies far fewer page-table entries (``huge_pages``)."""
     import gc
 
     gc.collect()
     gc.freeze()
+    collapse_heap()
 
 
 #: the function OpenBLAS's own ``pthread_atfork`` prepare handler calls: it joins the pool
