@@ -9,9 +9,11 @@ seat's two sandboxes (and spares) they land on.
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kcoral_server.processes import sandbox
@@ -21,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
 from identity_support import TOKEN_A, TOKEN_B, token_file
 from raw_http import post_execute
 from sandbox_helpers import run_source
-from server_process import start_server
+from server_process import RunningServer, start_server
 
 BWRAP_PROBLEM = sandbox.probe()
 needs_bwrap = pytest.mark.skipif(
@@ -41,28 +43,38 @@ def main(who):
 """
 
 
-def _found(url: str, token: str, who: str) -> dict[str, list[str]]:
+def _run(url: str, token: str, source: str, args: list) -> Any:
+    """What the program's ``main(*args)`` returned (a JSON text), decoded."""
     answer = post_execute(
         url,
-        run_source(LEAVE_A_MARK, args=[who]),
+        run_source(source, args=args),
         headers={"Authorization": f"Bearer {token}"},
         timeout=90,
     )
     assert answer.status == 200 and answer.body["status"] == "COMPLETED", answer.raw[-2000:]
-    node = answer.body["results"]["value"]
-    return json.loads(node["value"])
+    return json.loads(answer.body["results"]["value"]["value"])
 
 
-@needs_bwrap
-def test_a_spare_never_hands_one_identitys_sandbox_to_another(tmp_path: Path) -> None:
+def _found(url: str, token: str, who: str) -> dict[str, list[str]]:
+    return _run(url, token, LEAVE_A_MARK, [who])
+
+
+def _one_seat_server(tmp_path: Path) -> RunningServer:
+    """A sandboxed server of one seat, one fresh worker per program, alice's and bob's
+    tokens."""
     tokens = token_file(tmp_path / "secrets")
-    server = start_server(
+    return start_server(
         tmp_path / "server",
         [
             "--sandbox", "bubblewrap", "--max-requests-per-worker", "1", "--num-workers", "1",
             "--auth-token-file", str(tokens),
         ],
     )  # fmt: skip
+
+
+@needs_bwrap
+def test_a_spare_never_hands_one_identitys_sandbox_to_another(tmp_path: Path) -> None:
+    server = _one_seat_server(tmp_path)
     try:
         order = ["alice", "bob", "bob", "alice", "bob", "alice", "alice", "bob"]
         seen = {"alice": [], "bob": []}
@@ -81,5 +93,73 @@ def test_a_spare_never_hands_one_identitys_sandbox_to_another(tmp_path: Path) ->
         assert "identity" in reasons, reasons  # a spare from the other identity's sandbox
         # the answers kept coming: the seat serves on
         assert _found(server.url, TOKEN_A, "alice")["home"] is not None
+    finally:
+        server.stop()
+
+
+# The program as the attacker of the worker forked ahead in its own sandbox (SERVER §6): it
+# looks at its siblings (the processes its fork server forked besides itself) and tries to
+# read what a worker-to-be keeps: its memory, its environment, its descriptors (its go
+# pipe among them); or, with ``kill``, kills them.
+ATTACK_THE_HELD_WORKER = """
+import json, os, signal
+
+def siblings():
+    me, parent = os.getpid(), os.getppid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            status = open(f"/proc/{name}/status").read()
+        except OSError:
+            continue
+        ppid = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+        if int(ppid) == parent:
+            found.append(int(name))
+    return found
+
+def main(kill):
+    tried = {}
+    for pid in siblings():
+        if kill:
+            os.kill(pid, signal.SIGKILL)
+            continue
+        outcome = {}
+        for what in ("mem", "environ", "fd/0"):
+            try:
+                with open(f"/proc/{pid}/{what}", "rb") as f:
+                    f.read(1)
+                outcome[what] = "read"
+            except OSError as exc:
+                outcome[what] = exc.errno
+        tried[pid] = outcome
+    return json.dumps(tried)
+"""
+
+
+def _attack(url: str, kill: bool) -> dict[str, dict[str, object]]:
+    return _run(url, TOKEN_A, ATTACK_THE_HELD_WORKER, [kill])
+
+
+@needs_bwrap
+def test_a_program_can_neither_read_nor_stop_the_worker_forked_ahead_beside_it(
+    tmp_path: Path,
+) -> None:
+    server = _one_seat_server(tmp_path)
+    try:
+        tried: dict[str, dict[str, object]] = {}
+        for _ in range(12):
+            tried.update(_attack(server.url, kill=False))
+        assert tried, "no program ever saw a worker forked ahead beside it"
+        for pid, outcome in tried.items():
+            # non-dumpable until its go: same user, but no ptrace access
+            assert all(result in (errno.EACCES, errno.EPERM) for result in outcome.values()), (
+                pid,
+                outcome,
+            )
+        for _ in range(3):  # the killed worker-to-be is replaced: the seat serves on
+            _attack(server.url, kill=True)
+        assert _attack(server.url, kill=False) is not None
     finally:
         server.stop()

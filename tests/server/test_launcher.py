@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
+from pathlib import Path
 
 import pytest
 from kcoral_server.processes import ipc
@@ -32,10 +34,10 @@ def launcher():
     launcher.close()
 
 
-def _fork(launcher: Launcher, env: dict[str, str]):
+def _fork(launcher: Launcher, env: dict[str, str], *, hold: bool = False, cgroups=()):
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        process = launcher.launch(child.fileno(), env)
+        process = launcher.launch(child.fileno(), env, cgroups=cgroups, hold=hold)
     finally:
         child.close()
     return process, ipc.BlockingChannel(parent)
@@ -69,3 +71,66 @@ def test_a_forked_worker_leads_its_own_session(launcher):
     assert os.getsid(process.pid) == process.pid
     channel.sock.close()  # EOF: the worker exits by itself
     assert process.wait(30) == 0
+
+
+# ------------------------------------------- a worker forked ahead (SERVER §6)
+
+
+def test_a_worker_forked_ahead_enters_its_cgroups_then_answers_nothing_until_released(
+    launcher, tmp_path: Path
+):
+    procs = tmp_path / "cgroup.procs"  # a plain file: it shows what the child wrote, and when
+    procs.write_text("")
+    process, channel = _fork(launcher, dict(os.environ), hold=True, cgroups=[str(procs)])
+    assert process.held
+    deadline = 50
+    while procs.read_text() != "0" and deadline:  # written by the child itself, at once
+        deadline -= 1
+        select.select([], [], [], 0.1)
+    assert procs.read_text() == "0"
+    channel.send(_configure())
+    channel.sock.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        channel.receive()  # held: nothing of the worker runs
+    assert process.poll() is None
+    process.release()
+    channel.sock.settimeout(60)
+    message, _fds = channel.receive()
+    assert isinstance(message, ipc.WorkerReady) and message.pid == process.pid
+    channel.send(ipc.Shutdown())
+    assert process.wait(30) == 0
+    channel.sock.close()
+
+
+def test_a_worker_forked_ahead_and_given_up_exits_without_running(launcher):
+    process, channel = _fork(launcher, dict(os.environ), hold=True)
+    channel.send(_configure())
+    process.drop()
+    assert process.wait(30) == 125
+    channel.sock.settimeout(5)
+    try:
+        answer = channel.sock.recv(1)
+    except ConnectionResetError:  # it went with our Configure unread
+        answer = b""
+    assert answer == b""  # it never answered
+    channel.sock.close()
+
+
+def test_a_held_worker_keeps_no_exit_report_of_another_worker_open(launcher):
+    first, first_channel = _fork(launcher, dict(os.environ))
+    assert first.status_fd is not None
+    report = os.dup(first.status_fd)  # what the server's exit watch reads
+    held, held_channel = _fork(launcher, dict(os.environ), hold=True)
+    try:
+        os.kill(first.pid, signal.SIGKILL)
+        assert first.wait(30) == -signal.SIGKILL  # reads the report off the shared pipe
+        # ...after which only the pipe's end tells the watch: a held child forked after
+        # ``first`` must not keep the launcher's write end open while it waits
+        readable, _w, _x = select.select([report], [], [], 10)
+        assert readable and os.read(report, 64) == b""
+    finally:
+        os.close(report)
+        held.drop()
+        assert held.wait(30) == 125
+        for channel in (first_channel, held_channel):
+            channel.sock.close()

@@ -67,6 +67,22 @@ class StandInChannel:
         return ipc.WorkerReady(pid=1), []
 
 
+class StandInProcess:
+    """``WorkerHandle.os_process`` of a stand-in: the release of a worker forked ahead."""
+
+    def __init__(self, worker: StandInWorker) -> None:
+        self.worker = worker
+
+    async def release(self, seat_sandbox: Any) -> None:
+        assert self.worker.held, "only a worker forked ahead is released"
+        assert not self.worker.killed, "a killed worker is never released"
+        if self.worker.gone is not None:
+            raise WorkerStartError("cannot start the worker forked ahead: it is gone")
+        self.worker.begin()
+        self.worker.held = False
+        self.worker.released_into.append(seat_sandbox)
+
+
 class StandInWorker:
     """What the pool needs of a ``WorkerHandle``, without a process."""
 
@@ -84,6 +100,9 @@ class StandInWorker:
         self._identity: str | None = None
         self.info: WorkerInfo | None = None
         self.launches = 0
+        self.held = False
+        self.released_into: list[Any] = []  # the sandboxes it was released into
+        self.os_process = StandInProcess(self)
         self.killed = False
         self.stopped = False
         self.exit_announced = False  # the pipeline sets it where a real handle's is believed
@@ -118,8 +137,18 @@ class StandInWorker:
         await self.launch()
         return await self.configure()
 
-    async def launch(self) -> None:
+    @property
+    def seat_sandbox(self) -> Any:
+        return self.options.get("seat_sandbox")
+
+    def begin(self) -> None:
+        """The moment it may run code: launched, or released after it was forked ahead."""
+
+    async def launch(self, *, hold: bool = False) -> None:
+        if not hold:
+            self.begin()
         self.launches += 1
+        self.held = hold  # forked ahead: waits for ``os_process.release``
         if StandInWorker.fail_starts:
             StandInWorker.fail_starts -= 1
             raise WorkerStartError("stand-in refuses to start")
@@ -205,7 +234,7 @@ async def settled(pool: Pool) -> None:
         pending = [
             task
             for s in pool.seats
-            for task in (s.replacement, s.spare_start, s.departure, *s.leaving)
+            for task in (s.replacement, s.spare_start, s.held_start, s.departure, *s.leaving)
             if task is not None and not task.done()
         ]
         if not pending:
@@ -490,7 +519,7 @@ def test_a_spare_lives_in_the_other_sandbox_and_serves_only_what_its_identity_al
     run_pool(test, reuse=1, sandbox="bubblewrap")
 
 
-def test_shutdown_ends_spares_and_spares_still_starting() -> None:
+def test_shutdown_ends_spares_spares_still_starting_and_workers_forked_ahead() -> None:
     made: list[Any] = []
     seats: list[Seat] = []
 
@@ -509,7 +538,8 @@ def test_shutdown_ends_spares_and_spares_still_starting() -> None:
 
     run_pool(test, reuse=1, worker=Recorded)
     assert len(made) >= 3 and all(worker.killed for worker in made)
-    assert all(seat.spare is None for seat in seats)
+    assert any(worker.held for worker in made)  # one was never released
+    assert all(seat.spare is None and seat.held is None for seat in seats)
     assert all(seat.spare_start is None or seat.spare_start.done() for seat in seats)
 
 
@@ -524,6 +554,71 @@ def test_a_spare_that_fails_to_start_is_logged_and_the_seat_starts_a_worker_as_b
         assert [r["phase"] for r in events.named("worker_failed")] == ["respawn"]
 
     run_pool(test, reuse=1)
+
+
+# ------------------------------------------- the worker after the spare, forked ahead
+
+
+def test_a_cpu_seat_forks_the_worker_after_its_spare_ahead_and_releases_it_as_the_spare() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        for _ in range(3):
+            held, spare = seat.held, seat.spare
+            assert held is not None and held.held and held is not spare
+            assert held.seat_sandbox is seat.sandbox  # the running worker's, left alone
+            assert held.released_into == [] and held.info is None
+            await one_program(pool)
+            assert seat.worker is spare and seat.spare is held  # no second launch for it
+            assert held.launches == 1 and not held.held and held.info is not None
+            assert held.released_into == [seat.spare_sandbox]  # emptied, then told to go
+            assert held.generation == seat.generation + 1
+        assert seat.held is not None and seat.held.seat_sandbox is seat.sandbox
+
+    run_pool(test, reuse=1, sandbox="bubblewrap")
+
+
+def test_a_worker_forked_ahead_that_died_while_held_is_killed_and_the_spare_launched_anew() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        held = seat.held
+        assert held is not None
+        held.die()
+        await one_program(pool)
+        assert held.killed and seat.spare is not None and seat.spare is not held
+        assert seat.spare.launches == 1 and not seat.spare.held
+        assert seat.state is SeatState.IDLE and seat.worker is not None
+
+    run_pool(test, reuse=1)
+
+
+def test_a_worker_forked_ahead_in_a_sandbox_closed_for_another_identity_is_killed_first() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        await one_program(pool, "alice")
+        await one_program(pool, "alice")  # the seat's first sandbox serves alice again
+        held = seat.held
+        assert held is not None and held.seat_sandbox is seat.sandbox
+        async with pool.checkout(1.0) as seat:
+            await pool.serve_identity(seat, "bob")  # alice's sandbox closes
+            assert held.killed and seat.held is None
+            pool.release(seat, pool.retirement(seat, None))
+        await settled(pool)
+        assert seat.spare is not None and seat.spare is not held and not seat.spare.killed
+        assert seat.held is not None and not seat.held.killed
+
+    run_pool(test, reuse=1, sandbox="bubblewrap")
+
+
+def test_a_gpu_seat_forks_nothing_ahead_of_its_spare() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        await one_program(pool)
+        assert pool.seats[0].spare is not None and pool.seats[0].held is None
+
+    run_pool(test, reuse=1, mode="fake-gpu")
 
 
 # ------------------------------------- a CPU seat hands over at the exit report (issue 31)
@@ -548,16 +643,16 @@ class SlowExit(StandInWorker):
         SlowExit.made.append(self)
 
     def may_run_code(self) -> bool:
-        return (
-            bool(self.launches) and not self.killed and (SlowExit.runs_on or not self.kill_started)
-        )
+        """Launched and not held (a worker forked ahead runs nothing until released), and
+        not killed, or killed but still running on."""
+        started = bool(self.launches) and not self.held
+        return started and not self.killed and (SlowExit.runs_on or not self.kill_started)
 
-    async def launch(self) -> None:
+    def begin(self) -> None:
         others = [w for w in SlowExit.made if w is not self and w.may_run_code()]
         box = self.options.get("seat_sandbox")
         shares = box is not None and any(w.options.get("seat_sandbox") is box for w in others)
         SlowExit.launched_beside.append((len(others), shares))
-        await super().launch()
 
     async def kill(self, grace: float) -> None:
         self.kill_started = True
@@ -645,6 +740,7 @@ def test_a_cpu_seat_hands_over_at_its_exit_report_and_starts_a_spare_once_the_ol
         await until(lambda: seat.spare is not None)
         assert not old.killed  # the next spare started beside that teardown
         assert seat.spare.options.get("seat_sandbox") is old.options.get("seat_sandbox")  # type: ignore[union-attr]
+        assert seat.spare.released_into == [old.seat_sandbox]  # type: ignore[union-attr]  # forked ahead
         SlowExit.exited.set()
         await settled(pool)
         assert old.killed and not seat.leaving

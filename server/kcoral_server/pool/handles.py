@@ -69,6 +69,25 @@ class HandleMaker:
             seat_sandbox=sandbox,
         )
 
+    def for_seat_after_next(self, seat: Seat) -> WorkerHandle | None:
+        """The worker after the seat's spare, to be forked ahead (``SpareWorkers``): in the
+        sandbox of the seat's current worker, which it gets once that worker is gone (the
+        spare takes over and the two sandboxes change places). None under bubblewrap while
+        the seat has no sandbox."""
+        if self.sandbox == "bubblewrap" and seat.sandbox is None:
+            return None
+        gpu = self.gpu_device(seat.gpu_id)
+        return self.make(
+            **self._shared(seat),
+            generation=seat.generation + 2,  # set again when it becomes the spare
+            gpu_ids=[gpu.id] if gpu else [],
+            gpu_uuids=[gpu.uuid] if gpu and gpu.uuid else [],
+            transient=self.config.max_requests_per_worker == 1,
+            on_gone=self.on_gone,
+            seats=self.seats,
+            seat_sandbox=seat.sandbox,
+        )
+
     def for_session(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:
         """A session's worker on the pool's GPUs ``gpu_ids``, in that order
         (``for_pinned_set``); the session starts and retires it."""

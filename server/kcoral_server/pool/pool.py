@@ -215,6 +215,7 @@ class Pool:
         try:
             await self.kill(handle)
             seat.worker = None
+            await self.spares.drop_held(seat)  # forked ahead in the directory closed next
             if seat.sandbox is not None:  # its HOME and caches are the other identity's
                 old, seat.sandbox = seat.sandbox, None
                 await asyncio.get_running_loop().run_in_executor(None, old.close)

@@ -65,6 +65,12 @@ class Seat:
     #: under bubblewrap: the sandbox of the spare, never the running program's; the two
     #: change places when the spare takes over
     spare_sandbox: SeatSandbox | None = field(default=None, repr=False)
+    #: the worker after the spare, forked ahead on a CPU seat once the spare is ready, in
+    #: the current worker's sandbox: held in its cgroups before it runs anything (no code,
+    #: no memory of its own) until it becomes the spare, when that directory is emptied
+    #: (moving into a cgroup waits ~10 ms for the kernel, SERVER §6)
+    held: WorkerHandle | None = field(default=None, repr=False)
+    held_start: asyncio.Task | None = field(default=None, repr=False)
     #: a CPU seat's previous worker, handed over at its exit report (SERVER §6): this task
     #: ends once it is killed and can run no more code; the seat's next spare (in its sandbox
     #: directory) and next hand-over wait for that

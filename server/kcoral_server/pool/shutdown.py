@@ -1,7 +1,8 @@
 """Closing a pool: replacements and spare starts cancelled, the kills of workers that
 handed their seats over at their exit report awaited, then every worker stopped
-politely within the time left, else killed under its lease (spares, which ran nothing, are
-killed), then the seats' sandboxes closed (SERVER.md §12)."""
+politely within the time left, else killed under its lease (spares and workers forked
+ahead, which ran no program, are killed), then the seats' sandboxes closed (SERVER.md
+§12)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ async def close_seats(
     replacing = [
         task
         for seat in seats
-        for task in (seat.replacement, seat.spare_start)
+        for task in (seat.replacement, seat.spare_start, seat.held_start)
         if task is not None and not task.done()
     ]
     for task in replacing:
@@ -44,8 +45,10 @@ async def close_seats(
         handle = seat.worker
         seat.state = SeatState.CLOSED
         spare, seat.spare = seat.spare, None
-        if spare is not None:  # it ran nothing: nothing to wait for
-            await kill(spare)
+        held, seat.held = seat.held, None
+        for waiting in (spare, held):
+            if waiting is not None:  # it ran no program: nothing to wait for
+                await kill(waiting)
         if handle is None:
             return
         if handle.gone is None:

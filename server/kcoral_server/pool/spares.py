@@ -6,13 +6,19 @@ its program would keep the next request waiting. ``SpareWorkers`` starts it ahea
 over once the current worker is gone (``Pool._replace``), or on a CPU seat as soon as that
 worker's exit report was believed (``takes_over_early``): the old worker is then killed
 beside its successor (``see_off``) and the next spare starts once it runs no more code.
+On a CPU seat the worker after the spare is forked ahead too (``Seat.held``): moving into
+its cgroups waits ~10 ms for the kernel, which then overlaps the running program; it waits,
+running nothing, until it is released as the next spare (``_release``).
 
 Who can reach what: a spare lives in the seat's other sandbox directory, never the running
 program's (``Seat.spare_sandbox``; the workspace and ``/tmp`` are emptied before each fresh
 worker, SERVER §14), runs nothing before it takes over, and passes ``Pool.serve_identity``
 like any worker, so it serves only an identity its sandbox's HOME and caches allow. A GPU
 seat's spare is launched but configured only at take-over: CUDA is initialised under the
-lease then, never beside a running program (SERVER §5). Each spare counts as a worker in
+lease then, never beside a running program (SERVER §5). A worker forked ahead lives in the
+running program's sandbox directory but runs nothing and is non-dumpable until released
+(``forked_worker.become_worker``): that program can kill it (it is then replaced), never
+read it; the directory is emptied before its release. Each spare counts as a worker in
 the default memory share (``limits.worker_seats``); shutdown kills spares
 (``shutdown.close_seats``).
 """
@@ -20,6 +26,8 @@ the default memory share (``limits.worker_seats``); shutdown kills spares
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from typing import TYPE_CHECKING
 
 from kcoral_server.pool.handles import HandleMaker
@@ -28,6 +36,7 @@ from kcoral_server.pool.startup import emit_failed
 from kcoral_server.processes import limits, procfs
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.launch import LAUNCH_ENV
 from kcoral_server.processes.start import WorkerInfo, WorkerStartError
 
 if TYPE_CHECKING:
@@ -63,9 +72,14 @@ class SpareWorkers:
             seat.spare_start = asyncio.ensure_future(self._start(seat))
 
     async def _start(self, seat: Seat) -> None:
-        handle = self.handles.for_seat(seat, spare=True)
+        held, launching = seat.held, seat.held_start
+        seat.held = seat.held_start = None
+        self._hold_next(seat)  # the one after: its fork overlaps this one's start
+        released = await self._release(seat, held, launching)
+        handle = released or self.handles.for_seat(seat, spare=True)
         try:
-            await handle.launch()
+            if released is None:  # not forked ahead
+                await handle.launch()
             if self.configure_ahead:
                 await handle.configure()
         except (WorkerStartError, WorkerGone, OSError) as exc:
@@ -76,6 +90,57 @@ class SpareWorkers:
             await self.kill(handle)
             return
         seat.spare = handle
+
+    def _hold_next(self, seat: Seat) -> None:
+        """Fork the worker after ``seat``'s next spare ahead, on a CPU seat (``Seat.held``):
+        the fork and the move into its cgroups (~10 ms waiting for the kernel) then happen
+        while the current worker runs, not after it."""
+        if not self.configure_ahead or seat.held is not None or not self.admitting():
+            return
+        if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
+            return  # only a fork can wait before it runs anything
+        handle = self.handles.for_seat_after_next(seat)
+        if handle is not None:
+            seat.held = handle
+            seat.held_start = asyncio.ensure_future(handle.launch(hold=True))
+
+    async def drop_held(self, seat: Seat) -> None:
+        """Kill ``seat``'s worker forked ahead, before its sandbox directory is closed (the
+        seat serves another identity): the directory's fork server stops only once its last
+        child is gone."""
+        held, launching = seat.held, seat.held_start
+        seat.held = seat.held_start = None
+        if launching is not None:
+            await asyncio.wait([launching])  # a fork in flight is not cancellable
+        if held is not None:
+            await self.kill(held)
+
+    async def _release(
+        self, seat: Seat, held: WorkerHandle | None, launching: asyncio.Task | None
+    ) -> WorkerHandle | None:
+        """``held``, the seat's worker forked ahead, as its spare-to-be: its sandbox
+        directory (the one the spare must use, whose worker is gone) emptied and the worker
+        told to go on. None when there is none, or it is not in that directory, or it
+        failed (killed quietly: the spare is then launched as before)."""
+        if held is None:
+            return None
+        try:
+            if launching is not None:
+                await asyncio.shield(launching)
+            if held.seat_sandbox is not seat.spare_sandbox:
+                raise WorkerStartError("its sandbox is no longer the spare's")
+            await held.os_process.release(held.seat_sandbox)
+        except (WorkerStartError, WorkerGone, OSError):
+            await self.kill(held)
+            return None
+        except asyncio.CancelledError:  # shutdown: nobody else knows it any more
+            if launching is not None:
+                with contextlib.suppress(BaseException):
+                    await launching
+            await self.kill(held)
+            raise
+        held.generation = seat.generation + 1
+        return held
 
     def takes_over_early(self, old: WorkerHandle) -> bool:
         """Whether ``old``'s spare may take its seat over before ``old`` is gone: on a CPU

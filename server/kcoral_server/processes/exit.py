@@ -21,7 +21,7 @@ from kcoral_server.processes import procfs
 from kcoral_server.processes.launcher.front_end import ForkedProcess, cleanup_confirm_seconds
 from kcoral_server.processes.pidfd import open_pidfd
 
-__all__ = ["kill_tree", "kill_tree_now", "survivors_of", "watch_exit"]
+__all__ = ["kill_tree", "kill_tree_now", "poll_exit", "survivors_of", "watch_exit"]
 
 Process = subprocess.Popen | ForkedProcess
 
@@ -68,6 +68,17 @@ async def watch_exit(
     while process.poll() is None:
         await asyncio.sleep(0.02)  # a launcher that died before reporting
     exited.set()
+
+
+async def poll_exit(process: Process, timeout: float | None) -> bool:
+    """Whether ``process`` exited within ``timeout``, by polling: for a process whose
+    ``watch_exit`` never started (a launch cancelled once the fork was under way)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while process.poll() is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 async def kill_tree(

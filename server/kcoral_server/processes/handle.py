@@ -27,7 +27,7 @@ from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.gpu.worker_lease import LeaseHolder
 from kcoral_server.processes import cgroups, ipc
 from kcoral_server.processes.channel import WorkerChannel, WorkerGone, close_fds
-from kcoral_server.processes.exit import kill_tree, survivors_of, watch_exit
+from kcoral_server.processes.exit import kill_tree, poll_exit, survivors_of, watch_exit
 from kcoral_server.processes.launch import SeatSandbox
 from kcoral_server.processes.launcher.front_end import ForkedProcess
 from kcoral_server.processes.sandbox import SandboxDir
@@ -233,12 +233,13 @@ class WorkerHandle:
         await self.launch()
         return await self.configure(timeout)
 
-    async def launch(self) -> None:
+    async def launch(self, *, hold: bool = False) -> None:
         """Start the process (fork, spawn, seat sandbox); until ``configure`` it imports
-        nothing more, initialises no GPU and runs no program (a spare worker, SERVER §6)."""
+        nothing more, initialises no GPU and runs no program (a spare worker, SERVER §6).
+        ``hold``: forked ahead, it waits until ``os_process.release`` (``SpareWorkers``)."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            await self.os_process.launch(self._launch_spec, child.fileno())
+            await self.os_process.launch(self._launch_spec, child.fileno(), hold=hold)
         except BaseException:
             parent.close()
             raise
@@ -332,6 +333,8 @@ class WorkerHandle:
         """Wait for the process to exit; True when it did within ``timeout``."""
         if self.process is None:
             return True
+        if self._exit_watch is None:  # its launch was cancelled: nothing watches the exit
+            return await poll_exit(self.process, timeout)
         try:
             await asyncio.wait_for(self._exit_event.wait(), timeout)
         except (asyncio.TimeoutError, TimeoutError):

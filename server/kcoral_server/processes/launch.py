@@ -113,17 +113,18 @@ class SeatSandbox:
         #: directory (what it left in HOME and caches would end the next programs too)
         self.spoiled = False
 
-    def launch(self, fd: int, env: dict[str, str], cgroups: Sequence[str]) -> ForkedProcess:
+    def launch(
+        self, fd: int, env: dict[str, str], cgroups: Sequence[str], *, hold: bool = False
+    ) -> ForkedProcess:
         """Fork a worker inside the sandbox (blocking). ``env`` is the worker's environment
-        outside; it is translated (§14 variables). Raises ``LauncherError``."""
+        outside; it is translated (§14 variables). ``hold``: a worker forked ahead, while
+        another may still run in the directory, which it leaves alone until ``release``
+        empties it. Raises ``LauncherError``."""
         with self._lock:
             if self._closed:
                 raise LauncherError("the seat's sandbox is closed")
-            if self.dir is not None and (
-                self.spoiled or not clear_workspace(str(self.dir.host_dir))
-            ):
-                self._discard()  # a workspace the front-end cannot empty: start afresh
-            self.spoiled = False
+            if not hold:
+                self._empty_locked()
             if self.dir is None:
                 self.dir = sandbox_dir_for(self.config, self.device, self.gpu_ids, env, self.seats)
                 self._launcher = Launcher(wrap=self.dir.command, preload=preload_for(self.config))
@@ -134,7 +135,39 @@ class SeatSandbox:
                 for name, value in worker_env.items()
                 if not name.startswith("KCORAL_WORKER_")
             }
-            return self._launcher.launch(fd, worker_env, cgroups=cgroups, launcher_env=launcher_env)
+            return self._launcher.launch(
+                fd, worker_env, cgroups=cgroups, launcher_env=launcher_env, hold=hold
+            )
+
+    def release(self, process: ForkedProcess) -> None:
+        """Empty the directory for ``process``, forked ahead here, and tell it to go on
+        (blocking). Raises ``LauncherError`` when it cannot: the directory was replaced
+        since (another identity, a workspace that could not be emptied) or the worker is
+        gone; the caller kills it and forks anew."""
+        with self._lock:
+            if self._closed:
+                raise LauncherError("the seat's sandbox is closed")
+            launcher = self._launcher
+            if launcher is None or process.forks is not launcher.forks:
+                raise LauncherError("the seat's sandbox was replaced since the worker forked")
+            assert self.dir is not None  # set with its launcher
+            if self.spoiled or not clear_workspace(str(self.dir.host_dir)):
+                # Dropped first: a fork server stops only once its last child has exited.
+                process.drop()
+                self._discard()
+                self.spoiled = False
+                raise LauncherError("the seat's sandbox could not be emptied")
+            try:
+                process.release()
+            except OSError as exc:
+                raise LauncherError(f"the worker forked ahead is gone: {exc}") from None
+
+    def _empty_locked(self) -> None:
+        """Empty the workspace for the next worker; a spoiled directory, or one the
+        front-end cannot empty, is discarded (its fork server and workers with it)."""
+        if self.dir is not None and (self.spoiled or not clear_workspace(str(self.dir.host_dir))):
+            self._discard()  # a workspace the front-end cannot empty: start afresh
+        self.spoiled = False
 
     def _discard(self) -> None:
         if self._launcher is not None:
@@ -162,15 +195,22 @@ def fork_worker(
     cgroups: Sequence[str],
     deny: Sequence[str],
     config: Any = None,
+    *,
+    hold: bool = False,
 ) -> ForkedProcess | None:
     """An unsandboxed worker is forked from the preloaded launcher (~25 ms instead of an
-    interpreter start plus imports); it moves itself into ``cgroups`` first. ``None``: spawn
-    it. Raises ``LauncherRefused`` when the launcher broke the fork rule (SERVER §1)."""
+    interpreter start plus imports); it moves itself into ``cgroups`` first (and with
+    ``hold`` waits there for its release). ``None``: spawn it. Raises ``LauncherRefused``
+    when the launcher broke the fork rule (SERVER §1)."""
     if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
         return None
     try:
         return shared_launcher(preload_for(config)).launch(
-            fd, env, cgroups=cgroups, launcher_env=worker_base_environment(os.environ, deny)
+            fd,
+            env,
+            cgroups=cgroups,
+            launcher_env=worker_base_environment(os.environ, deny),
+            hold=hold,
         )
     except LauncherRefused:
         raise  # a launcher that forks unsafely is reported, not worked around

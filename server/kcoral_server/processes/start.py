@@ -22,6 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from kcoral_server.processes import cgroups, ipc, limits
@@ -119,14 +120,15 @@ class WorkerProcess:
         self._abandoned = False
 
     async def launch(
-        self, spec: Callable[[], LaunchSpec], fd: int
+        self, spec: Callable[[], LaunchSpec], fd: int, *, hold: bool = False
     ) -> subprocess.Popen | ForkedProcess:
         """Launch the worker (``spec`` is read in the launching thread) with ``fd`` as its
-        end of the channel; ``WorkerStartError`` when it cannot be launched."""
+        end of the channel; ``WorkerStartError`` when it cannot be launched. ``hold``: fork
+        it ahead, held in its cgroups until ``release`` (only a fork can be held)."""
         loop = asyncio.get_running_loop()
 
         def launch() -> subprocess.Popen | ForkedProcess:
-            process = launch_worker(spec(), self.confinement, fd)
+            process = launch_worker(spec(), self.confinement, fd, hold=hold)
             with self._lock:
                 self.process = process
                 abandoned = self._abandoned
@@ -158,6 +160,20 @@ class WorkerProcess:
             raise
         return self.process
 
+    async def release(self, seat_sandbox: SeatSandbox | None) -> None:
+        """Let a worker forked ahead go on, its seat's sandbox directory emptied first (in a
+        thread: that is file work); ``WorkerStartError`` when it cannot."""
+        process = self.process
+        if not isinstance(process, ForkedProcess) or not process.held:
+            return
+        release = process.release
+        if seat_sandbox is not None:  # its directory is emptied first
+            release = partial(seat_sandbox.release, process)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, release)
+        except OSError as exc:
+            raise WorkerStartError(f"cannot start the worker forked ahead: {exc}") from None
+
     def kill_now(self) -> None:
         """Blocking SIGKILL of the tree, then clean-up: for a start-up that was cancelled
         (e.g. a replacement during shutdown), which nobody will ``kill``."""
@@ -167,26 +183,31 @@ class WorkerProcess:
 
 
 def launch_worker(
-    spec: LaunchSpec, confinement: WorkerConfinement, fd: int
+    spec: LaunchSpec, confinement: WorkerConfinement, fd: int, *, hold: bool = False
 ) -> subprocess.Popen | ForkedProcess:
     """Start the worker process with ``fd`` as its end of the channel (blocking: run it in
-    a thread, forking a big front-end takes a while)."""
-    forked = _fork_in_seat_sandbox(spec, confinement, fd)
-    return forked if forked is not None else _fork_or_spawn(spec, confinement, fd)
+    a thread, forking a big front-end takes a while); ``hold``: see ``WorkerProcess``."""
+    forked = _fork_in_seat_sandbox(spec, confinement, fd, hold=hold)
+    return forked if forked is not None else _fork_or_spawn(spec, confinement, fd, hold=hold)
 
 
 def _fork_or_spawn(
-    spec: LaunchSpec, confinement: WorkerConfinement, fd: int
+    spec: LaunchSpec, confinement: WorkerConfinement, fd: int, *, hold: bool = False
 ) -> subprocess.Popen | ForkedProcess:
     """Without a seat sandbox: forked from the shared launcher when unsandboxed (it
-    enters its cgroup itself, before running anything), else spawned."""
+    enters its cgroup itself, before running anything), else spawned. Only a fork can be
+    held: a spawned worker would run at once, so it is started when it is needed."""
+    if hold and spec.sandbox == "bubblewrap":
+        raise LauncherError("only a worker forked by its seat's sandbox can be started ahead")
     command, env = _launch_command(spec, confinement, fd)
     cgroup = confinement.cgroup
     assert cgroup is not None
     if spec.sandbox != "bubblewrap":
-        process = fork_worker(fd, env, cgroup.procs_files, spec.deny, spec.config)
+        process = fork_worker(fd, env, cgroup.procs_files, spec.deny, spec.config, hold=hold)
         if process is not None:
             return process
+    if hold:  # the caller removes the confinement
+        raise LauncherError("only a forked worker can be started ahead")
     command = cgroup.wrap(command)
     if spec.sandbox != "bubblewrap":
         # bubblewrap's PID namespace and --die-with-parent supervise a sandboxed worker;
@@ -196,7 +217,7 @@ def _fork_or_spawn(
 
 
 def _fork_in_seat_sandbox(
-    spec: LaunchSpec, confinement: WorkerConfinement, fd: int
+    spec: LaunchSpec, confinement: WorkerConfinement, fd: int, *, hold: bool = False
 ) -> ForkedProcess | None:
     """A worker forked by the seat's sandboxed fork server, in its limits' cgroup; None
     when there is none (or it failed: the worker is then spawned in its own sandbox)."""
@@ -208,7 +229,7 @@ def _fork_in_seat_sandbox(
     cgroup = cgroups.create_cgroup(wanted)
     env.update(limits.worker_limit_environment(wanted, cgroup, spec.device))
     try:
-        process = seat_sandbox.launch(fd, env, cgroup.procs_files)
+        process = seat_sandbox.launch(fd, env, cgroup.procs_files, hold=hold)
     except LauncherRefused:
         cgroup.remove()
         raise  # the fork rule was broken (SERVER §1): reported, not worked around

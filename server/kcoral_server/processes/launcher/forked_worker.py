@@ -1,10 +1,11 @@
 """A freshly forked child of the fork server, from the fork until it runs the worker.
 
 ``become_worker`` runs first, still on the launcher's stack: it resets what the launcher
-set for itself, ties the child to the launcher, waits for the front-end's go (a sandboxed
-launcher's child), enters the worker's cgroups before anything else runs, and drops the
-launcher's descriptors and bookkeeping. Once the launcher's stack is unwound, ``run_child``
-takes the worker's environment and runs the worker, and ``quick_exit`` ends the process.
+set for itself, ties the child to the launcher, enters the worker's cgroups before anything
+else runs (or is moved there by the front-end), waits for the front-end's go where asked,
+and drops the launcher's descriptors and bookkeeping. Once the launcher's stack is
+unwound, ``run_child`` takes the worker's environment and runs the worker, and
+``quick_exit`` ends the process.
 """
 
 from __future__ import annotations
@@ -56,32 +57,40 @@ def become_worker(
 ) -> Child:
     """In the child, right after the fork: leave the launcher behind (``launcher`` is its
     pid, ``control`` its socket, ``launcher_fds`` its other descriptors, ``family`` its
-    bookkeeping) and enter ``child``'s cgroups, after the front-end's go on the pipe ``go``
-    where one is given. Exits the process rather than run a worker outside its limits."""
-    set_dumpable(True)  # the worker's /proc files stay its own (tools read them)
+    bookkeeping), enter ``child``'s cgroups, then wait for the front-end's go on the pipe
+    ``go`` where one is given. Exits the process rather than run a worker outside its
+    limits, or one the front-end gave up on."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if not tie_to_parent(launcher):
         os._exit(1)  # the launcher died before the prctl: nobody will supervise us
-    if go is not None:
-        # The front-end moves this process into its cgroups, then says go; nothing of
-        # the worker runs before (an empty read: it gave up, so never run unlimited).
-        try:
-            if os.read(go, 1) != b"g":
-                os._exit(125)
-        except OSError:
-            os._exit(125)
-        os.close(go)
     try:
-        enter_cgroups(child.cgroups)  # before anything else runs: limits hold from the start
+        # Before anything else runs: limits hold from the start. Moving into a cgroup waits
+        # for an RCU grace period (~10 ms), which is why a spare is forked ahead.
+        enter_cgroups(child.cgroups)
     except OSError:
         os._exit(125)  # never run a worker outside its limits (like the spawn shim)
+    # Before any wait: the launcher's descriptors include the status pipes of its other
+    # workers, whose exit reports end at EOF once the launcher closes its copy.
     control.close()
     for fd in launcher_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
     family.forget()
     os.setsid()  # like start_new_session=True: the front-end kills the whole group
+    if go is not None:
+        # A sandboxed launcher's child is moved into its cgroups by the front-end, which
+        # then says go; a worker forked ahead (SERVER §6) waits here until its seat needs
+        # it. Nothing of the worker runs before (an empty read: the front-end gave up).
+        # Still non-dumpable meanwhile, like the launcher: the program running beside it
+        # in the same sandbox cannot ptrace it or read its memory.
+        try:
+            if os.read(go, 1) != b"g":
+                os._exit(125)
+        except OSError:
+            os._exit(125)
+        os.close(go)
+    set_dumpable(True)  # the worker's /proc files stay its own (tools read them)
     return child
 
 

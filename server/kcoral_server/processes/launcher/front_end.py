@@ -68,6 +68,28 @@ class ForkedProcess:
         self.forks: Forks | None = None
         self._status_fd: int | None = status_fd
         os.set_blocking(status_fd, False)
+        #: a worker forked ahead: the write end of its go pipe until ``release``
+        self._go: int | None = None
+
+    def hold(self, go: int) -> None:
+        """Keep ``go``, the write end of the worker's go pipe, until ``release``."""
+        self._go = go
+
+    @property
+    def held(self) -> bool:
+        """Forked ahead and waiting for its go (``Launcher.launch(hold=True)``)."""
+        return self._go is not None
+
+    def release(self) -> None:
+        """Tell a worker forked ahead to go on: it is in its cgroups and has run nothing of
+        its own yet. Raises ``OSError`` when it is gone."""
+        go, self._go = self._go, None
+        if go is None:
+            return
+        try:
+            os.write(go, b"g")
+        finally:
+            os.close(go)
 
     def poll(self) -> int | None:
         if self.returncode is not None or self._status_fd is None:
@@ -119,7 +141,16 @@ class ForkedProcess:
                 time.sleep(0.01)
         return self.returncode  # type: ignore[return-value]
 
+    def drop(self) -> None:
+        """Give up on a worker forked ahead: it reads EOF for its go and exits (125)
+        without running anything, so its launcher is free to stop too."""
+        go, self._go = self._go, None
+        if go is not None:
+            with contextlib.suppress(OSError):
+                os.close(go)
+
     def _close(self) -> None:
+        self.drop()  # never released: it exits without running
         if self._status_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._status_fd)
@@ -196,24 +227,27 @@ class Launcher:
         *,
         cgroups: Sequence[str] = (),
         launcher_env: Mapping[str, str] | None = None,
+        hold: bool = False,
     ) -> ForkedProcess:
         """Fork a worker on ``worker_fd`` with environment ``env``, inside the cgroups whose
         ``cgroup.procs`` files ``cgroups`` names (blocking; call it off the IO loop).
         ``launcher_env`` is the environment of a launcher this call has to start (the
-        default: ``kcoral_server.processes.sandbox.worker_base_environment()``). Raises
-        ``LauncherError``."""
+        default: ``kcoral_server.processes.sandbox.worker_base_environment()``). ``hold``:
+        the worker waits, in its cgroups, until ``ForkedProcess.release`` (a spare forked
+        ahead, SERVER §6). Raises ``LauncherError``."""
         sandboxed = self._wrap is not None
         # A sandboxed child cannot reach the cgroup files: it waits for the front-end's go.
-        request = LaunchRequest(env, () if sandboxed else tuple(cgroups), go=sandboxed)
+        waits = sandboxed or hold
+        request = LaunchRequest(env, () if sandboxed else tuple(cgroups), go=waits)
         payload = request.encode()
         # one request in flight: replies need no matching
         with self._lock, self.forks.in_flight():
             for attempt in (1, 2):  # a launcher that died is restarted once
-                go_r, go_w = os.pipe() if sandboxed else (-1, -1)
+                go_r, go_w = os.pipe() if waits else (-1, -1)
                 data = b""
                 try:
                     sock = self._ensure_started(launcher_env)
-                    sent = [worker_fd, go_r] if sandboxed else [worker_fd]
+                    sent = [worker_fd, go_r] if waits else [worker_fd]
                     socket.send_fds(sock, [payload], sent)
                     data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)
                 except OSError as exc:
@@ -222,15 +256,23 @@ class Launcher:
                         raise LauncherError(f"worker launcher failed: {exc}") from None
                     continue
                 finally:
-                    if sandboxed:
+                    if waits:
                         os.close(go_r)  # the child has its own copy
                         if not data:
                             os.close(go_w)
-                if sandboxed and data:
+                if waits and data:
                     try:
-                        return self._go(data, fds, go_w, cgroups)
-                    finally:
-                        os.close(go_w)  # without a go first, the child exits
+                        process = self._placed(data, fds, cgroups if sandboxed else ())
+                    except BaseException:
+                        os.close(go_w)  # without a go, the child exits
+                        raise
+                    process.hold(go_w)
+                    if not hold:
+                        try:
+                            process.release()
+                        except OSError as exc:
+                            raise LauncherError(f"cannot start the worker: {exc}") from None
+                    return process
                 if not data:
                     self._stop_locked()
                     if attempt == 2:
@@ -241,19 +283,18 @@ class Launcher:
                 return self.forks.add(_forked(reply.pid, fds[0], reply))
         raise LauncherError("worker launcher failed")  # pragma: no cover
 
-    def _go(self, data: bytes, fds: list[int], go: int, cgroups: Sequence[str]) -> ForkedProcess:
-        """A sandboxed launcher's reply: the child's host pid, moved into ``cgroups``, then
-        told to go on (it has run nothing of its own yet)."""
+    def _placed(self, data: bytes, fds: list[int], cgroups: Sequence[str]) -> ForkedProcess:
+        """The reply for a child that waits for its go: the child, by its host pid, moved
+        into ``cgroups`` (a sandboxed launcher's child cannot move itself)."""
         reply = _forked_reply(data, fds)
         assert self._process is not None and reply.pid is not None
-        pid = host_pid(self._process.pid, reply.pid)
+        pid = reply.pid if self._wrap is None else host_pid(self._process.pid, reply.pid)
         try:
             if pid is None:
                 raise OSError(f"worker {reply.pid} not found under the sandbox")
             for path in cgroups:
                 with open(path, "w") as f:
                     f.write(str(pid))
-            os.write(go, b"g")
         except OSError as exc:
             os.close(fds[0])
             raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None

@@ -48,9 +48,9 @@ def orphan_kill_seconds() -> float:
 @dataclass(frozen=True)
 class LaunchRequest:
     """Fork a worker: its environment, the ``cgroup.procs`` files it enters itself, and
-    whether it waits for the front-end's go (a sandboxed launcher's child, which the
-    front-end moves into its cgroups). Sent with the worker's socket end, and with ``go``
-    the read end of the go pipe."""
+    whether it then waits for the front-end's go (a sandboxed launcher's child, which the
+    front-end moves into its cgroups; a worker forked ahead, SERVER §6). Sent with the
+    worker's socket end, and with ``go`` the read end of the go pipe."""
 
     env: dict[str, str]
     cgroups: tuple[str, ...] = ()
