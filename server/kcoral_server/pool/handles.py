@@ -48,26 +48,19 @@ class HandleMaker:
         generation = seat.generation + 1
         if not spare:
             seat.generation = generation
-        gpu_ids = [gpu.id] if gpu else []
         sandbox = seat.spare_sandbox if spare else seat.sandbox
         if self.sandbox == "bubblewrap" and sandbox is None:
             sandbox = SeatSandbox(
-                config=self.config, device=self.mode, gpu_ids=gpu_ids, seats=self.seats
+                config=self.config,
+                device=self.mode,
+                gpu_ids=[gpu.id] if gpu else [],
+                seats=self.seats,
             )
             if spare:
                 seat.spare_sandbox = sandbox
             else:
                 seat.sandbox = sandbox
-        return self.make(
-            **self._shared(seat),
-            generation=generation,
-            gpu_ids=gpu_ids,
-            gpu_uuids=[gpu.uuid] if gpu and gpu.uuid else [],
-            transient=self.config.max_requests_per_worker == 1,
-            on_gone=self.on_gone,
-            seats=self.seats,
-            seat_sandbox=sandbox,
-        )
+        return self._seat_worker(seat, generation, sandbox)
 
     def for_seat_after_next(self, seat: Seat) -> WorkerHandle | None:
         """The worker after the seat's spare, to be forked ahead (``SpareWorkers``): in the
@@ -76,16 +69,23 @@ class HandleMaker:
         the seat has no sandbox."""
         if self.sandbox == "bubblewrap" and seat.sandbox is None:
             return None
+        # its generation is set again when it becomes the spare
+        return self._seat_worker(seat, seat.generation + 2, seat.sandbox)
+
+    def _seat_worker(
+        self, seat: Seat, generation: int, sandbox: SeatSandbox | None
+    ) -> WorkerHandle:
+        """A worker of the seat (on its GPU) with ``generation``, in ``sandbox``."""
         gpu = self.gpu_device(seat.gpu_id)
         return self.make(
             **self._shared(seat),
-            generation=seat.generation + 2,  # set again when it becomes the spare
+            generation=generation,
             gpu_ids=[gpu.id] if gpu else [],
             gpu_uuids=[gpu.uuid] if gpu and gpu.uuid else [],
             transient=self.config.max_requests_per_worker == 1,
             on_gone=self.on_gone,
             seats=self.seats,
-            seat_sandbox=seat.sandbox,
+            seat_sandbox=sandbox,
         )
 
     def for_session(self, seat: Seat, gpu_ids: Sequence[int]) -> WorkerHandle:

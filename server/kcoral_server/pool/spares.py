@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from typing import TYPE_CHECKING
 
 from kcoral_server.pool.handles import HandleMaker
@@ -36,7 +35,7 @@ from kcoral_server.pool.startup import emit_failed
 from kcoral_server.processes import limits, procfs
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
-from kcoral_server.processes.launch import LAUNCH_ENV
+from kcoral_server.processes.launch import workers_are_spawned
 from kcoral_server.processes.start import WorkerInfo, WorkerStartError
 
 if TYPE_CHECKING:
@@ -72,8 +71,7 @@ class SpareWorkers:
             seat.spare_start = asyncio.ensure_future(self._start(seat))
 
     async def _start(self, seat: Seat) -> None:
-        held, launching = seat.held, seat.held_start
-        seat.held = seat.held_start = None
+        held, launching = _take_held(seat)
         self._hold_next(seat)  # the one after: its fork overlaps this one's start
         released = await self._release(seat, held, launching)
         handle = released or self.handles.for_seat(seat, spare=True)
@@ -97,7 +95,7 @@ class SpareWorkers:
         while the current worker runs, not after it."""
         if not self.configure_ahead or seat.held is not None or not self.admitting():
             return
-        if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
+        if workers_are_spawned():
             return  # only a fork can wait before it runs anything
         handle = self.handles.for_seat_after_next(seat)
         if handle is not None:
@@ -108,8 +106,7 @@ class SpareWorkers:
         """Kill ``seat``'s worker forked ahead, before its sandbox directory is closed (the
         seat serves another identity): the directory's fork server stops only once its last
         child is gone."""
-        held, launching = seat.held, seat.held_start
-        seat.held = seat.held_start = None
+        held, launching = _take_held(seat)
         if launching is not None:
             await asyncio.wait([launching])  # a fork in flight is not cancellable
         if held is not None:
@@ -185,3 +182,10 @@ class SpareWorkers:
             await self.kill(spare)
             return None
         return spare, info
+
+
+def _take_held(seat: Seat) -> tuple[WorkerHandle | None, asyncio.Task | None]:
+    """``seat``'s worker forked ahead and its launch, which the seat no longer holds."""
+    held, launching = seat.held, seat.held_start
+    seat.held = seat.held_start = None
+    return held, launching

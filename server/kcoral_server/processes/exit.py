@@ -56,8 +56,7 @@ async def watch_exit(
         if watched:
             await _readable(watched)  # death, or the report of a death
         else:
-            while process.poll() is None:
-                await asyncio.sleep(0.02)
+            await poll_exit(process, None)
         process_exited()
         if report is not None:
             await _readable([report])  # the exit code is written (or the launcher left)
@@ -65,14 +64,14 @@ async def watch_exit(
         for fd in (pidfd, report):
             if fd is not None:
                 os.close(fd)
-    while process.poll() is None:
-        await asyncio.sleep(0.02)  # a launcher that died before reporting
+    await poll_exit(process, None)  # a launcher that died before reporting
     exited.set()
 
 
 async def poll_exit(process: Process, timeout: float | None) -> bool:
     """Whether ``process`` exited within ``timeout``, by polling: for a process whose
-    ``watch_exit`` never started (a launch cancelled once the fork was under way)."""
+    ``watch_exit`` never started (a launch cancelled once the fork was under way), and
+    where nothing else tells."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while process.poll() is None:
         if deadline is not None and time.monotonic() >= deadline:

@@ -150,24 +150,25 @@ class SeatSandbox:
             launcher = self._launcher
             if launcher is None or process.forks is not launcher.forks:
                 raise LauncherError("the seat's sandbox was replaced since the worker forked")
-            assert self.dir is not None  # set with its launcher
-            if self.spoiled or not clear_workspace(str(self.dir.host_dir)):
-                # Dropped first: a fork server stops only once its last child has exited.
-                process.drop()
-                self._discard()
-                self.spoiled = False
+            if not self._empty_locked(held=process):
                 raise LauncherError("the seat's sandbox could not be emptied")
             try:
                 process.release()
             except OSError as exc:
                 raise LauncherError(f"the worker forked ahead is gone: {exc}") from None
 
-    def _empty_locked(self) -> None:
+    def _empty_locked(self, held: ForkedProcess | None = None) -> bool:
         """Empty the workspace for the next worker; a spoiled directory, or one the
-        front-end cannot empty, is discarded (its fork server and workers with it)."""
-        if self.dir is not None and (self.spoiled or not clear_workspace(str(self.dir.host_dir))):
+        front-end cannot empty, is discarded (its fork server and workers with it), and
+        ``held``, a worker forked ahead in it, dropped first (a fork server stops only once
+        its last child has exited). False when it was discarded."""
+        kept = self.dir is None or (not self.spoiled and clear_workspace(str(self.dir.host_dir)))
+        if not kept:
+            if held is not None:
+                held.drop()
             self._discard()  # a workspace the front-end cannot empty: start afresh
         self.spoiled = False
+        return kept
 
     def _discard(self) -> None:
         if self._launcher is not None:
@@ -189,6 +190,11 @@ class SeatSandbox:
 LAUNCH_ENV = "KCORAL_WORKER_LAUNCH"
 
 
+def workers_are_spawned() -> bool:
+    """Whether the fork server is turned off (``LAUNCH_ENV=spawn``)."""
+    return os.environ.get(LAUNCH_ENV, "fork") == "spawn"
+
+
 def fork_worker(
     fd: int,
     env: dict[str, str],
@@ -202,7 +208,7 @@ def fork_worker(
     interpreter start plus imports); it moves itself into ``cgroups`` first (and with
     ``hold`` waits there for its release). ``None``: spawn it. Raises ``LauncherRefused``
     when the launcher broke the fork rule (SERVER §1)."""
-    if os.environ.get(LAUNCH_ENV, "fork") == "spawn":
+    if workers_are_spawned():
         return None
     try:
         return shared_launcher(preload_for(config)).launch(

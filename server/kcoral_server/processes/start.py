@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import subprocess
 import sys
 import threading
@@ -28,11 +27,11 @@ from typing import Any
 from kcoral_server.processes import cgroups, ipc, limits
 from kcoral_server.processes.exit import kill_tree_now
 from kcoral_server.processes.launch import (
-    LAUNCH_ENV,
     SeatSandbox,
     fork_worker,
     sandbox_dir_for,
     worker_environment,
+    workers_are_spawned,
 )
 from kcoral_server.processes.launcher.front_end import (
     ForkedProcess,
@@ -222,7 +221,7 @@ def _fork_in_seat_sandbox(
     """A worker forked by the seat's sandboxed fork server, in its limits' cgroup; None
     when there is none (or it failed: the worker is then spawned in its own sandbox)."""
     seat_sandbox = spec.seat_sandbox
-    if seat_sandbox is None or os.environ.get(LAUNCH_ENV, "fork") == "spawn":
+    if seat_sandbox is None or workers_are_spawned():
         return None
     env = worker_environment(spec.device, spec.gpu_ids, spec.gpu_uuids, spec.deny)
     wanted = limits.limits_from_config(spec.config, seats=spec.seats)
