@@ -375,3 +375,49 @@ def test_without_the_preload_a_fresh_worker_imports_torch_itself(tmp_path: Path)
             assert [_call(client, SEES_TORCH, "seen") for _ in range(3)] == [False] * 3
     finally:
         server.stop()
+
+
+EXIT_WALK = """
+import os, sys, weakref
+from kcoral_server.processes.ipc import ProgressSlot
+from kcoral_server.processes.launcher.fork_server import preload
+from kcoral_server.processes.launcher.forked_worker import quick_exit as _quick_exit
+from kcoral_server.worker.main import run_exit_handlers
+preload(["torch"])
+walk = weakref.finalize._select_for_exit
+def counted_walk():
+    os.write(1, b"walked ")
+    return walk()
+weakref.finalize._select_for_exit = counted_walk
+for make_one in (False, True):
+    pid = os.fork()
+    if pid == 0:  # like a one-shot worker: a progress slot, maybe a finalizer of its own
+        slot, fd = ProgressSlot.create()
+        if make_one:
+            class Kept:
+                pass
+            kept = Kept()
+            weakref.finalize(kept, os.write, 1, b"program finalizer ran")
+        run_exit_handlers()
+        _quick_exit(0)
+    os.waitpid(pid, 0)
+    os.write(1, b"|")
+"""
+
+
+def test_a_forked_worker_walks_no_finalizer_at_exit_unless_it_made_one() -> None:
+    """Walking the preload's ~130 finalizers copies ~150 pages shared with the launcher,
+    which a one-shot worker's exit report waits for (issue 31): the walk is left out when
+    nothing made after the fork is due at exit, and still runs the program's own."""
+    found = subprocess.run(
+        [sys.executable, "-c", EXIT_WALK],
+        env=worker_base_environment(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    no_finalizer, own_finalizer, _ = found.stdout.split("|")
+    assert no_finalizer == ""
+    assert own_finalizer.startswith("walked ")
+    assert "program finalizer ran" in own_finalizer

@@ -272,6 +272,9 @@ class ProgressSlot:
             raise OSError(error, os.strerror(error))
         self._view: ctypes.Array | None = (ctypes.c_char * _SLOT.size).from_address(address)
         self._unmap = weakref.finalize(self, _LIBC.munmap, address, _SLOT.size)
+        # an exiting process's mappings go with it: not at exit, where a one-shot worker's
+        # exit report would wait for the walk over every finalizer (``launcher.finalizers``)
+        self._unmap.atexit = False
 
     @classmethod
     def create(cls) -> tuple[ProgressSlot, int]:

@@ -5,11 +5,13 @@ before it forks; a one-shot worker takes no snapshot for a next program it never
 
 from __future__ import annotations
 
+import linecache
+import sys
 from pathlib import Path
 
 from kcoral_server.processes.launcher.front_end import Launcher
 from kcoral_server.worker import runtime
-from worker_harness import launch, module
+from worker_harness import function, give, launch, module
 
 
 def test_the_reported_versions_are_looked_up_once_per_process() -> None:
@@ -40,5 +42,47 @@ def test_a_forked_one_shot_worker_reports_its_versions_and_runs_a_workspace_impo
         result = worker.run([module("m", source)])
         assert result.finished.status == "COMPLETED", result.error
         assert worker.proc.wait(30) == 0
+    finally:
+        launcher.close()
+
+
+def test_the_warm_up_leaves_no_module_name_or_source_line_behind() -> None:
+    # what a worker has loaded when it warms up
+    import kcoral_server.worker.engine  # noqa: F401
+    from kcoral_server.worker import modules
+    from kcoral_server.worker.warm_up import warm_up
+
+    import kcoral.protocol.validate
+    import kcoral.protocol.values  # noqa: F401
+
+    before_modules, before_lines = set(sys.modules), set(linecache.cache)
+    serial_before = repr(modules._serial)
+    assert warm_up() == {"type": "integer", "value": 42}
+    assert set(sys.modules) == before_modules
+    assert set(linecache.cache) == before_lines
+    assert repr(modules._serial) == serial_before  # the program's first module is still _1
+
+
+def test_a_warmed_up_one_shot_worker_gives_its_program_the_first_module_name(
+    tmp_path: Path,
+) -> None:
+    """The warm-up runs before ready in every one-shot worker, forked or spawned: what the
+    program sees of its process is as if nothing ran before it."""
+    launcher = Launcher()
+    try:
+        worker = launch(tmp_path, transient=True, launcher=launcher)
+        assert worker.ready is not None, worker.failed
+        source = (
+            "import linecache\n"
+            "NAME = __name__\n"
+            "WARM = [name for name in linecache.cache if 'warm' in name]\n"
+        )
+        result = worker.run(
+            [module("m", source), function("f", "m", "NAME"), give("name", "f"),
+             function("w", "m", "WARM"), give("warm", "w")]
+        )  # fmt: skip
+        assert result.finished.status == "COMPLETED", result.error
+        assert result.value("name")["value"].endswith("_1")
+        assert result.value("warm") == {"type": "array", "value": []}
     finally:
         launcher.close()

@@ -32,8 +32,8 @@ The preload waits until the launcher has had no request for ``PRELOAD_IDLE_SECON
 forked (and the server ready) as fast as without it, the import runs while the server
 waits for its first request, and a fork request arriving during the import waits for it.
 Workers forked before it import torch themselves, as they did without a preload. The
-preload's own ``weakref.finalize`` callbacks are not run at a worker's exit (see
-``keep_preload_finalizers_from_exit``).
+preload's own ``weakref.finalize`` callbacks are not run at a worker's exit, nor walked
+when it made none of its own (``finalizers``).
 
 The launcher is one command, ``python -m kcoral_server.processes.launcher``, and its code
 is split by the process that runs it:
@@ -43,6 +43,8 @@ is split by the process that runs it:
 * ``fork_server``: in the launcher process, the loop that forks, the preload and the fork
   rule;
 * ``forked_worker``: in a freshly forked child, from the fork until it runs the worker;
+* ``finalizers``: the preload's ``weakref.finalize`` callbacks, marked in the fork server
+  and left out of a forked worker's exit;
 * ``spawn_supervisor``: in the one-worker supervisor of a spawned worker (``--supervise``);
 * ``family`` (a subreaper's bookkeeping of its children, for the fork server and the spawn
   supervisor) and ``wire`` (the messages between the front-end and both) are shared.

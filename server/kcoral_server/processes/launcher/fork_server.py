@@ -20,10 +20,10 @@ import socket
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 
 from kcoral_server.processes.launcher.family import Family, watch_parent
+from kcoral_server.processes.launcher.finalizers import keep_preload_finalizers_from_exit
 from kcoral_server.processes.launcher.forked_worker import (
     Child,
     become_worker,
@@ -267,21 +267,6 @@ def preload(names: Sequence[str]) -> list[str]:
     keep_preload_finalizers_from_exit()
     freeze_heap()
     return loaded
-
-
-def keep_preload_finalizers_from_exit() -> int:
-    """Mark the ``weakref.finalize`` callbacks registered so far as not run at exit; returns
-    how many. torch registers one per operator library (~130, ~25-80 ms at every worker's
-    exit, which a transient worker's next request waits for); they only tidy registries of
-    the exiting process itself. A program's own finalizers still run at its exit."""
-    registry = getattr(weakref.finalize, "_registry", {})  # no public way to list them
-    marked = 0
-    for finalizer in list(registry):
-        with contextlib.suppress(AttributeError, TypeError):
-            if finalizer.atexit:
-                finalizer.atexit = False
-                marked += 1
-    return marked
 
 
 def freeze_heap() -> None:

@@ -1,0 +1,62 @@
+"""A one-shot worker's warm-up, before it reports ready (issue 31).
+
+A forked worker shares its memory with the fork server until it writes to it: the first
+write to each page copies it (a page fault, ~3-6 us in a VM). Even a trivial first program
+writes to ~500 such pages (reference counts of the objects its code paths touch, the type
+cache, the allocator's pools), ~2 ms of the request's round trip. A spare worker waits for
+its program anyway, so before it reports ready it runs the pure parts of that path once on
+a program of its own: parsing and checking a program, compiling and calling a Python
+function, encoding a return value and the worker's messages. Nothing of it stays: no
+module is registered, no file or descriptor is touched, nothing is sent, and the
+program's own names (``kcoral_uploaded_<pid>_1``, ``linecache``) are not used.
+
+Who can reach what: nothing here reads anything a program or the front-end sent; the
+warm-up program is a constant.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kcoral_server.processes.ipc import ProgramFinished, ReturnProduced, encode
+from kcoral_server.worker.modules import uploaded_filename
+
+_SOURCE = "def answer(x):\n    return x + 1\n"
+_PROGRAM = json.dumps(
+    {
+        "instructions": [
+            {"op": "upload", "kind": "module", "id": "m", "source": _SOURCE},
+            {"op": "get_function", "id": "f", "module": {"$ref": "m"}, "name": "answer"},
+            {"op": "run", "id": "r", "fn": {"$ref": "f"}, "args": [41]},
+            {"op": "return", "key": "answer", "value": {"$ref": "r"}},
+        ]
+    }
+)
+
+
+def warm_up() -> Any:
+    """Run the pure parts of a trivial program's path once; returns the encoded answer
+    (42's node), for tests. Any failure is the warm-up's only: the worker starts anyway."""
+    from kcoral.protocol.values import encode_value, fill_part_hashes
+    from kcoral_server.worker.engine import _parse
+
+    _parse(_PROGRAM)
+    uploaded_filename(_SOURCE)
+    namespace: dict[str, Any] = {"__builtins__": __builtins__}
+    exec(compile(_SOURCE, "<kcoral warm-up>", "exec", dont_inherit=True), namespace)
+    value = namespace["answer"](41)
+    node, _parts = encode_value(value, 0, hash_parts=False)
+    fill_part_hashes(node, 0, [])
+    encode(ReturnProduced(index=3, key="answer", node=node, part_lengths=[]))
+    encode(
+        ProgramFinished(
+            status="COMPLETED",
+            error=None,
+            left_processes=False,
+            poisoned=False,
+            lease_held=False,
+            gpu_access_at=None,
+        )
+    )
+    return node
