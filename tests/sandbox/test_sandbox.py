@@ -376,3 +376,47 @@ def test_sandbox_directories_are_removed_when_workers_retire(tmp_path: Path) -> 
         assert server.stop() == 0
     after = set(sandbox.workspace_root().glob(sandbox.HOST_DIR_PREFIX + "*"))
     assert after - before == set(), server.stderr()[-3000:]
+
+
+@needs_bwrap
+def test_each_child_of_a_sandboxed_fork_server_is_placed_by_its_own_host_pid(
+    tmp_path: Path,
+) -> None:
+    """The front-end moves a sandboxed fork server's child into its cgroups by host pid;
+    once it knows the fork server, it looks only among the children it does not know yet:
+    never at one forked before (a wrong pid would put another worker in these limits)."""
+    from kcoral_server.processes import procfs
+    from kcoral_server.processes.launcher.front_end import Launcher
+
+    box = SandboxDir(environ=dict(os.environ))
+    launcher = Launcher(wrap=box.command)
+    processes, channels = [], []
+    try:
+        environment = box.environment(sandbox.worker_base_environment())
+        for index in range(3):
+            procs = tmp_path / f"cgroup-{index}.procs"  # a plain file: shows what was written
+            procs.write_text("")
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                process = launcher.launch(
+                    theirs.fileno(), environment, cgroups=[str(procs)], hold=True
+                )
+            finally:
+                theirs.close()
+            processes.append(process)
+            channels.append(ours)
+            assert procs.read_text() == str(process.pid)
+        pids = [process.pid for process in processes]
+        assert len(set(pids)) == 3
+        assert len({procfs.parent(pid) for pid in pids}) == 1  # the one fork server
+        for pid in pids:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            nspid = next(line for line in status if line.startswith("NSpid:")).split()
+            assert len(nspid) >= 3  # a process of the sandbox's PID namespace
+    finally:
+        for process in processes:
+            process.drop()
+        for channel in channels:
+            channel.close()
+        launcher.close()
+        box.remove()

@@ -30,6 +30,7 @@ into the workspace, ``/tmp`` and ``/dev/shm``; the workspace itself is watched b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -283,8 +284,20 @@ class SandboxDir:
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """The worker's environment inside the sandbox (§14 variables set)."""
         result = {k: v for k, v in env.items() if not is_secret_variable(k)}
+        result.update(self._sandbox_variables)
+        extra_dirs = [str(p) for p in self.readonly_paths if p.is_dir()]
+        existing = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
+        path = list(dict.fromkeys(extra_dirs + existing))
+        if path:
+            result["PYTHONPATH"] = os.pathsep.join(path)
+        return result
+
+    @functools.cached_property
+    def _sandbox_variables(self) -> dict[str, str]:
+        """The §14 variables, the same for every worker of this directory: worked out once
+        (comparing every bind with the private tmpfs took ~0.3 ms of each worker's start)."""
         state = {name: state_path(self.mount, name) for name in STATE_DIRS}
-        result.update(
+        variables = dict(
             HOME=state["home"],
             TMPDIR=state["tmp"],
             TMP=state["tmp"],
@@ -301,13 +314,8 @@ class SandboxDir:
         tmpfs = self.private_tmp_dirs()
         if tmpfs:
             keep = [str(b) for b in self.binds if any(_is_within(b, Path(d)) for d in tmpfs)]
-            result[PRIVATE_TMP_ENV] = json.dumps({"roots": tmpfs, "keep": keep})
-        extra_dirs = [str(p) for p in self.readonly_paths if p.is_dir()]
-        existing = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
-        path = list(dict.fromkeys(extra_dirs + existing))
-        if path:
-            result["PYTHONPATH"] = os.pathsep.join(path)
-        return result
+            variables[PRIVATE_TMP_ENV] = json.dumps({"roots": tmpfs, "keep": keep})
+        return variables
 
     def private_tmp_dirs(self) -> list[str]:
         """The sandbox's private tmpfs (``/tmp``, ``/var/tmp``, ``/dev/shm``; see

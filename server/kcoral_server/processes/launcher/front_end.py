@@ -34,6 +34,7 @@ from kcoral_server.processes.launcher.wire import (
     orphan_kill_seconds,
 )
 from kcoral_server.processes.procfs import children, is_alive, namespace_pid
+from kcoral_server.processes.procfs import parent as procfs_parent
 
 REAP_WAIT_SECONDS = 0.05  # the most ``poll`` waits for the launcher to report an exit
 
@@ -218,6 +219,8 @@ class Launcher:
         self._sock: socket.socket | None = None
         # replaced launchers still serving their workers; polled (reaped) on later starts
         self._retired: list[subprocess.Popen[bytes]] = []
+        #: a sandboxed fork server's host pid, learnt from its first child (for that process)
+        self._server_host: tuple[subprocess.Popen[bytes], int] | None = None
         self.forks = Forks()
 
     def launch(
@@ -288,7 +291,7 @@ class Launcher:
         into ``cgroups`` (a sandboxed launcher's child cannot move itself)."""
         reply = _forked_reply(data, fds)
         assert self._process is not None and reply.pid is not None
-        pid = reply.pid if self._wrap is None else host_pid(self._process.pid, reply.pid)
+        pid = reply.pid if self._wrap is None else self._child_host_pid(reply.pid)
         try:
             if pid is None:
                 raise OSError(f"worker {reply.pid} not found under the sandbox")
@@ -299,6 +302,22 @@ class Launcher:
             os.close(fds[0])
             raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None
         return self.forks.add(_forked(pid, fds[0], reply))
+
+    def _child_host_pid(self, ns_pid: int) -> int | None:
+        """The host pid of the sandboxed fork server's child ``ns_pid``: among the fork
+        server's children it does not know yet once it knows the fork server's host pid
+        (walking the whole tree below ``bwrap`` read ~5 ``/proc`` status files per start)."""
+        assert self._process is not None
+        server = self._server_host
+        if server is not None and server[0] is self._process:
+            known = self.forks.live()
+            for child in children(server[1]):
+                if child not in known and namespace_pid(child) == str(ns_pid):
+                    return child
+        found = host_pid(self._process.pid, ns_pid)
+        if found is not None and (launcher := procfs_parent(found)) is not None:
+            self._server_host = (self._process, launcher)
+        return found
 
     def start(self) -> None:
         """Start the launcher now (e.g. in the background while the server starts)."""
