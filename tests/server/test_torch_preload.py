@@ -83,6 +83,19 @@ def _fork_after_the_preload(launcher: Launcher) -> ForkedProcess:
     raise AssertionError(f"no worker came from a preloaded launcher in {FORK_TRIES} forks")
 
 
+def _script_output(source: str) -> str:
+    """What ``python -c source`` prints, run with a worker's environment."""
+    found = subprocess.run(
+        [sys.executable, "-c", source],
+        env=worker_base_environment(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return found.stdout
+
+
 def _mapped(pid: int, fragment: str) -> bool:
     return fragment in Path(f"/proc/{pid}/maps").read_text()
 
@@ -140,16 +153,7 @@ print(json.dumps({
 
 
 def test_after_the_preload_cuda_is_not_initialized_and_the_process_is_single_threaded():
-    env = worker_base_environment(os.environ)
-    found = subprocess.run(
-        [sys.executable, "-c", PRELOAD_AND_LOOK],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    state = json.loads(found.stdout)
+    state = json.loads(_script_output(PRELOAD_AND_LOOK))
     assert state == {
         "loaded": ["torch"],
         "numpy": True,
@@ -212,15 +216,7 @@ def test_a_preloaded_worker_skips_the_preloads_finalizers_at_exit_but_runs_its_o
     """torch registers ~130 finalizers that only tidy its own registries: run at every
     worker's exit they cost tens of milliseconds a transient worker's next request waits
     for."""
-    found = subprocess.run(
-        [sys.executable, "-c", FINALIZERS_AT_EXIT],
-        env=worker_base_environment(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert found.stdout.splitlines() == ["program finalizer ran", "0"]
+    assert _script_output(FINALIZERS_AT_EXIT).splitlines() == ["program finalizer ran", "0"]
 
 
 # ---------------------------------------------------------------- refusals
@@ -409,15 +405,7 @@ def test_a_forked_worker_walks_no_finalizer_at_exit_unless_it_made_one() -> None
     """Walking the preload's ~130 finalizers copies ~150 pages shared with the launcher,
     which a one-shot worker's exit report waits for (issue 31): the walk is left out when
     nothing made after the fork is due at exit, and still runs the program's own."""
-    found = subprocess.run(
-        [sys.executable, "-c", EXIT_WALK],
-        env=worker_base_environment(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    no_finalizer, own_finalizer, _ = found.stdout.split("|")
+    no_finalizer, own_finalizer, _ = _script_output(EXIT_WALK).split("|")
     assert no_finalizer == ""
     assert own_finalizer.startswith("walked ")
     assert "program finalizer ran" in own_finalizer
