@@ -107,6 +107,7 @@ class StandInWorker:
         self.stopped = False
         self.exit_announced = False  # the pipeline sets it where a real handle's is believed
         self.cleanup_unconfirmed: str | None = None
+        self.configured_ahead = False  # set by the pool, as on a real handle
 
     @property
     def gpu_ids(self) -> list[int]:
@@ -492,6 +493,7 @@ def test_a_gpu_seats_spare_is_launched_ahead_but_configured_only_when_it_takes_o
         assert spare is not None and spare.launches == 1 and spare.info is None  # no CUDA yet
         await one_program(pool)
         assert seat.worker is spare and spare.info is not None
+        assert not spare.configured_ahead  # its program waited: it does not warm up
 
     run_pool(test, reuse=1, mode="fake-gpu")
 
@@ -571,6 +573,7 @@ def test_a_cpu_seat_forks_the_worker_after_its_spare_ahead_and_releases_it_as_th
             await one_program(pool)
             assert seat.worker is spare and seat.spare is held  # no second launch for it
             assert held.launches == 1 and not held.held and held.info is not None
+            assert held.configured_ahead  # configured while no program waits: it warms up
             assert held.released_into == [seat.spare_sandbox]  # emptied, then told to go
             assert held.generation == seat.generation + 1
         assert seat.held is not None and seat.held.seat_sandbox is seat.sandbox

@@ -79,6 +79,7 @@ class SpareWorkers:
             if released is None:  # not forked ahead
                 await handle.launch()
             if self.configure_ahead:
+                handle.configured_ahead = True  # no program waits for it: it warms up
                 await handle.configure()
         except (WorkerStartError, WorkerGone, OSError) as exc:
             emit_failed(self.events, seat, handle.generation, "spare", exc)

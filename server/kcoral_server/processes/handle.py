@@ -80,6 +80,7 @@ def configure_message(handle: WorkerHandle) -> ipc.Configure:
         log_programs=handle.log_programs,
         allowed_serialization=handle.allowed_serialization,
         transient=handle.transient,
+        warm_up=handle.transient and handle.configured_ahead,
     )
 
 
@@ -121,6 +122,8 @@ class WorkerHandle:
         self._identity: str | None = None
         self.os_process = WorkerProcess()  # the process and its confinement
         self.info: WorkerInfo | None = None
+        #: configured while no program waits for it (a CPU spare): it may warm up first
+        self.configured_ahead = False
         self.lease = LeaseHolder(
             arbiter if device != "cpu" else None,
             gpu_ids,

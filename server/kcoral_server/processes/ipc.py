@@ -74,6 +74,9 @@ class Configure(Message):
     log_programs: bool = True
     allowed_serialization: list[str] = field(default_factory=lambda: ["json", "pickle"])
     transient: bool = False  # a gpu_count worker: one request, then exit
+    #: a one-shot worker configured ahead of its program (a CPU spare): warm up before
+    #: ready (``worker.warm_up``), off the request's path
+    warm_up: bool = False
 
 
 @dataclass

@@ -76,9 +76,10 @@ def serve(channel: BlockingChannel) -> int:
     if not configure.transient:
         gc.collect()
     gc.freeze()
-    if configure.transient:
+    if configure.warm_up:
         # a spare waits for its program anyway: the pages that program's path writes to are
-        # copied now, not on the request's round trip (``warm_up``)
+        # copied now, not on the request's round trip (``warm_up``); a worker configured
+        # while its program waits (a GPU spare at take-over) would only move them
         with contextlib.suppress(Exception):
             warm_up()
     ready = WorkerReady(

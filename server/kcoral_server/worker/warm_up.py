@@ -17,6 +17,7 @@ warm-up program is a constant.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from kcoral_server.processes.ipc import ProgramFinished, ReturnProduced, encode
@@ -35,9 +36,15 @@ _PROGRAM = json.dumps(
 )
 
 
+#: when this process warmed up (monotonic), None: it did not
+warmed_up_at: float | None = None
+
+
 def warm_up() -> Any:
     """Run the pure parts of a trivial program's path once; returns the encoded answer
     (42's node), for tests. Any failure is the warm-up's only: the worker starts anyway."""
+    global warmed_up_at
+    warmed_up_at = time.monotonic()
     from kcoral.protocol.values import encode_value, fill_part_hashes
     from kcoral_server.worker.engine import _parse
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import linecache
 import sys
 from pathlib import Path
+from typing import Any
 
 from kcoral_server.processes.launcher.front_end import Launcher
 from kcoral_server.worker import runtime
@@ -63,26 +64,48 @@ def test_the_warm_up_leaves_no_module_name_or_source_line_behind() -> None:
     assert repr(modules._serial) == serial_before  # the program's first module is still _1
 
 
-def test_a_warmed_up_one_shot_worker_gives_its_program_the_first_module_name(
+def _first_program_sees(worker: Any) -> dict[str, Any]:
+    """What a worker's first program finds: its module's name, cached source lines of the
+    warm-up, and whether the process warmed up."""
+    source = (
+        "import linecache\n"
+        "from kcoral_server.worker import warm_up\n"
+        "NAME = __name__\n"
+        "WARM = [name for name in linecache.cache if 'warm' in name]\n"
+        "WARMED = warm_up.warmed_up_at is not None\n"
+    )
+    program = [module("m", source)]
+    for name in ("NAME", "WARM", "WARMED"):
+        program += [function(name, "m", name), give(name, name)]
+    result = worker.run(program)
+    assert result.finished.status == "COMPLETED", result.error
+    return {name: result.value(name)["value"] for name in ("NAME", "WARM", "WARMED")}
+
+
+def test_a_one_shot_worker_configured_ahead_warms_up_and_leaves_its_program_nothing(
     tmp_path: Path,
 ) -> None:
-    """The warm-up runs before ready in every one-shot worker, forked or spawned: what the
-    program sees of its process is as if nothing ran before it."""
+    """A CPU spare warms up before ready: what the program sees of its process is as if
+    nothing ran before it."""
+    launcher = Launcher()
+    try:
+        worker = launch(tmp_path, transient=True, launcher=launcher, warm_up=True)
+        assert worker.ready is not None, worker.failed
+        seen = _first_program_sees(worker)
+        assert seen["WARMED"] is True
+        assert seen["NAME"].endswith("_1")
+        assert seen["WARM"] == []
+    finally:
+        launcher.close()
+
+
+def test_a_worker_configured_while_its_program_waits_does_not_warm_up(tmp_path: Path) -> None:
+    """A GPU spare is configured at take-over, with its program waiting: warming up then
+    would only move the copied pages onto the same round trip."""
     launcher = Launcher()
     try:
         worker = launch(tmp_path, transient=True, launcher=launcher)
         assert worker.ready is not None, worker.failed
-        source = (
-            "import linecache\n"
-            "NAME = __name__\n"
-            "WARM = [name for name in linecache.cache if 'warm' in name]\n"
-        )
-        result = worker.run(
-            [module("m", source), function("f", "m", "NAME"), give("name", "f"),
-             function("w", "m", "WARM"), give("warm", "w")]
-        )  # fmt: skip
-        assert result.finished.status == "COMPLETED", result.error
-        assert result.value("name")["value"].endswith("_1")
-        assert result.value("warm") == {"type": "array", "value": []}
+        assert _first_program_sees(worker)["WARMED"] is False
     finally:
         launcher.close()

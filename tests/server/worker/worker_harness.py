@@ -185,6 +185,7 @@ def launch(
     env: dict[str, str] | None = None,
     sandbox: str = "none",
     launcher: Launcher | None = None,
+    warm_up: bool = False,
 ) -> Worker:
     """A started worker: spawned (``python -m kcoral_server.worker``), or forked by
     ``launcher`` as the server's workers are."""
@@ -220,6 +221,7 @@ def launch(
             gpu_uuids=list(gpu_uuids),
             transient=transient,
             sandbox=sandbox,  # "bubblewrap" without bwrap: the worker's own clean-up only
+            warm_up=warm_up,
         )
     )
     while True:
