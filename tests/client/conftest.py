@@ -33,7 +33,9 @@ class Recorded:
     path: str
     headers: dict[str, list[str]]
     body: bytes
-    connection: int
+    #: the client's end of the TCP connection (address, port): a new connection has a new
+    #: port, while the id of a closed stream's object can be reused by the next one
+    connection: tuple[str, int]
 
     def header(self, name: str) -> str | None:
         values = self.headers.get(name.lower())
@@ -106,7 +108,7 @@ class _Handler(tornado.web.RequestHandler):
                 self.request.path,
                 headers,
                 self.request.body,
-                id(self.request.connection.stream),
+                self.request.connection.context.address,
             )
         )
         canned = server.responses.popleft() if server.responses else Canned(status=599)
