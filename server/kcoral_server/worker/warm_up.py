@@ -45,25 +45,16 @@ def warm_up() -> Any:
     (42's node), for tests. Any failure is the warm-up's only: the worker starts anyway."""
     global warmed_up_at
     warmed_up_at = time.monotonic()
-    from kcoral.protocol.values import encode_value, fill_part_hashes
+    from kcoral.protocol.values import fill_part_hashes
     from kcoral_server.worker.engine import _parse
+    from kcoral_server.worker.instructions import _encode
 
     _parse(_PROGRAM)
     uploaded_filename(_SOURCE)
     namespace: dict[str, Any] = {"__builtins__": __builtins__}
     exec(compile(_SOURCE, "<kcoral warm-up>", "exec", dont_inherit=True), namespace)
-    value = namespace["answer"](41)
-    node, _parts = encode_value(value, 0, hash_parts=False)
+    node, _parts = _encode(namespace["answer"](41), 0)  # the return step's own encoder
     fill_part_hashes(node, 0, [])
     encode(ReturnProduced(index=3, key="answer", node=node, part_lengths=[]))
-    encode(
-        ProgramFinished(
-            status="COMPLETED",
-            error=None,
-            left_processes=False,
-            poisoned=False,
-            lease_held=False,
-            gpu_access_at=None,
-        )
-    )
+    encode(ProgramFinished(status="COMPLETED"))
     return node
