@@ -23,6 +23,7 @@ import fcntl
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import termios
@@ -74,8 +75,8 @@ class Configure(Message):
     log_programs: bool = True
     allowed_serialization: list[str] = field(default_factory=lambda: ["json", "pickle"])
     transient: bool = False  # a gpu_count worker: one request, then exit
-    #: a one-shot worker configured ahead of its program (a CPU spare): warm up before
-    #: ready (``worker.warm_up``), off the request's path
+    #: a one-shot worker configured ahead of its program (a CPU spare): warm up once it
+    #: has waited idle for its program (``worker.warm_up``), off the request's path
     warm_up: bool = False
 
 
@@ -393,6 +394,12 @@ class BlockingChannel:
                 self.sock.sendall(frame[sent:])
         else:
             self.sock.sendall(frame)
+
+    def has_message(self, timeout: float) -> bool:
+        """Whether the next message (or the front-end's end) arrives within ``timeout``
+        seconds; nothing is read. Nothing is buffered on this side, so the socket says."""
+        readable, _w, _x = select.select([self.sock], [], [], timeout)
+        return bool(readable)
 
     def receive(self) -> tuple[Message, list[int]]:
         """Next message and the fds that came with it (caller owns and closes them)."""

@@ -34,7 +34,7 @@ from kcoral_server.worker.leasing import Lease, WorkerExit
 from kcoral_server.worker.reaper import become_subreaper, kill_descendants
 from kcoral_server.worker.runtime import make_runtime
 from kcoral_server.worker.state import ProcessSnapshot
-from kcoral_server.worker.warm_up import warm_up
+from kcoral_server.worker.warm_up import IDLE_BEFORE_WARM_UP_SECONDS, warm_up
 
 
 def _close_all(fds: list[int]) -> None:
@@ -76,12 +76,6 @@ def serve(channel: BlockingChannel) -> int:
     if not configure.transient:
         gc.collect()
     gc.freeze()
-    if configure.warm_up:
-        # a spare waits for its program anyway: the pages that program's path writes to are
-        # copied now, not on the request's round trip (``warm_up``); a worker configured
-        # while its program waits (a GPU spare at take-over) would only move them
-        with contextlib.suppress(Exception):
-            warm_up()
     ready = WorkerReady(
         pid=os.getpid(),
         target=identity.target,
@@ -89,6 +83,12 @@ def serve(channel: BlockingChannel) -> int:
         device_uuid=identity.device_uuid,
     )
     channel.send(ready)
+    if configure.warm_up and not channel.has_message(IDLE_BEFORE_WARM_UP_SECONDS):
+        # a spare left waiting for its program copies the pages that program's path writes
+        # to now, not on the request's round trip; one whose program comes at once (back to
+        # back) would only spend CPU its seat's other processes need (``warm_up``)
+        with contextlib.suppress(Exception):
+            warm_up(stop=lambda: channel.has_message(0))
     while True:
         try:
             message, fds = channel.receive()

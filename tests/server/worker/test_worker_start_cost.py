@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import linecache
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from kcoral_server.processes.launcher.front_end import Launcher
 from kcoral_server.worker import runtime
+from kcoral_server.worker.warm_up import IDLE_BEFORE_WARM_UP_SECONDS
 from worker_harness import function, give, launch, module
 
 
@@ -82,21 +84,50 @@ def _first_program_sees(worker: Any) -> dict[str, Any]:
     return {name: result.value(name)["value"] for name in ("NAME", "WARM", "WARMED")}
 
 
-def test_a_one_shot_worker_configured_ahead_warms_up_and_leaves_its_program_nothing(
+def test_a_spare_left_waiting_for_its_program_warms_up_and_leaves_its_program_nothing(
     tmp_path: Path,
 ) -> None:
-    """A CPU spare warms up before ready: what the program sees of its process is as if
-    nothing ran before it."""
+    """A CPU spare whose program does not come at once warms up: what the program sees of
+    its process is as if nothing ran before it."""
     launcher = Launcher()
     try:
         worker = launch(tmp_path, transient=True, launcher=launcher, warm_up=True)
         assert worker.ready is not None, worker.failed
+        time.sleep(IDLE_BEFORE_WARM_UP_SECONDS * 10)  # a person's pause before the next cell
         seen = _first_program_sees(worker)
         assert seen["WARMED"] is True
         assert seen["NAME"].endswith("_1")
         assert seen["WARM"] == []
     finally:
         launcher.close()
+
+
+def test_a_spare_whose_program_is_already_waiting_runs_it_without_warming_up(
+    tmp_path: Path,
+) -> None:
+    """Back to back, the program is there when the spare reports ready: warming up would
+    only spend CPU the busy machine needs, so the spare runs the program at once."""
+    launcher = Launcher()
+    try:
+        worker = launch(tmp_path, transient=True, launcher=launcher, warm_up=True, wait_ready=False)
+        seen = _first_program_sees(worker)  # sent right behind the Configure
+        assert seen["WARMED"] is False
+        assert seen["NAME"].endswith("_1")
+    finally:
+        launcher.close()
+
+
+def test_the_warm_up_stops_between_steps_when_the_program_comes() -> None:
+    from kcoral_server.worker.warm_up import warm_up
+
+    asked: list[int] = []
+
+    def program_came() -> bool:
+        asked.append(1)
+        return True
+
+    assert warm_up(stop=program_came) is None
+    assert asked == [1]  # stopped at the first step's end
 
 
 def test_a_worker_configured_while_its_program_waits_does_not_warm_up(tmp_path: Path) -> None:

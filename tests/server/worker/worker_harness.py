@@ -186,9 +186,11 @@ def launch(
     sandbox: str = "none",
     launcher: Launcher | None = None,
     warm_up: bool = False,
+    wait_ready: bool = True,
 ) -> Worker:
     """A started worker: spawned (``python -m kcoral_server.worker``), or forked by
-    ``launcher`` as the server's workers are."""
+    ``launcher`` as the server's workers are. ``wait_ready=False``: returned as soon as it
+    was configured, so that a program can be waiting for it when it reports ready."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = child.fileno()
     if launcher is not None:
@@ -224,7 +226,7 @@ def launch(
             warm_up=warm_up,
         )
     )
-    while True:
+    while wait_ready:
         message, fds = channel.receive()
         for received in fds:
             os.close(received)
@@ -239,6 +241,7 @@ def launch(
         elif isinstance(message, WorkerStartFailed):
             worker.failed = message
             return worker
+    return worker
 
 
 # ---------------------------------------------------------------- program builders
