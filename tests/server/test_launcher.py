@@ -134,3 +134,25 @@ def test_a_held_worker_keeps_no_exit_report_of_another_worker_open(launcher):
         assert held.wait(30) == 125
         for channel in (first_channel, held_channel):
             channel.sock.close()
+
+
+def test_a_forked_worker_takes_exactly_its_environment_changing_only_what_differs() -> None:
+    import ctypes
+
+    from kcoral_server.processes.launcher.forked_worker import take_environment
+
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    saved = dict(os.environ)
+    wanted = {k: v for k, v in saved.items() if k != "HOME"}
+    wanted["KCORAL_TEST_ADDED"] = "new"
+    wanted["PATH"] = "/changed"
+    try:
+        take_environment(wanted)
+        assert dict(os.environ) == wanted
+        assert libc.getenv(b"HOME") is None  # the C environment too: what native code reads
+        assert libc.getenv(b"PATH") == b"/changed"
+        assert libc.getenv(b"KCORAL_TEST_ADDED") == b"new"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -36,6 +36,7 @@ from kcoral_server.worker.blobs import BlobMaps
 from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
 from kcoral_server.worker.confinement import clear_workspace, empty_private_tmp
 from kcoral_server.worker.cupti_guard import GpuAccessFailure, finalize_cupti
+from kcoral_server.worker.event_loop import WorkerLoop
 from kcoral_server.worker.failures import (
     Attribution,
     InstructionFailure,
@@ -111,9 +112,8 @@ class Engine:
         self.lease = lease
         self.configure = configure
         self.snapshot = snapshot
-        # EXTENSIONS §3: one loop per worker process, created once, reused by every program
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
+        # EXTENSIONS §3: one loop per worker process, made when a program first needs it
+        self.event_loop = WorkerLoop()
         self.libraries = Libraries(runtime.library_unavailable)
         self.unsettled: ProgramExecution | None = None  # outcome sent, slow clean-up still due
         self.programs = 0
@@ -371,7 +371,7 @@ class ProgramExecution:
                 self.error = error_object("runtime", LEFTOVER_MESSAGE, last, "")
         if not verified:
             self._poisoned = True
-        threads = leftover_threads(self.threads_before, self.engine.loop)
+        threads = leftover_threads(self.threads_before, self.engine.event_loop.created)
         if threads:  # a thread cannot be killed: the worker retires (as for processes)
             self.left_processes = True
             if self.error is None:
@@ -390,7 +390,9 @@ class ProgramExecution:
             self.error = error_object("runtime", fault.message, last, "")
 
     def _cancel_pending_tasks(self) -> None:
-        loop = self.engine.loop
+        loop = self.engine.event_loop.created
+        if loop is None:
+            return  # no loop was made: no task can be pending
         try:
             pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
             for task in pending:

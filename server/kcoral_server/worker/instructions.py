@@ -96,7 +96,7 @@ class Instructions:
         try:
             result = call()
             if inspect.isawaitable(result):
-                result = self.engine.loop.run_until_complete(_awaited(result))
+                result = self.engine.event_loop.get().run_until_complete(_awaited(result))
             return result
         except BaseException as exc:
             raise classify(exc) from None

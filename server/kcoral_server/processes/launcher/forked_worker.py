@@ -94,11 +94,22 @@ def become_worker(
     return child
 
 
+def take_environment(env: dict[str, str]) -> None:
+    """Make ``os.environ`` (and the C environment) exactly ``env``. Only what differs is
+    changed: a CPU worker's usually equals the launcher's, and clearing and refilling it
+    copied ~60 more shared pages (~0.3 ms) of every fresh fork."""
+    current = os.environ
+    for name in [name for name in current if name not in env]:
+        del current[name]
+    for name, value in env.items():
+        if current.get(name) != value:
+            current[name] = value
+
+
 def run_child(child: Child) -> int:
     """In the forked worker: take the requested environment, then run the worker (which
     runs what a program could observe of the exit itself: ``worker.main.run``)."""
-    os.environ.clear()
-    os.environ.update(child.env)
+    take_environment(child.env)
     from kcoral_server.worker import __main__ as entry
     from kcoral_server.worker.main import run
 
