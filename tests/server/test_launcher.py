@@ -156,3 +156,16 @@ def test_a_forked_worker_takes_exactly_its_environment_changing_only_what_differ
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def test_prctl_uses_the_function_looked_up_before_the_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``CDLL`` made in each fresh fork copied ~70 pages; the one made at import serves."""
+    import ctypes
+
+    from kcoral_server.processes.launcher.forked_worker import set_dumpable
+
+    def no_new_library(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a new CDLL per call")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_new_library)
+    assert set_dumpable(True) is True

@@ -11,7 +11,6 @@ unwound, ``run_child`` takes the worker's environment and runs the worker, and
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 
 from kcoral_server.processes.cgroups import enter_cgroups
 from kcoral_server.processes.launcher.family import Family
-from kcoral_server.worker.reaper import tie_to_parent
+from kcoral_server.worker.reaper import prctl, tie_to_parent
 
 PR_SET_DUMPABLE = 4
 
@@ -30,11 +29,7 @@ def set_dumpable(dumpable: bool) -> bool:
     """``PR_SET_DUMPABLE`` (Linux): a non-dumpable process cannot be ptraced, nor its
     ``/proc/<pid>/mem`` and ``environ`` read, by other processes of its user without
     ``CAP_SYS_PTRACE``. False where unsupported."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
+    return prctl(PR_SET_DUMPABLE, int(dumpable))
 
 
 @dataclass
