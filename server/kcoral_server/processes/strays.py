@@ -65,8 +65,10 @@ class StrayWatch:
         self.cgroup = cgroup if cgroup is not None and cgroup.paths else None
         self.root = root
         self.forks = forks
-        self.launcher = procfs.parent(worker) if forks is not None else None
-        self.sid = procfs.sid(worker)
+        # only the walk without a cgroup asks for these (two /proc reads per worker)
+        walks = self.cgroup is None
+        self.launcher = procfs.parent(worker) if walks and forks is not None else None
+        self.sid = procfs.sid(worker) if walks else None
         #: the tree's processes without children when the worker became ready: the worker
         #: itself, whose descendants are its reaper's (``_members`` does not walk them)
         self.leaves: set[int] = set()

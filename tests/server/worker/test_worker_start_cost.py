@@ -66,22 +66,60 @@ def test_the_warm_up_leaves_no_module_name_or_source_line_behind() -> None:
     assert repr(modules._serial) == serial_before  # the program's first module is still _1
 
 
+_SEEN = ("NAME", "WARM", "WARMED", "FORK_SERVER_WARMED")
+
+
 def _first_program_sees(worker: Any) -> dict[str, Any]:
     """What a worker's first program finds: its module's name, cached source lines of the
-    warm-up, and whether the process warmed up."""
+    warm-up, whether the process warmed up, and whether its fork server did."""
     source = (
         "import linecache\n"
         "from kcoral_server.worker import warm_up\n"
+        "from kcoral_server.processes.launcher import fork_server\n"
         "NAME = __name__\n"
         "WARM = [name for name in linecache.cache if 'warm' in name]\n"
         "WARMED = warm_up.warmed_up_at is not None\n"
+        "FORK_SERVER_WARMED = fork_server.warmed_for_forks\n"
     )
     program = [module("m", source)]
-    for name in ("NAME", "WARM", "WARMED"):
+    for name in _SEEN:
         program += [function(name, "m", name), give(name, name)]
     result = worker.run(program)
     assert result.finished.status == "COMPLETED", result.error
-    return {name: result.value(name)["value"] for name in ("NAME", "WARM", "WARMED")}
+    return {name: result.value(name)["value"] for name in _SEEN}
+
+
+def test_the_fork_servers_warm_up_runs_the_path_and_leaves_warmed_up_at_alone() -> None:
+    import kcoral_server.worker.engine  # noqa: F401
+    from kcoral_server.worker import modules, warm_up
+
+    before_modules, before_lines = set(sys.modules), set(linecache.cache)
+    serial_before = repr(modules._serial)
+    warmed_before = warm_up.warmed_up_at
+    assert warm_up.warm_up_for_forks() is True
+    assert warm_up.warmed_up_at == warmed_before
+    assert set(sys.modules) == before_modules
+    assert set(linecache.cache) == before_lines
+    assert repr(modules._serial) == serial_before
+
+
+def test_a_forked_worker_inherits_its_fork_servers_warm_up_and_its_program_sees_nothing_of_it(
+    tmp_path: Path,
+) -> None:
+    """The fork server ran a trivial program's path once before freezing its heap, so its
+    workers start with what that path makes once; the program still finds its first
+    module named ``_1``, no warm-up source line, and a worker that did not warm up itself."""
+    launcher = Launcher()
+    try:
+        worker = launch(tmp_path, transient=True, launcher=launcher)
+        assert worker.ready is not None, worker.failed
+        seen = _first_program_sees(worker)
+        assert seen["FORK_SERVER_WARMED"] is True
+        assert seen["WARMED"] is False
+        assert seen["NAME"].endswith("_1")
+        assert seen["WARM"] == []
+    finally:
+        launcher.close()
 
 
 def test_a_spare_left_waiting_for_its_program_warms_up_and_leaves_its_program_nothing(

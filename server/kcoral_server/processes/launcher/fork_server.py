@@ -50,6 +50,9 @@ PRELOADED = (
     "kcoral.protocol.validate",
     "kcoral.protocol.values",
 )
+#: whether this fork server ran a trivial program's path before it froze its heap
+#: (``warm_up.warm_up_for_forks``): its workers inherit what that path makes once
+warmed_for_forks = False
 #: how long the launcher must have had no request before it starts the preload
 PRELOAD_IDLE_SECONDS = 0.2
 #: ... or this long after it started at the latest, however busy (a seat replaced
@@ -270,11 +273,16 @@ def preload(names: Sequence[str]) -> list[str]:
 
 
 def freeze_heap() -> None:
-    """Collect, then freeze what survives: pages the children never write stay shared, and
-    their collections skip those objects. Then fold the heap into huge pages: each fork
-    copies far fewer page-table entries (``huge_pages``)."""
+    """Run a trivial program's path (after the preload too: its imports evict what the
+    path cached), collect, then freeze what survives: pages the children never write stay
+    shared, and their collections skip those objects. Then fold the heap into huge pages:
+    each fork copies far fewer page-table entries (``huge_pages``)."""
     import gc
 
+    from kcoral_server.worker.warm_up import warm_up_for_forks
+
+    global warmed_for_forks
+    warmed_for_forks = warm_up_for_forks()  # made once here for every worker forked
     gc.collect()
     gc.freeze()
     collapse_heap()
