@@ -32,6 +32,7 @@ import os
 import signal
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -463,15 +464,17 @@ def unenforced(limits: WorkerLimits) -> list[str]:
         cgroup.remove()
 
 
-def enter_cgroups(procs_files: list[str]) -> None:
-    """In a freshly forked worker, before it runs anything: move into its cgroups (raises
-    ``OSError``; the caller must then exit rather than run unlimited)."""
+def enter_cgroups(procs_files: Sequence[str], pid: int = 0) -> None:
+    """Move ``pid`` into the cgroups whose ``cgroup.procs`` files ``procs_files`` names (0,
+    cgroup v1 and v2 alike: the writer itself, a freshly forked worker before it runs
+    anything); raises ``OSError``: the worker must then not run, unlimited. Raw calls: in
+    a fresh fork a file object is pages of the fork server's heap copied before the worker
+    runs anything, and the front-end moves each sandboxed worker this way too."""
+    text = b"0" if pid == 0 else str(pid).encode()
     for path in procs_files:
-        # raw calls: a file object here is pages of the launcher's heap that every fresh
-        # worker would copy before it runs anything
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
-            os.write(fd, b"0")  # "0" is the writer itself (cgroup v1 and v2)
+            os.write(fd, text)
         finally:
             os.close(fd)
 

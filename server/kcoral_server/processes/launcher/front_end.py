@@ -23,6 +23,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from kcoral_server.processes.cgroups import enter_cgroups
 from kcoral_server.processes.launcher.wire import (
     ENTRY_MODULE,
     MAX_MESSAGE,
@@ -295,9 +296,7 @@ class Launcher:
         try:
             if pid is None:
                 raise OSError(f"worker {reply.pid} not found under the sandbox")
-            for path in cgroups:
-                with open(path, "w") as f:
-                    f.write(str(pid))
+            enter_cgroups(cgroups, pid)
         except OSError as exc:
             os.close(fds[0])
             raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None
