@@ -26,6 +26,7 @@ from kcoral_server.processes.ipc import (
     WorkerStartFailed,
 )
 from kcoral_server.processes.launcher.finalizers import skip_idle_exit_walk
+from kcoral_server.processes.launcher.forked_worker import set_dumpable
 from kcoral_server.processes.limits import apply_memory_rlimit
 from kcoral_server.worker.confinement import empty_private_tmp
 from kcoral_server.worker.engine import Engine
@@ -130,6 +131,16 @@ def run_exit_handlers() -> None:
             stream.flush()
 
 
+def report_exit(channel: BlockingChannel, code: int) -> None:
+    """A forked worker's last frame, ``WorkerExiting``: from then on the next program of its
+    sandbox may run beside what is left of it, so it first turns non-dumpable again, like
+    the worker forked ahead there (SERVER §6): that program cannot read its memory,
+    environment or descriptors through ``/proc`` while it ends."""
+    set_dumpable(False)
+    with contextlib.suppress(OSError):
+        channel.send(WorkerExiting(code=code))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m kcoral_server.worker --fd N``: a spawned worker."""
     parser = argparse.ArgumentParser(prog="python -m kcoral_server.worker")
@@ -163,8 +174,7 @@ def run(fd: int, *, forked: bool = False) -> int:
             run_exit_handlers()
         _found, verified = kill_descendants()
         if forked and verified:
-            with contextlib.suppress(OSError):
-                channel.send(WorkerExiting(code=code))
+            report_exit(channel, code)
         with contextlib.suppress(OSError):
             sock.close()
     return code

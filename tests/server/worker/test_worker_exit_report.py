@@ -8,6 +8,9 @@ front-end's ``announced_exit`` against stand-ins for the rest."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,3 +129,36 @@ def test_without_an_announcement_the_front_end_awaits_the_exit_itself() -> None:
     assert _announced(Handle(WorkerGone("channel closed"))) is None  # a spawned worker
     assert _announced(Handle(TimeoutError())) is None  # past the deadline
     assert _announced(Handle(ipc.WorkerReady(pid=1))) is None  # anything else
+
+
+# What the worker's last frame goes out with: ``report_exit`` in a process of its own (it
+# turns that process non-dumpable), with a channel that notes the flag when it sends.
+REPORT_EXIT = """
+import ctypes, json
+from kcoral_server.worker.main import report_exit
+
+PR_GET_DUMPABLE = 3
+libc = ctypes.CDLL(None, use_errno=True)
+sent = []
+
+class NotingChannel:
+    def send(self, message):
+        sent.append([message.tag, libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)])
+
+before = libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+report_exit(NotingChannel(), 0)
+print(json.dumps({"before": before, "sent": sent}))
+"""
+
+
+def test_a_one_shot_worker_is_no_longer_dumpable_when_it_says_its_exit_code() -> None:
+    """From its last frame on, the next program of its sandbox may run beside what is left
+    of it: like the worker forked ahead, it cannot then be ptraced or have its ``/proc``
+    memory, environment or descriptors read by that program (SERVER §6)."""
+    done = subprocess.run(
+        [sys.executable, "-c", REPORT_EXIT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["before"] == 1
+    assert seen["sent"] == [["worker_exiting", 0]]
