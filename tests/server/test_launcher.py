@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +172,40 @@ def test_prctl_uses_the_function_looked_up_before_the_fork(monkeypatch: pytest.M
 
     monkeypatch.setattr(ctypes, "CDLL", no_new_library)
     assert set_dumpable(True) is True
+
+
+# The fork server's bookkeeping, in a process of its own (it reaps any child of its
+# process): 50 workers that exit one after the other. (A spawn supervisor keeps its one
+# worker's code: tests/reliability/test_quarantine.py sees it exit with it.)
+REPORTS_KEPT = """
+import json, os, select
+from kcoral_server.processes.launcher import family, wire
+
+def fork_and_report(bookkeeping, code):
+    status_r, status_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(code)
+    bookkeeping.workers[pid] = status_w
+    while not select.select([status_r], [], [], 0.01)[0]:
+        bookkeeping.collect()
+    reported, _survivors = wire.STATUS.unpack(os.read(status_r, wire.STATUS.size))
+    os.close(status_r)
+    return pid, reported
+
+server = family.Family()
+codes = [fork_and_report(server, n % 7)[1] for n in range(50)]
+print(json.dumps({"codes": codes, "kept_by_server": len(server.reported)}))
+"""
+
+
+def test_the_fork_server_reports_every_exit_and_keeps_no_code_of_its_thousands_of_workers() -> None:
+    """A worker per program for as long as the server runs: a code kept for each would grow
+    the fork server's heap, and so every fork, without end."""
+    done = subprocess.run(
+        [sys.executable, "-c", REPORTS_KEPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["codes"] == [n % 7 for n in range(50)]
+    assert seen["kept_by_server"] == 0

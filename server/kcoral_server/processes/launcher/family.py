@@ -42,7 +42,11 @@ class Family:
     exited: list[Exited] = field(default_factory=list)  # reaped, not yet reported
     orphans: list[int] = field(default_factory=list)
     orphans_since: float | None = None  # when the current run of live orphans began
-    reported: dict[int, int] = field(default_factory=dict)  # pid -> exit code, once reported
+    #: workers whose exit code stays in ``reported`` once reported: a spawn supervisor's one
+    #: worker. The fork server keeps none: it forks a worker per program for as long as the
+    #: server runs, and a code kept for each would grow its heap (and every fork's) forever.
+    kept: set[int] = field(default_factory=set)
+    reported: dict[int, int] = field(default_factory=dict)  # pid -> exit code, of ``kept``
     kill_seconds: float = field(default_factory=orphan_kill_seconds)
 
     @property
@@ -86,7 +90,8 @@ class Family:
                 waiting.append(entry)
             else:
                 report_exit(entry.status_fd, entry.code, len(self.orphans))
-                self.reported[entry.pid] = entry.code
+                if entry.pid in self.kept:
+                    self.reported[entry.pid] = entry.code
         self.exited = waiting
 
     def _reap(self) -> None:

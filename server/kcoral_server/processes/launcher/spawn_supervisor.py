@@ -52,7 +52,7 @@ def supervise(parent: int) -> int:
         if fd > 2 and fd not in own:
             with contextlib.suppress(OSError):
                 os.close(fd)
-    family = Family()
+    family = Family(kept={pid})
     family.workers[pid] = -1
     # The supervisor's exit is the worker's exit report, so it stays while an orphan
     # survives SIGKILL: the front-end, which never signals the supervisor itself, then sees
