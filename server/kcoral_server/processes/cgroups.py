@@ -118,20 +118,24 @@ def _cgroup2_mount() -> Path | None:
     return None
 
 
-def _write(path: Path | str, text: str) -> bool:
-    """Write ``text`` to a cgroup file by raw calls: a worker's cgroups take five writes
-    per start, and ``Path.write_text``'s file object cost three more system calls and
-    more Python than the write itself. False when the kernel refused it."""
+def _write_raw(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to a cgroup file by raw calls (raises ``OSError``): a worker's
+    cgroups take five writes per start and one or two moves, and a file object
+    (``Path.write_text``, ``open``) cost three more system calls and more Python than the
+    write itself; in a fresh fork, also pages of the fork server's heap copied."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        os.write(fd, text.encode())
-    except OSError:
-        return False
+        os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def _write(path: Path | str, text: str) -> bool:
+    """``_write_raw``; False when the kernel refused it."""
+    try:
+        _write_raw(path, text.encode())
+    except OSError:
+        return False
     return True
 
 
@@ -467,16 +471,11 @@ def unenforced(limits: WorkerLimits) -> list[str]:
 def enter_cgroups(procs_files: Sequence[str], pid: int = 0) -> None:
     """Move ``pid`` into the cgroups whose ``cgroup.procs`` files ``procs_files`` names (0,
     cgroup v1 and v2 alike: the writer itself, a freshly forked worker before it runs
-    anything); raises ``OSError``: the worker must then not run, unlimited. Raw calls: in
-    a fresh fork a file object is pages of the fork server's heap copied before the worker
-    runs anything, and the front-end moves each sandboxed worker this way too."""
-    text = b"0" if pid == 0 else str(pid).encode()
+    anything; the front-end moves each sandboxed worker by its pid); raises ``OSError``:
+    the worker must then not run, unlimited."""
+    data = b"0" if pid == 0 else str(pid).encode()
     for path in procs_files:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, text)
-        finally:
-            os.close(fd)
+        _write_raw(path, data)
 
 
 def limit_message(cgroup: WorkerCgroup | None) -> str | None:

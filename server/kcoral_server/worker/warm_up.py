@@ -67,7 +67,7 @@ def warm_up(stop: Callable[[], bool] = _never) -> Any:
 def warm_up_for_forks() -> bool:
     """The fork server's warm-up, once, before it freezes its heap: what the path makes
     once (code specialized on its first runs, the type and method caches, the allocator's
-    pools) is then made for every worker it forks, which copies ~75 fewer pages on its
+    pools) is then made for every worker it forks, which copies ~60-70 fewer pages on its
     first program's round trip. Leaves ``warmed_up_at`` alone: that says whether the
     worker itself warmed up. False when it failed: the workers then run that path cold."""
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import linecache
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,21 +50,29 @@ def test_a_forked_one_shot_worker_reports_its_versions_and_runs_a_workspace_impo
         launcher.close()
 
 
-def test_the_warm_up_leaves_no_module_name_or_source_line_behind() -> None:
-    # what a worker has loaded when it warms up
+def _leaves_nothing_behind(warm: Callable[[], Any]) -> Any:
+    """``warm()``'s result, asserting it registered no module, cached no source line and
+    took no module number (the program's first module is still ``_1``)."""
+    # what a worker (and its fork server) has loaded when it warms up
     import kcoral_server.worker.engine  # noqa: F401
     from kcoral_server.worker import modules
-    from kcoral_server.worker.warm_up import warm_up
 
     import kcoral.protocol.validate
     import kcoral.protocol.values  # noqa: F401
 
     before_modules, before_lines = set(sys.modules), set(linecache.cache)
     serial_before = repr(modules._serial)
-    assert warm_up() == {"type": "integer", "value": 42}
+    result = warm()
     assert set(sys.modules) == before_modules
     assert set(linecache.cache) == before_lines
-    assert repr(modules._serial) == serial_before  # the program's first module is still _1
+    assert repr(modules._serial) == serial_before
+    return result
+
+
+def test_the_warm_up_leaves_no_module_name_or_source_line_behind() -> None:
+    from kcoral_server.worker.warm_up import warm_up
+
+    assert _leaves_nothing_behind(warm_up) == {"type": "integer", "value": 42}
 
 
 _SEEN = ("NAME", "WARM", "WARMED", "FORK_SERVER_WARMED")
@@ -90,17 +99,11 @@ def _first_program_sees(worker: Any) -> dict[str, Any]:
 
 
 def test_the_fork_servers_warm_up_runs_the_path_and_leaves_warmed_up_at_alone() -> None:
-    import kcoral_server.worker.engine  # noqa: F401
-    from kcoral_server.worker import modules, warm_up
+    from kcoral_server.worker import warm_up
 
-    before_modules, before_lines = set(sys.modules), set(linecache.cache)
-    serial_before = repr(modules._serial)
     warmed_before = warm_up.warmed_up_at
-    assert warm_up.warm_up_for_forks() is True
+    assert _leaves_nothing_behind(warm_up.warm_up_for_forks) is True
     assert warm_up.warmed_up_at == warmed_before
-    assert set(sys.modules) == before_modules
-    assert set(linecache.cache) == before_lines
-    assert repr(modules._serial) == serial_before
 
 
 def test_a_forked_worker_inherits_its_fork_servers_warm_up_and_its_program_sees_nothing_of_it(
