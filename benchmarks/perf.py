@@ -60,10 +60,19 @@ grpcio/protobuf): ``perf_ray.py`` runs in ``--ray-python`` (default
 ``benchmarks/.ray-venv/bin/python``, created before anything is measured by
 ``setup_ray.sh`` when missing). When Ray cannot run, the row says why.
 
+Rounds. The configurations' rows and Ray's calls are measured in ``--repeat`` rounds that
+alternate between the configurations (default, none; none, default; ...), each round with
+its share of the samples on servers of its own, Ray's calls right after the default-flags
+round; each number is the median of its rounds (Ray's p50: of all its calls). The CPU
+window is measured whole, in the first round. So every same-run ratio (sandbox tax, Ray,
+back to back over reused) compares numbers taken in the same phases of the machine, not
+minutes apart.
+
 ``--quick`` uses tiny sizes and a few iterations, the default-flags configuration only and
 no Ray (a smoke test run by ``tests/benchmarks/``, not a measurement). ``--repeat N``
-multiplies every sample count. ``--profile DIR`` adds a profile of trivial requests
-(client cProfile, front-end py-spy, event-log phase timestamps) written to DIR.
+multiplies every sample count and makes N rounds. ``--profile DIR`` adds a profile of
+trivial requests (client cProfile, front-end py-spy, event-log phase timestamps) written to
+DIR.
 """
 
 from __future__ import annotations
@@ -75,7 +84,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -123,6 +132,8 @@ class Plan:
     starts: int
     raw_reps: int
     ray_calls: int
+    #: rounds of the configurations' rows, alternating between them (``measure``)
+    rounds: int = 1
 
 
 def make_plan(quick: bool, repeat: int) -> Plan:
@@ -142,7 +153,23 @@ def make_plan(quick: bool, repeat: int) -> Plan:
     return Plan(
         bulk_bytes=64 * MIB, rss_bytes=200 * MIB, trivial=40 * r, spaced=15 * r, torch=5 * r,
         back_to_back=15 * r, bulk=5 * r, per_client=100 * r, cpu_requests=cpu_requests,
-        starts=5 * r, raw_reps=5 * r, ray_calls=200 * r,
+        starts=5 * r, raw_reps=5 * r, ray_calls=200 * r, rounds=r,
+    )  # fmt: skip
+
+
+def round_plan(plan: Plan) -> Plan:
+    """One round's share of the configurations' samples and Ray's calls
+    (``measure_in_rounds``). The CPU window is not shared out: it is measured whole, in the
+    first round (see ``make_plan``)."""
+    n = plan.rounds
+
+    def share(count: int) -> int:
+        return max(1, -(-count // n))
+
+    return replace(
+        plan, trivial=share(plan.trivial), spaced=share(plan.spaced), torch=share(plan.torch),
+        back_to_back=share(plan.back_to_back), bulk=share(plan.bulk),
+        per_client=share(plan.per_client), ray_calls=share(plan.ray_calls),
     )  # fmt: skip
 
 
@@ -159,10 +186,15 @@ CONCURRENCY_LEVELS = (1, 2, 4, 8)
 
 
 def measure_configuration(
-    configuration: kc.Configuration, plan: Plan, log: Callable[[str], None]
+    configuration: kc.Configuration,
+    plan: Plan,
+    log: Callable[[str], None],
+    *,
+    measure_cpu: bool = True,
 ) -> dict:
     """Every main row's numbers for one server configuration, with its own echo baseline
-    measured right before (so load drift between configurations does not skew ratios)."""
+    measured right before (so load drift between configurations does not skew ratios);
+    ``measure_cpu``: the CPU window too (one round measures it, ``measure``)."""
     name = configuration.name
     results: dict = {}
     log(f"[{name}] bare Tornado echo (urllib3, same transport as kcoral.Client)")
@@ -181,13 +213,16 @@ def measure_configuration(
         log(f"[{name}] warming both reused workers (sandbox: {results['sandbox']})")
         kc.warm_up_workers(server.url, 2)
         kc.trivial_round_trips(client, 3)
+        results["quiet_wait_seconds"] = kc.wait_until_quiet(server.pid)
         log(f"[{name}] trivial round trips, reused workers")
         trivial = kc.trivial_round_trips(client, plan.trivial)
         log(f"[{name}] remote functions (json, pickle) and session programs")
         remote = kc.remote_function_round_trips(client, plan.trivial)
         session = kc.session_round_trips(client, plan.trivial)
-        log(f"[{name}] front-end and worker CPU per trivial request")
-        cpu = kc.cpu_per_request(client, server.pid, plan.cpu_requests)
+        cpu = None
+        if measure_cpu:
+            log(f"[{name}] front-end and worker CPU per trivial request")
+            cpu = kc.cpu_per_request(client, server.pid, plan.cpu_requests)
         log(f"[{name}] {plan.bulk_bytes // MIB} MiB bytes cold / warm, tensor cold")
         kc.bytes_cold(client, plan.bulk_bytes, 1)  # first big transfer sizes the buffers
         cold = kc.median(kc.bytes_cold(client, plan.bulk_bytes, plan.bulk))
@@ -204,17 +239,66 @@ def measure_configuration(
         "remote_json_p50_seconds": kc.median(remote["json"]),
         "remote_pickle_p50_seconds": kc.median(remote["pickle"]),
         "session_p50_seconds": kc.median(session),
-        "frontend_cpu_seconds_per_request": cpu.frontend,
-        "worker_cpu_seconds_per_request": cpu.workers,
-        "wall_seconds_per_request": cpu.wall,
         "bytes_cold_seconds": cold,
         "bytes_warm_seconds": warm,
         "tensor_cold_seconds": tensor,
         "concurrency_client": "client processes, one kcoral.Client each",
         "concurrency_rates": {str(k): v for k, v in rates.items()},
     }
-
+    if cpu is not None:
+        results["reused"]["frontend_cpu_seconds_per_request"] = cpu.frontend
+        results["reused"]["worker_cpu_seconds_per_request"] = cpu.workers
+        results["reused"]["wall_seconds_per_request"] = cpu.wall
     return results
+
+
+def measure_in_rounds(
+    configurations: list[kc.Configuration],
+    plan: Plan,
+    ray_python: Path | None,
+    log: Callable[[str], None],
+) -> tuple[dict[str, dict], dict]:
+    """Each configuration's numbers, and Ray's (``ray_row_results``), measured in
+    ``plan.rounds`` rounds that alternate between the configurations (A B, B A, A B, ...),
+    each round with its share of the samples, Ray's calls right after the first
+    configuration's (whose reused trip Ray's ratio divides); a number is the median of its
+    rounds. Measured one configuration after the other, a same-run ratio compared two
+    phases of the machine minutes apart (README round 14)."""
+    share = round_plan(plan)
+    rounds: dict[str, list[dict]] = {c.name: [] for c in configurations}
+    ray_rounds: list[dict] = []
+    for index in range(plan.rounds):
+        order = configurations if index % 2 == 0 else configurations[::-1]
+        for configuration in order:
+            log(f"round {index + 1} of {plan.rounds}: {configuration.name}")
+            measured = measure_configuration(configuration, share, log, measure_cpu=index == 0)
+            rounds[configuration.name].append(measured)
+            if configuration is configurations[0]:
+                ray_rounds.append(ray_row_results(ray_python, share.ray_calls, log))
+    ray = next((r for r in ray_rounds if "skipped" in r), None) or ray_of_rounds(ray_rounds)
+    combined = {name: median_of_rounds(measured) for name, measured in rounds.items()}
+    for name, measured in rounds.items():
+        combined[name]["rounds"] = measured  # every round's own numbers, in the JSON
+    return combined, ray
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """One result from the rounds' results: each number the median of the rounds that have
+    it, each mapping combined alike, anything else (a name) the first round's."""
+    combined: dict = {}
+    for key in dict.fromkeys(key for measured in rounds for key in measured):
+        values = [measured[key] for measured in rounds if key in measured]
+        if all(isinstance(value, dict) for value in values):
+            combined[key] = median_of_rounds(values)
+        elif all(_is_number(value) for value in values):
+            combined[key] = kc.median(values)
+        else:
+            combined[key] = values[0]
+    return combined
 
 
 def measure_fresh_workers(
@@ -234,6 +318,7 @@ def measure_fresh_workers(
     ):
         log(f"[{name}] fresh worker per request: trivial and torch cells spaced 100 ms")
         kc.trivial_round_trips(client, 2, spacing=0.5)
+        quiet_wait = kc.wait_until_quiet(server.pid)
         spaced, torch = kc.alternating_round_trips(client, plan.spaced, plan.torch, spacing=0.1)
         log(f"[{name}] fresh worker per request: back to back, in blocks between reused trips")
         back = kc.back_to_back_beside_reused(client, reused, plan.back_to_back)
@@ -245,6 +330,7 @@ def measure_fresh_workers(
         "back_to_back_p50_seconds": back["p50_seconds"],
         "back_to_back_queue_ms_median": back["queue_ms_median"],
         "back_to_back_reused_p50_seconds": back["reused_p50_seconds"],
+        "quiet_wait_seconds": quiet_wait,
     }
 
 
@@ -341,9 +427,11 @@ def measure(
     }
     results["floors"] = floors
 
+    results["configurations"], results["ray"] = measure_in_rounds(
+        configurations, plan, ray_python, log
+    )
     for configuration in configurations:
-        measured = measure_configuration(configuration, plan, log)
-        results["configurations"][configuration.name] = measured
+        measured = results["configurations"][configuration.name]
         rows += configuration_rows(configuration.name, measured, floors, plan)
     rows += sandbox_tax_rows(results["configurations"])
 
@@ -362,7 +450,7 @@ def measure(
     results["rss"] = {**rss, "configuration": first.name}
     peak = max(rss["vm_hwm"], rss["peak_rss_sampled"])
 
-    results["ray"] = ray_results = ray_row_results(ray_python, plan, log)
+    ray_results = results["ray"]
     reference = results["configurations"][first.name]["reused"]["trivial_p50_seconds"]
     rows += [
         ray_row(ray_results, reference, first.name),
@@ -416,14 +504,15 @@ RAY_ROW = "Ray actor call round trip, p50 (peer)"
 RAY_TARGET = 3.0
 
 
-def ray_row_results(ray_python: Path | None, plan: Plan, log: Callable[[str], None]) -> dict:
-    """Run ``perf_ray.py`` in Ray's own interpreter; ``{"skipped": why}`` when it cannot."""
+def ray_row_results(ray_python: Path | None, calls: int, log: Callable[[str], None]) -> dict:
+    """Run ``perf_ray.py`` (``calls`` timed calls) in Ray's own interpreter; ``{"skipped":
+    why}`` when it cannot."""
     if ray_python is None:
         return {"skipped": "skipped (--quick or --no-ray)"}
     if not ray_python.exists():
         return {"skipped": f"{ray_python} missing: run benchmarks/setup_ray.sh"}
     log(f"Ray actor calls ({ray_python})")
-    command = [str(ray_python), str(HERE / "perf_ray.py"), str(plan.ray_calls)]
+    command = [str(ray_python), str(HERE / "perf_ray.py"), str(calls)]
     try:
         # No usage report to Ray's servers: the run is offline, and a request out would
         # add its time and traffic to the measurement.
@@ -447,6 +536,21 @@ def ray_row_results(ray_python: Path | None, plan: Plan, log: Callable[[str], No
         "p90_seconds": kc.p90(samples),
         "init_seconds": document.get("init_seconds"),
         "calls": len(samples),
+        "samples": samples,
+    }
+
+
+def ray_of_rounds(rounds: list[dict]) -> dict:
+    """One Ray result from the rounds' (none skipped): p50 and p90 over all their calls."""
+    samples = [sample for measured in rounds for sample in measured["samples"]]
+    return {
+        "version": rounds[0]["version"],
+        "p50_seconds": kc.median(samples),
+        "p90_seconds": kc.p90(samples),
+        "init_seconds": kc.median([measured["init_seconds"] or 0.0 for measured in rounds]),
+        "calls": len(samples),
+        "rounds": len(rounds),
+        "round_p50_seconds": [measured["p50_seconds"] for measured in rounds],
     }
 
 

@@ -271,14 +271,18 @@ def back_to_back_beside_reused(
     *,
     blocks: int = 3,
     settle: int = 2,
+    quiet: float = 0.25,
 ) -> dict[str, float]:
     """``back_to_back`` on ``fresh`` in ``blocks`` blocks, each right after as many trivial
     round trips on ``reused`` (a second server): the two p50s then come from the same
     phases of the machine, so their ratio compares like with like. Measured apart, the
     reused trip of the same code moved between 1.6 and 2.5 ms from run to run while the
-    back-to-back p50 did not, and the verdict followed that noise (README round 13). Each
-    block first runs ``settle`` programs it does not time: its first programs come after
-    the other server's block, not back to back."""
+    back-to-back p50 did not, and the verdict followed that noise (README round 13).
+
+    Each block starts ``quiet`` seconds after the other server's, so that server's work
+    after its last program (a fresh worker's teardown and its successor's start; a reused
+    worker's clean-up) does not slow this block's first trips, and then runs ``settle``
+    programs it does not time, so back to back is measured once it is back to back."""
     times: list[float] = []
     queued: list[float] = []
     reused_times: list[float] = []
@@ -286,8 +290,10 @@ def back_to_back_beside_reused(
     blocks = max(1, min(blocks, requests))
     for block in range(blocks):
         count = requests // blocks + (1 if block < requests % blocks else 0)
+        time.sleep(quiet)
         trivial_round_trips(reused, settle)
         reused_times += trivial_round_trips(reused, count)
+        time.sleep(quiet)
         _back_to_back_samples(fresh, settle)
         start = time.perf_counter()
         block_times, block_queued = _back_to_back_samples(fresh, count)
@@ -456,6 +462,39 @@ def cpu_per_request(client: kcoral.Client, pid: int, requests: int) -> CpuPerReq
         if key in workers_before  # a worker started meanwhile is not a reused one
     )
     return CpuPerRequest(cpu / requests, worker_cpu / requests, wall / requests)
+
+
+def wait_until_quiet(
+    pid: int, *, below: float = 0.05, window: float = 0.25, timeout: float = 30.0
+) -> float:
+    """Wait until the server ``pid`` and every process below it use less than ``below`` of
+    one core over ``window`` seconds; the seconds waited (after ``timeout`` it measures
+    anyway). Its fork servers import torch once they have been idle a moment
+    (``--worker-preload``, ~1-2 s of CPU each, two under bubblewrap): without the wait that
+    lands in whichever rows are measured first."""
+    start = time.perf_counter()
+    before = _tree_cpu_seconds(pid)
+    while time.perf_counter() - start < timeout:
+        time.sleep(window)
+        after = _tree_cpu_seconds(pid)
+        if after - before < below * window:
+            break
+        before = after
+    return time.perf_counter() - start
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds so far of ``pid`` and the processes below it (their own, not reaped
+    children's: a worker that ends meanwhile would add its whole life at once)."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for process in (root, *root.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def worker_cpu_seconds(pid: int) -> dict[tuple[int, float], float]:

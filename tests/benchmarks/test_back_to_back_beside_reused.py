@@ -51,7 +51,7 @@ def _runs(log: list[str]) -> list[tuple[str, int]]:
 def test_back_to_back_alternates_blocks_with_the_reused_server_each_settled_first():
     log: list[str] = []
     fresh, reused = _StandInClient("fresh", log, 0.5), _StandInClient("reused", log)
-    result = kc.back_to_back_beside_reused(fresh, reused, 10, blocks=3, settle=2)  # type: ignore[arg-type]
+    result = kc.back_to_back_beside_reused(fresh, reused, 10, blocks=3, settle=2, quiet=0)  # type: ignore[arg-type]
     # 10 timed programs per server in blocks of 4, 3, 3, each after 2 untimed ones
     assert _runs(log) == [("reused", 6), ("fresh", 6), ("reused", 5), ("fresh", 5),
                           ("reused", 5), ("fresh", 5)]  # fmt: skip
@@ -63,5 +63,5 @@ def test_back_to_back_alternates_blocks_with_the_reused_server_each_settled_firs
 def test_fewer_programs_than_blocks_still_time_every_program_once():
     log: list[str] = []
     fresh, reused = _StandInClient("fresh", log), _StandInClient("reused", log)
-    kc.back_to_back_beside_reused(fresh, reused, 2, blocks=3, settle=0)  # type: ignore[arg-type]
+    kc.back_to_back_beside_reused(fresh, reused, 2, blocks=3, settle=0, quiet=0)  # type: ignore[arg-type]
     assert _runs(log) == [("reused", 1), ("fresh", 1), ("reused", 1), ("fresh", 1)]

@@ -48,3 +48,26 @@ def test_the_spare_workers_benchmark_prints_both_configurations_and_their_ratio(
     assert "| measure | spares (default) | --no-spare-workers | ratio |" in done.stdout
     for row in ("back to back queue_ms", "back to back p50 (ms)", "spaced p50 (ms)"):
         assert f"| {row} |" in done.stdout, done.stdout
+
+
+def test_rounds_share_out_the_samples_but_not_the_cpu_window():
+    plan = perf.make_plan(quick=False, repeat=3)
+    share = perf.round_plan(plan)
+    assert plan.rounds == 3
+    assert (share.trivial, share.back_to_back, share.ray_calls) == (40, 15, 200)
+    assert share.cpu_requests == plan.cpu_requests  # measured whole, in the first round
+
+
+def test_the_median_of_rounds_combines_numbers_and_keeps_names():
+    rounds = [
+        {"sandbox": "bubblewrap", "reused": {"trivial_p50_seconds": 0.002, "rates": {"1": 10}}},
+        {"sandbox": "bubblewrap", "reused": {"trivial_p50_seconds": 0.004, "rates": {"1": 30}}},
+        {"sandbox": "bubblewrap", "reused": {"trivial_p50_seconds": 0.003, "rates": {"1": 20},
+                                             "frontend_cpu_seconds_per_request": 0.001}},
+    ]  # fmt: skip
+    combined = perf.median_of_rounds(rounds)
+    assert combined["sandbox"] == "bubblewrap"
+    assert combined["reused"]["trivial_p50_seconds"] == pytest.approx(0.003)
+    assert combined["reused"]["rates"] == {"1": 20}
+    # only the first round measures the CPU window: its number is kept as measured
+    assert combined["reused"]["frontend_cpu_seconds_per_request"] == pytest.approx(0.001)
