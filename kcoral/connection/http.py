@@ -26,6 +26,11 @@ from kcoral.errors import TransportError
 HttpResponse = Response
 
 _DIRECT_READ_BYTES = 1 << 20
+#: A body up to this size goes out joined into one piece: urllib3 sends every piece with its
+#: own ``sendall``, and a trivial program's three pieces cost the server extra wake-ups
+#: (front-end CPU per reused trip ~5% lower joined, 300-trip blocks alternating); copying
+#: 64 KiB takes microseconds. Larger bodies go as given, never copied.
+SMALL_BODY_BYTES = 64 << 10
 # The reused buffer is kept between requests up to this size (larger answers get their own).
 _KEPT_BUFFER_BYTES = 256 << 20
 
@@ -55,10 +60,13 @@ class HttpTransport:
 
     def handle_request(self, request: Request) -> Response:
         """The ``Transport`` interface (``kcoral.connection.transport``)."""
+        chunks = request.chunks
+        if chunks is not None and len(chunks) > 1 and request.length <= SMALL_BODY_BYTES:
+            chunks = (b"".join(chunks),)
         return self.request(
             request.method,
             request.path,
-            body=request.chunks,
+            body=chunks,
             content_length=request.length,
             headers=request.headers,
         )

@@ -27,7 +27,8 @@ T = TypeVar("T")
 class Request:
     """One HTTP request relative to the client's base URL.
 
-    ``chunks`` is the body in pieces (sent as given, never joined by the client); ``None``
+    ``chunks`` is the body in pieces (a large body is sent as given, never joined by the
+    client; ``HttpTransport`` joins a small one, up to 64 KiB, into one send); ``None``
     sends no body."""
 
     method: str
