@@ -41,16 +41,6 @@ def one_round(samples: int) -> dict[str, float | str]:
     args = ["--num-workers", "2", "--max-requests-per-worker", "0"]
     args += ["--cache-capacity-bytes", str(1024 * MIB)]
 
-    def cpu(processes: list[psutil.Process]) -> float:
-        total = 0.0
-        for process in processes:
-            try:
-                times = process.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
-        return total
-
     out: dict[str, float | str] = {}
     runs = {"cold": kc.bytes_cold, "warm": kc.bytes_warm, "tensor": kc.tensor_cold}
     with kc.kcoral_server(args) as server, kcoral.Client(server.url) as client:
@@ -60,6 +50,7 @@ def one_round(samples: int) -> dict[str, float | str]:
         front = psutil.Process(server.pid)
         tree = [front, *front.children(recursive=True)]
         me = psutil.Process()
+        cpu = kc.cpu_seconds
         for name, run in runs.items():
             before = cpu(tree), cpu([front]), cpu([me])
             times = run(client, size, samples)

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -486,9 +486,14 @@ def wait_until_quiet(
 def _tree_cpu_seconds(pid: int) -> float:
     """CPU seconds so far of ``pid`` and the processes below it (their own, not reaped
     children's: a worker that ends meanwhile would add its whole life at once)."""
-    total = 0.0
     root = psutil.Process(pid)
-    for process in (root, *root.children(recursive=True)):
+    return cpu_seconds([root, *root.children(recursive=True)])
+
+
+def cpu_seconds(processes: Iterable[psutil.Process]) -> float:
+    """User + system CPU seconds so far of ``processes`` (their own; one gone is skipped)."""
+    total = 0.0
+    for process in processes:
         try:
             times = process.cpu_times()
         except psutil.Error:
