@@ -31,8 +31,9 @@ baseline right before its servers start, through the same urllib3 transport as
   <= 4x echo; the same server back to back: req/s (info), p50 <= 4x the reused p50 and
   the median ``queue_ms`` the server reports <= 2 ms (each seat's next fresh worker is
   started ahead, issue 31). Back to back runs in three blocks, each right after as many
-  trivial round trips on the reused-worker server, which stays up meanwhile: the ratio's
-  reused p50 is those trips', so both sides see the same phases of the machine;
+  trivial round trips on the reused-worker server, which stays up meanwhile (each block
+  0.25 s after the other server's, its first 2 programs untimed): the ratio's reused p50
+  is those trips', so both sides see the same phases of the machine;
 * torch cell: a program whose module imports torch and makes a one-element tensor, on the
   fresh-worker server, alternating with the trivial programs above, p50 <= 1.3x trivial;
 * front-end CPU (user + system of the ``kcoral server`` process) <= 1 ms and worker CPU
@@ -132,7 +133,7 @@ class Plan:
     starts: int
     raw_reps: int
     ray_calls: int
-    #: rounds of the configurations' rows, alternating between them (``measure``)
+    #: rounds of the configurations' rows, alternating between them (``measure_in_rounds``)
     rounds: int = 1
     #: trivial programs on the reused workers before anything is timed
     warm_up_programs: int = 3
@@ -205,7 +206,7 @@ def measure_configuration(
 ) -> dict:
     """Every main row's numbers for one server configuration, with its own echo baseline
     measured right before (so load drift between configurations does not skew ratios);
-    ``measure_cpu``: the CPU window too (one round measures it, ``measure``)."""
+    ``measure_cpu``: the CPU window too (one round measures it, ``measure_in_rounds``)."""
     name = configuration.name
     results: dict = {}
     log(f"[{name}] bare Tornado echo (urllib3, same transport as kcoral.Client)")
