@@ -305,7 +305,7 @@ def back_to_back_beside_reused(
         "p50_seconds": median(times),
         "queue_ms_median": median(queued),
         "reused_p50_seconds": median(reused_times),
-    }  # fmt: skip
+    }
 
 
 def warm_up_workers(url: str, workers: int) -> None:
