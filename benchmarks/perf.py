@@ -34,6 +34,9 @@ baseline right before its servers start, through the same urllib3 transport as
   trivial round trips on the reused-worker server, which stays up meanwhile (each block
   0.25 s after the other server's, its first 2 programs untimed): the ratio's reused p50
   is those trips', so both sides see the same phases of the machine;
+* trivial round trip on the reused-worker server, spaced 100 ms like the row above and
+  measured right after it (report, with its ratio to the fresh worker's): what a
+  notebook's next cell costs on a reused worker after the same pause;
 * torch cell: a program whose module imports torch and makes a one-element tensor, on the
   fresh-worker server, alternating with the trivial programs above, p50 <= 1.3x trivial;
 * front-end CPU (user + system of the ``kcoral server`` process) <= 1 ms and worker CPU
@@ -332,11 +335,15 @@ def measure_fresh_workers(
         kc.trivial_round_trips(client, 2, spacing=0.5)
         quiet_wait = kc.wait_until_quiet(server.pid)
         spaced, torch = kc.alternating_round_trips(client, plan.spaced, plan.torch, spacing=0.1)
+        # what a notebook's next cell costs on a reused worker after the same pause: the
+        # machine's wake-up from idle is in both (issue 31, README round 15)
+        spaced_reused = kc.trivial_round_trips(reused, plan.spaced, spacing=0.1)
         log(f"[{name}] fresh worker per request: back to back, in blocks between reused trips")
         back = kc.back_to_back_beside_reused(client, reused, plan.back_to_back)
     return {
         "spaced_p50_seconds": kc.median(spaced),
         "spaced_p90_seconds": kc.p90(spaced),
+        "spaced_reused_p50_seconds": kc.median(spaced_reused),
         "torch_cell_p50_seconds": kc.median(torch),
         "back_to_back_per_second": back["per_second"],
         "back_to_back_p50_seconds": back["p50_seconds"],
@@ -358,6 +365,7 @@ def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> li
     echo = results["echo"]["p50_seconds"]
     reused, fresh = results["reused"], results["fresh"]
     trivial, spaced = reused["trivial_p50_seconds"], fresh["spaced_p50_seconds"]
+    spaced_reused = fresh["spaced_reused_p50_seconds"]
     torch = fresh["torch_cell_p50_seconds"]
     back, queued = fresh["back_to_back_p50_seconds"], fresh["back_to_back_queue_ms_median"]
     # the reused trip measured in the blocks alternating with back to back
@@ -379,6 +387,8 @@ def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> li
               "report") for key, measure in CALL_MEASURES),
         Row(name, "trivial, fresh worker, spaced 100 ms, p50", ms(spaced), f"echo {ms(echo)}",
             spaced / echo, "<= 4x echo", judge(spaced / echo, 4)),
+        Row(name, "trivial, reused worker, spaced 100 ms, p50", ms(spaced_reused),
+            f"fresh worker spaced {ms(spaced)}", spaced_reused / spaced, "report"),
         Row(name, "torch cell, fresh worker, spaced 100 ms, p50", ms(torch),
             f"trivial {ms(spaced)}", torch / spaced, "<= 1.3x trivial", judge(torch / spaced, 1.3)),
         Row(name, "trivial, fresh worker, back to back", f"{fresh['back_to_back_per_second']:.1f}"
@@ -483,6 +493,7 @@ SANDBOX_TAX_MEASURES = (
     ("reused", "trivial_p50_seconds", "trivial round trip, reused workers, p50"),
     *(("reused", key, measure) for key, measure in CALL_MEASURES),
     ("fresh", "spaced_p50_seconds", "trivial, fresh worker, spaced 100 ms, p50"),
+    ("fresh", "spaced_reused_p50_seconds", "trivial, reused worker, spaced 100 ms, p50"),
     ("fresh", "back_to_back_p50_seconds", "trivial, fresh worker, back to back, p50"),
     ("fresh", "torch_cell_p50_seconds", "torch cell, fresh worker, spaced 100 ms, p50"),
     ("reused", "frontend_cpu_seconds_per_request", "front-end CPU per trivial request"),

@@ -18,6 +18,7 @@ ROWS = (
     "sandbox (resolved, /v1/info)",
     "trivial round trip, reused workers, p50",
     "trivial, fresh worker, spaced 100 ms, p50",
+    "trivial, reused worker, spaced 100 ms, p50",
     "torch cell, fresh worker, spaced 100 ms, p50",
     "trivial, fresh worker, back to back",
     "worker start: spawn / preloaded fork",
