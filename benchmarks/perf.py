@@ -230,6 +230,7 @@ def measure_configuration(
         kc.trivial_round_trips(client, plan.warm_up_programs)
         results["quiet_wait_seconds"] = kc.wait_until_quiet(server.pid)
         log(f"[{name}] trivial round trips, reused workers")
+        kc.warm_machine(client)  # the quiet wait left the machine idle (MACHINE_WARM_SECONDS)
         trivial = kc.trivial_round_trips(client, plan.trivial)
         log(f"[{name}] remote functions (json, pickle) and session programs")
         remote = kc.remote_function_round_trips(client, plan.trivial)
@@ -536,6 +537,7 @@ def ray_row_results(ray_python: Path | None, calls: int, log: Callable[[str], No
         return {"skipped": f"{ray_python} missing: run benchmarks/setup_ray.sh"}
     log(f"Ray actor calls ({ray_python})")
     command = [str(ray_python), str(HERE / "perf_ray.py"), str(calls)]
+    command.append(str(kc.MACHINE_WARM_SECONDS))  # warmed as long as KCoral's series
     try:
         # No usage report to Ray's servers: the run is offline, and a request out would
         # add its time and traffic to the measurement.

@@ -1,13 +1,15 @@
 """The Ray peer row of ``perf.py``: a trivial actor method call round trip.
 
-    RAY_PYTHON benchmarks/perf_ray.py SAMPLES
+    RAY_PYTHON benchmarks/perf_ray.py SAMPLES [WARM_SECONDS]
 
 Runs in Ray's own interpreter (``benchmarks/.ray-venv``, made by ``setup_ray.sh``), never in
 the project's: it imports nothing of KCoral, so Ray's pinned grpcio/protobuf stay out of the
 router's environment. ``perf.py`` starts it as a subprocess and reads the one JSON line it
 prints on stdout: ``{"ray": VERSION, "samples": [seconds, ...], "init_seconds": s}``.
 
-The actor is created once and warmed; each sample is one ``ray.get(actor.f.remote())`` —
+The actor is created once and warmed (``WARM_UP_CALLS`` calls and at least WARM_SECONDS of
+them: ``perf.py`` passes the time its KCoral series warm the machine for,
+``perf_kcoral.MACHINE_WARM_SECONDS``); each sample is one ``ray.get(actor.f.remote())`` —
 the same shape as a KCoral trivial request on a reused worker (a call into a long-lived
 process that returns a small value). ``ray.init(num_cpus=2, include_dashboard=False)``: a
 local cluster of this machine's size without the dashboard's extra processes.
@@ -22,7 +24,7 @@ import time
 WARM_UP_CALLS = 5
 
 
-def measure(samples: int) -> dict[str, object]:
+def measure(samples: int, warm_seconds: float = 0.0) -> dict[str, object]:
     import ray  # only in the Ray interpreter
 
     start = time.perf_counter()
@@ -36,8 +38,11 @@ def measure(samples: int) -> dict[str, object]:
                 return 42
 
         actor = Answer.remote()
-        for _ in range(WARM_UP_CALLS):  # the actor's process is up and the path is warm
+        calls, warm_start = 0, time.perf_counter()
+        # the actor's process is up, the path is warm and so is the machine
+        while calls < WARM_UP_CALLS or time.perf_counter() - warm_start < warm_seconds:
             ray.get(actor.f.remote())
+            calls += 1
         times = []
         for _ in range(samples):
             start = time.perf_counter()
@@ -52,4 +57,5 @@ def measure(samples: int) -> dict[str, object]:
 
 if __name__ == "__main__":
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-    print(json.dumps(measure(max(1, count))), flush=True)
+    warm = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    print(json.dumps(measure(max(1, count), warm)), flush=True)

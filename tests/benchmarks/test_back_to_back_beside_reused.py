@@ -51,7 +51,7 @@ def _runs(log: list[str]) -> list[tuple[str, int]]:
 def test_back_to_back_alternates_blocks_with_the_reused_server_each_settled_first():
     log: list[str] = []
     fresh, reused = _StandInClient("fresh", log, 0.5), _StandInClient("reused", log)
-    result = kc.back_to_back_beside_reused(fresh, reused, 10, blocks=3, settle=2, quiet=0)  # type: ignore[arg-type]
+    result = kc.back_to_back_beside_reused(fresh, reused, 10, blocks=3, settle=2, quiet=0, warm=0)  # type: ignore[arg-type]
     # 10 timed programs per server in blocks of 4, 3, 3, each after 2 untimed ones
     assert _runs(log) == [("reused", 6), ("fresh", 6), ("reused", 5), ("fresh", 5),
                           ("reused", 5), ("fresh", 5)]  # fmt: skip
@@ -63,5 +63,39 @@ def test_back_to_back_alternates_blocks_with_the_reused_server_each_settled_firs
 def test_fewer_programs_than_blocks_still_time_every_program_once():
     log: list[str] = []
     fresh, reused = _StandInClient("fresh", log), _StandInClient("reused", log)
-    kc.back_to_back_beside_reused(fresh, reused, 2, blocks=3, settle=0, quiet=0)  # type: ignore[arg-type]
+    kc.back_to_back_beside_reused(fresh, reused, 2, blocks=3, settle=0, quiet=0, warm=0)  # type: ignore[arg-type]
     assert _runs(log) == [("reused", 1), ("fresh", 1), ("reused", 1), ("fresh", 1)]
+
+
+class _Clock:
+    """A clock that moves ``step`` seconds each time it is read: no real time is measured."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_each_block_is_warmed_for_its_seconds_before_anything_is_timed():
+    log: list[str] = []
+    fresh, reused = _StandInClient("fresh", log), _StandInClient("reused", log)
+    # each untimed program moves the clock 0.1 s (it is read once after each): 0.35 s takes 4
+    kc.back_to_back_beside_reused(  # type: ignore[arg-type]
+        fresh, reused, 2, blocks=1, settle=1, quiet=0, warm=0.35, clock=_Clock(0.1)
+    )
+    assert _runs(log) == [("reused", 4 + 2), ("fresh", 4 + 2)]
+
+
+def test_the_warm_up_runs_at_least_its_programs_however_short_its_seconds():
+    calls: list[int] = []
+    ran = kc.untimed_until_warm(lambda: calls.append(1), 3, 0.0, _Clock(1.0))
+    assert ran == 3 and len(calls) == 3
+
+
+def test_the_warm_up_runs_on_until_its_seconds_have_passed():
+    calls: list[int] = []
+    ran = kc.untimed_until_warm(lambda: calls.append(1), 1, 0.55, _Clock(0.1))
+    # the clock starts at 0.1 and reads 0.2, 0.3, ... after each call: 0.6 s after the sixth
+    assert ran == len(calls) == 6
