@@ -70,7 +70,11 @@ its share of the samples on servers of its own, Ray's calls right after the defa
 round; each number is the median of its rounds (Ray's p50: of all its calls). The CPU
 window is measured whole, in the first round. So every same-run ratio (sandbox tax, Ray,
 back to back over reused) compares numbers taken in the same phases of the machine, not
-minutes apart.
+minutes apart. Every timed series that follows a pause (the reused rows after the quiet
+wait, both sides of each back-to-back block, Ray's calls) starts after
+``MACHINE_WARM_SECONDS`` of untimed programs: after an idle moment the machine takes ~0.1 s
+of round trips to reach its steady speed, and a series timed in that warm-up read ~50%
+slow (README round 15). The spaced rows measure the pause on purpose.
 
 ``--quick`` uses tiny sizes and a few iterations, the default-flags configuration only and
 no Ray (a smoke test run by ``tests/benchmarks/``, not a measurement). ``--repeat N``
