@@ -32,8 +32,8 @@ baseline right before its servers start, through the same urllib3 transport as
   the median ``queue_ms`` the server reports <= 2 ms (each seat's next fresh worker is
   started ahead, issue 31). Back to back runs in three blocks, each right after as many
   trivial round trips on the reused-worker server, which stays up meanwhile (each block
-  0.25 s after the other server's, its first 2 programs untimed): the ratio's reused p50
-  is those trips', so both sides see the same phases of the machine;
+  0.25 s after the other server's, its first 0.15 s of programs, at least 2, untimed): the
+  ratio's reused p50 is those trips', so both sides see the same phases of the machine;
 * trivial round trip on the reused-worker server, spaced 100 ms like the row above and
   measured right after it (report, with its ratio to the fresh worker's): what a
   notebook's next cell costs on a reused worker after the same pause;

@@ -317,7 +317,7 @@ def back_to_back_beside_reused(
     does not time (``settle`` of them and for ``warm`` seconds, ``untimed_until_warm``), so
     back to back is measured once it is back to back and both sides once the machine is
     back to its steady speed: measured right after the pause, the reused trips were ~50%
-    slower and the fresh ones ~8% (README round 15), which flattered the ratio."""
+    slower and the fresh ones ~10% (README round 15), which flattered the ratio."""
     times: list[float] = []
     queued: list[float] = []
     reused_times: list[float] = []
