@@ -374,7 +374,7 @@ def configuration_rows(name: str, results: dict, floors: dict, plan: Plan) -> li
     torch = fresh["torch_cell_p50_seconds"]
     back, queued = fresh["back_to_back_p50_seconds"], fresh["back_to_back_queue_ms_median"]
     # the reused trip measured in the blocks alternating with back to back
-    beside = fresh.get("back_to_back_reused_p50_seconds", trivial)
+    beside = fresh["back_to_back_reused_p50_seconds"]
     cold, warm = reused["bytes_cold_seconds"], reused["bytes_warm_seconds"]
     tensor = reused["tensor_cold_seconds"]
     floor_cold, floor_warm = floors["bulk_cold_seconds"], floors["bulk_warm_seconds"]
@@ -540,8 +540,8 @@ def ray_row_results(ray_python: Path | None, calls: int, log: Callable[[str], No
     if not ray_python.exists():
         return {"skipped": f"{ray_python} missing: run benchmarks/setup_ray.sh"}
     log(f"Ray actor calls ({ray_python})")
-    command = [str(ray_python), str(HERE / "perf_ray.py"), str(calls)]
-    command.append(str(kc.MACHINE_WARM_SECONDS))  # warmed as long as KCoral's series
+    # the actor warmed as long as KCoral's series warm the machine
+    command = [str(ray_python), str(HERE / "perf_ray.py"), str(calls), str(kc.MACHINE_WARM_SECONDS)]
     try:
         # No usage report to Ray's servers: the run is offline, and a request out would
         # add its time and traffic to the measurement.
