@@ -23,6 +23,7 @@ from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from raw_http import request
 
 HERE = Path(__file__).resolve().parent
 #: what grpcio's asyncio client reports instead of the status a server ended a stream with
@@ -68,6 +69,23 @@ class RouterProcess:
         while text not in self.log() and time.monotonic() < deadline:
             time.sleep(0.05)
         return self.log()
+
+    def lines_after_mark(self, token: str, timeout: float = 10.0) -> int:
+        """How many log lines the router has written for every request answered so far: it
+        writes a request's ``request_finished`` line just after the answer's bytes (a client
+        can be on to its next step before it lands), so a count taken right after an answer
+        can miss the line. Asks for a unique unknown path and waits for its line: the router
+        logs requests in the order it finishes them, so every earlier one is in by then."""
+        mark = f"/zz-log-mark-{uuid.uuid4().hex}"
+        request(self.url, "GET", mark, headers={"Authorization": f"Bearer {token}"})
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.log().splitlines()
+            for index, line in enumerate(lines):
+                if f"path={mark} " in line:
+                    return index + 1
+            assert time.monotonic() < deadline, f"no log line for {mark}\n{self.log()}"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.process.poll() is None:
