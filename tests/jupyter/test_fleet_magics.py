@@ -178,10 +178,12 @@ def test_a_bad_select_sends_nothing(fleet: RouterProcess, monkeypatch: pytest.Mo
 def test_select_runs_a_cell_on_the_chosen_kinds_node(
     fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    before = fleet.lines_after_mark()
     with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output() as seen:
         result = ip.run_cell("%%kcoral --select gpu=h100\nimport os\nos.environ.get('X', 1)\n")
     assert result.error_in_exec is None, result.error_in_exec
-    served = [line for line in fleet.log().splitlines() if "request_finished" in line]
+    lines = fleet.log().splitlines()[before : fleet.lines_after_mark()]  # the cell's, all in
+    served = [line for line in lines if "request_finished" in line]
     assert any("node=h100-a" in line for line in served), served[-5:]
     assert "· node h100-a ·" in seen.outputs[-1].data["text/plain"]  # the summary says where
 

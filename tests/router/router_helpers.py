@@ -70,14 +70,16 @@ class RouterProcess:
             time.sleep(0.05)
         return self.log()
 
-    def lines_after_mark(self, token: str, timeout: float = 10.0) -> int:
+    def lines_after_mark(self, token: str | None = None, timeout: float = 10.0) -> int:
         """How many log lines the router has written for every request answered so far: it
         writes a request's ``request_finished`` line just after the answer's bytes (a client
         can be on to its next step before it lands), so a count taken right after an answer
         can miss the line. Asks for a unique unknown path and waits for its line: the router
         logs requests in the order it finishes them, so every earlier one is in by then."""
         mark = f"/zz-log-mark-{uuid.uuid4().hex}"
-        request(self.url, "GET", mark, headers={"Authorization": f"Bearer {token}"})
+        request(
+            self.url, "GET", mark, headers={"Authorization": f"Bearer {token}"} if token else {}
+        )
         deadline = time.monotonic() + timeout
         while True:
             lines = self.log().splitlines()
