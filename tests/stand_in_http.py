@@ -1,13 +1,19 @@
-"""A stand-in HTTP server on loopback (the standard library's, in a thread) for tests that
-play a server the client talks to: one that knows only the published protocol, one that
-records what it was sent, one that cuts its answers short."""
+"""A stand-in HTTP server on loopback, in a thread, for tests that play a server the client
+talks to: the standard library's (one that knows only the published protocol, one that
+records what it was sent, one that cuts its answers short) or a Tornado application (one
+that streams)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
 
 
 @contextlib.contextmanager
@@ -21,3 +27,33 @@ def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def serving_app(make_app: Callable[[], tornado.web.Application]) -> Iterator[str]:
+    """Serve the application ``make_app()`` returns on a free loopback port, from an event
+    loop in its own thread; yields ``http://127.0.0.1:PORT``."""
+    started = threading.Event()
+    url: list[str] = []
+    loop: list[asyncio.AbstractEventLoop] = []
+    stop: list[asyncio.Event] = []
+
+    async def serve() -> None:
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        server = tornado.httpserver.HTTPServer(make_app())
+        server.add_sockets(sockets)
+        url.append(f"http://127.0.0.1:{sockets[0].getsockname()[1]}")
+        loop.append(asyncio.get_running_loop())
+        stop.append(asyncio.Event())
+        started.set()
+        await stop[0].wait()
+        server.stop()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(30), "the stand-in server did not start"
+    try:
+        yield url[0]
+    finally:
+        loop[0].call_soon_threadsafe(stop[0].set)
+        thread.join(30)

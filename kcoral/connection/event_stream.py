@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 RECONNECT_ATTEMPTS = 8
 RECONNECT_FIRST_DELAY_SECONDS = 0.1
 RECONNECT_MAX_DELAY_SECONDS = 2.0
+#: after the ``finished`` event, how long the stream's end may take and how much may come
+#: before it: a KCoral server ends the stream right after that event, and reading the end
+#: keeps the connection for reuse and has the request logged as completed instead of as a
+#: client that left (a router's ``finish_reason``); a server that goes on is hung up on
+END_WAIT_SECONDS = 0.5
+END_WAIT_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,8 @@ class EventSource:
             if self._closed:
                 response.close()
                 return
+        chunks: Iterator[bytes] | None = None
+        finished = False
         try:
             if response.status != 200:
                 raise error_from_response(response.status, response.headers, response.read())
@@ -191,11 +199,36 @@ class EventSource:
                     if event.id <= self.last_event_id:
                         continue  # never twice, whatever the server replays
                     self.last_event_id = event.id
+                    finished = finished or event.finished
                     yield event
+            chunks = None  # read to its end
         finally:
             with self._lock:
                 self._response = None
-            response.close()
+                closed = self._closed  # another thread hung up: it shut the socket
+            if finished and chunks is not None and not closed and _read_to_end(response, chunks):
+                response.release_conn()
+            else:
+                response.close()
+
+
+def _read_to_end(response: Any, chunks: Iterator[bytes]) -> bool:
+    """Read what is left of a stream whose ``finished`` event came; True when it ended within
+    ``END_WAIT_SECONDS`` and ``END_WAIT_BYTES`` (the connection can be reused)."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is None:
+        return False
+    deadline = time.monotonic() + END_WAIT_SECONDS
+    received = 0
+    try:
+        sock.settimeout(END_WAIT_SECONDS)  # urllib3 sets its own again on the next request
+        for chunk in chunks:
+            received += len(chunk)
+            if received > END_WAIT_BYTES or time.monotonic() > deadline:
+                return False
+    except Exception:  # a timeout, a reset, a malformed end: hang up as before
+        return False
+    return True
 
 
 def _read1(response: Any) -> Iterator[bytes]:

@@ -151,3 +151,31 @@ def test_the_routed_cluster_refuses_requests_without_the_client_token(routed):
         assert caught.value.status_code == 401 and caught.value.kind == "unauthorized"
     with kcoral.Client(router.url, token=TOKEN) as client:
         assert client.execute(module_program("def f():\n    return 1\n")).results["r"] == 1
+
+
+def test_a_client_leaving_a_job_event_stream_leaves_no_traceback_in_the_router_log(routed):
+    """``job.result()`` follows the events until the finished phase and reads the stream's
+    end: a completed request. A client that stops reading mid-run has left: one line that
+    says so, never an uncaught exception of the router."""
+    router, tmp = routed
+    marker, go = tmp / "marker-leave", tmp / "go-leave"
+    with kcoral.Client(router.url, token=TOKEN) as client:
+        waited = client.submit(module_program(DIGEST, blob=b"done"))
+        assert waited.result(timeout=60).completed
+        job = client.submit(module_program(WAIT_FOR_FILE, str(marker), str(go)))
+        wait_for(marker)
+        for event in job.events():
+            if event.kind == "stdout":
+                break  # hang up mid-run
+        go.touch()
+        assert job.result(timeout=60).results["r"] == 7
+    mark = router.lines_after_mark(TOKEN)  # every answered request's line is in
+    log = router.log().splitlines()[:mark]
+
+    def streams(job_id: str) -> list[str]:
+        return [line for line in log if f"path=/v1/jobs/{job_id}/events " in line]
+
+    assert [line.split("finish_reason=")[1] for line in streams(waited.id)] == ["completed"]
+    reasons = [line.split("finish_reason=")[1] for line in streams(job.id)]
+    assert reasons == ["client_disconnected", "completed"], streams(job.id)
+    assert not [line for line in log if "Uncaught exception" in line or "Traceback" in line]

@@ -10,12 +10,10 @@ proves whether anything was unpickled.
 
 from __future__ import annotations
 
-import asyncio
 import html
 import json
 import os
 import shlex
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +21,11 @@ from typing import Any
 
 import nbformat
 import pytest
-import tornado.httpserver
-import tornado.netutil
 import tornado.web
 from IPython.utils.capture import capture_output
 from kcoral_shell import kcoral_shell
 from nbclient import NotebookClient
+from stand_in_http import serving_app
 
 import kcoral
 from kcoral import Client, ProtocolError
@@ -94,10 +91,7 @@ class MaliciousServer:
         self.features: list[str] = []  # ["jobs"]: cells go through the jobs API
         self.stdout = ""  # streamed as a job's stdout event
         self.url = ""
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
+        self._serving = serving_app(self._app)
 
     def answer(self, *results: dict[str, Any]) -> None:
         """The ``results`` of the next answers, in order; the last one repeats."""
@@ -107,16 +101,13 @@ class MaliciousServer:
         return self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
 
     def __enter__(self) -> MaliciousServer:
-        self._thread.start()
-        assert self._ready.wait(30), "the fake server did not start"
+        self.url = self._serving.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
+        self._serving.__exit__(None, None, None)
 
-    async def _serve(self) -> None:
+    def _app(self) -> tornado.web.Application:
         owner = self
 
         class Json(tornado.web.RequestHandler):
@@ -162,7 +153,7 @@ class MaliciousServer:
                 features = owner.features
                 self.finish({"kcoral": kcoral.__version__, "features": features, "device": "cpu"})
 
-        app = tornado.web.Application(
+        return tornado.web.Application(
             [
                 (r"/health", Json, {"body": {"status": "ok", "gpu_count": 0}}),
                 (r"/v1/info", Info),
@@ -173,15 +164,6 @@ class MaliciousServer:
                 (r"/v1/jobs/([^/]+)", State),
             ]
         )
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        server = tornado.httpserver.HTTPServer(app)
-        server.add_sockets(sockets)
-        self.url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        self._ready.set()
-        await self._stop.wait()
-        server.stop()
 
 
 @pytest.fixture

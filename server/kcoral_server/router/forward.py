@@ -33,6 +33,19 @@ TRANSPORT_MESSAGE = (
 BUFFERED_ANSWER_LIMIT = 1 << 16
 
 
+async def relay_ended(relay: asyncio.Task[None]) -> None:
+    """Wait for a request's relay. One cancelled because the client left or its body was
+    refused is logged already (``request_finished``): raising its ``CancelledError`` would
+    only add an "Uncaught exception" traceback to the log for an ordinary hang-up (every
+    routed ``job.result()`` used to end its event stream so). The waiting handler's own
+    cancellation (the router stopping) still propagates."""
+    try:
+        await asyncio.shield(relay)
+    except asyncio.CancelledError:
+        if not relay.cancelled():
+            raise
+
+
 @tornado.web.stream_request_body
 class ForwardHandler(RouterHandler):
     """Forward the request on a slot of ``SLOT_KIND``; relay the answer as it arrives."""
@@ -189,7 +202,7 @@ class ForwardHandler(RouterHandler):
     async def _complete(self) -> None:
         await self._finish_body()
         if self.relay_task is not None:
-            await asyncio.shield(self.relay_task)
+            await relay_ended(self.relay_task)
 
     async def post(self, *args: str) -> None:
         await self._complete()
