@@ -9,6 +9,7 @@ import shutil
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,57 @@ def test_an_interrupt_raises_keyboardinterrupt_in_the_program_and_keeps_the_sess
     _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE")
     take = module_program(STATE, [("take", ["kept"])])
     assert value_of(run_in(url, sid, take), "take") == ["yes", None]
+
+
+def _worker_pid(server, session_id: str) -> int:
+    """The session worker's pid as the server sees it (a sandbox's own pid namespace would
+    give the program another number)."""
+    started = [
+        e
+        for e in server.events()
+        if e["event"] == "session_started" and e["session_id"] == session_id
+    ]
+    return started[-1]["pid"]
+
+
+def test_an_interrupt_that_reaches_an_idle_sessions_worker_is_dropped_and_the_state_kept(
+    kcoral_server,
+) -> None:
+    """The front-end signals while it counts a program as running, and that view lags the
+    worker's: the signal can land after the program ended, while the worker waits for the
+    next one. It used to raise there and end the worker with the session's state."""
+    url = kcoral_server.url
+    sid = create_session(url).body["session_id"]
+    assert value_of(_call(url, sid, "put", "kept", "yes"), "put") == ["kept"]
+    worker = _worker_pid(kcoral_server, sid)
+    for _ in range(3):
+        os.kill(worker, signal.SIGINT)  # what a late interrupt does
+    assert value_of(_call(url, sid, "take", "kept"), "take") == ["yes", None]
+    assert value_of(_call(url, sid, "pid"), "pid") == value_of(_call(url, sid, "pid"), "pid")
+    record = get(url, f"/v1/sessions/{sid}").body
+    assert record["state"] == "IDLE" and record["programs"] == 4
+
+
+def test_an_interrupt_sent_as_soon_as_the_program_counts_as_running_stops_that_program(
+    kcoral_server, tmp_path: Path
+) -> None:
+    """Sent before the worker took the program, the signal would land between programs and
+    be dropped; the front-end holds it until the program's first instruction has begun."""
+    url = kcoral_server.url
+    sid = create_session(url).body["session_id"]
+    for attempt in range(5):
+        marker = tmp_path / f"started-{attempt}"
+        program = module_program(LOOP, [("spin", [str(marker), False])])
+        with ThreadPoolExecutor(1) as background:
+            answer = background.submit(run_in, url, sid, program)
+            while request(url, "POST", f"/v1/sessions/{sid}/interrupt").body["state"] != (
+                "RUNNING"
+            ):
+                pass  # interrupt at the first moment the session runs the program
+            body = answer.result().body
+        assert body["status"] == "FAILED" and "KeyboardInterrupt" in json.dumps(body["error"])
+        _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE")
+    assert value_of(_call(url, sid, "take", "kept"), "take") == ["yes", None]
 
 
 def test_a_program_that_ignores_the_interrupt_is_killed_after_the_grace_and_ends_the_session(

@@ -87,6 +87,11 @@ class Cancellation:
         """``handle`` runs the program now (None: no longer)."""
         self._driving = handle
 
+    @property
+    def driven(self) -> WorkerHandle | None:
+        """The worker the program was sent to, until its end (None before and after)."""
+        return self._driving
+
     def failure(self) -> RequestFailed:
         reason = self.reason or "cancelled"
         return RequestFailed(

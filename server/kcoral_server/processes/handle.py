@@ -144,7 +144,7 @@ class WorkerHandle:
         self.exit_announced = False  # its exit report was believed (SERVER §8, exit_report)
         # ipc.ProgressSlot shared with this process; unmapped with the handle (not by
         # ``close``: a crashed program's instruction is read from it after the kill)
-        self._progress: ipc.ProgressSlot | None = None
+        self.progress: ipc.ProgressSlot | None = None
         self._progress_unavailable = False
         #: where processes its programs leave are found (SERVER §8); set once it is ready
         self.strays: StrayWatch | None = None
@@ -307,14 +307,14 @@ class WorkerHandle:
         """This worker's progress slot, plus its memfd when the worker has not been sent it
         yet (the caller sends it with the program, then closes it). ``(None, None)`` where
         memfds cannot be sealed: the worker then reports every instruction by frame."""
-        if self._progress is not None or self._progress_unavailable:
-            return self._progress, None
+        if self.progress is not None or self._progress_unavailable:
+            return self.progress, None
         try:
-            self._progress, fd = ipc.ProgressSlot.create()
+            self.progress, fd = ipc.ProgressSlot.create()
         except (OSError, AttributeError, ValueError):  # no memfd_create, seals or mmap
             self._progress_unavailable = True
             return None, None
-        return self._progress, fd
+        return self.progress, fd
 
     def _lease_message(self, message: ipc.Message) -> None:
         if isinstance(message, ipc.LeaseAcquire):

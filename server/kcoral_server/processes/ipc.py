@@ -308,6 +308,10 @@ class ProgressSlot:
         if self._view is not None:
             _SLOT.pack_into(self._view, 0, index + 1)
 
+    def any_started(self) -> bool:
+        """Whether an instruction started since ``reset`` (uploaded code can write, once run)."""
+        return self._view is not None and _SLOT.unpack_from(self._view, 0)[0] != 0
+
     def last_started(self, instruction_count: int) -> int | None:
         """Index of the last instruction started, or None: none started, or a value no
         instruction of a program of ``instruction_count`` has (written by uploaded code)."""

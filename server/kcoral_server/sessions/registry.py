@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 BUSY = Refusal(409, "session_busy", "another program of this session is running", "rejected")
 #: how long an interrupted program has to stop before its worker is killed (EXTENSIONS §11)
 INTERRUPT_GRACE_SECONDS = 5.0
+#: how often an interrupt that came before its program started looks whether it has
+START_POLL_SECONDS = 0.005
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 #: how the pool's retire reason becomes a session's end reason (EXTENSIONS §11)
 END_REASONS = {
@@ -173,11 +175,26 @@ class Session:
             return False
         if self._interrupted is not running:
             self._interrupted = running
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(handle.pid, signal.SIGINT)
+            self._signal_once_started(running, handle)
             loop = asyncio.get_running_loop()
             loop.call_later(INTERRUPT_GRACE_SECONDS, self._interrupt_expired, running)
         return True
+
+    def _signal_once_started(self, request: ExecuteRequest, handle: WorkerHandle) -> None:
+        """SIGINT to ``handle`` once it runs ``request``'s program: the worker drops one that
+        lands between programs (``worker.state``), so one sent before the program
+        reached it would be lost. Started means sent and, where the worker shares a progress
+        slot, its first instruction begun; until then this looks again every few ms."""
+        if self.running is not request or handle.gone is not None or handle.pid is None:
+            return  # it ended (or never will start): nothing to interrupt
+        slot = handle.progress
+        if request.cancellation.driven is handle and (slot is None or slot.any_started()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, signal.SIGINT)
+            return
+        asyncio.get_running_loop().call_later(
+            START_POLL_SECONDS, self._signal_once_started, request, handle
+        )
 
     def _interrupt_expired(self, request: ExecuteRequest) -> None:
         if self.running is request:

@@ -49,7 +49,7 @@ from kcoral_server.worker.leftovers import leftover_threads, live_threads, threa
 from kcoral_server.worker.libraries import Libraries
 from kcoral_server.worker.reaper import kill_descendants
 from kcoral_server.worker.runtime import CpuRuntime, CudaFault, GpuRuntime
-from kcoral_server.worker.state import ProcessSnapshot
+from kcoral_server.worker.state import InterruptGate, ProcessSnapshot
 
 LEFTOVER_MESSAGE = "program left background processes running; they were terminated"
 # Survivors of each clean-up are frozen out of the collector (torch alone is hundreds of
@@ -106,8 +106,10 @@ class Engine:
         lease: Lease,
         configure: Configure,
         snapshot: ProcessSnapshot | None,
+        interrupts: InterruptGate,
     ) -> None:
         self.channel = channel
+        self.interrupts = interrupts  # SIGINT reaches uploaded code only
         self.runtime = runtime
         self.lease = lease
         self.configure = configure
@@ -252,7 +254,8 @@ class ProgramExecution:
         )
         try:
             try:
-                self._run_instructions(startup_failure)
+                with self.engine.interrupts.program():
+                    self._run_instructions(startup_failure)
             finally:
                 self._teardown()
         finally:

@@ -94,9 +94,10 @@ class Instructions:
     def _call_user(self, call: Callable[[], Any]) -> Any:
         """Run uploaded code; every exception (SystemExit too) fails the instruction."""
         try:
-            result = call()
-            if inspect.isawaitable(result):
-                result = self.engine.event_loop.get().run_until_complete(_awaited(result))
+            with self.engine.interrupts.user_code():  # a session's interrupt lands here
+                result = call()
+                if inspect.isawaitable(result):
+                    result = self.engine.event_loop.get().run_until_complete(_awaited(result))
             return result
         except BaseException as exc:
             raise classify(exc) from None

@@ -34,7 +34,7 @@ from kcoral_server.worker.failures import exception_text
 from kcoral_server.worker.leasing import Lease, WorkerExit
 from kcoral_server.worker.reaper import become_subreaper, kill_descendants
 from kcoral_server.worker.runtime import make_runtime
-from kcoral_server.worker.state import ProcessSnapshot
+from kcoral_server.worker.state import InterruptGate, ProcessSnapshot
 from kcoral_server.worker.warm_up import IDLE_BEFORE_WARM_UP_SECONDS, warm_up
 
 
@@ -62,8 +62,10 @@ def serve(channel: BlockingChannel) -> int:
         identity = runtime.start(lease)
         # the post-start state every program returns to; a one-shot worker's first program
         # is its last (taking it copied ~2 ms of pages shared with the launcher per start)
+        interrupts = InterruptGate()
+        interrupts.install()  # before the snapshot: each program's end restores it
         snapshot = None if configure.transient else ProcessSnapshot()
-        engine = Engine(channel, runtime, lease, configure, snapshot)
+        engine = Engine(channel, runtime, lease, configure, snapshot, interrupts)
     except WorkerExit:
         return 0
     except Exception as exc:

@@ -1,4 +1,5 @@
-"""Process state a reused worker puts back between programs (SERVER §6 reuse policy)."""
+"""Process state a reused worker puts back between programs (SERVER §6 reuse policy), and
+where a session's ``SIGINT`` goes (``InterruptGate``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 _RESTORED_SIGNALS = tuple(
@@ -209,3 +212,64 @@ def _apply_torch_settings(wanted: dict[str, Any]) -> None:
             if key in settings:
                 with contextlib.suppress(Exception):
                     setattr(_backend(torch, module), flag, settings[key])
+
+
+class InterruptGate:
+    """Where a ``SIGINT`` goes: into uploaded code, to its next call, or nowhere
+    (EXTENSIONS §11, Interrupts).
+
+    A session's interrupt is ``SIGINT`` to its worker. Python's default handler raises
+    ``KeyboardInterrupt`` wherever the worker happens to be, and a signal that landed in the
+    worker's own code (sending the answer, cleaning up, waiting for the next program) ended
+    the worker and with it the session's state: an interrupt a moment after a cell ended
+    lost the whole session (seen in CI). So the worker raises it only inside uploaded code
+    (``user_code``); one that lands in the worker's own code while a program runs is raised
+    as that program's next uploaded code starts; one that lands between programs is
+    dropped: the program it was meant for has ended. The front-end sends the signal only
+    once the worker has started the program (``SessionRecord.interrupt``), so an interrupt
+    is never dropped before its program begins.
+
+    Who can reach it: the front-end (``kill`` as the same user) and the worker's own
+    programs; uploaded code that installs its own ``SIGINT`` handler replaces this one for
+    that program only (``ProcessSnapshot`` restores it after each program)."""
+
+    def __init__(self) -> None:
+        self.in_program = False
+        self.in_user_code = False
+        self.pending = False  # arrived during this program, outside uploaded code
+
+    def install(self) -> None:
+        """Handle ``SIGINT`` here from now on (before the worker's state snapshot, which
+        restores the handler after every program)."""
+        signal.signal(signal.SIGINT, self.on_signal)
+
+    def on_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.in_user_code:
+            self.pending = False
+            raise KeyboardInterrupt
+        if self.in_program:
+            self.pending = True  # raised as the program's next uploaded code starts
+
+    @contextlib.contextmanager
+    def program(self) -> Iterator[None]:
+        """One program: what arrives after it belongs to no program and is dropped."""
+        self.pending = False
+        self.in_program = True
+        try:
+            yield
+        finally:
+            self.in_program = False
+            self.pending = False
+
+    @contextlib.contextmanager
+    def user_code(self) -> Iterator[None]:
+        """Uploaded code runs: an interrupt that came while the worker's own code ran in this
+        program is raised now, and one that comes while it runs is raised in it."""
+        self.in_user_code = True
+        try:
+            if self.pending:
+                self.pending = False
+                raise KeyboardInterrupt
+            yield
+        finally:
+            self.in_user_code = False
