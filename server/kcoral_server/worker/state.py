@@ -226,7 +226,7 @@ class InterruptGate:
     (``user_code``); one that lands in the worker's own code while a program runs is raised
     as that program's next uploaded code starts; one that lands between programs is
     dropped: the program it was meant for has ended. The front-end sends the signal only
-    once the worker has started the program (``SessionRecord.interrupt``), so an interrupt
+    once the worker has started the program (``Session.interrupt``), so an interrupt
     is never dropped before its program begins.
 
     Who can reach it: the front-end (``kill`` as the same user) and the worker's own
