@@ -123,6 +123,7 @@ def test_the_router_counts_a_routed_program_per_node_for_a_client_token(router) 
     assert 'kcoral_router_routed_requests_total{node="node-m"}' in text
     assert 'kcoral_router_node_state{node="node-m",state="ready"} 1.0' in text
     assert 'kcoral_router_requests_total{reason="completed",status="200"}' in text
+    router.lines_after_mark()  # every answered request's line is in
     assert METRICS_TOKEN not in router.log() and CLIENT_TOKEN not in router.log()
 
 
