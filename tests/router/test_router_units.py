@@ -155,7 +155,7 @@ def test_a_starting_node_fails_at_once_and_a_lost_stream_needs_recovery() -> Non
     assert registry.attach_supervisor("n") is None  # the first stream still reports
     registry.nodes["n"].last_status_at -= 3600  # ...until it falls silent (half-open)
     newer = registry.attach_supervisor("n")
-    assert stream.superseded
+    assert stream.superseded and stream.ended.is_set()  # the gateway ends its call now
     registry.apply_status(newer, status())
     assert registry.nodes["n"].state == "recovering"
 

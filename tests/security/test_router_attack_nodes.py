@@ -160,6 +160,10 @@ def test_a_node_whose_old_stream_went_silent_gets_back_in_at_once(tmp_path: Path
         await asyncio.sleep(1.5)
         new = FakeNode(router.port, "gpu-1")
         await new.start()  # acknowledged (FakeNode.start asserts the ack)
+        # the silent stream's call ends at once, not when (if ever) it sends again
+        code = await asyncio.wait_for(old.supervisor.code(), 10)
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "superseded" in await old.supervisor.details()
         await wait_for_health(router.port, lambda b: b["status"] == "ok")
         answer = await http_request(router.port, "POST", "/execute", b"x")
         assert answer.status == 200 and new.requests

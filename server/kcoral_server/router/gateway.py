@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -19,7 +20,7 @@ from kcoral_server.router.identity import (
     node_grant,
 )
 from kcoral_server.router.log import RouterLog
-from kcoral_server.router.registry import SLOT_KEY_REFUSAL, Registry
+from kcoral_server.router.registry import SLOT_KEY_REFUSAL, Registry, SupervisorStream
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
 from kcoral_server.settings.config import MAX_NODE_LABELS, node_label_problem
@@ -102,6 +103,28 @@ async def read_message(context: grpc.aio.ServicerContext[Message, Any]) -> Messa
     types-grpcio stubs leave out of ``read``)."""
     message: object = await context.read()
     return None if message is grpc.aio.EOF else cast(Message, message)
+
+
+async def read_unless_ended(
+    context: grpc.aio.ServicerContext[Message, Any], stream: SupervisorStream
+) -> Message | None:
+    """The stream's next message, or None at its end or once the registry superseded it
+    (``stream.ended``): a silent stream would otherwise wait here for ever."""
+    if stream.ended.is_set():
+        return None
+    reading = read_message(context)
+    read = asyncio.ensure_future(reading)
+    ended = asyncio.ensure_future(stream.ended.wait())
+    try:
+        await asyncio.wait((read, ended), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ended.cancel()
+    if read.done():
+        return read.result()
+    read.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await read
+    return None
 
 
 async def ignore_status(node_id: str, status: pb.SupervisorStatus) -> None:
@@ -200,13 +223,13 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             await context.write(pb.SupervisorAck())
             await self.on_status(node_id, first)
             while True:
-                status = await read_message(context)
-                if status is None:
-                    return
+                status = await read_unless_ended(context, stream)
                 if stream.superseded:
                     await context.abort(
                         grpc.StatusCode.FAILED_PRECONDITION, "superseded by a newer stream"
                     )
+                if status is None:
+                    return
                 problem = status_problem(status, self.settings, node_id)
                 if problem is not None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +34,13 @@ class SupervisorStream:
 
     node_id: str
     superseded: bool = False
+    #: set with ``superseded``: the gateway ends the call at once, not at its next message
+    #: (a half-open stream sends none, and its call lived until the router stopped)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def supersede(self) -> None:
+        self.superseded = True
+        self.ended.set()
 
 
 @dataclass(eq=False)
@@ -130,7 +138,7 @@ class Registry:
         if node.stream is not None:
             if time.monotonic() - node.last_status_at <= self.settings.max_status_age_seconds:
                 return None
-            node.stream.superseded = True
+            node.stream.supersede()
         node.stream = SupervisorStream(node_id)
         return node.stream
 
@@ -269,7 +277,7 @@ class Registry:
         for slot in list(node.slots.values()):
             slot.close((grpc.StatusCode.UNAVAILABLE, "node forgotten"), "tunnel_disconnected")
         if node.stream is not None:
-            node.stream.superseded = True
+            node.stream.supersede()
         self.nodes.pop(node.node_id, None)
 
     def mark_saturated(self, node_id: str) -> None:
