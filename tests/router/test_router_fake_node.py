@@ -460,3 +460,46 @@ def test_a_chunked_body_that_breaks_mid_stream_is_400_and_cancels_the_slot(
     }
     assert f"x-request-id: {error['request_id']}".encode() in head.lower()
     assert "finish_reason=request_rejected" in router.wait_log("finish_reason=request_rejected")
+
+
+def test_a_router_stopped_with_a_node_connected_ends_its_calls_and_logs_no_traceback(
+    router: RouterProcess,
+) -> None:
+    """grpc used to cancel the open supervisor and slot calls at exit and print a
+    ``CancelledError`` traceback for each after ``router_stopped``."""
+
+    async def scenario() -> None:
+        node = FakeNode(router.port, "node-a", slots=2)
+        await node.start()
+        await wait_for_health(router.port, ready(2))
+        await asyncio.to_thread(router.stop)
+        assert await asyncio.wait_for(node.supervisor.code(), 10) == grpc.StatusCode.OK
+        await node.close()
+
+    asyncio.run(scenario())
+    log = router.log()
+    assert "router_stopped" in log and "node_disconnected node=node-a" in log
+    assert "Traceback" not in log and "never retrieved" not in log, log
+
+
+def test_a_request_being_relayed_when_the_router_stops_still_gets_its_answer(
+    router: RouterProcess,
+) -> None:
+    async def late(head: pb.RequestHead, body: bytes):
+        await asyncio.sleep(0.3)
+        return 200, [(b"content-type", b"text/plain")], b"late answer"
+
+    async def scenario() -> None:
+        node = FakeNode(router.port, "node-a", handler=late)
+        await node.start()
+        await wait_for_health(router.port, ready(1))
+        answer = asyncio.ensure_future(http_request(router.port, "POST", "/execute", b"x"))
+        while not node.requests:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(router.stop)  # SIGTERM while the node works on it
+        response = await answer
+        assert response.status == 200 and response.body == b"late answer"
+        await node.close()
+
+    asyncio.run(scenario())
+    assert "Traceback" not in router.log()

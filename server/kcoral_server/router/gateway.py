@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -119,12 +118,17 @@ async def read_unless_ended(
         await asyncio.wait((read, ended), return_when=asyncio.FIRST_COMPLETED)
     finally:
         ended.cancel()
-    if read.done():
-        return read.result()
-    read.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await read
-    return None
+        if not read.done():  # superseded, or this call cancelled (the router stopping)
+            read.cancel()
+            # what it ends with (a stopped server's error) is nobody's: asyncio would log
+            # "Task exception was never retrieved"
+            read.add_done_callback(_retrieve)
+    return read.result() if read.done() and not read.cancelled() else None
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def ignore_status(node_id: str, status: pb.SupervisorStatus) -> None:

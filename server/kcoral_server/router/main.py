@@ -34,6 +34,8 @@ GRPC_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+#: how long requests being relayed get to finish when the router stops
+STOP_GRACE_SECONDS = 1.0
 
 
 def host_port(host: str, port: int) -> str:
@@ -79,6 +81,25 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
     registry.on_node_lost = state.sessions.node_lost  # its sessions' state is gone
     registry.on_node_back = node_back_handler(state)  # it may still hold them: end them
     return state
+
+
+async def requests_done(state: RouterState, seconds: float) -> None:
+    """Wait until no request is being relayed on a worker slot, ``seconds`` at most."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while state.in_progress > 0 and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def end_calls(registry: Registry) -> None:
+    """The router stops: end every supervisor stream (status OK) and close every slot
+    (``UNAVAILABLE``), so that no call is left for grpc to cancel at exit (it printed a
+    ``CancelledError`` traceback for each after ``router_stopped``)."""
+    for node in registry.nodes.values():
+        if node.stream is not None:
+            node.stream.end()
+        for slot in list(node.slots.values()):
+            slot.close((grpc.StatusCode.UNAVAILABLE, "router stopping"), "tunnel_disconnected")
 
 
 async def serve(settings: RouterSettings) -> int:
@@ -175,7 +196,9 @@ async def serve(settings: RouterSettings) -> int:
     log.event("router_stopping")
     checker.cancel()
     front.stop()
-    await grpc_server.stop(1.0)
+    await requests_done(state, STOP_GRACE_SECONDS)
+    end_calls(state.registry)  # what is still relayed then is cut, as grpc's grace did
+    await grpc_server.stop(STOP_GRACE_SECONDS)
     with contextlib.suppress(Exception):
         await http_server.close_all_connections()
     log.event("router_stopped")

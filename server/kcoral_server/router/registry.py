@@ -42,6 +42,10 @@ class SupervisorStream:
         self.superseded = True
         self.ended.set()
 
+    def end(self) -> None:
+        """The router stops: the call returns (status OK) instead of being cancelled."""
+        self.ended.set()
+
 
 @dataclass(eq=False)
 class NodeRecord:
