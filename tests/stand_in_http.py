@@ -33,27 +33,23 @@ def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
 def serving_app(make_app: Callable[[], tornado.web.Application]) -> Iterator[str]:
     """Serve the application ``make_app()`` returns on a free loopback port, from an event
     loop in its own thread; yields ``http://127.0.0.1:PORT``."""
-    started = threading.Event()
-    url: list[str] = []
-    loop: list[asyncio.AbstractEventLoop] = []
-    stop: list[asyncio.Event] = []
+    sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")  # listening from here on
+    loop = asyncio.new_event_loop()
+    started, stop = threading.Event(), asyncio.Event()
 
     async def serve() -> None:
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
         server = tornado.httpserver.HTTPServer(make_app())
         server.add_sockets(sockets)
-        url.append(f"http://127.0.0.1:{sockets[0].getsockname()[1]}")
-        loop.append(asyncio.get_running_loop())
-        stop.append(asyncio.Event())
         started.set()
-        await stop[0].wait()
+        await stop.wait()
         server.stop()
 
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
     thread.start()
-    assert started.wait(30), "the stand-in server did not start"
     try:
-        yield url[0]
+        assert started.wait(30), "the stand-in server did not start"
+        yield f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
     finally:
-        loop[0].call_soon_threadsafe(stop[0].set)
+        loop.call_soon_threadsafe(stop.set)
         thread.join(30)
+        loop.close()

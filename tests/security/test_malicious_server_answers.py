@@ -10,6 +10,7 @@ proves whether anything was unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
@@ -91,7 +92,7 @@ class MaliciousServer:
         self.features: list[str] = []  # ["jobs"]: cells go through the jobs API
         self.stdout = ""  # streamed as a job's stdout event
         self.url = ""
-        self._serving = serving_app(self._app)
+        self._serving = contextlib.ExitStack()
 
     def answer(self, *results: dict[str, Any]) -> None:
         """The ``results`` of the next answers, in order; the last one repeats."""
@@ -101,11 +102,11 @@ class MaliciousServer:
         return self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
 
     def __enter__(self) -> MaliciousServer:
-        self.url = self._serving.__enter__()
+        self.url = self._serving.enter_context(serving_app(self._app))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._serving.__exit__(None, None, None)
+        self._serving.close()
 
     def _app(self) -> tornado.web.Application:
         owner = self
