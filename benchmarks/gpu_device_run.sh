@@ -11,13 +11,17 @@
 #      tests of that folder), writing pytest-gpu.xml (JUnit);
 #   4. runs `benchmarks/gpu_check.py`, writing gpu_check.md (the README table) and
 #      gpu_check.json;
-#   5. keeps the servers' logs of the tests as server-logs.tar.gz and the exit codes in
+#   5. runs `benchmarks/back_to_back_cores.py` on 2 of the machine's CPUs and on all of them
+#      (CPU mode: does issue 31's back-to-back miss on the 2-core VM follow the core
+#      count?), writing its table to back_to_back_cores.md; its result does not change
+#      the exit status;
+#   6. keeps the servers' logs of the tests as server-logs.tar.gz and the exit codes in
 #      summary.txt; everything printed is also in run.log.
 #
-# All within 6 minutes (each step has its own limit), into $OUT when set, else .gpu-run/.
+# All within 7 minutes (each step has its own limit), into $OUT when set, else .gpu-run/.
 # The device tool runs it from the repository root of a copy of this working tree:
 #
-#   run(command="bash benchmarks/gpu_device_run.sh", carry=[".gpu-wheels"], timeout_s=420)
+#   run(command="bash benchmarks/gpu_device_run.sh", carry=[".gpu-wheels"], timeout_s=450)
 #
 # Here, first: `bash benchmarks/fetch_gpu_wheels.sh` (about 5 MB of wheels). PYTHON
 # overrides the interpreter (default python3, the one holding torch there).
@@ -36,6 +40,7 @@ exec > >(tee -a "$OUT_DIR/run.log") 2>&1
 INSTALL_SECONDS=${INSTALL_SECONDS:-60}
 PYTEST_SECONDS=${PYTEST_SECONDS:-150}
 CHECK_SECONDS=${CHECK_SECONDS:-140}
+CORES_SECONDS=${CORES_SECONDS:-60}
 
 step() { printf '\n== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 
@@ -122,6 +127,15 @@ timeout "$CHECK_SECONDS" "$PYTHON" benchmarks/gpu_check.py --tool-timeout 30 \
     --json "$OUT_DIR/gpu_check.json" --markdown "$OUT_DIR/gpu_check.md"
 check_rc=$?
 
+step "benchmarks/back_to_back_cores.py (issue 31, CPU mode)"
+all_cpus=$("$PYTHON" -c 'import os; print(len(os.sched_getaffinity(0)))')
+cores_configuration=default
+command -v bwrap >/dev/null || cores_configuration=sandbox-none
+timeout "$CORES_SECONDS" "$PYTHON" benchmarks/back_to_back_cores.py --cpus "2,$all_cpus" \
+    --requests 120 --configuration "$cores_configuration" \
+    | tee "$OUT_DIR/back_to_back_cores.md"
+cores_rc=${PIPESTATUS[0]}
+
 step "logs and summary"
 (cd "$SCRATCH" && find . -name 'server.stderr' -o -name 'events.jsonl' | head -200 \
     | tar -czf "$OUT_DIR/server-logs.tar.gz" -T - 2>/dev/null) || true
@@ -130,6 +144,7 @@ step "logs and summary"
     echo "project install: $project_rc"
     echo "pytest tests/gpu: $pytest_rc (124 = stopped at ${PYTEST_SECONDS} s)"
     echo "gpu_check.py: $check_rc (124 = stopped at ${CHECK_SECONDS} s)"
+    echo "back_to_back_cores.py: $cores_rc (124 = stopped at ${CORES_SECONDS} s)"
 } | tee "$OUT_DIR/summary.txt"
 rm -rf "$SCRATCH"
 status=0

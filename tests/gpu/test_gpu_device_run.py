@@ -33,8 +33,8 @@ def test_the_header_names_the_exact_device_call_within_the_tools_limits() -> Non
         name: int(value)
         for name, value in re.findall(r"^(\w+_SECONDS)=\$\{\w+:-(\d+)\}$", text, re.MULTILINE)
     }
-    assert set(budgets) == {"INSTALL_SECONDS", "PYTEST_SECONDS", "CHECK_SECONDS"}
-    assert sum(budgets.values()) <= 6 * 60 < timeout <= 600  # 6 minutes, one call, slack
+    assert set(budgets) == {"INSTALL_SECONDS", "PYTEST_SECONDS", "CHECK_SECONDS", "CORES_SECONDS"}
+    assert sum(budgets.values()) <= 7 * 60 < timeout <= 600  # 7 minutes, one call, slack
 
 
 def test_the_carried_wheel_folder_and_the_output_folder_are_ignored() -> None:
@@ -55,6 +55,7 @@ def test_at_most_eight_files_come_back_from_the_output_folder() -> None:
         "pytest-gpu.xml",
         "gpu_check.json",
         "gpu_check.md",
+        "back_to_back_cores.md",
         "server-logs.tar.gz",
         "summary.txt",
     }
