@@ -100,7 +100,9 @@ class Cancellation:
 
     async def unless(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` unless the request is cancelled first (then it is cancelled
-        too, and ``RequestFailed`` is raised)."""
+        too, and ``RequestFailed`` is raised). Cancelling the task that waits here cancels
+        ``awaitable`` as well and waits for its end, as a plain ``await`` would: otherwise
+        it ran on for nobody (a GPU set taken, a worker started, after shutdown)."""
         if self.reason is not None:
             if asyncio.iscoroutine(awaitable):
                 awaitable.close()
@@ -109,6 +111,12 @@ class Cancellation:
         waiter = asyncio.ensure_future(self._event.wait())
         try:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: its end, whatever it was, is nobody's now
+            raise
         finally:
             waiter.cancel()
         if task.done():
