@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configuration", choices=sorted(kc.CONFIGURATIONS), default="default")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(argv)
+    # ``timeout`` (the device script) ends a long run with SIGTERM: exit through the
+    # servers' context managers, which stop them, instead of leaving them running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     allowed = sorted(os.sched_getaffinity(0))
     counts: list[int] = args.cpus
     if max(counts) > len(allowed):
