@@ -7,7 +7,8 @@ import asyncio
 import gc
 
 import pytest
-from kcoral_server.execution.control import Cancellation, RequestFailed
+from kcoral_server.execution.control import Cancellation
+from kcoral_server.execution.responses import RequestFailed
 
 
 async def _forever(ended: list[str]) -> None:
