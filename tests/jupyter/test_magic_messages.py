@@ -306,3 +306,28 @@ def test_on_macos_without_a_server_the_first_cell_says_the_embedded_server_needs
     assert "the embedded KCoral server needs Linux (this kernel runs on macOS)" in cause
     assert "%kcoral connect http://HOST:8123" in action
     assert kernel_state_of(shell).local is None
+
+
+# ------------------------------------------------------------------ the line's own typing
+
+
+@pytest.mark.parametrize(
+    ("line", "cell"),
+    [
+        ('connect "http://127.0.0.1:1', None),
+        ("session start --idle '60", None),
+        ("jobs \\", None),
+        ('--timeout "5', "print(1)\n"),
+    ],
+)
+def test_an_unclosed_quote_or_a_trailing_backslash_is_a_one_line_usage_error(
+    shell, line, cell
+) -> None:
+    source = f"%kcoral {line}" if cell is None else f"%%kcoral {line}\n{cell}"
+    result, _ = run(shell, source)
+    error = result.error_in_exec
+    assert isinstance(error, UsageError), error
+    magic = "%kcoral" if cell is None else "%%kcoral"
+    assert str(error).startswith(f"{magic}: ") and "\n" not in str(error)
+    assert repr(line) in str(error) and "(close it, or leave it out)" in str(error)
+    assert kernel_state_of(shell).failed_connect is None  # nothing was tried

@@ -16,7 +16,6 @@ worker's ``kcoral.session.namespace`` (``CellSpec.in_session``).
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from typing import Any
 
@@ -30,7 +29,7 @@ from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import GpuRequiredError, TwoLineError, shorten
 from kcoral_jupyter.cell_program import BuiltCell, CellSpec, build_cell, read_outcome, split_mapping
 from kcoral_jupyter.kernel_state import KernelState, PendingJob, ServerFacts, normalize_url
-from kcoral_jupyter.magics.options import cell_parser, join_name_lists, names
+from kcoral_jupyter.magics.options import cell_parser, join_name_lists, names, split_words
 from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
 from kcoral_jupyter.notebook_session import (
     NotebookSession,
@@ -62,7 +61,7 @@ class CellMagic:
         self.kernel = kernel
 
     def run(self, line: str, cell: str) -> Any:
-        args = cell_parser().parse(join_name_lists(shlex.split(line)))
+        args = cell_parser().parse(join_name_lists(split_words(line, "%%kcoral")))
         gpus = args.gpus if args.gpus is not None else 1
         if gpus < 1 or gpus > 8:
             raise UsageError("%%kcoral: --gpus must be from 1 to 8")

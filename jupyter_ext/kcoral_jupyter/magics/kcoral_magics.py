@@ -9,7 +9,6 @@ two-line errors (``cell_errors``).
 from __future__ import annotations
 
 import argparse
-import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,13 @@ from kcoral_jupyter.cell_errors import TwoLineError, shorten
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.cell import CellMagic
 from kcoral_jupyter.magics.jobs import JobCommands
-from kcoral_jupyter.magics.options import HELP, UsageParser, group_usage, line_parsers
+from kcoral_jupyter.magics.options import (
+    HELP,
+    UsageParser,
+    group_usage,
+    line_parsers,
+    split_words,
+)
 from kcoral_jupyter.magics.server import ServerCommands
 from kcoral_jupyter.magics.sessions import SessionCommands
 
@@ -85,7 +90,7 @@ class KCoralMagics(Magics):
             error.verbose = self.kernel.settings.verbose_errors
 
     def _line(self, line: str) -> Any:
-        words = shlex.split(line)
+        words = split_words(line, "%kcoral")
         if not words:
             raise UsageError(
                 "%kcoral: use %%kcoral as a cell magic, or %kcoral status | jobs | attach ID | "

@@ -8,6 +8,7 @@ the help cannot drift from what is accepted. Options are never abbreviated
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
@@ -336,6 +337,22 @@ def help_text() -> str:
     """``%kcoral --help``: every command's help, rendered from its parser."""
     parsers = [cell_parser(), *line_parsers().values()]
     return "\n".join(parser.format_help() for parser in parsers)
+
+
+def split_words(line: str, magic: str) -> list[str]:
+    """The words of a magic's line, split as a shell splits them. The line is the user's own
+    typing: an unclosed quote or a trailing backslash is a one-line ``UsageError`` naming
+    the line, never shlex's ``ValueError`` traceback."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        what = (
+            "a quote is not closed"
+            if "quotation" in str(exc)
+            else "the line ends in a backslash that escapes nothing"
+        )
+        shown = " ".join(line.split())[:120]
+        raise UsageError(f"{magic}: {what} in {shown!r} (close it, or leave it out)") from None
 
 
 def join_name_lists(words: list[str]) -> list[str]:
