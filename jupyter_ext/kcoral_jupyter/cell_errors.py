@@ -86,6 +86,11 @@ class EmbeddedServerUnavailableError(TwoLineError, RuntimeError):
     """No server is configured and this platform cannot run the embedded one."""
 
 
+class LocalServerStartError(TwoLineError, RuntimeError):
+    """The embedded server did not start (its arguments, its start timeout, or it exited);
+    the cause names the arguments and its log file, which stays until the next start."""
+
+
 class GpuRequiredError(TwoLineError, RuntimeError):
     """``require_gpu`` (or ``--require-gpu``) and the server has no GPU."""
 

@@ -13,6 +13,7 @@ only to it. A server the user did not mean to trust thus never sees the user's t
 
 from __future__ import annotations
 
+import math
 import platform
 import sys
 from collections.abc import Callable, Mapping
@@ -23,6 +24,7 @@ from kcoral import Client, KCoralError
 from kcoral.connection.server_address import server_url
 from kcoral_jupyter.cell_errors import (
     EmbeddedServerUnavailableError,
+    LocalServerStartError,
     NotConnectedError,
     ServerAddressError,
 )
@@ -153,11 +155,20 @@ class KernelState:
                 "connect to a Linux GPU server: %kcoral connect http://HOST:8123 (or set "
                 "KCORAL_URL before starting Jupyter)",
             )
-        self.clear_failed_connect()
-        if self.local is None:
-            self.local = LocalServer(
-                self.settings.local_args, start_timeout=self.settings.local_start_timeout
+        timeout = self.settings.local_start_timeout
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise LocalServerStartError(
+                f"KCoral.local_start_timeout is {timeout:g}: the local KCoral server needs a "
+                "positive number of seconds to start in",
+                "%config KCoral.local_start_timeout = 120 (the default), then run it again",
             )
+        self.clear_failed_connect()
+        # The settings as they are now: a failed start with bad local_args is fixed by
+        # fixing the setting, not by restarting the kernel.
+        if self.local is None:
+            self.local = LocalServer(self.settings.local_args, start_timeout=timeout)
+        else:
+            self.local.configure(self.settings.local_args, timeout)
         was_running = self.local.running
         url = self.local.start()
         if not was_running and not self._announced_local:

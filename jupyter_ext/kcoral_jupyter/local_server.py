@@ -11,8 +11,15 @@ each start makes a fresh random token, handed to the child only through its envi
 (``KCORAL_AUTH_TOKEN``, never its command line, which every local user can read in
 ``/proc``), kept by this object for the kernel's own client, and written only into the
 advertisement, a 0600 file in the user's 0700 runtime directory, for the server extension.
-A web page is refused by the server's Origin/Host checks as well. The user's remote
-``KCORAL_TOKEN`` is not passed on to the child.
+A web page has no token: a page of another site is refused by the server's Origin check
+too, and a DNS-rebinding page (its requests carry its own host name and no ``Origin``)
+reaches only ``/health``, which answers anyone by design (PROTOCOL §12: status, load
+counts, versions; nothing of the user's). Every other route needs the token.
+The user's remote ``KCORAL_TOKEN`` is not passed on to the child.
+
+A start that fails (bad ``KCoral.local_args``, a timeout, an exit) raises a two-line
+``LocalServerStartError`` naming the arguments, the timeout and the log file, which is kept
+until the next start or stop so that ``%kcoral local log`` shows it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +37,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from kcoral_jupyter.cell_errors import LocalServerStartError
 from kcoral_jupyter.runtime_records import read_records, write_record
 
 ADVERT_PREFIX = "kcoral-local-"
@@ -59,6 +68,13 @@ class LocalServer:
         self.advert: Path | None = None
         self._directory: tempfile.TemporaryDirectory[str] | None = None
         self._lock = threading.Lock()
+
+    def configure(self, extra_args: Sequence[str], start_timeout: float) -> None:
+        """The arguments and start timeout of the next start (a running server keeps its
+        own until it is stopped): the settings as they are when a start is asked for."""
+        with self._lock:
+            self.extra_args = list(extra_args)
+            self.start_timeout = start_timeout
 
     @property
     def running(self) -> bool:
@@ -100,15 +116,32 @@ class LocalServer:
                 )
             deadline = time.monotonic() + self.start_timeout
             while not ready.exists() or not ready.read_text(encoding="utf-8").strip():
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
-                    self._cleanup()
-                    raise RuntimeError(f"the local KCoral server did not start:\n{tail}")
+                exited = self.process.poll() is not None
+                if exited or time.monotonic() > deadline:
+                    raise self._failed(exited)
                 time.sleep(0.05)
             self.url = ready.read_text(encoding="utf-8").strip()
             self._advertise()
             atexit.register(self.stop)
             return self.url
+
+    def _failed(self, exited: bool) -> LocalServerStartError:
+        """Stop the half-started server, keep its log, and say why it did not start."""
+        self._cleanup(keep_log=True)
+        log = self.log_path
+        last = ""
+        if log is not None and log.exists():
+            lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+            last = next((" ".join(line.split()) for line in reversed(lines) if line.strip()), "")
+        how = f"did not start within {self.start_timeout:g} s"
+        if exited:
+            how = f"exited ({last[:200]})" if last else "exited"
+        arguments = shlex.join(self.extra_args) or "none"
+        return LocalServerStartError(
+            f"the local KCoral server {how}; arguments: {arguments}; log: {log}",
+            "fix %config KCoral.local_args (or KCoral.local_start_timeout, now "
+            f"{self.start_timeout:g} s), then %kcoral local start; %kcoral local log shows the log",
+        )
 
     @property
     def log_path(self) -> Path | None:
@@ -147,7 +180,9 @@ class LocalServer:
         # None: the panel will not list it; the kernel still uses it.
         self.advert = write_record(f"{ADVERT_PREFIX}{os.getpid()}.json", record)
 
-    def _cleanup(self) -> None:
+    def _cleanup(self, keep_log: bool = False) -> None:
+        """Stop the process and forget it; ``keep_log``: leave its folder (the log of a
+        failed start) until the next start or stop."""
         if self.advert is not None:
             self.advert.unlink(missing_ok=True)
             self.advert = None
@@ -160,7 +195,7 @@ class LocalServer:
                     self.process.kill()
                     self.process.wait(10)
             self.process = None
-        if self._directory is not None:
+        if self._directory is not None and not keep_log:
             self._directory.cleanup()
             self._directory = None
         self.url = None

@@ -4,26 +4,11 @@ process started as a kernel starts it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 from IPython.core.error import UsageError
 from kcoral_jupyter.extension import kernel_state_of
-from kcoral_shell import kcoral_shell
 
 pytestmark = pytest.mark.timeout(300)
-
-FAST_LOCAL = ["--device", "cpu", "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""]
-
-
-@pytest.fixture
-def embedded_shell(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    with kcoral_shell("", monkeypatch, ()) as ip:
-        kernel_state_of(ip).settings.local_args = FAST_LOCAL
-        yield ip
-        kernel_state_of(ip).stop_local()
 
 
 def test_the_embedded_servers_log_stays_out_of_the_notebook_until_local_log_shows_it(
