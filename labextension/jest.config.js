@@ -1,4 +1,8 @@
-/** Jest for the data layer (no JupyterLab, no DOM): ts-jest compiles src to CommonJS. */
+/**
+ * Jest: ts-jest compiles src to CommonJS. The data layer runs in node (no JupyterLab, no
+ * DOM); a test file that renders the panel asks for jsdom in its docblock
+ * (`@jest-environment jsdom`, from jest-environment-jsdom).
+ */
 module.exports = {
   testEnvironment: 'node',
   roots: ['<rootDir>/src'],

@@ -1,6 +1,14 @@
 /** Text shown by the status bar item and the panel (pure functions, tested with jest). */
 
 import { IFleetLoad, IInfo, IJob, ISession, IServerEntry } from './api';
+import { isFiniteNumber as isNumber, shownText } from './text';
+
+/*
+ * Records reach these functions checked (api.ts), but each function still reads its
+ * fields as a server may have sent them: a value of the wrong type is shown as unknown or
+ * as the JSON that was sent (`shownText`), never thrown on, so one odd field cannot stop
+ * the panel's rendering.
+ */
 
 /** What the status bar says about one server. */
 export interface IStatusSummary {
@@ -167,10 +175,22 @@ const JOB_STATUS_WORDS = new Map<string, string>([
   ['ERROR', 'error']
 ]);
 
-/** A job's status for the table: `done`, `timed out` (a Map: a server's text is no key). */
-export function jobStatusText(status: string | null | undefined): string {
-  const known = JOB_STATUS_WORDS.get(String(status));
-  return known ?? String(status ?? '–').toLowerCase().replace(/_/g, ' ');
+/** A job's status for the table: `done`, `timed out` (a Map: a server's text is no key);
+ * `–` when the server sent none. */
+export function jobStatusText(status: unknown): string {
+  const text = shownText(status);
+  if (!text) {
+    return '–';
+  }
+  return JOB_STATUS_WORDS.get(text) ?? text.toLowerCase().replace(/_/g, ' ');
+}
+
+/** The class of a status cell, which the style colours: only for the statuses EXTENSIONS
+ * §5 defines, so a server's text never becomes a class name. */
+export function jobStatusClass(status: unknown): string {
+  return typeof status === 'string' && JOB_STATUS_WORDS.has(status)
+    ? `jp-KCoral-status-${status}`
+    : '';
 }
 
 /** Milliseconds as a whole number, `–` while unknown. */
@@ -182,8 +202,8 @@ export function formatMs(ms: number | null | undefined): string {
 }
 
 /** An RFC 3339 time as local `HH:MM:SS`, `–` when absent or unreadable. */
-export function formatTime(iso: string | null | undefined): string {
-  if (!iso) {
+export function formatTime(iso: unknown): string {
+  if (typeof iso !== 'string' || !iso) {
     return '–';
   }
   const date = new Date(iso);
@@ -194,13 +214,19 @@ export function formatTime(iso: string | null | undefined): string {
   return `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
 }
 
-export function formatGpus(ids: number[] | null | undefined): string {
-  return ids && ids.length ? ids.join(',') : '–';
+/** The numbers of a list of GPU ids, `–` when there are none (or no list). */
+export function formatGpus(ids: unknown): string {
+  const numbers = Array.isArray(ids) ? ids.filter(isNumber) : [];
+  return numbers.length ? numbers.join(',') : '–';
+}
+
+function hasGpus(ids: unknown): boolean {
+  return formatGpus(ids) !== '–';
 }
 
 /** A duration for a narrow column: `12 ms`, `3.4 s`, `2 min 5 s`; `–` while unknown. */
-export function formatDuration(ms: number | null | undefined): string {
-  if (ms === null || ms === undefined || !Number.isFinite(ms)) {
+export function formatDuration(ms: unknown): string {
+  if (!isNumber(ms)) {
     return '–';
   }
   if (ms < 1000) {
@@ -227,13 +253,11 @@ export const JOB_COLUMNS: { name: string; title: string }[] = [
 
 /** One job's cells, in the order of `JOB_COLUMNS`. */
 export function jobCells(job: IJob): string[] {
-  const worker =
-    job.worker_id === null || job.worker_id === undefined ? '–' : String(job.worker_id);
-  const gpus = job.gpu_ids && job.gpu_ids.length ? ` · GPU ${formatGpus(job.gpu_ids)}` : '';
-  const total =
-    job.elapsed_ms === null || job.elapsed_ms === undefined
-      ? null
-      : job.elapsed_ms + (job.queue_ms ?? 0);
+  const worker = shownText(job.worker_id) || '–';
+  const gpus = hasGpus(job.gpu_ids) ? ` · GPU ${formatGpus(job.gpu_ids)}` : '';
+  const total = isNumber(job.elapsed_ms)
+    ? job.elapsed_ms + (isNumber(job.queue_ms) ? job.queue_ms : 0)
+    : null;
   return [
     jobStatusText(job.status),
     formatTime(job.submitted_at),
@@ -243,23 +267,23 @@ export function jobCells(job: IJob): string[] {
 }
 
 /** The row tooltip: the job, its server (`serverName`: its label) and its timings in full. */
-export function jobTitle(job: IJob, serverName: string = job.server ?? ''): string {
-  const where = serverName ? ` on ${serverName}` : '';
-  const kind = job.error_kind ? ` (${job.error_kind})` : '';
+export function jobTitle(job: IJob, serverName: string = shownText(job.server)): string {
+  const where = serverName ? ` on ${shownText(serverName)}` : '';
+  const errorKind = shownText(job.error_kind);
+  const kind = errorKind ? ` (${errorKind})` : '';
   // A CPU job holds no GPU lease: its lease times would be true zeros of something that
   // never happened, so only a job on GPUs says them.
-  const lease =
-    job.gpu_ids && job.gpu_ids.length > 0
-      ? ` · lease wait ${formatDuration(job.lease_wait_ms)} · held ${formatDuration(job.lease_held_ms)}`
-      : '';
+  const lease = hasGpus(job.gpu_ids)
+    ? ` · lease wait ${formatDuration(job.lease_wait_ms)} · held ${formatDuration(job.lease_held_ms)}`
+    : '';
   const timings = `queue ${formatDuration(job.queue_ms)}${lease} · run ${formatDuration(job.elapsed_ms)}`;
-  return `job ${job.job_id}${where}${kind}\n${timings}`;
+  return `job ${shownText(job.job_id)}${where}${kind}\n${timings}`;
 }
 
 /** Newest first by submission time; jobs without one go last. */
 export function newestFirst(jobs: IJob[]): IJob[] {
   const time = (job: IJob): number => {
-    const t = job.submitted_at ? Date.parse(job.submitted_at) : NaN;
+    const t = typeof job.submitted_at === 'string' ? Date.parse(job.submitted_at) : NaN;
     return Number.isNaN(t) ? -Infinity : t;
   };
   return jobs
@@ -275,6 +299,7 @@ export function isCancellable(status: string | null | undefined): boolean {
 
 /** A short description of a phase event for the output pane. */
 export function describePhase(phase: string, fields: Record<string, unknown>): string {
+  const field = (name: string): string => shownText(fields[name]);
   switch (phase) {
     case 'queued':
       // `position` counts the requests ahead (EXTENSIONS §5): 0 is next in line.
@@ -282,27 +307,19 @@ export function describePhase(phase: string, fields: Record<string, unknown>): s
         ? `queued behind ${fields.position}`
         : 'waiting for a worker';
     case 'assigned':
-      return fields.worker_id !== undefined ? `assigned to worker ${fields.worker_id}` : phase;
-    case 'instruction': {
-      const parts = [`instruction ${fields.index ?? ''}`.trim()];
-      if (fields.op !== undefined) {
-        parts.push(String(fields.op));
-      }
-      if (fields.id !== undefined && fields.id !== null) {
-        parts.push(String(fields.id));
-      }
-      return parts.join(' ');
-    }
+      return field('worker_id') ? `assigned to worker ${field('worker_id')}` : phase;
+    case 'instruction':
+      return ['instruction', field('index'), field('op'), field('id')]
+        .filter(part => part)
+        .join(' ');
     case 'finished':
-      return fields.status !== undefined
-        ? `finished: ${jobStatusText(String(fields.status))}`
-        : 'finished';
+      return field('status') ? `finished: ${jobStatusText(field('status'))}` : 'finished';
     case 'lease_wait':
       return 'waiting for the GPU lease';
     case 'lease_held':
       return 'holding the GPU lease';
     default:
-      return phase;
+      return shownText(phase);
   }
 }
 
@@ -362,10 +379,6 @@ export interface ISessionView {
   live: boolean;
 }
 
-function isNumber(value: unknown): value is number {
-  return typeof value === 'number' && Number.isFinite(value);
-}
-
 /** A text field of a record from a server, which may send anything: '' unless a string. */
 function textOf(value: unknown): string {
   return typeof value === 'string' ? value : '';
@@ -384,6 +397,7 @@ export function sessionView(
   const now = isNumber(session.observed_at) ? session.observed_at : browserNow;
   const gpuIds = Array.isArray(session.gpu_ids) ? session.gpu_ids.filter(isNumber) : [];
   const endReason = textOf(session.end_reason);
+  const sessionId = shownText(session.session_id);
   const live = session.state !== 'ENDED';
   let state: string;
   switch (session.state) {
@@ -409,11 +423,11 @@ export function sessionView(
         (endReason ? `ended: ${endReason.replace(/_/g, ' ')}` : 'ended');
       break;
     default:
-      state = String(session.state).toLowerCase();
+      state = shownText(session.state).toLowerCase() || 'state unknown';
   }
   const facts: string[] = [];
   if (textOf(session.worker_id)) {
-    facts.push(`worker ${session.worker_id}`);
+    facts.push(`worker ${textOf(session.worker_id)}`);
   }
   if (isNumber(session.programs)) {
     facts.push(`${session.programs} program${session.programs === 1 ? '' : 's'}`);
@@ -422,14 +436,14 @@ export function sessionView(
     facts.push(`ends after ${formatAge(session.idle_timeout_seconds)} without a program`);
   }
   const lines = [
-    `session ${session.session_id}${serverName ? ` on ${serverName}` : ''}`,
+    `session ${sessionId}${serverName ? ` on ${shownText(serverName)}` : ''}`,
     facts.join(' · ')
   ];
   if (textOf(session.end_message)) {
     lines.push(textOf(session.end_message));
   }
   return {
-    shortId: session.session_id.slice(0, 8),
+    shortId: sessionId.slice(0, 8),
     owner: textOf(session.owner) || '–',
     gpu: gpuIds.length ? `GPU ${gpuIds.join(',')}` : 'CPU',
     memory: `mem ${formatBytes(session.memory_bytes)}`,
@@ -531,7 +545,7 @@ export function fleetRows(info: IInfo | null | undefined): IFleetRow[] {
   }
   for (const label of Array.isArray(fleet.labels) ? fleet.labels : []) {
     if (label && typeof label === 'object') {
-      const name = `${String(label.key)}=${String(label.value)}`;
+      const name = `${shownText(label.key) || '?'}=${shownText(label.value) || '?'}`;
       rows.push({ cells: fleetCells(name, label), title: `nodes labelled ${name}`, isDefault: false });
     }
   }

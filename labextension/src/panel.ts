@@ -7,7 +7,7 @@
 
 import { Widget } from '@lumino/widgets';
 
-import { IJob, ISession, IServerEntry } from './api';
+import { IJob, ISession, IServerEntry, IServerError } from './api';
 import {
   describePhase,
   FLEET_COLUMNS,
@@ -15,6 +15,7 @@ import {
   isCancellable,
   JOB_COLUMNS,
   jobCells,
+  jobStatusClass,
   jobStatusText,
   jobTitle,
   labelOf,
@@ -26,6 +27,7 @@ import {
 } from './format';
 import { KCoralModel } from './model';
 import { followJobEvents } from './stream';
+import { shownText } from './text';
 
 function element<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -40,6 +42,26 @@ function element<K extends keyof HTMLElementTagNameMap>(
     node.textContent = text;
   }
   return node;
+}
+
+/**
+ * Builds one part of the panel (a row, a card, a section); if that throws (a value from a
+ * server the panel cannot show), logs why and builds `fallback` instead, so one bad record
+ * never stops the rest of the rendering.
+ */
+function guarded<T>(what: string, build: () => T, fallback: () => T): T {
+  try {
+    return build();
+  } catch (error) {
+    console.error(`KCoral: the panel cannot show ${what}`, error);
+    return fallback();
+  }
+}
+
+/** A line of a note about one server (`label: message`, the message alone without one). */
+function serverNote(servers: IServerEntry[] | null, error: IServerError): string {
+  const label = serverLabel(servers, error.server);
+  return label ? `${label}: ${error.message}` : error.message;
 }
 
 /** A router's fleet (ROUTER §6): kinds and labels with nodes, free seats, queue, wait. */
@@ -150,9 +172,10 @@ export class KCoralPanel extends Widget {
   }
 
   render(): void {
-    this._renderServers(this._model.servers);
-    this._renderSessions(this._model.sessions);
-    this._renderJobs(this._model.jobs);
+    const nothing = (): void => undefined;
+    guarded('the servers', () => this._renderServers(this._model.servers), nothing);
+    guarded('the sessions', () => this._renderSessions(this._model.sessions), nothing);
+    guarded('the jobs', () => this._renderJobs(this._model.jobs), nothing);
     if (this._selected) {
       const latest = this._model.job(this._selected.job_id);
       if (latest) {
@@ -218,7 +241,7 @@ export class KCoralPanel extends Widget {
     this._renderSessions(this._model.sessions);
     try {
       const record = await this._model.api.stopSession(session.session_id, session.server);
-      const how = record?.state === 'ENDED' ? 'ended' : `is ${record?.state ?? 'unknown'}`;
+      const how = record?.state === 'ENDED' ? 'ended' : `is ${record?.state || 'unknown'}`;
       this._showStopNote(`session ${shortId} ${how}`, false);
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error);
@@ -269,64 +292,86 @@ export class KCoralPanel extends Widget {
       return;
     }
     for (const server of servers) {
-      const card = element('div', 'jp-KCoral-server');
-      card.dataset.server = server.name;
-      card.dataset.state = server.health ? 'online' : 'offline';
-      const title = element('div', 'jp-KCoral-serverTitle');
-      title.title = `${server.url} (${server.name})`;
-      title.append(
-        element('span', 'jp-KCoral-dot', '●'),
-        element('span', 'jp-KCoral-serverName', ` ${labelOf(server)}`)
+      const card = guarded(
+        `the server ${server.name}`,
+        () => this._serverCard(server),
+        () => {
+          const bad = element('div', 'jp-KCoral-server');
+          bad.dataset.server = shownText(server.name);
+          bad.append(
+            element('div', 'jp-KCoral-serverTitle', shownText(server.name)),
+            element(
+              'div',
+              'jp-KCoral-note jp-KCoral-serverError',
+              'The panel cannot show what this server sent (the browser console says why).'
+            )
+          );
+          return bad;
+        }
       );
-      card.append(title);
-      // The URL on its own line: a long one wraps instead of widening the panel.
-      if (labelOf(server) !== server.url.replace(/^http:\/\//, '')) {
-        card.append(element('div', 'jp-KCoral-serverUrl', server.url));
-      }
-      const notebooks = Array.isArray(server.notebooks) ? server.notebooks : [];
-      if (server.health) {
-        const load = server.health.load;
-        const seats = sessionSeatsText(server.info);
-        const facts: [string, string][] = [
-          ['health', server.health.status],
-          ['target', targetOf(server)],
-          [
-            'load',
-            `${load.requests_in_progress}/${load.request_capacity} busy · ` +
-              `${load.requests_waiting} queued`
-          ],
-          ['sandbox', sandboxText(server.info?.sandbox) || '–'],
-          ...(seats ? [['sessions', seats] as [string, string]] : []),
-          ['kcoral', server.info?.kcoral ?? '–'],
-          [
-            'versions',
-            Object.entries(server.health.versions ?? {})
-              .map(([k, v]) => `${k} ${v}`)
-              .join(', ') || '–'
-          ],
-          ['features', server.features.length ? server.features.join(', ') : '–'],
-          ...(notebooks.length ? [['used by', notebooks.join(', ')] as [string, string]] : [])
-        ];
-        const list = element('dl', 'jp-KCoral-facts');
-        for (const [key, value] of facts) {
-          list.append(element('dt', '', key), element('dd', '', value));
-        }
-        card.append(list);
-        const fleet = fleetTable(server);
-        if (fleet) {
-          card.append(fleet);
-        }
-        if (server.error) {
-          // Up, but refusing this Jupyter server's token: every cell would be refused too.
-          card.append(element('div', 'jp-KCoral-note jp-KCoral-serverError', server.error));
-        }
-      } else {
-        card.append(
-          element('div', 'jp-KCoral-note jp-KCoral-serverError', server.error || 'unreachable')
-        );
-      }
       this._servers.append(card);
     }
+  }
+
+  /** One server's card: title, URL, facts, fleet table, error. */
+  private _serverCard(server: IServerEntry): HTMLElement {
+    const card = element('div', 'jp-KCoral-server');
+    card.dataset.server = server.name;
+    card.dataset.state = server.health ? 'online' : 'offline';
+    const title = element('div', 'jp-KCoral-serverTitle');
+    title.title = `${server.url} (${server.name})`;
+    title.append(
+      element('span', 'jp-KCoral-dot', '●'),
+      element('span', 'jp-KCoral-serverName', ` ${labelOf(server)}`)
+    );
+    card.append(title);
+    // The URL on its own line: a long one wraps instead of widening the panel.
+    if (labelOf(server) !== server.url.replace(/^http:\/\//, '')) {
+      card.append(element('div', 'jp-KCoral-serverUrl', server.url));
+    }
+    const notebooks = Array.isArray(server.notebooks) ? server.notebooks : [];
+    if (server.health) {
+      const load = server.health.load;
+      const seats = sessionSeatsText(server.info);
+      const facts: [string, string][] = [
+        ['health', server.health.status || '–'],
+        ['target', targetOf(server)],
+        [
+          'load',
+          `${load.requests_in_progress}/${load.request_capacity} busy · ` +
+            `${load.requests_waiting} queued`
+        ],
+        ['sandbox', sandboxText(server.info?.sandbox) || '–'],
+        ...(seats ? [['sessions', seats] as [string, string]] : []),
+        ['kcoral', server.info?.kcoral || '–'],
+        [
+          'versions',
+          Object.entries(server.health.versions ?? {})
+            .map(([k, v]) => `${k} ${v}`)
+            .join(', ') || '–'
+        ],
+        ['features', server.features.length ? server.features.join(', ') : '–'],
+        ...(notebooks.length ? [['used by', notebooks.join(', ')] as [string, string]] : [])
+      ];
+      const list = element('dl', 'jp-KCoral-facts');
+      for (const [key, value] of facts) {
+        list.append(element('dt', '', key), element('dd', '', value));
+      }
+      card.append(list);
+      const fleet = fleetTable(server);
+      if (fleet) {
+        card.append(fleet);
+      }
+      if (server.error) {
+        // Up, but refusing this Jupyter server's token: every cell would be refused too.
+        card.append(element('div', 'jp-KCoral-note jp-KCoral-serverError', server.error));
+      }
+    } else {
+      card.append(
+        element('div', 'jp-KCoral-note jp-KCoral-serverError', server.error || 'unreachable')
+      );
+    }
+    return card;
   }
 
   private _showStopNote(text: string, failed: boolean): void {
@@ -345,9 +390,7 @@ export class KCoralPanel extends Widget {
     const ended = sessions.filter(s => s.state === 'ENDED');
     const shown = [...live, ...ended.slice(0, ENDED_SESSIONS_SHOWN)];
     const servers = this._model.servers;
-    const notes = this._model.sessionErrors.map(
-      e => `${serverLabel(servers, e.server)}: ${e.message}`
-    );
+    const notes = this._model.sessionErrors.map(e => serverNote(servers, e));
     if (this._stopNoteTimer === undefined) {
       this._sessionNote.textContent = notes.join('; ');
       this._sessionNote.classList.remove('jp-KCoral-error');
@@ -359,44 +402,23 @@ export class KCoralPanel extends Widget {
     const mixed = new Set(shown.map(s => s.server)).size > 1;
     this._sessionList.replaceChildren();
     for (const session of shown) {
-      const view = sessionView(session, now, serverLabel(servers, session.server));
-      const card = element('div', 'jp-KCoral-session');
-      card.dataset.sessionId = session.session_id;
-      card.dataset.state = session.state;
-      card.title = view.title;
-      const line = element('div', 'jp-KCoral-sessionLine');
-      line.append(
-        element('span', 'jp-KCoral-sessionId', view.shortId),
-        element('span', 'jp-KCoral-sessionOwner', view.owner),
-        element('span', 'jp-KCoral-sessionGpu', view.gpu)
+      const card = guarded(
+        `the session ${session.session_id}`,
+        () => this._sessionCard(session, now, mixed),
+        () => {
+          const bad = element('div', 'jp-KCoral-session');
+          bad.dataset.sessionId = shownText(session.session_id);
+          bad.append(
+            element(
+              'div',
+              'jp-KCoral-sessionState',
+              `session ${shownText(session.session_id).slice(0, 8)}: the panel cannot show ` +
+                'this record (the browser console says why)'
+            )
+          );
+          return bad;
+        }
       );
-      if (mixed && session.server) {
-        line.append(
-          element('span', 'jp-KCoral-sessionServer', `on ${serverLabel(servers, session.server)}`)
-        );
-      }
-      if (view.live) {
-        // An ended session's worker is gone: no memory to speak of.
-        const memory = element('span', 'jp-KCoral-sessionMemory', view.memory);
-        memory.title = "Resident memory of the session's worker process";
-        line.append(memory);
-      }
-      const state = element('div', 'jp-KCoral-sessionState', view.state);
-      const body = element('div', 'jp-KCoral-sessionBody');
-      body.append(line, state);
-      card.append(body);
-      if (view.live) {
-        const stopping = this._stopping.has(session.session_id);
-        const stop = element(
-          'button',
-          'jp-KCoral-stopSession jp-mod-styled',
-          stopping ? 'Stopping…' : 'Stop'
-        );
-        stop.title = `End session ${session.session_id}: its state is lost, its seat freed`;
-        stop.disabled = stopping;
-        stop.addEventListener('click', () => void this.stopSession(session));
-        card.append(stop);
-      }
       this._sessionList.append(card);
     }
     const hidden = ended.length - (shown.length - live.length);
@@ -411,12 +433,56 @@ export class KCoralPanel extends Widget {
     }
   }
 
+  /** One session's card, with Stop while it lives; `mixed`: the list mixes servers. */
+  private _sessionCard(session: ISession, now: number, mixed: boolean): HTMLElement {
+    const servers = this._model.servers;
+    const view = sessionView(session, now, serverLabel(servers, session.server));
+    const card = element('div', 'jp-KCoral-session');
+    card.dataset.sessionId = session.session_id;
+    card.dataset.state = session.state;
+    card.title = view.title;
+    const line = element('div', 'jp-KCoral-sessionLine');
+    line.append(
+      element('span', 'jp-KCoral-sessionId', view.shortId),
+      element('span', 'jp-KCoral-sessionOwner', view.owner),
+      element('span', 'jp-KCoral-sessionGpu', view.gpu)
+    );
+    if (mixed && session.server) {
+      line.append(
+        element('span', 'jp-KCoral-sessionServer', `on ${serverLabel(servers, session.server)}`)
+      );
+    }
+    if (view.live) {
+      // An ended session's worker is gone: no memory to speak of.
+      const memory = element('span', 'jp-KCoral-sessionMemory', view.memory);
+      memory.title = "Resident memory of the session's worker process";
+      line.append(memory);
+    }
+    const state = element('div', 'jp-KCoral-sessionState', view.state);
+    const body = element('div', 'jp-KCoral-sessionBody');
+    body.append(line, state);
+    card.append(body);
+    if (view.live) {
+      const stopping = this._stopping.has(session.session_id);
+      const stop = element(
+        'button',
+        'jp-KCoral-stopSession jp-mod-styled',
+        stopping ? 'Stopping…' : 'Stop'
+      );
+      stop.title = `End session ${session.session_id}: its state is lost, its seat freed`;
+      stop.disabled = stopping;
+      stop.addEventListener('click', () => void this.stopSession(session));
+      card.append(stop);
+    }
+    return card;
+  }
+
   private _renderJobs(jobs: IJob[]): void {
     this._jobsBody.replaceChildren();
     const servers = this._model.servers;
     const notes = this._model.jobErrors
       .filter(e => !/no jobs API/.test(e.message))
-      .map(e => `${serverLabel(servers, e.server)}: ${e.message}`);
+      .map(e => serverNote(servers, e));
     this._jobsNote.textContent = jobs.length === 0 ? 'No jobs yet.' : '';
     if (notes.length) {
       this._jobsNote.textContent += ` ${notes.join('; ')}`;
@@ -443,25 +509,46 @@ export class KCoralPanel extends Widget {
   }
 
   private _renderJobRows(jobs: IJob[]): void {
-    const servers = this._model.servers;
     for (const job of jobs) {
-      const row = element('tr', 'jp-KCoral-job');
-      row.dataset.jobId = job.job_id;
-      row.dataset.status = job.status;
-      row.title = jobTitle(job, serverLabel(servers, job.server));
-      if (this._selected?.job_id === job.job_id) {
-        row.classList.add('jp-mod-selected');
-      }
-      jobCells(job).forEach((text, index) => {
-        const cell = element('td', index === 0 ? `jp-KCoral-status-${job.status}` : '', text);
-        if (index === 2) {
-          cell.title = `worker ${text}\n${row.title}`; // the column that may be cut off
+      const row = guarded(
+        `the job ${job.job_id}`,
+        () => this._jobRow(job),
+        () => {
+          const bad = element('tr', 'jp-KCoral-job');
+          bad.dataset.jobId = shownText(job.job_id);
+          const cell = element(
+            'td',
+            '',
+            `job ${shownText(job.job_id).slice(0, 8)}: the panel cannot show this record ` +
+              '(the browser console says why)'
+          );
+          cell.colSpan = JOB_COLUMNS.length;
+          bad.append(cell);
+          return bad;
         }
-        row.append(cell);
-      });
-      row.addEventListener('click', () => this.select(job));
+      );
       this._jobsBody.append(row);
     }
+  }
+
+  /** One job's row; a click selects the job. */
+  private _jobRow(job: IJob): HTMLElement {
+    const row = element('tr', 'jp-KCoral-job');
+    row.dataset.jobId = job.job_id;
+    row.dataset.status = shownText(job.status);
+    row.title = jobTitle(job, serverLabel(this._model.servers, job.server));
+    if (this._selected?.job_id === job.job_id) {
+      row.classList.add('jp-mod-selected');
+    }
+    jobCells(job).forEach((text, index) => {
+      const cell = element('td', index === 0 ? jobStatusClass(job.status) : '', text);
+      if (index === 2) {
+        cell.title = `worker ${text}\n${row.title}`; // the column that may be cut off
+      }
+      row.append(cell);
+    });
+    row.addEventListener('click', () => this.select(job));
+    return row;
   }
 
   private _renderSelection(): void {
@@ -470,10 +557,11 @@ export class KCoralPanel extends Widget {
       this._outputTitle.textContent = 'No job selected';
       this._cancel.disabled = true;
     } else {
-      const where = serverLabel(this._model.servers, job.server);
-      this._outputTitle.textContent = `${jobStatusText(job.status)} · job ${job.job_id.slice(0, 8)}`;
-      this._outputTitle.title = `job ${job.job_id}${where ? ` on ${where}` : ''}`;
-      this._outputTitle.dataset.jobId = job.job_id;
+      const jobId = shownText(job.job_id);
+      const where = shownText(serverLabel(this._model.servers, job.server));
+      this._outputTitle.textContent = `${jobStatusText(job.status)} · job ${jobId.slice(0, 8)}`;
+      this._outputTitle.title = `job ${jobId}${where ? ` on ${where}` : ''}`;
+      this._outputTitle.dataset.jobId = jobId;
       this._cancel.disabled = !isCancellable(job.status);
     }
     for (const listener of [...this._selectionListeners]) {

@@ -6,6 +6,8 @@
  * own schedule, so the panel reads the stream with fetch and parses it here.
  */
 
+import { shownText } from './text';
+
 /** One dispatched SSE message. */
 export interface ISseMessage {
   /** The `event` field, `message` when absent. */
@@ -134,14 +136,18 @@ export class SseParser {
   }
 }
 
+/** A value of a phase event's field, as `decodeJobEvent` keeps it. */
+export type PhaseField = string | number | boolean | null;
+
 /** A job event (EXTENSIONS §5 `GET /v1/jobs/{id}/events`). */
 export type JobEvent =
   | {
       kind: 'phase';
       id: string;
       phase: string;
-      /** The other fields of the phase event: position, worker_id, index, op, status... */
-      fields: Record<string, unknown>;
+      /** The other fields of the phase event: position, worker_id, index, op, status...;
+       * strings, numbers, booleans and null as sent, anything else as its JSON text. */
+      fields: Record<string, PhaseField>;
     }
   | { kind: 'stdout' | 'stderr'; id: string; text: string }
   | { kind: 'heartbeat'; id: string }
@@ -157,6 +163,19 @@ function parseJson(data: string): unknown {
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** The fields of a phase event with the types `PhaseField` allows: an object or a list a
+ * server sent in one (which the output pane could not show as it is) becomes its JSON. */
+function phaseFields(value: Record<string, unknown>): Record<string, PhaseField> {
+  const fields: Record<string, PhaseField> = {};
+  for (const [key, item] of Object.entries(value)) {
+    fields[key] =
+      item === null || ['string', 'number', 'boolean'].includes(typeof item)
+        ? (item as PhaseField)
+        : shownText(item);
+  }
+  return fields;
 }
 
 /** The text of an output event: a JSON string, a JSON object's text field, or raw data. */
@@ -188,8 +207,8 @@ export function decodeJobEvent(message: ISseMessage): JobEvent {
     const value = parseJson(data);
     if (isObject(value)) {
       const { phase, ...fields } = value;
-      const name = typeof phase === 'string' ? phase : String(value.name ?? '');
-      return { kind: 'phase', id, phase: name, fields };
+      const name = typeof phase === 'string' ? phase : shownText(value.name);
+      return { kind: 'phase', id, phase: name, fields: phaseFields(fields) };
     }
     if (typeof value === 'string') {
       return { kind: 'phase', id, phase: value, fields: {} };

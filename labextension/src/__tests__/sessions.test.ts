@@ -157,7 +157,7 @@ describe('the session routes of the extension', () => {
     const api = new KCoralApi(fetcher);
     expect((await api.sessions()).sessions.map(s => s.owner)).toEqual(['alice']);
     const ended = await api.stopSession('5f0c/2a9e', 'gpu box');
-    expect(ended.end_reason).toBe('deleted');
+    expect(ended?.end_reason).toBe('deleted');
     expect(fetcher).toHaveBeenLastCalledWith('sessions/5f0c%2F2a9e?server=gpu%20box', {
       method: 'DELETE'
     });

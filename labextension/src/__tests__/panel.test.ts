@@ -1,0 +1,306 @@
+/**
+ * @jest-environment jsdom
+ */
+
+/*
+ * The panel fed by a broken or rogue KCoral server: records of the wrong types come
+ * through the real client (api.ts) and model into the real panel, rendered in jsdom. One
+ * bad record must not stop the rendering of the others, and what the panel shows of it
+ * must be true. jsdom has no fetch Response: the fake answers are minimal objects.
+ */
+
+import './jsdom'; // before the panel: Lumino reads DragEvent when it loads
+
+import { IJob, KCoralApi } from '../api';
+import { KCoralModel } from '../model';
+import { KCoralPanel } from '../panel';
+
+/** JSON whose own `toString` is no function: `String()` and template literals throw on it. */
+const POISON_JSON = '{"toString":1,"valueOf":1}';
+const POISON = { toString: 1, valueOf: 1 };
+
+function answer(body: unknown, status = 200): Response {
+  const text = JSON.stringify(body);
+  return {
+    ok: status < 300,
+    status,
+    text: async () => text,
+    json: async () => JSON.parse(text)
+  } as unknown as Response;
+}
+
+function healthyServer(name: string, info: Record<string, unknown> = {}) {
+  return {
+    name,
+    url: `http://${name}:8000`,
+    auth: false,
+    reachable: true,
+    features: ['jobs', 'sessions'],
+    kernels: [],
+    health: {
+      status: 'ok',
+      load: { request_capacity: 2, requests_in_progress: 1, requests_waiting: 0 },
+      target: {},
+      versions: { python: '3.12' }
+    },
+    info: { kcoral: '0.1.0', protocol: 1, features: [], device: 'cpu', ...info }
+  };
+}
+
+function job(id: string, minute: number, over: Record<string, unknown> = {}) {
+  return {
+    job_id: id,
+    request_id: `r-${id}`,
+    status: 'RUNNING',
+    submitted_at: `2026-12-01T12:${String(minute).padStart(2, '0')}:00Z`,
+    worker_id: 'cpu/w0',
+    gpu_ids: [],
+    elapsed_ms: 5,
+    queue_ms: 0,
+    server: 'a',
+    ...over
+  };
+}
+
+function session(id: string, over: Record<string, unknown> = {}) {
+  return {
+    session_id: id,
+    owner: 'alice',
+    state: 'RUNNING',
+    gpu_ids: [],
+    created_at: 1_000,
+    server: 'a',
+    observed_at: 1_100,
+    ...over
+  };
+}
+
+interface IAnswers {
+  servers?: unknown[];
+  jobs?: unknown[];
+  sessions?: unknown[];
+}
+
+const opened: { panel: KCoralPanel; model: KCoralModel }[] = [];
+
+/** A panel over a model whose one poll got `answers` from the server extension. */
+async function panelAfterPoll(answers: IAnswers): Promise<KCoralPanel> {
+  const fetcher = async (path: string): Promise<Response> => {
+    if (path === 'servers') {
+      return answer({ servers: answers.servers ?? [healthyServer('a')] });
+    }
+    if (path === 'jobs') {
+      return answer({ jobs: answers.jobs ?? [], errors: [] });
+    }
+    if (path === 'sessions') {
+      return answer({ sessions: answers.sessions ?? [], errors: [] });
+    }
+    return answer({ error: { kind: 'job_expired', message: 'gone' } }, 404);
+  };
+  const model = new KCoralModel(new KCoralApi(fetcher), {
+    pollIntervalMs: 60_000,
+    statusServer: ''
+  });
+  const panel = new KCoralPanel(model);
+  opened.push({ panel, model });
+  await model.poll().catch(() => undefined);
+  return panel;
+}
+
+/** A panel whose model holds `jobs` as they are (no check at the boundary). */
+function panelWithJobs(jobs: IJob[]): KCoralPanel {
+  const model = new KCoralModel(new KCoralApi(async () => answer({})), {
+    pollIntervalMs: 60_000,
+    statusServer: ''
+  });
+  model.servers = [];
+  model.jobs = jobs;
+  const panel = new KCoralPanel(model);
+  opened.push({ panel, model });
+  return panel;
+}
+
+function jobRows(panel: KCoralPanel): { id: string; cells: string[]; classes: string[] }[] {
+  return [...panel.node.querySelectorAll<HTMLTableRowElement>('tr.jp-KCoral-job')].map(row => ({
+    id: row.dataset.jobId ?? '',
+    cells: [...row.cells].map(cell => cell.textContent ?? ''),
+    classes: [...row.cells].map(cell => cell.className)
+  }));
+}
+
+function sessionCards(panel: KCoralPanel): { id: string; state: string }[] {
+  return [...panel.node.querySelectorAll<HTMLElement>('.jp-KCoral-session')].map(card => ({
+    id: card.dataset.sessionId ?? '',
+    state: card.querySelector('.jp-KCoral-sessionState')?.textContent ?? ''
+  }));
+}
+
+function text(panel: KCoralPanel, selector: string): string {
+  return panel.node.querySelector(selector)?.textContent ?? '';
+}
+
+let errors: jest.SpyInstance;
+
+beforeEach(() => {
+  errors = jest.spyOn(console, 'error').mockImplementation(() => undefined);
+});
+
+afterEach(() => {
+  for (const { panel, model } of opened.splice(0)) {
+    panel.dispose();
+    model.dispose();
+  }
+  errors.mockRestore();
+});
+
+describe('the panel fed malformed jobs by a rogue server', () => {
+  it('shows a job whose gpu_ids is no list without GPUs, and every other job', async () => {
+    const panel = await panelAfterPoll({
+      jobs: [job('ok-1', 3, { gpu_ids: [0] }), job('evil', 2, { gpu_ids: 'x' }), job('ok-2', 1)]
+    });
+    expect(jobRows(panel).map(r => [r.id, r.cells[2]])).toEqual([
+      ['ok-1', 'cpu/w0 · GPU 0'],
+      ['evil', 'cpu/w0'],
+      ['ok-2', 'cpu/w0']
+    ]);
+  });
+
+  it('leaves out a job without a string job id, says so, and still follows a selection', async () => {
+    const panel = await panelAfterPoll({
+      jobs: [job('ok-1', 3), { ...job('x', 2), job_id: 12345 }, job('ok-2', 1)]
+    });
+    expect(jobRows(panel).map(r => r.id)).toEqual(['ok-1', 'ok-2']);
+    expect(text(panel, '.jp-KCoral-jobs .jp-KCoral-note')).toContain(
+      'a: 1 job record without a job id is not shown'
+    );
+    panel.node.querySelectorAll<HTMLElement>('tr.jp-KCoral-job')[1].click();
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('running · job ok-2');
+    expect(panel.selected?.job_id).toBe('ok-2');
+  });
+
+  it('says a status or submission time it cannot read is unknown, in that row only', async () => {
+    const panel = await panelAfterPoll({
+      jobs: [
+        job('ok-1', 4),
+        job('bad-status', 3, { status: POISON }),
+        job('bad-time', 2, { submitted_at: POISON }),
+        job('ok-2', 1, { status: 'COMPLETED' })
+      ]
+    });
+    const rows = jobRows(panel);
+    // The job without a readable time sorts last, as jobs without a time do.
+    expect(rows.map(r => [r.id, r.cells[0], r.cells[1]])).toEqual([
+      ['ok-1', 'running', expect.stringMatching(/^\d\d:\d\d:\d\d$/)],
+      ['bad-status', '–', expect.stringMatching(/^\d\d:\d\d:\d\d$/)],
+      ['ok-2', 'done', expect.stringMatching(/^\d\d:\d\d:\d\d$/)],
+      ['bad-time', 'running', '–']
+    ]);
+    panel.node.querySelectorAll<HTMLElement>('tr.jp-KCoral-job')[1].click();
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('– · job bad-stat');
+  });
+
+  it('gives class names only to the statuses the protocol defines', async () => {
+    const panel = await panelAfterPoll({
+      jobs: [job('known', 2, { status: 'FAILED' }), job('odd', 1, { status: 'RUNNING x-evil' })]
+    });
+    expect(jobRows(panel).map(r => [r.cells[0], r.classes[0]])).toEqual([
+      ['failed', 'jp-KCoral-status-FAILED'],
+      ['running x-evil', '']
+    ]);
+  });
+
+  it('shows the other rows when building one row fails, and says which row failed', () => {
+    const broken = { ...job('broken', 2) } as unknown as IJob;
+    Object.defineProperty(broken, 'elapsed_ms', {
+      get() {
+        throw new Error('a field that cannot be read');
+      }
+    });
+    const panel = panelWithJobs([
+      job('ok-1', 3) as unknown as IJob,
+      broken,
+      job('ok-2', 1) as unknown as IJob
+    ]);
+    const rows = jobRows(panel);
+    expect(rows.map(r => r.id)).toEqual(['ok-1', 'broken', 'ok-2']);
+    expect(rows[1].cells).toEqual([
+      'job broken: the panel cannot show this record (the browser console says why)'
+    ]);
+    expect(rows[2].cells[0]).toBe('running');
+    expect(errors).toHaveBeenCalledWith(
+      'KCoral: the panel cannot show the job broken',
+      expect.any(Error)
+    );
+  });
+
+  it('renders jobs whose fields were never checked without throwing', () => {
+    const raw = [
+      job('ok-1', 3),
+      { ...job('raw', 2), status: POISON, submitted_at: POISON, gpu_ids: 'x', worker_id: POISON },
+      job('ok-2', 1)
+    ] as unknown as IJob[];
+    const panel = panelWithJobs(raw);
+    expect(jobRows(panel).map(r => [r.id, ...r.cells.slice(0, 3)])).toEqual([
+      ['ok-1', 'running', expect.any(String), 'cpu/w0'],
+      ['raw', POISON_JSON.toLowerCase(), '–', POISON_JSON],
+      ['ok-2', 'running', expect.any(String), 'cpu/w0']
+    ]);
+    expect(errors).not.toHaveBeenCalled();
+  });
+});
+
+describe('the panel fed malformed sessions and fleets by a rogue server', () => {
+  it('says a session state it cannot read is unknown and shows the other sessions', async () => {
+    const panel = await panelAfterPoll({
+      sessions: [
+        session('aaaaaaaa-1', { created_at: 3_000 }),
+        session('bbbbbbbb-2', { state: POISON, created_at: 2_000 }),
+        session('cccccccc-3', { state: 'STARTING', created_at: 1_000 })
+      ]
+    });
+    expect(sessionCards(panel)).toEqual([
+      { id: 'aaaaaaaa-1', state: 'running a program' },
+      { id: 'bbbbbbbb-2', state: 'state unknown' },
+      { id: 'cccccccc-3', state: 'starting' }
+    ]);
+  });
+
+  it('shows a fleet label with a malformed key as the router sent it, and still updates sessions and jobs', async () => {
+    const router = healthyServer('a', {
+      fleet_status: {
+        kinds: [{ gpu: 'h100', gpus: 8, default: true, nodes: 2, seats: 16, free_seats: 4 }],
+        labels: [
+          { key: POISON, value: 'big', nodes: 1 },
+          { key: 'pool', value: 'small', nodes: 3 }
+        ]
+      }
+    });
+    const panel = await panelAfterPoll({
+      servers: [router, healthyServer('b')],
+      sessions: [session('aaaaaaaa-1')],
+      jobs: [job('ok-1', 1)]
+    });
+    const fleet = [...panel.node.querySelectorAll('.jp-KCoral-fleet tbody tr')].map(
+      row => row.querySelector('td')?.textContent
+    );
+    expect(fleet).toEqual(['gpu=h100 ×8', `${POISON_JSON}=big`, 'pool=small']);
+    const cards = [...panel.node.querySelectorAll<HTMLElement>('.jp-KCoral-server')];
+    expect(cards.map(c => c.dataset.server)).toEqual(['a', 'b']);
+    expect(sessionCards(panel).map(c => c.id)).toEqual(['aaaaaaaa-1']);
+    expect(jobRows(panel).map(r => r.id)).toEqual(['ok-1']);
+  });
+
+  it('shows a server whose health status is an object as the JSON it sent', async () => {
+    const rogue = healthyServer('rogue');
+    (rogue.health as Record<string, unknown>).status = POISON;
+    const panel = await panelAfterPoll({
+      servers: [rogue, healthyServer('b')],
+      jobs: [job('ok-1', 1)]
+    });
+    const facts = [...panel.node.querySelectorAll('.jp-KCoral-server')].map(
+      card => card.querySelector('dd')?.textContent
+    );
+    expect(facts).toEqual([POISON_JSON, 'ok']);
+    expect(jobRows(panel).map(r => r.id)).toEqual(['ok-1']);
+  });
+});
