@@ -111,6 +111,26 @@ def test_reconnecting_with_last_event_id_loses_and_duplicates_nothing(
     assert first + rest == [e for e in everything if e.kind != "heartbeat"]
 
 
+def test_a_last_event_id_too_long_to_be_ours_replays_the_whole_stream(kcoral_server) -> None:
+    """A caller chooses the header: 5000 digits once reached ``int()``'s digit limit and
+    answered 500 with a traceback; such a value is no id this server sent, so it counts as
+    absent."""
+    with kcoral.Client(kcoral_server.url) as client:
+        job = client.submit(module_program("def f():\n    print('hi')\n    return 1\n", "f"))
+        job.result()
+        path = f"/v1/jobs/{job.id}/events"
+        full = _get(kcoral_server.url, path)
+        connection = _connection(kcoral_server.url)
+        try:
+            for hostile in ("9" * 5000, "1" * 19):
+                connection.request("GET", path, headers={"Last-Event-ID": hostile})
+                answer = connection.getresponse()
+                assert (answer.status, answer.read()) == full, hostile
+        finally:
+            connection.close()
+    assert full[0] == 200 and b'"phase":"finished"' in full[1]
+
+
 def test_a_stream_that_drops_is_reopened_transparently(kcoral_server, tmp_path: Path) -> None:
     marker, go = tmp_path / "marker", tmp_path / "go"
     with CuttingProxy(kcoral_server.url) as proxy, kcoral.Client(proxy.url) as client:

@@ -173,6 +173,20 @@ def test_bad_session_bodies_and_unknown_ids_are_refused(kcoral_server) -> None:
     assert _call(url, unknown, "pid").status == 404
 
 
+def test_a_session_body_nested_deeper_than_the_stack_is_refused_as_parse(kcoral_server) -> None:
+    """Any caller of ``POST /v1/sessions`` chooses its body: nesting deeper than the
+    interpreter's stack once answered 500 ``engine`` (a ``RecursionError``)."""
+    url = kcoral_server.url
+    for body in (
+        b"[" * 30_000 + b"]" * 30_000,
+        b'{"gpu_count":' + b"[" * 5000 + b"]" * 5000 + b"}",
+    ):
+        answer = request(url, "POST", "/v1/sessions", body, {"Content-Type": "application/json"})
+        assert answer.status == 400, answer.raw[:300]
+        assert answer.body["error"]["kind"] == "parse"
+    assert create_session(url).status == 201  # and the server goes on serving
+
+
 @pytest.fixture
 def named_server(server_factory, tmp_path: Path):
     tokens = tmp_path / "tokens"

@@ -257,11 +257,17 @@ async def _next_piece(state: ServerState, pieces: Pieces) -> bytes | None:
     return await asyncio.get_running_loop().run_in_executor(state.executor, next, pieces, None)
 
 
+#: the most digits a ``Last-Event-ID`` we could have sent has (ids count events)
+LAST_EVENT_ID_DIGITS = 18
+
+
 def _last_event_id(value: str | None) -> int:
-    """Events to skip: the ``Last-Event-ID`` number (0 when absent or not a number)."""
+    """Events to skip: the ``Last-Event-ID`` number (0 when absent, not a number, or longer
+    than any id this server sends: ``int`` refuses strings of more than 4300 digits, and
+    any caller of the job, a token holder, chooses this header)."""
     if value is None:
         return 0
     text = value.strip()
-    if not (text.isascii() and text.isdigit()):
+    if not (text.isascii() and text.isdigit()) or len(text) > LAST_EVENT_ID_DIGITS:
         return 0
     return int(text)

@@ -54,6 +54,8 @@ class SessionsHandler(BaseHandler):
         if self.request.body.strip():
             try:
                 body = json.loads(self.request.body)
+            except RecursionError:  # nesting deeper than the interpreter's stack: not ours
+                raise ValueError("session body is nested too deeply") from None
             except ValueError:
                 raise ValueError("session body is not JSON") from None
         if not isinstance(body, dict) or set(body) - {"gpu_count", "idle_timeout_seconds"}:
