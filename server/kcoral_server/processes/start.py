@@ -212,7 +212,17 @@ def _fork_or_spawn(
         # bubblewrap's PID namespace and --die-with-parent supervise a sandboxed worker;
         # any other spawned one gets a supervisor process (SERVER §11)
         command = supervised_command(command, env)
-    return subprocess.Popen(command, pass_fds=(fd,), env=env, start_new_session=True)
+    # Never the front-end's stdio (the server's console): a program would read every
+    # identity's console lines there, or write forged ones (launcher.log_relay).
+    return subprocess.Popen(
+        command,
+        pass_fds=(fd,),
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _fork_in_seat_sandbox(

@@ -33,6 +33,8 @@ class OutputCapture:
         self._saved_objects: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
         _flush_quietly(sys.stdout, sys.stderr)
         flush_c_stdio()
+        # The program can re-open these through /proc/self/fd: a worker's own 1 and 2 are
+        # /dev/null (never the server's console, processes.launcher.log_relay).
         self._saved_fds = (os.dup(1), os.dup(2))
         self._wrappers: list[TextIO] = []
         for target_fd, path in ((1, stdout_path), (2, stderr_path)):

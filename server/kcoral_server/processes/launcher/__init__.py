@@ -46,6 +46,8 @@ is split by the process that runs it:
 * ``finalizers``: the preload's ``weakref.finalize`` callbacks, marked in the fork server
   and left out of a forked worker's exit;
 * ``spawn_supervisor``: in the one-worker supervisor of a spawned worker (``--supervise``);
+* ``log_relay``: in the front-end, the thread that copies a launcher's messages (its
+  stdout and stderr, a pipe: never the front-end's own stdio) to the server's console;
 * ``family`` (a subreaper's bookkeeping of its children, for the fork server and the spawn
   supervisor) and ``wire`` (the messages between the front-end and both) are shared.
 

@@ -90,6 +90,8 @@ def serve(
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
     family = Family()
     accepting = True
+    # what every child gets on its descriptors 0, 1 and 2 (log_relay: never our log pipe)
+    stdio = os.open(os.devnull, os.O_RDWR)
     try:
         while True:
             watched: list[socket.socket | int] = [wake_r]
@@ -122,8 +124,8 @@ def serve(
                     data, fds = b"", []
                 last_request = time.monotonic()
                 if data:
-                    fds_to_close = (wake_r, wake_w, *(() if parent_fd is None else (parent_fd,)))
-                    child = _fork(control, data, fds, family, fds_to_close, loaded)
+                    own = (wake_r, wake_w, stdio, *(() if parent_fd is None else (parent_fd,)))
+                    child = _fork(control, data, fds, family, own, loaded, stdio)
                     if child is not None:
                         parent_fd = None  # closed in the child already
                         return child
@@ -145,6 +147,7 @@ def _fork(
     family: Family,
     launcher_fds: tuple[int, ...],
     preloaded: Sequence[str] = (),
+    stdio: int | None = None,
 ) -> Child | None:
     try:
         request = LaunchRequest.decode(data)
@@ -182,6 +185,7 @@ def _fork(
             control=control,
             launcher_fds=(status_r, status_w, *launcher_fds),
             family=family,
+            stdio=stdio,
         )
     for fd in fds:
         os.close(fd)
@@ -328,26 +332,35 @@ def _loaded_libraries() -> list[str]:
 
 _USAGE = (
     f"usage: python -m {ENTRY_MODULE} --fd N [--parent PID] [--preload MODULE,...]"
-    " | --supervise PARENT_PID"
+    " [--log-fd N] | --supervise PARENT_PID"
 )
 
 
 def _parse_launcher_args(args: Sequence[str]) -> dict[str, str] | None:
-    """``--fd``, ``--parent`` and ``--preload`` (each at most once, ``--fd`` required), or
-    None for anything else."""
+    """``--fd``, ``--parent``, ``--preload`` and ``--log-fd`` (each at most once, ``--fd``
+    required), or None for anything else."""
     if len(args) % 2:
         return None
     options = dict(zip(args[::2], args[1::2], strict=True))
     if len(options) != len(args) // 2 or "--fd" not in options:
         return None
-    if not set(options) <= {"--fd", "--parent", "--preload"}:
+    if not set(options) <= {"--fd", "--parent", "--preload", "--log-fd"}:
         return None
-    if not all(options[name].isdigit() for name in ("--fd", "--parent") if name in options):
+    numbers = ("--fd", "--parent", "--log-fd")
+    if not all(options[name].isdigit() for name in numbers if name in options):
         return None
     preload_names = options.get("--preload", "").split(",") if "--preload" in options else []
     if not set(preload_names) <= set(PRELOADABLE):
         return None
     return options
+
+
+def take_log_pipe(fd: int) -> None:
+    """Make ``fd``, the pipe the front-end relays (``log_relay``), this launcher's stdout and
+    stderr; every child it forks puts ``/dev/null`` there first (``become_worker``)."""
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if options is None:
         print(_USAGE, file=sys.stderr)
         return 2
+    if "--log-fd" in options:
+        take_log_pipe(int(options["--log-fd"]))
     control = socket.socket(fileno=int(options["--fd"]))
     parent = int(options["--parent"]) if "--parent" in options else None
     names = options["--preload"].split(",") if "--preload" in options else []

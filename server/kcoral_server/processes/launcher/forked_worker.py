@@ -49,16 +49,22 @@ def become_worker(
     control: socket.socket,
     launcher_fds: Sequence[int],
     family: Family,
+    stdio: int | None = None,
 ) -> Child:
     """In the child, right after the fork: leave the launcher behind (``launcher`` is its
     pid, ``control`` its socket, ``launcher_fds`` its other descriptors, ``family`` its
     bookkeeping), enter ``child``'s cgroups, then wait for the front-end's go on the pipe
     ``go`` where one is given. Exits the process rather than run a worker outside its
-    limits, or one the front-end gave up on."""
+    limits, or one the front-end gave up on. ``stdio`` (``/dev/null``, one of
+    ``launcher_fds``) replaces descriptors 0, 1 and 2: the launcher's are the pipe the
+    front-end relays to its console, which no program may read or write (``log_relay``)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if not tie_to_parent(launcher):
         os._exit(1)  # the launcher died before the prctl: nobody will supervise us
+    if stdio is not None:
+        for target in (0, 1, 2):
+            os.dup2(stdio, target)
     try:
         # Before anything else runs: limits hold from the start. Moving into a cgroup waits
         # for an RCU grace period (~10 ms), which is why a spare is forked ahead.

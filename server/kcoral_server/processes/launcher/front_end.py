@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from kcoral_server.processes.cgroups import enter_cgroups
+from kcoral_server.processes.launcher.log_relay import log_relay
 from kcoral_server.processes.launcher.wire import (
     ENTRY_MODULE,
     MAX_MESSAGE,
@@ -222,6 +223,8 @@ class Launcher:
         self._retired: list[subprocess.Popen[bytes]] = []
         #: a sandboxed fork server's host pid, learnt from its first child (for that process)
         self._server_host: tuple[subprocess.Popen[bytes], int] | None = None
+        #: the current launcher's stderr pipe, relayed until it first answers (``log_relay``)
+        self._start_log: int | None = None
         self.forks = Forks()
 
     def launch(
@@ -254,6 +257,8 @@ class Launcher:
                     sent = [worker_fd, go_r] if waits else [worker_fd]
                     socket.send_fds(sock, [payload], sent)
                     data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)
+                    if data:
+                        self._answered_locked()
                 except OSError as exc:
                     self._stop_locked()
                     if attempt == 2:
@@ -341,6 +346,11 @@ class Launcher:
         ]
         if self.preload:
             command += ["--preload", ",".join(self.preload)]
+        # Never the front-end's own stdio (the server's console; ``log_relay``): the
+        # launcher's messages on a pipe only it holds, bwrap's on one relayed until then.
+        log_r, log_w = os.pipe()
+        start_r, start_w = os.pipe()
+        command += ["--log-fd", str(log_w)]
         if self._wrap is None:
             command += ["--parent", str(os.getpid())]
         else:
@@ -348,17 +358,35 @@ class Launcher:
         try:
             self._process = subprocess.Popen(
                 command,
-                pass_fds=(child.fileno(),),
+                pass_fds=(child.fileno(), log_w),
+                stdin=subprocess.DEVNULL,
+                stdout=start_w,
+                stderr=start_w,
                 start_new_session=True,
                 env=dict(env),  # forked workers' /proc/self/environ: no secrets there
             )
         except OSError:
             parent.close()
+            os.close(log_r)
+            os.close(start_r)
             raise
         finally:
             child.close()
+            os.close(log_w)
+            os.close(start_w)
+        relay = log_relay()
+        relay.follow(log_r)
+        relay.follow(start_r)
+        self._start_log = start_r
         self._sock = parent
         return parent
+
+    def _answered_locked(self) -> None:
+        """The launcher answered: what bwrap had to say came before, and what reaches its
+        stderr pipe from now on may come from a program (``log_relay``)."""
+        if self._start_log is not None:
+            log_relay().stop(self._start_log)
+            self._start_log = None
 
     def close(self) -> None:
         """Stop the launcher; workers it forked that are still running are killed with it."""
@@ -378,6 +406,7 @@ class Launcher:
         self._retire_locked()
 
     def _retire_locked(self) -> None:
+        self._answered_locked()  # a launcher that never answered said why before it ended
         if self._sock is not None:
             # On EOF the launcher forks nothing more and exits after its last worker: the
             # workers keep their parent (and their exit reports) meanwhile.
