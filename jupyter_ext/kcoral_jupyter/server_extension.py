@@ -5,7 +5,7 @@
 | `GET servers` | servers with `/health`, `/v1/info`, a `label`, `kernels`, `notebooks` |
 | `GET jobs` | recent jobs of every server that offers the jobs API, each tagged with `server` |
 | `GET jobs/{id}` | one job's state; `DELETE jobs/{id}` cancels it |
-| `GET jobs/{id}/events` | the job's Server-Sent Events, proxied as they arrive |
+| `GET jobs/{id}/events` | the job's Server-Sent Events, relayed as they arrive |
 | `GET sessions` | every server's sessions (EXTENSIONS §11), tagged with `server`, `observed_at` |
 | `GET sessions/{id}` | one session's record; `DELETE sessions/{id}` ends it |
 
@@ -19,7 +19,8 @@ show the server of the notebook in focus. Tokens stay in this process: the brows
 only names. ``kernels``: the ids of the live kernels that use a server; ``notebooks``: their
 notebooks. A server that cannot be asked is described in one line of words
 (``upstream_problems``), and each gets a ``label`` (``server_labels``): its configured name,
-"local server of NOTEBOOK", or its URL.
+"local server of NOTEBOOK", or its URL. A configured address that is no server address is
+listed with its ``error`` (and a warning in the Jupyter server's log), never asked.
 ``?server=NAME`` picks one server for the job and session routes; otherwise each server is
 asked in turn.
 
@@ -30,6 +31,12 @@ so they see and stop what those tokens' identities may (an admin token: every se
 Job ids from the browser are percent-encoded into one path segment; a session id that is
 not a plain token (letters, digits, ``-``, ``_``) is refused before any server is asked, so
 no id can reach another upstream route.
+
+What a configured KCoral server can make this process do: answer these calls, nothing more.
+A redirect is never followed (a server could otherwise send the calls, with the user's
+Cancel, to any address the Jupyter host reaches), an answer without a body (204, 304) is a
+502 with a message, and ``/health`` or ``/v1/info`` that is not a JSON object is that
+server's ``error`` (``upstream_problems``), never a failure of the whole list.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import email.utils
 import json
 import os
 import re
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import quote
 
@@ -46,21 +54,27 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
-from traitlets import Dict, Float, List
-from traitlets.config import Configurable
+from traitlets import Dict, Float, Int, List
+from traitlets.config import LoggingConfigurable
 
 from kcoral.connection.server_address import server_url
 from kcoral_jupyter.local_server import advertised_servers
+from kcoral_jupyter.relay_client import RelayClient
 from kcoral_jupyter.runtime_records import kernel_connections
 from kcoral_jupyter.server_labels import notebooks_of, server_label
-from kcoral_jupyter.upstream_problems import refusal_problem, transport_problem
+from kcoral_jupyter.upstream_problems import (
+    address_problem,
+    refusal_problem,
+    transport_problem,
+    unusable_answer,
+)
 
 EVENTS_TIMEOUT_SECONDS = 24 * 3600.0
 # Session ids are UUID4s (EXTENSIONS §11); anything else is no session of any server.
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}", re.ASCII)
 
 
-class KCoralExtension(Configurable):
+class KCoralExtension(LoggingConfigurable):
     """Which KCoral servers the Jupyter server shows and proxies."""
 
     servers = List(
@@ -70,6 +84,14 @@ class KCoralExtension(Configurable):
     request_timeout = Float(10.0, help="Seconds for one proxied non-streaming call.").tag(
         config=True
     )
+    max_event_streams = Int(
+        16, help="Job output streams relayed at once; one more is answered 503."
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.open_event_streams = 0  # relays running now (JobEventsHandler)
+        self._warned: set[str] = set()
 
     def resolved_servers(self) -> list[dict[str, Any]]:
         """The configured servers (else KCORAL_URL and the kernels' embedded servers), plus
@@ -109,21 +131,14 @@ class KCoralExtension(Configurable):
         found: list[dict[str, Any]] = []
         if self.servers:
             for index, entry in enumerate(self.servers):
-                url = _address(entry.get("url"))
-                if url:
-                    found.append(
-                        {
-                            "name": str(entry.get("name") or f"server{index}"),
-                            "url": url,
-                            "token": str(entry.get("token") or ""),
-                        }
-                    )
+                name = str(entry.get("name") or f"server{index}")
+                where = f"c.KCoralExtension.servers[{index}] ({name!r})"
+                listed = self._listed(name, entry.get("url"), str(entry.get("token") or ""), where)
+                found.append(listed)
             return found
-        env_url = _address(os.environ.get("KCORAL_URL"))
-        if env_url:
-            found.append(
-                {"name": "default", "url": env_url, "token": os.environ.get("KCORAL_TOKEN", "")}
-            )
+        if os.environ.get("KCORAL_URL", "").strip():
+            token = os.environ.get("KCORAL_TOKEN", "")
+            found.append(self._listed("default", os.environ["KCORAL_URL"], token, "KCORAL_URL"))
         for record in advertised_servers():
             found.append(
                 {
@@ -137,16 +152,19 @@ class KCoralExtension(Configurable):
             )
         return found
 
-
-def _address(text: object) -> str:
-    """A configured server address as a URL, by the rule every entry point shares
-    (``kcoral.connection.server_address``); "" for none or one the rule refuses (not listed)."""
-    if not text:
-        return ""
-    try:
-        return server_url(text)
-    except (TypeError, ValueError):
-        return ""
+    def _listed(self, name: str, address: object, token: str, where: str) -> dict[str, Any]:
+        """A configured server as listed: its address as a URL, by the rule every entry point
+        shares (``kcoral.connection.server_address``); one the rule refuses keeps its text,
+        gets a ``problem`` (the panel's ``error``; it is never asked) and a warning, once."""
+        try:
+            return {"name": name, "url": server_url(address), "token": token}
+        except (TypeError, ValueError) as exc:
+            reason: BaseException = exc if address else ValueError("it has no url")
+            problem = address_problem(reason, where)
+        if problem not in self._warned:
+            self._warned.add(problem)
+            self.log.warning("KCoral: %s is not used: %s", where, problem)
+        return {"name": name, "url": str(address or "")[:200], "token": "", "problem": problem}
 
 
 class _KCoralHandler(APIHandler):
@@ -177,6 +195,8 @@ class _KCoralHandler(APIHandler):
     ) -> tuple[int, Any, str, float | None]:
         """``upstream``'s answer plus the server's clock when it answered (its ``Date``
         header, Unix seconds; None when it sent none)."""
+        if server.get("problem"):  # a configured address that is no server address
+            return 0, None, str(server["problem"]), None
         headers = {"Accept": "application/json"}
         if server.get("token"):
             headers["Authorization"] = f"Bearer {server['token']}"
@@ -186,6 +206,7 @@ class _KCoralHandler(APIHandler):
             headers=headers,
             request_timeout=self.extension.request_timeout,
             allow_nonstandard_methods=True,
+            follow_redirects=False,
         )
         try:
             response: HTTPResponse = await AsyncHTTPClient().fetch(request, raise_error=False)
@@ -200,11 +221,15 @@ class _KCoralHandler(APIHandler):
                 transport_problem(error, server["url"], self.extension.request_timeout),
                 None,
             )
+        clock = _date_header_seconds(response)
+        problem = unusable_answer(response.code, response.headers.get("Location"))
+        if problem is not None:
+            return 502, {"error": {"kind": "server_answer", "message": problem}}, problem, clock
         try:
             document = json.loads(response.body or b"null")
         except ValueError:
             document = None
-        return response.code, document, "", _date_header_seconds(response)
+        return response.code, document, "", clock
 
     async def notebook_paths(self) -> dict[str, str]:
         """Kernel id -> the path of the notebook (or console) that runs it, from Jupyter's own
@@ -225,15 +250,23 @@ class _KCoralHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(document))
 
-    async def find_job(self, job_id: str) -> tuple[dict[str, Any], int, Any] | None:
-        """The server that knows ``job_id`` (first non-404 answer), with that answer."""
+    async def find(self, path: str) -> tuple[dict[str, Any], int, Any, float | None] | None:
+        """The server that knows ``path`` (its first answer other than 404), with that
+        answer and its clock; else the first that answered what is not passed on (a
+        redirect: the 502 that says so), so that such a server hides no other's job."""
+        unusable = None
         for server in self.servers():
-            status, document, _ = await self.upstream(
-                server, "GET", f"/v1/jobs/{quote(job_id, safe='')}"
-            )
-            if status and status not in (404, 405):
-                return server, status, document
-        return None
+            status, document, error, clock = await self.upstream_timed(server, "GET", path)
+            if status and error:  # upstream_timed's own 502 for an answer not passed on
+                unusable = unusable or (server, status, document, clock)
+            elif status and status not in (404, 405):
+                return server, status, document, clock
+        return unusable
+
+    async def find_job(self, job_id: str) -> tuple[dict[str, Any], int, Any] | None:
+        """The server that knows ``job_id``, with its answer (``find``)."""
+        found = await self.find(f"/v1/jobs/{quote(job_id, safe='')}")
+        return None if found is None else found[:3]
 
     def not_found(self, job_id: str, what: str = "job") -> None:
         self.write_json(
@@ -265,9 +298,13 @@ class ServersHandler(_KCoralHandler):
         paths = await self.notebook_paths()
 
         async def describe(server: dict[str, Any]) -> dict[str, Any]:
-            (h_status, health, h_error), (i_status, info, _) = await asyncio.gather(
+            (h_status, health, h_error), (i_status, info, i_error) = await asyncio.gather(
                 self.upstream(server, "GET", "/health"), self.upstream(server, "GET", "/v1/info")
             )
+            # What the server sent, used only as the object the panel reads.
+            health_ok = h_status == 200 and isinstance(health, dict)
+            info_ok = i_status == 200 and isinstance(info, dict)
+            features = info.get("features") if info_ok else None
             notebooks = notebooks_of(server.get("kernels", []), paths)
             owners = notebooks_of([server.get("owner_kernel", "")], paths)
             entry: dict[str, Any] = {
@@ -276,9 +313,11 @@ class ServersHandler(_KCoralHandler):
                 "notebooks": notebooks,
                 "url": server["url"],
                 "auth": bool(server.get("token")),
-                "health": health if h_status == 200 else None,
-                "info": info if i_status == 200 else None,
-                "features": (info or {}).get("features", []) if i_status == 200 else [],
+                "health": health if health_ok else None,
+                "info": info if info_ok else None,
+                "features": [f for f in features if isinstance(f, str)]
+                if isinstance(features, list)
+                else [],
                 "reachable": h_status != 0,
                 "kernels": list(server.get("kernels", [])),
             }
@@ -286,10 +325,16 @@ class ServersHandler(_KCoralHandler):
                 entry["error"] = h_error or refusal_problem(
                     h_status, health, bool(server.get("token"))
                 )
+            elif not health_ok:
+                entry["error"] = "answered /health with something other than a JSON object"
             elif i_status in (401, 403):
                 # /health answers anyone (PROTOCOL §12); the token is judged from here on,
                 # and every cell, job and session would be refused the same way.
                 entry["error"] = refusal_problem(i_status, info, bool(server.get("token")))
+            elif i_error:  # a redirect, an answer without a body, no answer
+                entry["error"] = f"/v1/info: {i_error}"
+            elif i_status == 200 and not info_ok:
+                entry["error"] = "answered /v1/info with something other than a JSON object"
             return entry
 
         described = await asyncio.gather(*(describe(s) for s in servers))
@@ -343,13 +388,45 @@ class JobHandler(_KCoralHandler):
 
 
 class JobEventsHandler(_KCoralHandler):
-    """Relays the job's event stream chunk by chunk (``Last-Event-ID`` passed through)."""
+    """Relays the job's event stream chunk by chunk (``Last-Event-ID`` passed through).
+
+    Each relay asks the KCoral server on a client of its own (``relay_client``), closed
+    when the browser's connection closes: the upstream stream ends with the browser's, and
+    abandoned streams never hold the shared client of the other routes. At most
+    ``max_event_streams`` relays run at once (each holds a connection to a KCoral server);
+    one more is answered 503 in words."""
+
+    _client: RelayClient | None = None
+    _gone = False  # the browser closed its connection
 
     @tornado.web.authenticated
     async def get(self, job_id: str) -> None:
+        extension = self.extension
+        if extension.open_event_streams >= extension.max_event_streams:
+            message = (
+                f"{extension.open_event_streams} live output streams are open, the most this "
+                "Jupyter server relays at once (c.KCoralExtension.max_event_streams); close "
+                "one and follow this job again"
+            )
+            return self.write_json(503, {"error": {"kind": "busy", "message": message}})
+        extension.open_event_streams += 1
+        try:
+            await self._relay(job_id)
+        finally:
+            extension.open_event_streams -= 1
+
+    def on_connection_close(self) -> None:
+        self._gone = True
+        if self._client is not None:
+            self._client.close()  # ends the upstream request (its fetch fails)
+        super().on_connection_close()
+
+    async def _relay(self, job_id: str) -> None:
         found = await self.find_job(job_id)
         if found is None:
             return self.not_found(job_id)
+        if self._gone:
+            return
         server = found[0]
         headers = {"Accept": "text/event-stream"}
         if server.get("token"):
@@ -357,36 +434,57 @@ class JobEventsHandler(_KCoralHandler):
         last = self.request.headers.get("Last-Event-ID")
         if last:
             headers["Last-Event-ID"] = last
-        started = False
+        status = 0
+        location: str | None = None
 
         def on_header(line: str) -> None:
-            nonlocal started
-            if line.startswith("HTTP/") and not started:
+            nonlocal status, location
+            if line.startswith("HTTP/") and not status:
                 try:
-                    self.set_status(int(line.split()[1]))
+                    status = int(line.split()[1])
                 except (IndexError, ValueError):
-                    pass
-                started = True
+                    status = 502
+                if unusable_answer(status, "") is None:
+                    self.set_status(status)
+            elif line.lower().startswith("location:"):
+                location = line.split(":", 1)[1].strip()
 
-        def on_chunk(chunk: bytes) -> None:
+        def on_chunk(chunk: bytes) -> Awaitable[None] | None:
+            if self._gone or unusable_answer(status, "") is not None:
+                return None
             self.write(chunk)
-            self.flush()
+            # The next chunk is read once the browser took this one; if the browser is gone
+            # the flush fails, and so does the upstream request.
+            return self.flush()
 
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
         request = HTTPRequest(
             server["url"] + f"/v1/jobs/{quote(job_id, safe='')}/events",
             headers=headers,
+            connect_timeout=self.extension.request_timeout,
             request_timeout=EVENTS_TIMEOUT_SECONDS,
+            follow_redirects=False,
             header_callback=on_header,
             streaming_callback=on_chunk,
         )
+        self._client = RelayClient(force_instance=True)
+        problem = None
         try:
-            await AsyncHTTPClient().fetch(request, raise_error=False)
-        except (OSError, HTTPClientError, asyncio.TimeoutError):
-            pass  # the stream ended; a client reconnects with Last-Event-ID
-        if not self._finished:
-            self.finish()
+            await self._client.fetch(request, raise_error=False)
+        except (OSError, HTTPClientError, asyncio.TimeoutError) as exc:
+            # The stream ended; a browser reconnects with Last-Event-ID.
+            if not status:
+                timeout = self.extension.request_timeout
+                problem = transport_problem(exc, server["url"], timeout)
+        finally:
+            self._client.close()
+        problem = problem or unusable_answer(status, location)
+        if self._gone or self._finished:
+            return
+        if problem:
+            return self.write_json(502, {"error": {"kind": "server_answer", "message": problem}})
+        self.finish()
 
 
 class SessionsHandler(_KCoralHandler):
@@ -431,16 +529,10 @@ class SessionHandler(_KCoralHandler):
     async def find_session(
         self, session_id: str
     ) -> tuple[dict[str, Any], int, Any, float | None] | None:
-        """The server that knows ``session_id`` (first non-404 answer), with that answer."""
+        """The server that knows ``session_id``, with its answer (``find``)."""
         if not SESSION_ID.fullmatch(session_id):
             return None
-        for server in self.servers():
-            status, document, _, clock = await self.upstream_timed(
-                server, "GET", _session_path(session_id)
-            )
-            if status and status not in (404, 405):
-                return server, status, document, clock
-        return None
+        return await self.find(_session_path(session_id))
 
     @tornado.web.authenticated
     async def get(self, session_id: str) -> None:

@@ -3,7 +3,9 @@
 The server extension calls each server with Tornado's HTTP client; what fails there
 (``ConnectionRefusedError: [Errno 111] Connection refused``, ``HTTP 599: Timeout while
 connecting``, ``[Errno -2] Name or service not known``) or what the server refuses (401)
-is turned here into a sentence a person can act on. The panel shows it as it comes.
+is turned here into a sentence a person can act on. The panel shows it as it comes. So is
+an answer the extension will not pass on (a redirect, an answer without a body) and a
+configured address that is no server address.
 """
 
 from __future__ import annotations
@@ -69,3 +71,26 @@ def refusal_problem(status: int, document: Any, has_token: bool) -> str:
     if status == 503:
         return f"is busy or starting (HTTP 503{': ' + message if message else ''})"
     return f"answered HTTP {status}{': ' + message if message else ''}"
+
+
+def unusable_answer(status: int, location: str | None) -> str | None:
+    """Why an answer of a KCoral server is not passed on, as one line; None for one that is.
+
+    A redirect is never followed: a configured server could otherwise send the extension's
+    calls, the user's Cancel included, to any address the Jupyter host reaches. An answer
+    that has no body (1xx, 204, 304) cannot be relayed as the JSON the panel reads."""
+    if status < 200 or status in (204, 304):
+        return f"answered HTTP {status} without a body; a KCoral server answers with JSON"
+    if 300 <= status < 400:
+        where = " ".join((location or "").split())[:MESSAGE_CHARACTERS] or "nowhere"
+        return (
+            f"answered a redirect to {where} (HTTP {status}); KCoral servers do not redirect, "
+            "so it was not followed"
+        )
+    return None
+
+
+def address_problem(exc: BaseException, where: str) -> str:
+    """Why a configured server address (``where``: the setting that holds it) is not used."""
+    text = " ".join(str(exc).split())[:MESSAGE_CHARACTERS] or type(exc).__name__
+    return f"not a server address: {text} (fix {where})"

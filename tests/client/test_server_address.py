@@ -86,5 +86,7 @@ def test_the_server_extension_lists_a_host_port_kcoral_url_as_its_url(monkeypatc
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", "/nonexistent-kcoral-runtime")
     found = KCoralExtension().resolved_servers()
     assert [entry["url"] for entry in found] == ["http://127.0.0.1:8123"]
-    monkeypatch.setenv("KCORAL_URL", "localhost")  # refused by the rule: not listed at all
-    assert KCoralExtension().resolved_servers() == []
+    monkeypatch.setenv("KCORAL_URL", "localhost")  # refused by the rule: listed, never asked
+    (refused,) = KCoralExtension().resolved_servers()
+    assert refused["url"] == "localhost"
+    assert refused["problem"].startswith("not a server address: 'localhost': the port is")
