@@ -24,10 +24,11 @@ from kcoral.connection.event_stream import EventSource, EventStreams
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.server_address import server_url
 from kcoral.connection.transport import Flow, Request, Response
-from kcoral.errors import KCoralError
+from kcoral.errors import KCoralError, ProtocolError
 from kcoral.jobs import check_job_id, decode_job_list, next_submission_step, require_jobs
 from kcoral.program import Program
 from kcoral.protocol.selector import SelectorInput, check_select
+from kcoral.protocol.strict_json import nested_deeper_than
 from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
 from kcoral.results import ProgramResult
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from kcoral.remote import RemoteFunction
 
 TOKEN_ENV = "KCORAL_TOKEN"
+#: ``/v1/info`` nests a few levels (``fleet_status``); deeper is refused, so the copy every
+#: caller gets stays far from the recursion limit
+MAX_INFO_DEPTH = 64
 
 
 def client_version() -> str:
@@ -148,6 +152,8 @@ class BaseClient:
             if response.status != 200:
                 raise error_from_response(response.status, response.headers, response.data)
             info = decode_json_object(response.data, "/v1/info response")
+            if nested_deeper_than(info, MAX_INFO_DEPTH):  # each caller gets a deep copy
+                raise ProtocolError(f"/v1/info response nested over {MAX_INFO_DEPTH} levels")
             with self._info_lock:
                 first = self._info is None
                 if first:

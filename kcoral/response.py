@@ -8,7 +8,6 @@ them. Any rule a 200 response breaks raises ``ProtocolError``; a non-200 answer 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import threading
 from collections.abc import Callable, Collection, Mapping
@@ -22,7 +21,7 @@ from kcoral.errors import KCoralError, ProtocolError
 from kcoral.protocol import multipart
 from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_dtype
 from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ValidationError
-from kcoral.protocol.strict_json import loads_strict
+from kcoral.protocol.strict_json import finite_float, loads_strict
 from kcoral.protocol.values import NODE_FIELDS
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
 
@@ -36,6 +35,7 @@ _GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"
 # From this part size on, the part is hashed in a second thread while it is copied out
 # (hashing releases the GIL); below it a thread costs more than it saves.
 _PARALLEL_HASH_BYTES = 1 << 20
+_MAX_DIMENSIONS = 64  # NumPy 2's limit on an array's dimensions
 T = TypeVar("T")
 
 
@@ -189,7 +189,7 @@ def _program_result(document: dict[str, Any], parts: dict[str, memoryview]) -> P
     request_id = _request_id(document)
     timings: dict[str, float] = {}
     for name in _TIMINGS:
-        timing = _finite_float(document.get(name))
+        timing = finite_float(document.get(name))
         if timing is None:
             raise ProtocolError(f"{name} must be a finite number")
         timings[name] = timing
@@ -309,7 +309,7 @@ class _NodeDecoder:
                 raise ProtocolError(f"result {where!r}: integer value must be an int")
             return value
         if node_type == "number":
-            number = _finite_float(value)
+            number = finite_float(value)
             if number is None:
                 raise ProtocolError(f"result {where!r}: number value must be finite")
             return number
@@ -379,14 +379,24 @@ class _NodeDecoder:
             raise ProtocolError(f"result {where!r}: unknown tensor dtype {dtype!r}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise ProtocolError(f"result {where!r}: tensor shape must be non-negative ints")
+        if not _representable(shape, numpy_dtype(dtype).itemsize):
+            raise ProtocolError(
+                f"result {where!r}: tensor shape {shape!r:.200} is beyond NumPy's limits"
+            )
         length = byte_length(dtype, shape)
 
         def to_array(data: memoryview) -> np.ndarray | None:
             if data.nbytes != length:
                 return None  # reported after the hash check, which comes first
+            try:
+                array: np.ndarray = np.frombuffer(data, dtype=numpy_dtype(dtype)).reshape(shape)
+            except ValueError:  # a limit of this NumPy the check above does not know
+                raise ProtocolError(
+                    f"result {where!r}: tensor shape {shape!r:.200} is beyond NumPy's limits"
+                ) from None
             # copy(): a writable array that owns its memory, independent of the response body
-            array: np.ndarray = np.frombuffer(data, dtype=numpy_dtype(dtype)).reshape(shape).copy()
-            return array
+            copied: np.ndarray = array.copy()
+            return copied
 
         array = self._verified(node, where, to_array)
         if array is None:
@@ -426,12 +436,16 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _finite_float(value: object) -> float | None:
-    """``float(value)`` for a finite JSON number (bools refused), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int beyond float range
-        return None
-    return number if math.isfinite(number) else None
+def _representable(shape: list[int], itemsize: int) -> bool:
+    """True when NumPy can make an array of ``shape`` and ``itemsize``: at most 64 dimensions,
+    and the size without its zero dimensions, in bytes, an ``intp`` (NumPy refuses a zero-size
+    shape such as ``[2**62, 0, 2**62]`` too)."""
+    if len(shape) > _MAX_DIMENSIONS:
+        return False
+    most = int(np.iinfo(np.intp).max)
+    size = itemsize
+    for dimension in shape:
+        size *= max(dimension, 1)
+        if dimension > most or size > most:
+            return False
+    return True

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kcoral.connection.transport import refuse_encoded_body
 from kcoral.errors import ProtocolError, TransportError
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.strict_json import loads_strict
@@ -33,6 +34,14 @@ RECONNECT_MAX_DELAY_SECONDS = 2.0
 #: client that left (a router's ``finish_reason``); a server that goes on is hung up on
 END_WAIT_SECONDS = 0.5
 END_WAIT_BYTES = 64 * 1024
+#: Bounds on what a server may send in an event stream (EXTENSIONS §5): a line other than
+#: ``data:`` (ids, event names, comments), the data of one event (a KCoral server sends one
+#: ``data:`` line, which for ``stdout``/``stderr`` holds up to an output limit of text,
+#: escaped as JSON), its data lines, and the digits of an id (an int64 has 19).
+MAX_LINE_BYTES = 1 << 20
+MAX_EVENT_DATA_BYTES = 256 << 20
+MAX_EVENT_DATA_LINES = 1024
+MAX_EVENT_ID_DIGITS = 19
 
 
 @dataclass(frozen=True)
@@ -57,26 +66,43 @@ class JobEvent:
 
 
 class SseParser:
-    """Incremental ``text/event-stream`` parser: ``feed(bytes)`` returns complete events."""
+    """Incremental ``text/event-stream`` parser: ``feed(bytes)`` returns complete events.
+
+    Linear in what arrives (one growing buffer, each byte searched for a line end once), and
+    bounded whatever the server sends (EXTENSIONS §5): a line other than ``data:`` of more
+    than ``MAX_LINE_BYTES``, a ``data:`` line or an event's data of more than
+    ``MAX_EVENT_DATA_BYTES``, more than ``MAX_EVENT_DATA_LINES`` data lines in one event, or
+    an id of more than ``MAX_EVENT_ID_DIGITS`` digits -> ``ProtocolError``, raised as soon as
+    the limit is passed (a line without its end is not waited for).
+    """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()  # the line being received (its start: what is left)
+        self._scanned = 0  # how much of ``_buffer`` holds no line end
         self._id: str | None = None
         self._kind = "message"
         self._data: list[str] = []
+        self._data_bytes = 0
 
     def feed(self, chunk: bytes) -> list[JobEvent]:
-        self._buffer += chunk
+        buffer = self._buffer
+        buffer += chunk
         events: list[JobEvent] = []
+        start = 0
         while True:
-            end = self._buffer.find(b"\n")
+            end = buffer.find(b"\n", max(start, self._scanned))
             if end < 0:
-                return events
-            line = self._buffer[:end].rstrip(b"\r").decode("utf-8", errors="replace")
-            self._buffer = self._buffer[end + 1 :]
+                break
+            _check_line(buffer, start, end)
+            line = bytes(buffer[start:end]).rstrip(b"\r").decode("utf-8", errors="replace")
+            start = end + 1
             event = self._line(line)
             if event is not None:
                 events.append(event)
+        del buffer[:start]  # O(1) for a bytearray's front
+        self._scanned = len(buffer)
+        _check_line(buffer, 0, len(buffer))
+        return events
 
     def _line(self, line: str) -> JobEvent | None:
         if not line:
@@ -90,16 +116,23 @@ class SseParser:
         elif name == "event":
             self._kind = value
         elif name == "data":
+            self._data_bytes += len(value)
+            if len(self._data) >= MAX_EVENT_DATA_LINES:
+                raise ProtocolError(f"job event with more than {MAX_EVENT_DATA_LINES} data lines")
+            if self._data_bytes > MAX_EVENT_DATA_BYTES:
+                raise ProtocolError(f"job event data over {MAX_EVENT_DATA_BYTES} bytes")
             self._data.append(value)
         return None
 
     def _dispatch(self) -> JobEvent | None:
         event_id, kind, data = self._id, self._kind, self._data
-        self._kind, self._data = "message", []
+        self._kind, self._data, self._data_bytes = "message", [], 0
         if event_id is None and not data:
             return None
         if event_id is None or not (event_id.isascii() and event_id.isdigit()):
-            raise ProtocolError(f"job event without a numeric id: {event_id!r}")
+            raise ProtocolError(f"job event without a numeric id: {event_id!r:.80}")
+        if len(event_id) > MAX_EVENT_ID_DIGITS:
+            raise ProtocolError(f"job event id of {len(event_id)} digits")
         try:
             value = loads_strict("\n".join(data).encode("utf-8")) if data else {}
         except ValidationError as exc:
@@ -107,6 +140,18 @@ class SseParser:
         if not isinstance(value, dict):
             raise ProtocolError(f"job event {event_id}: data is not a JSON object")
         return JobEvent(int(event_id), kind, value)
+
+
+def _check_line(buffer: bytearray, start: int, end: int) -> None:
+    """``ProtocolError`` when the line ``buffer[start:end]`` (whole or not yet ended) is
+    longer than a line of its field may be."""
+    length = end - start
+    if length <= MAX_LINE_BYTES:
+        return
+    if not buffer.startswith(b"data:", start):
+        raise ProtocolError(f"job event stream line over {MAX_LINE_BYTES} bytes")
+    if length > MAX_EVENT_DATA_BYTES:
+        raise ProtocolError(f"job event data over {MAX_EVENT_DATA_BYTES} bytes")
 
 
 class EventSource:
@@ -179,6 +224,7 @@ class EventSource:
             self.url,
             headers=headers,
             preload_content=False,
+            decode_content=False,  # never inflate what the server chose to encode
             redirect=False,
             timeout=urllib3.Timeout(read=self.read_timeout),
         )
@@ -190,6 +236,7 @@ class EventSource:
         chunks: Iterator[bytes] | None = None
         finished = False
         try:
+            refuse_encoded_body(response.headers, f"GET {self.url}")
             if response.status != 200:
                 raise error_from_response(response.status, response.headers, response.read())
             parser = SseParser()

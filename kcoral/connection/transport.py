@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
+from kcoral.errors import ProtocolError
+
 T = TypeVar("T")
 
 
@@ -50,6 +52,19 @@ class Response:
     status: int
     headers: Mapping[str, str]
     data: bytes | memoryview
+
+
+def refuse_encoded_body(headers: Mapping[str, str], what: str) -> None:
+    """``ProtocolError`` unless the answer's body is sent as it is: the client asks for
+    ``Accept-Encoding: identity``, so a ``Content-Encoding`` other than ``identity`` is a
+    broken or hostile server (a few KiB of nested gzip inflate to gigabytes); the body is
+    never decoded."""
+    encoding = headers.get("Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise ProtocolError(
+            f"{what}: the server answered with Content-Encoding {encoding[:64]!r}; "
+            "the client accepts only identity"
+        )
 
 
 @runtime_checkable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from kcoral.protocol.errors import ValidationError
@@ -55,6 +56,33 @@ def _skip_whitespace(text: str, index: int) -> int:
     while index < len(text) and text[index] in " \t\n\r":
         index += 1
     return index
+
+
+def nested_deeper_than(value: Any, depth: int) -> bool:
+    """True when decoded JSON ``value`` nests arrays and objects more than ``depth`` levels
+    deep (walked without recursion, so any depth is measured)."""
+    pending = [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, (dict, list)):
+            if level > depth:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, level + 1) for child in children)
+    return False
+
+
+def finite_float(value: object) -> float | None:
+    """``float(value)`` for a finite JSON number, else None: a bool, another type, and an
+    integer beyond float range (strict JSON allows 4,300 digits) are None. Every screen that
+    does arithmetic on a number a server sent goes through this, so none overflows."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        return None
+    return number if math.isfinite(number) else None
 
 
 def dumps_compact(value: Any) -> bytes:
