@@ -81,7 +81,7 @@ class SpareWorkers:
             if self.configure_ahead:
                 handle.configured_ahead = True  # no program waits for it: it warms up
                 await handle.configure()
-        except (WorkerStartError, WorkerGone, OSError) as exc:
+        except Exception as exc:  # whatever it was: logged, and the seat starts one itself
             emit_failed(self.events, seat, handle.generation, "spare", exc)
             await self.kill(handle)
             return
@@ -128,7 +128,7 @@ class SpareWorkers:
             if held.seat_sandbox is not seat.spare_sandbox:
                 raise WorkerStartError("its sandbox is no longer the spare's")
             await held.os_process.release(held.seat_sandbox)
-        except (WorkerStartError, WorkerGone, OSError):
+        except Exception:  # any failure: killed quietly, the spare is launched as before
             await self.kill(held)
             return None
         except asyncio.CancelledError:  # shutdown: nobody else knows it any more
@@ -167,7 +167,8 @@ class SpareWorkers:
         next generation; its sandbox becomes the seat's. None when there is none or it
         fails (logged): the caller starts a worker as before."""
         if seat.spare_start is not None and not seat.spare_start.done():
-            await asyncio.shield(seat.spare_start)
+            with contextlib.suppress(Exception):  # ``_start`` logs its failures itself
+                await asyncio.shield(seat.spare_start)
         spare, seat.spare = seat.spare, None
         if spare is None:
             return None

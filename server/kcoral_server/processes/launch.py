@@ -112,6 +112,8 @@ class SeatSandbox:
         #: a program passed --workspace-limit-bytes here: the next worker gets a fresh
         #: directory (what it left in HOME and caches would end the next programs too)
         self.spoiled = False
+        #: discarded directories that could not be removed yet
+        self._leftovers: list[SandboxDir] = []
 
     def launch(
         self, fd: int, env: dict[str, str], cgroups: Sequence[str], *, hold: bool = False
@@ -162,7 +164,14 @@ class SeatSandbox:
         front-end cannot empty, is discarded (its fork server and workers with it), and
         ``held``, a worker forked ahead in it, dropped first (a fork server stops only once
         its last child has exited). False when it was discarded."""
-        kept = self.dir is None or (not self.spoiled and clear_workspace(str(self.dir.host_dir)))
+        # clear_workspace never raises (a tree of any depth a program of any token holder
+        # left: audit F1); whatever still went wrong discards the directory, never the seat
+        try:
+            kept = self.dir is None or (
+                not self.spoiled and clear_workspace(str(self.dir.host_dir))
+            )
+        except Exception:
+            kept = False
         if not kept:
             if held is not None:
                 held.drop()
@@ -171,12 +180,17 @@ class SeatSandbox:
         return kept
 
     def _discard(self) -> None:
+        """Stop the directory's fork server and remove the directory; the next worker gets
+        a fresh one. What cannot be removed (never by a program's shape: ``storage.trees``
+        copes with any depth and permissions) stays for the next ``close``."""
         if self._launcher is not None:
             self._launcher.close()
             self._launcher = None
         if self.dir is not None:
-            self.dir.remove()
+            if not self.dir.remove():
+                self._leftovers.append(self.dir)
             self.dir = None
+        self._leftovers = [old for old in self._leftovers if not old.remove()]
 
     def close(self) -> None:
         """Stop the fork server (its workers are gone already) and remove the directory

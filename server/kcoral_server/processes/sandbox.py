@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kcoral_server.gpu.device_nodes import device_nodes
+from kcoral_server.storage.trees import remove_tree
 
 PROBE_TIMEOUT_SECONDS = 10.0
 DISABLED_MESSAGE = "the bubblewrap sandbox is unusable; continuing with --sandbox none"
@@ -354,17 +355,10 @@ class SandboxDir:
         argv += ["--chdir", self.mount, "--", *worker_command]
         return argv
 
-    def remove(self) -> None:
-        """Delete the host directory (the worker has exited)."""
-        shutil.rmtree(self.host_dir, ignore_errors=True)
-        if self.host_dir.exists():  # a program may have removed its own permissions
-            for root, dirs, _files in os.walk(self.host_dir):
-                for name in dirs:
-                    try:
-                        os.chmod(os.path.join(root, name), 0o700)
-                    except OSError:
-                        pass
-            shutil.rmtree(self.host_dir, ignore_errors=True)
+    def remove(self) -> bool:
+        """Delete the host directory (the worker has exited); False when some of it stayed.
+        Never raises, whatever tree a program left there (``storage.trees``)."""
+        return remove_tree(self.host_dir)
 
     def run_program(self, message: Any, fd_count: int) -> tuple[Any, list[int]]:
         """``RunProgram`` as the sandboxed worker must see it, plus fds to append to its frame.

@@ -143,6 +143,9 @@ class WorkerProcess:
         except (OSError, SandboxError) as exc:
             self.confinement.remove()
             raise WorkerStartError(f"cannot launch worker: {exc}") from None
+        except Exception as exc:  # a bug must cost this start (retried), not the seat
+            self.confinement.remove()
+            raise WorkerStartError(f"cannot launch worker: {exc!r}") from None
         except asyncio.CancelledError:
             with self._lock:
                 self._abandoned = True  # a launch still running in the thread kills itself
@@ -172,6 +175,8 @@ class WorkerProcess:
             await asyncio.get_running_loop().run_in_executor(None, release)
         except OSError as exc:
             raise WorkerStartError(f"cannot start the worker forked ahead: {exc}") from None
+        except Exception as exc:  # emptying its directory failed otherwise: killed, not kept
+            raise WorkerStartError(f"cannot start the worker forked ahead: {exc!r}") from None
 
     def kill_now(self) -> None:
         """Blocking SIGKILL of the tree, then clean-up: for a start-up that was cancelled

@@ -27,12 +27,13 @@ import fcntl
 import os
 import re
 import secrets
-import shutil
 import stat
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from kcoral_server.storage.trees import remove_tree
 
 OUTPUT_TAIL_BYTES = 4096
 # What a capture file keeps while its program runs: the head the response returns (limit +
@@ -165,7 +166,7 @@ def _remove_workspaces(directory: str, token: str, names: list[str]) -> int:
     for name in names:
         path = Path(directory, name)
         if name.startswith(prefix) and path.is_dir() and not path.is_symlink():
-            _remove_tree(path)
+            remove_tree(path)  # iterative, never raising (storage.trees)
             removed += 1
     return removed
 
@@ -375,7 +376,10 @@ class Workspace:
         ``output_tail``)."""
         self.remove_capture()
         if self.root is not None:
-            _remove_tree(Path(self.root))
+            # a tree the program shaped (any depth, permissions taken away, links):
+            # iterative and never raising (shutil.rmtree's recursion failed the request
+            # with a 500 and left the directory, audit F1)
+            remove_tree(self.root)
 
     def remove_capture(self) -> None:
         """Stop trimming and delete the capture files (two unlinks: fine on the event loop).
@@ -420,19 +424,6 @@ def _new_workspace_dir(parent: str) -> str:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no unused workspace name", prefix)
-
-
-def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    if path.exists():
-        # A program may have removed its own permissions; restore them and retry.
-        for root, dirs, _files in os.walk(path):
-            for name in dirs:
-                try:
-                    os.chmod(os.path.join(root, name), 0o700)
-                except OSError:
-                    pass
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _create_empty(path: str) -> None:

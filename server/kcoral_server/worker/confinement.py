@@ -17,27 +17,19 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 from collections.abc import Mapping
 
 from kcoral_server.processes.limits import memory_limit, process_limit
 from kcoral_server.processes.sandbox import PRIVATE_TMP_ENV, SCRATCH_STATE_DIRS, STATE_DIRS
+from kcoral_server.storage.trees import remove_tree
 
 STATE_DIR = ".kcoral"
 
 
 def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-        if os.path.lexists(path):  # a program may have taken its own permissions away
-            for root, dirs, _files in os.walk(path):
-                for name in dirs:
-                    with contextlib.suppress(OSError):
-                        os.chmod(os.path.join(root, name), 0o700)
-            shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+    # iterative, never following links, never raising: a program's tree of any depth or
+    # permissions (``storage.trees``; shutil.rmtree's recursion was audit F1)
+    remove_tree(path)
 
 
 def _empty(directory: str) -> bool:
@@ -55,13 +47,23 @@ def _empty(directory: str) -> bool:
 
 
 def clear_workspace(root: str) -> bool:
-    """Empty the sandbox workspace ``root`` for the next program; True when it is clean.
+    """Empty the sandbox workspace ``root`` for the next program; True when it is clean,
+    False (never an exception) when it is not: the caller then discards the directory.
 
     Runs after every program of a reused sandboxed worker, so the usual case (a program
     that left nothing) is one scan of the workspace, of ``.kcoral`` and of its scratch
     directories, each of which shows it clean; only what was removed is scanned again
     (issue 31: the earlier ``makedirs`` per state directory and second listing were most of
-    the sandbox's worker CPU per request)."""
+    the sandbox's worker CPU per request). Who reaches it: the front-end before a seat's
+    next worker, and a reused worker after each program, on whatever tree the last program
+    (of any token holder) left."""
+    try:
+        return _clear_workspace(root)
+    except Exception:  # e.g. MemoryError in a worker: unclean, never a stopped seat
+        return False
+
+
+def _clear_workspace(root: str) -> bool:
     with contextlib.suppress(OSError):
         os.chmod(root, 0o700)
     try:
@@ -141,14 +143,17 @@ def empty_private_tmp(environ: Mapping[str, str] | None = None) -> None:
     program): a program can change ``os.environ`` but not the mounts, and parsing and two
     ``lstat`` per root after every program was sandbox-only worker CPU (issue 31)."""
     global _private_tmp
-    if environ is not None:
-        roots, keep = _private_tmp_spec(environ)
-    else:
-        if _private_tmp is None:
-            _private_tmp = _private_tmp_spec(os.environ)
-        roots, keep = _private_tmp
-    for root in roots:
-        _empty_except(root, keep)
+    try:
+        if environ is not None:
+            roots, keep = _private_tmp_spec(environ)
+        else:
+            if _private_tmp is None:
+                _private_tmp = _private_tmp_spec(os.environ)
+            roots, keep = _private_tmp
+        for root in roots:
+            _empty_except(root, keep)
+    except Exception:  # best effort: what stays is the seat's identity's own (§14)
+        pass
 
 
 def limit_note(exc: BaseException) -> str | None:
