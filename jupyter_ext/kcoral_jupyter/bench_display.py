@@ -15,7 +15,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kcoral.bench.results import number, one_line, rows_of, table_rows, warnings_of
+from kcoral.bench.results import one_line, rows_of, table_rows, warnings_of
+from kcoral.protocol.strict_json import finite_float
 
 PLOT_WIDTH = 640
 ROW_HEIGHT = 34
@@ -35,7 +36,7 @@ def escape(text: object) -> str:
 
 def _quartiles(entry: Mapping[str, Any]) -> tuple[float, ...] | None:
     keys = ("latency_ms_p05", "latency_ms_p25", "latency_ms_median", "latency_ms_p75")
-    values = [number(entry.get(key)) for key in (*keys, "latency_ms_p95")]
+    values = [finite_float(entry.get(key)) for key in (*keys, "latency_ms_p95")]
     if any(v is None for v in values):
         return None
     return tuple(v for v in values if v is not None)
@@ -45,7 +46,7 @@ def _points(entry: Mapping[str, Any]) -> list[float]:
     samples = entry.get("samples_ms")
     if not isinstance(samples, list):
         return []
-    found = [v for v in (number(s) for s in samples[: MAX_POINTS * 50]) if v is not None]
+    found = [v for v in (finite_float(s) for s in samples[: MAX_POINTS * 50]) if v is not None]
     if len(found) > MAX_POINTS:
         step = len(found) / MAX_POINTS
         found = [found[int(i * step)] for i in range(MAX_POINTS)]

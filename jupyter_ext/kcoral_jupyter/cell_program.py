@@ -288,7 +288,11 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     if problems:
         raise ProtocolError(f"{what}: the server's answer has {'; '.join(problems)}; nothing bound")
     torch_names = cell.get("torch", [])
-    if not isinstance(torch_names, list) or not set(torch_names) <= set(outputs):
+    if (
+        not isinstance(torch_names, list)
+        or not all(isinstance(name, str) for name in torch_names)
+        or not set(torch_names) <= set(outputs)
+    ):
         raise ProtocolError(f"{what}: the cell's torch names must be a list of its -o names")
     torch_value = cell.get("torch_value", False)
     if not isinstance(torch_value, bool):

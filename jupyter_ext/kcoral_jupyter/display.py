@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder, TransportError
+from kcoral.protocol.strict_json import finite_float
 from kcoral_jupyter.images import heatmap_png, line_svg
 
 PREVIEW_CHARS = 2000
@@ -64,7 +65,10 @@ def status_badge(status: str) -> str:
     )
 
 
-def format_ms(value: float | None) -> str:
+def format_ms(value: object) -> str:
+    """Milliseconds in few characters; ``–`` for what is not a finite number (a server's
+    integer too large for a float included)."""
+    value = finite_float(value)
     if value is None:
         return "–"
     if value >= 10000:
@@ -485,7 +489,8 @@ FLEET_COLUMNS = ("fleet", "nodes", "free seats", "queue", "est. wait")
 def wait_text(seconds: object) -> str:
     """An estimated wait in few characters: ``—`` when not known, ``0 s``, ``12 s``,
     ``3.5 min``, ``2.0 h``."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+    seconds = finite_float(seconds)
+    if seconds is None:
         return UNKNOWN
     if seconds < 60:
         return f"{seconds:.0f} s" if seconds >= 1 or seconds == 0 else "<1 s"

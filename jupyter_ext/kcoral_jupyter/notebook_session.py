@@ -28,6 +28,7 @@ from typing import Any
 
 from kcoral import Client, KCoralError, ProgramResult
 from kcoral.client_sessions import Session as ClientSession
+from kcoral.protocol.strict_json import finite_float
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
     SessionBusyError,
@@ -212,10 +213,10 @@ def status_rows(
     rows.append(("programs", str(record.get("programs"))))
     gpu_ids = record.get("gpu_ids")
     rows.append(("GPU", f"{gpu_ids}" if gpu_ids else "none (CPU)"))
-    deadline = record.get("idle_deadline")
+    deadline = finite_float(record.get("idle_deadline"))
     if state == "ENDED":
         rows.append(("ended", f"{record.get('end_reason')}: {record.get('end_message')}"))
-    elif isinstance(deadline, (int, float)) and not isinstance(deadline, bool):
+    elif deadline is not None:
         rows.append(("idle deadline", f"in {max(0.0, deadline - now):.0f} s"))
     else:
         rows.append(("idle deadline", "none while a program runs"))
@@ -226,9 +227,11 @@ def status_rows(
 
 
 def seconds_text(value: Any) -> str:
-    """``600 s`` for a number, the value as text otherwise (a record is the server's)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:g} s"
+    """``600 s`` for a number, the value as text otherwise (a record is the server's; an
+    integer too large for a float is text too)."""
+    number = finite_float(value)
+    if number is not None:
+        return f"{number:g} s"
     return f"{value} s"
 
 

@@ -300,8 +300,11 @@ def _merge_job_state(job: Job, record: RunRecord) -> None:
         return
     record.worker_id = state.get("worker_id") or record.worker_id
     ids = state.get("gpu_ids")
-    if isinstance(ids, (list, tuple)):
-        record.gpu_ids = tuple(int(i) for i in ids)
+    # the server's word: kept only when every entry is a GPU index (an int >= 0, not a bool)
+    if isinstance(ids, (list, tuple)) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        record.gpu_ids = tuple(ids)
 
 
 def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> BaseException:

@@ -59,14 +59,15 @@ def history_key(result: Mapping[str, Any], label: str) -> dict[str, str]:
 
 def _candidates(result: Mapping[str, Any]) -> dict[str, list[float]]:
     """name -> samples of each timed candidate (a benchmark is one candidate, its label)."""
-    from kcoral.bench.results import number, rows_of
+    from kcoral.bench.results import rows_of
+    from kcoral.protocol.strict_json import finite_float
 
     found = {}
     for name, entry in rows_of(result):
         samples = entry.get("samples_ms")
         if not isinstance(samples, list):
             continue
-        values = [v for v in (number(s) for s in samples) if v is not None and v >= 0]
+        values = [v for v in (finite_float(s) for s in samples) if v is not None and v >= 0]
         if values:
             found[name] = values
     return found

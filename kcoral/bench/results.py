@@ -14,11 +14,11 @@ malformed result prints dashes instead of raising.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from kcoral.notebook import html_of
+from kcoral.protocol.strict_json import finite_float
 
 BENCHMARK_KIND = "kcoral.benchmark"
 COMPARISON_KIND = "kcoral.comparison"
@@ -60,13 +60,6 @@ def as_bench_result(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def number(value: object) -> float | None:
-    """``value`` when it is a finite number (not a bool), else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def one_line(text: object, width: int = NAME_WIDTH) -> str:
     """A server-sent name as one printable line of at most ``width`` characters."""
     clean = "".join(ch if ch.isprintable() else "?" for ch in str(text))
@@ -88,7 +81,7 @@ def rows_of(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def ms(value: object) -> str:
-    found = number(value)
+    found = finite_float(value)
     if found is None:
         return "-"
     return f"{found:.4g}"
@@ -98,7 +91,7 @@ def ratio_text(interval: object) -> str:
     """``1.98× [1.91, 2.05]`` for a speedup or change, ``-`` without one."""
     if not isinstance(interval, Mapping):
         return "-"
-    value, low, high = (number(interval.get(k)) for k in ("value", "ci95_low", "ci95_high"))
+    value, low, high = (finite_float(interval.get(k)) for k in ("value", "ci95_low", "ci95_high"))
     if value is None:
         return "-"
     if low is None or high is None:
@@ -134,10 +127,10 @@ def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
     rows = [header]
     for name, entry in rows_of(result):
         status = one_line(entry.get("status", "ok"), 12)
-        error = number(entry.get("max_abs_error"))
+        error = finite_float(entry.get("max_abs_error"))
         if status == "mismatch" and error is not None:
             status += f" (max error {error:.3g})"
-        noise = number(entry.get("noise"))
+        noise = finite_float(entry.get("noise"))
         speedup = entry.get("speedup")
         if isinstance(speedup, Mapping):
             speed = ratio_text(speedup)

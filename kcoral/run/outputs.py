@@ -17,6 +17,7 @@ from kcoral.run.progress import Progress
 
 STATUS_KEY = "status"
 OUTPUTS_KEY = "outputs"
+_MAX_SIGNAL = 64
 
 
 def report(options: RunOptions, result: Any) -> int:
@@ -47,13 +48,21 @@ def report(options: RunOptions, result: Any) -> int:
     if outcome.get("error"):
         say(str(outcome["error"]))
         return 1
-    for skipped in outcome.get("skipped") or []:
+    skipped_list = outcome.get("skipped") or []
+    missing = outcome.get("missing") or []
+    if not (
+        isinstance(skipped_list, list)
+        and isinstance(missing, list)
+        and all(isinstance(item, Mapping) for item in missing)
+    ):
+        say("invalid response from the server: the runner's status is malformed")
+        return 1
+    for skipped in skipped_list:
         say(f"warning: {skipped} is not a regular file or directory; not returned")
     status = _exit_status(outcome)
     if options.out is not None:
         if not _save_outputs(options.out, result.results.get(OUTPUTS_KEY)):
             return 1
-    missing = outcome.get("missing") or []
     for item in missing:
         say(f"missing output {item.get('path')}: {item.get('reason')}")
     if missing and status == 0:
@@ -62,11 +71,13 @@ def report(options: RunOptions, result: Any) -> int:
 
 
 def _exit_status(outcome: Mapping[str, Any]) -> int:
+    """The tool's exit code; ``128 + N`` for death by signal N (1-64, the signals Linux
+    has); a signal out of that range or a code beyond 0-255 is ``1``, never a wrapped 0."""
     signal = outcome.get("signal")
-    if isinstance(signal, int):
-        return 128 + signal
+    if isinstance(signal, int) and not isinstance(signal, bool):
+        return 128 + signal if 1 <= signal <= _MAX_SIGNAL else 1
     code = outcome.get("exit_code")
-    if isinstance(code, int):
+    if isinstance(code, int) and not isinstance(code, bool):
         # statuses beyond 255 cannot be process exit statuses; keep them non-zero
         return code if 0 <= code <= 255 else 1
     return 1
