@@ -231,6 +231,7 @@ def create_app(
     token-less server accepts it in ``Host`` besides loopback names (EXTENSIONS §6).
     """
     from kcoral_server.front_door.handlers import routes
+    from kcoral_server.front_door.handlers.base import NotFoundHandler
 
     config = config if config is not None else ServerConfig()
     config.validate()
@@ -247,7 +248,13 @@ def create_app(
         # A node's child (ROUTER §12): only its tunnel, which holds this secret, is served.
         router_secret=router_secret,
     )
-    return KCoralApplication(state, routes(state))
+    # Paths no route matches are ours too: their body is never read (handlers.base).
+    return KCoralApplication(
+        state,
+        routes(state),
+        default_handler_class=NotFoundHandler,
+        default_handler_args={"state": state},
+    )
 
 
 def default_devices(config: ServerConfig) -> tuple[str, list[GpuDevice]]:

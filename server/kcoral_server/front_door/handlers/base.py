@@ -1,12 +1,26 @@
 """Shared handler behaviour: JSON errors, ``X-Request-ID``, ``Allow`` on 405, browser
-refusals (``kcoral_server.front_door.browser_guard``), auth."""
+refusals (``kcoral_server.front_door.browser_guard``), auth, and small bodies.
+
+Who can reach what: anyone who reaches the port, a web page or a client without a token
+included, sends a request head and a body to any path. Every handler streams its body
+(``stream_request_body``), so the browser guard and the token check run on the head alone,
+before one byte of the body is read: a refused request's body is never read (Tornado drops
+it and closes the connection, ``Connection: close``). Only then does an endpoint read its
+body, and every endpoint but ``/execute`` and the job submissions (which stream theirs into
+a memfd, ``handlers.execute``) takes a small JSON body or none: at most ``SMALL_BODY_BYTES``
+(a larger declared length is 413 at once), which must arrive within
+``--body-timeout-seconds``. Before (audit F4), Tornado read any body up to
+``--max-request-bytes`` into memory first, with no deadline, even for a client without a
+token.
+"""
 
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import tornado.web
+from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer hands us
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER, accept_request_id
 from kcoral.protocol.strict_json import dumps_compact
@@ -18,13 +32,22 @@ if TYPE_CHECKING:
 
 
 UNAUTHORIZED = Refusal(401, "unauthorized", "missing or invalid bearer token", "rejected")
+TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
+#: the largest body an endpoint other than ``/execute`` and the job submissions reads
+SMALL_BODY_BYTES = 64 * 1024
+# Tornado must never answer a body it will not read after we have answered (its own raw
+# 400 for a length over its limit would follow ours on the connection).
+UNLIMITED = 1 << 62
 
 
+@tornado.web.stream_request_body
 class BaseHandler(tornado.web.RequestHandler):
     """JSON bodies everywhere; ``ALLOWED`` methods, others get 405 with ``Allow``."""
 
     ALLOWED: tuple[str, ...] = ("GET",)
     PUBLIC = False  # True: no client token needed (EXTENSIONS §6)
+    #: the most body bytes the endpoint reads (``small_body``); None: it reads its own
+    MAX_BODY: int | None = SMALL_BODY_BYTES
 
     def initialize(self, state: ServerState) -> None:
         self.state = state
@@ -32,6 +55,8 @@ class BaseHandler(tornado.web.RequestHandler):
         self.identity: Identity = DEFAULT  # set by prepare() from the bearer token
         #: set when prepare() refused the request (403 or 401)
         self.early_refusal: Refusal | None = None
+        #: the body as it arrived (at most ``MAX_BODY`` bytes; complete in the method)
+        self.small_body = bytearray()
 
     def set_default_headers(self) -> None:
         self.set_header("Server", "kcoral")
@@ -42,12 +67,40 @@ class BaseHandler(tornado.web.RequestHandler):
         return None
 
     def prepare(self) -> None:
+        """The checks on the request head, before any of the body is read (the module's
+        docstring), then the endpoint's body limits."""
+        self.check_head()
+        connection = cast(HTTP1Connection, self.request.connection)
+        if self._finished:  # refused: the body is never read
+            connection.set_max_body_size(UNLIMITED)
+        elif self.MAX_BODY is not None:
+            self.limit_body(self.MAX_BODY)
+
+    def limit_body(self, limit: int) -> None:
+        """Read at most ``limit`` body bytes, within ``--body-timeout-seconds`` (413 at once
+        for a longer declared length; Tornado refuses a longer chunked body)."""
+        connection = cast(HTTP1Connection, self.request.connection)
+        if declared_length(self.request.headers.get("Content-Length")) > limit:
+            connection.set_max_body_size(UNLIMITED)
+            self.answer_early(413, "request_too_large", TOO_LARGE_MESSAGE)
+            return
+        connection.set_max_body_size(limit)
+        connection.set_body_timeout(float(self.state.config.body_timeout_seconds))
+
+    def answer_early(self, status: int, kind: str, message: str) -> None:
+        """Answer before the body is read: Tornado then closes the connection (it does not
+        read the body), and the client is told so."""
+        self.set_header("Connection", "close")
+        self.send_error_json(status, kind, message)
+
+    def check_head(self) -> None:
+        """Browser guard, token, method: answered here when one refuses."""
         self.set_header(REQUEST_ID_HEADER, self.request_id)
         # Web pages first (EXTENSIONS §6): even /health answers a foreign page nothing.
         refusal = self.state.browser_guard.refusal(self.request.headers)
         if refusal is not None:
             self.early_refusal = Refusal(403, "forbidden", refusal, "rejected")
-            self.send_error_json(403, "forbidden", refusal)
+            self.answer_early(403, "forbidden", refusal)
             return
         # A node's child answers nothing without its router secret, not even the public
         # endpoints: /health and /internal/worker-status carry the server instance id, the
@@ -57,12 +110,12 @@ class BaseHandler(tornado.web.RequestHandler):
             identity = self.authenticate()
             if identity is None:
                 self.early_refusal = UNAUTHORIZED
-                self.send_error_json(UNAUTHORIZED.status, UNAUTHORIZED.kind, UNAUTHORIZED.message)
+                self.answer_early(UNAUTHORIZED.status, UNAUTHORIZED.kind, UNAUTHORIZED.message)
                 return
             self.identity = identity
         if self.request.method not in self.ALLOWED:
             self.set_header("Allow", ", ".join(self.ALLOWED))
-            self.send_error_json(405, "method_not_allowed", "method not allowed")
+            self.answer_early(405, "method_not_allowed", "method not allowed")
 
     def authenticate(self) -> Identity | None:
         """The caller's identity from its bearer token; None: 401."""
@@ -111,16 +164,29 @@ class BaseHandler(tornado.web.RequestHandler):
         except ValueError:
             return False
 
-    def data_received(self, chunk: bytes) -> None:  # only stream handlers receive data
-        pass
+    def data_received(self, chunk: bytes) -> None:
+        """Keep the small body (Tornado stops a longer one at ``MAX_BODY``)."""
+        if not self._finished and self.MAX_BODY is not None:
+            self.small_body += chunk[: max(0, self.MAX_BODY - len(self.small_body))]
+
+
+def declared_length(value: str | None) -> int:
+    """The ``Content-Length`` as a number (0 when absent or not one: Tornado refuses a
+    malformed one itself)."""
+    try:
+        return int(value.strip()) if value is not None else 0
+    except ValueError:
+        return 0
 
 
 class NotFoundHandler(BaseHandler):
-    """Any unknown path: 404 JSON (after the auth check, so paths are not probed freely)."""
+    """Any unknown path: 404 JSON (after the auth check, so paths are not probed freely;
+    before any body is read). The application's default handler too."""
 
     ALLOWED = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
     def prepare(self) -> None:
-        super().prepare()
+        self.check_head()
         if not self._finished:
-            self.send_error_json(404, "not_found", "not found")
+            self.answer_early(404, "not_found", "not found")
+        cast(HTTP1Connection, self.request.connection).set_max_body_size(UNLIMITED)

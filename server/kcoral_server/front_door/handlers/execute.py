@@ -59,6 +59,7 @@ DRAIN_BEFORE_REFUSING = 64 * 1024
 @tornado.web.stream_request_body
 class ExecuteHandler(BaseHandler):
     ALLOWED: tuple[str, ...] = ("POST",)
+    MAX_BODY = None  # streamed into a memfd, with limits of its own (the module's docstring)
 
     def initialize(self, state: ServerState) -> None:
         super().initialize(state)

@@ -20,7 +20,7 @@ import tornado.iostream
 import tornado.web
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER
-from kcoral_server.front_door.handlers.base import BaseHandler
+from kcoral_server.front_door.handlers.base import SMALL_BODY_BYTES, BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.jobs.store import Job
 
@@ -43,6 +43,8 @@ class JobSubmitHandler(ExecuteHandler):
         if self.request.method == "GET":
             self.body_unread = False
             BaseHandler.prepare(self)
+            if not self._finished:
+                self.limit_body(SMALL_BODY_BYTES)  # a GET reads none (nor holds it)
             return
         super().prepare()
 

@@ -51,9 +51,9 @@ class SessionsHandler(BaseHandler):
     def _options(self) -> tuple[int | None, float | None]:
         """``gpu_count`` and ``idle_timeout_seconds`` from the body, checked."""
         body: Any = {}
-        if self.request.body.strip():
+        if self.small_body.strip():  # at most SMALL_BODY_BYTES (BaseHandler)
             try:
-                body = json.loads(self.request.body)
+                body = json.loads(self.small_body)
             except RecursionError:  # nesting deeper than the interpreter's stack: not ours
                 raise ValueError("session body is nested too deeply") from None
             except ValueError:

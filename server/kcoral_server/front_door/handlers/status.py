@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer hands us
+
 import kcoral
 from kcoral_server.front_door.body import held_descriptors
-from kcoral_server.front_door.handlers.base import BaseHandler
+from kcoral_server.front_door.handlers.base import UNLIMITED, BaseHandler
 from kcoral_server.front_door.optional_pieces import optional_pieces
 
 PROTOCOL_VERSION = 1
@@ -33,9 +37,10 @@ class WorkerStatusHandler(BaseHandler):
     PUBLIC = True
 
     def prepare(self) -> None:
-        if not self.is_loopback_peer():
+        if not self.is_loopback_peer():  # before any body is read
             self.set_header("X-Request-ID", self.request_id)
-            self.send_error_json(404, "not_found", "not found")
+            self.answer_early(404, "not_found", "not found")
+            cast(HTTP1Connection, self.request.connection).set_max_body_size(UNLIMITED)
             return
         super().prepare()
 
