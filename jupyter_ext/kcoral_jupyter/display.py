@@ -27,7 +27,7 @@ import numpy as np
 
 from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder, TransportError
 from kcoral.protocol.strict_json import finite_float
-from kcoral_jupyter.images import heatmap_png, line_svg
+from kcoral_jupyter.images import MAX_PLOT_POINTS, heatmap_png, line_svg
 
 PREVIEW_CHARS = 2000
 PREVIEW_LINES = 40
@@ -162,20 +162,59 @@ def server_display(bundle: Mapping[str, object]) -> dict[str, str]:
 # ---------------------------------------------------------------------------- tensors
 
 
+#: Arrays up to this many elements get their statistics from one float64 copy; larger ones
+#: are read in float64 pieces of this size, so showing a tensor never needs a whole copy.
+STATS_CHUNK_ELEMENTS = 1 << 18
+
+
 def tensor_stats(array: np.ndarray) -> dict[str, Any]:
-    """shape, dtype and (for non-empty numeric arrays) min/max/mean."""
+    """shape, dtype and (for non-empty numeric arrays) min/max/mean of the finite values.
+
+    A large array is converted to float64 a piece at a time (``np.nditer`` buffering), so the
+    extra memory is a few pieces, not eight bytes per element; a small one exactly as
+    before (one copy, NumPy's summation), so its numbers are unchanged."""
     stats: dict[str, Any] = {"shape": tuple(array.shape), "dtype": str(array.dtype)}
-    if array.size:
-        try:
+    if not array.size:
+        return stats
+    try:
+        if array.size <= STATS_CHUNK_ELEMENTS:
             values = np.asarray(array, dtype=np.float64)
-        except (TypeError, ValueError):
+            finite = values[np.isfinite(values)]
+            if finite.size:
+                stats.update(
+                    min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean())
+                )
             return stats
-        finite = values[np.isfinite(values)]
-        if finite.size:
-            stats.update(
-                min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean())
-            )
+        found = _finite_summary(array)
+    except (TypeError, ValueError):
+        return stats
+    if found is not None:
+        low, high, total, count = found
+        stats.update(min=low, max=high, mean=total / count)
     return stats
+
+
+def _finite_summary(array: np.ndarray) -> tuple[float, float, float, int] | None:
+    """(min, max, sum, count) of the finite values of ``array`` as float64, read in pieces of
+    ``STATS_CHUNK_ELEMENTS`` (None when none is finite)."""
+    low, high, total, count = np.inf, -np.inf, 0.0, 0
+    pieces = np.nditer(
+        array,
+        flags=["external_loop", "buffered", "refs_ok"],
+        op_dtypes=[np.dtype(np.float64)],
+        casting="unsafe",
+        buffersize=STATS_CHUNK_ELEMENTS,
+        order="K",
+    )
+    for piece in pieces:
+        assert isinstance(piece, np.ndarray)  # one operand: its buffer, not a tuple
+        finite = piece if array.dtype.kind in "biu" else piece[np.isfinite(piece)]
+        if finite.size:
+            low = min(low, float(finite.min()))
+            high = max(high, float(finite.max()))
+            total += float(finite.sum())
+            count += int(finite.size)
+    return (low, high, total, count) if count else None
 
 
 def _as_numpy(value: Any) -> np.ndarray | None:
@@ -209,14 +248,17 @@ def tensor_html(value: Any, name: str | None = None) -> str:
     if array.size and "min" in stats:
         try:
             if array.ndim == 2:
-                encoded = base64.b64encode(heatmap_png(np.asarray(array, np.float64))).decode()
+                # heatmap_png strides the array down to its picture before converting it
+                encoded = base64.b64encode(heatmap_png(array)).decode()
                 picture = (
                     f'<img class="kcoral-heatmap" src="data:image/png;base64,{encoded}" '
                     'style="image-rendering:pixelated;max-width:256px;border:1px solid #ddd" '
                     f'alt="heatmap of {escape(name or "tensor")}"/>'
                 )
             elif array.ndim == 1 and array.size > 1:
-                picture = line_svg(np.asarray(array, np.float64))
+                # the points drawn, taken before converting (what line_svg would take)
+                step = max(1, -(-array.size // MAX_PLOT_POINTS))
+                picture = line_svg(np.asarray(array[::step], np.float64))
         except (TypeError, ValueError):
             picture = ""
     title = f"<b>{escape(name)}</b> " if name else ""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import re
 import struct
+import tracemalloc
 import zlib
 
 import numpy as np
+import pytest
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.images import heatmap_png, line_svg, png_bytes
 
@@ -119,6 +121,43 @@ def test_a_bfloat16_tensor_renders() -> None:
 
     html = rich.tensor_html(np.ones((2, 2), dtype=ml_dtypes.bfloat16))
     assert "bfloat16" in html and "mean 1" in html
+
+
+def peak_traced_bytes(function, *args) -> tuple[object, int]:
+    """``function(*args)`` and the peak of memory allocated meanwhile (NumPy's included)."""
+    tracemalloc.start()
+    try:
+        return function(*args), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        np.arange(2048 * 4096, dtype=np.uint32).astype(np.uint8).reshape(2048, 4096),
+        np.arange(8 << 20, dtype=np.uint32).astype(np.uint8),  # 1-D: the line plot
+        np.where(np.arange(1 << 21) % 7 == 0, np.nan, 1.5).astype(np.float32).reshape(1024, -1),
+    ],
+    ids=["uint8 2-D", "uint8 1-D", "float32 with NaN"],
+)
+def test_showing_a_large_tensor_needs_less_extra_memory_than_the_tensor(tensor) -> None:
+    """8 MiB shown: no whole float64 copy (8 bytes an element), only a sample and pieces."""
+    html, peak = peak_traced_bytes(rich.tensor_html, tensor, "t")
+    assert f"shape {tensor.shape}" in html and "mean" in html
+    assert peak < tensor.nbytes, f"{peak} bytes allocated to show {tensor.nbytes}"
+
+
+def test_a_large_tensor_gets_the_statistics_of_its_finite_values() -> None:
+    values = np.linspace(-3.0, 5.0, 3_000_001, dtype=np.float32)
+    values[::1000] = np.nan
+    values[1] = np.inf
+    finite = values[np.isfinite(values)].astype(np.float64)
+    stats = rich.tensor_stats(values)
+    assert values.size > rich.STATS_CHUNK_ELEMENTS
+    assert stats["min"] == float(finite.min()) and stats["max"] == float(finite.max())
+    assert stats["mean"] == pytest.approx(float(finite.mean()), rel=1e-12)
+    assert rich.tensor_stats(np.full(3_000_001, np.nan)).keys() == {"shape", "dtype"}
 
 
 def test_image_files_are_inline_text_files_previewed_and_binary_files_get_a_save_hint() -> None:
