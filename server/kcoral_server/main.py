@@ -25,7 +25,11 @@ from kcoral_server.front_door.app import ServerState, create_app
 from kcoral_server.gpu.inventory import DeviceError, choose_devices
 from kcoral_server.pool.startup import PoolStartError
 from kcoral_server.processes.open_files import raise_open_file_limit
-from kcoral_server.processes.sandbox import SandboxUnavailable, resolve_sandbox
+from kcoral_server.processes.sandbox import (
+    SandboxUnavailable,
+    keep_from_programs,
+    resolve_sandbox,
+)
 from kcoral_server.settings.command_line import ServerSettings, parse_server_args
 from kcoral_server.settings.config import config_for_log
 from kcoral_server.storage.event_log import EventLog
@@ -130,6 +134,9 @@ async def _serve(
             message="listening on a non-loopback address without client authentication",
         )
     state: ServerState | None = None
+    # written after the pool starts: hidden from the sandboxes made once it exists (SERVER
+    # §14; it holds only the URL, which no sandboxed program can reach: no network)
+    keep_from_programs(settings.ready_file)
     try:
         sandbox = await loop.run_in_executor(
             None, probe_sandbox, config.sandbox, events, config.sandbox_readonly_paths

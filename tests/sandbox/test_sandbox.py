@@ -122,6 +122,26 @@ def test_a_token_file_inside_a_readonly_bind_is_covered(tmp_path: Path) -> None:
         box.remove()
 
 
+def test_a_server_directory_inside_a_readonly_bind_is_covered_by_an_empty_read_only_tmpfs(
+    tmp_path: Path,
+) -> None:
+    logs = tmp_path / "logs"
+    (logs / "runs").mkdir(parents=True)
+    cache = logs / "cache"  # inside a covered directory: nothing more to do
+    cache.mkdir()
+    box = SandboxDir(
+        readonly_paths=[tmp_path], bwrap="/opt/bwrap", environ={}, hidden_paths=[cache, logs]
+    )
+    try:
+        argv = box.command(["python"])
+        where = argv.index("--remount-ro")
+        assert argv[where - 2 : where + 2] == ["--tmpfs", str(logs), "--remount-ro", str(logs)]
+        assert where > argv.index(str(tmp_path.resolve()))  # after the bind it covers
+        assert str(cache) not in argv
+    finally:
+        box.remove()
+
+
 def test_the_bwrap_command_unshares_everything_and_binds_read_only(tmp_path: Path) -> None:
     extra = Path(__file__).parent
     box = SandboxDir(readonly_paths=[extra], bwrap="/opt/bwrap", environ={})

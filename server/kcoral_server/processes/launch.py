@@ -7,9 +7,11 @@ in every sandbox mode and on both launch paths (forked from a launcher, or spawn
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from kcoral_server.processes import limits
@@ -21,7 +23,12 @@ from kcoral_server.processes.launcher.front_end import (
     shared_launcher,
 )
 from kcoral_server.processes.rank_variables import is_rank_variable
-from kcoral_server.processes.sandbox import DEFAULT_TMPFS_BYTES, SandboxDir, worker_base_environment
+from kcoral_server.processes.sandbox import (
+    DEFAULT_TMPFS_BYTES,
+    SandboxDir,
+    server_private_paths,
+    worker_base_environment,
+)
 from kcoral_server.worker.confinement import clear_workspace
 
 
@@ -74,17 +81,43 @@ def tmpfs_bytes_for(config: Any, seats: int) -> int:
     return max(MIN_TMPFS_BYTES, share // 4)
 
 
+def private_paths_of(config: Any) -> list[Path]:
+    """What the server configured with ``config`` writes or reads for itself and no program
+    may read (SERVER §14): the client token file, the event log (every identity's program
+    sources, events and output capture), the disk cache (every identity's uploads), and
+    what ``sandbox.keep_from_programs`` registered (the ready file). The job spill
+    directory lies in the temporary directory, which no bind may contain (its ancestors
+    are refused, ``check_readonly_paths``), and each sandbox has its own ``/tmp``.
+
+    The log and disk cache directories are made now when missing, so that a sandbox hides
+    them even if the server creates them only later (0700, as their owners make them)."""
+    paths = [Path(p) for p in server_private_paths()]
+    token_file = getattr(config, "auth_token_file", None)
+    if token_file is not None:
+        paths.append(Path(token_file))
+    directories = [getattr(config, "log_dir", None)]
+    if getattr(config, "disk_cache_capacity_mbytes", 0):
+        directories.append(getattr(config, "disk_cache_dir", None))
+    for directory in directories:
+        if directory is None or str(directory) == "":
+            continue
+        path = Path(os.path.abspath(directory))
+        with contextlib.suppress(OSError):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        paths.append(path)
+    return paths
+
+
 def sandbox_dir_for(
     config: Any, device: str, gpu_ids: Sequence[int], env: dict, seats: int = 1
 ) -> SandboxDir:
     paths = getattr(config, "sandbox_readonly_paths", None) or []
-    token_file = getattr(config, "auth_token_file", None)
     return SandboxDir(
         readonly_paths=paths,
         device=device,
         gpu_ids=gpu_ids,
         environ=env,
-        hidden_paths=[token_file] if token_file is not None else [],
+        hidden_paths=private_paths_of(config),
         tmpfs_bytes=tmpfs_bytes_for(config, seats),
     )
 

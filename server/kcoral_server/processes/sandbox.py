@@ -5,8 +5,10 @@ Who can reach what: a *program* (uploaded code) runs in a worker. Whatever the s
 environment holds no KCoral secret (``is_secret_variable``: every ``KCORAL_*`` name with
 ``TOKEN`` or ``SECRET`` in it) and no variable the operator denied (``--worker-env-deny``):
 ``worker_base_environment`` scrubs them before any worker, launcher or supervisor starts.
-Under bubblewrap it also sees no other process (PID namespace), no network, no token file
-(``hidden_paths`` are covered by ``/dev/null``) and only the system, Python and package
+Under bubblewrap it also sees no other process (PID namespace), no network, nothing the
+server keeps for itself (``hidden_paths``: the token file, the event log with every
+identity's program sources and output, the disk cache, the ready file; each one that a
+read-only bind would expose is covered) and only the system, Python and package
 directories read-only; without a sandbox it can read whatever the server's user can.
 
 Front-end side only: the start-up probe (``--sandbox auto`` falls back to ``none`` with a
@@ -67,6 +69,8 @@ PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 PRIVATE_TMP_ENV = "KCORAL_SANDBOX_PRIVATE_TMP"
 # The size of each of those tmpfs when the caller names none.
 DEFAULT_TMPFS_BYTES = 1024**3
+# The empty read-only tmpfs over a server directory a bind would expose (hidden_paths).
+HIDING_TMPFS_BYTES = 4096
 
 
 class SandboxError(ValueError):
@@ -225,6 +229,39 @@ def readonly_binds(extra: Sequence[Path], environ: Mapping[str, str]) -> list[Pa
     return kept
 
 
+def hidden_under(paths: Iterable[str | os.PathLike], binds: Sequence[Path]) -> list[Path]:
+    """The existing files and directories of ``paths`` that lie in one of ``binds``
+    (resolved, outermost first, none inside a directory already listed)."""
+    found = []
+    for path in paths:
+        resolved = Path(os.path.abspath(path)).resolve()
+        if not (resolved.is_file() or resolved.is_dir()):
+            continue  # missing (or a device, a socket): nothing a bind shows of it
+        if any(_is_within(resolved, bind) for bind in binds):
+            found.append(resolved)
+    found.sort(key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in found:
+        if not any(_is_within(path, outer) for outer in kept):
+            kept.append(path)
+    return kept
+
+
+#: paths the server keeps for itself beyond its configuration (``keep_from_programs``)
+_server_private: list[Path] = []
+
+
+def keep_from_programs(*paths: str | os.PathLike | None) -> None:
+    """Hide ``paths`` (the ``--ready-file``) from the programs of every sandbox made from
+    now on, where a read-only bind would expose them (``SandboxDir`` ``hidden_paths``)."""
+    _server_private.extend(Path(os.path.abspath(p)) for p in paths if p is not None)
+
+
+def server_private_paths() -> list[Path]:
+    """What ``keep_from_programs`` registered."""
+    return list(_server_private)
+
+
 def system_links() -> list[tuple[str, str]]:
     """``(target, path)`` of system directories that are symlinks (merged ``/usr``: ``/bin``
     -> ``usr/bin``); recreated as links so the dynamic loader's paths keep working."""
@@ -266,13 +303,13 @@ class SandboxDir:
         self.readonly_paths = check_readonly_paths(readonly_paths)
         self.binds = readonly_binds(self.readonly_paths, environ)
         self.mount = choose_mount(self.binds)
-        # Secret files (the client token file) that a read-only bind would expose: each is
-        # covered by an empty /dev/null bind (a file outside every bind is invisible anyway).
-        self.hidden = [
-            resolved
-            for resolved in (Path(os.path.abspath(p)).resolve() for p in hidden_paths)
-            if resolved.is_file() and any(_is_within(resolved, bind) for bind in self.binds)
-        ]
+        # The server's own files that a read-only bind would expose (audit F3: the default
+        # --log-dir of a server started in its editable checkout lay under the bound
+        # checkout, so every program read every identity's program sources): a file is
+        # covered by /dev/null, a directory by an empty read-only tmpfs. A path outside
+        # every bind is invisible anyway.
+        self.hidden = hidden_under(hidden_paths, self.binds)
+        self.hidden_dirs = {path for path in self.hidden if path.is_dir()}
         self.device = device
         self.gpu_ids = list(gpu_ids)
         # the worker's GPUs by UUID, to find their device files (gpu_devices.py)
@@ -340,8 +377,12 @@ class SandboxDir:
             argv += ["--ro-bind", str(path), str(path)]
         for target, link in system_links():
             argv += ["--symlink", target, link]
-        for path in self.hidden:
-            argv += ["--ro-bind", "/dev/null", str(path)]
+        for path in self.hidden:  # after the binds they cover
+            if path in self.hidden_dirs:
+                argv += ["--size", str(HIDING_TMPFS_BYTES), "--tmpfs", str(path)]
+                argv += ["--remount-ro", str(path)]
+            else:
+                argv += ["--ro-bind", "/dev/null", str(path)]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         if self.device == "gpu":
             nodes = [*GPU_CONTROL_NODES, "/dev/nvidia-modeset"]
