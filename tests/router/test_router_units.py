@@ -13,7 +13,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.gateway import status_problem
 from kcoral_server.router.identity import is_valid_node_id, parse_router_origin
 from kcoral_server.router.job_routes import JobIndex
-from kcoral_server.router.registry import Registry
+from kcoral_server.router.registry import MAX_LAST_ERROR_CHARS, Registry
 from kcoral_server.router.scheduler import Admission, NoNode, RouterBusy
 from kcoral_server.router.session_routes import SessionIndex
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
@@ -145,6 +145,13 @@ def test_node_states_follow_the_thresholds() -> None:
     assert node.state == "ready"
     registry.detach_supervisor(stream)
     assert node.state == "unhealthy" and not node.connected
+
+
+def test_a_long_last_error_is_kept_cut() -> None:
+    registry = make_registry()
+    stream = registry.attach_supervisor("n")
+    registry.apply_status(stream, status(healthy=False, last_error="x" * 300_000))
+    assert registry.nodes["n"].last_error == "x" * MAX_LAST_ERROR_CHARS  # ROUTER §4.3
 
 
 def test_a_starting_node_fails_at_once_and_a_lost_stream_needs_recovery() -> None:

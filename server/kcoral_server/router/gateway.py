@@ -33,6 +33,14 @@ Message = TypeVar("Message")
 
 
 KIND_KEY = re.compile(r"[a-z0-9]{0,32}", re.ASCII)  # "" from published supervisors
+#: Bounds of what a status (or a slot's hello) names, which the router keeps per node
+#: record, per baseline and per slot (ROUTER §4.3): a node-token holder cannot make it hold
+#: up to a whole 320 KiB message for each of its records. Ours send a UUID (36
+#: characters), a 43-character slot key, a few short target and version entries.
+MAX_ID_CHARS = 128  # supervisor_instance_id, server_instance_id, slot_key; slot_id
+MAX_MAP_ENTRIES = 32  # each of target and versions
+MAX_MAP_KEY_CHARS = 64
+MAX_MAP_VALUE_CHARS = 256
 
 
 def status_problem(
@@ -54,7 +62,25 @@ def status_problem(
             return "busy_workers exceeds worker_count"
         if status.health_age_millis > settings.max_status_age_seconds * 1000:
             return "health_age_millis exceeds the maximum status age"
-    return kind_problem(status) or lease_stats_problem(status)
+    if max(map(len, (status.supervisor_instance_id, status.server_instance_id))) > MAX_ID_CHARS:
+        return f"an instance id is over {MAX_ID_CHARS} characters"
+    if len(status.slot_key) > MAX_ID_CHARS:
+        return f"slot_key is over {MAX_ID_CHARS} characters"
+    return kind_problem(status) or maps_problem(status) or lease_stats_problem(status)
+
+
+def maps_problem(status: pb.SupervisorStatus) -> str | None:
+    """Why a status's ``target`` or ``versions`` is over its bounds, or None."""
+    for name, entries in (("target", status.target), ("versions", status.versions)):
+        if len(entries) > MAX_MAP_ENTRIES:
+            return f"more than {MAX_MAP_ENTRIES} {name} entries"
+        for key, value in entries.items():
+            if len(key) > MAX_MAP_KEY_CHARS or len(value) > MAX_MAP_VALUE_CHARS:
+                return (
+                    f"a {name} key over {MAX_MAP_KEY_CHARS} or value over "
+                    f"{MAX_MAP_VALUE_CHARS} characters"
+                )
+    return None
 
 
 def kind_problem(status: pb.SupervisorStatus) -> str | None:
@@ -266,6 +292,11 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         if not hello.server_instance_id or not hello.slot_id:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "server_instance_id and slot_id are required"
+            )
+        if max(map(len, (hello.server_instance_id, hello.slot_id, hello.slot_key))) > MAX_ID_CHARS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"server_instance_id, slot_id and slot_key are at most {MAX_ID_CHARS} characters",
             )
         kind = WORKER
         for key, value in context.invocation_metadata() or ():

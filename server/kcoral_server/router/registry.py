@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,13 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
 )
 
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
+#: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
+#: beyond it the oldest are forgotten first, so a node-token holder that opens streams
+#: under ever new node ids cannot make the router hold a record for each. A node that
+#: comes back after its record went gets a fresh one (it is never refused).
+MAX_RETAINED_NODES = 1024
+#: ``last_error`` is kept cut to this many characters (a supervisor's probe failure text).
+MAX_LAST_ERROR_CHARS = 1024
 
 
 @dataclass(eq=False)
@@ -214,7 +221,7 @@ class Registry:
             node.saturated_until = 0.0
             self._success(node)
         else:
-            node.last_error = status.last_error
+            node.last_error = status.last_error[:MAX_LAST_ERROR_CHARS]
             self._failure(node)
         self.on_change()
 
@@ -264,13 +271,8 @@ class Registry:
         for node in list(self.nodes.values()):
             if node.connected and now - node.last_status_at > self.settings.max_status_age_seconds:
                 self._lose(node, now)
-            if (
-                not node.connected
-                and node.lost_at is not None
-                and node.busy_slots() == 0
-                and now - node.lost_at > self.settings.node_retention_seconds
-            ):
-                self.forget(node)
+        for node in retired(self.nodes.values(), now, self.settings.node_retention_seconds):
+            self.forget(node)
         # A kind none of whose node records is left sets a new baseline with its next node.
         kinds = {n.kind for n in self.nodes.values()}
         for kind in [k for k in self.baselines if k not in kinds]:
@@ -408,8 +410,25 @@ class Registry:
     def _node(self, node_id: str) -> NodeRecord:
         node = self.nodes.get(node_id)
         if node is None:
+            retention = self.settings.node_retention_seconds
+            for old in retired(self.nodes.values(), time.monotonic(), retention, room=1):
+                self.forget(old)
             node = self.nodes[node_id] = NodeRecord(node_id)
         return node
+
+
+def retired(
+    nodes: Iterable[NodeRecord], now: float, retention: float, room: int = 0
+) -> list[NodeRecord]:
+    """The records retention ends (ROUTER §6), of disconnected nodes without a request on
+    their slots: each once ``retention`` seconds old, and the oldest beyond
+    ``MAX_RETAINED_NODES`` (less ``room``, kept for a record about to be made)."""
+    idle = sorted(
+        (n for n in nodes if not n.connected and n.lost_at is not None and not n.busy_slots()),
+        key=lambda n: n.lost_at or 0.0,
+    )
+    excess = len(idle) + room - MAX_RETAINED_NODES
+    return [n for i, n in enumerate(idle) if i < excess or now - (n.lost_at or now) > retention]
 
 
 def fleet(registry: Registry) -> dict[str, list[dict[str, Any]]]:
