@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import tornado.httputil
 import tornado.iostream
 import tornado.web
 from tornado.http1connection import HTTP1Connection
@@ -24,7 +26,7 @@ from kcoral_server.router.frames import encode_data
 from kcoral_server.router.headers import forwarded_headers, relayed_response_head
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
 from kcoral_server.router.scheduler import NoNode, RouterBusy
-from kcoral_server.router.slot import CONTROL, WORKER, SlotBroken
+from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot, SlotBroken
 
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
 TRANSPORT_MESSAGE = (
@@ -44,6 +46,33 @@ async def relay_ended(relay: asyncio.Task[None]) -> None:
     except asyncio.CancelledError:
         if not relay.cancelled():
             raise
+
+
+class InvalidAnswer(Exception):
+    """A node's answer breaks ROUTER §5/§8.6: no valid head first, a frame other than
+    ``data`` or ``end`` after it, or a ``data`` frame over 262144 bytes."""
+
+
+async def answer_data(slot: RouterSlot) -> AsyncIterator[bytes]:
+    """The ``data`` of a node's answer after its head, until its ``end``."""
+    while True:
+        frame = await slot.next_frame()
+        kind = frame.WhichOneof("payload")
+        if kind == "end":
+            return
+        data = frame.data  # a protobuf message copies the field on every access
+        if kind != "data" or len(data) > MAX_FRAME_DATA:
+            raise InvalidAnswer
+        yield data
+
+
+def close_after_unframed_answer(request: tornado.httputil.HTTPServerRequest) -> None:
+    """An HTTP/1.0 client gets no chunked framing: a body streamed to it ends only where the
+    connection does (RFC 9112 §6.3), so the connection closes after the answer instead of
+    being kept alive for a next request that would follow whatever bytes a node sent."""
+    connection = request.connection
+    if request.version != "HTTP/1.1" and isinstance(connection, HTTP1Connection):
+        connection._disconnect_on_finish = True
 
 
 @tornado.web.stream_request_body
@@ -100,12 +129,14 @@ class ForwardHandler(RouterHandler):
         lengths = self.request.headers.get_list("Content-Length")
         if lengths:
             values = {v.strip() for v in ",".join(lengths).split(",")}
-            if len(values) != 1 or not next(iter(values)).isdigit():
+            value = next(iter(values))
+            # ASCII digits only: str.isdigit() also takes "²" or "٣", which int() refuses
+            if len(values) != 1 or not (value.isascii() and value.isdigit()):
                 self.send_router_error(
                     400, "invalid_request", "invalid Content-Length", "request_rejected"
                 )
                 return False
-            self.declared = int(next(iter(values)))
+            self.declared = int(value)
             if self.declared > self.state.settings.max_request_bytes:
                 self.send_router_error(
                     413, "request_too_large", "request body is too large", "request_rejected"
@@ -235,11 +266,9 @@ class ForwardHandler(RouterHandler):
     async def _relay_response(self) -> None:
         slot = self.slot
         try:
-            head = await slot.next_frame()
-            status, headers = relayed_response_head(head)
+            status, headers = relayed_response_head(await slot.next_frame())
             if status is None:
-                self._invalid_response()
-                return
+                raise InvalidAnswer
             if status == 503 and self.SLOT_KIND == WORKER:
                 self.state.registry.mark_saturated(self.node)
             self.clear()
@@ -252,22 +281,12 @@ class ForwardHandler(RouterHandler):
             assert self.node is not None  # chosen with the slot
             self.set_header("X-KCoral-Node", self.node)
             self.set_header("X-Request-ID", self.request_id)
+            close_after_unframed_answer(self.request)
             buffered: list[bytes] | None = [] if self.buffer_answer(status) else None
             if buffered is None:
                 self.response_started = True
                 await self.flush()
-            while True:
-                frame = await slot.next_frame()
-                kind = frame.WhichOneof("payload")
-                if kind == "end":
-                    break
-                if kind != "data":
-                    self._invalid_response()
-                    return
-                data = frame.data  # a protobuf message copies the field on every access
-                if len(data) > MAX_FRAME_DATA:
-                    self._invalid_response()
-                    return
+            async for data in answer_data(slot):
                 self.response_bytes += len(data)
                 if buffered is not None and self.response_bytes <= BUFFERED_ANSWER_LIMIT:
                     buffered.append(data)
@@ -279,8 +298,9 @@ class ForwardHandler(RouterHandler):
                 self.write(data)
                 await self.flush()
             if buffered is not None:
+                answer = self.rewrite(status, b"".join(buffered))
                 self.response_started = True
-                self.write(self.rewrite(status, b"".join(buffered)))
+                self.write(answer)
         except SlotBroken as exc:
             if self._finished:
                 return
@@ -296,6 +316,17 @@ class ForwardHandler(RouterHandler):
             return
         except tornado.iostream.StreamClosedError:
             self.on_connection_close()
+            return
+        except InvalidAnswer:
+            self._invalid_response()
+            return
+        except Exception as exc:
+            # The router's own reading of what a node (a node-token holder) sent failed:
+            # the answer is refused as invalid and the slot discarded, never left leased
+            # (it would be lost to every later request) and never a 500 page.
+            event = {"request_id": self.request_id, "node": self.node, "error": repr(exc)}
+            self.state.log.event("relay_failed", "ERROR", **event)
+            self._invalid_response()
             return
         if self.body_done:
             self.state.registry.release(slot)

@@ -64,6 +64,12 @@ DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {
     "x-kcoral-node",
 }
 METHOD_HEADER, PATH_HEADER = b":method", b":path"
+#: Statuses whose answer has no body (RFC 9110 §15.3.5, §15.4.5), which our server never
+#: sends through a tunnel. Tornado frames nothing after such a head (no chunking, no
+#: length), so whatever ``data`` a node sent after one would reach the client's keep-alive
+#: connection as raw bytes: a forged next answer, with any headers (response splitting).
+#: A head with one is an invalid response (ROUTER §8.6); 1xx are refused likewise.
+BODILESS_STATUSES = frozenset({204, 304})
 
 
 def identity_header(identity: Identity) -> pb.HttpHeader:
@@ -115,7 +121,7 @@ def relayed_response_head(frame: pb.SlotFrame) -> tuple[int | None, list[tuple[s
     if frame.WhichOneof("payload") != "response_head":
         return None, []
     status = frame.response_head.status
-    if not 200 <= status <= 599:
+    if not 200 <= status <= 599 or status in BODILESS_STATUSES:
         return None, []
     headers = []
     try:

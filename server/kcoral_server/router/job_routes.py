@@ -12,14 +12,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from kcoral.protocol.strict_json import dumps_compact
+from kcoral.protocol.strict_json import dumps_compact, loads_strict
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
@@ -117,12 +116,77 @@ async def _collect(slot: Any) -> tuple[int, bytes] | None:
         parts.append(frame.data)
 
 
-def error_kind(body: bytes) -> str | None:
+def untrusted_json(body: bytes) -> Any:
+    """The document in ``body``, a node's answer (a node-token holder wrote it) or a small
+    client body, or None when it is no strict JSON the router can read: not UTF-8, NaN or
+    a duplicate key, nested deeper than the parser goes (``RecursionError``), an integer
+    over 4300 digits. Every caller wants an object or a list, so a JSON ``null`` reads the
+    same: the answer is left out of a merge or teaches the router nothing."""
     try:
-        document = json.loads(body)
-        return document["error"]["kind"]
-    except (ValueError, KeyError, TypeError):
+        return loads_strict(body)
+    except (ValueError, RecursionError, TypeError):  # ValidationError is a ValueError
         return None
+
+
+def error_kind(body: bytes) -> str | None:
+    document = untrusted_json(body)
+    try:
+        kind = document["error"]["kind"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def sole_claims(
+    listings: Iterable[tuple[str, str, Any]], bound: Callable[[str], str | None]
+) -> tuple[list[tuple[str, str, Any]], dict[str, list[str]]]:
+    """Which ``(node, id, record)`` listings of a merged list may be shown and bound.
+
+    A job or session lives on one node, so an id that several nodes list in one merge
+    while none of them holds it already is claimed by a liar (a rogue node-token holder
+    that learnt it): none of them is believed, and the id is returned among the contested
+    ones (id → nodes) instead. An id bound to a node (``bound``) that lists it keeps that
+    node's record. Each node's first record of an id counts."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for node, item_id, record in listings:
+        by_id.setdefault(item_id, {}).setdefault(node, record)
+    kept: list[tuple[str, str, Any]] = []
+    contested: dict[str, list[str]] = {}
+    for item_id, records in by_id.items():
+        owner = bound(item_id)
+        if len(records) == 1:
+            [(node, record)] = records.items()
+            kept.append((node, item_id, record))
+        elif owner is not None and owner in records:
+            kept.append((owner, item_id, records[owner]))
+        else:
+            contested[item_id] = sorted(records)
+    return kept, contested
+
+
+def warn_contested(handler: Any, event: str, contested: dict[str, list[str]]) -> None:
+    """One WARNING a merge for the ids several nodes claimed (``sole_claims``)."""
+    if contested:
+        ids = sorted(contested)
+        nodes = sorted({node for claimants in contested.values() for node in claimants})
+        handler.state.log.event(
+            event, "WARNING", ids=",".join(ids[:4]), count=len(ids), nodes=",".join(nodes)
+        )
+
+
+def merged_answer(handler: Any, records: list[Any], key: Callable[[Any], Any]) -> None:
+    """Answer a merged list, ``key`` descending (newest first). Each record is written back
+    on its own: one that cannot be (nested deeper than the encoder goes) is left out
+    rather than failing the list for every caller."""
+    parts = []
+    for record in sorted(records, key=key, reverse=True):
+        try:
+            parts.append(dumps_compact(record))
+        except (ValueError, RecursionError, TypeError):
+            continue
+    handler.finish_reason = "completed"
+    handler.set_header("Content-Type", "application/json")
+    handler.finish(b"[" + b",".join(parts) + b"]")
 
 
 def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
@@ -135,10 +199,8 @@ def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
 def learn_submitted_job(handler: Any, body: bytes) -> bytes:
     """Remember the node of the job a 202 answer names (later requests for it go there);
     the body passes unchanged."""
-    try:
-        job_id = json.loads(body)["job_id"]
-    except (ValueError, KeyError, TypeError):
-        return body
+    document = untrusted_json(body)
+    job_id = document.get("job_id") if isinstance(document, dict) else None
     if isinstance(job_id, str) and handler.node is not None:
         handler.state.jobs.remember(job_id, handler.node)
     return body
@@ -184,6 +246,12 @@ async def answers_to_merge(
     return answers
 
 
+def submitted_at(job: dict[str, Any]) -> str:
+    """A listed job's sort key: its ``submitted_at`` (RFC 3339 text sorts by time)."""
+    value = job.get("submitted_at")
+    return value if isinstance(value, str) else ""
+
+
 class JobsHandler(ForwardHandler):
     """``POST /v1/jobs`` (forwarded like ``/execute``) and ``GET /v1/jobs`` (merged)."""
 
@@ -205,7 +273,7 @@ class JobsHandler(ForwardHandler):
         answers = await answers_to_merge(self, "/v1/jobs")
         if answers is None:
             return
-        merged: list[Any] = []
+        listings: list[tuple[str, str, Any]] = []
         for node, answer in answers:
             if answer is None:
                 continue  # a node that cannot answer now is left out of the list
@@ -213,19 +281,15 @@ class JobsHandler(ForwardHandler):
             if status != 200:
                 self._relay_refusal(node, status, body)
                 return
-            try:
-                jobs = json.loads(body)
-            except ValueError:
-                continue
-            if not isinstance(jobs, list):
-                continue
-            for job in jobs:
-                if isinstance(job, dict) and isinstance(job.get("job_id"), str):
-                    if self.state.jobs.remember(job["job_id"], node):
-                        merged.append(job)
-        merged.sort(key=lambda job: str(job.get("submitted_at") or ""), reverse=True)
-        self.finish_reason = "completed"
-        self.send_json(200, merged)
+            jobs = untrusted_json(body)  # unreadable: that node is left out
+            for job in jobs if isinstance(jobs, list) else []:
+                job_id = job.get("job_id") if isinstance(job, dict) else None
+                if isinstance(job_id, str) and JOB_ID.fullmatch(job_id):
+                    listings.append((node, job_id, job))
+        kept, contested = sole_claims(listings, self.state.jobs.node_of)
+        warn_contested(self, "job_claimed_twice", contested)
+        merged = [job for node, job_id, job in kept if self.state.jobs.remember(job_id, node)]
+        merged_answer(self, merged, submitted_at)
 
     def _relay_refusal(self, node: str, status: int, body: bytes) -> None:
         self.node = node
@@ -259,18 +323,26 @@ class JobHandler(ForwardHandler):
 
     async def _look_up(self, job_id: str) -> str | None:
         kinds = set()
+        claims = []  # every node that says it holds the job
         for node, answer in await ask_every_node(self, f"/v1/jobs/{job_id}"):
             if answer is None:
                 continue
             status, body = answer
-            if status == 200 and self.state.jobs.remember(job_id, node):
-                return node
-            if status == 401:
+            if status == 200:
+                claims.append(node)
+            elif status == 401:
                 self.send_router_error(
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"
                 )
                 return None
             kinds.add(error_kind(body))
+        # A job lives on one node: when several claim it, one of them is lying (a rogue
+        # node-token holder that learnt the id), and none is believed (ROUTER §13).
+        if len(claims) == 1 and self.state.jobs.remember(job_id, claims[0]):
+            return claims[0]
+        if len(claims) > 1:
+            nodes = ",".join(claims)
+            self.state.log.event("job_claimed_twice", "WARNING", job=job_id, nodes=nodes)
         if "job_expired" in kinds:
             self.send_router_error(404, "job_expired", "job expired", "request_rejected")
         else:
@@ -294,10 +366,7 @@ class InfoHandler(ForwardHandler):
         return status == 200
 
     def rewrite(self, status: int, body: bytes) -> bytes:
-        try:
-            info = json.loads(body)
-        except ValueError:
-            return body
+        info = untrusted_json(body)  # unreadable: relayed as the node sent it
         features = info.get("features") if isinstance(info, dict) else None
         if not isinstance(features, list):
             return body

@@ -23,7 +23,7 @@ lost sessions apply the same rule from the owner it learned.
 from __future__ import annotations
 
 import asyncio
-import json
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -40,6 +40,10 @@ from kcoral_server.router.job_routes import (
     error_kind,
     fetch,
     learn_submitted_job,
+    merged_answer,
+    sole_claims,
+    untrusted_json,
+    warn_contested,
 )
 from kcoral_server.router.selection import offering_nodes, selector_fits_session, session_nodes
 from kcoral_server.router.slot import CONTROL
@@ -143,7 +147,8 @@ def node_back_handler(state: Any) -> Callable[[str], None]:
 
 
 def offers_sessions(info: Any) -> bool:
-    return isinstance(info, dict) and "sessions" in (info.get("features") or [])
+    features = info.get("features") if isinstance(info, dict) else None
+    return isinstance(features, list) and "sessions" in features
 
 
 def free_seats(info: Any) -> int:
@@ -174,13 +179,30 @@ def may_see(identity: Identity, session: RoutedSession) -> bool:
     return identity.admin or identity.name == session.owner
 
 
+def session_record_id(record: Any) -> str | None:
+    """The id of a node's session record (an object with a session id and an ``owner``
+    string), or None for anything else."""
+    if not isinstance(record, dict) or not isinstance(record.get("owner"), str):
+        return None
+    session_id = record.get("session_id")
+    return session_id if isinstance(session_id, str) and SESSION_ID.fullmatch(session_id) else None
+
+
+def created_at(record: dict[str, Any]) -> int | float:
+    """A listed session's sort key: its ``created_at`` (Unix seconds); 0 for anything else
+    (a string, a bool, NaN or an infinity a node sent), so sorting never fails."""
+    value = record.get("created_at")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    return value  # ints compare exactly with floats, however many digits (no float())
+
+
 def requested_gpu_count(body: bytes) -> int | None:
     """The ``gpu_count`` a ``POST /v1/sessions`` body asks for, or None (absent, or not a
     count: the node answers such a body with its own ``400``)."""
-    try:
-        document = json.loads(body) if body.strip() else {}
-    except ValueError:
-        return None
+    document = untrusted_json(body)  # nested too deep, say: the node's 400, not a 500
     value = document.get("gpu_count") if isinstance(document, dict) else None
     return value if _is_count(value) and value >= 1 else None
 
@@ -247,10 +269,9 @@ class SessionsHandler(ForwardHandler):
         for node, answer in answers:
             if answer is None or answer[0] != 200:
                 continue
-            try:
-                info = json.loads(answer[1])
-            except ValueError:
-                continue
+            info = untrusted_json(answer[1])
+            if info is None:
+                continue  # an answer the router cannot read: that node is not chosen
             if offers_sessions(info):
                 self.state.sessions.offering.add(node)
                 free[node] = free_seats(info)
@@ -265,41 +286,39 @@ class SessionsHandler(ForwardHandler):
         return status == 201
 
     def rewrite(self, status: int, body: bytes) -> bytes:
-        try:
-            record = json.loads(body)
-        except ValueError:
-            return body
-        self._learn(self.node, record)
+        self._learn(self.node, untrusted_json(body))  # unreadable: relayed, nothing learnt
         return body
 
     def _learn(self, node_id: str | None, record: Any) -> bool:
         """Remember a session record's node; False for a record that is not one."""
-        if not isinstance(record, dict) or node_id is None:
-            return False
-        session_id, owner = record.get("session_id"), record.get("owner")
-        if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
+        session_id = session_record_id(record)
+        if session_id is None or node_id is None:
             return False
         node = self.state.registry.nodes.get(node_id)
         instance = node.server_instance_id if node is not None else ""
-        return self.state.sessions.remember(session_id, node_id, instance, str(owner))
+        return self.state.sessions.remember(session_id, node_id, instance, record["owner"])
 
     async def get(self, *args: str) -> None:
         answers = await answers_to_merge(self, "/v1/sessions")
         if answers is None:
             return
-        merged: list[Any] = []
+        listings: list[tuple[str, str, Any]] = []
         for node, answer in answers:
             if answer is None or answer[0] != 200:
                 continue  # a node that cannot answer now (or has no sessions) is left out
-            try:
-                records = json.loads(answer[1])
-            except ValueError:
-                continue
-            if isinstance(records, list):
-                merged.extend(record for record in records if self._learn(node, record))
-        merged.sort(key=lambda record: float(record.get("created_at") or 0), reverse=True)
-        self.finish_reason = "completed"
-        self.send_json(200, merged)
+            records = untrusted_json(answer[1])  # unreadable: that node is left out
+            for record in records if isinstance(records, list) else []:
+                session_id = session_record_id(record)
+                if session_id is not None:
+                    listings.append((node, session_id, record))
+        kept, contested = sole_claims(listings, self._bound_node)
+        warn_contested(self, "session_claimed_twice", contested)
+        merged = [record for node, _, record in kept if self._learn(node, record)]
+        merged_answer(self, merged, created_at)
+
+    def _bound_node(self, session_id: str) -> str | None:
+        session = self.state.sessions.get(session_id)
+        return session.node_id if session is not None else None
 
 
 class SessionHandler(ForwardHandler):
@@ -377,16 +396,16 @@ class SessionHandler(ForwardHandler):
         return learn_submitted_job(self, body)  # read through /v1/jobs/{id}
 
     async def _look_up(self, session_id: str) -> str | None:
-        claims: list[tuple[str, Any]] = []  # (node, owner) of every node that says it holds it
+        claims: list[tuple[str, str]] = []  # (node, owner) of every node that says it holds it
         for node, answer in await ask_every_node(self, f"/v1/sessions/{session_id}"):
             if answer is None:
                 continue
             status, body = answer
             if status == 200:
-                try:
-                    claims.append((node, json.loads(body).get("owner")))
-                except (ValueError, AttributeError):
-                    continue
+                record = untrusted_json(body)
+                owner = record.get("owner") if isinstance(record, dict) else None
+                if isinstance(owner, str):  # else no session record: no claim
+                    claims.append((node, owner))
             elif not claims and (status == 401 or error_kind(body) == "unauthorized"):
                 self.send_router_error(
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"
@@ -399,7 +418,7 @@ class SessionHandler(ForwardHandler):
             node, owner = claims[0]
             record = self.state.registry.nodes.get(node)
             instance = record.server_instance_id if record is not None else ""
-            if self.state.sessions.remember(session_id, node, instance, str(owner)):
+            if self.state.sessions.remember(session_id, node, instance, owner):
                 return self._fitting(node)
         if len(claims) > 1:
             nodes = ",".join(node for node, _ in claims)
