@@ -13,7 +13,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.gateway import status_problem
 from kcoral_server.router.identity import is_valid_node_id, parse_router_origin
 from kcoral_server.router.job_routes import JobIndex
-from kcoral_server.router.registry import MAX_LAST_ERROR_CHARS, Registry
+from kcoral_server.router.registry import MAX_LAST_ERROR_CHARS, MAX_OLD_INSTANCES, Registry
 from kcoral_server.router.scheduler import Admission, NoNode, RouterBusy
 from kcoral_server.router.session_routes import SessionIndex
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
@@ -207,6 +207,22 @@ def test_a_new_server_instance_closes_the_old_slots() -> None:
     assert old.closed.is_set()
     stale = RouterSlot("a", "s2", "inst", FakeContext())
     assert registry.add_slot(stale) is not None  # FAILED_PRECONDITION for a replaced instance
+
+
+def test_a_supervisor_reporting_ever_new_instances_leaves_a_bounded_record() -> None:
+    registry = make_registry()
+    add_node(registry, "a")
+    stream = registry.nodes["a"].stream
+    for number in range(MAX_OLD_INSTANCES * 3):
+        registry.apply_status(stream, status("a", server_instance_id=f"instance-{number}"))
+    node = registry.nodes["a"]
+    assert len(node.old_instances) == MAX_OLD_INSTANCES  # the newest replaced ones
+    newest_replaced = f"instance-{MAX_OLD_INSTANCES * 3 - 2}"
+    assert registry.add_slot(RouterSlot("a", "s-new", newest_replaced, FakeContext()))
+    # one forgotten since is kept, like a pending slot, and never receives work
+    ancient = RouterSlot("a", "s-old", "instance-0", FakeContext())
+    assert registry.add_slot(ancient) is None
+    assert ancient not in node.current_slots()
 
 
 def test_the_admission_queue_is_bounded_fifo_and_timed() -> None:

@@ -33,6 +33,10 @@ SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor an
 MAX_RETAINED_NODES = 1024
 #: ``last_error`` is kept cut to this many characters (a supervisor's probe failure text).
 MAX_LAST_ERROR_CHARS = 1024
+#: the replaced server instances a node's record remembers (their slots are refused): a
+#: supervisor that reports ever new instances cannot grow the record past this; a slot of
+#: an instance forgotten since is kept but gets no work either (``current_slots``)
+MAX_OLD_INSTANCES = 64
 
 
 @dataclass(eq=False)
@@ -66,7 +70,7 @@ class NodeRecord:
     # that presents it takes work, so the node token plus a learnt server instance id no
     # longer open seats under a live node's id (ROUTER §12).
     slot_key: str = ""
-    old_instances: set[str] = field(default_factory=set)
+    old_instances: dict[str, None] = field(default_factory=dict)  # oldest first
     worker_count: int = 0
     busy_workers: int = 0
     target: dict[str, str] = field(default_factory=dict)
@@ -89,6 +93,13 @@ class NodeRecord:
     saturated_until: float = 0.0
     last_selected: int = 0
     slots: dict[str, RouterSlot] = field(default_factory=dict)
+
+    def replaced(self, instance_id: str) -> None:
+        """Remember ``instance_id`` as replaced, forgetting the oldest past
+        ``MAX_OLD_INSTANCES`` (a node-token holder decides how many there are)."""
+        self.old_instances[instance_id] = None
+        while len(self.old_instances) > MAX_OLD_INSTANCES:
+            del self.old_instances[next(iter(self.old_instances))]
 
     def current_slots(self, kind: str = WORKER) -> list[RouterSlot]:
         return [
@@ -185,7 +196,7 @@ class Registry:
                     )
         if server_changed or sup_changed:
             if node.server_instance_id:
-                node.old_instances.add(node.server_instance_id)
+                node.replaced(node.server_instance_id)
             if status.server_instance_id:
                 node.server_instance_id = status.server_instance_id
             if server_changed:
