@@ -17,13 +17,14 @@ from server_process import start_server
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"
+ADMIN = "root-token-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
 def server_with_a_session(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("worker-status")
     tokens = directory / "tokens"
-    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\nroot {ADMIN} admin\n")
     tokens.chmod(0o600)
     server = start_server(
         directory / "server",
@@ -78,9 +79,9 @@ def test_a_local_process_without_a_token_sees_session_seats_as_a_count_only(
     assert forged.status == 200 and "session_seats" not in forged.body
 
 
-def test_a_token_holder_sees_the_full_body(server_with_a_session) -> None:
+def test_a_token_holder_sees_the_seats_of_its_own_sessions(server_with_a_session) -> None:
     server, session_id = server_with_a_session
-    for token in (ALICE, BOB):
+    for token in (ALICE, ADMIN):
         answer = request(
             server.url,
             "GET",
@@ -92,3 +93,23 @@ def test_a_token_holder_sees_the_full_body(server_with_a_session) -> None:
         assert seat["session_id"] == session_id and seat["owner"] == "alice"
         assert isinstance(seat["worker_pid"], int)
         assert answer.body["session_seat_count"] == 1
+
+
+def test_another_token_holder_sees_the_seat_as_a_count_only(server_with_a_session) -> None:
+    """Attacker: bob, another token holder on the same server. Alice's session id, name and
+    worker pid stay out of what he reads; that a seat is held is a count."""
+    server, session_id = server_with_a_session
+    full = request(
+        server.url, "GET", "/internal/worker-status", headers={"Authorization": f"Bearer {ALICE}"}
+    )
+    (seat,) = full.body["session_seats"]
+    answer = request(
+        server.url, "GET", "/internal/worker-status", headers={"Authorization": f"Bearer {BOB}"}
+    )
+    assert answer.status == 200
+    assert answer.body["session_seats"] == [] and answer.body["session_seat_count"] == 1
+    text = answer.raw.decode()
+    assert session_id not in text and "alice" not in text
+    assert str(seat["worker_pid"]) not in json.dumps(
+        {k: v for k, v in answer.body.items() if k != "instance_id"}
+    )

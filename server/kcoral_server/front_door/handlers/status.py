@@ -32,7 +32,9 @@ class WorkerStatusHandler(BaseHandler):
     needed to find another user's session worker (and, without a sandbox, read its
     memory), so only a caller this server authenticates sees them: a client token, the
     router secret, or anyone on a server without tokens (one identity, which owns every
-    session there already)."""
+    session there already). A client token sees the seats of the sessions it may see
+    (its own; every one for an admin): another token holder's session ids, owner and
+    worker pid are the same map."""
 
     PUBLIC = True
 
@@ -47,10 +49,15 @@ class WorkerStatusHandler(BaseHandler):
     def get(self) -> None:
         pool = self.state.pool
         seats = self.state.sessions.seats()
-        authenticated = self.state.authenticate(self.request.headers) is not None
+        caller = self.state.authenticate(self.request.headers)
         # seats held by sessions, beyond worker_count (EXTENSIONS §11); who holds them only
-        # for an authenticated caller
-        described: dict[str, object] = {"session_seats": seats} if authenticated else {}
+        # for an authenticated caller, and only the ones it may see: a node's child answers
+        # its supervisor alone (the router secret), which sees every seat
+        described: dict[str, object] = {}
+        if caller is not None:
+            everyone = caller.admin or self.state.authenticator.tunnel_only
+            visible = [seat for seat in seats if everyone or caller.owns(seat["owner"])]
+            described["session_seats"] = visible
         if self.state.authenticator.tunnel_only:
             # A node's child (every caller here holds the router secret: its supervisor):
             # what its recent programs held, for the router's estimated wait (ROUTER §6).
