@@ -104,6 +104,9 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
         else:
             values[key] = value
     args = words[index:]
+    for arg in args:
+        if not _is_text(arg):
+            raise UsageError(f"tool argument {arg!r} is not valid UTF-8 (arguments go as text)")
     check_tool_args(tool, args)
     url, warnings = select_server(
         values.get("url"), values.get("host"), values.get("port"), environ
@@ -210,6 +213,8 @@ def parse_env(assignments: Sequence[str], environ: Mapping[str, str]) -> dict[st
             value = environ[name]
         if "\x00" in value:
             raise UsageError(f"--env: the value of {name} contains NUL")
+        if not _is_text(value):
+            raise UsageError(f"--env: the value of {name} is not valid UTF-8")
         result.pop(name, None)
         result[name] = value
     return result
@@ -235,10 +240,34 @@ def _check_outputs(options: RunOptions) -> None:
     if not tool.requires_out and bool(options.fetch) != (options.out is not None):
         raise UsageError("--fetch and --out must be given together")
     if options.out is not None:
-        if not options.out:
-            raise UsageError("--out must not be empty")
+        options.out = _out_path(options.out)
         if os.path.lexists(options.out):
             raise UsageError(f"--out {options.out!r} already exists (nothing is overwritten)")
+
+
+def _out_path(given: str) -> str:
+    """``--out`` as the absolute path it names, its parent resolved (symlinks and ``..``
+    as the shell would take them), before anything runs: the outputs are saved without
+    following links, so ``lnk/prof``, ``../prof`` or ``prof/`` would only fail after the
+    whole remote run. The parent is the user's own choice, never the server's."""
+    if not given:
+        raise UsageError("--out must not be empty")
+    if not _is_text(given):
+        raise UsageError(f"--out {given!r} is not valid UTF-8")
+    parent, name = os.path.split(given.rstrip("/"))
+    if name in ("", ".", ".."):
+        raise UsageError(f"--out {given!r} names no new directory")
+    return os.path.join(os.path.realpath(parent or os.curdir), name)
+
+
+def _is_text(word: str) -> bool:
+    """Whether ``word`` encodes as UTF-8 (a command line's undecodable bytes arrive as
+    lone surrogates, which the request cannot carry)."""
+    try:
+        word.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def general_help() -> str:

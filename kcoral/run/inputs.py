@@ -26,6 +26,12 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, bytes, bool]]:
         if not name:
             raise LocalFileError(f"--send {path!r}: cannot send the root directory")
         for remote, data, executable in _read_input(path, name):
+            try:
+                remote.encode("utf-8")
+            except UnicodeEncodeError:
+                raise LocalFileError(
+                    f"--send: the name {remote!r} is not valid UTF-8 (names go as text)"
+                ) from None
             if remote in files:
                 raise LocalFileError(f"--send: two inputs would both be sent as {remote!r}")
             files[remote] = (data, executable)

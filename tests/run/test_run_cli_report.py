@@ -15,6 +15,7 @@ from kcoral.run.command import build_program
 from kcoral.run.inputs import LocalFileError, collect_inputs
 from kcoral.run.outputs import report
 from kcoral.run.progress import Progress, format_bytes
+from kcoral.run.tools import UsageError
 from kcoral.run.worker_side import unpack_inputs
 
 
@@ -101,6 +102,50 @@ def test_returned_files_are_saved_under_out_with_parents_created(tmp_path: Path)
     assert report(opts, result({}, outputs=folder)) == 0
     assert (out / "res/a.txt").read_bytes() == b"A"
     assert (out / "res/empty").is_dir()
+
+
+@pytest.mark.parametrize("shape", ["trailing slash", "dot-dot", "symlinked parent"])
+def test_an_out_path_the_user_wrote_any_usual_way_is_where_the_outputs_land(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    """``prof/``, ``../prof`` and ``lnk/prof`` passed the command-line check and then, after
+    the whole remote run, failed to save (outputs are saved without following links): the
+    parent is now resolved before anything is sent."""
+    work = tmp_path / "work"
+    (tmp_path / "real").mkdir()
+    work.mkdir()
+    (work / "lnk").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(work)
+    given, landed = {
+        "trailing slash": ("prof/", work / "prof"),
+        "dot-dot": ("../prof", tmp_path / "prof"),
+        "symlinked parent": ("lnk/prof", tmp_path / "real" / "prof"),
+    }[shape]
+    opts = options(tmp_path, "--fetch", "res", "--out", given)
+    assert opts.out == str(landed)
+    folder = ReturnedFolder({"res/a.txt": ReturnedFile(b"A")}, directories=["res"])
+    assert report(opts, result({}, outputs=folder)) == 0
+    assert (landed / "res/a.txt").read_bytes() == b"A"
+
+
+def test_undecodable_local_names_and_words_are_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    """A command line's or a directory's bytes that are not UTF-8 (arriving as lone
+    surrogates) made a traceback while the request was encoded; now each is named."""
+    bad = "caf\udce9"
+    with pytest.raises(UsageError, match="not valid UTF-8"):
+        options(tmp_path, args=("x.py", bad))
+    with pytest.raises(UsageError, match="not valid UTF-8"):
+        options(tmp_path, "-e", f"NAME={bad}")
+    with pytest.raises(UsageError, match="not valid UTF-8"):
+        options(tmp_path, "--fetch", "res", "--out", str(tmp_path / bad))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "ok.py").write_text("")
+    (project / bad).write_text("")  # the file name's bytes: b"caf\xe9"
+    with pytest.raises(LocalFileError, match="not valid UTF-8"):
+        collect_inputs([str(project)])
 
 
 def test_an_out_directory_created_meanwhile_is_never_overwritten(
