@@ -1,7 +1,8 @@
 """The Kubernetes manifests pass the schema and agree with the code, the images and each
-other: commands through the real argument parsers, probes, drain time, tokens, the sandbox's
-needs, the kustomization's one place for images, tokens and replicas, and its overlays: one
-node DaemonSet per GPU kind, each on its own machines with its product and GPUs.
+other: commands through the real argument parsers, probes, drain time, tokens (and that the
+pod's user can read their Secret files), the sandbox's needs, the kustomization's one place
+for images, tokens and replicas, and its overlays: one node DaemonSet per GPU kind, each on
+its own machines with its product and GPUs.
 
 No kubectl here: each overlay's JSON patch is applied to the base in Python (deploy_files
 ``patched``: add, replace, remove, test), which is what the overlay makes of the base's
@@ -13,6 +14,11 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import kubernetes_validate
@@ -214,6 +220,105 @@ def test_both_pods_run_as_the_user_their_images_create() -> None:
         context = workload["spec"]["template"]["spec"]["securityContext"]
         assert (context["runAsUser"], context["runAsGroup"]) == (int(uid), int(gid))
         assert container(workload)["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def workloads() -> list[dict]:
+    """The router and each overlay's node DaemonSet, as the kustomization makes them."""
+    return [router(), *(overlay_node(name) for name in overlays())]
+
+
+def generated_secret_keys() -> dict[str, list[str]]:
+    """The keys of each Secret the kustomization generates, by the Secret's name."""
+    return {
+        generator["name"]: [entry.split("=", 1)[0] for entry in generator["files"]]
+        for generator in kustomization()["secretGenerator"]
+    }
+
+
+def secret_files(workload: dict) -> list[tuple[str, int, int]]:
+    """Each file of a Secret volume the container mounts, as the kubelet lays it out: its
+    name, owner group and mode. The owner is root; the group is the pod's fsGroup where it
+    sets one, else root's; the mode is the item's, else the volume's ``defaultMode`` (0644
+    where unset)."""
+    pod = workload["spec"]["template"]["spec"]
+    group = pod.get("securityContext", {}).get("fsGroup", 0)
+    mounted = {m["name"] for m in container(workload).get("volumeMounts", [])}
+    files = []
+    for volume in pod.get("volumes", []):
+        secret = volume.get("secret")
+        if secret is None or volume["name"] not in mounted:
+            continue
+        default = secret.get("defaultMode", 0o644)
+        # Without items every key of the Secret is a file of that name.
+        keys = generated_secret_keys()[secret["secretName"]]
+        items = secret.get("items") or [{"path": key} for key in keys]
+        for item in items:
+            files.append((f"{volume['name']}/{item['path']}", group, item.get("mode", default)))
+    return files
+
+
+def test_every_secret_volume_is_readable_by_the_user_its_pod_runs_as() -> None:
+    # Kubernetes writes Secret files owned by root: a pod that runs as another user reads
+    # them through group-read and its fsGroup, or not at all. The router's 0400 token file
+    # (no fsGroup) made `kcoral router --auth-token-file` exit 2 and the rollout never end.
+    checked = 0
+    for workload in workloads():
+        context = workload["spec"]["template"]["spec"]["securityContext"]
+        user, groups = context["runAsUser"], {context["runAsGroup"]}
+        groups |= {context.get("fsGroup", context["runAsGroup"])}
+        groups |= set(context.get("supplementalGroups", []))
+        assert user != 0
+        for name, group, mode in secret_files(workload):
+            readable = mode & 0o004 or (mode & 0o040 and group in groups)
+            assert readable, f"{workload['metadata']['name']}: {name} mode {mode:04o}"
+            # ... and no wider than its group: other users of the machine get nothing.
+            assert not mode & 0o007, f"{workload['metadata']['name']}: {name} mode {mode:04o}"
+            checked += 1
+    assert checked >= 1  # the router's client tokens
+
+
+def test_the_router_reads_its_token_file_as_kubernetes_writes_it() -> None:
+    # The audit's reproduction: the Secret's file root-owned with the manifest's mode and
+    # group, and the router's own argument parsing run as the pod's user and groups.
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv (util-linux) to run as the pod's user")
+    ((name, group, mode),) = secret_files(router())
+    context = router()["spec"]["template"]["spec"]["securityContext"]
+    groups = sorted({context.get("fsGroup", context["runAsGroup"])})
+    box = container(router())
+    mount = next(m for m in box["volumeMounts"] if m["name"] == name.split("/")[0])
+    command = list(box["command"])
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder).chmod(0o755)  # the pod's user must reach the file
+        token_file = Path(folder) / "tokens"
+        token_file.write_text((KUBERNETES / "secrets" / "client-tokens.example").read_text())
+        os.chown(token_file, 0, group)
+        token_file.chmod(mode)
+        at = command.index("--auth-token-file") + 1
+        assert command[at] == f"{mount['mountPath']}/{name.split('/')[1]}"
+        command[at] = str(token_file)
+        code = (
+            "import sys; from kcoral_server.router.settings import parse_router_args; "
+            "parse_router_args(sys.argv[1:], {'KCORAL_NODE_TOKEN': 't'})"
+        )
+        done = subprocess.run(
+            [
+                setpriv,
+                f"--reuid={context['runAsUser']}",
+                f"--regid={context['runAsGroup']}",
+                "--groups=" + ",".join(str(g) for g in groups),
+                sys.executable,
+                "-c",
+                code,
+                *command[2:],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=folder,
+        )
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("name", ["client-tokens.example"])
