@@ -9,13 +9,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from kcoral_server.settings.command_line import parse_server_args
 from slurm_cluster import NODE_OPTIONS, SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "slurm" / "kcoral-node.sbatch"
 
 
-def run_script(tmp_path: Path, token_mode: int = 0o600, **variables: str):
+def run_script(
+    tmp_path: Path, token_mode: int = 0o600, arguments: tuple[str, ...] = (), **variables: str
+):
     config = tmp_path / "home" / ".config" / "kcoral"
     config.mkdir(parents=True, exist_ok=True)
     for name, text in (("router-url", "http://router.example:9000\n"), ("node-token", "t0k\n")):
@@ -30,7 +33,11 @@ def run_script(tmp_path: Path, token_mode: int = 0o600, **variables: str):
         **variables,
     }
     return subprocess.run(
-        ["bash", str(SCRIPT)], env=environment, capture_output=True, text=True, timeout=30
+        ["bash", str(SCRIPT), *arguments],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
@@ -49,6 +56,19 @@ def test_no_gpus_in_the_allocation_is_cpu_mode_without_gpus(tmp_path: Path) -> N
     assert answer.returncode == 0, answer.stderr
     assert command[command.index("--device") + 1] == "cpu" and "--gpus" not in command
     assert "partition=big-mem-" in command  # made a valid label value
+
+
+def test_the_node_pins_the_bubblewrap_sandbox_unless_told_otherwise_after_the_script(
+    tmp_path: Path,
+) -> None:
+    # `auto` would fall back to no sandbox with only a warning where bubblewrap cannot run,
+    # and client programs would run unconfined, able to read the node token.
+    pinned = parse_server_args(run_script(tmp_path).stdout.splitlines()[2:], {})
+    assert pinned.config.sandbox == "bubblewrap"
+    # The documented opt-out of the one-machine demo: options after the script come last.
+    demo = run_script(tmp_path, arguments=NODE_OPTIONS).stdout.splitlines()
+    assert demo[-len(NODE_OPTIONS) :] == list(NODE_OPTIONS)
+    assert parse_server_args(demo[2:], {}).config.sandbox == "none"
 
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o660])
