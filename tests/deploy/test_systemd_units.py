@@ -93,3 +93,43 @@ def test_the_node_unit_delegates_its_cgroup_so_worker_limits_are_enforced() -> N
 def test_each_unit_raises_the_open_files_limit(name: str) -> None:
     # Issue 28: at the usual 1024 a few hundred idle sockets stopped ``accept``.
     assert int(service(name)["LimitNOFILE"]) >= 65536
+
+
+# What the router unit locks down: the router runs no uploaded code and writes no file.
+ROUTER_HARDENING = {
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
+    "RestrictNamespaces": "yes",
+    "LockPersonality": "yes",
+    "UMask": "0077",
+}
+
+
+def test_the_router_unit_is_sandboxed_and_the_node_unit_keeps_namespaces_and_devices() -> None:
+    # `systemd-analyze security --offline=yes` rated the router's unit 9.2 UNSAFE without these.
+    router = service("kcoral-router.service")
+    assert {key: router.get(key) for key in ROUTER_HARDENING} == ROUTER_HARDENING
+    # ... and the router's command writes nowhere these would forbid (no ready file, no log
+    # folder: its events go to the journal).
+    command = unit_command("kcoral-router.service", "kcoral")
+    assert not {"--ready-file", "--log-dir"} & set(command)
+    # Bubblewrap makes namespaces for every worker and the workers use the GPUs' devices.
+    node = service("kcoral-node.service")
+    assert "RestrictNamespaces" not in node and "PrivateDevices" not in node
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_each_unit_points_to_the_docs_on_its_plain_http_transport(name: str) -> None:
+    # ROUTER §3: no encryption; the units name where the docs say what to do about it.
+    text = (SYSTEMD / name).read_text()
+    assert 'docs/scaling.md, "Transport"' in text
+    docs = (SYSTEMD.parents[1] / "docs" / "scaling.md").read_text()
+    assert "\n## Transport\n" in docs
