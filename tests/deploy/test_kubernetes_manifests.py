@@ -442,3 +442,40 @@ def test_an_overlay_label_that_shadows_a_built_in_key_stops_the_node(
         parse_server_args(command[2:], {"KCORAL_NODE_TOKEN": "t"})
     assert stopped.value.code == 2
     assert "'gpu' is built in" in capsys.readouterr().err
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes quantity with a binary suffix (``64Gi``) in bytes."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    return int(text[:-2]) * units[text[-2:]]
+
+
+def test_each_node_pod_bounds_its_disk_volumes_above_what_the_server_may_write() -> None:
+    # Unbounded emptyDirs let a long-lived node pod (its event log keeps every program)
+    # fill the machine's disk, and the kubelet evict whatever ran there.
+    for name in overlays():
+        daemonset = overlay_node(name)
+        volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+        for volume in volumes.values():
+            if "emptyDir" in volume:
+                assert "sizeLimit" in volume["emptyDir"], (name, volume["name"])
+        command = overlay_command(name)
+        env = {}
+        for settings in overlays()[name].get("configMapGenerator", []):
+            env["KCORAL_SERVER_GPUS"] = settings["literals"][0].split("=", 1)[1]
+        server = parse_server_args(command[2:], env)
+        config = server.config
+        workers = (
+            config.workers_per_gpu * len(config.gpus)
+            if config.device == "gpu"
+            else config.num_workers
+        )
+        mounts = {m["mountPath"]: m["name"] for m in container(daemonset)["volumeMounts"]}
+        # Every worker's workspace at its limit at once fits in /tmp ...
+        tmp = quantity_bytes(volumes[mounts["/tmp"]]["emptyDir"]["sizeLimit"])
+        assert tmp >= workers * config.workspace_limit_bytes, name
+        # ... and the disk cache with room for the event log in the state volume.
+        state = volumes[mounts["/var/lib/kcoral"]]["emptyDir"]["sizeLimit"]
+        assert str(config.disk_cache_dir).startswith("/var/lib/kcoral/")
+        assert str(config.log_dir).startswith("/var/lib/kcoral/")
+        assert quantity_bytes(state) >= 2 * config.disk_cache_capacity_mbytes * (1 << 20), name
