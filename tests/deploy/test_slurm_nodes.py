@@ -294,6 +294,19 @@ def test_the_batch_script_maps_the_allocation_onto_kcoral_server_options(
             assert labels(cpu) == {f"partition={PARTITION}"}
             assert cpu[-2:] == ["--num-workers", "1"]  # the submitter's options come last
 
+        # Submitted as docs/scaling.md says, `(umask 077; sbatch ...)`: Slurm creates the job's
+        # output (the server's console) with the submitter's umask, before the script's own
+        # `umask 077` runs, so only that keeps it from other users.
+        before = os.umask(0o077)
+        try:
+            private_job = sbatch(cluster, SCRIPT, out, [], environment)
+        finally:
+            os.umask(before)
+        assert finished(cluster, private_job) == "COMPLETED"
+        output = jobs / f"dry-{private_job}_4294967294.out"
+        assert "--sandbox" in output.read_text().split()
+        assert output.stat().st_mode & 0o777 == 0o600
+
         # A token file others can read: the job refuses to start, saying what to do.
         (config / "node-token").chmod(0o640)
         refused = sbatch(cluster, SCRIPT, out, [], environment)
