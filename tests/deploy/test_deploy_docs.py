@@ -1,7 +1,8 @@
 """docs/scaling.md "Deploy it" runs on the files as they are: the build commands are the build
 files' own, each `sed` edit of a kustomization finds its text and leaves the GPU settings in
-agreement, an overlay copied as the docs say is a kind of its own, and the names the
-commands use are the ones the manifests use."""
+agreement, an overlay copied as the docs say is a kind of its own, the names the commands
+use are the ones the manifests use, the token files are written closed to others, and the
+cgroups the docs name are the ones the node makes."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from deploy_files import (
     overlays,
     resource,
 )
+from kcoral_server.front_door.callers import parse_tokens
 from kcoral_server.gpu.kind import gpu_key
+from kcoral_server.processes.cgroups import FRONT_END_LEAF, TREE_PREFIX
 
 DOCS = ROOT / "docs" / "scaling.md"
 
@@ -149,3 +152,27 @@ def test_the_docs_python_line_is_valid_python() -> None:
     (line,) = [c for c in commands() if c.startswith("python -c ")]
     (_python, _flag, code) = shlex.split(line)
     ast.parse(code)
+
+
+def test_the_docs_write_the_token_files_closed_to_group_and_others(tmp_path: Path) -> None:
+    # Under the usual umask 022 the admin token was readable by anyone on the machine.
+    writes = [c for c in commands() if "> deploy/kubernetes/secrets/" in c]
+    assert len(writes) == 2
+    copy = copy_of_the_files(tmp_path)
+    for command in writes:
+        run_in(tmp_path, f"umask 022; {command}")
+    node_token = copy / "secrets" / "node-token"
+    client_tokens = copy / "secrets" / "client-tokens"
+    for path in (node_token, client_tokens):
+        assert path.stat().st_mode & 0o077 == 0, path.name
+    assert "\n" not in node_token.read_text()
+    identities = parse_tokens(client_tokens.read_text())
+    assert [i.name for i in identities.values() if i.admin] == ["ops"]
+
+
+def test_the_docs_name_the_cgroups_the_node_makes_under_its_systemd_unit() -> None:
+    # The docs once said the systemd unit enforced no per-worker limit, while the unit
+    # delegates its cgroup and the front-end moves into a leaf beside the workers' parent.
+    text = DOCS.read_text()
+    assert f"`{FRONT_END_LEAF}`" in text and f"`{TREE_PREFIX}<pid>`" in text
+    assert "not done yet" not in text
