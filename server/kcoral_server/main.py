@@ -22,6 +22,7 @@ import tornado.httpserver
 import tornado.netutil
 
 from kcoral_server.front_door.app import ServerState, create_app
+from kcoral_server.front_door.callers import token_file_exposure
 from kcoral_server.gpu.inventory import DeviceError, choose_devices
 from kcoral_server.pool.startup import PoolStartError
 from kcoral_server.processes.open_files import raise_open_file_limit
@@ -133,6 +134,10 @@ async def _serve(
             host=settings.host,
             message="listening on a non-loopback address without client authentication",
         )
+    token_file = config.auth_token_file
+    exposure = None if token_file is None else token_file_exposure(token_file)
+    if exposure is not None:
+        events.emit("token_file_open", "WARNING", message=exposure, path=str(token_file))
     state: ServerState | None = None
     # written after the pool starts: hidden from the sandboxes made once it exists (SERVER
     # §14; it holds only the URL, which no sandboxed program can reach: no network)

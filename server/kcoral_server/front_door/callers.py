@@ -17,7 +17,9 @@ Standard library only: ``kcoral_server.settings.config`` reads token files throu
 from __future__ import annotations
 
 import hmac
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -123,3 +125,31 @@ class Authenticator:
             if hmac.compare_digest(given, expected):
                 found = who
         return found
+
+
+def token_file_exposure(path: str | os.PathLike[str]) -> str | None:
+    """Why the client-token file ``path`` is open to more people than it should be, or None
+    (the message leads with the mode and the fix: a console line may be cut).
+
+    Who can reach it: every local user who can read it may act as any identity it names,
+    and whoever can write it may add an identity of their own (an admin one included). Its
+    group may still read it: a Kubernetes Secret is mounted root-owned for the pod's
+    ``fsGroup`` (``deploy/kubernetes``). A warning, not a refusal: a server or router that
+    started with such a file before still starts."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # read already, or refused, where the settings are checked
+    exposed = [
+        who
+        for who, bits in (("others can read it", 0o004), ("others can write it", 0o002))
+        if mode & bits
+    ]
+    if mode & 0o020:
+        exposed.append("its group can write it")
+    if not exposed:
+        return None
+    return (
+        f"mode {stat.S_IMODE(mode):04o}, {' and '.join(exposed)}: chmod 600 it"
+        " (whoever reads it may act as any identity it names)"
+    )

@@ -157,6 +157,9 @@ async def serve(settings: RouterSettings) -> int:
         node_tokens=len(settings.node_tokens.entries) if settings.node_tokens else None,
         client_token="set" if settings.auth_token else None,
     )
+    if settings.auth_token_exposure is not None:
+        # the --auth-token-file named on its command line
+        log.event("token_file_open", level="WARNING", message=settings.auth_token_exposure)
     if settings.auth_token is None and not ipaddress.ip_address(settings.host).is_loopback:
         log.event(
             "unauthenticated_access",

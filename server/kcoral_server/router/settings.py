@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
-from kcoral_server.front_door.callers import parse_tokens
+from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
 from kcoral_server.router.identity import NodeTokens, parse_node_tokens
 from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
 from kcoral_server.settings.config import declared_settings, setting
@@ -139,6 +139,8 @@ class RouterSettings:
     )
     # the client token file's text (EXTENSIONS §6), read from --auth-token-file (not a field)
     auth_token: str | None = None
+    # why that file is open to more people than it should be (``token_file_exposure``)
+    auth_token_exposure: str | None = None
     allow_unauthenticated: bool = setting(
         False,
         flag="--allow-unauthenticated",
@@ -361,6 +363,9 @@ def parse_router_args(
             "node_token": token,
             "node_tokens": node_tokens,
             "auth_token": auth_token,
+            "auth_token_exposure": (
+                None if args.auth_token_file is None else token_file_exposure(args.auth_token_file)
+            ),
             "metrics_token": metrics_token,
         }
     )
