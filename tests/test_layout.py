@@ -33,11 +33,14 @@ The rules, and how this file reads them:
 from __future__ import annotations
 
 import ast
+import subprocess
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_ROOTS: dict[str, Path] = {
@@ -367,3 +370,23 @@ def test_no_class_is_over_300_lines_and_no_module_over_600() -> None:
 def test_the_declarative_settings_modules_exist() -> None:
     missing = sorted(name for name in DECLARATIVE_SETTINGS if not (ROOT / name).is_file())
     assert not missing, "DECLARATIVE_SETTINGS names missing files: " + ", ".join(missing)
+
+
+#: the repository's top level, fixed (the developers' guide): anything else belongs in one
+#: of these folders (notes in docs/)
+TOP_LEVEL = {
+    ".ci", ".dockerignore", ".gitignore", "README.md", "benchmarks", "deploy", "docs",
+    "examples", "jupyter_ext", "kcoral", "labextension", "notebooks", "pyproject.toml",
+    "server", "tests",
+}  # fmt: skip
+
+
+def test_the_repository_root_holds_only_the_fixed_layout() -> None:
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if tracked.returncode != 0:
+        pytest.skip(f"not a git checkout here: {tracked.stderr.strip()[:200]}")
+    top = {line.split("/", 1)[0] for line in tracked.stdout.splitlines() if line}
+    stray = sorted(top - TOP_LEVEL)
+    assert not stray, f"files outside the fixed top-level layout: {stray} (move them)"
