@@ -211,6 +211,12 @@ class Session:
         self._interrupted = None
         self.running = None
         self.last_finished_at = time.time()
+        if self.state == "ENDED":
+            # ended (deleted, or the server shut down) after its program had finished: the
+            # cancel came too late to stop the worker, so it retires here; it would have been
+            # idle again, holding its seat and taking programs, in a session said to be over
+            self.registry.retire(self)
+            return
         handle = self.seat.worker
         if retire_reason is None and handle is not None:
             # idle for its owner at once; the next program waits for the clean-up (checkout)
