@@ -336,6 +336,32 @@ def test_the_oldest_finished_jobs_go_first_when_retention_bytes_run_out(kcoral_s
     assert kinds[:kept] == ["job_expired"] * kept and set(kinds[kept:]) == {"COMPLETED"}
 
 
+@pytest.mark.parametrize(
+    "kcoral_server", [["--job-retention-bytes", "6000", "--num-workers", "1"]], indirect=True
+)
+def test_a_job_larger_than_the_retention_bound_goes_alone(kcoral_server) -> None:
+    """A finished job that alone passes ``--job-retention-bytes`` used to take every older
+    finished job (of every owner) with it before going itself; now only it expires."""
+    small = module_program("def f():\n    print('x' * 500)\n    return 1\n", "f")
+    large = module_program("def f():\n    print('y' * 9000)\n    return 2\n", "f")
+    with kcoral.Client(kcoral_server.url) as client:
+        kept = [client.submit(small) for _ in range(2)]
+        for job in kept:
+            job.wait()
+        too_large = client.submit(large)
+        with contextlib.suppress(KCoralError):  # it may expire before its stream ends
+            too_large.wait()
+
+        def kind(job: kcoral.jobs.Job) -> str:
+            status, body = _get(kcoral_server.url, f"/v1/jobs/{job.id}")
+            decoded = json.loads(body)
+            return decoded["status"] if status == 200 else decoded["error"]["kind"]
+
+        wait_for(lambda: kind(too_large) == "job_expired", "the large job's expiry")
+        assert [kind(job) for job in kept] == ["COMPLETED", "COMPLETED"]
+        assert [job.result()["r"] for job in kept] == [1, 1]
+
+
 @pytest.mark.parametrize("kcoral_server", [["--num-workers", "2"]], indirect=True)
 def test_a_hundred_concurrent_jobs_with_open_streams_all_deliver_complete_output(
     kcoral_server,

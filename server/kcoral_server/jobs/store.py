@@ -384,11 +384,18 @@ class JobRegistry:
             (j for j in self.jobs.values() if j.finished_monotonic is not None),
             key=lambda j: j.finished_monotonic,  # type: ignore[arg-type,return-value]
         )
+        # A job larger than the whole bound can never be kept: it goes by itself, not after
+        # every older finished job of every owner (which it then followed anyway).
+        for job in by_age:
+            if job.size > self.retention_bytes:
+                total -= job.size
+                self._expire(job)
         for job in by_age:
             if total <= self.retention_bytes:
                 break
-            total -= job.size
-            self._expire(job)
+            if job.id in self.jobs:
+                total -= job.size
+                self._expire(job)
 
     def _expire(self, job: Job) -> None:
         self.jobs.pop(job.id, None)
