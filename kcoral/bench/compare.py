@@ -34,7 +34,13 @@ from kcoral.bench.config import (
 from kcoral.bench.correctness import Check, check, clone, result_of
 from kcoral.bench.report import machine_report, state_probe
 from kcoral.bench.rounds import CandidateFailed, StopRule, measure_rounds
-from kcoral.bench.stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary
+from kcoral.bench.stats import (
+    NO_DIFFERENCE,
+    median_precision,
+    ratio_of_medians,
+    summary,
+    too_few_samples,
+)
 from kcoral.protocol.errors import ExecutionError
 
 #: ``compare``'s own configuration keys, beside ``benchmark``'s.
@@ -258,6 +264,7 @@ class _Comparison:
         samples = {index: outcome.samples[position] for position, index in enumerate(timed)}
         baseline = samples[0]
         candidates: dict[str, Any] = {}
+        few: list[str] = []
         for index, name in enumerate(self.names):
             entry = self.entries[index]
             if entry["status"] == "ok" and samples.get(index):
@@ -271,7 +278,12 @@ class _Comparison:
                     speedup = ratio_of_medians(baseline, times, self.seed + index)
                     speedup["verdict"] = _VERDICTS[speedup["verdict"]]
                     entry["speedup"] = speedup
+                    why = too_few_samples(baseline, times)
+                    if why is not None:
+                        few.append(f"{name!r} against the baseline: {why}")
             candidates[name] = entry
+        report = machine_report(probe, outcome, self.settings)
+        report["warnings"] += [f"speedup of {line}" for line in few]
         return {
             "kind": "kcoral.comparison",
             "baseline": self.names[0],
@@ -285,5 +297,5 @@ class _Comparison:
             "rtol": self.rtol,
             "atol": self.atol,
             "outputs": self.outputs,
-            **machine_report(probe, outcome, self.settings),
+            **report,
         }

@@ -21,6 +21,9 @@ MAX_SAMPLES_LIMIT = 100_000
 #: The adaptive mode's default measuring budget.
 DEFAULT_ADAPTIVE_MAX_MS = 2000.0
 LABEL_LIMIT = 200
+#: The most calls one measurement makes, whatever its budget says (keeps memory bounded);
+#: an explicit ``warmup`` or ``repeat`` above it is refused, a budget's count is capped to it.
+MAX_CALLS = 100_000
 
 
 def truncate_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
@@ -79,6 +82,12 @@ def _count(key: str, value: object) -> int:
         raise helper_error("runtime", f"benchmark config {key!r} must be an integer, not {value!r}")
     if value < 1:
         raise helper_error("runtime", f"benchmark config {key!r} must be at least 1, not {value!r}")
+    if value > MAX_CALLS and key in ("warmup", "repeat"):
+        raise helper_error(
+            "runtime",
+            f"benchmark config {key!r} must be at most {MAX_CALLS} (the calls one measurement "
+            f"makes at most), not {truncate_message(repr(value), 80)}",
+        )
     return value
 
 
@@ -168,7 +177,8 @@ def parse_config(
 
 
 def calls_for_budget(budget_ms: float, estimate_ms: float) -> int:
-    """max(1, ⌊budget / estimate⌋), and 1000 when the estimate is 0 (SERVER §15)."""
+    """max(1, ⌊budget / estimate⌋), and 1000 when the estimate is 0 (SERVER §15); at most
+    ``MAX_CALLS``, so a large budget over a tiny estimate cannot ask for billions of calls."""
     if estimate_ms <= 0:
         return ZERO_ESTIMATE_COUNT
-    return max(1, math.floor(budget_ms / estimate_ms))
+    return min(MAX_CALLS, max(1, math.floor(budget_ms / estimate_ms)))

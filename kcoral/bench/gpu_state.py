@@ -94,6 +94,7 @@ class NvmlProbe:
 
     uuid: str | None = None
     name: str | None = None
+    driver_version: str | None = None
     unavailable: str | None = None
     application_sm_clock_mhz: int | None = None
     default_application_sm_clock_mhz: int | None = None
@@ -122,6 +123,10 @@ class NvmlProbe:
             name = name.decode("utf-8", "replace")
         probe = cls(uuid=uuid, name=str(name) if name is not None else None)
         probe._nvml, probe._handle = nvml, handle
+        driver = _optional(getattr(nvml, "nvmlSystemGetDriverVersion", None))
+        if isinstance(driver, bytes):
+            driver = driver.decode("utf-8", "replace")
+        probe.driver_version = driver if isinstance(driver, str) else None
         probe.application_sm_clock_mhz = _optional(
             nvml.nvmlDeviceGetApplicationsClock, handle, _NVML_CLOCK_SM
         )
@@ -209,6 +214,29 @@ class NvmlProbe:
                 f"({', '.join(reasons)})"
             )
         return found
+
+
+def torch_device_name() -> str | None:
+    """The current CUDA device's name as torch reports it, when torch is already loaded (a
+    GPU clock loaded it; never imported here), else ``None``: the GPU kind without NVML."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    name = _optional(lambda: torch.cuda.get_device_name(torch.cuda.current_device()))
+    return name if isinstance(name, str) and name else None
+
+
+def software_versions(probe: NvmlProbe | None) -> dict[str, str | None]:
+    """``versions`` of a result: the NVIDIA driver (NVML), CUDA and torch (torch, when
+    already loaded); ``null`` where unknown. History warns when they change between runs."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    version = getattr(torch, "__version__", None)
+    return {
+        "driver": probe.driver_version if probe is not None else None,
+        "cuda": cuda if isinstance(cuda, str) else None,
+        "torch": str(version) if version is not None else None,
+    }
 
 
 def _evenly(items: Sequence[Any], limit: int) -> list[Any]:

@@ -45,32 +45,56 @@ def history_directory(user_ns: Mapping[str, Any] | None = None) -> tuple[Path, s
     return Path.cwd().resolve(), IN_WORKING_DIRECTORY
 
 
+#: The key's GPU when neither NVML nor torch named it: such runs are recorded, never compared.
+UNKNOWN_GPU = "unknown GPU"
+
+
 def history_key(result: Mapping[str, Any], label: str) -> dict[str, str]:
-    """label, GPU kind (NVML's name, ``cpu`` on a CPU worker) and clock of ``result``."""
-    gpu = "unknown GPU"
+    """label, GPU kind (NVML's name, else the name torch reported, ``cpu`` on a CPU worker,
+    else ``unknown GPU``) and clock of ``result``."""
+    gpu = UNKNOWN_GPU
     state = result.get("gpu_state")
-    if isinstance(state, Mapping) and isinstance(state.get("name"), str):
+    if isinstance(state, Mapping) and isinstance(state.get("name"), str) and state["name"]:
         gpu = state["name"]
+    elif isinstance(state, Mapping) and isinstance(state.get("device_name"), str):
+        gpu = state["device_name"] or UNKNOWN_GPU
     elif result.get("clock") == "cpu":
         gpu = "cpu"
     clock = result.get("clock")
     return {"label": label, "gpu": gpu, "clock": clock if isinstance(clock, str) else "unknown"}
 
 
+def _clean(samples: object) -> list[float]:
+    """The finite, non-negative numbers of a sample list (anything else: none)."""
+    from kcoral.protocol.strict_json import finite_float
+
+    if not isinstance(samples, list):
+        return []
+    values = (finite_float(s) if isinstance(s, (int, float)) else None for s in samples)
+    return [v for v in values if v is not None and v >= 0]
+
+
 def _candidates(result: Mapping[str, Any]) -> dict[str, list[float]]:
     """name -> samples of each timed candidate (a benchmark is one candidate, its label)."""
     from kcoral.bench.results import rows_of
-    from kcoral.protocol.strict_json import finite_float
 
     found = {}
     for name, entry in rows_of(result):
-        samples = entry.get("samples_ms")
-        if not isinstance(samples, list):
-            continue
-        values = [v for v in (finite_float(s) for s in samples) if v is not None and v >= 0]
+        values = _clean(entry.get("samples_ms"))
         if values:
             found[name] = values
     return found
+
+
+def _versions(result: Mapping[str, Any]) -> dict[str, str]:
+    """The driver, CUDA and torch versions a result carries (only those it names)."""
+    versions = result.get("versions")
+    if not isinstance(versions, Mapping):
+        return {}
+    return {k: v for k, v in versions.items() if k in _VERSION_KEYS and isinstance(v, str)}
+
+
+_VERSION_KEYS = ("driver", "cuda", "torch")
 
 
 def _previous(path: Path, key: Mapping[str, str]) -> dict[str, Any] | None:
@@ -95,8 +119,13 @@ def remember(
     """Compare ``result`` with the previous run of its key, append it to the history, and
     put ``history`` into ``result`` (file, key, previous run's time, changes per candidate:
     new median / old median with a bootstrap interval, ``regression`` when the whole
-    interval lies above 1)."""
-    from kcoral.bench.stats import ratio_of_medians, thinned
+    interval lies above 1, and the warnings, which join the result's ``warnings``).
+
+    Nothing is compared for an unknown GPU kind (every GPU would share its key), and a
+    candidate with fewer than ``MIN_INTERVAL_SAMPLES`` samples on a side is no regression.
+    The previous line's samples are cleaned like the new ones; a line without usable
+    samples compares nothing and never raises."""
+    from kcoral.bench.stats import ratio_of_medians, thinned, too_few_samples
 
     if directory is None:
         directory, where = history_directory()
@@ -104,18 +133,38 @@ def remember(
     key = history_key(result, label)
     current = _candidates(result)
     previous = _previous(path, key)
+    warnings: list[str] = []
     changes = {}
-    if previous is not None and isinstance(previous.get("candidates"), dict):
+    old_candidates = previous.get("candidates") if previous is not None else None
+    if key["gpu"] == UNKNOWN_GPU:
+        warnings.append(
+            "history: the GPU kind is unknown (no NVML name: pip install 'kcoral[gpu]'), so "
+            "this run is recorded but compared with nothing (GPUs of every kind would share "
+            "its key)"
+        )
+    elif isinstance(old_candidates, dict):
         for name, samples in current.items():
-            old = previous["candidates"].get(name)
-            old_samples = old.get("samples_ms") if isinstance(old, dict) else None
-            if not isinstance(old_samples, list) or not old_samples:
+            old = old_candidates.get(name)
+            old_samples = _clean(old.get("samples_ms") if isinstance(old, dict) else None)
+            if not old_samples:
                 continue
             change = ratio_of_medians(samples, old_samples, CHANGE_SEED)
             verdict = {"greater": "slower", "smaller": "faster"}.get(change["verdict"])
             change["verdict"] = verdict or change["verdict"]
             change["regression"] = verdict == "slower"
             changes[name] = change
+            why = too_few_samples(samples, old_samples)
+            if why is not None:
+                warnings.append(f"history: the change of {name!r} (new, previous): {why}")
+    versions = _versions(result)
+    if previous is not None:
+        before = _versions(previous)
+        for name in _VERSION_KEYS:
+            if name in versions and name in before and versions[name] != before[name]:
+                warnings.append(
+                    f"history: {name} {versions[name]} differs from the previous run's "
+                    f"{before[name]}, so a change may come from it"
+                )
     entry = {
         "key": key,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -128,15 +177,23 @@ def remember(
             for name, samples in current.items()
         },
     }
+    if versions:
+        entry["versions"] = versions
     with path.open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(entry) + "\n")
+    previous_time = previous.get("time") if previous is not None else None
     result["history"] = {
         "file": str(path),
         "where": where,
         "key": key,
-        "previous_time": previous.get("time") if previous else None,
+        "previous_time": previous_time if isinstance(previous_time, str) else None,
         "changes": changes,
+        "warnings": warnings,
     }
+    if warnings:
+        if not isinstance(result.get("warnings"), list):
+            result["warnings"] = []
+        result["warnings"].extend(warnings)
     return result
 
 
@@ -169,5 +226,7 @@ def remember_benchmarks(
         remember(first, name, directory, where)
         for other in same:
             other["history"] = first["history"]
+            if "warnings" in first:
+                other["warnings"] = first["warnings"]
         notes.append(f"kcoral: benchmark {name!r} recorded in {first['history']['file']} ({where})")
     return notes

@@ -7,8 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from kcoral.bench.clocks import CpuClock, CudaEventClock
-from kcoral.bench.config import BenchmarkConfig
-from kcoral.bench.gpu_state import NvmlProbe, cpu_machine_state, cpu_warnings
+from kcoral.bench.config import MAX_CALLS, BenchmarkConfig
+from kcoral.bench.gpu_state import (
+    NvmlProbe,
+    cpu_machine_state,
+    cpu_warnings,
+    software_versions,
+    torch_device_name,
+)
 from kcoral.bench.rounds import RoundsOutcome
 
 
@@ -40,6 +46,9 @@ def machine_report(
     else:
         report["machine"] = None
         report["gpu_state"] = probe.report(outcome.throttled_rounds, outcome.discarded_rounds)
+        if not report["gpu_state"]["available"]:
+            # the GPU kind without NVML, so history does not mix GPU kinds (§12.6)
+            report["gpu_state"]["device_name"] = torch_device_name()
         warnings = probe.warnings(outcome.throttled_rounds, outcome.rounds)
         if outcome.throttled_rounds and settings.discard_throttled:
             if outcome.discarded_rounds:
@@ -51,5 +60,11 @@ def machine_report(
             f"the median did not reach the target precision {settings.target_precision:g} "
             f"before {outcome.stopped_by} ended the measurement"
         )
+    if outcome.stopped_by == "max_calls" and settings.target_precision is None:
+        warnings.append(
+            f"the measurement stopped at {MAX_CALLS} calls (max_calls), before the "
+            "repeat count it was asked for"
+        )
     report["warnings"] = warnings
+    report["versions"] = software_versions(probe)
     return report

@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kcoral.bench.config import MAX_CALLS
 from kcoral.bench.stats import median_precision
 
-#: The most calls one measurement makes, whatever its budget says (keeps memory bounded).
-MAX_CALLS = 100_000
 #: Samples every candidate needs before the adaptive mode may stop.
 ADAPTIVE_MIN_SAMPLES = 10
 
@@ -78,7 +77,10 @@ def measure_rounds(
     started = time.perf_counter()
     while alive:
         pairs = []
-        for index in next_round(alive):
+        # a round never passes the cap: it is cut to the calls that remain
+        planned = next_round(alive)
+        indexes = planned[: MAX_CALLS - outcome.calls]
+        for index in indexes:
             if index in outcome.failures:
                 continue
             try:
@@ -99,7 +101,11 @@ def measure_rounds(
         if not deferred and not (throttled and discard_throttled):
             for index, measurement in pairs:
                 outcome.samples[index].append(measurement.milliseconds)
-        stop = _stop_reason(outcome, alive, rule, (time.perf_counter() - started) * 1000)
+        stop = (
+            "max_calls"
+            if len(indexes) < len(planned)
+            else _stop_reason(outcome, alive, rule, (time.perf_counter() - started) * 1000)
+        )
         if stop is not None:
             outcome.stopped_by = stop
             break
@@ -123,10 +129,12 @@ def measure_rounds(
 def _stop_reason(
     outcome: RoundsOutcome, alive: list[int], rule: StopRule, elapsed_ms: float
 ) -> str | None:
+    if rule.target_precision is None and outcome.rounds >= rule.rounds:
+        return "repeat"
     if outcome.calls >= MAX_CALLS:
         return "max_calls"
     if rule.target_precision is None:
-        return "repeat" if outcome.rounds >= rule.rounds else None
+        return None
     if outcome.rounds >= outcome.next_precision_check:
         # the precision sorts every sample: checked after 10 % more rounds, not after each
         # one (fast kernels run tens of thousands of rounds)

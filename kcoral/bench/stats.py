@@ -22,6 +22,9 @@ _BOOTSTRAP_CHUNK = 250
 _Z95 = 1.959963984540054
 #: What an interval that contains 1 reads as.
 NO_DIFFERENCE = "no significant difference"
+#: Samples a list needs before its median has an interval: below this ``precision`` is
+#: ``null`` and a ratio of medians claims no difference (a bootstrap of 1 sample has width 0).
+MIN_INTERVAL_SAMPLES = 6
 
 
 def thinned(samples: Sequence[float], max_samples: int) -> tuple[list[float], bool]:
@@ -64,7 +67,7 @@ def median_precision(samples: Sequence[float]) -> float:
     unlike the noise (IQR / median), which is a property of the kernel, not of the count.
     Infinite while there are too few samples for the interval to exist."""
     n = len(samples)
-    if n < 6:
+    if n < MIN_INTERVAL_SAMPLES:
         return math.inf
     ordered = np.sort(np.asarray(samples, dtype=float))
     half_width_ranks = _Z95 * math.sqrt(n) / 2
@@ -74,6 +77,18 @@ def median_precision(samples: Sequence[float]) -> float:
     if median <= 0:
         return 0.0
     return float(ordered[high] - ordered[low]) / 2 / median
+
+
+def too_few_samples(*sides: Sequence[float]) -> str | None:
+    """Why no interval can compare these sample lists (one has fewer than
+    ``MIN_INTERVAL_SAMPLES``), else ``None``: the text a result's warning goes on with."""
+    counts = [len(side) for side in sides]
+    if min(counts) >= MIN_INTERVAL_SAMPLES:
+        return None
+    return (
+        f"{' and '.join(str(c) for c in counts)} samples, fewer than {MIN_INTERVAL_SAMPLES} "
+        f"on a side, give no 95 % interval, so it reads as {NO_DIFFERENCE!r}"
+    )
 
 
 def _bootstrap_medians(samples: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
@@ -96,18 +111,22 @@ def ratio_of_medians(
 
     ``verdict`` is ``"greater"`` when the whole interval lies above 1, ``"smaller"`` when
     below, else ``"no significant difference"``. A zero denominator median counts as the
-    smallest positive float, so the ratio stays finite."""
+    smallest positive float, so the ratio stays finite. With fewer than
+    ``MIN_INTERVAL_SAMPLES`` on either side there is no interval (``null`` bounds) and the
+    verdict is ``"no significant difference"``: resampling one sample always gives it back,
+    so any difference would read as significant (see ``too_few_samples``)."""
     top = np.asarray(numerator, dtype=float)
     bottom = np.asarray(denominator, dtype=float)
-    rng = np.random.default_rng(seed)
     tiny = np.finfo(float).tiny
-    value = float(np.median(top)) / max(float(np.median(bottom)), tiny)
+    limit = np.finfo(float).max
+    value = min(float(np.median(top)) / max(float(np.median(bottom)), tiny), limit)
+    if too_few_samples(numerator, denominator):
+        return {"value": value, "ci95_low": None, "ci95_high": None, "verdict": NO_DIFFERENCE}
+    rng = np.random.default_rng(seed)
     ratios = _bootstrap_medians(top, rng, resamples) / np.maximum(
         _bootstrap_medians(bottom, rng, resamples), tiny
     )
-    low, high = (float(v) for v in np.percentile(ratios, [2.5, 97.5]))
-    limit = np.finfo(float).max
-    value, low, high = (min(x, limit) for x in (value, low, high))
+    low, high = (min(float(v), limit) for v in np.percentile(ratios, [2.5, 97.5]))
     if low > 1:
         verdict = "greater"
     elif high < 1:

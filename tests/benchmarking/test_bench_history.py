@@ -119,3 +119,109 @@ def test_only_labelled_benchmark_results_are_remembered(tmp_path, monkeypatch) -
     labelled["label"] = "own-label"
     assert remember_benchmarks(None, [comparison(1.0, 2.0, 1), {"kind": "x"}, 3], {}) == []
     assert "'own-label'" in remember_benchmarks(None, [labelled], {})[0]
+
+
+# ---------------------------------------------------------------------- audit 2026-12
+
+
+def gpu_benchmark(samples: list, gpu_state: dict, **extra) -> dict:
+    return {
+        "kind": "kcoral.benchmark",
+        "clock": "cuda_events",
+        "gpu_state": gpu_state,
+        "samples_ms": samples,
+        "warnings": [],
+        **extra,
+    }
+
+
+NO_NVML = {"available": False, "reason": "nvidia-ml-py is not installed", "uuid": None}
+
+
+def test_a_one_sample_run_is_never_a_regression_and_says_why(tmp_path) -> None:
+    remember(gpu_benchmark([1.0], {"name": "H100"}), "mm", tmp_path)
+    result = remember(gpu_benchmark([5.0], {"name": "H100"}), "mm", tmp_path)
+    change = result["history"]["changes"]["benchmark"]
+    assert change["value"] == pytest.approx(5.0) and change["regression"] is False
+    assert change["verdict"] == "no significant difference"
+    assert change["ci95_low"] is None and change["ci95_high"] is None
+    assert any("fewer than 6" in w for w in result["warnings"])
+
+
+def test_runs_on_an_unknown_gpu_are_recorded_but_compared_with_nothing(tmp_path) -> None:
+    remember(gpu_benchmark([1.0] * 10, NO_NVML), "mm", tmp_path)  # say an H100
+    result = remember(gpu_benchmark([3.0] * 10, NO_NVML), "mm", tmp_path)  # say an A10
+    assert result["history"]["key"]["gpu"] == "unknown GPU"
+    assert result["history"]["changes"] == {}
+    assert any("GPU kind is unknown" in w for w in result["warnings"])
+    assert len((tmp_path / HISTORY_FILE).read_text().splitlines()) == 2  # both recorded
+
+
+def test_the_device_name_torch_reported_keeps_gpu_kinds_apart_without_nvml(tmp_path) -> None:
+    remember(gpu_benchmark([1.0] * 10, dict(NO_NVML, device_name="NVIDIA H100")), "mm", tmp_path)
+    a10_state = dict(NO_NVML, device_name="NVIDIA A10")
+    a10 = remember(gpu_benchmark([3.0] * 10, a10_state), "mm", tmp_path)
+    assert a10["history"]["key"]["gpu"] == "NVIDIA A10"
+    assert a10["history"]["previous_time"] is None and a10["history"]["changes"] == {}
+
+
+@pytest.mark.parametrize(
+    "old",
+    [
+        '["x", 1.0]',
+        "[NaN, NaN, 1.0]",
+        "[null, 1.0]",
+        "[[1.0], [2.0]]",
+        "[1e400, 1.0]",
+        "[-5.0, -4.0]",
+        '{"a": 1}',
+        '"1.0"',
+        "[true, false]",
+    ],
+)
+def test_a_previous_line_with_unusable_samples_is_cleaned_or_skipped_never_fatal(
+    tmp_path, old: str
+) -> None:
+    key = {"label": "mm", "gpu": "cpu", "clock": "cpu"}
+    line = '{"key": %s, "time": "t", "candidates": {"mm": {"samples_ms": %s}}}\n'
+    (tmp_path / HISTORY_FILE).write_text(line % (json.dumps(key), old))
+    current = {"kind": "kcoral.benchmark", "clock": "cpu", "samples_ms": [1.0, 1.1, 0.9] * 4}
+    result = remember(current, "mm", tmp_path)
+    for change in result["history"]["changes"].values():
+        numbers = [change[k] for k in ("value", "ci95_low", "ci95_high") if change[k] is not None]
+        assert all(np.isfinite(numbers)) and all(x < 1e300 for x in numbers)
+        assert change["regression"] is False  # at most one usable old sample
+    if old in ("[[1.0], [2.0]]", "[-5.0, -4.0]", '{"a": 1}', '"1.0"', "[true, false]"):
+        assert result["history"]["changes"] == {}  # nothing usable: skipped
+
+
+def test_driver_cuda_and_torch_versions_are_kept_and_a_change_between_runs_warns(tmp_path) -> None:
+    old = {"driver": "550.54", "cuda": "12.4", "torch": "2.5.0"}
+    remember(gpu_benchmark([1.0] * 10, {"name": "H100"}, versions=old), "mm", tmp_path)
+    new = dict(old, driver="560.35")
+    result = remember(gpu_benchmark([1.0] * 10, {"name": "H100"}, versions=new), "mm", tmp_path)
+    lines = [json.loads(x) for x in (tmp_path / HISTORY_FILE).read_text().splitlines()]
+    assert lines[0]["versions"] == old and lines[1]["versions"] == new
+    assert [w for w in result["warnings"] if "differs" in w] == [
+        "history: driver 560.35 differs from the previous run's 550.54, so a change may "
+        "come from it"
+    ]
+
+
+def test_a_result_reports_its_software_versions_and_torchs_device_name_without_nvml(
+    monkeypatch,
+) -> None:
+    from bench_fakes import VirtualTime, install_gpu
+
+    from kcoral.builtins import benchmark
+
+    clock = VirtualTime()
+    install_gpu(monkeypatch, clock)
+    torch = __import__("sys").modules["torch"]
+    monkeypatch.setattr(torch, "__version__", "2.5.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA A10", raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)
+    result = benchmark(clock.kernel(1.0), {"warmup": 1, "repeat": 10})
+    assert result["gpu_state"]["available"] is False
+    assert result["gpu_state"]["device_name"] == "NVIDIA A10"
+    assert result["versions"] == {"driver": None, "cuda": None, "torch": "2.5.0"}

@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kcoral.bench.stats import NO_DIFFERENCE, median_precision, ratio_of_medians, summary, thinned
+from kcoral.bench.stats import (
+    MIN_INTERVAL_SAMPLES,
+    NO_DIFFERENCE,
+    median_precision,
+    ratio_of_medians,
+    summary,
+    thinned,
+    too_few_samples,
+)
 
 
 def test_the_summary_has_every_percentile_the_iqr_and_the_noise() -> None:
@@ -74,5 +82,26 @@ def test_the_bootstrap_is_seeded() -> None:
 
 
 def test_a_zero_denominator_keeps_the_ratio_finite() -> None:
-    speedup = ratio_of_medians([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], seed=0)
+    speedup = ratio_of_medians([1.0] * 6, [0.0] * 6, seed=0)
     assert all(np.isfinite(speedup[k]) for k in ("value", "ci95_low", "ci95_high"))
+
+
+@pytest.mark.parametrize("sizes", [(1, 1), (1, 50), (50, 5)])
+def test_a_ratio_with_fewer_than_six_samples_on_a_side_has_no_interval_and_no_verdict(
+    sizes: tuple[int, int],
+) -> None:
+    # one sample resampled is always itself: the interval had width 0, any ratio "significant"
+    top = [1.0 + i * 1e-3 for i in range(sizes[0])]
+    bottom = [2.0 + i * 1e-3 for i in range(sizes[1])]
+    ratio = ratio_of_medians(top, bottom, seed=0)
+    assert ratio["verdict"] == NO_DIFFERENCE
+    assert ratio["ci95_low"] is None and ratio["ci95_high"] is None
+    assert ratio["value"] == pytest.approx(np.median(top) / np.median(bottom))
+    assert too_few_samples(top, bottom) is not None
+
+
+def test_six_samples_a_side_are_enough_for_an_interval_and_a_verdict() -> None:
+    top, bottom = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98], [2.0, 2.01, 1.99, 2.0, 2.02, 1.98]
+    assert MIN_INTERVAL_SAMPLES == 6 and median_precision(top) != float("inf")
+    assert ratio_of_medians(top, bottom, seed=0)["verdict"] == "smaller"
+    assert too_few_samples(top, bottom) is None

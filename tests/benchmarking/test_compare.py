@@ -355,3 +355,77 @@ def test_misused_compare_fails_with_runtime_and_says_why(candidates, config, mes
     with pytest.raises(ExecutionError) as info:
         compare(candidates, config)
     assert info.value.kind == "runtime" and message in info.value.message
+
+
+# ---------------------------------------------------------------------- few samples, the call cap
+
+
+def test_a_comparison_of_one_round_claims_no_difference_and_warns_why(monkeypatch) -> None:
+    clock = VirtualTime()
+    install_gpu(monkeypatch, clock)
+    result = compare(
+        {"naive": clock.kernel(2.0), "tiled": clock.kernel(1.0)}, {"repeat": 1, "seed": 4}
+    )
+    speedup = result["candidates"]["tiled"]["speedup"]
+    assert speedup["value"] == pytest.approx(2.0)
+    assert speedup["verdict"] == "no significant difference"
+    assert speedup["ci95_low"] is None and speedup["ci95_high"] is None
+    assert result["candidates"]["tiled"]["precision"] is None
+    assert any("'tiled'" in w and "fewer than 6" in w for w in result["warnings"])
+
+
+@pytest.mark.parametrize("key", ["repeat", "warmup"])
+def test_a_count_above_the_call_cap_is_refused_before_anything_runs(key: str) -> None:
+    calls = []
+    with pytest.raises(ExecutionError, match=f"'{key}' must be at most 100000") as caught:
+        benchmark(lambda: calls.append(1), {key: 10**12, "flush_l2": False})
+    assert caught.value.kind == "runtime" and calls == []
+    with pytest.raises(ExecutionError, match=f"'{key}' must be at most 100000"):
+        compare({"a": lambda: calls.append(1)}, {key: 100_001})
+    assert calls == []
+
+
+def test_a_budget_over_a_tiny_estimate_asks_for_at_most_the_call_cap() -> None:
+    from kcoral.bench.config import MAX_CALLS, calls_for_budget
+
+    assert calls_for_budget(1e12, 1e-9) == MAX_CALLS
+
+
+def lower_call_cap(monkeypatch, cap: int) -> None:
+    """The measurement's cap, not the configuration's limit (so a repeat above it passes)."""
+    from kcoral.bench import report, rounds
+
+    for module in (report, rounds):
+        monkeypatch.setattr(module, "MAX_CALLS", cap)
+
+
+def test_a_benchmark_round_is_cut_at_the_call_cap_and_the_result_warns(monkeypatch) -> None:
+    clock = VirtualTime()
+    install_gpu(monkeypatch, clock)
+    lower_call_cap(monkeypatch, 95)
+    # 100 calls in rounds of 10: the old code stopped only between rounds, at 100
+    result = benchmark(clock.kernel(1.0), {"warmup": 1, "repeat": 100})
+    assert (result["repeat"], result["sample_count"], result["stopped_by"]) == (95, 95, "max_calls")
+    assert any("stopped at 95 calls" in w for w in result["warnings"])
+
+
+def test_a_comparison_stops_exactly_at_the_call_cap_and_warns(monkeypatch) -> None:
+    clock = VirtualTime()
+    install_gpu(monkeypatch, clock)
+    lower_call_cap(monkeypatch, 100)
+    kernels = {name: clock.kernel(1.0) for name in ("a", "b", "c")}
+    result = compare(kernels, {"repeat": 40, "warmup": 1, "seed": 1})
+    counts = [entry["sample_count"] for entry in result["candidates"].values()]
+    assert sum(counts) == 100 and result["stopped_by"] == "max_calls"
+    assert any("max_calls" in w for w in result["warnings"])
+
+
+def test_a_run_that_reaches_its_repeat_count_exactly_at_the_cap_stopped_by_repeat(
+    monkeypatch,
+) -> None:
+    clock = VirtualTime()
+    install_gpu(monkeypatch, clock)
+    lower_call_cap(monkeypatch, 100)
+    result = benchmark(clock.kernel(1.0), {"warmup": 1, "repeat": 100})
+    assert (result["repeat"], result["stopped_by"]) == (100, "repeat")
+    assert not any("max_calls" in w for w in result["warnings"])
