@@ -24,6 +24,9 @@ MADV_COLLAPSE = 25
 HUGE_PAGE = 2 << 20
 #: regions with fewer anonymous pages than this are not worth a look
 SMALLEST_REGION_KIB = 4096
+#: how many times a region the kernel could not fold for now (``EAGAIN``: pages busy or
+#: being migrated) is asked again
+TRANSIENT_RETRIES = 3
 
 Madvise = Callable[[int, int, int], int]
 
@@ -40,10 +43,15 @@ def collapse_heap(smaps: str = "/proc/self/smaps") -> int:
         last = end & ~(HUGE_PAGE - 1)
         if last <= first:
             continue
-        if madvise(first, last - first, MADV_COLLAPSE) == 0:
-            folded += last - first
-        elif ctypes.get_errno() in (errno.EINVAL, errno.EPERM, errno.ENOSYS):
-            return folded  # this kernel (or its filter) folds nothing: stop asking
+        for _attempt in range(1 + TRANSIENT_RETRIES):
+            if madvise(first, last - first, MADV_COLLAPSE) == 0:
+                folded += last - first
+                break
+            failure = ctypes.get_errno()
+            if failure in (errno.EINVAL, errno.EPERM, errno.ENOSYS):
+                return folded  # this kernel (or its filter) folds nothing: stop asking
+            if failure != errno.EAGAIN:
+                break  # ENOMEM (no free huge page now): this region stays as it is
     return folded
 
 
