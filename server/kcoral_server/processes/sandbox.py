@@ -221,12 +221,7 @@ def readonly_binds(extra: Sequence[Path], environ: Mapping[str, str]) -> list[Pa
         if path == Path("/") or _is_within(root, path):
             continue  # never expose the workspace root (only reachable via PYTHONPATH here)
         binds.append(path)
-    binds.sort(key=lambda p: len(p.parts))
-    kept: list[Path] = []
-    for path in binds:
-        if not any(_is_within(path, outer) for outer in kept):
-            kept.append(path)
-    return kept
+    return _outermost(binds)
 
 
 def hidden_under(paths: Iterable[str | os.PathLike], binds: Sequence[Path]) -> list[Path]:
@@ -239,9 +234,13 @@ def hidden_under(paths: Iterable[str | os.PathLike], binds: Sequence[Path]) -> l
             continue  # missing (or a device, a socket): nothing a bind shows of it
         if any(_is_within(resolved, bind) for bind in binds):
             found.append(resolved)
-    found.sort(key=lambda p: len(p.parts))
+    return _outermost(found)
+
+
+def _outermost(paths: list[Path]) -> list[Path]:
+    """``paths`` outermost first, without those inside a directory already kept."""
     kept: list[Path] = []
-    for path in found:
+    for path in sorted(paths, key=lambda p: len(p.parts)):
         if not any(_is_within(path, outer) for outer in kept):
             kept.append(path)
     return kept
