@@ -80,7 +80,8 @@ class BaseHandler(tornado.web.RequestHandler):
         """Read at most ``limit`` body bytes, within ``--body-timeout-seconds`` (413 at once
         for a longer declared length; Tornado refuses a longer chunked body)."""
         connection = cast(HTTP1Connection, self.request.connection)
-        if declared_length(self.request.headers.get("Content-Length")) > limit:
+        declared = declared_length(self.request.headers.get("Content-Length"))
+        if declared is not None and declared > limit:
             connection.set_max_body_size(UNLIMITED)
             self.answer_early(413, "request_too_large", TOO_LARGE_MESSAGE)
             return
@@ -170,13 +171,15 @@ class BaseHandler(tornado.web.RequestHandler):
             self.small_body += chunk[: max(0, self.MAX_BODY - len(self.small_body))]
 
 
-def declared_length(value: str | None) -> int:
-    """The ``Content-Length`` as a number (0 when absent or not one: Tornado refuses a
+def declared_length(value: str | None) -> int | None:
+    """The ``Content-Length`` as a number; None when absent or not one (Tornado refuses a
     malformed one itself)."""
+    if value is None:
+        return None
     try:
-        return int(value.strip()) if value is not None else 0
+        return int(value.strip())
     except ValueError:
-        return 0
+        return None
 
 
 class NotFoundHandler(BaseHandler):

@@ -38,7 +38,7 @@ from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
 from kcoral_server.execution.responses import SATURATED, Refusal, Reply
 from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
-from kcoral_server.front_door.handlers.base import BaseHandler
+from kcoral_server.front_door.handlers.base import BaseHandler, declared_length
 from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
 from kcoral_server.front_door.node_fit import logged, selector_refusal
 
@@ -84,7 +84,7 @@ class ExecuteHandler(BaseHandler):
             return
         state = self.state
         config = state.config
-        declared = _content_length(self.request.headers.get("Content-Length"))
+        declared = declared_length(self.request.headers.get("Content-Length"))
         state.events.emit(
             "request_received",
             request_id=self.request_id,
@@ -232,7 +232,7 @@ class ExecuteHandler(BaseHandler):
         the body has arrived, read away (see the module's docstring)."""
         if self.refused:
             return
-        declared = _content_length(self.request.headers.get("Content-Length"))
+        declared = declared_length(self.request.headers.get("Content-Length"))
         if self.body_unread and declared is not None and 0 < declared <= DRAIN_BEFORE_REFUSING:
             self.pending_refusal = refusal
             if self.body is not None:  # what arrives from now on is dropped unread
@@ -329,12 +329,3 @@ class ExecuteHandler(BaseHandler):
         if self.body is not None:
             self.body.close()
             self.body = None
-
-
-def _content_length(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        return None
