@@ -16,6 +16,7 @@ from typing import Any
 
 from kcoral.connection.server_address import server_url
 from kcoral.protocol.paths import normalize_workspace_path
+from kcoral.run.inputs import is_text
 from kcoral.run.tools import TOOLS, Tool, UsageError, check_tool_args, get_tool
 
 PROG = "kcoral run"
@@ -105,7 +106,7 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
             values[key] = value
     args = words[index:]
     for arg in args:
-        if not _is_text(arg):
+        if not is_text(arg):
             raise UsageError(f"tool argument {arg!r} is not valid UTF-8 (arguments go as text)")
     check_tool_args(tool, args)
     url, warnings = select_server(
@@ -213,7 +214,7 @@ def parse_env(assignments: Sequence[str], environ: Mapping[str, str]) -> dict[st
             value = environ[name]
         if "\x00" in value:
             raise UsageError(f"--env: the value of {name} contains NUL")
-        if not _is_text(value):
+        if not is_text(value):
             raise UsageError(f"--env: the value of {name} is not valid UTF-8")
         result.pop(name, None)
         result[name] = value
@@ -252,22 +253,12 @@ def _out_path(given: str) -> str:
     whole remote run. The parent is the user's own choice, never the server's."""
     if not given:
         raise UsageError("--out must not be empty")
-    if not _is_text(given):
+    if not is_text(given):
         raise UsageError(f"--out {given!r} is not valid UTF-8")
     parent, name = os.path.split(given.rstrip("/"))
     if name in ("", ".", ".."):
         raise UsageError(f"--out {given!r} names no new directory")
     return os.path.join(os.path.realpath(parent or os.curdir), name)
-
-
-def _is_text(word: str) -> bool:
-    """Whether ``word`` encodes as UTF-8 (a command line's undecodable bytes arrive as
-    lone surrogates, which the request cannot carry)."""
-    try:
-        word.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def general_help() -> str:

@@ -26,12 +26,10 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, bytes, bool]]:
         if not name:
             raise LocalFileError(f"--send {path!r}: cannot send the root directory")
         for remote, data, executable in _read_input(path, name):
-            try:
-                remote.encode("utf-8")
-            except UnicodeEncodeError:
+            if not is_text(remote):
                 raise LocalFileError(
                     f"--send: the name {remote!r} is not valid UTF-8 (names go as text)"
-                ) from None
+                )
             if remote in files:
                 raise LocalFileError(f"--send: two inputs would both be sent as {remote!r}")
             files[remote] = (data, executable)
@@ -114,3 +112,13 @@ def _kind(info: os.stat_result) -> str:
     if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
         return "device file"
     return "special file"
+
+
+def is_text(word: str) -> bool:
+    """Whether ``word`` encodes as UTF-8 (undecodable bytes of a command line or a file
+    name arrive as lone surrogates, which the request cannot carry as text)."""
+    try:
+        word.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
