@@ -157,7 +157,7 @@ _ACTIONS = {
         "or ask the operator to raise kcoral server --max-response-bytes"
     ),
     "not_found": "%kcoral jobs lists the jobs this server keeps for you",
-    "job_expired": "the server dropped the job's result (--job-retention-seconds); run it again",
+    "job_expired": "run it again, and fetch its result before the bound above drops it",
     "parse": "the server could not read the request; %kcoral status shows its version",
 }
 

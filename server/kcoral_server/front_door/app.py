@@ -82,7 +82,9 @@ class ServerState:
             sandbox=sandbox,
             allowed_serialization=config.allowed_serialization,
         )
-        self.jobs = JobRegistry(config.job_retention_seconds, config.job_retention_bytes)
+        self.jobs = JobRegistry(
+            config.job_retention_seconds, config.job_retention_bytes, emit=self.events.emit
+        )
         self.sessions = Sessions(self)  # EXTENSIONS §11
         self.metrics = ServerMetrics(self.gpu_ids)  # EXTENSIONS §13, its own registry
         self.metrics.attach(self)

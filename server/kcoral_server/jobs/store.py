@@ -5,15 +5,18 @@ numbered Server-Sent Events kept for replay (``Last-Event-ID``): ``phase``, ``st
 ``stderr`` and ``heartbeat``. When the request ends, its ``Reply`` is copied into the job
 (the exact status, content type and body ``/execute`` would have sent). ``JobRegistry``
 holds jobs by id, expires finished ones after ``job_retention_seconds`` or when
-``job_retention_bytes`` is exceeded (oldest finished first) and remembers expired ids so
-they answer ``job_expired`` rather than ``not_found``.
+``job_retention_bytes`` is exceeded and remembers expired ids (with their owner and why they
+went) so they answer ``job_expired``, naming the reason, rather than ``not_found``.
 
 Who can reach what (EXTENSIONS §5, §6): a job belongs to the identity that submitted it.
 Another token holder gets exactly what an unknown id gets (``404 not_found``, also for an
 expired job, and lists show only its own jobs), so job ids, states, output and results do not
 leak between identities and a job cannot be cancelled by anyone but its owner; an admin
 identity sees and acts on all. With a single shared token every holder is ``default`` and
-shares all jobs.
+shares all jobs. The byte bound is shared too, so it is applied fairly: over the bound, the
+owner holding the most bytes of finished jobs loses its oldest first. Another token holder
+who floods the server with large finished jobs drops its own results, not everyone's oldest
+(a single owner sees plain oldest-first).
 
 Memory: a finished job keeps its result and its event log in memory only while they are
 small (each at most ``KEEP_IN_MEMORY_BYTES``, all of them within ``MEMORY_BUDGET_BYTES``);
@@ -29,9 +32,10 @@ import datetime
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.execution.control import RequestObserver
@@ -54,6 +58,24 @@ RECORD_OVERHEAD_BYTES = 1024  # the state fields of a finished job, roughly
 KEEP_IN_MEMORY_BYTES = 1 << 20
 # ... and so is any once the retained ones in memory would exceed this.
 MEMORY_BUDGET_BYTES = 32 << 20
+
+#: Why a job went, as the ``job_expired`` message and the ``job_expired`` event say it.
+EXPIRY_REASONS = {
+    "age": "its --job-retention-seconds passed",
+    "space": "finished jobs went past --job-retention-bytes (the largest holder's oldest go first)",
+    "too_large": "its result and output alone are larger than --job-retention-bytes",
+}
+
+
+class Expiry(NamedTuple):
+    """What stays of a dropped job: whose it was and why it went."""
+
+    owner: str
+    reason: str  # a key of EXPIRY_REASONS
+
+    @property
+    def message(self) -> str:
+        return f"job expired: {EXPIRY_REASONS[self.reason]}"
 
 
 def utc_now() -> str:
@@ -272,12 +294,19 @@ class JobRegistry:
     """Every retained job of one server, plus expired ids (with their owners)."""
 
     def __init__(
-        self, retention_seconds: float, retention_bytes: int, spill_parent: Path | None = None
+        self,
+        retention_seconds: float,
+        retention_bytes: int,
+        spill_parent: Path | None = None,
+        emit: Callable[..., None] | None = None,
     ) -> None:
         self.retention_seconds = float(retention_seconds)
         self.retention_bytes = int(retention_bytes)
         self.jobs: OrderedDict[str, Job] = OrderedDict()  # submission order
-        self.expired: OrderedDict[str, str] = OrderedDict()  # job id -> owner
+        self.expired: OrderedDict[str, Expiry] = OrderedDict()  # job id -> owner, reason
+        # The event log's ``emit`` (SERVER §13): a dropped job is an event, so an operator
+        # can see whose results the byte bound took.
+        self._emit = emit
         self.running: set[asyncio.Task] = set()
         self.spill = SpillDirectory(spill_parent)
         self._sweeper: asyncio.Task | None = None
@@ -299,17 +328,17 @@ class JobRegistry:
     def add(self, job: Job) -> None:
         self.jobs[job.id] = job
 
-    def lookup(self, job_id: str, identity: Identity) -> Job | str:
-        """The job, or the error kind: ``not_found`` / ``job_expired``.
+    def lookup(self, job_id: str, identity: Identity) -> Job | Expiry | None:
+        """The job, its ``Expiry`` (answered ``job_expired``), or None (``not_found``).
 
         Someone else's job, live or expired, is ``not_found`` exactly like an id that never
         existed: the answer must not tell another identity that the id is in use."""
         self.sweep()
         job = self.jobs.get(job_id)
         if job is not None:
-            return job if identity.owns(job.owner) else "not_found"
-        owner = self.expired.get(job_id)
-        return "job_expired" if owner is not None and identity.owns(owner) else "not_found"
+            return job if identity.owns(job.owner) else None
+        expiry = self.expired.get(job_id)
+        return expiry if expiry is not None and identity.owns(expiry.owner) else None
 
     def newest_first(self, identity: Identity) -> list[Job]:
         """The jobs ``identity`` may see, newest first."""
@@ -374,32 +403,38 @@ class JobRegistry:
     def sweep(self) -> None:
         now = time.monotonic()
         finished = [j for j in self.jobs.values() if j.finished_monotonic is not None]
+        kept = []
         for job in finished:
             if now - job.finished_monotonic >= self.retention_seconds:  # type: ignore[operator]
-                self._expire(job)
-        total = sum(j.size for j in self.jobs.values() if j.finished_monotonic is not None)
+                self._expire(job, "age")
+            elif job.size > self.retention_bytes:
+                # Larger than the whole bound, it can never be kept: it goes by itself.
+                self._expire(job, "too_large")
+            else:
+                kept.append(job)
+        total = sum(job.size for job in kept)
         if total <= self.retention_bytes:
             return
-        by_age = sorted(
-            (j for j in self.jobs.values() if j.finished_monotonic is not None),
-            key=lambda j: j.finished_monotonic,  # type: ignore[arg-type,return-value]
-        )
-        # A job larger than the whole bound can never be kept: it goes by itself, not after
-        # every older finished job of every owner (which it then followed anyway).
-        for job in by_age:
-            if job.size > self.retention_bytes:
-                total -= job.size
-                self._expire(job)
-        for job in by_age:
-            if total <= self.retention_bytes:
-                break
-            if job.id in self.jobs:
-                total -= job.size
-                self._expire(job)
+        # Over the bound: the owner holding the most bytes gives up its oldest finished job,
+        # until the rest fit (``finished`` is in submission order; a job's place among its
+        # owner's is by when it finished).
+        by_owner: dict[str, list[Job]] = {}
+        held: dict[str, int] = {}
+        for job in sorted(kept, key=lambda j: j.finished_monotonic):  # type: ignore[arg-type,return-value]
+            by_owner.setdefault(job.owner, []).append(job)
+            held[job.owner] = held.get(job.owner, 0) + job.size
+        while total > self.retention_bytes:
+            owner = max(held, key=held.__getitem__)
+            job = by_owner[owner].pop(0)
+            held[owner] -= job.size
+            total -= job.size
+            if not by_owner[owner]:
+                del held[owner]
+            self._expire(job, "space")
 
-    def _expire(self, job: Job) -> None:
+    def _expire(self, job: Job, reason: str) -> None:
         self.jobs.pop(job.id, None)
-        self.expired[job.id] = job.owner
+        self.expired[job.id] = Expiry(job.owner, reason)
         # A stream or result read already under way keeps its open file.
         if job.result is not None and job.result.file is not None:
             job.result.file.remove()
@@ -407,6 +442,17 @@ class JobRegistry:
             job.events_file.remove()
         while len(self.expired) > EXPIRED_IDS_KEPT:
             self.expired.popitem(last=False)
+        if self._emit is not None:
+            self._emit(
+                "job_expired",
+                "INFO" if reason == "age" else "WARNING",
+                job_id=job.id,
+                request_id=job.request_id,
+                owner=job.owner,
+                reason=reason,
+                bytes=job.size,
+                retention_bytes=self.retention_bytes,
+            )
 
     async def _sweep_forever(self) -> None:
         while True:

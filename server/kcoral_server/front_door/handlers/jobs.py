@@ -104,12 +104,11 @@ class JobHandler(BaseHandler):
         found = self.state.jobs.lookup(job_id, self.identity)
         if isinstance(found, Job):
             return found
-        self.not_found(found)
+        if found is None:
+            self.send_error_json(404, "not_found", "job not found")
+        else:  # its owner learns why it went (EXTENSIONS §5)
+            self.send_error_json(404, "job_expired", found.message)
         return None
-
-    def not_found(self, kind: str = "not_found") -> None:
-        message = "job expired" if kind == "job_expired" else "job not found"
-        self.send_error_json(404, kind, message)
 
 
 class JobStateHandler(JobHandler):
@@ -160,7 +159,10 @@ class JobResultHandler(JobHandler):
                 pieces = result.file.chunks()
                 first = await _next_piece(self.state, pieces)
             except OSError:
-                self.not_found("job_expired")  # dropped between the lookup and the open
+                # dropped between the lookup and the open
+                expiry = self.state.jobs.expired.get(job_id)
+                message = expiry.message if expiry is not None else "job expired"
+                self.send_error_json(404, "job_expired", message)
                 return
         self.set_status(result.status)
         for name, value in result.headers.items():
