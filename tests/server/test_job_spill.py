@@ -59,3 +59,19 @@ def test_a_failed_write_leaves_no_partial_file(tmp_path) -> None:
     with pytest.raises(OSError):
         spill.write(broken())
     assert spill.path is not None and list(spill.path.iterdir()) == []
+
+
+def test_a_write_under_way_at_close_fails_so_the_answer_stays_in_memory_and_leaves_nothing(
+    tmp_path,
+) -> None:
+    spill = SpillDirectory(tmp_path)
+    spill.write([b"first"])  # the directory exists, as it does once a job has spilled
+
+    def chunks():
+        yield b"a" * 1000
+        spill.close()  # shutdown, while this result is half written
+        yield b"b" * 1000
+
+    with pytest.raises(OSError):
+        spill.write(chunks())
+    assert os.listdir(tmp_path) == []

@@ -84,9 +84,17 @@ class SpillDirectory:
             with os.fdopen(fd, "wb") as file:
                 for chunk in chunks:
                     length += file.write(chunk)
+            with self._lock:
+                if self.closed:
+                    # ``close()`` ran meanwhile: its removal could not take this file (made
+                    # or still open after it listed the directory), so the writer does.
+                    raise OSError("the job spill directory was closed while writing")
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            if self.closed:
+                with contextlib.suppress(OSError):  # the last writer out removes it
+                    os.rmdir(path.parent)
             raise
         return SpillFile(path, length)
 
