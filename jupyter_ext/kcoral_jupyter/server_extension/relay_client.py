@@ -1,7 +1,7 @@
 """An HTTP client for one relayed event stream, whose ``close`` ends the stream.
 
 The server extension relays a job's Server-Sent Events from a KCoral server to the browser
-(``server_extension.JobEventsHandler``). When the browser goes away (the panel selects
+(``job_events.JobEventsHandler``). When the browser goes away (the panel selects
 another job, the tab closes), the upstream request must end with it, or each abandoned
 stream holds a connection to the KCoral server for as long as the job runs. Tornado's
 ``SimpleAsyncHTTPClient.close`` does not end requests in flight, and a request cannot be

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-# Routing names the extension makes up (server_extension.resolved_servers).
+# Routing names the extension makes up (KCoralExtension.resolved_servers).
 MADE_UP_PREFIXES = ("local-", "kernel-")
 NOTEBOOKS_IN_A_LABEL = 2
 

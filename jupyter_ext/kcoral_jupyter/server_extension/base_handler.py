@@ -1,0 +1,157 @@
+"""What every handler of the extension shares: the server list, calls to a KCoral server,
+JSON errors.
+
+Who reaches this code: only callers the Jupyter server authenticates (``APIHandler``: its
+token or login cookie, and the XSRF check that keeps another site's page from using that
+cookie to stop a session or cancel a job; each route's method is also
+``tornado.web.authenticated``). They act with the KCoral tokens configured here, so they
+see and stop what those tokens' identities may (an admin token: every session); the tokens
+stay in this process, the browser sees only names.
+
+What a configured KCoral server can make this process do: answer these calls, nothing more.
+A redirect is never followed (a server could otherwise send the calls, with the user's
+Cancel, to any address the Jupyter host reaches), an answer without a body (204, 304) is a
+502 with a message, and ``/health`` or ``/v1/info`` that is not a JSON object is that
+server's ``error`` (``upstream_problems``), never a failure of the whole list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
+
+from kcoral_jupyter.server_extension.upstream_problems import transport_problem, unusable_answer
+
+if TYPE_CHECKING:
+    from kcoral_jupyter.server_extension import KCoralExtension
+
+
+class KCoralHandler(APIHandler):
+    """Shared plumbing: settings, upstream calls and JSON errors."""
+
+    @property
+    def extension(self) -> KCoralExtension:
+        return self.settings["kcoral_extension"]
+
+    def servers(self) -> list[dict[str, Any]]:
+        servers = self.extension.resolved_servers()
+        wanted = self.get_query_argument("server", None)
+        if wanted is not None:
+            servers = [s for s in servers if s["name"] == wanted]
+            if not servers:
+                raise tornado.web.HTTPError(404, f"no KCoral server named {wanted!r}")
+        return servers
+
+    async def upstream(
+        self, server: dict[str, Any], method: str, path: str
+    ) -> tuple[int, Any, str]:
+        """(status, decoded JSON or None, error text) of one call; never raises."""
+        status, document, error, _ = await self.upstream_timed(server, method, path)
+        return status, document, error
+
+    async def upstream_timed(
+        self, server: dict[str, Any], method: str, path: str
+    ) -> tuple[int, Any, str, float | None]:
+        """``upstream``'s answer plus the server's clock when it answered (its ``Date``
+        header, Unix seconds; None when it sent none)."""
+        if server.get("problem"):  # a configured address that is no server address
+            return 0, None, str(server["problem"]), None
+        headers = {"Accept": "application/json"}
+        if server.get("token"):
+            headers["Authorization"] = f"Bearer {server['token']}"
+        request = HTTPRequest(
+            server["url"] + path,
+            method=method,
+            headers=headers,
+            request_timeout=self.extension.request_timeout,
+            allow_nonstandard_methods=True,
+            follow_redirects=False,
+        )
+        try:
+            response: HTTPResponse = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except (OSError, HTTPClientError, asyncio.TimeoutError) as exc:
+            timeout = self.extension.request_timeout
+            return 0, None, transport_problem(exc, server["url"], timeout), None
+        if response.code == 599:
+            error = response.error or OSError("no answer")
+            return (
+                0,
+                None,
+                transport_problem(error, server["url"], self.extension.request_timeout),
+                None,
+            )
+        clock = _date_header_seconds(response)
+        problem = unusable_answer(response.code, response.headers.get("Location"))
+        if problem is not None:
+            return 502, {"error": {"kind": "server_answer", "message": problem}}, problem, clock
+        try:
+            document = json.loads(response.body or b"null")
+        except ValueError:
+            document = None
+        return response.code, document, "", clock
+
+    async def notebook_paths(self) -> dict[str, str]:
+        """Kernel id -> the path of the notebook (or console) that runs it, from Jupyter's own
+        session manager (Jupyter's word for a notebook-kernel pairing, not a KCoral session)."""
+        try:
+            pairings = await self.session_manager.list_sessions()
+        except Exception:  # the names are a courtesy: never fail the panel's poll for them
+            return {}
+        paths: dict[str, str] = {}
+        for record in pairings:
+            kernel = record.get("kernel") or {}
+            if isinstance(kernel.get("id"), str) and isinstance(record.get("path"), str):
+                paths[kernel["id"]] = record["path"]
+        return paths
+
+    def write_json(self, status: int, document: Any) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(document))
+
+    async def find(self, path: str) -> tuple[dict[str, Any], int, Any, float | None] | None:
+        """The server that knows ``path`` (its first answer other than 404), with that
+        answer and its clock; else the first that answered what is not passed on (a
+        redirect: the 502 that says so), so that such a server hides no other's job."""
+        unusable = None
+        for server in self.servers():
+            status, document, error, clock = await self.upstream_timed(server, "GET", path)
+            if status and error:  # upstream_timed's own 502 for an answer not passed on
+                unusable = unusable or (server, status, document, clock)
+            elif status and status not in (404, 405):
+                return server, status, document, clock
+        return unusable
+
+    async def find_job(self, job_id: str) -> tuple[dict[str, Any], int, Any] | None:
+        """The server that knows ``job_id``, with its answer (``find``)."""
+        found = await self.find(f"/v1/jobs/{quote(job_id, safe='')}")
+        return None if found is None else found[:3]
+
+    def not_found(self, job_id: str, what: str = "job") -> None:
+        self.write_json(
+            404,
+            {
+                "error": {
+                    "kind": "not_found",
+                    "message": f"no KCoral server knows {what} {job_id[:80]}",
+                }
+            },
+        )
+
+
+def _date_header_seconds(response: HTTPResponse) -> float | None:
+    """The upstream server's clock (its ``Date`` header) in Unix seconds, or None."""
+    value = response.headers.get("Date")
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None

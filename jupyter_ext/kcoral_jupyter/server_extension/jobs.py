@@ -1,0 +1,64 @@
+"""``GET jobs`` (every server's recent jobs), ``GET jobs/{id}`` (one job's state) and
+``DELETE jobs/{id}`` (cancels it).
+
+Who can reach them: callers the Jupyter server authenticates (``base_handler``); a cancel
+acts with the KCoral token configured for the server that knows the job. The job id from
+the browser is percent-encoded into one path segment, so it can reach no other upstream
+route. The job's live output is ``job_events``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import tornado.web
+
+from kcoral_jupyter.server_extension.base_handler import KCoralHandler
+from kcoral_jupyter.server_extension.upstream_problems import refusal_problem
+
+
+class JobsHandler(KCoralHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        jobs: list[dict[str, Any]] = []
+        errors: list[dict[str, str]] = []
+        for server in self.servers():
+            status, document, error = await self.upstream(server, "GET", "/v1/jobs")
+            if status == 200 and isinstance(document, list):
+                jobs += [
+                    dict(job, server=server["name"]) for job in document if isinstance(job, dict)
+                ]
+            else:
+                reason = error or (
+                    "this server has no jobs API"
+                    if status == 404
+                    else refusal_problem(status, document, bool(server.get("token")))
+                )
+                errors.append({"server": server["name"], "message": reason})
+        self.write_json(200, {"jobs": jobs, "errors": errors})
+
+
+class JobHandler(KCoralHandler):
+    @tornado.web.authenticated
+    async def get(self, job_id: str) -> None:
+        found = await self.find_job(job_id)
+        if found is None:
+            return self.not_found(job_id)
+        server, status, document = found
+        if isinstance(document, dict) and status == 200:
+            document = dict(document, server=server["name"])
+        self.write_json(status, document)
+
+    @tornado.web.authenticated
+    async def delete(self, job_id: str) -> None:
+        found = await self.find_job(job_id)
+        if found is None:
+            return self.not_found(job_id)
+        server = found[0]
+        status, document, error = await self.upstream(
+            server, "DELETE", f"/v1/jobs/{quote(job_id, safe='')}"
+        )
+        if status == 0:
+            return self.write_json(502, {"error": {"kind": "server_transport", "message": error}})
+        self.write_json(status, document)
