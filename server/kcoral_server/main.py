@@ -121,7 +121,12 @@ async def _serve(
 ) -> int:
     config = settings.config
     loop = asyncio.get_running_loop()
-    events = EventLog(config.log_dir, console=config.log_console, log_programs=config.log_programs)
+    events = EventLog(
+        config.log_dir,
+        console=config.log_console,
+        log_programs=config.log_programs,
+        log_programs_max_bytes=config.log_programs_max_bytes,
+    )
     events.emit(
         "server_started",
         run_dir=str(events.run_dir) if events.run_dir else None,

@@ -74,6 +74,7 @@ def test_every_field_has_a_default_and_construction_is_keyword_only_in_practice(
     assert config.log_dir is None
     assert config.log_console is True
     assert config.log_programs is True
+    assert config.log_programs_max_bytes == GIB  # the audit's bound on programs/
     assert config.sandbox == "auto"  # issue 16: bubblewrap where it works, else loudly none
     assert config.sandbox_readonly_paths == []
     assert config.router_endpoint is None and config.node_id is None and config.node_token is None
@@ -131,6 +132,7 @@ def test_the_disk_cache_dir_default_follows_xdg_cache_home(monkeypatch, tmp_path
         {"worker_wait_timeout_seconds": float("nan")},
         {"job_retention_seconds": -1},
         {"job_retention_bytes": -1},
+        {"log_programs_max_bytes": -1},
         {"max_inflight_request_bytes": -1},
         {"worker_memory_limit_bytes": -1},
         {"num_workers": True},
@@ -248,6 +250,7 @@ def test_without_arguments_the_cli_defaults_apply(tmp_path) -> None:
     assert config.log_dir == Path("logs")
     assert config.disk_cache_dir == tmp_path / ".cache" / "kcoral" / "files"
     assert config.log_console and config.log_programs
+    assert config.log_programs_max_bytes == GIB
     assert config.sandbox == "auto"  # issue 16: bubblewrap where it works, else loudly none
     assert config.allowed_serialization == ["json", "pickle"]
 
@@ -283,6 +286,7 @@ def test_every_option_maps_onto_its_field(tmp_path) -> None:
         "--log-dir", str(tmp_path / "logs"),
         "--no-log-console",
         "--no-log-programs",
+        "--log-programs-max-bytes", "512M",
         "--sandbox-readonly-path", "/opt/a",
         "--sandbox-readonly-path", "/opt/b",
         "--allow-unauthenticated",
@@ -313,6 +317,7 @@ def test_every_option_maps_onto_its_field(tmp_path) -> None:
     assert config.disk_cache_capacity_mbytes == 7
     assert config.log_dir == tmp_path / "logs"
     assert config.log_console is False and config.log_programs is False
+    assert config.log_programs_max_bytes == 512 * 1024 * 1024
     assert config.sandbox_readonly_paths == [Path("/opt/a"), Path("/opt/b")]
     assert config.allow_unauthenticated is True
     assert config.job_retention_seconds == 5
@@ -478,6 +483,8 @@ def test_option_abbreviations_are_refused(capsys, argv) -> None:
         (["--host", ""], "--host"),
         (["--job-retention-seconds", "-1"], "--job-retention-seconds"),
         (["--worker-memory-limit-bytes", "-1"], "--worker-memory-limit-bytes"),
+        (["--log-programs-max-bytes", "-1"], "--log-programs-max-bytes"),
+        (["--log-programs-max-bytes", "1GB"], "--log-programs-max-bytes"),
         (["--device", "fake-gpu"], "--fake-gpu-count"),
         (["--node-child"], "--node-child requires --router"),
         (["--unknown-option"], "unrecognized arguments"),

@@ -393,6 +393,16 @@ class ServerConfig:
         group="logging",
         help="do not store each program received in the log folder",
     )
+    # Any client-token holder decides what is stored there: bounded so it cannot fill the disk.
+    log_programs_max_bytes: int = setting(
+        GIB,
+        flag="--log-programs-max-bytes",
+        kind="bytes",
+        group="logging",
+        help="most bytes of programs a run keeps in the log folder (the oldest are removed "
+        "first; a larger program is not stored); 0 = store none",
+        minimum=0,
+    )
     sandbox: str = setting(
         "auto",
         flag="--sandbox",

@@ -6,6 +6,9 @@ per line; ``emit`` sits on the request path, so it only formats and writes.
 
 Logging never fails the server: every I/O or encoding error is swallowed (and counted).
 
+Who fills it: any client-token holder decides which programs land in ``programs/``, so that
+folder is held under ``--log-programs-max-bytes`` (``program_records``), the oldest first out.
+
 Who could read it otherwise: other local users. Records name clients and requests, programs
 hold uploaded source, capture files hold output; so every directory made here is 0700 and
 every file 0600 (SERVER §13); an existing ``runs/`` that others could read is tightened to
@@ -27,6 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
+
+from kcoral_server.storage.program_records import DEFAULT_LIMIT, ProgramRecords
 
 LEVELS = ("INFO", "WARNING", "ERROR")
 # Omitted from the console mirror (SERVER.md §13); they stay in events.jsonl.
@@ -171,6 +176,8 @@ class Listeners:
 class EventLog:
     """The server's event log. ``log_dir=None`` writes no files (console only, if enabled).
 
+    Programs are stored under ``log_programs_max_bytes`` (``ProgramRecords``; 0 stores none).
+
     ``stream`` defaults to the current ``sys.stderr`` at each write.
     """
 
@@ -180,6 +187,7 @@ class EventLog:
         *,
         console: bool,
         log_programs: bool,
+        log_programs_max_bytes: int = DEFAULT_LIMIT,
         stream: TextIO | None = None,
     ) -> None:
         self.console = console
@@ -209,6 +217,15 @@ class EventLog:
                         {"error": self.file_error},
                     )
                 )
+        # ``--log-programs-max-bytes 0`` stores no program, like ``--no-log-programs``.
+        self._programs: ProgramRecords | None = None
+        if self._run_dir is not None and log_programs and log_programs_max_bytes > 0:
+            self._programs = ProgramRecords(
+                self._run_dir / "programs",
+                log_programs_max_bytes,
+                report=self._programs_trimmed,
+                failed=self._count_error,
+            )
 
     def _open_run(self, log_dir: Path) -> None:
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -288,8 +305,10 @@ class EventLog:
             self.errors += 1
 
     def record_program(self, request_id: str, program_bytes: bytes | memoryview) -> str | None:
-        """Store ``programs/<request-id>.json``; returns its file name, or None if not stored."""
-        if not self.log_programs or self._run_dir is None:
+        """Store ``programs/<request-id>.json`` under ``--log-programs-max-bytes`` (the
+        oldest go first); returns its file name, or None if not stored."""
+        programs = self._programs
+        if programs is None:
             return None
         # Request ids are canonical UUIDs (PROTOCOL §8); refuse anything that could escape.
         if not request_id or not all(
@@ -298,30 +317,20 @@ class EventLog:
             return None
         if request_id.startswith("."):
             return None
-        directory = self._run_dir / "programs"
-        suffix = 0
-        while True:
-            name = f"{request_id}.json" if suffix == 0 else f"{request_id}-{suffix}.json"
-            try:
-                fd = os.open(
-                    directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
-                )
-                break
-            except FileExistsError:  # the same client id twice: keep both programs
-                suffix += 1
-            except OSError:
-                self.errors += 1
-                return None
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(program_bytes)
-        except Exception:
-            self.errors += 1
-            return None
-        return name
+        return programs.store(request_id, program_bytes)
+
+    def _programs_trimmed(self, fields: dict[str, Any]) -> None:
+        self.emit("programs_log_trimmed", "WARNING", **fields)
+
+    def _count_error(self) -> None:
+        self.errors += 1
 
     def close(self) -> None:
         """Close ``events.jsonl`` and remove a temporary output directory. Idempotent."""
+        # Trimming counted since the last (rate-limited) report is not lost at shutdown.
+        pending = self._programs.take_pending_report() if self._programs is not None else None
+        if pending is not None:
+            self._programs_trimmed(pending)
         with self._lock:
             file, self._file = self._file, None
             temp, self._temp_output = self._temp_output, None
