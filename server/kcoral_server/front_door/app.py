@@ -67,7 +67,10 @@ class ServerState:
         now = datetime.datetime.now(datetime.timezone.utc)
         self.started_at = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         self.events = events or EventLog(
-            config.log_dir, console=config.log_console, log_programs=config.log_programs
+            config.log_dir,
+            console=config.log_console,
+            log_programs=config.log_programs,
+            log_programs_max_bytes=config.log_programs_max_bytes,
         )
         self.executor = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="kcoral")
         self.memory_cache = MemoryCache(config.cache_capacity_bytes)
