@@ -126,6 +126,7 @@ async def _serve(
         console=config.log_console,
         log_programs=config.log_programs,
         log_programs_max_bytes=config.log_programs_max_bytes,
+        log_events_max_bytes=config.log_events_max_bytes,
     )
     events.emit(
         "server_started",

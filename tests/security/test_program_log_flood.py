@@ -5,7 +5,9 @@ Every program a server accepts is stored as ``<log-dir>/runs/<run>/programs/<req
 default). Before the bound, bob (a token holder) could send program after program and the
 folder grew without end, on the disk that also holds the caches and alice's logs. Now the
 folder stays under ``--log-programs-max-bytes``: the oldest stored programs make room for the
-newest, and a ``programs_log_trimmed`` WARNING says so (at most one a minute).
+newest, and a ``programs_log_trimmed`` WARNING says so (at most one a minute). The same
+holds for ``events.jsonl``, which every request adds lines to: at half of
+``--log-events-max-bytes`` it becomes ``events.1.jsonl`` and a new file starts.
 
 Bob speaks raw HTTP, as an attacker would; alice uses the real client afterwards.
 """
@@ -77,3 +79,27 @@ def test_a_token_holder_flooding_programs_keeps_the_log_folder_under_its_bound(
     assert trimmed[0]["level"] == "WARNING"
     assert trimmed[0]["limit"] == BOUND
     assert trimmed[0]["removed"] >= 1 and trimmed[0]["bytes"] >= FILLER_BYTES
+
+
+def test_a_token_holder_flooding_requests_keeps_the_event_files_under_their_bound(
+    server_factory, tmp_path
+) -> None:
+    tokens = token_file(tmp_path / "secrets")
+    bound = 64 * 1024
+    server = server_factory("--auth-token-file", str(tokens), "--log-events-max-bytes", "64K")
+    small = {
+        "instructions": [
+            {"op": "upload", "kind": "module", "id": "m", "source": "def f():\n    return 1\n"},
+            {"op": "get_function", "id": "f", "module": {"$ref": "m"}, "name": "f"},
+            {"op": "run", "id": "r", "fn": {"$ref": "f"}, "args": []},
+            {"op": "return", "key": "r", "value": {"$ref": "r"}},
+        ]
+    }
+    for _ in range(150):  # ~1 KiB of events each: without the bound, ~150 KiB in one file
+        assert execute(server.url, small, TOKEN_B).status == 200
+    (run,) = (server.log_dir / "runs").iterdir()
+    sizes = {path.name: path.stat().st_size for path in run.glob("events*.jsonl")}
+    assert set(sizes) == {"events.jsonl", "events.1.jsonl"}
+    assert sum(sizes.values()) <= bound + 4096, sizes
+    first = (run / "events.jsonl").read_text(encoding="utf-8").splitlines()[0]
+    assert '"event":"events_log_rotated"' in first

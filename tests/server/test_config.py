@@ -75,6 +75,7 @@ def test_every_field_has_a_default_and_construction_is_keyword_only_in_practice(
     assert config.log_console is True
     assert config.log_programs is True
     assert config.log_programs_max_bytes == GIB  # the audit's bound on programs/
+    assert config.log_events_max_bytes == GIB  # and on events.jsonl
     assert config.sandbox == "auto"  # issue 16: bubblewrap where it works, else loudly none
     assert config.sandbox_readonly_paths == []
     assert config.router_endpoint is None and config.node_id is None and config.node_token is None
@@ -133,6 +134,7 @@ def test_the_disk_cache_dir_default_follows_xdg_cache_home(monkeypatch, tmp_path
         {"job_retention_seconds": -1},
         {"job_retention_bytes": -1},
         {"log_programs_max_bytes": -1},
+        {"log_events_max_bytes": -1},
         {"max_inflight_request_bytes": -1},
         {"worker_memory_limit_bytes": -1},
         {"num_workers": True},
@@ -251,6 +253,7 @@ def test_without_arguments_the_cli_defaults_apply(tmp_path) -> None:
     assert config.disk_cache_dir == tmp_path / ".cache" / "kcoral" / "files"
     assert config.log_console and config.log_programs
     assert config.log_programs_max_bytes == GIB
+    assert config.log_events_max_bytes == GIB
     assert config.sandbox == "auto"  # issue 16: bubblewrap where it works, else loudly none
     assert config.allowed_serialization == ["json", "pickle"]
 

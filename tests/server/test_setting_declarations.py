@@ -53,6 +53,7 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "log_console": ("", False, ()),
     "log_programs": ("", False, ()),
     "log_programs_max_bytes": ("512M", 512 * 1024 * 1024, ()),
+    "log_events_max_bytes": ("64M", 64 * 1024 * 1024, ()),
     "spare_workers": ("", False, ()),
     "sandbox": ("none", "none", ()),
     "sandbox_readonly_paths": ("/opt/data", [Path("/opt/data")], ()),

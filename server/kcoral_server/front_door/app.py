@@ -71,6 +71,7 @@ class ServerState:
             console=config.log_console,
             log_programs=config.log_programs,
             log_programs_max_bytes=config.log_programs_max_bytes,
+            log_events_max_bytes=config.log_events_max_bytes,
         )
         self.executor = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="kcoral")
         self.memory_cache = MemoryCache(config.cache_capacity_bytes)

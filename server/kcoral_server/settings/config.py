@@ -403,6 +403,16 @@ class ServerConfig:
         "first; a larger program is not stored); 0 = store none",
         minimum=0,
     )
+    # Every request adds its lines, so any client-token holder makes it grow: bounded too.
+    log_events_max_bytes: int = setting(
+        GIB,
+        flag="--log-events-max-bytes",
+        kind="bytes",
+        group="logging",
+        help="most bytes of events.jsonl a run keeps: at half of it the file becomes "
+        "events.1.jsonl (replacing the one before); 0 = never rotated",
+        minimum=0,
+    )
     sandbox: str = setting(
         "auto",
         flag="--sandbox",

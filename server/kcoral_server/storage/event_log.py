@@ -38,6 +38,8 @@ LEVELS = ("INFO", "WARNING", "ERROR")
 BULKY_FIELDS = frozenset({"config", "traceback", "versions", "ops", "uploads"})
 CONSOLE_VALUE_LIMIT = 120
 UNENCODABLE_LIMIT = 2000
+ROTATED_EVENTS_NAME = "events.1.jsonl"  # events.jsonl's previous half (``log_events_max_bytes``)
+ROTATING_EVENTS_NAME = ".events.jsonl.new"  # the next events.jsonl, until it is renamed
 
 
 # (whole second, its formatted form): one strftime per second. Read and replaced as one
@@ -188,9 +190,14 @@ class EventLog:
         console: bool,
         log_programs: bool,
         log_programs_max_bytes: int = DEFAULT_LIMIT,
+        log_events_max_bytes: int = DEFAULT_LIMIT,
         stream: TextIO | None = None,
     ) -> None:
         self.console = console
+        # events.jsonl is renamed events.1.jsonl at half the bound (0: never), so the two
+        # files together stay within it (give or take one line).
+        self._rotate_at = log_events_max_bytes // 2 if log_events_max_bytes > 0 else 0
+        self._written = 0  # bytes in the current events.jsonl
         self.log_programs = log_programs
         self.errors = 0  # logging failures swallowed so far
         self.file_error: str | None = None  # why file logging is off despite a log_dir
@@ -286,15 +293,70 @@ class EventLog:
             timestamp = format_timestamp(time.time())
             if self._file is not None:
                 line = encode_record(timestamp, level, event, fields)
+                rotated: dict[str, Any] | None = None
                 with self._lock:
                     file = self._file
                     if file is not None:
+                        if self._rotate_at and self._written + len(line) > self._rotate_at:
+                            if self._rotate():
+                                # The new file's first record says where the rest went.
+                                rotated = {
+                                    "previous": ROTATED_EVENTS_NAME,
+                                    "limit": 2 * self._rotate_at,
+                                }
+                                line = (
+                                    encode_record(timestamp, "INFO", "events_log_rotated", rotated)
+                                    + line
+                                )
+                            file = self._file
+                    if file is not None:
                         file.write(line)
                         file.flush()
+                        self._written += len(line)
+                if rotated is not None:
+                    self.errors += self._listeners.tell("events_log_rotated", rotated)
+                    if self.console:
+                        self._write_console(
+                            format_console_line(timestamp, "INFO", "events_log_rotated", rotated)
+                        )
             if self.console:
                 self._write_console(format_console_line(timestamp, level, event, fields))
         except Exception:
             self.errors += 1
+
+    def _rotate(self) -> bool:
+        """events.jsonl becomes events.1.jsonl and a new one is opened (under the lock).
+
+        On failure the current file stays and is written on (never a lost record), and
+        rotation is tried again only after another half bound."""
+        assert self._run_dir is not None and self._file is not None
+        current = self._run_dir / "events.jsonl"
+        rotating = self._run_dir / ROTATING_EVENTS_NAME
+        rotated = self._run_dir / ROTATED_EVENTS_NAME
+        fd = -1
+        moved = False
+        try:
+            fd = os.open(
+                rotating, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600
+            )
+            os.replace(current, rotated)
+            moved = True
+            os.replace(rotating, current)
+        except OSError:
+            self.errors += 1
+            self._written = 0
+            with contextlib.suppress(OSError):
+                if moved:  # the file written on stays events.jsonl
+                    os.replace(rotated, current)
+                if fd >= 0:
+                    os.close(fd)
+                    os.unlink(rotating)
+            return False
+        with contextlib.suppress(OSError):
+            self._file.close()
+        self._file = os.fdopen(fd, "ab")
+        self._written = 0
+        return True
 
     def _write_console(self, line: str) -> None:
         try:
