@@ -228,3 +228,34 @@ def test_the_node_forwards_only_its_public_endpoints() -> None:
             request_target(head(*pairs))
     assert control_slot_count(1, {}) == 4 and control_slot_count(8, {}) == 16
     assert control_slot_count(8, {"KCORAL_NODE_CONTROL_SLOTS": "2"}) == 2
+
+
+def test_a_job_or_session_id_that_is_not_utf8_is_an_unknown_id_after_the_token_check(
+    tmp_path: Path,
+):
+    # Fuzz audit: Tornado refused such a path itself, before the token check, with an HTML
+    # 400 (not the JSON error shape of ROUTER §8); it is an id no node gave, so 404.
+    router = start_router(tmp_path, env={"KCORAL_AUTH_TOKEN": "s3cret", "KCORAL_NODE_TOKEN": "n"})
+    good = [("Authorization", "Bearer s3cret")]
+    paths = [
+        ("GET", "/v1/jobs/%ff"),
+        ("DELETE", "/v1/jobs/%c0%80"),
+        ("GET", "/v1/jobs/%ff/result"),
+        ("GET", "/v1/sessions/%ff"),
+        ("POST", "/v1/sessions/%fe/execute"),
+    ]
+
+    async def scenario() -> None:
+        for method, path in paths:
+            body = b"x" if method == "POST" else None
+            refused = await http_request(router.port, method, path, body)
+            assert refused.status == 401, (method, path, refused.body)
+            answer = await http_request(router.port, method, path, body, good)
+            assert answer.status == 404, (method, path, answer.body)
+            assert answer.header("Content-Type") == "application/json"
+            assert answer.json()["error"]["kind"] == "not_found"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()

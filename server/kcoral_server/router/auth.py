@@ -50,6 +50,15 @@ class RouterHandler(tornado.web.RequestHandler):
         """No ``Etag``: conditional GETs get the whole answer, never a bodiless 304."""
         return None
 
+    def decode_argument(self, value: bytes, name: str | None = None) -> str:
+        """A job or session id whose bytes are not UTF-8 is kept, not refused: it is no id,
+        so the route answers it as an unknown one (404 ``not_found``, after the browser
+        guard and the token check). Tornado's own refusal was an HTML 400 (fuzz audit)."""
+        try:
+            return super().decode_argument(value, name)
+        except tornado.web.HTTPError:  # bytes that are not UTF-8
+            return value.decode("utf-8", errors="replace")
+
     def initialize(self, state: Any) -> None:
         self.state = state
         # ROUTER §8.1: a fresh id for every request (the client's X-Request-ID is dropped).

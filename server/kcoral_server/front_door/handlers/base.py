@@ -61,6 +61,17 @@ class BaseHandler(tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Server", "kcoral")
 
+    def decode_argument(self, value: bytes, name: str | None = None) -> str:
+        """A path argument (a job id) whose bytes are not UTF-8 is kept, not refused: it
+        names no job this server gave, so it is looked up as an unknown id (404
+        ``not_found``, after the browser guard and the token check). Tornado's own refusal
+        came before both, as a 400 that ``write_error`` could only call an ``engine``
+        fault (fuzz audit)."""
+        try:
+            return super().decode_argument(value, name)
+        except tornado.web.HTTPError:  # bytes that are not UTF-8
+            return value.decode("utf-8", errors="replace")
+
     def compute_etag(self) -> None:
         """No ``Etag``: a conditional GET must still get 200 and the whole body (PROTOCOL
         §12), not Tornado's bodiless 304."""
