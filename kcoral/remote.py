@@ -385,7 +385,10 @@ class RemoteFunction:
         ]
         for value, label in zip(values, labels, strict=True):
             if not _is_binary(value):
-                _check_json(value, label, set())
+                try:
+                    _check_json(value, label, set())
+                except RecursionError:  # as Program.run says it (a bare RecursionError before)
+                    raise ValueError(f"{label} is nested too deeply") from None
 
         program = Program()
         module = program.upload(id="module", kind="module", source=source)

@@ -117,6 +117,18 @@ def test_a_cycle_is_a_value_error() -> None:
         make(samples.echo).build_program(cyclic)
 
 
+@pytest.mark.parametrize("wrap", [lambda inner: [inner], lambda inner: {"a": inner}])
+def test_an_argument_nested_too_deeply_is_a_value_error_naming_it(wrap) -> None:
+    # Fuzz audit: 5,000 levels raised a bare RecursionError from the JSON check.
+    deep: object = 1
+    for _ in range(5_000):
+        deep = wrap(deep)
+    with pytest.raises(ValueError, match="argument 'value' is nested too deeply"):
+        make(samples.echo).build_program(value=deep)
+    with pytest.raises(ValueError, match="argument 0 is nested too deeply"):
+        make(samples.echo).build_program(deep)
+
+
 def test_a_shared_but_acyclic_list_is_fine() -> None:
     shared = [1]
     make(samples.echo).build_program([shared, shared])
