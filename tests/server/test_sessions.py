@@ -170,6 +170,11 @@ def test_bad_session_bodies_and_unknown_ids_are_refused(kcoral_server) -> None:
     assert create_session(url, colour="blue").status == 400
     unknown = "00000000-0000-4000-8000-000000000000"
     assert get(url, f"/v1/sessions/{unknown}").status == 404
+    created = create_session(url)
+    asking_a_gpu = module_program(STATE, [("pid", [])], gpu_count=1)
+    refused = run_in(url, created.body["session_id"], asking_a_gpu)
+    assert refused.status == 400
+    assert "differs from this session's (none: a CPU session)" in refused.body["error"]["message"]
     assert _call(url, unknown, "pid").status == 404
 
 

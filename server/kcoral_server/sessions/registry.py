@@ -142,7 +142,8 @@ class Session:
         """A program's own ``gpu_count`` may only repeat the session's (its GPUs are pinned)."""
         wanted = self.gpu_count
         if options.gpu_count is not None and options.gpu_count != wanted:
-            message = f"gpu_count {options.gpu_count} differs from this session's ({wanted})"
+            held = f"({wanted})" if wanted is not None else "(none: a CPU session)"
+            message = f"gpu_count {options.gpu_count} differs from this session's {held}"
             raise RequestFailed(400, "parse", message, "rejected")
 
     def refusal(self) -> Refusal | None:
