@@ -165,7 +165,7 @@ def parse_bytes(text: str) -> int:
     (KiB, MiB, GiB, TiB; ``256M``, ``4G``, ``512KiB``; ``GB`` is refused as ambiguous)."""
     match = _SIZE.fullmatch(text)
     if not match:
-        raise ValueError(f"not a size (a whole number, or one with K, M or G): {text!r}")
+        raise ValueError(f"not a size (a whole number, or one with K, M, G or T): {text!r}")
     unit = match.group(2)
     return int(match.group(1)) * (_UNITS[unit.upper()] if unit else 1)
 
@@ -306,7 +306,7 @@ def add_grouped_options(
 
 # Both commands' --help: pre-wrapped (RawDescriptionHelpFormatter keeps the examples' lines).
 SIZES_NOTE = """\
-Sizes take K, M or G (KiB, MiB, GiB) or plain bytes: 256M, 4G, 268435456.
+Sizes take K, M, G or T (KiB, MiB, GiB, TiB) or plain bytes: 256M, 4G, 268435456.
 An option with an env variable reads it when the option is not given."""
 
 SERVER_EXAMPLES = """\

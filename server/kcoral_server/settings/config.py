@@ -140,7 +140,7 @@ def setting(
     it, so that every new flag lands somewhere a reader looks.
 
     ``kind`` says how the text parses: ``int``, ``bytes`` (an ``int`` field whose text may
-    end in ``K``, ``M`` or ``G``: KiB, MiB, GiB; ``--help`` shows it in those units),
+    end in ``K``, ``M``, ``G`` or ``T``: KiB, MiB, GiB, TiB; ``--help`` shows it in those units),
     ``seconds``, ``number``, ``text``, ``path``,
     ``gpu_ids`` (comma-separated GPU ids; a bad list is ignored in CPU mode, SERVER.md §2),
     or ``switch`` (a flag without a value that sets ``True``; ``False`` for a ``--no-``
