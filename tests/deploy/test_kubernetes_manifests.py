@@ -451,8 +451,8 @@ def quantity_bytes(text: str) -> int:
 
 
 def test_each_node_pod_bounds_its_disk_volumes_above_what_the_server_may_write() -> None:
-    # Unbounded emptyDirs let a long-lived node pod (its event log keeps every program)
-    # fill the machine's disk, and the kubelet evict whatever ran there.
+    # Unbounded emptyDirs let a long-lived node pod (each restart leaves a run folder of up
+    # to 2 GiB of log) fill the machine's disk, and the kubelet evict whatever ran there.
     for name in overlays():
         daemonset = overlay_node(name)
         volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
