@@ -209,3 +209,29 @@ def test_the_fork_server_reports_every_exit_and_keeps_no_code_of_its_thousands_o
     seen = json.loads(done.stdout)
     assert seen["codes"] == [n % 7 for n in range(50)]
     assert seen["kept_by_server"] == 0
+
+
+def _launcher_killed(launcher: Launcher) -> None:
+    assert launcher._process is not None
+    launcher._process.kill()
+    launcher._process.wait(30)
+
+
+def test_a_held_worker_whose_launcher_died_counts_as_leaving_nothing_behind(launcher):
+    # A seat's sandbox closed for another identity takes its fork server along; a worker
+    # held there ran nothing, so its end is confirmed (before: survivors -1, "its launcher
+    # died before reporting on its descendants", and the whole pool stopped admitting).
+    held, channel = _fork(launcher, dict(os.environ), hold=True)
+    _launcher_killed(launcher)
+    assert held.wait(30) == -signal.SIGKILL  # the parent-death signal took it too
+    assert held.survivors == 0
+    channel.sock.close()
+
+
+def test_a_released_worker_whose_launcher_died_leaves_its_descendants_unknown(launcher):
+    released, channel = _fork(launcher, dict(os.environ), hold=True)
+    released.release()
+    _launcher_killed(launcher)
+    assert released.wait(30) == -signal.SIGKILL
+    assert released.survivors == -1  # who watched its orphans is gone: not confirmed
+    channel.sock.close()

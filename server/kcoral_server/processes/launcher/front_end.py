@@ -73,10 +73,13 @@ class ForkedProcess:
         os.set_blocking(status_fd, False)
         #: a worker forked ahead: the write end of its go pipe until ``release``
         self._go: int | None = None
+        #: forked ahead and never told to go on: it ran nothing of its own (``poll``)
+        self.ran_nothing = False
 
     def hold(self, go: int) -> None:
         """Keep ``go``, the write end of the worker's go pipe, until ``release``."""
         self._go = go
+        self.ran_nothing = True
 
     @property
     def held(self) -> bool:
@@ -91,6 +94,7 @@ class ForkedProcess:
             return
         try:
             os.write(go, b"g")
+            self.ran_nothing = False  # from here on it may run a program (and leave orphans)
         finally:
             os.close(go)
 
@@ -119,7 +123,12 @@ class ForkedProcess:
             return None  # the launcher died first; the worker itself still runs
         else:
             self.returncode = -signal.SIGKILL  # exit code lost with the launcher
-            self.survivors = -1  # and with it, who looked after the worker's orphans
+            # and with it, who looked after the worker's orphans: unknown (-1), unless the
+            # worker was forked ahead and never let go, so ran nothing that could leave any.
+            # (A seat's sandbox closed for another identity takes its fork server with it;
+            # a worker held there must not read as an unconfirmed end, which stops the
+            # whole pool admitting.)
+            self.survivors = 0 if self.ran_nothing else -1
         self._close()
         return self.returncode
 
