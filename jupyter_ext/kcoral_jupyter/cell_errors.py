@@ -145,7 +145,7 @@ def start_hint(url: str) -> str:
 
 #: What to do for the HTTP error kinds a user can act on (PROTOCOL §7, EXTENSIONS §5-6).
 _ACTIONS = {
-    "busy": "every worker is taken: run the cell again in a moment, or use a less busy server",
+    "busy": "the message above says why: run the cell again in a moment, or use another server",
     "unauthorized": "set this server's token: %config KCoral.token = '...' (or KCORAL_TOKEN)",
     "forbidden": "the server refuses this origin or host; its message names the flag to set",
     "request_too_large": (

@@ -35,7 +35,8 @@ def test_sigterm_lets_a_running_request_finish_refuses_new_ones_and_exits_zero(
         with kcoral.Client(server.url) as c:
             c.execute(module_program("def f():\n    return 1\n", "f"))
     except kcoral.KCoralError as exc:
-        assert (exc.status_code, exc.kind, exc.message) == (503, "busy", "server saturated")
+        assert (exc.status_code, exc.kind) == (503, "busy")
+        assert exc.message == "server saturated: the server is shutting down"
     except kcoral.TransportError:
         pass  # the listener may already be closed
     else:

@@ -355,7 +355,9 @@ def test_concurrent_uploads_beyond_the_in_flight_budget_get_503_busy(watched_ser
         head = head.replace(b"\r\n\r\n", f"\r\nContent-Length: {limit}\r\n\r\n".encode())
         refused = exchange(server.url, head, timeout=30)
         check_error(refused, 503, "busy")
-        assert refused.body["error"]["message"] == "server saturated"
+        assert refused.body["error"]["message"] == (
+            "server saturated: requests being received hold --max-inflight-request-bytes"
+        )
     finally:
         first.close()
     # Once the idle upload is gone its reservation is released.

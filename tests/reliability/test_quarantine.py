@@ -87,7 +87,10 @@ def test_a_gpu_set_whose_worker_cleanup_is_unconfirmed_is_quarantined_and_admiss
         # The server keeps serving, but admits nothing more.
         later = execute(server.url, TRIVIAL)
         check_error(later, 503, "busy")
-        assert later.body["error"]["message"] == "server saturated"
+        # ...and says so: this is no wait worth retrying (the message names the cause).
+        message = later.body["error"]["message"]
+        assert message.startswith("server saturated: it admits no program since a worker's end")
+        assert message.endswith("its operator must restart it")
         assert later.headers["retry-after"] == "1"
         health = get(server.url, "/health")
         assert health.status == 200 and health.body["status"] == "ok"

@@ -153,7 +153,10 @@ def test_shutdown_lets_a_running_request_finish_and_refuses_new_ones(
     refused = execute(kcoral_server.url, module_program(NAP, [("nap", [str(marker), 0])]))
     assert refused.status == 503
     assert refused.headers["Retry-After"] == "1"
-    assert refused.body["error"] == {"kind": "busy", "message": "server saturated"}
+    assert refused.body["error"] == {
+        "kind": "busy",
+        "message": "server saturated: the server is shutting down",
+    }
     assert get(kcoral_server.url, "/health").body["load"]["request_capacity"] == 0
     runner.join()
     assert result[0].status == 200 and result[0].body["status"] == "COMPLETED"
@@ -178,7 +181,10 @@ def test_no_free_worker_within_the_wait_timeout_is_a_503(kcoral_server, tmp_path
     refused = execute(kcoral_server.url, module_program(NAP, [("nap", [str(marker), 0])]))
     busy.join()
     assert refused.status == 503 and refused.headers["Retry-After"] == "1"
-    assert refused.body["error"] == {"kind": "busy", "message": "server saturated"}
+    assert refused.body["error"] == {
+        "kind": "busy",
+        "message": "server saturated: no worker became free within --worker-wait-timeout-seconds",
+    }
     finished = [
         e for e in kcoral_server.events() if e.get("request_id") == refused.body["request_id"]
     ]

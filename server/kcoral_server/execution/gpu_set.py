@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING
 from kcoral_server.execution.admitted import AdmittedProgram
 from kcoral_server.execution.blob_handover import read_output
 from kcoral_server.execution.outcome import confirm_cleanup
-from kcoral_server.execution.responses import SATURATED, ProgramOutcome, RequestFailed
+from kcoral_server.execution.responses import (
+    GPUS_QUARANTINED,
+    ProgramOutcome,
+    RequestFailed,
+    saturated,
+)
 from kcoral_server.gpu.lease import GpuQuarantined
 from kcoral_server.pool.seat import Seat
 from kcoral_server.processes.start import WorkerStartError
@@ -48,7 +53,7 @@ async def execute_on_gpu_set(
         handle.lease.withdraw()
         state.pool.release_unused(seat)
         if isinstance(exc, GpuQuarantined):
-            raise SATURATED.failure() from None
+            raise saturated(GPUS_QUARANTINED).failure() from None
         raise
     run.record.gpu_ids = gpu_ids
     state.events.emit(

@@ -12,11 +12,12 @@ from __future__ import annotations
 from kcoral_server.execution.control import Cancellation
 from kcoral_server.execution.drive import ProgramDrive
 from kcoral_server.execution.responses import (
-    SATURATED,
+    GPUS_QUARANTINED,
     ProgramOutcome,
     Refusal,
     RequestFailed,
     close_maps,
+    saturated,
 )
 from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes.handle import WorkerHandle
@@ -43,7 +44,7 @@ def confirm_cleanup(handle: WorkerHandle) -> None:
 
 #: The answer of a program that did not finish.
 FAILED_ANSWERS: dict[RunResult, Refusal] = {
-    RunResult.QUARANTINED: SATURATED,
+    RunResult.QUARANTINED: saturated(GPUS_QUARANTINED),
     RunResult.TIMED_OUT: Refusal(504, "timeout", "execution timed out", "timeout"),
     RunResult.INVALID: Refusal(500, "engine", "invalid worker response", "server_error"),
     RunResult.CRASHED: Refusal(500, "engine", "worker crashed", "crashed"),

@@ -24,13 +24,13 @@ from kcoral_server.execution.blob_resolution import Resolution, resolve_blobs
 from kcoral_server.execution.control import NO_OBSERVER, Cancellation, RequestObserver
 from kcoral_server.execution.request_record import RequestRecord, SeatAssignment
 from kcoral_server.execution.responses import (
-    SATURATED,
     ProgramOutcome,
     Reply,
     RequestFailed,
     encode_outcome,
     error_reply,
     json_reply,
+    saturated,
 )
 from kcoral_server.execution.run import SeatRun
 from kcoral_server.front_door.body import RequestBody
@@ -255,8 +255,8 @@ class ExecuteRequest:
                     outcome = await run.execute(seat, admitted, queue_ms)
                 finally:
                     state.request_done()
-        except NoWorker:  # only the checkout raises it: no seat within the wait, or closing
-            raise SATURATED.failure() from None
+        except NoWorker as exc:  # only the checkout raises it: no seat within the wait, or closing
+            raise saturated(str(exc)).failure() from None
         return self._respond(outcome, queue_ms)
 
     # ------------------------------------------------------------------ response

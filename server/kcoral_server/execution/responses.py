@@ -118,6 +118,23 @@ class Refusal:
 #: or a GPU quarantined under the program; the client may retry (``Retry-After``)
 SATURATED = Refusal(503, "busy", "server saturated", "no_worker")
 
+#: the why of the 503s whose cause the caller cannot tell from "saturated" alone
+SHUTTING_DOWN = "the server is shutting down"
+NO_FREE_WORKER = "no worker became free within --worker-wait-timeout-seconds"
+GPUS_QUARANTINED = "the GPUs this program needs are quarantined (a worker's end was not confirmed)"
+INFLIGHT_FULL = "requests being received hold --max-inflight-request-bytes"
+
+
+def saturated(why: str | None) -> Refusal:
+    """``SATURATED`` whose message says why (PROTOCOL §7.1, differs here): ``server
+    saturated: <why>``. Said so the caller can tell a wait worth retrying from a server
+    that will admit nothing until its operator acts; the kind stays ``busy``."""
+    if not why:
+        return SATURATED
+    return Refusal(
+        SATURATED.status, SATURATED.kind, f"{SATURATED.message}: {why}", SATURATED.reason
+    )
+
 
 @dataclass
 class ReturnRecord:

@@ -30,7 +30,7 @@ from kcoral_server.execution.gpu_set import execute_on_gpu_set
 from kcoral_server.execution.outcome import program_outcome
 from kcoral_server.execution.records import record_gpu_access, return_record
 from kcoral_server.execution.request_record import RequestRecord, RunTimes
-from kcoral_server.execution.responses import SATURATED, ProgramOutcome
+from kcoral_server.execution.responses import ProgramOutcome, saturated
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.retirement import RunResult
@@ -85,8 +85,8 @@ class SeatRun:
         try:
             # A reused worker never serves two identities (its /tmp, HOME, caches).
             await state.pool.serve_identity(seat, self.identity.name)
-        except NoWorker:
-            raise SATURATED.failure() from None
+        except NoWorker as exc:
+            raise saturated(str(exc)).failure() from None
         handle = seat.worker
         assert handle is not None
         state.events.emit(

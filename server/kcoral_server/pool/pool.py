@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from kcoral_server.execution.responses import SHUTTING_DOWN
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import retirement as pool_retirement
 from kcoral_server.pool.handles import HandleMaker
@@ -69,6 +70,8 @@ class Pool:
         self.target: dict[str, str] = {}
         self.versions: dict[str, str] = {}
         self.accepting = False
+        #: why the pool admits nothing (``NoWorker``'s message, a 503's why); None: it admits
+        self.refusing: str | None = "the server is starting"
         self.closing = False
         self.requests_in_progress = 0
         self._queue = SeatQueue()
@@ -78,7 +81,10 @@ class Pool:
             arbiter,
             events,
             float(config.worker_termination_grace_seconds),
-            lambda reason: self._stop_admitting("devices quarantined"),
+            lambda reason: self._stop_admitting(
+                f"it admits no program since a worker's end could not be confirmed ({reason}); "
+                "its operator must restart it"
+            ),
         )
         #: makes every worker handle of this pool (a session's: ``for_session``, a
         #: GPU-set request's transient one: ``for_gpu_set``)
@@ -126,6 +132,7 @@ class Pool:
         ready = [seat for seat, ok in zip(self.seats, results, strict=True) if ok]
         self.target, self.versions = common_target(ready)
         self.accepting = True
+        self.refusing = None
         for seat, ok in zip(self.seats, results, strict=True):
             if not ok:
                 self._schedule_replacement(seat, "crashed", emit_retired=False)
@@ -183,7 +190,7 @@ class Pool:
         """An idle seat at once (marked busy), or None when the request would have to
         queue; ``NoWorker`` when the pool is not admitting."""
         if not self.accepting:
-            raise NoWorker("server is not accepting requests")
+            raise NoWorker(self.refusing or SHUTTING_DOWN)
         seat = least_loaded_idle(self.seats) if not self.requests_waiting else None
         if seat is not None:
             self._take(seat)
@@ -244,10 +251,12 @@ class Pool:
     def begin_shutdown(self) -> None:
         """Stop admitting: ``request_capacity`` 0, queued requests get ``NoWorker``."""
         self.closing = True
-        self._stop_admitting("server is shutting down")
+        self._stop_admitting(SHUTTING_DOWN)
 
     def _stop_admitting(self, why: str) -> None:
         self.accepting = False
+        if self.refusing is None or why != SHUTTING_DOWN:  # a quarantine outranks a shutdown
+            self.refusing = why
         self._queue.fail_all(why)
 
     # ------------------------------------------------------------------ after a request

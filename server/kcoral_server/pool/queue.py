@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from kcoral_server.execution.responses import NO_FREE_WORKER
 from kcoral_server.pool.seat import Seat
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class SeatQueue:
             if future.done() and not future.cancelled() and future.exception() is None:
                 return future.result()  # handed over in the very same tick
             future.cancel()
-            raise NoWorker("no worker became free in time") from None
+            raise NoWorker(NO_FREE_WORKER) from None
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.exception() is None:
                 unused(future.result())

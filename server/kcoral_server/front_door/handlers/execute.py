@@ -35,7 +35,13 @@ from kcoral.protocol.headers import SERIALIZATION_HEADER
 from kcoral.protocol.selector import SELECT_HEADER
 from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
-from kcoral_server.execution.responses import SATURATED, Refusal, Reply
+from kcoral_server.execution.responses import (
+    INFLIGHT_FULL,
+    SHUTTING_DOWN,
+    Refusal,
+    Reply,
+    saturated,
+)
 from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
 from kcoral_server.front_door.handlers.base import BaseHandler, declared_length
@@ -108,7 +114,7 @@ class ExecuteHandler(BaseHandler):
             self.refuse(unfit)
             return
         if state.shutting_down or not state.pool.accepting:
-            self.refuse(SATURATED)
+            self.refuse(saturated(SHUTTING_DOWN if state.shutting_down else state.pool.refusing))
             return
         # In-flight bytes are what bodies actually hold, never what they declared: a
         # declaration reserves nothing, so connections that declare the maximum and then
@@ -117,7 +123,7 @@ class ExecuteHandler(BaseHandler):
         # resolved by ServerConfig (None -> 2 x --max-request-bytes); 0 means no limit
         self.max_inflight = config.max_inflight_request_bytes or 0
         if self._over_inflight(declared or 0):
-            self.refuse(SATURATED)
+            self.refuse(saturated(INFLIGHT_FULL))
             return
         self.body = RequestBody(limit, declared)
         if declared is not None and declared >= LARGE_BODY_CHUNK:
@@ -148,7 +154,7 @@ class ExecuteHandler(BaseHandler):
             # body is parsed (a 503 the client may retry), instead of growing memory.
             self.body.close()
             self.body = None
-            self.refuse(SATURATED)
+            self.refuse(saturated(INFLIGHT_FULL))
             return
         # Charged as the bytes arrive; released when the request ends (on_finish).
         self.inflight += len(chunk)
