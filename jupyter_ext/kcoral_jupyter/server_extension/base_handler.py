@@ -117,17 +117,31 @@ class KCoralHandler(APIHandler):
         self.finish(json.dumps(document))
 
     async def find(self, path: str) -> tuple[dict[str, Any], int, Any, float | None] | None:
-        """The server that knows ``path`` (its first answer other than 404), with that
-        answer and its clock; else the first that answered what is not passed on (a
-        redirect: the 502 that says so), so that such a server hides no other's job."""
-        unusable = None
+        """The server that knows ``path`` (the one answering 200), with that answer and its
+        clock; else the first other answer than 404, else the first that answered what is
+        not passed on (a redirect: the 502 that says so), so that such a server hides no
+        other's job.
+
+        Every server is asked: a job or session lives on one, so when two claim an id one
+        of them answers 200 to ids it never gave (a malicious or broken server listed
+        before the real one would otherwise take the user's Cancel, and the job run on).
+        Then no server is believed: 409, naming them; ``?server=`` picks one."""
+        claims = []
+        other = unusable = None
         for server in self.servers():
             status, document, error, clock = await self.upstream_timed(server, "GET", path)
             if status and error:  # upstream_timed's own 502 for an answer not passed on
                 unusable = unusable or (server, status, document, clock)
+            elif status == 200:
+                claims.append((server, status, document, clock))
             elif status and status not in (404, 405):
-                return server, status, document, clock
-        return unusable
+                other = other or (server, status, document, clock)
+        if len(claims) > 1:
+            names = ", ".join(repr(claim[0]["name"]) for claim in claims)
+            raise tornado.web.HTTPError(
+                409, f"servers {names} all claim it; choose one with ?server=NAME"
+            )
+        return claims[0] if claims else other or unusable
 
     async def find_job(self, job_id: str) -> tuple[dict[str, Any], int, Any] | None:
         """The server that knows ``job_id``, with its answer (``find``)."""
