@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from http_helpers import execute, get, module_program
+from session_requests import create_session
 
 SPAWNER = """
 import os, subprocess, time
@@ -157,6 +158,9 @@ def test_shutdown_lets_a_running_request_finish_and_refuses_new_ones(
         "kind": "busy",
         "message": "server saturated: the server is shutting down",
     }
+    session = create_session(kcoral_server.url)
+    assert session.status == 503
+    assert session.body["error"]["message"] == "the server is shutting down"
     assert get(kcoral_server.url, "/health").body["load"]["request_capacity"] == 0
     runner.join()
     assert result[0].status == 200 and result[0].body["status"] == "COMPLETED"
