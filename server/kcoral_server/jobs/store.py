@@ -43,6 +43,7 @@ from kcoral_server.execution.responses import Reply
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.jobs.output_stream import OutputTail
 from kcoral_server.jobs.spill import SpillDirectory, SpillFile
+from kcoral_server.storage.fair_eviction import fair_victims
 
 if TYPE_CHECKING:
     from kcoral_server.execution.pipeline import ExecuteRequest
@@ -412,24 +413,15 @@ class JobRegistry:
                 self._expire(job, "too_large")
             else:
                 kept.append(job)
-        total = sum(job.size for job in kept)
-        if total <= self.retention_bytes:
+        if sum(job.size for job in kept) <= self.retention_bytes:
             return
-        # Over the bound: the owner holding the most bytes gives up its oldest finished job,
-        # until the rest fit (``finished`` is in submission order; a job's place among its
-        # owner's is by when it finished).
-        by_owner: dict[str, list[Job]] = {}
-        held: dict[str, int] = {}
-        for job in sorted(kept, key=lambda j: j.finished_monotonic):  # type: ignore[arg-type,return-value]
-            by_owner.setdefault(job.owner, []).append(job)
-            held[job.owner] = held.get(job.owner, 0) + job.size
-        while total > self.retention_bytes:
-            owner = max(held, key=held.__getitem__)
-            job = by_owner[owner].pop(0)
-            held[owner] -= job.size
-            total -= job.size
-            if not by_owner[owner]:
-                del held[owner]
+        # Over the bound, the owner holding the most bytes gives up its oldest finished job
+        # (by when it finished) until the rest fit (``fair_victims``).
+        by_age = sorted(kept, key=lambda j: j.finished_monotonic)  # type: ignore[arg-type,return-value]
+        victims = fair_victims(
+            by_age, self.retention_bytes, owner=lambda j: j.owner, size=lambda j: j.size
+        )
+        for job in victims:
             self._expire(job, "space")
 
     def _expire(self, job: Job, reason: str) -> None:

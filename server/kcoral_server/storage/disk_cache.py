@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from kcoral_server.storage.fair_eviction import fair_victims
+
 LAYOUT_VERSION = "v1"
 TMP_PREFIX = ".tmp-"
 SCOPE_PREFIX = "id-"
@@ -275,7 +277,8 @@ class DiskCache:
             self.errors += 1
 
     def _evict(self) -> None:
-        """Delete the oldest files (by mtime) until the total fits the budget."""
+        """Delete the oldest files (by mtime) of the identity holding the most bytes until
+        the total fits the budget."""
         files = []
         total = 0
         try:
@@ -294,13 +297,20 @@ class DiskCache:
         if total <= self.capacity_bytes:
             return
         files.sort()
-        for _, _, path, size in files:
-            if total <= self.capacity_bytes:
-                break
+        # Oldest first, but from the identity holding the most (``fair_victims``): another
+        # token holder's uploads flush its own files, not everyone's oldest.
+        for _, _, path, _ in fair_victims(
+            files, self.capacity_bytes, owner=_file_scope, size=lambda file: file[3]
+        ):
             try:
                 os.unlink(path)
-                total -= size
             except FileNotFoundError:
-                total -= size
+                pass
             except OSError:
                 self.errors += 1
+
+
+def _file_scope(file: tuple[int, str, str, int]) -> str:
+    """Whose a cached file is: the ``id-<identity>`` directory above its shard, or ``v1``
+    itself for the ``default`` identity."""
+    return os.path.basename(os.path.dirname(os.path.dirname(file[2])))

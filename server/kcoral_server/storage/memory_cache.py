@@ -10,7 +10,10 @@ Thread-safe: the front-end resolves blobs in a thread pool.
 Who can reach what: keys are opaque to this class; callers key every blob by the identity
 that uploaded it (``scoped_key``), so another token holder that names the hash gets a miss,
 the same miss whether or not somebody else holds the blob (EXTENSIONS §6). Identical bytes
-uploaded by two identities are held twice.
+uploaded by two identities are held twice. The budget is shared, so it is applied fairly
+(``fair_eviction``): over it, the scope holding the most bytes gives up its least recently
+used unpinned entry, so another token holder uploading a lot flushes its own blobs, not
+everyone's (each then costing its owner a ``CACHE_MISS`` and an upload).
 """
 
 from __future__ import annotations
@@ -40,17 +43,24 @@ def _size(data: Blob) -> int | None:
         return None
 
 
+def scope_of(key: str) -> str:
+    """The identity a cache key belongs to (``scoped_key`` read back)."""
+    scope, slash, _hash = key.partition("/")
+    return scope if slash else DEFAULT_SCOPE
+
+
 class MemoryCache:
-    """LRU over unpinned entries, budget ``capacity_bytes``; objects over a quarter of the
-    budget are not kept."""
+    """LRU over unpinned entries, per scope, budget ``capacity_bytes`` shared fairly between
+    scopes; objects over a quarter of the budget are not kept."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = max(0, int(capacity_bytes))
         self._lock = threading.Lock()
-        # Unpinned entries, least recently used first.
-        self._lru: OrderedDict[str, tuple[Blob, int]] = OrderedDict()
-        # hash -> [data, size, pin count]
+        # Unpinned entries per scope, least recently used first.
+        self._lru: dict[str, OrderedDict[str, tuple[Blob, int]]] = {}
+        # key -> [data, size, pin count]
         self._pinned: dict[str, list[Any]] = {}
+        self._held: dict[str, int] = {}  # scope -> bytes of its entries, pinned ones included
         self._used = 0
 
     @property
@@ -63,7 +73,7 @@ class MemoryCache:
         holds how many; entries sharing a holder count once): what a leak check must not
         count as leaked."""
         with self._lock:
-            blobs = [item[0] for item in self._lru.values()]
+            blobs = [item[0] for lru in self._lru.values() for item in lru.values()]
             blobs += [entry[0] for entry in self._pinned.values()]
         holders: dict[int, int] = {}
         for held in map(descriptors_of, blobs):
@@ -78,11 +88,13 @@ class MemoryCache:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._lru) + len(self._pinned)
+            return sum(map(len, self._lru.values())) + len(self._pinned)
 
     def __contains__(self, sha256: object) -> bool:
+        if not isinstance(sha256, str):
+            return False
         with self._lock:
-            return sha256 in self._lru or sha256 in self._pinned
+            return sha256 in self._pinned or sha256 in self._lru.get(scope_of(sha256), ())
 
     def get(self, sha256: str) -> Blob | None:
         """The blob, marked most recently used, or ``None``."""
@@ -90,10 +102,11 @@ class MemoryCache:
             entry = self._pinned.get(sha256)
             if entry is not None:
                 return entry[0]
-            item = self._lru.get(sha256)
+            lru = self._lru.get(scope_of(sha256))
+            item = None if lru is None else lru.get(sha256)
             if item is None:
                 return None
-            self._lru.move_to_end(sha256)
+            lru.move_to_end(sha256)  # type: ignore[union-attr]  # found in it
             return item[0]
 
     def put(self, sha256: str, data: Blob) -> bool:
@@ -101,16 +114,19 @@ class MemoryCache:
         size = _size(data)
         if size is None or size * 4 > self.capacity_bytes:
             return sha256 in self
+        scope = scope_of(sha256)
         with self._lock:
             if sha256 in self._pinned:
                 return True
-            if sha256 in self._lru:
-                self._lru.move_to_end(sha256)
+            lru = self._lru.setdefault(scope, OrderedDict())
+            if sha256 in lru:
+                lru.move_to_end(sha256)
                 return True
-            self._lru[sha256] = (data, size)
+            lru[sha256] = (data, size)
+            self._held[scope] = self._held.get(scope, 0) + size
             self._used += size
             self._evict()
-            return sha256 in self._lru
+            return sha256 in self._lru.get(scope, ())
 
     def pin(self, sha256: str) -> bool:
         """Protect an entry from eviction (counted); ``False`` if it is not cached."""
@@ -119,7 +135,8 @@ class MemoryCache:
             if entry is not None:
                 entry[2] += 1
                 return True
-            item = self._lru.pop(sha256, None)
+            lru = self._lru.get(scope_of(sha256))
+            item = None if lru is None else lru.pop(sha256, None)
             if item is None:
                 return False
             self._pinned[sha256] = [item[0], item[1], 1]
@@ -135,11 +152,18 @@ class MemoryCache:
             if entry[2] > 0:
                 return
             del self._pinned[sha256]
-            self._lru[sha256] = (entry[0], entry[1])
+            self._lru.setdefault(scope_of(sha256), OrderedDict())[sha256] = (entry[0], entry[1])
             self._evict()
 
     def _evict(self) -> None:
-        # Caller holds the lock. Oldest unpinned first, until within budget (or none left).
-        while self._used > self.capacity_bytes and self._lru:
-            _, (_, size) = self._lru.popitem(last=False)
+        # Caller holds the lock. Until within budget (or nothing unpinned is left): the
+        # least recently used unpinned entry of the scope holding the most bytes (the
+        # fair_eviction rule; one scope alone: plain LRU).
+        while self._used > self.capacity_bytes:
+            scopes = [scope for scope, lru in self._lru.items() if lru]
+            if not scopes:
+                return
+            scope = max(sorted(scopes), key=self._held.__getitem__)
+            _, (_, size) = self._lru[scope].popitem(last=False)
             self._used -= size
+            self._held[scope] -= size
