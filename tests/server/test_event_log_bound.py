@@ -102,3 +102,17 @@ def test_a_rotation_that_fails_keeps_writing_the_current_file(tmp_path) -> None:
     assert [r["request_id"] for r in records] == [f"r{index}" for index in range(1000)]
     assert log.errors > 0
     assert not (run_dir / ".events.jsonl.new").exists()
+
+
+def test_a_bound_smaller_than_a_line_still_rotates_and_never_empties_the_last_half(
+    tmp_path,
+) -> None:
+    log = _log(tmp_path, limit=1)  # half of it rounds to 0: it used to mean "never"
+    log.emit("request_received", request_id="r0")
+    log.emit("request_received", request_id="r1")
+    log.close()
+    run_dir = log.run_dir
+    assert run_dir is not None
+    assert [r["request_id"] for r in _lines(run_dir / "events.1.jsonl")] == ["r0"]
+    current = _lines(run_dir / "events.jsonl")
+    assert [r["event"] for r in current] == ["events_log_rotated", "request_received"]

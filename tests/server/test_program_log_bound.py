@@ -194,15 +194,35 @@ def test_a_failed_unlink_that_is_not_a_missing_file_never_raises(tmp_path, monke
     monkeypatch.setattr(os, "unlink", refuse)
     assert held.store("b", program(BLOCK)) is None
     assert len(failures) == 1 and held.total == BLOCK
+    monkeypatch.undo()  # the error passes: the stuck file goes when room is next needed
+    assert held.store("c", program(BLOCK)) == "c.json"
+    assert held.total == BLOCK and not (tmp_path / "programs" / "a.json").exists()
 
 
 def test_the_same_request_id_twice_keeps_both_programs_within_the_bound(tmp_path) -> None:
     log = make_log(tmp_path, 2 * BLOCK)
     assert log.record_program("same", b"{}") == "same.json"
     assert log.record_program("same", b"{}") == "same-1.json"
-    assert log.record_program("same", b"{}") == "same.json"  # the oldest made room
-    assert sorted(stored(log)) == ["same-1.json", "same.json"]
+    assert log.record_program("same", b"{}") == "same-2.json"  # the oldest made room
+    assert sorted(stored(log)) == ["same-1.json", "same-2.json"]
     log.close()
+
+
+def test_a_request_id_sent_again_and_again_costs_one_open_per_program(
+    tmp_path, monkeypatch
+) -> None:
+    held, _, _, _ = records(tmp_path, 1000 * BLOCK)
+    opened = []
+    real_open = os.open
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    for _ in range(200):  # before: the k-th repeat tried k names (quadratic, on the loop)
+        held.store("same", b"{}")
+    assert len(opened) == 201  # the first repeat finds its name taken once, no other
 
 
 def test_concurrent_stores_keep_the_bound_and_the_count(tmp_path) -> None:

@@ -126,17 +126,21 @@ class KCoralHandler(APIHandler):
         of them answers 200 to ids it never gave (a malicious or broken server listed
         before the real one would otherwise take the user's Cancel, and the job run on).
         Then no server is believed: 409, naming them; ``?server=`` picks one."""
-        claims = []
+        claims: list[tuple[dict[str, Any], int, Any, float | None]] = []
         other = unusable = None
-        for server in self.servers():
-            status, document, error, clock = await self.upstream_timed(server, "GET", path)
+        servers = self.servers()
+        # All at once: a server that does not answer costs one timeout, not one per lookup.
+        answers = await asyncio.gather(
+            *(self.upstream_timed(server, "GET", path) for server in servers)
+        )
+        for server, (status, document, error, clock) in zip(servers, answers, strict=True):
             if status and error:  # upstream_timed's own 502 for an answer not passed on
                 unusable = unusable or (server, status, document, clock)
             elif status == 200:
                 claims.append((server, status, document, clock))
             elif status and status not in (404, 405):
                 other = other or (server, status, document, clock)
-        if len(claims) > 1:
+        if any(not _same_record(claims[0][2], claim[2]) for claim in claims[1:]):
             names = ", ".join(repr(claim[0]["name"]) for claim in claims)
             raise tornado.web.HTTPError(
                 409, f"servers {names} all claim it; choose one with ?server=NAME"
@@ -158,6 +162,19 @@ class KCoralHandler(APIHandler):
                 }
             },
         )
+
+
+def _same_record(first: Any, second: Any) -> bool:
+    """Whether two servers' answers describe the same job or session: one server listed
+    under two names (two spellings of its address, a router and one of its nodes). A job
+    record's ``request_id`` and a session's ``created_at`` are what a server that answers
+    for ids it never gave cannot know."""
+    if not isinstance(first, dict) or not isinstance(second, dict):
+        return False
+    return any(
+        first.get(key) not in (None, "") and first.get(key) == second.get(key)
+        for key in ("request_id", "created_at")
+    )
 
 
 def _date_header_seconds(response: HTTPResponse) -> float | None:

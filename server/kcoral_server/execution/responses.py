@@ -123,6 +123,10 @@ SHUTTING_DOWN = "the server is shutting down"
 NO_FREE_WORKER = "no worker became free within --worker-wait-timeout-seconds"
 GPUS_QUARANTINED = "the GPUs this program needs are quarantined (a worker's end was not confirmed)"
 INFLIGHT_FULL = "requests being received hold --max-inflight-request-bytes"
+QUARANTINED = (
+    "it admits no program since a worker's end could not be confirmed (its log says which); "
+    "its operator must restart it"
+)
 
 
 def saturated(why: str | None) -> Refusal:

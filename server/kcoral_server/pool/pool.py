@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from kcoral_server.execution.responses import SHUTTING_DOWN
+from kcoral_server.execution.responses import QUARANTINED, SHUTTING_DOWN
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import retirement as pool_retirement
 from kcoral_server.pool.handles import HandleMaker
@@ -81,10 +81,8 @@ class Pool:
             arbiter,
             events,
             float(config.worker_termination_grace_seconds),
-            lambda reason: self._stop_admitting(
-                f"it admits no program since a worker's end could not be confirmed ({reason}); "
-                "its operator must restart it"
-            ),
+            # no reason details: they name another identity's worker (the log has them)
+            lambda reason: self._stop_admitting(QUARANTINED),
         )
         #: makes every worker handle of this pool (a session's: ``for_session``, a
         #: GPU-set request's transient one: ``for_gpu_set``)
@@ -255,7 +253,7 @@ class Pool:
 
     def _stop_admitting(self, why: str) -> None:
         self.accepting = False
-        if self.refusing is None or why != SHUTTING_DOWN:  # a quarantine outranks a shutdown
+        if self.refusing != QUARANTINED:  # a quarantine outranks a shutdown
             self.refusing = why
         self._queue.fail_all(why)
 

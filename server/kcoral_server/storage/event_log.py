@@ -196,7 +196,7 @@ class EventLog:
         self.console = console
         # events.jsonl is renamed events.1.jsonl at half the bound (0: never), so the two
         # files together stay within it (give or take one line).
-        self._rotate_at = log_events_max_bytes // 2 if log_events_max_bytes > 0 else 0
+        self._rotate_at = max(1, log_events_max_bytes // 2) if log_events_max_bytes > 0 else 0
         self._written = 0  # bytes in the current events.jsonl
         self.log_programs = log_programs
         self.errors = 0  # logging failures swallowed so far
@@ -297,7 +297,9 @@ class EventLog:
                 with self._lock:
                     file = self._file
                     if file is not None:
-                        if self._rotate_at and self._written + len(line) > self._rotate_at:
+                        full = self._written + len(line) > self._rotate_at
+                        # an empty file is never rotated: it would replace the last half
+                        if self._rotate_at and self._written and full:
                             if self._rotate():
                                 # The new file's first record says where the rest went.
                                 rotated = {

@@ -34,6 +34,8 @@ BLOCK = 4096
 DEFAULT_LIMIT = 1024**3
 #: At most one ``programs_log_trimmed`` report per this many seconds.
 REPORT_EVERY_SECONDS = 60.0
+#: Repeated request ids whose next free suffix is remembered (``_create``).
+SUFFIXES_KEPT = 4096
 
 
 def charged(size: int) -> int:
@@ -67,8 +69,10 @@ class ProgramRecords:
         self._lock = threading.Lock()
         # (file name, charged bytes), oldest first: what this run stored and still holds.
         self._stored: deque[tuple[str, int]] = deque()
-        # Charged bytes on disk: the files in _stored plus any this run could not remove.
+        # Charged bytes on disk: the files in _stored plus those this run could not remove.
         self._total = 0
+        self._stuck: list[tuple[str, int]] = []  # could not be removed: still charged
+        self._suffixes: dict[str, int] = {}  # a repeated request id -> its next suffix
         self._last_report: float | None = None
         # Counts since the last report.
         self._removed = 0
@@ -122,34 +126,54 @@ class ProgramRecords:
         """Remove the oldest files until ``charge`` more fits; False where it cannot."""
         if charge > self.limit:
             return False  # larger than the whole bound: keep what is there
+        # Files that could not be removed before are tried again first (a passing error
+        # must not keep their bytes charged for the rest of the run), then the oldest.
+        stuck, self._stuck = self._stuck, []
+        for name, size in stuck:
+            if self._total + charge <= self.limit or not self._remove(name, size):
+                self._stuck.append((name, size))
         while self._total + charge > self.limit and self._stored:
             name, size = self._stored.popleft()
-            try:
-                os.unlink(self.directory / name)
-            except FileNotFoundError:
-                pass  # removed by hand meanwhile: its bytes are free all the same
-            except OSError:
+            if not self._remove(name, size):
                 # Still on disk: its bytes stay charged, so the bound holds (at the cost of
-                # storing less) instead of trying the same file on every request.
-                self._failed()
-                continue
-            self._total -= size
-            self._removed += 1
-            self._removed_bytes += size
+                # storing less); tried again when room is next needed.
+                self._stuck.append((name, size))
         return self._total + charge <= self.limit
 
+    def _remove(self, name: str, size: int) -> bool:
+        """Remove a stored file and uncharge it; False (counted) where it stays on disk."""
+        try:
+            os.unlink(self.directory / name)
+        except FileNotFoundError:
+            pass  # removed by hand meanwhile: its bytes are free all the same
+        except OSError:
+            self._failed()
+            return False
+        self._total -= size
+        self._removed += 1
+        self._removed_bytes += size
+        return True
+
     def _create(self, request_id: str) -> tuple[str, int] | None:
-        suffix = 0
+        # A client may send one request id again and again (it chooses them): the next
+        # free suffix is remembered, so the k-th repeat costs one open, not k.
+        suffix = self._suffixes.get(request_id, 0)
         while True:
             name = f"{request_id}.json" if suffix == 0 else f"{request_id}-{suffix}.json"
             try:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                return name, os.open(self.directory / name, flags, 0o600)
+                fd = os.open(self.directory / name, flags, 0o600)
             except FileExistsError:  # the same client id twice: keep both programs
                 suffix += 1
+                continue
             except OSError:
                 self._failed()
                 return None
+            if suffix or request_id in self._suffixes:
+                if len(self._suffixes) >= SUFFIXES_KEPT:
+                    self._suffixes.clear()  # bounded; forgetting only costs a probe
+                self._suffixes[request_id] = suffix + 1
+            return name, fd
 
     def _forget(self, name: str, charge: int) -> None:
         """Undo a store whose write failed (unless trimming removed it meanwhile)."""

@@ -46,7 +46,9 @@ class Stand(tornado.web.RequestHandler):
             return self.answer(HEALTH)
         job = path.removeprefix("v1/jobs/")
         if job != path and (self.claims or job == "known"):
-            return self.answer({"job_id": job, "status": "RUNNING"})
+            # the real job's record names its request; a server claiming every id cannot
+            request = "req-of-known" if job == "known" and not self.claims else f"req-{job}"
+            return self.answer({"job_id": job, "request_id": request, "status": "RUNNING"})
         self.set_status(404)
         self.answer({"error": {"kind": "not_found", "message": "no such job"}})
 
@@ -70,6 +72,10 @@ def stand_urls() -> Iterator[dict[str, str]]:
 @pytest.fixture
 def jp_server_config(stand_urls: dict[str, str]) -> Config:
     servers = [{"name": name, "url": url} for name, url in stand_urls.items()]
+    # the real server once more, its address spelled another way: one server, two names
+    servers.append(
+        {"name": "real-again", "url": stand_urls["real"].replace("127.0.0.1", "localhost")}
+    )
     return Config(
         {
             "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
@@ -84,7 +90,7 @@ async def test_a_server_claiming_every_job_id_cannot_take_another_servers_cancel
         await jp_fetch("kcoral", "api", "jobs", "known", method="DELETE")
     assert refused.value.code == 409
     message = json.loads(refused.value.response.body)["message"]
-    assert "'claims-every-id', 'real'" in message and "?server=NAME" in message
+    assert "'claims-every-id', 'real', 'real-again'" in message and "?server=NAME" in message
     assert Stand.cancels == []  # nothing cancelled anywhere
     chosen = await jp_fetch(
         "kcoral", "api", "jobs", "known", method="DELETE", params={"server": "real"}
