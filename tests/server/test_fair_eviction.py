@@ -73,3 +73,30 @@ def test_the_disk_cache_evicts_a_flooding_identitys_files_before_anothers(
     assert cache.get(_sha(victim), "alice") == victim  # before: the oldest file went first
     assert cache.get(_sha(flood[-1]), "bob") == flood[-1]
     assert cache.get(_sha(flood[0]), "bob") is None
+
+
+def test_a_disk_cache_file_that_cannot_be_removed_makes_the_next_oldest_go(
+    tmp_path: Path, monkeypatch
+) -> None:
+    root = tmp_path / "cache"
+    cache = DiskCache(root, 1)  # 1 MiB
+    blobs = [bytes([i]) * (400 * 1024) for i in range(3)]
+    for age, data in zip((300, 200), blobs[:2], strict=False):
+        cache.put_many({_sha(data): data})
+        path = root / "v1" / _sha(data)[:2] / _sha(data)
+        stat = path.stat()
+        os.utime(path, (stat.st_atime - age, stat.st_mtime - age))
+    oldest = _sha(blobs[0])
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(oldest):
+            raise PermissionError(13, "refused", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    cache.put_many({_sha(blobs[2]): blobs[2]})  # 1200 KiB: one must go, the oldest cannot
+    monkeypatch.undo()
+    assert cache.get(oldest) == blobs[0]  # it stayed
+    assert cache.get(_sha(blobs[1])) is None  # so the next oldest went instead
+    assert cache.get(_sha(blobs[2])) == blobs[2]

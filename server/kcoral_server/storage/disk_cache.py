@@ -298,16 +298,25 @@ class DiskCache:
             return
         files.sort()
         # Oldest first, but from the identity holding the most (``fair_victims``): another
-        # token holder's uploads flush its own files, not everyone's oldest.
-        for _, _, path, _ in fair_victims(
-            files, self.capacity_bytes, owner=_file_scope, size=lambda file: file[3]
-        ):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                self.errors += 1
+        # token holder's uploads flush its own files, not everyone's oldest. A file that
+        # cannot be removed stays, so the next victims are chosen again around it.
+        budget = self.capacity_bytes
+        for _round in range(3):
+            victims = fair_victims(files, budget, owner=_file_scope, size=lambda file: file[3])
+            stuck = 0
+            for _, _, path, size in victims:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    self.errors += 1
+                    stuck += size
+            if not stuck:
+                return
+            chosen = set(victims)
+            files = [file for file in files if file not in chosen]
+            budget -= stuck
 
 
 def _file_scope(file: tuple[int, str, str, int]) -> str:
