@@ -42,7 +42,7 @@ def test_the_queue_listeners_hear_each_change() -> None:
 def test_a_wait_that_times_out_or_is_failed_gets_no_worker() -> None:
     async def main() -> None:
         queue = SeatQueue()
-        with pytest.raises(NoWorker, match="in time"):
+        with pytest.raises(NoWorker, match="worker-wait-timeout-seconds"):
             await queue.wait(0.01, None, lambda seat: None)
         failed = asyncio.ensure_future(queue.wait(5, None, lambda seat: None))
         await asyncio.sleep(0)

@@ -77,12 +77,10 @@ class Pool:
         self._queue = SeatQueue()
         #: called (no arguments) whenever the queue of waiting requests changes
         self.queue_listeners = self._queue.listeners
+        # A 503 gives no reason details: they name another identity's worker (the log has them).
+        stop = lambda _reason: self._stop_admitting(QUARANTINED)  # noqa: E731
         self.ends = WorkerEnds(
-            arbiter,
-            events,
-            float(config.worker_termination_grace_seconds),
-            # no reason details: they name another identity's worker (the log has them)
-            lambda reason: self._stop_admitting(QUARANTINED),
+            arbiter, events, float(config.worker_termination_grace_seconds), stop
         )
         #: makes every worker handle of this pool (a session's: ``for_session``, a
         #: GPU-set request's transient one: ``for_gpu_set``)
