@@ -36,8 +36,9 @@ END_WAIT_SECONDS = 0.5
 END_WAIT_BYTES = 64 * 1024
 #: Bounds on what a server may send in an event stream (EXTENSIONS §5): a line other than
 #: ``data:`` (ids, event names, comments), the data of one event (a KCoral server sends one
-#: ``data:`` line, which for ``stdout``/``stderr`` holds up to an output limit of text,
-#: escaped as JSON), its data lines, and the digits of an id (an int64 has 19).
+#: ``data:`` line, which for ``stdout``/``stderr`` holds at most 4 MiB of output escaped as
+#: JSON; servers before 2026-12-05 sent the rest of a job's output at its end as one, up to
+#: an output limit, hence the room), its data lines, and the digits of an id (an int64 has 19).
 MAX_LINE_BYTES = 1 << 20
 MAX_EVENT_DATA_BYTES = 256 << 20
 MAX_EVENT_DATA_LINES = 1024

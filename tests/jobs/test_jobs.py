@@ -406,6 +406,21 @@ def test_output_beyond_the_limit_is_not_streamed_and_matches_the_result(kcoral_s
     assert _text(events, "stdout") == result.stdout == "\u00e9\u00e9\ufffd"
 
 
+def test_a_burst_of_output_at_the_end_arrives_in_events_of_at_most_a_read_each(
+    kcoral_server,
+) -> None:
+    # 12 MiB written at once, then the program ends: the final drain sent the whole rest as
+    # one event (up to an output limit of text on one ``data:`` line); now a read at most.
+    source = "import sys\ndef f():\n    sys.stdout.write('\u00e9' * (6 << 20))\n"
+    with kcoral.Client(kcoral_server.url) as client:
+        job = client.submit(module_program(source, "f", returns=False), output_limit_bytes=16 << 20)
+        events = list(job.events())
+        result = job.result()
+    chunks = [e.data["text"] for e in events if e.kind == "stdout"]
+    assert max(len(chunk.encode()) for chunk in chunks) <= (4 << 20) + 3
+    assert "".join(chunks) == result.stdout == "\u00e9" * (6 << 20)
+
+
 def test_a_disconnected_execute_client_has_its_program_killed(
     kcoral_server, tmp_path: Path
 ) -> None:

@@ -50,18 +50,21 @@ class StreamTail:
             self._send(self._decoder.decode(data), now)
 
     def drain(self) -> None:
-        """Read everything left (within the limit), flush the decoder and stop."""
+        """Read everything left (within the limit), flush the decoder and stop: an event
+        per ``MAX_READ_BYTES`` read, as while it ran, never the whole rest as one (up to
+        an output limit of text in one ``data:`` line, for every reader to hold at once)."""
         if self._done:
             return
-        parts: list[str] = []
+        now = time.monotonic()
+        pending = ""
         while True:
             data = self._read(MAX_READ_BYTES)
             if not data:
                 break
-            parts.append(self._decoder.decode(data))
-        parts.append(self._decoder.decode(b"", final=True))
+            self._send(pending, now)
+            pending = self._decoder.decode(data)
         self._done = True
-        self._send("".join(parts), time.monotonic())
+        self._send(pending + self._decoder.decode(b"", final=True), now)
         self.close()
 
     def close(self) -> None:
