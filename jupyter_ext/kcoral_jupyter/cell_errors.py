@@ -145,7 +145,7 @@ def start_hint(url: str) -> str:
 
 #: What to do for the HTTP error kinds a user can act on (PROTOCOL §7, EXTENSIONS §5-6).
 _ACTIONS = {
-    "busy": "the message above says why: run the cell again in a moment, or use another server",
+    "busy": "every worker is taken: run the cell again in a moment, or use another server",
     "unauthorized": "set this server's token: %config KCoral.token = '...' (or KCORAL_TOKEN)",
     "forbidden": "the server refuses this origin or host; its message names the flag to set",
     "request_too_large": (
@@ -170,6 +170,11 @@ def refused(exc: KCoralError, server: str | None = None) -> ServerRefusedError:
     action = _ACTIONS.get(
         exc.kind or "", f"%kcoral status shows the server's state; {VERBOSE_HINT}"
     )
+    if exc.kind == "busy" and "shutting down" in exc.message:
+        action = "run the cell again once the server is back, or use another server"
+    elif exc.kind == "busy" and "must restart" in exc.message:
+        # a server that admits nothing until restarted (PROTOCOL §7.1): no retry helps
+        action = "ask the server's operator to restart it (its log says why), or use another server"
     return ServerRefusedError(
         f"{where}HTTP {exc.status_code}{kind}: {exc.message}{request}",
         action,

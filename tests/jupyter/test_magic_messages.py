@@ -20,12 +20,13 @@ from kcoral_jupyter.cell_errors import (
     GpuRequiredError,
     NotConnectedError,
     ServerUnreachableError,
+    refused,
 )
 from kcoral_jupyter.extension import kernel_state_of
 from kcoral_jupyter.magics.options import join_name_lists
 from kcoral_jupyter.runner import RemoteCellError
 
-from kcoral import Client
+from kcoral import Client, KCoralError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -331,3 +332,19 @@ def test_an_unclosed_quote_or_a_trailing_backslash_is_a_one_line_usage_error(
     assert str(error).startswith(f"{magic}: ") and "\n" not in str(error)
     assert repr(line) in str(error) and "(close it, or leave it out)" in str(error)
     assert kernel_state_of(shell).failed_connect is None  # nothing was tried
+
+
+def test_a_busy_answer_tells_a_wait_from_a_server_that_needs_its_operator() -> None:
+    def action(message: str) -> str:
+        error = refused(KCoralError(503, message, kind="busy"), "gpu-box")
+        return rendered(error)[1]
+
+    waited = "server saturated: no worker became free within --worker-wait-timeout-seconds"
+    assert "run the cell again in a moment" in action(waited)
+    assert "once the server is back" in action("server saturated: the server is shutting down")
+    stuck = (
+        "server saturated: it admits no program since a worker's end could not be confirmed "
+        "(its log says which); its operator must restart it"
+    )
+    assert "ask the server's operator to restart it" in action(stuck)
+    assert "again in a moment" not in action(stuck)
