@@ -7,8 +7,6 @@ import time
 import uuid
 from typing import Any
 
-import tornado.web
-
 from kcoral.protocol.selector import (
     INVALID_SELECTOR,
     NO_MATCHING_NODE,
@@ -21,6 +19,7 @@ from kcoral.protocol.selector import (
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import DEFAULT, Identity
+from kcoral_server.front_door.handler_defaults import KCoralRequestHandler
 from kcoral_server.router.selection import no_match_message, offering_nodes
 
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
@@ -41,23 +40,10 @@ def browser_refusal(state: Any, headers: Any) -> str | None:
     return guard.refusal(headers)
 
 
-class RouterHandler(tornado.web.RequestHandler):
+class RouterHandler(KCoralRequestHandler):
     """Base of the authenticated endpoints; ``ALLOWED`` methods, others get 405."""
 
     ALLOWED: tuple[str, ...] = ("GET",)
-
-    def compute_etag(self) -> None:
-        """No ``Etag``: conditional GETs get the whole answer, never a bodiless 304."""
-        return None
-
-    def decode_argument(self, value: bytes, name: str | None = None) -> str:
-        """A job or session id whose bytes are not UTF-8 is kept, not refused: it is no id,
-        so the route answers it as an unknown one (404 ``not_found``, after the browser
-        guard and the token check). Tornado's own refusal was an HTML 400 (fuzz audit)."""
-        try:
-            return super().decode_argument(value, name)
-        except tornado.web.HTTPError:  # bytes that are not UTF-8
-            return value.decode("utf-8", errors="replace")
 
     def initialize(self, state: Any) -> None:
         self.state = state

@@ -13,6 +13,7 @@ import tornado.web
 
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.callers import Authenticator, parse_tokens
+from kcoral_server.front_door.handler_defaults import KCoralRequestHandler
 from kcoral_server.metrics.router_metrics import RouterMetrics
 from kcoral_server.router.auth import NotFoundHandler, browser_refusal
 from kcoral_server.router.forward import ForwardHandler
@@ -55,12 +56,9 @@ def utc_now_micros() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class HealthHandler(tornado.web.RequestHandler):
+class HealthHandler(KCoralRequestHandler):
     def initialize(self, state: RouterState) -> None:
         self.state = state
-
-    def compute_etag(self) -> None:
-        return None  # a conditional GET still gets 200 and the body (PROTOCOL §12)
 
     def prepare(self) -> None:
         # No token is needed here, but a web page still learns nothing (EXTENSIONS §6).

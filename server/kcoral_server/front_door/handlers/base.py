@@ -26,6 +26,7 @@ from kcoral.protocol.headers import REQUEST_ID_HEADER, accept_request_id
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.execution.responses import Refusal
 from kcoral_server.front_door.callers import DEFAULT, Identity
+from kcoral_server.front_door.handler_defaults import KCoralRequestHandler
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
@@ -41,7 +42,7 @@ UNLIMITED = 1 << 62
 
 
 @tornado.web.stream_request_body
-class BaseHandler(tornado.web.RequestHandler):
+class BaseHandler(KCoralRequestHandler):
     """JSON bodies everywhere; ``ALLOWED`` methods, others get 405 with ``Allow``."""
 
     ALLOWED: tuple[str, ...] = ("GET",)
@@ -60,22 +61,6 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def set_default_headers(self) -> None:
         self.set_header("Server", "kcoral")
-
-    def decode_argument(self, value: bytes, name: str | None = None) -> str:
-        """A path argument (a job id) whose bytes are not UTF-8 is kept, not refused: it
-        names no job this server gave, so it is looked up as an unknown id (404
-        ``not_found``, after the browser guard and the token check). Tornado's own refusal
-        came before both, as a 400 that ``write_error`` could only call an ``engine``
-        fault (fuzz audit)."""
-        try:
-            return super().decode_argument(value, name)
-        except tornado.web.HTTPError:  # bytes that are not UTF-8
-            return value.decode("utf-8", errors="replace")
-
-    def compute_etag(self) -> None:
-        """No ``Etag``: a conditional GET must still get 200 and the whole body (PROTOCOL
-        §12), not Tornado's bodiless 304."""
-        return None
 
     def prepare(self) -> None:
         """The checks on the request head, before any of the body is read (the module's
