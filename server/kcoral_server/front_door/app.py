@@ -15,6 +15,7 @@ from typing import Any
 
 import tornado.web
 
+from kcoral_server.execution.responses import SHUTTING_DOWN
 from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
 from kcoral_server.front_door.recent_leases import RecentLeases
@@ -115,6 +116,13 @@ class ServerState:
     @property
     def gpu_count(self) -> int:
         return 0 if self.mode == "cpu" else len(self.gpu_ids)
+
+    def refusing(self) -> str | None:
+        """Why no new program or session is admitted now (a 503's why, PROTOCOL §7.1: a
+        shutdown, or a pool that admits nothing until restarted), or None."""
+        if self.shutting_down:
+            return SHUTTING_DOWN
+        return None if self.pool.accepting else self.pool.refusing or SHUTTING_DOWN
 
     def gpu_uuid(self, gpu_id: int) -> str:
         device = next((g for g in self.gpus if g.id == gpu_id), None)

@@ -23,7 +23,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.schema import Options
-from kcoral_server.execution.responses import SHUTTING_DOWN, Refusal, RequestFailed
+from kcoral_server.execution.responses import Refusal, RequestFailed
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.retirement import reason_to_retire
 from kcoral_server.pool.seat import Seat, SeatState
@@ -443,11 +443,9 @@ class Sessions:
     ) -> Session:
         """Start a session's worker; ``NoWorker`` when no session seat is free or it fails."""
         pool = self.state.pool
-        if self.state.shutting_down or not pool.accepting:
-            # why, as a program's 503 says it (PROTOCOL §7.1): a wait, or the operator's turn
-            raise NoWorker(
-                SHUTTING_DOWN if self.state.shutting_down else pool.refusing or SHUTTING_DOWN
-            )
+        refusing = self.state.refusing()  # why, as a program's 503 says it (PROTOCOL §7.1)
+        if refusing is not None:
+            raise NoWorker(refusing)
         refusal = self.rules.refusal(self.live(), identity.name)
         if refusal is not None:
             raise NoWorker(refusal)

@@ -37,7 +37,6 @@ from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
 from kcoral_server.execution.responses import (
     INFLIGHT_FULL,
-    SHUTTING_DOWN,
     Refusal,
     Reply,
     saturated,
@@ -113,8 +112,9 @@ class ExecuteHandler(BaseHandler):
         if unfit is not None:
             self.refuse(unfit)
             return
-        if state.shutting_down or not state.pool.accepting:
-            self.refuse(saturated(SHUTTING_DOWN if state.shutting_down else state.pool.refusing))
+        refusing = state.refusing()
+        if refusing is not None:
+            self.refuse(saturated(refusing))
             return
         # In-flight bytes are what bodies actually hold, never what they declared: a
         # declaration reserves nothing, so connections that declare the maximum and then
