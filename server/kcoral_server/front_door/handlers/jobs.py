@@ -22,7 +22,7 @@ import tornado.web
 from kcoral.protocol.headers import REQUEST_ID_HEADER
 from kcoral_server.front_door.handlers.base import SMALL_BODY_BYTES, BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
-from kcoral_server.jobs.store import Job
+from kcoral_server.jobs.store import Expiry, Job
 
 if TYPE_CHECKING:
     from kcoral_server.execution.pipeline import ExecuteRequest
@@ -106,9 +106,13 @@ class JobHandler(BaseHandler):
             return found
         if found is None:
             self.send_error_json(404, "not_found", "job not found")
-        else:  # its owner learns why it went (EXTENSIONS §5)
-            self.send_error_json(404, "job_expired", found.message)
+        else:
+            self.expired(found)
         return None
+
+    def expired(self, expiry: Expiry | None) -> None:
+        """404 ``job_expired``: its owner learns why the job went (EXTENSIONS §5)."""
+        self.send_error_json(404, "job_expired", expiry.message if expiry else "job expired")
 
 
 class JobStateHandler(JobHandler):
@@ -159,10 +163,7 @@ class JobResultHandler(JobHandler):
                 pieces = result.file.chunks()
                 first = await _next_piece(self.state, pieces)
             except OSError:
-                # dropped between the lookup and the open
-                expiry = self.state.jobs.expired.get(job_id)
-                message = expiry.message if expiry is not None else "job expired"
-                self.send_error_json(404, "job_expired", message)
+                self.expired(self.state.jobs.expired.get(job_id))  # dropped since the lookup
                 return
         self.set_status(result.status)
         for name, value in result.headers.items():
