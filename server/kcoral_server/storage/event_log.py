@@ -39,6 +39,7 @@ BULKY_FIELDS = frozenset({"config", "traceback", "versions", "ops", "uploads"})
 CONSOLE_VALUE_LIMIT = 120
 UNENCODABLE_LIMIT = 2000
 ROTATED_EVENTS_NAME = "events.1.jsonl"  # events.jsonl's previous half (``log_events_max_bytes``)
+ROTATED_EVENT = "events_log_rotated"  # the first record of each new events.jsonl
 ROTATING_EVENTS_NAME = ".events.jsonl.new"  # the next events.jsonl, until it is renamed
 
 
@@ -293,38 +294,36 @@ class EventLog:
             timestamp = format_timestamp(time.time())
             if self._file is not None:
                 line = encode_record(timestamp, level, event, fields)
-                rotated: dict[str, Any] | None = None
                 with self._lock:
+                    rotated = self._rotated_for(len(line))
+                    if rotated is not None:  # the new file's first record says where the rest went
+                        line = encode_record(timestamp, "INFO", ROTATED_EVENT, rotated) + line
                     file = self._file
-                    if file is not None:
-                        full = self._written + len(line) > self._rotate_at
-                        # an empty file is never rotated: it would replace the last half
-                        if self._rotate_at and self._written and full:
-                            if self._rotate():
-                                # The new file's first record says where the rest went.
-                                rotated = {
-                                    "previous": ROTATED_EVENTS_NAME,
-                                    "limit": 2 * self._rotate_at,
-                                }
-                                line = (
-                                    encode_record(timestamp, "INFO", "events_log_rotated", rotated)
-                                    + line
-                                )
-                            file = self._file
                     if file is not None:
                         file.write(line)
                         file.flush()
                         self._written += len(line)
                 if rotated is not None:
-                    self.errors += self._listeners.tell("events_log_rotated", rotated)
+                    self.errors += self._listeners.tell(ROTATED_EVENT, rotated)
                     if self.console:
                         self._write_console(
-                            format_console_line(timestamp, "INFO", "events_log_rotated", rotated)
+                            format_console_line(timestamp, "INFO", ROTATED_EVENT, rotated)
                         )
             if self.console:
                 self._write_console(format_console_line(timestamp, level, event, fields))
         except Exception:
             self.errors += 1
+
+    def _rotated_for(self, size: int) -> dict[str, Any] | None:
+        """Rotate before a record of ``size`` bytes that would take ``events.jsonl`` past
+        half the bound (under the lock); the ``events_log_rotated`` fields when it did. An
+        empty file is never rotated: it would replace the last half with nothing."""
+        full = self._written + size > self._rotate_at
+        if self._file is None or not (self._rotate_at and self._written and full):
+            return None
+        if not self._rotate():
+            return None
+        return {"previous": ROTATED_EVENTS_NAME, "limit": 2 * self._rotate_at}
 
     def _rotate(self) -> bool:
         """events.jsonl becomes events.1.jsonl and a new one is opened (under the lock).
