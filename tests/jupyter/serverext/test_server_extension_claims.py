@@ -16,17 +16,10 @@ import pytest
 import tornado.httpclient
 import tornado.web
 from stand_in_http import serving_app
+from stand_in_kcoral import HEALTH, extension_config
 from traitlets.config import Config
 
 pytestmark = pytest.mark.timeout(180)
-
-HEALTH = {
-    "status": "ok",
-    "gpu_count": 0,
-    "load": {"request_capacity": 1, "requests_in_progress": 0, "requests_waiting": 0},
-    "target": {},
-    "versions": {},
-}
 
 
 class Stand(tornado.web.RequestHandler):
@@ -76,12 +69,7 @@ def jp_server_config(stand_urls: dict[str, str]) -> Config:
     servers.append(
         {"name": "real-again", "url": stand_urls["real"].replace("127.0.0.1", "localhost")}
     )
-    return Config(
-        {
-            "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
-            "KCoralExtension": {"request_timeout": 20.0, "servers": servers},
-        }
-    )
+    return extension_config(servers)
 
 
 async def test_a_server_claiming_every_job_id_cannot_take_another_servers_cancel(jp_fetch) -> None:

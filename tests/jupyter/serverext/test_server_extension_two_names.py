@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import tornado.web
 from stand_in_http import serving_app
+from stand_in_kcoral import extension_config
 from traitlets.config import Config
 
 pytestmark = pytest.mark.timeout(180)
@@ -40,12 +41,7 @@ def jp_server_config(real_url: str) -> Config:
         {"name": "gpu", "url": real_url},
         {"name": "gpu-by-name", "url": real_url.replace("127.0.0.1", "localhost")},
     ]
-    return Config(
-        {
-            "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
-            "KCoralExtension": {"request_timeout": 20.0, "servers": servers},
-        }
-    )
+    return extension_config(servers)
 
 
 async def test_one_server_under_two_names_answers_for_its_job_without_a_409(jp_fetch) -> None:

@@ -17,17 +17,11 @@ import pytest
 import tornado.httpclient
 import tornado.web
 from stand_in_http import serving_app
+from stand_in_kcoral import HEALTH, extension_config
 from traitlets.config import Config
 
 pytestmark = pytest.mark.timeout(180)
 
-HEALTH = {
-    "status": "ok",
-    "gpu_count": 0,
-    "load": {"request_capacity": 1, "requests_in_progress": 0, "requests_waiting": 0},
-    "target": {},
-    "versions": {},
-}
 INFO = {"kcoral": "0", "protocol": 1, "features": ["jobs"], "device": "cpu"}
 
 
@@ -111,12 +105,7 @@ def jp_server_config(odd_urls: dict[str, str]) -> Config:
         {"name": "spaced", "url": "http://gpu box:8000"},
         {"name": "no url"},
     ]
-    return Config(
-        {
-            "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
-            "KCoralExtension": {"request_timeout": 20.0, "servers": servers},
-        }
-    )
+    return extension_config(servers)
 
 
 async def _servers(jp_fetch) -> dict[str, dict]:
