@@ -164,3 +164,47 @@ def test_a_rogue_that_answers_never_reaches_a_client_of_a_keyed_node(tmp_path: P
         asyncio.run(scenario())
     finally:
         router.stop()
+
+
+def test_a_node_that_opens_slot_streams_without_end_is_refused_past_its_bound(
+    tmp_path: Path,
+) -> None:
+    # Attacker: a rogue node (its own token and slot key: a compromised node machine) that
+    # opens slot streams in a loop, each holding router memory and a place in its record.
+    router = start_router(
+        tmp_path,
+        "--status-check-interval-seconds",
+        "0.2",
+        "--max-slots-per-node",
+        "4",
+        env={"KCORAL_NODE_TOKEN": NODE_TOKEN},
+    )
+
+    async def scenario() -> None:
+        real = FakeNode(router.port, "gpu-1", slots=2, token=NODE_TOKEN, slot_key=SLOT_KEY)
+        rogue = FakeNode(router.port, "gpu-2", slots=4, token=NODE_TOKEN, slot_key="rogue-key")
+        await real.start()
+        await rogue.start()
+        for _ in range(3):
+            try:
+                await rogue.open_slot()
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                assert "--max-slots-per-node" in (exc.details() or "")
+            else:
+                raise AssertionError("a slot past --max-slots-per-node was acknowledged")
+        await wait_for_health(router.port, capacity(6))
+        await real.open_slot()  # the bound is per node id: the real node still grows
+        await wait_for_health(router.port, capacity(7))
+        for _ in range(6):
+            answer = await http_request(router.port, "POST", "/execute", b"program")
+            assert answer.status == 200 and answer.body == b"program"
+        log = router.wait_log("--max-slots-per-node")
+        assert "slot_refused" in log and "gpu-2" in log
+        await rogue.close()
+        await real.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        router.stop()

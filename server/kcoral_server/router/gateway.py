@@ -314,15 +314,16 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             self.registry.remove_slot(slot)
             raise
         if refused is not None:
-            if refused[1] == SLOT_KEY_REFUSAL:
+            if refused[1] == SLOT_KEY_REFUSAL or refused[0] == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 # Someone holds the node token but not this node's slot key: a stranger
-                # trying to take the node's seats (ROUTER §12). It got no ack and no work.
+                # trying to take the node's seats (ROUTER §12); or a node opening streams
+                # past --max-slots-per-node. Either got no ack and no work.
                 self.log.event(
                     "slot_refused",
                     level="WARNING",
                     node=hello.node_id,
                     peer=context.peer(),
-                    message=SLOT_KEY_REFUSAL,
+                    message=refused[1],
                 )
             await context.abort(*refused)
         reader = None

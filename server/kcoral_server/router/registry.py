@@ -26,6 +26,12 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
 )
 
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
+
+
+def slot_limit_refusal(limit: int) -> str:
+    return f"this node id already holds {limit} slot streams (--max-slots-per-node)"
+
+
 #: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
 #: beyond it the oldest are forgotten first, so a node-token holder that opens streams
 #: under ever new node ids cannot make the router hold a record for each. A node that
@@ -313,6 +319,10 @@ class Registry:
             return grpc.StatusCode.FAILED_PRECONDITION, "server instance was replaced"
         if not slot.holds_key(node.slot_key):
             return grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL
+        if len(node.slots) >= self.settings.max_slots_per_node:
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, slot_limit_refusal(
+                self.settings.max_slots_per_node
+            )
         if not node.connected and node.lost_at is None:
             node.lost_at = time.monotonic()  # no supervisor yet: retention applies
         node.slots[slot.slot_id] = slot

@@ -92,6 +92,17 @@ class RouterSettings:
         group="nodes",
         help="how long a disconnected node stays listed",
     )
+    # A node's slot streams each hold router memory and a place in its record; a rogue
+    # node (or a node-token holder under its id) could open them without end. The default
+    # is far above what a node opens (three per worker seat, ROUTER §5): 1,365 seats.
+    max_slots_per_node: int = setting(
+        4096,
+        flag="--max-slots-per-node",
+        kind="int",
+        group="nodes",
+        help="slot streams one node id may hold open; more are refused (RESOURCE_EXHAUSTED)",
+        minimum=1,
+    )
     max_request_bytes: int = setting(
         268435456,
         flag="--max-request-bytes",
