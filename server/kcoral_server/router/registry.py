@@ -28,10 +28,6 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
 
 
-def slot_limit_refusal(limit: int) -> str:
-    return f"this node id already holds {limit} slot streams (--max-slots-per-node)"
-
-
 #: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
 #: beyond it the oldest are forgotten first, so a node-token holder that opens streams
 #: under ever new node ids cannot make the router hold a record for each. A node that
@@ -132,6 +128,24 @@ class NodeRecord:
 
     def load(self) -> float:
         return max(self.busy_workers, self.inflight()) / max(self.worker_count, 1)
+
+
+def slot_refusal(
+    node: NodeRecord, slot: RouterSlot, limit: int
+) -> tuple[grpc.StatusCode, str] | None:
+    """Why ``node`` takes no ``slot`` (ROUTER §5): the gRPC status its stream ends with."""
+    if slot.slot_id in node.slots:
+        return grpc.StatusCode.ALREADY_EXISTS, "slot_id already connected for this node"
+    if slot.instance_id in node.old_instances:
+        return grpc.StatusCode.FAILED_PRECONDITION, "server instance was replaced"
+    if not slot.holds_key(node.slot_key):
+        return grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL
+    if len(node.slots) >= limit:  # a rogue node's streams without end (--max-slots-per-node)
+        return (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"this node id already holds {limit} slot streams (--max-slots-per-node)",
+        )
+    return None
 
 
 class Registry:
@@ -313,16 +327,9 @@ class Registry:
     def add_slot(self, slot: RouterSlot) -> tuple[grpc.StatusCode, str] | None:
         """Register a slot; return an error status for the stream instead when refused."""
         node = self._node(slot.node_id)
-        if slot.slot_id in node.slots:
-            return grpc.StatusCode.ALREADY_EXISTS, "slot_id already connected for this node"
-        if slot.instance_id in node.old_instances:
-            return grpc.StatusCode.FAILED_PRECONDITION, "server instance was replaced"
-        if not slot.holds_key(node.slot_key):
-            return grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL
-        if len(node.slots) >= self.settings.max_slots_per_node:
-            return grpc.StatusCode.RESOURCE_EXHAUSTED, slot_limit_refusal(
-                self.settings.max_slots_per_node
-            )
+        refused = slot_refusal(node, slot, self.settings.max_slots_per_node)
+        if refused is not None:
+            return refused
         if not node.connected and node.lost_at is None:
             node.lost_at = time.monotonic()  # no supervisor yet: retention applies
         node.slots[slot.slot_id] = slot
