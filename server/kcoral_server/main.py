@@ -133,6 +133,8 @@ async def _serve(
         run_dir=str(events.run_dir) if events.run_dir else None,
         config=config_for_log(config),
     )
+    # off the loop: an old run may hold many files; its outcome is an event of its own
+    cleaning = loop.run_in_executor(None, events.remove_old_runs, config.log_runs_max)
     if token is None and router_secret is None and not is_loopback(settings.host):
         events.emit(
             "unauthenticated_access",
@@ -239,6 +241,7 @@ async def _serve(
         await _shutdown(state, events)
     server.stop()
     await server.close_all_connections()
+    await cleaning  # its event lands in this run's file, not after it closed
     events.emit("server_stopped")
     events.close()
     return 0

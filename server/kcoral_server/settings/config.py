@@ -413,6 +413,17 @@ class ServerConfig:
         "events.1.jsonl (replacing the one before); 0 = never rotated",
         minimum=0,
     )
+    # Each start makes a run folder of up to the two bounds above: restarts without end
+    # (a crash loop, a pod's container) would fill the disk a run at a time.
+    log_runs_max: int = setting(
+        16,
+        flag="--log-runs-max",
+        kind="int",
+        group="logging",
+        help="run folders kept in the log folder, this one included: at start the oldest "
+        "others no running server holds are removed; 0 = keep every run",
+        minimum=0,
+    )
     sandbox: str = setting(
         "auto",
         flag="--sandbox",

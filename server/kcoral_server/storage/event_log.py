@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from kcoral_server.storage import old_runs
 from kcoral_server.storage.program_records import DEFAULT_LIMIT, ProgramRecords
 
 LEVELS = ("INFO", "WARNING", "ERROR")
@@ -208,6 +209,7 @@ class EventLog:
         self._listeners = Listeners()
         self._file: BinaryIO | None = None
         self._run_dir: Path | None = None
+        self._run_hold: int | None = None  # the run folder's lock: in use (``old_runs``)
         self._temp_output: Path | None = None
         self._output_dir: Path | None = None
         if log_dir is not None:
@@ -249,6 +251,7 @@ class EventLog:
                 break
             except FileExistsError:
                 suffix += 1
+        self._run_hold = old_runs.hold(candidate)
         (candidate / "programs").mkdir(mode=0o700)
         (candidate / "output").mkdir(mode=0o700)
         # Opened once for the whole run: emit() must not pay an open() per record.
@@ -260,6 +263,28 @@ class EventLog:
         self._output_dir = candidate / "output"
         if loose is not None:
             self.emit("log_dir_permissions", "WARNING", **loose)
+
+    def remove_old_runs(self, keep: int) -> None:
+        """Remove the earlier run folders beside this one past the newest ``keep`` that no
+        server holds (``--log-runs-max``; 0 keeps all): one ``log_runs_removed`` event when
+        any was removed or could not be. Blocking (a run may hold many files): the server
+        calls it off its event loop."""
+        if self._run_dir is None or keep <= 0:
+            return
+        try:
+            outcome = old_runs.remove_old_runs(self._run_dir.parent, keep)
+        except Exception as exc:  # logging never fails the server (nor its start)
+            self.emit("log_runs_removed", "WARNING", removed=0, kept=keep, error=repr(exc))
+            return
+        if outcome.removed or outcome.failed:
+            self.emit(
+                "log_runs_removed",
+                "WARNING" if outcome.failed else "INFO",
+                removed=len(outcome.removed),
+                kept=keep,
+                in_use=len(outcome.in_use),
+                failed=outcome.failed or None,
+            )
 
     @property
     def run_dir(self) -> Path | None:
@@ -397,8 +422,11 @@ class EventLog:
         with self._lock:
             file, self._file = self._file, None
             temp, self._temp_output = self._temp_output, None
+            hold, self._run_hold = self._run_hold, None
         if file is not None:
             with contextlib.suppress(OSError):
                 file.close()
+        if hold is not None:
+            os.close(hold)  # the run folder is no longer in use: a later start may remove it
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
