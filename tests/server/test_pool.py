@@ -100,6 +100,7 @@ class StandInWorker:
         self._identity: str | None = None
         self.info: WorkerInfo | None = None
         self.launches = 0
+        self.after_preload = False
         self.held = False
         self.released_into: list[Any] = []  # the sandboxes it was released into
         self.os_process = StandInProcess(self)
@@ -145,10 +146,11 @@ class StandInWorker:
     def begin(self) -> None:
         """The moment it may run code: launched, or released after it was forked ahead."""
 
-    async def launch(self, *, hold: bool = False) -> None:
+    async def launch(self, *, hold: bool = False, after_preload: bool = False) -> None:
         if not hold:
             self.begin()
         self.launches += 1
+        self.after_preload = after_preload  # no program waits for it: preload first
         self.held = hold  # forked ahead: waits for ``os_process.release``
         if StandInWorker.fail_starts:
             StandInWorker.fail_starts -= 1
@@ -474,6 +476,22 @@ def test_a_seat_of_one_program_workers_takes_over_its_spare_after_the_old_is_gon
 
     run_pool(test, reuse=1, events=watch)
     assert watch.old_killed == [True, True, True]  # never two workers for one program
+
+
+def test_only_the_workers_no_program_waits_for_are_forked_after_the_preload() -> None:
+    # A seat's first worker makes the server ready: forked at once. Its spare and the one
+    # forked ahead after it wait for the launcher's preload (torch), so the programs after
+    # the first do not import it themselves.
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        assert seat.worker is not None and seat.spare is not None
+        assert seat.worker.after_preload is False
+        assert seat.spare.after_preload is True
+        await one_program(pool)
+        assert seat.spare is not None and seat.spare.after_preload is True
+
+    run_pool(test, reuse=1)
 
 
 def test_a_reused_worker_or_no_spare_workers_keeps_no_spare() -> None:

@@ -71,6 +71,27 @@ def _fork(launcher: Launcher, launcher_env: dict[str, str] | None = None) -> For
         parent.close()
 
 
+def test_a_spares_fork_waits_for_the_preload_and_an_awaited_one_does_not() -> None:
+    # A fresh launcher forks a worker a program waits for at once, without torch (the
+    # server is ready as fast as without the preload); a spare's fork (no program waits
+    # for it) comes after the preload, so its first program does not import torch itself.
+    for after_preload, expected in ((False, ()), (True, ("torch",))):
+        launcher = Launcher(preload=("torch",))
+        try:
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                process = launcher.launch(
+                    child.fileno(), dict(os.environ), after_preload=after_preload
+                )
+            finally:
+                child.close()
+                parent.close()
+            assert process.preloaded == expected
+            assert process.wait(60) == 0
+        finally:
+            launcher.close()
+
+
 def _fork_after_the_preload(launcher: Launcher) -> ForkedProcess:
     """Fork until a worker comes from the preloaded launcher: the launcher imports torch
     once it has had no request for ``PRELOAD_IDLE_SECONDS``."""
@@ -359,6 +380,26 @@ def test_fresh_workers_see_torch_imported_when_their_first_line_runs_and_matmuls
             assert identity == pytest.approx(256.0)
             assert trace > 0
             assert ones == 4.0
+
+
+@pytest.mark.parametrize("sandbox_flag", SANDBOXES)
+def test_every_program_after_a_servers_first_finds_torch_imported_in_its_fresh_worker(
+    sandbox_flag: str, tmp_path: Path
+):
+    # The notebook's path: the first cells after the server started. Before, the seat's
+    # first worker, its spare and the worker forked after it all came before the preload
+    # and each imported torch at its first program: the first three cells took seconds.
+    server = start_server(
+        tmp_path / "server",
+        ["--sandbox", sandbox_flag, "--worker-preload", "torch", "--max-requests-per-worker", "1"],
+    )
+    try:
+        with kcoral.Client(server.url) as client:
+            seen = [_call(client, SEES_TORCH, "seen") for _ in range(4)]
+    finally:
+        server.stop()
+    # the first is forked at once, so that the server is ready as fast as without it
+    assert seen[1:] == [True, True, True], seen
 
 
 def test_without_the_preload_a_fresh_worker_imports_torch_itself(tmp_path: Path):

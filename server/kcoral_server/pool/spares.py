@@ -77,7 +77,7 @@ class SpareWorkers:
         handle = released or self.handles.for_seat(seat, spare=True)
         try:
             if released is None:  # not forked ahead
-                await handle.launch()
+                await handle.launch(after_preload=True)
             if self.configure_ahead:
                 handle.configured_ahead = True  # no program waits for it: it warms up
                 await handle.configure()
@@ -101,7 +101,7 @@ class SpareWorkers:
         handle = self.handles.for_seat_after_next(seat)
         if handle is not None:
             seat.held = handle
-            seat.held_start = asyncio.ensure_future(handle.launch(hold=True))
+            seat.held_start = asyncio.ensure_future(handle.launch(hold=True, after_preload=True))
 
     async def drop_held(self, seat: Seat) -> None:
         """Kill ``seat``'s worker forked ahead, before its sandbox directory is closed (the

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import subprocess
 from collections.abc import Callable, Sequence
@@ -220,7 +221,7 @@ class WorkerHandle:
 
     # ------------------------------------------------------------------ start-up
 
-    def _launch_spec(self) -> LaunchSpec:
+    def _launch_spec(self, after_preload: bool = False) -> LaunchSpec:
         return LaunchSpec(
             device=self.device,
             gpu_ids=self.gpu_ids,
@@ -229,6 +230,7 @@ class WorkerHandle:
             config=self.config,
             seats=self.seats,
             seat_sandbox=self.seat_sandbox,
+            after_preload=after_preload,
         )
 
     async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> WorkerInfo:
@@ -236,13 +238,15 @@ class WorkerHandle:
         await self.launch()
         return await self.configure(timeout)
 
-    async def launch(self, *, hold: bool = False) -> None:
+    async def launch(self, *, hold: bool = False, after_preload: bool = False) -> None:
         """Start the process (fork, spawn, seat sandbox); until ``configure`` it imports
         nothing more, initialises no GPU and runs no program (a spare worker, SERVER §6).
-        ``hold``: forked ahead, it waits until ``os_process.release`` (``SpareWorkers``)."""
+        ``hold``: forked ahead, it waits until ``os_process.release`` (``SpareWorkers``).
+        ``after_preload``: no program waits for it, so its launcher preloads first."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        spec = functools.partial(self._launch_spec, after_preload)
         try:
-            await self.os_process.launch(self._launch_spec, child.fileno(), hold=hold)
+            await self.os_process.launch(spec, child.fileno(), hold=hold)
         except BaseException:
             parent.close()
             raise

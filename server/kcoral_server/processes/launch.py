@@ -149,12 +149,18 @@ class SeatSandbox:
         self._leftovers: list[SandboxDir] = []
 
     def launch(
-        self, fd: int, env: dict[str, str], cgroups: Sequence[str], *, hold: bool = False
+        self,
+        fd: int,
+        env: dict[str, str],
+        cgroups: Sequence[str],
+        *,
+        hold: bool = False,
+        after_preload: bool = False,
     ) -> ForkedProcess:
         """Fork a worker inside the sandbox (blocking). ``env`` is the worker's environment
         outside; it is translated (§14 variables). ``hold``: a worker forked ahead, while
         another may still run in the directory, which it leaves alone until ``release``
-        empties it. Raises ``LauncherError``."""
+        empties it. ``after_preload``: see ``Launcher.launch``. Raises ``LauncherError``."""
         with self._lock:
             if self._closed:
                 raise LauncherError("the seat's sandbox is closed")
@@ -171,7 +177,12 @@ class SeatSandbox:
                 if not name.startswith("KCORAL_WORKER_")
             }
             return self._launcher.launch(
-                fd, worker_env, cgroups=cgroups, launcher_env=launcher_env, hold=hold
+                fd,
+                worker_env,
+                cgroups=cgroups,
+                launcher_env=launcher_env,
+                hold=hold,
+                after_preload=after_preload,
             )
 
     def release(self, process: ForkedProcess) -> None:
@@ -250,6 +261,7 @@ def fork_worker(
     config: Any = None,
     *,
     hold: bool = False,
+    after_preload: bool = False,
 ) -> ForkedProcess | None:
     """An unsandboxed worker is forked from the preloaded launcher (~25 ms instead of an
     interpreter start plus imports); it moves itself into ``cgroups`` first (and with
@@ -264,6 +276,7 @@ def fork_worker(
             cgroups=cgroups,
             launcher_env=worker_base_environment(os.environ, deny),
             hold=hold,
+            after_preload=after_preload,
         )
     except LauncherRefused:
         raise  # a launcher that forks unsafely is reported, not worked around

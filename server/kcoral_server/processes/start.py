@@ -78,6 +78,8 @@ class LaunchSpec:
     config: Any  # ServerConfig: read-only paths and limits (None: no limits)
     seats: int
     seat_sandbox: SeatSandbox | None
+    #: no program waits for it (a spare): forked after its launcher's preload (``Launcher``)
+    after_preload: bool = False
 
     @property
     def deny(self) -> list[str]:
@@ -207,7 +209,15 @@ def _fork_or_spawn(
     cgroup = confinement.cgroup
     assert cgroup is not None
     if spec.sandbox != "bubblewrap":
-        process = fork_worker(fd, env, cgroup.procs_files, spec.deny, spec.config, hold=hold)
+        process = fork_worker(
+            fd,
+            env,
+            cgroup.procs_files,
+            spec.deny,
+            spec.config,
+            hold=hold,
+            after_preload=spec.after_preload,
+        )
         if process is not None:
             return process
     if hold:  # the caller removes the confinement
@@ -243,7 +253,9 @@ def _fork_in_seat_sandbox(
     cgroup = cgroups.create_cgroup(wanted)
     env.update(limits.worker_limit_environment(wanted, cgroup, spec.device))
     try:
-        process = seat_sandbox.launch(fd, env, cgroup.procs_files, hold=hold)
+        process = seat_sandbox.launch(
+            fd, env, cgroup.procs_files, hold=hold, after_preload=spec.after_preload
+        )
     except LauncherRefused:
         cgroup.remove()
         raise  # the fork rule was broken (SERVER §1): reported, not worked around

@@ -52,14 +52,16 @@ is split by the process that runs it:
   supervisor) and ``wire`` (the messages between the front-end and both) are shared.
 
 Protocol on the launcher's ``AF_UNIX`` ``SOCK_SEQPACKET`` control socket: the front-end
-sends ``{"env": {...}, "cgroups": [...]}`` (JSON) with the worker's socketpair end; the
-launcher forks, the child moves itself into the listed ``cgroup.procs`` files before it runs
-anything else (the per-worker limits, ``kcoral_server.processes.limits``), and the launcher
-answers ``{"pid": N, "preloaded": [...]}`` with the read end of a status pipe, on which it
-writes the child's exit code (``subprocess`` convention: ``-signal`` when killed) and the
-number of orphans that survived ``SIGKILL`` once it reaped it; or ``{"error": "..."}``
-(with ``"refused": true`` when the fork rule forbade the fork). Workers are children of
-the launcher, not of the front-end, hence ``ForkedProcess`` instead of ``subprocess.Popen``.
+sends ``{"env": {...}, "cgroups": [...], "go": false, "after_preload": false}`` (JSON) with
+the worker's socketpair end (``after_preload``: a spare, no program waits for it, so a
+launcher whose preload is still to come does it first); the launcher forks, the child moves
+itself into the listed ``cgroup.procs`` files before it runs anything else (the per-worker
+limits, ``kcoral_server.processes.limits``), and the launcher answers ``{"pid": N,
+"preloaded": [...]}`` with the read end of a status pipe, on which it writes the child's
+exit code (``subprocess`` convention: ``-signal`` when killed) and the number of orphans
+that survived ``SIGKILL`` once it reaped it; or ``{"error": "..."}`` (with ``"refused":
+true`` when the fork rule forbade the fork). Workers are children of the launcher, not of
+the front-end, hence ``ForkedProcess`` instead of ``subprocess.Popen``.
 
 Under bubblewrap each seat has its own launcher started *inside* that seat's sandbox
 (``Launcher(wrap=SandboxDir.command)``), so a sandboxed worker is a fork too. Such a

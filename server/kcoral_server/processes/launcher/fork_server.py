@@ -123,6 +123,9 @@ def serve(
                 except OSError:
                     data, fds = b"", []
                 last_request = time.monotonic()
+                if data and pending and LaunchRequest.waits_for_preload(data):
+                    loaded = preload(pending)  # a spare: no program waits for it
+                    pending = []
                 if data:
                     own = (wake_r, wake_w, stdio, *(() if parent_fd is None else (parent_fd,)))
                     child = _fork(control, data, fds, family, own, loaded, stdio)

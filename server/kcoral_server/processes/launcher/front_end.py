@@ -244,17 +244,21 @@ class Launcher:
         cgroups: Sequence[str] = (),
         launcher_env: Mapping[str, str] | None = None,
         hold: bool = False,
+        after_preload: bool = False,
     ) -> ForkedProcess:
         """Fork a worker on ``worker_fd`` with environment ``env``, inside the cgroups whose
         ``cgroup.procs`` files ``cgroups`` names (blocking; call it off the IO loop).
         ``launcher_env`` is the environment of a launcher this call has to start (the
         default: ``kcoral_server.processes.sandbox.worker_base_environment()``). ``hold``:
         the worker waits, in its cgroups, until ``ForkedProcess.release`` (a spare forked
-        ahead, SERVER §6). Raises ``LauncherError``."""
+        ahead, SERVER §6). ``after_preload``: a launcher whose preload is still to come does
+        it before this fork (a spare, ``LaunchRequest``). Raises ``LauncherError``."""
         sandboxed = self._wrap is not None
         # A sandboxed child cannot reach the cgroup files: it waits for the front-end's go.
         waits = sandboxed or hold
-        request = LaunchRequest(env, () if sandboxed else tuple(cgroups), go=waits)
+        request = LaunchRequest(
+            env, () if sandboxed else tuple(cgroups), go=waits, after_preload=after_preload
+        )
         payload = request.encode()
         # one request in flight: replies need no matching
         with self._lock, self.forks.in_flight():

@@ -50,11 +50,15 @@ class LaunchRequest:
     """Fork a worker: its environment, the ``cgroup.procs`` files it enters itself, and
     whether it then waits for the front-end's go (a sandboxed launcher's child, which the
     front-end moves into its cgroups; a worker forked ahead, SERVER §6). Sent with the
-    worker's socket end, and with ``go`` the read end of the go pipe."""
+    worker's socket end, and with ``go`` the read end of the go pipe. ``after_preload``:
+    no program waits for this worker (a spare), so a launcher whose preload is still to
+    come does it first and forks a worker that has torch, instead of one that would import
+    it itself at its first program (seconds, for each of a server's first few workers)."""
 
     env: dict[str, str]
     cgroups: tuple[str, ...] = ()
     go: bool = False
+    after_preload: bool = False
 
     @property
     def descriptors(self) -> int:
@@ -62,7 +66,14 @@ class LaunchRequest:
         return 2 if self.go else 1
 
     def encode(self) -> bytes:
-        return json.dumps({"env": self.env, "cgroups": list(self.cgroups), "go": self.go}).encode()
+        return json.dumps(
+            {
+                "env": self.env,
+                "cgroups": list(self.cgroups),
+                "go": self.go,
+                "after_preload": self.after_preload,
+            }
+        ).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> LaunchRequest:
@@ -72,7 +83,21 @@ class LaunchRequest:
         if not isinstance(env, dict):
             raise TypeError("env is not an object")
         cgroups = tuple(str(path) for path in request.get("cgroups", []))
-        return cls({str(k): str(v) for k, v in env.items()}, cgroups, bool(request.get("go")))
+        return cls(
+            {str(k): str(v) for k, v in env.items()},
+            cgroups,
+            bool(request.get("go")),
+            bool(request.get("after_preload")),
+        )
+
+    @staticmethod
+    def waits_for_preload(data: bytes) -> bool:
+        """Whether the request in ``data`` asks for the preload first (False if malformed:
+        ``_fork`` answers that)."""
+        try:
+            return bool(json.loads(data).get("after_preload"))
+        except (ValueError, AttributeError):
+            return False
 
 
 @dataclass(frozen=True)
