@@ -3,14 +3,14 @@
     python benchmarks/bulk_ab.py [--rounds N] [--samples K] NAME=DIR [NAME=DIR ...]
     python benchmarks/bulk_ab.py --snapshot DIR COMMIT   # DIR: COMMIT's kcoral + kcoral_server
 
-Each DIR holds a ``kcoral`` and a ``kcoral_server`` package (``--snapshot`` makes one from a
-commit with ``git archive``); a round runs every tree once, in alternating order, each in a
-child process with ``PYTHONPATH=DIR`` that starts its own reused-worker server (as
-``perf.py`` does; its workers inherit the path) and measures ``bytes_cold``, ``bytes_warm``
-and ``tensor_cold`` at 64 MiB. Reported per tree: wall medians and their ratio to the floor
-measured in the same child, and CPU time per request of the client, the front-end and the
-server's whole process tree (front-end + workers): on a loaded machine CPU time moves far
-less than wall time, so it is what tells the trees apart there.
+Each DIR holds the ``kcoral`` and ``server`` folders of a commit (``--snapshot`` makes one
+with ``git archive``); a round runs every tree once, in alternating order, each in a child
+process with ``PYTHONPATH=DIR/server:DIR`` (``tree_path``) that starts its own reused-worker
+server (as ``perf.py`` does; its workers inherit the path) and measures ``bytes_cold``,
+``bytes_warm`` and ``tensor_cold`` at 64 MiB. Reported per tree: wall medians and their
+ratio to the floor measured in the same child, and CPU time per request of the client, the
+front-end and the server's whole process tree (front-end + workers): on a loaded machine CPU
+time moves far less than wall time, so it is what tells the trees apart there.
 """
 
 from __future__ import annotations
@@ -69,15 +69,19 @@ def one_round(samples: int) -> dict[str, float | str]:
     return out
 
 
+def tree_path(directory: str) -> str:
+    """The ``PYTHONPATH`` that imports ``kcoral`` and ``kcoral_server`` from a snapshot."""
+    return f"{Path(directory) / 'server'}{os.pathsep}{directory}"
+
+
 def snapshot(directory: Path, commit: str) -> None:
-    """``commit``'s ``kcoral`` and ``server`` (as ``kcoral_server``) in ``directory``."""
+    """``commit``'s ``kcoral`` and ``server`` folders in ``directory`` (``tree_path``)."""
     directory.mkdir(parents=True)
     archive = subprocess.run(
         ["git", "archive", commit, "kcoral", "server"], cwd=HERE.parent, capture_output=True,
         check=True,
     ).stdout  # fmt: skip
     subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
-    (directory / "kcoral_server").symlink_to("server")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {name: [] for name, _ in trees}
     for round_index in range(args.rounds):
         for name, directory in trees if round_index % 2 == 0 else trees[::-1]:
-            env = {**os.environ, "PYTHONPATH": directory}
+            env = {**os.environ, "PYTHONPATH": tree_path(directory)}
             command = [sys.executable, __file__, "--child", "--samples", str(args.samples)]
             child = subprocess.run(command, env=env, capture_output=True, text=True)
             if child.returncode:
