@@ -8,11 +8,14 @@ these decisions are tested beside this (``test_execute.py``, ``tests/reliability
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import pytest
+from kcoral_server.execution.control import Cancellation
+from kcoral_server.execution.responses import RequestFailed
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import replacement as pool_replacement
 from kcoral_server.pool import spares as pool_spares
@@ -309,6 +312,38 @@ def test_a_cancelled_wait_leaves_the_queue() -> None:
                 await waiting
             assert pool.requests_waiting == 0 and pool.queue_positions() == {}
             pool.release(seat, None)
+
+    run_pool(test)
+
+
+@pytest.mark.parametrize("ticks", range(12))
+def test_a_request_cancelled_as_its_seat_is_handed_over_leaves_the_seat_free(ticks: int) -> None:
+    """The soak's lost seat: a queued request whose client went away while the seat freed
+    for it was being handed over. The cancel lands ``ticks`` loop turns after the release,
+    so one of them falls between the hand-over and the request's wake-up; whichever came
+    first, the seat is the request's (it hands it back) or the pool's, never busy for
+    nobody (it was: busy for good, and shutdown waited for it forever)."""
+
+    async def test(pool: Pool, events: Events) -> None:
+        cancellation = Cancellation()
+
+        async def queued() -> None:
+            async with pool.checkout(5.0, owner="gone", wait=cancellation.unless) as seat:
+                pool.release(seat, None)  # it got the seat before its cancel
+
+        async with pool.checkout(1.0) as seat:
+            waiting = asyncio.ensure_future(queued())
+            while pool.requests_waiting == 0:
+                await asyncio.sleep(0)
+            pool.release(seat, None)
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        cancellation.cancel("client_disconnected")
+        with contextlib.suppress(RequestFailed):
+            await waiting
+        await settled(pool)
+        assert pool.requests_in_progress == 0
+        assert [s.state for s in pool.seats] == [SeatState.IDLE]
 
     run_pool(test)
 

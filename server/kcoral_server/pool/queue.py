@@ -59,26 +59,29 @@ class SeatQueue:
         self, timeout: float, owner: object | None, unused: Callable[[Seat], None]
     ) -> Seat:
         """The seat handed to this wait; ``NoWorker`` after ``timeout`` or when the queue
-        is failed. Cancelling the wait leaves the queue; a seat handed over in the same
-        tick goes back through ``unused`` (its worker took nothing)."""
-        future: asyncio.Future[Seat] = asyncio.get_running_loop().create_future()
+        is failed. Cancelling the wait leaves the queue and always raises: a seat handed
+        over before the wait's task ran again goes back through ``unused`` (its worker took
+        nothing)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Seat] = loop.create_future()
         self._waiters.append(future)
         if owner is not None:
             self._owners[future] = owner
         self._changed()
+        # A timer, not ``asyncio.wait_for``: up to Python 3.11, wait_for returns the result
+        # of a future done in the tick its task is cancelled, swallowing the cancel, and a
+        # request cancelled then (its client gone) dropped the seat it was handed: the seat
+        # stayed busy for good and shutdown waited for it forever.
+        timer = loop.call_later(timeout, _time_out, future)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
-        except (asyncio.TimeoutError, TimeoutError):
-            if future.done() and not future.cancelled() and future.exception() is None:
-                return future.result()  # handed over in the very same tick
-            future.cancel()
-            raise NoWorker(NO_FREE_WORKER) from None
+            return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.exception() is None:
                 unused(future.result())
             future.cancel()
             raise
         finally:
+            timer.cancel()
             self._owners.pop(future, None)
             with contextlib.suppress(ValueError):
                 self._waiters.remove(future)
@@ -99,6 +102,12 @@ class SeatQueue:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(NoWorker(why))
+
+
+def _time_out(future: asyncio.Future[Seat]) -> None:
+    """The wait's timeout: ``NoWorker`` unless a seat (or a failure) came first."""
+    if not future.done():
+        future.set_exception(NoWorker(NO_FREE_WORKER))
 
 
 class Checkout:
