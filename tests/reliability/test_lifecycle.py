@@ -14,19 +14,27 @@ import time
 from pathlib import Path
 
 import pytest
-from kcoral_server.processes import ipc
+from kcoral_server.processes import ipc, sandbox
 from kcoral_server.processes.launcher.front_end import Launcher, supervised_command
 from kcoral_server.storage import workspace
 from reliability_support import (
     TRIVIAL,
     check_documented,
+    exchange,
     execute,
+    execute_body,
+    get,
     is_alive,
     launch,
+    module_program,
+    multipart_type,
+    request_bytes,
     wait_until,
     warm,
     workspaces,
 )
+
+BWRAP_PROBLEM = sandbox.probe()
 
 
 @pytest.mark.slow
@@ -122,6 +130,44 @@ def test_a_restarted_front_end_removes_the_workspace_a_killed_one_left(tmp_path)
     second = warm(launch(directory, ["--num-workers", "1"]))
     try:
         assert workspaces(second.temp_dir) == []
+    finally:
+        second.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    BWRAP_PROBLEM is not None, reason=f"bubblewrap cannot run here: {BWRAP_PROBLEM}"
+)
+def test_a_restarted_front_end_removes_the_sandboxes_and_job_store_a_killed_one_left(
+    tmp_path,
+) -> None:
+    """Under bubblewrap (the default) a program's files live in its seat's sandbox
+    directory, not in a workspace, and a large job result in the job store: a killed
+    front-end left both, and no later start removed them (their names held no instance)."""
+    directory = tmp_path / "node"
+    args = ["--num-workers", "1", "--sandbox", "bubblewrap"]
+    first = warm(launch(directory, args))
+    big = module_program("def big():\n    return b'x' * (2 << 20)\n", "big", [])
+    submitted = exchange(
+        first.url,
+        request_bytes("POST", "/v1/jobs", execute_body(big), [("Content-Type", multipart_type())]),
+    )
+    assert submitted.status == 202, submitted.raw
+    job = f"/v1/jobs/{submitted.body['job_id']}"
+    assert wait_until(lambda: get(first.url, job).body["status"] == "COMPLETED", 30)
+
+    def left_by_the_first() -> set[str]:
+        prefixes = (workspace.SANDBOX_PREFIX, workspace.JOBS_PREFIX)
+        return {p.name for p in first.temp_dir.iterdir() if p.name.startswith(prefixes)}
+
+    left = left_by_the_first()
+    assert {name.split("-")[1] for name in left} == {"sandbox", "jobs"}
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    assert left_by_the_first() == left  # nobody could remove them
+    second = warm(launch(directory, args))
+    try:
+        assert left_by_the_first() & left == set()
     finally:
         second.stop()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from kcoral_server.processes import sandbox
 from kcoral_server.processes.sandbox import SandboxDir, SandboxError
+from kcoral_server.storage import workspace
 from sandbox_helpers import execute, run_source, sha256
 from server_process import start_server
 
@@ -386,7 +387,7 @@ def test_uploads_into_the_runtime_state_directory_fail(tmp_path: Path) -> None:
 
 @needs_bwrap
 def test_sandbox_directories_are_removed_when_workers_retire(tmp_path: Path) -> None:
-    before = set(sandbox.workspace_root().glob(sandbox.HOST_DIR_PREFIX + "*"))
+    before = set(sandbox.workspace_root().glob(workspace.SANDBOX_PREFIX + "*"))
     server = sandboxed_server(tmp_path / "server", "--max-requests-per-worker", "1")
     try:
         for _ in range(2):
@@ -394,7 +395,7 @@ def test_sandbox_directories_are_removed_when_workers_retire(tmp_path: Path) -> 
             assert body["status"] == "COMPLETED", body
     finally:
         assert server.stop() == 0
-    after = set(sandbox.workspace_root().glob(sandbox.HOST_DIR_PREFIX + "*"))
+    after = set(sandbox.workspace_root().glob(workspace.SANDBOX_PREFIX + "*"))
     assert after - before == set(), server.stderr()[-3000:]
 
 

@@ -5,7 +5,8 @@ as large as its output limit; kept in memory, two tiny jobs returning a lot held
 the front-end for an hour. ``JobRegistry`` (``jobs.store``) keeps only small ones in memory and
 writes the rest here: one directory per server process, created owner-only (0700) on first
 use in the system temporary directory, one 0600 file per stored body, each removed when its
-job is dropped and the whole directory at shutdown.
+job is dropped and the whole directory at shutdown (after a SIGKILL, by the next server to
+start: the directory's name carries the server's instance, ``storage.workspace``).
 
 Who can reach what: through the API only the job's owner (or an admin identity) reaches a
 job's files (``jobs.store`` decides). Other local users cannot open them (modes). A program the
@@ -23,8 +24,9 @@ import threading
 from collections.abc import Generator, Iterable
 from pathlib import Path
 
+from kcoral_server.storage.workspace import JOBS_PREFIX, instance_prefix
+
 READ_CHUNK_BYTES = 1 << 20  # a stored body is streamed back in pieces of this size
-DIRECTORY_PREFIX = "kcoral-jobs-"
 
 
 class SpillFile:
@@ -72,8 +74,13 @@ class SpillDirectory:
             if self.closed:
                 raise OSError("the job spill directory is closed")
             if self.path is None or not self.path.is_dir():
-                # mkdtemp creates the directory 0700 with an unguessable name.
-                self.path = Path(tempfile.mkdtemp(prefix=DIRECTORY_PREFIX, dir=self.parent))
+                # mkdtemp creates the directory 0700 with an unguessable name; in the
+                # temporary directory, the instance in it lets the next server remove it
+                # when this one was killed (the next server looks nowhere else).
+                prefix = JOBS_PREFIX
+                if self.parent is None:
+                    prefix = instance_prefix(JOBS_PREFIX, tempfile.gettempdir())
+                self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.parent))
             self._count += 1
             path = self.path / f"{self._count:08d}"
         fd = os.open(

@@ -60,7 +60,6 @@ GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools
 # ``KCORAL_*`` name with TOKEN or SECRET in it is one too (``is_secret_variable``).
 SECRET_VARIABLES = ("KCORAL_AUTH_TOKEN", "KCORAL_NODE_TOKEN", "KCORAL_TOKEN")
 SECRET_MARKERS = ("TOKEN", "SECRET")
-HOST_DIR_PREFIX = "kcoral-sandbox-"
 # Linked into the workspace's runtime state inside the sandbox.
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 # Set in a sandboxed worker's environment: its /tmp, /var/tmp and /dev/shm are private
@@ -313,7 +312,12 @@ class SandboxDir:
         self.gpu_ids = list(gpu_ids)
         # the worker's GPUs by UUID, to find their device files (gpu_devices.py)
         self.visible_devices = environ.get("CUDA_VISIBLE_DEVICES", "")
-        self.host_dir = Path(tempfile.mkdtemp(prefix=HOST_DIR_PREFIX, dir=workspace_root()))
+        # Imported here: workers import this module (confinement), never the workspaces'.
+        from kcoral_server.storage.workspace import SANDBOX_PREFIX, instance_prefix
+
+        root = workspace_root()
+        prefix = instance_prefix(SANDBOX_PREFIX, root)  # a killed server's is found stale
+        self.host_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
         for name in STATE_DIRS:
             (self.host_dir / ".kcoral" / name).mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.host_dir / ".kcoral" / "cache" / "tvm-ffi").mkdir(mode=0o700, exist_ok=True)

@@ -9,11 +9,13 @@ and nothing once its request ended. Who reaches this: the program (any code a ca
 which can also fill its workspace directly; the bound here is for what the server itself
 keeps, not a quota.
 
-Workspaces are named ``kcoral-program-<instance>-*``; the front-end instance holds an
-``flock`` on ``kcoral-instance-<instance>.lock`` next to them for its whole life. A front-end
-killed with SIGKILL cannot remove its in-flight workspaces; the next one to start removes the
-workspaces of every instance whose lock is free (or gone): provably stale, whatever pid
-namespace the dead one ran in. Legacy names without an instance are never touched.
+Workspaces are named ``kcoral-program-<instance>-*``, and so are the other directories a
+front-end makes in the temporary directory (``INSTANCE_DIR_PREFIXES``: a bubblewrap seat's
+sandbox directory, the finished jobs' store); the front-end instance holds an ``flock`` on
+``kcoral-instance-<instance>.lock`` next to them for its whole life. A front-end killed with
+SIGKILL cannot remove them; the next one to start removes those of every instance whose lock
+is free (or gone): provably stale, whatever pid namespace the dead one ran in. Legacy names
+without an instance are never touched.
 """
 
 from __future__ import annotations
@@ -49,9 +51,15 @@ _FALLOC_FL_PUNCH_HOLE = 0x02
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 PROGRAM_PREFIX = "kcoral-program-"
+SANDBOX_PREFIX = "kcoral-sandbox-"  # a bubblewrap seat's host directory (processes.sandbox)
+JOBS_PREFIX = "kcoral-jobs-"  # where finished jobs keep large bodies (jobs.spill)
+# Each is followed by the instance: a sandbox directory (a program's files, up to
+# --workspace-limit-bytes) and the job store (results) of a killed front-end were named
+# without one, so no later start could tell them stale, and they stayed for good.
+INSTANCE_DIR_PREFIXES = (PROGRAM_PREFIX, SANDBOX_PREFIX, JOBS_PREFIX)
 LOCK_PREFIX = "kcoral-instance-"
 LOCK_SUFFIX = ".lock"
-_PROGRAM_NAME = re.compile(r"kcoral-program-([0-9a-f]{12})-")
+_INSTANCE_DIR_NAME = re.compile(r"(kcoral-[a-z]+-)([0-9a-f]{12})-")
 _LOCK_NAME = re.compile(r"kcoral-instance-([0-9a-f]{12})\.lock")
 
 
@@ -112,10 +120,18 @@ _instance = _Instance()
 atexit.register(_instance.release)
 
 
+def instance_prefix(prefix: str, parent: str | os.PathLike[str]) -> str:
+    """``prefix`` (one of ``INSTANCE_DIR_PREFIXES``) and this front-end's instance in
+    ``parent``, whose lock it holds from now on: the start of a directory name that the
+    next front-end removes once this one is gone."""
+    return f"{prefix}{_instance.token_in(os.fspath(parent))}-"
+
+
 def remove_stale_workspaces(directory: str | os.PathLike | None = None) -> int:
-    """Remove the workspaces of front-ends that are gone (their instance lock is free or
-    missing) from ``directory`` (default: the temporary directory); returns how many. The
-    caller's own instance is registered first, so it is never taken for a dead one."""
+    """Remove the workspaces, sandbox directories and job stores of front-ends that are gone
+    (their instance lock is free or missing) from ``directory`` (default: the temporary
+    directory); returns how many. The caller's own instance is registered first, so it is
+    never taken for a dead one."""
     directory = os.fspath(directory) if directory is not None else tempfile.gettempdir()
     try:
         own = _instance.token_in(directory)
@@ -128,7 +144,9 @@ def remove_stale_workspaces(directory: str | os.PathLike | None = None) -> int:
         removed += _remove_if_unlocked(directory, token, names)
     # A workspace whose lock is missing: its instance exited (it removes its lock last) or
     # a cleaner already found it dead (it removes the workspaces before the lock).
-    orphaned = {m.group(1) for m in map(_PROGRAM_NAME.match, names) if m} - locks - {own}
+    named = (_INSTANCE_DIR_NAME.match(name) for name in names)
+    tokens = {m.group(2) for m in named if m and m.group(1) in INSTANCE_DIR_PREFIXES}
+    orphaned = tokens - locks - {own}
     for token in sorted(orphaned):
         removed += _remove_workspaces(directory, token, names)
     return removed
@@ -162,10 +180,10 @@ def _remove_if_unlocked(directory: str, token: str, names: list[str]) -> int:
 
 def _remove_workspaces(directory: str, token: str, names: list[str]) -> int:
     removed = 0
-    prefix = f"{PROGRAM_PREFIX}{token}-"
+    prefixes = tuple(f"{prefix}{token}-" for prefix in INSTANCE_DIR_PREFIXES)
     for name in names:
         path = Path(directory, name)
-        if name.startswith(prefix) and path.is_dir() and not path.is_symlink():
+        if name.startswith(prefixes) and path.is_dir() and not path.is_symlink():
             remove_tree(path)  # iterative, never raising (storage.trees)
             removed += 1
     return removed
@@ -415,7 +433,7 @@ def _new_workspace_dir(parent: str) -> str:
     """A new ``kcoral-program-*`` directory in ``parent``: ``mkdtemp`` without its
     generality (``mkdir`` never follows or reuses an existing name, so a random suffix and a
     retry on collision are all it takes)."""
-    prefix = f"{parent}{os.sep}{PROGRAM_PREFIX}{_instance.token_in(parent)}-"
+    prefix = f"{parent}{os.sep}{instance_prefix(PROGRAM_PREFIX, parent)}"
     for _ in range(100):
         root = f"{prefix}{secrets.token_hex(5)}"  # unpredictable, like ``mkdtemp``
         try:
