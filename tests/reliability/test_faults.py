@@ -266,6 +266,36 @@ def test_clients_that_disconnect_mid_upload_release_their_reserved_bytes(watched
     assert_no_leaks(server.pid, server.temp_dir, server.baseline)
 
 
+def test_a_client_that_disconnects_mid_upload_has_its_request_logged_as_finished(
+    watched_server,
+) -> None:
+    """The soak found such requests logged ``request_received`` and never finished: a log
+    that says a request is still under way, and a metrics count that never saw it."""
+    server = watched_server()
+    declared = 2 << 20
+    head = request_bytes("POST", "/execute", None, [("Content-Type", multipart_type())])
+    head = head.replace(b"\r\n\r\n", f"\r\nContent-Length: {declared}\r\n\r\n".encode())
+    with socket.create_connection(address(server.url)) as sock:
+        sock.sendall(head + b"x" * (1 << 20))
+
+    def records() -> list[dict]:
+        events = server.events()
+        gone = {
+            e["request_id"]
+            for e in events
+            if e["event"] == "request_received" and e.get("content_length") == declared
+        }
+        return [e for e in events if e.get("request_id") in gone]
+
+    assert wait_until(lambda: len(records()) >= 2, 10), records()
+    received, end = records()
+    assert received["event"] == "request_received"
+    assert end["event"] == "request_finished"
+    assert (end["http_status"], end["finish_reason"]) == (499, "client_disconnected")
+    check_healthy(server.url)
+    assert_no_leaks(server.pid, server.temp_dir, server.baseline)
+
+
 BIG_RETURN = "def big(n):\n    return b'x' * n\n"
 
 

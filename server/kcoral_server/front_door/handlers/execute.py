@@ -33,7 +33,7 @@ from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.headers import SERIALIZATION_HEADER
 from kcoral.protocol.selector import SELECT_HEADER
-from kcoral_server.execution.control import RequestObserver
+from kcoral_server.execution.control import CANCEL_MESSAGES, CANCELLED_STATUS, RequestObserver
 from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
 from kcoral_server.execution.responses import (
     INFLIGHT_FULL,
@@ -59,6 +59,10 @@ _UNLIMITED = 1 << 62
 MIN_BODY_RATE = 1024
 #: Bodies up to this declared length are read (and dropped) before a refusal is answered.
 DRAIN_BEFORE_REFUSING = 64 * 1024
+#: how a request whose client went away before its body had arrived is logged
+GONE_DURING_BODY = Refusal(
+    CANCELLED_STATUS, "cancelled", CANCEL_MESSAGES["client_disconnected"], "client_disconnected"
+)
 
 
 @tornado.web.stream_request_body
@@ -317,6 +321,15 @@ class ExecuteHandler(BaseHandler):
     def on_connection_close(self) -> None:
         if self.pipeline is not None:
             self.pipeline.cancel("client_disconnected")
+        elif (
+            self.body_unread
+            and not self._finished
+            and (self.body is not None or self.pending_refusal is not None)
+        ):
+            # Gone while its body arrived (or before the refusal waiting for it went out):
+            # its ``request_received`` gets its end like any other request (SERVER §13),
+            # where the log used to show it received and never finished.
+            self._log_refusal(GONE_DURING_BODY)
         self._release()
         super().on_connection_close()
 
