@@ -101,6 +101,15 @@ def run_folders(log_dir: Path) -> list[str]:
     return sorted(os.listdir(log_dir / "runs"))
 
 
+def run_folders_once_at_most(log_dir: Path, count: int) -> list[str]:
+    """The run folders once at most ``count`` are left (a start removes old ones in the
+    background), or as they are after 30 s."""
+    deadline = time.monotonic() + 30
+    while len(run_folders(log_dir)) > count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return run_folders(log_dir)
+
+
 def test_restarts_keep_the_newest_runs_and_never_one_a_running_server_writes(
     tmp_path: Path,
 ) -> None:
@@ -120,10 +129,7 @@ def test_restarts_keep_the_newest_runs_and_never_one_a_running_server_writes(
         assert len(run_folders(log_dir)) == 3  # runs made within the minute, all with events
         restarted = started("d")
         try:
-            deadline = time.monotonic() + 30
-            while len(run_folders(log_dir)) > 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            kept = run_folders(log_dir)
+            kept = run_folders_once_at_most(log_dir, 3)
             # b's run went; the long-lived server's, older still, is in use and stays
             assert first[0] in kept and len(kept) == 3
         finally:
@@ -138,10 +144,7 @@ def test_restarts_keep_the_newest_runs_and_never_one_a_running_server_writes(
         long_lived.stop()
     last = started("e")
     try:
-        deadline = time.monotonic() + 30
-        while len(run_folders(log_dir)) > 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = run_folders(log_dir)
+        left = run_folders_once_at_most(log_dir, 2)
         assert len(left) == 2 and left[0] == max(kept)  # d's, and this start's own
     finally:
         last.stop()
