@@ -221,18 +221,6 @@ class WorkerHandle:
 
     # ------------------------------------------------------------------ start-up
 
-    def _launch_spec(self, after_preload: bool = False) -> LaunchSpec:
-        return LaunchSpec(
-            device=self.device,
-            gpu_ids=self.gpu_ids,
-            gpu_uuids=self.gpu_uuids,
-            sandbox=self.sandbox,
-            config=self.config,
-            seats=self.seats,
-            seat_sandbox=self.seat_sandbox,
-            after_preload=after_preload,
-        )
-
     async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> WorkerInfo:
         """Launch the process and wait for ``WorkerReady`` (lease requests are served)."""
         await self.launch()
@@ -244,7 +232,7 @@ class WorkerHandle:
         ``hold``: forked ahead, it waits until ``os_process.release`` (``SpareWorkers``).
         ``after_preload``: no program waits for it, so its launcher preloads first."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        spec = functools.partial(self._launch_spec, after_preload)
+        spec = functools.partial(launch_spec, self, after_preload)
         try:
             await self.os_process.launch(spec, child.fileno(), hold=hold)
         except BaseException:
@@ -273,7 +261,7 @@ class WorkerHandle:
             self._abandon()  # e.g. a replacement cancelled by shutdown: leave nothing behind
             raise
         close_fds(fds)
-        self.info = ready_info(self._launch_spec(), message)
+        self.info = ready_info(launch_spec(self), message)
         # now, before any program: what is there belongs to the worker itself
         self.strays = stray_watch(self.process, self.cgroup)
         self.lease.release()
@@ -386,3 +374,17 @@ class WorkerHandle:
         self.channel.close()
         if self.returncode is not None:
             self.confinement.remove()  # normally done by kill(); never leave it behind
+
+
+def launch_spec(handle: WorkerHandle, after_preload: bool = False) -> LaunchSpec:
+    """What ``handle``'s worker is launched with, read when it is launched."""
+    return LaunchSpec(
+        device=handle.device,
+        gpu_ids=handle.gpu_ids,
+        gpu_uuids=handle.gpu_uuids,
+        sandbox=handle.sandbox,
+        config=handle.config,
+        seats=handle.seats,
+        seat_sandbox=handle.seat_sandbox,
+        after_preload=after_preload,
+    )
