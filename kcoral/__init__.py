@@ -39,11 +39,16 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [*sorted(_EXPORTS), "__version__"]
+#: submodules a program names through the package alone: ``kcoral.session.namespace`` is
+#: where a session's state lives (README "Sessions"), written after a bare ``import kcoral``
+_SUBMODULES = frozenset({"session"})
 
 
 if not TYPE_CHECKING:  # type checkers see the imports at the end, and no fallback for typos
 
     def __getattr__(name: str) -> Any:
+        if name in _SUBMODULES:  # ``import kcoral`` then ``kcoral.session.namespace``
+            return importlib.import_module(f"kcoral.{name}")
         module_name = _EXPORTS.get(name)
         if module_name is None:
             raise AttributeError(f"module 'kcoral' has no attribute {name!r}")
@@ -53,7 +58,7 @@ if not TYPE_CHECKING:  # type checkers see the imports at the end, and no fallba
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
@@ -68,6 +73,7 @@ if TYPE_CHECKING:  # static analysers see the real names ("X as X": re-exported,
     from kcoral_server.front_door.app import create_app as create_app
     from kcoral_server.settings.config import ServerConfig as ServerConfig
 
+    from kcoral import session as session
     from kcoral.async_client import AsyncClient as AsyncClient
     from kcoral.bench.results import BenchmarkResult as BenchmarkResult
     from kcoral.bench.results import ComparisonResult as ComparisonResult

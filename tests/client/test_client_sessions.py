@@ -124,6 +124,29 @@ def test_against_a_real_server_state_survives_between_executes(server_factory) -
         assert "ended by its owner" in str(ended.value)
 
 
+REMEMBER_AFTER_A_BARE_IMPORT = """
+import kcoral
+def remember(value):
+    previous = kcoral.session.namespace.get("value")
+    kcoral.session.namespace["value"] = value
+    return previous
+"""
+
+
+def test_a_program_reaches_the_session_namespace_after_a_bare_import_kcoral(
+    server_factory,
+) -> None:
+    # The README writes ``kcoral.session.namespace``; after ``import kcoral`` alone that was
+    # an AttributeError (the package imports its submodules only when asked).
+    program = Program()
+    module = program.upload(kind="module", source=REMEMBER_AFTER_A_BARE_IMPORT, id="m")
+    fn = program.get_function(module=module, name="remember", id="fn")
+    program.return_(key="previous", value=program.run(fn=fn, args=[7], id="r"))
+    with Client(server_factory().url) as client, client.session() as session:
+        assert session.execute(program).results["previous"] is None
+        assert session.execute(program).results["previous"] == 7
+
+
 def test_against_a_real_server_the_async_flavour_keeps_state_too(server_factory) -> None:
     server = server_factory()
 
