@@ -248,6 +248,28 @@ def test_the_admission_queue_is_bounded_fifo_and_timed() -> None:
     asyncio.run(scenario())
 
 
+def test_a_request_cancelled_as_a_slot_is_handed_to_it_gives_the_slot_back() -> None:
+    # The client goes away in the very tick a freed slot is handed to its queued request.
+    # ``asyncio.wait_for`` (Python 3.11) returned that slot and swallowed the cancel: the
+    # request was forwarded for nobody and the slot stayed busy with it.
+    async def scenario() -> None:
+        registry = make_registry()
+        admission = Admission(registry, max_queued=4, wait_timeout=5)
+        registry.on_change = admission.wake
+        queued = asyncio.ensure_future(admission.acquire(None, "gone"))
+        await asyncio.sleep(0)
+        assert admission.waiting == 1
+        (slot,) = add_node(registry, "a")  # wakes the queue: the slot is handed over
+        queued.cancel()  # ... and the client leaves in the same tick
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert not slot.busy  # given back
+        _node, leased = await asyncio.wait_for(admission.acquire(None, "next"), 1)
+        assert leased is slot
+
+    asyncio.run(scenario())
+
+
 def test_supervisor_helpers_strip_its_options_and_probe_loopback() -> None:
     argv = [
         "--device",

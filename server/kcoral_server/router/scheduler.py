@@ -34,20 +34,29 @@ async def wait_for_slot(
     registry: Registry, waiters: MutableSequence[_Waiter], waiter: _Waiter, wait: float
 ) -> Lease:
     """Wait (queued in ``waiters``) until ``waiter`` is handed a slot; ``NoNode`` after
-    ``wait`` seconds. A waiter cancelled (client gone) after a slot was handed over gives
-    the slot back."""
+    ``wait`` seconds. A waiter cancelled (client gone) always raises, and gives back a slot
+    handed over before its task ran again."""
+    future = waiter.future
+    # A timer, not ``asyncio.wait_for``: up to Python 3.11 wait_for returns the result of a
+    # future done in the tick its task is cancelled, swallowing the cancel, so a request
+    # whose client had gone was forwarded for nobody and held its slot.
+    timer = asyncio.get_running_loop().call_later(wait, _time_out, future)
     try:
-        return await asyncio.wait_for(waiter.future, wait)
-    except asyncio.TimeoutError:
-        raise NoNode from None
+        return await future
     except BaseException:
-        future = waiter.future
         if future.done() and not future.cancelled() and future.exception() is None:
             registry.release(future.result()[1])
         raise
     finally:
+        timer.cancel()
         if waiter in waiters:
             waiters.remove(waiter)
+
+
+def _time_out(future: asyncio.Future[Lease]) -> None:
+    """The wait's end: ``NoNode`` unless a slot came first."""
+    if not future.done():
+        future.set_exception(NoNode())
 
 
 class Admission:
