@@ -357,11 +357,26 @@ class FakeNode:
                         pb.SlotFrame(request_id=rid, data=body[start : start + 262144])
                     )
                 await call.write(pb.SlotFrame(request_id=rid, end=pb.EndOfBody()))
-        except (grpc.RpcError, asyncio.CancelledError):
+        except grpc.RpcError:
+            await self._note_cancel(pending)
+        except asyncio.CancelledError:
             return
         finally:
             if pending is not None:
                 pending.cancel()
+
+    async def _note_cancel(self, pending: asyncio.Future[Any] | None) -> None:
+        """The router cancels a slot whose answer it refuses (invalid) and closes it, maybe
+        while this node still writes that answer: the write fails, and the cancel frame
+        waits in the read under way."""
+        if pending is None:
+            return
+        try:
+            frame = await asyncio.wait_for(asyncio.shield(pending), 2)
+        except (grpc.RpcError, asyncio.TimeoutError):
+            return
+        if frame is not grpc.aio.EOF and frame.WhichOneof("payload") == "cancel":
+            self.cancels.append(frame.cancel.reason)
 
     async def close(self) -> None:
         for task in self.tasks:
