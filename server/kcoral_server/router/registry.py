@@ -26,8 +26,6 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
 )
 
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
-
-
 #: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
 #: beyond it the oldest are forgotten first, so a node-token holder that opens streams
 #: under ever new node ids cannot make the router hold a record for each. A node that

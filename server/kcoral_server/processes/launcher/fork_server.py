@@ -74,8 +74,7 @@ def serve(
 
     remember_installed_versions()  # what every worker reports at start, asked once
     freeze_heap()
-    pending = list(preload_names)
-    loaded: list[str] = []
+    preloads = Preloads(preload_names)
     last_request = started = time.monotonic()
     become_subreaper()
     # Programs run as the same user in the same sandbox as their launcher: non-dumpable, it
@@ -100,7 +99,7 @@ def serve(
             if parent_fd is not None:
                 watched.append(parent_fd)
             timeout = family.poll_interval
-            if pending and accepting:
+            if preloads.pending and accepting:
                 due = min(last_request + PRELOAD_IDLE_SECONDS, started + PRELOAD_LATEST_SECONDS)
                 remaining = max(0.0, due - time.monotonic())
                 timeout = remaining if timeout is None else min(timeout, remaining)
@@ -110,9 +109,8 @@ def serve(
                 return None
             now = time.monotonic()
             idle = control not in readable and now - last_request >= PRELOAD_IDLE_SECONDS
-            if pending and accepting and (idle or now - started >= PRELOAD_LATEST_SECONDS):
-                loaded = preload(pending)  # blocks; requests queue on the socket meanwhile
-                pending = []
+            if preloads.pending and accepting and (idle or now - started >= PRELOAD_LATEST_SECONDS):
+                preloads.run()
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
@@ -123,12 +121,9 @@ def serve(
                 except OSError:
                     data, fds = b"", []
                 last_request = time.monotonic()
-                if data and pending and LaunchRequest.waits_for_preload(data):
-                    loaded = preload(pending)  # a spare: no program waits for it
-                    pending = []
                 if data:
                     own = (wake_r, wake_w, stdio, *(() if parent_fd is None else (parent_fd,)))
-                    child = _fork(control, data, fds, family, own, loaded, stdio)
+                    child = _fork(control, data, fds, family, own, preloads, stdio)
                     if child is not None:
                         parent_fd = None  # closed in the child already
                         return child
@@ -149,7 +144,7 @@ def _fork(
     fds: list[int],
     family: Family,
     launcher_fds: tuple[int, ...],
-    preloaded: Sequence[str] = (),
+    preloads: Preloads,
     stdio: int | None = None,
 ) -> Child | None:
     try:
@@ -161,6 +156,8 @@ def _fork(
             os.close(fd)
         _reply(control, LaunchReply(error=f"bad launch request: {exc}"), [])
         return None
+    if request.after_preload:
+        preloads.run()  # a spare: no program waits for it
     hazards = fork_hazards()
     if hazards:
         for fd in fds:
@@ -193,7 +190,7 @@ def _fork(
     for fd in fds:
         os.close(fd)
     family.workers[pid] = status_w
-    _reply(control, LaunchReply(pid=pid, preloaded=tuple(preloaded)), [status_r])
+    _reply(control, LaunchReply(pid=pid, preloaded=tuple(preloads.loaded)), [status_r])
     os.close(status_r)
     return None
 
@@ -257,6 +254,21 @@ def refusal_message(hazards: Sequence[str]) -> str:
 
 
 # ---------------------------------------------------------------------- the preload
+
+
+class Preloads:
+    """The modules a launcher imports once (``--preload``): those still to come, and those
+    imported, which each fork's reply names."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.pending = list(names)
+        self.loaded: list[str] = []
+
+    def run(self) -> None:
+        """Import what is still to come (blocks; requests queue on the socket meanwhile)."""
+        if self.pending:
+            self.loaded = preload(self.pending)
+            self.pending = []
 
 
 def preload(names: Sequence[str]) -> list[str]:

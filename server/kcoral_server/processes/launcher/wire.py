@@ -90,15 +90,6 @@ class LaunchRequest:
             bool(request.get("after_preload")),
         )
 
-    @staticmethod
-    def waits_for_preload(data: bytes) -> bool:
-        """Whether the request in ``data`` asks for the preload first (False if malformed:
-        ``_fork`` answers that)."""
-        try:
-            return bool(json.loads(data).get("after_preload"))
-        except (ValueError, AttributeError):
-            return False
-
 
 @dataclass(frozen=True)
 class LaunchReply:
