@@ -1,12 +1,13 @@
 """What follows a request from outside and what stops it: the hooks a job uses to watch
-its request (``RequestObserver``), and the request's cancel (``Cancellation``,
-EXTENSIONS §5, §9) that stops its wait for a seat or interrupts its worker."""
+its request (``RequestObserver``), the request's cancel (``Cancellation``, EXTENSIONS §5,
+§9) that stops its wait for a seat or interrupts its worker, and the wait for what a queue
+hands over (``handed_over``: a server's seat, a router's slot) that a cancel must end."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from kcoral_server.execution.responses import RequestFailed
@@ -125,3 +126,34 @@ class Cancellation:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         raise self.failure()
+
+
+async def handed_over(
+    future: asyncio.Future[T],
+    timeout: float,
+    timed_out: Callable[[], BaseException],
+    give_back: Callable[[T], None],
+) -> T:
+    """What a queue hands ``future`` (a seat, a router slot), or ``timed_out()`` raised
+    after ``timeout`` seconds. A cancelled wait always raises, and what was handed over
+    before its task ran again goes back through ``give_back``.
+
+    A timer, not ``asyncio.wait_for``: up to Python 3.11 wait_for returns the result of a
+    future done in the tick its task is cancelled, swallowing the cancel, so a request whose
+    client had gone kept what it was handed (a server's seat stayed busy for good, a
+    router's slot was forwarded for nobody)."""
+    timer = asyncio.get_running_loop().call_later(timeout, _fail_unless_done, future, timed_out)
+    try:
+        return await future
+    except BaseException:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            give_back(future.result())
+        future.cancel()
+        raise
+    finally:
+        timer.cancel()
+
+
+def _fail_unless_done(future: asyncio.Future[T], timed_out: Callable[[], BaseException]) -> None:
+    if not future.done():
+        future.set_exception(timed_out())

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from kcoral_server.execution.control import handed_over
 from kcoral_server.execution.responses import NO_FREE_WORKER
 from kcoral_server.pool.seat import Seat
 
@@ -62,26 +63,14 @@ class SeatQueue:
         is failed. Cancelling the wait leaves the queue and always raises: a seat handed
         over before the wait's task ran again goes back through ``unused`` (its worker took
         nothing)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Seat] = loop.create_future()
+        future: asyncio.Future[Seat] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
         if owner is not None:
             self._owners[future] = owner
         self._changed()
-        # A timer, not ``asyncio.wait_for``: up to Python 3.11, wait_for returns the result
-        # of a future done in the tick its task is cancelled, swallowing the cancel, and a
-        # request cancelled then (its client gone) dropped the seat it was handed: the seat
-        # stayed busy for good and shutdown waited for it forever.
-        timer = loop.call_later(timeout, _time_out, future)
         try:
-            return await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled() and future.exception() is None:
-                unused(future.result())
-            future.cancel()
-            raise
+            return await handed_over(future, timeout, lambda: NoWorker(NO_FREE_WORKER), unused)
         finally:
-            timer.cancel()
             self._owners.pop(future, None)
             with contextlib.suppress(ValueError):
                 self._waiters.remove(future)
@@ -102,12 +91,6 @@ class SeatQueue:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(NoWorker(why))
-
-
-def _time_out(future: asyncio.Future[Seat]) -> None:
-    """The wait's timeout: ``NoWorker`` unless a seat (or a failure) came first."""
-    if not future.done():
-        future.set_exception(NoWorker(NO_FREE_WORKER))
 
 
 class Checkout:

@@ -8,6 +8,7 @@ from collections.abc import MutableSequence
 from dataclasses import dataclass, field
 
 from kcoral.protocol.selector import Selector, format_selector
+from kcoral_server.execution.control import handed_over
 from kcoral_server.router.registry import NodeRecord, Registry
 from kcoral_server.router.slot import RouterSlot
 
@@ -36,27 +37,13 @@ async def wait_for_slot(
     """Wait (queued in ``waiters``) until ``waiter`` is handed a slot; ``NoNode`` after
     ``wait`` seconds. A waiter cancelled (client gone) always raises, and gives back a slot
     handed over before its task ran again."""
-    future = waiter.future
-    # A timer, not ``asyncio.wait_for``: up to Python 3.11 wait_for returns the result of a
-    # future done in the tick its task is cancelled, swallowing the cancel, so a request
-    # whose client had gone was forwarded for nobody and held its slot.
-    timer = asyncio.get_running_loop().call_later(wait, _time_out, future)
     try:
-        return await future
-    except BaseException:
-        if future.done() and not future.cancelled() and future.exception() is None:
-            registry.release(future.result()[1])
-        raise
+        return await handed_over(
+            waiter.future, wait, NoNode, lambda lease: registry.release(lease[1])
+        )
     finally:
-        timer.cancel()
         if waiter in waiters:
             waiters.remove(waiter)
-
-
-def _time_out(future: asyncio.Future[Lease]) -> None:
-    """The wait's end: ``NoNode`` unless a slot came first."""
-    if not future.done():
-        future.set_exception(NoNode())
 
 
 class Admission:
