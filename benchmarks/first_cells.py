@@ -1,12 +1,13 @@
 """A notebook's first cells after its server started: each one's round trip, against the
 same server's steady cell, optionally A/B over source trees.
 
-    python benchmarks/first_cells.py [--rounds N] [--cells K] [--gap S]
+    python benchmarks/first_cells.py [--rounds N] [--cells K] [--gap S] [--first-after S]
     python benchmarks/first_cells.py --rounds 4 base=DIR head=DIR  # bulk_ab.py --snapshot
 
 Each round starts ``kcoral server`` with its default flags (sandbox, torch preloaded in the
-fork servers, one fresh worker per program; a token, as the README starts one), sends as
-soon as it is ready ``--cells`` programs that multiply a small tensor with torch, ``--gap``
+fork servers, one fresh worker per program; a token, as the README starts one), sends
+``--first-after`` seconds after it is ready (0: at once; a person opening a notebook takes
+longer) ``--cells`` programs that multiply a small tensor with torch, ``--gap``
 seconds apart (a person running cells one after another), then ``--steady`` more: their
 median is the baseline the first cells are compared with, measured in the same minutes on
 the same server. Reported per cell: the median round trip over rounds and its ratio to
@@ -53,7 +54,9 @@ def one_cell(url: str, token: str) -> float:
     return elapsed
 
 
-def one_round(python_path: str, cells: int, gap: float, steady: int) -> dict[str, list[float]]:
+def one_round(
+    python_path: str, cells: int, gap: float, steady: int, first_after: float = 0.0
+) -> dict[str, list[float]]:
     """A fresh server from ``python_path``: its ready time, first cells and steady cells."""
     token = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory(prefix="kcoral-first-cells-") as folder:
@@ -74,6 +77,7 @@ def one_round(python_path: str, cells: int, gap: float, steady: int) -> dict[str
                 time.sleep(0.01)
             ready_seconds = time.perf_counter() - started
             url = ready.read_text().strip()
+            time.sleep(first_after)
             first = []
             for _ in range(cells):
                 first.append(one_cell(url, token))
@@ -91,10 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", type=int, default=4, help="first cells timed one by one")
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between first cells")
     parser.add_argument("--steady", type=int, default=10, help="cells for the baseline")
+    parser.add_argument(
+        "--first-after", type=float, default=0.0, help="seconds from ready to the first cell"
+    )
     parser.add_argument("trees", nargs="*", metavar="NAME=DIR")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.cells < 1 or args.steady < 1 or args.gap < 0:
-        parser.error("--rounds, --cells and --steady must be at least 1, --gap not negative")
+    if args.rounds < 1 or args.cells < 1 or args.steady < 1 or min(args.gap, args.first_after) < 0:
+        parser.error(
+            "--rounds, --cells and --steady must be at least 1, --gap and --first-after not "
+            "negative"
+        )
     sys.path.insert(0, str(REPO / "benchmarks"))
     from bulk_ab import tree_path
 
@@ -105,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: dict[str, list[dict[str, list[float]]]] = {name: [] for name, _ in trees}
     for index in range(args.rounds):
         for name, path in trees if index % 2 == 0 else trees[::-1]:
-            row = one_round(path, args.cells, args.gap, args.steady)
+            row = one_round(path, args.cells, args.gap, args.steady, args.first_after)
             rounds[name].append(row)
             shown = " ".join(f"{seconds * 1e3:.0f}" for seconds in row["first"])
             print(f"round {index} {name}: first cells {shown} ms, steady "

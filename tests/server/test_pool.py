@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -112,6 +113,7 @@ class StandInWorker:
         self.exit_announced = False  # the pipeline sets it where a real handle's is believed
         self.cleanup_unconfirmed: str | None = None
         self.configured_ahead = False  # set by the pool, as on a real handle
+        self.process: Any = None  # a forked worker's: what its launcher had preloaded
 
     @property
     def gpu_ids(self) -> list[int]:
@@ -527,6 +529,75 @@ def test_only_the_workers_no_program_waits_for_are_forked_after_the_preload() ->
         assert seat.spare is not None and seat.spare.after_preload is True
 
     run_pool(test, reuse=1)
+
+
+class PreloadingLauncherWorker(StandInWorker):
+    """Forked by a launcher that preloads torch when a fork no program waits for asks it
+    to (SERVER §1): a seat's spare; its fork waits for ``preload_done`` when set."""
+
+    preload_done: ClassVar[asyncio.Event | None] = None
+
+    async def launch(self, *, hold: bool = False, after_preload: bool = False) -> None:
+        await super().launch(hold=hold, after_preload=after_preload)
+        if after_preload and PreloadingLauncherWorker.preload_done is not None:
+            await PreloadingLauncherWorker.preload_done.wait()
+        self.process = types.SimpleNamespace(preloaded=("torch",) if after_preload else ())
+
+
+def test_an_idle_first_worker_forked_before_the_preload_gives_way_to_its_preloaded_spare() -> None:
+    # The notebook's first cell: it comes seconds after the server is ready, when the
+    # seat's spare (forked after the preload) is ready too; it runs there, not in the first
+    # worker, which would import torch itself.
+    async def test(pool: Pool, events: Events) -> None:
+        await settled(pool)
+        seat = pool.seats[0]
+        assert seat.worker is not None and seat.worker.process.preloaded == ("torch",)
+        assert [r["reason"] for r in events.named("worker_retired")] == ["preload"]
+        first = next(w for w in made if not w.after_preload)
+        assert first.killed and seat.state is SeatState.IDLE
+        assert seat.spare is not None and seat.spare.after_preload  # the next one: as before
+        await one_program(pool)  # after a program, workers retire for their limit as before
+        assert [r["reason"] for r in events.named("worker_retired")] == [
+            "preload",
+            "request_limit",
+        ]
+
+    made: list[StandInWorker] = []
+
+    def worker(**options: Any) -> StandInWorker:
+        made.append(PreloadingLauncherWorker(**options))
+        return made[-1]
+
+    PreloadingLauncherWorker.preload_done = None
+    run_pool(test, reuse=1, worker=worker)  # type: ignore[arg-type]
+
+
+def test_a_first_worker_that_took_a_program_or_preloaded_as_much_keeps_its_seat() -> None:
+    async def busy(pool: Pool, events: Events) -> None:
+        gate = PreloadingLauncherWorker.preload_done
+        async with pool.checkout(1.0) as seat:  # a first cell before the preload is done
+            assert seat.worker is not None and not seat.worker.after_preload
+            assert gate is not None and seat.spare is None
+            gate.set()
+            await settled(pool)
+            assert seat.spare is not None and seat.spare.process.preloaded == ("torch",)
+            assert seat.state is SeatState.BUSY and not seat.worker.killed  # it runs there
+            assert events.named("worker_retired") == []
+            pool.release(seat, pool.retirement(seat, None))
+        await settled(pool)
+        assert [r["reason"] for r in events.named("worker_retired")] == ["request_limit"]
+
+    PreloadingLauncherWorker.preload_done = asyncio.Event()  # the spare's fork waits for it
+    try:
+        run_pool(busy, reuse=1, worker=PreloadingLauncherWorker)
+    finally:
+        PreloadingLauncherWorker.preload_done = None
+
+    async def same_preload(pool: Pool, events: Events) -> None:
+        await settled(pool)  # no launcher preloaded anything: nothing to gain
+        assert pool.seats[0].spare is not None and events.named("worker_retired") == []
+
+    run_pool(same_preload, reuse=1)
 
 
 def test_a_reused_worker_or_no_spare_workers_keeps_no_spare() -> None:

@@ -336,22 +336,20 @@ def _call(client: kcoral.Client, source: str, name: str, args: list | None = Non
     return client.execute(program)["out"]
 
 
+def preloading_server(folder: Path, sandbox_flag: str) -> RunningServer:
+    """A server preloading torch, giving every request a fresh, forked worker."""
+    return start_server(
+        folder,
+        ["--sandbox", sandbox_flag, "--worker-preload", "torch", "--max-requests-per-worker", "1"],
+    )
+
+
 @pytest.fixture(scope="module", params=SANDBOXES)
 def fresh_worker_server(
     request, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
-    """A server (sandbox as parametrized) giving every request a fresh, forked worker."""
-    server = start_server(
-        tmp_path_factory.mktemp("preloading-server"),
-        [
-            "--sandbox",
-            request.param,
-            "--worker-preload",
-            "torch",
-            "--max-requests-per-worker",
-            "1",
-        ],
-    )
+    """A preloading server, sandbox as parametrized."""
+    server = preloading_server(tmp_path_factory.mktemp("preloading-server"), request.param)
     yield server
     server.stop()
 
@@ -389,10 +387,7 @@ def test_every_program_after_a_servers_first_finds_torch_imported_in_its_fresh_w
     # The notebook's path: the first cells after the server started. Before, the seat's
     # first worker, its spare and the worker forked after it all came before the preload
     # and each imported torch at its first program: the first three cells took seconds.
-    server = start_server(
-        tmp_path / "server",
-        ["--sandbox", sandbox_flag, "--worker-preload", "torch", "--max-requests-per-worker", "1"],
-    )
+    server = preloading_server(tmp_path / "server", sandbox_flag)
     try:
         with kcoral.Client(server.url) as client:
             seen = [_call(client, SEES_TORCH, "seen") for _ in range(4)]
@@ -400,6 +395,28 @@ def test_every_program_after_a_servers_first_finds_torch_imported_in_its_fresh_w
         server.stop()
     # the first is forked at once, so that the server is ready as fast as without it
     assert seen[1:] == [True, True, True], seen
+
+
+@pytest.mark.parametrize("sandbox_flag", SANDBOXES)
+def test_a_first_cell_that_comes_after_the_preload_finds_torch_imported(
+    sandbox_flag: str, tmp_path: Path
+):
+    # A person's first cell comes seconds after the server is ready. The seat's first
+    # worker was forked before the preload; once the spare forked after it is ready, the
+    # idle first worker gives way to it, and that first cell need not import torch.
+    server = preloading_server(tmp_path / "server", sandbox_flag)
+    try:
+        deadline = time.monotonic() + PRELOAD_WAIT_SECONDS
+        while not [e for e in server.events() if e.get("reason") == "preload"]:
+            assert time.monotonic() < deadline, "the first worker never gave way to its spare"
+            time.sleep(0.1)
+        with kcoral.Client(server.url) as client:
+            seen = [_call(client, SEES_TORCH, "seen") for _ in range(3)]
+        retired = [e for e in server.events() if e["event"] == "worker_retired"]
+    finally:
+        server.stop()
+    assert seen == [True, True, True]
+    assert (retired[0]["reason"], retired[0]["level"]) == ("preload", "INFO")
 
 
 def test_without_the_preload_a_fresh_worker_imports_torch_itself(tmp_path: Path):

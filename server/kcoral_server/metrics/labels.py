@@ -62,6 +62,7 @@ RETIRE_REASONS = frozenset(
         "cancelled",
         "identity",
         "disk_limit",
+        "preload",
     }
 )
 #: ``worker_failed``'s ``phase``

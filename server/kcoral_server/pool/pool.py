@@ -131,7 +131,7 @@ class Pool:
         self.refusing = None
         for seat, ok in zip(self.seats, results, strict=True):
             if not ok:
-                self._schedule_replacement(seat, "crashed", emit_retired=False)
+                self.schedule_replacement(seat, "crashed", emit_retired=False)
 
     @property
     def quarantine_reason(self) -> str | None:
@@ -227,7 +227,7 @@ class Pool:
         finally:
             if not started:
                 seat.worker = None
-                self._schedule_replacement(seat, "crashed", emit_retired=False)
+                self.schedule_replacement(seat, "crashed", emit_retired=False)
         if not started:
             raise NoWorker("the worker for this identity failed to start")
         assert seat.worker is not None
@@ -270,7 +270,7 @@ class Pool:
         """Return a seat whose worker took no program (a GPU-set request borrowed it)."""
         handle = seat.worker
         if handle is None or handle.gone is not None:
-            self._schedule_replacement(seat, "crashed")
+            self.schedule_replacement(seat, "crashed")
         else:
             self._make_idle(seat)
 
@@ -286,7 +286,7 @@ class Pool:
             seat.pinned(retire_reason)
             return
         if retire_reason is not None:
-            self._schedule_replacement(seat, retire_reason)
+            self.schedule_replacement(seat, retire_reason)
             return
         seat.state = SeatState.BUSY  # until the worker reports clean
         assert handle is not None  # a seat without a worker was retired above
@@ -294,7 +294,7 @@ class Pool:
 
     async def _await_clean(self, seat: Seat, handle: WorkerHandle) -> None:
         if (reason := await reason_to_retire(handle)) is not None:
-            self._schedule_replacement(seat, reason)
+            self.schedule_replacement(seat, reason)
         else:
             self._make_idle(seat)
 
@@ -302,9 +302,10 @@ class Pool:
         # Only idle seats are handled here; a busy seat's request notices by itself.
         for seat in self.seats:
             if seat.worker is handle and seat.state is SeatState.IDLE:
-                self._schedule_replacement(seat, "crashed")
+                self.schedule_replacement(seat, "crashed")
 
-    def _schedule_replacement(self, seat: Seat, reason: str, *, emit_retired: bool = True) -> None:
+    def schedule_replacement(self, seat: Seat, reason: str, *, emit_retired: bool = True) -> None:
+        """Retire ``seat``'s worker for ``reason`` and replace it in the background."""
         old = seat.worker
         if emit_retired and old is not None:
             pool_retirement.emit_retired(self.events, seat, old, reason)

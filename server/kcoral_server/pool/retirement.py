@@ -26,6 +26,7 @@ RETIRE_LEVELS = {
     "cancelled": "INFO",  # its program was cancelled (EXTENSIONS §5, §9)
     "identity": "INFO",  # the next program belongs to another identity
     "disk_limit": "WARNING",  # its program passed --workspace-limit-bytes (sandbox)
+    "preload": "INFO",  # idle and unused, it gave way to a spare that preloaded torch
 }
 #: how long a kept worker may take to report clean before it counts as crashed
 REUSE_READY_TIMEOUT_SECONDS = 60.0

@@ -8,7 +8,10 @@ worker's exit report was believed (``takes_over_early``): the old worker is then
 beside its successor (``see_off``) and the next spare starts once it runs no more code.
 On a CPU seat the worker after the spare is forked ahead too (``Seat.held``): moving into
 its cgroups waits ~10 ms for the kernel, which then overlaps the running program; it waits,
-running nothing, until it is released as the next spare (``_release``).
+running nothing, until it is released as the next spare (``_release``). A seat's first
+worker, forked before its launcher's preload (SERVER §1), gives way to its spare once that
+is ready if it is still idle and unused (``_gives_way``): the first program then finds
+torch imported.
 
 Who can reach what: a spare lives in the seat's other sandbox directory, never the running
 program's (``Seat.spare_sandbox``; the workspace and ``/tmp`` are emptied before each fresh
@@ -58,6 +61,8 @@ class SpareWorkers:
         self.configure_ahead = pool.mode == "cpu"
         #: the pool still admits programs (not closing, nothing quarantined)
         self.admitting = lambda: not pool.closing and pool.quarantine_reason is None
+        #: retires a seat's worker for a reason and replaces it (``Pool.schedule_replacement``)
+        self.replace = pool.schedule_replacement
 
     def keep(self, seat: Seat) -> None:
         """Start ``seat``'s spare in the background unless it has one (or a session holds
@@ -89,6 +94,8 @@ class SpareWorkers:
             await self.kill(handle)
             return
         seat.spare = handle
+        if _gives_way(seat, handle):
+            self.replace(seat, "preload")
 
     def _hold_next(self, seat: Seat) -> None:
         """Fork the worker after ``seat``'s next spare ahead, on a CPU seat (``Seat.held``):
@@ -184,6 +191,22 @@ class SpareWorkers:
             await self.kill(spare)
             return None
         return spare, info
+
+
+def _gives_way(seat: Seat, spare: WorkerHandle) -> bool:
+    """Whether ``seat``'s worker, idle and unused, gives way to ``spare``, which its
+    launcher forked after preloading more (torch, SERVER §1): a seat's first worker is
+    forked before the preload so that the server is ready at once; a first program that
+    comes after its spare is ready then finds torch imported instead of importing it."""
+    worker = seat.worker
+    if worker is None or seat.state is not SeatState.IDLE or seat.served:
+        return False
+    return set(preloaded(spare)) > set(preloaded(worker))
+
+
+def preloaded(handle: WorkerHandle) -> tuple[str, ...]:
+    """The modules ``handle``'s launcher had preloaded when it forked it (none: spawned)."""
+    return getattr(handle.process, "preloaded", ())
 
 
 def _take_held(seat: Seat) -> tuple[WorkerHandle | None, asyncio.Task | None]:
