@@ -57,6 +57,8 @@ def connection(request: pytest.FixtureRequest) -> Connection:
 
 def execute(name: str, connection: Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    if connection.name == "embedded":  # the kernel's server as the README starts it
+        monkeypatch.delenv("KCORAL_WORKER_PRELOAD", raising=False)  # torch, not the suite's
     for variable, value in (("KCORAL_URL", connection.url), ("KCORAL_TOKEN", connection.token)):
         if value is None:
             monkeypatch.delenv(variable, raising=False)
