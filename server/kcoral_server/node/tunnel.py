@@ -385,6 +385,7 @@ class Tunnel:
         body_task = asyncio.get_running_loop().create_task(
             self._send_body(connection, request, chunked)
         )
+        answered = False  # read to its end: only then may the connection serve another
         try:
             await connection.send_head(method, path, headers)
             status, response_headers = await connection.read_head()
@@ -406,6 +407,7 @@ class Tunnel:
                 # Early answer: the rest of the body is not wanted; this connection is spent.
                 connection.reusable = False
                 body_task.cancel()
+            answered = True
             await call.write(pb.SlotFrame(request_id=rid, end=pb.EndOfBody()))
         except (HttpError, OSError, asyncio.IncompleteReadError) as exc:
             # The local server failed us; dropping the stream tells the router (502).
@@ -423,7 +425,7 @@ class Tunnel:
             if not body_task.done():
                 body_task.cancel()
             await asyncio.gather(body_task, return_exceptions=True)
-            pool.put(connection)
+            pool.put(connection, answered)
             if self.closing:
                 # Draining: half-close, and the router ends the stream once it has read the
                 # answer (serve() then sees the end). A cancel here could overtake the frames
@@ -469,8 +471,11 @@ class HttpConnectionPool:
         await connection.open()
         return connection
 
-    def put(self, connection: HttpConnection) -> None:
-        if connection.usable:
+    def put(self, connection: HttpConnection, answered: bool) -> None:
+        """Keep ``connection`` for the slot's next request if its answer was read to its end
+        (``answered``). One a cancel left (the client went away) or a failed write still
+        carries the rest of its answer, which the next request would read as its own."""
+        if answered and connection.usable:
             self.idle = connection
             self.idle_since = time.monotonic()
         else:
