@@ -60,13 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.node_child:
         # ROUTER §12: the supervisor's secrets arrive through a pipe, read before any worker
         # exists; this child holds no client token and serves only its tunnel.
-        from kcoral_server.node.handover import HandoverError, read_secrets
+        from kcoral_server.node.handover import HandoverError, read_secrets, tie_to_supervisor
 
         try:
             secrets = read_secrets(os.environ)
         except HandoverError as exc:
             sys.stderr.write(f"kcoral server: {exc}\n")
             return 2
+        if not tie_to_supervisor(os.environ):
+            sys.stderr.write("kcoral server: the node supervisor is gone\n")
+            return 1
         config = replace(
             config, node_token=secrets.node_token, auth_token=None, auth_token_file=None
         )

@@ -1,9 +1,11 @@
 """A real node (supervisor + CPU server child) under ``kcoral router``: a SIGTERM stop
-removes the supervisor's ``kcoral-supervisor-*`` work folder (issue 28 point 9), and every
-process of the node runs with its soft descriptor limit raised to the hard one (point 1)."""
+removes the supervisor's ``kcoral-supervisor-*`` work folder (issue 28 point 9), every
+process of the node runs with its soft descriptor limit raised to the hard one (point 1),
+and the server child does not outlive a supervisor killed with SIGKILL (ROUTER §12)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -63,5 +65,38 @@ def test_a_node_stopped_with_sigterm_leaves_no_work_folder_and_raised_its_limits
         if node.poll() is None:
             for child in psutil.Process(node.pid).children(recursive=True):
                 child.kill()
+            node.kill()
+            node.wait()
+
+
+def test_a_node_child_and_its_workers_exit_when_its_supervisor_is_killed_with_sigkill(
+    tmp_path: Path, router: RouterProcess
+) -> None:
+    """Before, the child lived on as an orphan with its port, workers and slots: a node
+    restarted with the same ``--port`` failed to listen (``Address already in use``) and
+    never rejoined until someone found and killed the orphan."""
+    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
+    with open(tmp_path / "node.log", "w") as log:
+        node = subprocess.Popen(
+            node_command(tmp_path, router.url, "n1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            cwd=str(HERE),
+        )
+    processes: list[psutil.Process] = []
+    try:
+        ready_nodes(router, 1)
+        processes = psutil.Process(node.pid).children(recursive=True)
+        assert processes, "expected the supervisor's server child"
+        node.kill()
+        node.wait()
+        _gone, alive = psutil.wait_procs(processes, timeout=30)
+        assert not alive, [(p.pid, p.cmdline()) for p in alive]
+    finally:
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        if node.poll() is None:
             node.kill()
             node.wait()

@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
+from kcoral_server.worker.reaper import tie_to_parent
+
 SECRETS_FD_ENV = "KCORAL_NODE_SECRETS_FD"
+#: the supervisor's pid, which its child ties its life to (``tie_to_supervisor``)
+SUPERVISOR_PID_ENV = "KCORAL_NODE_SUPERVISOR_PID"
 #: Environment variables that carry KCoral credentials; never passed on to the child.
 CREDENTIAL_VARIABLES = frozenset(
     {"KCORAL_NODE_TOKEN", "KCORAL_AUTH_TOKEN", "KCORAL_TOKEN", "KCORAL_METRICS_TOKEN"}
@@ -113,3 +118,16 @@ def read_secrets(environ: MutableMapping[str, str]) -> NodeSecrets:
     if not secret:
         raise HandoverError("the node secrets hold no router secret")
     return NodeSecrets(node_token=token or None, router_secret=secret, slot_key=slot_key)
+
+
+def tie_to_supervisor(environ: MutableMapping[str, str]) -> bool:
+    """Have this child get SIGTERM when its supervisor (``KCORAL_NODE_SUPERVISOR_PID``,
+    removed from ``environ``) dies, SIGKILL included: it then drains and exits as on a
+    supervisor's stop (ROUTER §12). Before, a child whose supervisor was killed lived on
+    with its port, workers and slots, and the restarted supervisor's child could not listen
+    (``Address already in use``) until someone killed the orphan by hand. False when the
+    supervisor is gone already (the caller exits); True without the variable."""
+    raw = environ.pop(SUPERVISOR_PID_ENV, "")
+    if not raw.isdigit():
+        return True
+    return tie_to_parent(int(raw), signal.SIGTERM)

@@ -34,6 +34,7 @@ from kcoral_server.gpu.inventory import DeviceError, choose_devices
 from kcoral_server.gpu.kind import UNKNOWN_KIND, NodeKind, describe_node
 from kcoral_server.node.handover import (
     SECRETS_FD_ENV,
+    SUPERVISOR_PID_ENV,
     NodeSecrets,
     child_environment,
     write_secrets,
@@ -365,7 +366,7 @@ class Supervisor:
             KCORAL_NODE_ID=self.config.node_id,
             KCORAL_SERVER_HOST=host,
             KCORAL_SERVER_PORT=str(port),
-            **{SECRETS_FD_ENV: str(secrets_fd)},
+            **{SECRETS_FD_ENV: str(secrets_fd), SUPERVISOR_PID_ENV: str(os.getpid())},
         )
         try:
             self.child = subprocess.Popen(args, env=env, pass_fds=(secrets_fd,))
