@@ -1,9 +1,10 @@
 """The embedded local KCoral server a kernel starts when no URL is configured.
 
-``kcoral server --port 0 --ready-file F`` runs as a child of the kernel: it dies with the
-kernel (``PR_SET_PDEATHSIG`` on Linux, plus an ``atexit`` stop) and is advertised in a small
-JSON file in Jupyter's runtime directory (``kcoral-local-<kernel pid>.json``) so that the
-Jupyter server extension can offer it. No IPython import.
+``kcoral server --port 0 --ready-file F`` runs as a child of the kernel, in a session of its
+own (Jupyter's interrupt, SIGINT to the kernel's process group, does not reach it): it dies
+with the kernel (``PR_SET_PDEATHSIG`` on Linux, plus an ``atexit`` stop) and is advertised
+in a small JSON file in Jupyter's runtime directory (``kcoral-local-<kernel pid>.json``) so
+that the Jupyter server extension can offer it. No IPython import.
 
 Who can reach what: the server listens on loopback, where every local process and every web
 page the user visits can send it requests. It is therefore never token-less (EXTENSIONS §6):
@@ -112,6 +113,12 @@ class LocalServer:
                     stderr=stderr,
                     cwd=folder,
                     env=environment,
+                    # A session (and process group) of its own: Jupyter interrupts a kernel
+                    # with SIGINT to the kernel's process group, which would shut the server
+                    # down, and ipykernel's shutdown signals that group's processes until
+                    # they are reaped, so the kernel outlived Jupyter's wait, was killed,
+                    # and its exit hooks (this server's stop, a session's end) never ran.
+                    start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )
             deadline = time.monotonic() + self.start_timeout

@@ -1,13 +1,24 @@
-"""The embedded local server: started on demand, advertised, stopped with the kernel."""
+"""The embedded local server: started on demand, advertised, stopped with the kernel; in a
+real kernel, Jupyter's interrupt leaves it running and a shutdown leaves nothing behind."""
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager, start_new_kernel
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
 
 from kcoral import Client
 
 pytestmark = pytest.mark.timeout(180)
+
+#: ``KCoral.local_args`` of an embedded server that starts fast (conftest's ``FAST_LOCAL``).
+FAST_LOCAL = ["--device", "cpu", "--sandbox", "none", "--log-dir", "", "--disk-cache-dir", ""]
 
 
 def test_the_local_server_starts_advertises_itself_and_stops(tmp_path, monkeypatch) -> None:
@@ -33,3 +44,95 @@ def test_a_stale_advertisement_is_ignored(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
     (runtime / "kcoral-local-1.json").write_text('{"url": "http://x", "pid": 999999999}')
     assert advertised_servers() == []
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def printed(kernel: BlockingKernelClient, source: str, on_text=None) -> str:
+    """Run ``source`` in the kernel; its stream text (``on_text`` sees it as it comes)."""
+    texts: list[str] = []
+
+    def keep(message: dict) -> None:
+        if message["msg_type"] == "stream":
+            texts.append(message["content"]["text"])
+            if on_text is not None:
+                on_text("".join(texts))
+
+    kernel.execute_interactive(source, output_hook=keep, timeout=120)
+    return "".join(texts)
+
+
+@pytest.fixture
+def kernel_with_local_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[KernelManager, BlockingKernelClient, dict]]:
+    """A real kernel (as Jupyter starts it) whose first magic started its embedded server;
+    the server's advertisement (its ``pid``, ``url``) and its ``folder``."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    manager, kernel = start_new_kernel(kernel_name="python3")
+    try:
+        text = printed(
+            kernel,
+            f"%load_ext kcoral\n%config KCoral.local_args = {FAST_LOCAL!r}\n"
+            "%kcoral local start\n%kcoral local log 1",
+        )
+        [record] = advertised_servers()
+        match = re.search(r"the last 1 lines of (\S+)/server\.log", text)
+        assert match, text
+        yield manager, kernel, {**record, "folder": Path(match.group(1))}
+    finally:
+        kernel.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.mark.slow
+def test_interrupting_a_cell_leaves_the_kernels_local_server_running(
+    kernel_with_local_server,
+) -> None:
+    manager, kernel, server = kernel_with_local_server
+    interrupted: list[bool] = []
+
+    def interrupt_once_started(text: str) -> None:
+        if "started" in text and not interrupted:
+            interrupted.append(True)
+            manager.interrupt_kernel()  # Jupyter's Stop button: SIGINT to the kernel's group
+
+    cell = "%%kcoral\nimport time\nprint('started', flush=True)\ntime.sleep(60)\n"
+    printed(kernel, cell, on_text=interrupt_once_started)
+    assert interrupted
+    deadline = time.monotonic() + 5  # the old code's server had shut down by then
+    while time.monotonic() < deadline and alive(int(server["pid"])):
+        time.sleep(0.1)
+    assert alive(int(server["pid"]))
+    # The next cell runs on the same server (not on a new one started behind the user's back).
+    assert "next" in printed(kernel, "%%kcoral\nprint('next')\n")
+    assert printed(kernel, "url = %kcoral url\nprint(url)").strip() == server["url"]
+
+
+@pytest.mark.slow
+def test_a_kernel_shutdown_stops_its_local_server_and_leaves_no_files(
+    kernel_with_local_server, tmp_path: Path
+) -> None:
+    manager, _kernel, server = kernel_with_local_server
+    assert server["folder"].is_dir()
+    # Jupyter's shutdown: a request, then SIGTERM to a kernel still alive after half of
+    # shutdown_wait_time (5 s by default; 10 s leaves a loaded machine room).
+    manager.shutdown_wait_time = 10.0
+    manager.shutdown_kernel()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and alive(int(server["pid"])):
+        time.sleep(0.1)
+    assert not alive(int(server["pid"]))
+    # Its folder (log, ready file) and its advertisement are gone: nothing piles up in /tmp
+    # or in the runtime directory, kernel after kernel.
+    assert not server["folder"].exists()
+    assert list((tmp_path / "runtime").glob("kcoral-local-*.json")) == []
