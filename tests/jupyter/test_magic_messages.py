@@ -61,6 +61,23 @@ def test_a_dead_url_fails_in_one_line_of_cause_and_one_of_what_to_do(shell) -> N
     assert "(kcoral server --port 9)" in lines[1] and "8123" not in lines[1]
 
 
+def test_attaching_to_a_job_whose_server_is_gone_names_that_servers_address(
+    embedded_shell,
+) -> None:
+    run(embedded_shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(1)\n")
+    job_id = embedded_shell.user_ns.pop("job").id
+    url = embedded_shell.run_line_magic("kcoral", "url")
+    with capture_output():
+        embedded_shell.run_line_magic("kcoral", "local stop")
+    result, _ = run(embedded_shell, f"%kcoral attach {job_id}")
+    error = result.error_in_exec
+    assert isinstance(error, ServerUnreachableError)
+    lines = rendered(error)
+    # Not "no answer from the server" and "check that a server runs at the server".
+    assert lines[0] == f"ServerUnreachableError: no answer from {url}: Connection refused"
+    assert f"--port {url.rsplit(':', 1)[1]})" in lines[1], lines
+
+
 def test_verbose_errors_show_the_whole_chain_with_the_internal_frames(shell) -> None:
     shell.run_line_magic("config", "KCoral.verbose_errors = True")
     result, _ = run(shell, f"%%kcoral --url {DEAD_URL}\n1\n")

@@ -12,9 +12,9 @@ from typing import Any
 
 from IPython.display import display
 
-from kcoral import Client, KCoralError
+from kcoral import Client, KCoralError, TransportError
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_errors import CellCancelledError
+from kcoral_jupyter.cell_errors import CellCancelledError, unreachable
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.cell import CellMagic
 from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
@@ -88,6 +88,12 @@ class JobCommands:
             ) from exc
         except KCoralError as exc:
             raise translate_error(exc, ExecuteOptions(), url) from None
+        except TransportError as exc:
+            # The job's server, named (its event stream's error knows no address), and a
+            # status line that no longer says "attached".
+            short = unreachable(exc, url)
+            line_out.show(short.cause, status="ERROR")
+            raise short from exc
         pending = self.kernel.pending.pop(job_id, None)
         facts = self.kernel.facts(url)
         if pending is not None:
