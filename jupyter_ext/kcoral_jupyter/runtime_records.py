@@ -14,6 +14,7 @@ No IPython import; works on every platform (owner checks only where the OS has t
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import stat
@@ -122,6 +123,7 @@ class KernelConnection:
     def __init__(self, kernel_id: str | None = None) -> None:
         self.kernel_id = kernel_id if kernel_id is not None else current_kernel_id()
         self.path: Path | None = None
+        self._exit_hook = False
 
     def announce(self, url: str, token: str, *, embedded: bool) -> None:
         """Say that this kernel's cells now go to ``url`` (rewritten on every change)."""
@@ -135,6 +137,11 @@ class KernelConnection:
             "embedded": embedded,
         }
         self.path = write_record(f"{KERNEL_PREFIX}{self.kernel_id}.json", record)
+        if self.path is not None and not self._exit_hook:
+            # The kernel's exit (a shutdown, a restart) withdraws it: one record a kernel
+            # would otherwise stay behind, with its token, kernel after kernel.
+            atexit.register(self.withdraw)
+            self._exit_hook = True
 
     def withdraw(self) -> None:
         """This kernel uses no server (a failed connect, a stopped embedded server)."""

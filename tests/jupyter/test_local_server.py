@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.manager import KernelManager, start_new_kernel
+from jupyter_client.manager import KernelManager
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
+from kcoral_jupyter.runtime_records import kernel_connections
 
 from kcoral import Client
 
@@ -73,19 +75,30 @@ def printed(kernel: BlockingKernelClient, source: str, on_text=None) -> str:
 def kernel_with_local_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[KernelManager, BlockingKernelClient, dict]]:
-    """A real kernel (as Jupyter starts it) whose first magic started its embedded server;
-    the server's advertisement (its ``pid``, ``url``) and its ``folder``."""
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    """A real kernel, started as Jupyter starts it (its connection file
+    ``kernel-<id>.json`` in the runtime directory, so it records its server there too),
+    whose first magic started its embedded server; the server's advertisement (its ``pid``,
+    ``url``) and its ``folder``."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
     monkeypatch.delenv("KCORAL_URL", raising=False)
     monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    manager, kernel = start_new_kernel(kernel_name="python3")
+    manager = KernelManager(
+        kernel_name="python3", connection_file=str(runtime / f"kernel-{uuid.uuid4()}.json")
+    )
+    manager.start_kernel()
+    kernel = manager.blocking_client()
+    kernel.start_channels()
     try:
+        kernel.wait_for_ready(timeout=60)
         text = printed(
             kernel,
             f"%load_ext kcoral\n%config KCoral.local_args = {FAST_LOCAL!r}\n"
-            "%kcoral local start\n%kcoral local log 1",
+            "%kcoral local start\n%kcoral url\n%kcoral local log 1",
         )
         [record] = advertised_servers()
+        assert [c["url"] for c in kernel_connections()] == [record["url"]]
         match = re.search(r"the last 1 lines of (\S+)/server\.log", text)
         assert match, text
         yield manager, kernel, {**record, "folder": Path(match.group(1))}
@@ -132,7 +145,8 @@ def test_a_kernel_shutdown_stops_its_local_server_and_leaves_no_files(
     while time.monotonic() < deadline and alive(int(server["pid"])):
         time.sleep(0.1)
     assert not alive(int(server["pid"]))
-    # Its folder (log, ready file) and its advertisement are gone: nothing piles up in /tmp
-    # or in the runtime directory, kernel after kernel.
+    # Its folder (log, ready file), its advertisement and the kernel's record of the server
+    # it used are gone: nothing piles up in /tmp or in the runtime directory, kernel after
+    # kernel.
     assert not server["folder"].exists()
-    assert list((tmp_path / "runtime").glob("kcoral-local-*.json")) == []
+    assert list((tmp_path / "runtime").glob("kcoral-*.json")) == []
