@@ -1,8 +1,9 @@
 """The embedded local KCoral server a kernel starts when no URL is configured.
 
 ``kcoral server --port 0 --ready-file F`` runs as a child of the kernel, in a session of its
-own (Jupyter's interrupt, SIGINT to the kernel's process group, does not reach it): it dies
-with the kernel (``PR_SET_PDEATHSIG`` on Linux, plus an ``atexit`` stop) and is advertised
+own (Jupyter's interrupt, SIGINT to the kernel's process group, does not reach it). It dies
+with the kernel: an ``atexit`` stop, and on Linux ``PR_SET_PDEATHSIG`` SIGKILL when the
+kernel dies before that stop is done (running programs are not waited for). It is advertised
 in a small JSON file in Jupyter's runtime directory (``kcoral-local-<kernel pid>.json``) so
 that the Jupyter server extension can offer it. No IPython import.
 
@@ -48,11 +49,15 @@ NOT_INHERITED = ("KCORAL_TOKEN", "KCORAL_AUTH_TOKEN")
 
 
 def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: ask Linux to SIGTERM it when the kernel dies.
+    # Runs in the child between fork and exec: ask Linux to SIGKILL it when the kernel dies.
+    # Not SIGTERM: the server's graceful shutdown lets running programs finish (SERVER §12),
+    # which for a kernel that died without stopping it (killed, out of memory, a forced
+    # restart) meant running them on for nobody, up to their timeouts. Its launchers kill
+    # the workers when it dies (SERVER §11).
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
 

@@ -3,6 +3,8 @@ real kernel, Jupyter's interrupt leaves it running and a shutdown leaves nothing
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import re
 import time
 import uuid
@@ -82,6 +84,9 @@ def kernel_with_local_server(
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    (tmp_path / "tmp").mkdir()
+    # Its server's folder goes there: the one of a killed kernel stays behind.
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.delenv("KCORAL_URL", raising=False)
     monkeypatch.delenv("KCORAL_TOKEN", raising=False)
     manager = KernelManager(
@@ -150,3 +155,27 @@ def test_a_kernel_shutdown_stops_its_local_server_and_leaves_no_files(
     # kernel.
     assert not server["folder"].exists()
     assert list((tmp_path / "runtime").glob("kcoral-*.json")) == []
+
+
+@pytest.mark.slow
+def test_a_kernel_killed_while_its_cell_runs_takes_its_local_server_with_it(
+    kernel_with_local_server,
+) -> None:
+    manager, kernel, server = kernel_with_local_server
+    kernel.execute("%%kcoral\nimport time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    text = ""
+    deadline = time.monotonic() + 60
+    while "started" not in text and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            message = kernel.get_iopub_msg(timeout=1)
+            if message["msg_type"] == "stream":
+                text += message["content"]["text"]
+    assert "started" in text
+    # A kernel that dies without its exit hooks (killed, out of memory, a forced restart):
+    # the old server got SIGTERM, which lets running programs finish (SERVER §12), and ran
+    # this cell's two minutes on for nobody.
+    manager.shutdown_kernel(now=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and alive(int(server["pid"])):
+        time.sleep(0.1)
+    assert not alive(int(server["pid"]))
