@@ -1,10 +1,11 @@
 """Library uploads through ``tvm_ffi`` (PROTOCOL §5.1–§5.2, SERVER §10, EXTENSIONS §2).
 
 A library blob is written to a private temporary file, loaded with
-``tvm_ffi.load_module`` and the file removed again (the dynamic loader keeps its own
-mapping). Loaded modules are memoized per worker by SHA-256, at most ``CAPACITY`` of them,
-least recently used first out. A bound export holds its module, so a library stays loaded
-while any function taken from it lives, even after the cache let go of it.
+``tvm_ffi.load_module`` and the file and its directory removed again (the dynamic loader
+keeps its own mapping). Loaded modules are memoized per worker by SHA-256, at most
+``CAPACITY`` of them, least recently used first out. A bound export holds its module, so a
+library stays loaded while any function taken from it lives, even after the cache let go
+of it.
 
 ``tvm_ffi`` is imported on first use only: CPU workers that never see a library never pay
 for it.
@@ -77,6 +78,7 @@ class Libraries:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            self._remove_directory()
         self._loaded[sha256] = library
         while len(self._loaded) > self.capacity:
             self._loaded.popitem(last=False)
@@ -92,16 +94,28 @@ class Libraries:
         except ImportError:
             raise InstructionFailure("unavailable", self.unavailable_message) from None
 
+    def _remove_directory(self) -> None:
+        """Remove the (now empty) directory of the last load: an unsandboxed worker's is in
+        the host's ``/tmp``, which nothing else empties (one was left per worker)."""
+        directory, self._directory = self._directory, None
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+
     def _write(self, sha256: str, data: bytes | memoryview) -> str:
+        path = None
         try:
-            if self._directory is None or not os.path.isdir(self._directory):
-                # honours TMPDIR, which the sandbox points into the worker's own state
-                self._directory = tempfile.mkdtemp(prefix="kcoral-libraries-")
+            # honours TMPDIR, which the sandbox points into the worker's own state
+            self._directory = tempfile.mkdtemp(prefix="kcoral-libraries-")
             path = os.path.join(self._directory, f"{sha256[:16]}-{next(_serial)}.so")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
         except OSError as exc:
+            if path is not None:  # e.g. the disk filled up while writing it
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            self._remove_directory()
             raise InstructionFailure(
                 "compile", f"cannot write the library to a temporary file: {exception_text(exc)}"
             ) from None
