@@ -14,9 +14,12 @@ are told apart by their status and kind, never by the server's wording.
 from __future__ import annotations
 
 import re
+import signal
+import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from types import FrameType, TracebackType
 from typing import Any, Protocol
 
 from kcoral import (
@@ -187,10 +190,13 @@ def _run_as_job(
 ) -> ProgramResult:
     if record.waits_for:  # a router holds the submission while every such seat is busy
         reporter.phase(f"submitting, waiting for {record.waits_for}")
-    job = client.submit(program, **options.as_kwargs())
+    with HeldInterrupt() as held:  # a second interrupt abandons the submission
+        job = client.submit(program, **options.as_kwargs())
     record.job_id = job.id
     reporter.phase("submitted")
     try:
+        if held.noted:  # it came while the job was submitted: stopped now that it has an id
+            raise KeyboardInterrupt
         result = follow_job(job, reporter, record)
     except KeyboardInterrupt:
         if isinstance(client, ClientSession):
@@ -208,6 +214,42 @@ def _run_as_job(
         raise
     _merge_job_state(job, record)
     return result
+
+
+class HeldInterrupt:
+    """Holds the kernel's interrupt (SIGINT) while a cell's job is submitted. One raised
+    there could land after the server took the job and before its id came back: the job
+    then ran on with nothing to cancel it by, and the cell said it was cancelled. The first
+    interrupt is noted (``noted``), and the caller cancels the job once it has its id; a
+    second one raises ``KeyboardInterrupt`` at once (a long upload, a router holding the
+    submission), and the caller says the job may have started. Outside the main thread
+    (where no signal handler can be set) it holds nothing."""
+
+    def __init__(self) -> None:
+        self.noted = False
+        self._previous: Any = None
+        self._holding = False
+
+    def __enter__(self) -> HeldInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._interrupted)
+            self._holding = True
+        return self
+
+    def _interrupted(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.noted:
+            raise KeyboardInterrupt
+        self.noted = True
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._holding:
+            signal.signal(signal.SIGINT, self._previous)
+            self._holding = False
 
 
 #: An interrupted session cell waits this long per round for its program to stop (the server

@@ -126,6 +126,41 @@ def test_an_interrupted_cell_cancels_its_job_and_ends_in_two_lines(shell, cpu_se
     client.close()
 
 
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_an_interrupt_while_a_cell_is_submitted_says_what_became_of_its_job(
+    shell, cpu_server_url, monkeypatch, interrupts
+) -> None:
+    # Jupyter's interrupt after the server took the job, before its id came back. Before,
+    # the job ran on with no id to cancel it by, and the cell said it was cancelled.
+    client = Client(cpu_server_url)
+    before = {job["job_id"] for job in client.jobs()}
+    submit = Client.submit
+
+    def interrupted_submit(self, program, **options):
+        job = submit(self, program, **options)
+        for _ in range(interrupts):
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        return job
+
+    monkeypatch.setattr(Client, "submit", interrupted_submit)
+    result, _ = run(shell, "%%kcoral\nimport time\ntime.sleep(60)\n")
+    monkeypatch.undo()
+    error = result.error_in_exec
+    assert isinstance(error, CellCancelledError) and isinstance(error, KeyboardInterrupt)
+    lines = rendered(error)
+    (new,) = [j for j in client.jobs() if j["job_id"] not in before]
+    job = client.job(new["job_id"])
+    if interrupts == 1:  # held until the job's id was known, then cancelled
+        assert "was cancelled" in lines[0], lines
+        job.wait(30)
+        assert job.status()["status"] == "CANCELLED"
+    else:  # the second abandons the submission: the cell says the job may run
+        assert "the server may have started it; %kcoral jobs lists your jobs" in lines[0]
+        assert job.status()["status"] in ("QUEUED", "RUNNING")
+        job.cancel()
+    client.close()
+
+
 def test_a_remote_traceback_stays_whole_and_a_kernel_name_gets_an_i_hint(shell) -> None:
     shell.user_ns["w"] = 5
     result, _ = run(shell, "%%kcoral\ndef f():\n    return w + 1\nf()\n")

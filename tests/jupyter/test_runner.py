@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 from kcoral_jupyter.cell_errors import CellTimeoutError, PickleRefusedError
 from kcoral_jupyter.cell_program import CellSpec, build_cell
@@ -108,6 +111,52 @@ def test_interrupting_a_job_cancels_it_on_the_server() -> None:
             use_jobs=True,
         )
     assert job.cancelled
+
+
+class InterruptedSubmission(StandInClient):
+    """The kernel's interrupt (SIGINT) arrives ``interrupts`` times while the server takes
+    the job, after it has it and before its id is back."""
+
+    def __init__(self, job, interrupts):
+        super().__init__(job)
+        self.interrupts = interrupts
+
+    def submit(self, program, **options):
+        job = super().submit(program, **options)
+        for _ in range(self.interrupts):
+            os.kill(os.getpid(), signal.SIGINT)
+        return job
+
+
+def _run_interrupted(client: StandInClient, reporter: Reporter, record: RunRecord) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(
+            client,
+            build_cell(CellSpec(source="x = 1\n")),
+            ExecuteOptions(),
+            reporter,
+            record=record,
+            use_jobs=True,
+        )
+
+
+def test_an_interrupt_while_the_job_is_submitted_cancels_it_once_its_id_is_known() -> None:
+    # Before, it left the job running with no id to cancel it by, and the cell said the
+    # remote work was cancelled.
+    job = StandInJob(EVENTS)
+    reporter, record = Reporter(), RunRecord(server="http://s")
+    _run_interrupted(InterruptedSubmission(job, 1), reporter, record)
+    assert job.cancelled and record.job_id == "job-1"
+    assert "interrupted: cancelling the job on the server" in reporter.lines
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
+def test_a_second_interrupt_while_the_job_is_submitted_abandons_the_submission() -> None:
+    job = StandInJob(EVENTS)
+    reporter, record = Reporter(), RunRecord(server="http://s")
+    _run_interrupted(InterruptedSubmission(job, 2), reporter, record)
+    assert not job.cancelled and record.job_id is None  # what the cell then says
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_cell_with_pickled_inputs_is_submitted_as_a_job_with_its_serialization() -> None:

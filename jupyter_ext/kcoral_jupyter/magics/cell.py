@@ -49,6 +49,10 @@ from kcoral_jupyter.runner import (
     translate_error,
 )
 
+#: What a cell interrupted twice while its job was submitted says: the server may have it.
+SUBMISSION_ABANDONED = (
+    "the server may have started it; %kcoral jobs lists your jobs, %kcoral cancel ID stops one"
+)
 #: What an explicit ``--gpus`` on a server without GPUs says, in warning style.
 CPU_WARNING = "ran on CPU (this server has no GPU)"
 
@@ -137,6 +141,11 @@ class CellMagic:
             if remote is not None:
                 line_out.show(f"interrupted: KeyboardInterrupt raised in {remote.label}")
                 raise session_interrupted(remote) from exc
+            if use_jobs and record.job_id is None:  # interrupted twice while submitted
+                line_out.show(f"interrupted while submitting; {SUBMISSION_ABANDONED}")
+                raise cancelled(
+                    f"interrupted while the cell was submitted to {url}: {SUBMISSION_ABANDONED}"
+                ) from exc
             line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
             raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:
