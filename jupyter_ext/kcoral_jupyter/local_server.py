@@ -48,6 +48,11 @@ ADVERT_PREFIX = "kcoral-local-"
 NOT_INHERITED = ("KCORAL_TOKEN", "KCORAL_AUTH_TOKEN")
 
 
+#: how long ``stop`` lets the server's running programs and jobs finish (its graceful
+#: shutdown, SERVER §12) before it kills it; an interrupt kills it at once
+STOP_GRACE_SECONDS = 30
+
+
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: ask Linux to SIGKILL it when the kernel dies.
     # Not SIGTERM: the server's graceful shutdown lets running programs finish (SERVER §12),
@@ -202,8 +207,8 @@ class LocalServer:
             if self.process.poll() is None:
                 self.process.terminate()
                 try:
-                    self.process.wait(30)
-                except subprocess.TimeoutExpired:
+                    self.process.wait(STOP_GRACE_SECONDS)
+                except (subprocess.TimeoutExpired, KeyboardInterrupt):  # an interrupt: now
                     self.process.kill()
                     self.process.wait(10)
             self.process = None

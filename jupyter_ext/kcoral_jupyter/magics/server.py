@@ -12,6 +12,7 @@ from kcoral.errors import root_reason
 from kcoral_jupyter.cell_errors import ServerUnreachableError
 from kcoral_jupyter.kernel_client import KernelClient
 from kcoral_jupyter.kernel_state import KernelState, normalize_url
+from kcoral_jupyter.local_server import STOP_GRACE_SECONDS
 
 
 class ServerCommands:
@@ -62,6 +63,13 @@ class ServerCommands:
         print(f"kcoral: local server running at {url}")
 
     def local_stop(self, args: argparse.Namespace) -> None:
+        local = self.kernel.local
+        if local is not None and local.running:  # its graceful stop may wait for work
+            print(
+                f"kcoral: stopping the local server at {local.url}: work still running there "
+                f"gets up to {STOP_GRACE_SECONDS} s to finish (interrupt to stop it now)",
+                flush=True,
+            )
         stopped = self.kernel.stop_local()
         print("kcoral: local server stopped" if stopped else "kcoral: no local server")
 
