@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import uuid
 from pathlib import Path
@@ -14,6 +15,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from router_helpers import (
     FakeNode,
+    Response,
     RouterProcess,
     http_request,
     start_router,
@@ -503,3 +505,28 @@ def test_a_request_being_relayed_when_the_router_stops_still_gets_its_answer(
 
     asyncio.run(scenario())
     assert "Traceback" not in router.log()
+
+
+def test_a_router_stopped_while_requests_wait_for_a_node_answers_them_503_and_exits_at_once(
+    router: RouterProcess,
+) -> None:
+    """Requests queued for a slot (no node yet: an ``/execute`` and a ``/v1/info``) held the
+    router's stop for up to ``--queue-wait-timeout-seconds`` (1800 s): its stop waits for
+    every client connection, and theirs waited in the queue. Seen in a soak as a router
+    that SIGTERM did not stop within 30 s and that had to be killed."""
+
+    async def scenario() -> list[Response]:
+        waiting = [
+            asyncio.ensure_future(http_request(router.port, "POST", "/execute", b"x")),
+            asyncio.ensure_future(http_request(router.port, "GET", "/v1/info")),
+        ]
+        await wait_for_health(router.port, lambda body: body["load"]["requests_waiting"] == 1)
+        await asyncio.sleep(0.3)  # the /v1/info waits for a control slot meanwhile
+        router.process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(router.process.wait, 10) == 0
+        return await asyncio.gather(*waiting)
+
+    for response in asyncio.run(scenario()):
+        assert response.status == 503 and response.json()["error"]["kind"] == "no_node"
+    log = router.log()
+    assert "router_stopped" in log and "Traceback" not in log, log

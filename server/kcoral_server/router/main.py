@@ -199,6 +199,8 @@ async def serve(settings: RouterSettings) -> int:
     log.event("router_stopping")
     checker.cancel()
     front.stop()
+    state.admission.close()  # queued requests get 503 no_node: none holds the stop
+    state.control.close()
     await requests_done(state, STOP_GRACE_SECONDS)
     end_calls(state.registry)  # what is still relayed then is cut, as grpc's grace did
     await grpc_server.stop(STOP_GRACE_SECONDS)

@@ -31,6 +31,15 @@ class _Waiter:
     selector: Selector = field(default_factory=dict)  # worker waiters only (ROUTER §7)
 
 
+def refuse_waiters(waiters: MutableSequence[_Waiter]) -> None:
+    """The router stops: every waiter fails with ``NoNode`` (503 ``no_node``, nothing
+    reached a node). A waiter holds its connection open, and the router's stop waits for
+    every connection: one left queued held the stop for up to the queue wait (1800 s)."""
+    for waiter in list(waiters):
+        if not waiter.future.done():
+            waiter.future.set_exception(NoNode())
+
+
 async def wait_for_slot(
     registry: Registry, waiters: MutableSequence[_Waiter], waiter: _Waiter, wait: float
 ) -> Lease:
@@ -52,6 +61,11 @@ class Admission:
         self.max_queued = max_queued
         self.wait_timeout = wait_timeout
         self._waiters: deque[_Waiter] = deque()
+        self.closed = False  # the router stops: no request waits any more
+
+    def close(self) -> None:
+        self.closed = True
+        refuse_waiters(self._waiters)
 
     @property
     def waiting(self) -> int:
@@ -66,6 +80,8 @@ class Admission:
     async def acquire(
         self, affinity: str | None, request_id: str, selector: Selector | None = None
     ) -> Lease:
+        if self.closed:
+            raise NoNode
         if not self._waiters:
             lease = self.registry.select(affinity, request_id, selector)
             if lease is not None:
@@ -114,6 +130,11 @@ class ControlAdmission:
         self.max_queued = max_queued
         self.wait_timeout = wait_timeout
         self._waiters: list[_Waiter] = []
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        refuse_waiters(self._waiters)
 
     @property
     def waiting(self) -> int:
@@ -122,6 +143,8 @@ class ControlAdmission:
     async def acquire(
         self, node_id: str | None, request_id: str, timeout: float | None = None
     ) -> Lease:
+        if self.closed:
+            raise NoNode
         self._check_node(node_id)
         lease = self.registry.select_control(node_id, request_id)
         if lease is not None:
