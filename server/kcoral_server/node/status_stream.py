@@ -75,6 +75,9 @@ async def stream_status(
             call = stub.ConnectSupervisor(metadata=metadata)
             try:
                 await wait_connected(channel)
+                # Cleared before each status is taken, never after: a change reported while
+                # a status or the ack is under way (the child's new slot key) is sent next.
+                changed.clear()
                 await call.write(status())
                 ack = await asyncio.wait_for(call.read(), 12)
                 if ack is grpc.aio.EOF:
@@ -82,9 +85,9 @@ async def stream_status(
                 delay = 1.0
                 log.event("supervisor_connected", node_id=config.node_id)
                 while True:
-                    changed.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(changed.wait(), interval)
+                    changed.clear()
                     await call.write(status())
                     if done():
                         await call.done_writing()
