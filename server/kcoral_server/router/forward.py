@@ -100,9 +100,8 @@ class ForwardHandler(RouterHandler):
     # -- what subclasses choose ------------------------------------------------------------
 
     async def choose_node(self) -> str | None:
-        """Control slots only: the node that must answer (None = any ready node).
-
-        May answer the request itself (then ``self._finished`` is set)."""
+        """Control slots only: the node that must answer (None = any ready node); may
+        answer the request itself (then ``self._finished`` is set)."""
         return None
 
     def buffer_answer(self, status: int) -> bool:
@@ -372,6 +371,7 @@ class ForwardHandler(RouterHandler):
         if self.relay_task is not None and not self.relay_task.done():
             self.relay_task.cancel()
         self.log_finished()
+        super().on_connection_close()  # ends the wait for the rest of a streamed body
 
     def on_finish(self) -> None:
         self.slot_done()
