@@ -527,6 +527,10 @@ def test_a_router_stopped_while_requests_wait_for_a_node_answers_them_503_and_ex
         return await asyncio.gather(*waiting)
 
     for response in asyncio.run(scenario()):
-        assert response.status == 503 and response.json()["error"]["kind"] == "no_node"
+        assert response.status == 503 and response.json()["error"] == {
+            "kind": "no_node",
+            "message": "the router is shutting down",  # not "no compatible node has …"
+        }
     log = router.log()
     assert "router_stopped" in log and "Traceback" not in log, log
+    assert "finish_reason=shutting_down" in log, log

@@ -98,6 +98,7 @@ ROUTER_FINISH_REASONS = frozenset(
         "invalid_response",
         "request_rejected",
         "client_disconnected",
+        "shutting_down",
     }
 )
 #: finish reasons that say the tunnel to a node failed

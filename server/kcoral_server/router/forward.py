@@ -25,7 +25,7 @@ from kcoral_server.router.body_failure import report_body_failures
 from kcoral_server.router.frames import encode_data
 from kcoral_server.router.headers import forwarded_headers, relayed_response_head
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
-from kcoral_server.router.scheduler import NoNode, RouterBusy
+from kcoral_server.router.scheduler import NoNode, RouterBusy, RouterStopping
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot, SlotBroken
 
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
@@ -75,6 +75,11 @@ def close_after_unframed_answer(request: tornado.httputil.HTTPServerRequest) -> 
         connection._disconnect_on_finish = True
 
 
+#: the 503 ``no_node`` messages: no slot within the wait; the router stops (ROUTER §7.3)
+NO_SLOT = "no compatible node has an available slot"
+STOPPING = "the router is shutting down"
+
+
 @tornado.web.stream_request_body
 class ForwardHandler(RouterHandler):
     """Forward the request on a slot of ``SLOT_KIND``; relay the answer as it arrives."""
@@ -111,11 +116,11 @@ class ForwardHandler(RouterHandler):
     def rewrite(self, status: int, body: bytes) -> bytes:
         return body
 
-    def no_node(self) -> None:
-        """No slot came within the wait (or the required node went away)."""
-        self.send_router_error(
-            503, "no_node", "no compatible node has an available slot", "queue_timeout"
-        )
+    def no_node(self, stopping: bool = False) -> None:
+        """No slot came within the wait (or the required node went away), or the router
+        stops (``stopping``: no request waits any more, ROUTER §7.3)."""
+        why = (STOPPING, "shutting_down") if stopping else (NO_SLOT, "queue_timeout")
+        self.send_router_error(503, "no_node", *why)
 
     # -- request side ----------------------------------------------------------------------
 
@@ -170,8 +175,8 @@ class ForwardHandler(RouterHandler):
         except RouterBusy:
             self.send_router_error(503, "router_busy", "router queue is full", "queue_full")
             return
-        except NoNode:
-            self.no_node()
+        except NoNode as exc:
+            self.no_node(stopping=isinstance(exc, RouterStopping))
             return
         except asyncio.CancelledError:
             return  # the client went away while queued

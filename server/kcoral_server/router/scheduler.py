@@ -23,6 +23,10 @@ class NoNode(Exception):
     """No eligible slot within the queue wait (503 ``no_node``)."""
 
 
+class RouterStopping(NoNode):
+    """The router stops: no request waits for a slot any more (503 ``no_node``, said so)."""
+
+
 @dataclass(eq=False)
 class _Waiter:
     affinity: str | None
@@ -37,7 +41,7 @@ def refuse_waiters(waiters: MutableSequence[_Waiter]) -> None:
     every connection: one left queued held the stop for up to the queue wait (1800 s)."""
     for waiter in list(waiters):
         if not waiter.future.done():
-            waiter.future.set_exception(NoNode())
+            waiter.future.set_exception(RouterStopping())
 
 
 async def wait_for_slot(
@@ -81,7 +85,7 @@ class Admission:
         self, affinity: str | None, request_id: str, selector: Selector | None = None
     ) -> Lease:
         if self.closed:
-            raise NoNode
+            raise RouterStopping
         if not self._waiters:
             lease = self.registry.select(affinity, request_id, selector)
             if lease is not None:
@@ -144,7 +148,7 @@ class ControlAdmission:
         self, node_id: str | None, request_id: str, timeout: float | None = None
     ) -> Lease:
         if self.closed:
-            raise NoNode
+            raise RouterStopping
         self._check_node(node_id)
         lease = self.registry.select_control(node_id, request_id)
         if lease is not None:

@@ -378,8 +378,11 @@ class SessionHandler(ForwardHandler):
             return None
         return node_id
 
-    def no_node(self) -> None:
+    def no_node(self, stopping: bool = False) -> None:
         # The session's node went away while this request waited for its control slot.
+        if stopping:
+            super().no_node(stopping)
+            return
         session = self.state.sessions.get(self.path_args[0])
         node = self.state.registry.nodes.get(session.node_id) if session is not None else None
         if session is not None and session.ended is None and (node is None or not node.connected):
