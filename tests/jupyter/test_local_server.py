@@ -6,14 +6,20 @@ from __future__ import annotations
 import contextlib
 import queue
 import re
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from IPython.utils.capture import capture_output
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
+from kcoral_jupyter.cell_errors import ServerUnreachableError
+from kcoral_jupyter.extension import kernel_state_of
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
 from kcoral_jupyter.runtime_records import kernel_connections
 
@@ -179,3 +185,59 @@ def test_a_kernel_killed_while_its_cell_runs_takes_its_local_server_with_it(
     while time.monotonic() < deadline and alive(int(server["pid"])):
         time.sleep(0.1)
     assert not alive(int(server["pid"]))
+
+
+# ------------------------------------------------------- in-process shells (Linux only)
+# They start the embedded server, which needs Linux: not in test_magic_messages.py, whose
+# tests also run disguised as macOS and Windows (tests/client/test_other_platforms.py).
+
+
+def quietly(ip: Any, source: str) -> Any:
+    """Run ``source`` as a cell of the in-process shell ``ip``, its output captured."""
+    with capture_output():
+        return ip.run_cell(source)
+
+
+def test_attaching_to_a_job_whose_server_is_gone_names_that_servers_address(
+    embedded_shell,
+) -> None:
+    quietly(embedded_shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(1)\n")
+    job_id = embedded_shell.user_ns.pop("job").id
+    url = embedded_shell.run_line_magic("kcoral", "url")
+    with capture_output():
+        embedded_shell.run_line_magic("kcoral", "local stop")
+    result = quietly(embedded_shell, f"%kcoral attach {job_id}")
+    error = result.error_in_exec
+    assert isinstance(error, ServerUnreachableError)
+    lines = list(error._render_traceback_())
+    # Not "no answer from the server" and "check that a server runs at the server".
+    assert lines[0] == f"ServerUnreachableError: no answer from {url}: Connection refused"
+    assert f"--port {url.rsplit(':', 1)[1]})" in lines[1], lines
+
+
+def test_stopping_the_local_server_says_it_waits_for_running_work_and_an_interrupt_ends_it(
+    embedded_shell,
+) -> None:
+    # Before, it waited up to 30 s for the job in silence, and an interrupt left the
+    # server running, no longer known to the kernel.
+    quietly(embedded_shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(60)\n")
+    job = embedded_shell.user_ns.pop("job")  # it outlives the stop's grace
+    deadline = time.monotonic() + 60
+    while job.status()["status"] != "RUNNING":
+        assert time.monotonic() < deadline, job.status()
+        time.sleep(0.05)
+    local = kernel_state_of(embedded_shell).local
+    assert local is not None and local.process is not None
+    server = local.process
+    main = threading.get_ident()
+    timer = threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with capture_output() as captured:
+        embedded_shell.run_line_magic("kcoral", "local stop")
+    timer.join()
+    said = captured.stdout.splitlines()
+    assert said[0].startswith("kcoral: stopping the local server at http://127.0.0.1:")
+    assert said[0].endswith("gets up to 30 s to finish (interrupt to stop it now)")
+    assert said[1:] == ["kcoral: local server stopped"]
+    assert time.monotonic() - started < 20 and server.poll() is not None  # killed at once

@@ -61,51 +61,6 @@ def test_a_dead_url_fails_in_one_line_of_cause_and_one_of_what_to_do(shell) -> N
     assert "(kcoral server --port 9)" in lines[1] and "8123" not in lines[1]
 
 
-def test_attaching_to_a_job_whose_server_is_gone_names_that_servers_address(
-    embedded_shell,
-) -> None:
-    run(embedded_shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(1)\n")
-    job_id = embedded_shell.user_ns.pop("job").id
-    url = embedded_shell.run_line_magic("kcoral", "url")
-    with capture_output():
-        embedded_shell.run_line_magic("kcoral", "local stop")
-    result, _ = run(embedded_shell, f"%kcoral attach {job_id}")
-    error = result.error_in_exec
-    assert isinstance(error, ServerUnreachableError)
-    lines = rendered(error)
-    # Not "no answer from the server" and "check that a server runs at the server".
-    assert lines[0] == f"ServerUnreachableError: no answer from {url}: Connection refused"
-    assert f"--port {url.rsplit(':', 1)[1]})" in lines[1], lines
-
-
-def test_stopping_the_local_server_says_it_waits_for_running_work_and_an_interrupt_ends_it(
-    embedded_shell,
-) -> None:
-    # Before, it waited up to 30 s for the job in silence, and an interrupt left the
-    # server running, no longer known to the kernel.
-    run(embedded_shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(60)\n")
-    job = embedded_shell.user_ns.pop("job")  # it outlives the stop's grace
-    deadline = time.monotonic() + 60
-    while job.status()["status"] != "RUNNING":
-        assert time.monotonic() < deadline, job.status()
-        time.sleep(0.05)
-    local = kernel_state_of(embedded_shell).local
-    assert local is not None and local.process is not None
-    server = local.process
-    main = threading.get_ident()
-    timer = threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
-    with capture_output() as captured:
-        embedded_shell.run_line_magic("kcoral", "local stop")
-    timer.join()
-    said = captured.stdout.splitlines()
-    assert said[0].startswith("kcoral: stopping the local server at http://127.0.0.1:")
-    assert said[0].endswith("gets up to 30 s to finish (interrupt to stop it now)")
-    assert said[1:] == ["kcoral: local server stopped"]
-    assert time.monotonic() - started < 20 and server.poll() is not None  # killed at once
-
-
 def test_verbose_errors_show_the_whole_chain_with_the_internal_frames(shell) -> None:
     shell.run_line_magic("config", "KCoral.verbose_errors = True")
     result, _ = run(shell, f"%%kcoral --url {DEAD_URL}\n1\n")
