@@ -10,6 +10,7 @@ import os
 import resource
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -31,6 +32,26 @@ def open_files_limits(pid: int) -> tuple[str, str]:
     raise AssertionError(f"no open-files line for {pid}")
 
 
+def start_node(
+    tmp_path: Path,
+    router: RouterProcess,
+    preexec_fn: Callable[[], None] | None = None,
+    **variables: str,
+) -> subprocess.Popen:
+    """Node ``n1`` of ``router``, without the environment's ``KCORAL_NODE_TOKEN`` and with
+    ``variables`` added to it, its output in ``node.log``."""
+    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
+    with open(tmp_path / "node.log", "w") as log:
+        return subprocess.Popen(
+            node_command(tmp_path, router.url, "n1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**environment, **variables},
+            cwd=str(HERE),
+            preexec_fn=preexec_fn,
+        )
+
+
 def test_a_node_stopped_with_sigterm_leaves_no_work_folder_and_raised_its_limits(
     tmp_path: Path, router: RouterProcess
 ) -> None:
@@ -39,17 +60,8 @@ def test_a_node_stopped_with_sigterm_leaves_no_work_folder_and_raised_its_limits
         pytest.skip(f"this machine's hard limit ({hard}) leaves nothing to raise")
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
-    environment["TMPDIR"] = str(temporary)  # where tempfile puts the supervisor's folder
-    with open(tmp_path / "node.log", "w") as log:
-        node = subprocess.Popen(
-            node_command(tmp_path, router.url, "n1"),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            cwd=str(HERE),
-            preexec_fn=soft_limit_256,
-        )
+    # TMPDIR: where tempfile puts the supervisor's folder
+    node = start_node(tmp_path, router, TMPDIR=str(temporary), preexec_fn=soft_limit_256)
     try:
         ready_nodes(router, 1)
         assert list(temporary.glob("kcoral-supervisor-*")), "the supervisor made no folder"
@@ -75,15 +87,7 @@ def test_a_node_child_and_its_workers_exit_when_its_supervisor_is_killed_with_si
     """Before, the child lived on as an orphan with its port, workers and slots: a node
     restarted with the same ``--port`` failed to listen (``Address already in use``) and
     never rejoined until someone found and killed the orphan."""
-    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
-    with open(tmp_path / "node.log", "w") as log:
-        node = subprocess.Popen(
-            node_command(tmp_path, router.url, "n1"),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            cwd=str(HERE),
-        )
+    node = start_node(tmp_path, router)
     processes: list[psutil.Process] = []
     try:
         ready_nodes(router, 1)

@@ -35,15 +35,6 @@ class _Waiter:
     selector: Selector = field(default_factory=dict)  # worker waiters only (ROUTER §7)
 
 
-def refuse_waiters(waiters: MutableSequence[_Waiter]) -> None:
-    """The router stops: every waiter fails with ``NoNode`` (503 ``no_node``, nothing
-    reached a node). A waiter holds its connection open, and the router's stop waits for
-    every connection: one left queued held the stop for up to the queue wait (1800 s)."""
-    for waiter in list(waiters):
-        if not waiter.future.done():
-            waiter.future.set_exception(RouterStopping())
-
-
 async def wait_for_slot(
     registry: Registry, waiters: MutableSequence[_Waiter], waiter: _Waiter, wait: float
 ) -> Lease:
@@ -59,21 +50,40 @@ async def wait_for_slot(
             waiters.remove(waiter)
 
 
-class Admission:
-    def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
+class _WaitingRoom:
+    """What both admissions share: their bounds, their waiters, and the router's stop."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        max_queued: int,
+        wait_timeout: float,
+        waiters: MutableSequence[_Waiter],
+    ) -> None:
         self.registry = registry
         self.max_queued = max_queued
         self.wait_timeout = wait_timeout
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters = waiters
         self.closed = False  # the router stops: no request waits any more
 
     def close(self) -> None:
+        """The router stops: every waiter fails with ``RouterStopping`` (503 ``no_node``,
+        nothing reached a node), and so does every later ``acquire``. A waiter holds its
+        connection open, and the router's stop waits for every connection: one left queued
+        held the stop for up to the queue wait (1800 s)."""
         self.closed = True
-        refuse_waiters(self._waiters)
+        for waiter in list(self._waiters):
+            if not waiter.future.done():
+                waiter.future.set_exception(RouterStopping())
 
     @property
     def waiting(self) -> int:
         return sum(1 for w in self._waiters if not w.future.done())
+
+
+class Admission(_WaitingRoom):
+    def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
+        super().__init__(registry, max_queued, wait_timeout, deque())
 
     def queued_selectors(self) -> list[Selector]:
         """What each waiting request needs, oldest first, for ``/v1/info``'s
@@ -121,7 +131,7 @@ class Admission:
             waiter.future.set_result(lease)
 
 
-class ControlAdmission:
+class ControlAdmission(_WaitingRoom):
     """Waiters for control slots (``/v1/info``, job reads and cancels, event streams).
 
     Unlike ``Admission`` there is no head-of-line blocking: a waiter bound to one node (a
@@ -130,19 +140,7 @@ class ControlAdmission:
     """
 
     def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
-        self.registry = registry
-        self.max_queued = max_queued
-        self.wait_timeout = wait_timeout
-        self._waiters: list[_Waiter] = []
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-        refuse_waiters(self._waiters)
-
-    @property
-    def waiting(self) -> int:
-        return sum(1 for w in self._waiters if not w.future.done())
+        super().__init__(registry, max_queued, wait_timeout, [])
 
     async def acquire(
         self, node_id: str | None, request_id: str, timeout: float | None = None
