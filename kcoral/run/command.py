@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
@@ -38,12 +40,47 @@ def main(argv: Sequence[str]) -> int:
     for warning in options.warnings:
         say(f"warning: {warning}")
     try:
-        return run(options)
+        with _termination_signals():
+            return run(options)
+    except Terminated as stop:
+        say(f"terminated by {signal.Signals(stop.signum).name}; the remote tool was cancelled")
+        return 128 + stop.signum
     except KeyboardInterrupt:
         # A job was cancelled with DELETE; a plain /execute had its connection closed,
         # which makes the server cancel the tool (EXTENSIONS §9).
         say("interrupted; the remote tool was cancelled")
         return 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: it ends ``kcoral run`` as Ctrl-C does, remote tool
+    cancelled, instead of killing the process and leaving a submitted job running."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _termination_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal, ``timeout``, ``kill``) raise ``Terminated``
+    while ``kcoral run`` works; a disposition other than the default (``nohup``'s ignored
+    SIGHUP) is kept, and the previous handlers come back at the end."""
+    previous: dict[int, Any] = {}
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise Terminated(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGHUP"):
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) == signal.SIG_DFL:
+                previous[number] = signal.signal(number, terminate)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def runner_source() -> str:

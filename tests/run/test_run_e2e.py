@@ -242,7 +242,13 @@ def _start_sleeping_tool(server_url: str, marker: Path) -> subprocess.Popen[byte
         sys.executable, "-m", "kcoral", "run", "python", "--url", server_url,
         "-e", f"MARK={marker}", "--", "-c", code,
     ]  # fmt: skip
-    client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # as in a terminal, even when the tests run under nohup (SIGHUP ignored, inherited)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while not marker.exists():
         if client.poll() is not None or time.monotonic() > deadline:
@@ -252,17 +258,37 @@ def _start_sleeping_tool(server_url: str, marker: Path) -> subprocess.Popen[byte
     return client
 
 
-# Kept last in the module: if the server does not cancel, the sleeping tool holds the
-# module's only worker until it is killed below.
+# If the server does not cancel, the sleeping tool holds the module's only worker until it
+# is killed below.
 @pytest.mark.slow
 def test_ctrl_c_exits_130_and_cancels_the_remote_tool(server_url: str, in_tmp: Path) -> None:
+    err = _signal_and_check_cancelled(server_url, in_tmp, signal.SIGINT, 130)
+    assert b"interrupted" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_cancel_the_remote_tool_as_ctrl_c_does(
+    server_url: str, in_tmp: Path, sig: signal.Signals
+) -> None:
+    # A closed terminal (SIGHUP) or `timeout`/`kill` (SIGTERM) killed the client outright and
+    # left the submitted job running on the server until its timeout.
+    err = _signal_and_check_cancelled(server_url, in_tmp, sig, 128 + sig)
+    assert err == f"kcoral run: terminated by {sig.name}; the remote tool was cancelled\n".encode()
+
+
+def _signal_and_check_cancelled(
+    server_url: str, in_tmp: Path, sig: signal.Signals, status: int
+) -> bytes:
+    """Send `sig` to a `kcoral run` whose remote tool runs; checks the exit status and that
+    the remote tool is gone soon after; returns the client's stderr."""
     marker = in_tmp / "pid"
     client = _start_sleeping_tool(server_url, marker)
     remote_pid = int(marker.read_text())
     try:
-        client.send_signal(signal.SIGINT)
-        assert client.wait(timeout=30) == 130
-        assert b"interrupted" in client.communicate()[1]
+        client.send_signal(sig)
+        assert client.wait(timeout=30) == status
+        err = client.communicate()[1]
     finally:
         if client.poll() is None:
             client.kill()
@@ -270,9 +296,10 @@ def test_ctrl_c_exits_130_and_cancels_the_remote_tool(server_url: str, in_tmp: P
     deadline = time.monotonic() + 10
     while _alive(remote_pid):
         if time.monotonic() > deadline:
-            os.kill(remote_pid, signal.SIGKILL)  # free the worker for the next module
+            os.kill(remote_pid, signal.SIGKILL)  # free the worker for the next test
             pytest.fail("the server did not cancel the remote tool")
         time.sleep(0.1)
+    return err
 
 
 def _alive(pid: int) -> bool:
