@@ -71,6 +71,8 @@ FORWARDABLE = re.compile(
     rb"(?:\?[\x21-\x7e]*)?"
 )
 CONTROL_SLOTS_ENV = "KCORAL_NODE_CONTROL_SLOTS"
+#: what grpc.aio raises for a write to a slot stream that ended (or this node half-closed)
+STREAM_ENDED = (grpc.RpcError, asyncio.InvalidStateError)
 
 
 def control_slot_count(worker_slots: int, environ: Any = None) -> int:
@@ -149,6 +151,10 @@ class _Request:
     body: Channel[bytes | memoryview | None] = field(default_factory=lambda: Channel(capacity=2))
     body_open: bool = True
     task: asyncio.Task[None] | None = None
+    # The router sent the slot's next request (it reads our end frame as "slot idle"), maybe
+    # before this relay finished: the slot's idle mark and drain half-close are then the
+    # next request's, not this one's.
+    followed: bool = False
 
 
 class Tunnel:
@@ -315,6 +321,8 @@ class Tunnel:
                         raise ProtocolViolation("unexpected request_head")
                     request_target(frame.request_head)  # refuses what may not be forwarded
                     previous = current.task if current is not None else None
+                    if current is not None:
+                        current.followed = True
                     current = _Request(frame.request_id)
                     self.idle_calls.pop(index, None)
                     current.task = asyncio.get_running_loop().create_task(
@@ -409,8 +417,9 @@ class Tunnel:
                 body_task.cancel()
             answered = True
             await call.write(pb.SlotFrame(request_id=rid, end=pb.EndOfBody()))
-        except (HttpError, OSError, asyncio.IncompleteReadError) as exc:
-            # The local server failed us; dropping the stream tells the router (502).
+        except (HttpError, OSError, asyncio.IncompleteReadError, *STREAM_ENDED) as exc:
+            # The local server failed us (dropping the stream tells the router: 502), or the
+            # slot stream ended under the answer (said here, or the task's error went unread).
             connection.close()
             call.cancel()
             self.emit(
@@ -426,13 +435,14 @@ class Tunnel:
                 body_task.cancel()
             await asyncio.gather(body_task, return_exceptions=True)
             pool.put(connection, answered)
-            if self.closing:
+            # (A request followed by the next one on its slot leaves the slot's end to it.)
+            if self.closing and not request.followed:
                 # Draining: half-close, and the router ends the stream once it has read the
                 # answer (serve() then sees the end). A cancel here could overtake the frames
                 # just written, and the last answer of a draining node was lost.
-                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                with contextlib.suppress(*STREAM_ENDED):
                     await call.done_writing()
-            else:
+            elif not request.followed:
                 self.idle_calls[index] = call
 
     async def _send_body(
