@@ -259,3 +259,43 @@ def test_a_job_or_session_id_that_is_not_utf8_is_an_unknown_id_after_the_token_c
         asyncio.run(scenario())
     finally:
         router.stop()
+
+
+def test_a_request_for_a_job_whose_node_left_is_told_that_node_is_not_connected(router):
+    # Before, it got "no compatible node has an available slot" (finish_reason
+    # queue_timeout), which points at the fleet's capacity, not at the job's node.
+    async def scenario() -> None:
+        seen: list = []
+        release = asyncio.Event()
+        a = jobs_node(router.port, "a", seen, control_slots=1)
+        b = jobs_node(router.port, "b", seen, release, control_slots=1)
+        for node in (a, b):
+            await node.start()
+        await wait_for_health(router.port, capacity(2))
+        submitted = await http_request(
+            router.port, "POST", "/v1/jobs", b"program", [("X-KCoral-Node", "b")]
+        )
+        assert submitted.status == 202 and submitted.json()["job_id"] == "job-b"
+        # b's one control slot follows the job's output; a read of the job waits for it.
+        stream = asyncio.ensure_future(http_request(router.port, "GET", "/v1/jobs/job-b/events"))
+        while not any(p.endswith("/events") for _, _, p, _ in seen):
+            await asyncio.sleep(0.02)
+        waiting = asyncio.ensure_future(http_request(router.port, "GET", "/v1/jobs/job-b"))
+        await asyncio.sleep(0.3)  # queued for b's control slot (health counts only programs)
+        await b.close()
+        gone = {
+            "kind": "no_node",
+            "message": "node b, which holds it, is not connected to the router",
+        }
+        waited = await waiting  # it was waiting for b's control slot when b left
+        assert waited.status == 503 and waited.json()["error"] == gone
+        await stream
+        await wait_for_health(router.port, capacity(1))
+        later = await http_request(router.port, "DELETE", "/v1/jobs/job-b")
+        assert later.status == 503 and later.json()["error"] == gone
+        assert later.header("Retry-After") == "1"  # b may come back with its jobs
+        await a.close()
+
+    asyncio.run(scenario())
+    log = router.wait_log("method=DELETE path=/v1/jobs/job-b")
+    assert "finish_reason=node_gone" in log and "finish_reason=queue_timeout" not in log

@@ -99,6 +99,7 @@ ROUTER_FINISH_REASONS = frozenset(
         "request_rejected",
         "client_disconnected",
         "shutting_down",
+        "node_gone",
     }
 )
 #: finish reasons that say the tunnel to a node failed

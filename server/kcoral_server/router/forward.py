@@ -25,7 +25,7 @@ from kcoral_server.router.body_failure import report_body_failures
 from kcoral_server.router.frames import encode_data
 from kcoral_server.router.headers import forwarded_headers, relayed_response_head
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
-from kcoral_server.router.scheduler import NoNode, RouterBusy, RouterStopping
+from kcoral_server.router.scheduler import NodeGone, NoNode, RouterBusy, RouterStopping
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot, SlotBroken
 
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
@@ -80,6 +80,17 @@ NO_SLOT = "no compatible node has an available slot"
 STOPPING = "the router is shutting down"
 
 
+def no_node_reason(cause: NoNode | None) -> tuple[str, str]:
+    """The message and ``finish_reason`` of a 503 ``no_node``: no slot came within the
+    wait; the one node the request must reach (its job's) is not connected (ROUTER §13);
+    the router stops, and no request waits any more (§7.3)."""
+    if isinstance(cause, RouterStopping):
+        return STOPPING, "shutting_down"
+    if isinstance(cause, NodeGone):
+        return f"node {cause.node_id}, which holds it, is not connected to the router", "node_gone"
+    return NO_SLOT, "queue_timeout"
+
+
 @tornado.web.stream_request_body
 class ForwardHandler(RouterHandler):
     """Forward the request on a slot of ``SLOT_KIND``; relay the answer as it arrives."""
@@ -116,11 +127,9 @@ class ForwardHandler(RouterHandler):
     def rewrite(self, status: int, body: bytes) -> bytes:
         return body
 
-    def no_node(self, stopping: bool = False) -> None:
-        """No slot came within the wait (or the required node went away), or the router
-        stops (``stopping``: no request waits any more, ROUTER §7.3)."""
-        why = (STOPPING, "shutting_down") if stopping else (NO_SLOT, "queue_timeout")
-        self.send_router_error(503, "no_node", *why)
+    def no_node(self, cause: NoNode | None = None) -> None:
+        """No slot for this request: 503 ``no_node``, saying why (``no_node_reason``)."""
+        self.send_router_error(503, "no_node", *no_node_reason(cause))
 
     # -- request side ----------------------------------------------------------------------
 
@@ -176,7 +185,7 @@ class ForwardHandler(RouterHandler):
             self.send_router_error(503, "router_busy", "router queue is full", "queue_full")
             return
         except NoNode as exc:
-            self.no_node(stopping=isinstance(exc, RouterStopping))
+            self.no_node(exc)
             return
         except asyncio.CancelledError:
             return  # the client went away while queued

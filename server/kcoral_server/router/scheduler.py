@@ -27,6 +27,15 @@ class RouterStopping(NoNode):
     """The router stops: no request waits for a slot any more (503 ``no_node``, said so)."""
 
 
+class NodeGone(NoNode):
+    """The one node a request must reach (its job's) is not connected (503 ``no_node``,
+    naming it: the request is not waiting for a free slot, and no other node can serve it)."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(node_id)
+        self.node_id = node_id
+
+
 @dataclass(eq=False)
 class _Waiter:
     affinity: str | None
@@ -136,7 +145,7 @@ class ControlAdmission(_WaitingRoom):
 
     Unlike ``Admission`` there is no head-of-line blocking: a waiter bound to one node (a
     job's node) must not hold back a waiter that any other node could serve. A waiter bound
-    to a node that is not connected fails at once with ``NoNode``.
+    to a node that is not connected fails at once with ``NodeGone``.
     """
 
     def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
@@ -163,7 +172,7 @@ class ControlAdmission(_WaitingRoom):
             return
         node = self.registry.nodes.get(node_id)
         if node is None or not node.connected:
-            raise NoNode
+            raise NodeGone(node_id)
 
     def wake(self) -> None:
         """Serve every waiter that can be served now, oldest first."""
@@ -172,8 +181,8 @@ class ControlAdmission(_WaitingRoom):
                 continue
             try:
                 self._check_node(waiter.affinity)
-            except NoNode:
-                waiter.future.set_exception(NoNode())
+            except NodeGone as gone:
+                waiter.future.set_exception(gone)
                 continue
             lease = self.registry.select_control(waiter.affinity, waiter.request_id)
             if lease is not None:

@@ -45,6 +45,7 @@ from kcoral_server.router.job_routes import (
     untrusted_json,
     warn_contested,
 )
+from kcoral_server.router.scheduler import NoNode, RouterStopping
 from kcoral_server.router.selection import offering_nodes, selector_fits_session, session_nodes
 from kcoral_server.router.slot import CONTROL
 
@@ -378,10 +379,10 @@ class SessionHandler(ForwardHandler):
             return None
         return node_id
 
-    def no_node(self, stopping: bool = False) -> None:
+    def no_node(self, cause: NoNode | None = None) -> None:
         # The session's node went away while this request waited for its control slot.
-        if stopping:
-            super().no_node(stopping)
+        if isinstance(cause, RouterStopping):
+            super().no_node(cause)
             return
         session = self.state.sessions.get(self.path_args[0])
         node = self.state.registry.nodes.get(session.node_id) if session is not None else None
@@ -390,7 +391,7 @@ class SessionHandler(ForwardHandler):
         if session is not None and session.ended is not None:
             self.send_router_error(410, "session_ended", session.ended, "request_rejected")
             return
-        super().no_node()
+        super().no_node(cause)
 
     def buffer_answer(self, status: int) -> bool:
         return status == 202 and self.path_args[1] == "/jobs"
