@@ -67,6 +67,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def _folder_prefix() -> str:
+    """``kcoral-local-<instance>-``: this kernel holds the instance's lock, so the folder of
+    a kernel killed with SIGKILL (nothing ran to remove it) is removed by the next server to
+    start with this temporary directory, as it removes a killed server's workspaces."""
+    try:
+        from kcoral_server.storage.workspace import LOCAL_SERVER_PREFIX, instance_prefix
+
+        return instance_prefix(LOCAL_SERVER_PREFIX)
+    except (ImportError, AttributeError, OSError):  # no flock, no fallocate: not Linux
+        return "kcoral-local-"
+
+
 class LocalServer:
     """One embedded server process; ``start`` is idempotent, ``stop`` too."""
 
@@ -97,7 +109,7 @@ class LocalServer:
             if self.running and self.url:
                 return self.url
             self._cleanup()
-            self._directory = tempfile.TemporaryDirectory(prefix="kcoral-local-")
+            self._directory = tempfile.TemporaryDirectory(prefix=_folder_prefix())
             folder = Path(self._directory.name)
             ready = folder / "ready"
             log = folder / "server.log"

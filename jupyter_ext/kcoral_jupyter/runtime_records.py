@@ -5,7 +5,8 @@ each kernel uses, so that the JupyterLab status bar can show the one of the note
 Who can reach them: only this user. A record is written 0600 from its first byte (a
 ``mkstemp`` file renamed into place) in the runtime directory, which must be this user's
 and not writable by others (else nothing is written); a reader skips records another user
-owns and records of processes that are gone. Records may hold a bearer token (the embedded
+owns and removes this user's records of processes that are gone (a kernel killed with
+SIGKILL cannot withdraw its own). Records may hold a bearer token (the embedded
 server's, or the user's own token for a server they connected to): the server extension
 needs it to ask that server for its health and jobs on the panel's behalf.
 
@@ -80,11 +81,15 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return True  # exists, but not ours to signal
-    return True
+    try:  # a zombie (exited, not yet reaped: an orphan under an init that is slow to) is gone
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): it answered the signal
 
 
 def read_records(prefix: str, pid_key: str) -> list[dict[str, Any]]:
-    """Records named ``prefix*.json`` of this user whose process ``record[pid_key]`` lives."""
+    """Records named ``prefix*.json`` of this user whose process ``record[pid_key]`` lives;
+    the records of processes that are gone are removed."""
     found: list[dict[str, Any]] = []
     try:
         paths = sorted(runtime_dir().glob(f"{prefix}*.json"))
@@ -95,7 +100,12 @@ def read_records(prefix: str, pid_key: str) -> list[dict[str, Any]]:
             if _owned_by_someone_else(path.stat()):
                 continue  # not written by one of this user's kernels
             record = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(record, dict) or not _alive(int(record[pid_key])):
+            if not isinstance(record, dict):
+                continue
+            if not _alive(int(record[pid_key])):
+                # Its process is gone without withdrawing it (a kernel killed with SIGKILL):
+                # removed, or it stayed for good, with the token it holds.
+                path.unlink(missing_ok=True)
                 continue
         except (OSError, ValueError, KeyError, TypeError):
             continue

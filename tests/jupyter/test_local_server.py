@@ -54,6 +54,7 @@ def test_a_stale_advertisement_is_ignored(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
     (runtime / "kcoral-local-1.json").write_text('{"url": "http://x", "pid": 999999999}')
     assert advertised_servers() == []
+    assert not (runtime / "kcoral-local-1.json").exists()  # its kernel cannot remove it
 
 
 def alive(pid: int) -> bool:
@@ -185,6 +186,33 @@ def test_a_kernel_killed_while_its_cell_runs_takes_its_local_server_with_it(
     while time.monotonic() < deadline and alive(int(server["pid"])):
         time.sleep(0.1)
     assert not alive(int(server["pid"]))
+
+
+@pytest.mark.slow
+def test_what_a_kernel_killed_with_sigkill_left_goes_with_the_next_server_and_panel_poll(
+    kernel_with_local_server, tmp_path: Path
+) -> None:
+    manager, kernel, server = kernel_with_local_server
+    assert "ran" in printed(kernel, "%%kcoral\nprint('ran')\n")
+    manager.shutdown_kernel(now=True)  # SIGKILL: no exit hook runs
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and alive(int(server["pid"])):
+        time.sleep(0.1)
+    temporary, runtime = tmp_path / "tmp", tmp_path / "runtime"
+    left = sorted(p.name for p in temporary.iterdir())
+    assert server["folder"].exists() and len(list(runtime.glob("kcoral-*.json"))) == 2, left
+    # The next kernel's server (here a plain one, as `kcoral server` starts with the same
+    # temporary directory) and the panel's next look at the runtime directory: before,
+    # the folder with the server's log, the server's capture folder and the kernel's two
+    # records (one with the server's token) stayed for good, kernel after kernel.
+    next_server = LocalServer(FAST_LOCAL)
+    try:
+        next_server.start()
+    finally:
+        next_server.stop()
+    assert sorted(p.name for p in temporary.iterdir()) == [], left
+    assert advertised_servers() == [] and kernel_connections() == []
+    assert list(runtime.glob("kcoral-*.json")) == []
 
 
 # ------------------------------------------------------- in-process shells (Linux only)

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO, TextIO
 
 from kcoral_server.storage import old_runs
 from kcoral_server.storage.program_records import DEFAULT_LIMIT, ProgramRecords
+from kcoral_server.storage.workspace import OUTPUT_PREFIX, instance_prefix
 
 LEVELS = ("INFO", "WARNING", "ERROR")
 # Omitted from the console mirror (SERVER.md §13); they stay in events.jsonl.
@@ -301,7 +302,10 @@ class EventLog:
         if self._output_dir is None:
             with self._lock:
                 if self._output_dir is None:
-                    self._temp_output = Path(tempfile.mkdtemp(prefix="kcoral-output-"))
+                    # named by the instance: a server killed with SIGKILL leaves it to the
+                    # next one to start (storage.workspace)
+                    prefix = instance_prefix(OUTPUT_PREFIX)
+                    self._temp_output = Path(tempfile.mkdtemp(prefix=prefix))
                     self._output_dir = self._temp_output
         return self._output_dir
 

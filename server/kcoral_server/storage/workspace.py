@@ -53,10 +53,21 @@ _LIBC.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c
 PROGRAM_PREFIX = "kcoral-program-"
 SANDBOX_PREFIX = "kcoral-sandbox-"  # a bubblewrap seat's host directory (processes.sandbox)
 JOBS_PREFIX = "kcoral-jobs-"  # where finished jobs keep large bodies (jobs.spill)
+OUTPUT_PREFIX = "kcoral-output-"  # capture files without a log directory (storage.event_log)
+# A Jupyter kernel's embedded server folder (its log and ready file): the kernel holds its
+# own instance lock, so a kernel killed with SIGKILL leaves a folder the next server removes.
+LOCAL_SERVER_PREFIX = "kcoral-local-"
 # Each is followed by the instance: a sandbox directory (a program's files, up to
-# --workspace-limit-bytes) and the job store (results) of a killed front-end were named
-# without one, so no later start could tell them stale, and they stayed for good.
-INSTANCE_DIR_PREFIXES = (PROGRAM_PREFIX, SANDBOX_PREFIX, JOBS_PREFIX)
+# --workspace-limit-bytes), the job store (results), the capture folder of a killed
+# front-end and a killed kernel's server folder were named without one, so no later start
+# could tell them stale, and they stayed for good.
+INSTANCE_DIR_PREFIXES = (
+    PROGRAM_PREFIX,
+    SANDBOX_PREFIX,
+    JOBS_PREFIX,
+    OUTPUT_PREFIX,
+    LOCAL_SERVER_PREFIX,
+)
 LOCK_PREFIX = "kcoral-instance-"
 LOCK_SUFFIX = ".lock"
 _INSTANCE_DIR_NAME = re.compile(r"(kcoral-[a-z]+-)([0-9a-f]{12})-")
@@ -120,10 +131,11 @@ _instance = _Instance()
 atexit.register(_instance.release)
 
 
-def instance_prefix(prefix: str, parent: str | os.PathLike[str]) -> str:
-    """``prefix`` (one of ``INSTANCE_DIR_PREFIXES``) and this front-end's instance in
-    ``parent``, whose lock it holds from now on: the start of a directory name that the
-    next front-end removes once this one is gone."""
+def instance_prefix(prefix: str, parent: str | os.PathLike[str] | None = None) -> str:
+    """``prefix`` (one of ``INSTANCE_DIR_PREFIXES``) and this process's instance in
+    ``parent`` (default: the temporary directory), whose lock it holds from now on: the
+    start of a directory name that the next front-end removes once this one is gone."""
+    parent = parent if parent is not None else tempfile.gettempdir()
     return f"{prefix}{_instance.token_in(os.fspath(parent))}-"
 
 
