@@ -91,6 +91,11 @@ class LocalServerStartError(TwoLineError, RuntimeError):
     the cause names the arguments and its log file, which stays until the next start."""
 
 
+class LocalServerGoneError(TwoLineError, LookupError):
+    """A job asked for on this kernel's embedded server, which is not running (stopped, or
+    exited): its jobs ended with it, and a new one would have none."""
+
+
 class GpuRequiredError(TwoLineError, RuntimeError):
     """``require_gpu`` (or ``--require-gpu``) and the server has no GPU."""
 

@@ -99,6 +99,9 @@ class KernelState:
     failed_connect: tuple[str, str] | None = None
     # ``%kcoral session``: the KCoral session the cells run in, if any.
     sessions: SessionHolder = field(default_factory=SessionHolder)
+    # The URLs of this kernel's embedded servers that are gone (stopped, or exited): their
+    # jobs ended with them, and the next local server (a new port) never had them.
+    gone_local: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         # Choosing a server (%config KCoral.url = ...) ends the unconnected state.
@@ -124,6 +127,20 @@ class KernelState:
             url = self.start_local()
         self.use(url)
         return url
+
+    def running_url(self, explicit: str | None = None) -> str | None:
+        """``resolve_url`` for what only reads a server (its jobs): None where it would
+        start the embedded server, which would then have none to show."""
+        local_running = self.local is not None and self.local.running
+        if explicit or self.settings.url or self.failed_connect is not None or local_running:
+            return self.resolve_url(explicit)
+        return None
+
+    def local_gone(self, url: str) -> bool:
+        """Was ``url`` one of this kernel's embedded servers that is no longer running?"""
+        local = self.local
+        exited = local is not None and local.url == url and not local.running
+        return exited or url in self.gone_local
 
     def use(self, url: str) -> None:
         """Record that this kernel's cells now go to ``url`` (for the JupyterLab UI)."""
@@ -170,7 +187,10 @@ class KernelState:
         else:
             self.local.configure(self.settings.local_args, timeout)
         was_running = self.local.running
+        if not was_running and self.local.url:
+            self.gone_local.add(self.local.url)  # it exited on its own
         url = self.local.start()
+        self.gone_local.discard(url)  # a new server on a port an old one had
         if not was_running and not self._announced_local:
             self._announced_local = True
             self.announce(
@@ -185,6 +205,7 @@ class KernelState:
         url = self.local.url
         stopped = self.local.stop()
         if url:
+            self.gone_local.add(url)
             self.forget(url)
             if url == self._used_url:
                 self._used_url = None

@@ -18,7 +18,7 @@ import pytest
 from IPython.utils.capture import capture_output
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
-from kcoral_jupyter.cell_errors import ServerUnreachableError
+from kcoral_jupyter.cell_errors import LocalServerGoneError
 from kcoral_jupyter.extension import kernel_state_of
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
 from kcoral_jupyter.runtime_records import kernel_connections
@@ -226,9 +226,7 @@ def quietly(ip: Any, source: str) -> Any:
         return ip.run_cell(source)
 
 
-def test_attaching_to_a_job_whose_server_is_gone_names_that_servers_address(
-    embedded_shell,
-) -> None:
+def test_a_job_of_a_stopped_local_server_is_said_to_have_ended_with_it(embedded_shell) -> None:
     quietly(embedded_shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(1)\n")
     job_id = embedded_shell.user_ns.pop("job").id
     url = embedded_shell.run_line_magic("kcoral", "url")
@@ -236,11 +234,46 @@ def test_attaching_to_a_job_whose_server_is_gone_names_that_servers_address(
         embedded_shell.run_line_magic("kcoral", "local stop")
     result = quietly(embedded_shell, f"%kcoral attach {job_id}")
     error = result.error_in_exec
-    assert isinstance(error, ServerUnreachableError)
+    # Before 491dfd0: "no answer from the server"; then "no answer from URL" with a hint to
+    # start `kcoral server --port N` there, which would not have the job either.
+    assert isinstance(error, LocalServerGoneError)
     lines = list(error._render_traceback_())
-    # Not "no answer from the server" and "check that a server runs at the server".
-    assert lines[0] == f"ServerUnreachableError: no answer from {url}: Connection refused"
-    assert f"--port {url.rsplit(':', 1)[1]})" in lines[1], lines
+    assert lines[0] == (
+        f"LocalServerGoneError: job {job_id} ran on this kernel's local server at {url}, "
+        "which has stopped: its jobs ended with it"
+    )
+    assert "run its cell again" in lines[1], lines
+    # Listing the jobs does not start a new server (which would say "no jobs" of its own).
+    with capture_output() as listed:
+        embedded_shell.run_line_magic("kcoral", "jobs")
+    assert listed.stdout.strip() == (
+        "kcoral: no jobs: this kernel's local server has stopped, and its jobs ended with it"
+    )
+    local = kernel_state_of(embedded_shell).local
+    assert local is not None and not local.running
+
+
+def test_a_job_of_a_local_server_that_exited_is_said_to_have_ended_with_it(
+    embedded_shell,
+) -> None:
+    quietly(embedded_shell, "%%kcoral --noblock -r job\nimport time\ntime.sleep(30)\n")
+    job_id = embedded_shell.user_ns.pop("job").id
+    local = kernel_state_of(embedded_shell).local
+    assert local is not None and local.process is not None
+    local.process.kill()  # it died (out of memory, say): the kernel did not stop it
+    local.process.wait(10)
+    error = quietly(embedded_shell, f"%kcoral cancel {job_id}").error_in_exec
+    assert isinstance(error, LocalServerGoneError), error
+    assert "which has stopped: its jobs ended with it" in str(error)
+
+
+def test_listing_jobs_before_the_first_cell_starts_no_local_server(embedded_shell) -> None:
+    with capture_output() as listed:
+        embedded_shell.run_line_magic("kcoral", "jobs")
+    assert listed.stdout.strip() == (
+        "kcoral: no jobs: no server configured, and this kernel's local server has not started yet"
+    )
+    assert kernel_state_of(embedded_shell).local is None
 
 
 def test_stopping_the_local_server_says_it_waits_for_running_work_and_an_interrupt_ends_it(

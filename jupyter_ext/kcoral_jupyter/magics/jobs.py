@@ -14,7 +14,7 @@ from IPython.display import display
 
 from kcoral import Client, KCoralError, TransportError
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_errors import CellCancelledError, unreachable
+from kcoral_jupyter.cell_errors import CellCancelledError, LocalServerGoneError, unreachable
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.cell import CellMagic
 from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
@@ -25,6 +25,11 @@ JOB_COLUMNS = ("job", "status", "worker", "GPUs", "submitted", "took")
 #: ``/v1/info`` keys of a router shown as the fleet table instead of rows (``fleet`` has the
 #: same rows as ``fleet_status``, which adds the numbers).
 FLEET_KEYS = ("fleet", "fleet_status")
+#: What to do about a job of a local server that is not running.
+AGAIN_OR_ELSEWHERE = (
+    "run its cell again (the next %%kcoral cell starts a new local server), or "
+    "%kcoral connect URL for a job on another server"
+)
 #: Said for a value not known (yet): a job still queued has no worker.
 UNKNOWN = "\u2014"
 
@@ -59,7 +64,10 @@ class JobCommands:
             display(rich.table_bundle(rich.FLEET_COLUMNS, table, text), raw=True)
 
     def jobs(self, args: argparse.Namespace) -> None:
-        url = self.kernel.resolve_url(args.url)
+        url = self.kernel.running_url(args.url)
+        if url is None:  # not started only to list nothing
+            print(f"kcoral: no jobs: {self._no_local_server()}")
+            return
         jobs = [job for job in self.kernel.client(url).jobs() if isinstance(job, dict)]
         rows = [job_row(job) for job in jobs]
         text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
@@ -67,8 +75,26 @@ class JobCommands:
 
     def _job_client(self, job_id: str) -> tuple[Client, str]:
         pending = self.kernel.pending.get(job_id)
-        url = pending.url if pending else self.kernel.resolve_url()
+        url = pending.url if pending else self.kernel.running_url()
+        if url is None:
+            raise LocalServerGoneError(
+                f"job {job_id}: {self._no_local_server()}", AGAIN_OR_ELSEWHERE
+            )
+        if self.kernel.local_gone(url):
+            # Not "no answer from URL" and a hint to start a server at that port: a new
+            # server there would not have the job either.
+            raise LocalServerGoneError(
+                f"job {job_id} ran on this kernel's local server at {url}, which has "
+                "stopped: its jobs ended with it",
+                AGAIN_OR_ELSEWHERE,
+            )
         return self.kernel.client(url), url
+
+    def _no_local_server(self) -> str:
+        """Why a kernel with no server configured has no jobs before its next cell."""
+        if self.kernel.gone_local:
+            return "this kernel's local server has stopped, and its jobs ended with it"
+        return "no server configured, and this kernel's local server has not started yet"
 
     def attach(self, args: argparse.Namespace) -> Any:
         job_id: str = args.job_id
