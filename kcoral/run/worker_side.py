@@ -17,6 +17,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,10 @@ WORK_DIR = "work"
 #: Directory (inside the request workspace) returned as one folder with ``--out``.
 OUTPUTS_DIR = "outputs"
 NCU_REPORT = "capture.ncu-rep"
+#: How long processes the tool leaves behind get to exit on their own once it has ended
+#: (multiprocessing's resource tracker and forkserver end when the tool does, moments later)
+#: before the worker's leftover check would kill them and fail the run.
+LEFTOVER_GRACE_SECONDS = 2.0
 
 
 def pack_inputs(files: Iterable[tuple[str, bytes, bool]]) -> bytes:
@@ -154,6 +159,7 @@ def _run_and_collect(
         report["error"] = f"{argv[0]}: {exc.strerror or exc}"
         return report
     returncode = process.wait()
+    _let_leftovers_exit(LEFTOVER_GRACE_SECONDS)
     os.makedirs(outputs, 0o700, exist_ok=True)  # run-iket may have failed before making it
     if returncode < 0:
         report["signal"] = -returncode
@@ -170,6 +176,27 @@ def _run_and_collect(
         if tool == "run-iket" and not _has_files(outputs):
             report["missing"].append({"path": ".", "reason": "run-iket wrote no file"})
     return report
+
+
+def _let_leftovers_exit(grace: float) -> None:
+    """Wait up to ``grace`` seconds for the processes the tool left to exit, reaping them.
+
+    The worker is a child subreaper, so what the ended tool left (a ``spawn`` or
+    ``forkserver`` pool's resource tracker, which exits when it reads the end of its pipe)
+    is now this process's child; the worker's check after the program would count one
+    still exiting as a leftover and fail the run. What is still alive after ``grace`` is
+    left to that check. Without children (or without the subreaper) it returns at once."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid:
+            continue  # reaped one: look again at once
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
 
 
 def outermost_paths(paths: Iterable[str]) -> list[str]:

@@ -164,6 +164,40 @@ def test_a_remote_signal_death_exits_128_plus_the_signal(
     assert run(server_url, "python", "--", "-c", code) == 128 + signal.SIGKILL
 
 
+POOL_SCRIPT = """\
+import multiprocessing, sys
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    with multiprocessing.get_context(sys.argv[1]).Pool(2) as pool:
+        print(pool.map(square, range(4)))
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_script_with_a_spawn_or_forkserver_pool_ends_with_its_own_status(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str], method: str
+) -> None:
+    # Such a pool starts a resource tracker that exits only when it reads the end of its
+    # pipe, just after the script: the worker's leftover check caught it still exiting and
+    # failed every such run ("program left background processes running", status 1).
+    (in_tmp / "pool.py").write_text(POOL_SCRIPT)
+    status = run(server_url, "python", "--send", "pool.py", "--", "pool.py", method)
+    captured = capfd.readouterr()
+    assert (status, captured.out) == (0, "[0, 1, 4, 9]\n"), captured.err
+
+
+def test_a_background_process_the_tool_leaves_running_still_fails_the_run(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert run(server_url, "shell", "--", "sh", "-c", "sleep 60 & echo started") == 1
+    captured = capfd.readouterr()
+    assert captured.out == "started\n"
+    assert "program left background processes running; they were terminated" in captured.err
+
+
 def test_env_sets_and_copies_variables_and_the_last_assignment_wins(
     server_url: str,
     in_tmp: Path,
