@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -38,20 +40,26 @@ def describe(data):
 
 
 @contextlib.contextmanager
-def local_server(show_log: bool = False) -> Iterator[str]:
-    """`kcoral server --device cpu` on a free port, stopped (SIGTERM, graceful) at the end;
-    its log lines go to this terminal only with ``show_log``."""
+def local_server(token: str, show_log: bool = False) -> Iterator[str]:
+    """`kcoral server --device cpu` on a free port with its safe defaults (the sandbox where
+    bubblewrap runs, a token: every local process and web page can reach a loopback port),
+    stopped (SIGTERM, graceful) at the end; its log lines go to this terminal only with
+    ``show_log``."""
     with tempfile.TemporaryDirectory(prefix="kcoral-quickstart-") as tmp:
         ready = Path(tmp) / "url"
         command = [
             sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--port", "0",
-            "--num-workers", "2", "--sandbox", "none", "--log-dir", "",
+            "--num-workers", "2", "--log-dir", "",
             "--disk-cache-dir", str(Path(tmp) / "cache"), "--ready-file", str(ready),
         ]  # fmt: skip
-        print("$", shlex.join(command[1:]).replace("-m kcoral", "kcoral", 1), flush=True)
+        shown = shlex.join(command[1:]).replace("-m kcoral", "kcoral", 1)
+        print("$ KCORAL_AUTH_TOKEN=<a fresh token>", shown, flush=True)
         log_path = Path(tmp) / "server.log"
+        # The token goes in the environment, never on the command line (which every local
+        # user can read in /proc).
+        environment = {**os.environ, "KCORAL_AUTH_TOKEN": token}
         with open(log_path, "wb") as log:
-            server = subprocess.Popen(command, stderr=None if show_log else log)
+            server = subprocess.Popen(command, stderr=None if show_log else log, env=environment)
         try:
             deadline = time.monotonic() + 60
             while not ready.exists() or not ready.read_text().strip():
@@ -65,7 +73,7 @@ def local_server(show_log: bool = False) -> Iterator[str]:
             server.wait(30)
 
 
-def run(url: str) -> None:
+def run(url: str, token: str | None) -> None:
     program = kcoral.Program()
     module = program.upload(kind="module", source=SOURCE)
     scale = program.get_function(module=module, name="scale")
@@ -75,7 +83,7 @@ def run(url: str) -> None:
     program.return_(key="scaled", value=program.run(fn=scale, args=[x, 2.5]))
     program.return_(key="described", value=program.run(fn=describe, args=[data]))
 
-    with kcoral.Client(url) as client:
+    with kcoral.Client(url, token=token) as client:
         print("server:", client.health()["status"], url)
         result = client.execute(program, timeout_seconds=60)
     print("status:", result.status, f"({result.elapsed_ms:.1f} ms on the worker)")
@@ -94,10 +102,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.url:
-        run(args.url)
+        run(args.url, None)  # its token, if it needs one: KCORAL_TOKEN
         return
-    with local_server(show_log=args.server_log) as started:
-        run(started)
+    token = secrets.token_urlsafe(32)
+    with local_server(token, show_log=args.server_log) as started:
+        run(started, token)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ def test_the_quickstart_example_prints_its_result_and_not_the_servers_log(tmp_pa
     assert " INFO " not in output and "server_started" not in output
     assert "Shutdown requested" not in output and "listening on" not in output
     assert len(output.splitlines()) <= 10, output
+    # It teaches the safe defaults: before, it started the server with --sandbox none and
+    # no token, on a port every local process and web page can reach.
+    command = output.splitlines()[0]
+    assert command.startswith("$ KCORAL_AUTH_TOKEN=<a fresh token> kcoral server "), command
+    assert "--sandbox" not in command
 
 
 def test_the_server_log_switch_shows_the_servers_log_lines(tmp_path) -> None:
