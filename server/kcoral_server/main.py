@@ -1,9 +1,10 @@
 """``kcoral server``: resolve devices, start the pool, serve, and shut down gracefully.
 
 Start-up order (SERVER §2, §12; EXTENSIONS §2, §6): parse and validate the options, refuse a
-non-loopback address without a token, open the event log, probe the sandbox and the devices,
-start the pool (``pool_ready``), print ``Application startup complete.``, listen, then print
-``KCoral server listening on http://HOST:PORT`` and write it to ``--ready-file``.
+non-loopback address without a token, open the event log, check that the port is free,
+probe the sandbox and the devices, start the pool (``pool_ready``), print ``Application
+startup complete.``, listen, then print ``KCoral server listening on http://HOST:PORT`` and
+write it to ``--ready-file``.
 """
 
 from __future__ import annotations
@@ -116,6 +117,28 @@ def probe_sandbox(sandbox: str, events: EventLog, readonly_paths: Sequence[Path]
     return resolve_sandbox(sandbox, readonly_paths, events)
 
 
+def port_taken(port: int, host: str) -> OSError | None:
+    """Why ``host:port`` cannot be listened on now, checked before the pool starts: a taken
+    port failed only after every worker had started and "Application startup complete."
+    was printed. The port is not held (it is bound again after the pool start, SERVER §12):
+    a rare race is still caught there."""
+    if port == 0:
+        return None  # any free port
+    try:
+        sockets = tornado.netutil.bind_sockets(port, host)
+    except OSError as exc:
+        return exc
+    for sock in sockets:
+        sock.close()
+    return None
+
+
+def _cannot_listen(settings: ServerSettings, events: EventLog, exc: OSError) -> int:
+    events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
+    sys.stderr.write(f"kcoral server: cannot listen on {settings.host}:{settings.port}: {exc}\n")
+    return 1
+
+
 async def _serve(
     settings: ServerSettings,
     token: str | None,
@@ -136,6 +159,9 @@ async def _serve(
         run_dir=str(events.run_dir) if events.run_dir else None,
         config=config_for_log(config),
     )
+    taken = port_taken(settings.port, settings.host)
+    if taken is not None:
+        return _cannot_listen(settings, events, taken)
     # off the loop: an old run may hold many files; its outcome is an event of its own
     cleaning = loop.run_in_executor(None, events.remove_old_runs, config.log_runs_max)
     if token is None and router_secret is None and not is_loopback(settings.host):
@@ -203,13 +229,9 @@ async def _serve(
     )
     try:
         sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
-    except OSError as exc:
-        events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
-        sys.stderr.write(
-            f"kcoral server: cannot listen on {settings.host}:{settings.port}: {exc}\n"
-        )
+    except OSError as exc:  # taken since the check at the start
         await state.stop()
-        return 1
+        return _cannot_listen(settings, events, exc)
     server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
     host = f"[{settings.host}]" if ":" in settings.host else settings.host

@@ -5,6 +5,9 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import socket
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -232,3 +235,27 @@ def test_an_unusable_bubblewrap_sandbox_falls_back_to_none_with_a_warning(tmp_pa
     assert disabled[0]["sandbox"] == "auto"
     ready = next(e for e in events if e["event"] == "pool_ready")
     assert ready["sandbox"] == "none" and ready["mode"] == "cpu"
+
+
+def test_a_taken_port_is_refused_before_any_worker_starts(tmp_path) -> None:
+    # Before, every worker started, "Application startup complete." was printed, and only
+    # then did the listen fail (seconds later on a GPU server, whose workers start CUDA).
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--sandbox", "none",
+             "--port", str(port), "--log-dir", str(tmp_path / "logs"), "--disk-cache-dir", ""],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        held.close()
+    assert done.returncode == 1, done.stderr
+    said = done.stderr.strip().splitlines()
+    assert said[-1].startswith(f"kcoral server: cannot listen on 127.0.0.1:{port}: "), said
+    assert "Application startup complete." not in done.stderr
+    [run] = (tmp_path / "logs" / "runs").iterdir()
+    events = [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
+    assert events == ["server_started", "server_start_failed"], events
