@@ -83,6 +83,11 @@ def _termination_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
+class JobLost(Exception):
+    """The server answered 404 for the job it had accepted: it restarted (jobs live in its
+    memory) or dropped the job; "HTTP 404: job not found" told the user nothing."""
+
+
 def runner_source() -> str:
     """Source of the module that runs on the worker."""
     return inspect.getsource(run_remote)
@@ -128,6 +133,12 @@ def run(options: RunOptions) -> int:
     program = build_program(options, inputs)
     try:
         result = execute(options, program)
+    except JobLost:
+        say(
+            "the server no longer has this run's job (was it restarted?); "
+            "the remote tool's result is lost"
+        )
+        return 1
     except KCoralError as exc:
         say(f"server error: {exc}")
         return 1
@@ -191,6 +202,11 @@ def execute(options: RunOptions, program: Any) -> Any:
                     write_output(sys.stderr, event.text)
             options.output_streamed = True
             return job.result()
+        except KCoralError as exc:
+            if exc.status_code == 404:
+                # the job was accepted, so the server (or the router's node) has lost it
+                raise JobLost(job.id) from exc
+            raise
         except KeyboardInterrupt:
             with contextlib.suppress(Exception):
                 job.cancel()  # waits until the remote process tree is gone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from server_process import start_server
 
 from kcoral.cli import main as kcoral_main
 
@@ -334,6 +336,35 @@ def _signal_and_check_cancelled(
             pytest.fail("the server did not cancel the remote tool")
         time.sleep(0.1)
     return err
+
+
+@pytest.mark.slow
+def test_a_server_restarted_under_a_run_is_named_as_the_reason(
+    in_tmp: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The restarted server no longer knows the job; the user was told only
+    # "server error: HTTP 404: job not found", about a job they never saw.
+    directory = tmp_path_factory.mktemp("restarted-server")
+    server = start_server(directory, ["--log-dir", ""])
+    client = None
+    try:
+        client = _start_sleeping_tool(server.url, in_tmp / "pid")
+        client.send_signal(signal.SIGSTOP)  # its event stream breaks while it is stopped
+        server.stop(signal.SIGKILL)
+        server = start_server(directory, ["--log-dir", "", "--port", str(server.port)])
+        client.send_signal(signal.SIGCONT)
+        assert client.wait(timeout=60) == 1
+        assert client.communicate()[1] == (
+            b"kcoral run: the server no longer has this run's job (was it restarted?); "
+            b"the remote tool's result is lost\n"
+        )
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+            client.wait()
+        server.stop()
+        with contextlib.suppress(OSError, ValueError):  # the killed server's tool
+            os.kill(int((in_tmp / "pid").read_text()), signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
