@@ -45,6 +45,11 @@ def main(argv: Sequence[str]) -> int:
     except Terminated as stop:
         say(f"terminated by {signal.Signals(stop.signum).name}; the remote tool was cancelled")
         return 128 + stop.signum
+    except BrokenPipeError:
+        # `kcoral run ... | head`: the reader is gone, so the remote tool was cancelled and
+        # kcoral run ends as a local tool would, by SIGPIPE's status and without a word
+        _discard_stdout()
+        return 128 + SIGPIPE
     except KeyboardInterrupt:
         # A job was cancelled with DELETE; a plain /execute had its connection closed,
         # which makes the server cancel the tool (EXTENSIONS §9).
@@ -81,6 +86,18 @@ def _termination_signals() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+#: SIGPIPE's number (13 on Linux and macOS; the module has no SIGPIPE on Windows)
+SIGPIPE = getattr(signal, "SIGPIPE", 13)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device, so that flushing it at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 class JobLost(Exception):
@@ -207,7 +224,8 @@ def execute(options: RunOptions, program: Any) -> Any:
                 # the job was accepted, so the server (or the router's node) has lost it
                 raise JobLost(job.id) from exc
             raise
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError):
+            # Ctrl-C, SIGTERM/SIGHUP, or the local reader of the output went away
             with contextlib.suppress(Exception):
                 job.cancel()  # waits until the remote process tree is gone
             raise

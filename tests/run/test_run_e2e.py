@@ -268,11 +268,13 @@ def test_an_unreachable_server_exits_1(in_tmp: Path, capfd: pytest.CaptureFixtur
     assert err == "kcoral run: cannot reach the server at http://127.0.0.1:9: Connection refused\n"
 
 
-def _start_sleeping_tool(server_url: str, marker: Path) -> subprocess.Popen[bytes]:
-    """`kcoral run` of a remote tool that writes its pid to `marker`, then sleeps."""
+def _start_sleeping_tool(
+    server_url: str, marker: Path, then: str = "time.sleep(20)"
+) -> subprocess.Popen[bytes]:
+    """`kcoral run` of a remote tool that writes its pid to `marker`, then runs `then`."""
     code = (
         "import os, time; open(os.environ['MARK'] + '.tmp', 'w').write(str(os.getpid()));"
-        "os.rename(os.environ['MARK'] + '.tmp', os.environ['MARK']); time.sleep(20)"
+        "os.rename(os.environ['MARK'] + '.tmp', os.environ['MARK']); " + then
     )
     command = [
         sys.executable, "-m", "kcoral", "run", "python", "--url", server_url,
@@ -329,13 +331,40 @@ def _signal_and_check_cancelled(
         if client.poll() is None:
             client.kill()
             client.wait()
+    _check_gone_soon(remote_pid)
+    return err
+
+
+def _check_gone_soon(remote_pid: int) -> None:
     deadline = time.monotonic() + 10
     while _alive(remote_pid):
         if time.monotonic() > deadline:
             os.kill(remote_pid, signal.SIGKILL)  # free the worker for the next test
             pytest.fail("the server did not cancel the remote tool")
         time.sleep(0.1)
-    return err
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_the_output_pipe_cancels_the_remote_tool_quietly(
+    server_url: str, in_tmp: Path
+) -> None:
+    # `kcoral run ... | head -1` printed a BrokenPipeError traceback and left the job
+    # running on the server.
+    marker = in_tmp / "pid"
+    printing = "[(print(i, flush=True), time.sleep(0.1)) for i in range(300)]"
+    client = _start_sleeping_tool(server_url, marker, then=printing)
+    remote_pid = int(marker.read_text())
+    try:
+        assert client.stdout is not None and client.stderr is not None
+        assert client.stdout.readline() == b"0\n"
+        client.stdout.close()  # as `head -1` does
+        assert client.wait(timeout=30) == 128 + signal.SIGPIPE
+        assert client.stderr.read() == b""
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    _check_gone_soon(remote_pid)
 
 
 @pytest.mark.slow
