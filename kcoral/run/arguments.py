@@ -258,7 +258,22 @@ def _out_path(given: str) -> str:
     parent, name = os.path.split(given.rstrip("/"))
     if name in ("", ".", ".."):
         raise UsageError(f"--out {given!r} names no new directory")
-    return os.path.join(os.path.realpath(parent or os.curdir), name)
+    out = os.path.join(os.path.realpath(parent or os.curdir), name)
+    _check_out_parent(given, out)
+    return out
+
+
+def _check_out_parent(given: str, out: str) -> None:
+    """The nearest existing ancestor of ``out`` must be a directory this user may create
+    entries in: a file there (``--out results.txt/prof``) or a read-only directory would
+    otherwise only fail once the remote run is over, its outputs lost."""
+    ancestor = os.path.dirname(out)
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"--out {given!r}: {ancestor!r} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {given!r}: cannot create anything in {ancestor!r}")
 
 
 def general_help() -> str:

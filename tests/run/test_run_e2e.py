@@ -145,6 +145,21 @@ def test_an_existing_out_directory_is_refused_and_left_untouched(
     assert (in_tmp / "o" / "mine.txt").read_text() == "keep"
 
 
+@pytest.mark.parametrize("out", ["results.txt/o", "results.txt/deeper/o"])
+def test_an_out_below_a_file_is_refused_before_the_tool_runs(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str], out: str
+) -> None:
+    # It ran the tool, then failed to save with "[Errno 17] File exists": outputs lost.
+    (in_tmp / "results.txt").write_text("mine")
+    code = "open('x', 'w').write('x'); print('ran')"
+    assert run(server_url, "python", "--fetch", "x", "--out", out, "--", "-c", code) == 2
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    file = os.path.realpath(in_tmp / "results.txt")
+    assert f"--out '{out}': '{file}' is not a directory" in captured.err
+    assert (in_tmp / "results.txt").read_text() == "mine"
+
+
 def test_a_missing_requested_output_exits_1(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
