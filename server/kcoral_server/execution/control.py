@@ -30,7 +30,7 @@ class RequestObserver:
     """Hooks a job uses to follow its request (``/execute`` passes none: all no-ops).
 
     Called on the event loop, in this order: ``accepted`` (every check passed, about to
-    queue), ``assigned``, then any ``lease``/``instruction`` calls, ``output_started`` /
+    queue), ``assigned``, then any ``gpu_set``/``lease``/``instruction`` calls, ``output_started`` /
     ``output_finished`` around the program's run. ``output_finished`` must drain the capture
     files before the response reads them.
     """
@@ -41,6 +41,11 @@ class RequestObserver:
     def assigned(self, seat_id: str, gpu_ids: list[int], queue_ms: float) -> None:
         """The request checked out ``seat_id`` (``worker_id`` on the wire and in logs: a
         seat outlives the worker processes it runs)."""
+        pass
+
+    def gpu_set(self, gpu_ids: list[int]) -> None:
+        """A ``gpu_count`` program (PROTOCOL §6.5) now holds the set ``gpu_ids``: the GPUs
+        it runs on, not its borrowed seat's (``assigned`` gave it none)."""
         pass
 
     def lease(self, phase: str) -> None:

@@ -56,6 +56,7 @@ async def execute_on_gpu_set(
             raise saturated(GPUS_QUARANTINED).failure() from None
         raise
     run.record.gpu_ids = gpu_ids
+    run.observer.gpu_set(list(gpu_ids))
     state.events.emit(
         "request_routed",
         request_id=run.request_id,

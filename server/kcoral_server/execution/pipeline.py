@@ -241,6 +241,8 @@ class ExecuteRequest:
                 self.seat = seat
                 self.record.seat = SeatAssignment(seat.id, seat.gpu_id, queue_ms)
                 gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
+                if options.gpu_count is not None and seat.pinned is None:
+                    gpu_ids = []  # its GPUs are the set it leases next (observer.gpu_set)
                 self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
                 try:
                     run = SeatRun(

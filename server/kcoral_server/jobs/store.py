@@ -229,6 +229,9 @@ class Job(RequestObserver):
         self.queue_ms = queue_ms
         self.phase("assigned", worker_id=seat_id, gpu_ids=self.gpu_ids)
 
+    def gpu_set(self, gpu_ids: list[int]) -> None:
+        self.gpu_ids = list(gpu_ids)
+
     def lease(self, phase: str) -> None:
         self.phase(phase)
 
