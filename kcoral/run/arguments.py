@@ -77,6 +77,9 @@ class RunOptions:
     input_bytes: int = 0
     #: set by ``execute`` when the tool's output was already printed live (EXTENSIONS §7)
     output_streamed: bool = False
+    #: set once the remote tool is known to have ended: an interrupt after that cancels
+    #: nothing, it only stops the printing or the saving of what came back
+    tool_ended: bool = False
 
 
 def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:

@@ -43,7 +43,7 @@ def main(argv: Sequence[str]) -> int:
         with _termination_signals():
             return run(options)
     except Terminated as stop:
-        say(f"terminated by {signal.Signals(stop.signum).name}; the remote tool was cancelled")
+        say(f"terminated by {signal.Signals(stop.signum).name}; {_interrupted(options)}")
         return 128 + stop.signum
     except BrokenPipeError:
         # `kcoral run ... | head`: the reader is gone, so the remote tool was cancelled and
@@ -53,8 +53,18 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         # A job was cancelled with DELETE; a plain /execute had its connection closed,
         # which makes the server cancel the tool (EXTENSIONS §9).
-        say("interrupted; the remote tool was cancelled")
+        say(f"interrupted; {_interrupted(options)}")
         return 130
+
+
+def _interrupted(options: RunOptions) -> str:
+    """What an interrupt did: cancel the remote tool, or (once it had ended) only stop the
+    saving of its outputs, which ``ReturnedFolder.save`` removes when cut short."""
+    if not options.tool_ended:
+        return "the remote tool was cancelled"
+    if options.out is not None:
+        return f"the remote tool had ended; its outputs were not saved to {options.out!r}"
+    return "the remote tool had ended"
 
 
 class Terminated(KeyboardInterrupt):
@@ -150,6 +160,7 @@ def run(options: RunOptions) -> int:
     program = build_program(options, inputs)
     try:
         result = execute(options, program)
+        options.tool_ended = True
     except JobLost:
         say(
             "the server no longer has this run's job (was it restarted?); "
@@ -218,6 +229,7 @@ def execute(options: RunOptions, program: Any) -> Any:
                 elif event.kind == "stderr":
                     write_output(sys.stderr, event.text)
             options.output_streamed = True
+            options.tool_ended = True  # the stream ends after the job's finished phase
             return job.result()
         except KCoralError as exc:
             if exc.status_code == 404:

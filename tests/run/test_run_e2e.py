@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from server_process import start_server
 
+from kcoral import results as results_module
 from kcoral.cli import main as kcoral_main
 
 
@@ -158,6 +159,35 @@ def test_an_out_below_a_file_is_refused_before_the_tool_runs(
     file = os.path.realpath(in_tmp / "results.txt")
     assert f"--out '{out}': '{file}' is not a directory" in captured.err
     assert (in_tmp / "results.txt").read_text() == "mine"
+
+
+def test_ctrl_c_while_the_outputs_are_saved_says_the_tool_had_ended_and_saves_nothing(
+    server_url: str,
+    in_tmp: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ctrl-C after the remote tool had ended said "the remote tool was cancelled".
+    write_all = results_module._write_all
+    written: list[int] = []
+
+    def interrupted_after_one_file(fd: int, data: bytes) -> None:
+        if written:
+            raise KeyboardInterrupt  # as Ctrl-C between two files of the save
+        written.append(fd)
+        write_all(fd, data)
+
+    monkeypatch.setattr(results_module, "_write_all", interrupted_after_one_file)
+    code = "import os; os.mkdir('r'); [open(f'r/{n}', 'w').write(n) for n in 'abc']; print('ran')"
+    assert run(server_url, "python", "--fetch", "r", "--out", "o", "--", "-c", code) == 130
+    captured = capfd.readouterr()
+    assert captured.out == "ran\n" and written
+    out = os.path.realpath(in_tmp / "o")
+    assert captured.err == (
+        f"kcoral run: interrupted; the remote tool had ended; its outputs were not saved to "
+        f"{out!r}\n"
+    )
+    assert not (in_tmp / "o").exists()  # the save removes what it had made
 
 
 def test_a_missing_requested_output_exits_1(
