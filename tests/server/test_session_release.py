@@ -34,7 +34,7 @@ class Program:
         self.request_id = "program-1"
         self.cancelled: list[str] = []
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, answer: object = None) -> None:
         self.cancelled.append(reason)  # too late: the worker already answered
 
 

@@ -322,11 +322,48 @@ def test_a_program_that_ignores_the_interrupt_is_killed_after_the_grace_and_ends
     thread, answers = _spin_in_background(url, sid, tmp_path / "started", stubborn=True)
     request(url, "POST", f"/v1/sessions/{sid}/interrupt")
     thread.join()
-    assert answers[0].body["status"] == "ERROR"
+    # its client is told the session ended and why, not 499 'the job was cancelled'
+    assert answers[0].status == 410 and answers[0].body["status"] == "ERROR"
+    assert answers[0].body["error"]["kind"] == "session_ended"
+    assert "did not stop within" in answers[0].body["error"]["message"]
     record = get(url, f"/v1/sessions/{sid}").body
     assert record["state"] == "ENDED" and record["end_reason"] == "interrupt_grace"
     answer = _call(url, sid, "pid")
     assert answer.status == 410 and "did not stop within" in answer.body["error"]["message"]
+
+
+@pytest.mark.parametrize("kcoral_server", [FAKE_GPU], indirect=True)
+def test_a_program_whose_session_is_deleted_under_it_is_answered_that_the_session_ended(
+    kcoral_server, tmp_path: Path
+) -> None:
+    url = kcoral_server.url
+    sid = create_session(url).body["session_id"]
+    thread, answers = _spin_in_background(url, sid, tmp_path / "started", stubborn=True)
+    assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
+    thread.join()
+    # before: HTTP 499 (a status logged only, for requests nobody waits for) kind
+    # 'cancelled', 'the job was cancelled', to a client that submitted no job
+    answer = answers[0]
+    assert answer.status == 410 and answer.body["status"] == "ERROR"
+    ended = {"kind": "session_ended", "message": "session ended by its owner"}
+    assert answer.body["error"] == ended
+    # the GPU lease went with the killed worker
+    program = module_program("def one():\n    return 1\n", [("one", [])])
+    assert run_in(url, None, program).body["status"] == "COMPLETED"
+    finished = [e for e in kcoral_server.events() if e["event"] == "request_finished"]
+    assert [(e["finish_reason"], e["http_status"]) for e in finished][-2] == ("cancelled", 410)
+    # a session's job so ended stays CANCELLED (its result: 409 cancelled), saying why
+    sid = create_session(url).body["session_id"]
+    marker = tmp_path / "job-started"
+    content_type, body = execute_body(module_program(LOOP, [("spin", [str(marker), True])]))
+    headers = {"Content-Type": content_type}
+    job_id = request(url, "POST", f"/v1/sessions/{sid}/jobs", body, headers).body["job_id"]
+    _wait_until(marker.exists)
+    assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
+    _wait_until(lambda: get(url, f"/v1/jobs/{job_id}").body["status"] != "RUNNING")
+    job = get(url, f"/v1/jobs/{job_id}").body
+    assert (job["status"], job["error_kind"]) == ("CANCELLED", "session_ended")
+    assert get(url, f"/v1/jobs/{job_id}/result").body["error"]["kind"] == "cancelled"
 
 
 def test_a_worker_that_dies_during_a_program_ends_the_session(kcoral_server) -> None:

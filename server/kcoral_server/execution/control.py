@@ -76,14 +76,19 @@ class Cancellation:
 
     def __init__(self) -> None:
         self.reason: str | None = None
+        #: what a client still waiting is answered, where the canceller says (else 499)
+        self._answer: RequestFailed | None = None
         self._event = asyncio.Event()
         self._driving: WorkerHandle | None = None  # the worker running the program now
 
-    def cancel(self, reason: str) -> bool:
-        """False when cancelled before."""
+    def cancel(self, reason: str, answer: RequestFailed | None = None) -> bool:
+        """False when cancelled before. ``answer``: what the request answers instead of
+        the 499 that only the log sees (a session that ended under its program tells the
+        client still waiting for it so, EXTENSIONS §11)."""
         if self.reason is not None:
             return False
         self.reason = reason
+        self._answer = answer
         self._event.set()
         if self._driving is not None:
             self._driving.channel.interrupt()
@@ -99,6 +104,8 @@ class Cancellation:
         return self._driving
 
     def failure(self) -> RequestFailed:
+        if self._answer is not None:
+            return self._answer
         reason = self.reason or "cancelled"
         return RequestFailed(
             CANCELLED_STATUS, "cancelled", CANCEL_MESSAGES.get(reason, reason), reason

@@ -90,14 +90,15 @@ class ExecuteRequest:
         self.finish_reason: str | None = None  # set once the request has ended
         self.cancellation = Cancellation()
 
-    def cancel(self, reason: str) -> bool:
+    def cancel(self, reason: str, answer: RequestFailed | None = None) -> bool:
         """Stop this request (EXTENSIONS §5, §9): a queued one leaves the queue, a running
         one's process tree is killed under its lease and the worker replaced. ``reason`` is
-        the finish reason (``cancelled`` or ``client_disconnected``). False when the request
+        the finish reason (``cancelled`` or ``client_disconnected``); ``answer`` what a
+        client still waiting gets instead of the logged-only 499. False when the request
         already ended or was cancelled before."""
         if self.finish_reason is not None:
             return False
-        return self.cancellation.cancel(reason)
+        return self.cancellation.cancel(reason, answer)
 
     @property
     def cancel_reason(self) -> str | None:

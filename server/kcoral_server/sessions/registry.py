@@ -199,7 +199,11 @@ class Session:
 
     def _interrupt_expired(self, request: ExecuteRequest) -> None:
         if self.running is request:
-            request.cancel("cancelled")
+            message = (
+                f"session ended: program {request.request_id} did not stop within "
+                f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
+            )
+            request.cancel("cancelled", _ended_under(message))
 
     def checkout(self, request: ExecuteRequest) -> SessionCheckout:
         """The pipeline's seat for ``request`` (instead of ``Pool.checkout``)."""
@@ -306,11 +310,17 @@ class Session:
             programs=self.programs,
         )
         if running is not None:
-            # a program still runs: it is killed (under its lease) and answers as cancelled;
-            # the pool's release then finds the session ended
-            running.cancel("cancelled")
+            # a program still runs: it is killed (under its lease) and its client, if one
+            # waits, is told the session ended; the pool's release then finds it ended
+            running.cancel("cancelled", _ended_under(message))
             return
         self.registry.retire(self)
+
+
+def _ended_under(message: str) -> RequestFailed:
+    """The answer of a program whose session ended under it (EXTENSIONS §11): the 410 the
+    next program would get, instead of a 499 'the job was cancelled' nobody submitted."""
+    return RequestFailed(410, "session_ended", message, "cancelled")
 
 
 def least_used_gpus(gpu_ids: list[int], pinned: list[list[int]], count: int) -> list[int]:
