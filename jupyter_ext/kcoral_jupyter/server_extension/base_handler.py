@@ -120,7 +120,8 @@ class KCoralHandler(APIHandler):
         """The server that knows ``path`` (the one answering 200), with that answer and its
         clock; else the first other answer than 404, else the first that answered what is
         not passed on (a redirect: the 502 that says so), so that such a server hides no
-        other's job.
+        other's job. When no server answered at all: 502, saying why the first cannot be
+        asked.
 
         Every server is asked: a job or session lives on one, so when two claim an id one
         of them answers 200 to ids it never gave (a malicious or broken server listed
@@ -128,23 +129,30 @@ class KCoralHandler(APIHandler):
         Then no server is believed: 409, naming them; ``?server=`` picks one."""
         claims: list[tuple[dict[str, Any], int, Any, float | None]] = []
         other = unusable = None
+        unreachable: list[str] = []  # why each server that did not answer could not be asked
         servers = self.servers()
         # All at once: a server that does not answer costs one timeout, not one per lookup.
         answers = await asyncio.gather(
             *(self.upstream_timed(server, "GET", path) for server in servers)
         )
         for server, (status, document, error, clock) in zip(servers, answers, strict=True):
-            if status and error:  # upstream_timed's own 502 for an answer not passed on
+            if not status:
+                unreachable.append(error)
+            elif error:  # upstream_timed's own 502 for an answer not passed on
                 unusable = unusable or (server, status, document, clock)
             elif status == 200:
                 claims.append((server, status, document, clock))
-            elif status and status not in (404, 405):
+            elif status not in (404, 405):
                 other = other or (server, status, document, clock)
         if any(not _same_record(claims[0][2], claim[2]) for claim in claims[1:]):
             names = ", ".join(repr(claim[0]["name"]) for claim in claims)
             raise tornado.web.HTTPError(
                 409, f"servers {names} all claim it; choose one with ?server=NAME"
             )
+        if servers and len(unreachable) == len(servers):
+            # No server answered: the one that knows it may be down, so none is "no server
+            # knows it" (a 404, which also ends the panel's live output for good).
+            raise tornado.web.HTTPError(502, unreachable[0])
         return claims[0] if claims else other or unusable
 
     async def find_job(self, job_id: str) -> tuple[dict[str, Any], int, Any] | None:

@@ -121,3 +121,30 @@ async def test_a_configured_server_is_labelled_with_its_configured_name(jp_fetch
     servers = await _servers(jp_fetch)
     assert servers["gpu box"]["label"] == "gpu box"
     assert servers["gpu box"]["notebooks"] == []
+
+
+async def test_a_job_or_session_on_a_server_that_cannot_be_asked_says_why_not_that_none_knows_it(
+    jp_fetch,
+) -> None:
+    # A soak of the panel: the user follows (or cancels) a job, or stops a session, on a
+    # server that has just stopped. Every such call named that server (?server=) and was
+    # answered 404 "no KCoral server knows job 54b98211-…", which is untrue (the server that
+    # knows it cannot be asked) and ended the panel's live output for good (a 4xx is final),
+    # even when the server came back seconds later. It is a 502 saying why the server
+    # cannot be asked, which the panel shows and its live output retries.
+    job = "54b98211-c6c2-47c0-8e70-bd6b93686143"
+    calls = [
+        ("GET", ("jobs", job)),
+        ("DELETE", ("jobs", job)),
+        ("GET", ("jobs", job, "events")),
+        ("GET", ("sessions", job)),
+        ("DELETE", ("sessions", job)),
+    ]
+    expected = f"not running: nothing answers at 127.0.0.1:{REFUSED_PORT}"
+    for method, path in calls:
+        answer = await jp_fetch(
+            "kcoral", "api", *path, method=method, params={"server": "stopped"}, raise_error=False
+        )
+        document = json.loads(answer.body)
+        said = document.get("message") or document.get("error", {}).get("message")
+        assert (answer.code, said) == (502, expected), (method, path)
