@@ -101,8 +101,12 @@ export class KCoralModel {
   }
 
   /**
-   * One poll. Rejects when the server extension or the status bar's server cannot be
-   * reached, so the poller backs off; the state is updated either way.
+   * One poll. Rejects when the server extension cannot be reached, so the poller backs
+   * off; the state is updated either way. A KCoral server that cannot be reached is not a
+   * failed poll: the extension said so at once (or after its timeout), the other servers'
+   * jobs must stay live, and that server must show as back within one interval of its
+   * return (backing off for it left a healthy server's jobs up to a minute stale, and an
+   * offline status bar as long).
    */
   async poll(): Promise<void> {
     const [servers, jobs, sessions] = await Promise.allSettled([
@@ -122,9 +126,6 @@ export class KCoralModel {
     this._emit();
     if (servers.status === 'rejected') {
       throw servers.reason;
-    }
-    if (!this.summary.online) {
-      throw new Error(this.summary.reason);
     }
   }
 
