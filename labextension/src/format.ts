@@ -117,6 +117,21 @@ export function sandboxText(sandbox: string | undefined): string {
   return sandbox ? `sandboxed (${sandbox})` : '';
 }
 
+/**
+ * A server's load in few words: `1/2 busy · 0 queued`. With no worker able to take a
+ * program (`request_capacity` 0: the server is shutting down, PROTOCOL §12, or every
+ * worker is being replaced) `no worker ready · 1 busy · 0 queued`, not `1/0 busy`.
+ */
+export function loadText(busy: number, capacity: number, queued: number): string {
+  const used = capacity === 0 ? `no worker ready · ${busy} busy` : `${busy}/${capacity} busy`;
+  return `${used} · ${queued} queued`;
+}
+
+/** What the tooltips add when no worker can take a program (`loadText`). */
+export const NO_WORKER_READY =
+  'No worker can take a program now: the server is shutting down (its running programs ' +
+  'finish), or its workers are restarting.';
+
 /** `KCoral ● sm_90a · 1/2 busy · 0 queued`, `… · no sandbox` when programs run unconfined
  * (never a silent downgrade), or `KCoral ● offline`. */
 export function statusText(summary: IStatusSummary): string {
@@ -127,10 +142,8 @@ export function statusText(summary: IStatusSummary): string {
     return 'KCoral ● offline';
   }
   const unconfined = summary.sandbox === 'none' ? ' · no sandbox' : '';
-  return (
-    `KCoral ● ${summary.target} · ${summary.busy}/${summary.capacity} busy · ` +
-    `${summary.queued} queued${unconfined}`
-  );
+  const load = loadText(summary.busy, summary.capacity, summary.queued);
+  return `KCoral ● ${summary.target} · ${load}${unconfined}`;
 }
 
 export function statusTitle(summary: IStatusSummary): string {
@@ -147,7 +160,8 @@ export function statusTitle(summary: IStatusSummary): string {
   const sandbox = sandboxText(summary.sandbox);
   const how = sandbox === 'no sandbox' ? 'without a sandbox' : sandbox;
   const mode = sandbox ? ` Programs run ${how}.` : '';
-  return `KCoral server: ${summary.label}.${mode} Click to open the KCoral panel.`;
+  const ready = summary.capacity === 0 ? ` ${NO_WORKER_READY}` : '';
+  return `KCoral server: ${summary.label}.${ready}${mode} Click to open the KCoral panel.`;
 }
 
 /** What a person calls a server: its `label` from the server extension, else its name. */

@@ -19,6 +19,8 @@ import {
   jobStatusText,
   jobTitle,
   labelOf,
+  loadText,
+  NO_WORKER_READY,
   sandboxText,
   serverLabel,
   sessionSeatsText,
@@ -318,6 +320,10 @@ export class KCoralPanel extends Widget {
     const card = element('div', 'jp-KCoral-server');
     card.dataset.server = server.name;
     card.dataset.state = server.health ? 'online' : 'offline';
+    if (server.health?.load.request_capacity === 0) {
+      card.dataset.ready = 'none'; // an amber dot, and the load says why
+      card.title = NO_WORKER_READY;
+    }
     const title = element('div', 'jp-KCoral-serverTitle');
     title.title = `${server.url} (${server.name})`;
     title.append(
@@ -338,8 +344,7 @@ export class KCoralPanel extends Widget {
         ['target', targetOf(server)],
         [
           'load',
-          `${load.requests_in_progress}/${load.request_capacity} busy · ` +
-            `${load.requests_waiting} queued`
+          loadText(load.requests_in_progress, load.request_capacity, load.requests_waiting)
         ],
         ['sandbox', sandboxText(server.info?.sandbox) || '–'],
         ...(seats ? [['sessions', seats] as [string, string]] : []),

@@ -48,6 +48,7 @@ export class KCoralStatus extends Widget {
     const state = summary.notYet ? 'none' : summary.online ? 'online' : 'offline';
     this.node.dataset.state = state;
     this.node.classList.toggle('jp-KCoral-offline', state === 'offline');
+    this.node.classList.toggle('jp-KCoral-noWorker', summary.online && summary.capacity === 0);
   }
 
   dispose(): void {

@@ -29,6 +29,18 @@ describe('status text', () => {
     expect(statusText(summarize([entry()], ''))).toBe('KCoral ● cpu · 1/2 busy · 0 queued');
   });
 
+  it('says no worker is ready, not 1/0 busy, while a server shuts down (capacity 0)', () => {
+    // A soak: a server stopped while it ran a program drains for up to its deadline,
+    // /health answering capacity 0 (PROTOCOL §12) and new programs 503 "shutting down";
+    // the status bar said `KCoral ● cpu · 1/0 busy · 0 queued` all along.
+    const draining = { ...entry(), health: health(1, 0, 0) };
+    expect(statusText(summarize([draining], ''))).toBe(
+      'KCoral ● cpu · no worker ready · 1 busy · 0 queued'
+    );
+    expect(statusTitle(summarize([draining], ''))).toMatch(/shutting down/);
+    expect(statusTitle(summarize([entry()], ''))).not.toMatch(/shutting down/);
+  });
+
   it('says when programs run without a sandbox, and only then', () => {
     const unconfined = { ...entry(), info: { ...entry().info!, sandbox: 'none' } };
     const confined = { ...entry(), info: { ...entry().info!, sandbox: 'bubblewrap' } };
