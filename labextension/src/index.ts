@@ -101,9 +101,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     commands.addCommand(CommandIDs.cancelJob, {
       label: 'KCoral: Cancel job',
       caption: 'Cancel the job selected in the KCoral panel (or args.jobId)',
-      isEnabled: args =>
-        typeof args.jobId === 'string' ||
-        (panel.selected !== null && ['QUEUED', 'RUNNING'].includes(panel.selected.status)),
+      isEnabled: args => typeof args.jobId === 'string' || panel.canCancelSelected,
       execute: async args => {
         const id = typeof args.jobId === 'string' ? args.jobId : '';
         if (id) {

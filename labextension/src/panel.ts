@@ -167,6 +167,13 @@ export class KCoralPanel extends Widget {
     return this._selected;
   }
 
+  /** Whether the selected job can be cancelled: its server lists it now, queued or running
+   * (a job its server no longer lists has a status nobody knows). */
+  get canCancelSelected(): boolean {
+    const job = this._selected;
+    return job !== null && this._listed(job) && isCancellable(job.status);
+  }
+
   /** Calls `listener` when the selection or its status changes (commands' enabled state). */
   onSelectionChanged(listener: () => void): () => void {
     this._selectionListeners.add(listener);
@@ -556,6 +563,11 @@ export class KCoralPanel extends Widget {
     return row;
   }
 
+  /** Whether the jobs table lists `job` now. */
+  private _listed(job: IJob): boolean {
+    return this._model.job(job.job_id) !== undefined;
+  }
+
   private _renderSelection(): void {
     const job = this._selected;
     if (!job) {
@@ -564,10 +576,15 @@ export class KCoralPanel extends Widget {
     } else {
       const jobId = shownText(job.job_id);
       const where = shownText(serverLabel(this._model.servers, job.server));
-      this._outputTitle.textContent = `${jobStatusText(job.status)} · job ${jobId.slice(0, 8)}`;
-      this._outputTitle.title = `job ${jobId}${where ? ` on ${where}` : ''}`;
+      // A job its server stopped listing (the server went away, restarted, or dropped the
+      // job) is in no state the panel knows: not the `running` it last had.
+      const listed = this._listed(job);
+      const status = listed ? jobStatusText(job.status) : 'status unknown';
+      this._outputTitle.textContent = `${status} · job ${jobId.slice(0, 8)}`;
+      const gone = listed ? '' : `\n${where || 'its server'} does not list it now`;
+      this._outputTitle.title = `job ${jobId}${where ? ` on ${where}` : ''}${gone}`;
       this._outputTitle.dataset.jobId = jobId;
-      this._cancel.disabled = !isCancellable(job.status);
+      this._cancel.disabled = !this.canCancelSelected;
     }
     for (const listener of [...this._selectionListeners]) {
       listener();

@@ -304,3 +304,48 @@ describe('the panel fed malformed sessions and fleets by a rogue server', () => 
     expect(jobRows(panel).map(r => r.id)).toEqual(['ok-1']);
   });
 });
+
+describe('the selected job when its server stops listing it', () => {
+  it('says its status is unknown and offers no Cancel, not the running it last had', async () => {
+    // A soak: the job's server was stopped (or the kernel that ran the embedded server
+    // restarted); the jobs table dropped the job, but the output title kept saying
+    // `running · job c84f8fc6` with Cancel enabled, beside `finished: cancelled`.
+    let listed = true;
+    const fetcher = async (path: string): Promise<Response> => {
+      if (path === 'servers') {
+        return answer({ servers: [healthyServer('a')] });
+      }
+      if (path === 'jobs') {
+        return listed
+          ? answer({ jobs: [job('job-1234-x', 1)], errors: [] })
+          : answer({ jobs: [], errors: [{ server: 'a', message: 'not running: nothing answers' }] });
+      }
+      if (path === 'sessions') {
+        return answer({ sessions: [], errors: [] });
+      }
+      return answer({ error: { kind: 'server_transport', message: 'not running' } }, 502);
+    };
+    const model = new KCoralModel(new KCoralApi(fetcher), {
+      pollIntervalMs: 60_000,
+      statusServer: ''
+    });
+    const panel = new KCoralPanel(model);
+    opened.push({ panel, model });
+    await model.poll();
+    panel.node.querySelector<HTMLElement>('tr.jp-KCoral-job')!.click();
+    const cancel = panel.node.querySelector<HTMLButtonElement>('button.jp-KCoral-cancel')!;
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('running · job job-1234');
+    expect([cancel.disabled, panel.canCancelSelected]).toEqual([false, true]);
+    listed = false;
+    await model.poll();
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('status unknown · job job-1234');
+    expect(panel.node.querySelector<HTMLElement>('.jp-KCoral-outputTitle')!.title).toMatch(
+      /does not list it now/
+    );
+    expect([cancel.disabled, panel.canCancelSelected]).toEqual([true, false]);
+    listed = true; // the server answers again and lists it: back to what it says
+    await model.poll();
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('running · job job-1234');
+    expect(cancel.disabled).toBe(false);
+  });
+});
