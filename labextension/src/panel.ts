@@ -114,6 +114,8 @@ export class KCoralPanel extends Widget {
   private readonly _unsubscribe: () => void;
   private _selected: IJob | null = null;
   private _follow: AbortController | null = null;
+  /** The status the followed job's event stream finished with ('' before its end). */
+  private _finished = '';
   private _selectionListeners = new Set<() => void>();
 
   constructor(private readonly _model: KCoralModel) {
@@ -198,6 +200,7 @@ export class KCoralPanel extends Widget {
   select(job: IJob): void {
     this._follow?.abort();
     this._selected = job;
+    this._finished = '';
     this._output.textContent = '';
     this._phase.textContent = '';
     const controller = new AbortController();
@@ -211,6 +214,10 @@ export class KCoralPanel extends Widget {
         } else if (event.kind === 'phase') {
           this._phase.textContent = describePhase(event.phase, event.fields);
           this._phase.dataset.phase = event.phase;
+          if (event.phase === 'finished' && this._follow === controller) {
+            this._finished = shownText(event.fields.status);
+            this._renderSelection();
+          }
           if (event.phase === 'finished' || event.phase === 'assigned') {
             void this._model.poller.refresh();
           }
@@ -577,9 +584,14 @@ export class KCoralPanel extends Widget {
       const jobId = shownText(job.job_id);
       const where = shownText(serverLabel(this._model.servers, job.server));
       // A job its server stopped listing (the server went away, restarted, or dropped the
-      // job) is in no state the panel knows: not the `running` it last had.
+      // job) is in no state the panel knows, but the one its stream finished with: not the
+      // `running` it last had.
       const listed = this._listed(job);
-      const status = listed ? jobStatusText(job.status) : 'status unknown';
+      const status = listed
+        ? jobStatusText(job.status)
+        : this._finished
+          ? jobStatusText(this._finished)
+          : 'status unknown';
       this._outputTitle.textContent = `${status} · job ${jobId.slice(0, 8)}`;
       const gone = listed ? '' : `\n${where || 'its server'} does not list it now`;
       this._outputTitle.title = `job ${jobId}${where ? ` on ${where}` : ''}${gone}`;

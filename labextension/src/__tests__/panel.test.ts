@@ -348,4 +348,48 @@ describe('the selected job when its server stops listing it', () => {
     expect(text(panel, '.jp-KCoral-outputTitle')).toBe('running · job job-1234');
     expect(cancel.disabled).toBe(false);
   });
+
+  it('says the status its live output finished with, not status unknown', async () => {
+    // The kernel that ran the job's embedded server restarted: the job's stream said
+    // `finished: cancelled`, then its server (and the job) left the list.
+    const scope = globalThis as { TextDecoder?: unknown };
+    scope.TextDecoder ??= (await import('util')).TextDecoder;
+    const finished = 'event: phase\nid: 9\ndata: {"phase":"finished","status":"CANCELLED"}\n\n';
+    let listed = true;
+    const fetcher = async (path: string): Promise<Response> => {
+      if (path === 'servers') {
+        return answer({ servers: [healthyServer('a')] });
+      }
+      if (path === 'jobs') {
+        return answer({ jobs: listed ? [job('job-1234-x', 1)] : [], errors: [] });
+      }
+      if (path === 'sessions') {
+        return answer({ sessions: [], errors: [] });
+      }
+      let sent = false;
+      const reader = {
+        read: async () =>
+          sent ? { done: true } : ((sent = true), { done: false, value: Buffer.from(finished) }),
+        cancel: async () => undefined,
+        releaseLock: () => undefined
+      };
+      return { ok: true, status: 200, body: { getReader: () => reader } } as unknown as Response;
+    };
+    const model = new KCoralModel(new KCoralApi(fetcher), {
+      pollIntervalMs: 60_000,
+      statusServer: ''
+    });
+    const panel = new KCoralPanel(model);
+    opened.push({ panel, model });
+    await model.poll();
+    panel.node.querySelector<HTMLElement>('tr.jp-KCoral-job')!.click();
+    for (let i = 0; i < 20 && text(panel, '.jp-KCoral-phase') === ''; i++) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+    }
+    expect(text(panel, '.jp-KCoral-phase')).toBe('finished: cancelled');
+    listed = false;
+    await model.poll();
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('cancelled · job job-1234');
+    expect(panel.canCancelSelected).toBe(false);
+  });
 });
