@@ -16,6 +16,8 @@ from typing import Any
 import urllib3
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from kcoral.connection.in_flight import attach_to_current
+
 #: A pooled connection idle longer than this is not reused (servers close at 10 s).
 POOLED_IDLE_SECONDS = 5.0
 
@@ -36,6 +38,7 @@ class _DropsIdleConnections:
         pooled_at = getattr(conn, _POOLED_AT, None)
         if pooled_at is not None and time.monotonic() - pooled_at >= POOLED_IDLE_SECONDS:
             conn.close()
+        attach_to_current(conn)  # an AsyncClient request may be cut from its event loop
         return conn
 
 

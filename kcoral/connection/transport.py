@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
+from kcoral.connection.in_flight import InFlight, running
 from kcoral.errors import ProtocolError
 
 T = TypeVar("T")
@@ -136,8 +137,10 @@ class ThreadedAsyncTransport:
     ``max_workers`` threads, so callers queue here instead of on connections, and any number
     of event loops (``asyncio.run`` twice, a helper thread's loop) may share the client.
 
-    Cancelling the awaiting task does not stop a request already sent; its answer is read
-    and dropped (the server's deadline bounds it)."""
+    Cancelling the awaiting task cuts a request already under way (its connection is
+    closed, so the server cancels its program, EXTENSIONS §9), and one still queued here is
+    never sent. Before, the request ran on to its answer, which was dropped: a cancelled
+    program held its worker and GPU up to its deadline."""
 
     def __init__(self, transport: Transport, *, max_workers: int) -> None:
         self.transport = transport
@@ -154,8 +157,17 @@ class ThreadedAsyncTransport:
             return self._executor
 
     async def handle_async_request(self, request: Request) -> Response:
-        future = self._pool().submit(self.transport.handle_request, request)
-        return await asyncio.wrap_future(future)
+        flight = InFlight()
+        future = self._pool().submit(self._run, request, flight)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            flight.cut(future)  # a future not started yet was cancelled with the task
+            raise
+
+    def _run(self, request: Request, flight: InFlight) -> Response:
+        with running(flight):
+            return self.transport.handle_request(request)
 
     def close(self) -> None:
         with self._lock:

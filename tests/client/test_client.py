@@ -15,7 +15,7 @@ import pytest
 from server_answers import REQUEST_ID, cache_miss, completed
 
 import kcoral
-from kcoral import Client, Program
+from kcoral import AsyncClient, Client, Program
 from kcoral.errors import KCoralError, ProtocolError, TransportError
 from kcoral.protocol.multipart import encode_multipart
 
@@ -262,3 +262,51 @@ def test_a_keyboard_interrupt_closes_the_connection_and_propagates(canned_server
     client.health()  # a fresh connection, not the interrupted one
     hung, fresh = canned_server.requests
     assert hung.connection != fresh.connection
+
+
+def test_cancelling_the_task_of_an_async_execute_closes_its_connection(canned_server):
+    # AsyncClient's twin of Ctrl-C (asyncio.wait_for's timeout, a task group's failure):
+    # before, the request ran on in its transport thread to the server's answer, so the
+    # server never saw the client go away and ran the program to its end.
+    canned_server.add(hang=True)
+    canned_server.add({"status": "ok"})
+
+    async def scenario() -> None:
+        async with AsyncClient(canned_server.url) as client:
+            running = asyncio.ensure_future(client.execute(Program()))
+            while not canned_server.hung.is_set():
+                await asyncio.sleep(0.01)
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            assert await asyncio.to_thread(canned_server.closed.wait, 10)
+            await client.health()  # a fresh connection, not the cut one
+
+    asyncio.run(scenario())
+    hung, fresh = canned_server.requests
+    assert hung.connection != fresh.connection
+
+
+def test_an_async_request_cancelled_while_it_waits_for_a_connection_is_never_sent(
+    canned_server,
+):
+    canned_server.add(hang=True)
+    canned_server.add({"status": "ok"})
+
+    async def scenario() -> None:
+        async with AsyncClient(canned_server.url, max_connections=1) as client:
+            first = asyncio.ensure_future(client.execute(Program()))
+            while not canned_server.hung.is_set():
+                await asyncio.sleep(0.01)
+            queued = asyncio.ensure_future(client.health())  # behind the first, in line
+            await asyncio.sleep(0.2)
+            queued.cancel()
+            first.cancel()
+            for task in (queued, first):
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            assert await asyncio.to_thread(canned_server.closed.wait, 10)
+            await client.health()
+
+    asyncio.run(scenario())
+    assert [r.path for r in canned_server.requests] == ["/execute", "/health"]

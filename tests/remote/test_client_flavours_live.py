@@ -103,3 +103,24 @@ def test_the_sync_and_async_clients_agree_against_a_real_server(server_url: str,
         async_outcome = async_outcome["features"]
     assert sync_outcome == async_outcome
     assert sync_outcome  # something was compared
+
+
+def test_an_async_call_that_times_out_cancels_its_program_on_the_server(server_url: str) -> None:
+    # Before, asyncio.wait_for's timeout left the program running to its end (two minutes
+    # here), holding a worker (on a GPU server, its GPU) for a caller that had given up.
+    program = Program()
+    module = program.upload(kind="module", source="import time\ndef nap():\n    time.sleep(120)\n")
+    program.run(fn=program.get_function(module=module, name="nap"), args=[])
+
+    async def scenario() -> None:
+        async with AsyncClient(server_url) as client:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(client.execute(program, timeout_seconds=300), 3)
+            for _ in range(300):
+                load = (await client.health())["load"]
+                if load["requests_in_progress"] == 0:
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"the program still runs on the server: {load}")
+
+    asyncio.run(scenario())

@@ -1,0 +1,91 @@
+"""The connection a request runs on, so that another thread can cut it.
+
+``AsyncClient`` runs each request on a transport thread (``ThreadedAsyncTransport``). When
+the task awaiting it is cancelled (``asyncio.wait_for``'s timeout, a task group's failure,
+a server shutting its loop down), the thread is still blocked reading the answer; only
+closing its connection stops the remote work, as ``KeyboardInterrupt`` does for ``Client``:
+the server cancels a program whose client went away (EXTENSIONS §9). Before, the program
+ran on to its end or its deadline, holding its worker and, on a GPU server, its GPU.
+
+The thread running a request sets its ``InFlight`` (``running``); the keep-alive pool
+(``kcoral.connection.keep_alive``) hands it each connection it takes out for that thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+#: How long a cut keeps trying when the request's connection has no socket yet (it is
+#: connecting): the thread then sends, and the socket appears.
+CUT_PATIENCE_SECONDS = 10.0
+
+_current = threading.local()
+
+
+class RequestCut(OSError):
+    """The request was cut before it was sent (its task was cancelled)."""
+
+
+class InFlight:
+    """One request's connection, as its thread takes it; ``cut`` from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self.cut_asked = False
+
+    def attach(self, connection: Any) -> None:
+        """The request's thread took ``connection`` (a urllib3 connection) for it."""
+        with self._lock:
+            self._connection = connection
+            cut = self.cut_asked
+        if cut:
+            connection.close()
+            raise RequestCut("the request was cancelled before it was sent")
+
+    def cut(self, done: Future[Any]) -> None:
+        """Close the request's connection under its thread (a blocked read then fails, and
+        the connection never goes back to the pool); ``done`` is the thread's future. A
+        connection still connecting is cut once its socket exists, on a thread of its own,
+        so the caller's event loop never waits."""
+        with self._lock:
+            self.cut_asked = True
+        if not self._shut() and not done.done():
+            threading.Thread(target=self._cut_when_connected, args=(done,), daemon=True).start()
+
+    def _shut(self) -> bool:
+        with self._lock:
+            sock = getattr(self._connection, "sock", None)
+        if sock is None:
+            return False
+        with contextlib.suppress(OSError):  # closed meanwhile: the request ended anyway
+            sock.shutdown(socket.SHUT_RDWR)
+        return True
+
+    def _cut_when_connected(self, done: Future[Any]) -> None:
+        deadline = time.monotonic() + CUT_PATIENCE_SECONDS
+        while not done.done() and time.monotonic() < deadline and not self._shut():
+            time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def running(request: InFlight) -> Iterator[None]:
+    """Run a request on this thread as ``request`` (its connections are attached to it)."""
+    _current.request = request
+    try:
+        yield
+    finally:
+        _current.request = None
+
+
+def attach_to_current(connection: Any) -> None:
+    """Attach ``connection`` to the request running on this thread, if it is cuttable."""
+    request = getattr(_current, "request", None)
+    if request is not None:
+        request.attach(connection)
