@@ -112,7 +112,20 @@ def _discard_stdout() -> None:
 
 class JobLost(Exception):
     """The server answered 404 for the job it had accepted: it restarted (jobs live in its
-    memory) or dropped the job; "HTTP 404: job not found" told the user nothing."""
+    memory; "HTTP 404: job not found" told the user nothing), or it dropped the finished
+    job before its result was fetched (kind ``job_expired``, whose message says why)."""
+
+    def __init__(self, expired: str | None) -> None:
+        super().__init__(expired)
+        self.expired = expired
+
+    def __str__(self) -> str:
+        if self.expired is not None:
+            return f"the server dropped this run's result before it was fetched ({self.expired})"
+        return (
+            "the server no longer has this run's job (was it restarted?); "
+            "the remote tool's result is lost"
+        )
 
 
 def runner_source() -> str:
@@ -161,11 +174,8 @@ def run(options: RunOptions) -> int:
     try:
         result = execute(options, program)
         options.tool_ended = True
-    except JobLost:
-        say(
-            "the server no longer has this run's job (was it restarted?); "
-            "the remote tool's result is lost"
-        )
+    except JobLost as lost:
+        say(str(lost))
         return 1
     except KCoralError as exc:
         say(f"server error: {exc}")
@@ -234,7 +244,7 @@ def execute(options: RunOptions, program: Any) -> Any:
         except KCoralError as exc:
             if exc.status_code == 404:
                 # the job was accepted, so the server (or the router's node) has lost it
-                raise JobLost(job.id) from exc
+                raise JobLost(exc.message if exc.kind == "job_expired" else None) from exc
             raise
         except (KeyboardInterrupt, BrokenPipeError):
             # Ctrl-C, SIGTERM/SIGHUP, or the local reader of the output went away

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from server_process import start_server
+from server_process import running_server, start_server
 
 from kcoral import results as results_module
 from kcoral.cli import main as kcoral_main
@@ -439,6 +439,21 @@ def test_a_server_restarted_under_a_run_is_named_as_the_reason(
         server.stop()
         with contextlib.suppress(OSError, ValueError):  # the killed server's tool
             os.kill(int((in_tmp / "pid").read_text()), signal.SIGKILL)
+
+
+def test_a_result_the_server_dropped_before_it_was_fetched_is_named_as_such(
+    in_tmp: Path, tmp_path_factory: pytest.TempPathFactory, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A job larger than --job-retention-bytes is dropped as it ends (404 job_expired);
+    # 6339a91 had taken every 404 for a restart of the server.
+    directory = tmp_path_factory.mktemp("tiny-retention")
+    with running_server(directory, ["--log-dir", "", "--job-retention-bytes", "1"]) as server:
+        assert run(server.url, "python", "--", "-c", "print('hello')") == 1
+    # (its output may or may not have been streamed before the job went)
+    assert capfd.readouterr().err == (
+        "kcoral run: the server dropped this run's result before it was fetched (job "
+        "expired: its result and output alone are larger than --job-retention-bytes)\n"
+    )
 
 
 def _alive(pid: int) -> bool:
