@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tornado.httpclient import AsyncHTTPClient
 from traitlets import Dict, Float, Int, List
 from traitlets.config import LoggingConfigurable
 
@@ -59,6 +60,25 @@ class KCoralExtension(LoggingConfigurable):
         super().__init__(**kwargs)
         self.open_event_streams = 0  # relays running now (JobEventsHandler)
         self._warned: set[str] = set()
+        self._clients: dict[str, AsyncHTTPClient] = {}
+
+    def client_for(self, url: str) -> AsyncHTTPClient:
+        """The HTTP client of the calls to the server at ``url``: each server has its own
+        connection slots, so a server that accepts connections and never answers holds
+        only its own. (One shared client's 10 slots, filled by a hung server's calls from
+        a few panels, queued every other server's calls until they timed out: healthy
+        servers were shown as 'no answer within 10 s' and the status bar as offline.)"""
+        client = self._clients.get(url)
+        if client is None:
+            client = AsyncHTTPClient(force_instance=True)
+            self._clients[url] = client
+        return client
+
+    def _forget_clients(self, listed: set[str]) -> None:
+        """Close the clients of servers no longer listed (a kernel's embedded server is new
+        at each start), so they do not pile up over the Jupyter server's life."""
+        for url in [url for url in self._clients if url not in listed]:
+            self._clients.pop(url).close()
 
     def resolved_servers(self) -> list[dict[str, Any]]:
         """The configured servers (else KCORAL_URL and the kernels' embedded servers), plus
@@ -92,6 +112,7 @@ class KCoralExtension(LoggingConfigurable):
                 by_url[url] = entry
                 found.append(entry)
             entry.setdefault("kernels", []).append(str(record["kernel_id"]))
+        self._forget_clients({str(entry["url"]) for entry in found})
         return found
 
     def _configured_or_advertised(self) -> list[dict[str, Any]]:

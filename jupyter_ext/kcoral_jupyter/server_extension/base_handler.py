@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
+from tornado.httpclient import HTTPClientError, HTTPRequest, HTTPResponse
 
 from kcoral_jupyter.server_extension.upstream_problems import transport_problem, unusable_answer
 
@@ -75,7 +75,8 @@ class KCoralHandler(APIHandler):
             follow_redirects=False,
         )
         try:
-            response: HTTPResponse = await AsyncHTTPClient().fetch(request, raise_error=False)
+            client = self.extension.client_for(server["url"])
+            response: HTTPResponse = await client.fetch(request, raise_error=False)
         except (OSError, HTTPClientError, asyncio.TimeoutError) as exc:
             timeout = self.extension.request_timeout
             return 0, None, transport_problem(exc, server["url"], timeout), None

@@ -5,9 +5,9 @@ The server extension relays a job's Server-Sent Events from a KCoral server to t
 another job, the tab closes), the upstream request must end with it, or each abandoned
 stream holds a connection to the KCoral server for as long as the job runs. Tornado's
 ``SimpleAsyncHTTPClient.close`` does not end requests in flight, and a request cannot be
-cancelled; so each relay has a client of its own (never the shared ``AsyncHTTPClient()``
-that the other routes use, whose 10 connections abandoned streams would fill), whose
-``close`` also closes every connection it opened.
+cancelled; so each relay has a client of its own (never the server's client that the other
+routes use, ``KCoralExtension.client_for``, whose 10 connections abandoned streams would
+fill), whose ``close`` also closes every connection it opened.
 """
 
 from __future__ import annotations

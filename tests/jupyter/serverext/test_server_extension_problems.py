@@ -5,6 +5,7 @@ a person recognises for each server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -148,3 +149,16 @@ async def test_a_job_or_session_on_a_server_that_cannot_be_asked_says_why_not_th
         document = json.loads(answer.body)
         said = document.get("message") or document.get("error", {}).get("message")
         assert (answer.code, said) == (502, expected), (method, path)
+
+
+async def test_a_server_that_never_answers_does_not_make_the_others_look_down(jp_fetch) -> None:
+    # A soak: a KCoral server stopped with SIGSTOP accepts connections and never answers.
+    # Each panel's poll held a few calls to it for the request timeout, and all calls to all
+    # servers shared one client of 10 connections: with a few panels open, the calls to the
+    # healthy servers waited in its queue until they timed out, and the panel showed them
+    # as 'no answer ... within 10 s' (the status bar: offline). Each server has its own
+    # connections now. Here 30 panels ask at once; every answer shows "gpu box" healthy.
+    answers = await asyncio.gather(*(_servers(jp_fetch) for _ in range(30)))
+    healthy = [servers["gpu box"].get("error") for servers in answers]
+    assert healthy == [None] * 30
+    assert all(servers["silent"]["error"].startswith("no answer from") for servers in answers)
