@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,12 +22,14 @@ import time
 from pathlib import Path
 
 import pytest
+from kcoral_server.processes import procfs
 from kcoral_server.processes.launcher.front_end import supervised_command
 from kcoral_server.processes.launcher.wire import ORPHAN_KILL_ENV
 from reliability_support import (
     TRIVIAL,
     check_documented,
     check_error,
+    check_healthy,
     execute,
     get,
     launch,
@@ -243,3 +246,56 @@ def test_a_spawned_workers_supervisor_stays_until_a_surviving_descendant_is_gone
         if supervisor.poll() is None:
             supervisor.kill()
             supervisor.wait()
+
+
+# ------------------------------------------------------------------ a sandbox proves it
+
+
+def sandbox_launchers(server_pid: int) -> list[int]:
+    """The fork servers of the server's seats: bwrap (outside) -> bwrap (the sandbox PID
+    namespace's init) -> the launcher."""
+    found = []
+    for outer in procfs.children(server_pid):
+        for init in procfs.children(outer):
+            found += procfs.children(init)
+    return found
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (bwrap)")
+def test_fork_servers_killed_in_their_sandboxes_leave_a_server_that_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    # A fork server killed from outside (the out-of-memory killer picks the biggest
+    # process: a fork server with torch preloaded) cannot report on its workers' orphans.
+    # Before, that made every such seat's clean-up unconfirmed: the GPUs were quarantined
+    # and the server admitted nothing until restarted. Under the sandbox the proof is the
+    # PID namespace: its init exits once everything in it is gone.
+    server = launch(
+        tmp_path / "server",
+        ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "1",
+         "--sandbox", "bubblewrap", "--max-requests-per-worker", "1"],
+    )  # fmt: skip
+    try:
+        check_healthy(server.url)
+        sleeper = module_program("import time\ndef f():\n    time.sleep(60)\n", "f", [])
+        answers: list = []
+        thread = threading.Thread(target=lambda: answers.append(execute(server.url, sleeper)))
+        thread.start()
+        running = lambda: get(server.url, "/health").body["load"]["requests_in_progress"] == 1  # noqa: E731
+        assert wait_until(running, 60)
+        launchers = sandbox_launchers(server.process.pid)
+        assert launchers
+        for pid in launchers:
+            os.kill(pid, signal.SIGKILL)
+        thread.join(60)
+        (answer,) = answers
+        check_documented(answer)
+        assert answer.status != 503, answer.body
+        for _ in range(3):  # the seat works again, and no device is quarantined
+            again = execute(server.url, module_program("def f():\n    return 7\n", "f", []))
+            assert again.status == 200 and again.body["status"] == "COMPLETED", again.body
+        capacity = lambda: get(server.url, "/health").body["load"]["request_capacity"] > 0  # noqa: E731
+        assert wait_until(capacity, 30)
+        assert not [e for e in server.events() if e["event"] == "devices_quarantined"]
+    finally:
+        server.stop()

@@ -122,6 +122,8 @@ async def kill_tree(
     if not await wait_exit(confirm):
         return f"worker {process.pid}: no exit report {confirm:g} s after SIGKILL"
     survivors = survivors_of(process)
+    if survivors < 0 and await namespace_ended(process, confirm):
+        survivors = 0  # its launcher left no report, but its sandbox's namespace is gone
     if survivors:
         return f"worker {process.pid}: " + (
             "its launcher died before reporting on its descendants"
@@ -129,6 +131,23 @@ async def kill_tree(
             else f"{survivors} descendant(s) survived SIGKILL"
         )
     return None
+
+
+async def namespace_ended(process: Process, timeout: float) -> bool:
+    """Whether the init of ``process``'s sandbox PID namespace exits within ``timeout``:
+    proof that nothing of the worker's tree runs (``procfs.init_gone``). A launcher that
+    died before reporting (killed, out of memory) ends its sandbox, so its seat's worker
+    is then confirmed gone instead of quarantining the GPUs and stopping the whole server
+    (SERVER §11). Unsandboxed there is no such proof, and nothing changes."""
+    init = getattr(process, "namespace_init", None)
+    if init is None:
+        return False
+    deadline = time.monotonic() + timeout
+    while not procfs.init_gone(init):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def kill_tree_now(process: Process) -> None:

@@ -140,6 +140,43 @@ def namespace_pid(pid: int) -> str | None:
     return fields[-1] if len(fields) > 1 else None
 
 
+def pid_namespace(pid: int) -> int | None:
+    """The inode of ``pid``'s PID namespace (None when it is gone or unreadable)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+#: a process as ``(host pid, start time)``: the start time tells a reused number apart
+Identity = tuple[int, int]
+
+
+def identity(pid: int) -> Identity | None:
+    started = _stat_field(pid, 19)  # starttime (field 22), clock ticks since boot
+    return None if started is None else (pid, started)
+
+
+def namespace_init(pid: int) -> Identity | None:
+    """The init (pid 1) of ``pid``'s PID namespace when that is not this process's own (a
+    sandbox's), found among ``pid``'s ancestors; else None."""
+    namespace = pid_namespace(pid)
+    if namespace is None or namespace == pid_namespace(os.getpid()):
+        return None
+    init = pid
+    while (up := parent(init)) is not None and up > 0 and pid_namespace(up) == namespace:
+        init = up
+    return identity(init) if namespace_pid(init) == "1" else None
+
+
+def init_gone(init: Identity) -> bool:
+    """Whether a namespace's init has exited. The kernel kills every process of a PID
+    namespace, nested ones included, when its init exits, and the init's exit completes
+    only once they are all gone: then nothing of the namespace can run."""
+    pid, started = init
+    return not is_alive(pid) or identity(pid) != (pid, started)
+
+
 def kill_process(pid: int, sig: int = signal.SIGKILL) -> None:
     """Signal ``pid`` through a pidfd (a plain ``kill`` where pidfds are unsupported)."""
     # A pidfd names this very process, so a recycled pid can never be hit by mistake.

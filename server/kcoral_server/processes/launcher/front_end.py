@@ -35,7 +35,13 @@ from kcoral_server.processes.launcher.wire import (
     LaunchRequest,
     orphan_kill_seconds,
 )
-from kcoral_server.processes.procfs import children, is_alive, namespace_pid
+from kcoral_server.processes.procfs import (
+    Identity,
+    children,
+    is_alive,
+    namespace_init,
+    namespace_pid,
+)
 from kcoral_server.processes.procfs import parent as procfs_parent
 
 REAP_WAIT_SECONDS = 0.05  # the most ``poll`` waits for the launcher to report an exit
@@ -69,6 +75,10 @@ class ForkedProcess:
         self.preloaded: tuple[str, ...] = ()
         #: the other workers of its launcher (``worker_strays`` leaves their orphans alone)
         self.forks: Forks | None = None
+        #: the init of its sandbox's PID namespace (None unsandboxed): once that has
+        #: exited, nothing the worker left can run, even when the launcher that would have
+        #: reported on its orphans went away first (``exit.kill_tree``)
+        self.namespace_init: Identity | None = None
         self._status_fd: int | None = status_fd
         os.set_blocking(status_fd, False)
         #: a worker forked ahead: the write end of its go pipe until ``release``
@@ -449,6 +459,7 @@ def _forked_reply(data: bytes, fds: list[int]) -> LaunchReply:
 def _forked(pid: int, status_fd: int, reply: LaunchReply) -> ForkedProcess:
     process = ForkedProcess(pid, status_fd)
     process.preloaded = reply.preloaded
+    process.namespace_init = namespace_init(pid)
     return process
 
 
