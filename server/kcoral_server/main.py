@@ -14,6 +14,7 @@ import ipaddress
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import replace
@@ -260,8 +261,10 @@ async def _serve(
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     if tunnel is not None:
-        # SERVER §12.5: idle slots close at once, active ones deliver their response.
-        await asyncio.gather(_shutdown(state, events), tunnel.close())
+        # SERVER §12.5: idle worker slots close at once, active ones deliver their response;
+        # control slots stay while the server drains, for the jobs that end meanwhile.
+        await asyncio.gather(_shutdown(state, events), tunnel.close_worker_slots())
+        await tunnel.close()
     else:
         await _shutdown(state, events)
     server.stop()
@@ -275,6 +278,7 @@ async def _serve(
 async def _shutdown(state: ServerState, events: EventLog) -> None:
     """SERVER §12: stop admitting, let running requests finish, close workers."""
     pool = state.pool
+    since = time.monotonic()
     state.shutting_down = True
     pool.begin_shutdown()
     remaining = pool.requests_in_progress
@@ -295,8 +299,20 @@ async def _shutdown(state: ServerState, events: EventLog) -> None:
             remaining = now_remaining
             sys.stderr.write(f"Finishing remaining benchmarks: {remaining} left.\n")
             sys.stderr.flush()
+    # A job that ended just now (or during the drain) is read by its client right after its
+    # last event: give that read a moment, or the client of a finished program lost its
+    # result to the server's exit (always through a node, whose control slots then closed).
+    unread = since - RESULT_GRACE_SECONDS
+    deadline = time.monotonic() + RESULT_GRACE_SECONDS
+    while state.jobs.unread_results(unread) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     await state.stop()
     events.emit("shutdown_complete")
+
+
+#: how long a draining server waits, once its work is done, for the results of jobs that
+#: finished during the drain or this long before it to be read (SERVER §12 step 4)
+RESULT_GRACE_SECONDS = 3.0
 
 
 def _write_ready_file(path: Path, url: str) -> None:

@@ -94,3 +94,29 @@ def test_the_program_running_on_a_node_stopped_with_sigterm_completes_for_its_cl
         assert "tunnel_disconnected" not in router.log()
     finally:
         router.stop()
+
+
+def test_a_job_that_ends_while_its_node_drains_can_still_be_read_through_the_router(
+    tmp_path: Path,
+) -> None:
+    # Before, the node's tunnel closed its control slots at SIGTERM: the job ran to its
+    # end during the drain, its client saw every event up to there (or none: the events
+    # go through control slots too), and then could not read its result, lost with the
+    # server's exit (a soak of `kcoral run` through a router: 2 of 2 node restarts).
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    node = Node(tmp_path, router, "n0")
+    try:
+        ready_nodes(router, 1)
+        folder = tmp_path / "held"
+        folder.mkdir()
+        with kcoral.Client(router.url) as client:
+            job = client.submit(held_program(folder))
+            wait_until((folder / "started").exists, "the program runs")
+            node.process.send_signal(signal.SIGTERM)
+            (folder / "release").write_text("")
+            result = job.result(timeout=60)
+        assert result.status == "COMPLETED" and result["out"] == "answer " * 200
+        assert node.process.wait(60) == 0
+    finally:
+        node.stop()
+        router.stop()

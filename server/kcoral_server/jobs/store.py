@@ -139,6 +139,7 @@ class Job(RequestObserver):
         self.last_event_at = time.monotonic()
         self.listeners: set[asyncio.Event] = set()
         self.result: StoredResult | None = None
+        self.result_read = False  # ``/result`` was answered once (a draining server waits)
         self.finished_monotonic: float | None = None
         self.request: ExecuteRequest | None = None
         self.accepted_future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -343,6 +344,18 @@ class JobRegistry:
             return job if identity.owns(job.owner) else None
         expiry = self.expired.get(job_id)
         return expiry if expiry is not None and identity.owns(expiry.owner) else None
+
+    def unread_results(self, since: float) -> int:
+        """How many jobs that finished at ``since`` (monotonic) or later have a result
+        nobody has read yet (a cancelled job has none to read)."""
+        return sum(
+            1
+            for job in self.jobs.values()
+            if job.finished_monotonic is not None
+            and job.finished_monotonic >= since
+            and job.status != "CANCELLED"
+            and not job.result_read
+        )
 
     def newest_first(self, identity: Identity) -> list[Job]:
         """The jobs ``identity`` may see, newest first."""

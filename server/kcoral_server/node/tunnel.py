@@ -191,6 +191,7 @@ class Tunnel:
         self.control_slots = control_slot_count(slot_count)
         self.event_log = event_log
         self.closing = False
+        self.closing_workers = False  # worker slots only (``close_worker_slots``)
         self.channel = open_channel(router_endpoint)
         # Data frames go through the wire-level fast path (frames.py); data arrives as
         # memoryviews into the received message, written to the loopback socket uncopied.
@@ -214,16 +215,27 @@ class Tunnel:
         total = self.slot_count + self.control_slots
         self.tasks = [loop.create_task(self.run_slot(i)) for i in range(total)]
 
+    async def close_worker_slots(self) -> None:
+        """The server drains (SERVER §12.5): its worker slots close, idle ones now and busy
+        ones after their answer. Control slots stay until ``close``: a job that finishes
+        meanwhile is still read through them (its events, its result); closed at once,
+        its client lost the result of a program the node had run to its end."""
+        self.closing_workers = True
+        for index, call in list(self.idle_calls.items()):
+            if index < self.slot_count:
+                call.cancel()
+        await asyncio.gather(*self.tasks[: self.slot_count], return_exceptions=True)
+
     async def close(self) -> None:
         """Close idle slots now; busy ones close after delivering their response."""
         self.closing = True
         for call in list(self.idle_calls.values()):
             call.cancel()
-        for task in self.tasks:
-            if task.done():
-                continue
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.channel.close()
+
+    def _closing(self, index: int) -> bool:
+        return self.closing or (self.closing_workers and index < self.slot_count)
 
     # -- one slot --------------------------------------------------------------------------
 
@@ -233,7 +245,7 @@ class Tunnel:
         metadata = self.metadata
         if index >= self.slot_count:
             metadata = (*metadata, (SLOT_KIND_METADATA, CONTROL))
-        while not self.closing:
+        while not self._closing(index):
             slot_id = str(uuid.uuid4())
             call = self.connect_slot(metadata=metadata)
             expected, error = False, ""
@@ -273,7 +285,7 @@ class Tunnel:
             finally:
                 self.idle_calls.pop(index, None)
                 call.cancel()
-            if self.closing:
+            if self._closing(index):
                 break
             wait = 0.0 if expected else jittered(delay)
             if not expected:
@@ -286,12 +298,12 @@ class Tunnel:
                 error=error,
                 reconnect_delay_seconds=round(wait, 3),
             )
-            await self._sleep(wait)
+            await self._sleep(wait, index)
         connection.close()
 
-    async def _sleep(self, seconds: float) -> None:
+    async def _sleep(self, seconds: float, index: int) -> None:
         end = asyncio.get_running_loop().time() + seconds
-        while not self.closing:
+        while not self._closing(index):
             left = end - asyncio.get_running_loop().time()
             if left <= 0:
                 return
@@ -308,7 +320,7 @@ class Tunnel:
         self.idle_calls[index] = call
         try:
             while True:
-                if self.closing and (
+                if self._closing(index) and (
                     current is None or current.task is None or current.task.done()
                 ):
                     return False, "shutting down"
@@ -390,9 +402,7 @@ class Tunnel:
         if chunked:
             headers.append((b"transfer-encoding", b"chunked"))
         connection = await pool.get()
-        body_task = asyncio.get_running_loop().create_task(
-            self._send_body(connection, request, chunked)
-        )
+        body_task = asyncio.get_running_loop().create_task(send_body(connection, request, chunked))
         answered = False  # read to its end: only then may the connection serve another
         try:
             await connection.send_head(method, path, headers)
@@ -436,7 +446,7 @@ class Tunnel:
             await asyncio.gather(body_task, return_exceptions=True)
             pool.put(connection, answered)
             # (A request followed by the next one on its slot leaves the slot's end to it.)
-            if self.closing and not request.followed:
+            if self._closing(index) and not request.followed:
                 # Draining: half-close, and the router ends the stream once it has read the
                 # answer (serve() then sees the end). A cancel here could overtake the frames
                 # just written, and the last answer of a draining node was lost.
@@ -445,18 +455,18 @@ class Tunnel:
             elif not request.followed:
                 self.idle_calls[index] = call
 
-    async def _send_body(
-        self, connection: HttpConnection, request: _Request, chunked: bool
-    ) -> None:
-        try:
-            while True:
-                piece = await request.body.get()
-                if piece is None:
-                    await connection.send_end(chunked=chunked)
-                    return
-                await connection.send(piece, chunked=chunked)
-        except ChannelClosed:
-            return
+
+async def send_body(connection: HttpConnection, request: _Request, chunked: bool) -> None:
+    """Stream ``request``'s body to the local server as the router sends it."""
+    try:
+        while True:
+            piece = await request.body.get()
+            if piece is None:
+                await connection.send_end(chunked=chunked)
+                return
+            await connection.send(piece, chunked=chunked)
+    except ChannelClosed:
+        return
 
 
 class HttpConnectionPool:
@@ -500,6 +510,9 @@ class HttpConnectionPool:
 @dataclass
 class TunnelHandle:
     tunnel: Tunnel
+
+    async def close_worker_slots(self) -> None:
+        await self.tunnel.close_worker_slots()
 
     async def close(self) -> None:
         await self.tunnel.close()

@@ -157,6 +157,7 @@ class JobResultHandler(JobHandler):
         if result is None:
             self.send_error_json(409, "not_finished", "the job has not finished")
             return
+        job.result_read = True
         pieces = None
         if result.file is not None:
             try:  # opened now: the job may be dropped while its result is being sent
