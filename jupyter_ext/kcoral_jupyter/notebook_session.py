@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kcoral import Client, KCoralError, ProgramResult
+from kcoral import Client, KCoralError, ProgramResult, TransportError
 from kcoral.client_sessions import Session as ClientSession
 from kcoral.protocol.strict_json import finite_float
 from kcoral_jupyter.cell_errors import (
@@ -85,6 +85,26 @@ def ended_error(remote: NotebookSession) -> SessionEndedError:
         "its variables are gone: %kcoral session start begins a new session, "
         "%kcoral session stop runs cells without one",
     )
+
+
+def session_ended_under(remote: NotebookSession | None) -> TwoLineError | None:
+    """When a session cell's job was cancelled: the session's end, if that is what it was
+    (its Stop in the JupyterLab panel, a DELETE, an interrupt's grace passed), as two lines;
+    else None (a cancel of the job alone, the session lives on). Before, the cell said
+    "the job was cancelled … run the cell again", and the next cell failed: it had ended."""
+    if remote is None:
+        return None
+    try:
+        record = remote.handle.info()
+    except KCoralError as exc:
+        return session_refusal(exc, remote)  # 410 or 404: it ended
+    except TransportError:
+        return None
+    if record.get("state") != "ENDED":
+        return None
+    message = record.get("end_message")
+    remote.ended_message = message if isinstance(message, str) and message else "ended"
+    return ended_error(remote)
 
 
 def session_interrupted(remote: NotebookSession) -> CellCancelledError:

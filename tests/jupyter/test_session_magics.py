@@ -5,6 +5,8 @@ session, ``-i``/``-o`` still move values, and every refusal is two lines that sa
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -179,6 +181,34 @@ def test_a_session_ended_on_the_server_refuses_the_next_cells_in_two_lines(
     ok(shell, "%kcoral session stop")
     result, _ = ok(shell, "%%kcoral\n2\n")  # without a session again
     assert result.result == 2
+
+
+def test_a_session_stopped_while_its_cell_runs_says_the_session_ended_not_run_it_again(
+    shell, session_server
+) -> None:
+    # The panel's Stop (a DELETE) while the cell's program runs. Before, the cell said
+    # "the job was cancelled ... run the cell again", and running it again said the
+    # session had ended.
+    _, started = ok(shell, "%kcoral session start")
+    session_id = started_id(started)
+
+    def stop_once_running() -> None:
+        with Client(session_server, token=ALICE) as client:
+            for _ in range(600):
+                if client.attach_session(session_id).record.get("state") == "RUNNING":
+                    client.attach_session(session_id).close()
+                    return
+                time.sleep(0.05)
+
+    stopper = threading.Thread(target=stop_once_running)
+    stopper.start()
+    try:
+        result, _ = run(shell, "%%kcoral\nimport time\ntime.sleep(60)\n")
+    finally:
+        stopper.join(60)
+    lines = refusal_lines(result, SessionEndedError)
+    assert "has ended: session ended by its owner" in lines[0], lines
+    assert "%kcoral session start" in lines[1]
 
 
 def test_another_identity_cannot_attach_a_session_and_is_told_in_two_lines(

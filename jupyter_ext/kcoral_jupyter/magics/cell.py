@@ -35,6 +35,7 @@ from kcoral_jupyter.notebook_session import (
     NotebookSession,
     after_stop_hint,
     ended_error,
+    session_ended_under,
     session_interrupted,
     session_refusal,
 )
@@ -136,6 +137,10 @@ class CellMagic:
             result = run_cell(client, built, options, line_out, record=record, use_jobs=use_jobs)
         except KeyboardInterrupt as exc:
             if isinstance(exc, TwoLineError):  # cancelled elsewhere (the panel's Cancel)
+                ended = session_ended_under(remote)
+                if ended is not None:  # the session's Stop: not "run the cell again"
+                    line_out.show(ended.cause, status="ERROR")
+                    raise ended from exc
                 line_out.show(exc.cause, status="CANCELLED")
                 raise
             if remote is not None:
