@@ -178,7 +178,7 @@ def run(options: RunOptions) -> int:
         say(str(lost))
         return 1
     except KCoralError as exc:
-        say(f"server error: {exc}")
+        say(server_error(exc, options.url))
         return 1
     except TransportError as exc:
         # One line: the address and the innermost reason, not urllib3's chain of wrappers.
@@ -188,6 +188,19 @@ def run(options: RunOptions) -> int:
         say(f"invalid response from the server: {exc}")
         return 1
     return report(options, result)
+
+
+def server_error(exc: KCoralError, url: str) -> str:
+    """An HTTP error as one line. An answer without a KCoral error body (the message is
+    then only ``HTTP <code>``, CLIENT_API §9) came from something else than a KCoral
+    server: another program on that port, or a proxy in front of it. Before, it read
+    "server error: HTTP 501: HTTP 501"."""
+    if exc.kind is None and exc.message == f"HTTP {exc.status_code}":
+        return (
+            f"{url} answered HTTP {exc.status_code} without a KCoral error: is it a KCoral "
+            "server (or a proxy in front of one)?"
+        )
+    return f"server error: {exc}"
 
 
 def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import io
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
+from kcoral.cli import main as kcoral_main
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
 from kcoral.run import command as run_cli
 from kcoral.run.arguments import parse_command_line
@@ -279,3 +282,24 @@ def test_progress_shows_bytes_and_rate_on_a_terminal() -> None:
     assert "32.0 MiB of 64.0 MiB (32.0 MiB/s)" in text
     assert text.endswith("send: 64.0 MiB in 2.0 s (32.0 MiB/s)\n")
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(3) == "3 B"
+
+
+def test_a_url_where_no_kcoral_server_answers_is_said_to_be_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Another program on the port (here Python's http.server, which answers 501 to what
+    # it does not know). Before: "server error: HTTP 501: HTTP 501".
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert kcoral_main(["run", "shell", "--url", url, "--", "true"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1] == (
+        f"kcoral run: {url} answered HTTP 501 without a KCoral error: is it a KCoral server "
+        "(or a proxy in front of one)?"
+    ), said
