@@ -445,14 +445,15 @@ class Tunnel:
                 body_task.cancel()
             await asyncio.gather(body_task, return_exceptions=True)
             pool.put(connection, answered)
-            # (A request followed by the next one on its slot leaves the slot's end to it.)
-            if self._closing(index) and not request.followed:
+            if request.followed:
+                pass  # the slot carries the next request already: its end is that one's
+            elif self._closing(index):
                 # Draining: half-close, and the router ends the stream once it has read the
                 # answer (serve() then sees the end). A cancel here could overtake the frames
                 # just written, and the last answer of a draining node was lost.
                 with contextlib.suppress(*STREAM_ENDED):
                     await call.done_writing()
-            elif not request.followed:
+            else:
                 self.idle_calls[index] = call
 
 

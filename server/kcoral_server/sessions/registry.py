@@ -199,10 +199,7 @@ class Session:
 
     def _interrupt_expired(self, request: ExecuteRequest) -> None:
         if self.running is request:
-            message = (
-                f"session ended: program {request.request_id} did not stop within "
-                f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
-            )
+            message = _not_stopped_message(request.request_id)
             request.cancel("cancelled", _ended_under(message))
 
     def checkout(self, request: ExecuteRequest) -> SessionCheckout:
@@ -236,10 +233,7 @@ class Session:
                 f"session ended: program {request_id} passed its deadline and its worker was killed"
             )
         elif reason == "interrupt_grace" and interrupted:
-            message = (
-                f"session ended: program {request_id} did not stop within "
-                f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
-            )
+            message = _not_stopped_message(request_id)
         elif reason == "interrupt_grace":
             message = f"session ended: program {request_id} was cancelled and its worker was killed"
         else:
@@ -315,6 +309,14 @@ class Session:
             running.cancel("cancelled", _ended_under(message))
             return
         self.registry.retire(self)
+
+
+def _not_stopped_message(request_id: str | None) -> str:
+    """The end message of a session whose program outlived an interrupt's grace."""
+    return (
+        f"session ended: program {request_id} did not stop within "
+        f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
+    )
 
 
 def _ended_under(message: str) -> RequestFailed:
