@@ -23,9 +23,13 @@ sub-commands:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if args[:1] in (["-h"], ["--help"]):
         sys.stdout.write(_USAGE)
         return 0
+    if not args:
+        # a script whose sub-command came from an empty variable must not pass for a success
+        sys.stderr.write(f"kcoral: missing sub-command\n\n{_USAGE}")
+        return 2
     command, rest = args[0], args[1:]
     if command == "server":
         return server_main(rest)

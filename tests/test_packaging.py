@@ -28,9 +28,12 @@ def test_import_kcoral_loads_no_server_torch_jupyter_or_grpc_module() -> None:
     assert out.strip() == "[]"
 
 
-def test_the_kcoral_command_prints_help_without_a_sub_command() -> None:
+def test_the_kcoral_command_prints_its_usage_and_fails_without_a_sub_command() -> None:
+    bare = subprocess.run([sys.executable, "-m", "kcoral"], capture_output=True, text=True)
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert "server" in bare.stderr and "router" in bare.stderr and "run" in bare.stderr
     out = subprocess.run(
-        [sys.executable, "-m", "kcoral"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "kcoral", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "server" in out and "router" in out and "run" in out
 

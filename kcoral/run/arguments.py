@@ -85,7 +85,10 @@ class RunOptions:
 def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:
     """Check the whole command line; ``UsageError`` or ``HelpRequested`` otherwise."""
     words = list(argv)
-    if not words or words[0] in ("-h", "--help"):
+    if not words:
+        # `kcoral run $TOOL` with an empty variable must fail, not pass for a success
+        raise UsageError("missing tool")
+    if words[0] in ("-h", "--help"):
         raise HelpRequested(general_help())
     tool = get_tool(words[0])
     values: dict[str, Any] = {}

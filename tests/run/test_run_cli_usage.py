@@ -34,8 +34,6 @@ def test_run_help_and_tool_help_print_without_a_server(
 ) -> None:
     assert kcoral_main(["run", "--help"]) == 0
     assert "usage: kcoral run TOOL" in capsys.readouterr().out
-    assert kcoral_main(["run"]) == 0
-    capsys.readouterr()
     assert kcoral_main(["run", "ncu", "--help"]) == 0
     out = capsys.readouterr().out
     assert "kcoral run ncu" in out and "--out" in out
@@ -44,6 +42,7 @@ def test_run_help_and_tool_help_print_without_a_server(
 @pytest.mark.parametrize(
     "argv",
     [
+        [],
         ["bash", "--url", URL, "--", "ls"],
         ["python", "--url", URL],
         ["python", "--url", URL, "x.py"],
@@ -104,6 +103,18 @@ def test_every_usage_error_exits_2_without_contacting_a_server(
     assert kcoral_main(["run", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kcoral run: error: ") and "usage: kcoral run" in err
+
+
+def test_kcoral_without_a_sub_command_is_a_usage_error_and_help_is_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert kcoral_main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("kcoral: missing sub-command")
+    assert "usage: kcoral" in captured.err
+    assert kcoral_main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: kcoral {server,router,run}")
 
 
 def test_an_existing_out_directory_is_a_usage_error(
