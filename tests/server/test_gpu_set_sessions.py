@@ -14,6 +14,7 @@ from http_helpers import Response, get, module_program, request
 from kcoral_server.pool.handles import HandleMaker
 from kcoral_server.pool.seat import GpuDevice, Seat
 from kcoral_server.sessions.registry import least_used_gpus
+from metrics_support import scrape
 from session_requests import create_session, run_in, value_of
 
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
@@ -98,6 +99,20 @@ def test_a_two_gpu_sessions_programs_see_both_gpus_and_keep_their_state(kcoral_s
     assert "differs from this session's (2)" in other.body["error"]["message"]
     seats = get(url, "/internal/worker-status").body["session_seats"]
     assert [(s["session_id"], s["gpu_ids"], s["worker_pid"]) for s in seats] == [(sid, [0, 1], pid)]
+    assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
+
+
+@pytest.mark.parametrize("kcoral_server", [TWO_FAKE_GPUS], indirect=True)
+def test_a_two_gpu_sessions_program_counts_its_lease_on_both_gpus(kcoral_server) -> None:
+    url = kcoral_server.url
+    sid = create_session(url, gpu_count=2).body["session_id"]
+    before = scrape(url)
+    assert value_of(run_in(url, sid, module_program(STATE, [("put", ["k", 1])])), "put")
+    after = scrape(url)
+    for gpu in ("0", "1"):
+        for series in ("kcoral_lease_held_seconds_count", "kcoral_lease_wait_seconds_count"):
+            key = f'{series}{{gpu="{gpu}"}}'
+            assert after.get(key, 0.0) - before.get(key, 0.0) == 1.0, (key, before, after)
     assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
 
 

@@ -244,6 +244,10 @@ class ExecuteRequest:
                 gpu_ids = seat.worker.gpu_ids if seat.worker is not None else []
                 if options.gpu_count is not None and seat.pinned is None:
                     gpu_ids = []  # its GPUs are the set it leases next (observer.gpu_set)
+                elif seat.pinned is not None and len(gpu_ids) > 1:
+                    # a session pinned to several GPUs leases them all for each program:
+                    # the log and the per-GPU lease metrics name the whole set
+                    self.record.gpu_ids = list(gpu_ids)
                 self.observer.assigned(seat.id, list(gpu_ids), queue_ms)
                 try:
                     run = SeatRun(
