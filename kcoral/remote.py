@@ -28,6 +28,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Coroutine, Mapping, Set
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from kcoral.errors import ProtocolError, RemoteExecutionError
@@ -175,6 +176,7 @@ def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
             isinstance(module, types.ModuleType)
             and module.__name__ not in ("__main__", "builtins")
             and not module.__name__.startswith("kcoral")
+            and not _server_imports_it(module)
             and module.__name__ not in cloudpickle.list_registry_pickle_by_value()
         )
         if register:
@@ -184,6 +186,19 @@ def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         finally:
             if register:
                 cloudpickle.unregister_pickle_by_value(module)
+
+
+def _server_imports_it(module: types.ModuleType) -> bool:
+    """Whether ``module`` is the standard library's or an installed distribution's.
+
+    Those travel by reference, as cloudpickle sends them: the server has them too, and by
+    value they do not survive (``json.dumps``, ``functools.partial`` objects,
+    ``operator.itemgetter``: their modules hold classes cloudpickle cannot copy).
+    """
+    if module.__name__.partition(".")[0] in sys.stdlib_module_names:
+        return True
+    parts = Path(getattr(module, "__file__", None) or "").parts
+    return "site-packages" in parts or "dist-packages" in parts
 
 
 # ---------------------------------------------------------------------- argument checks

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
+import operator
 import time
 from pathlib import Path
 
@@ -115,6 +117,16 @@ def test_pickle_mode_sends_closures_lambdas_and_local_objects(client) -> None:
     total = client.function(serialization="pickle")(lambda a: (a * 2, a.dtype.name))
     doubled, dtype = total.remote(np.arange(4, dtype=np.float64))
     assert doubled.tolist() == [0.0, 2.0, 4.0, 6.0] and dtype == "float64"
+
+
+def test_standard_library_callables_and_partials_work_in_pickle_mode(client) -> None:
+    # Their modules once went by value too, which cannot copy them (json's encoder class,
+    # functools' and operator's C types): the call failed before or after it was sent.
+    pickled = client.function(serialization="pickle")
+    assert pickled(json.dumps).remote({"a": 1}) == '{"a": 1}'
+    assert pickled(operator.itemgetter(1)).remote(["a", "b"]) == "b"
+    assert pickled(functools.partial(pow, 2)).remote(10) == 1024
+    assert pickled(functools.partial(lambda a, b: a - b, 5)).remote(2) == 3
 
 
 def test_the_serialization_can_change_per_call(client) -> None:
