@@ -367,6 +367,24 @@ export function formatAge(seconds: number): string {
   return `${Math.floor(whole / 3600)} h${minutes ? ` ${minutes} min` : ''}`;
 }
 
+/**
+ * A time still to come in its largest whole units, rounded up: `8 min` while 7 min 30 s are
+ * left, so that a session's idle time (rounded down) plus its time left is never less than
+ * its idle limit, and `ends in 1 min` is never said with more than a minute to go.
+ */
+export function formatTimeLeft(seconds: number): string {
+  const whole = Math.max(0, Math.ceil(seconds));
+  if (whole < 60) {
+    return `${whole} s`;
+  }
+  const totalMinutes = Math.ceil(whole / 60);
+  if (totalMinutes < 60) {
+    return `${totalMinutes} min`;
+  }
+  const minutes = totalMinutes % 60;
+  return `${Math.floor(totalMinutes / 60)} h${minutes ? ` ${minutes} min` : ''}`;
+}
+
 /** Why a session ended (EXTENSIONS §11 `end_reason`), as a person says it. */
 const END_REASON_WORDS = new Map<string, string>([
   ['deleted', 'stopped'],
@@ -420,7 +438,7 @@ export function sessionView(
       const parts = [isNumber(since) ? `idle ${formatAge(now - since)}` : 'idle'];
       if (isNumber(session.idle_deadline)) {
         const left = session.idle_deadline - now;
-        parts.push(left >= 1 ? `ends in ${formatAge(left)}` : 'ending');
+        parts.push(left >= 1 ? `ends in ${formatTimeLeft(left)}` : 'ending');
       }
       state = parts.join(' · ');
       break;

@@ -2,6 +2,7 @@ import { IInfo, ISession, KCoralApi } from '../api';
 import {
   formatAge,
   formatBytes,
+  formatTimeLeft,
   orderSessions,
   sessionSeatsText,
   sessionView
@@ -30,7 +31,7 @@ const session = (over: Partial<ISession> = {}): ISession => ({
 describe('a session in the panel', () => {
   it('counts idle time and the time left on the KCoral server clock, not the browser', () => {
     const view = sessionView(session(), 999_999);
-    expect(view.state).toBe('idle 2 min · ends in 7 min');
+    expect(view.state).toBe('idle 2 min · ends in 8 min');
     expect([view.shortId, view.owner, view.gpu, view.memory]).toEqual([
       '5f0c2a9e',
       'alice',
@@ -42,13 +43,27 @@ describe('a session in the panel', () => {
 
   it('falls back to the browser clock when the server sent no Date', () => {
     const view = sessionView(session({ observed_at: null }), 1_110);
-    expect(view.state).toBe('idle 10 s · ends in 9 min');
+    expect(view.state).toBe('idle 10 s · ends in 10 min');
   });
 
   it('counts idle time from creation before the first program', () => {
     const view = sessionView(session({ last_program_finished_at: null, programs: 0 }), 0);
-    expect(view.state).toBe('idle 4 min · ends in 7 min');
+    expect(view.state).toBe('idle 4 min · ends in 8 min');
     expect(view.title).toContain('0 programs');
+  });
+
+  it('rounds the time left up, so idle time plus time left never falls short of the limit', () => {
+    // 7 min 30 s left: idle 2 min 30 s is shown as 2 min, the time left as 8 min
+    expect(sessionView(session({ observed_at: 1_250 }), 0).state).toBe(
+      'idle 2 min · ends in 8 min'
+    );
+    expect(formatTimeLeft(58.2)).toBe('59 s');
+    expect(formatTimeLeft(59.2)).toBe('1 min');
+    expect(formatTimeLeft(60)).toBe('1 min');
+    expect(formatTimeLeft(61)).toBe('2 min');
+    expect(formatTimeLeft(3_599)).toBe('1 h');
+    expect(formatTimeLeft(3_601)).toBe('1 h 1 min');
+    expect(formatTimeLeft(7_200)).toBe('2 h');
   });
 
   it('says a session past its deadline is ending rather than a negative time', () => {
