@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine, Mapping, Set
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
+from kcoral.connection.in_flight import call_cuttable
 from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
@@ -523,10 +524,10 @@ class RemoteFunction:
         if self._client.is_async:
             return await self._client.execute(program, **self._options(fmt))
         # A sync Client: its blocking call runs on a thread so the caller's loop keeps
-        # running; the client's pool, headers and token are used as they are.
-        loop = asyncio.get_running_loop()
+        # running, and a cancel cuts its connection; the client's pool, headers and token
+        # are used as they are.
         call = functools.partial(self._client.execute, program, **self._options(fmt))
-        return await loop.run_in_executor(None, call)
+        return await call_cuttable(call)
 
     def _execute_blocking(self, program: Program, fmt: str) -> ProgramResult:
         if self._client.is_async:

@@ -13,13 +13,16 @@ The thread running a request sets its ``InFlight`` (``running``); the keep-alive
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import Future
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: How long a cut keeps trying when the request's connection has no socket yet (it is
 #: connecting): the thread then sends, and the socket appears.
@@ -89,3 +92,33 @@ def attach_to_current(connection: Any) -> None:
     request = getattr(_current, "request", None)
     if request is not None:
         request.attach(connection)
+
+
+#: Threads of ``call_cuttable`` (as many as a client's default ``max_connections``).
+_CALL_THREADS = 64
+_call_pool: ThreadPoolExecutor | None = None
+_call_pool_lock = threading.Lock()
+
+
+async def call_cuttable(call: Callable[[], T]) -> T:
+    """Await a blocking client call (``Client.execute``) run on a thread; cancelling the
+    awaiting task cuts the connection it is using, as for an ``AsyncClient`` request, so the
+    server cancels its program (EXTENSIONS §9). A remote function's ``run_async`` call on a
+    sync ``Client`` uses it: before, its program ran on to its end after a cancel."""
+    global _call_pool
+    with _call_pool_lock:
+        if _call_pool is None:
+            _call_pool = ThreadPoolExecutor(_CALL_THREADS, thread_name_prefix="kcoral-call")
+        pool = _call_pool
+    flight = InFlight()
+    future = pool.submit(_call_as, flight, call)
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        flight.cut(future)  # a call not started yet was cancelled with the task
+        raise
+
+
+def _call_as(flight: InFlight, call: Callable[[], T]) -> T:
+    with running(flight):
+        return call()

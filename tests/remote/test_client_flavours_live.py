@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -124,3 +125,37 @@ def test_an_async_call_that_times_out_cancels_its_program_on_the_server(server_u
             raise AssertionError(f"the program still runs on the server: {load}")
 
     asyncio.run(scenario())
+
+
+def nap() -> None:
+    import time
+
+    time.sleep(120)
+
+
+def test_a_cancelled_run_async_call_of_a_sync_client_cancels_its_program_on_the_server(
+    server_url: str,
+) -> None:
+    # Before, the sync Client's blocking call ran on an executor thread that a cancel left
+    # alone: the program ran on to its end (two minutes here) for a caller that had given up.
+    with Client(server_url) as client:
+        remote_nap = client.function(timeout=300)(nap)
+
+        def in_progress() -> int:
+            return int(client.health()["load"]["requests_in_progress"])
+
+        async def scenario() -> None:
+            call = asyncio.ensure_future(remote_nap.remote(run_async=True))
+            while in_progress() == 0:  # the program has started on the server
+                assert not call.done(), call
+                await asyncio.sleep(0.05)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+
+        asyncio.run(scenario())
+        for _ in range(300):
+            if in_progress() == 0:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the program still runs on the server: {client.health()['load']}")
