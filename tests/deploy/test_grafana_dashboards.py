@@ -59,3 +59,45 @@ def test_a_dashboard_asks_for_its_prometheus_data_source(dashboard: str) -> None
     assert variables["datasource"]["query"] == "prometheus"
     for panel in document["panels"]:
         assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def unit_of(expr: str) -> str:
+    """The Grafana unit a query's values are in, read off the query: a quantile of a
+    ``_seconds`` histogram is seconds, a ``rate`` is per second (bytes, requests -- a tunnel
+    error is a failed request -- or other events), an ``increase`` a count, a ``_bytes``
+    gauge bytes, any other gauge a count."""
+    if expr.startswith("histogram_quantile(") and "_seconds_bucket" in expr:
+        return "s"
+    if "rate(" in expr:
+        if "_bytes_total" in expr:
+            return "Bps"
+        return "reqps" if re.search(r"(requests|tunnel_errors)_total", expr) else "ops"
+    if re.fullmatch(r"kcoral_[a-z_]*_bytes(\{.*\})?", expr):
+        return "bytes"
+    return "short"
+
+
+def shown_unit(panel: dict, ref_id: str) -> str:
+    """The unit Grafana shows a panel's query in: an override for its refId, else the
+    panel's default."""
+    config = panel["fieldConfig"]
+    for override in config.get("overrides", []):
+        matcher = override["matcher"]
+        if matcher == {"id": "byFrameRefID", "options": ref_id}:
+            for item in override["properties"]:
+                if item["id"] == "unit":
+                    return str(item["value"])
+    return str(config["defaults"]["unit"])
+
+
+@pytest.mark.parametrize("dashboard", ["kcoral-server.json", "kcoral-router.json"])
+def test_every_dashboard_query_is_shown_in_the_unit_of_what_it_measures(dashboard: str) -> None:
+    document = json.loads((GRAFANA / dashboard).read_text(encoding="utf-8"))
+    wrong = [
+        f"{panel['title']} {target['refId']}: {shown_unit(panel, target['refId'])}, "
+        f"not {unit_of(target['expr'])}"
+        for panel in document["panels"]
+        for target in panel["targets"]
+        if shown_unit(panel, target["refId"]) != unit_of(target["expr"])
+    ]
+    assert not wrong, wrong
