@@ -6,12 +6,15 @@ scrape's repeated samples)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.request import urlopen
 
 from kcoral_server.metrics.labels import MAX_NAMED_KINDS, MAX_NAMED_NODES
 from kcoral_server.metrics.router_metrics import RouterMetrics
 from kcoral_server.router.registry import READY, NodeRecord, Registry
 from kcoral_server.router.settings import RouterSettings
 from prometheus_client.parser import text_string_to_metric_families
+from router_helpers import start_router
 
 
 @dataclass
@@ -59,3 +62,22 @@ def test_nodes_and_kinds_past_the_named_ones_are_summed_under_other() -> None:
     }
     assert len(nodes_per_kind) == MAX_NAMED_KINDS + 1 and "other" in nodes_per_kind
     assert sum(nodes_per_kind.values()) == count
+
+
+def test_the_router_capacity_metric_says_it_counts_busy_slots_too_as_health_does(
+    tmp_path: Path,
+) -> None:
+    """``registry.capacity()`` is /health's ``request_capacity``: busy and idle slots (ROUTER
+    §9). Its help text said "idle worker slots", so a reader took a busy fleet for a full one."""
+    router = start_router(tmp_path)
+    try:
+        with urlopen(router.url + "/metrics", timeout=30) as answer:  # loopback: no token needed
+            text = answer.read().decode()
+    finally:
+        router.stop()
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "kcoral_router_request_capacity"
+    ]
+    assert "busy and idle" in family.documentation, family.documentation

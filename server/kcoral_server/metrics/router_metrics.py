@@ -64,7 +64,11 @@ class RouterGauges(Collector):
         for name, documentation, value in (
             ("kcoral_router_queue_depth", "requests waiting for a node", state.admission.waiting),
             ("kcoral_router_requests_in_progress", "requests on a node", state.in_progress),
-            ("kcoral_router_request_capacity", "idle worker slots", registry.capacity()),
+            (
+                "kcoral_router_request_capacity",
+                "worker slots, busy and idle, of ready nodes of the default kind (as /health)",
+                registry.capacity(),
+            ),
         ):
             yield GaugeMetricFamily(name, documentation, value=float(value))
         node_state = GaugeMetricFamily(
