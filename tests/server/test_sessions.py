@@ -408,3 +408,31 @@ def test_a_job_in_a_session_shares_its_state_and_is_read_through_v1_jobs(kcoral_
     request(url, "DELETE", f"/v1/sessions/{sid}")
     ended = request(url, "POST", path, body, {"Content-Type": content_type})
     assert ended.status == 410 and ended.body["error"]["kind"] == "session_ended"
+
+
+DIE_WITH_THE_NEXT_PROGRAM = """
+import json, os, signal
+import kcoral_server.worker.engine as engine
+def arm():
+    # the worker dies as the next program reaches it, before that program's first
+    # instruction: a death between programs that nothing noticed before it was sent
+    engine.Engine.run = lambda self, request, fds: os.kill(os.getpid(), signal.SIGKILL)
+    return json.dumps(1)
+"""
+
+
+def test_a_program_that_finds_its_sessions_worker_dead_is_told_the_session_ended_not_500(
+    kcoral_server,
+) -> None:
+    url = kcoral_server.url
+    sid = create_session(url).body["session_id"]
+    armed = run_in(url, sid, module_program(DIE_WITH_THE_NEXT_PROGRAM, [("arm", [])]))
+    assert value_of(armed, "arm") == 1
+    answer = _call(url, sid, "pid")
+    message = "session ended: its worker exited (signal 9); its state is lost"
+    assert (answer.status, answer.body["error"]) == (
+        410,
+        {"kind": "session_ended", "message": message},
+    )
+    record = get(url, f"/v1/sessions/{sid}").body
+    assert (record["end_reason"], record["end_message"]) == ("worker_exited", message)

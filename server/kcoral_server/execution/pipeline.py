@@ -260,6 +260,10 @@ class ExecuteRequest:
                         record=self.record,
                     )
                     outcome = await run.execute(seat, admitted, queue_ms)
+                except RequestFailed as failed:
+                    if self.session is None:
+                        raise
+                    raise self.session.answer_for(failed) from None
                 finally:
                     state.request_done()
         except NoWorker as exc:  # only the checkout raises it: no seat within the wait, or closing

@@ -202,6 +202,21 @@ class Session:
             message = _not_stopped_message(request.request_id)
             request.cancel("cancelled", _ended_under(message))
 
+    def answer_for(self, failed: RequestFailed) -> RequestFailed:
+        """The answer of a program that failed with ``failed``: one whose worker was gone
+        before its first instruction began (500 ``worker crashed``) never ran; its worker
+        died between programs and only this program noticed, so it gets the 410 that the
+        next program after a noticed death gets (EXTENSIONS §11)."""
+        if (
+            failed.reason == "crashed"
+            and failed.status == 500
+            and self.end_reason == "worker_exited"
+        ):
+            return RequestFailed(
+                410, "session_ended", self.end_message or "session ended", "crashed"
+            )
+        return failed
+
     def checkout(self, request: ExecuteRequest) -> SessionCheckout:
         """The pipeline's seat for ``request`` (instead of ``Pool.checkout``)."""
         return SessionCheckout(self, request)
@@ -227,7 +242,12 @@ class Session:
             return
         reason = END_REASONS.get(retire_reason or "crashed", "worker_exited")
         if reason == "worker_exited":
-            message = self._exited_message(request_id)
+            # a worker found dead before the program's first instruction (its progress slot
+            # untouched since the program was sent) died between programs: the program
+            # never ran, so the message does not blame it
+            slot = handle.progress if handle is not None else None
+            started = slot is None or slot.any_started()
+            message = self._exited_message(request_id if started else None)
         elif reason == "timeout":
             message = (
                 f"session ended: program {request_id} passed its deadline and its worker was killed"
