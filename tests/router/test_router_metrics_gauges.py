@@ -34,13 +34,39 @@ class State:
     in_progress: int = 0
 
 
+def gauge_values(registry: Registry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    metrics = RouterMetrics()
+    metrics._state = State(registry, Waiting())  # type: ignore[assignment]
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+    }
+
+
+def test_a_node_that_left_the_router_counts_no_workers_for_itself_or_its_kind() -> None:
+    registry = Registry(RouterSettings())
+    for node_id in ("a", "b"):
+        registry.nodes[node_id] = NodeRecord(
+            node_id, state=READY, kind="h100", worker_count=4, connected=True
+        )
+    registry._lose(registry.nodes["b"], 0.0)  # its record stays until it is forgotten
+    values = gauge_values(registry)
+    assert values[("kcoral_router_node_workers", (("node", "a"),))] == 4
+    assert values[("kcoral_router_node_workers", (("node", "b"),))] == 0
+    assert values[("kcoral_router_kind_workers", (("kind", "h100"),))] == 4
+    assert values[("kcoral_router_node_state", (("node", "b"), ("state", "unhealthy")))] == 1
+
+
 def test_nodes_and_kinds_past_the_named_ones_are_summed_under_other() -> None:
     registry = Registry(RouterSettings())
     count = MAX_NAMED_NODES + 10
     for i in range(count):
         node_id = f"n{i}"
         kind = f"k{i % (MAX_NAMED_KINDS + 5)}"
-        registry.nodes[node_id] = NodeRecord(node_id, state=READY, kind=kind, worker_count=2)
+        registry.nodes[node_id] = NodeRecord(
+            node_id, state=READY, kind=kind, worker_count=2, connected=True
+        )
     metrics = RouterMetrics()
     metrics._state = State(registry, Waiting())  # type: ignore[assignment]
     text = metrics.exposition().decode()

@@ -78,7 +78,7 @@ class RouterGauges(Collector):
             "kcoral_router_node_busy", "requests on each node's worker slots", labels=["node"]
         )
         workers = GaugeMetricFamily(
-            "kcoral_router_node_workers", "workers each node reports", labels=["node"]
+            "kcoral_router_node_workers", "workers each connected node reports", labels=["node"]
         )
         info = GaugeMetricFamily(
             "kcoral_router_node_info", "1 for each node, with its kind", labels=["node", "kind"]
@@ -98,11 +98,14 @@ class RouterGauges(Collector):
             node_state_label = one_of(node.state, NODE_STATES)
             states[(label, node_state_label)] += 1
             node_busy[label] += node.inflight()
-            node_workers[label] += node.worker_count
+            # a node that left keeps its record (and last report) until it is forgotten, but
+            # offers no worker: counting its last report showed a fleet with a node down as whole
+            offered = node.worker_count if node.connected else 0
+            node_workers[label] += offered
             kinds.add((label, kind))
             kind_states[(kind, node_state_label)] += 1
             kind_busy[kind] += node.inflight()
-            kind_workers[kind] += node.worker_count
+            kind_workers[kind] += offered
             if node.connected and label == node.node_id:
                 live.append(LiveNode(node.node_id, node.server_instance_id, label, kind))
         for (label, node_state_label), count in states.items():
@@ -122,7 +125,9 @@ class RouterGauges(Collector):
             "kcoral_router_kind_busy", "requests on the worker slots of each kind", labels=["kind"]
         )
         kind_workers_family = GaugeMetricFamily(
-            "kcoral_router_kind_workers", "workers the nodes of each kind report", labels=["kind"]
+            "kcoral_router_kind_workers",
+            "workers the connected nodes of each kind report",
+            labels=["kind"],
         )
         for kind in sorted(kind_workers):
             kind_busy_family.add_metric([kind], float(kind_busy[kind]))
