@@ -155,6 +155,10 @@ async def _serve(
         log_programs_max_bytes=config.log_programs_max_bytes,
         log_events_max_bytes=config.log_events_max_bytes,
     )
+    stop = asyncio.Event()
+    stopping = StopRequest(stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.signalled, sig)
     events.emit(
         "server_started",
         run_dir=str(events.run_dir) if events.run_dir else None,
@@ -218,6 +222,13 @@ async def _serve(
         if state is not None:
             await state.stop()
         return 1
+    stopping.started = True
+    if stop.is_set():  # asked to stop during start-up: never listen
+        await _shutdown(state, events)
+        await cleaning
+        events.emit("server_stopped")
+        events.close()
+        return 0
     sys.stderr.write("Application startup complete.\n")
     sys.stderr.flush()
 
@@ -256,9 +267,6 @@ async def _serve(
             slot_key=slot_key,
         )
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     if tunnel is not None:
         # SERVER §12.5: idle worker slots close at once, active ones deliver their response;
@@ -281,17 +289,17 @@ async def _shutdown(state: ServerState, events: EventLog) -> None:
     since = time.monotonic()
     state.shutting_down = True
     pool.begin_shutdown()
-    remaining = pool.requests_in_progress
+    remaining = _in_progress(state)
     events.emit("shutdown_started", remaining=remaining)
     sys.stderr.write(f"Shutdown requested. Finishing remaining benchmarks: {remaining} left.\n")
     sys.stderr.flush()
     seen = state.finished_requests
-    while pool.requests_in_progress > 0 or state.open_requests > 0:
+    while _in_progress(state) > 0 or state.open_requests > 0:
         try:
             await asyncio.wait_for(state.wait_request_done(), 1.0)
         except (asyncio.TimeoutError, TimeoutError):
             pass
-        now_remaining = pool.requests_in_progress
+        now_remaining = _in_progress(state)
         while seen < state.finished_requests:
             seen += 1
             events.emit("shutdown_waiting", remaining=now_remaining)
@@ -308,6 +316,31 @@ async def _shutdown(state: ServerState, events: EventLog) -> None:
         await asyncio.sleep(0.05)
     await state.stop()
     events.emit("shutdown_complete")
+
+
+class StopRequest:
+    """SIGTERM and SIGINT from the first moment of ``_serve`` (SERVER §12). During start-up
+    (probing the sandbox and the GPUs, starting every worker: seconds on a GPU) a signal used
+    to raise ``KeyboardInterrupt`` through ``asyncio.run``: a traceback, and the workers left
+    to die with their parent. Now start-up ends and the server stops without listening; as
+    after start-up, a repeated signal changes nothing."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        self.started = False
+
+    def signalled(self, signum: int) -> None:
+        if not self.started and not self.stop.is_set():
+            name = signal.Signals(signum).name
+            sys.stderr.write(f"kcoral server: {name}: stopping once start-up ends\n")
+            sys.stderr.flush()
+        self.stop.set()
+
+
+def _in_progress(state: ServerState) -> int:
+    """Programs running now: the pool's requests and the sessions' programs (a session's
+    job has no open request to wait for, and its program would die with the session)."""
+    return state.pool.requests_in_progress + state.sessions.programs_running
 
 
 #: how long a draining server waits, once its work is done, for the results of jobs that

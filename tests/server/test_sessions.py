@@ -1,5 +1,5 @@
 """Sessions (EXTENSIONS §11) against real servers: state across programs, isolation, the
-per-program GPU lease (fake GPUs), the idle timeout, a crashed worker, owners."""
+per-program GPU lease (fake GPUs), the idle timeout, a crashed worker, owners, the drain."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from http_helpers import Response, execute_body, get, module_program, request
 from session_requests import create_session, run_in, value_of
+
+import kcoral
 
 FAKE_GPU = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "1"]
 
@@ -436,3 +438,35 @@ def test_a_program_that_finds_its_sessions_worker_dead_is_told_the_session_ended
     )
     record = get(url, f"/v1/sessions/{sid}").body
     assert (record["end_reason"], record["end_message"]) == ("worker_exited", message)
+
+
+WAIT_FOR_GO = """
+import os, time
+import kcoral.session as session
+def f(marker, go):
+    session.namespace["seen"] = True
+    open(marker, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    return "finished"
+"""
+
+
+def test_a_session_job_still_running_when_the_server_drains_finishes_before_the_session_ends(
+    kcoral_server, tmp_path: Path
+) -> None:
+    marker, go = tmp_path / "marker", tmp_path / "go"
+    program = kcoral.Program()
+    waits = program.get_function(module=program.upload(kind="module", source=WAIT_FOR_GO), name="f")
+    program.return_(key="done", value=program.run(fn=waits, args=[str(marker), str(go)]))
+    with kcoral.Client(kcoral_server.url) as client:
+        job = client.session().submit(program)
+        _wait_until(marker.exists)
+        kcoral_server.process.send_signal(signal.SIGTERM)
+        _wait_until(lambda: "shutdown_started" in {e["event"] for e in kcoral_server.events()})
+        go.touch()  # the drain has begun: the program ends only now
+        result = job.result(timeout=60)
+        assert (result.status, result["done"]) == ("COMPLETED", "finished")
+    assert kcoral_server.process.wait(60) == 0
+    ended = [e for e in kcoral_server.events() if e["event"] == "session_ended"]
+    assert [(e["reason"], e["programs"]) for e in ended] == [("shutdown", 1)]

@@ -433,6 +433,12 @@ class Sessions:
     def live(self) -> list[Session]:
         return [s for s in self.sessions.values() if s.state != "ENDED"]
 
+    @property
+    def programs_running(self) -> int:
+        """Session programs on their workers now: they run on no pool seat, so a draining
+        server counts them beside the pool's requests (SERVER §12)."""
+        return sum(1 for s in self.sessions.values() if s.running is not None)
+
     def info(self, identity: Identity) -> dict[str, Any]:
         """``/v1/info``'s ``sessions`` object, with the caller's share: a router places a
         session only where the caller is below ``max_per_identity`` (ROUTER §13)."""
