@@ -33,6 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "server":
         return server_main(rest)
+    try:
+        return _sub_command(command, rest)
+    except KeyboardInterrupt:  # Ctrl-C while Python still imports the sub-command
+        return _interrupted()
+
+
+def _sub_command(command: str, rest: list[str]) -> int:
     if command == "router":
         try:
             from kcoral_server.router.main import main as router_main
@@ -51,10 +58,19 @@ def server_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``kcoral server`` and ``kcoral-server``."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        from kcoral_server.main import main as run_server
-    except ImportError as exc:
-        return _missing_extra("server", exc)
-    return run_server(args)
+        try:
+            from kcoral_server.main import main as run_server
+        except ImportError as exc:
+            return _missing_extra("server", exc)
+        return run_server(args)
+    except KeyboardInterrupt:  # before the server's own signal handlers are in place
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """Ctrl-C before a sub-command handles it itself: one line, not Python's traceback."""
+    sys.stderr.write("kcoral: interrupted\n")
+    return 130
 
 
 def _missing_extra(extra: str, exc: ImportError) -> int:

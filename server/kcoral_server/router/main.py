@@ -104,6 +104,13 @@ def end_calls(registry: Registry) -> None:
 
 async def serve(settings: RouterSettings) -> int:
     log = RouterLog()
+    # From the first moment: a signal during start-up used to raise KeyboardInterrupt
+    # through asyncio.run (a traceback, and grpc's unawaited shutdown); now the router
+    # starts, then stops at once.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     # One descriptor per client, node and relay: take all the hard limit allows (issue 28).
     open_file_limit = raise_open_file_limit()
     state = build_state(settings, log)
@@ -183,11 +190,6 @@ async def serve(settings: RouterSettings) -> int:
     sys.stderr.flush()
     if settings.ready_file is not None:
         settings.ready_file.write_text(url + "\n")
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
 
     async def periodic() -> None:
         while True:
