@@ -8,7 +8,9 @@ the server cancels a program whose client went away (EXTENSIONS §9). Before, th
 ran on to its end or its deadline, holding its worker and, on a GPU server, its GPU.
 
 The thread running a request sets its ``InFlight`` (``running``); the keep-alive pool
-(``kcoral.connection.keep_alive``) hands it each connection it takes out for that thread.
+(``kcoral.connection.keep_alive``) hands it each connection it takes out for that thread,
+and takes it back (``detach``) when the connection returns to the pool: from then on the
+connection may carry another request, which a late cut must not touch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ CUT_PATIENCE_SECONDS = 10.0
 
 _current = threading.local()
 
+#: The attribute naming the ``InFlight`` a pooled connection is attached to.
+_ATTACHED_TO = "_kcoral_in_flight"
+
 
 class RequestCut(OSError):
     """The request was cut before it was sent (its task was cancelled)."""
@@ -48,9 +53,19 @@ class InFlight:
         with self._lock:
             self._connection = connection
             cut = self.cut_asked
+        setattr(connection, _ATTACHED_TO, self)
         if cut:
             connection.close()
             raise RequestCut("the request was cancelled before it was sent")
+
+    def detach(self, connection: Any) -> None:
+        """``connection`` went back to the pool: a cut no longer closes it. (A cancel that
+        lands after the answer was read, as the task is about to get it, cut the pooled
+        connection: by then another request of the client could be running on it, and its
+        program was cancelled on the server.)"""
+        with self._lock:
+            if self._connection is connection:
+                self._connection = None
 
     def cut(self, done: Future[Any]) -> None:
         """Close the request's connection under its thread (a blocked read then fails, and
@@ -92,6 +107,15 @@ def attach_to_current(connection: Any) -> None:
     request = getattr(_current, "request", None)
     if request is not None:
         request.attach(connection)
+
+
+def detach(connection: Any) -> None:
+    """``connection`` goes back to the pool: the request it was attached to (if any) no
+    longer cuts it."""
+    request = getattr(connection, _ATTACHED_TO, None)
+    if request is not None:
+        setattr(connection, _ATTACHED_TO, None)
+        request.detach(connection)
 
 
 #: Threads of ``call_cuttable`` (as many as a client's default ``max_connections``).

@@ -16,7 +16,7 @@ from typing import Any
 import urllib3
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from kcoral.connection.in_flight import attach_to_current
+from kcoral.connection.in_flight import attach_to_current, detach
 
 #: A pooled connection idle longer than this is not reused (servers close at 10 s).
 POOLED_IDLE_SECONDS = 5.0
@@ -31,6 +31,7 @@ class _DropsIdleConnections:
     def _put_conn(self, conn: Any) -> None:
         if conn is not None:
             setattr(conn, _POOLED_AT, time.monotonic())
+            detach(conn)  # its request is over: a late cut of it must not reach the next
         super()._put_conn(conn)  # type: ignore[misc]
 
     def _get_conn(self, timeout: float | None = None) -> Any:

@@ -25,6 +25,8 @@ class Canned:
     content_type: str | None = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
     hang: bool = False  # never answer; record when the client closes the connection
+    #: answer once this is set (``hung`` is set while it waits)
+    wait_for: threading.Event | None = None
 
 
 @dataclass
@@ -118,6 +120,9 @@ class _Handler(tornado.web.RequestHandler):
             await self._gone
             server.closed.set()
             return
+        if canned.wait_for is not None:
+            server.hung.set()
+            await asyncio.get_running_loop().run_in_executor(None, canned.wait_for.wait)
         self.set_status(canned.status)
         self.clear_header("Content-Type")
         if canned.content_type is not None:
