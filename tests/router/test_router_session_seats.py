@@ -5,7 +5,7 @@ per-identity cap, which it reads from the node's ``/v1/info`` asked as the calle
 from __future__ import annotations
 
 import pytest
-from kcoral_server.router.session_routes import free_seats
+from kcoral_server.router.session_routes import free_seats, no_seat_message
 from router_helpers import Node, ready_nodes, start_router, stopping
 
 import kcoral
@@ -48,7 +48,11 @@ def test_placement_skips_a_node_where_the_caller_is_at_its_cap(tmp_path) -> None
             with pytest.raises(KCoralError) as refused:
                 alice.session()
             assert refused.value.status_code == 503 and refused.value.kind == "busy"
-            assert "no node offers a free session seat" in str(refused.value)
+            assert refused.value.message == (
+                "no node offers a free session seat: 4 seats on 2 nodes, 2 held, 2 by you; "
+                "where seats are free you hold the most one identity may (1): "
+                "end one of your sessions"
+            )
             with kcoral.Client(router.url, token=BOB) as bob:
                 third = bob.session()  # bob still gets one of n-z's seats
                 assert node_of(bob, third.id) == "n-z"
@@ -72,3 +76,14 @@ def test_a_nodes_free_seats_for_the_caller_are_its_free_seats_within_its_cap(
     counts: dict, free: int
 ) -> None:
     assert free_seats({"features": ["sessions"], "sessions": counts}) == free
+
+
+def test_a_fleet_whose_seats_are_all_held_says_so_without_blaming_the_callers_cap() -> None:
+    offers = [
+        {"max": 2, "active": 2, "max_per_identity": 1, "held_by_you": 0},
+        {"max": 1, "active": 1, "max_per_identity": None, "held_by_you": 1},
+    ]
+    assert no_seat_message(offers) == (
+        "no node offers a free session seat: 3 seats on 2 nodes, 3 held, 1 by you"
+    )
+    assert no_seat_message([]) == "no node offers a free session seat"

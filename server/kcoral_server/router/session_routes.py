@@ -167,6 +167,34 @@ def free_seats(info: Any) -> int:
     return max(free, 0)
 
 
+def no_seat_message(offers: list[dict[str, Any]]) -> str:
+    """``no node offers a free session seat`` (ROUTER §13), then the fleet's seats as the
+    nodes' ``/v1/info`` gave them to the caller, and whether the caller's own sessions are
+    what stands in the way: at its per-identity cap on every node with a free seat, only
+    ending one of its sessions helps, and waiting for others does not."""
+    if not offers:
+        return NO_SEAT
+    seats = sum(_count(c, "max") for c in offers)
+    held = sum(_count(c, "active") for c in offers)
+    mine = sum(_count(c, "held_by_you") for c in offers)
+    nodes = "1 node" if len(offers) == 1 else f"{len(offers)} nodes"
+    text = f"{NO_SEAT}: {seats} seats on {nodes}, {held} held, {mine} by you"
+    capped = [
+        c["max_per_identity"]
+        for c in offers
+        if _count(c, "max") > _count(c, "active")
+        and _is_count(c.get("max_per_identity"))
+        and _count(c, "held_by_you") >= c["max_per_identity"]
+    ]
+    if capped:
+        caps = ", ".join(str(cap) for cap in sorted(set(capped)))
+        text += (
+            f"; where seats are free you hold the most one identity may ({caps}): "
+            "end one of your sessions"
+        )
+    return text
+
+
 def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -267,6 +295,7 @@ class SessionsHandler(ForwardHandler):
             self.no_node()
             return None
         free: dict[str, int] = {}
+        offers: list[dict[str, Any]] = []
         for node, answer in answers:
             if answer is None or answer[0] != 200:
                 continue
@@ -276,10 +305,12 @@ class SessionsHandler(ForwardHandler):
             if offers_sessions(info):
                 self.state.sessions.offering.add(node)
                 free[node] = free_seats(info)
+                offers.append(info["sessions"])
             else:
                 self.state.sessions.offering.discard(node)
         if not free or max(free.values()) < 1:
-            self.send_router_error(503, "busy", NO_SEAT, "queue_timeout")
+            # refused at once, as a selector no node fits: nothing waited in a queue
+            self.send_router_error(503, "busy", no_seat_message(offers), "request_rejected")
             return None
         return max(free, key=lambda node: (free[node], node))
 
