@@ -94,7 +94,9 @@ class KCoralHandler(APIHandler):
             return 502, {"error": {"kind": "server_answer", "message": problem}}, problem, clock
         try:
             document = json.loads(response.body or b"null")
-        except ValueError:
+        except (ValueError, RecursionError):
+            # not JSON, or nested deeper than the decoder goes (a few hundred KiB of '['):
+            # that server's answer is unreadable, never a 500 for every server of the panel
             document = None
         return response.code, document, "", clock
 
