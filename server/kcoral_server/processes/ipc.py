@@ -355,7 +355,7 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes | bytearray, fd_count: int) -> Message:
     try:
         body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # nested too deep too
         raise IpcError(f"undecodable frame: {exc}") from None
     if type(body) is not dict or body.pop("v", None) != IPC_VERSION:
         raise IpcError("frame is not a versioned message")
