@@ -12,7 +12,10 @@ What a configured KCoral server can make this process do: answer these calls, no
 A redirect is never followed (a server could otherwise send the calls, with the user's
 Cancel, to any address the Jupyter host reaches), an answer without a body (204, 304) is a
 502 with a message, and ``/health`` or ``/v1/info`` that is not a JSON object is that
-server's ``error`` (``upstream_problems``), never a failure of the whole list.
+server's ``error`` (``upstream_problems``), never a failure of the whole list. An answer
+is read up to ``MAX_ANSWER_BYTES``: past it, the rest is read and dropped (Tornado's own
+bound, 100 MB, ends the transfer), so a server answering a poll with hundreds of MB holds
+this process's memory to the bound, and its card says it answered too much.
 """
 
 from __future__ import annotations
@@ -31,6 +34,30 @@ from kcoral_jupyter.server_extension.upstream_problems import transport_problem,
 
 if TYPE_CHECKING:
     from kcoral_jupyter.server_extension import KCoralExtension
+
+
+#: the most of one answer the extension keeps: a /v1/jobs list of ~30,000 jobs
+MAX_ANSWER_BYTES = 16 << 20
+
+
+class BoundedBody:
+    """A fetch's ``streaming_callback``: keeps the body up to ``limit`` bytes; past it,
+    keeps nothing and says so (``over``). Raising there instead would make Tornado log a
+    traceback and report only a closed connection."""
+
+    def __init__(self, limit: int = MAX_ANSWER_BYTES) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.over = False
+
+    def __call__(self, chunk: bytes) -> None:
+        if self.over:
+            return
+        if len(self.data) + len(chunk) > self.limit:
+            self.over = True
+            self.data = bytearray()
+            return
+        self.data.extend(chunk)
 
 
 class KCoralHandler(APIHandler):
@@ -66,6 +93,7 @@ class KCoralHandler(APIHandler):
         headers = {"Accept": "application/json"}
         if server.get("token"):
             headers["Authorization"] = f"Bearer {server['token']}"
+        body = BoundedBody()
         request = HTTPRequest(
             server["url"] + path,
             method=method,
@@ -73,6 +101,7 @@ class KCoralHandler(APIHandler):
             request_timeout=self.extension.request_timeout,
             allow_nonstandard_methods=True,
             follow_redirects=False,
+            streaming_callback=body,
         )
         try:
             client = self.extension.client_for(server["url"])
@@ -90,10 +119,12 @@ class KCoralHandler(APIHandler):
             )
         clock = _date_header_seconds(response)
         problem = unusable_answer(response.code, response.headers.get("Location"))
+        if problem is None and body.over:
+            problem = f"answered more than {MAX_ANSWER_BYTES >> 20} MiB, more than this panel reads"
         if problem is not None:
             return 502, {"error": {"kind": "server_answer", "message": problem}}, problem, clock
         try:
-            document = json.loads(response.body or b"null")
+            document = json.loads(bytes(body.data) or b"null")
         except (ValueError, RecursionError):
             # not JSON, or nested deeper than the decoder goes (a few hundred KiB of '['):
             # that server's answer is unreadable, never a 500 for every server of the panel
