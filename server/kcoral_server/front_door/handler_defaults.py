@@ -8,15 +8,28 @@ Tornado's own defaults would be.
   unknown id (404 ``not_found``), after the browser guard and the token check like any
   request. Tornado's own refusal came before both, as a 400 the server's ``write_error``
   could only call an ``engine`` fault and the router's was an HTML page (fuzz audit).
+* Tornado's own errors (a method outside ``ALLOWED``, an unexpected exception) are
+  ``ERROR`` bodies (PROTOCOL §7.4), and a 405 names the route's methods in ``Allow``
+  (PROTOCOL §2). The router's were Tornado's HTML page without ``Allow``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import tornado.web
+
+from kcoral.protocol.headers import REQUEST_ID_HEADER
+from kcoral.protocol.strict_json import dumps_compact
 
 
 class KCoralRequestHandler(tornado.web.RequestHandler):
     """Base of every handler the server and the router serve."""
+
+    #: the methods the route answers; any other gets 405 with ``Allow``
+    ALLOWED: tuple[str, ...] = ("GET",)
+    #: this request's id (set in ``initialize``), echoed in every answer
+    request_id: str
 
     def compute_etag(self) -> None:
         return None
@@ -26,3 +39,16 @@ class KCoralRequestHandler(tornado.web.RequestHandler):
             return super().decode_argument(value, name)
         except tornado.web.HTTPError:  # bytes that are not UTF-8
             return value.decode("utf-8", errors="replace")
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.ALLOWED))
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(status_code, "engine")
+        message = {404: "not found", 405: "method not allowed"}.get(
+            status_code, "internal server error"
+        )
+        self.set_header(REQUEST_ID_HEADER, self.request_id)
+        self.set_header("Content-Type", "application/json")
+        error = {"kind": kind, "message": message}
+        body = {"status": "ERROR", "request_id": self.request_id, "error": error}
+        self.finish(dumps_compact(body))

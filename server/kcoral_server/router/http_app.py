@@ -59,16 +59,19 @@ def utc_now_micros() -> str:
 class HealthHandler(KCoralRequestHandler):
     def initialize(self, state: RouterState) -> None:
         self.state = state
+        self.request_id = str(uuid.uuid4())
 
     def prepare(self) -> None:
         # No token is needed here, but a web page still learns nothing (EXTENSIONS §6).
         refusal = browser_refusal(self.state, self.request.headers)
         if refusal is not None:
             error = {"kind": "forbidden", "message": refusal}
-            body = {"status": "ERROR", "request_id": str(uuid.uuid4()), "error": error}
+            body = {"status": "ERROR", "request_id": self.request_id, "error": error}
             self.set_status(403)
             self.set_header("Content-Type", "application/json")
             self.finish(dumps_compact(body))
+        elif self.request.method not in self.ALLOWED:
+            raise tornado.web.HTTPError(405)  # write_error: an ERROR body and Allow
 
     def get(self) -> None:
         state = self.state

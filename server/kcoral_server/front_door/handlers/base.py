@@ -135,26 +135,6 @@ class BaseHandler(KCoralRequestHandler):
         }
         self.send_json(status, body, headers)
 
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        # Tornado's own errors (e.g. an unexpected exception) keep the JSON shape.
-        if status_code == 405:
-            self.set_header("Allow", ", ".join(self.ALLOWED))
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(status_code, "engine")
-        message = {404: "not found", 405: "method not allowed"}.get(
-            status_code, "internal server error"
-        )
-        self.set_header(REQUEST_ID_HEADER, self.request_id)
-        self.set_header("Content-Type", "application/json")
-        self.finish(
-            dumps_compact(
-                {
-                    "status": "ERROR",
-                    "request_id": self.request_id,
-                    "error": {"kind": kind, "message": message},
-                }
-            )
-        )
-
     def is_loopback_peer(self) -> bool:
         try:
             return ipaddress.ip_address(self.request.remote_ip or "").is_loopback
