@@ -54,3 +54,27 @@ def test_test_modules_have_unique_basenames() -> None:
         if p.name not in ("conftest.py", "__init__.py")
     ]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_a_node_started_without_the_router_extra_says_which_extra_to_install() -> None:
+    # `pip install 'kcoral[server]'` has no grpcio, which a node needs to reach its router:
+    # the command says so in one line, as `kcoral router` does, instead of a traceback.
+    hide_grpc = (
+        "import sys\n"
+        "sys.modules['grpc'] = None  # as if grpcio were not installed\n"
+        "from kcoral.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    node_args = ["--router", "http://127.0.0.1:9", "--node-id", "n1", "--device", "cpu"]
+    node = subprocess.run(
+        [sys.executable, "-c", hide_grpc, "server", *node_args, "--port", "0", "--log-dir", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert node.returncode == 1, node.stderr
+    assert "Traceback" not in node.stderr
+    assert node.stderr == (
+        "kcoral: missing dependency (grpc); a node of a router needs the router stack: "
+        "pip install 'kcoral[router]'\n"
+    )

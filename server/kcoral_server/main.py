@@ -50,7 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # ROUTER.md §12: this process becomes the node supervisor; the server runs as its
         # child (`--node-child`), which serves and opens the slot tunnel below. Settings the
         # child would refuse stop the supervisor now, with the child's own message.
-        from kcoral_server.node.supervisor import child_settings_problem, run_supervisor
+        try:
+            from kcoral_server.node.supervisor import child_settings_problem, run_supervisor
+        except ImportError as exc:  # a node speaks gRPC to its router: kcoral[server] lacks it
+            sys.stderr.write(
+                f"kcoral: missing dependency ({exc.name or exc}); a node of a router needs "
+                "the router stack: pip install 'kcoral[router]'\n"
+            )
+            return 1
 
         problem = child_settings_problem(settings, server_argv, os.environ)
         if problem is not None:
