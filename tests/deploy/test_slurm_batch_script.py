@@ -5,6 +5,7 @@ line). The real run under Slurm is ``tests/deploy/test_slurm_nodes.py``; docs/sc
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -119,3 +120,14 @@ def test_the_docs_run_through_types_what_the_slurm_test_runs(tmp_path: Path) -> 
         "SlurmdParameters",
     ):
         assert docs[key] == test[key], key
+
+
+def test_the_docs_run_through_stops_what_it_started_by_pid_files_it_made() -> None:
+    section = slurm_section()
+    (stop,) = [line for line in section.splitlines() if line.startswith("kill ")]
+    # The router has no pid file: it is the shell's background job.
+    assert "$(jobs -p)" in stop
+    pid_files = re.findall(r"\$S/[\w/]+\.pid", stop)
+    assert sorted(pid_files) == ["$S/munge/munged.pid", "$S/slurmctld.pid", "$S/slurmd.pid"]
+    for pid_file in pid_files:  # each written where the run-through tells the daemon to
+        assert section.count(pid_file) >= 2, pid_file
