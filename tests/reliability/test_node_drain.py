@@ -120,3 +120,54 @@ def test_a_job_that_ends_while_its_node_drains_can_still_be_read_through_the_rou
     finally:
         node.stop()
         router.stop()
+
+
+def test_a_request_queued_for_the_only_node_its_selector_fits_is_refused_when_that_node_leaves(
+    tmp_path: Path,
+) -> None:
+    # Before, the queued request waited out the router's queue wait (1800 s by default)
+    # for a node that had left, while the same request arriving then was refused at once
+    # (a remote-function soak: a call selecting the drained node hung for minutes).
+    router = start_router(
+        tmp_path, "--status-check-interval-seconds", "0.3", "--queue-wait-timeout-seconds", "90"
+    )
+    node_a = Node(tmp_path, router, "n-a", None, "--node-label", "zone=a")
+    node_b = Node(tmp_path, router, "n-b", None, "--node-label", "zone=b")
+    try:
+        ready_nodes(router, 2)
+        folder = tmp_path / "held"
+        folder.mkdir()
+        outcomes: dict[str, Any] = {}
+
+        def run(name: str, program: kcoral.Program) -> None:
+            try:
+                with kcoral.Client(router.url) as client:
+                    outcomes[name] = client.execute(program, select={"zone": "a"})
+            except Exception as exc:  # checked below
+                outcomes[name] = exc
+
+        def router_load() -> dict[str, int]:
+            return asyncio.run(http_request(router.port, "GET", "/health")).json()["load"]
+
+        held = threading.Thread(target=run, args=("held", held_program(folder)))
+        held.start()
+        wait_until((folder / "started").exists, "the program runs on n-a")
+        queued = threading.Thread(target=run, args=("queued", held_program(tmp_path)))
+        queued.start()
+        wait_until(lambda: router_load()["requests_waiting"] == 1, "the second one is queued")
+        node_a.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: router_load()["request_capacity"] == 1, "the router takes n-a out")
+        (folder / "release").write_text("")
+        held.join(60)
+        queued.join(60)
+        assert not queued.is_alive(), "the queued request still waits for the node that left"
+        assert outcomes["held"].status == "COMPLETED"
+        refused = outcomes["queued"]
+        assert isinstance(refused, kcoral.KCoralError), refused
+        assert (refused.status_code, refused.kind) == (503, "no_matching_node")
+        assert "zone=a" in refused.message and "zone=b: 1 node" in refused.message
+        assert node_a.process.wait(60) == 0
+    finally:
+        node_a.stop()
+        node_b.stop()
+        router.stop()

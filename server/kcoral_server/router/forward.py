@@ -19,13 +19,20 @@ import tornado.iostream
 import tornado.web
 from tornado.http1connection import HTTP1Connection
 
+from kcoral.protocol.selector import NO_MATCHING_NODE
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
 from kcoral_server.router.body_failure import report_body_failures
 from kcoral_server.router.frames import encode_data
 from kcoral_server.router.headers import forwarded_headers, relayed_response_head
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
-from kcoral_server.router.scheduler import NodeGone, NoNode, RouterBusy, RouterStopping
+from kcoral_server.router.scheduler import (
+    NodeGone,
+    NoMatchingNode,
+    NoNode,
+    RouterBusy,
+    RouterStopping,
+)
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot, SlotBroken
 
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
@@ -80,15 +87,19 @@ NO_SLOT = "no compatible node has an available slot"
 STOPPING = "the router is shutting down"
 
 
-def no_node_reason(cause: NoNode | None) -> tuple[str, str]:
-    """The message and ``finish_reason`` of a 503 ``no_node``: no slot came within the
-    wait; the one node the request must reach (its job's) is not connected (ROUTER §13);
-    the router stops, and no request waits any more (§7.3)."""
+def no_node_answer(cause: NoNode | None) -> tuple[str, str, str]:
+    """The kind, message and ``finish_reason`` of a 503 for a request no slot was found
+    for: no slot came within the wait; the one node the request must reach (its job's) is
+    not connected (ROUTER §13); the router stops, and no request waits any more (§7.3);
+    every node the request's selector fits has left (``no_matching_node``, §7)."""
+    if isinstance(cause, NoMatchingNode):
+        return NO_MATCHING_NODE, str(cause), "request_rejected"
     if isinstance(cause, RouterStopping):
-        return STOPPING, "shutting_down"
+        return "no_node", STOPPING, "shutting_down"
     if isinstance(cause, NodeGone):
-        return f"node {cause.node_id}, which holds it, is not connected to the router", "node_gone"
-    return NO_SLOT, "queue_timeout"
+        gone = f"node {cause.node_id}, which holds it, is not connected to the router"
+        return "no_node", gone, "node_gone"
+    return "no_node", NO_SLOT, "queue_timeout"
 
 
 @tornado.web.stream_request_body
@@ -128,8 +139,9 @@ class ForwardHandler(RouterHandler):
         return body
 
     def no_node(self, cause: NoNode | None = None) -> None:
-        """No slot for this request: 503 ``no_node``, saying why (``no_node_reason``)."""
-        self.send_router_error(503, "no_node", *no_node_reason(cause))
+        """No slot for this request: 503 ``no_node`` (or ``no_matching_node``), saying why
+        (``no_node_answer``)."""
+        self.send_router_error(503, *no_node_answer(cause))
 
     # -- request side ----------------------------------------------------------------------
 

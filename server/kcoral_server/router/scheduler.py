@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from kcoral.protocol.selector import Selector, format_selector
 from kcoral_server.execution.control import handed_over
 from kcoral_server.router.registry import NodeRecord, Registry
+from kcoral_server.router.selection import no_match_message, serves
 from kcoral_server.router.slot import RouterSlot
 
 Lease = tuple[NodeRecord, RouterSlot]
@@ -34,6 +35,11 @@ class NodeGone(NoNode):
     def __init__(self, node_id: str) -> None:
         super().__init__(node_id)
         self.node_id = node_id
+
+
+class NoMatchingNode(NoNode):
+    """Every node a queued request's selector fits has left the router (503
+    ``no_matching_node``, as a request with that selector arriving now gets, ROUTER §7)."""
 
 
 @dataclass(eq=False)
@@ -125,6 +131,7 @@ class Admission(_WaitingRoom):
         ones with its selector are passed over in this round, and a waiter whose selector
         asks for other nodes is not held back behind it (ROUTER §7)."""
         starved: set[str] = set()
+        unfit: dict[str, bool] = {}
         for waiter in list(self._waiters):
             if waiter.future.done():
                 self._waiters.remove(waiter)
@@ -132,12 +139,27 @@ class Admission(_WaitingRoom):
             wanted = format_selector(waiter.selector)
             if wanted in starved:
                 continue
+            if waiter.selector and unfit.setdefault(wanted, not self._fits_any(waiter.selector)):
+                # Its nodes left (a drain, a lost stream): it would wait out the queue
+                # wait (1800 s) for them, while the same request arriving now is refused.
+                message = no_match_message(self.registry, waiter.selector)
+                self._waiters.remove(waiter)
+                waiter.future.set_exception(NoMatchingNode(message))
+                continue
             lease = self.registry.select(waiter.affinity, waiter.request_id, waiter.selector)
             if lease is None:
                 starved.add(wanted)
                 continue
             self._waiters.remove(waiter)
             waiter.future.set_result(lease)
+
+    def _fits_any(self, selector: Selector) -> bool:
+        """Whether a connected node, ready or not (a busy or recovering one comes back),
+        fits ``selector``."""
+        default = self.registry.default_kind
+        return any(
+            n.connected and serves(n, selector, default) for n in self.registry.nodes.values()
+        )
 
 
 class ControlAdmission(_WaitingRoom):
