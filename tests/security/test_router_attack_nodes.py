@@ -67,6 +67,33 @@ def test_a_router_with_a_client_token_or_off_loopback_refuses_to_start_without_a
         assert "KCORAL_NODE_TOKEN" in finished.stderr
 
 
+def test_a_node_token_that_grpc_cannot_carry_is_refused_at_start_by_router_and_node(
+    tmp_path: Path,
+) -> None:
+    # A token file written with `echo` ends in a newline. The router took such a token, and
+    # a node that had it failed inside gRPC on every stream, retrying without end; both now
+    # refuse it at start, saying why.
+    refused = "must be printable ASCII without spaces (a trailing newline?)"
+    finished = router_exit(tmp_path, env={"KCORAL_NODE_TOKEN": NODE_TOKEN + "\n"})
+    assert finished.returncode == 2 and refused in finished.stderr, finished.stderr
+    per_node = tmp_path / "node-tokens"
+    per_node.write_text("slurm-* t\u00f6ken\n")
+    per_node.chmod(0o600)
+    finished = router_exit(tmp_path, "--node-token-file", str(per_node))
+    assert finished.returncode == 2 and refused in finished.stderr, finished.stderr
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KCORAL_")}
+    node_args = ["--router", "http://127.0.0.1:9", "--node-id", "n1", "--device", "cpu"]
+    node = subprocess.run(
+        [sys.executable, "-m", "kcoral", "server", *node_args, "--port", "0", "--log-dir", ""],
+        env={**environment, "KCORAL_NODE_TOKEN": NODE_TOKEN + "\n"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert node.returncode == 2 and refused in node.stderr, node.stderr
+
+
 def test_an_explicit_opt_out_accepts_unauthenticated_nodes_with_a_warning(tmp_path: Path) -> None:
     router = start_router(
         tmp_path, "--allow-unauthenticated-nodes", env={"KCORAL_AUTH_TOKEN": ALICE}

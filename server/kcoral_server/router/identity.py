@@ -19,6 +19,21 @@ def is_valid_node_id(value: str) -> bool:
     return NODE_ID_PATTERN.fullmatch(value) is not None and value.isascii()
 
 
+_NODE_TOKEN = re.compile(r"[\x21-\x7e]+")
+
+
+def node_token_problem(token: str) -> str | None:
+    """Why ``token`` cannot be a node token, or None. Nodes send it in gRPC metadata, which
+    carries printable ASCII only: a token with a newline (a token file written with
+    ``echo``) was taken by the router, and its nodes' streams then failed in gRPC itself,
+    retried without end."""
+    if not token:
+        return "must not be empty"
+    if _NODE_TOKEN.fullmatch(token) is None:
+        return "must be printable ASCII without spaces (a trailing newline?): nodes send it in gRPC"
+    return None
+
+
 def parse_router_origin(value: str) -> tuple[str, str, int, bool]:
     """Split a router origin into ``(origin, host, port, tls)``; raise ``ValueError``.
 
@@ -120,6 +135,9 @@ def parse_node_tokens(text: str) -> NodeTokens:
             raise ValueError(f"line {number}: invalid node id {name!r}")
         if token in tokens:
             raise ValueError(f"line {number}: this token is already used on an earlier line")
+        problem = node_token_problem(token)
+        if problem:
+            raise ValueError(f"line {number}: the token {problem}")
         tokens.add(token)
         grants.append((number, token, NodeGrant(pattern, prefix)))
     if not grants:

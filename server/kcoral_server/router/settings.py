@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
-from kcoral_server.router.identity import NodeTokens, parse_node_tokens
+from kcoral_server.router.identity import NodeTokens, node_token_problem, parse_node_tokens
 from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
 from kcoral_server.settings.config import declared_settings, setting
 
@@ -299,8 +299,9 @@ def parse_router_args(
     args = _build_parser().parse_args(list(argv))
     _given_or_default(args)
     token = args.node_token if args.node_token is not None else env.get("KCORAL_NODE_TOKEN")
-    if token is not None and token == "":
-        raise SettingsError("--node-token must not be empty")
+    if token is not None and (problem := node_token_problem(token)):
+        origin = "--node-token" if args.node_token is not None else "KCORAL_NODE_TOKEN"
+        raise SettingsError(f"{origin} {problem}")
     metrics_token = (
         args.metrics_token if args.metrics_token is not None else env.get("KCORAL_METRICS_TOKEN")
     )

@@ -23,6 +23,7 @@ from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.protocol.selector import BUILT_IN_KEYS
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens
+from kcoral_server.router.identity import node_token_problem
 
 GIB = 1024**3
 DEVICE_MODES = ("auto", "gpu", "cpu")
@@ -484,7 +485,7 @@ class ServerConfig:
         empty="refused",
         secret=True,
         problem=lambda value: (
-            None if isinstance(value, str) and value else "must be a non-empty string"
+            node_token_problem(value) if isinstance(value, str) else "must be a string"
         ),
     )
     # ROUTER §6: what the operator says of this node, reported to the router beside its kind.
