@@ -221,7 +221,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sections["network"].add_argument(
         "--auth-token-file",
         metavar="PATH",
-        help="file holding the client token (or env KCORAL_AUTH_TOKEN)",
+        help=(
+            "file of the client token(s) every request must carry: one token, or "
+            "NAME TOKEN [admin] lines (or env KCORAL_AUTH_TOKEN)"
+        ),
     )
     sections["nodes"].add_argument(
         "--node-token-file",
