@@ -441,6 +441,8 @@ class Tunnel:
             )
             return
         finally:
+            # Drop the body still coming, or serve() blocks and never sees the slot end.
+            request.body.close("the answer has ended")
             if not body_task.done():
                 body_task.cancel()
             await asyncio.gather(body_task, return_exceptions=True)

@@ -99,7 +99,9 @@ class RouterSlot:
         try:
             async with self._write_lock:
                 await self.context.write(frame)
-        except (grpc.RpcError, asyncio.InvalidStateError, RuntimeError) as exc:
+        # Any failed write breaks the slot; a write pending when the stream ended raises
+        # grpc's internal ExecuteBatchError, which is none of the public classes.
+        except Exception as exc:
             self.close(None, "tunnel_disconnected")
             raise SlotBroken("tunnel_disconnected") from exc
         if self.closed.is_set():
