@@ -303,26 +303,28 @@ class EventStreams:
         self.headers = headers
         self.connect_timeout_seconds = connect_timeout_seconds
         self.max_connections = max_connections
-        self._pool: Any = None
+        self._pools: Any = None  # a PerProcess of the stream pool, made on first use
 
     def open(
         self, path: str, *, last_event_id: int = 0, read_timeout: float | None = None
     ) -> EventSource:
         """The event stream at ``path`` (nothing is sent until it is iterated)."""
-        if self._pool is None:
+        if self._pools is None:
             import urllib3
 
             from kcoral.connection.keep_alive import pool_manager
+            from kcoral.connection.per_process import PerProcess, close_inherited_sockets
 
             # a stream's connection idle for 5 s is replaced before use
-            # (kcoral.connection.keep_alive)
-            self._pool = pool_manager(
-                timeout=urllib3.Timeout(connect=self.connect_timeout_seconds, read=None),
-                retries=False,
-                maxsize=self.max_connections,
+            # (kcoral.connection.keep_alive); a forked child gets its own pool
+            # (kcoral.connection.per_process)
+            timeout = urllib3.Timeout(connect=self.connect_timeout_seconds, read=None)
+            self._pools = PerProcess(
+                lambda: pool_manager(timeout=timeout, retries=False, maxsize=self.max_connections),
+                forget_inherited=close_inherited_sockets,
             )
         return EventSource(
-            self._pool,
+            self._pools.get(),
             self.base_url + path,
             self.headers,
             last_event_id=last_event_id,
@@ -331,5 +333,6 @@ class EventStreams:
 
     def clear(self) -> None:
         """Close idle stream connections; the pool stays usable."""
-        if self._pool is not None:
-            self._pool.clear()
+        pool = self._pools.peek() if self._pools is not None else None
+        if pool is not None:
+            pool.clear()

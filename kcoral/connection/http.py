@@ -25,6 +25,7 @@ from typing import cast
 import urllib3
 
 from kcoral.connection.keep_alive import pool_manager
+from kcoral.connection.per_process import PerProcess, close_inherited_sockets
 from kcoral.connection.transport import Request, Response, refuse_encoded_body
 from kcoral.errors import ProtocolError, TransportError
 
@@ -59,10 +60,14 @@ class HttpTransport:
         self._headers = dict(headers)
         # maxsize: connections kept for reuse (more may open at once; they are not kept)
         # connections idle for 5 s are replaced before use (kcoral.connection.keep_alive says why)
-        self._pool = pool_manager(
-            timeout=urllib3.Timeout(connect=connect_timeout_seconds, read=None),
-            retries=False,
-            maxsize=max_connections,
+        # a forked child gets its own pool: it must not talk on its parent's sockets
+        self._pools = PerProcess(
+            lambda: pool_manager(
+                timeout=urllib3.Timeout(connect=connect_timeout_seconds, read=None),
+                retries=False,
+                maxsize=max_connections,
+            ),
+            forget_inherited=close_inherited_sockets,
         )
         self._buffer: bytearray | None = None
         self._buffer_lock = threading.Lock()
@@ -104,7 +109,7 @@ class HttpTransport:
             all_headers["Content-Length"] = str(content_length)
         response: urllib3.BaseHTTPResponse | None = None
         try:
-            response = self._pool.request(
+            response = self._pools.get().request(
                 method,
                 self.base_url + path,
                 # urllib3 sends each chunk with socket.sendall, which takes any buffer; its
@@ -142,7 +147,9 @@ class HttpTransport:
 
     def close(self) -> None:
         """Drop every pooled connection; the transport stays usable (it reconnects)."""
-        self._pool.clear()
+        pool = self._pools.peek()
+        if pool is not None:
+            pool.clear()
         self._buffer = None
 
     def _read_body(self, response: urllib3.BaseHTTPResponse) -> bytes | memoryview:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from kcoral.connection.per_process import PerProcess
+
 T = TypeVar("T")
 
 #: How long a cut keeps trying when the request's connection has no socket yet (it is
@@ -120,8 +122,10 @@ def detach(connection: Any) -> None:
 
 #: Threads of ``call_cuttable`` (as many as a client's default ``max_connections``).
 _CALL_THREADS = 64
-_call_pool: ThreadPoolExecutor | None = None
-_call_pool_lock = threading.Lock()
+#: made on first use, and afresh in a forked child (which has none of its parent's threads)
+_call_pools = PerProcess(
+    lambda: ThreadPoolExecutor(_CALL_THREADS, thread_name_prefix="kcoral-call")
+)
 
 
 async def call_cuttable(call: Callable[[], T]) -> T:
@@ -129,13 +133,8 @@ async def call_cuttable(call: Callable[[], T]) -> T:
     awaiting task cuts the connection it is using, as for an ``AsyncClient`` request, so the
     server cancels its program (EXTENSIONS §9). A remote function's ``run_async`` call on a
     sync ``Client`` uses it: before, its program ran on to its end after a cancel."""
-    global _call_pool
-    with _call_pool_lock:
-        if _call_pool is None:
-            _call_pool = ThreadPoolExecutor(_CALL_THREADS, thread_name_prefix="kcoral-call")
-        pool = _call_pool
     flight = InFlight()
-    future = pool.submit(_call_as, flight, call)
+    future = _call_pools.get().submit(_call_as, flight, call)
     try:
         return await asyncio.wrap_future(future)
     except asyncio.CancelledError:

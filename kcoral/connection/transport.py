@@ -14,13 +14,13 @@ scenario runs through ``Client`` and ``AsyncClient`` without a server (as httpx'
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
 from kcoral.connection.in_flight import InFlight, running
+from kcoral.connection.per_process import PerProcess
 from kcoral.errors import ProtocolError
 
 T = TypeVar("T")
@@ -145,20 +145,14 @@ class ThreadedAsyncTransport:
     def __init__(self, transport: Transport, *, max_workers: int) -> None:
         self.transport = transport
         self.max_workers = max_workers
-        self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def _pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self.max_workers, thread_name_prefix="kcoral-http"
-                )
-            return self._executor
+        # a forked child makes its own: it has none of its parent's threads
+        self._executors = PerProcess(
+            lambda: ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kcoral-http")
+        )
 
     async def handle_async_request(self, request: Request) -> Response:
         flight = InFlight()
-        future = self._pool().submit(self._run, request, flight)
+        future = self._executors.get().submit(self._run, request, flight)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -170,8 +164,7 @@ class ThreadedAsyncTransport:
             return self.transport.handle_request(request)
 
     def close(self) -> None:
-        with self._lock:
-            executor, self._executor = self._executor, None
+        executor = self._executors.take()
         if executor is not None:
             executor.shutdown(wait=False)
         self.transport.close()
