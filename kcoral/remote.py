@@ -18,7 +18,6 @@ that server with code execution in this process.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import json
@@ -31,6 +30,7 @@ from collections.abc import Callable, Coroutine, Mapping, Set
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
+from kcoral.blocking import run_blocking
 from kcoral.connection.in_flight import call_cuttable
 from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program
@@ -258,33 +258,6 @@ def _check_serialization(value: object, what: str) -> str:
 
 def _plain_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
-
-
-def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run ``coroutine`` to completion from synchronous code.
-
-    In a thread that already runs an event loop (a Jupyter kernel) no second loop may start
-    there, so the coroutine runs on a helper thread's own loop while this thread waits.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    values: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            values.append(asyncio.run(coroutine))
-        except BaseException as exc:  # handed to the waiting thread as is
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="kcoral-blocking-call", daemon=True)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return values[0]
 
 
 # ------------------------------------------------------------------------ RemoteFunction

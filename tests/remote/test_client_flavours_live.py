@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,3 +163,66 @@ def test_a_cancelled_run_async_call_of_a_sync_client_cancels_its_program_on_the_
                 return
             time.sleep(0.1)
         raise AssertionError(f"the program still runs on the server: {client.health()['load']}")
+
+
+KERNEL_LIKE_SCRIPT = """
+import asyncio, sys
+import kcoral
+
+client = kcoral.AsyncClient(sys.argv[1])
+
+
+def nap():
+    import time
+
+    time.sleep(120)
+
+
+remote_nap = client.function(timeout=300)(nap)
+
+
+async def kernel():  # a notebook kernel: a thread whose loop runs, and lives on after a cell
+    try:
+        remote_nap.remote()  # the blocking form, as in a cell
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    sys.stdin.readline()
+
+
+# not asyncio.run: its SIGINT handler cancels the main task (a kernel raises KeyboardInterrupt)
+asyncio.new_event_loop().run_until_complete(kernel())
+"""
+
+
+def test_an_interrupted_blocking_call_of_an_async_client_function_in_a_running_loop_is_cancelled(
+    server_url: str, tmp_path: Path
+) -> None:
+    # Before, the call ran on a helper thread's loop that the interrupt left alone: the
+    # cell (here the script) went on and the program ran to its end on the server.
+    script = tmp_path / "kernel_like.py"
+    script.write_text(KERNEL_LIKE_SCRIPT)
+    with Client(server_url) as client:
+
+        def in_progress() -> int:
+            return int(client.health()["load"]["requests_in_progress"])
+
+        kernel = subprocess.Popen(
+            [sys.executable, str(script), server_url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            while in_progress() == 0:  # the program has started on the server
+                assert kernel.poll() is None
+                time.sleep(0.05)
+            kernel.send_signal(signal.SIGINT)
+            assert kernel.stdout is not None and kernel.stdout.readline() == "interrupted\n"
+            for _ in range(300):
+                if in_progress() == 0:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"the program still runs: {client.health()['load']}")
+        finally:
+            kernel.communicate("\n", timeout=60)
