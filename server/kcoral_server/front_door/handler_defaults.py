@@ -52,3 +52,23 @@ class KCoralRequestHandler(tornado.web.RequestHandler):
         error = {"kind": kind, "message": message}
         body = {"status": "ERROR", "request_id": self.request_id, "error": error}
         self.finish(dumps_compact(body))
+
+
+#: the largest body an endpoint reads that takes a small JSON body or none (the server's
+#: every endpoint but ``/execute`` and the job submissions; the router's ``/health``,
+#: ``/metrics`` and unknown paths)
+SMALL_BODY_BYTES = 64 * 1024
+# Tornado must never answer a body it will not read after we have answered (its own raw
+# 400 for a length over its limit would follow ours on the connection).
+UNLIMITED = 1 << 62
+
+
+def declared_length(value: str | None) -> int | None:
+    """The ``Content-Length`` as a number; None when absent or not one (Tornado refuses a
+    malformed one itself)."""
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None

@@ -1,11 +1,25 @@
 """What every router endpoint but ``/health`` shares: a fresh request id, the client token
-check (EXTENSIONS §6), router-made ``ERROR`` answers and the ``request_finished`` line."""
+check (EXTENSIONS §6), router-made ``ERROR`` answers and the ``request_finished`` line.
+
+Who can reach what: anyone who reaches the router's port, a web page or a client without a
+token included, sends a request head and a body to any path. Every route streams its body
+(``stream_request_body``), so the browser guard and the token check run on the head alone:
+a refused request's body is never read. The routes that take no body (``/health``,
+``/metrics``, unknown paths: ``settle_unread_body``) read at most ``SMALL_BODY_BYTES`` of
+one and drop it (a larger declared length is 413 at once). Before, Tornado read their whole
+body into memory first, up to the router's unbounded limit, even for a client without a
+token: one ``POST /health`` of 400 MiB held 400 MiB of the router.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
+
+import tornado.web
+from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer hands us
 
 from kcoral.protocol.selector import (
     INVALID_SELECTOR,
@@ -19,7 +33,12 @@ from kcoral.protocol.selector import (
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import DEFAULT, Identity
-from kcoral_server.front_door.handler_defaults import KCoralRequestHandler
+from kcoral_server.front_door.handler_defaults import (
+    SMALL_BODY_BYTES,
+    UNLIMITED,
+    KCoralRequestHandler,
+    declared_length,
+)
 from kcoral_server.router.selection import no_match_message, offering_nodes
 
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
@@ -40,6 +59,26 @@ def browser_refusal(state: Any, headers: Any) -> str | None:
     return guard.refusal(headers)
 
 
+def settle_unread_body(handler: KCoralRequestHandler, timeout_seconds: float) -> bool:
+    """For a route that reads no body, once its head is checked: a request already answered
+    (refused, or a 404) has its body never read; any other may send at most
+    ``SMALL_BODY_BYTES`` within ``timeout_seconds``, dropped as it arrives. False: the
+    declared length is larger, and the caller answers 413 before reading it."""
+    connection = cast(HTTP1Connection, handler.request.connection)
+    if handler._finished:
+        connection.set_max_body_size(UNLIMITED)
+        return True
+    declared = declared_length(handler.request.headers.get("Content-Length"))
+    if declared is not None and declared > SMALL_BODY_BYTES:
+        connection.set_max_body_size(UNLIMITED)
+        handler.set_header("Connection", "close")  # the body is never read
+        return False
+    connection.set_max_body_size(SMALL_BODY_BYTES)
+    connection.set_body_timeout(timeout_seconds)
+    return True
+
+
+@tornado.web.stream_request_body
 class RouterHandler(KCoralRequestHandler):
     """Base of the authenticated endpoints; ``ALLOWED`` methods, others get 405."""
 
@@ -110,6 +149,18 @@ class RouterHandler(KCoralRequestHandler):
         return self.state.authenticator.authenticate(
             self.request.headers.get("Authorization"), None
         )
+
+    def data_received(self, chunk: bytes) -> Awaitable[None] | None:
+        """A route without a body drops what arrives (at most ``SMALL_BODY_BYTES``); the
+        routes that read one (``ForwardHandler``) override this."""
+        return None
+
+    def take_no_body(self) -> None:
+        """``settle_unread_body`` for this route, with its 413."""
+        timeout = self.state.settings.request_head_timeout_seconds
+        if not settle_unread_body(self, timeout):
+            message = "request exceeds the configured size limit"
+            self.send_router_error(413, "request_too_large", message, "request_rejected")
 
     def send_router_error(
         self,
@@ -184,3 +235,4 @@ class NotFoundHandler(RouterHandler):
     def prepare(self) -> None:
         if self.check_request():
             self.send_router_error(404, "not_found", "not found", "request_rejected")
+        self.take_no_body()  # answered either way: its body is never read

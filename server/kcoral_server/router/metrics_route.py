@@ -25,6 +25,7 @@ class RouterMetricsHandler(RouterHandler):
 
     def prepare(self) -> None:
         self.check_request()
+        self.take_no_body()
 
     def get(self) -> None:
         answer_scrape(self, self.state.metrics.exposition())

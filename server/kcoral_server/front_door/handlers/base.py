@@ -26,7 +26,12 @@ from kcoral.protocol.headers import REQUEST_ID_HEADER, accept_request_id
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.execution.responses import Refusal
 from kcoral_server.front_door.callers import DEFAULT, Identity
-from kcoral_server.front_door.handler_defaults import KCoralRequestHandler
+from kcoral_server.front_door.handler_defaults import (
+    SMALL_BODY_BYTES,
+    UNLIMITED,
+    KCoralRequestHandler,
+    declared_length,
+)
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
@@ -34,11 +39,6 @@ if TYPE_CHECKING:
 
 UNAUTHORIZED = Refusal(401, "unauthorized", "missing or invalid bearer token", "rejected")
 TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
-#: the largest body an endpoint other than ``/execute`` and the job submissions reads
-SMALL_BODY_BYTES = 64 * 1024
-# Tornado must never answer a body it will not read after we have answered (its own raw
-# 400 for a length over its limit would follow ours on the connection).
-UNLIMITED = 1 << 62
 
 
 @tornado.web.stream_request_body
@@ -145,17 +145,6 @@ class BaseHandler(KCoralRequestHandler):
         """Keep the small body (Tornado stops a longer one at ``MAX_BODY``)."""
         if not self._finished and self.MAX_BODY is not None:
             self.small_body += chunk[: max(0, self.MAX_BODY - len(self.small_body))]
-
-
-def declared_length(value: str | None) -> int | None:
-    """The ``Content-Length`` as a number; None when absent or not one (Tornado refuses a
-    malformed one itself)."""
-    if value is None:
-        return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        return None
 
 
 class NotFoundHandler(BaseHandler):

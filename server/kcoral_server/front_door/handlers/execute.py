@@ -43,7 +43,8 @@ from kcoral_server.execution.responses import (
 )
 from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
-from kcoral_server.front_door.handlers.base import BaseHandler, declared_length
+from kcoral_server.front_door.handler_defaults import declared_length
+from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
 from kcoral_server.front_door.node_fit import logged, selector_refusal
 

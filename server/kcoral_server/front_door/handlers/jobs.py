@@ -20,7 +20,8 @@ import tornado.iostream
 import tornado.web
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER
-from kcoral_server.front_door.handlers.base import SMALL_BODY_BYTES, BaseHandler
+from kcoral_server.front_door.handler_defaults import SMALL_BODY_BYTES
+from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.jobs.store import Expiry, Job
 

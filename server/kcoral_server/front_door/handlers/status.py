@@ -8,7 +8,8 @@ from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer
 
 import kcoral
 from kcoral_server.front_door.body import held_descriptors
-from kcoral_server.front_door.handlers.base import UNLIMITED, BaseHandler
+from kcoral_server.front_door.handler_defaults import UNLIMITED
+from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.optional_pieces import optional_pieces
 
 PROTOCOL_VERSION = 1
