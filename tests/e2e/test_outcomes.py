@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -208,9 +209,16 @@ def test_a_request_over_max_request_bytes_is_413_after_the_cache_miss(server_fac
         c.execute(program)
     assert caught.value.status_code == 413
     assert caught.value.kind == "request_too_large"
-    assert caught.value.message == "request exceeds the configured size limit"
+    # PROTOCOL §7.1's text first, then the sizes and the flag (EXTENSIONS §10)
+    said = re.compile(
+        r"request exceeds the configured size limit: (\d+) bytes, limit 65536 bytes "
+        r"\(max_request_bytes; kcoral server --max-request-bytes\)"
+    )
+    shown = said.fullmatch(caught.value.message)
+    assert shown is not None and int(shown.group(1)) > 100_000, caught.value.message
     raw = execute_program(server.url, program)
-    assert_error_answer(raw, 413, "request_too_large", "request exceeds the configured size limit")
+    assert_error_answer(raw, 413, "request_too_large")
+    assert said.fullmatch(raw.body["error"]["message"])
     reasons = [e["finish_reason"] for e in finished_events(server) if e["http_status"] == 413]
     assert reasons and set(reasons) == {"rejected"}
 

@@ -107,7 +107,10 @@ def test_a_declared_oversized_body_is_refused_before_it_is_sent(server) -> None:
     assert set(body) == {"status", "request_id", "error"}
     assert body["error"] == {
         "kind": "request_too_large",
-        "message": "request exceeds the configured size limit",
+        "message": (
+            f"request exceeds the configured size limit: {10**12} bytes, limit {MAX_REQUEST} "
+            "bytes (max_request_bytes; kcoral server --max-request-bytes)"
+        ),
     }
     assert answer.headers["X-Request-ID"] == body["request_id"]
 
@@ -136,6 +139,10 @@ def test_a_chunked_body_growing_past_the_limit_is_413(server) -> None:
     conn.close()
     assert answer.status == 413
     assert body["error"]["kind"] == "request_too_large"
+    assert body["error"]["message"] == (
+        f"request exceeds the configured size limit: over the limit of {MAX_REQUEST} bytes "
+        "(max_request_bytes; kcoral server --max-request-bytes)"
+    )
 
 
 def test_a_canonical_request_id_is_echoed(server) -> None:

@@ -52,7 +52,18 @@ if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
 
 TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
-TOO_LARGE = Refusal(413, "request_too_large", TOO_LARGE_MESSAGE, "rejected")
+
+
+def too_large(limit: int, declared: int | None = None) -> Refusal:
+    """413 ``request_too_large``: PROTOCOL §7.1's fixed text, then the sizes and the flag
+    that moves the limit (EXTENSIONS §10); ``declared`` None: a chunked body that passed it."""
+    size = (
+        f"{declared} bytes, limit {limit} bytes" if declared else f"over the limit of {limit} bytes"
+    )
+    message = f"{TOO_LARGE_MESSAGE}: {size} (max_request_bytes; kcoral server --max-request-bytes)"
+    return Refusal(413, "request_too_large", message, "rejected")
+
+
 # Tornado must never cut a body off before we do (we answer 413 ourselves).
 _UNLIMITED = 1 << 62
 # Slowest average a body may arrive at once ``--body-timeout-seconds`` have passed since it
@@ -104,7 +115,7 @@ class ExecuteHandler(BaseHandler):
         cast(HTTP1Connection, self.request.connection).set_max_body_size(_UNLIMITED)
         limit = config.max_request_bytes
         if declared is not None and declared > limit:
-            self.refuse(TOO_LARGE)
+            self.refuse(too_large(limit, declared))
             return
         try:
             self.serialization = check_serialization(
@@ -169,7 +180,7 @@ class ExecuteHandler(BaseHandler):
         except BodyTooLarge:
             self.body.close()
             self.body = None
-            self.refuse(TOO_LARGE)
+            self.refuse(too_large(self.state.config.max_request_bytes))
 
     def send_error_json(self, status: int, kind: str, message: str) -> None:
         if self.body_unread:
