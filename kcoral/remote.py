@@ -205,6 +205,22 @@ def _server_imports_it(module: types.ModuleType) -> bool:
 # ---------------------------------------------------------------------- argument checks
 
 
+def _argument_labels(bound: inspect.BoundArguments, given: set[str]) -> list[str]:
+    """How an error names each of ``bound.args``: by its parameter (``argument 'pair'``,
+    ``argument 'rest'[1]`` for ``*rest``), with ``(its default)`` for a default the client
+    bound; an index is meaningless for a default the caller never passed."""
+    labels: list[str] = []
+    for name, parameter in bound.signature.parameters.items():
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            labels.append(f"argument {name!r}" + ("" if name in given else " (its default)"))
+        elif parameter.kind is parameter.VAR_POSITIONAL:
+            rest = bound.arguments.get(name, ())
+            labels.extend(f"argument {name!r}[{index}]" for index in range(len(rest)))
+    if len(labels) != len(bound.args):  # never expected: fall back to positions
+        return [f"argument {index}" for index in range(len(bound.args))]
+    return labels
+
+
 def _is_binary(value: Any) -> bool:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return True
@@ -217,7 +233,10 @@ def _is_binary(value: Any) -> bool:
 def _check_json(value: Any, where: str, active: set[int]) -> None:
     """``value`` must be plain JSON: exact types, finite floats, no cycles, no binary."""
     kind = type(value)
-    if value is None or kind in (bool, int, str):
+    if kind is str:
+        _check_text(value, where)
+        return
+    if value is None or kind in (bool, int):
         return
     if kind is float:
         if not math.isfinite(value):
@@ -234,6 +253,7 @@ def _check_json(value: Any, where: str, active: set[int]) -> None:
             for key, item in value.items():
                 if type(key) is not str:
                     raise TypeError(f"{where} has a {type(key).__name__} key; JSON keys are str")
+                _check_text(key, f"a key of {where}")
                 _check_json(item, f"{where}[{key!r}]", active)
         active.discard(id(value))
         return
@@ -246,6 +266,21 @@ def _check_json(value: Any, where: str, active: set[int]) -> None:
         f"{where} is a {kind.__name__}, not a JSON value (None, bool, int, float, str, list, "
         "dict with str keys); use serialization='pickle' for other objects"
     )
+
+
+def _check_text(text: str, where: str) -> None:
+    """A ``str`` the request's UTF-8 can carry: a lone surrogate (``'\\udc80'``, from
+    ``surrogateescape`` decoding) failed later as 'cannot encode the request' at a byte
+    position of the whole request, naming no argument."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{where} holds a lone surrogate at position {exc.start} ({text[exc.start]!r}); "
+            "UTF-8 cannot carry it (bytes travel as bytes arguments)"
+        ) from None
 
 
 def _check_serialization(value: object, what: str) -> str:
@@ -365,13 +400,12 @@ class RemoteFunction:
 
     def _json_program(self, bound: inspect.BoundArguments) -> Program:
         source = self._module_source()
+        given = set(bound.arguments)
         bound.apply_defaults()  # defaults are bound here and sent explicitly (§8)
         positional = list(bound.args)
         keywords = dict(bound.kwargs)
         values = positional + list(keywords.values())
-        labels = [f"argument {i}" for i in range(len(positional))] + [
-            f"argument {name!r}" for name in keywords
-        ]
+        labels = _argument_labels(bound, given) + [f"argument {name!r}" for name in keywords]
         for value, label in zip(values, labels, strict=True):
             if not _is_binary(value):
                 try:

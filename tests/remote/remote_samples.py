@@ -98,6 +98,10 @@ def echo(*args, **kwargs):
     return [list(args), kwargs]
 
 
+def with_tuple_default(x, pair=(1, 2)):
+    return [x, list(pair)]
+
+
 def positive(x):
     assert x > 0, "x must be positive"
     return x

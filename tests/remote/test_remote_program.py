@@ -125,8 +125,26 @@ def test_an_argument_nested_too_deeply_is_a_value_error_naming_it(wrap) -> None:
         deep = wrap(deep)
     with pytest.raises(ValueError, match="argument 'value' is nested too deeply"):
         make(samples.echo).build_program(value=deep)
-    with pytest.raises(ValueError, match="argument 0 is nested too deeply"):
+    with pytest.raises(ValueError, match=r"argument 'args'\[0\] is nested too deeply"):
         make(samples.echo).build_program(deep)
+
+
+def test_a_value_json_cannot_carry_is_named_by_its_parameter_and_a_default_as_such() -> None:
+    # remote-function soak: a tuple default was "argument 1 is a tuple", for a call that
+    # passed one argument
+    with pytest.raises(TypeError, match=r"^argument 'pair' \(its default\) is a tuple"):
+        make(samples.with_tuple_default).build_program(1)
+    with pytest.raises(TypeError, match=r"^argument 'pair' is a set"):
+        make(samples.with_tuple_default).build_program(1, {2})
+    with pytest.raises(TypeError, match=r"^argument 'args'\[1\] is a tuple"):
+        make(samples.echo).build_program(1, (2, 3))
+    # a lone surrogate failed later as "cannot encode the request ... position 621"
+    with pytest.raises(
+        ValueError, match=r"^argument 'pair'\[1\] holds a lone surrogate at position 1"
+    ):
+        make(samples.with_tuple_default).build_program(1, ["ok", "a\udc80"])
+    with pytest.raises(ValueError, match=r"^a key of argument 'x' holds a lone surrogate"):
+        make(samples.with_tuple_default).build_program({"\udc80": 1})
 
 
 def test_a_shared_but_acyclic_list_is_fine() -> None:
