@@ -318,8 +318,15 @@ def torch_tensor(
         if device is not None:
             tensor = tensor.to(device)
     except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
-        raise InstructionFailure("runtime", f"malformed tensor: {exc}") from None
+        raise InstructionFailure("runtime", f"malformed tensor: {first_line(exc)}") from None
     return tensor
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message without what follows its first line: torch's C++ errors can
+    carry their whole C++ backtrace (dozens of lines) after it (conformance audit)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def numpy_array(data: memoryview, dtype: str, shape: tuple[int, ...]) -> Any:

@@ -140,3 +140,24 @@ def test_torch_global_settings_are_restored_between_programs(shared_worker):
         [module("p", probe), function("f", "p", "settings"), call("s", "f"), give("s", "s")]
     )
     assert [n["value"] for n in result.value("s")["value"]] == ["torch.float32", True]
+
+
+def test_a_torch_error_with_a_cpp_backtrace_is_reported_by_its_first_line() -> None:
+    """torch's C++ errors can carry their whole backtrace after the first line (seen from a
+    huge zero-size shape in the conformance audit): the instruction's message keeps the
+    reason, not dozens of frames."""
+    from types import SimpleNamespace
+
+    from kcoral_server.worker.failures import InstructionFailure
+    from kcoral_server.worker.runtime import torch_tensor
+
+    def empty(shape: tuple[int, ...], dtype: object) -> None:
+        raise RuntimeError(
+            "Stride calculation overflowed\nException raised from empty_cpu at aten/x.cpp:1\n"
+            "frame #0: c10::Error::Error(...) + 0x1 (0x0 in libc10.so)\n"
+        )
+
+    fake_torch = SimpleNamespace(float32="float32", empty=empty)
+    with pytest.raises(InstructionFailure) as failed:
+        torch_tensor(fake_torch, memoryview(b""), "float32", (0, 2**62, 4))
+    assert failed.value.message == "malformed tensor: Stride calculation overflowed"
