@@ -64,3 +64,4 @@ def test_a_router_warns_about_a_token_file_others_can_read(
     assert ("token_file_open" in log) == warned, log
     if warned:
         assert "WARNING" in log and "0644" in log and "chmod 600" in log
+        assert f"path={tokens}" in log  # which file, as the server's event names it

@@ -166,7 +166,12 @@ async def serve(settings: RouterSettings) -> int:
     )
     if settings.auth_token_exposure is not None:
         # the --auth-token-file named on its command line
-        log.event("token_file_open", level="WARNING", message=settings.auth_token_exposure)
+        log.event(
+            "token_file_open",
+            level="WARNING",
+            message=settings.auth_token_exposure,
+            path=settings.auth_token_file,
+        )
     if settings.auth_token is None and not ipaddress.ip_address(settings.host).is_loopback:
         log.event(
             "unauthenticated_access",

@@ -152,6 +152,8 @@ class RouterSettings:
     auth_token: str | None = None
     # why that file is open to more people than it should be (``token_file_exposure``)
     auth_token_exposure: str | None = None
+    # the --auth-token-file it was read from, for that warning's ``path`` (as the server's)
+    auth_token_file: str | None = None
     allow_unauthenticated: bool = setting(
         False,
         flag="--allow-unauthenticated",
@@ -381,6 +383,7 @@ def parse_router_args(
             "auth_token_exposure": (
                 None if args.auth_token_file is None else token_file_exposure(args.auth_token_file)
             ),
+            "auth_token_file": args.auth_token_file,
             "metrics_token": metrics_token,
         }
     )
