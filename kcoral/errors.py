@@ -99,6 +99,14 @@ class RemoteExecutionError(RuntimeError):
         )
         self.result = result
 
+    def __reduce__(
+        self,
+    ) -> tuple[type[RemoteExecutionError], tuple[ProgramResult], dict[str, Any]]:
+        # Pickled with its result, not its message: a multiprocessing worker's remote call
+        # that failed reaches the parent as this error. Rebuilt from the message, it raised
+        # AttributeError in the pool's result thread, and pool.map waited for ever.
+        return (type(self), (self.result,), self.__dict__)
+
     @property
     def remote_traceback(self) -> str:
         """The server-side traceback of the failure ("" when the server sent none)."""
