@@ -21,7 +21,7 @@ from kcoral.client_sessions import (
 )
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.transport import Flow, Response, Transport
-from kcoral.jobs import Job
+from kcoral.jobs import Job, check_path_id
 from kcoral.program import Program
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.results import ProgramResult
@@ -173,7 +173,7 @@ class Client(BaseClient):
 
     def attach_session(self, session_id: str) -> Session:
         """An existing session of this caller, by id (read from the server)."""
-        return Session(self, self.run_flow(record_flow(session_id)))
+        return Session(self, self.run_flow(record_flow(check_path_id(session_id, "session"))))
 
     def sessions(self) -> list[dict[str, Any]]:
         """``GET /v1/sessions`` (EXTENSIONS §11): the caller's session records, live and

@@ -281,11 +281,18 @@ class AsyncJob(_JobHandle):
 
 def check_job_id(job_id: object) -> str:
     """A job id as given to ``client.job``: a non-empty ``str`` usable in a URL path."""
-    if not isinstance(job_id, str):
-        raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
-    if not job_id or any(c in job_id for c in "/?#%") or not job_id.isprintable():
-        raise ValueError(f"invalid job id {job_id!r}")
-    return job_id
+    return check_path_id(job_id, "job")
+
+
+def check_path_id(value: object, what: str) -> str:
+    """A job or session id as a caller gives it: one URL path segment. ``.`` and ``..`` are
+    refused too: the URL is normalized before it is sent, so ``client.job(".")`` asked for
+    the job list and ``attach_session("../jobs")`` read it as a session record."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what}_id must be a str, not {type(value).__name__}")
+    if value in ("", ".", "..") or any(c in value for c in "/?#%") or not value.isprintable():
+        raise ValueError(f"invalid {what} id {value!r}")
+    return value
 
 
 def jobs_unsupported(base_url: str) -> KCoralError:

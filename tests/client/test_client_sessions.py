@@ -270,3 +270,19 @@ def test_a_session_list_that_is_not_an_array_of_objects_is_refused() -> None:
         transport = MockTransport(lambda _request, body=body: _answer(body))
         with pytest.raises(ProtocolError, match="session list"):
             Client(URL, transport=transport).sessions()
+
+
+def test_a_session_id_that_is_not_one_path_segment_is_refused_before_anything_is_sent(
+    server_factory,
+) -> None:
+    # Before, the URL was normalized: attach_session("../jobs") read GET /v1/jobs as a
+    # session record (ProtocolError), and client.job(".") read the job list as a job state.
+    server = server_factory()
+    with Client(server.url) as client:
+        for bad_id in ("../jobs", ".", "..", "a/b", "x?y=1", "", "%2e%2e"):
+            with pytest.raises(ValueError, match="invalid session id"):
+                client.attach_session(bad_id)
+            with pytest.raises(ValueError, match="invalid job id"):
+                client.job(bad_id).status()
+        with pytest.raises(TypeError, match="session_id must be a str"):
+            client.attach_session(5)  # type: ignore[arg-type]
