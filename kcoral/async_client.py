@@ -36,7 +36,8 @@ DECODE_IN_THREAD_BYTES = 1 << 20
 
 
 class AsyncClient(BaseClient):
-    """Asynchronous KCoral client; every method is a coroutine except ``function``/``job``.
+    """Asynchronous KCoral client; every call is a coroutine except ``function``, ``job`` and
+    ``session`` (whose ``AsyncSession`` starts in ``async with``).
 
     ``transport`` replaces the HTTP stack (``kcoral.connection.transport.MockTransport`` in
     tests)."""
