@@ -69,8 +69,18 @@ def attempt_request(path: str, attempt: Attempt) -> Request:
     return Request("POST", path, attempt.headers, attempt.chunks, attempt.length)
 
 
+#: how long ``health()``, ``target()`` and ``info()`` wait for an answer once asked: a server
+#: answers them at once, and one that is frozen (stopped, swapped out, a hung proxy) made
+#: them wait for ever, with a notebook's status cell (CLIENT_API §2)
+STATUS_READ_TIMEOUT_SECONDS = 30.0
+
+
 def _get(path: str) -> Request:
     return Request("GET", path)
+
+
+def _get_status(path: str) -> Request:
+    return Request("GET", path, read_timeout=STATUS_READ_TIMEOUT_SECONDS)
 
 
 class BaseClient:
@@ -136,7 +146,7 @@ class BaseClient:
 
     def health_flow(self) -> Flow[dict[str, Any]]:
         """``GET /health``, validated (CLIENT_API §2)."""
-        response = yield _get("/health")
+        response = yield _get_status("/health")
         if response.status != 200:
             raise error_from_response(response.status, response.headers, response.data)
         return decode_health(response.data)
@@ -148,7 +158,7 @@ class BaseClient:
         """``GET /v1/info`` once per client (EXTENSIONS §1); one ``UserWarning`` when the
         server's major.minor version differs from this client's."""
         if self._info is None:
-            response = yield _get("/v1/info")
+            response = yield _get_status("/v1/info")
             if response.status != 200:
                 raise error_from_response(response.status, response.headers, response.data)
             info = decode_json_object(response.data, "/v1/info response")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import cast
+from typing import Any, cast
 
 import urllib3
 
@@ -61,6 +61,7 @@ class HttpTransport:
         # maxsize: connections kept for reuse (more may open at once; they are not kept)
         # connections idle for 5 s are replaced before use (kcoral.connection.keep_alive says why)
         # a forked child gets its own pool: it must not talk on its parent's sockets
+        self._connect_timeout = connect_timeout_seconds
         self._pools = PerProcess(
             lambda: pool_manager(
                 timeout=urllib3.Timeout(connect=connect_timeout_seconds, read=None),
@@ -83,6 +84,7 @@ class HttpTransport:
             body=chunks,
             content_length=request.length,
             headers=request.headers,
+            read_timeout=request.read_timeout,
         )
 
     def request(
@@ -93,8 +95,10 @@ class HttpTransport:
         body: Iterable[bytes | memoryview] | None = None,
         content_length: int | None = None,
         headers: Mapping[str, str] | None = None,
+        read_timeout: float | None = None,
     ) -> Response:
-        """Send one request and read the whole answer.
+        """Send one request and read the whole answer (within ``read_timeout`` seconds of
+        each read, when given).
 
         ``body`` chunks are streamed as given with an explicit ``Content-Length``. No answer
         -> ``TransportError``. ``KeyboardInterrupt`` closes the connection instead of
@@ -119,6 +123,7 @@ class HttpTransport:
                 preload_content=False,
                 decode_content=False,  # never inflate what the server chose to encode
                 redirect=False,
+                **timeout_for(self._connect_timeout, read_timeout),
             )
             data = self._read_body(response)
             status = response.status
@@ -194,6 +199,14 @@ class HttpTransport:
                 return None
             self._buffer = None
             return buffer
+
+
+def timeout_for(connect_seconds: float, read_seconds: float | None) -> dict[str, Any]:
+    """urllib3's ``timeout`` argument for a request with its own read bound; none (the
+    pool's: no read bound) otherwise."""
+    if read_seconds is None:
+        return {}
+    return {"timeout": urllib3.Timeout(connect=connect_seconds, read=read_seconds)}
 
 
 def grow(buffer: bytearray, size: int) -> None:

@@ -39,6 +39,9 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=dict)
     chunks: Sequence[bytes | memoryview] | None = None
     length: int = 0
+    #: seconds the answer may take once sent; None: no bound (a program's own deadline is
+    #: the server's to enforce, CLIENT_API §2)
+    read_timeout: float | None = None
 
     def body(self) -> bytes:
         """The whole body as one ``bytes`` (tests and transports that cannot stream)."""

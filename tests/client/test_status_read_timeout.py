@@ -1,0 +1,71 @@
+"""``health()``, ``target()`` and ``info()`` give up on a server that accepts the request and
+never answers (a stopped process, a hung proxy): a ``TransportError`` after
+``STATUS_READ_TIMEOUT_SECONDS`` (CLIENT_API §2). Before, they waited for ever, and a
+notebook's status cell with them. A real listening socket that reads and never answers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import kcoral
+import kcoral.base_client
+from kcoral.errors import TransportError
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A loopback port whose connections are read and never answered."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(connection)  # never answered, closed at the end
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
+@pytest.fixture(autouse=True)
+def short_status_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kcoral.base_client, "STATUS_READ_TIMEOUT_SECONDS", 0.5)
+
+
+def test_status_calls_of_a_client_give_up_on_a_server_that_never_answers(
+    silent_server: str,
+) -> None:
+    with kcoral.Client(silent_server) as client:
+        for call in (client.health, client.target, client.info):
+            with pytest.raises(TransportError, match="timed out"):
+                call()
+
+
+def test_status_calls_of_an_async_client_give_up_on_a_server_that_never_answers(
+    silent_server: str,
+) -> None:
+    async def ask() -> None:
+        async with kcoral.AsyncClient(silent_server) as client:
+            for call in (client.health, client.target, client.info):
+                with pytest.raises(TransportError, match="timed out"):
+                    await call()
+
+    asyncio.run(ask())
