@@ -17,7 +17,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, cast
 
 import kcoral
 from kcoral.connection.event_stream import EventSource, EventStreams
@@ -141,6 +141,16 @@ class BaseClient:
     def __repr__(self) -> str:
         # Never show headers: they may carry the token.
         return f"{type(self).__name__}({self.base_url!r})"
+
+    def __reduce__(self) -> NoReturn:
+        # A client holds sockets, threads and its token: none of them travels to another
+        # process (a multiprocessing pool's argument, a pickle-mode function's global); it
+        # failed as "cannot pickle '_thread.lock' object", which named none of this.
+        name = type(self).__name__
+        raise TypeError(
+            f"a kcoral.{name} cannot be pickled: make one in each process from its URL and "
+            "token (a token never goes into a pickle)"
+        )
 
     # -- flows ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import pytest
 from server_answers import REQUEST_ID, cache_miss, completed
 
@@ -317,3 +318,17 @@ def test_remote_functions_run_through_either_flavour_with_their_serialization() 
         assert function.remote(2) == 4
         (request,) = transport.requests
         assert request.headers["X-KCoral-Serialization"] == "json"
+
+
+@pytest.mark.parametrize("flavour", [kcoral.Client, kcoral.AsyncClient])
+def test_a_client_refuses_to_be_pickled_saying_why_and_leaving_its_token_out(flavour) -> None:
+    """A client passed to a multiprocessing pool, or found among a pickle-mode function's
+    globals, failed as "cannot pickle '_thread.lock' object"."""
+    import pickle
+
+    client = flavour("http://127.0.0.1:1", token="secret-token-x")
+    with pytest.raises(TypeError, match=f"a kcoral.{flavour.__name__} cannot be pickled") as no:
+        pickle.dumps(client)
+    assert "secret-token-x" not in str(no.value)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        cloudpickle.dumps(client)
