@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -97,7 +98,8 @@ class DiskCache:
     def _read(self, sha256: str, scope: str) -> bytes | None:
         path = self.path_for(sha256, scope)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NONBLOCK: opening a named pipe planted here must not wait for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError:
@@ -105,8 +107,14 @@ class DiskCache:
             return None
         try:
             with os.fdopen(fd, "rb") as file:
+                info = os.fstat(file.fileno())
+                # Only a regular file within the budget can be ours: a pipe or device
+                # would block the read, a huge (sparse) file would be read into memory.
+                if not stat.S_ISREG(info.st_mode) or info.st_size > self.capacity_bytes:
+                    self.errors += 1
+                    return None
                 data = file.read()
-                inode = os.fstat(file.fileno()).st_ino
+                inode = info.st_ino
         except OSError:
             self.errors += 1
             return None
