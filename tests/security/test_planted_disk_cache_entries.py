@@ -4,7 +4,9 @@ The disk cache directory (SERVER §10) is shared by every server of the user and
 anywhere with ``--disk-cache-dir``; whoever can write there can put things at a blob's
 path. The hash check keeps wrong bytes from being served; these tests pin what else such an
 entry must not achieve: a named pipe at a blob's path blocked the request that named the
-blob for ever (the server opened it and waited for a writer).
+blob for ever (the server opened it and waited for a writer), and a symbolic link at a
+blob's path made every later reference a ``CACHE_MISS`` (the upload that followed saw a
+file there and stored nothing).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import errno
 import hashlib
 import os
 import threading
+
+from identity_support import execute, file_program
 
 import kcoral
 
@@ -73,3 +77,26 @@ def test_a_named_pipe_planted_at_a_blobs_path_is_a_miss_and_the_program_complete
     assert result.status == "COMPLETED"
     assert result["r"] == data
     assert "Traceback" not in server.stderr()
+
+
+def test_a_symlink_planted_at_a_blobs_path_is_replaced_by_the_next_upload(
+    server_factory, tmp_path
+) -> None:
+    server = server_factory()
+    data = os.urandom(50_000)
+    sha = hashlib.sha256(data).hexdigest()
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(data)  # even the right bytes: a link is never followed
+    link = _entry_path(server, data)
+    os.symlink(elsewhere, link)
+
+    first = kcoral.Client(server.url).execute(_read_back(data))  # a miss, then the upload
+    assert first.status == "COMPLETED"
+    assert first["r"] == data
+
+    again = execute(server.url, file_program(sha), None)  # no token; by hash only
+    assert again.status == 200
+    assert not again.raw.startswith(b"{"), again.raw[:200]  # multipart: it ran, no CACHE_MISS
+    assert data in again.raw
+    assert not os.path.islink(link)
+    assert elsewhere.read_bytes() == data  # the link's target was not written through

@@ -191,7 +191,8 @@ class DiskCache:
     def _write(self, sha256: str, data: Any, scope: str) -> None:
         path = self.path_for(sha256, scope)
         try:
-            if path.is_file():
+            # lstat: anything else at the path (a planted link) is replaced, not refreshed.
+            if _is_regular_file(path):
                 os.utime(path)  # already stored: just refresh
                 return
             if scope != DEFAULT_SCOPE:  # (mkdir's parents=True would ignore the mode)
@@ -331,3 +332,11 @@ def _file_scope(file: tuple[int, str, str, int]) -> str:
     """Whose a cached file is: the ``id-<identity>`` directory above its shard, or ``v1``
     itself for the ``default`` identity."""
     return os.path.basename(os.path.dirname(os.path.dirname(file[2])))
+
+
+def _is_regular_file(path: Path) -> bool:
+    """Whether ``path`` itself (not what a link there points to) is a regular file."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
