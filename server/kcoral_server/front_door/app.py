@@ -27,6 +27,7 @@ from kcoral_server.pool.seat import GpuDevice
 from kcoral_server.sessions.registry import Sessions
 from kcoral_server.settings.config import ServerConfig
 from kcoral_server.storage.disk_cache import DiskCache
+from kcoral_server.storage.disk_cache import start_problem as disk_cache_start_problem
 from kcoral_server.storage.event_log import EventLog
 from kcoral_server.storage.memory_cache import MemoryCache
 
@@ -77,6 +78,9 @@ class ServerState:
         self.executor = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="kcoral")
         self.memory_cache = MemoryCache(config.cache_capacity_bytes)
         self.disk_cache = DiskCache(config.disk_cache_dir, config.disk_cache_capacity_mbytes)
+        problem = disk_cache_start_problem(self.disk_cache)
+        if problem is not None:
+            self.events.emit(problem[0], "WARNING", message=problem[1])
         self.arbiter = LeaseArbiter(self.gpu_ids) if mode != "cpu" else None
         self.pool = Pool(
             mode=mode,

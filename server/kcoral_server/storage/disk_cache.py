@@ -50,6 +50,7 @@ class DiskCache:
         self.root = None if path is None else Path(path)
         self.enabled = self.root is not None and self.capacity_bytes > 0
         self.errors = 0  # storage errors swallowed so far (for diagnostics)
+        self.last_error = ""  # the last of them, in words (``start_problem``)
         self._lock = threading.Lock()  # flock is per open file; threads need their own lock
         self._ready = False
         if self.enabled:
@@ -246,9 +247,10 @@ class DiskCache:
                 base.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._ready = True
             return os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
+        except OSError as exc:
             self._ready = False
             self.errors += 1
+            self.last_error = exc.strerror or type(exc).__name__
             return None
 
     def _shards(self) -> Iterator[os.DirEntry[str]]:
@@ -340,3 +342,39 @@ def _is_regular_file(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
+
+
+def start_problem(cache: DiskCache) -> tuple[str, str] | None:
+    """What the server says at start about this cache (SERVER §10), or None: the event
+    (``disk_cache_unusable``: every file upload is sent in full each time, or
+    ``disk_cache_open``: a local user other than the server's may plant entries) and
+    its message. The hash check keeps planted bytes from being served either way; this
+    only makes the operator hear of it (a cache that never worked said nothing)."""
+    if not cache.enabled:
+        return None
+    assert cache.root is not None and cache.base is not None
+    if not cache._ready:
+        reason = cache.last_error or "unknown error"
+        return (
+            "disk_cache_unusable",
+            f"cannot use {cache.root}: {reason}; uploads are not cached",
+        )
+    for folder in (cache.root, cache.base):
+        try:
+            info = os.stat(folder)
+        except OSError:
+            continue
+        if info.st_uid not in (os.geteuid(), 0):
+            return (
+                "disk_cache_open",
+                f"{folder} is owned by uid {info.st_uid}, not this server's user",
+            )
+        sticky = bool(info.st_mode & stat.S_ISVTX)
+        if info.st_mode & 0o022 and not (sticky and folder == cache.root):
+            mode = stat.S_IMODE(info.st_mode)
+            return (
+                "disk_cache_open",
+                f"{folder} has mode {mode:04o}: others can write it, and plant entries: "
+                "chmod 700 it",
+            )
+    return None
