@@ -122,7 +122,11 @@ class NodeRecord:
         return sum(1 for s in self.slots.values() if s.busy)
 
     def saturated(self, now: float) -> bool:
-        return now < self.saturated_until
+        """No new work: a backend 503 (for a while), or a latest status that is a failure
+        until the next healthy one (ROUTER §6). A draining node reports failures from its
+        first moment, while it stays ``ready`` for the unhealthy threshold: each answer it
+        finished freed its slot for a waiter, which its half-close then cut off (502)."""
+        return now < self.saturated_until or self.failures > 0
 
     def load(self) -> float:
         return max(self.busy_workers, self.inflight()) / max(self.worker_count, 1)

@@ -1,0 +1,66 @@
+"""A node that drains takes no queued work (ROUTER §6, §7): through a real router onto a real
+CPU node, a program holds the node's only seat while a second, whose selector only that node
+fits, waits at the router; the node is sent SIGTERM, and once its held program has answered
+the waiter is refused ``503 no_matching_node`` as the node leaves, instead of being sent
+down the slot the drain was closing (``502 server_transport``, or the node's own ``503
+busy``)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raw_http import call_program, post_execute
+from router_helpers import Node, start_router, stopping
+from test_router_fleet_status import HOLD, only_kind, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def send(
+    router, program: dict[str, Any], headers: dict[str, str], answers: dict
+) -> threading.Thread:
+    def run() -> None:
+        answers[headers.get("X-KCoral-Select", "")] = post_execute(
+            router.url, program, headers=headers
+        )
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_request_waiting_for_a_draining_node_is_refused_and_never_sent_down_its_closing_slot(
+    tmp_path: Path,
+) -> None:
+    # The node stays ``ready`` through its drain's failing statuses (a high threshold): what
+    # keeps queued work off it must be the drain itself, however long the threshold.
+    router = start_router(
+        tmp_path, "--status-check-interval-seconds", "0.3", "--unhealthy-threshold", "1000"
+    )
+    node = Node(tmp_path, router, "cpu-a", None, "--node-label", "zone=a")
+    with stopping(router, [node]):
+        wait_for(lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", router)
+        release = tmp_path / "release"
+        answers: dict[str, Any] = {}
+        held = send(router, call_program(HOLD, args=[str(release)]), {}, answers)
+        wait_for(lambda: only_kind(router)["free_seats"] == 0, "the seat taken", router)
+        waiter = send(
+            router, call_program(HOLD, args=[str(release)]), {"X-KCoral-Select": "zone=a"}, answers
+        )
+        wait_for(lambda: only_kind(router)["queued"] == 1, "the second queued", router)
+
+        node.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: "shutdown_started" in node.log_path.read_text(), "drain", router)
+        release.write_text("go")
+        held.join(120)
+        waiter.join(120)
+
+        assert answers[""].status == 200
+        refused = answers["zone=a"]
+        assert refused.status == 503, (refused.status, refused.body)
+        assert refused.body["error"]["kind"] == "no_matching_node"
+        assert "zone=a" in refused.body["error"]["message"]
