@@ -1,13 +1,14 @@
 """A stand-in HTTP server on loopback, in a thread, for tests that play a server the client
 talks to: the standard library's (one that knows only the published protocol, one that
-records what it was sent, one that cuts its answers short) or a Tornado application (one
-that streams)."""
+records what it was sent, one that cuts its answers short), a Tornado application (one
+that streams), or a listener that accepts connections and never answers (``silent``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import http.server
+import socket
 import threading
 from collections.abc import Callable, Iterator
 
@@ -53,3 +54,31 @@ def serving_app(make_app: Callable[[], tornado.web.Application]) -> Iterator[str
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
         loop.close()
+
+
+@contextlib.contextmanager
+def silent() -> Iterator[str]:
+    """A loopback listener that accepts connections, reads nothing and never answers (a
+    stopped process, a hung proxy); yields ``http://127.0.0.1:PORT``."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        for connection in accepted:
+            connection.close()
+        listener.close()

@@ -6,11 +6,10 @@ notebook's status cell with them. A real listening socket that reads and never a
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
+from stand_in_http import silent
 
 import kcoral
 import kcoral.base_client
@@ -19,30 +18,9 @@ from kcoral.errors import TransportError
 
 @pytest.fixture
 def silent_server() -> Iterator[str]:
-    """A loopback port whose connections are read and never answered."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            held.append(connection)  # never answered, closed at the end
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for connection in held:
-            connection.close()
-        listener.close()
+    """A loopback port whose connections are never answered."""
+    with silent() as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 from server_process import running_server
+from stand_in_http import silent
 from traitlets.config import Config
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,30 +34,8 @@ def locked_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 @pytest.fixture(scope="module")
 def silent_url() -> Iterator[str]:
     """A listener that accepts connections and never says a word."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(5)
-        for connection in accepted:
-            connection.close()
-        listener.close()
+    with silent() as url:
+        yield url
 
 
 def _refused_port() -> int:
