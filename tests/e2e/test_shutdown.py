@@ -51,3 +51,53 @@ def test_sigterm_lets_a_running_request_finish_refuses_new_ones_and_exits_zero(
     started = next(e for e in server.events() if e["event"] == "shutdown_started")
     assert started["remaining"] == 1
     assert "Shutdown requested. Finishing remaining benchmarks: 1 left." in server.stderr()
+
+
+@pytest.mark.slow
+def test_a_drain_while_every_gpu_seat_runs_a_program_ends_with_spare_workers_on(
+    server_factory,
+):
+    """One fresh worker per program keeps a spare per seat (SERVER §6). A worker that
+    retired as the drain began still held its GPU's lease while its seat's spare, never
+    handed over, was killed under that lease first: shutdown waited for ever after
+    ``shutdown_waiting remaining=0`` (fleet soak, 4 of 5 runs on 4 fake GPUs)."""
+    server = server_factory(
+        "--device", "fake-gpu", "--fake-gpu-count", "4", "--workers-per-gpu", "1",
+        "--max-requests-per-worker", "1", "--sandbox", "auto", "--worker-preload", "none",
+    )  # fmt: skip
+    source = "import time\ndef slow():\n    time.sleep(4)\n    return 'finished'\n"
+    results: list[object] = []
+
+    def run() -> None:
+        with kcoral.Client(server.url) as c:
+            results.append(c.execute(module_program(source, "slow")))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: health(server.url)["load"]["requests_in_progress"] == 4, what="4 running")
+    # each seat's spare forked in its other sandbox: 4 seats x 2 sandboxes x (fork server
+    # and its worker) launcher processes
+    wait_for(lambda: launcher_processes(server.process.pid) == 16, what="4 spares started")
+    server.process.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(60)
+    assert [getattr(r, "completed", None) for r in results] == [True] * 4
+    assert server.process.wait(60) == 0  # a hang guard: it used to never exit
+    assert server.events()[-1]["event"] == "server_stopped"
+
+
+def launcher_processes(pid: int) -> int:
+    """How many of ``pid``'s descendants run the worker launcher (fork servers, workers;
+    not the ``bwrap`` processes that start them)."""
+    import psutil
+
+    count = 0
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            command = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        launcher = "kcoral_server.processes.launcher" in command
+        count += launcher and "bwrap" not in command[0]
+    return count

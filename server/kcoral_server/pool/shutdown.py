@@ -46,11 +46,16 @@ async def close_seats(
         seat.state = SeatState.CLOSED
         spare, seat.spare = seat.spare, None
         held, seat.held = seat.held, None
+        # The seat's worker first: it may still hold its GPU's lease (one that retired as
+        # the drain began, whose spare never took over), and a spare is killed under that
+        # lease. Killing the spare first waited for the lease for ever (fleet soak).
+        if handle is not None:
+            await close_worker(handle)
         for waiting in (spare, held):
             if waiting is not None:  # it ran no program: nothing to wait for
                 await kill(waiting)
-        if handle is None:
-            return
+
+    async def close_worker(handle: WorkerHandle) -> None:
         if handle.gone is None:
             remaining = max(0.1, deadline - time.monotonic())
             if await stop(handle, remaining):
