@@ -15,9 +15,10 @@ Tornado's own defaults would be.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import tornado.web
+from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer hands us
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER
 from kcoral.protocol.strict_json import dumps_compact
@@ -61,6 +62,8 @@ SMALL_BODY_BYTES = 64 * 1024
 # Tornado must never answer a body it will not read after we have answered (its own raw
 # 400 for a length over its limit would follow ours on the connection).
 UNLIMITED = 1 << 62
+#: PROTOCOL §7.1's fixed 413 text (the server's ``/execute`` appends the sizes, EXTENSIONS §10)
+TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
 
 
 def declared_length(value: str | None) -> int | None:
@@ -72,3 +75,17 @@ def declared_length(value: str | None) -> int | None:
         return int(value.strip())
     except ValueError:
         return None
+
+
+def bound_body(handler: tornado.web.RequestHandler, limit: int, timeout_seconds: float) -> bool:
+    """Let ``handler``'s request send at most ``limit`` body bytes within
+    ``timeout_seconds`` (Tornado refuses a longer chunked body). False: its declared length
+    is larger, the body is never read, and the caller answers 413 before it."""
+    connection = cast(HTTP1Connection, handler.request.connection)
+    declared = declared_length(handler.request.headers.get("Content-Length"))
+    if declared is not None and declared > limit:
+        connection.set_max_body_size(UNLIMITED)
+        return False
+    connection.set_max_body_size(limit)
+    connection.set_body_timeout(timeout_seconds)
+    return True

@@ -35,9 +35,10 @@ from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import DEFAULT, Identity
 from kcoral_server.front_door.handler_defaults import (
     SMALL_BODY_BYTES,
+    TOO_LARGE_MESSAGE,
     UNLIMITED,
     KCoralRequestHandler,
-    declared_length,
+    bound_body,
 )
 from kcoral_server.router.selection import no_match_message, offering_nodes
 
@@ -63,19 +64,12 @@ def settle_unread_body(handler: KCoralRequestHandler, timeout_seconds: float) ->
     """For a route that reads no body, once its head is checked: a request already answered
     (refused, or a 404) has its body never read; any other may send at most
     ``SMALL_BODY_BYTES`` within ``timeout_seconds``, dropped as it arrives. False: the
-    declared length is larger, and the caller answers 413 before reading it."""
-    connection = cast(HTTP1Connection, handler.request.connection)
+    declared length is larger, and the caller answers 413 (with ``Connection: close``)
+    before reading it."""
     if handler._finished:
-        connection.set_max_body_size(UNLIMITED)
+        cast(HTTP1Connection, handler.request.connection).set_max_body_size(UNLIMITED)
         return True
-    declared = declared_length(handler.request.headers.get("Content-Length"))
-    if declared is not None and declared > SMALL_BODY_BYTES:
-        connection.set_max_body_size(UNLIMITED)
-        handler.set_header("Connection", "close")  # the body is never read
-        return False
-    connection.set_max_body_size(SMALL_BODY_BYTES)
-    connection.set_body_timeout(timeout_seconds)
-    return True
+    return bound_body(handler, SMALL_BODY_BYTES, timeout_seconds)
 
 
 @tornado.web.stream_request_body
@@ -159,8 +153,7 @@ class RouterHandler(KCoralRequestHandler):
         """``settle_unread_body`` for this route, with its 413."""
         timeout = self.state.settings.request_head_timeout_seconds
         if not settle_unread_body(self, timeout):
-            message = "request exceeds the configured size limit"
-            self.send_router_error(413, "request_too_large", message, "request_rejected")
+            self.send_router_error(413, "request_too_large", TOO_LARGE_MESSAGE, "request_rejected")
 
     def send_router_error(
         self,

@@ -13,7 +13,7 @@ import tornado.web
 
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.callers import Authenticator, parse_tokens
-from kcoral_server.front_door.handler_defaults import KCoralRequestHandler
+from kcoral_server.front_door.handler_defaults import TOO_LARGE_MESSAGE, KCoralRequestHandler
 from kcoral_server.metrics.router_metrics import RouterMetrics
 from kcoral_server.router.auth import NotFoundHandler, browser_refusal, settle_unread_body
 from kcoral_server.router.forward import ForwardHandler
@@ -71,7 +71,7 @@ class HealthHandler(KCoralRequestHandler):
             self.set_header("Allow", ", ".join(self.ALLOWED))
             self._error(405, "method_not_allowed", "method not allowed")
         if not settle_unread_body(self, self.state.settings.request_head_timeout_seconds):
-            self._error(413, "request_too_large", "request exceeds the configured size limit")
+            self._error(413, "request_too_large", TOO_LARGE_MESSAGE)
 
     def data_received(self, chunk: bytes) -> None:
         """No body is read here: what arrives (at most 64 KiB) is dropped."""

@@ -28,9 +28,10 @@ from kcoral_server.execution.responses import Refusal
 from kcoral_server.front_door.callers import DEFAULT, Identity
 from kcoral_server.front_door.handler_defaults import (
     SMALL_BODY_BYTES,
+    TOO_LARGE_MESSAGE,
     UNLIMITED,
     KCoralRequestHandler,
-    declared_length,
+    bound_body,
 )
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 
 UNAUTHORIZED = Refusal(401, "unauthorized", "missing or invalid bearer token", "rejected")
-TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
 
 
 @tornado.web.stream_request_body
@@ -75,14 +75,8 @@ class BaseHandler(KCoralRequestHandler):
     def limit_body(self, limit: int) -> None:
         """Read at most ``limit`` body bytes, within ``--body-timeout-seconds`` (413 at once
         for a longer declared length; Tornado refuses a longer chunked body)."""
-        connection = cast(HTTP1Connection, self.request.connection)
-        declared = declared_length(self.request.headers.get("Content-Length"))
-        if declared is not None and declared > limit:
-            connection.set_max_body_size(UNLIMITED)
+        if not bound_body(self, limit, float(self.state.config.body_timeout_seconds)):
             self.answer_early(413, "request_too_large", TOO_LARGE_MESSAGE)
-            return
-        connection.set_max_body_size(limit)
-        connection.set_body_timeout(float(self.state.config.body_timeout_seconds))
 
     def answer_early(self, status: int, kind: str, message: str) -> None:
         """Answer before the body is read: Tornado then closes the connection (it does not

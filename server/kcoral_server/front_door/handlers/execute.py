@@ -43,15 +43,13 @@ from kcoral_server.execution.responses import (
 )
 from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
-from kcoral_server.front_door.handler_defaults import declared_length
+from kcoral_server.front_door.handler_defaults import TOO_LARGE_MESSAGE, declared_length
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
 from kcoral_server.front_door.node_fit import logged, selector_refusal
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
-
-TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
 
 
 def too_large(limit: int, declared: int | None = None) -> Refusal:
