@@ -405,3 +405,37 @@ def test_a_status_the_client_library_lost_is_asked_again_and_a_real_one_is_not()
     asked.clear()
     assert asyncio.run(stream_status(always_lost)) is grpc.StatusCode.INTERNAL
     assert len(asked) == STATUS_TRIES  # bounded: a persistent loss still fails the test
+
+
+class HeldContext:
+    """A slot stream whose writes wait until ``release`` is set: a frame in flight."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.frames: list[str] = []
+
+    async def write(self, frame: Any) -> None:
+        await self.release.wait()
+        self.frames.append(frame.WhichOneof("payload"))
+
+
+def test_a_cancel_while_a_frame_is_in_flight_reaches_the_node_after_it() -> None:
+    # The client leaves while the request's head is still being written (a loaded router).
+    # The cancel was dropped whenever a write held the slot: the node saw its stream end
+    # mid-request instead of ``cancel client_disconnected`` (CI, once in ~20 runs).
+    async def scenario() -> None:
+        context = HeldContext()
+        slot = RouterSlot("n", str(uuid.uuid4()), "inst", context)
+        slot.begin("r1")
+        head = asyncio.ensure_future(slot.send(pb.SlotFrame(request_id="r1", end=pb.EndOfBody())))
+        await asyncio.sleep(0)
+        slot.cancel("client_disconnected")
+        body = asyncio.ensure_future(slot.send(pb.SlotFrame(request_id="r1", data=b"late")))
+        context.release.set()
+        await asyncio.wait_for(slot.closed.wait(), 2)
+        await head
+        with pytest.raises(Exception, match="tunnel_disconnected"):
+            await body
+        assert context.frames == ["end", "cancel"]  # and nothing of the request after it
+
+    asyncio.run(scenario())

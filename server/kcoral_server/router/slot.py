@@ -58,6 +58,7 @@ class RouterSlot:
         self.close_status: tuple[grpc.StatusCode, str] | None = None
         self._replies: Channel[pb.SlotFrame] | None = None
         self._write_lock = asyncio.Lock()
+        self._cancelling = False  # set by cancel: no frame of the request may follow it
 
     def holds_key(self, announced: str) -> bool:
         """Whether this slot presented ``announced``, the key its node's supervisor announced
@@ -98,7 +99,11 @@ class RouterSlot:
             raise SlotBroken("tunnel_disconnected")
         try:
             async with self._write_lock:
+                if self._cancelling:  # cancelled while this frame waited for its turn
+                    raise SlotBroken("tunnel_disconnected")
                 await self.context.write(frame)
+        except SlotBroken:
+            raise
         # Any failed write breaks the slot; a write pending when the stream ended raises
         # grpc's internal ExecuteBatchError, which is none of the public classes.
         except Exception as exc:
@@ -118,17 +123,24 @@ class RouterSlot:
 
     def cancel(self, reason: str) -> None:
         """Send ``cancel`` (best effort) and discard the slot; the node opens a new one."""
-        if self.closed.is_set():
+        if self.closed.is_set() or self._cancelling:
             return
+        self._cancelling = True
         request_id = self.request_id or ""
         frame = pb.SlotFrame(request_id=request_id, cancel=pb.Cancel(reason=reason))
 
         async def send_then_close() -> None:
+            # A frame of this request may still be in flight (its head or body, under load):
+            # the cancel waits for it, so the node learns why rather than seeing the stream
+            # end mid-request. A write stuck for a second (a node that stopped reading) is
+            # not waited for: closing is what matters.
+            async def write_when_free() -> None:
+                async with self._write_lock:
+                    await self.context.write(frame)
+
             try:
-                if not self._write_lock.locked():
-                    async with self._write_lock:
-                        await asyncio.wait_for(self.context.write(frame), 1.0)
-            except Exception:  # the stream may already be gone; closing is what matters
+                await asyncio.wait_for(write_when_free(), 1.0)
+            except Exception:  # the stream may already be gone
                 pass
             self.close(None, reason)
 
