@@ -72,6 +72,36 @@ def settle_unread_body(handler: KCoralRequestHandler, timeout_seconds: float) ->
     return bound_body(handler, SMALL_BODY_BYTES, timeout_seconds)
 
 
+def finish_with_error(
+    handler: tornado.web.RequestHandler,
+    request_id: str,
+    status: int,
+    kind: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Answer with a router-made ``ERROR`` body (ROUTER §9), for every router route."""
+    handler.set_status(status)
+    handler.set_header("X-Request-ID", request_id)
+    handler.set_header("Content-Type", "application/json")
+    # Tornado closes a connection whose request it had not read to the end once the
+    # answer is out, without saying so: say it, or a client reuses the connection and
+    # its next request is lost (seen with a 404 answered before a GET's empty body).
+    connection = handler.request.connection
+    if connection is not None and not getattr(connection, "_read_finished", True):
+        handler.set_header("Connection", "close")
+    for name, value in (headers or {}).items():
+        handler.set_header(name, value)
+    if status == 503:
+        handler.set_header("Retry-After", "1")
+    body = {
+        "status": "ERROR",
+        "request_id": request_id,
+        "error": {"kind": kind, "message": message},
+    }
+    handler.finish(dumps_compact(body))
+
+
 @tornado.web.stream_request_body
 class RouterHandler(KCoralRequestHandler):
     """Base of the authenticated endpoints; ``ALLOWED`` methods, others get 405."""
@@ -166,26 +196,8 @@ class RouterHandler(KCoralRequestHandler):
         if self._finished:
             return
         self.clear()
-        self.set_status(status)
-        self.set_header("X-Request-ID", self.request_id)
-        self.set_header("Content-Type", "application/json")
-        # Tornado closes a connection whose request it had not read to the end once the
-        # answer is out, without saying so: say it, or a client reuses the connection and
-        # its next request is lost (seen with a 404 answered before a GET's empty body).
-        connection = self.request.connection
-        if connection is not None and not getattr(connection, "_read_finished", True):
-            self.set_header("Connection", "close")
-        for name, value in (headers or {}).items():
-            self.set_header(name, value)
-        if status == 503:
-            self.set_header("Retry-After", "1")
-        body = {
-            "status": "ERROR",
-            "request_id": self.request_id,
-            "error": {"kind": kind, "message": message},
-        }
         self.finish_reason = self.finish_reason or reason
-        self.finish(dumps_compact(body))
+        finish_with_error(self, self.request_id, status, kind, message, headers)
 
     def send_json(self, status: int, body: Any) -> None:
         self.set_status(status)

@@ -15,7 +15,12 @@ from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.callers import Authenticator, parse_tokens
 from kcoral_server.front_door.handler_defaults import TOO_LARGE_MESSAGE, KCoralRequestHandler
 from kcoral_server.metrics.router_metrics import RouterMetrics
-from kcoral_server.router.auth import NotFoundHandler, browser_refusal, settle_unread_body
+from kcoral_server.router.auth import (
+    NotFoundHandler,
+    browser_refusal,
+    finish_with_error,
+    settle_unread_body,
+)
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler
 from kcoral_server.router.log import RouterLog
@@ -66,26 +71,17 @@ class HealthHandler(KCoralRequestHandler):
         # No token is needed here, but a web page still learns nothing (EXTENSIONS §6).
         refusal = browser_refusal(self.state, self.request.headers)
         if refusal is not None:
-            self._error(403, "forbidden", refusal)
+            finish_with_error(self, self.request_id, 403, "forbidden", refusal)
         elif self.request.method not in self.ALLOWED:
             self.set_header("Allow", ", ".join(self.ALLOWED))
-            self._error(405, "method_not_allowed", "method not allowed")
+            finish_with_error(
+                self, self.request_id, 405, "method_not_allowed", "method not allowed"
+            )
         if not settle_unread_body(self, self.state.settings.request_head_timeout_seconds):
-            self._error(413, "request_too_large", TOO_LARGE_MESSAGE)
+            finish_with_error(self, self.request_id, 413, "request_too_large", TOO_LARGE_MESSAGE)
 
     def data_received(self, chunk: bytes) -> None:
         """No body is read here: what arrives (at most 64 KiB) is dropped."""
-
-    def _error(self, status: int, kind: str, message: str) -> None:
-        connection = self.request.connection
-        if connection is not None and not getattr(connection, "_read_finished", True):
-            self.set_header("Connection", "close")  # its body is never read: say so
-        error = {"kind": kind, "message": message}
-        body = {"status": "ERROR", "request_id": self.request_id, "error": error}
-        self.set_header("X-Request-ID", self.request_id)
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(dumps_compact(body))
 
     def get(self) -> None:
         state = self.state
