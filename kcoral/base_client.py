@@ -29,7 +29,13 @@ from kcoral.jobs import check_job_id, decode_job_list, next_submission_step, req
 from kcoral.program import Program
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.protocol.strict_json import nested_deeper_than
-from kcoral.response import decode_health, decode_json_object, decode_target, error_from_response
+from kcoral.response import (
+    decode_health,
+    decode_json_object,
+    decode_target,
+    error_from_response,
+    health_error,
+)
 from kcoral.results import ProgramResult
 
 if TYPE_CHECKING:
@@ -158,7 +164,7 @@ class BaseClient:
         """``GET /health``, validated (CLIENT_API §2)."""
         response = yield _get_status("/health")
         if response.status != 200:
-            raise error_from_response(response.status, response.headers, response.data)
+            raise health_error(response.status, response.headers, response.data)
         return decode_health(response.data)
 
     def target_flow(self) -> Flow[dict[str, str]]:

@@ -46,6 +46,13 @@ class KCoralError(Exception):
     def __str__(self) -> str:
         return f"HTTP {self.status_code}: {self.message}"
 
+    @property
+    def without_error_body(self) -> bool:
+        """Whether the answer carried no KCoral ``ERROR`` body (its message is then only
+        ``HTTP <code>``, CLIENT_API §9): something other than a KCoral server answered,
+        another program on that port or a proxy in front of one."""
+        return self.kind is None and self.message == f"HTTP {self.status_code}"
+
 
 class TransportError(Exception):
     """No HTTP response arrived. The server may already have run the program.

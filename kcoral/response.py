@@ -75,6 +75,24 @@ def error_from_response(
     return KCoralError(status_code, f"HTTP {status_code}", request_id=header_request_id)
 
 
+ROUTER_UNAVAILABLE = "unavailable: no ready node of the router's default kind has connected slots"
+
+
+def health_error(
+    status_code: int, headers: Mapping[str, str], body: bytes | memoryview
+) -> KCoralError:
+    """``error_from_response`` for ``/health``. A router's 503 health body (``status:
+    "unavailable"``, ROUTER §9) is no ``ERROR`` body, yet a router sent it: its message says
+    why instead of ``HTTP 503``, which reads as an answer from something else than KCoral."""
+    try:
+        decoded = loads_strict(body)
+    except ValidationError:
+        decoded = None
+    if status_code == 503 and isinstance(decoded, dict) and decoded.get("status") == "unavailable":
+        return KCoralError(503, ROUTER_UNAVAILABLE, request_id=headers.get("X-Request-ID") or None)
+    return error_from_response(status_code, headers, body)
+
+
 def decode_json_object(body: bytes | memoryview, what: str) -> dict[str, Any]:
     """Strict JSON object or ``ProtocolError`` naming ``what``."""
     try:

@@ -171,6 +171,15 @@ def refused(exc: KCoralError, server: str | None = None) -> ServerRefusedError:
     """An HTTP error answer as the two lines a user acts on; status and kind stay readable."""
     where = f"{server} answered " if server else ""
     request = f" [request {exc.request_id}]" if exc.request_id else ""
+    if exc.without_error_body:  # before: "... answered HTTP 502: HTTP 502"
+        return ServerRefusedError(
+            f"{where or 'the server answered '}HTTP {exc.status_code} without a KCoral error"
+            f"{request}",
+            "is it a KCoral server (or a proxy in front of one)? %kcoral status shows what "
+            "answers there",
+            status_code=exc.status_code,
+            kind=None,
+        )
     kind = f" {exc.kind}" if exc.kind else ""
     action = _ACTIONS.get(
         exc.kind or "", f"%kcoral status shows the server's state; {VERBOSE_HINT}"

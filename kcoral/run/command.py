@@ -191,11 +191,9 @@ def run(options: RunOptions) -> int:
 
 
 def server_error(exc: KCoralError, url: str) -> str:
-    """An HTTP error as one line. An answer without a KCoral error body (the message is
-    then only ``HTTP <code>``, CLIENT_API §9) came from something else than a KCoral
-    server: another program on that port, or a proxy in front of it. Before, it read
-    "server error: HTTP 501: HTTP 501"."""
-    if exc.kind is None and exc.message == f"HTTP {exc.status_code}":
+    """An HTTP error as one line; an answer without a KCoral error body is said to be one.
+    Before, it read "server error: HTTP 501: HTTP 501"."""
+    if exc.without_error_body:
         return (
             f"{url} answered HTTP {exc.status_code} without a KCoral error: is it a KCoral "
             "server (or a proxy in front of one)?"

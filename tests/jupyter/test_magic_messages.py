@@ -4,6 +4,7 @@ server (the ``shell`` fixture of ``conftest.py``)."""
 
 from __future__ import annotations
 
+import http.server
 import signal
 import sys
 import threading
@@ -59,6 +60,41 @@ def test_a_dead_url_fails_in_one_line_of_cause_and_one_of_what_to_do(shell) -> N
     assert lines[0] == f"ServerUnreachableError: no answer from {DEAD_URL}: Connection refused"
     # The hint names the address tried (port 9), not a port the user never used.
     assert "(kcoral server --port 9)" in lines[1] and "8123" not in lines[1]
+
+
+class BadGateway(http.server.BaseHTTPRequestHandler):
+    """A proxy whose KCoral server is down: 502 with its own HTML page, to everything."""
+
+    def answer(self) -> None:
+        self.send_response(502)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", "23")
+        self.end_headers()
+        self.wfile.write(b"<h1>502 Bad Gateway</h1>")
+
+    do_GET = do_POST = answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_an_answer_without_a_kcoral_error_says_so_instead_of_repeating_its_status(shell) -> None:
+    # Before: "http://... answered HTTP 502: HTTP 502", and the action named a kind.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), BadGateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        result, _ = run(shell, f"%%kcoral --url {url}\n1\n")
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = rendered(result.error_in_exec)
+    assert lines[0] == f"ServerRefusedError: {url} answered HTTP 502 without a KCoral error", lines
+    assert lines[1].endswith(
+        "is it a KCoral server (or a proxy in front of one)? "
+        "%kcoral status shows what answers there"
+    ), lines
+    assert len(lines) == 2
 
 
 def test_verbose_errors_show_the_whole_chain_with_the_internal_frames(shell) -> None:

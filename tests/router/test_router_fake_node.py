@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import grpc
+import pytest
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
@@ -22,6 +23,8 @@ from router_helpers import (
     stream_status,
     wait_for_health,
 )
+
+from kcoral import Client, KCoralError
 
 
 def ready(n: int):
@@ -69,6 +72,20 @@ def test_a_request_reaches_a_node_with_a_fresh_id_and_filtered_headers(router: R
 
     asyncio.run(scenario())
     assert "finish_reason=completed" in router.wait_log("finish_reason=completed")
+
+
+def test_a_client_asking_a_router_without_nodes_reads_why_rather_than_http_503(
+    router: RouterProcess,
+) -> None:
+    # A router's 503 health body is no ERROR body: the client's message was "HTTP 503", and
+    # a notebook cell said "answered HTTP 503: HTTP 503", as for a proxy's page.
+    with Client(router.url) as client, pytest.raises(KCoralError) as caught:
+        client.health()
+    assert caught.value.status_code == 503
+    assert str(caught.value) == (
+        "HTTP 503: unavailable: no ready node of the router's default kind has connected slots"
+    )
+    assert not caught.value.without_error_body
 
 
 def test_health_reports_unavailable_without_nodes_and_ok_with_one(router: RouterProcess):

@@ -23,7 +23,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.display import display
 
-from kcoral import Job, KCoralError, ProgramResult, ProtocolError
+from kcoral import Job, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.bench.history import remember_benchmarks
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import GpuRequiredError, TwoLineError, shorten
@@ -84,7 +84,10 @@ class CellMagic:
         built, spec = self._build(args, cell, in_session=remote is not None)
 
         url = remote.url if remote is not None else self.kernel.resolve_url(args.url)
-        facts = self.kernel.facts(url)
+        try:
+            facts = self.kernel.facts(url)
+        except (KCoralError, TransportError) as exc:
+            raise shorten(exc, url) from exc  # named by its address, as a cell's own failure
         # With --select the node is the router's choice: the server's facts describe its
         # default kind, not the node that will run the cell, so they decide nothing here.
         selected = args.select is not None
