@@ -62,6 +62,14 @@ class RunningServer:
             return self.process.wait(10)
 
 
+def client_token_file(directory: Path, lines: str) -> Path:
+    """A client-token file as an operator writes one (``NAME TOKEN`` lines, mode 0600)."""
+    path = directory / "client-tokens"
+    path.write_text(lines)
+    path.chmod(0o600)
+    return path
+
+
 def start_server(
     directory: Path,
     args: Sequence[str] = (),

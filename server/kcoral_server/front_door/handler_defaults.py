@@ -11,10 +11,13 @@ Tornado's own defaults would be.
 * Tornado's own errors (a method outside ``ALLOWED``, an unexpected exception) are
   ``ERROR`` bodies (PROTOCOL §7.4), and a 405 names the route's methods in ``Allow``
   (PROTOCOL §2). The router's were Tornado's HTML page without ``Allow``.
+* A caller past the browser guard and the token check that is answered before its whole
+  body was read gets a lingering close (``lingering_close``), never a reset under the answer.
 """
 
 from __future__ import annotations
 
+from asyncio import Future
 from typing import Any, cast
 
 import tornado.web
@@ -22,6 +25,7 @@ from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER
 from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.front_door.lingering_close import linger_on_close
 
 
 class KCoralRequestHandler(tornado.web.RequestHandler):
@@ -34,6 +38,19 @@ class KCoralRequestHandler(tornado.web.RequestHandler):
 
     def compute_etag(self) -> None:
         return None
+
+    #: set once the caller passed the browser guard and the token check: only then is the
+    #: rest of a body answered early read away (``lingering_close``); anyone else's never is
+    linger_allowed = False
+
+    def finish(self, chunk: str | bytes | dict[str, Any] | None = None) -> Future[None]:
+        # Answered before the body was read to its end: Tornado closes the connection once
+        # the answer is out, and that close must not reset it under the answer.
+        connection = self.request.connection
+        if self.linger_allowed and isinstance(connection, HTTP1Connection) and not self._finished:
+            if not getattr(connection, "_read_finished", True):
+                linger_on_close(connection.stream)
+        return super().finish(chunk)
 
     def decode_argument(self, value: bytes, name: str | None = None) -> str:
         try:

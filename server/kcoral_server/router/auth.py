@@ -136,6 +136,7 @@ class RouterHandler(KCoralRequestHandler):
             self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
             return False
         self.identity = identity
+        self.linger_allowed = True
         if self.request.method not in self.ALLOWED:
             self.send_router_error(
                 405,

@@ -73,13 +73,19 @@ async def answer_data(slot: RouterSlot) -> AsyncIterator[bytes]:
         yield data
 
 
-def close_after_unframed_answer(request: tornado.httputil.HTTPServerRequest) -> None:
+def close_after_unframed_answer(handler: tornado.web.RequestHandler, *, early: bool) -> None:
     """An HTTP/1.0 client gets no chunked framing: a body streamed to it ends only where the
     connection does (RFC 9112 §6.3), so the connection closes after the answer instead of
-    being kept alive for a next request that would follow whatever bytes a node sent."""
+    being kept alive for a next request that would follow whatever bytes a node sent. An
+    answer ``early`` (before the whole body arrived: the node refused it) closes it too,
+    since the rest is never read, and says so: a pooled client reused the connection, and
+    its next request met the close (``Remote end closed connection without response``)."""
+    request = handler.request
     connection = request.connection
     if request.version != "HTTP/1.1" and isinstance(connection, HTTP1Connection):
         connection._disconnect_on_finish = True
+    if early:
+        handler.set_header("Connection", "close")
 
 
 #: the 503 ``no_node`` messages: no slot within the wait; the router stops (ROUTER §7.3)
@@ -306,7 +312,7 @@ class ForwardHandler(RouterHandler):
             assert self.node is not None  # chosen with the slot
             self.set_header("X-KCoral-Node", self.node)
             self.set_header("X-Request-ID", self.request_id)
-            close_after_unframed_answer(self.request)
+            close_after_unframed_answer(self, early=not self.body_done)
             buffered: list[bytes] | None = [] if self.buffer_answer(status) else None
             if buffered is None:
                 self.response_started = True

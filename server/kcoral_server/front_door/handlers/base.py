@@ -104,6 +104,7 @@ class BaseHandler(KCoralRequestHandler):
                 self.answer_early(UNAUTHORIZED.status, UNAUTHORIZED.kind, UNAUTHORIZED.message)
                 return
             self.identity = identity
+            self.linger_allowed = True
         if self.request.method not in self.ALLOWED:
             self.set_header("Allow", ", ".join(self.ALLOWED))
             self.answer_early(405, "method_not_allowed", "method not allowed")
