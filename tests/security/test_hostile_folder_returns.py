@@ -62,3 +62,35 @@ def test_a_folder_2000_levels_deep_is_returned_whole(server) -> None:
     assert folder["directories"] == ["/".join(["a"] * n) for n in range(1, 2001)]
     assert list(folder["files"]) == [f"{bottom}/f"]
     assert answer.parts[folder["files"][f"{bottom}/f"]["part"]] == b"bottom"
+
+
+def test_a_folder_holding_a_name_with_a_backslash_fails_as_serialization_naming_it(
+    server,
+) -> None:
+    # Linux allows the name; a returned path cannot hold it (PROTOCOL §5.5). The server
+    # sent it in the manifest, and the client refused the whole answer (ProtocolError).
+    source = (
+        "import os\n\ndef main():\n    os.makedirs('d/sub')\n"
+        "    open('d/sub/a\\\\b', 'w').close()\n"
+    )
+    answer = post_execute(server.url, _folder_program(source))
+    assert answer.status == 200, answer.raw[:2000]
+    error = answer.body["error"]
+    assert answer.body["status"] == "FAILED" and error["kind"] == "serialization", error
+    assert error["message"] == "'d/sub/a\\\\b': a returned name cannot hold a backslash"
+    assert "d" not in answer.body["results"]
+
+
+def test_a_folder_path_longer_than_4096_bytes_fails_as_serialization(server) -> None:
+    # 17 levels of 250-byte names: each name is fine, the path in the folder is not.
+    source = (
+        "import os\n\ndef main():\n    os.mkdir('d')\n    fd = os.open('d', os.O_RDONLY)\n"
+        "    for _ in range(17):\n        os.mkdir('b' * 250, dir_fd=fd)\n"
+        "        fd = os.open('b' * 250, os.O_RDONLY, dir_fd=fd)\n"
+    )
+    answer = post_execute(server.url, _folder_program(source))
+    assert answer.status == 200, answer.raw[:2000]
+    error = answer.body["error"]
+    assert answer.body["status"] == "FAILED" and error["kind"] == "serialization", error
+    assert error["message"].endswith(": its path in the folder is longer than 4096 bytes")
+    assert "d" not in answer.body["results"]

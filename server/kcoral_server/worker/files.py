@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass, field
 
 from kcoral.protocol.nofollow import DIRECTORY_FLAGS, closing_fd, open_beneath
+from kcoral.protocol.paths import MAX_PATH_BYTES
 from kcoral_server.worker.failures import InstructionFailure
 
 
@@ -173,15 +174,22 @@ def collect_folder(workspace_fd: int, path: str, budget: Budget) -> Folder:
     return folder
 
 
-def _checked_name(name: str, where: str) -> None:
+def _checked_name(name: str, relative: str, where: str) -> None:
     """Names travel as JSON text and multipart part names: a program's name that is not
     UTF-8 (``listdir`` gives its bytes as surrogates) fails the return, naming it; it
-    broke the worker's answer before (audit F6)."""
+    broke the worker's answer before (audit F6). So does a name the folder's manifest
+    cannot carry (PROTOCOL §5.5: a backslash, a path over 4096 bytes), which the client
+    refused as a ProtocolError, losing the whole result."""
     try:
-        name.encode("utf-8")
+        size = len(relative.encode("utf-8"))
     except UnicodeEncodeError:
         quoted = repr(os.fsencode(where))[1:]  # 'd/\xff': the bytes that are not UTF-8
         raise _fail(f"{quoted} is not a valid UTF-8 name") from None
+    if "\\" in name:
+        raise _fail(f"{where!r}: a returned name cannot hold a backslash")
+    if size > MAX_PATH_BYTES:
+        shown = where if len(where) <= 120 else f"{where[:120]}..."
+        raise _fail(f"{shown!r}: its path in the folder is longer than {MAX_PATH_BYTES} bytes")
 
 
 @dataclass
@@ -242,7 +250,7 @@ def _list(
         for name in names:
             relative = f"{prefix}{name}"
             where = f"{shown}/{name}"
-            _checked_name(name, where)
+            _checked_name(name, relative, where)
             try:
                 mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
             except OSError as exc:
