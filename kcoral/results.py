@@ -262,8 +262,25 @@ def _open_parent(parent: str) -> Iterator[int]:
     """Open ``parent`` component by component, refusing to follow any symlink."""
     start = "/" if parent.startswith("/") else "."
     components = [c for c in parent.split("/") if c not in ("", ".")]
+
+    def refuse_link(parent_fd: int, name: str, index: int) -> None:
+        # O_NOFOLLOW alone says "Not a directory: 'name'" of a link to a directory, which
+        # the user sees is one; say what is refused (the open below still guarantees it).
+        try:
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except OSError:
+            return  # the open reports it
+        if stat.S_ISLNK(info.st_mode):
+            shown = "/".join(components[: index + 1])
+            shown = f"/{shown}" if start == "/" else shown
+            raise NotADirectoryError(
+                f"{shown!r} is a symbolic link: save follows no link in the destination's "
+                "directories (save to the resolved path, os.path.realpath)"
+            )
+
     with closing_fd(os.open(start, _DIR_WALK_FLAGS & ~os.O_NOFOLLOW)) as start_fd:
-        with closing_fd(open_beneath(start_fd, components, flags=_DIR_WALK_FLAGS)) as fd:
+        walked = open_beneath(start_fd, components, flags=_DIR_WALK_FLAGS, before_each=refuse_link)
+        with closing_fd(walked) as fd:
             yield fd
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
@@ -203,3 +204,16 @@ def test_program_result_fields_order_accessors_and_repr():
     text = repr(result)
     assert "rid" in text and "runtime" in text and "10000 chars, truncated" in text
     assert len(text) < 300
+
+
+def test_a_symlinked_parent_is_named_as_a_link_in_the_error(tmp_path, monkeypatch):
+    # O_NOFOLLOW's own error said "Not a directory: 'alias'" of a link to a directory.
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "alias")
+    monkeypatch.chdir(tmp_path)
+    expected = "'alias' is a symbolic link: save follows no link in the destination's directories"
+    with pytest.raises(NotADirectoryError, match=re.escape(expected)):
+        ReturnedFile(b"x").save("alias/f")
+    with pytest.raises(NotADirectoryError, match=re.escape(f"'{tmp_path}/alias' is a symbolic")):
+        ReturnedFolder({"f": ReturnedFile(b"x")}).save(tmp_path / "alias" / "d")
+    assert os.listdir(tmp_path / "real") == []
