@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import stat
-import sys
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -194,9 +192,30 @@ class ReturnedFolder:
             try:
                 self._fill(parent_fd, name)
             except BaseException:
-                _remove_tree(parent_fd, name, parent)
+                self._remove_created(parent_fd, name)
                 raise
         return Path(destination)
+
+    def _remove_created(self, parent_fd: int, name: str) -> None:
+        """Remove what ``_fill`` made, by the manifest: files, then directories deepest
+        first (in reverse sorted order a child comes before its parent), then the root.
+        Not ``shutil.rmtree``: it recursed once per level, and a tree over ~1000 levels
+        deep raised RecursionError over the save's own error, leaving the tree behind."""
+        try:
+            root_fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent_fd)
+        except OSError:
+            return
+        try:
+            removals = [(path, os.unlink) for path in self._files]
+            removals += [(path, os.rmdir) for path in reversed(self._directories)]
+            for path, remove in removals:
+                head, _, leaf = path.rpartition("/")
+                with suppress(OSError), _open_relative(root_fd, head) as dir_fd:
+                    remove(leaf, dir_fd=dir_fd)
+        finally:
+            os.close(root_fd)
+        with suppress(OSError):
+            os.rmdir(name, dir_fd=parent_fd)
 
     def _fill(self, parent_fd: int, name: str) -> None:
         root_fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent_fd)
@@ -330,14 +349,4 @@ def _unlink_quietly(name: str, dir_fd: int) -> None:
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
-        pass
-
-
-def _remove_tree(parent_fd: int, name: str, parent: str) -> None:
-    try:
-        if sys.version_info >= (3, 11):
-            shutil.rmtree(name, dir_fd=parent_fd)
-        else:  # pragma: no cover - Python 3.10 has no dir_fd for rmtree
-            shutil.rmtree(os.path.join(parent or ".", name))
-    except OSError:
         pass

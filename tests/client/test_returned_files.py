@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -133,6 +136,34 @@ def test_a_failing_folder_save_removes_what_it_created(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         folder().save(tmp_path / "out")
     assert calls and os.listdir(tmp_path) == []
+
+
+DEEP_SAVE_PAST_A_FILE_SIZE_LIMIT = """
+import os, resource, signal
+from kcoral import ReturnedFile, ReturnedFolder
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+directories = ["/".join(["a"] * n) for n in range(1, 1101)]
+folder = ReturnedFolder({directories[-1] + "/big": ReturnedFile(b"x" * 4096)}, directories)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))
+try:
+    folder.save("out")
+except OSError as exc:
+    print("OSError", exc.errno)
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_save_of_a_1100_level_folder_raises_its_error_and_removes_the_tree(tmp_path):
+    # shutil.rmtree recursed per level: RecursionError hid the EFBIG and the tree stayed.
+    run = subprocess.run(
+        [sys.executable, "-c", DEEP_SAVE_PAST_A_FILE_SIZE_LIMIT],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and run.stdout == f"OSError {errno.EFBIG}\n", run.stderr[-2000:]
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_failing_file_save_leaves_the_destination_untouched(tmp_path, monkeypatch):
