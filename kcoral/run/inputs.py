@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import stat
 from collections.abc import Sequence
+
+from kcoral.protocol.paths import conflicting_paths
 
 
 class LocalFileError(Exception):
@@ -34,11 +35,12 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, bytes, bool]]:
                 raise LocalFileError(f"--send: two inputs would both be sent as {remote!r}")
             files[remote] = (data, executable)
     names = sorted(files)
-    for earlier, later in itertools.pairwise(names):
-        if later.startswith(earlier + "/"):
-            raise LocalFileError(
-                f"--send: {earlier!r} is both a file and a directory in the inputs"
-            )
+    # Not neighbours in sorted order: 'a-b' sorts between 'a' and 'a/c' ('-' < '/').
+    conflict = conflicting_paths(names)
+    if conflict is not None:
+        raise LocalFileError(
+            f"--send: {conflict[0]!r} is both a file and a directory in the inputs"
+        )
     return [(name, *files[name]) for name in names]
 
 

@@ -214,6 +214,21 @@ def test_two_inputs_with_the_same_remote_path_are_refused(tmp_path: Path) -> Non
         collect_inputs([str(tmp_path / "a" / "x.py"), str(tmp_path / "b" / "x.py")])
 
 
+def test_a_file_and_a_directory_of_one_remote_name_are_refused_with_a_name_between(
+    tmp_path: Path,
+) -> None:
+    # 'a-b' sorts between 'a' and 'a/c': only neighbours were compared, and the worker
+    # failed the program with a remote traceback ('inputs: path conflict at 'a/c'').
+    for sub in ("x", "y/a", "z"):
+        (tmp_path / sub).mkdir(parents=True)
+    (tmp_path / "x" / "a").write_text("file")
+    (tmp_path / "y" / "a" / "c").write_text("in a directory")
+    (tmp_path / "z" / "a-b").write_text("between")
+    inputs = [str(tmp_path / path) for path in ("x/a", "y/a", "z/a-b")]
+    with pytest.raises(LocalFileError, match="'a' is both a file and a directory"):
+        collect_inputs(inputs)
+
+
 def test_a_local_file_error_exits_1_before_any_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
