@@ -226,9 +226,13 @@ class _Comparison:
         if self.settings.repeat is not None:
             rounds = self.settings.repeat
         else:
-            # the budget covers a whole round: one call of every candidate
+            # the budget covers a whole round: one call of every candidate. A budget of 0
+            # leaves no per-call estimate (0 / count): it asks for the fewest rounds, not
+            # for calls_for_budget's 1000 of an estimate of 0
             per_round = sum(self.settings.repeat_ms / repeats[i] for i in timed)
-            rounds = max(MIN_ROUNDS, calls_for_budget(self.settings.repeat_ms, per_round))
+            rounds = MIN_ROUNDS
+            if per_round > 0:
+                rounds = max(MIN_ROUNDS, calls_for_budget(self.settings.repeat_ms, per_round))
 
         def measure(clock: CpuClock | CudaEventClock) -> tuple[Any, Any]:
             import numpy as np

@@ -1,0 +1,47 @@
+"""Budgets at their edges, through a real CPU server and its worker (SERVER §15, EXTENSIONS
+§12.2): a ``repeat_ms`` of 0 asks for the fewest rounds. Counts only, never timings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from server_process import RunningServer, running_server
+
+import kcoral
+
+SOURCE = """
+from kcoral.builtins import compare
+
+def nothing():
+    return None
+
+def zero_budget_comparison():
+    return compare({"a": nothing, "b": nothing},
+                   {"repeat_ms": 0, "warmup": 1, "seed": 1, "flush_l2": False})
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(tmp_path_factory.mktemp("budgets"), ["--num-workers", "1"]) as s:
+        yield s
+
+
+def returned(server: RunningServer, name: str) -> Any:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=SOURCE, id="m")
+    fn = program.get_function(module=module, name=name, id="f")
+    program.return_(key="value", value=program.run(fn=fn, id="out"))
+    with kcoral.Client(server.url) as client:
+        result = client.execute(program, timeout_seconds=300)
+    assert result.completed, result.error
+    return result["value"]
+
+
+def test_a_comparison_with_a_zero_budget_runs_the_fewest_rounds(server) -> None:
+    result = returned(server, "zero_budget_comparison")
+    # ⌊0 / the estimates⌋ is 0, so the floor of 10 rounds; the old code ran 1000
+    assert result["rounds"] == 10 and result["stopped_by"] == "repeat"
+    assert [e["sample_count"] for e in result["candidates"].values()] == [10, 10]
