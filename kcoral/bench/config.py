@@ -181,4 +181,5 @@ def calls_for_budget(budget_ms: float, estimate_ms: float) -> int:
     ``MAX_CALLS``, so a large budget over a tiny estimate cannot ask for billions of calls."""
     if estimate_ms <= 0:
         return ZERO_ESTIMATE_COUNT
-    return min(MAX_CALLS, max(1, math.floor(budget_ms / estimate_ms)))
+    calls = budget_ms / estimate_ms  # inf for a huge budget over a tiny estimate
+    return MAX_CALLS if calls >= MAX_CALLS else max(1, math.floor(calls))

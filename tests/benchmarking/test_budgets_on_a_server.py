@@ -1,5 +1,6 @@
 """Budgets at their edges, through a real CPU server and its worker (SERVER §15, EXTENSIONS
-§12.2): a ``repeat_ms`` of 0 asks for the fewest rounds. Counts only, never timings."""
+§12.2): a ``repeat_ms`` of 0 asks for the fewest rounds, a huge budget is capped at the
+call cap instead of failing. Counts only, never timings."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from server_process import RunningServer, running_server
 import kcoral
 
 SOURCE = """
-from kcoral.builtins import compare
+from kcoral.builtins import benchmark, compare
 
 def nothing():
     return None
@@ -20,6 +21,16 @@ def nothing():
 def zero_budget_comparison():
     return compare({"a": nothing, "b": nothing},
                    {"repeat_ms": 0, "warmup": 1, "seed": 1, "flush_l2": False})
+
+def huge_budget_benchmark():
+    return benchmark(nothing, {"repeat_ms": 1e308, "warmup": 1, "flush_l2": False})
+
+def huge_warmup_budget():
+    return benchmark(nothing, {"warmup_ms": 1e308, "repeat": 3, "flush_l2": False})
+
+def huge_budget_comparison():
+    return compare({"a": nothing, "b": nothing},
+                   {"repeat_ms": 1e308, "warmup": 1, "seed": 1, "flush_l2": False})
 """
 
 
@@ -45,3 +56,19 @@ def test_a_comparison_with_a_zero_budget_runs_the_fewest_rounds(server) -> None:
     # ⌊0 / the estimates⌋ is 0, so the floor of 10 rounds; the old code ran 1000
     assert result["rounds"] == 10 and result["stopped_by"] == "repeat"
     assert [e["sample_count"] for e in result["candidates"].values()] == [10, 10]
+
+
+def test_a_huge_budget_is_capped_at_the_call_cap_instead_of_failing(server) -> None:
+    result = returned(server, "huge_budget_benchmark")
+    assert result["repeat"] == 100_000 and result["stopped_by"] == "repeat"
+
+
+def test_a_huge_warmup_budget_is_capped_at_the_call_cap_instead_of_failing(server) -> None:
+    result = returned(server, "huge_warmup_budget")
+    assert result["warmup"] == 100_000 and result["repeat"] == 3
+
+
+def test_a_comparison_with_a_huge_budget_makes_at_most_the_call_cap(server) -> None:
+    result = returned(server, "huge_budget_comparison")
+    counts = [e["sample_count"] for e in result["candidates"].values()]
+    assert sum(counts) <= 100_000 and min(counts) >= 10
