@@ -248,6 +248,11 @@ def test_results_over_max_response_bytes_are_500_response_too_large_and_the_work
         files.return_file(key="f", path="big.bin")
         failed = c.execute(files)
         assert failed.status == "FAILED" and failed.error["kind"] == "serialization"
+        # with the sizes and the flag too (it named max_response_bytes alone)
+        assert failed.error["message"] == (
+            "return of 'big.bin' would exceed the response size limit: 300000 bytes, "
+            "200000 bytes left (max_response_bytes; kcoral server --max-response-bytes)"
+        )
         small = c.execute(module_program("def f():\n    return 1\n", "f"))
         assert small["out"] == 1
     assert any(

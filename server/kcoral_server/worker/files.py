@@ -54,8 +54,11 @@ class Budget:
 
     def take(self, size: int, path: str) -> None:
         if size > self.remaining:
+            # the sizes and the flag, as the 500 response_too_large says them (EXTENSIONS §10)
             raise _fail(
-                f"return of {path!r} would exceed the response size limit (max_response_bytes)"
+                f"return of {path!r} would exceed the response size limit: {size} bytes, "
+                f"{self.remaining} bytes left (max_response_bytes; "
+                "kcoral server --max-response-bytes)"
             )
         self.remaining -= size
 
