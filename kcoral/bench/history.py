@@ -97,11 +97,15 @@ def _versions(result: Mapping[str, Any]) -> dict[str, str]:
 _VERSION_KEYS = ("driver", "cuda", "torch")
 
 
-def _previous(path: Path, key: Mapping[str, str]) -> dict[str, Any] | None:
+def _previous(path: Path, key: Mapping[str, str]) -> tuple[dict[str, Any] | None, bool]:
+    """The last line of ``key`` in the history, and whether the file ends a line (a write
+    cut short leaves a partial line, which the next record must not be glued to)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
-        return None
+        return None, True
+    # bytes that are not UTF-8 (a damaged or hand-edited file) spoil only their own line
+    text = data.decode("utf-8", errors="replace")
     last = None
     for line in text.splitlines():
         try:
@@ -110,7 +114,7 @@ def _previous(path: Path, key: Mapping[str, str]) -> dict[str, Any] | None:
             continue  # a hand-edited or cut line: skipped
         if isinstance(entry, dict) and entry.get("key") == dict(key):
             last = entry
-    return last
+    return last, not data or data.endswith(b"\n")
 
 
 def remember(
@@ -132,7 +136,7 @@ def remember(
     path = directory / HISTORY_FILE
     key = history_key(result, label)
     current = _candidates(result)
-    previous = _previous(path, key)
+    previous, ends_a_line = _previous(path, key)
     warnings: list[str] = []
     changes = {}
     old_candidates = previous.get("candidates") if previous is not None else None
@@ -180,7 +184,7 @@ def remember(
     if versions:
         entry["versions"] = versions
     with path.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(entry) + "\n")
+        handle.write(("" if ends_a_line else "\n") + json.dumps(entry) + "\n")
     previous_time = previous.get("time") if previous is not None else None
     result["history"] = {
         "file": str(path),

@@ -225,3 +225,25 @@ def test_a_result_reports_its_software_versions_and_torchs_device_name_without_n
     assert result["gpu_state"]["available"] is False
     assert result["gpu_state"]["device_name"] == "NVIDIA A10"
     assert result["versions"] == {"driver": None, "cuda": None, "torch": "2.5.0"}
+
+
+# ---------------------------------------------------------------------- a damaged file
+
+
+def test_bytes_that_are_not_utf8_spoil_only_their_own_line(tmp_path) -> None:
+    remember(comparison(1.0, 2.0, 1), "mm", tmp_path)
+    with (tmp_path / HISTORY_FILE).open("ab") as handle:
+        handle.write(b'{"key": "\xff\xfe"}\n')  # a damaged or hand-edited line
+    result = remember(comparison(1.0, 2.0, 2), "mm", tmp_path)
+    assert set(result["history"]["changes"]) == {"a", "b"}  # the first run still found
+
+
+def test_a_line_cut_short_does_not_swallow_the_next_record(tmp_path) -> None:
+    remember(comparison(1.0, 2.0, 1), "mm", tmp_path)
+    path = tmp_path / HISTORY_FILE
+    path.write_text(path.read_text()[:100])  # a write cut off: no newline at the end
+    remember(comparison(1.0, 2.0, 2), "mm", tmp_path)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["key"]["label"] == "mm"
+    again = remember(comparison(1.0, 2.0, 3), "mm", tmp_path)
+    assert set(again["history"]["changes"]) == {"a", "b"}  # compared with the second run
