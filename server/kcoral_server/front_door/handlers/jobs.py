@@ -65,7 +65,11 @@ class JobSubmitHandler(ExecuteHandler):
         self.pipeline = None
         if job.accepted_future.done():
             state.jobs.add(job)
-            running = asyncio.ensure_future(_finish_job(state, job, request, task))
+            # The queued job holds its body until its request ends, as an /execute request
+            # does while its client waits: the charge stays on the in-flight bytes until
+            # then, not until the 202, or queued jobs would hold bodies without bound.
+            held, self.inflight = self.inflight, 0
+            running = asyncio.ensure_future(_finish_job(state, job, request, task, held))
             state.jobs.running.add(running)
             running.add_done_callback(state.jobs.running.discard)
             self.send_json(
@@ -86,9 +90,16 @@ class JobSubmitHandler(ExecuteHandler):
 
 
 async def _finish_job(
-    state: ServerState, job: Job, request: ExecuteRequest, task: asyncio.Future[Reply]
+    state: ServerState,
+    job: Job,
+    request: ExecuteRequest,
+    task: asyncio.Future[Reply],
+    held_bytes: int,
 ) -> None:
-    reply = await task
+    try:
+        reply = await task  # the request's body is closed by then
+    finally:
+        state.inflight_bytes -= held_bytes
     try:
         result = await state.jobs.store_result(reply, state.executor)
     finally:
