@@ -227,7 +227,16 @@ def remember_benchmarks(
         if name is None:
             continue
         directory, where = history_directory(user_ns)
-        remember(first, name, directory, where)
+        try:
+            remember(first, name, directory, where)
+        except OSError as exc:
+            # a folder in the file's place, no permission, a full disk: the cell's result
+            # (perhaps minutes of measuring) still comes back, the output says why
+            notes.append(
+                f"kcoral: benchmark {name!r} not recorded in {directory / HISTORY_FILE}: "
+                f"{type(exc).__name__}: {exc.strerror or exc}"
+            )
+            continue
         for other in same:
             other["history"] = first["history"]
             if "warnings" in first:
