@@ -45,6 +45,10 @@ NODE_FIELDS: dict[str, frozenset[str]] = {
 BINARY_NODE_TYPES = frozenset({"bytes", "tensor", "file"})
 PART_PREFIX = "return:"
 _ML_FLOAT_NAMES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+#: JSON integers longer than this are refused (PROTOCOL §3.2, Python's int_max_str_digits);
+#: the worker's own JSON encoding failed on one, a FAILED kind ``engine``.
+MAX_INTEGER_DIGITS = 4300
+_INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
 
 class ValueEncodingError(Exception):
@@ -157,7 +161,12 @@ class _Encoder:
         if isinstance(value, bool) or (np is not None and isinstance(value, np.bool_)):
             return {"type": "boolean", "value": bool(value)}
         if isinstance(value, int) or (np is not None and isinstance(value, np.integer)):
-            return {"type": "integer", "value": int(value)}
+            integer = int(value)
+            if not -_INTEGER_BOUND < integer < _INTEGER_BOUND:
+                raise ValueEncodingError(
+                    f"cannot encode an integer of more than {MAX_INTEGER_DIGITS} digits"
+                )
+            return {"type": "integer", "value": integer}
         if isinstance(value, float) or (np is not None and _is_numpy_float_scalar(np, value)):
             number = float(value)  # type: ignore[arg-type]
             if not math.isfinite(number):

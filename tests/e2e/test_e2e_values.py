@@ -200,6 +200,8 @@ def module_fn(program: kcoral.Program, module: kcoral.Register) -> kcoral.Regist
         "{'k': float('inf')}",
         "[1, object()]",
         "type",
+        "[10**4300]",  # 4301 digits: FAILED kind engine, the worker's JSON refused it
+        "{'k': -(10**4300)}",
     ],
 )
 def test_values_that_cannot_be_encoded_fail_the_return_with_serialization(client, expression):
@@ -222,6 +224,15 @@ def test_values_that_cannot_be_encoded_fail_the_return_with_serialization(client
     assert result.error["kind"] == "serialization"
     assert result.error["instruction_op"] == "return" and result.error["instruction_id"] is None
     assert "x" not in result.results
+
+
+def test_an_integer_of_4300_digits_comes_back_whole(client):
+    program = kcoral.Program()
+    module = program.upload(kind="module", source="def big():\n    return -(10**4300 - 1)\n")
+    program.return_(key="v", value=program.run(fn=program.get_function(module=module, name="big")))
+    result = client.execute(program)
+    assert result.completed, result.error
+    assert result["v"] == -(10**4300 - 1)
 
 
 @pytest.mark.slow
