@@ -86,6 +86,22 @@ def _candidates(result: Mapping[str, Any]) -> dict[str, list[float]]:
     return found
 
 
+def _medians(result: Mapping[str, Any], current: Mapping[str, list[float]]) -> dict[str, float]:
+    """name -> the median a line records: the result's own (it covers every call, where
+    ``samples_ms`` may be thinned), else the median of the samples."""
+    from statistics import median
+
+    from kcoral.bench.results import rows_of
+    from kcoral.protocol.strict_json import finite_float
+
+    stated = {name: finite_float(entry.get("latency_ms_median")) for name, entry in rows_of(result)}
+    found = {}
+    for name, samples in current.items():
+        own = stated.get(name)
+        found[name] = own if own is not None and own >= 0 else float(median(samples))
+    return found
+
+
 def _versions(result: Mapping[str, Any]) -> dict[str, str]:
     """The driver, CUDA and torch versions a result carries (only those it names)."""
     versions = result.get("versions")
@@ -169,13 +185,14 @@ def remember(
                     f"history: {name} {versions[name]} differs from the previous run's "
                     f"{before[name]}, so a change may come from it"
                 )
+    medians = _medians(result, current)
     entry = {
         "key": key,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "kind": result.get("kind"),
         "candidates": {
             name: {
-                "latency_ms_median": sorted(samples)[len(samples) // 2],
+                "latency_ms_median": medians[name],
                 "samples_ms": thinned(samples, HISTORY_SAMPLES)[0],
             }
             for name, samples in current.items()

@@ -247,3 +247,16 @@ def test_a_line_cut_short_does_not_swallow_the_next_record(tmp_path) -> None:
     assert len(lines) == 2 and json.loads(lines[1])["key"]["label"] == "mm"
     again = remember(comparison(1.0, 2.0, 3), "mm", tmp_path)
     assert set(again["history"]["changes"]) == {"a", "b"}  # compared with the second run
+
+
+def test_a_line_records_the_results_own_median_not_the_upper_middle_sample(tmp_path) -> None:
+    result = comparison(1.0, 2.0, 5)
+    for entry in result["candidates"].values():
+        entry["samples_ms"] = entry["samples_ms"][:10]  # an even count
+    result["candidates"]["a"]["latency_ms_median"] = 0.987  # covers calls thinned away
+    remember(result, "mm", tmp_path)
+    line = json.loads((tmp_path / HISTORY_FILE).read_text())["candidates"]
+    assert line["a"]["latency_ms_median"] == 0.987
+    assert line["b"]["latency_ms_median"] == pytest.approx(
+        float(np.median(result["candidates"]["b"]["samples_ms"]))
+    )
