@@ -42,8 +42,12 @@ def helper_error(kind: str, message: str) -> ExecutionError:
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception (its type alone when the message is empty)."""
-    text = str(exc)
+    """``Type: message`` of an exception (its type alone when the message is empty or
+    cannot be made: a user's ``__str__`` that raises must not end a whole comparison)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

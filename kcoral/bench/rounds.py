@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral.bench.config import MAX_CALLS
+from kcoral.bench.config import MAX_CALLS, describe
 from kcoral.bench.stats import median_precision
 
 #: Samples every candidate needs before the adaptive mode may stop.
@@ -24,7 +24,7 @@ class CandidateFailed(Exception):
     """A candidate raised while being timed (the round knows which one it was calling)."""
 
     def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
+        super().__init__(describe(cause))
         self.cause = cause
 
 

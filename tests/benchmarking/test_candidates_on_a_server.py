@@ -1,0 +1,74 @@
+"""Candidates that misbehave, through a real CPU server and its worker (EXTENSIONS §12.2):
+an exception whose message cannot be made fails its candidate only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from server_process import RunningServer, running_server
+
+import kcoral
+
+SOURCE = """
+from kcoral.builtins import benchmark, compare
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise TypeError("no message")
+
+def nothing():
+    return None
+
+def raises_unprintable():
+    raise Unprintable()
+
+calls = [0]
+
+def raises_unprintable_while_timed():
+    calls[0] += 1
+    if calls[0] > 3:
+        raise Unprintable()
+
+def comparison():
+    candidates = {"base": nothing, "at once": raises_unprintable,
+                  "later": raises_unprintable_while_timed, "fine": nothing}
+    return compare(candidates, {"repeat": 10, "warmup": 1, "seed": 1, "flush_l2": False})
+
+def benchmarked():
+    return benchmark(raises_unprintable, {"repeat": 3, "warmup": 1})
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(tmp_path_factory.mktemp("candidates"), ["--num-workers", "1"]) as s:
+        yield s
+
+
+def execute(server: RunningServer, name: str) -> Any:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=SOURCE, id="m")
+    fn = program.get_function(module=module, name=name, id="f")
+    program.return_(key="value", value=program.run(fn=fn, id="out"))
+    with kcoral.Client(server.url) as client:
+        return client.execute(program, timeout_seconds=120)
+
+
+def test_a_candidate_whose_exception_cannot_be_printed_fails_alone(server) -> None:
+    result = execute(server, "comparison")
+    assert result.completed, result.error
+    entries = result["value"]["candidates"]
+    assert entries["at once"]["status"] == "failed" == entries["later"]["status"]
+    assert entries["at once"]["error"] == "Unprintable" == entries["later"]["error"]
+    assert entries["fine"]["status"] == "ok" and entries["fine"]["sample_count"] == 10
+
+
+def test_a_benchmark_whose_function_raises_an_unprintable_exception_says_its_type(
+    server,
+) -> None:
+    result = execute(server, "benchmarked")
+    assert not result.completed
+    assert result.error["kind"] == "runtime"
+    assert result.error["message"] == "benchmark: Unprintable"
