@@ -46,11 +46,10 @@ def _points(entry: Mapping[str, Any]) -> list[float]:
     samples = entry.get("samples_ms")
     if not isinstance(samples, list):
         return []
-    found = [v for v in (finite_float(s) for s in samples[: MAX_POINTS * 50]) if v is not None]
-    if len(found) > MAX_POINTS:
-        step = len(found) / MAX_POINTS
-        found = [found[int(i * step)] for i in range(MAX_POINTS)]
-    return found
+    # evenly over the whole run (not its first calls only), so late drift shows too
+    step = max(1.0, len(samples) / MAX_POINTS)
+    picked = (samples[int(i * step)] for i in range(min(MAX_POINTS, len(samples))))
+    return [v for v in (finite_float(s) for s in picked) if v is not None]
 
 
 def box_plot_svg(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:

@@ -35,6 +35,19 @@ def run_compare():
 
 def run_benchmark():
     return benchmark(fast, {"repeat": 10, "warmup": 1, "label": "one-ms"})
+
+def run_drifting():
+    calls = [0]
+
+    def drifts():  # free for the first 10000 timed calls, then 0.2 ms each
+        calls[0] += 1
+        if calls[0] > 10001:
+            end = time.perf_counter() + 0.0002
+            while time.perf_counter() < end:
+                pass
+
+    config = {"warmup": 1, "repeat": 20000, "max_samples": 100000, "flush_l2": False}
+    return benchmark(drifts, config)
 """
 
 EVIL = '<img src=x onerror="alert(1)">'
@@ -105,6 +118,14 @@ def test_a_benchmark_from_the_server_arrives_as_a_benchmark_result(server) -> No
     assert value["label"] == "one-ms" and len(value["samples_ms"]) == 10
     assert "one-ms" in format_comparison(value)
     assert "data:image/svg+xml;base64," in value._repr_html_()
+
+
+def test_the_plot_dots_sample_the_whole_run_not_its_first_calls(server) -> None:
+    value = returned(server, COMPARE_SOURCE, "run_drifting")
+    assert isinstance(value, BenchmarkResult) and len(value["samples_ms"]) == 20000
+    dots = [float(x) for x in re.findall(r'<circle cx="([0-9.]+)"', plot_svg(value._repr_html_()))]
+    # half the dots from the free calls, half from the 0.2 ms ones: far apart on the axis
+    assert len(dots) == 200 and max(dots) - min(dots) > 200
 
 
 def test_a_rogue_servers_candidate_names_render_inert(server) -> None:
