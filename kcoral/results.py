@@ -185,8 +185,10 @@ class ReturnedFolder:
         """Create ``destination`` (must not exist) with the folder's content.
 
         Directories get mode 0700, files 0600; on failure everything created is removed.
+        A trailing ``/`` names the same folder (``"results/"`` creates ``results``).
         """
-        parent, name = _split_destination(destination)
+        text = os.fsdecode(os.fspath(destination))
+        parent, name = _split_destination(text.rstrip("/") or text)
         with _open_parent(parent) as parent_fd:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
             try:

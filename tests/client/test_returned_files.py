@@ -8,6 +8,7 @@ import re
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,19 @@ def test_a_folder_saves_files_and_empty_directories_with_private_modes(tmp_path)
     assert (target / "empty").is_dir()
     assert [mode(target / p) for p in ("", "d", "d/e", "empty")] == [0o700] * 4
     assert [mode(target / p) for p in ("a.txt", "d/e/f.bin")] == [0o600] * 2
+
+
+def test_a_folder_destination_with_a_trailing_slash_names_that_folder(tmp_path, monkeypatch):
+    # "results/" was refused as "has no final file name", though it names the folder
+    monkeypatch.chdir(tmp_path)
+    assert folder().save("results/") == Path("results")
+    assert (tmp_path / "results" / "d" / "e" / "f.bin").read_bytes() == b"F"
+    folder().save(f"{tmp_path}/absolute//")
+    assert (tmp_path / "absolute" / "a.txt").read_bytes() == b"A"
+    with pytest.raises(ValueError, match="no final file name"):
+        folder().save("/")
+    with pytest.raises(ValueError, match="no final file name"):
+        ReturnedFile(b"x").save("file/")  # a file's destination still needs its name
 
 
 def test_a_folder_refuses_an_existing_destination(tmp_path):
