@@ -299,3 +299,32 @@ def test_a_request_for_a_job_whose_node_left_is_told_that_node_is_not_connected(
     asyncio.run(scenario())
     log = router.wait_log("method=DELETE path=/v1/jobs/job-b")
     assert "finish_reason=node_gone" in log and "finish_reason=queue_timeout" not in log
+
+
+def test_a_looked_up_expired_job_keeps_the_node_s_reason(router):
+    # A job id the router has not bound (it restarted) is looked up on every node; a node's
+    # 404 job_expired said why the job went, the router's said only "job expired".
+    why = "job expired: its --job-retention-seconds passed"
+    messages = {"/v1/jobs/gone": why, "/v1/jobs/odd": "<b>gone</b>\n" + "x" * 400}
+
+    async def handler(head: pb.RequestHead, body: bytes):
+        _method, path = target(head)
+        if path in messages:
+            answer = {"status": "ERROR", "request_id": "x"}
+            answer["error"] = {"kind": "job_expired", "message": messages[path]}
+            return 404, [(b"content-type", b"application/json")], json.dumps(answer).encode()
+        return error("not_found")
+
+    async def scenario() -> None:
+        node = FakeNode(router.port, "a", handler=handler, control_slots=1)
+        await node.start()
+        await wait_for_health(router.port, capacity(1))
+        gone = await http_request(router.port, "GET", "/v1/jobs/gone/result")
+        assert gone.status == 404
+        assert gone.json()["error"] == {"kind": "job_expired", "message": why}
+        # what does not read as a reason (markup, a line break, too long) is not repeated
+        odd = await http_request(router.port, "DELETE", "/v1/jobs/odd")
+        assert odd.json()["error"] == {"kind": "job_expired", "message": "job expired"}
+        await node.close()
+
+    asyncio.run(scenario())

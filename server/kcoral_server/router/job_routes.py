@@ -137,6 +137,30 @@ def error_kind(body: bytes) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+#: the most of a node's ``job_expired`` message a router repeats as its own
+MAX_EXPIRY_MESSAGE = 300
+
+
+def expiry_message(body: bytes) -> str:
+    """The message of a node's ``404 job_expired``, which says why the job went
+    (EXTENSIONS §5), when it reads as one (a node-token holder wrote it): printable text
+    starting ``job expired``, at most ``MAX_EXPIRY_MESSAGE`` characters; else the bare
+    ``job expired``."""
+    document = untrusted_json(body)
+    try:
+        message = document["error"]["message"]
+    except (KeyError, TypeError, IndexError):
+        message = None
+    if (
+        isinstance(message, str)
+        and message.startswith("job expired")
+        and len(message) <= MAX_EXPIRY_MESSAGE
+        and message.isprintable()
+    ):
+        return message
+    return "job expired"
+
+
 def sole_claims(
     listings: Iterable[tuple[str, str, Any]], bound: Callable[[str], str | None]
 ) -> tuple[list[tuple[str, str, Any]], dict[str, list[str]]]:
@@ -323,6 +347,7 @@ class JobHandler(ForwardHandler):
 
     async def _look_up(self, job_id: str) -> str | None:
         kinds = set()
+        expired = "job expired"  # a node's message saying why, when one says so
         claims = []  # every node that says it holds the job
         for node, answer in await ask_every_node(self, f"/v1/jobs/{job_id}"):
             if answer is None:
@@ -335,7 +360,10 @@ class JobHandler(ForwardHandler):
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"
                 )
                 return None
-            kinds.add(error_kind(body))
+            kind = error_kind(body)
+            kinds.add(kind)
+            if kind == "job_expired":
+                expired = expiry_message(body)
         # A job lives on one node: when several claim it, one of them is lying (a rogue
         # node-token holder that learnt the id), and none is believed (ROUTER §13).
         if len(claims) == 1 and self.state.jobs.remember(job_id, claims[0]):
@@ -344,7 +372,7 @@ class JobHandler(ForwardHandler):
             nodes = ",".join(claims)
             self.state.log.event("job_claimed_twice", "WARNING", job=job_id, nodes=nodes)
         if "job_expired" in kinds:
-            self.send_router_error(404, "job_expired", "job expired", "request_rejected")
+            self.send_router_error(404, "job_expired", expired, "request_rejected")
         else:
             self.send_router_error(404, "not_found", "job not found", "request_rejected")
         return None
