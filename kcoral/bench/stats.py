@@ -100,6 +100,15 @@ def _bootstrap_medians(samples: np.ndarray, rng: np.random.Generator, resamples:
     return medians
 
 
+def _ratios(top: Any, bottom: Any) -> Any:
+    """top / bottom, finite: a zero bottom counts as the smallest positive float, and two
+    zero medians (calls too short for the clock) are a ratio of 1, not of 0."""
+    tiny, limit = np.finfo(float).tiny, np.finfo(float).max
+    both_zero = (np.asarray(top) <= 0) & (np.asarray(bottom) <= 0)
+    ratio = np.minimum(np.asarray(top) / np.maximum(bottom, tiny), limit)
+    return np.where(both_zero, 1.0, ratio)
+
+
 def ratio_of_medians(
     numerator: Sequence[float],
     denominator: Sequence[float],
@@ -111,21 +120,21 @@ def ratio_of_medians(
 
     ``verdict`` is ``"greater"`` when the whole interval lies above 1, ``"smaller"`` when
     below, else ``"no significant difference"``. A zero denominator median counts as the
-    smallest positive float, so the ratio stays finite. With fewer than
-    ``MIN_INTERVAL_SAMPLES`` on either side there is no interval (``null`` bounds) and the
+    smallest positive float, so the ratio stays finite; two zero medians are a ratio of 1.
+    With fewer than ``MIN_INTERVAL_SAMPLES`` on either side there is no interval (``null``
+    bounds) and the
     verdict is ``"no significant difference"``: resampling one sample always gives it back,
     so any difference would read as significant (see ``too_few_samples``)."""
     top = np.asarray(numerator, dtype=float)
     bottom = np.asarray(denominator, dtype=float)
-    tiny = np.finfo(float).tiny
-    limit = np.finfo(float).max
-    value = min(float(np.median(top)) / max(float(np.median(bottom)), tiny), limit)
+    value = float(_ratios(np.median(top), np.median(bottom)))
     if too_few_samples(numerator, denominator):
         return {"value": value, "ci95_low": None, "ci95_high": None, "verdict": NO_DIFFERENCE}
     rng = np.random.default_rng(seed)
-    ratios = _bootstrap_medians(top, rng, resamples) / np.maximum(
-        _bootstrap_medians(bottom, rng, resamples), tiny
+    ratios = _ratios(
+        _bootstrap_medians(top, rng, resamples), _bootstrap_medians(bottom, rng, resamples)
     )
+    limit = np.finfo(float).max
     low, high = (min(float(v), limit) for v in np.percentile(ratios, [2.5, 97.5]))
     if low > 1:
         verdict = "greater"

@@ -260,3 +260,12 @@ def test_a_line_records_the_results_own_median_not_the_upper_middle_sample(tmp_p
     assert line["b"]["latency_ms_median"] == pytest.approx(
         float(np.median(result["candidates"]["b"]["samples_ms"]))
     )
+
+
+def test_two_runs_too_short_for_the_clock_are_no_change_not_a_faster_one(tmp_path) -> None:
+    # a clock that reads 0 for calls shorter than its resolution: both medians are 0
+    remember(gpu_benchmark([0.0] * 10, {"name": "H100"}), "mm", tmp_path)
+    result = remember(gpu_benchmark([0.0] * 10, {"name": "H100"}), "mm", tmp_path)
+    change = result["history"]["changes"]["benchmark"]
+    assert (change["value"], change["ci95_low"], change["ci95_high"]) == (1.0, 1.0, 1.0)
+    assert change["verdict"] == "no significant difference" and change["regression"] is False
