@@ -165,7 +165,9 @@ def test_declared_length_over_the_limit_is_413_and_bad_length_is_400(tmp_path: P
             body = big.json()
             assert body["error"] == {
                 "kind": "request_too_large",
-                "message": "request body is too large",
+                # ROUTER §8's text, then the sizes and the flag (EXTENSIONS §10)
+                "message": "request body is too large: 101 bytes, limit 100 bytes "
+                "(kcoral router --max-request-bytes)",
             }
             assert body["request_id"] == big.header("X-Request-ID")
             bad = await http_request(
@@ -195,7 +197,11 @@ def test_a_chunked_body_over_the_limit_is_rejected_while_streaming(tmp_path: Pat
             router.port, "POST", "/execute", chunks=[b"a" * 200000, b"b" * 200000]
         )
         assert too_big.status == 413
-        assert too_big.json()["error"]["kind"] == "request_too_large"
+        assert too_big.json()["error"] == {
+            "kind": "request_too_large",
+            "message": "request body is too large: over the limit of 300000 bytes "
+            "(kcoral router --max-request-bytes)",
+        }
         await wait_for_health(router.port, ready(1))
         assert node.cancels == ["request_rejected"]
         await node.close()

@@ -88,6 +88,15 @@ def close_after_unframed_answer(handler: tornado.web.RequestHandler, *, early: b
         handler.set_header("Connection", "close")
 
 
+def too_large_message(limit: int, declared: int | None) -> str:
+    """ROUTER §8's 413 text, then the sizes and the flag that moves the limit (as a server's
+    413 does, EXTENSIONS §10); ``declared`` None: a chunked body that passed the limit."""
+    size = (
+        f"{declared} bytes, limit {limit} bytes" if declared else f"over the limit of {limit} bytes"
+    )
+    return f"request body is too large: {size} (kcoral router --max-request-bytes)"
+
+
 #: the 503 ``no_node`` messages: no slot within the wait; the router stops (ROUTER §7.3)
 NO_SLOT = "no compatible node has an available slot"
 STOPPING = "the router is shutting down"
@@ -169,9 +178,8 @@ class ForwardHandler(RouterHandler):
                 return False
             self.declared = int(value)
             if self.declared > self.state.settings.max_request_bytes:
-                self.send_router_error(
-                    413, "request_too_large", "request body is too large", "request_rejected"
-                )
+                message = too_large_message(self.state.settings.max_request_bytes, self.declared)
+                self.send_router_error(413, "request_too_large", message, "request_rejected")
                 return False
         elif self.request.method != "POST" and "Transfer-Encoding" not in self.request.headers:
             self.declared = 0  # a bodiless GET or DELETE
@@ -235,7 +243,7 @@ class ForwardHandler(RouterHandler):
         self.request_bytes += len(chunk)
         limit = self.state.settings.max_request_bytes
         if self.request_bytes > limit:
-            self._reject_body(413, "request_too_large", "request body is too large")
+            self._reject_body(413, "request_too_large", too_large_message(limit, None))
             return
         if self.declared is not None and self.request_bytes > self.declared:
             self._reject_body(400, "invalid_request", "Content-Length does not match request body")
