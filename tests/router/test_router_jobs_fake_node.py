@@ -139,6 +139,41 @@ def test_an_open_event_stream_leaves_the_worker_slot_to_execute(router):
     asyncio.run(scenario())
 
 
+def test_event_streams_leave_a_control_slot_free_for_the_status_and_cancel_of_their_job(
+    router,
+):
+    # Before: with as many streams open as the node has control slots, the watched job's
+    # status and its cancel waited until a stream ended (jobs soak: still waiting after 30 s).
+    async def scenario() -> None:
+        seen: list = []
+        release = asyncio.Event()
+        node = jobs_node(router.port, "a", seen, release, slots=1, control_slots=3)
+        await node.start()
+        await wait_for_health(router.port, capacity(1))
+        streams = [
+            asyncio.ensure_future(http_request(router.port, "GET", "/v1/jobs/job-a/events"))
+            for _ in range(3)
+        ]
+
+        def streaming() -> int:
+            return sum(p.endswith("/events") for _, _, p, _ in seen)
+
+        while streaming() < 2:
+            await asyncio.sleep(0.02)
+        status = await asyncio.wait_for(http_request(router.port, "GET", "/v1/jobs/job-a"), 10)
+        assert status.status == 200 and status.json()["status"] == "RUNNING"
+        cancel = await asyncio.wait_for(http_request(router.port, "DELETE", "/v1/jobs/job-a"), 10)
+        assert cancel.status == 200
+        assert streaming() == 2  # the third stream waits for a slot another stream frees
+        release.set()
+        for stream in streams:
+            assert (await stream).status == 200
+        assert streaming() == 3
+        await node.close()
+
+    asyncio.run(scenario())
+
+
 def test_the_client_token_guards_every_endpoint_but_health(tmp_path: Path):
     # A router with a client token needs a node token too (ROUTER §3).
     router = start_router(tmp_path, env={"KCORAL_AUTH_TOKEN": "s3cret", "KCORAL_NODE_TOKEN": "n"})

@@ -123,15 +123,14 @@ class ForwardHandler(RouterHandler):
 
     SLOT_KIND = WORKER
     ALLOWED: tuple[str, ...] = ("POST",)
+    #: an event stream: it holds its control slot long, so it never takes a node's last
+    #: free one (a status or the cancel of the watched job must still get through)
+    streams = False
 
     def initialize(self, state: Any) -> None:
         super().initialize(state)
-        self.queue_wait_ms = 0.0
-        self.node: str | None = None
         self.slot: Any = None
         self.declared: int | None = None
-        self.request_bytes = 0
-        self.response_bytes = 0
         self.body_done = False
         self.forwarding = False
         self.response_started = False
@@ -194,7 +193,7 @@ class ForwardHandler(RouterHandler):
             required = await self.choose_node()
             if self._finished:
                 return
-            acquire = self.state.control.acquire(required, self.request_id)
+            acquire = self.state.control.acquire(required, self.request_id, spare=self.streams)
         else:
             selector = self.read_selector()  # an affinity never overrides it (ROUTER §7)
             if selector is None or not self.offered(selector):

@@ -333,6 +333,7 @@ class JobHandler(ForwardHandler):
     def check_request(self) -> bool:
         if self.path_args[1] is not None:  # /events and /result are read-only
             self.ALLOWED = ("GET",)
+        self.streams = self.path_args[1] == "/events"
         return super().check_request()
 
     async def choose_node(self) -> str | None:

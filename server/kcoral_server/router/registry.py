@@ -150,6 +150,12 @@ def slot_refusal(
     return None
 
 
+def spared(node: NodeRecord, spare: bool) -> int:
+    """How many of ``node``'s idle control slots a request must leave idle: one for an event
+    stream (``spare``), unless the node has a single control slot in all."""
+    return 1 if spare and len(node.current_slots(CONTROL)) > 1 else 0
+
+
 class Registry:
     def __init__(
         self, settings: RouterSettings, on_change: Callable[[], None] = lambda: None
@@ -397,10 +403,11 @@ class Registry:
         ]
 
     def select_control(
-        self, node_id: str | None, request_id: str
+        self, node_id: str | None, request_id: str, *, spare: bool = False
     ) -> tuple[NodeRecord, RouterSlot] | None:
         """Lease an idle control slot: of ``node_id`` (any state; a job lives there), or of
-        any ``ready`` node (fewest busy control slots first)."""
+        any ``ready`` node (fewest busy control slots first). ``spare``: only of a node
+        where another control slot stays idle (an event stream, docs/scaling.md)."""
         if node_id is not None:
             node = self.nodes.get(node_id)
             candidates = [node] if node is not None and node.connected else []
@@ -410,7 +417,7 @@ class Registry:
                 for n in self.nodes.values()
                 if n.state == READY and n.connected and self.of_default_kind(n)
             ]
-        candidates = [n for n in candidates if n.idle_slots(CONTROL)]
+        candidates = [n for n in candidates if len(n.idle_slots(CONTROL)) > spared(n, spare)]
         if not candidates:
             return None
         chosen = min(

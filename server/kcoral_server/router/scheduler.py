@@ -48,6 +48,7 @@ class _Waiter:
     request_id: str
     future: asyncio.Future[Lease]
     selector: Selector = field(default_factory=dict)  # worker waiters only (ROUTER §7)
+    spare: bool = False  # control waiters only: leave one control slot free
 
 
 async def wait_for_slot(
@@ -174,17 +175,24 @@ class ControlAdmission(_WaitingRoom):
         super().__init__(registry, max_queued, wait_timeout, [])
 
     async def acquire(
-        self, node_id: str | None, request_id: str, timeout: float | None = None
+        self,
+        node_id: str | None,
+        request_id: str,
+        timeout: float | None = None,
+        *,
+        spare: bool = False,
     ) -> Lease:
+        """A control slot; ``spare``: only where another stays free (an event stream)."""
         if self.closed:
             raise RouterStopping
         self._check_node(node_id)
-        lease = self.registry.select_control(node_id, request_id)
+        lease = self.registry.select_control(node_id, request_id, spare=spare)
         if lease is not None:
             return lease
         if self.waiting >= self.max_queued:
             raise RouterBusy
-        waiter = _Waiter(node_id, request_id, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(node_id, request_id, future, spare=spare)
         self._waiters.append(waiter)
         wait = self.wait_timeout if timeout is None else min(timeout, self.wait_timeout)
         return await wait_for_slot(self.registry, self._waiters, waiter, wait)
@@ -206,6 +214,8 @@ class ControlAdmission(_WaitingRoom):
             except NodeGone as gone:
                 waiter.future.set_exception(gone)
                 continue
-            lease = self.registry.select_control(waiter.affinity, waiter.request_id)
+            lease = self.registry.select_control(
+                waiter.affinity, waiter.request_id, spare=waiter.spare
+            )
             if lease is not None:
                 waiter.future.set_result(lease)
