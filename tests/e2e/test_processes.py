@@ -73,10 +73,16 @@ def test_background_processes_left_behind_fail_a_completed_program_and_are_kille
 
 
 @pytest.mark.parametrize(
-    "how", ["os._exit(9)", "os.kill(os.getpid(), signal.SIGKILL)"], ids=["exit", "sigkill"]
+    ("how", "said"),
+    [
+        ("os._exit(9)", ": it exited with status 9"),
+        ("os.kill(os.getpid(), signal.SIGSEGV)", ": killed by SIGSEGV (a fault in native code)"),
+        ("os.kill(os.getpid(), signal.SIGKILL)", ""),  # as the server's own kill: not said
+    ],
+    ids=["exit", "sigsegv", "sigkill"],
 )
 def test_a_worker_crash_during_an_instruction_keeps_earlier_returns_and_output(
-    client, e2e_server, how
+    client, e2e_server, how, said
 ):
     source = (
         "import os, signal, sys\n"
@@ -96,7 +102,7 @@ def test_a_worker_crash_during_an_instruction_keeps_earlier_returns_and_output(
     assert result.stdout == "before\n"
     assert result.error == {
         "kind": "runtime",
-        "message": "worker exited while executing the instruction",
+        "message": f"worker exited while executing the instruction{said}",
         "instruction_index": 5,
         "instruction_op": "run",
         "instruction_id": "crash",

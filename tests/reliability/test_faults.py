@@ -214,7 +214,7 @@ def test_a_worker_that_exits_with_forked_children_fails_its_instruction_at_once(
         answer = execute(server.url, program)
         check_documented(answer)
         assert answer.status == 200, answer.body
-        assert answer.body["error"]["message"] == CRASH_MESSAGE
+        assert answer.body["error"]["message"] == f"{CRASH_MESSAGE}: it exited with status 0"
     finally:
         _kill_all(_spawned(directory))
 

@@ -87,7 +87,7 @@ def test_a_crash_during_an_instruction_fails_it_and_the_seat_recovers(kcoral_ser
     assert response.status == 200 and body["status"] == "FAILED"
     assert body["error"] == {
         "kind": "runtime",
-        "message": "worker exited while executing the instruction",
+        "message": "worker exited while executing the instruction: it exited with status 3",
         "instruction_index": 5,
         "instruction_op": "run",
         "instruction_id": "r1",

@@ -60,7 +60,9 @@ def test_a_server_without_pidfds_runs_crashes_and_kills_and_keeps_serving(
         assert client.execute(program(TRIVIAL, "one"))["out"] == 1
         crashed = client.execute(program(CRASH, "crash"))
         assert crashed.status == "FAILED"
-        assert crashed.error["message"] == "worker exited while executing the instruction"
+        assert crashed.error["message"] == (
+            "worker exited while executing the instruction: it exited with status 3"
+        )
         with pytest.raises(kcoral.KCoralError) as late:
             client.execute(program(SLEEPER, "sleep", [str(record)]), timeout_seconds=2)
         assert (late.value.status_code, late.value.kind) == (504, "timeout")

@@ -115,7 +115,9 @@ def test_without_a_live_observer_a_crash_is_attributed_by_the_progress_slot(
     response = execute(kcoral_server.url, program)
     body = response.body
     assert response.status == 200 and body["status"] == "FAILED", body
-    assert body["error"]["message"] == "worker exited while executing the instruction"
+    assert body["error"]["message"] == (
+        "worker exited while executing the instruction: it exited with status 3"
+    )
     assert (body["error"]["instruction_index"], body["error"]["instruction_op"]) == (
         1,
         "get_function",
@@ -129,6 +131,6 @@ def test_a_progress_value_written_by_a_program_that_names_no_instruction_is_igno
     program = module_program(SLOT_ATTACK, [("scribble_and_die", [10**9])])
     response = execute(kcoral_server.url, program)
     assert response.status == 500, response.body
-    assert response.body["error"]["message"] == "worker crashed"
+    assert response.body["error"]["message"] == "worker crashed: it exited with status 3"
     again = execute(kcoral_server.url, module_program(WORKSPACE_SOURCE, [("empty", [])]))
     assert again.body["status"] == "COMPLETED", again.body

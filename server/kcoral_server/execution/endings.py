@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kcoral_server.execution.drive import ProgramDrive
-from kcoral_server.execution.exit_cause import limit_cause
+from kcoral_server.execution.exit_cause import exit_cause, limit_cause
 from kcoral_server.execution.request_record import RequestRecord
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle, event_fields
@@ -66,6 +66,8 @@ class RunEndings:
     ) -> ProgramDrive:
         cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
         await self.pool.kill(handle)
+        if cause is None and not gone.invalid:
+            cause = exit_cause(handle.returncode)
         drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
         self.record.exitcode = handle.returncode
         self.record.output_tail = drive.workspace.output_tail()

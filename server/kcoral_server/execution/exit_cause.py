@@ -11,10 +11,12 @@ on the happy path.
 
 from __future__ import annotations
 
+import signal
+
 from kcoral_server.processes.cgroups import WorkerCgroup
 from kcoral_server.settings.config import ServerConfig
 
-__all__ = ["TIMEOUT_MESSAGE", "deadline_message", "limit_cause", "size_text"]
+__all__ = ["TIMEOUT_MESSAGE", "deadline_message", "exit_cause", "limit_cause", "size_text"]
 
 #: PROTOCOL §7.1: how the message of a program past its deadline starts
 TIMEOUT_MESSAGE = "execution timed out"
@@ -45,6 +47,28 @@ def limit_cause(cgroup: WorkerCgroup | None) -> str | None:
             f"({cgroup.processes} processes and threads, --worker-process-limit)"
         )
     return None
+
+
+#: signals that mean a fault in native code (the program's own, or a library it loaded)
+NATIVE_FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+
+
+def exit_cause(returncode: int | None) -> str | None:
+    """How the worker ended, as the clause that follows a crash's message and a colon, when
+    no limit explains it: ``killed by SIGSEGV (a fault in native code)``, ``it exited with
+    status 3``. None: not known, or SIGTERM and SIGKILL, which the server's own kill of a
+    worker still alive sends too. Before, a native crash and an ``os._exit`` read alike."""
+    if returncode is None or returncode in (-signal.SIGTERM, -signal.SIGKILL):
+        return None
+    if returncode >= 0:
+        return f"it exited with status {returncode}"
+    try:
+        killed = signal.Signals(-returncode)
+    except ValueError:
+        return f"killed by signal {-returncode}"
+    if killed in NATIVE_FAULTS:
+        return f"killed by {killed.name} (a fault in native code)"
+    return f"killed by {killed.name}"
 
 
 def deadline_message(timeout: float, asked: float | None, config: ServerConfig) -> str:
