@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kcoral.connection.transport import refuse_encoded_body
-from kcoral.errors import ProtocolError, TransportError
+from kcoral.errors import KCoralError, ProtocolError, TransportError
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import error_from_response
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 RECONNECT_ATTEMPTS = 8
 RECONNECT_FIRST_DELAY_SECONDS = 0.1
 RECONNECT_MAX_DELAY_SECONDS = 2.0
+#: how long a stream answered 503 is asked again (each second): past a router's restart
+#: grace (40 s by default, ROUTER §13), in which its nodes reconnect
+UNAVAILABLE_RETRY_SECONDS = 45.0
 #: after the ``finished`` event, how long the stream's end may take and how much may come
 #: before it: a KCoral server ends the stream right after that event, and reading the end
 #: keeps the connection for reuse and has the request logged as completed instead of as a
@@ -155,6 +158,13 @@ def _check_line(buffer: bytearray, start: int, end: int) -> None:
         raise ProtocolError(f"job event data over {MAX_EVENT_DATA_BYTES} bytes")
 
 
+def _back_off(failures: int) -> None:
+    """Wait before the ``failures``-th attempt to reopen a stream (0.1 s doubling, at most
+    2 s: about 9 s over ``RECONNECT_ATTEMPTS``)."""
+    delay = RECONNECT_FIRST_DELAY_SECONDS * 2 ** (failures - 1)
+    time.sleep(min(delay, RECONNECT_MAX_DELAY_SECONDS))
+
+
 class EventSource:
     """A job's event stream over blocking HTTP, reconnecting with ``Last-Event-ID``.
 
@@ -193,10 +203,11 @@ class EventSource:
         import urllib3
 
         failures = 0
+        unavailable_since: float | None = None  # the first of the 503s in a row
         while not self._closed:
             try:
                 for event in self._one_connection(urllib3):
-                    failures = 0
+                    failures, unavailable_since = 0, None
                     yield event
                     if event.finished:
                         return
@@ -208,8 +219,20 @@ class EventSource:
                 failures += 1
                 if failures > RECONNECT_ATTEMPTS:
                     raise TransportError(f"GET {self.url} failed: {exc}") from exc
-                delay = RECONNECT_FIRST_DELAY_SECONDS * 2 ** (failures - 1)
-                time.sleep(min(delay, RECONNECT_MAX_DELAY_SECONDS))
+                _back_off(failures)
+            except KCoralError as exc:
+                # 503: not now (a router that just restarted, whose node holding the job is
+                # not back yet, ROUTER §13; no free slot): asked again each second for up to
+                # UNAVAILABLE_RETRY_SECONDS. Before, the first 503 ended the iteration, and
+                # `kcoral run` gave up a job that went on running.
+                if exc.status_code != 503 or self._closed:
+                    raise
+                now = time.monotonic()
+                unavailable_since = unavailable_since or now
+                if now - unavailable_since > UNAVAILABLE_RETRY_SECONDS:
+                    raise
+                time.sleep(1.0)
+                continue
             else:
                 failures += 1  # the stream ended before ``finished``: reconnect
                 if failures > RECONNECT_ATTEMPTS:

@@ -75,6 +75,8 @@ def routed(tmp_path_factory: pytest.TempPathFactory):
         tmp,
         "--status-check-interval-seconds",
         "0.3",
+        "--reconnect-grace-seconds",  # an unknown job id: 404 at once (ROUTER §13)
+        "0",
         env={"KCORAL_AUTH_TOKEN": TOKEN, **nodes_env},
     )
     nodes = [Node(tmp, router, "node-a", nodes_env), Node(tmp, router, "node-b", nodes_env)]

@@ -40,6 +40,7 @@ def test_router_defaults_match_the_spec() -> None:
         ["--unhealthy-threshold", "0"],
         ["--recovery-threshold", "0"],
         ["--queue-wait-timeout-seconds", "-1"],
+        ["--reconnect-grace-seconds", "-1"],
         ["--node-retention-seconds", "5"],
         ["--max-request-bytes", "0"],
         ["--node-token", ""],

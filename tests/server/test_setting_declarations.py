@@ -229,6 +229,7 @@ ROUTER_SAMPLES: dict[str, tuple[str, Any]] = {
     "grpc_port": ("9200", 9200),
     "status_check_interval_seconds": ("2", 2.0),
     "max_status_age_seconds": ("6", 6.0),
+    "reconnect_grace_seconds": ("12", 12.0),
     "unhealthy_threshold": ("4", 4),
     "recovery_threshold": ("3", 3),
     "queue_wait_timeout_seconds": ("60", 60.0),

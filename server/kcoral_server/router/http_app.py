@@ -5,6 +5,7 @@ token when one is set."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,6 +44,7 @@ class RouterState:
     instance_id: str
     started_at: str
     in_progress: int = 0  # requests on worker slots (control requests are not load)
+    started_monotonic: float = field(default_factory=time.monotonic)
     jobs: JobIndex = field(default_factory=JobIndex)
     sessions: SessionIndex = field(default_factory=SessionIndex)
     authenticator: Authenticator = field(init=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -230,6 +231,23 @@ def learn_submitted_job(handler: Any, body: bytes) -> bytes:
     return body
 
 
+def answer_while_nodes_reconnect(handler: ForwardHandler, what: str) -> bool:
+    """503 ``no_node`` for a ``what`` no connected node knows, within the router's first
+    ``--reconnect-grace-seconds``: a node reconnects with a back-off of up to 30 s (ROUTER
+    §5), and until it has, the jobs and sessions it holds are unknown here, not gone (§13).
+    True: answered. Before, a router restart answered 404 there, and `kcoral run` gave up a
+    job that went on running, with nobody left to watch or cancel it (jobs soak)."""
+    age = time.monotonic() - handler.state.started_monotonic
+    if age >= handler.state.settings.reconnect_grace_seconds:
+        return False
+    message = (
+        f"{what} not found yet: the router started {age:.0f} s ago, and the node that holds "
+        "it may not have reconnected"
+    )
+    handler.send_router_error(503, "no_node", message, "node_gone")
+    return True
+
+
 async def ask_every_node(
     handler: Any,
     path: str,
@@ -374,7 +392,7 @@ class JobHandler(ForwardHandler):
             self.state.log.event("job_claimed_twice", "WARNING", job=job_id, nodes=nodes)
         if "job_expired" in kinds:
             self.send_router_error(404, "job_expired", expired, "request_rejected")
-        else:
+        elif claims or not answer_while_nodes_reconnect(self, "job"):
             self.send_router_error(404, "not_found", "job not found", "request_rejected")
         return None
 

@@ -35,6 +35,7 @@ from kcoral_server.front_door.callers import Identity
 from kcoral_server.router.forward import BUFFERED_ANSWER_LIMIT, ForwardHandler
 from kcoral_server.router.headers import identity_header
 from kcoral_server.router.job_routes import (
+    answer_while_nodes_reconnect,
     answers_to_merge,
     ask_every_node,
     error_kind,
@@ -462,6 +463,6 @@ class SessionHandler(ForwardHandler):
             )
         if known is not None and known.ended is not None and may_see(self.identity, known):
             self.send_router_error(410, "session_ended", known.ended, "request_rejected")
-        else:
+        elif claims or known is not None or not answer_while_nodes_reconnect(self, "session"):
             self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
         return None

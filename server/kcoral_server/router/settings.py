@@ -57,6 +57,16 @@ class RouterSettings:
         group="nodes",
         help="a node whose last status is older gets no new requests",
     )
+    # After a restart the router knows no job or session: a node that has not reconnected
+    # yet (its back-off reaches 30 s, ±20 %, ROUTER §5) holds ids that are not gone (§13).
+    reconnect_grace_seconds: float = setting(
+        40.0,
+        flag="--reconnect-grace-seconds",
+        kind="seconds",
+        group="nodes",
+        help="for this long after the router starts, a job or session id no connected node "
+        "knows is answered 503 (its node may not be back yet), not 404",
+    )
     unhealthy_threshold: int = setting(
         3,
         flag="--unhealthy-threshold",
@@ -363,8 +373,9 @@ def parse_router_args(
     for name in ("unhealthy_threshold", "recovery_threshold", "max_request_bytes"):
         if getattr(args, name) < 1:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.queue_wait_timeout_seconds < 0:
-        raise SettingsError("--queue-wait-timeout-seconds must be >= 0")
+    for name in ("queue_wait_timeout_seconds", "reconnect_grace_seconds"):
+        if getattr(args, name) < 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
     if args.max_queued_requests < 0:
         raise SettingsError("--max-queued-requests must be >= 0")
     if args.node_retention_seconds <= args.max_status_age_seconds:

@@ -1,0 +1,91 @@
+"""A router that just restarted knows no job: it answers an id that no connected node knows
+with 503 while its nodes may still be reconnecting (ROUTER §13, ``--reconnect-grace-seconds``),
+and a client watching a job's events asks again on it. Before, the restart's 404 made
+``kcoral run`` give up a job that went on running, unwatched (jobs soak). A real router,
+killed and started again on its port under a real CPU node and a job streaming through it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopping
+from server_process import client_token_file
+
+import kcoral
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "restart-grace-client-token"
+NODE_ENV = {"KCORAL_NODE_TOKEN": "restart-grace-node-token"}
+UNKNOWN_JOB = "0c8f7a4e-4d7e-4a51-9d55-000000000000"
+
+SLOW_PRINTS = """
+import time
+
+def main(count):
+    for index in range(count):
+        print(f"line {index}", flush=True)
+        time.sleep(0.25)
+    return count
+"""
+
+
+def slow_prints(count: int) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=SLOW_PRINTS)
+    done = program.run(fn=program.get_function(module=module, name="main"), args=[count])
+    program.return_(key="count", value=done)
+    return program
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def router_on(tmp_path: Path, port: int) -> RouterProcess:
+    """A router as the README starts one: client tokens, its default restart grace."""
+    tokens = client_token_file(tmp_path, f"alice {TOKEN}\n")
+    args = ("--port", str(port), "--auth-token-file", str(tokens))
+    return start_router(tmp_path, *args, env=NODE_ENV)
+
+
+def test_a_job_watched_through_a_restarting_router_streams_to_its_end(tmp_path: Path) -> None:
+    port = free_port()
+    routers = [router_on(tmp_path, port)]
+    node = Node(tmp_path, routers[0], "only", NODE_ENV)
+    with stopping(routers[0], [node]):
+        ready_nodes(routers[0], 1)
+        with kcoral.Client(routers[0].url, token=TOKEN) as client:
+            job = client.submit(slow_prints(40), timeout_seconds=60)
+            printed = ""
+            for event in job.events():
+                if event.kind == "stdout":
+                    printed += event.data["text"]
+                    if len(routers) == 1 and "line 3" in printed:
+                        routers[0].process.kill()  # the client's stream breaks here
+                        routers[0].process.wait()
+                        routers.append(router_on(tmp_path, port))
+            assert event.finished and event.data["status"] == "COMPLETED"
+            assert printed.splitlines() == [f"line {index}" for index in range(40)]
+            assert job.result()["count"] == 40
+        routers[1].stop()
+    assert len(routers) == 2
+
+
+def test_an_unknown_job_id_right_after_a_start_is_503_not_yet_404(tmp_path: Path) -> None:
+    router = router_on(tmp_path, free_port())
+    node = Node(tmp_path, router, "only", NODE_ENV)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        with kcoral.Client(router.url, token=TOKEN) as client:
+            with pytest.raises(kcoral.KCoralError) as early:
+                client.job(UNKNOWN_JOB).status()
+    assert (early.value.status_code, early.value.kind) == (503, "no_node")
+    assert early.value.message.startswith("job not found yet: the router started ")
+    assert early.value.message.endswith(
+        " s ago, and the node that holds it may not have reconnected"
+    )
