@@ -163,43 +163,52 @@ _BY_VALUE_LOCK = threading.Lock()
 
 
 def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """Pickle ``(fn, args, kwargs)``, with ``fn``'s own module pickled by value.
+    """Pickle ``(fn, args, kwargs)``, every loaded module the server cannot import by value.
 
-    cloudpickle sends functions of importable modules by reference, which the server cannot
-    resolve for a user's script or notebook helper module; registering that module by value
-    for this one dump sends the code itself ("by value", EXTENSIONS §4).
+    cloudpickle sends functions and classes of importable modules by reference, which the
+    server cannot resolve for a user's script or helper module; registering those modules by
+    value for this one dump sends the code itself ("by value", EXTENSIONS §4). Every such
+    module, not only ``fn``'s own: a ``functools.partial`` of a helper function, or an
+    argument whose class lives in a helper module, reference it too.
     """
     import cloudpickle
 
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
     with _BY_VALUE_LOCK:
-        register = (
-            isinstance(module, types.ModuleType)
-            and module.__name__ not in ("__main__", "builtins")
-            and not module.__name__.startswith("kcoral")
-            and not _server_imports_it(module)
-            and module.__name__ not in cloudpickle.list_registry_pickle_by_value()
-        )
-        if register:
+        registered = set(cloudpickle.list_registry_pickle_by_value())
+        modules = [
+            module
+            for name, module in list(sys.modules.items())
+            if isinstance(module, types.ModuleType)
+            and name not in registered
+            and _sent_by_value(name, module)
+        ]
+        for module in modules:
             cloudpickle.register_pickle_by_value(module)
         try:
             return dump_envelope((fn, args, kwargs))
         finally:
-            if register:
+            for module in modules:
                 cloudpickle.unregister_pickle_by_value(module)
 
 
-def _server_imports_it(module: types.ModuleType) -> bool:
-    """Whether ``module`` is the standard library's or an installed distribution's.
-
-    Those travel by reference, as cloudpickle sends them: the server has them too, and by
-    value they do not survive (``json.dumps``, ``functools.partial`` objects,
-    ``operator.itemgetter``: their modules hold classes cloudpickle cannot copy).
-    """
-    if module.__name__.partition(".")[0] in sys.stdlib_module_names:
-        return True
-    parts = Path(getattr(module, "__file__", None) or "").parts
-    return "site-packages" in parts or "dist-packages" in parts
+@functools.lru_cache(maxsize=8192)
+def _sent_by_value(name: str, module: types.ModuleType) -> bool:
+    """Whether the loaded ``module`` (``sys.modules[name]``) is one the server cannot import:
+    not ``__main__`` (cloudpickle sends it by value anyway), nor KCoral's, the standard
+    library's or an installed package's (judged by its file or its top package's: some
+    of torch's have none). Those travel by reference, as cloudpickle sends them: the server
+    has them too, and by value they do not survive (``json.dumps``, ``functools.partial``
+    objects, ``operator.itemgetter``: their modules hold classes cloudpickle cannot copy)."""
+    if module.__name__ != name:
+        return False
+    top = name.partition(".")[0]
+    if name in ("__main__", "builtins") or top.startswith("kcoral"):
+        return False
+    if top in sys.stdlib_module_names:
+        return False
+    files = (getattr(module, "__file__", None), getattr(sys.modules.get(top), "__file__", None))
+    installed = {"site-packages", "dist-packages"}
+    return not any(installed & set(Path(str(file)).parts) for file in files if file)
 
 
 # ---------------------------------------------------------------------- argument checks

@@ -105,3 +105,14 @@ def with_tuple_default(x, pair=(1, 2)):
 def positive(x):
     assert x > 0, "x must be positive"
     return x
+
+
+class Pair:
+    """A class of this helper module (which the server cannot import) for pickle-mode
+    arguments."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def total(self):
+        return self.first + self.second

@@ -129,6 +129,16 @@ def test_standard_library_callables_and_partials_work_in_pickle_mode(client) -> 
     assert pickled(functools.partial(lambda a, b: a - b, 5)).remote(2) == 3
 
 
+def test_pickle_mode_sends_the_helper_modules_that_partials_and_arguments_reference(client):
+    # Only the function's own module went by value: a partial of a helper module's function,
+    # or an argument of a helper module's class, failed on the server with
+    # "cannot unpickle the remote call: ModuleNotFoundError: No module named 'remote_samples'".
+    pickled = client.function(serialization="pickle")
+    assert pickled(functools.partial(samples.factorial, 5)).remote() == 120
+    assert pickled(lambda pair: pair.total()).remote(samples.Pair(2, 3)) == 5
+    assert pickled(lambda fn, n: fn(n)).remote(samples.factorial, 4) == 24
+
+
 def test_the_serialization_can_change_per_call(client) -> None:
     remote = client.function()(samples.factorial)
     assert remote.remote(4, serialization="pickle") == 24
