@@ -25,6 +25,7 @@ from kcoral_server.router.registry import Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
+from kcoral_server.settings.command_line import ready_file_problem
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
@@ -51,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = parse_router_args(args)
     except SettingsError as exc:
         sys.stderr.write(f"kcoral router: error: {exc}\n")
+        return 2
+    if settings.ready_file is not None and (problem := ready_file_problem(settings.ready_file)):
+        sys.stderr.write(f"kcoral router: error: --ready-file {problem}\n")
         return 2
     return asyncio.run(serve(settings))
 

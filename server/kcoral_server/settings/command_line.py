@@ -153,6 +153,17 @@ class ServerSettings:
             raise InvalidConfigError("port", f"must be in 0-65535 (got {self.port})")
 
 
+def ready_file_problem(path: Path) -> str | None:
+    """Why the URL could not be written to ``path`` (a folder, or in a folder that does not
+    exist), else None: checked before anything starts, as the write comes only once the
+    server (or router) listens, where it failed with a traceback after start-up."""
+    if path.is_dir():
+        return f"{path} is a folder"
+    if not path.parent.is_dir():
+        return f"{path}: no folder {path.parent}"
+    return None
+
+
 def parse_integer(text: str) -> int:
     """A plain decimal integer (no unit suffixes, no underscores)."""
     if not _INTEGER.fullmatch(text):
@@ -452,6 +463,8 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     except ValueError as exc:
         resolve.fail(str(exc))
 
+    if settings.ready_file is not None and (problem := ready_file_problem(settings.ready_file)):
+        resolve.fail(f"--ready-file {problem}")
     supervisor = _supervisor_options(args, resolve, router)
     node_child = bool(args.node_child)
     if node_child:
