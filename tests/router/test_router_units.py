@@ -43,6 +43,8 @@ def test_router_defaults_match_the_spec() -> None:
         ["--reconnect-grace-seconds", "-1"],
         ["--node-retention-seconds", "5"],
         ["--max-request-bytes", "0"],
+        ["--max-slots-per-node", "0"],  # every slot of every node refused: no node joins
+        ["--max-slots-per-node", "-1"],
         ["--node-token", ""],
     ],
 )
