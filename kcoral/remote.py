@@ -163,13 +163,17 @@ _BY_VALUE_LOCK = threading.Lock()
 
 
 def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """Pickle ``(fn, args, kwargs)``, every loaded module the server cannot import by value.
+    return dump_by_value((fn, args, kwargs))
+
+
+def dump_by_value(value: Any) -> bytes:
+    """``dump_envelope(value)``, every loaded module the server cannot import by value.
 
     cloudpickle sends functions and classes of importable modules by reference, which the
     server cannot resolve for a user's script or helper module; registering those modules by
     value for this one dump sends the code itself ("by value", EXTENSIONS §4). Every such
-    module, not only ``fn``'s own: a ``functools.partial`` of a helper function, or an
-    argument whose class lives in a helper module, reference it too.
+    module, not only a remote function's own: a ``functools.partial`` of a helper function,
+    or an argument (a ``%%kcoral -i`` value) whose class lives in a helper module, use it too.
     """
     import cloudpickle
 
@@ -185,7 +189,7 @@ def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         for module in modules:
             cloudpickle.register_pickle_by_value(module)
         try:
-            return dump_envelope((fn, args, kwargs))
+            return dump_envelope(value)
         finally:
             for module in modules:
                 cloudpickle.unregister_pickle_by_value(module)

@@ -182,10 +182,10 @@ def build_cell(spec: CellSpec) -> BuiltCell:
         else:
             pickled[name] = value
     if pickled:
-        from kcoral.remote import dump_envelope
+        from kcoral.remote import dump_by_value
 
         try:
-            payload = dump_envelope(pickled)
+            payload = dump_by_value(pickled)
         except Exception as exc:
             names = ", ".join(pickled)
             raise TypeError(f"--in {names}: cannot pickle: {type(exc).__name__}: {exc}") from exc

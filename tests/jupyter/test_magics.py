@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import http.server
+import importlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,25 @@ def test_other_objects_travel_with_pickle_both_ways(shell) -> None:
     result, _ = run(shell, "%%kcoral -i obj -o y\ny = frozenset(obj) | {4}\n")
     assert result.error_in_exec is None, result.error_in_exec
     assert shell.user_ns["y"] == frozenset({1, 2, 3, 4})
+
+
+def test_an_input_whose_class_lives_in_a_helper_module_beside_the_notebook_arrives(
+    shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The helper module went by reference: the server cannot import it, and the cell failed
+    # with "ModuleNotFoundError: No module named 'notebook_helper_classes'".
+    (tmp_path / "notebook_helper_classes.py").write_text(
+        "class Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        helpers = importlib.import_module("notebook_helper_classes")
+        shell.user_ns["pair"] = helpers.Pair(2, 3)
+        result, _ = run(shell, "%%kcoral -i pair -o total\ntotal = pair.a + pair.b\n")
+    finally:
+        sys.modules.pop("notebook_helper_classes", None)
+    assert result.error_in_exec is None, result.error_in_exec
+    assert shell.user_ns["total"] == 5
 
 
 def test_a_server_that_refuses_pickle_is_named_clearly(shell, json_only_server_url) -> None:
