@@ -373,10 +373,10 @@ def parse_router_args(
     for name in ("unhealthy_threshold", "recovery_threshold", "max_request_bytes"):
         if getattr(args, name) < 1:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 1")
-    for option in declared_settings(RouterSettings):  # a declared bound (--max-slots-per-node)
-        minimum = option.metadata["minimum"]
-        if minimum is not None and getattr(args, option.name) < minimum:
-            raise SettingsError(f"{option.metadata['flag']} must be >= {minimum}")
+    for bounded in declared_settings(RouterSettings):  # a declared bound (--max-slots-per-node)
+        minimum = bounded.metadata["minimum"]
+        if minimum is not None and getattr(args, bounded.name) < minimum:
+            raise SettingsError(f"{bounded.metadata['flag']} must be >= {minimum}")
     for name in ("queue_wait_timeout_seconds", "reconnect_grace_seconds"):
         if getattr(args, name) < 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
