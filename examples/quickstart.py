@@ -2,7 +2,8 @@
 
 Run: python examples/quickstart.py               (starts and stops its own server)
      python examples/quickstart.py --server-log  (the same, showing the server's log lines)
-     python examples/quickstart.py --url URL     (uses a server that is already running)
+     python examples/quickstart.py --url URL     (uses a server that is already running;
+                                                  its token, if it needs one: KCORAL_TOKEN)
 
 The server's own log (its event lines, its start and shutdown messages) goes to a file next
 to its cache, not to this terminal, and is printed only when the server fails to start;
