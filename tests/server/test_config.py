@@ -463,6 +463,7 @@ def test_option_abbreviations_are_refused(capsys, argv) -> None:
         (["--device", "gpu", "--gpus", ""], "--gpus"),
         (["--device", "gpu", "--gpus", "0,x"], "--gpus"),
         (["--gpus", "-1"], "--gpus"),
+        (["--device", "gpu", "--gpus", "1,0,1"], "--gpus names GPU 1 twice"),
         (["--num-workers", "0"], "--num-workers"),
         (["--workers-per-gpu", "0"], "--workers-per-gpu"),
         (["--max-requests-per-worker", "-1"], "--max-requests-per-worker"),

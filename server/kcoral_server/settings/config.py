@@ -786,9 +786,11 @@ def _check_declared(config: ServerConfig, setting: Field) -> None:
             raise InvalidConfigError(name, f"must be a list of GPU ids (got {value!r})")
         if config.device == "cpu":  # SERVER.md §2: ignored in CPU mode
             return
-        for gpu in value:
+        for index, gpu in enumerate(value):
             if not _is_int(gpu) or gpu < 0:
                 raise InvalidConfigError(name, f"must hold GPU ids >= 0 (got {gpu!r})")
+            if gpu in value[:index]:  # one GPU twice: two seats named alike, counted as two
+                raise InvalidConfigError(name, f"names GPU {gpu} twice")
         return
     if not meta["repeatable"]:
         problem = _value_problem(setting, value)
