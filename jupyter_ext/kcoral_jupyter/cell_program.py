@@ -99,11 +99,19 @@ class CellOutcome:
 
 
 def split_mapping(text: str) -> tuple[str, str]:
-    """``LOCAL[:REMOTE]`` -> (local, remote); the remote defaults to the local base name."""
-    local, sep, remote = text.partition(":")
+    """``LOCAL[:REMOTE]`` -> (local, remote); the remote defaults to the local base name.
+
+    A local path may hold colons (``run_12:30.csv``): the text is taken whole when it names
+    something here, else it is cut at the first colon whose left side does, else at the
+    first colon. Before, it was always cut at the first: such a file could not be sent."""
+    local, remote = text, ""
+    cuts = [index for index, char in enumerate(text) if char == ":"]
+    if cuts and not os.path.lexists(text):
+        cut = next((index for index in cuts if os.path.lexists(text[:index])), cuts[0])
+        local, remote = text[:cut], text[cut + 1 :]
     if not local:
         raise ValueError(f"{text!r}: the local path is empty")
-    if not sep or not remote:
+    if not remote:
         remote = Path(local.rstrip("/")).name or local
     return local, remote
 

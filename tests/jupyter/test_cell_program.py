@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,6 +54,17 @@ def test_file_mappings_default_to_the_base_name() -> None:
     assert split_mapping("data/x.bin:in/y.bin") == ("data/x.bin", "in/y.bin")
     with pytest.raises(ValueError):
         split_mapping(":x")
+
+
+def test_a_local_path_with_colons_is_sent_whole_or_cut_where_its_file_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: always cut at the first colon, so 'run_12:30.csv' was looked for as 'run_12'.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run_12:30.csv").write_text("t,v\n")
+    assert split_mapping("run_12:30.csv") == ("run_12:30.csv", "run_12:30.csv")
+    assert split_mapping("run_12:30.csv:in/run.csv") == ("run_12:30.csv", "in/run.csv")
+    assert split_mapping("missing:in/x") == ("missing", "in/x")  # as before: the first colon
 
 
 def test_the_wrapper_runs_the_body_as_module_code_and_returns_the_final_expression() -> None:
