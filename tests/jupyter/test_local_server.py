@@ -111,7 +111,7 @@ def kernel_with_local_server(
         )
         [record] = advertised_servers()
         assert [c["url"] for c in kernel_connections()] == [record["url"]]
-        match = re.search(r"the last 1 lines of (\S+)/server\.log", text)
+        match = re.search(r"the last 1 line of (\S+)/server\.log", text)
         assert match, text
         yield manager, kernel, {**record, "folder": Path(match.group(1))}
     finally:

@@ -24,6 +24,7 @@ from kcoral_jupyter.cell_errors import (
     SessionSeatsFullError,
     SessionsUnavailableError,
 )
+from kcoral_jupyter.magics.sessions import programs_text
 from kcoral_jupyter.runner import RemoteCellError
 from kcoral_shell import kcoral_shell
 from nbclient import NotebookClient
@@ -499,3 +500,10 @@ def test_interrupting_a_session_cell_stops_its_program_and_keeps_the_session(
     assert "KeyboardInterrupt raised in session" in shown(cells[3])
     assert error_name(cells[4]) is None and "still here" in shown(cells[4])
     assert "state: IDLE" in shown(cells[5])
+
+
+def test_a_session_that_ran_one_program_says_one_program() -> None:
+    # Before: "1 programs" in %kcoral session list and attach (docs soak, helper).
+    assert programs_text({"programs": 1}) == "1 program"
+    assert programs_text({"programs": 0}) == "0 programs"
+    assert programs_text({"programs": 3}) == "3 programs"

@@ -82,8 +82,10 @@ class ServerCommands:
         if local is None or path is None:
             print("kcoral: no local server (the first cell without a configured server starts one)")
             return
-        print(f"kcoral: the last {lines} lines of {path}")
-        print(local.log_tail(lines), end="")
+        tail = local.log_tail(lines)
+        shown = len(tail.splitlines())  # a shorter log shows all it has: say how much
+        print(f"kcoral: the last {shown} line{'' if shown == 1 else 's'} of {path}")
+        print(tail, end="")
 
     def version(self, args: argparse.Namespace) -> None:
         """The client's version, and the server's when one is chosen (never starts one)."""

@@ -125,7 +125,7 @@ class SessionCommands:
         self.kernel.sessions.adopt(remote)
         print(
             f"kcoral: attached to {remote.label} on {url} ({session_place(handle.record)}, "
-            f"{handle.record.get('programs')} programs so far); %%kcoral cells run in it; "
+            f"{programs_text(handle.record)} so far); %%kcoral cells run in it; "
             "it is kept when this kernel ends (%kcoral session stop ends it)"
         )
 
@@ -139,8 +139,14 @@ class SessionCommands:
         for record in records:
             print(
                 f"{record.get('session_id')}  {record.get('state')}  "
-                f"{record.get('programs')} programs  {session_place(record)}"
+                f"{programs_text(record)}  {session_place(record)}"
             )
+
+
+def programs_text(record: dict[str, Any]) -> str:
+    """``1 program``, ``3 programs``: a session record's count of programs run."""
+    count = record.get("programs")
+    return f"{count} program" if count == 1 else f"{count} programs"
 
 
 def is_session_id(text: str) -> bool:
