@@ -179,13 +179,7 @@ def dump_by_value(value: Any) -> bytes:
 
     with _BY_VALUE_LOCK:
         registered = set(cloudpickle.list_registry_pickle_by_value())
-        modules = [
-            module
-            for name, module in list(sys.modules.items())
-            if isinstance(module, types.ModuleType)
-            and name not in registered
-            and _sent_by_value(name, module)
-        ]
+        modules = [module for module in _modules_by_value() if module.__name__ not in registered]
         for module in modules:
             cloudpickle.register_pickle_by_value(module)
         try:
@@ -193,6 +187,27 @@ def dump_by_value(value: Any) -> bytes:
         finally:
             for module in modules:
                 cloudpickle.unregister_pickle_by_value(module)
+
+
+_by_value_seen: tuple[tuple[int, str | None], list[types.ModuleType]] = ((0, None), [])
+
+
+def _modules_by_value() -> list[types.ModuleType]:
+    """The loaded modules ``_sent_by_value`` picks, worked out again only when a module was
+    loaded or dropped since (``sys.modules`` keeps insertion order: its size and last name
+    tell). Walking every module on each call cost 0.17 ms a call with torch loaded."""
+    global _by_value_seen
+    modules = sys.modules
+    fingerprint = (len(modules), next(reversed(modules), None))
+    seen, picked = _by_value_seen
+    if fingerprint != seen:
+        picked = [
+            module
+            for name, module in list(modules.items())
+            if isinstance(module, types.ModuleType) and _sent_by_value(name, module)
+        ]
+        _by_value_seen = (fingerprint, picked)
+    return picked
 
 
 @functools.lru_cache(maxsize=8192)

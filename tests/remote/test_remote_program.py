@@ -16,6 +16,7 @@ from kcoral.remote import (
     TRAMPOLINE_SOURCE,
     PickleVersionError,
     RemoteFunction,
+    dump_by_value,
     dump_envelope,
     load_envelope,
 )
@@ -229,3 +230,29 @@ def test_json_mode_never_imports_cloudpickle() -> None:
     )
     directory = str(__import__("pathlib").Path(__file__).parent)
     subprocess.run([sys.executable, "-c", code, directory], check=True, timeout=60)
+
+
+def test_a_helper_module_loaded_after_a_first_call_is_sent_by_value_too(tmp_path) -> None:
+    # The modules sent by value are worked out again only when sys.modules changes; one
+    # loaded after the first pickle-mode call must still travel by value.
+    dump_by_value((samples.scaled_sum, (1,), {}))
+    helper = tmp_path / "late_helper_module.py"
+    helper.write_text("def triple(x):\n    return 3 * x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import late_helper_module  # type: ignore[import-not-found]
+
+        data = dump_by_value((late_helper_module.triple, (2,), {}))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("late_helper_module", None)
+    # Loaded where the helper module cannot be imported: only a copy by value works there.
+    script = (
+        "import sys; from kcoral.remote import load_envelope; "
+        "fn, args, _ = load_envelope(sys.stdin.buffer.read(), writer='client', reader='server'); "
+        "print(fn(*args))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=data, capture_output=True, cwd="/", timeout=60
+    )
+    assert done.stdout.strip() == b"6", done.stderr
