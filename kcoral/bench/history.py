@@ -22,7 +22,7 @@ HISTORY_SAMPLES = 200
 #: The bootstrap seed of history changes: the same two runs always give the same interval.
 CHANGE_SEED = 0
 BESIDE_NOTEBOOK = "beside the notebook"
-IN_WORKING_DIRECTORY = "in the kernel's working directory (no notebook path is known)"
+IN_WORKING_DIRECTORY = "in the kernel's working directory: no notebook path is known"
 
 
 def history_directory(user_ns: Mapping[str, Any] | None = None) -> tuple[Path, str]:
