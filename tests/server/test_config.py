@@ -290,8 +290,8 @@ def test_every_option_maps_onto_its_field(tmp_path) -> None:
         "--no-log-console",
         "--no-log-programs",
         "--log-programs-max-bytes", "512M",
-        "--sandbox-readonly-path", "/opt/a",
-        "--sandbox-readonly-path", "/opt/b",
+        "--sandbox-readonly-path", "/usr/share",
+        "--sandbox-readonly-path", "/usr/lib",
         "--allow-unauthenticated",
         "--job-retention-seconds", "5",
         "--job-retention-bytes", "99",
@@ -321,7 +321,7 @@ def test_every_option_maps_onto_its_field(tmp_path) -> None:
     assert config.log_dir == tmp_path / "logs"
     assert config.log_console is False and config.log_programs is False
     assert config.log_programs_max_bytes == 512 * 1024 * 1024
-    assert config.sandbox_readonly_paths == [Path("/opt/a"), Path("/opt/b")]
+    assert config.sandbox_readonly_paths == [Path("/usr/share"), Path("/usr/lib")]
     assert config.allow_unauthenticated is True
     assert config.job_retention_seconds == 5
     assert config.job_retention_bytes == 99
@@ -479,6 +479,11 @@ def test_option_abbreviations_are_refused(capsys, argv) -> None:
         (["--output-limit-bytes", "-5"], "--output-limit-bytes"),
         (["--sandbox", "docker"], "--sandbox"),
         (["--sandbox", "none", "--sandbox-readonly-path", "/opt"], "--sandbox-readonly-path"),
+        (
+            ["--sandbox-readonly-path", "/nonexistent-kcoral-path"],
+            "--sandbox-readonly-path /nonexistent-kcoral-path does not exist",
+        ),
+        (["--sandbox-readonly-path", "/dev/shm"], "lies under /dev/shm"),
         (["--router", "http://router:9000"], "--router requires --node-id"),
         (["--node-id", "node-1"], "--node-id requires --router"),
         (["--router", "http://router/x", "--node-id", "n"], "--router"),

@@ -57,7 +57,7 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "log_runs_max": ("4", 4, ()),
     "spare_workers": ("", False, ()),
     "sandbox": ("none", "none", ()),
-    "sandbox_readonly_paths": ("/opt/data", [Path("/opt/data")], ()),
+    "sandbox_readonly_paths": ("/usr/share", [Path("/usr/share")], ()),  # one that exists
     "router_endpoint": ("http://router:9000", "http://router:9000", ("--node-id", "n1")),
     "node_id": ("node-7", "node-7", ("--router", "http://router:9000")),
     "node_token": ("node-secret", "node-secret", ()),

@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kcoral_server.execution.serialization import ENV_VAR as SERIALIZATION_ENV_VAR
 from kcoral_server.execution.serialization import allowed_serialization
+from kcoral_server.processes.sandbox import SandboxError, check_readonly_paths
 from kcoral_server.settings.config import (
     SETTING_GROUPS,
     InvalidConfigError,
@@ -463,6 +464,8 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     except ValueError as exc:
         resolve.fail(str(exc))
 
+    if config.sandbox != "none":
+        _check_readonly_paths(config.sandbox_readonly_paths, resolve)
     if settings.ready_file is not None and (problem := ready_file_problem(settings.ready_file)):
         resolve.fail(f"--ready-file {problem}")
     supervisor = _supervisor_options(args, resolve, router)
@@ -476,6 +479,19 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     return replace(
         settings, supervisor=supervisor, node_child=node_child, gpus_given="gpus" in kwargs
     )
+
+
+def _check_readonly_paths(paths: Sequence[Path], resolve: _Resolver) -> None:
+    """Each ``--sandbox-readonly-path`` exists and may be shown (not ``/dev/shm``, not the
+    workspace root's folder): checked before anything starts, where a missing one was left
+    out of every sandbox without a word and a refused one failed after ``server_started``."""
+    for path in paths:
+        if not path.exists():
+            resolve.fail(f"--sandbox-readonly-path {path} does not exist")
+    try:
+        check_readonly_paths(paths)
+    except SandboxError as exc:
+        resolve.fail(str(exc))
 
 
 def _supervisor_options(
