@@ -557,7 +557,8 @@ class ServerConfig:
         flag="--max-sessions",
         kind="int",
         group="sessions",
-        help="sessions that may be open at once (each holds a worker of its own)",
+        help="sessions that may be open at once (each holds a worker of its own); 0 turns "
+        "sessions off",
         minimum=0,
     )
     # None: half the seats, rounded up, once there are 2+ seats and 2+ identities (a node
