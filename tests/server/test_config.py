@@ -120,7 +120,9 @@ def test_the_disk_cache_dir_default_follows_xdg_cache_home(monkeypatch, tmp_path
         {"sandbox": "docker"},
         {"sandbox": "none", "sandbox_readonly_paths": [Path("/opt")]},
         {"num_workers": 0},
+        {"num_workers": 1025},  # each a process: 99,999,999 ran a machine out of memory
         {"workers_per_gpu": 0},
+        {"workers_per_gpu": 1025},
         {"max_requests_per_worker": -1},
         {"max_request_bytes": 0},
         {"max_response_bytes": 0},
@@ -465,6 +467,7 @@ def test_option_abbreviations_are_refused(capsys, argv) -> None:
         (["--gpus", "-1"], "--gpus"),
         (["--device", "gpu", "--gpus", "1,0,1"], "--gpus names GPU 1 twice"),
         (["--num-workers", "0"], "--num-workers"),
+        (["--num-workers", "99999999"], "--num-workers must be at most 1024"),
         (["--workers-per-gpu", "0"], "--workers-per-gpu"),
         (["--max-requests-per-worker", "-1"], "--max-requests-per-worker"),
         (["--max-request-bytes", "1.5G"], "--max-request-bytes"),

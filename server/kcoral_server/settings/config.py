@@ -95,6 +95,11 @@ def default_disk_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(home) / ".cache" / "kcoral" / "files"
 
 
+#: the most worker processes ``--num-workers`` and ``--workers-per-gpu`` may ask for: each
+#: is a process with its seat (and a spare); 99,999,999 ran a machine out of memory after
+#: the server said it started (flags soak)
+MAX_WORKERS = 1024
+
 #: ``--help``'s option groups (``setting(group=...)``), in the order ``--help`` shows them.
 SETTING_GROUPS: dict[str, str] = {
     "network": "network and auth",
@@ -228,6 +233,7 @@ class ServerConfig:
         group="workers",
         help="worker processes in CPU mode: programs that run at once",
         minimum=1,
+        problem=lambda count: _at_most(count, MAX_WORKERS),
     )
     workers_per_gpu: int = setting(
         8,
@@ -236,6 +242,7 @@ class ServerConfig:
         group="workers",
         help="worker processes per GPU in GPU mode (they take turns on the GPU)",
         minimum=1,
+        problem=lambda count: _at_most(count, MAX_WORKERS),
     )
     max_requests_per_worker: int = setting(
         1,
@@ -745,6 +752,10 @@ def _one_of(value: object, shown: tuple[str, ...], hidden: tuple[str, ...] = ())
     if value in shown or value in hidden:
         return None
     return f"must be one of {', '.join(shown)} (got {value!r})"
+
+
+def _at_most(count: int, largest: int) -> str | None:
+    return f"must be at most {largest} (got {count})" if count > largest else None
 
 
 def _value_problem(setting: Field, value: Any) -> str | None:
