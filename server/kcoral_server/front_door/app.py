@@ -25,7 +25,7 @@ from kcoral_server.metrics.server_metrics import ServerMetrics
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.seat import GpuDevice
 from kcoral_server.sessions.registry import Sessions
-from kcoral_server.settings.config import ServerConfig
+from kcoral_server.settings.config import ServerConfig, clamped_defaults
 from kcoral_server.storage.disk_cache import DiskCache
 from kcoral_server.storage.disk_cache import start_problem as disk_cache_start_problem
 from kcoral_server.storage.event_log import EventLog
@@ -81,6 +81,8 @@ class ServerState:
         problem = disk_cache_start_problem(self.disk_cache)
         if problem is not None:
             self.events.emit(problem[0], "WARNING", message=problem[1])
+        for message in clamped_defaults(config):
+            self.events.emit("setting_clamped", "WARNING", message=message)
         self.arbiter = LeaseArbiter(self.gpu_ids) if mode != "cpu" else None
         self.pool = Pool(
             mode=mode,

@@ -754,6 +754,26 @@ def _one_of(value: object, shown: tuple[str, ...], hidden: tuple[str, ...] = ())
     return f"must be one of {', '.join(shown)} (got {value!r})"
 
 
+def clamped_defaults(config: ServerConfig) -> list[str]:
+    """What a program that asks for no limit gets when its default is above the most a
+    program may ask for: the max (PROTOCOL's clamp), which the operator is told at start
+    (``setting_clamped``) instead of finding out from programs (flags soak)."""
+    said = []
+    if config.default_timeout_seconds > config.max_timeout_seconds:
+        said.append(
+            f"--default-timeout-seconds {config.default_timeout_seconds:g} is above "
+            f"--max-timeout-seconds {config.max_timeout_seconds:g}: programs that ask for no "
+            f"timeout get {config.max_timeout_seconds:g} s"
+        )
+    if config.output_limit_bytes > config.max_output_limit_bytes:
+        said.append(
+            f"--output-limit-bytes {config.output_limit_bytes} is above "
+            f"--max-output-limit-bytes {config.max_output_limit_bytes}: programs that ask for "
+            f"no limit keep {config.max_output_limit_bytes} bytes per stream"
+        )
+    return said
+
+
 def _at_most(count: int, largest: int) -> str | None:
     return f"must be at most {largest} (got {count})" if count > largest else None
 
