@@ -510,8 +510,13 @@ def test_invalid_settings_exit_with_status_2_and_a_message(capsys, argv, needle)
     ("environ", "needle"),
     [
         ({"KCORAL_SERVER_PORT": "eighty"}, "KCORAL_SERVER_PORT"),
-        ({"KCORAL_SERVER_PORT": "70000"}, "--port"),
-        ({"KCORAL_SERVER_DEVICE": "tpu"}, "--device"),
+        # the rule, then where the value came from (flags soak: only "--port" was named)
+        (
+            {"KCORAL_SERVER_PORT": "70000"},
+            "--port must be in 0-65535 (got 70000) (from KCORAL_SERVER_PORT)",
+        ),
+        ({"KCORAL_SERVER_HOST": ""}, "KCORAL_SERVER_HOST must not be empty"),
+        ({"KCORAL_SERVER_DEVICE": "tpu"}, "(from KCORAL_SERVER_DEVICE)"),
         ({"KCORAL_SERVER_GPUS": "a,b"}, "KCORAL_SERVER_GPUS"),
         ({"KCORAL_ROUTER_ENDPOINT": "http://router:9000"}, "--router requires --node-id"),
         ({"KCORAL_NODE_ID": "node"}, "--node-id requires --router"),

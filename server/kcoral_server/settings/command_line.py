@@ -363,9 +363,17 @@ class _Resolver:
     def __init__(self, parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
         self.parser = parser
         self.environ = environ
+        #: field -> the environment variable its value came from (no flag was given)
+        self.from_env: dict[str, str] = {}
 
     def fail(self, message: str) -> NoReturn:
         self.parser.error(message)
+
+    def refuse(self, exc: InvalidConfigError) -> NoReturn:
+        """Fail with ``exc``'s message, naming the variable a bad value came from: an
+        operator who set ``KCORAL_SERVER_PORT`` read about a ``--port`` never typed."""
+        origin = self.from_env.get(exc.field)
+        self.fail(f"{exc.cli_message} (from {origin})" if origin else exc.cli_message)
 
     def env(self, name: str, *, empty_is_unset: bool = False) -> str | None:
         value = self.environ.get(name)
@@ -399,6 +407,8 @@ class _Resolver:
         if value is None and meta["env"] is not None:
             value = self.env(meta["env"], empty_is_unset=meta["env_empty_is_unset"])
             origin = meta["env"]
+            if value is not None:
+                self.from_env[name] = origin
             if value is not None and _KINDS[kind][0] is not None:  # what the flag's type does
                 value = self._convert(value, kind, origin, values)
         if value is None and meta["cli_default"] is not MISSING:
@@ -408,7 +418,7 @@ class _Resolver:
             values[name] = None
             return
         if value == "" and meta["empty"] == "refused":
-            self.fail(f"{flag} must not be empty")
+            self.fail(f"{origin} must not be empty")
         if isinstance(value, str) and _KINDS[kind][0] is None:
             value = self._convert(value, kind, origin, values)
         if value is not None:
@@ -460,7 +470,7 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
             config = replace(config, auth_token=config.read_auth_token())
         settings = ServerSettings(config=config, **listen)
     except InvalidConfigError as exc:
-        resolve.fail(exc.cli_message)
+        resolve.refuse(exc)
     except ValueError as exc:
         resolve.fail(str(exc))
 
@@ -506,4 +516,4 @@ def _supervisor_options(
     try:
         return SupervisorOptions(**given)
     except InvalidConfigError as exc:
-        resolve.fail(exc.cli_message)
+        resolve.refuse(exc)
