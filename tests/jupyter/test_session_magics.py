@@ -31,7 +31,7 @@ from nbclient import NotebookClient
 from notebook_cells import shown
 from server_process import running_server
 
-from kcoral import Client
+from kcoral import Client, KCoralError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -318,6 +318,11 @@ def test_a_server_without_sessions_is_told_in_two_lines(
     with running_server(tmp_path / "server", args) as server:
         with kcoral_shell(server.url, monkeypatch, NAMES) as ip:
             result, _ = run(ip, "%kcoral session start")
+        # A client that asks anyway: off, not full (before: 503 busy, retry in 1 s).
+        with Client(server.url) as client, pytest.raises(KCoralError) as refused:
+            client.session()
+    assert (refused.value.status_code, refused.value.kind) == (404, "not_found")
+    assert refused.value.message == "sessions are off on this server (--max-sessions 0)"
     lines = refusal_lines(result, SessionsUnavailableError)
     assert "does not offer sessions" in lines[0]
     assert "--max-sessions" in lines[1]

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 SESSION_ID_PATTERN = r"(?P<session_id>[0-9a-f-]{36})"
 NOT_FOUND = "unknown session id"
 
+#: POST /v1/sessions on a server with --max-sessions 0 (EXTENSIONS §11)
+SESSIONS_OFF = "sessions are off on this server (--max-sessions 0)"
+
 
 class SessionsHandler(BaseHandler):
     """``POST /v1/sessions`` (create) and ``GET /v1/sessions`` (the caller's, newest first)."""
@@ -32,6 +35,11 @@ class SessionsHandler(BaseHandler):
         self.send_json(200, self.state.sessions.listed(self.identity))
 
     async def post(self) -> None:
+        if self.state.config.max_sessions == 0:
+            # Off, not full: a 503 asked to retry what never can succeed (flags soak); the
+            # server lists no `sessions` feature, as one without them answers the path 404.
+            self.send_error_json(404, "not_found", SESSIONS_OFF)
+            return
         unfit = selector_refusal(self.state, self.request.headers.get_list(SELECT_HEADER))
         if unfit is not None:  # a session of a selector this server does not fit
             self.send_error_json(unfit.status, unfit.kind, unfit.message)
