@@ -245,6 +245,7 @@ class Tunnel:
         metadata = self.metadata
         if index >= self.slot_count:
             metadata = (*metadata, (SLOT_KIND_METADATA, CONTROL))
+        failures = 0  # failed attempts in a row: only the first, then every 16th, is said
         while not self._closing(index):
             slot_id = str(uuid.uuid4())
             call = self.connect_slot(metadata=metadata)
@@ -261,7 +262,7 @@ class Tunnel:
                 ack = await asyncio.wait_for(call.read(), ACK_TIMEOUT)
                 if not isinstance(ack, pb.SlotFrame) or ack.WhichOneof("payload") != "ack":
                     raise ProtocolViolation("the router did not acknowledge the slot")
-                delay = MIN_DELAY
+                delay, failures = MIN_DELAY, 0
                 self.emit("tunnel_connected", node_id=self.node_id, slot=index, slot_id=slot_id)
                 expected, error = await self.serve(index, slot_id, call, connection)
             except asyncio.CancelledError:
@@ -290,14 +291,20 @@ class Tunnel:
             wait = 0.0 if expected else jittered(delay)
             if not expected:
                 delay = min(delay * 2, MAX_DELAY)
-            self.emit(
-                "tunnel_disconnected",
-                "INFO" if expected else "WARNING",
-                node_id=self.node_id,
-                slot=index,
-                error=error,
-                reconnect_delay_seconds=round(wait, 3),
-            )
+                failures += 1
+            # A router out of reach failed every slot's every retry: five WARNING lines each
+            # time on a one-seat node (flags soak). A slot says its first failure in a row,
+            # then every 16th (about every 8 min at the longest delay), with the count.
+            if expected or failures % 16 == 1:
+                self.emit(
+                    "tunnel_disconnected",
+                    "INFO" if expected else "WARNING",
+                    node_id=self.node_id,
+                    slot=index,
+                    error=error,
+                    reconnect_delay_seconds=round(wait, 3),
+                    **({"failures_in_a_row": failures} if failures > 1 else {}),
+                )
             await self._sleep(wait, index)
         connection.close()
 
