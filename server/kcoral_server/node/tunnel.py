@@ -141,6 +141,26 @@ def jittered(delay: float) -> float:
     return delay * random.uniform(1 - JITTER, 1 + JITTER)
 
 
+def say_disconnected(
+    tunnel: Tunnel, index: int, expected: bool, failures: int, error: str, wait: float
+) -> None:
+    """Log a slot's end (``tunnel_disconnected``). A router out of reach failed every slot's
+    every retry: five WARNING lines each time on a one-seat node (flags soak). A slot says
+    its first failure in a row, then every 16th (about every 8 min at the longest delay),
+    with the count; an expected end (INFO) always."""
+    if not expected and failures % 16 != 1:
+        return
+    tunnel.emit(
+        "tunnel_disconnected",
+        "INFO" if expected else "WARNING",
+        node_id=tunnel.node_id,
+        slot=index,
+        error=error,
+        reconnect_delay_seconds=round(wait, 3),
+        **({"failures_in_a_row": failures} if failures > 1 else {}),
+    )
+
+
 class ProtocolViolation(Exception):
     """The router sent a frame the node must not accept; the stream is dropped."""
 
@@ -292,19 +312,7 @@ class Tunnel:
             if not expected:
                 delay = min(delay * 2, MAX_DELAY)
                 failures += 1
-            # A router out of reach failed every slot's every retry: five WARNING lines each
-            # time on a one-seat node (flags soak). A slot says its first failure in a row,
-            # then every 16th (about every 8 min at the longest delay), with the count.
-            if expected or failures % 16 == 1:
-                self.emit(
-                    "tunnel_disconnected",
-                    "INFO" if expected else "WARNING",
-                    node_id=self.node_id,
-                    slot=index,
-                    error=error,
-                    reconnect_delay_seconds=round(wait, 3),
-                    **({"failures_in_a_row": failures} if failures > 1 else {}),
-                )
+            say_disconnected(self, index, expected, failures, error, wait)
             await self._sleep(wait, index)
         connection.close()
 
