@@ -317,7 +317,9 @@ def test_a_finished_job_expires_after_its_retention_time(kcoral_server) -> None:
 
 @pytest.mark.parametrize(
     # each job counts about 7.3 KiB (3 KiB of record, its output twice, its events)
-    "kcoral_server", [["--job-retention-bytes", "16000", "--num-workers", "1"]], indirect=True
+    "kcoral_server",
+    [["--job-retention-bytes", "16000", "--num-workers", "1"]],
+    indirect=True,
 )
 def test_the_oldest_finished_jobs_go_first_when_retention_bytes_run_out(kcoral_server) -> None:
     program = module_program("def f():\n    print('x' * 1500)\n    return 1\n", "f")
@@ -339,7 +341,9 @@ def test_the_oldest_finished_jobs_go_first_when_retention_bytes_run_out(kcoral_s
 
 @pytest.mark.parametrize(
     # a small job counts about 5.4 KiB, the large one about 21 KiB
-    "kcoral_server", [["--job-retention-bytes", "14000", "--num-workers", "1"]], indirect=True
+    "kcoral_server",
+    [["--job-retention-bytes", "14000", "--num-workers", "1"]],
+    indirect=True,
 )
 def test_a_job_larger_than_the_retention_bound_goes_alone(kcoral_server) -> None:
     """A finished job that alone passes ``--job-retention-bytes`` used to take every older
