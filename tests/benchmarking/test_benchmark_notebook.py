@@ -61,7 +61,7 @@ def test_the_benchmark_notebook_shows_the_comparison_plot_and_keeps_its_history(
         assert "512x512 matmul on cpu" in stream_text(cell)
         note = stream_text(cell)
         assert "benchmark 'matmul-512' recorded in" in note
-        assert "the kernel's working directory (no notebook path is known)" in note
+        assert "the kernel's working directory: no notebook path is known" in note
         history = tmp_path / "kcoral-benchmarks.jsonl"
         entries = [json.loads(line) for line in history.read_text().splitlines()]
         assert len(entries) == 1
