@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from bench_server import call_on_server
 from server_process import RunningServer, running_server
 
-import kcoral
 from kcoral.bench.results import (
     BenchmarkResult,
     ComparisonResult,
@@ -82,12 +82,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def returned(server: RunningServer, source: str, name: str) -> object:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=source, id="m")
-    fn = program.get_function(module=module, name=name, id="f")
-    program.return_(key="value", value=program.run(fn=fn, id="out"))
-    with kcoral.Client(server.url) as client:
-        result = client.execute(program, timeout_seconds=120)
+    result = call_on_server(server.url, source, name, 120)
     assert result.completed, result.error
     return result["value"]
 

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bench_server import call_on_server
 from server_process import RunningServer, running_server
-
-import kcoral
 
 SOURCE = """
 from kcoral.builtins import benchmark, compare
@@ -41,12 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def returned(server: RunningServer, name: str) -> Any:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=SOURCE, id="m")
-    fn = program.get_function(module=module, name=name, id="f")
-    program.return_(key="value", value=program.run(fn=fn, id="out"))
-    with kcoral.Client(server.url) as client:
-        result = client.execute(program, timeout_seconds=300)
+    result = call_on_server(server.url, SOURCE, name, 300)
     assert result.completed, result.error
     return result["value"]
 

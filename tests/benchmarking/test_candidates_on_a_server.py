@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bench_server import call_on_server
 from server_process import RunningServer, running_server
-
-import kcoral
 
 SOURCE = """
 from kcoral.builtins import benchmark, compare
@@ -48,12 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def execute(server: RunningServer, name: str) -> Any:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=SOURCE, id="m")
-    fn = program.get_function(module=module, name=name, id="f")
-    program.return_(key="value", value=program.run(fn=fn, id="out"))
-    with kcoral.Client(server.url) as client:
-        return client.execute(program, timeout_seconds=120)
+    return call_on_server(server.url, SOURCE, name, 120)
 
 
 def test_a_candidate_whose_exception_cannot_be_printed_fails_alone(server) -> None:

@@ -1,0 +1,17 @@
+"""Run one function of an uploaded module on a real server, as the benchmark tests do."""
+
+from __future__ import annotations
+
+from kcoral import Client, Program
+from kcoral.results import ProgramResult
+
+
+def call_on_server(url: str, source: str, name: str, timeout: float) -> ProgramResult:
+    """Upload ``source``, call its function ``name`` without arguments, return it as
+    ``value``: the program's result."""
+    program = Program()
+    module = program.upload(kind="module", source=source, id="m")
+    fn = program.get_function(module=module, name=name, id="f")
+    program.return_(key="value", value=program.run(fn=fn, id="out"))
+    with Client(url) as client:
+        return client.execute(program, timeout_seconds=timeout)
