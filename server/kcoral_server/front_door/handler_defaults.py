@@ -83,6 +83,15 @@ UNLIMITED = 1 << 62
 TOO_LARGE_MESSAGE = "request exceeds the configured size limit"
 
 
+def over_limit(limit: int, declared: int | None) -> str:
+    """What a 413 says after its fixed text (EXTENSIONS §10): ``N bytes, limit M bytes``, or
+    for a chunked body that passed the limit (``declared`` None) ``over the limit of M
+    bytes``. Server and router alike."""
+    return (
+        f"{declared} bytes, limit {limit} bytes" if declared else f"over the limit of {limit} bytes"
+    )
+
+
 def declared_length(value: str | None) -> int | None:
     """The ``Content-Length`` as a number; None when absent or not one (Tornado refuses a
     malformed one itself)."""

@@ -20,6 +20,7 @@ import tornado.web
 from tornado.http1connection import HTTP1Connection
 
 from kcoral.protocol.selector import NO_MATCHING_NODE
+from kcoral_server.front_door.handler_defaults import over_limit
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
 from kcoral_server.router.body_failure import report_body_failures
@@ -91,9 +92,7 @@ def close_after_unframed_answer(handler: tornado.web.RequestHandler, *, early: b
 def too_large_message(limit: int, declared: int | None) -> str:
     """ROUTER §8's 413 text, then the sizes and the flag that moves the limit (as a server's
     413 does, EXTENSIONS §10); ``declared`` None: a chunked body that passed the limit."""
-    size = (
-        f"{declared} bytes, limit {limit} bytes" if declared else f"over the limit of {limit} bytes"
-    )
+    size = over_limit(limit, declared)
     return f"request body is too large: {size} (kcoral router --max-request-bytes)"
 
 

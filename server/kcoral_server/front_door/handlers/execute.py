@@ -43,7 +43,11 @@ from kcoral_server.execution.responses import (
 )
 from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
-from kcoral_server.front_door.handler_defaults import TOO_LARGE_MESSAGE, declared_length
+from kcoral_server.front_door.handler_defaults import (
+    TOO_LARGE_MESSAGE,
+    declared_length,
+    over_limit,
+)
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.large_reads import LARGE_BODY_CHUNK, LargeReads
 from kcoral_server.front_door.node_fit import logged, selector_refusal
@@ -55,9 +59,7 @@ if TYPE_CHECKING:
 def too_large(limit: int, declared: int | None = None) -> Refusal:
     """413 ``request_too_large``: PROTOCOL §7.1's fixed text, then the sizes and the flag
     that moves the limit (EXTENSIONS §10); ``declared`` None: a chunked body that passed it."""
-    size = (
-        f"{declared} bytes, limit {limit} bytes" if declared else f"over the limit of {limit} bytes"
-    )
+    size = over_limit(limit, declared)
     message = f"{TOO_LARGE_MESSAGE}: {size} (max_request_bytes; kcoral server --max-request-bytes)"
     return Refusal(413, "request_too_large", message, "rejected")
 
