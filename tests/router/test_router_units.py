@@ -68,6 +68,21 @@ def test_the_node_token_flag_overrides_the_environment_and_is_never_shown() -> N
         parse_router_args([], {"KCORAL_NODE_TOKEN": ""})
 
 
+@pytest.mark.parametrize(
+    ("environ", "needle"),
+    [
+        # a malformed token list crashed the router with a traceback once it had started
+        ({"KCORAL_AUTH_TOKEN": "a\nb"}, "KCORAL_AUTH_TOKEN: line 1: expected 'NAME TOKEN'"),
+        ({"KCORAL_METRICS_TOKEN": " m"}, "KCORAL_METRICS_TOKEN must be a non-empty token"),
+    ],
+)
+def test_a_bad_token_from_the_environment_is_refused_naming_its_variable(
+    environ: dict[str, str], needle: str
+) -> None:
+    with pytest.raises(SettingsError, match=needle):
+        parse_router_args([], {"KCORAL_NODE_TOKEN": "n", **environ})
+
+
 def test_node_ids_and_router_origins_follow_the_rules() -> None:
     assert is_valid_node_id("a") and is_valid_node_id("gpu-1.rack_2") and is_valid_node_id("x" * 64)
     for bad in ("", "-a", "_a", "a/b", "x" * 65, "é"):

@@ -521,6 +521,8 @@ def test_invalid_settings_exit_with_status_2_and_a_message(capsys, argv, needle)
         ({"KCORAL_ROUTER_ENDPOINT": "http://router:9000"}, "--router requires --node-id"),
         ({"KCORAL_NODE_ID": "node"}, "--node-id requires --router"),
         ({"KCORAL_ALLOWED_SERIALIZATION": "json,yaml"}, "KCORAL_ALLOWED_SERIALIZATION"),
+        # was checked only once workers had started: exit 1, the variable unnamed
+        ({"KCORAL_AUTH_TOKEN": "a\nb"}, "KCORAL_AUTH_TOKEN: line 1: expected 'NAME TOKEN'"),
     ],
 )
 def test_invalid_environment_values_exit_with_status_2(capsys, environ, needle) -> None:

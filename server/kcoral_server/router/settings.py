@@ -276,14 +276,17 @@ def _read_file(flag: str, path: str) -> tuple[str, int]:
 def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
     """The client token: from ``--auth-token-file`` (stripped), else ``KCORAL_AUTH_TOKEN``."""
     if path is None:
-        return env.get("KCORAL_AUTH_TOKEN") or None
-    token = _read_file("--auth-token-file", path)[0].strip()
-    if not token:
-        raise SettingsError("--auth-token-file is empty")
+        origin, token = "KCORAL_AUTH_TOKEN", env.get("KCORAL_AUTH_TOKEN") or None
+        if token is None:
+            return None
+    else:
+        origin, token = "--auth-token-file", _read_file("--auth-token-file", path)[0].strip()
+        if not token:
+            raise SettingsError("--auth-token-file is empty")
     try:
         parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
     except ValueError as exc:
-        raise SettingsError(f"--auth-token-file: {exc}") from None
+        raise SettingsError(f"{origin}: {exc}") from None
     return token
 
 
@@ -323,7 +326,8 @@ def parse_router_args(
     if metrics_token is not None and (
         metrics_token == "" or metrics_token.strip() != metrics_token
     ):
-        raise SettingsError("--metrics-token must be a non-empty token without surrounding spaces")
+        origin = "--metrics-token" if args.metrics_token is not None else "KCORAL_METRICS_TOKEN"
+        raise SettingsError(f"{origin} must be a non-empty token without surrounding spaces")
     try:
         address = ipaddress.ip_address(args.host)
     except ValueError:

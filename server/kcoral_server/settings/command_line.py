@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kcoral_server.execution.serialization import ENV_VAR as SERIALIZATION_ENV_VAR
 from kcoral_server.execution.serialization import allowed_serialization
+from kcoral_server.front_door.callers import parse_tokens
 from kcoral_server.processes.sandbox import SandboxError, check_readonly_paths
 from kcoral_server.settings.config import (
     SETTING_GROUPS,
@@ -461,6 +462,10 @@ def parse_server_args(argv: Sequence[str], environ: Mapping[str, str]) -> Server
     if "auth_token_file" not in kwargs:
         token = resolve.env("KCORAL_AUTH_TOKEN", empty_is_unset=True)
         if token is not None:
+            try:
+                parse_tokens(token)  # as a token file's text: checked before anything starts
+            except ValueError as exc:
+                resolve.fail(f"KCORAL_AUTH_TOKEN: {exc}")
             kwargs["auth_token"] = token
 
     try:
