@@ -2,7 +2,8 @@
 with 503 while its nodes may still be reconnecting (ROUTER §13, ``--reconnect-grace-seconds``),
 and a client watching a job's events asks again on it. Before, the restart's 404 made
 ``kcoral run`` give up a job that went on running, unwatched (jobs soak). A real router,
-killed and started again on its port under a real CPU node and a job streaming through it."""
+killed and started again on its port under a real CPU node and a job streaming through it,
+or a session holding state on it."""
 
 from __future__ import annotations
 
@@ -89,3 +90,49 @@ def test_an_unknown_job_id_right_after_a_start_is_503_not_yet_404(tmp_path: Path
     assert early.value.message.endswith(
         " s ago, and the node that holds it may not have reconnected"
     )
+
+
+REMEMBER = """
+import kcoral
+
+def main(value):
+    kcoral.session.namespace["value"] = value
+    return kcoral.session.namespace["value"]
+"""
+
+RECALL = """
+import kcoral
+
+def main():
+    return kcoral.session.namespace["value"]
+"""
+
+
+def session_call(source: str, *args: object) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=source)
+    done = program.run(fn=program.get_function(module=module, name="main"), args=list(args))
+    program.return_(key="value", value=done)
+    return program
+
+
+def test_a_session_keeps_its_state_through_a_restarting_router(tmp_path: Path) -> None:
+    port = free_port()
+    router = router_on(tmp_path, port)
+    node = Node(tmp_path, router, "only", NODE_ENV)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        with kcoral.Client(router.url, token=TOKEN) as client:
+            session = client.session()
+            assert session.execute(session_call(REMEMBER, 41))["value"] == 41
+            router.process.kill()
+            router.process.wait()
+            restarted = router_on(tmp_path, port)
+            with pytest.raises(kcoral.KCoralError) as early:  # inside the grace: not yet 404
+                client.attach_session(UNKNOWN_JOB)
+            ready_nodes(restarted, 1)
+            assert session.execute(session_call(RECALL))["value"] == 41
+            session.close()
+        restarted.stop()
+    assert (early.value.status_code, early.value.kind) == (503, "no_node")
+    assert early.value.message.startswith("session not found yet: the router started ")
