@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from kcoral_server.processes import ipc
 from kcoral_server.processes.launcher.front_end import Launcher
+from kcoral_server.processes.sandbox import worker_base_environment
 
 
 def _configure() -> ipc.Configure:
@@ -235,3 +236,46 @@ def test_a_released_worker_whose_launcher_died_leaves_its_descendants_unknown(la
     assert released.wait(30) == -signal.SIGKILL
     assert released.survivors == -1  # who watched its orphans is gone: not confirmed
     channel.sock.close()
+
+
+# A stand-in for torch whose import lasts until the test says so (a real one takes seconds).
+SLOW_TORCH = """
+import os, pathlib, time
+pathlib.Path(os.environ["SLOW_TORCH_STARTED"]).touch()
+while not os.path.exists(os.environ["SLOW_TORCH_GATE"]):
+    time.sleep(0.01)
+"""
+
+
+def test_a_worker_killed_during_the_preload_is_reported_before_the_import_ends(
+    tmp_path: Path,
+) -> None:
+    """The server's first cancel comes while its fork servers import torch; the kill waits
+    for the worker's exit report, which the launcher sent only once the import ended
+    (the first cancel took 1-3 s, every later one milliseconds)."""
+    (tmp_path / "torch.py").write_text(SLOW_TORCH)
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    environment = dict(
+        worker_base_environment(),
+        PYTHONPATH=path,
+        SLOW_TORCH_STARTED=str(started),
+        SLOW_TORCH_GATE=str(gate),
+    )
+    launcher = Launcher(preload=("torch",))
+    try:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            worker = launcher.launch(child.fileno(), dict(os.environ), launcher_env=environment)
+        finally:
+            child.close()
+        while not started.exists():  # then the launcher is in the import, and stays there
+            assert launcher._process is not None and launcher._process.poll() is None
+            select.select([], [], [], 0.01)
+        os.kill(worker.pid, signal.SIGKILL)
+        assert worker.wait(30) == -signal.SIGKILL
+        assert not gate.exists()  # reported while the import still ran
+        parent.close()
+    finally:
+        gate.touch()
+        launcher.close()

@@ -110,7 +110,7 @@ def serve(
             now = time.monotonic()
             idle = control not in readable and now - last_request >= PRELOAD_IDLE_SECONDS
             if preloads.pending and accepting and (idle or now - started >= PRELOAD_LATEST_SECONDS):
-                preloads.run()
+                preloads.run(family)
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
@@ -157,7 +157,7 @@ def _fork(
         _reply(control, LaunchReply(error=f"bad launch request: {exc}"), [])
         return None
     if request.after_preload:
-        preloads.run()  # a spare: no program waits for it
+        preloads.run(family)  # a spare: no program waits for it
     hazards = fork_hazards()
     if hazards:
         for fd in fds:
@@ -264,11 +264,50 @@ class Preloads:
         self.pending = list(names)
         self.loaded: list[str] = []
 
-    def run(self) -> None:
-        """Import what is still to come (blocks; requests queue on the socket meanwhile)."""
+    def run(self, family: Family) -> None:
+        """Import what is still to come (blocks; requests queue on the socket meanwhile).
+        Workers that exit meanwhile are reaped and reported at once (``ReapDuringImport``):
+        a cancel or a timeout waits for that report, and the import takes seconds."""
         if self.pending:
-            self.loaded = preload(self.pending)
+            with ReapDuringImport(family):
+                self.loaded = preload(self.pending)
             self.pending = []
+
+
+class ReapDuringImport:
+    """While it is active, ``SIGCHLD`` runs ``family.collect()`` from a signal handler: the
+    loop that reaps is blocked in the import, and a worker killed then (the server's first
+    cancel, seconds after its start) had its exit reported only once the import ended, so
+    the cancel took as long as the rest of the import. Python runs the handler between the
+    import's bytecodes, in this thread; no fork happens meanwhile."""
+
+    def __init__(self, family: Family) -> None:
+        self.family = family
+        self.busy = False
+        self.again = False
+        self.previous: object = None
+
+    def __enter__(self) -> ReapDuringImport:
+        self.previous = signal.signal(signal.SIGCHLD, self.child_exited)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        signal.signal(signal.SIGCHLD, self.previous)  # type: ignore[arg-type]
+
+    def child_exited(self, *_signal: object) -> None:
+        if self.busy:  # a handler may run inside the handler: the running one goes again
+            self.again = True
+            return
+        self.busy = True
+        try:
+            self.again = True
+            while self.again:
+                self.again = False
+                # Never into the import: the loop collects again once the import is done.
+                with contextlib.suppress(Exception):
+                    self.family.collect()
+        finally:
+            self.busy = False
 
 
 def preload(names: Sequence[str]) -> list[str]:
