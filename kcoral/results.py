@@ -18,7 +18,13 @@ from types import MappingProxyType
 from typing import Any
 
 from kcoral.notebook import html_of
-from kcoral.protocol.nofollow import CLOEXEC, DIRECTORY_FLAGS, closing_fd, open_beneath
+from kcoral.protocol.nofollow import (
+    CLOEXEC,
+    DIRECTORY_FLAGS,
+    DirectoryCursor,
+    closing_fd,
+    open_beneath,
+)
 from kcoral.protocol.paths import normalize_workspace_path
 
 # O_PATH lets us walk through directories we may search but not list.
@@ -198,55 +204,51 @@ class ReturnedFolder:
                 raise
         return Path(destination)
 
+    def _in_tree_order(self) -> list[tuple[list[str], str, ReturnedFile | None]]:
+        """Every entry as ``(parent components, name, file or None for a directory)``, sorted
+        by path: a directory before what it holds, and all it holds together, so a
+        ``DirectoryCursor`` enters each directory once."""
+        ordered = []
+        for path in sorted([*self._files, *self._directories]):
+            *parents, leaf = path.split("/")
+            ordered.append((parents, leaf, self._files.get(path)))
+        return ordered
+
     def _remove_created(self, parent_fd: int, name: str) -> None:
-        """Remove what ``_fill`` made, by the manifest: files, then directories deepest
-        first (in reverse sorted order a child comes before its parent), then the root.
-        Not ``shutil.rmtree``: it recursed once per level, and a tree over ~1000 levels
-        deep raised RecursionError over the save's own error, leaving the tree behind."""
+        """Remove what ``_fill`` made, by the manifest, deepest first (in reverse sorted order
+        what a directory holds comes before it), then the root. Not ``shutil.rmtree``: it
+        recursed once per level, and a tree over ~1000 levels deep raised RecursionError over
+        the save's own error, leaving the tree behind."""
         try:
             root_fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent_fd)
         except OSError:
             return
-        try:
-            removals = [(path, os.unlink) for path in self._files]
-            removals += [(path, os.rmdir) for path in reversed(self._directories)]
-            for path, remove in removals:
-                head, _, leaf = path.rpartition("/")
-                with suppress(OSError), _open_relative(root_fd, head) as dir_fd:
-                    remove(leaf, dir_fd=dir_fd)
-        finally:
-            os.close(root_fd)
+        with closing_fd(root_fd), DirectoryCursor(root_fd) as cursor:
+            for parents, leaf, returned in reversed(self._in_tree_order()):
+                with suppress(OSError):  # not made yet, or already gone
+                    dir_fd = cursor.move_to(parents)
+                    if returned is None:
+                        os.rmdir(leaf, dir_fd=dir_fd)
+                    else:
+                        os.unlink(leaf, dir_fd=dir_fd)
         with suppress(OSError):
             os.rmdir(name, dir_fd=parent_fd)
 
     def _fill(self, parent_fd: int, name: str) -> None:
         root_fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent_fd)
-        try:
+        with closing_fd(root_fd), DirectoryCursor(root_fd) as cursor:
             os.fchmod(root_fd, 0o700)  # mkdir's mode is filtered by the umask
-            for directory in self._directories:  # sorted: parents come first
-                head, _, leaf = directory.rpartition("/")
-                with _open_relative(root_fd, head) as dir_fd:
+            for parents, leaf, returned in self._in_tree_order():
+                dir_fd = cursor.move_to(parents)
+                if returned is None:
                     os.mkdir(leaf, 0o700, dir_fd=dir_fd)
-                    new_fd = os.open(
-                        leaf,
-                        DIRECTORY_FLAGS,
-                        dir_fd=dir_fd,
-                    )
-                    try:
-                        os.fchmod(new_fd, 0o700)
-                    finally:
-                        os.close(new_fd)
-            for path, returned in self._files.items():
-                head, _, leaf = path.rpartition("/")
-                with _open_relative(root_fd, head) as dir_fd:
-                    fd = os.open(leaf, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
-                    try:
-                        os.fchmod(fd, 0o600)
-                        _write_all(fd, returned.data)
-                    finally:
-                        os.close(fd)
-        finally:
-            os.close(root_fd)
+                    # entered now, as what it holds comes next: one open for both
+                    os.fchmod(cursor.move_to([*parents, leaf]), 0o700)
+                    continue
+                fd = os.open(leaf, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
+                with closing_fd(fd):
+                    os.fchmod(fd, 0o600)
+                    _write_all(fd, returned.data)
 
 
 def _check_sorted_canonical(paths: list[str], what: str) -> None:
@@ -303,15 +305,6 @@ def _open_parent(parent: str) -> Iterator[int]:
         walked = open_beneath(start_fd, components, flags=_DIR_WALK_FLAGS, before_each=refuse_link)
         with closing_fd(walked) as fd:
             yield fd
-
-
-@contextmanager
-def _open_relative(root_fd: int, relative: str) -> Iterator[int]:
-    if not relative:
-        yield root_fd
-        return
-    with closing_fd(open_beneath(root_fd, relative.split("/"), flags=_DIR_WALK_FLAGS)) as fd:
-        yield fd
 
 
 def _lstat_at(name: str, dir_fd: int) -> os.stat_result | None:

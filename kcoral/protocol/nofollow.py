@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)  # absent on Windows
 DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
@@ -60,3 +60,94 @@ def closing_fd(fd: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+class DirectoryCursor:
+    """The open directory at one path beneath ``root_fd`` after another, for a walk that
+    visits a tree in order (sorted paths: everything below a directory comes together).
+
+    Each move opens only the components where the new path leaves the old one, each with
+    ``O_NOFOLLOW`` relative to its parent; opening every level from the root for each entry
+    made a 2000-level folder quadratic (11 s to save 200 files). Not every level stays open,
+    so a deep tree cannot run out of descriptors: the deepest ``window`` levels and every
+    ``window``-th level are kept (about ``depth / window + window``), and a level closed on
+    the way down is opened again from the nearest kept one below it on the way back up. That
+    costs at most one open per level climbed, so a walk's opens stay linear in its moves.
+    ``root_fd`` stays open; ``close`` closes what the cursor opened.
+    """
+
+    def __init__(self, root_fd: int, *, flags: int = DIRECTORY_FLAGS, window: int = 32) -> None:
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self._root = root_fd
+        self._flags = flags
+        self._window = window
+        self._names: list[str] = []
+        self._fds: list[int | None] = []  # the open directory at each depth, None if let go
+
+    def __enter__(self) -> DirectoryCursor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def move_to(self, components: Sequence[str]) -> int:
+        """A descriptor of the directory at ``components`` below the root (``[]``: the root
+        itself), owned by the cursor and valid until the next move. OSError propagates and
+        leaves the cursor usable."""
+        self._leave_below(self._shared_depth(components))
+        for name in components[len(self._names) :]:
+            child = os.open(name, self._flags, dir_fd=self._current())
+            self._names.append(name)
+            self._fds.append(child)
+            self._let_go_above_window()
+        return self._current()
+
+    def close(self) -> None:
+        self._leave_below(0)
+
+    def _shared_depth(self, components: Sequence[str]) -> int:
+        """How many leading components the new path shares with the current one. Slices
+        compare in C and the search halves, so a deep path costs a few comparisons rather
+        than a Python loop over its levels."""
+        names = self._names
+        unequal = min(len(names), len(components))
+        if list(components[:unequal]) == names[:unequal]:
+            return unequal
+        equal = 0  # invariant: the first ``equal`` components match, the first ``unequal`` not
+        while unequal - equal > 1:
+            middle = (equal + unequal) // 2
+            if list(components[:middle]) == names[:middle]:
+                equal = middle
+            else:
+                unequal = middle
+        return equal
+
+    def _leave_below(self, depth: int) -> None:
+        while len(self._names) > depth:
+            self._names.pop()
+            fd = self._fds.pop()
+            if fd is not None:
+                os.close(fd)
+
+    def _current(self) -> int:
+        """The descriptor of the current directory, opened again if it was let go."""
+        fds = self._fds
+        first_closed, parent = len(fds), self._root
+        while first_closed > 0:  # down to the nearest level still open (or the root)
+            kept = fds[first_closed - 1]
+            if kept is not None:
+                parent = kept
+                break
+            first_closed -= 1
+        for depth in range(first_closed, len(fds)):
+            parent = os.open(self._names[depth], self._flags, dir_fd=parent)
+            fds[depth] = parent
+        return parent
+
+    def _let_go_above_window(self) -> None:
+        depth = len(self._fds) - 1 - self._window
+        fd = self._fds[depth] if depth >= 0 else None
+        if fd is not None and (depth + 1) % self._window:  # every window-th level stays
+            os.close(fd)
+            self._fds[depth] = None

@@ -262,3 +262,61 @@ def test_a_symlinked_parent_is_named_as_a_link_in_the_error(tmp_path, monkeypatc
     with pytest.raises(NotADirectoryError, match=re.escape(f"'{tmp_path}/alias' is a symbolic")):
         ReturnedFolder({"f": ReturnedFile(b"x")}).save(tmp_path / "alias" / "d")
     assert os.listdir(tmp_path / "real") == []
+
+
+class CountedDescriptors:
+    """Counts ``os.open`` calls and the most descriptors held at once while it is patched in."""
+
+    def __init__(self, monkeypatch, fail_on=None):
+        self.opens = self.held = self.most_held = 0
+        real_open, real_dup, real_close = os.open, os.dup, os.close
+
+        def held(fd):
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+            return fd
+
+        def counted_open(path, flags, *args, **kwargs):
+            if path == fail_on:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.opens += 1
+            return held(real_open(path, flags, *args, **kwargs))
+
+        def counted_close(fd):
+            real_close(fd)
+            self.held -= 1
+
+        monkeypatch.setattr(os, "open", counted_open)
+        monkeypatch.setattr(os, "dup", lambda fd: held(real_dup(fd)))
+        monkeypatch.setattr(os, "close", counted_close)
+
+
+def deep_folder(depth):
+    """``depth`` nested directories with a file at every level (a file below the last)."""
+    directories = ["/".join(["d"] * n) for n in range(1, depth + 1)]
+    files = {f"{d}/f" if d else "f": ReturnedFile(b"x") for d in ["", *directories]}
+    return ReturnedFolder(dict(sorted(files.items())), directories)
+
+
+def test_saving_a_deep_folder_opens_each_entry_a_bounded_number_of_times(tmp_path, monkeypatch):
+    # Each entry opened its directory again from the root: quadratic, 11 s for 2000 levels.
+    folder = deep_folder(500)
+    entries = len(folder.files) + len(folder.directories)
+    counted = CountedDescriptors(monkeypatch)
+    folder.save(tmp_path / "out")
+    assert counted.opens <= 2 * entries
+    assert counted.most_held <= 500 // 32 + 32 + 4  # kept levels, not one per level
+    monkeypatch.undo()
+    assert (tmp_path / "out" / ("d/" * 500 + "f")).read_bytes() == b"x"
+    assert mode(tmp_path / "out" / ("d/" * 500)) == 0o700
+
+
+def test_a_failing_deep_save_removes_its_tree_in_a_bounded_number_of_opens(tmp_path, monkeypatch):
+    folder = deep_folder(500)
+    entries = len(folder.files) + len(folder.directories)
+    counted = CountedDescriptors(monkeypatch, fail_on="f")  # the first file, the deepest one
+    with pytest.raises(OSError, match="No space left"):
+        folder.save(tmp_path / "out")
+    assert counted.opens <= 3 * entries
+    assert counted.held == 0
+    assert os.listdir(tmp_path) == []
