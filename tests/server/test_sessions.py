@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from http_helpers import Response, execute_body, get, module_program, request
+from http_helpers import Response, connection, execute_body, get, module_program, request
 from session_requests import create_session, run_in, value_of
 
 import kcoral
@@ -263,6 +263,64 @@ def test_an_interrupt_raises_keyboardinterrupt_in_the_program_and_keeps_the_sess
     _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE")
     take = module_program(STATE, [("take", ["kept"])])
     assert value_of(run_in(url, sid, take), "take") == ["yes", None]
+
+
+WINDING_DOWN = """
+import time
+def spin(marker):
+    open(marker, "w").close()
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        time.sleep(1)  # still stopping when the next program arrives
+        raise
+"""
+
+
+def test_a_program_sent_while_an_interrupted_one_stops_waits_for_it_instead_of_409(
+    kcoral_server, tmp_path: Path
+) -> None:
+    """A script that catches Ctrl-C and sends its next program at once used to get 409
+    ``session_busy`` until the interrupted program had stopped (docs soak)."""
+    url = kcoral_server.url
+    sid = create_session(url).body["session_id"]
+    assert value_of(_call(url, sid, "put", "kept", "yes"), "put") == ["kept"]
+    marker = tmp_path / "started"
+    program = module_program(WINDING_DOWN, [("spin", [str(marker)])])
+    with ThreadPoolExecutor(1) as background:
+        first = background.submit(run_in, url, sid, program)
+        _wait_until(marker.exists)
+        assert request(url, "POST", f"/v1/sessions/{sid}/interrupt").status == 200
+        assert value_of(_call(url, sid, "take", "kept"), "take") == ["yes", None]
+        assert first.result().body["status"] == "FAILED"
+    # one program at a time still: a program sent while one runs is refused
+    marker = tmp_path / "again"
+    program = module_program(WINDING_DOWN, [("spin", [str(marker)])])
+    with ThreadPoolExecutor(1) as background:
+        running = background.submit(run_in, url, sid, program)
+        _wait_until(marker.exists)
+        assert _call(url, sid, "pid").status == 409
+        request(url, "POST", f"/v1/sessions/{sid}/interrupt")
+        assert running.result().body["status"] == "FAILED"
+
+
+def test_a_program_sent_after_its_client_left_the_last_one_runs_once_that_one_stops(
+    kcoral_server, tmp_path: Path
+) -> None:
+    """Ctrl-C in a script closes the connection; the program it left is interrupted, and
+    the script's next program waits for it rather than being refused."""
+    url = kcoral_server.url
+    sid = create_session(url).body["session_id"]
+    marker = tmp_path / "started"
+    content_type, body = execute_body(module_program(WINDING_DOWN, [("spin", [str(marker)])]))
+    left = connection(url, 60.0)
+    left.request("POST", f"/v1/sessions/{sid}/execute", body, {"Content-Type": content_type})
+    _wait_until(marker.exists)
+    left.close()  # what Ctrl-C does to the client's connection
+    answer = _call(url, sid, "pid")
+    assert answer.status == 200 and answer.body["status"] == "COMPLETED", answer.body
+    assert get(url, f"/v1/sessions/{sid}").body["programs"] == 2
 
 
 def _worker_pid(server, session_id: str) -> int:

@@ -80,6 +80,8 @@ class Session:
         self._idle_timer: asyncio.TimerHandle | None = None
         self._settling: asyncio.Task | None = None
         self._interrupted: ExecuteRequest | None = None  # the program an interrupt hit
+        #: resolved once that program is over: a next one waits for it instead of a 409
+        self._stopped: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ record
 
@@ -152,7 +154,9 @@ class Session:
             message = self.end_message or "session ended"
             return Refusal(410, "session_ended", message, "rejected")
         if self.state != "IDLE":
-            return BUSY
+            # an interrupted program (its client left, or POST interrupt) is stopping: the
+            # next one waits for it in checkout, as it waits for the worker's clean-up
+            return None if self._stopped is not None else BUSY
         if not self.check_alive():
             return self.refusal()
         return None
@@ -176,6 +180,7 @@ class Session:
             return False
         if self._interrupted is not running:
             self._interrupted = running
+            self._stopped = asyncio.get_running_loop().create_future()
             self._signal_once_started(running, handle)
             loop = asyncio.get_running_loop()
             loop.call_later(INTERRUPT_GRACE_SECONDS, self._interrupt_expired, running)
@@ -217,6 +222,12 @@ class Session:
             )
         return failed
 
+    def program_over(self) -> None:
+        """Wake the programs that wait for an interrupted one to stop."""
+        stopped, self._stopped = self._stopped, None
+        if stopped is not None and not stopped.done():
+            stopped.set_result(None)
+
     def checkout(self, request: ExecuteRequest) -> SessionCheckout:
         """The pipeline's seat for ``request`` (instead of ``Pool.checkout``)."""
         return SessionCheckout(self, request)
@@ -227,6 +238,7 @@ class Session:
         interrupted = self._interrupted is not None and self._interrupted is self.running
         self._interrupted = None
         self.running = None
+        self.program_over()
         self.last_finished_at = time.time()
         if self.state == "ENDED":
             # ended (deleted, or the server shut down) after its program had finished: the
@@ -380,6 +392,8 @@ class SessionCheckout:
 
     async def __aenter__(self) -> Seat:
         session = self._session
+        if session._stopped is not None:
+            await asyncio.shield(session._stopped)  # at most the interrupt's grace
         refusal = session.refusal()
         settling = session._settling
         if refusal is None and settling is not None and not settling.done():
@@ -400,6 +414,7 @@ class SessionCheckout:
         session = self._session
         if session.running is self._request:  # it never reached the worker
             session.running = None
+            session.program_over()
             if session.state == "RUNNING":
                 session.state = "IDLE"
                 session.seat.state = SeatState.IDLE
