@@ -337,6 +337,16 @@ export function describePhase(phase: string, fields: Record<string, unknown>): s
   }
 }
 
+/** The line a job's live output ends with where the server cut a stream at the output
+ * limit (the `finished` phase's `stdout_truncated` / `stderr_truncated`, EXTENSIONS §5);
+ * '' when neither was cut, or the server predates the fields. */
+export function truncationNote(fields: Record<string, unknown>): string {
+  const cut = ['stdout', 'stderr'].filter(stream => fields[`${stream}_truncated`] === true);
+  return cut.length
+    ? `[${cut.join(' and ')} truncated at the output limit: the rest was not kept]`
+    : '';
+}
+
 /** Bytes in binary units for a narrow column: `812 KiB`, `412 MiB`, `1.2 GiB`; `–` when
  * unknown (servers before the field, or a worker that could not be measured). */
 export function formatBytes(bytes: number | null | undefined): string {

@@ -25,7 +25,8 @@ import {
   serverLabel,
   sessionSeatsText,
   sessionView,
-  targetOf
+  targetOf,
+  truncationNote
 } from './format';
 import { KCoralModel } from './model';
 import { followJobEvents } from './stream';
@@ -216,6 +217,10 @@ export class KCoralPanel extends Widget {
           this._phase.dataset.phase = event.phase;
           if (event.phase === 'finished' && this._follow === controller) {
             this._finished = shownText(event.fields.status);
+            const cut = truncationNote(event.fields);
+            if (cut) {
+              this._output.append(element('div', 'jp-KCoral-cut', cut));
+            }
             this._renderSelection();
           }
           if (event.phase === 'finished' || event.phase === 'assigned') {

@@ -397,9 +397,13 @@ def test_a_hundred_concurrent_jobs_with_open_streams_all_deliver_complete_output
             assert result.results["r"] == 3
             assert _text(events, "stdout") == result.stdout == expected
             assert _text(events, "stderr") == result.stderr == "e0e1e2"
-            assert events[-1].data == {"phase": "finished", "status": "COMPLETED"}
+            assert events[-1].data == {"phase": "finished", "status": "COMPLETED", **UNCUT}
         listed = json.loads(_get(kcoral_server.url, "/v1/jobs")[1])
         assert [j["job_id"] for j in listed] == [job.id for job in reversed(jobs)]
+
+
+#: a finished event's output fields when neither stream passed the output limit
+UNCUT = {"stdout_truncated": False, "stderr_truncated": False}
 
 
 def test_output_beyond_the_limit_is_not_streamed_and_matches_the_result(kcoral_server) -> None:
@@ -410,6 +414,13 @@ def test_output_beyond_the_limit_is_not_streamed_and_matches_the_result(kcoral_s
         result = job.result()
     assert result.stdout_truncated
     assert _text(events, "stdout") == result.stdout == "\u00e9\u00e9\ufffd"
+    # the stream says so, as the result does: a live view can mark where it was cut
+    assert events[-1].data == {
+        "phase": "finished",
+        "status": "COMPLETED",
+        "stdout_truncated": True,
+        "stderr_truncated": False,
+    }
 
 
 def test_a_burst_of_output_at_the_end_arrives_in_events_of_at_most_a_read_each(
@@ -511,8 +522,8 @@ def test_on_shutdown_queued_jobs_end_as_busy_errors_and_running_ones_finish(
         for thread in threads:
             thread.join(60)
     assert server.process.wait(60) == 0
-    assert streams[queued.id][-1].data == {"phase": "finished", "status": "ERROR"}
-    assert streams[running.id][-1].data == {"phase": "finished", "status": "COMPLETED"}
+    assert streams[queued.id][-1].data == {"phase": "finished", "status": "ERROR", **UNCUT}
+    assert streams[running.id][-1].data == {"phase": "finished", "status": "COMPLETED", **UNCUT}
     assert _text(streams[running.id], "stdout") == "first\nsecond\n"
 
 

@@ -392,4 +392,50 @@ describe('the selected job when its server stops listing it', () => {
     expect(text(panel, '.jp-KCoral-outputTitle')).toBe('cancelled · job job-1234');
     expect(panel.canCancelSelected).toBe(false);
   });
+
+  it('marks where the server cut a stream at the output limit', async () => {
+    // The pane showed the first output-limit bytes and ended there, as if that were all.
+    const scope = globalThis as { TextDecoder?: unknown };
+    scope.TextDecoder ??= (await import('util')).TextDecoder;
+    const stream =
+      'event: stdout\nid: 1\ndata: {"text":"abcde"}\n\n' +
+      'event: phase\nid: 2\ndata: {"phase":"finished","status":"COMPLETED",' +
+      '"stdout_truncated":true,"stderr_truncated":false}\n\n';
+    const fetcher = async (path: string): Promise<Response> => {
+      if (path === 'servers') {
+        return answer({ servers: [healthyServer('a')] });
+      }
+      if (path === 'jobs') {
+        return answer({ jobs: [job('job-1234-x', 1)], errors: [] });
+      }
+      if (path === 'sessions') {
+        return answer({ sessions: [], errors: [] });
+      }
+      let sent = false;
+      const reader = {
+        read: async () =>
+          sent ? { done: true } : ((sent = true), { done: false, value: Buffer.from(stream) }),
+        cancel: async () => undefined,
+        releaseLock: () => undefined
+      };
+      return { ok: true, status: 200, body: { getReader: () => reader } } as unknown as Response;
+    };
+    const model = new KCoralModel(new KCoralApi(fetcher), {
+      pollIntervalMs: 60_000,
+      statusServer: ''
+    });
+    const panel = new KCoralPanel(model);
+    opened.push({ panel, model });
+    await model.poll();
+    panel.node.querySelector<HTMLElement>('tr.jp-KCoral-job')!.click();
+    for (let i = 0; i < 20 && text(panel, '.jp-KCoral-phase') === ''; i++) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+    }
+    expect(text(panel, '.jp-KCoral-cut')).toBe(
+      '[stdout truncated at the output limit: the rest was not kept]'
+    );
+    expect(panel.node.querySelector('.jp-KCoral-outputText')!.textContent).toBe(
+      'abcde[stdout truncated at the output limit: the rest was not kept]'
+    );
+  });
 });

@@ -40,6 +40,8 @@ class StreamTail:
         self._fd: int | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._done = False
+        #: more was written than the limit lets out (the response's ``*_truncated``)
+        self.truncated = False
 
     def poll(self, now: float) -> None:
         """Emit what was added, unless a chunk left less than the interval ago."""
@@ -65,6 +67,9 @@ class StreamTail:
             pending = self._decoder.decode(data)
         self._done = True
         self._send(pending + self._decoder.decode(b"", final=True), now)
+        if self._fd is not None and self.offset >= self.limit:
+            with contextlib.suppress(OSError):  # a trimmed capture keeps its true size
+                self.truncated = os.fstat(self._fd).st_size > self.limit
         self.close()
 
     def close(self) -> None:

@@ -149,6 +149,8 @@ class Job(RequestObserver):
         self.request: ExecuteRequest | None = None
         self.accepted_future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._tail: OutputTail | None = None
+        #: the streams its followed output was cut from at the output limit
+        self.truncated: dict[str, bool] = {"stdout_truncated": False, "stderr_truncated": False}
         self.pool: Pool | None = None
 
     # ------------------------------------------------------------------ state
@@ -260,6 +262,7 @@ class Job(RequestObserver):
         if self._tail is not None:
             tail, self._tail = self._tail, None
             await tail.finish()
+            self.truncated = {f"{s.name}_truncated": s.truncated for s in tail.streams}
 
     # ------------------------------------------------------------------ the end
 
@@ -295,7 +298,7 @@ class Job(RequestObserver):
         # pipeline), about 4 KiB more than retention counted (jobs soak).
         self.request = None
         self.pool = None
-        self.phase("finished", status=status)
+        self.phase("finished", status=status, **self.truncated)
 
     def cancel(self) -> None:
         """Cancel a queued or running job (a finished one is left alone)."""
