@@ -73,6 +73,7 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "job_retention_bytes": ("0", 0, ()),
     "max_sessions": ("4", 4, ()),
     "max_sessions_per_identity": ("1", 1, ()),
+    "max_queued_jobs": ("64", 64, ()),
     "session_idle_seconds": ("9", 9.0, ()),
     "max_inflight_request_bytes": ("0", 0, ()),
     "worker_memory_limit_bytes": ("0", 0, ()),

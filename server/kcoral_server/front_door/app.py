@@ -20,6 +20,7 @@ from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
 from kcoral_server.front_door.recent_leases import RecentLeases
 from kcoral_server.gpu.lease import LeaseArbiter
+from kcoral_server.jobs.job_slots import JobSlots
 from kcoral_server.jobs.store import JobRegistry
 from kcoral_server.metrics.server_metrics import ServerMetrics
 from kcoral_server.pool.pool import Pool
@@ -96,6 +97,8 @@ class ServerState:
         self.jobs = JobRegistry(
             config.job_retention_seconds, config.job_retention_bytes, emit=self.events.emit
         )
+        # jobs queued or running at once, shared fairly between identities (EXTENSIONS §5)
+        self.job_slots = JobSlots(config.max_queued_jobs, self.authenticator.identity_count)
         self.sessions = Sessions(self)  # EXTENSIONS §11
         self.metrics = ServerMetrics(self.gpu_ids)  # EXTENSIONS §13, its own registry
         self.metrics.attach(self)

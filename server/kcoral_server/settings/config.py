@@ -559,6 +559,17 @@ class ServerConfig:
         help="results and events of finished jobs kept, in memory and on disk",
         minimum=0,
     )
+    # None: a quarter of the open-files limit, 16 to 4096 (jobs/job_slots.py says why)
+    max_queued_jobs: int | None = setting(
+        None,
+        flag="--max-queued-jobs",
+        kind="int",
+        group="sessions",
+        help="jobs queued or running at once; past it POST /v1/jobs gets 503 busy. With 2+ "
+        "identities one identity may hold half of them, rounded up; 0 = no limit",
+        shown_default=": a quarter of the open-files limit, 16 to 4096",
+        minimum=0,
+    )
     max_sessions: int = setting(
         1,
         flag="--max-sessions",

@@ -132,6 +132,10 @@ class ExecuteHandler(BaseHandler):
         if refusing is not None:
             self.refuse(saturated(refusing))
             return
+        refusal = self.admission_refusal()
+        if refusal is not None:
+            self.refuse(refusal)
+            return
         # In-flight bytes are what bodies actually hold, never what they declared: a
         # declaration reserves nothing, so connections that declare the maximum and then
         # trickle cannot lock every other client out (EXTENSIONS §6). The declared length
@@ -148,6 +152,11 @@ class ExecuteHandler(BaseHandler):
             self.large_reads.start()
         self.last_data_at = self.body_started_at = asyncio.get_running_loop().time()
         self._watch_idle_body()
+
+    def admission_refusal(self) -> Refusal | None:
+        """What this kind of request adds to the 503s before its body is read (None:
+        none); ``POST /v1/jobs`` takes one of the job slots here."""
+        return None
 
     def selector_unfit(self) -> Refusal | None:
         """Why this server does not take the request's ``X-KCoral-Select`` (EXTENSIONS

@@ -20,6 +20,7 @@ import tornado.iostream
 import tornado.web
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER
+from kcoral_server.execution.responses import Refusal, saturated
 from kcoral_server.front_door.handler_defaults import SMALL_BODY_BYTES
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
@@ -49,6 +50,25 @@ class JobSubmitHandler(ExecuteHandler):
             return
         super().prepare()
 
+    #: the identity whose job slot this request holds until it is a job's or ends
+    slot_owner: str | None = None
+
+    def admission_refusal(self) -> Refusal | None:
+        """503 ``busy`` when ``--max-queued-jobs`` jobs are queued or running, or the
+        caller holds its share of them (EXTENSIONS §5); else the request holds a slot."""
+        why = self.state.job_slots.take(self.identity.name)
+        if why is not None:
+            return saturated(why)
+        self.slot_owner = self.identity.name
+        return None
+
+    def _release(self) -> None:
+        # Refused, answered as /execute answers (a cache miss) or gone: no job holds it.
+        owner, self.slot_owner = self.slot_owner, None
+        if owner is not None:
+            self.state.job_slots.give_back(owner)
+        super()._release()
+
     def get(self) -> None:
         jobs = self.state.jobs.newest_first(self.identity)
         self.send_json(200, [job.state() for job in jobs])
@@ -58,6 +78,7 @@ class JobSubmitHandler(ExecuteHandler):
             return
         state = self.state
         job = state.jobs.new_job(self.request_id, self.identity)
+        slot, self.slot_owner = self.slot_owner, None  # the job's until its request ends
         request = self.new_request(job)
         self.pipeline = request  # a disconnect before the 202 cancels it, as for /execute
         task = asyncio.ensure_future(request.run())
@@ -69,7 +90,7 @@ class JobSubmitHandler(ExecuteHandler):
             # does while its client waits: the charge stays on the in-flight bytes until
             # then, not until the 202, or queued jobs would hold bodies without bound.
             held, self.inflight = self.inflight, 0
-            running = asyncio.ensure_future(_finish_job(state, job, request, task, held))
+            running = asyncio.ensure_future(_finish_job(state, job, request, task, held, slot))
             state.jobs.running.add(running)
             running.add_done_callback(state.jobs.running.discard)
             self.send_json(
@@ -77,6 +98,8 @@ class JobSubmitHandler(ExecuteHandler):
             )
             return
         # Refused or a cache miss: answered exactly as /execute answers it; no job exists.
+        if slot is not None:
+            state.job_slots.give_back(slot)
         state.open_requests += 1
         try:
             reply = task.result()
@@ -95,11 +118,14 @@ async def _finish_job(
     request: ExecuteRequest,
     task: asyncio.Future[Reply],
     held_bytes: int,
+    slot: str | None,
 ) -> None:
     try:
         reply = await task  # the request's body is closed by then
     finally:
         state.inflight_bytes -= held_bytes
+        if slot is not None:
+            state.job_slots.give_back(slot)
     try:
         result = await state.jobs.store_result(reply, state.executor)
     finally:
