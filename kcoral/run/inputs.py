@@ -6,6 +6,7 @@ import os
 import stat
 from collections.abc import Sequence
 
+from kcoral.local_folder import kind_of, read_folder, read_regular
 from kcoral.protocol.paths import conflicting_paths
 
 
@@ -46,37 +47,21 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, bytes, bool]]:
 
 def _read_input(path: str, name: str) -> list[tuple[str, bytes, bool]]:
     info = _lstat(path)
-    if stat.S_ISREG(info.st_mode):
-        return [(name, _read_file(path, info), bool(info.st_mode & stat.S_IXUSR))]
-    if not stat.S_ISDIR(info.st_mode):
-        raise LocalFileError(f"--send {path!r}: {_kind(info)} cannot be sent")
-    result = []
-    seen_dirs = {(info.st_dev, info.st_ino)}
-    pending = [(path, name)]
-    while pending:  # iterative: deep trees must not hit the recursion limit
-        directory, remote_dir = pending.pop()
-        try:
-            entries = sorted(os.listdir(directory))
-        except OSError as exc:
-            raise LocalFileError(f"--send: cannot list {directory!r}: {exc.strerror}") from None
-        for entry in entries:
-            if entry == "__pycache__":
-                continue
-            local = os.path.join(directory, entry)
-            remote = f"{remote_dir}/{entry}"
-            entry_info = _lstat(local)
-            if stat.S_ISDIR(entry_info.st_mode):
-                key = (entry_info.st_dev, entry_info.st_ino)
-                if key in seen_dirs:
-                    raise LocalFileError(f"--send: directory {local!r} is reached twice")
-                seen_dirs.add(key)
-                pending.append((local, remote))
-            elif stat.S_ISREG(entry_info.st_mode):
-                executable = bool(entry_info.st_mode & stat.S_IXUSR)
-                result.append((remote, _read_file(local, entry_info), executable))
-            else:
-                raise LocalFileError(f"--send: {local!r} is a {_kind(entry_info)}; refused")
-    return result
+    try:
+        if stat.S_ISREG(info.st_mode):
+            return [(name, read_regular(path, info, path), _executable(info.st_mode))]
+        if not stat.S_ISDIR(info.st_mode):
+            raise LocalFileError(f"--send {path!r}: {kind_of(info.st_mode)} cannot be sent")
+        files = read_folder(path, skip=("__pycache__",))
+    except ValueError as exc:
+        raise LocalFileError(f"--send: {exc}") from None
+    except OSError as exc:
+        raise LocalFileError(f"--send: cannot read {exc.filename!r}: {exc.strerror}") from None
+    return [(f"{name}/{file.path}", file.data, _executable(file.mode)) for file in files]
+
+
+def _executable(mode: int) -> bool:
+    return bool(mode & stat.S_IXUSR)
 
 
 def _lstat(path: str) -> os.stat_result:
@@ -84,36 +69,6 @@ def _lstat(path: str) -> os.stat_result:
         return os.lstat(path)
     except OSError as exc:
         raise LocalFileError(f"--send {path!r}: {exc.strerror}") from None
-
-
-def _read_file(path: str, before: os.stat_result) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read()
-            after = os.fstat(handle.fileno())
-    except OSError as exc:
-        raise LocalFileError(f"--send: cannot read {path!r}: {exc.strerror}") from None
-    changed = (before.st_size, before.st_mtime_ns, before.st_ino) != (
-        after.st_size,
-        after.st_mtime_ns,
-        after.st_ino,
-    )
-    if changed or len(data) != after.st_size:
-        raise LocalFileError(f"--send: {path!r} changed while it was read")
-    return data
-
-
-def _kind(info: os.stat_result) -> str:
-    if stat.S_ISLNK(info.st_mode):
-        return "symbolic link"
-    if stat.S_ISFIFO(info.st_mode):
-        return "FIFO"
-    if stat.S_ISSOCK(info.st_mode):
-        return "socket"
-    if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
-        return "device file"
-    return "special file"
 
 
 def is_text(word: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.server
 import io
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -204,6 +206,54 @@ def test_symlinks_special_files_and_missing_inputs_are_refused(tmp_path: Path, k
         target = tmp_path / "nothing"
     with pytest.raises(LocalFileError):
         collect_inputs([str(target)])
+
+
+SWAP_FOR_A_FIFO_AFTER_ITS_CHECK = """
+import os, sys
+from kcoral.cli import main
+
+target, argv = sys.argv[1], sys.argv[2:]
+swapped = []
+
+
+def swapping(real):
+    def checked(path, *args, **kwargs):
+        info = real(path, *args, **kwargs)
+        if isinstance(path, str) and os.path.basename(path) == "data.txt" and not swapped:
+            swapped.append(True)  # the check saw a regular file; a FIFO is there now
+            os.unlink(target)
+            os.mkfifo(target)
+        return info
+
+    return checked
+
+
+os.lstat, os.stat = swapping(os.lstat), swapping(os.stat)
+sys.exit(main(argv))
+"""
+
+
+@pytest.mark.parametrize("sent", ["data.txt", "proj"])
+def test_a_send_input_swapped_for_a_fifo_after_its_check_fails_instead_of_hanging(
+    tmp_path: Path, sent: str
+) -> None:
+    # The file was opened without O_NONBLOCK: a FIFO with no writer blocked the client.
+    (tmp_path / "proj").mkdir()
+    target = tmp_path / ("data.txt" if sent == "data.txt" else "proj/data.txt")
+    target.write_text("x")
+    argv = ["run", "python", "--url", "http://127.0.0.1:9", "--send", sent, "--", "-c", ""]
+    done = subprocess.run(
+        [sys.executable, "-c", SWAP_FOR_A_FIFO_AFTER_ITS_CHECK, str(target), *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    shown = "data.txt" if sent == "data.txt" else "proj/data.txt"
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        f"kcoral run: --send: {shown!r} changed while it was read: it is now a FIFO\n"
+    )
 
 
 def test_two_inputs_with_the_same_remote_path_are_refused(tmp_path: Path) -> None:

@@ -1,0 +1,153 @@
+"""Reading local files and folders to upload them: ``Program.upload_folder`` and
+``kcoral run --send`` (CLIENT_API.md §3.3, §11).
+
+A folder is walked through directory descriptors (``DirectoryCursor``): every name is opened
+relative to its directory with ``O_NOFOLLOW``, so no symlink is followed and the depth is not
+bounded by the system's PATH_MAX (an absolute path over 4096 bytes made "File name too long"
+of a folder whose every name was fine); the protocol's own path limits apply where the files
+are uploaded. A file is opened with ``O_NONBLOCK`` and must then be the regular file that was
+listed: an entry swapped for a FIFO after it was checked fails instead of hanging the client.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from kcoral.protocol.nofollow import CLOEXEC, DIRECTORY_FLAGS, DirectoryCursor, closing_fd
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A regular file read from a folder: its ``/``-separated path in the folder, its bytes
+    and its mode as listed."""
+
+    path: str
+    data: bytes
+    mode: int
+
+
+def read_folder(folder: str | os.PathLike[str], *, skip: Collection[str] = ()) -> list[LocalFile]:
+    """Every regular file below ``folder``, depth first with each directory's names sorted;
+    entries named in ``skip`` are passed over at any depth.
+
+    ``ValueError``: ``folder`` or an entry is a symlink or a special file, a directory is
+    reached twice, or a file changes while read. ``OSError`` (its ``filename`` the local
+    path): something is unreadable, ``folder`` is missing or not a directory.
+    """
+    top = os.fsdecode(os.fspath(folder))
+    info = os.lstat(top)
+    if stat.S_ISLNK(info.st_mode):
+        raise ValueError(f"{top!r} is a symbolic link; refused")
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", top)
+    with closing_fd(os.open(top, DIRECTORY_FLAGS)) as root_fd, DirectoryCursor(root_fd) as cursor:
+        return _walk(cursor, top, info, skip)
+
+
+def _walk(
+    cursor: DirectoryCursor, top: str, info: os.stat_result, skip: Collection[str]
+) -> list[LocalFile]:
+    files: list[LocalFile] = []
+    visited = {(info.st_dev, info.st_ino)}
+    pending: list[tuple[list[str], os.stat_result]] = [([], info)]
+    while pending:  # iterative: deep trees must not hit the recursion limit
+        components, listed = pending.pop()
+        prefix = "".join(f"{name}/" for name in components)
+        shown = f"{top}/{prefix}".rstrip("/") if components else top
+        try:
+            dir_fd = cursor.move_to(components)
+            if not _same_file(os.fstat(dir_fd), listed):
+                raise ValueError(f"{shown!r} changed while it was read")
+            names = sorted(os.listdir(dir_fd))
+        except OSError as exc:
+            raise _located(exc, shown) from None
+        subdirectories = []
+        for name in names:
+            if name in skip:
+                continue
+            relative = f"{prefix}{name}"
+            where = f"{top}/{relative}"
+            try:
+                entry = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:
+                raise _located(exc, where) from None
+            if stat.S_ISDIR(entry.st_mode):
+                if (entry.st_dev, entry.st_ino) in visited:
+                    raise ValueError(f"directory {where!r} is reached twice")
+                visited.add((entry.st_dev, entry.st_ino))
+                subdirectories.append(([*components, name], entry))
+            elif stat.S_ISREG(entry.st_mode):
+                data = read_regular(name, entry, where, dir_fd=dir_fd)
+                files.append(LocalFile(relative, data, entry.st_mode))
+            else:
+                raise ValueError(f"{where!r} is a {kind_of(entry.st_mode)}; refused")
+        pending.extend(reversed(subdirectories))  # popped from the end: sorted order
+    return files
+
+
+def read_regular(
+    name: str, listed: os.stat_result, shown: str, *, dir_fd: int | None = None
+) -> bytes:
+    """The bytes of the regular file ``name`` (relative to ``dir_fd``) that was ``listed``.
+
+    ``ValueError`` when it is no longer that file (a symlink, a FIFO, another file) or it
+    changes (size, mtime, ctime) while read; ``OSError`` with ``filename`` ``shown``.
+    """
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # became a symlink after it was listed
+            raise ValueError(f"{shown!r} is a symbolic link; refused") from None
+        raise _located(exc, shown) from None
+    with closing_fd(fd):
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
+                kind = kind_of(opened.st_mode)
+                raise ValueError(f"{shown!r} changed while it was read: it is now a {kind}")
+            if not _same_file(opened, listed):
+                raise ValueError(f"{shown!r} changed while it was read")
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            after = os.fstat(fd)
+        except OSError as exc:
+            raise _located(exc, shown) from None
+    data = b"".join(chunks)
+    if _signature(opened) != _signature(after) or len(data) != after.st_size:
+        raise ValueError(f"{shown!r} changed while it was read")
+    return data
+
+
+def kind_of(mode: int) -> str:
+    """What an entry that is neither a regular file nor a directory is, in words."""
+    if stat.S_ISLNK(mode):
+        return "symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    return "special file"
+
+
+def _same_file(opened: os.stat_result, listed: os.stat_result) -> bool:
+    return (opened.st_dev, opened.st_ino) == (listed.st_dev, listed.st_ino)
+
+
+def _signature(info: os.stat_result) -> tuple[int, int, int]:
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _located(exc: OSError, shown: str) -> OSError:
+    """``exc`` naming the local path: a relative name alone would not say which entry."""
+    return OSError(exc.errno, exc.strerror, shown)
