@@ -7,17 +7,16 @@ are copied at call time; later mutation of the caller's objects changes nothing 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import math
 import os
-import stat
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from kcoral.local_folder import read_folder
 from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path
 from kcoral.tensors import tensor_payload
 
@@ -138,7 +137,7 @@ class Program:
         """
         root = normalize_workspace_path(path)
         files = read_folder(folder)
-        destinations = [(f"{root}/{rel}", data) for rel, data in files]
+        destinations = [(f"{root}/{file.path}", file.data) for file in files]
         for destination, _ in destinations:
             normalize_workspace_path(destination)  # odd local names (backslash, non-UTF-8)
         destinations.sort(key=lambda item: item[0])
@@ -343,80 +342,6 @@ def copy_literal(value: Any, active: set[int]) -> Any:
         finally:
             active.discard(id(value))
     raise TypeError(f"{type(value).__name__} is not a JSON literal")
-
-
-def read_folder(folder: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
-    """Read every regular file below ``folder`` as ``(relative path, bytes)``.
-
-    Iterative, never follows links. ``ValueError`` for symlinks, special files, a directory
-    reached twice or a file changing while read; ``OSError`` when something is unreadable
-    or ``folder`` is not a directory.
-    """
-    top = os.fspath(folder)
-    info = os.lstat(top)
-    if stat.S_ISLNK(info.st_mode):
-        raise ValueError(f"{top!r} is a symlink")
-    if not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(f"{top!r} is not a directory")
-    seen_dirs = {(info.st_dev, info.st_ino)}
-    files: list[tuple[str, bytes]] = []
-    pending: list[tuple[str, str]] = [(top, "")]
-    while pending:
-        directory, prefix = pending.pop()
-        with os.scandir(directory) as entries:
-            listed = sorted(entries, key=lambda entry: entry.name)
-        for entry in listed:
-            rel = f"{prefix}{entry.name}"
-            entry_info = entry.stat(follow_symlinks=False)
-            mode = entry_info.st_mode
-            if stat.S_ISLNK(mode):
-                raise ValueError(f"{entry.path!r} is a symlink")
-            if stat.S_ISDIR(mode):
-                identity = (entry_info.st_dev, entry_info.st_ino)
-                if identity in seen_dirs:
-                    raise ValueError(f"directory {entry.path!r} is reached twice")
-                seen_dirs.add(identity)
-                pending.append((entry.path, f"{rel}/"))
-            elif stat.S_ISREG(mode):
-                files.append((rel, _read_stable(entry.path, entry_info)))
-            else:
-                raise ValueError(f"{entry.path!r} is not a regular file or directory")
-    return files
-
-
-def _read_stable(path: str, listed: os.stat_result) -> bytes:
-    # O_NONBLOCK: if the entry was swapped for a FIFO after listing, open must not hang.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # became a symlink after listing
-            raise ValueError(f"{path!r} is a symlink") from None
-        raise
-    try:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode) or (before.st_dev, before.st_ino) != (
-            listed.st_dev,
-            listed.st_ino,
-        ):
-            raise ValueError(f"{path!r} changed while it was read")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        after = os.fstat(fd)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if _signature(before) != _signature(after) or len(data) != after.st_size:
-        raise ValueError(f"{path!r} changed while it was read")
-    return data
-
-
-def _signature(info: os.stat_result) -> tuple[int, int, int]:
-    return info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _generate_id(op: str, counter: int, taken: set[str]) -> tuple[str, int]:

@@ -11,7 +11,7 @@ import pytest
 from file_permissions import needs_file_permissions
 
 from kcoral import Program
-from kcoral.program import read_folder
+from kcoral.local_folder import read_folder
 from kcoral.protocol.errors import ValidationError
 
 
@@ -76,31 +76,14 @@ def test_a_directory_reached_twice_is_refused(tmp_path, monkeypatch):
     src = make_tree(tmp_path / "src")
     (src / "again").mkdir()
     # A bind mount needs privileges; fake the walk seeing one directory twice instead.
-    real_scandir = os.scandir
+    real_stat = os.stat
 
-    class Entry:
-        def __init__(self, entry, name):
-            self._entry, self.name, self.path = entry, name, entry.path
+    def fake_stat(path, *args, dir_fd=None, **kwargs):
+        if path == "again" and dir_fd is not None:
+            path = "b"
+        return real_stat(path, *args, dir_fd=dir_fd, **kwargs)
 
-        def stat(self, follow_symlinks=True):
-            return self._entry.stat(follow_symlinks=follow_symlinks)
-
-    def fake_scandir(path):
-        entries = list(real_scandir(path))
-        if os.fspath(path) == os.fspath(src):
-            b = next(e for e in entries if e.name == "b")
-            entries = [e for e in entries if e.name != "again"] + [Entry(b, "again")]
-
-        class Ctx(list):
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return False
-
-        return Ctx(entries)
-
-    monkeypatch.setattr(os, "scandir", fake_scandir)
+    monkeypatch.setattr(os, "stat", fake_stat)
     assert_refused(Program(), src)
 
 
@@ -176,7 +159,43 @@ def test_deep_trees_are_walked_without_recursion(tmp_path):
         files = read_folder(path)
     finally:
         sys.setrecursionlimit(limit)
-    assert files == [("d/" * depth + "leaf", b"!")]
+    assert [(file.path, file.data) for file in files] == [("d/" * depth + "leaf", b"!")]
+
+
+def nest(folder, names, leaf=b"!"):
+    """Directories ``names`` nested in ``folder`` with a file ``leaf`` at the bottom, made
+    through descriptors: the whole path may be longer than the OS takes in one string."""
+    current = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    for name in names:
+        os.mkdir(name, dir_fd=current)
+        below = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=current)
+        os.close(current)
+        current = below
+    fd = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=current)
+    os.write(fd, leaf)
+    os.close(fd)
+    os.close(current)
+    return "/".join([*names, "leaf"])
+
+
+def test_a_folder_past_path_max_uploads_while_its_paths_fit_the_protocol(tmp_path):
+    # The walk opened absolute paths: past PATH_MAX (4096 bytes) it failed with "File name
+    # too long", though the destination paths were well within the protocol's 4096 bytes.
+    name = "n" * 250
+    src = tmp_path.joinpath(*[name] * 12, "src")  # about 3100 bytes: the OS takes it
+    src.mkdir(parents=True)
+    relative = nest(src, [name] * 6)
+    assert len(f"{src}/{relative}") > 4096
+    program = Program()
+    program.upload_folder(src, path="in")
+    [upload] = program.instructions
+    assert upload["path"] == f"in/{relative}"
+    assert program.blobs[upload["blob"]] == b"!"
+    # A path the protocol cannot carry gets the protocol's error, not the OS's.
+    (tmp_path / "far").mkdir()
+    nest(tmp_path / "far", [name] * 17)  # 4267 bytes in the folder
+    with pytest.raises(ValidationError, match="longer than 4096 bytes"):
+        Program().upload_folder(tmp_path / "far", path="in")
 
 
 def test_building_a_program_never_imports_torch(tmp_path):
