@@ -10,13 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from http_helpers import get
+from http_helpers import get, module_program, request
 from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
 from kcoral_server.settings.config import InvalidConfigError, ServerConfig
-from session_requests import create_session
+from session_requests import create_session, run_in
 
 ALICE = {"Authorization": "Bearer token-alice-0123456789"}
 BOB = {"Authorization": "Bearer token-bob-0123456789"}
+ROOT = {"Authorization": "Bearer token-root-0123456789"}
 WHEN = re.compile(r"in (\d+) s \(at (\S+)\)$")
 
 
@@ -69,6 +70,36 @@ def test_an_identity_at_its_cap_is_refused_with_the_counts_and_another_identity_
         "frees by idle timeout in "
     ), message
     assert WHEN.search(message).group(2) == _utc(first.body["idle_deadline"])
+
+
+def test_a_session_an_admin_ends_tells_its_owner_an_admin_ended_it_not_that_they_did(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = _token_file(
+        tmp_path,
+        "alice token-alice-0123456789\nbob token-bob-0123456789\n"
+        "root token-root-0123456789 admin\n",
+    )
+    url = server_factory("--auth-token-file", tokens, "--max-sessions", "2").url
+    held = create_session(url, ALICE).body["session_id"]
+    # the admin frees alice's seat for someone else (the panel's Stop button does the same)
+    ended = request(url, "DELETE", f"/v1/sessions/{held}", headers=ROOT)
+    assert ended.status == 200 and ended.body["end_reason"] == "deleted"
+    assert ended.body["end_message"] == "session ended by admin root"
+    # what alice reads: her record and her next program
+    assert get(url, f"/v1/sessions/{held}", ALICE).body["end_message"] == (
+        "session ended by admin root"
+    )
+    refused = run_in(url, held, module_program("def f():\n    return 1\n", [("f", [])]), ALICE)
+    assert refused.status == 410
+    assert refused.body["error"] == {
+        "kind": "session_ended",
+        "message": "session ended by admin root",
+    }
+    # a session its owner ends still says so
+    own = create_session(url, ALICE).body["session_id"]
+    mine = request(url, "DELETE", f"/v1/sessions/{own}", headers=ALICE)
+    assert mine.body["end_message"] == "session ended by its owner"
 
 
 @pytest.mark.parametrize(
