@@ -154,9 +154,10 @@ class AsyncClient(BaseClient):
         )
         return AsyncJob(self, job_id, request_id=request_id, known_blobs=blobs)
 
-    async def jobs(self) -> list[dict[str, Any]]:
-        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first."""
-        return await self.run_flow(self.jobs_flow())
+    async def jobs(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first; at
+        most ``limit`` of them (the server's default: 1000; its most: 10000)."""
+        return await self.run_flow(self.jobs_flow(limit))
 
     def job(self, job_id: str) -> AsyncJob:
         """Re-attach to an existing job."""

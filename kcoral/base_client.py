@@ -279,9 +279,15 @@ class BaseClient:
         job_id, request_id = step
         return job_id, request_id, known_blobs
 
-    def jobs_flow(self) -> Flow[list[dict[str, Any]]]:
-        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first."""
-        response = yield _get("/v1/jobs")
+    def jobs_flow(self, limit: int | None = None) -> Flow[list[dict[str, Any]]]:
+        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first; at
+        most ``limit`` of them (the server's default: 1000; its most: 10000)."""
+        path = "/v1/jobs"
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"limit must be a positive integer (got {limit!r})")
+            path += f"?limit={limit}"
+        response = yield _get(path)
         if response.status != 200:
             raise error_from_response(response.status, response.headers, response.data)
         return decode_job_list(response.data)

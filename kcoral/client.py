@@ -150,9 +150,10 @@ class Client(BaseClient):
         )
         return Job(self, job_id, request_id=request_id, known_blobs=blobs)
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first."""
-        return self.run_flow(self.jobs_flow())
+    def jobs(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first; at
+        most ``limit`` of them (the server's default: 1000; its most: 10000)."""
+        return self.run_flow(self.jobs_flow(limit))
 
     def job(self, job_id: str) -> Job:
         """Re-attach to an existing job (nothing is sent until a method is called)."""

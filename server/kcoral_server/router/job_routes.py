@@ -20,6 +20,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kcoral.protocol.strict_json import dumps_compact, loads_strict
+from kcoral_server.jobs.job_listing import (
+    LEFT_OUT_HEADER,
+    LIMIT_PROBLEM,
+    NODES_LEFT_OUT_HEADER,
+    left_out_count,
+    listing_limit,
+)
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
@@ -62,9 +69,15 @@ class JobIndex:
 
 
 async def fetch(
-    state: Any, node_id: str, method: str, path: str, headers: list[tuple[bytes, bytes]]
+    state: Any,
+    node_id: str,
+    method: str,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    answer_headers: dict[str, str] | None = None,
 ) -> tuple[int, bytes] | None:
-    """One bodiless request to ``node_id`` on a control slot, answer collected whole.
+    """One bodiless request to ``node_id`` on a control slot, answer collected whole (its
+    headers, lower-cased names, into ``answer_headers`` when given).
 
     ``None`` when the node has no free control slot in time or the slot failed."""
     request_id = str(uuid.uuid4())
@@ -86,7 +99,7 @@ async def fetch(
         )
         await slot.send(pb.SlotFrame(request_id=request_id, request_head=head))
         await slot.send(pb.SlotFrame(request_id=request_id, end=pb.EndOfBody()))
-        answer = await asyncio.wait_for(_collect(slot), FAN_OUT_ANSWER_WAIT)
+        answer = await asyncio.wait_for(_collect(slot, answer_headers), FAN_OUT_ANSWER_WAIT)
         done = answer is not None
         return answer
     except (SlotBroken, asyncio.TimeoutError):
@@ -98,10 +111,14 @@ async def fetch(
             slot.cancel("invalid_response")
 
 
-async def _collect(slot: Any) -> tuple[int, bytes] | None:
+async def _collect(slot: Any, answer_headers: dict[str, str] | None) -> tuple[int, bytes] | None:
     head = await slot.next_frame()
     if head.WhichOneof("payload") != "response_head":
         return None
+    if answer_headers is not None:
+        for header in head.response_head.headers:
+            name = header.name.decode("latin-1").lower()
+            answer_headers[name] = header.value.decode("latin-1")
     parts: list[bytes] = []
     size = 0
     while True:
@@ -254,12 +271,14 @@ async def ask_every_node(
     *,
     ready_only: bool = False,
     among: Iterable[NodeRecord] | None = None,
-) -> list[tuple[str, tuple[int, bytes] | None]]:
+    with_headers: bool = False,
+) -> list[Any]:
     """``GET path`` on every control node at once (or those ``among`` them), as the caller
     (``auth_headers``).
 
     One ``(node id, answer)`` pair a node, ``None`` for a node that could not answer in
-    time; an empty list when no node is connected (or ready, with ``ready_only``)."""
+    time; an empty list when no node is connected (or ready, with ``ready_only``).
+    ``with_headers``: ``(node id, answer, headers)`` triples instead."""
     registry = handler.state.registry
     if among is None:
         controls = registry.control_nodes(ready_only=ready_only)
@@ -268,20 +287,27 @@ async def ask_every_node(
         controls = [n for n in registry.control_nodes(ready_only=False) if n.node_id in wanted]
     nodes = [n.node_id for n in controls]
     headers = auth_headers(handler)
+    answer_headers: list[dict[str, str]] = [{} for _node in nodes]
     answers = await asyncio.gather(
-        *(fetch(handler.state, node, "GET", path, headers) for node in nodes)
+        *(
+            fetch(handler.state, node, "GET", path, headers, seen if with_headers else None)
+            for node, seen in zip(nodes, answer_headers, strict=True)
+        )
     )
+    if with_headers:
+        return list(zip(nodes, answers, answer_headers, strict=True))
     return list(zip(nodes, answers, strict=True))
 
 
 async def answers_to_merge(
-    handler: Any, path: str
-) -> list[tuple[str, tuple[int, bytes] | None]] | None:
+    handler: Any, path: str, *, with_headers: bool = False
+) -> list[Any] | None:
     """Every connected node's answer to ``GET path``, for a merged list; ``None`` once the
-    request is answered already (refused in ``prepare``, or 503 ``no_node`` without nodes)."""
+    request is answered already (refused in ``prepare``, or 503 ``no_node`` without nodes).
+    ``with_headers``: ``(node, answer, headers)`` triples, the answer's headers too."""
     if handler._finished:
         return None
-    answers = await ask_every_node(handler, path)
+    answers = await ask_every_node(handler, path, with_headers=with_headers)
     if not answers:
         handler.no_node()
         return None
@@ -312,26 +338,47 @@ class JobsHandler(ForwardHandler):
         return learn_submitted_job(self, body)
 
     async def get(self, *args: str) -> None:
-        answers = await answers_to_merge(self, "/v1/jobs")
+        # Each node lists at most ``limit`` (EXTENSIONS §5), and so does the merge: the
+        # newest of them, saying how many it left out and whose list it could not read.
+        limit = listing_limit(self.get_query_argument("limit", None))
+        if limit is None:
+            if not self._finished:  # answered in prepare (401) before the query is read
+                self.send_router_error(400, "parse", LIMIT_PROBLEM, "rejected")
+            return
+        # A node applies the same default to a list asked without one.
+        asked = self.get_query_argument("limit", None) is not None
+        path = f"/v1/jobs?limit={limit}" if asked else "/v1/jobs"
+        answers = await answers_to_merge(self, path, with_headers=True)
         if answers is None:
             return
         listings: list[tuple[str, str, Any]] = []
-        for node, answer in answers:
+        left_out, unread = 0, []
+        for node, answer, headers in answers:
             if answer is None:
-                continue  # a node that cannot answer now is left out of the list
+                unread.append(node)  # a node that cannot answer now is left out of the list
+                continue
             status, body = answer
             if status != 200:
                 self._relay_refusal(node, status, body)
                 return
-            jobs = untrusted_json(body)  # unreadable: that node is left out
-            for job in jobs if isinstance(jobs, list) else []:
+            jobs = untrusted_json(body)
+            if not isinstance(jobs, list):
+                unread.append(node)  # unreadable: that node is left out
+                continue
+            left_out += left_out_count(headers.get(LEFT_OUT_HEADER.lower()))
+            for job in jobs:
                 job_id = job.get("job_id") if isinstance(job, dict) else None
                 if isinstance(job_id, str) and JOB_ID.fullmatch(job_id):
                     listings.append((node, job_id, job))
         kept, contested = sole_claims(listings, self.state.jobs.node_of)
         warn_contested(self, "job_claimed_twice", contested)
         merged = [job for node, job_id, job in kept if self.state.jobs.remember(job_id, node)]
-        merged_answer(self, merged, submitted_at)
+        merged.sort(key=submitted_at, reverse=True)
+        left_out += max(0, len(merged) - limit)
+        self.set_header(LEFT_OUT_HEADER, str(left_out))
+        if unread:
+            self.set_header(NODES_LEFT_OUT_HEADER, ",".join(sorted(unread)))
+        merged_answer(self, merged[:limit], submitted_at)
 
     def _relay_refusal(self, node: str, status: int, body: bytes) -> None:
         self.node = node

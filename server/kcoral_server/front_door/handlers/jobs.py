@@ -24,6 +24,7 @@ from kcoral_server.execution.responses import Refusal, saturated
 from kcoral_server.front_door.handler_defaults import SMALL_BODY_BYTES
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
+from kcoral_server.jobs.job_listing import LEFT_OUT_HEADER, LIMIT_PROBLEM, listing_limit
 from kcoral_server.jobs.store import Expiry, Job
 
 if TYPE_CHECKING:
@@ -70,8 +71,13 @@ class JobSubmitHandler(ExecuteHandler):
         super()._release()
 
     def get(self) -> None:
+        limit = listing_limit(self.get_query_argument("limit", None))
+        if limit is None:
+            self.send_error_json(400, "parse", LIMIT_PROBLEM)
+            return
         jobs = self.state.jobs.newest_first(self.identity)
-        self.send_json(200, [job.state() for job in jobs])
+        self.set_header(LEFT_OUT_HEADER, str(max(0, len(jobs) - limit)))
+        self.send_json(200, [job.state() for job in jobs[:limit]])
 
     async def post(self) -> None:
         if self.answer_pending_refusal() or self._finished or self.body is None:
