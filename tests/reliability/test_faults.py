@@ -385,9 +385,12 @@ def test_concurrent_uploads_beyond_the_in_flight_budget_get_503_busy(watched_ser
         head = head.replace(b"\r\n\r\n", f"\r\nContent-Length: {limit}\r\n\r\n".encode())
         refused = exchange(server.url, head, timeout=30)
         check_error(refused, 503, "busy")
-        assert refused.body["error"]["message"] == (
-            "server saturated: requests being received hold --max-inflight-request-bytes"
-        )
+        message = refused.body["error"]["message"]
+        assert message.startswith(
+            "server saturated: bodies of requests being received and of queued or running "
+            "jobs hold "
+        ), message
+        assert message.endswith(" of --max-inflight-request-bytes (1.5 MiB)"), message
     finally:
         first.close()
     # Once the idle upload is gone its reservation is released.

@@ -16,6 +16,7 @@ from typing import Any
 
 from kcoral.protocol.multipart import encode_multipart
 from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.execution.exit_cause import size_text
 from kcoral_server.storage.workspace import CapturedOutput
 
 
@@ -122,7 +123,6 @@ SATURATED = Refusal(503, "busy", "server saturated", "no_worker")
 SHUTTING_DOWN = "the server is shutting down"
 NO_FREE_WORKER = "no worker became free within --worker-wait-timeout-seconds"
 GPUS_QUARANTINED = "the GPUs this program needs are quarantined (a worker's end was not confirmed)"
-INFLIGHT_FULL = "requests being received hold --max-inflight-request-bytes"
 QUARANTINED = (
     "it admits no program since a worker's end could not be confirmed (its log says which); "
     "its operator must restart it"
@@ -137,6 +137,16 @@ def saturated(why: str | None) -> Refusal:
         return SATURATED
     return Refusal(
         SATURATED.status, SATURATED.kind, f"{SATURATED.message}: {why}", SATURATED.reason
+    )
+
+
+def inflight_full(held: int, limit: int) -> str:
+    """Why a body does not fit (PROTOCOL §7.1): queued and running jobs keep their bodies
+    too (EXTENSIONS §6), so not only uploads still arriving fill the bound; the sizes say
+    how far it is from fitting."""
+    return (
+        "bodies of requests being received and of queued or running jobs hold "
+        f"{size_text(held)} of --max-inflight-request-bytes ({size_text(limit)})"
     )
 
 

@@ -35,12 +35,7 @@ from kcoral.protocol.headers import SERIALIZATION_HEADER
 from kcoral.protocol.selector import SELECT_HEADER
 from kcoral_server.execution.control import CANCEL_MESSAGES, CANCELLED_STATUS, RequestObserver
 from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
-from kcoral_server.execution.responses import (
-    INFLIGHT_FULL,
-    Refusal,
-    Reply,
-    saturated,
-)
+from kcoral_server.execution.responses import Refusal, Reply, inflight_full, saturated
 from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
 from kcoral_server.front_door.handler_defaults import (
@@ -143,7 +138,7 @@ class ExecuteHandler(BaseHandler):
         # resolved by ServerConfig (None -> 2 x --max-request-bytes); 0 means no limit
         self.max_inflight = config.max_inflight_request_bytes or 0
         if self._over_inflight(declared or 0):
-            self.refuse(saturated(INFLIGHT_FULL))
+            self.refuse(self._inflight_refusal())
             return
         self.body = RequestBody(limit, declared)
         if declared is not None and declared >= LARGE_BODY_CHUNK:
@@ -170,6 +165,9 @@ class ExecuteHandler(BaseHandler):
         others = held - self.inflight
         return bool(self.max_inflight) and others > 0 and held + more > self.max_inflight
 
+    def _inflight_refusal(self) -> Refusal:
+        return saturated(inflight_full(self.state.inflight_bytes, self.max_inflight))
+
     def data_received(self, chunk: bytes) -> None:
         if self._finished or self.body is None:
             return
@@ -179,7 +177,7 @@ class ExecuteHandler(BaseHandler):
             # body is parsed (a 503 the client may retry), instead of growing memory.
             self.body.close()
             self.body = None
-            self.refuse(saturated(INFLIGHT_FULL))
+            self.refuse(self._inflight_refusal())
             return
         # Charged as the bytes arrive; released when the request ends (on_finish).
         self.inflight += len(chunk)
