@@ -110,6 +110,11 @@ def test_a_routed_job_streams_its_output_live_and_can_be_reattached(routed):
         listed = other.request("GET", "/v1/jobs")
         assert listed.status == 200
         assert job.id in [entry["job_id"] for entry in json.loads(listed.data)]
+        # ?limit reaches the nodes through their tunnels (EXTENSIONS §5, ROUTER §13)
+        newest = other.request("GET", "/v1/jobs?limit=1")
+        assert [entry["job_id"] for entry in json.loads(newest.data)] == [job.id]
+        assert newest.headers.get("x-kcoral-jobs-left-out") == "0"
+        assert newest.headers.get("x-kcoral-nodes-left-out") is None
 
 
 def test_a_routed_job_can_be_cancelled_while_it_runs(routed):
