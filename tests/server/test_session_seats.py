@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from http_helpers import get, module_program, request
+from http_helpers import execute_body, get, module_program, request
 from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
 from kcoral_server.settings.config import InvalidConfigError, ServerConfig
-from session_requests import create_session, run_in
+from session_requests import create_session, run_in, value_of
 
 ALICE = {"Authorization": "Bearer token-alice-0123456789"}
 BOB = {"Authorization": "Bearer token-bob-0123456789"}
@@ -100,6 +100,47 @@ def test_a_session_an_admin_ends_tells_its_owner_an_admin_ended_it_not_that_they
     own = create_session(url, ALICE).body["session_id"]
     mine = request(url, "DELETE", f"/v1/sessions/{own}", headers=ALICE)
     assert mine.body["end_message"] == "session ended by its owner"
+
+
+KEEP = """
+import json, kcoral.session
+def keep(value):
+    kcoral.session.namespace["kept"] = value
+def kept():
+    return json.dumps(kcoral.session.namespace.get("kept"))
+"""
+
+
+def test_an_admins_program_in_another_identitys_session_is_refused_and_the_session_lives_on(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = _token_file(
+        tmp_path,
+        "alice token-alice-0123456789\nbob token-bob-0123456789\n"
+        "root token-root-0123456789 admin\n",
+    )
+    url = server_factory("--auth-token-file", tokens, "--max-sessions", "2").url
+    held = create_session(url, ALICE).body["session_id"]
+    kept = run_in(url, held, module_program(KEEP, [("keep", [[1, 2]])]), ALICE)
+    assert kept.status == 200 and kept.body["status"] == "COMPLETED", kept.body
+    # The session's worker serves alice alone: root's program used to replace it first
+    # (alice's state lost) and then end the session ("its worker exited ... (exit code 0)").
+    refused = run_in(url, held, module_program(KEEP, [("kept", [])]), ROOT)
+    assert refused.status == 403, refused.body
+    assert refused.body["error"] == {
+        "kind": "forbidden",
+        "message": "this session runs only its owner's programs (alice); "
+        "an admin may read, interrupt and end it",
+    }
+    content_type, body = execute_body(module_program(KEEP, [("kept", [])]))
+    as_job = request(
+        url, "POST", f"/v1/sessions/{held}/jobs", body, {"Content-Type": content_type, **ROOT}
+    )
+    assert as_job.status == 403, as_job.body
+    # alice's session and its state are untouched; the admin still reads it
+    assert get(url, f"/v1/sessions/{held}", ROOT).body["state"] == "IDLE"
+    answer = run_in(url, held, module_program(KEEP, [("kept", [])]), ALICE)
+    assert value_of(answer, "kept") == [1, 2]
 
 
 @pytest.mark.parametrize(

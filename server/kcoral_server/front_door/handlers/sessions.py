@@ -177,7 +177,8 @@ class SessionExecuteHandler(_InSession):
 
 def _pinned_session(handler: ExecuteHandler) -> Session | None:
     """The session a program is sent to, or None after refusing the request: 404 for an
-    unknown (or another identity's) id, 410 once ended, 409 while a program runs."""
+    unknown (or another identity's) id, 403 for an admin's program in another identity's
+    session, 410 once ended, 409 while a program runs."""
     if handler.refused:
         return None
     session_id = handler.path_kwargs.get("session_id", "")
@@ -185,11 +186,25 @@ def _pinned_session(handler: ExecuteHandler) -> Session | None:
     if session is None:
         handler.refuse(Refusal(404, "not_found", NOT_FOUND, "rejected"))
         return None
+    if session.owner != handler.identity.name:
+        # An admin reaches every session, but its worker serves its owner alone (a worker
+        # never serves two identities, SERVER §14): running the admin's program there
+        # replaced the worker first, losing the owner's state, and ended the session.
+        handler.refuse(Refusal(403, "forbidden", not_owner(session.owner), "rejected"))
+        return None
     refusal = session.refusal()  # before the body is read
     if refusal is not None:
         handler.refuse(refusal)
         return None
     return session
+
+
+def not_owner(owner: str) -> str:
+    """Why an admin may not run a program in another identity's session (EXTENSIONS §11)."""
+    return (
+        f"this session runs only its owner's programs ({owner}); "
+        "an admin may read, interrupt and end it"
+    )
 
 
 def _is_int(value: Any) -> bool:
