@@ -128,6 +128,35 @@ def test_a_forgotten_session_ends_after_its_idle_timeout(kcoral_server) -> None:
     assert create_session(url).status == 201  # its seat is free again
 
 
+def test_an_idle_timeout_a_session_asked_for_is_named_as_its_own_not_as_the_server_flag(
+    server_factory,
+) -> None:
+    url = server_factory("--max-sessions", "2", "--session-idle-seconds", "1").url
+    asked = create_session(url, idle_timeout_seconds=0.5).body["session_id"]
+    default = create_session(url).body["session_id"]
+
+    def ended(sid: str) -> bool:
+        return get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED"
+
+    _wait_until(lambda: ended(asked) and ended(default))
+    # it said "(--session-idle-seconds)" for both: the one that asked for 0.5 s read that
+    # the server's flag (1 s here) had ended it
+    assert get(url, f"/v1/sessions/{asked}").body["end_message"] == (
+        "session ended after 0.5 s without a program (the session's idle_timeout_seconds; "
+        "--session-idle-seconds allows 1 s)"
+    )
+    assert (
+        _call(url, asked, "pid")
+        .body["error"]["message"]
+        .startswith(
+            "session ended after 0.5 s without a program (the session's idle_timeout_seconds;"
+        )
+    )
+    assert get(url, f"/v1/sessions/{default}").body["end_message"] == (
+        "session ended after 1 s without a program (--session-idle-seconds)"
+    )
+
+
 def test_a_killed_session_worker_ends_the_session_and_the_next_program_says_why(
     kcoral_server,
 ) -> None:

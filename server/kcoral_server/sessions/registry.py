@@ -66,6 +66,8 @@ class Session:
         #: the GPUs pinned to the session, in the order its programs see them (empty: CPU)
         self.gpu_ids = list(gpu_ids)
         self.idle_timeout = idle_timeout
+        #: the creator asked for ``idle_timeout`` (else it is --session-idle-seconds)
+        self.idle_asked = False
         seat_id = f"session/{self.id.replace('-', '')[:8]}"
         self.seat = Seat(seat_id, self.gpu_ids[0] if self.gpu_ids else None)
         self.seat.pinned = self._released
@@ -305,10 +307,7 @@ class Session:
     def _idle_expired(self) -> None:
         self._idle_timer = None
         if self.state == "IDLE":
-            message = (
-                f"session ended after {self.idle_timeout:g} s without a program "
-                "(--session-idle-seconds)"
-            )
+            message = idle_message(self.idle_timeout, self.idle_asked, self.registry.idle_seconds)
             self.end("idle_timeout", message)
 
     # ------------------------------------------------------------------ end
@@ -341,6 +340,19 @@ class Session:
             running.cancel("cancelled", _ended_under(message))
             return
         self.registry.retire(self)
+
+
+def idle_message(timeout: float, asked: bool, server_default: float) -> str:
+    """Why the idle timeout ended a session, naming the setting that set it: the session's
+    own ``idle_timeout_seconds`` (a client's ``idle_timeout``, ``--idle``) or the server's
+    default (EXTENSIONS §11)."""
+    ended = f"session ended after {timeout:g} s without a program"
+    if asked:
+        return (
+            f"{ended} (the session's idle_timeout_seconds; --session-idle-seconds "
+            f"allows {server_default:g} s)"
+        )
+    return f"{ended} (--session-idle-seconds)"
 
 
 def _not_stopped_message(request_id: str | None) -> str:
@@ -504,6 +516,7 @@ class Sessions:
             raise NoWorker(refusal)
         gpu_ids = self._pick_gpus(gpu_count) if gpu_count else []
         session = Session(self, identity.name, gpu_ids, idle_timeout or self.idle_seconds)
+        session.idle_asked = idle_timeout is not None
         self.sessions[session.id] = session
         # the seat (and its GPUs) count from here: a concurrent create sees them taken
         handle = pool.handles.for_session(session.seat, gpu_ids)
