@@ -136,6 +136,10 @@ class KernelState:
             return self.resolve_url(explicit)
         return None
 
+    def is_local(self, url: str) -> bool:
+        """Is ``url`` this kernel's embedded server (its jobs end with the kernel)?"""
+        return self.local is not None and self.local.url == url
+
     def local_gone(self, url: str) -> bool:
         """Was ``url`` one of this kernel's embedded servers that is no longer running?"""
         local = self.local

@@ -18,6 +18,7 @@ import { KCoralApi } from './api';
 import { kcoralIcon } from './icon';
 import { KCoralModel } from './model';
 import { KCoralPanel } from './panel';
+import { watchForKernelLoss } from './restarts';
 import { KCoralStatus } from './statusbar';
 
 const PLUGIN_ID = 'kcoral-jupyterlab:plugin';
@@ -39,6 +40,7 @@ function sessionContextOf(widget: unknown): ISessionContext | null {
  */
 function followFocusedKernel(app: JupyterFrontEnd, model: KCoralModel): void {
   let watched: ISessionContext | null = null;
+  const watchedForLoss = new WeakSet<object>();
   const update = (): void => {
     model.setFocusedKernel(watched?.session?.kernel?.id ?? null);
   };
@@ -47,6 +49,7 @@ function followFocusedKernel(app: JupyterFrontEnd, model: KCoralModel): void {
     if (context === null) {
       return; // the file browser or a text editor: keep the last notebook's server
     }
+    watchForKernelLoss(app.shell.currentWidget, context, watchedForLoss);
     if (context !== watched) {
       watched?.kernelChanged.disconnect(update);
       watched = context;

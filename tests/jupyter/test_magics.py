@@ -235,6 +235,11 @@ def test_a_cell_on_a_jobs_server_walks_the_status_line_and_streams_output(
     assert any("worker" in line for line in lines), lines
     meta = kcoral_metadata(captured)[-1]
     assert meta["job_id"] and meta["worker_id"]
+    # While it runs the line says it is live (JupyterLab rewrites a live line whose kernel
+    # restarted), with its job once submitted; its last word is no longer live.
+    live = [m for m in kcoral_metadata(captured) if m.get("live")]
+    assert live and live[-1]["job_id"] == meta["job_id"] and live[-1]["local_server"] is False
+    assert "live" not in meta
 
 
 def test_noblock_binds_a_job_that_attach_follows_and_binds_outputs(shell, cpu_server_url) -> None:

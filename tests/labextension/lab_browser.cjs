@@ -186,7 +186,41 @@ async function drive(page) {
   await page.screenshot({ path: path.join(SHOTS, 'panel-two-servers.png') });
   step('jobs of two servers');
 
-  // 7. The palette commands exist.
+  // 8. A cell still running on that server when the kernel restarts: nothing will update
+  // its status line again, so the extension rewrites it to say the kernel restarted.
+  await page.waitForFunction(
+    () => {
+      const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
+      return w.sessionContext.session.kernel.status === 'idle';
+    },
+    null,
+    { timeout: 60000 }
+  );
+  await runCell(page, 5);
+  const cellText = () => document.querySelectorAll('.jp-Notebook .jp-Cell')[5]?.innerText || '';
+  await page.waitForFunction(
+    () => /waiting for a restart/.test(document.querySelectorAll('.jp-Notebook .jp-Cell')[5]?.innerText || '') &&
+      /kcoral: running/.test(document.querySelectorAll('.jp-Notebook .jp-Cell')[5]?.innerText || ''),
+    null,
+    { timeout: 60000 }
+  );
+  step('cell running before the restart');
+  await page.evaluate(() => {
+    const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
+    return w.sessionContext.session.kernel.restart();
+  });
+  await page.waitForFunction(
+    () => /the kernel restarted while this cell ran/.test(document.querySelectorAll('.jp-Notebook .jp-Cell')[5]?.innerText || ''),
+    null,
+    { timeout: 60000 }
+  );
+  seen.lineAfterRestart = await page.evaluate(cellText);
+  step('status line after the restart', { text: seen.lineAfterRestart });
+  await page.locator('.jp-Notebook .jp-Cell').nth(5).screenshot({
+    path: path.join(SHOTS, 'cell-after-restart.png')
+  });
+
+  // 9. The palette commands exist.
   seen.commands = await page.evaluate(() =>
     ['kcoral:show-panel', 'kcoral:cancel-job'].map(id => [
       id,

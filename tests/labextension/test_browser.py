@@ -77,6 +77,8 @@ NOTEBOOK_CELLS = [
 ]
 # After the cells above: `%kcoral connect URL` (cell 3), then one cell on that server.
 SECOND_SERVER_CELL = "%%kcoral\nprint('on the second server')"
+# Cell 5: still running on that server when the kernel restarts.
+RESTART_CELL = "%%kcoral\nimport time\nprint('waiting for a restart', flush=True)\ntime.sleep(60)"
 
 
 def _free_port() -> int:
@@ -86,7 +88,7 @@ def _free_port() -> int:
 
 
 def _write_notebook(path: Path, connect_url: str) -> None:
-    sources = [*NOTEBOOK_CELLS, f"%kcoral connect {connect_url}", SECOND_SERVER_CELL]
+    sources = [*NOTEBOOK_CELLS, f"%kcoral connect {connect_url}", SECOND_SERVER_CELL, RESTART_CELL]
     cells = [
         {
             "cell_type": "code",
@@ -251,6 +253,16 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
     labels = dict(seen["serverLabels"])
     assert sorted(labels.values()) == sorted(["local server of kcoral.ipynb", host_port])
     assert seen["jobServerHeadings"] == [host_port, "local server of kcoral.ipynb"]
+    # A cell running when its kernel restarted said `kcoral: running` for good: nothing
+    # would update it again. It says the kernel restarted, and how to ask after its job.
+    restarted = seen["lineAfterRestart"]
+    assert "kcoral: running" not in restarted, restarted
+    job = r"[0-9a-f-]{36}"
+    assert re.search(
+        r"kcoral: \u26a0 the kernel restarted while this cell ran \(last: running\); "
+        rf"job ({job}) may still run on {re.escape(connect_url)} \(%kcoral attach \1 there\)",
+        restarted,
+    ), restarted
 
 
 # What a rogue KCoral server says about its one session: markup in every text field, to

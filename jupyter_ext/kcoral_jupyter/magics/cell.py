@@ -130,7 +130,12 @@ class CellMagic:
             session_id=remote.id if remote is not None else None,
             waits_for=waits_for(args.select, facts) if remote is None else None,
         )
-        line_out = StatusLine(not (args.quiet or settings.quiet), provenance(None, record))
+        line_out = StatusLine(
+            not (args.quiet or settings.quiet),
+            provenance(None, record),
+            record,
+            local_server=self.kernel.is_local(url),
+        )
 
         if args.noblock:
             return self._submit(client, built, options, record, args.result_name, has_jobs, remote)

@@ -102,7 +102,12 @@ class JobCommands:
         job = client.job(job_id)
         pending = self.kernel.pending.get(job_id)
         record = RunRecord(server=url, job_id=job_id, warning=pending.warning if pending else None)
-        line_out = StatusLine(not self.kernel.settings.quiet, provenance(None, record))
+        line_out = StatusLine(
+            not self.kernel.settings.quiet,
+            provenance(None, record),
+            record,
+            local_server=self.kernel.is_local(url),
+        )
         line_out.show(f"attached to job {job_id}")
         try:
             result = follow_job(job, line_out, record)
@@ -113,6 +118,7 @@ class JobCommands:
                 f"%kcoral attach {job_id} follows it again, %kcoral cancel {job_id} stops it",
             ) from exc
         except KCoralError as exc:
+            line_out.settle()
             raise translate_error(exc, ExecuteOptions(), url) from None
         except TransportError as exc:
             # The job's server, named (its event stream's error knows no address), and a

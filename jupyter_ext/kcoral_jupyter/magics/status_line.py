@@ -2,7 +2,9 @@
 
 Its final text is the summary a saved notebook keeps (``summary_text``); every output of a
 cell carries ``provenance`` in its metadata under the key ``kcoral``. The HTML is the
-display module's (``display.status_line_bundle``).
+display module's (``display.status_line_bundle``). While the cell runs, the line's metadata
+also says ``"live": true``: a kernel that restarts then never updates it again, and
+JupyterLab's extension (``labextension/src/restarts.ts``) rewrites such a line to say so.
 """
 
 from __future__ import annotations
@@ -21,30 +23,58 @@ from kcoral_jupyter.runner import RunRecord
 class StatusLine:
     """One line updated in place; its final text is the summary a saved notebook keeps."""
 
-    def __init__(self, enabled: bool, metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        metadata: dict[str, Any],
+        record: RunRecord | None = None,
+        *,
+        local_server: bool = False,
+    ) -> None:
         self.enabled = enabled
         self.metadata = metadata
+        self.record = record  # a live line names its job once submitted (``job_id``)
+        self.local_server = local_server  # it runs on this kernel's own server (ends with it)
         self.handle: DisplayHandle | None = None
         self.text = ""
+        self.live = False
 
-    def show(self, text: str, *, status: str | None = None, warning: str | None = None) -> None:
+    def show(
+        self,
+        text: str,
+        *,
+        status: str | None = None,
+        warning: str | None = None,
+        live: bool = False,
+    ) -> None:
         """Show ``text``; a ``warning`` (said within ``text``) styles it as one (amber, a
-        warning sign), and a quiet line still writes the warning to stderr: never hidden."""
+        warning sign), and a quiet line still writes the warning to stderr: never hidden.
+        ``live``: the cell still runs and will update it (a phase)."""
         self.text = text
+        self.live = live
         if not self.enabled:
             if warning:
                 sys.stderr.write(f"kcoral: warning: {warning}\n")
             return
         data = rich.status_line_bundle(text, status=status, warning=bool(warning))
-        metadata = {"kcoral": self.metadata}
+        shown = self.metadata
+        if live:
+            job_id = self.record.job_id if self.record is not None else shown.get("job_id")
+            shown = {**shown, "job_id": job_id, "live": True, "local_server": self.local_server}
+        metadata = {"kcoral": shown}
         if self.handle is None:
             self.handle = display(data, raw=True, metadata=metadata, display_id=True)
         else:
             self.handle.update(data, raw=True, metadata=metadata)
 
+    def settle(self) -> None:
+        """The line as it stands, no longer live: the cell ended without a last word."""
+        if self.live:
+            self.show(self.text)
+
     # Reporter protocol (runner.Reporter)
     def phase(self, text: str) -> None:
-        self.show(text)
+        self.show(text, live=True)
 
     def stdout(self, text: str) -> None:
         sys.stdout.write(text)
