@@ -25,6 +25,19 @@ async function runCell(page, index) {
   }, index);
 }
 
+// The notebook's kernel is idle (found among the main-area widgets: the focus may be in
+// the side panel).
+async function notebookKernelIdle(page) {
+  await page.waitForFunction(
+    () => {
+      const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
+      return w.sessionContext.session.kernel.status === 'idle';
+    },
+    null,
+    { timeout: 60000 }
+  );
+}
+
 async function drive(page) {
   // 1. A fresh install: no server configured and none started yet.
   const status = page.locator('#kcoral-status');
@@ -153,14 +166,7 @@ async function drive(page) {
 
   // 5. `%kcoral connect URL` (a server with two workers): the status bar follows. Sent once
   // the cancelled cell has ended: a request queued behind a failing cell would be aborted.
-  await page.waitForFunction(
-    () => {
-      const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
-      return w.sessionContext.session.kernel.status === 'idle';
-    },
-    null,
-    { timeout: 60000 }
-  );
+  await notebookKernelIdle(page);
   await runCell(page, 3);
   seen.statusAfterConnect = await statusMatches(/KCoral ● cpu · \d+\/2 busy · \d+ queued/);
   step('status follows the connection', { text: seen.statusAfterConnect });
@@ -188,14 +194,7 @@ async function drive(page) {
 
   // 8. A cell still running on that server when the kernel restarts: nothing will update
   // its status line again, so the extension rewrites it to say the kernel restarted.
-  await page.waitForFunction(
-    () => {
-      const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
-      return w.sessionContext.session.kernel.status === 'idle';
-    },
-    null,
-    { timeout: 60000 }
-  );
+  await notebookKernelIdle(page);
   await runCell(page, 5);
   const cellText = () => document.querySelectorAll('.jp-Notebook .jp-Cell')[5]?.innerText || '';
   await page.waitForFunction(

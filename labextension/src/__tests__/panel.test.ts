@@ -349,64 +349,17 @@ describe('the selected job when its server stops listing it', () => {
     expect(cancel.disabled).toBe(false);
   });
 
-  it('says the status its live output finished with, not status unknown', async () => {
-    // The kernel that ran the job's embedded server restarted: the job's stream said
-    // `finished: cancelled`, then its server (and the job) left the list.
+  /** A panel following job `job-1234-x`, whose event stream sends `stream` and ends;
+   * the job is listed while `listed()` says so. Returns once a phase is shown. */
+  async function following(stream: string, listed: () => boolean) {
     const scope = globalThis as { TextDecoder?: unknown };
     scope.TextDecoder ??= (await import('util')).TextDecoder;
-    const finished = 'event: phase\nid: 9\ndata: {"phase":"finished","status":"CANCELLED"}\n\n';
-    let listed = true;
     const fetcher = async (path: string): Promise<Response> => {
       if (path === 'servers') {
         return answer({ servers: [healthyServer('a')] });
       }
       if (path === 'jobs') {
-        return answer({ jobs: listed ? [job('job-1234-x', 1)] : [], errors: [] });
-      }
-      if (path === 'sessions') {
-        return answer({ sessions: [], errors: [] });
-      }
-      let sent = false;
-      const reader = {
-        read: async () =>
-          sent ? { done: true } : ((sent = true), { done: false, value: Buffer.from(finished) }),
-        cancel: async () => undefined,
-        releaseLock: () => undefined
-      };
-      return { ok: true, status: 200, body: { getReader: () => reader } } as unknown as Response;
-    };
-    const model = new KCoralModel(new KCoralApi(fetcher), {
-      pollIntervalMs: 60_000,
-      statusServer: ''
-    });
-    const panel = new KCoralPanel(model);
-    opened.push({ panel, model });
-    await model.poll();
-    panel.node.querySelector<HTMLElement>('tr.jp-KCoral-job')!.click();
-    for (let i = 0; i < 20 && text(panel, '.jp-KCoral-phase') === ''; i++) {
-      await new Promise(resolve => setTimeout(resolve, 0));
-    }
-    expect(text(panel, '.jp-KCoral-phase')).toBe('finished: cancelled');
-    listed = false;
-    await model.poll();
-    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('cancelled · job job-1234');
-    expect(panel.canCancelSelected).toBe(false);
-  });
-
-  it('marks where the server cut a stream at the output limit', async () => {
-    // The pane showed the first output-limit bytes and ended there, as if that were all.
-    const scope = globalThis as { TextDecoder?: unknown };
-    scope.TextDecoder ??= (await import('util')).TextDecoder;
-    const stream =
-      'event: stdout\nid: 1\ndata: {"text":"abcde"}\n\n' +
-      'event: phase\nid: 2\ndata: {"phase":"finished","status":"COMPLETED",' +
-      '"stdout_truncated":true,"stderr_truncated":false}\n\n';
-    const fetcher = async (path: string): Promise<Response> => {
-      if (path === 'servers') {
-        return answer({ servers: [healthyServer('a')] });
-      }
-      if (path === 'jobs') {
-        return answer({ jobs: [job('job-1234-x', 1)], errors: [] });
+        return answer({ jobs: listed() ? [job('job-1234-x', 1)] : [], errors: [] });
       }
       if (path === 'sessions') {
         return answer({ sessions: [], errors: [] });
@@ -431,6 +384,29 @@ describe('the selected job when its server stops listing it', () => {
     for (let i = 0; i < 20 && text(panel, '.jp-KCoral-phase') === ''; i++) {
       await new Promise(resolve => setTimeout(resolve, 0));
     }
+    return { panel, model };
+  }
+
+  it('says the status its live output finished with, not status unknown', async () => {
+    // The kernel that ran the job's embedded server restarted: the job's stream said
+    // `finished: cancelled`, then its server (and the job) left the list.
+    const finished = 'event: phase\nid: 9\ndata: {"phase":"finished","status":"CANCELLED"}\n\n';
+    let listed = true;
+    const { panel, model } = await following(finished, () => listed);
+    expect(text(panel, '.jp-KCoral-phase')).toBe('finished: cancelled');
+    listed = false;
+    await model.poll();
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('cancelled · job job-1234');
+    expect(panel.canCancelSelected).toBe(false);
+  });
+
+  it('marks where the server cut a stream at the output limit', async () => {
+    // The pane showed the first output-limit bytes and ended there, as if that were all.
+    const stream =
+      'event: stdout\nid: 1\ndata: {"text":"abcde"}\n\n' +
+      'event: phase\nid: 2\ndata: {"phase":"finished","status":"COMPLETED",' +
+      '"stdout_truncated":true,"stderr_truncated":false}\n\n';
+    const { panel } = await following(stream, () => true);
     expect(text(panel, '.jp-KCoral-cut')).toBe(
       '[stdout truncated at the output limit: the rest was not kept]'
     );
