@@ -114,7 +114,10 @@ def run_comparison(candidates: object, args: Sequence[Any]) -> dict[str, Any]:
     config = None
     if args and isinstance(args[-1], dict):
         config, args = args[-1], tuple(args[:-1])
-    settings = parse_config(config, COMPARE_KEYS)
+    try:
+        settings = parse_config(config, COMPARE_KEYS)
+    except ExecutionError as exc:  # benchmark's keys, said as compare's own
+        raise _fail(exc.message.replace("benchmark config", "config", 1)) from None
     options = config or {}
     named = _candidates(candidates)
     rtol = _tolerance(options, "rtol", DEFAULT_RTOL)

@@ -348,13 +348,16 @@ def test_a_candidate_that_raises_only_while_timed_is_failed_too() -> None:
         ({"a": lambda: None}, {"outputs": [5]}, "not an argument position"),
         ({"a": lambda: None}, {"seed": -1}, "seed"),
         ({"a": lambda: None}, {"rtol": -1}, "rtol"),
-        ({"a": lambda: None}, {"colour": "red"}, "unknown benchmark config key"),
+        ({"a": lambda: None}, {"colour": "red"}, "unknown config key"),
+        # benchmark's own keys, checked by the same code, said as compare's
+        ({"a": lambda: None}, {"repeat": 0}, "config 'repeat' must be at least 1"),
     ],
 )
 def test_misused_compare_fails_with_runtime_and_says_why(candidates, config, message) -> None:
     with pytest.raises(ExecutionError) as info:
         compare(candidates, config)
     assert info.value.kind == "runtime" and message in info.value.message
+    assert info.value.message.startswith("compare: "), info.value.message
 
 
 # ---------------------------------------------------------------------- few samples, the call cap
