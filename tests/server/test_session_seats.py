@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime
 import re
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,10 +17,20 @@ from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
 from kcoral_server.settings.config import InvalidConfigError, ServerConfig
 from session_requests import create_session, run_in, value_of
 
+import kcoral
+
 ALICE = {"Authorization": "Bearer token-alice-0123456789"}
 BOB = {"Authorization": "Bearer token-bob-0123456789"}
 ROOT = {"Authorization": "Bearer token-root-0123456789"}
 WHEN = re.compile(r"in (\d+) s \(at (\S+)\)$")
+
+
+def _wait_for(check, timeout: float = 60.0) -> None:
+    """Poll ``check`` until true (a hang guard, not a timing check)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "it never happened"
+        time.sleep(0.02)
 
 
 def _token_file(tmp_path: Path, text: str) -> str:
@@ -141,6 +153,52 @@ def test_an_admins_program_in_another_identitys_session_is_refused_and_the_sessi
     assert get(url, f"/v1/sessions/{held}", ROOT).body["state"] == "IDLE"
     answer = run_in(url, held, module_program(KEEP, [("kept", [])]), ALICE)
     assert value_of(answer, "kept") == [1, 2]
+
+
+HOLD_THE_GPU = """
+import os, time
+while not os.path.exists(GO):
+    time.sleep(0.01)
+def done():
+    return 1
+"""
+
+
+def test_a_session_whose_client_left_while_it_started_ends_and_frees_its_seat(
+    server_factory, tmp_path: Path
+) -> None:
+    url = server_factory(
+        "--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "1"
+    ).url
+    go = tmp_path / "go"
+    # a module whose top-level code runs under the GPU's lease until `go` appears: a
+    # session's worker starts CUDA under that lease (SERVER §5), so its create waits
+    holder = kcoral.Client(url)
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=f"GO = {str(go)!r}" + HOLD_THE_GPU)
+    program.run(fn=program.get_function(module=module, name="done"), args=[])
+    job = holder.submit(program)
+    for event in job.events():
+        if event.kind == "phase" and event.data.get("phase") == "lease_held":
+            break
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    creating = socket.create_connection((host, int(port)))
+    head = f"POST /v1/sessions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 0\r\n\r\n"
+    creating.sendall(head.encode())
+    _wait_for(lambda: get(url, "/v1/info").body["sessions"]["active"] == 1)
+    creating.close()  # the creator gives up (Ctrl-C) while its session waits to start
+    go.touch()
+    assert job.result(timeout=60).status == "COMPLETED"
+
+    def started() -> dict:
+        return request(url, "GET", "/v1/sessions").body[0]
+
+    _wait_for(lambda: started()["state"] != "STARTING")
+    # it became IDLE and held its seat (and its owner's share) for the idle timeout
+    assert started()["state"] == "ENDED", started()
+    assert started()["end_message"] == "session ended: its client left before it had started"
+    assert get(url, "/v1/info").body["sessions"]["active"] == 0
+    holder.close()
 
 
 @pytest.mark.parametrize(

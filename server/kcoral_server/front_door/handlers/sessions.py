@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 SESSION_ID_PATTERN = r"(?P<session_id>[0-9a-f-]{36})"
 NOT_FOUND = "unknown session id"
 
+#: a session whose creator went away before its 201 (EXTENSIONS §11)
+CLIENT_LEFT = "session ended: its client left before it had started"
 #: POST /v1/sessions on a server with --max-sessions 0 (EXTENSIONS §11)
 SESSIONS_OFF = "sessions are off on this server (--max-sessions 0)"
 
@@ -30,6 +32,7 @@ class SessionsHandler(BaseHandler):
     """``POST /v1/sessions`` (create) and ``GET /v1/sessions`` (the caller's, newest first)."""
 
     ALLOWED: tuple[str, ...] = ("GET", "POST")
+    client_left = False  # the caller closed its connection before the answer
 
     def get(self) -> None:
         self.send_json(200, self.state.sessions.listed(self.identity))
@@ -54,7 +57,17 @@ class SessionsHandler(BaseHandler):
         except NoWorker as exc:
             self.send_error_json(503, "busy", str(exc))
             return
+        if self.client_left:
+            # Its start can wait long (CUDA starts under a GPU's lease, SERVER §5); a client
+            # that gave up meanwhile never learns the id, and the seat stayed held, against
+            # its owner's cap, until the idle timeout.
+            session.end("deleted", CLIENT_LEFT)
+            return
         self.send_json(201, session.record())
+
+    def on_connection_close(self) -> None:
+        self.client_left = True
+        super().on_connection_close()
 
     def _options(self) -> tuple[int | None, float | None]:
         """``gpu_count`` and ``idle_timeout_seconds`` from the body, checked."""
