@@ -9,8 +9,12 @@ server with a real (reused) worker.
 
 from __future__ import annotations
 
+import resource
+from pathlib import Path
+
 import pytest
 from raw_http import call_program, post_execute
+from server_process import start_server
 
 PID = "import os\n\ndef main():\n    return os.getpid()\n"
 
@@ -62,6 +66,39 @@ def test_a_folder_2000_levels_deep_is_returned_whole(server) -> None:
     assert folder["directories"] == ["/".join(["a"] * n) for n in range(1, 2001)]
     assert list(folder["files"]) == [f"{bottom}/f"]
     assert answer.parts[folder["files"][f"{bottom}/f"]["part"]] == b"bottom"
+
+
+def _open_file_limit_1024() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))  # a common hard limit
+
+
+def test_a_2000_level_folder_with_a_sibling_at_each_level_is_returned_under_1024_open_files(
+    tmp_path: Path,
+) -> None:
+    # The walk held one descriptor per level that still had a subdirectory to do, so this
+    # failed with 'cannot list ...: Too many open files' (a 4000-byte path in the message).
+    server = start_server(
+        tmp_path / "server", ["--num-workers", "1"], preexec_fn=_open_file_limit_1024
+    )
+    try:
+        source = (
+            "import os\n\ndef main():\n    os.mkdir('d')\n    fd = os.open('d', os.O_RDONLY)\n"
+            "    for _ in range(2000):\n        os.mkdir('b', dir_fd=fd)\n"
+            "        os.mkdir('a', dir_fd=fd)\n"
+            "        child = os.open('a', os.O_RDONLY, dir_fd=fd)\n"
+            "        os.close(fd)\n        fd = child\n"
+            "    os.close(os.open('f', os.O_WRONLY | os.O_CREAT, dir_fd=fd))\n"
+        )
+        answer = post_execute(server.url, _folder_program(source), timeout=120.0)
+    finally:
+        server.stop()
+    assert answer.status == 200, answer.raw[:2000]
+    assert answer.body["status"] == "COMPLETED", str(answer.body.get("error"))[:2000]
+    folder = answer.body["results"]["d"]
+    chains = ["/".join(["a"] * n) for n in range(2001)]
+    expected = sorted([*chains[1:], *(f"{chain}/b".lstrip("/") for chain in chains[:-1])])
+    assert folder["directories"] == expected
+    assert list(folder["files"]) == [f"{chains[-1]}/f"]
 
 
 def test_a_folder_holding_a_name_with_a_backslash_fails_as_serialization_naming_it(

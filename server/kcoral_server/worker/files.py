@@ -197,10 +197,10 @@ def _checked_name(name: str, relative: str, where: str) -> None:
 
 @dataclass
 class _Level:
-    """A directory being walked: its descriptor (closed once its last subdirectory is
-    open), its path in the folder (``prefix``) and as shown, its subdirectories to do."""
+    """A directory being walked: its identity, its path in the folder (``prefix``) and as
+    shown, its subdirectories still to do."""
 
-    fd: int
+    identity: tuple[int, int]
     prefix: str
     shown: str
     subdirectories: list[str]
@@ -209,62 +209,79 @@ class _Level:
 def _walk(root: int, shown: str, folder: Folder, budget: Budget) -> None:
     """Every file and directory below the open directory ``root``, iteratively: a program
     shapes the tree (any depth; Python's recursion failed at ~1000 levels with an
-    ``engine`` error, audit F6). A directory's descriptor stays open only while some of its
-    subdirectories are still to be opened, so a chain of levels holds one or two."""
+    ``engine`` error, audit F6). Only the directory being read is open: a finished one is
+    left through its ``..``, which must be the directory listed before. Holding one
+    descriptor per level that still had subdirectories to do failed a 2000-level folder
+    with a sibling at each level ('Too many open files') where the worker may hold 1024."""
     visited: set[tuple[int, int]] = set()
-    stack = [_list(os.dup(root), "", shown, folder, budget, visited)]
+    current = os.dup(root)
     try:
+        stack = [_list(current, "", shown, folder, budget, visited)]
         while stack:
             level = stack[-1]
             if not level.subdirectories:
-                os.close(stack.pop().fd)
+                stack.pop()
+                if stack:
+                    current = _back_up(current, stack[-1])
                 continue
             name = level.subdirectories.pop()
-            relative = f"{level.prefix}{name}"
             where = f"{level.shown}/{name}"
             try:
-                child = os.open(name, DIRECTORY_FLAGS, dir_fd=level.fd)
+                child = os.open(name, DIRECTORY_FLAGS, dir_fd=current)
             except OSError as exc:
                 raise _fail(f"cannot read {where!r}: {_why(exc)}") from None
-            if not level.subdirectories:  # its last: nothing more is opened from it
-                os.close(stack.pop().fd)
-            stack.append(_list(child, f"{relative}/", where, folder, budget, visited))
+            os.close(current)
+            current = child
+            stack.append(_list(current, f"{level.prefix}{name}/", where, folder, budget, visited))
     finally:
-        for level in stack:
-            os.close(level.fd)
+        os.close(current)
+
+
+def _back_up(current: int, parent: _Level) -> int:
+    """The parent of the open directory ``current`` (which is closed), opened as ``..``:
+    the directory ``parent`` was listed from, or the return fails."""
+    try:
+        up = os.open("..", DIRECTORY_FLAGS, dir_fd=current)
+    except OSError as exc:
+        raise _fail(f"cannot read {parent.shown!r}: {_why(exc)}") from None
+    try:
+        info = os.fstat(up)
+    except OSError as exc:
+        os.close(up)
+        raise _fail(f"cannot read {parent.shown!r}: {_why(exc)}") from None
+    if (info.st_dev, info.st_ino) != parent.identity:
+        os.close(up)
+        raise _fail(f"{parent.shown!r} changed while it was being read")
+    os.close(current)
+    return up
 
 
 def _list(
     dir_fd: int, prefix: str, shown: str, folder: Folder, budget: Budget, visited: set
 ) -> _Level:
-    """Read the files of the open directory ``dir_fd`` into ``folder``; its level, which
-    owns ``dir_fd`` (closed here when this fails)."""
+    """Read the files of the open directory ``dir_fd`` (the caller's) into ``folder``."""
+    info = os.fstat(dir_fd)
+    key = (info.st_dev, info.st_ino)
+    if key in visited:
+        raise _fail(f"directory {shown!r} was reached twice")
+    visited.add(key)
     try:
-        info = os.fstat(dir_fd)
-        key = (info.st_dev, info.st_ino)
-        if key in visited:
-            raise _fail(f"directory {shown!r} was reached twice")
-        visited.add(key)
+        names = sorted(os.listdir(dir_fd), reverse=True)  # popped from the end
+    except OSError as exc:
+        raise _fail(f"cannot list {shown!r}: {_why(exc)}") from None
+    subdirectories = []
+    for name in names:
+        relative = f"{prefix}{name}"
+        where = f"{shown}/{name}"
+        _checked_name(name, relative, where)
         try:
-            names = sorted(os.listdir(dir_fd), reverse=True)  # popped from the end
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
         except OSError as exc:
-            raise _fail(f"cannot list {shown!r}: {_why(exc)}") from None
-        subdirectories = []
-        for name in names:
-            relative = f"{prefix}{name}"
-            where = f"{shown}/{name}"
-            _checked_name(name, relative, where)
-            try:
-                mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-            except OSError as exc:
-                raise _fail(f"cannot read {where!r}: {_why(exc)}") from None
-            if stat.S_ISDIR(mode):
-                folder.directories.append(relative)
-                subdirectories.append(name)
-            else:
-                _check_regular(mode, where)
-                folder.files[relative] = _read_regular(dir_fd, name, where, budget)
-    except BaseException:
-        os.close(dir_fd)
-        raise
-    return _Level(dir_fd, prefix, shown, subdirectories)
+            raise _fail(f"cannot read {where!r}: {_why(exc)}") from None
+        if stat.S_ISDIR(mode):
+            folder.directories.append(relative)
+            subdirectories.append(name)
+        else:
+            _check_regular(mode, where)
+            folder.files[relative] = _read_regular(dir_fd, name, where, budget)
+    return _Level(key, prefix, shown, subdirectories)
