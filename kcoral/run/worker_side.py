@@ -57,19 +57,23 @@ def unpack_inputs(blob: bytes, directory: str) -> list[str]:
         raise ValueError("inputs: not a kcoral run inputs blob")
     offset = len(INPUTS_MAGIC)
     written = []
-    while offset < len(view):
-        if offset + _HEADER.size > len(view):
-            raise ValueError("inputs: truncated header")
-        flags, path_length, data_length = _HEADER.unpack_from(view, offset)
-        offset += _HEADER.size
-        end = offset + path_length + data_length
-        if end > len(view):
-            raise ValueError("inputs: truncated entry")
-        path = bytes(view[offset : offset + path_length]).decode("utf-8")
-        data = view[offset + path_length : end]
-        offset = end
-        _write_input(directory, _safe_relative_path(path), data, bool(flags & _EXECUTABLE))
-        written.append(path)
+    writer = _TreeWriter(directory)
+    try:
+        while offset < len(view):
+            if offset + _HEADER.size > len(view):
+                raise ValueError("inputs: truncated header")
+            flags, path_length, data_length = _HEADER.unpack_from(view, offset)
+            offset += _HEADER.size
+            end = offset + path_length + data_length
+            if end > len(view):
+                raise ValueError("inputs: truncated entry")
+            path = bytes(view[offset : offset + path_length]).decode("utf-8")
+            data = view[offset + path_length : end]
+            offset = end
+            writer.write(_safe_relative_path(path), data, bool(flags & _EXECUTABLE))
+            written.append(path)
+    finally:
+        writer.close()
     return written
 
 
@@ -85,25 +89,59 @@ def _safe_relative_path(path: str) -> list[str]:
     return parts
 
 
-def _write_input(directory: str, parts: list[str], data: memoryview, executable: bool) -> None:
-    parent = directory
-    for part in parts[:-1]:
-        parent = os.path.join(parent, part)
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _TreeWriter:
+    """Writes files below one directory relative to directory descriptors. Absolute paths
+    passed PATH_MAX for a tree the protocol allows (4096 bytes below the work directory,
+    which has its own path) and failed with 'File name too long'. Only the directory
+    written into is open, as a tree may be deeper than the open-files limit; a move opens
+    only where the next file's parents differ, climbing through '..' (the directories are
+    ones this writer made, and nothing else runs in the work directory yet)."""
+
+    def __init__(self, directory: str) -> None:
+        self._fd = os.open(directory, _DIRECTORY_FLAGS)
+        self._names: list[str] = []  # the open directory's path below ``directory``
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def write(self, parts: list[str], data: memoryview, executable: bool) -> None:
+        self._move_to(parts[:-1], parts)
+        mode = 0o700 if executable else 0o600
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            os.mkdir(parent, 0o700)
+            fd = os.open(parts[-1], flags, mode, dir_fd=self._fd)
         except FileExistsError:
-            # only directories this function made can exist here; anything else is a conflict
-            if not stat.S_ISDIR(os.lstat(parent).st_mode):
-                raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
-    mode = 0o700 if executable else 0o600
-    target = os.path.join(parent, parts[-1])
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    except FileExistsError:
-        raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        os.fchmod(handle.fileno(), mode)  # the umask must not strip the executable bit
+            raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            os.fchmod(handle.fileno(), mode)  # the umask must not strip the executable bit
+
+    def _move_to(self, parents: list[str], parts: list[str]) -> None:
+        shared = 0
+        while shared < min(len(parents), len(self._names)):
+            if parents[shared] != self._names[shared]:
+                break
+            shared += 1
+        while len(self._names) > shared:
+            self._enter(os.open("..", _DIRECTORY_FLAGS, dir_fd=self._fd))
+            self._names.pop()
+        for name in parents[shared:]:
+            try:
+                os.mkdir(name, 0o700, dir_fd=self._fd)
+            except FileExistsError:
+                # only directories this writer made can exist here; anything else conflicts
+                mode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mode
+                if not stat.S_ISDIR(mode):
+                    raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
+            self._enter(os.open(name, _DIRECTORY_FLAGS, dir_fd=self._fd))
+            self._names.append(name)
+
+    def _enter(self, fd: int) -> None:
+        os.close(self._fd)
+        self._fd = fd
 
 
 def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:

@@ -127,6 +127,44 @@ def test_binary_inputs_make_the_round_trip_unchanged(
     assert (in_tmp / "blob.bin").read_bytes() == payload
 
 
+def _make_tree(top: Path, names: list[str], leaf: str, data: bytes) -> None:
+    """``top/names[0]/names[1]/.../leaf`` made through directory descriptors: the path is
+    longer than PATH_MAX once anything stands in front of it."""
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in names:
+            os.mkdir(name, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        with os.fdopen(os.open(leaf, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "wb") as out:
+            out.write(data)
+    finally:
+        os.close(fd)
+
+
+def test_a_sent_folder_whose_remote_paths_pass_path_max_unpacks_whole(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # 'deep/' + 16 names of 250 bytes + a 56-byte one + 'leaf.txt': 4086 bytes, within the
+    # 4096 a path may have; '/workspace/work/' (or any workspace) in front passes PATH_MAX.
+    # The worker wrote by absolute path: a remote 'OSError: File name too long' traceback.
+    names = [f"{level:02d}" + "x" * 248 for level in range(16)] + ["y" * 55]
+    _make_tree(in_tmp / "deep", names, "leaf.txt", b"bottom")
+    (in_tmp / "deep" / "top.txt").write_bytes(b"top")
+    code = (
+        "import os, sys\n"
+        "fd = os.open('deep', os.O_RDONLY)\n"
+        "for name in sys.argv[1:]:\n"
+        "    fd = os.open(name, os.O_RDONLY, dir_fd=fd)\n"
+        "print(os.read(os.open('leaf.txt', os.O_RDONLY, dir_fd=fd), 100).decode(),"
+        " open('deep/top.txt').read())\n"
+    )
+    assert run(server_url, "python", "--send", "deep", "--", "-c", code, *names) == 0
+    assert capfd.readouterr().out == "bottom top\n"
+
+
 def test_outputs_come_back_even_when_the_tool_fails(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
