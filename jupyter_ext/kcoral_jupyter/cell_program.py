@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 
 from kcoral import Program, ProgramResult
 from kcoral.errors import ProtocolError
+from kcoral.local_folder import kind_of
 from kcoral.protocol.dtypes import dtype_name_of_numpy
 from kcoral_jupyter.cell_source import CELL_FUNCTION, wrapper_source
 
@@ -164,11 +166,28 @@ _PROTOCOL_DTYPES = frozenset(
 )
 
 
+def read_local_file(path: str) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed) for ``--file``.
+
+    ``ValueError`` for anything else: reading a FIFO blocked the kernel until a writer came,
+    and a device may never end. Opened with ``O_NONBLOCK`` (no effect on a regular file) and
+    checked again once open, so a FIFO put in its place cannot block either. The file's
+    size is not trusted: ``/proc`` files say 0 and have content."""
+    shown = f"--file {path!r}"
+    if not stat.S_ISREG(mode := os.stat(path).st_mode):
+        raise ValueError(f"{shown} is a {kind_of(mode)}, not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+            raise ValueError(f"{shown} is a {kind_of(mode)}, not a regular file")
+        return handle.read()
+
+
 def build_cell(spec: CellSpec) -> BuiltCell:
     """The program: file/folder uploads, the wrapper module, one run, the returns."""
     program = Program()
     for local, remote in spec.files:
-        program.upload_file(blob=Path(local).read_bytes(), path=remote)
+        program.upload_file(blob=read_local_file(local), path=remote)
     for local, remote in spec.folders:
         if not os.path.isdir(local):
             raise NotADirectoryError(f"--folder {local!r} is not a directory")

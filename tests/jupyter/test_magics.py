@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import importlib
 import json
+import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -138,6 +141,35 @@ def test_files_go_up_and_returned_files_are_shown(shell, tmp_path: Path) -> None
     assert returned.read_bytes() == b"HELLO FROM THE KERNEL\n"
     html = [o.data.get("text/html", "") for o in captured.outputs]
     assert any("HELLO FROM THE KERNEL" in h for h in html)
+
+
+def _release_a_blocked_reader(fifo: Path) -> None:
+    """Let a reader blocked opening ``fifo`` go on (it then reads an empty file)."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader is waiting
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_fifo_named_by_file_is_refused_without_blocking_the_kernel(shell, tmp_path: Path) -> None:
+    # Path.read_bytes() waited for a writer that never came: the kernel hung. A bound lets
+    # the old code's read go on (as an empty file) so the test fails instead of hanging.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    release = threading.Timer(60, _release_a_blocked_reader, [fifo])
+    release.start()
+    try:
+        with pytest.raises(UsageError) as refused:
+            shell.run_cell_magic("kcoral", f"--file {fifo}:in.txt", "1\n")
+    finally:
+        release.cancel()
+    assert str(refused.value) == f"%%kcoral: --file '{fifo}' is a FIFO, not a regular file"
+
+
+def test_a_proc_file_that_reports_size_zero_is_sent_whole(shell) -> None:
+    result, _ = run(
+        shell, "%%kcoral --file /proc/self/status:s.txt -o x\nx = open('s.txt').read()\n"
+    )
+    assert result.error_in_exec is None, result.error_in_exec
+    assert shell.user_ns["x"].startswith("Name:")
 
 
 def test_gpus_above_one_fail_clearly_on_a_cpu_server(shell) -> None:
