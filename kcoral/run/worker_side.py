@@ -11,6 +11,7 @@ executable bit survives (flag 1), which is all the tools need.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -18,7 +19,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 INPUTS_MAGIC = b"KCORAL-RUN-INPUTS-1\n"
@@ -97,12 +98,13 @@ class _TreeWriter:
     passed PATH_MAX for a tree the protocol allows (4096 bytes below the work directory,
     which has its own path) and failed with 'File name too long'. Only the directory
     written into is open, as a tree may be deeper than the open-files limit; a move opens
-    only where the next file's parents differ, climbing through '..' (the directories are
-    ones this writer made, and nothing else runs in the work directory yet)."""
+    only where the next file's parents differ, climbing through '..' (nothing else writes
+    there meanwhile: inputs go in before the tool starts, outputs are copied once it ended)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, what: str = "inputs") -> None:
         self._fd = os.open(directory, _DIRECTORY_FLAGS)
         self._names: list[str] = []  # the open directory's path below ``directory``
+        self._what = what  # how a conflict is named
 
     def close(self) -> None:
         os.close(self._fd)
@@ -114,10 +116,23 @@ class _TreeWriter:
         try:
             fd = os.open(parts[-1], flags, mode, dir_fd=self._fd)
         except FileExistsError:
-            raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
+            raise ValueError(f"{self._what}: path conflict at {'/'.join(parts)!r}") from None
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             os.fchmod(handle.fileno(), mode)  # the umask must not strip the executable bit
+
+    def make_directory(self, parts: list[str]) -> None:
+        self._move_to(parts, parts)
+
+    def copy_file(self, parts: list[str], source_fd: int) -> None:
+        """Copy the open file ``source_fd`` (left open) to ``parts``, replacing a file."""
+        self._move_to(parts[:-1], parts)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with (
+            os.fdopen(os.open(parts[-1], flags, 0o600, dir_fd=self._fd), "wb") as target,
+            os.fdopen(source_fd, "rb", closefd=False) as source,
+        ):
+            shutil.copyfileobj(source, target)
 
     def _move_to(self, parents: list[str], parts: list[str]) -> None:
         shared = 0
@@ -135,7 +150,9 @@ class _TreeWriter:
                 # only directories this writer made can exist here; anything else conflicts
                 mode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mode
                 if not stat.S_ISDIR(mode):
-                    raise ValueError(f"inputs: path conflict at {'/'.join(parts)!r}") from None
+                    raise ValueError(
+                        f"{self._what}: path conflict at {'/'.join(parts)!r}"
+                    ) from None
             self._enter(os.open(name, _DIRECTORY_FLAGS, dir_fd=self._fd))
             self._names.append(name)
 
@@ -285,68 +302,122 @@ def _resolve_executable(name: str, work: str, path: str) -> str | None:
 
 
 def _fetch(work: str, outputs: str, path: str, skipped: list[str]) -> str | None:
-    """Copy ``work/path`` to ``outputs/path``; returns why it could not, or ``None``."""
-    source = os.path.join(work, path)
-    target = os.path.join(outputs, path)
+    """Copy ``work/path`` to ``outputs/path``; returns why it could not, or ``None``.
+
+    Relative to directory descriptors, like the inputs: a tree the tool made below the work
+    directory may be deeper than PATH_MAX allows from '/' ('File name too long')."""
+    parts = path.split("/")
+    parent = os.open(work, _DIRECTORY_FLAGS)
+    writer: _TreeWriter | None = None
     try:
-        info = os.lstat(source)
+        for name in parts[:-1]:  # a symlinked parent is followed, as a path would be
+            parent = _enter_from(parent, os.open(name, _FOLLOWING_FLAGS, dir_fd=parent))
+        info = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            return "is a symbolic link"
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+            return "is not a regular file or directory"
+        writer = _TreeWriter(outputs, "outputs")
+        opened = os.open(parts[-1], _FILE_FLAGS, dir_fd=parent)
+        try:
+            if stat.S_ISREG(info.st_mode):
+                writer.copy_file(parts, opened)
+            else:
+                writer.make_directory(parts)
+                _copy_tree(opened, parts, writer, skipped)
+        finally:
+            os.close(opened)
     except FileNotFoundError:
         return "not found"
     except OSError as exc:
         return exc.strerror or str(exc)
-    if stat.S_ISLNK(info.st_mode):
-        return "is a symbolic link"
-    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
-        return "is not a regular file or directory"
-    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-    try:
-        if stat.S_ISREG(info.st_mode):
-            shutil.copyfile(source, target)
-        else:
-            _copy_tree(source, target, path, skipped)
-    except OSError as exc:
-        return exc.strerror or str(exc)
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        if writer is not None:
+            writer.close()
+        os.close(parent)
     return None
 
 
-def _copy_tree(source: str, target: str, relative: str, skipped: list[str]) -> None:
+_FOLLOWING_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _enter_from(old: int, new: int) -> int:
+    os.close(old)
+    return new
+
+
+def _copy_tree(source: int, parts: list[str], writer: _TreeWriter, skipped: list[str]) -> None:
     """Copy regular files and directories (empty ones too); other entries are skipped."""
-    pending = [(source, target, relative)]
-    while pending:  # iterative: deep trees must not hit the recursion limit
-        src_dir, dst_dir, rel_dir = pending.pop()
-        os.mkdir(dst_dir, 0o700)
-        with os.scandir(src_dir) as entries:
-            for entry in sorted(entries, key=lambda item: item.name):
-                rel = f"{rel_dir}/{entry.name}"
-                dst = os.path.join(dst_dir, entry.name)
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append((entry.path, dst, rel))
-                elif entry.is_file(follow_symlinks=False):
-                    shutil.copyfile(entry.path, dst)
-                else:
-                    skipped.append(rel)
+    for directory, below, info in _entries(source):
+        if stat.S_ISDIR(info.st_mode):
+            writer.make_directory([*parts, *below])
+        elif stat.S_ISREG(info.st_mode):
+            fd = os.open(below[-1], _FILE_FLAGS, dir_fd=directory)
+            try:
+                writer.copy_file([*parts, *below], fd)
+            finally:
+                os.close(fd)
+        else:
+            skipped.append("/".join([*parts, *below]))
+
+
+def _entries(top: int) -> Iterator[tuple[int, list[str], os.stat_result]]:
+    """Each entry below the open directory ``top`` (symlinks not followed), a directory
+    before what it holds: the open directory holding it (valid until the next entry), its
+    path parts below ``top`` and its ``lstat``. Only the directory listed is open (a tree
+    may be deeper than the open-files limit); the walk climbs back through '..', which
+    must be the directory listed before (iterative: no recursion limit either)."""
+    current = os.dup(top)
+    try:
+        info = os.fstat(current)
+        listing = sorted(os.listdir(current), reverse=True)
+        stack: list[tuple[tuple[int, int], list[str], list[str]]] = [
+            ((info.st_dev, info.st_ino), [], listing)
+        ]
+        while stack:
+            _identity, parts, names = stack[-1]
+            if not names:
+                stack.pop()
+                if stack:
+                    up = os.open("..", _DIRECTORY_FLAGS, dir_fd=current)
+                    current = _enter_from(current, up)
+                    info = os.fstat(current)
+                    if (info.st_dev, info.st_ino) != stack[-1][0]:
+                        raise OSError(errno.ESTALE, "a directory moved while it was copied")
+                continue
+            name = names.pop()
+            entry = os.stat(name, dir_fd=current, follow_symlinks=False)
+            yield current, [*parts, name], entry
+            if stat.S_ISDIR(entry.st_mode):
+                current = _enter_from(current, os.open(name, _DIRECTORY_FLAGS, dir_fd=current))
+                info = os.fstat(current)
+                listing = sorted(os.listdir(current), reverse=True)
+                stack.append(((info.st_dev, info.st_ino), [*parts, name], listing))
+    finally:
+        os.close(current)
 
 
 def _drop_untransferable(outputs: str) -> list[str]:
     """Remove symlinks and special files a tool left in ``outputs`` (a folder return refuses
     them and would fail the whole program); returns their relative paths."""
     dropped = []
-    pending = [(outputs, "")]
-    while pending:
-        directory, prefix = pending.pop()
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                rel = prefix + entry.name
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append((entry.path, rel + "/"))
-                elif not entry.is_file(follow_symlinks=False):
-                    os.unlink(entry.path)
-                    dropped.append(rel)
+    top = os.open(outputs, _DIRECTORY_FLAGS)
+    try:
+        for directory, parts, info in _entries(top):
+            if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+                os.unlink(parts[-1], dir_fd=directory)
+                dropped.append("/".join(parts))
+    finally:
+        os.close(top)
     return sorted(dropped)
 
 
 def _has_files(directory: str) -> bool:
-    for _root, _dirs, files in os.walk(directory):
-        if files:
-            return True
-    return False
+    top = os.open(directory, _DIRECTORY_FLAGS)
+    try:
+        return any(stat.S_ISREG(info.st_mode) for _fd, _parts, info in _entries(top))
+    finally:
+        os.close(top)

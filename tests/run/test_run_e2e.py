@@ -165,6 +165,29 @@ def test_a_sent_folder_whose_remote_paths_pass_path_max_unpacks_whole(
     assert capfd.readouterr().out == "bottom top\n"
 
 
+def test_a_fetched_folder_whose_remote_paths_pass_path_max_comes_back_whole(
+    server_url: str, in_tmp: Path
+) -> None:
+    # The worker copied work/PATH to outputs/PATH by absolute path: 'missing output deep:
+    # File name too long' (exit 1) for a tree the tool made within the protocol's limits.
+    names = [f"{level:02d}" + "x" * 248 for level in range(16)] + ["y" * 55]
+    code = (
+        "import os, sys\nos.mkdir('deep')\nfd = os.open('deep', os.O_RDONLY)\n"
+        "for name in sys.argv[1:]:\n    os.mkdir(name, dir_fd=fd)\n"
+        "    fd = os.open(name, os.O_RDONLY, dir_fd=fd)\n"
+        "os.write(os.open('leaf.txt', os.O_WRONLY | os.O_CREAT, dir_fd=fd), b'bottom')\n"
+    )
+    argv = ["--fetch", "deep", "--out", "o", "--", "-c", code, *names]
+    assert run(server_url, "python", *argv) == 0
+    fd = os.open(in_tmp / "o" / "deep", os.O_RDONLY)
+    for name in [*names, "leaf.txt"]:
+        child = os.open(name, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    with os.fdopen(fd, "rb") as leaf:
+        assert leaf.read() == b"bottom"
+
+
 def test_outputs_come_back_even_when_the_tool_fails(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
