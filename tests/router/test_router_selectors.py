@@ -61,6 +61,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
         "0.3",
         "--auth-token-file",
         str(tokens),
+        # another identity's job or session is 404 at once, as an unknown id (in a router's
+        # first --reconnect-grace-seconds both are 503 "not found yet", ROUTER §13)
+        "--reconnect-grace-seconds",
+        "0",
         env=NODES_ENV,
     )
     nodes = [Node(tmp, router, "cpu-a", NODES_ENV, "--node-label", "pool=small")]

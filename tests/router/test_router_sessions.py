@@ -39,12 +39,16 @@ def call(name: str, *args: object, source: str = STATE) -> kcoral.Program:
 def routed_cluster(tmp, node_ids: list[str]):
     token_file = tmp / "client-tokens"
     token_file.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    # Another identity's session is 404 at once, as an unknown id; in a router's first
+    # --reconnect-grace-seconds both would be 503 "not found yet" (ROUTER §13).
     router = start_router(
         tmp,
         "--status-check-interval-seconds",
         "0.3",
         "--auth-token-file",
         str(token_file),
+        "--reconnect-grace-seconds",
+        "0",
         env=NODES_ENV,
     )
     nodes = [Node(tmp, router, node_id, NODES_ENV) for node_id in node_ids]

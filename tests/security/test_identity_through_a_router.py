@@ -6,6 +6,7 @@ cancelled alice's job through the router, and got her cached bytes by hash.
 
 from __future__ import annotations
 
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -92,3 +93,54 @@ def test_through_a_router_another_identity_neither_reaches_a_job_nor_a_cached_bl
     assert SECRET not in after.raw
     assert after.json["status"] == "CACHE_MISS"
     assert after.error_without_request_id() == before.error_without_request_id()
+
+
+def _unknown_or_other(answer) -> tuple[int, str, str, bool]:
+    """What an answer tells about an id: status, kind, message without its age, node named."""
+    message = re.sub(r"\d+ s ago", "N s ago", answer.json["error"]["message"])
+    return answer.status, answer.json["error"]["kind"], message, "x-kcoral-node" in answer.headers
+
+
+def test_in_a_restarted_routers_grace_another_identitys_job_or_session_reads_as_unknown(
+    tmp_path: Path,
+) -> None:
+    """Within --reconnect-grace-seconds an unknown id is 503 'not found yet'; a job or a
+    session the router knew went to its node (or its index), which answered another
+    identity 404: that difference told a holder of someone's id that it lived."""
+    tokens = token_file(tmp_path / "secrets")
+    args = ("--auth-token-file", str(tokens), "--reconnect-grace-seconds", "600")
+    router = start_router(tmp_path, *args, env=NODE_ENV)
+    node = Node(tmp_path, router, "node-grace", NODE_ENV)
+    go = tmp_path / "go"
+    try:
+        ready_nodes(router, 1)
+        url = router.url
+        with kcoral.Client(url, token=TOKEN_A) as alice:
+            job = alice.submit(_program(WAIT, str(go)))
+            session = alice.session()
+            unknown_job = _unknown_or_other(
+                request(url, "GET", f"/v1/jobs/{uuid.uuid4()}", TOKEN_B)
+            )
+            unknown_session = _unknown_or_other(
+                request(url, "GET", f"/v1/sessions/{uuid.uuid4()}", TOKEN_B)
+            )
+            assert unknown_job[:2] == (503, "no_node") and not unknown_job[3]
+            for method, suffix in (
+                ("GET", ""),
+                ("GET", "/result"),
+                ("GET", "/events"),
+                ("DELETE", ""),
+            ):
+                answer = request(url, method, f"/v1/jobs/{job.id}{suffix}", TOKEN_B)
+                assert _unknown_or_other(answer) == unknown_job, (method, suffix, answer.json)
+            for method in ("GET", "DELETE"):
+                answer = request(url, method, f"/v1/sessions/{session.id}", TOKEN_B)
+                assert _unknown_or_other(answer) == unknown_session, (method, answer.json)
+            assert request(url, "GET", f"/v1/jobs/{job.id}", TOKEN_A).status == 200
+            go.touch()
+            assert job.result().results["r"] == "alice's result"  # bob's DELETE did nothing
+            assert session.info()["state"] == "IDLE"  # and his session DELETE nothing
+            session.close()
+    finally:
+        node.stop()
+        router.stop()

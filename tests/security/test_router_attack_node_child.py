@@ -81,6 +81,10 @@ def routed(tmp_path_factory: pytest.TempPathFactory):
         "0.3",
         "--auth-token-file",
         str(clients),
+        # another identity's job or session is 404 at once, as an unknown id (in a router's
+        # first --reconnect-grace-seconds both are 503 "not found yet", ROUTER §13)
+        "--reconnect-grace-seconds",
+        "0",
         env={"KCORAL_NODE_TOKEN": NODE_TOKEN},
     )
     child_ready = tmp / "child-url"

@@ -81,6 +81,18 @@ def finish_with_error(
     headers: dict[str, str] | None = None,
 ) -> None:
     """Answer with a router-made ``ERROR`` body (ROUTER §9), for every router route."""
+    handler.finish(error_answer(handler, request_id, status, kind, message, headers))
+
+
+def error_answer(
+    handler: tornado.web.RequestHandler,
+    request_id: str,
+    status: int,
+    kind: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    """Set a router-made ``ERROR`` answer's status and headers; its body, to write."""
     handler.set_status(status)
     handler.set_header("X-Request-ID", request_id)
     handler.set_header("Content-Type", "application/json")
@@ -99,7 +111,7 @@ def finish_with_error(
         "request_id": request_id,
         "error": {"kind": kind, "message": message},
     }
-    handler.finish(dumps_compact(body))
+    return dumps_compact(body)
 
 
 @tornado.web.stream_request_body

@@ -28,6 +28,7 @@ from kcoral_server.jobs.job_listing import (
     listing_limit,
 )
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.auth import error_answer
 from kcoral_server.router.forward import ForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
@@ -248,19 +249,26 @@ def learn_submitted_job(handler: Any, body: bytes) -> bytes:
     return body
 
 
-def answer_while_nodes_reconnect(handler: ForwardHandler, what: str) -> bool:
-    """503 ``no_node`` for a ``what`` no connected node knows, within the router's first
-    ``--reconnect-grace-seconds``: a node reconnects with a back-off of up to 30 s (ROUTER
-    §5), and until it has, the jobs and sessions it holds are unknown here, not gone (§13).
-    True: answered. Before, a router restart answered 404 there, and `kcoral run` gave up a
-    job that went on running, with nobody left to watch or cancel it (jobs soak)."""
+def not_found_yet(handler: ForwardHandler, what: str) -> str | None:
+    """The 503 message for a ``what`` no connected node knows, within the router's first
+    ``--reconnect-grace-seconds`` (else None): a node reconnects with a back-off of up to
+    30 s (ROUTER §5), and until it has, the jobs and sessions it holds are unknown here, not
+    gone (§13). Before, a router restart answered 404 there, and `kcoral run` gave up a job
+    that went on running, with nobody left to watch or cancel it (jobs soak)."""
     age = time.monotonic() - handler.state.started_monotonic
     if age >= handler.state.settings.reconnect_grace_seconds:
-        return False
-    message = (
+        return None
+    return (
         f"{what} not found yet: the router started {age:.0f} s ago, and the node that holds "
         "it may not have reconnected"
     )
+
+
+def answer_while_nodes_reconnect(handler: ForwardHandler, what: str) -> bool:
+    """503 ``no_node`` ``not_found_yet`` within the grace; True: answered."""
+    message = not_found_yet(handler, what)
+    if message is None:
+        return False
     handler.send_router_error(503, "no_node", message, "node_gone")
     return True
 
@@ -442,6 +450,20 @@ class JobHandler(ForwardHandler):
         elif claims or not answer_while_nodes_reconnect(self, "job"):
             self.send_router_error(404, "not_found", "job not found", "request_rejected")
         return None
+
+    # Within the grace an unknown id is 503 "not found yet", while a job the router has
+    # bound goes to its node, which answers another identity 404: that difference told a
+    # holder of someone's job id that the job lives. Such a 404 reads as the unknown id's
+    # answer, without the node's name (ROUTER §13).
+    def buffer_answer(self, status: int) -> bool:
+        return status == 404 and not_found_yet(self, "job") is not None
+
+    def rewrite(self, status: int, body: bytes) -> bytes:
+        message = not_found_yet(self, "job")
+        if status != 404 or message is None or error_kind(body) != "not_found":
+            return body
+        self.clear()
+        return error_answer(self, self.request_id, 503, "no_node", message)
 
 
 #: Per-node counts a router's ``/v1/info`` leaves out (one node's numbers, not the cluster's).

@@ -463,6 +463,11 @@ class SessionHandler(ForwardHandler):
             )
         if known is not None and known.ended is not None and may_see(self.identity, known):
             self.send_router_error(410, "session_ended", known.ended, "request_rejected")
-        elif claims or known is not None or not answer_while_nodes_reconnect(self, "session"):
+        # another identity's session answers as an unknown id, in the grace too (ROUTER §13)
+        elif (
+            claims
+            or (known is not None and may_see(self.identity, known))
+            or not answer_while_nodes_reconnect(self, "session")
+        ):
             self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
         return None
