@@ -55,13 +55,15 @@ RELAYED_RESPONSE_HEADERS = frozenset(
 )
 #: Headers our server sends that the router does not relay on purpose: it frames the body
 #: itself (``content-length``, hop-by-hop), names itself (``server``, ``date``) and sets its
-#: own ``x-request-id`` and ``x-kcoral-node``.
+#: own ``x-request-id`` and ``x-kcoral-node``; a job list is the router's own merge, which
+#: reads each node's ``x-kcoral-jobs-left-out`` and says its own sum (ROUTER §13).
 DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {
     "content-length",
     "server",
     "date",
     "x-request-id",
     "x-kcoral-node",
+    "x-kcoral-jobs-left-out",
 }
 METHOD_HEADER, PATH_HEADER = b":method", b":path"
 #: Statuses whose answer has no body (RFC 9110 §15.3.5, §15.4.5), which our server never
