@@ -166,6 +166,15 @@ _PROTOCOL_DTYPES = frozenset(
 )
 
 
+#: Flags a laptop's OS has: Windows lacks O_NONBLOCK and O_CLOEXEC, and needs O_BINARY.
+_READ_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
+
+
 def read_local_file(path: str) -> bytes:
     """The bytes of the regular file at ``path`` (symlinks followed) for ``--file``.
 
@@ -176,7 +185,7 @@ def read_local_file(path: str) -> bytes:
     shown = f"--file {path!r}"
     if not stat.S_ISREG(mode := os.stat(path).st_mode):
         raise ValueError(f"{shown} is a {kind_of(mode)}, not a regular file")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(path, _READ_FLAGS)
     with open(fd, "rb") as handle:
         if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
             raise ValueError(f"{shown} is a {kind_of(mode)}, not a regular file")
