@@ -43,16 +43,29 @@ def normalize_workspace_path(path: object) -> str:
 
 
 def conflicting_paths(paths: list[str]) -> tuple[str, str] | None:
-    """First pair of normalized paths that are equal or a file-vs-directory conflict."""
+    """First pair of normalized paths that are equal or a file-vs-directory conflict: the
+    first path (in order) below another one, with the shortest such one.
+
+    Linear in the paths' bytes (after a sort): joining each path's every prefix took
+    O(depth x length) per path, 40 s for 4000 files of a 2000-level folder. With ``/`` read
+    as NUL (which no normalized path holds), everything below a path sorts right after it,
+    so one pass over the sorted paths, keeping the chain of paths that hold the current
+    one, finds for each path the outermost path above it."""
     seen: set[str] = set()
     for path in paths:
         if path in seen:
             return path, path
         seen.add(path)
+    outermost: dict[str, str] = {}
+    chain: list[str] = []  # sort keys, each below the one before it
+    for key in sorted(path.replace("/", "\x00") for path in paths):
+        while chain and not key.startswith(chain[-1] + "\x00"):
+            chain.pop()
+        if chain:
+            outermost[key] = chain[0]
+        chain.append(key)
     for path in paths:
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            prefix = "/".join(parts[:i])
-            if prefix in seen:
-                return prefix, path
+        above = outermost.get(path.replace("/", "\x00"))
+        if above is not None:
+            return above.replace("\x00", "/"), path
     return None
