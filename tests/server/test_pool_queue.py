@@ -87,3 +87,47 @@ def test_a_wait_cancelled_before_any_hand_over_leaves_the_queue() -> None:
         assert returned == [] and queue.positions() == {}
 
     asyncio.run(main())
+
+
+def test_identities_waiting_take_turns_and_each_ones_requests_keep_their_order() -> None:
+    """Team soak: bob's one job waited behind all 24 of alice's (22.8 s)."""
+
+    async def main() -> None:
+        queue = SeatQueue()
+        waits = {}
+        for name, identity in (("a1", "alice"), ("a2", "alice"), ("a3", "alice"), ("b1", "bob")):
+            waits[name] = asyncio.ensure_future(queue.wait(5, name, lambda seat: None, identity))
+        await asyncio.sleep(0)
+        waits["c1"] = asyncio.ensure_future(queue.wait(5, "c1", lambda seat: None, "carol"))
+        await asyncio.sleep(0)
+        # in turn: alice, bob, carol, then alice's other two
+        assert queue.positions() == {"a1": 0, "b1": 1, "c1": 2, "a2": 3, "a3": 4}
+        order = []
+        for index in range(5):
+            seat = Seat(f"cpu/w{index}", None)
+            assert queue.hand_over(seat)
+            await asyncio.sleep(0)
+            order += [name for name, wait in waits.items() if wait.done() and name not in order]
+        assert order == ["a1", "b1", "c1", "a2", "a3"]
+        assert queue.waiting == 0 and queue.positions() == {}
+
+    asyncio.run(main())
+
+
+def test_an_identity_served_goes_after_those_still_waiting() -> None:
+    async def main() -> None:
+        queue = SeatQueue()
+        a1 = asyncio.ensure_future(queue.wait(5, "a1", lambda seat: None, "alice"))
+        await asyncio.sleep(0)
+        assert queue.hand_over(Seat("cpu/w0", None)) and await a1  # alice's turn is used
+        a2 = asyncio.ensure_future(queue.wait(5, "a2", lambda seat: None, "alice"))
+        b1 = asyncio.ensure_future(queue.wait(5, "b1", lambda seat: None, "bob"))
+        await asyncio.sleep(0)
+        assert queue.positions() == {"a2": 0, "b1": 1}  # alice came first this time
+        b1.cancel()  # a wait that leaves takes its identity's turn with it
+        await asyncio.sleep(0)
+        assert queue.positions() == {"a2": 0}
+        queue.hand_over(Seat("cpu/w1", None))
+        assert (await a2).id == "cpu/w1"
+
+    asyncio.run(main())

@@ -235,7 +235,12 @@ class ExecuteRequest:
         if self.session is not None:
             checkout = self.session.checkout(self)
         else:
-            checkout = state.pool.checkout(wait, owner=self.observer, wait=self.cancellation.unless)
+            checkout = state.pool.checkout(
+                wait,
+                owner=self.observer,
+                wait=self.cancellation.unless,
+                identity=self.identity.name,
+            )
         try:
             async with checkout as seat:
                 queue_ms = (time.monotonic() - admitted_at) * 1000.0

@@ -1,7 +1,8 @@
 """The owner of every worker's life: seats, assignment, retirement and replacement
 (SERVER.md §4, §6). Only the pool starts, stops and kills workers (``WorkerHandle``).
 
-Every request gets its seat through ``checkout`` (an idle seat, else FIFO: ``queue``).
+Every request gets its seat through ``checkout`` (an idle seat, else the identities' turns
+of ``queue``).
 After the program, ``retirement`` decides once whether the worker stays, and ``release``
 applies it (``retirement``); replacing a worker (retirement, crash, timeout) runs in
 the background with back-off (``replacement``) and the seat stays out of
@@ -169,18 +170,19 @@ class Pool:
         *,
         owner: object | None = None,
         wait: Callable[[Awaitable[Seat]], Awaitable[Seat]] | None = None,
+        identity: str = "",
     ) -> Checkout:
         """The one way a request gets a seat (single GPU, GPU set and CPU alike):
         ``async with pool.checkout(...) as seat``. An idle seat at once (no task, no waiter:
-        front-end CPU per request), else FIFO within ``timeout`` (``wait`` wraps that wait,
-        e.g. to stop it on a cancel); ``NoWorker`` when none comes or the pool stops
-        admitting. The request counts in ``requests_in_progress`` until the block ends.
+        front-end CPU per request), else queued in ``identity``'s turn within ``timeout``
+        (``wait`` wraps that wait: a cancel stops it); ``NoWorker`` when none comes or the
+        pool stops admitting; the request counts in ``requests_in_progress`` until it ends.
         Inside it, the caller runs its program and hands the seat back with the decision
         ``retirement`` takes (``release``), or untouched (``release_unused``).
 
         A seat pinned across several programs (a session) is a checkout held open across
         them: the seat stays busy and its worker serves only that holder in between."""
-        return Checkout(self, timeout, owner, wait)
+        return Checkout(self, timeout, owner, wait, identity)
 
     def try_acquire(self) -> Seat | None:
         """An idle seat at once (marked busy), or None when the request would have to
@@ -192,14 +194,13 @@ class Pool:
             self._take(seat)
         return seat
 
-    async def acquire(self, timeout: float, owner: object | None = None) -> Seat:
-        """An idle seat, marked busy; ``NoWorker`` after ``timeout`` or during shutdown.
-
-        ``owner`` names the caller in ``queue_positions`` while it waits. Cancelling the
-        wait leaves the queue (a seat assigned in the same tick is handed on)."""
+    async def acquire(self, timeout: float, owner: object = None, identity: str = "") -> Seat:
+        """An idle seat, marked busy, ``owner`` named in ``queue_positions`` while it waits
+        in ``identity``'s turn; ``NoWorker`` after ``timeout`` or during shutdown (a cancelled
+        wait leaves the queue; a seat assigned in the same tick is handed on)."""
         seat = self.try_acquire()
         if seat is None:
-            seat = await self._queue.wait(timeout, owner, self.release_unused)
+            seat = await self._queue.wait(timeout, owner, self.release_unused, identity)
             self._take(seat)
         return seat
 
@@ -239,8 +240,8 @@ class Pool:
         self.requests_in_progress += 1
 
     def _make_idle(self, seat: Seat) -> None:
-        """The seat's worker is ready: the oldest waiting request gets it, else (or when the
-        pool is closing) it idles."""
+        """The seat's worker is ready: the waiting request whose turn it is gets it, else
+        (or when the pool is closing) it idles."""
         handed = not self.closing and self._queue.hand_over(seat)
         seat.state = SeatState.BUSY if handed else SeatState.IDLE
 
