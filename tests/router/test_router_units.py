@@ -266,6 +266,36 @@ def test_the_admission_queue_is_bounded_fifo_and_timed() -> None:
     asyncio.run(scenario())
 
 
+def test_the_admission_queue_serves_the_identities_waiting_in_turn() -> None:
+    # Team soak: one client's burst held every other client's requests behind all of it.
+    async def scenario() -> None:
+        registry = make_registry()
+        admission = Admission(registry, max_queued=10, wait_timeout=5)
+        registry.on_change = admission.wake
+        waits = {
+            request_id: asyncio.ensure_future(admission.acquire(None, request_id, None, who))
+            for request_id, who in (
+                ("a1", "alice"),
+                ("a2", "alice"),
+                ("a3", "alice"),
+                ("b1", "bob"),
+            )
+        }
+        await asyncio.sleep(0)
+        (slot,) = add_node(registry, "a")
+        served = []
+        for _ in waits:
+            for _tick in range(20):  # the handed-over wait's task finishes a few ticks on
+                await asyncio.sleep(0)
+            (done,) = [r for r, w in waits.items() if w.done() and r not in served]
+            served.append(done)
+            registry.release((await waits[done])[1])
+        assert served == ["a1", "b1", "a2", "a3"]
+        assert not slot.busy
+
+    asyncio.run(scenario())
+
+
 def test_a_request_cancelled_as_a_slot_is_handed_to_it_gives_the_slot_back() -> None:
     # The client goes away in the very tick a freed slot is handed to its queued request.
     # ``asyncio.wait_for`` (Python 3.11) returned that slot and swallowed the cancel: the

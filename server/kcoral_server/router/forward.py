@@ -201,7 +201,9 @@ class ForwardHandler(RouterHandler):
             preferred = self.request.headers.get_list("X-KCoral-Node")
             if len(preferred) == 1 and is_valid_node_id(preferred[0]):
                 affinity = preferred[0]
-            acquire = self.state.admission.acquire(affinity, self.request_id, selector)
+            acquire = self.state.admission.acquire(
+                affinity, self.request_id, selector, self.identity.name
+            )
         self.acquire_task = loop.create_task(acquire)
         try:
             node, slot = await self.acquire_task

@@ -1,4 +1,5 @@
-"""Admission queue in front of slot selection (ROUTER.md §7.3): bounded, FIFO, timed."""
+"""Admission queue in front of slot selection (ROUTER.md §7.3): bounded, timed, FIFO within
+an identity with the identities waiting in turn (as a server's seat queue, SERVER §4)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class _Waiter:
     future: asyncio.Future[Lease]
     selector: Selector = field(default_factory=dict)  # worker waiters only (ROUTER §7)
     spare: bool = False  # control waiters only: leave one control slot free
+    identity: str = ""  # worker waiters only: whose turn it waits for
 
 
 async def wait_for_slot(
@@ -100,6 +102,8 @@ class _WaitingRoom:
 class Admission(_WaitingRoom):
     def __init__(self, registry: Registry, max_queued: int, wait_timeout: float) -> None:
         super().__init__(registry, max_queued, wait_timeout, deque())
+        #: the identities waiting, in the order of their turns (a served one goes last)
+        self._turns: dict[str, None] = {}
 
     def queued_selectors(self) -> list[Selector]:
         """What each waiting request needs, oldest first, for ``/v1/info``'s
@@ -108,7 +112,11 @@ class Admission(_WaitingRoom):
         return [w.selector for w in self._waiters if not w.future.done()]
 
     async def acquire(
-        self, affinity: str | None, request_id: str, selector: Selector | None = None
+        self,
+        affinity: str | None,
+        request_id: str,
+        selector: Selector | None = None,
+        identity: str = "",
     ) -> Lease:
         if self.closed:
             raise RouterStopping
@@ -119,24 +127,42 @@ class Admission(_WaitingRoom):
         if self.waiting >= self.max_queued:
             raise RouterBusy
         future = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(affinity, request_id, future, dict(selector or {}))
+        waiter = _Waiter(affinity, request_id, future, dict(selector or {}), identity=identity)
         self._waiters.append(waiter)
         self.wake()
         return await wait_for_slot(self.registry, self._waiters, waiter, self.wait_timeout)
 
+    def in_turn(self) -> list[_Waiter]:
+        """The waiters in the order they are served: each identity's oldest first, the
+        identities in turn (one identity: arrival order). Before, one client's burst held
+        every other client's requests behind all of it (team soak)."""
+        by_identity: dict[str, list[_Waiter]] = {}
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                by_identity.setdefault(waiter.identity, []).append(waiter)
+        order = [i for i in self._turns if i in by_identity]
+        order += [i for i in by_identity if i not in self._turns]
+        self._turns = dict.fromkeys(order)
+        queues = [by_identity[identity] for identity in order]
+        return [
+            q[turn]
+            for turn in range(max(map(len, queues), default=0))
+            for q in queues
+            if turn < len(q)
+        ]
+
     def wake(self) -> None:
-        """Serve waiters in FIFO order while slots are available.
+        """Serve waiters in turn (``in_turn``) while slots are available.
 
         Waiters with one selector (no selector: the default kind) compete for the same
-        nodes, and among them the oldest is served first; once one finds no slot, later
-        ones with its selector are passed over in this round, and a waiter whose selector
-        asks for other nodes is not held back behind it (ROUTER §7)."""
+        nodes, and among them the one whose turn comes first is served first; once one finds
+        no slot, later ones with its selector are passed over in this round, and a waiter
+        whose selector asks for other nodes is not held back behind it (ROUTER §7)."""
         starved: set[str] = set()
         unfit: dict[str, bool] = {}
-        for waiter in list(self._waiters):
-            if waiter.future.done():
-                self._waiters.remove(waiter)
-                continue
+        for waiter in [w for w in self._waiters if w.future.done()]:
+            self._waiters.remove(waiter)
+        for waiter in self.in_turn():
             wanted = format_selector(waiter.selector)
             if wanted in starved:
                 continue
@@ -152,6 +178,8 @@ class Admission(_WaitingRoom):
                 starved.add(wanted)
                 continue
             self._waiters.remove(waiter)
+            self._turns.pop(waiter.identity, None)  # its next turn: after the others'
+            self._turns[waiter.identity] = None
             waiter.future.set_result(lease)
 
     def _fits_any(self, selector: Selector) -> bool:
