@@ -36,6 +36,7 @@ JOB_FIELDS = {
     "lease_held_ms",
     "elapsed_ms",
     "error_kind",
+    "owner",
 }
 FINISHED_JOB_STATUSES = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"}
 ONE = "def f():\n    return 1\n"

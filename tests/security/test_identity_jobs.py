@@ -88,7 +88,10 @@ def test_another_identity_cannot_list_read_stream_fetch_or_cancel_a_job(
         # Each caller can learn who it is; the admin identity sees the job.
         assert request(server.url, "GET", "/v1/info", TOKEN_B).json["identity"] == "bob"
         assert job.id in _listed(server.url, TOKEN_R)
-        assert request(server.url, "GET", f"/v1/jobs/{job.id}", TOKEN_R).status == 200
+        by_admin = request(server.url, "GET", f"/v1/jobs/{job.id}", TOKEN_R)
+        # and whose it is (team soak: the admin's list named nobody)
+        assert by_admin.status == 200 and by_admin.json["owner"] == "alice"
+        assert alice.job(job.id).status()["owner"] == "alice"
 
         go.touch()
         assert job.result().results["r"] == "alice's result"

@@ -196,6 +196,7 @@ class Job(RequestObserver):
             "lease_held_ms": self.lease_held_ms,
             "elapsed_ms": self.elapsed_ms,
             "error_kind": self.error_kind,
+            "owner": self.owner,  # an admin lists every identity's jobs: whose each is
         }
 
     # ------------------------------------------------------------------ events
