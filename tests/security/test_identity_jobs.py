@@ -107,6 +107,11 @@ def test_another_identity_cannot_list_read_stream_fetch_or_cancel_a_job(
         second = alice.submit(_program(WAIT_FOR_GO, str(tmp_path / "never")))
         cancelled = request(server.url, "DELETE", f"/v1/jobs/{second.id}", TOKEN_R)
         assert cancelled.status == 200 and cancelled.json["status"] == "CANCELLED"
+        # and its owner reads who did (team soak: 'the job was cancelled', by nobody)
+        told = request(server.url, "GET", f"/v1/jobs/{second.id}/result", TOKEN_A)
+        assert told.status == 409 and told.json["error"]["message"] == (
+            "the job was cancelled by admin root"
+        )
 
 
 def test_an_expired_job_of_another_identity_is_not_found_rather_than_expired(

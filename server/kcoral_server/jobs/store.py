@@ -137,6 +137,7 @@ class Job(RequestObserver):
         self.lease_held_ms: float | None = None
         self.elapsed_ms: float | None = None
         self.error_kind: str | None = None
+        self.cancelled_by: str | None = None  # an admin that cancelled another's job
         self.events: list[bytes] = []  # event i has id i + 1 (emptied once written to disk)
         self.event_bytes = 0
         self.events_file: SpillFile | None = None  # a finished job's events, when on disk
@@ -301,10 +302,13 @@ class Job(RequestObserver):
         self.pool = None
         self.phase("finished", status=status, **self.truncated)
 
-    def cancel(self) -> None:
-        """Cancel a queued or running job (a finished one is left alone)."""
+    def cancel(self, by: str | None = None) -> None:
+        """Cancel a queued or running job (a finished one is left alone); ``by``: the
+        identity that asked, named to the owner when it is another (an admin)."""
         if self.finished:
             return
+        if by is not None and by != self.owner and self.cancelled_by is None:
+            self.cancelled_by = by
         if self.request is not None:
             self.request.cancel("cancelled")
 

@@ -174,7 +174,7 @@ class JobStateHandler(JobHandler):
         if job is None:
             return
         if not job.finished:
-            job.cancel()
+            job.cancel(by=self.identity.name)
             # A queued job ends at once; a running one once its process tree is gone.
             event = asyncio.Event()
             job.listeners.add(event)
@@ -195,7 +195,8 @@ class JobResultHandler(JobHandler):
         if job is None:
             return
         if job.status == "CANCELLED":
-            self.send_error_json(409, "cancelled", "the job was cancelled")
+            by = f" by admin {job.cancelled_by}" if job.cancelled_by else ""
+            self.send_error_json(409, "cancelled", f"the job was cancelled{by}")
             return
         result = job.result
         if result is None:
