@@ -244,11 +244,18 @@ def execute(options: RunOptions, program: Any) -> Any:
                 output_limit_bytes=options.output_limit_bytes,
             )
         try:
+            queued_said = False
             for event in job.events():
                 if event.kind == "stdout":
                     write_output(sys.stdout, event.text)
                 elif event.kind == "stderr":
                     write_output(sys.stderr, event.text)
+                elif not queued_said and (ahead := _requests_ahead(event.data)):
+                    # Said once: a wait behind others, which printed nothing, looked hung
+                    # (team soak).
+                    other = "other request" if ahead == 1 else "other requests"
+                    say(f"queued behind {ahead} {other}; the tool starts when a worker is free")
+                    queued_said = True
             options.output_streamed = True
             options.tool_ended = True  # the stream ends after the job's finished phase
             return job.result()
@@ -262,6 +269,17 @@ def execute(options: RunOptions, program: Any) -> Any:
             with contextlib.suppress(Exception):
                 job.cancel()  # waits until the remote process tree is gone
             raise
+
+
+def _requests_ahead(phase: object) -> int:
+    """The requests served before a job, from its ``queued`` phase (EXTENSIONS §5); 0 for
+    any other event, or a position a server got wrong."""
+    if not isinstance(phase, dict) or phase.get("phase") != "queued":
+        return 0
+    position = phase.get("position")
+    if isinstance(position, bool) or not isinstance(position, int):
+        return 0
+    return position if 0 < position < 2**31 else 0
 
 
 def _offers_jobs(client: Any) -> bool:

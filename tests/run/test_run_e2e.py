@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from server_process import running_server, start_server
 
+import kcoral
 from kcoral import results as results_module
 from kcoral.cli import main as kcoral_main
 
@@ -586,3 +588,46 @@ def test_a_script_that_was_not_sent_is_named_as_the_user_typed_it(
     )
     assert run(server_url, "python", "--send", "here.py", "--", "./here.py") == 0
     assert capfd.readouterr().out == "here\n"
+
+
+BLOCKER = """
+import os, time
+def wait(go):
+    while not os.path.exists(go):
+        time.sleep(0.01)
+"""
+
+
+def test_a_run_queued_behind_others_says_so_once_and_then_runs(
+    tmp_path: Path, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Team soak: queued behind other requests, `kcoral run` printed nothing and looked
+    hung."""
+    go = tmp_path / "go"
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=BLOCKER)
+    program.run(fn=program.get_function(module=module, name="wait"), args=[str(go)])
+    with (
+        running_server(tmp_path / "server", ["--num-workers", "1", "--log-dir", ""]) as server,
+        kcoral.Client(server.url) as client,
+    ):
+        blockers = [client.submit(program), client.submit(program)]  # one runs, one waits
+
+        def release_once_the_run_waits() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # the run's job, behind the waiting blocker
+                if any(job["queue_position"] == 1 for job in client.jobs()):
+                    break
+                time.sleep(0.05)
+            go.touch()
+
+        releaser = threading.Thread(target=release_once_the_run_waits)
+        releaser.start()
+        assert run(server.url, "python", "--", "-c", "print('ran')") == 0
+        releaser.join()
+        for blocker in blockers:
+            blocker.wait(60)
+    captured = capfd.readouterr()
+    assert captured.out == "ran\n"
+    said = "kcoral run: queued behind 1 other request; the tool starts when a worker is free\n"
+    assert captured.err.count(said) == 1, captured.err
