@@ -279,7 +279,9 @@ def test_a_request_that_waits_too_long_for_a_worker_is_503_busy_with_retry_after
         with kcoral.Client(server.url) as c, pytest.raises(kcoral.KCoralError) as caught:
             c.execute(module_program("def f():\n    return 1\n", "f"))
         assert (caught.value.status_code, caught.value.kind) == (503, "busy")
-        waited = "server saturated: no worker became free within --worker-wait-timeout-seconds"
+        waited = (
+            "server saturated: no worker became free within --worker-wait-timeout-seconds (1 s)"
+        )
         assert caught.value.message == waited
         raw = execute_program(server.url, module_program("def f():\n    return 1\n", "f"))
         assert_error_answer(raw, 503, "busy", waited)

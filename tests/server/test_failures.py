@@ -187,7 +187,8 @@ def test_no_free_worker_within_the_wait_timeout_is_a_503(kcoral_server, tmp_path
     assert refused.status == 503 and refused.headers["Retry-After"] == "1"
     assert refused.body["error"] == {
         "kind": "busy",
-        "message": "server saturated: no worker became free within --worker-wait-timeout-seconds",
+        "message": "server saturated: no worker became free within "
+        "--worker-wait-timeout-seconds (0.5 s)",
     }
     finished = [
         e for e in kcoral_server.events() if e.get("request_id") == refused.body["request_id"]

@@ -75,13 +75,17 @@ class SeatQueue:
         when the queue is failed. Cancelling the wait leaves the queue and always raises: a
         seat handed over before the wait's task ran again goes back through ``unused`` (its
         worker took nothing)."""
+
+        def waited() -> NoWorker:  # the flag's value too: how long it waited (team soak)
+            return NoWorker(f"{NO_FREE_WORKER} ({timeout:g} s)")
+
         future: asyncio.Future[Seat] = asyncio.get_running_loop().create_future()
         self._turns.setdefault(identity, deque()).append(future)
         if owner is not None:
             self._owners[future] = owner
         self._changed()
         try:
-            return await handed_over(future, timeout, lambda: NoWorker(NO_FREE_WORKER), unused)
+            return await handed_over(future, timeout, waited, unused)
         finally:
             self._owners.pop(future, None)
             queue = self._turns.get(identity)
