@@ -43,4 +43,7 @@ def test_a_request_of_another_identity_is_served_before_the_rest_of_a_burst(
         for job in [running, *burst, bobs]:
             assert job.result(timeout=120)["r"] == 1
         started = {job.id: job.status()["started_at"] for job in [*burst, bobs]}
+        # its first `queued` phase already says where it waits (not the 3 requests waiting)
+        first = next(e for e in bobs.events() if e.data.get("phase") == "queued")
+        assert first.data["position"] == 1
     assert started[burst[0].id] <= started[bobs.id] <= started[burst[1].id] <= started[burst[2].id]

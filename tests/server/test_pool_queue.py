@@ -102,6 +102,8 @@ def test_identities_waiting_take_turns_and_each_ones_requests_keep_their_order()
         await asyncio.sleep(0)
         # in turn: alice, bob, carol, then alice's other two
         assert queue.positions() == {"a1": 0, "b1": 1, "c1": 2, "a2": 3, "a3": 4}
+        # where a new request would wait, before it does (a job's first `queued` phase)
+        assert [queue.position_for(who) for who in ("alice", "bob", "carol", "dan")] == [5, 4, 4, 3]
         order = []
         for index in range(5):
             seat = Seat(f"cpu/w{index}", None)

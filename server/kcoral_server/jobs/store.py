@@ -220,8 +220,8 @@ class Job(RequestObserver):
 
     def accepted(self, request: ExecuteRequest) -> None:
         self.request = request
-        if self.pool is not None:
-            self.queue_position = self.pool.requests_waiting
+        if self.pool is not None:  # where it will wait, the identities taking turns
+            self.queue_position = self.pool.queue_position_for(self.owner)
         self.phase("queued", position=self.queue_position or 0)
         if not self.accepted_future.done():
             self.accepted_future.set_result(True)

@@ -111,9 +111,12 @@ class Pool:
         return self._queue.waiting
 
     def queue_positions(self) -> dict[object, int]:
-        """Owner -> number of requests ahead of it, for queued ``acquire`` calls that named
-        an owner."""
+        """Owner -> requests served before it, for queued waits that named an owner."""
         return self._queue.positions()
+
+    def queue_position_for(self, identity: str) -> int:
+        """The requests a new one of ``identity`` would find served before it."""
+        return self._queue.position_for(identity)
 
     @property
     def busy_workers(self) -> int:
@@ -178,10 +181,8 @@ class Pool:
         (``wait`` wraps that wait: a cancel stops it); ``NoWorker`` when none comes or the
         pool stops admitting; the request counts in ``requests_in_progress`` until it ends.
         Inside it, the caller runs its program and hands the seat back with the decision
-        ``retirement`` takes (``release``), or untouched (``release_unused``).
-
-        A seat pinned across several programs (a session) is a checkout held open across
-        them: the seat stays busy and its worker serves only that holder in between."""
+        ``retirement`` takes (``release``), or untouched (``release_unused``). (A session's
+        seat is a checkout held open across its programs, serving only its holder.)"""
         return Checkout(self, timeout, owner, wait, identity)
 
     def try_acquire(self) -> Seat | None:
@@ -240,8 +241,7 @@ class Pool:
         self.requests_in_progress += 1
 
     def _make_idle(self, seat: Seat) -> None:
-        """The seat's worker is ready: the waiting request whose turn it is gets it, else
-        (or when the pool is closing) it idles."""
+        """The seat's worker is ready: the request whose turn it is takes it, else it idles."""
         handed = not self.closing and self._queue.hand_over(seat)
         seat.state = SeatState.BUSY if handed else SeatState.IDLE
 

@@ -60,6 +60,19 @@ class SeatQueue:
                     ahead += 1
         return positions
 
+    def position_for(self, identity: str) -> int:
+        """How many waiting requests would be served before a new one of ``identity``: its
+        own, one of every other identity's per turn of its own, and one more of each
+        identity whose turn comes before its (every one's, for an identity not waiting)."""
+        mine, others, earlier = 0, [], True
+        for who, queue in self._turns.items():
+            waiting = sum(1 for w in queue if not w.done())
+            if who == identity:
+                mine, earlier = waiting, False
+            else:
+                others.append((waiting, earlier))
+        return mine + sum(min(n, mine) + (first and n > mine) for n, first in others)
+
     def _changed(self) -> None:
         for listener in list(self.listeners):
             listener()
