@@ -221,35 +221,52 @@ def test_bodies_that_grow_past_the_in_flight_limit_together_are_stopped_while_ar
     assert status == 200, answer  # both charges were given back
 
 
-def test_a_body_trickled_below_the_minimum_rate_is_cut_off(server_factory) -> None:
-    # One byte every 0.5 s never trips the 2 s idle timeout; the average-rate rule must.
-    server = server_factory("--body-timeout-seconds", "2")
-    sock = slow_upload(server.url, 1 << 20, b"-")
+def _trickled_until_closed(sock: socket.socket, within: float) -> bool:
+    """Send one byte every 0.5 s; whether the server closed the connection ``within``."""
     sock.settimeout(0.5)
-    closed = False
     started = time.monotonic()
     try:
-        while time.monotonic() - started < 20:
+        while time.monotonic() - started < within:
             try:
                 sock.sendall(b"-")
                 if sock.recv(65536) == b"":
-                    closed = True
-                    break
+                    return True
             except TimeoutError:
                 continue
             except OSError:
-                closed = True
-                break
+                return True
     finally:
         sock.close()
-    assert closed, "a trickled body kept its connection for 20 s"
-    assert wait_for(
+    return False
+
+
+def _cut_off_for_its_rate(server: Any) -> bool:
+    return wait_for(
         lambda: any(
             e["event"] == "request_finished" and e.get("error_kind") == "body_timeout"
             for e in server.events()
         ),
         timeout=10,
     )
+
+
+def test_a_body_trickled_below_the_minimum_rate_is_cut_off(server_factory) -> None:
+    # One byte every 0.5 s never trips the 2 s idle timeout; the average-rate rule must.
+    server = server_factory("--body-timeout-seconds", "2")
+    sock = slow_upload(server.url, 1 << 20, b"-")
+    assert _trickled_until_closed(sock, 20), "a trickled body kept its connection for 20 s"
+    assert _cut_off_for_its_rate(server)
+
+
+def test_a_body_that_trickles_after_a_fast_start_is_cut_off_too(server_factory) -> None:
+    """Team soak: the rate was the whole body's average, so 255 MiB sent fast and then a
+    byte every 50 s held its bytes of the in-flight budget for about 3 days. Here 512 KiB,
+    then a byte every 0.5 s: the average stays above 1 KiB/s for 8 minutes, each 2 s window
+    brings 4 bytes."""
+    server = server_factory("--body-timeout-seconds", "2")
+    sock = slow_upload(server.url, 1 << 20, b"-" * (512 << 10))
+    assert _trickled_until_closed(sock, 20), "a body trickling after a fast start held on"
+    assert _cut_off_for_its_rate(server)
 
 
 def _sha(data: bytes) -> str:

@@ -85,7 +85,8 @@ class ExecuteHandler(BaseHandler):
         self.body_unread = True  # until post(): an answer now leaves the body unread
         self.pipeline: ExecuteRequest | None = None  # while the program may still run
         self.max_inflight = 0  # --max-inflight-request-bytes, resolved (0: no limit)
-        self.last_data_at = self.body_started_at = 0.0
+        # the rate window: since when, and the body's size then (``_watch_idle_body``)
+        self.last_data_at, self.window_at, self.window_size = 0.0, 0.0, 0
         self.idle_timer: asyncio.TimerHandle | None = None
         self.large_reads: LargeReads | None = None  # while a large body is read
         # A refusal that waits for its small body to arrive (``refuse``), and its deadline.
@@ -145,7 +146,7 @@ class ExecuteHandler(BaseHandler):
             # bodies from this size on are received in rounds of this size
             self.large_reads = LargeReads(self.request.connection)
             self.large_reads.start()
-        self.last_data_at = self.body_started_at = asyncio.get_running_loop().time()
+        self.last_data_at = self.window_at = asyncio.get_running_loop().time()
         self._watch_idle_body()
 
     def admission_refusal(self) -> Refusal | None:
@@ -308,9 +309,10 @@ class ExecuteHandler(BaseHandler):
         )
 
     def _watch_idle_body(self) -> None:
-        """Drop a body that stops arriving, or that arrives slower than ``MIN_BODY_RATE``
-        on average once ``--body-timeout-seconds`` have passed (slowloris: one byte every
-        8 s never trips the idle timeout, yet holds a connection and a handler forever)."""
+        """Drop a body that stops arriving, or that brings under ``MIN_BODY_RATE`` on average
+        over any ``--body-timeout-seconds`` window (slowloris: a byte every 8 s never trips
+        the idle timeout; and with the whole body's average, 255 MiB sent fast, then a byte
+        every 50 s, held its bytes for 3 days: team soak)."""
         loop = asyncio.get_running_loop()
         timeout = self.state.config.body_timeout_seconds
         self.idle_timer = None
@@ -318,15 +320,19 @@ class ExecuteHandler(BaseHandler):
             return
         now = loop.time()
         idle = now - self.last_data_at
-        elapsed = now - self.body_started_at
-        too_slow = elapsed >= timeout and self.body.size < MIN_BODY_RATE * elapsed
+        elapsed = now - self.window_at
+        too_slow = (
+            elapsed >= timeout and self.body.size - self.window_size < MIN_BODY_RATE * elapsed
+        )
+        if elapsed >= timeout and not too_slow:  # this window kept the rate: the next starts
+            self.window_at, self.window_size = now, self.body.size
         if idle < timeout and not too_slow:
             self.idle_timer = loop.call_later(timeout - idle, self._watch_idle_body)
             return
         if too_slow and idle < timeout:
             message = (
                 f"request body arrived slower than {MIN_BODY_RATE} bytes/s on average "
-                f"after {elapsed:.0f} s; connection closed"
+                f"over {elapsed:.0f} s; connection closed"
             )
         else:
             message = f"request body sent nothing for {timeout:g} s; connection closed"
