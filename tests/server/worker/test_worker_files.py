@@ -218,6 +218,21 @@ def test_a_file_that_changes_while_read_is_refused(tmp_path, monkeypatch):
     assert "changed" in failure.value.message
 
 
+def test_a_deep_path_in_a_failure_keeps_its_start_and_its_leaf_not_kilobytes(tmp_path):
+    """Files soak: a deep unreadable entry's message held its whole ~4000-character path."""
+    deep = "/".join(["d"] * 1500) + "/leaf.bin"
+    workspace = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(InstructionFailure) as failure:
+            collect_file(workspace, deep, Budget(1 << 20))
+    finally:
+        os.close(workspace)
+    message = failure.value.message
+    assert len(message) < 200, message
+    assert message.startswith("'d/d/d/") and "/d/..." in message, message
+    assert message.endswith("/d/leaf.bin' does not exist"), message
+
+
 def test_an_uploaded_file_is_readable_by_module_top_level_code(shared_worker):
     sha, data = blob(b"config=1\n")
     result = shared_worker.run(
