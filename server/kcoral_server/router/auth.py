@@ -72,18 +72,6 @@ def settle_unread_body(handler: KCoralRequestHandler, timeout_seconds: float) ->
     return bound_body(handler, SMALL_BODY_BYTES, timeout_seconds)
 
 
-def finish_with_error(
-    handler: tornado.web.RequestHandler,
-    request_id: str,
-    status: int,
-    kind: str,
-    message: str,
-    headers: dict[str, str] | None = None,
-) -> None:
-    """Answer with a router-made ``ERROR`` body (ROUTER §9), for every router route."""
-    handler.finish(error_answer(handler, request_id, status, kind, message, headers))
-
-
 def error_answer(
     handler: tornado.web.RequestHandler,
     request_id: str,
@@ -92,7 +80,9 @@ def error_answer(
     message: str,
     headers: dict[str, str] | None = None,
 ) -> bytes:
-    """Set a router-made ``ERROR`` answer's status and headers; its body, to write."""
+    """A router-made ``ERROR`` answer (ROUTER §9), for every router route: its status and
+    headers set, its body returned to ``finish`` (or to write after a node's answer was
+    buffered, ``JobHandler.rewrite``)."""
     handler.set_status(status)
     handler.set_header("X-Request-ID", request_id)
     handler.set_header("Content-Type", "application/json")
@@ -210,7 +200,7 @@ class RouterHandler(KCoralRequestHandler):
             return
         self.clear()
         self.finish_reason = self.finish_reason or reason
-        finish_with_error(self, self.request_id, status, kind, message, headers)
+        self.finish(error_answer(self, self.request_id, status, kind, message, headers))
 
     def send_json(self, status: int, body: Any) -> None:
         self.set_status(status)

@@ -19,7 +19,7 @@ from kcoral_server.metrics.router_metrics import RouterMetrics
 from kcoral_server.router.auth import (
     NotFoundHandler,
     browser_refusal,
-    finish_with_error,
+    error_answer,
     settle_unread_body,
 )
 from kcoral_server.router.forward import ForwardHandler
@@ -73,14 +73,16 @@ class HealthHandler(KCoralRequestHandler):
         # No token is needed here, but a web page still learns nothing (EXTENSIONS §6).
         refusal = browser_refusal(self.state, self.request.headers)
         if refusal is not None:
-            finish_with_error(self, self.request_id, 403, "forbidden", refusal)
+            self.finish(error_answer(self, self.request_id, 403, "forbidden", refusal))
         elif self.request.method not in self.ALLOWED:
             self.set_header("Allow", ", ".join(self.ALLOWED))
-            finish_with_error(
-                self, self.request_id, 405, "method_not_allowed", "method not allowed"
+            self.finish(
+                error_answer(self, self.request_id, 405, "method_not_allowed", "method not allowed")
             )
         if not settle_unread_body(self, self.state.settings.request_head_timeout_seconds):
-            finish_with_error(self, self.request_id, 413, "request_too_large", TOO_LARGE_MESSAGE)
+            self.finish(
+                error_answer(self, self.request_id, 413, "request_too_large", TOO_LARGE_MESSAGE)
+            )
 
     def data_received(self, chunk: bytes) -> None:
         """No body is read here: what arrives (at most 64 KiB) is dropped."""
