@@ -40,6 +40,16 @@ def _token_file(tmp_path: Path, text: str) -> str:
     return str(tokens)
 
 
+def _team_server(server_factory, tmp_path: Path) -> str:
+    """A server with two session seats for alice, bob and root (an admin); its URL."""
+    tokens = _token_file(
+        tmp_path,
+        "alice token-alice-0123456789\nbob token-bob-0123456789\n"
+        "root token-root-0123456789 admin\n",
+    )
+    return server_factory("--auth-token-file", tokens, "--max-sessions", "2").url
+
+
 def _utc(seconds: float) -> str:
     moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -87,12 +97,7 @@ def test_an_identity_at_its_cap_is_refused_with_the_counts_and_another_identity_
 def test_a_session_an_admin_ends_tells_its_owner_an_admin_ended_it_not_that_they_did(
     server_factory, tmp_path: Path
 ) -> None:
-    tokens = _token_file(
-        tmp_path,
-        "alice token-alice-0123456789\nbob token-bob-0123456789\n"
-        "root token-root-0123456789 admin\n",
-    )
-    url = server_factory("--auth-token-file", tokens, "--max-sessions", "2").url
+    url = _team_server(server_factory, tmp_path)
     held = create_session(url, ALICE).body["session_id"]
     # the admin frees alice's seat for someone else (the panel's Stop button does the same)
     ended = request(url, "DELETE", f"/v1/sessions/{held}", headers=ROOT)
@@ -126,12 +131,7 @@ def kept():
 def test_an_admins_program_in_another_identitys_session_is_refused_and_the_session_lives_on(
     server_factory, tmp_path: Path
 ) -> None:
-    tokens = _token_file(
-        tmp_path,
-        "alice token-alice-0123456789\nbob token-bob-0123456789\n"
-        "root token-root-0123456789 admin\n",
-    )
-    url = server_factory("--auth-token-file", tokens, "--max-sessions", "2").url
+    url = _team_server(server_factory, tmp_path)
     held = create_session(url, ALICE).body["session_id"]
     kept = run_in(url, held, module_program(KEEP, [("keep", [[1, 2]])]), ALICE)
     assert kept.status == 200 and kept.body["status"] == "COMPLETED", kept.body
