@@ -1,13 +1,14 @@
 """What follows a request from outside and what stops it: the hooks a job uses to watch
 its request (``RequestObserver``), the request's cancel (``Cancellation``, EXTENSIONS §5,
-§9) that stops its wait for a seat or interrupts its worker, and the wait for what a queue
-hands over (``handed_over``: a server's seat, a router's slot) that a cancel must end."""
+§9) that stops its wait for a seat or interrupts its worker, the wait for what a queue
+hands over (``handed_over``: a server's seat, a router's slot) that a cancel must end, and
+the order such a queue serves its identities' waiters in (``served_in_turn``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from kcoral_server.execution.responses import RequestFailed
@@ -138,6 +139,15 @@ class Cancellation:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         raise self.failure()
+
+
+def served_in_turn(queues: Sequence[Sequence[T]]) -> list[T]:
+    """The waiters of ``queues`` (one per identity, oldest first, in the order of their
+    turns) in the order they are served: the first of each queue, then the second of each,
+    and so on (SERVER §4, ROUTER §7.3)."""
+    return [
+        q[turn] for turn in range(max(map(len, queues), default=0)) for q in queues if turn < len(q)
+    ]
 
 
 async def handed_over(

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from kcoral_server.execution.control import handed_over
+from kcoral_server.execution.control import handed_over, served_in_turn
 from kcoral_server.execution.responses import NO_FREE_WORKER
 from kcoral_server.pool.seat import Seat
 
@@ -50,14 +50,10 @@ class SeatQueue:
         known), for waits that named an owner."""
         queues = [[w for w in queue if not w.done()] for queue in self._turns.values()]
         positions: dict[object, int] = {}
-        ahead = 0
-        for turn in range(max(map(len, queues), default=0)):
-            for queue in queues:
-                if turn < len(queue):
-                    owner = self._owners.get(queue[turn])
-                    if owner is not None:
-                        positions[owner] = ahead
-                    ahead += 1
+        for ahead, waiter in enumerate(served_in_turn(queues)):
+            owner = self._owners.get(waiter)
+            if owner is not None:
+                positions[owner] = ahead
         return positions
 
     def position_for(self, identity: str) -> int:

@@ -9,7 +9,7 @@ from collections.abc import MutableSequence
 from dataclasses import dataclass, field
 
 from kcoral.protocol.selector import Selector, format_selector
-from kcoral_server.execution.control import handed_over
+from kcoral_server.execution.control import handed_over, served_in_turn
 from kcoral_server.router.registry import NodeRecord, Registry
 from kcoral_server.router.selection import no_match_message, serves
 from kcoral_server.router.slot import RouterSlot
@@ -143,13 +143,7 @@ class Admission(_WaitingRoom):
         order = [i for i in self._turns if i in by_identity]
         order += [i for i in by_identity if i not in self._turns]
         self._turns = dict.fromkeys(order)
-        queues = [by_identity[identity] for identity in order]
-        return [
-            q[turn]
-            for turn in range(max(map(len, queues), default=0))
-            for q in queues
-            if turn < len(q)
-        ]
+        return served_in_turn([by_identity[identity] for identity in order])
 
     def wake(self) -> None:
         """Serve waiters in turn (``in_turn``) while slots are available.
