@@ -131,10 +131,7 @@ class CellMagic:
             waits_for=waits_for(args.select, facts) if remote is None else None,
         )
         line_out = StatusLine(
-            not (args.quiet or settings.quiet),
-            provenance(None, record),
-            record,
-            local_server=self.kernel.is_local(url),
+            not (args.quiet or settings.quiet), record, local_server=self.kernel.is_local(url)
         )
 
         if args.noblock:

@@ -103,10 +103,7 @@ class JobCommands:
         pending = self.kernel.pending.get(job_id)
         record = RunRecord(server=url, job_id=job_id, warning=pending.warning if pending else None)
         line_out = StatusLine(
-            not self.kernel.settings.quiet,
-            provenance(None, record),
-            record,
-            local_server=self.kernel.is_local(url),
+            not self.kernel.settings.quiet, record, local_server=self.kernel.is_local(url)
         )
         line_out.show(f"attached to job {job_id}")
         try:

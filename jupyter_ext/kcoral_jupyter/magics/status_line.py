@@ -23,17 +23,11 @@ from kcoral_jupyter.runner import RunRecord
 class StatusLine:
     """One line updated in place; its final text is the summary a saved notebook keeps."""
 
-    def __init__(
-        self,
-        enabled: bool,
-        metadata: dict[str, Any],
-        record: RunRecord | None = None,
-        *,
-        local_server: bool = False,
-    ) -> None:
+    def __init__(self, enabled: bool, record: RunRecord, *, local_server: bool = False) -> None:
         self.enabled = enabled
-        self.metadata = metadata
-        self.record = record  # a live line names its job once submitted (``job_id``)
+        self.record = record  # a live line's provenance is read from it again at each phase
+        #: the final line's provenance (its result's, once there is one)
+        self.metadata = provenance(None, record)
         self.local_server = local_server  # it runs on this kernel's own server (ends with it)
         self.handle: DisplayHandle | None = None
         self.text = ""
@@ -58,9 +52,12 @@ class StatusLine:
             return
         data = rich.status_line_bundle(text, status=status, warning=bool(warning))
         shown = self.metadata
-        if live:
-            job_id = self.record.job_id if self.record is not None else shown.get("job_id")
-            shown = {**shown, "job_id": job_id, "live": True, "local_server": self.local_server}
+        if live:  # with its job, once submitted
+            shown = {
+                **provenance(None, self.record),
+                "live": True,
+                "local_server": self.local_server,
+            }
         metadata = {"kcoral": shown}
         if self.handle is None:
             self.handle = display(data, raw=True, metadata=metadata, display_id=True)

@@ -181,10 +181,10 @@ class Session:
         if running is None or handle is None or handle.pid is None:
             return False
         if self._interrupted is not running:
-            self._interrupted = running
-            self._stopped = asyncio.get_running_loop().create_future()
-            self._signal_once_started(running, handle)
             loop = asyncio.get_running_loop()
+            self._interrupted = running
+            self._stopped = loop.create_future()
+            self._signal_once_started(running, handle)
             loop.call_later(INTERRUPT_GRACE_SECONDS, self._interrupt_expired, running)
         return True
 
