@@ -40,6 +40,9 @@ JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 FAN_OUT_SLOT_WAIT = 10.0  # seconds one node may keep a list or lookup waiting for a slot
 FAN_OUT_ANSWER_WAIT = 30.0
 MAX_FETCHED_BYTES = 64 << 20
+#: one node's answer to a fan-out GET: its id, ``(status, body)`` (None: no answer in time)
+#: and the answer's headers (lower-cased names)
+NodeAnswer = tuple[str, tuple[int, bytes] | None, dict[str, str]]
 
 
 class JobIndex:
@@ -217,12 +220,14 @@ def warn_contested(handler: Any, event: str, contested: dict[str, list[str]]) ->
         )
 
 
-def merged_answer(handler: Any, records: list[Any], key: Callable[[Any], Any]) -> None:
-    """Answer a merged list, ``key`` descending (newest first). Each record is written back
-    on its own: one that cannot be (nested deeper than the encoder goes) is left out
-    rather than failing the list for every caller."""
+def merged_answer(
+    handler: Any, records: list[Any], key: Callable[[Any], Any], most: int | None = None
+) -> None:
+    """Answer a merged list, ``key`` descending (newest first), its first ``most`` (None:
+    all). Each record is written back on its own: one that cannot be (nested deeper than
+    the encoder goes) is left out rather than failing the list for every caller."""
     parts = []
-    for record in sorted(records, key=key, reverse=True):
+    for record in sorted(records, key=key, reverse=True)[:most]:
         try:
             parts.append(dumps_compact(record))
         except (ValueError, RecursionError, TypeError):
@@ -279,14 +284,13 @@ async def ask_every_node(
     *,
     ready_only: bool = False,
     among: Iterable[NodeRecord] | None = None,
-    with_headers: bool = False,
-) -> list[Any]:
+) -> list[NodeAnswer]:
     """``GET path`` on every control node at once (or those ``among`` them), as the caller
     (``auth_headers``).
 
-    One ``(node id, answer)`` pair a node, ``None`` for a node that could not answer in
-    time; an empty list when no node is connected (or ready, with ``ready_only``).
-    ``with_headers``: ``(node id, answer, headers)`` triples instead."""
+    One ``(node id, answer, its headers)`` triple a node, answer ``None`` for a node that
+    could not answer in time; an empty list when no node is connected (or ready, with
+    ``ready_only``)."""
     registry = handler.state.registry
     if among is None:
         controls = registry.control_nodes(ready_only=ready_only)
@@ -298,24 +302,19 @@ async def ask_every_node(
     answer_headers: list[dict[str, str]] = [{} for _node in nodes]
     answers = await asyncio.gather(
         *(
-            fetch(handler.state, node, "GET", path, headers, seen if with_headers else None)
+            fetch(handler.state, node, "GET", path, headers, seen)
             for node, seen in zip(nodes, answer_headers, strict=True)
         )
     )
-    if with_headers:
-        return list(zip(nodes, answers, answer_headers, strict=True))
-    return list(zip(nodes, answers, strict=True))
+    return list(zip(nodes, answers, answer_headers, strict=True))
 
 
-async def answers_to_merge(
-    handler: Any, path: str, *, with_headers: bool = False
-) -> list[Any] | None:
+async def answers_to_merge(handler: Any, path: str) -> list[NodeAnswer] | None:
     """Every connected node's answer to ``GET path``, for a merged list; ``None`` once the
-    request is answered already (refused in ``prepare``, or 503 ``no_node`` without nodes).
-    ``with_headers``: ``(node, answer, headers)`` triples, the answer's headers too."""
+    request is answered already (refused in ``prepare``, or 503 ``no_node`` without nodes)."""
     if handler._finished:
         return None
-    answers = await ask_every_node(handler, path, with_headers=with_headers)
+    answers = await ask_every_node(handler, path)
     if not answers:
         handler.no_node()
         return None
@@ -356,7 +355,7 @@ class JobsHandler(ForwardHandler):
         # A node applies the same default to a list asked without one.
         asked = self.get_query_argument("limit", None) is not None
         path = f"/v1/jobs?limit={limit}" if asked else "/v1/jobs"
-        answers = await answers_to_merge(self, path, with_headers=True)
+        answers = await answers_to_merge(self, path)
         if answers is None:
             return
         listings: list[tuple[str, str, Any]] = []
@@ -381,12 +380,11 @@ class JobsHandler(ForwardHandler):
         kept, contested = sole_claims(listings, self.state.jobs.node_of)
         warn_contested(self, "job_claimed_twice", contested)
         merged = [job for node, job_id, job in kept if self.state.jobs.remember(job_id, node)]
-        merged.sort(key=submitted_at, reverse=True)
         left_out += max(0, len(merged) - limit)
         self.set_header(LEFT_OUT_HEADER, str(left_out))
         if unread:
             self.set_header(NODES_LEFT_OUT_HEADER, ",".join(sorted(unread)))
-        merged_answer(self, merged[:limit], submitted_at)
+        merged_answer(self, merged, submitted_at, most=limit)
 
     def _relay_refusal(self, node: str, status: int, body: bytes) -> None:
         self.node = node
@@ -423,7 +421,7 @@ class JobHandler(ForwardHandler):
         kinds = set()
         expired = "job expired"  # a node's message saying why, when one says so
         claims = []  # every node that says it holds the job
-        for node, answer in await ask_every_node(self, f"/v1/jobs/{job_id}"):
+        for node, answer, _headers in await ask_every_node(self, f"/v1/jobs/{job_id}"):
             if answer is None:
                 continue
             status, body = answer

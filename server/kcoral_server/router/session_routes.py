@@ -297,7 +297,7 @@ class SessionsHandler(ForwardHandler):
             return None
         free: dict[str, int] = {}
         offers: list[dict[str, Any]] = []
-        for node, answer in answers:
+        for node, answer, _headers in answers:
             if answer is None or answer[0] != 200:
                 continue
             info = untrusted_json(answer[1])
@@ -336,7 +336,7 @@ class SessionsHandler(ForwardHandler):
         if answers is None:
             return
         listings: list[tuple[str, str, Any]] = []
-        for node, answer in answers:
+        for node, answer, _headers in answers:
             if answer is None or answer[0] != 200:
                 continue  # a node that cannot answer now (or has no sessions) is left out
             records = untrusted_json(answer[1])  # unreadable: that node is left out
@@ -433,7 +433,7 @@ class SessionHandler(ForwardHandler):
 
     async def _look_up(self, session_id: str) -> str | None:
         claims: list[tuple[str, str]] = []  # (node, owner) of every node that says it holds it
-        for node, answer in await ask_every_node(self, f"/v1/sessions/{session_id}"):
+        for node, answer, _headers in await ask_every_node(self, f"/v1/sessions/{session_id}"):
             if answer is None:
                 continue
             status, body = answer
