@@ -11,6 +11,7 @@ executable bit survives (flag 1), which is all the tools need.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -222,10 +223,10 @@ def _run_and_collect(
         report["exit_code"] = returncode
     if spec.get("collect"):
         for path in outermost_paths(spec.get("fetch") or []):
-            problem = _fetch(work, outputs, path, report["skipped"])
+            problem = _fetch(work, outputs, path, report)
             if problem:
                 report["missing"].append({"path": path, "reason": problem})
-        report["skipped"].extend(_drop_untransferable(outputs))
+        report["skipped"].extend(_drop_untransferable(outputs, report["missing"]))
         if tool == "ncu" and not os.path.isfile(os.path.join(outputs, NCU_REPORT)):
             report["missing"].append({"path": NCU_REPORT, "reason": "ncu wrote no report"})
         if tool == "run-iket" and not _has_files(outputs):
@@ -301,11 +302,14 @@ def _resolve_executable(name: str, work: str, path: str) -> str | None:
     return shutil.which(name, path=path)
 
 
-def _fetch(work: str, outputs: str, path: str, skipped: list[str]) -> str | None:
+def _fetch(work: str, outputs: str, path: str, report: dict[str, Any]) -> str | None:
     """Copy ``work/path`` to ``outputs/path``; returns why it could not, or ``None``.
 
     Relative to directory descriptors, like the inputs: a tree the tool made below the work
-    directory may be deeper than PATH_MAX allows from '/' ('File name too long')."""
+    directory may be deeper than PATH_MAX allows from '/' ('File name too long'). An entry
+    below a fetched directory that cannot be read (a tool's ``chmod 000``) is a missing
+    output of its own and the rest is copied: one stopped the whole copy, losing the
+    entries sorted after it."""
     parts = path.split("/")
     parent = os.open(work, _DIRECTORY_FLAGS)
     writer: _TreeWriter | None = None
@@ -324,7 +328,7 @@ def _fetch(work: str, outputs: str, path: str, skipped: list[str]) -> str | None
                 writer.copy_file(parts, opened)
             else:
                 writer.make_directory(parts)
-                _copy_tree(opened, parts, writer, skipped)
+                _copy_tree(opened, parts, writer, report)
         finally:
             os.close(opened)
     except FileNotFoundError:
@@ -349,27 +353,43 @@ def _enter_from(old: int, new: int) -> int:
     return new
 
 
-def _copy_tree(source: int, parts: list[str], writer: _TreeWriter, skipped: list[str]) -> None:
-    """Copy regular files and directories (empty ones too); other entries are skipped."""
-    for directory, below, info in _entries(source):
+def _copy_tree(source: int, parts: list[str], writer: _TreeWriter, report: dict[str, Any]) -> None:
+    """Copy regular files and directories (empty ones too); other entries are skipped, and
+    unreadable ones are missing outputs."""
+    missing = report["missing"]
+    for directory, below, info in _entries(source, parts, missing):
         if stat.S_ISDIR(info.st_mode):
             writer.make_directory([*parts, *below])
         elif stat.S_ISREG(info.st_mode):
-            fd = os.open(below[-1], _FILE_FLAGS, dir_fd=directory)
+            try:
+                fd = os.open(below[-1], _FILE_FLAGS, dir_fd=directory)
+            except OSError as exc:
+                missing.append(_unreadable([*parts, *below], exc))
+                continue
             try:
                 writer.copy_file([*parts, *below], fd)
             finally:
                 os.close(fd)
         else:
-            skipped.append("/".join([*parts, *below]))
+            report["skipped"].append("/".join([*parts, *below]))
 
 
-def _entries(top: int) -> Iterator[tuple[int, list[str], os.stat_result]]:
+def _unreadable(parts: list[str], exc: OSError) -> dict[str, str]:
+    return {"path": "/".join(parts), "reason": exc.strerror or str(exc)}
+
+
+def _entries(
+    top: int, shown: list[str], unreadable: list[dict[str, str]]
+) -> Iterator[tuple[int, list[str], os.stat_result]]:
     """Each entry below the open directory ``top`` (symlinks not followed), a directory
     before what it holds: the open directory holding it (valid until the next entry), its
     path parts below ``top`` and its ``lstat``. Only the directory listed is open (a tree
     may be deeper than the open-files limit); the walk climbs back through '..', which
-    must be the directory listed before (iterative: no recursion limit either)."""
+    must be the directory listed before (iterative: no recursion limit either).
+
+    A directory that cannot be opened or listed is not yielded: it goes to ``unreadable``
+    as ``{"path", "reason"}``, its path as ``shown`` (the parts above ``top``) and its own
+    parts (a tool's ``chmod 000`` directory raised a traceback or stopped the copy)."""
     current = os.dup(top)
     try:
         info = os.fstat(current)
@@ -390,34 +410,60 @@ def _entries(top: int) -> Iterator[tuple[int, list[str], os.stat_result]]:
                 continue
             name = names.pop()
             entry = os.stat(name, dir_fd=current, follow_symlinks=False)
+            if not stat.S_ISDIR(entry.st_mode):
+                yield current, [*parts, name], entry
+                continue
+            try:
+                child = os.open(name, _DIRECTORY_FLAGS, dir_fd=current)
+            except OSError as exc:
+                unreadable.append(_unreadable([*shown, *parts, name], exc))
+                continue
+            try:
+                info = os.fstat(child)
+                listing = sorted(os.listdir(child), reverse=True)
+            except OSError as exc:
+                os.close(child)
+                unreadable.append(_unreadable([*shown, *parts, name], exc))
+                continue
             yield current, [*parts, name], entry
-            if stat.S_ISDIR(entry.st_mode):
-                current = _enter_from(current, os.open(name, _DIRECTORY_FLAGS, dir_fd=current))
-                info = os.fstat(current)
-                listing = sorted(os.listdir(current), reverse=True)
-                stack.append(((info.st_dev, info.st_ino), [*parts, name], listing))
+            current = _enter_from(current, child)
+            stack.append(((info.st_dev, info.st_ino), [*parts, name], listing))
     finally:
         os.close(current)
 
 
-def _drop_untransferable(outputs: str) -> list[str]:
+def _drop_untransferable(outputs: str, missing: list[dict[str, str]]) -> list[str]:
     """Remove symlinks and special files a tool left in ``outputs`` (a folder return refuses
-    them and would fail the whole program); returns their relative paths."""
+    them and would fail the whole program); returns their relative paths. Files and empty
+    directories it cannot read (run-iket's own outputs, made there by the tool) are removed
+    too and added to ``missing``; a directory that cannot be read and holds entries stays,
+    and the folder return fails naming it."""
     dropped = []
+    unreadable: list[dict[str, str]] = []
     top = os.open(outputs, _DIRECTORY_FLAGS)
     try:
-        for directory, parts, info in _entries(top):
-            if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+        for directory, parts, info in _entries(top, [], unreadable):
+            if stat.S_ISREG(info.st_mode):
+                try:
+                    os.close(os.open(parts[-1], _FILE_FLAGS, dir_fd=directory))
+                except OSError as exc:
+                    os.unlink(parts[-1], dir_fd=directory)
+                    missing.append(_unreadable(parts, exc))
+            elif not stat.S_ISDIR(info.st_mode):
                 os.unlink(parts[-1], dir_fd=directory)
                 dropped.append("/".join(parts))
     finally:
         os.close(top)
+    for item in unreadable:
+        with contextlib.suppress(OSError):  # not empty: the folder return names it
+            os.rmdir(os.path.join(outputs, item["path"]))
+            missing.append(item)
     return sorted(dropped)
 
 
 def _has_files(directory: str) -> bool:
     top = os.open(directory, _DIRECTORY_FLAGS)
     try:
-        return any(stat.S_ISREG(info.st_mode) for _fd, _parts, info in _entries(top))
+        return any(stat.S_ISREG(info.st_mode) for _fd, _parts, info in _entries(top, [], []))
     finally:
         os.close(top)
