@@ -206,22 +206,27 @@ def run_pool(
     mode: str = "cpu",
     events: Events | None = None,
     worker: type[StandInWorker] = StandInWorker,
+    gpus: int = 1,
 ) -> Events:
-    """Start a pool of stand-ins (CPU, or ``fake-gpu`` on one GPU), run ``test`` on it,
-    close it; the events logged."""
+    """Start a pool of stand-ins (CPU, or ``fake-gpu`` on ``gpus`` GPUs with ``workers``
+    seats each), run ``test`` on it, close it; the events logged."""
     events = events if events is not None else Events()
 
     async def main() -> None:
         config = ServerConfig(
-            num_workers=workers, max_requests_per_worker=reuse, sandbox=sandbox, log_dir=""
+            num_workers=workers,
+            workers_per_gpu=workers,
+            max_requests_per_worker=reuse,
+            sandbox=sandbox,
+            log_dir="",
         )
-        gpus = [GpuDevice(0)] if mode != "cpu" else []
+        devices = [GpuDevice(i) for i in range(gpus)] if mode != "cpu" else []
         pool = Pool(
             mode=mode,
-            gpus=gpus,
+            gpus=devices,
             config=config,
             events=events,
-            arbiter=LeaseArbiter([0]) if gpus else None,
+            arbiter=LeaseArbiter([d.id for d in devices]) if devices else None,
             sandbox=sandbox,
             worker=worker,
         )
@@ -280,7 +285,7 @@ def test_waiting_requests_get_seats_in_the_order_they_came() -> None:
         later = [asyncio.ensure_future(request(name)) for name in ("second", "third")]
         await asyncio.sleep(0.01)
         assert pool.requests_waiting == 2
-        assert pool.queue_positions() == {"second": 0, "third": 1}
+        assert pool.queue.positions() == {"second": 0, "third": 1}
         hold.set()
         await asyncio.gather(first, *later)
         assert order == ["first", "second", "third"]
@@ -312,7 +317,7 @@ def test_a_cancelled_wait_leaves_the_queue() -> None:
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            assert pool.requests_waiting == 0 and pool.queue_positions() == {}
+            assert pool.requests_waiting == 0 and pool.queue.positions() == {}
             pool.release(seat, None)
 
     run_pool(test)
@@ -419,6 +424,68 @@ def test_a_replacement_that_fails_to_start_is_retried_with_backoff() -> None:
         assert seat.state is SeatState.IDLE and seat.generation == 4
 
     run_pool(test)
+
+
+class GatedWorker(StandInWorker):
+    """A stand-in whose launch waits for ``gate`` (while set): a replacement in flight."""
+
+    gate: asyncio.Event | None = None
+
+    async def launch(self, *, hold: bool = False, after_preload: bool = False) -> None:
+        if GatedWorker.gate is not None:
+            await GatedWorker.gate.wait()
+        await super().launch(hold=hold, after_preload=after_preload)
+
+
+async def _one_gpu_busy_the_other_replacing(pool: Pool, stack: contextlib.AsyncExitStack) -> None:
+    """GPU 0: a request runs on w0 (its lease held), w1 idle; GPU 1: both workers being
+    replaced (their launches wait for ``GatedWorker.gate``)."""
+    seats = [await stack.enter_async_context(pool.checkout(1.0)) for _ in range(4)]
+    assert [s.id for s in seats] == ["gpu0/w0", "gpu1/w0", "gpu0/w1", "gpu1/w1"]
+    GatedWorker.gate = asyncio.Event()
+    for seat, reason in ((seats[1], "crashed"), (seats[3], "crashed"), (seats[2], None)):
+        pool.release(seat, reason)
+        pool.finish_request(seat)
+    await asyncio.sleep(0.01)
+    assert [s.state for s in pool.seats] == [
+        SeatState.BUSY,
+        SeatState.IDLE,
+        SeatState.REPLACING,
+        SeatState.REPLACING,
+    ]
+
+
+def test_a_request_waits_for_a_free_gpus_new_worker_rather_than_a_busy_gpus_lease() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            await _one_gpu_busy_the_other_replacing(pool, stack)
+            waiting = asyncio.ensure_future(stack.enter_async_context(pool.checkout(5.0)))
+            await asyncio.sleep(0.01)
+            assert not waiting.done() and pool.requests_waiting == 1
+            assert GatedWorker.gate is not None
+            GatedWorker.gate.set()  # GPU 1's new workers start
+            seat = await waiting
+            assert seat.gpu_id == 1 and pool.seats[1].state is SeatState.IDLE
+            GatedWorker.gate = None
+
+    run_pool(test, workers=2, mode="fake-gpu", gpus=2, worker=GatedWorker)
+
+
+def test_a_request_waiting_for_a_new_worker_that_fails_to_start_takes_an_idle_seat() -> None:
+    async def test(pool: Pool, events: Events) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            await _one_gpu_busy_the_other_replacing(pool, stack)
+            waiting = asyncio.ensure_future(stack.enter_async_context(pool.checkout(5.0)))
+            await asyncio.sleep(0.01)
+            assert not waiting.done()
+            StandInWorker.fail_starts = 2
+            assert GatedWorker.gate is not None
+            GatedWorker.gate.set()  # both fail: backing off, they are not about to be ready
+            seat = await waiting
+            assert seat.id == "gpu0/w1"
+            GatedWorker.gate = None
+
+    run_pool(test, workers=2, mode="fake-gpu", gpus=2, worker=GatedWorker)
 
 
 def test_a_worker_serves_one_identity_and_is_replaced_for_another() -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kcoral_server.pool.seat import GpuDevice, Seat, SeatState, least_loaded_idle, seats_for
+from kcoral_server.pool.seat import GpuDevice, Seat, SeatState, seat_to_take, seats_for
 
 
 def test_cpu_mode_has_num_workers_seats_and_gpu_mode_workers_per_gpu_on_each_gpu() -> None:
@@ -23,10 +23,52 @@ def test_a_request_gets_an_idle_seat_on_the_gpu_with_the_fewest_requests() -> No
     for seat in seats:
         seat.state = SeatState.IDLE
     seats[0].state, seats[0].assigned = SeatState.BUSY, True  # GPU 0 runs one request
-    chosen = least_loaded_idle(seats)
+    chosen = seat_to_take(seats)
     assert chosen is not None and chosen.gpu_id == 1
 
 
 def test_no_seat_is_chosen_when_none_is_idle() -> None:
     seats = [Seat("cpu/w0", None, state=SeatState.BUSY), Seat("cpu/w1", None)]
-    assert least_loaded_idle(seats) is None
+    assert seat_to_take(seats) is None
+
+
+def _two_gpus_one_busy() -> list[Seat]:
+    """GPU 0 runs a request on w0 (its lease held) and has w1 idle."""
+    seats = seats_for("gpu", [GpuDevice(0), GpuDevice(1)], 1, 2)
+    seats[0].state, seats[0].assigned = SeatState.BUSY, True
+    seats[1].state = SeatState.IDLE
+    return seats
+
+
+def test_a_request_waits_for_a_free_gpus_seat_being_replaced_not_a_busy_gpus_lease() -> None:
+    seats = _two_gpus_one_busy()
+    seats[2].state = seats[3].state = SeatState.REPLACING  # GPU 1: new workers coming
+    assert seat_to_take(seats) is None
+    seats[2].state = SeatState.BUSY  # GPU 1's w0 cleaning up after its program
+    seats[3].state = SeatState.STARTING
+    assert seat_to_take(seats) is None
+    seats[3].state = SeatState.IDLE  # one is ready: it is taken
+    assert seat_to_take(seats) is seats[3]
+
+
+def test_a_busy_gpus_idle_seat_is_taken_when_no_freer_gpus_seat_is_about_to_be_ready() -> None:
+    seats = _two_gpus_one_busy()
+    seats[2].state = seats[3].state = SeatState.FAILED  # backing off: not about to be ready
+    assert seat_to_take(seats) is seats[1]
+    seats[2].state, seats[2].assigned = SeatState.BUSY, True  # GPU 1 as busy as GPU 0
+    seats[3].state = SeatState.REPLACING
+    assert seat_to_take(seats) is seats[1]
+    seats[2].assigned = False
+    assert seat_to_take(seats, handed=[seats[2]]) is seats[1]  # just handed: as busy
+
+
+def test_seats_handed_over_count_as_taken_and_as_load() -> None:
+    seats = seats_for("gpu", [GpuDevice(0), GpuDevice(1)], 1, 2)
+    for seat in seats:
+        seat.state = SeatState.IDLE
+    first = seat_to_take(seats)
+    assert first is seats[0]
+    second = seat_to_take(seats, handed=[first])
+    assert second is not None and second.gpu_id == 1
+    third = seat_to_take(seats, handed=[first, second])
+    assert third is seats[1]

@@ -221,7 +221,7 @@ class Job(RequestObserver):
     def accepted(self, request: ExecuteRequest) -> None:
         self.request = request
         if self.pool is not None:  # where it will wait, the identities taking turns
-            self.queue_position = self.pool.queue_position_for(self.owner)
+            self.queue_position = self.pool.queue.position_for(self.owner)
         self.phase("queued", position=self.queue_position or 0)
         if not self.accepted_future.done():
             self.accepted_future.set_result(True)
@@ -338,7 +338,7 @@ class JobRegistry:
     def attach(self, pool: Pool) -> None:
         """Follow ``pool``'s queue (positions) and start the sweeper."""
         self._pool = pool
-        pool.queue_listeners.append(self._queue_changed)
+        pool.queue.listeners.append(self._queue_changed)
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep_forever())
 
@@ -493,7 +493,7 @@ class JobRegistry:
     def _queue_changed(self) -> None:
         if self._pool is None:
             return
-        for owner, position in self._pool.queue_positions().items():
+        for owner, position in self._pool.queue.positions().items():
             if isinstance(owner, Job):
                 owner.queue_moved(position)
 

@@ -35,7 +35,7 @@ from kcoral_server.pool.seat import (
     GpuDevice,
     Seat,
     SeatState,
-    least_loaded_idle,
+    seat_to_take,
     seats_for,
 )
 from kcoral_server.pool.shutdown import close_seats
@@ -75,9 +75,9 @@ class Pool:
         self.refusing: str | None = "the server is starting"
         self.closing = False
         self.requests_in_progress = 0
-        self._queue = SeatQueue()
-        #: called (no arguments) whenever the queue of waiting requests changes
-        self.queue_listeners = self._queue.listeners
+        #: the requests waiting for a seat: their positions, and ``listeners`` called (no
+        #: arguments) whenever they change (the jobs' queue positions)
+        self.queue = SeatQueue()
         # A 503 gives no reason details: they name another identity's worker (the log has them).
         stop = lambda _reason: self._stop_admitting(QUARANTINED)  # noqa: E731
         self.ends = WorkerEnds(
@@ -108,15 +108,7 @@ class Pool:
 
     @property
     def requests_waiting(self) -> int:
-        return self._queue.waiting
-
-    def queue_positions(self) -> dict[object, int]:
-        """Owner -> requests served before it, for queued waits that named an owner."""
-        return self._queue.positions()
-
-    def queue_position_for(self, identity: str) -> int:
-        """The requests a new one of ``identity`` would find served before it."""
-        return self._queue.position_for(identity)
+        return self.queue.waiting
 
     @property
     def busy_workers(self) -> int:
@@ -151,6 +143,7 @@ class Pool:
             await self.kill(handle)
             seat.worker = None
             seat.state = SeatState.FAILED
+            self.queue.serve(self.seats)  # a request waiting for this seat takes another
             return False
         self._occupy(seat, handle, info)
         if idle:
@@ -190,18 +183,18 @@ class Pool:
         queue; ``NoWorker`` when the pool is not admitting."""
         if not self.accepting:
             raise NoWorker(self.refusing or SHUTTING_DOWN)
-        seat = least_loaded_idle(self.seats) if not self.requests_waiting else None
+        seat = seat_to_take(self.seats) if not self.requests_waiting else None
         if seat is not None:
             self._take(seat)
         return seat
 
     async def acquire(self, timeout: float, owner: object = None, identity: str = "") -> Seat:
-        """An idle seat, marked busy, ``owner`` named in ``queue_positions`` while it waits
+        """An idle seat, marked busy, ``owner`` named in ``queue.positions()`` while it waits
         in ``identity``'s turn; ``NoWorker`` after ``timeout`` or during shutdown (a cancelled
         wait leaves the queue; a seat assigned in the same tick is handed on)."""
         seat = self.try_acquire()
         if seat is None:
-            seat = await self._queue.wait(timeout, owner, self.release_unused, identity)
+            seat = await self.queue.wait(timeout, owner, self.release_unused, identity)
             self._take(seat)
         return seat
 
@@ -241,9 +234,10 @@ class Pool:
         self.requests_in_progress += 1
 
     def _make_idle(self, seat: Seat) -> None:
-        """The seat's worker is ready: the request whose turn it is takes it, else it idles."""
-        handed = not self.closing and self._queue.hand_over(seat)
-        seat.state = SeatState.BUSY if handed else SeatState.IDLE
+        """The seat's worker is ready: a waiting request takes it or a seat the seat rule had
+        held it back from (a closing pool has no waiters: ``fail_all``), else it idles."""
+        seat.state = SeatState.IDLE
+        self.queue.serve(self.seats)
 
     def begin_shutdown(self) -> None:
         """Stop admitting: ``request_capacity`` 0, queued requests get ``NoWorker``."""
@@ -254,7 +248,7 @@ class Pool:
         self.accepting = False
         if self.refusing != QUARANTINED:  # a quarantine outranks a shutdown
             self.refusing = why
-        self._queue.fail_all(why)
+        self.queue.fail_all(why)
 
     # ------------------------------------------------------------------ after a request
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from kcoral_server.execution.control import handed_over, served_in_turn
 from kcoral_server.execution.responses import NO_FREE_WORKER
-from kcoral_server.pool.seat import Seat
+from kcoral_server.pool.seat import Seat, SeatState, seat_to_take
 
 if TYPE_CHECKING:
     from kcoral_server.pool.pool import Pool
@@ -105,9 +105,19 @@ class SeatQueue:
                     del self._turns[identity]
             self._changed()
 
+    def serve(self, seats: list[Seat]) -> None:
+        """Hand the idle seats the seat rule gives (``seat_to_take``) to the waiting requests
+        in turn (``hand_over``); a seat handed over is busy from now on."""
+        handed: list[Seat] = []
+        while self._turns and (seat := seat_to_take(seats, handed)) is not None:
+            if not self.hand_over(seat):
+                return
+            seat.state = SeatState.BUSY
+            handed.append(seat)
+
     def hand_over(self, seat: Seat) -> bool:
-        """Give ``seat`` to the oldest waiting request of the identity whose turn it is
-        (that identity then waits for every other one's turn); False when none waits."""
+        """Give ``seat`` to the oldest waiting request of the identity whose turn it is (that
+        identity then waits for every other one's turn); False when none waits."""
         for identity, queue in list(self._turns.items()):
             while queue and queue[0].done():
                 queue.popleft()

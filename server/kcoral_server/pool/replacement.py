@@ -35,7 +35,7 @@ async def start_with_backoff(
             reason=reason,
             error="worker failed to start",
         )
-        seat.state = SeatState.REPLACING
+        # the seat stays FAILED while it backs off: no request waits for it (seat_to_take)
         await asyncio.sleep(delay)
         delay = min(delay * 2, BACKOFF_MAX_SECONDS)
     seat.state = SeatState.CLOSED

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kcoral_server.processes.handle import WorkerHandle
@@ -88,13 +88,30 @@ def seats_for(
     return [Seat(f"gpu{gpu.id}/w{i}", gpu.id) for gpu in gpus for i in range(workers_per_gpu)]
 
 
-def least_loaded_idle(seats: list[Seat]) -> Seat | None:
-    """An idle seat on the GPU with the fewest requests assigned (spreads requests across
-    GPUs), or None when no seat is idle."""
-    idle = [s for s in seats if s.state is SeatState.IDLE]
-    if not idle:
-        return None
+def seat_to_take(seats: list[Seat], handed: Sequence[Seat] = ()) -> Seat | None:
+    """The idle seat a request takes now (SERVER §4): one on the GPU with the fewest requests
+    assigned (spreads requests across GPUs; ``handed``: seats just handed over, counted as
+    assigned). None when no seat is idle, or when a GPU with fewer requests has no idle seat
+    but one about to be ready (its worker being replaced, or cleaning up after a program):
+    the request waits for that one rather than for the lease of a GPU a program holds (team
+    soak: a program waited 24.9 s for alice's while the other GPU was replacing workers).
+    A seat whose start failed (``FAILED``, backing off) is not about to be ready."""
+    taken = {s.id for s in handed}
     load: dict[int | None, int] = {}
     for s in seats:
-        load[s.gpu_id] = load.get(s.gpu_id, 0) + (1 if s.assigned else 0)
-    return min(idle, key=lambda s: load.get(s.gpu_id, 0))
+        load[s.gpu_id] = load.get(s.gpu_id, 0) + (1 if s.assigned or s.id in taken else 0)
+    idle = [s for s in seats if s.state is SeatState.IDLE and s.id not in taken]
+    if not idle:
+        return None
+    best = min(idle, key=lambda s: load[s.gpu_id])
+    with_idle = {s.gpu_id for s in idle}
+    coming = [load[s.gpu_id] for s in seats if s.gpu_id not in with_idle and _coming(s, taken)]
+    return None if coming and min(coming) < load[best.gpu_id] else best
+
+
+def _coming(seat: Seat, taken: set[str]) -> bool:
+    """Whether ``seat`` will be idle soon: a worker starting, or one cleaning up after its
+    program (busy, no request assigned, not just handed over)."""
+    if seat.state in (SeatState.STARTING, SeatState.REPLACING):
+        return True
+    return seat.state is SeatState.BUSY and not seat.assigned and seat.id not in taken
