@@ -16,7 +16,6 @@ from typing import Any
 
 from kcoral.protocol.multipart import encode_multipart
 from kcoral.protocol.strict_json import dumps_compact
-from kcoral_server.execution.exit_cause import size_text
 from kcoral_server.storage.workspace import CapturedOutput
 
 
@@ -137,16 +136,6 @@ def saturated(why: str | None) -> Refusal:
         return SATURATED
     return Refusal(
         SATURATED.status, SATURATED.kind, f"{SATURATED.message}: {why}", SATURATED.reason
-    )
-
-
-def inflight_full(held: int, limit: int) -> str:
-    """Why a body does not fit (PROTOCOL §7.1): queued and running jobs keep their bodies
-    too (EXTENSIONS §6), so not only uploads still arriving fill the bound; the sizes say
-    how far it is from fitting."""
-    return (
-        "bodies of requests being received and of queued or running jobs hold "
-        f"{size_text(held)} of --max-inflight-request-bytes ({size_text(limit)})"
     )
 
 

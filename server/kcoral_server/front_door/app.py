@@ -18,6 +18,7 @@ import tornado.web
 from kcoral_server.execution.responses import SHUTTING_DOWN
 from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
+from kcoral_server.front_door.inflight_bytes import InflightBytes
 from kcoral_server.front_door.recent_leases import RecentLeases
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.jobs.job_slots import JobSlots
@@ -108,7 +109,7 @@ class ServerState:
         # What a selector is matched against (EXTENSIONS §14; front_door.node_fit), found
         # once: at start, or by the first request with a selector.
         self.offers: dict[str, str] | None = None
-        self.inflight_bytes = 0
+        self.inflight = InflightBytes()  # bodies held, in all and by identity (EXTENSIONS §6)
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
         self.shutting_down = False

@@ -35,7 +35,7 @@ from kcoral.protocol.headers import SERIALIZATION_HEADER
 from kcoral.protocol.selector import SELECT_HEADER
 from kcoral_server.execution.control import CANCEL_MESSAGES, CANCELLED_STATUS, RequestObserver
 from kcoral_server.execution.pipeline import FINISH_LEVELS, ExecuteRequest
-from kcoral_server.execution.responses import Refusal, Reply, inflight_full, saturated
+from kcoral_server.execution.responses import Refusal, Reply, saturated
 from kcoral_server.execution.serialization import check_serialization
 from kcoral_server.front_door.body import BodyTooLarge, RequestBody
 from kcoral_server.front_door.handler_defaults import (
@@ -138,8 +138,9 @@ class ExecuteHandler(BaseHandler):
         # only decides here whether it could fit in what the others really hold now.
         # resolved by ServerConfig (None -> 2 x --max-request-bytes); 0 means no limit
         self.max_inflight = config.max_inflight_request_bytes or 0
-        if self._over_inflight(declared or 0):
-            self.refuse(self._inflight_refusal())
+        why = self._inflight_refusal(declared or 0)
+        if why is not None:
+            self.refuse(saturated(why))
             return
         self.body = RequestBody(limit, declared)
         if declared is not None and declared >= LARGE_BODY_CHUNK:
@@ -159,30 +160,29 @@ class ExecuteHandler(BaseHandler):
         §14), or None."""
         return selector_refusal(self.state, self.request.headers.get_list(SELECT_HEADER))
 
-    def _over_inflight(self, more: int) -> bool:
-        """Would ``more`` bytes take the in-flight total past the limit while other requests
-        hold bytes? (A request alone may always use up to ``--max-request-bytes``.)"""
-        held = self.state.inflight_bytes
-        others = held - self.inflight
-        return bool(self.max_inflight) and others > 0 and held + more > self.max_inflight
-
-    def _inflight_refusal(self) -> Refusal:
-        return saturated(inflight_full(self.state.inflight_bytes, self.max_inflight))
+    def _inflight_refusal(self, more: int) -> str | None:
+        """Why ``more`` bytes pass the in-flight bound or this identity's share (None: fit)."""
+        identities = self.state.authenticator.identity_count  # read now: tokens may reload
+        owner = self.identity.name
+        return self.state.inflight.refusal(
+            owner, self.inflight, more, self.max_inflight, identities
+        )
 
     def data_received(self, chunk: bytes) -> None:
         if self._finished or self.body is None:
             return
         self.last_data_at = asyncio.get_running_loop().time()
-        if self._over_inflight(len(chunk)):
+        why = self._inflight_refusal(len(chunk))
+        if why is not None:
             # Bodies admitted together outgrew the limit: this one stops here, before its
             # body is parsed (a 503 the client may retry), instead of growing memory.
             self.body.close()
             self.body = None
-            self.refuse(self._inflight_refusal())
+            self.refuse(saturated(why))
             return
         # Charged as the bytes arrive; released when the request ends (on_finish).
         self.inflight += len(chunk)
-        self.state.inflight_bytes += len(chunk)
+        self.state.inflight.charge(self.identity.name, len(chunk))
         try:
             self.body.write(chunk)
         except BodyTooLarge:
@@ -368,7 +368,7 @@ class ExecuteHandler(BaseHandler):
             self.idle_timer.cancel()
             self.idle_timer = None
         if self.inflight:
-            self.state.inflight_bytes -= self.inflight
+            self.state.inflight.release(self.identity.name, self.inflight)
             self.inflight = 0
         if self.body is not None:
             self.body.close()

@@ -95,7 +95,8 @@ class JobSubmitHandler(ExecuteHandler):
             # The queued job holds its body until its request ends, as an /execute request
             # does while its client waits: the charge stays on the in-flight bytes until
             # then, not until the 202, or queued jobs would hold bodies without bound.
-            held, self.inflight = self.inflight, 0
+            held = (self.identity.name, self.inflight)
+            self.inflight = 0
             running = asyncio.ensure_future(_finish_job(state, job, request, task, held, slot))
             state.jobs.running.add(running)
             running.add_done_callback(state.jobs.running.discard)
@@ -123,13 +124,13 @@ async def _finish_job(
     job: Job,
     request: ExecuteRequest,
     task: asyncio.Future[Reply],
-    held_bytes: int,
+    held: tuple[str, int],
     slot: str | None,
 ) -> None:
     try:
         reply = await task  # the request's body is closed by then
     finally:
-        state.inflight_bytes -= held_bytes
+        state.inflight.release(*held)  # (its owner, the body's bytes)
         if slot is not None:
             state.job_slots.give_back(slot)
     try:
