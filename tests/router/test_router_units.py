@@ -385,10 +385,10 @@ def test_the_supervisor_gives_up_a_connect_attempt_after_two_seconds() -> None:
 
 def test_a_job_bound_to_a_node_is_never_moved_to_another_that_claims_it() -> None:
     jobs = JobIndex()
-    assert jobs.remember("job-1", "good")
-    assert not jobs.remember("job-1", "rogue")  # a rogue node's list or look-up answer
+    assert jobs.remember("job-1", "good", "alice")
+    assert not jobs.remember("job-1", "rogue", "alice")  # a rogue node's list or look-up answer
     assert jobs.node_of("job-1") == "good"
-    assert jobs.remember("job-1", "good")  # its own node may repeat it
+    assert jobs.remember("job-1", "good", "alice")  # its own node may repeat it
 
 
 def test_a_session_bound_to_a_node_is_never_moved_to_another_that_claims_it() -> None:

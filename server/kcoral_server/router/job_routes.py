@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kcoral.protocol.strict_json import dumps_compact, loads_strict
+from kcoral_server.front_door.callers import Identity
 from kcoral_server.jobs.job_listing import (
     LEFT_OUT_HEADER,
     LIMIT_PROBLEM,
@@ -46,27 +47,36 @@ NodeAnswer = tuple[str, tuple[int, bytes] | None, dict[str, str]]
 
 
 class JobIndex:
-    """Job id → node id, learned from 202 answers, merged lists and look-ups (bounded)."""
+    """Job id → node id and owner, learned from 202 answers, merged lists and look-ups
+    (bounded)."""
 
     def __init__(self, capacity: int = 100_000) -> None:
         self.capacity = capacity
-        self._nodes: OrderedDict[str, str] = OrderedDict()
+        self._nodes: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
-    def remember(self, job_id: str, node_id: str) -> bool:
+    def remember(self, job_id: str, node_id: str, owner: str) -> bool:
         """Bind ``job_id`` to ``node_id``; False when another node holds it already: a job
         lives on one node, and a rogue node that claims another's job id (in its list or a
         look-up) must not get that job's reads and cancels with its owner's identity."""
         known = self._nodes.get(job_id)
-        if known is not None and known != node_id:
+        if known is not None and known[0] != node_id:
             return False
-        self._nodes[job_id] = node_id
+        self._nodes[job_id] = (node_id, owner)
         self._nodes.move_to_end(job_id)
         while len(self._nodes) > self.capacity:
             self._nodes.popitem(last=False)
         return True
 
     def node_of(self, job_id: str) -> str | None:
-        return self._nodes.get(job_id)
+        known = self._nodes.get(job_id)
+        return known[0] if known is not None else None
+
+    def visible_to(self, job_id: str, identity: Identity) -> bool:
+        """Whether ``identity`` may learn anything of the bound ``job_id``: its owner or an
+        admin (EXTENSIONS §5). The router answers for a job itself while its node is away
+        (503 ``node_gone``), and another identity must get an unknown id's answer there."""
+        known = self._nodes.get(job_id)
+        return known is not None and (identity.admin or identity.name == known[1])
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -244,13 +254,20 @@ def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
     return [(header.name, header.value)]
 
 
+def job_owner(handler: Any, record: Any) -> str:
+    """Whose a job record a node answered the caller is: its ``owner``, else the caller's
+    (a node answers a caller only with jobs it may see)."""
+    owner = record.get("owner") if isinstance(record, dict) else None
+    return owner if isinstance(owner, str) else handler.identity.name
+
+
 def learn_submitted_job(handler: Any, body: bytes) -> bytes:
-    """Remember the node of the job a 202 answer names (later requests for it go there);
-    the body passes unchanged."""
+    """Remember the node and owner of the job a 202 answer names (later requests for it go
+    there); the body passes unchanged."""
     document = untrusted_json(body)
     job_id = document.get("job_id") if isinstance(document, dict) else None
     if isinstance(job_id, str) and handler.node is not None:
-        handler.state.jobs.remember(job_id, handler.node)
+        handler.state.jobs.remember(job_id, handler.node, job_owner(handler, document))
     return body
 
 
@@ -379,7 +396,11 @@ class JobsHandler(ForwardHandler):
                     listings.append((node, job_id, job))
         kept, contested = sole_claims(listings, self.state.jobs.node_of)
         warn_contested(self, "job_claimed_twice", contested)
-        merged = [job for node, job_id, job in kept if self.state.jobs.remember(job_id, node)]
+        merged = [
+            job
+            for node, job_id, job in kept
+            if self.state.jobs.remember(job_id, node, job_owner(self, job))
+        ]
         left_out += max(0, len(merged) - limit)
         self.set_header(LEFT_OUT_HEADER, str(left_out))
         if unread:
@@ -413,7 +434,11 @@ class JobHandler(ForwardHandler):
             self.send_router_error(404, "not_found", "job not found", "request_rejected")
             return None
         node = self.state.jobs.node_of(job_id)
-        if node is not None and node in self.state.registry.nodes:
+        # Another identity's job is looked up as an unknown id (its node answers 404): sent
+        # to its node, it got the router's own 503 naming that node while the node was away,
+        # which told a holder of the id that the job lives (ROUTER §13).
+        visible = self.state.jobs.visible_to(job_id, self.identity)
+        if node is not None and node in self.state.registry.nodes and visible:
             return node
         return await self._look_up(job_id)
 
@@ -421,12 +446,14 @@ class JobHandler(ForwardHandler):
         kinds = set()
         expired = "job expired"  # a node's message saying why, when one says so
         claims = []  # every node that says it holds the job
+        owner = self.identity.name
         for node, answer, _headers in await ask_every_node(self, f"/v1/jobs/{job_id}"):
             if answer is None:
                 continue
             status, body = answer
             if status == 200:
                 claims.append(node)
+                owner = job_owner(self, untrusted_json(body))
             elif status == 401:
                 self.send_router_error(
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"
@@ -438,7 +465,7 @@ class JobHandler(ForwardHandler):
                 expired = expiry_message(body)
         # A job lives on one node: when several claim it, one of them is lying (a rogue
         # node-token holder that learnt the id), and none is believed (ROUTER §13).
-        if len(claims) == 1 and self.state.jobs.remember(job_id, claims[0]):
+        if len(claims) == 1 and self.state.jobs.remember(job_id, claims[0], owner):
             return claims[0]
         if len(claims) > 1:
             nodes = ",".join(claims)
