@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from kcoral.protocol.nofollow import CLOEXEC, DIRECTORY_FLAGS, DirectoryCursor, closing_fd
@@ -32,9 +32,17 @@ class LocalFile:
     mode: int
 
 
-def read_folder(folder: str | os.PathLike[str], *, skip: Collection[str] = ()) -> list[LocalFile]:
+def read_folder(
+    folder: str | os.PathLike[str],
+    *,
+    skip: Collection[str] = (),
+    check: Callable[[str, str], None] | None = None,
+) -> list[LocalFile]:
     """Every regular file below ``folder``, depth first with each directory's names sorted;
-    entries named in ``skip`` are passed over at any depth.
+    entries named in ``skip`` are passed over at any depth. ``check(relative, local)`` sees
+    each file's path in the folder and its local path before the file is read, and may
+    refuse it by raising: a huge tree with one path the upload cannot carry fails there,
+    not after reading every file.
 
     ``ValueError``: ``folder`` or an entry is a symlink or a special file, a directory is
     reached twice, or a file changes while read. ``OSError`` (its ``filename`` the local
@@ -47,13 +55,57 @@ def read_folder(folder: str | os.PathLike[str], *, skip: Collection[str] = ()) -
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", top)
     with closing_fd(os.open(top, DIRECTORY_FLAGS)) as root_fd, DirectoryCursor(root_fd) as cursor:
-        return _walk(cursor, top, info, skip)
+        return _walk(cursor, top, info, skip, check)
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """A regular file found by the listing pass, to be read by the second one."""
+
+    components: list[str]  # its directory's names below the top
+    directory: os.stat_result  # that directory as listed
+    name: str
+    entry: os.stat_result  # the file as listed
 
 
 def _walk(
-    cursor: DirectoryCursor, top: str, info: os.stat_result, skip: Collection[str]
+    cursor: DirectoryCursor,
+    top: str,
+    info: os.stat_result,
+    skip: Collection[str],
+    check: Callable[[str, str], None] | None,
 ) -> list[LocalFile]:
+    """List the whole tree first (every refusal: special files, a directory reached twice,
+    ``check``), then read the files in the same order: a tree refused for one entry fails
+    before any file is read, not after reading gigabytes."""
+    listed = _list_tree(cursor, top, info, skip, check)
     files: list[LocalFile] = []
+    directory: list[str] | None = None
+    for item in listed:
+        prefix = "".join(f"{name}/" for name in item.components)
+        where = f"{top}/{prefix}{item.name}"
+        try:
+            dir_fd = cursor.move_to(item.components)
+            if item.components != directory:  # each directory checked once, not per file
+                if not _same_file(os.fstat(dir_fd), item.directory):
+                    shown = f"{top}/{prefix}".rstrip("/")
+                    raise ValueError(f"{shown!r} changed while it was read")
+                directory = item.components
+        except OSError as exc:
+            raise _located(exc, f"{top}/{prefix}".rstrip("/")) from None
+        data = read_regular(item.name, item.entry, where, dir_fd=dir_fd)
+        files.append(LocalFile(f"{prefix}{item.name}", data, item.entry.st_mode))
+    return files
+
+
+def _list_tree(
+    cursor: DirectoryCursor,
+    top: str,
+    info: os.stat_result,
+    skip: Collection[str],
+    check: Callable[[str, str], None] | None,
+) -> list[_Listed]:
+    found: list[_Listed] = []
     visited = {(info.st_dev, info.st_ino)}
     pending: list[tuple[list[str], os.stat_result]] = [([], info)]
     while pending:  # iterative: deep trees must not hit the recursion limit
@@ -83,12 +135,13 @@ def _walk(
                 visited.add((entry.st_dev, entry.st_ino))
                 subdirectories.append(([*components, name], entry))
             elif stat.S_ISREG(entry.st_mode):
-                data = read_regular(name, entry, where, dir_fd=dir_fd)
-                files.append(LocalFile(relative, data, entry.st_mode))
+                if check is not None:
+                    check(relative, where)
+                found.append(_Listed(components, listed, name, entry))
             else:
                 raise ValueError(f"{where!r} is a {kind_of(entry.st_mode)}; refused")
         pending.extend(reversed(subdirectories))  # popped from the end: sorted order
-    return files
+    return found
 
 
 def read_regular(
@@ -123,6 +176,18 @@ def read_regular(
     if _signature(opened) != _signature(after) or len(data) != after.st_size:
         raise ValueError(f"{shown!r} changed while it was read")
     return data
+
+
+#: a local path in a message is cut to its first and last characters past this length
+SHOWN_PATH_CHARS = 120
+
+
+def shown_path(path: str) -> str:
+    """``path`` for a message: a deep one keeps its start and its leaf, not kilobytes."""
+    if len(path) <= SHOWN_PATH_CHARS:
+        return path
+    half = SHOWN_PATH_CHARS // 2
+    return f"{path[:half]}...{path[-half:]}"
 
 
 def kind_of(mode: int) -> str:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from kcoral.local_folder import read_folder
+from kcoral.local_folder import read_folder, shown_path
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path
 from kcoral.tensors import tensor_payload
 
@@ -136,10 +137,17 @@ class Program:
         change while read are refused (``ValueError``).
         """
         root = normalize_workspace_path(path)
-        files = read_folder(folder)
+
+        def check(relative: str, local: str) -> None:
+            # while walking, before the file is read: a huge tree with one path over the
+            # limit read every file first, and the message did not say which path
+            try:
+                normalize_workspace_path(f"{root}/{relative}")  # length, backslash, UTF-8
+            except ValidationError as exc:
+                raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
+
+        files = read_folder(folder, check=check)
         destinations = [(f"{root}/{file.path}", file.data) for file in files]
-        for destination, _ in destinations:
-            normalize_workspace_path(destination)  # odd local names (backslash, non-UTF-8)
         destinations.sort(key=lambda item: item[0])
         self._check_new_file_paths([destination for destination, _ in destinations])
 
