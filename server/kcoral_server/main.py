@@ -25,6 +25,7 @@ import tornado.netutil
 
 from kcoral_server.front_door.app import ServerState, create_app
 from kcoral_server.front_door.callers import token_file_exposure
+from kcoral_server.front_door.token_reload import TokenReload
 from kcoral_server.gpu.inventory import DeviceError, choose_devices
 from kcoral_server.pool.startup import PoolStartError
 from kcoral_server.processes.open_files import raise_open_file_limit
@@ -166,6 +167,9 @@ async def _serve(
     stopping = StopRequest(stop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.signalled, sig)
+    # SIGHUP re-reads the token file (EXTENSIONS §6); it no longer ends the server.
+    token_reload = TokenReload(config.auth_token_file)
+    loop.add_signal_handler(signal.SIGHUP, token_reload.hangup)
     events.emit(
         "server_started",
         run_dir=str(events.run_dir) if events.run_dir else None,
@@ -215,6 +219,7 @@ async def _serve(
             router_secret=router_secret,
         )
         state = app.state
+        token_reload.attach(state)
         await state.start()
     except SandboxUnavailable as exc:
         # An explicit --sandbox bubblewrap never degrades to running programs unconfined.

@@ -108,6 +108,7 @@ class ExecuteRequest:
 
     async def run(self) -> Reply:
         state = self.state
+        state.live_requests.add(self)  # found there if its token is revoked
         try:
             reply, reason = await self._run()
         except RequestFailed as failure:
@@ -120,6 +121,7 @@ class ExecuteRequest:
             self.record.faulted(exc, traceback.format_exc())
         finally:
             self.body.close()
+            state.live_requests.discard(self)
         self.finish_reason = reason
         state.events.emit(
             "request_finished",

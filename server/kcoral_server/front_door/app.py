@@ -11,7 +11,7 @@ import datetime
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tornado.web
 
@@ -27,11 +27,15 @@ from kcoral_server.metrics.server_metrics import ServerMetrics
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.seat import GpuDevice
 from kcoral_server.sessions.registry import Sessions
+from kcoral_server.sessions.seat_shares import per_identity_cap
 from kcoral_server.settings.config import ServerConfig, clamped_defaults
 from kcoral_server.storage.disk_cache import DiskCache
 from kcoral_server.storage.disk_cache import start_problem as disk_cache_start_problem
 from kcoral_server.storage.event_log import EventLog
 from kcoral_server.storage.memory_cache import MemoryCache
+
+if TYPE_CHECKING:
+    from kcoral_server.execution.pipeline import ExecuteRequest
 
 EXECUTOR_THREADS = 4
 
@@ -110,6 +114,8 @@ class ServerState:
         # once: at start, or by the first request with a selector.
         self.offers: dict[str, str] | None = None
         self.inflight = InflightBytes()  # bodies held, in all and by identity (EXTENSIONS §6)
+        #: every request between its start and its answer (a revoked token's are cancelled)
+        self.live_requests: set[ExecuteRequest] = set()
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
         self.shutting_down = False
@@ -143,6 +149,16 @@ class ServerState:
         return self.authenticator.authenticate(
             headers.get("Authorization"), headers.get(IDENTITY_HEADER)
         )
+
+    def use_tokens(self, text: str) -> None:
+        """Serve the client tokens of a token file's ``text`` from now on (SIGHUP,
+        ``front_door.token_reload``); the per-identity shares follow the new count."""
+        self.auth_token = text
+        self.authenticator = Authenticator(parse_tokens(text))
+        count = self.authenticator.identity_count
+        slots = self.job_slots
+        slots.per_identity = per_identity_cap(slots.limit, None, count) if slots.limit else None
+        self.sessions.use_identity_count(count)
 
     def request_done(self) -> None:
         self.finished_requests += 1

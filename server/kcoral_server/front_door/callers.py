@@ -109,6 +109,10 @@ class Authenticator:
         # secret on every endpoint, /health and /internal/worker-status included (ROUTER §12).
         self.tunnel_only = tokens is None and router_secret is not None
 
+    def identities(self) -> dict[str, Identity]:
+        """Name -> identity of every client token (empty: no client tokens)."""
+        return {who.name: who for _, who in self._tokens}
+
     def authenticate(
         self, authorization: str | None, identity_header: str | None
     ) -> Identity | None:

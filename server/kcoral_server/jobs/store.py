@@ -138,6 +138,7 @@ class Job(RequestObserver):
         self.elapsed_ms: float | None = None
         self.error_kind: str | None = None
         self.cancelled_by: str | None = None  # an admin that cancelled another's job
+        self.revoked = False  # cancelled because its owner's token was revoked (SIGHUP)
         self.events: list[bytes] = []  # event i has id i + 1 (emptied once written to disk)
         self.event_bytes = 0
         self.events_file: SpillFile | None = None  # a finished job's events, when on disk

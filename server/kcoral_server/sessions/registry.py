@@ -442,16 +442,18 @@ class Sessions:
         self.state = state
         self.events = state.events
         self.max = int(state.config.max_sessions)
-        cap = per_identity_cap(
-            self.max,
-            state.config.max_sessions_per_identity,
-            state.authenticator.identity_count,
-        )
-        self.rules = SeatRules(self.max, cap)  # fair seats: no identity takes them all
+        self.rules = SeatRules(self.max, None)  # fair seats: no identity takes them all
+        self.use_identity_count(state.authenticator.identity_count)
         self.idle_seconds = float(state.config.session_idle_seconds)
         self.retention = float(state.config.job_retention_seconds)
         self.sessions: dict[str, Session] = {}
         self._retiring: set[asyncio.Task] = set()
+
+    def use_identity_count(self, identities: int | None) -> None:
+        """The per-identity cap for ``identities`` callers (at start, and when a token
+        reload changes how many there are)."""
+        setting = self.state.config.max_sessions_per_identity
+        self.rules = SeatRules(self.max, per_identity_cap(self.max, setting, identities))
 
     @property
     def active(self) -> int:

@@ -513,7 +513,8 @@ class ServerConfig:
         flag="--auth-token-file",
         kind="path",
         group="network",
-        help="file of the client token(s) every request must carry (or env KCORAL_AUTH_TOKEN)",
+        help="file of the client token(s) every request must carry (or env KCORAL_AUTH_TOKEN); "
+        "SIGHUP reads it again: a removed identity is refused and its work cancelled",
         empty="refused",
     )
     auth_token: str | None = field(default=None, repr=False)
@@ -715,18 +716,7 @@ class ServerConfig:
             return self.auth_token
         if self.auth_token_file is None:
             return None
-        try:
-            token = self.auth_token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or exc.__class__.__name__
-            raise InvalidConfigError("auth_token_file", f"cannot be read: {reason}") from None
-        if not token:
-            raise InvalidConfigError("auth_token_file", "is empty")
-        try:
-            parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
-        except ValueError as exc:
-            raise InvalidConfigError("auth_token_file", str(exc)) from None
-        return token
+        return read_token_file(self.auth_token_file)
 
 
 def _set(config: ServerConfig, name: str, value: Any) -> None:
@@ -851,6 +841,23 @@ def _check_declared(config: ServerConfig, setting: Field) -> None:
 
 
 _ITEMS = {"path": "paths", "text": "strings"}
+
+
+def read_token_file(path: Path) -> str:
+    """The stripped text of a client-token file, checked (``parse_tokens``): at start and
+    at each reload (SIGHUP, EXTENSIONS §6). ``InvalidConfigError`` says what is wrong."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc.__class__.__name__
+        raise InvalidConfigError("auth_token_file", f"cannot be read: {reason}") from None
+    if not token:
+        raise InvalidConfigError("auth_token_file", "is empty")
+    try:
+        parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
+    except ValueError as exc:
+        raise InvalidConfigError("auth_token_file", str(exc)) from None
+    return token
 
 
 def validate(config: ServerConfig) -> None:

@@ -24,6 +24,7 @@ from kcoral_server.execution.responses import Refusal, saturated
 from kcoral_server.front_door.handler_defaults import SMALL_BODY_BYTES
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
+from kcoral_server.front_door.token_reload import revoked_message
 from kcoral_server.jobs.job_listing import LEFT_OUT_HEADER, LIMIT_PROBLEM, listing_limit
 from kcoral_server.jobs.store import Expiry, Job
 
@@ -197,6 +198,8 @@ class JobResultHandler(JobHandler):
             return
         if job.status == "CANCELLED":
             by = f" by admin {job.cancelled_by}" if job.cancelled_by else ""
+            if job.revoked:
+                by = f": {revoked_message(job.owner)}"
             self.send_error_json(409, "cancelled", f"the job was cancelled{by}")
             return
         result = job.result
@@ -253,6 +256,7 @@ class JobEventsHandler(JobHandler):
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
         job.listeners.add(self.wake)
+        checked = self.state.authenticator  # the tokens the caller was checked against
         try:
             try:
                 await self.flush()  # headers now: the client knows the stream is open
@@ -260,6 +264,11 @@ class JobEventsHandler(JobHandler):
                 return
             while not self.closed:
                 self.wake.clear()
+                if self.state.authenticator is not checked:  # the tokens were reloaded
+                    checked = self.state.authenticator
+                    caller = self.authenticate()
+                    if caller is None or not caller.owns(job.owner):
+                        break  # revoked (or no longer an admin): its next request gets 401
                 if job.events_file is not None:
                     # A finished job's events on disk: the rest of them, a piece at a time.
                     if position < job.event_count:

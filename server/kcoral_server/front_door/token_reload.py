@@ -1,0 +1,127 @@
+"""Revoking and adding client tokens without a restart: ``SIGHUP`` re-reads the
+``--auth-token-file`` (EXTENSIONS §6).
+
+Only on the signal, never on a file change: an editor or ``cp`` writes a file in pieces, and
+a token file read half-written can parse (its first lines are whole), so a watcher would
+revoke the identities not written yet and cancel their work. The operator's signal says the
+file is complete; a Kubernetes Secret's sidecar sends the same signal.
+
+A file that cannot be used (unreadable, empty, a malformed line, a name or token twice)
+changes nothing: the old tokens stay and one ``token_reload_failed`` line names the file and
+the problem. A good one replaces every token at once. Identities are matched by name: a name
+whose token changed keeps its jobs and sessions (only the new token opens them), and a
+changed ``admin`` mark counts from the next request. A name no longer listed is revoked: its
+token gets 401 from its next request on any connection, its event streams end, and its
+queued and running programs (jobs, ``/execute``, session programs) are cancelled and its
+sessions ended, saying the token was revoked; a leaked token's programs must not run on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kcoral_server.execution.responses import RequestFailed
+from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
+from kcoral_server.settings.config import read_token_file
+
+if TYPE_CHECKING:
+    from kcoral_server.front_door.app import ServerState
+
+REVOKED_REASON = "token_revoked"
+
+
+def revoked_message(name: str) -> str:
+    return f"the token of identity {name} was revoked"
+
+
+class TokenReload:
+    """The server's ``SIGHUP`` handler, installed before start-up: a signal that arrives
+    while the server starts (before its state exists) is applied once it does."""
+
+    def __init__(self, token_file: Path | None) -> None:
+        self.token_file = token_file
+        self.state: ServerState | None = None
+        self.pending = False
+
+    def attach(self, state: ServerState) -> None:
+        self.state = state
+        if self.pending:
+            self.pending = False
+            self.hangup()
+
+    def hangup(self) -> None:
+        if self.state is None:
+            self.pending = True
+            return
+        reload_tokens(self.state, self.token_file)
+
+
+def reload_tokens(state: ServerState, token_file: Path | None) -> None:
+    """Apply ``token_file`` anew, or keep the old tokens and say why not."""
+    events = state.events
+    if token_file is None:
+        events.emit(
+            "token_reload_skipped",
+            message="SIGHUP: no --auth-token-file to reload (a KCORAL_AUTH_TOKEN or no "
+            "token); nothing changed",
+        )
+        return
+    try:
+        text = read_token_file(token_file)
+    except ValueError as exc:
+        problem = getattr(exc, "rule", str(exc))
+        events.emit(
+            "token_reload_failed",
+            "ERROR",
+            path=str(token_file),
+            message=f"{token_file} {problem}; the old tokens stay",
+        )
+        return
+    exposure = token_file_exposure(token_file)
+    if exposure is not None:  # applied all the same, as at start
+        events.emit("token_file_open", "WARNING", message=exposure, path=str(token_file))
+    tokens = parse_tokens(text)
+    before = state.authenticator.identities()
+    state.use_tokens(text)
+    after = {who.name: who for who in tokens.values()}  # identities match by name
+    revoked = sorted(set(before) - set(after))
+    ended = [end_identity_work(state, name) for name in revoked]
+    events.emit(
+        "tokens_reloaded",
+        "WARNING" if revoked else "INFO",
+        path=str(token_file),
+        identities=len(after),
+        added=sorted(set(after) - set(before)),
+        revoked=revoked,
+        admin_changed=sorted(
+            name for name in set(before) & set(after) if before[name].admin != after[name].admin
+        ),
+        cancelled_programs=sum(programs for programs, _ in ended),
+        ended_sessions=sum(sessions for _, sessions in ended),
+    )
+    # Open event streams re-check their caller against the new tokens when woken.
+    for job in list(state.jobs.jobs.values()):
+        for listener in list(job.listeners):
+            listener.set()
+
+
+def end_identity_work(state: ServerState, name: str) -> tuple[int, int]:
+    """Cancel every queued or running program of the revoked identity ``name`` and end its
+    sessions; how many of each."""
+    message = revoked_message(name)
+    answer = RequestFailed(
+        401, "unauthorized", f"{message}; its program was cancelled", "cancelled"
+    )
+    for job in list(state.jobs.jobs.values()):
+        if job.owner == name and not job.finished:
+            job.revoked = True
+    programs = sum(
+        1
+        for request in list(state.live_requests)
+        if request.identity.name == name and request.cancel("cancelled", answer)
+    )
+    sessions = [s for s in state.sessions.live() if s.owner == name]
+    for session in sessions:
+        session.end(REVOKED_REASON, f"session ended: {message}")
+    return programs, len(sessions)
