@@ -17,7 +17,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.gateway import status_problem
 from kcoral_server.router.registry import Registry, fleet_status
 from kcoral_server.router.settings import RouterSettings
-from raw_http import call_program, post_execute, request
+from raw_http import call_program, execute_body, post_execute, request
 from router_helpers import Node, start_router, stopping
 from test_router_kinds import join, status
 
@@ -138,6 +138,31 @@ def test_fleet_status_shows_seats_the_queue_and_an_estimate_once_programs_ran(
         assert isinstance(waiting["estimated_wait_seconds"], float)
         assert waiting["estimated_wait_seconds"] > 0
         held.release()
+
+
+@pytest.mark.slow
+def test_a_seat_running_a_job_is_not_counted_as_free(tmp_path: Path) -> None:
+    # A job gives back its worker slot with its 202 and runs on its seat until it ends:
+    # before, fleet_status counted the idle slot, and a node busy with jobs read as free.
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    nodes = [Node(tmp_path, router, "cpu-a")]
+    with stopping(router, nodes):
+        wait_for(lambda: (k := only_kind(router)) and k["free_seats"] == 1, "ready", router)
+        release = tmp_path / "release"
+        content_type, body = execute_body(call_program(HOLD, args=[str(release)]))
+        headers = {"Content-Type": content_type}
+        jobs = [request(router.url, "POST", "/v1/jobs", body, headers) for _ in range(2)]
+        assert [job.status for job in jobs] == [202, 202]
+        # The node's own pool holds the second job: the status that says so also says the
+        # first one's seat is busy.
+        row = wait_for(
+            lambda: (k := only_kind(router))["queued"] == 1 and k, "the second waits", router
+        )
+        assert (row["seats"], row["free_seats"]) == (1, 0)
+        release.write_text("go")
+        for job in jobs:
+            path = f"/v1/jobs/{job.body['job_id']}/result"
+            assert request(router.url, "GET", path, timeout=120).status == 200
 
 
 # -- the numbers, on the router's registry (decision logic; the real run is above) ---------

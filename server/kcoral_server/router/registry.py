@@ -131,6 +131,12 @@ class NodeRecord:
     def load(self) -> float:
         return max(self.busy_workers, self.inflight()) / max(self.worker_count, 1)
 
+    def free_seats(self) -> int:
+        """Seats that could start a program now: idle worker slots, no more than the seats
+        its supervisor last reported idle. A job frees its slot with its 202 and runs on
+        its seat for as long as it takes, so idle slots alone counted busy seats as free."""
+        return min(len(self.idle_slots()), max(0, self.worker_count - self.busy_workers))
+
 
 def slot_refusal(
     node: NodeRecord, slot: RouterSlot, limit: int
@@ -504,9 +510,10 @@ def fleet_status(
     """``/v1/info``'s ``fleet_status`` (ROUTER §6): ``fleet``'s rows with what they hold now.
 
     Per kind and per label of the ``ready`` nodes: ``seats`` (their worker slots),
-    ``free_seats`` (idle ones), ``queued`` (requests waiting at the router that a node of
-    the row could serve — ``queued`` holds each waiter's selector, ``{}`` for the default
-    kind — plus those waiting in the nodes' own pools), ``recent_programs`` (the nodes'
+    ``free_seats`` (``NodeRecord.free_seats``: idle slots whose seat is idle), ``queued``
+    (requests waiting at the router that a node of the row could serve — ``queued`` holds
+    each waiter's selector, ``{}`` for the default kind — plus those waiting in the nodes'
+    own pools), ``recent_programs`` (the nodes'
     reported count) and ``estimated_wait_seconds``: an estimate, ``(queued + 1 -
     free_seats) / seats`` times the mean time a recent program held its seat, at least 0,
     ``None`` without recent programs."""
@@ -523,7 +530,7 @@ def fleet_status(
 
     def load(nodes: list[NodeRecord]) -> dict[str, Any]:
         seats = sum(len(n.current_slots()) for n in nodes)
-        free = sum(len(n.idle_slots()) for n in nodes)
+        free = sum(n.free_seats() for n in nodes)
         stats = [n.lease_stats for n in nodes if n.lease_stats is not None]
         ids = {n.node_id for n in nodes}
         waiting = sum(count for served, count in wanted if served & ids)
