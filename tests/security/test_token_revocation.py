@@ -192,6 +192,8 @@ def test_a_bad_token_file_keeps_the_old_tokens_and_says_why(server_factory, tmp_
     assert "cannot be read: No such file or directory" in failed["message"]
     assert request(server.url, "GET", "/v1/info", TOKEN_A).status == 200
     assert not _named(server, "tokens_reloaded")
+    # Ending an identity's work is no client's to ask: a plain server has no such path.
+    assert request(server.url, "POST", "/v1/revocations/alice", TOKEN_R).status == 404
 
 
 def test_a_changed_token_keeps_its_identity_s_work_and_admin_changes_count_at_once(

@@ -18,17 +18,21 @@ sessions ended, saying the token was revoked; a leaked token's programs must not
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kcoral_server.execution.responses import RequestFailed
-from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
+from kcoral_server.front_door.callers import Identity, parse_tokens, token_file_exposure
 from kcoral_server.settings.config import read_token_file
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
 
 REVOKED_REASON = "token_revoked"
+NO_FILE = (
+    "SIGHUP: no --auth-token-file to reload (a KCORAL_AUTH_TOKEN or no token); nothing changed"
+)
 
 
 def revoked_message(name: str) -> str:
@@ -57,46 +61,63 @@ class TokenReload:
         reload_tokens(self.state, self.token_file)
 
 
+@dataclass(frozen=True)
+class TokenChange:
+    """A token file read anew: its text, and what it changes against the tokens served."""
+
+    text: str
+    before: dict[str, Identity]
+    after: dict[str, Identity]
+
+    @property
+    def revoked(self) -> list[str]:
+        return sorted(set(self.before) - set(self.after))
+
+    def fields(self) -> dict[str, Any]:
+        """The ``tokens_reloaded`` line's fields: names, never tokens."""
+        kept = set(self.before) & set(self.after)
+        return {
+            "identities": len(self.after),
+            "added": sorted(set(self.after) - set(self.before)),
+            "revoked": self.revoked,
+            "admin_changed": sorted(
+                name for name in kept if self.before[name].admin != self.after[name].admin
+            ),
+        }
+
+
+def read_token_change(token_file: Path, before: dict[str, Identity]) -> TokenChange:
+    """The file's tokens against ``before`` (name -> identity: identities match by name);
+    ``ValueError`` with the file and the problem when it cannot be used."""
+    try:
+        text = read_token_file(token_file)
+    except ValueError as exc:
+        raise ValueError(f"{token_file} {getattr(exc, 'rule', exc)}; the old tokens stay") from None
+    after = {who.name: who for who in parse_tokens(text).values()}
+    return TokenChange(text, before, after)
+
+
 def reload_tokens(state: ServerState, token_file: Path | None) -> None:
     """Apply ``token_file`` anew, or keep the old tokens and say why not."""
     events = state.events
     if token_file is None:
-        events.emit(
-            "token_reload_skipped",
-            message="SIGHUP: no --auth-token-file to reload (a KCORAL_AUTH_TOKEN or no "
-            "token); nothing changed",
-        )
+        events.emit("token_reload_skipped", message=NO_FILE)
         return
     try:
-        text = read_token_file(token_file)
+        change = read_token_change(token_file, state.authenticator.identities())
     except ValueError as exc:
-        problem = getattr(exc, "rule", str(exc))
-        events.emit(
-            "token_reload_failed",
-            "ERROR",
-            path=str(token_file),
-            message=f"{token_file} {problem}; the old tokens stay",
-        )
+        events.emit("token_reload_failed", "ERROR", path=str(token_file), message=str(exc))
         return
     exposure = token_file_exposure(token_file)
     if exposure is not None:  # applied all the same, as at start
         events.emit("token_file_open", "WARNING", message=exposure, path=str(token_file))
-    tokens = parse_tokens(text)
-    before = state.authenticator.identities()
-    state.use_tokens(text)
-    after = {who.name: who for who in tokens.values()}  # identities match by name
-    revoked = sorted(set(before) - set(after))
-    ended = [end_identity_work(state, name) for name in revoked]
+    state.use_tokens(change.text)
+    ended = [end_identity_work(state, name) for name in change.revoked]
     events.emit(
         "tokens_reloaded",
-        "WARNING" if revoked else "INFO",
+        "WARNING" if change.revoked else "INFO",
         path=str(token_file),
-        identities=len(after),
-        added=sorted(set(after) - set(before)),
-        revoked=revoked,
-        admin_changed=sorted(
-            name for name in set(before) & set(after) if before[name].admin != after[name].admin
-        ),
+        **change.fields(),
         cancelled_programs=sum(programs for programs, _ in ended),
         ended_sessions=sum(sessions for _, sessions in ended),
     )

@@ -40,9 +40,15 @@ from kcoral_server.front_door.handler_defaults import (
     KCoralRequestHandler,
     bound_body,
 )
+from kcoral_server.router.scheduler import NoNode
 from kcoral_server.router.selection import no_match_message, offering_nodes
 
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
+
+
+class CallerRevoked(NoNode):
+    """The caller's token was revoked (a reload, EXTENSIONS §6) while its request waited
+    for a slot: it was answered 401 and the slot given back; no node sees the request."""
 
 
 def browser_refusal(state: Any, headers: Any) -> str | None:
@@ -121,6 +127,7 @@ class RouterHandler(KCoralRequestHandler):
         self.response_bytes = 0
         self.queue_wait_ms = 0.0
         self.identity: Identity = DEFAULT
+        self.checked_with: Any = None  # the Authenticator the head was checked against
         self.selector: Selector = {}  # X-KCoral-Select, where the route reads it
 
     def check_request(self) -> bool:
@@ -138,6 +145,7 @@ class RouterHandler(KCoralRequestHandler):
             self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
             return False
         self.identity = identity
+        self.checked_with = self.state.authenticator
         self.linger_allowed = True
         if self.request.method not in self.ALLOWED:
             self.send_router_error(
@@ -170,6 +178,29 @@ class RouterHandler(KCoralRequestHandler):
         message = no_match_message(registry, selector)
         self.send_router_error(503, NO_MATCHING_NODE, message, "request_rejected")
         return False
+
+    async def for_caller(self, acquire: Awaitable[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """The ``(node, slot)`` that ``acquire`` gives, if the caller still holds a token
+        then (``still_authorized``); else the slot goes back and ``CallerRevoked`` is raised,
+        the request answered 401 already (so its ``no_node`` answer sends nothing)."""
+        node, slot = await acquire
+        if self.still_authorized():
+            return node, slot
+        self.state.registry.release(slot)
+        raise CallerRevoked()
+
+    def still_authorized(self) -> bool:
+        """After a wait (queued for a slot): whether the caller's token still opens the
+        router, should a reload (SIGHUP, EXTENSIONS §6) have changed the tokens since its
+        head was checked; else 401. A changed ``admin`` mark counts too."""
+        if self.state.authenticator is self.checked_with:
+            return True
+        identity = self.authenticate()
+        if identity is None:
+            self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
+            return False
+        self.identity = identity
+        return True
 
     def authenticate(self) -> Identity | None:
         """The caller's identity from its client token; None: 401."""

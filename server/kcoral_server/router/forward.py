@@ -204,7 +204,7 @@ class ForwardHandler(RouterHandler):
             acquire = self.state.admission.acquire(
                 affinity, self.request_id, selector, self.identity.name
             )
-        self.acquire_task = loop.create_task(acquire)
+        self.acquire_task = loop.create_task(self.for_caller(acquire))  # 401 if revoked since
         try:
             node, slot = await self.acquire_task
         except RouterBusy:

@@ -5,16 +5,19 @@ token when one is set."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import tornado.web
 
 from kcoral.protocol.strict_json import dumps_compact
-from kcoral_server.front_door.callers import Authenticator, parse_tokens
+from kcoral_server.front_door.callers import Authenticator, parse_tokens, token_file_exposure
 from kcoral_server.front_door.handler_defaults import TOO_LARGE_MESSAGE, KCoralRequestHandler
+from kcoral_server.front_door.token_reload import NO_FILE, read_token_change
 from kcoral_server.metrics.router_metrics import RouterMetrics
 from kcoral_server.router.auth import (
     NotFoundHandler,
@@ -23,7 +26,7 @@ from kcoral_server.router.auth import (
     settle_unread_body,
 )
 from kcoral_server.router.forward import ForwardHandler
-from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler
+from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler, fetch
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.metrics_route import RouterMetricsHandler
 from kcoral_server.router.registry import Registry
@@ -57,6 +60,48 @@ class RouterState:
         self.authenticator = Authenticator(parse_tokens(tokens) if tokens is not None else None)
         self.metrics = RouterMetrics()
         self.metrics.attach(self)
+        self._revoking: set[asyncio.Task[None]] = set()
+
+    def reload_tokens(self) -> None:
+        """SIGHUP: read ``--auth-token-file`` again (EXTENSIONS §6, token reload). A bad file
+        keeps the old tokens; a good one replaces them from the next request (a request
+        still queued for a slot is checked again once it has one, ``ForwardHandler``), and
+        every connected node ends the work of each revoked identity."""
+        path = self.settings.auth_token_file
+        if path is None:
+            self.log.event("token_reload_skipped", message=NO_FILE)
+            return
+        try:
+            change = read_token_change(Path(path), self.authenticator.identities())
+        except ValueError as exc:
+            self.log.event("token_reload_failed", level="ERROR", path=path, message=str(exc))
+            return
+        exposure = token_file_exposure(path)
+        if exposure is not None:  # applied all the same, as at start
+            self.log.event("token_file_open", level="WARNING", message=exposure, path=path)
+        self.authenticator = Authenticator(parse_tokens(change.text))
+        level = "WARNING" if change.revoked else "INFO"
+        self.log.event("tokens_reloaded", level=level, path=path, **change.fields())
+        for name in change.revoked:
+            task = asyncio.ensure_future(self._revoke_on_nodes(name))
+            self._revoking.add(task)
+            task.add_done_callback(self._revoking.discard)
+
+    async def _revoke_on_nodes(self, name: str) -> None:
+        """Each connected node cancels ``name``'s programs and ends its sessions there."""
+        nodes = [node_id for node_id, node in self.registry.nodes.items() if node.connected]
+        answers = await asyncio.gather(
+            *(fetch(self, node_id, "POST", f"/v1/revocations/{name}", []) for node_id in nodes)
+        )
+        reached = [answer is not None and answer[0] == 200 for answer in answers]
+        unreached = [node for node, ok in zip(nodes, reached, strict=True) if not ok]
+        self.log.event(
+            "identity_revoked",
+            level="WARNING",
+            identity=name,
+            nodes=len(nodes) - len(unreached),
+            unreached=unreached or None,
+        )
 
 
 def utc_now_micros() -> str:

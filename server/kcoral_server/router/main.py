@@ -118,6 +118,8 @@ async def serve(settings: RouterSettings) -> int:
     # One descriptor per client, node and relay: take all the hard limit allows (issue 28).
     open_file_limit = raise_open_file_limit()
     state = build_state(settings, log)
+    # SIGHUP re-reads the client tokens (EXTENSIONS §6); it no longer ends the router.
+    loop.add_signal_handler(signal.SIGHUP, state.reload_tokens)
     grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
     gateway = Gateway(state.registry, settings, log, on_status=state.metrics.node_status)
     add_gateway_to_server(gateway, grpc_server)

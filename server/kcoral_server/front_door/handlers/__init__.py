@@ -15,6 +15,7 @@ from kcoral_server.front_door.handlers.jobs import (
     JobSubmitHandler,
 )
 from kcoral_server.front_door.handlers.metrics import MetricsHandler
+from kcoral_server.front_door.handlers.revocations import NAME_PATTERN, RevocationHandler
 from kcoral_server.front_door.handlers.sessions import (
     SESSION_ID_PATTERN,
     SessionExecuteHandler,
@@ -32,7 +33,14 @@ if TYPE_CHECKING:
 def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
     """URL table of the server (unknown paths fall through to a JSON 404)."""
     args = {"state": state}
+    # A node's server: its router ends the work of the identities it revoked (no tokens here).
+    revocations = (
+        [(rf"/v1/revocations/{NAME_PATTERN}", RevocationHandler, args)]
+        if state.authenticator.tunnel_only
+        else []
+    )
     return [
+        *revocations,
         (r"/execute", ExecuteHandler, args),
         (r"/v1/jobs", JobSubmitHandler, args),
         (rf"/v1/jobs/{JOB_ID_PATTERN}", JobStateHandler, args),

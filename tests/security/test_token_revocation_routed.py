@@ -1,0 +1,183 @@
+"""Revoking a client token at a router (EXTENSIONS §6, token reload; ROUTER §3), with a real
+router and a real node.
+
+The attacker holds alice's revoked token. The router holds the client tokens, its nodes none:
+before, a ``SIGHUP`` ended the router, and revoking meant restarting it (every client's
+connections and queued requests lost) while alice's programs ran on at the nodes. Now the
+router reloads its file on ``SIGHUP``: alice's token gets 401 from her next request, and each
+node cancels her running job and ends her session, saying why. A bad file keeps the old
+tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+
+from identity_support import TOKEN_A, TOKEN_B, TOKEN_R, execute, request, token_file
+from router_helpers import Node, RouterProcess, ready_nodes, start_router
+
+import kcoral
+
+pytestmark = pytest.mark.slow
+NODE_ENV = {"KCORAL_NODE_TOKEN": "revocation-node-token-0123456789"}
+WAIT = """
+import os, time
+def f(go):
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    return "done"
+"""
+
+
+def _program(source: str, *args: object) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=source)
+    fn = program.get_function(module=module, name="f")
+    program.return_(key="r", value=program.run(fn=fn, args=list(args)))
+    return program
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll until true (a hang guard, not a timing check)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        time.sleep(0.05)
+
+
+def _hang_up(router: RouterProcess, event: str) -> str:
+    """Send SIGHUP and wait for one more ``event`` line in the router's log; that line."""
+    seen = router.log().count(f" {event} ")
+    router.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: router.log().count(f" {event} ") > seen, event)
+    assert router.process.poll() is None
+    return [line for line in router.log().splitlines() if f" {event} " in line][-1]
+
+
+def _rewrite(path: Path, text: str) -> None:
+    new = path.with_name("tokens.new")
+    new.write_text(text, encoding="utf-8")
+    os.chmod(new, 0o600)
+    os.replace(new, path)
+
+
+def test_a_router_revokes_a_token_on_sighup_and_its_nodes_end_that_identity_s_work(
+    tmp_path: Path,
+) -> None:
+    tokens = token_file(tmp_path / "secrets")
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+    node = Node(tmp_path, router, "node-revocation", NODE_ENV, "--num-workers", "2")
+    try:
+        ready_nodes(router, 1)
+        url = router.url
+        with kcoral.Client(url, token=TOKEN_A) as alice:
+            job = alice.submit(_program(WAIT, str(tmp_path / "never")))
+            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running")
+            session = request(url, "POST", "/v1/sessions", TOKEN_A, b"{}")
+            assert session.status == 201, session.raw
+            session_id = session.json["session_id"]
+
+        # Only the router tells a node to end an identity's work: no client can, an
+        # admin included (the router forwards nothing to that path).
+        for token in (TOKEN_B, TOKEN_R):
+            assert request(url, "POST", "/v1/revocations/alice", token).status == 404
+        assert request(url, "GET", f"/v1/jobs/{job.id}", TOKEN_A).json["status"] == "RUNNING"
+
+        # A file the router cannot use changes nothing.
+        _rewrite(tokens, f"alice {TOKEN_A}\nbob {TOKEN_A}\n")
+        failed = _hang_up(router, "token_reload_failed")
+        assert f"{tokens} line 2: the token of 'bob' is already used" in failed
+        assert TOKEN_A not in failed
+        assert request(url, "GET", "/v1/info", TOKEN_A).json["identity"] == "alice"
+
+        _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
+        reloaded = _hang_up(router, "tokens_reloaded")
+        assert "revoked=['alice']" in reloaded or 'revoked=["alice"]' in reloaded, reloaded
+        refused = request(url, "GET", f"/v1/jobs/{job.id}", TOKEN_A)
+        assert refused.status == 401 and refused.json["error"]["kind"] == "unauthorized"
+
+        # Her job at the node ended cancelled, and says why; her session too.
+        path = f"/v1/jobs/{job.id}"
+        wait_for(lambda: request(url, "GET", path, TOKEN_R).json["status"] == "CANCELLED", "end")
+        told = request(url, "GET", f"{path}/result", TOKEN_R)
+        assert told.status == 409 and told.json["error"]["message"] == (
+            "the job was cancelled: the token of identity alice was revoked"
+        )
+        ended = request(url, "GET", f"/v1/sessions/{session_id}", TOKEN_R).json
+        assert ended["end_reason"] == "token_revoked", ended
+        assert "identity_revoked identity=alice nodes=1" in router.wait_log("identity_revoked")
+        # bob works on, through the same router.
+        with kcoral.Client(url, token=TOKEN_B) as bob:
+            assert bob.execute(_program("def f():\n    return 7\n")).results["r"] == 7
+    finally:
+        node.stop()
+        router.stop()
+
+
+def test_a_request_queued_at_the_router_when_its_token_is_revoked_never_reaches_a_node(
+    tmp_path: Path,
+) -> None:
+    """alice's request waits at the router for the node's one worker (bob's program holds
+    it); her token is revoked meanwhile. Before the slot re-check it went on to the node,
+    which had already ended alice's work and ran it for her anyway."""
+    tokens = token_file(tmp_path / "secrets")
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+    node = Node(tmp_path, router, "node-queue", NODE_ENV, "--num-workers", "1")
+    go = tmp_path / "go"
+    ran = tmp_path / "ran"
+    answers: dict[str, int] = {}
+
+    def send(who: str, token: str, program: dict) -> None:
+        answers[who] = execute(router.url, program, token).status
+
+    try:
+        ready_nodes(router, 1)
+        bob = threading.Thread(target=send, args=("bob", TOKEN_B, _raw(WAIT, str(go))))
+        bob.start()
+        wait_for(lambda: _health(router)["requests_in_progress"] == 1, "bob's program running")
+        alice = threading.Thread(target=send, args=("alice", TOKEN_A, _raw(TOUCH, str(ran))))
+        alice.start()
+        wait_for(lambda: _health(router)["requests_waiting"] == 1, "alice's request queued")
+
+        _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
+        _hang_up(router, "tokens_reloaded")
+        router.wait_log("identity_revoked")
+        go.touch()
+        bob.join(60)
+        alice.join(60)
+        assert answers == {"bob": 200, "alice": 401}
+        assert not ran.exists()  # her program never ran
+    finally:
+        node.stop()
+        router.stop()
+
+
+TOUCH = """
+def f(path):
+    open(path, "w").close()
+"""
+
+
+def _raw(source: str, *args: object) -> dict:
+    return {
+        "instructions": [
+            {"op": "upload", "kind": "module", "id": "m", "source": source},
+            {"op": "get_function", "id": "f", "module": {"$ref": "m"}, "name": "f"},
+            {"op": "run", "id": "r", "fn": {"$ref": "f"}, "args": list(args)},
+            {"op": "return", "key": "r", "value": {"$ref": "r"}},
+        ]
+    }
+
+
+def _health(router: RouterProcess) -> dict:
+    return request(router.url, "GET", "/health").json["load"]
