@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -286,7 +286,7 @@ async def _serve(
         await asyncio.gather(_shutdown(state, events), tunnel.close_worker_slots())
         await tunnel.close()
     else:
-        await _shutdown(state, events)
+        await _shutdown(state, events, stop_listening=server.stop)
     server.stop()
     await server.close_all_connections()
     await cleaning  # its event lands in this run's file, not after it closed
@@ -295,8 +295,12 @@ async def _serve(
     return 0
 
 
-async def _shutdown(state: ServerState, events: EventLog) -> None:
-    """SERVER §12: stop admitting, let running requests finish, close workers."""
+async def _shutdown(
+    state: ServerState, events: EventLog, stop_listening: Callable[[], None] | None = None
+) -> None:
+    """SERVER §12: stop admitting, let running requests finish, close workers.
+    ``stop_listening`` closes the listening socket once the drain is done (no tunnel's
+    control slots to serve): the port is free while the workers close, which takes seconds."""
     pool = state.pool
     since = time.monotonic()
     state.shutting_down = True
@@ -326,6 +330,8 @@ async def _shutdown(state: ServerState, events: EventLog) -> None:
     deadline = time.monotonic() + RESULT_GRACE_SECONDS
     while state.jobs.unread_results(unread) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    if stop_listening is not None:
+        stop_listening()
     await state.stop()
     events.emit("shutdown_complete")
 

@@ -22,6 +22,11 @@ async def close_seats(
 ) -> None:
     """Close every seat within about ``timeout`` seconds: ``stop`` (polite, given the time
     left) each live worker, ``kill`` those that do not exit and those already gone."""
+    sandboxes = [
+        box for seat in seats for box in (seat.sandbox, seat.spare_sandbox) if box is not None
+    ]
+    for box in sandboxes:  # a preload under way ends now; the forks waiting for it fail
+        box.abandon()
     replacing = [
         task
         for seat in seats
@@ -63,9 +68,6 @@ async def close_seats(
         await kill(handle)
 
     await asyncio.gather(*(close_seat(seat) for seat in seats), return_exceptions=True)
-    sandboxes = [
-        box for seat in seats for box in (seat.sandbox, seat.spare_sandbox) if box is not None
-    ]
     if sandboxes:  # their fork servers exit now that their workers have
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, box.close) for box in sandboxes))

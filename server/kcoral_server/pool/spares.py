@@ -38,7 +38,7 @@ from kcoral_server.pool.startup import emit_failed
 from kcoral_server.processes import limits, procfs
 from kcoral_server.processes.channel import WorkerGone
 from kcoral_server.processes.handle import WorkerHandle
-from kcoral_server.processes.launch import workers_are_spawned
+from kcoral_server.processes.launch import preload_for, workers_are_spawned
 from kcoral_server.processes.start import WorkerInfo, WorkerStartError
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ class SpareWorkers:
         self.admitting = lambda: not pool.closing and pool.quarantine_reason is None
         #: retires a seat's worker for a reason and replaces it (``Pool.schedule_replacement``)
         self.replace = pool.schedule_replacement
+        #: what the fork servers import before they fork a spare (SERVER §1), said once
+        self.preload = () if workers_are_spawned() else preload_for(pool.config)
 
     def keep(self, seat: Seat) -> None:
         """Start ``seat``'s spare in the background unless it has one (or a session holds
@@ -73,6 +75,9 @@ class SpareWorkers:
         if seat.departure is not None and not seat.departure.done():
             return  # its sandbox directory is the leaving worker's: ``see_off`` starts it
         if self.admitting():
+            if self.preload:  # the first spare's fork server preloads now, if it has not
+                self.events.emit("worker_preload_started", modules=list(self.preload))
+                self.preload = ()
             seat.spare_start = asyncio.ensure_future(self._start(seat))
 
     async def _start(self, seat: Seat) -> None:

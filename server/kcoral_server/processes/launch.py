@@ -142,6 +142,7 @@ class SeatSandbox:
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._abandoned = False  # the server is stopping (``abandon``)
         #: a program passed --workspace-limit-bytes here: the next worker gets a fresh
         #: directory (what it left in HOME and caches would end the next programs too)
         self.spoiled = False
@@ -162,13 +163,15 @@ class SeatSandbox:
         another may still run in the directory, which it leaves alone until ``release``
         empties it. ``after_preload``: see ``Launcher.launch``. Raises ``LauncherError``."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._abandoned:
                 raise LauncherError("the seat's sandbox is closed")
             if not hold:
                 self._empty_locked()
             if self.dir is None:
                 self.dir = sandbox_dir_for(self.config, self.device, self.gpu_ids, env, self.seats)
                 self._launcher = Launcher(wrap=self.dir.command, preload=preload_for(self.config))
+                if self._abandoned:  # came while it was made (``abandon`` saw no launcher)
+                    self._launcher.abandon()
             assert self._launcher is not None
             worker_env = self.dir.environment(env)
             launcher_env = {  # without the per-worker limit notes
@@ -235,6 +238,14 @@ class SeatSandbox:
                 self._leftovers.append(self.dir)
             self.dir = None
         self._leftovers = [old for old in self._leftovers if not old.remove()]
+
+    def abandon(self) -> None:
+        """The server is stopping: hang up on the fork server now (``Launcher.abandon``),
+        without the lock a launch in flight holds; ``close`` follows."""
+        self._abandoned = True
+        launcher = self._launcher
+        if launcher is not None:
+            launcher.abandon()
 
     def close(self) -> None:
         """Stop the fork server (its workers are gone already) and remove the directory

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import importlib
 import importlib.util
 import os
@@ -110,7 +111,7 @@ def serve(
             now = time.monotonic()
             idle = control not in readable and now - last_request >= PRELOAD_IDLE_SECONDS
             if preloads.pending and accepting and (idle or now - started >= PRELOAD_LATEST_SECONDS):
-                preloads.run(family)
+                preloads.run(family, control)
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
@@ -130,6 +131,8 @@ def serve(
                 else:
                     accepting = False  # the front-end closed the socket: fork no more
             if not accepting and family.empty:
+                if preloads.abandoned:  # a half-done import's teardown is not worth the risk
+                    os._exit(0)
                 return None
     finally:
         family.close()
@@ -157,7 +160,11 @@ def _fork(
         _reply(control, LaunchReply(error=f"bad launch request: {exc}"), [])
         return None
     if request.after_preload:
-        preloads.run(family)  # a spare: no program waits for it
+        preloads.run(family, control)  # a spare: no program waits for it
+    if preloads.abandoned:  # the front-end hung up meanwhile: it takes no worker now
+        for fd in fds:
+            os.close(fd)
+        return None
     hazards = fork_hazards()
     if hazards:
         for fd in fds:
@@ -263,15 +270,63 @@ class Preloads:
     def __init__(self, names: Sequence[str]) -> None:
         self.pending = list(names)
         self.loaded: list[str] = []
+        #: the front-end hung up during the import, which was given up (``AbandonOnHangup``)
+        self.abandoned = False
 
-    def run(self, family: Family) -> None:
+    def run(self, family: Family, control: socket.socket) -> None:
         """Import what is still to come (blocks; requests queue on the socket meanwhile).
         Workers that exit meanwhile are reaped and reported at once (``ReapDuringImport``):
-        a cancel or a timeout waits for that report, and the import takes seconds."""
+        a cancel or a timeout waits for that report, and the import takes seconds. A
+        front-end that hangs up meanwhile (the server stops) ends the import at once."""
         if self.pending:
-            with ReapDuringImport(family):
-                self.loaded = preload(self.pending)
+            try:
+                with ReapDuringImport(family), AbandonOnHangup(control):
+                    self.loaded = preload(self.pending)
+            except PreloadAbandoned:
+                self.abandoned = True  # half-imported: this launcher forks nothing more
             self.pending = []
+
+
+class PreloadAbandoned(BaseException):
+    """Raised into the preload's import when the front-end hangs up (not an ``Exception``:
+    ``preload`` reports those per module and goes on)."""
+
+
+class AbandonOnHangup:
+    """While it is active, the control socket's end of file (the front-end closed or shut it
+    down: the server is stopping) raises ``PreloadAbandoned`` into the import. A stopping
+    server used to wait for the whole import (30 s with 16 fake-GPU seats), its port bound
+    meanwhile: the spares' forks and the workers' exit reports queue behind it. The kernel
+    signals the socket's events (``O_ASYNC``, ``SIGIO``); the handler runs between the
+    import's bytecodes, in this thread, so nothing but the launcher's own exit follows it."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.flags = 0
+        self.previous: object = None
+
+    def __enter__(self) -> AbandonOnHangup:
+        self.previous = signal.signal(signal.SIGIO, self.hangup)
+        fd = self.control.fileno()
+        fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid())
+        self.flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, self.flags | os.O_ASYNC)
+        self.hangup()  # it may have come before
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        fcntl.fcntl(self.control.fileno(), fcntl.F_SETFL, self.flags)  # no SIGIO from now on
+        signal.signal(signal.SIGIO, self.previous)  # type: ignore[arg-type]
+
+    def hangup(self, *_signal: object) -> None:
+        try:
+            peeked = self.control.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return  # nothing to read: a request has not arrived, nor the end
+        except OSError:
+            peeked = b""
+        if not peeked:
+            raise PreloadAbandoned
 
 
 class ReapDuringImport:

@@ -245,6 +245,8 @@ class Launcher:
         #: the current launcher's stderr pipe, relayed until it first answers (``log_relay``)
         self._start_log: int | None = None
         self.forks = Forks()
+        #: the server is stopping (``abandon``): no launch, and no new launcher
+        self.abandoned = False
 
     def launch(
         self,
@@ -273,6 +275,8 @@ class Launcher:
         # one request in flight: replies need no matching
         with self._lock, self.forks.in_flight():
             for attempt in (1, 2):  # a launcher that died is restarted once
+                if self.abandoned:
+                    raise LauncherError("worker launcher stopped: the server is stopping")
                 go_r, go_w = os.pipe() if waits else (-1, -1)
                 data = b""
                 try:
@@ -402,6 +406,8 @@ class Launcher:
         relay.follow(start_r)
         self._start_log = start_r
         self._sock = parent
+        if self.abandoned:  # came while it started (``abandon`` saw no socket)
+            self.abandon()
         return parent
 
     def _answered_locked(self) -> None:
@@ -422,6 +428,18 @@ class Launcher:
                     process.kill()
                     process.wait()
             self._retired.clear()
+
+    def abandon(self) -> None:
+        """Hang up on the launcher now, from any thread, without waiting for a launch in
+        flight (it holds the lock): the server is stopping. A preload under way ends at once
+        (``fork_server.AbandonOnHangup``); the launch in flight fails with ``LauncherError``
+        and starts no new launcher. The launcher exits after its last worker, whose exit
+        reports still arrive; ``close`` then finds it gone or going."""
+        self.abandoned = True
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed meanwhile: hung up already
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _stop_locked(self) -> None:
         """Give up on the current launcher after a failed exchange (a new one starts on the
