@@ -242,6 +242,24 @@ def test_sessions_land_only_on_nodes_with_enough_gpus(fleet: RouterProcess) -> N
             assert plain.execute(program()).node == "cpu-a"
 
 
+def test_a_program_asking_for_gpus_goes_only_to_nodes_that_have_them(
+    fleet: RouterProcess,
+) -> None:
+    """A program's options.gpu_count takes it only to nodes with that many GPUs (ROUTER §7):
+    before, every other two-GPU program of gpu=fake went to fake-b and got its 400."""
+    with kcoral.Client(fleet.url, token=ALICE) as client:
+        placed = [client.execute(program(), select="gpu=fake", gpu_count=2) for _ in range(6)]
+        assert [(run.status, run.node) for run in placed] == [("COMPLETED", "fake-a")] * 6
+        job = client.submit(program(), select="gpu=fake", gpu_count=2)
+        assert job.result(timeout=60).node == "fake-a"
+        # one GPU: both fit, as before
+        ones = {client.execute(program(), select="gpu=fake", gpu_count=1).node for _ in range(4)}
+        assert ones == {"fake-a", "fake-b"}
+        # none has enough: a node's own 400 says so, as before
+        too_many = refusal(lambda: client.execute(program(), select="gpu=fake", gpu_count=3))
+        assert (too_many.status_code, too_many.kind) == (400, "parse")
+
+
 def test_a_sessions_programs_must_fit_its_node_and_a_selector_opens_no_other_session(
     fleet: RouterProcess,
 ) -> None:

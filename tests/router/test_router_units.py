@@ -15,9 +15,12 @@ from kcoral_server.router.identity import is_valid_node_id, parse_router_origin
 from kcoral_server.router.job_routes import JobIndex
 from kcoral_server.router.registry import MAX_LAST_ERROR_CHARS, MAX_OLD_INSTANCES, Registry
 from kcoral_server.router.scheduler import Admission, NoNode, RouterBusy
+from kcoral_server.router.selection import MORE, program_gpu_count
 from kcoral_server.router.session_routes import SessionIndex
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.router.slot import RouterSlot
+
+from kcoral.protocol.multipart import encode_multipart
 
 
 def test_router_defaults_match_the_spec() -> None:
@@ -487,3 +490,22 @@ def test_a_cancel_while_a_frame_is_in_flight_reaches_the_node_after_it() -> None
         assert context.frames == ["end", "cancel"]  # and nothing of the request after it
 
     asyncio.run(scenario())
+
+
+def test_the_router_reads_a_programs_gpu_count_from_the_start_of_its_body() -> None:
+    def body(program: bytes, first: str = "program") -> tuple[str, bytes]:
+        parts = [(first, "application/json", program), ("blob:" + "0" * 64, "x/y", b"z" * 9)]
+        content_type, chunks, _length = encode_multipart(parts)
+        return content_type, b"".join(bytes(c) for c in chunks)
+
+    content_type, whole = body(b'{"instructions":[],"options":{"gpu_count":2}}')
+    assert program_gpu_count(whole, content_type) == 2
+    # a part not whole yet, at any cut, asks for more
+    cuts = {program_gpu_count(whole[:cut], content_type) for cut in range(whole.index(b"}}"))}
+    assert cuts == {MORE}
+    for program in (b'{"options":{}}', b'{"options":{"gpu_count":true}}', b"[", b"{}"):
+        assert program_gpu_count(body(program)[1], body(program)[0]) is None
+    # another first part, or no multipart at all: unread (the node answers as before)
+    content_type, other = body(b'{"options":{"gpu_count":2}}', first="blob:" + "1" * 64)
+    assert program_gpu_count(other, content_type) is None
+    assert program_gpu_count(whole, "application/json") is None

@@ -34,6 +34,7 @@ from kcoral_server.router.scheduler import (
     RouterBusy,
     RouterStopping,
 )
+from kcoral_server.router.selection import MORE, PROGRAM_PEEK_LIMIT, program_gpu_count
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot, SlotBroken
 
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
@@ -185,8 +186,8 @@ class ForwardHandler(RouterHandler):
             report_body_failures(self.request.connection, self._body_failed)
         return True
 
-    async def forward_head(self) -> None:
-        """Choose the node and a slot, then send the request's head there."""
+    async def forward_head(self, gpu_count: int | None = None) -> None:
+        """Choose the node and a slot (``gpu_count``: ROUTER §7), then send the head there."""
         loop = asyncio.get_running_loop()
         if self.SLOT_KIND == CONTROL:
             required = await self.choose_node()
@@ -202,7 +203,7 @@ class ForwardHandler(RouterHandler):
             if len(preferred) == 1 and is_valid_node_id(preferred[0]):
                 affinity = preferred[0]
             acquire = self.state.admission.acquire(
-                affinity, self.request_id, selector, self.identity.name
+                affinity, self.request_id, selector, self.identity.name, gpu_count
             )
         self.acquire_task = loop.create_task(self.for_caller(acquire))  # 401 if revoked since
         try:
@@ -416,3 +417,49 @@ class ForwardHandler(RouterHandler):
     def on_finish(self) -> None:
         self.slot_done()
         self.log_finished()
+
+
+class ProgramForwardHandler(ForwardHandler):
+    """A program's ``POST`` (``/execute``, ``/v1/jobs``): its node is chosen once its program
+    part is read, among the nodes with the GPUs its ``options.gpu_count`` asks for (ROUTER
+    §7). Before, a two-GPU program could go to a one-GPU node of its kind and get that
+    node's ``400`` while a two-GPU node was free."""
+
+    def initialize(self, state: Any) -> None:
+        super().initialize(state)
+        self.held: bytearray | None = None  # the body's start, until the program is read
+
+    async def prepare(self) -> None:
+        if self.request.method != "POST":
+            await super().prepare()
+        elif self.check_request() and self.check_length():
+            # The selector's refusals come at once, as before; the node waits for the program.
+            selector = self.read_selector()
+            if selector is not None and self.offered(selector):
+                self.held = bytearray()
+
+    async def data_received(self, chunk: bytes) -> None:
+        if self.held is None:
+            await super().data_received(chunk)
+        else:
+            await self._read_program(chunk)
+
+    async def _complete(self) -> None:
+        if self.held is not None:  # the body ended before its program part did
+            await self._read_program(None)
+        await super()._complete()
+
+    async def _read_program(self, chunk: bytes | None) -> None:
+        """Hold the body's start (``chunk``; None: the body ended) until its program part is
+        whole, at most ``PROGRAM_PEEK_LIMIT`` bytes, then choose the node by the program's
+        ``gpu_count`` and send what was held."""
+        assert self.held is not None
+        if chunk is not None:
+            self.held += chunk
+        found = program_gpu_count(bytes(self.held), self.request.headers.get("Content-Type"))
+        if found == MORE and chunk is not None and len(self.held) < PROGRAM_PEEK_LIMIT:
+            return
+        held, self.held = bytes(self.held), None
+        await self.forward_head(found if isinstance(found, int) else None)
+        if held:
+            await self.data_received(held)

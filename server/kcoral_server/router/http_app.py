@@ -25,7 +25,7 @@ from kcoral_server.router.auth import (
     error_answer,
     settle_unread_body,
 )
-from kcoral_server.router.forward import ForwardHandler
+from kcoral_server.router.forward import ProgramForwardHandler
 from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler, fetch
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.metrics_route import RouterMetricsHandler
@@ -154,7 +154,7 @@ class HealthHandler(KCoralRequestHandler):
         self.finish(dumps_compact(body))
 
 
-class ExecuteHandler(ForwardHandler):
+class ExecuteHandler(ProgramForwardHandler):
     """``POST /execute`` (ROUTER.md §8)."""
 
 

@@ -30,7 +30,7 @@ from kcoral_server.jobs.job_listing import (
 )
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import error_answer
-from kcoral_server.router.forward import ForwardHandler
+from kcoral_server.router.forward import ForwardHandler, ProgramForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
 from kcoral_server.router.registry import NodeRecord, fleet, fleet_status
@@ -344,7 +344,7 @@ def submitted_at(job: dict[str, Any]) -> str:
     return value if isinstance(value, str) else ""
 
 
-class JobsHandler(ForwardHandler):
+class JobsHandler(ProgramForwardHandler):
     """``POST /v1/jobs`` (forwarded like ``/execute``) and ``GET /v1/jobs`` (merged)."""
 
     ALLOWED = ("GET", "POST")

@@ -13,7 +13,7 @@ import grpc
 
 from kcoral.protocol.selector import Selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.selection import ready_nodes, serves, waiters_by_selector
+from kcoral_server.router.selection import has_gpus, ready_nodes, serves, waiters_by_selector
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
@@ -154,6 +154,25 @@ def slot_refusal(
             f"this node id already holds {limit} slot streams (--max-slots-per-node)",
         )
     return None
+
+
+def eligible(
+    node: NodeRecord,
+    now: float,
+    default_kind: str | None,
+    selector: Selector | None = None,
+    gpu_count: int | None = None,
+) -> bool:
+    """Ready, connected, not saturated, an idle slot, of ``default_kind`` (no selector) or
+    matching ``selector``, and with ``gpu_count`` GPUs (ROUTER §6, §7)."""
+    return (
+        node.state == READY
+        and serves(node, selector or {}, default_kind)
+        and has_gpus(node, gpu_count)
+        and node.connected
+        and not node.saturated(now)
+        and bool(node.idle_slots())
+    )
 
 
 def spared(node: NodeRecord, spare: bool) -> int:
@@ -364,30 +383,27 @@ class Registry:
         """Whether ``node`` serves requests without a selector (ROUTER §6)."""
         return node.kind == self.default_kind
 
-    def eligible(self, node: NodeRecord, now: float, selector: Selector | None = None) -> bool:
-        """Ready, connected, not saturated, an idle slot, and of the default kind (no
-        selector) or matching ``selector`` (ROUTER §6, §7)."""
-        return (
-            node.state == READY
-            and serves(node, selector or {}, self.default_kind)
-            and node.connected
-            and not node.saturated(now)
-            and bool(node.idle_slots())
-        )
-
     def select(
-        self, affinity: str | None, request_id: str, selector: Selector | None = None
+        self,
+        affinity: str | None,
+        request_id: str,
+        selector: Selector | None = None,
+        gpu_count: int | None = None,
     ) -> tuple[NodeRecord, RouterSlot] | None:
-        """Pick a node (affinity, then power of two choices) among those ``selector`` allows
-        (an affinity never overrides it) and lease its oldest idle slot."""
+        """Pick a node (affinity, then power of two choices) among those ``selector`` and
+        ``gpu_count`` allow (an affinity never overrides them) and lease its oldest idle
+        slot."""
         now = time.monotonic()
         chosen = None
         if affinity is not None:
             node = self.nodes.get(affinity)
-            if node is not None and self.eligible(node, now, selector):
+            if node is not None and eligible(node, now, self.default_kind, selector, gpu_count):
                 chosen = node
         if chosen is None:
-            candidates = [n for n in self.nodes.values() if self.eligible(n, now, selector)]
+            default = self.default_kind
+            candidates = [
+                n for n in self.nodes.values() if eligible(n, now, default, selector, gpu_count)
+            ]
             if not candidates:
                 return None
             pair = random.sample(candidates, 2) if len(candidates) > 1 else candidates

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from kcoral.protocol.selector import Selector, format_selector
 from kcoral_server.execution.control import handed_over, served_in_turn
 from kcoral_server.router.registry import NodeRecord, Registry
-from kcoral_server.router.selection import no_match_message, serves
+from kcoral_server.router.selection import no_match_message, seatable_gpu_count, serves
 from kcoral_server.router.slot import RouterSlot
 
 Lease = tuple[NodeRecord, RouterSlot]
@@ -51,6 +51,7 @@ class _Waiter:
     selector: Selector = field(default_factory=dict)  # worker waiters only (ROUTER §7)
     spare: bool = False  # control waiters only: leave one control slot free
     identity: str = ""  # worker waiters only: whose turn it waits for
+    gpu_count: int | None = None  # worker waiters only: the GPUs its program needs
 
 
 async def wait_for_slot(
@@ -117,17 +118,22 @@ class Admission(_WaitingRoom):
         request_id: str,
         selector: Selector | None = None,
         identity: str = "",
+        gpu_count: int | None = None,
     ) -> Lease:
         if self.closed:
             raise RouterStopping
+        # Only nodes with the GPUs a program asks for, where one has them (ROUTER §7).
+        gpu_count = seatable_gpu_count(self.registry, selector or {}, gpu_count)
         if not self._waiters:
-            lease = self.registry.select(affinity, request_id, selector)
+            lease = self.registry.select(affinity, request_id, selector, gpu_count)
             if lease is not None:
                 return lease
         if self.waiting >= self.max_queued:
             raise RouterBusy
         future = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(affinity, request_id, future, dict(selector or {}), identity=identity)
+        selector = dict(selector or {})
+        waiter = _Waiter(affinity, request_id, future, selector, identity=identity)
+        waiter.gpu_count = gpu_count
         self._waiters.append(waiter)
         self.wake()
         return await wait_for_slot(self.registry, self._waiters, waiter, self.wait_timeout)
@@ -152,13 +158,13 @@ class Admission(_WaitingRoom):
         nodes, and among them the one whose turn comes first is served first; once one finds
         no slot, later ones with its selector are passed over in this round, and a waiter
         whose selector asks for other nodes is not held back behind it (ROUTER §7)."""
-        starved: set[str] = set()
+        starved: set[tuple[str, int | None]] = set()
         unfit: dict[str, bool] = {}
         for waiter in [w for w in self._waiters if w.future.done()]:
             self._waiters.remove(waiter)
         for waiter in self.in_turn():
             wanted = format_selector(waiter.selector)
-            if wanted in starved:
+            if (wanted, waiter.gpu_count) in starved:
                 continue
             if waiter.selector and unfit.setdefault(wanted, not self._fits_any(waiter.selector)):
                 # Its nodes left (a drain, a lost stream): it would wait out the queue
@@ -167,9 +173,11 @@ class Admission(_WaitingRoom):
                 self._waiters.remove(waiter)
                 waiter.future.set_exception(NoMatchingNode(message))
                 continue
-            lease = self.registry.select(waiter.affinity, waiter.request_id, waiter.selector)
+            lease = self.registry.select(
+                waiter.affinity, waiter.request_id, waiter.selector, waiter.gpu_count
+            )
             if lease is None:
-                starved.add(wanted)
+                starved.add((wanted, waiter.gpu_count))
                 continue
             self._waiters.remove(waiter)
             self._turns.pop(waiter.identity, None)  # its next turn: after the others'

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from kcoral.protocol.multipart import boundary_from_content_type
 from kcoral.protocol.selector import (
     Selector,
     format_selector,
@@ -25,6 +26,7 @@ from kcoral.protocol.selector import (
     selector_matches,
     session_mismatch,
 )
+from kcoral.protocol.strict_json import loads_strict
 
 if TYPE_CHECKING:
     from kcoral_server.router.registry import NodeRecord, Registry
@@ -56,9 +58,54 @@ def serves(node: NodeRecord, selector: Selector, default_kind: str | None) -> bo
 
 
 def has_gpus(node: NodeRecord, gpu_count: int | None) -> bool:
-    """Whether ``node`` can hold a session of ``gpu_count`` GPUs (ROUTER §13). A node of a
-    published supervisor reports no count: it is not filtered, as before."""
+    """Whether ``node`` can hold a session or program of ``gpu_count`` GPUs (ROUTER §7,
+    §13). A node of a published supervisor reports no count: it is not filtered."""
     return gpu_count is None or not node.kind or node.gpus >= gpu_count
+
+
+#: The most of a program's body the router holds to read its ``options.gpu_count``.
+PROGRAM_PEEK_LIMIT = 1 << 16
+#: ``program_gpu_count``'s answer while the program part is not whole yet.
+MORE = "more"
+
+
+def program_gpu_count(start: bytes, content_type: str | None) -> int | str | None:
+    """The ``options.gpu_count`` of the program at the ``start`` of an ``/execute`` body
+    (PROTOCOL §3.1: our clients send the ``program`` part first), ``MORE`` while that part
+    is not whole, or None: no count, or a body the router cannot read that way (its node
+    answers it as before)."""
+    try:
+        boundary = boundary_from_content_type(content_type)
+    except ValueError:  # ValidationError
+        return None
+    opening = b"--" + boundary + b"\r\n"
+    if not start.startswith(opening):
+        return MORE if opening.startswith(start) else None
+    head_end = start.find(b"\r\n\r\n", len(opening))
+    if head_end < 0:
+        return MORE
+    if b'name="program"' not in start[len(opening) : head_end]:
+        return None
+    end = start.find(b"\r\n--" + boundary, head_end + 4)
+    if end < 0:
+        return MORE
+    try:
+        program = loads_strict(start[head_end + 4 : end])
+    except (ValueError, RecursionError, TypeError):
+        return None
+    options = program.get("options") if isinstance(program, dict) else None
+    count = options.get("gpu_count") if isinstance(options, dict) else None
+    return count if type(count) is int and count >= 1 else None
+
+
+def seatable_gpu_count(registry: Registry, selector: Selector, gpu_count: int | None) -> int | None:
+    """The GPU count a program's nodes are filtered by (ROUTER §7): its ``gpu_count`` when a
+    ready node it may go to has that many GPUs; else None, unfiltered, and the node's own
+    ``400`` says how many it has, as before."""
+    if gpu_count is None:
+        return None
+    nodes = offering_nodes(registry, selector)
+    return gpu_count if any(has_gpus(n, gpu_count) for n in nodes) else None
 
 
 def offering_nodes(registry: Registry, selector: Selector) -> list[NodeRecord]:
