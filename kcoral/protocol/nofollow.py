@@ -73,15 +73,24 @@ class DirectoryCursor:
     ``window``-th level are kept (about ``depth / window + window``), and a level closed on
     the way down is opened again from the nearest kept one below it on the way back up. That
     costs at most one open per level climbed, so a walk's opens stay linear in its moves.
-    ``root_fd`` stays open; ``close`` closes what the cursor opened.
+    ``root_fd`` stays open; ``close`` closes what the cursor opened. ``create_mode`` makes a
+    missing directory with that mode instead of failing (the worker placing uploads).
     """
 
-    def __init__(self, root_fd: int, *, flags: int = DIRECTORY_FLAGS, window: int = 32) -> None:
+    def __init__(
+        self,
+        root_fd: int,
+        *,
+        flags: int = DIRECTORY_FLAGS,
+        window: int = 32,
+        create_mode: int | None = None,
+    ) -> None:
         if window < 1:
             raise ValueError("window must be at least 1")
         self._root = root_fd
         self._flags = flags
         self._window = window
+        self._create_mode = create_mode
         self._names: list[str] = []
         self._fds: list[int | None] = []  # the open directory at each depth, None if let go
 
@@ -97,7 +106,7 @@ class DirectoryCursor:
         leaves the cursor usable."""
         self._leave_below(self._shared_depth(components))
         for name in components[len(self._names) :]:
-            child = os.open(name, self._flags, dir_fd=self._current())
+            child = self._open(name, self._current())
             self._names.append(name)
             self._fds.append(child)
             self._let_go_above_window()
@@ -141,9 +150,18 @@ class DirectoryCursor:
                 break
             first_closed -= 1
         for depth in range(first_closed, len(fds)):
-            parent = os.open(self._names[depth], self._flags, dir_fd=parent)
+            parent = self._open(self._names[depth], parent)
             fds[depth] = parent
         return parent
+
+    def _open(self, name: str, parent: int) -> int:
+        try:
+            return os.open(name, self._flags, dir_fd=parent)
+        except FileNotFoundError:
+            if self._create_mode is None:
+                raise
+            os.mkdir(name, self._create_mode, dir_fd=parent)
+            return os.open(name, self._flags, dir_fd=parent)
 
     def _let_go_above_window(self) -> None:
         depth = len(self._fds) - 1 - self._window

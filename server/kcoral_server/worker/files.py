@@ -12,7 +12,12 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from kcoral.protocol.nofollow import DIRECTORY_FLAGS, closing_fd, open_beneath
+from kcoral.protocol.nofollow import (
+    DIRECTORY_FLAGS,
+    DirectoryCursor,
+    closing_fd,
+    open_beneath,
+)
 from kcoral.protocol.paths import MAX_PATH_BYTES
 from kcoral_server.worker.failures import InstructionFailure
 
@@ -25,23 +30,39 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def write_upload(workspace_fd: int, path: str, data: memoryview) -> None:
-    """Write ``data`` to the normalized ``path``: new regular file 0600, parents 0700."""
-    *parents, name = path.split("/")
-    try:
-        with closing_fd(open_beneath(workspace_fd, parents, create_mode=0o700)) as parent:
+class UploadWriter:
+    """Places file uploads (new regular files 0600, parents 0700) for a run of consecutive
+    file uploads. Opening every level from the workspace for each file cost depth x files
+    opens: an ``upload_folder`` of a 2000-level tree with a file at each level spent about
+    7 s in 2 million opens. The writer keeps a ``DirectoryCursor``, so a file beside the
+    previous one opens nothing new; every level is still opened relative to its parent
+    with ``O_NOFOLLOW``. Close it before any uploaded code runs: directories held open
+    across the program's own changes to the tree would place a later upload where a
+    fresh walk from the workspace would not."""
+
+    def __init__(self, workspace_fd: int) -> None:
+        self._cursor = DirectoryCursor(workspace_fd, create_mode=0o700)
+
+    def close(self) -> None:
+        self._cursor.close()
+
+    def write(self, path: str, data: memoryview) -> None:
+        """Write ``data`` to the normalized ``path``."""
+        *parents, name = path.split("/")
+        try:
+            parent = self._cursor.move_to(parents)
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(name, flags, 0o600, dir_fd=parent)
-        with closing_fd(fd):
-            os.fchmod(fd, 0o600)  # exact mode whatever the umask
-            view = memoryview(data).cast("B")
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-    except OSError as exc:
-        raise InstructionFailure(
-            "runtime", f"cannot write file {_shown(path)!r}: {_why(exc)}"
-        ) from None
+            with closing_fd(fd):
+                os.fchmod(fd, 0o600)  # exact mode whatever the umask
+                view = memoryview(data).cast("B")
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+        except OSError as exc:
+            raise InstructionFailure(
+                "runtime", f"cannot write file {_shown(path)!r}: {_why(exc)}"
+            ) from None
 
 
 #: a path in a failure message is cut to its first and last characters past this length

@@ -23,7 +23,7 @@ from kcoral_server.worker.failures import (
     exception_text,
     format_user_traceback,
 )
-from kcoral_server.worker.files import Budget, collect_file, collect_folder, write_upload
+from kcoral_server.worker.files import Budget, UploadWriter, collect_file, collect_folder
 from kcoral_server.worker.libraries import library_function
 from kcoral_server.worker.modules import (
     CudaSourceModule,
@@ -53,6 +53,8 @@ class Instructions:
         self.modules = PythonModules()
         self.blobs: BlobMaps | None = None  # set once the program's blobs are mapped
         self.workspace_fd: int | None = None  # ... and its workspace opened
+        #: places a run of consecutive file uploads; closed by any other instruction
+        self.upload_writer: UploadWriter | None = None
         self.part_index = 0  # next return:<i>
         self.part_bytes = 0  # bytes of all parts produced so far (file/folder budget)
         self.previous: Attribution | None = None  # the instruction before the current one
@@ -67,6 +69,7 @@ class Instructions:
         self.modules.teardown()
         if self.blobs is not None:
             self.blobs.close()
+        self._close_upload_writer()
         if self.workspace_fd is not None:
             os.close(self.workspace_fd)
             self.workspace_fd = None
@@ -75,6 +78,8 @@ class Instructions:
         """Carry out ``instruction``; ``previous`` is the instruction before it, which a
         device fault found while the lease is given back belongs to."""
         self.previous = previous
+        if not (isinstance(instruction, Upload) and instruction.kind == "file"):
+            self._close_upload_writer()  # what runs next may change the tree
         if isinstance(instruction, Upload):
             self._upload(instruction)
         elif isinstance(instruction, GetFunction):
@@ -113,6 +118,11 @@ class Instructions:
             # the fault belongs to GPU work that already ran, not to this instruction
             raise InstructionFailure("runtime", fault.message, "", self.previous)
 
+    def _close_upload_writer(self) -> None:
+        if self.upload_writer is not None:
+            self.upload_writer.close()
+            self.upload_writer = None
+
     def _blob(self, sha256: str | None) -> memoryview:
         assert self.blobs is not None and sha256 is not None
         return self.blobs.get(sha256)
@@ -133,7 +143,9 @@ class Instructions:
             if self.engine.configure.sandbox == "bubblewrap" and path.split("/")[0] == ".kcoral":
                 raise InstructionFailure("runtime", f"path {path!r} is reserved in the sandbox")
             assert self.workspace_fd is not None
-            write_upload(self.workspace_fd, path, self._blob(upload.blob))
+            if self.upload_writer is None:
+                self.upload_writer = UploadWriter(self.workspace_fd)
+            self.upload_writer.write(path, self._blob(upload.blob))
             if upload.id is not None:
                 self.handles[upload.id] = path
             return

@@ -247,3 +247,74 @@ def test_an_uploaded_file_is_readable_by_module_top_level_code(shared_worker):
     assert result.value("c") == {"type": "string", "value": "config=1\n"}
     mode = (result.workspace / "cfg").stat().st_mode
     assert stat.S_IMODE(mode) == 0o700
+
+
+COUNT_OPENS = (
+    "import sys\n"
+    "opens = {'on': True, 'count': 0}\n"
+    "def _count(event, args):\n"
+    "    if event == 'open' and opens['on']:\n"
+    "        opens['count'] += 1\n"
+    "sys.addaudithook(_count)\n"
+    "def stop():\n"
+    "    opens['on'] = False\n"
+    "    return opens['count']\n"
+)
+
+
+def test_placing_a_deep_folders_uploads_opens_each_directory_once_not_per_file(start_worker):
+    # Each file upload opened every level from the workspace: files x depth opens, ~2
+    # million (7 s) for a 2000-level folder with a file at each level. Counted, not timed.
+    depth = 300
+    paths = [f"up/{'d/' * level}f" for level in range(depth)]
+    blobs = [blob(path.encode()) for path in paths]
+    checker = (
+        "import os\n"
+        "def read_back(paths):\n"
+        "    return all(open(p, 'rb').read() == p.encode() for p in paths)\n"
+    )
+    result = start_worker().run(
+        [
+            module("counter", COUNT_OPENS),  # its hook sees the uploads placed below
+            *[file_upload(path, sha) for path, (sha, _) in zip(paths, blobs, strict=True)],
+            function("stop", "counter", "stop"),
+            call("opens", "stop"),
+            module("check", checker),
+            function("read_back", "check", "read_back"),
+            call("same", "read_back", paths),
+            {"op": "return", "key": "opens", "value": ref("opens")},
+            {"op": "return", "key": "same", "value": ref("same")},
+        ],
+        blobs,
+    )
+    assert result.finished.status == "COMPLETED", result.error
+    assert result.value("same")["value"] is True
+    opens = result.value("opens")["value"]
+    assert opens <= 3 * depth, opens  # old code: 45450
+
+
+def test_an_upload_after_code_that_swapped_a_directory_for_a_symlink_is_refused(
+    shared_worker, tmp_path
+):
+    # The uploads' writer keeps directories open only between consecutive file uploads:
+    # one held across this run would write b/y into the moved directory.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    sha, data = blob(b"y")
+    swap = (
+        "import os\n"
+        f"def swap():\n    os.rename('b', 'moved')\n    os.symlink({str(outside)!r}, 'b')\n"
+    )
+    result = shared_worker.run(
+        [
+            file_upload("b/x", sha),
+            module("m", swap),
+            function("swap", "m", "swap"),
+            call("swapped", "swap"),
+            file_upload("b/y", sha),
+        ],
+        [(sha, data)],
+    )
+    assert result.finished.status == "FAILED"
+    assert result.error["message"].startswith("cannot write file 'b/y': a path component is")
+    assert list(outside.iterdir()) == []
