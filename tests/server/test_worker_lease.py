@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from kcoral_server.gpu.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.gpu.worker_lease import LeaseHolder
+from kcoral_server.processes.handle import startup_reply
 
 
 class Worker:
@@ -115,5 +116,45 @@ def test_a_gpu_set_becomes_the_holders_gpus_and_a_cancelled_wait_leaves_nothing(
         arbiter.quarantine([0, 1])
         with pytest.raises(GpuQuarantined):
             await holder_for(Worker(), arbiter, []).take_set(2, "too many")
+
+    asyncio.run(main())
+
+
+class ReplyLater:
+    """A worker channel whose ``WorkerReady`` comes when the test says (``reply``)."""
+
+    def __init__(self) -> None:
+        self.ready: asyncio.Future[tuple[str, list[int]]] = asyncio.Future()
+
+    async def receive(self, timeout: float | None) -> tuple[str, list[int]]:
+        return await asyncio.wait_for(asyncio.shield(self.ready), timeout)
+
+
+def test_a_start_up_waiting_for_a_busy_gpus_lease_does_not_time_out_for_that_wait() -> None:
+    async def main() -> None:
+        arbiter = LeaseArbiter([0])
+        busy, starting = Worker(), Worker()
+        program = holder_for(busy, arbiter, [0])
+        program.worker_asks(lambda: busy.gone)  # another worker's program holds GPU 0
+        new = holder_for(starting, arbiter, [0])
+        channel = ReplyLater()
+        reply = asyncio.ensure_future(startup_reply(channel, new, timeout=0.2))  # type: ignore[arg-type]
+        new.worker_asks(lambda: starting.gone)  # its CUDA initialisation asks for the lease
+        await asyncio.sleep(0.6)  # three start-up timeouts, all of them spent waiting
+        assert not reply.done() and new.waiting
+        program.release()
+        await asyncio.sleep(0.01)
+        assert starting.granted == 1
+        channel.ready.set_result(("ready", []))
+        assert await reply == ("ready", [])
+
+    asyncio.run(main())
+
+
+def test_a_start_up_that_does_not_wait_for_the_lease_still_times_out() -> None:
+    async def main() -> None:
+        holder = holder_for(Worker(), LeaseArbiter([0]), [0])
+        with pytest.raises(TimeoutError):
+            await startup_reply(ReplyLater(), holder, timeout=0.05)  # type: ignore[arg-type]
 
     asyncio.run(main())

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -248,11 +249,12 @@ class WorkerHandle:
 
     async def configure(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> WorkerInfo:
         """Send ``Configure`` to the launched worker and wait for ``WorkerReady``: a GPU
-        worker initialises CUDA now, under the lease (SERVER §6 step 4)."""
+        worker initialises CUDA now, under the lease (SERVER §6 step 4); ``timeout`` counts
+        its own work, not its wait for the lease (``startup_reply``)."""
         assert self.process is not None, "configure follows launch"
         try:
             self.send(configure_message(self))
-            message, fds = await self.channel.receive(timeout)
+            message, fds = await startup_reply(self.channel, self.lease, timeout)
         except (asyncio.TimeoutError, TimeoutError):
             raise WorkerStartError("worker start-up timed out") from None
         except WorkerGone as exc:
@@ -388,3 +390,25 @@ def launch_spec(handle: WorkerHandle, after_preload: bool = False) -> LaunchSpec
         seat_sandbox=handle.seat_sandbox,
         after_preload=after_preload,
     )
+
+
+async def startup_reply(
+    channel: WorkerChannel, lease: LeaseHolder, timeout: float
+) -> tuple[ipc.Message, list[int]]:
+    """The worker's answer to ``Configure`` within ``timeout`` seconds, not counting the time
+    it waits for its GPU's lease, as a program's timeout does not (SERVER §5): a program of
+    another worker holding the GPU for minutes made a new worker's start-up time out (team
+    soak: a session behind a 300 s program failed `worker start-up timed out`), and the
+    worker's kill then waited for that lease all the same."""
+    started = time.monotonic()
+    waited_before = lease.wait_so_far(started)
+    while True:
+        now = time.monotonic()
+        waited = max(0.0, lease.wait_so_far(now) - waited_before)
+        remaining = started + timeout + waited - now
+        if remaining <= 0:
+            raise TimeoutError()
+        try:
+            return await channel.receive(remaining)
+        except TimeoutError:
+            continue  # the deadline moved by the lease wait since, or it is past
