@@ -52,6 +52,48 @@ def test_a_new_session_takes_the_gpus_pinned_to_the_fewest_sessions_lowest_ids_f
     assert least_used_gpus([3, 1, 2], [[1]], 2) == [3, 2]
     # a set naming a GPU the server no longer lists counts nowhere
     assert least_used_gpus([0, 1], [[7]], 1) == [0]
+    # among GPUs pinned to as many sessions, the least busy now (lease held or waited for)
+    assert least_used_gpus([0, 1, 2], [], 1, {0: 1, 1: 0, 2: 2}) == [1]
+    assert least_used_gpus([0, 1, 2], [[1]], 1, {0: 3, 2: 1}) == [2]
+    assert least_used_gpus([0, 1], [[1]], 1, {0: 5}) == [0]  # sessions count first
+
+
+BLOCKS = """
+import os, time
+def hold(started, go):
+    open(started, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+"""
+
+
+@pytest.mark.parametrize("kcoral_server", [TWO_FAKE_GPUS], indirect=True)
+def test_a_new_session_goes_to_the_idle_gpu_not_to_one_a_program_holds(
+    kcoral_server, tmp_path: Path
+) -> None:
+    # team soak: the session went to GPU 0 (fewest sessions, lowest id) while a 300 s
+    # program held it and GPU 1 was idle, and its worker's start-up waited for that lease
+    started, go = tmp_path / "started", tmp_path / "go"
+    answers: list[Response] = []
+    program = module_program(BLOCKS, [("hold", [str(started), str(go)])])
+    holder = threading.Thread(
+        target=lambda: answers.append(run_in(kcoral_server.url, None, program))
+    )
+    holder.start()
+    try:
+        for _ in range(3000):
+            if started.exists():
+                break
+            threading.Event().wait(0.01)
+        assert started.exists(), "the holding program never started"
+        created = create_session(kcoral_server.url, gpu_count=1)
+    finally:
+        go.touch()
+        holder.join()
+    assert created.status == 201, created.body
+    held = int(str(value_of(answers[0], "hold")))  # the GPU the program ran on
+    assert created.body["gpu_ids"] == [1 - held]
 
 
 def test_a_sessions_worker_is_built_for_its_whole_pinned_set_and_kept_between_programs() -> None:

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.schema import Options
@@ -369,17 +370,21 @@ def _ended_under(message: str) -> RequestFailed:
     return RequestFailed(410, "session_ended", message, "cancelled")
 
 
-def least_used_gpus(gpu_ids: list[int], pinned: list[list[int]], count: int) -> list[int]:
+def least_used_gpus(
+    gpu_ids: list[int], pinned: list[list[int]], count: int, busy: Mapping[int, int] | None = None
+) -> list[int]:
     """The GPU set of a new session (EXTENSIONS §11): the ``count`` GPUs of ``gpu_ids`` (the
     server's, in ``--gpus`` order) pinned to the fewest live sessions (``pinned``: their
-    sets), lowest id first among equals; returned in ``--gpus`` order, the order in which
-    the lease arbiter hands out a stateless program's set."""
+    sets), among equals the least ``busy`` now (its lease held or waited for: the session's
+    worker initialises CUDA under it, team soak), then lowest id; returned in ``--gpus``
+    order, the order in which the lease arbiter hands out a stateless program's set."""
     load = dict.fromkeys(gpu_ids, 0)
     for gpu_set in pinned:
         for gpu_id in gpu_set:
             if gpu_id in load:
                 load[gpu_id] += 1
-    chosen = set(sorted(load, key=lambda gpu_id: (load[gpu_id], gpu_id))[:count])
+    now = busy or {}
+    chosen = set(sorted(load, key=lambda gpu: (load[gpu], now.get(gpu, 0), gpu))[:count])
     return [gpu_id for gpu_id in gpu_ids if gpu_id in chosen]
 
 
@@ -547,7 +552,11 @@ class Sessions:
 
     def _pick_gpus(self, count: int) -> list[int]:
         live = [s.gpu_ids for s in self.sessions.values() if s.state != "ENDED"]
-        return least_used_gpus(self.state.gpu_ids, live, count)
+        busy: dict[int, int] = {}
+        if (arbiter := self.state.arbiter) is not None:
+            for gpu in self.state.gpu_ids:
+                busy[gpu] = (arbiter.holder(gpu) is not None) + arbiter.waiting(gpu)
+        return least_used_gpus(self.state.gpu_ids, live, count, busy)
 
     def retire(self, session: Session) -> None:
         """Stop an ended session's worker in the background (under its lease)."""
