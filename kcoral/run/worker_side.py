@@ -20,7 +20,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 INPUTS_MAGIC = b"KCORAL-RUN-INPUTS-1\n"
@@ -371,15 +371,40 @@ def _copy_tree(source: int, parts: list[str], writer: _TreeWriter, report: dict[
             finally:
                 os.close(fd)
         else:
-            report["skipped"].append("/".join([*parts, *below]))
+            report["skipped"].append(_reported([*parts, *below]))
 
 
 def _unreadable(parts: list[str], exc: OSError) -> dict[str, str]:
-    return {"path": "/".join(parts), "reason": exc.strerror or str(exc)}
+    return {"path": _reported(parts), "reason": exc.strerror or str(exc)}
+
+
+def _reported(parts: list[str]) -> str:
+    """A path for the runner's status, which travels as JSON text: a name that is not UTF-8
+    (``listdir`` gives its bytes as surrogates) is shown with those bytes escaped."""
+    path = "/".join(parts)
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return repr(os.fsencode(path))[2:-1]
+    return path
+
+
+def _name_problem(name: str) -> str | None:
+    """Why a folder return cannot carry an entry named ``name`` (PROTOCOL §5.5), or None."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not valid UTF-8"
+    if "\\" in name:
+        return "its name holds a backslash"
+    return None
 
 
 def _entries(
-    top: int, shown: list[str], unreadable: list[dict[str, str]]
+    top: int,
+    shown: list[str],
+    unreadable: list[dict[str, str]],
+    descend: Callable[[str], bool] = lambda name: True,
 ) -> Iterator[tuple[int, list[str], os.stat_result]]:
     """Each entry below the open directory ``top`` (symlinks not followed), a directory
     before what it holds: the open directory holding it (valid until the next entry), its
@@ -389,7 +414,8 @@ def _entries(
 
     A directory that cannot be opened or listed is not yielded: it goes to ``unreadable``
     as ``{"path", "reason"}``, its path as ``shown`` (the parts above ``top``) and its own
-    parts (a tool's ``chmod 000`` directory raised a traceback or stopped the copy)."""
+    parts (a tool's ``chmod 000`` directory raised a traceback or stopped the copy). A
+    directory whose name ``descend`` refuses is yielded and not entered."""
     current = os.dup(top)
     try:
         info = os.fstat(current)
@@ -410,7 +436,7 @@ def _entries(
                 continue
             name = names.pop()
             entry = os.stat(name, dir_fd=current, follow_symlinks=False)
-            if not stat.S_ISDIR(entry.st_mode):
+            if not stat.S_ISDIR(entry.st_mode) or not descend(name):
                 yield current, [*parts, name], entry
                 continue
             try:
@@ -434,16 +460,31 @@ def _entries(
 
 def _drop_untransferable(outputs: str, missing: list[dict[str, str]]) -> list[str]:
     """Remove symlinks and special files a tool left in ``outputs`` (a folder return refuses
-    them and would fail the whole program); returns their relative paths. Files and empty
-    directories it cannot read (run-iket's own outputs, made there by the tool) are removed
-    too and added to ``missing``; a directory that cannot be read and holds entries stays,
-    and the folder return fails naming it."""
+    them and would fail the whole program); returns their relative paths. What the return
+    cannot carry for other reasons goes to ``missing``: a file or an empty directory it
+    cannot read is removed (run-iket's own outputs, made there by the tool; a directory
+    that cannot be read and holds entries stays, and the folder return fails naming it),
+    and an entry whose name the return cannot hold (not UTF-8, a backslash) is moved out
+    of ``outputs`` (one such name failed the run and lost every other output)."""
     dropped = []
     unreadable: list[dict[str, str]] = []
     top = os.open(outputs, _DIRECTORY_FLAGS)
+    above = os.open(os.path.dirname(outputs), _DIRECTORY_FLAGS)
     try:
-        for directory, parts, info in _entries(top, [], unreadable):
-            if stat.S_ISREG(info.st_mode):
+        for directory, parts, info in _entries(top, [], unreadable, _travels):
+            problem = _name_problem(parts[-1])
+            if problem is not None:
+                # renamed, not removed: one call whatever the tree below it holds; where it
+                # cannot be moved, the folder return fails naming it
+                with contextlib.suppress(OSError):
+                    os.rename(
+                        parts[-1],
+                        f".kcoral-run-dropped-{os.getpid()}-{len(missing)}",
+                        src_dir_fd=directory,
+                        dst_dir_fd=above,
+                    )
+                    missing.append({"path": _reported(parts), "reason": f"{problem}; not returned"})
+            elif stat.S_ISREG(info.st_mode):
                 try:
                     os.close(os.open(parts[-1], _FILE_FLAGS, dir_fd=directory))
                 except OSError as exc:
@@ -451,14 +492,19 @@ def _drop_untransferable(outputs: str, missing: list[dict[str, str]]) -> list[st
                     missing.append(_unreadable(parts, exc))
             elif not stat.S_ISDIR(info.st_mode):
                 os.unlink(parts[-1], dir_fd=directory)
-                dropped.append("/".join(parts))
+                dropped.append(_reported(parts))
     finally:
+        os.close(above)
         os.close(top)
     for item in unreadable:
         with contextlib.suppress(OSError):  # not empty: the folder return names it
             os.rmdir(os.path.join(outputs, item["path"]))
             missing.append(item)
     return sorted(dropped)
+
+
+def _travels(name: str) -> bool:
+    return _name_problem(name) is None
 
 
 def _has_files(directory: str) -> bool:
