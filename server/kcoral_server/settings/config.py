@@ -606,7 +606,8 @@ class ServerConfig:
         kind="bytes",
         group="requests",
         help="request body bytes held at once before new requests get 503 (declared "
-        "lengths reserve nothing); 0 = no limit",
+        "lengths reserve nothing; with two or more identities one holds at most half); "
+        "0 = no limit",
         shown_default="2 x --max-request-bytes",
         minimum=0,
     )
