@@ -142,6 +142,12 @@ def run_comparison(candidates: object, args: Sequence[Any]) -> dict[str, Any]:
             used.close()
 
 
+#: what a candidate (or a callable reference) may raise and be ``failed`` for: a
+#: ``sys.exit()`` in one candidate is its own failure, not the whole comparison's (an
+#: interrupt, ``KeyboardInterrupt``, still stops everything)
+CANDIDATE_ERRORS = (Exception, SystemExit)
+
+
 class _Comparison:
     def __init__(
         self,
@@ -172,7 +178,7 @@ class _Comparison:
             return self.reference
         try:
             return result_of(self.reference, clone(self.args), self.outputs)
-        except Exception as exc:
+        except CANDIDATE_ERRORS as exc:
             raise _fail(f"the reference raised {describe(exc)}") from exc
 
     def check_all(self) -> None:
@@ -182,7 +188,7 @@ class _Comparison:
             try:
                 # a fresh clone: the check must not leave state behind in the timed arguments
                 actual = result_of(fn, clone(self.args), self.outputs)
-            except Exception as exc:
+            except CANDIDATE_ERRORS as exc:
                 entry.update(status="failed", error=truncate_message(describe(exc), 300))
                 continue
             if not self.has_reference:
@@ -207,7 +213,7 @@ class _Comparison:
         def call() -> None:
             try:
                 fn(*argset)
-            except Exception as exc:
+            except CANDIDATE_ERRORS as exc:
                 raise CandidateFailed(exc) from exc
 
         return call

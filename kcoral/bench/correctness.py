@@ -84,7 +84,7 @@ def check(actual: Any, expected: Any, rtol: float, atol: float) -> Check:
                 return Check(False, item.max_abs_error, f"item {position}: {item.message}")
         return Check(True, worst)
     try:
-        equal = bool(actual == expected)
+        equal = bool(actual == expected) or _both_nan(actual, expected)
     except Exception as exc:
         return Check(False, None, f"cannot compare with the reference: {type(exc).__name__}")
     if equal:
@@ -106,8 +106,9 @@ def _check_torch(torch: Any, actual: Any, expected: Any, rtol: float, atol: floa
     if actual.numel() == 0:
         return Check(True, 0.0)
     left, right = actual.detach().double(), wanted.detach().double()
-    error = float((left - right).abs().max().item())
-    matches = bool(torch.allclose(left, right, rtol=rtol, atol=atol))
+    same = (left == right) | (left.isnan() & right.isnan())  # NaN where the reference has NaN
+    error = float(torch.where(same, 0.0, (left - right).abs()).max().item())
+    matches = bool(torch.allclose(left, right, rtol=rtol, atol=atol, equal_nan=True))
     return Check(matches, _finite(error), None if matches else _beyond(rtol, atol))
 
 
@@ -121,9 +122,20 @@ def _check_numpy(numpy: Any, actual: Any, expected: Any, rtol: float, atol: floa
         return Check(False, None, f"shape {left.shape} where the reference has {right.shape}")
     if left.size == 0:
         return Check(True, 0.0)
-    error = float(numpy.abs(left - right).max())
-    matches = bool(numpy.allclose(left, right, rtol=rtol, atol=atol))
+    same = (left == right) | (numpy.isnan(left) & numpy.isnan(right))
+    with numpy.errstate(invalid="ignore"):  # inf - inf where ``same`` already says equal
+        error = float(numpy.where(same, 0.0, numpy.abs(left - right)).max())
+    matches = bool(numpy.allclose(left, right, rtol=rtol, atol=atol, equal_nan=True))
     return Check(matches, _finite(error), None if matches else _beyond(rtol, atol))
+
+
+def _both_nan(actual: Any, expected: Any) -> bool:
+    """NaN matches a NaN reference, as in tensors (a masked or undefined result); NaN is the
+    one number unequal to itself."""
+    numbers = (float, complex)
+    if not (isinstance(actual, numbers) and isinstance(expected, numbers)):
+        return False
+    return actual != actual and expected != expected
 
 
 def _finite(error: float) -> float:

@@ -308,6 +308,51 @@ def test_torch_tensors_are_compared_with_allclose_on_their_device() -> None:
     assert result["candidates"]["off"]["max_abs_error"] == pytest.approx(1.0, rel=1e-4)
 
 
+def test_nan_where_the_reference_has_nan_matches_and_nan_anywhere_else_does_not() -> None:
+    masked = np.array([1.0, np.nan, 3.0, np.inf])
+    result = compare(
+        {
+            "base": lambda v: v.copy(),
+            "shifted": lambda v: v + np.array([0, 0, 0.5, 0]),
+            "nan_elsewhere": lambda v: np.array([np.nan, np.nan, 3.0, np.inf]),
+            "a_float": lambda v: float("nan"),
+        },
+        masked,
+        {"reference": masked, "repeat": 5},
+    )
+    entries = result["candidates"]
+    assert entries["base"]["status"] == "ok" and entries["base"]["max_abs_error"] == 0.0
+    assert entries["shifted"]["max_abs_error"] == pytest.approx(0.5)  # NaN and inf: no error
+    assert entries["nan_elsewhere"]["status"] == "mismatch"
+    assert entries["a_float"]["status"] == "mismatch"  # NaN for an array: not the same value
+    floats = compare({"base": lambda: float("nan")}, {"reference": float("nan"), "repeat": 5})
+    assert floats["candidates"]["base"]["status"] == "ok"
+
+
+def test_nan_where_the_torch_reference_has_nan_matches() -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    masked = torch.tensor([1.0, float("nan"), float("inf")])
+    result = compare(
+        {"base": lambda v: v.clone(), "off": lambda v: v + torch.tensor([1.0, 0.0, 0.0])},
+        masked,
+        {"reference": masked, "repeat": 5},
+    )
+    entries = result["candidates"]
+    assert entries["base"]["status"] == "ok" and entries["base"]["max_abs_error"] == 0.0
+    assert entries["off"]["status"] == "mismatch"
+    assert entries["off"]["max_abs_error"] == pytest.approx(1.0)
+
+
+def test_a_candidate_that_calls_sys_exit_is_failed_and_the_others_are_still_compared() -> None:
+    def exits() -> None:
+        raise SystemExit(3)
+
+    result = compare({"base": lambda: None, "exits": exits, "ok": lambda: None}, {"repeat": 5})
+    assert result["candidates"]["exits"]["status"] == "failed"
+    assert "SystemExit" in result["candidates"]["exits"]["error"]
+    assert result["candidates"]["ok"]["status"] == "ok"
+
+
 def test_a_baseline_that_mismatches_fails_the_comparison_naming_it() -> None:
     with pytest.raises(ExecutionError) as info:
         compare({"wrong_base": lambda: 3, "right": lambda: 4}, {"reference": 4, "repeat": 5})
