@@ -16,12 +16,21 @@ import http.client
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from identity_support import TOKEN_A, TOKEN_B, TOKEN_R, Answer, request, token_file
+from identity_support import (
+    BOUNDARY,
+    TOKEN_A,
+    TOKEN_B,
+    TOKEN_R,
+    Answer,
+    request,
+    token_file,
+)
 from identity_support import execute as run
 
 import kcoral
@@ -225,3 +234,45 @@ def test_sighup_without_a_token_file_changes_nothing(server_factory) -> None:
     skipped = _hang_up(server, "token_reload_skipped")
     assert "no --auth-token-file to reload" in skipped["message"]
     assert request(server.url, "GET", "/v1/info", shared).status == 200
+
+
+TOUCH = """
+def f(path):
+    open(path, "w").close()
+"""
+
+
+def test_a_program_whose_upload_was_arriving_when_its_token_was_revoked_never_runs(
+    server_factory, tmp_path: Path
+) -> None:
+    """alice's head was checked, her body still arriving, when her token was revoked: there
+    was no request to cancel yet, and once the body had come the program ran for her."""
+    tokens = token_file(tmp_path / "secrets")
+    server = server_factory("--auth-token-file", str(tokens))
+    ran = tmp_path / "ran"
+    body = _multipart(_plain_program(TOUCH, str(ran)))
+    with socket.create_connection((server.host, server.port), timeout=60) as upload:
+        head = (
+            f"POST /execute HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN_A}\r\n"
+            f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+            f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
+        )
+        upload.sendall(head.encode())
+        reader = upload.makefile("rb")
+        assert reader.readline().startswith(b"HTTP/1.1 100")  # her head passed the checks
+        assert reader.readline() == b"\r\n"
+        upload.sendall(body[:10])
+
+        _rewrite(tokens, WITHOUT_ALICE)
+        _hang_up(server, "tokens_reloaded")
+        upload.sendall(body[10:])
+        status = reader.readline()
+    assert status.startswith(b"HTTP/1.1 401"), status
+    assert not ran.exists()
+
+
+def _multipart(program: dict) -> bytes:
+    """``/execute``'s body for ``program`` (no blobs)."""
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="program"\r\n'
+    part = f"{head}Content-Type: application/json\r\n\r\n".encode() + json.dumps(program).encode()
+    return part + f"\r\n--{BOUNDARY}--\r\n".encode()

@@ -11,8 +11,10 @@ tokens.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -23,7 +25,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
-from identity_support import TOKEN_A, TOKEN_B, TOKEN_R, execute, request, token_file
+from identity_support import (
+    BOUNDARY,
+    TOKEN_A,
+    TOKEN_B,
+    TOKEN_R,
+    execute,
+    request,
+    sha256,
+    token_file,
+)
 from router_helpers import Node, RouterProcess, ready_nodes, start_router
 
 import kcoral
@@ -181,3 +192,57 @@ def _raw(source: str, *args: object) -> dict:
 
 def _health(router: RouterProcess) -> dict:
     return request(router.url, "GET", "/health").json["load"]
+
+
+def test_a_program_still_uploading_through_the_router_when_its_token_is_revoked_never_runs(
+    tmp_path: Path,
+) -> None:
+    """alice's program part had reached the node, her blob still arriving, when her token
+    was revoked: the node had no request of hers to cancel yet, and ran the program once
+    the body had come."""
+    tokens = token_file(tmp_path / "secrets")
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+    node = Node(tmp_path, router, "node-upload", NODE_ENV)
+    ran = tmp_path / "ran"
+    blob = b"alice's weights " * 4096  # after the program part, still arriving
+    program = _raw(TOUCH, str(ran))
+    program["instructions"].insert(
+        0, {"op": "upload", "kind": "bytes", "id": "w", "blob": sha256(blob)}
+    )
+    body = _multipart(program, blob)
+    try:
+        ready_nodes(router, 1)
+        with socket.create_connection(("127.0.0.1", router.port), timeout=60) as upload:
+            head = (
+                f"POST /execute HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN_A}"
+                f"\r\nContent-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+                f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
+            )
+            upload.sendall(head.encode())
+            reader = upload.makefile("rb")
+            assert reader.readline().startswith(b"HTTP/1.1 100")  # its head passed the checks
+            assert reader.readline() == b"\r\n"
+            upload.sendall(body[:-10])  # the router has read the program part: sent on
+            wait_for(lambda: _health(router)["requests_in_progress"] == 1, "forwarded")
+
+            _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
+            _hang_up(router, "tokens_reloaded")
+            assert "identity_revoked identity=alice nodes=1" in router.wait_log("nodes=1")
+            upload.sendall(body[-10:])
+            status = reader.readline()
+        assert status.startswith(b"HTTP/1.1 401"), status
+        assert not ran.exists()
+    finally:
+        node.stop()
+        router.stop()
+
+
+def _multipart(program: dict, blob: bytes) -> bytes:
+    """``/execute``'s body: ``program``, then ``blob``."""
+    parts = [("program", "application/json", json.dumps(program).encode())]
+    parts.append((f"blob:{sha256(blob)}", "application/octet-stream", blob))
+    body = b""
+    for name, kind, data in parts:
+        head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n'
+        body += f"{head}Content-Type: {kind}\r\n\r\n".encode() + data + b"\r\n"
+    return body + f"--{BOUNDARY}--\r\n".encode()

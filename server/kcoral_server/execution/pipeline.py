@@ -36,6 +36,7 @@ from kcoral_server.execution.run import SeatRun
 from kcoral_server.front_door.body import RequestBody
 from kcoral_server.front_door.callers import DEFAULT, Identity
 from kcoral_server.front_door.offload import on_loop
+from kcoral_server.front_door.token_reload import revoked_refusal
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.seat import Seat
 
@@ -136,6 +137,9 @@ class ExecuteRequest:
 
     async def _run(self) -> tuple[Reply, str]:
         state = self.state
+        revoked = revoked_refusal(state, self.identity, self.body.opened_at)  # as it arrived
+        if revoked is not None:
+            raise revoked
         loop = asyncio.get_running_loop()
         view = self.body.finish()
         # A small body parses, hashes and resolves faster than a thread hand-off (front-end

@@ -116,6 +116,9 @@ class ServerState:
         self.inflight = InflightBytes()  # bodies held, in all and by identity (EXTENSIONS §6)
         #: every request between its start and its answer (a revoked token's are cancelled)
         self.live_requests: set[ExecuteRequest] = set()
+        #: identity name -> when it was last revoked (monotonic): a request whose body was
+        #: still arriving then is refused once it has come (front_door.token_reload)
+        self.revoked_at: dict[str, float] = {}
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
         self.shutting_down = False

@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import time
 import weakref
 from collections.abc import Mapping
 
@@ -83,6 +84,7 @@ class RequestBody:
     def __init__(self, limit: int, expected: int | None = None) -> None:
         self.limit = limit
         self.size = 0
+        self.opened_at = time.monotonic()  # just after its request's head passed the checks
         self.fd: int | None = None
         self._buffer: bytearray | None = None
         if expected is not None and expected <= SMALL_BODY_BYTES:

@@ -18,6 +18,7 @@ sessions ended, saying the token was revoked; a leaked token's programs must not
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,13 +128,28 @@ def reload_tokens(state: ServerState, token_file: Path | None) -> None:
             listener.set()
 
 
+def revoked_refusal(state: ServerState, identity: Identity, since: float) -> RequestFailed | None:
+    """The 401 of a program whose caller was revoked after its head was checked (at
+    ``since``, monotonic): its body was still arriving, so there was nothing to cancel yet.
+    A later request of the same name (re-admitted by a later reload) goes on."""
+    revoked_at = state.revoked_at.get(identity.name)
+    if revoked_at is None or revoked_at < since:
+        return None
+    return revoked_answer(identity.name)
+
+
+def revoked_answer(name: str) -> RequestFailed:
+    """What a revoked identity's program answers a client still waiting for it."""
+    message = f"{revoked_message(name)}; its program was cancelled"
+    return RequestFailed(401, "unauthorized", message, "cancelled")
+
+
 def end_identity_work(state: ServerState, name: str) -> tuple[int, int]:
     """Cancel every queued or running program of the revoked identity ``name`` and end its
     sessions; how many of each."""
+    state.revoked_at[name] = time.monotonic()  # requests still arriving are refused
     message = revoked_message(name)
-    answer = RequestFailed(
-        401, "unauthorized", f"{message}; its program was cancelled", "cancelled"
-    )
+    answer = revoked_answer(name)
     for job in list(state.jobs.jobs.values()):
         if job.owner == name and not job.finished:
             job.revoked = True
