@@ -240,7 +240,10 @@ def test_no_node_waits_then_503_no_node_and_a_full_queue_is_router_busy(tmp_path
     finally:
         router.stop()
     assert "finish_reason=queue_full" in router.wait_log("finish_reason=queue_full")
-    assert "finish_reason=queue_timeout" in router.wait_log("finish_reason=queue_timeout")
+    log = router.wait_log("finish_reason=queue_timeout").splitlines()
+    [timed_out] = [line for line in log if "finish_reason=queue_timeout" in line]
+    # it says how long it waited (the queue wait), where it said 0.0
+    assert float(timed_out.split("queue_wait_ms=")[1].split()[0]) >= 300
 
 
 def test_a_queued_request_is_served_when_a_node_arrives(router: RouterProcess):

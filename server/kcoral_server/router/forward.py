@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import tornado.httputil
 import tornado.iostream
@@ -37,6 +37,7 @@ from kcoral_server.router.scheduler import (
 from kcoral_server.router.selection import MORE, PROGRAM_PEEK_LIMIT, program_gpu_count
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot, SlotBroken
 
+T = TypeVar("T")
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
 TRANSPORT_MESSAGE = (
     "the tunnel to the node failed; the execution outcome is unknown and was not retried"
@@ -115,6 +116,17 @@ def no_node_answer(cause: NoNode | None) -> tuple[str, str, str]:
         gone = f"node {cause.node_id}, which holds it, is not connected to the router"
         return "no_node", gone, "node_gone"
     return "no_node", NO_SLOT, "queue_timeout"
+
+
+async def timed_wait(handler: Any, acquire: Awaitable[T]) -> T:
+    """``acquire``, noting in ``handler.queue_wait_ms`` how long the request waited for it
+    before any answer is written: a refusal after the wait (503 ``no_node`` after the queue
+    wait) is logged as it is sent, and logged ``queue_wait_ms=0.0`` when the wait was noted
+    after it."""
+    try:
+        return await acquire
+    finally:
+        handler.queue_wait_ms = (time.monotonic() - handler.received_at) * 1000
 
 
 @tornado.web.stream_request_body
@@ -205,7 +217,8 @@ class ForwardHandler(RouterHandler):
             acquire = self.state.admission.acquire(
                 affinity, self.request_id, selector, self.identity.name, gpu_count
             )
-        self.acquire_task = loop.create_task(self.for_caller(acquire))  # 401 if revoked since
+        waited = timed_wait(self, acquire)  # 401 if revoked since (for_caller)
+        self.acquire_task = loop.create_task(self.for_caller(waited))
         try:
             node, slot = await self.acquire_task
         except RouterBusy:
@@ -216,8 +229,6 @@ class ForwardHandler(RouterHandler):
             return
         except asyncio.CancelledError:
             return  # the client went away while queued
-        finally:
-            self.queue_wait_ms = (time.monotonic() - self.received_at) * 1000
         self.node, self.slot = node.node_id, slot
         if self.SLOT_KIND == WORKER:
             self.state.in_progress += 1
