@@ -59,6 +59,16 @@ function followFocusedKernel(app: JupyterFrontEnd, model: KCoralModel): void {
   };
   app.shell.currentChanged?.connect(onFocus);
   onFocus();
+  // Every notebook is watched as it opens, focused or not: a notebook restored in the
+  // background has lines to settle, and its kernel may restart before it is ever focused.
+  const watchEvery = (): void => {
+    for (const widget of app.shell.widgets('main')) {
+      watchForKernelLoss(widget, sessionContextOf(widget), watchedForLoss);
+    }
+  };
+  const shell = app.shell as { layoutModified?: { connect(slot: () => void): void } };
+  shell.layoutModified?.connect(watchEvery);
+  watchEvery();
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {

@@ -6,7 +6,9 @@
  * is rewritten to say what is known: the kernel went away while the cell ran, what the
  * line said last, and, for a cell that had submitted its job, where that job is: ended with
  * the kernel's own local server, or maybe still running on its server, where `%kcoral
- * attach` finds it.
+ * attach` finds it. A notebook opened (or the page reloaded) with such a line in it is the
+ * same: the kernel's updates go to the view that ran the cell, never to a new one, so the
+ * line is settled once the notebook is read (`reopened`).
  *
  * Notebooks are reached through the shell's widgets, read by shape (`content.widgets`,
  * each cell's `model.outputs`) rather than through `@jupyterlab/notebook`, which this
@@ -49,19 +51,23 @@ export interface IJobPlace {
   localServer: boolean;
 }
 
+/** `how` for a line found live in a notebook as it opens: its kernel may still run. */
+export const REOPENED = 'reopened';
+
 /** The line a live status line becomes once its kernel `how` (restarted, stopped,
- * changed): what it last said, and where the job it submitted is. */
+ * changed), or the notebook was `REOPENED`: what it last said, and where its job is. */
 export function abandonedLine(lastText: string, place: IJobPlace, how: string): string {
   const last = lastText.replace(/^kcoral:\s*/, '').trim();
+  const subject = how === REOPENED ? 'the notebook was reopened' : `the kernel ${how}`;
   let job = '';
-  if (place.localServer) {
+  if (place.localServer && how !== REOPENED) {
     job = "; its job ended with the kernel's local server";
   } else if (place.jobId) {
     const where = place.server ? ` on ${place.server}` : '';
     job = `; job ${place.jobId} may still run${where} (%kcoral attach ${place.jobId} there)`;
   }
   const said = last ? ` (last: ${last})` : '';
-  return `kcoral: \u26a0 the kernel ${how} while this cell ran${said}${job}`;
+  return `kcoral: \u26a0 ${subject} while this cell ran${said}${job}`;
 }
 
 /** The output that replaces a live status line `output`, or null when it is not one. */
@@ -93,7 +99,7 @@ export function abandonedOutput(
         '<div class="kcoral-line" style="font-family:var(--jp-code-font-family,monospace);' +
         `font-size:12px;color:#9a6700;font-weight:600">${escapeHtml(text)}</div>`
     },
-    metadata: { ...metadata, kcoral: { ...kcoral, live: false, kernel_gone: true } }
+    metadata: { ...metadata, kcoral: { ...kcoral, live: false, kernel_gone: how !== REOPENED } }
   };
 }
 
@@ -124,9 +130,17 @@ function cellsOf(widget: unknown): readonly unknown[] | null {
   return Array.isArray(cells) ? cells : null;
 }
 
+/** A notebook panel's model is read: its `context.ready` (a stand-in without one: now). */
+function whenRead(widget: unknown): Promise<unknown> {
+  const ready = (widget as { context?: { ready?: Promise<unknown> } } | null)?.context?.ready;
+  return ready ?? Promise.resolve();
+}
+
 /**
- * Watches `widget` (a notebook panel; anything else is left alone) once: when its kernel
- * restarts, dies or is replaced, its live status lines are settled.
+ * Watches `widget` (a notebook panel; anything else is left alone) once: the live status
+ * lines it opens with are settled as `REOPENED` (no cell of this view has run yet: the
+ * first view of a notebook is watched as it opens), and when its kernel restarts, dies or
+ * is replaced, those of its cells then running are settled.
  */
 export function watchForKernelLoss(
   widget: unknown,
@@ -149,4 +163,5 @@ export function watchForKernelLoss(
     }
   });
   context.kernelChanged.connect(() => settle('changed'));
+  void whenRead(widget).then(() => settle(REOPENED));
 }

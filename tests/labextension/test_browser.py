@@ -45,6 +45,7 @@ BUILT = ROOT / "jupyter_ext" / "labextension"
 SCRIPT = Path(__file__).with_name("lab_browser.cjs")
 SESSIONS_SCRIPT = Path(__file__).with_name("lab_sessions.cjs")
 RUN_ALL_SCRIPT = Path(__file__).with_name("lab_run_all.cjs")
+REOPENED_SCRIPT = Path(__file__).with_name("lab_reopened.cjs")
 SCREENSHOT_DIR_ENV = "KCORAL_SCREENSHOT_DIR"  # set it to refresh docs/screenshots/
 LAB_TOKEN = "kcoral-browser-test"
 KCORAL_TOKEN = "kcoral-browser-test-server-token"
@@ -423,6 +424,39 @@ def test_run_all_on_the_quickstart_in_a_fresh_jupyterlab_shows_no_error_but_the_
     assert code and not_run == [], f"Run All stopped before cells {not_run}"
     deliberate = [c for c in code if FAILS_ON_PURPOSE in c.get("metadata", {}).get("tags", [])]
     assert deliberate and all(_error_outputs(cell) for cell in deliberate)
+
+
+@pytest.mark.timeout(420)
+def test_a_notebook_saved_while_a_cell_ran_opens_with_its_line_settled(tmp_path: Path) -> None:
+    # A notebook saved (or a page reloaded) while a %%kcoral cell ran kept `kcoral: running`
+    # for good: the kernel's updates reach only the view that ran the cell.
+    job_id = "c84f8fc6-1d2e-4f00-8a00-000000000001"
+    line = "kcoral: running \u00b7 job c84f8fc6 \u00b7 0:12"
+    live = {
+        "output_type": "display_data",
+        "data": {"text/plain": line, "text/html": f"<div>{line}</div>"},
+        "metadata": {"kcoral": {"live": True, "job_id": job_id, "server": "http://gpu:8000"}},
+    }
+    cell = {"cell_type": "code", "metadata": {}, "source": "%%kcoral\nwork()", "outputs": [live]}
+    document = {
+        "cells": [{**cell, "execution_count": 1}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "saved.ipynb").write_text(json.dumps(document), encoding="utf-8")
+    with _running_lab(tmp_path, root, None) as url:
+        seen = _run_script(REOPENED_SCRIPT, url, tmp_path, NOTEBOOK="saved.ipynb")
+    expected = (
+        "kcoral: \u26a0 the notebook was reopened while this cell ran (last: running \u00b7 job "
+        f"c84f8fc6 \u00b7 0:12); job {job_id} may still run on http://gpu:8000 (%kcoral attach "
+        f"{job_id} there)"
+    )
+    assert [o["data"]["text/plain"] for o in seen["outputs"]] == [expected]
+    assert seen["outputs"][0]["metadata"]["kcoral"]["live"] is False
+    assert seen["shownText"].strip() == expected
 
 
 FLEET_SCRIPT = Path(__file__).with_name("lab_fleet.cjs")

@@ -1,6 +1,6 @@
 import { Signal } from '@lumino/signaling';
 
-import { abandonedLine, settleLiveLines, watchForKernelLoss } from '../restarts';
+import { REOPENED, abandonedLine, settleLiveLines, watchForKernelLoss } from '../restarts';
 
 /** A cell's output area as `restarts.ts` reads it: outputs as nbformat JSON. */
 class FakeOutputs {
@@ -83,14 +83,16 @@ describe('a status line its kernel can no longer update', () => {
     );
   });
 
-  it('is settled when the notebook kernel restarts, and only for notebooks', () => {
+  it('is settled when the notebook kernel restarts, and only for notebooks', async () => {
     const running = statusLine('kcoral: queued behind 2', { live: true });
-    const notebook = { content: { widgets: [cell(running)] } };
+    const notebook = { content: { widgets: [] as ReturnType<typeof cell>[] } };
     const context = { statusChanged: new Signal<unknown, string>({}), kernelChanged: new Signal({}) };
     const watched = new WeakSet<object>();
     const asContext = context as unknown as Parameters<typeof watchForKernelLoss>[1];
     watchForKernelLoss(notebook, asContext, watched);
     watchForKernelLoss(notebook, asContext, watched); // focused again: watched once
+    await Promise.resolve(); // read: nothing was live in it
+    notebook.content.widgets.push(cell(running)); // then a cell runs
     context.statusChanged.emit('busy');
     const outputs = notebook.content.widgets[0].model.outputs;
     expect(outputs.items[0]).toBe(running);
@@ -102,5 +104,42 @@ describe('a status line its kernel can no longer update', () => {
     const other = { statusChanged: new Signal<unknown, string>({}), kernelChanged: new Signal({}) };
     watchForKernelLoss(editor, other as unknown as Parameters<typeof watchForKernelLoss>[1], watched);
     expect(watched.has(other)).toBe(false);
+  });
+
+  it('is settled as reopened when a notebook opens with it, once the notebook is read', async () => {
+    const id = 'c84f8fc6-0000-4000-8000-000000000000';
+    const saved = statusLine('kcoral: running · job c84f8fc6', {
+      live: true,
+      server: 'http://gpu-box:8000',
+      job_id: id
+    });
+    let read = (): void => undefined;
+    const ready = new Promise<void>(resolve => (read = resolve));
+    const notebook = { content: { widgets: [cell(saved)] }, context: { ready } };
+    const context = { statusChanged: new Signal<unknown, string>({}), kernelChanged: new Signal({}) };
+    const asContext = context as unknown as Parameters<typeof watchForKernelLoss>[1];
+    watchForKernelLoss(notebook, asContext, new WeakSet<object>());
+    const outputs = notebook.content.widgets[0].model.outputs;
+    expect(outputs.items[0]).toBe(saved); // not read yet
+    read();
+    await ready;
+    await Promise.resolve();
+    const settled = outputs.items[0] as {
+      data: Record<string, string>;
+      metadata: { kcoral: Record<string, unknown> };
+    };
+    expect(settled.data['text/plain']).toBe(
+      'kcoral: \u26a0 the notebook was reopened while this cell ran (last: running · job ' +
+        `c84f8fc6); job ${id} may still run on http://gpu-box:8000 (%kcoral attach ${id} there)`
+    );
+    expect(settled.metadata.kcoral).toMatchObject({ live: false, kernel_gone: false });
+  });
+
+  it("does not say a reopened line's job ended with the kernel's local server", () => {
+    const local = { jobId: 'j', server: 'http://127.0.0.1:5', localServer: true };
+    expect(abandonedLine('kcoral: running', local, REOPENED)).toBe(
+      'kcoral: \u26a0 the notebook was reopened while this cell ran (last: running); job j may ' +
+        'still run on http://127.0.0.1:5 (%kcoral attach j there)'
+    );
   });
 });
