@@ -357,7 +357,11 @@ def _copy_tree(source: int, parts: list[str], writer: _TreeWriter, report: dict[
     """Copy regular files and directories (empty ones too); other entries are skipped, and
     unreadable ones are missing outputs."""
     missing = report["missing"]
-    for directory, below, info in _entries(source, parts, missing):
+
+    def unreadable(_parent: int, below: list[str], exc: OSError) -> None:
+        missing.append(_unreadable([*parts, *below], exc))
+
+    for directory, below, info in _entries(source, unreadable):
         if stat.S_ISDIR(info.st_mode):
             writer.make_directory([*parts, *below])
         elif stat.S_ISREG(info.st_mode):
@@ -402,8 +406,7 @@ def _name_problem(name: str) -> str | None:
 
 def _entries(
     top: int,
-    shown: list[str],
-    unreadable: list[dict[str, str]],
+    unreadable: Callable[[int, list[str], OSError], None],
     descend: Callable[[str], bool] = lambda name: True,
 ) -> Iterator[tuple[int, list[str], os.stat_result]]:
     """Each entry below the open directory ``top`` (symlinks not followed), a directory
@@ -412,10 +415,10 @@ def _entries(
     may be deeper than the open-files limit); the walk climbs back through '..', which
     must be the directory listed before (iterative: no recursion limit either).
 
-    A directory that cannot be opened or listed is not yielded: it goes to ``unreadable``
-    as ``{"path", "reason"}``, its path as ``shown`` (the parts above ``top``) and its own
-    parts (a tool's ``chmod 000`` directory raised a traceback or stopped the copy). A
-    directory whose name ``descend`` refuses is yielded and not entered."""
+    A directory that cannot be opened or listed is not yielded: ``unreadable`` gets the
+    open directory holding it, its parts and the error (a tool's ``chmod 000`` directory
+    raised a traceback or stopped the copy). A directory whose name ``descend`` refuses is
+    yielded and not entered."""
     current = os.dup(top)
     try:
         info = os.fstat(current)
@@ -442,14 +445,14 @@ def _entries(
             try:
                 child = os.open(name, _DIRECTORY_FLAGS, dir_fd=current)
             except OSError as exc:
-                unreadable.append(_unreadable([*shown, *parts, name], exc))
+                unreadable(current, [*parts, name], exc)
                 continue
             try:
                 info = os.fstat(child)
                 listing = sorted(os.listdir(child), reverse=True)
             except OSError as exc:
                 os.close(child)
-                unreadable.append(_unreadable([*shown, *parts, name], exc))
+                unreadable(current, [*parts, name], exc)
                 continue
             yield current, [*parts, name], entry
             current = _enter_from(current, child)
@@ -467,22 +470,19 @@ def _drop_untransferable(outputs: str, missing: list[dict[str, str]]) -> list[st
     and an entry whose name the return cannot hold (not UTF-8, a backslash) is moved out
     of ``outputs`` (one such name failed the run and lost every other output)."""
     dropped = []
-    unreadable: list[dict[str, str]] = []
+
+    def unreadable(parent: int, parts: list[str], exc: OSError) -> None:
+        with contextlib.suppress(OSError):  # not empty: the folder return names it
+            os.rmdir(parts[-1], dir_fd=parent)
+            missing.append(_unreadable(parts, exc))
+
     top = os.open(outputs, _DIRECTORY_FLAGS)
     above = os.open(os.path.dirname(outputs), _DIRECTORY_FLAGS)
     try:
-        for directory, parts, info in _entries(top, [], unreadable, _travels):
+        for directory, parts, info in _entries(top, unreadable, _travels):
             problem = _name_problem(parts[-1])
             if problem is not None:
-                # renamed, not removed: one call whatever the tree below it holds; where it
-                # cannot be moved, the folder return fails naming it
-                with contextlib.suppress(OSError):
-                    os.rename(
-                        parts[-1],
-                        f".kcoral-run-dropped-{os.getpid()}-{len(missing)}",
-                        src_dir_fd=directory,
-                        dst_dir_fd=above,
-                    )
+                if _moved_away(directory, parts[-1], above, len(missing)):
                     missing.append({"path": _reported(parts), "reason": f"{problem}; not returned"})
             elif stat.S_ISREG(info.st_mode):
                 try:
@@ -496,11 +496,27 @@ def _drop_untransferable(outputs: str, missing: list[dict[str, str]]) -> list[st
     finally:
         os.close(above)
         os.close(top)
-    for item in unreadable:
-        with contextlib.suppress(OSError):  # not empty: the folder return names it
-            os.rmdir(os.path.join(outputs, item["path"]))
-            missing.append(item)
     return sorted(dropped)
+
+
+def _moved_away(directory: int, name: str, above: int, number: int) -> bool:
+    """Move the entry ``name`` out of the outputs into ``above``: renamed, not removed, one
+    call whatever the tree below it holds. A directory without write permission cannot
+    change parents; an empty one is removed instead. False where neither works: the
+    folder return then fails naming it."""
+    try:
+        os.rename(
+            name,
+            f".kcoral-run-dropped-{os.getpid()}-{number}",
+            src_dir_fd=directory,
+            dst_dir_fd=above,
+        )
+    except OSError:
+        try:
+            os.rmdir(name, dir_fd=directory)
+        except OSError:
+            return False
+    return True
 
 
 def _travels(name: str) -> bool:
@@ -510,6 +526,9 @@ def _travels(name: str) -> bool:
 def _has_files(directory: str) -> bool:
     top = os.open(directory, _DIRECTORY_FLAGS)
     try:
-        return any(stat.S_ISREG(info.st_mode) for _fd, _parts, info in _entries(top, [], []))
+        return any(
+            stat.S_ISREG(info.st_mode)
+            for _fd, _parts, info in _entries(top, lambda parent, parts, exc: None)
+        )
     finally:
         os.close(top)

@@ -51,3 +51,20 @@ def test_an_unreadable_entry_the_tool_left_among_the_outputs_fails_clearly_not_w
     err = capfd.readouterr().err
     assert "Traceback" not in err
     assert "cannot read 'outputs/full': Permission denied" in err
+
+
+def test_an_empty_unreadable_directory_among_the_outputs_is_dropped_and_named_whatever_its_name(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = (
+        "import os; os.makedirs('../outputs/empty'); os.makedirs(b'../outputs/e\\xff');"
+        "os.chmod('../outputs/empty', 0); os.chmod(b'../outputs/e\\xff', 0);"
+        "os.makedirs('out'); open('out/good', 'w').write('G')"
+    )
+    argv = ["run", "python", "--url", server_url, "--fetch", "out", "--out", "o"]
+    assert kcoral_main([*argv, "--", "-c", code]) == 1
+    err = capfd.readouterr().err
+    assert "remote program failed" not in err
+    assert "missing output empty: Permission denied" in err
+    assert "missing output e\\xff: its name is not valid UTF-8; not returned" in err
+    assert (in_tmp / "o/out/good").read_text() == "G"
