@@ -246,3 +246,26 @@ def _multipart(program: dict, blob: bytes) -> bytes:
         head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n'
         body += f"{head}Content-Type: {kind}\r\n\r\n".encode() + data + b"\r\n"
     return body + f"--{BOUNDARY}--\r\n".encode()
+
+
+def test_sighup_to_a_node_changes_nothing_and_the_node_serves_on(tmp_path: Path) -> None:
+    """A node holds no client tokens; an operator who sends every KCoral process SIGHUP
+    after editing the router's file (or a closed terminal) ended the node and its child."""
+    tokens = token_file(tmp_path / "secrets")
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+    node = Node(tmp_path, router, "node-hangup", NODE_ENV)
+    try:
+        ready_nodes(router, 1)
+        for count, pid in enumerate((node.process.pid, node.server_pid()), start=1):
+            os.kill(pid, signal.SIGHUP)  # the supervisor, then its child server
+            wait_for(lambda n=count: _skipped(node) == n, "token_reload_skipped")
+        assert node.process.poll() is None
+        with kcoral.Client(router.url, token=TOKEN_B) as bob:
+            assert bob.execute(_program("def f():\n    return 7\n")).results["r"] == 7
+    finally:
+        node.stop()
+        router.stop()
+
+
+def _skipped(node: Node) -> int:
+    return node.log_path.read_text().count("token_reload_skipped")

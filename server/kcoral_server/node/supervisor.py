@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import io
 import ipaddress
 import json
@@ -50,6 +51,9 @@ from kcoral_server.settings.config import node_labels
 MAX_UINT64 = 2**64 - 1
 STARTING_MESSAGE = "KCoral Server is starting"
 USAGE_ERROR = 2  # the exit status of a server that refuses its settings
+#: A SIGHUP reloads the client tokens of a server or router (EXTENSIONS §6); a node holds
+#: none, so it changes nothing here (it used to end the node and its child).
+NODE_HANGUP = "SIGHUP: a node holds no client tokens; send SIGHUP to its router to reload them"
 PR_SET_CHILD_SUBREAPER = 36
 # Test-only: a JSON object merged into the reported ``versions`` (cohort tests).
 VERSIONS_OVERRIDE_ENV = "KCORAL_TEST_VERSIONS_OVERRIDE"
@@ -519,6 +523,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
+        hangup = functools.partial(self.log.event, "token_reload_skipped", message=NODE_HANGUP)
+        loop.add_signal_handler(signal.SIGHUP, hangup)
         if self.node_kind is None:
             loop.run_in_executor(None, probe_kind, self.settings).add_done_callback(self._probed)
         reporter = loop.create_task(self.report_loop())
