@@ -17,9 +17,11 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.gateway import status_problem
 from kcoral_server.router.registry import Registry, fleet_status
 from kcoral_server.router.settings import RouterSettings
-from raw_http import call_program, execute_body, post_execute, request
+from raw_http import call_program, post_execute, request
 from router_helpers import Node, start_router, stopping
 from test_router_kinds import join, status
+
+import kcoral
 
 # Holds its seat until the test creates the file it names.
 HOLD = (
@@ -149,10 +151,12 @@ def test_a_seat_running_a_job_is_not_counted_as_free(tmp_path: Path) -> None:
     with stopping(router, nodes):
         wait_for(lambda: (k := only_kind(router)) and k["free_seats"] == 1, "ready", router)
         release = tmp_path / "release"
-        content_type, body = execute_body(call_program(HOLD, args=[str(release)]))
-        headers = {"Content-Type": content_type}
-        jobs = [request(router.url, "POST", "/v1/jobs", body, headers) for _ in range(2)]
-        assert [job.status for job in jobs] == [202, 202]
+        client = kcoral.Client(router.url)
+        program = kcoral.Program()
+        module = program.upload(kind="module", source=HOLD)
+        held = program.run(fn=program.get_function(module=module, name="main"), args=[str(release)])
+        program.return_(key="pid", value=held)
+        jobs = [client.submit(program, timeout_seconds=120) for _ in range(2)]
         # The node's own pool holds the second job: the status that says so also says the
         # first one's seat is busy.
         row = wait_for(
@@ -160,9 +164,8 @@ def test_a_seat_running_a_job_is_not_counted_as_free(tmp_path: Path) -> None:
         )
         assert (row["seats"], row["free_seats"]) == (1, 0)
         release.write_text("go")
-        for job in jobs:
-            path = f"/v1/jobs/{job.body['job_id']}/result"
-            assert request(router.url, "GET", path, timeout=120).status == 200
+        assert [job.result(timeout=120).status for job in jobs] == ["COMPLETED"] * 2
+        client.close()
 
 
 # -- the numbers, on the router's registry (decision logic; the real run is above) ---------
