@@ -509,3 +509,31 @@ def test_the_router_reads_a_programs_gpu_count_from_the_start_of_its_body() -> N
     content_type, other = body(b'{"options":{"gpu_count":2}}', first="blob:" + "1" * 64)
     assert program_gpu_count(other, content_type) is None
     assert program_gpu_count(whole, "application/json") is None
+
+
+def test_a_program_waits_for_a_node_with_its_gpus_and_not_for_one_that_left() -> None:
+    async def scenario() -> None:
+        registry = make_registry()
+        admission = Admission(registry, max_queued=4, wait_timeout=5)
+        registry.on_change = admission.wake
+        (one,) = add_node(registry, "one")
+        (two,) = add_node(registry, "two")
+        for node, gpus in (("one", 1), ("two", 2)):  # one kind, as their statuses say
+            registry.nodes[node].kind, registry.nodes[node].gpus = "h100", gpus
+        registry.baselines = {"h100": ({}, {"torch": "1"})}
+        for _ in range(3):  # only "two" has two GPUs: never "one"
+            _node, held = await admission.acquire(None, "first", None, "", 2)
+            assert held is two
+            registry.release(held)
+        _node, held = await admission.acquire(None, "busy", None, "", 2)
+        waiting = asyncio.ensure_future(admission.acquire(None, "next", None, "", 2))
+        for _tick in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done() and not one.busy  # it waits for "two", not for a 400
+        stream = registry.nodes["two"].stream
+        assert stream is not None
+        registry.detach_supervisor(stream)  # "two" leaves the router
+        _node, leased = await waiting
+        assert leased is one  # unfiltered again: one's own 400 says how many GPUs it has
+
+    asyncio.run(scenario())

@@ -163,6 +163,12 @@ class Admission(_WaitingRoom):
         for waiter in [w for w in self._waiters if w.future.done()]:
             self._waiters.remove(waiter)
         for waiter in self.in_turn():
+            if waiter.gpu_count is not None:
+                # Its nodes with the GPUs left: it goes where a node's 400 says why, as before,
+                # rather than waiting out the queue wait for them.
+                waiter.gpu_count = seatable_gpu_count(
+                    self.registry, waiter.selector, waiter.gpu_count
+                )
             wanted = format_selector(waiter.selector)
             if (wanted, waiter.gpu_count) in starved:
                 continue

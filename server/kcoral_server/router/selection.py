@@ -100,12 +100,19 @@ def program_gpu_count(start: bytes, content_type: str | None) -> int | str | Non
 
 def seatable_gpu_count(registry: Registry, selector: Selector, gpu_count: int | None) -> int | None:
     """The GPU count a program's nodes are filtered by (ROUTER §7): its ``gpu_count`` when a
-    ready node it may go to has that many GPUs; else None, unfiltered, and the node's own
-    ``400`` says how many it has, as before."""
+    connected node it may go to has that many GPUs (ready or not: a busy or recovering one
+    comes back); else None, unfiltered, and the node's own ``400`` says how many it has."""
     if gpu_count is None:
         return None
-    nodes = offering_nodes(registry, selector)
-    return gpu_count if any(has_gpus(n, gpu_count) for n in nodes) else None
+    default = registry.default_kind
+    return (
+        gpu_count
+        if any(
+            n.connected and serves(n, selector, default) and has_gpus(n, gpu_count)
+            for n in registry.nodes.values()
+        )
+        else None
+    )
 
 
 def offering_nodes(registry: Registry, selector: Selector) -> list[NodeRecord]:
