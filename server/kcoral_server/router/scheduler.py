@@ -162,14 +162,16 @@ class Admission(_WaitingRoom):
         unfit: dict[str, bool] = {}
         for waiter in [w for w in self._waiters if w.future.done()]:
             self._waiters.remove(waiter)
+        seatable: dict[tuple[str, int], int | None] = {}  # each asked once a round
         for waiter in self.in_turn():
+            wanted = format_selector(waiter.selector)
             if waiter.gpu_count is not None:
                 # Its nodes with the GPUs left: it goes where a node's 400 says why, as before,
                 # rather than waiting out the queue wait for them.
-                waiter.gpu_count = seatable_gpu_count(
-                    self.registry, waiter.selector, waiter.gpu_count
-                )
-            wanted = format_selector(waiter.selector)
+                key = (wanted, waiter.gpu_count)
+                if key not in seatable:
+                    seatable[key] = seatable_gpu_count(self.registry, waiter.selector, key[1])
+                waiter.gpu_count = seatable[key]
             if (wanted, waiter.gpu_count) in starved:
                 continue
             if waiter.selector and unfit.setdefault(wanted, not self._fits_any(waiter.selector)):
