@@ -181,7 +181,7 @@ def test_fleet_status_counts_each_rows_seats_queue_and_estimate() -> None:
     taken = registry.select("c1", "r1")  # c1's only seat is busy
     assert taken is not None
     # Two requests wait at the router for the default kind (cpu), one for gpu=h100.
-    rows = fleet_status(registry, [{}, {}, {"gpu": "h100"}])
+    rows = fleet_status(registry, [({}, None), ({}, None), ({"gpu": "h100"}, None)])
     cpu, h100 = rows["kinds"]
     assert cpu == {
         "gpu": "cpu",
@@ -207,6 +207,11 @@ def test_fleet_status_counts_each_rows_seats_queue_and_estimate() -> None:
         5.0,
     )
     assert (small["value"], small["queued"], small["free_seats"]) == ("small", 2, 0)
+    # A waiter whose program asks for two GPUs counts only where a node has two.
+    registry.nodes["h2"].gpus = 2
+    rows = fleet_status(registry, [({"gpu": "h100"}, 2)])
+    # (h1 has one GPU; h2 has two, and two waiting in its own pool)
+    assert [(row["gpus"], row["queued"]) for row in rows["kinds"]] == [(1, 0), (1, 0), (2, 3)]
 
 
 def test_a_status_with_non_finite_or_unbounded_lease_stats_is_invalid() -> None:

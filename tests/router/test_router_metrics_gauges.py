@@ -21,7 +21,7 @@ from router_helpers import start_router
 class Waiting:
     waiting: int = 0
 
-    def queued_selectors(self) -> list[dict[str, str]]:
+    def queued_needs(self) -> list[tuple[dict[str, str], int | None]]:
         return []
 
 

@@ -142,9 +142,7 @@ class RouterGauges(Collector):
         registry = state.registry
         ready = ready_nodes(registry)
         kind_of = {n.node_id: self._kinds(n.kind) for n in ready}
-        waiters = waiters_by_selector(
-            ready, state.admission.queued_selectors(), registry.default_kind
-        )
+        waiters = waiters_by_selector(ready, state.admission.queued_needs(), registry.default_kind)
         depth: Tally[str] = Tally({kind: 0 for kind in kinds})
         for served, count in waiters:
             for kind in {kind_of[node_id] for node_id in served}:

@@ -530,6 +530,6 @@ class InfoHandler(ForwardHandler):
         # The answering node is of the default kind; what else the fleet has (ROUTER §6).
         info["fleet"] = fleet(self.state.registry)
         # ... and what each part holds now: seats, queue, estimated wait (ROUTER §6).
-        queued = self.state.admission.queued_selectors()
+        queued = self.state.admission.queued_needs()
         info["fleet_status"] = fleet_status(self.state.registry, queued)
         return dumps_compact(info)

@@ -521,16 +521,16 @@ def fleet(registry: Registry) -> dict[str, list[dict[str, Any]]]:
 
 
 def fleet_status(
-    registry: Registry, queued: Sequence[Selector] = ()
+    registry: Registry, queued: Sequence[tuple[Selector, int | None]] = ()
 ) -> dict[str, list[dict[str, Any]]]:
     """``/v1/info``'s ``fleet_status`` (ROUTER §6): ``fleet``'s rows with what they hold now.
 
     Per kind and per label of the ``ready`` nodes: ``seats`` (their worker slots),
     ``free_seats`` (``NodeRecord.free_seats``: idle slots whose seat is idle), ``queued``
     (requests waiting at the router that a node of the row could serve — ``queued`` holds
-    each waiter's selector, ``{}`` for the default kind — plus those waiting in the nodes'
-    own pools), ``recent_programs`` (the nodes'
-    reported count) and ``estimated_wait_seconds``: an estimate, ``(queued + 1 -
+    each waiter's selector, ``{}`` for the default kind, and its program's GPU count — plus
+    those waiting in the nodes' own pools), ``recent_programs`` (the nodes' reported count)
+    and ``estimated_wait_seconds``: an estimate, ``(queued + 1 -
     free_seats) / seats`` times the mean time a recent program held its seat, at least 0,
     ``None`` without recent programs."""
     default = registry.default_kind

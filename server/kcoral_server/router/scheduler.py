@@ -106,11 +106,11 @@ class Admission(_WaitingRoom):
         #: the identities waiting, in the order of their turns (a served one goes last)
         self._turns: dict[str, None] = {}
 
-    def queued_selectors(self) -> list[Selector]:
+    def queued_needs(self) -> list[tuple[Selector, int | None]]:
         """What each waiting request needs, oldest first, for ``/v1/info``'s
-        ``fleet_status`` (ROUTER §6): ``{}`` is the default kind, where a request without
-        a selector goes."""
-        return [w.selector for w in self._waiters if not w.future.done()]
+        ``fleet_status`` (ROUTER §6): its selector (``{}``: the default kind, where a request
+        without one goes) and the GPUs its program asks for (None: any node)."""
+        return [(w.selector, w.gpu_count) for w in self._waiters if not w.future.done()]
 
     async def acquire(
         self,

@@ -122,21 +122,30 @@ def offering_nodes(registry: Registry, selector: Selector) -> list[NodeRecord]:
 
 
 def waiters_by_selector(
-    nodes: Sequence[NodeRecord], queued: Iterable[Selector], default_kind: str | None
+    nodes: Sequence[NodeRecord],
+    queued: Iterable[tuple[Selector, int | None]],
+    default_kind: str | None,
 ) -> list[tuple[frozenset[str], int]]:
-    """The waiters ``queued`` (each one's selector, ``{}`` for the default kind) grouped by
-    selector: the ids of the ``nodes`` each may go to, and how many waiters carry it. Each
-    distinct selector is matched once (a full queue holds up to --max-queued-requests
-    waiters, read at every ``/v1/info`` and scrape)."""
-    counts: Counter[str] = Counter()
+    """The waiters ``queued`` (each one's selector, ``{}`` for the default kind, and the GPUs
+    its program asks for) grouped by what they need: the ids of the ``nodes`` each may go
+    to, and how many waiters need it. Each distinct need is matched once (a full queue holds
+    up to --max-queued-requests waiters, read at every ``/v1/info`` and scrape)."""
+    counts: Counter[tuple[str, int | None]] = Counter()
     selectors: dict[str, Selector] = {}
-    for selector in queued:
+    for selector, gpu_count in queued:
         key = format_selector(selector)
-        counts[key] += 1
+        counts[(key, gpu_count)] += 1
         selectors.setdefault(key, selector)
     return [
-        (frozenset(n.node_id for n in nodes if serves(n, selectors[key], default_kind)), count)
-        for key, count in counts.items()
+        (
+            frozenset(
+                n.node_id
+                for n in nodes
+                if serves(n, selectors[key], default_kind) and has_gpus(n, gpu_count)
+            ),
+            count,
+        )
+        for (key, gpu_count), count in counts.items()
     ]
 
 
