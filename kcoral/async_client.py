@@ -24,7 +24,7 @@ from kcoral.connection.transport import (
     Response,
     ThreadedAsyncTransport,
 )
-from kcoral.jobs import AsyncJob
+from kcoral.jobs import AsyncJob, JobList
 from kcoral.program import Program
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.results import ProgramResult
@@ -154,9 +154,10 @@ class AsyncClient(BaseClient):
         )
         return AsyncJob(self, job_id, request_id=request_id, known_blobs=blobs)
 
-    async def jobs(self, limit: int | None = None) -> list[dict[str, Any]]:
+    async def jobs(self, limit: int | None = None) -> JobList:
         """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first; at
-        most ``limit`` of them (the server's default: 1000; its most: 10000)."""
+        most ``limit`` of them (the server's default: 1000; its most: 10000). The list says
+        what it is missing: ``left_out``, ``nodes_left_out`` (``JobList``)."""
         return await self.run_flow(self.jobs_flow(limit))
 
     def job(self, job_id: str) -> AsyncJob:

@@ -25,7 +25,13 @@ from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.server_address import server_url
 from kcoral.connection.transport import Flow, Request, Response
 from kcoral.errors import KCoralError, ProtocolError
-from kcoral.jobs import check_job_id, decode_job_list, next_submission_step, require_jobs
+from kcoral.jobs import (
+    JobList,
+    check_job_id,
+    decode_job_list,
+    next_submission_step,
+    require_jobs,
+)
 from kcoral.program import Program
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.protocol.strict_json import nested_deeper_than
@@ -279,9 +285,10 @@ class BaseClient:
         job_id, request_id = step
         return job_id, request_id, known_blobs
 
-    def jobs_flow(self, limit: int | None = None) -> Flow[list[dict[str, Any]]]:
+    def jobs_flow(self, limit: int | None = None) -> Flow[JobList]:
         """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first; at
-        most ``limit`` of them (the server's default: 1000; its most: 10000)."""
+        most ``limit`` of them (the server's default: 1000; its most: 10000). The list says
+        what it is missing: ``left_out``, ``nodes_left_out`` (``JobList``)."""
         path = "/v1/jobs"
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -290,7 +297,7 @@ class BaseClient:
         response = yield _get(path)
         if response.status != 200:
             raise error_from_response(response.status, response.headers, response.data)
-        return decode_job_list(response.data)
+        return decode_job_list(response.data, response.headers)
 
     def request_flow(
         self, method: str, path: str, *, headers: Mapping[str, str] | None = None

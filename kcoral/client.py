@@ -21,7 +21,7 @@ from kcoral.client_sessions import (
 )
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.transport import Flow, Response, Transport
-from kcoral.jobs import Job, check_path_id
+from kcoral.jobs import Job, JobList, check_path_id
 from kcoral.program import Program
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.results import ProgramResult
@@ -150,9 +150,10 @@ class Client(BaseClient):
         )
         return Job(self, job_id, request_id=request_id, known_blobs=blobs)
 
-    def jobs(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def jobs(self, limit: int | None = None) -> JobList:
         """``GET /v1/jobs`` (EXTENSIONS §5): the caller's recent jobs, newest first; at
-        most ``limit`` of them (the server's default: 1000; its most: 10000)."""
+        most ``limit`` of them (the server's default: 1000; its most: 10000). The list says
+        what it is missing: ``left_out``, ``nodes_left_out`` (``JobList``)."""
         return self.run_flow(self.jobs_flow(limit))
 
     def job(self, job_id: str) -> Job:

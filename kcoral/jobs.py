@@ -89,15 +89,47 @@ def decode_job_result(
     return dataclasses.replace(outcome, node=headers.get(NODE_HEADER))  # the job's node
 
 
-def decode_job_list(body: bytes | memoryview) -> list[dict[str, Any]]:
-    """The job states of a ``GET /v1/jobs`` answer (a JSON array of objects)."""
+#: the most node ids of ``X-KCoral-Nodes-Left-Out`` kept, and the longest kept (a server's
+#: header is not trusted to be small)
+MOST_NODES_NAMED = 64
+LONGEST_NODE_ID = 128
+
+
+class JobList(list[dict[str, Any]]):
+    """``client.jobs()``: the job states, newest first, and what the list is missing:
+    ``left_out`` (how many of the caller's jobs the server cut at its ``limit``) and
+    ``nodes_left_out`` (a router's nodes that were away or could not answer: their jobs
+    are not in it). A plain list otherwise."""
+
+    left_out: int = 0
+    nodes_left_out: tuple[str, ...] = ()
+
+    @property
+    def whole(self) -> bool:
+        """Whether nothing was left out."""
+        return not self.left_out and not self.nodes_left_out
+
+
+def decode_job_list(body: bytes | memoryview, headers: Mapping[str, str] | None = None) -> JobList:
+    """The job states of a ``GET /v1/jobs`` answer (a JSON array of objects), with what its
+    headers say it left out (EXTENSIONS §5, ROUTER §13)."""
     try:
         document = loads_strict(bytes(body))
     except ValidationError as exc:
         raise ProtocolError(f"job list is not valid JSON: {exc}") from None
     if not isinstance(document, list) or not all(isinstance(job, dict) for job in document):
         raise ProtocolError("job list is not an array of objects")
-    return document
+    jobs = JobList(document)
+    headers = headers or {}
+    count = (headers.get("X-KCoral-Jobs-Left-Out") or "").strip()
+    jobs.left_out = int(count) if count.isdigit() and len(count) <= 12 else 0
+    nodes = (headers.get("X-KCoral-Nodes-Left-Out") or "").split(",")
+    jobs.nodes_left_out = tuple(
+        node.strip()[:LONGEST_NODE_ID]
+        for node in nodes[:MOST_NODES_NAMED]
+        if node.strip() and node.isprintable()
+    )
+    return jobs
 
 
 def decode_job_state(

@@ -3,10 +3,15 @@ is true, in words a user reads. An in-process shell against a real CPU server.""
 
 from __future__ import annotations
 
+import http.server
+import json
 from typing import Any
 
 import pytest
 from IPython.utils.capture import capture_output
+from stand_in_http import serving
+
+from kcoral.jobs import decode_job_list
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,3 +53,51 @@ def test_the_jobs_table_has_readable_headers_and_says_cpu_for_a_job_without_gpus
     first = plain.splitlines()[1]
     assert "  cpu  " in first and "[]" not in plain and "UTC" in first and " ms" in first
     assert "None" not in plain
+
+
+class ListsWithGaps(http.server.BaseHTTPRequestHandler):
+    """A router whose job list is cut at its limit and misses two away nodes' jobs."""
+
+    def do_GET(self) -> None:
+        record = {
+            "job_id": "c84f8fc6-1d2e-4f00-8a00-000000000001",
+            "status": "COMPLETED",
+            "submitted_at": "2026-12-06T09:00:00.000001Z",
+        }
+        body = json.dumps([record] if self.path.startswith("/v1/jobs") else {}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-KCoral-Jobs-Left-Out", "3")
+        self.send_header("X-KCoral-Nodes-Left-Out", "gpu-b,gpu-c")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_job_list_missing_older_jobs_or_away_nodes_says_so_under_the_table(shell) -> None:
+    # A router left an away node's jobs out of its list without a word (router mend).
+    with serving(ListsWithGaps) as url, capture_output() as captured:
+        shell.run_line_magic("kcoral", f"jobs {url}")
+    assert "c84f8fc6" in captured.outputs[-1].data["text/plain"]
+    assert captured.stdout.strip() == (
+        "kcoral: 3 older jobs not listed; not listed: the jobs of nodes gpu-b, gpu-c "
+        "(away or not answering)"
+    )
+
+
+def test_a_job_lists_gaps_are_read_from_its_headers_and_bounded() -> None:
+    body = b'[{"job_id": "j"}]'
+    whole = decode_job_list(body, {})
+    assert whole == [{"job_id": "j"}] and whole.whole
+    cut = decode_job_list(body, {"X-KCoral-Jobs-Left-Out": "12", "X-KCoral-Nodes-Left-Out": "a, b"})
+    assert (cut.left_out, cut.nodes_left_out, cut.whole) == (12, ("a", "b"), False)
+    hostile = {
+        "X-KCoral-Jobs-Left-Out": "-1" + "9" * 40,
+        "X-KCoral-Nodes-Left-Out": ",".join(["n" * 500] * 1000) + ",\x1b[2J",
+    }
+    bounded = decode_job_list(body, hostile)
+    assert bounded.left_out == 0
+    assert len(bounded.nodes_left_out) == 64 and {len(n) for n in bounded.nodes_left_out} == {128}

@@ -64,6 +64,12 @@ def test_a_merged_job_list_holds_the_newest_limit_and_names_what_it_left_out(
         assert every.header("X-KCoral-Jobs-Left-Out") == "0"
         assert every.header("X-KCoral-Nodes-Left-Out") == "c"
         assert sorted(asked) == [f"{n} /v1/jobs" for n in "abc"]  # each node's own default
+        # A node that is away holds its jobs: named too, not left out without a word.
+        await nodes[1].close()
+        await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] == 2)
+        away = await http_request(router.port, "GET", "/v1/jobs")
+        assert [job["job_id"] for job in away.json()] == ["a3", "a2", "a1"]
+        assert away.header("X-KCoral-Nodes-Left-Out") == "b,c"
         refused = await http_request(router.port, "GET", "/v1/jobs?limit=0")
         assert refused.status == 400
         assert refused.json()["error"] == {

@@ -68,10 +68,12 @@ class JobCommands:
         if url is None:  # not started only to list nothing
             print(f"kcoral: no jobs: {self._no_local_server()}")
             return
-        jobs = [job for job in self.kernel.client(url).jobs() if isinstance(job, dict)]
-        rows = [job_row(job) for job in jobs]
+        listed = self.kernel.client(url).jobs()
+        rows = [job_row(job) for job in listed if isinstance(job, dict)]
         text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
         display(rich.table_bundle(JOB_COLUMNS, rows, text), raw=True)
+        if not listed.whole:  # said, not left out without a word (a router's away nodes)
+            print(f"kcoral: {left_out_note(listed.left_out, listed.nodes_left_out)}")
 
     def _job_client(self, job_id: str) -> tuple[Client, str]:
         pending = self.kernel.pending.get(job_id)
@@ -175,3 +177,18 @@ def aligned(rows: list[list[str]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+def left_out_note(older: int, nodes: tuple[str, ...]) -> str:
+    """What a job list says it is missing: older jobs the server cut, and the nodes of a
+    router that were away or did not answer (their jobs are not listed)."""
+    parts = []
+    if older:
+        parts.append(f"{older} older job{'s' if older != 1 else ''} not listed")
+    if nodes:
+        which = ", ".join(nodes)
+        parts.append(
+            f"not listed: the jobs of node{'s' if len(nodes) != 1 else ''} {which} "
+            "(away or not answering)"
+        )
+    return "; ".join(parts)

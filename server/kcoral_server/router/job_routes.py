@@ -403,6 +403,10 @@ class JobsHandler(ProgramForwardHandler):
         ]
         left_out += max(0, len(merged) - limit)
         self.set_header(LEFT_OUT_HEADER, str(left_out))
+        # A node that is away (lost, within --node-retention-seconds) holds its jobs: they
+        # are not in the list, and it says so rather than leave them out without a word.
+        listed = {node for node, _answer, _headers in answers}
+        unread += [node for node in self.state.registry.nodes if node not in listed]
         if unread:
             self.set_header(NODES_LEFT_OUT_HEADER, ",".join(sorted(unread)))
         merged_answer(self, merged, submitted_at, most=limit)
