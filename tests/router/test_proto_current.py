@@ -37,6 +37,7 @@ def test_the_proto_keeps_the_normative_field_numbers() -> None:
         "labels": 17,  # added 2026-12 (ROUTER §6)
         "node_metrics": 18,  # added 2026-12 (ROUTER §4, EXTENSIONS §13)
         "lease_stats": 19,  # added 2026-12 (ROUTER §6)
+        "draining": 20,  # added 2026-12 (ROUTER §6)
     }
     lease_stats = pb.LeaseStats.DESCRIPTOR.fields_by_name
     assert {name: f.number for name, f in lease_stats.items()} == {

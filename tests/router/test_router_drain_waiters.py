@@ -16,6 +16,7 @@ import pytest
 from raw_http import call_program, post_execute
 from router_helpers import Node, start_router, stopping
 from test_router_fleet_status import HOLD, only_kind, wait_for
+from test_router_mixed_fleet import node_states
 
 pytestmark = pytest.mark.slow
 
@@ -55,9 +56,14 @@ def test_a_request_waiting_for_a_draining_node_is_refused_and_never_sent_down_it
 
         node.process.send_signal(signal.SIGTERM)
         wait_for(lambda: "shutdown_started" in node.log_path.read_text(), "drain", router)
+        # An operator's drain is not a failure: the node reads `draining`, never `unhealthy`
+        wait_for(lambda: node_states(router).get("cpu-a") == "draining", "draining", router)
         release.write_text("go")
         held.join(120)
         waiter.join(120)
+        wait_for(lambda: "node_disconnected node=cpu-a" in router.log(), "left", router)
+        after = router.log().split("state=draining", 1)[1].splitlines()
+        assert not [line for line in after if " state=unhealthy" in line], after
 
         assert answers[""].status == 200
         refused = answers["zone=a"]

@@ -168,6 +168,22 @@ def test_node_states_follow_the_thresholds() -> None:
     assert node.state == "unhealthy" and not node.connected
 
 
+def test_a_draining_node_reads_draining_then_left_and_a_restarted_one_is_ready_at_once() -> None:
+    registry = make_registry(unhealthy_threshold=1, recovery_threshold=3)
+    stream = registry.attach_supervisor("n")
+    node = registry.nodes["n"]
+    registry.apply_status(stream, status())
+    stopping = "KCoral Server is shutting down"
+    registry.apply_status(stream, status(healthy=False, draining=True, last_error=stopping))
+    assert node.state == "draining" and node.last_error == stopping
+    assert not registry.control_nodes(ready_only=True)  # it takes nothing new
+    registry.detach_supervisor(stream)
+    assert node.state == "left" and not node.connected
+    restarted = registry.attach_supervisor("n")
+    registry.apply_status(restarted, status(supervisor_instance_id="sup-2"))
+    assert node.state == "ready"  # a fresh start, not a recovery from failures
+
+
 def test_a_long_last_error_is_kept_cut() -> None:
     registry = make_registry()
     stream = registry.attach_supervisor("n")

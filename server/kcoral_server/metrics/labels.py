@@ -105,7 +105,9 @@ ROUTER_FINISH_REASONS = frozenset(
 #: finish reasons that say the tunnel to a node failed
 TUNNEL_ERRORS = frozenset({"tunnel_disconnected", "invalid_response"})
 #: node states (ROUTER §6)
-NODE_STATES = frozenset({"starting", "ready", "recovering", "incompatible", "unhealthy"})
+NODE_STATES = frozenset(
+    {"starting", "ready", "recovering", "incompatible", "unhealthy", "draining", "left"}
+)
 #: the most node ids a router's metrics name; later ones are counted as ``other`` (anyone
 #: holding the node token may connect under new ids)
 MAX_NAMED_NODES = 256

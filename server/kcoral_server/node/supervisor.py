@@ -310,6 +310,7 @@ class Supervisor:
             last_error="" if healthy else self.last_error,
             health_age_millis=age,
             slot_key=self.slot_key,
+            draining=self.stopping.is_set(),
         )
         if healthy:
             status.worker_count = self.body["worker_count"]

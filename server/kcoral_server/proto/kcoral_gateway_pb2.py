@@ -27,7 +27,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kcoral_gateway.proto\x12\x11kcoral.gateway.v1\"\x85\x06\n\x10SupervisorStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0eserver_healthy\x18\x02 \x01(\x08\x12\x1e\n\x16supervisor_instance_id\x18\x03 \x01(\t\x12\x1a\n\x12server_instance_id\x18\x04 \x01(\t\x12\x14\n\x0cworker_count\x18\x08 \x01(\x04\x12\x14\n\x0c\x62usy_workers\x18\t \x01(\x04\x12?\n\x06target\x18\x0b \x03(\x0b\x32/.kcoral.gateway.v1.SupervisorStatus.TargetEntry\x12\x43\n\x08versions\x18\x0c \x03(\x0b\x32\x31.kcoral.gateway.v1.SupervisorStatus.VersionsEntry\x12\x12\n\nlast_error\x18\r \x01(\t\x12\x19\n\x11health_age_millis\x18\x0e \x01(\x04\x12\x10\n\x08slot_key\x18\x0f \x01(\t\x12)\n\x04kind\x18\x10 \x01(\x0b\x32\x1b.kcoral.gateway.v1.NodeKind\x12?\n\x06labels\x18\x11 \x03(\x0b\x32/.kcoral.gateway.v1.SupervisorStatus.LabelsEntry\x12\x14\n\x0cnode_metrics\x18\x12 \x01(\x0c\x12\x32\n\x0blease_stats\x18\x13 \x01(\x0b\x32\x1d.kcoral.gateway.v1.LeaseStats\x1a-\n\x0bTargetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\n\x10\x0bR\x12\x61\x63\x63\x65pting_requestsR\x0f\x61\x63tive_requestsR\x0cqueue_lengthR\tgpu_count\"\x97\x01\n\nLeaseStats\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x19\n\x11seat_held_mean_ms\x18\x02 \x01(\x01\x12\x18\n\x10seat_held_p50_ms\x18\x03 \x01(\x01\x12\x1a\n\x12lease_held_mean_ms\x18\x04 \x01(\x01\x12\x19\n\x11lease_held_p50_ms\x18\x05 \x01(\x01\x12\x0e\n\x06queued\x18\x06 \x01(\x04\"Z\n\x08NodeKind\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04gpus\x18\x04 \x01(\r\x12\x0f\n\x07product\x18\x05 \x01(\t\"H\n\rSupervisorAckJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04R\x12router_instance_idR\x08\x61\x63\x63\x65ptedR\x07message\"u\n\tSlotHello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1a\n\x12server_instance_id\x18\x02 \x01(\t\x12\x0f\n\x07slot_id\x18\x03 \x01(\t\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x10\n\x08slot_key\x18\x05 \x01(\t\"\t\n\x07SlotAck\")\n\nHttpHeader\x12\x0c\n\x04name\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"m\n\x0bRequestHead\x12.\n\x07headers\x18\x01 \x03(\x0b\x32\x1d.kcoral.gateway.v1.HttpHeader\x12\x1b\n\x0e\x63ontent_length\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_content_length\"N\n\x0cResponseHead\x12\x0e\n\x06status\x18\x01 \x01(\r\x12.\n\x07headers\x18\x02 \x03(\x0b\x32\x1d.kcoral.gateway.v1.HttpHeader\"\x0b\n\tEndOfBody\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xe0\x02\n\tSlotFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x05hello\x18\x02 \x01(\x0b\x32\x1c.kcoral.gateway.v1.SlotHelloH\x00\x12\x36\n\x0crequest_head\x18\x03 \x01(\x0b\x32\x1e.kcoral.gateway.v1.RequestHeadH\x00\x12\x0e\n\x04\x64\x61ta\x18\x04 \x01(\x0cH\x00\x12+\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x1c.kcoral.gateway.v1.EndOfBodyH\x00\x12\x38\n\rresponse_head\x18\x06 \x01(\x0b\x32\x1f.kcoral.gateway.v1.ResponseHeadH\x00\x12+\n\x06\x63\x61ncel\x18\x07 \x01(\x0b\x32\x19.kcoral.gateway.v1.CancelH\x00\x12)\n\x03\x61\x63k\x18\x08 \x01(\x0b\x32\x1a.kcoral.gateway.v1.SlotAckH\x00\x42\t\n\x07payload2\xbe\x01\n\rRouterGateway\x12^\n\x11\x43onnectSupervisor\x12#.kcoral.gateway.v1.SupervisorStatus\x1a .kcoral.gateway.v1.SupervisorAck(\x01\x30\x01\x12M\n\x0b\x43onnectSlot\x12\x1c.kcoral.gateway.v1.SlotFrame\x1a\x1c.kcoral.gateway.v1.SlotFrame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kcoral_gateway.proto\x12\x11kcoral.gateway.v1\"\x97\x06\n\x10SupervisorStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0eserver_healthy\x18\x02 \x01(\x08\x12\x1e\n\x16supervisor_instance_id\x18\x03 \x01(\t\x12\x1a\n\x12server_instance_id\x18\x04 \x01(\t\x12\x14\n\x0cworker_count\x18\x08 \x01(\x04\x12\x14\n\x0c\x62usy_workers\x18\t \x01(\x04\x12?\n\x06target\x18\x0b \x03(\x0b\x32/.kcoral.gateway.v1.SupervisorStatus.TargetEntry\x12\x43\n\x08versions\x18\x0c \x03(\x0b\x32\x31.kcoral.gateway.v1.SupervisorStatus.VersionsEntry\x12\x12\n\nlast_error\x18\r \x01(\t\x12\x19\n\x11health_age_millis\x18\x0e \x01(\x04\x12\x10\n\x08slot_key\x18\x0f \x01(\t\x12)\n\x04kind\x18\x10 \x01(\x0b\x32\x1b.kcoral.gateway.v1.NodeKind\x12?\n\x06labels\x18\x11 \x03(\x0b\x32/.kcoral.gateway.v1.SupervisorStatus.LabelsEntry\x12\x14\n\x0cnode_metrics\x18\x12 \x01(\x0c\x12\x32\n\x0blease_stats\x18\x13 \x01(\x0b\x32\x1d.kcoral.gateway.v1.LeaseStats\x12\x10\n\x08\x64raining\x18\x14 \x01(\x08\x1a-\n\x0bTargetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\n\x10\x0bR\x12\x61\x63\x63\x65pting_requestsR\x0f\x61\x63tive_requestsR\x0cqueue_lengthR\tgpu_count\"\x97\x01\n\nLeaseStats\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x19\n\x11seat_held_mean_ms\x18\x02 \x01(\x01\x12\x18\n\x10seat_held_p50_ms\x18\x03 \x01(\x01\x12\x1a\n\x12lease_held_mean_ms\x18\x04 \x01(\x01\x12\x19\n\x11lease_held_p50_ms\x18\x05 \x01(\x01\x12\x0e\n\x06queued\x18\x06 \x01(\x04\"Z\n\x08NodeKind\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04gpus\x18\x04 \x01(\r\x12\x0f\n\x07product\x18\x05 \x01(\t\"H\n\rSupervisorAckJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04R\x12router_instance_idR\x08\x61\x63\x63\x65ptedR\x07message\"u\n\tSlotHello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1a\n\x12server_instance_id\x18\x02 \x01(\t\x12\x0f\n\x07slot_id\x18\x03 \x01(\t\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x10\n\x08slot_key\x18\x05 \x01(\t\"\t\n\x07SlotAck\")\n\nHttpHeader\x12\x0c\n\x04name\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"m\n\x0bRequestHead\x12.\n\x07headers\x18\x01 \x03(\x0b\x32\x1d.kcoral.gateway.v1.HttpHeader\x12\x1b\n\x0e\x63ontent_length\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_content_length\"N\n\x0cResponseHead\x12\x0e\n\x06status\x18\x01 \x01(\r\x12.\n\x07headers\x18\x02 \x03(\x0b\x32\x1d.kcoral.gateway.v1.HttpHeader\"\x0b\n\tEndOfBody\"\x18\n\x06\x43\x61ncel\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xe0\x02\n\tSlotFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x05hello\x18\x02 \x01(\x0b\x32\x1c.kcoral.gateway.v1.SlotHelloH\x00\x12\x36\n\x0crequest_head\x18\x03 \x01(\x0b\x32\x1e.kcoral.gateway.v1.RequestHeadH\x00\x12\x0e\n\x04\x64\x61ta\x18\x04 \x01(\x0cH\x00\x12+\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x1c.kcoral.gateway.v1.EndOfBodyH\x00\x12\x38\n\rresponse_head\x18\x06 \x01(\x0b\x32\x1f.kcoral.gateway.v1.ResponseHeadH\x00\x12+\n\x06\x63\x61ncel\x18\x07 \x01(\x0b\x32\x19.kcoral.gateway.v1.CancelH\x00\x12)\n\x03\x61\x63k\x18\x08 \x01(\x0b\x32\x1a.kcoral.gateway.v1.SlotAckH\x00\x42\t\n\x07payload2\xbe\x01\n\rRouterGateway\x12^\n\x11\x43onnectSupervisor\x12#.kcoral.gateway.v1.SupervisorStatus\x1a .kcoral.gateway.v1.SupervisorAck(\x01\x30\x01\x12M\n\x0b\x43onnectSlot\x12\x1c.kcoral.gateway.v1.SlotFrame\x1a\x1c.kcoral.gateway.v1.SlotFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,35 +41,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUPERVISORSTATUS_LABELSENTRY']._loaded_options = None
   _globals['_SUPERVISORSTATUS_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_SUPERVISORSTATUS']._serialized_start=44
-  _globals['_SUPERVISORSTATUS']._serialized_end=817
-  _globals['_SUPERVISORSTATUS_TARGETENTRY']._serialized_start=590
-  _globals['_SUPERVISORSTATUS_TARGETENTRY']._serialized_end=635
-  _globals['_SUPERVISORSTATUS_VERSIONSENTRY']._serialized_start=637
-  _globals['_SUPERVISORSTATUS_VERSIONSENTRY']._serialized_end=684
-  _globals['_SUPERVISORSTATUS_LABELSENTRY']._serialized_start=686
-  _globals['_SUPERVISORSTATUS_LABELSENTRY']._serialized_end=731
-  _globals['_LEASESTATS']._serialized_start=820
-  _globals['_LEASESTATS']._serialized_end=971
-  _globals['_NODEKIND']._serialized_start=973
-  _globals['_NODEKIND']._serialized_end=1063
-  _globals['_SUPERVISORACK']._serialized_start=1065
-  _globals['_SUPERVISORACK']._serialized_end=1137
-  _globals['_SLOTHELLO']._serialized_start=1139
-  _globals['_SLOTHELLO']._serialized_end=1256
-  _globals['_SLOTACK']._serialized_start=1258
-  _globals['_SLOTACK']._serialized_end=1267
-  _globals['_HTTPHEADER']._serialized_start=1269
-  _globals['_HTTPHEADER']._serialized_end=1310
-  _globals['_REQUESTHEAD']._serialized_start=1312
-  _globals['_REQUESTHEAD']._serialized_end=1421
-  _globals['_RESPONSEHEAD']._serialized_start=1423
-  _globals['_RESPONSEHEAD']._serialized_end=1501
-  _globals['_ENDOFBODY']._serialized_start=1503
-  _globals['_ENDOFBODY']._serialized_end=1514
-  _globals['_CANCEL']._serialized_start=1516
-  _globals['_CANCEL']._serialized_end=1540
-  _globals['_SLOTFRAME']._serialized_start=1543
-  _globals['_SLOTFRAME']._serialized_end=1895
-  _globals['_ROUTERGATEWAY']._serialized_start=1898
-  _globals['_ROUTERGATEWAY']._serialized_end=2088
+  _globals['_SUPERVISORSTATUS']._serialized_end=835
+  _globals['_SUPERVISORSTATUS_TARGETENTRY']._serialized_start=608
+  _globals['_SUPERVISORSTATUS_TARGETENTRY']._serialized_end=653
+  _globals['_SUPERVISORSTATUS_VERSIONSENTRY']._serialized_start=655
+  _globals['_SUPERVISORSTATUS_VERSIONSENTRY']._serialized_end=702
+  _globals['_SUPERVISORSTATUS_LABELSENTRY']._serialized_start=704
+  _globals['_SUPERVISORSTATUS_LABELSENTRY']._serialized_end=749
+  _globals['_LEASESTATS']._serialized_start=838
+  _globals['_LEASESTATS']._serialized_end=989
+  _globals['_NODEKIND']._serialized_start=991
+  _globals['_NODEKIND']._serialized_end=1081
+  _globals['_SUPERVISORACK']._serialized_start=1083
+  _globals['_SUPERVISORACK']._serialized_end=1155
+  _globals['_SLOTHELLO']._serialized_start=1157
+  _globals['_SLOTHELLO']._serialized_end=1274
+  _globals['_SLOTACK']._serialized_start=1276
+  _globals['_SLOTACK']._serialized_end=1285
+  _globals['_HTTPHEADER']._serialized_start=1287
+  _globals['_HTTPHEADER']._serialized_end=1328
+  _globals['_REQUESTHEAD']._serialized_start=1330
+  _globals['_REQUESTHEAD']._serialized_end=1439
+  _globals['_RESPONSEHEAD']._serialized_start=1441
+  _globals['_RESPONSEHEAD']._serialized_end=1519
+  _globals['_ENDOFBODY']._serialized_start=1521
+  _globals['_ENDOFBODY']._serialized_end=1532
+  _globals['_CANCEL']._serialized_start=1534
+  _globals['_CANCEL']._serialized_end=1558
+  _globals['_SLOTFRAME']._serialized_start=1561
+  _globals['_SLOTFRAME']._serialized_end=1913
+  _globals['_ROUTERGATEWAY']._serialized_start=1916
+  _globals['_ROUTERGATEWAY']._serialized_end=2106
 # @@protoc_insertion_point(module_scope)

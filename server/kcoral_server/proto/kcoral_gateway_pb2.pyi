@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SupervisorStatus(_message.Message):
-    __slots__ = ("node_id", "server_healthy", "supervisor_instance_id", "server_instance_id", "worker_count", "busy_workers", "target", "versions", "last_error", "health_age_millis", "slot_key", "kind", "labels", "node_metrics", "lease_stats")
+    __slots__ = ("node_id", "server_healthy", "supervisor_instance_id", "server_instance_id", "worker_count", "busy_workers", "target", "versions", "last_error", "health_age_millis", "slot_key", "kind", "labels", "node_metrics", "lease_stats", "draining")
     class TargetEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class SupervisorStatus(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NODE_METRICS_FIELD_NUMBER: _ClassVar[int]
     LEASE_STATS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     server_healthy: bool
     supervisor_instance_id: str
@@ -62,7 +63,8 @@ class SupervisorStatus(_message.Message):
     labels: _containers.ScalarMap[str, str]
     node_metrics: bytes
     lease_stats: LeaseStats
-    def __init__(self, node_id: _Optional[str] = ..., server_healthy: _Optional[bool] = ..., supervisor_instance_id: _Optional[str] = ..., server_instance_id: _Optional[str] = ..., worker_count: _Optional[int] = ..., busy_workers: _Optional[int] = ..., target: _Optional[_Mapping[str, str]] = ..., versions: _Optional[_Mapping[str, str]] = ..., last_error: _Optional[str] = ..., health_age_millis: _Optional[int] = ..., slot_key: _Optional[str] = ..., kind: _Optional[_Union[NodeKind, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., node_metrics: _Optional[bytes] = ..., lease_stats: _Optional[_Union[LeaseStats, _Mapping]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., server_healthy: _Optional[bool] = ..., supervisor_instance_id: _Optional[str] = ..., server_instance_id: _Optional[str] = ..., worker_count: _Optional[int] = ..., busy_workers: _Optional[int] = ..., target: _Optional[_Mapping[str, str]] = ..., versions: _Optional[_Mapping[str, str]] = ..., last_error: _Optional[str] = ..., health_age_millis: _Optional[int] = ..., slot_key: _Optional[str] = ..., kind: _Optional[_Union[NodeKind, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., node_metrics: _Optional[bytes] = ..., lease_stats: _Optional[_Union[LeaseStats, _Mapping]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class LeaseStats(_message.Message):
     __slots__ = ("count", "seat_held_mean_ms", "seat_held_p50_ms", "lease_held_mean_ms", "lease_held_p50_ms", "queued")

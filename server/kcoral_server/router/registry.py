@@ -24,6 +24,9 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
     "incompatible",
     "unhealthy",
 )
+#: a node stopping on purpose (its supervisor's ``draining``), and one that left so: an
+#: operator's drain is not a failure (it read ``unhealthy``, and its alerts fired)
+DRAINING, LEFT = "draining", "left"
 
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
 #: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
@@ -273,7 +276,10 @@ class Registry:
         node.last_status_at = now
         if came_back:
             self.on_node_back(node.node_id)
-        if status.server_healthy:
+        if status.draining:  # it finishes what it holds and takes nothing new (ROUTER §6)
+            node.state, node.successes = DRAINING, 0
+            node.last_error = status.last_error[:MAX_LAST_ERROR_CHARS]
+        elif status.server_healthy:
             node.kind, node.arch = status.kind.gpu, status.kind.arch
             node.gpus, node.memory_bytes = status.kind.gpus, status.kind.memory_bytes
             node.labels = dict(status.labels)
@@ -307,7 +313,7 @@ class Registry:
             node.state = INCOMPATIBLE
             node.successes = 0
             return
-        if node.state in (STARTING, INCOMPATIBLE, READY):
+        if node.state in (STARTING, INCOMPATIBLE, READY, LEFT):  # LEFT: back, restarted
             node.state = READY
             return
         node.successes += 1
@@ -324,7 +330,7 @@ class Registry:
     def _lose(self, node: NodeRecord, now: float) -> None:
         self.on_node_lost(node.node_id, "left the router")
         node.connected = False
-        node.state = UNHEALTHY
+        node.state = LEFT if node.state == DRAINING else UNHEALTHY
         node.successes = 0
         if node.lost_at is None:
             node.lost_at = now
