@@ -131,23 +131,26 @@ class Program:
         return Register(new_id)
 
     def upload_folder(self, folder: str | os.PathLike[str], *, path: str) -> None:
-        """Upload every regular file below local ``folder`` under workspace ``path``.
+        """Upload every regular file below local ``folder`` under workspace ``path``
+        (``"."``: the workspace itself, its files at the top).
 
         All or nothing; symlinks, special files, a directory reached twice and files that
         change while read are refused (``ValueError``).
         """
-        root = normalize_workspace_path(path)
+        # "." places the folder's contents at the workspace's top, as a copy into "."
+        # would; each file is still one upload with its own path (no protocol change)
+        prefix = "" if path in (".", "./") else normalize_workspace_path(path) + "/"
 
         def check(relative: str, local: str) -> None:
             # while walking, before the file is read: a huge tree with one path over the
             # limit read every file first, and the message did not say which path
             try:
-                normalize_workspace_path(f"{root}/{relative}")  # length, backslash, UTF-8
+                normalize_workspace_path(prefix + relative)  # length, backslash, UTF-8
             except ValidationError as exc:
                 raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
 
         files = read_folder(folder, check=check)
-        destinations = [(f"{root}/{file.path}", file.data) for file in files]
+        destinations = [(prefix + file.path, file.data) for file in files]
         destinations.sort(key=lambda item: item[0])
         self._check_new_file_paths([destination for destination, _ in destinations])
 

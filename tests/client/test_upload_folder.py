@@ -40,6 +40,18 @@ def test_files_are_uploaded_in_destination_order_with_generated_ids(tmp_path):
     assert program.upload(kind="bytes", value=b"y").id == "upload_4"
 
 
+@pytest.mark.parametrize("top", [".", "./"])
+def test_a_folder_uploaded_to_dot_lands_at_the_workspaces_top(tmp_path, top):
+    # files3: `path="."` was refused ("path '.' is empty after normalization"), so a
+    # folder's contents could not be placed where a program starts reading
+    make_tree(tmp_path / "src")
+    program = Program()
+    program.upload_folder(tmp_path / "src", path=top)
+    assert [u["path"] for u in program.instructions] == [".hidden", "a.txt", "b/c.bin"]
+    with pytest.raises(ValueError, match="is uploaded twice"):
+        program.upload_folder(tmp_path / "src", path=".")  # the same files again
+
+
 def test_an_empty_folder_adds_nothing(tmp_path):
     (tmp_path / "e" / "f").mkdir(parents=True)
     program = Program()

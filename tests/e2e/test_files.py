@@ -91,6 +91,24 @@ def test_returned_file_save_follows_the_overwrite_and_path_rules(client, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "dir", "link", "real"]
 
 
+def test_a_folder_uploaded_to_dot_is_read_by_the_program_from_its_working_directory(
+    client, tmp_path
+):
+    source = tmp_path / "project"
+    (source / "pkg").mkdir(parents=True)
+    (source / "config.txt").write_text("cfg")
+    (source / "pkg" / "data.txt").write_text("data")
+    program = kcoral.Program()
+    program.upload_folder(source, path=".")
+    reader = program.upload(kind="module", source="def read(p):\n    return open(p).read()\n")
+    read = program.get_function(module=reader, name="read")
+    for key, path in (("config", "config.txt"), ("data", "pkg/data.txt")):
+        program.return_(key=key, value=program.run(fn=read, args=[path]))
+    result = client.execute(program)
+    assert result.completed, result.error
+    assert (result["config"], result["data"]) == ("cfg", "data")
+
+
 def test_upload_folder_places_every_regular_file_and_the_server_sees_the_tree(client, tmp_path):
     source = tmp_path / "project"
     (source / "pkg" / "nested").mkdir(parents=True)
