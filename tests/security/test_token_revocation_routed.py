@@ -11,10 +11,12 @@ tokens.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -35,6 +37,7 @@ from identity_support import (
     sha256,
     token_file,
 )
+from kcoral_server.node.handover import SECRETS_FD_ENV, NodeSecrets, write_secrets
 from router_helpers import Node, RouterProcess, ready_nodes, start_router
 
 import kcoral
@@ -269,3 +272,157 @@ def test_sighup_to_a_node_changes_nothing_and_the_node_serves_on(tmp_path: Path)
 
 def _skipped(node: Node) -> int:
     return node.log_path.read_text().count("token_reload_skipped")
+
+
+def test_a_node_whose_tunnel_was_down_when_a_token_was_revoked_ends_that_work_on_reconnecting(
+    tmp_path: Path,
+) -> None:
+    """alice's job runs on a node whose supervisor stream is down (frozen here) when the
+    router revokes her token: the node is not told then. Before, nothing told it later
+    either, and her job (a leaked token's program) ran on after the node came back; now the
+    router asks a node that connects which identities have work there and revokes those it
+    no longer serves."""
+    tokens = token_file(tmp_path / "secrets")
+    router = start_router(
+        tmp_path,
+        "--auth-token-file",
+        str(tokens),
+        "--status-check-interval-seconds",
+        "0.3",
+        "--max-status-age-seconds",
+        "1",
+        env=NODE_ENV,
+    )
+    node = Node(tmp_path, router, "node-away", NODE_ENV, "--num-workers", "2")
+    frozen = False
+    try:
+        ready_nodes(router, 1)
+        url = router.url
+        with kcoral.Client(url, token=TOKEN_A) as alice:
+            job = alice.submit(_program(WAIT, str(tmp_path / "never")))
+            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running")
+        with kcoral.Client(url, token=TOKEN_B) as bob:
+            bobs = bob.submit(_program(WAIT, str(tmp_path / "go")))
+        os.kill(node.process.pid, signal.SIGSTOP)  # its supervisor: no status reaches the router
+        frozen = True
+        wait_for(lambda: request(url, "GET", "/health").status == 503, "the node away")
+
+        _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
+        _hang_up(router, "tokens_reloaded")
+        assert "identity_revoked identity=alice nodes=0" in router.wait_log("nodes=0")
+
+        os.kill(node.process.pid, signal.SIGCONT)
+        frozen = False
+        path = f"/v1/jobs/{job.id}"
+        wait_for(
+            lambda: request(url, "GET", path, TOKEN_R).json.get("status") == "CANCELLED", "end"
+        )
+        told = request(url, "GET", f"{path}/result", TOKEN_R)
+        assert told.status == 409 and told.json["error"]["message"] == (
+            "the job was cancelled: the token of identity alice was revoked"
+        )
+        assert "on_reconnect=True" in router.wait_log("on_reconnect=True")
+        # bob's job, of an identity still served, runs on there.
+        assert request(url, "GET", f"/v1/jobs/{bobs.id}", TOKEN_B).json["status"] == "RUNNING"
+        (tmp_path / "go").touch()
+    finally:
+        if frozen:
+            os.kill(node.process.pid, signal.SIGCONT)
+        node.stop()
+        router.stop()
+
+
+def test_a_request_that_reaches_a_node_after_its_identity_was_revoked_there_never_runs(
+    tmp_path: Path,
+) -> None:
+    """The router checked alice's token, then a reload revoked it and the node heard so on a
+    control slot before her request's head came on a worker slot (nothing orders the two).
+    The node had none of her programs to cancel then, and ran this one for her. Played here
+    at a node's server started as its supervisor starts it, with the router's side sent by
+    the test: the revocation, then alice's head."""
+    secret = "router-secret-for-this-test-0123456789"
+    child, url = _node_child(tmp_path, secret)
+    ran = tmp_path / "ran"
+    try:
+        revoked = _child_call(url, secret, "POST", "/v1/revocations/alice")
+        assert revoked == (200, b'{"cancelled_programs":0,"ended_sessions":0}'), revoked
+        late = _child_execute(url, secret, "alice", _raw(TOUCH, str(ran)))
+        assert late[0] == 401, late
+        assert json.loads(late[1])["error"]["message"] == "the token of identity alice was revoked"
+        assert not ran.exists()
+        assert _child_execute(url, secret, "bob", _raw("def f():\n    return 7\n"))[0] == 200
+        listed = _child_call(url, secret, "GET", "/v1/revocations")
+        assert json.loads(listed[1]) == {"working": [], "revoked": ["alice"]}
+        # Listed again by a later reload, alice is served again.
+        assert _child_call(url, secret, "DELETE", "/v1/revocations/alice")[0] == 200
+        assert _child_execute(url, secret, "alice", _raw(TOUCH, str(ran)))[0] == 200
+        assert ran.exists()
+    finally:
+        child.terminate()
+        child.wait(30)
+
+
+def _node_child(tmp_path: Path, secret: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A node's server as its supervisor starts it (secrets through a pipe), its tunnel
+    aimed at a closed port; its URL once it listens."""
+    ready = tmp_path / "child-ready"
+    fd = write_secrets(NodeSecrets(None, secret, "slot-key-for-this-test"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCORAL_")}
+    env.update(
+        KCORAL_ROUTER_ENDPOINT=f"http://127.0.0.1:{_closed_port()}",
+        KCORAL_NODE_ID="node-late",
+        **{SECRETS_FD_ENV: str(fd)},
+    )
+    command = [sys.executable, "-m", "kcoral", "server", "--node-child", "--device", "cpu"]
+    command += ["--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)]
+    command += ["--sandbox", "none", "--log-dir", "", "--num-workers", "1"]
+    command += ["--disk-cache-dir", str(tmp_path / "cache")]
+    log = open(tmp_path / "child.log", "wb")
+    try:
+        child = subprocess.Popen(command, env=env, pass_fds=(fd,), stdout=log, stderr=log)
+    finally:
+        os.close(fd)
+        log.close()
+    wait_for(lambda: ready.exists() and bool(ready.read_text().strip()), "the child listening")
+    return child, ready.read_text().strip()
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _child_call(
+    url: str,
+    secret: str,
+    method: str,
+    path: str,
+    identity: str | None = None,
+    body: bytes | None = None,
+) -> tuple[int, bytes]:
+    """One request to the node's server as its tunnel sends it: the router secret, and the
+    caller's identity for a client's request (none for the router's own)."""
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    headers = {"Authorization": f"Bearer {secret}"}
+    if identity is not None:
+        headers["X-KCoral-Identity"] = identity
+    if body is not None:
+        headers["Content-Type"] = f"multipart/form-data; boundary={BOUNDARY}"
+    connection = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _child_execute(url: str, secret: str, identity: str, program: dict) -> tuple[int, bytes]:
+    return _child_call(url, secret, "POST", "/execute", identity, _multipart_program(program))
+
+
+def _multipart_program(program: dict) -> bytes:
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="program"\r\n'
+    data = f"{head}Content-Type: application/json\r\n\r\n".encode()
+    return data + json.dumps(program).encode() + f"\r\n--{BOUNDARY}--\r\n".encode()

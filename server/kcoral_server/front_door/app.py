@@ -119,6 +119,10 @@ class ServerState:
         #: identity name -> when it was last revoked (monotonic): a request whose body was
         #: still arriving then is refused once it has come (front_door.token_reload)
         self.revoked_at: dict[str, float] = {}
+        #: a node's server: the names its router revoked and has not admitted again; their
+        #: requests are refused, even one the router checked before it revoked the name
+        #: (its head may come after the revocation, on another slot; front_door.token_reload)
+        self.router_revoked: set[str] = set()
         self.open_requests = 0  # /execute handlers that have not written their reply yet
         self.finished_requests = 0
         self.shutting_down = False

@@ -19,12 +19,18 @@ sessions ended, saying the token was revoked; a leaked token's programs must not
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kcoral_server.execution.responses import RequestFailed
-from kcoral_server.front_door.callers import Identity, parse_tokens, token_file_exposure
+from kcoral_server.execution.responses import Refusal, RequestFailed
+from kcoral_server.front_door.callers import (
+    IDENTITY_HEADER,
+    Identity,
+    parse_tokens,
+    token_file_exposure,
+)
 from kcoral_server.settings.config import read_token_file
 
 if TYPE_CHECKING:
@@ -136,6 +142,27 @@ def revoked_refusal(state: ServerState, identity: Identity, since: float) -> Req
     if revoked_at is None or revoked_at < since:
         return None
     return revoked_answer(identity.name)
+
+
+def router_revoked(
+    state: ServerState, identity: Identity, headers: Mapping[str, str]
+) -> Refusal | None:
+    """A node's server: the 401 of a request in the name of an identity its router revoked
+    (``POST /v1/revocations/<name>``) and has not admitted again. The router checked the
+    token before it revoked it, but the head came after the revocation (on a worker slot,
+    the revocation on a control slot: nothing orders the two), so no program of the name
+    was there to cancel; the router's own requests (no identity header) are never refused."""
+    if identity.name not in state.router_revoked or headers.get(IDENTITY_HEADER) is None:
+        return None
+    return Refusal(401, "unauthorized", revoked_message(identity.name), "rejected")
+
+
+def live_owners(state: ServerState) -> set[str]:
+    """The identities with work here: a job not finished, a request, a live session."""
+    owners = {job.owner for job in list(state.jobs.jobs.values()) if not job.finished}
+    owners.update(request.identity.name for request in list(state.live_requests))
+    owners.update(session.owner for session in state.sessions.live())
+    return owners
 
 
 def revoked_answer(name: str) -> RequestFailed:

@@ -68,7 +68,7 @@ FORWARDABLE_METHODS = frozenset({b"GET", b"POST", b"DELETE"})
 FORWARDABLE = re.compile(
     rb"/(?:execute|v1/info|v1/jobs(?:/[A-Za-z0-9_~%-][A-Za-z0-9_.~%-]*(?:/events|/result)?)?"
     rb"|v1/sessions(?:/[0-9a-f-]{36}(?:/execute|/jobs|/interrupt)?)?"
-    rb"|v1/revocations/[A-Za-z0-9][A-Za-z0-9_.@-]{0,63})"
+    rb"|v1/revocations(?:/[A-Za-z0-9][A-Za-z0-9_.@-]{0,63})?)"
     rb"(?:\?[\x21-\x7e]*)?"
 )
 CONTROL_SLOTS_ENV = "KCORAL_NODE_CONTROL_SLOTS"

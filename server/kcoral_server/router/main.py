@@ -84,6 +84,12 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
     )
     registry.on_node_lost = state.sessions.node_lost  # its sessions' state is gone
     registry.on_node_back = node_back_handler(state)  # it may still hold them: end them
+
+    def changed() -> None:
+        wake()
+        state.revocations.check_nodes()  # a node that (re)connected hears what it missed
+
+    registry.on_change = changed
     return state
 
 

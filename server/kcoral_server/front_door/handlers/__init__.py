@@ -15,7 +15,11 @@ from kcoral_server.front_door.handlers.jobs import (
     JobSubmitHandler,
 )
 from kcoral_server.front_door.handlers.metrics import MetricsHandler
-from kcoral_server.front_door.handlers.revocations import NAME_PATTERN, RevocationHandler
+from kcoral_server.front_door.handlers.revocations import (
+    NAME_PATTERN,
+    RevocationHandler,
+    RevocationsHandler,
+)
 from kcoral_server.front_door.handlers.sessions import (
     SESSION_ID_PATTERN,
     SessionExecuteHandler,
@@ -35,7 +39,10 @@ def routes(state: ServerState) -> list[tuple[str, type, dict[str, Any]]]:
     args = {"state": state}
     # A node's server: its router ends the work of the identities it revoked (no tokens here).
     revocations = (
-        [(rf"/v1/revocations/{NAME_PATTERN}", RevocationHandler, args)]
+        [
+            (r"/v1/revocations", RevocationsHandler, args),
+            (rf"/v1/revocations/{NAME_PATTERN}", RevocationHandler, args),
+        ]
         if state.authenticator.tunnel_only
         else []
     )

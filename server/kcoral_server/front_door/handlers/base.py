@@ -33,6 +33,7 @@ from kcoral_server.front_door.handler_defaults import (
     KCoralRequestHandler,
     bound_body,
 )
+from kcoral_server.front_door.token_reload import router_revoked
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
@@ -99,10 +100,16 @@ class BaseHandler(KCoralRequestHandler):
         # (ROUTER §12). The supervisor's probes and the tunnel present the secret.
         if not self.PUBLIC or self.state.authenticator.tunnel_only:
             identity = self.authenticate()
-            if identity is None:
-                self.early_refusal = UNAUTHORIZED
-                self.answer_early(UNAUTHORIZED.status, UNAUTHORIZED.kind, UNAUTHORIZED.message)
+            denied = (
+                UNAUTHORIZED
+                if identity is None
+                else router_revoked(self.state, identity, self.request.headers)
+            )
+            if denied is not None:
+                self.early_denied = denied
+                self.answer_early(denied.status, denied.kind, denied.message)
                 return
+            assert identity is not None
             self.identity = identity
             self.linger_allowed = True
         if self.request.method not in self.ALLOWED:
