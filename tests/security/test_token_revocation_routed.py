@@ -251,9 +251,13 @@ def _multipart(program: dict, blob: bytes) -> bytes:
     return body + f"--{BOUNDARY}--\r\n".encode()
 
 
-def test_sighup_to_a_node_changes_nothing_and_the_node_serves_on(tmp_path: Path) -> None:
+def test_sighup_to_a_node_changes_nothing_and_both_its_processes_name_the_router(
+    tmp_path: Path,
+) -> None:
     """A node holds no client tokens; an operator who sends every KCoral process SIGHUP
-    after editing the router's file (or a closed terminal) ended the node and its child."""
+    after editing the router's file (or a closed terminal) ended the node and its child.
+    Then the child said what a plain server without a token file says (no
+    --auth-token-file), not that the router holds the tokens."""
     tokens = token_file(tmp_path / "secrets")
     router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
     node = Node(tmp_path, router, "node-hangup", NODE_ENV)
@@ -263,6 +267,9 @@ def test_sighup_to_a_node_changes_nothing_and_the_node_serves_on(tmp_path: Path)
             os.kill(pid, signal.SIGHUP)  # the supervisor, then its child server
             wait_for(lambda n=count: _skipped(node) == n, "token_reload_skipped")
         assert node.process.poll() is None
+        lines = node.log_path.read_text().splitlines()
+        skipped = [line for line in lines if "token_reload_skipped" in line]
+        assert all("send SIGHUP to its router to reload them" in line for line in skipped), skipped
         with kcoral.Client(router.url, token=TOKEN_B) as bob:
             assert bob.execute(_program("def f():\n    return 7\n")).results["r"] == 7
     finally:

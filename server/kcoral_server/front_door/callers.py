@@ -24,6 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 IDENTITY_HEADER = "X-KCoral-Identity"
+#: What a node's supervisor and its child server log on SIGHUP (``token_reload_skipped``):
+#: the client tokens are the router's (ROUTER §3), so the signal changes nothing there.
+NODE_HANGUP = "SIGHUP: a node holds no client tokens; send SIGHUP to its router to reload them"
 ADMIN_MARK = "admin"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kcoral_server.execution.responses import Refusal, RequestFailed
 from kcoral_server.front_door.callers import (
     IDENTITY_HEADER,
+    NODE_HANGUP,
     Identity,
     parse_tokens,
     token_file_exposure,
@@ -108,7 +109,8 @@ def reload_tokens(state: ServerState, token_file: Path | None) -> None:
     """Apply ``token_file`` anew, or keep the old tokens and say why not."""
     events = state.events
     if token_file is None:
-        events.emit("token_reload_skipped", message=NO_FILE)
+        tunnel_only = state.authenticator.tunnel_only  # a node's child: its router's tokens
+        events.emit("token_reload_skipped", message=NODE_HANGUP if tunnel_only else NO_FILE)
         return
     try:
         change = read_token_change(token_file, state.authenticator.identities())

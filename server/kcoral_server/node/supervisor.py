@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from kcoral_server.front_door.callers import NODE_HANGUP
 from kcoral_server.gpu.inventory import DeviceError, choose_devices
 from kcoral_server.gpu.kind import UNKNOWN_KIND, NodeKind, describe_node
 from kcoral_server.node.handover import (
@@ -51,9 +52,6 @@ from kcoral_server.settings.config import node_labels
 MAX_UINT64 = 2**64 - 1
 STARTING_MESSAGE = "KCoral Server is starting"
 USAGE_ERROR = 2  # the exit status of a server that refuses its settings
-#: A SIGHUP reloads the client tokens of a server or router (EXTENSIONS §6); a node holds
-#: none, so it changes nothing here (it used to end the node and its child).
-NODE_HANGUP = "SIGHUP: a node holds no client tokens; send SIGHUP to its router to reload them"
 PR_SET_CHILD_SUBREAPER = 36
 # Test-only: a JSON object merged into the reported ``versions`` (cohort tests).
 VERSIONS_OVERRIDE_ENV = "KCORAL_TEST_VERSIONS_OVERRIDE"
