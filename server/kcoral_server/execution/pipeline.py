@@ -35,7 +35,7 @@ from kcoral_server.execution.responses import (
 from kcoral_server.execution.run import SeatRun
 from kcoral_server.front_door.body import RequestBody
 from kcoral_server.front_door.callers import DEFAULT, Identity
-from kcoral_server.front_door.offload import on_loop
+from kcoral_server.front_door.offload import hash_tasks, on_loop
 from kcoral_server.front_door.token_reload import revoked_refusal
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.seat import Seat
@@ -157,8 +157,8 @@ class ExecuteRequest:
                 if parsed.blobs:
                     await asyncio.gather(
                         *(
-                            loop.run_in_executor(state.executor, verify_blob_hashes, {h: data})
-                            for h, data in parsed.blobs.items()
+                            loop.run_in_executor(state.executor, verify_blob_hashes, task)
+                            for task in hash_tasks(parsed.blobs)
                         )
                     )
         except ValidationError as exc:
