@@ -339,6 +339,43 @@ def test_a_node_whose_tunnel_was_down_when_a_token_was_revoked_ends_that_work_on
         router.stop()
 
 
+def test_an_admin_demoted_by_a_reload_stops_watching_another_identity_s_job_through_the_router(
+    tmp_path: Path,
+) -> None:
+    """root, an admin, watches bob's job's events through the router; a reload drops root's
+    admin mark. On a server the stream ends (root may no longer see bob's job); through the
+    router it ran on until bob's job ended: the node sees only the identity forwarded when
+    the stream opened and knows nothing of admin marks."""
+    tokens = token_file(tmp_path / "secrets")
+    # another identity's job is 404 at once (in a router's first --reconnect-grace-seconds
+    # it is 503 "not found yet", ROUTER §13)
+    grace = ("--reconnect-grace-seconds", "0")
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), *grace, env=NODE_ENV)
+    node = Node(tmp_path, router, "node-watched", NODE_ENV)
+    watcher = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
+    try:
+        ready_nodes(router, 1)
+        url = router.url
+        with kcoral.Client(url, token=TOKEN_B) as bob:
+            job = bob.submit(_program(WAIT, str(tmp_path / "go")))
+            wait_for(lambda: job.status()["status"] == "RUNNING", "bob's job running")
+        path = f"/v1/jobs/{job.id}"
+        watcher.request("GET", f"{path}/events", headers={"Authorization": f"Bearer {TOKEN_R}"})
+        watching = watcher.getresponse()
+        assert watching.status == 200
+
+        _rewrite(tokens, f"alice {TOKEN_A}\nbob {TOKEN_B}\nroot {TOKEN_R}\n")
+        assert "admin_changed=['root']" in _hang_up(router, "tokens_reloaded")
+        watching.read()  # the stream ends (before: a timeout, bob's job still running)
+        assert request(url, "GET", path, TOKEN_R).status == 404
+        assert request(url, "GET", path, TOKEN_B).json["status"] == "RUNNING"
+    finally:
+        watcher.close()
+        (tmp_path / "go").touch()
+        node.stop()
+        router.stop()
+
+
 def test_a_request_that_reaches_a_node_after_its_identity_was_revoked_there_never_runs(
     tmp_path: Path,
 ) -> None:

@@ -59,6 +59,8 @@ class RouterState:
     started_monotonic: float = field(default_factory=time.monotonic)
     jobs: JobIndex = field(default_factory=JobIndex)
     sessions: SessionIndex = field(default_factory=SessionIndex)
+    #: job event streams being relayed (``JobHandler``): a reload checks their callers again
+    event_relays: set[Any] = field(default_factory=set)
     authenticator: Authenticator = field(init=False)
     metrics: RouterMetrics = field(init=False)  # EXTENSIONS §13
 
@@ -92,6 +94,8 @@ class RouterState:
         level = "WARNING" if change.revoked else "INFO"
         self.log.event("tokens_reloaded", level=level, path=path, **change.fields())
         self.revocations.reloaded(change.revoked, change.fields()["added"])
+        for relay in list(self.event_relays):
+            relay.tokens_reloaded()
 
 
 EVERYONE = "default"  # the identity of every caller of a router without client tokens

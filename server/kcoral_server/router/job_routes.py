@@ -29,7 +29,7 @@ from kcoral_server.jobs.job_listing import (
     listing_limit,
 )
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.auth import error_answer
+from kcoral_server.router.auth import UNAUTHORIZED_MESSAGE, error_answer
 from kcoral_server.router.forward import ForwardHandler, ProgramForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
@@ -70,6 +70,10 @@ class JobIndex:
     def node_of(self, job_id: str) -> str | None:
         known = self._nodes.get(job_id)
         return known[0] if known is not None else None
+
+    def owner_of(self, job_id: str) -> str | None:
+        known = self._nodes.get(job_id)
+        return known[1] if known is not None else None
 
     def visible_to(self, job_id: str, identity: Identity) -> bool:
         """Whether ``identity`` may learn anything of the bound ``job_id``: its owner or an
@@ -431,6 +435,45 @@ class JobHandler(ForwardHandler):
             self.ALLOWED = ("GET",)
         self.streams = self.path_args[1] == "/events"
         return super().check_request()
+
+    async def forward_head(self, gpu_count: int | None = None) -> None:
+        await super().forward_head(gpu_count)
+        if self.streams and self.relay_task is not None and not self._finished:
+            self.state.event_relays.add(self)  # re-checked at a token reload
+
+    def tokens_reloaded(self) -> None:
+        """A reload changed the tokens: a caller who may no longer see the job (its token
+        revoked, or an admin no more, watching another identity's job) stops watching, as on
+        a server (EXTENSIONS §6). Only the router can tell: the node sees the identity the
+        router forwarded when the stream opened, and knows nothing of ``admin`` marks."""
+        caller = self.authenticate()
+        owner = self.state.jobs.owner_of(self.path_args[0])
+        if caller is not None and (owner is None or caller.owns(owner)):
+            return
+        self.state.event_relays.discard(self)
+        self.finish_reason = "request_rejected"
+        self.forwarding = False
+        if self.relay_task is not None:
+            self.relay_task.cancel()
+        if self.slot is not None:
+            self.slot.cancel("request_rejected")  # the node's stream ends; a fresh slot
+        self.slot_done()
+        if self._finished:
+            return
+        if self.response_started:
+            self.finish()  # the stream ends as a server's does; a reconnect gets 401 or 404
+        elif caller is None:
+            self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
+        else:
+            self.send_router_error(404, "not_found", "job not found", "request_rejected")
+
+    def on_finish(self) -> None:
+        self.state.event_relays.discard(self)
+        super().on_finish()
+
+    def on_connection_close(self) -> None:
+        self.state.event_relays.discard(self)
+        super().on_connection_close()
 
     async def choose_node(self) -> str | None:
         job_id = self.path_args[0]
