@@ -32,6 +32,42 @@ def test_inputs_round_trip_with_only_the_executable_bit(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "a/b/data.txt").stat().st_mode) == 0o600
 
 
+_opened: list[object] = []
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if event == "open" and _opened and _opened[0] == "counting":
+        _opened.append(args[0])
+
+
+def test_unpacking_opens_each_input_once_and_sets_exact_modes_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    # os.fdopen made each input file a file object too: an fstat, an ioctl and two lseeks
+    # more per file, a third of the calls of a --send of many small files
+    big = os.urandom(3 << 20)
+    files = [(f"d/f{index}", b"%d" % index, index % 2 == 0) for index in range(50)]
+    files += [("empty", b"", False), ("big", big, True)]
+    blob = pack_inputs(sorted(files))
+    sys.addaudithook(_record_opens)  # a hook stays for the session: it counts only here
+    old_umask = os.umask(0o277)  # strips the owner's write and execute bits at creation
+    _opened[:] = ["counting"]
+    try:
+        unpack_inputs(blob, str(tmp_path))
+    finally:
+        os.umask(old_umask)
+        opened = _opened[1:]
+        _opened.clear()
+    assert not [what for what in opened if isinstance(what, int)]  # no file object on an fd
+    directories = {str(tmp_path), "d", ".."}
+    file_opens = sorted(what for what in opened if what not in directories)
+    assert file_opens == sorted(path.rsplit("/", 1)[-1] for path, _, _ in files)  # once each
+    for path, data, executable in files:
+        assert (tmp_path / path).read_bytes() == data
+        mode = stat.S_IMODE((tmp_path / path).stat().st_mode)
+        assert mode == (0o700 if executable else 0o600), path
+
+
 @pytest.mark.parametrize("path", ["../x", "/etc/x", "a//b", "a/./b", "", "a/"])
 def test_an_inputs_blob_with_an_unsafe_path_is_refused(tmp_path: Path, path: str) -> None:
     with pytest.raises(ValueError, match="unsafe path"):
