@@ -57,26 +57,11 @@ def _split_parameters(value: str, what: str) -> tuple[str, list[tuple[str, str]]
         while i < n and rest[i] in " \t":
             i += 1
         if i < n and rest[i] == '"':
-            chars: list[str] = []
-            i += 1
-            while True:
-                if i >= n:
-                    raise ValidationError(f"{what}: unterminated quoted string")
-                c = rest[i]
-                if c == "\\" and i + 1 < n:
-                    chars.append(rest[i + 1])
-                    i += 2
-                elif c == '"':
-                    i += 1
-                    break
-                else:
-                    chars.append(c)
-                    i += 1
+            param_value, i = _quoted_string(rest, i + 1, what)
             while i < n and rest[i] in " \t":
                 i += 1
             if i < n and rest[i] != ";":
                 raise ValidationError(f"{what}: text after quoted parameter value")
-            param_value = "".join(chars)
         else:
             end = rest.find(";", i)
             end = n if end < 0 else end
@@ -86,6 +71,30 @@ def _split_parameters(value: str, what: str) -> tuple[str, list[tuple[str, str]]
             i = end
         params.append((name.lower(), param_value))
     return head.strip(), params
+
+
+def _quoted_string(text: str, start: int, what: str) -> tuple[str, int]:
+    """The value of the quoted string whose opening quote is just before ``start``, and the
+    index after its closing quote. Without a backslash before the first quote that quote
+    closes it, and the value is one slice: a part's ``name="blob:<64 hex>"`` went through
+    the character loop one append at a time, 30 % of parsing a body of 20,000 small parts."""
+    close = text.find('"', start)
+    if close >= 0 and "\\" not in text[start:close]:
+        return text[start:close], close + 1
+    chars: list[str] = []
+    i, n = start, len(text)
+    while True:
+        if i >= n:
+            raise ValidationError(f"{what}: unterminated quoted string")
+        c = text[i]
+        if c == "\\" and i + 1 < n:
+            chars.append(text[i + 1])
+            i += 2
+        elif c == '"':
+            return "".join(chars), i + 1
+        else:
+            chars.append(c)
+            i += 1
 
 
 def _media_type(value: str, what: str) -> str:

@@ -182,6 +182,21 @@ def test_a_quoted_name_may_contain_escapes_and_semicolons() -> None:
     assert parse(data)[0].name == 'a"b;c'
 
 
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=st.sampled_from('ab;= "\\'), max_size=12))
+def test_any_quoted_name_parses_to_its_unescaped_value(name: str) -> None:
+    # a name without a backslash is one slice up to the first quote, one with them is
+    # unescaped character by character: both ways give the value that was quoted
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"').encode()
+    data = body(b"--B", CD + b'name="' + quoted + b'"; filename="x\\y"', OCTETS, b"", b"--B--")
+    assert parse(data)[0].name == name
+
+
+def test_a_name_whose_only_quote_is_escaped_is_unterminated() -> None:
+    with pytest.raises(ValidationError, match="unterminated"):
+        parse(body(b"--B", CD + b'name="a\\"', OCTETS, b"", b"--B--"))
+
+
 def test_more_than_a_hundred_parts_are_fine() -> None:
     chunks = [
         b"--B\r\n" + CD + b'name="p%d"\r\n' % i + OCTETS + b"\r\n\r\nx\r\n" for i in range(300)
