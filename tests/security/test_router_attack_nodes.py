@@ -295,3 +295,48 @@ def test_a_router_without_client_tokens_names_every_caller_default(tmp_path: Pat
         asyncio.run(scenario())
     finally:
         router.stop()
+
+
+def test_a_nodes_unreadable_revocation_account_teaches_the_router_nothing_and_breaks_nothing(
+    tmp_path: Path,
+) -> None:
+    """A router with a token file asks each node that connects which identities have work
+    there (``GET /v1/revocations``, ROUTER §3). A rogue node answers JSON nested deeper than
+    the parser goes: the router read it with ``json.loads``, whose ``RecursionError`` ended
+    its task with a traceback in the log; the answer now reads as nothing, as any node
+    answer the router cannot read."""
+    tokens = tmp_path / "clients"
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    os.chmod(tokens, 0o600)
+    router = start_router(
+        tmp_path, "--auth-token-file", str(tokens), env={"KCORAL_NODE_TOKEN": NODE_TOKEN}
+    )
+
+    async def scenario() -> None:
+        asked = asyncio.Event()
+
+        async def deep_account(head: pb.RequestHead, body: bytes):
+            if any(h.name == b":path" and h.value == b"/v1/revocations" for h in head.headers):
+                asked.set()
+                return 200, [(b"content-type", b"application/json")], b"[" * 100_000
+            return 200, [(b"content-type", b"application/json")], b"{}"
+
+        rogue = FakeNode(
+            router.port, "rogue", control_slots=1, token=NODE_TOKEN, handler=deep_account
+        )
+        await rogue.start()
+        await asyncio.wait_for(asked.wait(), 30)
+        # The node's one control slot serves this only once the router has the account
+        # (and has read it: nothing runs between the answer and its reading).
+        await wait_for_health(router.port, capacity(1))
+        auth = [("Authorization", f"Bearer {ALICE}")]
+        assert (await http_request(router.port, "GET", "/v1/info", headers=auth)).status == 200
+        await rogue.close()
+
+    try:
+        asyncio.run(scenario())
+        router.lines_after_mark(ALICE)  # every line the answer caused is in the log
+        assert "Traceback" not in router.log(), router.log()
+        assert router.process.poll() is None
+    finally:
+        router.stop()

@@ -6,7 +6,6 @@ token when one is set."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Coroutine
@@ -34,7 +33,14 @@ from kcoral_server.router.auth import (
     settle_unread_body,
 )
 from kcoral_server.router.forward import ProgramForwardHandler
-from kcoral_server.router.job_routes import InfoHandler, JobHandler, JobIndex, JobsHandler, fetch
+from kcoral_server.router.job_routes import (
+    InfoHandler,
+    JobHandler,
+    JobIndex,
+    JobsHandler,
+    fetch,
+    untrusted_json,
+)
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.metrics_route import RouterMetricsHandler
 from kcoral_server.router.registry import Registry
@@ -225,10 +231,7 @@ def _names(answer: tuple[int, bytes]) -> tuple[set[str], set[str]]:
     """``(working, revoked)`` from a node's ``GET /v1/revocations``; nothing from a node
     without it (a published server answers 404)."""
     status, body = answer
-    try:
-        found = json.loads(body) if status == 200 else {}
-    except ValueError:
-        found = {}
+    found = untrusted_json(body) if status == 200 else None  # a node-token holder wrote it
     if not isinstance(found, dict):
         return set(), set()
     return _strings(found.get("working")), _strings(found.get("revoked"))
