@@ -14,7 +14,7 @@ from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
 from kcoral_server.router.identity import NodeTokens, node_token_problem, parse_node_tokens
 from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
-from kcoral_server.settings.config import declared_settings, setting
+from kcoral_server.settings.config import declared_settings, not_utf8, setting
 
 
 @dataclass(frozen=True)
@@ -267,8 +267,10 @@ def _read_file(flag: str, path: str) -> tuple[str, int]:
     try:
         mode = os.stat(path).st_mode
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    except UnicodeDecodeError as exc:  # it was read: its bytes are the problem
+        raise SettingsError(f"{flag} {not_utf8(exc)}") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
         raise SettingsError(f"{flag} cannot be read: {reason}") from None
     return text, mode
 

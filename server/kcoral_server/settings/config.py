@@ -844,13 +844,21 @@ def _check_declared(config: ServerConfig, setting: Field) -> None:
 _ITEMS = {"path": "paths", "text": "strings"}
 
 
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """What is wrong with a token file that is not UTF-8 text: where, never its bytes
+    (they may be a token)."""
+    return f"is not UTF-8 text (byte {exc.start})"
+
+
 def read_token_file(path: Path) -> str:
     """The stripped text of a client-token file, checked (``parse_tokens``): at start and
     at each reload (SIGHUP, EXTENSIONS §6). ``InvalidConfigError`` says what is wrong."""
     try:
         token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc.__class__.__name__
+    except UnicodeDecodeError as exc:  # it was read: its bytes are the problem
+        raise InvalidConfigError("auth_token_file", not_utf8(exc)) from None
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
         raise InvalidConfigError("auth_token_file", f"cannot be read: {reason}") from None
     if not token:
         raise InvalidConfigError("auth_token_file", "is empty")
