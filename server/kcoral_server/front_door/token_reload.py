@@ -98,7 +98,7 @@ def read_token_change(token_file: Path, before: dict[str, Identity]) -> TokenCha
     """The file's tokens against ``before`` (name -> identity: identities match by name);
     ``ValueError`` with the file and the problem when it cannot be used."""
     try:
-        text = read_token_file(token_file)
+        text = read_token_file(token_file, at_reload=True)
     except ValueError as exc:
         raise ValueError(f"{token_file} {getattr(exc, 'rule', exc)}; the old tokens stay") from None
     after = {who.name: who for who in parse_tokens(text).values()}

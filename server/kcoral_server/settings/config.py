@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import lru_cache
@@ -850,11 +851,29 @@ def not_utf8(exc: UnicodeDecodeError) -> str:
     return f"is not UTF-8 text (byte {exc.start})"
 
 
-def read_token_file(path: Path) -> str:
+def regular_file_bytes(path: Path) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file, else None, without waiting: opening a
+    FIFO that no writer holds open blocks until one does, and a reload runs on the event
+    loop (SIGHUP), so every request, ``/health`` included, would wait with it."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        return handle.read()
+
+
+def read_token_file(path: Path, *, at_reload: bool = False) -> str:
     """The stripped text of a client-token file, checked (``parse_tokens``): at start and
-    at each reload (SIGHUP, EXTENSIONS §6). ``InvalidConfigError`` says what is wrong."""
+    at each reload (SIGHUP, EXTENSIONS §6). ``InvalidConfigError`` says what is wrong.
+    ``at_reload``: only a regular file is read (at start a pipe may bring the secret)."""
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        if at_reload:
+            data = regular_file_bytes(path)
+            if data is None:
+                raise InvalidConfigError("auth_token_file", "is not a regular file")
+            token = data.decode("utf-8").strip()
+        else:
+            token = path.read_text(encoding="utf-8").strip()
     except UnicodeDecodeError as exc:  # it was read: its bytes are the problem
         raise InvalidConfigError("auth_token_file", not_utf8(exc)) from None
     except OSError as exc:
