@@ -190,12 +190,17 @@ class RouterHandler(KCoralRequestHandler):
         raise CallerRevoked()
 
     def still_authorized(self) -> bool:
-        """After a wait (queued for a slot): whether the caller's token still opens the
-        router, should a reload (SIGHUP, EXTENSIONS §6) have changed the tokens since its
-        head was checked; else 401. A changed ``admin`` mark counts too."""
+        """After a wait (queued for a slot): whether the caller still may go on, should a
+        reload (SIGHUP, EXTENSIONS §6) have changed the tokens since its head was checked;
+        else 401. As on a server, identities match by name: a request whose identity kept
+        its name under a new token goes on (a server's waiting ``/execute`` runs; soak2
+        found the router refusing it), one whose name was revoked does not. A changed
+        ``admin`` mark counts too."""
         if self.state.authenticator is self.checked_with:
             return True
         identity = self.authenticate()
+        if identity is None and self.identity is not None:
+            identity = self.state.authenticator.identities().get(self.identity.name)
         if identity is None:
             self.send_router_error(401, "unauthorized", UNAUTHORIZED_MESSAGE, "request_rejected")
             return False
