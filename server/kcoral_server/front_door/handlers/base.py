@@ -106,7 +106,7 @@ class BaseHandler(KCoralRequestHandler):
                 else router_revoked(self.state, identity, self.request.headers)
             )
             if denied is not None:
-                self.early_denied = denied
+                self.early_refusal = denied
                 self.answer_early(denied.status, denied.kind, denied.message)
                 return
             assert identity is not None
