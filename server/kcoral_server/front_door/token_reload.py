@@ -19,7 +19,7 @@ sessions ended, saying the token was revoked; a leaked token's programs must not
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,12 +81,16 @@ class TokenChange:
     def revoked(self) -> list[str]:
         return sorted(set(self.before) - set(self.after))
 
+    @property
+    def added(self) -> list[str]:
+        return sorted(set(self.after) - set(self.before))
+
     def fields(self) -> dict[str, Any]:
         """The ``tokens_reloaded`` line's fields: names, never tokens."""
         kept = set(self.before) & set(self.after)
         return {
             "identities": len(self.after),
-            "added": sorted(set(self.after) - set(self.before)),
+            "added": self.added,
             "revoked": self.revoked,
             "admin_changed": sorted(
                 name for name in kept if self.before[name].admin != self.after[name].admin
@@ -94,13 +98,22 @@ class TokenChange:
         }
 
 
-def read_token_change(token_file: Path, before: dict[str, Identity]) -> TokenChange:
-    """The file's tokens against ``before`` (name -> identity: identities match by name);
-    ``ValueError`` with the file and the problem when it cannot be used."""
+def read_token_change(
+    token_file: Path, before: dict[str, Identity], emit: Callable[..., None]
+) -> TokenChange | None:
+    """The file's tokens against ``before`` (name -> identity: identities match by name),
+    for a server's and a router's reload alike; None when the file cannot be used, said
+    through ``emit`` (``token_reload_failed``: the file and the problem). A file others
+    can read or write is used with a ``token_file_open`` warning, as at start."""
     try:
         text = read_token_file(token_file, at_reload=True)
     except ValueError as exc:
-        raise ValueError(f"{token_file} {getattr(exc, 'rule', exc)}; the old tokens stay") from None
+        why = f"{token_file} {getattr(exc, 'rule', exc)}; the old tokens stay"
+        emit("token_reload_failed", "ERROR", path=str(token_file), message=why)
+        return None
+    exposure = token_file_exposure(token_file)
+    if exposure is not None:  # applied all the same, as at start
+        emit("token_file_open", "WARNING", message=exposure, path=str(token_file))
     after = {who.name: who for who in parse_tokens(text).values()}
     return TokenChange(text, before, after)
 
@@ -112,14 +125,9 @@ def reload_tokens(state: ServerState, token_file: Path | None) -> None:
         tunnel_only = state.authenticator.tunnel_only  # a node's child: its router's tokens
         events.emit("token_reload_skipped", message=NODE_HANGUP if tunnel_only else NO_FILE)
         return
-    try:
-        change = read_token_change(token_file, state.authenticator.identities())
-    except ValueError as exc:
-        events.emit("token_reload_failed", "ERROR", path=str(token_file), message=str(exc))
+    change = read_token_change(token_file, state.authenticator.identities(), events.emit)
+    if change is None:
         return
-    exposure = token_file_exposure(token_file)
-    if exposure is not None:  # applied all the same, as at start
-        events.emit("token_file_open", "WARNING", message=exposure, path=str(token_file))
     state.use_tokens(change.text)
     ended = [end_identity_work(state, name) for name in change.revoked]
     events.emit(

@@ -20,7 +20,6 @@ from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.callers import (
     Authenticator,
     parse_tokens,
-    token_file_exposure,
     valid_identity_name,
 )
 from kcoral_server.front_door.handler_defaults import TOO_LARGE_MESSAGE, KCoralRequestHandler
@@ -88,18 +87,13 @@ class RouterState:
         if path is None:
             self.log.event("token_reload_skipped", message=NO_FILE)
             return
-        try:
-            change = read_token_change(Path(path), self.authenticator.identities())
-        except ValueError as exc:
-            self.log.event("token_reload_failed", level="ERROR", path=path, message=str(exc))
+        change = read_token_change(Path(path), self.authenticator.identities(), self.log.event)
+        if change is None:
             return
-        exposure = token_file_exposure(path)
-        if exposure is not None:  # applied all the same, as at start
-            self.log.event("token_file_open", level="WARNING", message=exposure, path=path)
         self.authenticator = Authenticator(parse_tokens(change.text))
         level = "WARNING" if change.revoked else "INFO"
         self.log.event("tokens_reloaded", level=level, path=path, **change.fields())
-        self.revocations.reloaded(change.revoked, change.fields()["added"])
+        self.revocations.reloaded(change.revoked, change.added)
         for relay in list(self.event_relays):
             relay.tokens_reloaded()
 
