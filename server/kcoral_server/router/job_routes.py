@@ -80,7 +80,7 @@ class JobIndex:
         admin (EXTENSIONS §5). The router answers for a job itself while its node is away
         (503 ``node_gone``), and another identity must get an unknown id's answer there."""
         known = self._nodes.get(job_id)
-        return known is not None and (identity.admin or identity.name == known[1])
+        return known is not None and identity.owns(known[1])
 
     def __len__(self) -> int:
         return len(self._nodes)
