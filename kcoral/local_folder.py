@@ -178,18 +178,6 @@ def read_regular(
     return data
 
 
-#: a local path in a message is cut to its first and last characters past this length
-SHOWN_PATH_CHARS = 120
-
-
-def shown_path(path: str) -> str:
-    """``path`` for a message: a deep one keeps its start and its leaf, not kilobytes."""
-    if len(path) <= SHOWN_PATH_CHARS:
-        return path
-    half = SHOWN_PATH_CHARS // 2
-    return f"{path[:half]}...{path[-half:]}"
-
-
 def kind_of(mode: int) -> str:
     """What an entry that is neither a regular file nor a directory is, in words."""
     if stat.S_ISLNK(mode):

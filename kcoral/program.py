@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from kcoral.local_folder import read_folder, shown_path
+from kcoral.local_folder import read_folder
 from kcoral.protocol.errors import ValidationError
-from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path
+from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path, shown_path
 from kcoral.tensors import tensor_payload
 
 _UPLOAD_KINDS = ("module", "tensor", "bytes", "library")

@@ -6,6 +6,17 @@ from kcoral.protocol.errors import ValidationError
 
 MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
+#: a path in a message is cut to its first and last characters past this length
+SHOWN_PATH_CHARS = 120
+
+
+def shown_path(path: str) -> str:
+    """``path`` for a message, the client's or the worker's: a deep one (up to 4096 bytes)
+    keeps its start and its leaf, not kilobytes of ``a/a/a/…`` (files soak)."""
+    if len(path) <= SHOWN_PATH_CHARS:
+        return path
+    half = SHOWN_PATH_CHARS // 2
+    return f"{path[:half]}...{path[-half:]}"
 
 
 def normalize_workspace_path(path: object) -> str:

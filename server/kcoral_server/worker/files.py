@@ -18,7 +18,7 @@ from kcoral.protocol.nofollow import (
     closing_fd,
     open_beneath,
 )
-from kcoral.protocol.paths import MAX_PATH_BYTES
+from kcoral.protocol.paths import MAX_PATH_BYTES, shown_path
 from kcoral_server.worker.failures import InstructionFailure
 
 
@@ -61,21 +61,8 @@ class UploadWriter:
                     view = view[written:]
         except OSError as exc:
             raise InstructionFailure(
-                "runtime", f"cannot write file {_shown(path)!r}: {_why(exc)}"
+                "runtime", f"cannot write file {shown_path(path)!r}: {_why(exc)}"
             ) from None
-
-
-#: a path in a failure message is cut to its first and last characters past this length
-SHOWN_PATH_CHARS = 120
-
-
-def _shown(path: str) -> str:
-    """``path`` for a message: a deep one (up to 4096 bytes) keeps its start and its leaf,
-    not kilobytes of ``a/a/a/…`` (files soak)."""
-    if len(path) <= SHOWN_PATH_CHARS:
-        return path
-    half = SHOWN_PATH_CHARS // 2
-    return f"{path[:half]}...{path[-half:]}"
 
 
 def _fail(message: str) -> InstructionFailure:
@@ -92,8 +79,8 @@ class Budget:
         if size > self.remaining:
             # the sizes and the flag, as the 500 response_too_large says them (EXTENSIONS §10)
             raise _fail(
-                f"return of {_shown(path)!r} would exceed the response size limit: {size} bytes, "
-                f"{self.remaining} bytes left (max_response_bytes; "
+                f"return of {shown_path(path)!r} would exceed the response size limit: "
+                f"{size} bytes, {self.remaining} bytes left (max_response_bytes; "
                 "kcoral server --max-response-bytes)"
             )
         self.remaining -= size
@@ -104,9 +91,9 @@ def _read_regular(parent_fd: int, name: str, path: str, budget: Budget) -> bytes
     try:
         before = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     except FileNotFoundError:
-        raise _fail(f"{_shown(path)!r} does not exist") from None
+        raise _fail(f"{shown_path(path)!r} does not exist") from None
     except OSError as exc:
-        raise _fail(f"cannot read {_shown(path)!r}: {_why(exc)}") from None
+        raise _fail(f"cannot read {shown_path(path)!r}: {_why(exc)}") from None
     _check_regular(before.st_mode, path)
     budget.take(before.st_size, path)
     try:
@@ -114,12 +101,12 @@ def _read_regular(parent_fd: int, name: str, path: str, budget: Budget) -> bytes
             name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent_fd
         )
     except OSError as exc:
-        raise _fail(f"cannot read {_shown(path)!r}: {_why(exc)}") from None
+        raise _fail(f"cannot read {shown_path(path)!r}: {_why(exc)}") from None
     with closing_fd(fd):
         try:
             opened = os.fstat(fd)
             if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
-                raise _fail(f"{_shown(path)!r} changed while it was being read")
+                raise _fail(f"{shown_path(path)!r} changed while it was being read")
             _check_regular(opened.st_mode, path)
             chunks = []
             total = 0
@@ -129,11 +116,11 @@ def _read_regular(parent_fd: int, name: str, path: str, budget: Budget) -> bytes
                     break
                 total += len(chunk)
                 if total > opened.st_size:
-                    raise _fail(f"{_shown(path)!r} changed while it was being read")
+                    raise _fail(f"{shown_path(path)!r} changed while it was being read")
                 chunks.append(chunk)
             after = os.fstat(fd)
         except OSError as exc:
-            raise _fail(f"cannot read {_shown(path)!r}: {_why(exc)}") from None
+            raise _fail(f"cannot read {shown_path(path)!r}: {_why(exc)}") from None
     if (
         total != opened.st_size
         or after.st_size != opened.st_size
@@ -141,17 +128,17 @@ def _read_regular(parent_fd: int, name: str, path: str, budget: Budget) -> bytes
         or after.st_ctime_ns != opened.st_ctime_ns
         or opened.st_size != before.st_size
     ):
-        raise _fail(f"{_shown(path)!r} changed while it was being read")
+        raise _fail(f"{shown_path(path)!r} changed while it was being read")
     return b"".join(chunks)
 
 
 def _check_regular(mode: int, path: str) -> None:
     if stat.S_ISLNK(mode):
-        raise _fail(f"{_shown(path)!r} is a symlink")
+        raise _fail(f"{shown_path(path)!r} is a symlink")
     if stat.S_ISDIR(mode):
-        raise _fail(f"{_shown(path)!r} is a directory, not a file")
+        raise _fail(f"{shown_path(path)!r} is a directory, not a file")
     if not stat.S_ISREG(mode):
-        raise _fail(f"{_shown(path)!r} is not a regular file (FIFO, socket or device)")
+        raise _fail(f"{shown_path(path)!r} is not a regular file (FIFO, socket or device)")
 
 
 def _open_parent(workspace_fd: int, parts: list[str], path: str) -> int:
@@ -162,16 +149,16 @@ def _open_parent(workspace_fd: int, parts: list[str], path: str) -> int:
         try:
             mode = os.stat(part, dir_fd=parent, follow_symlinks=False).st_mode
         except FileNotFoundError:
-            raise _fail(f"{_shown(path)!r} does not exist") from None
+            raise _fail(f"{shown_path(path)!r} does not exist") from None
         if stat.S_ISLNK(mode):
-            raise _fail(f"{_shown(where)!r} is a symlink")
+            raise _fail(f"{shown_path(where)!r} is a symlink")
         if not stat.S_ISDIR(mode):
-            raise _fail(f"{_shown(where)!r} is not a directory")
+            raise _fail(f"{shown_path(where)!r} is not a directory")
 
     try:
         return open_beneath(workspace_fd, parts[:-1], before_each=check)
     except OSError as exc:
-        raise _fail(f"cannot read {_shown(path)!r}: {_why(exc)}") from None
+        raise _fail(f"cannot read {shown_path(path)!r}: {_why(exc)}") from None
 
 
 def collect_file(workspace_fd: int, path: str, budget: Budget) -> bytes:
@@ -194,17 +181,17 @@ def collect_folder(workspace_fd: int, path: str, budget: Budget) -> Folder:
         try:
             mode = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False).st_mode
         except FileNotFoundError:
-            raise _fail(f"{_shown(path)!r} does not exist") from None
+            raise _fail(f"{shown_path(path)!r} does not exist") from None
         except OSError as exc:
-            raise _fail(f"cannot read {_shown(path)!r}: {_why(exc)}") from None
+            raise _fail(f"cannot read {shown_path(path)!r}: {_why(exc)}") from None
         if stat.S_ISLNK(mode):
-            raise _fail(f"{_shown(path)!r} is a symlink")
+            raise _fail(f"{shown_path(path)!r} is a symlink")
         if not stat.S_ISDIR(mode):
-            raise _fail(f"{_shown(path)!r} is not a directory")
+            raise _fail(f"{shown_path(path)!r} is not a directory")
         try:
             root = os.open(parts[-1], DIRECTORY_FLAGS, dir_fd=parent)
         except OSError as exc:
-            raise _fail(f"cannot read {_shown(path)!r}: {_why(exc)}") from None
+            raise _fail(f"cannot read {shown_path(path)!r}: {_why(exc)}") from None
     folder = Folder()
     with closing_fd(root):
         _walk(root, path, folder, budget)
@@ -225,10 +212,10 @@ def _checked_name(name: str, relative: str, where: str) -> None:
         quoted = repr(os.fsencode(where))[1:]  # 'd/\xff': the bytes that are not UTF-8
         raise _fail(f"{quoted} is not a valid UTF-8 name") from None
     if "\\" in name:
-        raise _fail(f"{_shown(where)!r}: a returned name cannot hold a backslash")
+        raise _fail(f"{shown_path(where)!r}: a returned name cannot hold a backslash")
     if size > MAX_PATH_BYTES:
         raise _fail(
-            f"{_shown(where)!r}: its path in the folder is longer than {MAX_PATH_BYTES} bytes"
+            f"{shown_path(where)!r}: its path in the folder is longer than {MAX_PATH_BYTES} bytes"
         )
 
 
@@ -266,7 +253,7 @@ def _walk(root: int, shown: str, folder: Folder, budget: Budget) -> None:
             try:
                 child = os.open(name, DIRECTORY_FLAGS, dir_fd=current)
             except OSError as exc:
-                raise _fail(f"cannot read {_shown(where)!r}: {_why(exc)}") from None
+                raise _fail(f"cannot read {shown_path(where)!r}: {_why(exc)}") from None
             os.close(current)
             current = child
             stack.append(_list(current, f"{level.prefix}{name}/", where, folder, budget, visited))
@@ -280,15 +267,15 @@ def _back_up(current: int, parent: _Level) -> int:
     try:
         up = os.open("..", DIRECTORY_FLAGS, dir_fd=current)
     except OSError as exc:
-        raise _fail(f"cannot read {_shown(parent.shown)!r}: {_why(exc)}") from None
+        raise _fail(f"cannot read {shown_path(parent.shown)!r}: {_why(exc)}") from None
     try:
         info = os.fstat(up)
     except OSError as exc:
         os.close(up)
-        raise _fail(f"cannot read {_shown(parent.shown)!r}: {_why(exc)}") from None
+        raise _fail(f"cannot read {shown_path(parent.shown)!r}: {_why(exc)}") from None
     if (info.st_dev, info.st_ino) != parent.identity:
         os.close(up)
-        raise _fail(f"{_shown(parent.shown)!r} changed while it was being read")
+        raise _fail(f"{shown_path(parent.shown)!r} changed while it was being read")
     os.close(current)
     return up
 
@@ -300,12 +287,12 @@ def _list(
     info = os.fstat(dir_fd)
     key = (info.st_dev, info.st_ino)
     if key in visited:
-        raise _fail(f"directory {_shown(shown)!r} was reached twice")
+        raise _fail(f"directory {shown_path(shown)!r} was reached twice")
     visited.add(key)
     try:
         names = sorted(os.listdir(dir_fd), reverse=True)  # popped from the end
     except OSError as exc:
-        raise _fail(f"cannot list {_shown(shown)!r}: {_why(exc)}") from None
+        raise _fail(f"cannot list {shown_path(shown)!r}: {_why(exc)}") from None
     subdirectories = []
     for name in names:
         relative = f"{prefix}{name}"
@@ -314,7 +301,7 @@ def _list(
         try:
             mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
         except OSError as exc:
-            raise _fail(f"cannot read {_shown(where)!r}: {_why(exc)}") from None
+            raise _fail(f"cannot read {shown_path(where)!r}: {_why(exc)}") from None
         if stat.S_ISDIR(mode):
             folder.directories.append(relative)
             subdirectories.append(name)
