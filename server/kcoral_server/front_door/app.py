@@ -27,7 +27,6 @@ from kcoral_server.metrics.server_metrics import ServerMetrics
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.seat import GpuDevice
 from kcoral_server.sessions.registry import Sessions
-from kcoral_server.sessions.seat_shares import per_identity_cap
 from kcoral_server.settings.config import ServerConfig, clamped_defaults
 from kcoral_server.storage.disk_cache import DiskCache
 from kcoral_server.storage.disk_cache import start_problem as disk_cache_start_problem
@@ -163,8 +162,7 @@ class ServerState:
         self.auth_token = text
         self.authenticator = Authenticator(parse_tokens(text))
         count = self.authenticator.identity_count
-        slots = self.job_slots
-        slots.per_identity = per_identity_cap(slots.limit, None, count) if slots.limit else None
+        self.job_slots.use_identity_count(count)
         self.sessions.use_identity_count(count)
 
     def request_done(self) -> None:

@@ -39,8 +39,14 @@ class JobSlots:
     def __init__(self, setting: int | None, identities: int | None) -> None:
         #: the bound (0: none), and the most one identity may hold (None: no share)
         self.limit = default_job_slots() if setting is None else setting
-        self.per_identity = per_identity_cap(self.limit, None, identities) if self.limit else None
+        self.per_identity: int | None = None
+        self.use_identity_count(identities)
         self.held: Counter[str] = Counter()
+
+    def use_identity_count(self, identities: int | None) -> None:
+        """The most one identity may hold for ``identities`` callers (at start, and when a
+        token reload changes how many there are)."""
+        self.per_identity = per_identity_cap(self.limit, None, identities) if self.limit else None
 
     def take(self, owner: str) -> str | None:
         """Take a slot for ``owner``; or why not (the ``server saturated: …`` reason)."""
