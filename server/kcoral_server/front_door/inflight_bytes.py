@@ -15,10 +15,10 @@ requests hold bytes, so neither can refuse a server's or an identity's first upl
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 from kcoral_server.execution.exit_cause import size_text
+from kcoral_server.sessions.seat_shares import per_identity_cap
 
 
 class InflightBytes:
@@ -47,7 +47,8 @@ class InflightBytes:
         node behind a router)."""
         if not limit:
             return None
-        share = identity_share(limit, identities)
+        # the rule of job slots and session seats: half, rounded up, with several callers
+        share = per_identity_cap(limit, None, identities)
         held = self.by_owner[owner]
         if share is not None and held > mine and held + more > share:
             return (
@@ -62,10 +63,3 @@ class InflightBytes:
                 f"{size_text(self.total)} of --max-inflight-request-bytes ({size_text(limit)})"
             )
         return None
-
-
-def identity_share(limit: int, identities: int | None) -> int | None:
-    """The most bytes one identity may hold of ``limit``; None: the whole bound (one
-    identity has nobody to share with)."""
-    several = identities is None or identities >= 2
-    return math.ceil(limit / 2) if several else None
