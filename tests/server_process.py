@@ -13,9 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from child_setup import under_open_file_limit
 
 START_TIMEOUT_SECONDS = 60.0
 
@@ -76,10 +78,10 @@ def start_server(
     *,
     env: dict[str, str] | None = None,
     defaults: bool = True,
-    preexec_fn: Callable[[], None] | None = None,
+    open_files: tuple[int, int | None] | None = None,
 ) -> RunningServer:
-    """Start ``python -m kcoral server`` and wait for its ready file (``preexec_fn`` runs in
-    the child first, e.g. to lower a resource limit)."""
+    """Start ``python -m kcoral server`` and wait for its ready file (``open_files`` (soft,
+    hard) lowers its descriptor limit; ``None`` for hard keeps the hard limit)."""
     directory.mkdir(parents=True, exist_ok=True)
     ready = directory / "ready"
     ready.unlink(missing_ok=True)
@@ -99,6 +101,8 @@ def start_server(
             if option not in given:
                 command += [option, value]
     command += list(args)
+    if open_files is not None:
+        command = under_open_file_limit(command, *open_files)
     stderr_path = directory / "server.stderr"
     full_env = dict(os.environ)
     full_env.pop("KCORAL_AUTH_TOKEN", None)
@@ -110,7 +114,6 @@ def start_server(
             stderr=stderr,
             env=full_env,
             cwd=directory,
-            preexec_fn=preexec_fn,
         )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while not ready.exists():

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import psutil
+from child_setup import under_open_file_limit
 from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
@@ -103,24 +104,26 @@ def start_router(
     tmp: Path,
     *args: str,
     env: dict[str, str] | None = None,
-    preexec_fn: Callable[[], None] | None = None,
+    open_files: tuple[int, int | None] | None = None,
 ) -> RouterProcess:
-    """A real router on a free port; ``preexec_fn`` runs in the child before it starts (a
-    test lowers its descriptor limit there)."""
+    """A real router on a free port; ``open_files`` (soft, hard) lowers its descriptor limit
+    (``None`` for hard keeps the hard limit)."""
     ready = tmp / f"router-ready-{uuid.uuid4().hex[:6]}"
     log_path = tmp / f"router-{uuid.uuid4().hex[:6]}.log"
     STARTED_LOGS.append(log_path)
     command = [sys.executable, "-m", "kcoral", "router", "--port", "0", "--ready-file", str(ready)]
     environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
     environment.update(env or {})
+    command += args
+    if open_files is not None:
+        command = under_open_file_limit(command, *open_files)
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [*command, *args],
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
             env=environment,
-            preexec_fn=preexec_fn,
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

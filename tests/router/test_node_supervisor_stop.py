@@ -10,17 +10,12 @@ import os
 import resource
 import signal
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+from child_setup import under_open_file_limit
 from router_helpers import HERE, RouterProcess, node_command, ready_nodes
-
-
-def soft_limit_256() -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 
 
 def open_files_limits(pid: int) -> tuple[str, str]:
@@ -35,20 +30,22 @@ def open_files_limits(pid: int) -> tuple[str, str]:
 def start_node(
     tmp_path: Path,
     router: RouterProcess,
-    preexec_fn: Callable[[], None] | None = None,
+    open_files: tuple[int, int | None] | None = None,
     **variables: str,
 ) -> subprocess.Popen:
     """Node ``n1`` of ``router``, without the environment's ``KCORAL_NODE_TOKEN`` and with
     ``variables`` added to it, its output in ``node.log``."""
     environment = {k: v for k, v in os.environ.items() if k != "KCORAL_NODE_TOKEN"}
     with open(tmp_path / "node.log", "w") as log:
+        command = node_command(tmp_path, router.url, "n1")
+        if open_files is not None:
+            command = under_open_file_limit(command, *open_files)
         return subprocess.Popen(
-            node_command(tmp_path, router.url, "n1"),
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**environment, **variables},
             cwd=str(HERE),
-            preexec_fn=preexec_fn,
         )
 
 
@@ -61,7 +58,7 @@ def test_a_node_stopped_with_sigterm_leaves_no_work_folder_and_raised_its_limits
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     # TMPDIR: where tempfile puts the supervisor's folder
-    node = start_node(tmp_path, router, TMPDIR=str(temporary), preexec_fn=soft_limit_256)
+    node = start_node(tmp_path, router, TMPDIR=str(temporary), open_files=(256, None))
     try:
         ready_nodes(router, 1)
         assert list(temporary.glob("kcoral-supervisor-*")), "the supervisor made no folder"

@@ -125,18 +125,11 @@ def test_a_silent_connection_a_lone_p_and_a_half_sent_head_are_closed_at_the_dea
         router.stop()
 
 
-def low_descriptor_limit(limit: int) -> Callable[[], None]:
-    def lower() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-
-    return lower
-
-
 def test_at_the_bound_the_oldest_unclassified_connection_is_dropped_not_the_new_one(
     tmp_path: Path,
 ) -> None:
     # 256 descriptors: a quarter, 64, may wait to be classified (listener.unclassified_bound)
-    router = start_router(tmp_path, *NO_DEADLINE, preexec_fn=low_descriptor_limit(256))
+    router = start_router(tmp_path, *NO_DEADLINE, open_files=(256, 256))
     silent: list[socket.socket] = []
     try:
         pid = router.process.pid
@@ -166,7 +159,7 @@ def test_at_the_bound_the_oldest_unclassified_connection_is_dropped_not_the_new_
 def test_more_attackers_than_descriptors_leave_a_router_that_serves_again_once_they_stop(
     tmp_path: Path,
 ) -> None:
-    router = start_router(tmp_path, *NO_DEADLINE, preexec_fn=low_descriptor_limit(256))
+    router = start_router(tmp_path, *NO_DEADLINE, open_files=(256, 256))
     attackers: list[socket.socket] = []
     try:
         pid = router.process.pid
@@ -200,14 +193,10 @@ def soft_and_hard_open_files(pid: int) -> tuple[str, str]:
 
 
 def test_the_router_raises_its_soft_descriptor_limit_to_the_hard_one(tmp_path: Path) -> None:
-    def soft_limit_low() -> None:
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard <= 256:
         pytest.skip(f"this machine's hard limit ({hard}) leaves nothing to raise")
-    router = start_router(tmp_path, preexec_fn=soft_limit_low)
+    router = start_router(tmp_path, open_files=(256, None))
     try:
         soft, hard_seen = soft_and_hard_open_files(router.process.pid)
         assert soft == hard_seen

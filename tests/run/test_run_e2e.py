@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from child_setup import with_default_hangup
 from server_process import running_server, start_server
 
 import kcoral
@@ -389,11 +390,7 @@ def _start_sleeping_tool(
         "-e", f"MARK={marker}", "--", "-c", code,
     ]  # fmt: skip
     client = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        # as in a terminal, even when the tests run under nohup (SIGHUP ignored, inherited)
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        with_default_hangup(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     deadline = time.monotonic() + 60
     while not marker.exists():

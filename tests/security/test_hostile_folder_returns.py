@@ -9,7 +9,6 @@ server with a real (reused) worker.
 
 from __future__ import annotations
 
-import resource
 from pathlib import Path
 
 import pytest
@@ -68,17 +67,15 @@ def test_a_folder_2000_levels_deep_is_returned_whole(server) -> None:
     assert answer.parts[folder["files"][f"{bottom}/f"]["part"]] == b"bottom"
 
 
-def _open_file_limit_1024() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))  # a common hard limit
-
-
 def test_a_2000_level_folder_with_a_sibling_at_each_level_is_returned_under_1024_open_files(
     tmp_path: Path,
 ) -> None:
     # The walk held one descriptor per level that still had a subdirectory to do, so this
     # failed with 'cannot list ...: Too many open files' (a 4000-byte path in the message).
     server = start_server(
-        tmp_path / "server", ["--num-workers", "1"], preexec_fn=_open_file_limit_1024
+        tmp_path / "server",
+        ["--num-workers", "1"],
+        open_files=(1024, 1024),  # a common hard limit
     )
     try:
         source = (

@@ -21,17 +21,12 @@ GENEROUS_SECONDS = 30.0  # far past the 1 s deadline these servers run with
 HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
-def soft_limit_256() -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     running = start_server(
         tmp_path_factory.mktemp("head-deadline"),
         ["--request-head-timeout-seconds", "1", "--num-workers", "1"],
-        preexec_fn=soft_limit_256,
+        open_files=(256, None),
     )
     try:
         yield running
