@@ -30,7 +30,6 @@ import atexit
 import os
 import secrets
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,18 +52,31 @@ NOT_INHERITED = ("KCORAL_TOKEN", "KCORAL_AUTH_TOKEN")
 STOP_GRACE_SECONDS = 30
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: ask Linux to SIGKILL it when the kernel dies.
-    # Not SIGTERM: the server's graceful shutdown lets running programs finish (SERVER §12),
-    # which for a kernel that died without stopping it (killed, out of memory, a forced
-    # restart) meant running them on for nobody, up to their timeouts. Its launchers kill
-    # the workers when it dies (SERVER §11).
-    try:
-        import ctypes
+#: Put in front of the server's command (``python -c`` this, the kernel's pid, the command):
+#: ask Linux to SIGKILL the server when the kernel dies, then exec it; the request survives
+#: exec. Not SIGTERM: the server's graceful shutdown lets running programs finish (SERVER
+#: §12), which for a kernel that died without stopping it (killed, out of memory, a forced
+#: restart) meant running them on for nobody, up to their timeouts. Its launchers kill the
+#: workers when it dies (SERVER §11). Not a ``preexec_fn``: that runs Python in the forked
+#: child before exec, and in a kernel where a gRPC library is busy, gRPC's fork handler
+#: left that child to die of SIGSEGV about one start in three.
+_TIED_TO_KERNEL = """\
+import os, sys
+try:
+    import ctypes, signal
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)  # the kernel died before the tie: nobody would stop this server
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+
+def _tied_to_kernel(command: list[str]) -> list[str]:
+    if sys.platform != "linux":
+        return command
+    return [sys.executable, "-c", _TIED_TO_KERNEL, str(os.getpid()), *command]
 
 
 def _folder_prefix() -> str:
@@ -129,7 +141,7 @@ class LocalServer:
             environment["KCORAL_AUTH_TOKEN"] = self.token
             with open(log, "wb") as stderr:
                 self.process = subprocess.Popen(
-                    command,
+                    _tied_to_kernel(command),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
@@ -141,7 +153,6 @@ class LocalServer:
                     # they are reaped, so the kernel outlived Jupyter's wait, was killed,
                     # and its exit hooks (this server's stop, a session's end) never ran.
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )
             deadline = time.monotonic() + self.start_timeout
             while not ready.exists() or not ready.read_text(encoding="utf-8").strip():

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -302,3 +303,54 @@ def test_stopping_the_local_server_says_it_waits_for_running_work_and_an_interru
     assert said[0].endswith("gets up to 30 s to finish (interrupt to stop it now)")
     assert said[1:] == ["kcoral: local server stopped"]
     assert time.monotonic() - started < 20 and server.poll() is not None  # killed at once
+
+
+@pytest.fixture
+def busy_grpc() -> Iterator[None]:
+    """gRPC in this process with a thread calling into it, as a notebook that uses a gRPC
+    library has: its fork handlers then run in any child forked before ``exec``."""
+    import grpc
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    stop = threading.Event()
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    method = channel.unary_unary("/nothing/here")
+
+    def call_in_a_loop() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(grpc.RpcError):
+                method(b"", timeout=0.01)
+
+    def noticed(_state: grpc.ChannelConnectivity) -> None:
+        pass
+
+    # A connectivity subscription: Python gRPC's own polling thread calls into the core
+    channel.subscribe(noticed, try_to_connect=True)
+    caller = threading.Thread(target=call_in_a_loop, daemon=True)
+    caller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        caller.join(10)
+        channel.unsubscribe(noticed)
+        channel.close()
+        server.stop(None)
+
+
+def test_the_local_server_starts_every_time_in_a_kernel_whose_grpc_threads_are_busy(
+    tmp_path, monkeypatch, busy_grpc
+) -> None:
+    # The server was started with a preexec_fn (its tie to the kernel), which runs Python
+    # in the forked child before exec: there gRPC's fork handler left the child to die of
+    # SIGSEGV about one start in four ('the local KCoral server exited').
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    for _ in range(8):
+        server = LocalServer(FAST_LOCAL)
+        try:
+            assert Client(server.start()).health()["status"] == "ok"
+        finally:
+            server.stop()
