@@ -151,7 +151,12 @@ def start_hint(url: str) -> str:
 #: What to do for the HTTP error kinds a user can act on (PROTOCOL §7, EXTENSIONS §5-6).
 _ACTIONS = {
     "busy": "every worker is taken: run the cell again in a moment, or use another server",
-    "unauthorized": "set this server's token: %config KCoral.token = '...' (or KCORAL_TOKEN)",
+    # Not "(or KCORAL_TOKEN)": the setting read it at its first use, so a token set in the
+    # environment later (%env) is never seen.
+    "unauthorized": (
+        "set this server's token: %config KCoral.token = '...' (KCORAL_TOKEN is read "
+        "only at the extension's first use)"
+    ),
     "forbidden": "the server refuses this origin or host; its message names the flag to set",
     "request_too_large": (
         "send less (smaller -i values, --file, --folder), or ask the operator to raise "

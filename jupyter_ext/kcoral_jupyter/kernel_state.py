@@ -35,6 +35,9 @@ from kcoral_jupyter.runner import server_features
 from kcoral_jupyter.runtime_records import KernelConnection
 from kcoral_jupyter.settings import KCoral
 
+#: ``GET /v1/info`` answers meaning "this server has none" (PROTOCOL servers without it).
+INFO_ABSENT_STATUSES = frozenset({404, 405})
+
 
 @dataclass
 class ServerFacts:
@@ -248,7 +251,13 @@ class KernelState:
             info: dict[str, Any] = {}
             try:
                 info = client.info()
-            except KCoralError:  # a server of the published protocol has no /v1/info
+            except KCoralError as exc:
+                # Only a server of the published protocol lacks /v1/info (404). Any other
+                # refusal (a wrong token's 401) is this request's failure, not a fact to keep:
+                # taken as "no features", it was cached for the kernel's life, so a fixed
+                # token still found no jobs API and no sessions.
+                if exc.status_code not in INFO_ABSENT_STATUSES:
+                    raise
                 info = {}
             gpu_count = health.get("gpu_count")
             target = health.get("target")

@@ -9,7 +9,7 @@ import platform
 import kcoral
 from kcoral import KCoralError, TransportError
 from kcoral.errors import root_reason
-from kcoral_jupyter.cell_errors import ServerUnreachableError
+from kcoral_jupyter.cell_errors import ServerRefusedError, ServerUnreachableError, refused
 from kcoral_jupyter.kernel_client import KernelClient
 from kcoral_jupyter.kernel_state import KernelState, normalize_url
 from kcoral_jupyter.local_server import STOP_GRACE_SECONDS
@@ -26,14 +26,25 @@ class ServerCommands:
         url = normalize_url(args.url)
         try:
             facts = kernel.facts(url)
-        except (TransportError, KCoralError) as exc:
+        except TransportError as exc:
             # Never fall back silently: the next cell says it is not connected.
-            reason = root_reason(exc) if isinstance(exc, TransportError) else str(exc)
+            reason = root_reason(exc)
             kernel.connect_failed(url, reason)
             raise ServerUnreachableError(
                 f"could not connect to {url}: {reason}",
                 "the kernel stays unconnected (cells refuse to run) until a %kcoral connect "
                 "succeeds; check the URL and that the server runs there",
+            ) from exc
+        except KCoralError as exc:
+            # It answers, but refuses (a wrong or missing token): say what to fix, not
+            # "check that the server runs".
+            kernel.connect_failed(url, str(exc))
+            short = refused(exc, url)
+            raise ServerRefusedError(
+                f"could not connect: {short.cause}",
+                f"{short.action}; then %kcoral connect again (until then cells refuse to run)",
+                status_code=exc.status_code,
+                kind=exc.kind,
             ) from exc
         kernel.settings.url = url
         kernel.clear_failed_connect()  # also when the URL was already the setting

@@ -1,0 +1,64 @@
+"""``%kcoral connect`` to a server that refuses the kernel's token: a real CPU server with a
+client token, the extension in the process's IPython shell.
+
+The connect used to read the server's ``/v1/info`` 401 as "a server without /v1/info", say
+``connected to ... (features: )`` and keep those empty features for the kernel's life: after
+the token was fixed and the server connected again, cells still ran without the jobs API
+(``this server has no jobs API``) and ``%kcoral session start`` said the server offered no
+sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kcoral_jupyter.cell_errors import NotConnectedError, ServerRefusedError
+from kcoral_jupyter.extension import kernel_state_of
+from kcoral_shell import kcoral_shell
+from server_process import client_token_file, running_server
+
+pytestmark = pytest.mark.timeout(300)
+
+TOKEN = "token-carol-0123456789"
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory = tmp_path_factory.mktemp("refused-token")
+    tokens = client_token_file(directory, f"carol {TOKEN}\n")
+    args = ["--log-dir", "", "--auth-token-file", str(tokens)]
+    with running_server(directory / "server", args) as server:
+        yield server.url
+
+
+@pytest.fixture
+def shell(token_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    with kcoral_shell(token_server, monkeypatch, ()) as ip:
+        yield ip
+
+
+def test_a_connect_whose_token_is_refused_fails_and_says_to_set_the_token(
+    shell, token_server
+) -> None:
+    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
+    with pytest.raises(ServerRefusedError) as refused:
+        shell.run_line_magic("kcoral", f"connect {token_server}")
+    assert refused.value.status_code == 401
+    assert refused.value.cause.startswith(f"could not connect: {token_server} answered HTTP 401")
+    assert "%config KCoral.token" in refused.value.action
+    with pytest.raises(NotConnectedError):  # no quiet fallback to another server
+        shell.run_cell_magic("kcoral", "", "print('never runs')")
+
+
+def test_once_the_token_is_fixed_a_new_connect_sees_the_servers_features(
+    shell, token_server
+) -> None:
+    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
+    with pytest.raises(ServerRefusedError):
+        shell.run_line_magic("kcoral", f"connect {token_server}")
+    shell.run_line_magic("config", f"KCoral.token = {TOKEN!r}")
+    shell.run_line_magic("kcoral", f"connect {token_server}")
+    features = kernel_state_of(shell).facts(token_server).features
+    assert "jobs" in features and "sessions" in features
