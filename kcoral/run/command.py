@@ -198,6 +198,8 @@ def server_error(exc: KCoralError, url: str) -> str:
             f"{url} answered HTTP {exc.status_code} without a KCoral error: is it a KCoral "
             "server (or a proxy in front of one)?"
         )
+    if exc.status_code == 401:  # the one refusal the user fixes on this side
+        return f"server error: {exc}; set KCORAL_TOKEN to a token this server accepts"
     return f"server error: {exc}"
 
 

@@ -1,0 +1,43 @@
+"""``kcoral run`` against a real server that requires a client token, without one and with
+a wrong one: the one line says what to set. Before, it read only ``server error: HTTP 401:
+missing or invalid bearer token``, and nothing said that the token comes from
+``KCORAL_TOKEN``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from server_process import client_token_file, running_server
+
+from kcoral.cli import main as kcoral_main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    directory = tmp_path_factory.mktemp("run-refused-token")
+    tokens = client_token_file(directory, "dave token-dave-0123456789\n")
+    args = ["--log-dir", "", "--auth-token-file", str(tokens)]
+    with running_server(directory / "server", args) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize("token", [None, "not-the-token"])
+def test_a_refused_token_says_to_set_kcoral_token(
+    token_server: str,
+    token: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if token is None:
+        monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("KCORAL_TOKEN", token)
+    assert kcoral_main(["run", "shell", "--url", token_server, "--", "true"]) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1] == (
+        "kcoral run: server error: HTTP 401: missing or invalid bearer token; set "
+        "KCORAL_TOKEN to a token this server accepts"
+    ), said
