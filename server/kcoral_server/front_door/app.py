@@ -20,6 +20,7 @@ from kcoral_server.front_door.browser_guard import BrowserGuard
 from kcoral_server.front_door.callers import IDENTITY_HEADER, Authenticator, Identity, parse_tokens
 from kcoral_server.front_door.inflight_bytes import InflightBytes
 from kcoral_server.front_door.recent_leases import RecentLeases
+from kcoral_server.front_door.token_file import ClientTokens
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.jobs.job_slots import JobSlots
 from kcoral_server.jobs.store import JobRegistry
@@ -156,11 +157,11 @@ class ServerState:
             headers.get("Authorization"), headers.get(IDENTITY_HEADER)
         )
 
-    def use_tokens(self, text: str) -> None:
-        """Serve the client tokens of a token file's ``text`` from now on (SIGHUP,
+    def use_tokens(self, read: ClientTokens) -> None:
+        """Serve the client tokens of a token file read anew from now on (SIGHUP,
         ``front_door.token_reload``); the per-identity shares follow the new count."""
-        self.auth_token = text
-        self.authenticator = Authenticator(parse_tokens(text))
+        self.auth_token = read.text
+        self.authenticator = Authenticator(read.tokens)
         count = self.authenticator.identity_count
         self.job_slots.use_identity_count(count)
         self.sessions.use_identity_count(count)

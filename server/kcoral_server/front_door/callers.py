@@ -29,6 +29,11 @@ IDENTITY_HEADER = "X-KCoral-Identity"
 NODE_HANGUP = "SIGHUP: a node holds no client tokens; send SIGHUP to its router to reload them"
 ADMIN_MARK = "admin"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
+#: What a token may hold: printable ASCII, no space. A header value's other bytes reach a
+#: server differently from each client (Latin-1 or UTF-8), and a control character (a NUL,
+#: a stray escape) is not what an operator means to type.
+PRINTABLE_TOKEN = re.compile(r"[\x21-\x7e]+")
+_FIELD_SEPARATORS = re.compile(r"[ \t]+")
 
 
 @dataclass(frozen=True)
@@ -64,17 +69,32 @@ def parse_identity_header(value: str | None) -> Identity | None:
     return Identity(name, admin=flag == ADMIN_MARK)
 
 
+def _token_lines(text: str) -> list[tuple[int, list[str]]]:
+    """The numbered fields of a token file's lines, ``#`` comments and blank lines skipped.
+    Lines end at ``\\n`` (a ``\\r`` before it is dropped) and fields are split at spaces and
+    tabs only: any other character (a NUL, a form feed, a Unicode space) stays inside its
+    field, where the rules of names and tokens refuse it, instead of cutting a token short
+    unseen."""
+    lines = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r").strip(" \t")
+        if line and not line.startswith("#"):
+            lines.append((number, _FIELD_SEPARATORS.split(line)))
+    return lines
+
+
 def parse_tokens(text: str) -> dict[str, Identity]:
-    """Token -> identity from a token file's text; ``ValueError`` names the bad line."""
-    lines = [
-        (number, line.split())
-        for number, line in enumerate(text.splitlines(), start=1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+    """Token -> identity from a token file's text; ``ValueError`` names the bad line, never
+    a token. A token is printable ASCII without spaces (``PRINTABLE_TOKEN``): all an
+    ``Authorization`` header carries the same way on every client and server."""
+    lines = _token_lines(text)
     if not lines:
         raise ValueError("is empty")
     if len(lines) == 1 and len(lines[0][1]) == 1:
-        return {lines[0][1][0]: DEFAULT}
+        number, (token,) = lines[0]
+        if PRINTABLE_TOKEN.fullmatch(token) is None:
+            raise ValueError(f"line {number}: the token is not printable ASCII")
+        return {token: DEFAULT}
     tokens: dict[str, Identity] = {}
     names: set[str] = set()
     for number, fields in lines:
@@ -85,6 +105,8 @@ def parse_tokens(text: str) -> dict[str, Identity]:
             raise ValueError(f"line {number}: invalid identity name {name!r}")
         if name in names:
             raise ValueError(f"line {number}: identity {name!r} is listed twice")
+        if PRINTABLE_TOKEN.fullmatch(token) is None:
+            raise ValueError(f"line {number}: the token of {name!r} is not printable ASCII")
         if token in tokens:
             raise ValueError(f"line {number}: the token of {name!r} is already used")
         names.add(name)

@@ -6,14 +6,15 @@ a token file read half-written can parse (its first lines are whole), so a watch
 revoke the identities not written yet and cancel their work. The operator's signal says the
 file is complete; a Kubernetes Secret's sidecar sends the same signal.
 
-A file that cannot be used (unreadable, empty, a malformed line, a name or token twice)
-changes nothing: the old tokens stay and one ``token_reload_failed`` line names the file and
-the problem. A good one replaces every token at once. Identities are matched by name: a name
-whose token changed keeps its jobs and sessions (only the new token opens them), and a
-changed ``admin`` mark counts from the next request. A name no longer listed is revoked: its
-token gets 401 from its next request on any connection, its event streams end, and its
-queued and running programs (jobs, ``/execute``, session programs) are cancelled and its
-sessions ended, saying the token was revoked; a leaked token's programs must not run on.
+A file that cannot be used (unreadable, over 1 MiB, empty, a malformed line, a token not
+printable ASCII, a name or token twice) changes nothing: the old tokens stay and one
+``token_reload_failed`` line names the file and the problem. A good one replaces every token
+at once. Identities are matched by name: a name whose token changed keeps its jobs and
+sessions (only the new token opens them), and a changed ``admin`` mark counts from the next
+request. A name no longer listed is revoked: its token gets 401 from its next request on any
+connection, its event streams end, and its queued and running programs (jobs, ``/execute``,
+session programs) are cancelled and its sessions ended, saying the token was revoked; a
+leaked token's programs must not run on.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from kcoral_server.front_door.callers import (
     IDENTITY_HEADER,
     NODE_HANGUP,
     Identity,
-    parse_tokens,
     token_file_exposure,
 )
-from kcoral_server.settings.config import read_token_file
+from kcoral_server.front_door.token_file import ClientTokens, TokenFileError, read_client_tokens
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
@@ -71,9 +71,10 @@ class TokenReload:
 
 @dataclass(frozen=True)
 class TokenChange:
-    """A token file read anew: its text, and what it changes against the tokens served."""
+    """A token file read anew (parsed once: its tokens are served as they are), and what
+    it changes against the tokens served."""
 
-    text: str
+    read: ClientTokens
     before: dict[str, Identity]
     after: dict[str, Identity]
 
@@ -106,16 +107,16 @@ def read_token_change(
     through ``emit`` (``token_reload_failed``: the file and the problem). A file others
     can read or write is used with a ``token_file_open`` warning, as at start."""
     try:
-        text = read_token_file(token_file, at_reload=True)
-    except ValueError as exc:
-        why = f"{token_file} {getattr(exc, 'rule', exc)}; the old tokens stay"
+        read = read_client_tokens(token_file, regular_only=True)
+    except TokenFileError as exc:
+        why = f"{token_file} {exc}; the old tokens stay"
         emit("token_reload_failed", "ERROR", path=str(token_file), message=why)
         return None
     exposure = token_file_exposure(token_file)
     if exposure is not None:  # applied all the same, as at start
         emit("token_file_open", "WARNING", message=exposure, path=str(token_file))
-    after = {who.name: who for who in parse_tokens(text).values()}
-    return TokenChange(text, before, after)
+    after = {who.name: who for who in read.tokens.values()}
+    return TokenChange(read, before, after)
 
 
 def reload_tokens(state: ServerState, token_file: Path | None) -> None:
@@ -128,7 +129,7 @@ def reload_tokens(state: ServerState, token_file: Path | None) -> None:
     change = read_token_change(token_file, state.authenticator.identities(), events.emit)
     if change is None:
         return
-    state.use_tokens(change.text)
+    state.use_tokens(change.read)
     ended = [end_identity_work(state, name) for name in change.revoked]
     events.emit(
         "tokens_reloaded",

@@ -90,7 +90,7 @@ class RouterState:
         change = read_token_change(Path(path), self.authenticator.identities(), self.log.event)
         if change is None:
             return
-        self.authenticator = Authenticator(parse_tokens(change.text))
+        self.authenticator = Authenticator(change.read.tokens)
         level = "WARNING" if change.revoked else "INFO"
         self.log.event("tokens_reloaded", level=level, path=path, **change.fields())
         self.revocations.reloaded(change.revoked, change.added)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from urllib.parse import urlsplit
 
+from kcoral_server.front_door.callers import PRINTABLE_TOKEN
+
 NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_FRAME_DATA = 262144
 MAX_GRPC_MESSAGE = 262144 + 65536
@@ -19,9 +21,6 @@ def is_valid_node_id(value: str) -> bool:
     return NODE_ID_PATTERN.fullmatch(value) is not None and value.isascii()
 
 
-_NODE_TOKEN = re.compile(r"[\x21-\x7e]+")
-
-
 def node_token_problem(token: str) -> str | None:
     """Why ``token`` cannot be a node token, or None. Nodes send it in gRPC metadata, which
     carries printable ASCII only: a token with a newline (a token file written with
@@ -29,7 +28,7 @@ def node_token_problem(token: str) -> str | None:
     retried without end."""
     if not token:
         return "must not be empty"
-    if _NODE_TOKEN.fullmatch(token) is None:
+    if PRINTABLE_TOKEN.fullmatch(token) is None:
         return "must be printable ASCII without spaces (a trailing newline?): nodes send it in gRPC"
     return None
 

@@ -12,9 +12,15 @@ from pathlib import Path
 
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
+from kcoral_server.front_door.token_file import (
+    TokenFileError,
+    cannot_read,
+    read_client_tokens,
+    read_token_text,
+)
 from kcoral_server.router.identity import NodeTokens, node_token_problem, parse_node_tokens
 from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
-from kcoral_server.settings.config import declared_settings, not_utf8, setting
+from kcoral_server.settings.config import declared_settings, setting
 
 
 @dataclass(frozen=True)
@@ -260,36 +266,28 @@ def _given_or_default(args: argparse.Namespace) -> None:
         setattr(args, declared.name, value)
 
 
-def _read_file(flag: str, path: str) -> tuple[str, int]:
-    """The text and mode of the file ``flag`` names; ``SettingsError`` saying why not."""
+def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
+    """The client token: from ``--auth-token-file`` (as a server reads it: one reader, one
+    set of rules, ``front_door.token_file``), else ``KCORAL_AUTH_TOKEN``."""
+    if path is not None:
+        try:
+            return read_client_tokens(_given_path("--auth-token-file", path)).text
+        except TokenFileError as exc:
+            raise SettingsError(f"--auth-token-file {exc}") from None
+    token = env.get("KCORAL_AUTH_TOKEN") or None
+    if token is not None:
+        try:
+            parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
+        except ValueError as exc:
+            raise SettingsError(f"KCORAL_AUTH_TOKEN: {exc}") from None
+    return token
+
+
+def _given_path(flag: str, path: str) -> str:
+    """``path`` if given (an empty one is no file: it must not read the current folder)."""
     if not path:
         raise SettingsError(f"{flag} must not be empty")
-    try:
-        mode = os.stat(path).st_mode
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:  # it was read: its bytes are the problem
-        raise SettingsError(f"{flag} {not_utf8(exc)}") from None
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise SettingsError(f"{flag} cannot be read: {reason}") from None
-    return text, mode
-
-
-def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
-    """The client token: from ``--auth-token-file`` (stripped), else ``KCORAL_AUTH_TOKEN``."""
-    if path is None:
-        origin, token = "KCORAL_AUTH_TOKEN", env.get("KCORAL_AUTH_TOKEN") or None
-        if token is None:
-            return None
-    else:
-        origin, token = "--auth-token-file", _read_file("--auth-token-file", path)[0].strip()
-        if not token:
-            raise SettingsError("--auth-token-file is empty")
-    try:
-        parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
-    except ValueError as exc:
-        raise SettingsError(f"{origin}: {exc}") from None
-    return token
+    return path
 
 
 def _node_tokens(path: str | None) -> NodeTokens | None:
@@ -298,7 +296,14 @@ def _node_tokens(path: str | None) -> NodeTokens | None:
     writes it may add a node of their own."""
     if path is None:
         return None
-    text, mode = _read_file("--node-token-file", path)
+    given = _given_path("--node-token-file", path)
+    try:
+        mode = os.stat(given).st_mode
+        text = read_token_text(given)
+    except OSError as exc:
+        raise SettingsError(f"--node-token-file {cannot_read(exc)}") from None
+    except TokenFileError as exc:
+        raise SettingsError(f"--node-token-file {exc}") from None
     if mode & 0o077:
         raise SettingsError(
             f"--node-token-file {path} is open to its group or others (mode "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import lru_cache
@@ -23,7 +22,7 @@ from urllib.parse import urlsplit
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.protocol.selector import BUILT_IN_KEYS
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
-from kcoral_server.front_door.callers import parse_tokens
+from kcoral_server.front_door.token_file import TokenFileError, read_client_tokens
 from kcoral_server.router.identity import node_token_problem
 
 GIB = 1024**3
@@ -712,13 +711,17 @@ class ServerConfig:
     def read_auth_token(self) -> str | None:
         """The client auth token: ``auth_token``, else the stripped contents of the file.
 
-        Raises ``InvalidConfigError`` for an unreadable or empty token file.
+        Raises ``InvalidConfigError`` for a token file that cannot be used (unreadable,
+        over 1 MiB, empty, a bad line).
         """
         if self.auth_token is not None:
             return self.auth_token
         if self.auth_token_file is None:
             return None
-        return read_token_file(self.auth_token_file)
+        try:
+            return read_client_tokens(self.auth_token_file).text
+        except TokenFileError as exc:
+            raise InvalidConfigError("auth_token_file", str(exc)) from None
 
 
 def _set(config: ServerConfig, name: str, value: Any) -> None:
@@ -843,49 +846,6 @@ def _check_declared(config: ServerConfig, setting: Field) -> None:
 
 
 _ITEMS = {"path": "paths", "text": "strings"}
-
-
-def not_utf8(exc: UnicodeDecodeError) -> str:
-    """What is wrong with a token file that is not UTF-8 text: where, never its bytes
-    (they may be a token)."""
-    return f"is not UTF-8 text (byte {exc.start})"
-
-
-def regular_file_bytes(path: Path) -> bytes | None:
-    """The bytes of ``path`` if it is a regular file, else None, without waiting: opening a
-    FIFO that no writer holds open blocks until one does, and a reload runs on the event
-    loop (SIGHUP), so every request, ``/health`` included, would wait with it."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            return None
-        return handle.read()
-
-
-def read_token_file(path: Path, *, at_reload: bool = False) -> str:
-    """The stripped text of a client-token file, checked (``parse_tokens``): at start and
-    at each reload (SIGHUP, EXTENSIONS §6). ``InvalidConfigError`` says what is wrong.
-    ``at_reload``: only a regular file is read (at start a pipe may bring the secret)."""
-    try:
-        if at_reload:
-            data = regular_file_bytes(path)
-            if data is None:
-                raise InvalidConfigError("auth_token_file", "is not a regular file")
-            token = data.decode("utf-8").strip()
-        else:
-            token = path.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError as exc:  # it was read: its bytes are the problem
-        raise InvalidConfigError("auth_token_file", not_utf8(exc)) from None
-    except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
-        raise InvalidConfigError("auth_token_file", f"cannot be read: {reason}") from None
-    if not token:
-        raise InvalidConfigError("auth_token_file", "is empty")
-    try:
-        parse_tokens(token)  # one bare token, or `NAME TOKEN [admin]` lines
-    except ValueError as exc:
-        raise InvalidConfigError("auth_token_file", str(exc)) from None
-    return token
 
 
 def validate(config: ServerConfig) -> None:

@@ -1,0 +1,153 @@
+"""A token file is read strictly and boundedly (EXTENSIONS §6, ROUTER §3): a token is
+printable ASCII without spaces, and a file over 1 MiB is refused after reading one byte
+past the bound, on a server and on a router, at start and at a ``SIGHUP`` reload.
+
+Before, a token holding a NUL (or any control character) was taken, though no client sends
+it the same way; and a token file of any size was read whole into memory: at start (a path
+pointed at a disk image, ``/dev/zero``) and at a reload, on the event loop, every request
+(``/health`` included) waiting for it. A 5 MiB file of one line was even served as one bare
+token, revoking every named identity.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from identity_support import TOKEN_B, request, token_file
+from kcoral_server.front_door.callers import Identity, parse_tokens
+from server_process import start_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+
+from router_helpers import start_router
+
+NODE_ENV = {"KCORAL_NODE_TOKEN": "n0de-token"}
+#: bob's token with a NUL in it: what a file written by a careless script may hold
+WITH_NUL = "alice alice-token-0123456789abcdef\nbob bob-token\x00-0123456789abcdef\n"
+NUL_PROBLEM = "line 2: the token of 'bob' is not printable ASCII"
+#: one line of 5 MiB: a single bare token, as the old reader took it
+HUGE = "h" * (5 << 20) + "\n"
+HUGE_PROBLEM = "is larger than 1 MiB, the bound of a token file"
+BAD_FILES = [(WITH_NUL, NUL_PROBLEM), (HUGE, HUGE_PROBLEM)]
+RELOAD_ENDS = ("token_reload_failed", "tokens_reloaded")
+
+
+def _put(path: Path, text: str) -> Path:
+    """Replace ``path`` at once with ``text`` (mode 0600), as an operator's tool would."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text, encoding="utf-8")
+    new.chmod(0o600)
+    os.replace(new, path)
+    return path
+
+
+def _refusal(start: Callable[[], object], what: str) -> str:
+    """What a process said when it refused to start (``start`` raises RuntimeError)."""
+    try:
+        start()
+    except RuntimeError as exc:
+        return str(exc)
+    raise AssertionError(f"{what} started with a token file it must refuse")
+
+
+def _until(found: Callable[[], bool], what: str) -> None:
+    """Poll until ``found`` (a hang guard, not a timing check)."""
+    deadline = time.monotonic() + 60
+    while not found():
+        assert time.monotonic() < deadline, f"no {what}"
+        time.sleep(0.05)
+
+
+def test_a_token_is_printable_ascii_and_a_line_splits_only_at_spaces_and_tabs() -> None:
+    for text in ("tok\x00en", "alice TA\x00", "alice TA\x1b[0m", "alice TA\x85", "alice T\xe9A"):
+        with pytest.raises(ValueError, match="is not printable ASCII"):
+            parse_tokens(text)
+    # a Unicode space or a form feed does not split a line: it stays in its field
+    with pytest.raises(ValueError):
+        parse_tokens("alice\xa0TA\nbob TB")
+    with pytest.raises(ValueError):
+        parse_tokens("alice TA\x0cbob TB")
+    assert parse_tokens("alice\tTA\r\nbob  TB  admin\r\n# Zoë's\n") == {
+        "TA": Identity("alice"),
+        "TB": Identity("bob", admin=True),
+    }
+
+
+@pytest.mark.parametrize(("text", "problem"), BAD_FILES, ids=["nul", "huge"])
+def test_a_server_and_a_router_refuse_to_start_with_a_bad_token_file(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    tokens = _put(tmp_path / "tokens", text)
+    said = _refusal(
+        lambda: start_server(tmp_path / "server", ["--auth-token-file", str(tokens)]), "a server"
+    )
+    assert f"--auth-token-file {problem}" in said, said
+    said = _refusal(
+        lambda: start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV), "a router"
+    )
+    assert f"--auth-token-file {problem}" in said, said
+    assert "bob-token" not in said
+
+
+def test_a_router_refuses_a_node_token_file_over_the_bound(tmp_path: Path) -> None:
+    nodes = _put(tmp_path / "nodes", "gpu-1 " + "n" * (2 << 20) + "\n")
+    said = _refusal(lambda: start_router(tmp_path, "--node-token-file", str(nodes)), "a router")
+    assert f"--node-token-file {HUGE_PROBLEM}" in said, said
+
+
+def test_a_server_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
+    tmp_path: Path,
+) -> None:
+    tokens = token_file(tmp_path / "secrets")
+    server = start_server(tmp_path / "server", ["--auth-token-file", str(tokens)])
+
+    def reload_outcomes() -> list[dict]:
+        return [e for e in server.events() if e["event"] in RELOAD_ENDS]
+
+    try:
+        for number, (text, problem) in enumerate(BAD_FILES, start=1):
+            _put(tokens, text)
+            server.process.send_signal(signal.SIGHUP)
+            _until(lambda n=number: len(reload_outcomes()) >= n, "end of the reload")
+            last = reload_outcomes()[-1]
+            assert last["event"] == "token_reload_failed", last
+            assert last["message"] == f"{tokens} {problem}; the old tokens stay"
+            assert request(server.url, "GET", "/health", timeout=30).status == 200
+            info = request(server.url, "GET", "/v1/info", TOKEN_B, timeout=30)
+            assert info.json["identity"] == "bob"
+    finally:
+        server.stop()
+
+
+def test_a_router_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
+    tmp_path: Path,
+) -> None:
+    # A short path: the router's log line cuts a value at 120 characters (ROUTER §10).
+    with tempfile.TemporaryDirectory(prefix="kc") as short:
+        tokens = token_file(Path(short))
+        router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+
+        def reload_outcomes() -> int:
+            return sum(router.log().count(end) for end in RELOAD_ENDS)
+
+        try:
+            for number, (text, problem) in enumerate(BAD_FILES, start=1):
+                _put(tokens, text)
+                router.process.send_signal(signal.SIGHUP)
+                _until(lambda n=number: reload_outcomes() >= n, "end of the reload")
+                assert "tokens_reloaded" not in router.log()
+                assert f"{tokens} {problem}; the old tokens stay" in router.log()
+                # it answers /health: 503, as a router without a node does
+                assert request(router.url, "GET", "/health", timeout=30).status == 503
+                # bob's token still opens it: an unknown path is 404 for him, not 401
+                answer = request(router.url, "GET", "/no-such-path", TOKEN_B, timeout=30)
+                assert answer.status == 404
+        finally:
+            router.stop()
