@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from identity_support import TOKEN_B, request, token_file
+from identity_support import TOKEN_A, TOKEN_B, TOKEN_LINES, request, token_file
 from kcoral_server.front_door.callers import Identity, parse_tokens
 from server_process import start_server
 
@@ -151,3 +151,20 @@ def test_a_router_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
                 assert answer.status == 404
         finally:
             router.stop()
+
+
+def test_a_token_file_saved_with_a_byte_order_mark_is_read_as_its_text(tmp_path: Path) -> None:
+    # Notepad saves UTF-8 with a BOM: the first token (or name) was refused, or served with
+    # an invisible character in front that no client sends, so every request got 401.
+    tokens = _put(tmp_path / "tokens", "\ufeff" + TOKEN_LINES)
+    server = start_server(tmp_path / "server", ["--auth-token-file", str(tokens)])
+    try:
+        info = request(server.url, "GET", "/v1/info", TOKEN_A, timeout=30)
+        assert (info.status, info.json.get("identity")) == (200, "alice")
+    finally:
+        server.stop()
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+    try:
+        assert request(router.url, "GET", "/no-such-path", TOKEN_A, timeout=30).status == 404
+    finally:
+        router.stop()

@@ -64,7 +64,9 @@ def read_token_text(path: str | os.PathLike[str], *, regular_only: bool = False)
     if len(data) > MAX_TOKEN_FILE_BYTES:
         raise TokenFileError(f"is larger than {TOKEN_FILE_BOUND}, the bound of a token file")
     try:
-        return data.decode("utf-8")
+        # A byte order mark (a file saved by Notepad) is no part of the text: kept, it would
+        # stand in front of the first token or name, where nobody sees it.
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:  # where, never the bytes around it: they may be a token
         raise TokenFileError(f"is not UTF-8 text (byte {exc.start})") from None
 
