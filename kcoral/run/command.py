@@ -245,6 +245,10 @@ def execute(options: RunOptions, program: Any) -> Any:
                 timeout_seconds=options.timeout_seconds,
                 output_limit_bytes=options.output_limit_bytes,
             )
+        # First in line (position 0) is also a wait when every worker is busy, and that
+        # printed nothing either: said only if no worker has taken the job after a moment.
+        first_in_line = threading.Timer(WAITING_NOTICE_SECONDS, say, [WAITING_NOTICE])
+        first_in_line.daemon = True
         try:
             queued_said = False
             for event in job.events():
@@ -252,11 +256,17 @@ def execute(options: RunOptions, program: Any) -> Any:
                     write_output(sys.stdout, event.text)
                 elif event.kind == "stderr":
                     write_output(sys.stderr, event.text)
+                elif not _is_queued(event.data):
+                    first_in_line.cancel()  # assigned (or finished): no longer waiting
                 elif not queued_said and (ahead := _requests_ahead(event.data)):
                     # Said once: a wait behind others, which printed nothing, looked hung
                     # (team soak).
+                    first_in_line.cancel()
                     other = "other request" if ahead == 1 else "other requests"
                     say(f"queued behind {ahead} {other}; the tool starts when a worker is free")
+                    queued_said = True
+                elif not queued_said and not first_in_line.is_alive():
+                    first_in_line.start()
                     queued_said = True
             options.output_streamed = True
             options.tool_ended = True  # the stream ends after the job's finished phase
@@ -271,6 +281,17 @@ def execute(options: RunOptions, program: Any) -> Any:
             with contextlib.suppress(Exception):
                 job.cancel()  # waits until the remote process tree is gone
             raise
+        finally:
+            first_in_line.cancel()
+
+
+#: How long a job first in line may wait for a worker before ``kcoral run`` says it waits.
+WAITING_NOTICE_SECONDS = 1.0
+WAITING_NOTICE = "waiting for a free worker; the tool starts when one is free"
+
+
+def _is_queued(phase: object) -> bool:
+    return isinstance(phase, dict) and phase.get("phase") == "queued"
 
 
 def _requests_ahead(phase: object) -> int:

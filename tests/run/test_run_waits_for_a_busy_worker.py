@@ -1,0 +1,75 @@
+"""``kcoral run`` first in line behind a running program says that it waits (EXTENSIONS §7).
+
+A real one-worker server, a job holding its worker, and ``kcoral run`` as the user starts it
+(a process of its own). Its job is first in the queue (position 0), so the "queued behind N
+other requests" notice, which counts only the requests waiting ahead, never came: the run
+printed nothing until the worker was free and looked hung, the case that notice was added
+for.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from server_process import running_server
+
+import kcoral
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Only a bound for the old code, which never says it: the notice comes after about 1 s.
+GIVE_UP_SECONDS = 60.0
+NOTICE = "kcoral run: waiting for a free worker; the tool starts when one is free"
+
+
+def holder() -> kcoral.Program:
+    """A program that holds its worker until it is cancelled."""
+    program = kcoral.Program()
+    module = program.upload(kind="module", source="import time\ndef hold():\n    time.sleep(600)\n")
+    program.run(fn=program.get_function(module=module, name="hold"))
+    return program
+
+
+def test_a_run_waiting_for_the_only_busy_worker_says_so_and_then_runs(tmp_path: Path) -> None:
+    args = ["--num-workers", "1", "--log-dir", ""]
+    with (
+        running_server(tmp_path / "server", args) as server,
+        kcoral.Client(server.url) as client,
+    ):
+        held = client.submit(holder(), timeout_seconds=600)
+        for event in held.events():  # the worker is taken once the hold runs
+            if event.kind == "phase" and event.data.get("op") == "run":
+                break
+        command = ["run", "python", "--url", server.url, "--", "-c", "print('ran')"]
+        run = subprocess.Popen(
+            [sys.executable, "-m", "kcoral", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        give_up = threading.Timer(GIVE_UP_SECONDS, held.cancel)
+        give_up.start()
+        said = []
+        try:
+            assert run.stderr is not None
+            for line in run.stderr:
+                said.append(line.rstrip("\n"))
+                if line.rstrip("\n") == NOTICE:
+                    held.cancel()  # frees the worker: the run goes on
+                    break
+            out, err = run.communicate(timeout=120)
+        finally:
+            give_up.cancel()
+            held.cancel()
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        said += err.splitlines()
+    assert said.count(NOTICE) == 1, said
+    assert run.returncode == 0, said
+    assert out == "ran\n"
