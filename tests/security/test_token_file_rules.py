@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from identity_support import TOKEN_A, TOKEN_B, TOKEN_LINES, request, token_file
 from kcoral_server.front_door.callers import Identity, parse_tokens
+from kcoral_server.settings.config import InvalidConfigError, ServerConfig
 from server_process import start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
@@ -168,3 +169,17 @@ def test_a_token_file_saved_with_a_byte_order_mark_is_read_as_its_text(tmp_path:
         assert request(router.url, "GET", "/no-such-path", TOKEN_A, timeout=30).status == 404
     finally:
         router.stop()
+
+
+def test_a_server_config_refuses_a_token_text_it_cannot_serve_naming_auth_token() -> None:
+    # Python callers (``kcoral.ServerConfig``, CLIENT_API §1.1) get the rules of the file at
+    # construction; before, the config was built and ``create_app`` raised a bare ValueError
+    # ('line 1: the token is not printable ASCII') that named no setting.
+    for text, problem in [
+        ("tok\x00en", "line 1: the token is not printable ASCII"),
+        ("alice TA\nalice TB", "line 2: identity 'alice' is listed twice"),
+        (" \n", "is empty"),
+    ]:
+        with pytest.raises(InvalidConfigError) as refused:
+            ServerConfig(auth_token=text)
+        assert str(refused.value) == f"auth_token {problem}"

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.protocol.selector import BUILT_IN_KEYS
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
+from kcoral_server.front_door.callers import parse_tokens
 from kcoral_server.front_door.token_file import TokenFileError, read_client_tokens
 from kcoral_server.router.identity import node_token_problem
 
@@ -869,10 +870,13 @@ def validate(config: ServerConfig) -> None:
 
     _validate_router(config)
 
-    if config.auth_token is not None and (
-        not isinstance(config.auth_token, str) or not config.auth_token
-    ):
-        raise InvalidConfigError("auth_token", "must be a non-empty string")
+    if config.auth_token is not None:
+        if not isinstance(config.auth_token, str) or not config.auth_token:
+            raise InvalidConfigError("auth_token", "must be a non-empty string")
+        try:  # a token file's text, checked as one (EXTENSIONS §6): here, not in create_app
+            parse_tokens(config.auth_token)
+        except ValueError as exc:
+            raise InvalidConfigError("auth_token", str(exc)) from None
     if not isinstance(config.allowed_serialization, list):
         raise InvalidConfigError("allowed_serialization", "must be a list of format names")
     for name in config.allowed_serialization:
