@@ -14,7 +14,12 @@ from IPython.display import display
 
 from kcoral import Client, KCoralError, TransportError
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_errors import CellCancelledError, LocalServerGoneError, unreachable
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    LocalServerGoneError,
+    refused,
+    unreachable,
+)
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.cell import CellMagic
 from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
@@ -117,8 +122,13 @@ class JobCommands:
                 f"%kcoral attach {job_id} follows it again, %kcoral cancel {job_id} stops it",
             ) from exc
         except KCoralError as exc:
+            error = translate_error(exc, ExecuteOptions(), url)
+            if error is exc:  # an HTTP error (an unknown id's 404): the line said "attached"
+                short = refused(exc, url)
+                line_out.show(short.cause, status="ERROR")
+                raise short from None
             line_out.settle()
-            raise translate_error(exc, ExecuteOptions(), url) from None
+            raise error from None
         except TransportError as exc:
             # The job's server, named (its event stream's error knows no address), and a
             # status line that no longer says "attached".
