@@ -124,9 +124,9 @@ class JobCommands:
         except KCoralError as exc:
             error = translate_error(exc, ExecuteOptions(), url)
             if error is exc:  # an HTTP error (an unknown id's 404): the line said "attached"
-                short = refused(exc, url)
-                line_out.show(short.cause, status="ERROR")
-                raise short from None
+                said = refused(exc, url)
+                line_out.show(said.cause, status="ERROR")
+                raise said from None
             line_out.settle()
             raise error from None
         except TransportError as exc:
