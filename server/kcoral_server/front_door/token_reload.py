@@ -100,14 +100,21 @@ class TokenChange:
 
 
 def read_token_change(
-    token_file: Path, before: dict[str, Identity], emit: Callable[..., None]
+    token_file: Path,
+    before: dict[str, Identity],
+    emit: Callable[..., None],
+    refuse: Callable[[dict[str, Identity]], str | None] | None = None,
 ) -> TokenChange | None:
     """The file's tokens against ``before`` (name -> identity: identities match by name),
     for a server's and a router's reload alike; None when the file cannot be used, said
-    through ``emit`` (``token_reload_failed``: the file and the problem). A file others
-    can read or write is used with a ``token_file_open`` warning, as at start."""
+    through ``emit`` (``token_reload_failed``: the file and the problem), ``refuse``'s
+    problem with its tokens included (a router's: a client token that is a node token). A
+    file others can read or write is used with a ``token_file_open`` warning, as at start."""
     try:
         read = read_client_tokens(token_file, regular_only=True)
+        problem = refuse(read.tokens) if refuse is not None else None
+        if problem is not None:
+            raise TokenFileError(problem)
     except TokenFileError as exc:
         why = f"{token_file} {exc}; the old tokens stay"
         emit("token_reload_failed", "ERROR", path=str(token_file), message=why)

@@ -32,6 +32,7 @@ from kcoral_server.router.auth import (
     settle_unread_body,
 )
 from kcoral_server.router.forward import ProgramForwardHandler
+from kcoral_server.router.identity import node_token_clash
 from kcoral_server.router.job_routes import (
     InfoHandler,
     JobHandler,
@@ -87,7 +88,13 @@ class RouterState:
         if path is None:
             self.log.event("token_reload_skipped", message=NO_FILE)
             return
-        change = read_token_change(Path(path), self.authenticator.identities(), self.log.event)
+        settings = self.settings
+        change = read_token_change(
+            Path(path),
+            self.authenticator.identities(),
+            self.log.event,
+            lambda tokens: node_token_clash(tokens, settings.node_token, settings.node_tokens),
+        )
         if change is None:
             return
         self.authenticator = Authenticator(change.read.tokens)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hmac
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from urllib.parse import urlsplit
 
-from kcoral_server.front_door.callers import PRINTABLE_TOKEN
+from kcoral_server.front_door.callers import PRINTABLE_TOKEN, Identity
 
 NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_FRAME_DATA = 262144
@@ -167,3 +168,18 @@ def node_grant(
     if shared is not None and bearer_matches(metadata_value, shared):
         return EVERY_NODE
     return per_node.grant(metadata_value) if per_node is not None else None
+
+
+def node_token_clash(
+    client_tokens: Mapping[str, Identity], shared: str | None, per_node: NodeTokens | None
+) -> str | None:
+    """Why these client tokens (token -> identity) cannot be served beside the node tokens,
+    or None: a client token that is also a node token lets every holder act as a node and
+    receive the other identities' programs, what node tokens exist to prevent (§3). Where
+    nodes need no token (no node token at all), there is nothing to guard."""
+    if shared is None and per_node is None:
+        return None
+    for token, who in client_tokens.items():
+        if node_grant(f"Bearer {token}", shared, per_node) is not None:
+            return f"the token of {who.name!r} is also a node token"
+    return None

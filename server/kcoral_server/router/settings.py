@@ -18,7 +18,12 @@ from kcoral_server.front_door.token_file import (
     read_client_tokens,
     read_token_text,
 )
-from kcoral_server.router.identity import NodeTokens, node_token_problem, parse_node_tokens
+from kcoral_server.router.identity import (
+    NodeTokens,
+    node_token_clash,
+    node_token_problem,
+    parse_node_tokens,
+)
 from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
 from kcoral_server.settings.config import declared_settings, setting
 
@@ -346,6 +351,11 @@ def parse_router_args(
             "set --auth-token-file or KCORAL_AUTH_TOKEN, or pass --allow-unauthenticated"
         )
     node_tokens = _node_tokens(args.node_token_file)
+    if auth_token is not None:
+        clash = node_token_clash(parse_tokens(auth_token), token, node_tokens)
+        if clash is not None:
+            origin = "KCORAL_AUTH_TOKEN:" if args.auth_token_file is None else "--auth-token-file"
+            raise SettingsError(f"{origin} {clash}")
     if (
         token is None
         and node_tokens is None
