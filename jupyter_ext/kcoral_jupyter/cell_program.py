@@ -183,9 +183,13 @@ def read_local_file(path: str) -> bytes:
     checked again once open, so a FIFO put in its place cannot block either. The file's
     size is not trusted: ``/proc`` files say 0 and have content."""
     shown = f"--file {path!r}"
-    if not stat.S_ISREG(mode := os.stat(path).st_mode):
-        raise ValueError(f"{shown} is a {kind_of(mode)}, not a regular file")
-    fd = os.open(path, _READ_FLAGS)
+    try:  # named by its option: "[Errno 2] No such file or directory: 'x'" said neither
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{shown} is a {kind_of(mode)}, not a regular file")
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        raise ValueError(f"{shown}: {exc.strerror or exc}") from None
     with open(fd, "rb") as handle:
         if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
             raise ValueError(f"{shown} is a {kind_of(mode)}, not a regular file")
