@@ -66,16 +66,12 @@ def _until(found: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
-def test_a_token_is_printable_ascii_and_a_line_splits_only_at_spaces_and_tabs() -> None:
-    for text in ("tok\x00en", "alice TA\x00", "alice TA\x1b[0m", "alice TA\x85", "alice T\xe9A"):
+def test_a_token_is_printable_ascii_and_whitespace_only_separates() -> None:
+    for text in ("tok\x00en", "alice TA\x00", "alice TA\x1b[0m", "alice TA\x7f", "alice T\xe9A"):
         with pytest.raises(ValueError, match="is not printable ASCII"):
             parse_tokens(text)
-    # a Unicode space or a form feed does not split a line: it stays in its field
-    with pytest.raises(ValueError):
-        parse_tokens("alice\xa0TA\nbob TB")
-    with pytest.raises(ValueError):
-        parse_tokens("alice TA\x0cbob TB")
-    assert parse_tokens("alice\tTA\r\nbob  TB  admin\r\n# Zoë's\n") == {
+    # whitespace of any kind (a no-break space pasted from a web page) separates fields
+    assert parse_tokens("alice\u00a0TA\r\nbob  TB\tadmin\r\n# Zoë's\n") == {
         "TA": Identity("alice"),
         "TB": Identity("bob", admin=True),
     }

@@ -33,7 +33,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
 #: server differently from each client (Latin-1 or UTF-8), and a control character (a NUL,
 #: a stray escape) is not what an operator means to type.
 PRINTABLE_TOKEN = re.compile(r"[\x21-\x7e]+")
-_FIELD_SEPARATORS = re.compile(r"[ \t]+")
 
 
 @dataclass(frozen=True)
@@ -69,25 +68,17 @@ def parse_identity_header(value: str | None) -> Identity | None:
     return Identity(name, admin=flag == ADMIN_MARK)
 
 
-def _token_lines(text: str) -> list[tuple[int, list[str]]]:
-    """The numbered fields of a token file's lines, ``#`` comments and blank lines skipped.
-    Lines end at ``\\n`` (a ``\\r`` before it is dropped) and fields are split at spaces and
-    tabs only: any other character (a NUL, a form feed, a Unicode space) stays inside its
-    field, where the rules of names and tokens refuse it, instead of cutting a token short
-    unseen."""
-    lines = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        line = line.removesuffix("\r").strip(" \t")
-        if line and not line.startswith("#"):
-            lines.append((number, _FIELD_SEPARATORS.split(line)))
-    return lines
-
-
 def parse_tokens(text: str) -> dict[str, Identity]:
     """Token -> identity from a token file's text; ``ValueError`` names the bad line, never
     a token. A token is printable ASCII without spaces (``PRINTABLE_TOKEN``): all an
-    ``Authorization`` header carries the same way on every client and server."""
-    lines = _token_lines(text)
+    ``Authorization`` header carries the same way on every client and server. Any
+    whitespace separates fields (a no-break space pasted from a web page meant a space): no
+    token can hold one, so a split never cuts a token short."""
+    lines = [
+        (number, line.split())
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not lines:
         raise ValueError("is empty")
     if len(lines) == 1 and len(lines[0][1]) == 1:

@@ -21,9 +21,6 @@ from kcoral_server.front_door.callers import Identity, parse_tokens
 MAX_TOKEN_FILE_BYTES = 1 << 20
 #: How the bound reads in a refusal.
 TOKEN_FILE_BOUND = "1 MiB"
-#: The whitespace a token file's text is stripped of: ASCII only, the characters a token
-#: cannot hold anyway; any other character stays and is refused where it stands.
-ASCII_SPACE = " \t\r\n"
 
 
 class TokenFileError(ValueError):
@@ -75,7 +72,7 @@ def read_client_tokens(path: str | os.PathLike[str], *, regular_only: bool = Fal
     """A client-token file (``--auth-token-file``), read (``read_token_text``) and checked
     (``parse_tokens``: one bare token, or ``NAME TOKEN [admin]`` lines); ``TokenFileError``
     says what is wrong."""
-    text = read_token_text(path, regular_only=regular_only).strip(ASCII_SPACE)
+    text = read_token_text(path, regular_only=regular_only).strip()
     if not text:
         raise TokenFileError("is empty")
     try:
