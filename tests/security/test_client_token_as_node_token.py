@@ -42,9 +42,7 @@ def test_a_router_refuses_to_start_with_a_client_token_that_is_a_node_token(
     said = _refused(tmp_path, "--auth-token-file", str(tokens), env=shared)
     assert "--auth-token-file the token of 'alice' is also a node token" in said, said
     assert NODE_TOKEN not in said
-    per_node = tmp_path / "nodes"
-    per_node.write_text(f"gpu-1 {TOKEN_B}\n")
-    per_node.chmod(0o600)
+    per_node = token_file(tmp_path / "nodes", f"gpu-1 {TOKEN_B}\n")  # mode 0600
     said = _refused(
         tmp_path,
         "--node-token-file",
