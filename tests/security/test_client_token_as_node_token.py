@@ -28,9 +28,10 @@ CLASHING = f"alice {NODE_TOKEN}\nbob {TOKEN_B}\n"
 
 def _refused(tmp_path: Path, *args: str, env: dict[str, str]) -> str:
     try:
-        start_router(tmp_path, *args, env=env)
+        router = start_router(tmp_path, *args, env=env)
     except RuntimeError as exc:
         return str(exc)
+    router.stop()
     raise AssertionError("the router started with a client token that is a node token")
 
 

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from identity_support import TOKEN_A, TOKEN_B, TOKEN_LINES, request, token_file
@@ -49,12 +50,14 @@ def _put(path: Path, text: str) -> Path:
     return path
 
 
-def _refusal(start: Callable[[], object], what: str) -> str:
-    """What a process said when it refused to start (``start`` raises RuntimeError)."""
+def _refusal(start: Callable[[], Any], what: str) -> str:
+    """What a process said when it refused to start (``start`` raises RuntimeError); one
+    that started is stopped, then the test fails."""
     try:
-        start()
+        started = start()
     except RuntimeError as exc:
         return str(exc)
+    started.stop()
     raise AssertionError(f"{what} started with a token file it must refuse")
 
 
