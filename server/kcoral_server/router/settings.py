@@ -246,7 +246,8 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help=(
             "file of the client token(s) every request must carry: one token, or "
-            "NAME TOKEN [admin] lines (or env KCORAL_AUTH_TOKEN)"
+            "NAME TOKEN [admin] lines (or env KCORAL_AUTH_TOKEN); SIGHUP reads it again: a "
+            "removed identity is refused and its work on the nodes cancelled"
         ),
     )
     sections["nodes"].add_argument(

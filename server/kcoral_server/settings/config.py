@@ -514,8 +514,9 @@ class ServerConfig:
         flag="--auth-token-file",
         kind="path",
         group="network",
-        help="file of the client token(s) every request must carry (or env KCORAL_AUTH_TOKEN); "
-        "SIGHUP reads it again: a removed identity is refused and its work cancelled",
+        help="file of the client token(s) every request must carry: one token, or NAME TOKEN "
+        "[admin] lines (or env KCORAL_AUTH_TOKEN); SIGHUP reads it again: a removed identity "
+        "is refused and its work cancelled",
         empty="refused",
     )
     auth_token: str | None = field(default=None, repr=False)
