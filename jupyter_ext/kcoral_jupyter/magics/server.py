@@ -102,9 +102,19 @@ class ServerCommands:
         """The client's version, and the server's when one is chosen (never starts one)."""
         print(f"kcoral {kcoral.__version__} (client; Python {platform.python_version()})")
         kernel = self.kernel
+        if kernel.failed_connect is not None:
+            # Not "the first cell starts the embedded one": cells refuse to run until a
+            # connect succeeds (no quiet fallback), and this must not say otherwise.
+            failed_url, reason = kernel.failed_connect
+            print(f"server: not connected (%kcoral connect {failed_url} failed: {reason})")
+            return
         url = kernel.settings.url or (kernel.local.url if kernel.local else None)
         if not url:
-            print("server: none yet (the first cell starts the embedded one)")
+            print(
+                "server: none (the local server stopped; the next cell starts a new one)"
+                if kernel.gone_local
+                else "server: none yet (the first cell starts the embedded one)"
+            )
             return
         url = normalize_url(url)
         try:
@@ -112,5 +122,5 @@ class ServerCommands:
             print(f"server {url}: kcoral {info.get('kcoral')} (protocol {info.get('protocol')})")
         except TransportError as exc:
             print(f"server {url}: no answer ({root_reason(exc)})")
-        except KCoralError as exc:  # a server of the published protocol has no /v1/info
-            print(f"server {url}: version unknown (HTTP {exc.status_code})")
+        except KCoralError as exc:  # no /v1/info (published protocol), or a refused token
+            print(f"server {url}: version unknown ({exc})")
