@@ -16,6 +16,7 @@ worker's ``kcoral.session.namespace`` (``CellSpec.in_session``).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -49,6 +50,7 @@ from kcoral_jupyter.runner import (
     run_cell,
     translate_error,
 )
+from kcoral_jupyter.settings import KCoral
 
 #: What a cell interrupted twice while its job was submitted says: the server may have it.
 SUBMISSION_ABANDONED = (
@@ -72,6 +74,8 @@ class CellMagic:
             raise UsageError("%%kcoral: --gpus must be from 1 to 8")
         if args.result_name and not args.noblock:
             raise UsageError("%%kcoral: -r NAME goes with --noblock")
+        settings = self.kernel.settings
+        timeout, output_limit = cell_limits(args, settings)
         remote = self.kernel.sessions.active()
         if remote is not None:
             self._check_session_cell(remote, args.url, gpus)
@@ -80,7 +84,6 @@ class CellMagic:
                     f"%%kcoral: {remote.label}'s cells run on its node; --select is given to "
                     "%kcoral session start"
                 )
-        settings = self.kernel.settings
         built, spec = self._build(args, cell, in_session=remote is not None)
 
         url = remote.url if remote is not None else self.kernel.resolve_url(args.url)
@@ -104,10 +107,8 @@ class CellMagic:
                 f"{url} has {facts.gpu_count} ({facts.label})"
             )
         options = ExecuteOptions(
-            timeout_seconds=args.timeout if args.timeout is not None else settings.timeout,
-            output_limit_bytes=(
-                args.output_limit if args.output_limit is not None else settings.output_limit
-            ),
+            timeout_seconds=timeout,
+            output_limit_bytes=output_limit,
             # A session's GPUs were chosen at its start: its programs name none.
             gpu_count=gpus if gpus > 1 and remote is None else None,
             serialization=built.serialization,
@@ -352,3 +353,18 @@ def truncation_note(stream: str, limit: int | None) -> str:
         "with --output-limit BYTES or %config KCoral.output_limit = BYTES (the server caps "
         "it at its max_output_limit_bytes, see %kcoral status)]\n"
     )
+
+
+def cell_limits(args: argparse.Namespace, settings: KCoral) -> tuple[float | None, int | None]:
+    """The cell's timeout and output limit (its options, else the settings), refused in one
+    line when no server could take them: a NaN or infinite timeout failed inside the client
+    with a traceback through the extension's frames (JSON cannot carry it)."""
+    timeout = args.timeout if args.timeout is not None else settings.timeout
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        said = "--timeout" if args.timeout is not None else "KCoral.timeout"
+        raise UsageError(f"%%kcoral: {said} must be a number of seconds above 0, not {timeout:g}")
+    limit = args.output_limit if args.output_limit is not None else settings.output_limit
+    if limit is not None and limit < 0:
+        said = "--output-limit" if args.output_limit is not None else "KCoral.output_limit"
+        raise UsageError(f"%%kcoral: {said} must be 0 or more bytes, not {limit}")
+    return timeout, limit
