@@ -33,6 +33,7 @@ from kcoral.jobs import (
     require_jobs,
 )
 from kcoral.program import Program
+from kcoral.protocol.headers import PRINTABLE_TOKEN
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.protocol.strict_json import nested_deeper_than
 from kcoral.response import (
@@ -95,6 +96,20 @@ def _get_status(path: str) -> Request:
     return Request("GET", path, read_timeout=STATUS_READ_TIMEOUT_SECONDS)
 
 
+def bearer_token(token: str, source: str) -> str:
+    """``token`` without the whitespace at its ends (a newline read with a file: no token
+    holds one); a ``ValueError`` naming ``source`` when what is left cannot be a token. The
+    error never shows the token: the HTTP library's own refusal of such a header printed
+    it whole ('Invalid header value b'Bearer ...'')."""
+    stripped = token.strip(" \t\r\n")
+    if PRINTABLE_TOKEN.fullmatch(stripped) is None:
+        raise ValueError(
+            f"{source} holds a character no bearer token can hold (only printable ASCII "
+            "without spaces); the value is not shown: it may be a secret"
+        )
+    return stripped
+
+
 class BaseClient:
     """Settings and flows of one KCoral server or router. Construction never contacts it.
 
@@ -124,10 +139,13 @@ class BaseClient:
         for name, value in extra.items():
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError("headers must map str to str")
+        source = "token"
         if token is None:
-            token = os.environ.get(TOKEN_ENV) or None
+            token, source = os.environ.get(TOKEN_ENV) or None, TOKEN_ENV
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str")
+        if token:
+            token = bearer_token(token, source)
         if isinstance(max_connections, bool) or not isinstance(max_connections, int):
             raise TypeError("max_connections must be an int")
         if max_connections < 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 
@@ -11,6 +12,11 @@ SERIALIZATION_HEADER = "X-KCoral-Serialization"
 #: Its values: remote-function argument/result formats (EXTENSIONS.md §4).
 SERIALIZATION_FORMATS = ("json", "pickle")
 MAX_NODE_ECHO_CHARS = 512
+#: What a bearer token may hold, on both sides: printable ASCII, no space. A header value's
+#: other bytes reach a server differently from each client (Latin-1 or UTF-8), and a control
+#: character (a NUL, a stray escape, a newline read with the file) is not what anyone means
+#: to type.
+PRINTABLE_TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
 def is_canonical_uuid(value: object) -> bool:

@@ -301,6 +301,31 @@ def test_both_flavours_send_the_token_and_headers_and_never_show_them(
     assert "s3cret" not in repr(client)
 
 
+@pytest.mark.parametrize("flavour", [Client, AsyncClient])
+def test_a_token_read_with_its_newline_is_sent_without_it(
+    flavour: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KCORAL_TOKEN", "from-env\r\n")
+    assert flavour(URL, token=" s3cret\n").headers["Authorization"] == "Bearer s3cret"
+    assert flavour(URL).headers["Authorization"] == "Bearer from-env"
+
+
+@pytest.mark.parametrize("flavour", [Client, AsyncClient])
+def test_a_token_no_header_can_carry_is_refused_naming_where_it_came_from_never_showing_it(
+    flavour: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the HTTP library refused the header at the first request and printed it:
+    # "Invalid header value b'Bearer s3cr\x00et'".
+    for bad in ("s3cr\x00et", "s3cr et", "s3cr\u00e9t", "s3cr\net", "   "):
+        with pytest.raises(ValueError, match=r"^token holds a character") as no:
+            flavour(URL, token=bad)
+        assert "s3cr" not in str(no.value)
+    monkeypatch.setenv("KCORAL_TOKEN", "s3cr\x1bet")
+    with pytest.raises(ValueError, match=r"^KCORAL_TOKEN holds a character") as no:
+        flavour(URL)
+    assert "s3cr" not in str(no.value)
+
+
 def test_the_mock_transport_is_both_kinds_of_transport() -> None:
     transport = MockTransport(Script())
     assert isinstance(transport, Transport) and isinstance(transport, AsyncTransport)

@@ -529,6 +529,16 @@ def test_invalid_environment_values_exit_with_status_2(capsys, environ, needle) 
     assert needle in refused(capsys, **environ)
 
 
+@pytest.mark.parametrize("value", ["scr\x1bape", "scr ape", "scr\u00e9pe", "scrape\n"])
+def test_a_metrics_token_no_header_can_carry_is_refused_without_showing_it(capsys, value) -> None:
+    # It took any text without surrounding spaces: an escape or an accented letter started
+    # a server whose scraper could never send that token.
+    said = refused(capsys, KCORAL_METRICS_TOKEN=value)
+    assert "--metrics-token must be printable ASCII without spaces" in said
+    assert "(from KCORAL_METRICS_TOKEN)" in said
+    assert "scr" not in said
+
+
 def test_an_unreadable_auth_token_file_stops_start_up(capsys, tmp_path) -> None:
     err = refused(capsys, "--auth-token-file", str(tmp_path / "missing"))
     assert "--auth-token-file" in err

@@ -23,16 +23,14 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kcoral.protocol.headers import PRINTABLE_TOKEN
+
 IDENTITY_HEADER = "X-KCoral-Identity"
 #: What a node's supervisor and its child server log on SIGHUP (``token_reload_skipped``):
 #: the client tokens are the router's (ROUTER §3), so the signal changes nothing there.
 NODE_HANGUP = "SIGHUP: a node holds no client tokens; send SIGHUP to its router to reload them"
 ADMIN_MARK = "admin"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}", re.ASCII)
-#: What a token may hold: printable ASCII, no space. A header value's other bytes reach a
-#: server differently from each client (Latin-1 or UTF-8), and a control character (a NUL,
-#: a stray escape) is not what an operator means to type.
-PRINTABLE_TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
 @dataclass(frozen=True)

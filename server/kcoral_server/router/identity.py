@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from urllib.parse import urlsplit
 
-from kcoral_server.front_door.callers import PRINTABLE_TOKEN, Identity
+from kcoral.protocol.headers import PRINTABLE_TOKEN
+from kcoral_server.front_door.callers import Identity
 
 NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_FRAME_DATA = 262144

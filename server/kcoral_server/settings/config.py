@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 # Standard library only like this module; every entry point has loaded kcoral already.
-from kcoral.protocol.headers import SERIALIZATION_FORMATS
+from kcoral.protocol.headers import PRINTABLE_TOKEN, SERIALIZATION_FORMATS
 from kcoral.protocol.selector import BUILT_IN_KEYS
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens
@@ -534,8 +534,8 @@ class ServerConfig:
         secret=True,
         problem=lambda value: (
             None
-            if isinstance(value, str) and value.strip() == value and value
-            else "must be a non-empty string without surrounding spaces"
+            if isinstance(value, str) and PRINTABLE_TOKEN.fullmatch(value)
+            else "must be printable ASCII without spaces, as a bearer token"
         ),
     )
     allow_unauthenticated: bool = setting(
