@@ -1,10 +1,12 @@
-"""``%kcoral attach ID`` of a job the server does not have, against the real CPU server of the
+"""``%kcoral attach ID`` of a job the server does not have (and ``attach``/``cancel`` of
+something that is no job id), against the real CPU server of the
 Jupyter tests: the status line says the refusal, naming the server, instead of being left
 at ``attached to job ID`` (README: the status line says only what is true)."""
 
 from __future__ import annotations
 
 import pytest
+from IPython.core.error import UsageError
 from kcoral_jupyter.cell_errors import ServerRefusedError
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,3 +23,12 @@ def test_attaching_an_unknown_job_leaves_no_attached_status_line(
         line for line in capsys.readouterr().out.splitlines() if line.startswith("kcoral: ")
     ]
     assert status_lines[-1] == f"kcoral: ERROR · {refused.value.cause}", status_lines
+
+
+@pytest.mark.parametrize("command", ["attach", "cancel"])
+def test_an_argument_that_is_no_job_id_is_refused_in_one_line(shell, command: str) -> None:
+    # It raised the client's ValueError with a traceback through the extension's frames,
+    # where %kcoral session attach already refused such an id in one line.
+    with pytest.raises(UsageError) as refused:
+        shell.run_line_magic("kcoral", f"{command} ../jobs")
+    assert str(refused.value) == f"%kcoral {command}: '../jobs' is not a job id"

@@ -10,9 +10,11 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.display import display
 
 from kcoral import Client, KCoralError, TransportError
+from kcoral.jobs import check_job_id
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
@@ -80,7 +82,11 @@ class JobCommands:
         if not listed.whole:  # said, not left out without a word (a router's away nodes)
             print(f"kcoral: {left_out_note(listed.left_out, listed.nodes_left_out)}")
 
-    def _job_client(self, job_id: str) -> tuple[Client, str]:
+    def _job_client(self, job_id: str, command: str) -> tuple[Client, str]:
+        try:  # as %kcoral session attach does: not a traceback from inside the client
+            check_job_id(job_id)
+        except (TypeError, ValueError):
+            raise UsageError(f"%kcoral {command}: {job_id!r} is not a job id") from None
         pending = self.kernel.pending.get(job_id)
         url = pending.url if pending else self.kernel.running_url()
         if url is None:
@@ -105,7 +111,7 @@ class JobCommands:
 
     def attach(self, args: argparse.Namespace) -> Any:
         job_id: str = args.job_id
-        client, url = self._job_client(job_id)
+        client, url = self._job_client(job_id, "attach")
         job = client.job(job_id)
         pending = self.kernel.pending.get(job_id)
         record = RunRecord(server=url, job_id=job_id, warning=pending.warning if pending else None)
@@ -149,7 +155,7 @@ class JobCommands:
 
     def cancel(self, args: argparse.Namespace) -> None:
         job_id: str = args.job_id
-        client, url = self._job_client(job_id)
+        client, url = self._job_client(job_id, "cancel")
         client.job(job_id).cancel()
         self.kernel.pending.pop(job_id, None)
         print(f"kcoral: cancelled job {job_id} on {url}")
