@@ -9,6 +9,7 @@ non-200 answer and ``ProtocolError`` for a broken one. The clients only move byt
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,9 @@ def execute_body(
         )
         if value is not None
     }
+    for name, value in options.items():  # named: JSON's "Out of range float" said neither
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, not {value!r}")
     document: dict[str, Any] = {"instructions": program.instructions}
     if options:
         document["options"] = options
