@@ -191,7 +191,7 @@ def test_a_bad_token_file_keeps_the_old_tokens_and_says_why(server_factory, tmp_
         _rewrite(tokens, text)
         failed = _hang_up(server, "token_reload_failed")
         assert failed["level"] == "ERROR" and failed["path"] == str(tokens)
-        assert failed["message"].startswith(f"{tokens} {problem}")
+        assert failed["message"].startswith(f"the token file {problem}")
         assert failed["message"].endswith("; the old tokens stay")
         # Nothing half-applied: every old token opens what it did, bob is still no admin.
         for token, name in ((TOKEN_A, "alice"), (TOKEN_B, "bob"), (TOKEN_R, "root")):

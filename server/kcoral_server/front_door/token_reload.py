@@ -116,7 +116,9 @@ def read_token_change(
         if problem is not None:
             raise TokenFileError(problem)
     except TokenFileError as exc:
-        why = f"{token_file} {exc}; the old tokens stay"
+        # Not the path again (its own field): a router cuts each value at 120 characters
+        # (ROUTER §10), and a long path left the problem cut off.
+        why = f"the token file {exc}; the old tokens stay"
         emit("token_reload_failed", "ERROR", path=str(token_file), message=why)
         return None
     exposure = token_file_exposure(token_file)
