@@ -128,6 +128,25 @@ class JobLost(Exception):
         )
 
 
+class TokenRefusedMidRun(Exception):
+    """The server answered 401 for the job it had accepted with this token: an operator
+    rotated or revoked it (``SIGHUP``, EXTENSIONS §6). A rotated token's job runs on, which
+    "HTTP 401: missing or invalid bearer token" alone never said, nor how to follow it."""
+
+    def __init__(self, job_id: str, url: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+        self.url = url
+
+    def __str__(self) -> str:
+        return (
+            "the server stopped accepting this token while the tool ran (rotated or "
+            f"revoked?); a rotated token's job {self.job_id} runs on: follow it with "
+            f"kcoral.Client({self.url!r}).job({self.job_id!r}) and KCORAL_TOKEN set to the "
+            "new token"
+        )
+
+
 def runner_source() -> str:
     """Source of the module that runs on the worker."""
     return inspect.getsource(run_remote)
@@ -174,7 +193,7 @@ def run(options: RunOptions) -> int:
     try:
         result = execute(options, program)
         options.tool_ended = True
-    except JobLost as lost:
+    except (JobLost, TokenRefusedMidRun) as lost:
         say(str(lost))
         return 1
     except KCoralError as exc:
@@ -275,6 +294,8 @@ def execute(options: RunOptions, program: Any) -> Any:
             if exc.status_code == 404:
                 # the job was accepted, so the server (or the router's node) has lost it
                 raise JobLost(exc.message if exc.kind == "job_expired" else None) from exc
+            if exc.status_code == 401:  # it was accepted: the token changed since
+                raise TokenRefusedMidRun(job.id, options.url) from exc
             raise
         except (KeyboardInterrupt, BrokenPipeError):
             # Ctrl-C, SIGTERM/SIGHUP, or the local reader of the output went away
