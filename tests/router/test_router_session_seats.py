@@ -87,3 +87,7 @@ def test_a_fleet_whose_seats_are_all_held_says_so_without_blaming_the_callers_ca
         "no node offers a free session seat: 3 seats on 2 nodes, 3 held, 1 by you"
     )
     assert no_seat_message([]) == "no node offers a free session seat"
+    one = [{"max": 1, "active": 1, "max_per_identity": None, "held_by_you": 0}]
+    assert no_seat_message(one) == (
+        "no node offers a free session seat: 1 seat on 1 node, 1 held, 0 by you"
+    )

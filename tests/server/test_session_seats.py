@@ -280,6 +280,12 @@ def test_a_refusal_while_every_session_runs_says_none_frees_by_idle_timeout_yet(
     )
 
 
+def test_a_refusal_counts_one_seat_as_one_seat() -> None:
+    message = SeatRules(seats=1, cap=None).refusal([_Held("bob", None)], "alice", now=0.0)
+    assert message is not None
+    assert message.startswith("no session seat free (--max-sessions 1): 1 seat, 1 held, 0 by")
+
+
 def test_a_negative_per_identity_cap_is_refused() -> None:
     with pytest.raises(InvalidConfigError, match="max_sessions_per_identity"):
         ServerConfig(max_sessions_per_identity=-1)

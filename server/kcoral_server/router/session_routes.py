@@ -49,6 +49,7 @@ from kcoral_server.router.job_routes import (
 from kcoral_server.router.scheduler import NoNode, RouterStopping
 from kcoral_server.router.selection import offering_nodes, selector_fits_session, session_nodes
 from kcoral_server.router.slot import CONTROL
+from kcoral_server.sessions.seat_shares import seat_count
 
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NOT_FOUND = "unknown session id"
@@ -179,7 +180,7 @@ def no_seat_message(offers: list[dict[str, Any]]) -> str:
     held = sum(_count(c, "active") for c in offers)
     mine = sum(_count(c, "held_by_you") for c in offers)
     nodes = "1 node" if len(offers) == 1 else f"{len(offers)} nodes"
-    text = f"{NO_SEAT}: {seats} seats on {nodes}, {held} held, {mine} by you"
+    text = f"{NO_SEAT}: {seat_count(seats)} on {nodes}, {held} held, {mine} by you"
     capped = [
         c["max_per_identity"]
         for c in offers

@@ -66,7 +66,7 @@ class SeatRules:
         capped = self.cap is not None and len(mine) >= self.cap
         if not (full or capped):
             return None
-        counts = f"{self.seats} seats, {len(held)} held, {len(mine)} by you"
+        counts = f"{seat_count(self.seats)}, {len(held)} held, {len(mine)} by you"
         if capped:
             counts += f", the most one identity may hold (--max-sessions-per-identity {self.cap})"
         waiting_on = mine if capped else held
@@ -79,6 +79,11 @@ class SeatRules:
         else:
             when = f"none {whose}is idle, so none frees by idle timeout before its program ends"
         return f"{NO_SEAT_PREFIX.format(seats=self.seats)}: {counts}; {when}"
+
+
+def seat_count(count: int) -> str:
+    """``1 seat``, ``2 seats``: the 503's count (it read ``1 seats``)."""
+    return "1 seat" if count == 1 else f"{count} seats"
 
 
 def _utc(seconds: float) -> str:
