@@ -23,7 +23,8 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ class CellOutcome:
     files: dict[str, Any] = field(default_factory=dict)  # return path -> ReturnedFile/Folder
 
 
-def split_mapping(text: str) -> tuple[str, str]:
+def split_mapping(text: str, option: str = "--file") -> tuple[str, str]:
     """``LOCAL[:REMOTE]`` -> (local, remote); the remote defaults to the local base name.
 
     A local path may hold colons (``run_12:30.csv``): the text is taken whole when it names
@@ -112,7 +113,7 @@ def split_mapping(text: str) -> tuple[str, str]:
         cut = next((index for index in cuts if os.path.lexists(text[:index])), cuts[0])
         local, remote = text[:cut], text[cut + 1 :]
     if not local:
-        raise ValueError(f"{text!r}: the local path is empty")
+        raise ValueError(f"{option} {text!r}: the local path is empty")
     if not remote:
         remote = Path(local.rstrip("/")).name or local
     return local, remote
@@ -196,15 +197,28 @@ def read_local_file(path: str) -> bytes:
         return handle.read()
 
 
+@contextmanager
+def named_by(option: str) -> Iterator[None]:
+    """A path rule one of the cell's options breaks, named by that option: "path '../up'
+    must not contain a '..' component" alone did not say which option's path it was."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
 def build_cell(spec: CellSpec) -> BuiltCell:
     """The program: file/folder uploads, the wrapper module, one run, the returns."""
     program = Program()
     for local, remote in spec.files:
-        program.upload_file(blob=read_local_file(local), path=remote)
+        blob = read_local_file(local)
+        with named_by("--file"):
+            program.upload_file(blob=blob, path=remote)
     for local, remote in spec.folders:
         if not os.path.isdir(local):
             raise NotADirectoryError(f"--folder {local!r} is not a directory")
-        program.upload_folder(local, path=remote)
+        with named_by("--folder"):
+            program.upload_folder(local, path=remote)
 
     literals: dict[str, Any] = {}
     binary_names: list[str] = []
@@ -240,10 +254,19 @@ def build_cell(spec: CellSpec) -> BuiltCell:
     # The literal dict sits inside a list position, so reference-shaped data stays literal.
     run = program.run(fn=function, args=[literals, binary_names, *binary_values], id="cell")
     program.return_(key=CELL_KEY, value=run)
+    for option, paths in (
+        ("--return-file", spec.return_files),
+        ("--return-folder", spec.return_folders),
+    ):
+        twice = sorted({path for path in paths if list(paths).count(path) > 1})
+        if twice:  # else "return key 'file:a' is already used", the magic's own key
+            raise ValueError(f"{option} {twice[0]!r} is given twice")
     for path in spec.return_files:
-        program.return_file(key=FILE_KEY_PREFIX + path, path=path)
+        with named_by("--return-file"):
+            program.return_file(key=FILE_KEY_PREFIX + path, path=path)
     for path in spec.return_folders:
-        program.return_folder(key=FOLDER_KEY_PREFIX + path, path=path)
+        with named_by("--return-folder"):
+            program.return_folder(key=FOLDER_KEY_PREFIX + path, path=path)
     return BuiltCell(
         program=program,
         serialization="pickle" if pickled else None,
