@@ -125,7 +125,9 @@ def _collect(namespace, value, has_value):
     for name in _OUTPUTS:
         if name not in namespace:
             raise ExecutionError(
-                "runtime", "--out name " + repr(name) + " is not defined by the cell"
+                "runtime",
+                "--out name " + repr(name) + " is not set by the cell: set it there or "
+                "leave it out of -o",
             )
         item = namespace[name]
         if _encodable(item):

@@ -107,9 +107,11 @@ class RemoteCellError(RemoteExecutionError):
     def _render_traceback_(self) -> list[str]:
         error = self.result.error or {}
         lines = [f"{type(self).__name__}: {self}"]
-        remote = str(error.get("traceback") or "").rstrip()
-        if remote:
-            lines += ["", "Remote traceback:", *_without_wrapper_frames(remote).splitlines()]
+        remote = _without_wrapper_frames(str(error.get("traceback") or "").rstrip())
+        # With no frame of the cell's own left (the wrapper's check of an -o name after the
+        # cell ran), it would only repeat the first line under an internal exception name.
+        if any(line.startswith('  File "') for line in remote.splitlines()):
+            lines += ["", "Remote traceback:", *remote.splitlines()]
         if self.hint:
             lines += ["", self.hint]
         return lines
