@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcoral.protocol.headers import PRINTABLE_TOKEN
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
 from kcoral_server.front_door.token_file import (
@@ -336,11 +337,12 @@ def parse_router_args(
     metrics_token = (
         args.metrics_token if args.metrics_token is not None else env.get("KCORAL_METRICS_TOKEN")
     )
-    if metrics_token is not None and (
-        metrics_token == "" or metrics_token.strip() != metrics_token
-    ):
+    # The server's rule (EXTENSIONS §13): a scraper sends it in a header, which carries no
+    # inner space, control character or non-ASCII letter ('a b' started a router no
+    # scraper could read).
+    if metrics_token is not None and PRINTABLE_TOKEN.fullmatch(metrics_token) is None:
         origin = "--metrics-token" if args.metrics_token is not None else "KCORAL_METRICS_TOKEN"
-        raise SettingsError(f"{origin} must be a non-empty token without surrounding spaces")
+        raise SettingsError(f"{origin} must be printable ASCII without spaces, as a bearer token")
     try:
         address = ipaddress.ip_address(args.host)
     except ValueError:
