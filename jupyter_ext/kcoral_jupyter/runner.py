@@ -49,6 +49,9 @@ class Reporter(Protocol):
 
     def phase(self, text: str) -> None: ...
 
+    def finished(self, text: str) -> None:
+        """The job's last phase (``done (STATUS)``); the line that follows says its status."""
+
     def stdout(self, text: str) -> None: ...
 
     def stderr(self, text: str) -> None: ...
@@ -289,7 +292,7 @@ def follow_job(job: Job, reporter: Reporter, record: RunRecord) -> ProgramResult
         elif event.kind == "phase":
             text = describe_phase(event.data, record)
             if text:
-                reporter.phase(text)
+                (reporter.finished if event.finished else reporter.phase)(text)
             if event.finished:
                 break
     return job.result()

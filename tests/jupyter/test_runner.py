@@ -29,6 +29,8 @@ class Reporter:
     def phase(self, text):
         self.lines.append(text)
 
+    finished = phase
+
     def stdout(self, text):
         self.out.append(text)
 

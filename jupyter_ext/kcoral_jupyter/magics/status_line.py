@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from IPython.core.displaypub import DisplayPublisher
+from IPython.core.getipython import get_ipython
 from IPython.display import DisplayHandle, display
 
 from kcoral import ProgramResult
@@ -32,6 +34,8 @@ class StatusLine:
         self.handle: DisplayHandle | None = None
         self.text = ""
         self.live = False
+        self.in_place = updates_in_place()
+        self.printed: str | None = None  # a terminal's last line: the same one is not repeated
 
     def show(
         self,
@@ -59,7 +63,11 @@ class StatusLine:
                 "local_server": self.local_server,
             }
         metadata = {"kcoral": shown}
-        if self.handle is None:
+        if not self.in_place:  # each update would print a new line: print each one once
+            if data["text/plain"] != self.printed:
+                self.printed = data["text/plain"]
+                display(data, raw=True, metadata=metadata)
+        elif self.handle is None:
             self.handle = display(data, raw=True, metadata=metadata, display_id=True)
         else:
             self.handle.update(data, raw=True, metadata=metadata)
@@ -73,6 +81,15 @@ class StatusLine:
     def phase(self, text: str) -> None:
         self.show(text, live=True)
 
+    def finished(self, text: str) -> None:
+        """``done (STATUS)``: a notebook shows it until the summary replaces it; a terminal
+        keeps it back, as the summary (or error) line that follows says the status again
+        (``settle`` prints it when none follows)."""
+        if self.in_place:
+            self.show(text, live=True)
+        else:
+            self.text, self.live = text, True
+
     def stdout(self, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -80,6 +97,14 @@ class StatusLine:
     def stderr(self, text: str) -> None:
         sys.stderr.write(text)
         sys.stderr.flush()
+
+
+def updates_in_place() -> bool:
+    """Whether the front end replaces a display by its id (a notebook, JupyterLab, a
+    capture). IPython's own publisher, a terminal's, prints every update as a new line: a
+    status line updated in place printed ``loading the cell`` twice there."""
+    shell = get_ipython()
+    return shell is None or type(shell.display_pub).publish is not DisplayPublisher.publish
 
 
 def provenance(
