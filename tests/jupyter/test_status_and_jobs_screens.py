@@ -83,7 +83,8 @@ def test_a_job_list_missing_older_jobs_or_away_nodes_says_so_under_the_table(she
         shell.run_line_magic("kcoral", f"jobs {url}")
     assert "c84f8fc6" in captured.outputs[-1].data["text/plain"]
     assert captured.stdout.strip() == (
-        "kcoral: 3 older jobs not listed; not listed: the jobs of nodes gpu-b, gpu-c "
+        f"kcoral: 3 older jobs not listed (%kcoral jobs --limit 4 {url} lists them); "
+        "not listed: the jobs of nodes gpu-b, gpu-c "
         "(away or not answering)"
     )
 

@@ -24,6 +24,7 @@ from kcoral_jupyter.cell_errors import (
 )
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.cell import CellMagic
+from kcoral_jupyter.magics.options import MOST_JOBS_LISTED
 from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
 from kcoral_jupyter.runner import ExecuteOptions, RunRecord, follow_job, translate_error
 
@@ -75,12 +76,13 @@ class JobCommands:
         if url is None:  # not started only to list nothing
             print(f"kcoral: no jobs: {self._no_local_server()}")
             return
-        listed = self.kernel.client(url).jobs()
+        listed = self.kernel.client(url).jobs(limit=args.limit)
         rows = [job_row(job) for job in listed if isinstance(job, dict)]
         text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
         display(rich.table_bundle(JOB_COLUMNS, rows, text), raw=True)
         if not listed.whole:  # said, not left out without a word (a router's away nodes)
-            print(f"kcoral: {left_out_note(listed.left_out, listed.nodes_left_out)}")
+            more = more_jobs_command(len(listed) + listed.left_out, args.url)
+            print(f"kcoral: {left_out_note(listed.left_out, listed.nodes_left_out, more)}")
 
     def _job_client(self, job_id: str, command: str) -> tuple[Client, str]:
         try:  # as %kcoral session attach does: not a traceback from inside the client
@@ -195,12 +197,23 @@ def aligned(rows: list[list[str]]) -> str:
     )
 
 
-def left_out_note(older: int, nodes: tuple[str, ...]) -> str:
-    """What a job list says it is missing: older jobs the server cut, and the nodes of a
-    router that were away or did not answer (their jobs are not listed)."""
+def more_jobs_command(total: int, url: str | None) -> str:
+    """The ``%kcoral jobs`` that lists all ``total`` jobs (or as many as a server lists),
+    and what it lists."""
+    at = f" {url}" if url else ""
+    if total > MOST_JOBS_LISTED:
+        return f"%kcoral jobs --limit {MOST_JOBS_LISTED}{at} lists the newest {MOST_JOBS_LISTED}"
+    return f"%kcoral jobs --limit {total}{at} lists them"
+
+
+def left_out_note(older: int, nodes: tuple[str, ...], more: str = "") -> str:
+    """What a job list says it is missing: older jobs the server cut (and ``more``, the
+    command that lists them), and the nodes of a router that were away or did not answer
+    (their jobs are not listed)."""
     parts = []
     if older:
-        parts.append(f"{older} older job{'s' if older != 1 else ''} not listed")
+        shown = f" ({more})" if more else ""
+        parts.append(f"{older} older job{'s' if older != 1 else ''} not listed{shown}")
     if nodes:
         which = ", ".join(nodes)
         parts.append(

@@ -215,6 +215,23 @@ SELECT_HELP = (
 )
 
 
+#: How many jobs ``%kcoral jobs`` lists by default, the newest: the server's own default of
+#: 1000 rows buried the one a user looks for (its note says how many it left out).
+JOBS_LISTED = 20
+#: The most ``GET /v1/jobs?limit=N`` answers (EXTENSIONS §5).
+MOST_JOBS_LISTED = 10000
+
+
+def _job_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MOST_JOBS_LISTED:
+        raise argparse.ArgumentTypeError(f"N is a whole number from 1 to {MOST_JOBS_LISTED}")
+    return count
+
+
 def _positive_lines(text: str) -> int:
     try:
         lines = int(text)
@@ -237,7 +254,14 @@ def line_parsers() -> dict[str, UsageParser]:
     """Every ``%kcoral`` command by its words (``"session start"``), in the help's order."""
     status = _line("status", "the server's health, info and these settings")
     status.options.add_argument("url", nargs="?", metavar="URL", help=_DEFAULT_SERVER)
-    jobs = _line("jobs", "this server's recent jobs")
+    jobs = _line("jobs", "this server's recent jobs, the newest first")
+    jobs.options.add_argument(
+        "--limit",
+        type=_job_count,
+        default=JOBS_LISTED,
+        metavar="N",
+        help=f"list at most N jobs (default {JOBS_LISTED}, at most {MOST_JOBS_LISTED})",
+    )
     jobs.options.add_argument("url", nargs="?", metavar="URL", help=_DEFAULT_SERVER)
     attach = _line("attach", "follow a job and bind its -o values")
     attach.options.add_argument("job_id", metavar="JOB_ID", help=_JOB_ID)
