@@ -53,6 +53,19 @@ def lease_stats_message(body: dict[str, Any]) -> pb.LeaseStats | None:
     return message
 
 
+async def ended_call_text(call: grpc.aio.Call) -> str:
+    """Why a call that a write found ended, ended (``UNAVAILABLE: ...``): the write's own
+    error says only 'RPC already finished.'. A router that closed it (stopping) ended it OK."""
+    ended = "the router ended the supervisor stream"
+    try:
+        code, details = await asyncio.wait_for(asyncio.gather(call.code(), call.details()), 1)
+    except (asyncio.TimeoutError, grpc.RpcError):
+        return ended
+    if code == grpc.StatusCode.OK:
+        return ended
+    return f"{code.name}: {details}" if details else code.name
+
+
 async def stream_status(
     config: ServerConfig,
     status: Callable[[], pb.SupervisorStatus],
@@ -72,9 +85,14 @@ async def stream_status(
     metadata = auth_metadata(config.node_token)
     try:
         while True:
-            call = stub.ConnectSupervisor(metadata=metadata)
+            # The call is opened once the channel is up: one opened while the router was
+            # still starting failed at once, and the first write after the channel came up
+            # then said only 'RPC already finished.' (a WARNING at a node's every start
+            # beside its router's, and a second's delay).
+            call: grpc.aio.StreamStreamCall | None = None
             try:
                 await wait_connected(channel)
+                call = stub.ConnectSupervisor(metadata=metadata)
                 # Cleared before each status is taken, never after: a change reported while
                 # a status or the ack is under way (the child's new slot key) is sent next.
                 changed.clear()
@@ -101,11 +119,12 @@ async def stream_status(
                 asyncio.TimeoutError,
                 asyncio.InvalidStateError,
             ) as exc:
-                text = (
-                    f"{exc.code().name}: {exc.details()}"
-                    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code")
-                    else str(exc)
-                )
+                if isinstance(exc, asyncio.InvalidStateError) and call is not None:
+                    text = await ended_call_text(call)  # why the router ended it
+                elif isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+                    text = f"{exc.code().name}: {exc.details()}"
+                else:
+                    text = str(exc)
                 log.event(
                     "supervisor_disconnected",
                     "WARNING",
@@ -114,13 +133,15 @@ async def stream_status(
                     reconnect_delay_seconds=delay,
                 )
             except asyncio.CancelledError:
-                call.cancel()
+                if call is not None:
+                    call.cancel()
                 task = asyncio.current_task()
                 # Python 3.10 has no Task.cancelling(): every cancellation ends the loop
                 if task is not None and (sys.version_info < (3, 11) or task.cancelling()):
                     raise
             finally:
-                call.cancel()
+                if call is not None:
+                    call.cancel()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
     finally:
