@@ -215,19 +215,27 @@ def parse_gpus(text: str) -> list[int]:
     return ids
 
 
-def _arg_type(convert: Callable[[str], T], description: str) -> Callable[[str], T]:
+def _arg_type(convert: Callable[[str], T], description: str, hint: str = "") -> Callable[[str], T]:
+    """An argparse type; ``hint`` says what the value may be (``1GB`` read only 'invalid
+    size', though the help's units note is far above the error)."""
+
     def converter(text: str) -> T:
         try:
             return convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {description}: {text!r}") from None
+            said = f"invalid {description}: {text!r}" + (f" ({hint})" if hint else "")
+            raise argparse.ArgumentTypeError(said) from None
 
     converter.__name__ = description
     return converter
 
 
 _INT = _arg_type(parse_integer, "integer")
-_BYTES = _arg_type(parse_bytes, "size")
+_BYTES = _arg_type(
+    parse_bytes,
+    "size",
+    "a whole number of bytes, or one ending in K, M, G or T, binary: 256M, 4G, 4GiB",
+)
 _SECONDS = _arg_type(parse_seconds, "number of seconds")
 _GPUS = _arg_type(parse_gpus, "GPU id list")
 _NUMBER = _arg_type(parse_seconds, "number")
