@@ -158,7 +158,10 @@ class JobCommands:
     def cancel(self, args: argparse.Namespace) -> None:
         job_id: str = args.job_id
         client, url = self._job_client(job_id, "cancel")
-        client.job(job_id).cancel()
+        try:
+            client.job(job_id).cancel()
+        except KCoralError as exc:  # named by its server, as attach's refusal is
+            raise refused(exc, url) from None
         self.kernel.pending.pop(job_id, None)
         print(f"kcoral: cancelled job {job_id} on {url}")
 
