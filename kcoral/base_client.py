@@ -341,6 +341,8 @@ class BaseClient:
 
     def function(
         self,
+        bare: object = None,
+        /,
         *,
         timeout: float | None = None,
         output_limit_bytes: int | None = None,
@@ -351,8 +353,9 @@ class BaseClient:
         """Decorator returning a ``RemoteFunction`` bound to this client (CLIENT_API §8);
         every call sends ``select`` (EXTENSIONS §14)."""
         # Imported on first use: source capture (ast, dis, inspect) costs import time.
-        from kcoral.remote import remote_function_decorator
+        from kcoral.remote import refuse_bare_decorator, remote_function_decorator
 
+        refuse_bare_decorator(bare, "client")
         return remote_function_decorator(
             cast("Client | AsyncClient", self),
             timeout=timeout,

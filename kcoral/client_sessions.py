@@ -140,6 +140,8 @@ class _SessionBase:
 
     def function(
         self,
+        bare: object = None,
+        /,
         *,
         timeout: float | None = None,
         output_limit_bytes: int | None = None,
@@ -148,8 +150,12 @@ class _SessionBase:
     ) -> Callable[[Callable[..., Any]], RemoteFunction]:
         """``@session.function()``: as ``client.function()`` (CLIENT_API §8), each call
         running in the session (its module-level state is the session's)."""
-        from kcoral.remote import remote_function_decorator  # as BaseClient.function does
+        from kcoral.remote import (  # as BaseClient.function does
+            refuse_bare_decorator,
+            remote_function_decorator,
+        )
 
+        refuse_bare_decorator(bare, "session")
         return remote_function_decorator(
             cast("Session | AsyncSession", self),
             timeout=timeout,

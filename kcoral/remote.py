@@ -556,6 +556,13 @@ def output_value(result: ProgramResult, fmt: str) -> Any:
     return load_requested({"output": value}, {"output"}, what=what)["output"]
 
 
+def refuse_bare_decorator(bare: object, owner: str) -> None:
+    """``@client.function`` without its parentheses passes the function as ``bare``: refused
+    naming the fix, where Python's "takes 1 positional argument but 2 were given" did not."""
+    if bare is not None:
+        raise TypeError(f"write @{owner}.function() with its parentheses (it takes only options)")
+
+
 def remote_function_decorator(
     client: RemoteCaller, **options: Any
 ) -> Callable[[Callable[..., Any]], RemoteFunction]:
