@@ -166,6 +166,8 @@ _ACTIONS = {
         "return less (smaller -o values, --return-file, --return-folder, the final value), "
         "or ask the operator to raise kcoral server --max-response-bytes"
     ),
+    "no_matching_node": "%kcoral status shows what the server (or a router's fleet) "
+    "offers: change --select to fit it",
     "not_found": "%kcoral jobs lists the jobs this server keeps for you",
     "job_expired": "run it again, and fetch its result before the bound above drops it",
     "parse": "the server could not read the request; %kcoral status shows its version",

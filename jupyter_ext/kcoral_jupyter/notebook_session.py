@@ -38,6 +38,7 @@ from kcoral_jupyter.cell_errors import (
     SessionSeatsFullError,
     SessionsUnavailableError,
     TwoLineError,
+    refused,
 )
 
 #: Seconds the exit hook waits to connect before it leaves the session to the idle timeout.
@@ -148,6 +149,8 @@ def creation_refusal(exc: KCoralError, url: str) -> TwoLineError | None:
             "change --gpus or --idle as it says (%kcoral status shows info.sessions, with "
             "the server's idle_timeout_seconds cap)",
         )
+    if exc.status_code == 503 and exc.kind != "busy":  # no node fits its --select, say
+        return refused(exc, url)  # not "no session seat free", which sent users to end theirs
     if exc.status_code == 503:
         return SessionSeatsFullError(
             f"{url} has no session seat free: {exc.message}",
