@@ -4,6 +4,7 @@ kernel's cells run in (``notebook_session.py`` holds it; ``cell.py`` runs cells 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import uuid
 from collections.abc import Mapping
@@ -49,6 +50,12 @@ class SessionCommands:
     def start(self, args: argparse.Namespace) -> None:
         if args.gpus is not None and args.gpus < 1:  # checked here too: a CPU server drops it
             raise UsageError("%kcoral session start: --gpus must be 1 or more")
+        if args.idle is not None and not (math.isfinite(args.idle) and args.idle > 0):
+            # named as the user wrote it: the client's refusal names its idle_timeout
+            raise UsageError(
+                f"%kcoral session start: --idle must be a number of seconds above 0, "
+                f"not {args.idle:g}"
+            )
         url, client = self._server("start")
         facts = self.kernel.facts(url)
         gpu_count = args.gpus
