@@ -14,6 +14,8 @@ No IPython import: the classes are plain exceptions that also read well outside 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from kcoral import KCoralError, TransportError
@@ -211,3 +213,14 @@ def shorten(exc: BaseException, server: str | None = None) -> BaseException:
     if isinstance(exc, KCoralError):
         return refused(exc, server)
     return exc
+
+
+@contextmanager
+def answered_by(server: str) -> Iterator[None]:
+    """A line magic's request failure as ``shorten`` makes it, naming ``server``: left to
+    the magic's own handler, ``%kcoral jobs`` said ``HTTP 401 ...`` without saying where,
+    where a cell, ``attach`` and ``cancel`` said ``<url> answered HTTP 401 ...``."""
+    try:
+        yield
+    except (TransportError, KCoralError) as exc:
+        raise shorten(exc, server) from exc

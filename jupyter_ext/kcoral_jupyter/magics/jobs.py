@@ -19,6 +19,7 @@ from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
     LocalServerGoneError,
+    answered_by,
     refused,
     unreachable,
 )
@@ -76,7 +77,8 @@ class JobCommands:
         if url is None:  # not started only to list nothing
             print(f"kcoral: no jobs: {self._no_local_server()}")
             return
-        listed = self.kernel.client(url).jobs(limit=args.limit)
+        with answered_by(url):
+            listed = self.kernel.client(url).jobs(limit=args.limit)
         rows = [job_row(job) for job in listed if isinstance(job, dict)]
         text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
         display(rich.table_bundle(JOB_COLUMNS, rows, text), raw=True)

@@ -15,6 +15,7 @@ from IPython.display import display
 
 from kcoral import Client, KCoralError
 from kcoral_jupyter import display as rich
+from kcoral_jupyter.cell_errors import answered_by, shorten
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.notebook_session import (
     NotebookSession,
@@ -44,7 +45,9 @@ class SessionCommands:
                 f"{remote.url}; %kcoral session stop ends it first"
             )
         url = self.kernel.resolve_url()
-        require_sessions(url, self.kernel.facts(url).features)
+        with answered_by(url):
+            features = self.kernel.facts(url).features
+        require_sessions(url, features)
         return url, self.kernel.client(url)
 
     def start(self, args: argparse.Namespace) -> None:
@@ -69,10 +72,7 @@ class SessionCommands:
         except ValueError as exc:
             raise UsageError(f"%kcoral session start: {exc}") from None
         except KCoralError as exc:
-            refusal = creation_refusal(exc, url)
-            if refusal is None:
-                raise
-            raise refusal from exc
+            raise (creation_refusal(exc, url) or shorten(exc, url)) from exc
         remote = self.kernel.sessions.adopt(
             NotebookSession(handle, url, self.kernel.token_for(url), keep=args.keep)
         )
@@ -124,7 +124,7 @@ class SessionCommands:
         except KCoralError as exc:
             if exc.status_code == 404:
                 raise not_found_for_attach(session_id, url) from exc
-            raise
+            raise shorten(exc, url) from exc
         remote = NotebookSession(handle, url, self.kernel.token_for(url), keep=True)
         if handle.record.get("state") == "ENDED":
             remote.ended_message = str(handle.record.get("end_message") or "ended")
@@ -138,8 +138,11 @@ class SessionCommands:
 
     def list_sessions(self, args: argparse.Namespace) -> None:
         url = self.kernel.resolve_url()
-        require_sessions(url, self.kernel.facts(url).features)
-        records = self.kernel.client(url).sessions()
+        with answered_by(url):
+            features = self.kernel.facts(url).features
+        require_sessions(url, features)
+        with answered_by(url):
+            records = self.kernel.client(url).sessions()
         if not records:
             print(f"kcoral: no sessions of yours on {url}")
             return
