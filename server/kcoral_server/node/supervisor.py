@@ -247,6 +247,17 @@ def kind_message(kind: NodeKind | None) -> pb.NodeKind:
     return pb.NodeKind() if kind is None else pb.NodeKind(**kind.as_json())
 
 
+def child_end(returncode: int) -> str:
+    """How the child ended, for ``server_child_restarting`` and the router's ``last_error``:
+    ``was killed by SIGKILL``, not ``exited with status -9`` (Popen's code for a signal)."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
+
+
 class Supervisor:
     # How the child server is started; the hidden --node-child makes it serve and open the
     # slots without starting another supervisor.
@@ -454,7 +465,7 @@ class Supervisor:
                     self.stopping.set()
                     return
                 if code is not None:
-                    self.last_error = f"KCoral Server exited with status {code}"
+                    self.last_error = f"KCoral Server {child_end(code)}"
                     break
                 reap_zombies(child.pid)
                 problem = await self.probe()
