@@ -80,7 +80,7 @@ def test_binary_inputs_are_bound_by_name() -> None:
 def test_a_missing_output_fails_the_run_with_its_name() -> None:
     from kcoral.protocol.errors import ExecutionError
 
-    with pytest.raises(ExecutionError, match="'missing' is not defined"):
+    with pytest.raises(ExecutionError, match="--out name 'missing' is not set by the cell"):
         wrapper("x = 1\n", ["missing"])({}, [])
 
 
