@@ -116,7 +116,7 @@ def test_a_router_revokes_a_token_on_sighup_and_its_nodes_end_that_identity_s_wo
 
         _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
         reloaded = _hang_up(router, "tokens_reloaded")
-        assert "revoked=['alice']" in reloaded or 'revoked=["alice"]' in reloaded, reloaded
+        assert 'revoked=["alice"]' in reloaded, reloaded
         refused = request(url, "GET", f"/v1/jobs/{job.id}", TOKEN_A)
         assert refused.status == 401 and refused.json["error"]["kind"] == "unauthorized"
 
@@ -373,7 +373,7 @@ def test_an_admin_demoted_by_a_reload_stops_watching_another_identity_s_job_thro
         assert watching.status == 200
 
         _rewrite(tokens, f"alice {TOKEN_A}\nbob {TOKEN_B}\nroot {TOKEN_R}\n")
-        assert "admin_changed=['root']" in _hang_up(router, "tokens_reloaded")
+        assert 'admin_changed=["root"]' in _hang_up(router, "tokens_reloaded")
         watching.read()  # the stream ends (before: a timeout, bob's job still running)
         assert request(url, "GET", path, TOKEN_R).status == 404
         assert request(url, "GET", path, TOKEN_B).json["status"] == "RUNNING"

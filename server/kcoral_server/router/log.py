@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime, timezone
 from typing import Any, TextIO
@@ -12,6 +13,9 @@ from kcoral_server.storage.event_log import Listener, Listeners
 def format_value(value: Any) -> str:
     if isinstance(value, float):
         text = f"{value:.1f}"
+    elif isinstance(value, (list, tuple, dict)):
+        # JSON, as the server's events: ["bob"], not Python's ['bob'].
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=repr)
     else:
         text = str(value)
     if any(ch.isspace() for ch in text) or text == "":
