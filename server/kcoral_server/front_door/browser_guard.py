@@ -121,6 +121,7 @@ class BrowserGuard:
     allowed_hosts: frozenset[str]
     listen_host: str
     check_host: bool  # False when every request needs a client token
+    process: str = "server"  # what the Host refusal calls this process: server or router
 
     @classmethod
     def build(
@@ -130,12 +131,14 @@ class BrowserGuard:
         listen_host: str = "127.0.0.1",
         *,
         token_required: bool,
+        process: str = "server",
     ) -> BrowserGuard:
         return cls(
             allowed_origins=frozenset(normalize_origin(o) for o in allowed_origins),
             allowed_hosts=frozenset(normalize_host(h) for h in allowed_hosts),
             listen_host=normalize_host(listen_host),
             check_host=not token_required,
+            process=process,
         )
 
     def host_allowed(self, value: str) -> bool:
@@ -161,7 +164,7 @@ class BrowserGuard:
             for host in headers.get_list("Host"):
                 if not self.host_allowed(host):
                     return (
-                        f"Host {_echo(host)} is not this server's address (a DNS rebinding "
+                        f"Host {_echo(host)} is not this {self.process}'s address (a DNS rebinding "
                         f"page?); the operator can allow it with {HOST_FLAG}"
                     )
         return None

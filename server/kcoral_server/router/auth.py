@@ -62,6 +62,7 @@ def browser_refusal(state: Any, headers: Any) -> str | None:
         settings.allowed_hosts,
         settings.host,
         token_required=settings.auth_token is not None,
+        process="router",
     )
     return guard.refusal(headers)
 
