@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -215,19 +214,16 @@ class CellMagic:
         """Show a finished program's output and bind its ``--out`` values (also for a job
         that ``%kcoral attach`` followed); the cell's value, or ``RemoteCellError``."""
         meta = provenance(result, record)
+        out = line_out if line_out is not None else StatusLine(False, record)
         if not record.streamed:
-            if result.stdout:
-                sys.stdout.write(result.stdout)
-                sys.stdout.flush()
-            if result.stderr:
-                sys.stderr.write(result.stderr)
-                sys.stderr.flush()
+            out.stdout(result.stdout)
+            out.stderr(result.stderr)
         for stream, truncated in (
             ("stdout", result.stdout_truncated),
             ("stderr", result.stderr_truncated),
         ):
             if truncated:
-                sys.stderr.write(truncation_note(stream, record.output_limit_bytes))
+                out.note(truncation_note(stream, record.output_limit_bytes))
         self.shell.user_ns["_kcoral"] = result
         if line_out is not None:
             line_out.metadata = meta

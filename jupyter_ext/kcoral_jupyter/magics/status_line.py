@@ -36,6 +36,9 @@ class StatusLine:
         self.live = False
         self.in_place = updates_in_place()
         self.printed: str | None = None  # a terminal's last line: the same one is not repeated
+        #: the stream the cell's output last went to, and whether that write ended a line
+        self.last_stream: str | None = None
+        self.last_ended_line = True
 
     def show(
         self,
@@ -91,12 +94,30 @@ class StatusLine:
             self.text, self.live = text, True
 
     def stdout(self, text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        self._write("stdout", text)
 
     def stderr(self, text: str) -> None:
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        self._write("stderr", text)
+
+    def note(self, text: str) -> None:
+        """Write a note of the extension's (one line) to stderr, starting on a line of its
+        own even where the cell's output ended without a newline."""
+        self.stderr(("\n" if self._note_would_join_a_line() else "") + text)
+
+    def _write(self, stream: str, text: str) -> None:
+        if not text:
+            return
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        out.write(text)
+        out.flush()
+        self.last_stream, self.last_ended_line = stream, text.endswith("\n")
+
+    def _note_would_join_a_line(self) -> bool:
+        # A terminal shows both streams on one screen, so any unfinished last line takes the
+        # note; a notebook keeps stdout and stderr apart, joining only consecutive stderr.
+        if self.last_ended_line:
+            return False
+        return not self.in_place or self.last_stream == "stderr"
 
 
 def updates_in_place() -> bool:
