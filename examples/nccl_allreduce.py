@@ -7,6 +7,7 @@ itself: here one thread per GPU joins a `torch.distributed` NCCL group over an i
 store and all-reduces a tensor.
 
 Run: python examples/nccl_allreduce.py --url http://HOST:PORT [--gpus N]
+     (the server's token, if it needs one: KCORAL_TOKEN)
 """
 
 from __future__ import annotations
@@ -70,12 +71,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True, help="a GPU server with at least 2 GPUs")
     parser.add_argument("--gpus", type=int, default=None, help="GPU count (default: all)")
     args = parser.parse_args(argv)
-    with kcoral.Client(args.url) as client:
-        count = args.gpus if args.gpus is not None else int(client.health()["gpu_count"] or 0)
-        if count < 2:
-            print(f"the server has {count} GPU(s); this example needs at least 2")
-            return 2
-        result = client.execute(build_program(), gpu_count=count, timeout_seconds=300)
+    try:
+        with kcoral.Client(args.url) as client:  # its token, if it needs one: KCORAL_TOKEN
+            health = client.health()
+            count = args.gpus if args.gpus is not None else int(health["gpu_count"] or 0)
+            if count < 2:
+                needs = "this example needs at least 2"
+                print(f"the server has {count} GPU(s); {needs}", file=sys.stderr)
+                return 2
+            result = client.execute(build_program(), gpu_count=count, timeout_seconds=300)
+    except kcoral.TransportError as error:  # one line, not the client's traceback
+        print(error, file=sys.stderr)
+        return 1
+    except kcoral.KCoralError as error:
+        hint = "; set KCORAL_TOKEN to a token this server accepts"
+        print(f"{args.url} answered {error}{hint if error.status_code == 401 else ''}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     print(f"status {result.status} on GPUs {list(result.gpu_ids)}")
     if result.status != "COMPLETED":
         print(result.error, file=sys.stderr)

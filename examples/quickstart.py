@@ -95,6 +95,16 @@ def run(url: str, token: str | None) -> None:
     assert np.array_equal(result["scaled"], np.arange(6, dtype=np.float32).reshape(2, 3) * 2.5)
 
 
+def refusal(url: str, error: Exception) -> str:
+    """One line for a server that refused the program or could not be reached (a traceback
+    of the client's frames says no more)."""
+    if isinstance(error, kcoral.KCoralError) and error.status_code == 401:
+        return f"{url} answered {error}; set KCORAL_TOKEN to a token this server accepts"
+    if isinstance(error, kcoral.KCoralError):
+        return f"{url} answered {error}"
+    return str(error)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", help="use this server instead of starting one")
@@ -103,7 +113,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.url:
-        run(args.url, None)  # its token, if it needs one: KCORAL_TOKEN
+        try:
+            run(args.url, None)  # its token, if it needs one: KCORAL_TOKEN
+        except (kcoral.KCoralError, kcoral.TransportError) as error:
+            raise SystemExit(refusal(args.url, error)) from None
         return
     token = secrets.token_urlsafe(32)
     with local_server(token, show_log=args.server_log) as started:

@@ -1,0 +1,56 @@
+"""``examples/quickstart.py --url URL`` and ``examples/nccl_allreduce.py --url URL`` against a
+real server with a client token, run as their headers say, without ``KCORAL_TOKEN``.
+
+Before, both ended in the client's traceback (a dozen frames of ``kcoral/connection``) over
+``kcoral.errors.KCoralError: HTTP 401: missing or invalid bearer token``, which named neither
+the server nor the variable the header says carries its token; now one line says both, and
+the script exits 1."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_process import RunningServer, running_server
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    token = secrets.token_urlsafe(24)
+    with running_server(
+        tmp_path_factory.mktemp("token-server"),
+        ["--log-dir", ""],
+        env={"KCORAL_AUTH_TOKEN": token},
+    ) as server:
+        yield server
+
+
+def run_without_token(*args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_TOKEN"}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=240, env=environment
+    )
+
+
+@pytest.mark.parametrize(
+    "example", [["quickstart.py"], ["nccl_allreduce.py", "--gpus", "2"]], ids=lambda e: e[0]
+)
+def test_an_example_refused_for_its_token_says_so_in_one_line_naming_kcoral_token(
+    token_server: RunningServer, example: list[str]
+) -> None:
+    done = run_without_token(str(EXAMPLES / example[0]), "--url", token_server.url, *example[1:])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"{token_server.url} answered HTTP 401: missing or invalid bearer token; "
+        "set KCORAL_TOKEN to a token this server accepts"
+    ]
