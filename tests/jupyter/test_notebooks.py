@@ -19,6 +19,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from kcoral_server.processes import sandbox
 from nbclient import NotebookClient
 from notebook_screenshot import screenshot
 from server_process import running_server
@@ -145,6 +146,10 @@ def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
     assert "ZeroDivisionError" in outputs  # RemoteExecutionError with the remote traceback
     assert "49" in outputs and "[0, 1, 4, 9, 16, 25, 36, 49]" in outputs  # async def, gather
     assert "HELLO" in outputs  # AsyncClient
+    if connection.name == "embedded":  # the server the notebook starts keeps the safe default
+        # (it passed --sandbox none: a notebook that teaches the API taught running unconfined)
+        expected = "none" if sandbox.probe() else "bubblewrap"
+        assert re.search(rf"http://127\.0\.0\.1:\d+ sandbox: {expected}\n", outputs), outputs
 
 
 def test_the_sessions_notebook_builds_once_and_compares_with_stateless_cells(
