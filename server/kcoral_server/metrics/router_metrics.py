@@ -16,10 +16,11 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kcoral_server.metrics.exposition import exposition_of
 from kcoral_server.metrics.labels import (
     MAX_NAMED_KINDS,
     MAX_NAMED_NODES,
@@ -238,7 +239,7 @@ class RouterMetrics:
         state.log.add_listener(self.record)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return exposition_of(self.registry)
 
     def _kind_of(self, node_id: str) -> str:
         node = self._state.registry.nodes.get(node_id) if self._state is not None else None

@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kcoral_server.metrics.exposition import exposition_of
 from kcoral_server.metrics.labels import (
     ERROR_KINDS,
     FINISH_REASONS,
@@ -197,7 +198,7 @@ class ServerMetrics:
         state.events.add_listener(self.record)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return exposition_of(self.registry)
 
     def observe_request(self, endpoint: str | None, seconds: float) -> None:
         if endpoint in ENDPOINTS:
