@@ -69,6 +69,8 @@ class StatusLine:
         if not self.in_place:  # each update would print a new line: print each one once
             if data["text/plain"] != self.printed:
                 self.printed = data["text/plain"]
+                if not self.last_ended_line:  # the cell's output left a line unfinished
+                    self._write(self.last_stream or "stdout", "\n")
                 display(data, raw=True, metadata=metadata)
         elif self.handle is None:
             self.handle = display(data, raw=True, metadata=metadata, display_id=True)
