@@ -240,7 +240,10 @@ class KCoralApplication(tornado.web.Application):
         """Tornado's access log, and the request's duration for ``/metrics``."""
         from kcoral_server.front_door.handlers import METRIC_ENDPOINTS
 
-        super().log_request(handler)
+        # Its lines (an answer of 400 or above) go to stderr: --no-log-console silences them
+        # with the console mirror, as an operator who asked for no console log expects.
+        if self.state.config.log_console:
+            super().log_request(handler)
         self.state.metrics.observe_request(
             METRIC_ENDPOINTS.get(type(handler)), handler.request.request_time()
         )

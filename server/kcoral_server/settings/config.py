@@ -393,7 +393,7 @@ class ServerConfig:
         flag="--no-log-console",
         kind="switch",
         group="logging",
-        help="do not print the events on stderr",
+        help="do not print the events, nor the access lines of refusals, on stderr",
     )
     log_programs: bool = setting(
         True,
