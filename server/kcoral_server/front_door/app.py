@@ -229,6 +229,11 @@ class ServerState:
         self.executor.shutdown(wait=False)
 
 
+#: Answers to who is asking (a token, a browser's Origin or Host): their access lines stay
+#: with ``--no-log-console`` (SERVER §13).
+REFUSED_CALLER = frozenset({401, 403})
+
+
 class KCoralApplication(tornado.web.Application):
     """A Tornado application that starts its worker pool when it starts serving."""
 
@@ -241,8 +246,10 @@ class KCoralApplication(tornado.web.Application):
         from kcoral_server.front_door.handlers import METRIC_ENDPOINTS
 
         # Its lines (an answer of 400 or above) go to stderr: --no-log-console silences them
-        # with the console mirror, as an operator who asked for no console log expects.
-        if self.state.config.log_console:
+        # with the console mirror, but for 401 and 403: a wrong token or a foreign page
+        # refused before any event has no other trace, and a refused caller is the one
+        # line an operator must be able to find.
+        if self.state.config.log_console or handler.get_status() in REFUSED_CALLER:
             super().log_request(handler)
         self.state.metrics.observe_request(
             METRIC_ENDPOINTS.get(type(handler)), handler.request.request_time()

@@ -393,7 +393,7 @@ class ServerConfig:
         flag="--no-log-console",
         kind="switch",
         group="logging",
-        help="do not print the events, nor the access lines of refusals, on stderr",
+        help="do not print the events on stderr, nor access lines but those of 401 and 403",
     )
     log_programs: bool = setting(
         True,
