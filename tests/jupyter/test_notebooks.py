@@ -137,7 +137,12 @@ def test_the_benchmark_notebook_says_it_ran_on_cpu(connection, tmp_path, monkeyp
 def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
     connection, tmp_path, monkeypatch
 ) -> None:
+    scratch_root = tmp_path / "tmp"  # where the notebook's own server keeps its files
+    scratch_root.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch_root))
     notebook = execute("remote_functions.ipynb", connection, tmp_path, monkeypatch)
+    # its clean-up cell removes them (it left a kcoral-notebook-* folder in /tmp every run)
+    assert not list(scratch_root.glob("kcoral-notebook-*"))
     outputs = "\n".join(texts(c) for c in notebook.cells if c.cell_type == "code")
     assert "{'mean': 4.666666666666667, 'n': 3}" in outputs  # JSON mode, defaults bound
     assert "ValueError:" in outputs and "offset" in outputs  # JSON refuses outside globals
