@@ -5,7 +5,10 @@ the front-end created (SERVER §9), so the front-end can follow them without any
 the worker: poll their sizes every ``POLL_SECONDS``, read what was added (never past the
 request's output limit) and emit it as text. Per stream at most one chunk per
 ``MIN_INTERVAL_SECONDS`` leaves (coalescing: ~20 events/s), and an incremental UTF-8
-decoder keeps a multi-byte character that was cut by a write together. The final drain
+decoder keeps a multi-byte character that was cut by a write together. Before each phase
+event the job catches up (``OutputTail.catch_up``): what the program wrote before it reached
+that phase leaves first, so a reader never sees ``returning the results`` above the output
+written before it. The final drain
 decodes with ``final=True``, so the concatenated chunks equal what the response's
 ``stdout``/``stderr`` hold (the same bytes, decoded the same way, replacement included).
 """
@@ -43,9 +46,12 @@ class StreamTail:
         #: more was written than the limit lets out (the response's ``*_truncated``)
         self.truncated = False
 
-    def poll(self, now: float) -> None:
-        """Emit what was added, unless a chunk left less than the interval ago."""
-        if self._done or self.offset >= self.limit or now - self.last_emit < MIN_INTERVAL_SECONDS:
+    def poll(self, now: float, *, at_once: bool = False) -> None:
+        """Emit what was added, unless a chunk left less than the interval ago (``at_once``:
+        whenever it left)."""
+        if self._done or self.offset >= self.limit:
+            return
+        if not at_once and now - self.last_emit < MIN_INTERVAL_SECONDS:
             return
         data = self._read(MAX_READ_BYTES)
         if data:
@@ -120,6 +126,15 @@ class OutputTail:
             now = time.monotonic()
             for stream in self.streams:
                 stream.poll(now)
+
+    def catch_up(self) -> None:
+        """Emit what both streams hold now, however recently a chunk left: called before a
+        phase event, which must not overtake the output written before it (a cell's last
+        line came after ``returning the results``). Only phases do this, so output stays
+        coalesced while a program writes."""
+        now = time.monotonic()
+        for stream in self.streams:
+            stream.poll(now, at_once=True)
 
     async def finish(self) -> None:
         """Stop polling and emit the rest of both streams."""

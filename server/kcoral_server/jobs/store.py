@@ -215,6 +215,8 @@ class Job(RequestObserver):
             listener.set()
 
     def phase(self, name: str, **fields: Any) -> None:
+        if self._tail is not None:  # the output written before this phase goes first
+            self._tail.catch_up()
         self.append("phase", {"phase": name, **fields})
 
     # ------------------------------------------------------------------ RequestObserver
