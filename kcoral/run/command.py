@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
 from kcoral.run import worker_side as run_remote
@@ -311,14 +311,14 @@ WAITING_NOTICE_SECONDS = 1.0
 WAITING_NOTICE = "waiting for a free worker; the tool starts when one is free"
 
 
-def _is_queued(phase: object) -> bool:
+def _is_queued(phase: object) -> TypeGuard[dict[str, Any]]:
     return isinstance(phase, dict) and phase.get("phase") == "queued"
 
 
 def _requests_ahead(phase: object) -> int:
     """The requests served before a job, from its ``queued`` phase (EXTENSIONS §5); 0 for
     any other event, or a position a server got wrong."""
-    if not isinstance(phase, dict) or phase.get("phase") != "queued":
+    if not _is_queued(phase):
         return 0
     position = phase.get("position")
     if isinstance(position, bool) or not isinstance(position, int):
