@@ -32,6 +32,8 @@ from kcoral_server.front_door.handler_defaults import (
     UNLIMITED,
     KCoralRequestHandler,
     bound_body,
+    declared_length,
+    over_limit,
 )
 from kcoral_server.front_door.token_reload import router_revoked
 
@@ -50,6 +52,9 @@ class BaseHandler(KCoralRequestHandler):
     PUBLIC = False  # True: no client token needed (EXTENSIONS §6)
     #: the most body bytes the endpoint reads (``small_body``); None: it reads its own
     MAX_BODY: int | None = SMALL_BODY_BYTES
+    #: why ``MAX_BODY`` is what it is, where a 413 says it with the sizes (EXTENSIONS §10);
+    #: None: the fixed text alone
+    TOO_LARGE_NOTE: str | None = None
 
     def initialize(self, state: ServerState) -> None:
         self.state = state
@@ -76,8 +81,13 @@ class BaseHandler(KCoralRequestHandler):
     def limit_body(self, limit: int) -> None:
         """Read at most ``limit`` body bytes, within ``--body-timeout-seconds`` (413 at once
         for a longer declared length; Tornado refuses a longer chunked body)."""
-        if not bound_body(self, limit, float(self.state.config.body_timeout_seconds)):
-            self.answer_early(413, "request_too_large", TOO_LARGE_MESSAGE)
+        if bound_body(self, limit, float(self.state.config.body_timeout_seconds)):
+            return
+        message = TOO_LARGE_MESSAGE
+        if self.TOO_LARGE_NOTE is not None:
+            declared = declared_length(self.request.headers.get("Content-Length"))
+            message += f": {over_limit(limit, declared)} ({self.TOO_LARGE_NOTE})"
+        self.answer_early(413, "request_too_large", message)
 
     def answer_early(self, status: int, kind: str, message: str) -> None:
         """Answer before the body is read: Tornado then closes the connection (it does not

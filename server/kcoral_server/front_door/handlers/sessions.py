@@ -10,12 +10,6 @@ from kcoral.protocol.selector import SELECT_HEADER
 from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.pipeline import ExecuteRequest
 from kcoral_server.execution.responses import Refusal
-from kcoral_server.front_door.handler_defaults import (
-    TOO_LARGE_MESSAGE,
-    bound_body,
-    declared_length,
-    over_limit,
-)
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.front_door.handlers.jobs import JobSubmitHandler
@@ -38,22 +32,12 @@ class SessionsHandler(BaseHandler):
     """``POST /v1/sessions`` (create) and ``GET /v1/sessions`` (the caller's, newest first)."""
 
     ALLOWED: tuple[str, ...] = ("GET", "POST")
+    # the sizes and that no flag moves this limit: the text alone did not say which limit
+    TOO_LARGE_NOTE = "fixed: a session body holds only gpu_count and idle_timeout_seconds"
     client_left = False  # the caller closed its connection before the answer
 
     def get(self) -> None:
         self.send_json(200, self.state.sessions.listed(self.identity))
-
-    def limit_body(self, limit: int) -> None:
-        """As every small body, with the sizes said (as the other 413s say them, EXTENSIONS
-        §10), and that no flag moves this limit: the text alone did not say which limit."""
-        if not bound_body(self, limit, float(self.state.config.body_timeout_seconds)):
-            declared = declared_length(self.request.headers.get("Content-Length"))
-            self.answer_early(
-                413,
-                "request_too_large",
-                f"{TOO_LARGE_MESSAGE}: {over_limit(limit, declared)} (fixed: a session body "
-                "holds only gpu_count and idle_timeout_seconds)",
-            )
 
     async def post(self) -> None:
         if self.state.config.max_sessions == 0:
