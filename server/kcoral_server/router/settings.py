@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcoral.protocol.headers import PRINTABLE_TOKEN
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens, token_file_exposure
 from kcoral_server.front_door.token_file import (
@@ -26,7 +25,7 @@ from kcoral_server.router.identity import (
     parse_node_tokens,
 )
 from kcoral_server.settings.command_line import SIZES_NOTE, add_grouped_options
-from kcoral_server.settings.config import declared_settings, setting
+from kcoral_server.settings.config import bearer_token_problem, declared_settings, setting
 
 
 @dataclass(frozen=True)
@@ -340,9 +339,9 @@ def parse_router_args(
     # The server's rule (EXTENSIONS §13): a scraper sends it in a header, which carries no
     # inner space, control character or non-ASCII letter ('a b' started a router no
     # scraper could read).
-    if metrics_token is not None and PRINTABLE_TOKEN.fullmatch(metrics_token) is None:
+    if metrics_token is not None and (problem := bearer_token_problem(metrics_token)):
         origin = "--metrics-token" if args.metrics_token is not None else "KCORAL_METRICS_TOKEN"
-        raise SettingsError(f"{origin} must be printable ASCII without spaces, as a bearer token")
+        raise SettingsError(f"{origin} {problem}")
     try:
         address = ipaddress.ip_address(args.host)
     except ValueError:

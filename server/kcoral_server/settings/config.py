@@ -115,6 +115,14 @@ SETTING_GROUPS: dict[str, str] = {
 }
 
 
+def bearer_token_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a token a scraper sends as ``Bearer``, or None: the metrics
+    token's rule on a server and a router alike (EXTENSIONS §13)."""
+    if isinstance(value, str) and PRINTABLE_TOKEN.fullmatch(value):
+        return None
+    return "must be printable ASCII without spaces, as a bearer token"
+
+
 def setting(
     default: Any = MISSING,
     *,
@@ -532,11 +540,7 @@ class ServerConfig:
         env_in_help=False,
         empty="refused",
         secret=True,
-        problem=lambda value: (
-            None
-            if isinstance(value, str) and PRINTABLE_TOKEN.fullmatch(value)
-            else "must be printable ASCII without spaces, as a bearer token"
-        ),
+        problem=bearer_token_problem,
     )
     allow_unauthenticated: bool = setting(
         False,
