@@ -44,6 +44,10 @@ class SessionCommands:
                 f"%kcoral session {what}: this kernel's cells run in {remote.label} on "
                 f"{remote.url}; %kcoral session stop ends it first"
             )
+        return self._offering_server()
+
+    def _offering_server(self) -> tuple[str, Client]:
+        """The kernel's server, which must offer sessions; a refusal names it."""
         url = self.kernel.resolve_url()
         with answered_by(url):
             features = self.kernel.facts(url).features
@@ -137,12 +141,9 @@ class SessionCommands:
         )
 
     def list_sessions(self, args: argparse.Namespace) -> None:
-        url = self.kernel.resolve_url()
+        url, client = self._offering_server()
         with answered_by(url):
-            features = self.kernel.facts(url).features
-        require_sessions(url, features)
-        with answered_by(url):
-            records = self.kernel.client(url).sessions()
+            records = client.sessions()
         if not records:
             print(f"kcoral: no sessions of yours on {url}")
             return
