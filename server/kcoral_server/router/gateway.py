@@ -263,11 +263,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 problem = status_problem(status, self.settings, node_id)
                 if problem is not None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-                before = self.registry.nodes[node_id].state
-                self.registry.apply_status(stream, status)
-                after = self.registry.nodes[node_id].state
-                if after != before:
-                    self.log.event("node_state", node=node_id, state=after, previous=before)
+                self.registry.apply_status(stream, status)  # its node_state line: NodeStateLines
                 await self.on_status(node_id, status)
         finally:
             if not stream.superseded:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from kcoral_server.storage.event_log import Listener, Listeners
 
@@ -47,3 +48,31 @@ class RouterLog:
             self._stream.flush()
         except (OSError, ValueError):
             pass
+
+
+class HasState(Protocol):
+    state: str
+
+
+class NodeStateLines:
+    """The ``node_state`` lines (§10): called after each change of the node records, it logs
+    every state that differs from the last it logged (a record it has not seen yet was
+    ``initial``, as a record begins). So every change has its line, whatever made it: a
+    status, the first status of a new stream, a stream that ended or went stale. The
+    gateway had logged only the changes a later status made, so a drained node's ``left``, a
+    lost node's ``unhealthy`` and every node's ``ready`` after a router restart had none."""
+
+    def __init__(self, log: RouterLog, initial: str) -> None:
+        self.log = log
+        self.initial = initial
+        self.logged: dict[str, str] = {}
+
+    def __call__(self, nodes: Mapping[str, HasState]) -> None:
+        for node_id, node in nodes.items():
+            previous = self.logged.get(node_id, self.initial)
+            if node.state != previous:
+                self.logged[node_id] = node.state
+                self.log.event("node_state", node=node_id, state=node.state, previous=previous)
+        if len(self.logged) > len(nodes):  # a forgotten record: one made again begins anew
+            for node_id in [n for n in self.logged if n not in nodes]:
+                del self.logged[node_id]

@@ -20,8 +20,8 @@ from kcoral_server.router.gateway import Gateway, add_gateway_to_server
 from kcoral_server.router.http_app import RouterState, make_app, utc_now_micros
 from kcoral_server.router.identity import MAX_FRAME_DATA, MAX_GRPC_MESSAGE
 from kcoral_server.router.listener import DemuxServer, unclassified_bound
-from kcoral_server.router.log import RouterLog
-from kcoral_server.router.registry import Registry
+from kcoral_server.router.log import NodeStateLines, RouterLog
+from kcoral_server.router.registry import STARTING, Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
@@ -85,7 +85,10 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
     registry.on_node_lost = state.sessions.node_lost  # its sessions' state is gone
     registry.on_node_back = node_back_handler(state)  # it may still hold them: end them
 
+    node_states = NodeStateLines(log, STARTING)
+
     def changed() -> None:
+        node_states(registry.nodes)
         wake()
         state.revocations.check_nodes()  # a node that (re)connected hears what it missed
 
