@@ -327,7 +327,9 @@ def returned_file_html(returned: Any, name: str | None = None) -> str:
     else:
         preview = text_preview(data)
         if preview is not None:
-            more = " (preview)" if len(preview.encode()) < len(data) else ""
+            # Whole unless text was left out (a last newline or \r\n ends are no text).
+            text = data.decode("utf-8", "replace") if len(data) <= PREVIEW_CHARS * 4 else ""
+            more = "" if "\n".join(text.splitlines()) == preview else " (preview)"
             body = f'<pre style="{_PRE}">{escape(preview)}</pre>{escape(more)}'
         else:
             target = escape(repr(name.rsplit("/", 1)[-1])) if name else "'output.bin'"
