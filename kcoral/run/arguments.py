@@ -16,6 +16,7 @@ from typing import Any
 
 from kcoral.connection.server_address import server_url
 from kcoral.protocol.paths import normalize_workspace_path
+from kcoral.protocol.selector import Selector, SelectorError, parse_selector
 from kcoral.run.inputs import is_text
 from kcoral.run.tools import TOOLS, Tool, UsageError, check_tool_args, get_tool
 
@@ -35,6 +36,7 @@ options (before the first '--'):
   -e, --env NAME[=VALUE]  remote environment variable; bare NAME copies the local value
   --fetch PATH            file or directory to bring back, relative to the tool's directory
   --out DIR               new local directory for returned files
+  --select SELECTOR       through a router: run on a node that offers it (gpu=h100,pool=big)
   -h, --help              show this help
 """
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -50,6 +52,7 @@ _VALUE_OPTIONS = {
     "-e": "env",
     "--fetch": "fetch",
     "--out": "out",
+    "--select": "select",
 }
 _REPEATABLE = frozenset({"send", "env", "fetch"})
 
@@ -71,6 +74,9 @@ class RunOptions:
     env: dict[str, str] = field(default_factory=dict)
     fetch: list[str] = field(default_factory=list)
     out: str | None = None
+    #: what the node that runs the tool must offer (EXTENSIONS §14); None: any node of the
+    #: router's default kind, where a mixed fleet's other kinds were out of reach
+    select: Selector | None = None
     #: printed on stderr before running (e.g. --host/--port overriding KCORAL_URL)
     warnings: list[str] = field(default_factory=list)
     #: bytes of --send inputs (for the progress line)
@@ -127,6 +133,11 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
     options.env = parse_env(values.get("env", []), environ)
     options.fetch = parse_fetch(values.get("fetch", []))
     options.out = values.get("out")
+    if "select" in values:
+        try:
+            options.select = parse_selector(values["select"])
+        except SelectorError as exc:
+            raise UsageError(f"--select: {exc}") from None
     _check_outputs(options)
     return options
 

@@ -257,12 +257,14 @@ def execute(options: RunOptions, program: Any) -> Any:
                     program,
                     timeout_seconds=options.timeout_seconds,
                     output_limit_bytes=options.output_limit_bytes,
+                    select=options.select,
                 )
         with progress:
             job = client.submit(
                 program,
                 timeout_seconds=options.timeout_seconds,
                 output_limit_bytes=options.output_limit_bytes,
+                select=options.select,
             )
         # First in line (position 0) is also a wait when every worker is busy, and that
         # printed nothing either: said only if no worker has taken the job after a moment.
