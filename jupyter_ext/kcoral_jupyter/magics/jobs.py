@@ -170,7 +170,8 @@ class JobCommands:
 
 def job_row(job: Mapping[str, Any]) -> list[str]:
     """One ``%kcoral jobs`` row: GPUs as ``0, 1`` or ``cpu`` (ran without one), the time it
-    was submitted (UTC, to the second), and how long it ran, rounded like the status line."""
+    was submitted (UTC, to the second), and how long it took (queue + run: the status line's
+    total and the panel's Time, not the run alone), rounded like the status line."""
     gpu_ids = job.get("gpu_ids")
     if isinstance(gpu_ids, list) and gpu_ids:
         gpus = ", ".join(str(i) for i in gpu_ids)
@@ -182,7 +183,9 @@ def job_row(job: Mapping[str, Any]) -> list[str]:
     if isinstance(submitted, str) and "T" in submitted:
         day, clock = submitted.split("T", 1)
         submitted = f"{day} {clock[:8]} UTC"
-    took = job.get("elapsed_ms")
+    took, queued = job.get("elapsed_ms"), job.get("queue_ms")
+    if isinstance(took, (int, float)) and isinstance(queued, (int, float)):
+        took += queued
     return [
         str(job.get("job_id") or UNKNOWN),
         str(job.get("status") or UNKNOWN),
