@@ -54,6 +54,8 @@ def test_a_node_state_line_marks_every_change_a_router_restart_and_a_drain_inclu
         assert_chained(state_lines(first, "cpu-a"))
 
         first.stop()
+        # a stopping router ends the streams itself: no node turned unhealthy
+        assert state_lines(first, "cpu-a")[-1][1] == "ready", first.log()
         # the same address, so the node's supervisor and slots find it again
         again.append(
             start_router(

@@ -16,6 +16,7 @@ import tornado.netutil
 import tornado.tcpserver
 
 from kcoral_server.processes.open_files import raise_open_file_limit
+from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
 from kcoral_server.router.gateway import Gateway, add_gateway_to_server
 from kcoral_server.router.http_app import RouterState, make_app, utc_now_micros
 from kcoral_server.router.identity import MAX_FRAME_DATA, MAX_GRPC_MESSAGE
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.ready_file is not None and (problem := ready_file_problem(settings.ready_file)):
         sys.stderr.write(f"kcoral router: error: --ready-file {problem}\n")
         return 2
-    return asyncio.run(serve(settings))
+    return asyncio.run(then_ignoring_stop_signals(serve(settings)))
 
 
 def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
@@ -88,7 +89,8 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
     node_states = NodeStateLines(log, STARTING)
 
     def changed() -> None:
-        node_states(registry.nodes)
+        if not admission.closed:  # a stopping router ends every stream: not the nodes' doing
+            node_states(registry.nodes)
         wake()
         state.revocations.check_nodes()  # a node that (re)connected hears what it missed
 
