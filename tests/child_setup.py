@@ -40,3 +40,27 @@ def with_default_hangup(command: Sequence[str]) -> list[str]:
     """``command`` run with SIGHUP's default action, as from a terminal, even when the tests
     run under ``nohup`` (SIGHUP ignored, which ``exec`` keeps)."""
     return [sys.executable, "-c", _DEFAULT_HANGUP_THEN_EXEC, *command]
+
+
+_STOP_SIGNAL_AS_THE_LOOP_CLOSES = (
+    "import os, runpy, signal, sys, threading\n"
+    "from asyncio import selector_events\n"
+    "close_self_pipe = selector_events.BaseSelectorEventLoop._close_self_pipe\n"
+    "def closing(loop):\n"
+    "    close_self_pipe(loop)\n"
+    "    if threading.current_thread() is threading.main_thread():\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "selector_events.BaseSelectorEventLoop._close_self_pipe = closing\n"
+    "sys.argv = [sys.argv[1], *sys.argv[2:]]\n"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
+)
+
+
+def with_a_stop_signal_as_the_loop_closes(command: Sequence[str]) -> list[str]:
+    """``command`` (``python -m MODULE ARGS``) run so that its main thread's asyncio loop,
+    as it closes, sends the process a SIGTERM just after closing its self-pipe and before
+    removing its signal handlers: a second stop landing while the process exits."""
+    python, flag, module, *arguments = command
+    if flag != "-m":
+        raise ValueError(f"expected python -m MODULE ..., not {command!r}")
+    return [python, "-c", _STOP_SIGNAL_AS_THE_LOOP_CLOSES, module, *arguments]

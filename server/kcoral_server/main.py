@@ -34,6 +34,7 @@ from kcoral_server.processes.sandbox import (
     keep_from_programs,
     resolve_sandbox,
 )
+from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
 from kcoral_server.settings.command_line import ServerSettings, parse_server_args
 from kcoral_server.settings.config import config_for_log
 from kcoral_server.storage.event_log import EventLog
@@ -108,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kcoral server: warning: CUDA_VISIBLE_DEVICES does not restrict the server; "
             "workers are pinned by --gpus\n"
         )
-    return asyncio.run(_serve(settings, token, router_secret, slot_key))
+    return asyncio.run(then_ignoring_stop_signals(_serve(settings, token, router_secret, slot_key)))
 
 
 def is_loopback(host: str) -> bool:

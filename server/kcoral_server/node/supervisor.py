@@ -44,6 +44,7 @@ from kcoral_server.node.handover import (
 from kcoral_server.node.http11 import get_json
 from kcoral_server.node.metrics_fetch import MetricsReader
 from kcoral_server.node.status_stream import lease_stats_message, stream_status
+from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
@@ -565,4 +566,5 @@ def run_supervisor(settings: ServerSettings, argv: Sequence[str] | None = None) 
     if argv is None:
         args = sys.argv[1:]
         argv = args[args.index("server") + 1 :] if "server" in args else args
-    return asyncio.run(Supervisor(settings, argv, os.environ).run())
+    supervisor = Supervisor(settings, argv, os.environ)
+    return asyncio.run(then_ignoring_stop_signals(supervisor.run()))
