@@ -76,7 +76,9 @@ class RouterGauges(Collector):
             "kcoral_router_node_state", "1 for each node's current state", labels=["node", "state"]
         )
         busy = GaugeMetricFamily(
-            "kcoral_router_node_busy", "requests on each node's worker slots", labels=["node"]
+            "kcoral_router_node_busy",
+            "each node's busy workers (jobs included) or requests on its slots, the more",
+            labels=["node"],
         )
         workers = GaugeMetricFamily(
             "kcoral_router_node_workers", "workers each connected node reports", labels=["node"]
@@ -98,14 +100,18 @@ class RouterGauges(Collector):
             label, kind = self._nodes(node.node_id), self._kinds(node.kind)
             node_state_label = one_of(node.state, NODE_STATES)
             states[(label, node_state_label)] += 1
-            node_busy[label] += node.inflight()
+            # A job frees its slot with its 202 and runs on its seat until it ends: counted
+            # by slots alone, a node running a job on every seat read as idle. The workers
+            # its supervisor reports busy count them (ROUTER §6's load, fleet_status too).
+            running = max(node.inflight(), node.busy_workers if node.connected else 0)
+            node_busy[label] += running
             # a node that left keeps its record (and last report) until it is forgotten, but
             # offers no worker: counting its last report showed a fleet with a node down as whole
             offered = node.worker_count if node.connected else 0
             node_workers[label] += offered
             kinds.add((label, kind))
             kind_states[(kind, node_state_label)] += 1
-            kind_busy[kind] += node.inflight()
+            kind_busy[kind] += running
             kind_workers[kind] += offered
             if node.connected and label == node.node_id:
                 live.append(LiveNode(node.node_id, node.server_instance_id, label, kind))
@@ -123,7 +129,7 @@ class RouterGauges(Collector):
         for (kind, node_state_label), count in sorted(kind_states.items()):
             by_kind.add_metric([kind, node_state_label], float(count))
         kind_busy_family = GaugeMetricFamily(
-            "kcoral_router_kind_busy", "requests on the worker slots of each kind", labels=["kind"]
+            "kcoral_router_kind_busy", "kcoral_router_node_busy summed per kind", labels=["kind"]
         )
         kind_workers_family = GaugeMetricFamily(
             "kcoral_router_kind_workers",
