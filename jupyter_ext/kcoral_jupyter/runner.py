@@ -104,6 +104,14 @@ class RemoteCellError(RemoteExecutionError):
         self, result: ProgramResult, record: RunRecord | None = None, *, hint: str = ""
     ) -> None:
         super().__init__(result)
+        if record is not None and record.job_id:
+            # Named by its job, the id the panel, %kcoral jobs and attach show; the request
+            # id the client's message names is shown nowhere in a notebook.
+            error = result.error or {}
+            self.args = (
+                f"job {record.job_id} on {record.server} failed: "
+                f"{error.get('kind')}: {error.get('message')}",
+            )
         self.record = record
         self.hint = hint  # one line after the remote traceback (e.g. a forgotten -i NAME)
 
