@@ -27,6 +27,7 @@ from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.cell import CellMagic
 from kcoral_jupyter.magics.options import MOST_JOBS_LISTED
 from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
+from kcoral_jupyter.notebook_session import session_ended_under
 from kcoral_jupyter.runner import ExecuteOptions, RunRecord, follow_job, translate_error
 
 #: The ``%kcoral jobs`` columns, in words a user reads (``job_row`` fills them).
@@ -61,7 +62,14 @@ class JobCommands:
         rows: list[tuple[str, Any]] = [("server", url), *self.kernel.settings.describe().items()]
         remote = self.kernel.sessions.active()
         if remote is not None:
-            rows.append(("session", f"{remote.id} on {remote.url}"))
+            # Asked, as a cell would: a session the server ended (idle too long) is no
+            # session cells run in, whatever this kernel last heard.
+            if remote.ended_message is None:
+                session_ended_under(remote)
+            ended = (
+                " (ended: %kcoral session start begins a new one)" if remote.ended_message else ""
+            )
+            rows.append(("session", f"{remote.id} on {remote.url}{ended}"))
         rows += [(f"health.{k}", v) for k, v in health.items()]
         # A router's fleet is a table of its own (ROUTER §6), not two rows of JSON.
         fleet = info.get("fleet_status") or info.get("fleet")
