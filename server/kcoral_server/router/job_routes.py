@@ -33,7 +33,7 @@ from kcoral_server.router.auth import UNAUTHORIZED_MESSAGE, error_answer
 from kcoral_server.router.forward import ForwardHandler, ProgramForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
-from kcoral_server.router.registry import NodeRecord, fleet, fleet_status
+from kcoral_server.router.registry import SERVER_RESTARTED, NodeRecord, fleet, fleet_status
 from kcoral_server.router.scheduler import NoNode, RouterBusy
 from kcoral_server.router.slot import CONTROL, SlotBroken
 
@@ -48,11 +48,23 @@ NodeAnswer = tuple[str, tuple[int, bytes] | None, dict[str, str]]
 
 class JobIndex:
     """Job id → node id and owner, learned from 202 answers, merged lists and look-ups
-    (bounded)."""
+    (bounded), and whether the node has run a new server since (the job went with the old)."""
 
     def __init__(self, capacity: int = 100_000) -> None:
         self.capacity = capacity
-        self._nodes: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        # job id → (node id, owner, the node's server count when the job was bound to it)
+        self._nodes: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
+        self._servers: dict[str, int] = {}  # node id → the servers it has run since the first
+
+    def node_lost(self, node_id: str, why: str) -> None:
+        """``Registry.on_node_lost``: a node that runs a new server holds none of its jobs."""
+        if why == SERVER_RESTARTED:
+            self._servers[node_id] = self._servers.get(node_id, 0) + 1
+
+    def lost(self, job_id: str) -> bool:
+        """Whether the bound job's node has run a new server since it took the job."""
+        known = self._nodes.get(job_id)
+        return known is not None and known[2] != self._servers.get(known[0], 0)
 
     def remember(self, job_id: str, node_id: str, owner: str) -> bool:
         """Bind ``job_id`` to ``node_id``; False when another node holds it already: a job
@@ -61,7 +73,7 @@ class JobIndex:
         known = self._nodes.get(job_id)
         if known is not None and known[0] != node_id:
             return False
-        self._nodes[job_id] = (node_id, owner)
+        self._nodes[job_id] = (node_id, owner, self._servers.get(node_id, 0))
         self._nodes.move_to_end(job_id)
         while len(self._nodes) > self.capacity:
             self._nodes.popitem(last=False)
@@ -486,6 +498,11 @@ class JobHandler(ForwardHandler):
         # which told a holder of the id that the job lives (ROUTER §13).
         visible = self.state.jobs.visible_to(job_id, self.identity)
         if node is not None and node in self.state.registry.nodes and visible:
+            if self.state.jobs.lost(job_id):
+                # "job not found" alone, for the job its owner had watched run, named no cause
+                message = f"job lost: its node {node} restarted its server, which held it"
+                self.send_router_error(404, "not_found", message, "request_rejected")
+                return None
             return node
         return await self._look_up(job_id)
 

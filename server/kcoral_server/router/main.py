@@ -83,7 +83,12 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
         instance_id=str(uuid.uuid4()),
         started_at=utc_now_micros(),
     )
-    registry.on_node_lost = state.sessions.node_lost  # its sessions' state is gone
+
+    def node_lost(node_id: str, why: str) -> None:
+        state.sessions.node_lost(node_id, why)  # its sessions' state is gone
+        state.jobs.node_lost(node_id, why)  # a new server holds none of its jobs
+
+    registry.on_node_lost = node_lost
     registry.on_node_back = node_back_handler(state)  # it may still hold them: end them
 
     node_states = NodeStateLines(log, STARTING)

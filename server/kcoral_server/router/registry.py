@@ -28,6 +28,9 @@ STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
 #: operator's drain is not a failure (it read ``unhealthy``, and its alerts fired)
 DRAINING, LEFT = "draining", "left"
 
+#: why ``Registry.on_node_lost`` is called when a node runs a new server: what lived in the
+#: old one (its jobs, its sessions) is gone for good, not only out of reach
+SERVER_RESTARTED = "restarted its server"
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
 #: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
 #: beyond it the oldest are forgotten first, so a node-token holder that opens streams
@@ -256,7 +259,7 @@ class Registry:
             if status.server_instance_id:
                 node.server_instance_id = status.server_instance_id
             if server_changed:
-                self.on_node_lost(node.node_id, "restarted its server")
+                self.on_node_lost(node.node_id, SERVER_RESTARTED)
             # Slots of another instance can never receive work again (§4.4).
             for slot in list(node.slots.values()):
                 if slot.instance_id != node.server_instance_id:

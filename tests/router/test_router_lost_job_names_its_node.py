@@ -1,0 +1,57 @@
+"""A job whose node restarted its server is answered as lost, naming the node (ROUTER §13):
+through a real router onto a real CPU node, a job holds the node's seat, the node's server
+is killed (SIGKILL, as a crash) and its supervisor starts a new one; the job's owner then
+asks for it and reads ``job lost: its node cpu-a restarted its server, which held it``
+(``404`` ``not_found``, as before). Before, the owner read ``job not found`` for the job it
+had watched run, which named no cause and read as a wrong id."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+from router_helpers import Node, start_router, stopping
+from test_router_fleet_status import HOLD, only_kind, wait_for
+
+import kcoral
+from kcoral.errors import KCoralError
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_owner_of_a_job_lost_with_its_nodes_server_is_told_the_node_restarted(
+    tmp_path: Path,
+) -> None:
+    # past its restart grace, as a router that has run a while (ROUTER §13)
+    router = start_router(
+        tmp_path, "--status-check-interval-seconds", "0.3", "--reconnect-grace-seconds", "0"
+    )
+    node = Node(tmp_path, router, "cpu-a", None)
+    with stopping(router, [node]):
+        wait_for(lambda: (row := only_kind(router)) and row["free_seats"] == 1, "ready", router)
+        program = kcoral.Program()
+        module = program.upload(kind="module", source=HOLD)
+        never = str(tmp_path / "never-created")
+        held = program.run(fn=program.get_function(module=module, name="main"), args=[never])
+        program.return_(key="pid", value=held)
+        with kcoral.Client(router.url) as client:
+            job = client.submit(program, timeout_seconds=120)
+            wait_for(lambda: job.status()["status"] == "RUNNING", "the job runs", router)
+            old_server = node.server_pid()
+            psutil.Process(old_server).send_signal(signal.SIGKILL)
+            # the supervisor's new server is up and the router has its slots again
+            wait_for(
+                lambda: (
+                    node.server_pid() != old_server
+                    and (row := only_kind(router))
+                    and row["free_seats"] == 1
+                ),
+                "the new server serving",
+                router,
+            )
+            with pytest.raises(KCoralError) as lost:
+                job.status()
+        assert lost.value.status_code == 404
+        assert lost.value.message == "job lost: its node cpu-a restarted its server, which held it"
