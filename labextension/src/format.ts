@@ -311,6 +311,26 @@ export function isCancellable(status: string | null | undefined): boolean {
   return status === 'QUEUED' || status === 'RUNNING';
 }
 
+/** What an instruction of a %%kcoral cell's program does, in the words the cell's own
+ * status line uses (runner.describe_instruction: the ids cell_program gives, `cell`,
+ * `in:NAME`, ..., and any return); '' for another instruction, which keeps its op and id.
+ * The pane said `instruction 2 run cell` where the cell said `running`. */
+export function cellStep(op: string, id: string): string {
+  if (id === 'in:pickled') {
+    return 'sending the pickled inputs';
+  }
+  if (id.startsWith('in:')) {
+    return `sending ${id.slice(3)}`;
+  }
+  if (id === 'cell_module' || id === 'cell_function') {
+    return 'loading the cell';
+  }
+  if (id === 'cell') {
+    return 'running';
+  }
+  return op.startsWith('return') ? 'returning the results' : '';
+}
+
 /** A short description of a phase event for the output pane. */
 export function describePhase(phase: string, fields: Record<string, unknown>): string {
   const field = (name: string): string => shownText(fields[name]);
@@ -323,9 +343,10 @@ export function describePhase(phase: string, fields: Record<string, unknown>): s
     case 'assigned':
       return field('worker_id') ? `assigned to worker ${field('worker_id')}` : phase;
     case 'instruction':
-      return ['instruction', field('index'), field('op'), field('id')]
-        .filter(part => part)
-        .join(' ');
+      return cellStep(field('op'), field('id')) ||
+        ['instruction', field('index'), field('op'), field('id')]
+          .filter(part => part)
+          .join(' ');
     case 'finished':
       return field('status') ? `finished: ${jobStatusText(field('status'))}` : 'finished';
     case 'lease_wait':

@@ -230,6 +230,9 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
     assert seen["firstOutput"].index("tick 0") < seen["firstOutput"].index("tick 9")
     assert seen["firstJobFinalStatus"] == "COMPLETED"
     assert seen["cancelEnabled"] and not seen["cancelEnabledAfter"]
+    # The pane names a running cell's step as its status line does (not `instruction 2
+    # run cell`, the program's op and id).
+    assert seen["secondJobPhase"] == "running", seen["secondJobPhase"]
     assert seen["secondJobFinalStatus"] == "CANCELLED"
     assert [c[:2] for c in seen["commands"]] == [
         ["kcoral:show-panel", True],
