@@ -507,7 +507,9 @@ export class KCoralPanel extends Widget {
     const notes = this._model.jobErrors
       .filter(e => !/no jobs API/.test(e.message))
       .map(e => serverNote(servers, e));
-    this._jobsNote.textContent = jobs.length === 0 ? 'No jobs yet.' : '';
+    // "yet" only when every server answered: one that did not may well have jobs.
+    const none = notes.length ? 'No jobs listed.' : 'No jobs yet.';
+    this._jobsNote.textContent = jobs.length === 0 ? none : '';
     if (notes.length) {
       this._jobsNote.textContent += ` ${notes.join('; ')}`;
     }

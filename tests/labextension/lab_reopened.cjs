@@ -1,7 +1,8 @@
 // Drives JupyterLab in headless Chromium for tests/labextension/test_browser.py: opens
 // NOTEBOOK, saved while a %%kcoral cell ran (its status line's metadata says `live`), and
 // prints, as one JSON line, the first cell's outputs once the extension has settled that
-// line (the kernel's updates never reach a new view, so it would say `running` for good).
+// line (the kernel's updates never reach a new view, so it would say `running` for good),
+// and the KCoral panel's jobs note (a configured server there does not answer).
 // Environment: LAB_URL (with trailing slash), LAB_TOKEN, PLAYWRIGHT_CORE, SCREENSHOT_DIR,
 // NOTEBOOK (path below the Jupyter root).
 'use strict';
@@ -36,6 +37,14 @@ async function drive(page) {
     return panel.content.widgets[0].node.querySelector('.jp-OutputArea').textContent;
   });
   await page.screenshot({ path: path.join(process.env.SCREENSHOT_DIR, 'reopened-line.png') });
+  // The panel's jobs note (under its Jobs heading), with a configured server that nothing
+  // answers at.
+  await page.evaluate(() => window.jupyterapp.commands.execute('kcoral:show-panel'));
+  const jobsNote =
+    "[...document.querySelectorAll('#kcoral-panel h3')]" +
+    ".find(h => h.textContent === 'Jobs')?.nextElementSibling?.textContent || ''";
+  await page.waitForFunction(`/not running/.test(${jobsNote})`, null, { timeout: 60000 });
+  seen.jobsNote = await page.evaluate(jobsNote);
 }
 
 runLab({

@@ -450,8 +450,13 @@ def test_a_notebook_saved_while_a_cell_ran_opens_with_its_line_settled(tmp_path:
     root = tmp_path / "root"
     root.mkdir()
     (root / "saved.ipynb").write_text(json.dumps(document), encoding="utf-8")
-    with _running_lab(tmp_path, root, None) as url:
+    # A configured server that nothing answers at: the panel's jobs note says it listed
+    # none (its jobs are unknown), not "No jobs yet."
+    gone = f"127.0.0.1:{_free_port()}"
+    servers = [{"name": "gone", "url": f"http://{gone}"}]
+    with _running_lab(tmp_path, root, servers) as url:
         seen = _run_script(REOPENED_SCRIPT, url, tmp_path, NOTEBOOK="saved.ipynb")
+    assert seen["jobsNote"] == f"No jobs listed. gone: not running: nothing answers at {gone}"
     expected = (
         "kcoral: \u26a0 the notebook was reopened while this cell ran (last: running \u00b7 job "
         f"c84f8fc6 \u00b7 0:12); job {job_id} may still run on http://gpu:8000 (%kcoral attach "
