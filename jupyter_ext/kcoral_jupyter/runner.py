@@ -383,7 +383,13 @@ def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> B
             "allow pickle (KCORAL_ALLOWED_SERIALIZATION)",
         )
     if exc.kind == "cancelled":
-        return cancelled(f"the job was cancelled on {server}")
+        # Not by this cell: its own interrupt is told where it is caught (magics/cell.py),
+        # so the interrupt advice of ``cancelled`` does not fit here.
+        return CellCancelledError(
+            f"the job was cancelled on {server}, not by this cell",
+            "a Cancel in the KCoral panel, %kcoral cancel or another client of the server "
+            "stopped it; run the cell again",
+        )
     return exc
 
 
