@@ -329,6 +329,10 @@ async def _shutdown(
     # result to the server's exit (always through a node, whose control slots then closed).
     unread = since - RESULT_GRACE_SECONDS
     deadline = time.monotonic() + RESULT_GRACE_SECONDS
+    waiting = state.jobs.unread_results(unread)
+    if waiting:
+        # the seconds a stop can take here, said (an operator saw only a pause)
+        events.emit("shutdown_awaiting_results", unread=waiting)
     while state.jobs.unread_results(unread) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     if stop_listening is not None:

@@ -101,3 +101,29 @@ def launcher_processes(pid: int) -> int:
         launcher = "kcoral_server.processes.launcher" in command
         count += launcher and "bwrap" not in command[0]
     return count
+
+
+@pytest.mark.slow
+def test_a_job_cancelled_during_the_drain_tells_its_follower_it_was_cancelled(server_factory):
+    """A cell follows its job while the KCoral panel cancels it during a drain. A cancelled
+    job counted as having no result to read, so the server exited as soon as it ended and
+    the cell, reading the result after the job's last event, said ``Connection refused``
+    (lab soak). The drain now waits for that read too, and says so."""
+    server = server_factory()
+    source = "import time\ndef slow():\n    time.sleep(300)\n"
+    with kcoral.Client(server.url) as client:
+        job = client.submit(module_program(source, "slow"))
+        wait_for(lambda: job.status()["status"] == "RUNNING", what="running")
+        server.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: "shutdown_started" in {e["event"] for e in server.events()}, what="drain")
+        with kcoral.Client(server.url) as panel:
+            panel.job(job.id).cancel()
+        awaiting = wait_for(
+            lambda: [e for e in server.events() if e["event"] == "shutdown_awaiting_results"],
+            what="the wait for the cancelled job's result to be read",
+        )
+        assert awaiting[0]["unread"] == 1
+        with pytest.raises(kcoral.KCoralError) as raised:
+            job.result()
+        assert (raised.value.status_code, raised.value.kind) == (409, "cancelled")
+    assert server.process.wait(60) == 0

@@ -368,13 +368,13 @@ class JobRegistry:
 
     def unread_results(self, since: float) -> int:
         """How many jobs that finished at ``since`` (monotonic) or later have a result
-        nobody has read yet (a cancelled job has none to read)."""
+        nobody has read yet (a cancelled job's is its ``409 cancelled``: a cell following
+        a job cancelled from the panel reads it to say so)."""
         return sum(
             1
             for job in self.jobs.values()
             if job.finished_monotonic is not None
             and job.finished_monotonic >= since
-            and job.status != "CANCELLED"
             and not job.result_read
         )
 

@@ -197,6 +197,7 @@ class JobResultHandler(JobHandler):
         if job is None:
             return
         if job.status == "CANCELLED":
+            job.result_read = True  # the answer a cancelled job has (a draining server waits)
             by = f" by admin {job.cancelled_by}" if job.cancelled_by else ""
             if job.revoked:
                 by = f": {revoked_message(job.owner)}"
