@@ -362,6 +362,10 @@ def _merge_job_state(job: Job, record: RunRecord) -> None:
         record.gpu_ids = tuple(ids)
 
 
+#: how the server's ``409 cancelled`` starts; what follows names who or why (EXTENSIONS §5)
+CANCELLED_BY_THE_SERVER = "the job was cancelled"
+
+
 def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> BaseException:
     """A request-level failure as the exception a notebook user can act on (two lines:
     cause, what to do); other HTTP errors are returned as they are (the magic shortens them)."""
@@ -385,6 +389,12 @@ def translate_error(exc: KCoralError, options: ExecuteOptions, server: str) -> B
     if exc.kind == "cancelled":
         # Not by this cell: its own interrupt is told where it is caught (magics/cell.py),
         # so the interrupt advice of ``cancelled`` does not fit here.
+        said = exc.message.removeprefix(CANCELLED_BY_THE_SERVER)
+        if said != exc.message and said:
+            # the server named who (``by admin root``) or why (a revoked token): keep it
+            return CellCancelledError(
+                f"the job was cancelled on {server}{said}", "run the cell again"
+            )
         return CellCancelledError(
             f"the job was cancelled on {server}, not by this cell",
             "a Cancel in the KCoral panel, %kcoral cancel or another client of the server "

@@ -6,7 +6,7 @@ import os
 import signal
 
 import pytest
-from kcoral_jupyter.cell_errors import CellTimeoutError, PickleRefusedError
+from kcoral_jupyter.cell_errors import CellCancelledError, CellTimeoutError, PickleRefusedError
 from kcoral_jupyter.cell_program import CellSpec, build_cell
 from kcoral_jupyter.runner import (
     ExecuteOptions,
@@ -188,6 +188,27 @@ def test_request_errors_become_actionable_exceptions() -> None:
     reworded = KCoralError(400, "pickle is off here", kind="parse")
     assert isinstance(translate_error(reworded, pickled, "http://s"), PickleRefusedError)
     assert translate_error(refused, ExecuteOptions(), "http://s") is refused
+
+
+def test_a_job_cancelled_by_an_admin_or_a_revocation_keeps_the_servers_who_and_why() -> None:
+    def rendered(message: str) -> list[str]:
+        cancel = KCoralError(409, message, kind="cancelled")
+        error = translate_error(cancel, ExecuteOptions(), "http://s")
+        assert isinstance(error, CellCancelledError)
+        return error._render_traceback_()
+
+    assert rendered("the job was cancelled by admin root") == [
+        "CellCancelledError: the job was cancelled on http://s by admin root",
+        "run the cell again",
+    ]
+    assert rendered("the job was cancelled: the token of identity bob was revoked") == [
+        "CellCancelledError: the job was cancelled on http://s: the token of identity bob "
+        "was revoked",
+        "run the cell again",
+    ]
+    assert rendered("the job was cancelled")[0] == (
+        "CellCancelledError: the job was cancelled on http://s, not by this cell"
+    )
 
 
 def test_a_job_next_in_line_says_it_waits_for_a_worker_not_queued_number_zero() -> None:
