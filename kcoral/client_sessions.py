@@ -134,8 +134,18 @@ class _SessionBase:
             return {**options, "select": self.select}
         return options
 
+    def _path(self, action: str = "") -> str:
+        """The session's URL path; an ``AsyncSession`` that was never started has no id, and
+        its requests went to ``/v1/sessions//…`` (``HTTP 404: not found``)."""
+        if not self.id:
+            raise RuntimeError(
+                "this AsyncSession has not started: use 'async with client.session() as "
+                "session' or 'await session.start()'"
+            )
+        return f"/v1/sessions/{self.id}{action}"
+
     def _execute_flow(self, program: Program, options: dict[str, Any]) -> Flow[ProgramResult]:
-        path = f"/v1/sessions/{self.id}/execute"
+        path = self._path("/execute")
         return self.client.execute_flow(program, path=path, **self._options(options))
 
     def function(
@@ -167,7 +177,7 @@ class _SessionBase:
     def _submit_flow(
         self, program: Program, options: dict[str, Any]
     ) -> Flow[tuple[str, str, tuple[str, ...]]]:
-        path = f"/v1/sessions/{self.id}/jobs"
+        path = self._path("/jobs")
         return self.client.submit_flow(program, path=path, **self._options(options))
 
 
@@ -251,11 +261,13 @@ class AsyncSession(_SessionBase):
         return AsyncJob(self.client, job_id, request_id=request_id, known_blobs=blobs)
 
     async def info(self) -> dict[str, Any]:
+        self._path()
         self.record = await self.client.run_flow(record_flow(self.id))
         return dict(self.record)
 
     async def interrupt(self) -> dict[str, Any]:
         """As ``Session.interrupt``."""
+        self._path()
         self.record = await self.client.run_flow(interrupt_flow(self.id))
         return dict(self.record)
 

@@ -286,3 +286,42 @@ def test_a_session_id_that_is_not_one_path_segment_is_refused_before_anything_is
                 client.job(bad_id).status()
         with pytest.raises(TypeError, match="session_id must be a str"):
             client.attach_session(5)  # type: ignore[arg-type]
+
+
+def test_an_async_session_used_before_it_started_says_so_and_sends_nothing(
+    server_factory,
+) -> None:
+    # Before, its requests went to /v1/sessions//execute (and //jobs, /v1/sessions/ for
+    # info and interrupt) and failed 'HTTP 404: not found', as if the server had lost it.
+    server = server_factory()
+
+    async def run() -> list[str]:
+        messages = []
+        async with AsyncClient(server.url) as client:
+            session = client.session()  # started by `async with` or `await .start()`
+            function = session.function()(_echo)
+            calls = (
+                lambda: session.execute(_remember(1)),
+                lambda: session.submit(_remember(1)),
+                session.info,
+                session.interrupt,
+                lambda: function.remote(1, run_async=True),
+            )
+            for call in calls:
+                with pytest.raises(RuntimeError, match="has not started") as caught:
+                    await call()
+                messages.append(str(caught.value))
+            assert await client.sessions() == []  # nothing reached the server
+            await session.start()
+            assert (await session.execute(_remember(2))).status == "COMPLETED"
+            await session.close()
+        return messages
+
+    assert set(asyncio.run(run())) == {
+        "this AsyncSession has not started: use 'async with client.session() as session' "
+        "or 'await session.start()'"
+    }
+
+
+def _echo(value):
+    return value
