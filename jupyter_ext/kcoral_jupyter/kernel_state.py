@@ -35,6 +35,9 @@ from kcoral_jupyter.runner import server_features
 from kcoral_jupyter.runtime_records import KernelConnection
 from kcoral_jupyter.settings import KCoral
 
+#: why a kernel's first local start happens, said once
+NO_SERVER_CONFIGURED = "no server configured (KCORAL_URL, %kcoral connect URL); "
+
 #: ``GET /v1/info`` answers meaning "this server has none" (PROTOCOL servers without it).
 INFO_ABSENT_STATUSES = frozenset({404, 405})
 
@@ -196,14 +199,16 @@ class KernelState:
         was_running = self.local.running
         if not was_running and self.local.url:
             self.gone_local.add(self.local.url)  # it exited on its own
+        if not was_running:
+            # Said before the start, which takes seconds (its workers, torch): said after
+            # it, the first cell showed nothing for them (lab soak).
+            why = "" if self._announced_local else NO_SERVER_CONFIGURED
+            self._announced_local = True
+            self.announce(f"kcoral: {why}starting a local server for this kernel's lifetime")
         url = self.local.start()
         self.gone_local.discard(url)  # a new server on a port an old one had
-        if not was_running and not self._announced_local:
-            self._announced_local = True
-            self.announce(
-                f"kcoral: no server configured (KCORAL_URL, %kcoral connect URL); started a "
-                f"local server at {url} for this kernel's lifetime"
-            )
+        if not was_running:
+            self.announce(f"kcoral: local server running at {url}")
         return url
 
     def stop_local(self) -> bool:

@@ -73,3 +73,28 @@ def test_a_start_that_runs_out_of_its_time_names_the_timeout_and_the_log(embedde
     assert "KCoral.local_start_timeout, now 0.001 s" in action
     local = kernel_state_of(embedded_shell).local
     assert not local.running and local.url is None
+
+
+def test_the_first_cell_says_it_starts_the_local_server_before_the_start_takes_its_seconds(
+    embedded_shell,
+) -> None:
+    # The start takes seconds (workers, torch); the line came only once it was done, so the
+    # first cell showed nothing meanwhile (lab soak).
+    kernel = kernel_state_of(embedded_shell)
+    said: list[tuple[str, bool]] = []
+
+    def announce(text: str) -> None:
+        said.append((text, kernel.local is not None and kernel.local.running))
+
+    kernel.announce = announce
+    with capture_output():
+        result = embedded_shell.run_cell("%%kcoral\nx = 1\n")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert said[0] == (
+        "kcoral: no server configured (KCORAL_URL, %kcoral connect URL); starting a local "
+        "server for this kernel's lifetime",
+        False,
+    )
+    text, running = said[1]
+    assert text.startswith("kcoral: local server running at http://127.0.0.1:") and running
+    assert len(said) == 2

@@ -75,7 +75,8 @@ def execute(name: str, connection: Connection, tmp_path: Path, monkeypatch: pyte
     assert "Bearer " not in saved
     magics = any("%load_ext kcoral" in cell.source for cell in notebook.cells)
     if connection.name == "embedded" and magics:  # the kernel's own server ran the cells
-        assert "started a local server at http://127.0.0.1:" in saved
+        assert "starting a local server for this kernel's lifetime" in saved
+        assert "local server running at http://127.0.0.1:" in saved
     return notebook
 
 

@@ -70,8 +70,11 @@ class ServerCommands:
         return KernelClient(self.kernel)
 
     def local_start(self, args: argparse.Namespace) -> None:
-        url = self.kernel.start_local()
-        print(f"kcoral: local server running at {url}")
+        local = self.kernel.local
+        if local is not None and local.running:  # a start says where (start_local)
+            print(f"kcoral: local server running at {local.url}")
+            return
+        self.kernel.start_local()
 
     def local_stop(self, args: argparse.Namespace) -> None:
         local = self.kernel.local
