@@ -2,8 +2,9 @@
 through a real router onto a real CPU node, a job holds the node's seat, the node's server
 is killed (SIGKILL, as a crash) and its supervisor starts a new one; the job's owner then
 asks for it and reads ``job lost: its node cpu-a restarted its server, which held it``
-(``404`` ``not_found``, as before). Before, the owner read ``job not found`` for the job it
-had watched run, which named no cause and read as a wrong id."""
+(``404`` ``not_found``, as before), both while it watches the job (its event stream's next
+request waits out the restart) and after. Before, the owner read ``job not found`` for the
+job it had watched run, which named no cause and read as a wrong id."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import kcoral
 from kcoral.errors import KCoralError
 
 pytestmark = pytest.mark.slow
+LOST = "job lost: its node cpu-a restarted its server, which held it"
 
 
 def test_the_owner_of_a_job_lost_with_its_nodes_server_is_told_the_node_restarted(
@@ -38,20 +40,20 @@ def test_the_owner_of_a_job_lost_with_its_nodes_server_is_told_the_node_restarte
         program.return_(key="pid", value=held)
         with kcoral.Client(router.url) as client:
             job = client.submit(program, timeout_seconds=120)
-            wait_for(lambda: job.status()["status"] == "RUNNING", "the job runs", router)
+            events = job.events()
+            for event in events:  # the job runs: its program has begun
+                if event.kind == "phase" and event.data.get("op") == "run":
+                    break
             old_server = node.server_pid()
             psutil.Process(old_server).send_signal(signal.SIGKILL)
-            # the supervisor's new server is up and the router has its slots again
-            wait_for(
-                lambda: (
-                    node.server_pid() != old_server
-                    and (row := only_kind(router))
-                    and row["free_seats"] == 1
-                ),
-                "the new server serving",
-                router,
-            )
+            # watched: the event stream breaks, and its next request waits out the restart
+            # for the new server's 404
+            with pytest.raises(KCoralError) as watched:
+                for _ in events:
+                    pass
             with pytest.raises(KCoralError) as lost:
                 job.status()
+        assert watched.value.status_code == 404
+        assert watched.value.message == LOST
         assert lost.value.status_code == 404
-        assert lost.value.message == "job lost: its node cpu-a restarted its server, which held it"
+        assert lost.value.message == LOST

@@ -15,7 +15,7 @@ import asyncio
 import re
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -52,19 +52,17 @@ class JobIndex:
 
     def __init__(self, capacity: int = 100_000) -> None:
         self.capacity = capacity
-        # job id → (node id, owner, the node's server count when the job was bound to it)
+        # job id → (node id, owner, the node's new servers when the job was bound to it)
         self._nodes: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
-        self._servers: dict[str, int] = {}  # node id → the servers it has run since the first
+        self._servers: defaultdict[str, int] = defaultdict(int)  # node id → new servers run
 
-    def node_lost(self, node_id: str, why: str) -> None:
-        """``Registry.on_node_lost``: a node that runs a new server holds none of its jobs."""
-        if why == SERVER_RESTARTED:
-            self._servers[node_id] = self._servers.get(node_id, 0) + 1
+    def node_lost(self, node_id: str, why: str) -> None:  # Registry.on_node_lost
+        if why == SERVER_RESTARTED and node_id in self._servers:  # a node that took jobs:
+            self._servers[node_id] += 1  # none of them went to its new server
 
-    def lost(self, job_id: str) -> bool:
-        """Whether the bound job's node has run a new server since it took the job."""
+    def lost(self, job_id: str, node_id: str | None) -> bool:  # with a server node_id replaced
         known = self._nodes.get(job_id)
-        return known is not None and known[2] != self._servers.get(known[0], 0)
+        return known is not None and known[0] == node_id and known[2] != self._servers[known[0]]
 
     def remember(self, job_id: str, node_id: str, owner: str) -> bool:
         """Bind ``job_id`` to ``node_id``; False when another node holds it already: a job
@@ -73,7 +71,7 @@ class JobIndex:
         known = self._nodes.get(job_id)
         if known is not None and known[0] != node_id:
             return False
-        self._nodes[job_id] = (node_id, owner, self._servers.get(node_id, 0))
+        self._nodes[job_id] = (node_id, owner, self._servers[node_id])
         self._nodes.move_to_end(job_id)
         while len(self._nodes) > self.capacity:
             self._nodes.popitem(last=False)
@@ -498,11 +496,6 @@ class JobHandler(ForwardHandler):
         # which told a holder of the id that the job lives (ROUTER §13).
         visible = self.state.jobs.visible_to(job_id, self.identity)
         if node is not None and node in self.state.registry.nodes and visible:
-            if self.state.jobs.lost(job_id):
-                # "job not found" alone, for the job its owner had watched run, named no cause
-                message = f"job lost: its node {node} restarted its server, which held it"
-                self.send_router_error(404, "not_found", message, "request_rejected")
-                return None
             return node
         return await self._look_up(job_id)
 
@@ -543,16 +536,24 @@ class JobHandler(ForwardHandler):
     # Within the grace an unknown id is 503 "not found yet", while a job the router has
     # bound goes to its node, which answers another identity 404: that difference told a
     # holder of someone's job id that the job lives. Such a 404 reads as the unknown id's
-    # answer, without the node's name (ROUTER §13).
+    # answer, without the node's name (ROUTER §13). The owner of a job that went with a
+    # server its node replaced is told so: "job not found" named no cause.
     def buffer_answer(self, status: int) -> bool:
-        return status == 404 and not_found_yet(self, "job") is not None
+        return status == 404 and (not_found_yet(self, "job") is not None or self._lost())
 
     def rewrite(self, status: int, body: bytes) -> bytes:
-        message = not_found_yet(self, "job")
-        if status != 404 or message is None or error_kind(body) != "not_found":
+        lost, message = self._lost(), not_found_yet(self, "job")
+        if status != 404 or error_kind(body) != "not_found" or not (lost or message):
             return body
         self.clear()
-        return error_answer(self, self.request_id, 503, "no_node", message)
+        if lost:
+            message = f"job lost: its node {self.node} restarted its server, which held it"
+            return error_answer(self, self.request_id, 404, "not_found", message)
+        return error_answer(self, self.request_id, 503, "no_node", str(message))
+
+    def _lost(self) -> bool:
+        jobs, job_id = self.state.jobs, self.path_args[0]
+        return jobs.visible_to(job_id, self.identity) and jobs.lost(job_id, self.node)
 
 
 #: Per-node counts a router's ``/v1/info`` leaves out (one node's numbers, not the cluster's).
