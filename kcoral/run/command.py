@@ -110,16 +110,24 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
+#: how a router's 404 for a job whose node restarted its server begins (ROUTER §13): that
+#: message names the cause, where "was it restarted?" only guessed it
+LOST_JOB = "job lost: "
+
+
 class JobLost(Exception):
     """The server answered 404 for the job it had accepted: it restarted (jobs live in its
     memory; "HTTP 404: job not found" told the user nothing), or it dropped the finished
     job before its result was fetched (kind ``job_expired``, whose message says why)."""
 
-    def __init__(self, expired: str | None) -> None:
+    def __init__(self, expired: str | None, lost: str | None = None) -> None:
         super().__init__(expired)
         self.expired = expired
+        self.lost = lost  # a router's "job lost: its node ... restarted its server, ..."
 
     def __str__(self) -> str:
+        if self.lost is not None:
+            return f"{self.lost}; the remote tool's result is lost"
         if self.expired is not None:
             return f"the server dropped this run's result before it was fetched ({self.expired})"
         return (
@@ -295,7 +303,9 @@ def execute(options: RunOptions, program: Any) -> Any:
         except KCoralError as exc:
             if exc.status_code == 404:
                 # the job was accepted, so the server (or the router's node) has lost it
-                raise JobLost(exc.message if exc.kind == "job_expired" else None) from exc
+                expired = exc.message if exc.kind == "job_expired" else None
+                lost = exc.message if exc.message.startswith(LOST_JOB) else None
+                raise JobLost(expired, lost) from exc
             if exc.status_code == 401:  # it was accepted: the token changed since
                 raise TokenRefusedMidRun(job.id, options.url) from exc
             raise
