@@ -67,7 +67,14 @@ def execute(name: str, connection: Connection, tmp_path: Path, monkeypatch: pyte
             monkeypatch.setenv(variable, value)
     notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": tmp_path}},
+        # one output per stream, as JupyterLab shows and saves them: a print's pieces arrive
+        # in separate messages when a status line update comes between, and each piece was
+        # its own block in the README picture ("scaling a" / "(3, 4) tensor by 2.5")
+        coalesce_streams=True,
     ).execute()
     saved = nbformat.writes(notebook)
     if connection.token:
