@@ -52,7 +52,15 @@ class RequestObserver:
     def lease(self, phase: str) -> None:
         pass
 
-    def instruction(self, index: int, op: str, instruction_id: str | None) -> None:
+    def instruction(
+        self,
+        index: int,
+        op: str,
+        instruction_id: str | None,
+        output_sizes: tuple[int, int] | None = None,
+    ) -> None:
+        """Instruction ``index`` started; the program had then written ``output_sizes``
+        bytes of stdout and stderr (``None``: not known)."""
         pass
 
     @property

@@ -20,7 +20,7 @@ from kcoral_server.processes.channel import close_fds
 from kcoral_server.processes.handle import WorkerHandle
 from kcoral_server.storage.event_log import EventLog
 
-__all__ = ["MAP_FLAGS", "record_gpu_access", "return_record"]
+__all__ = ["MAP_FLAGS", "output_sizes", "record_gpu_access", "return_record"]
 
 # Return memfds are mapped prefaulted (64 MiB = 16,384 separate faults otherwise).
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -89,3 +89,16 @@ def record_gpu_access(
         location=error.get("location"),
         interfered_request_id=interfered,
     )
+
+
+def output_sizes(message: ipc.InstructionStarted) -> tuple[int, int] | None:
+    """The stdout and stderr bytes the program had written when the instruction started
+    (``None`` when the worker captures no output)."""
+    sizes = message.output_sizes
+    if sizes is None:
+        return None
+    if type(sizes) is not list or len(sizes) != 2 or not all(type(n) is int for n in sizes):
+        raise ValueError("instruction_started: output_sizes is not two integers")
+    if min(sizes) < 0:
+        raise ValueError("instruction_started: negative output size")
+    return sizes[0], sizes[1]

@@ -28,7 +28,7 @@ from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE, deadline_message
 from kcoral_server.execution.exit_report import announced_exit
 from kcoral_server.execution.gpu_set import execute_on_gpu_set
 from kcoral_server.execution.outcome import program_outcome
-from kcoral_server.execution.records import record_gpu_access, return_record
+from kcoral_server.execution.records import output_sizes, record_gpu_access, return_record
 from kcoral_server.execution.request_record import RequestRecord, RunTimes
 from kcoral_server.execution.responses import ProgramOutcome, saturated
 from kcoral_server.front_door.callers import Identity
@@ -266,7 +266,9 @@ class SeatRun:
                 try:
                     if isinstance(message, ipc.InstructionStarted):
                         drive.last_instruction = message
-                        self.observer.instruction(message.index, message.op, message.id)
+                        self.observer.instruction(
+                            message.index, message.op, message.id, output_sizes(message)
+                        )
                     elif isinstance(message, ipc.ReturnProduced):
                         drive.returns.append(return_record(message, fds, drive.maps))
                     elif isinstance(message, ipc.ProgramFinished):

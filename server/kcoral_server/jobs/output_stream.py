@@ -46,14 +46,14 @@ class StreamTail:
         #: more was written than the limit lets out (the response's ``*_truncated``)
         self.truncated = False
 
-    def poll(self, now: float, *, at_once: bool = False) -> None:
+    def poll(self, now: float, *, at_once: bool = False, upto: int | None = None) -> None:
         """Emit what was added, unless a chunk left less than the interval ago (``at_once``:
-        whenever it left)."""
+        whenever it left); ``upto``: nothing past that offset of the file."""
         if self._done or self.offset >= self.limit:
             return
         if not at_once and now - self.last_emit < MIN_INTERVAL_SECONDS:
             return
-        data = self._read(MAX_READ_BYTES)
+        data = self._read(MAX_READ_BYTES, upto)
         if data:
             self._send(self._decoder.decode(data), now)
 
@@ -84,13 +84,15 @@ class StreamTail:
                 os.close(self._fd)
             self._fd = None
 
-    def _read(self, most: int) -> bytes:
+    def _read(self, most: int, upto: int | None = None) -> bytes:
         if self.offset >= self.limit:
             return b""
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             size = os.fstat(self._fd).st_size
+            if upto is not None:
+                size = min(size, upto)
             want = min(size, self.limit) - self.offset
             if want <= 0:
                 return b""
@@ -127,14 +129,16 @@ class OutputTail:
             for stream in self.streams:
                 stream.poll(now)
 
-    def catch_up(self) -> None:
+    def catch_up(self, upto: tuple[int, int] | None = None) -> None:
         """Emit what both streams hold now, however recently a chunk left: called before a
         phase event, which must not overtake the output written before it (a cell's last
         line came after ``returning the results``). Only phases do this, so output stays
-        coalesced while a program writes."""
+        coalesced while a program writes. ``upto``: the stdout and stderr sizes when the
+        phase happened, when the worker said them: an instruction's frame is read while the
+        program runs on, and the lines its instruction wrote must not precede its phase."""
         now = time.monotonic()
-        for stream in self.streams:
-            stream.poll(now, at_once=True)
+        for stream, bound in zip(self.streams, upto or (None, None), strict=True):
+            stream.poll(now, at_once=True, upto=bound)
 
     async def finish(self) -> None:
         """Stop polling and emit the rest of both streams."""

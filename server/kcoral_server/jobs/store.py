@@ -215,8 +215,13 @@ class Job(RequestObserver):
             listener.set()
 
     def phase(self, name: str, **fields: Any) -> None:
+        self.phase_after(None, name, **fields)
+
+    def phase_after(self, upto: tuple[int, int] | None, name: str, **fields: Any) -> None:
+        """A phase after the output written before it: ``upto`` stdout and stderr bytes
+        (``None``: all the files hold now)."""
         if self._tail is not None:  # the output written before this phase goes first
-            self._tail.catch_up()
+            self._tail.catch_up(upto)
         self.append("phase", {"phase": name, **fields})
 
     # ------------------------------------------------------------------ RequestObserver
@@ -249,8 +254,16 @@ class Job(RequestObserver):
     def lease(self, phase: str) -> None:
         self.phase(phase)
 
-    def instruction(self, index: int, op: str, instruction_id: str | None) -> None:
-        self.phase("instruction", index=index, op=op, id=instruction_id)
+    def instruction(
+        self,
+        index: int,
+        op: str,
+        instruction_id: str | None,
+        output_sizes: tuple[int, int] | None = None,
+    ) -> None:
+        # Only what was written before the instruction started: the worker runs on while its
+        # frame waits to be read, and its next lines must follow this phase, not precede it.
+        self.phase_after(output_sizes, "instruction", index=index, op=op, id=instruction_id)
 
     def output_started(self, workspace: Workspace, limit: int) -> None:
         if workspace.stdout_path is None or workspace.stderr_path is None:

@@ -8,10 +8,9 @@ holding blobs or encoded results) ride along as ``SCM_RIGHTS`` ancillary data on
 JSON rather than pickle: the worker runs uploaded code, so nothing the front-end reads from it
 may be able to execute code on the front-end. Large bytes never travel inside frames.
 
-Beside the socket, each worker shares one ``ProgressSlot`` with the front-end: the index of
-the instruction it started last, written before the instruction runs. The front-end reads
-it only when a program ended (to name the instruction a crash or a teardown failure belongs
-to), so a program needs no ``InstructionStarted`` frame unless someone follows it live.
+Each worker also shares a ``ProgressSlot`` with the front-end: the index of the instruction it
+started last, written before it runs, read once a program ended (to name the instruction a
+crash belongs to); only a program followed live sends ``InstructionStarted`` frames.
 """
 
 from __future__ import annotations
@@ -176,6 +175,7 @@ class InstructionStarted(Message):
     index: int
     op: str
     id: str | None
+    output_sizes: list[int] | None = None  # stdout, stderr bytes written before it
 
 
 @dataclass

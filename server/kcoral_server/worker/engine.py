@@ -210,6 +210,7 @@ class ProgramExecution:
         self.settled = False
         self.progress: ProgressSlot | None = None  # set by ``execute``
         self.report_instructions = True
+        self.capturing = False  # fds 1 and 2 go to the front-end's capture files
         self.threads_before = live_threads()  # threads it starts must end with it
         # only modules that appear (or change) during the program can come from its workspace
         # (the engine's copies, not taken anew per program: see ``Engine.modules_seen``)
@@ -242,6 +243,7 @@ class ProgramExecution:
                     capture = OutputCapture(request.stdout_path, request.stderr_path)
             except OSError as exc:  # the front-end's capture files are unusable
                 startup_failure = exc
+        self.capturing = capture is not None
         for fd in capture_fds:  # now duplicated onto fds 1 and 2
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -287,6 +289,17 @@ class ProgramExecution:
         self.fds = [fd for i, fd in enumerate(fds) if i not in taken]
         return [fds[i] for i in capture], None if progress is None else fds[progress]
 
+    def _output_sizes(self) -> list[int] | None:
+        """The bytes of stdout and stderr written so far: the front-end lets out only these
+        before the phase of the instruction about to start, whose own output follows it
+        (EXTENSIONS §5). Our ``sys.stdout``/``stderr`` write through, so the files hold it."""
+        if not self.capturing:
+            return None
+        try:
+            return [os.fstat(1).st_size, os.fstat(2).st_size]
+        except OSError:
+            return None
+
     def _run_instructions(self, startup_failure: Exception | None = None) -> None:
         try:
             if startup_failure is not None:
@@ -314,7 +327,9 @@ class ProgramExecution:
             if self.progress is not None:
                 self.progress.started(where.index)
             if self.report_instructions:
-                self.channel.send(InstructionStarted(index=where.index, op=where.op, id=where.id))
+                self.channel.send(
+                    InstructionStarted(where.index, where.op, where.id, self._output_sizes())
+                )
             try:
                 self.instructions.step(instruction, previous)
             except WorkerExit:
