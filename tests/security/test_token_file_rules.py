@@ -38,6 +38,11 @@ NUL_PROBLEM = "line 2: the token of 'bob' is not printable ASCII"
 HUGE = "h" * (5 << 20) + "\n"
 HUGE_PROBLEM = "is larger than 1 MiB, the bound of a token file"
 BAD_FILES = [(WITH_NUL, NUL_PROBLEM), (HUGE, HUGE_PROBLEM)]
+#: a "NAME TOKEN" file cut to one word: a bare token, good at start but never at a reload
+#: of named identities (it revoked them all, and the word became a valid token)
+CUT_TO_A_NAME = "alice\n"
+CUT_PROBLEM = "holds a bare token where it named identities: restart to change its form"
+BAD_AT_RELOAD = [*BAD_FILES, (CUT_TO_A_NAME, CUT_PROBLEM)]
 RELOAD_ENDS = ("token_reload_failed", "tokens_reloaded")
 
 
@@ -112,7 +117,7 @@ def test_a_server_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
         return [e for e in server.events() if e["event"] in RELOAD_ENDS]
 
     try:
-        for number, (text, problem) in enumerate(BAD_FILES, start=1):
+        for number, (text, problem) in enumerate(BAD_AT_RELOAD, start=1):
             _put(tokens, text)
             server.process.send_signal(signal.SIGHUP)
             _until(lambda n=number: len(reload_outcomes()) >= n, "end of the reload")
@@ -122,6 +127,7 @@ def test_a_server_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
             assert request(server.url, "GET", "/health", timeout=30).status == 200
             info = request(server.url, "GET", "/v1/info", TOKEN_B, timeout=30)
             assert info.json["identity"] == "bob"
+            assert request(server.url, "GET", "/v1/info", "alice", timeout=30).status == 401
     finally:
         server.stop()
 
@@ -138,7 +144,7 @@ def test_a_router_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
             return sum(router.log().count(end) for end in RELOAD_ENDS)
 
         try:
-            for number, (text, problem) in enumerate(BAD_FILES, start=1):
+            for number, (text, problem) in enumerate(BAD_AT_RELOAD, start=1):
                 _put(tokens, text)
                 router.process.send_signal(signal.SIGHUP)
                 _until(lambda n=number: reload_outcomes() >= n, "end of the reload")
@@ -149,6 +155,8 @@ def test_a_router_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
                 # bob's token still opens it: an unknown path is 404 for him, not 401
                 answer = request(router.url, "GET", "/no-such-path", TOKEN_B, timeout=30)
                 assert answer.status == 404
+                answer = request(router.url, "GET", "/no-such-path", "alice", timeout=30)
+                assert answer.status == 401
         finally:
             router.stop()
 

@@ -20,13 +20,14 @@ leaked token's programs must not run on.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kcoral_server.execution.responses import Refusal, RequestFailed
 from kcoral_server.front_door.callers import (
+    DEFAULT,
     IDENTITY_HEADER,
     NODE_HANGUP,
     Identity,
@@ -99,6 +100,15 @@ class TokenChange:
         }
 
 
+#: a reload never turns a file of named identities into one bare token (EXTENSIONS §6)
+BARE_AFTER_NAMED = "holds a bare token where it named identities: restart to change its form"
+
+
+def _named(names: Iterable[str]) -> bool:
+    """Whether ``names`` come from ``NAME TOKEN`` lines (a bare token is ``default``)."""
+    return any(name != DEFAULT.name for name in names)
+
+
 def read_token_change(
     token_file: Path,
     before: dict[str, Identity],
@@ -113,6 +123,12 @@ def read_token_change(
     try:
         read = read_client_tokens(token_file, regular_only=True)
         problem = refuse(read.tokens) if refuse is not None else None
+        after_names = [who.name for who in read.tokens.values()]
+        if problem is None and _named(before) and not _named(after_names):
+            # One word left of a "NAME TOKEN" file (a line cut short, the rest deleted)
+            # parses as a bare token: every identity revoked, their programs cancelled, and
+            # that word (a name, often) a valid token (fleet soak).
+            problem = BARE_AFTER_NAMED
         if problem is not None:
             raise TokenFileError(problem)
     except TokenFileError as exc:
