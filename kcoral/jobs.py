@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Mapping
@@ -143,6 +144,21 @@ def decode_job_state(
     return state
 
 
+def wait_bound(timeout: object) -> float | None:
+    """``wait``'s and ``result``'s ``timeout`` checked before anything is sent: seconds,
+    ``None`` or infinity for no bound. An infinite one overflowed the sync client's deadline
+    (``OverflowError: timestamp out of range``); a string failed inside the arithmetic."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, not {type(timeout).__name__}"
+        )
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+    return None if math.isinf(timeout) else float(timeout)
+
+
 class _JobHandle:
     """What ``Job`` and ``AsyncJob`` share: the ids, the known blobs and the job's paths."""
 
@@ -215,7 +231,8 @@ class Job(_JobHandle):
 
         Follows the event stream until its ``finished`` phase (a finished job's stream
         replays and ends at once), so waiting costs one request and no polling."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        bound = wait_bound(timeout)
+        deadline = None if bound is None else time.monotonic() + bound
         last = 0
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -291,6 +308,7 @@ class AsyncJob(_JobHandle):
 
     async def wait(self, timeout: float | None = None) -> None:
         """Wait until the job has finished (``TimeoutError`` after ``timeout`` seconds)."""
+        bound = wait_bound(timeout)
 
         async def until_finished() -> None:
             async for event in self.events(heartbeats=True):
@@ -298,7 +316,7 @@ class AsyncJob(_JobHandle):
                     return
 
         try:
-            await asyncio.wait_for(until_finished(), timeout)
+            await asyncio.wait_for(until_finished(), bound)
         except (asyncio.TimeoutError, TimeoutError):
             raise TimeoutError(f"job {self.id} did not finish within {timeout} s") from None
 

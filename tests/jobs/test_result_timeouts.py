@@ -1,0 +1,53 @@
+"""``Job.result(timeout=...)`` and ``wait`` take seconds, ``None`` or infinity (no bound) in
+both flavours, and refuse anything else before a request is sent (EXTENSIONS §5).
+
+Before, the sync client turned ``timeout=float("inf")`` into ``OverflowError: timestamp out
+of range for platform time_t`` (the async one waited), a string failed inside the arithmetic
+(``unsupported operand type(s) for +: 'float' and 'str'``) and ``-1`` or NaN said the job
+``did not finish within -1 s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from job_helpers import module_program
+
+import kcoral
+
+QUICK = """
+def f():
+    return 7
+"""
+
+REFUSED = [
+    ("5", TypeError, "timeout must be a number of seconds or None, not str"),
+    (True, TypeError, "timeout must be a number of seconds or None, not bool"),
+    (-1, ValueError, "timeout must be a number of seconds >= 0, not -1"),
+    (math.nan, ValueError, "timeout must be a number of seconds >= 0, not nan"),
+]
+
+
+def test_a_job_waited_for_without_bound_or_with_a_bad_timeout(kcoral_server) -> None:
+    with kcoral.Client(kcoral_server.url) as client:
+        job = client.submit(module_program(QUICK, "f"))
+        for timeout, error, message in REFUSED:
+            with pytest.raises(error) as caught:
+                job.result(timeout=timeout)  # type: ignore[arg-type]
+            assert str(caught.value) == message
+        assert job.result(timeout=math.inf)["r"] == 7
+
+
+def test_an_async_job_waited_for_without_bound_or_with_a_bad_timeout(kcoral_server) -> None:
+    async def run() -> int:
+        async with kcoral.AsyncClient(kcoral_server.url) as client:
+            job = await client.submit(module_program(QUICK, "f"))
+            for timeout, error, message in REFUSED:
+                with pytest.raises(error) as caught:
+                    await job.result(timeout=timeout)  # type: ignore[arg-type]
+                assert str(caught.value) == message
+            return (await job.result(timeout=math.inf))["r"]
+
+    assert asyncio.run(run()) == 7
