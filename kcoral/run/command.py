@@ -43,7 +43,7 @@ def main(argv: Sequence[str]) -> int:
         with _termination_signals():
             return run(options)
     except Terminated as stop:
-        say(f"terminated by {signal.Signals(stop.signum).name}; {_interrupted(options)}")
+        _say_last(f"terminated by {signal.Signals(stop.signum).name}; {_interrupted(options)}")
         return 128 + stop.signum
     except BrokenPipeError:
         # `kcoral run ... | head`: the reader is gone, so the remote tool was cancelled and
@@ -53,8 +53,20 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         # A job was cancelled with DELETE; a plain /execute had its connection closed,
         # which makes the server cancel the tool (EXTENSIONS §9).
-        say(f"interrupted; {_interrupted(options)}")
+        _say_last(f"interrupted; {_interrupted(options)}")
         return 130
+
+
+def _say_last(message: str) -> None:
+    """Say how an interrupted run ended, where a terminal may be gone: a closed one (its
+    SIGHUP) fails every write with EIO, which raised here and ended ``kcoral run`` with
+    status 1 instead of 129. The status then says it alone, and both streams go to the null
+    device so that flushing them at exit cannot fail (status 120) either."""
+    try:
+        say(message)
+    except OSError:
+        _discard_stdout()
+        _discard_stream(sys.stderr)
 
 
 def _interrupted(options: RunOptions) -> str:
@@ -104,9 +116,14 @@ SIGPIPE = getattr(signal, "SIGPIPE", 13)
 
 def _discard_stdout() -> None:
     """Point stdout at the null device, so that flushing it at exit cannot fail again."""
+    _discard_stream(sys.stdout)
+
+
+def _discard_stream(stream: Any) -> None:
+    """Point ``stream``'s descriptor at the null device."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
 
 
