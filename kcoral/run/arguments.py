@@ -83,6 +83,9 @@ class RunOptions:
     input_bytes: int = 0
     #: set by ``execute`` when the tool's output was already printed live (EXTENSIONS §7)
     output_streamed: bool = False
+    #: the most output per stream the server keeps (``/v1/info`` ``limits``), which clamps
+    #: ``output_limit_bytes``; None when the server does not say
+    server_output_limit_bytes: int | None = None
     #: set once the remote tool is known to have ended: an interrupt after that cancels
     #: nothing, it only stops the printing or the saving of what came back
     tool_ended: bool = False

@@ -276,7 +276,9 @@ def execute(options: RunOptions, program: Any) -> Any:
 
     progress = Progress(f"{PROG}: sending inputs", options.input_bytes, sys.stderr, waiting=True)
     with Client(options.url) as client:
-        if not _offers_jobs(client):
+        info = _server_info(client)
+        options.server_output_limit_bytes = _max_output_limit(info)
+        if not _offers_jobs(info):
             with progress:
                 return client.execute(
                     program,
@@ -355,10 +357,23 @@ def _requests_ahead(phase: object) -> int:
     return position if 0 < position < 2**31 else 0
 
 
-def _offers_jobs(client: Any) -> bool:
-    """Whether ``/v1/info`` lists ``jobs`` (a server without ``/v1/info`` has none)."""
+def _server_info(client: Any) -> dict[str, Any]:
+    """``/v1/info``, or an empty dict from a server without it."""
     try:
-        features = client.info().get("features")
+        info = client.info()
     except KCoralError:
-        return False
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _offers_jobs(info: dict[str, Any]) -> bool:
+    """Whether ``/v1/info`` lists ``jobs`` (a server without ``/v1/info`` has none)."""
+    features = info.get("features")
     return isinstance(features, list) and "jobs" in features
+
+
+def _max_output_limit(info: dict[str, Any]) -> int | None:
+    """The server's ``max_output_limit_bytes``, which clamps ``--output-limit-bytes``."""
+    limits = info.get("limits")
+    value = limits.get("max_output_limit_bytes") if isinstance(limits, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

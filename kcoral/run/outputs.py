@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from kcoral.run.arguments import PROG, RunOptions
-from kcoral.run.progress import Progress
+from kcoral.run.progress import Progress, format_bytes
 
 STATUS_KEY = "status"
 OUTPUTS_KEY = "outputs"
@@ -27,10 +27,7 @@ def report(options: RunOptions, result: Any) -> int:
         write_output(sys.stderr, result.stderr)
     for stream_name in ("stdout", "stderr"):
         if getattr(result, f"{stream_name}_truncated"):
-            say(
-                f"the remote {stream_name} was truncated at the server's output limit "
-                "(see --output-limit-bytes)"
-            )
+            say(f"the remote {stream_name} was truncated at {_truncation_limit(options)}")
     if not result.completed:
         error = result.error or {}
         say(
@@ -68,6 +65,21 @@ def report(options: RunOptions, result: Any) -> int:
     if missing and status == 0:
         return 1
     return status
+
+
+def _truncation_limit(options: RunOptions) -> str:
+    """The limit that cut the output and how to move it. The server clamps
+    ``--output-limit-bytes`` to its own most, so pointing at the option alone (its default
+    is 256 MiB, the server's most 16 MiB) sent the user to raise a limit that was not the one
+    that applied."""
+    asked = options.output_limit_bytes
+    most = options.server_output_limit_bytes
+    if most is not None and most < asked:
+        return (
+            f"{format_bytes(most)}, the most this server keeps per stream "
+            "(kcoral server --max-output-limit-bytes)"
+        )
+    return f"{format_bytes(asked)} per stream (--output-limit-bytes)"
 
 
 def _exit_status(outcome: Mapping[str, Any]) -> int:

@@ -1,0 +1,35 @@
+"""`kcoral run`'s note on output cut at a limit (CLIENT_API §11): the limit that applied."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_process import running_server
+
+from kcoral.cli import main as kcoral_main
+
+
+@pytest.fixture(scope="module")
+def small_output_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A CPU server that keeps at most 4 KiB of each stream, whatever a program asks."""
+    directory = tmp_path_factory.mktemp("truncation-server")
+    with running_server(directory, ["--log-dir", "", "--max-output-limit-bytes", "4K"]) as server:
+        yield server.url
+
+
+def test_output_cut_by_the_servers_most_names_that_limit_and_its_server_flag(
+    small_output_server: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The server clamps --output-limit-bytes (default 256 MiB) to its own most (default
+    # 16 MiB): the note said "(see --output-limit-bytes)", and raising it changed nothing.
+    code = "print('x' * 10000, end='')"
+    argv = ["--url", small_output_server, "--output-limit-bytes", "100000", "--", "-c", code]
+    assert kcoral_main(["run", "python", *argv]) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "x" * 4096
+    assert captured.err == (
+        "kcoral run: the remote stdout was truncated at 4.0 KiB, the most this server keeps "
+        "per stream (kcoral server --max-output-limit-bytes)\n"
+    )
