@@ -62,6 +62,10 @@ class AsyncJobClient(Protocol):
     ) -> EventSource: ...
 
 
+#: How long an async job's event pump waits for the job's state (a loop that stopped never
+#: answers; the stream is then reopened as it would have been).
+STATE_WAIT = 30.0
+
 #: Job statuses after which nothing changes.
 FINISHED_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"})
 
@@ -217,8 +221,10 @@ class Job(_JobHandle):
         return self.client.run_flow(self.state_flow())
 
     def events(self, *, last_event_id: int = 0, heartbeats: bool = False) -> Iterator[JobEvent]:
-        """Every event after ``last_event_id``, live, ending after the ``finished`` phase."""
+        """Every event after ``last_event_id``, live, ending after the ``finished`` phase
+        (at once when that came before: nothing follows it)."""
         source = self.client.event_source(self.events_path, last_event_id=last_event_id)
+        source.job_finished = lambda: self.status().get("status") in FINISHED_STATUSES
         try:
             for event in source:
                 if heartbeats or event.kind != "heartbeat":
@@ -282,6 +288,12 @@ class AsyncJob(_JobHandle):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
+
+        def job_finished() -> bool:  # asked from the pump's thread, answered on the loop
+            state = asyncio.run_coroutine_threadsafe(self.status(), loop).result(STATE_WAIT)
+            return state.get("status") in FINISHED_STATUSES
+
+        source.job_finished = job_finished
 
         def pump() -> None:
             try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -188,6 +188,9 @@ class EventSource:
         self._response: Any = None
         self._closed = False
         self._lock = threading.Lock()
+        #: whether the job has finished (its state, asked when a stream ends early); set by
+        #: the job that opened the stream
+        self.job_finished: Callable[[], bool] | None = None
 
     def close(self) -> None:
         with self._lock:
@@ -204,10 +207,12 @@ class EventSource:
 
         failures = 0
         unavailable_since: float | None = None  # the first of the 503s in a row
+        over = False  # the job had finished when this connection opened
         while not self._closed:
+            delivered = False
             try:
                 for event in self._one_connection(urllib3):
-                    failures, unavailable_since = 0, None
+                    failures, unavailable_since, delivered = 0, None, True
                     yield event
                     if event.finished:
                         return
@@ -234,7 +239,16 @@ class EventSource:
                 time.sleep(1.0)
                 continue
             else:
-                failures += 1  # the stream ended before ``finished``: reconnect
+                # The stream ended before ``finished``. A finished job's stream sends all its
+                # events after ``Last-Event-ID`` and ends: opened once the job had finished,
+                # one that brings nothing means nothing follows (the caller resumed after the
+                # ``finished`` event), where reconnecting ended in 'keeps ending'.
+                if over and not delivered:
+                    return
+                if self.job_finished is not None and not self._closed:
+                    with contextlib.suppress(Exception):  # unknown: the reconnect tells
+                        over = self.job_finished()
+                failures += 1  # reconnect
                 if failures > RECONNECT_ATTEMPTS:
                     raise TransportError(f"GET {self.url}: the event stream keeps ending")
 
