@@ -22,13 +22,21 @@ from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reaso
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
 from kcoral.run.inputs import LocalFileError, collect_inputs
-from kcoral.run.outputs import OUTPUTS_KEY, STATUS_KEY, report, say, write_output
+from kcoral.run.outputs import (
+    OUTPUTS_KEY,
+    STATUS_KEY,
+    report,
+    say,
+    start_on_a_new_line,
+    write_output,
+)
 from kcoral.run.progress import Progress
 from kcoral.run.tools import UsageError, check_python_args
 
 
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``kcoral run``; returns the exit status."""
+    start_on_a_new_line()
     try:
         options = parse_command_line(argv, os.environ)
     except HelpRequested as help_text:

@@ -112,9 +112,24 @@ def _save_outputs(out: str, folder: Any) -> bool:
     return True
 
 
+#: whether the tool's stderr, as printed, ends mid-line (a cut at the output limit, or a
+#: tool's last line without its newline): ``say`` then starts on a line of its own, where
+#: its note read as the end of the tool's line ("err 13kcoral run: the remote stderr ...")
+_stderr_line_open = False
+
+
+def start_on_a_new_line() -> None:
+    """Forget an earlier invocation's open line (``kcoral run`` called in one process)."""
+    global _stderr_line_open
+    _stderr_line_open = False
+
+
 def write_output(stream: TextIO, text: str) -> None:
+    global _stderr_line_open
     if not text:
         return
+    if stream is sys.stderr:
+        _stderr_line_open = not text.endswith("\n")
     stream.flush()
     buffer = getattr(stream, "buffer", None)
     if buffer is not None:
@@ -127,5 +142,8 @@ def write_output(stream: TextIO, text: str) -> None:
 
 
 def say(message: str) -> None:
-    sys.stderr.write(f"{PROG}: {message}\n")
+    global _stderr_line_open
+    line_break = "\n" if _stderr_line_open else ""
+    _stderr_line_open = False
+    sys.stderr.write(f"{line_break}{PROG}: {message}\n")
     sys.stderr.flush()

@@ -33,3 +33,18 @@ def test_output_cut_by_the_servers_most_names_that_limit_and_its_server_flag(
         "kcoral run: the remote stdout was truncated at 4.0 KiB, the most this server keeps "
         "per stream (kcoral server --max-output-limit-bytes)\n"
     )
+
+
+def test_a_note_after_stderr_cut_mid_line_starts_on_a_line_of_its_own(
+    small_output_server: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The cut falls mid-line, and the note continued the tool's last line:
+    # "err 13kcoral run: the remote stderr was truncated ...".
+    code = "import sys; sys.stderr.write('y' * 10000)"
+    argv = ["--url", small_output_server, "--output-limit-bytes", "1000", "--", "-c", code]
+    assert kcoral_main(["run", "python", *argv]) == 0
+    captured = capfd.readouterr()
+    assert captured.err == (
+        "y" * 1000 + "\nkcoral run: the remote stderr was truncated at 1000 B per stream "
+        "(--output-limit-bytes)\n"
+    )
