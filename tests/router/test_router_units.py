@@ -13,7 +13,12 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.gateway import status_problem
 from kcoral_server.router.identity import is_valid_node_id, parse_router_origin
 from kcoral_server.router.job_routes import JobIndex
-from kcoral_server.router.registry import MAX_LAST_ERROR_CHARS, MAX_OLD_INSTANCES, Registry
+from kcoral_server.router.registry import (
+    MAX_LAST_ERROR_CHARS,
+    MAX_OLD_INSTANCES,
+    SERVER_STARTING,
+    Registry,
+)
 from kcoral_server.router.scheduler import Admission, NoNode, RouterBusy
 from kcoral_server.router.selection import MORE, program_gpu_count
 from kcoral_server.router.session_routes import SessionIndex
@@ -185,6 +190,36 @@ def test_a_draining_node_reads_draining_then_left_and_a_restarted_one_is_ready_a
     restarted = registry.attach_supervisor("n")
     registry.apply_status(restarted, status(supervisor_instance_id="sup-2"))
     assert node.state == "ready"  # a fresh start, not a recovery from failures
+
+
+def test_a_node_whose_server_is_starting_reads_starting_not_unhealthy() -> None:
+    # Its supervisor says "KCoral Server is starting" before each start (ROUTER §12); a new
+    # node, or one back after a drain, went unhealthy -> recovering -> ready at every start,
+    # and an operator's alert on unhealthy nodes fired at every undrain (fleet soak).
+    registry = make_registry(unhealthy_threshold=1, recovery_threshold=3)
+    stream = registry.attach_supervisor("n")
+    node = registry.nodes["n"]
+    registry.apply_status(stream, status(healthy=False, last_error=SERVER_STARTING))
+    registry.apply_status(stream, status(healthy=False, last_error=SERVER_STARTING))
+    assert node.state == "starting" and node.last_error == SERVER_STARTING
+    registry.apply_status(stream, status())
+    assert node.state == "ready"
+    registry.apply_status(stream, status(healthy=False, draining=True))
+    registry.detach_supervisor(stream)
+    assert node.state == "left"
+    back = registry.attach_supervisor("n")
+    registry.apply_status(back, status(healthy=False, last_error=SERVER_STARTING))
+    assert node.state == "starting"
+    registry.apply_status(back, status())
+    assert node.state == "ready"
+    # a ready node whose server restarts (a crash) is failing: the threshold counts it
+    registry.apply_status(back, status(healthy=False, last_error=SERVER_STARTING))
+    assert node.state == "unhealthy"
+    # so does a starting node whose server fails otherwise
+    other = make_registry()
+    failing = other.attach_supervisor("m")
+    other.apply_status(failing, status("m", healthy=False, last_error="exited with status 2"))
+    assert other.nodes["m"].state == "unhealthy"
 
 
 def test_a_long_last_error_is_kept_cut() -> None:

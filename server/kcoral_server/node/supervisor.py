@@ -47,11 +47,11 @@ from kcoral_server.node.status_stream import lease_stats_message, stream_status
 from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
+from kcoral_server.router.registry import SERVER_STARTING
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
 from kcoral_server.settings.config import node_labels
 
 MAX_UINT64 = 2**64 - 1
-STARTING_MESSAGE = "KCoral Server is starting"
 USAGE_ERROR = 2  # the exit status of a server that refuses its settings
 PR_SET_CHILD_SUBREAPER = 36
 # Test-only: a JSON object merged into the reported ``versions`` (cohort tests).
@@ -281,7 +281,7 @@ class Supervisor:
         self.child_url: str | None = None
         self.healthy = False
         self.last_healthy_at: float | None = None
-        self.last_error = STARTING_MESSAGE
+        self.last_error = SERVER_STARTING
         self.body: dict[str, Any] = {}
         self.versions_override: dict[str, str] = {}
         override = self.environ.get(NODE_KIND_OVERRIDE_ENV)
@@ -400,7 +400,7 @@ class Supervisor:
                 if text:
                     self.child_url = text
             if self.child_url is None:
-                return STARTING_MESSAGE
+                return SERVER_STARTING
         problem, body = await probe_child(
             self.child_url,
             self.settings.host,
@@ -441,7 +441,7 @@ class Supervisor:
         delay = options.restart_min_delay_seconds
         while not self.stopping.is_set():
             self.healthy = False
-            self.last_error = STARTING_MESSAGE
+            self.last_error = SERVER_STARTING
             self.report()
             await asyncio.get_running_loop().run_in_executor(None, kill_descendants)
             self.start_child()

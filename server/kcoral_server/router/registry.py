@@ -31,6 +31,9 @@ DRAINING, LEFT = "draining", "left"
 #: why ``Registry.on_node_lost`` is called when a node runs a new server: what lived in the
 #: old one (its jobs, its sessions) is gone for good, not only out of reach
 SERVER_RESTARTED = "restarted its server"
+#: a supervisor's ``last_error`` before each start of its server (ROUTER §12): not a failure
+#: of a node that is starting, or back after a drain (it read ``unhealthy`` at every start)
+SERVER_STARTING = "KCoral Server is starting"
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
 #: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
 #: beyond it the oldest are forgotten first, so a node-token holder that opens streams
@@ -293,6 +296,8 @@ class Registry:
             node.versions = dict(status.versions)
             node.saturated_until = 0.0
             self._success(node)
+        elif status.last_error == SERVER_STARTING and node.state in (STARTING, LEFT):
+            node.state, node.last_error = STARTING, SERVER_STARTING
         else:
             node.last_error = status.last_error[:MAX_LAST_ERROR_CHARS]
             self._failure(node)
