@@ -517,6 +517,8 @@ def test_a_router_stopped_with_a_node_connected_ends_its_calls_and_logs_no_trace
     asyncio.run(scenario())
     log = router.log()
     assert "router_stopped" in log and "node_disconnected node=node-a" in log
+    # the router's own stop: nothing went wrong with the node
+    assert "INFO    node_disconnected node=node-a" in log, log
     assert "Traceback" not in log and "never retrieved" not in log, log
 
 

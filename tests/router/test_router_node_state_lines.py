@@ -74,6 +74,8 @@ def test_a_node_state_line_marks_every_change_a_router_restart_and_a_drain_inclu
         assert_chained(lines)
         assert lines[-2:] == [("ready", "draining"), ("draining", "left")], lines
         assert "state=left" in second.log().split("node_disconnected node=cpu-a", 1)[1]
+        # a drained node leaving is what its operator asked for
+        assert "INFO    node_disconnected node=cpu-a" in second.log(), second.log()
     finally:
         node.stop()
         for router in [*again, first]:

@@ -19,7 +19,12 @@ from kcoral_server.router.identity import (
     node_grant,
 )
 from kcoral_server.router.log import RouterLog
-from kcoral_server.router.registry import SLOT_KEY_REFUSAL, Registry, SupervisorStream
+from kcoral_server.router.registry import (
+    DRAINING,
+    SLOT_KEY_REFUSAL,
+    Registry,
+    SupervisorStream,
+)
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
 from kcoral_server.settings.config import MAX_NODE_LABELS, node_label_problem
@@ -267,7 +272,12 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 await self.on_status(node_id, status)
         finally:
             if not stream.superseded:
-                self.log.event("node_disconnected", level="WARNING", node=node_id)
+                # A WARNING is for a node lost; a drained node leaving and the router's own
+                # stop ending every stream (``end``) are what the operator asked for.
+                node = self.registry.nodes.get(node_id)
+                planned = stream.ended.is_set() or (node is not None and node.state == DRAINING)
+                level = "INFO" if planned else "WARNING"
+                self.log.event("node_disconnected", level=level, node=node_id)
             self.registry.detach_supervisor(stream)
 
     async def ConnectSlot(self, request_iterator: object, context: SlotContext) -> None:
