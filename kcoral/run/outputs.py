@@ -112,24 +112,25 @@ def _save_outputs(out: str, folder: Any) -> bool:
     return True
 
 
-#: whether the tool's stderr, as printed, ends mid-line (a cut at the output limit, or a
-#: tool's last line without its newline): ``say`` then starts on a line of its own, where
-#: its note read as the end of the tool's line ("err 13kcoral run: the remote stderr ...")
-_stderr_line_open = False
+#: which of the tool's output, as printed, ends mid-line (a cut at the output limit, or a
+#: tool's last line without its newline): its stderr, and the last output to either stream.
+#: ``say`` then starts on a line of its own, where its note read as the end of the tool's
+#: line ("err 13kcoral run: the remote stderr ..."); on a terminal that shows both streams
+#: the last output counts ("xxxxkcoral run: the remote stdout ...").
+_line_open = {"stderr": False, "last": False}
 
 
 def start_on_a_new_line() -> None:
     """Forget an earlier invocation's open line (``kcoral run`` called in one process)."""
-    global _stderr_line_open
-    _stderr_line_open = False
+    _line_open.update(stderr=False, last=False)
 
 
 def write_output(stream: TextIO, text: str) -> None:
-    global _stderr_line_open
     if not text:
         return
+    _line_open["last"] = not text.endswith("\n")
     if stream is sys.stderr:
-        _stderr_line_open = not text.endswith("\n")
+        _line_open["stderr"] = _line_open["last"]
     stream.flush()
     buffer = getattr(stream, "buffer", None)
     if buffer is not None:
@@ -142,8 +143,17 @@ def write_output(stream: TextIO, text: str) -> None:
 
 
 def say(message: str) -> None:
-    global _stderr_line_open
-    line_break = "\n" if _stderr_line_open else ""
-    _stderr_line_open = False
+    shared = _same_file(sys.stdout, sys.stderr)
+    line_break = "\n" if _line_open["last" if shared else "stderr"] else ""
+    _line_open.update(stderr=False, last=False)
     sys.stderr.write(f"{line_break}{PROG}: {message}\n")
     sys.stderr.flush()
+
+
+def _same_file(first: TextIO, second: TextIO) -> bool:
+    """Whether two streams write to one file (a terminal showing both): unknown is no."""
+    try:
+        one, other = os.fstat(first.fileno()), os.fstat(second.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)

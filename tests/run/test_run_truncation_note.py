@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,3 +52,33 @@ def test_a_note_after_stderr_cut_mid_line_starts_on_a_line_of_its_own(
         "y" * 1000 + "\nkcoral run: the remote stderr was truncated at 1000 B per stream "
         "(--output-limit-bytes)\n"
     )
+
+
+def test_a_note_after_stdout_cut_mid_line_on_a_terminal_starts_on_a_line_of_its_own(
+    small_output_server: str, in_tmp: Path
+) -> None:
+    # A terminal shows both streams: the note on stderr continued the tool's cut stdout
+    # line, "xxxxkcoral run: the remote stdout was truncated ...".
+    code = "print('x' * 5000, end='')"
+    command = [sys.executable, "-m", "kcoral", "run", "python", "--url", small_output_server]
+    command += ["--output-limit-bytes", "1000", "--", "-c", code]
+    terminal, side = pty.openpty()
+    with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=side, stderr=side) as child:
+        os.close(side)
+        shown = b""
+        while chunk := _read_or_end(terminal):
+            shown += chunk
+        assert child.wait() == 0
+    os.close(terminal)
+    assert shown == (
+        b"x" * 1000 + b"\r\nkcoral run: the remote stdout was truncated at 1000 B per stream "
+        b"(--output-limit-bytes)\r\n"
+    )
+
+
+def _read_or_end(terminal: int) -> bytes:
+    """The next bytes a terminal shows; b"" once its other side is closed (EIO on Linux)."""
+    try:
+        return os.read(terminal, 65536)
+    except OSError:
+        return b""
