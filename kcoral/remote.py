@@ -52,6 +52,15 @@ T = TypeVar("T")
 #: Keyword arguments of ``remote``/``execute`` themselves, so no parameter may use them.
 RESERVED_PARAMETERS = ("run_async", "serialization")
 
+
+def _asked_async(run_async: object) -> bool:
+    """``run_async`` checked: ``"yes"`` (any truthy non-bool) returned a coroutine that a
+    caller not awaiting it never ran."""
+    if type(run_async) is not bool:
+        raise TypeError(f"run_async must be True or False, not {run_async!r}")
+    return run_async
+
+
 #: What a pickle-mode program imports on the server.
 TRAMPOLINE_SOURCE = "from kcoral_server.worker.trampoline import call_pickled\n"
 TRAMPOLINE_FUNCTION = "call_pickled"
@@ -466,7 +475,7 @@ class RemoteFunction:
         self, *args: Any, run_async: bool = False, serialization: str | None = None, **kwargs: Any
     ) -> ProgramResult | Coroutine[Any, Any, ProgramResult]:
         """Run remotely; the ``ProgramResult`` (a coroutine giving it with ``run_async``)."""
-        if run_async:
+        if _asked_async(run_async):
             return self._execute_async(args, kwargs, serialization)
         fmt = self._format(serialization)
         return self._execute_blocking(self._build(args, kwargs, fmt), fmt)
@@ -498,7 +507,7 @@ class RemoteFunction:
         ``FAILED`` → ``RemoteExecutionError`` carrying the result; HTTP and transport errors
         propagate.
         """
-        if run_async:
+        if _asked_async(run_async):
             return self._remote_async(args, kwargs, serialization)
         fmt = self._format(serialization)
         return output_value(self._execute_blocking(self._build(args, kwargs, fmt), fmt), fmt)

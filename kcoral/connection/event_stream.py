@@ -180,6 +180,12 @@ class EventSource:
         last_event_id: int = 0,
         read_timeout: float | None = None,
     ) -> None:
+        if type(last_event_id) is not int or last_event_id < 0:
+            # checked here: '2' failed deep in the reading loop ('<=' not supported)
+            raise (TypeError if type(last_event_id) is not int else ValueError)(
+                "last_event_id must be a whole number >= 0 (the id of the last event handled), "
+                f"not {last_event_id!r}"
+            )
         self.pool = pool
         self.url = url
         self.headers = dict(headers)

@@ -345,6 +345,28 @@ def test_remote_functions_run_through_either_flavour_with_their_serialization() 
         assert request.headers["X-KCoral-Serialization"] == "json"
 
 
+def test_run_async_and_last_event_id_that_are_not_what_they_say_are_refused_before_sending() -> (
+    None
+):
+    # run_async="yes" returned a coroutine that a caller not awaiting it never ran, and
+    # events(last_event_id="2") failed deep in the reading loop ("'<=' not supported").
+    def double(x: int) -> int:
+        return 2 * x
+
+    transport = MockTransport(Script())
+    client = Client(URL, transport=transport)
+    function = client.function()(double)
+    for call in (function.remote, function.execute):
+        with pytest.raises(TypeError, match="run_async must be True or False, not 'yes'"):
+            call(2, run_async="yes")
+    job = client.job("0f2e3b4c-0000-4000-8000-000000000001")
+    with pytest.raises(TypeError, match="last_event_id must be a whole number >= 0"):
+        next(iter(job.events(last_event_id="2")))
+    with pytest.raises(ValueError, match="last_event_id must be a whole number >= 0"):
+        next(iter(job.events(last_event_id=-1)))
+    assert transport.requests == []
+
+
 @pytest.mark.parametrize("flavour", [kcoral.Client, kcoral.AsyncClient])
 def test_a_client_refuses_to_be_pickled_saying_why_and_leaving_its_token_out(flavour) -> None:
     """A client passed to a multiprocessing pool, or found among a pickle-mode function's
