@@ -151,9 +151,10 @@ class BaseClient:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
 
-        request_headers = {"User-Agent": f"kcoral/{client_version()}", **extra}
+        request_headers = {"User-Agent": f"kcoral/{client_version()}"}
+        _set_headers(request_headers, extra)
         if token:
-            request_headers["Authorization"] = f"Bearer {token}"
+            _set_headers(request_headers, {"Authorization": f"Bearer {token}"})
         self.base_url = url
         self.connect_timeout_seconds = float(connect_timeout_seconds)
         self.max_connections = max_connections
@@ -368,3 +369,13 @@ class BaseClient:
     def close_event_streams(self) -> None:
         """Close idle event-stream connections (part of ``close``/``aclose``)."""
         self._streams.clear()
+
+
+def _set_headers(headers: dict[str, str], new: Mapping[str, str]) -> None:
+    """Set ``new`` in ``headers``, each replacing a header of the same name in any case:
+    HTTP names are case-insensitive, and ``{"authorization": ...}`` beside a token sent two
+    ``Authorization`` headers, which a server refuses (401)."""
+    for name, value in new.items():
+        for same in [key for key in headers if key.lower() == name.lower()]:
+            del headers[same]
+        headers[name] = value

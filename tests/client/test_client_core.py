@@ -345,9 +345,16 @@ def test_remote_functions_run_through_either_flavour_with_their_serialization() 
         assert request.headers["X-KCoral-Serialization"] == "json"
 
 
-def test_run_async_and_last_event_id_that_are_not_what_they_say_are_refused_before_sending() -> (
-    None
-):
+def test_a_header_named_in_another_case_replaces_the_clients_own_never_sent_twice() -> None:
+    for given in ({"authorization": "Bearer other"}, {"AUTHORIZATION": "Bearer other"}):
+        client = Client(URL, token="the-token", headers={**given, "user-agent": "mine/1"})
+        sent = {name.lower(): value for name, value in client.headers.items()}
+        assert len(sent) == len(client.headers)  # one of each name
+        assert sent["authorization"] == "Bearer the-token"
+        assert sent["user-agent"] == "mine/1"
+
+
+def test_run_async_and_last_event_id_of_the_wrong_kind_are_refused_before_sending() -> None:
     # run_async="yes" returned a coroutine that a caller not awaiting it never ran, and
     # events(last_event_id="2") failed deep in the reading loop ("'<=' not supported").
     def double(x: int) -> int:
