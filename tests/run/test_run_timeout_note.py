@@ -1,0 +1,22 @@
+"""`kcoral run` whose tool runs past its deadline (CLIENT_API §11, SERVER §8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kcoral.cli import main as kcoral_main
+
+
+@pytest.mark.slow
+def test_a_tool_past_its_deadline_names_the_timeout_option_that_sets_it(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The 504 named only the server's words, "the program's timeout_seconds", which the
+    # user of kcoral run never typed: nothing said that --timeout is that setting.
+    argv = ["--url", server_url, "--timeout", "1", "--", "-c", "import time; time.sleep(60)"]
+    assert kcoral_main(["run", "python", *argv]) == 1
+    err = capfd.readouterr().err
+    assert err.startswith("kcoral run: server error: HTTP 504: execution timed out after its")
+    assert err.endswith("; kcoral run --timeout SECONDS sets timeout_seconds\n")
