@@ -140,7 +140,8 @@ class BaseClient:
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError("headers must map str to str")
         source = "token"
-        if token is None:
+        given_authorization = any(name.lower() == "authorization" for name in extra)
+        if token is None and not given_authorization:  # what the caller wrote wins
             token, source = os.environ.get(TOKEN_ENV) or None, TOKEN_ENV
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str")

@@ -354,6 +354,14 @@ def test_a_header_named_in_another_case_replaces_the_clients_own_never_sent_twic
         assert sent["user-agent"] == "mine/1"
 
 
+def test_an_authorization_header_given_is_used_instead_of_kcoral_token(monkeypatch) -> None:
+    monkeypatch.setenv("KCORAL_TOKEN", "from-the-environment")
+    client = Client(URL, headers={"authorization": "Bearer written-by-the-caller"})
+    assert dict(client.headers)["authorization"] == "Bearer written-by-the-caller"
+    assert "Authorization" not in client.headers
+    assert dict(Client(URL).headers)["Authorization"] == "Bearer from-the-environment"
+
+
 def test_run_async_and_last_event_id_of_the_wrong_kind_are_refused_before_sending() -> None:
     # run_async="yes" returned a coroutine that a caller not awaiting it never ran, and
     # events(last_event_id="2") failed deep in the reading loop ("'<=' not supported").
