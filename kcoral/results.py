@@ -196,7 +196,10 @@ class ReturnedFolder:
         text = os.fsdecode(os.fspath(destination))
         parent, name = _split_destination(text.rstrip("/") or text)
         with _open_parent(parent) as parent_fd:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except FileExistsError:  # the system names only the last part ('File exists: x')
+                raise FileExistsError(f"{text!r} already exists") from None
             try:
                 self._fill(parent_fd, name)
             except BaseException:
@@ -302,7 +305,16 @@ def _open_parent(parent: str) -> Iterator[int]:
             )
 
     with closing_fd(os.open(start, _DIR_WALK_FLAGS & ~os.O_NOFOLLOW)) as start_fd:
-        walked = open_beneath(start_fd, components, flags=_DIR_WALK_FLAGS, before_each=refuse_link)
+        try:
+            walked = open_beneath(
+                start_fd, components, flags=_DIR_WALK_FLAGS, before_each=refuse_link
+            )
+        except OSError as exc:
+            if exc.errno is None:  # refuse_link's own message says it whole
+                raise
+            # the system names the component it failed at ('No such file or directory: x'):
+            # the folder the caller wrote is what they can find and fix
+            raise type(exc)(exc.errno, exc.strerror, parent) from None
         with closing_fd(walked) as fd:
             yield fd
 

@@ -131,9 +131,18 @@ def test_a_folder_destination_with_a_trailing_slash_names_that_folder(tmp_path, 
 
 def test_a_folder_refuses_an_existing_destination(tmp_path):
     (tmp_path / "out").mkdir()
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError, match=f"{str(tmp_path / 'out')!r} already exists"):
         folder().save(tmp_path / "out")
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_a_save_into_a_missing_folder_names_the_folder_written_not_its_last_part(tmp_path):
+    # The system's error named the component it failed at: "No such file or directory: 'b'".
+    missing = tmp_path / "a" / "b"
+    for save in (ReturnedFile(b"x").save, folder().save):
+        with pytest.raises(FileNotFoundError) as refused:
+            save(missing / "result")
+        assert refused.value.filename == str(missing), refused.value
 
 
 def test_a_failing_folder_save_removes_what_it_created(tmp_path, monkeypatch):
