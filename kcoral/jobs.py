@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Mapping
@@ -150,17 +149,20 @@ def decode_job_state(
 
 def wait_bound(timeout: object) -> float | None:
     """``wait``'s and ``result``'s ``timeout`` checked before anything is sent: seconds,
-    ``None`` or infinity for no bound. An infinite one overflowed the sync client's deadline
-    (``OverflowError: timestamp out of range``); a string failed inside the arithmetic."""
+    ``None``, infinity or more than ``threading.TIMEOUT_MAX`` for no bound. An infinite one
+    overflowed the sync client's deadline (``OverflowError: timestamp out of range``); a
+    string failed inside the arithmetic."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(
             f"timeout must be a number of seconds or None, not {type(timeout).__name__}"
         )
-    if math.isnan(timeout) or timeout < 0:
+    if timeout != timeout or timeout < 0:  # NaN; math.isnan overflows on a huge int
         raise ValueError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
-    return None if math.isinf(timeout) else float(timeout)
+    # Past threading.TIMEOUT_MAX (292 years) a socket's read timeout overflows as infinity's
+    # did: such a bound is none.
+    return None if timeout > threading.TIMEOUT_MAX else float(timeout)
 
 
 class _JobHandle:

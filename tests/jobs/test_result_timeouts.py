@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 
 import pytest
 from job_helpers import module_program
@@ -51,3 +52,15 @@ def test_an_async_job_waited_for_without_bound_or_with_a_bad_timeout(kcoral_serv
             return (await job.result(timeout=math.inf))["r"]
 
     assert asyncio.run(run()) == 7
+
+
+def test_a_job_waited_for_longer_than_the_platform_can_count_waits_without_bound(
+    kcoral_server,
+) -> None:
+    # 1e10 s (sys.maxsize, "a very long time") overflowed the socket's read timeout as
+    # infinity did: 'OverflowError: timestamp out of range for platform time_t'.
+    with kcoral.Client(kcoral_server.url) as client:
+        job = client.submit(module_program(QUICK, "f"))
+        assert job.result(timeout=1e10)["r"] == 7
+        assert job.result(timeout=sys.maxsize)["r"] == 7
+        assert job.result(timeout=10**400)["r"] == 7  # math.isnan overflowed on it
