@@ -174,7 +174,9 @@ class KernelState:
     def clear_failed_connect(self) -> None:
         self.failed_connect = None
 
-    def start_local(self) -> str:
+    def start_local(self, *, asked: bool = False) -> str:
+        """Start the embedded server unless it runs; its URL. ``asked``: by ``%kcoral local
+        start``, where "no server configured" was no reason and could be false."""
         if not embedded_server_supported():
             raise EmbeddedServerUnavailableError(
                 f"no server configured, and the embedded KCoral server needs Linux (this "
@@ -202,8 +204,8 @@ class KernelState:
         if not was_running:
             # Said before the start, which takes seconds (its workers, torch): said after
             # it, the first cell showed nothing for them (lab soak).
-            why = "" if self._announced_local else NO_SERVER_CONFIGURED
-            self._announced_local = True
+            why = "" if self._announced_local or asked else NO_SERVER_CONFIGURED
+            self._announced_local = self._announced_local or not asked
             self.announce(f"kcoral: {why}starting a local server for this kernel's lifetime")
         url = self.local.start()
         self.gone_local.discard(url)  # a new server on a port an old one had

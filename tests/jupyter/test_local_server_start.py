@@ -98,3 +98,18 @@ def test_the_first_cell_says_it_starts_the_local_server_before_the_start_takes_i
     text, running = said[1]
     assert text.startswith("kcoral: local server running at http://127.0.0.1:") and running
     assert len(said) == 2
+
+
+def test_a_local_start_asked_for_beside_a_configured_server_gives_no_false_reason(
+    embedded_shell,
+) -> None:
+    # With a server configured, '%kcoral local start' said 'no server configured (KCORAL_URL,
+    # %kcoral connect URL); starting a local server': false, and no reason for a start asked for.
+    kernel = kernel_state_of(embedded_shell)
+    kernel.settings.url = "http://127.0.0.1:9"
+    said: list[str] = []
+    kernel.announce = said.append
+    embedded_shell.run_line_magic("kcoral", "local start")
+    assert said[0] == "kcoral: starting a local server for this kernel's lifetime"
+    assert said[1].startswith("kcoral: local server running at http://127.0.0.1:")
+    assert len(said) == 2

@@ -74,7 +74,7 @@ class ServerCommands:
         if local is not None and local.running:  # a start says where (start_local)
             print(f"kcoral: local server running at {local.url}")
             return
-        self.kernel.start_local()
+        self.kernel.start_local(asked=True)
 
     def local_stop(self, args: argparse.Namespace) -> None:
         local = self.kernel.local
