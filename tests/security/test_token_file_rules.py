@@ -132,6 +132,27 @@ def test_a_server_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
         server.stop()
 
 
+def test_a_reload_to_one_identity_named_default_is_a_named_file_not_a_bare_token(
+    tmp_path: Path,
+) -> None:
+    # 'default TOKEN' names an identity (the one a bare token's caller has): a reload that
+    # keeps only it was refused as 'holds a bare token where it named identities', and the
+    # operator could not revoke the others without a restart.
+    tokens = token_file(tmp_path / "secrets")
+    server = start_server(tmp_path / "server", ["--auth-token-file", str(tokens)])
+    try:
+        _put(tokens, f"default {TOKEN_B}\n")
+        server.process.send_signal(signal.SIGHUP)
+        _until(lambda: any(e["event"] in RELOAD_ENDS for e in server.events()), "reload")
+        last = [e for e in server.events() if e["event"] in RELOAD_ENDS][-1]
+        assert last["event"] == "tokens_reloaded", last
+        info = request(server.url, "GET", "/v1/info", TOKEN_B, timeout=30)
+        assert info.json["identity"] == "default"
+        assert request(server.url, "GET", "/v1/info", TOKEN_A, timeout=30).status == 401
+    finally:
+        server.stop()
+
+
 def test_a_router_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
     tmp_path: Path,
 ) -> None:

@@ -66,20 +66,32 @@ def parse_identity_header(value: str | None) -> Identity | None:
     return Identity(name, admin=flag == ADMIN_MARK)
 
 
+def _token_lines(text: str) -> list[tuple[int, list[str]]]:
+    """A token file's lines that say something (not blank, not comments), numbered, split."""
+    return [
+        (number, line.split())
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def is_bare_token(text: str) -> bool:
+    """Whether a token file's text is one bare token, not ``NAME TOKEN`` lines (a file that
+    names one identity ``default`` is the latter, though its identity reads the same)."""
+    lines = _token_lines(text)
+    return len(lines) == 1 and len(lines[0][1]) == 1
+
+
 def parse_tokens(text: str) -> dict[str, Identity]:
     """Token -> identity from a token file's text; ``ValueError`` names the bad line, never
     a token. A token is printable ASCII without spaces (``PRINTABLE_TOKEN``): all an
     ``Authorization`` header carries the same way on every client and server. Any
     whitespace separates fields (a no-break space pasted from a web page meant a space): no
     token can hold one, so a split never cuts a token short."""
-    lines = [
-        (number, line.split())
-        for number, line in enumerate(text.splitlines(), start=1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+    lines = _token_lines(text)
     if not lines:
         raise ValueError("is empty")
-    if len(lines) == 1 and len(lines[0][1]) == 1:
+    if is_bare_token(text):
         number, (token,) = lines[0]
         if PRINTABLE_TOKEN.fullmatch(token) is None:
             raise ValueError(f"line {number}: the token is not printable ASCII")

@@ -31,6 +31,7 @@ from kcoral_server.front_door.callers import (
     IDENTITY_HEADER,
     NODE_HANGUP,
     Identity,
+    is_bare_token,
     token_file_exposure,
 )
 from kcoral_server.front_door.token_file import ClientTokens, TokenFileError, read_client_tokens
@@ -123,8 +124,8 @@ def read_token_change(
     try:
         read = read_client_tokens(token_file, regular_only=True)
         problem = refuse(read.tokens) if refuse is not None else None
-        after_names = [who.name for who in read.tokens.values()]
-        if problem is None and _named(before) and not _named(after_names):
+        # by the file's form: "default TOKEN" names an identity, as the bare token's reads
+        if problem is None and _named(before) and is_bare_token(read.text):
             # One word left of a "NAME TOKEN" file (a line cut short, the rest deleted)
             # parses as a bare token: every identity revoked, their programs cancelled, and
             # that word (a name, often) a valid token (fleet soak).
