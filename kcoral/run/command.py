@@ -161,6 +161,25 @@ class JobLost(Exception):
         )
 
 
+class ConnectionLostMidRun(Exception):
+    """The server stopped answering once it had accepted the job and reconnecting failed.
+    The job may run on (a network outage, a proxy restarted): "cannot reach the server"
+    alone read as if nothing had been started and gave no job to follow or cancel."""
+
+    def __init__(self, job_id: str, url: str, reason: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+        self.url = url
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return (
+            f"lost the server at {self.url} while the tool ran: {self.reason}; its job "
+            f"{self.job_id} may run on: follow or cancel it with "
+            f"kcoral.Client({self.url!r}).job({self.job_id!r})"
+        )
+
+
 class TokenRefusedMidRun(Exception):
     """The server answered 401 for the job it had accepted with this token: an operator
     rotated or revoked it (``SIGHUP``, EXTENSIONS §6). A rotated token's job runs on, which
@@ -226,7 +245,7 @@ def run(options: RunOptions) -> int:
     try:
         result = execute(options, program)
         options.tool_ended = True
-    except (JobLost, TokenRefusedMidRun) as lost:
+    except (JobLost, TokenRefusedMidRun, ConnectionLostMidRun) as lost:
         say(str(lost))
         return 1
     except KCoralError as exc:
@@ -340,6 +359,9 @@ def execute(options: RunOptions, program: Any) -> Any:
             if exc.status_code == 401:  # it was accepted: the token changed since
                 raise TokenRefusedMidRun(job.id, options.url) from exc
             raise
+        except TransportError as exc:
+            # the job was accepted, and the reconnects of its event stream all failed
+            raise ConnectionLostMidRun(job.id, options.url, root_reason(exc)) from exc
         except (KeyboardInterrupt, BrokenPipeError):
             # Ctrl-C, SIGTERM/SIGHUP, or the local reader of the output went away
             with contextlib.suppress(Exception):
