@@ -309,6 +309,7 @@ def execute(options: RunOptions, program: Any) -> Any:
     with Client(options.url) as client:
         info = _server_info(client)
         options.server_output_limit_bytes = _max_output_limit(info)
+        _warn_of_a_clamped_timeout(options, info)
         if not _offers_jobs(info):
             with progress:
                 return client.execute(
@@ -404,6 +405,20 @@ def _offers_jobs(info: dict[str, Any]) -> bool:
     """Whether ``/v1/info`` lists ``jobs`` (a server without ``/v1/info`` has none)."""
     features = info.get("features")
     return isinstance(features, list) and "jobs" in features
+
+
+def _warn_of_a_clamped_timeout(options: RunOptions, info: dict[str, Any]) -> None:
+    """Say before the run when the server will cut ``--timeout`` to its most: it did so
+    without a word, and a long tool learned it only when it was killed there."""
+    limits = info.get("limits")
+    most = limits.get("max_timeout_seconds") if isinstance(limits, dict) else None
+    if isinstance(most, bool) or not isinstance(most, (int, float)) or most <= 0:
+        return
+    if options.timeout_seconds > most:
+        say(
+            f"warning: --timeout {options.timeout_seconds} is over this server's most, "
+            f"{most:g} s (kcoral server --max-timeout-seconds): the tool gets {most:g} s"
+        )
 
 
 def _max_output_limit(info: dict[str, Any]) -> int | None:

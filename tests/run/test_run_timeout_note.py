@@ -20,3 +20,18 @@ def test_a_tool_past_its_deadline_names_the_timeout_option_that_sets_it(
     err = capfd.readouterr().err
     assert err.startswith("kcoral run: server error: HTTP 504: execution timed out after its")
     assert err.endswith("; kcoral run --timeout SECONDS sets timeout_seconds\n")
+
+
+def test_a_timeout_over_the_servers_most_is_said_before_the_run(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The server cut --timeout 1000 to its most (900 s by default) without a word: a tool
+    # learned it only when it was killed there.
+    argv = ["--url", server_url, "--timeout", "1000", "--", "-c", "print('ran')"]
+    assert kcoral_main(["run", "python", *argv]) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "ran\n"
+    assert captured.err == (
+        "kcoral run: warning: --timeout 1000 is over this server's most, 900 s "
+        "(kcoral server --max-timeout-seconds): the tool gets 900 s\n"
+    )
