@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
+from kcoral import base_client
 from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError, ProtocolError
 from kcoral.jobs import AsyncJob, Job
@@ -69,15 +70,21 @@ def create_flow(body: dict[str, Any], selector: Selector | None = None) -> Flow[
     return _record(201, response, "session record")
 
 
+def _status_read(path: str) -> Request:
+    """A session's or the sessions' record: answered at once, so bounded as ``info()`` is
+    (a frozen server held ``%kcoral status`` and ``session list`` for ever)."""
+    return Request("GET", path, read_timeout=base_client.STATUS_READ_TIMEOUT_SECONDS)
+
+
 def record_flow(session_id: str) -> Flow[dict[str, Any]]:
     """``GET /v1/sessions/{id}``."""
-    response = yield Request("GET", f"/v1/sessions/{session_id}")
+    response = yield _status_read(f"/v1/sessions/{session_id}")
     return _record(200, response, "session record")
 
 
 def list_flow() -> Flow[list[dict[str, Any]]]:
     """``GET /v1/sessions``: the caller's session records, newest first."""
-    response = yield Request("GET", "/v1/sessions")
+    response = yield _status_read("/v1/sessions")
     if response.status != 200:
         raise error_from_response(response.status, response.headers, response.data)
     return decode_session_list(response.data)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kcoral import Client, KCoralError, ProgramResult, TransportError
+from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.client_sessions import Session as ClientSession
 from kcoral.protocol.strict_json import finite_float
 from kcoral_jupyter.cell_errors import (
@@ -99,7 +99,7 @@ def session_ended_under(remote: NotebookSession | None) -> TwoLineError | None:
         record = remote.handle.info()
     except KCoralError as exc:
         return session_refusal(exc, remote)  # 410 or 404: it ended
-    except TransportError:
+    except (TransportError, ProtocolError):  # not known: nothing said about an end
         return None
     if record.get("state") != "ENDED":
         return None

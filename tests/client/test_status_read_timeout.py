@@ -47,3 +47,12 @@ def test_status_calls_of_an_async_client_give_up_on_a_server_that_never_answers(
                     await call()
 
     asyncio.run(ask())
+
+
+def test_session_records_give_up_on_a_server_that_never_answers(silent_server: str) -> None:
+    # %kcoral status and session list read them: a frozen server held the cell for ever
+    with kcoral.Client(silent_server) as client:
+        with pytest.raises(TransportError, match="timed out"):
+            client.attach_session("0f2e3b4c-0000-4000-8000-000000000001")
+        with pytest.raises(TransportError, match="timed out"):
+            client.sessions()
