@@ -65,6 +65,36 @@ class TransportError(Exception):
         self.url = url
 
 
+#: what TLS says when the other end answers in plain HTTP, or hangs up on the handshake
+_PLAIN_HTTP_SIGNS = ("WRONG_VERSION_NUMBER", "EOF occurred in violation of protocol")
+#: said after such a failure: an ``https://`` address at a KCoral server gave only the TLS
+#: library's words ("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)")
+PLAIN_HTTP_HINT = (
+    "the server may speak plain HTTP (KCoral servers do, unless a proxy in front adds TLS): "
+    "try its http:// address"
+)
+
+
+def plain_http_hint(exc: BaseException) -> str:
+    """``PLAIN_HTTP_HINT`` when ``exc`` (or what it wraps) is TLS failing as against plain
+    HTTP, else ``""``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__.startswith("SSL") and any(
+            sign in str(current) for sign in _PLAIN_HTTP_SIGNS
+        ):
+            return PLAIN_HTTP_HINT
+        reason = getattr(current, "reason", None)
+        current = (
+            reason
+            if isinstance(reason, BaseException)
+            else (current.__cause__ or current.__context__)
+        )
+    return ""
+
+
 def root_reason(exc: BaseException) -> str:
     """The innermost cause of a transport failure in a few words (``Connection refused``).
 
@@ -83,12 +113,15 @@ def root_reason(exc: BaseException) -> str:
             if isinstance(reason, BaseException)
             else (current.__cause__ or current.__context__)
         )
-    if isinstance(last, OSError) and last.strerror:
+    if isinstance(last, OSError) and last.strerror and not plain_http_hint(exc):
         return last.strerror
-    text = str(last).strip() or type(last).__name__
+    text = (last.strerror if isinstance(last, OSError) else None) or str(last).strip()
+    text = text or type(last).__name__
     # urllib3's texts name objects by address ("<... object at 0x7f...>: ..."): keep the tail.
     text = text.rpartition(">: ")[2] or text
-    return text if len(text) <= 160 else text[:157] + "..."
+    text = text if len(text) <= 160 else text[:157] + "..."
+    hint = plain_http_hint(exc)
+    return f"{text}; {hint}" if hint else text
 
 
 class ProtocolError(Exception):
