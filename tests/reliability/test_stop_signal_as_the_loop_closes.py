@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from child_setup import with_a_stop_signal_as_the_loop_closes
@@ -25,12 +27,13 @@ from router_helpers import node_command, ready_nodes, start_router
 WAKEUP_LINE = "signal wakeup fd"
 
 
-def started(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+def started(command: list[str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     with open(log, "wb") as output:
         return subprocess.Popen(
             with_a_stop_signal_as_the_loop_closes(command),
             stdout=output,
             stderr=subprocess.STDOUT,
+            cwd=cwd,
         )
 
 
@@ -56,31 +59,27 @@ def stopped_quietly(process: subprocess.Popen[bytes], log: Path) -> str:
     return output
 
 
-def test_a_server_stopped_as_a_second_sigterm_lands_says_nothing_of_a_wakeup_fd(
-    tmp_path: Path,
-) -> None:
-    ready, log = tmp_path / "ready", tmp_path / "server.log"
-    command = [
-        *(sys.executable, "-m", "kcoral", "server", "--port", "0", "--ready-file", str(ready)),
-        *("--device", "cpu", "--log-dir", str(tmp_path / "logs")),
-        *("--disk-cache-dir", str(tmp_path / "cache")),
-    ]
-    server = started(command, log)
-    wait_for_file(ready, server, log)
-    output = stopped_quietly(server, log)
-    assert "server_stopped" in output, output
-    assert WAKEUP_LINE not in output, output
+#: what each process is started with besides ``--port 0 --ready-file``, and its last line
+STARTS = {
+    "server": (
+        ["--device", "cpu", "--log-dir", "logs", "--disk-cache-dir", "cache"],
+        "server_stopped",
+    ),
+    "router": ([], "router_stopped"),
+}
 
 
-def test_a_router_stopped_as_a_second_sigterm_lands_says_nothing_of_a_wakeup_fd(
-    tmp_path: Path,
+@pytest.mark.parametrize("process", list(STARTS))
+def test_a_process_stopped_as_a_second_sigterm_lands_says_nothing_of_a_wakeup_fd(
+    tmp_path: Path, process: str
 ) -> None:
-    ready, log = tmp_path / "ready", tmp_path / "router.log"
-    command = [sys.executable, "-m", "kcoral", "router", "--port", "0", "--ready-file", str(ready)]
-    router = started(command, log)
-    wait_for_file(ready, router, log)
-    output = stopped_quietly(router, log)
-    assert "router_stopped" in output, output
+    arguments, last_line = STARTS[process]
+    ready, log = tmp_path / "ready", tmp_path / f"{process}.log"
+    command = [sys.executable, "-m", "kcoral", process, "--port", "0", "--ready-file", str(ready)]
+    started_process = started([*command, *arguments], log, cwd=tmp_path)
+    wait_for_file(ready, started_process, log)
+    output = stopped_quietly(started_process, log)
+    assert last_line in output, output
     assert WAKEUP_LINE not in output, output
 
 
