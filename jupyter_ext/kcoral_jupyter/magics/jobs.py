@@ -87,9 +87,18 @@ class JobCommands:
             return
         with answered_by(url):
             listed = self.kernel.client(url).jobs(limit=args.limit)
-        rows = [job_row(job) for job in listed if isinstance(job, dict)]
-        text = aligned([list(JOB_COLUMNS), *rows]) if rows else "no jobs"
-        display(rich.table_bundle(JOB_COLUMNS, rows, text), raw=True)
+        jobs = [job for job in listed if isinstance(job, dict)]
+        columns: tuple[str, ...] = JOB_COLUMNS
+        rows = [job_row(job) for job in jobs]
+        if len({job.get("owner") for job in jobs}) > 1:
+            # An admin lists every identity's jobs (EXTENSIONS §6): say whose each is.
+            columns = (*JOB_COLUMNS[:2], "owner", *JOB_COLUMNS[2:])
+            rows = [
+                [*row[:2], str(job.get("owner") or UNKNOWN), *row[2:]]
+                for row, job in zip(rows, jobs, strict=True)
+            ]
+        text = aligned([list(columns), *rows]) if rows else "no jobs"
+        display(rich.table_bundle(columns, rows, text), raw=True)
         if not listed.whole:  # said, not left out without a word (a router's away nodes)
             more = more_jobs_command(len(listed) + listed.left_out, args.url)
             print(f"kcoral: {left_out_note(listed.left_out, listed.nodes_left_out, more)}")

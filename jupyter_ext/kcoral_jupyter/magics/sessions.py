@@ -147,10 +147,13 @@ class SessionCommands:
         if not records:
             print(f"kcoral: no sessions of yours on {url}")
             return
+        # An admin lists every identity's sessions (EXTENSIONS §11): say whose each is.
+        several_owners = len({record.get("owner") for record in records}) > 1
         for record in records:
+            owner = f"  owner {record.get('owner')}" if several_owners else ""
             print(
                 f"{record.get('session_id')}  {record.get('state')}  "
-                f"{programs_text(record)}  {session_place(record)}"
+                f"{programs_text(record)}  {session_place(record)}{owner}"
             )
 
 
