@@ -271,6 +271,10 @@ def server_error(exc: KCoralError, url: str) -> str:
         )
     if exc.status_code == 401:  # the one refusal the user fixes on this side
         return f"server error: {exc}; set KCORAL_TOKEN to a token this server accepts"
+    if exc.status_code == 409 and exc.kind == "cancelled":
+        # Not the server failing: someone cancelled the job (an admin, a revoked token), and
+        # the server's message says who or why.
+        return f"the tool was stopped: {exc.message}"
     if exc.status_code == 504 and exc.kind == "timeout":
         # the server names its own setting, timeout_seconds, which kcoral run's user never
         # typed: say which option it is
