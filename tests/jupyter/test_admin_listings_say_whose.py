@@ -75,3 +75,14 @@ def test_one_users_own_listings_stay_as_they_were(team_server, monkeypatch) -> N
     header = captured.outputs[-1].data["text/plain"].splitlines()[0]
     assert header.split() == ["job", "status", "worker", "GPUs", "submitted", "took"]
     assert "owner" not in captured.stdout
+
+
+def test_an_owner_that_is_no_name_is_shown_as_unknown_not_a_crash() -> None:
+    # a server's answer is not trusted: a list there made the set of owners raise TypeError
+    from kcoral_jupyter.magics.jobs import UNKNOWN, owner_of
+
+    assert owner_of({"owner": ["alice"]}) is None
+    assert owner_of({"owner": ""}) is None and owner_of({}) is None
+    assert owner_of({"owner": "bob"}) == "bob"
+    assert {owner_of(r) for r in ({"owner": ["x"]}, {"owner": {"y": 1}})} == {None}
+    assert UNKNOWN

@@ -90,11 +90,11 @@ class JobCommands:
         jobs = [job for job in listed if isinstance(job, dict)]
         columns: tuple[str, ...] = JOB_COLUMNS
         rows = [job_row(job) for job in jobs]
-        if len({job.get("owner") for job in jobs}) > 1:
+        if len({owner_of(job) for job in jobs}) > 1:
             # An admin lists every identity's jobs (EXTENSIONS §6): say whose each is.
             columns = (*JOB_COLUMNS[:2], "owner", *JOB_COLUMNS[2:])
             rows = [
-                [*row[:2], str(job.get("owner") or UNKNOWN), *row[2:]]
+                [*row[:2], owner_of(job) or UNKNOWN, *row[2:]]
                 for row, job in zip(rows, jobs, strict=True)
             ]
         text = aligned([list(columns), *rows]) if rows else "no jobs"
@@ -183,6 +183,13 @@ class JobCommands:
             raise refused(exc, url) from None
         self.kernel.pending.pop(job_id, None)
         print(f"kcoral: cancelled job {job_id} on {url}")
+
+
+def owner_of(record: Mapping[str, Any]) -> str | None:
+    """A job's or session's ``owner`` where it is a name (any other value a server sends,
+    a list included, is no owner: a set of them would not even be built)."""
+    owner = record.get("owner")
+    return owner if isinstance(owner, str) and owner else None
 
 
 def job_row(job: Mapping[str, Any]) -> list[str]:

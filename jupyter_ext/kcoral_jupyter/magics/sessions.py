@@ -17,6 +17,7 @@ from kcoral import Client, KCoralError
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import answered_by, shorten
 from kcoral_jupyter.kernel_state import KernelState
+from kcoral_jupyter.magics.jobs import UNKNOWN, owner_of
 from kcoral_jupyter.notebook_session import (
     NotebookSession,
     creation_refusal,
@@ -148,9 +149,9 @@ class SessionCommands:
             print(f"kcoral: no sessions of yours on {url}")
             return
         # An admin lists every identity's sessions (EXTENSIONS §11): say whose each is.
-        several_owners = len({record.get("owner") for record in records}) > 1
+        several_owners = len({owner_of(record) for record in records}) > 1
         for record in records:
-            owner = f"  owner {record.get('owner')}" if several_owners else ""
+            owner = f"  owner {owner_of(record) or UNKNOWN}" if several_owners else ""
             print(
                 f"{record.get('session_id')}  {record.get('state')}  "
                 f"{programs_text(record)}  {session_place(record)}{owner}"
