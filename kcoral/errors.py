@@ -7,6 +7,7 @@ helpers fail an instruction with a chosen kind (PROTOCOL.md §7.6).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 # Defined by the protocol layer (which imports nothing else of kcoral), re-exported here.
@@ -75,52 +76,46 @@ PLAIN_HTTP_HINT = (
 )
 
 
-def plain_http_hint(exc: BaseException) -> str:
-    """``PLAIN_HTTP_HINT`` when ``exc`` (or what it wraps) is TLS failing as against plain
-    HTTP, else ``""``."""
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it wraps, outermost first: urllib3 wraps the socket error two or
+    three times (``MaxRetryError.reason``, ``NewConnectionError.__cause__``)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if type(current).__name__.startswith("SSL") and any(
-            sign in str(current) for sign in _PLAIN_HTTP_SIGNS
-        ):
-            return PLAIN_HTTP_HINT
+        yield current
         reason = getattr(current, "reason", None)
         current = (
             reason
             if isinstance(reason, BaseException)
             else (current.__cause__ or current.__context__)
         )
+
+
+def plain_http_hint(exc: BaseException) -> str:
+    """``PLAIN_HTTP_HINT`` when ``exc`` (or what it wraps) is TLS failing as against plain
+    HTTP, else ``""``."""
+    for cause in _causes(exc):
+        if type(cause).__name__.startswith("SSL") and any(
+            sign in str(cause) for sign in _PLAIN_HTTP_SIGNS
+        ):
+            return PLAIN_HTTP_HINT
     return ""
 
 
 def root_reason(exc: BaseException) -> str:
-    """The innermost cause of a transport failure in a few words (``Connection refused``).
-
-    urllib3 wraps the socket error two or three times (``MaxRetryError.reason``,
-    ``NewConnectionError.__cause__``); the innermost one is what a person can act on (the
-    notebook's errors and ``kcoral run`` both say it in one line)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    last = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        last = current
-        reason = getattr(current, "reason", None)
-        current = (
-            reason
-            if isinstance(reason, BaseException)
-            else (current.__cause__ or current.__context__)
-        )
-    if isinstance(last, OSError) and last.strerror and not plain_http_hint(exc):
+    """The innermost cause of a transport failure in a few words (``Connection refused``):
+    what a person can act on (the notebook's errors and ``kcoral run`` both say it in one
+    line)."""
+    *_, last = _causes(exc)
+    hint = plain_http_hint(exc)
+    if isinstance(last, OSError) and last.strerror and not hint:
         return last.strerror
     text = (last.strerror if isinstance(last, OSError) else None) or str(last).strip()
     text = text or type(last).__name__
     # urllib3's texts name objects by address ("<... object at 0x7f...>: ..."): keep the tail.
     text = text.rpartition(">: ")[2] or text
     text = text if len(text) <= 160 else text[:157] + "..."
-    hint = plain_http_hint(exc)
     return f"{text}; {hint}" if hint else text
 
 

@@ -333,8 +333,9 @@ async def _shutdown(
     if waiting:
         # the seconds a stop can take here, said (an operator saw only a pause)
         events.emit("shutdown_awaiting_results", unread=waiting)
-    while state.jobs.unread_results(unread) and time.monotonic() < deadline:
+    while waiting and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+        waiting = state.jobs.unread_results(unread)
     if stop_listening is not None:
         stop_listening()
     await state.stop()
