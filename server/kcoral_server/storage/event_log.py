@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import sys
@@ -39,6 +40,10 @@ LEVELS = ("INFO", "WARNING", "ERROR")
 # Omitted from the console mirror (SERVER.md §13); they stay in events.jsonl.
 BULKY_FIELDS = frozenset({"config", "traceback", "versions", "ops", "uploads"})
 CONSOLE_VALUE_LIMIT = 120
+#: Control characters but tab (C0, DEL, C1): a terminal acts on them (ESC moves the cursor,
+#: erases lines, sets the title; C1 CSI does the same in 8-bit terminals) and journald
+#: stores a line holding them as a blob, so a program's message could erase or hide lines.
+_CONSOLE_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 UNENCODABLE_LIMIT = 2000
 ROTATED_EVENTS_NAME = "events.1.jsonl"  # events.jsonl's previous half (``log_events_max_bytes``)
 ROTATED_EVENT = "events_log_rotated"  # the first record of each new events.jsonl
@@ -116,8 +121,10 @@ def format_console_value(value: Any) -> str:
             text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=repr)
         except Exception:
             text = repr(value)
-    # One event per console line, whatever the message holds.
+    # One event per console line, whatever the message holds, and no line a value can
+    # rewrite on the operator's terminal: control characters are shown, never sent.
     text = text.replace("\r", "\\r").replace("\n", "\\n")
+    text = _CONSOLE_CONTROLS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
     if len(text) > CONSOLE_VALUE_LIMIT:
         text = text[:CONSOLE_VALUE_LIMIT] + "..."
     return text
