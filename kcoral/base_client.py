@@ -103,9 +103,13 @@ def bearer_token(token: str, source: str) -> str:
     it whole ('Invalid header value b'Bearer ...'')."""
     stripped = token.strip(" \t\r\n")
     if PRINTABLE_TOKEN.fullmatch(stripped) is None:
+        # A value copied from an Authorization header is the likeliest such mistake: say so,
+        # still without showing the token.
+        pasted_header = stripped[:7].lower() == "bearer "
+        fix = "; give the token alone, without 'Bearer '" if pasted_header else ""
         raise ValueError(
             f"{source} holds a character no bearer token can hold (only printable ASCII "
-            "without spaces); the value is not shown: it may be a secret"
+            f"without spaces){fix}; the value is not shown: it may be a secret"
         )
     return stripped
 

@@ -129,6 +129,7 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
     url, warnings = select_server(
         values.get("url"), values.get("host"), values.get("port"), environ
     )
+    _check_token(environ)
     options = RunOptions(tool=tool, args=args, url=url, warnings=warnings)
     if "timeout" in values:
         options.timeout_seconds = _positive_int("--timeout", values["timeout"])
@@ -190,6 +191,20 @@ def select_server(
             raise UsageError("no server given: use --url, --host/--port or set KCORAL_URL")
         return _check_url(url, "KCORAL_URL"), []
     return _check_url(url, "--url"), []
+
+
+def _check_token(environ: Mapping[str, str]) -> None:
+    """A ``KCORAL_TOKEN`` that no request can carry (a space in it, as in a pasted
+    ``Bearer ...``) is a usage error like a bad ``KCORAL_URL``: the client's ``ValueError``
+    ended ``kcoral run`` with a traceback."""
+    from kcoral.base_client import TOKEN_ENV, bearer_token
+
+    token = environ.get(TOKEN_ENV)
+    if token:
+        try:
+            bearer_token(token, TOKEN_ENV)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
 
 def _check_url(url: str, source: str) -> str:

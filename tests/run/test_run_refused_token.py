@@ -41,3 +41,22 @@ def test_a_refused_token_says_to_set_kcoral_token(
         "kcoral run: server error: HTTP 401: missing or invalid bearer token; set "
         "KCORAL_TOKEN to a token this server accepts"
     ), said
+
+
+def test_a_token_pasted_with_its_bearer_word_is_a_usage_error_that_says_to_drop_it(
+    token_server: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: a ValueError traceback from the client's constructor, exit 1.
+    monkeypatch.setenv("KCORAL_TOKEN", "Bearer token-dave-0123456789")
+    assert kcoral_main(["run", "shell", "--url", token_server, "--", "true"]) == 2
+    said = capsys.readouterr().err
+    assert "Traceback" not in said and "token-dave" not in said, said
+    assert said.splitlines()[0] == (
+        "kcoral run: error: KCORAL_TOKEN holds a character no bearer token can hold (only "
+        "printable ASCII without spaces); give the token alone, without 'Bearer '; the value "
+        "is not shown: it may be a secret"
+    ), said
+    monkeypatch.setenv("KCORAL_TOKEN", "token-dave-0123456789")
+    assert kcoral_main(["run", "shell", "--url", token_server, "--", "true"]) == 0
