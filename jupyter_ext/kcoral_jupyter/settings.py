@@ -1,8 +1,9 @@
 """Settings of the IPython extension, as traitlets (``%config KCoral.url = ...``).
 
 Precedence: a value set by ``%config`` or a config file > the environment variables
-``KCORAL_URL`` / ``KCORAL_TOKEN`` > defaults. The token is never shown: its trait is
-excluded from ``%config KCoral`` listings' values by ``describe``, and ``repr`` hides it.
+``KCORAL_URL`` / ``KCORAL_TOKEN`` > defaults. The token is never shown: ``%config KCoral``
+lists its current value only as ``<set>`` or ``<unset>`` (``class_get_trait_help``), and so
+do ``describe`` (``%kcoral status``) and ``repr``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from traitlets import Bool, Float, Int, List, Unicode, default
+from traitlets import Bool, Float, Int, List, TraitType, Unicode, default
 from traitlets.config import Configurable
 
 
@@ -58,6 +59,26 @@ class KCoral(Configurable):
     @default("token")
     def _default_token(self) -> str:
         return os.environ.get("KCORAL_TOKEN", "")
+
+    @classmethod
+    def class_get_trait_help(
+        cls,
+        trait: TraitType[Any, Any],
+        inst: Any = None,
+        helptext: str | None = None,
+    ) -> str:
+        """``%config KCoral``'s entry of ``trait``: traitlets ends it with ``Current:`` and the
+        value's repr, which for the token put the user's secret into the notebook, saved with
+        it; the token's is ``<set>`` or ``<unset>``."""
+        text = super().class_get_trait_help(trait, inst, helptext)
+        if trait.name != "token" or inst is None:
+            return text
+        hidden = "<set>" if getattr(inst, "token", "") else "<unset>"
+        lines = text.splitlines()
+        for index, line in enumerate(lines):
+            if line.lstrip().startswith("Current: "):
+                lines[index] = line[: len(line) - len(line.lstrip())] + f"Current: {hidden}"
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         token = "<set>" if self.token else "<unset>"
