@@ -279,3 +279,58 @@ def test_a_worker_killed_during_the_preload_is_reported_before_the_import_ends(
     finally:
         gate.touch()
         launcher.close()
+
+
+# ... and one that says whether anything was raised into it: a signal handler's exception
+# lands wherever the import is, which in torch's C++ start-up aborts the launcher.
+INTERRUPTIBLE_TORCH = """
+import os, pathlib, time
+pathlib.Path(os.environ["SLOW_TORCH_STARTED"]).touch()
+while not os.path.exists(os.environ["SLOW_TORCH_GATE"]):
+    try:
+        time.sleep(0.01)
+    except BaseException as exc:
+        pathlib.Path(os.environ["SLOW_TORCH_INTERRUPTED"]).write_text(type(exc).__name__)
+        raise
+"""
+
+
+def test_a_hang_up_during_the_preload_raises_nothing_into_it_and_exits_after_the_worker(
+    tmp_path: Path,
+) -> None:
+    """The server stops seconds after its start, while its fork servers import torch: each
+    exits once its workers' exits are reported, without waiting for the import or raising
+    into it (an exception from the hang-up's signal handler, landing in torch's C++
+    start-up, printed ``terminate called after throwing ... PreloadAbandoned`` and the
+    launcher's workers were reported crashed)."""
+    (tmp_path / "torch.py").write_text(INTERRUPTIBLE_TORCH)
+    started, gate, interrupted = tmp_path / "started", tmp_path / "gate", tmp_path / "raised"
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    environment = dict(
+        worker_base_environment(),
+        PYTHONPATH=path,
+        SLOW_TORCH_STARTED=str(started),
+        SLOW_TORCH_GATE=str(gate),
+        SLOW_TORCH_INTERRUPTED=str(interrupted),
+    )
+    launcher = Launcher(preload=("torch",))
+    try:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            worker = launcher.launch(child.fileno(), dict(os.environ), launcher_env=environment)
+        finally:
+            child.close()
+        while not started.exists():  # then the launcher is in the import, and stays there
+            assert launcher._process is not None and launcher._process.poll() is None
+            select.select([], [], [], 0.01)
+        process = launcher._process
+        launcher.abandon()  # the server stops
+        parent.close()  # ... and its worker, unconfigured, ends
+        assert worker.wait(30) == 0
+        assert worker.survivors == 0  # reported by the launcher, not guessed at its death
+        assert process.wait(30) == 0
+        assert not gate.exists()  # it did not wait for the import
+        assert not interrupted.exists(), f"{interrupted.read_text()} was raised into the import"
+    finally:
+        gate.touch()
+        launcher.close()

@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kcoral_server.processes.launcher.family import Family, watch_parent
 from kcoral_server.processes.launcher.finalizers import keep_preload_finalizers_from_exit
@@ -131,7 +131,7 @@ def serve(
                 else:
                     accepting = False  # the front-end closed the socket: fork no more
             if not accepting and family.empty:
-                if preloads.abandoned:  # a half-done import's teardown is not worth the risk
+                if preloads.abandoned:  # as ``ExitOnHangup`` does if no worker outlives the import
                     os._exit(0)
                 return None
     finally:
@@ -270,63 +270,74 @@ class Preloads:
     def __init__(self, names: Sequence[str]) -> None:
         self.pending = list(names)
         self.loaded: list[str] = []
-        #: the front-end hung up during the import, which was given up (``AbandonOnHangup``)
+        #: the front-end hung up during the import (``ExitOnHangup``): no fork from now on
         self.abandoned = False
 
     def run(self, family: Family, control: socket.socket) -> None:
         """Import what is still to come (blocks; requests queue on the socket meanwhile).
         Workers that exit meanwhile are reaped and reported at once (``ReapDuringImport``):
         a cancel or a timeout waits for that report, and the import takes seconds. A
-        front-end that hangs up meanwhile (the server stops) ends the import at once."""
+        front-end that hangs up meanwhile (the server stops) ends the launcher as soon as it
+        has no worker left (``ExitOnHangup``), whether the import has ended or not."""
         if self.pending:
-            try:
-                with ReapDuringImport(family), AbandonOnHangup(control):
-                    self.loaded = preload(self.pending)
-            except PreloadAbandoned:
-                self.abandoned = True  # half-imported: this launcher forks nothing more
+            reaper = ReapDuringImport(family)
+            hangup = ExitOnHangup(control, reaper)
+            with reaper, hangup:
+                self.loaded = preload(self.pending)
+            self.abandoned = hangup.hung_up  # this launcher forks nothing more
             self.pending = []
 
 
-class PreloadAbandoned(BaseException):
-    """Raised into the preload's import when the front-end hangs up (not an ``Exception``:
-    ``preload`` reports those per module and goes on)."""
-
-
-class AbandonOnHangup:
+class ExitOnHangup:
     """While it is active, the control socket's end of file (the front-end closed or shut it
-    down: the server is stopping) raises ``PreloadAbandoned`` into the import. A stopping
-    server used to wait for the whole import (30 s with 16 fake-GPU seats), its port bound
-    meanwhile: the spares' forks and the workers' exit reports queue behind it. The kernel
-    signals the socket's events (``O_ASYNC``, ``SIGIO``); the handler runs between the
-    import's bytecodes, in this thread, so nothing but the launcher's own exit follows it."""
+    down: the server is stopping) ends the launcher once its last worker's exit is reported,
+    without waiting for the import. A stopping server used to wait for the whole import (30 s
+    with 16 fake-GPU seats), its port bound meanwhile. The kernel signals the socket's events
+    (``O_ASYNC``, ``SIGIO``). Nothing is raised into the import: an exception from a signal
+    handler lands wherever the import is, and inside torch's C++ start-up calling back into
+    Python that was ``terminate called after throwing ... error_already_set`` (the launcher
+    aborted, its workers reported crashed), inside a weakref callback a printed traceback."""
 
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(self, control: socket.socket, reaper: ReapDuringImport) -> None:
         self.control = control
+        self.reaper = reaper
         self.flags = 0
         self.previous: object = None
+        #: the front-end hung up during the import: it takes no worker now
+        self.hung_up = False
 
-    def __enter__(self) -> AbandonOnHangup:
-        self.previous = signal.signal(signal.SIGIO, self.hangup)
+    def __enter__(self) -> ExitOnHangup:
+        self.reaper.after_collect = self.exit_if_done
+        self.previous = signal.signal(signal.SIGIO, self.look)
         fd = self.control.fileno()
         fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid())
         self.flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, self.flags | os.O_ASYNC)
-        self.hangup()  # it may have come before
+        self.look()  # it may have come before
         return self
 
     def __exit__(self, *_exc: object) -> None:
         fcntl.fcntl(self.control.fileno(), fcntl.F_SETFL, self.flags)  # no SIGIO from now on
         signal.signal(signal.SIGIO, self.previous)  # type: ignore[arg-type]
+        self.reaper.after_collect = None
 
-    def hangup(self, *_signal: object) -> None:
-        try:
-            peeked = self.control.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return  # nothing to read: a request has not arrived, nor the end
-        except OSError:
-            peeked = b""
-        if not peeked:
-            raise PreloadAbandoned
+    def look(self, *_signal: object) -> None:
+        if not self.hung_up:
+            try:
+                peeked = self.control.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return  # nothing to read: a request has not arrived, nor the end
+            except OSError:
+                peeked = b""
+            self.hung_up = not peeked
+        self.exit_if_done()
+
+    def exit_if_done(self) -> None:
+        """Exit now if the front-end hung up and every worker's exit is reported: nobody is
+        left to fork for or to report to, and a half-done import's teardown is not worth
+        the risk. A collection under way (this handler interrupted it) calls back when done."""
+        if self.hung_up and not self.reaper.busy and self.reaper.family.empty:
+            os._exit(0)
 
 
 class ReapDuringImport:
@@ -341,6 +352,8 @@ class ReapDuringImport:
         self.busy = False
         self.again = False
         self.previous: object = None
+        #: what runs after each collection (``ExitOnHangup.exit_if_done``)
+        self.after_collect: Callable[[], None] | None = None
 
     def __enter__(self) -> ReapDuringImport:
         self.previous = signal.signal(signal.SIGCHLD, self.child_exited)
@@ -363,6 +376,8 @@ class ReapDuringImport:
                     self.family.collect()
         finally:
             self.busy = False
+        if self.after_collect is not None:
+            self.after_collect()
 
 
 def preload(names: Sequence[str]) -> list[str]:

@@ -431,10 +431,10 @@ class Launcher:
 
     def abandon(self) -> None:
         """Hang up on the launcher now, from any thread, without waiting for a launch in
-        flight (it holds the lock): the server is stopping. A preload under way ends at once
-        (``fork_server.AbandonOnHangup``); the launch in flight fails with ``LauncherError``
-        and starts no new launcher. The launcher exits after its last worker, whose exit
-        reports still arrive; ``close`` then finds it gone or going."""
+        flight (it holds the lock): the server is stopping. The launch in flight fails with
+        ``LauncherError`` and starts no new launcher. The launcher exits after its last
+        worker, whose exit reports still arrive, even in the middle of a preload
+        (``fork_server.ExitOnHangup``); ``close`` then finds it gone or going."""
         self.abandoned = True
         sock = self._sock
         if sock is not None:
