@@ -95,3 +95,18 @@ def _host_port(text: str) -> str:
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r}: the port must be a number from 1 to 65535")
     return f"{shown}:{int(port)}"
+
+
+def path_not_served_hint(url: str) -> str:
+    """What to do when ``url``, with a path, got a 404 where every KCoral server answers
+    (``/health``, ``/execute``, a job submission), else ``""``: a path pasted with the
+    address (``http://host:8000/v1``) otherwise read only ``HTTP 404: not found``, or a hint
+    about listing jobs. A path belongs in a server address only where a proxy serves KCoral
+    under it (CLIENT_API §2)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.path.strip("/") == "":
+        return ""
+    return (
+        f"no KCoral server answers under the path {parts.path}: give the server's own "
+        f"address, {parts.scheme}://{parts.netloc} (a path only where a proxy serves it there)"
+    )

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeGuard
 
+from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
@@ -271,6 +272,9 @@ def server_error(exc: KCoralError, url: str) -> str:
         )
     if exc.status_code == 401:  # the one refusal the user fixes on this side
         return f"server error: {exc}; set KCORAL_TOKEN to a token this server accepts"
+    wrong_path = path_not_served_hint(url) if exc.status_code == 404 else ""
+    if wrong_path and exc.kind == "not_found":  # a job's own 404 is JobLost, not this
+        return f"server error: {exc}; {wrong_path}"
     if exc.status_code == 409 and exc.kind == "cancelled":
         # Not the server failing: someone cancelled the job (an admin, a revoked token), and
         # the server's message says who or why.
