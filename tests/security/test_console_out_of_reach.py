@@ -129,30 +129,3 @@ def test_the_launchers_own_messages_still_reach_the_servers_console(
     finally:
         server.stop()
     assert expected in server.stderr(), server.stderr()[-3000:]
-
-
-# What a terminal acts on: cursor up and erase the line (the line before, a token holder's
-# own request, is gone from the operator's screen), set the window title, and C1's CSI.
-TERMINAL_CONTROLS = "\x1b[1A\x1b[2K\x1b]0;owned\x07\x9b2K"
-RAISE_WITH_CONTROLS = f"def main():\n    raise RuntimeError({TERMINAL_CONTROLS + FORGED!r})\n"
-
-
-def test_a_programs_error_message_cannot_rewrite_lines_on_the_servers_console(
-    tmp_path: Path,
-) -> None:
-    """Attack: a token holder's program fails with a message of terminal escape sequences.
-    The console mirror wrote the message's characters as they were (only line breaks were
-    escaped), so on the operator's terminal it erased the line before and forged its own,
-    and journald keeps such a line as an unreadable blob. Now they are shown as ``\\xNN``."""
-    server = start_server(tmp_path / "server", ["--auth-token-file", str(token_file(tmp_path))])
-    try:
-        failed = execute(server.url, run_source(RAISE_WITH_CONTROLS), TOKEN_B)
-    finally:
-        server.stop()
-    assert failed["status"] == "FAILED", failed
-    assert TERMINAL_CONTROLS in failed["error"]["message"]  # the caller still gets it whole
-    console = server.stderr()
-    line = next(text for text in console.splitlines() if "error_message=" in text)
-    assert "RuntimeError: \\x1b[1A\\x1b[2K\\x1b]0;owned\\x07\\x9b2K" in line, line
-    controls = [c for c in console if c != "\t" and c != "\n" and not c.isprintable()]
-    assert controls == [], controls

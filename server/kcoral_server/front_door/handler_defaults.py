@@ -13,6 +13,10 @@ Tornado's own defaults would be.
   (PROTOCOL §2). The router's were Tornado's HTML page without ``Allow``.
 * A caller past the browser guard and the token check that is answered before its whole
   body was read gets a lingering close (``lingering_close``), never a reset under the answer.
+* The request's summary in Tornado's access line (and its warnings) shows the path's
+  control characters escaped: Tornado reads the request line as Latin-1 and takes the bytes
+  0x80-0x9F, C1 controls, which a terminal acts on (0x9B is CSI: erase the line, hide the
+  rest), so anyone who can connect could rewrite the line of its own refusal.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer
 from kcoral.protocol.headers import REQUEST_ID_HEADER
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.front_door.lingering_close import linger_on_close
+from kcoral_server.storage.event_log import escape_controls
 
 
 class KCoralRequestHandler(tornado.web.RequestHandler):
@@ -38,6 +43,9 @@ class KCoralRequestHandler(tornado.web.RequestHandler):
 
     def compute_etag(self) -> None:
         return None
+
+    def _request_summary(self) -> str:
+        return escape_controls(super()._request_summary())
 
     #: set once the caller passed the browser guard and the token check: only then is the
     #: rest of a body answered early read away (``lingering_close``); anyone else's never is

@@ -123,11 +123,16 @@ def format_console_value(value: Any) -> str:
             text = repr(value)
     # One event per console line, whatever the message holds, and no line a value can
     # rewrite on the operator's terminal: control characters are shown, never sent.
-    text = text.replace("\r", "\\r").replace("\n", "\\n")
-    text = _CONSOLE_CONTROLS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+    text = escape_controls(text.replace("\r", "\\r").replace("\n", "\\n"))
     if len(text) > CONSOLE_VALUE_LIMIT:
         text = text[:CONSOLE_VALUE_LIMIT] + "..."
     return text
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with its control characters but tab (``_CONSOLE_CONTROLS``) written ``\\xNN``:
+    what a caller or a program chose may reach the console, never act on its terminal."""
+    return _CONSOLE_CONTROLS.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def format_console_line(timestamp: str, level: str, event: str, fields: dict[str, Any]) -> str:
