@@ -35,7 +35,11 @@ from kcoral_server.processes.sandbox import (
     resolve_sandbox,
 )
 from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
-from kcoral_server.settings.command_line import ServerSettings, parse_server_args
+from kcoral_server.settings.command_line import (
+    ServerSettings,
+    listen_failure_hint,
+    parse_server_args,
+)
 from kcoral_server.settings.config import config_for_log
 from kcoral_server.storage.event_log import EventLog
 
@@ -145,7 +149,9 @@ def port_taken(port: int, host: str) -> OSError | None:
 
 def _cannot_listen(settings: ServerSettings, events: EventLog, exc: OSError) -> int:
     events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
-    sys.stderr.write(f"kcoral server: cannot listen on {settings.host}:{settings.port}: {exc}\n")
+    hint = listen_failure_hint(exc)
+    said = f"kcoral server: cannot listen on {settings.host}:{settings.port}: {exc}"
+    sys.stderr.write(f"{said}; {hint}\n" if hint else f"{said}\n")
     return 1
 
 

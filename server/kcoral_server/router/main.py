@@ -26,7 +26,7 @@ from kcoral_server.router.registry import STARTING, Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
-from kcoral_server.settings.command_line import ready_file_problem
+from kcoral_server.settings.command_line import listen_failure_hint, ready_file_problem
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
@@ -160,7 +160,9 @@ async def serve(settings: RouterSettings) -> int:
     try:
         sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
     except OSError as exc:
-        sys.stderr.write(f"kcoral router: error: cannot listen: {exc}\n")
+        hint = listen_failure_hint(exc)
+        said = f"kcoral router: error: cannot listen on {settings.host}:{settings.port}: {exc}"
+        sys.stderr.write(f"{said}; {hint}\n" if hint else f"{said}\n")
         await grpc_server.stop(0)
         return 1
     front: tornado.tcpserver.TCPServer  # HTTPServer is one too

@@ -8,6 +8,7 @@ configuration itself and its validation rules live in ``kcoral_server.settings.c
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import re
 import sys
@@ -164,6 +165,20 @@ def ready_file_problem(path: Path) -> str | None:
     if not path.parent.is_dir():
         return f"{path}: no folder {path.parent}"
     return None
+
+
+def listen_failure_hint(exc: OSError) -> str:
+    """What to do when the listening socket cannot be bound, for the two causes a person
+    meets first (``--port`` taken, ``--host`` not an address here), else ``""``: the
+    system's words alone ("Address already in use") said neither."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            "another process listens there (a server already running?): stop it, or choose "
+            "another --port (0 picks a free one)"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "--host must be one of this machine's addresses (ip address lists them)"
+    return ""
 
 
 def parse_integer(text: str) -> int:
