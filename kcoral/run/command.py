@@ -32,6 +32,7 @@ from kcoral.run.outputs import (
     write_output,
 )
 from kcoral.run.progress import Progress
+from kcoral.run.standard_input import UNSENT_INPUT_WARNING, unsent_input_waiting
 from kcoral.run.tools import UsageError, check_python_args
 
 
@@ -48,6 +49,8 @@ def main(argv: Sequence[str]) -> int:
         return 2
     for warning in options.warnings:
         say(f"warning: {warning}")
+    if unsent_input_waiting():
+        say(f"warning: {UNSENT_INPUT_WARNING}")
     try:
         with _termination_signals():
             return run(options)
