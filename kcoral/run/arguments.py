@@ -101,6 +101,12 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
         raise UsageError("missing tool")
     if words[0] in ("-h", "--help"):
         raise HelpRequested(general_help())
+    if words[0].startswith("-"):
+        # `kcoral run --url URL python ...`: it read "unknown tool '--url'"
+        raise UsageError(
+            f"option {words[0]} before the tool: the tool comes first, "
+            f"kcoral run TOOL {words[0]} ... -- ARGS (tools: {', '.join(TOOLS)})"
+        )
     tool = get_tool(words[0])
     values: dict[str, Any] = {}
     index = 1
@@ -161,7 +167,10 @@ def _option_value(word: str, words: list[str], index: int) -> tuple[str, str, in
     elif word.startswith("-e") and not word.startswith("--"):
         return "-e", word[2:], index
     if word.startswith("-"):
-        raise UsageError(f"unknown option {word.split('=', 1)[0]}")
+        # the tool's own option without the '--' before it is the likely mistake
+        raise UsageError(
+            f"unknown option {word.split('=', 1)[0]} (the tool's own options go after '--')"
+        )
     raise UsageError(f"unexpected argument {word!r}: the tool's arguments go after '--'")
 
 

@@ -209,3 +209,21 @@ def test_kcoral_run_loads_no_server_or_gpu_stack() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_an_option_before_the_tool_or_a_tool_option_before_the_dashes_says_where_it_goes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: "unknown tool '--url' (choose from ...)" and "unknown option -c", which said
+    # neither that the tool comes first nor that the tool's own options follow '--'.
+    assert kcoral_main(["run", "--url", URL, "python", "--", "x.py"]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == (
+        "kcoral run: error: option --url before the tool: the tool comes first, kcoral run "
+        "TOOL --url ... -- ARGS (tools: python, ncu, run-iket, compute-sanitizer, shell)"
+    ), said
+    assert kcoral_main(["run", "python", "--url", URL, "-c", "print(1)"]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == (
+        "kcoral run: error: unknown option -c (the tool's own options go after '--')"
+    ), said
