@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, Protocol, TextIO
 
-from kcoral_server.storage.event_log import Listener, Listeners
+from kcoral_server.storage.event_log import Listener, Listeners, escape_controls
 
 
 def format_value(value: Any) -> str:
@@ -21,6 +21,9 @@ def format_value(value: Any) -> str:
         text = str(value)
     if any(ch.isspace() for ch in text) or text == "":
         text = repr(text)
+    # repr escaped controls only in text with a space: a request's path (C1 controls, the
+    # bytes 0x80-0x9F of a request line, are no spaces) went to the terminal as it came
+    text = escape_controls(text)
     return text if len(text) <= 120 else text[:120] + "..."
 
 
