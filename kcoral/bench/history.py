@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,8 @@ def remember_benchmarks(
 ) -> list[str]:
     """What the ``%%kcoral`` magic does after a cell: every benchmark or comparison result
     among ``values`` that has a label (``--bench-label`` first, else its own ``label``) is
-    remembered; returns one note per file written, for the cell's output."""
+    remembered; returns one note per file written, for the cell's output. A label that
+    several different results of the cell share records none of them (the note says why)."""
     from kcoral.bench.results import BenchmarkResult, ComparisonResult
 
     # the cell's value and an -o name may be the same result decoded twice: one record
@@ -237,11 +239,24 @@ def remember_benchmarks(
                 break
         else:
             groups.append([value])
-    notes = []
-    for first, *same in groups:
-        own = first.get("label")
+    named = []
+    for group in groups:
+        own = group[0].get("label")
         name = label or (own if isinstance(own, str) and own else None)
-        if name is None:
+        if name is not None:
+            named.append((name, group))
+    notes = []
+    # different results of one cell under one label would be compared with each other (a
+    # fast and a slow kernel read as a regression): none of them is recorded under it
+    counts = Counter(name for name, _ in named)
+    for name in sorted(n for n, count in counts.items() if count > 1):
+        notes.append(
+            f"kcoral: benchmark {name!r} not recorded: the cell gave {counts[name]} different "
+            "results under this one label, which would be compared with each other; give "
+            "each result a label of its own (config 'label', without --bench-label)"
+        )
+    for name, (first, *same) in named:
+        if counts[name] > 1:
             continue
         directory, where = history_directory(user_ns)
         try:

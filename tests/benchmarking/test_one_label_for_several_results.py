@@ -1,0 +1,68 @@
+"""``%%kcoral --bench-label`` over a cell that gives several different results, run by
+nbclient on a real kernel against a real CPU server with a client token (EXTENSIONS §12.6):
+one label cannot hold two kernels, or the second reads as a change of the first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from server_process import RunningServer, client_token_file, running_server
+
+from kcoral.bench.history import HISTORY_FILE
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+TOKEN = "one-label-several-results-token"
+
+TWO_KERNELS = """%%kcoral -o fast -o slow --bench-label pair
+from kcoral.builtins import benchmark
+config = {"repeat": 10, "warmup": 1, "flush_l2": False}
+fast = benchmark(lambda: None, config)
+slow = benchmark(lambda: sum(range(20000)), config)
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    directory = tmp_path_factory.mktemp("one-label")
+    tokens = client_token_file(directory, TOKEN + "\n")
+    with running_server(directory, ["--num-workers", "1", "--auth-token-file", str(tokens)]) as s:
+        yield s
+
+
+def shown(cell: nbformat.NotebookNode) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def run_notebook(server: RunningServer, cells: list[str], directory: Path, monkeypatch) -> list:
+    monkeypatch.setenv("KCORAL_URL", server.url)
+    monkeypatch.setenv("KCORAL_TOKEN", TOKEN)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": directory}}
+    ).execute()
+    return notebook.cells
+
+
+def test_two_different_results_under_one_bench_label_are_not_compared_with_each_other(
+    server, tmp_path, monkeypatch
+) -> None:
+    cells = run_notebook(
+        server,
+        ["%load_ext kcoral", TWO_KERNELS, "print('history' in fast, 'history' in slow)"],
+        tmp_path,
+        monkeypatch,
+    )
+    out = shown(cells[1])
+    assert (
+        "kcoral: benchmark 'pair' not recorded: the cell gave 2 different results under this "
+        "one label, which would be compared with each other" in out
+    )
+    assert "recorded in" not in out
+    assert not (tmp_path / HISTORY_FILE).exists()
+    assert shown(cells[2]).strip() == "False False"  # no change of 'slow' against 'fast'
