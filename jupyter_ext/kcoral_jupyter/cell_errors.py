@@ -84,6 +84,11 @@ class ServerAddressError(TwoLineError, ValueError):
     rule of ``kcoral.connection.server_address`` does not allow."""
 
 
+class TokenSettingError(TwoLineError, ValueError):
+    """``KCoral.token`` (``KCORAL_TOKEN`` unless set by ``%config``) that no request can carry;
+    the cause never shows it."""
+
+
 class EmbeddedServerUnavailableError(TwoLineError, RuntimeError):
     """No server is configured and this platform cannot run the embedded one."""
 

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcoral import Client, KCoralError
+from kcoral.base_client import bearer_token
 from kcoral.connection.server_address import server_url
 from kcoral_jupyter.cell_errors import (
     EmbeddedServerUnavailableError,
     LocalServerStartError,
     NotConnectedError,
     ServerAddressError,
+    TokenSettingError,
 )
 from kcoral_jupyter.cell_program import BuiltCell
 from kcoral_jupyter.local_server import LocalServer
@@ -232,7 +234,19 @@ class KernelState:
         local = self.local
         if local is not None and local.url is not None and url == local.url:
             return local.token or ""
-        return self.settings.token
+        token = self.settings.token
+        if token:
+            try:
+                bearer_token(token, "KCoral.token")
+            except ValueError as exc:
+                # The client's ValueError left the cell with a traceback through the
+                # extension's frames (one pasted as 'Bearer ...' the likeliest).
+                raise TokenSettingError(
+                    str(exc),
+                    "%config KCoral.token = '...' sets it (KCORAL_TOKEN is read only at the "
+                    "extension's first use)",
+                ) from None
+        return token
 
     def client(self, url: str) -> Client:
         token = self.token_for(url)

@@ -62,3 +62,24 @@ def test_once_the_token_is_fixed_a_new_connect_sees_the_servers_features(
     shell.run_line_magic("kcoral", f"connect {token_server}")
     features = kernel_state_of(shell).facts(token_server).features
     assert "jobs" in features and "sessions" in features
+
+
+def test_a_token_pasted_with_its_bearer_word_fails_the_cell_in_two_lines_that_say_so(
+    shell, token_server
+) -> None:
+    # Before: the client's ValueError ("token holds a character ...") left the cell with a
+    # traceback through the extension's frames, naming no setting.
+    shell.run_line_magic("config", f"KCoral.token = 'Bearer {TOKEN}'")
+    with pytest.raises(ValueError) as refused:  # a TokenSettingError is one
+        shell.run_cell_magic("kcoral", "", "print('never runs')")
+    render = getattr(refused.value, "_render_traceback_", None)
+    shown = render() if render else repr(refused.value)
+    assert shown == [
+        "TokenSettingError: KCoral.token holds a character no bearer token can hold (only "
+        "printable ASCII without spaces); give the token alone, without 'Bearer '; the value "
+        "is not shown: it may be a secret",
+        "%config KCoral.token = '...' sets it (KCORAL_TOKEN is read only at the extension's "
+        "first use)",
+    ], shown
+    shell.run_line_magic("config", f"KCoral.token = {TOKEN!r}")
+    shell.run_cell_magic("kcoral", "", "print('runs')")
