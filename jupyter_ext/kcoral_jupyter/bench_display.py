@@ -15,7 +15,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kcoral.bench.results import one_line, rows_of, table_rows, warnings_of
+from kcoral.bench.results import one_line, problems_of, rows_of, table_rows, warnings_of
 from kcoral.protocol.strict_json import finite_float
 
 PLOT_WIDTH = 640
@@ -157,6 +157,8 @@ def bench_result_html(result: Mapping[str, Any]) -> str:
             facts.append(f"{label} {escape(one_line(value, 40))}")
     if facts:
         parts.append(f'<div style="color:#57606a;margin-top:4px">{", ".join(facts)}</div>')
+    for problem in problems_of(result):
+        parts.append(f'<div style="color:#cf222e">{escape(problem)}</div>')
     for warning in warnings_of(result):
         parts.append(f'<div style="color:#bc4c00">⚠ {escape(warning)}</div>')
     history = result.get("history")

@@ -162,9 +162,21 @@ def warnings_of(result: Mapping[str, Any]) -> list[str]:
     return [one_line(w, 300) for w in warnings if isinstance(w, str)]
 
 
+def problems_of(result: Mapping[str, Any]) -> list[str]:
+    """``NAME (failed): WHAT IT RAISED`` / ``NAME (mismatch): WHAT DIFFERED`` per candidate
+    that was not timed: the table says only its status, and the why must be seen too."""
+    found = []
+    for name, entry in rows_of(result):
+        status, error = entry.get("status"), entry.get("error")
+        if isinstance(status, str) and status != "ok" and isinstance(error, str):
+            found.append(f"{one_line(name)} ({one_line(status, 12)}): {one_line(error, 300)}")
+    return found
+
+
 def format_comparison(result: Mapping[str, Any]) -> str:
     """A benchmark or comparison result as a text table (for scripts and terminals): median,
-    IQR, noise, speedup with its 95 % interval and what it says, status, and the warnings."""
+    IQR, noise, speedup with its 95 % interval and what it says, status, why a candidate
+    failed or mismatched, and the warnings."""
     rows = table_rows(result)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
@@ -187,6 +199,7 @@ def format_comparison(result: Mapping[str, Any]) -> str:
         facts.append(f"stopped by {one_line(stopped, 20)}")
     if facts:
         lines.append(", ".join(facts))
+    lines += problems_of(result)
     lines += [f"warning: {w}" for w in warnings_of(result)]
     history = result.get("history")
     if isinstance(history, Mapping) and isinstance(history.get("file"), str):

@@ -10,6 +10,8 @@ import pytest
 from bench_server import call_on_server
 from server_process import RunningServer, running_server
 
+from kcoral.bench.results import ComparisonResult, format_comparison
+
 SOURCE = """
 from kcoral.builtins import benchmark, compare
 
@@ -37,6 +39,19 @@ def comparison():
 
 def benchmarked():
     return benchmark(raises_unprintable, {"repeat": 3, "warmup": 1})
+
+def one():
+    return 1
+
+def two():
+    return 2
+
+def broken():
+    raise RuntimeError("the kernel ran out of shared memory")
+
+def checked():
+    candidates = {"base": one, "off by one": two, "broken": broken}
+    return compare(candidates, {"reference": 1, "repeat": 10, "warmup": 1, "flush_l2": False})
 """
 
 
@@ -66,3 +81,16 @@ def test_a_benchmark_whose_function_raises_an_unprintable_exception_says_its_typ
     assert not result.completed
     assert result.error["kind"] == "runtime"
     assert result.error["message"] == "benchmark: Unprintable"
+
+
+def test_the_table_says_why_a_candidate_failed_or_did_not_match(server) -> None:
+    result = execute(server, "checked")
+    assert result.completed, result.error
+    comparison = result["value"]
+    assert isinstance(comparison, ComparisonResult)
+    failed = "broken (failed): RuntimeError: the kernel ran out of shared memory"
+    mismatched = "off by one (mismatch): 2 differs from the reference 1"
+    text = format_comparison(comparison).splitlines()
+    assert failed in text and mismatched in text
+    page = comparison._repr_html_()
+    assert page is not None and failed in page and mismatched in page
