@@ -250,7 +250,14 @@ class EventSource:
                 # one that brings nothing means nothing follows (the caller resumed after the
                 # ``finished`` event), where reconnecting ended in 'keeps ending'.
                 if over and not delivered:
-                    return
+                    if self.last_event_id > 0:
+                        return
+                    # From the start, a finished job's stream holds at least its `finished`
+                    # event while its record lives (EXTENSIONS §5): ending the iteration
+                    # would pass for a job that said nothing and never finished.
+                    raise ProtocolError(
+                        f"GET {self.url}: the job has finished but its event stream holds no event"
+                    )
                 if self.job_finished is not None and not self._closed:
                     with contextlib.suppress(Exception):  # unknown: the reconnect tells
                         over = self.job_finished()

@@ -10,10 +10,15 @@ as a dropped one does, and the client reconnected until it gave up.
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
 
+import pytest
 from job_helpers import module_program
+from stand_in_http import serving
 
 import kcoral
+from kcoral.errors import ProtocolError
 
 PRINTS = """
 def f():
@@ -47,3 +52,38 @@ def test_an_async_finished_jobs_events_resumed_after_its_last_end_with_nothing(
 
     last, before, after = asyncio.run(run())
     assert before == [last] and after == []
+
+
+class _FinishedWithoutEvents(http.server.BaseHTTPRequestHandler):
+    """A broken (or hostile) server: the job has finished, and its stream is empty."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path.endswith("/events"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = json.dumps({"job_id": JOB_ID, "status": "COMPLETED"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+JOB_ID = "0f6b2d1e-5a3c-4e8f-9b7d-2c1a0e9f8d7c"
+
+
+def test_a_finished_jobs_stream_read_from_the_start_without_an_event_is_a_protocol_error() -> None:
+    # Read from the start, a finished job's stream holds at least its `finished` event: one
+    # that holds none ended the iteration as if the job had said nothing and never finished.
+    with serving(_FinishedWithoutEvents) as url, kcoral.Client(url) as client:
+        with pytest.raises(ProtocolError, match="the job has finished but its event stream"):
+            list(client.job(JOB_ID).events())
+        assert list(client.job(JOB_ID).events(last_event_id=3)) == []  # resumed: nothing
