@@ -360,9 +360,17 @@ class StopRequest:
         self.started = False
 
     def signalled(self, signum: int) -> None:
+        name = signal.Signals(signum).name
         if not self.started and not self.stop.is_set():
-            name = signal.Signals(signum).name
             sys.stderr.write(f"kcoral server: {name}: stopping once start-up ends\n")
+            sys.stderr.flush()
+        elif self.started and self.stop.is_set():
+            # A second Ctrl-C during the drain printed nothing, as if the server hung.
+            sys.stderr.write(
+                f"kcoral server: {name} again: already stopping, once the running programs "
+                "finish (each within its own deadline); repeated signals do not hurry it: "
+                f"kill -KILL {os.getpid()} ends it now, and them with it\n"
+            )
             sys.stderr.flush()
         self.stop.set()
 

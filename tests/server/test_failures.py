@@ -168,6 +168,13 @@ def test_shutdown_lets_a_running_request_finish_and_refuses_new_ones(
     stderr = kcoral_server.stderr()
     assert "Shutdown requested. Finishing remaining benchmarks: 1 left." in stderr
     assert "Finishing remaining benchmarks: 0 left." in stderr
+    # the repeated signal is answered, where it printed nothing, as if the server hung
+    pid = kcoral_server.process.pid
+    assert (
+        "kcoral server: SIGTERM again: already stopping, once the running programs finish "
+        "(each within its own deadline); repeated signals do not hurry it: "
+        f"kill -KILL {pid} ends it now, and them with it\n"
+    ) in stderr
     names = [e["event"] for e in kcoral_server.events()]
     assert names.index("shutdown_started") < names.index("shutdown_waiting")
     assert names[-2:] == ["shutdown_complete", "server_stopped"]
