@@ -239,6 +239,12 @@ def remember_benchmarks(
                 break
         else:
             groups.append([value])
+    if label and not groups:
+        # asked to record, nothing to record: silence would read as "recorded"
+        return [
+            f"kcoral: benchmark {label!r} not recorded: neither the cell's value nor an -o "
+            "name holds a benchmark or comparison result"
+        ]
     named = []
     for group in groups:
         own = group[0].get("label")

@@ -1,6 +1,6 @@
-"""``%%kcoral --bench-label`` over a cell that gives several different results, run by
-nbclient on a real kernel against a real CPU server with a client token (EXTENSIONS §12.6):
-one label cannot hold two kernels, or the second reads as a change of the first."""
+"""``%%kcoral --bench-label`` run by nbclient on a real kernel against a real CPU server with
+a client token (EXTENSIONS §12.6): one label cannot hold two kernels of one cell, or the
+second reads as a change of the first, and a label with nothing to record says so."""
 
 from __future__ import annotations
 
@@ -66,3 +66,19 @@ def test_two_different_results_under_one_bench_label_are_not_compared_with_each_
     assert "recorded in" not in out
     assert not (tmp_path / HISTORY_FILE).exists()
     assert shown(cells[2]).strip() == "False False"  # no change of 'slow' against 'fast'
+
+
+def test_a_bench_label_on_a_cell_without_a_benchmark_result_says_nothing_was_recorded(
+    server, tmp_path, monkeypatch
+) -> None:
+    median_only = (
+        "%%kcoral --bench-label scalar\n"
+        "from kcoral.builtins import benchmark\n"
+        'benchmark(lambda: None, {"repeat": 10, "warmup": 1})["latency_ms_median"]\n'
+    )
+    cells = run_notebook(server, ["%load_ext kcoral", median_only], tmp_path, monkeypatch)
+    assert (
+        "kcoral: benchmark 'scalar' not recorded: neither the cell's value nor an -o name holds "
+        "a benchmark or comparison result" in shown(cells[1])
+    )
+    assert not (tmp_path / HISTORY_FILE).exists()
