@@ -572,3 +572,35 @@ def test_a_router_stopped_while_requests_wait_for_a_node_answers_them_503_and_ex
     log = router.log()
     assert "router_stopped" in log and "Traceback" not in log, log
     assert "finish_reason=shutting_down" in log, log
+
+
+def test_a_draining_node_that_says_goodbye_leaves_at_info_and_one_that_breaks_off_is_lost(
+    router: RouterProcess,
+) -> None:
+    """A drain that ends with the supervisor closing its stream is what the operator asked
+    for (INFO); a draining node whose stream breaks (it crashed or was killed mid-drain)
+    is lost, a WARNING, as any node lost (it read INFO, like a planned leave)."""
+
+    async def drain(node_id: str, *, goodbye: bool) -> None:
+        node = FakeNode(router.port, node_id, slots=1)
+        await node.start()
+        await wait_for_health(router.port, ready(1))
+        report = node.tasks[0]  # its periodic status, which says nothing of a drain
+        report.cancel()
+        await asyncio.gather(report, return_exceptions=True)
+        status = node.status()
+        status.draining = True
+        await node.supervisor.write(status)
+        await asyncio.to_thread(router.wait_log, f"node={node_id} state=draining")
+        if goodbye:
+            await node.supervisor.done_writing()
+        else:
+            node.supervisor.cancel()
+        await asyncio.to_thread(router.wait_log, f"node_disconnected node={node_id}")
+        await node.close()
+
+    asyncio.run(drain("node-left", goodbye=True))
+    asyncio.run(drain("node-lost", goodbye=False))
+    log = router.log()
+    assert "INFO    node_disconnected node=node-left" in log, log
+    assert "WARNING node_disconnected node=node-lost" in log, log

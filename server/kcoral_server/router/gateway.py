@@ -253,6 +253,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 message="this supervisor announces no slot key: whoever holds the node token "
                 "and learns its server instance id can open slots for it; upgrade the node",
             )
+        said_goodbye = False  # the supervisor ended the stream itself (its drain is done)
         try:
             self.registry.apply_status(stream, first)
             await context.write(pb.SupervisorAck())
@@ -264,6 +265,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                         grpc.StatusCode.FAILED_PRECONDITION, "superseded by a newer stream"
                     )
                 if status is None:
+                    said_goodbye = not stream.ended.is_set()
                     return
                 problem = status_problem(status, self.settings, node_id)
                 if problem is not None:
@@ -273,9 +275,11 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         finally:
             if not stream.superseded:
                 # A WARNING is for a node lost; a drained node leaving and the router's own
-                # stop ending every stream (``end``) are what the operator asked for.
+                # stop ending every stream (``end``) are what the operator asked for. A
+                # draining node whose stream breaks (it crashed, or was killed) is lost.
                 node = self.registry.nodes.get(node_id)
-                planned = stream.ended.is_set() or (node is not None and node.state == DRAINING)
+                drained = said_goodbye and node is not None and node.state == DRAINING
+                planned = stream.ended.is_set() or drained
                 level = "INFO" if planned else "WARNING"
                 self.log.event("node_disconnected", level=level, node=node_id)
             self.registry.detach_supervisor(stream)
