@@ -18,6 +18,26 @@ export interface ISseMessage {
   id: string;
 }
 
+/** Bounds on an event stream (EXTENSIONS §5, as the Python client's): a line other than
+ * `data:` (ids, event names, comments); a `data:` line, and one event's data; the `data:`
+ * lines of one event. In characters here, where the client counts bytes. */
+export const MAX_LINE = 1 << 20;
+export const MAX_EVENT_DATA = 256 << 20;
+export const MAX_EVENT_DATA_LINES = 1024;
+
+/** Throws when a line of `length` characters starting with `head` is over its bound. */
+function checkLine(length: number, head: string): void {
+  if (length <= MAX_LINE) {
+    return;
+  }
+  if (!head.startsWith('data:')) {
+    throw new Error(`job event stream line over ${MAX_LINE >> 20} MiB`);
+  }
+  if (length > MAX_EVENT_DATA) {
+    throw new Error(`job event data over ${MAX_EVENT_DATA >> 20} MiB`);
+  }
+}
+
 /** Incremental SSE parser: feed decoded text chunks, get complete messages. */
 export class SseParser {
   /** The id of the last dispatched message (kept across messages for a reconnect). */
@@ -25,7 +45,12 @@ export class SseParser {
   /** The server's `retry` advice in milliseconds, when it gave one. */
   retryMs: number | null = null;
 
-  private _buffer = '';
+  // The line not ended yet, in pieces: one string grown chunk by chunk was scanned and
+  // copied again for every chunk (a line of 64 MiB without an end held the tab ~3 min).
+  private _partial: string[] = [];
+  private _partialLength = 0;
+  private _partialHead = ''; // its first characters: whether it is a `data:` line
+  private _dataLength = 0;
   private _idBuffer = '';
   private _event = '';
   private _data: string[] = [];
@@ -34,15 +59,21 @@ export class SseParser {
 
   /** Drops a partly received message (the connection broke); ids already dispatched stay. */
   reset(): void {
-    this._buffer = '';
+    this._partial = [];
+    this._partialLength = 0;
+    this._partialHead = '';
     this._idBuffer = this.lastEventId;
     this._event = '';
     this._data = [];
+    this._dataLength = 0;
     this._hasData = false;
     this._pendingCr = false;
   }
 
-  /** Parses one chunk; a message split across chunks comes out with the chunk ending it. */
+  /** Parses one chunk; a message split across chunks comes out with the chunk ending it.
+   * Throws past the bounds of EXTENSIONS §5 (a line other than `data:` over 1 MiB, a `data:`
+   * line or an event's data over 256 MiB, more than 1,024 `data:` lines in one event), as
+   * soon as they are passed; the time taken is linear in what arrives. */
   feed(chunk: string): ISseMessage[] {
     const messages: ISseMessage[] = [];
     let text = chunk;
@@ -51,17 +82,16 @@ export class SseParser {
       text = text.slice(1);
     }
     this._pendingCr = false;
-    this._buffer += text;
     let start = 0;
-    for (let i = 0; i < this._buffer.length; i++) {
-      const ch = this._buffer[i];
+    for (let i = 0; i < text.length; i++) {
+      const ch = text[i];
       if (ch !== '\n' && ch !== '\r') {
         continue;
       }
-      const line = this._buffer.slice(start, i);
+      const line = this._take(text.slice(start, i));
       if (ch === '\r') {
-        if (i + 1 < this._buffer.length) {
-          if (this._buffer[i + 1] === '\n') {
+        if (i + 1 < text.length) {
+          if (text[i + 1] === '\n') {
             i++;
           }
         } else {
@@ -74,8 +104,26 @@ export class SseParser {
         messages.push(message);
       }
     }
-    this._buffer = this._buffer.slice(start);
+    if (start < text.length) {
+      const rest = text.slice(start);
+      this._partial.push(rest);
+      this._partialLength += rest.length;
+      if (this._partialHead.length < 5) {
+        this._partialHead = (this._partialHead + rest).slice(0, 5);
+      }
+      checkLine(this._partialLength, this._partialHead);
+    }
     return messages;
+  }
+
+  /** The line ending with `end`: the pieces kept so far and `end`, within its bound. */
+  private _take(end: string): string {
+    const line = this._partial.length ? this._partial.join('') + end : end;
+    this._partial = [];
+    this._partialLength = 0;
+    this._partialHead = '';
+    checkLine(line.length, line.slice(0, 5));
+    return line;
   }
 
   private _line(line: string): ISseMessage | null {
@@ -100,6 +148,12 @@ export class SseParser {
         this._event = value;
         break;
       case 'data':
+        this._dataLength += value.length + 1;
+        if (this._data.length >= MAX_EVENT_DATA_LINES || this._dataLength > MAX_EVENT_DATA) {
+          throw new Error(
+            `job event over ${MAX_EVENT_DATA_LINES} data lines or ${MAX_EVENT_DATA >> 20} MiB of data`
+          );
+        }
         this._data.push(value);
         this._hasData = true;
         break;
@@ -128,6 +182,7 @@ export class SseParser {
     const data = this._data.join('\n');
     this._event = '';
     this._data = [];
+    this._dataLength = 0;
     this._hasData = false;
     if (!hasData) {
       return null;

@@ -1,4 +1,10 @@
-import { decodeJobEvent, isFinished, SseParser } from '../sse';
+import {
+  decodeJobEvent,
+  isFinished,
+  MAX_EVENT_DATA_LINES,
+  MAX_LINE,
+  SseParser
+} from '../sse';
 
 describe('SseParser', () => {
   it('dispatches a message at the blank line that ends it', () => {
@@ -101,5 +107,39 @@ describe('SseParser ids across a broken connection', () => {
     expect(parser.lastEventId).toBe('1');
     parser.reset();
     expect(parser.feed('\n\nid: 2\ndata: b\n\n')).toEqual([{ event: 'message', data: 'b', id: '2' }]);
+  });
+});
+
+// A hostile server (any server the panel lists) sends what no KCoral server sends. The
+// parser kept a line without an end in one string that it scanned and copied again with
+// every chunk: 64 MiB of it held the browser tab for minutes, and nothing bounded it.
+describe('SseParser against a hostile event stream', () => {
+  const chunk = 'x'.repeat(64 * 1024);
+
+  it('refuses a line other than data: once it passes 1 MiB, without waiting for its end', () => {
+    const parser = new SseParser();
+    parser.feed('id: ');
+    const fed = (): void => {
+      for (let i = 0; i < MAX_LINE / chunk.length + 1; i++) {
+        parser.feed(chunk);
+      }
+    };
+    expect(fed).toThrow('job event stream line over 1 MiB');
+  });
+
+  it('refuses an event of more than 1,024 data lines', () => {
+    const parser = new SseParser();
+    parser.feed('data: a\n'.repeat(MAX_EVENT_DATA_LINES));
+    expect(() => parser.feed('data: a\n')).toThrow('job event over 1024 data lines');
+  });
+
+  it('still takes a data line longer than 1 MiB, fed a piece at a time', () => {
+    const parser = new SseParser();
+    parser.feed('data: ');
+    for (let i = 0; i < 64; i++) {
+      parser.feed(chunk);
+    }
+    const [message] = parser.feed('\n\n');
+    expect(message.data.length).toBe(64 * chunk.length);
   });
 });
