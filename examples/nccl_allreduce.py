@@ -16,6 +16,7 @@ import argparse
 import sys
 
 import kcoral
+from kcoral.connection.server_address import server_url
 
 SOURCE = """
 import threading
@@ -66,13 +67,28 @@ def build_program(size: int = 1 << 20) -> kcoral.Program:
     return program
 
 
+def server_address(text: str) -> str:
+    """``--url`` by the client's address rule, refused by argparse in its words."""
+    try:
+        return server_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True, help="a GPU server with at least 2 GPUs")
+    parser.add_argument(
+        "--url", type=server_address, required=True, help="a GPU server with at least 2 GPUs"
+    )
     parser.add_argument("--gpus", type=int, default=None, help="GPU count (default: all)")
     args = parser.parse_args(argv)
     try:
-        with kcoral.Client(args.url) as client:  # its token, if it needs one: KCORAL_TOKEN
+        client = kcoral.Client(args.url)  # its token, if it needs one: KCORAL_TOKEN
+    except ValueError as error:  # a KCORAL_TOKEN it cannot send: one line, no traceback
+        print(error, file=sys.stderr)
+        return 1
+    try:
+        with client:
             health = client.health()
             count = args.gpus if args.gpus is not None else int(health["gpu_count"] or 0)
             if count < 2:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import kcoral
+from kcoral.connection.server_address import server_url
 
 SOURCE = """
 import numpy as np
@@ -84,7 +85,7 @@ def run(url: str, token: str | None) -> None:
     program.return_(key="scaled", value=program.run(fn=scale, args=[x, 2.5]))
     program.return_(key="described", value=program.run(fn=describe, args=[data]))
 
-    with kcoral.Client(url, token=token) as client:
+    with connect(url, token) as client:
         print("server:", client.health()["status"], url)
         result = client.execute(program, timeout_seconds=60)
     print("status:", result.status, f"({result.elapsed_ms:.1f} ms on the worker)")
@@ -93,6 +94,23 @@ def run(url: str, token: str | None) -> None:
     print("described:", result["described"])
     assert result.completed, result.error
     assert np.array_equal(result["scaled"], np.arange(6, dtype=np.float32).reshape(2, 3) * 2.5)
+
+
+def connect(url: str, token: str | None) -> kcoral.Client:
+    """A client for ``url``; a KCORAL_TOKEN it cannot send (one pasted as 'Bearer ...') ends
+    the script in the client's one line instead of its traceback."""
+    try:
+        return kcoral.Client(url, token=token)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
+def server_address(text: str) -> str:
+    """``--url`` by the client's address rule, refused by argparse in its words."""
+    try:
+        return server_url(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def refusal(url: str, error: Exception) -> str:
@@ -107,7 +125,9 @@ def refusal(url: str, error: Exception) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", help="use this server instead of starting one")
+    parser.add_argument(
+        "--url", type=server_address, help="use this server instead of starting one"
+    )
     parser.add_argument(
         "--server-log", action="store_true", help="show the started server's log lines here"
     )

@@ -54,3 +54,36 @@ def test_an_example_refused_for_its_token_says_so_in_one_line_naming_kcoral_toke
         f"{token_server.url} answered HTTP 401: missing or invalid bearer token; "
         "set KCORAL_TOKEN to a token this server accepts"
     ]
+
+
+@pytest.mark.parametrize(
+    "example", [["quickstart.py"], ["nccl_allreduce.py", "--gpus", "2"]], ids=lambda e: e[0]
+)
+def test_an_example_given_a_bad_address_or_a_pasted_bearer_token_says_so_without_a_traceback(
+    token_server: RunningServer, example: list[str]
+) -> None:
+    # Before: the client's ValueError traceback for both ('base_url: ...', 'KCORAL_TOKEN
+    # holds a character ...').
+    script = str(EXAMPLES / example[0])
+    done = run_without_token(script, "--url", "127.0.0.1", *example[1:])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "error: argument --url: '127.0.0.1': the port is required (host:port, e.g. "
+            "127.0.0.1:8000, or a URL such as http://host:8000)"
+        )
+    ), done.stderr
+    environment = {**os.environ, "KCORAL_TOKEN": "Bearer not-shown-0123"}
+    done = subprocess.run(
+        [sys.executable, script, "--url", token_server.url, *example[1:]],
+        capture_output=True, text=True, timeout=240, env=environment,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "KCORAL_TOKEN holds a character no bearer token can hold (only printable ASCII without "
+        "spaces); give the token alone, without 'Bearer '; the value is not shown: it may be "
+        "a secret"
+    ], done.stderr
