@@ -107,9 +107,10 @@ def _check_torch(torch: Any, actual: Any, expected: Any, rtol: float, atol: floa
         return Check(True, 0.0)
     left, right = actual.detach().double(), wanted.detach().double()
     same = (left == right) | (left.isnan() & right.isnan())  # NaN where the reference has NaN
-    error = float(torch.where(same, 0.0, (left - right).abs()).max().item())
+    gaps = torch.where(same, 0.0, (left - right).abs())
+    undefined = int((~gaps.isfinite()).sum().item())
     matches = bool(torch.allclose(left, right, rtol=rtol, atol=atol, equal_nan=True))
-    return Check(matches, _finite(error), None if matches else _beyond(rtol, atol))
+    return _verdict(matches, float(gaps.max().item()), undefined, rtol, atol)
 
 
 def _check_numpy(numpy: Any, actual: Any, expected: Any, rtol: float, atol: float) -> Check:
@@ -124,9 +125,10 @@ def _check_numpy(numpy: Any, actual: Any, expected: Any, rtol: float, atol: floa
         return Check(True, 0.0)
     same = (left == right) | (numpy.isnan(left) & numpy.isnan(right))
     with numpy.errstate(invalid="ignore"):  # inf - inf where ``same`` already says equal
-        error = float(numpy.where(same, 0.0, numpy.abs(left - right)).max())
+        gaps = numpy.where(same, 0.0, numpy.abs(left - right))
+    undefined = int((~numpy.isfinite(gaps)).sum())
     matches = bool(numpy.allclose(left, right, rtol=rtol, atol=atol, equal_nan=True))
-    return Check(matches, _finite(error), None if matches else _beyond(rtol, atol))
+    return _verdict(matches, float(gaps.max()), undefined, rtol, atol)
 
 
 def _both_nan(actual: Any, expected: Any) -> bool:
@@ -138,9 +140,18 @@ def _both_nan(actual: Any, expected: Any) -> bool:
     return actual != actual and expected != expected
 
 
-def _finite(error: float) -> float:
-    # NaN or inf errors would not fit the wire's number nodes; the largest float says "huge"
-    return error if math.isfinite(error) else sys.float_info.max
+def _verdict(matches: bool, error: float, undefined: int, rtol: float, atol: float) -> Check:
+    """The check of two arrays whose largest difference is ``error``, ``undefined`` of their
+    differences being NaN or infinite (a NaN where the reference has a number): those have
+    no size, so ``max_abs_error`` is then ``None`` and the message counts them."""
+    if matches:
+        return Check(True, error if math.isfinite(error) else None)
+    if undefined:
+        places = "1 place" if undefined == 1 else f"{undefined} places"
+        return Check(
+            False, None, f"{_beyond(rtol, atol)}; at {places} the difference is NaN or infinite"
+        )
+    return Check(False, error, _beyond(rtol, atol))
 
 
 def _beyond(rtol: float, atol: float) -> str:

@@ -52,6 +52,19 @@ def broken():
 def checked():
     candidates = {"base": one, "off by one": two, "broken": broken}
     return compare(candidates, {"reference": 1, "repeat": 10, "warmup": 1, "flush_l2": False})
+def softmax_with_a_nan():
+    import torch
+
+    def exact(x):
+        return torch.softmax(x, dim=0)
+
+    def unguarded(x):
+        out = torch.softmax(x, dim=0)
+        out[1] = float("nan")  # e.g. exp overflowed where the reference stayed finite
+        return out
+
+    config = {"reference": exact, "repeat": 10, "warmup": 1, "flush_l2": False}
+    return compare({"exact": exact, "unguarded": unguarded}, torch.arange(4.0), config)
 """
 
 
@@ -94,3 +107,16 @@ def test_the_table_says_why_a_candidate_failed_or_did_not_match(server) -> None:
     assert failed in text and mismatched in text
     page = comparison._repr_html_()
     assert page is not None and failed in page and mismatched in page
+
+
+def test_a_nan_where_the_reference_has_a_number_is_counted_not_given_a_size(server) -> None:
+    result = execute(server, "softmax_with_a_nan")
+    assert result.completed, result.error
+    entry = result["value"]["candidates"]["unguarded"]
+    assert entry["status"] == "mismatch"
+    assert entry["max_abs_error"] is None  # a NaN difference has no size (not 1.8e308)
+    assert entry["error"] == (
+        "differs from the reference beyond rtol=1e-05, atol=1e-08; "
+        "at 1 place the difference is NaN or infinite"
+    )
+    assert "unguarded  mismatch  " in format_comparison(result["value"])
