@@ -42,6 +42,7 @@ from kcoral_server.settings.command_line import (
 )
 from kcoral_server.settings.config import config_for_log
 from kcoral_server.storage.event_log import EventLog
+from kcoral_server.storage.ready_file import write_ready_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,7 +271,7 @@ async def _serve(
     sys.stderr.write(f"KCoral server listening on {url}\n")
     sys.stderr.flush()
     if settings.ready_file is not None:
-        _write_ready_file(settings.ready_file, url)
+        write_ready_file(settings.ready_file, url)
 
     tunnel = None
     if settings.node_child:
@@ -384,10 +385,3 @@ def _in_progress(state: ServerState) -> int:
 #: how long a draining server waits, once its work is done, for the results of jobs that
 #: finished during the drain or this long before it to be read (SERVER §12 step 4)
 RESULT_GRACE_SECONDS = 3.0
-
-
-def _write_ready_file(path: Path, url: str) -> None:
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(url + "\n", encoding="utf-8")
-    os.replace(temporary, path)

@@ -50,6 +50,7 @@ from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import SERVER_STARTING
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
 from kcoral_server.settings.config import node_labels
+from kcoral_server.storage.ready_file import write_ready_file
 
 MAX_UINT64 = 2**64 - 1
 USAGE_ERROR = 2  # the exit status of a server that refuses its settings
@@ -513,7 +514,7 @@ class Supervisor:
     def write_user_ready_file(self) -> None:
         path = self.settings.ready_file
         if path is not None and not self.user_ready_written and self.child_url:
-            Path(path).write_text(self.child_url + "\n")
+            write_ready_file(path, self.child_url)
             self.user_ready_written = True
 
     def _probed(self, probe: asyncio.Future[NodeKind]) -> None:

@@ -27,6 +27,7 @@ from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.settings.command_line import listen_failure_hint, ready_file_problem
+from kcoral_server.storage.ready_file import write_ready_file
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
@@ -218,7 +219,7 @@ async def serve(settings: RouterSettings) -> int:
     sys.stderr.write(f"KCoral router listening on {url}\n")
     sys.stderr.flush()
     if settings.ready_file is not None:
-        settings.ready_file.write_text(url + "\n")
+        write_ready_file(settings.ready_file, url)
 
     async def periodic() -> None:
         while True:

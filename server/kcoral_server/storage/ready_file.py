@@ -1,0 +1,40 @@
+"""The ``--ready-file``: where a server, a router or a node supervisor writes its URL once it
+accepts requests, for whoever started it to read.
+
+Who can reach what: the path is the user's choice, often in a folder others may write
+(``/tmp``). Someone there can plant a link at the path, or at a temporary name next to it
+that is known in advance, before the process starts; writing through it would overwrite
+the file it points at (any file this user may write) with the URL. So the URL goes into a
+new file of a random name, created exclusively and never through a link, which is then
+renamed over the path: a link there is replaced, never written through, and a reader never
+sees half a URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def write_ready_file(path: str | os.PathLike[str], url: str) -> None:
+    """Write ``url`` and a newline to ``path`` (replacing what is there, a link included)."""
+    path = Path(path)
+    while True:
+        temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(temporary, _NEW_FILE, 0o666)  # the umask applies, as for open()
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(url + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

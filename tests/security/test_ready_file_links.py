@@ -1,0 +1,74 @@
+"""Attack: another local user plants a link where a server or router will write its URL.
+
+``--ready-file`` is often a path in a folder everyone may write (``/tmp``). The server wrote
+the URL to ``.NAME.tmp`` next to it first, a name known in advance, and the router and a
+node's supervisor straight to the path, both through whatever link was there: a link
+planted before the start, pointing at one of the user's files, had that file overwritten
+with the URL (where the system does not forbid following links in sticky folders, as
+``fs.protected_symlinks=0`` in many containers). Now the URL goes into a new file of a
+random name, never opened through a link, renamed over the path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from server_process import start_server
+
+PRECIOUS = "the user's own file\n"
+
+
+def _shared_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o1777)  # as /tmp
+    return folder
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "home" / ".bashrc"
+    victim.parent.mkdir()
+    victim.write_text(PRECIOUS)
+    return victim
+
+
+def test_a_link_planted_at_the_servers_temporary_ready_name_is_not_written_through(
+    tmp_path: Path,
+) -> None:
+    folder, victim = _shared_folder(tmp_path), _victim(tmp_path)
+    (folder / ".ready.tmp").symlink_to(victim)  # start_server's --ready-file is folder/ready
+    server = start_server(folder, [])
+    try:
+        written = (folder / "ready").read_text()
+    finally:
+        server.stop()
+    assert victim.read_text() == PRECIOUS
+    assert written == server.url + "\n"
+    assert not (folder / "ready").is_symlink()
+
+
+def test_a_link_planted_at_the_routers_ready_file_is_replaced_not_written_through(
+    tmp_path: Path,
+) -> None:
+    folder, victim = _shared_folder(tmp_path), _victim(tmp_path)
+    ready = folder / "router.url"
+    ready.symlink_to(victim)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KCORAL_")}
+    command = [sys.executable, "-m", "kcoral", "router", "--port", "0", "--ready-file", str(ready)]
+    with open(tmp_path / "router.log", "w") as log:
+        router = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.read_text().startswith("http") and router.poll() is None:
+            assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()
+            time.sleep(0.05)
+    finally:
+        router.terminate()
+        router.wait(30)
+    assert victim.read_text() == PRECIOUS, (tmp_path / "router.log").read_text()
+    assert not ready.is_symlink()
+    assert ready.read_text().startswith("http://127.0.0.1:")
