@@ -98,7 +98,18 @@ def choose_devices(
     physical = {d["index"]: d for d in probe_gpus(environ, physical=True)}
     missing = [g for g in gpus if g not in physical]
     if missing:
-        raise DeviceError(f"GPU ids {missing} are not available on this machine")
+        # say what to pass instead: a first start with --device gpu on a machine without
+        # one read only "GPU ids [0] are not available on this machine"
+        if not physical:
+            raise DeviceError(
+                "--device gpu: CUDA finds no GPU on this machine (--device cpu, or the "
+                "default auto, runs programs on the CPU)"
+            )
+        present = ", ".join(str(index) for index in sorted(physical))
+        raise DeviceError(
+            f"GPU ids {missing} are not available on this machine (its GPUs: {present}; "
+            "--gpus picks among them)"
+        )
     chosen = _describe([physical[g] for g in dict.fromkeys(gpus)])
     _check_one_arch(chosen)
     return DeviceChoice("gpu", chosen)

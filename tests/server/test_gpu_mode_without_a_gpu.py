@@ -1,0 +1,28 @@
+"""``kcoral server --device gpu`` on a machine where CUDA finds no GPU (a first try on a
+laptop, or a CPU VM): the refusal says what to pass instead. Before, it read only
+``kcoral server: start-up failed: GPU ids [0] are not available on this machine``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kcoral_server.gpu.inventory import probe_gpus
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.skipif(bool(probe_gpus(physical=True)), reason="CUDA finds a GPU here")
+def test_gpu_mode_on_a_machine_without_a_gpu_says_to_run_on_the_cpu(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kcoral", "server", "--device", "gpu", "--port", "0",
+         "--log-dir", "", "--disk-cache-dir", ""],
+        capture_output=True, text=True, timeout=100, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "kcoral server: start-up failed: --device gpu: CUDA finds no GPU on this machine "
+        "(--device cpu, or the default auto, runs programs on the CPU)"
+    ), done.stderr
