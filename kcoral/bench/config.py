@@ -161,6 +161,13 @@ def parse_config(
             "runtime",
             f"unknown benchmark config key(s) {unknown}; expected some of {sorted(known)}",
         )
+    if "max_ms" in config and config.get("target_precision") is None:
+        # ignored, a budget the user set would be a silent no-op (a fixed run's is repeat_ms)
+        raise helper_error(
+            "runtime",
+            "benchmark config 'max_ms' is the adaptive mode's budget and needs "
+            "'target_precision'; a fixed run's budget is 'repeat_ms'",
+        )
     max_samples = config.get("max_samples", DEFAULT_MAX_SAMPLES)
     if _count("max_samples", max_samples) > MAX_SAMPLES_LIMIT:
         raise helper_error(

@@ -30,6 +30,11 @@ def huge_warmup_budget():
 def huge_budget_comparison():
     return compare({"a": nothing, "b": nothing},
                    {"repeat_ms": 1e308, "warmup": 1, "seed": 1, "flush_l2": False})
+def max_ms_alone():
+    return benchmark(nothing, {"repeat_ms": 60_000, "max_ms": 50, "flush_l2": False})
+
+def max_ms_alone_in_a_comparison():
+    return compare({"a": nothing, "b": nothing}, {"repeat": 10, "max_ms": 50})
 """
 
 
@@ -66,3 +71,17 @@ def test_a_comparison_with_a_huge_budget_makes_at_most_the_call_cap(server) -> N
     result = returned(server, "huge_budget_comparison")
     counts = [e["sample_count"] for e in result["candidates"].values()]
     assert sum(counts) <= 100_000 and min(counts) >= 10
+
+
+@pytest.mark.parametrize(
+    ("name", "start"),
+    [("max_ms_alone", "benchmark config"), ("max_ms_alone_in_a_comparison", "compare: config")],
+)
+def test_max_ms_without_the_adaptive_mode_is_refused_not_ignored(server, name, start) -> None:
+    result = call_on_server(server.url, SOURCE, name, 300)
+    assert not result.completed
+    assert result.error["kind"] == "runtime"
+    assert result.error["message"] == (
+        f"{start} 'max_ms' is the adaptive mode's budget and needs 'target_precision'; "
+        "a fixed run's budget is 'repeat_ms'"
+    )
