@@ -33,6 +33,7 @@ from kcoral.bench.config import (
     helper_error,
     parse_config,
     truncate_message,
+    why_not_timeable,
 )
 from kcoral.protocol.errors import ExecutionError
 
@@ -71,6 +72,9 @@ def benchmark(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
     settings = parse_config(config)
     if not callable(fn):
         raise helper_error("runtime", f"benchmark: {type(fn).__name__} object is not callable")
+    untimeable = why_not_timeable(fn)
+    if untimeable is not None:
+        raise helper_error("runtime", f"benchmark: {untimeable}")
 
     def call() -> None:
         try:

@@ -30,6 +30,7 @@ from kcoral.bench.config import (
     helper_error,
     parse_config,
     truncate_message,
+    why_not_timeable,
 )
 from kcoral.bench.correctness import Check, check, clone, result_of
 from kcoral.bench.report import machine_report, state_probe
@@ -69,6 +70,9 @@ def _candidates(candidates: object) -> list[tuple[str, Callable[..., Any]]]:
             raise _fail(f"a candidate name must be a string of 1 to {NAME_LIMIT} characters")
         if not callable(fn):
             raise _fail(f"candidate {name!r}: {type(fn).__name__} object is not callable")
+        untimeable = why_not_timeable(fn)
+        if untimeable is not None:
+            raise _fail(f"candidate {name!r}: {untimeable}")
         found.append((name, fn))
     return found
 

@@ -4,6 +4,7 @@ helper failures as ``ExecutionError`` with messages cut to 600 characters."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +50,23 @@ def describe(exc: BaseException) -> str:
     except Exception:
         text = ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def why_not_timeable(fn: object) -> str | None:
+    """Why timing calls of ``fn`` would measure nothing, else ``None``: a call of an async or
+    generator function only creates a coroutine or generator, which nobody runs."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if inspect.iscoroutinefunction(fn):
+        return (
+            f"{name} is an async function: a call only creates a coroutine and runs none of "
+            f"it; time a function that runs it (e.g. lambda: asyncio.run({name}()))"
+        )
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        return (
+            f"{name} is a generator function: a call only creates a generator and runs none "
+            f"of it; time a function that consumes it (e.g. lambda: list({name}()))"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------- configuration

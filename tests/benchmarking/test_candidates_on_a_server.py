@@ -65,6 +65,17 @@ def softmax_with_a_nan():
 
     config = {"reference": exact, "repeat": 10, "warmup": 1, "flush_l2": False}
     return compare({"exact": exact, "unguarded": unguarded}, torch.arange(4.0), config)
+async def fetch():
+    return 1
+
+def rows():
+    yield 1
+
+def async_benchmarked():
+    return benchmark(fetch, {"repeat": 3, "warmup": 1})
+
+def generator_compared():
+    return compare({"base": nothing, "rows": rows}, {"repeat": 3, "warmup": 1})
 """
 
 
@@ -120,3 +131,25 @@ def test_a_nan_where_the_reference_has_a_number_is_counted_not_given_a_size(serv
         "at 1 place the difference is NaN or infinite"
     )
     assert "unguarded  mismatch  " in format_comparison(result["value"])
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "async_benchmarked",
+            "benchmark: fetch is an async function: a call only creates a coroutine and runs "
+            "none of it; time a function that runs it (e.g. lambda: asyncio.run(fetch()))",
+        ),
+        (
+            "generator_compared",
+            "compare: candidate 'rows': rows is a generator function: a call only creates a "
+            "generator and runs none of it; time a function that consumes it (e.g. lambda: "
+            "list(rows()))",
+        ),
+    ],
+)
+def test_a_function_whose_calls_run_nothing_is_refused_not_timed(server, name, message) -> None:
+    result = execute(server, name)
+    assert not result.completed
+    assert result.error["kind"] == "runtime" and result.error["message"] == message
