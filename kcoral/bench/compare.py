@@ -95,8 +95,9 @@ def _outputs(options: Mapping[str, Any], arg_count: int) -> list[int] | None:
     positions = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < arg_count:
+            valid_positions = f"0..{arg_count - 1}" if arg_count else "no arguments were given"
             raise _fail(
-                f"config 'outputs': {item!r} is not an argument position (0..{arg_count - 1})"
+                f"config 'outputs': {item!r} is not an argument position ({valid_positions})"
             )
         if item in positions:
             raise _fail(f"config 'outputs' names position {item} twice")

@@ -76,6 +76,8 @@ def async_benchmarked():
 
 def generator_compared():
     return compare({"base": nothing, "rows": rows}, {"repeat": 3, "warmup": 1})
+def outputs_without_arguments():
+    return compare({"base": nothing}, {"outputs": [0], "reference": None})
 """
 
 
@@ -153,3 +155,11 @@ def test_a_function_whose_calls_run_nothing_is_refused_not_timed(server, name, m
     result = execute(server, name)
     assert not result.completed
     assert result.error["kind"] == "runtime" and result.error["message"] == message
+
+
+def test_outputs_without_arguments_say_no_arguments_were_given(server) -> None:
+    result = execute(server, "outputs_without_arguments")
+    assert not result.completed
+    assert result.error["message"] == (
+        "compare: config 'outputs': 0 is not an argument position (no arguments were given)"
+    )
