@@ -92,6 +92,14 @@ def _host_port(text: str) -> str:
         if not host or any(char in _NOT_IN_HOST for char in host):
             raise ValueError(f"{text!r} is not {example}")
         shown = host
+    number, slash, _path = port.partition("/")
+    if slash and number.isascii() and number.isdigit():
+        # `127.0.0.1:8000/v1` (a path pasted with the address) read "the port must be a
+        # number", which it is
+        raise ValueError(
+            f"{text!r}: host:port takes no path: give {shown}:{number}, or a URL "
+            f"(http://{text}) where a proxy serves KCoral under that path"
+        )
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r}: the port must be a number from 1 to 65535")
     return f"{shown}:{int(port)}"

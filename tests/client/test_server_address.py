@@ -51,6 +51,7 @@ def test_an_address_the_rule_allows_names_one_url(address: str, url: str) -> Non
         ("a b:80", "whitespace"),
         ("", "empty"),
         ("h/p:80", "is not host:port"),
+        ("127.0.0.1:8000/v1", r"host:port takes no path: give 127\.0\.0\.1:8000, or a URL"),
     ],
 )
 def test_an_address_the_rule_refuses_says_why(address: str, reason: str) -> None:
