@@ -9,6 +9,7 @@ route. The job's live output is ``job_events``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote
 
@@ -23,8 +24,15 @@ class JobsHandler(KCoralHandler):
     async def get(self) -> None:
         jobs: list[dict[str, Any]] = []
         errors: list[dict[str, str]] = []
-        for server in self.servers():
-            status, document, error = await self.upstream(server, "GET", "/v1/jobs")
+        servers = self.servers()
+        # Every server at once, as the servers and sessions routes ask: one after another,
+        # each server that accepts connections and never answers (a stopped process, or
+        # one a kernel connected to that chose not to answer) held every other server's
+        # jobs back by the request timeout, 10 s per such server.
+        answers = await asyncio.gather(
+            *(self.upstream(server, "GET", "/v1/jobs") for server in servers)
+        )
+        for server, (status, document, error) in zip(servers, answers, strict=True):
             if status == 200 and isinstance(document, list):
                 jobs += [
                     dict(job, server=server["name"]) for job in document if isinstance(job, dict)
