@@ -85,6 +85,7 @@ class PendingJob:
     built: BuiltCell
     url: str
     warning: str | None = None  # "ran on CPU (this server has no GPU)" for an explicit --gpus
+    bench_label: str | None = None  # --bench-label: its results are recorded on attach
 
 
 @dataclass

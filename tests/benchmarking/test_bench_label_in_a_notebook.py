@@ -82,3 +82,18 @@ def test_a_bench_label_on_a_cell_without_a_benchmark_result_says_nothing_was_rec
         "a benchmark or comparison result" in shown(cells[1])
     )
     assert not (tmp_path / HISTORY_FILE).exists()
+
+
+def test_a_noblock_cells_bench_label_is_recorded_when_its_job_is_attached(
+    server, tmp_path, monkeypatch
+) -> None:
+    submitted = (
+        "%%kcoral --noblock -r job --bench-label later\n"
+        "from kcoral.builtins import benchmark\n"
+        'benchmark(lambda: None, {"repeat": 10, "warmup": 1})\n'
+    )
+    cells = run_notebook(
+        server, ["%load_ext kcoral", submitted, "%kcoral attach {job.id}"], tmp_path, monkeypatch
+    )
+    assert f"kcoral: benchmark 'later' recorded in {tmp_path / HISTORY_FILE}" in shown(cells[2])
+    assert len((tmp_path / HISTORY_FILE).read_text().splitlines()) == 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -135,7 +136,9 @@ class CellMagic:
         )
 
         if args.noblock:
-            return self._submit(client, built, options, record, args.result_name, has_jobs, remote)
+            return self._submit(
+                client, built, options, record, args.result_name, has_jobs, remote, args.bench_label
+            )
         use_jobs = settings.use_jobs and has_jobs
 
         try:
@@ -173,10 +176,16 @@ class CellMagic:
                 raise
             raise short from exc
         value = self.finish(result, built, record, facts, line_out)
-        bound = [value, *(self.shell.user_ns.get(name) for name in spec.outputs)]
-        for note in remember_benchmarks(args.bench_label, bound, self.shell.user_ns):
-            print(note)
+        self.remember_benchmarks(args.bench_label, value, spec.outputs)
         return value
+
+    def remember_benchmarks(self, label: str | None, value: Any, outputs: Sequence[str]) -> None:
+        """Keep the benchmark results among the cell's value and ``--out`` names in the
+        notebook's history (EXTENSIONS §12.6): after the cell, or after ``%kcoral attach``
+        of its ``--noblock`` job."""
+        bound = [value, *(self.shell.user_ns.get(name) for name in outputs)]
+        for note in remember_benchmarks(label, bound, self.shell.user_ns):
+            print(note)
 
     def _build(
         self, args: argparse.Namespace, cell: str, *, in_session: bool
@@ -307,6 +316,7 @@ class CellMagic:
         name: str | None,
         has_jobs: bool,
         remote: NotebookSession | None = None,
+        bench_label: str | None = None,
     ) -> Job | None:
         if not has_jobs:
             raise UsageError(
@@ -319,7 +329,7 @@ class CellMagic:
             refusal = self._session_refusal(exc, remote)
             raise (refusal or translate_error(exc, options, record.server)) from None
         self.kernel.pending[job.id] = PendingJob(
-            built=built, url=record.server, warning=record.warning
+            built=built, url=record.server, warning=record.warning, bench_label=bench_label
         )
         record.job_id = job.id
         display(

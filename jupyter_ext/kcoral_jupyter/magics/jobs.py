@@ -165,7 +165,9 @@ class JobCommands:
         pending = self.kernel.pending.pop(job_id, None)
         facts = self.kernel.facts(url)
         if pending is not None:
-            return self.cell.finish(result, pending.built, record, facts, line_out)
+            value = self.cell.finish(result, pending.built, record, facts, line_out)
+            self.cell.remember_benchmarks(pending.bench_label, value, pending.built.outputs)
+            return value
         line_out.metadata = provenance(result, record)
         line_out.show(
             summary_text(result, record, facts),
