@@ -101,6 +101,26 @@ def test_a_server_and_a_router_refuse_to_start_with_a_bad_token_file(
     assert "bob-token" not in said
 
 
+def test_a_token_given_where_its_file_goes_is_refused_saying_so_without_showing_it(
+    tmp_path: Path,
+) -> None:
+    # `--auth-token-file s3cret`: before, only "cannot be read: No such file or directory",
+    # which did not say that the option takes a file and the variable the token
+    pasted = "pasted-token-0123456789abcdef"
+    expected = (
+        "--auth-token-file cannot be read: No such file or directory (it names a file holding "
+        "the token; KCORAL_AUTH_TOKEN takes the token itself)"
+    )
+    said = _refusal(
+        lambda: start_server(tmp_path / "server", ["--auth-token-file", pasted]), "a server"
+    )
+    assert expected in said and pasted not in said, said
+    said = _refusal(
+        lambda: start_router(tmp_path, "--auth-token-file", pasted, env=NODE_ENV), "a router"
+    )
+    assert expected in said and pasted not in said, said
+
+
 def test_a_router_refuses_a_node_token_file_over_the_bound(tmp_path: Path) -> None:
     nodes = _put(tmp_path / "nodes", "gpu-1 " + "n" * (2 << 20) + "\n")
     said = _refusal(lambda: start_router(tmp_path, "--node-token-file", str(nodes)), "a router")

@@ -71,8 +71,17 @@ def read_token_text(path: str | os.PathLike[str], *, regular_only: bool = False)
 def read_client_tokens(path: str | os.PathLike[str], *, regular_only: bool = False) -> ClientTokens:
     """A client-token file (``--auth-token-file``), read (``read_token_text``) and checked
     (``parse_tokens``: one bare token, or ``NAME TOKEN [admin]`` lines); ``TokenFileError``
-    says what is wrong."""
-    text = read_token_text(path, regular_only=regular_only).strip()
+    says what is wrong. At start (not ``regular_only``) a path that does not exist says the
+    option names a file: the likeliest such path is the token itself, pasted where its file
+    goes, and it is never shown."""
+    try:
+        text = read_token_text(path, regular_only=regular_only).strip()
+    except TokenFileError as exc:
+        if regular_only or os.path.lexists(path):
+            raise
+        raise TokenFileError(
+            f"{exc} (it names a file holding the token; KCORAL_AUTH_TOKEN takes the token itself)"
+        ) from None
     if not text:
         raise TokenFileError("is empty")
     try:
