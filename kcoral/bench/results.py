@@ -87,6 +87,16 @@ def ms(value: object) -> str:
     return f"{found:.4g}"
 
 
+def ratio_number(value: float) -> str:
+    """A ratio in 3 significant digits, more (up to 6) where 3 would show a ratio that is
+    not 1 as ``1``: a significant 0.1 % speedup must not read ``1× [1, 1] faster``."""
+    for digits in (3, 4, 5, 6):
+        text = f"{value:.{digits}g}"
+        if value == 1 or float(text) != 1:
+            break
+    return text
+
+
 def ratio_text(interval: object) -> str:
     """``1.98× [1.91, 2.05]`` for a speedup or change, ``-`` without one."""
     if not isinstance(interval, Mapping):
@@ -95,8 +105,8 @@ def ratio_text(interval: object) -> str:
     if value is None:
         return "-"
     if low is None or high is None:
-        return f"{value:.3g}×"
-    return f"{value:.3g}× [{low:.3g}, {high:.3g}]"
+        return f"{ratio_number(value)}×"
+    return f"{ratio_number(value)}× [{ratio_number(low)}, {ratio_number(high)}]"
 
 
 def verdict_of(interval: object) -> str:

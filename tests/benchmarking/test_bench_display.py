@@ -164,6 +164,23 @@ def test_format_comparison_shows_the_history_change_and_flags_a_regression() -> 
     assert "REGRESSION" in result._repr_html_()
 
 
+def test_a_significant_speedup_close_to_one_never_reads_as_one() -> None:
+    speedup = {"value": 1.0012, "ci95_low": 1.0004, "ci95_high": 1.0021, "verdict": "faster"}
+    result = as_bench_result(
+        {
+            "kind": "kcoral.comparison",
+            "baseline": "a",
+            "candidates": {
+                "a": {"status": "ok", "latency_ms_median": 2.0024},
+                "b": {"status": "ok", "latency_ms_median": 2.0, "speedup": speedup},
+            },
+        }
+    )
+    text = format_comparison(result)
+    assert "1.001× [1.0004, 1.002]  faster" in text  # was "1× [1, 1]  faster"
+    assert "1.001× [1.0004, 1.002]" in result._repr_html_()
+
+
 def test_a_mismatch_row_shows_its_largest_error_and_a_failed_one_its_status() -> None:
     result = as_bench_result(
         {
