@@ -22,7 +22,7 @@ from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
-from kcoral.run.inputs import LocalFileError, collect_inputs
+from kcoral.run.inputs import LocalFileError, collect_inputs, sent_as
 from kcoral.run.outputs import (
     OUTPUTS_KEY,
     STATUS_KEY,
@@ -302,9 +302,20 @@ def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
         return None
     if os.path.normpath(script) in sent:
         return None
-    if os.path.exists(script):
-        return f"python: {script} was not sent (the tool runs remotely): add --send {script}"
-    return f"python: {script}: no such file here, and no --send input provides it"
+    # An input keeps only its last name: `--send w/bench -- w/bench/main.py` sent the script
+    # as bench/main.py, and the advice to add --send w/bench/main.py (sent as main.py) only
+    # repeated itself.
+    if not os.path.exists(script):
+        return f"python: {script}: no such file here, and no --send input provides it"
+    remote = sent_as(script, options.send)
+    if remote is not None and remote in sent:
+        return (
+            f"python: {script} is sent as {remote} (inputs keep only their own name): "
+            f"name it {remote} after '--'"
+        )
+    name = os.path.basename(os.path.normpath(script))
+    arrives = "" if name == os.path.normpath(script) else f", which arrives as {name}"
+    return f"python: {script} was not sent (the tool runs remotely): add --send {script}{arrives}"
 
 
 def execute(options: RunOptions, program: Any) -> Any:

@@ -79,3 +79,23 @@ def is_text(word: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def sent_as(local: str, send_paths: Sequence[str]) -> str | None:
+    """The remote path the ``--send`` inputs give the local file ``local`` (a file goes under
+    its base name, a directory's files under its name and their path in it), or None when
+    no input holds it."""
+    target = os.path.realpath(local)
+    for path in send_paths:
+        root = os.path.realpath(path)
+        name = os.path.basename(os.path.abspath(path))
+        if target == root:
+            return name
+        inside = os.path.relpath(target, root)
+        if (
+            os.path.isdir(root)
+            and inside != os.pardir
+            and not inside.startswith(os.pardir + os.sep)
+        ):
+            return "/".join([name, *inside.split(os.sep)])
+    return None
