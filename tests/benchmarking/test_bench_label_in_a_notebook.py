@@ -1,6 +1,7 @@
 """``%%kcoral --bench-label`` run by nbclient on a real kernel against a real CPU server with
 a client token (EXTENSIONS §12.6): one label cannot hold two kernels of one cell, or the
-second reads as a change of the first, and a label with nothing to record says so."""
+second reads as a change of the first; a label with nothing to record says so; a --noblock
+cell's label is kept until ``%kcoral attach`` brings its result."""
 
 from __future__ import annotations
 
