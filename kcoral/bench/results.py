@@ -61,9 +61,15 @@ def as_bench_result(value: dict[str, Any]) -> dict[str, Any]:
 
 
 def one_line(text: object, width: int = NAME_WIDTH) -> str:
-    """A server-sent name as one printable line of at most ``width`` characters."""
+    """A server-sent name as one printable line of at most ``width`` characters; a longer
+    one keeps its start and its end (names of variants often differ only at the end, as
+    ``..._stages=3`` and ``..._stages=4``, which a cut end would show alike)."""
     clean = "".join(ch if ch.isprintable() else "?" for ch in str(text))
-    return clean if len(clean) <= width else clean[: width - 1] + "…"
+    if len(clean) <= width:
+        return clean
+    head = width // 2
+    tail = width - 1 - head
+    return clean[:head] + "…" + (clean[len(clean) - tail :] if tail else "")
 
 
 def rows_of(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:

@@ -36,6 +36,10 @@ def run_compare():
 def run_benchmark():
     return benchmark(fast, {"repeat": 10, "warmup": 1, "label": "one-ms"})
 
+def run_variants():
+    variants = {f"triton_matmul_BLOCK_M=128_BLOCK_N=64_BLOCK_K=32_stages={n}": fast for n in (3, 4)}
+    return compare(variants, {"repeat": 10, "warmup": 1, "seed": 1})
+
 def run_drifting():
     calls = [0]
 
@@ -113,6 +117,17 @@ def test_a_benchmark_from_the_server_arrives_as_a_benchmark_result(server) -> No
     assert value["label"] == "one-ms" and len(value["samples_ms"]) == 10
     assert "one-ms" in format_comparison(value)
     assert "data:image/svg+xml;base64," in value._repr_html_()
+
+
+def test_long_candidate_names_that_differ_at_the_end_stay_apart_in_table_and_plot(
+    server,
+) -> None:
+    value = returned(server, COMPARE_SOURCE, "run_variants")
+    assert isinstance(value, ComparisonResult)
+    rows = format_comparison(value).splitlines()[2:4]
+    assert rows[0].split()[0].endswith("stages=3") and rows[1].split()[0].endswith("stages=4")
+    labels = re.findall(r'text-anchor="end">([^<]*)</text>', plot_svg(value._repr_html_()))
+    assert len(labels) == 2 and labels[0] != labels[1]  # were both 'triton_matmul_BLOCK_M…'
 
 
 def test_the_plot_dots_sample_the_whole_run_not_its_first_calls(server) -> None:
