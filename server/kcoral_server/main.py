@@ -195,6 +195,16 @@ async def _serve(
             host=settings.host,
             message="listening on a non-loopback address without client authentication",
         )
+    elif token is None and router_secret is None:
+        # Loopback keeps web pages out (EXTENSIONS §6), not the machine's other users: on a
+        # shared GPU box each of them could run programs as this server's user.
+        events.emit(
+            "unauthenticated_access",
+            "INFO",
+            host=settings.host,
+            message="no client token: any local user can run programs as this server's user;"
+            " on a shared machine, give --auth-token-file",
+        )
     token_file = config.auth_token_file
     exposure = None if token_file is None else token_file_exposure(token_file)
     if exposure is not None:
