@@ -154,7 +154,11 @@ def test_a_wrong_node_token_is_refused_and_the_right_one_accepted(tmp_path: Path
         time.sleep(1.0)
         body = asyncio.run(http_request(router.port, "GET", "/health")).json()
         assert body["load"]["request_capacity"] == 1
-        assert "UNAUTHENTICATED" in wrong.log_path.read_text()
+        # what to set, where the node's retries said only that the token was wrong
+        assert (
+            "UNAUTHENTICATED: invalid or missing node token (the node's KCORAL_NODE_TOKEN must "
+            "be one this router accepts)"
+        ) in wrong.log_path.read_text()
     finally:
         wrong.stop()
         right.stop()

@@ -189,7 +189,12 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 value = item
         grant = node_grant(value, self.settings.node_token, self.settings.node_tokens)
         if grant is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid or missing node token")
+            # the node logs this text at each retry: say what its operator sets
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "invalid or missing node token (the node's KCORAL_NODE_TOKEN must be one this "
+                "router accepts)",
+            )
         assert grant is not None  # abort raises
         return grant
 
