@@ -47,24 +47,39 @@ def _checked_url(text: str) -> str:
         parts = urllib.parse.urlsplit(text)
     except ValueError as exc:
         raise ValueError(f"{text!r} is not a valid URL: {exc}") from None
+    shown = _hiding_secrets(parts, text)
     host_part = parts.netloc.rsplit("@", 1)[-1]
     if not host_part.startswith("[") and host_part.count(":") > 1:
-        raise ValueError(f"{text!r}: an IPv6 address goes in brackets (http://[::1]:8000)")
+        raise ValueError(f"{shown!r}: an IPv6 address goes in brackets (http://[::1]:8000)")
     try:
         port = parts.port  # raises ValueError for a port that is not a number in range
     except ValueError as exc:
-        raise ValueError(f"{text!r} is not a valid URL: {exc}") from None
+        raise ValueError(f"{shown!r} is not a valid URL: {exc}") from None
     if parts.scheme.lower() not in _SCHEMES:
-        raise ValueError(f"{text!r}: a server URL starts with http:// or https://")
+        raise ValueError(f"{shown!r}: a server URL starts with http:// or https://")
     if not parts.hostname:
-        raise ValueError(f"{text!r} has no host")
+        raise ValueError(f"{shown!r} has no host")
     if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{text!r} must not contain credentials (use a token)")
+        raise ValueError(
+            f"{shown!r} must not contain credentials (a token goes in KCORAL_TOKEN, never "
+            "the address)"
+        )
     if parts.query or parts.fragment or "?" in text or "#" in text:
-        raise ValueError(f"{text!r} must not have a query or fragment")
+        raise ValueError(f"{shown!r} must not have a query or fragment")
     if port == 0:
-        raise ValueError(f"{text!r}: port 0 is not a server's port")
+        raise ValueError(f"{shown!r}: port 0 is not a server's port")
     return text.rstrip("/")
+
+
+def _hiding_secrets(parts: urllib.parse.SplitResult, text: str) -> str:
+    """The address with its credentials, query and fragment shown as ``***``: they are where
+    a pasted token sits (``http://TOKEN@host:8000``, ``?token=...``), and the refusal is
+    printed, in a notebook saved with it."""
+    host = parts.netloc.rsplit("@", 1)[-1]
+    netloc = f"***@{host}" if "@" in parts.netloc else host
+    query = "?***" if "?" in text else ""
+    fragment = "#***" if "#" in text else ""
+    return f"{parts.scheme}://{netloc}{parts.path}{query}{fragment}"
 
 
 def _host_port(text: str) -> str:
