@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from kcoral_server.processes import ipc
 from kcoral_server.processes.launcher.front_end import Launcher
+from kcoral_server.processes.launcher.wire import STATUS
 from kcoral_server.processes.sandbox import worker_base_environment
 
 
@@ -334,3 +335,57 @@ def test_a_hang_up_during_the_preload_raises_nothing_into_it_and_exits_after_the
     finally:
         gate.touch()
         launcher.close()
+
+
+# A launcher whose worker exited just before its preload began (the SIGCHLD came before the
+# import's handler), hung up on by a stopping server: real processes, in a process of its
+# own (a collection kills its process's other children as orphans).
+EXITED_BEFORE_THE_PRELOAD = """
+import os, socket, sys
+from kcoral_server.processes.launcher.family import Family
+from kcoral_server.processes.launcher.fork_server import Preloads
+
+status_w = int(sys.argv[1])
+control, front_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # a zombie: its SIGCHLD has come and gone
+family = Family()
+family.workers[pid] = status_w
+front_end.close()  # the server stops
+Preloads(["stand_in_import"]).run(family, control)
+sys.exit("the launcher went on with the import")
+"""
+
+
+def test_a_worker_that_exits_just_before_the_preload_is_reported_and_a_hang_up_exits_at_once(
+    tmp_path: Path,
+) -> None:
+    """The worker's exit is reported as the import starts, and the stopping launcher exits
+    then, not after the import (which may take seconds, or never end)."""
+    imported = tmp_path / "imported"
+    (tmp_path / "stand_in_import.py").write_text(
+        f"import pathlib\npathlib.Path({str(imported)!r}).touch()\n"
+    )
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    status_r, status_w = os.pipe()
+    try:
+        launcher = subprocess.run(
+            [sys.executable, "-c", EXITED_BEFORE_THE_PRELOAD, str(status_w)],
+            env=dict(os.environ, PYTHONPATH=path),
+            pass_fds=(status_w,),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        os.close(status_w)
+        status_w = -1
+        assert launcher.returncode == 0, launcher.stderr
+        assert not imported.exists()
+        code, survivors = STATUS.unpack(os.read(status_r, STATUS.size))
+        assert (code, survivors) == (7, 0)
+    finally:
+        os.close(status_r)
+        if status_w >= 0:
+            os.close(status_w)

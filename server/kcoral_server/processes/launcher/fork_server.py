@@ -357,6 +357,9 @@ class ReapDuringImport:
 
     def __enter__(self) -> ReapDuringImport:
         self.previous = signal.signal(signal.SIGCHLD, self.child_exited)
+        # A worker that exited since the loop's last collection sent its SIGCHLD before this
+        # handler: unreaped, its report (and a stopping launcher's exit) waited for the import.
+        self.child_exited()
         return self
 
     def __exit__(self, *_exc: object) -> None:
