@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from kcoral import KCoralError, TransportError
+from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import root_reason
 
 #: Said after the action when the short form hides frames.
@@ -198,7 +199,12 @@ def refused(exc: KCoralError, server: str | None = None) -> ServerRefusedError:
     action = _ACTIONS.get(
         exc.kind or "", f"%kcoral status shows the server's state; {VERBOSE_HINT}"
     )
-    if exc.kind == "busy" and "shutting down" in exc.message:
+    wrong_path = path_not_served_hint(server) if server else ""
+    if wrong_path and exc.kind == "not_found" and exc.message == "not found":
+        # a route's 404 (a job's or a session's names it): the URL's path is not served, and
+        # the jobs hint was no help
+        action = wrong_path
+    elif exc.kind == "busy" and "shutting down" in exc.message:
         action = "run the cell again once the server is back, or use another server"
     elif exc.kind == "busy" and "must restart" in exc.message:
         # a server that admits nothing until restarted (PROTOCOL §7.1): no retry helps

@@ -39,3 +39,17 @@ def test_a_connect_under_a_pasted_path_says_to_give_the_servers_own_address(shel
         "cells refuse to run)"
     )
     shell.run_line_magic("kcoral", f"connect {server}")
+
+
+def test_a_cell_sent_under_a_pasted_path_says_to_give_the_servers_own_address(
+    shell, server
+) -> None:
+    # `%%kcoral --url URL/v1`: its 404 said "%kcoral jobs lists the jobs this server keeps
+    # for you", as the connect's did.
+    with pytest.raises(ServerRefusedError) as refused:
+        shell.run_cell_magic("kcoral", f"--url {server}/v1", "print('never runs')")
+    assert refused.value.status_code == 404
+    assert refused.value.action == (
+        f"no KCoral server answers under the path /v1: give the server's own address, {server} "
+        "(a path only where a proxy serves it there)"
+    )

@@ -8,7 +8,6 @@ import platform
 
 import kcoral
 from kcoral import KCoralError, TransportError
-from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import root_reason
 from kcoral_jupyter.cell_errors import ServerRefusedError, ServerUnreachableError, refused
 from kcoral_jupyter.kernel_client import KernelClient
@@ -41,13 +40,9 @@ class ServerCommands:
             # "check that the server runs".
             kernel.connect_failed(url, str(exc))
             short = refused(exc, url)
-            # Every KCoral server answers /health: a 404 there is the address's path, and
-            # the hint for a job's 404 (%kcoral jobs) was no help.
-            wrong_path = path_not_served_hint(url) if exc.status_code == 404 else ""
             raise ServerRefusedError(
                 f"could not connect: {short.cause}",
-                f"{wrong_path or short.action}; then %kcoral connect again (until then cells "
-                "refuse to run)",
+                f"{short.action}; then %kcoral connect again (until then cells refuse to run)",
                 status_code=exc.status_code,
                 kind=exc.kind,
             ) from exc
