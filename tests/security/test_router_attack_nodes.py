@@ -105,6 +105,34 @@ def test_an_explicit_opt_out_accepts_unauthenticated_nodes_with_a_warning(tmp_pa
         router.stop()
 
 
+
+def test_a_loopback_router_without_a_token_says_at_start_who_can_reach_it(tmp_path: Path) -> None:
+    # Loopback keeps web pages out, not the machine's other users: without a client token
+    # any of them could send programs through it, and without a node token serve as a node
+    # and receive everyone's programs; nothing said so.
+    def said_at_start(env: dict[str, str]) -> str | None:
+        router = start_router(tmp_path, env=env)
+        try:
+            router.wait_log("listening on")
+            lines = router.log().splitlines()
+        finally:
+            router.stop()
+        said = [x.split(None, 2)[1:] for x in lines if " unauthenticated_access " in x]
+        assert len(said) <= 1 and all(level == "INFO" for level, _ in said), said
+        return said[0][1] if said else None
+
+    assert said_at_start({"KCORAL_AUTH_TOKEN": ""}) == (
+        "unauthenticated_access host=127.0.0.1 message='no client or node token: any local"
+        " user can send programs here or serve as a node; set both on a shared machine'"
+    )
+    assert said_at_start({"KCORAL_AUTH_TOKEN": "", "KCORAL_NODE_TOKEN": "a-node-token"}) == (
+        "unauthenticated_access host=127.0.0.1 message='no client token: any local user can"
+        " send programs through this router; on a shared machine, give --auth-token-file'"
+    )
+    tokens = {"KCORAL_AUTH_TOKEN": ALICE, "KCORAL_NODE_TOKEN": "a-node-token"}
+    assert said_at_start(tokens) is None
+
+
 async def claim(router: RouterProcess, node_id: str, token: str | None) -> grpc.StatusCode | None:
     """A second supervisor stream for ``node_id``; the status code it ends with."""
 

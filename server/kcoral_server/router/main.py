@@ -204,6 +204,10 @@ async def serve(settings: RouterSettings) -> int:
             host=settings.host,
             message="listening on a non-loopback address without client authentication",
         )
+    elif settings.auth_token is None:
+        # Loopback keeps web pages out (EXTENSIONS §6), not the machine's other users, who
+        # could then also serve as nodes: no node token is needed on loopback without one.
+        log.event("unauthenticated_access", host=settings.host, message=loopback_exposure(settings))
     if (
         settings.node_token is None
         and settings.node_tokens is None
@@ -240,3 +244,17 @@ async def serve(settings: RouterSettings) -> int:
         await http_server.close_all_connections()
     log.event("router_stopped")
     return 0
+
+
+def loopback_exposure(settings: RouterSettings) -> str:
+    """What a loopback router without a client token lets the machine's other users do (at
+    most the console's 120 characters)."""
+    if settings.node_token is None and settings.node_tokens is None:
+        return (
+            "no client or node token: any local user can send programs here or serve as a"
+            " node; set both on a shared machine"
+        )
+    return (
+        "no client token: any local user can send programs through this router; on a shared"
+        " machine, give --auth-token-file"
+    )
