@@ -14,6 +14,7 @@ import pytest
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
+from kcoral_server.router.registry import SERVER_STOPPED
 from router_helpers import (
     FakeNode,
     Response,
@@ -577,9 +578,10 @@ def test_a_router_stopped_while_requests_wait_for_a_node_answers_them_503_and_ex
 def test_a_draining_node_that_says_goodbye_leaves_at_info_and_one_that_breaks_off_is_lost(
     router: RouterProcess,
 ) -> None:
-    """A drain that ends with the supervisor closing its stream is what the operator asked
-    for (INFO); a draining node whose stream breaks (it crashed or was killed mid-drain)
-    is lost, a WARNING, as any node lost (it read INFO, like a planned leave)."""
+    """A drain that ends with the supervisor saying its server stopped and closing its
+    stream is what the operator asked for (INFO); a draining node whose stream breaks (it
+    crashed or was killed mid-drain) is lost, a WARNING, as any node lost (it read INFO,
+    like a planned leave)."""
 
     async def drain(node_id: str, *, goodbye: bool) -> None:
         node = FakeNode(router.port, node_id, slots=1)
@@ -588,14 +590,17 @@ def test_a_draining_node_that_says_goodbye_leaves_at_info_and_one_that_breaks_of
         report = node.tasks[0]  # its periodic status, which says nothing of a drain
         report.cancel()
         await asyncio.gather(report, return_exceptions=True)
+        node.healthy = False  # as a real supervisor reports its whole drain
         status = node.status()
-        status.draining = True
+        status.draining, status.last_error = True, "KCoral Server is shutting down"
         await node.supervisor.write(status)
         await asyncio.to_thread(router.wait_log, f"node={node_id} state=draining")
         if goodbye:
+            status.last_error = SERVER_STOPPED  # its server has stopped: the drain is done
+            await node.supervisor.write(status)
             await node.supervisor.done_writing()
         else:
-            node.supervisor.cancel()
+            node.supervisor.cancel()  # which the router may read as an end of stream too
         await asyncio.to_thread(router.wait_log, f"node_disconnected node={node_id}")
         await node.close()
 

@@ -106,8 +106,11 @@ async def stream_status(
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(changed.wait(), interval)
                     changed.clear()
+                    # asked before the status is taken: the last one sent then says the
+                    # server is gone, which the router reads as a drain done (ROUTER §10)
+                    finished = done()
                     await call.write(status())
-                    if done():
+                    if finished:
                         await call.done_writing()
                         return
             # InvalidStateError: a write to a call the router already ended (the router went

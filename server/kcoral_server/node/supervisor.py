@@ -47,7 +47,7 @@ from kcoral_server.node.status_stream import lease_stats_message, stream_status
 from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
-from kcoral_server.router.registry import SERVER_STARTING
+from kcoral_server.router.registry import SERVER_STARTING, SERVER_STOPPED
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
 from kcoral_server.settings.config import node_labels
 from kcoral_server.storage.ready_file import write_ready_file
@@ -549,6 +549,7 @@ class Supervisor:
         self.last_error = "KCoral Server is shutting down"
         self.report()
         await self.stop_child(None)  # drain: the child finishes its active requests
+        self.last_error = SERVER_STOPPED  # the router reads the leave as planned
         self.report()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(reporter), 2.0)

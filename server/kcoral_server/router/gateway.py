@@ -20,7 +20,7 @@ from kcoral_server.router.identity import (
 )
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import (
-    DRAINING,
+    SERVER_STOPPED,
     SLOT_KEY_REFUSAL,
     Registry,
     SupervisorStream,
@@ -258,7 +258,8 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 message="this supervisor announces no slot key: whoever holds the node token "
                 "and learns its server instance id can open slots for it; upgrade the node",
             )
-        said_goodbye = False  # the supervisor ended the stream itself (its drain is done)
+        said_goodbye = False  # the supervisor ended the stream itself
+        last = first
         try:
             self.registry.apply_status(stream, first)
             await context.write(pb.SupervisorAck())
@@ -275,15 +276,17 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 problem = status_problem(status, self.settings, node_id)
                 if problem is not None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+                last = status
                 self.registry.apply_status(stream, status)  # its node_state line: NodeStateLines
                 await self.on_status(node_id, status)
         finally:
             if not stream.superseded:
                 # A WARNING is for a node lost; a drained node leaving and the router's own
-                # stop ending every stream (``end``) are what the operator asked for. A
-                # draining node whose stream breaks (it crashed, or was killed) is lost.
-                node = self.registry.nodes.get(node_id)
-                drained = said_goodbye and node is not None and node.state == DRAINING
+                # stop ending every stream (``end``) are what the operator asked for. Drained:
+                # its last status said its server had stopped, and it closed the stream
+                # itself. A node that crashed or was killed mid-drain is lost (its statuses
+                # said draining all along, and a broken stream can read as a closed one).
+                drained = said_goodbye and last.draining and last.last_error == SERVER_STOPPED
                 planned = stream.ended.is_set() or drained
                 level = "INFO" if planned else "WARNING"
                 self.log.event("node_disconnected", level=level, node=node_id)

@@ -34,6 +34,9 @@ SERVER_RESTARTED = "restarted its server"
 #: a supervisor's ``last_error`` before each start of its server (ROUTER §12): not a failure
 #: of a node that is starting, or back after a drain (it read ``unhealthy`` at every start)
 SERVER_STARTING = "KCoral Server is starting"
+#: a draining supervisor's ``last_error`` once its server has stopped, in its last status
+#: before it closes its stream (ROUTER §12): its drain is done, and its leave is planned
+SERVER_STOPPED = "KCoral Server has stopped"
 SLOT_KEY_REFUSAL = "the slot key does not match the one the node's supervisor announced"
 #: The most records of disconnected nodes kept for ``--node-retention-seconds`` (ROUTER §6):
 #: beyond it the oldest are forgotten first, so a node-token holder that opens streams
