@@ -105,7 +105,6 @@ def test_an_explicit_opt_out_accepts_unauthenticated_nodes_with_a_warning(tmp_pa
         router.stop()
 
 
-
 def test_a_loopback_router_without_a_token_says_at_start_who_can_reach_it(tmp_path: Path) -> None:
     # Loopback keeps web pages out, not the machine's other users: without a client token
     # any of them could send programs through it, and without a node token serve as a node
