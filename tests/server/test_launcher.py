@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kcoral_server.processes import ipc
 from kcoral_server.processes.launcher.front_end import Launcher
-from kcoral_server.processes.launcher.wire import STATUS
+from kcoral_server.processes.launcher.wire import ENTRY_MODULE, STATUS, LaunchRequest
 from kcoral_server.processes.sandbox import worker_base_environment
 
 
@@ -389,3 +389,51 @@ def test_a_worker_that_exits_just_before_the_preload_is_reported_and_a_hang_up_e
         os.close(status_r)
         if status_w >= 0:
             os.close(status_w)
+
+
+def test_a_hang_up_behind_a_queued_launch_request_still_ends_the_preloading_launcher(
+    tmp_path: Path,
+) -> None:
+    """A program's launch waits on the socket for the import to end, and the server stops
+    meanwhile: its hang-up comes behind that request, and the launcher, forking nothing
+    more, exits without waiting for the import (a peek saw only the request, so the
+    launcher waited for the whole import, and then forked a worker for nobody)."""
+    (tmp_path / "torch.py").write_text(INTERRUPTIBLE_TORCH)
+    started, gate, interrupted = tmp_path / "started", tmp_path / "gate", tmp_path / "raised"
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    environment = dict(
+        os.environ,
+        PYTHONPATH=path,
+        SLOW_TORCH_STARTED=str(started),
+        SLOW_TORCH_GATE=str(gate),
+        SLOW_TORCH_INTERRUPTED=str(interrupted),
+    )
+    front_end, control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    command = [sys.executable, "-m", ENTRY_MODULE, "--fd", str(control.fileno())]
+    with open(tmp_path / "launcher.log", "w") as log:
+        launcher = subprocess.Popen(
+            [*command, "--preload", "torch"],
+            pass_fds=(control.fileno(),),
+            env=environment,
+            stdout=log,
+            stderr=log,
+        )
+    control.close()
+    worker_end, their_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        while not started.exists():  # idle, the launcher began the import, and stays there
+            assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()
+            select.select([], [], [], 0.01)
+        request = LaunchRequest(env=worker_base_environment()).encode()
+        socket.send_fds(front_end, [request], [their_end.fileno()])  # queued behind the import
+        front_end.shutdown(socket.SHUT_RDWR)  # the server stops (``Launcher.abandon``)
+        assert launcher.wait(30) == 0, (tmp_path / "launcher.log").read_text()
+        assert not gate.exists()  # it did not wait for the import
+        assert not interrupted.exists(), f"{interrupted.read_text()} was raised into the import"
+    finally:
+        gate.touch()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for sock in (front_end, worker_end, their_end):
+            sock.close()

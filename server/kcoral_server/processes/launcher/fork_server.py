@@ -323,13 +323,7 @@ class ExitOnHangup:
 
     def look(self, *_signal: object) -> None:
         if not self.hung_up:
-            try:
-                peeked = self.control.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return  # nothing to read: a request has not arrived, nor the end
-            except OSError:
-                peeked = b""
-            self.hung_up = not peeked
+            self.hung_up = hung_up(self.control)
         self.exit_if_done()
 
     def exit_if_done(self) -> None:
@@ -338,6 +332,27 @@ class ExitOnHangup:
         the risk. A collection under way (this handler interrupted it) calls back when done."""
         if self.hung_up and not self.reaper.busy and self.reaper.family.empty:
             os._exit(0)
+
+
+def hung_up(control: socket.socket) -> bool:
+    """Whether the front-end closed or shut down its end of ``control``, even behind a launch
+    request still queued there (a launch in flight as the server stops): a peek sees only
+    that request, so the hang-up went unseen until the import ended. The peek stays for a
+    system whose poll does not say so."""
+    poller = select.poll()
+    poller.register(control, select.POLLRDHUP)
+    if any(mask & _PEER_GONE for _fd, mask in poller.poll(0)):
+        return True
+    try:
+        return not control.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False  # nothing to read: a request has not arrived, nor the end
+    except OSError:
+        return True
+
+
+#: what ``poll`` reports for a socket whose peer has closed or shut down its end
+_PEER_GONE = select.POLLRDHUP | select.POLLHUP | select.POLLERR
 
 
 class ReapDuringImport:
