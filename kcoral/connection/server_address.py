@@ -86,38 +86,51 @@ def _host_port(text: str) -> str:
     """``host:port`` checked; the same text back (a bracketed IPv6 host kept as given)."""
     example = "host:port, e.g. 127.0.0.1:8000, or a URL such as http://host:8000"
     text = text.rstrip("/")
+    quoted = _hiding_secrets_in_host_port(text)
     if text.startswith("["):
         host, bracket, rest = text[1:].partition("]")
         if not bracket:
-            raise ValueError(f"{text!r}: an IPv6 address needs its closing bracket ([::1]:8000)")
+            raise ValueError(f"{quoted!r}: an IPv6 address needs its closing bracket ([::1]:8000)")
         try:
             ipaddress.IPv6Address(host.split("%", 1)[0])
         except ValueError:
-            raise ValueError(f"{text!r}: [{host}] is not an IPv6 address") from None
+            raise ValueError(f"{quoted!r}: [{host}] is not an IPv6 address") from None
         if not rest.startswith(":"):
-            raise ValueError(f"{text!r}: the port is required ({example})")
+            raise ValueError(f"{quoted!r}: the port is required ({example})")
         port = rest[1:]
         shown = f"[{host}]"
     else:
         if text.count(":") > 1:
-            raise ValueError(f"{text!r}: an IPv6 address goes in brackets ([::1]:8000)")
+            raise ValueError(f"{quoted!r}: an IPv6 address goes in brackets ([::1]:8000)")
         host, colon, port = text.partition(":")
         if not colon:
-            raise ValueError(f"{text!r}: the port is required ({example})")
+            raise ValueError(f"{quoted!r}: the port is required ({example})")
         if not host or any(char in _NOT_IN_HOST for char in host):
-            raise ValueError(f"{text!r} is not {example}")
+            raise ValueError(f"{quoted!r} is not {example}")
         shown = host
-    number, slash, _path = port.partition("/")
+    number, slash, path = port.partition("/")
     if slash and number.isascii() and number.isdigit():
         # `127.0.0.1:8000/v1` (a path pasted with the address) read "the port must be a
-        # number", which it is
+        # number", which it is; a URL takes no query or fragment either, so none is offered
+        if "?" in path or "#" in path:
+            raise ValueError(f"{quoted!r}: host:port takes no path: give {shown}:{number}")
         raise ValueError(
-            f"{text!r}: host:port takes no path: give {shown}:{number}, or a URL "
+            f"{quoted!r}: host:port takes no path: give {shown}:{number}, or a URL "
             f"(http://{text}) where a proxy serves KCoral under that path"
         )
     if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r}: the port must be a number from 1 to 65535")
+        raise ValueError(f"{quoted!r}: the port must be a number from 1 to 65535")
     return f"{shown}:{int(port)}"
+
+
+def _hiding_secrets_in_host_port(text: str) -> str:
+    """``host:port`` text as a refusal quotes it: what comes before an ``@`` and after a ``?``
+    or ``#`` shown as ``***``, as ``_hiding_secrets`` does for a URL."""
+    rest, fragment, _ = text.partition("#")
+    rest, query, _ = rest.partition("?")
+    if "@" in rest:
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    return rest + ("?***" if query else "") + ("#***" if fragment else "")
 
 
 def path_not_served_hint(url: str) -> str:

@@ -39,3 +39,31 @@ def test_a_token_pasted_into_the_address_is_refused_without_being_shown(
     assert said.startswith(
         f"kcoral run: error: --url is not a valid server address: '{shown}' {why}"
     ), said
+
+
+@pytest.mark.parametrize(
+    ("address", "refusal"),
+    [
+        (
+            f"127.0.0.1:8000/?token={SECRET}",
+            "'127.0.0.1:8000/?***': host:port takes no path: give 127.0.0.1:8000",
+        ),
+        (
+            f"{SECRET}@127.0.0.1:8000",
+            "'***@127.0.0.1:8000' is not host:port, e.g. 127.0.0.1:8000, or a URL such as "
+            "http://host:8000",
+        ),
+    ],
+    ids=["query", "credentials"],
+)
+def test_a_token_pasted_into_a_host_port_address_is_refused_without_being_shown(
+    address: str, refusal: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: quoted whole, and the query one offered http://127.0.0.1:8000/?token=... as
+    # the URL to write instead, which the address rule refuses too.
+    assert kcoral_main(["run", "shell", "--url", address, "--", "true"]) == 2
+    said = capsys.readouterr().err
+    assert SECRET not in said, said
+    assert said.startswith(
+        f"kcoral run: error: --url is not a valid server address: {refusal}\n"
+    ), said
