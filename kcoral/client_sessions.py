@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 from kcoral import base_client
 from kcoral.connection.transport import Flow, Request
 from kcoral.errors import KCoralError, ProtocolError
-from kcoral.jobs import AsyncJob, Job
+from kcoral.jobs import AsyncJob, Job, check_path_id
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.selector import SELECT_HEADER, Selector, format_selector
 from kcoral.protocol.strict_json import loads_strict
@@ -114,9 +114,17 @@ def end_flow(session_id: str) -> Flow[dict[str, Any]]:
 
 
 def _check_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or len(session_id) != 36:
-        raise ValueError(f"not a session id: {session_id!r}")
-    return session_id
+    """The session id of a server's record: 36 characters and one URL path segment (a
+    server's '../jobs/...' would send the session's programs, and its end, to another route
+    of that address)."""
+    try:
+        if not isinstance(session_id, str) or len(session_id) != 36:
+            raise ValueError
+        return check_path_id(session_id, "session")
+    except (TypeError, ValueError):
+        raise ProtocolError(
+            f"the session record has no valid session_id: {session_id!r:.80}"
+        ) from None
 
 
 class _SessionBase:

@@ -72,9 +72,13 @@ FINISHED_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", 
 def decode_job_accepted(body: bytes | memoryview) -> tuple[str, str]:
     """``(job_id, request_id)`` from a 202 ``POST /v1/jobs`` answer."""
     document = decode_json_object(body, "job submission response")
-    job_id, request_id = document.get("job_id"), document.get("request_id")
-    if not isinstance(job_id, str) or not job_id or "/" in job_id:
-        raise ProtocolError("job submission response has no valid job_id")
+    request_id = document.get("request_id")
+    try:
+        # One path segment, as a caller's: '..' or '?' in a server's answer would send the
+        # job's later requests (its cancel included) to another route of that address.
+        job_id = check_job_id(document.get("job_id"))
+    except (TypeError, ValueError):
+        raise ProtocolError("job submission response has no valid job_id") from None
     if not isinstance(request_id, str):
         raise ProtocolError("job submission response has no request_id")
     return job_id, request_id
