@@ -42,7 +42,7 @@ from kcoral_server.settings.command_line import (
 )
 from kcoral_server.settings.config import config_for_log
 from kcoral_server.storage.event_log import EventLog
-from kcoral_server.storage.ready_file import write_ready_file
+from kcoral_server.storage.ready_file import try_write_ready_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -280,8 +280,12 @@ async def _serve(
     url = f"http://{host}:{port}"
     sys.stderr.write(f"KCoral server listening on {url}\n")
     sys.stderr.flush()
-    if settings.ready_file is not None:
-        write_ready_file(settings.ready_file, url)
+    exit_code = 0
+    if settings.ready_file is not None and (said := try_write_ready_file(settings.ready_file, url)):
+        events.emit("server_start_failed", "ERROR", error=said, traceback="")
+        sys.stderr.write(f"kcoral server: {said}\n")
+        exit_code = 1
+        stop.set()
 
     tunnel = None
     if settings.node_child:
@@ -310,7 +314,7 @@ async def _serve(
     await cleaning  # its event lands in this run's file, not after it closed
     events.emit("server_stopped")
     events.close()
-    return 0
+    return exit_code
 
 
 async def _shutdown(

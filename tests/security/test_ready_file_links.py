@@ -11,12 +11,14 @@ random name, never opened through a link, renamed over the path.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from kcoral_server.storage.ready_file import ready_file_write_problem
 from server_process import start_server
 
 PRECIOUS = "the user's own file\n"
@@ -72,3 +74,36 @@ def test_a_link_planted_at_the_routers_ready_file_is_replaced_not_written_throug
     assert victim.read_text() == PRECIOUS, (tmp_path / "router.log").read_text()
     assert not ready.is_symlink()
     assert ready.read_text().startswith("http://127.0.0.1:")
+
+
+def _started(command: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KCORAL_")}
+    return subprocess.run(
+        command, capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=120
+    )
+
+
+def test_a_ready_file_that_cannot_be_written_stops_the_server_and_router_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # Another user's link at the path in a sticky folder refuses the rename (EPERM); the
+    # server, already listening, died with a traceback, and the router too. Whoever waits
+    # for the file would wait for ever, so each says why in one line and exits 1. /sys
+    # refuses a new file to root too, after the start's checks of the path have passed.
+    ready = Path("/sys/kcoral-ready")
+    server = [sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--port", "0"]
+    router = [sys.executable, "-m", "kcoral", "router", "--port", "0"]
+    for name, command in (("server", [*server, "--log-dir", ""]), ("router", router)):
+        done = _started([*command, "--ready-file", str(ready)], tmp_path)
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        said = f"kcoral {name}: cannot write --ready-file {ready}: Permission denied\n"
+        assert said in done.stderr, done.stderr
+
+
+def test_a_refused_replacement_of_the_ready_file_says_whose_entry_may_be_there() -> None:
+    refused = PermissionError(errno.EPERM, "Operation not permitted")
+    assert ready_file_write_problem("/tmp/kcoral.url", refused) == (
+        "cannot write --ready-file /tmp/kcoral.url: Operation not permitted"
+        " (another user's file or link may be there: choose a path of your own)"
+    )

@@ -50,7 +50,7 @@ from kcoral_server.router.log import RouterLog
 from kcoral_server.router.registry import SERVER_STARTING, SERVER_STOPPED
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
 from kcoral_server.settings.config import node_labels
-from kcoral_server.storage.ready_file import write_ready_file
+from kcoral_server.storage.ready_file import try_write_ready_file
 
 MAX_UINT64 = 2**64 - 1
 USAGE_ERROR = 2  # the exit status of a server that refuses its settings
@@ -514,8 +514,11 @@ class Supervisor:
     def write_user_ready_file(self) -> None:
         path = self.settings.ready_file
         if path is not None and not self.user_ready_written and self.child_url:
-            write_ready_file(path, self.child_url)
             self.user_ready_written = True
+            if said := try_write_ready_file(path, self.child_url):
+                sys.stderr.write(f"kcoral server --router: {said}\n")
+                self.exit_code = 1
+                self.stopping.set()
 
     def _probed(self, probe: asyncio.Future[NodeKind]) -> None:
         self.node_kind = NodeKind(UNKNOWN_KIND) if probe.exception() else probe.result()

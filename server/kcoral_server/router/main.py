@@ -27,7 +27,7 @@ from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.settings.command_line import listen_failure_hint, ready_file_problem
-from kcoral_server.storage.ready_file import write_ready_file
+from kcoral_server.storage.ready_file import try_write_ready_file
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
@@ -222,8 +222,13 @@ async def serve(settings: RouterSettings) -> int:
         )
     sys.stderr.write(f"KCoral router listening on {url}\n")
     sys.stderr.flush()
-    if settings.ready_file is not None:
-        write_ready_file(settings.ready_file, url)
+    exit_code = 0
+    if settings.ready_file is not None and (
+        unwritten := try_write_ready_file(settings.ready_file, url)
+    ):
+        sys.stderr.write(f"kcoral router: {unwritten}\n")
+        exit_code = 1
+        stop.set()
 
     async def periodic() -> None:
         while True:
@@ -243,7 +248,7 @@ async def serve(settings: RouterSettings) -> int:
     with contextlib.suppress(Exception):
         await http_server.close_all_connections()
     log.event("router_stopped")
-    return 0
+    return exit_code
 
 
 def loopback_exposure(settings: RouterSettings) -> str:

@@ -7,12 +7,14 @@ that is known in advance, before the process starts; writing through it would ov
 the file it points at (any file this user may write) with the URL. So the URL goes into a
 new file of a random name, created exclusively and never through a link, which is then
 renamed over the path: a link there is replaced, never written through, and a reader never
-sees half a URL.
+sees half a URL. Where the rename is refused (another user's link or file at the path in a
+sticky folder such as ``/tmp``), the process says so in one line and exits 1.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -38,3 +40,22 @@ def write_ready_file(path: str | os.PathLike[str], url: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def try_write_ready_file(path: str | os.PathLike[str], url: str) -> str | None:
+    """``write_ready_file``, or the one line that says why it failed (None once written):
+    whoever waits for the file would wait for ever, so the caller stops."""
+    try:
+        write_ready_file(path, url)
+    except OSError as exc:
+        return ready_file_write_problem(path, exc)
+    return None
+
+
+def ready_file_write_problem(path: str | os.PathLike[str], exc: OSError) -> str:
+    """The one line that says why ``path`` could not be written, and what to do."""
+    said = f"cannot write --ready-file {os.fspath(path)}: {exc.strerror or exc}"
+    if exc.errno == errno.EPERM:
+        # a sticky folder (/tmp) refuses to replace what another user owns there
+        said += " (another user's file or link may be there: choose a path of your own)"
+    return said
