@@ -45,8 +45,10 @@ def server_url(address: object) -> str:
 def _checked_url(text: str) -> str:
     try:
         parts = urllib.parse.urlsplit(text)
-    except ValueError as exc:
-        raise ValueError(f"{text!r} is not a valid URL: {exc}") from None
+    except ValueError as exc:  # quoted with its secrets hidden all the same
+        scheme, _, rest = text.partition("://")
+        shown = f"{scheme}://{_hiding_secrets_in_host_port(rest)}"
+        raise ValueError(f"{shown!r} is not a valid URL: {exc}") from None
     shown = _hiding_secrets(parts, text)
     host_part = parts.netloc.rsplit("@", 1)[-1]
     if not host_part.startswith("[") and host_part.count(":") > 1:

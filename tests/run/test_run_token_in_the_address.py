@@ -27,8 +27,10 @@ SECRET = "pasted-secret-0123456789"
             "must not have a query or fragment",
         ),
         (f"http://{SECRET}@127.0.0.1:99999", "http://***@127.0.0.1:99999", "is not a valid URL"),
+        # an address the URL parser itself refuses (review: quoted whole)
+        (f"http://{SECRET}@[::1:8000", "http://***@[::1:8000", "is not a valid URL"),
     ],
-    ids=["credentials", "query", "bad-port"],
+    ids=["credentials", "query", "bad-port", "unparsable"],
 )
 def test_a_token_pasted_into_the_address_is_refused_without_being_shown(
     address: str, shown: str, why: str, capsys: pytest.CaptureFixture[str]
