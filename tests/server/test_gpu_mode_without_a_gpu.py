@@ -4,12 +4,13 @@ laptop, or a CPU VM): the refusal says what to pass instead. Before, it read onl
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from kcoral_server.gpu.inventory import probe_gpus
+from kcoral_server.gpu.inventory import DeviceError, choose_devices, probe_gpus
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,3 +27,23 @@ def test_gpu_mode_on_a_machine_without_a_gpu_says_to_run_on_the_cpu(tmp_path: Pa
         "kcoral server: start-up failed: --device gpu: CUDA finds no GPU on this machine "
         "(--device cpu, or the default auto, runs programs on the CPU)"
     ), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("stand_in", "why"),
+    [
+        ("raise RuntimeError('libcuda.so: cannot open')", "torch cannot be imported: libcuda.so"),
+        ("import os; os._exit(3)", "exit status 3"),
+    ],
+    ids=["import-fails", "probe-dies"],
+)
+def test_gpu_mode_whose_gpu_probe_broke_says_the_probe_failed_not_that_there_is_no_gpu(
+    tmp_path: Path, stand_in: str, why: str
+) -> None:
+    # The probe's failures read as an empty list: "CUDA finds no GPU on this machine (...
+    # runs programs on the CPU)", on a GPU machine whose torch could not start (review).
+    (tmp_path / "torch.py").write_text(stand_in + "\n")
+    environ = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with pytest.raises(DeviceError) as refused:
+        choose_devices("gpu", [0], gpus_given=False, environ=environ)
+    assert str(refused.value).startswith(f"--device gpu: the GPU probe failed: {why}")

@@ -21,8 +21,8 @@ _PROBE = r"""
 import json
 try:
     import torch
-except Exception:
-    print(json.dumps({"devices": []}))
+except Exception as exc:
+    print(json.dumps({"devices": [], "problem": f"torch cannot be imported: {exc}"}))
     raise SystemExit(0)
 devices = []
 if torch.cuda.is_available():
@@ -55,6 +55,12 @@ def probe_gpus(environ: Mapping[str, str] | None = None, *, physical: bool = Fal
     """Visible CUDA devices as ``{"index", "uuid", "major", "minor"}`` (empty without CUDA).
 
     ``physical`` drops ``CUDA_VISIBLE_DEVICES`` so indices are physical ids."""
+    return _probe(environ, physical=physical)[0]
+
+
+def _probe(environ: Mapping[str, str] | None, *, physical: bool) -> tuple[list[dict], str]:
+    """``probe_gpus``'s devices, and why the probe could not say ("" when it could): an
+    empty list is "no GPU" only then."""
     env = dict(os.environ if environ is None else environ)
     if physical:
         env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -67,9 +73,16 @@ def probe_gpus(environ: Mapping[str, str] | None = None, *, physical: bool = Fal
             timeout=PROBE_TIMEOUT_SECONDS,
             check=False,
         )
-        return list(json.loads(done.stdout.strip().splitlines()[-1])["devices"])
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
-        return []
+    except subprocess.TimeoutExpired:
+        return [], f"it did not answer within {PROBE_TIMEOUT_SECONDS:g} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [], str(exc)
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        return list(answer["devices"]), str(answer.get("problem") or "")
+    except (ValueError, KeyError, IndexError, TypeError):
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return [], last[:300]
 
 
 def choose_devices(
@@ -95,9 +108,12 @@ def choose_devices(
             found = _describe(visible)
             _check_one_arch(found)
             return DeviceChoice("gpu", found)
-    physical = {d["index"]: d for d in probe_gpus(environ, physical=True)}
+    devices, problem = _probe(environ, physical=True)
+    physical = {d["index"]: d for d in devices}
     missing = [g for g in gpus if g not in physical]
     if missing:
+        if not physical and problem:  # not "no GPU": nobody could tell
+            raise DeviceError(f"--device gpu: the GPU probe failed: {problem}")
         # say what to pass instead: a first start with --device gpu on a machine without
         # one read only "GPU ids [0] are not available on this machine"
         if not physical:
