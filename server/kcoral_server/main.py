@@ -226,6 +226,13 @@ async def _serve(
                 fake_gpu_count=config.fake_gpu_count,
             ),
         )
+        if choice.probe_problem:  # a GPU machine whose torch broke would run on the CPU unsaid
+            events.emit(
+                "gpu_probe_failed",
+                "WARNING",
+                message="--device auto could not ask CUDA for GPUs: programs run on the CPU",
+                error=choice.probe_problem,
+            )
         app = create_app(
             config,
             mode=choice.mode,

@@ -5,6 +5,7 @@ laptop, or a CPU VM): the refusal says what to pass instead. Before, it read onl
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,27 @@ def test_gpu_mode_whose_gpu_probe_broke_says_the_probe_failed_not_that_there_is_
     with pytest.raises(DeviceError) as refused:
         choose_devices("gpu", [0], gpus_given=False, environ=environ)
     assert str(refused.value).startswith(f"--device gpu: the GPU probe failed: {why}")
+
+
+def test_auto_mode_whose_gpu_probe_broke_runs_on_the_cpu_and_says_why(tmp_path: Path) -> None:
+    # `--device auto` (the default) took a failed probe for "no GPU" and ran every program
+    # on the CPU of a GPU machine without a word (review).
+    (tmp_path / "torch.py").write_text("raise RuntimeError('libcuda.so: cannot open')\n")
+    ready = tmp_path / "ready"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kcoral", "server", "--port", "0", "--log-dir", "",
+         "--disk-cache-dir", "", "--ready-file", str(ready)],
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path[1:]])},
+    )  # fmt: skip
+    try:
+        while not ready.exists():
+            assert server.poll() is None, server.communicate()[1]
+            select.select([], [], [], 0.05)
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=60)
+    said = next(line for line in stderr.splitlines() if " gpu_probe_failed " in line)
+    assert " WARNING " in said and "programs run on the CPU" in said, said
+    assert "error=torch cannot be imported: libcuda.so: cannot open" in said, said
+    assert "mode=cpu" in stderr

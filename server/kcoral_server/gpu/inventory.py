@@ -44,6 +44,9 @@ class DeviceError(Exception):
 class DeviceChoice:
     mode: str  # "cpu", "gpu" or "fake-gpu"
     gpus: list[GpuDevice]
+    #: why ``--device auto`` chose the CPU without knowing whether there is a GPU (the
+    #: probe failed), else ""
+    probe_problem: str = ""
 
 
 def arch_name(major: int, minor: int) -> str:
@@ -101,9 +104,9 @@ def choose_devices(
     if device == "cpu":
         return DeviceChoice("cpu", [])
     if device == "auto":
-        visible = probe_gpus(environ)
+        visible, problem = _probe(environ, physical=False)
         if not visible:
-            return DeviceChoice("cpu", [])
+            return DeviceChoice("cpu", [], probe_problem=problem)
         if not gpus_given:
             found = _describe(visible)
             _check_one_arch(found)
