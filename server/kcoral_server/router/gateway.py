@@ -258,7 +258,6 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 message="this supervisor announces no slot key: whoever holds the node token "
                 "and learns its server instance id can open slots for it; upgrade the node",
             )
-        said_goodbye = False  # the supervisor ended the stream itself
         last = first
         try:
             self.registry.apply_status(stream, first)
@@ -271,7 +270,6 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                         grpc.StatusCode.FAILED_PRECONDITION, "superseded by a newer stream"
                     )
                 if status is None:
-                    said_goodbye = not stream.ended.is_set()
                     return
                 problem = status_problem(status, self.settings, node_id)
                 if problem is not None:
@@ -283,10 +281,11 @@ class Gateway(pb_grpc.RouterGatewayServicer):
             if not stream.superseded:
                 # A WARNING is for a node lost; a drained node leaving and the router's own
                 # stop ending every stream (``end``) are what the operator asked for. Drained:
-                # its last status said its server had stopped, and it closed the stream
-                # itself. A node that crashed or was killed mid-drain is lost (its statuses
-                # said draining all along, and a broken stream can read as a closed one).
-                drained = said_goodbye and last.draining and last.last_error == SERVER_STOPPED
+                # its last status said its server had stopped. Not how the stream ended: a
+                # supervisor exiting right after its goodbye cancels the call, which can
+                # read as a break, and a break can read as a clean end. A node that crashed
+                # or was killed mid-drain is lost (its statuses said draining all along).
+                drained = last.draining and last.last_error == SERVER_STOPPED
                 planned = stream.ended.is_set() or drained
                 level = "INFO" if planned else "WARNING"
                 self.log.event("node_disconnected", level=level, node=node_id)
