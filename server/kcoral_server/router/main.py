@@ -26,8 +26,8 @@ from kcoral_server.router.registry import STARTING, Registry
 from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
-from kcoral_server.settings.command_line import listen_failure_hint, ready_file_problem
-from kcoral_server.storage.ready_file import try_write_ready_file
+from kcoral_server.settings.command_line import listen_failure_hint
+from kcoral_server.storage.ready_file import ready_file_problem, try_write_ready_file
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),

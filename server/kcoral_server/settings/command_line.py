@@ -29,6 +29,7 @@ from kcoral_server.settings.config import (
     flag_settings,
     setting,
 )
+from kcoral_server.storage.ready_file import ready_file_problem
 
 T = TypeVar("T")
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
@@ -154,17 +155,6 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidConfigError("port", f"must be in 0-65535 (got {self.port})")
-
-
-def ready_file_problem(path: Path) -> str | None:
-    """Why the URL could not be written to ``path`` (a folder, or in a folder that does not
-    exist), else None: checked before anything starts, as the write comes only once the
-    server (or router) listens, where it failed with a traceback after start-up."""
-    if path.is_dir():
-        return f"{path} is a folder"
-    if not path.parent.is_dir():
-        return f"{path}: no folder {path.parent}"
-    return None
 
 
 def listen_failure_hint(exc: OSError) -> str:

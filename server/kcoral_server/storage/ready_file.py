@@ -22,6 +22,17 @@ from pathlib import Path
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def ready_file_problem(path: Path) -> str | None:
+    """Why the URL could not be written to ``path`` (a folder, or in a folder that does not
+    exist), else None: checked before anything starts, as the write comes only once the
+    server (or router) listens, where it failed with a traceback after start-up."""
+    if path.is_dir():
+        return f"{path} is a folder"
+    if not path.parent.is_dir():
+        return f"{path}: no folder {path.parent}"
+    return None
+
+
 def write_ready_file(path: str | os.PathLike[str], url: str) -> None:
     """Write ``url`` and a newline to ``path`` (replacing what is there, a link included)."""
     path = Path(path)
