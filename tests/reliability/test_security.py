@@ -300,18 +300,24 @@ def test_a_non_loopback_address_with_a_token_file_starts(tmp_path) -> None:
     assert TOKEN.encode() not in stderr
 
 
-def test_a_loopback_server_without_a_token_says_at_start_who_can_reach_it(tmp_path) -> None:
-    # Loopback keeps web pages out, not the machine's other users: the README's plain
-    # `kcoral server` on a shared GPU box let any of them run programs as its user, and
-    # nothing said so.
-    process, ready = _start([], tmp_path)
+def _stderr_once_ready(args: list[str], tmp_path) -> str:
+    """What a server started with ``args`` printed by the time it was ready and stopped."""
+    process, ready = _start(args, tmp_path)
     try:
         assert wait_until(lambda: ready.exists() or process.poll() is not None, 60)
         assert ready.exists(), process.communicate(timeout=10)[1][-2000:]
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=60)
-    line = next(x for x in stderr.decode().splitlines() if "unauthenticated_access" in x)
+    return stderr.decode()
+
+
+def test_a_loopback_server_without_a_token_says_at_start_who_can_reach_it(tmp_path) -> None:
+    # Loopback keeps web pages out, not the machine's other users: the README's plain
+    # `kcoral server` on a shared GPU box let any of them run programs as its user, and
+    # nothing said so.
+    stderr = _stderr_once_ready([], tmp_path)
+    line = next(x for x in stderr.splitlines() if "unauthenticated_access" in x)
     assert " INFO " in line and "host=127.0.0.1" in line, line
     assert line.endswith(
         "message=no client token: any local user can run programs as this server's user;"
@@ -323,11 +329,5 @@ def test_a_loopback_server_with_a_token_says_nothing_of_unauthenticated_access(t
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    process, ready = _start(["--auth-token-file", str(token_file)], tmp_path)
-    try:
-        assert wait_until(lambda: ready.exists() or process.poll() is not None, 60)
-        assert ready.exists(), process.communicate(timeout=10)[1][-2000:]
-    finally:
-        process.terminate()
-        _, stderr = process.communicate(timeout=60)
-    assert b"unauthenticated_access" not in stderr
+    stderr = _stderr_once_ready(["--auth-token-file", str(token_file)], tmp_path)
+    assert "unauthenticated_access" not in stderr
