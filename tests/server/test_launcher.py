@@ -9,7 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kcoral_server.processes import ipc
@@ -248,37 +250,65 @@ while not os.path.exists(os.environ["SLOW_TORCH_GATE"]):
 """
 
 
+class StandInTorch:
+    """``torch.py`` in ``folder`` holding ``source`` (``SLOW_TORCH`` or
+    ``INTERRUPTIBLE_TORCH``), and the files it and the test signal each other through."""
+
+    def __init__(self, folder: Path, source: str) -> None:
+        (folder / "torch.py").write_text(source)
+        self.folder = folder
+        self.started, self.gate, self.interrupted = (
+            folder / "started",
+            folder / "gate",
+            folder / "raised",
+        )
+
+    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` with this stand-in first on the path and its files named."""
+        path = os.pathsep.join(filter(None, [str(self.folder), os.environ.get("PYTHONPATH")]))
+        return dict(
+            base,
+            PYTHONPATH=path,
+            SLOW_TORCH_STARTED=str(self.started),
+            SLOW_TORCH_GATE=str(self.gate),
+            SLOW_TORCH_INTERRUPTED=str(self.interrupted),
+        )
+
+
+def _forked_then_importing(launcher: Launcher, torch: StandInTorch) -> tuple[Any, socket.socket]:
+    """A worker forked by ``launcher``, which then starts its preload of ``torch`` and stays
+    in it; the worker and the test's end of its socket."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        worker = launcher.launch(
+            child.fileno(),
+            dict(os.environ),
+            launcher_env=torch.environment(worker_base_environment()),
+        )
+    finally:
+        child.close()
+    while not torch.started.exists():  # then the launcher is in the import, and stays there
+        assert launcher._process is not None and launcher._process.poll() is None
+        select.select([], [], [], 0.01)
+    return worker, parent
+
+
 def test_a_worker_killed_during_the_preload_is_reported_before_the_import_ends(
     tmp_path: Path,
 ) -> None:
     """The server's first cancel comes while its fork servers import torch; the kill waits
     for the worker's exit report, which the launcher sent only once the import ended
     (the first cancel took 1-3 s, every later one milliseconds)."""
-    (tmp_path / "torch.py").write_text(SLOW_TORCH)
-    started, gate = tmp_path / "started", tmp_path / "gate"
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    environment = dict(
-        worker_base_environment(),
-        PYTHONPATH=path,
-        SLOW_TORCH_STARTED=str(started),
-        SLOW_TORCH_GATE=str(gate),
-    )
+    torch = StandInTorch(tmp_path, SLOW_TORCH)
     launcher = Launcher(preload=("torch",))
     try:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            worker = launcher.launch(child.fileno(), dict(os.environ), launcher_env=environment)
-        finally:
-            child.close()
-        while not started.exists():  # then the launcher is in the import, and stays there
-            assert launcher._process is not None and launcher._process.poll() is None
-            select.select([], [], [], 0.01)
+        worker, parent = _forked_then_importing(launcher, torch)
         os.kill(worker.pid, signal.SIGKILL)
         assert worker.wait(30) == -signal.SIGKILL
-        assert not gate.exists()  # reported while the import still ran
+        assert not torch.gate.exists()  # reported while the import still ran
         parent.close()
     finally:
-        gate.touch()
+        torch.gate.touch()
         launcher.close()
 
 
@@ -304,26 +334,11 @@ def test_a_hang_up_during_the_preload_raises_nothing_into_it_and_exits_after_the
     into it (an exception from the hang-up's signal handler, landing in torch's C++
     start-up, printed ``terminate called after throwing ... PreloadAbandoned`` and the
     launcher's workers were reported crashed)."""
-    (tmp_path / "torch.py").write_text(INTERRUPTIBLE_TORCH)
-    started, gate, interrupted = tmp_path / "started", tmp_path / "gate", tmp_path / "raised"
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    environment = dict(
-        worker_base_environment(),
-        PYTHONPATH=path,
-        SLOW_TORCH_STARTED=str(started),
-        SLOW_TORCH_GATE=str(gate),
-        SLOW_TORCH_INTERRUPTED=str(interrupted),
-    )
+    torch = StandInTorch(tmp_path, INTERRUPTIBLE_TORCH)
+    gate, interrupted = torch.gate, torch.interrupted
     launcher = Launcher(preload=("torch",))
     try:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            worker = launcher.launch(child.fileno(), dict(os.environ), launcher_env=environment)
-        finally:
-            child.close()
-        while not started.exists():  # then the launcher is in the import, and stays there
-            assert launcher._process is not None and launcher._process.poll() is None
-            select.select([], [], [], 0.01)
+        worker, parent = _forked_then_importing(launcher, torch)
         process = launcher._process
         launcher.abandon()  # the server stops
         parent.close()  # ... and its worker, unconfigured, ends
@@ -398,16 +413,9 @@ def test_a_hang_up_behind_a_queued_launch_request_still_ends_the_preloading_laun
     meanwhile: its hang-up comes behind that request, and the launcher, forking nothing
     more, exits without waiting for the import (a peek saw only the request, so the
     launcher waited for the whole import, and then forked a worker for nobody)."""
-    (tmp_path / "torch.py").write_text(INTERRUPTIBLE_TORCH)
-    started, gate, interrupted = tmp_path / "started", tmp_path / "gate", tmp_path / "raised"
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    environment = dict(
-        os.environ,
-        PYTHONPATH=path,
-        SLOW_TORCH_STARTED=str(started),
-        SLOW_TORCH_GATE=str(gate),
-        SLOW_TORCH_INTERRUPTED=str(interrupted),
-    )
+    torch = StandInTorch(tmp_path, INTERRUPTIBLE_TORCH)
+    started, gate, interrupted = torch.started, torch.gate, torch.interrupted
+    environment = torch.environment(os.environ)
     front_end, control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     command = [sys.executable, "-m", ENTRY_MODULE, "--fd", str(control.fileno())]
     with open(tmp_path / "launcher.log", "w") as log:
