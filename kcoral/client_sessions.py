@@ -8,6 +8,7 @@ The requests are flows of the client core (``kcoral.connection.transport.Flow``)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -117,14 +118,10 @@ def _check_id(session_id: object) -> str:
     """The session id of a server's record: 36 characters and one URL path segment (a
     server's '../jobs/...' would send the session's programs, and its end, to another route
     of that address)."""
-    try:
-        if not isinstance(session_id, str) or len(session_id) != 36:
-            raise ValueError
-        return check_path_id(session_id, "session")
-    except (TypeError, ValueError):
-        raise ProtocolError(
-            f"the session record has no valid session_id: {session_id!r:.80}"
-        ) from None
+    if isinstance(session_id, str) and len(session_id) == 36:
+        with contextlib.suppress(ValueError):
+            return check_path_id(session_id, "session")
+    raise ProtocolError(f"the session record has no valid session_id: {session_id!r:.80}")
 
 
 class _SessionBase:
