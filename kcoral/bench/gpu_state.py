@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kcoral.bench.cpu_share import busy_threshold
+
 #: The SM clock may move by at most this share of its median across rounds for the clocks to
 #: count as steady (EXTENSIONS §12.4); boost clocks typically move by 10–30 %.
 CLOCK_DRIFT_SHARE = 0.02
@@ -248,12 +250,10 @@ def _evenly(items: Sequence[Any], limit: int) -> list[Any]:
 
 # ---------------------------------------------------------------------- CPU workers
 
-#: Load average per CPU above which other work visibly shares the machine.
-BUSY_LOAD_PER_CPU = 0.5
 
-
-def cpu_machine_state() -> dict[str, Any]:
-    """What a CPU worker's machine offers for timing: frequency governor, load, CPU count."""
+def cpu_machine_state(others_busy_cpus: float | None = None) -> dict[str, Any]:
+    """What a CPU worker's machine offers for timing: frequency governor, load, CPU count,
+    and the CPUs other processes kept busy during the measurement (``cpu_share``)."""
     governor = None
     try:
         with open("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") as handle:
@@ -264,7 +264,12 @@ def cpu_machine_state() -> dict[str, Any]:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
-    return {"governor": governor, "load_average": load, "cpu_count": os.cpu_count()}
+    return {
+        "governor": governor,
+        "load_average": load,
+        "cpu_count": os.cpu_count(),
+        "others_busy_cpus": others_busy_cpus,
+    }
 
 
 def cpu_warnings(machine: dict[str, Any]) -> list[str]:
@@ -272,7 +277,10 @@ def cpu_warnings(machine: dict[str, Any]) -> list[str]:
     governor = machine.get("governor")
     if governor is not None and governor != "performance":
         found.append(f"the CPU frequency governor is {governor!r}, not 'performance'")
-    load, cpus = machine.get("load_average"), machine.get("cpu_count") or 1
-    if load and load[0] > BUSY_LOAD_PER_CPU * cpus:
-        found.append(f"load average {load[0]} on {cpus} CPUs: other work shares this machine")
+    # Not the load average: it counts the measuring process itself (cpu_share).
+    others, cpus = machine.get("others_busy_cpus"), machine.get("cpu_count") or 1
+    if others is not None and others >= busy_threshold(cpus):
+        found.append(
+            f"other processes kept {others:g} of the {cpus} CPUs busy during the measurement"
+        )
     return found

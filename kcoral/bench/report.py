@@ -39,7 +39,7 @@ def machine_report(
         "label": settings.label,
     }
     if probe is None:
-        machine = cpu_machine_state()
+        machine = cpu_machine_state(outcome.others_busy_cpus)
         report["machine"] = machine
         report["gpu_state"] = None
         warnings = cpu_warnings(machine)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kcoral.bench.config import MAX_CALLS, describe
+from kcoral.bench.cpu_share import CpuShare
 from kcoral.bench.stats import median_precision
 
 #: Samples every candidate needs before the adaptive mode may stop.
@@ -50,6 +51,8 @@ class RoundsOutcome:
     stopped_by: str = "repeat"
     calls: int = 0
     next_precision_check: int = 1
+    #: CPUs other processes kept busy on average while the rounds ran (``None``: unknown)
+    others_busy_cpus: float | None = None
 
 
 def measure_rounds(
@@ -74,6 +77,7 @@ def measure_rounds(
     alive = list(range(len(calls)))
     log: list[tuple[list[tuple[int, Any]], bool]] = []
     before = probe.sample() if probe is not None else None
+    share = CpuShare.start()
     started = time.perf_counter()
     while alive:
         pairs = []
@@ -109,6 +113,7 @@ def measure_rounds(
         if stop is not None:
             outcome.stopped_by = stop
             break
+    outcome.others_busy_cpus = share.others_busy_cpus()
     if deferred:
         flat = [m for pairs, _ in log for _, m in pairs]
         finished = iter(clock.finish(flat))
