@@ -37,6 +37,7 @@ from kcoral.program import Program
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.remote_source import dispatcher_name, json_module_source
+from kcoral.remote_traceback import note_remote_traceback
 from kcoral.results import ProgramResult
 
 if TYPE_CHECKING:
@@ -510,14 +511,21 @@ class RemoteFunction:
         if _asked_async(run_async):
             return self._remote_async(args, kwargs, serialization)
         fmt = self._format(serialization)
-        return output_value(self._execute_blocking(self._build(args, kwargs, fmt), fmt), fmt)
+        return self._value(self._execute_blocking(self._build(args, kwargs, fmt), fmt), fmt)
+
+    def _value(self, result: ProgramResult, fmt: str) -> Any:
+        try:
+            return output_value(result, fmt)
+        except RemoteExecutionError as error:  # shown with the failing line of the user's code
+            note_remote_traceback(error, self.__wrapped__, fmt)
+            raise
 
     async def _remote_async(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], serialization: str | None
     ) -> Any:
         fmt = self._format(serialization)
         result = await self._execute_async(args, kwargs, serialization)
-        return output_value(result, fmt)
+        return self._value(result, fmt)
 
     async def _execute_async(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], serialization: str | None

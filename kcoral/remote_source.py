@@ -162,10 +162,8 @@ def _module_text(
 ) -> str:
     is_async = isinstance(node, ast.AsyncFunctionDef)
     header = f"{'async def' if is_async else 'def'} {node.name}({_parameters(node.args)}):"
-    first = node.body[0]
-    start = min([first.lineno] + [d.lineno for d in getattr(first, "decorator_list", [])])
-    body_indent = len(lines[start - 1]) - len(lines[start - 1].lstrip()) if lines else 0
-    if lines and first.col_offset == body_indent and first.col_offset > 0:
+    start = _verbatim_body_start(node, lines)
+    if start is not None:
         # Keep the body verbatim (comments, layout) so remote tracebacks read like it.
         body = "\n".join(lines[start - 1 : node.end_lineno])
     else:  # a one-line `def f(x): return x`, or source we had to re-nest
@@ -175,6 +173,49 @@ def _module_text(
     return (
         f"from __future__ import annotations\n\n{header}\n{body}\n\n\n{_dispatcher(fn, is_async)}"
     )
+
+
+#: The uploaded module's line of the function's header; its body starts on the next one.
+_HEADER_LINE = 3
+
+
+def _verbatim_body_start(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]
+) -> int | None:
+    """The source line where the body starts when it can be uploaded verbatim, else None."""
+    first = node.body[0]
+    decorators: list[ast.expr] = getattr(first, "decorator_list", [])
+    start = min([first.lineno] + [d.lineno for d in decorators])
+    body_indent = len(lines[start - 1]) - len(lines[start - 1].lstrip()) if lines else 0
+    if lines and first.col_offset == body_indent and first.col_offset > 0:
+        return start
+    return None
+
+
+def uploaded_line_map(fn: types.FunctionType) -> Callable[[int], int | None]:
+    """For a JSON-mode function's uploaded module (``json_module_source``): the line of
+    ``fn``'s own file that an uploaded line is, ``None`` for the generated dispatcher (not
+    the user's code), or the uploaded line itself where the body was rewritten (a one-line
+    ``def``) and no file line matches. A remote traceback then points at the user's file."""
+    node, lines = _parse_function(fn)
+    heads = (f"def {dispatcher_name(fn)}(", f"async def {dispatcher_name(fn)}(")
+    uploaded_lines = enumerate(_module_text(fn, node, lines).splitlines(), start=1)
+    dispatcher = max(number for number, line in uploaded_lines if line.startswith(heads))
+    start = _verbatim_body_start(node, lines)
+    first = fn.__code__.co_firstlineno  # the source's first line (a decorator's, if any)
+
+    def file_line(uploaded: int) -> int | None:
+        if uploaded >= dispatcher:
+            return None
+        if start is None:
+            return uploaded
+        if uploaded == _HEADER_LINE:
+            return first + node.lineno - 1
+        if uploaded > _HEADER_LINE:
+            return first + start - 1 + uploaded - _HEADER_LINE - 1
+        return uploaded
+
+    return file_line
 
 
 def _parameters(arguments: ast.arguments) -> str:

@@ -1,0 +1,141 @@
+"""A remote function's server-side traceback, shown where the user reads it (CLIENT_API §9).
+
+``f.remote()`` raising ``RemoteExecutionError`` printed only the local frames (inside
+KCoral) and ``runtime: ZeroDivisionError: division by zero``: nothing said which line of the
+user's function failed unless they knew to read ``.remote_traceback``, and that named the
+uploaded module (``<uploaded:H>``, its own line numbers, the generated dispatcher's frame)
+or, in pickle mode, ``<dynamic-code>`` (cloudpickle drops file names). The error gets the
+traceback as a note (PEP 678, Python 3.11+), its frames of the user's function pointing at
+their file and line; ``str(error)`` and ``.remote_traceback`` stay as they were.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import types
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+from kcoral.by_value import _sent_by_value as sent_by_value
+from kcoral.errors import RemoteExecutionError
+from kcoral.remote_source import uploaded_line_map
+
+_FRAME = re.compile(r'^  File "(?P<file>[^"\n]*)", line (?P<line>\d+), in (?P<name>.+)$')
+
+#: Where a frame really is: (file, line), or None to drop it (code KCoral generated).
+Placer: TypeAlias = Callable[[str, int, str], tuple[str, int] | None]
+
+NOTE_HEADING = "Remote traceback (most recent call last), on the server:"
+_PYTHON_HEADING = "Traceback (most recent call last):"
+
+
+def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], fmt: str) -> None:
+    """Add ``error``'s remote traceback, as the user's code, as a note; never raises."""
+    text = error.remote_traceback
+    if not isinstance(text, str) or not text.strip() or not hasattr(error, "add_note"):
+        return
+    try:
+        shown = user_traceback(text, _placer(fn, fmt))
+    except Exception:  # a traceback we cannot read: the plain one still helps
+        shown = text.rstrip("\n")
+    error.add_note(NOTE_HEADING + "\n" + shown.removeprefix(_PYTHON_HEADING + "\n"))
+
+
+def user_traceback(text: str, place: Placer) -> str:
+    """``text`` (a formatted traceback) with each frame moved where ``place`` says, a frame
+    it drops left out with its source lines, and a moved frame lacking its source line given
+    the local one."""
+    lines = text.rstrip("\n").split("\n")
+    shown: list[str] = []
+    index = 0
+    while index < len(lines):
+        match = _FRAME.match(lines[index])
+        if match is None:
+            shown.append(lines[index])
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and lines[end].startswith("    "):
+            end += 1
+        where = place(match["file"], int(match["line"]), match["name"])
+        if where is not None:
+            file, line = where
+            shown.append(f'  File "{file}", line {line}, in {match["name"]}')
+            detail = lines[index + 1 : end]
+            if not detail and (file, line) != (match["file"], int(match["line"])):
+                local = linecache.getline(file, line).strip()
+                detail = [f"    {local}"] if local else []
+            shown.extend(detail)
+        index = end
+    return "\n".join(shown)
+
+
+def _placer(fn: Callable[..., Any], fmt: str) -> Placer:
+    if not isinstance(fn, types.FunctionType):
+        return _unchanged
+    if fmt == "json":
+        return _json_placer(fn)
+    return _pickle_placer(fn)
+
+
+def _unchanged(file: str, line: int, name: str) -> tuple[str, int]:
+    return file, line
+
+
+def _json_placer(fn: types.FunctionType) -> Placer:
+    # A JSON-mode program uploads one module, the function's: every <uploaded:...> frame
+    # is in it.
+    file_line = uploaded_line_map(fn)
+    filename = fn.__code__.co_filename
+
+    def place(file: str, line: int, name: str) -> tuple[str, int] | None:
+        if not file.startswith("<uploaded:"):
+            return file, line
+        mapped = file_line(line)
+        if mapped is None:
+            return None
+        return (filename, mapped) if mapped != line else (file, line)
+
+    return place
+
+
+def _pickle_placer(fn: types.FunctionType) -> Placer:
+    # cloudpickle names every code object it sends "<dynamic-code>" but keeps line numbers:
+    # a frame of the function, or of a function of its module or of a helper module it uses
+    # (sent by value too), is found by name and line.
+    namespaces = [fn.__globals__] + [
+        vars(value)
+        for name, value in fn.__globals__.items()
+        if isinstance(value, types.ModuleType) and sent_by_value(value.__name__, value)
+    ]
+    tops = [fn.__code__] + [
+        value.__code__
+        for namespace in namespaces
+        for value in namespace.values()
+        if isinstance(value, types.FunctionType) and value is not fn
+    ]
+    known = [(code, _last_line(code)) for code in _nested(tops)]
+
+    def place(file: str, line: int, name: str) -> tuple[str, int]:
+        if file == "<dynamic-code>":
+            for code, last in known:
+                if code.co_name == name and code.co_firstlineno <= line <= last:
+                    return code.co_filename, line
+        return file, line
+
+    return place
+
+
+def _nested(codes: list[types.CodeType]) -> list[types.CodeType]:
+    """``codes`` and the code objects inside them (inner functions, comprehensions)."""
+    found: list[types.CodeType] = []
+    while codes:
+        code = codes.pop()
+        found.append(code)
+        codes.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
+    return found
+
+
+def _last_line(code: types.CodeType) -> int:
+    return max((line for _, _, line in code.co_lines() if line is not None), default=0)

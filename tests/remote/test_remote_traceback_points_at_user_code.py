@@ -1,0 +1,99 @@
+"""A failed ``f.remote()`` shows the remote traceback at the user's own file and lines.
+
+Before, the error printed only KCoral's local frames and ``runtime: ZeroDivisionError: ...``;
+``.remote_traceback`` named ``<uploaded:H>`` lines (and the generated dispatcher) in JSON mode
+and ``<dynamic-code>`` in pickle mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+
+import pytest
+
+import kcoral
+from kcoral.errors import RemoteExecutionError
+from kcoral.remote_traceback import NOTE_HEADING, user_traceback
+
+pytestmark = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="exception notes (PEP 678) need Python 3.11"
+)
+
+
+def divide_by_nothing(x):
+    y = x - x
+    return x / y
+
+
+def pick(values, index):
+    return values[index]
+
+
+def picks_through_a_helper(index):
+    def inner(i):
+        return pick([1, 2], i)
+
+    return [inner(i) for i in [index]]
+
+
+def line_of(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(number for number, line in enumerate(lines) if text in line)
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str):
+    with kcoral.Client(server_url) as client:
+        yield client
+
+
+def the_note(error: RemoteExecutionError) -> str:
+    notes = getattr(error, "__notes__", [])
+    assert len(notes) == 1, notes
+    return notes[0]
+
+
+def test_a_json_mode_failure_names_the_users_file_and_line_and_hides_the_dispatcher(
+    client,
+) -> None:
+    with pytest.raises(RemoteExecutionError) as info:
+        client.function()(divide_by_nothing).remote(3)
+    note = the_note(info.value)
+    line = line_of(divide_by_nothing, "return x / y")
+    assert note.startswith(NOTE_HEADING + "\n")
+    assert f'File "{__file__}", line {line}, in divide_by_nothing\n    return x / y' in note
+    assert "_kcoral_invoke" not in note and "<uploaded:" not in note
+    assert note.endswith("ZeroDivisionError: division by zero")
+    # the message and the raw server traceback stay as CLIENT_API §9 says
+    assert str(info.value).endswith("failed: runtime: ZeroDivisionError: division by zero")
+    assert "<uploaded:" in info.value.remote_traceback
+
+
+def test_a_pickle_mode_failure_names_the_file_of_each_frame_with_its_source_line(
+    client,
+) -> None:
+    with pytest.raises(RemoteExecutionError) as info:
+        client.function(serialization="pickle")(picks_through_a_helper).remote(5)
+    note = the_note(info.value)
+    assert "<dynamic-code>" not in note
+    for fn, name, text in [
+        (picks_through_a_helper, "picks_through_a_helper", "return [inner(i)"),
+        (picks_through_a_helper, "inner", "return pick([1, 2], i)"),
+        (pick, "pick", "return values[index]"),
+    ]:
+        assert f'File "{__file__}", line {line_of(fn, text)}, in {name}\n    {text}' in note
+    assert note.endswith("IndexError: list index out of range")
+
+
+def test_a_run_async_call_gets_the_same_note(client) -> None:
+    remote = client.function()(divide_by_nothing)
+    with pytest.raises(RemoteExecutionError) as info:
+        asyncio.run(remote.remote(3, run_async=True))
+    assert f'File "{__file__}"' in the_note(info.value)
+
+
+def test_a_traceback_that_is_not_pythons_passes_through_unchanged() -> None:
+    text = 'odd text\n  File "x", line nope, in f\nValueError: v\n'
+    assert user_traceback(text, lambda file, line, name: None) == text.rstrip("\n")
