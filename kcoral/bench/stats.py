@@ -16,8 +16,6 @@ import numpy as np
 
 #: Bootstrap resamples behind every speedup interval; enough for a stable 95 % interval.
 BOOTSTRAP_RESAMPLES = 2000
-#: Resamples drawn at once, so memory stays bounded for long sample lists.
-_BOOTSTRAP_CHUNK = 250
 #: The 95 % normal quantile, for the order-statistic interval of the median.
 _Z95 = 1.959963984540054
 #: What an interval that contains 1 reads as.
@@ -91,13 +89,25 @@ def too_few_samples(*sides: Sequence[float]) -> str | None:
     )
 
 
-def _bootstrap_medians(samples: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    medians = np.empty(resamples)
-    for start in range(0, resamples, _BOOTSTRAP_CHUNK):
-        count = min(_BOOTSTRAP_CHUNK, resamples - start)
-        picks = rng.integers(0, samples.size, size=(count, samples.size))
-        medians[start : start + count] = np.median(samples[picks], axis=1)
-    return medians
+def bootstrap_medians(samples: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """The medians of ``resamples`` bootstrap resamples of ``samples``, drawn exactly without
+    building a resample: drawing n indexes uniformly, the k-th smallest is ``floor(n * U)``
+    with U the k-th smallest of n uniforms, which is Beta(k, n - k + 1); the next one up is
+    ``U + (1 - U) * Beta(1, n - k)``. So each resample costs O(1), not O(n): a comparison of
+    100 000 samples a side took seconds of resampling, now milliseconds."""
+    ordered = np.sort(samples)
+    n = ordered.size
+
+    def at(uniform: np.ndarray) -> np.ndarray:
+        return ordered[np.minimum((uniform * n).astype(np.int64), n - 1)]
+
+    k = (n + 1) // 2  # the lower middle: the median itself when n is odd
+    lower = rng.beta(k, n - k + 1, size=resamples)
+    if n % 2:
+        return at(lower)
+    upper = lower + (1.0 - lower) * rng.beta(1, n - k, size=resamples)
+    averaged: np.ndarray = (at(lower) + at(upper)) / 2
+    return averaged
 
 
 def _ratios(top: Any, bottom: Any) -> Any:
@@ -132,7 +142,7 @@ def ratio_of_medians(
         return {"value": value, "ci95_low": None, "ci95_high": None, "verdict": NO_DIFFERENCE}
     rng = np.random.default_rng(seed)
     ratios = _ratios(
-        _bootstrap_medians(top, rng, resamples), _bootstrap_medians(bottom, rng, resamples)
+        bootstrap_medians(top, rng, resamples), bootstrap_medians(bottom, rng, resamples)
     )
     limit = np.finfo(float).max
     low, high = (min(float(v), limit) for v in np.percentile(ratios, [2.5, 97.5]))

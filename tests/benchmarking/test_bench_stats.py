@@ -9,6 +9,7 @@ import pytest
 from kcoral.bench.stats import (
     MIN_INTERVAL_SAMPLES,
     NO_DIFFERENCE,
+    bootstrap_medians,
     median_precision,
     ratio_of_medians,
     summary,
@@ -105,3 +106,24 @@ def test_six_samples_a_side_are_enough_for_an_interval_and_a_verdict() -> None:
     assert MIN_INTERVAL_SAMPLES == 6 and median_precision(top) != float("inf")
     assert ratio_of_medians(top, bottom, seed=0)["verdict"] == "smaller"
     assert too_few_samples(top, bottom) is None
+
+
+def brute_forcebootstrap_medians(samples: np.ndarray, seed: int, resamples: int) -> np.ndarray:
+    """The textbook bootstrap: draw n indexes with replacement, take the median, repeat."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, samples.size, size=(resamples, samples.size))
+    return np.median(samples[picks], axis=1)
+
+
+@pytest.mark.parametrize("size", [7, 12])
+def test_the_order_statistic_bootstrap_draws_the_textbook_bootstraps_medians(size: int) -> None:
+    # odd and even sizes: an even resample's median averages the two middle draws
+    samples = np.random.default_rng(1).gamma(2.0, size=size)
+    resamples = 200_000
+    exact = bootstrap_medians(samples, np.random.default_rng(2), resamples)
+    textbook = brute_forcebootstrap_medians(samples, 3, resamples)
+    values = np.union1d(exact, textbook)
+    exact_share = np.searchsorted(np.sort(exact), values, side="right") / resamples
+    textbook_share = np.searchsorted(np.sort(textbook), values, side="right") / resamples
+    # the same distribution: every cumulative share agrees within sampling noise
+    assert np.max(np.abs(exact_share - textbook_share)) < 0.006
