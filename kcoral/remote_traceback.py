@@ -6,7 +6,8 @@ user's function failed unless they knew to read ``.remote_traceback``, and that 
 uploaded module (``<uploaded:H>``, its own line numbers, the generated dispatcher's frame)
 or, in pickle mode, ``<dynamic-code>`` (cloudpickle drops file names). The error gets the
 traceback as a note (PEP 678, Python 3.11+), its frames of the user's function pointing at
-their file and line; ``str(error)`` and ``.remote_traceback`` stay as they were.
+their file and line; ``str(error)`` and ``.remote_traceback`` stay as they were. A pickle
+call that a server without KCoral's trampoline failed gets a note saying so, and what to do.
 """
 
 from __future__ import annotations
@@ -28,18 +29,41 @@ Placer: TypeAlias = Callable[[str, int, str], tuple[str, int] | None]
 
 NOTE_HEADING = "Remote traceback (most recent call last), on the server:"
 _PYTHON_HEADING = "Traceback (most recent call last):"
+NO_TRAMPOLINE = (
+    "This server cannot run pickle-mode remote functions (it has no "
+    "kcoral_server.worker.trampoline: not a KCoral server, or an older one); call with "
+    "serialization='json', or use a KCoral server that lists feature 'serialization'."
+)
 
 
 def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], fmt: str) -> None:
     """Add ``error``'s remote traceback, as the user's code, as a note; never raises."""
+    if not hasattr(error, "add_note"):
+        return
+    if fmt == "pickle" and _no_trampoline(error.result.error or {}):
+        # its traceback is of KCoral's import, not of the user's code
+        error.add_note(NO_TRAMPOLINE)
+        return
     text = error.remote_traceback
-    if not isinstance(text, str) or not text.strip() or not hasattr(error, "add_note"):
+    if not isinstance(text, str) or not text.strip():
         return
     try:
         shown = user_traceback(text, _placer(fn, fmt))
     except Exception:  # a traceback we cannot read: the plain one still helps
         shown = text.rstrip("\n")
     error.add_note(NOTE_HEADING + "\n" + shown.removeprefix(_PYTHON_HEADING + "\n"))
+
+
+def _no_trampoline(failure: dict[str, Any]) -> bool:
+    """The pickle program's first upload, importing the trampoline, found no KCoral server
+    package: a server of the published protocol, or one too old. It said only
+    ``runtime: ModuleNotFoundError: No module named 'kcoral_server'``."""
+    message = failure.get("message")
+    return (
+        failure.get("instruction_id") == "module"
+        and isinstance(message, str)
+        and message.startswith("ModuleNotFoundError: No module named 'kcoral_server")
+    )
 
 
 def user_traceback(text: str, place: Placer) -> str:

@@ -14,8 +14,9 @@ import sys
 import pytest
 
 import kcoral
+import kcoral.remote
 from kcoral.errors import RemoteExecutionError
-from kcoral.remote_traceback import NOTE_HEADING, user_traceback
+from kcoral.remote_traceback import NO_TRAMPOLINE, NOTE_HEADING, user_traceback
 
 pytestmark = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="exception notes (PEP 678) need Python 3.11"
@@ -92,6 +93,24 @@ def test_a_run_async_call_gets_the_same_note(client) -> None:
     with pytest.raises(RemoteExecutionError) as info:
         asyncio.run(remote.remote(3, run_async=True))
     assert f'File "{__file__}"' in the_note(info.value)
+
+
+@pytest.mark.parametrize(
+    "trampoline",
+    [
+        "from kcoral_server.worker.older_trampoline import call_pickled\n",  # an older KCoral
+        "from kcoral_server_absent.trampoline import call_pickled\n",  # not a KCoral server
+    ],
+)
+def test_a_pickle_call_to_a_server_without_the_trampoline_says_to_use_json(
+    client, monkeypatch, trampoline
+) -> None:
+    # it said only "runtime: ModuleNotFoundError: No module named 'kcoral_server'"
+    monkeypatch.setattr(kcoral.remote, "TRAMPOLINE_SOURCE", trampoline)
+    with pytest.raises(RemoteExecutionError) as info:
+        client.function(serialization="pickle")(pick).remote([1], 0)
+    assert the_note(info.value) == NO_TRAMPOLINE
+    assert "serialization='json'" in NO_TRAMPOLINE
 
 
 def test_a_traceback_that_is_not_pythons_passes_through_unchanged() -> None:
