@@ -36,8 +36,8 @@ from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.protocol.selector import SelectorInput, check_select
+from kcoral.remote_report import note_remote_traceback, show_output
 from kcoral.remote_source import dispatcher_name, json_module_source
-from kcoral.remote_traceback import note_remote_traceback
 from kcoral.results import ProgramResult
 
 if TYPE_CHECKING:
@@ -514,6 +514,7 @@ class RemoteFunction:
         return self._value(self._execute_blocking(self._build(args, kwargs, fmt), fmt), fmt)
 
     def _value(self, result: ProgramResult, fmt: str) -> Any:
+        show_output(result)  # the function's prints, as a local call shows them
         try:
             return output_value(result, fmt)
         except RemoteExecutionError as error:  # shown with the failing line of the user's code

@@ -16,7 +16,7 @@ import pytest
 import kcoral
 import kcoral.remote
 from kcoral.errors import RemoteExecutionError
-from kcoral.remote_traceback import NO_TRAMPOLINE, NOTE_HEADING, user_traceback
+from kcoral.remote_report import NO_TRAMPOLINE, NOTE_HEADING, user_traceback
 
 pytestmark = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="exception notes (PEP 678) need Python 3.11"

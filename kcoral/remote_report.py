@@ -1,4 +1,9 @@
-"""A remote function's server-side traceback, shown where the user reads it (CLIENT_API §9).
+"""What a remote function's call shows its caller (CLIENT_API §8, §9): the function's prints,
+and a failure's server-side traceback where the user reads it.
+
+``f.remote()`` dropped what the function printed (only ``execute()``'s result held it), so a
+``print`` to debug a remote function showed nothing; it is now written to the caller's own
+``sys.stdout`` and ``sys.stderr`` when the call ends, as a local call's would be.
 
 ``f.remote()`` raising ``RemoteExecutionError`` printed only the local frames (inside
 KCoral) and ``runtime: ZeroDivisionError: division by zero``: nothing said which line of the
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import linecache
 import re
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -21,6 +27,7 @@ from typing import Any, TypeAlias
 from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import RemoteExecutionError
 from kcoral.remote_source import uploaded_line_map
+from kcoral.results import ProgramResult
 
 _FRAME = re.compile(r'^  File "(?P<file>[^"\n]*)", line (?P<line>\d+), in (?P<name>.+)$')
 
@@ -34,6 +41,25 @@ NO_TRAMPOLINE = (
     "kcoral_server.worker.trampoline: not a KCoral server, or an older one); call with "
     "serialization='json', or use a KCoral server that lists feature 'serialization'."
 )
+
+
+def show_output(result: ProgramResult) -> None:
+    """Write what the call printed where the caller's own prints go, and say when the
+    server cut it at the output limit."""
+    for name, text, truncated in (
+        ("stdout", result.stdout, result.stdout_truncated),
+        ("stderr", result.stderr, result.stderr_truncated),
+    ):
+        stream = getattr(sys, name)
+        if stream is None:  # pythonw and the like have no streams
+            continue
+        stream.write(text)
+        if truncated:
+            stream.write(
+                ("" if text.endswith("\n") else "\n")
+                + f"[kcoral: the remote {name} was cut at the output limit; raise it with "
+                "@client.function(output_limit_bytes=...)]\n"
+            )
 
 
 def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], fmt: str) -> None:

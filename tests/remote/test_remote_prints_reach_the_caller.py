@@ -1,0 +1,71 @@
+"""What a remote function prints reaches the caller's own stdout and stderr.
+
+``f.remote()`` dropped it: only ``f.execute()``'s ``ProgramResult`` held it, so a ``print``
+added to debug a remote function showed nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import kcoral
+from kcoral.errors import RemoteExecutionError
+
+
+def chatty(n):
+    import sys
+
+    print("out", n)
+    print("err", n, file=sys.stderr)
+    if n < 0:
+        raise ValueError("negative")
+    return n
+
+
+def many_lines(n):
+    for i in range(n):
+        print("line", i)
+    return n
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str):
+    with kcoral.Client(server_url) as client:
+        yield client
+
+
+@pytest.mark.parametrize("serialization", ["json", "pickle"])
+def test_what_a_remote_function_prints_reaches_the_callers_stdout_and_stderr(
+    client, capsys, serialization
+) -> None:
+    assert client.function(serialization=serialization)(chatty).remote(2) == 2
+    assert capsys.readouterr() == ("out 2\n", "err 2\n")
+
+
+def test_a_failed_call_shows_what_it_printed_too(client, capsys) -> None:
+    with pytest.raises(RemoteExecutionError):
+        client.function()(chatty).remote(-1)
+    assert capsys.readouterr() == ("out -1\n", "err -1\n")
+
+
+def test_a_run_async_call_shows_it_too(client, capsys) -> None:
+    assert asyncio.run(client.function()(chatty).remote(3, run_async=True)) == 3
+    assert capsys.readouterr() == ("out 3\n", "err 3\n")
+
+
+def test_output_cut_at_the_limit_says_so_and_how_to_raise_it(client, capsys) -> None:
+    assert client.function(output_limit_bytes=16)(many_lines).remote(50) == 50
+    out = capsys.readouterr().out
+    assert out.startswith("line 0\n")
+    assert out.endswith(
+        "[kcoral: the remote stdout was cut at the output limit; raise it with "
+        "@client.function(output_limit_bytes=...)]\n"
+    )
+
+
+def test_execute_prints_nothing_and_keeps_the_output_in_its_result(client, capsys) -> None:
+    result = client.function()(chatty).execute(4)
+    assert (result.stdout, result.stderr) == ("out 4\n", "err 4\n")
+    assert capsys.readouterr() == ("", "")
