@@ -80,6 +80,11 @@ def require_sessions(url: str, features: list[str]) -> None:
         )
 
 
+#: Why a session on this kernel's local server ended: the server stopped (SERVER §12 ends
+#: every session at shutdown, EXTENSIONS §11).
+LOCAL_SERVER_GONE = "this kernel's local server stopped, and its sessions ended with it"
+
+
 def ended_error(remote: NotebookSession) -> SessionEndedError:
     return SessionEndedError(
         f"{remote.label} on {remote.url} has ended: {remote.ended_message}",
@@ -188,6 +193,18 @@ class SessionHolder:
         if not self._exit_hook:  # one hook for the kernel's lifetime, whatever it holds then
             atexit.register(self.end_at_exit)
             self._exit_hook = True
+        return remote
+
+    def server_gone(self, url: str, why: str) -> NotebookSession | None:
+        """The server at ``url`` is gone with its sessions (this kernel's local server
+        stopped or exited): the session there, if any and not yet ended, is marked ended
+        with ``why`` and returned, so cells refuse in two lines. Before, they said "no
+        answer from URL ... %kcoral local start gives this kernel its own", and after that
+        start they still went to the dead address."""
+        remote = self.current
+        if remote is None or remote.url != url or remote.ended_message is not None:
+            return None
+        remote.ended_message = why
         return remote
 
     def stop(self) -> NotebookSession | None:

@@ -33,6 +33,7 @@ from kcoral_jupyter.kernel_state import KernelState, PendingJob, ServerFacts, no
 from kcoral_jupyter.magics.options import cell_parser, join_name_lists, names, split_words
 from kcoral_jupyter.magics.status_line import StatusLine, provenance, summary_text
 from kcoral_jupyter.notebook_session import (
+    LOCAL_SERVER_GONE,
     NotebookSession,
     after_stop_hint,
     ended_error,
@@ -287,6 +288,8 @@ class CellMagic:
     def _check_session_cell(self, remote: NotebookSession, url: str | None, gpus: int) -> None:
         """A cell in a session: refused at once when the session ended or when its options
         contradict the session (another server, other GPUs)."""
+        if self.kernel.local_gone(remote.url):  # it exited on its own: its sessions with it
+            self.kernel.sessions.server_gone(remote.url, LOCAL_SERVER_GONE)
         if remote.ended_message is not None:
             raise ended_error(remote)
         if url and normalize_url(url) != remote.url:

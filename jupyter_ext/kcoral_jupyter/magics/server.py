@@ -13,6 +13,7 @@ from kcoral_jupyter.cell_errors import ServerRefusedError, ServerUnreachableErro
 from kcoral_jupyter.kernel_client import KernelClient
 from kcoral_jupyter.kernel_state import KernelState, normalize_url
 from kcoral_jupyter.local_server import STOP_GRACE_SECONDS
+from kcoral_jupyter.notebook_session import LOCAL_SERVER_GONE
 
 
 class ServerCommands:
@@ -84,8 +85,15 @@ class ServerCommands:
                 f"gets up to {STOP_GRACE_SECONDS} s to finish (interrupt to stop it now)",
                 flush=True,
             )
+        url = local.url if local is not None else None
         stopped = self.kernel.stop_local()
-        print("kcoral: local server stopped" if stopped else "kcoral: no local server")
+        if not stopped:
+            print("kcoral: no local server")
+            return
+        # A session there ended with the server: said now, not at the next cell.
+        ended = self.kernel.sessions.server_gone(url, LOCAL_SERVER_GONE) if url else None
+        with_it = f"; {ended.label} ended with it (its state is gone)" if ended else ""
+        print(f"kcoral: local server stopped{with_it}")
 
     def local_log(self, args: argparse.Namespace) -> None:
         """The end of the embedded server's log: it never goes to the notebook or the

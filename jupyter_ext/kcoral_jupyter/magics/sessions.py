@@ -19,6 +19,7 @@ from kcoral_jupyter.cell_errors import answered_by, shorten
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.jobs import UNKNOWN, owner_of
 from kcoral_jupyter.notebook_session import (
+    LOCAL_SERVER_GONE,
     NotebookSession,
     creation_refusal,
     ended_error,
@@ -108,6 +109,9 @@ class SessionCommands:
         if remote is None:
             print("kcoral: no session in this kernel (%kcoral session start begins one)")
             return
+        if self.kernel.local_gone(remote.url):  # ended with this kernel's local server,
+            self.kernel.sessions.server_gone(remote.url, LOCAL_SERVER_GONE)
+            raise ended_error(remote)  # which is not there to ask
         try:
             record = remote.handle.info()
         except KCoralError as exc:
