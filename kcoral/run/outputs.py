@@ -8,13 +8,17 @@ the returned folder under ``OUTPUTS_KEY``.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 from kcoral.run.arguments import PROG, RunOptions
 from kcoral.run.progress import Progress, format_bytes
+from kcoral.run.terminal_filter import TerminalFilter
 
+#: Control characters, C1 included, and the C1 bytes of text that is not UTF-8 (surrogates).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\udc80-\udc9f]")
 STATUS_KEY = "status"
 OUTPUTS_KEY = "outputs"
 _MAX_SIGNAL = 64
@@ -35,8 +39,8 @@ def report(options: RunOptions, result: Any) -> int:
             f"[request {result.request_id}]"
         )
         traceback = error.get("traceback")
-        if traceback:
-            sys.stderr.write(traceback if traceback.endswith("\n") else traceback + "\n")
+        if isinstance(traceback, str) and traceback:
+            write_output(sys.stderr, traceback if traceback.endswith("\n") else traceback + "\n")
         return 1
     outcome = result.results.get(STATUS_KEY)
     if not isinstance(outcome, dict):
@@ -120,12 +124,22 @@ def _save_outputs(out: str, folder: Any) -> bool:
 _line_open = {"stderr": False, "last": False}
 
 
+#: one per stream, as an escape sequence may be cut between two chunks of one stream
+_filters = {"stdout": TerminalFilter(), "stderr": TerminalFilter()}
+
+
 def start_on_a_new_line() -> None:
-    """Forget an earlier invocation's open line (``kcoral run`` called in one process)."""
+    """Forget an earlier invocation's open line and cut sequences (``kcoral run`` called in
+    one process)."""
     _line_open.update(stderr=False, last=False)
+    _filters.update(stdout=TerminalFilter(), stderr=TerminalFilter())
 
 
 def write_output(stream: TextIO, text: str) -> None:
+    """The tool's text, as it came to a file or pipe; to a terminal, without the escape
+    sequences a malicious server could use on it (``terminal_filter``)."""
+    if _is_terminal(stream):
+        text = _filters["stderr" if stream is sys.stderr else "stdout"].feed(text)
     if not text:
         return
     _line_open["last"] = not text.endswith("\n")
@@ -142,7 +156,23 @@ def write_output(stream: TextIO, text: str) -> None:
         stream.flush()
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):  # a replaced or closed stream
+        return False
+
+
+def _as_escape(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code - 0xDC00 if code >= 0xDC80 else code:02x}"  # a surrogate: its byte
+
+
 def say(message: str) -> None:
+    """One line of ``kcoral run``'s own on stderr. It quotes what a server sent (an error's
+    message, a missing output's path and reason): a control character in it is written as
+    ``\\xNN``, so a server can neither break the line nor act on the terminal."""
+    message = _CONTROLS.sub(_as_escape, message)
     shared = _same_file(sys.stdout, sys.stderr)
     line_break = "\n" if _line_open["last" if shared else "stderr"] else ""
     _line_open.update(stderr=False, last=False)

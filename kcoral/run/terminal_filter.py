@@ -1,0 +1,146 @@
+"""What of a remote tool's output reaches the user's terminal (CLIENT_API §11).
+
+Who can reach what: the text ``kcoral run`` prints comes from a server the user named, which
+may be malicious or run another user's code, and a terminal acts on escape strings in it:
+OSC 52 writes the clipboard, OSC 0 retitles the window, a device status report or a window
+query makes the terminal type its answer as if the user had, and a reset (``ESC c``) or
+DCS string can hide what ran. On a terminal, ``kcoral run`` passes what colours and lays
+out text (SGR, cursor motion, erasing, scrolling, modes: coloured test output and progress
+bars) and drops every other escape sequence, every string sequence (OSC, DCS, SOS, PM,
+APC) and every C1 and C0 control but newline, carriage return, tab, backspace and bell.
+Written to a file or a pipe, the tool's bytes go through as they came.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: C0 controls a tool's text may carry to the terminal: line layout and the bell.
+_KEPT_CONTROLS = frozenset("\n\r\t\b\x07")
+#: CSI final bytes that colour, move the cursor, erase, scroll, insert or delete, set modes,
+#: save or restore the cursor: none makes the terminal answer or change its window.
+_KEPT_CSI_FINALS = frozenset("mABCDEFGHJKSTXdf@LMPhlrsu")
+#: ESC + one byte kept: save/restore cursor, reverse index, keypad modes.
+_KEPT_ESCAPES = frozenset("78M=>")
+#: ESC + this byte opens a string sequence (DCS, SOS, OSC, PM, APC): dropped to its end.
+_STRING_OPENERS = frozenset("PX]^_")
+#: 8-bit C1 forms of the string openers and of CSI; the string terminator ST is U+009C.
+_C1_STRINGS = frozenset("\x90\x98\x9d\x9e\x9f")
+_C1_CSI, _C1_ST = "\x9b", "\x9c"
+#: Every character that is not plain text: C0 controls but the kept ones, DEL, C1, and
+#: the C1 bytes of output that is not UTF-8 (kept as surrogates, written back as bytes).
+_SPECIAL = re.compile("[\x00-\x06\x0b\x0c\x0e-\x1f\x7f-\x9f\udc80-\udc9f]")
+#: The kept sequences, whole: what the byte-by-byte reading below would keep.
+_KEPT_SEQUENCE = re.compile("\x1b(?:\\[[0-?]{0,62}[mABCDEFGHJKSTXdf@LMPhlrsu]|[78M=>]|[()][B0])")
+#: A CSI longer than this is no layout any tool sends: it is dropped, not held.
+_MAX_CSI = 64
+
+_TEXT, _ESCAPE, _CSI, _CHARSET, _STRING, _STRING_ESCAPE, _LONG_CSI = range(7)
+
+
+class TerminalFilter:
+    """Feeds a stream's text through in chunks: a sequence cut between two chunks is held
+    (at most ``_MAX_CSI`` characters) until the next one."""
+
+    def __init__(self) -> None:
+        self._state = _TEXT
+        self._pending: list[str] = []
+
+    def feed(self, text: str) -> str:
+        kept: list[str] = []
+        at, end = 0, len(text)
+        while at < end:
+            if self._state == _TEXT:
+                # plain text goes through in runs: only a control is read byte by byte
+                special = _SPECIAL.search(text, at)
+                if special is None:
+                    kept.append(text[at:])
+                    break
+                kept.append(text[at : special.start()])
+                at = special.start()
+                # a whole kept sequence in this chunk (most of a coloured output) at once
+                sequence = _KEPT_SEQUENCE.match(text, at)
+                if sequence is not None:
+                    kept.append(sequence.group())
+                    at = sequence.end()
+                    continue
+            self._step(text[at], kept)
+            at += 1
+        return "".join(kept)
+
+    def _step(self, char: str, kept: list[str]) -> None:
+        if "\udc80" <= char <= "\udc9f":
+            char = chr(ord(char) - 0xDC00)  # a raw C1 byte: the terminal may read it as one
+        state = self._state
+        if state == _TEXT:
+            self._text(char, kept)
+        elif state == _ESCAPE:
+            self._escape(char, kept)
+        elif state == _CSI:
+            self._csi(char, kept)
+        elif state == _CHARSET:
+            # ESC ( B / ESC ( 0: the ASCII and line-drawing sets; any other is dropped
+            if char in "B0":
+                kept.append("".join(self._pending) + char)
+            self._reset()
+        elif state == _STRING:
+            if char == "\x07" or char == _C1_ST:
+                self._reset()
+            elif char == "\x1b":
+                self._state = _STRING_ESCAPE
+        elif state == _STRING_ESCAPE:  # ESC \ ends the string; ESC and another byte starts anew
+            self._reset()
+            if char != "\\":
+                self._escape(char, kept)
+        else:  # _LONG_CSI: skipped to its final byte
+            if "@" <= char <= "~":
+                self._reset()
+            elif not ("0" <= char <= "?" or " " <= char <= "/"):
+                self._reset()
+                self._text(char, kept)
+
+    def _text(self, char: str, kept: list[str]) -> None:
+        if char == "\x1b":
+            self._state, self._pending = _ESCAPE, [char]
+        elif char == _C1_CSI:
+            self._state, self._pending = _CSI, ["\x1b["]
+        elif char in _C1_STRINGS:
+            self._state = _STRING
+        elif _SPECIAL.match(char):
+            pass  # other C0 and C1 controls (shift out garbles the character set)
+        else:
+            kept.append(char)
+
+    def _escape(self, char: str, kept: list[str]) -> None:
+        if char == "[":
+            self._state, self._pending = _CSI, ["\x1b["]
+        elif char in _STRING_OPENERS:
+            self._state, self._pending = _STRING, []
+        elif char in "()":
+            self._state, self._pending = _CHARSET, ["\x1b", char]
+        elif char == "\x1b":
+            self._state, self._pending = _ESCAPE, [char]  # the first one led nowhere
+        else:
+            if char in _KEPT_ESCAPES:
+                kept.append("\x1b" + char)
+            self._reset()
+
+    def _csi(self, char: str, kept: list[str]) -> None:
+        if "0" <= char <= "?" or " " <= char <= "/":  # parameters, intermediates
+            self._pending.append(char)
+            if len(self._pending) > _MAX_CSI:
+                self._state, self._pending = _LONG_CSI, []
+            return
+        if "@" <= char <= "~":
+            body = "".join(self._pending)
+            has_intermediate = any(" " <= c <= "/" for c in body[2:])
+            if char in _KEPT_CSI_FINALS and not has_intermediate:
+                kept.append(body + char)
+            self._reset()
+            return
+        # not a CSI byte: the sequence is broken; drop it and read this one as text
+        self._reset()
+        self._text(char, kept)
+
+    def _reset(self) -> None:
+        self._state, self._pending = _TEXT, []
