@@ -153,6 +153,10 @@ class CellMagic:
                 line_out.show(exc.cause, status="CANCELLED")
                 raise
             if remote is not None:
+                ended = session_ended_under(remote)
+                if ended is not None:  # the program outlived the interrupt's grace: killed
+                    line_out.show(ended.cause, status="ERROR")
+                    raise ended from exc
                 line_out.show(f"interrupted: KeyboardInterrupt raised in {remote.label}")
                 raise session_interrupted(remote) from exc
             if use_jobs and record.job_id is None:  # interrupted twice while submitted
