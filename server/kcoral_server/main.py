@@ -41,6 +41,7 @@ from kcoral_server.settings.command_line import (
     parse_server_args,
 )
 from kcoral_server.settings.config import config_for_log
+from kcoral_server.settings.secret_flags import secret_flag_warnings
 from kcoral_server.storage.event_log import EventLog
 from kcoral_server.storage.ready_file import try_write_ready_file
 
@@ -53,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_open_file_limit()
     settings = parse_server_args(server_argv, os.environ)
     config = settings.config
+    for warning in secret_flag_warnings("kcoral server", server_argv):
+        sys.stderr.write(warning + "\n")
     if settings.supervisor is not None:
         # ROUTER.md §12: this process becomes the node supervisor; the server runs as its
         # child (`--node-child`), which serves and opens the slot tunnel below. Settings the

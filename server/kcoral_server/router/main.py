@@ -27,6 +27,7 @@ from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.settings.command_line import listen_failure_hint
+from kcoral_server.settings.secret_flags import secret_flag_warnings
 from kcoral_server.storage.ready_file import ready_file_problem, try_write_ready_file
 
 GRPC_OPTIONS = [
@@ -58,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.ready_file is not None and (problem := ready_file_problem(settings.ready_file)):
         sys.stderr.write(f"kcoral router: error: --ready-file {problem}\n")
         return 2
+    for warning in secret_flag_warnings("kcoral router", args):
+        sys.stderr.write(warning + "\n")
     return asyncio.run(then_ignoring_stop_signals(serve(settings)))
 
 
