@@ -7,7 +7,9 @@ server's trampoline (``kcoral_server.worker.trampoline``) runs it and pickles th
 cloudpickle is imported only when pickle mode is used.
 
 Both pickle payloads are wrapped in a small envelope naming the writer's Python and
-cloudpickle versions, so a mismatch is reported in words before anything is unpickled.
+cloudpickle versions, so a mismatch is reported in words before anything is unpickled
+(``kcoral.protocol.pickle_envelope``; ``dump_envelope`` and ``load_envelope`` stay importable
+from here, where older clients' uploaded ``%%kcoral`` code imports them).
 
 Who can reach what (a malicious server): unpickling runs code, so the client unpickles only
 what the call itself asked for in pickle format, under the names it asked for
@@ -20,9 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import math
-import pickle
 import sys
 import threading
 import types
@@ -35,6 +35,7 @@ from kcoral.connection.in_flight import call_cuttable
 from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
+from kcoral.protocol.pickle_envelope import PickleVersionError, dump_envelope, load_envelope
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.remote_report import note_remote_traceback, show_output
 from kcoral.remote_source import dispatcher_name, json_module_source
@@ -65,65 +66,6 @@ def _asked_async(run_async: object) -> bool:
 #: What a pickle-mode program imports on the server.
 TRAMPOLINE_SOURCE = "from kcoral_server.worker.trampoline import call_pickled\n"
 TRAMPOLINE_FUNCTION = "call_pickled"
-
-PICKLE_MAGIC = b"KCORAL-PICKLE/1\n"
-
-
-# ------------------------------------------------------------------------ pickle envelope
-
-
-class PickleVersionError(ValueError):
-    """The two ends of a pickle-mode call run incompatible Python or cloudpickle versions."""
-
-
-def runtime_versions() -> dict[str, str]:
-    """What must match between both ends of a pickle-mode call."""
-    import cloudpickle
-
-    return {
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "cloudpickle": cloudpickle.__version__,
-    }
-
-
-def dump_envelope(value: Any) -> bytes:
-    """``value`` pickled by cloudpickle behind a header naming this side's versions."""
-    import cloudpickle
-
-    header = json.dumps(runtime_versions(), sort_keys=True).encode("ascii")
-    pickled: bytes = cloudpickle.dumps(value)
-    return PICKLE_MAGIC + header + b"\n" + pickled
-
-
-def load_envelope(data: bytes | memoryview, *, writer: str, reader: str) -> Any:
-    """Unpickle an envelope written by ``writer`` ("client"/"server") on ``reader``.
-
-    ``PickleVersionError`` names both sides' versions when they differ; ``ValueError`` for
-    something that is not an envelope. Nothing is unpickled in either case.
-    """
-    view = memoryview(data)
-    if bytes(view[: len(PICKLE_MAGIC)]) != PICKLE_MAGIC:
-        raise ValueError("not a KCoral pickle payload")
-    end = bytes(view[len(PICKLE_MAGIC) : len(PICKLE_MAGIC) + 256]).find(b"\n")
-    try:
-        theirs = json.loads(bytes(view[len(PICKLE_MAGIC) : len(PICKLE_MAGIC) + end]))
-    except ValueError:
-        theirs = None
-    if (
-        end < 0
-        or not isinstance(theirs, dict)
-        or not all(isinstance(theirs.get(key), str) for key in ("python", "cloudpickle"))
-    ):
-        raise ValueError("malformed KCoral pickle payload header")
-    ours = runtime_versions()
-    if theirs != ours:
-        raise PickleVersionError(
-            "pickle serialization needs the same Python minor version and cloudpickle version "
-            f"on both sides: {writer} has Python {theirs.get('python')} with cloudpickle "
-            f"{theirs.get('cloudpickle')}, {reader} has Python {ours['python']} with "
-            f"cloudpickle {ours['cloudpickle']}"
-        )
-    return pickle.loads(view[len(PICKLE_MAGIC) + end + 1 :])
 
 
 def load_requested(

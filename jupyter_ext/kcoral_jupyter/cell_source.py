@@ -76,7 +76,10 @@ def _load_pickled(payload):
             "unavailable",
             "refusing to unpickle --in values: the request was not admitted with pickle",
         )
-    from kcoral.remote import load_envelope
+    try:  # light to import; an older server's kcoral has it only in kcoral.remote
+        from kcoral.protocol.pickle_envelope import load_envelope
+    except ImportError:
+        from kcoral.remote import load_envelope
     return load_envelope(payload, writer="client", reader="server")
 
 
@@ -154,7 +157,10 @@ def _collect(namespace, value, has_value):
             result["display"] = _display_data(value)
     if pickled:
         # One envelope per --out name: the client checks the names before unpickling any.
-        from kcoral.remote import dump_envelope
+        try:  # as in _load_pickled
+            from kcoral.protocol.pickle_envelope import dump_envelope
+        except ImportError:
+            from kcoral.remote import dump_envelope
         result["pickled"] = {{name: dump_envelope(item) for name, item in pickled.items()}}
     return result
 

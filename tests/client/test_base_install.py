@@ -32,7 +32,7 @@ for blocked in ("tornado", "psutil", "kcoral_server", "kcoral_jupyter"):
 import json
 import kcoral
 from kcoral.connection.transport import MockTransport, Response
-from kcoral.remote import dump_envelope
+from kcoral.protocol.pickle_envelope import dump_envelope
 from kcoral.protocol.multipart import encode_multipart
 import hashlib
 

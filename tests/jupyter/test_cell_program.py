@@ -98,7 +98,7 @@ def test_an_unencodable_output_without_pickle_says_what_to_do() -> None:
 
 def test_pickled_inputs_are_refused_outside_a_pickle_request() -> None:
     from kcoral.protocol.errors import ExecutionError
-    from kcoral.remote import dump_envelope
+    from kcoral.protocol.pickle_envelope import dump_envelope
 
     with pytest.raises(ExecutionError, match="refusing to unpickle"):
         wrapper("x = 1\n")({}, [], dump_envelope({"s": {1}}))

@@ -17,7 +17,8 @@ import remote_samples as samples
 
 import kcoral
 from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError
-from kcoral.remote import PICKLE_MAGIC, TRAMPOLINE_SOURCE, dump_envelope
+from kcoral.protocol.pickle_envelope import PICKLE_MAGIC, dump_envelope
+from kcoral.remote import TRAMPOLINE_SOURCE
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,13 @@ import numpy as np
 import pytest
 import remote_samples as samples
 
-from kcoral.remote import (
+from kcoral.protocol.pickle_envelope import (
     PICKLE_MAGIC,
-    TRAMPOLINE_SOURCE,
     PickleVersionError,
-    RemoteFunction,
-    dump_by_value,
     dump_envelope,
     load_envelope,
 )
+from kcoral.remote import TRAMPOLINE_SOURCE, RemoteFunction, dump_by_value
 
 
 def make(fn, **options):

@@ -31,8 +31,8 @@ from stand_in_http import serving_app
 import kcoral
 from kcoral import Client, ProtocolError
 from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.pickle_envelope import dump_envelope
 from kcoral.protocol.values import encode_value
-from kcoral.remote import dump_envelope
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -40,9 +40,10 @@ def call_pickled(payload: bytes) -> Any:
         )
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise ExecutionError("runtime", "call_pickled expects the bytes payload upload")
-    # Imported here: kcoral.remote pulls in the client program builder, and workers that
-    # never see a pickle call should not pay for it.
-    from kcoral.remote import PickleVersionError, dump_envelope, load_envelope
+    # Imported here, so workers that never see a pickle call do not pay for it; and from the
+    # envelope's own module, not kcoral.remote, whose client-side imports cost a fresh worker
+    # 35-50 ms a call.
+    from kcoral.protocol.pickle_envelope import PickleVersionError, dump_envelope, load_envelope
 
     try:
         call = load_envelope(payload, writer="client", reader="server")
