@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from kcoral.run.arguments import PROG, RunOptions
 from kcoral.run.progress import Progress, format_bytes
-from kcoral.run.terminal_filter import TerminalFilter
+from kcoral.run.terminal_filter import TerminalFilter, is_terminal
 
 #: Control characters, C1 included, and the C1 bytes of text that is not UTF-8 (surrogates).
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\udc80-\udc9f]")
@@ -138,7 +138,7 @@ def start_on_a_new_line() -> None:
 def write_output(stream: TextIO, text: str) -> None:
     """The tool's text, as it came to a file or pipe; to a terminal, without the escape
     sequences a malicious server could use on it (``terminal_filter``)."""
-    if _is_terminal(stream):
+    if is_terminal(stream):
         text = _filters["stderr" if stream is sys.stderr else "stdout"].feed(text)
     if not text:
         return
@@ -154,13 +154,6 @@ def write_output(stream: TextIO, text: str) -> None:
     else:
         stream.write(text)
         stream.flush()
-
-
-def _is_terminal(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError, OSError):  # a replaced or closed stream
-        return False
 
 
 def _as_escape(found: re.Match[str]) -> str:

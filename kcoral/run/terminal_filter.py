@@ -8,12 +8,14 @@ DCS string can hide what ran. On a terminal, ``kcoral run`` passes what colours 
 out text (SGR, cursor motion, erasing, scrolling, modes: coloured test output and progress
 bars) and drops every other escape sequence, every string sequence (OSC, DCS, SOS, PM,
 APC) and every C1 and C0 control but newline, carriage return, tab, backspace and bell.
-Written to a file or a pipe, the tool's bytes go through as they came.
+Written to a file or a pipe, the tool's bytes go through as they came. ``%%kcoral`` in a
+terminal IPython filters a cell's output the same way (a notebook shows only colours).
 """
 
 from __future__ import annotations
 
 import re
+from typing import TextIO
 
 #: C0 controls a tool's text may carry to the terminal: line layout and the bell.
 _KEPT_CONTROLS = frozenset("\n\r\t\b\x07")
@@ -34,6 +36,16 @@ _SPECIAL = re.compile("[\x00-\x06\x0b\x0c\x0e-\x1f\x7f-\x9f\udc80-\udc9f]")
 _KEPT_SEQUENCE = re.compile("\x1b(?:\\[[0-?]{0,62}[mABCDEFGHJKSTXdf@LMPhlrsu]|[78M=>]|[()][B0])")
 #: A CSI longer than this is no layout any tool sends: it is dropped, not held.
 _MAX_CSI = 64
+
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` writes to a terminal (a replaced or closed stream does not)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
 
 _TEXT, _ESCAPE, _CSI, _CHARSET, _STRING, _STRING_ESCAPE, _LONG_CSI = range(7)
 

@@ -17,6 +17,7 @@ from IPython.core.getipython import get_ipython
 from IPython.display import DisplayHandle, display
 
 from kcoral import ProgramResult
+from kcoral.run.terminal_filter import TerminalFilter, is_terminal
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.kernel_state import ServerFacts
 from kcoral_jupyter.runner import RunRecord
@@ -39,6 +40,9 @@ class StatusLine:
         #: the stream the cell's output last went to, and whether that write ended a line
         self.last_stream: str | None = None
         self.last_ended_line = True
+        #: a terminal IPython gets the program's colours, never the escapes a server could
+        #: use on the terminal (kcoral.run.terminal_filter); a notebook renders only colours
+        self.filters = {"stdout": TerminalFilter(), "stderr": TerminalFilter()}
 
     def show(
         self,
@@ -110,6 +114,10 @@ class StatusLine:
         if not text:
             return
         out = sys.stdout if stream == "stdout" else sys.stderr
+        if is_terminal(out):
+            text = self.filters[stream].feed(text)
+            if not text:
+                return
         out.write(text)
         out.flush()
         self.last_stream, self.last_ended_line = stream, text.endswith("\n")
