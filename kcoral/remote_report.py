@@ -12,7 +12,8 @@ uploaded module (``<uploaded:H>``, its own line numbers, the generated dispatche
 or, in pickle mode, ``<dynamic-code>`` (cloudpickle drops file names). The error gets the
 traceback as a note (PEP 678, Python 3.11+), its frames of the user's function pointing at
 their file and line; ``str(error)`` and ``.remote_traceback`` stay as they were. A pickle
-call that a server without KCoral's trampoline failed gets a note saying so, and what to do.
+call that a server without KCoral's trampoline failed, or a JSON call whose return value
+JSON cannot carry, gets a note saying so, and what to do.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ Placer: TypeAlias = Callable[[str, int, str], tuple[str, int] | None]
 
 NOTE_HEADING = "Remote traceback (most recent call last), on the server:"
 _PYTHON_HEADING = "Traceback (most recent call last):"
+JSON_RETURN = (
+    "The function's return value cannot travel in JSON mode: return JSON values (None, bool, "
+    "int, float, str, list, dict with str keys), bytes or arrays, or use "
+    "serialization='pickle'."
+)
 NO_TRAMPOLINE = (
     "This server cannot run pickle-mode remote functions (it has no "
     "kcoral_server.worker.trampoline: not a KCoral server, or an older one); call with "
@@ -69,6 +75,15 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
     if fmt == "pickle" and _no_trampoline(error.result.error or {}):
         # its traceback is of KCoral's import, not of the user's code
         error.add_note(NO_TRAMPOLINE)
+        return
+    failure = error.result.error or {}
+    if fmt == "json" and (failure.get("kind"), failure.get("instruction_op")) == (
+        "serialization",
+        "return",
+    ):
+        # the function returned; its value cannot travel as JSON ("cannot encode value of
+        # type 'set'" said neither whose value nor what to do)
+        error.add_note(JSON_RETURN)
         return
     text = error.remote_traceback
     if not isinstance(text, str) or not text.strip():

@@ -16,7 +16,7 @@ import pytest
 import kcoral
 import kcoral.remote
 from kcoral.errors import RemoteExecutionError
-from kcoral.remote_report import NO_TRAMPOLINE, NOTE_HEADING, user_traceback
+from kcoral.remote_report import JSON_RETURN, NO_TRAMPOLINE, NOTE_HEADING, user_traceback
 
 pytestmark = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="exception notes (PEP 678) need Python 3.11"
@@ -111,6 +111,19 @@ def test_a_pickle_call_to_a_server_without_the_trampoline_says_to_use_json(
         client.function(serialization="pickle")(pick).remote([1], 0)
     assert the_note(info.value) == NO_TRAMPOLINE
     assert "serialization='json'" in NO_TRAMPOLINE
+
+
+def returns_a_set():
+    return {"ids": {1, 2}}
+
+
+def test_a_json_return_value_that_json_cannot_carry_says_what_to_return(client) -> None:
+    # it said only "serialization: cannot encode value of type 'set'"
+    with pytest.raises(RemoteExecutionError, match="cannot encode value of type 'set'") as info:
+        client.function()(returns_a_set).remote()
+    assert the_note(info.value) == JSON_RETURN
+    assert "serialization='pickle'" in JSON_RETURN
+    assert client.function(serialization="pickle")(returns_a_set).remote() == {"ids": {1, 2}}
 
 
 def test_a_traceback_that_is_not_pythons_passes_through_unchanged() -> None:
