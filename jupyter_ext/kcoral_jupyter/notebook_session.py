@@ -28,9 +28,11 @@ from typing import Any
 
 from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.client_sessions import Session as ClientSession
+from kcoral.errors import root_reason
 from kcoral.protocol.strict_json import finite_float
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
+    ServerUnreachableError,
     SessionBusyError,
     SessionEndedError,
     SessionNotFoundError,
@@ -122,6 +124,17 @@ def session_interrupted(remote: NotebookSession) -> CellCancelledError:
     )
 
 
+def session_unreachable(exc: TransportError, remote: NotebookSession) -> ServerUnreachableError:
+    """The session's server does not answer. Its cells go there whatever the kernel's
+    server is, so ``%kcoral connect`` or ``local start`` (the advice for a stateless cell)
+    changed nothing: the way out is ending the session in this kernel."""
+    return ServerUnreachableError(
+        f"no answer from {remote.url}, where {remote.label} runs: {root_reason(exc)}",
+        "run the cell again once it answers; if that server stopped, the session ended with "
+        "it: %kcoral session stop runs cells without it",
+    )
+
+
 def session_refusal(exc: KCoralError, remote: NotebookSession) -> TwoLineError | None:
     """A session program's refusal (410, 409, 404) as two lines; ``None`` for the others.
     A 410 or 404 marks the session ended: later cells refuse at once, saying why."""
@@ -136,9 +149,14 @@ def session_refusal(exc: KCoralError, remote: NotebookSession) -> TwoLineError |
             "%kcoral session stop to end the session",
         )
     if exc.status_code == 404:
-        remote.ended_message = "the server no longer knows it (dropped after it ended)"
+        # A restarted server answers so too (its sessions ended with the old process), not
+        # only one that dropped the record after it ended.
+        remote.ended_message = (
+            "the server no longer knows it (restarted, or dropped after it ended)"
+        )
         return SessionNotFoundError(
-            f"{remote.label} is unknown to {remote.url} (dropped after it ended)",
+            f"{remote.label} is unknown to {remote.url} (the server restarted, or dropped it "
+            "after it ended)",
             "%kcoral session start begins a new session, %kcoral session stop runs cells "
             "without one",
         )
@@ -157,10 +175,15 @@ def creation_refusal(exc: KCoralError, url: str) -> TwoLineError | None:
     if exc.status_code == 503 and exc.kind != "busy":  # no node fits its --select, say
         return refused(exc, url)  # not "no session seat free", which sent users to end theirs
     if exc.status_code == 503:
+        # The server's message says it already (EXTENSIONS §11): not twice in one line.
+        said = exc.message.startswith("no session seat free")
         return SessionSeatsFullError(
-            f"{url} has no session seat free: {exc.message}",
-            "end a session you no longer need (%kcoral session list, then stop it), wait for "
-            "an idle one to time out, or ask the operator for kcoral server --max-sessions N",
+            f"{url}: {exc.message}" if said else f"{url} has no session seat free: {exc.message}",
+            # "%kcoral session stop" ends only this kernel's session: one held by another
+            # kernel is ended by attaching to it first.
+            "end one you no longer need (%kcoral session list, %kcoral session attach ID, "
+            "then %kcoral session stop), wait for an idle one to time out, or ask the "
+            "operator for kcoral server --max-sessions N",
         )
     return None
 

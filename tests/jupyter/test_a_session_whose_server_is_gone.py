@@ -3,12 +3,21 @@ the embedded server (``embedded_shell``, Linux only) and a real CPU server of th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from IPython.utils.capture import capture_output
-from kcoral_jupyter.cell_errors import SessionEndedError
+from kcoral_jupyter.cell_errors import (
+    ServerUnreachableError,
+    SessionEndedError,
+    SessionNotFoundError,
+    SessionSeatsFullError,
+)
 from kcoral_jupyter.extension import kernel_state_of
+from kcoral_shell import kcoral_shell
+
+import kcoral
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,3 +71,75 @@ def test_a_session_on_a_local_server_that_exited_is_said_to_have_ended_with_it(
     local.process.wait(10)
     lines = two_lines(run(embedded_shell, "%%kcoral\n1\n")[0], SessionEndedError)
     assert "this kernel's local server stopped, and its sessions ended with it" in lines[0]
+
+
+@pytest.fixture
+def session_shell(server_factory, monkeypatch) -> Iterator[tuple[Any, Any]]:
+    """An in-process shell whose cells go to a server of the test's own (one session seat);
+    the session a test leaves is dropped from the kernel."""
+    server = server_factory("--num-workers", "1", "--max-sessions", "1", name="first")
+    with kcoral_shell(server.url, monkeypatch, ("x",)) as ip:
+        try:
+            yield ip, server
+        finally:
+            kernel_state_of(ip).sessions.current = None
+
+
+def test_a_session_cell_whose_server_does_not_answer_says_to_stop_the_session_not_to_connect(
+    session_shell,
+) -> None:
+    # Before: "start the server there ... or %kcoral connect to one that runs; %kcoral local
+    # start gives this kernel its own", and neither moves a session's cells anywhere.
+    ip, server = session_shell
+    run(ip, "%kcoral session start")
+    label = kernel_state_of(ip).sessions.current.label
+    server.stop()
+    for source in ("%%kcoral\n1\n", "%kcoral session status"):
+        lines = two_lines(run(ip, source)[0], ServerUnreachableError)
+        assert lines[0].startswith(
+            f"ServerUnreachableError: no answer from {server.url}, where {label} runs: "
+        ), lines
+        assert "%kcoral session stop runs cells without it" in lines[1]
+        assert "local start" not in lines[1] and "connect" not in lines[1]
+
+
+def test_stopping_a_session_whose_server_does_not_answer_says_the_kernel_left_it(
+    session_shell,
+) -> None:
+    # Before: a ServerUnreachableError, although the kernel had left the session.
+    ip, server = session_shell
+    run(ip, "%kcoral session start")
+    label = kernel_state_of(ip).sessions.current.label
+    server.stop()
+    result, captured = run(ip, "%kcoral session stop")
+    assert result.error_in_exec is None, result.error_in_exec
+    assert captured.stdout.startswith(f"kcoral: left {label}, but its server did not end it (")
+    assert "cells run without a session again" in captured.stdout
+    assert kernel_state_of(ip).sessions.current is None
+
+
+def test_a_session_unknown_to_a_restarted_server_is_not_said_to_have_been_dropped_only(
+    session_shell, server_factory
+) -> None:
+    ip, server = session_shell
+    run(ip, "%kcoral session start")
+    server.stop()
+    server_factory("--num-workers", "1", "--max-sessions", "1", "--port", str(server.port))
+    lines = two_lines(run(ip, "%%kcoral\n1\n")[0], SessionNotFoundError)
+    assert "(the server restarted, or dropped it after it ended)" in lines[0], lines
+
+
+def test_a_full_set_of_seats_says_how_to_end_a_session_another_kernel_holds(
+    session_shell,
+) -> None:
+    # Before: "... has no session seat free: no session seat free (--max-sessions 1): ..."
+    # and "(%kcoral session list, then stop it)", where %kcoral session stop ends only this
+    # kernel's own session.
+    ip, server = session_shell
+    with kcoral.Client(server.url) as client, client.session():
+        lines = two_lines(run(ip, "%kcoral session start")[0], SessionSeatsFullError)
+    assert lines[0].startswith(
+        f"SessionSeatsFullError: {server.url}: no session seat free (--max-sessions 1): "
+    ), lines
+    assert lines[0].count("no session seat free") == 1
+    assert "%kcoral session attach ID, then %kcoral session stop" in lines[1]

@@ -40,6 +40,7 @@ from kcoral_jupyter.notebook_session import (
     session_ended_under,
     session_interrupted,
     session_refusal,
+    session_unreachable,
 )
 from kcoral_jupyter.runner import (
     ExecuteOptions,
@@ -90,7 +91,9 @@ class CellMagic:
         url = remote.url if remote is not None else self.kernel.resolve_url(args.url)
         try:
             facts = self.kernel.facts(url)
-        except (KCoralError, TransportError) as exc:
+        except TransportError as exc:  # a session's server: ending the session is the way out
+            raise (self._session_refusal(exc, remote) or shorten(exc, url)) from exc
+        except KCoralError as exc:
             raise shorten(exc, url) from exc  # named by its address, as a cell's own failure
         # With --select the node is the router's choice: the server's facts describe its
         # default kind, not the node that will run the cell, so they decide nothing here.
@@ -309,7 +312,10 @@ class CellMagic:
 
     @staticmethod
     def _session_refusal(exc: BaseException, remote: NotebookSession | None) -> TwoLineError | None:
-        """A refusal of the session's program (ended, busy, unknown) as two lines."""
+        """A refusal of the session's program (ended, busy, unknown), or its server's
+        silence, as two lines."""
+        if remote is not None and isinstance(exc, TransportError):
+            return session_unreachable(exc, remote)
         if remote is None or not isinstance(exc, KCoralError):
             return None
         return session_refusal(exc, remote)

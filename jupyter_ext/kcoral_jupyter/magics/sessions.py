@@ -13,7 +13,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.display import display
 
-from kcoral import Client, KCoralError
+from kcoral import Client, KCoralError, TransportError
+from kcoral.errors import root_reason
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import answered_by, shorten
 from kcoral_jupyter.kernel_state import KernelState
@@ -27,6 +28,7 @@ from kcoral_jupyter.notebook_session import (
     require_sessions,
     seconds_text,
     session_refusal,
+    session_unreachable,
     status_rows,
 )
 
@@ -95,7 +97,19 @@ class SessionCommands:
         )
 
     def stop(self, args: argparse.Namespace) -> None:
-        remote = self.kernel.sessions.stop()
+        try:
+            remote = self.kernel.sessions.stop()
+        except (TransportError, KCoralError) as exc:
+            # The kernel has left it all the same (SessionHolder.stop): say that, not only
+            # the failure, which read as if the session were still this kernel's.
+            left = self.kernel.sessions.stopped_label
+            reason = root_reason(exc) if isinstance(exc, TransportError) else str(exc)
+            print(
+                f"kcoral: left {left}, but its server did not end it ({reason}): if that "
+                "server still runs, the session ends after its idle timeout; cells run "
+                "without a session again"
+            )
+            return
         if remote is None:
             print("kcoral: no session in this kernel (cells run without one)")
             return
@@ -114,6 +128,8 @@ class SessionCommands:
             raise ended_error(remote)  # which is not there to ask
         try:
             record = remote.handle.info()
+        except TransportError as exc:
+            raise session_unreachable(exc, remote) from exc
         except KCoralError as exc:
             refusal = session_refusal(exc, remote)
             if refusal is None:
