@@ -226,7 +226,7 @@ def remember_benchmarks(
     among ``values`` that has a label (``--bench-label`` first, else its own ``label``) is
     remembered; returns one note per file written, for the cell's output. A label that
     several different results of the cell share records none of them (the note says why)."""
-    from kcoral.bench.results import BenchmarkResult, ComparisonResult
+    from kcoral.bench.results import BENCHMARK_KIND, BenchmarkResult, ComparisonResult
 
     # the cell's value and an -o name may be the same result decoded twice: one record
     groups: list[list[dict[str, Any]]] = []
@@ -264,6 +264,12 @@ def remember_benchmarks(
     for name, (first, *same) in named:
         if counts[name] > 1:
             continue
+        if first.get("kind") == BENCHMARK_KIND and not first.get("label"):
+            # a benchmark is one row named by its label (rows_of): without one it was
+            # "benchmark", in the table and in the history, so a later run labelled in its
+            # config ('label') was compared with nothing; it takes the name it is kept under
+            for result in (first, *same):
+                result["label"] = name
         directory, where = history_directory(user_ns)
         try:
             remember(first, name, directory, where)

@@ -18,7 +18,7 @@ from kcoral.bench.history import (
     remember,
     remember_benchmarks,
 )
-from kcoral.bench.results import as_bench_result
+from kcoral.bench.results import as_bench_result, format_comparison
 
 
 def comparison(median_a: float, median_b: float, seed: int, clock: str = "cpu") -> dict:
@@ -269,3 +269,27 @@ def test_two_runs_too_short_for_the_clock_are_no_change_not_a_faster_one(tmp_pat
     change = result["history"]["changes"]["benchmark"]
     assert (change["value"], change["ci95_low"], change["ci95_high"]) == (1.0, 1.0, 1.0)
     assert change["verdict"] == "no significant difference" and change["regression"] is False
+
+
+def cpu_benchmark(median: float, seed: int, **extra) -> dict:
+    rng = np.random.default_rng(seed)
+    samples = list(rng.normal(median, 0.02, 500))
+    return as_bench_result(
+        {"kind": "kcoral.benchmark", "clock": "cpu", "samples_ms": samples, **extra}
+    )
+
+
+def test_a_benchmark_kept_under_bench_label_is_its_row_and_compares_with_a_config_label(
+    tmp_path, monkeypatch
+) -> None:
+    # `%%kcoral --bench-label mm` kept an unlabelled benchmark as a row named "benchmark":
+    # the table said "benchmark", and a later run labelled in its config ('label': 'mm')
+    # was compared with nothing, its one row named "mm"
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    first = cpu_benchmark(1.0, 1)
+    remember_benchmarks("mm", [first], {})
+    assert first["label"] == "mm" and format_comparison(first).splitlines()[2].startswith("mm ")
+    later = cpu_benchmark(2.0, 2, label="mm")
+    remember_benchmarks(None, [later], {})
+    assert later["history"]["changes"]["mm"]["regression"] is True
