@@ -16,7 +16,7 @@ from IPython.display import display
 from kcoral import Client, KCoralError, TransportError
 from kcoral.errors import root_reason
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_errors import answered_by, shorten
+from kcoral_jupyter.cell_errors import CellCancelledError, answered_by, shorten
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.jobs import UNKNOWN, owner_of
 from kcoral_jupyter.notebook_session import (
@@ -81,6 +81,15 @@ class SessionCommands:
             raise UsageError(f"%kcoral session start: {exc}") from None
         except KCoralError as exc:
             raise (creation_refusal(exc, url) or shorten(exc, url)) from exc
+        except KeyboardInterrupt:
+            # The start can take seconds (its worker, a GPU's lease); the server ends a
+            # session whose client left before its 201 (EXTENSIONS §11). Before, the
+            # interrupt showed a whole traceback through the HTTP library.
+            raise CellCancelledError(
+                f"interrupted: no session was started on {url} (the server ends one whose "
+                "start was left)",
+                "%kcoral session start again to start one; %kcoral session list shows yours",
+            ) from None
         remote = self.kernel.sessions.adopt(
             NotebookSession(handle, url, self.kernel.token_for(url), keep=args.keep)
         )

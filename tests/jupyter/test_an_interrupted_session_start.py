@@ -1,0 +1,73 @@
+"""An interrupt while ``%kcoral session start`` waits for the server (its worker starting, a
+GPU's lease) is told in two lines. An in-process shell against a stand-in server that never
+answers the create, so the interrupt lands while the answer is awaited."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import signal
+import threading
+
+import pytest
+from IPython.utils.capture import capture_output
+from kcoral_jupyter.cell_errors import CellCancelledError
+from kcoral_jupyter.extension import kernel_state_of
+from kcoral_shell import kcoral_shell
+from stand_in_http import serving
+
+pytestmark = pytest.mark.timeout(120)
+
+ASKED = threading.Event()
+RELEASE = threading.Event()
+
+
+class SlowToStartSessions(http.server.BaseHTTPRequestHandler):
+    """A CPU server offering sessions whose ``POST /v1/sessions`` waits to be released."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _json(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._json({"status": "ok", "gpu_count": 0, "target": {}})
+        else:
+            self._json({"kcoral": "0.1.0", "protocol": 1, "features": ["jobs", "sessions"]})
+
+    def do_POST(self) -> None:
+        ASKED.set()
+        RELEASE.wait(60)
+
+
+def test_an_interrupt_while_a_session_starts_is_told_in_two_lines(monkeypatch) -> None:
+    main = threading.get_ident()
+
+    def interrupt_once_asked() -> None:
+        if ASKED.wait(60):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    with serving(SlowToStartSessions) as url, kcoral_shell(url, monkeypatch, ()) as ip:
+        thread = threading.Thread(target=interrupt_once_asked)
+        thread.start()
+        try:
+            with capture_output():
+                result = ip.run_cell("%kcoral session start")
+        finally:
+            RELEASE.set()
+            thread.join(60)
+        error = result.error_in_exec
+        assert isinstance(error, CellCancelledError), error
+        assert error._render_traceback_() == [
+            f"CellCancelledError: interrupted: no session was started on {url} (the server "
+            "ends one whose start was left)",
+            "%kcoral session start again to start one; %kcoral session list shows yours",
+        ]
+        assert kernel_state_of(ip).sessions.current is None
