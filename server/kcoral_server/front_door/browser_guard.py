@@ -150,6 +150,17 @@ class BrowserGuard:
         # Host cannot come from DNS rebinding, which needs a name the attacker controls.
         return self.listen_host in WILDCARD_ADDRESSES and _is_ip(name)
 
+    def _own_url(self, host: str) -> str:
+        """``http://ADDRESS:PORT`` with the address this process listens on (the port of
+        ``host``, the Host header's value)."""
+        address = self.listen_host
+        if ":" in address:
+            address = f"[{address}]"
+        head, colon, port = host.strip().rpartition(":")
+        if colon and port.isdigit() and (not head.startswith("[") or head.endswith("]")):
+            return f"http://{address}:{port}"
+        return f"http://{address}"
+
     def refusal(self, headers: HeaderList) -> str | None:
         """The 403 ``forbidden`` message for this request, or None when it may go on."""
         for origin in headers.get_list("Origin"):
@@ -162,6 +173,13 @@ class BrowserGuard:
                 )
         if self.check_host:
             for host in headers.get_list("Host"):
+                if not self.host_allowed(host) and normalize_host(host) in ("0.0.0.0", "::"):
+                    # a client given the listen-all address (`--host 0.0.0.0` in its URL):
+                    # no page, and --allowed-host was the wrong advice
+                    return (
+                        f"Host {_echo(host)} is a listen-all address, not one to connect to: "
+                        f"use this {self.process}'s own, {self._own_url(host)}"
+                    )
                 if not self.host_allowed(host):
                     return (
                         f"Host {_echo(host)} is not this {self.process}'s address (a DNS rebinding "
