@@ -86,6 +86,39 @@ def test_outside_slurm_or_with_odd_gpu_ids_it_refuses(tmp_path: Path) -> None:
     assert odd.returncode == 2 and "not GPU ids" in odd.stderr
 
 
+def stand_in_scontrol(tmp_path: Path, time_limit: str) -> str:
+    """A PATH whose ``scontrol show job`` says the job's ``TimeLimit`` as Slurm 22.05 does."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    scontrol = folder / "scontrol"
+    scontrol.write_text(
+        "#!/bin/bash\n"
+        f"echo 'JobId=4711 JobName=kcoral-node'\n"
+        f"echo '   RunTime=00:00:01 TimeLimit={time_limit} TimeMin=N/A'\n"
+    )
+    scontrol.chmod(0o755)
+    return f"{folder}:/usr/bin:/bin"
+
+
+@pytest.mark.parametrize("limit", ["00:02:00", "00:10:00"])
+def test_a_time_limit_the_drain_signal_would_come_within_is_refused(
+    tmp_path: Path, limit: str
+) -> None:
+    # Before, the job started, got its SIGTERM at once (#SBATCH --signal=B:TERM@600) and
+    # left within seconds, COMPLETED, having served nothing and said nothing of why.
+    answer = run_script(tmp_path, PATH=stand_in_scontrol(tmp_path, limit))
+    assert answer.returncode == 2 and answer.stdout == ""
+    assert "time limit" in answer.stderr and "--time=2:00:00" in answer.stderr
+
+
+@pytest.mark.parametrize("limit", ["00:10:01", "1-00:00:00", "UNLIMITED"])
+def test_a_time_limit_past_the_drain_signal_or_none_starts_the_node(
+    tmp_path: Path, limit: str
+) -> None:
+    answer = run_script(tmp_path, PATH=stand_in_scontrol(tmp_path, limit))
+    assert answer.returncode == 0 and "server" in answer.stdout.splitlines(), answer.stderr
+
+
 def slurm_section() -> str:
     text = (ROOT / "docs" / "scaling.md").read_text()
     start = text.index("## Slurm\n")
