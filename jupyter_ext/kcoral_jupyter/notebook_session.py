@@ -177,13 +177,19 @@ def creation_refusal(exc: KCoralError, url: str) -> TwoLineError | None:
     if exc.status_code == 503:
         # The server's message says it already (EXTENSIONS §11): not twice in one line.
         said = exc.message.startswith("no session seat free")
+        # At its per-identity cap, more seats would not let the caller in: that flag would.
+        flag = (
+            "--max-sessions-per-identity"
+            if "--max-sessions-per-identity" in exc.message
+            else "--max-sessions"
+        )
         return SessionSeatsFullError(
             f"{url}: {exc.message}" if said else f"{url} has no session seat free: {exc.message}",
             # "%kcoral session stop" ends only this kernel's session: one held by another
             # kernel is ended by attaching to it first.
             "end one you no longer need (%kcoral session list, %kcoral session attach ID, "
             "then %kcoral session stop), wait for an idle one to time out, or ask the "
-            "operator for kcoral server --max-sessions N",
+            f"operator for kcoral server {flag} N",
         )
     return None
 

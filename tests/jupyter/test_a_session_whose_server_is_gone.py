@@ -16,10 +16,14 @@ from kcoral_jupyter.cell_errors import (
 )
 from kcoral_jupyter.extension import kernel_state_of
 from kcoral_shell import kcoral_shell
+from server_process import client_token_file
 
 import kcoral
 
 pytestmark = pytest.mark.timeout(300)
+
+ALICE = "token-alice-0123456789"
+BOB = "token-bob-0123456789"
 
 
 def run(ip: Any, source: str) -> tuple[Any, Any]:
@@ -143,3 +147,19 @@ def test_a_full_set_of_seats_says_how_to_end_a_session_another_kernel_holds(
     ), lines
     assert lines[0].count("no session seat free") == 1
     assert "%kcoral session attach ID, then %kcoral session stop" in lines[1]
+
+
+def test_a_caller_at_its_per_identity_cap_is_told_the_flag_that_would_let_it_in(
+    server_factory, tmp_path, monkeypatch
+) -> None:
+    # Before: "ask the operator for kcoral server --max-sessions N", with a seat still free.
+    tokens = client_token_file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    server = server_factory(
+        "--num-workers", "1", "--max-sessions", "2", "--auth-token-file", str(tokens)
+    )
+    with kcoral_shell(server.url, monkeypatch, ()) as ip:
+        ip.run_line_magic("config", f"KCoral.token = {ALICE!r}")
+        with kcoral.Client(server.url, token=ALICE) as client, client.session():
+            lines = two_lines(run(ip, "%kcoral session start")[0], SessionSeatsFullError)
+    assert "(--max-sessions-per-identity 1)" in lines[0], lines
+    assert lines[1].endswith("ask the operator for kcoral server --max-sessions-per-identity N")
