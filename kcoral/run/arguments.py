@@ -17,6 +17,7 @@ from typing import Any
 from kcoral.connection.server_address import server_url
 from kcoral.protocol.paths import normalize_workspace_path
 from kcoral.protocol.selector import Selector, SelectorError, parse_selector
+from kcoral.protocol.validate import MAX_GPU_COUNT
 from kcoral.run.inputs import is_text
 from kcoral.run.tools import TOOLS, Tool, UsageError, check_tool_args, get_tool
 
@@ -39,6 +40,8 @@ options (before the first '--'):
   --fetch PATH            file or directory to bring back, relative to the tool's directory
   --out DIR               new local directory for returned files
   --select SELECTOR       through a router: run on a node that offers it (gpu=h100,pool=big)
+  --gpus N                run with a set of N GPUs, 1-8 (torchrun, NCCL); a GPU server's
+                          default is one GPU
   -h, --help              show this help
 """
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -55,6 +58,7 @@ _VALUE_OPTIONS = {
     "--fetch": "fetch",
     "--out": "out",
     "--select": "select",
+    "--gpus": "gpus",
 }
 _REPEATABLE = frozenset({"send", "env", "fetch"})
 
@@ -79,6 +83,9 @@ class RunOptions:
     #: what the node that runs the tool must offer (EXTENSIONS §14); None: any node of the
     #: router's default kind, where a mixed fleet's other kinds were out of reach
     select: Selector | None = None
+    #: ``options.gpu_count`` (PROTOCOL §6.5): the tool runs once with a set of this many
+    #: GPUs; None sends none (one GPU on a GPU server, the CPU on a CPU server)
+    gpu_count: int | None = None
     #: printed on stderr before running (e.g. --host/--port overriding KCORAL_URL)
     warnings: list[str] = field(default_factory=list)
     #: bytes of --send inputs (for the progress line)
@@ -141,6 +148,10 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
         options.timeout_seconds = _positive_int("--timeout", values["timeout"])
     if "output_limit" in values:
         options.output_limit_bytes = _positive_int("--output-limit-bytes", values["output_limit"])
+    if "gpus" in values:
+        options.gpu_count = _positive_int("--gpus", values["gpus"])
+        if options.gpu_count > MAX_GPU_COUNT:
+            raise UsageError(f"--gpus must be 1-{MAX_GPU_COUNT}, not {options.gpu_count}")
     options.send = list(values.get("send", []))
     options.env = parse_env(values.get("env", []), environ)
     options.fetch = parse_fetch(values.get("fetch", []))

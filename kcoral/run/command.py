@@ -165,6 +165,22 @@ class JobLost(Exception):
         )
 
 
+class GpusOnACpuServer(Exception):
+    """``--gpus`` for a server that runs programs on the CPU (``/v1/info`` ``device``): its
+    400 read "gpu_count exceeds this GPU server's configured capacity" (PROTOCOL §7's fixed
+    message), as if it were a GPU server with too few."""
+
+    def __init__(self, gpu_count: int) -> None:
+        super().__init__(gpu_count)
+        self.gpu_count = gpu_count
+
+    def __str__(self) -> str:
+        return (
+            f"--gpus {self.gpu_count}: this server runs programs on the CPU and has no GPUs; "
+            "leave --gpus out, or give a GPU server's --url"
+        )
+
+
 class ConnectionLostMidRun(Exception):
     """The server stopped answering once it had accepted the job and reconnecting failed.
     The job may run on (a network outage, a proxy restarted): "cannot reach the server"
@@ -249,7 +265,7 @@ def run(options: RunOptions) -> int:
     try:
         result = execute(options, program)
         options.tool_ended = True
-    except (JobLost, TokenRefusedMidRun, ConnectionLostMidRun) as lost:
+    except (JobLost, TokenRefusedMidRun, ConnectionLostMidRun, GpusOnACpuServer) as lost:
         say(str(lost))
         return 1
     except KCoralError as exc:
@@ -332,12 +348,15 @@ def execute(options: RunOptions, program: Any) -> Any:
         info = _server_info(client)
         options.server_output_limit_bytes = _max_output_limit(info)
         _warn_of_a_clamped_timeout(options, info)
+        if options.gpu_count is not None and info.get("device") == "cpu":
+            raise GpusOnACpuServer(options.gpu_count)
         if not _offers_jobs(info):
             with progress:
                 return client.execute(
                     program,
                     timeout_seconds=options.timeout_seconds,
                     output_limit_bytes=options.output_limit_bytes,
+                    gpu_count=options.gpu_count,
                     select=options.select,
                 )
         with progress:
@@ -345,6 +364,7 @@ def execute(options: RunOptions, program: Any) -> Any:
                 program,
                 timeout_seconds=options.timeout_seconds,
                 output_limit_bytes=options.output_limit_bytes,
+                gpu_count=options.gpu_count,
                 select=options.select,
             )
         # First in line (position 0) is also a wait when every worker is busy, and that

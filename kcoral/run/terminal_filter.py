@@ -38,7 +38,6 @@ _KEPT_SEQUENCE = re.compile("\x1b(?:\\[[0-?]{0,62}[mABCDEFGHJKSTXdf@LMPhlrsu]|[7
 _MAX_CSI = 64
 
 
-
 def is_terminal(stream: TextIO) -> bool:
     """Whether ``stream`` writes to a terminal (a replaced or closed stream does not)."""
     try:

@@ -91,6 +91,9 @@ def test_run_help_and_tool_help_print_without_a_server(
         ["run-iket", "--url", URL, "--", "profile", "--", "app"],
         ["run-iket", "--url", URL, "--out", "o", "--", "--", "app"],
         ["shell", "--url", URL, "--", ""],
+        ["python", "--url", URL, "--gpus", "0", "--", "x.py"],
+        ["python", "--url", URL, "--gpus", "9", "--", "x.py"],
+        ["python", "--url", URL, "--gpus", "two", "--", "x.py"],
     ],
 )
 def test_every_usage_error_exits_2_without_contacting_a_server(
@@ -162,7 +165,15 @@ def test_defaults_follow_the_spec() -> None:
     assert options.url == "https://k.example"
     assert options.timeout_seconds == 300
     assert options.output_limit_bytes == 268435456
+    assert options.gpu_count is None  # no gpu_count sent: the server's default
     assert options.warnings == []
+
+
+def test_gpus_asks_for_a_set_of_that_many_gpus() -> None:
+    assert parse("python", "--url", URL, "--gpus", "2", "--", "x.py").gpu_count == 2
+    assert parse("python", "--url", URL, "--gpus=8", "--", "x.py").gpu_count == 8
+    with pytest.raises(UsageError, match="--gpus must be 1-8, not 9"):
+        parse("python", "--url", URL, "--gpus", "9", "--", "x.py")
 
 
 def test_an_empty_kcoral_url_counts_as_unset() -> None:

@@ -1,0 +1,64 @@
+"""`kcoral run --gpus N` runs the tool once with a set of N GPUs (CLIENT_API §11, PROTOCOL
+§6.5), against a real server on fake GPUs: what torchrun or an NCCL test needs, which
+`kcoral run` could not ask for (every tool got one GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_process import running_server
+
+SHOWS_ITS_GPUS = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
+TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
+
+
+@pytest.fixture(scope="module")
+def two_gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_server(tmp_path_factory.mktemp("gpus"), TWO_FAKE_GPUS) as server:
+        yield server.url
+
+
+def kcoral_run(url: str, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "kcoral", "run", "python", "--url", url, *options]
+    return subprocess.run(
+        [*command, "--", "-c", SHOWS_ITS_GPUS], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.slow
+def test_gpus_two_gives_the_tool_a_set_of_two_gpus(two_gpu_server: str, tmp_path: Path) -> None:
+    done = kcoral_run(two_gpu_server, "--gpus", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "0,1\n"
+
+
+@pytest.mark.slow
+def test_without_gpus_the_tool_gets_one_gpu(two_gpu_server: str) -> None:
+    done = kcoral_run(two_gpu_server)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("0", "1")
+
+
+@pytest.mark.slow
+def test_more_gpus_than_the_server_has_is_the_servers_refusal(two_gpu_server: str) -> None:
+    done = kcoral_run(two_gpu_server, "--gpus", "3")
+    assert done.returncode == 1
+    assert done.stderr == (
+        "kcoral run: server error: HTTP 400: gpu_count exceeds this GPU server's configured "
+        "capacity\n"
+    )
+
+
+@pytest.mark.slow
+def test_gpus_for_a_cpu_server_says_it_has_none_before_running(server_url: str) -> None:
+    # its 400 read "gpu_count exceeds this GPU server's configured capacity"
+    done = kcoral_run(server_url, "--gpus", "2")
+    assert done.returncode == 1
+    assert done.stderr == (
+        "kcoral run: --gpus 2: this server runs programs on the CPU and has no GPUs; leave "
+        "--gpus out, or give a GPU server's --url\n"
+    )
