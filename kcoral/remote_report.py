@@ -18,6 +18,7 @@ JSON cannot carry, gets a note saying so, and what to do.
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import re
 import sys
@@ -41,6 +42,10 @@ JSON_RETURN = (
     "The function's return value cannot travel in JSON mode: return JSON values (None, bool, "
     "int, float, str, list, dict with str keys), bytes or arrays, or use "
     "serialization='pickle'."
+)
+UNAWAITED = (
+    "The server returned the async def function's coroutine without awaiting it: it does "
+    "not run async def functions (no feature 'async-run'); make the function a plain def."
 )
 NO_TRAMPOLINE = (
     "This server cannot run pickle-mode remote functions (it has no "
@@ -83,7 +88,10 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
     ):
         # the function returned; its value cannot travel as JSON ("cannot encode value of
         # type 'set'" said neither whose value nor what to do)
-        error.add_note(JSON_RETURN)
+        message = str(failure.get("message"))
+        # A server without EXTENSIONS §3's async-run returns an async def's coroutine unawaited
+        unawaited = "coroutine" in message and inspect.iscoroutinefunction(fn)
+        error.add_note(UNAWAITED if unawaited else JSON_RETURN)
         return
     text = error.remote_traceback
     if not isinstance(text, str) or not text.strip():

@@ -16,7 +16,15 @@ import pytest
 import kcoral
 import kcoral.remote
 from kcoral.errors import RemoteExecutionError
-from kcoral.remote_report import JSON_RETURN, NO_TRAMPOLINE, NOTE_HEADING, user_traceback
+from kcoral.remote_report import (
+    JSON_RETURN,
+    NO_TRAMPOLINE,
+    NOTE_HEADING,
+    UNAWAITED,
+    note_remote_traceback,
+    user_traceback,
+)
+from kcoral.results import ProgramResult
 
 pytestmark = pytest.mark.skipif(
     sys.version_info < (3, 11), reason="exception notes (PEP 678) need Python 3.11"
@@ -124,6 +132,25 @@ def test_a_json_return_value_that_json_cannot_carry_says_what_to_return(client) 
     assert the_note(info.value) == JSON_RETURN
     assert "serialization='pickle'" in JSON_RETURN
     assert client.function(serialization="pickle")(returns_a_set).remote() == {"ids": {1, 2}}
+
+
+async def awaited_nowhere():
+    return 1
+
+
+def test_an_async_function_on_a_server_that_never_awaits_it_says_so() -> None:
+    # a server without feature async-run returns the coroutine; the note said "return JSON
+    # values", which an async def function returning 1 already does
+    failure = {
+        "kind": "serialization",
+        "message": "cannot encode value of type 'coroutine'",
+        "instruction_op": "return",
+        "traceback": "",
+    }
+    result = ProgramResult("FAILED", "r", 0.0, 0.0, 0.0, 0.0, {}, "", "", False, False, failure)
+    error = RemoteExecutionError(result)
+    note_remote_traceback(error, awaited_nowhere, "json")
+    assert the_note(error) == UNAWAITED
 
 
 def test_a_traceback_that_is_not_pythons_passes_through_unchanged() -> None:
