@@ -115,6 +115,18 @@ def session_ended_under(remote: NotebookSession | None) -> TwoLineError | None:
     return ended_error(remote)
 
 
+def ended_with_cell_hint(remote: NotebookSession | None, session_id: str) -> str:
+    """For a failed cell of session ``session_id``: a hint when the session ended with it
+    (its worker exited, or it left threads running, EXTENSIONS §11), else "". Before, only
+    the next cell said so, after the user had moved on believing the state was there."""
+    if remote is None or remote.id != session_id or session_ended_under(remote) is None:
+        return ""
+    return (
+        f"hint: {remote.label} has ended with this cell ({remote.ended_message}): its "
+        "variables are gone; %kcoral session start begins a new session"
+    )
+
+
 def session_interrupted(remote: NotebookSession) -> CellCancelledError:
     """An interrupted session cell: its program got ``KeyboardInterrupt``, not a kill."""
     return CellCancelledError(

@@ -37,6 +37,7 @@ from kcoral_jupyter.notebook_session import (
     NotebookSession,
     after_stop_hint,
     ended_error,
+    ended_with_cell_hint,
     session_ended_under,
     session_interrupted,
     session_refusal,
@@ -253,6 +254,8 @@ class CellMagic:
             hint = missing_input_hint(result, self.shell.user_ns)
             if not hint and record.session_id is None:
                 hint = after_stop_hint(result, self.kernel.sessions.stopped_label)
+            if not hint and record.session_id is not None:
+                hint = ended_with_cell_hint(self.kernel.sessions.active(), record.session_id)
             raise RemoteCellError(result, record, hint=hint)
         try:
             outcome = read_outcome(result, built)

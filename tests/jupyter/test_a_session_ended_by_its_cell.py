@@ -1,0 +1,34 @@
+"""A session cell whose program ends the session (its worker exits): the cell itself says so.
+An in-process IPython shell against a real CPU server."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.utils.capture import capture_output
+from kcoral_jupyter.extension import kernel_state_of
+from kcoral_jupyter.runner import RemoteCellError
+from kcoral_shell import kcoral_shell
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_session_cell_whose_worker_exits_says_the_session_ended_with_it(
+    server_factory, monkeypatch
+) -> None:
+    # Before: only "worker exited while executing the instruction: it exited with status 3";
+    # the session's end (its variables gone) was told by the next cell.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with kcoral_shell(server.url, monkeypatch, ()) as ip:
+        sessions = kernel_state_of(ip).sessions
+        try:
+            with capture_output():
+                ip.run_line_magic("kcoral", "session start")
+                label = sessions.current.label
+                failed = ip.run_cell("%%kcoral\nx = 1\n1 / 0\n").error_in_exec
+                exited = ip.run_cell("%%kcoral\nimport os\nos._exit(3)\n").error_in_exec
+        finally:
+            sessions.current = None
+    assert isinstance(failed, RemoteCellError) and "has ended" not in str(failed.hint)
+    assert isinstance(exited, RemoteCellError), exited
+    assert exited.hint.startswith(f"hint: {label} has ended with this cell (session ended: ")
+    assert "(exit code 3)" in exited.hint and "its variables are gone" in exited.hint
