@@ -181,8 +181,12 @@ class SessionCommands:
         several_owners = len({owner_of(record) for record in records}) > 1
         for record in records:
             owner = f"  owner {owner_of(record) or UNKNOWN}" if several_owners else ""
+            # An ended one says why (its end_reason): "ENDED" alone left the user guessing
+            # whether their own stop, the idle timeout or a crash had ended it.
+            reason = record.get("end_reason") if record.get("state") == "ENDED" else None
+            state = f"{record.get('state')} ({reason})" if reason else str(record.get("state"))
             print(
-                f"{record.get('session_id')}  {record.get('state')}  "
+                f"{record.get('session_id')}  {state}  "
                 f"{programs_text(record)}  {session_place(record)}{owner}"
             )
 

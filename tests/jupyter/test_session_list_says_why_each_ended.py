@@ -1,0 +1,26 @@
+"""``%kcoral session list`` says why each ended session ended. An in-process IPython shell
+against a real CPU server."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.utils.capture import capture_output
+from kcoral_shell import kcoral_shell
+
+import kcoral
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_session_list_says_why_each_ended_session_ended(server_factory, monkeypatch) -> None:
+    # Before: "<id>  ENDED  0 programs  CPU", the same for a stop, an idle timeout, a crash.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with kcoral.Client(server.url) as client:
+        stopped = client.session()
+        stopped.close()
+        with client.session() as live:
+            with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output() as listed:
+                ip.run_line_magic("kcoral", "session list")
+    lines = listed.stdout.splitlines()
+    assert f"{stopped.id}  ENDED (deleted)  0 programs  CPU" in lines, lines
+    assert f"{live.id}  IDLE  0 programs  CPU" in lines, lines
