@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 import secrets
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,9 @@ def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
     assert "Point(x=11, y=12)" in outputs  # pickle: a closure over a notebook dataclass
     assert "[0 1 4 9]" in outputs  # pickle: a lambda on a NumPy array
     assert "ZeroDivisionError" in outputs  # RemoteExecutionError with the remote traceback
+    assert "dividing 1 by 0" in outputs  # the function's print reaches the cell
+    if sys.version_info >= (3, 11):  # the note: the notebook's own line, not <uploaded:...>
+        assert "in divide\n    return a / b" in outputs and "<uploaded:" not in outputs
     assert "49" in outputs and "[0, 1, 4, 9, 16, 25, 36, 49]" in outputs  # async def, gather
     assert "HELLO" in outputs  # AsyncClient
     if connection.name == "embedded":  # the server the notebook starts keeps the safe default
