@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from kcoral import base_client
 from kcoral.connection.transport import Flow, Request
-from kcoral.errors import KCoralError, ProtocolError
+from kcoral.errors import KCoralError, ProtocolError, TransportError
 from kcoral.jobs import AsyncJob, Job, check_path_id
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.selector import SELECT_HEADER, Selector, format_selector
@@ -236,8 +236,14 @@ class Session(_SessionBase):
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        if error is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except (KCoralError, TransportError) as failed:
+            _note_unended(self.id, error, failed)
 
 
 class AsyncSession(_SessionBase):
@@ -295,5 +301,24 @@ class AsyncSession(_SessionBase):
     async def __aenter__(self) -> AsyncSession:
         return await self.start()
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        if error is None:
+            await self.close()
+            return
+        try:
+            await self.close()
+        except (KCoralError, TransportError) as failed:
+            _note_unended(self.id, error, failed)
+
+
+def _note_unended(session_id: str, error: BaseException, failed: Exception) -> None:
+    """A ``with`` block that raised, whose session's end failed too (its server gone, say):
+    the block's error stays the one raised, with a note (Python 3.11+) that the session may
+    live on until its idle timeout. Before, the end's failure replaced it, and a script's
+    last line named the ``DELETE`` instead of what went wrong."""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(
+            f"kcoral: session {session_id} was not ended ({failed}); if its server still "
+            "runs, it ends after its idle timeout"
+        )
