@@ -118,6 +118,32 @@ def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     return dump_by_value((fn, args, kwargs))
 
 
+def _unpicklable_part(
+    fn: Callable[..., Any],
+    bound: inspect.BoundArguments | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[str, Exception] | None:
+    """Which part of a call that failed to pickle is the cause, and its error: cloudpickle's
+    own (``cannot pickle '_thread.lock' object``) named no argument, nor the function's
+    globals. ``None`` when each part pickles alone."""
+    if bound is None:
+        labels = [f"argument {index}" for index in range(len(args))]
+        values = [*args, *kwargs.values()]
+    else:
+        labels = _argument_labels(bound, set(bound.arguments))
+        values = [*bound.args, *bound.kwargs.values()]
+        kwargs = bound.kwargs
+    parts = [("the function (with the globals and closure it uses)", fn)]
+    parts += zip(labels + [f"argument {name!r}" for name in kwargs], values, strict=True)
+    for label, value in parts:
+        try:
+            dump_by_value(value)
+        except Exception as exc:
+            return label, exc
+    return None
+
+
 def dump_by_value(value: Any) -> bytes:
     """``dump_envelope(value)``, every loaded module the server cannot import by value.
 
@@ -407,7 +433,16 @@ class RemoteFunction:
         return program
 
     def _pickle_program(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
-        payload = _dump_call(self.__wrapped__, args, kwargs)
+        try:
+            payload = _dump_call(self.__wrapped__, args, kwargs)
+        except Exception:
+            culprit = _unpicklable_part(self.__wrapped__, self._bind(args, kwargs), args, kwargs)
+            if culprit is None:
+                raise
+            label, exc = culprit
+            raise TypeError(
+                f"{self.__name__}(): {label} cannot be pickled: {type(exc).__name__}: {exc}"
+            ) from exc
         program = Program()
         module = program.upload(id="module", kind="module", source=TRAMPOLINE_SOURCE)
         function = program.get_function(
