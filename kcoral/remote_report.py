@@ -40,7 +40,7 @@ NOTE_HEADING = "Remote traceback (most recent call last), on the server:"
 _PYTHON_HEADING = "Traceback (most recent call last):"
 JSON_RETURN = (
     "The function's return value cannot travel in JSON mode: return JSON values (None, bool, "
-    "int, float, str, list, dict with str keys), bytes or arrays, or use "
+    "int, finite float, str, list, dict with str keys), bytes or arrays, or use "
     "serialization='pickle'."
 )
 UNAWAITED = (

@@ -134,6 +134,19 @@ def test_a_json_return_value_that_json_cannot_carry_says_what_to_return(client) 
     assert client.function(serialization="pickle")(returns_a_set).remote() == {"ids": {1, 2}}
 
 
+def returns_nan():
+    return float("nan")
+
+
+def test_a_json_return_value_that_is_not_finite_is_not_called_a_float_json_carries(
+    client,
+) -> None:
+    with pytest.raises(RemoteExecutionError, match="non-finite") as info:
+        client.function()(returns_nan).remote()
+    assert the_note(info.value) == JSON_RETURN
+    assert "finite float" in JSON_RETURN  # it listed "float" as what to return
+
+
 async def awaited_nowhere():
     return 1
 
