@@ -163,3 +163,20 @@ def test_a_caller_at_its_per_identity_cap_is_told_the_flag_that_would_let_it_in(
             lines = two_lines(run(ip, "%kcoral session start")[0], SessionSeatsFullError)
     assert "(--max-sessions-per-identity 1)" in lines[0], lines
     assert lines[1].endswith("ask the operator for kcoral server --max-sessions-per-identity N")
+
+
+def test_listing_sessions_starts_no_local_server_to_list_nothing(embedded_shell) -> None:
+    # Before: the list started the embedded server (seconds), then said it had no sessions.
+    _, listed = run(embedded_shell, "%kcoral session list")
+    assert listed.stdout.strip() == (
+        "kcoral: no sessions: no server configured, and this kernel's local server has not "
+        "started yet"
+    )
+    assert kernel_state_of(embedded_shell).local is None
+    run(embedded_shell, "%kcoral session start")
+    run(embedded_shell, "%kcoral local stop")
+    _, listed = run(embedded_shell, "%kcoral session list")
+    assert listed.stdout.strip() == (
+        "kcoral: no sessions: this kernel's local server has stopped, and its sessions ended "
+        "with it"
+    )

@@ -171,6 +171,14 @@ class SessionCommands:
         )
 
     def list_sessions(self, args: argparse.Namespace) -> None:
+        if self.kernel.running_url() is None:  # not started (seconds) only to list nothing
+            why = (
+                "this kernel's local server has stopped, and its sessions ended with it"
+                if self.kernel.gone_local
+                else "no server configured, and this kernel's local server has not started yet"
+            )
+            print(f"kcoral: no sessions: {why}")
+            return
         url, client = self._offering_server()
         with answered_by(url):
             records = client.sessions()
