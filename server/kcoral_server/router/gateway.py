@@ -18,7 +18,7 @@ from kcoral_server.router.identity import (
     is_valid_node_id,
     node_grant,
 )
-from kcoral_server.router.log import RouterLog
+from kcoral_server.router.log import OncePerPeer, RouterLog
 from kcoral_server.router.registry import (
     SERVER_STOPPED,
     SLOT_KEY_REFUSAL,
@@ -30,6 +30,8 @@ from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, Route
 from kcoral_server.settings.config import MAX_NODE_LABELS, node_label_problem
 
 FIRST_MESSAGE_TIMEOUT = 10.0
+#: at most one ``node_token_invalid`` line per peer address in this many seconds
+TOKEN_REFUSAL_LOG_SECONDS = 60.0
 
 #: The server side of a ``ConnectSupervisor`` stream and of a ``ConnectSlot`` stream.
 SupervisorContext = grpc.aio.ServicerContext[pb.SupervisorStatus, pb.SupervisorAck]
@@ -180,6 +182,7 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         # Called with every valid status once the registry has it: the router's metrics
         # take the node's own series from it (EXTENSIONS §13); it never ends the stream.
         self.on_status = on_status
+        self.token_refusals = OncePerPeer(TOKEN_REFUSAL_LOG_SECONDS)
 
     async def _authenticate(self, context: grpc.aio.ServicerContext[Any, Any]) -> NodeGrant:
         """The node ids the call's node token opens; ``UNAUTHENTICATED`` without one."""
@@ -189,6 +192,16 @@ class Gateway(pb_grpc.RouterGatewayServicer):
                 value = item
         grant = node_grant(value, self.settings.node_token, self.settings.node_tokens)
         if grant is None:
+            # Only the node logged this: a node left with an old token after a rotation, or
+            # given a wrong one, was invisible in the router's log (ROUTER §10).
+            if self.token_refusals.due(context.peer()):
+                self.log.event(
+                    "node_token_invalid",
+                    level="WARNING",
+                    peer=context.peer(),
+                    message="refused a node's invalid or missing node token: give it a token from "
+                    "--node-token or --node-token-file",
+                )
             # the node logs this text at each retry: say what its operator sets
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, Protocol, TextIO
@@ -79,3 +80,30 @@ class NodeStateLines:
         if len(self.logged) > len(nodes):  # a forgotten record: one made again begins anew
             for node_id in [n for n in self.logged if n not in nodes]:
                 del self.logged[node_id]
+
+
+class OncePerPeer:
+    """Says whether a line about a gRPC peer is due: at most one per peer address (its port
+    left out: each retry comes from a new one) per ``window`` seconds. A node with a wrong
+    token retries every stream with back-off forever; one line a minute names it without
+    flooding the log. Bounded, so many addresses cannot make it grow without end."""
+
+    MAX_PEERS = 4096
+
+    def __init__(self, window: float, clock: Any = time.monotonic) -> None:
+        self.window = window
+        self.clock = clock
+        self.last: dict[str, float] = {}
+
+    def due(self, peer: str) -> bool:
+        address = peer.rsplit(":", 1)[0] if peer.count(":") > 1 else peer
+        now = self.clock()
+        last = self.last.get(address)
+        if last is not None and now - last < self.window:
+            return False
+        if len(self.last) >= self.MAX_PEERS:
+            self.last = {a: t for a, t in self.last.items() if now - t < self.window}
+            if len(self.last) >= self.MAX_PEERS:
+                return False  # so many addresses at once: those already named stand for them
+        self.last[address] = now
+        return True
