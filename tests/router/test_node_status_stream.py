@@ -4,10 +4,14 @@ reported while the stream is still waiting for the router's ack goes out at once
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import pytest
+from kcoral_server.node import status_stream
 from kcoral_server.node.status_stream import stream_status
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
+from kcoral_server.router.registry import SERVER_STOPPED
 from kcoral_server.settings.config import ServerConfig
 from router_helpers import RouterProcess
 
@@ -55,3 +59,68 @@ def test_a_change_reported_before_the_routers_ack_is_sent_at_once_not_an_interva
     assert len(sent) >= 2, "the reported change was not sent within 10 s"
     assert sent[1] - sent[0] < 5
     assert "node_connected node=n1" in router.wait_log("node_connected node=n1")
+
+
+class RecordedCall:
+    """The real supervisor call, noting whether the router had ended it when it was
+    cancelled."""
+
+    def __init__(self, call: Any, cancels: list[bool]) -> None:
+        self.call = call
+        self.cancels = cancels
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.call, name)
+
+    def cancel(self) -> bool:
+        self.cancels.append(self.call.done())
+        return bool(self.call.cancel())
+
+
+def test_a_drained_nodes_last_status_reaches_the_router_before_its_call_is_cancelled(
+    router: RouterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last status (draining, ``KCoral Server has stopped``) was written, the writing
+    half closed and the call cancelled at once: the router could lose that status with the
+    cancel and log the planned leave as a lost node's ``node_disconnected`` WARNING (seen
+    for one Slurm node job of two drained by its time limit)."""
+    cancels: list[bool] = []
+    real_stub = status_stream.pb_grpc.RouterGatewayStub
+
+    class Stub:
+        def __init__(self, channel: Any) -> None:
+            self.stub = real_stub(channel)
+
+        def ConnectSupervisor(self, **kwargs: Any) -> RecordedCall:
+            return RecordedCall(self.stub.ConnectSupervisor(**kwargs), cancels)
+
+    monkeypatch.setattr(status_stream.pb_grpc, "RouterGatewayStub", Stub)
+    config = ServerConfig(router_endpoint=router.url, node_id="n2")
+    changed = asyncio.Event()
+    stopped = [False]
+
+    def status() -> pb.SupervisorStatus:
+        return pb.SupervisorStatus(
+            node_id="n2",
+            supervisor_instance_id="supervisor-2",
+            last_error=SERVER_STOPPED if stopped[0] else "KCoral Server is shutting down",
+            draining=True,
+            health_age_millis=2**64 - 1,
+        )
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        reporter = loop.create_task(
+            stream_status(
+                config, status, changed, interval=INTERVAL, done=lambda: stopped[0], log=RouterLog()
+            )
+        )
+        await asyncio.to_thread(router.wait_log, "node_connected node=n2")
+        stopped[0] = True
+        changed.set()
+        await asyncio.wait_for(reporter, 10)
+
+    asyncio.run(scenario())
+    assert cancels == [True], "the call was cancelled before the router had ended it"
+    log = router.wait_log("node_disconnected node=n2")
+    assert "INFO    node_disconnected node=n2" in log, log

@@ -19,6 +19,10 @@ from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.log import RouterLog
 from kcoral_server.settings.config import ServerConfig
 
+#: how long the last status waits for the router to end the call (the supervisor waits 2 s
+#: for the whole report loop at its stop)
+GOODBYE_SECONDS = 1.5
+
 #: LeaseStats' duration fields, as the child's worker-status names them (ROUTER §6)
 LEASE_STAT_TIMES = (
     "seat_held_mean_ms",
@@ -112,6 +116,11 @@ async def stream_status(
                     await call.write(status())
                     if finished:
                         await call.done_writing()
+                        # The router ends the call once it has read the goodbye; cancelling
+                        # before then (the finally below) could drop that status, and the
+                        # drained node's leave was logged as a lost node's WARNING.
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(call.code(), GOODBYE_SECONDS)
                         return
             # InvalidStateError: a write to a call the router already ended (the router went
             # away between two statuses); like any lost stream, reconnect. Uncaught, it ended
