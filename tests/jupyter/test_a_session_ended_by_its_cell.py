@@ -1,10 +1,12 @@
-"""A session cell whose program ends the session (its worker exits): the cell itself says so.
-An in-process IPython shell against a real CPU server."""
+"""A session that ends with its cell's program (its worker exits), or under a ``--noblock``
+job: the cell, or the job's attach, says so. In-process IPython shells against a real CPU
+server."""
 
 from __future__ import annotations
 
 import pytest
 from IPython.utils.capture import capture_output
+from kcoral_jupyter.cell_errors import SessionEndedError
 from kcoral_jupyter.extension import kernel_state_of
 from kcoral_jupyter.runner import RemoteCellError
 from kcoral_shell import kcoral_shell
@@ -32,3 +34,31 @@ def test_a_session_cell_whose_worker_exits_says_the_session_ended_with_it(
     assert isinstance(exited, RemoteCellError), exited
     assert exited.hint.startswith(f"hint: {label} has ended with this cell (session ended: ")
     assert "(exit code 3)" in exited.hint and "its variables are gone" in exited.hint
+
+
+def test_attaching_to_a_session_job_that_its_sessions_stop_ended_says_the_session_ended(
+    server_factory, monkeypatch
+) -> None:
+    # Before: "the job was cancelled on URL, not by this cell" and "a Cancel in the KCoral
+    # panel, %kcoral cancel or another client of the server stopped it", after the user's
+    # own %kcoral session stop.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with kcoral_shell(server.url, monkeypatch, ("job",)) as ip:
+        sessions = kernel_state_of(ip).sessions
+        try:
+            with capture_output():
+                ip.run_line_magic("kcoral", "session start")
+                label = sessions.current.label
+                ip.run_cell("%%kcoral --noblock -r job\nimport time\ntime.sleep(60)\n")
+                job_id = ip.user_ns["job"].id
+                ip.run_line_magic("kcoral", "session stop")
+                error = ip.run_cell(f"%kcoral attach {job_id}").error_in_exec
+        finally:
+            sessions.current = None
+    assert isinstance(error, SessionEndedError), error
+    assert error._render_traceback_() == [
+        f"SessionEndedError: job {job_id} on {server.url} was cancelled: {label} ended while "
+        "it ran",
+        "its result is gone: run the cell again (%kcoral session list says why the session "
+        "ended; %kcoral session start begins a new one)",
+    ]

@@ -14,11 +14,12 @@ from IPython.core.error import UsageError
 from IPython.display import display
 
 from kcoral import Client, KCoralError, TransportError
-from kcoral.jobs import check_job_id
+from kcoral.jobs import Job, check_job_id
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
     LocalServerGoneError,
+    SessionEndedError,
     answered_by,
     refused,
     unreachable,
@@ -149,7 +150,7 @@ class JobCommands:
                 f"%kcoral attach {job_id} follows it again, %kcoral cancel {job_id} stops it",
             ) from exc
         except KCoralError as exc:
-            error = translate_error(exc, ExecuteOptions(), url)
+            error = ended_with_session(job, exc, url) or translate_error(exc, ExecuteOptions(), url)
             if error is exc:  # an HTTP error (an unknown id's 404): the line said "attached"
                 said = refused(exc, url)
                 line_out.show(said.cause, status="ERROR")
@@ -185,6 +186,32 @@ class JobCommands:
             raise refused(exc, url) from None
         self.kernel.pending.pop(job_id, None)
         print(f"kcoral: cancelled job {job_id} on {url}")
+
+
+def ended_with_session(job: Job, exc: KCoralError, url: str) -> SessionEndedError | None:
+    """A session's job cancelled because its session ended (its ``error_kind`` is
+    ``session_ended``, EXTENSIONS §11): said so. Before, "cancelled ... not by this cell: a
+    Cancel in the KCoral panel, %kcoral cancel or another client stopped it" after the
+    user's own %kcoral session stop had ended it."""
+    if exc.kind != "cancelled":
+        return None
+    try:
+        state = job.status()
+    except (KCoralError, TransportError):
+        return None
+    if state.get("error_kind") != "session_ended":
+        return None
+    worker = state.get("worker_id")
+    session = (
+        f"session {worker.removeprefix('session/')}"
+        if isinstance(worker, str) and worker.startswith("session/")
+        else "its session"
+    )
+    return SessionEndedError(
+        f"job {job.id} on {url} was cancelled: {session} ended while it ran",
+        "its result is gone: run the cell again (%kcoral session list says why the session "
+        "ended; %kcoral session start begins a new one)",
+    )
 
 
 def owner_of(record: Mapping[str, Any]) -> str | None:
