@@ -1,10 +1,11 @@
-"""``%kcoral session list`` says why each ended session ended. An in-process IPython shell
-against a real CPU server."""
+"""``%kcoral session list`` says why each ended session ended, and attaching an ended one
+says nothing was attached. In-process IPython shells against a real CPU server."""
 
 from __future__ import annotations
 
 import pytest
 from IPython.utils.capture import capture_output
+from kcoral_jupyter.cell_errors import SessionEndedError
 from kcoral_shell import kcoral_shell
 
 import kcoral
@@ -24,3 +25,21 @@ def test_session_list_says_why_each_ended_session_ended(server_factory, monkeypa
     lines = listed.stdout.splitlines()
     assert f"{stopped.id}  ENDED (deleted)  0 programs  CPU" in lines, lines
     assert f"{live.id}  IDLE  0 programs  CPU" in lines, lines
+
+
+def test_attaching_an_ended_session_says_nothing_was_attached(server_factory, monkeypatch) -> None:
+    # Before: "... %kcoral session stop runs cells without one", for a session this kernel
+    # never attached (its stop then said "no session in this kernel").
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with kcoral.Client(server.url) as client:
+        ended = client.session()
+        ended.close()
+    with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output():
+        error = ip.run_cell(f"%kcoral session attach {ended.id}").error_in_exec
+    assert isinstance(error, SessionEndedError), error
+    assert error._render_traceback_() == [
+        f"SessionEndedError: session {ended.id[:8]} on {server.url} has ended: session ended "
+        "by its owner",
+        "nothing was attached: %kcoral session list shows your sessions, %kcoral session "
+        "start begins a new one",
+    ]

@@ -16,7 +16,12 @@ from IPython.display import display
 from kcoral import Client, KCoralError, TransportError
 from kcoral.errors import root_reason
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_errors import CellCancelledError, answered_by, shorten
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    SessionEndedError,
+    answered_by,
+    shorten,
+)
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.jobs import UNKNOWN, owner_of
 from kcoral_jupyter.notebook_session import (
@@ -162,7 +167,13 @@ class SessionCommands:
         remote = NotebookSession(handle, url, self.kernel.token_for(url), keep=True)
         if handle.record.get("state") == "ENDED":
             remote.ended_message = str(handle.record.get("end_message") or "ended")
-            raise ended_error(remote)
+            # Not ended_error's "%kcoral session stop runs cells without one": nothing was
+            # attached, so this kernel has no such session to stop.
+            raise SessionEndedError(
+                ended_error(remote).cause,
+                "nothing was attached: %kcoral session list shows your sessions, %kcoral "
+                "session start begins a new one",
+            )
         self.kernel.sessions.adopt(remote)
         print(
             f"kcoral: attached to {remote.label} on {url} ({session_place(handle.record)}, "
