@@ -73,6 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:
             sys.stderr.write(f"kcoral server: {problem}\n")
             return 2
+        # A --port taken now fails every child start alike: the supervisor restarted its
+        # child with back-off for ever, and a Slurm node job held its allocation serving
+        # nothing. Later starts keep the back-off (a stray may let the port go).
+        taken = port_taken(settings.port, settings.host)
+        if taken is not None:
+            sys.stderr.write(cannot_listen_line(settings, taken))
+            return 1
         return run_supervisor(settings, server_argv)
     router_secret = None
     slot_key = ""  # ROUTER §12: what this node child's slots present to the router
@@ -151,11 +158,15 @@ def port_taken(port: int, host: str) -> OSError | None:
     return None
 
 
-def _cannot_listen(settings: ServerSettings, events: EventLog, exc: OSError) -> int:
-    events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
+def cannot_listen_line(settings: ServerSettings, exc: OSError) -> str:
     hint = listen_failure_hint(exc)
     said = f"kcoral server: cannot listen on {settings.host}:{settings.port}: {exc}"
-    sys.stderr.write(f"{said}; {hint}\n" if hint else f"{said}\n")
+    return f"{said}; {hint}\n" if hint else f"{said}\n"
+
+
+def _cannot_listen(settings: ServerSettings, events: EventLog, exc: OSError) -> int:
+    events.emit("server_start_failed", "ERROR", error=str(exc), traceback="")
+    sys.stderr.write(cannot_listen_line(settings, exc))
     return 1
 
 
