@@ -195,23 +195,25 @@ def _verbatim_body_start(
 def uploaded_line_map(fn: types.FunctionType) -> Callable[[int], int | None]:
     """For a JSON-mode function's uploaded module (``json_module_source``): the line of
     ``fn``'s own file that an uploaded line is, ``None`` for the generated dispatcher (not
-    the user's code), or the uploaded line itself where the body was rewritten (a one-line
-    ``def``) and no file line matches. A remote traceback then points at the user's file."""
+    the user's code), or the uploaded line itself where the body was rewritten (source
+    re-nested to parse) and no file line matches; a one-line ``def``'s body is its line.
+    A remote traceback then points at the user's file."""
     node, lines = _parse_function(fn)
     heads = (f"def {dispatcher_name(fn)}(", f"async def {dispatcher_name(fn)}(")
     uploaded_lines = enumerate(_module_text(fn, node, lines).splitlines(), start=1)
     dispatcher = max(number for number, line in uploaded_lines if line.startswith(heads))
     start = _verbatim_body_start(node, lines)
     first = fn.__code__.co_firstlineno  # the source's first line (a decorator's, if any)
+    one_line = start is None and bool(lines) and node.end_lineno == node.lineno
 
     def file_line(uploaded: int) -> int | None:
         if uploaded >= dispatcher:
             return None
-        if start is None:
-            return uploaded
-        if uploaded == _HEADER_LINE:
+        # the header of a re-nested source (``start is None``, not one line) has no file line
+        header = uploaded == _HEADER_LINE and (start is not None or one_line)
+        if header or (one_line and uploaded > _HEADER_LINE):
             return first + node.lineno - 1
-        if uploaded > _HEADER_LINE:
+        if start is not None and uploaded > _HEADER_LINE:
             return first + start - 1 + uploaded - _HEADER_LINE - 1
         return uploaded
 

@@ -80,6 +80,17 @@ def test_a_json_mode_failure_names_the_users_file_and_line_and_hides_the_dispatc
     assert "<uploaded:" in info.value.remote_traceback
 
 
+def one_line(x): return 1 / x  # fmt: skip
+
+
+def test_a_one_line_function_points_at_its_line(client) -> None:
+    # its body is rewritten on upload; the frame kept the uploaded module's name and line
+    with pytest.raises(RemoteExecutionError) as info:
+        client.function()(one_line).remote(0)
+    line = one_line.__code__.co_firstlineno
+    assert f'File "{__file__}", line {line}, in one_line\n' in the_note(info.value)
+
+
 def test_a_pickle_mode_failure_names_the_file_of_each_frame_with_its_source_line(
     client,
 ) -> None:
