@@ -30,6 +30,7 @@ from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import RemoteExecutionError
 from kcoral.remote_source import uploaded_line_map
 from kcoral.results import ProgramResult
+from kcoral.run.terminal_filter import TerminalFilter, is_terminal
 
 _FRAME = re.compile(r'^  File "(?P<file>[^"\n]*)", line (?P<line>\d+), in (?P<name>.+)$')
 
@@ -64,6 +65,9 @@ def show_output(result: ProgramResult) -> None:
         stream = getattr(sys, name)
         if stream is None:  # pythonw and the like have no streams
             continue
+        if is_terminal(stream):
+            # a server's escapes must not act on the caller's terminal (terminal_filter)
+            text = TerminalFilter().feed(text)
         stream.write(text)
         if truncated:
             stream.write(
@@ -100,7 +104,9 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         shown = user_traceback(text, _placer(fn, fmt))
     except Exception:  # a traceback we cannot read: the plain one still helps
         shown = text.rstrip("\n")
-    error.add_note(NOTE_HEADING + "\n" + shown.removeprefix(_PYTHON_HEADING + "\n"))
+    # the note is printed wherever the error is (a terminal too): a server's escapes dropped
+    shown = TerminalFilter().feed(shown.removeprefix(_PYTHON_HEADING + "\n"))
+    error.add_note(NOTE_HEADING + "\n" + shown)
 
 
 def _no_trampoline(failure: dict[str, Any]) -> bool:

@@ -69,3 +69,37 @@ def test_execute_prints_nothing_and_keeps_the_output_in_its_result(client, capsy
     result = client.function()(chatty).execute(4)
     assert (result.stdout, result.stderr) == ("out 4\n", "err 4\n")
     assert capsys.readouterr() == ("", "")
+
+
+def prints_escapes():
+    print("\x1b[32mgreen\x1b[0m \x1b]52;c;cm0gLXJmIH4K\x07\x1b[6n done")
+    return 0
+
+
+def raises_escapes():
+    raise ValueError("\x1b]52;c;cm0gLXJmIH4K\x07boom \x1b[31mred\x1b[0m")
+
+
+def test_a_terminal_gets_the_functions_colours_but_not_a_servers_clipboard_write(
+    client, monkeypatch
+) -> None:
+    # the caller's stdout is a terminal (a pseudo-terminal here): what a malicious server
+    # sends as the function's output must not write the clipboard or query the terminal
+    import os
+    import pty
+
+    terminal, screen = pty.openpty()
+    with open(screen, "w", closefd=True) as stdout:
+        monkeypatch.setattr("sys.stdout", stdout)
+        assert client.function()(prints_escapes).remote() == 0
+        stdout.flush()
+        seen = os.read(terminal, 65536).decode()
+    os.close(terminal)
+    assert seen == "\x1b[32mgreen\x1b[0m  done\r\n", repr(seen)
+
+
+def test_a_failures_note_drops_the_escapes_a_server_could_use_on_a_terminal(client) -> None:
+    with pytest.raises(RemoteExecutionError) as caught:
+        client.function()(raises_escapes).remote()
+    note = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "ValueError: boom \x1b[31mred\x1b[0m" in note and "\x1b]52" not in note, note
