@@ -83,6 +83,14 @@ def test_the_units_take_the_node_token_from_an_environment_file(tmp_path: Path) 
     assert server.config.log_dir == Path("/var/log") / section["LogsDirectory"]
 
 
+def test_the_node_unit_serves_on_a_free_loopback_port_no_other_server_can_hold() -> None:
+    # It pinned 8000, the plain server's default: a `kcoral server` started on the machine
+    # first made the node fail at every start (ROUTER §12) until that server stopped.
+    node = [a.replace("%l", "gpu-host-1") for a in unit_command("kcoral-node.service", "kcoral")]
+    server = parse_server_args(node[2:], {"KCORAL_NODE_TOKEN": "t"})
+    assert server.port == 0 and server.host == "127.0.0.1"
+
+
 def test_the_node_unit_delegates_its_cgroup_so_worker_limits_are_enforced() -> None:
     # Without Delegate=yes the unit's cgroup is systemd's: the front-end cannot make the
     # workers' parent limit nor their cgroups, and every per-worker limit goes unenforced.
