@@ -316,12 +316,25 @@ def seconds_text(value: Any) -> str:
     return f"{value} s"
 
 
-def after_stop_hint(result: ProgramResult, stopped_label: str | None) -> str:
-    """For a ``NameError`` in a cell run after ``%kcoral session stop``: where names went."""
+def after_stop_hint(
+    result: ProgramResult, stopped_label: str | None, offers_sessions: bool = False
+) -> str:
+    """For a ``NameError`` in a cell run without a session: where names went, after
+    ``%kcoral session stop``; on a server offering sessions, that they are not kept (a
+    restarted kernel has lost its session, and knows nothing of it: before, the cell said
+    only ``NameError``, as if the name had never been defined)."""
     error = result.error or {}
     text = f"{error.get('message') or ''}\n{error.get('traceback') or ''}"
-    if stopped_label is None or "NameError" not in text:
+    if "NameError" not in text:
         return ""
+    if stopped_label is None:
+        if not offers_sessions:
+            return ""
+        return (
+            "hint: cells run without a session in this kernel, so names earlier cells "
+            "defined on the server are not kept (a kernel restart ends the kernel's "
+            "session); %kcoral session start keeps them across cells"
+        )
     return (
         f"hint: cells run without a session since {stopped_label} was stopped; the names it "
         "held are gone (%kcoral session start begins a new one)"

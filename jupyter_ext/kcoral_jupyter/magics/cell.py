@@ -253,7 +253,8 @@ class CellMagic:
         if not result.completed:
             hint = missing_input_hint(result, self.shell.user_ns)
             if not hint and record.session_id is None:
-                hint = after_stop_hint(result, self.kernel.sessions.stopped_label)
+                stopped = self.kernel.sessions.stopped_label
+                hint = after_stop_hint(result, stopped, "sessions" in facts.features)
             if not hint and record.session_id is not None:
                 hint = ended_with_cell_hint(self.kernel.sessions.active(), record.session_id)
             raise RemoteCellError(result, record, hint=hint)

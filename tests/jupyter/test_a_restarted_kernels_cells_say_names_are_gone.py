@@ -1,0 +1,65 @@
+"""After a kernel restart ended its session, a cell that uses a name the session held says
+why it is gone. A real kernel (jupyter_client) restarted as Jupyter's Restart does, and an
+in-process shell against a server without sessions, against real CPU servers."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.utils.capture import capture_output
+from jupyter_client.manager import start_new_kernel
+from kcoral_jupyter.runner import RemoteCellError
+from kcoral_shell import kcoral_shell
+
+pytestmark = pytest.mark.timeout(300)
+
+HINT = (
+    "hint: cells run without a session in this kernel, so names earlier cells defined on the "
+    "server are not kept (a kernel restart ends the kernel's session); %kcoral session start "
+    "keeps them across cells"
+)
+
+
+def shown(kernel, source: str) -> str:
+    """What a cell shows: its streams and its error's traceback lines."""
+    texts: list[str] = []
+
+    def keep(message: dict) -> None:
+        content = message["content"]
+        if message["msg_type"] == "stream":
+            texts.append(content["text"])
+        elif message["msg_type"] == "error":
+            texts.extend(content["traceback"])
+
+    kernel.execute_interactive(source, output_hook=keep, timeout=120)
+    return "\n".join(texts)
+
+
+@pytest.mark.slow
+def test_a_cell_after_a_kernel_restart_says_the_sessions_names_are_not_kept(
+    server_factory, monkeypatch
+) -> None:
+    # Before: only "NameError: name 'model' is not defined", as if no cell had defined it.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    monkeypatch.setenv("KCORAL_URL", server.url)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    manager, kernel = start_new_kernel(kernel_name="python3")
+    manager.shutdown_wait_time = 60.0
+    try:
+        shown(kernel, "%load_ext kcoral\n%kcoral session start")
+        shown(kernel, "%%kcoral\nmodel = 'trained'\n")
+        manager.restart_kernel(now=False)  # as Jupyter's Restart
+        kernel.wait_for_ready(timeout=60)
+        shown(kernel, "%load_ext kcoral")
+        text = shown(kernel, "%%kcoral\nmodel\n")
+    finally:
+        kernel.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert "NameError: name 'model' is not defined" in text, text
+    assert HINT in text, text
+
+
+def test_a_server_without_sessions_gets_no_session_hint(server_factory, monkeypatch) -> None:
+    server = server_factory("--num-workers", "1", "--max-sessions", "0")
+    with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output():
+        error = ip.run_cell("%%kcoral\nmodel\n").error_in_exec
+    assert isinstance(error, RemoteCellError) and error.hint == "", error
