@@ -16,6 +16,10 @@ from kcoral_server.processes.handle import WorkerHandle, event_fields
 from kcoral_server.storage import workspace_watch
 from kcoral_server.storage.event_log import EventLog
 
+#: how long a worker whose channel ended may take to report its exit before the server's
+#: own kill (it follows within milliseconds; only a lost worker waits for it)
+EXIT_REPORT_SECONDS = 0.2
+
 if TYPE_CHECKING:
     from kcoral_server.pool.pool import Pool
 
@@ -65,9 +69,12 @@ class RunEndings:
         self, handle: WorkerHandle, drive: ProgramDrive, gone: WorkerGone
     ) -> ProgramDrive:
         cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
+        # Whether it ended before the server's own kill (which sends SIGTERM too): its exit
+        # report follows the end of its channel within milliseconds.
+        ended_alone = await handle.wait_exit(EXIT_REPORT_SECONDS)
         await self.pool.kill(handle)
         if cause is None and not gone.invalid:
-            cause = exit_cause(handle.returncode)
+            cause = exit_cause(handle.returncode, ended_alone=ended_alone)
         drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
         self.record.exitcode = handle.returncode
         self.record.output_tail = drive.workspace.output_tail()

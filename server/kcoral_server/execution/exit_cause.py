@@ -49,15 +49,25 @@ def limit_cause(cgroup: WorkerCgroup | None) -> str | None:
     return None
 
 
+#: the cause of a worker that a SIGTERM the server did not send ended
+OUTSIDE_SIGTERM = (
+    "killed by SIGTERM from outside the server (a scheduler or a kill that stopped every "
+    "process of the server?)"
+)
 #: signals that mean a fault in native code (the program's own, or a library it loaded)
 NATIVE_FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 
 
-def exit_cause(returncode: int | None) -> str | None:
+def exit_cause(returncode: int | None, *, ended_alone: bool = False) -> str | None:
     """How the worker ended, as the clause that follows a crash's message and a colon, when
     no limit explains it: ``killed by SIGSEGV (a fault in native code)``, ``it exited with
     status 3``. None: not known, or SIGTERM and SIGKILL, which the server's own kill of a
-    worker still alive sends too. Before, a native crash and an ``os._exit`` read alike."""
+    worker still alive sends too. Before, a native crash and an ``os._exit`` read alike.
+
+    ``ended_alone``: it had ended before the server's kill, so a SIGTERM came from outside:
+    a plain ``scancel`` or a ``kill`` of every process signals the workers with the server."""
+    if returncode == -signal.SIGTERM and ended_alone:
+        return OUTSIDE_SIGTERM
     if returncode is None or returncode in (-signal.SIGTERM, -signal.SIGKILL):
         return None
     if returncode >= 0:

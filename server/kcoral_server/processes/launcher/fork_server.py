@@ -88,6 +88,13 @@ def serve(
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
+    # SIGTERM is for the workers: the server never signals its launcher (it ends when the
+    # server hangs up), and one that "kill every process" (a plain `scancel`, `kill` of
+    # the job's processes) ended died before reporting on its workers' descendants, so a
+    # program killed with it read "worker cleanup was not confirmed" and the GPUs were
+    # quarantined. Each forked worker takes SIGTERM's default back (become_worker), as the
+    # spawn supervisor's command does through exec.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     family = Family()
     accepting = True
     # what every child gets on its descriptors 0, 1 and 2 (log_relay: never our log pipe)

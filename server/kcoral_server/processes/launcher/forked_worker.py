@@ -60,6 +60,7 @@ def become_worker(
     front-end relays to its console, which no program may read or write (``log_relay``)."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's is a no-op (fork_server)
     if not tie_to_parent(launcher):
         os._exit(1)  # the launcher died before the prctl: nobody will supervise us
     if stdio is not None:
