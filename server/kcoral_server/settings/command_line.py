@@ -42,38 +42,79 @@ _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re
 
 @dataclass(frozen=True)
 class SupervisorOptions:
-    """ROUTER.md §12 node-supervisor options (hidden; only with ``--router``)."""
+    """ROUTER.md §12 node-supervisor options (only with ``--router``; listed by ``--help``
+    in its "router and node" group, where an operator following the scaling guide looks)."""
 
     health_interval_seconds: float = setting(
-        2.0, flag="--health-interval-seconds", kind="number", group="router", hidden=True
+        2.0,
+        flag="--health-interval-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: how often the supervisor probes its server",
     )
     health_timeout_seconds: float = setting(
-        1.0, flag="--health-timeout-seconds", kind="number", group="router", hidden=True
+        1.0,
+        flag="--health-timeout-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: how long one probe of the server may take",
     )
     failure_threshold: int = setting(
-        3, flag="--failure-threshold", kind="int", group="router", hidden=True
+        3,
+        flag="--failure-threshold",
+        kind="int",
+        group="router",
+        help="with --router: failed probes in a row before the server is restarted",
     )
     startup_grace_seconds: float = setting(
-        30.0, flag="--startup-grace-seconds", kind="number", group="router", hidden=True
+        30.0,
+        flag="--startup-grace-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: probe failures ignored this long after a (re)start",
     )
     stable_reset_seconds: float = setting(
-        60.0, flag="--stable-reset-seconds", kind="number", group="router", hidden=True
+        60.0,
+        flag="--stable-reset-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: healthy time that resets the restart delay",
     )
     termination_grace_seconds: float = setting(
-        5.0, flag="--termination-grace-seconds", kind="number", group="router", hidden=True
+        5.0,
+        flag="--termination-grace-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: SIGTERM to SIGKILL when an unhealthy server is killed",
     )
     restart_min_delay_seconds: float = setting(
-        1.0, flag="--restart-min-delay-seconds", kind="number", group="router", hidden=True
+        1.0,
+        flag="--restart-min-delay-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: the first restart delay",
     )
     restart_max_delay_seconds: float = setting(
-        30.0, flag="--restart-max-delay-seconds", kind="number", group="router", hidden=True
+        30.0,
+        flag="--restart-max-delay-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: the restart delay's cap (it doubles)",
     )
     restart_jitter: float = setting(
-        0.2, flag="--restart-jitter", kind="number", group="router", hidden=True
+        0.2,
+        flag="--restart-jitter",
+        kind="number",
+        group="router",
+        help="with --router: the +/- share of each delay drawn at random, 0-0.5",
     )
     # How often the child's /metrics text goes up the status stream (EXTENSIONS §13); 0: never.
     metrics_interval_seconds: float = setting(
-        15.0, flag="--metrics-interval-seconds", kind="number", group="router", hidden=True
+        15.0,
+        flag="--metrics-interval-seconds",
+        kind="seconds",
+        group="router",
+        help="with --router: how often the server's /metrics goes to the router; 0: never",
     )
 
     def __post_init__(self) -> None:
@@ -104,7 +145,7 @@ class SupervisorOptions:
 
 
 def supervisor_flags() -> list[str]:
-    """The hidden options that only a node supervisor takes (it strips them for its child)."""
+    """The options that only a node supervisor takes (it strips them for its child)."""
     return [option.metadata["flag"] for option in declared_settings(SupervisorOptions)]
 
 
