@@ -6,8 +6,9 @@ OSC 52 writes the clipboard, OSC 0 retitles the window, a device status report o
 query makes the terminal type its answer as if the user had, and a reset (``ESC c``) or
 DCS string can hide what ran. On a terminal, ``kcoral run`` passes what colours and lays
 out text (SGR, cursor motion, erasing, scrolling, modes: coloured test output and progress
-bars) and drops every other escape sequence, every string sequence (OSC, DCS, SOS, PM,
-APC) and every C1 and C0 control but newline, carriage return, tab, backspace and bell.
+bars; a private parameter such as ``?`` only in a mode's ``h`` or ``l``) and drops every
+other escape sequence, every string sequence (OSC, DCS, SOS, PM, APC) and every C1 and C0
+control but newline, carriage return, tab, backspace and bell.
 Written to a file or a pipe, the tool's bytes go through as they came. ``%%kcoral`` in a
 terminal IPython filters a cell's output the same way (a notebook shows only colours).
 """
@@ -22,6 +23,11 @@ _KEPT_CONTROLS = frozenset("\n\r\t\b\x07")
 #: CSI final bytes that colour, move the cursor, erase, scroll, insert or delete, set modes,
 #: save or restore the cursor: none makes the terminal answer or change its window.
 _KEPT_CSI_FINALS = frozenset("mABCDEFGHJKSTXdf@LMPhlrsu")
+#: Private parameter bytes: with them the same finals are other functions, some of them
+#: queries the terminal answers as typed input (``CSI ? u`` kitty's keyboard flags,
+#: ``CSI ? Pp m`` xterm's key modifiers, ``CSI ? Pi;Pa;Pv S`` its graphics attributes), so
+#: only the DEC modes (``h``, ``l``: cursor shown, alternate screen) keep them.
+_PRIVATE_PARAMETERS = frozenset("<=>?")
 #: ESC + one byte kept: save/restore cursor, reverse index, keypad modes.
 _KEPT_ESCAPES = frozenset("78M=>")
 #: ESC + this byte opens a string sequence (DCS, SOS, OSC, PM, APC): dropped to its end.
@@ -33,7 +39,9 @@ _C1_CSI, _C1_ST = "\x9b", "\x9c"
 #: the C1 bytes of output that is not UTF-8 (kept as surrogates, written back as bytes).
 _SPECIAL = re.compile("[\x00-\x06\x0b\x0c\x0e-\x1f\x7f-\x9f\udc80-\udc9f]")
 #: The kept sequences, whole: what the byte-by-byte reading below would keep.
-_KEPT_SEQUENCE = re.compile("\x1b(?:\\[[0-?]{0,62}[mABCDEFGHJKSTXdf@LMPhlrsu]|[78M=>]|[()][B0])")
+_KEPT_SEQUENCE = re.compile(
+    "\x1b(?:\\[(?:[0-;]{0,62}[mABCDEFGHJKSTXdf@LMPhlrsu]|[0-?]{0,62}[hl])|[78M=>]|[()][B0])"
+)
 #: A CSI longer than this is no layout any tool sends: it is dropped, not held.
 _MAX_CSI = 64
 
@@ -145,7 +153,8 @@ class TerminalFilter:
         if "@" <= char <= "~":
             body = "".join(self._pending)
             has_intermediate = any(" " <= c <= "/" for c in body[2:])
-            if char in _KEPT_CSI_FINALS and not has_intermediate:
+            private = any(c in _PRIVATE_PARAMETERS for c in body[2:])
+            if char in _KEPT_CSI_FINALS and not has_intermediate and (not private or char in "hl"):
                 kept.append(body + char)
             self._reset()
             return

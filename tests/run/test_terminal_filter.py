@@ -45,6 +45,21 @@ def test_an_escape_a_server_could_use_on_the_terminal_is_dropped(attack: str, wh
     assert filtered(f"before {attack} after") in ("before  after", "before link after"), what
 
 
+@pytest.mark.parametrize(
+    "query",
+    ["\x1b[?u", "\x1b[?4m", "\x1b[?1;1;0S", "\x1b[>1u", "\x1b[>4;2m", "\x1b[=1;1u"],
+)
+def test_a_private_csi_the_terminal_answers_or_keeps_is_dropped_in_one_chunk_or_many(
+    query: str,
+) -> None:
+    # kitty's keyboard flags, xterm's key modifiers and graphics attributes: the finals of
+    # kept layout, but with a private parameter the terminal types an answer or keeps a mode
+    assert filtered(f"a{query}b") == "ab"
+    stream = TerminalFilter()
+    assert "".join(stream.feed(char) for char in f"a{query}b") == "ab"
+    assert filtered("\x1b[?25l\x1b[?1049h") == "\x1b[?25l\x1b[?1049h"  # DEC modes pass
+
+
 def test_text_after_an_unterminated_osc_string_is_dropped_until_its_end() -> None:
     stream = TerminalFilter()
     assert stream.feed("ok \x1b]52;c;") == "ok "
