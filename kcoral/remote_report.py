@@ -65,6 +65,9 @@ def show_output(result: ProgramResult) -> None:
         stream = getattr(sys, name)
         if stream is None:  # pythonw and the like have no streams
             continue
+        # A lone surrogate (a server's JSON can send "\\ud800") failed the write, so the call
+        # raised UnicodeEncodeError instead of returning: written as its escape instead.
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if is_terminal(stream):
             # a server's escapes must not act on the caller's terminal (terminal_filter)
             text = TerminalFilter().feed(text)

@@ -149,11 +149,23 @@ def write_output(stream: TextIO, text: str) -> None:
     buffer = getattr(stream, "buffer", None)
     if buffer is not None:
         # bytes, so that a non-UTF-8 terminal locale cannot fail on the tool's output
-        buffer.write(text.encode("utf-8", "surrogateescape"))
+        buffer.write(_as_bytes(text))
         buffer.flush()
     else:
         stream.write(text)
         stream.flush()
+
+
+#: Lone surrogates that stand for no byte (``surrogateescape`` makes only U+DC80-U+DCFF)
+_BYTELESS_SURROGATES = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
+def _as_bytes(text: str) -> bytes:
+    """``text``'s bytes: a surrogate from output that is not UTF-8 as its byte, and one that
+    stands for no byte (only a server's JSON can send it, ``"\\ud800"``) as ``\\ud800``,
+    where it failed ``kcoral run`` with UnicodeEncodeError."""
+    text = _BYTELESS_SURROGATES.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _as_escape(found: re.Match[str]) -> str:
