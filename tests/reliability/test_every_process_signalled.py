@@ -22,13 +22,18 @@ from server_process import start_server
 
 import kcoral
 
-SLEEPS = "import time\ndef nap():\n    time.sleep(60)\n    return 'woke'\n"
+# It says it sleeps by creating ``started``: the kill must land inside the instruction, and a
+# fixed pause after the request was routed raced the worker's start on a loaded machine.
+SLEEPS = (
+    "import time\ndef nap(started):\n    open(started, 'w').close()\n    time.sleep(60)\n"
+    "    return 'woke'\n"
+)
 
 
-def nap_program() -> kcoral.Program:
+def nap_program(started: Path) -> kcoral.Program:
     program = kcoral.Program()
     module = program.upload(kind="module", source=SLEEPS)
-    value = program.run(fn=program.get_function(module=module, name="nap"), args=[])
+    value = program.run(fn=program.get_function(module=module, name="nap"), args=[str(started)])
     program.return_(key="value", value=value)
     return program
 
@@ -53,12 +58,13 @@ def test_a_program_whose_server_is_signalled_whole_is_told_why_and_nothing_is_qu
     tmp_path: Path,
 ) -> None:
     server = start_server(tmp_path)
+    started = tmp_path / "napping"
     answers: list[object] = []
 
     def run() -> None:
         with kcoral.Client(server.url) as client:
             try:
-                answers.append(client.execute(nap_program()))
+                answers.append(client.execute(nap_program(started)))
             except kcoral.KCoralError as exc:
                 answers.append(exc)
 
@@ -66,10 +72,9 @@ def test_a_program_whose_server_is_signalled_whole_is_told_why_and_nothing_is_qu
     caller.start()
     try:
         deadline = time.monotonic() + 60
-        while not any(e.get("event") == "request_routed" for e in server.events()):
+        while not started.exists():  # the program sleeps in its worker
             assert time.monotonic() < deadline, server.stderr()
             time.sleep(0.05)
-        time.sleep(0.5)  # the program sleeps in its worker
         for pid in whole_tree(server.process.pid):  # the attack: every process at once
             try:
                 os.kill(pid, signal.SIGTERM)
