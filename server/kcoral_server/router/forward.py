@@ -101,13 +101,17 @@ def too_large_message(limit: int, declared: int | None) -> str:
 #: the 503 ``no_node`` messages: no slot within the wait; the router stops (ROUTER §7.3)
 NO_SLOT = "no compatible node has an available slot"
 STOPPING = "the router is shutting down"
+NO_READY_NODE = "no node is ready (the router's /health says when one is, its log why not)"
 
 
-def no_node_answer(cause: NoNode | None) -> tuple[str, str, str]:
+def no_node_answer(cause: NoNode | None, none_ready: bool = False) -> tuple[str, str, str]:
     """The kind, message and ``finish_reason`` of a 503 for a request no slot was found
-    for: no slot came within the wait; the one node the request must reach (its job's) is
-    not connected (ROUTER §13); the router stops, and no request waits any more (§7.3);
-    every node the request's selector fits has left (``no_matching_node``, §7)."""
+    for: no slot came within the wait (``none_ready``: a control request, while no node is
+    ready); the one node the request must reach (its job's) is not connected (ROUTER §13);
+    the router stops, and no request waits any more (§7.3); every node the request's
+    selector fits has left (``no_matching_node``, §7)."""
+    if none_ready and (cause is None or type(cause) is NoNode):  # the wait ended
+        return "no_node", NO_READY_NODE, "queue_timeout"
     if isinstance(cause, NoMatchingNode):
         return NO_MATCHING_NODE, str(cause), "request_rejected"
     if isinstance(cause, RouterStopping):
@@ -116,6 +120,17 @@ def no_node_answer(cause: NoNode | None) -> tuple[str, str, str]:
         gone = f"node {cause.node_id}, which holds it, is not connected to the router"
         return "no_node", gone, "node_gone"
     return "no_node", NO_SLOT, "queue_timeout"
+
+
+def control_wait(handler: Any, required: str | None) -> float | None:
+    """How long a control request may wait for a slot: one any node may answer waits at
+    most its handler's ``wait_without_a_ready_node`` while no node is ready (`curl
+    /v1/info` of a router whose nodes never came up waited 30 minutes, saying nothing);
+    otherwise (None) the whole --queue-wait-timeout-seconds."""
+    if required is not None or handler.state.registry.any_ready_with_slots():
+        return None
+    wait: float | None = getattr(handler, "wait_without_a_ready_node", None)
+    return wait
 
 
 async def timed_wait(handler: Any, acquire: Awaitable[T]) -> T:
@@ -167,7 +182,8 @@ class ForwardHandler(RouterHandler):
     def no_node(self, cause: NoNode | None = None) -> None:
         """No slot for this request: 503 ``no_node`` (or ``no_matching_node``), saying why
         (``no_node_answer``)."""
-        self.send_router_error(503, *no_node_answer(cause))
+        none_ready = self.SLOT_KIND == CONTROL and not self.state.registry.any_ready_with_slots()
+        self.send_router_error(503, *no_node_answer(cause, none_ready))
 
     # -- request side ----------------------------------------------------------------------
 
@@ -205,7 +221,8 @@ class ForwardHandler(RouterHandler):
             required = await self.choose_node()
             if self._finished:
                 return
-            acquire = self.state.control.acquire(required, self.request_id, spare=self.streams)
+            wait, control = control_wait(self, required), self.state.control
+            acquire = control.acquire(required, self.request_id, wait, spare=self.streams)
         else:
             selector = self.read_selector()  # an affinity never overrides it (ROUTER §7)
             if selector is None or not self.offered(selector):

@@ -565,8 +565,7 @@ class InfoHandler(ForwardHandler):
     the router needs a token, ``sessions`` when a connected node offers it (EXTENSIONS §11),
     and the answering node's own session counts are left out."""
 
-    SLOT_KIND = CONTROL
-    ALLOWED = ("GET",)
+    SLOT_KIND, ALLOWED, wait_without_a_ready_node = CONTROL, ("GET",), 10.0  # control_wait
 
     def buffer_answer(self, status: int) -> bool:
         return status == 200
