@@ -6,7 +6,8 @@ OSC 52 writes the clipboard, OSC 0 retitles the window, a device status report o
 query makes the terminal type its answer as if the user had, and a reset (``ESC c``) or
 DCS string can hide what ran. On a terminal, ``kcoral run`` passes what colours and lays
 out text (SGR, cursor motion, erasing, scrolling, modes: coloured test output and progress
-bars; a private parameter such as ``?`` only in a mode's ``h`` or ``l``) and drops every
+bars; a private parameter such as ``?`` only in a DEC mode's ``h`` or ``l``, and of the
+ANSI modes only insert and newline) and drops every
 other escape sequence, every string sequence (OSC, DCS, SOS, PM, APC) and every C1 and C0
 control but newline, carriage return, tab, backspace and bell.
 Written to a file or a pipe, the tool's bytes go through as they came. ``%%kcoral`` in a
@@ -28,6 +29,10 @@ _KEPT_CSI_FINALS = frozenset("mABCDEFGHJKSTXdf@LMPhlrsu")
 #: ``CSI ? Pp m`` xterm's key modifiers, ``CSI ? Pi;Pa;Pv S`` its graphics attributes), so
 #: only the DEC modes (``h``, ``l``: cursor shown, alternate screen) keep them.
 _PRIVATE_PARAMETERS = frozenset("<=>?")
+#: The ANSI (not private) modes kept: insert (4) and newline (20). Others act on the user's
+#: keyboard after the tool ends: ``CSI 2 h`` (KAM) locks it, ``CSI 12 l`` (SRM) turns on
+#: local echo, so the password typed at the next prompt shows on the screen (xterm).
+_KEPT_ANSI_MODES = frozenset({"4", "20"})
 #: ESC + one byte kept: save/restore cursor, reverse index, keypad modes.
 _KEPT_ESCAPES = frozenset("78M=>")
 #: ESC + this byte opens a string sequence (DCS, SOS, OSC, PM, APC): dropped to its end.
@@ -40,7 +45,8 @@ _C1_CSI, _C1_ST = "\x9b", "\x9c"
 _SPECIAL = re.compile("[\x00-\x06\x0b\x0c\x0e-\x1f\x7f-\x9f\udc80-\udc9f]")
 #: The kept sequences, whole: what the byte-by-byte reading below would keep.
 _KEPT_SEQUENCE = re.compile(
-    "\x1b(?:\\[(?:[0-;]{0,62}[mABCDEFGHJKSTXdf@LMPhlrsu]|[0-?]{0,62}[hl])|[78M=>]|[()][B0])"
+    "\x1b(?:\\[(?:[0-;]{0,62}[mABCDEFGHJKSTXdf@LMPrsu]|[<=>?][0-?]{0,61}[hl]"
+    "|(?:4|20)(?:;(?:4|20))*[hl])|[78M=>]|[()][B0])"
 )
 #: A CSI longer than this is no layout any tool sends: it is dropped, not held.
 _MAX_CSI = 64
@@ -154,7 +160,12 @@ class TerminalFilter:
             body = "".join(self._pending)
             has_intermediate = any(" " <= c <= "/" for c in body[2:])
             private = any(c in _PRIVATE_PARAMETERS for c in body[2:])
-            if char in _KEPT_CSI_FINALS and not has_intermediate and (not private or char in "hl"):
+            if char in "hl":  # a DEC mode (its marker first), or an ANSI mode kept
+                private_mode = body[2:3] in _PRIVATE_PARAMETERS
+                keep = private_mode or (not private and _ansi_modes_kept(body[2:]))
+            else:
+                keep = char in _KEPT_CSI_FINALS and not private
+            if keep and not has_intermediate:
                 kept.append(body + char)
             self._reset()
             return
@@ -164,3 +175,8 @@ class TerminalFilter:
 
     def _reset(self) -> None:
         self._state, self._pending = _TEXT, []
+
+
+def _ansi_modes_kept(parameters: str) -> bool:
+    """Whether every mode of an ANSI ``h``/``l`` is one kept (``_KEPT_ANSI_MODES``)."""
+    return all(mode in _KEPT_ANSI_MODES for mode in parameters.split(";"))

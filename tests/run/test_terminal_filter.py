@@ -60,6 +60,16 @@ def test_a_private_csi_the_terminal_answers_or_keeps_is_dropped_in_one_chunk_or_
     assert filtered("\x1b[?25l\x1b[?1049h") == "\x1b[?25l\x1b[?1049h"  # DEC modes pass
 
 
+@pytest.mark.parametrize("mode", ["\x1b[2h", "\x1b[12l", "\x1b[4;12h", "\x1b[h"])
+def test_an_ansi_mode_that_locks_the_keyboard_or_echoes_input_is_dropped(mode: str) -> None:
+    # KAM (2) locks the keyboard, SRM (12) reset echoes what is typed (a password at the
+    # next prompt); only insert (4) and newline (20) modes are layout
+    assert filtered(f"a{mode}b") == "ab"
+    stream = TerminalFilter()
+    assert "".join(stream.feed(char) for char in f"a{mode}b") == "ab"
+    assert filtered("\x1b[4h\x1b[4;20l") == "\x1b[4h\x1b[4;20l"
+
+
 def test_text_after_an_unterminated_osc_string_is_dropped_until_its_end() -> None:
     stream = TerminalFilter()
     assert stream.feed("ok \x1b]52;c;") == "ok "
