@@ -465,6 +465,22 @@ def test_a_worker_that_dies_during_a_program_ends_the_session(kcoral_server) -> 
     assert "exited during program" in answer.body["error"]["message"]
 
 
+def test_a_session_ended_by_a_job_names_the_job_its_cell_showed(kcoral_server) -> None:
+    # a notebook's session cell is a job: its cell says "job ID", and the end named the
+    # program's request id, which the user never saw
+    url = kcoral_server.url
+    sid = create_session(url).body["session_id"]
+    content_type, body = execute_body(
+        module_program("import os\ndef die():\n    os._exit(3)\n", [("die", [])])
+    )
+    headers = {"Content-Type": content_type}
+    job_id = request(url, "POST", f"/v1/sessions/{sid}/jobs", body, headers).body["job_id"]
+    _wait_until(lambda: get(url, f"/v1/jobs/{job_id}").body["status"] not in ("QUEUED", "RUNNING"))
+    answer = _call(url, sid, "pid")
+    assert answer.status == 410
+    assert f"exited during job {job_id} (exit code 3)" in answer.body["error"]["message"]
+
+
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (bwrap)")
 @pytest.mark.parametrize("kcoral_server", [["--sandbox", "bubblewrap"]], indirect=True)
 def test_state_persists_inside_the_bubblewrap_sandbox_too(kcoral_server) -> None:

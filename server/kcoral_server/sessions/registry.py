@@ -207,7 +207,7 @@ class Session:
 
     def _interrupt_expired(self, request: ExecuteRequest) -> None:
         if self.running is request:
-            message = _not_stopped_message(request.request_id)
+            message = _not_stopped_message(program_name(request))
             request.cancel("cancelled", _ended_under(message))
 
     def answer_for(self, failed: RequestFailed) -> RequestFailed:
@@ -237,7 +237,7 @@ class Session:
 
     def _released(self, retire_reason: str | None) -> None:
         """``Pool.release`` for this seat: keep the worker, or end the session."""
-        request_id = self.running.request_id if self.running is not None else None
+        program = program_name(self.running) if self.running is not None else None
         interrupted = self._interrupted is not None and self._interrupted is self.running
         self._interrupted = None
         self.running = None
@@ -253,7 +253,7 @@ class Session:
         if retire_reason is None and handle is not None:
             # idle for its owner at once; the next program waits for the clean-up (checkout)
             self.state = "IDLE"
-            self._settling = asyncio.ensure_future(self._settle(handle, request_id))
+            self._settling = asyncio.ensure_future(self._settle(handle, program))
             return
         reason = END_REASONS.get(retire_reason or "crashed", "worker_exited")
         if reason == "worker_exited":
@@ -262,38 +262,35 @@ class Session:
             # never ran, so the message does not blame it
             slot = handle.progress if handle is not None else None
             started = slot is None or slot.any_started()
-            message = self._exited_message(request_id if started else None)
+            message = self._exited_message(program if started else None)
         elif reason == "timeout":
-            message = (
-                f"session ended: program {request_id} passed its deadline and its worker was killed"
-            )
+            message = f"session ended: {program} passed its deadline and its worker was killed"
         elif reason == "interrupt_grace" and interrupted:
-            message = _not_stopped_message(request_id)
+            message = _not_stopped_message(program)
         elif reason == "interrupt_grace":
-            message = f"session ended: program {request_id} was cancelled and its worker was killed"
+            message = f"session ended: {program} was cancelled and its worker was killed"
         else:
-            message = f"session ended: program {request_id} left threads or processes running"
+            message = f"session ended: {program} left threads or processes running"
         self.end(reason, message)
 
-    def _exited_message(self, request_id: str | None) -> str:
+    def _exited_message(self, program: str | None) -> str:
         handle = self.seat.worker
         code = handle.returncode if handle is not None else None
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        during = f" during program {request_id}" if request_id else ""
+        during = f" during {program}" if program else ""
         return f"session ended: its worker exited{during} ({how}); its state is lost"
 
-    async def _settle(self, handle: WorkerHandle, request_id: str | None) -> None:
+    async def _settle(self, handle: WorkerHandle, program: str | None) -> None:
         """Wait for the worker's clean-up after a program (it says ready again)."""
         reason = await reason_to_retire(handle)
         if reason == ipc.SANDBOX_CLEANUP:
             self.end(
                 END_REASONS[reason],
-                f"session ended: program {request_id} left files in its workspace that "
-                "could not be removed",
+                f"session ended: {program} left files in its workspace that could not be removed",
             )
             return
         if reason is not None:
-            self.end("worker_exited", self._exited_message(request_id))
+            self.end("worker_exited", self._exited_message(program))
             return
         if self.state == "IDLE":
             self.seat.state = SeatState.IDLE
@@ -356,10 +353,18 @@ def idle_message(timeout: float, asked: bool, server_default: float) -> str:
     return f"{ended} (--session-idle-seconds)"
 
 
-def _not_stopped_message(request_id: str | None) -> str:
+def program_name(request: ExecuteRequest) -> str:
+    """How a session's end names the program that ended it: ``job ID`` for a job, the id
+    its cell and ``%kcoral jobs`` show (a session cell is a job: "program <request id>"
+    named an id the user never saw), else ``program REQUEST_ID``."""
+    job_id = getattr(request.observer, "id", None)
+    return f"job {job_id}" if isinstance(job_id, str) else f"program {request.request_id}"
+
+
+def _not_stopped_message(program: str | None) -> str:
     """The end message of a session whose program outlived an interrupt's grace."""
     return (
-        f"session ended: program {request_id} did not stop within "
+        f"session ended: {program} did not stop within "
         f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
     )
 
