@@ -348,7 +348,9 @@ def execute(options: RunOptions, program: Any) -> Any:
         info = _server_info(client)
         options.server_output_limit_bytes = _max_output_limit(info)
         _warn_of_a_clamped_timeout(options, info)
-        if options.gpu_count is not None and info.get("device") == "cpu":
+        # With --select the node is the router's choice, and /v1/info (sent without the
+        # selector) describes its default kind: a CPU one said nothing of a GPU node selected.
+        if options.gpu_count is not None and options.select is None and info.get("device") == "cpu":
             raise GpusOnACpuServer(options.gpu_count)
         if not _offers_jobs(info):
             with progress:

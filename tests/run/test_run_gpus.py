@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from server_process import running_server
 
+from kcoral.run.arguments import parse_command_line
+from kcoral.run.command import execute
+
 SHOWS_ITS_GPUS = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
 
@@ -62,3 +65,49 @@ def test_gpus_for_a_cpu_server_says_it_has_none_before_running(server_url: str) 
         "kcoral run: --gpus 2: this server runs programs on the CPU and has no GPUs; leave "
         "--gpus out, or give a GPU server's --url\n"
     )
+
+
+class RouterOfCpuNodesByDefault:
+    """A router whose default kind is a CPU node: its /v1/info says device cpu, while a
+    selector reaches its GPU nodes (ROUTER §6)."""
+
+    def __init__(self, url: str) -> None:
+        self.sent: dict[str, object] = {}
+
+    def __enter__(self) -> RouterOfCpuNodesByDefault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def info(self) -> dict[str, object]:
+        return {"device": "cpu", "features": []}
+
+    def execute(self, program: object, **options: object) -> str:
+        self.sent = options
+        return "ran"
+
+
+def test_gpus_with_a_selector_is_sent_whatever_the_routers_default_kind_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # before: refused as "this server runs programs on the CPU" before asking any node
+    router = RouterOfCpuNodesByDefault("")
+    monkeypatch.setattr("kcoral.client.Client", lambda url: router)
+    options = parse_command_line(
+        [
+            "python",
+            "--url",
+            "http://127.0.0.1:29403",
+            "--gpus",
+            "2",
+            "--select",
+            "gpu=h100",
+            "--",
+            "-c",
+            "1",
+        ],
+        {},
+    )
+    assert execute(options, object()) == "ran"
+    assert router.sent["gpu_count"] == 2 and router.sent["select"] == options.select
