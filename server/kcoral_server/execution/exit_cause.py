@@ -49,10 +49,11 @@ def limit_cause(cgroup: WorkerCgroup | None) -> str | None:
     return None
 
 
-#: the cause of a worker that a SIGTERM the server did not send ended
+#: the cause of a worker that a SIGTERM the server did not send ended: a program can send
+#: itself one too, so "from outside the server" alone sent its author away from their code
 OUTSIDE_SIGTERM = (
-    "killed by SIGTERM from outside the server (a scheduler or a kill that stopped every "
-    "process of the server?)"
+    "killed by SIGTERM, which the server did not send (the program's own, or a scheduler "
+    "or kill that stopped every process of the server?)"
 )
 #: signals that mean a fault in native code (the program's own, or a library it loaded)
 NATIVE_FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
