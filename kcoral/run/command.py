@@ -27,6 +27,7 @@ from kcoral.run.outputs import (
     OUTPUTS_KEY,
     STATUS_KEY,
     report,
+    restore_terminal,
     say,
     start_on_a_new_line,
     write_output,
@@ -67,6 +68,9 @@ def main(argv: Sequence[str]) -> int:
         # which makes the server cancel the tool (EXTENSIONS §9).
         _say_last(f"interrupted; {_interrupted(options)}")
         return 130
+    finally:
+        with contextlib.suppress(OSError):  # a closed terminal: nothing left to restore
+            restore_terminal()
 
 
 def _say_last(message: str) -> None:

@@ -173,11 +173,23 @@ def _as_escape(found: re.Match[str]) -> str:
     return f"\\x{code - 0xDC00 if code >= 0xDC80 else code:02x}"  # a surrogate: its byte
 
 
+def restore_terminal() -> None:
+    """Undo what the tool's output left set on a terminal: colours, a hidden cursor, the
+    alternate screen (``TerminalFilter.restore``); before ``kcoral run``'s own lines and
+    at its end, so they and the shell's prompt show."""
+    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        undo = _filters[name].restore()
+        if undo and is_terminal(stream):
+            stream.write(undo)
+            stream.flush()
+
+
 def say(message: str) -> None:
     """One line of ``kcoral run``'s own on stderr. It quotes what a server sent (an error's
     message, a missing output's path and reason): a control character in it is written as
     ``\\xNN``, so a server can neither break the line nor act on the terminal."""
     message = _CONTROLS.sub(_as_escape, message)
+    restore_terminal()  # a tool's hidden cursor or colours must not hide this line
     shared = _same_file(sys.stdout, sys.stderr)
     line_break = "\n" if _line_open["last" if shared else "stderr"] else ""
     _line_open.update(stderr=False, last=False)

@@ -10,6 +10,12 @@ bars; a private parameter such as ``?`` only in a DEC mode's ``h`` or ``l``, and
 ANSI modes only insert and newline) and drops every
 other escape sequence, every string sequence (OSC, DCS, SOS, PM, APC) and every C1 and C0
 control but newline, carriage return, tab, backspace and bell.
+Of the DEC modes only the cursor's, the line wrap's and the alternate screen's pass (mouse
+and focus reports would be typed into the shell after the tool ends), and erasing the
+scrollback (``CSI 3 J``) is dropped: what ran before stays readable. What the tool's
+sequences left set (colours, a hidden cursor, the alternate screen, line drawing, no
+wrapping, insert mode) is undone before ``kcoral run``'s own lines and at its end
+(``restore``), so those lines and the shell's prompt show.
 Written to a file or a pipe, the tool's bytes go through as they came. ``%%kcoral`` in a
 terminal IPython filters a cell's output the same way (a notebook shows only colours).
 """
@@ -33,6 +39,11 @@ _PRIVATE_PARAMETERS = frozenset("<=>?")
 #: keyboard after the tool ends: ``CSI 2 h`` (KAM) locks it, ``CSI 12 l`` (SRM) turns on
 #: local echo, so the password typed at the next prompt shows on the screen (xterm).
 _KEPT_ANSI_MODES = frozenset({"4", "20"})
+#: The DEC private modes kept (``CSI ? N h``/``l``): autowrap (7), cursor blink (12) and
+#: visibility (25), the alternate screen (47, 1047, 1048, 1049). Mouse (9, 1000-1006) and
+#: focus (1004) reports, bracketed paste (2004) and the like outlive the tool: the terminal
+#: then types reports into the shell.
+_KEPT_DEC_MODES = frozenset({"7", "12", "25", "47", "1047", "1048", "1049"})
 #: ESC + one byte kept: save/restore cursor, reverse index, keypad modes.
 _KEPT_ESCAPES = frozenset("78M=>")
 #: ESC + this byte opens a string sequence (DCS, SOS, OSC, PM, APC): dropped to its end.
@@ -45,8 +56,8 @@ _C1_CSI, _C1_ST = "\x9b", "\x9c"
 _SPECIAL = re.compile("[\x00-\x06\x0b\x0c\x0e-\x1f\x7f-\x9f\udc80-\udc9f]")
 #: The kept sequences, whole: what the byte-by-byte reading below would keep.
 _KEPT_SEQUENCE = re.compile(
-    "\x1b(?:\\[(?:[0-;]{0,62}[mABCDEFGHJKSTXdf@LMPrsu]|[<=>?][0-?]{0,61}[hl]"
-    "|(?:4|20)(?:;(?:4|20))*[hl])|[78M=>]|[()][B0])"
+    "\x1b(?:\\[(?:[0-;]{0,62}[mABCDEFGHKSTXdf@LMPrsu]|\\?(?:7|12|25|47|104[789])"
+    "(?:;(?:7|12|25|47|104[789]))*[hl]|(?:4|20)(?:;(?:4|20))*[hl])|[78M=>]|[()][B0])"
 )
 #: A CSI longer than this is no layout any tool sends: it is dropped, not held.
 _MAX_CSI = 64
@@ -70,6 +81,8 @@ class TerminalFilter:
     def __init__(self) -> None:
         self._state = _TEXT
         self._pending: list[str] = []
+        #: what the kept sequences left set, and the sequence that undoes each
+        self._left_set: dict[str, str] = {}
 
     def feed(self, text: str) -> str:
         kept: list[str] = []
@@ -86,7 +99,7 @@ class TerminalFilter:
                 # a whole kept sequence in this chunk (most of a coloured output) at once
                 sequence = _KEPT_SEQUENCE.match(text, at)
                 if sequence is not None:
-                    kept.append(sequence.group())
+                    self._keep(sequence.group(), kept)
                     at = sequence.end()
                     continue
             self._step(text[at], kept)
@@ -106,7 +119,7 @@ class TerminalFilter:
         elif state == _CHARSET:
             # ESC ( B / ESC ( 0: the ASCII and line-drawing sets; any other is dropped
             if char in "B0":
-                kept.append("".join(self._pending) + char)
+                self._keep("".join(self._pending) + char, kept)
             self._reset()
         elif state == _STRING:
             if char == "\x07" or char == _C1_ST:
@@ -147,7 +160,7 @@ class TerminalFilter:
             self._state, self._pending = _ESCAPE, [char]  # the first one led nowhere
         else:
             if char in _KEPT_ESCAPES:
-                kept.append("\x1b" + char)
+                self._keep("\x1b" + char, kept)
             self._reset()
 
     def _csi(self, char: str, kept: list[str]) -> None:
@@ -160,13 +173,17 @@ class TerminalFilter:
             body = "".join(self._pending)
             has_intermediate = any(" " <= c <= "/" for c in body[2:])
             private = any(c in _PRIVATE_PARAMETERS for c in body[2:])
-            if char in "hl":  # a DEC mode (its marker first), or an ANSI mode kept
-                private_mode = body[2:3] in _PRIVATE_PARAMETERS
-                keep = private_mode or (not private and _ansi_modes_kept(body[2:]))
+            if char in "hl":  # a DEC mode kept (its marker first), or an ANSI mode kept
+                if body[2:3] == "?":
+                    keep = _modes_kept(body[3:], _KEPT_DEC_MODES)
+                else:
+                    keep = not private and _modes_kept(body[2:], _KEPT_ANSI_MODES)
+            elif char == "J":  # erase in display, but never the scrollback (3)
+                keep = not private and "3" not in body[2:].split(";")
             else:
                 keep = char in _KEPT_CSI_FINALS and not private
             if keep and not has_intermediate:
-                kept.append(body + char)
+                self._keep(body + char, kept)
             self._reset()
             return
         # not a CSI byte: the sequence is broken; drop it and read this one as text
@@ -176,7 +193,39 @@ class TerminalFilter:
     def _reset(self) -> None:
         self._state, self._pending = _TEXT, []
 
+    def _keep(self, sequence: str, kept: list[str]) -> None:
+        """Pass ``sequence`` on, noting what it leaves set (``restore`` undoes it)."""
+        kept.append(sequence)
+        if sequence in ("\x1b(0", "\x1b(B"):
+            self._note("charset", sequence == "\x1b(0", "\x1b(B")
+        elif sequence.endswith("m"):
+            self._note("colour", sequence[2:-1] not in ("", "0"), "\x1b[0m")
+        elif sequence[-1] in "hl" and sequence.startswith("\x1b["):
+            on, private = sequence[-1] == "h", sequence[2:3] == "?"
+            for mode in sequence[2 + private : -1].split(";"):
+                if private and mode == "25":
+                    self._note("cursor", not on, "\x1b[?25h")
+                elif private and mode == "7":
+                    self._note("wrap", not on, "\x1b[?7h")
+                elif private and mode in ("47", "1047", "1049"):
+                    self._note("screen", on, f"\x1b[?{mode}l")
+                elif not private and mode == "4":
+                    self._note("insert", on, "\x1b[4l")
 
-def _ansi_modes_kept(parameters: str) -> bool:
-    """Whether every mode of an ANSI ``h``/``l`` is one kept (``_KEPT_ANSI_MODES``)."""
-    return all(mode in _KEPT_ANSI_MODES for mode in parameters.split(";"))
+    def _note(self, what: str, left_set: bool, undo: str) -> None:
+        if left_set:
+            self._left_set[what] = undo
+        else:
+            self._left_set.pop(what, None)
+
+    def restore(self) -> str:
+        """The sequences that undo what the tool's output left set (the alternate screen
+        first, whose own state the main screen does not share); afterwards nothing."""
+        undo = sorted(self._left_set.items(), key=lambda item: item[0] != "screen")
+        self._left_set.clear()
+        return "".join(sequence for _what, sequence in undo)
+
+
+def _modes_kept(parameters: str, kept: frozenset[str]) -> bool:
+    """Whether every mode of an ``h``/``l`` is one of ``kept``."""
+    return all(mode in kept for mode in parameters.split(";"))

@@ -85,3 +85,17 @@ def test_kcoral_runs_own_lines_write_a_servers_control_characters_as_escapes(
         "kcoral run: missing output out/\\x1b]52;c;eA==\\x07x: gone\\x0akcoral run: all good"
         " \\x9b6n\n"
     )
+
+
+@pytest.mark.slow
+def test_what_a_tool_left_set_on_the_terminal_is_undone_before_the_prompt(
+    server_url: str, in_tmp: Path
+) -> None:
+    # a hidden cursor and red text left on: the shell's prompt after kcoral run was red,
+    # without a cursor, until the user typed `reset`
+    leaves = "import sys; sys.stdout.write('\\x1b[?25l\\x1b[31mred, and never reset')"
+    status, seen = _on_a_terminal([*_command(server_url), "-c", leaves])
+    text = seen.decode("utf-8", "replace")
+    assert status == 0, text
+    undone = text.split("red, and never reset", 1)[1]
+    assert undone in ("\x1b[0m\x1b[?25h", "\x1b[?25h\x1b[0m"), repr(text)

@@ -95,3 +95,30 @@ def test_a_broken_or_overlong_csi_is_dropped_and_the_text_after_it_kept() -> Non
 def test_plain_text_and_unicode_pass_unchanged() -> None:
     text = "naïve café — 東京 ✓ \t tabs\r\nand lines\n" * 1000
     assert filtered(text) == text
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["\x1b[?1000h", "\x1b[?1006h", "\x1b[?1004h", "\x1b[?2004h", "\x1b[?9h", "\x1b[?25;1000h"],
+)
+def test_modes_that_make_the_terminal_type_reports_after_the_tool_are_dropped(mode: str) -> None:
+    # mouse, focus and paste reports would be typed into the shell once the tool has ended
+    assert filtered(f"a{mode}b") == "ab"
+
+
+def test_the_scrollback_is_never_erased_but_the_screen_may_be() -> None:
+    assert filtered("a\x1b[3Jb\x1b[2;3Jc") == "abc"  # what ran before stays readable
+    assert filtered("a\x1b[2Jb\x1b[Jc") == "a\x1b[2Jb\x1b[Jc"
+
+
+def test_what_the_tool_left_set_is_undone_once_and_the_alternate_screen_first() -> None:
+    stream = TerminalFilter()
+    stream.feed("\x1b[31mred \x1b[?25l\x1b[?1049h\x1b(0qq\x1b[?7l\x1b[4h")
+    assert stream.restore() == "\x1b[?1049l\x1b[0m\x1b[?25h\x1b(B\x1b[?7h\x1b[4l"
+    assert stream.restore() == ""  # undone: nothing more
+
+
+def test_a_tool_that_undoes_what_it_set_needs_nothing_undone() -> None:
+    stream = TerminalFilter()
+    stream.feed("\x1b[1;32mok\x1b[0m \x1b[?25l\r 40%\x1b[?25h\x1b[?1049h\x1b[?1049l\n")
+    assert stream.restore() == ""
