@@ -114,6 +114,9 @@ class StatusLine:
         if not text:
             return
         out = sys.stdout if stream == "stdout" else sys.stderr
+        # a lone surrogate (only a server's JSON can send "\ud800") failed a UTF-8 stream's
+        # write, ending the cell in UnicodeEncodeError: written as its escape instead
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if is_terminal(out):
             text = self.filters[stream].feed(text)
             if not text:
