@@ -2,9 +2,10 @@
 
 The load average cannot say this: it counts the measuring process itself, so a benchmark
 of a few seconds on a 2-CPU machine raised its own "other work shares this machine"
-warning. Here the machine's busy CPU time over the measurement (``/proc/stat``) minus this
-process's own (every thread, ``os.times``) is divided by the wall time: the CPUs that
-other work used on average, the measurement's neighbours only.
+warning. Here the busy time of the CPUs this process may run on over the measurement
+(``/proc/stat``, per CPU of its affinity) minus this process's own (every thread,
+``os.times``) is divided by the wall time: the CPUs that other work used on average, the
+measurement's neighbours only.
 """
 
 from __future__ import annotations
@@ -21,13 +22,30 @@ MIN_SPAN_SECONDS = 0.2
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 
 
-def _machine_busy_seconds() -> float | None:
-    """The busy CPU seconds of every CPU since boot, or ``None`` off Linux."""
+def usable_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on (its affinity: a cpuset, ``taskset``), or ``None``
+    where the system does not say."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _machine_busy_seconds(cpus: frozenset[int] | None) -> float | None:
+    """The busy seconds since boot of ``cpus`` (``None``: of every CPU), or ``None`` off
+    Linux. Only the CPUs the measurement may use: work pinned to others (a neighbour
+    worker's cpuset on a large node) does not compete with it."""
     try:
         with open("/proc/stat") as handle:
-            first = handle.readline().split()
-        ticks = [int(value) for value in first[1:]]
-        return sum(ticks[i] for i in _BUSY_FIELDS if i < len(ticks)) / os.sysconf("SC_CLK_TCK")
+            lines = [line.split() for line in handle if line.startswith("cpu")]
+        if cpus is None:
+            rows = [lines[0]] if lines and lines[0][0] == "cpu" else []
+        else:
+            rows = [row for row in lines if row[0][3:].isdigit() and int(row[0][3:]) in cpus]
+        if not rows:
+            return None
+        ticks = sum(int(row[1 + i]) for row in rows for i in _BUSY_FIELDS if 1 + i < len(row))
+        return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
 
@@ -44,17 +62,19 @@ class CpuShare:
     machine_busy: float | None
     own: float
     started: float
+    cpus: frozenset[int] | None = None  # the CPUs counted (usable_cpus)
 
     @classmethod
     def start(cls) -> CpuShare:
         started = monotonic()  # read first at both ends, so the spans match
-        return cls(_machine_busy_seconds(), _own_seconds(), started)
+        cpus = usable_cpus()
+        return cls(_machine_busy_seconds(cpus), _own_seconds(), started, cpus)
 
     def others_busy_cpus(self) -> float | None:
         """Other processes' average busy CPUs since ``start``, rounded to 0.01; ``None``
         where ``/proc/stat`` cannot be read or the span is too short to tell."""
         span = monotonic() - self.started
-        busy = _machine_busy_seconds()
+        busy = _machine_busy_seconds(self.cpus)
         if self.machine_busy is None or busy is None or span < MIN_SPAN_SECONDS:
             return None
         others = (busy - self.machine_busy) - (_own_seconds() - self.own)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kcoral.bench.cpu_share import busy_threshold
+from kcoral.bench.cpu_share import busy_threshold, usable_cpus
 
 #: The SM clock may move by at most this share of its median across rounds for the clocks to
 #: count as steady (EXTENSIONS §12.4); boost clocks typically move by 10–30 %.
@@ -264,10 +264,12 @@ def cpu_machine_state(others_busy_cpus: float | None = None) -> dict[str, Any]:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
+    usable = usable_cpus()
     return {
         "governor": governor,
         "load_average": load,
         "cpu_count": os.cpu_count(),
+        "usable_cpus": len(usable) if usable is not None else os.cpu_count(),
         "others_busy_cpus": others_busy_cpus,
     }
 
@@ -278,9 +280,11 @@ def cpu_warnings(machine: dict[str, Any]) -> list[str]:
     if governor is not None and governor != "performance":
         found.append(f"the CPU frequency governor is {governor!r}, not 'performance'")
     # Not the load average: it counts the measuring process itself (cpu_share).
-    others, cpus = machine.get("others_busy_cpus"), machine.get("cpu_count") or 1
+    others = machine.get("others_busy_cpus")
+    cpus = machine.get("usable_cpus") or machine.get("cpu_count") or 1
     if others is not None and others >= busy_threshold(cpus):
         found.append(
-            f"other processes kept {others:g} of the {cpus} CPUs busy during the measurement"
+            f"other processes kept {others:g} of the {cpus} CPUs it may use busy during the "
+            "measurement"
         )
     return found

@@ -108,7 +108,7 @@ def test_six_samples_a_side_are_enough_for_an_interval_and_a_verdict() -> None:
     assert too_few_samples(top, bottom) is None
 
 
-def brute_forcebootstrap_medians(samples: np.ndarray, seed: int, resamples: int) -> np.ndarray:
+def brute_force_bootstrap_medians(samples: np.ndarray, seed: int, resamples: int) -> np.ndarray:
     """The textbook bootstrap: draw n indexes with replacement, take the median, repeat."""
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, samples.size, size=(resamples, samples.size))
@@ -121,9 +121,11 @@ def test_the_order_statistic_bootstrap_draws_the_textbook_bootstraps_medians(siz
     samples = np.random.default_rng(1).gamma(2.0, size=size)
     resamples = 200_000
     exact = bootstrap_medians(samples, np.random.default_rng(2), resamples)
-    textbook = brute_forcebootstrap_medians(samples, 3, resamples)
+    textbook = brute_force_bootstrap_medians(samples, 3, resamples)
     values = np.union1d(exact, textbook)
     exact_share = np.searchsorted(np.sort(exact), values, side="right") / resamples
     textbook_share = np.searchsorted(np.sort(textbook), values, side="right") / resamples
-    # the same distribution: every cumulative share agrees within sampling noise
-    assert np.max(np.abs(exact_share - textbook_share)) < 0.006
+    # the same distribution: every cumulative share agrees within sampling noise (here
+    # about 0.002; a wrong even case, the lower middle alone, is 0.18 off). 0.02 is far
+    # past what 200,000 draws can differ by chance, whatever numpy's samplers draw
+    assert np.max(np.abs(exact_share - textbook_share)) < 0.02

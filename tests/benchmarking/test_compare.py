@@ -147,7 +147,13 @@ def test_a_function_compared_with_itself_shows_no_big_difference() -> None:
 def test_a_cpu_comparison_reports_the_machine_and_not_a_gpu() -> None:
     result = compare({"a": lambda: None, "b": lambda: None}, {"repeat": 10})
     assert result["clock"] == "cpu" and result["gpu_state"] is None
-    assert set(result["machine"]) == {"governor", "load_average", "cpu_count", "others_busy_cpus"}
+    assert set(result["machine"]) == {
+        "governor",
+        "load_average",
+        "cpu_count",
+        "usable_cpus",
+        "others_busy_cpus",
+    }
     assert any("CPU worker" in w for w in result["warnings"])
     assert isinstance(result["seed"], int)  # chosen when not given, and reported
 

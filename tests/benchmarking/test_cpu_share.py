@@ -20,7 +20,7 @@ class StandInCpus:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, own: float, others: float) -> None:
         self.now = self.machine = self.self_time = 0.0
         self.own, self.others = own, others
-        monkeypatch.setattr(cpu_share, "_machine_busy_seconds", lambda: self.machine)
+        monkeypatch.setattr(cpu_share, "_machine_busy_seconds", lambda _cpus: self.machine)
         monkeypatch.setattr(cpu_share, "_own_seconds", lambda: self.self_time)
         monkeypatch.setattr(cpu_share, "monotonic", self.monotonic)
 
@@ -32,6 +32,12 @@ class StandInCpus:
         return self.now
 
 
+def on_cpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """A machine of ``count`` CPUs, all of which the measurement may use."""
+    monkeypatch.setattr(os, "cpu_count", lambda: count)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(count)))
+
+
 def cpu_warnings_of(result: dict) -> list[str]:
     return [w for w in result["warnings"] if "other processes" in w or "load average" in w]
 
@@ -39,7 +45,7 @@ def cpu_warnings_of(result: dict) -> list[str]:
 def test_a_measurement_that_keeps_a_cpu_busy_itself_draws_no_warning_on_two_cpus(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    on_cpus(monkeypatch, 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.2, 0.6))  # its own load, mostly
     StandInCpus(monkeypatch, own=1.0, others=0.1)
     result = benchmark(lambda: None, {"warmup": 1, "repeat": 5})
@@ -50,23 +56,23 @@ def test_a_measurement_that_keeps_a_cpu_busy_itself_draws_no_warning_on_two_cpus
 def test_other_processes_busy_on_the_spare_cpu_are_named_with_their_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    on_cpus(monkeypatch, 2)
     StandInCpus(monkeypatch, own=1.0, others=0.8)
     result = benchmark(lambda: None, {"warmup": 1, "repeat": 5})
     assert cpu_warnings_of(result) == [
-        "other processes kept 0.8 of the 2 CPUs busy during the measurement"
+        "other processes kept 0.8 of the 2 CPUs it may use busy during the measurement"
     ]
 
 
 def test_a_busy_neighbour_on_a_large_machine_warns_only_past_half_the_spare_cpus(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    on_cpus(monkeypatch, 16)
     StandInCpus(monkeypatch, own=1.0, others=3.0)
     assert cpu_warnings_of(benchmark(lambda: None, {"repeat": 5})) == []
     StandInCpus(monkeypatch, own=1.0, others=8.0)
     assert cpu_warnings_of(benchmark(lambda: None, {"repeat": 5})) == [
-        "other processes kept 8 of the 16 CPUs busy during the measurement"
+        "other processes kept 8 of the 16 CPUs it may use busy during the measurement"
     ]
 
 
@@ -75,7 +81,7 @@ def test_a_span_too_short_to_tell_or_no_proc_stat_reports_the_share_as_unknown(
 ) -> None:
     share = cpu_share.CpuShare(machine_busy=None, own=0.0, started=0.0)
     assert share.others_busy_cpus() is None
-    monkeypatch.setattr(cpu_share, "_machine_busy_seconds", lambda: 100.0)
+    monkeypatch.setattr(cpu_share, "_machine_busy_seconds", lambda _cpus: 100.0)
     assert cpu_share.CpuShare.start().others_busy_cpus() is None  # 0 s: too short
 
 
@@ -84,3 +90,25 @@ def test_the_share_is_read_from_this_linux_machine_for_a_real_measurement() -> N
     share = cpu_share.CpuShare(share.machine_busy, share.own, share.started - 1.0)
     others = share.others_busy_cpus()
     assert others is not None and 0.0 <= others <= (os.cpu_count() or 1)
+
+
+def test_only_the_cpus_the_measurement_may_use_are_counted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    # a worker pinned to CPUs 2-3 of a node whose CPUs 0-1 are busy with another worker's
+    # benchmark: those never compete with it (review: the whole machine was counted)
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  900 0 0 100 0 0 0 0 0 0\n"
+        "cpu0 400 0 0 0 0 0 0 0 0 0\ncpu1 400 0 0 0 0 0 0 0 0 0\n"
+        "cpu2 50 0 0 50 0 0 0 0 0 0\ncpu3 50 0 0 50 0 0 0 0 0 0\nintr 1\n"
+    )
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open",
+        lambda path, *a, **k: real_open(stat if path == "/proc/stat" else path, *a, **k),
+    )
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert cpu_share._machine_busy_seconds(frozenset({2, 3})) == 100 / ticks
+    assert cpu_share._machine_busy_seconds(None) == 900 / ticks
+    assert cpu_share._machine_busy_seconds(frozenset({7})) is None  # not in /proc/stat

@@ -131,5 +131,11 @@ def test_a_cpu_worker_reports_its_governor_and_load_instead(monkeypatch) -> None
     result = benchmark(lambda: None, {"warmup": 1, "repeat": 5})
     assert result["clock"] == "cpu" and result["gpu_state"] is None
     machine = result["machine"]
-    assert set(machine) == {"governor", "load_average", "cpu_count", "others_busy_cpus"}
+    assert set(machine) == {
+        "governor",
+        "load_average",
+        "cpu_count",
+        "usable_cpus",
+        "others_busy_cpus",
+    }
     assert machine["cpu_count"] >= 1 and len(machine["load_average"]) == 3
