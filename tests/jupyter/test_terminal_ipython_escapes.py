@@ -5,11 +5,11 @@ write, a status query) never reach it. A notebook renders only colours, so it ne
 from __future__ import annotations
 
 import os
-import pty
 import sys
 from pathlib import Path
 
 import pytest
+from pseudo_terminal import on_a_terminal
 from server_process import start_server
 
 CELL = (
@@ -26,25 +26,7 @@ def ipython_on_a_terminal(url: str) -> bytes:
     environment = {k: v for k, v in os.environ.items() if k != "KCORAL_TOKEN"}
     environment["KCORAL_URL"] = url
     command = [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "-c", CODE]
-    pid, terminal = pty.fork()
-    if pid == 0:
-        try:
-            os.execve(sys.executable, command, environment)
-        finally:
-            os._exit(127)
-    seen = b""
-    try:
-        while True:
-            try:
-                chunk = os.read(terminal, 65536)
-            except OSError:  # EIO: IPython has exited and closed its side
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        os.close(terminal)
-        os.waitpid(pid, 0)
+    _status, seen = on_a_terminal(command, environment)
     return seen
 
 

@@ -4,13 +4,12 @@ the title or the status query; a pipe gets every byte as the tool wrote it."""
 
 from __future__ import annotations
 
-import os
-import pty
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pseudo_terminal import on_a_terminal
 
 # What a malicious server (or another user's tool on it) prints: colour around a clipboard
 # write, a retitled window, and a query the terminal answers by typing into kcoral's input.
@@ -26,34 +25,11 @@ def _command(server_url: str) -> list[str]:
     return [sys.executable, "-m", "kcoral", "run", "python", "--url", server_url, "--"]
 
 
-def _on_a_terminal(command: list[str]) -> tuple[int, bytes]:
-    pid, terminal = pty.fork()
-    if pid == 0:  # the child: its stdout and stderr are the terminal
-        try:
-            os.execv(sys.executable, command)
-        finally:
-            os._exit(127)
-    seen = b""
-    try:
-        while True:
-            try:
-                chunk = os.read(terminal, 65536)
-            except OSError:  # EIO: the child has gone and closed its side
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        os.close(terminal)
-        _, wait_status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(wait_status), seen
-
-
 @pytest.mark.slow
 def test_a_terminal_gets_the_tools_colours_but_not_its_clipboard_write_or_queries(
     server_url: str, in_tmp: Path
 ) -> None:
-    status, seen = _on_a_terminal([*_command(server_url), "-c", PRINTS])
+    status, seen = on_a_terminal([*_command(server_url), "-c", PRINTS])
     text = seen.decode("utf-8", "replace")
     assert status == 0, text
     assert f"{COLOURED}   done\r\n" in text, repr(text)
@@ -94,7 +70,7 @@ def test_what_a_tool_left_set_on_the_terminal_is_undone_before_the_prompt(
     # a hidden cursor and red text left on: the shell's prompt after kcoral run was red,
     # without a cursor, until the user typed `reset`
     leaves = "import sys; sys.stdout.write('\\x1b[?25l\\x1b[31mred, and never reset')"
-    status, seen = _on_a_terminal([*_command(server_url), "-c", leaves])
+    status, seen = on_a_terminal([*_command(server_url), "-c", leaves])
     text = seen.decode("utf-8", "replace")
     assert status == 0, text
     undone = text.split("red, and never reset", 1)[1]
