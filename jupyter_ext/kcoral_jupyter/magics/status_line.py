@@ -71,6 +71,7 @@ class StatusLine:
             }
         metadata = {"kcoral": shown}
         if not self.in_place:  # each update would print a new line: print each one once
+            self.restore_terminal()
             if data["text/plain"] != self.printed:
                 self.printed = data["text/plain"]
                 if not self.last_ended_line:  # the cell's output left a line unfinished
@@ -85,6 +86,16 @@ class StatusLine:
         """The line as it stands, no longer live: the cell ended without a last word."""
         if self.live:
             self.show(self.text)
+        self.restore_terminal()
+
+    def restore_terminal(self) -> None:
+        """On a terminal, undo what the program's output left set (colours, a hidden
+        cursor: ``TerminalFilter.restore``) before a line of ours and at the cell's end."""
+        for name, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+            undo = self.filters[name].restore()
+            if undo and is_terminal(out):
+                out.write(undo)
+                out.flush()
 
     # Reporter protocol (runner.Reporter)
     def phase(self, text: str) -> None:
@@ -108,6 +119,7 @@ class StatusLine:
     def note(self, text: str) -> None:
         """Write a note of the extension's (one line) to stderr, starting on a line of its
         own even where the cell's output ended without a newline."""
+        self.restore_terminal()
         self.stderr(("\n" if self._note_would_join_a_line() else "") + text)
 
     def _write(self, stream: str, text: str) -> None:
