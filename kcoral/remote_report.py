@@ -69,8 +69,10 @@ def show_output(result: ProgramResult) -> None:
         # raised UnicodeEncodeError instead of returning: written as its escape instead.
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if is_terminal(stream):
-            # a server's escapes must not act on the caller's terminal (terminal_filter)
-            text = TerminalFilter().feed(text)
+            # a server's escapes must not act on the caller's terminal, and what the
+            # function's output left set (colours, a hidden cursor) is undone after it
+            screen = TerminalFilter()
+            text = screen.feed(text) + screen.restore()
         stream.write(text)
         if truncated:
             stream.write(

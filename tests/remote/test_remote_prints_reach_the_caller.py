@@ -72,7 +72,7 @@ def test_execute_prints_nothing_and_keeps_the_output_in_its_result(client, capsy
 
 
 def prints_escapes():
-    print("\x1b[32mgreen\x1b[0m \x1b]52;c;cm0gLXJmIH4K\x07\x1b[6n done")
+    print("\x1b[32mgreen\x1b[0m \x1b]52;c;cm0gLXJmIH4K\x07\x1b[6n done\x1b[?25l")
     return 0
 
 
@@ -95,7 +95,8 @@ def test_a_terminal_gets_the_functions_colours_but_not_a_servers_clipboard_write
         stdout.flush()
         seen = os.read(terminal, 65536).decode()
     os.close(terminal)
-    assert seen == "\x1b[32mgreen\x1b[0m  done\r\n", repr(seen)
+    # the cursor it hid is shown again after its output
+    assert seen == "\x1b[32mgreen\x1b[0m  done\x1b[?25l\r\n\x1b[?25h", repr(seen)
 
 
 def test_a_failures_note_drops_the_escapes_a_server_could_use_on_a_terminal(client) -> None:
