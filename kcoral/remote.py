@@ -234,6 +234,23 @@ def _check_json(value: Any, where: str, active: set[int]) -> None:
     )
 
 
+def _check_call_options(timeout: object, output_limit_bytes: object) -> None:
+    """The decorator's ``timeout`` and ``output_limit_bytes``, checked where they are
+    written: a bad one failed only at the first call, as the server's 400 about
+    ``timeout_seconds``, a name the user never wrote."""
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
+    if output_limit_bytes is not None:
+        if isinstance(output_limit_bytes, bool) or not isinstance(output_limit_bytes, int):
+            kind = type(output_limit_bytes).__name__
+            raise TypeError(f"output_limit_bytes must be an int, not {kind}")
+        if output_limit_bytes < 0:
+            raise ValueError(f"output_limit_bytes must be >= 0, not {output_limit_bytes!r}")
+
+
 def _check_text(text: str, where: str) -> None:
     """A ``str`` the request's UTF-8 can carry: a lone surrogate (``'\\udc80'``, from
     ``surrogateescape`` decoding) failed later as 'cannot encode the request' at a byte
@@ -292,6 +309,7 @@ class RemoteFunction:
             raise TypeError("a generator function cannot be a remote function")
         if not isinstance(cpu_only, bool):
             raise TypeError(f"cpu_only must be a bool, not {type(cpu_only).__name__}")
+        _check_call_options(timeout, output_limit_bytes)
         try:
             self._signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):  # some callables have none; pickle mode copes
