@@ -273,7 +273,7 @@ class Supervisor:
         self.options = settings.supervisor or SupervisorOptions()
         self.argv = list(argv)
         self.environ = dict(environ)
-        self.log = RouterLog()
+        self.log = RouterLog(problems_only=not self.config.log_console)
         self.instance_id = str(uuid.uuid4())
         self.stopping = asyncio.Event()
         self.exit_code = 0  # USAGE_ERROR once the child refused its settings

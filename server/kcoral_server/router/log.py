@@ -31,9 +31,12 @@ def format_value(value: Any) -> str:
 class RouterLog:
     """Writes one line per event; a failing stream never fails a request."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, problems_only: bool = False) -> None:
         self._stream = stream if stream is not None else sys.stderr
         self._listeners = Listeners()
+        #: write only WARNING and ERROR lines (a node's --no-log-console: its supervisor has
+        #: no log file, so its problems are still said)
+        self._problems_only = problems_only
 
     def add_listener(self, listener: Listener) -> None:
         """Have ``listener(event, fields)`` called with every line (``/metrics`` counts from
@@ -42,6 +45,8 @@ class RouterLog:
 
     def event(self, event: str, level: str = "INFO", **fields: Any) -> None:
         self._listeners.tell(event, fields)  # metrics never fail a request
+        if self._problems_only and level == "INFO":
+            return
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         parts = [stamp, f"{level:<7}", event]
         parts.extend(
