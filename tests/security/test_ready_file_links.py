@@ -21,6 +21,9 @@ from pathlib import Path
 from kcoral_server.storage.ready_file import ready_file_write_problem
 from server_process import start_server
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+from router_helpers import node_command, start_router
+
 PRECIOUS = "the user's own file\n"
 
 
@@ -107,3 +110,21 @@ def test_a_refused_replacement_of_the_ready_file_says_whose_entry_may_be_there()
         "cannot write --ready-file /tmp/kcoral.url: Operation not permitted"
         " (another user's file or link may be there: choose a path of your own)"
     )
+
+
+def test_a_nodes_ready_file_that_cannot_be_written_stops_the_node_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # the node supervisor writes it once its server answers: the same rule as the server's
+    # and the router's (EXTENSIONS §2), untested until now
+    ready = Path("/sys/kcoral-node-ready")
+    router = start_router(tmp_path)
+    try:
+        command = node_command(tmp_path, router.url, "ready-node", "--ready-file", str(ready))
+        done = _started(command, tmp_path)
+    finally:
+        router.stop()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    said = f"kcoral server --router: cannot write --ready-file {ready}: Permission denied\n"
+    assert said in done.stderr, done.stderr
