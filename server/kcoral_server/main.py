@@ -41,7 +41,7 @@ from kcoral_server.settings.command_line import (
     parse_server_args,
 )
 from kcoral_server.settings.config import config_for_log
-from kcoral_server.settings.secret_flags import secret_flag_warnings
+from kcoral_server.settings.secret_flags import client_variable_hint, secret_flag_warnings
 from kcoral_server.storage.event_log import EventLog
 from kcoral_server.storage.ready_file import try_write_ready_file
 
@@ -209,6 +209,8 @@ async def _serve(
             host=settings.host,
             message="listening on a non-loopback address without client authentication",
         )
+    elif token is None and router_secret is None and (hint := client_variable_hint(os.environ)):
+        events.emit("unauthenticated_access", "WARNING", host=settings.host, message=hint)
     elif token is None and router_secret is None:
         # Loopback keeps web pages out (EXTENSIONS §6), not the machine's other users: on a
         # shared GPU box each of them could run programs as this server's user.

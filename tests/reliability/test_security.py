@@ -259,7 +259,9 @@ def _start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None):
         "--port", "0", "--ready-file", str(ready), "--log-dir", str(tmp_path / "logs"),
         "--disk-cache-dir", str(tmp_path / "cache"), *args,
     ]  # fmt: skip
-    full_env = {k: v for k, v in os.environ.items() if k != "KCORAL_AUTH_TOKEN"}
+    full_env = {
+        k: v for k, v in os.environ.items() if k not in ("KCORAL_AUTH_TOKEN", "KCORAL_TOKEN")
+    }
     return subprocess.Popen(
         command, env={**full_env, **(env or {})}, stderr=subprocess.PIPE, cwd=tmp_path
     ), ready
@@ -300,9 +302,9 @@ def test_a_non_loopback_address_with_a_token_file_starts(tmp_path) -> None:
     assert TOKEN.encode() not in stderr
 
 
-def _stderr_once_ready(args: list[str], tmp_path) -> str:
+def _stderr_once_ready(args: list[str], tmp_path, env: dict[str, str] | None = None) -> str:
     """What a server started with ``args`` printed by the time it was ready and stopped."""
-    process, ready = _start(args, tmp_path)
+    process, ready = _start(args, tmp_path, env)
     try:
         assert wait_until(lambda: ready.exists() or process.poll() is not None, 60)
         assert ready.exists(), process.communicate(timeout=10)[1][-2000:]
@@ -322,6 +324,18 @@ def test_a_loopback_server_without_a_token_says_at_start_who_can_reach_it(tmp_pa
     assert line.endswith(
         "message=no client token: any local user can run programs as this server's user;"
         " on a shared machine, give --auth-token-file"
+    ), line
+
+
+def test_a_token_in_the_clients_variable_is_said_not_to_protect_the_server(tmp_path) -> None:
+    # `KCORAL_TOKEN=s3cret kcoral server` (the clients' variable) started a server that
+    # asked no token of anyone, its user believing it did
+    stderr = _stderr_once_ready([], tmp_path, {"KCORAL_TOKEN": TOKEN})
+    line = next(x for x in stderr.splitlines() if "unauthenticated_access" in x)
+    assert " WARNING " in line and TOKEN not in stderr, line
+    assert line.endswith(
+        "message=KCORAL_TOKEN is set but only clients read it: no token is required; give it"
+        " as KCORAL_AUTH_TOKEN or --auth-token-file"
     ), line
 
 

@@ -120,7 +120,7 @@ def test_a_loopback_router_without_a_token_says_at_start_who_can_reach_it(tmp_pa
         assert len(said) <= 1 and all(level == "INFO" for level, _ in said), said
         return said[0][1] if said else None
 
-    assert said_at_start({"KCORAL_AUTH_TOKEN": ""}) == (
+    assert said_at_start({"KCORAL_AUTH_TOKEN": "", "KCORAL_TOKEN": ""}) == (
         "unauthenticated_access host=127.0.0.1 message='no client or node token: any local"
         " user can send programs here or serve as a node; set both on a shared machine'"
     )
@@ -130,6 +130,22 @@ def test_a_loopback_router_without_a_token_says_at_start_who_can_reach_it(tmp_pa
     )
     tokens = {"KCORAL_AUTH_TOKEN": ALICE, "KCORAL_NODE_TOKEN": "a-node-token"}
     assert said_at_start(tokens) is None
+
+
+def test_a_token_in_the_clients_variable_is_said_not_to_protect_the_router(tmp_path) -> None:
+    # `KCORAL_TOKEN=s3cret kcoral router` (the clients' variable) asked no token of anyone
+    router = start_router(tmp_path, env={"KCORAL_AUTH_TOKEN": "", "KCORAL_TOKEN": ALICE})
+    try:
+        router.wait_log("listening on")
+        lines = router.log().splitlines()
+    finally:
+        router.stop()
+    [line] = [x for x in lines if " unauthenticated_access " in x]
+    assert " WARNING " in line and ALICE not in router.log(), line
+    assert line.endswith(
+        "message='KCORAL_TOKEN is set but only clients read it: no token is required; give it"
+        " as KCORAL_AUTH_TOKEN or --auth-token-file'"
+    ), line
 
 
 async def claim(router: RouterProcess, node_id: str, token: str | None) -> grpc.StatusCode | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import signal
 import sys
 import uuid
@@ -27,7 +28,7 @@ from kcoral_server.router.scheduler import Admission, ControlAdmission
 from kcoral_server.router.session_routes import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.settings.command_line import listen_failure_hint
-from kcoral_server.settings.secret_flags import secret_flag_warnings
+from kcoral_server.settings.secret_flags import client_variable_hint, secret_flag_warnings
 from kcoral_server.storage.ready_file import ready_file_problem, try_write_ready_file
 
 GRPC_OPTIONS = [
@@ -207,6 +208,9 @@ async def serve(settings: RouterSettings) -> int:
             host=settings.host,
             message="listening on a non-loopback address without client authentication",
         )
+    elif settings.auth_token is None and (client_hint := client_variable_hint(os.environ)):
+        host = settings.host
+        log.event("unauthenticated_access", level="WARNING", host=host, message=client_hint)
     elif settings.auth_token is None:
         # Loopback keeps web pages out (EXTENSIONS §6), not the machine's other users, who
         # could then also serve as nodes: no node token is needed on loopback without one.
