@@ -203,15 +203,21 @@ def _run_as_job(
 ) -> ProgramResult:
     if record.waits_for:  # a router holds the submission while every such seat is busy
         reporter.phase(f"submitting, waiting for {record.waits_for}")
-    with HeldInterrupt() as held:  # a second interrupt abandons the submission
-        job = client.submit(program, **options.as_kwargs())
-    record.job_id = job.id
-    reporter.phase("submitted")
+    job: Job | None = None
     try:
+        # inside the try: an interrupt just after the held one is let go (before the job's
+        # id was noted) must stop the job too; it escaped, and the job ran on
+        with HeldInterrupt() as held:  # a second interrupt abandons the submission
+            job = client.submit(program, **options.as_kwargs())
+        record.job_id = job.id
+        reporter.phase("submitted")
         if held.noted:  # it came while the job was submitted: stopped now that it has an id
             raise KeyboardInterrupt
         result = follow_job(job, reporter, record)
     except KeyboardInterrupt:
+        if job is None:
+            raise  # a second interrupt during the submission: the caller says so
+        record.job_id = job.id
         if isinstance(client, ClientSession):
             # Cancelling a session's job kills its worker and so the session's state
             # (EXTENSIONS §11); an interrupt raises KeyboardInterrupt in the program instead.
