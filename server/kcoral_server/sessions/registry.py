@@ -207,8 +207,9 @@ class Session:
 
     def _interrupt_expired(self, request: ExecuteRequest) -> None:
         if self.running is request:
-            message = _not_stopped_message(program_name(request))
-            request.cancel("cancelled", _ended_under(message))
+            # ended now, then killed (end): it ended only once its worker was released, so
+            # a client that saw the job finish could still read the session as running
+            self.end("interrupt_grace", _not_stopped_message(program_name(request)))
 
     def answer_for(self, failed: RequestFailed) -> RequestFailed:
         """The answer of a program that failed with ``failed``: one whose worker was gone
