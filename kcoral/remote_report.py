@@ -30,7 +30,7 @@ from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import RemoteExecutionError
 from kcoral.remote_source import uploaded_line_map
 from kcoral.results import ProgramResult
-from kcoral.run.terminal_filter import TerminalFilter, is_terminal
+from kcoral.run.terminal_filter import TerminalFilter, is_terminal, utf8_writable
 
 _FRAME = re.compile(r'^  File "(?P<file>[^"\n]*)", line (?P<line>\d+), in (?P<name>.+)$')
 
@@ -65,9 +65,8 @@ def show_output(result: ProgramResult) -> None:
         stream = getattr(sys, name)
         if stream is None:  # pythonw and the like have no streams
             continue
-        # A lone surrogate (a server's JSON can send "\\ud800") failed the write, so the call
-        # raised UnicodeEncodeError instead of returning: written as its escape instead.
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        # a lone surrogate failed the write: the call raised instead of returning
+        text = utf8_writable(text)
         if is_terminal(stream):
             # a server's escapes must not act on the caller's terminal, and what the
             # function's output left set (colours, a hidden cursor) is undone after it

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from kcoral.run.arguments import PROG, RunOptions
 from kcoral.run.progress import Progress, format_bytes
-from kcoral.run.terminal_filter import TerminalFilter, is_terminal
+from kcoral.run.terminal_filter import StandardStreams
 
 #: Control characters, C1 included, and the C1 bytes of text that is not UTF-8 (surrogates).
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\udc80-\udc9f]")
@@ -124,22 +124,21 @@ def _save_outputs(out: str, folder: Any) -> bool:
 _line_open = {"stderr": False, "last": False}
 
 
-#: one per stream, as an escape sequence may be cut between two chunks of one stream
-_filters = {"stdout": TerminalFilter(), "stderr": TerminalFilter()}
+#: the tool's text on a terminal, screened (``terminal_filter``)
+_screens = StandardStreams()
 
 
 def start_on_a_new_line() -> None:
     """Forget an earlier invocation's open line and cut sequences (``kcoral run`` called in
     one process)."""
     _line_open.update(stderr=False, last=False)
-    _filters.update(stdout=TerminalFilter(), stderr=TerminalFilter())
+    _screens.forget()
 
 
 def write_output(stream: TextIO, text: str) -> None:
     """The tool's text, as it came to a file or pipe; to a terminal, without the escape
     sequences a malicious server could use on it (``terminal_filter``)."""
-    if is_terminal(stream):
-        text = _filters["stderr" if stream is sys.stderr else "stdout"].feed(text)
+    text = _screens.screen("stderr" if stream is sys.stderr else "stdout", stream, text)
     if not text:
         return
     _line_open["last"] = not text.endswith("\n")
@@ -177,11 +176,7 @@ def restore_terminal() -> None:
     """Undo what the tool's output left set on a terminal: colours, a hidden cursor, the
     alternate screen (``TerminalFilter.restore``); before ``kcoral run``'s own lines and
     at its end, so they and the shell's prompt show."""
-    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-        undo = _filters[name].restore()
-        if undo and is_terminal(stream):
-            stream.write(undo)
-            stream.flush()
+    _screens.restore()
 
 
 def say(message: str) -> None:

@@ -23,6 +23,7 @@ terminal IPython filters a cell's output the same way (a notebook shows only col
 from __future__ import annotations
 
 import re
+import sys
 from typing import TextIO
 
 #: C0 controls a tool's text may carry to the terminal: line layout and the bell.
@@ -69,6 +70,12 @@ def is_terminal(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError, OSError):
         return False
+
+
+def utf8_writable(text: str) -> str:
+    """``text`` with each lone surrogate as its escape (``\\ud800``): only a server's JSON
+    can send one, and a UTF-8 stream's write of it raised ``UnicodeEncodeError``."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _TEXT, _ESCAPE, _CSI, _CHARSET, _STRING, _STRING_ESCAPE, _LONG_CSI = range(7)
@@ -229,3 +236,29 @@ class TerminalFilter:
 def _modes_kept(parameters: str, kept: frozenset[str]) -> bool:
     """Whether every mode of an ``h``/``l`` is one of ``kept``."""
     return all(mode in kept for mode in parameters.split(";"))
+
+
+class StandardStreams:
+    """A ``TerminalFilter`` for each of stdout and stderr (an escape sequence may be cut
+    between two chunks of one stream), and the undoing of what their text left set."""
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Start anew: no sequence cut, nothing left set (another run in this process)."""
+        self._filters = {"stdout": TerminalFilter(), "stderr": TerminalFilter()}
+
+    def screen(self, name: str, stream: TextIO, text: str) -> str:
+        """``text`` as ``stream`` (``sys.stdout`` or ``sys.stderr``, ``name``) gets it:
+        through that stream's filter on a terminal, as it came elsewhere."""
+        return self._filters[name].feed(text) if is_terminal(stream) else text
+
+    def restore(self) -> None:
+        """Undo on each terminal what the text screened for it left set (colours, a hidden
+        cursor, the alternate screen: ``TerminalFilter.restore``)."""
+        for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+            undo = self._filters[name].restore()
+            if undo and is_terminal(stream):
+                stream.write(undo)
+                stream.flush()

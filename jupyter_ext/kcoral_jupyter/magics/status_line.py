@@ -17,7 +17,7 @@ from IPython.core.getipython import get_ipython
 from IPython.display import DisplayHandle, display
 
 from kcoral import ProgramResult
-from kcoral.run.terminal_filter import TerminalFilter, is_terminal
+from kcoral.run.terminal_filter import StandardStreams, utf8_writable
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.kernel_state import ServerFacts
 from kcoral_jupyter.runner import RunRecord
@@ -42,7 +42,7 @@ class StatusLine:
         self.last_ended_line = True
         #: a terminal IPython gets the program's colours, never the escapes a server could
         #: use on the terminal (kcoral.run.terminal_filter); a notebook renders only colours
-        self.filters = {"stdout": TerminalFilter(), "stderr": TerminalFilter()}
+        self.screens = StandardStreams()
 
     def show(
         self,
@@ -91,11 +91,7 @@ class StatusLine:
     def restore_terminal(self) -> None:
         """On a terminal, undo what the program's output left set (colours, a hidden
         cursor: ``TerminalFilter.restore``) before a line of ours and at the cell's end."""
-        for name, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-            undo = self.filters[name].restore()
-            if undo and is_terminal(out):
-                out.write(undo)
-                out.flush()
+        self.screens.restore()
 
     # Reporter protocol (runner.Reporter)
     def phase(self, text: str) -> None:
@@ -126,13 +122,9 @@ class StatusLine:
         if not text:
             return
         out = sys.stdout if stream == "stdout" else sys.stderr
-        # a lone surrogate (only a server's JSON can send "\ud800") failed a UTF-8 stream's
-        # write, ending the cell in UnicodeEncodeError: written as its escape instead
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-        if is_terminal(out):
-            text = self.filters[stream].feed(text)
-            if not text:
-                return
+        text = self.screens.screen(stream, out, utf8_writable(text))
+        if not text:
+            return
         out.write(text)
         out.flush()
         self.last_stream, self.last_ended_line = stream, text.endswith("\n")
