@@ -69,11 +69,14 @@ class RunEndings:
         self, handle: WorkerHandle, drive: ProgramDrive, gone: WorkerGone
     ) -> ProgramDrive:
         cause = limit_cause(handle.cgroup)  # read before the kill removes the cgroup
+        said_by_exit = cause is None and not gone.invalid
         # Whether it ended before the server's own kill (which sends SIGTERM too): its exit
-        # report follows the end of its channel within milliseconds.
-        ended_alone = await handle.wait_exit(EXIT_REPORT_SECONDS)
+        # report follows the end of its channel within milliseconds. Waited for only where
+        # the exit is what the answer says (not after a limit, nor for a worker that spoke
+        # garbage and may still run).
+        ended_alone = said_by_exit and await handle.wait_exit(EXIT_REPORT_SECONDS)
         await self.pool.kill(handle)
-        if cause is None and not gone.invalid:
+        if said_by_exit:
             cause = exit_cause(handle.returncode, ended_alone=ended_alone)
         drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
         self.record.exitcode = handle.returncode
