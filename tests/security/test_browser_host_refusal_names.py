@@ -15,16 +15,20 @@ from router_helpers import start_router
 REBOUND = "rebind.example"
 
 
-def _refusal(port: int) -> str:
+def _refusal_for(port: int, host: str) -> str:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        connection.request("GET", "/health", headers={"Host": f"{REBOUND}:{port}"})
+        connection.request("GET", "/health", headers={"Host": host})
         answer = connection.getresponse()
         document = json.loads(answer.read())
     finally:
         connection.close()
     assert answer.status == 403 and document["error"]["kind"] == "forbidden", document
     return document["error"]["message"]
+
+
+def _refusal(port: int) -> str:
+    return _refusal_for(port, f"{REBOUND}:{port}")
 
 
 def test_a_router_refusing_a_rebound_host_calls_itself_a_router(tmp_path: Path) -> None:
@@ -40,18 +44,6 @@ def test_a_router_refusing_a_rebound_host_calls_itself_a_router(tmp_path: Path) 
 def test_a_server_refusing_a_rebound_host_calls_itself_a_server(kcoral_server) -> None:
     message = _refusal(kcoral_server.port)
     assert "is not this server's address" in message, message
-
-
-def _refusal_for(port: int, host: str) -> str:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.request("GET", "/health", headers={"Host": host})
-        answer = connection.getresponse()
-        document = json.loads(answer.read())
-    finally:
-        connection.close()
-    assert answer.status == 403 and document["error"]["kind"] == "forbidden", document
-    return document["error"]["message"]
 
 
 def test_a_client_given_the_listen_all_address_is_told_the_servers_own(kcoral_server) -> None:
