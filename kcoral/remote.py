@@ -105,10 +105,25 @@ def load_requested(
         except PickleVersionError as exc:
             raise ProtocolError(f"{what}: {exc}") from None
         except Exception as exc:  # e.g. a class the client cannot import, or no envelope
+            if _is_cuda_on_a_machine_without_it(exc):
+                raise ProtocolError(
+                    f"{what}: cannot unpickle {name!r}: it holds a CUDA tensor and this "
+                    "machine has no CUDA; return it moved to the CPU (tensor.cpu()) from the "
+                    "function"
+                ) from exc
             raise ProtocolError(
                 f"{what}: cannot unpickle {name!r}: {type(exc).__name__}: {exc}"
             ) from exc
     return values
+
+
+def _is_cuda_on_a_machine_without_it(error: Exception) -> bool:
+    """Whether unpickling failed on a tensor pickled on a GPU, here without CUDA.
+
+    torch's own message tells the reader to call ``torch.load(map_location=...)``, which a
+    remote function's caller never calls: the fix is on the server's side of the call.
+    """
+    return isinstance(error, RuntimeError) and "deserialize object on a CUDA device" in str(error)
 
 
 _BY_VALUE_LOCK = threading.Lock()
