@@ -13,9 +13,9 @@ from here, where older clients' uploaded ``%%kcoral`` code imports them).
 
 Who can reach what (a malicious server): unpickling runs code, so the client unpickles only
 what the call itself asked for in pickle format, under the names it asked for
-(``kcoral.protocol.pickled_answers``). A JSON-mode call never unpickles anything, whatever the
-answer holds; asking for pickle means trusting that server with code execution in this
-process.
+(``load_requested``: the decoder is handed the set of names it may unpickle). A JSON-mode
+call never unpickles anything, whatever the answer holds; asking for pickle means trusting
+that server with code execution in this process.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 import sys
 import threading
 import types
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Set
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from kcoral.blocking import run_blocking
@@ -35,9 +35,7 @@ from kcoral.connection.in_flight import call_cuttable
 from kcoral.errors import ProtocolError, RemoteExecutionError
 from kcoral.program import Program, plain_scalars
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
-from kcoral.protocol.pickle_envelope import dump_envelope
-from kcoral.protocol.pickle_envelope import load_envelope as load_envelope  # see above
-from kcoral.protocol.pickled_answers import load_requested
+from kcoral.protocol.pickle_envelope import PickleVersionError, dump_envelope, load_envelope
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.remote_report import note_remote_traceback, show_output
 from kcoral.remote_source import dispatcher_name, json_module_source
@@ -68,6 +66,54 @@ def _asked_async(run_async: object) -> bool:
 #: What a pickle-mode program imports on the server.
 TRAMPOLINE_SOURCE = "from kcoral_server.worker.trampoline import call_pickled\n"
 TRAMPOLINE_FUNCTION = "call_pickled"
+
+
+def load_requested(
+    payloads: Mapping[str, object], allowed: Set[str], *, what: str
+) -> dict[str, Any]:
+    """Unpickle server envelopes, but only those under a name in ``allowed``.
+
+    ``allowed`` is what this call asked for in pickle format (empty when it asked for none).
+    Every name and every payload is checked before the first one is unpickled, so an answer
+    carrying one name too many unpickles nothing: ``ProtocolError`` naming ``what`` (e.g.
+    "request <id>") and the names. A payload that is not an envelope, or comes from other
+    Python/cloudpickle versions, is a ``ProtocolError`` too.
+    """
+    if not isinstance(payloads, Mapping):
+        raise ProtocolError(
+            f"{what}: pickled values must be an object of names (one envelope each), not a "
+            f"{type(payloads).__name__}; nothing was unpickled"
+        )
+    unexpected = sorted(str(name) for name in payloads if name not in allowed)
+    if unexpected:
+        raise ProtocolError(
+            f"{what}: the server sent pickled values for {unexpected}, which this call did not "
+            "ask for in pickle format; nothing was unpickled"
+        )
+    envelopes: dict[str, bytes] = {}
+    for name, data in payloads.items():
+        if not isinstance(data, bytes):
+            raise ProtocolError(
+                f"{what}: pickled value {name!r} is a {type(data).__name__}, not bytes; "
+                "nothing was unpickled"
+            )
+        envelopes[name] = data
+    values: dict[str, Any] = {}
+    for name, data in envelopes.items():
+        try:
+            values[name] = load_envelope(data, writer="server", reader="client")
+        except PickleVersionError as exc:
+            raise ProtocolError(f"{what}: {exc}") from None
+        except Exception as exc:  # e.g. a class the client cannot import, or no envelope
+            reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, RuntimeError) and "object on a CUDA device" in str(exc):
+                # Not torch's advice (torch.load(map_location=...)): the caller calls no load.
+                reason = (
+                    "it holds a CUDA tensor and this machine has no CUDA; return it moved to "
+                    "the CPU (tensor.cpu()) from the function"
+                )
+            raise ProtocolError(f"{what}: cannot unpickle {name!r}: {reason}") from exc
+    return values
 
 
 _BY_VALUE_LOCK = threading.Lock()

@@ -13,9 +13,8 @@ has torch and a remote NumPy array as NumPy; ``--numpy``/``--torch`` force eithe
 
 Who can reach what (a malicious server): the answer is checked against what this cell asked
 for before anything reaches the kernel's namespace. Only the ``--out`` names come back, only
-they are unpickled, and only when the cell itself was sent with pickle
-(``kcoral.protocol.pickled_answers.load_requested`` gets exactly that set); HTML the server authored
-is shown only in a sandboxed iframe.
+they are unpickled, and only when the cell itself was sent with pickle (``load_requested``
+gets exactly that set); HTML the server authored is shown only in a sandboxed iframe.
 """
 
 from __future__ import annotations
@@ -364,7 +363,7 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     display = cell.get("display")
     if display is not None and not isinstance(display, dict):
         raise ProtocolError(f"{what}: the cell's display must be an object")
-    from kcoral.protocol.pickled_answers import load_requested
+    from kcoral.remote import load_requested
 
     values = dict(outputs)
     values.update(load_requested(pickled, built.pickle_outputs, what=what))
