@@ -44,6 +44,8 @@ from kcoral_server.router.scheduler import NoNode
 from kcoral_server.router.selection import no_match_message, offering_nodes
 
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
+#: the status logged for a client that left before any answer (nginx's; the server's too)
+CLIENT_CLOSED_REQUEST = 499
 
 
 class CallerRevoked(NoNode):
@@ -254,6 +256,11 @@ class RouterHandler(KCoralRequestHandler):
         reason = self.finish_reason or "completed"
         level = "INFO" if reason == "completed" else "WARNING"
         path = self.request.path
+        status = self.get_status()
+        if reason == "client_disconnected" and not self._headers_written:
+            # Nothing was answered: 499, as the server logs it (SERVER §13), not Tornado's
+            # default 200, which a dashboard showed as a success (ROUTER §10).
+            status = CLIENT_CLOSED_REQUEST
         self.state.log.event(
             "request_finished",
             level=level,
@@ -263,7 +270,7 @@ class RouterHandler(KCoralRequestHandler):
             path=None if path == "/execute" else path,
             node=self.node,
             select=format_selector(self.selector) or None,  # canonical: never the raw header
-            http_status=self.get_status(),
+            http_status=status,
             queue_wait_ms=round(self.queue_wait_ms, 1),
             duration_ms=round((time.monotonic() - self.received_at) * 1000, 1),
             request_bytes=self.request_bytes,
