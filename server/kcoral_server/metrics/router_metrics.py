@@ -202,7 +202,7 @@ class RouterMetrics:
         )
         self.queue_wait = Histogram(
             "kcoral_router_queue_wait_seconds",
-            "time a routed request waited for a node",
+            "time a request waited for a node: routed ones, and those that waited in vain",
             buckets=SECONDS_BUCKETS,
             registry=registry,
         )
@@ -261,17 +261,21 @@ class RouterMetrics:
             endpoint = endpoint_of(fields.get("path"))
             self.duration.labels(endpoint).observe(max(0.0, duration / 1000.0))
         node = fields.get("node")
+        wait = fields.get("queue_wait_ms")
+        seconds = max(0.0, wait / 1000.0) if isinstance(wait, (int, float)) else None
         if node is None:
-            return  # never reached a node
+            # Never reached a node. One that waited the whole queue wait in vain is a wait
+            # too: left out, the quantiles missed exactly the longest waits of an overload.
+            if reason == "queue_timeout" and seconds is not None:
+                self.queue_wait.observe(seconds)
+            return
         label, kind = self._nodes(node), self._kind_of(node)
         self.routed.labels(label).inc()
         self.kind_routed.labels(kind).inc()
         if reason in TUNNEL_ERRORS:
             self.tunnel_errors.labels(label).inc()
             self.kind_tunnel_errors.labels(kind).inc()
-        wait = fields.get("queue_wait_ms")
-        if isinstance(wait, (int, float)):
-            seconds = max(0.0, wait / 1000.0)
+        if seconds is not None:
             self.queue_wait.observe(seconds)
             self.node_queue_wait.labels(label).observe(seconds)
             self.kind_queue_wait.labels(kind).observe(seconds)

@@ -1,0 +1,161 @@
+"""What a router counts of requests that ended without a node's answer (ROUTER §10,
+EXTENSIONS §13), with a real router in this process and a fake node whose one slot runs a
+program longer than anyone waits.
+
+* A client that went away before any answer: its line and ``kcoral_router_requests_total``
+  say 499, as the server's ``request_finished`` does (SERVER §13). Before, they said 200
+  (Tornado's default status, never sent): a dashboard read "200 client_disconnected" next
+  to the node's own "499 client_disconnected" for the same request.
+* A request that waited the whole queue wait in vain (503 ``queue_timeout``) is observed in
+  ``kcoral_router_queue_wait_seconds``. Before, only requests that got a node were: under
+  overload the queue-wait quantiles left out exactly the longest waits."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import grpc
+import tornado.httpserver
+import tornado.netutil
+from kcoral_server.node.http11 import HttpConnection
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.gateway import Gateway, add_gateway_to_server
+from kcoral_server.router.http_app import RouterState, make_app
+from kcoral_server.router.log import RouterLog
+from kcoral_server.router.main import GRPC_OPTIONS, build_state, end_calls
+from kcoral_server.router.settings import parse_router_args
+from router_helpers import FakeNode
+
+import kcoral
+
+
+async def never_answers(
+    head: pb.RequestHead, body: bytes
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A node whose program runs longer than its client waits."""
+    await asyncio.sleep(60)
+    return 200, [], b""
+
+
+@dataclass
+class Router:
+    port: int
+    state: RouterState
+    lines: io.StringIO
+
+    def exposition(self) -> str:
+        return self.state.metrics.exposition().decode()
+
+    async def lines_with(self, text: str, count: int) -> str:
+        for _ in range(200):
+            if self.lines.getvalue().count(text) >= count:
+                break
+            await asyncio.sleep(0.05)
+        return self.lines.getvalue()
+
+
+@asynccontextmanager
+async def router_with_one_busy_slot(*args: str) -> AsyncIterator[Router]:
+    settings = parse_router_args(["--port", "0", *args])
+    lines = io.StringIO()
+    state = build_state(settings, RouterLog(lines))
+    grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+    gateway = Gateway(state.registry, settings, state.log, on_status=state.metrics.node_status)
+    add_gateway_to_server(gateway, grpc_server)
+    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+    await grpc_server.start()
+    server = tornado.httpserver.HTTPServer(make_app(state), max_body_size=1 << 62)
+    sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+    server.add_sockets(sockets)
+    node = FakeNode(grpc_port, "node-a", handler=never_answers)
+    await node.start()
+    try:
+        while state.registry.capacity() < 1:
+            await asyncio.sleep(0.05)
+        yield Router(sockets[0].getsockname()[1], state, lines)
+    finally:
+        await node.close()
+        server.stop()
+        end_calls(state.registry)
+        await grpc_server.stop(0)
+
+
+def program_request() -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The head and body ``kcoral.Client`` sends for a small program."""
+    program = kcoral.Program()
+    module = program.upload(kind="module", source="def one():\n    return 1\n")
+    one = program.get_function(module=module, name="one")
+    program.return_(key="one", value=program.run(fn=one))
+    with kcoral.Client("http://127.0.0.1:1") as client:
+        flow = client.execute_flow(program, timeout_seconds=30)
+        request = next(flow)
+        flow.close()
+    head = [(n.encode(), v.encode()) for n, v in request.headers.items()]
+    head.append((b"Content-Length", str(request.length).encode()))
+    return head, request.body()
+
+
+async def send(port: int, *, leave_after: float | None = None, delay: float = 0.0) -> int:
+    """Send a program to ``/execute`` after ``delay`` s; leave ``leave_after`` s later
+    without reading the answer (0 returned), or read the answer's status."""
+    await asyncio.sleep(delay)
+    head, body = program_request()
+    connection = HttpConnection("127.0.0.1", port)
+    await connection.open()
+    try:
+        await connection.send_head("POST", "/execute", [(b"Host", b"127.0.0.1"), *head])
+        await connection.send(body, chunked=False)
+        if leave_after is not None:
+            await asyncio.sleep(leave_after)
+            return 0
+        status, _ = await connection.read_head()
+        return status
+    finally:
+        connection.close()
+
+
+def test_a_client_that_leaves_before_any_answer_is_counted_499_not_200() -> None:
+    async def scenario() -> tuple[str, str]:
+        async with router_with_one_busy_slot() as router:
+            # The first holds the node's one slot while the second waits in the queue (the
+            # router notices that one left when the slot frees: it reads no more of it).
+            await asyncio.gather(
+                send(router.port, leave_after=1.0),
+                send(router.port, leave_after=0.3, delay=0.3),
+            )
+            log = await router.lines_with("finish_reason=client_disconnected", 2)
+            return log, router.exposition()
+
+    log, exposition = asyncio.run(scenario())
+    statuses = re.findall(r"http_status=(\d+) .*finish_reason=client_disconnected", log)
+    assert statuses == ["499", "499"], log
+    assert (
+        'kcoral_router_requests_total{reason="client_disconnected",status="499"} 2.0' in exposition
+    ), exposition
+
+
+def test_a_request_that_waited_the_whole_queue_wait_in_vain_is_in_the_queue_wait_histogram() -> (
+    None
+):
+    async def scenario() -> tuple[int, str, str]:
+        async with router_with_one_busy_slot("--queue-wait-timeout-seconds", "0.5") as router:
+            holder = asyncio.ensure_future(send(router.port, leave_after=1.5))
+            status = await send(router.port, delay=0.2)  # the slot is held: it waits 0.5 s
+            await holder
+            log = await router.lines_with("finish_reason=client_disconnected", 1)
+            return status, log, router.exposition()
+
+    status, log, exposition = asyncio.run(scenario())
+    assert status == 503, log
+    assert "finish_reason=queue_timeout" in log, log
+    # the holder's wait (it found the slot free) and the one that waited in vain
+    assert "kcoral_router_queue_wait_seconds_count 2.0" in exposition, exposition
+    # the second waited at least the configured 0.5 s: not in the 0.25 s bucket
+    assert 'kcoral_router_queue_wait_seconds_bucket{le="0.25"} 1.0' in exposition, exposition
+    # never a node's: the per-node and per-kind histograms count routed requests only
+    assert 'kcoral_router_node_queue_wait_seconds_count{node="node-a"} 1.0' in exposition
