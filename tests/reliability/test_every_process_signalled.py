@@ -11,29 +11,25 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from kcoral_server.execution.exit_cause import OUTSIDE_SIGTERM, exit_cause
-from kcoral_server.processes import procfs
+from kcoral_server.execution.exit_cause import OUTSIDE_SIGTERM, SANDBOX_SIGTERM, exit_cause
+from kcoral_server.processes import procfs, sandbox
 from server_process import start_server
 
 import kcoral
 
-# It says it sleeps by creating ``started``: the kill must land inside the instruction, and a
-# fixed pause after the request was routed raced the worker's start on a loaded machine.
-SLEEPS = (
-    "import time\ndef nap(started):\n    open(started, 'w').close()\n    time.sleep(60)\n"
-    "    return 'woke'\n"
-)
+# It says it sleeps on its stdout (a job's event): the kill must land inside the
+# instruction, and a fixed pause after the request was routed raced the worker's start on a
+# loaded machine. (A file it creates would not be seen from outside bubblewrap.)
+SLEEPS = "import time\ndef nap():\n    print('napping', flush=True)\n    time.sleep(60)\n"
 
 
-def nap_program(started: Path) -> kcoral.Program:
+def nap_program() -> kcoral.Program:
     program = kcoral.Program()
     module = program.upload(kind="module", source=SLEEPS)
-    value = program.run(fn=program.get_function(module=module, name="nap"), args=[str(started)])
+    value = program.run(fn=program.get_function(module=module, name="nap"), args=[])
     program.return_(key="value", value=value)
     return program
 
@@ -51,42 +47,47 @@ def test_a_sigterm_the_server_did_not_send_is_named_as_such() -> None:
     assert exit_cause(-signal.SIGTERM, ended_alone=True) == OUTSIDE_SIGTERM
     assert exit_cause(-signal.SIGTERM) is None  # the server's own kill sends it too
     assert exit_cause(-signal.SIGKILL, ended_alone=True) is None
+    # a sandboxed worker's exit code was lost with its launcher, bwrap, which the SIGTERM ended
+    sandboxed = {"ended_alone": True, "launcher_returncode": -signal.SIGTERM}
+    assert exit_cause(-signal.SIGKILL, **sandboxed) == SANDBOX_SIGTERM
+    assert exit_cause(-signal.SIGKILL, launcher_returncode=-signal.SIGTERM) is None
+
+
+BWRAP_PROBLEM = sandbox.probe()
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sandbox_name", "cause"),
+    [
+        ("none", OUTSIDE_SIGTERM),
+        pytest.param(
+            "bubblewrap",
+            SANDBOX_SIGTERM,  # bwrap dies of it; its namespace SIGKILLs the worker
+            marks=pytest.mark.skipif(
+                BWRAP_PROBLEM is not None, reason=f"bubblewrap cannot run here: {BWRAP_PROBLEM}"
+            ),
+        ),
+    ],
+)
 def test_a_program_whose_server_is_signalled_whole_is_told_why_and_nothing_is_quarantined(
-    tmp_path: Path,
+    tmp_path: Path, sandbox_name: str, cause: str
 ) -> None:
-    server = start_server(tmp_path)
-    started = tmp_path / "napping"
-    answers: list[object] = []
-
-    def run() -> None:
-        with kcoral.Client(server.url) as client:
-            try:
-                answers.append(client.execute(nap_program(started)))
-            except kcoral.KCoralError as exc:
-                answers.append(exc)
-
-    caller = threading.Thread(target=run)
-    caller.start()
+    server = start_server(tmp_path, ["--sandbox", sandbox_name])
     try:
-        deadline = time.monotonic() + 60
-        while not started.exists():  # the program sleeps in its worker
-            assert time.monotonic() < deadline, server.stderr()
-            time.sleep(0.05)
-        for pid in whole_tree(server.process.pid):  # the attack: every process at once
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        caller.join(60)
+        with kcoral.Client(server.url) as client:
+            job = client.submit(nap_program())
+            for event in job.events():  # the program sleeps in its worker
+                if event.kind == "stdout" and "napping" in event.data["text"]:
+                    break
+            for pid in whole_tree(server.process.pid):  # the attack: every process at once
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            answer = job.result(timeout=60)
     finally:
         server.stop()
-    [answer] = answers
-    assert isinstance(answer, kcoral.ProgramResult), answer
     assert answer.status == "FAILED" and answer.error["kind"] == "runtime", answer.error
-    assert answer.error["message"] == (
-        f"worker exited while executing the instruction: {OUTSIDE_SIGTERM}"
-    )
+    assert answer.error["message"] == f"worker exited while executing the instruction: {cause}"
     assert not any(e.get("event") == "devices_quarantined" for e in server.events())

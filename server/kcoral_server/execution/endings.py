@@ -77,7 +77,11 @@ class RunEndings:
         ended_alone = said_by_exit and await handle.wait_exit(EXIT_REPORT_SECONDS)
         await self.pool.kill(handle)
         if said_by_exit:
-            cause = exit_cause(handle.returncode, ended_alone=ended_alone)
+            cause = exit_cause(
+                handle.returncode,
+                ended_alone=ended_alone,
+                launcher_returncode=handle.launcher_returncode,
+            )
         drive.worker_lost(gone, quarantined=handle.lease.quarantined, cause=cause)
         self.record.exitcode = handle.returncode
         self.record.output_tail = drive.workspace.output_tail()

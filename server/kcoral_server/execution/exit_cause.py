@@ -16,7 +16,15 @@ import signal
 from kcoral_server.processes.cgroups import WorkerCgroup
 from kcoral_server.settings.config import ServerConfig
 
-__all__ = ["TIMEOUT_MESSAGE", "deadline_message", "exit_cause", "limit_cause", "size_text"]
+__all__ = [
+    "OUTSIDE_SIGTERM",
+    "SANDBOX_SIGTERM",
+    "TIMEOUT_MESSAGE",
+    "deadline_message",
+    "exit_cause",
+    "limit_cause",
+    "size_text",
+]
 
 #: PROTOCOL §7.1: how the message of a program past its deadline starts
 TIMEOUT_MESSAGE = "execution timed out"
@@ -55,20 +63,32 @@ OUTSIDE_SIGTERM = (
     "killed by SIGTERM, which the server did not send (the program's own, or a scheduler "
     "or kill that stopped every process of the server?)"
 )
+#: the same, for a worker in a seat's sandbox: ``bwrap`` dies of that SIGTERM, and its PID
+#: namespace takes the worker with it (SIGKILL), so the worker's own exit says nothing
+SANDBOX_SIGTERM = (
+    "killed with its sandbox, which a SIGTERM the server did not send ended (a scheduler or "
+    "kill that stopped every process of the server?)"
+)
 #: signals that mean a fault in native code (the program's own, or a library it loaded)
 NATIVE_FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 
 
-def exit_cause(returncode: int | None, *, ended_alone: bool = False) -> str | None:
+def exit_cause(
+    returncode: int | None, *, ended_alone: bool = False, launcher_returncode: int | None = None
+) -> str | None:
     """How the worker ended, as the clause that follows a crash's message and a colon, when
     no limit explains it: ``killed by SIGSEGV (a fault in native code)``, ``it exited with
     status 3``. None: not known, or SIGTERM and SIGKILL, which the server's own kill of a
     worker still alive sends too. Before, a native crash and an ``os._exit`` read alike.
 
     ``ended_alone``: it had ended before the server's kill, so a SIGTERM came from outside:
-    a plain ``scancel`` or a ``kill`` of every process signals the workers with the server."""
-    if returncode == -signal.SIGTERM and ended_alone:
+    a plain ``scancel`` or a ``kill`` of every process signals the workers with the server.
+    ``launcher_returncode``: how the process that forked it ended, where the worker's own
+    exit code was lost with it (``ForkedProcess.launcher_returncode``)."""
+    if ended_alone and returncode == -signal.SIGTERM:
         return OUTSIDE_SIGTERM
+    if ended_alone and launcher_returncode == -signal.SIGTERM:
+        return SANDBOX_SIGTERM
     if returncode is None or returncode in (-signal.SIGTERM, -signal.SIGKILL):
         return None
     if returncode >= 0:

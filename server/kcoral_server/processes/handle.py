@@ -220,6 +220,13 @@ class WorkerHandle:
     def returncode(self) -> int | None:
         return self.process.poll() if self.process is not None else None
 
+    @property
+    def launcher_returncode(self) -> int | None:
+        """How the launcher that forked the worker ended, where the worker's exit code was
+        lost with it (None otherwise)."""
+        process = self.process
+        return process.launcher_returncode if isinstance(process, ForkedProcess) else None
+
     # ------------------------------------------------------------------ start-up
 
     async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> WorkerInfo:

@@ -85,6 +85,11 @@ class ForkedProcess:
         self._go: int | None = None
         #: forked ahead and never told to go on: it ran nothing of its own (``poll``)
         self.ran_nothing = False
+        #: the launcher's own process (``bwrap``, for a seat's sandbox), and how it ended
+        #: when the worker's exit code was lost with it: a SIGTERM there is not the server's
+        #: (it hangs up on a launcher, or kills it), so the answer can say where it came from
+        self.launcher: subprocess.Popen[bytes] | None = None
+        self.launcher_returncode: int | None = None
 
     def hold(self, go: int) -> None:
         """Keep ``go``, the write end of the worker's go pipe, until ``release``."""
@@ -133,6 +138,8 @@ class ForkedProcess:
             return None  # the launcher died first; the worker itself still runs
         else:
             self.returncode = -signal.SIGKILL  # exit code lost with the launcher
+            if self.launcher is not None:
+                self.launcher_returncode = self.launcher.poll()
             # and with it, who looked after the worker's orphans: unknown (-1), unless the
             # worker was forked ahead and never let go, so ran nothing that could leave any.
             # (A seat's sandbox closed for another identity takes its fork server with it;
@@ -202,8 +209,11 @@ class Forks:
         finally:
             self.done += 1
 
-    def add(self, process: ForkedProcess) -> ForkedProcess:
+    def add(
+        self, process: ForkedProcess, launcher: subprocess.Popen[bytes] | None = None
+    ) -> ForkedProcess:
         process.forks = self
+        process.launcher = launcher
         self._workers[process.pid] = process
         return process
 
@@ -316,7 +326,7 @@ class Launcher:
                     continue
                 reply = _forked_reply(data, fds)
                 assert reply.pid is not None
-                return self.forks.add(_forked(reply.pid, fds[0], reply))
+                return self.forks.add(_forked(reply.pid, fds[0], reply), self._process)
         raise LauncherError("worker launcher failed")  # pragma: no cover
 
     def _placed(self, data: bytes, fds: list[int], cgroups: Sequence[str]) -> ForkedProcess:
@@ -332,7 +342,7 @@ class Launcher:
         except OSError as exc:
             os.close(fds[0])
             raise LauncherError(f"cannot start the sandboxed worker: {exc}") from None
-        return self.forks.add(_forked(pid, fds[0], reply))
+        return self.forks.add(_forked(pid, fds[0], reply), self._process)
 
     def _child_host_pid(self, ns_pid: int) -> int | None:
         """The host pid of the sandboxed fork server's child ``ns_pid``: among the fork
