@@ -33,7 +33,9 @@ def queried_metrics(dashboard: str) -> set[str]:
 def test_every_metric_the_server_dashboard_queries_exists(tmp_path: Path) -> None:
     queried = queried_metrics("kcoral-server.json")
     assert len(queried) >= 10
-    server = start_server(tmp_path, ["--num-workers", "1"])
+    # a GPU server's (the fake-GPU runtime's): it exports the per-GPU series a CPU one lacks
+    fake_gpu = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "1"]
+    server = start_server(tmp_path, fake_gpu)
     try:
         exported = exported_names(server.url)
     finally:
@@ -65,10 +67,13 @@ def unit_of(expr: str) -> str:
     """The Grafana unit a query's values are in, read off the query: a quantile of a
     ``_seconds`` histogram is seconds, a ``rate`` is per second (bytes, requests -- a tunnel
     error is a failed request -- or other events), an ``increase`` a count, a ``_bytes``
-    gauge bytes, any other gauge a count."""
+    gauge bytes, any other gauge a count; the ``rate`` of a ``_seconds_total`` counter is a
+    share of the time."""
     if expr.startswith("histogram_quantile(") and "_seconds_bucket" in expr:
         return "s"
     if "rate(" in expr:
+        if "_seconds_total" in expr:  # seconds per second: a share of the time
+            return "percentunit"
         if "_bytes_total" in expr:
             return "Bps"
         return "reqps" if re.search(r"(requests|tunnel_errors)_total", expr) else "ops"

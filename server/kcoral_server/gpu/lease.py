@@ -53,6 +53,8 @@ class LeaseArbiter:
             gpu: deque(maxlen=HISTORY_LENGTH) for gpu in self.gpu_ids
         }
         self._waiters: list[_Waiter] = []
+        #: seconds each GPU's ended tenures lasted (the metrics' busy time, EXTENSIONS §13)
+        self._held_seconds: dict[int, float] = {gpu: 0.0 for gpu in self.gpu_ids}
         #: GPUs taken out of service because a worker's clean-up could not be confirmed
         self.quarantined: set[int] = set()
 
@@ -72,6 +74,16 @@ class LeaseArbiter:
 
     def history(self, gpu: int) -> list[HolderRecord]:
         return list(self._history.get(gpu, ()))
+
+    def held_seconds(self, gpu: int, now: float | None = None) -> float:
+        """How long ``gpu``'s lease has been held since start, the current tenure included
+        (a counter that grows while a long program runs, not only when it ends)."""
+        now = time.monotonic() if now is None else now
+        held = self._held_seconds.get(gpu, 0.0)
+        history = self._history.get(gpu)
+        if self._holder.get(gpu) is not None and history and history[-1].end is None:
+            held += max(0.0, now - history[-1].start)
+        return held
 
     def request_at(self, gpu: int, when: float) -> str | None:
         """Request id holding ``gpu`` at monotonic time ``when`` (for ``interfered_request_id``)."""
@@ -134,6 +146,7 @@ class LeaseArbiter:
                 history = self._history[gpu]
                 if history and history[-1].end is None:
                     history[-1].end = now
+                    self._held_seconds[gpu] += max(0.0, now - history[-1].start)
                 changed = True
         if changed:
             self._grant()

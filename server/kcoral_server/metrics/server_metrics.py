@@ -15,12 +15,13 @@ Labels come only from the fixed sets of ``kcoral_server.metrics.labels``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kcoral_server.metrics.exposition import exposition_of
@@ -103,6 +104,16 @@ WORKER_RETIREMENTS = Family(
 CACHE_HITS = Family("counter", "kcoral_cache_hits", "referenced blobs found in a cache")
 CACHE_HIT_BYTES = Family("counter", "kcoral_cache_hit_bytes", "bytes of the blobs found in a cache")
 CACHE_MISSES = Family("counter", "kcoral_cache_misses", "blobs a CACHE_MISS answer named")
+#: read from the lease arbiter at each scrape, per GPU: the busy time grows while a program
+#: holds the lease (the lease-held histogram learns of a program only when it ends, so a
+#: dashboard's GPU use read from it stayed 0 for a whole long program, then jumped)
+GPU_BUSY_SECONDS = Family(
+    "counter",
+    "kcoral_gpu_busy_seconds",
+    "seconds the GPU's lease was held (programs, workers' CUDA start), the current hold included",
+    ("gpu",),
+)
+GPU_BUSY = Family("gauge", "kcoral_gpu_busy", "1 while the GPU's lease is held", ("gpu",))
 #: gauges read from the server's state at each scrape (``StateGauges``)
 QUEUE_DEPTH = Family("gauge", "kcoral_queue_depth", "requests waiting for a worker")
 IN_PROGRESS = Family("gauge", "kcoral_requests_in_progress", "requests holding a worker")
@@ -130,6 +141,8 @@ SERVER_FAMILIES = (
     SEATS_HELD,
     MEMORY_CACHE_BYTES,
     MEMORY_CACHE_ENTRIES,
+    GPU_BUSY_SECONDS,
+    GPU_BUSY,
 )
 
 
@@ -168,6 +181,18 @@ class StateGauges(Collector):
         ]
         for family, value in values:
             yield GaugeMetricFamily(family.name, family.documentation, value=float(value))
+        arbiter = state.arbiter
+        if arbiter is None:
+            return  # a CPU server holds no lease
+        busy_seconds = CounterMetricFamily(
+            GPU_BUSY_SECONDS.name, GPU_BUSY_SECONDS.documentation, labels=GPU_BUSY_SECONDS.labels
+        )
+        busy = GaugeMetricFamily(GPU_BUSY.name, GPU_BUSY.documentation, labels=GPU_BUSY.labels)
+        now = time.monotonic()
+        for gpu in arbiter.gpu_ids:
+            busy_seconds.add_metric([str(gpu)], arbiter.held_seconds(gpu, now))
+            busy.add_metric([str(gpu)], 0.0 if arbiter.holder(gpu) is None else 1.0)
+        yield from (busy_seconds, busy)
 
 
 class ServerMetrics:
