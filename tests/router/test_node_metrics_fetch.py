@@ -1,15 +1,21 @@
 """The node supervisor's reads of its child's ``/metrics`` (``kcoral_server.node.metrics_fetch``,
 ROUTER §4.6), against a real HTTP server on loopback playing the child: the router secret is
 presented, a text goes into one status only, reads wait their interval, and a text past the
-bound is not sent and is logged once."""
+bound is not sent and is logged once: a text without series goes instead, so the router
+drops the node's last one."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 
-from kcoral_server.metrics.node_relay import MAX_NODE_METRICS_BYTES
-from kcoral_server.node.metrics_fetch import MetricsReader
+from kcoral_server.metrics.node_relay import (
+    MAX_NODE_METRICS_BYTES,
+    LiveNode,
+    NodeRelay,
+    parse_node_metrics,
+)
+from kcoral_server.node.metrics_fetch import NO_SERIES, MetricsReader
 from kcoral_server.router.log import RouterLog
 from kcoral_server.settings.command_line import SupervisorOptions
 
@@ -75,7 +81,7 @@ def test_a_text_past_the_bound_or_a_refusal_is_not_sent_and_is_logged_once() -> 
             metrics, lines = reader(1e-9)  # due at every probe
             for secret in (SECRET, SECRET, "not-the-secret"):
                 await metrics.refresh(url, secret)
-                assert metrics.take() == b""
+                assert metrics.take() == NO_SERIES
             assert len(child.heads) == 3
             assert lines.getvalue().count("node_metrics_unavailable") == 1
             child.body = b"kcoral_queue_depth 0.0\n"
@@ -85,6 +91,32 @@ def test_a_text_past_the_bound_or_a_refusal_is_not_sent_and_is_logged_once() -> 
             child.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_read_that_fails_after_a_good_one_takes_the_nodes_series_off_the_router() -> None:
+    """Before, a failed read sent nothing, which the router reads as "nothing new": it
+    showed the last text (a queue of 3 here) for as long as the reads kept failing."""
+
+    async def scenario() -> tuple[bytes, bytes]:
+        child = Child(b"# TYPE kcoral_queue_depth gauge\nkcoral_queue_depth 3.0\n")
+        url = await child.start()
+        try:
+            metrics, _ = reader(1e-9)  # due at every probe
+            await metrics.refresh(url, SECRET)
+            good = metrics.take()
+            child.body = b"#" * (MAX_NODE_METRICS_BYTES + 1)  # the child's text outgrew the bound
+            await metrics.refresh(url, SECRET)
+            return good, metrics.take()
+        finally:
+            child.stop()
+
+    good, after_failure = asyncio.run(scenario())
+    relay, node = NodeRelay(), LiveNode("n1", "i1", "n1", "cpu")
+    relay.keep("n1", "i1", parse_node_metrics(good), 0.0, ["n1"])
+    assert [s.value for m in relay.collect([node]) for s in m.samples] == [3.0]
+    assert after_failure, "sent nothing: the router keeps the last text"
+    relay.keep("n1", "i1", parse_node_metrics(after_failure), 10.0, ["n1"])
+    assert list(relay.collect([node])) == []
 
 
 def test_metrics_off_reads_nothing() -> None:

@@ -10,7 +10,7 @@ token, identity or program in it; the router re-checks it anyway (``metrics.node
 Not in every status: the text is tens of kilobytes and the router parses it, while statuses
 go every health interval (2 s). It is read at the first healthy probe and then every
 ``--metrics-interval-seconds`` (15 s, a usual Prometheus scrape interval; 0: never) and sent
-once, in the next status.
+once, in the next status; a read that fails sends ``NO_SERIES`` instead.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from kcoral_server.settings.command_line import SupervisorOptions
 
 ProbeAt = tuple[str, tuple[str, int] | None]
+
+#: sent instead of the text when a read fails: a text without series, so the router drops
+#: the node's last one (an empty field means "nothing new", and the router kept showing the
+#: last text's gauges, a queue or busy workers long gone, for as long as the reads failed)
+NO_SERIES = b"# kcoral: the server's /metrics could not be read\n"
 
 
 async def fetch_metrics(child_url: str, probe_at: ProbeAt, secret: str, timeout: float) -> bytes:
@@ -74,7 +79,7 @@ class MetricsReader:
             self._pending = await fetch_metrics(child_url, self.probe_at, secret, self.timeout)
             self._failing = False
         except (OSError, HttpError, asyncio.TimeoutError) as exc:
-            self._pending = b""
+            self._pending = NO_SERIES
             if not self._failing:
                 self.log.event(
                     "node_metrics_unavailable",
