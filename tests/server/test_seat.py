@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import cast
+
 from kcoral_server.pool.seat import GpuDevice, Seat, SeatState, seat_to_take, seats_for
+from kcoral_server.processes.handle import WorkerHandle
 
 
 def test_cpu_mode_has_num_workers_seats_and_gpu_mode_workers_per_gpu_on_each_gpu() -> None:
@@ -72,3 +76,27 @@ def test_seats_handed_over_count_as_taken_and_as_load() -> None:
     assert second is not None and second.gpu_id == 1
     third = seat_to_take(seats, handed=[first, second])
     assert third is seats[1]
+
+
+def _worker_forked_after(*modules: str) -> WorkerHandle:
+    """A stand-in for a worker whose launcher had preloaded ``modules`` when it forked it."""
+    return cast(WorkerHandle, SimpleNamespace(process=SimpleNamespace(preloaded=modules)))
+
+
+def test_of_two_idle_seats_the_one_whose_worker_has_torch_preloaded_is_taken() -> None:
+    seats = seats_for("cpu", [], 2, 1)
+    for seat in seats:
+        seat.state = SeatState.IDLE
+    seats[0].worker = _worker_forked_after()  # forked before its launcher's preload
+    seats[1].worker = _worker_forked_after("torch")
+    assert seat_to_take(seats) is seats[1]
+    seats[0].worker = _worker_forked_after("torch")  # equals: the first, as before
+    assert seat_to_take(seats) is seats[0]
+
+
+def test_a_preloaded_worker_does_not_outrank_a_less_loaded_gpu() -> None:
+    seats = _two_gpus_one_busy()  # GPU 0 runs a request; its w1 is idle and preloaded
+    seats[1].worker = _worker_forked_after("torch")
+    seats[2].state = SeatState.IDLE
+    seats[2].worker = _worker_forked_after()
+    assert seat_to_take(seats) is seats[2]

@@ -95,7 +95,9 @@ def seat_to_take(seats: list[Seat], handed: Sequence[Seat] = ()) -> Seat | None:
     but one about to be ready (its worker being replaced, or cleaning up after a program):
     the request waits for that one rather than for the lease of a GPU a program holds (team
     soak: a program waited 24.9 s for alice's while the other GPU was replacing workers).
-    A seat whose start failed (``FAILED``, backing off) is not about to be ready."""
+    A seat whose start failed (``FAILED``, backing off) is not about to be ready. Among
+    idle seats equally loaded, one whose worker was forked after its launcher's preload
+    (SERVER §1) goes first."""
     taken = {s.id for s in handed}
     load: dict[int | None, int] = {}
     for s in seats:
@@ -103,10 +105,18 @@ def seat_to_take(seats: list[Seat], handed: Sequence[Seat] = ()) -> Seat | None:
     idle = [s for s in seats if s.state is SeatState.IDLE and s.id not in taken]
     if not idle:
         return None
-    best = min(idle, key=lambda s: load[s.gpu_id])
+    # Among equals, a worker forked after its launcher's preload: one forked before it
+    # imports torch itself (2 s on the quick tour's first program, beside a ready one).
+    best = min(idle, key=lambda s: (load[s.gpu_id], -len(preloaded(s.worker))))
     with_idle = {s.gpu_id for s in idle}
     coming = [load[s.gpu_id] for s in seats if s.gpu_id not in with_idle and _coming(s, taken)]
     return None if coming and min(coming) < load[best.gpu_id] else best
+
+
+def preloaded(handle: WorkerHandle | None) -> tuple[str, ...]:
+    """The modules ``handle``'s launcher had preloaded when it forked it (none: spawned, or
+    no worker)."""
+    return getattr(getattr(handle, "process", None), "preloaded", ())
 
 
 def _coming(seat: Seat, taken: set[str]) -> bool:

@@ -33,7 +33,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from kcoral_server.pool.handles import HandleMaker
-from kcoral_server.pool.seat import Seat, SeatState
+from kcoral_server.pool.seat import Seat, SeatState, preloaded
 from kcoral_server.pool.startup import emit_failed
 from kcoral_server.processes import limits, procfs
 from kcoral_server.processes.channel import WorkerGone
@@ -207,11 +207,6 @@ def _gives_way(seat: Seat, spare: WorkerHandle) -> bool:
     if worker is None or seat.state is not SeatState.IDLE or seat.served:
         return False
     return set(preloaded(spare)) > set(preloaded(worker))
-
-
-def preloaded(handle: WorkerHandle) -> tuple[str, ...]:
-    """The modules ``handle``'s launcher had preloaded when it forked it (none: spawned)."""
-    return getattr(handle.process, "preloaded", ())
 
 
 def _take_held(seat: Seat) -> tuple[WorkerHandle | None, asyncio.Task | None]:
