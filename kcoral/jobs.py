@@ -249,7 +249,8 @@ class Job(_JobHandle):
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"job {self.id} did not finish within {timeout} s")
+                self._finished_or_timeout(timeout)
+                return
             source = self.client.event_source(
                 self.events_path, last_event_id=last, read_timeout=remaining
             )
@@ -261,9 +262,17 @@ class Job(_JobHandle):
                     if deadline is not None and time.monotonic() >= deadline:
                         break
             except TimeoutError:
-                raise TimeoutError(f"job {self.id} did not finish within {timeout} s") from None
+                self._finished_or_timeout(timeout)
+                return
             finally:
                 source.close()
+
+    def _finished_or_timeout(self, timeout: object) -> None:
+        """The wait's time is up: a job that has finished is waited for (``timeout=0``
+        asks whether it has, as ``concurrent.futures`` does; a finished job raised
+        ``TimeoutError`` there, its result unread), else ``TimeoutError``."""
+        if self.status().get("status") not in FINISHED_STATUSES:
+            raise TimeoutError(f"job {self.id} did not finish within {timeout} s") from None
 
     def result(self, timeout: float | None = None) -> ProgramResult:
         """The ``ProgramResult`` ``execute`` would have returned (waits for the end).
@@ -336,7 +345,9 @@ class AsyncJob(_JobHandle):
         try:
             await asyncio.wait_for(until_finished(), bound)
         except (asyncio.TimeoutError, TimeoutError):
-            raise TimeoutError(f"job {self.id} did not finish within {timeout} s") from None
+            # as Job.wait: a finished job is no timeout, however short the wait was
+            if (await self.status()).get("status") not in FINISHED_STATUSES:
+                raise TimeoutError(f"job {self.id} did not finish within {timeout} s") from None
 
     async def result(self, timeout: float | None = None) -> ProgramResult:
         """As ``Job.result``."""
