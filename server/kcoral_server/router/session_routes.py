@@ -32,6 +32,7 @@ from typing import Any, TypeGuard
 
 from kcoral.protocol.selector import SELECTOR_MISMATCH
 from kcoral_server.front_door.callers import Identity
+from kcoral_server.router.auth import error_answer
 from kcoral_server.router.forward import BUFFERED_ANSWER_LIMIT, ForwardHandler
 from kcoral_server.router.headers import identity_header
 from kcoral_server.router.job_routes import (
@@ -68,6 +69,11 @@ class RoutedSession:
     ended: str | None = None  # the 410 message once the router knows its state is lost
     released: bool = False  # its node came back and was asked to end it
 
+    def lose(self, why: str) -> None:
+        """The session's state is gone (``why``: what happened to its node)."""
+        if self.ended is None:
+            self.ended = f"session ended: its node {self.node_id} {why}; its state is lost"
+
 
 class SessionIndex:
     """Session id → node, learned from 201 answers, merged lists and look-ups (bounded),
@@ -102,8 +108,8 @@ class SessionIndex:
         """Every live session of ``node_id`` ends for the router (``why``: what happened)."""
         self.offering.discard(node_id)
         for session in self._sessions.values():
-            if session.node_id == node_id and session.ended is None:
-                session.ended = f"session ended: its node {node_id} {why}; its state is lost"
+            if session.node_id == node_id:
+                session.lose(why)
 
     def orphans(self, node_id: str, instance_id: str) -> list[tuple[str, RoutedSession]]:
         """Sessions the router ended when ``node_id`` left that its server (``instance_id``,
@@ -427,10 +433,31 @@ class SessionHandler(ForwardHandler):
         super().no_node(cause)
 
     def buffer_answer(self, status: int) -> bool:
-        return status == 202 and self.path_args[1] == "/jobs"
+        return (status == 202 and self.path_args[1] == "/jobs") or status == 404
 
     def rewrite(self, status: int, body: bytes) -> bytes:
+        if status == 404:
+            return self._unknown_to_a_new_server(body)
         return learn_submitted_job(self, body)  # read through /v1/jobs/{id}
+
+    def _unknown_to_a_new_server(self, body: bytes) -> bytes:
+        """A request that chose the session's node before that node's server was replaced
+        waits for a control slot and reaches the new server, which never held the session:
+        its ``404`` told the owner of a session it had just used that the id is unknown
+        (jobs soak). The state went with the old server: ``410``, as for the next request."""
+        session = self.state.sessions.get(self.path_args[0])
+        slot_instance = getattr(self.slot, "instance_id", "")
+        if (
+            session is None
+            or session.node_id != self.node
+            or not may_see(self.identity, session)
+            or error_kind(body) != "not_found"
+            or slot_instance in ("", session.instance_id)
+        ):
+            return body
+        session.lose("restarted its server")  # this one only: others may be the new server's
+        self.clear()
+        return error_answer(self, self.request_id, 410, "session_ended", str(session.ended))
 
     async def _look_up(self, session_id: str) -> str | None:
         claims: list[tuple[str, str]] = []  # (node, owner) of every node that says it holds it
