@@ -108,8 +108,9 @@ TUNNEL_ERRORS = frozenset({"tunnel_disconnected", "invalid_response"})
 NODE_STATES = frozenset(
     {"starting", "ready", "recovering", "incompatible", "unhealthy", "draining", "left"}
 )
-#: the most node ids a router's metrics name; later ones are counted as ``other`` (anyone
-#: holding the node token may connect under new ids)
+#: the most node ids a router's metrics name at once; later ones are counted as ``other``
+#: (anyone holding the node token may connect under new ids) until a named node's record is
+#: forgotten (ROUTER §6's retention), which frees its name
 MAX_NAMED_NODES = 256
 #: the most node kinds a router's metrics name (a kind is a node's word too)
 MAX_NAMED_KINDS = 64
@@ -133,7 +134,8 @@ def endpoint_of(path: Any) -> str:
 
 class BoundedLabels:
     """Words the router learns from nodes (node ids, kinds) as label values: at most
-    ``limit`` distinct ones per process, later ones as ``other``; ``none`` for an empty one."""
+    ``limit`` distinct ones named at once, later ones as ``other``; ``none`` for an empty
+    one. A word is named until ``release``d (the router forgot the node)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -148,3 +150,11 @@ class BoundedLabels:
             return OTHER
         self._seen.add(word)
         return word
+
+    @property
+    def named(self) -> frozenset[str]:
+        return frozenset(self._seen)
+
+    def release(self, word: str) -> None:
+        """Stop naming ``word``: its place goes to the next new word."""
+        self._seen.discard(word)

@@ -32,7 +32,13 @@ from kcoral_server.metrics.labels import (
     one_of,
     status_label,
 )
-from kcoral_server.metrics.node_relay import LiveNode, NodeRelay, RelayRefused, parse_node_metrics
+from kcoral_server.metrics.node_relay import (
+    REFUSAL_REASONS,
+    LiveNode,
+    NodeRelay,
+    RelayRefused,
+    parse_node_metrics,
+)
 from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
 from kcoral_server.router.selection import ready_nodes, waiters_by_selector
 
@@ -245,7 +251,25 @@ class RouterMetrics:
         state.log.add_listener(self.record)
 
     def exposition(self) -> bytes:
+        self._forget_gone_nodes()
         return exposition_of(self.registry)
+
+    def _forget_gone_nodes(self) -> None:
+        """Free the names of the nodes the router forgot (their records' retention ended)
+        and drop their series. Named for the router's whole life, the first 256 node ids
+        took every name: on a fleet whose node ids change (a Slurm job's id is in its node's)
+        every later node was ``other``, its own series not relayed at all, and each gone
+        node's counters stayed in every scrape."""
+        if self._state is None:
+            return
+        known = self._state.registry.nodes
+        for node_id in self._nodes.named - set(known):
+            self._nodes.release(node_id)
+            self.relay.forget(node_id)
+            for family in (self.routed, self.tunnel_errors, self.node_queue_wait):
+                family.remove(node_id)
+            for reason in REFUSAL_REASONS:
+                self.relay_refused.remove(node_id, reason)
 
     def _kind_of(self, node_id: str) -> str:
         node = self._state.registry.nodes.get(node_id) if self._state is not None else None

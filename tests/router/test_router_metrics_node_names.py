@@ -1,0 +1,76 @@
+"""A router names at most ``MAX_NAMED_NODES`` node ids in its metrics at once (EXTENSIONS
+§13), and a node whose record the router forgot (ROUTER §6's retention) gives its name back,
+series and all. Before, the first ids took the names for the router's whole life: on a
+fleet whose node ids change (the Slurm script puts the job id in its node's), every node
+after the 256th read as ``other`` and its own series were not relayed at all, while each
+gone node's counters stayed in every scrape. Here the bound is 1, with a real router in
+this process and fake nodes on its gRPC port."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import grpc
+import pytest
+import tornado.httpserver
+import tornado.netutil
+from kcoral_server.metrics import router_metrics
+from kcoral_server.router.gateway import Gateway, add_gateway_to_server
+from kcoral_server.router.http_app import make_app
+from kcoral_server.router.log import RouterLog
+from kcoral_server.router.main import GRPC_OPTIONS, build_state, end_calls
+from kcoral_server.router.settings import parse_router_args
+from router_helpers import FakeNode, http_request
+
+
+def test_a_forgotten_node_gives_its_name_and_series_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(router_metrics, "MAX_NAMED_NODES", 1)
+
+    async def scenario() -> tuple[str, str]:
+        args = ["--port", "0", "--max-status-age-seconds", "1", "--node-retention-seconds", "2"]
+        settings = parse_router_args(args)
+        state = build_state(settings, RouterLog(io.StringIO()))
+        grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+        gateway = Gateway(state.registry, settings, state.log, on_status=state.metrics.node_status)
+        add_gateway_to_server(gateway, grpc_server)
+        grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+        await grpc_server.start()
+        server = tornado.httpserver.HTTPServer(make_app(state), max_body_size=1 << 62)
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        server.add_sockets(sockets)
+        port = sockets[0].getsockname()[1]
+        try:
+            first = FakeNode(grpc_port, "slurm-4711-gpu07")
+            await first.start()
+            while state.registry.capacity() < 1:
+                await asyncio.sleep(0.05)
+            answer = await http_request(port, "POST", "/execute", b"{}")
+            assert answer.status == 200, answer.body  # the fake node echoes it
+            before = state.metrics.exposition().decode()
+            await first.close()  # its job ended; its record is forgotten after retention
+            for _ in range(400):
+                state.registry.check()
+                if "slurm-4711-gpu07" not in state.registry.nodes:
+                    break
+                await asyncio.sleep(0.05)
+            second = FakeNode(grpc_port, "slurm-4712-gpu07")
+            await second.start()
+            try:
+                while state.registry.capacity() < 1:
+                    await asyncio.sleep(0.05)
+                return before, state.metrics.exposition().decode()
+            finally:
+                await second.close()
+        finally:
+            server.stop()
+            end_calls(state.registry)
+            await grpc_server.stop(0)
+
+    before, after = asyncio.run(scenario())
+    assert 'kcoral_router_routed_requests_total{node="slurm-4711-gpu07"} 1.0' in before, before
+    assert 'kcoral_router_node_info{kind="none",node="slurm-4712-gpu07"} 1.0' in after, after
+    assert 'node="other"' not in after, after
+    assert "slurm-4711-gpu07" not in after, after
