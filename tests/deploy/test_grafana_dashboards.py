@@ -106,3 +106,23 @@ def test_every_dashboard_query_is_shown_in_the_unit_of_what_it_measures(dashboar
         if shown_unit(panel, target["refId"]) != unit_of(target["expr"])
     ]
     assert not wrong, wrong
+
+
+def test_the_routers_load_beside_its_capacity_says_whose_each_is() -> None:
+    """``kcoral_router_requests_in_progress`` counts requests on nodes of every kind, and
+    ``kcoral_router_request_capacity`` only the default kind's slots (as ``/health``): a
+    mixed fleet's panel showed 4 requests in progress of a capacity of 2, an overload that
+    was not there. Every series of such a panel now says which nodes it counts."""
+    document = json.loads((GRAFANA / "kcoral-router.json").read_text(encoding="utf-8"))
+    scope = {
+        "kcoral_router_requests_in_progress": "all kinds",
+        "kcoral_router_request_capacity": "default kind",
+    }
+    for panel in document["panels"]:
+        exprs = {target["expr"] for target in panel["targets"]}
+        if not set(scope) <= exprs:
+            continue
+        for target in panel["targets"]:
+            expected = next((s for name, s in scope.items() if name in target["expr"]), None)
+            expected = expected or "all kinds"
+            assert expected in target.get("legendFormat", ""), (panel["title"], target)
