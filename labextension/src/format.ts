@@ -27,6 +27,9 @@ export interface IStatusSummary {
   sandbox: string;
   /** Why the server is offline, for the tooltip. */
   reason: string;
+  /** Why an online server cannot be used from here (it refused the token configured for
+   * it, or its /v1/info is unusable: the server extension's `error`); '' when it can. */
+  problem: string;
 }
 
 /** `sm_90a` on a GPU server, else the device, else `cpu`. */
@@ -76,7 +79,8 @@ export function summarize(
     capacity: 0,
     queued: 0,
     sandbox: '',
-    reason
+    reason,
+    problem: ''
   });
   if (servers === null) {
     return offline(wanted, 'the KCoral server extension cannot be reached');
@@ -105,8 +109,27 @@ export function summarize(
     capacity: load.request_capacity,
     queued: load.requests_waiting,
     sandbox: entry.info?.sandbox ?? '',
-    reason: ''
+    reason: '',
+    problem: entry.error ?? ''
   };
+}
+
+/**
+ * A server's `problem` (the server extension's `error` for a server that answers /health)
+ * in the few words of the status bar: `needs a token`, `token refused`, `refused`, else
+ * `not usable (see the panel)`; the tooltip and the panel say it whole.
+ */
+export function problemWords(problem: string): string {
+  if (/needs a token/.test(problem)) {
+    return 'needs a token';
+  }
+  if (/HTTP 401/.test(problem)) {
+    return 'token refused';
+  }
+  if (/HTTP 403/.test(problem)) {
+    return 'refused';
+  }
+  return 'not usable (see the panel)';
 }
 
 /** How the panel and the status bar name a server's sandbox mode ('' when unknown). */
@@ -133,13 +156,18 @@ export const NO_WORKER_READY =
   'finish), or its workers are restarting.';
 
 /** `KCoral ● sm_90a · 1/2 busy · 0 queued`, `… · no sandbox` when programs run unconfined
- * (never a silent downgrade), or `KCoral ● offline`. */
+ * (never a silent downgrade), `KCoral ● cpu · token refused` when the server answers
+ * /health but refuses everything else from here, or `KCoral ● offline`. */
 export function statusText(summary: IStatusSummary): string {
   if (summary.notYet) {
     return 'KCoral ○ no server yet (starts with the first cell)';
   }
   if (!summary.online) {
     return 'KCoral ● offline';
+  }
+  if (summary.problem) {
+    // Its load would read as a server ready for cells, which it refuses every one of.
+    return `KCoral ● ${summary.target} · ${problemWords(summary.problem)}`;
   }
   const unconfined = summary.sandbox === 'none' ? ' · no sandbox' : '';
   const load = loadText(summary.busy, summary.capacity, summary.queued);
@@ -161,6 +189,9 @@ export function statusTitle(summary: IStatusSummary): string {
   const how = sandbox === 'no sandbox' ? 'without a sandbox' : sandbox;
   const mode = sandbox ? ` Programs run ${how}.` : '';
   const ready = summary.capacity === 0 ? ` ${NO_WORKER_READY}` : '';
+  if (summary.problem) {
+    return `KCoral server ${summary.label}: ${summary.problem}. Click to open the KCoral panel.`;
+  }
   return `KCoral server: ${summary.label}.${ready}${mode} Click to open the KCoral panel.`;
 }
 

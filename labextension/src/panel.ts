@@ -29,7 +29,7 @@ import {
   truncationNote
 } from './format';
 import { KCoralModel } from './model';
-import { followJobEvents } from './stream';
+import { followJobEvents, isRetryable } from './stream';
 import { shownText } from './text';
 
 function element<K extends keyof HTMLElementTagNameMap>(
@@ -59,6 +59,17 @@ function guarded<T>(what: string, build: () => T, fallback: () => T): T {
     console.error(`KCoral: the panel cannot show ${what}`, error);
     return fallback();
   }
+}
+
+/** Why a request of the panel got no answer, in words: the browser's own `TypeError` for
+ * a connection that failed (`Failed to fetch`, `network error`) says the Jupyter server
+ * cannot be reached; any other error its message. */
+function unreachedText(error: unknown): string {
+  const message = error instanceof Error ? error.message : String(error);
+  if (error instanceof TypeError && /fetch|network|load failed/i.test(message)) {
+    return 'the Jupyter server cannot be reached';
+  }
+  return message;
 }
 
 /** A line of a note about one server (`label: message`, the message alone without one). */
@@ -97,6 +108,9 @@ function fleetTable(server: IServerEntry): HTMLElement | null {
 const ENDED_SESSIONS_SHOWN = 3;
 /** How long the result of a Stop click stays on screen. */
 const STOP_NOTE_MS = 8000;
+/** Times a lost live output is taken up again, without any event in between, once its
+ * job's server lists the job again. */
+const MAX_RESUMES = 3;
 
 export class KCoralPanel extends Widget {
   private readonly _servers = element('div', 'jp-KCoral-servers');
@@ -117,6 +131,14 @@ export class KCoralPanel extends Widget {
   private _follow: AbortController | null = null;
   /** The status the followed job's event stream finished with ('' before its end). */
   private _finished = '';
+  /** The id of the followed job's last event, where a lost live output resumes. */
+  private _lastEventId = '';
+  /** Why the live output was lost, while it may come back (no answer, a 5xx); null
+   * while it is followed, finished, or lost for good. */
+  private _lost: string | null = null;
+  private _resumes = 0;
+  /** The wait before each reconnect of a live output (tests set it shorter). */
+  followRetryMs = 1000;
   private _selectionListeners = new Set<() => void>();
 
   constructor(private readonly _model: KCoralModel) {
@@ -195,21 +217,39 @@ export class KCoralPanel extends Widget {
       }
     }
     this._renderSelection();
+    this._afterLoss();
   }
 
   /** Selects a job and follows its output from the start. */
   select(job: IJob): void {
-    this._follow?.abort();
     this._selected = job;
     this._finished = '';
     this._output.textContent = '';
     this._phase.textContent = '';
+    this._lastEventId = '';
+    this._resumes = 0;
+    this._followFrom(job);
+    this._renderJobs(this._model.jobs);
+    this._renderSelection();
+  }
+
+  /** Follows `job`'s events after `_lastEventId` (all of them for a new selection). */
+  private _followFrom(job: IJob): void {
+    this._follow?.abort();
+    this._lost = null;
     const controller = new AbortController();
     this._follow = controller;
     void followJobEvents({
       signal: controller.signal,
+      lastEventId: this._lastEventId,
+      retryDelayMs: this.followRetryMs,
       open: (last, signal) => this._model.api.events(job.job_id, last, signal, job.server),
       onEvent: event => {
+        if (this._follow !== controller) {
+          return;
+        }
+        this._lastEventId = event.id || this._lastEventId;
+        this._resumes = 0;
         if (event.kind === 'stdout' || event.kind === 'stderr') {
           this._append(event.kind, event.text);
         } else if (event.kind === 'phase') {
@@ -229,12 +269,53 @@ export class KCoralPanel extends Widget {
         }
       },
       onError: error => {
-        const message = error instanceof Error ? error.message : String(error);
+        if (this._follow !== controller) {
+          return;
+        }
+        const message = unreachedText(error);
         this._phase.textContent = `live output unavailable: ${message}`;
+        this._lost = isRetryable(error) ? message : null;
       }
     });
-    this._renderJobs(this._model.jobs);
-    this._renderSelection();
+  }
+
+  /**
+   * After a poll, a live output lost while its job's server could not be asked: taken up
+   * again where it stopped once that server lists the job again (a KCoral or Jupyter
+   * server that was away for more than the reconnects); once the server answers again
+   * without the job (it restarted), the pane says that, not the `nothing answers` of
+   * when it was away.
+   */
+  private _afterLoss(): void {
+    const job = this._selected;
+    const servers = this._model.servers;
+    if (!job || this._lost === null || servers === null) {
+      return; // nothing lost, or this poll failed too: the jobs it has are the last ones read
+    }
+    const server = servers.find(s => s.name === job.server);
+    if (!server) {
+      // Only a server that no running kernel uses any more leaves the list.
+      this._phase.textContent =
+        'live output ended: its server is no longer listed (no running kernel uses it)';
+      this._lost = null;
+      return;
+    }
+    const jobsRead = !this._model.jobErrors.some(e => e.server === job.server);
+    if (!server.health || !jobsRead) {
+      return; // still away
+    }
+    if (this._listed(job)) {
+      if (this._resumes < MAX_RESUMES) {
+        this._resumes += 1;
+        this._phase.textContent = 'live output: reconnecting';
+        this._followFrom(job);
+      }
+      return;
+    }
+    this._phase.textContent =
+      `live output ended: ${labelOf(server)} answers again but does not list this job ` +
+      '(it restarted, or no longer keeps the job)';
+    this._lost = null;
   }
 
   /** Cancels the given job, else the selected one. */
@@ -245,7 +326,7 @@ export class KCoralPanel extends Widget {
     try {
       await this._model.api.cancel(job.job_id, job.server);
     } catch (error) {
-      const message = error instanceof Error ? error.message : String(error);
+      const message = unreachedText(error);
       this._phase.textContent = `cancel failed: ${message}`;
     }
     await this._model.poller.refresh();
@@ -265,7 +346,7 @@ export class KCoralPanel extends Widget {
       const how = record?.state === 'ENDED' ? 'ended' : `is ${record?.state || 'unknown'}`;
       this._showStopNote(`session ${shortId} ${how}`, false);
     } catch (error) {
-      const message = error instanceof Error ? error.message : String(error);
+      const message = unreachedText(error);
       this._showStopNote(`stop ${shortId} failed: ${message}`, true);
     } finally {
       this._stopping.delete(session.session_id);
@@ -307,7 +388,9 @@ export class KCoralPanel extends Widget {
         element(
           'div',
           'jp-KCoral-note',
-          'No KCoral server is configured (c.KCoralExtension.servers or KCORAL_URL).'
+          // What a fresh install shows before its first cell: nothing needs configuring.
+          "No KCoral server yet: a notebook's first %%kcoral cell starts one for its " +
+            'kernel (or set KCORAL_URL, or c.KCoralExtension.servers).'
         )
       );
       return;
@@ -338,7 +421,9 @@ export class KCoralPanel extends Widget {
   private _serverCard(server: IServerEntry): HTMLElement {
     const card = element('div', 'jp-KCoral-server');
     card.dataset.server = server.name;
-    card.dataset.state = server.health ? 'online' : 'offline';
+    // Up but refusing this Jupyter server's token (or its /v1/info unusable): not the
+    // green of a server that takes cells.
+    card.dataset.state = server.health ? (server.error ? 'refused' : 'online') : 'offline';
     if (server.health?.load.request_capacity === 0) {
       card.dataset.ready = 'none'; // an amber dot, and the load says why
       card.title = NO_WORKER_READY;

@@ -45,10 +45,17 @@ export class KCoralStatus extends Widget {
     this._dot.textContent = text.charAt('KCoral '.length);
     this._text.textContent = ' ' + text.slice('KCoral ● '.length);
     this.node.title = statusTitle(summary);
-    const state = summary.notYet ? 'none' : summary.online ? 'online' : 'offline';
+    const state = summary.notYet
+      ? 'none'
+      : !summary.online
+        ? 'offline'
+        : summary.problem
+          ? 'refused'
+          : 'online';
     this.node.dataset.state = state;
     this.node.classList.toggle('jp-KCoral-offline', state === 'offline');
     this.node.classList.toggle('jp-KCoral-noWorker', summary.online && summary.capacity === 0);
+    this.node.classList.toggle('jp-KCoral-refused', state === 'refused');
   }
 
   dispose(): void {

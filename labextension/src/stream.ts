@@ -20,6 +20,17 @@ export interface IFollowOptions {
   maxAttempts?: number;
   /** Called with the error that ended the follow (`failed`). */
   onError?: (error: unknown) => void;
+  /** Resume after this event id (a follow that failed before, taken up again): what was
+   * shown already is not sent again. */
+  lastEventId?: string;
+}
+
+/** Whether asking again may change the answer that ended a follow: not for a 4xx such as
+ * 404 `job_expired`; yes for no answer or a 5xx (the job's server not reachable through
+ * the server extension). */
+export function isRetryable(error: unknown): boolean {
+  const status = (error as { status?: unknown } | null)?.status;
+  return !(typeof status === 'number' && status >= 400 && status < 500);
 }
 
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
@@ -43,6 +54,7 @@ export async function followJobEvents(options: IFollowOptions): Promise<FollowEn
   const { signal } = options;
   const maxAttempts = options.maxAttempts ?? 5;
   const parser = new SseParser();
+  parser.lastEventId = options.lastEventId ?? '';
   let failures = 0;
   let lastError: unknown = null;
   while (!signal.aborted) {
@@ -81,8 +93,7 @@ export async function followJobEvents(options: IFollowOptions): Promise<FollowEn
       }
       lastError = error;
       // An answer such as 404 job_expired will not change by asking again.
-      const status = (error as { status?: number }).status;
-      if (typeof status === 'number' && status >= 400 && status < 500) {
+      if (!isRetryable(error)) {
         options.onError?.(error);
         return 'failed';
       }

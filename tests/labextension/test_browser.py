@@ -467,6 +467,33 @@ def test_a_notebook_saved_while_a_cell_ran_opens_with_its_line_settled(tmp_path:
     assert seen["shownText"].strip() == expected
 
 
+REFUSED_SCRIPT = Path(__file__).with_name("lab_refused.cjs")
+
+
+@pytest.mark.timeout(420)
+def test_a_server_that_refuses_the_configured_token_is_not_shown_as_ready(
+    tmp_path: Path, server_factory
+) -> None:
+    # A soak: KCORAL_URL with a wrong KCORAL_TOKEN. /health answers anyone (PROTOCOL §12),
+    # so the status bar showed a green `KCoral ● cpu · 0/1 busy · 0 queued`, and the panel
+    # a green dot, while the server refused every cell, job and session from here.
+    kcoral_server = server_factory(env={"KCORAL_AUTH_TOKEN": KCORAL_TOKEN})
+    root = tmp_path / "root"
+    root.mkdir()
+    servers = [{"name": "gpu", "url": kcoral_server.url, "token": "not-" + KCORAL_TOKEN}]
+    with _running_lab(tmp_path, root, servers) as url:
+        seen = _run_script(REFUSED_SCRIPT, url, tmp_path)
+    assert seen["status"] == "KCoral \u25cf cpu \u00b7 token refused", seen
+    assert seen["statusTitle"] == (
+        "KCoral server gpu: refused the token configured for it (HTTP 401). "
+        "Click to open the KCoral panel."
+    )
+    assert seen["cardError"] == "refused the token configured for it (HTTP 401)"
+    assert seen["statusState"] == seen["cardState"] == "refused"
+    # Neither dot is the green of a server that takes cells.
+    assert seen["statusDot"] == seen["cardDot"] != "rgb(56, 142, 60)", seen
+
+
 FLEET_SCRIPT = Path(__file__).with_name("lab_fleet.cjs")
 OTHER_KIND = {"gpu": "h100", "arch": "sm_90a", "memory_bytes": 80 << 30, "gpus": 1}
 HOLD_SOURCE = (

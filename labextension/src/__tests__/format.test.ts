@@ -53,6 +53,25 @@ describe('status text', () => {
     expect(sandboxText(undefined)).toBe('');
   });
 
+  it('says a server refuses the token, not that it is ready, when only /health answers', () => {
+    // A soak: KCORAL_URL with a wrong KCORAL_TOKEN. /health answers anyone (PROTOCOL §12),
+    // so the status bar showed a green `KCoral ● cpu · 0/2 busy · 0 queued` while the
+    // server refused every cell, job and session from this Jupyter server.
+    const refused = { ...entry(), error: 'refused the token configured for it (HTTP 401)' };
+    expect(statusText(summarize([refused], ''))).toBe('KCoral ● cpu · token refused');
+    expect(statusTitle(summarize([refused], ''))).toBe(
+      'KCoral server gpu: refused the token configured for it (HTTP 401). ' +
+        'Click to open the KCoral panel.'
+    );
+    const tokenless = { ...entry(), error: 'needs a token: set one for this server (HTTP 401)' };
+    expect(statusText(summarize([tokenless], ''))).toBe('KCoral ● cpu · needs a token');
+    const forbidden = { ...entry(), error: 'refused this request (HTTP 403: host not allowed)' };
+    expect(statusText(summarize([forbidden], ''))).toBe('KCoral ● cpu · refused');
+    const odd = { ...entry(), error: '/v1/info: answered HTTP 204 without a body' };
+    expect(statusText(summarize([odd], ''))).toBe('KCoral ● cpu · not usable (see the panel)');
+    expect(summarize([entry()], '').problem).toBe('');
+  });
+
   it('says offline when there is no answer or no such server', () => {
     expect(statusText(summarize(null, ''))).toBe('KCoral ● offline');
     expect(summarize([entry()], 'other').reason).toMatch(/no configured KCoral server/);

@@ -305,6 +305,19 @@ describe('the panel fed malformed sessions and fleets by a rogue server', () => 
   });
 });
 
+describe('the servers part of the panel', () => {
+  it('says the first cell starts a server when none is known, not that one must be configured', async () => {
+    // A soak of the README's path (jupyter lab, then a %%kcoral cell): before the first
+    // cell the panel said `No KCoral server is configured (c.KCoralExtension.servers or
+    // KCORAL_URL).`, though nothing needs configuring.
+    const panel = await panelAfterPoll({ servers: [] });
+    expect(text(panel, '.jp-KCoral-servers')).toBe(
+      "No KCoral server yet: a notebook's first %%kcoral cell starts one for its kernel " +
+        '(or set KCORAL_URL, or c.KCoralExtension.servers).'
+    );
+  });
+});
+
 describe('the selected job when its server stops listing it', () => {
   it('says its status is unknown and offers no Cancel, not the running it last had', async () => {
     // A soak: the job's server was stopped (or the kernel that ran the embedded server
@@ -398,6 +411,159 @@ describe('the selected job when its server stops listing it', () => {
     await model.poll();
     expect(text(panel, '.jp-KCoral-outputTitle')).toBe('cancelled · job job-1234');
     expect(panel.canCancelSelected).toBe(false);
+  });
+
+  /** A panel following job `job-1234-x` while its server goes away and comes back: while
+   * `state.down` the events route answers 502 `not running` (as the server extension
+   * does), the jobs list an error for server `a`; after, the stream sends what follows
+   * the `Last-Event-ID` it was asked with (`state.resumedFrom`) when `state.keeps`. */
+  async function awayAndBack() {
+    const scope = globalThis as { TextDecoder?: unknown };
+    scope.TextDecoder ??= (await import('util')).TextDecoder;
+    // jupyterDown: the Jupyter server is away too (every fetch fails as the browser's does).
+    const state = {
+      down: false,
+      wentAway: false,
+      jupyterDown: false,
+      keeps: true,
+      resumedFrom: [] as string[]
+    };
+    const events = [
+      'event: stdout\nid: 1\ndata: {"text":"step 1\\n"}\n\n',
+      'event: stdout\nid: 2\ndata: {"text":"step 2\\n"}\n\n' +
+        'event: phase\nid: 3\ndata: {"phase":"finished","status":"COMPLETED"}\n\n'
+    ];
+    const fetcher = async (path: string, init?: RequestInit): Promise<Response> => {
+      if (state.jupyterDown) {
+        throw new TypeError('Failed to fetch');
+      }
+      if (path === 'servers') {
+        const server = healthyServer('a');
+        return answer({ servers: [state.down ? { ...server, health: null } : server] });
+      }
+      if (path === 'jobs') {
+        if (state.down) {
+          return answer({ jobs: [], errors: [{ server: 'a', message: 'not running' }] });
+        }
+        return answer({ jobs: state.keeps ? [job('job-1234-x', 1)] : [], errors: [] });
+      }
+      if (path === 'sessions') {
+        return answer({ sessions: [], errors: [] });
+      }
+      const message = 'not running: nothing answers at a:8000';
+      if (state.down) {
+        return answer({ error: { kind: 'server_transport', message } }, 502);
+      }
+      const last = (init?.headers as Record<string, string>)['Last-Event-ID'] ?? '';
+      if (last) {
+        state.resumedFrom.push(last);
+      }
+      // A stream from the start ends after one event; the first one, the server goes
+      // away with it.
+      const stream = last ? events[1] : events[0];
+      if (!last && !state.wentAway) {
+        state.wentAway = true;
+        state.down = true;
+      }
+      let sent = false;
+      const reader = {
+        read: async () =>
+          sent ? { done: true } : ((sent = true), { done: false, value: Buffer.from(stream) }),
+        cancel: async () => undefined,
+        releaseLock: () => undefined
+      };
+      return { ok: true, status: 200, body: { getReader: () => reader } } as unknown as Response;
+    };
+    const model = new KCoralModel(new KCoralApi(fetcher), {
+      pollIntervalMs: 60_000,
+      statusServer: ''
+    });
+    const panel = new KCoralPanel(model);
+    panel.followRetryMs = 0;
+    opened.push({ panel, model });
+    await model.poll();
+    panel.node.querySelector<HTMLElement>('tr.jp-KCoral-job')!.click();
+    for (let i = 0; i < 200 && !/unavailable/.test(text(panel, '.jp-KCoral-phase')); i++) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+    }
+    return { panel, model, state };
+  }
+
+  const settle = async (panel: KCoralPanel, pattern: RegExp) => {
+    for (let i = 0; i < 200 && !pattern.test(text(panel, '.jp-KCoral-phase')); i++) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+    }
+  };
+
+  it('takes a lost live output up again where it stopped once its server lists the job', async () => {
+    // A soak: the followed job's server was away for longer than the reconnects; it came
+    // back and listed the job again, but the pane said `live output unavailable: not
+    // running: nothing answers at ...` for good, and showed none of the rest.
+    const { panel, model, state } = await awayAndBack();
+    expect(text(panel, '.jp-KCoral-phase')).toBe(
+      'live output unavailable: not running: nothing answers at a:8000'
+    );
+    await model.poll(); // still away: nothing to take up
+    expect(state.resumedFrom).toEqual([]);
+    state.down = false;
+    await model.poll();
+    await settle(panel, /finished/);
+    expect(state.resumedFrom).toEqual(['1']);
+    expect(text(panel, '.jp-KCoral-phase')).toBe('finished: done');
+    expect(panel.node.querySelector('.jp-KCoral-outputText')!.textContent).toBe('step 1\nstep 2\n');
+  });
+
+  it('says the Jupyter server cannot be reached, and resumes only once it answers', async () => {
+    // A soak: jupyter lab restarted under an open page. The pane said `live output
+    // unavailable: Failed to fetch` (the browser's words); its reconnects were spent on
+    // polls that had failed too, with the jobs of the last good poll.
+    const { panel, model, state } = await awayAndBack();
+    state.down = false;
+    state.jupyterDown = true;
+    panel.select(model.jobs[0]); // followed again from the start, while Jupyter is away
+    await settle(panel, /unavailable/);
+    expect(text(panel, '.jp-KCoral-phase')).toBe(
+      'live output unavailable: the Jupyter server cannot be reached'
+    );
+    for (let i = 0; i < 5; i++) {
+      await model.poll().catch(() => undefined);
+    }
+    expect(text(panel, '.jp-KCoral-phase')).toBe(
+      'live output unavailable: the Jupyter server cannot be reached'
+    );
+    state.jupyterDown = false;
+    await model.poll();
+    await settle(panel, /finished/);
+    expect(text(panel, '.jp-KCoral-phase')).toBe('finished: done');
+  });
+
+  it('says a lost live output ended when its server is no longer listed', async () => {
+    // The kernel that used the job's server stopped: the server left the list.
+    const { panel, model, state } = await awayAndBack();
+    state.down = false;
+    model.servers = [];
+    model.jobs = [];
+    model.jobErrors = [];
+    panel.render();
+    expect(text(panel, '.jp-KCoral-phase')).toBe(
+      'live output ended: its server is no longer listed (no running kernel uses it)'
+    );
+    expect(state.resumedFrom).toEqual([]);
+  });
+
+  it('says a lost live output ended when its server answers again without the job', async () => {
+    // The server was restarted: it answers, its jobs list does not have the job; `nothing
+    // answers at` was no longer true.
+    const { panel, model, state } = await awayAndBack();
+    state.down = false;
+    state.keeps = false;
+    await model.poll();
+    expect(text(panel, '.jp-KCoral-phase')).toBe(
+      'live output ended: a answers again but does not list this job (it restarted, or no ' +
+        'longer keeps the job)'
+    );
+    expect(text(panel, '.jp-KCoral-outputTitle')).toBe('status unknown · job job-1234');
+    expect(state.resumedFrom).toEqual([]);
   });
 
   it('marks where the server cut a stream at the output limit', async () => {
