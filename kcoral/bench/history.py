@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kcoral.bench.history_file import append, open_history, read_all
+
 HISTORY_FILE = "kcoral-benchmarks.jsonl"
 #: Samples kept per candidate and run: enough for a bootstrap interval, small on disk.
 HISTORY_SAMPLES = 200
@@ -114,13 +116,9 @@ def _versions(result: Mapping[str, Any]) -> dict[str, str]:
 _VERSION_KEYS = ("driver", "cuda", "torch")
 
 
-def _previous(path: Path, key: Mapping[str, str]) -> tuple[dict[str, Any] | None, bool]:
-    """The last line of ``key`` in the history, and whether the file ends a line (a write
+def _previous(data: bytes, key: Mapping[str, str]) -> tuple[dict[str, Any] | None, bool]:
+    """The last line of ``key`` in the history ``data``, and whether it ends a line (a write
     cut short leaves a partial line, which the next record must not be glued to)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None, True
     # bytes that are not UTF-8 (a damaged or hand-edited file) spoil only their own line
     text = data.decode("utf-8", errors="replace")
     last = None
@@ -145,15 +143,32 @@ def remember(
     Nothing is compared for an unknown GPU kind (every GPU would share its key), and a
     candidate with fewer than ``MIN_INTERVAL_SAMPLES`` samples on a side is no regression.
     The previous line's samples are cleaned like the new ones; a line without usable
-    samples compares nothing and never raises."""
-    from kcoral.bench.stats import ratio_of_medians, thinned, too_few_samples
-
+    samples compares nothing and never raises. The file must be the user's own plain file
+    (``history_file``): a link, a FIFO or another user's file raises ``OSError``."""
     if directory is None:
         directory, where = history_directory()
     path = directory / HISTORY_FILE
     key = history_key(result, label)
     current = _candidates(result)
-    previous, ends_a_line = _previous(path, key)
+    fd = open_history(path)  # the user's own plain file, or OSError saying why not
+    try:
+        _remember_in(fd, result, key, current, path, where)
+    finally:
+        os.close(fd)
+    return result
+
+
+def _remember_in(
+    fd: int,
+    result: dict[str, Any],
+    key: dict[str, str],
+    current: dict[str, list[float]],
+    path: Path,
+    where: str,
+) -> None:
+    from kcoral.bench.stats import ratio_of_medians, thinned, too_few_samples
+
+    previous, ends_a_line = _previous(read_all(fd), key)
     warnings: list[str] = []
     changes = {}
     old_candidates = previous.get("candidates") if previous is not None else None
@@ -201,8 +216,7 @@ def remember(
     }
     if versions:
         entry["versions"] = versions
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(("" if ends_a_line else "\n") + json.dumps(entry) + "\n")
+    append(fd, (("" if ends_a_line else "\n") + json.dumps(entry) + "\n").encode("utf-8"))
     previous_time = previous.get("time") if previous is not None else None
     result["history"] = {
         "file": str(path),
@@ -216,7 +230,6 @@ def remember(
         if not isinstance(result.get("warnings"), list):
             result["warnings"] = []
         result["warnings"].extend(warnings)
-    return result
 
 
 def remember_benchmarks(
