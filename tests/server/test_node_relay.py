@@ -15,6 +15,7 @@ from kcoral_server.metrics.node_relay import (
     parse_node_metrics,
 )
 from kcoral_server.metrics.server_metrics import ServerMetrics
+from prometheus_client import generate_latest
 
 BUCKETS = b"""# TYPE kcoral_lease_wait_seconds histogram
 kcoral_lease_wait_seconds_bucket{gpu="0",le="0.5"} 1
@@ -87,3 +88,48 @@ def test_a_nodes_series_show_only_for_the_server_instance_they_came_from() -> No
         {"gpu": "0", "le": "0.5", "node": "n1", "kind": "cpu"},
         1.0,
     )
+
+
+# Two nodes' texts, with a label value that needs escaping in the exposition format.
+ODD = (
+    b"""# TYPE kcoral_requests_total counter
+kcoral_requests_total{status="200",reason="completed",error_kind="a\\"b\\\\c"} 4
+"""
+    + BUCKETS
+)
+
+
+def test_the_scrape_text_is_what_prometheus_client_writes_for_the_same_series() -> None:
+    relay = NodeRelay()
+    first, second = LiveNode("n1", "i1", "n1", "cpu"), LiveNode("n2", "i2", "n2", "h100")
+    for node, text in ((first, ODD), (second, BUCKETS)):
+        families, lines = node_relay.parse_and_write(text, node.node_label, node.kind_label)
+        relay.keep(node.node_id, node.server_instance_id, families, 0.0, ["n1", "n2"], lines)
+
+    class Reference:
+        def collect(self):
+            return relay.collect([first, second])
+
+    assert relay.text([first, second]) == generate_latest(Reference())
+    assert b'error_kind="a\\"b\\\\c"' in relay.text([first, second])
+
+
+def test_a_scrape_writes_no_line_of_a_text_written_when_it_came(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    relay, node = NodeRelay(), LiveNode("n1", "i1", "n1", "cpu")
+    families, lines = node_relay.parse_and_write(ODD, "n1", "cpu")
+    relay.keep("n1", "i1", families, 0.0, ["n1"], lines)
+    written = relay.text([node])
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a scrape wrote a node's lines again")
+
+    monkeypatch.setattr(node_relay, "write_lines", refuse)
+    assert relay.text([node]) == written
+    monkeypatch.undo()
+    # The node's kind label changed since (a name the router gave): written anew, once.
+    renamed = LiveNode("n1", "i1", "n1", "other")
+    assert b'kind="other"' in relay.text([renamed])
+    monkeypatch.setattr(node_relay, "write_lines", refuse)
+    assert b'kind="other"' in relay.text([renamed])

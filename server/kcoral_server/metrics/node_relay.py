@@ -22,6 +22,11 @@ holds. Whoever holds the node token can play a node, so the router trusts none o
   counts it;
 * it shows a node's series only while the node is connected and runs the server instance
   the text came from.
+
+A node's sample lines are written once per text it sends, off the event loop, with its
+parse (``parse_and_write``), and a scrape only joins them (``NodeRelay.text``): built at
+every scrape, 128 nodes of 2048 samples held the router's loop 3 s, and any client token
+opens ``/metrics``, so one holder scraping in a loop stalled every request through it.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 
+from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,14 +71,29 @@ class RelayRefused(Exception):
         self.reason = reason
 
 
+#: a node's kept series, family by family
+Families = tuple[tuple[Family, tuple[Sample, ...]], ...]
+
+
+@dataclass(frozen=True)
+class NodeLines:
+    """A node's sample lines in the exposition format, family by family, under the router's
+    labels they were written with."""
+
+    node_label: str
+    kind_label: str
+    by_family: tuple[tuple[Family, bytes], ...]
+
+
 @dataclass(frozen=True)
 class NodeSeries:
     """What the router keeps of one node's text."""
 
     server_instance_id: str
-    families: tuple[tuple[Family, tuple[Sample, ...]], ...]
+    families: Families
     samples: int
     received_at: float
+    lines: NodeLines | None = None
 
 
 def _label_values(family: Family, name: str, labels: dict[str, str]) -> tuple[str, ...] | None:
@@ -94,7 +116,7 @@ def _label_values(family: Family, name: str, labels: dict[str, str]) -> tuple[st
     return values
 
 
-def parse_node_metrics(blob: bytes) -> tuple[tuple[Family, tuple[Sample, ...]], ...]:
+def parse_node_metrics(blob: bytes) -> Families:
     """The series of a node's metrics text that the router passes on; ``RelayRefused``
     when the text is refused whole."""
     if len(blob) > MAX_NODE_METRICS_BYTES:
@@ -130,6 +152,48 @@ def parse_node_metrics(blob: bytes) -> tuple[tuple[Family, tuple[Sample, ...]], 
     )
 
 
+class _One:
+    """A collector of one metric, for prometheus-client's writer."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self.metric]
+
+
+def _metric(family: Family, samples: Iterable[Sample], node_label: str, kind_label: str) -> Metric:
+    """``family``'s ``samples`` of one node, under the router's labels."""
+    metric = Metric(family.name, family.documentation, family.type)
+    for name, values, value in samples:
+        keys = family.labels + (("le",) if name.endswith("_bucket") else ())
+        labels = dict(zip(keys, values, strict=True))
+        labels["node"], labels["kind"] = node_label, kind_label
+        metric.add_sample(name, labels, value)
+    return metric
+
+
+@cache
+def _header(family: Family) -> bytes:
+    """``family``'s ``# HELP`` and ``# TYPE`` lines, as prometheus-client writes them."""
+    return generate_latest(_One(Metric(family.name, family.documentation, family.type)))
+
+
+def write_lines(families: Families, node_label: str, kind_label: str) -> NodeLines:
+    """``families``' sample lines, as prometheus-client writes them (without the header)."""
+    by_family = []
+    for family, samples in families:
+        text = generate_latest(_One(_metric(family, samples, node_label, kind_label)))
+        by_family.append((family, text[len(_header(family)) :]))
+    return NodeLines(node_label, kind_label, tuple(by_family))
+
+
+def parse_and_write(blob: bytes, node_label: str, kind_label: str) -> tuple[Families, NodeLines]:
+    """``parse_node_metrics`` and the lines of what it kept, in one go off the event loop."""
+    families = parse_node_metrics(blob)
+    return families, write_lines(families, node_label, kind_label)
+
+
 @dataclass(frozen=True)
 class LiveNode:
     """A connected node as the scrape sees it: its id, server instance and label values."""
@@ -159,13 +223,14 @@ class NodeRelay:
         self,
         node_id: str,
         server_instance_id: str,
-        families: tuple[tuple[Family, tuple[Sample, ...]], ...],
+        families: Families,
         now: float,
         live: Iterable[str],
+        lines: NodeLines | None = None,
     ) -> None:
-        """Hold ``families`` as ``node_id``'s series; ``RelayRefused("router_full")`` when
-        all nodes' series together would pass ``MAX_RELAYED_SAMPLES`` (the series of nodes
-        not in ``live`` are let go first)."""
+        """Hold ``families`` (and their ``lines``, when written) as ``node_id``'s series;
+        ``RelayRefused("router_full")`` when all nodes' series together would pass
+        ``MAX_RELAYED_SAMPLES`` (the series of nodes not in ``live`` are let go first)."""
         connected = set(live)
         for gone in [n for n in self._nodes if n not in connected]:
             self.forget(gone)
@@ -174,7 +239,7 @@ class NodeRelay:
         if others + count > MAX_RELAYED_SAMPLES:
             self.refuse(node_id)
             raise RelayRefused("router_full")
-        self._nodes[node_id] = NodeSeries(server_instance_id, families, count, now)
+        self._nodes[node_id] = NodeSeries(server_instance_id, families, count, now, lines)
 
     def refuse(self, node_id: str) -> None:
         """Drop ``node_id``'s series after a refused text (its next is still read no sooner
@@ -190,21 +255,38 @@ class NodeRelay:
     def samples(self) -> int:
         return sum(series.samples for series in self._nodes.values())
 
-    def collect(self, live: Iterable[LiveNode]) -> Iterator[Metric]:
-        """One family per name, with every live node's samples under its labels."""
-        merged: dict[str, Metric] = {}
+    def _shown(self, live: Iterable[LiveNode]) -> Iterator[tuple[LiveNode, NodeSeries]]:
+        """The live nodes' series, where they came from the server instance each runs."""
         for node in live:
             series = self._nodes.get(node.node_id)
-            if series is None or series.server_instance_id != node.server_instance_id:
-                continue
+            if series is not None and series.server_instance_id == node.server_instance_id:
+                yield node, series
+
+    def collect(self, live: Iterable[LiveNode]) -> Iterator[Metric]:
+        """One family per name, with every live node's samples under its labels (what
+        ``text`` writes, as metric objects)."""
+        merged: dict[str, Metric] = {}
+        for node, series in self._shown(live):
             for family, samples in series.families:
-                metric = merged.get(family.name)
-                if metric is None:
-                    metric = Metric(family.name, family.documentation, family.type)
+                metric = _metric(family, samples, node.node_label, node.kind_label)
+                if family.name in merged:
+                    merged[family.name].samples += metric.samples
+                else:
                     merged[family.name] = metric
-                for name, values, value in samples:
-                    keys = family.labels + (("le",) if name.endswith("_bucket") else ())
-                    labels = dict(zip(keys, values, strict=True))
-                    labels["node"], labels["kind"] = node.node_label, node.kind_label
-                    metric.add_sample(name, labels, value)
         yield from merged.values()
+
+    def text(self, live: Iterable[LiveNode]) -> bytes:
+        """``collect``'s families in the exposition format, joined from the lines each
+        node's text was written as (written here only when a node's labels changed since)."""
+        bodies: dict[Family, list[bytes]] = {}
+        for node, series in self._shown(live):
+            lines = series.lines
+            if lines is None or (lines.node_label, lines.kind_label) != (
+                node.node_label,
+                node.kind_label,
+            ):
+                lines = write_lines(series.families, node.node_label, node.kind_label)
+                self._nodes[node.node_id] = replace(series, lines=lines)
+            for family, body in lines.by_family:
+                bodies.setdefault(family, []).append(body)
+        return b"".join(_header(family) + b"".join(parts) for family, parts in bodies.items())

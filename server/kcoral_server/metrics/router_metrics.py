@@ -37,7 +37,7 @@ from kcoral_server.metrics.node_relay import (
     LiveNode,
     NodeRelay,
     RelayRefused,
-    parse_node_metrics,
+    parse_and_write,
 )
 from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
 from kcoral_server.router.selection import ready_nodes, waiters_by_selector
@@ -62,6 +62,9 @@ class RouterGauges(Collector):
         self._nodes = nodes
         self._kinds = kinds
         self._relay = relay
+        #: the nodes whose own series the last ``collect`` found shown (``RouterMetrics``
+        #: writes them after the registry's text, from the lines the relay keeps)
+        self.live: list[LiveNode] = []
 
     def collect(self) -> Iterator[Metric]:
         state = self._read()
@@ -147,7 +150,7 @@ class RouterGauges(Collector):
             kind_workers_family.add_metric([kind], float(kind_workers[kind]))
         yield from (by_kind, kind_busy_family, kind_workers_family)
         yield self._kind_queue(state, set(kind_workers))
-        yield from self._relay.collect(live)
+        self.live = live
 
     def _kind_queue(self, state: RouterState, kinds: set[str]) -> Metric:
         """Requests waiting at the router that a ready node of each kind could serve (one
@@ -244,15 +247,19 @@ class RouterMetrics:
             ["node", "reason"],
             registry=registry,
         )
-        registry.register(RouterGauges(lambda: self._state, self._nodes, self._kinds, self.relay))
+        self._gauges = RouterGauges(lambda: self._state, self._nodes, self._kinds, self.relay)
+        registry.register(self._gauges)
 
     def attach(self, state: RouterState) -> None:
         self._state = state
         state.log.add_listener(self.record)
 
     def exposition(self) -> bytes:
+        """The router's own metrics, then the connected nodes' (``node_relay``)."""
         self._forget_gone_nodes()
-        return exposition_of(self.registry)
+        self._gauges.live = []
+        own = exposition_of(self.registry)  # finds the nodes shown (``RouterGauges.live``)
+        return own + self.relay.text(self._gauges.live)
 
     def _forget_gone_nodes(self) -> None:
         """Free the names of the nodes the router forgot (their records' retention ended)
@@ -315,12 +322,12 @@ class RouterMetrics:
         if not status.server_healthy or not self.relay.wants(node_id, now):
             return
         try:
-            families = await asyncio.get_running_loop().run_in_executor(
-                None, parse_node_metrics, blob
+            families, lines = await asyncio.get_running_loop().run_in_executor(
+                None, parse_and_write, blob, node_id, self._kind_of(node_id)
             )
             nodes = self._state.registry.nodes
             live = [n for n, record in nodes.items() if record.connected]
-            self.relay.keep(node_id, status.server_instance_id, families, now, live)
+            self.relay.keep(node_id, status.server_instance_id, families, now, live, lines)
         except RelayRefused as refused:
             self.relay.refuse(node_id)
             self.relay_refused.labels(node_id, refused.reason).inc()
