@@ -133,3 +133,16 @@ def test_a_scrape_writes_no_line_of_a_text_written_when_it_came(
     assert b'kind="other"' in relay.text([renamed])
     monkeypatch.setattr(node_relay, "write_lines", refuse)
     assert b'kind="other"' in relay.text([renamed])
+
+
+def test_a_bucket_bound_spelled_two_ways_is_one_bound_as_a_server_writes_it() -> None:
+    text = b"""# TYPE kcoral_lease_wait_seconds histogram
+kcoral_lease_wait_seconds_bucket{gpu="0",le="1e-1"} 1
+kcoral_lease_wait_seconds_bucket{gpu="0",le="0.1"} 5
+kcoral_lease_wait_seconds_bucket{gpu="0",le="10"} 2
+"""
+    ((_, samples),) = parse_node_metrics(text)
+    assert [(values, value) for _, values, value in samples] == [
+        (("0", "0.1"), 1.0),  # the first of the two; the other would split sum by (le)
+        (("0", "10.0"), 2.0),
+    ]

@@ -40,6 +40,7 @@ from functools import cache
 from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from kcoral_server.metrics.server_metrics import SERVER_FAMILIES, Family
 
@@ -109,10 +110,14 @@ def _label_values(family: Family, name: str, labels: dict[str, str]) -> tuple[st
         return None
     if name.endswith("_bucket"):
         try:
-            if math.isnan(float(values[-1])):
-                return None
+            bound = float(values[-1])
         except ValueError:
             return None
+        if math.isnan(bound):
+            return None
+        # One spelling per bound, as a server writes it: ``1e-1`` beside ``0.1`` split a
+        # ``sum by (le)`` of the node's histogram in two.
+        values = (*values[:-1], sys.intern(floatToGoString(bound)))
     return values
 
 
