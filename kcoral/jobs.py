@@ -271,8 +271,14 @@ class Job(_JobHandle):
         """The wait's time is up: a job that has finished is waited for (``timeout=0``
         asks whether it has, as ``concurrent.futures`` does; a finished job raised
         ``TimeoutError`` there, its result unread), else ``TimeoutError``."""
-        if self.status().get("status") not in FINISHED_STATUSES:
-            raise TimeoutError(f"job {self.id} did not finish within {timeout} s") from None
+        try:
+            finished = self.status().get("status") in FINISHED_STATUSES
+        except KCoralError as exc:
+            if exc.status_code != 503:
+                raise
+            raise timed_out(self.id, timeout, exc) from None
+        if not finished:
+            raise timed_out(self.id, timeout) from None
 
     def result(self, timeout: float | None = None) -> ProgramResult:
         """The ``ProgramResult`` ``execute`` would have returned (waits for the end).
@@ -346,8 +352,14 @@ class AsyncJob(_JobHandle):
             await asyncio.wait_for(until_finished(), bound)
         except (asyncio.TimeoutError, TimeoutError):
             # as Job.wait: a finished job is no timeout, however short the wait was
-            if (await self.status()).get("status") not in FINISHED_STATUSES:
-                raise TimeoutError(f"job {self.id} did not finish within {timeout} s") from None
+            try:
+                finished = (await self.status()).get("status") in FINISHED_STATUSES
+            except KCoralError as exc:
+                if exc.status_code != 503:
+                    raise
+                raise timed_out(self.id, timeout, exc) from None
+            if not finished:
+                raise timed_out(self.id, timeout) from None
 
     async def result(self, timeout: float | None = None) -> ProgramResult:
         """As ``Job.result``."""
@@ -356,6 +368,13 @@ class AsyncJob(_JobHandle):
 
     async def cancel(self) -> dict[str, Any]:
         return await self.client.run_flow(self.state_flow("DELETE"))
+
+
+def timed_out(job_id: str, timeout: object, why: KCoralError | None = None) -> TimeoutError:
+    """The ``TimeoutError`` of a wait whose time is up; ``why``: the ``503`` that kept its
+    job's state out of reach (a router whose node holding it is away), said with it."""
+    message = f"job {job_id} did not finish within {timeout} s"
+    return TimeoutError(message if why is None else f"{message} ({why.message})")
 
 
 def check_job_id(job_id: object) -> str:

@@ -242,7 +242,15 @@ class EventSource:
                 unavailable_since = unavailable_since or now
                 if now - unavailable_since > UNAVAILABLE_RETRY_SECONDS:
                     raise
-                time.sleep(1.0)
+                # A read timeout bounds the asking too: no event came within it. A job's
+                # `result(timeout=5)` waited the whole 45 s here (jobs soak).
+                if self.read_timeout is not None:
+                    left = unavailable_since + self.read_timeout - now
+                    if left <= 0:
+                        raise TimeoutError(f"no job event within the timeout: {exc}") from None
+                    time.sleep(min(1.0, left))
+                else:
+                    time.sleep(1.0)
                 continue
             else:
                 # The stream ended before ``finished``. A finished job's stream sends all its
