@@ -138,7 +138,8 @@ def remember(
     """Compare ``result`` with the previous run of its key, append it to the history, and
     put ``history`` into ``result`` (file, key, previous run's time, changes per candidate:
     new median / old median with a bootstrap interval, ``regression`` when the whole
-    interval lies above 1, and the warnings, which join the result's ``warnings``).
+    interval lies above 1.05 (``run_to_run``), and the warnings, which join the result's
+    ``warnings``).
 
     Nothing is compared for an unknown GPU kind (every GPU would share its key), and a
     candidate with fewer than ``MIN_INTERVAL_SAMPLES`` samples on a side is no regression.
@@ -166,9 +167,12 @@ def _remember_in(
     path: Path,
     where: str,
 ) -> None:
-    from kcoral.bench.stats import ratio_of_medians, thinned, too_few_samples
+    from kcoral.bench.run_to_run import run_to_run_change
+    from kcoral.bench.stats import thinned, too_few_samples
+    from kcoral.protocol.strict_json import finite_float
 
     previous, ends_a_line = _previous(read_all(fd), key)
+    medians = _medians(result, current)
     warnings: list[str] = []
     changes = {}
     old_candidates = previous.get("candidates") if previous is not None else None
@@ -184,11 +188,11 @@ def _remember_in(
             old_samples = _clean(old.get("samples_ms") if isinstance(old, dict) else None)
             if not old_samples:
                 continue
-            change = ratio_of_medians(samples, old_samples, CHANGE_SEED)
-            verdict = {"greater": "slower", "smaller": "faster"}.get(change["verdict"])
-            change["verdict"] = verdict or change["verdict"]
-            change["regression"] = verdict == "slower"
-            changes[name] = change
+            stated = old.get("latency_ms_median") if isinstance(old, dict) else None
+            old_median = finite_float(stated)
+            changes[name] = run_to_run_change(
+                samples, old_samples, medians[name], old_median, CHANGE_SEED
+            )
             why = too_few_samples(samples, old_samples)
             if why is not None:
                 warnings.append(f"history: the change of {name!r} (new, previous): {why}")
@@ -201,7 +205,6 @@ def _remember_in(
                     f"history: {name} {versions[name]} differs from the previous run's "
                     f"{before[name]}, so a change may come from it"
                 )
-    medians = _medians(result, current)
     entry = {
         "key": key,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -1,0 +1,68 @@
+"""The change of a candidate between two runs of one history key (EXTENSIONS §12.6).
+
+Two things differ from a comparison's speedup (§12.2), whose candidates share the rounds
+of one run. First, the ratio is of the medians the user saw: the new result's own median
+over every call and the one the previous line records, not of the samples the history
+keeps (200, thinned in call order), whose median may lie a per cent or two away: a run of
+unchanged code read ``0.98× [0.978, 0.997] faster`` while its table and the file said
+0.2640 ms against 0.2657 ms. Second, two runs are minutes or days apart: clocks,
+temperature, neighbours and memory placement move every call of a run together, which no
+bootstrap over one run's calls can see, so a change counts only when its whole interval
+lies beyond ``RUN_TO_RUN_NOISE``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import median
+from typing import Any
+
+import numpy as np
+
+from kcoral.bench.stats import NO_DIFFERENCE, ratio_of_medians
+
+#: How far two runs of unchanged code may differ with nothing changed but the machine's
+#: state (a few per cent on a CPU, one or two on a GPU): a change must pass it to count.
+RUN_TO_RUN_NOISE = 0.05
+#: The verdict of a change whose interval excludes 1 but not the noise band around it.
+WITHIN_NOISE = f"not beyond {RUN_TO_RUN_NOISE:.0%} noise"
+
+
+def run_to_run_change(
+    samples: Sequence[float],
+    old_samples: Sequence[float],
+    new_median: float,
+    old_median: float | None,
+    seed: int,
+) -> dict[str, Any]:
+    """new median / old median with a bootstrap 95 % interval, its ``verdict`` (``slower``,
+    ``faster``, ``not beyond 5% noise`` or ``no significant difference``) and
+    ``regression`` (``slower``: the whole interval above 1 + ``RUN_TO_RUN_NOISE``).
+
+    The interval is the bootstrap's over the samples, scaled by the ratio of the stated
+    medians over the samples' own, so it is centred where the value is."""
+    change = ratio_of_medians(samples, old_samples, seed)
+    sampled = change["value"]
+    if old_median is None or old_median < 0:
+        old_median = float(median(old_samples))
+    stated = ratio_of_medians([new_median], [old_median], seed)["value"]
+    change["value"] = stated
+    low, high = change["ci95_low"], change["ci95_high"]
+    if low is None or high is None:
+        change["regression"] = False
+        return change
+    if sampled > 0 and stated != sampled:
+        limit = float(np.finfo(float).max)
+        low, high = (min(bound * stated / sampled, limit) for bound in (low, high))
+        change["ci95_low"], change["ci95_high"] = low, high
+    if low > 1 + RUN_TO_RUN_NOISE:
+        verdict = "slower"
+    elif high < 1 / (1 + RUN_TO_RUN_NOISE):
+        verdict = "faster"
+    elif low > 1 or high < 1:
+        verdict = WITHIN_NOISE
+    else:
+        verdict = NO_DIFFERENCE
+    change["verdict"] = verdict
+    change["regression"] = verdict == "slower"
+    return change

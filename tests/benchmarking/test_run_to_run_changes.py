@@ -1,0 +1,64 @@
+"""The change against the previous run of a history key (EXTENSIONS §12.6): the ratio of
+the medians the user saw, and no verdict from the noise between two runs of unchanged code."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kcoral.bench.history import HISTORY_FILE, remember
+from kcoral.bench.results import as_bench_result, format_comparison
+from kcoral.bench.run_to_run import RUN_TO_RUN_NOISE, WITHIN_NOISE
+
+
+def benchmark(samples: list[float], median: float | None = None) -> dict:
+    result = {"kind": "kcoral.benchmark", "clock": "cpu", "label": "sum", "samples_ms": samples}
+    if median is not None:
+        result["latency_ms_median"] = median
+    return as_bench_result(result)
+
+
+def test_the_change_is_the_ratio_of_the_medians_the_table_and_the_file_show(tmp_path) -> None:
+    # what a CPU run of unchanged code gave: the line's 200 kept samples (thinned in call
+    # order) have a median of 0.2695 where the run's own, over its 1000 calls, was 0.2657;
+    # the change read 0.98x [0.978, 0.997] "faster" against 0.2640 / 0.2657 = 0.9936
+    rng = np.random.default_rng(3)
+    old = list(rng.normal(0.2695, 0.01, 200))
+    remember(benchmark(old, median=0.2657), "sum", tmp_path)
+    new = benchmark(list(rng.normal(0.2640, 0.01, 1000)), median=0.2640)
+    change = remember(new, "sum", tmp_path)["history"]["changes"]["sum"]
+    recorded = json.loads((tmp_path / HISTORY_FILE).read_text().splitlines()[0])
+    by_hand = 0.2640 / recorded["candidates"]["sum"]["latency_ms_median"]
+    assert change["value"] == pytest.approx(by_hand)
+    assert change["ci95_low"] < change["value"] < change["ci95_high"]
+    assert change["verdict"] != "faster" and change["regression"] is False
+    assert "0.994× [" in format_comparison(new)
+
+
+def test_a_small_significant_change_between_runs_is_within_noise_not_a_regression(
+    tmp_path,
+) -> None:
+    # 1000 tight samples a side make a 2 % shift "significant" within the runs' own calls,
+    # but two runs of unchanged code differ that much (clocks, neighbours): no REGRESSION
+    rng = np.random.default_rng(1)
+    remember(benchmark(list(rng.normal(1.00, 0.01, 1000))), "sum", tmp_path)
+    result = benchmark(list(rng.normal(1.02, 0.01, 1000)))
+    change = remember(result, "sum", tmp_path)["history"]["changes"]["sum"]
+    assert 1 < change["ci95_low"] < 1 + RUN_TO_RUN_NOISE
+    assert change["verdict"] == WITHIN_NOISE == "not beyond 5% noise"
+    assert change["regression"] is False
+    assert "REGRESSION" not in format_comparison(result)
+
+
+def test_a_change_beyond_the_noise_band_is_a_regression_or_a_speedup(tmp_path) -> None:
+    rng = np.random.default_rng(2)
+    remember(benchmark(list(rng.normal(1.00, 0.01, 1000))), "sum", tmp_path)
+    slower = benchmark(list(rng.normal(1.10, 0.01, 1000)))
+    change = remember(slower, "sum", tmp_path)["history"]["changes"]["sum"]
+    assert change["verdict"] == "slower" and change["regression"] is True
+    assert "REGRESSION" in format_comparison(slower)
+    faster = benchmark(list(rng.normal(0.90, 0.01, 1000)))
+    change = remember(faster, "sum", tmp_path)["history"]["changes"]["sum"]
+    assert change["verdict"] == "faster" and change["regression"] is False
