@@ -242,8 +242,17 @@ def remember_benchmarks(
     among ``values`` that has a label (``--bench-label`` first, else its own ``label``) is
     remembered; returns one note per file written, for the cell's output. A label that
     several different results of the cell share records none of them (the note says why)."""
+    from kcoral.bench.config import LABEL_LIMIT, truncate_message
     from kcoral.bench.results import BENCHMARK_KIND, BenchmarkResult, ComparisonResult
 
+    if label is not None and not 0 < len(label) <= LABEL_LIMIT:
+        # as config 'label': an empty one recorded nothing without a word, a long one
+        # became every line's key and the row's name, and filled the output with itself
+        return [
+            f"kcoral: benchmark {truncate_message(repr(label), 80)} not recorded: "
+            f"--bench-label must be 1 to {LABEL_LIMIT} characters, as config 'label' "
+            f"(this one has {len(label)})"
+        ]
     # the cell's value and an -o name may be the same result decoded twice: one record
     groups: list[list[dict[str, Any]]] = []
     for value in values:
