@@ -27,6 +27,8 @@ export interface IStatusSummary {
   sandbox: string;
   /** Why the server is offline, for the tooltip. */
   reason: string;
+  /** Set when the server extension could not be asked (no KCoral server's state is known). */
+  unreached?: Unreached;
   /** Why an online server cannot be used from here (it refused the token configured for
    * it, or its /v1/info is unusable: the server extension's `error`); '' when it can. */
   problem: string;
@@ -64,10 +66,41 @@ export function pickServer(
   return servers.find(s => !s.name.startsWith('kernel-') && !s.name.startsWith('local-')) ?? null;
 }
 
+/** What the server extension's routes answered when the panel could not read its servers:
+ * its 404 (the extension is not loaded in this Jupyter server: its routes do not exist),
+ * another status, or no answer at all (the browser's `TypeError`). */
+export type Unreached = 'not-enabled' | 'refused' | 'no-answer';
+
+/** Which `Unreached` an error of the servers route is. */
+export function unreachedKind(error: unknown): Unreached {
+  const status = (error as { status?: unknown } | null)?.status;
+  if (status === 404) {
+    return 'not-enabled';
+  }
+  return typeof status === 'number' ? 'refused' : 'no-answer';
+}
+
+/** The panel's sentence for an `Unreached`. */
+export function unreachedSentence(unreached: Unreached): string {
+  switch (unreached) {
+    case 'not-enabled':
+      return (
+        'The KCoral server extension is not enabled in this Jupyter server: install ' +
+        "kcoral[jupyter] where jupyter lab runs and restart it (or run: jupyter server " +
+        'extension enable kcoral_jupyter).'
+      );
+    case 'refused':
+      return 'The KCoral server extension cannot be asked (the Jupyter server refused).';
+    default:
+      return 'The Jupyter server cannot be reached.';
+  }
+}
+
 export function summarize(
   servers: IServerEntry[] | null,
   wanted: string,
-  kernelId: string | null = null
+  kernelId: string | null = null,
+  unreached: Unreached = 'no-answer'
 ): IStatusSummary {
   const offline = (server: string, reason: string): IStatusSummary => ({
     online: false,
@@ -83,7 +116,8 @@ export function summarize(
     problem: ''
   });
   if (servers === null) {
-    return offline(wanted, 'the KCoral server extension cannot be reached');
+    // Not a KCoral server's state: the panel cannot ask the Jupyter server about any.
+    return { ...offline(wanted, unreachedSentence(unreached)), unreached };
   }
   const entry = pickServer(servers, wanted, kernelId);
   if (entry === null) {
@@ -162,6 +196,12 @@ export function statusText(summary: IStatusSummary): string {
   if (summary.notYet) {
     return 'KCoral ○ no server yet (starts with the first cell)';
   }
+  if (summary.unreached === 'not-enabled') {
+    return 'KCoral ● server extension not enabled';
+  }
+  if (summary.unreached) {
+    return 'KCoral ● no answer from Jupyter';
+  }
   if (!summary.online) {
     return 'KCoral ● offline';
   }
@@ -180,6 +220,9 @@ export function statusTitle(summary: IStatusSummary): string {
       "This notebook's kernel uses no KCoral server yet: its first %%kcoral cell starts a " +
       'local one (or uses KCORAL_URL, or %kcoral connect URL). Click to open the KCoral panel.'
     );
+  }
+  if (summary.unreached) {
+    return `${summary.reason} Click to open the KCoral panel.`;
   }
   if (!summary.online) {
     const name = summary.label ? `${summary.label}: ` : '';

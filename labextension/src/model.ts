@@ -9,7 +9,14 @@
 import { Poll } from '@lumino/polling';
 
 import { IJob, ISession, IServerEntry, KCoralApi } from './api';
-import { IStatusSummary, newestFirst, orderSessions, summarize } from './format';
+import {
+  IStatusSummary,
+  newestFirst,
+  orderSessions,
+  summarize,
+  Unreached,
+  unreachedKind
+} from './format';
 
 export interface IModelOptions {
   pollIntervalMs: number;
@@ -24,6 +31,9 @@ export interface IModelOptions {
 export class KCoralModel {
   /** `null` until the first answer, and while the server extension cannot be reached. */
   servers: IServerEntry[] | null = null;
+  /** Why the last poll could not read the servers (meaningful while `servers` is null);
+   * the jobs and sessions then are those of the last poll that read them. */
+  unreached: Unreached = 'no-answer';
   jobs: IJob[] = [];
   jobErrors: { server: string; message: string }[] = [];
   /** Live sessions first, then recently ended ones (EXTENSIONS §11). */
@@ -55,7 +65,7 @@ export class KCoralModel {
   }
 
   get summary(): IStatusSummary {
-    return summarize(this.servers, this.statusServer, this.focusedKernel);
+    return summarize(this.servers, this.statusServer, this.focusedKernel, this.unreached);
   }
 
   /** The notebook in focus changed, or its kernel did: show that kernel's server. */
@@ -115,6 +125,9 @@ export class KCoralModel {
       this.api.sessions()
     ]);
     this.servers = servers.status === 'fulfilled' ? servers.value : null;
+    if (servers.status === 'rejected') {
+      this.unreached = unreachedKind(servers.reason);
+    }
     if (jobs.status === 'fulfilled') {
       this.jobs = newestFirst(jobs.value.jobs);
       this.jobErrors = jobs.value.errors;

@@ -26,7 +26,8 @@ import {
   sessionSeatsText,
   sessionView,
   targetOf,
-  truncationNote
+  truncationNote,
+  unreachedSentence
 } from './format';
 import { KCoralModel } from './model';
 import { followJobEvents, isRetryable } from './stream';
@@ -108,6 +109,8 @@ function fleetTable(server: IServerEntry): HTMLElement | null {
 const ENDED_SESSIONS_SHOWN = 3;
 /** How long the result of a Stop click stays on screen. */
 const STOP_NOTE_MS = 8000;
+/** What a list says while the server extension cannot be asked: its rows are the last read. */
+const STALE_NOTE = 'As last listed: not updated while the server extension cannot be asked.';
 /** Times a lost live output is taken up again, without any event in between, once its
  * job's server lists the job again. */
 const MAX_RESUMES = 3;
@@ -379,7 +382,7 @@ export class KCoralPanel extends Widget {
     this._servers.replaceChildren();
     if (servers === null) {
       this._servers.append(
-        element('div', 'jp-KCoral-note', 'The KCoral server extension cannot be reached.')
+        element('div', 'jp-KCoral-note', unreachedSentence(this._model.unreached))
       );
       return;
     }
@@ -500,6 +503,9 @@ export class KCoralPanel extends Widget {
     const shown = [...live, ...ended.slice(0, ENDED_SESSIONS_SHOWN)];
     const servers = this._model.servers;
     const notes = this._model.sessionErrors.map(e => serverNote(servers, e));
+    if (servers === null && shown.length) {
+      notes.unshift(STALE_NOTE);
+    }
     if (this._stopNoteTimer === undefined) {
       this._sessionNote.textContent = notes.join('; ');
       this._sessionNote.classList.remove('jp-KCoral-error');
@@ -592,9 +598,11 @@ export class KCoralPanel extends Widget {
     const notes = this._model.jobErrors
       .filter(e => !/no jobs API/.test(e.message))
       .map(e => serverNote(servers, e));
-    // "yet" only when every server answered: one that did not may well have jobs.
-    const none = notes.length ? 'No jobs listed.' : 'No jobs yet.';
-    this._jobsNote.textContent = jobs.length === 0 ? none : '';
+    // "yet" only when every server answered: one that did not may well have jobs. While
+    // the server extension cannot be asked, the rows are those it listed last.
+    const away = servers === null;
+    const none = notes.length || servers === null ? 'No jobs listed.' : 'No jobs yet.';
+    this._jobsNote.textContent = jobs.length === 0 ? none : away ? STALE_NOTE : '';
     if (notes.length) {
       this._jobsNote.textContent += ` ${notes.join('; ')}`;
     }

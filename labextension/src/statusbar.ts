@@ -17,6 +17,9 @@ export class KCoralStatus extends Widget {
     super();
     this.id = 'kcoral-status';
     this.addClass('jp-KCoral-status');
+    // JupyterLab's own status text style (its line height): the text sat 4 px above the
+    // other items' text.
+    this.addClass('jp-StatusBar-TextItem');
     this.node.setAttribute('role', 'button');
     this.node.tabIndex = 0;
     const label = document.createElement('span');

@@ -112,15 +112,19 @@ def _write_notebook(path: Path, connect_url: str) -> None:
 
 
 @contextlib.contextmanager
-def _running_lab(tmp_path: Path, root: Path, kcoral_servers: list[dict] | None) -> Iterator[str]:
+def _running_lab(
+    tmp_path: Path, root: Path, kcoral_servers: list[dict] | None, *, server_extension: bool = True
+) -> Iterator[str]:
     """JupyterLab on loopback with only this test's extension paths and settings (the
-    committed build is what loads) and ``c.KCoralExtension.servers`` when given; its URL."""
+    committed build is what loads) and ``c.KCoralExtension.servers`` when given; its URL.
+    ``server_extension=False``: without the kcoral_jupyter server extension."""
     jpath = tmp_path / "jupyter-path"
     (jpath / "labextensions").mkdir(parents=True)
     (jpath / "labextensions" / "kcoral-jupyterlab").symlink_to(BUILT)
     config = tmp_path / "config"
     config.mkdir()
-    server_config: dict = {"ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}}}
+    enabled = {"kcoral_jupyter": server_extension}
+    server_config: dict = {"ServerApp": {"jpserver_extensions": enabled}}
     if kcoral_servers is not None:
         server_config["KCoralExtension"] = {"servers": kcoral_servers}
     (config / "jupyter_server_config.json").write_text(json.dumps(server_config))
@@ -467,7 +471,7 @@ def test_a_notebook_saved_while_a_cell_ran_opens_with_its_line_settled(tmp_path:
     assert seen["shownText"].strip() == expected
 
 
-REFUSED_SCRIPT = Path(__file__).with_name("lab_refused.cjs")
+STATUS_SCRIPT = Path(__file__).with_name("lab_status.cjs")
 
 
 @pytest.mark.timeout(420)
@@ -482,7 +486,9 @@ def test_a_server_that_refuses_the_configured_token_is_not_shown_as_ready(
     root.mkdir()
     servers = [{"name": "gpu", "url": kcoral_server.url, "token": "not-" + KCORAL_TOKEN}]
     with _running_lab(tmp_path, root, servers) as url:
-        seen = _run_script(REFUSED_SCRIPT, url, tmp_path)
+        seen = _run_script(
+            STATUS_SCRIPT, url, tmp_path, STATUS_PATTERN="refused", SHOT="token-refused.png"
+        )
     assert seen["status"] == "KCoral \u25cf cpu \u00b7 token refused", seen
     assert seen["statusTitle"] == (
         "KCoral server gpu: refused the token configured for it (HTTP 401). "
@@ -492,6 +498,29 @@ def test_a_server_that_refuses_the_configured_token_is_not_shown_as_ready(
     assert seen["statusState"] == seen["cardState"] == "refused"
     # Neither dot is the green of a server that takes cells.
     assert seen["statusDot"] == seen["cardDot"] != "rgb(56, 142, 60)", seen
+    # The status text sits on JupyterLab's own status text line (it sat 4 px higher).
+    assert seen["statusTextBox"] == seen["labTextBox"], seen
+
+
+@pytest.mark.timeout(420)
+def test_without_the_server_extension_the_status_bar_says_so(tmp_path: Path) -> None:
+    # A soak: a JupyterLab whose kcoral_jupyter server extension is not enabled (the lab
+    # extension loads, its routes answer 404) said `KCoral \u25cf offline` and `The KCoral
+    # server extension cannot be reached.`, which waiting never mends.
+    root = tmp_path / "root"
+    root.mkdir()
+    with _running_lab(tmp_path, root, None, server_extension=False) as url:
+        seen = _run_script(
+            STATUS_SCRIPT, url, tmp_path, STATUS_PATTERN="not enabled", SHOT="no-extension.png"
+        )
+    assert seen["status"] == "KCoral \u25cf server extension not enabled", seen
+    enable = (
+        "The KCoral server extension is not enabled in this Jupyter server: install "
+        "kcoral[jupyter] where jupyter lab runs and restart it (or run: jupyter server "
+        "extension enable kcoral_jupyter)."
+    )
+    assert seen["statusTitle"] == enable + " Click to open the KCoral panel."
+    assert seen["notes"] == [enable, "No jobs listed."], seen
 
 
 FLEET_SCRIPT = Path(__file__).with_name("lab_fleet.cjs")

@@ -1,4 +1,4 @@
-import { IServerEntry } from '../api';
+import { ApiError, IServerEntry } from '../api';
 import {
   describePhase,
   formatMs,
@@ -7,7 +7,8 @@ import {
   sandboxText,
   statusText,
   statusTitle,
-  summarize
+  summarize,
+  unreachedKind
 } from '../format';
 import { health } from './helpers';
 
@@ -72,9 +73,26 @@ describe('status text', () => {
     expect(summarize([entry()], '').problem).toBe('');
   });
 
-  it('says offline when there is no answer or no such server', () => {
-    expect(statusText(summarize(null, ''))).toBe('KCoral ● offline');
+  it('says offline when the server named in the settings is not listed', () => {
+    expect(statusText(summarize([entry()], 'other'))).toBe('KCoral ● offline');
     expect(summarize([entry()], 'other').reason).toMatch(/no configured KCoral server/);
+  });
+
+  it('says the Jupyter server is what gives no answer, not that KCoral is offline', () => {
+    // A soak: with jupyter lab stopped, or its kcoral_jupyter server extension not enabled
+    // (its routes answer 404), the status bar said `KCoral ● offline` and the panel `The
+    // KCoral server extension cannot be reached.`: no KCoral server was asked at all, and
+    // the missing extension never comes back by waiting.
+    expect(unreachedKind(new TypeError('Failed to fetch'))).toBe('no-answer');
+    expect(unreachedKind(new ApiError(404, '', 'HTTP 404'))).toBe('not-enabled');
+    expect(unreachedKind(new ApiError(500, '', 'HTTP 500'))).toBe('refused');
+    expect(statusText(summarize(null, ''))).toBe('KCoral ● no answer from Jupyter');
+    expect(statusTitle(summarize(null, ''))).toBe(
+      'The Jupyter server cannot be reached. Click to open the KCoral panel.'
+    );
+    const missing = summarize(null, '', null, 'not-enabled');
+    expect(statusText(missing)).toBe('KCoral ● server extension not enabled');
+    expect(statusTitle(missing)).toMatch(/jupyter server extension enable kcoral_jupyter/);
   });
 
   it('says no server yet, not offline, before a fresh install has started one', () => {

@@ -318,6 +318,50 @@ describe('the servers part of the panel', () => {
   });
 });
 
+describe('the panel while the server extension cannot be asked', () => {
+  it('says the extension is not enabled, and that the lists are the last read', async () => {
+    // A soak: the panel said `The KCoral server extension cannot be reached.` where its
+    // routes answered 404 (kcoral_jupyter not enabled), and kept the jobs and sessions of
+    // its last good poll (`running`, `running a program`) with nothing saying they were
+    // no longer updated.
+    let route = 200;
+    const fetcher = async (path: string): Promise<Response> => {
+      if (route !== 200) {
+        return answer({ message: 'Not Found' }, route);
+      }
+      if (path === 'servers') {
+        return answer({ servers: [healthyServer('a')] });
+      }
+      if (path === 'jobs') {
+        return answer({ jobs: [job('job-1', 1)], errors: [] });
+      }
+      return answer({ sessions: [session('s-1')], errors: [] });
+    };
+    const model = new KCoralModel(new KCoralApi(fetcher), {
+      pollIntervalMs: 60_000,
+      statusServer: ''
+    });
+    const panel = new KCoralPanel(model);
+    opened.push({ panel, model });
+    await model.poll();
+    expect(text(panel, '.jp-KCoral-jobs .jp-KCoral-note')).toBe('');
+    route = 404;
+    await model.poll().catch(() => undefined);
+    expect(text(panel, '.jp-KCoral-servers')).toBe(
+      'The KCoral server extension is not enabled in this Jupyter server: install ' +
+        'kcoral[jupyter] where jupyter lab runs and restart it (or run: jupyter server ' +
+        'extension enable kcoral_jupyter).'
+    );
+    const stale = 'As last listed: not updated while the server extension cannot be asked.';
+    expect(text(panel, '.jp-KCoral-jobs .jp-KCoral-note')).toBe(stale);
+    expect(text(panel, '.jp-KCoral-sessionNote')).toBe(stale);
+    route = 200;
+    await model.poll();
+    expect(text(panel, '.jp-KCoral-jobs .jp-KCoral-note')).toBe('');
+    expect(text(panel, '.jp-KCoral-sessionNote')).toBe('');
+  });
+});
+
 describe('the selected job when its server stops listing it', () => {
   it('says its status is unknown and offers no Cancel, not the running it last had', async () => {
     // A soak: the job's server was stopped (or the kernel that ran the embedded server
