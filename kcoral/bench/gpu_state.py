@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import platform
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -266,12 +267,27 @@ def cpu_machine_state(others_busy_cpus: float | None = None) -> dict[str, Any]:
         load = None
     usable = usable_cpus()
     return {
+        "cpu_model": _cpu_model(),
         "governor": governor,
         "load_average": load,
         "cpu_count": os.cpu_count(),
         "usable_cpus": len(usable) if usable is not None else os.cpu_count(),
         "others_busy_cpus": others_busy_cpus,
     }
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), so two runs of one history key on different
+    machines can be told apart; ``None`` where the system does not say."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return value.strip()[:200]
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def cpu_warnings(machine: dict[str, Any]) -> list[str]:

@@ -167,7 +167,7 @@ def _remember_in(
     path: Path,
     where: str,
 ) -> None:
-    from kcoral.bench.run_to_run import run_to_run_change
+    from kcoral.bench.run_to_run import run_to_run_change, setup_of, setup_warnings
     from kcoral.bench.stats import thinned, too_few_samples
     from kcoral.protocol.strict_json import finite_float
 
@@ -205,6 +205,9 @@ def _remember_in(
                     f"history: {name} {versions[name]} differs from the previous run's "
                     f"{before[name]}, so a change may come from it"
                 )
+    setup = setup_of(result)
+    if previous is not None:
+        warnings += setup_warnings(setup, previous.get("setup"))
     entry = {
         "key": key,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -219,6 +222,8 @@ def _remember_in(
     }
     if versions:
         entry["versions"] = versions
+    if setup:
+        entry["setup"] = setup
     append(fd, (("" if ends_a_line else "\n") + json.dumps(entry) + "\n").encode("utf-8"))
     previous_time = previous.get("time") if previous is not None else None
     result["history"] = {

@@ -13,7 +13,7 @@ lies beyond ``RUN_TO_RUN_NOISE``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import Any
 
@@ -66,3 +66,37 @@ def run_to_run_change(
     change["verdict"] = verdict
     change["regression"] = verdict == "slower"
     return change
+
+
+#: What of a run's setup, besides the software versions, moves its times: the L2 flush (a
+#: warm cache flatters every call), and on a CPU worker the CPU and how many it may use.
+_SETUP_NAMES = {"flush_l2": "L2 flush", "cpu_model": "CPU", "usable_cpus": "usable CPUs"}
+
+
+def setup_of(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The setup a result was measured in (only what it says): ``flush_l2``, and on a CPU
+    worker ``cpu_model`` and ``usable_cpus``. The key of a CPU run is ``cpu`` on every
+    machine, so this is what tells a laptop's run from a server's."""
+    found: dict[str, Any] = {}
+    if isinstance(result.get("flush_l2"), bool):
+        found["flush_l2"] = result["flush_l2"]
+    machine = result.get("machine")
+    if isinstance(machine, Mapping):
+        if isinstance(machine.get("cpu_model"), str):
+            found["cpu_model"] = machine["cpu_model"]
+        cpus = machine.get("usable_cpus")
+        if isinstance(cpus, int) and not isinstance(cpus, bool):
+            found["usable_cpus"] = cpus
+    return found
+
+
+def setup_warnings(now: Mapping[str, Any], before: object) -> list[str]:
+    """One warning per setup value that differs from the previous line's ``setup``."""
+    if not isinstance(before, Mapping):
+        return []
+    return [
+        f"history: this run's {label} ({now[name]!r}) differs from the previous run's "
+        f"({before[name]!r}), so a change may come from it"
+        for name, label in _SETUP_NAMES.items()
+        if name in now and name in before and now[name] != before[name]
+    ]

@@ -148,6 +148,7 @@ def test_a_cpu_comparison_reports_the_machine_and_not_a_gpu() -> None:
     result = compare({"a": lambda: None, "b": lambda: None}, {"repeat": 10})
     assert result["clock"] == "cpu" and result["gpu_state"] is None
     assert set(result["machine"]) == {
+        "cpu_model",
         "governor",
         "load_average",
         "cpu_count",

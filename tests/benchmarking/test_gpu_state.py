@@ -132,6 +132,7 @@ def test_a_cpu_worker_reports_its_governor_and_load_instead(monkeypatch) -> None
     assert result["clock"] == "cpu" and result["gpu_state"] is None
     machine = result["machine"]
     assert set(machine) == {
+        "cpu_model",
         "governor",
         "load_average",
         "cpu_count",

@@ -62,3 +62,34 @@ def test_a_change_beyond_the_noise_band_is_a_regression_or_a_speedup(tmp_path) -
     faster = benchmark(list(rng.normal(0.90, 0.01, 1000)))
     change = remember(faster, "sum", tmp_path)["history"]["changes"]["sum"]
     assert change["verdict"] == "faster" and change["regression"] is False
+
+
+def test_a_cpu_run_on_another_machine_or_without_the_l2_flush_warns(tmp_path) -> None:
+    # every CPU run's key is "cpu": a laptop's run was compared with a server's in silence
+    rng = np.random.default_rng(4)
+    laptop = benchmark(list(rng.normal(1.0, 0.01, 500)))
+    laptop.update(flush_l2=True, machine={"cpu_model": "Laptop CPU", "usable_cpus": 8})
+    remember(laptop, "sum", tmp_path)
+    server = benchmark(list(rng.normal(0.5, 0.01, 500)))
+    server.update(flush_l2=False, machine={"cpu_model": "Server CPU", "usable_cpus": 64})
+    history = remember(server, "sum", tmp_path)["history"]
+    assert history["changes"]["sum"]["verdict"] == "faster"
+    assert history["warnings"] == [
+        "history: this run's L2 flush (False) differs from the previous run's (True), so a "
+        "change may come from it",
+        "history: this run's CPU ('Server CPU') differs from the previous run's ('Laptop CPU'), "
+        "so a change may come from it",
+        "history: this run's usable CPUs (64) differs from the previous run's (8), so a "
+        "change may come from it",
+    ]
+    assert "warning: history: this run's CPU ('Server CPU')" in format_comparison(server)
+
+
+def test_a_cpu_workers_machine_names_its_cpu_model() -> None:
+    from kcoral.bench.gpu_state import cpu_machine_state
+
+    model = cpu_machine_state()["cpu_model"]
+    assert model is None or (isinstance(model, str) and model)
+    with open("/proc/cpuinfo") as handle:
+        if "model name" in handle.read():
+            assert isinstance(model, str)
