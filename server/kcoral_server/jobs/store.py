@@ -139,6 +139,8 @@ class Job(RequestObserver):
         self.error_kind: str | None = None
         self.cancelled_by: str | None = None  # an admin that cancelled another's job
         self.revoked = False  # cancelled because its owner's token was revoked (SIGHUP)
+        #: the end message of the session that ended under it (its job is CANCELLED)
+        self.session_end: str | None = None
         self.events: list[bytes] = []  # event i has id i + 1 (emptied once written to disk)
         self.event_bytes = 0
         self.events_file: SpillFile | None = None  # a finished job's events, when on disk
@@ -311,6 +313,12 @@ class Job(RequestObserver):
             self.lease_held_ms = record.times.lease_held_ms
         if status != "COMPLETED":
             self.error_kind = record.error.kind if record.error is not None else None
+        if (
+            status == "CANCELLED"
+            and record.error is not None
+            and self.error_kind == "session_ended"
+        ):
+            self.session_end = record.error.message
         self.result = result
         # What ran the job is let go: a finished job kept its request (program, record,
         # pipeline), about 4 KiB more than retention counted (jobs soak).

@@ -201,6 +201,10 @@ class JobResultHandler(JobHandler):
             by = f" by admin {job.cancelled_by}" if job.cancelled_by else ""
             if job.revoked:
                 by = f": {revoked_message(job.owner)}"
+            elif job.session_end is not None:
+                # its session ended under it (a DELETE, an interrupt's grace): said so, where
+                # the owner of a session job read only "the job was cancelled" (jobs soak)
+                by = f": {job.session_end}"
             self.send_error_json(409, "cancelled", f"the job was cancelled{by}")
             return
         result = job.result
