@@ -13,12 +13,14 @@ lies beyond ``RUN_TO_RUN_NOISE``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import Any
 
 import numpy as np
 
+from kcoral.bench.cpu_share import busy_threshold
 from kcoral.bench.stats import NO_DIFFERENCE, ratio_of_medians
 
 #: How far two runs of unchanged code may differ with nothing changed but the machine's
@@ -87,14 +89,27 @@ def setup_of(result: Mapping[str, Any]) -> dict[str, Any]:
         cpus = machine.get("usable_cpus")
         if isinstance(cpus, int) and not isinstance(cpus, bool):
             found["usable_cpus"] = cpus
+        others = machine.get("others_busy_cpus")
+        if isinstance(others, (int, float)) and not isinstance(others, bool):
+            found["others_busy_cpus"] = others  # not a setup to match: a state to report
     return found
 
 
 def setup_warnings(now: Mapping[str, Any], before: object) -> list[str]:
-    """One warning per setup value that differs from the previous line's ``setup``."""
+    """One warning per setup value that differs from the previous line's ``setup``, and one
+    when other processes shared the previous run's CPUs (this run's own result says so for
+    itself): a change against a run slowed by its neighbours is their doing."""
     if not isinstance(before, Mapping):
         return []
-    return [
+    found = []
+    others, cpus = before.get("others_busy_cpus"), before.get("usable_cpus")
+    if isinstance(others, (int, float)) and isinstance(cpus, int) and cpus > 0:
+        if math.isfinite(others) and others >= busy_threshold(cpus):
+            found.append(
+                f"history: other processes kept {others:g} of the {cpus} CPUs busy during "
+                "the previous run, so a change may come from them"
+            )
+    return found + [
         f"history: this run's {label} ({now[name]!r}) differs from the previous run's "
         f"({before[name]!r}), so a change may come from it"
         for name, label in _SETUP_NAMES.items()

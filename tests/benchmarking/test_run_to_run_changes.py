@@ -93,3 +93,22 @@ def test_a_cpu_workers_machine_names_its_cpu_model() -> None:
     with open("/proc/cpuinfo") as handle:
         if "model name" in handle.read():
             assert isinstance(model, str)
+
+
+def test_a_change_against_a_run_that_shared_its_cpus_says_so(tmp_path) -> None:
+    # unchanged code on a loaded 2-CPU VM read 0.708x "faster": its previous run had been
+    # slowed by neighbours, which only that run's own output had said
+    rng = np.random.default_rng(5)
+    crowded = benchmark(list(rng.normal(0.37, 0.01, 500)))
+    crowded["machine"] = {"cpu_model": "VM", "usable_cpus": 2, "others_busy_cpus": 1.12}
+    remember(crowded, "sum", tmp_path)
+    quiet = benchmark(list(rng.normal(0.26, 0.01, 500)))
+    quiet["machine"] = {"cpu_model": "VM", "usable_cpus": 2, "others_busy_cpus": 0.02}
+    history = remember(quiet, "sum", tmp_path)["history"]
+    assert history["warnings"] == [
+        "history: other processes kept 1.12 of the 2 CPUs busy during the previous run, so a "
+        "change may come from them"
+    ]
+    again = benchmark(list(rng.normal(0.26, 0.01, 500)))
+    again["machine"] = {"cpu_model": "VM", "usable_cpus": 2, "others_busy_cpus": 0.1}
+    assert remember(again, "sum", tmp_path)["history"]["warnings"] == []
