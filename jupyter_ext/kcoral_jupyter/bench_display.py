@@ -54,21 +54,26 @@ def _points(entry: Mapping[str, Any]) -> list[float]:
 
 def box_plot_svg(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
     """A box plot (p05–p95 whiskers, p25–p75 box, the median) with each kept sample as a dot,
-    one row per candidate that has statistics; ``None`` when none has."""
+    one row per candidate that has statistics; ``None`` when none has. The axis spans the
+    whiskers; dots beyond it sit at its edge, and a line under it counts them."""
     drawn = [(name, q, _points(entry)) for name, entry in rows if (q := _quartiles(entry))]
     if not drawn:
         return None
-    low = min(min(q[0], *(p or [q[0]])) for _, q, p in drawn)
-    high = max(max(q[4], *(p or [q[4]])) for _, q, p in drawn)
+    # the axis spans the whiskers (p05-p95), not every sample: one call of 4.5 ms among
+    # calls of 0.3 ms squeezed every box into a few pixels, and a 10 % difference vanished;
+    # the samples beyond it are drawn at its edge and counted below it
+    low = min(q[0] for _, q, _ in drawn)
+    high = max(q[4] for _, q, _ in drawn)
     if high <= low:
         low, high = low * 0.9, high * 1.1 + 1e-9
     span = high - low
-    low, high = max(0.0, low - 0.05 * span), high + 0.05 * span
+    low, high = max(0.0, low - 0.1 * span), high + 0.1 * span
+    beyond = [v for _, _, points in drawn for v in points if not low <= v <= high]
     inner = PLOT_WIDTH - LABEL_WIDTH - 20
     height = ROW_HEIGHT * len(drawn) + 52
 
     def x(value: float) -> float:
-        return LABEL_WIDTH + (value - low) / (high - low) * inner
+        return LABEL_WIDTH + (min(max(value, low), high) - low) / (high - low) * inner
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{PLOT_WIDTH}" height="{height}" '
@@ -115,6 +120,12 @@ def box_plot_svg(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
         f'<text x="{LABEL_WIDTH + inner}" y="{axis + 28}" text-anchor="end" fill="#57606a">'
         "ms per call</text>"
     )
+    if beyond:
+        parts.append(
+            f'<text x="{LABEL_WIDTH}" y="{axis + 28}" fill="#57606a">'
+            f"{len(beyond)} samples beyond the axis, at its edges: {min(beyond):.3g} to "
+            f"{max(beyond):.3g} ms</text>"
+        )
     parts.append("</svg>")
     return "".join(parts)
 
