@@ -15,7 +15,14 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kcoral.bench.results import one_line, problems_of, rows_of, table_rows, warnings_of
+from kcoral.bench.results import (
+    history_line,
+    one_line,
+    problems_of,
+    rows_of,
+    table_rows,
+    warnings_of,
+)
 from kcoral.protocol.strict_json import finite_float
 
 PLOT_WIDTH = 640
@@ -172,10 +179,8 @@ def bench_result_html(result: Mapping[str, Any]) -> str:
         parts.append(f'<div style="color:#cf222e">{escape(problem)}</div>')
     for warning in warnings_of(result):
         parts.append(f'<div style="color:#bc4c00">⚠ {escape(warning)}</div>')
-    history = result.get("history")
-    if isinstance(history, Mapping) and isinstance(history.get("file"), str):
-        parts.append(
-            f'<div style="color:#57606a">history: {escape(one_line(history["file"], 300))}</div>'
-        )
+    history = history_line(result)
+    if history is not None:
+        parts.append(f'<div style="color:#57606a">{escape(history)}</div>')
     parts.append("</div>")
     return "".join(parts)

@@ -217,7 +217,23 @@ def format_comparison(result: Mapping[str, Any]) -> str:
         lines.append(", ".join(facts))
     lines += problems_of(result)
     lines += [f"warning: {w}" for w in warnings_of(result)]
-    history = result.get("history")
-    if isinstance(history, Mapping) and isinstance(history.get("file"), str):
-        lines.append(f"history: {one_line(history['file'], 300)}")
+    history = history_line(result)
+    if history is not None:
+        lines.append(history)
     return "\n".join(lines)
+
+
+def history_line(result: Mapping[str, Any]) -> str | None:
+    """``history: FILE, vs the run of TIME`` (or ``, the first run of LABEL here``): which
+    run the "vs previous" column compares with, which the table alone does not say."""
+    history = result.get("history")
+    if not isinstance(history, Mapping) or not isinstance(history.get("file"), str):
+        return None
+    line = f"history: {one_line(history['file'], 300)}"
+    previous = history.get("previous_time")
+    key = history.get("key")
+    if isinstance(previous, str):
+        return f"{line}, vs the run of {one_line(previous, 40)}"
+    if isinstance(key, Mapping) and isinstance(key.get("label"), str):
+        return f"{line}, the first run of {one_line(key['label'])!r} here"
+    return line

@@ -112,3 +112,14 @@ def test_a_change_against_a_run_that_shared_its_cpus_says_so(tmp_path) -> None:
     again = benchmark(list(rng.normal(0.26, 0.01, 500)))
     again["machine"] = {"cpu_model": "VM", "usable_cpus": 2, "others_busy_cpus": 0.1}
     assert remember(again, "sum", tmp_path)["history"]["warnings"] == []
+
+
+def test_the_table_says_which_run_vs_previous_is_against(tmp_path) -> None:
+    rng = np.random.default_rng(6)
+    first = remember(benchmark(list(rng.normal(1.0, 0.01, 100))), "sum", tmp_path)
+    file = tmp_path / HISTORY_FILE
+    assert format_comparison(first).endswith(f"history: {file}, the first run of 'sum' here")
+    later = remember(benchmark(list(rng.normal(1.0, 0.01, 100))), "sum", tmp_path)
+    when = json.loads(file.read_text().splitlines()[0])["time"]
+    assert format_comparison(later).endswith(f"history: {file}, vs the run of {when}")
+    assert f"history: {file}, vs the run of {when}</div>" in later._repr_html_()
