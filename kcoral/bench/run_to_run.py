@@ -71,17 +71,26 @@ def run_to_run_change(
 
 
 #: What of a run's setup, besides the software versions, moves its times: the L2 flush (a
-#: warm cache flatters every call), and on a CPU worker the CPU and how many it may use.
-_SETUP_NAMES = {"flush_l2": "L2 flush", "cpu_model": "CPU", "usable_cpus": "usable CPUs"}
+#: warm cache flatters every call), locked GPU clocks (boost clocks run faster, then
+#: throttle), and on a CPU worker the CPU and how many it may use.
+_SETUP_NAMES = {
+    "flush_l2": "L2 flush",
+    "clocks_locked": "GPU clocks locked",
+    "cpu_model": "CPU",
+    "usable_cpus": "usable CPUs",
+}
 
 
 def setup_of(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The setup a result was measured in (only what it says): ``flush_l2``, and on a CPU
-    worker ``cpu_model`` and ``usable_cpus``. The key of a CPU run is ``cpu`` on every
-    machine, so this is what tells a laptop's run from a server's."""
+    """The setup a result was measured in (only what it says): ``flush_l2``, on a GPU worker
+    ``clocks_locked``, on a CPU worker ``cpu_model`` and ``usable_cpus``. The key of a CPU
+    run is ``cpu`` on every machine, so this is what tells a laptop's run from a server's."""
     found: dict[str, Any] = {}
     if isinstance(result.get("flush_l2"), bool):
         found["flush_l2"] = result["flush_l2"]
+    gpu = result.get("gpu_state")
+    if isinstance(gpu, Mapping) and isinstance(gpu.get("clocks_locked"), bool):
+        found["clocks_locked"] = gpu["clocks_locked"]
     machine = result.get("machine")
     if isinstance(machine, Mapping):
         if isinstance(machine.get("cpu_model"), str):

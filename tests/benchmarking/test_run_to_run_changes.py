@@ -123,3 +123,16 @@ def test_the_table_says_which_run_vs_previous_is_against(tmp_path) -> None:
     when = json.loads(file.read_text().splitlines()[0])["time"]
     assert format_comparison(later).endswith(f"history: {file}, vs the run of {when}")
     assert f"history: {file}, vs the run of {when}</div>" in later._repr_html_()
+
+
+def test_a_gpu_run_with_its_clocks_unlocked_against_one_locked_warns(tmp_path) -> None:
+    rng = np.random.default_rng(7)
+    runs = []
+    for locked in (True, False):
+        run = benchmark(list(rng.normal(1.0, 0.01, 100)))
+        run.update(clock="cuda_events", gpu_state={"name": "NVIDIA H100", "clocks_locked": locked})
+        runs.append(remember(run, "mm", tmp_path))
+    assert runs[1]["history"]["warnings"] == [
+        "history: this run's GPU clocks locked (False) differs from the previous run's (True), "
+        "so a change may come from it"
+    ]
