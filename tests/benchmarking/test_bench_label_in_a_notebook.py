@@ -98,3 +98,26 @@ def test_a_noblock_cells_bench_label_is_recorded_when_its_job_is_attached(
     )
     assert f"kcoral: benchmark 'later' recorded in {tmp_path / HISTORY_FILE}" in shown(cells[2])
     assert len((tmp_path / HISTORY_FILE).read_text().splitlines()) == 1
+
+
+def test_a_link_a_neighbour_put_in_the_historys_place_is_not_followed_by_the_magic(
+    server, tmp_path, monkeypatch
+) -> None:
+    # a shared notebook folder: another user links the history to the notebook user's file
+    victim = tmp_path / "dotfile"
+    victim.write_text("export PATH=/usr/bin\n")
+    (tmp_path / HISTORY_FILE).symlink_to(victim)
+    labelled = (
+        "%%kcoral --bench-label linked\n"
+        "from kcoral.builtins import benchmark\n"
+        'benchmark(lambda: None, {"repeat": 10, "warmup": 1})\n'
+    )
+    cells = run_notebook(
+        server, ["%load_ext kcoral", labelled, "print(_['sample_count'])"], tmp_path, monkeypatch
+    )
+    assert (
+        f"kcoral: benchmark 'linked' not recorded in {tmp_path / HISTORY_FILE}: OSError: it is "
+        "a symbolic link, not a plain file of yours" in shown(cells[1])
+    )
+    assert shown(cells[2]).strip() == "10"  # the cell's result is kept all the same
+    assert victim.read_text() == "export PATH=/usr/bin\n"
