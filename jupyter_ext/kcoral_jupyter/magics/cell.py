@@ -168,7 +168,14 @@ class CellMagic:
                 raise cancelled(
                     f"interrupted while the cell was submitted to {url}: {SUBMISSION_ABANDONED}"
                 ) from exc
-            line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
+            if self.shell.exit_now:
+                # The interrupt Jupyter sends before it shuts a kernel down or restarts it
+                # (ipykernel's shutdown sets exit_now): the kernel's state goes with it.
+                line_out.show(
+                    "interrupted by the kernel's shutdown or restart; the remote work was cancelled"
+                )
+            else:
+                line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
             raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:
             line_out.metadata = provenance(None, record, status="ERROR")
