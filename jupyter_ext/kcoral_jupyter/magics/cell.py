@@ -63,6 +63,15 @@ SUBMISSION_ABANDONED = (
 CPU_WARNING = "ran on CPU (this server has no GPU)"
 
 
+def interrupted_line(shell: Any) -> str:
+    """The status line of a cell whose remote work an interrupt cancelled. Jupyter also
+    interrupts a kernel before it shuts it down or restarts it, and ipykernel's shutdown
+    request sets ``exit_now``: then the kernel's state goes with it, and is not "kept"."""
+    if shell.exit_now:
+        return "interrupted by the kernel's shutdown or restart; the remote work was cancelled"
+    return "interrupted; the remote work was cancelled (kernel state kept)"
+
+
 class CellMagic:
     """``%%kcoral [options]``: one cell's run, from its options to its bound values."""
 
@@ -168,14 +177,7 @@ class CellMagic:
                 raise cancelled(
                     f"interrupted while the cell was submitted to {url}: {SUBMISSION_ABANDONED}"
                 ) from exc
-            if self.shell.exit_now:
-                # The interrupt Jupyter sends before it shuts a kernel down or restarts it
-                # (ipykernel's shutdown sets exit_now): the kernel's state goes with it.
-                line_out.show(
-                    "interrupted by the kernel's shutdown or restart; the remote work was cancelled"
-                )
-            else:
-                line_out.show("interrupted; the remote work was cancelled (kernel state kept)")
+            line_out.show(interrupted_line(self.shell))
             raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:
             line_out.metadata = provenance(None, record, status="ERROR")
