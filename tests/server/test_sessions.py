@@ -242,7 +242,8 @@ def test_another_identitys_session_answers_exactly_as_an_unknown_one(named_serve
     sid = created.body["session_id"]
     unknown = "00000000-0000-4000-8000-000000000000"
     program = module_program(STATE, [("pid", [])])
-    for session_id in (sid, unknown):
+    # An id that is no UUID is unknown alike (it answered Tornado's bare "not found").
+    for session_id in (sid, unknown, "x", "not-a-session"):
         assert get(url, f"/v1/sessions/{session_id}", BOB).body["error"] == {
             "kind": "not_found",
             "message": "unknown session id",

@@ -19,7 +19,9 @@ from kcoral_server.pool.queue import NoWorker
 if TYPE_CHECKING:
     from kcoral_server.sessions.registry import Session
 
-SESSION_ID_PATTERN = r"(?P<session_id>[0-9a-f-]{36})"
+#: any one path segment: an id that is not one of the server's (not a UUID either) is an
+#: unknown session, as through a router; it read Tornado's bare ``404 not found``
+SESSION_ID_PATTERN = r"(?P<session_id>[^/]+)"
 NOT_FOUND = "unknown session id"
 
 #: a session whose creator went away before its 201 (EXTENSIONS §11)
