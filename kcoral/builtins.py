@@ -120,6 +120,7 @@ def _round_plan(repeat: int, adaptive: bool) -> tuple[int, Callable[[list[int]],
 def _run_benchmark(
     clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], settings: BenchmarkConfig
 ) -> dict[str, Any]:
+    from kcoral.bench.clock_floor import empty_call_ms, floor_warning
     from kcoral.bench.report import machine_report, state_probe
     from kcoral.bench.rounds import StopRule, measure_rounds
     from kcoral.bench.stats import median_precision, summary
@@ -157,6 +158,9 @@ def _run_benchmark(
     }
     precision = median_precision(times)
     result["precision"] = precision if math.isfinite(precision) else None
+    too_short = floor_warning("the call", result["latency_ms_median"], empty_call_ms(clock))
+    if too_short is not None:
+        result["warnings"].append(too_short)
     return result
 
 
