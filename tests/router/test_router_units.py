@@ -456,6 +456,22 @@ def test_a_session_bound_to_a_node_is_never_moved_to_another_that_claims_it() ->
     assert known is not None and known.node_id == "good"
 
 
+def test_a_restarted_server_ends_only_the_sessions_of_the_servers_before_it() -> None:
+    sessions = SessionIndex()
+    sessions.remember("old", "n", "instance-1", "alice")
+    sessions.remember("new", "n", "instance-2", "alice")  # made on the new server already
+    sessions.remember("elsewhere", "m", "instance-1", "alice")
+    sessions.server_restarted("n", "instance-2")
+    ended = {
+        sid: session.ended for sid in ("old", "new", "elsewhere") if (session := sessions.get(sid))
+    }
+    assert ended == {
+        "old": "session ended: its node n restarted its server; its state is lost",
+        "new": None,
+        "elsewhere": None,
+    }
+
+
 def test_a_node_that_announced_a_slot_key_takes_only_slots_that_present_it() -> None:
     registry = make_registry()
     early = RouterSlot("n", str(uuid.uuid4()), "inst", FakeContext())  # before any status

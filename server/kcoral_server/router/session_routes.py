@@ -111,6 +111,13 @@ class SessionIndex:
             if session.node_id == node_id:
                 session.lose(why)
 
+    def server_restarted(self, node_id: str, instance_id: str) -> None:
+        """The sessions of ``node_id``'s servers before ``instance_id``, its current one,
+        end for the router; those its current server made live on."""
+        for session in self._sessions.values():
+            if session.node_id == node_id and session.instance_id != instance_id:
+                session.lose("restarted its server")
+
     def orphans(self, node_id: str, instance_id: str) -> list[tuple[str, RoutedSession]]:
         """Sessions the router ended when ``node_id`` left that its server (``instance_id``,
         the same as before) may still hold: each is returned once."""
@@ -398,7 +405,7 @@ class SessionHandler(ForwardHandler):
                 "",
             )
         ):
-            index.node_lost(session.node_id, "restarted its server")
+            index.server_restarted(session.node_id, node.server_instance_id)
         if session.ended is not None:
             self.send_router_error(410, "session_ended", session.ended, "request_rejected")
             return None
