@@ -56,6 +56,8 @@ def run_to_run_change(
     if sampled > 0 and stated != sampled:
         limit = float(np.finfo(float).max)
         low, high = (min(bound * stated / sampled, limit) for bound in (low, high))
+        # a bound capped at the largest float (a previous median of 0) stays around the value
+        low, high = min(low, stated), max(high, stated)
         change["ci95_low"], change["ci95_high"] = low, high
     if low > 1 + RUN_TO_RUN_NOISE:
         verdict = "slower"

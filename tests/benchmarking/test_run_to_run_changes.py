@@ -136,3 +136,15 @@ def test_a_gpu_run_with_its_clocks_unlocked_against_one_locked_warns(tmp_path) -
         "history: this run's GPU clocks locked (False) differs from the previous run's (True), "
         "so a change may come from it"
     ]
+
+
+def test_a_change_from_a_median_of_zero_keeps_its_value_inside_its_interval(tmp_path) -> None:
+    # a previous run whose calls the clock read as 0 (too short for it), then a real time:
+    # the interval's scaled bounds overflowed to the largest float, above the value
+    remember(benchmark([0.0] * 10, median=0.0), "sum", tmp_path)
+    rng = np.random.default_rng(8)
+    change = remember(benchmark(list(rng.normal(1.0, 0.01, 100)), median=1.0), "sum", tmp_path)[
+        "history"
+    ]["changes"]["sum"]
+    assert change["ci95_low"] <= change["value"] <= change["ci95_high"]
+    assert change["regression"] is True
