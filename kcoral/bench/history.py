@@ -276,12 +276,18 @@ def remember_benchmarks(
             "name holds a benchmark or comparison result"
         ]
     named = []
+    notes = []
     for group in groups:
         own = group[0].get("label")
         name = label or (own if isinstance(own, str) and own else None)
-        if name is not None:
+        if name is not None and len(name) > LABEL_LIMIT:
+            # a server checks config 'label'; a rogue one's label would be every line's key
+            notes.append(
+                f"kcoral: benchmark {truncate_message(repr(name), 80)} not recorded: the "
+                f"result's label has {len(name)} characters, more than {LABEL_LIMIT}"
+            )
+        elif name is not None:
             named.append((name, group))
-    notes = []
     # different results of one cell under one label would be compared with each other (a
     # fast and a slow kernel read as a regression): none of them is recorded under it
     counts = Counter(name for name, _ in named)

@@ -96,7 +96,7 @@ def setup_of(result: Mapping[str, Any]) -> dict[str, Any]:
     machine = result.get("machine")
     if isinstance(machine, Mapping):
         if isinstance(machine.get("cpu_model"), str):
-            found["cpu_model"] = machine["cpu_model"]
+            found["cpu_model"] = machine["cpu_model"][:200]  # a rogue server's: any length
         cpus = machine.get("usable_cpus")
         if isinstance(cpus, int) and not isinstance(cpus, bool):
             found["usable_cpus"] = cpus

@@ -33,3 +33,21 @@ def test_a_bench_label_with_odd_characters_is_only_a_key(tmp_path, monkeypatch) 
         "(in the kernel's working directory: no notebook path is known)"
     ]
     assert [p.name for p in tmp_path.parent.iterdir() if p.name == "x"] == []
+
+
+def test_a_rogue_servers_long_label_or_cpu_name_does_not_fill_the_history(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    result = comparison(1.0, 2.0, 1)
+    result["label"] = "L" * 100_000  # its own label: a server checks config 'label'
+    notes = remember_benchmarks(None, [result], {})
+    assert len(notes) == 1 and notes[0].endswith(
+        "not recorded: the result's label has 100000 characters, more than 200"
+    )
+    assert not (tmp_path / HISTORY_FILE).exists()
+    named = comparison(1.0, 2.0, 2)
+    named["machine"] = {"cpu_model": "C" * 100_000}
+    remember_benchmarks("mm", [named], {})
+    assert (tmp_path / HISTORY_FILE).stat().st_size < 20_000
