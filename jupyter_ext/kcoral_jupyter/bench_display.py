@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kcoral.bench.results import (
+    facts_of,
     history_line,
     one_line,
     problems_of,
@@ -168,13 +169,9 @@ def bench_result_html(result: Mapping[str, Any]) -> str:
             f'src="data:image/svg+xml;base64,{data}"/>'
         )
     parts.append(_table_html(result))
-    facts = []
-    for key, label in (("clock", "clock"), ("seed", "seed"), ("rounds", "rounds")):
-        value = result.get(key)
-        if isinstance(value, (str, int)) and not isinstance(value, bool):
-            facts.append(f"{label} {escape(one_line(value, 40))}")
+    facts = facts_of(result)
     if facts:
-        parts.append(f'<div style="color:#57606a;margin-top:4px">{", ".join(facts)}</div>')
+        parts.append(f'<div style="color:#57606a;margin-top:4px">{escape(", ".join(facts))}</div>')
     for problem in problems_of(result):
         parts.append(f'<div style="color:#cf222e">{escape(problem)}</div>')
     for warning in warnings_of(result):

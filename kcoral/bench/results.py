@@ -200,19 +200,7 @@ def format_comparison(result: Mapping[str, Any]) -> str:
         for row in rows
     ]
     lines.insert(1, "  ".join("-" * width for width in widths).rstrip())
-    facts = []
-    clock = result.get("clock")
-    if isinstance(clock, str):
-        facts.append(f"clock {one_line(clock, 20)}")
-    seed = result.get("seed")
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        facts.append(f"seed {seed}")
-    rounds = result.get("rounds")
-    if isinstance(rounds, int) and not isinstance(rounds, bool):
-        facts.append(f"{rounds} rounds")
-    stopped = result.get("stopped_by")
-    if isinstance(stopped, str):
-        facts.append(f"stopped by {one_line(stopped, 20)}")
+    facts = facts_of(result)
     if facts:
         lines.append(", ".join(facts))
     lines += problems_of(result)
@@ -221,6 +209,32 @@ def format_comparison(result: Mapping[str, Any]) -> str:
     if history is not None:
         lines.append(history)
     return "\n".join(lines)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def facts_of(result: Mapping[str, Any]) -> list[str]:
+    """Clock, seed, how many calls the statistics cover, what stopped the measurement. A
+    benchmark's rounds share its calls (``1000 calls in 10 rounds``): ``10 rounds`` alone
+    read as ten samples; a comparison's round is one call per candidate."""
+    facts = []
+    clock = result.get("clock")
+    if isinstance(clock, str):
+        facts.append(f"clock {one_line(clock, 20)}")
+    seed = _count(result.get("seed"))
+    if seed is not None:
+        facts.append(f"seed {seed}")
+    rounds, calls = _count(result.get("rounds")), _count(result.get("sample_count"))
+    if rounds is not None and calls is not None and result.get("kind") == BENCHMARK_KIND:
+        facts.append(f"{calls} calls in {rounds} rounds")
+    elif rounds is not None:
+        facts.append(f"{rounds} rounds")
+    stopped = result.get("stopped_by")
+    if isinstance(stopped, str):
+        facts.append(f"stopped by {one_line(stopped, 20)}")
+    return facts
 
 
 def history_line(result: Mapping[str, Any]) -> str | None:
