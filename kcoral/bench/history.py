@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kcoral.bench.history_file import append, open_history, read_all
+from kcoral.bench.history_file import append, ends_a_line, lines_from_end, open_history
 
 HISTORY_FILE = "kcoral-benchmarks.jsonl"
 #: Samples kept per candidate and run: enough for a bootstrap interval, small on disk.
@@ -116,20 +116,17 @@ def _versions(result: Mapping[str, Any]) -> dict[str, str]:
 _VERSION_KEYS = ("driver", "cuda", "torch")
 
 
-def _previous(data: bytes, key: Mapping[str, str]) -> tuple[dict[str, Any] | None, bool]:
-    """The last line of ``key`` in the history ``data``, and whether it ends a line (a write
-    cut short leaves a partial line, which the next record must not be glued to)."""
-    # bytes that are not UTF-8 (a damaged or hand-edited file) spoil only their own line
-    text = data.decode("utf-8", errors="replace")
-    last = None
-    for line in text.splitlines():
+def _previous(fd: int, key: Mapping[str, str]) -> dict[str, Any] | None:
+    """The last line of ``key`` in the history behind ``fd``, read from the end."""
+    for raw in lines_from_end(fd):
+        # bytes that are not UTF-8 (a damaged or hand-edited file) spoil only their own line
         try:
-            entry = json.loads(line)
+            entry = json.loads(raw.decode("utf-8", errors="replace"))
         except ValueError:
             continue  # a hand-edited or cut line: skipped
         if isinstance(entry, dict) and entry.get("key") == dict(key):
-            last = entry
-    return last, not data or data.endswith(b"\n")
+            return entry
+    return None
 
 
 def remember(
@@ -171,7 +168,7 @@ def _remember_in(
     from kcoral.bench.stats import thinned, too_few_samples
     from kcoral.protocol.strict_json import finite_float
 
-    previous, ends_a_line = _previous(read_all(fd), key)
+    previous = _previous(fd, key)
     medians = _medians(result, current)
     warnings: list[str] = []
     changes = {}
@@ -224,7 +221,8 @@ def _remember_in(
         entry["versions"] = versions
     if setup:
         entry["setup"] = setup
-    append(fd, (("" if ends_a_line else "\n") + json.dumps(entry) + "\n").encode("utf-8"))
+    start = "" if ends_a_line(fd) else "\n"
+    append(fd, (start + json.dumps(entry) + "\n").encode("utf-8"))
     previous_time = previous.get("time") if previous is not None else None
     result["history"] = {
         "file": str(path),

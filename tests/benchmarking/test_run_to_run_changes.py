@@ -148,3 +148,32 @@ def test_a_change_from_a_median_of_zero_keeps_its_value_inside_its_interval(tmp_
     ]["changes"]["sum"]
     assert change["ci95_low"] <= change["value"] <= change["ci95_high"]
     assert change["regression"] is True
+
+
+def test_a_long_history_is_read_from_its_end_only_as_far_as_the_last_run(
+    tmp_path, monkeypatch
+) -> None:
+    # 20 000 runs (160 MB) took 3.4 s a cell: every line was read and parsed
+    import os
+
+    rng = np.random.default_rng(9)
+    other = json.dumps({"key": {"label": "old", "gpu": "cpu", "clock": "cpu"}}) + "\n"
+    (tmp_path / HISTORY_FILE).write_text(other * 200_000)  # about 11 MB of other labels
+    remember(benchmark(list(rng.normal(1.0, 0.01, 100))), "sum", tmp_path)
+    read = []
+    real_pread, real_read = os.pread, os.read
+
+    def counted_pread(fd: int, size: int, offset: int) -> bytes:
+        read.append(size)
+        return real_pread(fd, size, offset)
+
+    def counted_read(fd: int, size: int) -> bytes:
+        data = real_read(fd, size)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "pread", counted_pread)
+    monkeypatch.setattr(os, "read", counted_read)
+    later = remember(benchmark(list(rng.normal(1.0, 0.01, 100))), "sum", tmp_path)
+    assert "sum" in later["history"]["changes"]
+    assert sum(read) <= 2 * 1024 * 1024
