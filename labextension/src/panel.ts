@@ -613,7 +613,9 @@ export class KCoralPanel extends Widget {
       const key = job.server ?? '';
       byServer.set(key, [...(byServer.get(key) ?? []), job]);
     }
-    const mixed = byServer.size > 1;
+    // Also when one server of several has jobs: with two notebooks on two local servers,
+    // an unnamed job read as the focused notebook's.
+    const mixed = byServer.size > 1 || (servers?.length ?? 0) > 1;
     for (const [server, serverJobs] of byServer) {
       if (mixed) {
         const heading = element('tr', 'jp-KCoral-jobServer');

@@ -318,6 +318,23 @@ describe('the servers part of the panel', () => {
   });
 });
 
+describe('the jobs table of several servers', () => {
+  it('names the server of the jobs when only one of the servers listed has any', async () => {
+    // A soak: two notebooks, each on its kernel's local server; the one job listed had no
+    // server row over it, and read as the focused notebook's.
+    const panel = await panelAfterPoll({
+      servers: [healthyServer('a'), healthyServer('b')],
+      jobs: [job('job-1', 1)]
+    });
+    const headings = [...panel.node.querySelectorAll('tr.jp-KCoral-jobServer')].map(
+      row => row.textContent
+    );
+    expect(headings).toEqual(['a']);
+    const alone = await panelAfterPoll({ servers: [healthyServer('a')], jobs: [job('job-1', 1)] });
+    expect(alone.node.querySelectorAll('tr.jp-KCoral-jobServer').length).toBe(0);
+  });
+});
+
 describe('the panel while the server extension cannot be asked', () => {
   it('says the extension is not enabled, and that the lists are the last read', async () => {
     // A soak: the panel said `The KCoral server extension cannot be reached.` where its
