@@ -45,7 +45,6 @@ def floor_warning(name: str, median_ms: object, floor_ms: float | None) -> str |
     if median_ms >= FLOOR_FACTOR * floor_ms:
         return None
     return (
-        f"{name}: its median, {microseconds(median_ms)}, is under {FLOOR_FACTOR}× what this "
-        f"clock measures for an empty call ({microseconds(floor_ms)}), so most of each time "
-        "is the measurement's own; time a loop of many calls in one function instead"
+        f"{name}: its median, {microseconds(median_ms)}, is under {FLOOR_FACTOR}× an empty "
+        f"call's ({microseconds(floor_ms)}): mostly the measurement; time a loop of calls"
     )
