@@ -17,23 +17,25 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-_FLAGS = (
-    os.O_RDWR
-    | os.O_APPEND
-    | os.O_CREAT
-    | getattr(os, "O_NOFOLLOW", 0)
-    | getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
+
+def _flags() -> int:
+    """Read, append, create; no link followed and no blocking where the system has them
+    (Windows has neither, nor FIFOs; it needs ``O_BINARY``, or it writes ``\r\n``)."""
+    optional = ("O_NOFOLLOW", "O_NONBLOCK", "O_CLOEXEC", "O_BINARY")
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
+    for name in optional:
+        flags |= getattr(os, name, 0)
+    return flags
 
 
 def open_history(path: Path) -> int:
     """A descriptor of ``path`` for reading and appending (created when missing), or
-    ``OSError`` saying why it is not the user's own plain file."""
+    ``OSError`` saying why it is not the user's own plain file. The client runs on macOS
+    and Windows too: what a system lacks (``geteuid``, ``O_NONBLOCK``) is not checked."""
     if path.is_symlink():
         raise OSError(errno.ELOOP, "it is a symbolic link, not a plain file of yours")
     try:
-        fd = os.open(path, _FLAGS, 0o666)
+        fd = os.open(path, _flags(), 0o666)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # a link put there after the check above
             raise OSError(errno.ELOOP, "it is a symbolic link, not a plain file of yours") from exc
@@ -42,13 +44,15 @@ def open_history(path: Path) -> int:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "it is not a plain file")
-        if info.st_uid != os.geteuid():
+        geteuid = getattr(os, "geteuid", None)
+        if geteuid is not None and info.st_uid != geteuid():
             raise OSError(
                 errno.EPERM,
                 f"it belongs to another user (uid {info.st_uid}), whose lines could pose as "
                 "your earlier runs",
             )
-        os.set_blocking(fd, True)
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
@@ -70,7 +74,7 @@ def lines_from_end(fd: int) -> Iterator[bytes]:
     while position > 0:
         size = min(CHUNK, position)
         position -= size
-        parts = os.pread(fd, size, position).split(b"\n")
+        parts = _read_at(fd, size, position).split(b"\n")
         if len(parts) > 1:
             yield b"".join([parts[-1], *reversed(pieces)])
             yield from reversed(parts[1:-1])
@@ -83,7 +87,21 @@ def ends_a_line(fd: int) -> bool:
     """Whether the file is empty or ends with a newline (a write cut short leaves a partial
     line, which the next record must not be glued to)."""
     size = os.fstat(fd).st_size
-    return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
+    return size == 0 or _read_at(fd, 1, size - 1) == b"\n"
+
+
+def _read_at(fd: int, size: int, offset: int) -> bytes:
+    """``size`` bytes at ``offset`` (``os.pread``, which Windows lacks: a seek and reads)."""
+    pread = getattr(os, "pread", None)
+    if pread is not None:
+        data: bytes = pread(fd, size, offset)
+        return data
+    os.lseek(fd, offset, os.SEEK_SET)
+    chunks = []
+    while size > 0 and (chunk := os.read(fd, size)):
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def append(fd: int, data: bytes) -> None:

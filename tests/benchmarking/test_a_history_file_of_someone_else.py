@@ -65,3 +65,15 @@ def test_the_magic_says_why_a_linked_history_was_not_recorded(tmp_path, monkeypa
         f"kcoral: benchmark 'mm' not recorded in {tmp_path.resolve() / HISTORY_FILE}: "
         "OSError: it is a symbolic link, not a plain file of yours"
     ]
+
+
+def test_the_history_works_where_the_system_lacks_geteuid_pread_and_o_nonblock(
+    tmp_path, monkeypatch
+) -> None:
+    # the client runs on macOS and Windows too (README "Platforms"): Windows has none of them
+    for name in ("geteuid", "pread", "O_NONBLOCK", "O_NOFOLLOW"):
+        monkeypatch.delattr(os, name)
+    remember(comparison(1.0, 2.0, 1), "mm", tmp_path)
+    history = remember(comparison(1.0, 2.0, 2), "mm", tmp_path)["history"]
+    assert set(history["changes"]) == {"a", "b"}
+    assert len((tmp_path / HISTORY_FILE).read_text().splitlines()) == 2
