@@ -78,7 +78,9 @@ def box_plot_svg(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
     low, high = max(0.0, low - 0.1 * span), high + 0.1 * span
     beyond = [v for _, _, points in drawn for v in points if not low <= v <= high]
     inner = PLOT_WIDTH - LABEL_WIDTH - 20
-    height = ROW_HEIGHT * len(drawn) + 52
+    # the line counting them has a row of its own: beside the axis's unit it ran into it
+    # ('... to 4.48 msms per call')
+    height = ROW_HEIGHT * len(drawn) + 52 + (14 if beyond else 0)
 
     def x(value: float) -> float:
         return LABEL_WIDTH + (min(max(value, low), high) - low) / (high - low) * inner
@@ -129,9 +131,10 @@ def box_plot_svg(rows: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
         "ms per call</text>"
     )
     if beyond:
+        samples = "sample" if len(beyond) == 1 else "samples"
         parts.append(
-            f'<text x="{LABEL_WIDTH}" y="{axis + 28}" fill="#57606a">'
-            f"{len(beyond)} samples beyond the axis, at its edges: {min(beyond):.3g} to "
+            f'<text x="{LABEL_WIDTH}" y="{axis + 42}" fill="#57606a">'
+            f"{len(beyond)} {samples} beyond the axis, at its edges: {min(beyond):.3g} to "
             f"{max(beyond):.3g} ms</text>"
         )
     parts.append("</svg>")
