@@ -25,7 +25,7 @@ holds. Whoever holds the node token can play a node, so the router trusts none o
 
 A node's sample lines are written once per text it sends, off the event loop, with its
 parse (``parse_and_write``), and a scrape only joins them (``NodeRelay.text``): built at
-every scrape, 128 nodes of 2048 samples held the router's loop 3 s, and any client token
+every scrape, 128 nodes of 2048 samples held the router's loop 2 s, and any client token
 opens ``/metrics``, so one holder scraping in a loop stalled every request through it.
 """
 
@@ -49,7 +49,8 @@ MAX_NODE_METRICS_BYTES = 131072
 #: the most samples kept of one node (an 8-GPU server exports about 650, a 16-GPU one 1200)
 MAX_NODE_SAMPLES = 2048
 #: the most samples kept of all nodes together (256 8-GPU nodes need some 150000): about
-#: 45 MB of typical samples, under 90 MB of the largest a node can send
+#: 60 MB of typical samples, parsed and written as lines (``NodeLines``), about 120 MB of
+#: the largest texts nodes can send (measured with tracemalloc; the lines are most of it)
 MAX_RELAYED_SAMPLES = 262144
 MAX_LABEL_VALUE = 64
 MIN_RELAY_INTERVAL_SECONDS = 5.0
