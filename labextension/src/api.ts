@@ -503,6 +503,16 @@ export class KCoralApi {
     );
   }
 
+  /** Why a finished job failed (its result's error kind and message), null when the
+   * answer is no such object. */
+  async jobError(id: string, server?: string): Promise<{ kind: string; message: string } | null> {
+    const body = await this._json(`jobs/${encodeURIComponent(id)}/error${serverQuery(server)}`);
+    if (!isObject(body) || typeof body.message !== 'string') {
+      return null;
+    }
+    return { kind: stringOr(body.kind, ''), message: body.message };
+  }
+
   /** Opens the job's event stream, resuming after `lastEventId` when given. */
   async events(
     id: string,

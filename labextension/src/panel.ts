@@ -111,6 +111,10 @@ const ENDED_SESSIONS_SHOWN = 3;
 const STOP_NOTE_MS = 8000;
 /** What a list says while the server extension cannot be asked: its rows are the last read. */
 const STALE_NOTE = 'As last listed: not updated while the server extension cannot be asked.';
+/** The statuses of a job that ended with an error its result says (PROTOCOL §7.6). */
+const FAILED_STATUSES = new Set(['FAILED', 'TIMED_OUT', 'ERROR']);
+/** The most of a failed job's error message its `finished` line shows (the tooltip has it). */
+const WHY_CHARACTERS = 200;
 /** Times a lost live output is taken up again, without any event in between, once its
  * job's server lists the job again. */
 const MAX_RESUMES = 3;
@@ -229,6 +233,7 @@ export class KCoralPanel extends Widget {
     this._finished = '';
     this._output.textContent = '';
     this._phase.textContent = '';
+    this._phase.title = '';
     this._lastEventId = '';
     this._resumes = 0;
     this._followFrom(job);
@@ -260,6 +265,9 @@ export class KCoralPanel extends Widget {
           this._phase.dataset.phase = event.phase;
           if (event.phase === 'finished' && this._follow === controller) {
             this._finished = shownText(event.fields.status);
+            if (FAILED_STATUSES.has(this._finished)) {
+              void this._showWhy(job, controller);
+            }
             const cut = truncationNote(event.fields);
             if (cut) {
               this._output.append(element('div', 'jp-KCoral-cut', cut));
@@ -280,6 +288,23 @@ export class KCoralPanel extends Widget {
         this._lost = isRetryable(error) ? message : null;
       }
     });
+  }
+
+  /** Adds why the followed job failed to its `finished: failed` line (its live output
+   * never says it; its result does): `finished: failed · ValueError: boom`. */
+  private async _showWhy(job: IJob, controller: AbortController): Promise<void> {
+    let why: { kind: string; message: string } | null = null;
+    try {
+      why = await this._model.api.jobError(job.job_id, job.server);
+    } catch {
+      return; // the line keeps saying `failed`; the cell that ran it says why
+    }
+    if (why && why.message && this._follow === controller) {
+      const line = why.message.split(/\s+/).join(' ').trim();
+      const shown = line.length > WHY_CHARACTERS ? `${line.slice(0, WHY_CHARACTERS)}…` : line;
+      this._phase.textContent = `${this._phase.textContent} · ${shown}`;
+      this._phase.title = why.kind ? `${why.kind}: ${why.message}` : why.message;
+    }
   }
 
   /**

@@ -1,5 +1,5 @@
-"""``GET jobs`` (every server's recent jobs), ``GET jobs/{id}`` (one job's state) and
-``DELETE jobs/{id}`` (cancels it).
+"""``GET jobs`` (every server's recent jobs), ``GET jobs/{id}`` (one job's state),
+``DELETE jobs/{id}`` (cancels it) and ``GET jobs/{id}/error`` (why it failed).
 
 Who can reach them: callers the Jupyter server authenticates (``base_handler``); a cancel
 acts with the KCoral token configured for the server that knows the job. The job id from
@@ -69,4 +69,44 @@ class JobHandler(KCoralHandler):
         )
         if status == 0:
             return self.write_json(502, {"error": {"kind": "server_transport", "message": error}})
+        self.write_json(status, document)
+
+
+#: the most of a failed job's error message passed on (the panel shows one line of it)
+ERROR_MESSAGE_CHARACTERS = 1000
+
+
+class JobErrorHandler(KCoralHandler):
+    """Why a finished job failed: ``{"kind", "message"}`` of its result's ``error``
+    (PROTOCOL §7.6; a timed-out or ERROR job's answer has the same object), so that the
+    panel can say it beside ``failed``: the job's live output never carries it. Nothing else
+    of the result (outputs, values) is passed on. A job without one (still running,
+    cancelled, completed) gets its server's answer as it is (409 ``not_finished``,
+    ``cancelled``), or 404 kind ``no_error``."""
+
+    @tornado.web.authenticated
+    async def get(self, job_id: str) -> None:
+        found = await self.find_job(job_id)
+        if found is None:
+            return self.not_found(job_id)
+        status, document, error = await self.upstream(
+            found[0], "GET", f"/v1/jobs/{quote(job_id, safe='')}/result"
+        )
+        if status == 0 or error:  # no answer, or one not passed on (upstream_problems)
+            problem = {"kind": "server_answer", "message": error}
+            return self.write_json(502, {"error": problem})
+        failure = document.get("error") if isinstance(document, dict) else None
+        if (status == 200 or status >= 500) and isinstance(failure, dict):
+            kind, message = failure.get("kind"), failure.get("message")
+            if isinstance(message, str):
+                return self.write_json(
+                    200,
+                    {
+                        "kind": kind if isinstance(kind, str) else "",
+                        "message": message[:ERROR_MESSAGE_CHARACTERS],
+                    },
+                )
+        if status == 200:
+            message = f"job {job_id[:80]} has no error"
+            return self.write_json(404, {"error": {"kind": "no_error", "message": message}})
         self.write_json(status, document)

@@ -6,6 +6,7 @@
 | `GET jobs` | recent jobs of every server that offers the jobs API, each tagged with `server` |
 | `GET jobs/{id}` | one job's state; `DELETE jobs/{id}` cancels it |
 | `GET jobs/{id}/events` | the job's Server-Sent Events, relayed as they arrive |
+| `GET jobs/{id}/error` | why a finished job failed: `{kind, message}` of its result's `error` |
 | `GET sessions` | every server's sessions (EXTENSIONS §11), tagged with `server`, `observed_at` |
 | `GET sessions/{id}` | one session's record; `DELETE sessions/{id}` ends it |
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 from jupyter_server.utils import url_path_join
 
 from kcoral_jupyter.server_extension.job_events import JobEventsHandler
-from kcoral_jupyter.server_extension.jobs import JobHandler, JobsHandler
+from kcoral_jupyter.server_extension.jobs import JobErrorHandler, JobHandler, JobsHandler
 from kcoral_jupyter.server_extension.server_status import ServersHandler
 from kcoral_jupyter.server_extension.sessions import SessionHandler, SessionsHandler
 
@@ -41,6 +42,7 @@ def handlers(base_url: str) -> list[tuple[str, type]]:
         (url_path_join(api, "jobs"), JobsHandler),
         (url_path_join(api, "jobs", job), JobHandler),
         (url_path_join(api, "jobs", job, "events"), JobEventsHandler),
+        (url_path_join(api, "jobs", job, "error"), JobErrorHandler),
         (url_path_join(api, "sessions"), SessionsHandler),
         (url_path_join(api, "sessions", session), SessionHandler),
     ]

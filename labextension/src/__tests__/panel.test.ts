@@ -627,6 +627,54 @@ describe('the selected job when its server stops listing it', () => {
     expect(state.resumedFrom).toEqual([]);
   });
 
+  it('says why a followed job failed, which its live output never says', async () => {
+    // A soak: a failed cell's job, clicked in the panel, said only `finished: failed` over
+    // an empty output; the why (ValueError: boom 3) was in its result alone.
+    const scope = globalThis as { TextDecoder?: unknown };
+    scope.TextDecoder ??= (await import('util')).TextDecoder;
+    const asked: string[] = [];
+    const stream = 'event: phase\nid: 6\ndata: {"phase":"finished","status":"FAILED"}\n\n';
+    const fetcher = async (path: string): Promise<Response> => {
+      asked.push(path);
+      if (path === 'servers') {
+        return answer({ servers: [healthyServer('a')] });
+      }
+      if (path === 'jobs') {
+        return answer({ jobs: [job('job-1234-x', 1, { status: 'FAILED' })], errors: [] });
+      }
+      if (path === 'sessions') {
+        return answer({ sessions: [], errors: [] });
+      }
+      if (path.startsWith('jobs/job-1234-x/error')) {
+        return answer({ kind: 'runtime', message: 'ValueError: boom 3\n  (more)' });
+      }
+      let sent = false;
+      const reader = {
+        read: async () =>
+          sent ? { done: true } : ((sent = true), { done: false, value: Buffer.from(stream) }),
+        cancel: async () => undefined,
+        releaseLock: () => undefined
+      };
+      return { ok: true, status: 200, body: { getReader: () => reader } } as unknown as Response;
+    };
+    const model = new KCoralModel(new KCoralApi(fetcher), {
+      pollIntervalMs: 60_000,
+      statusServer: ''
+    });
+    const panel = new KCoralPanel(model);
+    opened.push({ panel, model });
+    await model.poll();
+    panel.node.querySelector<HTMLElement>('tr.jp-KCoral-job')!.click();
+    for (let i = 0; i < 50 && !/boom/.test(text(panel, '.jp-KCoral-phase')); i++) {
+      await new Promise(resolve => setTimeout(resolve, 0));
+    }
+    expect(text(panel, '.jp-KCoral-phase')).toBe('finished: failed · ValueError: boom 3 (more)');
+    expect(panel.node.querySelector<HTMLElement>('.jp-KCoral-phase')!.title).toBe(
+      'runtime: ValueError: boom 3\n  (more)'
+    );
+    expect(asked).toContain('jobs/job-1234-x/error?server=a');
+  });
+
   it('marks where the server cut a stream at the output limit', async () => {
     // The pane showed the first output-limit bytes and ended there, as if that were all.
     const stream =
