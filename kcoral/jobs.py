@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from kcoral.connection.event_stream import JobEvent
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.transport import Flow, Request
-from kcoral.errors import KCoralError, ProtocolError
+from kcoral.errors import KCoralError, ProtocolError, TransportError
 from kcoral.notebook import html_of
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.headers import NODE_HEADER
@@ -201,9 +201,11 @@ class _JobHandle:
     def result_path(self) -> str:
         return f"/v1/jobs/{self.id}/result"
 
-    def state_flow(self, method: str = "GET") -> Flow[dict[str, Any]]:
+    def state_flow(
+        self, method: str = "GET", read_timeout: float | None = None
+    ) -> Flow[dict[str, Any]]:
         """``GET`` (state) or ``DELETE`` (cancel) ``/v1/jobs/{id}``: the job's state."""
-        response = yield Request(method, self.path)
+        response = yield Request(method, self.path, read_timeout=read_timeout)
         return decode_job_state(response.status, response.headers, response.data)
 
     def result_flow(self) -> Flow[ProgramResult]:
@@ -272,11 +274,10 @@ class Job(_JobHandle):
         asks whether it has, as ``concurrent.futures`` does; a finished job raised
         ``TimeoutError`` there, its result unread), else ``TimeoutError``."""
         try:
-            finished = self.status().get("status") in FINISHED_STATUSES
-        except KCoralError as exc:
-            if exc.status_code != 503:
-                raise
-            raise timed_out(self.id, timeout, exc) from None
+            state = self.client.run_flow(self.state_flow(read_timeout=STATE_CHECK_SECONDS))
+        except (KCoralError, TransportError) as exc:
+            raise check_failed(self.id, timeout, exc) from None
+        finished = state.get("status") in FINISHED_STATUSES
         if not finished:
             raise timed_out(self.id, timeout) from None
 
@@ -352,12 +353,12 @@ class AsyncJob(_JobHandle):
             await asyncio.wait_for(until_finished(), bound)
         except (asyncio.TimeoutError, TimeoutError):
             # as Job.wait: a finished job is no timeout, however short the wait was
+            check = self.state_flow(read_timeout=STATE_CHECK_SECONDS)
             try:
-                finished = (await self.status()).get("status") in FINISHED_STATUSES
-            except KCoralError as exc:
-                if exc.status_code != 503:
-                    raise
-                raise timed_out(self.id, timeout, exc) from None
+                state = await self.client.run_flow(check)
+            except (KCoralError, TransportError) as exc:
+                raise check_failed(self.id, timeout, exc) from None
+            finished = state.get("status") in FINISHED_STATUSES
             if not finished:
                 raise timed_out(self.id, timeout) from None
 
@@ -370,11 +371,33 @@ class AsyncJob(_JobHandle):
         return await self.client.run_flow(self.state_flow("DELETE"))
 
 
-def timed_out(job_id: str, timeout: object, why: KCoralError | None = None) -> TimeoutError:
-    """The ``TimeoutError`` of a wait whose time is up; ``why``: the ``503`` that kept its
-    job's state out of reach (a router whose node holding it is away), said with it."""
+#: how long the question that ends a bounded wait (has the job finished?) waits for its
+#: answer: a server answers it at once, and a frozen one (stopped, a hung proxy) accepts it
+#: and never answers: ``result(timeout=1)`` waited for ever there, where it raised at 1 s
+STATE_CHECK_SECONDS = 5.0
+
+
+def timed_out(
+    job_id: str, timeout: object, why: KCoralError | TransportError | None = None
+) -> TimeoutError:
+    """The ``TimeoutError`` of a wait whose time is up; ``why``: what kept its job's state
+    out of reach (a router's ``503`` whose node holding it is away, a server that did not
+    answer), said with it."""
     message = f"job {job_id} did not finish within {timeout} s"
-    return TimeoutError(message if why is None else f"{message} ({why.message})")
+    if why is None:
+        return TimeoutError(message)
+    return TimeoutError(f"{message} ({why.message if isinstance(why, KCoralError) else why})")
+
+
+def check_failed(
+    job_id: str, timeout: object, exc: KCoralError | TransportError
+) -> KCoralError | TimeoutError:
+    """What a wait whose time is up raises when its question about the job's state got no
+    usable answer: ``TimeoutError`` saying why for a ``503`` or no answer at all (within
+    ``STATE_CHECK_SECONDS``), any other ``KCoralError`` as it is (the job is unknown, ...)."""
+    if isinstance(exc, KCoralError) and exc.status_code != 503:
+        return exc
+    return timed_out(job_id, timeout, exc)
 
 
 def check_job_id(job_id: object) -> str:
