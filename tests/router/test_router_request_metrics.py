@@ -145,7 +145,11 @@ def test_a_request_that_waited_the_whole_queue_wait_in_vain_is_in_the_queue_wait
     async def scenario() -> tuple[int, str, str]:
         async with router_with_one_busy_slot("--queue-wait-timeout-seconds", "0.5") as router:
             holder = asyncio.ensure_future(send(router.port, leave_after=1.5))
-            status = await send(router.port, delay=0.2)  # the slot is held: it waits 0.5 s
+            # the holder on the node's one slot first, however slow this machine is (a
+            # fixed head start let the second take the slot on a loaded one)
+            while router.state.in_progress < 1:
+                await asyncio.sleep(0.02)
+            status = await send(router.port)  # the slot is held: it waits 0.5 s
             await holder
             log = await router.lines_with("finish_reason=client_disconnected", 1)
             return status, log, router.exposition()
