@@ -5,8 +5,10 @@ Who can reach what: the file sits beside the notebook, often in a shared folder 
 project, ``/tmp``). Another user there can put a symbolic link in its place (the magic would
 append JSON to whatever it points at: the user's ``~/.bashrc``), a file of their own (its
 lines would pose as the user's earlier runs and show a fake ``REGRESSION`` or speed-up), or
-a FIFO (reading it would hang the kernel). So the file is opened without following a link
-and without blocking, and used only when it is a regular file the user owns.
+a FIFO (reading it would hang the kernel), or, where the system lets one link another
+user's file (macOS; Linux without ``fs.protected_hardlinks``), a hard link to one of the
+user's own files. So the file is opened without following a link and without blocking, and
+used only when it is a regular file the user owns, with no other name.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ def open_history(path: Path) -> int:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "it is not a plain file")
+        if info.st_nlink > 1:
+            # A hard link is no link to refuse by name: where a neighbour may link another
+            # user's file (macOS, Linux without fs.protected_hardlinks) it is e.g. the user's
+            # ~/.zshrc, which a line holding a server's "$(...)" would then run.
+            raise OSError(
+                errno.EMLINK,
+                f"it has {info.st_nlink} names (hard links), so it may be another file of yours",
+            )
         geteuid = getattr(os, "geteuid", None)
         if geteuid is not None and info.st_uid != geteuid():
             raise OSError(
