@@ -4,6 +4,7 @@ gateway protocol, and a tiny streaming HTTP client."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -11,14 +12,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import psutil
+import tornado.httpserver
+import tornado.netutil
 from child_setup import under_open_file_limit
 from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.node.tunnel import auth_metadata, open_channel
@@ -490,3 +493,42 @@ def ready_nodes(router: RouterProcess, count: int) -> None:
             timeout=90,
         )
     )
+
+
+@dataclass
+class InProcessRouter:
+    """A router served in the test's own event loop (``in_process_router``)."""
+
+    port: int  # its HTTP port
+    grpc_port: int  # where nodes connect
+    state: Any  # its ``RouterState``
+    lines: io.StringIO  # its log
+
+
+@asynccontextmanager
+async def in_process_router(*args: str) -> AsyncIterator[InProcessRouter]:
+    """A router with ``--port 0`` and ``args`` in this event loop, its log kept in ``lines``;
+    stopped at the end, its nodes' calls ended (close the test's nodes inside the block)."""
+    from kcoral_server.router.gateway import Gateway, add_gateway_to_server
+    from kcoral_server.router.http_app import make_app
+    from kcoral_server.router.log import RouterLog
+    from kcoral_server.router.main import GRPC_OPTIONS, build_state, end_calls
+    from kcoral_server.router.settings import parse_router_args
+
+    settings = parse_router_args(["--port", "0", *args])
+    lines = io.StringIO()
+    state = build_state(settings, RouterLog(lines))
+    grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
+    gateway = Gateway(state.registry, settings, state.log, on_status=state.metrics.node_status)
+    add_gateway_to_server(gateway, grpc_server)
+    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+    await grpc_server.start()
+    server = tornado.httpserver.HTTPServer(make_app(state), max_body_size=1 << 62)
+    sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+    server.add_sockets(sockets)
+    try:
+        yield InProcessRouter(sockets[0].getsockname()[1], grpc_port, state, lines)
+    finally:
+        server.stop()
+        end_calls(state.registry)
+        await grpc_server.stop(0)

@@ -8,21 +8,12 @@ one before it. Before its body is whole: the router keeps nothing of the request
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 from pathlib import Path
 
-import grpc
 import pytest
-import tornado.httpserver
-import tornado.netutil
 from kcoral_server.node.http11 import HttpConnection
-from kcoral_server.router.gateway import Gateway, add_gateway_to_server
-from kcoral_server.router.http_app import make_app
-from kcoral_server.router.log import RouterLog
-from kcoral_server.router.main import GRPC_OPTIONS, build_state, end_calls
-from kcoral_server.router.settings import parse_router_args
-from router_helpers import FakeNode, Node, ready_nodes, start_router, stopping
+from router_helpers import FakeNode, Node, in_process_router, ready_nodes, start_router, stopping
 
 import kcoral
 
@@ -118,42 +109,29 @@ def test_a_client_that_leaves_before_its_body_is_whole_leaves_no_request_task_be
     router went from 8 to 34 of them in 12 minutes)."""
 
     async def scenario() -> list[asyncio.Task[object]]:
-        settings = parse_router_args(["--port", "0"])
-        log = RouterLog(io.StringIO())
-        state = build_state(settings, log)
-        grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
-        gateway = Gateway(state.registry, settings, log, on_status=state.metrics.node_status)
-        add_gateway_to_server(gateway, grpc_server)
-        grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
-        await grpc_server.start()
-        server = tornado.httpserver.HTTPServer(make_app(state), max_body_size=1 << 62)
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        server.add_sockets(sockets)
-        port = sockets[0].getsockname()[1]
-        node = FakeNode(grpc_port, "node-a")
-        await node.start()
-        try:
-            while state.registry.capacity() < 1:
-                await asyncio.sleep(0.05)
-            for _ in range(5):
-                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(
-                    b"POST /execute HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    b"Content-Length: 100\r\n\r\n0123456789"
-                )
-                await writer.drain()
-                await asyncio.sleep(0.2)  # on the node's slot, the rest of its body awaited
-                writer.close()
-            await asyncio.sleep(0.5)
-            return [
-                task
-                for task in asyncio.all_tasks()
-                if "RequestHandler._execute" in repr(task.get_coro())
-            ]
-        finally:
-            await node.close()
-            server.stop()
-            end_calls(state.registry)
-            await grpc_server.stop(0)
+        async with in_process_router() as router:
+            state, grpc_port, port = router.state, router.grpc_port, router.port
+            node = FakeNode(grpc_port, "node-a")
+            await node.start()
+            try:
+                while state.registry.capacity() < 1:
+                    await asyncio.sleep(0.05)
+                for _ in range(5):
+                    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(
+                        b"POST /execute HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Content-Length: 100\r\n\r\n0123456789"
+                    )
+                    await writer.drain()
+                    await asyncio.sleep(0.2)  # on the node's slot, the rest of its body awaited
+                    writer.close()
+                await asyncio.sleep(0.5)
+                return [
+                    task
+                    for task in asyncio.all_tasks()
+                    if "RequestHandler._execute" in repr(task.get_coro())
+                ]
+            finally:
+                await node.close()
 
     assert asyncio.run(scenario()) == []

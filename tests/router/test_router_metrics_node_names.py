@@ -9,19 +9,10 @@ this process and fake nodes on its gRPC port."""
 from __future__ import annotations
 
 import asyncio
-import io
 
-import grpc
 import pytest
-import tornado.httpserver
-import tornado.netutil
 from kcoral_server.metrics import router_metrics
-from kcoral_server.router.gateway import Gateway, add_gateway_to_server
-from kcoral_server.router.http_app import make_app
-from kcoral_server.router.log import RouterLog
-from kcoral_server.router.main import GRPC_OPTIONS, build_state, end_calls
-from kcoral_server.router.settings import parse_router_args
-from router_helpers import FakeNode, http_request
+from router_helpers import FakeNode, http_request, in_process_router
 
 
 def test_a_forgotten_node_gives_its_name_and_series_to_the_next(
@@ -30,19 +21,9 @@ def test_a_forgotten_node_gives_its_name_and_series_to_the_next(
     monkeypatch.setattr(router_metrics, "MAX_NAMED_NODES", 1)
 
     async def scenario() -> tuple[str, str]:
-        args = ["--port", "0", "--max-status-age-seconds", "1", "--node-retention-seconds", "2"]
-        settings = parse_router_args(args)
-        state = build_state(settings, RouterLog(io.StringIO()))
-        grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
-        gateway = Gateway(state.registry, settings, state.log, on_status=state.metrics.node_status)
-        add_gateway_to_server(gateway, grpc_server)
-        grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
-        await grpc_server.start()
-        server = tornado.httpserver.HTTPServer(make_app(state), max_body_size=1 << 62)
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-        server.add_sockets(sockets)
-        port = sockets[0].getsockname()[1]
-        try:
+        args = ["--max-status-age-seconds", "1", "--node-retention-seconds", "2"]
+        async with in_process_router(*args) as router:
+            state, grpc_port, port = router.state, router.grpc_port, router.port
             first = FakeNode(grpc_port, "slurm-4711-gpu07")
             await first.start()
             while state.registry.capacity() < 1:
@@ -64,10 +45,6 @@ def test_a_forgotten_node_gives_its_name_and_series_to_the_next(
                 return before, state.metrics.exposition().decode()
             finally:
                 await second.close()
-        finally:
-            server.stop()
-            end_calls(state.registry)
-            await grpc_server.stop(0)
 
     before, after = asyncio.run(scenario())
     assert 'kcoral_router_routed_requests_total{node="slurm-4711-gpu07"} 1.0' in before, before

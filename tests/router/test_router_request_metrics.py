@@ -19,17 +19,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import grpc
-import tornado.httpserver
-import tornado.netutil
 from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.gateway import Gateway, add_gateway_to_server
-from kcoral_server.router.http_app import RouterState, make_app
-from kcoral_server.router.log import RouterLog
-from kcoral_server.router.main import GRPC_OPTIONS, build_state, end_calls
-from kcoral_server.router.settings import parse_router_args
-from router_helpers import FakeNode
+from kcoral_server.router.http_app import RouterState
+from router_helpers import FakeNode, in_process_router
 
 import kcoral
 
@@ -61,28 +54,15 @@ class Router:
 
 @asynccontextmanager
 async def router_with_one_busy_slot(*args: str) -> AsyncIterator[Router]:
-    settings = parse_router_args(["--port", "0", *args])
-    lines = io.StringIO()
-    state = build_state(settings, RouterLog(lines))
-    grpc_server = grpc.aio.server(options=GRPC_OPTIONS)
-    gateway = Gateway(state.registry, settings, state.log, on_status=state.metrics.node_status)
-    add_gateway_to_server(gateway, grpc_server)
-    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
-    await grpc_server.start()
-    server = tornado.httpserver.HTTPServer(make_app(state), max_body_size=1 << 62)
-    sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
-    server.add_sockets(sockets)
-    node = FakeNode(grpc_port, "node-a", handler=never_answers)
-    await node.start()
-    try:
-        while state.registry.capacity() < 1:
-            await asyncio.sleep(0.05)
-        yield Router(sockets[0].getsockname()[1], state, lines)
-    finally:
-        await node.close()
-        server.stop()
-        end_calls(state.registry)
-        await grpc_server.stop(0)
+    async with in_process_router(*args) as router:
+        node = FakeNode(router.grpc_port, "node-a", handler=never_answers)
+        await node.start()
+        try:
+            while router.state.registry.capacity() < 1:
+                await asyncio.sleep(0.05)
+            yield Router(router.port, router.state, router.lines)
+        finally:
+            await node.close()
 
 
 def program_request() -> tuple[list[tuple[bytes, bytes]], bytes]:
