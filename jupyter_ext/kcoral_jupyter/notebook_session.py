@@ -322,7 +322,8 @@ def after_stop_hint(
     """For a ``NameError`` in a cell run without a session: where names went, after
     ``%kcoral session stop``; on a server offering sessions, that they are not kept (a
     restarted kernel has lost its session, and knows nothing of it: before, the cell said
-    only ``NameError``, as if the name had never been defined)."""
+    only ``NameError``, as if the name had never been defined; later, three lines that
+    spoke of a session even where there had never been one)."""
     error = result.error or {}
     text = f"{error.get('message') or ''}\n{error.get('traceback') or ''}"
     if "NameError" not in text:
@@ -330,11 +331,8 @@ def after_stop_hint(
     if stopped_label is None:
         if not offers_sessions:
             return ""
-        return (
-            "hint: cells run without a session in this kernel, so names earlier cells "
-            "defined on the server are not kept (a kernel restart ends the kernel's "
-            "session); %kcoral session start keeps them across cells"
-        )
+        # One line, true whether or not an earlier cell defined the name (a typo too).
+        return "hint: cells without a session keep no names; %kcoral session start keeps them"
     return (
         f"hint: cells run without a session since {stopped_label} was stopped; the names it "
         "held are gone (%kcoral session start begins a new one)"

@@ -12,11 +12,9 @@ from kcoral_shell import kcoral_shell
 
 pytestmark = pytest.mark.timeout(300)
 
-HINT = (
-    "hint: cells run without a session in this kernel, so names earlier cells defined on the "
-    "server are not kept (a kernel restart ends the kernel's session); %kcoral session start "
-    "keeps them across cells"
-)
+# One short line, true also where no session ever was (before: three lines that spoke of
+# "the kernel's session" and a restart on a kernel that had never had one).
+HINT = "hint: cells without a session keep no names; %kcoral session start keeps them"
 
 
 def shown(kernel, source: str) -> str:
@@ -63,3 +61,17 @@ def test_a_server_without_sessions_gets_no_session_hint(server_factory, monkeypa
     with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output():
         error = ip.run_cell("%%kcoral\nmodel\n").error_in_exec
     assert isinstance(error, RemoteCellError) and error.hint == "", error
+
+
+def test_a_stateless_cell_using_an_earlier_cells_name_gets_one_short_true_hint(
+    server_factory, monkeypatch
+) -> None:
+    # A kernel that never had a session: before, the hint spoke of "the kernel's session"
+    # and a restart, in three lines.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output():
+        assert ip.run_cell("%%kcoral\nweights = 5\n").error_in_exec is None
+        error = ip.run_cell("%%kcoral\nweights * 2\n").error_in_exec
+    assert isinstance(error, RemoteCellError), error
+    assert error.hint == HINT, error.hint
+    assert "\n" not in error.hint and len(error.hint) <= 100
