@@ -56,6 +56,10 @@ class ServerFacts:
     # A router's default kind (``/v1/info`` fleet, ROUTER §6): where a cell without
     # --select goes; None from a direct server.
     default_kind: str | None = None
+    # A router (its /v1/info has ``fleet``, ROUTER §13): with --select the node is its
+    # choice, so these facts (its default kind's) say nothing of the node that runs a cell.
+    # A direct server is the node a selector is matched against (EXTENSIONS §14).
+    router: bool = False
 
     @property
     def label(self) -> str:
@@ -290,6 +294,7 @@ class KernelState:
                 device=str(info.get("device") or ("gpu" if gpu_count else "cpu")),
                 sandbox=str(info.get("sandbox") or ""),
                 default_kind=default_kind(info),
+                router=isinstance(info.get("fleet"), Mapping),
             )
             self._facts[url] = facts
         return facts

@@ -105,9 +105,12 @@ class CellMagic:
             raise (self._session_refusal(exc, remote) or shorten(exc, url)) from exc
         except KCoralError as exc:
             raise shorten(exc, url) from exc  # named by its address, as a cell's own failure
-        # With --select the node is the router's choice: the server's facts describe its
-        # default kind, not the node that will run the cell, so they decide nothing here.
-        selected = args.select is not None
+        # With --select through a router the node is the router's choice: the server's
+        # facts describe its default kind, not the node that will run the cell, so they
+        # decide nothing here. A direct server runs the cell itself, selector or not (before,
+        # --gpus 2 --select gpu=cpu on a CPU server got its 400 "exceeds this GPU server's
+        # configured capacity" and --require-gpu ran on the CPU).
+        selected = args.select is not None and facts.router
         if not selected and facts.gpu_count == 0 and (args.require_gpu or settings.require_gpu):
             said = "--require-gpu" if args.require_gpu else "KCoral.require_gpu"
             raise GpuRequiredError(

@@ -75,9 +75,10 @@ class SessionCommands:
         url, client = self._server("start")
         facts = self.kernel.facts(url)
         gpu_count = args.gpus
-        # With --select the router picks the node: the server's facts (its default kind)
-        # say nothing about that node's GPUs.
-        if gpu_count is not None and facts.gpu_count == 0 and args.select is None:
+        # With --select a router picks the node: its facts (its default kind) say nothing
+        # about that node's GPUs. A direct server is the node, selector or not.
+        routed = args.select is not None and facts.router
+        if gpu_count is not None and facts.gpu_count == 0 and not routed:
             print(f"kcoral: warning: {url} has no GPU: the session runs on CPU", file=sys.stderr)
             gpu_count = None  # a CPU server takes no gpu_count (EXTENSIONS §11)
         try:
