@@ -44,6 +44,7 @@ from kcoral.response import (
     health_error,
 )
 from kcoral.results import ProgramResult
+from kcoral.run.terminal_filter import screened
 
 if TYPE_CHECKING:
     from kcoral.async_client import AsyncClient
@@ -222,7 +223,10 @@ class BaseClient:
                 and _major_minor(server_version) != _major_minor(ours)
             ):
                 warnings.warn(
-                    f"KCoral server version {server_version} differs from client version {ours}",
+                    # a warning is printed to the user's terminal as it is: the server's
+                    # text in it screened (kcoral.run.terminal_filter.screened)
+                    f"KCoral server version {screened(server_version)} differs from client "
+                    f"version {ours}",
                     UserWarning,
                     stacklevel=4,
                 )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # Defined by the protocol layer (which imports nothing else of kcoral), re-exported here.
 from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ExecutionError, ValidationError
+from kcoral.run.terminal_filter import screened
 
 if TYPE_CHECKING:
     from kcoral.results import ProgramResult
@@ -45,7 +46,11 @@ class KCoralError(Exception):
         self.request_id = request_id
 
     def __str__(self) -> str:
-        return f"HTTP {self.status_code}: {self.message}"
+        # Who can reach this: the server answering, malicious or not, writes ``message``;
+        # Python prints this ``str`` of an uncaught error to the user's terminal as it is,
+        # where an escape string writes the clipboard or types into the shell. ``message``
+        # keeps the server's text whole for a program that reads it.
+        return f"HTTP {self.status_code}: {screened(self.message)}"
 
     @property
     def without_error_body(self) -> bool:
@@ -128,9 +133,14 @@ class RemoteExecutionError(RuntimeError):
 
     def __init__(self, result: ProgramResult) -> None:
         error: dict[str, Any] = result.error or {}
+        # The server writes the failure's message (a malicious one, anything): screened for
+        # the terminal an uncaught error is printed on, as its note is (remote_report);
+        # ``result.error`` keeps it whole.
         super().__init__(
-            f"Remote execution {result.request_id} failed: "
-            f"{error.get('kind')}: {error.get('message')}"
+            screened(
+                f"Remote execution {result.request_id} failed: "
+                f"{error.get('kind')}: {error.get('message')}"
+            )
         )
         self.result = result
 

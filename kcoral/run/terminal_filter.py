@@ -233,6 +233,15 @@ class TerminalFilter:
         return "".join(sequence for _what, sequence in undo)
 
 
+def screened(text: str) -> str:
+    """``text`` printed in one piece where a terminal may show it (an uncaught error's or a
+    warning's line): screened as a tool's output is, and what its kept sequences left set
+    (a colour) undone at its end. Python prints an error's ``str`` and a warning to a
+    terminal byte for byte, so a server's text in one must pass here first."""
+    screen = TerminalFilter()
+    return screen.feed(text) + screen.restore()
+
+
 def _modes_kept(parameters: str, kept: frozenset[str]) -> bool:
     """Whether every mode of an ``h``/``l`` is one of ``kept``."""
     return all(mode in kept for mode in parameters.split(";"))
