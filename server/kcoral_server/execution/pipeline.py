@@ -279,6 +279,9 @@ class ExecuteRequest:
                     state.request_done()
         except NoWorker as exc:  # only the checkout raises it: no seat within the wait, or closing
             raise saturated(str(exc)).failure() from None
+        finally:
+            if self.record.seat is None:  # the wait ended without a seat (busy, cancel, left)
+                self.record.waited_ms = (time.monotonic() - admitted_at) * 1000.0
         return self._respond(outcome, queue_ms)
 
     # ------------------------------------------------------------------ response

@@ -60,6 +60,10 @@ class RequestRecord:
     timeout_seconds: float | None = None
     missing: int | None = None  # blobs a ``CACHE_MISS`` named
     seat: SeatAssignment | None = None
+    #: how long a request that never got a seat waited for one (``waited_ms``): a 503
+    #: ``busy``, a cancel or a client that left while queued; the queue-wait metric counts
+    #: these too, else its quantiles miss exactly the longest waits (EXTENSIONS §13)
+    waited_ms: float | None = None
     gpu_ids: list[int] | None = None  # a GPU-set request's leased set (PROTOCOL §6.5)
     status: str | None = None  # ``COMPLETED`` or ``FAILED``: the program finished
     error: ErrorSummary | None = None
@@ -109,6 +113,8 @@ class RequestRecord:
                 gpu_id=self.seat.gpu_id,
                 queue_ms=self.seat.queue_ms,
             )
+        elif self.waited_ms is not None:
+            out["waited_ms"] = self.waited_ms
         if self.gpu_ids is not None:
             out["gpu_ids"] = list(self.gpu_ids)
         if self.status is not None:

@@ -28,6 +28,7 @@ from kcoral_server.metrics.exposition import exposition_of
 from kcoral_server.metrics.labels import (
     ERROR_KINDS,
     FINISH_REASONS,
+    NONE,
     RETIRE_REASONS,
     START_PHASES,
     gpu_label,
@@ -255,8 +256,11 @@ class ServerMetrics:
             else [self._gpu(fields)]
         )
         queue_ms = fields.get("queue_ms")
+        waited_ms = fields.get("waited_ms")
         if isinstance(queue_ms, (int, float)) and "worker_id" in fields:
             self.queue_seconds.labels(gpus[0]).observe(max(0.0, queue_ms / 1000.0))
+        elif isinstance(waited_ms, (int, float)):  # waited in vain: no seat, so no GPU
+            self.queue_seconds.labels(NONE).observe(max(0.0, waited_ms / 1000.0))
         wait_ms, held_ms = fields.get("lease_wait_ms"), fields.get("lease_held_ms")
         for gpu in gpus:
             if gpu == "cpu":
