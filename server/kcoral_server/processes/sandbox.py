@@ -48,6 +48,7 @@ from kcoral_server.gpu.device_nodes import device_nodes
 from kcoral_server.storage.trees import remove_tree
 
 PROBE_TIMEOUT_SECONDS = 10.0
+PROBE_TMPFS_BYTES = 1 << 20
 DISABLED_MESSAGE = "the bubblewrap sandbox is unusable; continuing with --sandbox none"
 REFUSED_MESSAGE = "--sandbox bubblewrap cannot run here"
 WORKSPACE_MOUNTS = ("/work", "/workspace", "/kcoral-work")
@@ -152,8 +153,13 @@ def probe(bwrap: str | None = None, timeout: float = PROBE_TIMEOUT_SECONDS) -> s
     bwrap = bwrap or shutil.which("bwrap")
     if bwrap is None:
         return "bwrap was not found on PATH"
-    command = [bwrap, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]
-    command += ["--ro-bind", "/", "/", "true"]
+    # The mounts a worker's sandbox makes (SandboxDir.command), not only its namespaces: a
+    # container's masked /proc lets bwrap unshare but refuses the fresh procfs ("Can't mount
+    # proc on /newroot/proc"), and a probe without --proc passed there while every worker
+    # failed; the node restarted its server for ever rather than exit 2 saying why.
+    command = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    command += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    command += ["--size", str(PROBE_TMPFS_BYTES), "--tmpfs", "/tmp", "true"]
     try:
         done = subprocess.run(command, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
