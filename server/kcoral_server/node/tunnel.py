@@ -3,9 +3,9 @@ request relayed to the node's own loopback ``POST /execute`` while streaming bot
 
 Beyond the spec (docs/scaling.md): a request head may name another method and path with the
 pseudo-headers ``:method`` / ``:path`` (only the endpoints in ``FORWARDABLE``), and the node
-also opens ``control_slot_count(seats)`` *control* slots (gRPC metadata
-``kcoral-slot-kind: control``) for ``/v1/info`` and the job reads, so long-lived event
-streams never occupy a worker seat's slot.
+also opens *control* slots (gRPC metadata ``kcoral-slot-kind: control``) for ``/v1/info``
+and the job reads, so long-lived event streams never occupy a worker seat's slot; more as
+they fill (control_slots.py).
 
 Started by the child server once it listens: ``handle = await start_tunnel(...)``;
 ``await handle.close()`` on shutdown closes idle slots at once and lets busy ones finish.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import re
 import sys
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit
 import grpc
 
 from kcoral.connection.keep_alive import POOLED_IDLE_SECONDS
+from kcoral_server.node.control_slots import ControlSlots
 from kcoral_server.node.http11 import HttpConnection, HttpError
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.channel import Channel, ChannelClosed
@@ -71,18 +71,8 @@ FORWARDABLE = re.compile(
     rb"|v1/revocations(?:/[A-Za-z0-9][A-Za-z0-9_.@-]{0,63})?)"
     rb"(?:\?[\x21-\x7e]*)?"
 )
-CONTROL_SLOTS_ENV = "KCORAL_NODE_CONTROL_SLOTS"
 #: what grpc.aio raises for a write to a slot stream that ended (or this node half-closed)
 STREAM_ENDED = (grpc.RpcError, asyncio.InvalidStateError)
-
-
-def control_slot_count(worker_slots: int, environ: Any = None) -> int:
-    """Control slots to open: twice the worker seats, at least 4 (env override for tests)."""
-    env = os.environ if environ is None else environ
-    value = env.get(CONTROL_SLOTS_ENV, "")
-    if value.isdigit():
-        return int(value)
-    return max(4, 2 * worker_slots)
 
 
 def request_target(head: pb.RequestHead) -> tuple[str, str]:
@@ -162,6 +152,16 @@ def say_disconnected(
     )
 
 
+async def sleep_unless_closing(tunnel: Tunnel, seconds: float, index: int) -> None:
+    """Wait ``seconds`` before slot ``index`` reconnects, less if the tunnel closes."""
+    end = asyncio.get_running_loop().time() + seconds
+    while not tunnel.closing_slot(index):
+        left = end - asyncio.get_running_loop().time()
+        if left <= 0:
+            return
+        await asyncio.sleep(min(left, 0.2))
+
+
 class ProtocolViolation(Exception):
     """The router sent a frame the node must not accept; the stream is dropped."""
 
@@ -209,7 +209,7 @@ class Tunnel:
         if server_secret:
             self.local_headers.append((b"authorization", f"Bearer {server_secret}".encode()))
         self.slot_count = slot_count
-        self.control_slots = control_slot_count(slot_count)
+        self.control = ControlSlots(slot_count)
         self.event_log = event_log
         self.closing = False
         self.closing_workers = False  # worker slots only (``close_worker_slots``)
@@ -230,10 +230,11 @@ class Tunnel:
             router_endpoint=self.router_endpoint,
             node_id=self.node_id,
             slots=self.slot_count,
-            control_slots=self.control_slots,
+            control_slots=self.control.base,
+            max_control_slots=self.control.ceiling,
         )
         loop = asyncio.get_running_loop()
-        total = self.slot_count + self.control_slots
+        total = self.slot_count + self.control.base
         self.tasks = [loop.create_task(self.run_slot(i)) for i in range(total)]
 
     async def close_worker_slots(self) -> None:
@@ -255,7 +256,15 @@ class Tunnel:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         await self.channel.close()
 
-    def _closing(self, index: int) -> bool:
+    def _open_control_slot(self) -> None:
+        """One more control slot: fewer than ``control_slots.RESERVE`` are free."""
+        if self.closing:
+            return
+        self.control.open_one()
+        index = len(self.tasks)
+        self.tasks.append(asyncio.get_running_loop().create_task(self.run_slot(index)))
+
+    def closing_slot(self, index: int) -> bool:
         return self.closing or (self.closing_workers and index < self.slot_count)
 
     # -- one slot --------------------------------------------------------------------------
@@ -267,7 +276,7 @@ class Tunnel:
         if index >= self.slot_count:
             metadata = (*metadata, (SLOT_KIND_METADATA, CONTROL))
         failures = 0  # failed attempts in a row: only the first, then every 16th, is said
-        while not self._closing(index):
+        while not self.closing_slot(index):
             slot_id = str(uuid.uuid4())
             call = self.connect_slot(metadata=metadata)
             expected, error = False, ""
@@ -307,23 +316,15 @@ class Tunnel:
             finally:
                 self.idle_calls.pop(index, None)
                 call.cancel()
-            if self._closing(index):
+            if self.closing_slot(index):
                 break
             wait = 0.0 if expected else jittered(delay)
             if not expected:
                 delay = min(delay * 2, MAX_DELAY)
                 failures += 1
             say_disconnected(self, index, expected, failures, error, wait)
-            await self._sleep(wait, index)
+            await sleep_unless_closing(self, wait, index)
         connection.close()
-
-    async def _sleep(self, seconds: float, index: int) -> None:
-        end = asyncio.get_running_loop().time() + seconds
-        while not self._closing(index):
-            left = end - asyncio.get_running_loop().time()
-            if left <= 0:
-                return
-            await asyncio.sleep(min(left, 0.2))
 
     async def serve(
         self, index: int, slot_id: str, call: Any, connection: HttpConnectionPool
@@ -336,7 +337,7 @@ class Tunnel:
         self.idle_calls[index] = call
         try:
             while True:
-                if self._closing(index) and (
+                if self.closing_slot(index) and (
                     current is None or current.task is None or current.task.done()
                 ):
                     return False, "shutting down"
@@ -353,6 +354,8 @@ class Tunnel:
                         current.followed = True
                     current = _Request(frame.request_id)
                     self.idle_calls.pop(index, None)
+                    if index >= self.slot_count and self.control.taken(index):
+                        self._open_control_slot()
                     current.task = asyncio.get_running_loop().create_task(
                         self.relay(call, frame, current, previous, connection, index)
                     )
@@ -463,9 +466,11 @@ class Tunnel:
                 body_task.cancel()
             await asyncio.gather(body_task, return_exceptions=True)
             pool.put(connection, answered)
+            if index >= self.slot_count and not request.followed:
+                self.control.freed(index)
             if request.followed:
                 pass  # the slot carries the next request already: its end is that one's
-            elif self._closing(index):
+            elif self.closing_slot(index):
                 # Draining: half-close, and the router ends the stream once it has read the
                 # answer (serve() then sees the end). A cancel here could overtake the frames
                 # just written, and the last answer of a draining node was lost.

@@ -1,0 +1,105 @@
+"""Many people following one job through a router all see its output live (docs/scaling.md,
+control slots). A one-seat node opened four control slots and an event stream never takes
+the last free one, so three followers saw the output live and the rest saw nothing until
+the job ended, without a word (jobs soak). The node now opens more control slots as they
+fill, up to its ceiling.
+
+Liveness is proven by order: the program cannot end before every follower has seen its
+first line, since it waits for a file the test creates only then. Never by timing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kcoral_server.node.control_slots import CEILING, ControlSlots
+from router_helpers import Node, ready_nodes, start_router, stopping
+
+import kcoral
+
+pytestmark = pytest.mark.slow
+TOKEN = "followers-client-token"
+NODE_ENV = {"KCORAL_NODE_TOKEN": "followers-node-token"}
+FOLLOWERS = 10
+
+WAIT_FOR_FILE = """
+import os, time
+def f(go):
+    print("first", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    print("second")
+    return 7
+"""
+
+
+def waiting_program(go: Path) -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=WAIT_FOR_FILE)
+    function = program.get_function(module=module, name="f")
+    program.return_(key="r", value=program.run(fn=function, args=[str(go)]))
+    return program
+
+
+def follow(url: str, job_id: str, saw_first: threading.Event, texts: list[str]) -> None:
+    with kcoral.Client(url, token=TOKEN) as client:
+        for event in client.job(job_id).events():
+            if event.kind == "stdout":
+                texts.append(event.text)
+                if "first" in event.text:
+                    saw_first.set()
+
+
+def test_ten_people_following_one_job_on_a_one_seat_node_all_see_it_live(
+    tmp_path: Path,
+) -> None:
+    router = start_router(tmp_path, env={"KCORAL_AUTH_TOKEN": TOKEN, **NODE_ENV})
+    node = Node(tmp_path, router, "node-a", NODE_ENV, "--num-workers", "1")
+    go = tmp_path / "go"
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        with kcoral.Client(router.url, token=TOKEN) as client:
+            job = client.submit(waiting_program(go))
+            seen = [threading.Event() for _ in range(FOLLOWERS)]
+            texts: list[list[str]] = [[] for _ in range(FOLLOWERS)]
+            followers = [
+                threading.Thread(target=follow, args=(router.url, job.id, seen[i], texts[i]))
+                for i in range(FOLLOWERS)
+            ]
+            for thread in followers:
+                thread.start()
+            deadline = time.monotonic() + 60
+            for event in seen:
+                event.wait(max(0.0, deadline - time.monotonic()))
+            live = sum(event.is_set() for event in seen)
+            go.touch()  # let the program end whatever happened, so the followers stop
+            for thread in followers:
+                thread.join(60)
+            assert live == FOLLOWERS, f"only {live} of {FOLLOWERS} followers saw output live"
+            assert job.result(timeout=60).results["r"] == 7
+            assert all("".join(t) == "first\nsecond\n" for t in texts), texts
+
+
+def test_a_node_opens_control_slots_as_they_fill_up_to_its_ceiling() -> None:
+    slots = ControlSlots(1, {})
+    assert (slots.base, slots.ceiling) == (4, CEILING)
+    worker_slots = 1
+    opened = []
+    for index in range(worker_slots, worker_slots + CEILING):
+        if slots.taken(index):
+            slots.open_one()
+            opened.append(index)
+    assert slots.opened == CEILING and len(opened) == CEILING - slots.base
+    # at the ceiling every slot may be taken, and none more opens
+    assert len(slots.busy) == CEILING and not slots.taken(worker_slots)
+    slots.freed(worker_slots)
+    assert len(slots.busy) == CEILING - 1
+
+
+def test_a_fixed_control_slot_count_never_grows() -> None:
+    slots = ControlSlots(1, {"KCORAL_NODE_CONTROL_SLOTS": "2"})
+    assert (slots.base, slots.ceiling) == (2, 2)
+    assert not slots.taken(1) and not slots.taken(2)
