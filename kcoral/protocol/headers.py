@@ -9,6 +9,9 @@ from collections.abc import Sequence
 REQUEST_ID_HEADER = "X-Request-ID"
 NODE_HEADER = "X-KCoral-Node"
 SERIALIZATION_HEADER = "X-KCoral-Serialization"
+#: ``POST /v1/jobs``: cancel the job once no event stream has followed it for this many
+#: seconds (EXTENSIONS.md §5)
+CANCEL_UNFOLLOWED_HEADER = "X-KCoral-Cancel-Unfollowed"
 #: Its values: remote-function argument/result formats (EXTENSIONS.md §4).
 SERIALIZATION_FORMATS = ("json", "pickle")
 MAX_NODE_ECHO_CHARS = 512

@@ -20,6 +20,7 @@ from typing import Any, TypeGuard
 
 from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
+from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
 from kcoral.run.inputs import LocalFileError, collect_inputs, sent_as
@@ -199,7 +200,8 @@ class ConnectionLostMidRun(Exception):
     def __str__(self) -> str:
         return (
             f"lost the server at {self.url} while the tool ran: {self.reason}; its job "
-            f"{self.job_id} may run on: follow or cancel it with "
+            f"{self.job_id} may run on, and is cancelled {UNFOLLOWED_CANCEL_SECONDS} s after "
+            f"its last follower went: follow or cancel it with "
             f"kcoral.Client({self.url!r}).job({self.job_id!r})"
         )
 
@@ -348,7 +350,11 @@ def execute(options: RunOptions, program: Any) -> Any:
     from kcoral.client import Client
 
     progress = Progress(f"{PROG}: sending inputs", options.input_bytes, sys.stderr, waiting=True)
-    with Client(options.url) as client:
+    # A job of ours that no one follows for a while ends (EXTENSIONS §7): a client killed
+    # outright (SIGKILL, the OOM killer) cancels nothing itself, and its job ran on to its
+    # deadline while nothing had said its id. Other requests ignore the header.
+    cancel_unfollowed = {CANCEL_UNFOLLOWED_HEADER: str(UNFOLLOWED_CANCEL_SECONDS)}
+    with Client(options.url, headers=cancel_unfollowed) as client:
         info = _server_info(client)
         options.server_output_limit_bytes = _max_output_limit(info)
         _warn_of_a_clamped_timeout(options, info)
@@ -419,6 +425,12 @@ def execute(options: RunOptions, program: Any) -> Any:
         finally:
             first_in_line.cancel()
 
+
+#: How long the server lets a job of ``kcoral run`` run on with no client following its
+#: events: longer than the client's reconnects after a restarted router or a network blip
+#: (EXTENSIONS §5; ``kcoral.jobs`` gives up after ~10 s of refused connections, or 45 s of
+#: a router's 503), so only a client that is gone loses its job.
+UNFOLLOWED_CANCEL_SECONDS = 60
 
 #: How long a job first in line may wait for a worker before ``kcoral run`` says it waits.
 WAITING_NOTICE_SECONDS = 1.0

@@ -41,6 +41,7 @@ from kcoral.protocol.strict_json import dumps_compact
 from kcoral_server.execution.control import RequestObserver
 from kcoral_server.execution.responses import Reply
 from kcoral_server.front_door.callers import Identity
+from kcoral_server.jobs.followers import FollowerWatch
 from kcoral_server.jobs.output_stream import OutputTail
 from kcoral_server.jobs.spill import SpillDirectory, SpillFile
 from kcoral_server.storage.fair_eviction import fair_victims
@@ -141,6 +142,9 @@ class Job(RequestObserver):
         self.revoked = False  # cancelled because its owner's token was revoked (SIGHUP)
         #: the end message of the session that ended under it (its job is CANCELLED)
         self.session_end: str | None = None
+        #: cancels it once no event stream has followed it for a while, where its submitter
+        #: asked for that (``X-KCoral-Cancel-Unfollowed``, EXTENSIONS §5)
+        self.follow_watch: FollowerWatch | None = None
         self.events: list[bytes] = []  # event i has id i + 1 (emptied once written to disk)
         self.event_bytes = 0
         self.events_file: SpillFile | None = None  # a finished job's events, when on disk
@@ -291,6 +295,8 @@ class Job(RequestObserver):
         if self._tail is not None:
             self._tail.close()
             self._tail = None
+        if self.follow_watch is not None:
+            self.follow_watch.close()
         record = request.record
         reason = request.finish_reason
         if reason in ("cancelled", "client_disconnected"):
@@ -374,6 +380,23 @@ class JobRegistry:
 
     def add(self, job: Job) -> None:
         self.jobs[job.id] = job
+
+    def cancel_when_unfollowed(self, job: Job, grace: int) -> None:
+        """Cancel ``job`` once no event stream has followed it for ``grace`` seconds."""
+
+        def unfollowed() -> None:
+            if self._emit is not None:
+                self._emit(
+                    "job_unfollowed",
+                    "WARNING",
+                    job_id=job.id,
+                    request_id=job.request_id,
+                    owner=job.owner,
+                    seconds=grace,
+                )
+            job.cancel()
+
+        job.follow_watch = FollowerWatch(grace, unfollowed)
 
     def lookup(self, job_id: str, identity: Identity) -> Job | Expiry | None:
         """The job, its ``Expiry`` (answered ``job_expired``), or None (``not_found``).

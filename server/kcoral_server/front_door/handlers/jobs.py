@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 import tornado.iostream
 import tornado.web
 
-from kcoral.protocol.headers import REQUEST_ID_HEADER
+from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER, REQUEST_ID_HEADER
 from kcoral_server.execution.responses import Refusal, saturated
 from kcoral_server.front_door.handler_defaults import SMALL_BODY_BYTES
 from kcoral_server.front_door.handlers.base import BaseHandler
 from kcoral_server.front_door.handlers.execute import ExecuteHandler
 from kcoral_server.front_door.token_reload import revoked_message
+from kcoral_server.jobs.followers import unfollowed_grace
 from kcoral_server.jobs.job_listing import LEFT_OUT_HEADER, LIMIT_PROBLEM, listing_limit
 from kcoral_server.jobs.store import Expiry, Job
 
@@ -83,6 +84,10 @@ class JobSubmitHandler(ExecuteHandler):
     async def post(self) -> None:
         if self.answer_pending_refusal() or self._finished or self.body is None:
             return
+        grace = unfollowed_grace(self.request.headers.get(CANCEL_UNFOLLOWED_HEADER))
+        if isinstance(grace, str):
+            self.send_error_json(400, "parse", grace)
+            return
         state = self.state
         job = state.jobs.new_job(self.request_id, self.identity)
         slot, self.slot_owner = self.slot_owner, None  # the job's until its request ends
@@ -93,6 +98,8 @@ class JobSubmitHandler(ExecuteHandler):
         self.pipeline = None
         if job.accepted_future.done():
             state.jobs.add(job)
+            if grace is not None:
+                state.jobs.cancel_when_unfollowed(job, grace)
             # The queued job holds its body until its request ends, as an /execute request
             # does while its client waits: the charge stays on the in-flight bytes until
             # then, not until the 202, or queued jobs would hold bodies without bound.
@@ -201,6 +208,11 @@ class JobResultHandler(JobHandler):
             by = f" by admin {job.cancelled_by}" if job.cancelled_by else ""
             if job.revoked:
                 by = f": {revoked_message(job.owner)}"
+            elif job.follow_watch is not None and job.follow_watch.fired:
+                by = (
+                    f": no client followed its events for {job.follow_watch.grace} s "
+                    f"({CANCEL_UNFOLLOWED_HEADER})"
+                )
             elif job.session_end is not None:
                 # its session ended under it (a DELETE, an interrupt's grace): said so, where
                 # the owner of a session job read only "the job was cancelled" (jobs soak)
@@ -262,6 +274,9 @@ class JobEventsHandler(JobHandler):
         self.set_header("X-Accel-Buffering", "no")
         job.listeners.add(self.wake)
         checked = self.state.authenticator  # the tokens the caller was checked against
+        watch = job.follow_watch
+        if watch is not None:
+            watch.follower_came()
         try:
             try:
                 await self.flush()  # headers now: the client knows the stream is open
@@ -294,6 +309,8 @@ class JobEventsHandler(JobHandler):
                 await self.wake.wait()
         finally:
             job.listeners.discard(self.wake)
+            if watch is not None:
+                watch.follower_left()
         if not self.closed:
             self.finish()
 

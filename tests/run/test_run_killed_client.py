@@ -1,0 +1,124 @@
+"""A ``kcoral run`` that is killed outright (SIGKILL: ``kill -9``, the OOM killer) cannot
+cancel its job itself; it asks the server to cancel the job once nobody follows it
+(``X-KCoral-Cancel-Unfollowed``, EXTENSIONS §5 and §7). Before, the job ran on to its
+deadline, and nothing had printed its id to follow or cancel it by.
+
+A real server as the README starts one: tokens on, the default sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_process import RunningServer, client_token_file, running_server
+
+from kcoral import Client, Program
+from kcoral.errors import KCoralError
+from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+TOKEN = "token-run-killed-0123456789"
+#: ``kcoral run`` with its grace shortened, so that the test need not wait a minute
+SHORT_GRACE_RUN = (
+    "import sys, kcoral.run.command as command; command.UNFOLLOWED_CANCEL_SECONDS = 2; "
+    "from kcoral.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    directory = tmp_path_factory.mktemp("killed-client")
+    tokens = client_token_file(directory, f"{TOKEN}\n")
+    args = ["--log-dir", "", "--auth-token-file", str(tokens), "--sandbox", "auto"]
+    with running_server(directory / "server", args) as running:
+        yield running
+
+
+def _only_job(client: Client) -> dict:
+    jobs = [job for job in client.jobs() if job["status"] in ("QUEUED", "RUNNING")]
+    assert len(jobs) == 1, jobs
+    return jobs[0]
+
+
+def _wait_for_end(client: Client, job_id: str) -> dict:
+    deadline = time.monotonic() + 120
+    while (state := client.job(job_id).status())["status"] in ("QUEUED", "RUNNING"):
+        assert time.monotonic() < deadline, f"the job ran on: {state}"
+        time.sleep(0.1)
+    return state
+
+
+def test_a_kcoral_run_killed_with_sigkill_has_its_job_cancelled(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    code = "import time\nprint('started', flush=True)\ntime.sleep(150)\n"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SHORT_GRACE_RUN, "run", "python", "--url", server.url, "--",
+         "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "KCORAL_TOKEN": TOKEN},
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert run.stdout is not None
+        assert run.stdout.readline() == "started\n"  # the remote tool runs
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    with Client(server.url, token=TOKEN) as client:
+        job_id = _only_job(client)["job_id"]
+        state = _wait_for_end(client, job_id)
+        assert state["status"] == "CANCELLED"
+        with pytest.raises(KCoralError) as cancelled:
+            client.job(job_id).result()
+    assert cancelled.value.message == (
+        f"the job was cancelled: no client followed its events for 2 s ({CANCEL_UNFOLLOWED_HEADER})"
+    )
+
+
+def _sleeper(seconds: float) -> Program:
+    program = Program()
+    module = program.upload(
+        kind="module", source=f"import time\ndef f():\n    time.sleep({seconds})\n", id="m"
+    )
+    program.return_(key="v", value=program.run(fn=program.get_function(module=module, name="f")))
+    return program
+
+
+def test_a_job_followed_all_along_is_not_cancelled(server: RunningServer) -> None:
+    # The grace (1 s) passes three times while the job runs; its one follower stays.
+    headers = {CANCEL_UNFOLLOWED_HEADER: "1"}
+    with Client(server.url, token=TOKEN, headers=headers) as client:
+        job = client.submit(_sleeper(3))
+        for _event in job.events():
+            pass
+        assert job.status()["status"] == "COMPLETED"
+
+
+def test_a_job_submitted_without_the_header_runs_on_unfollowed(server: RunningServer) -> None:
+    with Client(server.url, token=TOKEN) as client:
+        job = client.submit(_sleeper(2))
+        job.result()  # never followed, and it completed
+        assert job.status()["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "soon", "86401", "9" * 40])
+def test_a_malformed_cancel_unfollowed_header_is_refused(server: RunningServer, value: str) -> None:
+    with Client(server.url, token=TOKEN, headers={CANCEL_UNFOLLOWED_HEADER: value}) as client:
+        with pytest.raises(KCoralError) as refused:
+            client.submit(_sleeper(0))
+    assert refused.value.status_code == 400
+    assert refused.value.kind == "parse"
+    assert refused.value.message == (
+        f"{CANCEL_UNFOLLOWED_HEADER} must be a whole number of seconds from 1 to 86400"
+    )
