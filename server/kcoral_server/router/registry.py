@@ -123,6 +123,12 @@ class NodeRecord:
             and not s.closed.is_set()
         ]
 
+    def reachable(self) -> bool:
+        """Whether a request bound to this node (its job's) can reach it: its supervisor is
+        connected, or its server's control slots are still open (a supervisor that died
+        alone: the server runs on and finishes its jobs, which are read through them)."""
+        return self.connected or bool(self.current_slots(CONTROL))
+
     def idle_slots(self, kind: str = WORKER) -> list[RouterSlot]:
         return [s for s in self.current_slots(kind) if not s.busy]
 
@@ -449,7 +455,7 @@ class Registry:
         where another control slot stays idle (an event stream, docs/scaling.md)."""
         if node_id is not None:
             node = self.nodes.get(node_id)
-            candidates = [node] if node is not None and node.connected else []
+            candidates = [node] if node is not None and node.reachable() else []
         else:
             candidates = [
                 n

@@ -239,7 +239,7 @@ class ControlAdmission(_WaitingRoom):
         if node_id is None:
             return
         node = self.registry.nodes.get(node_id)
-        if node is None or not node.connected:
+        if node is None or not node.reachable():
             raise NodeGone(node_id)
 
     def wake(self) -> None:
