@@ -12,10 +12,8 @@ cloudpickle versions, so a mismatch is reported in words before anything is unpi
 from here, where older clients' uploaded ``%%kcoral`` code imports them).
 
 Who can reach what (a malicious server): unpickling runs code, so the client unpickles only
-what the call itself asked for in pickle format, under the names it asked for
-(``load_requested``: the decoder is handed the set of names it may unpickle). A JSON-mode
-call never unpickles anything, whatever the answer holds; asking for pickle means trusting
-that server with code execution in this process.
+what the call asked for in pickle format, under the names it asked for (``load_requested``);
+a JSON-mode call unpickles nothing. Asking for pickle trusts that server with code execution.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from kcoral.program import Program, plain_scalars
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.protocol.pickle_envelope import PickleVersionError, dump_envelope, load_envelope
 from kcoral.protocol.selector import SelectorInput, check_select
-from kcoral.remote_report import note_remote_traceback, show_output
+from kcoral.remote_report import interrupted, note_remote_traceback, show_output
 from kcoral.remote_source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
 
@@ -512,7 +510,11 @@ class RemoteFunction:
         if _asked_async(run_async):
             return self._remote_async(args, kwargs, serialization)
         fmt = self._format(serialization)
-        return self._value(self._execute_blocking(self._build(args, kwargs, fmt), fmt), fmt)
+        result = self._execute_blocking(self._build(args, kwargs, fmt), fmt)
+        try:
+            return self._value(result, fmt)
+        except RemoteExecutionError as error:  # one KCoral frame shown, not three
+            raise error.with_traceback(None) from None
 
     def _value(self, result: ProgramResult, fmt: str) -> Any:
         show_output(result)  # the function's prints, as a local call shows them
@@ -543,9 +545,12 @@ class RemoteFunction:
         return await call_cuttable(call)
 
     def _execute_blocking(self, program: Program, fmt: str) -> ProgramResult:
-        if self._client.is_async:
-            return run_blocking(self._client.execute(program, **self._options(fmt)))
-        return self._client.execute(program, **self._options(fmt))
+        try:
+            if self._client.is_async:
+                return run_blocking(self._client.execute(program, **self._options(fmt)))
+            return self._client.execute(program, **self._options(fmt))
+        except KeyboardInterrupt:  # its connection closed: the server cancels the program
+            raise interrupted(self.__name__, self._client) from None
 
     def _options(self, fmt: str) -> dict[str, Any]:
         return {

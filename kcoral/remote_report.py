@@ -55,6 +55,15 @@ NO_TRAMPOLINE = (
 )
 
 
+def interrupted(name: str, caller: Any) -> KeyboardInterrupt:
+    """An interrupt (Ctrl-C, a kernel's) of ``name``'s blocking call through ``caller`` (a
+    client or a session), as the user reads it. The interrupt closed the call's connection,
+    so the server cancels the program; the user read a bare ``KeyboardInterrupt`` under
+    forty lines of urllib3 and http.client, nothing about the remote call."""
+    server = getattr(caller, "base_url", None) or caller.client.base_url
+    return KeyboardInterrupt(f"interrupted: the remote call {name}() on {server} was cancelled")
+
+
 def show_output(result: ProgramResult) -> None:
     """Write what the call printed where the caller's own prints go, and say when the
     server cut it at the output limit."""

@@ -1,0 +1,114 @@
+"""What a user reads when a remote call is interrupted or fails, against a real server with a
+client token (CLIENT_API §8 ``remote``): a few lines about their call, not KCoral's or
+urllib3's insides."""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_process import client_token_file, running_server
+
+from kcoral import Client
+from kcoral.errors import RemoteExecutionError
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A CPU server as the README starts one on a shared machine: with a client token."""
+    directory = tmp_path_factory.mktemp("short-errors")
+    token = secrets.token_hex(16)
+    tokens = client_token_file(directory, token + "\n")
+    with running_server(directory, ["--auth-token-file", str(tokens)]) as running:
+        yield running.url, token
+
+
+NAPPING_SCRIPT = """
+import sys
+import kcoral
+
+client = kcoral.Client(sys.argv[1], token=sys.argv[2])
+
+
+@client.function(serialization=sys.argv[3])
+def nap():
+    import time
+
+    time.sleep(120)
+
+
+nap.remote()
+print("the script went on")
+"""
+
+
+@pytest.mark.parametrize("serialization", ["json", "pickle"])
+def test_ctrl_c_in_a_script_says_the_remote_call_was_cancelled_in_a_few_lines(
+    server: tuple[str, str], serialization: str, tmp_path: Path
+) -> None:
+    # Before, the user read a bare KeyboardInterrupt under about forty lines of urllib3's
+    # and http.client's frames, nothing saying what became of the remote call.
+    url, token = server
+    script = tmp_path / "napping.py"
+    script.write_text(NAPPING_SCRIPT)
+    with Client(url, token=token) as client:
+
+        def in_progress() -> int:
+            return int(client.health()["load"]["requests_in_progress"])
+
+        process = subprocess.Popen(
+            [sys.executable, str(script), url, token, serialization],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            while in_progress() == 0:  # the program has started on the server
+                assert process.poll() is None, process.communicate()
+                time.sleep(0.05)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+        lines = err.strip().splitlines()
+        assert lines[-1] == (
+            f"KeyboardInterrupt: interrupted: the remote call nap() on {url} was cancelled"
+        )
+        assert len(lines) <= 10, err
+        assert "urllib3" not in err and "http/client.py" not in err
+        assert out == ""
+        for _ in range(300):  # and it is true: the server cancelled the program
+            if in_progress() == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the program still runs: {client.health()['load']}")
+
+
+def failing(x: int) -> None:
+    raise ValueError(f"bad {x}")
+
+
+@pytest.mark.parametrize("serialization", ["json", "pickle"])
+def test_a_remote_failure_shows_one_frame_of_kcoral_between_the_call_and_the_remote_traceback(
+    server: tuple[str, str], serialization: str
+) -> None:
+    # Before, three of KCoral's frames (remote, _value, output_value) stood between the
+    # user's line and the remote traceback: twenty lines of KCoral's source in a notebook.
+    url, token = server
+    with Client(url, token=token) as client:
+        function = client.function(serialization=serialization)(failing)
+        with pytest.raises(RemoteExecutionError) as caught:
+            function.remote(1)
+    frames = traceback.extract_tb(caught.value.__traceback__)
+    kcoral_frames = [frame.name for frame in frames if "/kcoral/" in frame.filename]
+    assert kcoral_frames == ["remote"]
+    if sys.version_info >= (3, 11):  # the remote traceback is a note (PEP 678)
+        assert 'in failing\n    raise ValueError(f"bad {x}")' in caught.value.__notes__[0]
