@@ -42,6 +42,12 @@ BODY_FAILED_MESSAGE = "client request body failed while streaming"
 TRANSPORT_MESSAGE = (
     "the tunnel to the node failed; the execution outcome is unknown and was not retried"
 )
+#: the same 502 when the router itself cut the tunnel, stopping (SIGTERM: a restart or an
+#: upgrade): "the tunnel failed" sent users to look at a node that had done nothing wrong
+STOPPED_TRANSPORT_MESSAGE = (
+    "the router is shutting down and closed the tunnel to the node; the execution outcome"
+    " is unknown and was not retried"
+)
 BUFFERED_ANSWER_LIMIT = 1 << 16
 
 
@@ -378,9 +384,9 @@ class ForwardHandler(RouterHandler):
             if self.response_started:
                 self._abort_connection()
             else:
-                self.send_router_error(
-                    502, "server_transport", TRANSPORT_MESSAGE, self.finish_reason
-                )
+                stopped = self.state.admission.closed  # closed only by the router's stop
+                message = STOPPED_TRANSPORT_MESSAGE if stopped else TRANSPORT_MESSAGE
+                self.send_router_error(502, "server_transport", message, self.finish_reason)
             return
         except tornado.iostream.StreamClosedError:
             self.on_connection_close()
