@@ -156,7 +156,7 @@ class RouterSettings:
     # token's, not a field), each opening only the node ids its line names: Slurm users who
     # each held the one shared token could otherwise take each other's node ids.
     node_tokens: NodeTokens | None = None
-    # resolved by hand like node_token: an empty KCORAL_METRICS_TOKEN is refused
+    # resolved by hand like node_token: an empty KCORAL_METRICS_TOKEN is unset, as on a server
     metrics_token: str | None = setting(
         None,
         flag="--metrics-token",
@@ -333,9 +333,16 @@ def parse_router_args(
     if token is not None and (problem := node_token_problem(token)):
         origin = "--node-token" if args.node_token is not None else "KCORAL_NODE_TOKEN"
         raise SettingsError(f"{origin} {problem}")
+    # As a server reads it: an empty KCORAL_METRICS_TOKEN is unset (a unit file's
+    # ``KCORAL_METRICS_TOKEN=`` stopped a router that its server beside it started with),
+    # an empty --metrics-token is refused as empty.
     metrics_token = (
-        args.metrics_token if args.metrics_token is not None else env.get("KCORAL_METRICS_TOKEN")
+        args.metrics_token
+        if args.metrics_token is not None
+        else env.get("KCORAL_METRICS_TOKEN") or None
     )
+    if args.metrics_token == "":
+        raise SettingsError("--metrics-token must not be empty")
     # The server's rule (EXTENSIONS §13): a scraper sends it in a header, which carries no
     # inner space, control character or non-ASCII letter ('a b' started a router no
     # scraper could read).
