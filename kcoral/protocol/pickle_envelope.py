@@ -11,6 +11,8 @@ names, for uploaded code of older clients.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import pickle
 import sys
@@ -33,13 +35,65 @@ def runtime_versions() -> dict[str, str]:
     }
 
 
-def dump_envelope(value: Any) -> bytes:
-    """``value`` pickled by cloudpickle behind a header naming this side's versions."""
+#: torch dtypes that torch itself cannot unpickle (no typed storage: ``AttributeError:
+#: type object 'torch.storage.UntypedStorage' has no attribute 'dtype'``, torch 2.x), so a
+#: float8 tensor failed a pickle-mode call with torch's traceback; they travel as a view of
+#: the integer type of their size and are viewed back.
+VIEWED_TORCH_DTYPES = (
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+    "uint16",
+    "uint32",
+    "uint64",
+    "complex32",
+)
+_INTEGER_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def viewed_back(tensor: Any, dtype_name: str, requires_grad: bool) -> Any:
+    """A tensor sent as an integer view (``VIEWED_TORCH_DTYPES``), as its own dtype again
+    (same storage, shape and strides)."""
+    import torch
+
+    return tensor.view(getattr(torch, dtype_name)).requires_grad_(requires_grad)
+
+
+def _reduce_unpicklable_dtype(value: Any) -> Any:
+    """How a torch tensor of a ``VIEWED_TORCH_DTYPES`` dtype pickles, else NotImplemented."""
+    torch = sys.modules.get("torch")  # no tensor without torch loaded: never imported here
+    if torch is None or type(value) is not torch.Tensor:
+        return NotImplemented
+    name = str(value.dtype).removeprefix("torch.")
+    if name not in VIEWED_TORCH_DTYPES:
+        return NotImplemented
+    integer = getattr(torch, _INTEGER_OF_SIZE[value.dtype.itemsize])
+    return viewed_back, (value.detach().view(integer), name, value.requires_grad)
+
+
+@functools.cache
+def _pickler() -> type:
+    """cloudpickle's pickler, with torch's unpicklable dtypes viewed (made at first use:
+    cloudpickle is imported only when pickle is)."""
     import cloudpickle
 
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+        def reducer_override(self, obj: Any) -> Any:
+            reduced = _reduce_unpicklable_dtype(obj)
+            return super().reducer_override(obj) if reduced is NotImplemented else reduced
+
+    return Pickler
+
+
+def dump_envelope(value: Any) -> bytes:
+    """``value`` pickled by cloudpickle behind a header naming this side's versions."""
     header = json.dumps(runtime_versions(), sort_keys=True).encode("ascii")
-    pickled: bytes = cloudpickle.dumps(value)
-    return PICKLE_MAGIC + header + b"\n" + pickled
+    pickled = io.BytesIO()
+    _pickler()(pickled).dump(value)
+    return PICKLE_MAGIC + header + b"\n" + pickled.getvalue()
 
 
 def load_envelope(data: bytes | memoryview, *, writer: str, reader: str) -> Any:
