@@ -156,9 +156,9 @@ class ForwardHandler(RouterHandler):
 
     SLOT_KIND = WORKER
     ALLOWED: tuple[str, ...] = ("POST",)
-    #: an event stream: it holds its control slot long, so it never takes a node's last
-    #: free one (a status or the cancel of the watched job must still get through)
-    streams = False
+    #: held as long as any client-token holder likes (a stream, a session's program, a result
+    #: read slowly): never takes a node's last free control slot (docs/scaling.md)
+    holds_slot_long = False
 
     def initialize(self, state: Any) -> None:
         super().initialize(state)
@@ -228,7 +228,7 @@ class ForwardHandler(RouterHandler):
             if self._finished:
                 return
             wait, control = control_wait(self, required), self.state.control
-            acquire = control.acquire(required, self.request_id, wait, spare=self.streams)
+            acquire = control.acquire(required, self.request_id, wait, spare=self.holds_slot_long)
         else:
             selector = self.read_selector()  # an affinity never overrides it (ROUTER §7)
             if selector is None or not self.offered(selector):

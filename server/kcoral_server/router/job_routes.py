@@ -443,12 +443,12 @@ class JobHandler(ForwardHandler):
     def check_request(self) -> bool:
         if self.path_args[1] is not None:  # /events and /result are read-only
             self.ALLOWED = ("GET",)
-        self.streams = self.path_args[1] == "/events"
+        self.holds_slot_long = self.path_args[1] in ("/events", "/result")  # read at its pace
         return super().check_request()
 
     async def forward_head(self, gpu_count: int | None = None) -> None:
         await super().forward_head(gpu_count)
-        if self.streams and self.relay_task is not None and not self._finished:
+        if self.path_args[1] == "/events" and self.relay_task is not None and not self._finished:
             self.state.event_relays.add(self)  # re-checked at a token reload
 
     def tokens_reloaded(self) -> None:

@@ -194,8 +194,8 @@ def eligible(
 
 
 def spared(node: NodeRecord, spare: bool) -> int:
-    """How many of ``node``'s idle control slots a request must leave idle: one for an event
-    stream (``spare``), unless the node has a single control slot in all."""
+    """How many of ``node``'s idle control slots a request must leave idle: one for a request
+    that holds its slot long (``spare``), unless the node has a single control slot in all."""
     return 1 if spare and len(node.current_slots(CONTROL)) > 1 else 0
 
 
@@ -452,7 +452,7 @@ class Registry:
     ) -> tuple[NodeRecord, RouterSlot] | None:
         """Lease an idle control slot: of ``node_id`` (any state; a job lives there), or of
         any ``ready`` node (fewest busy control slots first). ``spare``: only of a node
-        where another control slot stays idle (an event stream, docs/scaling.md)."""
+        where another control slot stays idle (a long-held request, docs/scaling.md)."""
         if node_id is not None:
             node = self.nodes.get(node_id)
             candidates = [node] if node is not None and node.reachable() else []

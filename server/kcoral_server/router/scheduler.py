@@ -220,7 +220,8 @@ class ControlAdmission(_WaitingRoom):
         *,
         spare: bool = False,
     ) -> Lease:
-        """A control slot; ``spare``: only where another stays free (an event stream)."""
+        """A control slot; ``spare``: only where another stays free (a request that holds
+        its slot long: an event stream, a session's program, a result)."""
         if self.closed:
             raise RouterStopping
         self._check_node(node_id)

@@ -378,6 +378,7 @@ class SessionHandler(ForwardHandler):
     def check_request(self) -> bool:
         if self.path_args[1] is not None:  # /execute, /jobs and /interrupt are POSTs
             self.ALLOWED = ("POST",)
+        self.holds_slot_long = self.path_args[1] == "/execute"  # while the program runs
         return super().check_request()
 
     async def choose_node(self) -> str | None:
