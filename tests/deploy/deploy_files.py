@@ -17,6 +17,8 @@ DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 IMAGES = DEPLOY / "images"
 SYSTEMD = DEPLOY / "systemd"
+#: the entry point the units start: the virtual environment docs/scaling.md "systemd" makes
+UNIT_KCORAL = "/opt/kcoral/bin/kcoral"
 # The image each build file produces is named in its header, as the command that builds it.
 BUILD_COMMAND = re.compile(
     r"^#\s+(docker build -f (deploy/images/\S+\.Dockerfile) -t (\S+):(\S+) \.)$", re.M
@@ -147,10 +149,10 @@ def exec_form(arguments: str) -> list[str]:
 
 
 def unit_command(name: str, kcoral: str) -> list[str]:
-    """A unit's ``ExecStart`` as arguments, its ``/usr/local/bin/kcoral`` replaced."""
+    """A unit's ``ExecStart`` as arguments, its ``UNIT_KCORAL`` replaced."""
     for line in (SYSTEMD / name).read_text().splitlines():
         if line.startswith("ExecStart="):
             command = shlex.split(line.removeprefix("ExecStart="))
-            assert command[0] == "/usr/local/bin/kcoral"
+            assert command[0] == UNIT_KCORAL
             return [kcoral, *command[1:]]
     raise LookupError(f"{name} has no ExecStart")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_files import SYSTEMD, unit_command
+from deploy_files import SYSTEMD, UNIT_KCORAL, unit_command
 from kcoral_server.router.settings import parse_router_args
 from kcoral_server.settings.command_line import parse_server_args
 
@@ -18,7 +18,7 @@ UNITS = ("kcoral-router.service", "kcoral-node.service")
 
 
 def kcoral_entry_point() -> str:
-    """This environment's ``kcoral`` (the units name /usr/local/bin/kcoral, absent here)."""
+    """This environment's ``kcoral`` (the units name UNIT_KCORAL, absent here)."""
     found = shutil.which("kcoral", path=str(Path(sys.executable).parent)) or shutil.which("kcoral")
     assert found, "the kcoral entry point is installed with the package"
     return found
@@ -32,9 +32,9 @@ def test_systemd_analyze_verify_accepts_both_units(tmp_path: Path) -> None:
     copies = []
     for name in UNITS:
         text = (SYSTEMD / name).read_text()
-        assert text.count("/usr/local/bin/kcoral") == 1
+        assert text.count(UNIT_KCORAL) == 1
         copy = tmp_path / name
-        copy.write_text(text.replace("/usr/local/bin/kcoral", kcoral))
+        copy.write_text(text.replace(UNIT_KCORAL, kcoral))
         copies.append(str(copy))
     done = subprocess.run(
         [analyze, "verify", "--man=no", *copies],
