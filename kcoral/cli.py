@@ -74,8 +74,10 @@ def _interrupted() -> int:
 
 
 def _missing_extra(extra: str, exc: ImportError) -> int:
+    """``kcoral server`` or ``kcoral router`` (``--help`` too, which lists flags the missing
+    module defines) without its extra: what to install, for that command."""
     sys.stderr.write(
-        f"kcoral: missing dependency ({exc.name or exc}); "
-        f"install the server stack with: pip install 'kcoral[{extra}]'\n"
+        f"kcoral {extra}: missing dependency ({exc.name or exc}); "
+        f"install it with: pip install 'kcoral[{extra}]'\n"
     )
     return 1

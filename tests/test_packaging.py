@@ -78,3 +78,24 @@ def test_a_node_started_without_the_router_extra_says_which_extra_to_install() -
         "kcoral: missing dependency (grpc); a node of a router needs the router stack: "
         "pip install 'kcoral[router]'\n"
     )
+
+
+def test_kcoral_router_help_without_the_router_extra_says_what_to_install() -> None:
+    # ``--help`` lists flags the router's modules define, so it needs them too: one line
+    # naming the command and the extra, never the server's "stack" or a traceback.
+    hide_grpc = (
+        "import sys\n"
+        "sys.modules['grpc'] = None  # as if grpcio were not installed\n"
+        "from kcoral.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    router = subprocess.run(
+        [sys.executable, "-c", hide_grpc, "router", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert router.returncode == 1 and router.stdout == ""
+    assert router.stderr == (
+        "kcoral router: missing dependency (grpc); install it with: pip install 'kcoral[router]'\n"
+    )
