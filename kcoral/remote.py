@@ -9,11 +9,8 @@ cloudpickle is imported only when pickle mode is used.
 Both pickle payloads are wrapped in a small envelope naming the writer's Python and
 cloudpickle versions, so a mismatch is reported in words before anything is unpickled
 (``kcoral.protocol.pickle_envelope``; ``dump_envelope`` and ``load_envelope`` stay importable
-from here, where older clients' uploaded ``%%kcoral`` code imports them).
-
-Who can reach what (a malicious server): unpickling runs code, so the client unpickles only
-what the call asked for in pickle format, under the names it asked for (``load_requested``);
-a JSON-mode call unpickles nothing. Asking for pickle trusts that server with code execution.
+from here for older clients' uploaded ``%%kcoral`` code). Unpickling runs code, so the client
+unpickles only what the call asked for in pickle format (``load_requested``).
 """
 
 from __future__ import annotations
@@ -30,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 from kcoral.blocking import run_blocking
 from kcoral.by_value import modules_by_value
 from kcoral.connection.in_flight import call_cuttable
-from kcoral.errors import ProtocolError, RemoteExecutionError
+from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError
 from kcoral.program import Program, plain_scalars
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 from kcoral.protocol.pickle_envelope import PickleVersionError, dump_envelope, load_envelope
 from kcoral.protocol.selector import SelectorInput, check_select
-from kcoral.remote_report import interrupted, note_remote_traceback, show_output
+from kcoral.remote_report import deadline_said, interrupted, note_remote_traceback, show_output
 from kcoral.remote_source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
 
@@ -536,13 +533,15 @@ class RemoteFunction:
     ) -> ProgramResult:
         fmt = self._format(serialization)
         program = self._build(args, kwargs, fmt)
-        if self._client.is_async:
-            return await self._client.execute(program, **self._options(fmt))
-        # A sync Client: its blocking call runs on a thread so the caller's loop keeps
-        # running, and a cancel cuts its connection; the client's pool, headers and token
-        # are used as they are.
-        call = functools.partial(self._client.execute, program, **self._options(fmt))
-        return await call_cuttable(call)
+        try:
+            if self._client.is_async:
+                return await self._client.execute(program, **self._options(fmt))
+            # A sync Client: its blocking call runs on a thread so the caller's loop keeps
+            # running, and a cancel cuts its connection.
+            call = functools.partial(self._client.execute, program, **self._options(fmt))
+            return await call_cuttable(call)
+        except KCoralError as error:
+            raise deadline_said(error, self.__name__, self._client, self.timeout) from None
 
     def _execute_blocking(self, program: Program, fmt: str) -> ProgramResult:
         try:
@@ -551,6 +550,8 @@ class RemoteFunction:
             return self._client.execute(program, **self._options(fmt))
         except KeyboardInterrupt:  # its connection closed: the server cancels the program
             raise interrupted(self.__name__, self._client) from None
+        except KCoralError as error:
+            raise deadline_said(error, self.__name__, self._client, self.timeout) from None
 
     def _options(self, fmt: str) -> dict[str, Any]:
         return {

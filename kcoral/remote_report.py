@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from kcoral.by_value import _sent_by_value as sent_by_value
-from kcoral.errors import RemoteExecutionError
+from kcoral.errors import KCoralError, RemoteExecutionError
 from kcoral.remote_source import uploaded_line_map
 from kcoral.results import ProgramResult
 from kcoral.run.terminal_filter import TerminalFilter, is_terminal, utf8_writable
@@ -62,6 +62,28 @@ def interrupted(name: str, caller: Any) -> KeyboardInterrupt:
     forty lines of urllib3 and http.client, nothing about the remote call."""
     server = getattr(caller, "base_url", None) or caller.client.base_url
     return KeyboardInterrupt(f"interrupted: the remote call {name}() on {server} was cancelled")
+
+
+_DEADLINE = re.compile(r"(execution timed out after its deadline of (\S+) s) \(.*\)", re.DOTALL)
+
+
+def deadline_said(error: KCoralError, name: str, caller: Any, timeout: Any) -> Exception:
+    """A 504 ``timeout`` of ``name``'s call through ``caller``, whose decorator gave
+    ``timeout``, naming that setting as the user wrote it; any other error as it is. The
+    server's message named ``timeout_seconds`` and ``--max-timeout-seconds``, which a remote
+    function's user never wrote."""
+    found = _DEADLINE.fullmatch(error.message) if error.status_code == 504 else None
+    if found is None or error.kind != "timeout":
+        return error
+    decorator = f"@{'session' if hasattr(caller, 'client') else 'client'}.function(timeout=...)"
+    if timeout is None:
+        setting = f"the server's default, as {name}() sets no timeout; {decorator} sets one"
+    elif f"{timeout:g}" != found[2]:  # the server cut it to its most
+        setting = f"the server's most; {name}() asked for timeout={timeout:g}"
+    else:
+        setting = f"{name}()'s timeout={timeout:g}; {decorator} raises it"
+    message = f"{found[1]} ({setting})"
+    return KCoralError(error.status_code, message, kind=error.kind, request_id=error.request_id)
 
 
 def show_output(result: ProgramResult) -> None:
