@@ -246,12 +246,24 @@ def build_program(options: RunOptions, inputs: bytes | None) -> Any:
         "env": dict(options.env),
         "fetch": list(options.fetch),
         "collect": options.out is not None,
+        "merge_stderr": output_shares_one_place(),
     }
     status = program.run(fn=function, args=[inputs_arg, spec], id=STATUS_KEY)
     program.return_(key=STATUS_KEY, value=status)
     if options.out is not None:
         program.return_folder(key=OUTPUTS_KEY, path=run_remote.OUTPUTS_DIR)
     return program
+
+
+def output_shares_one_place() -> bool:
+    """Whether the local stdout and stderr are one place (the same terminal, pipe or file:
+    `2>&1`), where the order between the tool's two streams shows and only one capture
+    keeps it (CLIENT_API §11)."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # closed, or not a real descriptor
+        return False
+    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
 
 
 def run(options: RunOptions) -> int:

@@ -171,7 +171,8 @@ def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:
     """Unpack the inputs, run the tool as a subprocess, collect the requested outputs.
 
     ``spec`` keys: ``tool``, ``args`` (words after the first ``--``), ``env`` (overrides),
-    ``fetch`` (normalized relative paths) and ``collect`` (whether outputs come back).
+    ``fetch`` (normalized relative paths), ``collect`` (whether outputs come back) and
+    ``merge_stderr`` (the tool's stderr goes to its stdout, optional).
     Returns ``exit_code``/``signal`` (one of them set when the tool ran), ``error`` (a
     message when it could not start), ``missing`` (requested outputs not produced) and
     ``skipped`` (entries that cannot travel in a folder return).
@@ -213,8 +214,18 @@ def _run_and_collect(
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # keep the worker's own buffered output ahead of the tool's
     try:
+        # One capture for both streams where the user reads them in one place (a terminal,
+        # `2>&1`): the server follows each stream's capture on its own and cannot tell
+        # which of two writes came first, so `echo out; echo err >&2; echo out` arrived
+        # as out, out, err.
+        merged = subprocess.STDOUT if spec.get("merge_stderr") else None
         process = subprocess.Popen(
-            argv, executable=executable, cwd=work, env=env, stdin=subprocess.DEVNULL
+            argv,
+            executable=executable,
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stderr=merged,
         )
     except OSError as exc:
         report["error"] = f"{argv[0]}: {exc.strerror or exc}"

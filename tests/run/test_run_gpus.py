@@ -93,7 +93,7 @@ def test_gpus_with_a_selector_is_sent_whatever_the_routers_default_kind_is(
 ) -> None:
     # before: refused as "this server runs programs on the CPU" before asking any node
     router = RouterOfCpuNodesByDefault("")
-    monkeypatch.setattr("kcoral.client.Client", lambda url: router)
+    monkeypatch.setattr("kcoral.client.Client", lambda url, **_options: router)
     options = parse_command_line(
         [
             "python",
