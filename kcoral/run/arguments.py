@@ -95,6 +95,9 @@ class RunOptions:
     #: the most output per stream the server keeps (``/v1/info`` ``limits``), which clamps
     #: ``output_limit_bytes``; None when the server does not say
     server_output_limit_bytes: int | None = None
+    #: the longest ``--timeout`` the server grants (``/v1/info`` ``limits``); None when the
+    #: server does not say
+    server_max_timeout_seconds: float | None = None
     #: set once the remote tool is known to have ended: an interrupt after that cancels
     #: nothing, it only stops the printing or the saving of what came back
     tool_ended: bool = False

@@ -287,6 +287,9 @@ def run(options: RunOptions) -> int:
         say(str(lost))
         return 1
     except KCoralError as exc:
+        if exc.status_code == 504 and exc.kind == "timeout":
+            say(timed_out(options))
+            return 1
         say(server_error(exc, options.url))
         return 1
     except TransportError as exc:
@@ -316,11 +319,23 @@ def server_error(exc: KCoralError, url: str) -> str:
         # Not the server failing: someone cancelled the job (an admin, a revoked token), and
         # the server's message says who or why.
         return f"the tool was stopped: {exc.message}"
-    if exc.status_code == 504 and exc.kind == "timeout":
-        # the server names its own setting, timeout_seconds, which kcoral run's user never
-        # typed: say which option it is
-        return f"server error: {exc}; kcoral run --timeout SECONDS sets timeout_seconds"
     return f"server error: {exc}"
+
+
+def timed_out(options: RunOptions) -> str:
+    """The tool ran past its deadline (a 504 ``timeout``), in the words of the option the
+    user typed: the server's line (``execution timed out after its deadline of 2 s (the
+    program's timeout_seconds; --max-timeout-seconds allows 900 s)``) named two settings
+    of its own, and kcoral run added a third clause to say which option was meant."""
+    most = options.server_max_timeout_seconds
+    if most is not None and options.timeout_seconds > most:
+        return (
+            f"timed out after {most:g} s on the worker, this server's most (--timeout "
+            f"{options.timeout_seconds} was cut to it); the tool was stopped"
+        )
+    return (
+        f"timed out after --timeout {options.timeout_seconds} s on the worker; the tool was stopped"
+    )
 
 
 def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
@@ -486,6 +501,7 @@ def _warn_of_a_clamped_timeout(options: RunOptions, info: dict[str, Any]) -> Non
     most = limits.get("max_timeout_seconds") if isinstance(limits, dict) else None
     if isinstance(most, bool) or not isinstance(most, (int, float)) or most <= 0:
         return
+    options.server_max_timeout_seconds = most
     if options.timeout_seconds > most:
         say(
             f"warning: --timeout {options.timeout_seconds} is over this server's most, "
