@@ -1,6 +1,8 @@
 """An interrupt while ``%kcoral session start`` waits for the server (its worker starting, a
-GPU's lease) is told in two lines. An in-process shell against a stand-in server that never
-answers the create, so the interrupt lands while the answer is awaited."""
+GPU's lease) is told in two lines (a second one: the first is held until the server
+answers, see test_an_interrupt_as_a_session_starts.py). An in-process shell against a
+stand-in server that never answers the create, so the interrupt lands while the answer is
+awaited."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from IPython.utils.capture import capture_output
 from kcoral_jupyter.cell_errors import CellCancelledError
 from kcoral_jupyter.extension import kernel_state_of
+from kcoral_jupyter.runner import HeldInterrupt
 from kcoral_shell import kcoral_shell
 from stand_in_http import serving
 
@@ -50,9 +53,24 @@ class SlowToStartSessions(http.server.BaseHTTPRequestHandler):
 def test_an_interrupt_while_a_session_starts_is_told_in_two_lines(monkeypatch) -> None:
     main = threading.get_ident()
 
+    noted = threading.Event()
+    note = HeldInterrupt._interrupted
+
+    def noting(self: HeldInterrupt, signum: int, frame: object) -> None:
+        if self.noted:
+            note(self, signum, frame)  # the second: raises
+        note(self, signum, frame)
+        noted.set()
+
+    monkeypatch.setattr(HeldInterrupt, "_interrupted", noting)
+
     def interrupt_once_asked() -> None:
+        # Twice: the first is held until the server answers (one that landed as its 201
+        # was read left a started session behind); the second leaves at once.
         if ASKED.wait(60):
             signal.pthread_kill(main, signal.SIGINT)
+            if noted.wait(60):
+                signal.pthread_kill(main, signal.SIGINT)
 
     with serving(SlowToStartSessions) as url, kcoral_shell(url, monkeypatch, ()) as ip:
         thread = threading.Thread(target=interrupt_once_asked)

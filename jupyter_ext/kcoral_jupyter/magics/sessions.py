@@ -8,12 +8,13 @@ import math
 import sys
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
 from IPython.display import display
 
 from kcoral import Client, KCoralError, TransportError
+from kcoral.client_sessions import Session
 from kcoral.errors import root_reason
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.cell_errors import (
@@ -36,6 +37,7 @@ from kcoral_jupyter.notebook_session import (
     session_unreachable,
     status_rows,
 )
+from kcoral_jupyter.runner import HeldInterrupt
 
 
 class SessionCommands:
@@ -82,7 +84,14 @@ class SessionCommands:
             print(f"kcoral: warning: {url} has no GPU: the session runs on CPU", file=sys.stderr)
             gpu_count = None  # a CPU server takes no gpu_count (EXTENSIONS §11)
         try:
-            handle = client.session(gpu_count=gpu_count, idle_timeout=args.idle, select=args.select)
+            # The first interrupt is held until the server answers: one that landed as its
+            # 201 was read left a started session, IDLE with an id nobody knew, holding a
+            # seat until its idle timeout (the server ends only one whose client left
+            # before its 201). A second leaves at once.
+            with HeldInterrupt() as held:
+                handle = client.session(
+                    gpu_count=gpu_count, idle_timeout=args.idle, select=args.select
+                )
         except ValueError as exc:
             raise UsageError(f"%kcoral session start: {exc}") from None
         except KCoralError as exc:
@@ -96,6 +105,8 @@ class SessionCommands:
                 "start was left)",
                 "%kcoral session start again to start one; %kcoral session list shows yours",
             ) from None
+        if held.noted:
+            ended_at_once(handle, url)
         remote = self.kernel.sessions.adopt(
             NotebookSession(handle, url, self.kernel.token_for(url), keep=args.keep)
         )
@@ -230,3 +241,21 @@ def session_place(record: Mapping[str, Any]) -> str:
     """Where a session's programs run, from its record: ``GPU [0]`` or ``CPU``."""
     gpu_ids = record.get("gpu_ids")
     return f"GPU {gpu_ids}" if gpu_ids else "CPU"
+
+
+def ended_at_once(handle: Session, url: str) -> NoReturn:
+    """End a session whose start was interrupted once the server had started it, and say
+    so (the start's interrupt was held until then)."""
+    try:
+        handle.close()
+    except (KCoralError, TransportError) as exc:
+        reason = root_reason(exc) if isinstance(exc, TransportError) else str(exc)
+        raise CellCancelledError(
+            f"interrupted: the session that had started on {url} could not be ended "
+            f"({reason}); it ends after its idle timeout",
+            f"%kcoral session attach {handle.id} then %kcoral session stop ends it now",
+        ) from None
+    raise CellCancelledError(
+        f"interrupted: the session that had started on {url} was ended",
+        "%kcoral session start again to start one",
+    )
