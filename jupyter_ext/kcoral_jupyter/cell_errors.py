@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from kcoral import KCoralError, TransportError
 from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import root_reason
+from kcoral.run.terminal_filter import screened
 
 #: Said after the action when the short form hides frames.
 VERBOSE_HINT = "%config KCoral.verbose_errors = True shows the whole traceback"
@@ -42,13 +43,15 @@ class TwoLineError(BaseException):
         self.action = action
 
     def __str__(self) -> str:
-        return f"{self.cause}\n{self.action}"
+        return screened(f"{self.cause}\n{self.action}")
 
     def _render_traceback_(self) -> list[str]:
+        # A cause may hold a server's message (a refusal's), which IPython on a terminal
+        # prints as it is: screened (kcoral.run.terminal_filter), colours kept.
         if self.verbose:
             text = "".join(traceback.format_exception(self))
-            return text.rstrip("\n").splitlines()
-        return [f"{type(self).__name__}: {self.cause}", self.action]
+            return screened(text.rstrip("\n")).splitlines()
+        return screened(f"{type(self).__name__}: {self.cause}\n{self.action}").split("\n")
 
 
 class ServerUnreachableError(TwoLineError, ConnectionError):

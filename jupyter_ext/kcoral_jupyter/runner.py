@@ -32,6 +32,7 @@ from kcoral import (
     TransportError,
 )
 from kcoral.client_sessions import Session as ClientSession
+from kcoral.run.terminal_filter import screened
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
     CellTimeoutError,
@@ -109,8 +110,10 @@ class RemoteCellError(RemoteExecutionError):
             # id the client's message names is shown nowhere in a notebook.
             error = result.error or {}
             self.args = (
-                f"job {record.job_id} on {record.server} failed: "
-                f"{error.get('kind')}: {error.get('message')}",
+                screened(
+                    f"job {record.job_id} on {record.server} failed: "
+                    f"{error.get('kind')}: {error.get('message')}"
+                ),
             )
         self.record = record
         self.hint = hint  # one line after the remote traceback (e.g. a forgotten -i NAME)
@@ -125,7 +128,10 @@ class RemoteCellError(RemoteExecutionError):
             lines += ["", "Remote traceback:", *remote.splitlines()]
         if self.hint:
             lines += ["", self.hint]
-        return lines
+        # The server writes the message and the traceback (a malicious one, anything), and
+        # IPython on a terminal prints these lines as they are: screened as a cell's output
+        # is (kcoral.run.terminal_filter), so no clipboard write or status query gets through.
+        return screened("\n".join(lines)).split("\n")
 
 
 def missing_input_hint(result: ProgramResult, kernel_names: Collection[str]) -> str:

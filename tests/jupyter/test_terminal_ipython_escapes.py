@@ -4,6 +4,8 @@ write, a status query) never reach it. A notebook renders only colours, so it ne
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 from pseudo_terminal import on_a_terminal
 from server_process import start_server
+from stand_in_http import serving
 
 CELL = (
     "import sys; sys.stdout.write('\\\\x1b[31mred\\\\x1b[0m \\\\x1b]52;c;cm0gLXJmIH4K\\\\x07"
@@ -57,3 +60,62 @@ def test_what_a_cell_left_set_on_the_terminal_is_undone_before_its_status_line(
         server.stop()
     after = seen.split("red, never reset", 1)[1].split("kcoral:", 1)[0]
     assert "\x1b[0m" in after and "\x1b[?25h" in after, repr(seen)
+
+
+# A clipboard write, a window title and a status query a server sends in a failure's text:
+# the cell's own exception's message (a malicious server sends any), or a refusal's message.
+HOSTILE = "\x1b]52;c;cm0gLXJmIH4K\x07boom \x1b]0;owned\x07 \x1b[6n"
+RAISES = (
+    "raise ValueError('\\\\x1b]52;c;cm0gLXJmIH4K\\\\x07boom \\\\x1b]0;owned\\\\x07 \\\\x1b[6n')"
+)
+
+
+def _reached(seen: str) -> list[str]:
+    # IPython titles the window itself (OSC 0 "IPython: ..."): only the server's title counts
+    return [s for s in ("\x1b]52", "\x1b]0;owned", "\x1b[6n") if s in seen]
+
+
+@pytest.mark.slow
+def test_a_failed_cells_message_and_traceback_cannot_write_the_clipboard(tmp_path: Path) -> None:
+    # Before: RemoteCellError's line and its remote traceback reached the terminal as sent.
+    server = start_server(tmp_path)
+    try:
+        seen = ipython_on_a_terminal(server.url, RAISES).decode("utf-8", "replace")
+    finally:
+        server.stop()
+    assert "kcoral: FAILED" in seen, repr(seen)
+    assert "failed: runtime: ValueError: boom  \r\n" in seen, repr(seen)
+    assert "Remote traceback:" in seen, repr(seen)
+    assert _reached(seen) == [], repr(seen)
+
+
+class _RefusesEveryProgram(http.server.BaseHTTPRequestHandler):
+    """A server that answers every program with a refusal made for the user's terminal."""
+
+    def _answer(self, status: int, document: dict) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            return self._answer(200, {"status": "ok"})
+        self._answer(200, {"kcoral": "0.1.0", "protocol_version": 1, "features": ["jobs"]})
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        refusal = {"kind": "forbidden", "message": HOSTILE}
+        self._answer(403, {"status": "ERROR", "error": refusal})
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_a_servers_refusal_of_a_cell_cannot_write_the_clipboard(tmp_path: Path) -> None:
+    with serving(_RefusesEveryProgram) as url:
+        seen = ipython_on_a_terminal(url, "x = 1").decode("utf-8", "replace")
+    assert "HTTP 403" in seen and "boom" in seen, repr(seen)
+    assert _reached(seen) == [], repr(seen)

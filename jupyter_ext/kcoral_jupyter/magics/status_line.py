@@ -17,7 +17,7 @@ from IPython.core.getipython import get_ipython
 from IPython.display import DisplayHandle, display
 
 from kcoral import ProgramResult
-from kcoral.run.terminal_filter import StandardStreams, utf8_writable
+from kcoral.run.terminal_filter import StandardStreams, screened, utf8_writable
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.kernel_state import ServerFacts
 from kcoral_jupyter.runner import RunRecord
@@ -71,6 +71,9 @@ class StatusLine:
             }
         metadata = {"kcoral": shown}
         if not self.in_place:  # each update would print a new line: print each one once
+            # printed as it is on a terminal: a server's text in it (a refusal's message)
+            # screened, as the cell's output is
+            data = {**data, "text/plain": screened(data["text/plain"])}
             self.restore_terminal()
             if data["text/plain"] != self.printed:
                 self.printed = data["text/plain"]
