@@ -101,6 +101,9 @@ class RunOptions:
     #: set once the remote tool is known to have ended: an interrupt after that cancels
     #: nothing, it only stops the printing or the saving of what came back
     tool_ended: bool = False
+    #: a submitted job still waits in the server's queue (no worker has taken it): an
+    #: interrupt then cancels a run whose tool never started
+    job_queued: bool = False
 
 
 def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:

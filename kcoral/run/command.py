@@ -89,6 +89,8 @@ def _say_last(message: str) -> None:
 def _interrupted(options: RunOptions) -> str:
     """What an interrupt did: cancel the remote tool, or (once it had ended) only stop the
     saving of its outputs, which ``ReturnedFolder.save`` removes when cut short."""
+    if options.job_queued:
+        return "the queued run was cancelled before a worker took it"
     if not options.tool_ended:
         return "the remote tool was cancelled"
     if options.out is not None:
@@ -410,6 +412,7 @@ def execute(options: RunOptions, program: Any) -> Any:
         # printed nothing either: said only if no worker has taken the job after a moment.
         first_in_line = threading.Timer(WAITING_NOTICE_SECONDS, say, [WAITING_NOTICE])
         first_in_line.daemon = True
+        options.job_queued = True
         try:
             queued_said = False
             for event in job.events():
@@ -419,6 +422,7 @@ def execute(options: RunOptions, program: Any) -> Any:
                     write_output(sys.stderr, event.text)
                 elif not _is_queued(event.data):
                     first_in_line.cancel()  # assigned (or finished): no longer waiting
+                    options.job_queued = False
                 elif not queued_said and (ahead := _requests_ahead(event.data)):
                     # Said once: a wait behind others, which printed nothing, looked hung
                     # (team soak).
@@ -447,7 +451,9 @@ def execute(options: RunOptions, program: Any) -> Any:
         except (KeyboardInterrupt, BrokenPipeError):
             # Ctrl-C, SIGTERM/SIGHUP, or the local reader of the output went away
             with contextlib.suppress(Exception):
-                job.cancel()  # waits until the remote process tree is gone
+                ended = job.cancel()  # waits until the remote process tree is gone
+                if ended.get("started_at") is not None:  # a worker took it meanwhile
+                    options.job_queued = False
             raise
         finally:
             first_in_line.cancel()

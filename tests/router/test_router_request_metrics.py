@@ -103,7 +103,7 @@ def test_a_client_that_leaves_before_any_answer_is_counted_499_not_200() -> None
     async def scenario() -> tuple[str, str]:
         async with router_with_one_busy_slot() as router:
             # The first holds the node's one slot while the second waits in the queue (the
-            # router notices that one left when the slot frees: it reads no more of it).
+            # router notices that one left while it waits, within HANG_UP_CHECK_SECONDS).
             await asyncio.gather(
                 send(router.port, leave_after=1.0),
                 send(router.port, leave_after=0.3, delay=0.3),

@@ -9,6 +9,7 @@ for.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -73,3 +74,40 @@ def test_a_run_waiting_for_the_only_busy_worker_says_so_and_then_runs(tmp_path: 
     assert said.count(NOTICE) == 1, said
     assert run.returncode == 0, said
     assert out == "ran\n"
+
+
+def test_ctrl_c_while_queued_says_the_tool_never_started(tmp_path: Path) -> None:
+    # It said "interrupted; the remote tool was cancelled" of a tool that had never run.
+    args = ["--num-workers", "1", "--log-dir", ""]
+    with (
+        running_server(tmp_path / "server", args) as server,
+        kcoral.Client(server.url) as client,
+    ):
+        held = client.submit(holder(), timeout_seconds=600)
+        try:
+            for event in held.events():  # the worker is taken once the hold runs
+                if event.kind == "phase" and event.data.get("op") == "run":
+                    break
+            command = ["run", "python", "--url", server.url, "--", "-c", "print('ran')"]
+            run = subprocess.Popen(
+                [sys.executable, "-m", "kcoral", *command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+            )
+            try:
+                assert run.stderr is not None
+                assert run.stderr.readline().rstrip("\n") == NOTICE  # it waits in the queue
+                run.send_signal(signal.SIGINT)
+                out, err = run.communicate(timeout=120)
+            finally:
+                if run.poll() is None:
+                    run.kill()
+                    run.wait()
+            (queued,) = [job for job in client.jobs() if job["job_id"] != held.id]
+        finally:
+            held.cancel()
+    assert (run.returncode, out) == (130, "")
+    assert err == "kcoral run: interrupted; the queued run was cancelled before a worker took it\n"
+    assert (queued["status"], queued["started_at"]) == ("CANCELLED", None)

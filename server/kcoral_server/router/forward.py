@@ -23,7 +23,7 @@ from kcoral.protocol.selector import NO_MATCHING_NODE
 from kcoral_server.front_door.handler_defaults import over_limit
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.auth import RouterHandler
-from kcoral_server.router.body_failure import report_body_failures
+from kcoral_server.router.client_connection import notice_hang_up, report_body_failures
 from kcoral_server.router.frames import encode_data
 from kcoral_server.router.headers import forwarded_headers, relayed_response_head
 from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
@@ -242,6 +242,10 @@ class ForwardHandler(RouterHandler):
             )
         waited = timed_wait(self, acquire)  # 401 if revoked since (for_caller)
         self.acquire_task = loop.create_task(self.for_caller(waited))
+        connection = self.request.connection
+        watch = loop.create_task(
+            notice_hang_up(connection, self.acquire_task, self.on_connection_close)
+        )
         try:
             node, slot = await self.acquire_task
         except RouterBusy:
@@ -252,6 +256,8 @@ class ForwardHandler(RouterHandler):
             return
         except asyncio.CancelledError:
             return  # the client went away while queued
+        finally:
+            watch.cancel()
         self.node, self.slot = node.node_id, slot
         if self.SLOT_KIND == WORKER:
             self.state.in_progress += 1

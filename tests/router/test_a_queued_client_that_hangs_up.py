@@ -1,0 +1,88 @@
+"""A client that hangs up while its request waits for a slot leaves the router's queue then,
+not when a slot frees (ROUTER §7). Tornado notices a closed connection only when it reads or
+writes, and a queued request does neither: the router kept it queued, then sent it to the
+node the moment a slot freed and cancelled it there at once (metrics soak).
+
+Proven by order, not timing: the slot's holder stays on it until after the second client's
+departure is logged, and the node never receives a second request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from kcoral_server.node.http11 import HttpConnection
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from router_helpers import FakeNode, in_process_router
+
+import kcoral
+
+LEFT = "finish_reason=client_disconnected"
+
+
+def program_request() -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The head and body ``kcoral.Client`` sends for a small program."""
+    program = kcoral.Program()
+    module = program.upload(kind="module", source="def one():\n    return 1\n")
+    one = program.get_function(module=module, name="one")
+    program.return_(key="one", value=program.run(fn=one))
+    with kcoral.Client("http://127.0.0.1:1") as client:
+        flow = client.execute_flow(program, timeout_seconds=30)
+        request = next(flow)
+        flow.close()
+    head = [(n.encode(), v.encode()) for n, v in request.headers.items()]
+    head.append((b"Content-Length", str(request.length).encode()))
+    return head, request.body()
+
+
+async def send(port: int) -> HttpConnection:
+    """Send a whole program to ``/execute``; the open connection, its answer unread."""
+    head, body = program_request()
+    connection = HttpConnection("127.0.0.1", port)
+    await connection.open()
+    await connection.send_head("POST", "/execute", [(b"Host", b"127.0.0.1"), *head])
+    await connection.send(body, chunked=False)
+    return connection
+
+
+def test_a_client_that_hangs_up_while_queued_leaves_the_queue_before_a_slot_frees() -> None:
+    received: list[bytes] = []
+    release = asyncio.Event()
+
+    async def holds_until_released(
+        head: pb.RequestHead, body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        received.append(body)
+        await release.wait()
+        return 200, [], b""
+
+    async def scenario() -> str:
+        async with in_process_router() as router:
+            node = FakeNode(router.grpc_port, "node-a", handler=holds_until_released)
+            await node.start()
+            try:
+                while router.state.registry.capacity() < 1:
+                    await asyncio.sleep(0.05)
+                holder = await send(router.port)
+                while router.state.in_progress < 1:  # the holder is on the one slot
+                    await asyncio.sleep(0.02)
+                queued = await send(router.port)
+                while router.state.admission.waiting < 1:
+                    await asyncio.sleep(0.02)
+                queued.close()  # hangs up while queued
+                for _ in range(400):  # the departure is logged while the slot is still held
+                    if LEFT in router.lines.getvalue():
+                        break
+                    await asyncio.sleep(0.05)
+                log = router.lines.getvalue()
+                release.set()
+                holder.close()
+                return log
+            finally:
+                release.set()
+                await node.close()
+
+    log = asyncio.run(scenario())
+    assert log.count(LEFT) == 1, log
+    assert "http_status=499" in log, log
+    assert len(received) == 1, "the queued request was sent to the node"
