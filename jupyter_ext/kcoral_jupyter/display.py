@@ -10,7 +10,10 @@ Who can reach what (a malicious server): every string a server sends (names, mes
 dtypes, paths, stdout/stderr, tracebacks) is escaped into our own markup. HTML the server
 *authored* (a remote DataFrame's ``_repr_html_``) is shown only by ``server_display``: inside
 an ``<iframe sandbox="">`` (no script, an opaque origin, no forms, no navigation of the
-notebook) whose document forbids network loads, never as raw HTML or JavaScript.
+notebook) whose document forbids network loads, never as raw HTML or JavaScript. The plain
+text of the magics' screens and of a server's display is printed as it is by IPython on a
+terminal, so a server's words there are screened (``kcoral.run.terminal_filter.screened``):
+no clipboard write or status query reaches the terminal.
 
 The client classes reach this module lazily from their ``_repr_html_`` (``kcoral.notebook``);
 no function here is registered with IPython's HTML formatter.
@@ -27,6 +30,7 @@ import numpy as np
 
 from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder, TransportError
 from kcoral.protocol.strict_json import finite_float
+from kcoral.run.terminal_filter import screened
 from kcoral_jupyter.images import MAX_PLOT_POINTS, heatmap_png, line_svg
 
 PREVIEW_CHARS = 2000
@@ -152,7 +156,7 @@ def server_display(bundle: Mapping[str, object]) -> dict[str, str]:
     """
     shown: dict[str, str] = {}
     plain = bundle.get("text/plain")
-    shown["text/plain"] = plain if isinstance(plain, str) else "<display from the server>"
+    shown["text/plain"] = screened(plain) if isinstance(plain, str) else "<display from the server>"
     markup = bundle.get("text/html")
     if isinstance(markup, str):
         shown["text/html"] = sandboxed_html(markup)
@@ -509,7 +513,7 @@ def rows_bundle(rows: list[tuple[str, Any]]) -> dict[str, str]:
         for k, v in rows
     )
     return {
-        "text/plain": "\n".join(f"{k}: {v}" for k, v in rows),
+        "text/plain": screened("\n".join(f"{k}: {v}" for k, v in rows)),
         "text/html": f"<table class='kcoral-status-table'>{table}</table>",
     }
 
@@ -521,7 +525,7 @@ def table_bundle(columns: tuple[str, ...], rows: list[list[str]], text: str) -> 
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
     )
-    return {"text/plain": text, "text/html": f"<table><tr>{head}</tr>{body}</table>"}
+    return {"text/plain": screened(text), "text/html": f"<table><tr>{head}</tr>{body}</table>"}
 
 
 #: Said for a number not known

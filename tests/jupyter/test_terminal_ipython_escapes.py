@@ -119,3 +119,43 @@ def test_a_servers_refusal_of_a_cell_cannot_write_the_clipboard(tmp_path: Path) 
         seen = ipython_on_a_terminal(url, "x = 1").decode("utf-8", "replace")
     assert "HTTP 403" in seen and "boom" in seen, repr(seen)
     assert _reached(seen) == [], repr(seen)
+
+
+class _HostileListings(http.server.BaseHTTPRequestHandler):
+    """A server whose health, info and job list carry text made for the user's terminal."""
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            document: object = {"status": "ok", "note": HOSTILE}
+        elif self.path.startswith("/v1/jobs"):
+            job = {"job_id": "j-1", "status": "RUNNING", "worker_id": HOSTILE, "gpu_ids": []}
+            document = [job]
+        else:
+            document = {"kcoral": "0.1.0", "protocol_version": 1, "features": ["jobs"]}
+            document[HOSTILE] = HOSTILE  # a key of its own, and its value
+        body = json.dumps(document).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_a_servers_words_in_status_and_jobs_cannot_write_the_clipboard(tmp_path: Path) -> None:
+    # Before: %kcoral status and %kcoral jobs printed the server's keys and values as sent.
+    lines = "\\n".join(("%kcoral status", "%kcoral jobs"))
+    code = (
+        "get_ipython().run_line_magic('load_ext', 'kcoral_jupyter'); "
+        f"get_ipython().run_cell('{lines}')"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_TOKEN"}
+    with serving(_HostileListings) as url:
+        environment["KCORAL_URL"] = url
+        command = [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "-c", code]
+        _status, raw = on_a_terminal(command, environment)
+    seen = raw.decode("utf-8", "replace")
+    assert "health.note: boom" in seen and "RUNNING" in seen, repr(seen)
+    assert _reached(seen) == [], repr(seen)
