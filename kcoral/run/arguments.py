@@ -104,6 +104,9 @@ class RunOptions:
     #: a submitted job still waits in the server's queue (no worker has taken it): an
     #: interrupt then cancels a run whose tool never started
     job_queued: bool = False
+    #: the run reached the server (a job accepted, or an ``/execute`` request on its way);
+    #: an interrupt before that, while the inputs are read or sent, started nothing
+    submitted: bool = False
 
 
 def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:

@@ -87,8 +87,11 @@ def _say_last(message: str) -> None:
 
 
 def _interrupted(options: RunOptions) -> str:
-    """What an interrupt did: cancel the remote tool, or (once it had ended) only stop the
-    saving of its outputs, which ``ReturnedFolder.save`` removes when cut short."""
+    """What an interrupt did: start nothing (the inputs were still read or sent), cancel a
+    queued run or the remote tool, or (once it had ended) only stop the saving of its
+    outputs, which ``ReturnedFolder.save`` removes when cut short."""
+    if not options.submitted:
+        return "nothing was started on the server"
     if options.job_queued:
         return "the queued run was cancelled before a worker took it"
     if not options.tool_ended:
@@ -392,6 +395,7 @@ def execute(options: RunOptions, program: Any) -> Any:
         if options.gpu_count is not None and options.select is None and info.get("device") == "cpu":
             raise GpusOnACpuServer(options.gpu_count)
         if not _offers_jobs(info):
+            options.submitted = True  # the tool may start before the answer comes
             with progress:
                 return client.execute(
                     program,
@@ -412,7 +416,7 @@ def execute(options: RunOptions, program: Any) -> Any:
         # printed nothing either: said only if no worker has taken the job after a moment.
         first_in_line = threading.Timer(WAITING_NOTICE_SECONDS, say, [WAITING_NOTICE])
         first_in_line.daemon = True
-        options.job_queued = True
+        options.submitted = options.job_queued = True
         try:
             queued_said = False
             for event in job.events():
