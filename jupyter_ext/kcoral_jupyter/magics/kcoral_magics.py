@@ -24,6 +24,8 @@ from kcoral_jupyter.magics.jobs import JobCommands
 from kcoral_jupyter.magics.options import (
     HELP,
     UsageParser,
+    asks_for_help,
+    cell_parser,
     group_usage,
     line_parsers,
     split_words,
@@ -73,6 +75,9 @@ class KCoralMagics(Magics):
         try:
             if cell is None:
                 return self._line(line)
+            if asks_for_help(split_words(line, "%%kcoral")):  # the cell is not run
+                print(cell_parser().format_help(), end="")
+                return None
             return self.cell.run(line, cell)
         except (TransportError, KCoralError) as exc:
             # Not a program's failure: the transport's chain of causes and our frames help
@@ -101,8 +106,15 @@ class KCoralMagics(Magics):
         for command, rest in ((" ".join([first, *words[1:2]]), words[2:]), (first, words[1:])):
             if command in self.handlers:
                 parser: UsageParser = self.parsers[command]
+                if asks_for_help(rest):
+                    print(parser.format_help(), end="")
+                    return None
                 return self.handlers[command](parser.parse(rest))
-        if any(command.startswith(first + " ") for command in self.handlers):
+        group = [p for words, p in self.parsers.items() if words.startswith(first + " ")]
+        if group and asks_for_help(words[1:]):  # %kcoral session --help: each command's
+            print("\n".join(parser.format_help() for parser in group), end="")
+            return None
+        if group:
             raise UsageError(group_usage(first, self.parsers))
         raise UsageError(f"%kcoral: unknown command {first!r} (%kcoral --help lists them)")
 

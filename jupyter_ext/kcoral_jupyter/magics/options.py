@@ -357,6 +357,12 @@ def group_usage(group: str, parsers: dict[str, UsageParser]) -> str:
     return f"{prefix}{' | '.join(forms)} (%kcoral --help)"
 
 
+def asks_for_help(words: Sequence[str]) -> bool:
+    """Whether a command's words ask for its help (``--help`` or ``-h`` anywhere): a user
+    types ``%kcoral jobs --help`` as in a shell, which was refused as an unknown option."""
+    return any(word in ("--help", "-h") for word in words)
+
+
 def help_text() -> str:
     """``%kcoral --help``: every command's help, rendered from its parser."""
     parsers = [cell_parser(), *line_parsers().values()]
