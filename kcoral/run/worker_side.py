@@ -209,7 +209,7 @@ def _run_and_collect(
     argv = _tool_argv(tool, args, outputs)
     executable = _resolve_executable(argv[0], work, env["PATH"])
     if executable is None:
-        report["error"] = f"{argv[0]} is not installed in the remote server environment"
+        report["error"] = _not_found(argv[0], "PATH" in (spec.get("env") or {}))
         return report
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # keep the worker's own buffered output ahead of the tool's
@@ -309,6 +309,23 @@ def _tool_argv(tool: str, args: list[str], outputs: str) -> list[str]:
     if tool == "shell":
         return list(args)
     raise ValueError(f"unknown tool {tool!r}")
+
+
+def _not_found(name: str, path_set: bool) -> str:
+    """Why the tool's executable was not found, in the user's terms: a path names a file
+    (a relative one among the inputs, the only files in the tool's directory), a bare name
+    is looked up on PATH, which ``--env PATH=...`` may have replaced. All of them read
+    "is not installed in the remote server environment", which ``./bench`` not sent, or
+    ``sh`` under ``--env PATH=/opt/x``, was not."""
+    if name.startswith("/"):
+        return f"{name}: no such file on the server"
+    if "/" in name:
+        return (
+            f"{name}: no such file among the --send inputs (the tool's directory holds only them)"
+        )
+    if path_set:
+        return f"{name} is not on the remote PATH that --env PATH set"
+    return f"{name} is not installed in the remote server environment"
 
 
 def _resolve_executable(name: str, work: str, path: str) -> str | None:

@@ -135,18 +135,36 @@ def test_shell_runs_an_executable_relative_to_the_inputs(
     ("tool", "args", "name"),
     [
         ("shell", ["no-such-tool-xyz"], "no-such-tool-xyz"),
-        ("shell", ["./missing.sh"], "./missing.sh"),
         ("ncu", ["--", "app"], "ncu"),
         ("compute-sanitizer", ["app"], "compute-sanitizer"),
         ("run-iket", ["profile", "--", "app"], "run-iket"),
     ],
 )
 def test_a_missing_executable_is_reported_as_not_installed(
-    workspace: Path, tool: str, args: list[str], name: str
+    workspace: Path, tool: str, args: list[str], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    report = run_tool(None, spec(tool, *args, env={"PATH": "/nonexistent"}))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    report = run_tool(None, spec(tool, *args))
     assert report["error"] == f"{name} is not installed in the remote server environment"
     assert report["exit_code"] is None and report["signal"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "error"),
+    [
+        # each read "... is not installed in the remote server environment"
+        (["./bench"], {}, "./bench: no such file among the --send inputs (the tool's "
+         "directory holds only them)"),
+        (["/no/such/bench"], {}, "/no/such/bench: no such file on the server"),
+        (["sh", "-c", "true"], {"PATH": "/nonexistent"},
+         "sh is not on the remote PATH that --env PATH set"),
+    ],
+)  # fmt: skip
+def test_a_tool_not_found_says_where_it_was_looked_for(
+    workspace: Path, argv: list[str], env: dict[str, str], error: str
+) -> None:
+    report = run_tool(None, spec("shell", *argv, env=env))
+    assert report["error"] == error
 
 
 def test_fetched_files_and_directories_are_collected_even_after_a_failure(
