@@ -107,6 +107,8 @@ class RunOptions:
     #: the run reached the server (a job accepted, or an ``/execute`` request on its way);
     #: an interrupt before that, while the inputs are read or sent, started nothing
     submitted: bool = False
+    #: a second interrupt stopped the wait for the job's cancel (``DELETE``)
+    cancel_unconfirmed: bool = False
 
 
 def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:

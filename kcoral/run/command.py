@@ -92,6 +92,11 @@ def _interrupted(options: RunOptions) -> str:
     outputs, which ``ReturnedFolder.save`` removes when cut short."""
     if not options.submitted:
         return "nothing was started on the server"
+    if options.cancel_unconfirmed:
+        return (
+            "the cancel was not confirmed (interrupted again); the server ends the remote "
+            f"tool within {UNFOLLOWED_CANCEL_SECONDS} s"
+        )
     if options.job_queued:
         return "the queued run was cancelled before a worker took it"
     if not options.tool_ended:
@@ -454,10 +459,15 @@ def execute(options: RunOptions, program: Any) -> Any:
             raise ConnectionLostMidRun(job.id, options.url, root_reason(exc)) from exc
         except (KeyboardInterrupt, BrokenPipeError):
             # Ctrl-C, SIGTERM/SIGHUP, or the local reader of the output went away
-            with contextlib.suppress(Exception):
-                ended = job.cancel()  # waits until the remote process tree is gone
-                if ended.get("started_at") is not None:  # a worker took it meanwhile
-                    options.job_queued = False
+            try:
+                with contextlib.suppress(Exception):
+                    ended = job.cancel()  # waits until the remote process tree is gone
+                    if ended.get("started_at") is not None:  # a worker took it meanwhile
+                        options.job_queued = False
+            except KeyboardInterrupt:
+                # A second Ctrl-C stops the wait for the cancel: it said the tool was
+                # cancelled, unconfirmed. The server ends it anyway once unfollowed.
+                options.cancel_unconfirmed = True
             raise
         finally:
             first_in_line.cancel()
