@@ -88,12 +88,15 @@ def hung_up(connection: Any) -> bool:
         return True  # reset, or its descriptor is gone
 
 
-async def notice_hang_up(
-    connection: Any, waiting: asyncio.Future[Any], gone: Callable[[], None]
-) -> None:
-    """Call ``gone()`` once ``connection``'s client has hung up while ``waiting`` is not done."""
-    while not waiting.done():
-        await asyncio.sleep(HANG_UP_CHECK_SECONDS)
-        if not waiting.done() and hung_up(connection):
-            gone()
-            return
+def notice_hang_up(handler: Any, waiting: asyncio.Future[Any]) -> asyncio.Task[None]:
+    """A task that calls ``handler.on_connection_close()`` once the client of ``handler``'s
+    request hangs up while ``waiting`` (its wait for a slot) is not done."""
+
+    async def watch() -> None:
+        while not waiting.done():
+            await asyncio.sleep(HANG_UP_CHECK_SECONDS)
+            if not waiting.done() and hung_up(handler.request.connection):
+                handler.on_connection_close()
+                return
+
+    return asyncio.get_running_loop().create_task(watch())

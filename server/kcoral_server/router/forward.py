@@ -194,31 +194,8 @@ class ForwardHandler(RouterHandler):
     # -- request side ----------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        if self.check_request() and self.check_length():
+        if self.check_request() and check_length(self):
             await self.forward_head()
-
-    def check_length(self) -> bool:
-        """``Content-Length`` checks (ROUTER §8 step 2); False once the request is answered."""
-        lengths = self.request.headers.get_list("Content-Length")
-        if lengths:
-            values = {v.strip() for v in ",".join(lengths).split(",")}
-            value = next(iter(values))
-            # ASCII digits only: str.isdigit() also takes "²" or "٣", which int() refuses
-            if len(values) != 1 or not (value.isascii() and value.isdigit()):
-                self.send_router_error(
-                    400, "invalid_request", "invalid Content-Length", "request_rejected"
-                )
-                return False
-            self.declared = int(value)
-            if self.declared > self.state.settings.max_request_bytes:
-                message = too_large_message(self.state.settings.max_request_bytes, self.declared)
-                self.send_router_error(413, "request_too_large", message, "request_rejected")
-                return False
-        elif self.request.method != "POST" and "Transfer-Encoding" not in self.request.headers:
-            self.declared = 0  # a bodiless GET or DELETE
-        else:
-            report_body_failures(self.request.connection, self._body_failed)
-        return True
 
     async def forward_head(self, gpu_count: int | None = None) -> None:
         """Choose the node and a slot (``gpu_count``: ROUTER §7), then send the head there."""
@@ -242,10 +219,7 @@ class ForwardHandler(RouterHandler):
             )
         waited = timed_wait(self, acquire)  # 401 if revoked since (for_caller)
         self.acquire_task = loop.create_task(self.for_caller(waited))
-        connection = self.request.connection
-        watch = loop.create_task(
-            notice_hang_up(connection, self.acquire_task, self.on_connection_close)
-        )
+        watch = notice_hang_up(self, self.acquire_task)
         try:
             node, slot = await self.acquire_task
         except RouterBusy:
@@ -324,7 +298,7 @@ class ForwardHandler(RouterHandler):
     async def delete(self, *args: str) -> None:
         await self._complete()
 
-    async def _body_failed(self, reason: str) -> None:
+    async def body_failed(self, reason: str) -> None:
         """The client's chunked body broke mid-stream (ROUTER §8.5): 400, slot cancelled."""
         if not self._finished:
             self._reject_body(400, "invalid_request", BODY_FAILED_MESSAGE)
@@ -459,6 +433,31 @@ class ForwardHandler(RouterHandler):
         self.log_finished()
 
 
+def check_length(handler: ForwardHandler) -> bool:
+    """``handler``'s ``Content-Length`` checks (ROUTER §8 step 2); False once the request is
+    answered."""
+    lengths = handler.request.headers.get_list("Content-Length")
+    if lengths:
+        values = {v.strip() for v in ",".join(lengths).split(",")}
+        value = next(iter(values))
+        # ASCII digits only: str.isdigit() also takes "²" or "٣", which int() refuses
+        if len(values) != 1 or not (value.isascii() and value.isdigit()):
+            handler.send_router_error(
+                400, "invalid_request", "invalid Content-Length", "request_rejected"
+            )
+            return False
+        handler.declared = int(value)
+        if handler.declared > handler.state.settings.max_request_bytes:
+            message = too_large_message(handler.state.settings.max_request_bytes, handler.declared)
+            handler.send_router_error(413, "request_too_large", message, "request_rejected")
+            return False
+    elif handler.request.method != "POST" and "Transfer-Encoding" not in handler.request.headers:
+        handler.declared = 0  # a bodiless GET or DELETE
+    else:
+        report_body_failures(handler.request.connection, handler.body_failed)
+    return True
+
+
 class ProgramForwardHandler(ForwardHandler):
     """A program's ``POST`` (``/execute``, ``/v1/jobs``): its node is chosen once its program
     part is read, among the nodes with the GPUs its ``options.gpu_count`` asks for (ROUTER
@@ -472,7 +471,7 @@ class ProgramForwardHandler(ForwardHandler):
     async def prepare(self) -> None:
         if self.request.method != "POST":
             await super().prepare()
-        elif self.check_request() and self.check_length():
+        elif self.check_request() and check_length(self):
             # The selector's refusals come at once, as before; the node waits for the program.
             selector = self.read_selector()
             if selector is not None and self.offered(selector):

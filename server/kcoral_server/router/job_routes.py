@@ -33,8 +33,9 @@ from kcoral_server.router.auth import UNAUTHORIZED_MESSAGE, error_answer
 from kcoral_server.router.forward import ForwardHandler, ProgramForwardHandler
 from kcoral_server.router.headers import METHOD_HEADER, PATH_HEADER, identity_header
 from kcoral_server.router.identity import MAX_FRAME_DATA
-from kcoral_server.router.registry import SERVER_RESTARTED, NodeRecord, fleet, fleet_status
+from kcoral_server.router.registry import SERVER_RESTARTED, NodeRecord
 from kcoral_server.router.scheduler import NoNode, RouterBusy
+from kcoral_server.router.selection import fleet, fleet_status
 from kcoral_server.router.slot import CONTROL, SlotBroken
 
 JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 
 from kcoral.protocol.selector import Selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.selection import has_gpus, ready_nodes, serves, waiters_by_selector
+from kcoral_server.router.selection import has_gpus, serves
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
@@ -511,93 +510,3 @@ def retired(
     )
     excess = len(idle) + room - MAX_RETAINED_NODES
     return [n for i, n in enumerate(idle) if i < excess or now - (n.lost_at or now) > retention]
-
-
-def fleet(registry: Registry) -> dict[str, list[dict[str, Any]]]:
-    """``/v1/info``'s ``fleet`` (ROUTER §6): the ``ready`` nodes counted by kind and by
-    label, the default kind first."""
-    kinds: dict[tuple[str, str, int], int] = {}
-    labels: dict[tuple[str, str], int] = {}
-    for n in ready_nodes(registry):
-        key = (n.kind, n.arch, n.gpus)
-        kinds[key] = kinds.get(key, 0) + 1
-        for label in n.labels.items():
-            labels[label] = labels.get(label, 0) + 1
-    default = registry.default_kind
-    return {
-        "kinds": [
-            {
-                "gpu": gpu or None,
-                "arch": arch or None,
-                "gpus": gpus,
-                "nodes": count,
-                "default": gpu == default,
-            }
-            for (gpu, arch, gpus), count in sorted(
-                kinds.items(), key=lambda i: (i[0][0] != default, i[0])
-            )
-        ],
-        "labels": [
-            {"key": k, "value": v, "nodes": count} for (k, v), count in sorted(labels.items())
-        ],
-    }
-
-
-def fleet_status(
-    registry: Registry, queued: Sequence[tuple[Selector, int | None]] = ()
-) -> dict[str, list[dict[str, Any]]]:
-    """``/v1/info``'s ``fleet_status`` (ROUTER §6): ``fleet``'s rows with what they hold now.
-
-    Per kind and per label of the ``ready`` nodes: ``seats`` (their worker slots),
-    ``free_seats`` (``NodeRecord.free_seats``: idle slots whose seat is idle), ``queued``
-    (requests waiting at the router that a node of the row could serve — ``queued`` holds
-    each waiter's selector, ``{}`` for the default kind, and its program's GPU count — plus
-    those waiting in the nodes' own pools), ``recent_programs`` (the nodes' reported count)
-    and ``estimated_wait_seconds``: an estimate, ``(queued + 1 -
-    free_seats) / seats`` times the mean time a recent program held its seat, at least 0,
-    ``None`` without recent programs."""
-    default = registry.default_kind
-    ready = ready_nodes(registry)
-    kinds: dict[tuple[str, str, int], list[NodeRecord]] = {}
-    labels: dict[tuple[str, str], list[NodeRecord]] = {}
-    for n in ready:
-        kinds.setdefault((n.kind, n.arch, n.gpus), []).append(n)
-        for label in n.labels.items():
-            labels.setdefault(label, []).append(n)
-
-    wanted = waiters_by_selector(ready, queued, default)
-
-    def load(nodes: list[NodeRecord]) -> dict[str, Any]:
-        seats = sum(len(n.current_slots()) for n in nodes)
-        free = sum(n.free_seats() for n in nodes)
-        stats = [n.lease_stats for n in nodes if n.lease_stats is not None]
-        ids = {n.node_id for n in nodes}
-        waiting = sum(count for served, count in wanted if served & ids)
-        waiting += sum(s.queued for s in stats)
-        count = sum(s.count for s in stats)
-        estimate = None
-        if count and seats:
-            held_ms = sum(s.count * s.seat_held_mean_ms for s in stats) / count
-            estimate = round(max(0, waiting + 1 - free) / seats * held_ms / 1000.0, 3)
-        return {
-            "nodes": len(nodes),
-            "seats": seats,
-            "free_seats": free,
-            "queued": waiting,
-            "recent_programs": count,
-            "estimated_wait_seconds": estimate,
-        }
-
-    return {
-        "kinds": [
-            {"gpu": gpu or None, "arch": arch or None, "gpus": gpus, "default": gpu == default}
-            | load(nodes)
-            for (gpu, arch, gpus), nodes in sorted(
-                kinds.items(), key=lambda i: (i[0][0] != default, i[0])
-            )
-        ],
-        "labels": [
-            {"key": key, "value": value} | load(nodes)
-            for (key, value), nodes in sorted(labels.items())
-        ],
-    }

@@ -33,7 +33,7 @@ from typing import Any, TypeGuard
 from kcoral.protocol.selector import SELECTOR_MISMATCH
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.router.auth import error_answer
-from kcoral_server.router.forward import BUFFERED_ANSWER_LIMIT, ForwardHandler
+from kcoral_server.router.forward import BUFFERED_ANSWER_LIMIT, ForwardHandler, check_length
 from kcoral_server.router.headers import identity_header
 from kcoral_server.router.job_routes import (
     answer_while_nodes_reconnect,
@@ -267,7 +267,7 @@ class SessionsHandler(ForwardHandler):
         if self.request.method == "GET":
             self.check_request()
             return
-        if self.check_request() and self.check_length() and self.read_selector() is not None:
+        if self.check_request() and check_length(self) and self.read_selector() is not None:
             if (self.declared or 0) > MAX_SESSION_BODY:
                 self._too_large()
                 return
