@@ -192,8 +192,10 @@ def test_an_unknown_token_is_unauthenticated_and_the_shared_token_still_opens_ev
         router.stop()
 
 
-def test_a_node_token_file_open_to_group_or_others_is_refused(tmp_path: Path) -> None:
-    for mode in (0o640, 0o604, 0o620, 0o602):
+def test_a_node_token_file_open_to_others_or_writable_by_its_group_is_refused(
+    tmp_path: Path,
+) -> None:
+    for mode in (0o604, 0o620, 0o602, 0o660):
         path = token_file(tmp_path, f"n-a {TOKEN_A}\n", mode)
         with pytest.raises(SettingsError, match="chmod 600"):
             parse_router_args(["--node-token-file", str(path)], {})
@@ -203,6 +205,16 @@ def test_a_node_token_file_open_to_group_or_others_is_refused(tmp_path: Path) ->
     )
     assert settings.node_tokens is not None and settings.node_token is None
     assert TOKEN_A not in repr(settings)
+
+
+def test_a_node_token_file_its_group_may_read_is_taken_as_a_kubernetes_secret_is_mounted(
+    tmp_path: Path,
+) -> None:
+    """A Kubernetes Secret is mounted root-owned, 0440, for the pod's ``fsGroup``: the only
+    way a router that is not root reads it. Refused, per-node tokens could not be used in a
+    pod (deploy soak); the client-token file has always allowed it (EXTENSIONS §6)."""
+    path = token_file(tmp_path, f"n-a {TOKEN_A}\n", 0o440)
+    assert parse_router_args(["--node-token-file", str(path)], {}).node_tokens is not None
 
 
 def test_a_router_off_loopback_accepts_a_node_token_file_as_its_node_token(tmp_path: Path) -> None:

@@ -297,9 +297,11 @@ def _given_path(flag: str, path: str) -> str:
 
 
 def _node_tokens(path: str | None) -> NodeTokens | None:
-    """The per-node tokens of ``--node-token-file`` (ROUTER §3), refused where the file is
-    open to its group or others: whoever reads it may act as any node it lists, and whoever
-    writes it may add a node of their own."""
+    """The per-node tokens of ``--node-token-file`` (ROUTER §3), refused where others may
+    read or write the file or its group may write it: whoever reads it may act as any node
+    it lists, and whoever writes it may add a node of their own. Its group may read it, as
+    the client-token file's: a Kubernetes Secret is mounted root-owned, 0440, for the pod's
+    ``fsGroup``, the only way a router that is not root reads it."""
     if path is None:
         return None
     given = _given_path("--node-token-file", path)
@@ -310,9 +312,9 @@ def _node_tokens(path: str | None) -> NodeTokens | None:
         raise SettingsError(f"--node-token-file {cannot_read(exc)}") from None
     except TokenFileError as exc:
         raise SettingsError(f"--node-token-file {exc}") from None
-    if mode & 0o077:
+    if mode & 0o027:
         raise SettingsError(
-            f"--node-token-file {path} is open to its group or others (mode "
+            f"--node-token-file {path} is open to others or its group may write it (mode "
             f"{stat.S_IMODE(mode):04o}); make it readable by the router's user only: "
             f"chmod 600 {path}"
         )
