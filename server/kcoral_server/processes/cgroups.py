@@ -451,18 +451,19 @@ def remove_stale_cgroups() -> int:
 
 def unenforced(limits: WorkerLimits) -> list[str]:
     """The limits of ``limits`` that no cgroup here can enforce (a trial cgroup is made and
-    removed): said once at start-up, so that a missing limit is never silent."""
+    removed): said once at start-up, so that a missing limit is never silent. Each is named
+    as the warning's list reads after "no writable cgroup enforces": ``memory``,
+    ``processes``, or ``memory (an rlimit does instead)`` (it said "(not enforced)" after
+    each, the warning's own words again)."""
     cgroup = create_cgroup(limits)
     try:
         missing = []
         if limits.memory_bytes and not cgroup.memory_bytes:
             missing.append(
-                "memory (not enforced)"
-                if limits.memory_cgroup_only
-                else "memory (enforced by an rlimit instead)"
+                "memory" if limits.memory_cgroup_only else "memory (an rlimit does instead)"
             )
         if limits.processes and not cgroup.processes:
-            missing.append("processes (not enforced)")
+            missing.append("processes")
         return missing
     finally:
         cgroup.remove()
