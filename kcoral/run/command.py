@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
 import signal
 import sys
 import threading
@@ -185,11 +186,20 @@ class GpusOnACpuServer(Exception):
     400 read "gpu_count exceeds this GPU server's configured capacity" (PROTOCOL §7's fixed
     message), as if it were a GPU server with too few."""
 
-    def __init__(self, gpu_count: int) -> None:
+    def __init__(self, gpu_count: int, gpu_kinds: Sequence[str] = ()) -> None:
         super().__init__(gpu_count)
         self.gpu_count = gpu_count
+        #: a router's GPU kinds (``/v1/info`` ``fleet``), which ``--select`` reaches: "has
+        #: no GPUs" was false of a mixed fleet whose default kind is a CPU one
+        self.gpu_kinds = list(gpu_kinds)
 
     def __str__(self) -> str:
+        if self.gpu_kinds:
+            choices = " or ".join(f"--select gpu={kind}" for kind in self.gpu_kinds)
+            return (
+                f"--gpus {self.gpu_count}: this router's default nodes run programs on the "
+                f"CPU; its GPU nodes take {choices}"
+            )
         return (
             f"--gpus {self.gpu_count}: this server runs programs on the CPU and has no GPUs; "
             "leave --gpus out, or give a GPU server's --url"
@@ -398,7 +408,7 @@ def execute(options: RunOptions, program: Any) -> Any:
         # With --select the node is the router's choice, and /v1/info (sent without the
         # selector) describes its default kind: a CPU one said nothing of a GPU node selected.
         if options.gpu_count is not None and options.select is None and info.get("device") == "cpu":
-            raise GpusOnACpuServer(options.gpu_count)
+            raise GpusOnACpuServer(options.gpu_count, _gpu_kinds(info))
         if not _offers_jobs(info):
             options.submitted = True  # the tool may start before the answer comes
             with progress:
@@ -506,6 +516,27 @@ def _server_info(client: Any) -> dict[str, Any]:
     except KCoralError:
         return {}
     return info if isinstance(info, dict) else {}
+
+
+def _gpu_kinds(info: dict[str, Any]) -> list[str]:
+    """The GPU kinds of a router's fleet (``/v1/info`` ``fleet.kinds`` with GPUs, ROUTER
+    §6), printable names only (a server's words reach the terminal); [] for a server."""
+    fleet = info.get("fleet")
+    kinds = fleet.get("kinds") if isinstance(fleet, dict) else None
+    found: list[str] = []
+    for kind in kinds if isinstance(kinds, list) else []:
+        if not isinstance(kind, dict):
+            continue
+        name, gpus = kind.get("gpu"), kind.get("gpus")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
+            continue
+        if isinstance(name, str) and SELECTOR_WORD.fullmatch(name) and name not in found:
+            found.append(name)
+    return found
+
+
+#: a kind name fit to be shown and typed back as ``--select gpu=NAME``
+SELECTOR_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _offers_jobs(info: dict[str, Any]) -> bool:

@@ -13,7 +13,7 @@ import pytest
 from server_process import running_server
 
 from kcoral.run.arguments import parse_command_line
-from kcoral.run.command import execute
+from kcoral.run.command import execute, main
 
 SHOWS_ITS_GPUS = "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
@@ -111,3 +111,32 @@ def test_gpus_with_a_selector_is_sent_whatever_the_routers_default_kind_is(
     )
     assert execute(options, object()) == "ran"
     assert router.sent["gpu_count"] == 2 and router.sent["select"] == options.select
+
+
+class MixedFleetRouter(RouterOfCpuNodesByDefault):
+    """A router whose default kind is a CPU node, with GPU nodes of two kinds besides."""
+
+    def info(self) -> dict[str, object]:
+        kinds = [
+            {"gpu": "cpu", "gpus": 0, "nodes": 1, "default": True},
+            {"gpu": "h100", "gpus": 8, "nodes": 2, "default": False},
+            {"gpu": "a100", "gpus": 4, "nodes": 1, "default": False},
+            {"gpu": "\x1b]52;c;aGk=\x07", "gpus": 1, "nodes": 1, "default": False},
+        ]
+        return {"device": "cpu", "features": [], "fleet": {"kinds": kinds, "labels": []}}
+
+
+def test_gpus_through_a_router_whose_default_kind_is_cpu_names_its_gpu_kinds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said "this server runs programs on the CPU and has no GPUs" of a fleet with GPU
+    # nodes, which --select reaches; a kind name that is no selector word is not shown.
+    router = MixedFleetRouter("")
+    monkeypatch.setattr("kcoral.client.Client", lambda url, **_options: router)
+    argv = ["python", "--url", "http://127.0.0.1:29403", "--gpus", "2", "--", "-c", "1"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == (
+        "kcoral run: --gpus 2: this router's default nodes run programs on the CPU; its GPU "
+        "nodes take --select gpu=h100 or --select gpu=a100\n"
+    )
+    assert router.sent == {}  # nothing was run
