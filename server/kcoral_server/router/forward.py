@@ -222,8 +222,8 @@ class ForwardHandler(RouterHandler):
         watch = notice_hang_up(self, self.acquire_task)
         try:
             node, slot = await self.acquire_task
-        except RouterBusy:
-            self.send_router_error(503, "router_busy", "router queue is full", "queue_full")
+        except RouterBusy as busy:  # the queue is full, or the caller's share of it is
+            self.send_router_error(503, "router_busy", str(busy), "queue_full")
             return
         except NoNode as exc:
             self.no_node(exc)

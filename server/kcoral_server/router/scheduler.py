@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import MutableSequence
+from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass, field
 
 from kcoral.protocol.selector import Selector, format_selector
@@ -18,7 +18,10 @@ Lease = tuple[NodeRecord, RouterSlot]
 
 
 class RouterBusy(Exception):
-    """The admission queue is full (503 ``router_busy``)."""
+    """The admission queue is full, or the caller's share of it (503 ``router_busy``)."""
+
+    def __init__(self, message: str = "router queue is full") -> None:
+        super().__init__(message)
 
 
 class NoNode(Exception):
@@ -105,6 +108,26 @@ class Admission(_WaitingRoom):
         super().__init__(registry, max_queued, wait_timeout, deque())
         #: the identities waiting, in the order of their turns (a served one goes last)
         self._turns: dict[str, None] = {}
+        #: how many identities the client tokens name, asked at each request (a reload may
+        #: change it): with two or more, one holds at most half of the queue
+        self.identities: Callable[[], int | None] = lambda: None
+
+    def _check_share(self, identity: str) -> None:
+        """Who can reach the queue: every client-token holder, one connection per waiting
+        request. Its bound was shared: one identity's programs filled it and every other
+        identity's got 503 at once. With two or more identities, one holds at most half of
+        it, rounded up (a server's job slots, EXTENSIONS §5); past it, ``RouterBusy`` says so."""
+        identities = self.identities()
+        if identities is None or identities < 2 or not self.max_queued:
+            return
+        share = -(-self.max_queued // 2)
+        held = sum(1 for w in self._waiters if w.identity == identity and not w.future.done())
+        if held >= share:
+            raise RouterBusy(
+                f"router queue: you hold {held} requests waiting for a node, the most one "
+                f"identity may (half of --max-queued-requests {self.max_queued}); send again "
+                "once one of yours has reached a node"
+            )
 
     def queued_needs(self) -> list[tuple[Selector, int | None]]:
         """What each waiting request needs, oldest first, for ``/v1/info``'s
@@ -130,6 +153,7 @@ class Admission(_WaitingRoom):
                 return lease
         if self.waiting >= self.max_queued:
             raise RouterBusy
+        self._check_share(identity)
         future = asyncio.get_running_loop().create_future()
         selector = dict(selector or {})
         waiter = _Waiter(affinity, request_id, future, selector, identity=identity)
