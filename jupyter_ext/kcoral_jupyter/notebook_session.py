@@ -87,9 +87,20 @@ def require_sessions(url: str, features: list[str]) -> None:
 LOCAL_SERVER_GONE = "this kernel's local server stopped, and its sessions ended with it"
 
 
+def ended_clause(message: str | None) -> str:
+    """How a session ended, after its name: the server's own words begin ``session ended``
+    (``... after 4 s without a program``, ``...: job J did not stop``, ``... by its owner``),
+    which read 'has ended: session ended ...' after it."""
+    if not message or message == "ended":
+        return "has ended"
+    if message.startswith("session ended"):
+        return "ended" + message.removeprefix("session ended")
+    return f"has ended: {message}"
+
+
 def ended_error(remote: NotebookSession) -> SessionEndedError:
     return SessionEndedError(
-        f"{remote.label} on {remote.url} has ended: {remote.ended_message}",
+        f"{remote.label} on {remote.url} {ended_clause(remote.ended_message)}",
         "its variables are gone: %kcoral session start begins a new session, "
         "%kcoral session stop runs cells without one",
     )

@@ -62,7 +62,9 @@ def test_an_interrupted_session_cell_whose_program_ignores_it_says_the_session_e
             error = result.error_in_exec
             assert isinstance(error, SessionEndedError), error
             lines = list(error._render_traceback_())
-            assert lines[0].startswith(f"SessionEndedError: {remote.label} on {server.url} has ")
+            assert lines[0].startswith(
+                f"SessionEndedError: {remote.label} on {server.url} ended: job "
+            )  # not "has ended: session ended: job ..."
             assert "did not stop within 5 s of an interrupt" in lines[0], lines
             assert "its variables are gone" in lines[1]
         finally:

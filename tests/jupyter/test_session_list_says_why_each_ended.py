@@ -38,8 +38,7 @@ def test_attaching_an_ended_session_says_nothing_was_attached(server_factory, mo
         error = ip.run_cell(f"%kcoral session attach {ended.id}").error_in_exec
     assert isinstance(error, SessionEndedError), error
     assert error._render_traceback_() == [
-        f"SessionEndedError: session {ended.id[:8]} on {server.url} has ended: session ended "
-        "by its owner",
+        f"SessionEndedError: session {ended.id[:8]} on {server.url} ended by its owner",
         "nothing was attached: %kcoral session list shows your sessions, %kcoral session "
         "start begins a new one",
     ]
