@@ -10,10 +10,8 @@ Who can reach what (a malicious server): every string a server sends (names, mes
 dtypes, paths, stdout/stderr, tracebacks) is escaped into our own markup. HTML the server
 *authored* (a remote DataFrame's ``_repr_html_``) is shown only by ``server_display``: inside
 an ``<iframe sandbox="">`` (no script, an opaque origin, no forms, no navigation of the
-notebook) whose document forbids network loads, never as raw HTML or JavaScript. The plain
-text of the magics' screens and of a server's display is printed as it is by IPython on a
-terminal, so a server's words there are screened (``kcoral.run.terminal_filter.screened``):
-no clipboard write or status query reaches the terminal.
+notebook) whose document forbids network loads, never as raw HTML or JavaScript. Plain text
+a terminal IPython prints is ``screened`` (no clipboard write or status query gets through).
 
 The client classes reach this module lazily from their ``_repr_html_`` (``kcoral.notebook``);
 no function here is registered with IPython's HTML formatter.
