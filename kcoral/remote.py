@@ -1,16 +1,12 @@
 """Remote functions: a decorated Python function run on the server (CLIENT_API.md §8).
 
-Two formats (EXTENSIONS.md §4). ``json`` uploads the function's source (see
-``kcoral.remote_source``) and sends JSON literals and whole binary arguments. ``pickle``
-sends the function and its arguments by value with cloudpickle in one ``bytes`` upload; the
-server's trampoline (``kcoral_server.worker.trampoline``) runs it and pickles the result back.
-cloudpickle is imported only when pickle mode is used.
-
-Both pickle payloads are wrapped in a small envelope naming the writer's Python and
-cloudpickle versions, so a mismatch is reported in words before anything is unpickled
-(``kcoral.protocol.pickle_envelope``; ``dump_envelope`` and ``load_envelope`` stay importable
-from here for older clients' uploaded ``%%kcoral`` code). Unpickling runs code, so the client
-unpickles only what the call asked for in pickle format (``load_requested``).
+Two formats (EXTENSIONS.md §4): ``json`` uploads the function's source (``remote_source``),
+JSON literals and whole binary arguments; ``pickle`` sends the function and its arguments by
+value (cloudpickle, imported only then) in one ``bytes`` upload, which the server's
+trampoline (``kcoral_server.worker.trampoline``) runs, pickling the result back. Pickle
+payloads carry an envelope naming the writer's Python and cloudpickle versions
+(``kcoral.protocol.pickle_envelope``, whose names older ``%%kcoral`` code imports from here);
+the client unpickles only what a call asked for in pickle (``load_requested``).
 """
 
 from __future__ import annotations
@@ -407,12 +403,16 @@ class RemoteFunction:
         )
         run_values: list[Any] = []
         literals: list[bool] = []
-        for index, value in enumerate(values):
+        for index, (value, label) in enumerate(zip(values, labels, strict=True)):
             if isinstance(value, (bytes, bytearray, memoryview)):
                 run_values.append(program.upload(id=f"arg_{index}", kind="bytes", value=value))
                 literals.append(False)
             elif _is_binary(value):
-                run_values.append(program.upload(id=f"arg_{index}", kind="tensor", value=value))
+                try:
+                    upload = program.upload(id=f"arg_{index}", kind="tensor", value=value)
+                except ValueError as exc:  # it named neither the argument nor the way out
+                    raise ValueError(f"{label}: {exc}; use serialization='pickle'") from None
+                run_values.append(upload)
                 literals.append(False)
             else:
                 # wrapped so that reference-shaped data stays literal on the server

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kcoral.protocol.dtypes import byte_length, is_dtype
+from kcoral.protocol.dtypes import DTYPES, byte_length, is_dtype
 
 TensorPayload = tuple[bytes, str, tuple[int, ...]]
 
@@ -39,13 +39,19 @@ def tensor_payload(value: Any, dtype: object = None, shape: object = None) -> Te
 
     data, found_dtype, found_shape = _array_like_payload(value)
     if not is_dtype(found_dtype):
-        raise ValueError(f"dtype {found_dtype!r} is not one of the protocol dtypes")
+        raise ValueError(not_a_wire_dtype(f"dtype {found_dtype!r}"))
     if dtype is not None and dtype != found_dtype:
         raise ValueError(f"dtype={dtype!r} does not match the value's dtype {found_dtype!r}")
     if wanted_shape is not None and wanted_shape != found_shape:
         raise ValueError(f"shape={list(wanted_shape)} does not match the value's shape")
     _check_length(data, found_dtype, found_shape)
     return data, found_dtype, found_shape
+
+
+def not_a_wire_dtype(dtype: str) -> str:
+    """Why a tensor of ``dtype`` cannot travel; it said only 'not one of the protocol
+    dtypes', never which those are."""
+    return f"{dtype} is not a wire dtype ({', '.join(DTYPES)})"
 
 
 def check_shape(shape: object) -> tuple[int, ...]:
@@ -115,7 +121,7 @@ def _numpy_payload(array: np.ndarray) -> tuple[bytes, str, tuple[int, ...]]:
 def _torch_payload(torch: Any, tensor: Any) -> tuple[bytes, str, tuple[int, ...]]:
     name = str(tensor.dtype).removeprefix("torch.")
     if not is_dtype(name):
-        raise ValueError(f"torch dtype {tensor.dtype} is not one of the protocol dtypes")
+        raise ValueError(not_a_wire_dtype(f"torch dtype {tensor.dtype}"))
     shape = tuple(int(dim) for dim in tensor.shape)
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     # A uint8 view reads bfloat16/float8 bytes that numpy cannot represent natively.
