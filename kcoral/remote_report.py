@@ -139,6 +139,10 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         shown = user_traceback(text, _placer(fn, fmt))
     except Exception:  # a traceback we cannot read: the plain one still helps
         shown = text.rstrip("\n")
+    if not any(_FRAME.match(line) for line in shown.split("\n")):
+        # no frame of any code (a version mismatch found before the call): the note only
+        # repeated the message, under a heading promising a traceback
+        return
     # the note is printed wherever the error is (a terminal too): a server's escapes dropped
     shown = TerminalFilter().feed(shown.removeprefix(_PYTHON_HEADING + "\n"))
     error.add_note(NOTE_HEADING + "\n" + shown)

@@ -180,3 +180,16 @@ def test_an_async_function_on_a_server_that_never_awaits_it_says_so() -> None:
 def test_a_traceback_that_is_not_pythons_passes_through_unchanged() -> None:
     text = 'odd text\n  File "x", line nope, in f\nValueError: v\n'
     assert user_traceback(text, lambda file, line, name: None) == text.rstrip("\n")
+
+
+def test_a_version_mismatch_has_no_note_repeating_its_message(client, monkeypatch) -> None:
+    # remote-function soak: under "Remote traceback (most recent call last), on the
+    # server:" the note held no frame, only the message again
+    from kcoral.protocol import pickle_envelope
+
+    real = pickle_envelope.runtime_versions()
+    monkeypatch.setattr(pickle_envelope, "runtime_versions", lambda: {**real, "python": "3.1"})
+    with pytest.raises(RemoteExecutionError) as caught:
+        client.function(serialization="pickle")(pick).remote([1], 0)
+    assert "client has Python 3.1 with cloudpickle" in str(caught.value)
+    assert getattr(caught.value, "__notes__", []) == []
