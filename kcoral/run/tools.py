@@ -110,6 +110,15 @@ def check_tool_args(tool: Tool, args: Sequence[str]) -> None:
             raise UsageError(f"{tool.name}: the executable name is empty")
 
 
+#: python's options that print something and exit before any program is read: `kcoral
+#: run python -- --version`, the remote interpreter's version, was refused for want of a
+#: script
+_PYTHON_INFORMATION_LONG = frozenset(
+    {"--version", "--help", "--help-env", "--help-xoptions", "--help-all"}
+)
+_PYTHON_INFORMATION_SHORT = "Vh?"
+
+
 def check_python_args(args: Sequence[str]) -> str | None:
     """Walk python's own options the way the interpreter does, up to the program to run;
     the script's path as typed (``None`` for ``-c``/``-m``)."""
@@ -127,6 +136,8 @@ def check_python_args(args: Sequence[str]) -> str | None:
             return args[index + 1]
         if word.startswith("--"):
             name = word.split("=", 1)[0]
+            if name in _PYTHON_INFORMATION_LONG:
+                return None  # prints and exits: no program to run
             if name in _PYTHON_VALUE_LONG and "=" not in word:
                 index += 1
                 if index >= len(args):
@@ -139,6 +150,8 @@ def check_python_args(args: Sequence[str]) -> str | None:
         for position, letter in enumerate(letters):
             if letter == "i":
                 raise UsageError("python: interactive mode (-i) is refused")
+            if letter in _PYTHON_INFORMATION_SHORT:
+                return None  # -V, -h: prints and exits, as --version does
             if letter in "cm":
                 if position + 1 == len(letters) and index + 1 >= len(args):
                     raise UsageError(f"python: option -{letter} needs a value")

@@ -34,6 +34,17 @@ def test_python_accepts_a_script_a_module_or_code(args: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    "args",
+    [["--version"], ["-V"], ["-VV"], ["-u", "-V"], ["-h"], ["--help"], ["--help-env"],
+     ["--help-all"]],
+)  # fmt: skip
+def test_python_options_that_print_and_exit_need_no_program(args: list[str]) -> None:
+    # `kcoral run python -- --version` (the remote interpreter's version) was refused:
+    # "python: a script, -m MODULE or -c CODE is required"
+    check("python", *args)
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["-i", "script.py"], "interactive"),
@@ -43,7 +54,6 @@ def test_python_accepts_a_script_a_module_or_code(args: list[str]) -> None:
         (["--", "-"], "stdin"),
         (["-u"], "required"),
         (["-W", "ignore"], "required"),
-        (["-V"], "required"),
         (["-c"], "needs a value"),
         (["-m"], "needs a value"),
         (["-W"], "needs a value"),
