@@ -33,8 +33,8 @@ TOOLS: dict[str, Tool] = {
         Tool(
             "python",
             "[python options] SCRIPT | -m MODULE | -c CODE [args]",
-            "Run the worker's Python interpreter. A script, -m or -c is required; -i and "
-            "reading the program from stdin (-) are refused.",
+            "Run the worker's Python interpreter. A script, -m or -c is required (--version "
+            "and -h run alone); -i and reading the program from stdin (-) are refused.",
             allows_fetch=True,
             requires_out=False,
         ),

@@ -130,3 +130,9 @@ def test_every_tool_refuses_an_empty_argument_list() -> None:
 def test_an_unknown_tool_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="unknown tool"):
         get_tool("bash")
+
+
+def test_the_python_help_says_which_options_run_without_a_program() -> None:
+    assert "A script, -m or -c is required (--version and -h run alone)" in (
+        get_tool("python").description
+    )
