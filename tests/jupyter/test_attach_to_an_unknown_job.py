@@ -23,6 +23,9 @@ def test_attaching_an_unknown_job_leaves_no_attached_status_line(
         line for line in capsys.readouterr().out.splitlines() if line.startswith("kcoral: ")
     ]
     assert status_lines[-1] == f"kcoral: ERROR · {refused.value.cause}", status_lines
+    # A terminal prints every line: none may say it attached (before: "kcoral: attached to
+    # job ID" above the 404).
+    assert not any("attached" in line for line in status_lines), status_lines
 
 
 @pytest.mark.parametrize("command", ["attach", "cancel"])

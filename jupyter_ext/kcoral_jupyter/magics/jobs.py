@@ -140,7 +140,9 @@ class JobCommands:
         line_out = StatusLine(
             not self.kernel.settings.quiet, record, local_server=self.kernel.is_local(url)
         )
-        line_out.show(f"attached to job {job_id}")
+        # "attaching": nothing is known of the job yet (an unknown id's 404 comes next; a
+        # terminal prints every line, so "attached to job ID" stood above the refusal).
+        line_out.show(f"attaching to job {job_id}")
         try:
             result = follow_job(job, line_out, record)
         except KeyboardInterrupt as exc:
@@ -151,7 +153,7 @@ class JobCommands:
             ) from exc
         except KCoralError as exc:
             error = ended_with_session(job, exc, url) or translate_error(exc, ExecuteOptions(), url)
-            if error is exc:  # an HTTP error (an unknown id's 404): the line said "attached"
+            if error is exc:  # an HTTP error (an unknown id's 404): the line said "attaching"
                 said = refused(exc, url)
                 line_out.show(said.cause, status="ERROR")
                 raise said from None
