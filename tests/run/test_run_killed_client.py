@@ -122,3 +122,21 @@ def test_a_malformed_cancel_unfollowed_header_is_refused(server: RunningServer, 
     assert refused.value.message == (
         f"{CANCEL_UNFOLLOWED_HEADER} must be a whole number of seconds from 1 to 86400"
     )
+
+
+def test_another_identity_cannot_keep_an_unfollowed_job_alive(tmp_path: Path) -> None:
+    # Its event stream is the same 404 as for an unknown id, so it counts as no follower:
+    # the owner's abandoned job still ends.
+    tokens = client_token_file(tmp_path, f"alice {TOKEN}\nbob token-bob-0123456789\n")
+    args = ["--log-dir", "", "--auth-token-file", str(tokens)]
+    with (
+        running_server(tmp_path / "server", args) as running,
+        Client(running.url, token=TOKEN, headers={CANCEL_UNFOLLOWED_HEADER: "2"}) as alice,
+        Client(running.url, token="token-bob-0123456789") as bob,
+    ):
+        job = alice.submit(_sleeper(150))
+        with pytest.raises(KCoralError) as refused:
+            for _event in bob.job(job.id).events():
+                pass
+        assert refused.value.status_code == 404
+        assert _wait_for_end(alice, job.id)["status"] == "CANCELLED"
