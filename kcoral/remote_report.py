@@ -144,8 +144,29 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         # repeated the message, under a heading promising a traceback
         return
     # the note is printed wherever the error is (a terminal too): a server's escapes dropped
-    shown = TerminalFilter().feed(shown.removeprefix(_PYTHON_HEADING + "\n"))
+    shown = TerminalFilter().feed(_in_cells(shown.removeprefix(_PYTHON_HEADING + "\n")))
     error.add_note(NOTE_HEADING + "\n" + shown)
+
+
+def _in_cells(text: str) -> str:
+    """``text`` with each frame in a notebook cell named as IPython's own tracebacks name it
+    (``Cell In[3], line 4``): it named the kernel's file for the cell
+    (``/tmp/ipykernel_81/2841.py``), which the user never sees."""
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    shell = get_ipython() if callable(get_ipython) else None
+    cell_of = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    if not callable(cell_of):  # not in IPython, or one without cell names
+        return text
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        match = _FRAME.match(line)
+        try:
+            named = cell_of(match["file"]) if match else None
+        except Exception:  # an IPython of another shape: the file name still helps
+            named = None
+        if match and isinstance(named, tuple) and len(named) == 2:
+            lines[index] = f"  {named[0]} {named[1]}, line {match['line']}, in {match['name']}"
+    return "\n".join(lines)
 
 
 def _no_trampoline(failure: dict[str, Any]) -> bool:
