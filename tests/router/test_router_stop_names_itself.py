@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow
 def test_a_program_cut_by_the_routers_stop_is_told_the_router_is_shutting_down(
     tmp_path: Path,
 ) -> None:
-    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    router = start_router(
+        tmp_path, "--status-check-interval-seconds", "0.3", "--stop-grace-seconds", "0.5"
+    )
     node = Node(tmp_path, router, "cpu-a")
     with stopping(router, [node]):
         wait_for(lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", router)

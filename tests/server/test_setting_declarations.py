@@ -234,6 +234,7 @@ ROUTER_SAMPLES: dict[str, tuple[str, Any]] = {
     "unhealthy_threshold": ("4", 4),
     "recovery_threshold": ("3", 3),
     "queue_wait_timeout_seconds": ("60", 60.0),
+    "stop_grace_seconds": ("5", 5.0),
     "max_queued_requests": ("10", 10),
     "max_slots_per_node": ("64", 64),
     "node_retention_seconds": ("700", 700.0),

@@ -39,8 +39,9 @@ GRPC_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
-#: how long requests being relayed get to finish when the router stops
-STOP_GRACE_SECONDS = 1.0
+#: how long gRPC calls get to end once the router has ended them (``end_calls``); programs
+#: being relayed get ``--stop-grace-seconds`` before that
+CALLS_END_SECONDS = 1.0
 
 
 def host_port(host: str, port: int) -> str:
@@ -245,14 +246,18 @@ async def serve(settings: RouterSettings) -> int:
 
     checker = loop.create_task(periodic())
     await stop.wait()
-    log.event("router_stopping")
+    log.event(
+        "router_stopping",
+        in_progress=state.in_progress,
+        stop_grace_seconds=settings.stop_grace_seconds,
+    )
     checker.cancel()
     front.stop()
     state.admission.close()  # queued requests get 503 no_node: none holds the stop
     state.control.close()
-    await requests_done(state, STOP_GRACE_SECONDS)
+    await requests_done(state, settings.stop_grace_seconds)
     end_calls(state.registry)  # what is still relayed then is cut, as grpc's grace did
-    await grpc_server.stop(STOP_GRACE_SECONDS)
+    await grpc_server.stop(CALLS_END_SECONDS)
     with contextlib.suppress(Exception):
         await http_server.close_all_connections()
     log.event("router_stopped")

@@ -99,6 +99,16 @@ class RouterSettings:
         group="requests",
         help="how long a request waits for a free node before 503 no_node",
     )
+    # A restart or an upgrade (systemd, a Kubernetes rollout) gives the router 30 s after
+    # SIGTERM; with 1 s, every program running longer was cut (deploy soak).
+    stop_grace_seconds: float = setting(
+        20.0,
+        flag="--stop-grace-seconds",
+        kind="seconds",
+        group="requests",
+        help="on SIGTERM or SIGINT, how long programs being relayed may still finish (nothing "
+        "new is taken meanwhile) before the router cuts them",
+    )
     max_queued_requests: int = setting(
         1024,
         flag="--max-queued-requests",
@@ -409,7 +419,7 @@ def parse_router_args(
         minimum = bounded.metadata["minimum"]
         if minimum is not None and getattr(args, bounded.name) < minimum:
             raise SettingsError(f"{bounded.metadata['flag']} must be >= {minimum}")
-    for name in ("queue_wait_timeout_seconds", "reconnect_grace_seconds"):
+    for name in ("queue_wait_timeout_seconds", "reconnect_grace_seconds", "stop_grace_seconds"):
         if getattr(args, name) < 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be >= 0")
     if args.max_queued_requests < 0:
