@@ -132,6 +132,11 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         unawaited = "coroutine" in message and inspect.iscoroutinefunction(fn)
         error.add_note(UNAWAITED if unawaited else JSON_RETURN)
         return
+    if fmt == "pickle" and failure.get("kind") == "serialization":
+        # the trampoline could not pickle the result, and its message says so and why
+        # ("cannot pickle the result (lock): ..."); the note held only KCoral's and
+        # cloudpickle's frames
+        return
     text = error.remote_traceback
     if not isinstance(text, str) or not text.strip():
         return

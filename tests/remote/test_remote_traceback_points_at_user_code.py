@@ -193,3 +193,20 @@ def test_a_version_mismatch_has_no_note_repeating_its_message(client, monkeypatc
         client.function(serialization="pickle")(pick).remote([1], 0)
     assert "client has Python 3.1 with cloudpickle" in str(caught.value)
     assert getattr(caught.value, "__notes__", []) == []
+
+
+def returns_a_lock():
+    import threading
+
+    return threading.Lock()
+
+
+def test_a_pickle_result_that_cannot_be_pickled_has_no_note_of_kcorals_frames(client) -> None:
+    # remote-function soak: the note held the trampoline's, the envelope's and
+    # cloudpickle's frames, none of the user's, under a message that already said it all
+    with pytest.raises(RemoteExecutionError) as caught:
+        client.function(serialization="pickle")(returns_a_lock).remote()
+    assert "serialization: cannot pickle the result (lock): TypeError: cannot pickle" in str(
+        caught.value
+    )
+    assert getattr(caught.value, "__notes__", []) == []
