@@ -28,6 +28,7 @@ from typing import Any, TypeAlias
 
 from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import KCoralError, RemoteExecutionError
+from kcoral.protocol.dtypes import DTYPES
 from kcoral.remote_source import uploaded_line_map
 from kcoral.results import ProgramResult
 from kcoral.run.terminal_filter import TerminalFilter, is_terminal, utf8_writable
@@ -43,6 +44,10 @@ JSON_RETURN = (
     "The function's return value cannot travel in JSON mode: return JSON values (None, bool, "
     "int, finite float, str, list, dict with str keys), bytes or arrays, or use "
     "serialization='pickle'."
+)
+JSON_DTYPE = (
+    "The function's returned array cannot travel in JSON mode: its dtype must be one of "
+    f"{', '.join(DTYPES)}; convert it, or use serialization='pickle'."
 )
 UNAWAITED = (
     "The server returned the async def function's coroutine without awaiting it: it does "
@@ -130,7 +135,9 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         message = str(failure.get("message"))
         # A server without EXTENSIONS §3's async-run returns an async def's coroutine unawaited
         unawaited = "coroutine" in message and inspect.iscoroutinefunction(fn)
-        error.add_note(UNAWAITED if unawaited else JSON_RETURN)
+        # an array or tensor it did return, of a dtype the wire lacks: "return arrays" misled
+        wire_dtype = re.match(r"cannot encode an? (array|tensor) of dtype", message)
+        error.add_note(UNAWAITED if unawaited else JSON_DTYPE if wire_dtype else JSON_RETURN)
         return
     if fmt == "pickle" and failure.get("kind") == "serialization":
         # the trampoline could not pickle the result, and its message says so and why

@@ -17,6 +17,7 @@ import kcoral
 import kcoral.remote
 from kcoral.errors import RemoteExecutionError
 from kcoral.remote_report import (
+    JSON_DTYPE,
     JSON_RETURN,
     NO_TRAMPOLINE,
     NOTE_HEADING,
@@ -210,3 +211,21 @@ def test_a_pickle_result_that_cannot_be_pickled_has_no_note_of_kcorals_frames(cl
         caught.value
     )
     assert getattr(caught.value, "__notes__", []) == []
+
+
+def returns_complex():
+    import numpy as np
+
+    return np.ones(2, dtype=np.complex64)
+
+
+def test_a_json_returned_array_of_a_dtype_the_wire_lacks_is_not_told_to_return_arrays(
+    client,
+) -> None:
+    # remote-function soak: the note said "return ... bytes or arrays", to a function that
+    # had returned an array
+    with pytest.raises(RemoteExecutionError) as caught:
+        client.function()(returns_complex).remote()
+    assert "cannot encode an array of dtype 'complex64'" in str(caught.value)
+    assert the_note(caught.value) == JSON_DTYPE
+    assert "complex" not in JSON_DTYPE and "bfloat16, float8_e4m3fn, float8_e5m2;" in JSON_DTYPE
