@@ -1,12 +1,14 @@
 """``%kcoral attach ID`` of a job the server does not have (and ``attach``/``cancel`` of
 something that is no job id), against the real CPU server of the
-Jupyter tests: the status line says the refusal, naming the server, instead of being left
-at ``attached to job ID`` (README: the status line says only what is true)."""
+Jupyter tests: a notebook's status line says the refusal, naming the server, instead of
+being left at ``attached to job ID`` (README: the status line says only what is true); a
+terminal, which prints every line, says ``attaching``, then only the error."""
 
 from __future__ import annotations
 
 import pytest
 from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
 from kcoral_jupyter.cell_errors import ServerRefusedError
 
 pytestmark = pytest.mark.timeout(120)
@@ -22,10 +24,18 @@ def test_attaching_an_unknown_job_leaves_no_attached_status_line(
     status_lines = [
         line for line in capsys.readouterr().out.splitlines() if line.startswith("kcoral: ")
     ]
-    assert status_lines[-1] == f"kcoral: ERROR · {refused.value.cause}", status_lines
     # A terminal prints every line: none may say it attached (before: "kcoral: attached to
-    # job ID" above the 404).
-    assert not any("attached" in line for line in status_lines), status_lines
+    # job ID" above the 404), and the error printed next is not said twice (before: "kcoral:
+    # ERROR · " and the same words above it).
+    assert status_lines == ["kcoral: attaching to job 0b5e9a7c-0000-4000-8000-000000000000"]
+
+
+def test_a_notebook_line_of_an_unknown_job_ends_at_the_refusal(shell, cpu_server_url) -> None:
+    # A front end that updates in place (a notebook): the line says the refusal.
+    with capture_output() as seen, pytest.raises(ServerRefusedError) as refused:
+        shell.run_line_magic("kcoral", "attach 0b5e9a7c-0000-4000-8000-000000000000")
+    last = seen.outputs[-1].data["text/plain"]
+    assert last == f"kcoral: ERROR · {refused.value.cause}", last
 
 
 @pytest.mark.parametrize("command", ["attach", "cancel"])

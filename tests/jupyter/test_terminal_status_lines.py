@@ -4,12 +4,14 @@ updates a display in place (a capture, as a notebook's kernel does), real CPU se
 
 Before, the terminal printed each update, so one cell printed ``loading the cell`` twice (its
 module and its function load) and its status twice (``done (COMPLETED)``, then the summary
-``COMPLETED · …``); a notebook replaces each line in place and keeps doing so."""
+``COMPLETED · …``); a notebook replaces each line in place and keeps doing so. A refusal's
+line (``ERROR · …``) is not printed on a terminal: the error printed next says the same."""
 
 from __future__ import annotations
 
 import pytest
 from IPython.utils.capture import capture_output
+from kcoral_jupyter.cell_errors import ServerRefusedError
 
 CELL = "print('from the cell')\n1 + 1\n"
 
@@ -31,3 +33,15 @@ def test_a_front_end_that_updates_in_place_still_gets_every_phase(shell) -> None
     assert all(output.update for output in seen.outputs[1:])
     assert "kcoral: done (COMPLETED)" in texts
     assert texts[-1].startswith("kcoral: COMPLETED · ")
+
+
+def test_a_terminal_says_a_refused_cells_error_once(
+    shell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "kcoral: ERROR · URL answered HTTP 503 no_matching_node: ..." and then the
+    # error, "ServerRefusedError: URL answered HTTP 503 no_matching_node: ...", the same words.
+    capsys.readouterr()
+    with pytest.raises(ServerRefusedError) as refused:
+        shell.run_cell_magic("kcoral", "--select gpu=h100", CELL)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("kcoral:")]
+    assert not any(refused.value.cause in line for line in lines), lines

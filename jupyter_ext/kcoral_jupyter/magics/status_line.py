@@ -70,6 +70,10 @@ class StatusLine:
                 "local_server": self.local_server,
             }
         metadata = {"kcoral": shown}
+        if not self.in_place and status == "ERROR":
+            # A terminal: the error printed next says these words; the line repeated them.
+            self.restore_terminal()
+            return
         if not self.in_place:  # each update would print a new line: print each one once
             # printed as it is on a terminal: a server's text in it (a refusal's message)
             # screened, as the cell's output is
