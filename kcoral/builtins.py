@@ -31,6 +31,7 @@ from kcoral.bench.config import (
     calls_for_budget,
     describe,
     helper_error,
+    numbered,
     parse_config,
     truncate_message,
     why_not_timeable,
@@ -76,13 +77,17 @@ def benchmark(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
     if untimeable is not None:
         raise helper_error("runtime", f"benchmark: {untimeable}")
 
+    made = 0  # calls so far, warm-up included: which one failed tells a flaky call apart
+
     def call() -> None:
+        nonlocal made
+        made += 1
         try:
             fn(*args)
         except ExecutionError:
             raise
         except Exception as exc:
-            raise helper_error("runtime", f"benchmark: {describe(exc)}") from exc
+            raise helper_error("runtime", f"benchmark: {numbered(made, describe(exc))}") from exc
 
     try:
         clock = select_clock(settings.flush_l2)

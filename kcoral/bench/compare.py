@@ -28,6 +28,7 @@ from kcoral.bench.config import (
     calls_for_budget,
     describe,
     helper_error,
+    numbered,
     parse_config,
     truncate_message,
     why_not_timeable,
@@ -215,11 +216,15 @@ class _Comparison:
     def _call(self, index: int) -> Callable[[], None]:
         fn, argset = self.functions[index], self.argsets[index]
 
+        made = 1  # check_all called each candidate once
+
         def call() -> None:
+            nonlocal made
+            made += 1
             try:
                 fn(*argset)
             except CANDIDATE_ERRORS as exc:
-                raise CandidateFailed(exc) from exc
+                raise CandidateFailed(exc, made) from exc
 
         return call
 
@@ -232,7 +237,7 @@ class _Comparison:
             try:
                 warmup, repeat = warm_up(clocks[-1], calls[index], self.settings)
             except CandidateFailed as exc:
-                self._failed(index, exc.cause)
+                self._failed(index, exc)
                 timed.remove(index)
                 continue
             self.entries[index]["warmup"] = warmup
@@ -269,14 +274,17 @@ class _Comparison:
             return probe, outcome
 
         probe, outcome = with_cuda_event_fallback(clocks, measure)
-        for position, cause in outcome.failures.items():
-            self._failed(timed[position], cause)
+        for position, failed in outcome.failures.items():
+            self._failed(timed[position], failed)
         return self._result(clocks[-1], probe, outcome, timed)
 
-    def _failed(self, index: int, cause: BaseException) -> None:
+    def _failed(self, index: int, failed: CandidateFailed) -> None:
+        cause = failed.cause
+        failure = numbered(failed.call, describe(cause), "the correctness check and warm-up")
         if index == 0:
-            raise _fail(f"the baseline {self.names[0]!r} raised {describe(cause)}") from cause
-        self.entries[index].update(status="failed", error=truncate_message(describe(cause), 300))
+            raise _fail(f"the baseline {self.names[0]!r} raised {failure}") from cause
+        error = truncate_message(failure, 300)
+        self.entries[index].update(status="failed", error=error)
 
     def _result(self, clock: Any, probe: Any, outcome: Any, timed: list[int]) -> dict[str, Any]:
         samples = {index: outcome.samples[position] for position, index in enumerate(timed)}

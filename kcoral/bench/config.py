@@ -52,6 +52,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def numbered(call: int, failure: str, included: str = "warm-up") -> str:
+    """``failure`` (``describe``'s text) of the ``call``-th call, ``included`` counted: the
+    first call's failure is the function's own, a later one's came after calls that returned
+    (a flaky call, or state a call leaves), which the bare text did not tell apart."""
+    if call <= 1:
+        return failure
+    return f"{failure} (in call {call}, {included} included)"
+
+
 def why_not_timeable(fn: object) -> str | None:
     """Why timing calls of ``fn`` would measure nothing, else ``None``: a call of an async or
     generator function only creates a coroutine or generator, which nobody runs."""

@@ -22,11 +22,13 @@ ADAPTIVE_MIN_SAMPLES = 10
 
 
 class CandidateFailed(Exception):
-    """A candidate raised while being timed (the round knows which one it was calling)."""
+    """A candidate raised while being timed (the round knows which one it was calling) in
+    its ``call``-th call, warm-up included."""
 
-    def __init__(self, cause: BaseException) -> None:
+    def __init__(self, cause: BaseException, call: int = 1) -> None:
         super().__init__(describe(cause))
         self.cause = cause
+        self.call = call
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class StopRule:
 class RoundsOutcome:
     samples: list[list[float]]
     signatures: list[set[Any]]
-    failures: dict[int, BaseException] = field(default_factory=dict)
+    failures: dict[int, CandidateFailed] = field(default_factory=dict)
     rounds: int = 0
     throttled_rounds: int = 0
     discarded_rounds: int = 0
@@ -90,7 +92,7 @@ def measure_rounds(
             try:
                 pairs.append((index, clock.measure(calls[index])))
             except CandidateFailed as exc:
-                outcome.failures[index] = exc.cause
+                outcome.failures[index] = exc
         if not deferred:
             finished = clock.finish([m for _, m in pairs])
             pairs = [(i, m) for (i, _), m in zip(pairs, finished, strict=True)]

@@ -96,7 +96,11 @@ def test_a_candidate_whose_exception_cannot_be_printed_fails_alone(server) -> No
     assert result.completed, result.error
     entries = result["value"]["candidates"]
     assert entries["at once"]["status"] == "failed" == entries["later"]["status"]
-    assert entries["at once"]["error"] == "Unprintable" == entries["later"]["error"]
+    assert entries["at once"]["error"] == "Unprintable"
+    # the fourth call of "later" raised: its number is told (a flaky call, EXTENSIONS §12)
+    assert entries["later"]["error"] == (
+        "Unprintable (in call 4, the correctness check and warm-up included)"
+    )
     assert entries["fine"]["status"] == "ok" and entries["fine"]["sample_count"] == 10
 
 
