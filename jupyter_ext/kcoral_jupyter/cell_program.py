@@ -72,6 +72,7 @@ class BuiltCell:
     # "numpy"/"torch": every tensor comes back in that library (--numpy/--torch, or the
     # library of all the cell's tensor inputs); None: each as its remote type.
     library: str | None = None
+    source: str = ""  # the cell's own text (a NameError's hint asks what it binds)
 
     @property
     def pickle_outputs(self) -> frozenset[str]:
@@ -276,6 +277,7 @@ def build_cell(spec: CellSpec) -> BuiltCell:
         return_folders=tuple(spec.return_folders),
         numpy=spec.numpy,
         library=returned_library(spec),
+        source=spec.source,
     )
 
 

@@ -20,7 +20,9 @@ shown as text (``status_rows`` stringifies every field it reads).
 
 from __future__ import annotations
 
+import ast
 import atexit
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -328,7 +330,10 @@ def seconds_text(value: Any) -> str:
 
 
 def after_stop_hint(
-    result: ProgramResult, stopped_label: str | None, offers_sessions: bool = False
+    result: ProgramResult,
+    stopped_label: str | None,
+    offers_sessions: bool = False,
+    source: str = "",
 ) -> str:
     """For a ``NameError`` in a cell run without a session: where names went, after
     ``%kcoral session stop``; on a server offering sessions, that they are not kept (a
@@ -339,6 +344,9 @@ def after_stop_hint(
     text = f"{error.get('message') or ''}\n{error.get('traceback') or ''}"
     if "NameError" not in text:
         return ""
+    missing = re.search(r"NameError: name '(\w+)' is not defined", text)
+    if missing and missing.group(1) in names_bound_only_inside(source):
+        return ""  # a loop variable's or an argument's scope: no earlier cell's name
     if stopped_label is None:
         if not offers_sessions:
             return ""
@@ -348,3 +356,39 @@ def after_stop_hint(
         f"hint: cells run without a session since {stopped_label} was stopped; the names it "
         "held are gone (%kcoral session start begins a new one)"
     )
+
+
+#: What opens a scope of its own: a name bound only in one is not the cell's top level.
+_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
+
+
+def names_bound_only_inside(source: str) -> set[str]:
+    """Names the cell binds only inside a function, lambda or comprehension (a loop
+    variable, an argument), never at its top level: a NameError on one is the cell's own
+    scoping, not a name an earlier cell defined (``w = w + 1`` still gets the hint)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    top: set[str] = set()
+    inner: set[str] = set()
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        into = inside or isinstance(node, _SCOPES)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            (inner if inside else top).add(node.id)
+        elif isinstance(node, ast.arg):
+            inner.add(node.arg)
+        for child in ast.iter_child_nodes(node):
+            visit(child, into)
+
+    visit(tree, False)
+    return inner - top

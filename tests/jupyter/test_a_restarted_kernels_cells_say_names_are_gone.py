@@ -75,3 +75,18 @@ def test_a_stateless_cell_using_an_earlier_cells_name_gets_one_short_true_hint(
     assert isinstance(error, RemoteCellError), error
     assert error.hint == HINT, error.hint
     assert "\n" not in error.hint and len(error.hint) <= 100
+
+
+def test_a_name_the_cell_binds_only_in_its_own_loop_gets_no_session_hint(
+    server_factory, monkeypatch
+) -> None:
+    # The NameError is the cell's own scoping (item is a comprehension's), not a name an
+    # earlier cell defined: before, the hint sent the user to sessions.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    cell = "%%kcoral\nrows = [[item for item in range(3)] for row in range(2)]\ntotal = item\n"
+    rebound = "%%kcoral\nweights = weights + 1\n"  # a top-level binding: still the hint
+    with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output():
+        scoped = ip.run_cell(cell).error_in_exec
+        earlier = ip.run_cell(rebound).error_in_exec
+    assert isinstance(scoped, RemoteCellError) and scoped.hint == "", scoped.hint
+    assert isinstance(earlier, RemoteCellError) and earlier.hint == HINT, earlier.hint

@@ -266,7 +266,7 @@ class CellMagic:
             hint = missing_input_hint(result, self.shell.user_ns)
             if not hint and record.session_id is None:
                 stopped = self.kernel.sessions.stopped_label
-                hint = after_stop_hint(result, stopped, "sessions" in facts.features)
+                hint = after_stop_hint(result, stopped, "sessions" in facts.features, built.source)
             if not hint and record.session_id is not None:
                 hint = ended_with_cell_hint(self.kernel.sessions.active(), record.session_id)
             raise RemoteCellError(result, record, hint=hint)
