@@ -302,7 +302,7 @@ class RemoteFunction:
         if not callable(fn):
             raise TypeError(f"a remote function must be callable, not {type(fn).__name__}")
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-            raise TypeError("a generator function cannot be a remote function")
+            raise TypeError("a generator function cannot be a remote function: return a list")
         if not isinstance(cpu_only, bool):
             raise TypeError(f"cpu_only must be a bool, not {type(cpu_only).__name__}")
         _check_call_options(timeout, output_limit_bytes)

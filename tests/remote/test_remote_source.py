@@ -128,6 +128,14 @@ def test_something_that_is_not_a_plain_function_is_a_type_error(fn) -> None:
         make(fn)
 
 
+@pytest.mark.parametrize("serialization", ["json", "pickle"])
+def test_a_generator_function_is_told_to_return_a_list(serialization: str) -> None:
+    # remote-function soak: it said only that it cannot be one
+    with pytest.raises(TypeError) as caught:
+        make(samples.generator, serialization=serialization)
+    assert str(caught.value) == "a generator function cannot be a remote function: return a list"
+
+
 def test_cpu_only_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="cpu_only"):
         make(samples.echo, cpu_only=1)
