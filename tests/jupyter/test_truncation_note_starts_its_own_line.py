@@ -50,3 +50,14 @@ def test_in_a_notebook_a_note_after_cut_stdout_has_no_blank_line_before_it(shell
         shell.run_cell_magic("kcoral", "--output-limit 10", CUT_STDOUT)
     assert seen.stdout == "xxxxxxxxxx"
     assert seen.stderr.startswith("[kcoral: stdout was truncated at the output limit")
+
+
+def test_both_streams_cut_get_one_note(shell) -> None:
+    # Before: two notes of ~200 characters, one per stream, that said the same.
+    with capture_output() as seen:
+        shell.run_cell_magic("kcoral", "--output-limit 10", CUT_STDOUT + CUT_STDERR)
+    notes = [line for line in seen.stderr.splitlines() if line.startswith("[kcoral: ")]
+    assert len(notes) == 1, notes
+    assert notes[0].startswith(
+        "[kcoral: stdout and stderr were truncated at the output limit (10 bytes per stream)"
+    )

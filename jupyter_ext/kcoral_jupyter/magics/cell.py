@@ -248,12 +248,9 @@ class CellMagic:
         if not record.streamed:
             out.stdout(result.stdout)
             out.stderr(result.stderr)
-        for stream, truncated in (
-            ("stdout", result.stdout_truncated),
-            ("stderr", result.stderr_truncated),
-        ):
-            if truncated:
-                out.note(truncation_note(stream, record.output_limit_bytes))
+        note = truncation_note(result, record.output_limit_bytes)
+        if note:
+            out.note(note)
         self.shell.user_ns["_kcoral"] = result
         if line_out is not None:
             line_out.metadata = meta
@@ -380,11 +377,16 @@ def waits_for(select: str | None, facts: ServerFacts) -> str | None:
     return f"gpu={facts.default_kind}" if facts.default_kind else None
 
 
-def truncation_note(stream: str, limit: int | None) -> str:
-    """What a truncated stream says: the limit that cut it and how to move it."""
+def truncation_note(result: ProgramResult, limit: int | None) -> str:
+    """What the streams the output limit cut say ("" for none): the limit and how to move
+    it, in one note for both (two ~200-character notes said the same)."""
+    cut = [name for name in ("stdout", "stderr") if getattr(result, f"{name}_truncated")]
+    if not cut:
+        return ""
     said = f"{limit} bytes" if limit is not None else "the server's default"
+    streams = " and ".join(cut) + (" were" if len(cut) == 2 else " was")
     return (
-        f"[kcoral: {stream} was truncated at the output limit ({said} per stream); raise it "
+        f"[kcoral: {streams} truncated at the output limit ({said} per stream); raise it "
         "with --output-limit BYTES or %config KCoral.output_limit = BYTES (the server caps "
         "it at its max_output_limit_bytes, see %kcoral status)]\n"
     )
