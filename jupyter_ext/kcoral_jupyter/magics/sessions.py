@@ -139,6 +139,12 @@ class SessionCommands:
         if remote is None:
             print("kcoral: no session in this kernel (cells run without one)")
             return
+        if remote.ended_message is not None:  # nothing ended now: it said "ended on URL"
+            print(
+                f"kcoral: left {remote.label}, which had already ended; cells run without a "
+                "session again"
+            )
+            return
         print(
             f"kcoral: {remote.label} ended on {remote.url} (its state is gone); cells run "
             "without a session again"
