@@ -422,10 +422,15 @@ def _requests_ahead(phase: object) -> int:
 
 
 def _server_info(client: Any) -> dict[str, Any]:
-    """``/v1/info``, or an empty dict from a server without it."""
+    """``/v1/info``, or an empty dict from a server without it. A 503 is raised: a router
+    without a ready node answers it so (kind ``no_node``), and taking it for a server
+    without jobs sent the run as ``/execute``, which waited minutes for a node without a
+    word."""
     try:
         info = client.info()
-    except KCoralError:
+    except KCoralError as exc:
+        if exc.status_code == 503:
+            raise
         return {}
     return info if isinstance(info, dict) else {}
 
