@@ -1,5 +1,5 @@
 """``kcoral run`` through a router that has no ready node: its ``/v1/info`` answers 503
-``no_node`` (ROUTER §13), and the run ends there with that line. Before, the 503 was taken
+``no_node`` (ROUTER §7), and the run ends there with that line. Before, the 503 was taken
 for a server without jobs, the run was sent as ``/execute``, which waited in the router's
 queue for minutes without a word, and an interrupt then said the remote tool was cancelled.
 """
