@@ -24,10 +24,11 @@ import tornado.httpserver
 import tornado.netutil
 
 from kcoral_server.front_door.app import ServerState, create_app
-from kcoral_server.front_door.callers import token_file_exposure
+from kcoral_server.front_door.callers import identity_count, token_file_exposure
 from kcoral_server.front_door.token_reload import TokenReload
 from kcoral_server.gpu.inventory import DeviceError, choose_devices
 from kcoral_server.pool.startup import PoolStartError
+from kcoral_server.processes.credentials import withheld_credentials, withheld_message
 from kcoral_server.processes.open_files import raise_open_file_limit
 from kcoral_server.processes.sandbox import (
     SandboxUnavailable,
@@ -119,6 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--allow-unauthenticated\n"
         )
         return 2
+    # On a server several identities reach, no program gets the operator's credentials
+    # (processes/credentials.py): decided here, before any launcher or worker exists.
+    identities = None if router_secret is not None else identity_count(token)
+    withheld = withheld_credentials(os.environ, identities, config.worker_env_allow)
+    if withheld:
+        config = replace(config, worker_env_withheld=tuple(withheld))
+        settings = replace(settings, config=config)
     if config.device == "gpu" and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         sys.stderr.write(
             "kcoral server: warning: CUDA_VISIBLE_DEVICES does not restrict the server; "
@@ -221,6 +229,10 @@ async def _serve(
             message="no client token: any local user can run programs as this server's user;"
             " on a shared machine, give --auth-token-file",
         )
+    if config.worker_env_withheld:
+        names = list(config.worker_env_withheld)
+        message = withheld_message(names)
+        events.emit("worker_env_withheld", "INFO", names=names, message=message)
     token_file = config.auth_token_file
     exposure = None if token_file is None else token_file_exposure(token_file)
     if exposure is not None:

@@ -81,6 +81,7 @@ SAMPLES: dict[str, tuple[str, Any, tuple[str, ...]]] = {
     "workspace_limit_bytes": ("1000", 1000, ()),
     "worker_preload": ("none", "none", ()),
     "worker_env_deny": ("AWS_*", ["AWS_*"], ()),
+    "worker_env_allow": ("HF_TOKEN", ["HF_TOKEN"], ()),
     "allowed_origins": ("https://lab.example.org", ["https://lab.example.org"], ()),
     "allowed_hosts": ("lab.example.org", ["lab.example.org"], ()),
     "fake_gpu_count": ("2", 2, ()),

@@ -115,6 +115,17 @@ def parse_tokens(text: str) -> dict[str, Identity]:
     return tokens
 
 
+def identity_count(text: str | None) -> int:
+    """How many identities a token file's ``text`` names (None, no file: one, ``default``);
+    a file that cannot be parsed counts as one (its refusal comes where it is read)."""
+    if text is None:
+        return 1
+    try:
+        return max(1, len({who.name for who in parse_tokens(text).values()}))
+    except ValueError:
+        return 1
+
+
 class Authenticator:
     """Bearer header -> identity, in constant time per token.
 

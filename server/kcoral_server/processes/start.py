@@ -83,7 +83,8 @@ class LaunchSpec:
 
     @property
     def deny(self) -> list[str]:
-        return list(getattr(self.config, "worker_env_deny", None) or [])
+        denied = list(getattr(self.config, "worker_env_deny", None) or [])
+        return denied + list(getattr(self.config, "worker_env_withheld", None) or ())
 
 
 class WorkerConfinement:

@@ -679,6 +679,25 @@ class ServerConfig:
             else "must be a list of variable names"
         ),
     )
+    # On a server several identities reach, credential-looking variables reach no program
+    # (processes/credentials.py) unless named here.
+    worker_env_allow: list[str] = setting(  # noqa: RUF009 (setting is a field)
+        default_factory=list,
+        flag="--worker-env-allow",
+        kind="text",
+        repeatable=True,
+        group="sandbox",
+        metavar="NAME",
+        help="a credential-looking environment variable (a TOKEN, SECRET, PASSWORD, KEY...) "
+        "workers still inherit where several identities reach the server; NAME* a prefix",
+        problem=lambda name: (
+            None
+            if isinstance(name, str) and name and "=" not in name
+            else "must be a list of variable names"
+        ),
+    )
+    #: the names withheld from workers at start (``credentials.withheld_credentials``)
+    worker_env_withheld: tuple[str, ...] = field(default=(), repr=False)
     # Browsers (EXTENSIONS §6): extra Origin / Host values a request may carry.
     allowed_origins: list[str] = setting(  # noqa: RUF009 (setting is a field)
         default_factory=list,
