@@ -81,6 +81,12 @@ class ProgramResult:
         return f"ProgramResult({', '.join(parts)})"
 
 
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 file``, ``2 files`` (``many`` where an added s is wrong: ``directories``); a
+    returned file's repr and the notebook's view read '1 bytes' and '1 directories'."""
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
 def _size_note(text: str, truncated: bool) -> str:
     return f"<{len(text)} chars{', truncated' if truncated else ''}>"
 
@@ -99,7 +105,7 @@ class ReturnedFile:
         return html_of(self)
 
     def __repr__(self) -> str:
-        return f"ReturnedFile(<{len(self.data)} bytes>)"
+        return f"ReturnedFile(<{plural(len(self.data), 'byte')}>)"
 
     def read_bytes(self) -> bytes:
         return self.data
@@ -185,7 +191,8 @@ class ReturnedFolder:
         return html_of(self)
 
     def __repr__(self) -> str:
-        return f"ReturnedFolder(<{len(self._files)} files, {len(self._directories)} directories>)"
+        directories = plural(len(self._directories), "directory", "directories")
+        return f"ReturnedFolder(<{plural(len(self._files), 'file')}, {directories}>)"
 
     def save(self, destination: str | os.PathLike[str]) -> Path:
         """Create ``destination`` (must not exist) with the folder's content.

@@ -28,6 +28,7 @@ import numpy as np
 
 from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder, TransportError
 from kcoral.protocol.strict_json import finite_float
+from kcoral.results import plural
 from kcoral.run.terminal_filter import screened
 from kcoral_jupyter.images import MAX_PLOT_POINTS, heatmap_png, line_svg
 
@@ -306,12 +307,9 @@ def text_preview(data: bytes) -> str | None:
 
 
 def format_size(size: int) -> str:
-    value = float(size)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} bytes"
+    power = 0 if size < 1024 else min(3, (size.bit_length() - 1) // 10)  # 1024**power
+    unit = ("bytes", "KiB", "MiB", "GiB")[power]
+    return plural(size, "byte") if power == 0 else f"{size / 1024**power:.1f} {unit}"
 
 
 def returned_file_html(returned: Any, name: str | None = None) -> str:
@@ -359,8 +357,9 @@ def returned_folder_html(folder: Any, name: str | None = None) -> str:
         lines.append(f"… {len(entries) - MAX_TREE_ENTRIES} more entries")
     total = sum(len(item.read_bytes()) for item in files.values())
     header = (
-        f"<b>{escape(name) if name else 'folder'}/</b> · {len(files)} files · "
-        f"{len(folder.directories)} directories · {escape(format_size(total))}"
+        f"<b>{escape(name) if name else 'folder'}/</b> · {plural(len(files), 'file')} · "
+        f"{plural(len(folder.directories), 'directory', 'directories')} · "
+        f"{escape(format_size(total))}"
     )
     tree = "\n".join(lines) if lines else "(empty)"
     return (
