@@ -10,7 +10,9 @@ departure is logged, and the node never receives a second request.
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from router_helpers import FakeNode, in_process_router
@@ -86,3 +88,32 @@ def test_a_client_that_hangs_up_while_queued_leaves_the_queue_before_a_slot_free
     assert log.count(LEFT) == 1, log
     assert "http_status=499" in log, log
     assert len(received) == 1, "the queued request was sent to the node"
+
+
+def test_a_bodiless_request_whose_client_hangs_up_while_queued_leaves_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``GET /v1/info`` queued for a node (none is ready yet), its client gone: one 499
+    line. The router closed the connection under Tornado, which then finished the request
+    and logged an uncaught ``InvalidStateError`` (found by a ``kcoral run`` soak)."""
+
+    async def scenario() -> str:
+        async with in_process_router() as router:
+            connection = HttpConnection("127.0.0.1", router.port)
+            await connection.open()
+            await connection.send_head("GET", "/v1/info", [(b"Host", b"127.0.0.1")])
+            while router.state.control.waiting < 1:  # queued: no node is ready
+                await asyncio.sleep(0.02)
+            connection.close()
+            for _ in range(400):
+                if LEFT in router.lines.getvalue():
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # what Tornado does with the request afterwards
+            return router.lines.getvalue()
+
+    with caplog.at_level(logging.ERROR):
+        log = asyncio.run(scenario())
+    assert log.count(LEFT) == 1 and "http_status=499" in log, log
+    uncaught = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not uncaught, [r.getMessage() for r in uncaught]

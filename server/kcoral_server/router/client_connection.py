@@ -89,14 +89,14 @@ def hung_up(connection: Any) -> bool:
 
 
 def notice_hang_up(handler: Any, waiting: asyncio.Future[Any]) -> asyncio.Task[None]:
-    """A task that calls ``handler.on_connection_close()`` once the client of ``handler``'s
+    """A task that calls ``handler.client_hung_up()`` once the client of ``handler``'s
     request hangs up while ``waiting`` (its wait for a slot) is not done."""
 
     async def watch() -> None:
         while not waiting.done():
             await asyncio.sleep(HANG_UP_CHECK_SECONDS)
             if not waiting.done() and hung_up(handler.request.connection):
-                handler.on_connection_close()
+                handler.client_hung_up()
                 return
 
     return asyncio.get_running_loop().create_task(watch())

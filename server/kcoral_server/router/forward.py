@@ -169,6 +169,7 @@ class ForwardHandler(RouterHandler):
         self.response_started = False
         self.relay_task: asyncio.Task[None] | None = None
         self.acquire_task: asyncio.Task[Any] | None = None
+        self.hung_up = False  # ``client_hung_up``
         self.counted = False
 
     # -- what subclasses choose ------------------------------------------------------------
@@ -285,6 +286,9 @@ class ForwardHandler(RouterHandler):
         await self._send(pb.SlotFrame(request_id=self.request_id, end=pb.EndOfBody()))
 
     async def _complete(self) -> None:
+        if self.hung_up:  # left while queued: no answer, not even an empty one
+            self._abort_connection()
+            return
         await self._finish_body()
         if self.relay_task is not None:
             await relay_ended(self.relay_task)
@@ -414,6 +418,17 @@ class ForwardHandler(RouterHandler):
         if self.counted:
             self.counted = False
             self.state.in_progress -= 1
+
+    def client_hung_up(self) -> None:
+        """Seen by ``notice_hang_up`` while the request waits for a slot (Tornado, which
+        reads nothing then, has not seen it): leave the queue and log it. Its connection is
+        closed once Tornado hands the request back (``_complete``): closed here, Tornado
+        went on to finish the request under it and logged an uncaught exception."""
+        self.hung_up = True
+        if self.acquire_task is not None and not self.acquire_task.done():
+            self.acquire_task.cancel()
+        self.finish_reason = self.finish_reason or "client_disconnected"
+        self.log_finished()
 
     def on_connection_close(self) -> None:
         if self.acquire_task is not None and not self.acquire_task.done():
