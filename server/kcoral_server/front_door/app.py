@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -114,6 +115,8 @@ class ServerState:
         # once: at start, or by the first request with a selector.
         self.offers: dict[str, str] | None = None
         self.inflight = InflightBytes()  # bodies held, in all and by identity (EXTENSIONS §6)
+        #: identity name -> its job event streams open now (at most MAX_STREAMS_PER_IDENTITY)
+        self.open_streams: Counter[str] = Counter()
         #: every request between its start and its answer (a revoked token's are cancelled)
         self.live_requests: set[ExecuteRequest] = set()
         #: identity name -> when it was last revoked (monotonic): a request whose body was

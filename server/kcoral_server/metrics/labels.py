@@ -32,6 +32,7 @@ ERROR_KINDS = INSTRUCTION_ERROR_KINDS | {
     "not_finished",
     "session_busy",
     "session_ended",
+    "too_many_streams",
     INVALID_SELECTOR,
     NO_MATCHING_NODE,
     SELECTOR_MISMATCH,

@@ -13,6 +13,7 @@ answers exactly as an unknown id does. An admin identity reaches all.
 from __future__ import annotations
 
 import asyncio
+import resource
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
@@ -256,6 +257,20 @@ class JobResultHandler(JobHandler):
         self.finish()
 
 
+#: job event streams one identity may hold open on a server at once (EXTENSIONS §5), and
+#: never more than a quarter of the server's descriptors (``streams_per_identity``): a
+#: script that waits on a hundred jobs' results at once follows a hundred streams
+MAX_STREAMS_PER_IDENTITY = 1024
+
+
+def streams_per_identity() -> int:
+    """How many job event streams one identity may hold open here now."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_STREAMS_PER_IDENTITY
+    return max(16, min(MAX_STREAMS_PER_IDENTITY, soft // 4))
+
+
 class JobEventsHandler(JobHandler):
     """``GET /v1/jobs/{id}/events``: Server-Sent Events, replayed after ``Last-Event-ID``."""
 
@@ -268,6 +283,27 @@ class JobEventsHandler(JobHandler):
         job = self.find(job_id)
         if job is None:
             return
+        # Who can reach this: any token holder, for their own jobs; each stream holds a
+        # descriptor for as long as its job runs, and one holder opening thousands took
+        # the server's (attack sweep). A client that follows a job needs one.
+        streams, caller, cap = self.state.open_streams, self.identity.name, streams_per_identity()
+        if streams[caller] >= cap:
+            self.set_header("Retry-After", "5")
+            message = (
+                f"{cap} job event streams of yours are open on this server; close one "
+                "first (a job's status needs none)"
+            )
+            self.send_error_json(429, "too_many_streams", message)
+            return
+        streams[caller] += 1
+        try:
+            await self._stream(job)
+        finally:
+            streams[caller] -= 1
+            if streams[caller] <= 0:
+                del streams[caller]
+
+    async def _stream(self, job: Job) -> None:
         position = _last_event_id(self.request.headers.get("Last-Event-ID"))
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-cache")
