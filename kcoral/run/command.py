@@ -323,9 +323,11 @@ def execute(options: RunOptions, program: Any) -> Any:
         info = _server_info(client)
         options.server_output_limit_bytes = _max_output_limit(info)
         _warn_of_a_clamped_timeout(options, info)
-        # With --select the node is the router's choice, and /v1/info (sent without the
-        # selector) describes its default kind: a CPU one said nothing of a GPU node selected.
-        if options.gpu_count is not None and options.select is None and info.get("device") == "cpu":
+        # With --select a router's /v1/info (sent without the selector; its ``fleet`` marks
+        # a router, ROUTER §13) describes its default kind: a CPU one said nothing of a GPU
+        # node selected. A direct server is the node the selector is matched against.
+        routed = options.select is not None and "fleet" in info
+        if options.gpu_count is not None and not routed and info.get("device") == "cpu":
             raise GpusOnACpuServer(options.gpu_count, gpu_kinds(info))
         if not _offers_jobs(info):
             options.submitted = True  # the tool may start before the answer comes

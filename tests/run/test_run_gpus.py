@@ -67,6 +67,20 @@ def test_gpus_for_a_cpu_server_says_it_has_none_before_running(server_url: str) 
     )
 
 
+@pytest.mark.slow
+def test_gpus_with_a_selector_for_a_direct_cpu_server_says_it_has_none_before_running(
+    server_url: str,
+) -> None:
+    # A direct server is the node the selector is matched against. Before: its 400 "gpu_count
+    # exceeds this GPU server's configured capacity", as if it were a GPU server with too few.
+    done = kcoral_run(server_url, "--gpus", "2", "--select", "gpu=cpu")
+    assert done.returncode == 1
+    assert done.stderr == (
+        "kcoral run: --gpus 2: this server runs programs on the CPU and has no GPUs; leave "
+        "--gpus out, or give a GPU server's --url\n"
+    )
+
+
 class RouterOfCpuNodesByDefault:
     """A router whose default kind is a CPU node: its /v1/info says device cpu, while a
     selector reaches its GPU nodes (ROUTER §6)."""
@@ -81,7 +95,8 @@ class RouterOfCpuNodesByDefault:
         pass
 
     def info(self) -> dict[str, object]:
-        return {"device": "cpu", "features": []}
+        kinds = [{"gpu": "cpu", "gpus": 0, "nodes": 1, "default": True}]  # its fleet: a router
+        return {"device": "cpu", "features": [], "fleet": {"kinds": kinds, "labels": []}}
 
     def execute(self, program: object, **options: object) -> str:
         self.sent = options
