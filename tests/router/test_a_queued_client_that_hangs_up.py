@@ -16,25 +16,9 @@ import pytest
 from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from router_helpers import FakeNode, in_process_router
-
-import kcoral
+from test_router_request_metrics import program_request
 
 LEFT = "finish_reason=client_disconnected"
-
-
-def program_request() -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """The head and body ``kcoral.Client`` sends for a small program."""
-    program = kcoral.Program()
-    module = program.upload(kind="module", source="def one():\n    return 1\n")
-    one = program.get_function(module=module, name="one")
-    program.return_(key="one", value=program.run(fn=one))
-    with kcoral.Client("http://127.0.0.1:1") as client:
-        flow = client.execute_flow(program, timeout_seconds=30)
-        request = next(flow)
-        flow.close()
-    head = [(n.encode(), v.encode()) for n, v in request.headers.items()]
-    head.append((b"Content-Length", str(request.length).encode()))
-    return head, request.body()
 
 
 async def send(port: int) -> HttpConnection:

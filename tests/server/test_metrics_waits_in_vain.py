@@ -6,21 +6,14 @@ requests that got a worker, so its quantiles missed exactly the longest waits.""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from http_helpers import execute, module_program
 from metrics_support import scrape
 from server_process import start_server
+from test_failures import NAP, _wait_until
 
 WAIT_SECONDS = 0.5
-NAP = """
-import time
-def nap(marker, s):
-    open(marker, "w").close()
-    time.sleep(s)
-    return s
-"""
 WAITED_IN_VAIN = 'kcoral_queue_wait_seconds_count{gpu="none"}'
 
 
@@ -32,15 +25,6 @@ def server(tmp_path):
     )
     yield running
     running.stop()
-
-
-def _wait_until(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_a_request_refused_busy_after_its_wait_is_counted_as_a_wait_with_no_gpu(
