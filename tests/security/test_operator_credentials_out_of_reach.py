@@ -97,3 +97,10 @@ def test_a_node_behind_a_router_withholds_them_as_its_callers_are_the_routers() 
         "DB_PASSWORD",
         "SSH_AUTH_SOCK",
     ]
+
+
+def test_tokenizers_parallelism_is_no_credential_but_a_tokenizer_token_is() -> None:
+    from kcoral_server.processes.credentials import withheld_credentials
+
+    environ = {"TOKENIZERS_PARALLELISM": "false", "TOKENIZER_HUB_TOKEN": "secret"}
+    assert withheld_credentials(environ, 2) == ["TOKENIZER_HUB_TOKEN"]

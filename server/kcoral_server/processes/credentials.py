@@ -33,12 +33,20 @@ CREDENTIAL_MARKERS = (
 )
 #: whole names that hand a program someone's agent (a socket that signs as its owner)
 CREDENTIAL_NAMES = frozenset({"SSH_AUTH_SOCK", "GPG_AGENT_INFO"})
+#: words that hold a marker and name no credential: Hugging Face's
+#: ``TOKENIZERS_PARALLELISM``, set on many GPU servers to quiet a warning in every forked
+#: data loader, was withheld from every program
+NOT_CREDENTIALS = ("TOKENIZER",)
 
 
 def is_credential_variable(name: str) -> bool:
     """Whether the variable ``name`` looks like it holds a credential."""
     upper = name.upper()
-    return upper in CREDENTIAL_NAMES or any(marker in upper for marker in CREDENTIAL_MARKERS)
+    if upper in CREDENTIAL_NAMES:
+        return True
+    for word in NOT_CREDENTIALS:
+        upper = upper.replace(word, "_")
+    return any(marker in upper for marker in CREDENTIAL_MARKERS)
 
 
 def matches(name: str, entries: Iterable[str]) -> bool:
