@@ -27,7 +27,7 @@ from IPython.display import display
 from kcoral import Job, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.bench.history import remember_benchmarks
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_errors import GpuRequiredError, TwoLineError, shorten
+from kcoral_jupyter.cell_errors import CellTimeoutError, GpuRequiredError, TwoLineError, shorten
 from kcoral_jupyter.cell_program import BuiltCell, CellSpec, build_cell, read_outcome, split_mapping
 from kcoral_jupyter.kernel_state import KernelState, PendingJob, ServerFacts, normalize_url
 from kcoral_jupyter.magics.options import cell_parser, join_name_lists, names, split_words
@@ -183,7 +183,8 @@ class CellMagic:
             line_out.show(interrupted_line(self.shell))
             raise cancelled(f"interrupted: the cell's remote work on {url} was cancelled") from exc
         except Exception as exc:
-            line_out.metadata = provenance(None, record, status="ERROR")
+            badge = "TIMED_OUT" if isinstance(exc, CellTimeoutError) else "ERROR"  # as the job
+            line_out.metadata = provenance(None, record, status=badge)
             refusal = self._session_refusal(exc, remote)
             if refusal is not None:
                 line_out.show(refusal.cause, status="ERROR")
@@ -191,7 +192,7 @@ class CellMagic:
             short = shorten(exc, url)
             line_out.show(
                 short.cause if isinstance(short, TwoLineError) else f"{type(exc).__name__}: {exc}",
-                status="ERROR",
+                status=badge,
             )
             if short is exc:
                 raise

@@ -70,7 +70,7 @@ class StatusLine:
                 "local_server": self.local_server,
             }
         metadata = {"kcoral": shown}
-        if not self.in_place and status == "ERROR":
+        if not self.in_place and status in ("ERROR", "TIMED_OUT"):
             # A terminal: the error printed next says these words; the line repeated them.
             self.restore_terminal()
             return
