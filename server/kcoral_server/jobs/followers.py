@@ -41,6 +41,7 @@ class FollowerWatch:
         self.grace = grace
         self.followers = 0
         self.fired = False  # the job was cancelled for want of a follower
+        self.closed = False  # its job finished: no stream that ends arms it again
         self._cancel = cancel
         self._timer: asyncio.TimerHandle | None = None
         self._arm()  # the 202 is out: its client has ``grace`` seconds to open the stream
@@ -54,12 +55,22 @@ class FollowerWatch:
         if self.followers == 0:
             self._arm()
 
+    @property
+    def armed(self) -> bool:
+        """Whether the job is to be cancelled unless a follower comes first."""
+        return self._timer is not None
+
     def close(self) -> None:
         """The job finished: nothing left to cancel."""
+        self.closed = True
         self._disarm()
 
     def _arm(self) -> None:
         self._disarm()
+        if self.closed:
+            # the last stream of a finished job ended (kcoral run's, once it read the end):
+            # armed, it logged job_unfollowed of every such job, which nobody cancelled
+            return
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self.grace, self._unfollowed)
 
