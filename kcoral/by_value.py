@@ -1,5 +1,5 @@
 """Which loaded modules a pickle for the server carries by value (EXTENSIONS §4): those the
-server cannot import, a user's script or helper modules; ``kcoral.remote.dump_by_value``
+server cannot import, a user's script or helper modules; ``kcoral.remote.pickled.dump_by_value``
 registers them with cloudpickle for one dump."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def modules_by_value() -> list[types.ModuleType]:
     """The loaded modules ``_sent_by_value`` picks, worked out again only when a module was
     loaded or dropped since (``sys.modules`` keeps insertion order: its size and last name
     tell). Walking every module on each call cost 0.17 ms a call with torch loaded. The
-    caller holds ``kcoral.remote``'s by-value lock."""
+    caller holds ``kcoral.remote.pickled``'s by-value lock."""
     global _by_value_seen
     modules = sys.modules
     fingerprint = (len(modules), next(reversed(modules), None))

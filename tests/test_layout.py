@@ -60,6 +60,8 @@ NOT_IN_FAMILIES = {"__init__", "__main__"}
 REEXPORTING_MODULES: dict[str, str] = {
     "kcoral": "the public client API of CLIENT_API §1, resolved lazily through `_EXPORTS`",
     "kcoral_jupyter": "the IPython extension and Jupyter server extension hooks",
+    "kcoral.remote": "load_requested, dump_by_value and the pickle envelope, which kcoral_jupyter "
+    "and older %%kcoral code import from kcoral.remote (before it was a package)",
 }
 
 # Declarative settings: one `setting(...)` declaration per option (flag, kind, default, help).

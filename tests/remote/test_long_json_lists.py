@@ -13,6 +13,7 @@ import pytest
 
 import kcoral.program
 import kcoral.remote
+import kcoral.remote.arguments
 from kcoral.remote import RemoteFunction
 
 
@@ -37,11 +38,12 @@ def counting(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list
 
 
 def test_a_long_list_of_scalars_is_checked_and_copied_in_one_pass(monkeypatch) -> None:
-    checks = counting(monkeypatch, kcoral.remote, "_check_json")
+    calls = counting(monkeypatch, kcoral.remote, "check_json")  # one per argument
+    items = counting(monkeypatch, kcoral.remote.arguments, "check_json")  # inside one
     copies = counting(monkeypatch, kcoral.program, "copy_literal")
     values = [1.5, 2, None, True, "ab", "é"] * 2000
     program = RemoteFunction(total, client=None).build_program(values)
-    assert checks[0] + copies[0] < 10  # was one of each per item: 24,000
+    assert calls[0] + items[0] + copies[0] < 10  # was one of each per item: 24,000
     literal = next(i for i in program.instructions if i["op"] == "run")["args"][3]
     assert literal == {"value": values} and literal["value"] is not values  # still a copy
 

@@ -17,7 +17,8 @@ from kcoral.protocol.pickle_envelope import (
     dump_envelope,
     load_envelope,
 )
-from kcoral.remote import TRAMPOLINE_SOURCE, RemoteFunction, dump_by_value
+from kcoral.remote import TRAMPOLINE_SOURCE, RemoteFunction
+from kcoral.remote.pickled import dump_by_value
 
 
 def make(fn, **options):

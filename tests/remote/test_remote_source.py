@@ -9,7 +9,7 @@ import pytest
 import remote_samples as samples
 
 from kcoral.remote import RemoteFunction
-from kcoral.remote_source import dispatcher_name, json_module_source
+from kcoral.remote.source import dispatcher_name, json_module_source
 
 
 def load(source: str) -> dict:

@@ -16,7 +16,7 @@ import pytest
 import kcoral
 import kcoral.remote
 from kcoral.errors import RemoteExecutionError
-from kcoral.remote_report import (
+from kcoral.remote.report import (
     JSON_DTYPE,
     JSON_RETURN,
     NO_TRAMPOLINE,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kcoral.remote_report import show_output
+from kcoral.remote.report import show_output
 from kcoral.run.outputs import start_on_a_new_line, write_output
 
 

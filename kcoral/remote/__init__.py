@@ -1,35 +1,45 @@
 """Remote functions: a decorated Python function run on the server (CLIENT_API.md §8).
 
-Two formats (EXTENSIONS.md §4): ``json`` uploads the function's source (``remote_source``),
-JSON literals and whole binary arguments; ``pickle`` sends the function and its arguments by
-value (cloudpickle, imported only then) in one ``bytes`` upload, which the server's
-trampoline (``kcoral_server.worker.trampoline``) runs, pickling the result back. Pickle
-payloads carry an envelope naming the writer's Python and cloudpickle versions
-(``kcoral.protocol.pickle_envelope``, whose names older ``%%kcoral`` code imports from here);
-the client unpickles only what a call asked for in pickle (``load_requested``).
+Two formats (EXTENSIONS.md §4): ``json`` uploads the function's source (``source``), JSON
+literals and whole binary arguments (checked in ``arguments``); ``pickle`` sends the function
+and its arguments by value (``pickled``: cloudpickle, imported only then) in one ``bytes``
+upload, which the server's trampoline (``kcoral_server.worker.trampoline``) runs, pickling
+the result back. Pickle payloads carry an envelope naming the writer's Python and cloudpickle
+versions (``kcoral.protocol.pickle_envelope``, whose names older ``%%kcoral`` code imports
+from here); the client unpickles only what a call asked for in pickle (``load_requested``).
+What a call shows its caller (prints, a failure's traceback) is ``report``'s.
+
+This package hands on ``load_requested``, ``dump_by_value``, ``load_envelope`` and
+``dump_envelope``: ``kcoral_jupyter`` and older ``%%kcoral`` code import them from here.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import math
-import sys
-import threading
 import types
-from collections.abc import Callable, Coroutine, Mapping, Set
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar, overload
 
 from kcoral.blocking import run_blocking
-from kcoral.by_value import modules_by_value
 from kcoral.connection.in_flight import call_cuttable
 from kcoral.errors import KCoralError, ProtocolError, RemoteExecutionError
-from kcoral.program import Program, plain_scalars
-from kcoral.protocol.headers import SERIALIZATION_FORMATS
-from kcoral.protocol.pickle_envelope import PickleVersionError, dump_envelope, load_envelope
+from kcoral.program import Program
+from kcoral.protocol.pickle_envelope import dump_envelope as dump_envelope
+from kcoral.protocol.pickle_envelope import load_envelope as load_envelope
 from kcoral.protocol.selector import SelectorInput, check_select
-from kcoral.remote_report import deadline_said, interrupted, note_remote_traceback, show_output
-from kcoral.remote_source import dispatcher_name, json_module_source
+from kcoral.remote.arguments import (
+    argument_labels,
+    check_call_options,
+    check_json,
+    check_serialization,
+    is_binary,
+)
+from kcoral.remote.pickled import dump_by_value as dump_by_value
+from kcoral.remote.pickled import dump_call, unpicklable_part
+from kcoral.remote.pickled import load_requested as load_requested
+from kcoral.remote.report import deadline_said, interrupted, note_remote_traceback, show_output
+from kcoral.remote.source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
 
 if TYPE_CHECKING:
@@ -59,217 +69,6 @@ TRAMPOLINE_SOURCE = "from kcoral_server.worker.trampoline import call_pickled\n"
 TRAMPOLINE_FUNCTION = "call_pickled"
 
 
-def load_requested(
-    payloads: Mapping[str, object], allowed: Set[str], *, what: str
-) -> dict[str, Any]:
-    """Unpickle server envelopes, but only those under a name in ``allowed``.
-
-    ``allowed`` is what this call asked for in pickle format (empty when it asked for none).
-    Every name and every payload is checked before the first one is unpickled, so an answer
-    carrying one name too many unpickles nothing: ``ProtocolError`` naming ``what`` (e.g.
-    "request <id>") and the names. A payload that is not an envelope, or comes from other
-    Python/cloudpickle versions, is a ``ProtocolError`` too.
-    """
-    if not isinstance(payloads, Mapping):
-        raise ProtocolError(
-            f"{what}: pickled values must be an object of names (one envelope each), not a "
-            f"{type(payloads).__name__}; nothing was unpickled"
-        )
-    unexpected = sorted(str(name) for name in payloads if name not in allowed)
-    if unexpected:
-        raise ProtocolError(
-            f"{what}: the server sent pickled values for {unexpected}, which this call did not "
-            "ask for in pickle format; nothing was unpickled"
-        )
-    envelopes: dict[str, bytes] = {}
-    for name, data in payloads.items():
-        if not isinstance(data, bytes):
-            raise ProtocolError(
-                f"{what}: pickled value {name!r} is a {type(data).__name__}, not bytes; "
-                "nothing was unpickled"
-            )
-        envelopes[name] = data
-    values: dict[str, Any] = {}
-    for name, data in envelopes.items():
-        try:
-            values[name] = load_envelope(data, writer="server", reader="client")
-        except PickleVersionError as exc:
-            raise ProtocolError(f"{what}: {exc}") from None
-        except Exception as exc:  # e.g. a class the client cannot import, or no envelope
-            reason = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, RuntimeError) and "object on a CUDA device" in str(exc):
-                # Not torch's advice (torch.load(map_location=...)): the caller calls no load.
-                reason = (
-                    "it holds a CUDA tensor and this machine has no CUDA; return it moved to "
-                    "the CPU (tensor.cpu()) from the function"
-                )
-            raise ProtocolError(f"{what}: cannot unpickle {name!r}: {reason}") from exc
-    return values
-
-
-_BY_VALUE_LOCK = threading.Lock()
-
-
-def _dump_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    return dump_by_value((fn, args, kwargs))
-
-
-def _unpicklable_part(
-    fn: Callable[..., Any],
-    bound: inspect.BoundArguments | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> tuple[str, Exception] | None:
-    """Which part of a call that failed to pickle is the cause, and its error: cloudpickle's
-    own (``cannot pickle '_thread.lock' object``) named no argument, nor the function's
-    globals. ``None`` when each part pickles alone."""
-    if bound is None:
-        labels = [f"argument {index}" for index in range(len(args))]
-        values = [*args, *kwargs.values()]
-    else:
-        labels = _argument_labels(bound, set(bound.arguments))
-        values = [*bound.args, *bound.kwargs.values()]
-        kwargs = bound.kwargs
-    parts = [("the function (with the globals and closure it uses)", fn)]
-    parts += zip(labels + [f"argument {name!r}" for name in kwargs], values, strict=True)
-    for label, value in parts:
-        try:
-            dump_by_value(value)
-        except Exception as exc:
-            return label, exc
-    return None
-
-
-def dump_by_value(value: Any) -> bytes:
-    """``dump_envelope(value)``, every loaded module the server cannot import by value.
-
-    cloudpickle sends functions and classes of importable modules by reference, which the
-    server cannot resolve for a user's script or helper module; registering those modules by
-    value for this one dump sends the code itself ("by value", EXTENSIONS §4). Every such
-    module, not only a remote function's own: a ``functools.partial`` of a helper function,
-    or an argument (a ``%%kcoral -i`` value) whose class lives in a helper module, use it too.
-    """
-    import cloudpickle
-
-    with _BY_VALUE_LOCK:
-        registered = set(cloudpickle.list_registry_pickle_by_value())
-        modules = [module for module in modules_by_value() if module.__name__ not in registered]
-        for module in modules:
-            cloudpickle.register_pickle_by_value(module)
-        try:
-            return dump_envelope(value)
-        finally:
-            for module in modules:
-                cloudpickle.unregister_pickle_by_value(module)
-
-
-# ---------------------------------------------------------------------- argument checks
-
-
-def _argument_labels(bound: inspect.BoundArguments, given: set[str]) -> list[str]:
-    """How an error names each of ``bound.args``: by its parameter (``argument 'pair'``,
-    ``argument 'rest'[1]`` for ``*rest``), with ``(its default)`` for a default the client
-    bound; an index is meaningless for a default the caller never passed."""
-    labels: list[str] = []
-    for name, parameter in bound.signature.parameters.items():
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            labels.append(f"argument {name!r}" + ("" if name in given else " (its default)"))
-        elif parameter.kind is parameter.VAR_POSITIONAL:
-            rest = bound.arguments.get(name, ())
-            labels.extend(f"argument {name!r}[{index}]" for index in range(len(rest)))
-    if len(labels) != len(bound.args):  # never expected: fall back to positions
-        return [f"argument {index}" for index in range(len(bound.args))]
-    return labels
-
-
-def _is_binary(value: Any) -> bool:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return True
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, numpy.ndarray):
-        return True
-    return hasattr(value, "__dlpack__")  # torch tensors included
-
-
-def _check_json(value: Any, where: str, active: set[int]) -> None:
-    """``value`` must be plain JSON: exact types, finite floats, no cycles, no binary."""
-    kind = type(value)
-    if kind is str:
-        _check_text(value, where)
-        return
-    if value is None or kind in (bool, int):
-        return
-    if kind is float:
-        if not math.isfinite(value):
-            raise ValueError(f"{where} is a non-finite float ({value!r}); JSON cannot carry it")
-        return
-    if kind is list or kind is dict:
-        if id(value) in active:
-            raise ValueError(f"{where} contains a cycle")
-        active.add(id(value))
-        if kind is list:
-            if not plain_scalars(value):  # else each item is checked, naming its index
-                for index, item in enumerate(value):
-                    _check_json(item, f"{where}[{index}]", active)
-        else:
-            for key, item in value.items():
-                if type(key) is not str:
-                    raise TypeError(f"{where} has a {type(key).__name__} key; JSON keys are str")
-                _check_text(key, f"a key of {where}")
-                _check_json(item, f"{where}[{key!r}]", active)
-        active.discard(id(value))
-        return
-    if _is_binary(value):
-        raise TypeError(
-            f"{where} is binary data inside a container; bytes and arrays must be whole "
-            "arguments in JSON mode (or use serialization='pickle')"
-        )
-    raise TypeError(
-        f"{where} is a {kind.__name__}, not a JSON value (None, bool, int, float, str, list, "
-        "dict with str keys); use serialization='pickle' for other objects"
-    )
-
-
-def _check_call_options(timeout: object, output_limit_bytes: object) -> None:
-    """The decorator's ``timeout`` and ``output_limit_bytes``, checked where they are
-    written: a bad one failed only at the first call, as the server's 400 about
-    ``timeout_seconds``, a name the user never wrote."""
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a number of seconds > 0, not {timeout!r}")
-    if output_limit_bytes is not None:
-        if isinstance(output_limit_bytes, bool) or not isinstance(output_limit_bytes, int):
-            kind = type(output_limit_bytes).__name__
-            raise TypeError(f"output_limit_bytes must be an int, not {kind}")
-        if output_limit_bytes < 0:
-            raise ValueError(f"output_limit_bytes must be >= 0, not {output_limit_bytes!r}")
-
-
-def _check_text(text: str, where: str) -> None:
-    """A ``str`` the request's UTF-8 can carry: a lone surrogate (``'\\udc80'``, from
-    ``surrogateescape`` decoding) failed later as 'cannot encode the request' at a byte
-    position of the whole request, naming no argument."""
-    if text.isascii():
-        return
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"{where} holds a lone surrogate at position {exc.start} ({text[exc.start]!r}); "
-            "UTF-8 cannot carry it (bytes travel as bytes arguments)"
-        ) from None
-
-
-def _check_serialization(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    if value not in SERIALIZATION_FORMATS:
-        raise ValueError(f"{what} must be one of {list(SERIALIZATION_FORMATS)}, not {value!r}")
-    return value
-
-
 def _plain_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
@@ -295,7 +94,7 @@ class RemoteFunction:
         serialization: str = "json",
         select: SelectorInput = None,
     ) -> None:
-        serialization = _check_serialization(serialization, "serialization")
+        serialization = check_serialization(serialization, "serialization")
         self.select = check_select(select)  # sent with every call (EXTENSIONS §14)
         if serialization == "json" and not isinstance(fn, types.FunctionType):
             raise TypeError(f"a remote function must be a Python function, not {type(fn).__name__}")
@@ -305,7 +104,7 @@ class RemoteFunction:
             raise TypeError("a generator function cannot be a remote function: return a list")
         if not isinstance(cpu_only, bool):
             raise TypeError(f"cpu_only must be a bool, not {type(cpu_only).__name__}")
-        _check_call_options(timeout, output_limit_bytes)
+        check_call_options(timeout, output_limit_bytes)
         try:
             self._signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):  # some callables have none; pickle mode copes
@@ -353,7 +152,7 @@ class RemoteFunction:
     def _format(self, serialization: str | None) -> str:
         if serialization is None:
             return self.serialization
-        return _check_serialization(serialization, "serialization")
+        return check_serialization(serialization, "serialization")
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments | None:
         if self._signature is None:
@@ -385,11 +184,11 @@ class RemoteFunction:
         positional = list(bound.args)
         keywords = dict(bound.kwargs)
         values = positional + list(keywords.values())
-        labels = _argument_labels(bound, given) + [f"argument {name!r}" for name in keywords]
+        labels = argument_labels(bound, given) + [f"argument {name!r}" for name in keywords]
         for value, label in zip(values, labels, strict=True):
-            if not _is_binary(value):
+            if not is_binary(value):
                 try:
-                    _check_json(value, label, set())
+                    check_json(value, label, set())
                 except RecursionError:  # as Program.run says it (a bare RecursionError before)
                     raise ValueError(f"{label} is nested too deeply") from None
 
@@ -407,7 +206,7 @@ class RemoteFunction:
             if isinstance(value, (bytes, bytearray, memoryview)):
                 run_values.append(program.upload(id=f"arg_{index}", kind="bytes", value=value))
                 literals.append(False)
-            elif _is_binary(value):
+            elif is_binary(value):
                 try:
                     upload = program.upload(id=f"arg_{index}", kind="tensor", value=value)
                 except ValueError as exc:  # it named neither the argument nor the way out
@@ -428,9 +227,9 @@ class RemoteFunction:
 
     def _pickle_program(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Program:
         try:
-            payload = _dump_call(self.__wrapped__, args, kwargs)
+            payload = dump_call(self.__wrapped__, args, kwargs)
         except Exception:
-            culprit = _unpicklable_part(self.__wrapped__, self._bind(args, kwargs), args, kwargs)
+            culprit = unpicklable_part(self.__wrapped__, self._bind(args, kwargs), args, kwargs)
             if culprit is None:
                 raise
             label, exc = culprit

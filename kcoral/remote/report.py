@@ -29,7 +29,7 @@ from typing import Any, TypeAlias
 from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import KCoralError, RemoteExecutionError
 from kcoral.protocol.dtypes import DTYPES
-from kcoral.remote_source import uploaded_line_map
+from kcoral.remote.source import uploaded_line_map
 from kcoral.results import ProgramResult
 from kcoral.run.terminal_filter import TerminalFilter, is_terminal, utf8_writable
 
