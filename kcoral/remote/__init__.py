@@ -67,6 +67,8 @@ def _asked_async(run_async: object) -> bool:
 #: What a pickle-mode program imports on the server.
 TRAMPOLINE_SOURCE = "from kcoral_server.worker.trampoline import call_pickled\n"
 TRAMPOLINE_FUNCTION = "call_pickled"
+#: What a callable JSON mode cannot send (no source of its own) is told.
+_PICKLE_SENDS_IT = " (serialization='pickle' sends it)"
 
 
 def _plain_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,10 +98,14 @@ class RemoteFunction:
     ) -> None:
         serialization = check_serialization(serialization, "serialization")
         self.select = check_select(select)  # sent with every call (EXTENSIONS §14)
-        if serialization == "json" and not isinstance(fn, types.FunctionType):
-            raise TypeError(f"a remote function must be a Python function, not {type(fn).__name__}")
         if not callable(fn):
             raise TypeError(f"a remote function must be callable, not {type(fn).__name__}")
+        if serialization == "json" and not isinstance(fn, types.FunctionType):
+            # a partial, a builtin, a method: JSON mode sends source, which they have none of
+            raise TypeError(
+                f"a JSON-mode remote function must be a Python function, not "
+                f"{type(fn).__name__}{_PICKLE_SENDS_IT}"
+            )
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError("a generator function cannot be a remote function: return a list")
         if not isinstance(cpu_only, bool):
@@ -173,7 +179,9 @@ class RemoteFunction:
         if self._json_source is None:  # decorated for pickle; checked on first JSON call
             fn = self.__wrapped__
             if not isinstance(fn, types.FunctionType):
-                raise TypeError(f"JSON mode needs a Python function, not {type(fn).__name__}")
+                raise TypeError(
+                    f"JSON mode needs a Python function, not {type(fn).__name__}" + _PICKLE_SENDS_IT
+                )
             self._json_source = json_module_source(fn)
         return self._json_source
 
