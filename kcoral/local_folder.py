@@ -22,6 +22,28 @@ from kcoral.protocol.nofollow import CLOEXEC, DIRECTORY_FLAGS, DirectoryCursor, 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
 
 
+class LinkRefused(ValueError):
+    """A symbolic link below a folder being read, refused: a link can point outside the
+    folder (a program would send what the user never meant to). The message names the link,
+    where it points and what to do instead, in the words of the caller's way of sending
+    (``advice``: ``kcoral run --send`` has its own)."""
+
+    def __init__(self, where: str, target: str | None) -> None:
+        self.where = where
+        self.target = target
+        super().__init__(self.advice("upload", "by its own path"))
+
+    def advice(self, verb: str, separately: str) -> str:
+        """The message, ``verb`` being how the caller sends (``upload``), ``separately``
+        how it sends one more thing (``by its own path``)."""
+        to = "" if self.target is None else f" (to {self.target!r})"
+        return (
+            f"{self.where!r} is a symbolic link{to}; links are refused, as one could point "
+            f"outside the folder: {verb} the folder without it, or what it points to "
+            f"{separately}"
+        )
+
+
 @dataclass(frozen=True)
 class LocalFile:
     """A regular file read from a folder: its ``/``-separated path in the folder, its bytes
@@ -138,6 +160,8 @@ def _list_tree(
                 if check is not None:
                     check(relative, where)
                 found.append(_Listed(components, listed, name, entry))
+            elif stat.S_ISLNK(entry.st_mode):
+                raise LinkRefused(where, _link_target(name, dir_fd))
             else:
                 raise ValueError(f"{where!r} is a {kind_of(entry.st_mode)}; refused")
         pending.extend(reversed(subdirectories))  # popped from the end: sorted order
@@ -191,6 +215,14 @@ def kind_of(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "directory"
     return "special file"
+
+
+def _link_target(name: str, dir_fd: int) -> str | None:
+    """Where the link ``name`` points (never followed), or None when it cannot be read."""
+    try:
+        return os.fsdecode(os.readlink(name, dir_fd=dir_fd))
+    except OSError:
+        return None
 
 
 def _same_file(opened: os.stat_result, listed: os.stat_result) -> bool:

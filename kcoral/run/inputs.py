@@ -6,7 +6,7 @@ import os
 import stat
 from collections.abc import Sequence
 
-from kcoral.local_folder import kind_of, read_folder, read_regular
+from kcoral.local_folder import LinkRefused, kind_of, read_folder, read_regular
 from kcoral.protocol.paths import conflicting_paths
 
 
@@ -53,6 +53,8 @@ def _read_input(path: str, name: str) -> list[tuple[str, bytes, bool]]:
         if not stat.S_ISDIR(info.st_mode):
             raise LocalFileError(f"--send {path!r}: {kind_of(info.st_mode)} cannot be sent")
         files = read_folder(path, skip=("__pycache__",))
+    except LinkRefused as exc:
+        raise LocalFileError("--send: " + exc.advice("send", "with a --send of its own")) from None
     except ValueError as exc:
         raise LocalFileError(f"--send: {exc}") from None
     except OSError as exc:
