@@ -92,6 +92,9 @@ class RunOptions:
     input_bytes: int = 0
     #: set by ``execute`` when the tool's output was already printed live (EXTENSIONS §7)
     output_streamed: bool = False
+    #: set by ``build_program``: the tool's stderr goes to its stdout, one capture for both
+    #: (the local two are one place: a terminal, ``2>&1``; spec ``merge_stderr``)
+    merged_output: bool = False
     #: the most output per stream the server keeps (``/v1/info`` ``limits``), which clamps
     #: ``output_limit_bytes``; None when the server does not say
     server_output_limit_bytes: int | None = None

@@ -178,13 +178,14 @@ def build_program(options: RunOptions, inputs: bytes | None) -> Any:
     inputs_arg: Any = None
     if inputs:
         inputs_arg = program.upload(kind="bytes", value=inputs, id="inputs")
+    options.merged_output = output_shares_one_place()  # the truncation note says it too
     spec = {
         "tool": options.tool.name,
         "args": list(options.args),
         "env": dict(options.env),
         "fetch": list(options.fetch),
         "collect": options.out is not None,
-        "merge_stderr": output_shares_one_place(),
+        "merge_stderr": options.merged_output,
     }
     status = program.run(fn=function, args=[inputs_arg, spec], id=STATUS_KEY)
     program.return_(key=STATUS_KEY, value=status)

@@ -29,9 +29,17 @@ def report(options: RunOptions, result: Any) -> int:
     if not options.output_streamed:
         write_output(sys.stdout, result.stdout)
         write_output(sys.stderr, result.stderr)
-    for stream_name in ("stdout", "stderr"):
-        if getattr(result, f"{stream_name}_truncated"):
-            say(f"the remote {stream_name} was truncated at {_truncation_limit(options)}")
+    if options.merged_output:
+        # One capture held both streams (the tool's stderr went to its stdout): "the remote
+        # stdout was truncated" hid that its stderr was cut with it.
+        if result.stdout_truncated or result.stderr_truncated:
+            limit = _truncation_limit(options, "")
+            say(f"the remote stdout and stderr, captured together, were truncated at {limit}")
+    else:
+        for stream_name in ("stdout", "stderr"):
+            if getattr(result, f"{stream_name}_truncated"):
+                limit = _truncation_limit(options, " per stream")
+                say(f"the remote {stream_name} was truncated at {limit}")
     if not result.completed:
         error = result.error or {}
         say(
@@ -71,11 +79,12 @@ def report(options: RunOptions, result: Any) -> int:
     return status
 
 
-def _truncation_limit(options: RunOptions) -> str:
+def _truncation_limit(options: RunOptions, per: str) -> str:
     """The limit that cut the output and how to move it. The server clamps
     ``--output-limit-bytes`` to its own most, so pointing at the option alone (its default
     is 256 MiB, the server's most 16 MiB) sent the user to raise a limit that was not the one
-    that applied."""
+    that applied. ``per`` follows the option's limit: `` per stream``, or nothing where one
+    capture held both streams."""
     asked = options.output_limit_bytes
     most = options.server_output_limit_bytes
     if most is not None and most < asked:
@@ -83,7 +92,7 @@ def _truncation_limit(options: RunOptions) -> str:
             f"{format_bytes(most)}, the most this server keeps per stream "
             "(kcoral server --max-output-limit-bytes)"
         )
-    return f"{format_bytes(asked)} per stream (--output-limit-bytes)"
+    return f"{format_bytes(asked)}{per} (--output-limit-bytes)"
 
 
 def _exit_status(outcome: Mapping[str, Any]) -> int:

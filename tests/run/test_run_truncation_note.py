@@ -58,7 +58,8 @@ def test_a_note_after_stdout_cut_mid_line_on_a_terminal_starts_on_a_line_of_its_
     small_output_server: str, in_tmp: Path
 ) -> None:
     # A terminal shows both streams: the note on stderr continued the tool's cut stdout
-    # line, "xxxxkcoral run: the remote stdout was truncated ...".
+    # line, "xxxxkcoral run: the remote stdout was truncated ...". One capture holds both
+    # there (35aa63d), and the note says so: it read "the remote stdout was truncated".
     code = "print('x' * 5000, end='')"
     command = [sys.executable, "-m", "kcoral", "run", "python", "--url", small_output_server]
     command += ["--output-limit-bytes", "1000", "--", "-c", code]
@@ -71,8 +72,27 @@ def test_a_note_after_stdout_cut_mid_line_on_a_terminal_starts_on_a_line_of_its_
         assert child.wait() == 0
     os.close(terminal)
     assert shown == (
-        b"x" * 1000 + b"\r\nkcoral run: the remote stdout was truncated at 1000 B per stream "
-        b"(--output-limit-bytes)\r\n"
+        b"x" * 1000 + b"\r\nkcoral run: the remote stdout and stderr, captured together, were "
+        b"truncated at 1000 B (--output-limit-bytes)\r\n"
+    )
+
+
+def test_output_cut_with_both_streams_in_one_place_says_both_were_cut(
+    small_output_server: str, in_tmp: Path
+) -> None:
+    # `2>&1`: the tool's stderr shares the one capture, and the cut fell in it; the note
+    # named only "the remote stdout", and the stderr lost with it went unsaid.
+    code = "import sys; print('x' * 3000, flush=True); sys.stderr.write('y' * 3000)"
+    command = [sys.executable, "-m", "kcoral", "run", "python", "--url", small_output_server]
+    command += ["--", "-c", code]
+    done = subprocess.run(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert done.returncode == 0
+    assert done.stdout == (
+        b"x" * 3000 + b"\n" + b"y" * 1095 + b"\nkcoral run: the remote stdout and stderr, "
+        b"captured together, were truncated at 4.0 KiB, the most this server keeps per "
+        b"stream (kcoral server --max-output-limit-bytes)\n"
     )
 
 
