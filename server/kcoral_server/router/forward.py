@@ -206,7 +206,8 @@ class ForwardHandler(RouterHandler):
             if self._finished:
                 return
             wait, control = control_wait(self, required), self.state.control
-            acquire = control.acquire(required, self.request_id, wait, spare=self.holds_slot_long)
+            long, who = self.holds_slot_long, self.identity.name
+            acquire = control.acquire(required, self.request_id, wait, spare=long, identity=who)
         else:
             selector = self.read_selector()  # an affinity never overrides it (ROUTER §7)
             if selector is None or not self.offered(selector):
@@ -223,8 +224,8 @@ class ForwardHandler(RouterHandler):
         watch = notice_hang_up(self, self.acquire_task)
         try:
             node, slot = await self.acquire_task
-        except RouterBusy as busy:  # the queue is full, or the caller's share of it is
-            self.send_router_error(503, "router_busy", str(busy), "queue_full")
+        except RouterBusy as busy:  # the queue is full, the caller's share of it, or of slots
+            self.send_router_error(503, "router_busy", str(busy), busy.finish_reason)
             return
         except NoNode as exc:
             self.no_node(exc)

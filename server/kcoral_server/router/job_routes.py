@@ -104,14 +104,14 @@ async def fetch(
     path: str,
     headers: list[tuple[bytes, bytes]],
     answer_headers: dict[str, str] | None = None,
+    identity: str = "",
 ) -> tuple[int, bytes] | None:
     """One bodiless request to ``node_id`` on a control slot, answer collected whole (its
-    headers, lower-cased names, into ``answer_headers`` when given).
-
-    ``None`` when the node has no free control slot in time or the slot failed."""
-    request_id = str(uuid.uuid4())
+    headers, lower-cased names, into ``answer_headers`` when given), sent for ``identity``
+    ("" the router's own). ``None`` when no control slot came in time or the slot failed."""
+    request_id, wait = str(uuid.uuid4()), FAN_OUT_SLOT_WAIT
     try:
-        _node, slot = await state.control.acquire(node_id, request_id, FAN_OUT_SLOT_WAIT)
+        _node, slot = await state.control.acquire(node_id, request_id, wait, identity=identity)
     except (NoNode, RouterBusy):
         return None
     done = False
@@ -334,7 +334,7 @@ async def ask_every_node(
     answer_headers: list[dict[str, str]] = [{} for _node in nodes]
     answers = await asyncio.gather(
         *(
-            fetch(handler.state, node, "GET", path, headers, seen)
+            fetch(handler.state, node, "GET", path, headers, seen, handler.identity.name)
             for node, seen in zip(nodes, answer_headers, strict=True)
         )
     )

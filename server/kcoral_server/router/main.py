@@ -89,7 +89,8 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
         instance_id=str(uuid.uuid4()),
         started_at=utc_now_micros(),
     )
-    admission.identities = lambda: state.authenticator.identity_count  # read at each request
+    for room in (admission, control):  # read at each request: a reload may change it
+        room.identities = lambda: state.authenticator.identity_count
 
     def node_lost(node_id: str, why: str) -> None:
         state.sessions.node_lost(node_id, why)  # its sessions' state is gone

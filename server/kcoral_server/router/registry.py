@@ -12,7 +12,7 @@ import grpc
 
 from kcoral.protocol.selector import Selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.selection import has_gpus, serves
+from kcoral_server.router.selection import LongHold, has_gpus, serves, within_share
 from kcoral_server.router.settings import RouterSettings
 from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
@@ -192,10 +192,15 @@ def eligible(
     )
 
 
-def spared(node: NodeRecord, spare: bool) -> int:
-    """How many of ``node``'s idle control slots a request must leave idle: one for a request
-    that holds its slot long (``spare``), unless the node has a single control slot in all."""
-    return 1 if spare and len(node.current_slots(CONTROL)) > 1 else 0
+def has_control_room(node: NodeRecord, long: LongHold | None) -> bool:
+    """Whether ``node`` has an idle control slot for a request. One that holds its slot
+    long (``long``) leaves one idle, unless the node has a single control slot in all, and
+    stays within its identity's share (``selection.within_share``)."""
+    idle = len(node.idle_slots(CONTROL))
+    if long is None:
+        return idle > 0
+    spared = 1 if len(node.current_slots(CONTROL)) > 1 else 0
+    return idle > spared and within_share(node, long)
 
 
 class Registry:
@@ -447,11 +452,11 @@ class Registry:
         ]
 
     def select_control(
-        self, node_id: str | None, request_id: str, *, spare: bool = False
+        self, node_id: str | None, request_id: str, long: LongHold | None = None
     ) -> tuple[NodeRecord, RouterSlot] | None:
         """Lease an idle control slot: of ``node_id`` (any state; a job lives there), or of
-        any ``ready`` node (fewest busy control slots first). ``spare``: only of a node
-        where another control slot stays idle (a long-held request, docs/scaling.md)."""
+        any ``ready`` node (fewest busy control slots first), where ``has_control_room``
+        (``long``: a request that holds its slot long, docs/scaling.md)."""
         if node_id is not None:
             node = self.nodes.get(node_id)
             candidates = [node] if node is not None and node.reachable() else []
@@ -461,14 +466,14 @@ class Registry:
                 for n in self.nodes.values()
                 if n.state == READY and n.connected and self.of_default_kind(n)
             ]
-        candidates = [n for n in candidates if len(n.idle_slots(CONTROL)) > spared(n, spare)]
+        candidates = [n for n in candidates if has_control_room(n, long)]
         if not candidates:
             return None
         chosen = min(
             candidates, key=lambda n: len(n.current_slots(CONTROL)) - len(n.idle_slots(CONTROL))
         )
         slot = min(chosen.idle_slots(CONTROL), key=lambda s: s.idle_since)
-        slot.begin(request_id)
+        slot.begin(request_id, long.holder if long is not None else None)
         return chosen, slot
 
     # -- health ----------------------------------------------------------------------------

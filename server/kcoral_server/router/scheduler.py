@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from kcoral.protocol.selector import Selector, format_selector
 from kcoral_server.execution.control import handed_over, served_in_turn
 from kcoral_server.router.registry import NodeRecord, Registry
-from kcoral_server.router.selection import no_match_message, seatable_gpu_count, serves
+from kcoral_server.router.selection import (
+    LongHold,
+    no_match_message,
+    seatable_gpu_count,
+    serves,
+    share_held_message,
+    within_share,
+)
 from kcoral_server.router.slot import RouterSlot
 
 Lease = tuple[NodeRecord, RouterSlot]
@@ -20,8 +27,17 @@ Lease = tuple[NodeRecord, RouterSlot]
 class RouterBusy(Exception):
     """The admission queue is full, or the caller's share of it (503 ``router_busy``)."""
 
+    finish_reason = "queue_full"
+
     def __init__(self, message: str = "router queue is full") -> None:
         super().__init__(message)
+
+
+class ControlShareHeld(RouterBusy):
+    """A long-held request waited out the queue wait past its identity's share of its
+    node's control slots (``selection.within_share``; 503 ``router_busy``, saying so)."""
+
+    finish_reason = "queue_timeout"
 
 
 class NoNode(Exception):
@@ -52,8 +68,8 @@ class _Waiter:
     request_id: str
     future: asyncio.Future[Lease]
     selector: Selector = field(default_factory=dict)  # worker waiters only (ROUTER §7)
-    spare: bool = False  # control waiters only: leave one control slot free
-    identity: str = ""  # worker waiters only: whose turn it waits for
+    long: LongHold | None = None  # control waiters only: holds its slot long
+    identity: str = ""  # whose request it is (whose turn it waits for, whose share it counts)
     gpu_count: int | None = None  # worker waiters only: the GPUs its program needs
 
 
@@ -87,6 +103,32 @@ class _WaitingRoom:
         self.wait_timeout = wait_timeout
         self._waiters = waiters
         self.closed = False  # the router stops: no request waits any more
+        #: how many identities the client tokens name, asked at each request (a reload may
+        #: change it): with two or more, one holds at most half of the queue
+        self.identities: Callable[[], int | None] = lambda: None
+
+    def shared(self) -> bool:
+        """Whether identities share (two or more in the client token file)."""
+        identities = self.identities()
+        return identities is not None and identities >= 2
+
+    def _check_share(self, identity: str) -> None:
+        """Who can reach the queue: every client-token holder, one connection per waiting
+        request. Its bound was shared: one identity's requests filled it and every other
+        identity's got 503 at once. With two or more identities, one holds at most half of
+        it, rounded up (a server's job slots, EXTENSIONS §5); past it, ``RouterBusy`` says so.
+        Both waiting rooms (programs; control requests) keep this rule, each for its own
+        bound."""
+        if not identity or not self.shared() or not self.max_queued:
+            return  # identity "": the router's own request (a revocation, a session's end)
+        share = -(-self.max_queued // 2)
+        held = sum(1 for w in self._waiters if w.identity == identity and not w.future.done())
+        if held >= share:
+            raise RouterBusy(
+                f"router queue: you hold {held} requests waiting for a node, the most one "
+                f"identity may (half of --max-queued-requests {self.max_queued}); send again "
+                "once one of yours has reached a node"
+            )
 
     def close(self) -> None:
         """The router stops: every waiter fails with ``RouterStopping`` (503 ``no_node``,
@@ -108,26 +150,6 @@ class Admission(_WaitingRoom):
         super().__init__(registry, max_queued, wait_timeout, deque())
         #: the identities waiting, in the order of their turns (a served one goes last)
         self._turns: dict[str, None] = {}
-        #: how many identities the client tokens name, asked at each request (a reload may
-        #: change it): with two or more, one holds at most half of the queue
-        self.identities: Callable[[], int | None] = lambda: None
-
-    def _check_share(self, identity: str) -> None:
-        """Who can reach the queue: every client-token holder, one connection per waiting
-        request. Its bound was shared: one identity's programs filled it and every other
-        identity's got 503 at once. With two or more identities, one holds at most half of
-        it, rounded up (a server's job slots, EXTENSIONS §5); past it, ``RouterBusy`` says so."""
-        identities = self.identities()
-        if identities is None or identities < 2 or not self.max_queued:
-            return
-        share = -(-self.max_queued // 2)
-        held = sum(1 for w in self._waiters if w.identity == identity and not w.future.done())
-        if held >= share:
-            raise RouterBusy(
-                f"router queue: you hold {held} requests waiting for a node, the most one "
-                f"identity may (half of --max-queued-requests {self.max_queued}); send again "
-                "once one of yours has reached a node"
-            )
 
     def queued_needs(self) -> list[tuple[Selector, int | None]]:
         """What each waiting request needs, oldest first, for ``/v1/info``'s
@@ -243,22 +265,39 @@ class ControlAdmission(_WaitingRoom):
         timeout: float | None = None,
         *,
         spare: bool = False,
+        identity: str = "",
     ) -> Lease:
         """A control slot; ``spare``: only where another stays free (a request that holds
-        its slot long: an event stream, a session's program, a result)."""
+        its slot long: an event stream, a session's program, a result), and, where
+        identities share, within ``identity``'s share of the node (``within_share``)."""
         if self.closed:
             raise RouterStopping
         self._check_node(node_id)
-        lease = self.registry.select_control(node_id, request_id, spare=spare)
+        long = LongHold(identity, self.shared()) if spare else None
+        lease = self.registry.select_control(node_id, request_id, long)
         if lease is not None:
             return lease
         if self.waiting >= self.max_queued:
             raise RouterBusy
+        self._check_share(identity)
         future = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(node_id, request_id, future, spare=spare)
+        waiter = _Waiter(node_id, request_id, future, long=long, identity=identity)
         self._waiters.append(waiter)
         wait = self.wait_timeout if timeout is None else min(timeout, self.wait_timeout)
-        return await wait_for_slot(self.registry, self._waiters, waiter, wait)
+        try:
+            return await wait_for_slot(self.registry, self._waiters, waiter, wait)
+        except NoNode as exc:
+            if type(exc) is NoNode and (held := self._past_share(waiter)) is not None:
+                raise ControlShareHeld(held) from None
+            raise
+
+    def _past_share(self, waiter: _Waiter) -> str | None:
+        """Why ``waiter`` waited out the queue wait, where its identity's share of its node
+        held it back."""
+        node = self.registry.nodes.get(waiter.affinity or "")
+        if waiter.long is None or node is None or within_share(node, waiter.long):
+            return None
+        return share_held_message(node, waiter.identity)
 
     def _check_node(self, node_id: str | None) -> None:
         if node_id is None:
@@ -277,8 +316,6 @@ class ControlAdmission(_WaitingRoom):
             except NodeGone as gone:
                 waiter.future.set_exception(gone)
                 continue
-            lease = self.registry.select_control(
-                waiter.affinity, waiter.request_id, spare=waiter.spare
-            )
+            lease = self.registry.select_control(waiter.affinity, waiter.request_id, waiter.long)
             if lease is not None:
                 waiter.future.set_result(lease)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.multipart import boundary_from_content_type
@@ -28,6 +29,7 @@ from kcoral.protocol.selector import (
     session_mismatch,
 )
 from kcoral.protocol.strict_json import loads_strict
+from kcoral_server.node.control_slots import CEILING
 
 if TYPE_CHECKING:
     from kcoral_server.router.registry import NodeRecord, Registry
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 MAX_NAMED_OFFERS = 24
 #: ``registry.READY`` (the registry imports this module, so the word is spelled here too).
 _READY = "ready"
+#: ``slot.CONTROL`` (spelled here for the same reason)
+_CONTROL = "control"
 
 
 def ready_nodes(registry: Registry) -> list[NodeRecord]:
@@ -286,3 +290,57 @@ def fleet_status(
             for (key, value), nodes in sorted(labels.items())
         ],
     }
+
+
+# -- each identity's share of a node's long-held control slots (ROUTER §7) ----------------
+#
+# A request that holds its control slot for as long as its caller likes (an event stream, a
+# session's program, a result read at the caller's pace) never takes a node's last free
+# control slot, but one client-token holder could take all the others: bob's event streams
+# held 63 of a node's 64, and alice's streams waited for his to end (her ``kcoral run``,
+# which asks the server to cancel a job nobody follows, could lose its job meanwhile). With
+# two or more identities in the client token file, one identity holds at most half of a
+# node's control-slot ceiling in long-held requests; past it, its request waits for one of
+# its own to end, while other identities' are served.
+
+
+@dataclass(frozen=True)
+class LongHold:
+    """A request that holds its control slot long, for ``holder`` (its identity);
+    ``capped``: identities share (two or more), so it stays within ``holder``'s share."""
+
+    holder: str
+    capped: bool
+
+
+def control_ceiling(node: NodeRecord) -> int:
+    """The router cannot see a node's ceiling, only the control slots it has opened so far
+    (it opens more as they fill): the nodes' own ceiling, 64, or what it has where more."""
+    return max(CEILING, len(node.current_slots(_CONTROL)))
+
+
+def long_held(node: NodeRecord, identity: str) -> int:
+    """Control slots of ``node`` that ``identity``'s long-held requests hold now."""
+    return sum(
+        1
+        for slot in node.slots.values()
+        if slot.kind == _CONTROL
+        and slot.busy
+        and slot.long_holder == identity
+        and not slot.closed.is_set()
+    )
+
+
+def within_share(node: NodeRecord, long: LongHold) -> bool:
+    """Whether ``long`` may take a control slot of ``node``: at most half its ceiling,
+    rounded up, for one identity where identities share."""
+    return not long.capped or long_held(node, long.holder) < -(-control_ceiling(node) // 2)
+
+
+def share_held_message(node: NodeRecord, identity: str) -> str:
+    return (
+        f"you hold {long_held(node, identity)} event streams, session programs or result "
+        f"reads on node {node.node_id}, the most one identity may (half of its "
+        f"{control_ceiling(node)} control slots); this request waited for one of them to end "
+        "until the queue wait ran out"
+    )

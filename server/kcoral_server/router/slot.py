@@ -52,6 +52,9 @@ class RouterSlot:
         self.context = context
         self.kind = kind
         self.request_id: str | None = None
+        #: the identity whose request holds this control slot long (a stream, a session's
+        #: program, a result): counted in its share of the node (``selection.within_share``)
+        self.long_holder: str | None = None
         self.idle_since = time.monotonic()
         self.closed = asyncio.Event()
         # Why the stream ended: None = normal end (status OK), else (code, details).
@@ -73,13 +76,15 @@ class RouterSlot:
 
     # -- used by the HTTP side -------------------------------------------------------------
 
-    def begin(self, request_id: str) -> None:
+    def begin(self, request_id: str, long_holder: str | None = None) -> None:
         self.request_id = request_id
+        self.long_holder = long_holder
         self._replies = Channel(capacity=2)
 
     def finish(self) -> None:
         """Both ``end`` frames seen: the slot may take the next request."""
         self.request_id = None
+        self.long_holder = None
         self._replies = None
         self.idle_since = time.monotonic()
 
