@@ -241,6 +241,10 @@ def run(options: RunOptions) -> int:
     return report(options, result)
 
 
+#: PROTOCOL §7.1: the 503 of a server that is closing (a prefix: a tail may follow)
+_SHUTTING_DOWN = "server saturated: the server is shutting down"
+
+
 def server_error(exc: KCoralError, url: str) -> str:
     """An HTTP error as one line; an answer without a KCoral error body is said to be one.
     Before, it read "server error: HTTP 501: HTTP 501"."""
@@ -254,6 +258,10 @@ def server_error(exc: KCoralError, url: str) -> str:
     wrong_path = path_not_served_hint(url) if exc.status_code == 404 else ""
     if wrong_path and exc.kind == "not_found":  # a job's own 404 is JobLost, not this
         return f"server error: {exc}; {wrong_path}"
+    if (exc.status_code, exc.kind) == (503, "busy") and exc.message.startswith(_SHUTTING_DOWN):
+        # The server's message keeps PROTOCOL §7.1's "server saturated: " prefix, which says
+        # nothing true of a server closing, nor what to do; nothing of the run was admitted.
+        return "the server is shutting down and did not run the tool; run again once it is back"
     if exc.status_code == 409 and exc.kind == "cancelled":
         # Not the server failing: someone cancelled the job (an admin, a revoked token), and
         # the server's message says who or why.

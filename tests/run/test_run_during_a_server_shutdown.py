@@ -1,0 +1,71 @@
+"""``kcoral run`` sent to a server that is shutting down says so, and what to do.
+
+The server refuses it with 503 ``busy`` and PROTOCOL §7.1's message, ``server saturated: the
+server is shutting down``; ``kcoral run`` printed that under ``server error: HTTP 503:``,
+which read as an overloaded server and said nothing of running again.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from server_process import start_server
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def wait_until(condition, what: str, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def kcoral_run(url: str, code: str) -> list[str]:
+    return [sys.executable, "-m", "kcoral", "run", "python", "--url", url, "--", "-c", code]
+
+
+def test_a_run_sent_while_the_server_shuts_down_says_so_and_to_run_again(
+    tmp_path: Path,
+) -> None:
+    server = start_server(tmp_path / "server", ["--num-workers", "1"])
+    started, gate = tmp_path / "started", tmp_path / "gate"
+    # A tool that holds the server's shutdown open until the test lets it end.
+    holding = (
+        "import os, time\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+    )
+    first = subprocess.Popen(
+        kcoral_run(server.url, holding),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(started.exists, "the first tool to start")
+        server.process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "shutdown_started" in {e["event"] for e in server.events()}, "the drain")
+        second = subprocess.run(
+            kcoral_run(server.url, "print(1)"),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (second.returncode, second.stdout) == (1, "")
+        assert second.stderr == (
+            "kcoral run: the server is shutting down and did not run the tool; run again "
+            "once it is back\n"
+        )
+    finally:
+        gate.touch()
+        first.communicate(timeout=60)
+        server.stop()
+    assert first.returncode == 0  # the running one was let finish
