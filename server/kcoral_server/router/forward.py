@@ -369,9 +369,7 @@ class ForwardHandler(RouterHandler):
             if self.response_started:
                 self._abort_connection()
             else:
-                stopped = self.state.admission.closed  # closed only by the router's stop
-                message = STOPPED_TRANSPORT_MESSAGE if stopped else TRANSPORT_MESSAGE
-                self.send_router_error(502, "server_transport", message, self.finish_reason)
+                await self.slot_broke()
             return
         except tornado.iostream.StreamClosedError:
             self.on_connection_close()
@@ -397,6 +395,12 @@ class ForwardHandler(RouterHandler):
         self.slot_done()
         if not self._finished:
             self.finish()
+
+    async def slot_broke(self) -> None:
+        """The slot broke before the answer's head: ``502`` (ROUTER §8)."""
+        stopped = self.state.admission.closed  # closed only by the router's stop
+        message = STOPPED_TRANSPORT_MESSAGE if stopped else TRANSPORT_MESSAGE
+        self.send_router_error(502, "server_transport", message, str(self.finish_reason))
 
     def _invalid_response(self) -> None:
         self.finish_reason = "invalid_response"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ from kcoral_server.sessions.seat_shares import seat_count
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NOT_FOUND = "unknown session id"
 NO_SEAT = "no node offers a free session seat"
+#: How long a session's cut-off request waits to see every slot of its server close.
+SERVER_GONE_WAIT = 2.0
 #: The most of a ``POST /v1/sessions`` body the router holds to read its ``gpu_count``.
 MAX_SESSION_BODY = BUFFERED_ANSWER_LIMIT
 
@@ -110,6 +113,13 @@ class SessionIndex:
         for session in self._sessions.values():
             if session.node_id == node_id:
                 session.lose(why)
+
+    def server_lost(self, node_id: str, instance_id: str) -> None:
+        """``node_id``'s server ``instance_id`` is gone (every slot it held closed while a
+        program ran): its sessions end for the router."""
+        for session in self._sessions.values():
+            if session.node_id == node_id and session.instance_id == instance_id:
+                session.lose("lost its server while a program of the session ran")
 
     def server_restarted(self, node_id: str, instance_id: str) -> None:
         """The sessions of ``node_id``'s servers before ``instance_id``, its current one,
@@ -217,6 +227,25 @@ def _is_count(value: object) -> TypeGuard[int]:
 def _count(counts: dict[str, Any], key: str) -> int:
     value = counts.get(key, 0)
     return value if _is_count(value) else 0
+
+
+async def server_gone(registry: Any, node_id: str, instance_id: str) -> bool:
+    """Whether ``node_id``'s server ``instance_id`` is gone: every slot it opened to the
+    router closed. Its slots share one connection, and a server that dies loses them all at
+    once, though the router sees each end on its own: one that stays open for
+    ``SERVER_GONE_WAIT`` seconds, or a new one, says the server lives (a slot broke alone)."""
+    deadline = time.monotonic() + SERVER_GONE_WAIT
+    while True:
+        node = registry.nodes.get(node_id)
+        if node is None or node.server_instance_id != instance_id:
+            return True
+        if not any(
+            s.instance_id == instance_id and not s.closed.is_set() for s in node.slots.values()
+        ):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
 
 
 def may_see(identity: Identity, session: RoutedSession) -> bool:
@@ -439,6 +468,26 @@ class SessionHandler(ForwardHandler):
             self.send_router_error(410, "session_ended", session.ended, "request_rejected")
             return
         super().no_node(cause)
+
+    async def slot_broke(self) -> None:
+        """The session's request was cut off: where its node's server is gone with it (every
+        slot of that server closed), the session ended there, and the first answer says so
+        (``410``, as the next request's does), not a bare ``502`` (ROUTER §13)."""
+        session = self.state.sessions.get(self.path_args[0])
+        if (
+            session is not None
+            and session.ended is None
+            and session.node_id == self.node
+            and not self.state.admission.closed
+            and await server_gone(self.state.registry, session.node_id, session.instance_id)
+        ):
+            self.state.sessions.server_lost(session.node_id, session.instance_id)
+        if self._finished or session is None or session.ended is None:
+            if not self._finished:
+                await super().slot_broke()
+            return
+        reason = self.finish_reason or "tunnel_disconnected"
+        self.send_router_error(410, "session_ended", session.ended, reason)
 
     def buffer_answer(self, status: int) -> bool:
         return (status == 202 and self.path_args[1] == "/jobs") or status == 404
