@@ -50,6 +50,8 @@ def _read_input(path: str, name: str) -> list[tuple[str, bytes, bool]]:
     try:
         if stat.S_ISREG(info.st_mode):
             return [(name, read_regular(path, info, path), _executable(info.st_mode))]
+        if stat.S_ISLNK(info.st_mode):  # never followed: it could point anywhere
+            raise LocalFileError(f"--send {path!r}: {_link_advice(path)}")
         if not stat.S_ISDIR(info.st_mode):
             raise LocalFileError(f"--send {path!r}: {kind_of(info.st_mode)} cannot be sent")
         files = read_folder(path, skip=("__pycache__",))
@@ -60,6 +62,16 @@ def _read_input(path: str, name: str) -> list[tuple[str, bytes, bool]]:
     except OSError as exc:
         raise LocalFileError(f"--send: cannot read {exc.filename!r}: {exc.strerror}") from None
     return [(f"{name}/{file.path}", file.data, _executable(file.mode)) for file in files]
+
+
+def _link_advice(path: str) -> str:
+    """What to do about a symbolic link given to ``--send``: it said only "symbolic link
+    cannot be sent", with no way out named."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return "a symbolic link is not sent; give --send the path it points to"
+    return f"a symbolic link (to {target!r}) is not sent; give --send {target!r} instead"
 
 
 def _executable(mode: int) -> bool:

@@ -66,3 +66,21 @@ def test_a_link_whose_target_cannot_be_read_is_still_named(
     monkeypatch.setattr(os, "readlink", unreadable)
     with pytest.raises(LinkRefused, match=r"^'.*/data/big' is a symbolic link; links are refused"):
         Program().upload_folder(project, path="project")
+
+
+def test_a_link_given_to_send_itself_says_to_send_what_it_points_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "--send 'alias': symbolic link cannot be sent", no way out named.
+    project = a_project_with_a_link(tmp_path / "project")
+    monkeypatch.chdir(tmp_path)
+    os.symlink(project, tmp_path / "alias")
+    monkeypatch.setenv("KCORAL_TOKEN", "unused-nothing-is-sent")
+    status = kcoral_main(
+        ["run", "python", "--url", "http://127.0.0.1:9", "--send", "alias", "--", "main.py"]
+    )
+    assert status == 1
+    assert capsys.readouterr().err == (
+        f"kcoral run: --send 'alias': a symbolic link (to '{project}') is not sent; give "
+        f"--send '{project}' instead\n"
+    )
