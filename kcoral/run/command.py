@@ -243,6 +243,8 @@ def run(options: RunOptions) -> int:
 
 #: PROTOCOL §7.1: the 503 of a server that is closing (a prefix: a tail may follow)
 _SHUTTING_DOWN = "server saturated: the server is shutting down"
+#: ROUTER §7 step 3: a stopping router's answer to a request it no longer queues
+_ROUTER_STOPPING = "the router is shutting down"
 
 
 def server_error(exc: KCoralError, url: str) -> str:
@@ -262,6 +264,8 @@ def server_error(exc: KCoralError, url: str) -> str:
         # The server's message keeps PROTOCOL §7.1's "server saturated: " prefix, which says
         # nothing true of a server closing, nor what to do; nothing of the run was admitted.
         return "the server is shutting down and did not run the tool; run again once it is back"
+    if (exc.status_code, exc.kind) == (503, "no_node") and exc.message == _ROUTER_STOPPING:
+        return "the router is shutting down and did not run the tool; run again once it is back"
     if exc.status_code == 409 and exc.kind == "cancelled":
         # Not the server failing: someone cancelled the job (an admin, a revoked token), and
         # the server's message says who or why.

@@ -69,3 +69,16 @@ def test_a_run_sent_while_the_server_shuts_down_says_so_and_to_run_again(
         first.communicate(timeout=60)
         server.stop()
     assert first.returncode == 0  # the running one was let finish
+
+
+def test_a_run_a_stopping_router_no_longer_takes_says_the_router_is_shutting_down() -> None:
+    # A router that stops answers what it no longer queues 503 no_node "the router is
+    # shutting down" (ROUTER §7, pinned by the router's tests); kcoral run printed it under
+    # "server error: HTTP 503:", as if a server failed.
+    from kcoral.errors import KCoralError
+    from kcoral.run.command import server_error
+
+    refused = KCoralError(503, "the router is shutting down", kind="no_node")
+    assert server_error(refused, "http://router:9000") == (
+        "the router is shutting down and did not run the tool; run again once it is back"
+    )
