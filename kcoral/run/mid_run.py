@@ -90,7 +90,8 @@ class ConnectionLostMidRun(Exception):
 class TokenRefusedMidRun(Exception):
     """The server answered 401 for the job it had accepted with this token: an operator
     rotated or revoked it (``SIGHUP``, EXTENSIONS §6). A rotated token's job runs on, which
-    "HTTP 401: missing or invalid bearer token" alone never said, nor how to follow it."""
+    "HTTP 401: missing or invalid bearer token" alone never said, nor how to follow it; and
+    only for ``UNFOLLOWED_CANCEL_SECONDS`` unless followed, which "runs on" alone hid."""
 
     def __init__(self, job_id: str, url: str) -> None:
         super().__init__(job_id)
@@ -100,7 +101,8 @@ class TokenRefusedMidRun(Exception):
     def __str__(self) -> str:
         return (
             "the server stopped accepting this token while the tool ran (rotated or "
-            f"revoked?); a rotated token's job {self.job_id} runs on: follow it with "
+            f"revoked?); a rotated token's job {self.job_id} runs on, and is cancelled "
+            f"{UNFOLLOWED_CANCEL_SECONDS} s after its last follower went: follow it with "
             f"kcoral.Client({self.url!r}).job({self.job_id!r}) and KCORAL_TOKEN set to the "
             "new token"
         )

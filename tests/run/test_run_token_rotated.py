@@ -1,7 +1,9 @@
 """``kcoral run`` whose token an operator rotates while the tool runs (``SIGHUP`` with a new
-token for the same name, EXTENSIONS §6): the job runs on, and the one line says so and how to
-follow it. Before, the run ended with only ``server error: HTTP 401: missing or invalid
-bearer token; set KCORAL_TOKEN ...``, as if nothing had been started."""
+token for the same name, EXTENSIONS §6): the job runs on, and the one line says so, for how
+long unfollowed (kcoral run asks the server to cancel it 60 s after its last follower went,
+EXTENSIONS §5; the line said only "runs on") and how to follow it. Before, the run ended with
+only ``server error: HTTP 401: missing or invalid bearer token; set KCORAL_TOKEN ...``, as if
+nothing had been started."""
 
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def test_a_run_whose_token_is_rotated_says_its_job_runs_on_and_how_to_follow_it(
         said = err.strip().splitlines()[-1]
         found = re.fullmatch(
             r"kcoral run: the server stopped accepting this token while the tool ran \(rotated "
-            r"or revoked\?\); a rotated token's job (\S+) runs on: follow it with "
+            r"or revoked\?\); a rotated token's job (\S+) runs on, and is cancelled 60 s "
+            r"after its last follower went: follow it with "
             rf"kcoral\.Client\('{re.escape(server.url)}'\)\.job\('\1'\) and KCORAL_TOKEN set "
             r"to the new token",
             said,
