@@ -56,8 +56,10 @@ from kcoral_server.sessions.seat_shares import seat_count
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NOT_FOUND = "unknown session id"
 NO_SEAT = "no node offers a free session seat"
-#: How long a session's cut-off request waits to see every slot of its server close.
-SERVER_GONE_WAIT = 2.0
+#: How long a session's cut-off request watches its server's slots before it is told the
+#: server is gone: a dead server's never come back, a live one's reconnect within about
+#: 1.2 s of a dropped connection (the tunnel's first retry, ROUTER §5).
+SERVER_GONE_WAIT = 3.0
 #: The most of a ``POST /v1/sessions`` body the router holds to read its ``gpu_count``.
 MAX_SESSION_BODY = BUFFERED_ANSWER_LIMIT
 
@@ -230,21 +232,22 @@ def _count(counts: dict[str, Any], key: str) -> int:
 
 
 async def server_gone(registry: Any, node_id: str, instance_id: str) -> bool:
-    """Whether ``node_id``'s server ``instance_id`` is gone: every slot it opened to the
-    router closed. Its slots share one connection, and a server that dies loses them all at
-    once, though the router sees each end on its own: one that stays open for
-    ``SERVER_GONE_WAIT`` seconds, or a new one, says the server lives (a slot broke alone)."""
+    """Whether ``node_id``'s server ``instance_id`` is gone: the node reports another server
+    or has left, or after ``SERVER_GONE_WAIT`` seconds no slot of that server is open. Its
+    slots share one connection, so a server that dies loses them all at once; but so does a
+    live server whose connection to the router dropped, and its slots reconnect: told gone
+    as soon as every slot had closed, such a session was ended for the router while its
+    server still held it (review). A slot open at the end (one that stayed, or one that
+    reconnected) says the server lives."""
     deadline = time.monotonic() + SERVER_GONE_WAIT
     while True:
         node = registry.nodes.get(node_id)
         if node is None or node.server_instance_id != instance_id:
             return True
-        if not any(
-            s.instance_id == instance_id and not s.closed.is_set() for s in node.slots.values()
-        ):
-            return True
         if time.monotonic() >= deadline:
-            return False
+            return not any(
+                s.instance_id == instance_id and not s.closed.is_set() for s in node.slots.values()
+            )
         await asyncio.sleep(0.05)
 
 
