@@ -120,9 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--allow-unauthenticated\n"
         )
         return 2
-    # On a server several identities reach, no program gets the operator's credentials
-    # (processes/credentials.py): decided here, before any launcher or worker exists.
-    identities = None if router_secret is not None else identity_count(token)
+    # On a server several people reach, no program gets the operator's credentials
+    # (processes/credentials.py): decided here, before any launcher or worker exists. Off
+    # loopback without a client token (--allow-unauthenticated) anyone who reaches the port
+    # is a caller, as a router's callers are.
+    open_to_all = token is None and not is_loopback(settings.host)
+    several = router_secret is not None or open_to_all
+    identities = None if several else identity_count(token)
     withheld = withheld_credentials(os.environ, identities, config.worker_env_allow)
     if withheld:
         config = replace(config, worker_env_withheld=tuple(withheld))

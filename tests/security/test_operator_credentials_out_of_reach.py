@@ -82,6 +82,21 @@ def test_a_server_one_person_uses_passes_that_persons_credentials_on(tmp_path: P
         server.stop()
 
 
+def test_a_server_without_a_token_off_loopback_withholds_them_from_whoever_calls(
+    tmp_path: Path,
+) -> None:
+    args = ["--host", "0.0.0.0", "--allow-unauthenticated", "--num-workers", "1"]
+    server = start_server(tmp_path / "server", args, env=OPERATOR_ENV)
+    try:
+        seen = environment_seen(server.url, "")  # anyone who reaches the port, no token
+        assert seen["AWS_SECRET_ACCESS_KEY"] is None and seen["SSH_AUTH_SOCK"] is None
+        assert seen["KCORAL_TEST_PLAIN"] == "plain-value"
+        withheld = [e for e in server.events() if e["event"] == "worker_env_withheld"]
+        assert withheld and withheld[0]["message"].startswith("several people reach")
+    finally:
+        server.stop()
+
+
 def test_a_node_behind_a_router_withholds_them_as_its_callers_are_the_routers() -> None:
     from kcoral_server.processes.credentials import withheld_credentials
 

@@ -1,15 +1,15 @@
 """The operator's credentials in the server's environment, kept from programs on a server
 several people reach (SERVER §14, EXTENSIONS §6).
 
-Who can reach what: a program reads its worker's whole environment, and that environment
-is the server's, less KCoral's own secrets and ``--worker-env-deny``. On a server one
-person uses (one bare client token, none, or the notebook's own server) that person's
-``HF_TOKEN`` or cloud keys are theirs to use. Where several identities reach the server
-(a token file that names two or more, or a node behind a router, whose callers are the
-router's), another token holder's program read the operator's ``AWS_SECRET_ACCESS_KEY``,
-``HF_TOKEN`` and ``SSH_AUTH_SOCK`` (attack sweep). There, every name that looks like a
-credential is withheld unless ``--worker-env-allow`` names it, and the start-up log names
-what was withheld (never a value).
+Who can reach what: a program reads its worker's whole environment, and that environment is
+the server's, less KCoral's own secrets and ``--worker-env-deny``. On a server one person
+uses (one bare client token, none on loopback, or the notebook's own server) that person's
+``HF_TOKEN`` or cloud keys are theirs to use. Where several people reach the server (a token
+file that names two or more, no token off loopback, or a node behind a router, whose callers
+are the router's), another token holder's program read the operator's
+``AWS_SECRET_ACCESS_KEY``, ``HF_TOKEN`` and ``SSH_AUTH_SOCK`` (attack sweep). There, every
+name that looks like a credential is withheld unless ``--worker-env-allow`` names it, and
+the start-up log names what was withheld (never a value).
 
 Decided at start: a token reload that turns one identity into several keeps the workers'
 environment as it was until the server restarts (the launchers workers fork from hold it).
@@ -62,7 +62,7 @@ def withheld_credentials(
     """The credential-looking names of ``environ`` no worker inherits, sorted: none where
     one identity reaches the server (``identities`` 1), else every such name that
     ``allow`` (``--worker-env-allow``) does not name. ``identities`` None: the server's
-    callers are a router's, several."""
+    callers are a router's, or anyone's (no token off loopback), several."""
     if identities is not None and identities < 2:
         return []
     allowed = list(allow)
@@ -75,6 +75,6 @@ def withheld_message(names: list[str]) -> str:
     """The start-up event's words: what no program gets, and how to pass one on."""
     shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     return (
-        f"several identities reach this server: no program gets the server's {shown} "
+        f"several people reach this server: no program gets the server's {shown} "
         "(credentials); --worker-env-allow NAME passes one on"
     )
