@@ -124,8 +124,9 @@ class _WaitingRoom:
         share = -(-self.max_queued // 2)
         held = sum(1 for w in self._waiters if w.identity == identity and not w.future.done())
         if held >= share:
+            requests = "request" if held == 1 else "requests"  # a bound of 1 or 2: one
             raise RouterBusy(
-                f"router queue: you hold {held} requests waiting for a node, the most one "
+                f"router queue: you hold {held} {requests} waiting for a node, the most one "
                 f"identity may (half of --max-queued-requests {self.max_queued}); send again "
                 "once one of yours has reached a node"
             )
