@@ -34,3 +34,19 @@ def test_a_running_jobs_last_follower_leaving_arms_its_watch() -> None:
         return armed and not watch.armed
 
     assert asyncio.run(leave())
+
+
+def test_a_job_that_finished_before_its_watch_was_set_is_never_watched() -> None:
+    from kcoral_server.jobs.store import Job, JobRegistry
+
+    said: list[str] = []
+
+    async def finished_first() -> Job:
+        jobs = JobRegistry(60, 1 << 20, emit=lambda event, *a, **k: said.append(event))
+        job = Job("request-1", {}, "alice")
+        job.status = "COMPLETED"  # its program ended as its 202 was being written
+        jobs.cancel_when_unfollowed(job, 60)
+        return job
+
+    job = asyncio.run(finished_first())
+    assert job.follow_watch is None and said == []

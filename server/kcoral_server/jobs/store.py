@@ -383,8 +383,12 @@ class JobRegistry:
 
     def cancel_when_unfollowed(self, job: Job, grace: int) -> None:
         """Cancel ``job`` once no event stream has followed it for ``grace`` seconds."""
+        if job.finished:  # it ended before its 202 was written: nothing to cancel
+            return
 
         def unfollowed() -> None:
+            if job.finished:  # nothing to cancel: job_unfollowed would say it was cancelled
+                return
             if self._emit is not None:
                 self._emit(
                     "job_unfollowed",
