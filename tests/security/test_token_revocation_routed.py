@@ -478,3 +478,36 @@ def _multipart_program(program: dict) -> bytes:
     head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="program"\r\n'
     data = f"{head}Content-Type: application/json\r\n\r\n".encode()
     return data + json.dumps(program).encode() + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def test_a_revocation_reaches_a_node_whose_supervisor_alone_has_died(tmp_path: Path) -> None:
+    """Its server runs on, and its jobs are still read through its control slots (ROUTER
+    §13); a revocation must reach it too, or the revoked identity's job ran on there (the
+    router told only nodes whose supervisor was connected; review)."""
+    tokens = token_file(tmp_path / "secrets")
+    router = start_router(tmp_path, "--auth-token-file", str(tokens), env=NODE_ENV)
+    node = Node(tmp_path, router, "node-orphaned", NODE_ENV, "--num-workers", "1")
+    server_pid = None
+    try:
+        ready_nodes(router, 1)
+        server_pid = node.server_pid()
+        with kcoral.Client(router.url, token=TOKEN_A) as alice:
+            job = alice.submit(_program(WAIT, str(tmp_path / "never")))
+            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running")
+        node.process.send_signal(signal.SIGKILL)  # the supervisor only
+        node.process.wait(30)
+        wait_for(lambda: "node_disconnected" in router.log(), "the node's loss")
+        _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
+        _hang_up(router, "tokens_reloaded")
+        revoked = router.wait_log("identity_revoked")
+        assert "identity_revoked identity=alice nodes=1" in revoked, revoked
+        path = f"/v1/jobs/{job.id}"
+        state = lambda: request(router.url, "GET", path, TOKEN_R).json["status"]  # noqa: E731
+        wait_for(lambda: state() == "CANCELLED", "alice's job cancelled on the node")
+    finally:
+        router.stop()
+        if server_pid is not None:  # the orphaned server, which no supervisor stops now
+            try:
+                os.kill(server_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -143,7 +143,9 @@ class NodeRevocations:
         return set(self.state.authenticator.identities()) or {EVERYONE}
 
     def reloaded(self, revoked: list[str], added: list[str]) -> None:
-        """A reload revoked and added these names: tell every connected node."""
+        """A reload revoked and added these names: tell every node that can be reached
+        (``NodeRecord.reachable``: also one whose supervisor alone has gone, whose server
+        still runs that identity's jobs)."""
         if revoked or added:
             self._start(self._tell_connected(revoked, added))
 
@@ -156,7 +158,7 @@ class NodeRevocations:
         for node_id in [n for n in self._synced if n not in nodes]:  # forgotten (retention)
             del self._synced[node_id]
         for node_id, node in nodes.items():
-            if not node.connected:
+            if not node.reachable():  # a server whose supervisor alone went still runs jobs
                 self._synced.pop(node_id, None)
             elif (
                 node.server_instance_id
@@ -176,7 +178,7 @@ class NodeRevocations:
         task.add_done_callback(self._tasks.discard)
 
     async def _tell_connected(self, revoked: list[str], added: list[str]) -> None:
-        nodes = [node_id for node_id, node in self.state.registry.nodes.items() if node.connected]
+        nodes = [node_id for node_id, node in self.state.registry.nodes.items() if node.reachable()]
         told = await asyncio.gather(*(self._tell(node_id, revoked, added) for node_id in nodes))
         for name in revoked:
             unreached = [node for node, names in zip(nodes, told, strict=True) if name not in names]
