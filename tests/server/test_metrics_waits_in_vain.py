@@ -63,3 +63,25 @@ def test_a_request_that_got_a_worker_is_not_counted_as_a_wait_in_vain(server, tm
     assert after.get(WAITED_IN_VAIN, 0) == before.get(WAITED_IN_VAIN, 0)
     served_key = 'kcoral_queue_wait_seconds_count{gpu="cpu"}'
     assert after[served_key] >= before.get(served_key, 0) + 1
+
+
+def test_a_sessions_refusal_is_no_wait(server, tmp_path) -> None:
+    """A program sent to a session that runs one is refused at once (409 ``session_busy``):
+    it never queued, and its near-zero "wait" pulled the queue-wait quantiles down
+    (review)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from session_requests import create_session, run_in
+
+    session_id = create_session(server.url).body["session_id"]
+    marker = tmp_path / "running"
+    holding = module_program(NAP, [("nap", [str(marker), 3])])
+    with ThreadPoolExecutor(1) as background:
+        running = background.submit(run_in, server.url, session_id, holding)
+        assert _wait_until(marker.exists)
+        before = scrape(server.url)
+        refused = run_in(server.url, session_id, module_program(NAP, [("nap", [str(marker), 0])]))
+        assert refused.status == 409, refused.body
+        after = scrape(server.url)
+        assert running.result().status == 200
+    assert after.get(WAITED_IN_VAIN, 0) == before.get(WAITED_IN_VAIN, 0)

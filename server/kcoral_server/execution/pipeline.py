@@ -280,7 +280,10 @@ class ExecuteRequest:
         except NoWorker as exc:  # only the checkout raises it: no seat within the wait, or closing
             raise saturated(str(exc)).failure() from None
         finally:
-            if self.record.seat is None:  # the wait ended without a seat (busy, cancel, left)
+            # A pool wait that ended without a seat (busy, a cancel, a client that left); not
+            # a session's refusal, which never queued (its near-zero "waits" pulled the
+            # queue-wait quantiles down; review).
+            if self.record.seat is None and self.session is None:
                 self.record.waited_ms = (time.monotonic() - admitted_at) * 1000.0
         return self._respond(outcome, queue_ms)
 
