@@ -103,3 +103,28 @@ def test_a_fixed_control_slot_count_never_grows() -> None:
     slots = ControlSlots(1, {"KCORAL_NODE_CONTROL_SLOTS": "2"})
     assert (slots.base, slots.ceiling) == (2, 2)
     assert not slots.taken(1) and not slots.taken(2)
+
+
+def test_a_control_slot_whose_relay_is_cancelled_before_it_starts_is_free_again() -> None:
+    """A relay cancelled while it waited for the request before it never reached its own
+    ``finally``: the slot stayed counted busy and the node opened slots it did not need
+    (review). The count is kept by the relay task's done callback now."""
+    import asyncio
+    from types import SimpleNamespace
+
+    slots = ControlSlots(1, {})
+    request = SimpleNamespace(followed=False)
+
+    async def scenario() -> None:
+        slots.taken(1)
+        task = asyncio.get_running_loop().create_task(asyncio.sleep(60))
+        task.add_done_callback(slots.freer(request, 1))
+        task.cancel()  # before it ever ran
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert slots.busy == set()
+    followed = SimpleNamespace(followed=True)  # its slot carries the next request already
+    slots.taken(2)
+    slots.freer(followed, 2)(None)
+    assert slots.busy == {2}

@@ -19,7 +19,8 @@ behaviour of a node whose control slots are all taken.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 CONTROL_SLOTS_ENV = "KCORAL_NODE_CONTROL_SLOTS"
 #: the most control slots a node opens by itself (its base count where that is more)
@@ -63,3 +64,11 @@ class ControlSlots:
 
     def open_one(self) -> None:
         self.opened += 1
+
+    def freer(self, request: Any, index: int) -> Callable[[Any], None]:
+        """A done callback for slot ``index``'s relay of ``request``: the slot is free
+        again, unless it carries the next request already (``request.followed``: that
+        one's relay frees it). Run however the relay ends; called in the relay's own
+        ``finally``, it was missed by a relay cancelled while it waited for the one before
+        it (review), and the node opened slots it did not need."""
+        return lambda _task: None if request.followed else self.freed(index)

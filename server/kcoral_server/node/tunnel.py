@@ -359,6 +359,8 @@ class Tunnel:
                     current.task = asyncio.get_running_loop().create_task(
                         self.relay(call, frame, current, previous, connection, index)
                     )
+                    if index >= self.slot_count:  # however it ends: also cancelled unstarted
+                        current.task.add_done_callback(self.control.freer(current, index))
                 elif kind in ("data", "end"):
                     if (
                         current is None
@@ -466,8 +468,6 @@ class Tunnel:
                 body_task.cancel()
             await asyncio.gather(body_task, return_exceptions=True)
             pool.put(connection, answered)
-            if index >= self.slot_count and not request.followed:
-                self.control.freed(index)
             if request.followed:
                 pass  # the slot carries the next request already: its end is that one's
             elif self.closing_slot(index):
