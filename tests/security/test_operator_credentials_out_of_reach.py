@@ -119,3 +119,34 @@ def test_tokenizers_parallelism_is_no_credential_but_a_tokenizer_token_is() -> N
 
     environ = {"TOKENIZERS_PARALLELISM": "false", "TOKENIZER_HUB_TOKEN": "secret"}
     assert withheld_credentials(environ, 2) == ["TOKENIZER_HUB_TOKEN"]
+
+
+def test_a_reload_that_brings_a_second_identity_warns_that_programs_keep_them(
+    tmp_path: Path,
+) -> None:
+    """Decided at start: a server started for one identity, whose token file a reload
+    (SIGHUP) turns into two, still passes the credentials on until it restarts, and its
+    log says so (review: it said nothing)."""
+    import signal
+    import time
+
+    tokens = token_file(tmp_path / "tokens", f"{TOKEN_A}\n")  # one bare token: one person
+    server = start_server(tmp_path / "server", ["--auth-token-file", str(tokens)], env=OPERATOR_ENV)
+    try:
+        token_file(tmp_path / "tokens", f"alice {TOKEN_A}\nbob {TOKEN_B}\n")
+        server.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        kept: list[dict] = []
+        while not kept and time.monotonic() < deadline:
+            kept = [e for e in server.events() if e["event"] == "worker_env_kept"]
+            time.sleep(0.1)
+        assert kept and kept[0]["level"] == "WARNING", server.events()[-3:]
+        assert kept[0]["names"] == [
+            "AWS_SECRET_ACCESS_KEY",
+            "DB_PASSWORD",
+            "HF_TOKEN",
+            "SSH_AUTH_SOCK",
+        ]
+        assert "until it restarts" in kept[0]["message"]
+    finally:
+        server.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ from kcoral_server.jobs.store import JobRegistry
 from kcoral_server.metrics.server_metrics import ServerMetrics
 from kcoral_server.pool.pool import Pool
 from kcoral_server.pool.seat import GpuDevice
+from kcoral_server.processes.credentials import credentials_kept, kept_message
 from kcoral_server.sessions.registry import Sessions
 from kcoral_server.settings.config import ServerConfig, clamped_defaults
 from kcoral_server.storage.disk_cache import DiskCache
@@ -168,6 +170,9 @@ class ServerState:
         count = self.authenticator.identity_count
         self.job_slots.use_identity_count(count)
         self.sessions.use_identity_count(count)
+        kept = credentials_kept(os.environ, self.config, count)
+        if kept:  # decided at start (processes/credentials.py): say what a restart changes
+            self.events.emit("worker_env_kept", "WARNING", names=kept, message=kept_message(kept))
 
     def request_done(self) -> None:
         self.finished_requests += 1

@@ -18,6 +18,7 @@ environment as it was until the server restarts (the launchers workers fork from
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 #: parts of a name (any case) that mark a credential
 CREDENTIAL_MARKERS = (
@@ -77,4 +78,21 @@ def withheld_message(names: list[str]) -> str:
     return (
         f"several people reach this server: no program gets the server's {shown} "
         "(credentials); --worker-env-allow NAME passes one on"
+    )
+
+
+def credentials_kept(environ: Mapping[str, str], config: Any, identities: int | None) -> list[str]:
+    """After a token reload to ``identities``: the credential-looking names workers still
+    get although several identities reach the server now (withheld only from a restart on:
+    the launchers workers fork from hold the environment of the start)."""
+    if config.worker_env_withheld:
+        return []
+    return withheld_credentials(environ, identities, config.worker_env_allow)
+
+
+def kept_message(names: list[str]) -> str:
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return (
+        f"several identities reach this server now, and programs still get the server's "
+        f"{shown} (credentials) until it restarts; restart it to withhold them"
     )
