@@ -17,7 +17,6 @@ writes nothing after the answer). Who can reach it: any client of the router's H
 from __future__ import annotations
 
 import asyncio
-import select
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,8 @@ from typing import Any
 import tornado.http1connection
 import tornado.httputil
 import tornado.iostream
+
+from kcoral_server.router.listener import peer_hung_up
 
 BodyFailed = Callable[[str], Awaitable[None]]
 
@@ -57,9 +58,6 @@ def report_body_failures(connection: Any, on_failure: BodyFailed) -> None:
 
 #: how often a request waiting for a slot checks that its client is still there
 HANG_UP_CHECK_SECONDS = 0.5
-#: the peer closed or shut down its side, or the connection broke (Linux: even with bytes
-#: of the request still unread before the end, which a peek would see first)
-_HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
 
 def hung_up(connection: Any) -> bool:
@@ -77,9 +75,7 @@ def hung_up(connection: Any) -> bool:
     if sock is None or isinstance(sock, ssl.SSLSocket):
         return False  # not a plain socket: left to Tornado
     try:
-        poller = select.poll()
-        poller.register(sock.fileno(), _HUNG_UP)
-        if poller.poll(0):
+        if peer_hung_up(sock):  # even with bytes of the request still unread before the end
             return True
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
