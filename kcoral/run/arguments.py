@@ -112,6 +112,9 @@ class RunOptions:
     submitted: bool = False
     #: a second interrupt stopped the wait for the job's cancel (``DELETE``)
     cancel_unconfirmed: bool = False
+    #: the server ends a job nobody follows (``/v1/info`` feature ``cancel-unfollowed``):
+    #: where it does not, what the run says of an abandoned job must not promise it
+    unfollowed_cancelled: bool = True
 
 
 def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:

@@ -101,6 +101,8 @@ def _interrupted(options: RunOptions) -> str:
     outputs, which ``ReturnedFolder.save`` removes when cut short."""
     if not options.submitted:
         return "nothing was started on the server"
+    if options.cancel_unconfirmed and not options.unfollowed_cancelled:
+        return "the cancel was not confirmed (interrupted again); the remote tool may run on"
     if options.cancel_unconfirmed:
         return (
             "the cancel was not confirmed (interrupted again); the server ends the remote "
@@ -334,6 +336,7 @@ def execute(options: RunOptions, program: Any) -> Any:
     cancel_unfollowed = {CANCEL_UNFOLLOWED_HEADER: str(UNFOLLOWED_CANCEL_SECONDS)}
     with Client(options.url, headers=cancel_unfollowed) as client:
         info = _server_info(client)
+        options.unfollowed_cancelled = _offers(info, "cancel-unfollowed")
         options.server_output_limit_bytes = _max_output_limit(info)
         _warn_of_a_clamped_timeout(options, info)
         # With --select a router's /v1/info (sent without the selector; its ``fleet`` marks
@@ -395,11 +398,13 @@ def execute(options: RunOptions, program: Any) -> Any:
                 lost = exc.message if exc.message.startswith(LOST_JOB) else None
                 raise JobLost(expired, lost) from exc
             if exc.status_code == 401:  # it was accepted: the token changed since
-                raise TokenRefusedMidRun(job.id, options.url) from exc
+                raise TokenRefusedMidRun(job.id, options.url, options.unfollowed_cancelled) from exc
             raise
         except TransportError as exc:
             # the job was accepted, and the reconnects of its event stream all failed
-            raise ConnectionLostMidRun(job.id, options.url, root_reason(exc)) from exc
+            raise ConnectionLostMidRun(
+                job.id, options.url, root_reason(exc), options.unfollowed_cancelled
+            ) from exc
         except (KeyboardInterrupt, BrokenPipeError):
             # Ctrl-C, SIGTERM/SIGHUP, or the local reader of the output went away
             try:
@@ -452,8 +457,13 @@ def _server_info(client: Any) -> dict[str, Any]:
 
 def _offers_jobs(info: dict[str, Any]) -> bool:
     """Whether ``/v1/info`` lists ``jobs`` (a server without ``/v1/info`` has none)."""
+    return _offers(info, "jobs")
+
+
+def _offers(info: dict[str, Any], feature: str) -> bool:
+    """Whether ``/v1/info`` lists ``feature``."""
     features = info.get("features")
-    return isinstance(features, list) and "jobs" in features
+    return isinstance(features, list) and feature in features
 
 
 def _warn_of_a_clamped_timeout(options: RunOptions, info: dict[str, Any]) -> None:

@@ -72,18 +72,18 @@ class ConnectionLostMidRun(Exception):
     The job may run on (a network outage, a proxy restarted): "cannot reach the server"
     alone read as if nothing had been started and gave no job to follow or cancel."""
 
-    def __init__(self, job_id: str, url: str, reason: str) -> None:
+    def __init__(self, job_id: str, url: str, reason: str, cancelled: bool = True) -> None:
         super().__init__(job_id)
         self.job_id = job_id
         self.url = url
         self.reason = reason
+        self.cancelled = cancelled  # the server ends a job nobody follows
 
     def __str__(self) -> str:
         return (
             f"lost the server at {self.url} while the tool ran: {self.reason}; its job "
-            f"{self.job_id} may run on, and is cancelled {UNFOLLOWED_CANCEL_SECONDS} s after "
-            f"its last follower went: follow or cancel it with "
-            f"kcoral.Client({self.url!r}).job({self.job_id!r})"
+            f"{self.job_id} may run on{unfollowed_clause(self.cancelled)}: follow or cancel "
+            f"it with kcoral.Client({self.url!r}).job({self.job_id!r})"
         )
 
 
@@ -93,19 +93,28 @@ class TokenRefusedMidRun(Exception):
     "HTTP 401: missing or invalid bearer token" alone never said, nor how to follow it; and
     only for ``UNFOLLOWED_CANCEL_SECONDS`` unless followed, which "runs on" alone hid."""
 
-    def __init__(self, job_id: str, url: str) -> None:
+    def __init__(self, job_id: str, url: str, cancelled: bool = True) -> None:
         super().__init__(job_id)
         self.job_id = job_id
         self.url = url
+        self.cancelled = cancelled  # the server ends a job nobody follows
 
     def __str__(self) -> str:
         return (
             "the server stopped accepting this token while the tool ran (rotated or "
-            f"revoked?); a rotated token's job {self.job_id} runs on, and is cancelled "
-            f"{UNFOLLOWED_CANCEL_SECONDS} s after its last follower went: follow it with "
+            f"revoked?); a rotated token's job {self.job_id} runs on"
+            f"{unfollowed_clause(self.cancelled)}: follow it with "
             f"kcoral.Client({self.url!r}).job({self.job_id!r}) and KCORAL_TOKEN set to the "
             "new token"
         )
+
+
+def unfollowed_clause(cancelled: bool) -> str:
+    """How long an abandoned job runs on: until a server that ends unfollowed jobs (feature
+    ``cancel-unfollowed``) ends it; nothing is promised of one that does not."""
+    if not cancelled:
+        return ""
+    return f", and is cancelled {UNFOLLOWED_CANCEL_SECONDS} s after its last follower went"
 
 
 def gpu_kinds(info: dict[str, Any]) -> list[str]:

@@ -51,6 +51,7 @@ def test_info_lists_features_device_and_limits(server) -> None:
         "serialization",
         "jobs",
         "sessions",
+        "cancel-unfollowed",
     }
     assert body["limits"]["max_request_bytes"] == MAX_REQUEST
     assert set(body["limits"]) == {

@@ -86,7 +86,8 @@ class InfoHandler(BaseHandler):
 
     def get(self) -> None:
         config = self.state.config
-        features = ["cpu-tensors", "async-run", "serialization", "jobs"]
+        # cancel-unfollowed: X-KCoral-Cancel-Unfollowed is honoured (EXTENSIONS §5, §7)
+        features = ["cpu-tensors", "async-run", "serialization", "jobs", "cancel-unfollowed"]
         if self.state.auth_token is not None:
             features.append("auth")
         sessions = self.state.sessions
