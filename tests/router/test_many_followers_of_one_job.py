@@ -128,3 +128,19 @@ def test_a_control_slot_whose_relay_is_cancelled_before_it_starts_is_free_again(
     slots.taken(2)
     slots.freer(followed, 2)(None)
     assert slots.busy == {2}
+
+
+def test_a_control_slot_the_router_refuses_for_its_bound_is_given_up_and_no_more_open() -> None:
+    """A router whose ``--max-slots-per-node`` is below what a node opens refuses the extra
+    slot (``RESOURCE_EXHAUSTED``): the node retried it for as long as it ran, each refusal a
+    WARNING at the router (review). It now gives that slot up and opens no more."""
+    slots = ControlSlots(1, {})  # 4 control slots at start, numbered 0 to 3
+    slots.open_one()  # number 4, beyond the start's count
+    slots.refused(2, "RESOURCE_EXHAUSTED: this node id already holds 5 slot streams")
+    assert not slots.given_up(2)  # a slot of the start's count is retried, as before
+    slots.refused(4, "UNAVAILABLE: connection lost")
+    assert not slots.given_up(4)  # only the router's bound gives a slot up
+    slots.refused(4, "RESOURCE_EXHAUSTED: this node id already holds 5 slot streams")
+    assert slots.given_up(4) and slots.opened == 4 == slots.ceiling
+    for index in range(1, 5):  # every slot taken: none more is opened
+        assert not slots.taken(index)

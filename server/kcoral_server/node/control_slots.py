@@ -51,6 +51,7 @@ class ControlSlots:
         self.ceiling = self.base if fixed else max(CEILING, self.base)
         self.opened = self.base
         self.busy: set[int] = set()
+        self._given_up: set[int] = set()  # control slot numbers (0: the first) not reopened
 
     def taken(self, index: int) -> bool:
         """Slot ``index`` took a request; whether the node should open another slot now."""
@@ -64,6 +65,20 @@ class ControlSlots:
 
     def open_one(self) -> None:
         self.opened += 1
+
+    def refused(self, number: int, error: str) -> None:
+        """Control slot ``number`` (0: the first; negative: a worker slot) failed to open
+        with ``error``. One opened beyond the start's count that the router refuses for its
+        ``--max-slots-per-node`` is given up, and the node opens no more: it retried for as
+        long as the server ran, a refusal logged at the router each time (review)."""
+        if number >= self.base and error.startswith("RESOURCE_EXHAUSTED"):
+            self._given_up.add(number)
+            self.opened -= 1
+            self.ceiling = self.opened
+
+    def given_up(self, number: int) -> bool:
+        """Whether control slot ``number`` is not to be opened again (``refused``)."""
+        return number in self._given_up
 
     def freer(self, request: Any, index: int) -> Callable[[Any], None]:
         """A done callback for slot ``index``'s relay of ``request``: the slot is free

@@ -258,14 +258,13 @@ class Tunnel:
 
     def _open_control_slot(self) -> None:
         """One more control slot: fewer than ``control_slots.RESERVE`` are free."""
-        if self.closing:
-            return
         self.control.open_one()
         index = len(self.tasks)
         self.tasks.append(asyncio.get_running_loop().create_task(self.run_slot(index)))
 
     def closing_slot(self, index: int) -> bool:
-        return self.closing or (self.closing_workers and index < self.slot_count)
+        closing_workers = self.closing_workers and index < self.slot_count
+        return self.closing or closing_workers or self.control.given_up(index - self.slot_count)
 
     # -- one slot --------------------------------------------------------------------------
 
@@ -311,6 +310,7 @@ class Tunnel:
                 error = "no ack from the router within 10 s"
             except grpc.RpcError as exc:
                 error = f"{exc.code().name}: {exc.details()}" if hasattr(exc, "code") else str(exc)
+                self.control.refused(index - self.slot_count, error)
             except (ProtocolViolation, OSError) as exc:
                 error = str(exc) or type(exc).__name__
             finally:
@@ -354,7 +354,7 @@ class Tunnel:
                         current.followed = True
                     current = _Request(frame.request_id)
                     self.idle_calls.pop(index, None)
-                    if index >= self.slot_count and self.control.taken(index):
+                    if index >= self.slot_count and self.control.taken(index) and not self.closing:
                         self._open_control_slot()
                     current.task = asyncio.get_running_loop().create_task(
                         self.relay(call, frame, current, previous, connection, index)
