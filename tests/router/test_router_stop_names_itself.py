@@ -23,6 +23,14 @@ from test_router_fleet_status import HOLD, only_kind, wait_for
 
 pytestmark = pytest.mark.slow
 OLD_GRACE_SECONDS = 1.0
+MARKED_HOLD = (
+    "import os, time\n\n"
+    "def main(started, path):\n"
+    "    open(started, 'w').close()\n"
+    "    while not os.path.exists(path):\n"
+    "        time.sleep(0.02)\n"
+    "    return os.getpid()\n"
+)
 
 
 def stop_while_held(
@@ -79,3 +87,38 @@ def test_a_program_cut_by_the_routers_stop_is_told_the_router_is_shutting_down(
         "the router is shutting down and closed the tunnel to the node; the execution"
         " outcome is unknown and was not retried"
     )
+
+
+def test_a_sessions_program_running_when_the_router_stops_finishes_too(tmp_path: Path) -> None:
+    """A session's program travels on a control slot, which the stop's wait did not count:
+    with no other program running, it was cut at once (review of a9a620e)."""
+    import kcoral
+
+    router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
+    node = Node(tmp_path, router, "cpu-a")
+    release, started = tmp_path / "release", tmp_path / "started"
+    answers: dict[str, Any] = {}
+    with stopping(router, [node]):
+        wait_for(lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", router)
+        with kcoral.Client(router.url) as client:
+            session = client.session()
+            program = kcoral.Program()
+            module = program.upload(kind="module", source=MARKED_HOLD)
+            main = program.get_function(module=module, name="main")
+            arguments = [str(started), str(release)]
+            program.return_(key="pid", value=program.run(fn=main, args=arguments))
+
+            def run() -> None:
+                answers["held"] = session.execute(program)
+
+            held = threading.Thread(target=run, daemon=True)
+            held.start()
+            wait_for(started.exists, "the session's program started", router)
+            router.process.send_signal(signal.SIGTERM)
+            wait_for(lambda: "router_stopping" in router.log(), "the router's stop", router)
+            time.sleep(2 * OLD_GRACE_SECONDS)  # past what the router used to give
+            assert router.process.poll() is None, "the router stopped under the program"
+            release.touch()
+            held.join(60)
+            assert router.process.wait(60) == 0
+    assert answers["held"].completed, answers["held"].error

@@ -67,6 +67,9 @@ class RouterState:
     sessions: SessionIndex = field(default_factory=SessionIndex)
     #: job event streams being relayed (``JobHandler``): a reload checks their callers again
     event_relays: set[Any] = field(default_factory=set)
+    #: sessions' programs being relayed (on control slots): a stop waits for them within
+    #: ``--stop-grace-seconds`` as for programs on worker slots
+    session_programs: set[Any] = field(default_factory=set)
     authenticator: Authenticator = field(init=False)
     metrics: RouterMetrics = field(init=False)  # EXTENSIONS §13
 

@@ -112,10 +112,11 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
 
 
 async def requests_done(state: RouterState, seconds: float) -> None:
-    """Wait until no request is being relayed on a worker slot, ``seconds`` at most."""
+    """Wait until no program is being relayed (on a worker slot, or a session's), ``seconds``
+    at most."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    while state.in_progress > 0 and loop.time() < deadline:
+    while (state.in_progress > 0 or state.session_programs) and loop.time() < deadline:
         await asyncio.sleep(0.02)
 
 
@@ -249,7 +250,7 @@ async def serve(settings: RouterSettings) -> int:
     await stop.wait()
     log.event(
         "router_stopping",
-        in_progress=state.in_progress,
+        in_progress=state.in_progress + len(state.session_programs),
         stop_grace_seconds=settings.stop_grace_seconds,
     )
     checker.cancel()

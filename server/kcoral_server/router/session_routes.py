@@ -411,7 +411,17 @@ class SessionHandler(ForwardHandler):
         if self.path_args[1] is not None:  # /execute, /jobs and /interrupt are POSTs
             self.ALLOWED = ("POST",)
         self.holds_slot_long = self.path_args[1] == "/execute"  # while the program runs
+        if self.holds_slot_long:
+            self.state.session_programs.add(self)
         return super().check_request()
+
+    def on_finish(self) -> None:
+        self.state.session_programs.discard(self)
+        super().on_finish()
+
+    def on_connection_close(self) -> None:
+        self.state.session_programs.discard(self)
+        super().on_connection_close()
 
     async def choose_node(self) -> str | None:
         session_id = self.path_args[0]
