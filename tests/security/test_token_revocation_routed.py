@@ -289,14 +289,14 @@ def _skipped(node: Node) -> int:
     return node.log_path.read_text().count("token_reload_skipped")
 
 
-def test_a_node_whose_tunnel_was_down_when_a_token_was_revoked_ends_that_work_on_reconnecting(
+def test_a_node_whose_supervisor_is_frozen_when_a_token_is_revoked_is_told_through_its_server(
     tmp_path: Path,
 ) -> None:
     """alice's job runs on a node whose supervisor stream is down (frozen here) when the
-    router revokes her token: the node is not told then. Before, nothing told it later
-    either, and her job (a leaked token's program) ran on after the node came back; now the
-    router asks a node that connects which identities have work there and revokes those it
-    no longer serves."""
+    router revokes her token. Its server's control slots are open, so the node is told at
+    once through them (``NodeRecord.reachable``; before 939c21b only at its supervisor's
+    return, ``test_a_node_that_connects_after_a_revocation_is_told_then`` below), and bob's
+    job, of an identity still served, runs on there."""
     tokens = token_file(tmp_path / "secrets")
     router = start_router(
         tmp_path,
@@ -324,10 +324,7 @@ def test_a_node_whose_tunnel_was_down_when_a_token_was_revoked_ends_that_work_on
 
         _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
         _hang_up(router, "tokens_reloaded")
-        assert "identity_revoked identity=alice nodes=0" in router.wait_log("nodes=0")
-
-        os.kill(node.process.pid, signal.SIGCONT)
-        frozen = False
+        assert "identity_revoked identity=alice nodes=1" in router.wait_log("identity_revoked")
         path = f"/v1/jobs/{job.id}"
         wait_for(
             lambda: request(url, "GET", path, TOKEN_R).json.get("status") == "CANCELLED", "end"
@@ -336,7 +333,8 @@ def test_a_node_whose_tunnel_was_down_when_a_token_was_revoked_ends_that_work_on
         assert told.status == 409 and told.json["error"]["message"] == (
             "the job was cancelled: the token of identity alice was revoked"
         )
-        assert "on_reconnect=True" in router.wait_log("on_reconnect=True")
+        os.kill(node.process.pid, signal.SIGCONT)
+        frozen = False
         # bob's job, of an identity still served, runs on there.
         assert request(url, "GET", f"/v1/jobs/{bobs.id}", TOKEN_B).json["status"] == "RUNNING"
         (tmp_path / "go").touch()
@@ -345,6 +343,59 @@ def test_a_node_whose_tunnel_was_down_when_a_token_was_revoked_ends_that_work_on
             os.kill(node.process.pid, signal.SIGCONT)
         node.stop()
         router.stop()
+
+
+def test_a_node_that_connects_after_a_revocation_is_told_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node not connected at all when a token was revoked (its tunnel down, or the router
+    restarted with a changed file) is asked, once it connects, which identities have work
+    there, and each one the router no longer serves is revoked there (``on_reconnect``).
+    Before, nothing told it, and a leaked token's job ran on. An in-process router and a
+    fake node that connects only after the reload."""
+    import asyncio
+
+    from kcoral_server.proto import kcoral_gateway_pb2 as pb
+    from router_helpers import FakeNode, in_process_router
+
+    tokens = token_file(tmp_path / "secrets")
+    node_token = NODE_ENV["KCORAL_NODE_TOKEN"]
+    monkeypatch.setenv("KCORAL_NODE_TOKEN", node_token)
+    posted: list[tuple[str, str]] = []
+    answer = [(b"content-type", b"application/json")]
+
+    async def late_node(head: pb.RequestHead, body: bytes):
+        pseudo = {h.name: h.value.decode() for h in head.headers}
+        method, where = pseudo.get(b":method", "POST"), pseudo.get(b":path", "/execute")
+        if where == "/v1/revocations":
+            working = {"working": ["alice", "bob"], "revoked": []}
+            return 200, answer, json.dumps(working).encode()
+        if where.startswith("/v1/revocations/"):
+            posted.append((method, where))
+            return 200, answer, b"{}"
+        return 404, answer, b"{}"
+
+    async def scenario() -> str:
+        async with in_process_router("--auth-token-file", str(tokens)) as router:
+            _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
+            router.state.reload_tokens()  # what SIGHUP does; no node is connected
+            node = FakeNode(
+                router.grpc_port, "late", control_slots=2, handler=late_node, token=node_token
+            )
+            await node.start()
+            try:
+                for _ in range(400):  # a hang guard, not a timing check
+                    if "on_reconnect=True" in router.lines.getvalue():
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                await node.close()
+            return router.lines.getvalue()
+
+    log = asyncio.run(scenario())
+    assert "identity_revoked identity=alice nodes=0" in log, log
+    assert "identity_revoked identity=alice nodes=1" in log and "on_reconnect=True" in log, log
+    assert posted == [("POST", "/v1/revocations/alice")]
 
 
 def test_an_admin_demoted_by_a_reload_stops_watching_another_identity_s_job_through_the_router(
