@@ -15,7 +15,10 @@ TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per
 HOLD = """
 import os, time
 def f(marker, go):
-    open(marker, "w").write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    # whole or absent: the test reads it as soon as it exists (it read '' once in CI)
+    with open(marker + ".part", "w") as out:
+        out.write(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    os.replace(marker + ".part", marker)
     while not os.path.exists(go):
         time.sleep(0.01)
     return os.environ.get("CUDA_VISIBLE_DEVICES")
