@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kcoral_server.processes.sandbox import is_denied
+
 #: parts of a name (any case) that mark a credential
 CREDENTIAL_MARKERS = (
     "TOKEN",
@@ -50,13 +52,6 @@ def is_credential_variable(name: str) -> bool:
     return any(marker in upper for marker in CREDENTIAL_MARKERS)
 
 
-def matches(name: str, entries: Iterable[str]) -> bool:
-    """Whether ``name`` is one of ``entries`` (exact, or a prefix ending in ``*``)."""
-    return any(
-        name.startswith(entry[:-1]) if entry.endswith("*") else name == entry for entry in entries
-    )
-
-
 def withheld_credentials(
     environ: Mapping[str, str], identities: int | None, allow: Iterable[str] = ()
 ) -> list[str]:
@@ -68,15 +63,19 @@ def withheld_credentials(
         return []
     allowed = list(allow)
     return sorted(
-        name for name in environ if is_credential_variable(name) and not matches(name, allowed)
+        name for name in environ if is_credential_variable(name) and not is_denied(name, allowed)
     )
+
+
+def _listed(names: list[str]) -> str:
+    """``names`` for a log line: the first 20, then how many more."""
+    return ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
 
 
 def withheld_message(names: list[str]) -> str:
     """The start-up event's words: what no program gets, and how to pass one on."""
-    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     return (
-        f"several people reach this server: no program gets the server's {shown} "
+        f"several people reach this server: no program gets the server's {_listed(names)} "
         "(credentials); --worker-env-allow NAME passes one on"
     )
 
@@ -91,8 +90,8 @@ def credentials_kept(environ: Mapping[str, str], config: Any, identities: int | 
 
 
 def kept_message(names: list[str]) -> str:
-    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    """The reload's warning: what programs still get until a restart."""
     return (
         f"several identities reach this server now, and programs still get the server's "
-        f"{shown} (credentials) until it restarts; restart it to withhold them"
+        f"{_listed(names)} (credentials) until it restarts; restart it to withhold them"
     )
