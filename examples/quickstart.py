@@ -51,7 +51,7 @@ def local_server(token: str, show_log: bool = False) -> Iterator[str]:
         ready = Path(tmp) / "url"
         command = [
             sys.executable, "-m", "kcoral", "server", "--device", "cpu", "--port", "0",
-            "--num-workers", "2", "--log-dir", "",
+            "--num-workers", "1", "--log-dir", "",
             "--disk-cache-dir", str(Path(tmp) / "cache"), "--ready-file", str(ready),
         ]  # fmt: skip
         shown = shlex.join(command[1:]).replace("-m kcoral", "kcoral", 1)
@@ -90,7 +90,9 @@ def run(url: str, token: str | None) -> None:
         result = client.execute(program, timeout_seconds=60)
         # Each program gets a fresh worker. A server just started answers before its workers'
         # launcher has imported torch, so the first program's worker may import it itself
-        # (seconds); the same program again shows what a program costs once it has.
+        # (seconds); the same program again shows what a program costs once it has. One
+        # worker seat: its next worker waits for that import, where a second seat's first
+        # worker, forked before it as well, imported torch again for the second program.
         again = client.execute(program, timeout_seconds=60)
     print("status:", result.status, f"({result.elapsed_ms:.1f} ms on the worker)")
     print("again: ", again.status, f"({again.elapsed_ms:.1f} ms on the worker)")

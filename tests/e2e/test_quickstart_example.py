@@ -3,6 +3,7 @@ lines around it unless ``--server-log`` asks for them (issue 29.8)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,14 @@ def test_the_server_log_switch_shows_the_servers_log_lines(tmp_path) -> None:
     output = run_example(tmp_path, "--server-log")
     assert "server_started" in output and "Shutdown requested" in output
     assert "status: COMPLETED" in output
+    # The second run ("again:", what a program costs once torch is imported) goes to a
+    # worker forked after the first: its seat's next worker, which waits for the fork
+    # server's torch preload. Before, a second seat's first worker took it, forked before the
+    # preload like the first, and imported torch itself: seconds, printed as the steady cost.
+    # Its server has one seat for that: the first worker of a second seat is forked
+    # before the preload too, and took the second run whenever the preload was still on.
+    command = output.splitlines()[0].split()
+    assert command[command.index("--num-workers") + 1] == "1", command
+    routed = re.findall(r"request_routed .*?worker_id=(\S+) .*?generation=(\d+)", output)
+    assert len(routed) == 2, output
+    assert routed[1][1] != "1", routed  # generation 1: a worker forked at the start
