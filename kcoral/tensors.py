@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kcoral.protocol.dtypes import DTYPES, byte_length, is_dtype
+from kcoral.protocol.dtypes import DTYPES, byte_length, is_dtype, torch_byte_view
 
 TensorPayload = tuple[bytes, str, tuple[int, ...]]
 
@@ -123,7 +123,6 @@ def _torch_payload(torch: Any, tensor: Any) -> tuple[bytes, str, tuple[int, ...]
     if not is_dtype(name):
         raise ValueError(not_a_wire_dtype(f"torch dtype {tensor.dtype}"))
     shape = tuple(int(dim) for dim in tensor.shape)
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     # A uint8 view reads bfloat16/float8 bytes that numpy cannot represent natively.
-    data = flat.view(torch.uint8).numpy().tobytes()
+    data = torch_byte_view(tensor.detach().to("cpu"), torch.uint8).numpy().tobytes()
     return data, name, shape

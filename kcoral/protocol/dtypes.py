@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 from math import prod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,3 +59,19 @@ def dtype_name_of_numpy(dtype: np.dtype) -> str | None:
     """Protocol name of a NumPy dtype, or None when it has none (complex, strings, ...)."""
     name = dtype.name
     return name if name in ITEMSIZE else None
+
+
+def torch_byte_view(tensor: Any, uint8: Any) -> Any:
+    """The C-order bytes of the CPU torch ``tensor`` as a flat tensor of dtype ``uint8``
+    (``torch.uint8``: torch is imported by the caller only), a view where torch allows one.
+
+    ``contiguous()`` keeps a tensor of at most one element as it is, whatever its stride
+    (``x[0:1, 2]`` of a 4x4 matrix has stride 4, so has ``x[:0, 1]``), and a byte view of a
+    wider dtype refuses a last stride other than 1: such a tensor failed its upload with
+    torch's RuntimeError and its return as ``serialization``. A negative view
+    (``.conj().imag`` of a complex tensor) refused the byte view too; its signs are
+    resolved first."""
+    flat = tensor.resolve_neg().contiguous().reshape(-1)
+    if flat.numel() <= 1:
+        flat = flat.as_strided((flat.numel(),), (1,))  # same element, same storage offset
+    return flat.view(uint8)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
-from kcoral.protocol.dtypes import ITEMSIZE
+from kcoral.protocol.dtypes import ITEMSIZE, torch_byte_view
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 
@@ -281,10 +281,8 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
         if host.device.type != "cpu":
             host = host.cpu()
         shape = [int(dim) for dim in host.shape]
-        # A uint8 view reads every dtype (bfloat16, float8) the same way; reshape first so
-        # that 0-d tensors can be viewed too.
-        flat = host.contiguous().reshape(-1).view(torch.uint8)
-        return name, shape, memoryview(flat.numpy())
+        # a uint8 view reads every dtype (bfloat16, float8) the same way
+        return name, shape, memoryview(torch_byte_view(host, torch.uint8).numpy())
     except ValueEncodingError:
         raise
     except Exception as exc:

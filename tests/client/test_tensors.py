@@ -66,6 +66,37 @@ def test_torch_views_scalars_and_grads_are_made_contiguous():
     assert tensor_payload(torch.zeros(0, 3, dtype=torch.float16))[0] == b""
 
 
+ODD_STRIDED = {
+    "one element of a column": lambda dtype: torch.arange(16).to(dtype).reshape(4, 4)[0:1, 2],
+    "an empty column": lambda dtype: torch.arange(16).to(dtype).reshape(4, 4)[:0, 1],
+    "a 1x1 block": lambda dtype: torch.arange(16).to(dtype).reshape(4, 4)[2:3, 1:2],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("make", ODD_STRIDED.values(), ids=ODD_STRIDED)
+def test_a_torch_tensor_of_at_most_one_element_with_any_stride_uploads_its_bytes(make, dtype):
+    # contiguous() keeps such a tensor's stride, which torch's byte view refused
+    tensor = make(dtype)
+    data, _, shape = tensor_payload(tensor)
+    assert shape == tuple(tensor.shape)
+    assert (
+        data
+        == tensor.clone(memory_format=torch.contiguous_format)
+        .view(-1)
+        .view(torch.uint8)
+        .numpy()
+        .tobytes()
+    )
+
+
+def test_a_torch_negative_view_uploads_its_resolved_values():
+    tensor = torch.tensor([1 + 2j, 3 - 4j]).conj().imag  # the sign bit is lazy
+    assert tensor.is_neg()
+    data, dtype, _ = tensor_payload(tensor)
+    assert np.frombuffer(data, np.float32).tolist() == [-2.0, 4.0] and dtype == "float32"
+
+
 def test_big_endian_and_strided_numpy_arrays_become_little_endian_c_order():
     array = np.arange(6, dtype=">i4").reshape(2, 3)[:, ::2]
     data, dtype, shape = tensor_payload(array)

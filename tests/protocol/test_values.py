@@ -242,6 +242,30 @@ def test_tensors_are_made_little_endian_c_contiguous_and_detached() -> None:
     assert bytes(part) == grad.detach().contiguous().numpy().tobytes()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int16])
+@pytest.mark.parametrize(
+    "index",
+    [(slice(0, 1), 2), (slice(0, 0), 1), (slice(2, 3), slice(1, 2))],
+    ids=["one element of a column", "an empty column", "a 1x1 block"],
+)
+def test_a_torch_tensor_of_at_most_one_element_with_any_stride_encodes(
+    dtype: torch.dtype, index: tuple
+) -> None:
+    # contiguous() keeps such a tensor's stride, which torch's byte view refused
+    tensor = torch.arange(16).to(dtype).reshape(4, 4)[index]
+    node, [part] = encode_value(tensor, 0)
+    assert node["shape"] == list(tensor.shape)
+    expected = tensor.clone(memory_format=torch.contiguous_format).view(-1).view(torch.uint8)
+    assert bytes(part) == expected.numpy().tobytes()
+
+
+def test_a_torch_negative_view_encodes_its_resolved_values() -> None:
+    tensor = torch.tensor([1 + 2j]).conj().imag  # one element: contiguous() keeps the view
+    assert tensor.is_neg()
+    _, [part] = encode_value(tensor, 0)
+    assert np.frombuffer(bytes(part), np.float32).tolist() == [-2.0]
+
+
 @pytest.mark.parametrize("shape", [(), (0,), (2, 0, 3)])
 def test_scalar_and_zero_size_tensors_encode(shape: tuple[int, ...]) -> None:
     for value in (np.zeros(shape, np.float32), torch.zeros(shape, dtype=torch.bfloat16)):
