@@ -9,6 +9,7 @@ unique synthetic name for the request (so ``dataclasses``, ``pickle`` by referen
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import linecache
 import os
@@ -65,7 +66,11 @@ class PythonModules:
         """A fresh registered module and its code; compile errors fail with ``parse``."""
         filename = uploaded_filename(source)
         if filename not in linecache.cache:
-            lines = source.splitlines(keepends=True)
+            # lines as compile() counts them (\n, \r\n, \r): str.splitlines also breaks at
+            # \f, \v, \x1c-\x1e, \x85, \u2028 and \u2029, so a form feed in a comment put
+            # every later line one off: tracebacks showed the wrong line and
+            # inspect.getsource (Triton, TIRx) handed back the function before
+            lines = io.StringIO(source, newline="").readlines()
             if lines and not lines[-1].endswith("\n"):
                 lines[-1] += "\n"
             # mtime None: linecache.checkcache never evicts it (no file to compare with)

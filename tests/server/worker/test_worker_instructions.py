@@ -343,6 +343,32 @@ def test_uploaded_modules_support_inspect_and_dataclasses(shared_worker):
     assert result.value("pt")["value"] == 3
 
 
+@pytest.mark.parametrize("character", ["\x0c", "\x0b", "\x1d", "\x85", "\u2028"], ids=repr)
+def test_a_character_python_does_not_end_a_line_at_keeps_getsource_and_tracebacks_on_their_lines(
+    shared_worker, character
+):
+    # str.splitlines breaks at these characters, the compiler does not
+    source = (
+        f"# page one{character} page two\n"
+        "def fail():\n    raise ValueError('boom')\n"
+        "def own_source():\n    import inspect\n    return inspect.getsource(own_source)\n"
+    )
+    result = shared_worker.run(
+        [
+            module("m", source),
+            function("s", "m", "own_source"),
+            call("src", "s"),
+            give("src", "src"),
+            function("f", "m", "fail"),
+            call("failed", "f"),
+        ]
+    )
+    assert result.value("src")["value"] == (
+        "def own_source():\n    import inspect\n    return inspect.getsource(own_source)\n"
+    )
+    assert "line 3, in fail\n    raise ValueError('boom')" in result.error["traceback"]
+
+
 def test_library_uploads_are_unavailable_on_a_cpu_worker_without_tvm_ffi(start_worker, tmp_path):
     worker = start_worker(env=blocking_env(tmp_path / "blocked", "tvm_ffi"))
     sha, data = blob(b"\x7fELF not really")
