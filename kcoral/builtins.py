@@ -126,20 +126,23 @@ def _run_benchmark(
     clocks: list[CpuClock | CudaEventClock], call: Callable[[], None], settings: BenchmarkConfig
 ) -> dict[str, Any]:
     from kcoral.bench.clock_floor import empty_call_ms, floor_warning
+    from kcoral.bench.deadline import DeadlineWatch
     from kcoral.bench.report import machine_report, state_probe
     from kcoral.bench.rounds import StopRule, measure_rounds
     from kcoral.bench.stats import median_precision, summary
 
-    warmup, repeat = warm_up(clocks[-1], call, settings)
+    watch = DeadlineWatch()  # the warm-up and the rounds stop before the program's deadline
+    warmup, repeat = warm_up(clocks[-1], call, settings, watch)
     adaptive = settings.target_precision is not None
 
     def measure(clock: CpuClock | CudaEventClock) -> tuple[Any, Any]:
         rounds, next_round = _round_plan(repeat, adaptive)
-        rule = StopRule(rounds, settings.target_precision, settings.max_ms)
+        asked = None if adaptive else repeat
+        rule = StopRule(rounds, settings.target_precision, settings.max_ms, asked)
         probe = state_probe(clock)
         try:
             return probe, measure_rounds(
-                clock, [call], next_round, rule, probe, settings.discard_throttled
+                clock, [call], next_round, rule, probe, settings.discard_throttled, watch
             )
         finally:
             if probe is not None:

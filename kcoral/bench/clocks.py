@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kcoral.bench.config import BenchmarkConfig, calls_for_budget, describe, helper_error
+from kcoral.bench.deadline import DeadlineWatch
 
 MISSING_CUPTI = "cupti-python is not installed (pip install 'kcoral[gpu]')"
 ESTIMATE_CALLS = 5
@@ -298,10 +299,15 @@ def with_cuda_event_fallback(
 
 
 def warm_up(
-    clock: CpuClock | CudaEventClock, call: Callable[[], None], settings: BenchmarkConfig
+    clock: CpuClock | CudaEventClock,
+    call: Callable[[], None],
+    settings: BenchmarkConfig,
+    watch: DeadlineWatch | None = None,
 ) -> tuple[int, int]:
     """The untimed first call, the estimate when a budget needs one, and the warm-up calls;
-    returns the (warmup, repeat) counts."""
+    returns the (warmup, repeat) counts, the warm-up's as made: ``watch`` ends it early when
+    the program's deadline is near, to leave the time for the measured calls."""
+    watch = watch or DeadlineWatch()
     warmup, repeat = settings.warmup, settings.repeat
     if warmup is None or repeat is None:
         call()  # the untimed first call pays for lazy initialization and compilation
@@ -312,7 +318,11 @@ def warm_up(
             warmup = calls_for_budget(settings.warmup_ms, estimate)
         if repeat is None:
             repeat = calls_for_budget(settings.repeat_ms, estimate)
-    for _ in range(warmup):
+    for made in range(warmup):
+        if watch.near():
+            return made, repeat
+        began = time.perf_counter()
         clock.flush()
         call()
+        watch.timed(began)
     return warmup, repeat

@@ -34,6 +34,7 @@ from kcoral.bench.config import (
     why_not_timeable,
 )
 from kcoral.bench.correctness import Check, check, clone, result_of
+from kcoral.bench.deadline import DeadlineWatch
 from kcoral.bench.report import machine_report, state_probe
 from kcoral.bench.rounds import CandidateFailed, StopRule, measure_rounds
 from kcoral.bench.stats import (
@@ -233,9 +234,10 @@ class _Comparison:
         timed = [i for i, entry in enumerate(self.entries) if entry["status"] == "ok"]
         calls = {i: self._call(i) for i in timed}
         repeats = {}
+        watch = DeadlineWatch()  # the warm-ups and the rounds stop before the deadline
         for index in list(timed):
             try:
-                warmup, repeat = warm_up(clocks[-1], calls[index], self.settings)
+                warmup, repeat = warm_up(clocks[-1], calls[index], self.settings, watch)
             except CandidateFailed as exc:
                 self._failed(index, exc)
                 timed.remove(index)
@@ -261,12 +263,14 @@ class _Comparison:
             def next_round(alive: list[int]) -> list[int]:
                 return [alive[i] for i in rng.permutation(len(alive))]
 
-            rule = StopRule(rounds, self.settings.target_precision, self.settings.max_ms)
+            adaptive = self.settings.target_precision is not None
+            asked = None if adaptive else rounds * len(timed)
+            rule = StopRule(rounds, self.settings.target_precision, self.settings.max_ms, asked)
             probe = state_probe(clock)
             try:
                 order = [calls[i] for i in timed]
                 outcome = measure_rounds(
-                    clock, order, next_round, rule, probe, self.settings.discard_throttled
+                    clock, order, next_round, rule, probe, self.settings.discard_throttled, watch
                 )
             finally:
                 if probe is not None:

@@ -37,6 +37,8 @@ def machine_report(
         "discard_throttled": settings.discard_throttled,
         "discarded_rounds": outcome.discarded_rounds,
         "label": settings.label,
+        "cut_short": outcome.cut_short,
+        "calls_asked": outcome.calls_asked,
     }
     if probe is None:
         machine = cpu_machine_state(outcome.others_busy_cpus)
@@ -65,6 +67,17 @@ def machine_report(
             f"the measurement stopped at {MAX_CALLS} calls (max_calls), before the "
             "repeat count it was asked for"
         )
+    if outcome.cut_short == "deadline":
+        warnings.append(deadline_warning(outcome))
     report["warnings"] = warnings
     report["versions"] = software_versions(probe)
     return report
+
+
+def deadline_warning(outcome: RoundsOutcome) -> str:
+    """``stopped after N of M calls: the program's deadline of S s was near`` (without ``of
+    M`` in the adaptive mode, which asks for no count)."""
+    asked = f" of {outcome.calls_asked}" if outcome.calls_asked is not None else ""
+    seconds = outcome.deadline_seconds
+    deadline = "" if seconds is None else f" of {f'{seconds:.1f}'.removesuffix('.0')} s"
+    return f"stopped after {outcome.calls}{asked} calls: the program's deadline{deadline} was near"

@@ -15,6 +15,7 @@ from typing import Any
 
 from kcoral.bench.config import MAX_CALLS, describe
 from kcoral.bench.cpu_share import CpuShare
+from kcoral.bench.deadline import DeadlineWatch
 from kcoral.bench.stats import median_precision
 
 #: Samples every candidate needs before the adaptive mode may stop.
@@ -35,11 +36,14 @@ class CandidateFailed(Exception):
 class StopRule:
     """When measuring ends: after ``rounds`` rounds, or, adaptive (``target_precision`` set),
     when every candidate's median is known to that precision, or ``max_ms`` of measuring
-    has passed, or ``MAX_CALLS`` calls were made."""
+    has passed, or ``MAX_CALLS`` calls were made; or, either way, when the program's deadline
+    is near (``deadline.DeadlineWatch``). ``calls`` is what a fixed count asks for in all
+    (``None`` when adaptive), which a cut result reports against what it took."""
 
     rounds: int
     target_precision: float | None = None
     max_ms: float | None = None
+    calls: int | None = None
 
 
 @dataclass
@@ -55,6 +59,11 @@ class RoundsOutcome:
     next_precision_check: int = 1
     #: CPUs other processes kept busy on average while the rounds ran (``None``: unknown)
     others_busy_cpus: float | None = None
+    #: ``"deadline"`` when the program's deadline stopped the measurement before its rule
+    cut_short: str | None = None
+    calls_asked: int | None = None
+    #: the program's whole deadline in seconds, where the worker knew it
+    deadline_seconds: float | None = None
 
 
 def measure_rounds(
@@ -64,6 +73,7 @@ def measure_rounds(
     rule: StopRule,
     probe: Any,
     discard_throttled: bool,
+    watch: DeadlineWatch | None = None,
 ) -> RoundsOutcome:
     """Run rounds until ``rule`` says stop. ``next_round(alive)`` gives the candidate indexes of
     the next round (a candidate may appear several times). A candidate that raises leaves
@@ -73,8 +83,19 @@ def measure_rounds(
     (CUPTI flushes its records once, and judges "no activity at all" over every call);
     the adaptive mode needs each round's times, so it finishes round by round.
     ``CuptiUnavailable`` from the clock propagates: the caller redoes everything on CUDA
-    events."""
-    outcome = RoundsOutcome(samples=[[] for _ in calls], signatures=[set() for _ in calls])
+    events.
+
+    A call that would end too near the program's deadline is not made (``watch``, shared
+    with the warm-up), once every candidate has one: the samples taken are returned, marked
+    ``cut_short``, where the deadline's 504 would have returned none of them."""
+    watch = watch or DeadlineWatch()
+    outcome = RoundsOutcome(
+        samples=[[] for _ in calls],
+        signatures=[set() for _ in calls],
+        calls_asked=rule.calls,
+        deadline_seconds=watch.deadline_seconds,
+    )
+    measured: set[int] = set()  # candidates with a call timed: only these may be cut
     deferred = rule.target_precision is None
     alive = list(range(len(calls)))
     log: list[tuple[list[tuple[int, Any]], bool]] = []
@@ -89,10 +110,16 @@ def measure_rounds(
         for index in indexes:
             if index in outcome.failures:
                 continue
+            if watch.near() and measured.issuperset(alive):
+                break
+            began = time.perf_counter()
             try:
                 pairs.append((index, clock.measure(calls[index])))
             except CandidateFailed as exc:
                 outcome.failures[index] = exc
+            else:
+                measured.add(index)
+            watch.timed(began)
         if not deferred:
             finished = clock.finish([m for _, m in pairs])
             pairs = [(i, m) for (i, _), m in zip(pairs, finished, strict=True)]
@@ -107,11 +134,13 @@ def measure_rounds(
         if not deferred and not (throttled and discard_throttled):
             for index, measurement in pairs:
                 outcome.samples[index].append(measurement.milliseconds)
-        stop = (
-            "max_calls"
-            if len(indexes) < len(planned)
-            else _stop_reason(outcome, alive, rule, (time.perf_counter() - started) * 1000)
-        )
+        stop: str | None
+        if watch.cut and measured.issuperset(alive):
+            stop = outcome.cut_short = "deadline"
+        elif len(indexes) < len(planned):
+            stop = "max_calls"
+        else:
+            stop = _stop_reason(outcome, alive, rule, (time.perf_counter() - started) * 1000)
         if stop is not None:
             outcome.stopped_by = stop
             break

@@ -192,6 +192,7 @@ class SeatRun:
                     # the slot names a crash's instruction; frames only for a live observer
                     report_instructions=drive.progress is None
                     or self.observer.follows_instructions,
+                    deadline_seconds=max(0.0, admitted.timeout - self.budget_used(handle, started)),
                 ),
                 fds,
             )

@@ -109,9 +109,9 @@ class RunProgram(Message):
     # Index (into this frame's fds) of the worker's ``ProgressSlot`` memfd: sent with a
     # worker's first program, kept by the worker for the next ones.
     progress_fd: int | None = None
-    # Send ``InstructionStarted`` frames too (someone follows the program live). A worker
-    # without a progress slot always sends them.
+    # Send ``InstructionStarted`` frames too (a live follower; always without a progress slot)
     report_instructions: bool = True
+    deadline_seconds: float | None = None  # left as it starts, for the benchmarks (SERVER §8)
 
 
 @dataclass

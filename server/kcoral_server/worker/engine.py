@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from kcoral.bench.deadline import set_program_deadline
 from kcoral.protocol.schema import Instruction, Return
 from kcoral.protocol.strict_json import loads_strict
 from kcoral_server.processes.ipc import (
@@ -247,6 +248,8 @@ class ProgramExecution:
         for fd in capture_fds:  # now duplicated onto fds 1 and 2
             with contextlib.suppress(OSError):
                 os.close(fd)
+        # the benchmark helpers stop sampling before it (EXTENSIONS §12.1)
+        set_program_deadline(request.deadline_seconds)
         context.current = context.RequestContext(
             request_id=request.request_id,
             device=self.runtime.device,
@@ -262,6 +265,7 @@ class ProgramExecution:
                 self._teardown()
         finally:
             context.current = None
+            set_program_deadline(None)
             if capture is not None:
                 capture.restore()
         outcome = Outcome(

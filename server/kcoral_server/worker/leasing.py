@@ -8,7 +8,9 @@ no lease message is ever sent.
 from __future__ import annotations
 
 import os
+import time
 
+from kcoral.bench.deadline import postpone_program_deadline
 from kcoral_server.processes.ipc import (
     BlockingChannel,
     IpcError,
@@ -34,6 +36,7 @@ class Lease:
         if not self.enabled or self.held:
             return
         self.channel.send(LeaseAcquire())
+        asked = time.monotonic()
         try:
             message, fds = self.channel.receive()
         except EOFError:
@@ -45,6 +48,8 @@ class Lease:
         if not isinstance(message, LeaseGranted):
             raise IpcError(f"expected lease_granted, got {message.tag}")
         self.held = True
+        # the front-end's deadline pauses while a program waits for its lease (SERVER §8)
+        postpone_program_deadline(time.monotonic() - asked)
 
     def release(self) -> None:
         """Give the lease back (the caller drained GPU work first); no-op when not held."""
