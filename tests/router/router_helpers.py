@@ -509,10 +509,10 @@ class InProcessRouter:
 async def in_process_router(*args: str) -> AsyncIterator[InProcessRouter]:
     """A router with ``--port 0`` and ``args`` in this event loop, its log kept in ``lines``;
     stopped at the end, its nodes' calls ended (close the test's nodes inside the block)."""
-    from kcoral_server.router.gateway import Gateway, add_gateway_to_server
     from kcoral_server.router.http_app import make_app
     from kcoral_server.router.log import RouterLog
     from kcoral_server.router.main import GRPC_OPTIONS, build_state, end_calls
+    from kcoral_server.router.nodes.gateway import Gateway, add_gateway_to_server
     from kcoral_server.router.settings import parse_router_args
 
     settings = parse_router_args(["--port", "0", *args])

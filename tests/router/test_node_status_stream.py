@@ -11,7 +11,7 @@ from kcoral_server.node import status_stream
 from kcoral_server.node.status_stream import stream_status
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
-from kcoral_server.router.registry import SERVER_STOPPED
+from kcoral_server.router.nodes.registry import SERVER_STOPPED
 from kcoral_server.settings.config import ServerConfig
 from router_helpers import RouterProcess
 

@@ -20,7 +20,8 @@ import grpc
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
-from kcoral_server.node.tunnel import HttpConnectionPool, Tunnel
+from kcoral_server.node.loopback import HttpConnectionPool
+from kcoral_server.node.tunnel import Tunnel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 
 

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kcoral_server.node.tunnel import Tunnel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router import frames
 from kcoral_server.router.listener import DemuxServer
+from kcoral_server.router.nodes import frames
 from router_helpers import FakeNode, RouterProcess, http_request, wait_for_health
 
 FRAME = 262144

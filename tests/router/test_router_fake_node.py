@@ -14,7 +14,7 @@ import pytest
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
-from kcoral_server.router.registry import SERVER_STOPPED
+from kcoral_server.router.nodes.registry import SERVER_STOPPED
 from router_helpers import (
     FakeNode,
     Response,

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from kcoral_server.node.status_stream import LEASE_STAT_TIMES, lease_stats_message
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.gateway import status_problem
-from kcoral_server.router.registry import Registry
-from kcoral_server.router.selection import fleet_status
+from kcoral_server.router.admission.selection import fleet_status
+from kcoral_server.router.nodes.gateway import status_problem
+from kcoral_server.router.nodes.registry import Registry
 from kcoral_server.router.settings import RouterSettings
 from raw_http import call_program, post_execute, request
 from router_helpers import Node, start_router, stopping

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_server.node.control_slots import control_slot_count
-from kcoral_server.node.tunnel import ProtocolViolation, request_target
+from kcoral_server.node.loopback import ProtocolViolation, request_target
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.settings import SettingsError, parse_router_args
 from router_helpers import FakeNode, Response, http_request, start_router, wait_for_health

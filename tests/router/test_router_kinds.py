@@ -10,11 +10,11 @@ import uuid
 from typing import Any
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.gateway import status_problem
-from kcoral_server.router.registry import Registry
-from kcoral_server.router.selection import fleet
+from kcoral_server.router.admission.selection import fleet
+from kcoral_server.router.nodes.gateway import status_problem
+from kcoral_server.router.nodes.registry import Registry
+from kcoral_server.router.nodes.slot import CONTROL, RouterSlot
 from kcoral_server.router.settings import RouterSettings
-from kcoral_server.router.slot import CONTROL, RouterSlot
 
 
 class QuietContext:

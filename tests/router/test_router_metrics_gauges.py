@@ -11,7 +11,7 @@ from urllib.request import urlopen
 
 from kcoral_server.metrics.labels import MAX_NAMED_KINDS, MAX_NAMED_NODES
 from kcoral_server.metrics.router_metrics import RouterMetrics
-from kcoral_server.router.registry import READY, NodeRecord, Registry
+from kcoral_server.router.nodes.registry import READY, NodeRecord, Registry
 from kcoral_server.router.settings import RouterSettings
 from prometheus_client.parser import text_string_to_metric_families
 from router_helpers import start_router

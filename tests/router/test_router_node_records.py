@@ -16,7 +16,7 @@ import pytest
 from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
-from kcoral_server.router.registry import MAX_RETAINED_NODES
+from kcoral_server.router.nodes.registry import MAX_RETAINED_NODES
 from prometheus_client.parser import text_string_to_metric_families
 from router_helpers import (
     FakeNode,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kcoral_server.router.registry import Registry
-from kcoral_server.router.scheduler import Admission, RouterBusy
+from kcoral_server.router.admission.scheduler import Admission, RouterBusy
+from kcoral_server.router.nodes.registry import Registry
 from kcoral_server.router.settings import RouterSettings
 
 

@@ -1,4 +1,5 @@
-"""Which nodes a request may go to (``kcoral_server.router.selection``, ROUTER §6, §7, §13) and
+"""Which nodes a request may go to (``kcoral_server.router.admission.selection``, ROUTER §6,
+§7, §13) and
 how the admission queue serves waiters with selectors, on the router's own registry: what a
 node offers, the default kind without a selector, sessions by GPU count, the bounded
 ``no_matching_node`` message, and a queue where a waiter for busy nodes of one kind never
@@ -12,9 +13,8 @@ import uuid
 from typing import Any
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.registry import Registry
-from kcoral_server.router.scheduler import Admission, NoNode
-from kcoral_server.router.selection import (
+from kcoral_server.router.admission.scheduler import Admission, NoNode
+from kcoral_server.router.admission.selection import (
     fleet_offers,
     no_match_message,
     node_offers,
@@ -22,8 +22,9 @@ from kcoral_server.router.selection import (
     serves,
     session_nodes,
 )
+from kcoral_server.router.nodes.registry import Registry
+from kcoral_server.router.nodes.slot import RouterSlot
 from kcoral_server.router.settings import RouterSettings
-from kcoral_server.router.slot import RouterSlot
 
 
 class QuietContext:

@@ -5,7 +5,7 @@ per-identity cap, which it reads from the node's ``/v1/info`` asked as the calle
 from __future__ import annotations
 
 import pytest
-from kcoral_server.router.session_routes import free_seats, no_seat_message
+from kcoral_server.router.routes.sessions import free_seats, no_seat_message
 from router_helpers import Node, ready_nodes, start_router, stopping
 
 import kcoral

@@ -10,20 +10,20 @@ import grpc
 import pytest
 from kcoral_server.node.supervisor import child_arguments, healthy_body, probe_target
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.gateway import status_problem
+from kcoral_server.router.admission.scheduler import Admission, NoNode, RouterBusy
+from kcoral_server.router.admission.selection import MORE, program_gpu_count
 from kcoral_server.router.identity import is_valid_node_id, parse_router_origin
-from kcoral_server.router.job_routes import JobIndex
-from kcoral_server.router.registry import (
+from kcoral_server.router.nodes.gateway import status_problem
+from kcoral_server.router.nodes.registry import (
     MAX_LAST_ERROR_CHARS,
     MAX_OLD_INSTANCES,
     SERVER_STARTING,
     Registry,
 )
-from kcoral_server.router.scheduler import Admission, NoNode, RouterBusy
-from kcoral_server.router.selection import MORE, program_gpu_count
-from kcoral_server.router.session_routes import SessionIndex
+from kcoral_server.router.nodes.slot import RouterSlot
+from kcoral_server.router.routes.job_index import JobIndex
+from kcoral_server.router.routes.sessions import SessionIndex
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
-from kcoral_server.router.slot import RouterSlot
 
 from kcoral.protocol.multipart import encode_multipart
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.slot import CONTROL
+from kcoral_server.router.nodes.slot import CONTROL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from kcoral_server.router.slot import CONTROL
+from kcoral_server.router.nodes.slot import CONTROL
 
 import kcoral
 

@@ -20,7 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.headers import DROPPED_RESPONSE_HEADERS, RELAYED_RESPONSE_HEADERS
+from kcoral_server.router.forwarding.headers import (
+    DROPPED_RESPONSE_HEADERS,
+    RELAYED_RESPONSE_HEADERS,
+)
 from raw_http import Response, call_program, execute_body, request
 from router_helpers import FakeNode, http_request, start_router, wait_for_health
 from server_process import start_server

@@ -40,7 +40,7 @@ from kcoral_server.metrics.node_relay import (
     parse_and_write,
 )
 from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
-from kcoral_server.router.selection import ready_nodes, waiters_by_selector
+from kcoral_server.router.admission.selection import ready_nodes, waiters_by_selector
 
 if TYPE_CHECKING:
     from kcoral_server.proto import kcoral_gateway_pb2 as pb

@@ -47,7 +47,7 @@ from kcoral_server.node.status_stream import lease_stats_message, stream_status
 from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
-from kcoral_server.router.registry import SERVER_STARTING, SERVER_STOPPED
+from kcoral_server.router.nodes.registry import SERVER_STARTING, SERVER_STOPPED
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
 from kcoral_server.settings.config import node_labels
 from kcoral_server.storage.ready_file import try_write_ready_file

@@ -2,8 +2,8 @@
 request relayed to the node's own loopback ``POST /execute`` while streaming both ways.
 
 Beyond the spec (docs/scaling.md): a request head may name another method and path with the
-pseudo-headers ``:method`` / ``:path`` (only the endpoints in ``FORWARDABLE``), and the node
-also opens *control* slots (gRPC metadata ``kcoral-slot-kind: control``) for ``/v1/info``
+pseudo-headers ``:method`` / ``:path`` (only the endpoints in ``loopback.FORWARDABLE``), and
+the node also opens *control* slots (gRPC metadata ``kcoral-slot-kind: control``) for ``/v1/info``
 and the job reads, so long-lived event streams never occupy a worker seat's slot; more as
 they fill (control_slots.py).
 
@@ -16,29 +16,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import re
 import sys
-import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import grpc
 
-from kcoral.connection.keep_alive import POOLED_IDLE_SECONDS
 from kcoral_server.node.control_slots import ControlSlots
-from kcoral_server.node.http11 import HttpConnection, HttpError
+from kcoral_server.node.loopback import (
+    STREAM_ENDED,
+    HttpConnectionPool,
+    ProtocolViolation,
+    RelayedRequest,
+    exchange,
+    request_target,
+)
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.channel import Channel, ChannelClosed
-from kcoral_server.router.frames import SlotCall, connect_slot_callable, encode_data
 from kcoral_server.router.identity import (
     MAX_FRAME_DATA,
     MAX_GRPC_MESSAGE,
     PROTOCOL_VERSION,
     parse_router_origin,
 )
-from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA
+from kcoral_server.router.nodes.frames import SlotCall, connect_slot_callable
+from kcoral_server.router.nodes.slot import CONTROL, SLOT_KIND_METADATA
 from kcoral_server.settings.command_line import ServerSettings
 
 if TYPE_CHECKING:
@@ -47,45 +50,6 @@ if TYPE_CHECKING:
 
 ACK_TIMEOUT = 10.0
 MIN_DELAY, MAX_DELAY, JITTER = 1.0, 30.0, 0.2
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
-# Never taken from the router's head: the tunnel sets host and authorization itself, and a
-# browser's origin and cookies have no business on the node (the router drops them before).
-SET_BY_TUNNEL = frozenset({b"host", b"authorization", b"origin", b"cookie"})
-
-METHOD_HEADER, PATH_HEADER = b":method", b":path"
-FORWARDABLE_METHODS = frozenset({b"GET", b"POST", b"DELETE"})
-#: The node's own endpoints a router may reach; never /internal/* (it trusts loopback peers).
-FORWARDABLE = re.compile(
-    rb"/(?:execute|v1/info|v1/jobs(?:/[A-Za-z0-9_~%-][A-Za-z0-9_.~%-]*(?:/events|/result)?)?"
-    rb"|v1/sessions(?:/[0-9a-f-]{36}(?:/execute|/jobs|/interrupt)?)?"
-    rb"|v1/revocations(?:/[A-Za-z0-9][A-Za-z0-9_.@-]{0,63})?)"
-    rb"(?:\?[\x21-\x7e]*)?"
-)
-#: what grpc.aio raises for a write to a slot stream that ended (or this node half-closed)
-STREAM_ENDED = (grpc.RpcError, asyncio.InvalidStateError)
-
-
-def request_target(head: pb.RequestHead) -> tuple[str, str]:
-    """``(method, path)`` of a request head: its pseudo-headers, else ``POST /execute``."""
-    methods = [h.value for h in head.headers if h.name == METHOD_HEADER]
-    paths = [h.value for h in head.headers if h.name == PATH_HEADER]
-    if not methods and not paths:
-        return "POST", "/execute"
-    if len(methods) != 1 or len(paths) != 1:
-        raise ProtocolViolation("a request head needs exactly one :method and one :path")
-    if methods[0] not in FORWARDABLE_METHODS or FORWARDABLE.fullmatch(paths[0]) is None:
-        raise ProtocolViolation("request method or path not forwardable")
-    return methods[0].decode(), paths[0].decode()
 
 
 def channel_options() -> list[tuple[str, Any]]:
@@ -162,22 +126,6 @@ async def sleep_unless_closing(tunnel: Tunnel, seconds: float, index: int) -> No
         await asyncio.sleep(min(left, 0.2))
 
 
-class ProtocolViolation(Exception):
-    """The router sent a frame the node must not accept; the stream is dropped."""
-
-
-@dataclass(eq=False)
-class _Request:
-    request_id: str
-    body: Channel[bytes | memoryview | None] = field(default_factory=lambda: Channel(capacity=2))
-    body_open: bool = True
-    task: asyncio.Task[None] | None = None
-    # The router sent the slot's next request (it reads our end frame as "slot idle"), maybe
-    # before this relay finished: the slot's idle mark and drain half-close are then the
-    # next request's, not this one's.
-    followed: bool = False
-
-
 class Tunnel:
     def __init__(
         self,
@@ -214,7 +162,7 @@ class Tunnel:
         self.closing = False
         self.closing_workers = False  # worker slots only (``close_worker_slots``)
         self.channel = open_channel(router_endpoint)
-        # Data frames go through the wire-level fast path (frames.py); data arrives as
+        # Data frames go through the wire-level fast path (router/nodes/frames.py); data arrives as
         # memoryviews into the received message, written to the loopback socket uncopied.
         self.connect_slot = connect_slot_callable(self.channel)
         self.tasks: list[asyncio.Task[None]] = []
@@ -333,7 +281,7 @@ class Tunnel:
 
         ``call`` stays untyped here: its frames are a ``SlotFrame`` or the fast path's
         ``DataFrame``, told apart by ``WhichOneof``, which the types cannot follow."""
-        current: _Request | None = None
+        current: RelayedRequest | None = None
         self.idle_calls[index] = call
         try:
             while True:
@@ -352,7 +300,7 @@ class Tunnel:
                     previous = current.task if current is not None else None
                     if current is not None:
                         current.followed = True
-                    current = _Request(frame.request_id)
+                    current = RelayedRequest(frame.request_id)
                     self.idle_calls.pop(index, None)
                     if index >= self.slot_count and self.control.taken(index) and not self.closing:
                         self._open_control_slot()
@@ -399,75 +347,22 @@ class Tunnel:
         self,
         call: SlotCall,
         head_frame: pb.SlotFrame,
-        request: _Request,
+        request: RelayedRequest,
         previous: asyncio.Task[None] | None,
         pool: HttpConnectionPool,
         index: int,
     ) -> None:
-        """Deliver one request to the loopback server and stream its response back."""
+        """Deliver one request to the loopback server and stream its response back; then
+        the slot is idle again, or half-closed while it drains."""
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
-        rid = request.request_id
-        head = head_frame.request_head
-        method, path = request_target(head)
-        chunked = not head.HasField("content_length")
-        headers = [
-            (h.name, h.value)
-            for h in head.headers
-            if h.name.lower() not in HOP_BY_HOP
-            and h.name.lower() not in SET_BY_TUNNEL
-            and not h.name.startswith(b":")
-            and not (chunked and h.name.lower() == b"content-length")
-        ]
-        headers.extend(self.local_headers)
-        if chunked:
-            headers.append((b"transfer-encoding", b"chunked"))
-        connection = await pool.get()
-        body_task = asyncio.get_running_loop().create_task(send_body(connection, request, chunked))
-        answered = False  # read to its end: only then may the connection serve another
         try:
-            await connection.send_head(method, path, headers)
-            status, response_headers = await connection.read_head()
-            await call.write(
-                pb.SlotFrame(
-                    request_id=rid,
-                    response_head=pb.ResponseHead(
-                        status=status,
-                        # lowercase on the gRPC stream, as HTTP/2 requires (ROUTER §5)
-                        headers=[
-                            pb.HttpHeader(name=n.lower(), value=v) for n, v in response_headers
-                        ],
-                    ),
-                )
-            )
-            async for piece in connection.body(status, response_headers, method):
-                await call.write(encode_data(rid, piece))
-            if not body_task.done():
-                # Early answer: the rest of the body is not wanted; this connection is spent.
-                connection.reusable = False
-                body_task.cancel()
-            answered = True
-            await call.write(pb.SlotFrame(request_id=rid, end=pb.EndOfBody()))
-        except (HttpError, OSError, asyncio.IncompleteReadError, *STREAM_ENDED) as exc:
-            # The local server failed us (dropping the stream tells the router: 502), or the
-            # slot stream ended under the answer (said here, or the task's error went unread).
-            connection.close()
-            call.cancel()
-            self.emit(
-                "tunnel_request_failed",
-                "WARNING",
-                node_id=self.node_id,
-                request_id=rid,
-                error=str(exc) or type(exc).__name__,
-            )
-            return
+            error = await exchange(call, head_frame, request, pool, self.local_headers)
+            if error is not None:
+                rid, node = request.request_id, self.node_id
+                event = {"node_id": node, "request_id": rid, "error": error}
+                self.emit("tunnel_request_failed", "WARNING", **event)
         finally:
-            # Drop the body still coming, or serve() blocks and never sees the slot end.
-            request.body.close("the answer has ended")
-            if not body_task.done():
-                body_task.cancel()
-            await asyncio.gather(body_task, return_exceptions=True)
-            pool.put(connection, answered)
             if request.followed:
                 pass  # the slot carries the next request already: its end is that one's
             elif self.closing_slot(index):
@@ -478,57 +373,6 @@ class Tunnel:
                     await call.done_writing()
             else:
                 self.idle_calls[index] = call
-
-
-async def send_body(connection: HttpConnection, request: _Request, chunked: bool) -> None:
-    """Stream ``request``'s body to the local server as the router sends it."""
-    try:
-        while True:
-            piece = await request.body.get()
-            if piece is None:
-                await connection.send_end(chunked=chunked)
-                return
-            await connection.send(piece, chunked=chunked)
-    except ChannelClosed:
-        return
-
-
-class HttpConnectionPool:
-    """At most one kept-alive loopback connection per slot (slots carry one request at a time)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
-        self.idle: HttpConnection | None = None
-        self.idle_since = 0.0
-
-    async def get(self) -> HttpConnection:
-        connection, self.idle = self.idle, None
-        # The child closes a connection idle for its head deadline (10 s by default); one
-        # idle for half of that is replaced rather than raced (kcoral.connection.keep_alive).
-        fresh = time.monotonic() - self.idle_since < POOLED_IDLE_SECONDS
-        if connection is not None and connection.usable and fresh:
-            return connection
-        if connection is not None:
-            connection.close()
-        connection = HttpConnection(self.host, self.port)
-        await connection.open()
-        return connection
-
-    def put(self, connection: HttpConnection, answered: bool) -> None:
-        """Keep ``connection`` for the slot's next request if its answer was read to its end
-        (``answered``). One a cancel left (the client went away) or a failed write still
-        carries the rest of its answer, which the next request would read as its own."""
-        if answered and connection.usable:
-            self.idle = connection
-            self.idle_since = time.monotonic()
-        else:
-            connection.close()
-
-    def close(self) -> None:
-        if self.idle is not None:
-            self.idle.close()
-            self.idle = None
 
 
 @dataclass

@@ -40,8 +40,8 @@ from kcoral_server.front_door.handler_defaults import (
     KCoralRequestHandler,
     bound_body,
 )
-from kcoral_server.router.scheduler import NoNode
-from kcoral_server.router.selection import no_match_message, offering_nodes
+from kcoral_server.router.admission.scheduler import NoNode
+from kcoral_server.router.admission.selection import no_match_message, offering_nodes
 
 UNAUTHORIZED_MESSAGE = "missing or invalid bearer token"
 #: the status logged for a client that left before any answer (nginx's; the server's too)

@@ -1,6 +1,6 @@
 """The router's client side: ``GET /health``, streaming ``POST /execute`` (ROUTER.md §8–§9),
-``/v1/info``, the jobs endpoints (``job_routes``), the sessions endpoints
-(``session_routes``) and ``/metrics`` (``metrics_route``); all but ``/health`` need the client
+``/v1/info``, the jobs endpoints (``routes.jobs``), the sessions endpoints
+(``routes.sessions``) and ``/metrics`` (``routes.metrics``); all but ``/health`` need the client
 token when one is set."""
 
 from __future__ import annotations
@@ -25,29 +25,25 @@ from kcoral_server.front_door.callers import (
 from kcoral_server.front_door.handler_defaults import TOO_LARGE_MESSAGE, KCoralRequestHandler
 from kcoral_server.front_door.token_reload import NO_FILE, read_token_change
 from kcoral_server.metrics.router_metrics import RouterMetrics
+from kcoral_server.router.admission.scheduler import Admission, ControlAdmission
 from kcoral_server.router.auth import (
     NotFoundHandler,
     browser_refusal,
     error_answer,
     settle_unread_body,
 )
-from kcoral_server.router.forward import ProgramForwardHandler
+from kcoral_server.router.forwarding.forward import ProgramForwardHandler
 from kcoral_server.router.identity import node_token_clash
-from kcoral_server.router.job_routes import (
-    InfoHandler,
-    JobHandler,
-    JobIndex,
-    JobsHandler,
-    fetch,
-    untrusted_json,
-)
 from kcoral_server.router.log import RouterLog
-from kcoral_server.router.metrics_route import RouterMetricsHandler
-from kcoral_server.router.registry import Registry
-from kcoral_server.router.scheduler import Admission, ControlAdmission
-from kcoral_server.router.session_routes import SessionHandler, SessionIndex, SessionsHandler
+from kcoral_server.router.nodes.registry import Registry
+from kcoral_server.router.nodes.slot import CONTROL
+from kcoral_server.router.routes.fan_out import fetch, untrusted_json
+from kcoral_server.router.routes.info import InfoHandler
+from kcoral_server.router.routes.job_index import JobIndex
+from kcoral_server.router.routes.jobs import JobHandler, JobsHandler
+from kcoral_server.router.routes.metrics import RouterMetricsHandler
+from kcoral_server.router.routes.sessions import SessionHandler, SessionIndex, SessionsHandler
 from kcoral_server.router.settings import RouterSettings
-from kcoral_server.router.slot import CONTROL
 
 
 @dataclass

@@ -18,14 +18,14 @@ import tornado.tcpserver
 
 from kcoral_server.processes.open_files import raise_open_file_limit
 from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
-from kcoral_server.router.gateway import Gateway, add_gateway_to_server
+from kcoral_server.router.admission.scheduler import Admission, ControlAdmission
 from kcoral_server.router.http_app import RouterState, make_app, utc_now_micros
 from kcoral_server.router.identity import MAX_FRAME_DATA, MAX_GRPC_MESSAGE
 from kcoral_server.router.listener import DemuxServer, unclassified_bound
 from kcoral_server.router.log import NodeStateLines, RouterLog
-from kcoral_server.router.registry import STARTING, Registry
-from kcoral_server.router.scheduler import Admission, ControlAdmission
-from kcoral_server.router.session_routes import node_back_handler
+from kcoral_server.router.nodes.gateway import Gateway, add_gateway_to_server
+from kcoral_server.router.nodes.registry import STARTING, Registry
+from kcoral_server.router.routes.sessions import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.settings.command_line import listen_failure_hint
 from kcoral_server.settings.secret_flags import client_variable_hint, secret_flag_warnings

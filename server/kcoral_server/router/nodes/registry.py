@@ -12,9 +12,9 @@ import grpc
 
 from kcoral.protocol.selector import Selector
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.selection import LongHold, has_gpus, serves, within_share
+from kcoral_server.router.admission.selection import LongHold, has_gpus, serves, within_share
+from kcoral_server.router.nodes.slot import CONTROL, WORKER, RouterSlot
 from kcoral_server.router.settings import RouterSettings
-from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot
 
 STARTING, READY, RECOVERING, INCOMPATIBLE, UNHEALTHY = (
     "starting",

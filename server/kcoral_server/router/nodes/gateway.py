@@ -11,7 +11,6 @@ import grpc
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
-from kcoral_server.router.frames import SERVICE, parse_frame, serialize_frame
 from kcoral_server.router.identity import (
     PROTOCOL_VERSION,
     NodeGrant,
@@ -19,14 +18,15 @@ from kcoral_server.router.identity import (
     node_grant,
 )
 from kcoral_server.router.log import OncePerPeer, RouterLog
-from kcoral_server.router.registry import (
+from kcoral_server.router.nodes.frames import SERVICE, parse_frame, serialize_frame
+from kcoral_server.router.nodes.registry import (
     SERVER_STOPPED,
     SLOT_KEY_REFUSAL,
     Registry,
     SupervisorStream,
 )
+from kcoral_server.router.nodes.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
 from kcoral_server.router.settings import RouterSettings
-from kcoral_server.router.slot import CONTROL, SLOT_KIND_METADATA, WORKER, RouterSlot
 from kcoral_server.settings.config import MAX_NODE_LABELS, node_label_problem
 
 FIRST_MESSAGE_TIMEOUT = 10.0

@@ -32,7 +32,7 @@ from kcoral.protocol.strict_json import loads_strict
 from kcoral_server.node.control_slots import CEILING
 
 if TYPE_CHECKING:
-    from kcoral_server.router.registry import NodeRecord, Registry
+    from kcoral_server.router.nodes.registry import NodeRecord, Registry
 
 #: At most this many offers are named in a ``no_matching_node`` message.
 MAX_NAMED_OFFERS = 24

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.channel import Channel, ChannelClosed
+from kcoral_server.router.nodes.channel import Channel, ChannelClosed
 
 
 class SlotBroken(Exception):

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 from kcoral.protocol.selector import Selector, format_selector
 from kcoral_server.execution.control import handed_over, served_in_turn
-from kcoral_server.router.registry import NodeRecord, Registry
-from kcoral_server.router.selection import (
+from kcoral_server.router.admission.selection import (
     LongHold,
     no_match_message,
     seatable_gpu_count,
@@ -19,7 +18,8 @@ from kcoral_server.router.selection import (
     share_held_message,
     within_share,
 )
-from kcoral_server.router.slot import RouterSlot
+from kcoral_server.router.nodes.registry import NodeRecord, Registry
+from kcoral_server.router.nodes.slot import RouterSlot
 
 Lease = tuple[NodeRecord, RouterSlot]
 

@@ -33,24 +33,29 @@ from typing import Any, TypeGuard
 
 from kcoral.protocol.selector import SELECTOR_MISMATCH
 from kcoral_server.front_door.callers import Identity
+from kcoral_server.router.admission.scheduler import NoNode, RouterStopping
+from kcoral_server.router.admission.selection import (
+    offering_nodes,
+    selector_fits_session,
+    session_nodes,
+)
 from kcoral_server.router.auth import error_answer
-from kcoral_server.router.forward import BUFFERED_ANSWER_LIMIT, ForwardHandler, check_length
-from kcoral_server.router.headers import identity_header
-from kcoral_server.router.job_routes import (
+from kcoral_server.router.forwarding.answer import BUFFERED_ANSWER_LIMIT
+from kcoral_server.router.forwarding.forward import ForwardHandler, check_length
+from kcoral_server.router.forwarding.headers import identity_header
+from kcoral_server.router.nodes.slot import CONTROL
+from kcoral_server.router.routes.fan_out import (
     answer_while_nodes_reconnect,
     answers_to_merge,
     ask_every_node,
     error_kind,
     fetch,
-    learn_submitted_job,
     merged_answer,
     sole_claims,
     untrusted_json,
     warn_contested,
 )
-from kcoral_server.router.scheduler import NoNode, RouterStopping
-from kcoral_server.router.selection import offering_nodes, selector_fits_session, session_nodes
-from kcoral_server.router.slot import CONTROL
+from kcoral_server.router.routes.jobs import learn_submitted_job
 from kcoral_server.sessions.seat_shares import seat_count
 
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -11,44 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import tornado.httputil
 import tornado.iostream
 import tornado.web
-from tornado.http1connection import HTTP1Connection
 
 from kcoral.protocol.selector import NO_MATCHING_NODE
 from kcoral_server.front_door.handler_defaults import over_limit
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.auth import RouterHandler
-from kcoral_server.router.client_connection import notice_hang_up, report_body_failures
-from kcoral_server.router.frames import encode_data
-from kcoral_server.router.headers import forwarded_headers, relayed_response_head
-from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
-from kcoral_server.router.scheduler import (
+from kcoral_server.router.admission.scheduler import (
     NodeGone,
     NoMatchingNode,
     NoNode,
     RouterBusy,
     RouterStopping,
 )
-from kcoral_server.router.selection import MORE, PROGRAM_PEEK_LIMIT, program_gpu_count
-from kcoral_server.router.slot import CONTROL, WORKER, RouterSlot, SlotBroken
+from kcoral_server.router.admission.selection import MORE, PROGRAM_PEEK_LIMIT, program_gpu_count
+from kcoral_server.router.forwarding.answer import AnswerRelay
+from kcoral_server.router.forwarding.client_connection import notice_hang_up, report_body_failures
+from kcoral_server.router.forwarding.headers import forwarded_headers
+from kcoral_server.router.identity import MAX_FRAME_DATA, is_valid_node_id
+from kcoral_server.router.nodes.frames import encode_data
+from kcoral_server.router.nodes.slot import CONTROL, WORKER, SlotBroken
 
 T = TypeVar("T")
 BODY_FAILED_MESSAGE = "client request body failed while streaming"
-TRANSPORT_MESSAGE = (
-    "the tunnel to the node failed; the execution outcome is unknown and was not retried"
-)
-#: the same 502 when the router itself cut the tunnel, stopping (SIGTERM: a restart or an
-#: upgrade): "the tunnel failed" sent users to look at a node that had done nothing wrong
-STOPPED_TRANSPORT_MESSAGE = (
-    "the router is shutting down and closed the tunnel to the node; the execution outcome"
-    " is unknown and was not retried"
-)
-BUFFERED_ANSWER_LIMIT = 1 << 16
 
 
 async def relay_ended(relay: asyncio.Task[None]) -> None:
@@ -62,39 +51,6 @@ async def relay_ended(relay: asyncio.Task[None]) -> None:
     except asyncio.CancelledError:
         if not relay.cancelled():
             raise
-
-
-class InvalidAnswer(Exception):
-    """A node's answer breaks ROUTER §5/§8.6: no valid head first, a frame other than
-    ``data`` or ``end`` after it, or a ``data`` frame over 262144 bytes."""
-
-
-async def answer_data(slot: RouterSlot) -> AsyncIterator[bytes]:
-    """The ``data`` of a node's answer after its head, until its ``end``."""
-    while True:
-        frame = await slot.next_frame()
-        kind = frame.WhichOneof("payload")
-        if kind == "end":
-            return
-        data = frame.data  # a protobuf message copies the field on every access
-        if kind != "data" or len(data) > MAX_FRAME_DATA:
-            raise InvalidAnswer
-        yield data
-
-
-def close_after_unframed_answer(handler: tornado.web.RequestHandler, *, early: bool) -> None:
-    """An HTTP/1.0 client gets no chunked framing: a body streamed to it ends only where the
-    connection does (RFC 9112 §6.3), so the connection closes after the answer instead of
-    being kept alive for a next request that would follow whatever bytes a node sent. An
-    answer ``early`` (before the whole body arrived: the node refused it) closes it too,
-    since the rest is never read, and says so: a pooled client reused the connection, and
-    its next request met the close (``Remote end closed connection without response``)."""
-    request = handler.request
-    connection = request.connection
-    if request.version != "HTTP/1.1" and isinstance(connection, HTTP1Connection):
-        connection._disconnect_on_finish = True
-    if early:
-        handler.set_header("Connection", "close")
 
 
 def too_large_message(limit: int, declared: int | None) -> str:
@@ -151,10 +107,10 @@ async def timed_wait(handler: Any, acquire: Awaitable[T]) -> T:
 
 
 @tornado.web.stream_request_body
-class ForwardHandler(RouterHandler):
-    """Forward the request on a slot of ``SLOT_KIND``; relay the answer as it arrives."""
+class ForwardHandler(AnswerRelay):
+    """Forward the request on a slot of ``SLOT_KIND`` as it arrives (choosing the node and the
+    slot first); ``AnswerRelay`` relays the answer."""
 
-    SLOT_KIND = WORKER
     ALLOWED: tuple[str, ...] = ("POST",)
     #: held as long as any client-token holder likes (a stream, a session's program, a result
     #: read slowly): never takes a node's last free control slot (docs/scaling.md)
@@ -162,15 +118,10 @@ class ForwardHandler(RouterHandler):
 
     def initialize(self, state: Any) -> None:
         super().initialize(state)
-        self.slot: Any = None
         self.declared: int | None = None
-        self.body_done = False
-        self.forwarding = False
-        self.response_started = False
         self.relay_task: asyncio.Task[None] | None = None
         self.acquire_task: asyncio.Task[Any] | None = None
         self.hung_up = False  # ``client_hung_up``
-        self.counted = False
 
     # -- what subclasses choose ------------------------------------------------------------
 
@@ -178,13 +129,6 @@ class ForwardHandler(RouterHandler):
         """Control slots only: the node that must answer (None = any ready node); may
         answer the request itself (then ``self._finished`` is set)."""
         return None
-
-    def buffer_answer(self, status: int) -> bool:
-        """Collect a (small) answer with this status and pass it through ``rewrite``."""
-        return False
-
-    def rewrite(self, status: int, body: bytes) -> bytes:
-        return body
 
     def no_node(self, cause: NoNode | None = None) -> None:
         """No slot for this request: 503 ``no_node`` (or ``no_matching_node``), saying why
@@ -243,7 +187,7 @@ class ForwardHandler(RouterHandler):
         head = pb.RequestHead(headers=headers)
         if self.declared is not None:
             head.content_length = self.declared
-        self.relay_task = loop.create_task(self._relay_response())
+        self.relay_task = loop.create_task(self.relay_answer())
         await self._send(pb.SlotFrame(request_id=self.request_id, request_head=head))
         if self.declared == 0 and self.request.method != "POST":
             await self._finish_body()  # nothing will arrive: end the request body now
@@ -288,7 +232,7 @@ class ForwardHandler(RouterHandler):
 
     async def _complete(self) -> None:
         if self.hung_up:  # left while queued: no answer, not even an empty one
-            self._abort_connection()
+            self.abort_connection()
             return
         await self._finish_body()
         if self.relay_task is not None:
@@ -318,111 +262,7 @@ class ForwardHandler(RouterHandler):
             self.send_router_error(status, kind, message, "request_rejected")
         else:
             self.finish_reason = "request_rejected"
-            self._abort_connection()
-
-    # -- response side ---------------------------------------------------------------------
-
-    async def _relay_response(self) -> None:
-        slot = self.slot
-        try:
-            status, headers = relayed_response_head(await slot.next_frame())
-            if status is None:
-                raise InvalidAnswer
-            if status == 503 and self.SLOT_KIND == WORKER:
-                self.state.registry.mark_saturated(self.node)
-            self.clear()
-            self.clear_header("Content-Type")
-            self.clear_header("Date")
-            self.clear_header("Server")
-            self.set_status(status)
-            for name, value in headers:
-                self.add_header(name, value)
-            assert self.node is not None  # chosen with the slot
-            self.set_header("X-KCoral-Node", self.node)
-            self.set_header("X-Request-ID", self.request_id)
-            close_after_unframed_answer(self, early=not self.body_done)
-            buffered: list[bytes] | None = [] if self.buffer_answer(status) else None
-            if buffered is None:
-                self.response_started = True
-                await self.flush()
-            async for data in answer_data(slot):
-                self.response_bytes += len(data)
-                if buffered is not None and self.response_bytes <= BUFFERED_ANSWER_LIMIT:
-                    buffered.append(data)
-                    continue
-                if buffered is not None:  # larger than expected: stream it as it is
-                    self.response_started = True
-                    self.write(b"".join(buffered))
-                    buffered = None
-                self.write(data)
-                await self.flush()
-            if buffered is not None:
-                answer = self.rewrite(status, b"".join(buffered))
-                self.response_started = True
-                self.write(answer)
-        except SlotBroken as exc:
-            if self._finished:
-                return
-            self.finish_reason = self.finish_reason or (
-                "invalid_response" if exc.reason == "invalid_response" else "tunnel_disconnected"
-            )
-            if self.response_started:
-                self._abort_connection()
-            else:
-                await self.slot_broke()
-            return
-        except tornado.iostream.StreamClosedError:
-            self.on_connection_close()
-            return
-        except InvalidAnswer:
-            self._invalid_response()
-            return
-        except Exception as exc:
-            # The router's own reading of what a node (a node-token holder) sent failed:
-            # the answer is refused as invalid and the slot discarded, never left leased
-            # (it would be lost to every later request) and never a 500 page.
-            event = {"request_id": self.request_id, "node": self.node, "error": repr(exc)}
-            self.state.log.event("relay_failed", "ERROR", **event)
-            self._invalid_response()
-            return
-        if self.body_done:
-            self.state.registry.release(slot)
-        else:
-            # The node answered before the whole body arrived (early rejection).
-            self.forwarding = False
-            slot.cancel("request_rejected")
-        self.finish_reason = self.finish_reason or "completed"
-        self.slot_done()
-        if not self._finished:
-            self.finish()
-
-    async def slot_broke(self) -> None:
-        """The slot broke before the answer's head: ``502`` (ROUTER §8)."""
-        stopped = self.state.admission.closed  # closed only by the router's stop
-        message = STOPPED_TRANSPORT_MESSAGE if stopped else TRANSPORT_MESSAGE
-        self.send_router_error(502, "server_transport", message, str(self.finish_reason))
-
-    def _invalid_response(self) -> None:
-        self.finish_reason = "invalid_response"
-        self.slot.cancel("invalid_response")
-        self.forwarding = False
-        self.slot_done()
-        if self.response_started:
-            self._abort_connection()
-        else:
-            self.send_router_error(502, "server_transport", TRANSPORT_MESSAGE, "invalid_response")
-
-    def _abort_connection(self) -> None:
-        self.slot_done()
-        connection = self.request.connection
-        stream = connection.stream if isinstance(connection, HTTP1Connection) else None
-        if stream is not None:
-            stream.close()
-
-    def slot_done(self) -> None:
-        if self.counted:
-            self.counted = False
-            self.state.in_progress -= 1
+            self.abort_connection()
 
     def client_hung_up(self) -> None:
         """Seen by ``notice_hang_up`` while the request waits for a slot (Tornado, which
