@@ -58,6 +58,9 @@ def all_reduce(size):
 """
 
 
+NEEDS = "this example needs a GPU server with at least 2 GPUs"
+
+
 def build_program(size: int = 1 << 20) -> kcoral.Program:
     """The all-reduce program; `size` elements of float32 per GPU."""
     program = kcoral.Program()
@@ -89,11 +92,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         with client:
+            info = client.info()
+            if info.get("device") == "cpu" and "fleet" not in info:
+                # Its 400 for a gpu_count would say "exceeds this GPU server's configured
+                # capacity" (PROTOCOL §7's fixed words), as if it had GPUs, too few.
+                print(f"{args.url} runs programs on the CPU and has no GPUs; {NEEDS}",
+                      file=sys.stderr)  # fmt: skip
+                return 2
             health = client.health()
             count = args.gpus if args.gpus is not None else int(health["gpu_count"] or 0)
             if count < 2:
-                needs = "this example needs at least 2"
-                print(f"the server has {count} GPU(s); {needs}", file=sys.stderr)
+                print(f"the server has {count} GPU(s); {NEEDS}", file=sys.stderr)
                 return 2
             result = client.execute(build_program(), gpu_count=count, timeout_seconds=300)
     except kcoral.TransportError as error:  # one line, not the client's traceback

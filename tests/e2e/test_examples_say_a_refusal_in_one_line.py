@@ -22,14 +22,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 pytestmark = pytest.mark.timeout(300)
 
+TOKEN = secrets.token_urlsafe(24)
+
 
 @pytest.fixture(scope="module")
 def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    token = secrets.token_urlsafe(24)
     with running_server(
         tmp_path_factory.mktemp("token-server"),
         ["--log-dir", ""],
-        env={"KCORAL_AUTH_TOKEN": token},
+        env={"KCORAL_AUTH_TOKEN": TOKEN},
     ) as server:
         yield server
 
@@ -86,4 +87,21 @@ def test_an_example_given_a_bad_address_or_a_pasted_bearer_token_says_so_without
         "KCORAL_TOKEN holds a character no bearer token can hold (only printable ASCII without "
         "spaces); give the token alone, without 'Bearer '; the value is not shown: it may be "
         "a secret"
+    ], done.stderr
+
+
+@pytest.mark.parametrize("gpus", [[], ["--gpus", "2"]], ids=["all GPUs", "--gpus 2"])
+def test_the_nccl_example_on_a_cpu_server_says_it_has_no_gpus_in_one_line(
+    token_server: RunningServer, gpus: list[str]
+) -> None:
+    # Before, with --gpus the server's 400 was printed: "gpu_count exceeds this GPU server's
+    # configured capacity", as if this CPU server had GPUs, too few.
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "nccl_allreduce.py"), "--url", token_server.url, *gpus],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "KCORAL_TOKEN": TOKEN},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"{token_server.url} runs programs on the CPU and has no GPUs; this example needs a "
+        "GPU server with at least 2 GPUs"
     ], done.stderr
