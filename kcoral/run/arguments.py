@@ -28,12 +28,13 @@ DEFAULT_OUTPUT_LIMIT_BYTES = 268435456
 USAGE = f"usage: {PROG} TOOL [options] -- ARGS...\n"
 _OPTIONS_HELP = """\
 options (before the first '--'):
-  --url URL               server or router URL (default: $KCORAL_URL)
+  --url URL               server or router URL (default: $KCORAL_URL); its token, if it
+                          needs one, comes from $KCORAL_TOKEN
   --host HOST             server host (default 127.0.0.1 when only --port is given)
   --port PORT             server port (default 8000 when only --host is given)
   --timeout SECONDS       execution timeout, a positive integer (default 300; a
                           server allows at most its limit, 900 s by default)
-  --output-limit-bytes N  captured stdout/stderr limit per stream (default 268435456;
+  --output-limit-bytes N  captured stdout/stderr bytes per stream (default 256 MiB;
                           a server keeps at most its limit, 16 MiB by default)
   --send PATH             local file or directory to upload (repeatable)
   -e, --env NAME[=VALUE]  remote environment variable; bare NAME copies the local value

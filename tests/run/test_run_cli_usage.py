@@ -39,6 +39,18 @@ def test_run_help_and_tool_help_print_without_a_server(
     assert "kcoral run ncu" in out and "--out" in out
 
 
+@pytest.mark.parametrize("tool", [[], ["python"], ["ncu"], ["shell"]], ids=" ".join)
+def test_run_help_says_where_the_token_comes_from_and_gives_sizes_in_units(
+    capsys: pytest.CaptureFixture[str], tool: list[str]
+) -> None:
+    # Before, no help said how a server's token reaches `kcoral run` (only KCORAL_TOKEN
+    # does), and the output limit's default read as the byte count 268435456.
+    assert kcoral_main(["run", *tool, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "its token, if it needs one, comes from $KCORAL_TOKEN" in out
+    assert "(default 256 MiB;" in out and "268435456" not in out
+
+
 @pytest.mark.parametrize(
     "argv",
     [
