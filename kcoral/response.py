@@ -19,7 +19,7 @@ import numpy as np
 from kcoral.bench.results import as_bench_result
 from kcoral.errors import KCoralError, ProtocolError
 from kcoral.protocol import multipart
-from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_dtype
+from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_can_hold, numpy_dtype
 from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ValidationError
 from kcoral.protocol.strict_json import finite_float, loads_strict
 from kcoral.protocol.values import NODE_FIELDS
@@ -35,7 +35,6 @@ _GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"
 # From this part size on, the part is hashed in a second thread while it is copied out
 # (hashing releases the GIL); below it a thread costs more than it saves.
 _PARALLEL_HASH_BYTES = 1 << 20
-_MAX_DIMENSIONS = 64  # NumPy 2's limit on an array's dimensions
 T = TypeVar("T")
 
 
@@ -397,7 +396,7 @@ class _NodeDecoder:
             raise ProtocolError(f"result {where!r}: unknown tensor dtype {dtype!r}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise ProtocolError(f"result {where!r}: tensor shape must be non-negative ints")
-        if not _representable(shape, numpy_dtype(dtype).itemsize):
+        if not numpy_can_hold(shape, numpy_dtype(dtype).itemsize):
             raise ProtocolError(
                 f"result {where!r}: tensor shape {shape!r:.200} is beyond NumPy's limits"
             )
@@ -452,18 +451,3 @@ class _NodeDecoder:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _representable(shape: list[int], itemsize: int) -> bool:
-    """True when NumPy can make an array of ``shape`` and ``itemsize``: at most 64 dimensions,
-    and the size without its zero dimensions, in bytes, an ``intp`` (NumPy refuses a zero-size
-    shape such as ``[2**62, 0, 2**62]`` too)."""
-    if len(shape) > _MAX_DIMENSIONS:
-        return False
-    most = int(np.iinfo(np.intp).max)
-    size = itemsize
-    for dimension in shape:
-        size *= max(dimension, 1)
-        if dimension > most or size > most:
-            return False
-    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -27,12 +28,31 @@ ITEMSIZE: dict[str, int] = {
 
 DTYPES: tuple[str, ...] = tuple(ITEMSIZE)
 
+#: NumPy 2's limit on an array's dimensions
+MAX_DIMENSIONS = 64
+
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def is_dtype(name: object) -> bool:
     """True when ``name`` is one of the twelve protocol dtype names."""
     return isinstance(name, str) and name in ITEMSIZE
+
+
+def numpy_can_hold(shape: list[int] | tuple[int, ...], itemsize: int) -> bool:
+    """True when NumPy can make an array of ``shape`` and ``itemsize``: at most 64 dimensions,
+    and the size without its zero dimensions, in bytes, an ``intp`` (NumPy refuses a zero-size
+    shape such as ``[2**62, 0, 2**62]`` too). The client decodes only such tensors (CLIENT_API
+    §10), so the server encodes only such tensors (PROTOCOL §7.5)."""
+    if len(shape) > MAX_DIMENSIONS:
+        return False
+    most = sys.maxsize  # NumPy's intp is the C ssize_t, as Python's own sizes
+    size = itemsize
+    for dimension in shape:
+        size *= max(dimension, 1)
+        if dimension > most or size > most:
+            return False
+    return True
 
 
 def byte_length(dtype: str, shape: tuple[int, ...] | list[int]) -> int:

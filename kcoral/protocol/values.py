@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
-from kcoral.protocol.dtypes import ITEMSIZE, torch_byte_view
+from kcoral.protocol.dtypes import ITEMSIZE, MAX_DIMENSIONS, numpy_can_hold, torch_byte_view
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 
@@ -281,6 +281,14 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
         if host.device.type != "cpu":
             host = host.cpu()
         shape = [int(dim) for dim in host.shape]
+        if not numpy_can_hold(shape, ITEMSIZE[name]):
+            # torch makes such tensors (an empty one of 100 dimensions); the client refused
+            # the whole answer for one (CLIENT_API §10 point 10)
+            raise ValueEncodingError(
+                f"cannot encode a tensor of shape {shape!r:.200}: a client's NumPy holds at "
+                f"most {MAX_DIMENSIONS} dimensions and a size, zero dimensions left out, "
+                "below 2**63 bytes"
+            )
         # a uint8 view reads every dtype (bfloat16, float8) the same way
         return name, shape, memoryview(torch_byte_view(host, torch.uint8).numpy())
     except ValueEncodingError:

@@ -266,6 +266,19 @@ def test_a_torch_negative_view_encodes_its_resolved_values() -> None:
     assert np.frombuffer(bytes(part), np.float32).tolist() == [-2.0]
 
 
+@pytest.mark.parametrize(
+    "shape", [(0,) * 65, (1,) * 65, (2**63 - 1, 0)], ids=["65 empty", "65 of 1", "2**63-1 by 0"]
+)
+def test_a_torch_tensor_numpy_cannot_hold_fails_its_return_not_the_whole_answer(
+    shape: tuple[int, ...],
+) -> None:
+    # torch makes them; the client's decoder refused the whole answer for one
+    with pytest.raises(ValueEncodingError, match=r"^cannot encode a tensor of shape \[.*64 dim"):
+        encode_value(torch.empty(shape, dtype=torch.float32), 0)
+    node, _ = encode_value(torch.empty((0,) * 64, dtype=torch.uint8), 0)
+    assert node["shape"] == [0] * 64
+
+
 @pytest.mark.parametrize("shape", [(), (0,), (2, 0, 3)])
 def test_scalar_and_zero_size_tensors_encode(shape: tuple[int, ...]) -> None:
     for value in (np.zeros(shape, np.float32), torch.zeros(shape, dtype=torch.bfloat16)):
