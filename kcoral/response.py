@@ -21,6 +21,7 @@ from kcoral.errors import KCoralError, ProtocolError
 from kcoral.protocol import multipart
 from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_can_hold, numpy_dtype
 from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ValidationError
+from kcoral.protocol.output_order import runs_of
 from kcoral.protocol.strict_json import finite_float, loads_strict
 from kcoral.protocol.values import NODE_FIELDS
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
@@ -254,6 +255,8 @@ def _program_result(document: dict[str, Any], parts: dict[str, memoryview]) -> P
         stderr_truncated=flags["stderr_truncated"],
         error=error,
         gpu_ids=gpu_ids,
+        # only a hint for the order: a malformed one is dropped, never an error (§16)
+        output_order=runs_of(document.get("output_order")),
     )
 
 

@@ -25,6 +25,7 @@ from kcoral.protocol.nofollow import (
     closing_fd,
     open_beneath,
 )
+from kcoral.protocol.output_order import interleave
 from kcoral.protocol.paths import normalize_workspace_path
 
 # O_PATH lets us walk through directories we may search but not list.
@@ -52,6 +53,9 @@ class ProgramResult:
     #: The node that ran it: the router's ``X-KCoral-Node`` answer header (None from a
     #: direct server, which names no node).
     node: str | None = None
+    #: How ``stdout`` and ``stderr`` interleaved: the answer's ``output_order`` runs
+    #: (EXTENSIONS §16), ``()`` where the server sent none; ``output_in_order`` applies it.
+    output_order: tuple[tuple[int, int], ...] = ()
 
     @property
     def completed(self) -> bool:
@@ -59,6 +63,12 @@ class ProgramResult:
 
     def __getitem__(self, key: str) -> Any:
         return self.results[key]
+
+    def output_in_order(self) -> list[tuple[str, str]]:
+        """``("stdout" or "stderr", text)`` pieces in the order the program wrote them,
+        as far as the server recorded it (EXTENSIONS §16); without a record, all of
+        stdout, then all of stderr. Every character of both texts is in exactly one piece."""
+        return interleave(self.stdout, self.stderr, self.output_order)
 
     def _repr_html_(self) -> str | None:
         return html_of(self)

@@ -23,6 +23,7 @@ from kcoral.protocol.headers import (
     node_preference,
 )
 from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.output_order import OUTPUT_ORDER_HEADER
 from kcoral.protocol.selector import SELECT_HEADER, Selector, format_selector
 from kcoral.protocol.strict_json import dumps_compact
 from kcoral.response import CacheMiss, decode_execute_response, error_from_response
@@ -31,7 +32,13 @@ from kcoral.results import ProgramResult
 _MAX_ATTEMPTS = 3
 # Set per attempt by the negotiation; a caller-supplied value would break the request.
 _OWN_HEADERS = frozenset(
-    {"content-type", "content-length", NODE_HEADER.lower(), SELECT_HEADER.lower()}
+    {
+        "content-type",
+        "content-length",
+        NODE_HEADER.lower(),
+        SELECT_HEADER.lower(),
+        OUTPUT_ORDER_HEADER.lower(),
+    }
 )
 
 
@@ -160,5 +167,8 @@ class ExecuteNegotiation:
             headers[NODE_HEADER] = node
         if self._selector:
             headers[SELECT_HEADER] = self._selector
+        # the true order of the program's stdout and stderr (EXTENSIONS §16); a server
+        # that does not know the header answers as it always did
+        headers[OUTPUT_ORDER_HEADER] = "1"
         headers["Content-Type"] = content_type
         return Attempt(self._attempts, headers, chunks, length)

@@ -29,6 +29,7 @@ from typing import Any, TypeAlias
 from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import KCoralError, RemoteExecutionError
 from kcoral.protocol.dtypes import DTYPES
+from kcoral.protocol.output_order import interleave
 from kcoral.remote.source import uploaded_line_map
 from kcoral.results import ProgramResult
 from kcoral.run.terminal_filter import TerminalFilter, is_terminal, utf8_writable
@@ -92,26 +93,37 @@ def deadline_said(error: KCoralError, name: str, caller: Any, timeout: Any) -> E
 
 
 def show_output(result: ProgramResult) -> None:
-    """Write what the call printed where the caller's own prints go, and say when the
-    server cut it at the output limit."""
-    for name, text, truncated in (
-        ("stdout", result.stdout, result.stdout_truncated),
-        ("stderr", result.stderr, result.stderr_truncated),
-    ):
+    """Write what the call printed where the caller's own prints go, in the order it wrote
+    it (EXTENSIONS §16), and say when the server cut it at the output limit."""
+    order = result.output_order
+    screens: dict[str, TerminalFilter] = {}
+    last: dict[str, str] = {}  # each stream's last piece written
+    for name, text in interleave(result.stdout, result.stderr, order):
         stream = getattr(sys, name)
         if stream is None:  # pythonw and the like have no streams
             continue
+        other = getattr(sys, "stderr" if name == "stdout" else "stdout")
+        if other is not None and other is not stream:
+            other.flush()  # its piece before this one, where a terminal shows both
         # a lone surrogate failed the write: the call raised instead of returning
         text = utf8_writable(text)
         if is_terminal(stream):
-            # a server's escapes must not act on the caller's terminal, and what the
-            # function's output left set (colours, a hidden cursor) is undone after it
-            screen = TerminalFilter()
-            text = screen.feed(text) + screen.restore()
+            # a server's escapes must not act on the caller's terminal
+            text = screens.setdefault(name, TerminalFilter()).feed(text)
         stream.write(text)
-        if truncated:
+        last[name] = text
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None:
+            continue
+        if name in screens:
+            # what the function's output left set (colours, a hidden cursor) is undone
+            undo = screens[name].restore()
+            stream.write(undo)
+            last[name] = last.get(name, "") + undo
+        if getattr(result, f"{name}_truncated"):
             stream.write(
-                ("" if text.endswith("\n") else "\n")
+                ("" if last.get(name, "\n").endswith("\n") else "\n")
                 + f"[kcoral: the remote {name} was cut at the output limit; raise it with "
                 "@client.function(output_limit_bytes=...)]\n"
             )

@@ -52,6 +52,7 @@ def test_info_lists_features_device_and_limits(server) -> None:
         "jobs",
         "sessions",
         "cancel-unfollowed",
+        "output-order",
     }
     assert body["limits"]["max_request_bytes"] == MAX_REQUEST
     assert set(body["limits"]) == {

@@ -247,8 +247,10 @@ class CellMagic:
         meta = provenance(result, record)
         out = line_out if line_out is not None else StatusLine(False, record)
         if not record.streamed:
-            out.stdout(result.stdout)
-            out.stderr(result.stderr)
+            # in the order the program wrote them (EXTENSIONS §16): a notebook's stream
+            # outputs alternate as its stdout and stderr did
+            for stream, text in result.output_in_order():
+                (out.stdout if stream == "stdout" else out.stderr)(text)
         note = truncation_note(result, record.output_limit_bytes)
         if note:
             out.note(note)

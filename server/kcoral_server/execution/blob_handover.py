@@ -54,8 +54,9 @@ async def read_output(
     if drive.result is not RunResult.FINISHED:
         return NO_OUTPUT
     # small output is read here: cheaper than a thread hand-off
-    output = drive.workspace.read_small_output(drive.limit, INLINE_BYTES)
+    runs = drive.output_order  # EXTENSIONS §16: what the answer's output_order is made of
+    output = drive.workspace.read_small_output(drive.limit, INLINE_BYTES, runs)
     if output is not None:
         return output
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executor, drive.workspace.read_output, drive.limit)
+    return await loop.run_in_executor(executor, drive.workspace.read_output, drive.limit, runs)

@@ -72,6 +72,11 @@ class RequestObserver:
     def output_started(self, workspace: Workspace, limit: int) -> None:
         pass
 
+    def output_order(self, runs: Sequence[tuple[int, int]]) -> None:
+        """How the program's stdout and stderr interleaved so far, in bytes of the capture
+        files (EXTENSIONS §16): output that has not left yet leaves in this order."""
+        pass
+
     async def output_finished(self) -> None:
         pass
 

@@ -9,6 +9,7 @@ state; they never touch the worker.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE
 from kcoral_server.execution.responses import ReturnRecord
 from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes import ipc
-from kcoral_server.processes.channel import WorkerGone
+from kcoral_server.processes.channel import WorkerGone, close_fds
+from kcoral_server.processes.output_order import Runs, checked_runs
 from kcoral_server.storage import workspace_watch
 from kcoral_server.storage.workspace import Workspace
 
@@ -47,6 +49,8 @@ class ProgramDrive:
     #: the limit the worker died at, for the answer (``exit_cause.limit_cause``)
     cause: str | None = None
     timeout_message: str = TIMEOUT_MESSAGE  # the 504's, naming the deadline once known
+    #: the worker's record of how stdout and stderr interleaved, in bytes (EXTENSIONS §16)
+    output_order: Runs = field(default_factory=list)
 
     def read_progress(self) -> None:
         """Take the last instruction started from the progress slot (the program is over):
@@ -64,6 +68,13 @@ class ProgramDrive:
             op=instruction.op,
             id=None if isinstance(instruction, Return) else instruction.id,
         )
+
+    def order_reported(self, runs: object, fds: list[int]) -> None:
+        """The worker's ``OutputOrder`` (EXTENSIONS §16): the program's own record to
+        spoil, so a malformed one is dropped, never the program's failure."""
+        close_fds(fds)
+        with contextlib.suppress(ValueError):
+            self.output_order = checked_runs(runs)
 
     def finished(self, message: ipc.ProgramFinished) -> None:
         """The worker's ``ProgramFinished``; ``ValueError`` when it is malformed."""

@@ -12,12 +12,15 @@ event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import traceback
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.output_order import OUTPUT_ORDER_HEADER
 from kcoral.protocol.request import ParsedRequest, parse_execute_request, verify_blob_hashes
 from kcoral_server.execution.admitted import AdmittedProgram
 from kcoral_server.execution.blob_resolution import Resolution, resolve_blobs
@@ -39,6 +42,7 @@ from kcoral_server.front_door.offload import hash_tasks, on_loop
 from kcoral_server.front_door.token_reload import revoked_refusal
 from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.seat import Seat
+from kcoral_server.processes.output_order import wants_output_order
 
 if TYPE_CHECKING:
     from kcoral_server.front_door.app import ServerState
@@ -68,7 +72,7 @@ class ExecuteRequest:
         state: ServerState,
         *,
         request_id: str,
-        content_type: str | None,
+        headers: Mapping[str, str],
         body: RequestBody,
         serialization: str | None,
         observer: RequestObserver | None = None,
@@ -76,12 +80,14 @@ class ExecuteRequest:
         session: Session | None = None,
     ) -> None:
         self.state = state
+        #: the answer carries ``output_order`` (X-KCoral-Output-Order, EXTENSIONS §16)
+        self.output_order = wants_output_order(headers.get(OUTPUT_ORDER_HEADER))
         #: the session whose pinned seat runs the program (EXTENSIONS §11)
         self.session = session
         self.identity = identity  # whose caches, jobs and workers this request may use
         self.observer = observer or NO_OBSERVER
         self.request_id = request_id
-        self.content_type = content_type
+        self.content_type = headers.get("Content-Type")
         self.body = body
         self.serialization = serialization
         #: what ``request_finished`` and the request's job say about it, filled in as the
@@ -291,6 +297,11 @@ class ExecuteRequest:
 
     def _respond(self, outcome: ProgramOutcome, queue_ms: float) -> tuple[Reply, str]:
         self.record.answered(outcome)
+        if outcome.output.order and not self.output_order:
+            # a published client reads exactly the fields it always did
+            outcome = dataclasses.replace(
+                outcome, output=dataclasses.replace(outcome.output, order=())
+            )
         reply = encode_outcome(
             outcome, self.request_id, queue_ms, self.state.config.max_response_bytes
         )

@@ -187,6 +187,8 @@ def encode_outcome(
     )
     if outcome.error is not None:
         result["error"] = outcome.error
+    if outcome.output.order:  # asked for, and both streams written (EXTENSIONS §16)
+        result["output_order"] = [list(run) for run in outcome.output.order]
     try:
         data = dumps_compact(result)
     except (TypeError, ValueError):

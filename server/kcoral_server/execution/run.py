@@ -38,6 +38,7 @@ from kcoral_server.pool.seat import Seat
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import ReceiveInterrupted, WorkerGone, close_fds
 from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.output_order import OutputOrder
 from kcoral_server.storage.workspace import CapturedOutput, Workspace
 from kcoral_server.storage.workspace_watch import WorkspaceWatch
 
@@ -272,6 +273,9 @@ class SeatRun:
                         )
                     elif isinstance(message, ipc.ReturnProduced):
                         drive.returns.append(return_record(message, fds, drive.maps))
+                    elif isinstance(message, OutputOrder):  # EXTENSIONS §16
+                        drive.order_reported(message.runs, fds)
+                        self.observer.output_order(drive.output_order)
                     elif isinstance(message, ipc.ProgramFinished):
                         close_fds(fds)
                         drive.read_progress()

@@ -8,7 +8,8 @@ request's output limit) and emit it as text. Per stream at most one chunk per
 decoder keeps a multi-byte character that was cut by a write together. Before each phase
 event the job catches up (``OutputTail.catch_up``): what the program wrote before it reached
 that phase leaves first, so a reader never sees ``returning the results`` above the output
-written before it. The final drain
+written before it. Output that has not left by a phase or the end leaves in the order the
+program wrote it, by the worker's record (``OutputTail.runs``, EXTENSIONS §16). The final drain
 decodes with ``final=True``, so the concatenated chunks equal what the response's
 ``stdout``/``stderr`` hold (the same bytes, decoded the same way, replacement included).
 """
@@ -20,7 +21,7 @@ import codecs
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 POLL_SECONDS = 0.025
@@ -117,6 +118,11 @@ class OutputTail:
             StreamTail("stderr", stderr, limit, emit),
         ]
         self._task: asyncio.Task | None = None
+        #: the worker's record of how the two streams interleaved, in bytes (``(stream,
+        #: end)``, EXTENSIONS §16): what has not left yet leaves in this order at a phase
+        #: and at the end; a poll while the program runs cannot know it, and sends stdout
+        #: before stderr
+        self.runs: Sequence[tuple[int, int]] = ()
 
     def start(self) -> None:
         if self._task is None:
@@ -136,17 +142,29 @@ class OutputTail:
         coalesced while a program writes. ``upto``: the stdout and stderr sizes when the
         phase happened, when the worker said them: an instruction's frame is read while the
         program runs on, and the lines its instruction wrote must not precede its phase."""
+        bounds = upto or (None, None)
+        self._in_order(bounds)
         now = time.monotonic()
-        for stream, bound in zip(self.streams, upto or (None, None), strict=True):
+        for stream, bound in zip(self.streams, bounds, strict=True):
             stream.poll(now, at_once=True, upto=bound)
 
+    def _in_order(self, bounds: tuple[int | None, int | None]) -> None:
+        """Emit what ``runs`` cover, run by run, none past its stream's bound. (Each run's
+        read is bounded by ``MAX_READ_BYTES``, as a poll's is; a drain reads the rest.)"""
+        now = time.monotonic()
+        for stream, end in self.runs:
+            tail, bound = self.streams[stream - 1], bounds[stream - 1]
+            if end > tail.offset:  # runs that already left cost nothing
+                tail.poll(now, at_once=True, upto=end if bound is None else min(end, bound))
+
     async def finish(self) -> None:
-        """Stop polling and emit the rest of both streams."""
+        """Stop polling and emit the rest of both streams, in the order of ``runs``."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._in_order((None, None))
         for stream in self.streams:
             stream.drain()
 

@@ -32,7 +32,7 @@ import datetime
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -281,6 +281,10 @@ class Job(RequestObserver):
             lambda stream, text: self.append(stream, {"text": text}),
         )
         self._tail.start()
+
+    def output_order(self, runs: Sequence[tuple[int, int]]) -> None:
+        if self._tail is not None:
+            self._tail.runs = runs
 
     async def output_finished(self) -> None:
         if self._tail is not None:

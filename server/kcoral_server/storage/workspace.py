@@ -32,9 +32,12 @@ import secrets
 import stat
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcoral.protocol.output_order import Run
+from kcoral_server.processes.output_order import runs_in_characters
 from kcoral_server.storage.trees import remove_tree
 
 OUTPUT_TAIL_BYTES = 4096
@@ -286,6 +289,9 @@ class CapturedOutput:
     stderr: str
     stdout_truncated: bool
     stderr_truncated: bool
+    #: runs ``(stream, end in characters)`` of the two texts (EXTENSIONS §16); empty when
+    #: the program wrote to one stream only, or the worker sent no record
+    order: tuple[tuple[int, int], ...] = ()
 
 
 NO_OUTPUT = CapturedOutput("", "", False, False)
@@ -363,14 +369,17 @@ class Workspace:
             self._capped.append(_CappedFile(path, fd, output_limit + 1 + CAPTURE_MARGIN))
         _guard.add(id(self), self._capped)
 
-    def read_output(self, limit: int) -> CapturedOutput:
+    def read_output(self, limit: int, runs: Sequence[Run] = ()) -> CapturedOutput:
         """First ``limit`` bytes of each stream, UTF-8 with replacement (blocking: run it in
-        the executor for big limits)."""
-        output = self.read_small_output(limit, None)
+        the executor for big limits); ``runs``: the worker's order record in bytes, returned
+        in characters of the two texts (EXTENSIONS §16)."""
+        output = self.read_small_output(limit, None, runs)
         assert output is not None  # no size bound: always read
         return output
 
-    def read_small_output(self, limit: int, at_most: int | None) -> CapturedOutput | None:
+    def read_small_output(
+        self, limit: int, at_most: int | None, runs: Sequence[Run] = ()
+    ) -> CapturedOutput | None:
         """``read_output`` when both capture files together hold at most ``at_most`` bytes
         (cheap enough for the event loop; None: any size), else None."""
         if self.stdout_file is None or self.stderr_file is None or limit <= 0:
@@ -386,7 +395,14 @@ class Workspace:
                 return None
             out, out_more = _read_head_fd(fds[0], limit)
             err, err_more = _read_head_fd(fds[1], limit)
-            return CapturedOutput(out, err, out_more, err_more)
+            order = runs_in_characters(runs, out, err) if runs else ()
+            return CapturedOutput(
+                out.decode("utf-8", errors="replace"),
+                err.decode("utf-8", errors="replace"),
+                out_more,
+                err_more,
+                tuple(order),
+            )
         finally:
             for fd in fds:
                 if fd >= 0:
@@ -460,9 +476,9 @@ def _create_empty(path: str) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
 
 
-def _read_head_fd(fd: int, limit: int) -> tuple[str, bool]:
+def _read_head_fd(fd: int, limit: int) -> tuple[bytes, bool]:
     if fd < 0:
-        return "", False
+        return b"", False
     chunks = []
     wanted = limit + 1
     try:
@@ -473,9 +489,9 @@ def _read_head_fd(fd: int, limit: int) -> tuple[str, bool]:
             chunks.append(chunk)
             wanted -= len(chunk)
     except OSError:
-        return "", False
+        return b"", False
     data = b"".join(chunks)
-    return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
+    return data[:limit], len(data) > limit
 
 
 def _read_tail(path: str | None, count: int) -> str:

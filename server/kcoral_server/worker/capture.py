@@ -4,6 +4,9 @@ Redirecting the descriptors, not just the Python objects, is what catches prints
 load, ``os.write(1, ...)``, native code and child processes that inherit the descriptors.
 The front-end created the files and reads them itself (also after a crash), so the worker
 only writes and never truncates them.
+
+The Python-level streams also note which of the two was written when (``StreamOrder``,
+EXTENSIONS §16): the two files cannot say how their writes interleaved.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import os
 import sys
 from typing import TextIO
 
+from kcoral.protocol.output_order import MAX_RUNS
+
 _LIBC = ctypes.CDLL(None)
 
 
@@ -23,6 +28,49 @@ def flush_c_stdio() -> None:
         _LIBC.fflush(None)
     except Exception:
         pass
+
+
+class StreamOrder:
+    """The runs of one program's writes (``processes.output_order``): which stream, and its
+    file's size when the other stream took over. Costs a comparison per write, and one
+    ``fstat`` per switch of streams."""
+
+    def __init__(self) -> None:
+        self.current = 0  # the fd written last (0: none yet)
+        self.runs: list[list[int]] = []
+
+    def switch_to(self, fd: int) -> None:
+        """``fd`` is about to be written and the other stream was written last."""
+        if self.current and len(self.runs) < MAX_RUNS:
+            try:
+                self.runs.append([self.current, os.fstat(self.current).st_size])
+            except OSError:
+                pass  # the program closed it: its output ends there anyway
+        self.current = fd
+
+    def runs_so_far(self) -> list[list[int]]:
+        """The runs until now, the one still going ending at its stream's size now."""
+        runs = [list(run) for run in self.runs]
+        if self.current and len(runs) < MAX_RUNS:
+            try:
+                runs.append([self.current, os.fstat(self.current).st_size])
+            except OSError:
+                pass
+        return runs
+
+
+class _OrderedFile(io.FileIO):
+    """fd 1 or 2 for the Python-level stream, noting a switch before the write."""
+
+    def __init__(self, fd: int, order: StreamOrder) -> None:
+        super().__init__(fd, "w", closefd=False)
+        self._fd = fd
+        self._order = order
+
+    def write(self, data: object) -> int | None:  # type: ignore[override]
+        if self._order.current != self._fd:
+            self._order.switch_to(self._fd)
+        return super().write(data)  # type: ignore[arg-type]
 
 
 class OutputCapture:
@@ -37,6 +85,8 @@ class OutputCapture:
         # /dev/null (never the server's console, processes.launcher.log_relay).
         self._saved_fds = (os.dup(1), os.dup(2))
         self._wrappers: list[TextIO] = []
+        self.order = StreamOrder()
+        self.runs_at_end: list[list[int]] | None = None  # set by ``restore``
         for target_fd, path in ((1, stdout_path), (2, stderr_path)):
             if isinstance(path, int):
                 os.dup2(path, target_fd)
@@ -51,7 +101,7 @@ class OutputCapture:
             # with os.write()/native output and the front-end can stream it live.
             self._wrappers.append(
                 io.TextIOWrapper(
-                    io.FileIO(fd, "w", closefd=False),
+                    _OrderedFile(fd, self.order),
                     encoding="utf-8",
                     errors="backslashreplace",
                     line_buffering=True,
@@ -61,8 +111,10 @@ class OutputCapture:
         sys.stdout, sys.stderr = self._wrappers[0], self._wrappers[1]
 
     def restore(self) -> None:
+        """Flush, note the whole order (``runs_at_end``), put the worker's own streams back."""
         _flush_quietly(sys.stdout, sys.stderr, *self._wrappers)
         flush_c_stdio()
+        self.runs_at_end = self.order.runs_so_far()  # while fds 1 and 2 are still the files
         sys.stdout, sys.stderr = self._saved_objects
         for target_fd, saved in zip((1, 2), self._saved_fds, strict=True):
             os.dup2(saved, target_fd)

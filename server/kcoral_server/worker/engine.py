@@ -32,6 +32,7 @@ from kcoral_server.processes.ipc import (
     ProgressSlot,
     RunProgram,
 )
+from kcoral_server.processes.output_order import OutputOrder
 from kcoral_server.worker import context
 from kcoral_server.worker.blobs import BlobMaps
 from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
@@ -212,6 +213,8 @@ class ProgramExecution:
         self.progress: ProgressSlot | None = None  # set by ``execute``
         self.report_instructions = True
         self.capturing = False  # fds 1 and 2 go to the front-end's capture files
+        self.capture: OutputCapture | None = None
+        self.order_sent: list[list[int]] = []  # the output order last reported
         self.threads_before = live_threads()  # threads it starts must end with it
         # only modules that appear (or change) during the program can come from its workspace
         # (the engine's copies, not taken anew per program: see ``Engine.modules_seen``)
@@ -245,6 +248,7 @@ class ProgramExecution:
             except OSError as exc:  # the front-end's capture files are unusable
                 startup_failure = exc
         self.capturing = capture is not None
+        self.capture = capture
         for fd in capture_fds:  # now duplicated onto fds 1 and 2
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -268,6 +272,7 @@ class ProgramExecution:
             set_program_deadline(None)
             if capture is not None:
                 capture.restore()
+        self._report_output_order()  # the whole record, before ``ProgramFinished``
         outcome = Outcome(
             status="FAILED" if self.error is not None else "COMPLETED",
             error=self.error,
@@ -304,6 +309,19 @@ class ProgramExecution:
         except OSError:
             return None
 
+    def _report_output_order(self) -> None:
+        """How stdout and stderr interleaved so far, where that changed and both were
+        written (EXTENSIONS §16): before an instruction's frame, whose phase lets out the
+        output written before it in this order; and kept by the front-end if we crash."""
+        if self.capture is None:
+            return
+        runs = self.capture.runs_at_end
+        if runs is None:  # the program runs on
+            runs = self.capture.order.runs_so_far()
+        if len(runs) > 1 and runs != self.order_sent:
+            self.channel.send(OutputOrder(runs=runs))
+            self.order_sent = runs
+
     def _run_instructions(self, startup_failure: Exception | None = None) -> None:
         try:
             if startup_failure is not None:
@@ -330,6 +348,7 @@ class ProgramExecution:
             previous, self.last = self.last, where
             if self.progress is not None:
                 self.progress.started(where.index)
+            self._report_output_order()
             if self.report_instructions:
                 self.channel.send(
                     InstructionStarted(where.index, where.op, where.id, self._output_sizes())

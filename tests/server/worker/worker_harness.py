@@ -29,6 +29,7 @@ from kcoral_server.processes.ipc import (
     WorkerStartFailed,
 )
 from kcoral_server.processes.launcher.front_end import ForkedProcess, Launcher
+from kcoral_server.processes.output_order import OutputOrder
 
 
 def blocking_env(directory: Path, *modules: str) -> dict[str, str]:
@@ -53,6 +54,12 @@ class Result:
     stderr: str
     workspace: Path
     ready_again: bool = False
+
+    @property
+    def output_order(self) -> list[list[int]]:
+        """The worker's last report of how stdout and stderr interleaved (EXTENSIONS §16)."""
+        reports = [m.runs for m in self.messages if isinstance(m, OutputOrder)]
+        return reports[-1] if reports else []
 
     @property
     def error(self) -> dict[str, Any] | None:

@@ -209,7 +209,7 @@ class ExecuteHandler(BaseHandler):
         return ExecuteRequest(
             self.state,
             request_id=self.request_id,
-            content_type=self.request.headers.get("Content-Type"),
+            headers=self.request.headers,
             body=body,
             serialization=self.serialization,
             observer=observer,

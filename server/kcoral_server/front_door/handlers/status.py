@@ -88,6 +88,7 @@ class InfoHandler(BaseHandler):
         config = self.state.config
         # cancel-unfollowed: X-KCoral-Cancel-Unfollowed is honoured (EXTENSIONS §5, §7)
         features = ["cpu-tensors", "async-run", "serialization", "jobs", "cancel-unfollowed"]
+        features.append("output-order")  # X-KCoral-Output-Order is honoured (EXTENSIONS §16)
         if self.state.auth_token is not None:
             features.append("auth")
         sessions = self.state.sessions

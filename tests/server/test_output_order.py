@@ -1,0 +1,218 @@
+"""The order of a program's stdout and stderr (EXTENSIONS §16): ``output_order``.
+
+The worker captures the two streams into two files (SERVER §9), so an answer held
+``print("a"); print("warn", file=sys.stderr); print("b")`` as ``a``, ``b`` and then
+``warn``. A real server and real worker processes; the client is ``kcoral.Client`` (which
+asks with ``X-KCoral-Output-Order: 1``) or raw HTTP, as a published client sends it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from server_process import RunningServer, running_server
+
+from kcoral import Client, Program
+from kcoral.connection.negotiation import execute_body
+from kcoral.protocol.multipart import encode_multipart
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+SOURCE = r"""
+import logging
+import os
+import sys
+import warnings
+
+
+def interleaved():
+    print("a")
+    print("warn", file=sys.stderr)
+    print("b")
+    warnings.warn("careful")
+    logging.getLogger("order").error("logged")
+    sys.stdout.write("c\n")
+    return 1
+
+
+def native_writes():
+    print("py out 1")
+    os.write(1, b"native out\n")
+    print("py err", file=sys.stderr)
+    os.write(2, b"native err\n")
+    print("py out 2")
+    return 1
+
+
+def failing():
+    print("before")
+    raise ValueError("boom")
+
+
+def one_stream():
+    print("only stdout")
+    return 1
+
+
+def crashing():
+    print("out before the crash")
+    print("err before the crash", file=sys.stderr)
+    print("out again")
+    os._exit(3)
+"""
+
+
+def program(name: str) -> Program:
+    built = Program()
+    module = built.upload(kind="module", source=SOURCE)
+    fn = built.get_function(module=module, name=name)
+    built.run(fn=fn)
+    return built
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(tmp_path_factory.mktemp("output-order") / "server") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> Iterator[Client]:
+    with Client(server.url) as made:
+        yield made
+
+
+def test_prints_warnings_and_logging_come_back_in_the_order_the_program_wrote_them(
+    client: Client,
+) -> None:
+    result = client.execute(program("interleaved"))
+    assert result.completed
+    pieces = result.output_in_order()
+    assert [stream for stream, _ in pieces] == ["stdout", "stderr", "stdout", "stderr", "stdout"]
+    assert pieces[0][1] == "a\n" and pieces[1][1] == "warn\n" and pieces[2][1] == "b\n"
+    assert "careful" in pieces[3][1] and "logged" in pieces[3][1]
+    assert pieces[4][1] == "c\n"
+    # the two texts are what they always were
+    assert result.stdout == "a\nb\nc\n" and "warn\n" in result.stderr
+
+
+def test_native_writes_between_python_writes_keep_their_place(client: Client) -> None:
+    result = client.execute(program("native_writes"))
+    assert result.output_in_order() == [
+        ("stdout", "py out 1\nnative out\n"),
+        ("stderr", "py err\nnative err\n"),
+        ("stdout", "py out 2\n"),
+    ]
+
+
+def test_a_traceback_follows_the_lines_printed_before_it(client: Client) -> None:
+    result = client.execute(program("failing"))
+    assert result.status == "FAILED"
+    # the traceback is in the error object; what was printed comes back whole
+    assert result.output_in_order()[0] == ("stdout", "before\n")
+
+
+def test_a_program_writing_one_stream_gets_no_record(client: Client) -> None:
+    result = client.execute(program("one_stream"))
+    assert result.output_order == () and result.output_in_order() == [("stdout", "only stdout\n")]
+
+
+def test_a_worker_that_dies_mid_program_still_returns_every_byte_it_wrote(
+    client: Client,
+) -> None:
+    result = client.execute(program("crashing"))
+    assert result.status == "FAILED"
+    assert result.stdout == "out before the crash\nout again\n"
+    assert result.stderr == "err before the crash\n"
+    # the order died with the worker: the texts come back as before, stdout first
+    assert result.output_in_order() == [
+        ("stdout", result.stdout),
+        ("stderr", result.stderr),
+    ]
+
+
+def test_a_crash_keeps_the_order_up_to_the_instruction_it_crashed_in(client: Client) -> None:
+    built = Program()
+    module = built.upload(kind="module", source=SOURCE)
+    built.run(fn=built.get_function(module=module, name="interleaved"))
+    built.run(fn=built.get_function(module=module, name="crashing"))
+    result = client.execute(built)
+    assert result.status == "FAILED"
+    names = [stream for stream, _ in result.output_in_order()]
+    # the first run's five runs in order; the crashed one's output after them, stdout first
+    assert names == ["stdout", "stderr", "stdout", "stderr", "stdout", "stderr"]
+    assert result.output_in_order()[4][1] == "c\nout before the crash\nout again\n"
+    assert result.output_in_order()[5][1] == "err before the crash\n"
+
+
+def _raw_execute(server: RunningServer, headers: dict[str, str]) -> dict:
+    program_json = execute_body(program("interleaved"))
+    content_type, chunks, _ = encode_multipart([("program", "application/json", program_json)])
+    request = urllib.request.Request(
+        f"{server.url}/execute",
+        data=b"".join(chunks),
+        headers={"Content-Type": content_type, **headers},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def test_a_published_client_that_does_not_ask_gets_exactly_todays_fields(
+    server: RunningServer,
+) -> None:
+    document = _raw_execute(server, {})
+    assert "output_order" not in document
+    assert document["stdout"] == "a\nb\nc\n" and document["stderr"].startswith("warn\n")
+
+
+def test_a_client_that_asks_gets_runs_in_characters_of_the_texts(
+    server: RunningServer,
+) -> None:
+    document = _raw_execute(server, {"X-KCoral-Output-Order": "1"})
+    runs = document["output_order"]
+    assert runs[:3] == [[1, 2], [2, 5], [1, 4]]
+    assert runs[-1] == [1, len(document["stdout"])]
+
+
+def test_the_server_lists_the_feature(client: Client) -> None:
+    assert "output-order" in client.info()["features"]
+
+
+def test_a_job_s_output_events_come_in_the_order_written(client: Client) -> None:
+    job = client.submit(program("interleaved"))
+    pieces: list[tuple[str, str]] = []
+    for event in job.events():
+        if event.kind in ("stdout", "stderr"):
+            if pieces and pieces[-1][0] == event.kind:
+                pieces[-1] = (event.kind, pieces[-1][1] + event.text)
+            else:
+                pieces.append((event.kind, event.text))
+        if event.kind == "phase" and event.finished:
+            break
+    assert pieces == job.result().output_in_order()
+    assert [stream for stream, _ in pieces] == ["stdout", "stderr", "stdout", "stderr", "stdout"]
+
+
+def test_a_remote_function_replays_its_output_in_the_order_written(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @client.function()
+    def interleaved() -> int:
+        import sys
+
+        print("a")
+        print("warn", file=sys.stderr)
+        print("b")
+        return 1
+
+    screen = io.StringIO()  # one place for both streams, as a terminal shows them
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert interleaved.remote() == 1
+    assert screen.getvalue() == "a\nwarn\nb\n"
