@@ -3,7 +3,11 @@ tests/jupyter."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import nbformat
+from nbclient import NotebookClient
 
 
 def shown(cell: Any, *, tracebacks: bool = True) -> str:
@@ -18,3 +22,17 @@ def shown(cell: Any, *, tracebacks: bool = True) -> str:
         elif tracebacks and output.output_type == "error":
             parts.append("\n".join(output["traceback"]))
     return "\n".join(parts)
+
+
+def executed(sources: list[str], directory: Path, *, timeout: int = 120) -> Any:
+    """A new notebook of ``sources`` after a real kernel (nbclient) ran it in ``directory``,
+    each error kept as its cell's output."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": directory}},
+    ).execute()
+    return notebook

@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+from notebook_cells import executed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -68,14 +67,7 @@ def test_a_cell_and_a_remote_function_show_output_in_the_order_written(
         "%%kcoral" + PROGRAM,
         REMOTE.format(url=cpu_server_url),
     ]
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    NotebookClient(
-        notebook,
-        timeout=120,
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": tmp_path}},
-    ).execute()
+    notebook = executed(sources, tmp_path)
     cell = streams(notebook.cells[2])
     assert [name for name, _ in cell] == [
         "stdout",
