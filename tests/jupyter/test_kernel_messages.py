@@ -5,6 +5,7 @@ refused, and the hint for a name that was not sent."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -15,6 +16,7 @@ from notebook_screenshot import screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
+README = Path(__file__).resolve().parents[2] / "README.md"
 DEAD = "127.0.0.1:9"  # the discard port: nothing listens there
 SLEEPING_CELL = "%%kcoral\nimport time\nprint('started', flush=True)\ntime.sleep(120)\n"
 
@@ -78,6 +80,11 @@ def test_a_notebook_session_sees_short_errors_and_nothing_silent(
     hint = error_of(cells[7])
     assert hint["ename"] == "RemoteCellError"
     assert hint["traceback"][-1].endswith("send it with -i w")
+    # The README shows this error's first line as it comes, but for the job id and the URL
+    # (before, it showed the remote NameError's own line, which comes after the traceback).
+    first = re.sub(r"\x1b\[[0-9;]*m", "", hint["traceback"][0])
+    first = re.sub(r"job [0-9a-f-]{36} on \S+ ", "job 8b66… on http://127.0.0.1:8123 ", first)
+    assert f"  {first}\n" in README.read_text(encoding="utf-8"), first
 
     # IPython shows a UsageError as one stderr line, not as an error output.
     assert "UsageError: %%kcoral: unrecognized arguments: --gpu 1" in shown(
