@@ -179,6 +179,13 @@ def tensor_stats(array: np.ndarray) -> dict[str, Any]:
     stats: dict[str, Any] = {"shape": tuple(array.shape), "dtype": str(array.dtype)}
     if not array.size:
         return stats
+    if array.dtype.kind in "biu":
+        # exact: through float64 an int32 of 987654321 read 'max 9.87654e+08' and int64's
+        # largest one more than itself; min and max of integers need no copy at all
+        found = _finite_summary(array)
+        assert found is not None  # every integer is finite
+        stats.update(min=int(array.min()), max=int(array.max()), mean=found[2] / found[3])
+        return stats
     try:
         if array.size <= STATS_CHUNK_ELEMENTS:
             values = np.asarray(array, dtype=np.float64)
@@ -244,7 +251,8 @@ def tensor_html(value: Any, name: str | None = None) -> str:
     facts = [f"shape {escape(stats['shape'])}", f"dtype {escape(stats['dtype'])}"]
     for key in ("min", "max", "mean"):
         if key in stats:
-            facts.append(f"{key} {stats[key]:.6g}")
+            value = stats[key]
+            facts.append(f"{key} {value}" if isinstance(value, int) else f"{key} {value:.6g}")
     with np.printoptions(threshold=50, edgeitems=3, precision=4, linewidth=100):
         preview = np.array2string(np.asarray(array, dtype=_printable(array)))
     picture = ""

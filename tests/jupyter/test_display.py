@@ -116,6 +116,22 @@ def test_tensors_show_stats_a_preview_and_a_picture() -> None:
     assert "<polyline" in rich.tensor_html(np.arange(5.0))
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array([123456789, 987654321], np.int32),
+        np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max]),
+        np.arange(3_000_001, dtype=np.int64) * 1_000_003,  # in pieces
+    ],
+    ids=["int32", "int64 extremes", "large int64"],
+)
+def test_an_integer_tensor_shows_its_exact_min_and_max(values) -> None:
+    # through float64 they read 'min 1.23457e+08 · max 9.87654e+08'
+    html = rich.tensor_html(values, "ids")
+    assert f"min {values.min()} · max {values.max()} · mean" in html
+    assert rich.tensor_stats(np.array([True, False]))["max"] == 1
+
+
 def test_a_bfloat16_tensor_renders() -> None:
     import ml_dtypes
 
