@@ -163,6 +163,13 @@ def test_the_remote_functions_notebook_shows_both_formats_and_async_calls(
         assert "in divide\n    return a / b" in outputs and "<uploaded:" not in outputs
     assert "49" in outputs and "[0, 1, 4, 9, 16, 25, 36, 49]" in outputs  # async def, gather
     assert "HELLO" in outputs  # AsyncClient
+    # Its words on asyncio.gather name the workers that run the calls at once: its 8 calls of
+    # 0.5 s took 4.1 s on a one-worker server (kcoral server's default), with nothing said.
+    source = nbformat.read(ROOT / "notebooks" / "remote_functions.ipynb", as_version=4).cells
+    started = re.search(r'"--num-workers",\s*"(\d+)"', source[1].source)
+    assert started is not None, source[1].source
+    words = " ".join(" ".join(cell.source for cell in source).split())
+    assert f"the server this notebook starts has {started[1]}, a plain `kcoral server` 1" in words
     if connection.name == "embedded":  # the server the notebook starts keeps the safe default
         # (it passed --sandbox none: a notebook that teaches the API taught running unconfined)
         expected = "none" if sandbox.probe() else "bubblewrap"
