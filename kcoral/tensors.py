@@ -13,7 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from kcoral.protocol.dtypes import DTYPES, byte_length, is_dtype, torch_byte_view
+from kcoral.protocol.dtypes import (
+    DTYPES,
+    byte_length,
+    is_dtype,
+    torch_byte_view,
+    torch_tensor_problem,
+)
 
 TensorPayload = tuple[bytes, str, tuple[int, ...]]
 
@@ -119,6 +125,9 @@ def _numpy_payload(array: np.ndarray) -> tuple[bytes, str, tuple[int, ...]]:
 
 
 def _torch_payload(torch: Any, tensor: Any) -> tuple[bytes, str, tuple[int, ...]]:
+    problem = torch_tensor_problem(tensor)
+    if problem is not None:
+        raise TypeError(f"cannot send a tensor {problem}")
     name = str(tensor.dtype).removeprefix("torch.")
     if not is_dtype(name):
         raise ValueError(not_a_wire_dtype(f"torch dtype {tensor.dtype}"))

@@ -81,6 +81,20 @@ def dtype_name_of_numpy(dtype: np.dtype) -> str | None:
     return name if name in ITEMSIZE else None
 
 
+def torch_tensor_problem(tensor: Any) -> str | None:
+    """Why the torch ``tensor`` has no bytes to travel, as the end of a sentence that begins
+    "cannot send a tensor", or None. torch's own words were no help: a sparse one failed
+    with 'unsupported memory format option Contiguous', a nested one with 'Internal error:
+    NestedTensorImpl doesn't support sizes. Please file an issue.'"""
+    if tensor.is_nested:
+        return "that is nested (it has no single shape; tensor.unbind() gives its tensors)"
+    if str(tensor.layout) != "torch.strided":
+        return f"of layout {tensor.layout} (tensor.to_dense() makes it dense)"
+    if tensor.device.type == "meta":
+        return "on the meta device (it holds no data)"
+    return None
+
+
 def torch_byte_view(tensor: Any, uint8: Any) -> Any:
     """The C-order bytes of the CPU torch ``tensor`` as a flat tensor of dtype ``uint8``
     (``torch.uint8``: torch is imported by the caller only), a view where torch allows one.

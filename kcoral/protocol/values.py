@@ -20,7 +20,13 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
-from kcoral.protocol.dtypes import ITEMSIZE, MAX_DIMENSIONS, numpy_can_hold, torch_byte_view
+from kcoral.protocol.dtypes import (
+    ITEMSIZE,
+    MAX_DIMENSIONS,
+    numpy_can_hold,
+    torch_byte_view,
+    torch_tensor_problem,
+)
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 
@@ -277,6 +283,9 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
         name = str(tensor.dtype).removeprefix("torch.")
         if name not in ITEMSIZE:
             raise ValueEncodingError(f"cannot encode a tensor of dtype {str(tensor.dtype)!r}")
+        problem = torch_tensor_problem(tensor)
+        if problem is not None:
+            raise ValueEncodingError(f"cannot encode a tensor {problem}")
         host = tensor.detach()
         if host.device.type != "cpu":
             host = host.cpu()

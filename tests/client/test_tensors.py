@@ -97,6 +97,26 @@ def test_a_torch_negative_view_uploads_its_resolved_values():
     assert np.frombuffer(data, np.float32).tolist() == [-2.0, 4.0] and dtype == "float32"
 
 
+NO_BYTES = {
+    "sparse": (lambda: torch.eye(3).to_sparse(), "of layout torch.sparse_coo (tensor.to_dense()"),
+    "csr": (lambda: torch.eye(3).to_sparse_csr(), "of layout torch.sparse_csr"),
+    "nested": (
+        lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+        "that is nested (it has no single shape; tensor.unbind()",
+    ),
+    "meta": (lambda: torch.empty(3, device="meta"), "on the meta device (it holds no data)"),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch: nested and CSR are beta
+@pytest.mark.parametrize(("make", "words"), NO_BYTES.values(), ids=NO_BYTES)
+def test_a_torch_tensor_without_dense_bytes_is_refused_saying_what_to_send(make, words):
+    # torch's own words: 'unsupported memory format option Contiguous', 'Internal error: ...'
+    with pytest.raises(TypeError) as refused:
+        tensor_payload(make())
+    assert str(refused.value).startswith(f"cannot send a tensor {words}")
+
+
 def test_big_endian_and_strided_numpy_arrays_become_little_endian_c_order():
     array = np.arange(6, dtype=">i4").reshape(2, 3)[:, ::2]
     data, dtype, shape = tensor_payload(array)

@@ -266,6 +266,26 @@ def test_a_torch_negative_view_encodes_its_resolved_values() -> None:
     assert np.frombuffer(bytes(part), np.float32).tolist() == [-2.0]
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch: nested and CSR are beta
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: torch.eye(3).to_sparse(), "of layout torch.sparse_coo (tensor.to_dense()"),
+        (lambda: torch.eye(3).to_sparse_csr(), "of layout torch.sparse_csr"),
+        (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "that is nested"),
+        (lambda: torch.empty(3, device="meta"), "on the meta device (it holds no data)"),
+    ],
+    ids=["sparse", "csr", "nested", "meta"],
+)
+def test_a_torch_tensor_without_dense_bytes_fails_its_return_saying_what_to_return(
+    make: Any, words: str
+) -> None:
+    # torch's own words: 'unsupported memory format option Contiguous', 'Internal error: ...'
+    with pytest.raises(ValueEncodingError) as refused:
+        encode_value(make(), 0)
+    assert str(refused.value).startswith(f"cannot encode a tensor {words}")
+
+
 @pytest.mark.parametrize(
     "shape", [(0,) * 65, (1,) * 65, (2**63 - 1, 0)], ids=["65 empty", "65 of 1", "2**63-1 by 0"]
 )
