@@ -122,6 +122,22 @@ def test_tracebacks_name_the_cell_and_its_lines() -> None:
     ]
 
 
+@pytest.mark.parametrize("character", ["\x0c", "\x85", "\u2028"], ids=repr)
+def test_a_character_python_does_not_end_a_line_at_keeps_the_cells_traceback_lines(
+    character: str,
+) -> None:
+    # str.splitlines breaks at these characters, the compiler does not
+    source = f"# page one{character} page two\nx = 1\nraise ValueError('boom')\n"
+    with pytest.raises(ValueError) as info:
+        wrapper(source)({}, [])
+    import traceback
+
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert (cell_file_name(source), 3, "raise ValueError('boom')") in [
+        (f.filename, f.lineno, f.line) for f in frames
+    ]
+
+
 def test_outcomes_decode_outputs_files_and_torch_when_asked() -> None:
     result = ProgramResult(
         status="COMPLETED",
