@@ -8,6 +8,7 @@ helpers fail an instruction with a chosen kind (PROTOCOL.md §7.6).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 # Defined by the protocol layer (which imports nothing else of kcoral), re-exported here.
@@ -21,6 +22,7 @@ __all__ = [
     "INSTRUCTION_ERROR_KINDS",
     "ExecutionError",
     "KCoralError",
+    "PrintedOutput",
     "ProtocolError",
     "RemoteExecutionError",
     "TransportError",
@@ -28,8 +30,21 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class PrintedOutput:
+    """What a program printed before its deadline cut it, as its 504 carries it
+    (EXTENSIONS §15): each stream bounded, ``*_truncated`` when the server or the client cut
+    it. The server's text as it came: screen it before a terminal shows it."""
+
+    stdout: str
+    stderr: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+
 class KCoralError(Exception):
-    """A non-200 HTTP answer from a KCoral server or router."""
+    """A non-200 HTTP answer from a KCoral server or router. ``output``: what the program
+    printed before its deadline, where a 504 carried it (``None`` otherwise)."""
 
     def __init__(
         self,
@@ -38,12 +53,14 @@ class KCoralError(Exception):
         *,
         kind: str | None = None,
         request_id: str | None = None,
+        output: PrintedOutput | None = None,
     ) -> None:
         super().__init__(status_code, message)
         self.status_code = status_code
         self.message = message
         self.kind = kind
         self.request_id = request_id
+        self.output = output
 
     def __str__(self) -> str:
         # Who can reach this: the server answering, malicious or not, writes ``message``;

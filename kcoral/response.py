@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kcoral.bench.results import as_bench_result
-from kcoral.errors import KCoralError, ProtocolError
+from kcoral.errors import KCoralError, PrintedOutput, ProtocolError
 from kcoral.protocol import multipart
 from kcoral.protocol.dtypes import byte_length, is_dtype, numpy_can_hold, numpy_dtype
 from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ValidationError
@@ -36,6 +36,9 @@ _GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"
 # From this part size on, the part is hashed in a second thread while it is copied out
 # (hashing releases the GIL); below it a thread costs more than it saves.
 _PARALLEL_HASH_BYTES = 1 << 20
+#: Characters of each stream a 504's output keeps (PROTOCOL §10's default capture limit):
+#: a malicious server's megabytes must not flood the terminal or notebook that shows them.
+PRINTED_OUTPUT_CHARS = 1 << 20
 T = TypeVar("T")
 
 
@@ -71,8 +74,25 @@ def error_from_response(
             message if isinstance(message, str) else "server error",
             kind=kind if isinstance(kind, str) else None,
             request_id=request_id if isinstance(request_id, str) else header_request_id,
+            output=printed_output(decoded) if status_code == 504 else None,
         )
     return KCoralError(status_code, f"HTTP {status_code}", request_id=header_request_id)
+
+
+def printed_output(body: Mapping[str, Any]) -> PrintedOutput | None:
+    """What a 504 body says the program printed (EXTENSIONS §15), each stream cut to
+    ``PRINTED_OUTPUT_CHARS``; ``None`` when it says nothing (a published server). A field
+    of another type counts as absent: the rest of the error still reads."""
+    kept: list[str] = []
+    cut: list[bool] = []
+    for name in ("stdout", "stderr"):
+        text = body.get(name)
+        text = text if isinstance(text, str) else ""
+        kept.append(text[:PRINTED_OUTPUT_CHARS])
+        cut.append(len(text) > PRINTED_OUTPUT_CHARS or body.get(f"{name}_truncated") is True)
+    if not any(kept):
+        return None
+    return PrintedOutput(kept[0], kept[1], cut[0], cut[1])
 
 
 ROUTER_UNAVAILABLE = "unavailable: no ready node of the router's default kind has connected slots"

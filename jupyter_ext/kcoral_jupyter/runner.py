@@ -196,6 +196,10 @@ def run_cell(
             reporter.phase("running (this server has no jobs API: output comes at the end)")
             result = client.execute(built.program, **options.as_kwargs())
     except KCoralError as exc:
+        if exc.output is not None and not record.streamed:
+            # what the cell printed before its deadline (EXTENSIONS §15), then the error
+            reporter.stdout(exc.output.stdout)
+            reporter.stderr(exc.output.stderr)
         raise translate_error(exc, options, record.server) from None
     finally:
         record.wall_ms = (time.monotonic() - started) * 1000.0

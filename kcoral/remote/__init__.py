@@ -38,7 +38,13 @@ from kcoral.remote.arguments import (
 from kcoral.remote.pickled import dump_by_value as dump_by_value
 from kcoral.remote.pickled import dump_call, unpicklable_part
 from kcoral.remote.pickled import load_requested as load_requested
-from kcoral.remote.report import deadline_said, interrupted, note_remote_traceback, show_output
+from kcoral.remote.report import (
+    deadline_said,
+    interrupted,
+    note_remote_traceback,
+    show_output,
+    show_printed,
+)
 from kcoral.remote.source import dispatcher_name, json_module_source
 from kcoral.results import ProgramResult
 
@@ -314,7 +320,11 @@ class RemoteFunction:
         if _asked_async(run_async):
             return self._remote_async(args, kwargs, serialization)
         fmt = self._format(serialization)
-        result = self._execute_blocking(self._build(args, kwargs, fmt), fmt)
+        try:
+            result = self._execute_blocking(self._build(args, kwargs, fmt), fmt)
+        except KCoralError as error:
+            show_printed(error)
+            raise
         try:
             return self._value(result, fmt)
         except RemoteExecutionError as error:  # one KCoral frame shown, not three
@@ -332,7 +342,11 @@ class RemoteFunction:
         self, args: tuple[Any, ...], kwargs: dict[str, Any], serialization: str | None
     ) -> Any:
         fmt = self._format(serialization)
-        result = await self._execute_async(args, kwargs, serialization)
+        try:
+            result = await self._execute_async(args, kwargs, serialization)
+        except KCoralError as error:
+            show_printed(error)
+            raise
         return self._value(result, fmt)
 
     async def _execute_async(

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from kcoral.by_value import _sent_by_value as sent_by_value
-from kcoral.errors import KCoralError, RemoteExecutionError
+from kcoral.errors import KCoralError, PrintedOutput, RemoteExecutionError
 from kcoral.protocol.dtypes import DTYPES
 from kcoral.protocol.output_order import interleave
 from kcoral.remote.source import uploaded_line_map
@@ -89,13 +89,21 @@ def deadline_said(error: KCoralError, name: str, caller: Any, timeout: Any) -> E
     else:
         setting = f"{name}()'s timeout={timeout:g}; {decorator} raises it"
     message = f"{found[1]} ({setting})"
-    return KCoralError(error.status_code, message, kind=error.kind, request_id=error.request_id)
+    return KCoralError(
+        error.status_code,
+        message,
+        kind=error.kind,
+        request_id=error.request_id,
+        output=error.output,
+    )
 
 
-def show_output(result: ProgramResult) -> None:
-    """Write what the call printed where the caller's own prints go, in the order it wrote
-    it (EXTENSIONS §16), and say when the server cut it at the output limit."""
-    order = result.output_order
+def show_output(result: ProgramResult | PrintedOutput) -> None:
+    """Write what the call printed where the caller's own prints go, and say when the
+    server cut it at the output limit. A call cut by its deadline gives what it printed
+    before (``PrintedOutput``), shown before its error as a local call's prints would be."""
+    # in the order it wrote them (EXTENSIONS §16), where the server recorded it
+    order = result.output_order if isinstance(result, ProgramResult) else ()
     screens: dict[str, TerminalFilter] = {}
     last: dict[str, str] = {}  # each stream's last piece written
     for name, text in interleave(result.stdout, result.stderr, order):
@@ -127,6 +135,13 @@ def show_output(result: ProgramResult) -> None:
                 + f"[kcoral: the remote {name} was cut at the output limit; raise it with "
                 "@client.function(output_limit_bytes=...)]\n"
             )
+
+
+def show_printed(error: KCoralError) -> None:
+    """What a call cut by its deadline printed before it (its 504 says), where a local
+    call's prints would be; before the error, as they came before it."""
+    if error.output is not None:
+        show_output(error.output)
 
 
 def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], fmt: str) -> None:

@@ -229,6 +229,10 @@ def run(options: RunOptions) -> int:
         return 1
     except KCoralError as exc:
         if exc.status_code == 504 and exc.kind == "timeout":
+            if exc.output is not None and not options.output_streamed:
+                # what the tool printed before its deadline (EXTENSIONS §15), then why it ended
+                write_output(sys.stdout, exc.output.stdout)
+                write_output(sys.stderr, exc.output.stderr)
             say(timed_out(options))
             return 1
         say(server_error(exc, options.url))

@@ -43,7 +43,9 @@ def one_call_past_the_deadline():
 
 #: The program's deadline in these tests, in seconds; the calls asked for take 20 s.
 DEADLINE = 4
-SAID = re.compile(r"stopped after (\d+) of (\d+) calls: the program's deadline of [\d.]+ s was near")
+SAID = re.compile(
+    r"stopped after (\d+) of (\d+) calls: the program's deadline of [\d.]+ s was near"
+)
 
 
 @pytest.fixture(scope="module")

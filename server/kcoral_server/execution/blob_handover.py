@@ -47,11 +47,12 @@ async def blob_slices(
 async def read_output(
     drive: ProgramDrive, observer: RequestObserver, executor: Executor | None
 ) -> CapturedOutput:
-    """Drain live output (jobs), then read the response's output (finished programs)."""
+    """Drain live output (jobs), then read the response's output (finished programs, and
+    those past their deadline, whose 504 carries it: EXTENSIONS §15)."""
     if drive.limit <= 0:
         return NO_OUTPUT
     await observer.output_finished()
-    if drive.result is not RunResult.FINISHED:
+    if drive.result not in (RunResult.FINISHED, RunResult.TIMED_OUT):
         return NO_OUTPUT
     # small output is read here: cheaper than a thread hand-off
     runs = drive.output_order  # EXTENSIONS §16: what the answer's output_order is made of

@@ -69,11 +69,13 @@ def program_outcome(
     if refusal is not None:
         close_maps(drive.maps)
         message = refusal.message
+        printed = None
         if drive.result is RunResult.TIMED_OUT:
             message = drive.timeout_message  # names the deadline and its setting
+            printed = output  # what it printed before: the only trace of what it did
         elif drive.result is RunResult.CRASHED and drive.cause is not None:
             message = f"{message}: {drive.cause}"  # the limit it was killed at
-        raise RequestFailed(refusal.status, refusal.kind, message, refusal.reason)
+        raise RequestFailed(refusal.status, refusal.kind, message, refusal.reason, output=printed)
     if drive.result is RunResult.CANCELLED:
         close_maps(drive.maps)
         raise cancellation.failure()

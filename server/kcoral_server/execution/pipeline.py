@@ -119,7 +119,9 @@ class ExecuteRequest:
         try:
             reply, reason = await self._run()
         except RequestFailed as failure:
-            reply = error_reply(failure.status, self.request_id, failure.kind, failure.message)
+            reply = error_reply(
+                failure.status, self.request_id, failure.kind, failure.message, failure.output
+            )
             reason = failure.reason
             self.record.failed(failure)
         except Exception as exc:  # an unhandled front-end fault: never leak it to the client

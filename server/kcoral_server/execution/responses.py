@@ -74,22 +74,46 @@ def json_reply(status: int, body: dict[str, Any], headers: dict[str, str] | None
     return Reply(status, all_headers, [data], len(data))
 
 
-def error_reply(status: int, request_id: str, kind: str, message: str) -> Reply:
+def error_reply(
+    status: int, request_id: str, kind: str, message: str, output: CapturedOutput | None = None
+) -> Reply:
+    """An ``ERROR`` body (PROTOCOL §7.4); ``output``, where given (a program cut by its
+    deadline), adds what it printed as a ``COMPLETED`` body carries it (EXTENSIONS §15)."""
     headers = {"Retry-After": "1"} if status == 503 else {}
-    body = {
+    body: dict[str, Any] = {
         "status": "ERROR",
         "request_id": request_id,
         "error": {"kind": kind, "message": message},
     }
+    if output is not None:
+        body.update(output_fields(output))
     return json_reply(status, body, headers)
+
+
+def output_fields(output: CapturedOutput) -> dict[str, Any]:
+    """``stdout``, ``stderr`` and their truncation flags (PROTOCOL §7.2)."""
+    return {
+        "stdout": output.stdout,
+        "stderr": output.stderr,
+        "stdout_truncated": output.stdout_truncated,
+        "stderr_truncated": output.stderr_truncated,
+    }
 
 
 class RequestFailed(Exception):
     """Ends a request early with an ERROR reply and a finish reason; ``error_detail`` is
-    logged (``request_finished``), never answered."""
+    logged (``request_finished``), never answered; ``output`` is what the program printed,
+    answered beside the error (a program past its deadline, EXTENSIONS §15)."""
 
     def __init__(
-        self, status: int, kind: str, message: str, reason: str, *, error_detail: str | None = None
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        reason: str,
+        *,
+        error_detail: str | None = None,
+        output: CapturedOutput | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -97,6 +121,7 @@ class RequestFailed(Exception):
         self.message = message
         self.reason = reason
         self.error_detail = error_detail
+        self.output = output
 
 
 @dataclass(frozen=True)
@@ -178,13 +203,8 @@ def encode_outcome(
     if outcome.gpu_ids is not None:
         result["gpu_ids"] = outcome.gpu_ids
         result["gpu_count"] = len(outcome.gpu_ids)
-    result.update(
-        stdout=outcome.output.stdout,
-        stderr=outcome.output.stderr,
-        stdout_truncated=outcome.output.stdout_truncated,
-        stderr_truncated=outcome.output.stderr_truncated,
-        results={r.key: r.node for r in outcome.returns},
-    )
+    result.update(output_fields(outcome.output))
+    result["results"] = {r.key: r.node for r in outcome.returns}
     if outcome.error is not None:
         result["error"] = outcome.error
     if outcome.output.order:  # asked for, and both streams written (EXTENSIONS §16)

@@ -1,0 +1,106 @@
+"""A program cut by its deadline keeps what it printed (EXTENSIONS §15), through a real CPU
+server and its worker. The 504's fixed body (PROTOCOL §7.4) had no output: a program that
+printed its progress and then hung showed nothing of it, the one trace of how far it got.
+The body now carries ``stdout``, ``stderr`` and their truncation flags beside the error;
+the client's ``KCoralError`` has them as ``output``, ``.remote()`` prints them where the
+caller's own prints go and then raises, and a job's result keeps them too."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from server_process import RunningServer, running_server
+
+from kcoral import Client, Program
+from kcoral.errors import KCoralError
+
+SOURCE = """
+import sys, time
+
+def prints_then_hangs():
+    print("step 1 done", flush=True)
+    print("step 2 started", file=sys.stderr, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(tmp_path_factory.mktemp("deadline"), ["--num-workers", "1"]) as s:
+        yield s
+
+
+def hanging_program() -> Program:
+    program = Program()
+    module = program.upload(kind="module", source=SOURCE, id="m")
+    fn = program.get_function(module=module, name="prints_then_hangs", id="f")
+    program.run(fn=fn, id="out")
+    return program
+
+
+def test_a_program_past_its_deadline_answers_what_it_printed(server: RunningServer) -> None:
+    with Client(server.url) as client:
+        with pytest.raises(KCoralError) as caught:
+            client.execute(hanging_program(), timeout_seconds=2)
+    error = caught.value
+    assert (error.status_code, error.kind) == (504, "timeout")
+    assert error.message.startswith("execution timed out after its deadline of 2 s")
+    assert error.output is not None
+    assert (error.output.stdout, error.output.stderr) == ("step 1 done\n", "step 2 started\n")
+    assert not (error.output.stdout_truncated or error.output.stderr_truncated)
+
+
+def test_a_timed_out_jobs_result_keeps_the_output_in_a_body_published_clients_read(
+    server: RunningServer,
+) -> None:
+    with Client(server.url) as client:
+        job = client.submit(hanging_program(), timeout_seconds=2)
+        job.wait(timeout=60)
+    with pytest.raises(urllib.error.HTTPError) as answered:
+        urllib.request.urlopen(f"{server.url}{job.result_path}", timeout=30)
+    assert answered.value.code == 504
+    body = json.loads(answered.value.read())
+    # the published fields as they were, the output beside them
+    assert body["status"] == "ERROR" and body["error"]["kind"] == "timeout"
+    assert set(body["error"]) == {"kind", "message"}
+    assert (body["stdout"], body["stderr"]) == ("step 1 done\n", "step 2 started\n")
+    assert (body["stdout_truncated"], body["stderr_truncated"]) == (False, False)
+
+
+def test_a_cancelled_jobs_events_keep_what_it_printed(server: RunningServer) -> None:
+    # A cancel (and a client gone, 499) has nobody to answer: the job's events keep it.
+    with Client(server.url) as client:
+        job = client.submit(hanging_program(), timeout_seconds=60)
+        for _ in range(600):
+            if any(e.kind == "stdout" for e in job.events()):
+                break
+            time.sleep(0.05)
+        job.cancel()
+        printed = "".join(e.text for e in job.events() if e.kind == "stdout")
+    assert printed == "step 1 done\n"
+
+
+def prints_then_hangs() -> None:
+    import sys
+    import time
+
+    print("step 1 done", flush=True)
+    print("step 2 started", file=sys.stderr, flush=True)
+    time.sleep(60)
+
+
+def test_a_remote_call_past_its_deadline_prints_what_it_printed_then_raises(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Client(server.url) as client:
+        with pytest.raises(KCoralError) as caught:
+            client.function(timeout=2)(prints_then_hangs).remote()
+    seen = capsys.readouterr()
+    assert (seen.out, seen.err) == ("step 1 done\n", "step 2 started\n")
+    assert caught.value.status_code == 504
+    assert "prints_then_hangs()'s timeout=2" in str(caught.value)
+    assert caught.value.output is not None  # kept by the message naming the decorator

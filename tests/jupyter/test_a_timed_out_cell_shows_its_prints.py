@@ -1,0 +1,71 @@
+"""A ``%%kcoral`` cell and a remote function called in a cell that run past their deadline
+show what they printed before it, then the timeout (EXTENSIONS §15). Without live output
+(no jobs API: ``KCoral.use_jobs = False``, or a server without one) the 504 carried nothing
+and the cell showed only the timeout, however far the program had got.
+
+A real kernel (nbclient) against the real CPU server of the session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from notebook_cells import shown
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CELL = """%%kcoral --timeout 2
+import sys, time
+print("step 1 done", flush=True)
+print("step 2 started", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+REMOTE = """
+import kcoral
+
+@kcoral.Client({url!r}).function(timeout=2)
+def hangs():
+    import time
+    print("remote step 1", flush=True)
+    time.sleep(60)
+
+hangs.remote()
+"""
+
+
+@pytest.mark.parametrize("use_jobs", [False, True], ids=["whole-answer", "live-output"])
+def test_a_timed_out_cell_shows_its_prints_then_the_timeout(
+    cpu_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_jobs: bool
+) -> None:
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    sources = [
+        "%load_ext kcoral",
+        f"%kcoral connect {cpu_server_url}",
+        f"%config KCoral.use_jobs = {use_jobs}",
+        CELL,
+        REMOTE.format(url=cpu_server_url),
+    ]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    NotebookClient(
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": tmp_path}},
+    ).execute()
+    cell = notebook.cells[3]
+    streams = [(o.name, o.text) for o in cell.outputs if o.output_type == "stream"]
+    assert ("stdout", "step 1 done\n") in streams and ("stderr", "step 2 started\n") in streams
+    # the prints, then the error (the status line above them is updated in place)
+    assert cell.outputs[-1].output_type == "error", shown(cell)
+    assert "ran past its execution deadline" in cell.outputs[-1].evalue
+
+    remote = notebook.cells[4]
+    assert [o.text for o in remote.outputs if o.output_type == "stream"] == ["remote step 1\n"]
+    assert remote.outputs[-1].output_type == "error"
+    assert "deadline of 2 s" in remote.outputs[-1].evalue
