@@ -1,0 +1,79 @@
+"""What the README and docs/ tell a newcomer to type agrees with the code: each option a
+``kcoral server``, ``kcoral router`` or ``kcoral run`` command line in them names is one that
+command has, and the browser test's screenshots are refreshed the way the docs say. No
+server is started: the parsers are asked, as ``--help`` asks them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from kcoral_server.router.settings import _build_parser as build_router_parser
+from kcoral_server.settings.command_line import build_server_parser
+
+from kcoral.run.arguments import _VALUE_OPTIONS
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
+#: ``kcoral COMMAND ...`` up to the end of its code span or table cell
+COMMAND_LINE = re.compile(r"kcoral (server|router|run)\b([^`|\n]*)")
+
+
+def option_strings(parser) -> set[str]:
+    return {name for action in parser._actions for name in action.option_strings}
+
+
+def known_options() -> dict[str, set[str]]:
+    return {
+        "server": option_strings(build_server_parser()),
+        "router": option_strings(build_router_parser()),
+        "run": {*_VALUE_OPTIONS, "--gpus", "--help", "-h"},
+    }
+
+
+def shown_command_lines() -> list[tuple[str, str, str]]:
+    """(where, command, its options) of each ``kcoral server|router|run`` line shown; a
+    ``kcoral run`` line's options end at its first ``--`` (the tool's own follow)."""
+    found = []
+    for path in DOCS + EXAMPLES:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in COMMAND_LINE.finditer(line):
+                command, rest = match.groups()
+                if command == "run":
+                    rest = rest.split(" -- ")[0]
+                where = f"{path.relative_to(ROOT)}:{number}"
+                found += [(where, command, option) for option in OPTION.findall(rest)]
+    return found
+
+
+def test_the_docs_show_kcoral_command_lines_at_all() -> None:
+    commands = {command for _, command, _ in shown_command_lines()}
+    assert commands == {"server", "router", "run"}, commands
+
+
+def test_every_option_a_docs_command_line_names_is_one_that_command_has() -> None:
+    known = known_options()
+    unknown = [
+        f"{where}: kcoral {command} {option}"
+        for where, command, option in shown_command_lines()
+        if option not in known[command]
+    ]
+    assert not unknown, "\n".join(unknown)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/jupyterlab.md"])
+def test_the_docs_refresh_the_screenshots_with_the_variable_the_browser_test_reads(
+    page: str,
+) -> None:
+    # docs/jupyterlab.md said the browser test writes them into docs/screenshots/; since
+    # tests stopped writing into tracked files, only this variable makes it do so.
+    browser_test = (ROOT / "tests" / "labextension" / "test_browser.py").read_text()
+    variable = re.search(r'SCREENSHOT_DIR_ENV = "(\w+)"', browser_test)
+    assert variable is not None
+    words = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    refresh = f"{variable[1]}=docs/screenshots python -m pytest tests/labextension/test_browser.py"
+    assert refresh in words
+    assert "writes the screenshots above to `docs/screenshots/`" not in words
