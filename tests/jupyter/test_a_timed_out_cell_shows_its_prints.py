@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
-from notebook_cells import shown
+from notebook_cells import executed, shown
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -50,14 +48,7 @@ def test_a_timed_out_cell_shows_its_prints_then_the_timeout(
         CELL,
         REMOTE.format(url=cpu_server_url),
     ]
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    NotebookClient(
-        notebook,
-        timeout=120,
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": tmp_path}},
-    ).execute()
+    notebook = executed(sources, tmp_path)
     cell = notebook.cells[3]
     streams = [(o.name, o.text) for o in cell.outputs if o.output_type == "stream"]
     assert ("stdout", "step 1 done\n") in streams and ("stderr", "step 2 started\n") in streams
