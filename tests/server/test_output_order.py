@@ -54,6 +54,15 @@ def failing():
     raise ValueError("boom")
 
 
+def forged():
+    # the program's own record, spoiled: its answer must lose nothing over it
+    sys.stdout.buffer._order.runs.append(5)
+    print("out")
+    print("err", file=sys.stderr)
+    print("out again")
+    return 1
+
+
 def one_stream():
     print("only stdout")
     return 1
@@ -115,6 +124,13 @@ def test_a_traceback_follows_the_lines_printed_before_it(client: Client) -> None
     assert result.status == "FAILED"
     # the traceback is in the error object; what was printed comes back whole
     assert result.output_in_order()[0] == ("stdout", "before\n")
+
+
+def test_a_program_that_spoils_its_own_record_loses_no_output(client: Client) -> None:
+    result = client.execute(program("forged"))
+    assert result.completed, result.error
+    assert (result.stdout, result.stderr) == ("out\nout again\n", "err\n")
+    assert result.output_order == ()
 
 
 def test_a_program_writing_one_stream_gets_no_record(client: Client) -> None:

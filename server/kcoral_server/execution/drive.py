@@ -9,19 +9,19 @@ state; they never touch the worker.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kcoral.protocol.output_order import runs_of
 from kcoral.protocol.schema import Instruction, Return
 from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE
 from kcoral_server.execution.responses import ReturnRecord
 from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import WorkerGone, close_fds
-from kcoral_server.processes.output_order import Runs, checked_runs
+from kcoral_server.processes.output_order import Runs
 from kcoral_server.storage import workspace_watch
 from kcoral_server.storage.workspace import Workspace
 
@@ -73,8 +73,7 @@ class ProgramDrive:
         """The worker's ``OutputOrder`` (EXTENSIONS §16): the program's own record to
         spoil, so a malformed one is dropped, never the program's failure."""
         close_fds(fds)
-        with contextlib.suppress(ValueError):
-            self.output_order = checked_runs(runs)
+        self.output_order = list(runs_of(runs))
 
     def finished(self, message: ipc.ProgramFinished) -> None:
         """The worker's ``ProgramFinished``; ``ValueError`` when it is malformed."""

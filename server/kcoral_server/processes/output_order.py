@@ -5,12 +5,14 @@ not how the two interleaved. The worker's ``sys.stdout``/``sys.stderr`` therefor
 switch from one stream to the other as a *run*: ``(stream, end)``, the stream (1 stdout,
 2 stderr) and its file's size when the other stream took over, i.e. every byte of it written
 until then, Python's and (between two of Python's writes) native ones alike. The worker
-sends its runs in one ``OutputOrder`` frame before ``ProgramFinished``, only when the program
-wrote to both streams, so a program that prints to one stream (or nothing) costs nothing.
+sends its runs so far in an ``OutputOrder`` frame before each instruction where they changed
+and once more before ``ProgramFinished``, only once the program wrote to both streams, so a
+program that prints to one stream (or nothing) costs nothing.
 
 Who reaches the frame: the program, which runs in the worker and can send any runs. The
-front-end keeps only well-formed ones (``checked_runs``), and the response holds them in the
-characters of the texts it returns (``runs_in_characters``), never past them.
+front-end reads them by the client's rule (``kcoral.protocol.output_order.runs_of``: a
+malformed record is dropped whole, never the program's failure), and the response holds
+them in the characters of the texts it returns (``runs_in_characters``), never past them.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from kcoral.protocol.output_order import MAX_RUNS, STDERR, STDOUT
+from kcoral.protocol.output_order import STDERR, STDOUT
 from kcoral_server.processes.ipc import Message
 
 Runs = list[tuple[int, int]]
@@ -37,27 +39,6 @@ class OutputOrder(Message):
 def wants_output_order(header: str | None) -> bool:
     """Whether a request's ``X-KCoral-Output-Order`` asks for the record (``1``)."""
     return header is not None and header.strip() == "1"
-
-
-def checked_runs(value: Any) -> Runs:
-    """The runs of an ``OutputOrder`` frame, or ``ValueError``: at most ``MAX_RUNS``, each a
-    stream (1 or 2) and a size that never shrinks for its stream."""
-    if not isinstance(value, list) or len(value) > MAX_RUNS:
-        raise ValueError("output order: not a list of at most 10000 runs")
-    runs: Runs = []
-    last = {STDOUT: 0, STDERR: 0}
-    for run in value:
-        if (
-            not isinstance(run, list)
-            or len(run) != 2
-            or run[0] not in (STDOUT, STDERR)
-            or type(run[1]) is not int
-            or run[1] < last[run[0]]
-        ):
-            raise ValueError("output order: a run is not [1 or 2, a growing size]")
-        last[run[0]] = run[1]
-        runs.append((run[0], run[1]))
-    return runs
 
 
 def runs_in_characters(runs: Sequence[tuple[int, int]], stdout: bytes, stderr: bytes) -> Runs:

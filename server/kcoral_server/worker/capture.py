@@ -50,7 +50,7 @@ class StreamOrder:
 
     def runs_so_far(self) -> list[list[int]]:
         """The runs until now, the one still going ending at its stream's size now."""
-        runs = [list(run) for run in self.runs]
+        runs = list(self.runs)
         if self.current and len(runs) < MAX_RUNS:
             try:
                 runs.append([self.current, os.fstat(self.current).st_size])

@@ -315,9 +315,13 @@ class ProgramExecution:
         output written before it in this order; and kept by the front-end if we crash."""
         if self.capture is None:
             return
-        runs = self.capture.runs_at_end
-        if runs is None:  # the program runs on
-            runs = self.capture.order.runs_so_far()
+        try:
+            runs = self.capture.runs_at_end
+            if runs is None:  # the program runs on
+                runs = self.capture.order.runs_so_far()
+            runs = [[int(stream), int(end)] for stream, end in runs]
+        except (TypeError, ValueError):
+            return  # the program spoiled its own record: its answer goes without one
         if len(runs) > 1 and runs != self.order_sent:
             self.channel.send(OutputOrder(runs=runs))
             self.order_sent = runs
