@@ -1,0 +1,74 @@
+"""Through a router, a program's stdout and stderr keep the order the program wrote them
+(EXTENSIONS §16): the router passes the client's ``X-KCoral-Output-Order`` to the node and
+the node's ``output_order`` back, for ``/execute`` and for a job's events and result. A real
+router with client tokens and one real CPU node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopping
+from server_process import client_token_file
+
+import kcoral
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "output-order-client-token"
+NODE_ENV = {"KCORAL_NODE_TOKEN": "output-order-node-token"}
+SOURCE = """
+import sys
+
+def interleaved():
+    print("a")
+    print("warn", file=sys.stderr)
+    print("b")
+    return 1
+"""
+IN_ORDER = [("stdout", "a\n"), ("stderr", "warn\n"), ("stdout", "b\n")]
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
+    tmp = tmp_path_factory.mktemp("output-order")
+    tokens = client_token_file(tmp, f"alice {TOKEN}\n")
+    router = start_router(
+        tmp,
+        "--auth-token-file",
+        str(tokens),
+        "--status-check-interval-seconds",
+        "0.3",
+        env=NODE_ENV,
+    )
+    node = Node(tmp, router, "n1", NODE_ENV)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        yield router
+
+
+def interleaved() -> kcoral.Program:
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=SOURCE)
+    program.run(fn=program.get_function(module=module, name="interleaved"))
+    return program
+
+
+def test_an_execute_through_a_router_comes_back_in_the_order_written(
+    router: RouterProcess,
+) -> None:
+    with kcoral.Client(router.url, token=TOKEN) as client:
+        assert client.execute(interleaved()).output_in_order() == IN_ORDER
+
+
+def test_a_jobs_events_through_a_router_come_in_the_order_written(router: RouterProcess) -> None:
+    with kcoral.Client(router.url, token=TOKEN) as client:
+        job = client.submit(interleaved())
+        events = []
+        for event in job.events():
+            if event.kind in ("stdout", "stderr"):
+                events.append((event.kind, event.text))
+            if event.kind == "phase" and event.finished:
+                break
+        assert events == IN_ORDER
+        assert job.result().output_in_order() == IN_ORDER
