@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with client:
             info = client.info()
-            if info.get("device") == "cpu" and "fleet" not in info:
+            if info.get("device") == "cpu":  # a router's: its default kind, where this goes
                 # Its 400 for a gpu_count would say "exceeds this GPU server's configured
                 # capacity" (PROTOCOL §7's fixed words), as if it had GPUs, too few.
                 print(f"{args.url} runs programs on the CPU and has no GPUs; {NEEDS}",

@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 from server_process import RunningServer, running_server
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+
+from router_helpers import Node, ready_nodes, start_router, stopping
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 pytestmark = pytest.mark.timeout(300)
@@ -96,12 +100,28 @@ def test_the_nccl_example_on_a_cpu_server_says_it_has_no_gpus_in_one_line(
 ) -> None:
     # Before, with --gpus the server's 400 was printed: "gpu_count exceeds this GPU server's
     # configured capacity", as if this CPU server had GPUs, too few.
+    assert_no_gpus_said(token_server.url, gpus)
+
+
+def test_the_nccl_example_through_a_router_of_cpu_nodes_says_it_has_no_gpus_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # Before: the node's 400 through the router, as on a CPU server.
+    node_token = {"KCORAL_NODE_TOKEN": secrets.token_urlsafe(24)}
+    router = start_router(tmp_path, env={"KCORAL_AUTH_TOKEN": TOKEN, **node_token})
+    node = Node(tmp_path, router, "cpu-a", node_token)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        assert_no_gpus_said(router.url, ["--gpus", "2"])
+
+
+def assert_no_gpus_said(url: str, gpus: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "nccl_allreduce.py"), "--url", token_server.url, *gpus],
+        [sys.executable, str(EXAMPLES / "nccl_allreduce.py"), "--url", url, *gpus],
         capture_output=True, text=True, timeout=240, env={**os.environ, "KCORAL_TOKEN": TOKEN},
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
-        f"{token_server.url} runs programs on the CPU and has no GPUs; this example needs a "
-        "GPU server with at least 2 GPUs"
+        f"{url} runs programs on the CPU and has no GPUs; this example needs a GPU server "
+        "with at least 2 GPUs"
     ], done.stderr
