@@ -1,20 +1,48 @@
 """A stand-in HTTP server on loopback, in a thread, for tests that play a server the client
 talks to: the standard library's (one that knows only the published protocol, one that
 records what it was sent, one that cuts its answers short), a Tornado application (one
-that streams), or a listener that accepts connections and never answers (``silent``)."""
+that streams), or a listener that accepts connections and never answers (``silent``).
+``StandIn`` is the standard library's handler with what every such stand-in wants: a JSON
+answer in one call, the body read, and no access log in the test's output."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import http.server
+import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
+
+
+class StandIn(http.server.BaseHTTPRequestHandler):
+    """A stand-in server's handler: subclasses write ``do_GET`` and the like with
+    ``send_json``, and log nothing (the test's output shows only what failed)."""
+
+    def send_json(
+        self, document: object, status: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Answer ``document`` as JSON with ``status`` and any extra ``headers``."""
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def read_body(self) -> bytes:
+        """The request's body, as its ``Content-Length`` declares it (none: empty)."""
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 @contextlib.contextmanager

@@ -4,28 +4,23 @@ against a real HTTP server on loopback): urllib3 sends each piece of a body with
 
 from __future__ import annotations
 
-import http.server
-
 import pytest
 import urllib3.connection
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 from kcoral.connection.http import SMALL_BODY_BYTES, HttpTransport
 from kcoral.connection.transport import Request
 
 
-class _Echo(http.server.BaseHTTPRequestHandler):
+class _Echo(StandIn):
     """Answers every POST with the body it received."""
 
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
+        body = self.read_body()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture

@@ -10,12 +10,10 @@ as a dropped one does, and the client reconnected until it gave up.
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
 
 import pytest
 from job_helpers import module_program
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 import kcoral
 from kcoral.errors import ProtocolError
@@ -54,7 +52,7 @@ def test_an_async_finished_jobs_events_resumed_after_its_last_end_with_nothing(
     assert before == [last] and after == []
 
 
-class _FinishedWithoutEvents(http.server.BaseHTTPRequestHandler):
+class _FinishedWithoutEvents(StandIn):
     """A broken (or hostile) server: the job has finished, and its stream is empty."""
 
     protocol_version = "HTTP/1.1"
@@ -66,15 +64,7 @@ class _FinishedWithoutEvents(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        body = json.dumps({"job_id": JOB_ID, "status": "COMPLETED"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json({"job_id": JOB_ID, "status": "COMPLETED"})
 
 
 JOB_ID = "0f6b2d1e-5a3c-4e8f-9b7d-2c1a0e9f8d7c"

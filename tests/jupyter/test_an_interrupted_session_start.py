@@ -6,8 +6,6 @@ awaited."""
 
 from __future__ import annotations
 
-import http.server
-import json
 import signal
 import threading
 
@@ -17,7 +15,7 @@ from kcoral_jupyter.cell_errors import CellCancelledError
 from kcoral_jupyter.extension import kernel_state_of
 from kcoral_jupyter.runner import HeldInterrupt
 from kcoral_shell import kcoral_shell
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,25 +23,14 @@ ASKED = threading.Event()
 RELEASE = threading.Event()
 
 
-class SlowToStartSessions(http.server.BaseHTTPRequestHandler):
+class SlowToStartSessions(StandIn):
     """A CPU server offering sessions whose ``POST /v1/sessions`` waits to be released."""
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _json(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         if self.path == "/health":
-            self._json({"status": "ok", "gpu_count": 0, "target": {}})
+            self.send_json({"status": "ok", "gpu_count": 0, "target": {}})
         else:
-            self._json({"kcoral": "0.1.0", "protocol": 1, "features": ["jobs", "sessions"]})
+            self.send_json({"kcoral": "0.1.0", "protocol": 1, "features": ["jobs", "sessions"]})
 
     def do_POST(self) -> None:
         ASKED.set()

@@ -4,7 +4,6 @@ server (the ``shell`` fixture of ``conftest.py``)."""
 
 from __future__ import annotations
 
-import http.server
 import signal
 import sys
 import threading
@@ -26,6 +25,7 @@ from kcoral_jupyter.cell_errors import (
 from kcoral_jupyter.extension import kernel_state_of
 from kcoral_jupyter.magics.options import join_name_lists
 from kcoral_jupyter.runner import RemoteCellError
+from stand_in_http import StandIn, serving
 
 from kcoral import Client, KCoralError
 
@@ -62,32 +62,24 @@ def test_a_dead_url_fails_in_one_line_of_cause_and_one_of_what_to_do(shell) -> N
     assert "(kcoral server --port 9)" in lines[1] and "8123" not in lines[1]
 
 
-class BadGateway(http.server.BaseHTTPRequestHandler):
+class BadGateway(StandIn):
     """A proxy whose KCoral server is down: 502 with its own HTML page, to everything."""
 
     def answer(self) -> None:
+        page = b"<h1>502 Bad Gateway</h1>"
         self.send_response(502)
         self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", "23")
+        self.send_header("Content-Length", str(len(page)))
         self.end_headers()
-        self.wfile.write(b"<h1>502 Bad Gateway</h1>")
+        self.wfile.write(page)
 
     do_GET = do_POST = answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 def test_an_answer_without_a_kcoral_error_says_so_instead_of_repeating_its_status(shell) -> None:
     # Before: "http://... answered HTTP 502: HTTP 502", and the action named a kind.
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), BadGateway)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serving(BadGateway) as url:
         result, _ = run(shell, f"%%kcoral --url {url}\n1\n")
-    finally:
-        server.shutdown()
-        server.server_close()
     lines = rendered(result.error_in_exec)
     assert lines[0] == f"ServerRefusedError: {url} answered HTTP 502 without a KCoral error", lines
     assert lines[1].endswith(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
 import importlib
-import json
 import os
 import sys
 import threading
@@ -19,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from kcoral_jupyter.cell_errors import PickleRefusedError
 from kcoral_jupyter.runner import RemoteCellError
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -179,12 +177,12 @@ def test_gpus_above_one_fail_clearly_on_a_cpu_server(shell) -> None:
         shell.run_cell_magic("kcoral", "--gpus 2", "x = 1\n")
 
 
-class PublishedProtocolOnly(http.server.BaseHTTPRequestHandler):
+class PublishedProtocolOnly(StandIn):
     """A conforming server of the published protocol: `/health` and `/execute`, no `/v1/`."""
 
     def do_GET(self) -> None:
         if self.path == "/health":
-            body = json.dumps(
+            self.send_json(
                 {
                     "status": "ok",
                     "instance_id": "stand-in",
@@ -198,18 +196,10 @@ class PublishedProtocolOnly(http.server.BaseHTTPRequestHandler):
                     "target": {},
                     "versions": {},
                 }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            )
         else:
-            body = b'{"status": "ERROR", "error": {"kind": "not_found", "message": "not found"}}'
-            self.send_response(404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+            error = {"kind": "not_found", "message": "not found"}
+            self.send_json({"status": "ERROR", "error": error}, 404)
 
 
 @pytest.fixture

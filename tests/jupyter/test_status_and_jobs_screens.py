@@ -3,13 +3,11 @@ is true, in words a user reads. An in-process shell against a real CPU server.""
 
 from __future__ import annotations
 
-import http.server
-import json
 from typing import Any
 
 import pytest
 from IPython.utils.capture import capture_output
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 from kcoral.jobs import decode_job_list
 
@@ -55,7 +53,7 @@ def test_the_jobs_table_has_readable_headers_and_says_cpu_for_a_job_without_gpus
     assert "None" not in plain
 
 
-class ListsWithGaps(http.server.BaseHTTPRequestHandler):
+class ListsWithGaps(StandIn):
     """A router whose job list is cut at its limit and misses two away nodes' jobs."""
 
     def do_GET(self) -> None:
@@ -64,17 +62,8 @@ class ListsWithGaps(http.server.BaseHTTPRequestHandler):
             "status": "COMPLETED",
             "submitted_at": "2026-12-06T09:00:00.000001Z",
         }
-        body = json.dumps([record] if self.path.startswith("/v1/jobs") else {}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("X-KCoral-Jobs-Left-Out", "3")
-        self.send_header("X-KCoral-Nodes-Left-Out", "gpu-b,gpu-c")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        left_out = {"X-KCoral-Jobs-Left-Out": "3", "X-KCoral-Nodes-Left-Out": "gpu-b,gpu-c"}
+        self.send_json([record] if self.path.startswith("/v1/jobs") else {}, 200, left_out)
 
 
 def test_a_job_list_missing_older_jobs_or_away_nodes_says_so_under_the_table(shell) -> None:

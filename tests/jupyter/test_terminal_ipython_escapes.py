@@ -4,8 +4,6 @@ write, a status query) never reach it. A notebook renders only colours, so it ne
 
 from __future__ import annotations
 
-import http.server
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +11,7 @@ from pathlib import Path
 import pytest
 from pseudo_terminal import on_a_terminal
 from server_process import start_server
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 CELL = (
     "import sys; sys.stdout.write('\\\\x1b[31mred\\\\x1b[0m \\\\x1b]52;c;cm0gLXJmIH4K\\\\x07"
@@ -89,29 +87,18 @@ def test_a_failed_cells_message_and_traceback_cannot_write_the_clipboard(tmp_pat
     assert _reached(seen) == [], repr(seen)
 
 
-class _RefusesEveryProgram(http.server.BaseHTTPRequestHandler):
+class _RefusesEveryProgram(StandIn):
     """A server that answers every program with a refusal made for the user's terminal."""
-
-    def _answer(self, status: int, document: dict) -> None:
-        body = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:
         if self.path == "/health":
-            return self._answer(200, {"status": "ok"})
-        self._answer(200, {"kcoral": "0.1.0", "protocol_version": 1, "features": ["jobs"]})
+            return self.send_json({"status": "ok"})
+        self.send_json({"kcoral": "0.1.0", "protocol_version": 1, "features": ["jobs"]})
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.read_body()
         refusal = {"kind": "forbidden", "message": HOSTILE}
-        self._answer(403, {"status": "ERROR", "error": refusal})
-
-    def log_message(self, *_args: object) -> None:
-        pass
+        self.send_json({"status": "ERROR", "error": refusal}, 403)
 
 
 def test_a_servers_refusal_of_a_cell_cannot_write_the_clipboard(tmp_path: Path) -> None:
@@ -121,7 +108,7 @@ def test_a_servers_refusal_of_a_cell_cannot_write_the_clipboard(tmp_path: Path) 
     assert _reached(seen) == [], repr(seen)
 
 
-class _HostileListings(http.server.BaseHTTPRequestHandler):
+class _HostileListings(StandIn):
     """A server whose health, info and job list carry text made for the user's terminal."""
 
     def do_GET(self) -> None:
@@ -133,15 +120,7 @@ class _HostileListings(http.server.BaseHTTPRequestHandler):
         else:
             document = {"kcoral": "0.1.0", "protocol_version": 1, "features": ["jobs"]}
             document[HOSTILE] = HOSTILE  # a key of its own, and its value
-        body = json.dumps(document).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
+        self.send_json(document)
 
 
 def test_a_servers_words_in_status_and_jobs_cannot_write_the_clipboard(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ the test's temporary folder; to refresh the README's pictures run
 from __future__ import annotations
 
 import contextlib
-import http.server
 import importlib.util
 import json
 import os
@@ -34,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 import kcoral
 
@@ -279,7 +278,7 @@ ROGUE_SESSION_ID = '"><img src=x onerror="window.__kcoralPwned=1">'
 ROGUE_OWNER = '<img src=x onerror="window.__kcoralPwned=2">'
 
 
-class _RogueServer(http.server.BaseHTTPRequestHandler):
+class _RogueServer(StandIn):
     """A server that answers the panel's polls with markup where text belongs, and a
     ``/health`` without its load counts."""
 
@@ -305,15 +304,8 @@ class _RogueServer(http.server.BaseHTTPRequestHandler):
             "/v1/info": {"kcoral": "<b>9</b>", "protocol": 1, "features": ["sessions"]},
             "/v1/sessions": [record],
         }
-        body = json.dumps(answers.get(self.path, {"error": {"kind": "not_found"}})).encode()
-        self.send_response(200 if self.path in answers else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        not_found = {"error": {"kind": "not_found"}}
+        self.send_json(answers.get(self.path, not_found), 200 if self.path in answers else 404)
 
 
 def _sleeping_program(seconds: int) -> kcoral.Program:

@@ -7,10 +7,10 @@ import io
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from stand_in_http import serving
 
 from kcoral.cli import main as kcoral_main
 from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
@@ -354,15 +354,8 @@ def test_a_url_where_no_kcoral_server_answers_is_said_to_be_one(
 ) -> None:
     # Another program on the port (here Python's http.server, which answers 501 to what
     # it does not know). Before: "server error: HTTP 501: HTTP 501".
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serving(http.server.BaseHTTPRequestHandler) as url:
         assert kcoral_main(["run", "shell", "--url", url, "--", "true"]) == 1
-    finally:
-        server.shutdown()
-        server.server_close()
     said = capsys.readouterr().err.strip().splitlines()
     assert said[-1] == (
         f"kcoral run: {url} answered HTTP 501 without a KCoral error: is it a KCoral server "

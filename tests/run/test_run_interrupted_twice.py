@@ -8,7 +8,6 @@ interrupt lands in that wait, whatever the machine's speed.
 
 from __future__ import annotations
 
-import http.server
 import json
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,22 +28,14 @@ JOB_ID = str(uuid.uuid4())
 FEATURES: list[str] = []
 
 
-class RunningJobServer(http.server.BaseHTTPRequestHandler):
+class RunningJobServer(StandIn):
     """Offers jobs, accepts one, streams its first line, and never answers its cancel."""
 
     protocol_version = "HTTP/1.1"
 
-    def _json(self, status: int, document: object) -> None:
-        body = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
         if self.path == "/v1/info":
-            self._json(200, {"features": FEATURES, "device": "cpu"})
+            self.send_json({"features": FEATURES, "device": "cpu"})
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -58,15 +49,13 @@ class RunningJobServer(http.server.BaseHTTPRequestHandler):
         RELEASE.wait(60)  # the tool runs on
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self._json(202, {"job_id": JOB_ID, "request_id": str(uuid.uuid4()), "status": "QUEUED"})
+        self.read_body()
+        accepted = {"job_id": JOB_ID, "request_id": str(uuid.uuid4()), "status": "QUEUED"}
+        self.send_json(accepted, 202)
 
     def do_DELETE(self) -> None:
         CANCEL_ASKED.set()
         RELEASE.wait(60)  # the cancel is never confirmed
-
-    def log_message(self, *_args: object) -> None:
-        pass
 
 
 @pytest.mark.parametrize(

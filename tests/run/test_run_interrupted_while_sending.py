@@ -8,8 +8,6 @@ body, so the interrupt lands in the upload, whatever the machine's speed.
 
 from __future__ import annotations
 
-import http.server
-import json
 import signal
 import subprocess
 import sys
@@ -17,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,23 +23,15 @@ UPLOAD_STARTED = threading.Event()
 RELEASE = threading.Event()
 
 
-class StallingServer(http.server.BaseHTTPRequestHandler):
+class StallingServer(StandIn):
     """Says it offers jobs, then takes a submission's head and stalls on its body."""
 
     def do_GET(self) -> None:
-        body = json.dumps({"features": ["jobs"], "device": "cpu"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_json({"features": ["jobs"], "device": "cpu"})
 
     def do_POST(self) -> None:
         UPLOAD_STARTED.set()
         RELEASE.wait(60)  # the body stays unread: the client's upload blocks
-
-    def log_message(self, *_args: object) -> None:
-        pass
 
 
 def test_an_interrupt_while_the_inputs_are_sent_says_nothing_was_started(

@@ -6,14 +6,12 @@ queue for minutes without a word, and an interrupt then said the remote tool was
 
 from __future__ import annotations
 
-import http.server
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,28 +19,20 @@ NO_NODE = "no node is ready (the router's /health says when one is, its log why 
 SUBMITTED: list[str] = []
 
 
-class RouterWithoutANode(http.server.BaseHTTPRequestHandler):
+class RouterWithoutANode(StandIn):
     """Answers ``/v1/info`` as a router without a ready node does; records submissions."""
 
     def do_GET(self) -> None:
-        body = json.dumps(
-            {"status": "ERROR", "request_id": "r", "error": {"kind": "no_node", "message": NO_NODE}}
-        ).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Retry-After", "1")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        error = {"kind": "no_node", "message": NO_NODE}
+        self.send_json(
+            {"status": "ERROR", "request_id": "r", "error": error}, 503, {"Retry-After": "1"}
+        )
 
     def do_POST(self) -> None:
         SUBMITTED.append(self.path)
         self.send_response(503)
         self.send_header("Content-Length", "0")
         self.end_headers()
-
-    def log_message(self, *_args: object) -> None:
-        pass
 
 
 def test_a_router_without_a_ready_node_ends_the_run_with_its_503(tmp_path: Path) -> None:

@@ -10,10 +10,8 @@ server's token). Real ``kcoral server`` children started through ``LocalServer``
 from __future__ import annotations
 
 import http.client
-import json
 import stat
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,7 +19,7 @@ import pytest
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.local_server import LocalServer, advertised_servers
 from kcoral_jupyter.settings import KCoral
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 import kcoral
 from kcoral import Client
@@ -106,7 +104,7 @@ def test_each_start_makes_a_fresh_token(local: LocalServer):
     assert status_of(url, "/v1/info", first) == 401
 
 
-class Recorder(BaseHTTPRequestHandler):
+class Recorder(StandIn):
     """The user's "remote" server: answers /health and /v1/info, remembers what it got."""
 
     protocol_version = "HTTP/1.1"
@@ -132,15 +130,7 @@ class Recorder(BaseHTTPRequestHandler):
                 "device": "cpu",
                 "limits": {},
             }
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_json(body)
 
 
 @pytest.fixture

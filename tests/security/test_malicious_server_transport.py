@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import http.server
 import json
 import threading
 import tracemalloc
@@ -23,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 from kcoral import Client, Program
 from kcoral.connection import event_stream
@@ -43,11 +42,11 @@ def answering(answer: Answer) -> Iterator[str]:
     """A loopback server that writes ``answer(method, path)`` as the raw HTTP answer to
     every request, then hangs up."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(StandIn):
         protocol_version = "HTTP/1.1"
 
         def _answer(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.read_body()
             self.close_connection = True
             with contextlib.suppress(OSError):  # the client hung up: it refused the answer
                 for piece in answer(self.command, self.path):
@@ -55,9 +54,6 @@ def answering(answer: Answer) -> Iterator[str]:
                 self.wfile.flush()
 
         do_GET = do_POST = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     with serving(Handler) as url:
         yield url

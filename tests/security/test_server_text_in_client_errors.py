@@ -13,15 +13,13 @@ error keeps the server's text whole for a program that reads it (``message``, ``
 
 from __future__ import annotations
 
-import http.server
-import json
 import sys
 from pathlib import Path
 
 import pytest
 from pseudo_terminal import on_a_terminal
 from server_process import client_token_file
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 
 TOKEN = "tok-terminal-escapes-7d1f"
 # a clipboard write, a window title and a status query, around a coloured word
@@ -70,28 +68,17 @@ def test_a_remote_failures_message_cannot_write_the_clipboard_of_the_users_termi
     assert "runtime: ValueError: boom   \x1b[31mred\x1b[0m" in text, repr(text)
 
 
-class _HostileRefusal(http.server.BaseHTTPRequestHandler):
+class _HostileRefusal(StandIn):
     """A server that refuses every program with a message made for the user's terminal,
     and says its version in one too."""
 
-    def _answer(self, status: int, document: dict) -> None:
-        body = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
-        self._answer(200, {"kcoral": "9.9" + HOSTILE, "protocol_version": 1})
+        self.send_json({"kcoral": "9.9" + HOSTILE, "protocol_version": 1})
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.read_body()
         error = {"kind": "forbidden", "message": HOSTILE}
-        self._answer(403, {"status": "ERROR", "error": error})
-
-    def log_message(self, *_args: object) -> None:
-        pass
+        self.send_json({"status": "ERROR", "error": error}, 403)
 
 
 EXECUTES = """

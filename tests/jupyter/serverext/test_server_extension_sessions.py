@@ -4,7 +4,6 @@ Jupyter server and Jupyter's own authentication and XSRF rules in front."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
@@ -15,7 +14,7 @@ import pytest
 import tornado.httpclient
 from jupyter_login import login_cookies
 from server_process import running_server
-from stand_in_http import serving
+from stand_in_http import StandIn, serving
 from traitlets.config import Config
 
 from kcoral import Client
@@ -36,7 +35,7 @@ def sessions_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         yield server.url
 
 
-class _WithoutSessions(http.server.BaseHTTPRequestHandler):
+class _WithoutSessions(StandIn):
     """A server that knows only the published protocol: no sessions, every path recorded."""
 
     paths: ClassVar[list[str]] = []
@@ -49,17 +48,9 @@ class _WithoutSessions(http.server.BaseHTTPRequestHandler):
             body, status = {"kcoral": "0", "protocol": 1, "features": []}, 200
         else:
             body, status = {"error": {"kind": "not_found", "message": "no such path"}}, 404
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(body, status)
 
     do_GET = do_DELETE = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
