@@ -8,15 +8,11 @@ A real server as the README starts one: tokens on, the default sandbox.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from killed_kcoral_run import GRACE_SECONDS, kill_a_running_kcoral_run, wait_for_the_end
 from server_process import RunningServer, client_token_file, running_server
 
 from kcoral import Client, Program
@@ -26,11 +22,6 @@ from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TOKEN = "token-run-killed-0123456789"
-#: ``kcoral run`` with its grace shortened, so that the test need not wait a minute
-SHORT_GRACE_RUN = (
-    "import sys, kcoral.run.command as command; command.UNFOLLOWED_CANCEL_SECONDS = 2; "
-    "from kcoral.cli import main; sys.exit(main(sys.argv[1:]))"
-)
 
 
 @pytest.fixture(scope="module")
@@ -48,41 +39,19 @@ def _only_job(client: Client) -> dict:
     return jobs[0]
 
 
-def _wait_for_end(client: Client, job_id: str) -> dict:
-    deadline = time.monotonic() + 120
-    while (state := client.job(job_id).status())["status"] in ("QUEUED", "RUNNING"):
-        assert time.monotonic() < deadline, f"the job ran on: {state}"
-        time.sleep(0.1)
-    return state
-
-
 def test_a_kcoral_run_killed_with_sigkill_has_its_job_cancelled(
     server: RunningServer, tmp_path: Path
 ) -> None:
-    code = "import time\nprint('started', flush=True)\ntime.sleep(150)\n"
-    run = subprocess.Popen(
-        [sys.executable, "-c", SHORT_GRACE_RUN, "run", "python", "--url", server.url, "--",
-         "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "KCORAL_TOKEN": TOKEN},
-        cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        assert run.stdout is not None
-        assert run.stdout.readline() == "started\n"  # the remote tool runs
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.wait()
+    kill_a_running_kcoral_run(server.url, TOKEN, tmp_path)
     with Client(server.url, token=TOKEN) as client:
         job_id = _only_job(client)["job_id"]
-        state = _wait_for_end(client, job_id)
+        state = wait_for_the_end(client, job_id, 120)
         assert state["status"] == "CANCELLED"
         with pytest.raises(KCoralError) as cancelled:
             client.job(job_id).result()
     assert cancelled.value.message == (
-        f"the job was cancelled: no client followed its events for 2 s ({CANCEL_UNFOLLOWED_HEADER})"
+        f"the job was cancelled: no client followed its events for {GRACE_SECONDS} s "
+        f"({CANCEL_UNFOLLOWED_HEADER})"
     )
 
 
@@ -139,4 +108,4 @@ def test_another_identity_cannot_keep_an_unfollowed_job_alive(tmp_path: Path) ->
             for _event in bob.job(job.id).events():
                 pass
         assert refused.value.status_code == 404
-        assert _wait_for_end(alice, job.id)["status"] == "CANCELLED"
+        assert wait_for_the_end(alice, job.id, 120)["status"] == "CANCELLED"
