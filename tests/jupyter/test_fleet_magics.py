@@ -86,12 +86,17 @@ def test_kcoral_status_through_a_router_shows_the_fleet_table(
 ) -> None:
     monkeypatch.delenv("KCORAL_URL", raising=False)
     monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    wait_reported = (  # the supervisor reports the cell's run with its next status
+    # The supervisor reports the cell's run with its next status, and its seat free in that
+    # one or a later one: the worker cleans up after its program before it takes another,
+    # so a status can count the program while its seat is still busy (est. wait not 0).
+    wait_reported = (
         "import json, time, urllib.request\n"
-        "def reported():\n"
+        "def settled():\n"
         f"    with urllib.request.urlopen({fleet.url!r} + '/v1/info') as answer:\n"
-        "        return json.load(answer)['fleet_status']['kinds'][0]['recent_programs']\n"
-        "while reported() < 1:\n"
+        "        kinds = json.load(answer)['fleet_status']['kinds']\n"
+        "    free = all(kind['free_seats'] == kind['seats'] for kind in kinds)\n"
+        "    return free and kinds[0]['recent_programs'] >= 1\n"
+        "while not settled():\n"
         "    time.sleep(0.1)\n"
     )
     sources = [
