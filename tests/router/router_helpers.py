@@ -28,6 +28,7 @@ from kcoral_server.node.tunnel import auth_metadata, open_channel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from raw_http import request
+from server_process import client_token_file
 
 HERE = Path(__file__).resolve().parent
 #: what grpcio's asyncio client reports instead of the status a server ended a stream with
@@ -483,6 +484,21 @@ def stopping(router: RouterProcess, nodes: list[Node]) -> Iterator[None]:
         for node in nodes:
             node.stop()
         router.stop()
+
+
+@contextmanager
+def router_with_a_node(
+    tmp: Path, tokens: str, node_env: dict[str, str], *node_args: str, node_id: str = "n1"
+) -> Iterator[RouterProcess]:
+    """A real router checking the client tokens of ``tokens`` (a token file's text) and one
+    real CPU node of it (``node_args`` its server's own), ready; both stopped afterwards."""
+    token_file = client_token_file(tmp, tokens)
+    args = ["--auth-token-file", str(token_file), "--status-check-interval-seconds", "0.3"]
+    router = start_router(tmp, *args, env=node_env)
+    node = Node(tmp, router, node_id, node_env, *node_args)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        yield router
 
 
 def ready_nodes(router: RouterProcess, count: int) -> None:

@@ -11,8 +11,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopping
-from server_process import client_token_file
+from router_helpers import RouterProcess, router_with_a_node
 
 import kcoral
 
@@ -25,18 +24,10 @@ NODE_ENV = {"KCORAL_NODE_TOKEN": "early-answers-node-token"}
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     tmp = tmp_path_factory.mktemp("early-answers")
-    tokens = client_token_file(tmp, f"alice {TOKEN}\n")
-    router = start_router(
-        tmp,
-        "--auth-token-file",
-        str(tokens),
-        "--status-check-interval-seconds",
-        "0.3",
-        env=NODE_ENV,
-    )
-    node = Node(tmp, router, "small", NODE_ENV, "--max-request-bytes", "1M")
-    with stopping(router, [node]):
-        ready_nodes(router, 1)
+    node_args = ("--max-request-bytes", "1M")
+    with router_with_a_node(
+        tmp, f"alice {TOKEN}\n", NODE_ENV, *node_args, node_id="small"
+    ) as router:
         yield router
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopping
-from server_process import client_token_file
+from router_helpers import RouterProcess, router_with_a_node
 
 import kcoral
 
@@ -32,18 +31,7 @@ IN_ORDER = [("stdout", "a\n"), ("stderr", "warn\n"), ("stdout", "b\n")]
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     tmp = tmp_path_factory.mktemp("output-order")
-    tokens = client_token_file(tmp, f"alice {TOKEN}\n")
-    router = start_router(
-        tmp,
-        "--auth-token-file",
-        str(tokens),
-        "--status-check-interval-seconds",
-        "0.3",
-        env=NODE_ENV,
-    )
-    node = Node(tmp, router, "n1", NODE_ENV)
-    with stopping(router, [node]):
-        ready_nodes(router, 1)
+    with router_with_a_node(tmp, f"alice {TOKEN}\n", NODE_ENV) as router:
         yield router
 
 
