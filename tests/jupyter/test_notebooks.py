@@ -132,6 +132,14 @@ def test_the_quickstart_notebook_runs_end_to_end(connection, tmp_path, monkeypat
     assert any("submitted" in t for t in everything)
     assert any("background done" in t for t in everything)
     if connection.name == "embedded":  # as the README runs it: its picture
+        # The README and the notebook say which cell starts the kernel's server: its first,
+        # `%kcoral url` (they said the first %%kcoral cell, which finds it running).
+        assert cells[0].source.splitlines()[1] == "url = %kcoral url"
+        assert "starting a local server for this kernel's lifetime" in texts(cells[0])
+        said = "its first cell (`%kcoral url`) starts a local `kcoral server` for the kernel"
+        assert said in " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+        introduction = notebook.cells[0].source
+        assert "the first cell that needs a server (`%kcoral url` below)" in introduction
         screenshot(notebook.cells, "quickstart.png", tmp_path, height=3000)
 
 
