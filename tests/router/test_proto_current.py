@@ -63,6 +63,7 @@ def test_the_proto_keeps_the_normative_field_numbers() -> None:
         "slot_id": 3,
         "protocol_version": 4,
         "slot_key": 5,  # added 2026-12 (ROUTER §12)
+        "max_control_slots": 6,  # added 2026-12 (ROUTER §7)
     }
     frame = pb.SlotFrame.DESCRIPTOR.fields_by_name
     assert {name: f.number for name, f in frame.items()} == {

@@ -31,6 +31,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import tornado.httpserver
+import tornado.netutil
+import tornado.web
+from kcoral_server.node.control_slots import CONTROL_SLOTS_ENV
+from kcoral_server.node.tunnel import Tunnel
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.nodes.slot import CONTROL
 
@@ -41,6 +46,7 @@ from router_helpers import FakeNode, InProcessRouter, Response, http_request, in
 ALICE, BOB = "alice-share-token-7a3f", "bob-share-token-1c9e"
 NODE_TOKEN = "share-node-token-5b2d"
 CONTROL_SLOTS = 64  # the ceiling a real node grows to
+SIX = 6  # a node's control slots where KCORAL_NODE_CONTROL_SLOTS fixes them
 
 
 def pseudo(head: pb.RequestHead, name: bytes, default: str) -> str:
@@ -133,6 +139,10 @@ def taken(router: InProcessRouter) -> int:
     return len(node.current_slots(CONTROL)) - len(node.idle_slots(CONTROL))
 
 
+def opened(router: InProcessRouter) -> int:
+    return len(router.state.registry.nodes["node-a"].current_slots(CONTROL))
+
+
 def test_one_identitys_event_streams_leave_other_identities_half_a_nodes_control_slots(
     tmp_path: Path,
 ) -> None:
@@ -213,5 +223,79 @@ def test_one_identity_holds_at_most_half_the_waiting_room_for_control_slots(
             await until(lambda: alices.done() or control.waiting == 3, "alice's stream waiting")
             assert not alices.done(), alices.result()
             assert len(held) == 1 and f"/v1/jobs/{alices_job}/events" not in received
+
+    asyncio.run(scenario())
+
+
+class StandInChild(tornado.web.RequestHandler):
+    """The node's child server, as far as the tunnel reaches it: ``POST /v1/jobs`` takes a
+    job, a job's event stream stays open until the test ends it."""
+
+    def initialize(self, release: asyncio.Event, received: list[str]) -> None:
+        self.release, self.received = release, received
+
+    def post(self) -> None:
+        self.received.append(self.request.path)
+        self.set_status(202)
+        self.finish({"job_id": f"child-job-{len(self.received)}", "status": "QUEUED"})
+
+    async def get(self, _job_id: str) -> None:
+        self.received.append(self.request.path)
+        await self.release.wait()
+        self.set_header("Content-Type", "text/event-stream")
+        self.finish(b"id: 1\nevent: phase\n\n")
+
+
+def test_a_node_with_six_control_slots_leaves_another_identity_half_of_them(
+    tmp_path: Path,
+) -> None:
+    """A node whose ``KCORAL_NODE_CONTROL_SLOTS`` fixes 6 says so in its slots' hellos, and
+    bob's event streams hold 3 of them; before, the router took every node's ceiling for 64,
+    bob's streams held 5 (all but the last free one) and alice's stream waited."""
+
+    async def scenario() -> None:
+        release, received = asyncio.Event(), []
+        routes = [(r"/v1/jobs", StandInChild), (r"/v1/jobs/([^/]+)/events", StandInChild)]
+        app = tornado.web.Application(
+            [
+                (path, handler, {"release": release, "received": received})
+                for path, handler in routes
+            ]
+        )
+        child = tornado.httpserver.HTTPServer(app)
+        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        child.add_sockets(sockets)
+        child_url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+        async with routed_fake_node(tmp_path, control_slots=0) as (router, node, _):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv(CONTROL_SLOTS_ENV, str(SIX))
+                endpoint = f"http://127.0.0.1:{router.grpc_port}"
+                tunnel = Tunnel(
+                    endpoint, "node-a", NODE_TOKEN, node.instance_id, child_url, 1, None
+                )
+            tunnel.start()
+            try:
+                await until(lambda: taken(router) == 0 and opened(router) == SIX, "six slots")
+                bobs_job, alices_job = await submit(router, BOB), await submit(router, ALICE)
+                held = [await follow(router, bobs_job, BOB) for _ in range(SIX)]
+                control = router.state.control
+                await until(
+                    lambda: taken(router) + control.waiting == SIX,
+                    "bob's streams taken in or waiting",
+                )
+                assert (taken(router), control.waiting) == (SIX // 2, SIX // 2)
+                held.append(await follow(router, alices_job, ALICE))
+                alices_path = f"/v1/jobs/{alices_job}/events"
+                await until(
+                    lambda: alices_path in received or control.waiting > SIX // 2,
+                    "alice's stream taken in or waiting",
+                )
+                assert alices_path in received  # before: it waited for one of bob's to end
+                assert taken(router) == SIX // 2 + 1
+                assert len(held) == SIX + 1
+            finally:
+                release.set()
+                await tunnel.close()
+                child.stop()
 
     asyncio.run(scenario())

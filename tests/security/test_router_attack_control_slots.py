@@ -12,7 +12,10 @@ node's last free control slot either.
 The router runs in the test's process so that the test can see which of its slots are
 taken, never a time; the node is a real one (supervisor, server child, workers), its
 control slots fixed at four (``KCORAL_NODE_CONTROL_SLOTS``) so that the attack needs
-three streams rather than one per slot the node may open.
+three streams rather than one per slot the node may open. One identity holds at most half
+of them, two, in long-held requests (ROUTER §7; ``test_router_attack_control_shares.py``),
+so the three come from bob (two) and carol (one), and carol's program or result is the
+request that must not take the last free slot.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from router_helpers import Node, http_request, in_process_router
 
 pytestmark = pytest.mark.slow
 
-ALICE, BOB = "alice-control-token-1b7e", "bob-control-token-6c2d"
+ALICE, BOB, CAROL = "alice-control-token-1b7e", "bob-control-token-6c2d", "carol-token-8d1f"
 NODE_ENV = {"KCORAL_NODE_TOKEN": "control-node-token-4e9a", "KCORAL_NODE_CONTROL_SLOTS": "4"}
 
 WAIT_FOR_FILE = """
@@ -87,14 +90,14 @@ async def open_answer(port: int, path: str, token: str) -> asyncio.StreamWriter:
 async def routed_node(tmp: Path) -> AsyncIterator[tuple[SimpleNamespace, str]]:
     """An in-process router with alice's and bob's tokens and one real node, ready."""
     tokens = tmp / "clients"
-    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
+    tokens.write_text(f"alice {ALICE}\nbob {BOB}\ncarol {CAROL}\n")
     tokens.chmod(0o600)
     args = ("--auth-token-file", str(tokens), "--reconnect-grace-seconds", "0")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KCORAL_NODE_TOKEN", NODE_ENV["KCORAL_NODE_TOKEN"])
         async with in_process_router(*args, "--queue-wait-timeout-seconds", "60") as router:
             address = SimpleNamespace(url=f"http://127.0.0.1:{router.grpc_port}")
-            node = Node(tmp, address, "node-a", NODE_ENV, "--num-workers", "2")
+            node = Node(tmp, address, "node-a", NODE_ENV, "--num-workers", "3")
             try:
                 registry = router.state.registry
                 await until(
@@ -117,6 +120,19 @@ def slots_taken_or_waited_for(router: SimpleNamespace) -> Callable[[], bool]:
     return lambda: not node.idle_slots(CONTROL) or router.state.control.waiting == 1
 
 
+async def streams_of_bob_and_carol(
+    port: int, bob: kcoral.Client, carol: kcoral.Client, go: Path
+) -> list[asyncio.StreamWriter]:
+    """Three event streams followed on jobs that wait for ``go``: two of bob's (his share of
+    the node's four control slots), one of carol's."""
+    streams = []
+    for client, token, count in ((bob, BOB, 2), (carol, CAROL, 1)):
+        job = await asyncio.to_thread(client.submit, program(WAIT_FOR_FILE, str(go)))
+        for _ in range(count):
+            streams.append(await open_answer(port, f"/v1/jobs/{job.id}/events", token))
+    return streams
+
+
 async def alices_info(port: int) -> int:
     answer = await http_request(
         port, "GET", "/v1/info", headers=[("Authorization", f"Bearer {ALICE}")]
@@ -131,18 +147,15 @@ def test_a_callers_streams_and_session_program_leave_other_identities_a_control_
 
     async def scenario() -> None:
         async with routed_node(tmp_path) as (router, url):
-            bob = kcoral.Client(url, token=BOB)
-            job = await asyncio.to_thread(bob.submit, program(WAIT_FOR_FILE, str(go)))
-            streams = [
-                await open_answer(router.port, f"/v1/jobs/{job.id}/events", BOB) for _ in range(3)
-            ]
-            session = await asyncio.to_thread(bob.session)
+            bob, carol = kcoral.Client(url, token=BOB), kcoral.Client(url, token=CAROL)
+            streams = await streams_of_bob_and_carol(router.port, bob, carol, go)
+            session = await asyncio.to_thread(carol.session)
             running = asyncio.ensure_future(
                 asyncio.to_thread(session.execute, program(WAIT_FOR_FILE, str(go)))
             )
             try:
-                await until(slots_taken_or_waited_for(router), "bob's session program taken in")
-                # before: alice waited for bob's program to end (here: the queue's 60 s, 503)
+                await until(slots_taken_or_waited_for(router), "carol's session program taken in")
+                # before: alice waited for carol's program to end (here: the queue's 60 s, 503)
                 assert await alices_info(router.port) == 200
                 assert not running.done()
             finally:
@@ -151,7 +164,7 @@ def test_a_callers_streams_and_session_program_leave_other_identities_a_control_
                     stream.close()
                 outcome = await running
                 await asyncio.to_thread(session.close)
-            # bob's program still ran, once a slot was free
+            # carol's program still ran, once a slot was free
             assert outcome.completed and outcome.results["r"] == "done", outcome.error
 
     asyncio.run(scenario())
@@ -164,23 +177,20 @@ def test_a_result_read_at_the_callers_pace_leaves_other_identities_a_control_slo
 
     async def scenario() -> None:
         async with routed_node(tmp_path) as (router, url):
-            bob = kcoral.Client(url, token=BOB)
+            bob, carol = kcoral.Client(url, token=BOB), kcoral.Client(url, token=CAROL)
             # a result far larger than the sockets on its way hold, so unread it holds a slot
-            finished = await asyncio.to_thread(bob.submit, program(LARGE_RESULT, 64 << 20))
+            finished = await asyncio.to_thread(carol.submit, program(LARGE_RESULT, 64 << 20))
             await asyncio.to_thread(finished.wait)
-            job = await asyncio.to_thread(bob.submit, program(WAIT_FOR_FILE, str(go)))
-            held = [
-                await open_answer(router.port, f"/v1/jobs/{job.id}/events", BOB) for _ in range(3)
-            ]
+            held = await streams_of_bob_and_carol(router.port, bob, carol, go)
             try:
                 _reader, writer = await asyncio.open_connection("127.0.0.1", router.port)
                 held.append(writer)
                 writer.write(
                     f"GET /v1/jobs/{finished.id}/result HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    f"Authorization: Bearer {BOB}\r\n\r\n".encode()
+                    f"Authorization: Bearer {CAROL}\r\n\r\n".encode()
                 )
                 await writer.drain()
-                await until(slots_taken_or_waited_for(router), "bob's result request taken in")
+                await until(slots_taken_or_waited_for(router), "carol's result request taken in")
                 assert await alices_info(router.port) == 200
             finally:
                 go.touch()

@@ -234,6 +234,7 @@ class Tunnel:
                     slot_id=slot_id,
                     protocol_version=PROTOCOL_VERSION,
                     slot_key=self.slot_key,
+                    max_control_slots=self.control.ceiling,
                 )
                 await call.write(pb.SlotFrame(request_id="", hello=hello))
                 ack = await asyncio.wait_for(call.read(), ACK_TIMEOUT)

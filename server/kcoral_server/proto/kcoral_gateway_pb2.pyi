@@ -101,18 +101,20 @@ class SupervisorAck(_message.Message):
     def __init__(self) -> None: ...
 
 class SlotHello(_message.Message):
-    __slots__ = ("node_id", "server_instance_id", "slot_id", "protocol_version", "slot_key")
+    __slots__ = ("node_id", "server_instance_id", "slot_id", "protocol_version", "slot_key", "max_control_slots")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SERVER_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SLOT_ID_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SLOT_KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTROL_SLOTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     server_instance_id: str
     slot_id: str
     protocol_version: int
     slot_key: str
-    def __init__(self, node_id: _Optional[str] = ..., server_instance_id: _Optional[str] = ..., slot_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., slot_key: _Optional[str] = ...) -> None: ...
+    max_control_slots: int
+    def __init__(self, node_id: _Optional[str] = ..., server_instance_id: _Optional[str] = ..., slot_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., slot_key: _Optional[str] = ..., max_control_slots: _Optional[int] = ...) -> None: ...
 
 class SlotAck(_message.Message):
     __slots__ = ()

@@ -314,9 +314,15 @@ class LongHold:
 
 
 def control_ceiling(node: NodeRecord) -> int:
-    """The router cannot see a node's ceiling, only the control slots it has opened so far
-    (it opens more as they fill): the nodes' own ceiling, 64, or what it has where more."""
-    return max(CEILING, len(node.current_slots(_CONTROL)))
+    """The most control slots ``node`` opens, as its slots' hellos say (it opens more as they
+    fill; ``KCORAL_NODE_CONTROL_SLOTS`` fixes fewer), or what it has where more. A published
+    node does not say: the nodes' own ceiling, 64, is taken, as before. Before, every node
+    was taken to grow to 64, and one identity's streams held all but the last of a node's 6
+    fixed slots, however many identities shared them. A node-token holder that says more
+    than it opens only weakens the share on its own node."""
+    current = node.current_slots(_CONTROL)
+    said = max((slot.control_ceiling for slot in current), default=0)
+    return max(said or CEILING, len(current))
 
 
 def long_held(node: NodeRecord, identity: str) -> int:

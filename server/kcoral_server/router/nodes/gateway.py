@@ -335,7 +335,13 @@ class Gateway(pb_grpc.RouterGatewayServicer):
         if kind not in (WORKER, CONTROL):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown slot kind")
         slot = RouterSlot(
-            hello.node_id, hello.slot_id, hello.server_instance_id, context, kind, hello.slot_key
+            hello.node_id,
+            hello.slot_id,
+            hello.server_instance_id,
+            context,
+            kind,
+            hello.slot_key,
+            hello.max_control_slots,
         )
         try:
             refused = await slot.register_and_acknowledge(self.registry.add_slot)

@@ -44,11 +44,15 @@ class RouterSlot:
         context: Any,
         kind: str = WORKER,
         slot_key: str = "",
+        control_ceiling: int = 0,
     ) -> None:
         self.node_id = node_id
         self.slot_id = slot_id
         self.instance_id = instance_id
         self.slot_key = slot_key  # from the hello; checked against the supervisor's (§12)
+        #: the most control slots its node says it opens (the hello's ``max_control_slots``;
+        #: 0 from published nodes, which do not say): ``selection.control_ceiling``
+        self.control_ceiling = control_ceiling
         self.context = context
         self.kind = kind
         self.request_id: str | None = None
