@@ -139,6 +139,28 @@ def taken(router: InProcessRouter) -> int:
     return len(node.current_slots(CONTROL)) - len(node.idle_slots(CONTROL))
 
 
+async def bob_then_alice(
+    router: InProcessRouter, received: list[str], count: int
+) -> tuple[list[asyncio.StreamReader], bool, tuple[int, int]]:
+    """bob's ``count`` event streams on his job, each taken in or waiting, then alice's one
+    on hers: the streams held, whether alice's reached the node, and bob's streams then
+    taken in and waiting."""
+    bobs_job, alices_job = await submit(router, BOB), await submit(router, ALICE)
+    held = [await follow(router, bobs_job, BOB) for _ in range(count)]
+    control = router.state.control
+    await until(
+        lambda: taken(router) + control.waiting == count, "bob's streams taken in or waiting"
+    )
+    bobs = (taken(router), control.waiting)
+    held.append(await follow(router, alices_job, ALICE))
+    alices_path = f"/v1/jobs/{alices_job}/events"
+    await until(
+        lambda: alices_path in received or control.waiting > bobs[1],
+        "alice's stream taken in or waiting",
+    )
+    return held, alices_path in received, bobs
+
+
 def opened(router: InProcessRouter) -> int:
     return len(router.state.registry.nodes["node-a"].current_slots(CONTROL))
 
@@ -148,22 +170,10 @@ def test_one_identitys_event_streams_leave_other_identities_half_a_nodes_control
 ) -> None:
     async def scenario() -> None:
         async with routed_fake_node(tmp_path) as (router, _node, received):
-            bobs_job, alices_job = await submit(router, BOB), await submit(router, ALICE)
-            held = [await follow(router, bobs_job, BOB) for _ in range(CONTROL_SLOTS)]
-            control = router.state.control
-            await until(
-                lambda: taken(router) + control.waiting == CONTROL_SLOTS,
-                "bob's streams taken in or waiting",
-            )
-            waiting = control.waiting
-            held.append(await follow(router, alices_job, ALICE))
-            alices_path = f"/v1/jobs/{alices_job}/events"
-            await until(
-                lambda: alices_path in received or control.waiting > waiting,
-                "alice's stream taken in or waiting",
-            )
+            held, alice_served, _bobs = await bob_then_alice(router, received, CONTROL_SLOTS)
             # before: bob held 63 (all but the node's last free one), alice's stream waited
-            assert alices_path in received
+            assert alice_served
+            control = router.state.control
             assert (taken(router), control.waiting) == (CONTROL_SLOTS // 2 + 1, CONTROL_SLOTS // 2)
             assert len(held) == CONTROL_SLOTS + 1
 
@@ -276,21 +286,9 @@ def test_a_node_with_six_control_slots_leaves_another_identity_half_of_them(
             tunnel.start()
             try:
                 await until(lambda: taken(router) == 0 and opened(router) == SIX, "six slots")
-                bobs_job, alices_job = await submit(router, BOB), await submit(router, ALICE)
-                held = [await follow(router, bobs_job, BOB) for _ in range(SIX)]
-                control = router.state.control
-                await until(
-                    lambda: taken(router) + control.waiting == SIX,
-                    "bob's streams taken in or waiting",
-                )
-                assert (taken(router), control.waiting) == (SIX // 2, SIX // 2)
-                held.append(await follow(router, alices_job, ALICE))
-                alices_path = f"/v1/jobs/{alices_job}/events"
-                await until(
-                    lambda: alices_path in received or control.waiting > SIX // 2,
-                    "alice's stream taken in or waiting",
-                )
-                assert alices_path in received  # before: it waited for one of bob's to end
+                held, alice_served, bobs = await bob_then_alice(router, received, SIX)
+                assert bobs == (SIX // 2, SIX // 2)  # taken in, waiting
+                assert alice_served  # before: her stream waited for one of bob's to end
                 assert taken(router) == SIX // 2 + 1
                 assert len(held) == SIX + 1
             finally:
