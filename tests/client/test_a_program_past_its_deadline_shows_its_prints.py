@@ -104,3 +104,20 @@ def test_a_remote_call_past_its_deadline_prints_what_it_printed_then_raises(
     assert caught.value.status_code == 504
     assert "prints_then_hangs()'s timeout=2" in str(caught.value)
     assert caught.value.output is not None  # kept by the message naming the decorator
+
+
+def test_output_past_the_servers_response_limit_is_left_out_of_the_504(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # --max-response-bytes bounds this answer as it bounds a finished program's
+    directory = tmp_path_factory.mktemp("small-answers")
+    with running_server(directory, ["--num-workers", "1", "--max-response-bytes", "300"]) as small:
+        program = Program()
+        source = "import time\ndef f():\n    print('x' * 1000, flush=True)\n    time.sleep(60)\n"
+        module = program.upload(kind="module", source=source, id="m")
+        program.run(fn=program.get_function(module=module, name="f", id="f"), id="out")
+        with Client(small.url) as client:
+            with pytest.raises(KCoralError) as caught:
+                client.execute(program, timeout_seconds=2)
+    assert (caught.value.status_code, caught.value.kind) == (504, "timeout")
+    assert caught.value.output is None

@@ -122,6 +122,9 @@ class ExecuteRequest:
             reply = error_reply(
                 failure.status, self.request_id, failure.kind, failure.message, failure.output
             )
+            if reply.length > state.config.max_response_bytes:
+                # what it printed (EXTENSIONS §15) is bounded as a finished program's answer
+                reply = error_reply(failure.status, self.request_id, failure.kind, failure.message)
             reason = failure.reason
             self.record.failed(failure)
         except Exception as exc:  # an unhandled front-end fault: never leak it to the client
