@@ -18,7 +18,7 @@ from typing import Any
 
 from kcoral.local_folder import read_folder
 from kcoral.protocol.errors import ValidationError
-from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path, shown_path
+from kcoral.protocol.paths import UploadedPaths, normalize_workspace_path, shown_path
 from kcoral.tensors import tensor_payload
 
 _UPLOAD_KINDS = ("module", "tensor", "bytes", "library")
@@ -46,7 +46,7 @@ class Program:
         self._instructions: list[dict[str, Any]] = []
         self._ids: set[str] = set()
         self._return_keys: set[str] = set()
-        self._file_paths: list[str] = []
+        self._file_paths = UploadedPaths()
         self._blobs: dict[str, bytes] = {}  # insertion order == order of first reference
         self._counter = 0
 
@@ -263,7 +263,7 @@ class Program:
             raise ValueError(f"return key {key!r} is already used in this program")
 
     def _check_new_file_paths(self, paths: list[str]) -> None:
-        conflict = conflicting_paths([*self._file_paths, *paths])
+        conflict = self._file_paths.conflict(paths)
         if conflict is not None:
             first, second = conflict
             if first == second:
@@ -315,7 +315,7 @@ class Program:
             self._return_keys.add(key)
         for data in blobs:
             self._blobs.setdefault(instruction["blob"], data)
-        self._file_paths.extend(file_paths)
+        self._file_paths.add(file_paths)
         self._counter = counter
 
 
