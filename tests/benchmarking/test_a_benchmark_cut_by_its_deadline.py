@@ -34,6 +34,10 @@ def long_comparison():
     return compare({"a": slow, "b": slow},
                    {"repeat": 100, "warmup": 1, "seed": 1, "flush_l2": False})
 
+def long_adaptive_benchmark():
+    return benchmark(slow, {"target_precision": 1e-9, "max_ms": 60_000, "repeat": 20,
+                            "warmup": 1, "flush_l2": False})
+
 def short_benchmark():
     return benchmark(slow, {"repeat": 3, "warmup": 1, "flush_l2": False})
 
@@ -87,6 +91,13 @@ def test_a_comparison_near_its_deadline_keeps_a_sample_of_every_candidate(server
     counts = [entry["sample_count"] for entry in result["candidates"].values()]
     assert all(count >= 1 for count in counts) and sum(counts) < 200
     assert said(result) == (sum(counts), 200)
+
+
+def test_an_adaptive_benchmark_near_its_deadline_says_the_calls_it_took(server) -> None:
+    result = returned(server, "long_adaptive_benchmark")
+    assert (result["cut_short"], result["calls_asked"]) == ("deadline", None)
+    calls = result["sample_count"]
+    assert f"stopped after {calls} calls: the program's deadline of" in " ".join(result["warnings"])
 
 
 def test_a_benchmark_that_finishes_in_time_is_not_cut(server) -> None:
