@@ -36,9 +36,10 @@ _GPU_ACCESS_FIELDS = frozenset({"cuda_call", "location", "interfered_request_id"
 # From this part size on, the part is hashed in a second thread while it is copied out
 # (hashing releases the GIL); below it a thread costs more than it saves.
 _PARALLEL_HASH_BYTES = 1 << 20
-#: Characters of each stream a 504's output keeps (PROTOCOL §10's default capture limit):
-#: a malicious server's megabytes must not flood the terminal or notebook that shows them.
-PRINTED_OUTPUT_CHARS = 1 << 20
+#: Characters of each stream a 504's output keeps: PROTOCOL §10's max_output_limit_bytes,
+#: which no KCoral server passes (so a genuine one is never cut here and the output-limit
+#: note stays true), while a malicious server's flood stops there.
+PRINTED_OUTPUT_CHARS = 16 << 20
 T = TypeVar("T")
 
 

@@ -2,10 +2,10 @@
 deadline (EXTENSIONS §15), to flood or crash the client, or to act on the user's terminal.
 
 A stand-in server answers every ``/execute`` with a 504 ``timeout`` whose output fields are
-huge, of the wrong type, or full of escape strings. The client keeps at most 1 MiB of each
-stream (marked truncated), reads a field of another type as no output (the error itself
-still reads), and ``kcoral run`` screens the text for the terminal as it screens a tool's
-output, then says the deadline passed."""
+huge, of the wrong type, or full of escape strings. The client keeps at most 16 Mi
+characters of each stream, the most a server may capture (marked truncated), reads a field
+of another type as no output (the error itself still reads), and ``kcoral run`` screens the
+text for the terminal as it screens a tool's output, then says the deadline passed."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def timeout_error(fields: dict[str, Any]) -> KCoralError:
     return caught.value
 
 
-def test_a_flood_of_output_is_cut_to_a_mebibyte_a_stream() -> None:
-    error = timeout_error({"stdout": "x" * (5 << 20), "stderr": "y" * (3 << 20)})
+def test_a_flood_of_output_is_cut_to_what_a_server_may_capture() -> None:
+    flood = PRINTED_OUTPUT_CHARS + 4096
+    error = timeout_error({"stdout": "x" * flood, "stderr": "y" * flood})
     assert error.output is not None
     assert len(error.output.stdout) == len(error.output.stderr) == PRINTED_OUTPUT_CHARS
     assert error.output.stdout_truncated and error.output.stderr_truncated
