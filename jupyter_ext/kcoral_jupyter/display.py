@@ -31,6 +31,7 @@ from kcoral.protocol.strict_json import finite_float
 from kcoral.results import plural
 from kcoral.run.terminal_filter import screened
 from kcoral_jupyter.images import MAX_PLOT_POINTS, heatmap_png, line_svg
+from kcoral_jupyter.tensor_stats import tensor_stats
 
 PREVIEW_CHARS = 2000
 PREVIEW_LINES = 40
@@ -163,68 +164,6 @@ def server_display(bundle: Mapping[str, object]) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- tensors
-
-
-#: Arrays up to this many elements get their statistics from one float64 copy; larger ones
-#: are read in float64 pieces of this size, so showing a tensor never needs a whole copy.
-STATS_CHUNK_ELEMENTS = 1 << 18
-
-
-def tensor_stats(array: np.ndarray) -> dict[str, Any]:
-    """shape, dtype and (for non-empty numeric arrays) min/max/mean of the finite values.
-
-    A large array is converted to float64 a piece at a time (``np.nditer`` buffering), so the
-    extra memory is a few pieces, not eight bytes per element; a small one exactly as
-    before (one copy, NumPy's summation), so its numbers are unchanged."""
-    stats: dict[str, Any] = {"shape": tuple(array.shape), "dtype": str(array.dtype)}
-    if not array.size:
-        return stats
-    if array.dtype.kind in "biu":
-        # exact: through float64 an int32 of 987654321 read 'max 9.87654e+08' and int64's
-        # largest one more than itself; min and max of integers need no copy at all
-        found = _finite_summary(array)
-        assert found is not None  # every integer is finite
-        stats.update(min=int(array.min()), max=int(array.max()), mean=found[2] / found[3])
-        return stats
-    try:
-        if array.size <= STATS_CHUNK_ELEMENTS:
-            values = np.asarray(array, dtype=np.float64)
-            finite = values[np.isfinite(values)]
-            if finite.size:
-                stats.update(
-                    min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean())
-                )
-            return stats
-        found = _finite_summary(array)
-    except (TypeError, ValueError):
-        return stats
-    if found is not None:
-        low, high, total, count = found
-        stats.update(min=low, max=high, mean=total / count)
-    return stats
-
-
-def _finite_summary(array: np.ndarray) -> tuple[float, float, float, int] | None:
-    """(min, max, sum, count) of the finite values of ``array`` as float64, read in pieces of
-    ``STATS_CHUNK_ELEMENTS`` (None when none is finite)."""
-    low, high, total, count = np.inf, -np.inf, 0.0, 0
-    pieces = np.nditer(
-        array,
-        flags=["external_loop", "buffered", "refs_ok"],
-        op_dtypes=[np.dtype(np.float64)],
-        casting="unsafe",
-        buffersize=STATS_CHUNK_ELEMENTS,
-        order="K",
-    )
-    for piece in pieces:
-        assert isinstance(piece, np.ndarray)  # one operand: its buffer, not a tuple
-        finite = piece if array.dtype.kind in "biu" else piece[np.isfinite(piece)]
-        if finite.size:
-            low = min(low, float(finite.min()))
-            high = max(high, float(finite.max()))
-            total += float(finite.sum())
-            count += int(finite.size)
-    return (low, high, total, count) if count else None
 
 
 def _as_numpy(value: Any) -> np.ndarray | None:

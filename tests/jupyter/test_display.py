@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from kcoral_jupyter import display as rich
 from kcoral_jupyter.images import heatmap_png, line_svg, png_bytes
+from kcoral_jupyter.tensor_stats import STATS_CHUNK_ELEMENTS, tensor_stats
 
 from kcoral import Client, ProgramResult, ReturnedFile, ReturnedFolder
 from kcoral.connection.transport import MockTransport, Request, Response
@@ -129,7 +130,7 @@ def test_an_integer_tensor_shows_its_exact_min_and_max(values) -> None:
     # through float64 they read 'min 1.23457e+08 · max 9.87654e+08'
     html = rich.tensor_html(values, "ids")
     assert f"min {values.min()} · max {values.max()} · mean" in html
-    assert rich.tensor_stats(np.array([True, False]))["max"] == 1
+    assert tensor_stats(np.array([True, False]))["max"] == 1
 
 
 def test_a_bfloat16_tensor_renders() -> None:
@@ -169,11 +170,11 @@ def test_a_large_tensor_gets_the_statistics_of_its_finite_values() -> None:
     values[::1000] = np.nan
     values[1] = np.inf
     finite = values[np.isfinite(values)].astype(np.float64)
-    stats = rich.tensor_stats(values)
-    assert values.size > rich.STATS_CHUNK_ELEMENTS
+    stats = tensor_stats(values)
+    assert values.size > STATS_CHUNK_ELEMENTS
     assert stats["min"] == float(finite.min()) and stats["max"] == float(finite.max())
     assert stats["mean"] == pytest.approx(float(finite.mean()), rel=1e-12)
-    assert rich.tensor_stats(np.full(3_000_001, np.nan)).keys() == {"shape", "dtype"}
+    assert tensor_stats(np.full(3_000_001, np.nan)).keys() == {"shape", "dtype"}
 
 
 def test_image_files_are_inline_text_files_previewed_and_binary_files_get_a_save_hint() -> None:
