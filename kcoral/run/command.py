@@ -39,6 +39,7 @@ from kcoral.run.outputs import (
     report,
     restore_terminal,
     say,
+    say_truncated,
     start_on_a_new_line,
     write_output,
 )
@@ -229,10 +230,12 @@ def run(options: RunOptions) -> int:
         return 1
     except KCoralError as exc:
         if exc.status_code == 504 and exc.kind == "timeout":
-            if exc.output is not None and not options.output_streamed:
+            if exc.output is not None:
                 # what the tool printed before its deadline (EXTENSIONS §15), then why it ended
-                write_output(sys.stdout, exc.output.stdout)
-                write_output(sys.stderr, exc.output.stderr)
+                if not options.output_streamed:
+                    write_output(sys.stdout, exc.output.stdout)
+                    write_output(sys.stderr, exc.output.stderr)
+                say_truncated(options, exc.output)
             say(timed_out(options))
             return 1
         say(server_error(exc, options.url))

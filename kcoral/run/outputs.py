@@ -29,17 +29,7 @@ def report(options: RunOptions, result: Any) -> int:
     if not options.output_streamed:
         write_output(sys.stdout, result.stdout)
         write_output(sys.stderr, result.stderr)
-    if options.merged_output:
-        # One capture held both streams (the tool's stderr went to its stdout): "the remote
-        # stdout was truncated" hid that its stderr was cut with it.
-        if result.stdout_truncated or result.stderr_truncated:
-            limit = _truncation_limit(options, "")
-            say(f"the remote stdout and stderr, captured together, were truncated at {limit}")
-    else:
-        for stream_name in ("stdout", "stderr"):
-            if getattr(result, f"{stream_name}_truncated"):
-                limit = _truncation_limit(options, " per stream")
-                say(f"the remote {stream_name} was truncated at {limit}")
+    say_truncated(options, result)
     if not result.completed:
         error = result.error or {}
         say(
@@ -77,6 +67,22 @@ def report(options: RunOptions, result: Any) -> int:
     if missing and status == 0:
         return 1
     return status
+
+
+def say_truncated(options: RunOptions, printed: Any) -> None:
+    """Which stream of what the tool printed (a result, or what a 504 carried, EXTENSIONS
+    §15) the server cut at its output limit, and how to move that limit."""
+    if options.merged_output:
+        # One capture held both streams (the tool's stderr went to its stdout): "the remote
+        # stdout was truncated" hid that its stderr was cut with it.
+        if printed.stdout_truncated or printed.stderr_truncated:
+            limit = _truncation_limit(options, "")
+            say(f"the remote stdout and stderr, captured together, were truncated at {limit}")
+    else:
+        for stream_name in ("stdout", "stderr"):
+            if getattr(printed, f"{stream_name}_truncated"):
+                limit = _truncation_limit(options, " per stream")
+                say(f"the remote {stream_name} was truncated at {limit}")
 
 
 def _truncation_limit(options: RunOptions, per: str) -> str:

@@ -9,6 +9,7 @@ text for the terminal as it screens a tool's output, then says the deadline pass
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from typing import Any, ClassVar
 
@@ -89,3 +90,18 @@ def test_kcoral_run_screens_the_output_for_the_terminal_then_says_the_deadline_p
     assert "\x1b[31mred\x1b[0m" in text and "err \r\n" in text, repr(text)
     # what it printed first, then why it ended
     assert text.index("before") < text.index("timed out after --timeout 2 s"), repr(text)
+
+
+def test_kcoral_run_says_which_stream_was_cut_before_the_deadline_line() -> None:
+    # what a genuine server sends for output past its limit, here from the stand-in
+    with serving(stand_in({"stdout": "progress 40%\n", "stdout_truncated": True})) as url:
+        command = [sys.executable, "-m", "kcoral", "run", "python", "--url", url, "--timeout"]
+        done = subprocess.run(
+            [*command, "2", "--", "-c", "print(1)"], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 1 and done.stdout == "progress 40%\n", done
+    cut, timed_out = (
+        done.stderr.index("the remote stdout was truncated at"),
+        done.stderr.index("timed out after --timeout 2 s"),
+    )
+    assert cut < timed_out, done.stderr
