@@ -22,7 +22,7 @@ from kcoral_server.router.nodes.registry import (
 )
 from kcoral_server.router.nodes.slot import RouterSlot
 from kcoral_server.router.routes.job_index import JobIndex
-from kcoral_server.router.routes.sessions import SessionIndex
+from kcoral_server.router.routes.session_index import SessionIndex
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 
 from kcoral.protocol.multipart import encode_multipart

@@ -42,7 +42,8 @@ from kcoral_server.router.routes.info import InfoHandler
 from kcoral_server.router.routes.job_index import JobIndex
 from kcoral_server.router.routes.jobs import JobHandler, JobsHandler
 from kcoral_server.router.routes.metrics import RouterMetricsHandler
-from kcoral_server.router.routes.sessions import SessionHandler, SessionIndex, SessionsHandler
+from kcoral_server.router.routes.session_index import SessionIndex
+from kcoral_server.router.routes.sessions import SessionHandler, SessionsHandler
 from kcoral_server.router.settings import RouterSettings
 
 

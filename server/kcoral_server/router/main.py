@@ -25,7 +25,7 @@ from kcoral_server.router.listener import DemuxServer, unclassified_bound
 from kcoral_server.router.log import NodeStateLines, RouterLog
 from kcoral_server.router.nodes.gateway import Gateway, add_gateway_to_server
 from kcoral_server.router.nodes.registry import STARTING, Registry
-from kcoral_server.router.routes.sessions import node_back_handler
+from kcoral_server.router.routes.session_index import node_back_handler
 from kcoral_server.router.settings import RouterSettings, SettingsError, parse_router_args
 from kcoral_server.settings.command_line import listen_failure_hint
 from kcoral_server.settings.secret_flags import client_variable_hint, secret_flag_warnings

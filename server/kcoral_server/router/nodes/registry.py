@@ -112,6 +112,44 @@ class NodeRecord:
         while len(self.old_instances) > MAX_OLD_INSTANCES:
             del self.old_instances[next(iter(self.old_instances))]
 
+    def take_slot_key(self, key: str) -> None:
+        """The key its supervisor announces now. Slots opened before the key was announced
+        (or under an older one) that do not hold it are a stranger's: they never get work
+        and are closed."""
+        if key == self.slot_key:
+            return
+        self.slot_key = key
+        for slot in list(self.slots.values()):
+            if not slot.holds_key(key):
+                slot.close(
+                    (grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL), "tunnel_disconnected"
+                )
+
+    def take_instance(self, server_instance_id: str) -> None:
+        """A new supervisor or server instance (``server_instance_id``; "" while it has
+        none): the current one is replaced, and slots of another instance can never receive
+        work again (§4.4)."""
+        if self.server_instance_id:
+            self.replaced(self.server_instance_id)
+        if server_instance_id:
+            self.server_instance_id = server_instance_id
+        for slot in list(self.slots.values()):
+            if slot.instance_id != self.server_instance_id:
+                replaced = (grpc.StatusCode.FAILED_PRECONDITION, "server instance replaced")
+                slot.close(replaced, "tunnel_disconnected")
+
+    def take_healthy_status(self, status: pb.SupervisorStatus) -> None:
+        """What a healthy status says the node is and holds (ROUTER §6)."""
+        self.kind, self.arch = status.kind.gpu, status.kind.arch
+        self.gpus, self.memory_bytes = status.kind.gpus, status.kind.memory_bytes
+        self.labels = dict(status.labels)
+        self.lease_stats = status.lease_stats if status.HasField("lease_stats") else None
+        self.worker_count = status.worker_count
+        self.busy_workers = status.busy_workers
+        self.target = dict(status.target)
+        self.versions = dict(status.versions)
+        self.saturated_until = 0.0
+
     def current_slots(self, kind: str = WORKER) -> list[RouterSlot]:
         return [
             s
@@ -259,30 +297,11 @@ class Registry:
             status.server_instance_id != node.server_instance_id
         )
         node.supervisor_instance_id = status.supervisor_instance_id
-        if status.slot_key != node.slot_key:
-            node.slot_key = status.slot_key
-            # Slots opened before the key was announced (or under an older one) that do not
-            # hold it are a stranger's: they never get work and are closed.
-            for slot in list(node.slots.values()):
-                if not slot.holds_key(node.slot_key):
-                    slot.close(
-                        (grpc.StatusCode.PERMISSION_DENIED, SLOT_KEY_REFUSAL),
-                        "tunnel_disconnected",
-                    )
+        node.take_slot_key(status.slot_key)
+        if server_changed:  # what lived in the old server is gone, told before its slots close
+            self.on_node_lost(node.node_id, SERVER_RESTARTED)
         if server_changed or sup_changed:
-            if node.server_instance_id:
-                node.replaced(node.server_instance_id)
-            if status.server_instance_id:
-                node.server_instance_id = status.server_instance_id
-            if server_changed:
-                self.on_node_lost(node.node_id, SERVER_RESTARTED)
-            # Slots of another instance can never receive work again (§4.4).
-            for slot in list(node.slots.values()):
-                if slot.instance_id != node.server_instance_id:
-                    slot.close(
-                        (grpc.StatusCode.FAILED_PRECONDITION, "server instance replaced"),
-                        "tunnel_disconnected",
-                    )
+            node.take_instance(status.server_instance_id)
         came_back = (
             not node.connected
             and node.lost_at is not None
@@ -299,15 +318,7 @@ class Registry:
             node.state, node.successes = DRAINING, 0
             node.last_error = status.last_error[:MAX_LAST_ERROR_CHARS]
         elif status.server_healthy:
-            node.kind, node.arch = status.kind.gpu, status.kind.arch
-            node.gpus, node.memory_bytes = status.kind.gpus, status.kind.memory_bytes
-            node.labels = dict(status.labels)
-            node.lease_stats = status.lease_stats if status.HasField("lease_stats") else None
-            node.worker_count = status.worker_count
-            node.busy_workers = status.busy_workers
-            node.target = dict(status.target)
-            node.versions = dict(status.versions)
-            node.saturated_until = 0.0
+            node.take_healthy_status(status)
             self._success(node)
         elif status.last_error == SERVER_STARTING and node.state in (STARTING, LEFT):
             node.state, node.last_error = STARTING, SERVER_STARTING
