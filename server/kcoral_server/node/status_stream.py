@@ -1,6 +1,6 @@
 """The node supervisor's status reports to the router over ``ConnectSupervisor`` (ROUTER.md
 §12): one status at connect, then one whenever it changes or every health interval, with
-reconnects backing off up to 30 s."""
+reconnects backing off up to 30 s; and what each says (``supervisor_status``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import asyncio
 import contextlib
 import math
 import sys
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -17,7 +18,13 @@ from kcoral_server.node.tunnel import auth_metadata, open_channel, wait_connecte
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from kcoral_server.router.log import RouterLog
-from kcoral_server.settings.config import ServerConfig
+from kcoral_server.settings.config import ServerConfig, node_labels
+
+if TYPE_CHECKING:
+    from kcoral_server.gpu.kind import NodeKind
+    from kcoral_server.node.supervisor import Supervisor
+
+MAX_UINT64 = 2**64 - 1
 
 #: how long the last status waits for the router to end the call (the supervisor waits 2 s
 #: for the whole report loop at its stop)
@@ -158,3 +165,43 @@ async def stream_status(
             delay = min(delay * 2, 30.0)
     finally:
         await channel.close()
+
+
+def supervisor_status(supervisor: Supervisor) -> pb.SupervisorStatus:
+    """What ``supervisor`` reports now: its child's health, offers and load while healthy,
+    else why not; its kind, labels, slot key and whether it drains (ROUTER §4, §6, §12)."""
+    child_up = supervisor.child is not None and supervisor.child.poll() is None
+    healthy = supervisor.healthy and child_up and supervisor.node_kind is not None
+    age = (
+        MAX_UINT64
+        if supervisor.last_healthy_at is None
+        else int((time.monotonic() - supervisor.last_healthy_at) * 1000)
+    )
+    status = pb.SupervisorStatus(
+        node_id=supervisor.config.node_id,
+        server_healthy=healthy,
+        supervisor_instance_id=supervisor.instance_id,
+        server_instance_id=supervisor.body.get("instance_id", "") if healthy else "",
+        last_error="" if healthy else supervisor.last_error,
+        health_age_millis=age,
+        slot_key=supervisor.slot_key,
+        draining=supervisor.stopping.is_set(),
+    )
+    if healthy:
+        status.worker_count = supervisor.body["worker_count"]
+        status.busy_workers = supervisor.body["busy_workers"]
+        status.target.update(supervisor.body["target"])
+        status.versions.update({**supervisor.body["versions"], **supervisor.versions_override})
+        status.node_metrics = supervisor.metrics.take()  # now and then (metrics_fetch)
+        lease_stats = lease_stats_message(supervisor.body)
+        if lease_stats is not None:
+            status.lease_stats.CopyFrom(lease_stats)
+    status.kind.CopyFrom(kind_message(supervisor.node_kind))
+    status.labels.update(node_labels(supervisor.config))
+    return status
+
+
+def kind_message(kind: NodeKind | None) -> pb.NodeKind:
+    """What a status says of the node's kind (ROUTER §6; empty until it is known, when the
+    status is not healthy yet)."""
+    return pb.NodeKind() if kind is None else pb.NodeKind(**kind.as_json())

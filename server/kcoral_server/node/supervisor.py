@@ -43,16 +43,14 @@ from kcoral_server.node.handover import (
 )
 from kcoral_server.node.http11 import get_json
 from kcoral_server.node.metrics_fetch import MetricsReader
-from kcoral_server.node.status_stream import lease_stats_message, stream_status
+from kcoral_server.node.status_stream import stream_status, supervisor_status
 from kcoral_server.processes.stop_signals import then_ignoring_stop_signals
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.nodes.registry import SERVER_STARTING, SERVER_STOPPED
 from kcoral_server.settings.command_line import ServerSettings, listen_flags, supervisor_flags
-from kcoral_server.settings.config import node_labels
 from kcoral_server.storage.ready_file import try_write_ready_file
 
-MAX_UINT64 = 2**64 - 1
 USAGE_ERROR = 2  # the exit status of a server that refuses its settings
 PR_SET_CHILD_SUBREAPER = 36
 # Test-only: a JSON object merged into the reported ``versions`` (cohort tests).
@@ -243,12 +241,6 @@ def probe_kind(settings: ServerSettings) -> NodeKind:
     return describe_node(choice.mode, choice.gpus)
 
 
-def kind_message(kind: NodeKind | None) -> pb.NodeKind:
-    """What a status says of the node's kind (ROUTER §6; empty until it is known, when the
-    status is not healthy yet)."""
-    return pb.NodeKind() if kind is None else pb.NodeKind(**kind.as_json())
-
-
 def child_end(returncode: int) -> str:
     """How the child ended, for ``server_child_restarting`` and the router's ``last_error``:
     ``was killed by SIGKILL``, not ``exited with status -9`` (Popen's code for a signal)."""
@@ -306,35 +298,7 @@ class Supervisor:
     # -- status reports --------------------------------------------------------------------
 
     def status(self) -> pb.SupervisorStatus:
-        child_up = self.child is not None and self.child.poll() is None
-        healthy = self.healthy and child_up and self.node_kind is not None
-        age = (
-            MAX_UINT64
-            if self.last_healthy_at is None
-            else int((time.monotonic() - self.last_healthy_at) * 1000)
-        )
-        status = pb.SupervisorStatus(
-            node_id=self.config.node_id,
-            server_healthy=healthy,
-            supervisor_instance_id=self.instance_id,
-            server_instance_id=self.body.get("instance_id", "") if healthy else "",
-            last_error="" if healthy else self.last_error,
-            health_age_millis=age,
-            slot_key=self.slot_key,
-            draining=self.stopping.is_set(),
-        )
-        if healthy:
-            status.worker_count = self.body["worker_count"]
-            status.busy_workers = self.body["busy_workers"]
-            status.target.update(self.body["target"])
-            status.versions.update({**self.body["versions"], **self.versions_override})
-            status.node_metrics = self.metrics.take()  # now and then (metrics_fetch)
-            lease_stats = lease_stats_message(self.body)
-            if lease_stats is not None:
-                status.lease_stats.CopyFrom(lease_stats)
-        status.kind.CopyFrom(kind_message(self.node_kind))
-        status.labels.update(node_labels(self.config))
-        return status
+        return supervisor_status(self)
 
     def report(self) -> None:
         self.status_changed.set()
