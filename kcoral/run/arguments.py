@@ -357,8 +357,9 @@ def general_help() -> str:
         f"{USAGE}\nRun a command-line tool on a KCoral worker and bring its output back.\n\n"
         f"tools:\n{tools}\n{_OPTIONS_HELP}\n"
         "Exit status: the tool's own status (128 + N when killed by signal N); 1 when the\n"
-        "program failed, the server could not be reached or a requested output is missing;\n"
-        "2 for an invalid command line. See `kcoral run TOOL --help`.\n"
+        "program failed, the server could not be reached, a --send input could not be sent\n"
+        "or a requested output is missing; 2 for an invalid command line. See\n"
+        "`kcoral run TOOL --help`.\n"
     )
 
 

@@ -51,6 +51,22 @@ def test_run_help_says_where_the_token_comes_from_and_gives_sizes_in_units(
     assert "(default 256 MiB;" in out and "268435456" not in out
 
 
+def test_run_help_names_an_unsendable_input_among_the_causes_of_exit_status_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A --send input that cannot be read exits 1 (CLIENT_API §11), which the help's exit
+    # statuses did not name: it read as an invalid command line, whose status is 2.
+    assert kcoral_main(["run", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 when the program failed, the server could not be reached, a --send input " in out
+    missing = str(tmp_path / "nothere")
+    assert kcoral_main(["run", "shell", "--url", URL, "--send", missing, "--", "true"]) == 1
+    assert (
+        capsys.readouterr().err.strip()
+        == f"kcoral run: --send {missing!r}: No such file or directory"
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
     [
