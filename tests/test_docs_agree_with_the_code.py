@@ -1,7 +1,8 @@
 """What the README and docs/ tell a newcomer to type agrees with the code: each option a
-``kcoral server``, ``kcoral router`` or ``kcoral run`` command line in them names is one that
-command has, and the browser test's screenshots are refreshed the way the docs say. No
-server is started: the parsers are asked, as ``--help`` asks them."""
+``kcoral server``, ``kcoral router``, ``kcoral run`` or ``%kcoral``/``%%kcoral`` line in them
+names is one that command has; the browser test's screenshots are refreshed, and the fuzz
+count is given, the way the docs say. No server is started: the parsers are asked, as
+``--help`` asks them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from kcoral_jupyter.magics.options import cell_parser, line_parsers
 from kcoral_server.router.settings import _build_parser as build_router_parser
 from kcoral_server.settings.command_line import build_server_parser
 
@@ -20,6 +22,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 #: ``kcoral COMMAND ...`` up to the end of its code span or table cell
 COMMAND_LINE = re.compile(r"kcoral (server|router|run)\b([^`|\n]*)")
+#: ``%kcoral ...`` or ``%%kcoral ...`` likewise
+MAGIC_LINE = re.compile(r"%%?kcoral\b([^`|\n]*)")
 
 
 def option_strings(parser) -> set[str]:
@@ -31,33 +35,42 @@ def known_options() -> dict[str, set[str]]:
         "server": option_strings(build_server_parser()),
         "router": option_strings(build_router_parser()),
         "run": {*_VALUE_OPTIONS, "--gpus", "--help", "-h"},
+        # --help after any command or on a cell line is the magics' own (not argparse's)
+        "magic": {
+            "--help",
+            *option_strings(cell_parser()),
+            *(name for parser in line_parsers().values() for name in option_strings(parser)),
+        },
     }
 
 
 def shown_command_lines() -> list[tuple[str, str, str]]:
-    """(where, command, its options) of each ``kcoral server|router|run`` line shown; a
-    ``kcoral run`` line's options end at its first ``--`` (the tool's own follow)."""
+    """(where, command, its options) of each ``kcoral server|router|run`` line shown, and of
+    each ``%kcoral``/``%%kcoral`` line (command ``magic``); a ``kcoral run`` line's options
+    end at its first ``--`` (the tool's own follow)."""
     found = []
     for path in DOCS + EXAMPLES:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{number}"
             for match in COMMAND_LINE.finditer(line):
                 command, rest = match.groups()
                 if command == "run":
                     rest = rest.split(" -- ")[0]
-                where = f"{path.relative_to(ROOT)}:{number}"
                 found += [(where, command, option) for option in OPTION.findall(rest)]
+            for match in MAGIC_LINE.finditer(line):
+                found += [(where, "magic", option) for option in OPTION.findall(match[1])]
     return found
 
 
 def test_the_docs_show_kcoral_command_lines_at_all() -> None:
     commands = {command for _, command, _ in shown_command_lines()}
-    assert commands == {"server", "router", "run"}, commands
+    assert commands == {"server", "router", "run", "magic"}, commands
 
 
 def test_every_option_a_docs_command_line_names_is_one_that_command_has() -> None:
     known = known_options()
     unknown = [
-        f"{where}: kcoral {command} {option}"
+        f"{where}: {'%kcoral' if command == 'magic' else 'kcoral ' + command} {option}"
         for where, command, option in shown_command_lines()
         if option not in known[command]
     ]
