@@ -14,6 +14,7 @@ from dataclasses import fields
 
 import pytest
 from kcoral_server.processes import ipc
+from kcoral_server.processes.progress_slot import ProgressSlot
 
 SAMPLES: list[ipc.Message] = [
     ipc.Configure(
@@ -271,9 +272,9 @@ def _ignore(item: ipc.ChannelItem) -> None:
 
 
 def test_a_progress_slot_says_which_instruction_the_other_process_started_last() -> None:
-    slot, fd = ipc.ProgressSlot.create()
+    slot, fd = ProgressSlot.create()
     try:
-        worker_side = ipc.ProgressSlot.attach(fd)
+        worker_side = ProgressSlot.attach(fd)
     finally:
         os.close(fd)
     slot.reset()
@@ -290,8 +291,8 @@ def test_a_progress_slot_says_which_instruction_the_other_process_started_last()
 def test_a_progress_value_that_names_no_instruction_of_the_program_is_not_trusted(
     written: int,
 ) -> None:
-    slot, fd = ipc.ProgressSlot.create()
-    worker_side = ipc.ProgressSlot.attach(fd)
+    slot, fd = ProgressSlot.create()
+    worker_side = ProgressSlot.attach(fd)
     os.close(fd)
     worker_side.started(written - 1)  # what uploaded code in the worker can write
     assert slot.last_started(5) is None
@@ -300,7 +301,7 @@ def test_a_progress_value_that_names_no_instruction_of_the_program_is_not_truste
 def test_the_worker_cannot_shrink_the_progress_memfd_under_the_front_end() -> None:
     # A worker (uploaded code) that truncated the memfd would make the front-end's next
     # read of its mapping a SIGBUS: the memfd is sealed before it is sent.
-    slot, fd = ipc.ProgressSlot.create()
+    slot, fd = ProgressSlot.create()
     try:
         with pytest.raises(PermissionError):
             os.ftruncate(fd, 0)
@@ -314,7 +315,7 @@ def test_the_worker_cannot_shrink_the_progress_memfd_under_the_front_end() -> No
 
 
 def test_a_closed_progress_slot_reads_as_no_instruction() -> None:
-    slot, fd = ipc.ProgressSlot.create()
+    slot, fd = ProgressSlot.create()
     os.close(fd)
     slot.started(0)
     slot.close()
@@ -324,8 +325,8 @@ def test_a_closed_progress_slot_reads_as_no_instruction() -> None:
 def test_a_progress_slot_keeps_no_descriptor_open() -> None:
     # the reliability suite counts the front-end's descriptors: one per worker would "leak"
     before = len(os.listdir("/proc/self/fd"))
-    slot, fd = ipc.ProgressSlot.create()
-    worker_side = ipc.ProgressSlot.attach(fd)
+    slot, fd = ProgressSlot.create()
+    worker_side = ProgressSlot.attach(fd)
     os.close(fd)
     assert len(os.listdir("/proc/self/fd")) == before
     worker_side.started(1)

@@ -64,7 +64,7 @@ def test_a_program_that_outlives_its_deadline_between_messages_times_out(kcoral_
 
 
 # A program that goes for the progress slot its worker shares with the front-end
-# (ipc.ProgressSlot): through /proc/self/map_files it tries to shrink the memfd under the
+# (progress_slot.ProgressSlot): through /proc/self/map_files it tries to shrink the memfd under the
 # front-end's mapping (a SIGBUS there), then writes the slot and dies.
 SLOT_ATTACK = """
 import ctypes, os, struct

@@ -433,7 +433,7 @@ def test_without_the_preload_a_fresh_worker_imports_torch_itself(tmp_path: Path)
 
 EXIT_WALK = """
 import os, sys, weakref
-from kcoral_server.processes.ipc import ProgressSlot
+from kcoral_server.processes.progress_slot import ProgressSlot
 from kcoral_server.processes.launcher.fork_server import preload
 from kcoral_server.processes.launcher.forked_worker import quick_exit as _quick_exit
 from kcoral_server.worker.main import run_exit_handlers

@@ -22,6 +22,7 @@ from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes import ipc
 from kcoral_server.processes.channel import WorkerGone, close_fds
 from kcoral_server.processes.output_order import Runs
+from kcoral_server.processes.progress_slot import ProgressSlot
 from kcoral_server.storage import workspace_watch
 from kcoral_server.storage.workspace import Workspace
 
@@ -45,7 +46,7 @@ class ProgramDrive:
     reason_retire: str | None = None
     maps: list[mmap.mmap] = field(default_factory=list)
     instructions: Sequence[Instruction] = ()
-    progress: ipc.ProgressSlot | None = None  # the worker's, when it has one
+    progress: ProgressSlot | None = None  # the worker's, when it has one
     #: the limit the worker died at, for the answer (``exit_cause.limit_cause``)
     cause: str | None = None
     timeout_message: str = TIMEOUT_MESSAGE  # the 504's, naming the deadline once known

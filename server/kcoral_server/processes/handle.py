@@ -32,6 +32,7 @@ from kcoral_server.processes.channel import WorkerChannel, WorkerGone, close_fds
 from kcoral_server.processes.exit import kill_tree, poll_exit, survivors_of, watch_exit
 from kcoral_server.processes.launch import SeatSandbox
 from kcoral_server.processes.launcher.front_end import ForkedProcess
+from kcoral_server.processes.progress_slot import ProgressSlot
 from kcoral_server.processes.sandbox import SandboxDir
 from kcoral_server.processes.start import (
     STARTUP_TIMEOUT_SECONDS,
@@ -144,9 +145,9 @@ class WorkerHandle:
         self.cleanup_unconfirmed: str | None = None
         self.killed = False  # ``kill`` ran to its end (it is not repeated)
         self.exit_announced = False  # its exit report was believed (SERVER §8, exit_report)
-        # ipc.ProgressSlot shared with this process; unmapped with the handle (not by
+        # ProgressSlot shared with this process; unmapped with the handle (not by
         # ``close``: a crashed program's instruction is read from it after the kill)
-        self.progress: ipc.ProgressSlot | None = None
+        self.progress: ProgressSlot | None = None
         self._progress_unavailable = False
         #: where processes its programs leave are found (SERVER §8); set once it is ready
         self.strays: StrayWatch | None = None
@@ -304,14 +305,14 @@ class WorkerHandle:
         finally:
             close_fds(opened)
 
-    def progress_slot(self) -> tuple[ipc.ProgressSlot | None, int | None]:
+    def progress_slot(self) -> tuple[ProgressSlot | None, int | None]:
         """This worker's progress slot, plus its memfd when the worker has not been sent it
         yet (the caller sends it with the program, then closes it). ``(None, None)`` where
         memfds cannot be sealed: the worker then reports every instruction by frame."""
         if self.progress is not None or self._progress_unavailable:
             return self.progress, None
         try:
-            self.progress, fd = ipc.ProgressSlot.create()
+            self.progress, fd = ProgressSlot.create()
         except (OSError, AttributeError, ValueError):  # no memfd_create, seals or mmap
             self._progress_unavailable = True
             return None, None

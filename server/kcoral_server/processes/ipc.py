@@ -8,26 +8,22 @@ holding blobs or encoded results) ride along as ``SCM_RIGHTS`` ancillary data on
 JSON rather than pickle: the worker runs uploaded code, so nothing the front-end reads from it
 may be able to execute code on the front-end. Large bytes never travel inside frames.
 
-Each worker also shares a ``ProgressSlot`` with the front-end: the index of the instruction it
-started last, written before it runs, read once a program ended (to name the instruction a
-crash belongs to); only a program followed live sends ``InstructionStarted`` frames.
+Each worker also shares a ``progress_slot.ProgressSlot`` with the front-end (the instruction it
+started last); only a program followed live sends ``InstructionStarted`` frames.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
-import ctypes
 import fcntl
 import json
-import mmap
 import os
 import select
 import socket
 import struct
 import termios
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -230,99 +226,6 @@ class ProgramFinished(Message):
     # monotonic time (CLOCK_MONOTONIC, shared by all processes of the host) of the CUDA call
     # that broke a cpu_only run; the front-end alone knows who held the GPU then
     gpu_access_at: float | None = None
-
-
-# ---------------------------------------------------------------- progress slot
-
-#: the slot: one little-endian int64, 0 before any instruction, else 1 + the index started
-_SLOT = struct.Struct("<q")
-_SLOT_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.mmap.restype = ctypes.c_void_p
-_LIBC.mmap.argtypes = (
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-)
-_LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-class ProgressSlot:
-    """Which instruction of the current program a worker started last, in shared memory.
-
-    Who can reach it: the front-end, which creates the memfd, and the one worker process it
-    is sent to, i.e. also that worker's programs (uploaded code), which can write any value
-    (as they can already send any ``InstructionStarted`` frame on the socket). The front-end
-    therefore only trusts an index inside the program it sent (``last_started``), and the
-    memfd is sealed against shrinking before it is sent: a mapping of a truncated memfd
-    would kill the front-end with ``SIGBUS`` on its next read.
-
-    The page is mapped through libc, not ``mmap.mmap``, which keeps a duplicate of the
-    descriptor open for as long as the mapping lives: a slot holds no descriptor in either
-    process. It is unmapped by ``close`` or when the slot is collected.
-    """
-
-    def __init__(self, fd: int) -> None:
-        """Map the slot memfd ``fd`` (the caller still closes ``fd``)."""
-        address = _LIBC.mmap(
-            None, _SLOT.size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0
-        )
-        if address is None or address == _MAP_FAILED:
-            error = ctypes.get_errno()
-            raise OSError(error, os.strerror(error))
-        self._view: ctypes.Array | None = (ctypes.c_char * _SLOT.size).from_address(address)
-        self._unmap = weakref.finalize(self, _LIBC.munmap, address, _SLOT.size)
-        # an exiting process's mappings go with it: not at exit, where a one-shot worker's
-        # exit report would wait for the walk over every finalizer (``launcher.finalizers``)
-        self._unmap.atexit = False
-
-    @classmethod
-    def create(cls) -> tuple[ProgressSlot, int]:
-        """The front-end's slot and its sealed memfd (the caller sends, then closes it).
-        ``OSError`` where memfds or seals are unavailable."""
-        fd = os.memfd_create("kcoral-progress", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(fd, _SLOT.size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SLOT_SEALS)
-            return cls(fd), fd
-        except BaseException:
-            os.close(fd)
-            raise
-
-    @classmethod
-    def attach(cls, fd: int) -> ProgressSlot:
-        """The worker's view of a received slot memfd (the caller closes ``fd``)."""
-        return cls(fd)
-
-    def reset(self) -> None:
-        """No instruction started yet (the front-end, before it sends a program)."""
-        if self._view is not None:
-            _SLOT.pack_into(self._view, 0, 0)
-
-    def started(self, index: int) -> None:
-        """The worker is about to run instruction ``index``."""
-        if self._view is not None:
-            _SLOT.pack_into(self._view, 0, index + 1)
-
-    def any_started(self) -> bool:
-        """Whether an instruction started since ``reset`` (uploaded code can write, once run)."""
-        return self._view is not None and _SLOT.unpack_from(self._view, 0)[0] != 0
-
-    def last_started(self, instruction_count: int) -> int | None:
-        """Index of the last instruction started, or None: none started, or a value no
-        instruction of a program of ``instruction_count`` has (written by uploaded code)."""
-        if self._view is None:
-            return None
-        (value,) = _SLOT.unpack_from(self._view, 0)
-        return value - 1 if 1 <= value <= instruction_count else None
-
-    def close(self) -> None:
-        self._view = None  # before the unmap: nothing reads the page afterwards
-        self._unmap()
 
 
 # One encoder for every frame: ``json.dumps`` with non-default arguments builds a new

@@ -29,10 +29,10 @@ from kcoral_server.processes.ipc import (
     Configure,
     InstructionStarted,
     ProgramFinished,
-    ProgressSlot,
     RunProgram,
 )
 from kcoral_server.processes.output_order import OutputOrder
+from kcoral_server.processes.progress_slot import ProgressSlot
 from kcoral_server.worker import context
 from kcoral_server.worker.blobs import BlobMaps
 from kcoral_server.worker.capture import OutputCapture, flush_c_stdio
@@ -123,7 +123,7 @@ class Engine:
         self.programs = 0
         self.next_full_collection = FULL_COLLECTION_EVERY  # a program count
         self.modules_after_settle = len(sys.modules)  # to see a program that imported some
-        # shared with the front-end (ipc.ProgressSlot); arrives with the first program
+        # shared with the front-end (progress_slot.ProgressSlot); arrives with the first program
         self.progress: ProgressSlot | None = None
         # sys.modules and the path importers as a program starts: copied again only after
         # a program changed them (a copy of a torch worker's ~1,100 modules is ~40 us). One

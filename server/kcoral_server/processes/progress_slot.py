@@ -1,0 +1,106 @@
+"""The progress slot: which instruction a worker started last, in memory it shares with
+the front-end.
+
+The worker writes the index before it runs each instruction; the front-end reads it once a
+program ended, to name the instruction a crash belongs to, without a frame per instruction
+(only a program followed live sends ``ipc.InstructionStarted``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import mmap
+import os
+import struct
+import weakref
+
+#: the slot: one little-endian int64, 0 before any instruction, else 1 + the index started
+_SLOT = struct.Struct("<q")
+_SLOT_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+)
+_LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class ProgressSlot:
+    """Which instruction of the current program a worker started last, in shared memory.
+
+    Who can reach it: the front-end, which creates the memfd, and the one worker process it
+    is sent to, i.e. also that worker's programs (uploaded code), which can write any value
+    (as they can already send any ``InstructionStarted`` frame on the socket). The front-end
+    therefore only trusts an index inside the program it sent (``last_started``), and the
+    memfd is sealed against shrinking before it is sent: a mapping of a truncated memfd
+    would kill the front-end with ``SIGBUS`` on its next read.
+
+    The page is mapped through libc, not ``mmap.mmap``, which keeps a duplicate of the
+    descriptor open for as long as the mapping lives: a slot holds no descriptor in either
+    process. It is unmapped by ``close`` or when the slot is collected.
+    """
+
+    def __init__(self, fd: int) -> None:
+        """Map the slot memfd ``fd`` (the caller still closes ``fd``)."""
+        address = _LIBC.mmap(
+            None, _SLOT.size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0
+        )
+        if address is None or address == _MAP_FAILED:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error))
+        self._view: ctypes.Array | None = (ctypes.c_char * _SLOT.size).from_address(address)
+        self._unmap = weakref.finalize(self, _LIBC.munmap, address, _SLOT.size)
+        # an exiting process's mappings go with it: not at exit, where a one-shot worker's
+        # exit report would wait for the walk over every finalizer (``launcher.finalizers``)
+        self._unmap.atexit = False
+
+    @classmethod
+    def create(cls) -> tuple[ProgressSlot, int]:
+        """The front-end's slot and its sealed memfd (the caller sends, then closes it).
+        ``OSError`` where memfds or seals are unavailable."""
+        fd = os.memfd_create("kcoral-progress", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, _SLOT.size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SLOT_SEALS)
+            return cls(fd), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, fd: int) -> ProgressSlot:
+        """The worker's view of a received slot memfd (the caller closes ``fd``)."""
+        return cls(fd)
+
+    def reset(self) -> None:
+        """No instruction started yet (the front-end, before it sends a program)."""
+        if self._view is not None:
+            _SLOT.pack_into(self._view, 0, 0)
+
+    def started(self, index: int) -> None:
+        """The worker is about to run instruction ``index``."""
+        if self._view is not None:
+            _SLOT.pack_into(self._view, 0, index + 1)
+
+    def any_started(self) -> bool:
+        """Whether an instruction started since ``reset`` (uploaded code can write, once run)."""
+        return self._view is not None and _SLOT.unpack_from(self._view, 0)[0] != 0
+
+    def last_started(self, instruction_count: int) -> int | None:
+        """Index of the last instruction started, or None: none started, or a value no
+        instruction of a program of ``instruction_count`` has (written by uploaded code)."""
+        if self._view is None:
+            return None
+        (value,) = _SLOT.unpack_from(self._view, 0)
+        return value - 1 if 1 <= value <= instruction_count else None
+
+    def close(self) -> None:
+        self._view = None  # before the unmap: nothing reads the page afterwards
+        self._unmap()
