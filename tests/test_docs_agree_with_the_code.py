@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_jupyter.magics.options import cell_parser, line_parsers
+from kcoral_jupyter.settings import KCoral
 from kcoral_server.router.settings import _build_parser as build_router_parser
 from kcoral_server.settings.command_line import build_server_parser
 
@@ -102,3 +103,15 @@ def test_the_docs_give_the_fuzz_count_as_the_line_the_reliability_suite_prints(p
     words = (ROOT / page).read_text(encoding="utf-8")
     assert f"`fuzz: N {printed[1]}`" in words
     assert "2,622" not in words
+
+
+def test_the_readme_names_every_notebook_setting_in_its_notebooks_section() -> None:
+    # It named url alone in its "Settings:" (and a few others in passing): token, timeout,
+    # quiet and use_jobs were nowhere, though the refusal of a token says %config KCoral.token.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## Notebooks: `%%kcoral`")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    settings = " ".join(section[section.index("Settings: ") :].split())
+    spelled = {name: (f"`{name}`", f"KCoral.{name} ") for name in KCoral.class_traits(config=True)}
+    unnamed = [name for name, ways in spelled.items() if not any(w in settings for w in ways)]
+    assert not unnamed, unnamed
