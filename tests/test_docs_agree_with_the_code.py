@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_jupyter.magics.options import cell_parser, line_parsers
+from kcoral_jupyter.server_extension import KCoralExtension
 from kcoral_jupyter.settings import KCoral
 from kcoral_server.router.settings import _build_parser as build_router_parser
 from kcoral_server.settings.command_line import build_server_parser
@@ -114,4 +115,17 @@ def test_the_readme_names_every_notebook_setting_in_its_notebooks_section() -> N
     settings = " ".join(section[section.index("Settings: ") :].split())
     spelled = {name: (f"`{name}`", f"KCoral.{name} ") for name in KCoral.class_traits(config=True)}
     unnamed = [name for name, ways in spelled.items() if not any(w in settings for w in ways)]
+    assert not unnamed, unnamed
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/jupyterlab.md"])
+def test_the_docs_name_every_setting_of_the_jupyter_server_extension(page: str) -> None:
+    # request_timeout, the 10 s after which a server that never answers is shown as
+    # "no answer from ... within 10 s", was named nowhere.
+    words = (ROOT / page).read_text(encoding="utf-8")
+    unnamed = [
+        name
+        for name in KCoralExtension.class_traits(config=True)
+        if f"c.KCoralExtension.{name}" not in words
+    ]
     assert not unnamed, unnamed
