@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -146,14 +146,39 @@ def _check_text(value: str, what: str) -> None:
             raise ValueEncodingError(f"{what} is not valid Unicode text") from None
 
 
+#: Counts a binary part of so many bytes, described as a noun, before it is made.
+Take = Callable[[int, str], None]
+
+
+def _unbounded(_size: int, _what: str) -> None:
+    pass
+
+
 class _Encoder:
-    def __init__(self, first_part_index: int, hash_parts: bool = True) -> None:
+    def __init__(
+        self, first_part_index: int, hash_parts: bool = True, part_budget: int | None = None
+    ) -> None:
+        self.left = part_budget
         self.parts: Parts = []
         self.first = first_part_index
         self.hash_parts = hash_parts
         self.active: set[int] = set()  # ids of containers on the current path (cycles)
         self.numpy = sys.modules.get("numpy")
         self.torch = sys.modules.get("torch")
+
+    def take(self, size: int, what: str) -> None:
+        """Count a part of ``size`` bytes against the budget before it is made: a view of a
+        few bytes (``np.broadcast_to``, ``torch.expand``) can be gigabytes as a part."""
+        if self.left is None:
+            return
+        if size > self.left:
+            # the sizes and the flag, as a file return's and the 500 response_too_large say
+            raise ValueEncodingError(
+                f"return would exceed the response size limit: {what} of {size} bytes, "
+                f"{self.left} bytes left (max_response_bytes; kcoral server "
+                "--max-response-bytes)"
+            )
+        self.left -= size
 
     def add_part(self, fields: dict[str, Any], data: bytes | memoryview) -> ValueNode:
         node = _binary_node(fields, data, self.first + len(self.parts), self.hash_parts)
@@ -197,11 +222,12 @@ class _Encoder:
                     encoded[key] = self.encode(item)
                 return {"type": "object", "value": encoded}
         if isinstance(value, (bytes, bytearray, memoryview)):
+            self.take(memoryview(value).nbytes, "bytes")
             return self.add_part({"type": "bytes"}, _bytes_of(value))
         if self.torch is not None and isinstance(value, self.torch.Tensor):
-            return self.tensor(*_torch_tensor(self.torch, value))
+            return self.tensor(*_torch_tensor(self.torch, value, self.take))
         if np is not None and isinstance(value, np.ndarray):
-            return self.tensor(*_numpy_tensor(np, value))
+            return self.tensor(*_numpy_tensor(np, value, self.take))
         if hasattr(value, "__dlpack__") and not isinstance(value, type):
             return self.tensor(*self.dlpack(value))
         raise ValueEncodingError(f"cannot encode value of type {type(value).__name__!r}")
@@ -228,8 +254,8 @@ class _Encoder:
                 raise ValueEncodingError(
                     f"cannot encode {type(value).__name__!r} through DLPack: {torch_exc}"
                 ) from None
-            return _torch_tensor(torch, tensor)
-        return _numpy_tensor(np, array)
+            return _torch_tensor(torch, tensor, self.take)
+        return _numpy_tensor(np, array, self.take)
 
 
 class _Visit:
@@ -264,12 +290,15 @@ def _bytes_of(value: bytes | bytearray | memoryview) -> bytes | memoryview:
     return view.tobytes(order="C")
 
 
-def _numpy_tensor(np: Any, array: Any) -> tuple[str, list[int], memoryview]:
+def _numpy_tensor(
+    np: Any, array: Any, take: Take = _unbounded
+) -> tuple[str, list[int], memoryview]:
     dtype = array.dtype
     name = dtype.name
     if name not in ITEMSIZE:
         raise ValueEncodingError(f"cannot encode an array of dtype {str(dtype)!r}")
     shape = [int(dim) for dim in array.shape]
+    take(math.prod(shape) * ITEMSIZE[name], "a tensor")
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and sys.byteorder == "big"):
         array = array.astype(dtype.newbyteorder("<"))
     # reshape(-1) is C-order (copies only when needed) and keeps 0-d arrays working;
@@ -278,7 +307,9 @@ def _numpy_tensor(np: Any, array: Any) -> tuple[str, list[int], memoryview]:
     return name, shape, memoryview(flat.view(np.uint8))
 
 
-def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
+def _torch_tensor(
+    torch: Any, tensor: Any, take: Take = _unbounded
+) -> tuple[str, list[int], memoryview]:
     try:
         name = str(tensor.dtype).removeprefix("torch.")
         if name not in ITEMSIZE:
@@ -286,10 +317,7 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
         problem = torch_tensor_problem(tensor)
         if problem is not None:
             raise ValueEncodingError(f"cannot encode a tensor {problem}")
-        host = tensor.detach()
-        if host.device.type != "cpu":
-            host = host.cpu()
-        shape = [int(dim) for dim in host.shape]
+        shape = [int(dim) for dim in tensor.shape]
         if not numpy_can_hold(shape, ITEMSIZE[name]):
             # torch makes such tensors (an empty one of 100 dimensions); the client refused
             # the whole answer for one (CLIENT_API §10 point 10)
@@ -298,6 +326,10 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
                 f"most {MAX_DIMENSIONS} dimensions and a size, zero dimensions left out, "
                 "below 2**63 bytes"
             )
+        take(math.prod(shape) * ITEMSIZE[name], "a tensor")  # before the copy to the host
+        host = tensor.detach()
+        if host.device.type != "cpu":
+            host = host.cpu()
         # a uint8 view reads every dtype (bfloat16, float8) the same way
         return name, shape, memoryview(torch_byte_view(host, torch.uint8).numpy())
     except ValueEncodingError:
@@ -307,15 +339,20 @@ def _torch_tensor(torch: Any, tensor: Any) -> tuple[str, list[int], memoryview]:
 
 
 def encode_value(
-    value: object, first_part_index: int, *, hash_parts: bool = True
+    value: object,
+    first_part_index: int,
+    *,
+    hash_parts: bool = True,
+    part_budget: int | None = None,
 ) -> tuple[ValueNode, Parts]:
     """Encode a return value; parts are numbered from ``return:<first_part_index>``.
 
-    Raises ``ValueEncodingError`` for values §7.5 cannot carry (kind ``serialization``).
-    With ``hash_parts=False`` binary nodes carry an empty ``sha256`` that the caller must
-    set with ``fill_part_hashes``.
+    Raises ``ValueEncodingError`` for values §7.5 cannot carry (kind ``serialization``),
+    and for one whose parts would take more than ``part_budget`` bytes (None: no bound),
+    before they are made. With ``hash_parts=False`` binary nodes carry an empty ``sha256``
+    that the caller must set with ``fill_part_hashes``.
     """
-    encoder = _Encoder(first_part_index, hash_parts)
+    encoder = _Encoder(first_part_index, hash_parts, part_budget)
     try:
         node = encoder.encode(value)
     except RecursionError:

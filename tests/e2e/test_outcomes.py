@@ -232,7 +232,8 @@ def test_results_over_max_response_bytes_are_500_response_too_large_and_the_work
     server_factory,
 ):
     server = server_factory("--max-response-bytes", "200000")
-    program = module_program("def big():\n    return b'x' * 300000\n", "big")
+    # a string: its JSON passes the limit (binary parts are bounded one return at a time)
+    program = module_program("def big():\n    return 'x' * 300000\n", "big")
     with kcoral.Client(server.url) as c:
         with pytest.raises(kcoral.KCoralError) as caught:
             c.execute(program)
@@ -257,6 +258,20 @@ def test_results_over_max_response_bytes_are_500_response_too_large_and_the_work
             "return of 'big.bin' would exceed the response size limit: 300000 bytes, "
             "200000 bytes left (max_response_bytes; kcoral server --max-response-bytes)"
         )
+        # A value's binary parts are bounded the same way, before they are made (a broadcast
+        # view of 4 bytes as 4 GiB killed the worker at its memory limit); it was a 500.
+        source = "import numpy as np\ndef big(n):\n    return np.broadcast_to(np.int32(1), (n,))\n"
+        values = kcoral.Program()
+        values.return_(key="first", value=values.upload(kind="bytes", value=b"kept"))
+        big = values.get_function(module=values.upload(kind="module", source=source), name="big")
+        values.return_(key="big", value=values.run(fn=big, args=[2**30]))
+        failed = c.execute(values)
+        assert failed.status == "FAILED" and failed.error["kind"] == "serialization"
+        assert failed.error["message"] == (
+            "return would exceed the response size limit: a tensor of 4294967296 bytes, "
+            "199996 bytes left (max_response_bytes; kcoral server --max-response-bytes)"
+        )
+        assert failed.results == {"first": b"kept"}
         small = c.execute(module_program("def f():\n    return 1\n", "f"))
         assert small["out"] == 1
     assert any(

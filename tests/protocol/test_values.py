@@ -266,6 +266,35 @@ def test_a_torch_negative_view_encodes_its_resolved_values() -> None:
     assert np.frombuffer(bytes(part), np.float32).tolist() == [-2.0]
 
 
+@pytest.mark.parametrize(
+    ("value", "what", "size"),
+    [
+        (np.broadcast_to(np.zeros(1, np.float32), (2**40,)), "a tensor", 2**42),
+        (torch.zeros(1, dtype=torch.float64).expand(2**40), "a tensor", 2**43),
+        (memoryview(b"x" * 1001), "bytes", 1001),
+    ],
+    ids=["numpy broadcast", "torch expand", "bytes"],
+)
+def test_a_value_past_its_part_budget_fails_before_its_bytes_are_made(
+    value: object, what: str, size: int
+) -> None:
+    # a broadcast view of 4 bytes copied to 4 TiB: the worker was killed at its memory limit
+    with pytest.raises(ValueEncodingError) as refused:
+        encode_value(value, 0, part_budget=1000)
+    assert str(refused.value) == (
+        f"return would exceed the response size limit: {what} of {size} bytes, 1000 bytes "
+        "left (max_response_bytes; kcoral server --max-response-bytes)"
+    )
+
+
+def test_the_parts_of_one_value_share_its_budget() -> None:
+    pair = [np.zeros(100, np.uint8), b"y" * 100]
+    _, parts = encode_value(pair, 0, part_budget=200)
+    assert [memoryview(part).nbytes for part in parts] == [100, 100]
+    with pytest.raises(ValueEncodingError, match="bytes of 100 bytes, 99 bytes left"):
+        encode_value(pair, 0, part_budget=199)
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # torch: nested and CSR are beta
 @pytest.mark.parametrize(
     ("make", "words"),

@@ -212,7 +212,7 @@ class Instructions:
         self.lease.acquire()  # tensors on the GPU are copied to the host under the lease
         assert ret.value is not None
         value = self._resolve(ret.value)
-        node, parts = _encode(value, self.part_index)
+        node, parts = _encode(value, self.part_index, self.max_response_bytes - self.part_bytes)
         self._send_return(ret, node, parts)
 
     def _return_path(self, ret: Return) -> None:
@@ -272,12 +272,14 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-def _encode(value: Any, first_part_index: int) -> tuple[dict[str, Any], list[Any]]:
+def _encode(value: Any, first_part_index: int, budget: int) -> tuple[dict[str, Any], list[Any]]:
     from kcoral.protocol import values  # imported late: it is only needed for returns
 
     try:
         # unhashed: the parts are hashed while they are written out (``_send_return``)
-        return values.encode_value(value, first_part_index, hash_parts=False)
+        # bounded like a file return (PROTOCOL §5.4): a value past the response budget fails
+        # alone, before its bytes are made, not the whole answer with 500 response_too_large
+        return values.encode_value(value, first_part_index, hash_parts=False, part_budget=budget)
     except values.ValueEncodingError as exc:
         raise InstructionFailure("serialization", str(exc)) from None
     except InstructionFailure:
