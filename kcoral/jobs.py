@@ -208,6 +208,25 @@ class _JobHandle:
         response = yield Request(method, self.path, read_timeout=read_timeout)
         return decode_job_state(response.status, response.headers, response.data)
 
+    def _finished_flow(self, timeout: object) -> Flow[None]:
+        """The question that ends a wait whose time is up (``Job.wait``, ``AsyncJob.wait``):
+        a job that has finished is waited for (``timeout=0`` asks whether it has, as
+        ``concurrent.futures`` does; a finished job raised ``TimeoutError`` there, its result
+        unread), else ``TimeoutError``. Its driver runs it inside ``_unanswered``."""
+        state = yield from self.state_flow(read_timeout=STATE_CHECK_SECONDS)
+        if state.get("status") not in FINISHED_STATUSES:
+            raise timed_out(self.id, timeout) from None
+
+    @contextlib.contextmanager
+    def _unanswered(self, timeout: object) -> Iterator[None]:
+        """Around ``_finished_flow``'s driver: a question about the job's state that got no
+        usable answer (a ``KCoralError`` from the flow, a ``TransportError`` from the
+        transport) raises as ``check_failed`` says."""
+        try:
+            yield
+        except (KCoralError, TransportError) as exc:
+            raise check_failed(self.id, timeout, exc) from None
+
     def result_flow(self) -> Flow[ProgramResult]:
         """``GET /v1/jobs/{id}/result`` decoded as ``execute``'s answer."""
         response = yield Request("GET", self.result_path)
@@ -270,16 +289,9 @@ class Job(_JobHandle):
                 source.close()
 
     def _finished_or_timeout(self, timeout: object) -> None:
-        """The wait's time is up: a job that has finished is waited for (``timeout=0``
-        asks whether it has, as ``concurrent.futures`` does; a finished job raised
-        ``TimeoutError`` there, its result unread), else ``TimeoutError``."""
-        try:
-            state = self.client.run_flow(self.state_flow(read_timeout=STATE_CHECK_SECONDS))
-        except (KCoralError, TransportError) as exc:
-            raise check_failed(self.id, timeout, exc) from None
-        finished = state.get("status") in FINISHED_STATUSES
-        if not finished:
-            raise timed_out(self.id, timeout) from None
+        """The wait's time is up: ``_finished_flow``."""
+        with self._unanswered(timeout):
+            self.client.run_flow(self._finished_flow(timeout))
 
     def result(self, timeout: float | None = None) -> ProgramResult:
         """The ``ProgramResult`` ``execute`` would have returned (waits for the end).
@@ -353,14 +365,8 @@ class AsyncJob(_JobHandle):
             await asyncio.wait_for(until_finished(), bound)
         except (asyncio.TimeoutError, TimeoutError):
             # as Job.wait: a finished job is no timeout, however short the wait was
-            check = self.state_flow(read_timeout=STATE_CHECK_SECONDS)
-            try:
-                state = await self.client.run_flow(check)
-            except (KCoralError, TransportError) as exc:
-                raise check_failed(self.id, timeout, exc) from None
-            finished = state.get("status") in FINISHED_STATUSES
-            if not finished:
-                raise timed_out(self.id, timeout) from None
+            with self._unanswered(timeout):
+                await self.client.run_flow(self._finished_flow(timeout))
 
     async def result(self, timeout: float | None = None) -> ProgramResult:
         """As ``Job.result``."""
