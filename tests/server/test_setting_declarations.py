@@ -191,6 +191,8 @@ def refused(capsys: pytest.CaptureFixture[str], argv: list[str], **environ: str)
         ),
         (["--worker-env-deny", "A=B"], "--worker-env-deny must be a list of variable names"),
         (["--worker-env-deny", ""], "--worker-env-deny must be a list of variable names"),
+        (["--worker-env-allow", "A=B"], "--worker-env-allow must be a list of variable names"),
+        (["--worker-env-allow", ""], "--worker-env-allow must be a list of variable names"),
         (["--allowed-origin", "*"], "--allowed-origin must name one origin"),
         (["--allowed-origin", "https://a.example/path"], "--allowed-origin"),
         (["--allowed-host", "a.example/x"], "--allowed-host must be a bare host name"),

@@ -123,6 +123,14 @@ def bearer_token_problem(value: object) -> str | None:
     return "must be printable ASCII without spaces, as a bearer token"
 
 
+def variable_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be an environment variable name of ``--worker-env-deny`` or
+    ``--worker-env-allow`` (``NAME``, or ``NAME*`` for a prefix), or None."""
+    if isinstance(name, str) and name and "=" not in name:
+        return None
+    return "must be a list of variable names"
+
+
 def setting(
     default: Any = MISSING,
     *,
@@ -673,11 +681,7 @@ class ServerConfig:
         group="sandbox",
         metavar="NAME",
         help="environment variable no worker inherits; NAME* denies a prefix",
-        problem=lambda name: (
-            None
-            if isinstance(name, str) and name and "=" not in name
-            else "must be a list of variable names"
-        ),
+        problem=variable_name_problem,
     )
     # On a server several identities reach, credential-looking variables reach no program
     # (processes/credentials.py) unless named here.
@@ -690,11 +694,7 @@ class ServerConfig:
         metavar="NAME",
         help="a credential-looking environment variable (a TOKEN, SECRET, PASSWORD, KEY...) "
         "workers still inherit where several identities reach the server; NAME* a prefix",
-        problem=lambda name: (
-            None
-            if isinstance(name, str) and name and "=" not in name
-            else "must be a list of variable names"
-        ),
+        problem=variable_name_problem,
     )
     #: the names withheld from workers at start (``credentials.withheld_credentials``)
     worker_env_withheld: tuple[str, ...] = field(default=(), repr=False)
