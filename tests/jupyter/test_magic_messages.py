@@ -251,12 +251,17 @@ def test_a_result_over_the_response_limit_names_both_sizes_and_the_server_flag(
     shell, server_factory
 ) -> None:
     server = server_factory("--log-dir", "", "--num-workers", "1", "--max-response-bytes", "100000")
-    result, _ = run(shell, f"%%kcoral --url {server.url}\nimport numpy\nnumpy.zeros(100_000)\n")
+    # a string: its JSON passes the limit (a tensor's bytes fail its return, below)
+    result, _ = run(shell, f"%%kcoral --url {server.url}\n'x' * 200_000\n")
     error = result.error_in_exec
     cause, action = rendered(error)
     assert "HTTP 500 response_too_large" in cause  # the status the protocol fixes
     assert "limit 100000 bytes" in cause and "bytes, limit" in cause
     assert "--max-response-bytes" in cause and "return less" in action
+    result, _ = run(shell, f"%%kcoral --url {server.url}\nimport numpy\nnumpy.zeros(100_000)\n")
+    shown = "\n".join(rendered(result.error_in_exec))
+    assert "a tensor of 800000 bytes, 100000 bytes left" in shown
+    assert "--max-response-bytes" in shown
 
 
 # ------------------------------------------------------------------ 5: predictable types
