@@ -43,7 +43,7 @@ async def execute_on_gpu_set(
     timeout = admitted.timeout
     started = time.monotonic()
     handle = state.pool.handles.for_gpu_set(seat)
-    handle.lease.begin_request(run.request_id)
+    handle.lease.begin_request(run.request_id, run.identity.name)
     handle.lease.observe(run.observer.lease)
     try:
         gpu_ids = await run.cancellation.unless(

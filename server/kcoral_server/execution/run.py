@@ -101,7 +101,7 @@ class SeatRun:
             queue_ms=queue_ms,
         )
         started = time.monotonic()
-        handle.lease.begin_request(self.request_id)
+        handle.lease.begin_request(self.request_id, self.identity.name)
         handle.lease.observe(self.observer.lease)
         try:
             drive = await self.drive_program(handle, admitted, started)

@@ -3,11 +3,20 @@
 The front-end, not an OS lock, decides who may touch a GPU, so a killed holder can never
 wedge a device: its lease is simply released by the front-end.
 
-One arrival-ordered queue serves every GPU. A waiter asks either for specific GPUs (an
-ordinary lease, or re-acquiring a set) or for "any k free GPUs" (a new GPU set). A waiter is
-granted only when everything it needs is free and no older waiter still wants any of it,
-which gives FIFO per GPU and atomic, arrival-ordered sets (an "any k" waiter blocks every GPU
-for younger waiters, so sets are never starved by single leases).
+One queue serves every GPU. A waiter asks either for specific GPUs (an ordinary lease, or
+re-acquiring a set) or for "any k free GPUs" (a new GPU set). A waiter is granted only when
+everything it needs is free and no waiter ahead of it still wants any of it, which gives
+atomic sets that are never starved by single leases (an "any k" waiter blocks every GPU for
+those behind it).
+
+Identities take turns, as for seats (SERVER §4): the queue is in arrival order within each
+identity, and the identities waiting take turns: every identity's first waiter, in turn
+order, then every identity's second, and so on; an identity that was just granted a lease
+takes its next turn after every other waiting identity's. Otherwise one identity's seated
+burst of set requests, each waiting for the whole server, held another's single lease
+behind all of them (team soak: bob's 0.1 s job waited 13.5 s behind nine of alice's
+``--gpus 4`` jobs while its queue position said 1). Waiters of no identity (a worker's
+start-up or teardown) take turns as one more identity.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ class _Waiter:
     wanted: tuple[int, ...] | None  # specific GPUs, or None for "any `count`"
     count: int
     future: asyncio.Future[tuple[int, ...]] = field(repr=False)
+    identity: str | None = None
 
 
 class LeaseArbiter:
@@ -53,6 +63,8 @@ class LeaseArbiter:
             gpu: deque(maxlen=HISTORY_LENGTH) for gpu in self.gpu_ids
         }
         self._waiters: list[_Waiter] = []
+        #: the waiting identities, whose turn first (module docstring)
+        self._turns: list[str | None] = []
         #: seconds each GPU's ended tenures lasted (the metrics' busy time, EXTENSIONS §13)
         self._held_seconds: dict[int, float] = {gpu: 0.0 for gpu in self.gpu_ids}
         #: GPUs taken out of service because a worker's clean-up could not be confirmed
@@ -101,8 +113,10 @@ class LeaseArbiter:
         *,
         count: int = 1,
         request_id: str | None = None,
+        identity: str | None = None,
     ) -> tuple[int, ...]:
         """Wait until ``owner`` holds ``gpus`` (or any ``count`` free GPUs); return them.
+        ``identity`` is whose turn the wait takes (module docstring).
 
         Cancelling the wait withdraws the request (nothing stays held). ``GpuQuarantined``
         when the request can no longer be met (at once, or when a GPU is quarantined later).
@@ -121,8 +135,10 @@ class LeaseArbiter:
         elif self._unmeetable(None, count):
             raise self._refusal()
         future: asyncio.Future[tuple[int, ...]] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(owner, request_id, wanted, count, future)
+        waiter = _Waiter(owner, request_id, wanted, count, future, identity)
         self._waiters.append(waiter)
+        if identity not in self._turns:
+            self._turns.append(identity)
         self._grant()
         try:
             return await future
@@ -173,10 +189,20 @@ class LeaseArbiter:
                 waiter.future.cancel()
         self._grant()
 
+    def _in_turns(self) -> list[_Waiter]:
+        """The waiters in serving order: by rank within their identity, then by turn."""
+        queues: dict[str | None, list[_Waiter]] = {identity: [] for identity in self._turns}
+        for waiter in self._waiters:
+            queues.setdefault(waiter.identity, []).append(waiter)
+        ordered: list[_Waiter] = []
+        for rank in range(max(map(len, queues.values()), default=0)):
+            ordered.extend(queue[rank] for queue in queues.values() if rank < len(queue))
+        return ordered
+
     def _grant(self) -> None:
         blocked: set[int] = set()
         now = time.monotonic()
-        for waiter in list(self._waiters):
+        for waiter in self._in_turns():
             if waiter.future.done():
                 self._waiters.remove(waiter)
                 continue
@@ -201,12 +227,16 @@ class LeaseArbiter:
                 ]
                 chosen = tuple(free[: waiter.count]) if len(free) >= waiter.count else None
             if chosen is None:
-                # Younger waiters must not overtake on anything this one still wants.
+                # Waiters behind it must not overtake on anything this one still wants.
                 blocked.update(self.gpu_ids if waiter.wanted is None else waiter.wanted)
                 continue
             self._waiters.remove(waiter)
+            self._turns.remove(waiter.identity)
+            self._turns.append(waiter.identity)  # its next turn after the others'
             for gpu in chosen:
                 if self._holder[gpu] is not waiter.owner:
                     self._holder[gpu] = waiter.owner
                     self._history[gpu].append(HolderRecord(waiter.request_id, now))
             waiter.future.set_result(chosen)
+        waiting = {waiter.identity for waiter in self._waiters}
+        self._turns = [identity for identity in self._turns if identity in waiting]

@@ -52,6 +52,8 @@ class LeaseHolder:
         #: a GPU this worker needs was quarantined: its request answers 503
         self.quarantined = False
         self.request_id: str | None = None
+        #: whose turn this worker's waits take at the arbiter (the current request's caller)
+        self.identity: str | None = None
         self._grant = grant
         self._refused = refused
         self._acquiring: asyncio.Task | None = None
@@ -74,7 +76,9 @@ class LeaseHolder:
     async def _acquire(self, worker_gone: Callable[[], bool]) -> None:
         assert self.arbiter is not None
         try:
-            await self.arbiter.acquire(self, self.gpu_ids, request_id=self.request_id)
+            await self.arbiter.acquire(
+                self, self.gpu_ids, request_id=self.request_id, identity=self.identity
+            )
         except GpuQuarantined as exc:
             # The worker stays blocked (never granted); its request sees it gone and
             # answers 503, and whoever cleans up kills it without the lease.
@@ -103,7 +107,11 @@ class LeaseHolder:
         self.clock.waiting_since = started
         self._phase("lease_wait")
         try:
-            gpu_ids = list(await self.arbiter.acquire(self, count=count, request_id=request_id))
+            gpu_ids = list(
+                await self.arbiter.acquire(
+                    self, count=count, request_id=request_id, identity=self.identity
+                )
+            )
         except BaseException:
             self.withdraw()
             raise
@@ -146,8 +154,9 @@ class LeaseHolder:
             with contextlib.suppress(Exception):  # an observer never breaks leasing
                 self._observer(phase)
 
-    def begin_request(self, request_id: str) -> None:
+    def begin_request(self, request_id: str, identity: str | None = None) -> None:
         self.request_id = request_id
+        self.identity = identity
         now = time.monotonic()
         self.clock = LeaseClock(
             waiting_since=now if self.clock.waiting_since else None,

@@ -1,0 +1,80 @@
+"""Identities take turns for GPU leases too (SERVER §5), on a fake-GPU server in real worker
+processes: alice's jobs seated on a GPU's other workers and waiting for its lease no longer
+hold bob's job behind all of them. Team soak on 4 fake GPUs: bob's 0.1 s job waited 13.5 s
+behind nine of alice's ``--gpus 4`` jobs while its queue position said 1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from pathlib import Path
+
+from job_helpers import module_program, wait_for, wait_for_file
+from server_process import client_token_file
+
+import kcoral
+
+ALICE, BOB = "alice-lease-turns-token-0123456789", "bob-lease-turns-token-0123456789"
+#: five workers share the one GPU: alice's four jobs and bob's are all seated at once
+ONE_SHARED_GPU = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "5"]
+
+HOLD_THEN_LOG = """
+import os, time
+def hold(marker, go):
+    open(marker, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    return 1
+def log(path, name):
+    with open(path, "a") as out:
+        out.write(name + "\\n")
+    return 1
+"""
+
+
+def seats_ready(url: str) -> int:
+    with urllib.request.urlopen(url + "/health") as answer:
+        return json.load(answer)["load"]["request_capacity"]
+
+
+def wait_until_it_waits_for_the_gpu(job: kcoral.Job, whose: str) -> None:
+    """Follow ``job``'s event stream in a thread until its ``lease_wait`` phase."""
+    phases: list[str] = []
+
+    def follow() -> None:
+        phases.extend(e.data["phase"] for e in job.events() if e.kind == "phase")
+
+    threading.Thread(target=follow, daemon=True).start()
+    wait_for(lambda: "lease_wait" in phases, f"{whose} job waiting for the GPU")
+
+
+def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_it(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = client_token_file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    server = server_factory(*ONE_SHARED_GPU, "--auth-token-file", str(tokens))
+    marker, go, order = tmp_path / "marker", tmp_path / "go", tmp_path / "order"
+    # a worker that starts takes the GPU's lease for its start-up, which alice's first job
+    # holds until the end: every seat must have its worker first
+    wait_for(lambda: seats_ready(server.url) == 5, "all five workers ready")
+    with (
+        kcoral.Client(server.url, token=ALICE) as alice,
+        kcoral.Client(server.url, token=BOB) as bob,
+    ):
+        running = alice.submit(module_program(HOLD_THEN_LOG, "hold", str(marker), str(go)))
+        wait_for_file(marker)
+        burst = []
+        for _ in range(3):  # each on a worker of its own, waiting for the GPU's lease
+            job = alice.submit(module_program(HOLD_THEN_LOG, "log", str(order), "alice"))
+            wait_until_it_waits_for_the_gpu(job, "alice's")
+            burst.append(job)
+        bobs = bob.submit(module_program(HOLD_THEN_LOG, "log", str(order), "bob"))
+        wait_until_it_waits_for_the_gpu(bobs, "bob's")
+        go.touch()
+        for job in [running, *burst, bobs]:
+            assert job.result(timeout=120)["r"] == 1
+    served = order.read_text().split()
+    assert sorted(served) == ["alice", "alice", "alice", "bob"]
+    # before: ["alice", "alice", "alice", "bob"], bob's one job after alice's whole burst
+    assert served.index("bob") < 2
