@@ -96,6 +96,7 @@ class RunRecord:
     # What a queued cell waits for: its --select, else the router's default kind
     # ("gpu=h100", from /v1/info fleet); None when not known (a direct server).
     waits_for: str | None = None
+    gpu_count: int = 1  # the GPUs its lease takes at once (a cell's --gpus)
 
 
 class RemoteCellError(RemoteExecutionError):
@@ -336,10 +337,13 @@ def describe_phase(data: Mapping[str, Any], record: RunRecord) -> str | None:
     if phase == "assigned":
         record.worker_id = str(data.get("worker_id") or "") or record.worker_id
         return f"worker {record.worker_id}"
+    # A --gpus 2 cell waits for both GPUs at once, and a user who reads "waiting for GPU"
+    # while one of them is free wonders what it waits for.
+    gpus = "GPU" if record.gpu_count == 1 else f"{record.gpu_count} GPUs"
     if phase == "lease_wait":
-        return "waiting for GPU"
+        return f"waiting for {gpus}"
     if phase == "lease_held":
-        return "running on GPU"
+        return f"running on {gpus}"
     if phase == "instruction":
         return describe_instruction(str(data.get("op")), str(data.get("id") or ""), data)
     if phase == "finished":

@@ -147,6 +147,7 @@ class CellMagic:
             output_limit_bytes=options.output_limit_bytes,
             session_id=remote.id if remote is not None else None,
             waits_for=waits_for(args.select, facts) if remote is None else None,
+            gpu_count=options.gpu_count or 1,
         )
         line_out = StatusLine(
             not (args.quiet or settings.quiet), record, local_server=self.kernel.is_local(url)
