@@ -59,21 +59,24 @@ def test_a_job_watched_through_a_restarting_router_streams_to_its_end(tmp_path: 
     routers = [router_on(tmp_path, port)]
     node = Node(tmp_path, routers[0], "only", NODE_ENV)
     with stopping(routers[0], [node]):
-        ready_nodes(routers[0], 1)
-        with kcoral.Client(routers[0].url, token=TOKEN) as client:
-            job = client.submit(slow_prints(40), timeout_seconds=60)
-            printed = ""
-            for event in job.events():
-                if event.kind == "stdout":
-                    printed += event.data["text"]
-                    if len(routers) == 1 and "line 3" in printed:
-                        routers[0].process.kill()  # the client's stream breaks here
-                        routers[0].process.wait()
-                        routers.append(router_on(tmp_path, port))
-            assert event.finished and event.data["status"] == "COMPLETED"
-            assert printed.splitlines() == [f"line {index}" for index in range(40)]
-            assert job.result()["count"] == 40
-        routers[1].stop()
+        try:
+            ready_nodes(routers[0], 1)
+            with kcoral.Client(routers[0].url, token=TOKEN) as client:
+                job = client.submit(slow_prints(40), timeout_seconds=60)
+                printed = ""
+                for event in job.events():
+                    if event.kind == "stdout":
+                        printed += event.data["text"]
+                        if len(routers) == 1 and "line 3" in printed:
+                            routers[0].process.kill()  # the client's stream breaks here
+                            routers[0].process.wait()
+                            routers.append(router_on(tmp_path, port))
+                assert event.finished and event.data["status"] == "COMPLETED"
+                assert printed.splitlines() == [f"line {index}" for index in range(40)]
+                assert job.result()["count"] == 40
+        finally:  # the restarted router too, however the block ends
+            for later in routers[1:]:
+                later.stop()
     assert len(routers) == 2
 
 
@@ -128,11 +131,11 @@ def test_a_session_keeps_its_state_through_a_restarting_router(tmp_path: Path) -
             router.process.kill()
             router.process.wait()
             restarted = router_on(tmp_path, port)
-            with pytest.raises(kcoral.KCoralError) as early:  # inside the grace: not yet 404
-                client.attach_session(UNKNOWN_JOB)
-            ready_nodes(restarted, 1)
-            assert session.execute(session_call(RECALL))["value"] == 41
-            session.close()
-        restarted.stop()
+            with stopping(restarted, []):  # stopped however the block ends
+                with pytest.raises(kcoral.KCoralError) as early:  # inside the grace: not 404
+                    client.attach_session(UNKNOWN_JOB)
+                ready_nodes(restarted, 1)
+                assert session.execute(session_call(RECALL))["value"] == 41
+                session.close()
     assert (early.value.status_code, early.value.kind) == (503, "no_node")
     assert early.value.message.startswith("session not found yet: the router started ")
