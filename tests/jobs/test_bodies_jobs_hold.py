@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from job_helpers import module_program, wait_for
+from server_process import client_token_file
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -61,16 +62,20 @@ def _fill(client: kcoral.Client, make: Callable[[], kcoral.Program]) -> tuple[li
     raise AssertionError("no submission was refused")
 
 
+def _bounded_server(server_factory, tmp_path: Path, tokens: str):
+    """A one-worker server for the identities of ``tokens`` whose in-flight bound is
+    8 MiB (--max-request-bytes 4M: the bound is twice that)."""
+    tokens_file = client_token_file(tmp_path, tokens)
+    return server_factory(
+        "--auth-token-file", str(tokens_file), "--num-workers", "1", "--max-request-bytes", "4M"
+    )
+
+
 def test_a_body_refused_while_other_identities_jobs_hold_the_bound_is_told_jobs_hold_it(
     server_factory, tmp_path: Path
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice {ALICE}\nbob {BOB}\ncarol {CAROL}\n")
-    tokens.chmod(0o600)
-    # --max-request-bytes 4M: the in-flight bound is twice that, 8 MiB; 4 MiB an identity
-    server = server_factory(
-        "--auth-token-file", str(tokens), "--num-workers", "1", "--max-request-bytes", "4M"
-    )
+    # the in-flight bound is 8 MiB; 4 MiB an identity
+    server = _bounded_server(server_factory, tmp_path, f"alice {ALICE}\nbob {BOB}\ncarol {CAROL}\n")
     go = tmp_path / "go"
     with (
         kcoral.Client(server.url, token=ALICE) as alice,
@@ -99,13 +104,8 @@ def test_a_body_refused_while_other_identities_jobs_hold_the_bound_is_told_jobs_
 def test_one_identitys_running_jobs_hold_at_most_half_the_bound_and_others_still_upload(
     server_factory, tmp_path: Path
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice {ALICE}\nbob {BOB}\n")
-    tokens.chmod(0o600)
     # the bound is 8 MiB; with two identities one holds at most 4 MiB of it
-    server = server_factory(
-        "--auth-token-file", str(tokens), "--num-workers", "1", "--max-request-bytes", "4M"
-    )
+    server = _bounded_server(server_factory, tmp_path, f"alice {ALICE}\nbob {BOB}\n")
     go = tmp_path / "go"
     with (
         kcoral.Client(server.url, token=ALICE) as alice,

@@ -35,6 +35,25 @@ def holder() -> kcoral.Program:
     return program
 
 
+def wait_until_it_holds_the_worker(held: kcoral.Job) -> None:
+    """Follow ``holder()``'s job until its program runs: the worker is taken from then on."""
+    for event in held.events():
+        if event.kind == "phase" and event.data.get("op") == "run":
+            return
+
+
+def start_kcoral_run(url: str, cwd: Path) -> subprocess.Popen[str]:
+    """``kcoral run python -c "print('ran')"`` against ``url``, as the user starts it."""
+    command = ["run", "python", "--url", url, "--", "-c", "print('ran')"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "kcoral", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
 def test_a_run_waiting_for_the_only_busy_worker_says_so_and_then_runs(tmp_path: Path) -> None:
     args = ["--num-workers", "1", "--log-dir", ""]
     with (
@@ -42,17 +61,8 @@ def test_a_run_waiting_for_the_only_busy_worker_says_so_and_then_runs(tmp_path: 
         kcoral.Client(server.url) as client,
     ):
         held = client.submit(holder(), timeout_seconds=600)
-        for event in held.events():  # the worker is taken once the hold runs
-            if event.kind == "phase" and event.data.get("op") == "run":
-                break
-        command = ["run", "python", "--url", server.url, "--", "-c", "print('ran')"]
-        run = subprocess.Popen(
-            [sys.executable, "-m", "kcoral", *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=tmp_path,
-        )
+        wait_until_it_holds_the_worker(held)
+        run = start_kcoral_run(server.url, tmp_path)
         give_up = threading.Timer(GIVE_UP_SECONDS, held.cancel)
         give_up.start()
         said = []
@@ -85,17 +95,8 @@ def test_ctrl_c_while_queued_says_the_tool_never_started(tmp_path: Path) -> None
     ):
         held = client.submit(holder(), timeout_seconds=600)
         try:
-            for event in held.events():  # the worker is taken once the hold runs
-                if event.kind == "phase" and event.data.get("op") == "run":
-                    break
-            command = ["run", "python", "--url", server.url, "--", "-c", "print('ran')"]
-            run = subprocess.Popen(
-                [sys.executable, "-m", "kcoral", *command],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=tmp_path,
-            )
+            wait_until_it_holds_the_worker(held)
+            run = start_kcoral_run(server.url, tmp_path)
             try:
                 assert run.stderr is not None
                 assert run.stderr.readline().rstrip("\n") == NOTICE  # it waits in the queue

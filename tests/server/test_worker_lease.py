@@ -28,6 +28,19 @@ def holder_for(worker: Worker, arbiter: LeaseArbiter | None, gpus: list[int]) ->
     return LeaseHolder(arbiter, gpus, grant=grant, refused=worker.refused.append)
 
 
+async def waiting_behind_another() -> tuple[LeaseArbiter, LeaseHolder, Worker, LeaseHolder]:
+    """GPU 0 held by one holder, and a worker whose holder asked for it next: the arbiter,
+    the blocker, and the waiting worker with its holder."""
+    arbiter = LeaseArbiter([0])
+    blocker = holder_for(Worker(), arbiter, [0])
+    blocker.worker_asks(lambda: False)
+    await asyncio.sleep(0)
+    worker = Worker()
+    holder = holder_for(worker, arbiter, [0])
+    holder.worker_asks(lambda: worker.gone)
+    return arbiter, blocker, worker, holder
+
+
 def test_a_worker_without_gpus_is_granted_at_once() -> None:
     async def main() -> None:
         worker = Worker()
@@ -64,13 +77,7 @@ def test_a_gpu_worker_waits_for_the_holder_before_it_and_its_wait_is_timed() -> 
 
 def test_a_worker_that_is_gone_when_granted_keeps_the_lease_unanswered() -> None:
     async def main() -> None:
-        arbiter = LeaseArbiter([0])
-        blocker = holder_for(Worker(), arbiter, [0])
-        blocker.worker_asks(lambda: False)
-        await asyncio.sleep(0)
-        worker = Worker()
-        holder = holder_for(worker, arbiter, [0])
-        holder.worker_asks(lambda: worker.gone)
+        arbiter, blocker, worker, holder = await waiting_behind_another()
         worker.gone = True
         blocker.release()
         await asyncio.sleep(0.01)
@@ -83,13 +90,7 @@ def test_a_worker_that_is_gone_when_granted_keeps_the_lease_unanswered() -> None
 
 def test_a_quarantined_gpu_refuses_the_waiting_worker() -> None:
     async def main() -> None:
-        arbiter = LeaseArbiter([0])
-        blocker = holder_for(Worker(), arbiter, [0])
-        blocker.worker_asks(lambda: False)
-        await asyncio.sleep(0)
-        worker = Worker()
-        holder = holder_for(worker, arbiter, [0])
-        holder.worker_asks(lambda: worker.gone)
+        arbiter, _blocker, worker, holder = await waiting_behind_another()
         await asyncio.sleep(0)
         arbiter.quarantine([0])
         await asyncio.sleep(0.01)
