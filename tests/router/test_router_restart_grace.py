@@ -8,6 +8,7 @@ or a session holding state on it."""
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,22 @@ def main():
 """
 
 
+def known_again(client: kcoral.Client, session_id: str) -> None:
+    """Wait until the restarted router finds ``session_id`` on its node (a hang guard, not a
+    timing check). The node is ready once its worker slots are back; a look-up asks only
+    nodes whose control slots are back too, and until they are it answers 503 "session not
+    found yet" (ROUTER §13), as it should: the session's program met that once under load."""
+    for _ in range(1200):
+        try:
+            client.attach_session(session_id)
+            return
+        except kcoral.KCoralError as error:
+            if error.status_code != 503:
+                raise
+        time.sleep(0.05)
+    raise AssertionError(f"the restarted router never found session {session_id}")
+
+
 def session_call(source: str, *args: object) -> kcoral.Program:
     program = kcoral.Program()
     module = program.upload(kind="module", source=source)
@@ -135,6 +152,7 @@ def test_a_session_keeps_its_state_through_a_restarting_router(tmp_path: Path) -
                 with pytest.raises(kcoral.KCoralError) as early:  # inside the grace: not 404
                     client.attach_session(UNKNOWN_JOB)
                 ready_nodes(restarted, 1)
+                known_again(client, session.id)
                 assert session.execute(session_call(RECALL))["value"] == 41
                 session.close()
     assert (early.value.status_code, early.value.kind) == (503, "no_node")
