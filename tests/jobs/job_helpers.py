@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,3 +48,14 @@ def alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def wait_until_it_waits_for_the_gpu(job: kcoral.Job, whose: str) -> None:
+    """Follow ``job``'s event stream in a thread until its ``lease_wait`` phase."""
+    phases: list[str] = []
+
+    def follow() -> None:
+        phases.extend(e.data["phase"] for e in job.events() if e.kind == "phase")
+
+    threading.Thread(target=follow, daemon=True).start()
+    wait_for(lambda: "lease_wait" in phases, f"{whose} job waiting for the GPU")

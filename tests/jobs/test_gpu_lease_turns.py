@@ -6,11 +6,10 @@ behind nine of alice's ``--gpus 4`` jobs while its queue position said 1."""
 from __future__ import annotations
 
 import json
-import threading
 import urllib.request
 from pathlib import Path
 
-from job_helpers import module_program, wait_for, wait_for_file
+from job_helpers import module_program, wait_for, wait_for_file, wait_until_it_waits_for_the_gpu
 from server_process import client_token_file
 
 import kcoral
@@ -36,17 +35,6 @@ def log(path, name):
 def seats_ready(url: str) -> int:
     with urllib.request.urlopen(url + "/health") as answer:
         return json.load(answer)["load"]["request_capacity"]
-
-
-def wait_until_it_waits_for_the_gpu(job: kcoral.Job, whose: str) -> None:
-    """Follow ``job``'s event stream in a thread until its ``lease_wait`` phase."""
-    phases: list[str] = []
-
-    def follow() -> None:
-        phases.extend(e.data["phase"] for e in job.events() if e.kind == "phase")
-
-    threading.Thread(target=follow, daemon=True).start()
-    wait_for(lambda: "lease_wait" in phases, f"{whose} job waiting for the GPU")
 
 
 def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_it(

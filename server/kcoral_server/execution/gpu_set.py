@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from kcoral_server.execution.admitted import AdmittedProgram
 from kcoral_server.execution.blob_handover import read_output
 from kcoral_server.execution.outcome import confirm_cleanup
+from kcoral_server.execution.request_record import RunTimes
 from kcoral_server.execution.responses import (
     GPUS_QUARANTINED,
     ProgramOutcome,
@@ -51,6 +52,15 @@ async def execute_on_gpu_set(
         )
     except BaseException as exc:
         handle.lease.withdraw()
+        # A wait for a set that never came (its client left, a cancel, a shutdown) is still
+        # a wait for GPUs: logged with no set and counted under gpu "none" (SERVER §13)
+        waited, _held = handle.lease.end_request()
+        run.record.gpu_ids = []
+        run.record.times = RunTimes(
+            elapsed_ms=(time.monotonic() - started) * 1000.0,
+            lease_wait_ms=waited * 1000.0,
+            lease_held_ms=0.0,
+        )
         state.pool.release_unused(seat)
         if isinstance(exc, GpuQuarantined):
             raise saturated(GPUS_QUARANTINED).failure() from None

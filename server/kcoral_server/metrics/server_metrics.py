@@ -250,15 +250,17 @@ class ServerMetrics:
         if isinstance(missing, int) and missing > 0:
             self.cache_misses.inc(missing)
         gpu_ids = fields.get("gpu_ids")
-        gpus = (
-            [gpu_label(g, self._gpus) for g in gpu_ids]
-            if isinstance(gpu_ids, list) and gpu_ids
-            else [self._gpu(fields)]
-        )
+        seat_gpu = self._gpu(fields)
+        gpus = [seat_gpu]
+        if isinstance(gpu_ids, list):
+            # a GPU-set request's set; none: it waited for one in vain, for no GPU in
+            # particular (not its borrowed seat's)
+            gpus = [gpu_label(g, self._gpus) for g in gpu_ids] or [NONE]
         queue_ms = fields.get("queue_ms")
         waited_ms = fields.get("waited_ms")
         if isinstance(queue_ms, (int, float)) and "worker_id" in fields:
-            self.queue_seconds.labels(gpus[0]).observe(max(0.0, queue_ms / 1000.0))
+            queue_gpu = gpus[0] if gpus != [NONE] else seat_gpu
+            self.queue_seconds.labels(queue_gpu).observe(max(0.0, queue_ms / 1000.0))
         elif isinstance(waited_ms, (int, float)):  # waited in vain: no seat, so no GPU
             self.queue_seconds.labels(NONE).observe(max(0.0, waited_ms / 1000.0))
         wait_ms, held_ms = fields.get("lease_wait_ms"), fields.get("lease_held_ms")
