@@ -9,7 +9,8 @@ import json
 import urllib.request
 from pathlib import Path
 
-from job_helpers import module_program, wait_for, wait_for_file, wait_until_it_waits_for_the_gpu
+from holding_program import call, holding
+from job_helpers import wait_for, wait_for_file, wait_until_it_waits_for_the_gpu
 from server_process import client_token_file
 
 import kcoral
@@ -17,19 +18,6 @@ import kcoral
 ALICE, BOB = "alice-lease-turns-token-0123456789", "bob-lease-turns-token-0123456789"
 #: five workers share the one GPU: alice's four jobs and bob's are all seated at once
 ONE_SHARED_GPU = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "5"]
-
-HOLD_THEN_LOG = """
-import os, time
-def hold(marker, go):
-    open(marker, "w").close()
-    while not os.path.exists(go):
-        time.sleep(0.01)
-    return 1
-def log(path, name):
-    with open(path, "a") as out:
-        out.write(name + "\\n")
-    return 1
-"""
 
 
 def seats_ready(url: str) -> int:
@@ -50,14 +38,14 @@ def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_
         kcoral.Client(server.url, token=ALICE) as alice,
         kcoral.Client(server.url, token=BOB) as bob,
     ):
-        running = alice.submit(module_program(HOLD_THEN_LOG, "hold", str(marker), str(go)))
+        running = alice.submit(holding(marker, go))
         wait_for_file(marker)
         burst = []
         for _ in range(3):  # each on a worker of its own, waiting for the GPU's lease
-            job = alice.submit(module_program(HOLD_THEN_LOG, "log", str(order), "alice"))
+            job = alice.submit(call("log", str(order), "alice"))
             wait_until_it_waits_for_the_gpu(job, "alice's")
             burst.append(job)
-        bobs = bob.submit(module_program(HOLD_THEN_LOG, "log", str(order), "bob"))
+        bobs = bob.submit(call("log", str(order), "bob"))
         wait_until_it_waits_for_the_gpu(bobs, "bob's")
         go.touch()
         for job in [running, *burst, bobs]:

@@ -10,20 +10,12 @@ import re
 import urllib.request
 from pathlib import Path
 
-from job_helpers import module_program, wait_for_file, wait_until_it_waits_for_the_gpu
+from holding_program import holding
+from job_helpers import wait_for_file, wait_until_it_waits_for_the_gpu
 
 import kcoral
 
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
-
-HOLD = """
-import os, time
-def hold(marker, go):
-    open(marker, "w").close()
-    while not os.path.exists(go):
-        time.sleep(0.01)
-    return 1
-"""
 
 
 def lease_wait_counts(url: str) -> dict[str, float]:
@@ -40,9 +32,9 @@ def test_a_set_wait_ended_by_a_cancel_is_logged_and_counted_as_a_wait_for_no_gpu
     server = server_factory(*TWO_FAKE_GPUS)
     marker, go = tmp_path / "marker", tmp_path / "go"
     with kcoral.Client(server.url) as client:
-        holder = client.submit(module_program(HOLD, "hold", str(marker), str(go)))
+        holder = client.submit(holding(marker, go))
         wait_for_file(marker)
-        waiting = client.submit(module_program(HOLD, "hold", str(marker), str(go)), gpu_count=2)
+        waiting = client.submit(holding(marker, go), gpu_count=2)
         wait_until_it_waits_for_the_gpu(waiting, "the set")
         before = lease_wait_counts(server.url)
         assert waiting.cancel()["status"] == "CANCELLED"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from holding_program import holding
 from IPython.utils.capture import capture_output
 from kcoral_jupyter.runner import RunRecord, describe_phase
 from kcoral_shell import kcoral_shell
@@ -17,23 +18,6 @@ from kcoral_shell import kcoral_shell
 import kcoral
 
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
-
-HOLD = """
-import os, time
-def hold(marker, go):
-    open(marker, "w").close()
-    while not os.path.exists(go):
-        time.sleep(0.01)
-    return 1
-"""
-
-
-def holding_program(marker: Path, go: Path) -> kcoral.Program:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=HOLD, id="m")
-    function = program.get_function(module=module, name="hold", id="fn")
-    program.return_(key="r", value=program.run(fn=function, args=[str(marker), str(go)], id="r"))
-    return program
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
@@ -59,7 +43,7 @@ def test_a_gpus_2_cell_says_it_waits_for_2_gpus_while_one_of_them_is_held(
     server = server_factory(*TWO_FAKE_GPUS)
     marker, go = tmp_path / "marker", tmp_path / "go"
     with kcoral.Client(server.url) as client:
-        holder = client.submit(holding_program(marker, go))
+        holder = client.submit(holding(marker, go))
         wait_for(marker.exists, "the other program holding GPU 0")
 
         def free_the_gpu_once_the_cell_waits() -> None:
