@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 1
     except kcoral.KCoralError as error:
-        hint = "; set KCORAL_TOKEN to a token this server accepts"
-        print(f"{args.url} answered {error}{hint if error.status_code == 401 else ''}",
+        # a 401 names the server and where a token comes from
+        print(error if error.status_code == 401 else f"{args.url} answered {error}",
               file=sys.stderr)  # fmt: skip
         return 1
     print(f"status {result.status} on GPUs {list(result.gpu_ids)}")

@@ -124,7 +124,7 @@ def refusal(url: str, error: Exception) -> str:
     """One line for a server that refused the program or could not be reached (a traceback
     of the client's frames says no more)."""
     if isinstance(error, kcoral.KCoralError) and error.status_code == 401:
-        return f"{url} answered {error}; set KCORAL_TOKEN to a token this server accepts"
+        return str(error)  # it names the server and where a token comes from
     if isinstance(error, kcoral.KCoralError):
         return f"{url} answered {error}"
     return str(error)

@@ -73,6 +73,7 @@ class AsyncClient(BaseClient):
 
     async def run_flow(self, flow: Flow[T]) -> T:
         """Drive one core flow to its value; large answers are decoded on a thread."""
+        flow = self.hinted(flow)
         step = _advance(flow, None)
         while isinstance(step, Request):
             response = await self._transport.handle_async_request(step)

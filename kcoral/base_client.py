@@ -17,7 +17,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 
 import kcoral
 from kcoral.connection.event_stream import EventSource, EventStreams
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from kcoral.remote import RemoteFunction
 
 TOKEN_ENV = "KCORAL_TOKEN"
+T = TypeVar("T")
 #: ``/v1/info`` nests a few levels (``fleet_status``); deeper is refused, so the copy every
 #: caller gets stays far from the recursion limit
 MAX_INFO_DEPTH = 64
@@ -95,6 +96,16 @@ def _get(path: str) -> Request:
 
 def _get_status(path: str) -> Request:
     return Request("GET", path, read_timeout=STATUS_READ_TIMEOUT_SECONDS)
+
+
+def token_hint(url: str, source: str | None) -> str:
+    """What a 401 from ``url`` says to do, given where the token sent came from (``None``:
+    none was sent)."""
+    fix = f"set {TOKEN_ENV}, or pass Client(url, token=...)"
+    if source is None:
+        return f"the server at {url} needs a token (401), and no token was sent: {fix}"
+    origin = "" if source == "token" else f" (from {source})"
+    return f"the server at {url} refused the token{origin} (401): {fix}"
 
 
 def bearer_token(token: str, source: str) -> str:
@@ -162,6 +173,10 @@ class BaseClient:
         if token:
             _set_headers(request_headers, {"Authorization": f"Bearer {token}"})
         self.base_url = url
+        # where the token came from, for a 401's hint (never the token itself)
+        self._token_source = (
+            source if token else "an Authorization header" if given_authorization else None
+        )
         self.connect_timeout_seconds = float(connect_timeout_seconds)
         self.max_connections = max_connections
         self.headers: Mapping[str, str] = request_headers  # sent with every request
@@ -334,6 +349,16 @@ class BaseClient:
         return (yield Request(method, path, dict(headers or {})))
 
     # -- shared members ------------------------------------------------------------------
+
+    def hinted(self, flow: Flow[T]) -> Flow[T]:
+        """``flow``, whose 401 says where a token comes from: ``HTTP 401: unauthorized``
+        alone left a new user to find ``KCORAL_TOKEN`` in the README."""
+        try:
+            return (yield from flow)
+        except KCoralError as exc:
+            if exc.status_code == 401 and not exc.hint:
+                exc.hint = token_hint(self.base_url, self._token_source)
+            raise
 
     def run_flow(self, flow: Flow[Any]) -> Any:
         """Drive ``flow`` over this client's transport (a coroutine in ``AsyncClient``)."""

@@ -63,6 +63,7 @@ class Client(BaseClient):
 
     def run_flow(self, flow: Flow[T]) -> T:
         """Drive one core flow to its value, one blocking request at a time."""
+        flow = self.hinted(flow)
         try:
             request = next(flow)
             while True:

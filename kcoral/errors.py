@@ -7,6 +7,10 @@ helpers fail an instruction with a chosen kind (PROTOCOL.md §7.6).
 
 from __future__ import annotations
 
+import http.client
+import re
+import socket
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -61,12 +65,17 @@ class KCoralError(Exception):
         self.kind = kind
         self.request_id = request_id
         self.output = output
+        #: what to do, said before the server's text (a 401's: where a token comes from;
+        #: set by the client that made the request, which knows the URL and the token)
+        self.hint = ""
 
     def __str__(self) -> str:
         # Who can reach this: the server answering, malicious or not, writes ``message``;
         # Python prints this ``str`` of an uncaught error to the user's terminal as it is,
         # where an escape string writes the clipboard or types into the shell. ``message``
         # keeps the server's text whole for a program that reads it.
+        if self.hint:
+            return f"{self.hint} [the server said: {screened(self.message)}]"
         return f"HTTP {self.status_code}: {screened(self.message)}"
 
     @property
@@ -125,20 +134,77 @@ def plain_http_hint(exc: BaseException) -> str:
     return ""
 
 
+#: urllib3's timeouts say their bound at the end of their text: ``(read timeout=1.5)``
+_TIMEOUT_BOUND = re.compile(r"\((read|connect) timeout=([0-9.]+)\)")
+#: the transport's own words for a body cut short (``kcoral.connection.http``)
+_CUT_BODY = re.compile(r"connection closed after (\d+) of (\d+) body bytes")
+#: said after "connection refused" where the whole line stands alone (``TransportError``)
+NOTHING_LISTENS_HINT = "is a KCoral server running there?"
+
+
+def _reason_words(cause: BaseException) -> str | None:
+    """The few true words for one link of a transport failure's chain, where it is one we
+    know; None otherwise. urllib3's own texts name its objects and repeat the address
+    (``HTTPConnection(host='127.0.0.1', port=8000): Failed to establish a new connection:
+    [Errno 111] Connection refused``); the innermost socket error alone (``timed out``) lost
+    which bound ran out and after how many seconds."""
+    text = str(cause)
+    bound = _TIMEOUT_BOUND.search(text)
+    if bound:
+        kind, seconds = bound.groups()
+        what = "no answer" if kind == "read" else "no connection"
+        return f"{what} within {seconds} s ({kind} timeout)"
+    cut = _CUT_BODY.search(text)
+    if cut:
+        return _cut_short(int(cut[1]), int(cut[2]))
+    if isinstance(cause, http.client.IncompleteRead):
+        # urllib3's IncompleteRead counts bytes read as an int, http.client's keeps them
+        read = cause.partial if isinstance(cause.partial, int) else len(cause.partial)
+        more = cause.expected if isinstance(cause.expected, int) else None
+        return _cut_short(read, None if more is None else read + more)
+    if isinstance(cause, http.client.RemoteDisconnected):
+        return "the server closed the connection without answering"
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, ConnectionResetError):
+        return "the connection was reset"
+    if isinstance(cause, socket.gaierror):
+        return f"the host name does not resolve ({cause.strerror or 'no address'})"
+    if isinstance(cause, ssl.SSLError) and cause.reason:
+        return f"TLS failed ({cause.reason})"
+    return None
+
+
+def _cut_short(read: int, expected: int | None) -> str:
+    of = "" if expected is None else f" of {expected}"
+    return f"the connection closed in the middle of the answer ({read}{of} bytes came)"
+
+
 def root_reason(exc: BaseException) -> str:
-    """The innermost cause of a transport failure in a few words (``Connection refused``):
-    what a person can act on (the notebook's errors and ``kcoral run`` both say it in one
-    line)."""
-    *_, last = _causes(exc)
+    """A transport failure in a few true words (``connection refused``, ``no answer within
+    30 s (read timeout)``): what a person can act on (the notebook's errors and ``kcoral run``
+    both say it in one line, and so does ``TransportError``)."""
+    causes = list(_causes(exc))
     hint = plain_http_hint(exc)
-    if isinstance(last, OSError) and last.strerror and not hint:
-        return last.strerror
-    text = (last.strerror if isinstance(last, OSError) else None) or str(last).strip()
-    text = text or type(last).__name__
-    # urllib3's texts name objects by address ("<... object at 0x7f...>: ..."): keep the tail.
-    text = text.rpartition(">: ")[2] or text
-    text = text if len(text) <= 160 else text[:157] + "..."
-    return f"{text}; {hint}" if hint else text
+    words = next((w for w in map(_reason_words, causes) if w is not None), None)
+    if words is None:
+        last = causes[-1]
+        text = (last.strerror if isinstance(last, OSError) else None) or str(last).strip()
+        text = text or type(last).__name__
+        # urllib3's texts name objects by address ("<... object at 0x7f...>: ..."): keep the
+        # tail.
+        text = text.rpartition(">: ")[2] or text
+        words = text if len(text) <= 160 else text[:157] + "..."
+    return f"{words}; {hint}" if hint else words
+
+
+def unreachable_message(url: str, exc: BaseException) -> str:
+    """``TransportError``'s one line for ``exc`` at ``url``: ``cannot reach
+    http://127.0.0.1:8000: connection refused (is a KCoral server running there?)``."""
+    reason = root_reason(exc)
+    if reason == "connection refused":
+        reason = f"{reason} ({NOTHING_LISTENS_HINT})"
+    return f"cannot reach {url}: {reason}"
 
 
 class ProtocolError(Exception):

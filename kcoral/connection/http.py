@@ -27,7 +27,7 @@ import urllib3
 from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
 from kcoral.connection.transport import Request, Response, refuse_encoded_body
-from kcoral.errors import ProtocolError, TransportError, plain_http_hint
+from kcoral.errors import ProtocolError, TransportError, unreachable_message
 
 #: The older name of ``Response`` (answers of this transport).
 HttpResponse = Response
@@ -138,10 +138,8 @@ class HttpTransport:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if response is not None:
                 response.close()
-            hint = plain_http_hint(exc)
             raise TransportError(
-                f"{method} {self.base_url}{path} failed: {exc}{'; ' + hint if hint else ''}",
-                url=self.base_url,
+                unreachable_message(self.base_url, exc), url=self.base_url
             ) from exc
         except MemoryError:
             if response is not None:

@@ -19,7 +19,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TypeGuard
 
 from kcoral.connection.server_address import path_not_served_hint
-from kcoral.errors import KCoralError, ProtocolError, TransportError, root_reason
+from kcoral.errors import (
+    KCoralError,
+    ProtocolError,
+    TransportError,
+    root_reason,
+    unreachable_message,
+)
 from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
@@ -45,6 +51,7 @@ from kcoral.run.outputs import (
 )
 from kcoral.run.progress import Progress
 from kcoral.run.standard_input import UNSENT_INPUT_WARNING, unsent_input_waiting
+from kcoral.run.terminal_filter import screened
 from kcoral.run.tools import UsageError, check_python_args
 
 
@@ -241,8 +248,9 @@ def run(options: RunOptions) -> int:
         say(server_error(exc, options.url))
         return 1
     except TransportError as exc:
-        # One line: the address and the innermost reason, not urllib3's chain of wrappers.
-        say(f"cannot reach the server at {options.url}: {root_reason(exc)}")
+        # The client's one line (the address and the reason, not urllib3's chain of
+        # wrappers), for the address as the user gave it.
+        say(unreachable_message(options.url, exc))
         return 1
     except ProtocolError as exc:
         say(f"invalid response from the server: {exc}")
@@ -265,7 +273,9 @@ def server_error(exc: KCoralError, url: str) -> str:
             "server (or a proxy in front of one)?"
         )
     if exc.status_code == 401:  # the one refusal the user fixes on this side
-        return f"server error: {exc}; set KCORAL_TOKEN to a token this server accepts"
+        # its own hint, not the client's (which says ``Client(url, token=...)``)
+        refused = f"HTTP 401: {screened(exc.message)}"
+        return f"server error: {refused}; set KCORAL_TOKEN to a token this server accepts"
     wrong_path = path_not_served_hint(url) if exc.status_code == 404 else ""
     if wrong_path and exc.kind == "not_found":  # a job's own 404 is JobLost, not this
         return f"server error: {exc}; {wrong_path}"

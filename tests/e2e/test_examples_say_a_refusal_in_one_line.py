@@ -56,8 +56,9 @@ def test_an_example_refused_for_its_token_says_so_in_one_line_naming_kcoral_toke
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines() == [
-        f"{token_server.url} answered HTTP 401: missing or invalid bearer token; "
-        "set KCORAL_TOKEN to a token this server accepts"
+        f"the server at {token_server.url} needs a token (401), and no token was sent: "
+        "set KCORAL_TOKEN, or pass Client(url, token=...) "
+        "[the server said: missing or invalid bearer token]"
     ]
 
 

@@ -65,7 +65,7 @@ def test_a_notebook_session_sees_short_errors_and_nothing_silent(
     dead = error_of(cells[1])
     assert dead["ename"] == "ServerUnreachableError"
     assert len(dead["traceback"]) == 2 and len("\n".join(dead["traceback"])) < 400
-    assert "Connection refused" in dead["traceback"][0]
+    assert "connection refused" in dead["traceback"][0]
 
     unconnected = error_of(cells[2])
     assert unconnected["ename"] == "NotConnectedError"

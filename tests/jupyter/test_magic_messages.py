@@ -57,7 +57,7 @@ def test_a_dead_url_fails_in_one_line_of_cause_and_one_of_what_to_do(shell) -> N
     assert isinstance(error, ServerUnreachableError)
     lines = rendered(error)
     assert len(lines) == 2 and len("\n".join(lines)) < 300, lines
-    assert lines[0] == f"ServerUnreachableError: no answer from {DEAD_URL}: Connection refused"
+    assert lines[0] == f"ServerUnreachableError: no answer from {DEAD_URL}: connection refused"
     # The hint names the address tried (port 9), not a port the user never used.
     assert "(kcoral server --port 9)" in lines[1] and "8123" not in lines[1]
 

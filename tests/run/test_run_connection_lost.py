@@ -82,7 +82,7 @@ def test_a_connection_lost_mid_run_names_the_job_that_may_run_on(
             client.wait()
     found = re.fullmatch(
         f"kcoral run: lost the server at {re.escape(url)} while the tool ran: "
-        r"Connection refused; its job (\S+) may run on, and is cancelled 60 s after its "
+        r"connection refused; its job (\S+) may run on, and is cancelled 60 s after its "
         r"last follower went: follow or cancel it with "
         rf"kcoral\.Client\('{re.escape(url)}'\)\.job\('(\S+)'\)\n",
         err,

@@ -374,7 +374,10 @@ def test_an_unreachable_server_exits_1(in_tmp: Path, capfd: pytest.CaptureFixtur
     assert run("http://127.0.0.1:9", "python", "--", "-c", "pass") == 1
     err = capfd.readouterr().err
     # One line: the address and the reason, not urllib3's chain of wrappers (issue 29.6).
-    assert err == "kcoral run: cannot reach the server at http://127.0.0.1:9: Connection refused\n"
+    assert err == (
+        "kcoral run: cannot reach http://127.0.0.1:9: connection refused "
+        "(is a KCoral server running there?)\n"
+    )
 
 
 def _start_sleeping_tool(

@@ -179,7 +179,10 @@ def test_a_huge_declared_length_is_a_transport_error_not_a_memory_error() -> Non
     with answering(declared(10**15, 2 * MIB + 7)) as url, Client(url) as client:
         raised, peak = traced_peak(client.health)
     assert isinstance(raised, TransportError), raised
-    assert "connection closed after" in str(raised)
+    assert str(raised).endswith(
+        f"the connection closed in the middle of the answer ({2 * MIB + 7} of {10**15} "
+        "bytes came)"
+    )
     assert peak < client_http.FIRST_BUFFER_BYTES + 16 * MIB
 
 
@@ -192,7 +195,7 @@ def test_memory_follows_the_bytes_received_not_the_declared_length(
         transport = HttpTransport(url, headers={}, connect_timeout_seconds=5)
         raised, peak = traced_peak(lambda: transport.request("GET", "/"))
     assert isinstance(raised, TransportError), raised
-    assert f"after {3 * MIB + 100} of {512 * MIB} body bytes" in str(raised)
+    assert f"({3 * MIB + 100} of {512 * MIB} bytes came)" in str(raised)
     assert peak < 12 * MIB, f"{peak} bytes traced for 3 MiB received"
 
 
