@@ -32,6 +32,10 @@ from router_helpers import Node, RouterProcess, start_router
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 OTHER_KIND = {"gpu": "h100", "arch": "sm_90a", "memory_bytes": 80 << 30, "gpus": 1}
+# A probe past the default 1 s (a node's server starved of CPU under load) sends failing
+# statuses every 0.3 s, and the router reads the node unhealthy for a second: a cell then got
+# 503 "no ready node". 4 s stays under the router's 5 s status age (test_router_selectors).
+PATIENT_PROBES = ("--health-timeout-seconds", "4")
 HOLD = (
     "import os, time\n\n"
     "def main(path):\n"
@@ -65,10 +69,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     router = start_router(tmp, "--status-check-interval-seconds", "0.3")
     other = {supervisor_module.NODE_KIND_OVERRIDE_ENV: json.dumps(OTHER_KIND)}
     # cpu-a first: its kind is the default (the first kind with a healthy node)
-    nodes = [Node(tmp, router, "cpu-a", None, "--node-label", "pool=small")]
+    nodes = [Node(tmp, router, "cpu-a", None, *PATIENT_PROBES, "--node-label", "pool=small")]
     try:
         wait_for(lambda: default_row(router).get("seats") == 1, "cpu-a ready", router)
-        nodes.append(Node(tmp, router, "h100-a", other, "--node-label", "pool=big"))
+        nodes.append(
+            Node(tmp, router, "h100-a", other, *PATIENT_PROBES, "--node-label", "pool=big")
+        )
         wait_for(
             lambda: [k["seats"] for k in fleet_status(router).get("kinds", [])] == [1, 1],
             "both nodes ready with a seat",
