@@ -259,8 +259,8 @@ class ServerMetrics:
         queue_ms = fields.get("queue_ms")
         waited_ms = fields.get("waited_ms")
         if isinstance(queue_ms, (int, float)) and "worker_id" in fields:
-            queue_gpu = gpus[0] if gpus != [NONE] else seat_gpu
-            self.queue_seconds.labels(queue_gpu).observe(max(0.0, queue_ms / 1000.0))
+            # the wait for a seat, on the seat's GPU (a set request's set came after it)
+            self.queue_seconds.labels(seat_gpu).observe(max(0.0, queue_ms / 1000.0))
         elif isinstance(waited_ms, (int, float)):  # waited in vain: no seat, so no GPU
             self.queue_seconds.labels(NONE).observe(max(0.0, waited_ms / 1000.0))
         wait_ms, held_ms = fields.get("lease_wait_ms"), fields.get("lease_held_ms")
