@@ -83,3 +83,30 @@ def test_a_cell_and_a_remote_function_show_output_in_the_order_written(
 
     remote = streams(notebook.cells[3])
     assert remote == [("stdout", "a\n"), ("stderr", "warn\n"), ("stdout", "b\n")], remote
+
+
+LONG_CELL = """
+import sys, time
+for turn in range(2):
+    print("out", turn)
+    print("err", turn, file=sys.stderr)
+    print("out", turn, "again")
+    time.sleep(0.5)  # the job's polls send what came meanwhile, the cell runs on
+"""
+
+
+def test_a_long_cell_shows_its_output_in_the_order_written_while_it_runs(
+    cpu_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one call writes both streams within one poll, then sleeps: the live display showed
+    # "out 0", "out 0 again", then "err 0", and kept it so
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    sources = ["%load_ext kcoral", f"%kcoral connect {cpu_server_url}", "%%kcoral" + LONG_CELL]
+    assert streams(executed(sources, tmp_path).cells[2]) == [
+        ("stdout", "out 0\n"),
+        ("stderr", "err 0\n"),
+        ("stdout", "out 0 again\nout 1\n"),
+        ("stderr", "err 1\n"),
+        ("stdout", "out 1 again\n"),
+    ]

@@ -6,8 +6,10 @@ router with client tokens and one real CPU node."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from live_output_order import follow, in_order_written, live_program
 from router_helpers import RouterProcess, router_with_a_node
 
 import kcoral
@@ -60,3 +62,16 @@ def test_a_jobs_events_through_a_router_come_in_the_order_written(router: Router
                 break
         assert events == IN_ORDER
         assert job.result().output_in_order() == IN_ORDER
+
+
+def test_a_job_followed_live_through_a_router_shows_one_calls_output_in_the_order_written(
+    router: RouterProcess, tmp_path: Path
+) -> None:
+    # out, err, out again within one call, each turn seen live before the program goes on:
+    # the node's polls send them in that order and the router passes the events on as sent
+    with kcoral.Client(router.url, token=TOKEN) as client:
+        job = client.submit(live_program(tmp_path))
+        pieces = follow(job, tmp_path)
+        result = job.result()
+    assert "never saw" not in result.stdout
+    assert pieces == in_order_written() == result.output_in_order()

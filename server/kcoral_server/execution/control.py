@@ -16,6 +16,7 @@ from kcoral_server.execution.responses import RequestFailed
 if TYPE_CHECKING:
     from kcoral_server.execution.pipeline import ExecuteRequest
     from kcoral_server.processes.handle import WorkerHandle
+    from kcoral_server.processes.progress_slot import ProgressSlot
     from kcoral_server.storage.workspace import Workspace
 
 T = TypeVar("T")
@@ -75,6 +76,11 @@ class RequestObserver:
     def output_order(self, runs: Sequence[tuple[int, int]]) -> None:
         """How the program's stdout and stderr interleaved so far, in bytes of the capture
         files (EXTENSIONS §16): output that has not left yet leaves in this order."""
+        pass
+
+    def output_record(self, slot: ProgressSlot) -> None:
+        """The worker's progress slot, where it writes each run as it happens (EXTENSIONS
+        §16): a live follower reads the order there at each poll, for this program only."""
         pass
 
     async def output_finished(self) -> None:

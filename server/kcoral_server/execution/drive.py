@@ -12,7 +12,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.output_order import runs_of
 from kcoral.protocol.schema import Instruction, Return
@@ -25,6 +25,9 @@ from kcoral_server.processes.output_order import Runs
 from kcoral_server.processes.progress_slot import ProgressSlot
 from kcoral_server.storage import workspace_watch
 from kcoral_server.storage.workspace import Workspace
+
+if TYPE_CHECKING:
+    from kcoral_server.execution.control import RequestObserver
 
 __all__ = ["CRASH_MESSAGE", "ProgramDrive", "instruction_error"]
 
@@ -52,6 +55,14 @@ class ProgramDrive:
     timeout_message: str = TIMEOUT_MESSAGE  # the 504's, naming the deadline once known
     #: the worker's record of how stdout and stderr interleaved, in bytes (EXTENSIONS §16)
     output_order: Runs = field(default_factory=list)
+
+    def use_slot(self, slot: ProgressSlot | None, observer: RequestObserver) -> None:
+        """The worker's progress slot (None: it has none), reset for this program and lent
+        to a live follower, which reads the worker's output runs there (EXTENSIONS §16)."""
+        self.progress = slot
+        if slot is not None:
+            slot.reset()
+            observer.output_record(slot)
 
     def read_progress(self) -> None:
         """Take the last instruction started from the progress slot (the program is over):

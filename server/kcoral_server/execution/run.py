@@ -172,13 +172,12 @@ class SeatRun:
         extra_fd = progress_fd = None
         try:
             blobs, fds, extra_fd = await blob_slices(admitted.resolution.blobs, state.executor)
-            drive.progress, progress_fd = handle.progress_slot()
+            slot, progress_fd = handle.progress_slot()
+            drive.use_slot(slot, self.observer)
             progress_index = None
             if progress_fd is not None:
                 progress_index = len(fds)
                 fds.append(progress_fd)
-            if drive.progress is not None:
-                drive.progress.reset()
             handle.send(
                 ipc.RunProgram(
                     request_id=self.request_id,

@@ -49,6 +49,7 @@ from kcoral_server.storage.fair_eviction import fair_victims
 if TYPE_CHECKING:
     from kcoral_server.execution.pipeline import ExecuteRequest
     from kcoral_server.pool.pool import Pool
+    from kcoral_server.processes.progress_slot import ProgressSlot
     from kcoral_server.storage.workspace import Workspace
 
 HEARTBEAT_SECONDS = 15.0
@@ -285,6 +286,10 @@ class Job(RequestObserver):
     def output_order(self, runs: Sequence[tuple[int, int]]) -> None:
         if self._tail is not None:
             self._tail.runs = runs
+
+    def output_record(self, slot: ProgressSlot) -> None:
+        if self._tail is not None:
+            self._tail.record = slot
 
     async def output_finished(self) -> None:
         if self._tail is not None:

@@ -18,6 +18,7 @@ import sys
 from typing import TextIO
 
 from kcoral.protocol.output_order import MAX_RUNS
+from kcoral_server.processes.progress_slot import ProgressSlot
 
 _LIBC = ctypes.CDLL(None)
 
@@ -33,19 +34,24 @@ def flush_c_stdio() -> None:
 class StreamOrder:
     """The runs of one program's writes (``processes.output_order``): which stream, and its
     file's size when the other stream took over. Costs a comparison per write, and one
-    ``fstat`` per switch of streams."""
+    ``fstat`` and a store into ``shared`` (the front-end's live view) per switch of streams."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: ProgressSlot | None = None) -> None:
         self.current = 0  # the fd written last (0: none yet)
         self.runs: list[list[int]] = []
+        self.shared = shared
 
     def switch_to(self, fd: int) -> None:
         """``fd`` is about to be written and the other stream was written last."""
         if self.current and len(self.runs) < MAX_RUNS:
             try:
-                self.runs.append([self.current, os.fstat(self.current).st_size])
+                run = [self.current, os.fstat(self.current).st_size]
             except OSError:
-                pass  # the program closed it: its output ends there anyway
+                run = []  # the program closed it: its output ends there anyway
+            if run:
+                self.runs.append(run)
+                if self.shared is not None:
+                    self.shared.run_written(len(self.runs) - 1, run[0], run[1])
         self.current = fd
 
     def runs_so_far(self) -> list[list[int]]:
@@ -76,8 +82,11 @@ class _OrderedFile(io.FileIO):
 class OutputCapture:
     """Redirects fds 1/2 for one program; ``restore`` puts the worker's own streams back."""
 
-    def __init__(self, stdout_path: str | int, stderr_path: str | int) -> None:
-        """Targets are paths, or open descriptors (sandboxed workers) that stay the caller's."""
+    def __init__(
+        self, stdout_path: str | int, stderr_path: str | int, shared: ProgressSlot | None = None
+    ) -> None:
+        """Targets are paths, or open descriptors (sandboxed workers) that stay the caller's;
+        ``shared``: the progress slot the front-end reads the runs from as they happen."""
         self._saved_objects: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
         _flush_quietly(sys.stdout, sys.stderr)
         flush_c_stdio()
@@ -85,7 +94,7 @@ class OutputCapture:
         # /dev/null (never the server's console, processes.launcher.log_relay).
         self._saved_fds = (os.dup(1), os.dup(2))
         self._wrappers: list[TextIO] = []
-        self.order = StreamOrder()
+        self.order = StreamOrder(shared)
         self.runs_at_end: list[list[int]] | None = None  # set by ``restore``
         for target_fd, path in ((1, stdout_path), (2, stderr_path)):
             if isinstance(path, int):

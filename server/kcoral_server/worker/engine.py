@@ -242,9 +242,9 @@ class ProgramExecution:
         if request.stdout_path is not None and request.stderr_path is not None:
             try:
                 if capture_fds:
-                    capture = OutputCapture(capture_fds[0], capture_fds[1])
+                    capture = OutputCapture(capture_fds[0], capture_fds[1], self.progress)
                 else:
-                    capture = OutputCapture(request.stdout_path, request.stderr_path)
+                    capture = OutputCapture(request.stdout_path, request.stderr_path, self.progress)
             except OSError as exc:  # the front-end's capture files are unusable
                 startup_failure = exc
         self.capturing = capture is not None
