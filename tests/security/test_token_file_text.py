@@ -44,7 +44,7 @@ def test_a_server_names_a_token_file_that_is_not_utf8_at_start_and_at_a_reload(
         refused = str(exc)
     else:
         raise AssertionError("the server started with a token file that is not UTF-8")
-    assert "--auth-token-file is not UTF-8 text (byte 40)" in refused, refused
+    assert f"--auth-token-file {tokens} is not UTF-8 text (byte 40)" in refused, refused
     assert "UnicodeDecodeError" not in refused and "b\\xe9b" not in refused
 
     server = start_server(
@@ -71,5 +71,5 @@ def test_a_router_names_a_token_file_that_is_not_utf8_at_start(tmp_path: Path) -
         refused = str(exc)
     else:
         raise AssertionError("the router started with a token file that is not UTF-8")
-    assert "--auth-token-file is not UTF-8 text (byte 40)" in refused, refused
+    assert f"--auth-token-file {tokens} is not UTF-8 text (byte 40)" in refused, refused
     assert "UnicodeDecodeError" not in refused

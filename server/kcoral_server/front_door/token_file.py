@@ -68,6 +68,25 @@ def read_token_text(path: str | os.PathLike[str], *, regular_only: bool = False)
         raise TokenFileError(f"is not UTF-8 text (byte {exc.start})") from None
 
 
+def refusal(flag: str, path: str | os.PathLike[str], problem: TokenFileError) -> str:
+    """A token file's problem as a start-up refusal says it: the option, the file and the
+    problem (``--auth-token-file /etc/kcoral/client.token is empty``). Before, it named only
+    the option, and an operator with several token files guessed which.
+
+    A path that does not exist may be the token itself, pasted where its file goes: such a
+    path is shown only where it cannot be one (in a folder that exists, or a short name with
+    a dot: a generated token holds neither ``.`` nor, mostly, an existing folder's name)."""
+    shown = os.fspath(path)
+    if not os.path.lexists(shown):
+        folder, name = os.path.split(shown)
+        in_a_folder = folder not in ("", os.sep) and os.path.isdir(folder)
+        named_like_a_file = "." in name and len(name) <= 64
+        if not (in_a_folder or named_like_a_file):
+            return f"{flag} {problem}"
+    at = "," if str(problem).startswith("line ") else ""  # "client.token, line 2: ..."
+    return f"{flag} {shown}{at} {problem}"
+
+
 def read_client_tokens(path: str | os.PathLike[str], *, regular_only: bool = False) -> ClientTokens:
     """A client-token file (``--auth-token-file``), read (``read_token_text``) and checked
     (``parse_tokens``: one bare token, or ``NAME TOKEN [admin]`` lines); ``TokenFileError``

@@ -17,6 +17,7 @@ from kcoral_server.front_door.token_file import (
     cannot_read,
     read_client_tokens,
     read_token_text,
+    refusal,
 )
 from kcoral_server.router.identity import (
     NodeTokens,
@@ -289,7 +290,7 @@ def _client_token(path: str | None, env: Mapping[str, str]) -> str | None:
         try:
             return read_client_tokens(_given_path("--auth-token-file", path)).text
         except TokenFileError as exc:
-            raise SettingsError(f"--auth-token-file {exc}") from None
+            raise SettingsError(refusal("--auth-token-file", path, exc)) from None
     token = env.get("KCORAL_AUTH_TOKEN") or None
     if token is not None:
         try:

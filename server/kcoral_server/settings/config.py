@@ -23,7 +23,7 @@ from kcoral.protocol.headers import PRINTABLE_TOKEN, SERIALIZATION_FORMATS
 from kcoral.protocol.selector import BUILT_IN_KEYS
 from kcoral_server.front_door.browser_guard import host_problem, origin_problem
 from kcoral_server.front_door.callers import parse_tokens
-from kcoral_server.front_door.token_file import TokenFileError, read_client_tokens
+from kcoral_server.front_door.token_file import TokenFileError, read_client_tokens, refusal
 from kcoral_server.router.identity import node_token_problem
 
 GIB = 1024**3
@@ -746,7 +746,10 @@ class ServerConfig:
         try:
             return read_client_tokens(self.auth_token_file).text
         except TokenFileError as exc:
-            raise InvalidConfigError("auth_token_file", str(exc)) from None
+            said = refusal("--auth-token-file", self.auth_token_file, exc)
+            raise InvalidConfigError(
+                "auth_token_file", said.removeprefix("--auth-token-file "), said
+            ) from None
 
 
 def _set(config: ServerConfig, name: str, value: Any) -> None:
