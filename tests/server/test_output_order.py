@@ -73,6 +73,19 @@ def crashing():
     print("err before the crash", file=sys.stderr)
     print("out again")
     os._exit(3)
+
+
+def spoiling_then_crashing():
+    # the record in the progress slot, spoiled, then the worker dies: the answer reads it
+    shared = sys.stdout.buffer._order.shared
+    print("out")
+    print("err", file=sys.stderr)
+    print("out again")
+    shared.run_written(1, 2, 1 << 60)
+    shared.run_written(2, 1, -5)
+    shared.run_written(3, 7, 0)
+    shared._view[8:16] = (1 << 62).to_bytes(8, "little")
+    os._exit(3)
 """
 
 
@@ -145,14 +158,24 @@ def test_a_worker_that_dies_mid_program_still_returns_every_byte_it_wrote(
     assert result.status == "FAILED"
     assert result.stdout == "out before the crash\nout again\n"
     assert result.stderr == "err before the crash\n"
-    # the order died with the worker: the texts come back as before, stdout first
+    # the worker wrote each switch into its progress slot as it went: the order outlives it
     assert result.output_in_order() == [
-        ("stdout", result.stdout),
-        ("stderr", result.stderr),
+        ("stdout", "out before the crash\n"),
+        ("stderr", "err before the crash\n"),
+        ("stdout", "out again\n"),
     ]
 
 
-def test_a_crash_keeps_the_order_up_to_the_instruction_it_crashed_in(client: Client) -> None:
+def test_a_program_that_spoils_its_record_and_dies_still_returns_every_byte(
+    client: Client,
+) -> None:
+    result = client.execute(program("spoiling_then_crashing"))
+    assert result.status == "FAILED"
+    assert (result.stdout, result.stderr) == ("out\nout again\n", "err\n")
+    assert "".join(text for _, text in result.output_in_order()) == "out\nerr\nout again\n"
+
+
+def test_a_crash_keeps_the_order_up_to_the_last_switch_of_stream(client: Client) -> None:
     built = Program()
     module = built.upload(kind="module", source=SOURCE)
     built.run(fn=built.get_function(module=module, name="interleaved"))
@@ -160,10 +183,11 @@ def test_a_crash_keeps_the_order_up_to_the_instruction_it_crashed_in(client: Cli
     result = client.execute(built)
     assert result.status == "FAILED"
     names = [stream for stream, _ in result.output_in_order()]
-    # the first run's five runs in order; the crashed one's output after them, stdout first
-    assert names == ["stdout", "stderr", "stdout", "stderr", "stdout", "stderr"]
-    assert result.output_in_order()[4][1] == "c\nout before the crash\nout again\n"
+    # the first call's five runs in order, then the crashed call's, up to its last switch
+    assert names == ["stdout", "stderr", "stdout", "stderr", "stdout", "stderr", "stdout"]
+    assert result.output_in_order()[4][1] == "c\nout before the crash\n"
     assert result.output_in_order()[5][1] == "err before the crash\n"
+    assert result.output_in_order()[6][1] == "out again\n"
 
 
 def _raw_execute(server: RunningServer, headers: dict[str, str]) -> dict:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kcoral.protocol.output_order import runs_of
+from kcoral.protocol.output_order import MAX_RUNS, runs_of
 from kcoral.protocol.schema import Instruction, Return
 from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE
 from kcoral_server.execution.responses import ReturnRecord
@@ -81,6 +81,15 @@ class ProgramDrive:
             id=None if isinstance(instruction, Return) else instruction.id,
         )
 
+    def read_order_record(self) -> None:
+        """The worker is gone: its slot holds each switch of stream it made (EXTENSIONS
+        §16), which reaches further than its last ``OutputOrder`` frame (sent at an
+        instruction start), unless that frame says more."""
+        if self.progress is not None:
+            runs = self.progress.runs_since(0, MAX_RUNS)
+            if len(runs) >= len(self.output_order):
+                self.output_order = runs
+
     def order_reported(self, runs: object, fds: list[int]) -> None:
         """The worker's ``OutputOrder`` (EXTENSIONS §16): the program's own record to
         spoil, so a malformed one is dropped, never the program's failure."""
@@ -127,6 +136,7 @@ class ProgramDrive:
     def disk_limit_passed(self, limit: int) -> None:
         """The sandbox directory passed ``--workspace-limit-bytes``; the worker was killed."""
         self.read_progress()  # the process is gone: the slot holds its last word
+        self.read_order_record()
         self.result = RunResult.FINISHED
         self.status = "FAILED"
         self.reason = "program_failed"
@@ -150,6 +160,7 @@ class ProgramDrive:
         """The worker went away (or spoke garbage) before ``ProgramFinished``; ``cause`` is
         the limit it was killed at, when its cgroup says so."""
         self.read_progress()  # the process is gone: the slot holds its last word
+        self.read_order_record()
         self.reason_retire = "crashed"
         self.cause = cause
         if quarantined:
