@@ -162,6 +162,11 @@ def _reason_words(cause: BaseException) -> str | None:
         read = cause.partial if isinstance(cause.partial, int) else len(cause.partial)
         more = cause.expected if isinstance(cause.expected, int) else None
         return _cut_short(read, None if more is None else read + more)
+    if isinstance(cause, http.client.BadStatusLine) and not isinstance(
+        cause, http.client.RemoteDisconnected
+    ):
+        line = str(cause)  # the other end's bytes: shown as Python writes them, escaped
+        return f"the answer is not HTTP (it began {line[:60]!r})"
     if isinstance(cause, http.client.RemoteDisconnected):
         return "the server closed the connection without answering"
     if isinstance(cause, ConnectionRefusedError):
@@ -191,6 +196,9 @@ def root_reason(exc: BaseException) -> str:
         last = causes[-1]
         text = (last.strerror if isinstance(last, OSError) else None) or str(last).strip()
         text = text or type(last).__name__
+        # the other end may write these words (a malicious server): no control character of
+        # theirs reaches the terminal the line is printed on
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
         # urllib3's texts name objects by address ("<... object at 0x7f...>: ..."): keep the
         # tail.
         text = text.rpartition(">: ")[2] or text

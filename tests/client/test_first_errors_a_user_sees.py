@@ -91,6 +91,24 @@ def test_a_server_that_hangs_up_without_answering_says_so() -> None:
     assert str(error) == f"cannot reach {url}: the server closed the connection without answering"
 
 
+class AnswersWithAnEscapeForAStatusLine(StandIn):
+    """A malicious server whose first line writes the clipboard (OSC 52) of the terminal
+    a transport error is printed on."""
+
+    def handle_one_request(self) -> None:
+        self.rfile.readline()
+        self.wfile.write(b"\x1b]52;c;ZXZpbA==\x07HTTP/1.1 200 OK\r\n\r\n")
+        self.close_connection = True
+
+
+def test_an_answer_that_is_not_http_is_said_escaped_never_as_it_came() -> None:
+    with serving(AnswersWithAnEscapeForAStatusLine) as url:
+        error = transport_error(url)
+    assert str(error).startswith(f"cannot reach {url}: the answer is not HTTP (it began "), error
+    assert "\x1b" not in str(error) and "\x07" not in str(error)
+    assert "\x1b" not in root_reason(error)  # the notebook's and kcoral run's line
+
+
 def test_https_at_a_plain_server_says_tls_failed_in_words(kcoral_server: RunningServer) -> None:
     address = kcoral_server.url.replace("http://", "https://", 1)
     message = str(transport_error(address))
