@@ -121,7 +121,8 @@ class CellMagic:
         if gpus > 1 and facts.gpu_count < gpus and remote is None and not selected:
             raise UsageError(
                 f"%%kcoral: --gpus {gpus} needs a server with at least {gpus} GPUs; "
-                f"{url} has {facts.gpu_count} ({facts.label})"
+                # "has 4 GPUs (sm_90a)", not "has 4 (4 GPUs (sm_90a))"
+                f"{url} has {facts.label if facts.gpu_count else f'0 ({facts.label})'}"
             )
         options = ExecuteOptions(
             timeout_seconds=timeout,
