@@ -128,3 +128,27 @@ def test_runs_that_go_back_or_past_a_text_show_each_character_once() -> None:
         ("stdout", "xyz"),
         ("stderr", "q"),
     ]
+
+
+class _CountingText(str):
+    """A text that counts the characters its joins by ``+`` copy (``copied``)."""
+
+    copied: ClassVar[list[int]] = [0]
+
+    def __getitem__(self, key: Any) -> _CountingText:
+        return _CountingText(str.__getitem__(self, key))
+
+    def __add__(self, other: str) -> _CountingText:
+        _CountingText.copied[0] += len(self) + len(other)
+        return _CountingText(str.__add__(self, other))
+
+
+def test_ten_thousand_runs_of_one_stream_copy_its_text_once_not_once_a_run() -> None:
+    # a malicious server's record of 10,000 runs of stdout over its whole text: each run
+    # joined to the piece before made a 16 MiB stdout cost 46 s of the client's CPU
+    stdout = _CountingText("x" * 100_000)
+    runs = tuple((1, (index + 1) * 10) for index in range(10_000))
+    _CountingText.copied[0] = 0
+    pieces = interleave(stdout, "warn\n", runs)
+    assert pieces == [("stdout", stdout), ("stderr", "warn\n")]
+    assert _CountingText.copied[0] <= len(stdout)
