@@ -80,6 +80,13 @@ def crashing():
     os._exit(3)
 
 
+def a_long_run_then_a_switch():
+    sys.stdout.write("x" * (5 << 20))  # more than a poll reads of one stream at a time
+    print("err", file=sys.stderr)
+    print("out again")
+    return 1
+
+
 def spoiling_then_crashing():
     # the record in the progress slot, spoiled, then the worker dies: the answer reads it
     shared = sys.stdout.buffer._order.shared
@@ -261,6 +268,24 @@ def test_a_remote_function_replays_its_output_in_the_order_written(
     monkeypatch.setattr(sys, "stderr", screen)
     assert interleaved.remote() == 1
     assert screen.getvalue() == "a\nwarn\nb\n"
+
+
+def test_a_job_s_run_longer_than_one_read_still_leaves_before_the_switch_after_it(
+    client: Client,
+) -> None:
+    # a poll reads 4 MiB of a stream at most: the end of a job read one of its run, then
+    # drained stdout whole before stderr, so 'out again' came before 'err'
+    job = client.submit(program("a_long_run_then_a_switch"), output_limit_bytes=8 << 20)
+    pieces: list[tuple[str, str]] = []
+    for event in job.events():
+        if event.kind in ("stdout", "stderr"):
+            if pieces and pieces[-1][0] == event.kind:
+                pieces[-1] = (event.kind, pieces[-1][1] + event.text)
+            else:
+                pieces.append((event.kind, event.text))
+        if event.kind == "phase" and event.finished:
+            break
+    assert pieces == [("stdout", "x" * (5 << 20)), ("stderr", "err\n"), ("stdout", "out again\n")]
 
 
 # A job followed live while ONE call writes both streams: the worker writes each switch of

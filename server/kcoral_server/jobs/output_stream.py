@@ -253,7 +253,14 @@ class OutputTail:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._in_order(time.monotonic(), (None, None), MAX_RUNS, polling=False)
+        # a run longer than one read (``MAX_READ_BYTES``) stops short: read on until the
+        # runs are sent, or a read moves nothing (a run claiming bytes its file lacks)
+        while True:
+            before = [stream.offset for stream in self.streams]
+            if self._in_order(time.monotonic(), (None, None), MAX_RUNS, polling=False):
+                break
+            if [stream.offset for stream in self.streams] == before:
+                break
         for index in self._stream_order():
             self.streams[index].drain()
 
