@@ -29,6 +29,7 @@ from kcoral.errors import (
 from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
+from kcoral.run.gpu_wait import GpuWaitNotice
 from kcoral.run.inputs import LocalFileError, collect_inputs, sent_as
 from kcoral.run.mid_run import (
     LOST_JOB,
@@ -384,6 +385,7 @@ def execute(options: RunOptions, program: Any) -> Any:
         # printed nothing either: said only if no worker has taken the job after a moment.
         first_in_line = threading.Timer(WAITING_NOTICE_SECONDS, say, [WAITING_NOTICE])
         first_in_line.daemon = True
+        gpu_wait = GpuWaitNotice(options.gpu_count, say)
         options.submitted = options.job_queued = True
         try:
             queued_said = False
@@ -395,6 +397,8 @@ def execute(options: RunOptions, program: Any) -> Any:
                 elif not _is_queued(event.data):
                     first_in_line.cancel()  # assigned (or finished): no longer waiting
                     options.job_queued = False
+                    if event.kind == "phase" and isinstance(event.data, dict):
+                        gpu_wait.seen(event.data)
                 elif not queued_said and (ahead := _requests_ahead(event.data)):
                     # Said once: a wait behind others, which printed nothing, looked hung
                     # (team soak).
@@ -436,6 +440,7 @@ def execute(options: RunOptions, program: Any) -> Any:
             raise
         finally:
             first_in_line.cancel()
+            gpu_wait.cancel()
 
 
 #: How long a job first in line may wait for a worker before ``kcoral run`` says it waits.
