@@ -21,7 +21,7 @@ from kcoral_server.processes.progress_slot import ProgressSlot
 from live_output_order import follow, in_order_written, live_program
 from server_process import RunningServer, running_server
 
-from kcoral import Client, Program
+from kcoral import Client, Job, Program
 from kcoral.connection.negotiation import execute_body
 from kcoral.protocol.multipart import encode_multipart
 from kcoral.protocol.output_order import MAX_RUNS
@@ -107,6 +107,20 @@ def program(name: str) -> Program:
     fn = built.get_function(module=module, name=name)
     built.run(fn=fn)
     return built
+
+
+def output_events(job: Job) -> list[tuple[str, str]]:
+    """A job's stdout and stderr events until it finished, a piece per turn of stream."""
+    pieces: list[tuple[str, str]] = []
+    for event in job.events():
+        if event.kind in ("stdout", "stderr"):
+            if pieces and pieces[-1][0] == event.kind:
+                pieces[-1] = (event.kind, pieces[-1][1] + event.text)
+            else:
+                pieces.append((event.kind, event.text))
+        if event.kind == "phase" and event.finished:
+            break
+    return pieces
 
 
 @pytest.fixture(scope="module")
@@ -238,15 +252,7 @@ def test_the_server_lists_the_feature(client: Client) -> None:
 
 def test_a_job_s_output_events_come_in_the_order_written(client: Client) -> None:
     job = client.submit(program("interleaved"))
-    pieces: list[tuple[str, str]] = []
-    for event in job.events():
-        if event.kind in ("stdout", "stderr"):
-            if pieces and pieces[-1][0] == event.kind:
-                pieces[-1] = (event.kind, pieces[-1][1] + event.text)
-            else:
-                pieces.append((event.kind, event.text))
-        if event.kind == "phase" and event.finished:
-            break
+    pieces = output_events(job)
     assert pieces == job.result().output_in_order()
     assert [stream for stream, _ in pieces] == ["stdout", "stderr", "stdout", "stderr", "stdout"]
 
@@ -276,15 +282,7 @@ def test_a_job_s_run_longer_than_one_read_still_leaves_before_the_switch_after_i
     # a poll reads 4 MiB of a stream at most: the end of a job read one of its run, then
     # drained stdout whole before stderr, so 'out again' came before 'err'
     job = client.submit(program("a_long_run_then_a_switch"), output_limit_bytes=8 << 20)
-    pieces: list[tuple[str, str]] = []
-    for event in job.events():
-        if event.kind in ("stdout", "stderr"):
-            if pieces and pieces[-1][0] == event.kind:
-                pieces[-1] = (event.kind, pieces[-1][1] + event.text)
-            else:
-                pieces.append((event.kind, event.text))
-        if event.kind == "phase" and event.finished:
-            break
+    pieces = output_events(job)
     assert pieces == [("stdout", "x" * (5 << 20)), ("stderr", "err\n"), ("stdout", "out again\n")]
 
 
