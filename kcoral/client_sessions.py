@@ -8,11 +8,14 @@ The requests are flows of the client core (``kcoral.connection.transport.Flow``)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, cast
 
 from kcoral import base_client
 from kcoral.connection.transport import Flow, Request
@@ -33,6 +36,17 @@ if TYPE_CHECKING:
     from kcoral.results import ProgramResult
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+T = TypeVar("T")
+
+#: The start of a router's 503 ``no_node`` for a session it has not found yet, in its first
+#: seconds (ROUTER §13): answered before anything reached a node, so asking again is safe.
+NOT_FOUND_YET = "session not found yet"
+#: How long a session's request is asked again after that 503 (EXTENSIONS §11): a node
+#: reconnects to a restarted router within its back-off (1 s, doubling), so a restart of
+#: a few seconds is bridged; past this, the router's answer is raised.
+FIND_WAIT_SECONDS = 10.0
+#: A wait up to this long passes without a word; a longer one says what it waits for.
+QUIET_WAIT_SECONDS = 1.0
 
 
 def session_options(gpu_count: int | None, idle_timeout: float | None) -> dict[str, Any]:
@@ -114,6 +128,47 @@ def end_flow(session_id: str) -> Flow[dict[str, Any]]:
     return _record(200, response, "session record")
 
 
+def find_pause(exc: KCoralError, waited: float) -> float | None:
+    """Seconds to wait before a session's request is asked again after ``exc``, having
+    waited ``waited`` already; None: ``exc`` is raised (another answer, or the wait is up).
+    The router's ``Retry-After`` is honoured, within what is left of the wait."""
+    if (exc.status_code, exc.kind) != (503, "no_node") or not exc.message.startswith(NOT_FOUND_YET):
+        return None
+    left = FIND_WAIT_SECONDS - waited
+    if left <= 0:
+        return None
+    pause = 1.0 if exc.retry_after is None else exc.retry_after
+    return min(max(pause, 0.2), left)  # never a busy loop, never past the bound
+
+
+class FindWait:
+    """One session request's wait for a router that has not found the session yet."""
+
+    def __init__(self, session_id: str, say: Callable[[str], None] | None) -> None:
+        self.session_id = session_id
+        self.say = say or _to_stderr
+        self.started = time.monotonic()
+        self.said = False
+
+    def pause(self, exc: KCoralError) -> float | None:
+        """As ``find_pause``; the first wait that goes past ``QUIET_WAIT_SECONDS`` says so."""
+        waited = time.monotonic() - self.started
+        pause = find_pause(exc, waited)
+        if pause is not None and not self.said and waited + pause > QUIET_WAIT_SECONDS:
+            self.said = True
+            self.say(
+                f"session {self.session_id[:8]}: the router just started and has not found "
+                f"it yet (its node may be reconnecting); asking again for up to "
+                f"{FIND_WAIT_SECONDS:.0f} s"
+            )
+        return pause
+
+
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(f"kcoral: {line}\n")
+    sys.stderr.flush()
+
+
 def _check_id(session_id: object) -> str:
     """The session id of a server's record: 36 characters and one URL path segment (a
     server's '../jobs/...' would send the session's programs, and its end, to another route
@@ -136,6 +191,9 @@ class _SessionBase:
         self.id = _check_id(record.get("session_id"))
         self.record = record  # as last read from the server
         self.select: Selector = dict(select or {})
+        #: where a wait for a restarted router says what it waits for (one line); None:
+        #: stderr, as ``kcoral: <line>`` (the notebook shows it on the cell's status line)
+        self.on_wait: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r})"
@@ -204,16 +262,30 @@ class Session(_SessionBase):
     def execute(self, program: Program, **options: Any) -> ProgramResult:
         """Run ``program`` in the session (``Client.execute``'s options); ``KCoralError``
         kind ``session_ended`` (HTTP 410) once the session has ended, saying why."""
-        return self.client.run_flow(self._execute_flow(program, options))
+        return self._patiently(lambda: self._execute_flow(program, options))
 
     def submit(self, program: Program, **options: Any) -> Job:
         """Start ``program`` in the session as a job (``Client.submit``'s options)."""
-        job_id, request_id, blobs = self.client.run_flow(self._submit_flow(program, options))
+        job_id, request_id, blobs = self._patiently(lambda: self._submit_flow(program, options))
         return Job(self.client, job_id, request_id=request_id, known_blobs=blobs)
+
+    def _patiently(self, flow: Callable[[], Flow[T]]) -> T:
+        """Run a fresh ``flow()``, again while a restarted router has not found the session
+        (``FindWait``): a session's cell right after a router's restart failed with its
+        503 ``session not found yet`` for the second its node took to reconnect."""
+        wait = FindWait(self.id, self.on_wait)
+        while True:
+            try:
+                return self.client.run_flow(flow())
+            except KCoralError as exc:
+                pause = wait.pause(exc)
+                if pause is None:
+                    raise
+            time.sleep(pause)
 
     def info(self) -> dict[str, Any]:
         """The session's record (``GET /v1/sessions/{id}``)."""
-        self.record = self.client.run_flow(record_flow(self.id))
+        self.record = self._patiently(lambda: record_flow(self.id))
         return dict(self.record)
 
     def interrupt(self) -> dict[str, Any]:
@@ -221,13 +293,13 @@ class Session(_SessionBase):
         /v1/sessions/{id}/interrupt``); a program that stops within 5 s leaves the session
         and its state alone (EXTENSIONS §11). Also answers when nothing runs. Returns the
         session's record."""
-        self.record = self.client.run_flow(interrupt_flow(self.id))
+        self.record = self._patiently(lambda: interrupt_flow(self.id))
         return dict(self.record)
 
     def close(self) -> None:
         """End the session (its state is gone); a session already ended stays ended."""
         try:
-            self.record = self.client.run_flow(end_flow(self.id))
+            self.record = self._patiently(lambda: end_flow(self.id))
         except KCoralError as exc:
             # 404: dropped after it ended long ago; 410: a router lost its node (ended)
             if exc.status_code not in (404, 410):
@@ -260,6 +332,7 @@ class AsyncSession(_SessionBase):
         self.id = ""
         self.record: dict[str, Any] = {}
         self.select = dict(select or {})
+        self.on_wait = None
 
     async def start(self) -> AsyncSession:
         """Create the session on the server (``async with`` does this)."""
@@ -270,30 +343,43 @@ class AsyncSession(_SessionBase):
 
     async def execute(self, program: Program, **options: Any) -> ProgramResult:
         """As ``Session.execute``."""
-        return await self.client.run_flow(self._execute_flow(program, options))
+        return await self._patiently(lambda: self._execute_flow(program, options))
 
     async def submit(self, program: Program, **options: Any) -> AsyncJob:
         """As ``Session.submit``."""
-        flow = self._submit_flow(program, options)
-        job_id, request_id, blobs = await self.client.run_flow(flow)
+        submission = await self._patiently(lambda: self._submit_flow(program, options))
+        job_id, request_id, blobs = submission
         return AsyncJob(self.client, job_id, request_id=request_id, known_blobs=blobs)
+
+    async def _patiently(self, flow: Callable[[], Flow[T]]) -> T:
+        """As ``Session._patiently``, waiting without blocking the event loop."""
+        wait = FindWait(self.id, self.on_wait)
+        while True:
+            try:
+                running: Awaitable[T] = self.client.run_flow(flow())
+                return await running
+            except KCoralError as exc:
+                pause = wait.pause(exc)
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
 
     async def info(self) -> dict[str, Any]:
         self._path()
-        self.record = await self.client.run_flow(record_flow(self.id))
+        self.record = await self._patiently(lambda: record_flow(self.id))
         return dict(self.record)
 
     async def interrupt(self) -> dict[str, Any]:
         """As ``Session.interrupt``."""
         self._path()
-        self.record = await self.client.run_flow(interrupt_flow(self.id))
+        self.record = await self._patiently(lambda: interrupt_flow(self.id))
         return dict(self.record)
 
     async def close(self) -> None:
         if not self.id:
             return
         try:
-            self.record = await self.client.run_flow(end_flow(self.id))
+            self.record = await self._patiently(lambda: end_flow(self.id))
         except KCoralError as exc:
             if exc.status_code not in (404, 410):
                 raise

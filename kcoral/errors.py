@@ -58,6 +58,7 @@ class KCoralError(Exception):
         kind: str | None = None,
         request_id: str | None = None,
         output: PrintedOutput | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(status_code, message)
         self.status_code = status_code
@@ -65,6 +66,8 @@ class KCoralError(Exception):
         self.kind = kind
         self.request_id = request_id
         self.output = output
+        #: the answer's ``Retry-After`` in seconds (delta-seconds only), None without one
+        self.retry_after = retry_after
         #: what to do, said before the server's text (a 401's: where a token comes from;
         #: set by the client that made the request, which knows the URL and the token)
         self.hint = ""

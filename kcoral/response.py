@@ -76,8 +76,21 @@ def error_from_response(
             kind=kind if isinstance(kind, str) else None,
             request_id=request_id if isinstance(request_id, str) else header_request_id,
             output=printed_output(decoded) if status_code == 504 else None,
+            retry_after=retry_after_seconds(headers.get("Retry-After")),
         )
-    return KCoralError(status_code, f"HTTP {status_code}", request_id=header_request_id)
+    return KCoralError(
+        status_code,
+        f"HTTP {status_code}",
+        request_id=header_request_id,
+        retry_after=retry_after_seconds(headers.get("Retry-After")),
+    )
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` of delta-seconds (digits, at most 9 of them), else None (absent,
+    an HTTP date or anything else: the caller's own pause applies)."""
+    text = (value or "").strip()
+    return float(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
 
 
 def printed_output(body: Mapping[str, Any]) -> PrintedOutput | None:

@@ -190,6 +190,8 @@ def run_cell(
     """Run ``built.program``; return the result (``COMPLETED`` or ``FAILED``) or raise a
     cell exception for a request-level failure."""
     started = time.monotonic()
+    if isinstance(client, ClientSession):  # a restarted router's wait, on the status line
+        client.on_wait = reporter.phase
     try:
         if use_jobs:
             result = _run_as_job(client, built.program, options, reporter, record)
@@ -204,6 +206,8 @@ def run_cell(
         raise translate_error(exc, options, record.server) from None
     finally:
         record.wall_ms = (time.monotonic() - started) * 1000.0
+        if isinstance(client, ClientSession):
+            client.on_wait = None  # a later status read is no cell's: stderr
     if result.gpu_ids:
         record.gpu_ids = tuple(result.gpu_ids)
     return result

@@ -1,0 +1,54 @@
+"""What a session's user sees when the router in front of it restarts (SIGTERM, started
+again on its port, as systemd does) and the next program goes out at once: the restarted
+router answers 503 ``session not found yet`` (``Retry-After: 1``, ROUTER §13) until the
+session's node has reconnected, about a second, and the client asks again (EXTENSIONS §11).
+Before, that program failed with the 503 for what was a one-second wait. A real router and
+a real CPU node; ``test_router_restart_grace.py`` holds the same scene's other checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from router_helpers import Node, ready_nodes, stopping
+from test_router_restart_grace import (
+    NODE_ENV,
+    RECALL,
+    REMEMBER,
+    TOKEN,
+    free_port,
+    router_on,
+    session_call,
+)
+
+import kcoral
+from kcoral.client_sessions import FIND_WAIT_SECONDS
+
+pytestmark = pytest.mark.slow
+
+WAIT_LINE = (
+    "the router just started and has not found it yet (its node may be reconnecting); asking "
+    f"again for up to {FIND_WAIT_SECONDS:.0f} s"
+)
+
+
+def test_a_session_program_sent_right_after_a_router_restart_runs_once_its_node_is_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    router = router_on(tmp_path, port)
+    node = Node(tmp_path, router, "only", NODE_ENV)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        with kcoral.Client(router.url, token=TOKEN) as client:
+            session = client.session()
+            assert session.execute(session_call(REMEMBER, 41))["value"] == 41
+            router.stop()  # SIGTERM, then the same command on the same port
+            restarted = router_on(tmp_path, port)
+            with stopping(restarted, []):  # stopped however the block ends
+                # at once: its node has not reconnected yet
+                assert session.execute(session_call(RECALL))["value"] == 41
+                session.close()
+    # a wait past a moment says so, once, in one line (a shorter one says nothing)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kcoral:")]
+    assert said in ([], [f"kcoral: session {session.id[:8]}: {WAIT_LINE}"])
