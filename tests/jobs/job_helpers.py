@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,12 @@ def wait_until_it_waits_for_the_gpu(job: kcoral.Job, whose: str) -> None:
 
     threading.Thread(target=follow, daemon=True).start()
     wait_for(lambda: "lease_wait" in phases, f"{whose} job waiting for the GPU")
+
+
+def counts_by_gpu(url: str, histogram: str) -> dict[str, float]:
+    """``gpu`` label -> the ``_count`` of ``histogram`` that ``GET /metrics`` of ``url``
+    says."""
+    with urllib.request.urlopen(url + "/metrics") as answer:
+        text = answer.read().decode()
+    pattern = rf'^{histogram}_count\{{gpu="([^"]+)"\}} (\S+)$'
+    return {gpu: float(value) for gpu, value in re.findall(pattern, text, re.MULTILINE)}

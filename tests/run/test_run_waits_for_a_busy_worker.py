@@ -12,18 +12,16 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from notice_then_go import said_until_notice_then_go
 from server_process import running_server
 
 import kcoral
 
 pytestmark = pytest.mark.timeout(180)
 
-#: Only a bound for the old code, which never says it: the notice comes after about 1 s.
-GIVE_UP_SECONDS = 60.0
 NOTICE = "kcoral run: waiting for a free worker; the tool starts when one is free"
 
 
@@ -63,24 +61,7 @@ def test_a_run_waiting_for_the_only_busy_worker_says_so_and_then_runs(tmp_path: 
         held = client.submit(holder(), timeout_seconds=600)
         wait_until_it_holds_the_worker(held)
         run = start_kcoral_run(server.url, tmp_path)
-        give_up = threading.Timer(GIVE_UP_SECONDS, held.cancel)
-        give_up.start()
-        said = []
-        try:
-            assert run.stderr is not None
-            for line in run.stderr:
-                said.append(line.rstrip("\n"))
-                if line.rstrip("\n") == NOTICE:
-                    held.cancel()  # frees the worker: the run goes on
-                    break
-            out, err = run.communicate(timeout=120)
-        finally:
-            give_up.cancel()
-            held.cancel()
-            if run.poll() is None:
-                run.kill()
-                run.wait()
-        said += err.splitlines()
+        said, out = said_until_notice_then_go(run, NOTICE, held.cancel)
     assert said.count(NOTICE) == 1, said
     assert run.returncode == 0, said
     assert out == "ran\n"

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from holding_program import holding
+from notice_then_go import GIVE_UP_SECONDS, said_until_notice_then_go
 from server_process import running_server
 
 import kcoral
@@ -21,8 +21,6 @@ pytestmark = pytest.mark.timeout(180)
 
 NOTICE = "kcoral run: waiting its turn for 2 GPUs; the tool starts when they are free"
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
-#: Only a bound for the old code, which never says it: the notice comes after about 1 s.
-GIVE_UP_SECONDS = 60.0
 
 
 def test_a_gpus_2_run_waiting_for_a_held_gpu_says_so_once_and_then_runs(tmp_path: Path) -> None:
@@ -44,24 +42,7 @@ def test_a_gpus_2_run_waiting_for_a_held_gpu_says_so_once_and_then_runs(tmp_path
             text=True,
             cwd=tmp_path,
         )
-        give_up = threading.Timer(GIVE_UP_SECONDS, go.touch)
-        give_up.start()
-        said = []
-        try:
-            assert run.stderr is not None
-            for line in run.stderr:
-                said.append(line.rstrip("\n"))
-                if line.rstrip("\n") == NOTICE:
-                    go.touch()  # frees GPU 0: the run goes on
-                    break
-            out, err = run.communicate(timeout=120)
-        finally:
-            give_up.cancel()
-            go.touch()
-            if run.poll() is None:
-                run.kill()
-                run.wait()
-        said += err.splitlines()
+        said, out = said_until_notice_then_go(run, NOTICE, go.touch)  # frees GPU 0
         assert held.result(timeout=60)["r"] == 1
     assert said.count(NOTICE) == 1, said
     assert run.returncode == 0, said
