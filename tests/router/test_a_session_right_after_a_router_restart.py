@@ -10,13 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from router_helpers import Node, ready_nodes, stopping
+from router_helpers import router_with_a_node, stopping
 from test_router_restart_grace import (
     NODE_ENV,
     RECALL,
     REMEMBER,
     TOKEN,
-    free_port,
     router_on,
     session_call,
 )
@@ -35,16 +34,12 @@ WAIT_LINE = (
 def test_a_session_program_sent_right_after_a_router_restart_runs_once_its_node_is_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    port = free_port()
-    router = router_on(tmp_path, port)
-    node = Node(tmp_path, router, "only", NODE_ENV)
-    with stopping(router, [node]):
-        ready_nodes(router, 1)
+    with router_with_a_node(tmp_path, f"alice {TOKEN}\n", NODE_ENV) as router:
         with kcoral.Client(router.url, token=TOKEN) as client:
             session = client.session()
             assert session.execute(session_call(REMEMBER, 41))["value"] == 41
             router.stop()  # SIGTERM, then the same command on the same port
-            restarted = router_on(tmp_path, port)
+            restarted = router_on(tmp_path, router.port)
             with stopping(restarted, []):  # stopped however the block ends
                 # at once: its node has not reconnected yet
                 assert session.execute(session_call(RECALL))["value"] == 41
