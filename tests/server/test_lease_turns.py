@@ -21,7 +21,7 @@ class Queue:
         self.served: list[str] = []
         self.tasks: list[asyncio.Task] = []
 
-    async def add(self, owner: str, identity: str, **wanted) -> None:
+    async def add(self, owner: str, identity: str | None, **wanted) -> None:
         async def take() -> None:
             await self.arbiter.acquire(owner, identity=identity, request_id=owner, **wanted)
             self.served.append(owner)
@@ -92,3 +92,21 @@ def test_one_identitys_waiters_are_served_in_arrival_order() -> None:
         return await waiters.all_served()
 
     assert asyncio.run(scenario()) == ["set", "one", "zero"]
+
+
+def test_worker_start_ups_take_turns_as_one_more_identity() -> None:
+    async def scenario() -> list[str]:
+        arbiter = LeaseArbiter([0])
+        await arbiter.acquire("first", [0], identity="alice")
+        waiters = Queue(arbiter)
+        for owner, identity in [
+            ("alice-0", "alice"),
+            ("alice-1", "alice"),
+            ("start-up-0", None),  # a worker's CUDA start, of no request
+            ("start-up-1", None),
+        ]:
+            await waiters.add(owner, identity, gpus=[0])
+        arbiter.release("first")
+        return await waiters.all_served()
+
+    assert asyncio.run(scenario()) == ["alice-0", "start-up-0", "alice-1", "start-up-1"]
