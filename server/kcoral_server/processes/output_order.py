@@ -5,9 +5,10 @@ not how the two interleaved. The worker's ``sys.stdout``/``sys.stderr`` therefor
 switch from one stream to the other as a *run*: ``(stream, end)``, the stream (1 stdout,
 2 stderr) and its file's size when the other stream took over, i.e. every byte of it written
 until then, Python's and (between two of Python's writes) native ones alike. The worker
-sends its runs so far in an ``OutputOrder`` frame before each instruction where they changed
-and once more before ``ProgramFinished``, only once the program wrote to both streams, so a
-program that prints to one stream (or nothing) costs nothing.
+sends its runs in an ``OutputOrder`` frame before ``ProgramFinished`` (and, without a
+progress slot, which holds each switch as it happens, before each instruction where they
+changed), only once the program wrote to both streams, so a program that prints to one
+stream (or nothing) costs nothing.
 
 Who reaches the frame: the program, which runs in the worker and can send any runs. The
 front-end reads them by the client's rule (``kcoral.protocol.output_order.runs_of``: a

@@ -311,8 +311,11 @@ class ProgramExecution:
 
     def _report_output_order(self) -> None:
         """How stdout and stderr interleaved so far, where that changed and both were
-        written (EXTENSIONS §16): before an instruction's frame, whose phase lets out the
-        output written before it in this order; and kept by the front-end if we crash."""
+        written (EXTENSIONS §16): once before ``ProgramFinished``; and, for a worker without
+        a progress slot, before each instruction's frame, whose phase lets out the output
+        written before it in this order, kept by the front-end if we crash. Not per
+        instruction with a slot: each frame holds every run so far, so a program of many
+        instructions writing both streams sent a quadratic amount of them."""
         if self.capture is None:
             return
         try:
@@ -352,7 +355,10 @@ class ProgramExecution:
             previous, self.last = self.last, where
             if self.progress is not None:
                 self.progress.started(where.index)
-            self._report_output_order()
+            else:
+                # the slot holds each switch of stream as it happens; without one, the runs
+                # so far go before the instruction's frame, for its phase and a crash
+                self._report_output_order()
             if self.report_instructions:
                 self.channel.send(
                     InstructionStarted(where.index, where.op, where.id, self._output_sizes())

@@ -6,7 +6,10 @@ that wrote to one stream only. A real worker process (``worker_harness``)."""
 from __future__ import annotations
 
 from kcoral_server.processes.output_order import OutputOrder
+from kcoral_server.processes.progress_slot import ProgressSlot
 from worker_harness import call, function, module
+
+from kcoral.protocol.output_order import MAX_RUNS
 
 SOURCE = """
 import os, sys
@@ -38,3 +41,22 @@ def test_a_program_writing_one_stream_sends_no_record(shared_worker) -> None:
     result = shared_worker.run([module("m", SOURCE), function("f", "m", "quiet"), call("r", "f")])
     assert result.finished.status == "COMPLETED", result.error
     assert not any(isinstance(message, OutputOrder) for message in result.messages)
+
+
+def test_a_worker_with_a_progress_slot_sends_its_record_once_not_per_instruction(
+    start_worker,
+) -> None:
+    # each frame holds every run so far: one per instruction made a program of many calls
+    # writing both streams send (and the front-end's event loop read) a quadratic amount
+    worker = start_worker()
+    slot, fd = ProgressSlot.create()
+    calls = [call(f"r{index}", "f") for index in range(5)]
+    result = worker.run([module("m", SOURCE), function("f", "m", "mixed"), *calls], progress_fd=fd)
+    assert result.finished.status == "COMPLETED", result.error
+    frames = [message for message in result.messages if isinstance(message, OutputOrder)]
+    assert len(frames) == 1
+    # the slot holds each switch as it happened, the frame the whole record at the end
+    switches = slot.runs_since(0, MAX_RUNS)
+    assert len(switches) == 5 * 2  # out, err, out again: two switches a call
+    assert [tuple(run) for run in frames[0].runs] == [*switches, (1, 5 * 15)]
+    slot.close()

@@ -101,7 +101,10 @@ class Worker:
         capture: bool = True,
         max_response_bytes: int = 268435456,
         expect_ready: bool | None = None,
+        progress_fd: int | None = None,
     ) -> Result:
+        """Run ``instructions``; ``progress_fd``: a progress slot's memfd
+        (``ProgressSlot.create``), sent with the program and closed, as the front-end does."""
         import json
 
         self.runs += 1
@@ -121,6 +124,10 @@ class Worker:
                 slices.append(BlobSlice(sha256=sha, fd_index=0, offset=offset, length=len(data)))
                 offset += len(data)
             fds.append(fd)
+        progress_index = None
+        if progress_fd is not None:
+            progress_index = len(fds)
+            fds.append(progress_fd)
         request = RunProgram(
             request_id=f"req-{self.runs}",
             program_json=json.dumps({"instructions": instructions}),
@@ -129,6 +136,7 @@ class Worker:
             stderr_path=str(err) if capture else None,
             blobs=slices,
             max_response_bytes=max_response_bytes,
+            progress_fd=progress_index,
         )
         self.channel.send(request, fds)
         for fd in fds:
