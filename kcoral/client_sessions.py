@@ -338,7 +338,9 @@ class AsyncSession(_SessionBase):
         """Create the session on the server (``async with`` does this)."""
         if not self.id:
             record = await self.client.run_flow(create_flow(self._body, self.select))
+            on_wait = self.on_wait  # set before the start: kept
             super().__init__(self.client, record, self.select)
+            self.on_wait = on_wait
         return self
 
     async def execute(self, program: Program, **options: Any) -> ProgramResult:

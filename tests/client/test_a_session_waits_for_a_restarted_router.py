@@ -96,14 +96,18 @@ def test_any_other_503_is_raised_at_once(kind: str, message: str) -> None:
 
 
 def test_an_async_session_asks_again_too() -> None:
-    transport = MockTransport(server([refusal("no_node", NOT_YET) for _ in range(2)]))
+    transport = MockTransport(server([refusal("no_node", NOT_YET, "1") for _ in range(2)]))
+
+    said: list[str] = []
 
     async def scenario() -> dict[str, object]:
         async with AsyncClient(URL, transport=transport) as client:
-            async with client.session() as session:
-                session.on_wait = lambda line: None
+            session = client.session()
+            session.on_wait = said.append  # before the start, as after it
+            async with session:
                 return await session.info()
 
     assert asyncio.run(scenario())["state"] == "IDLE"
+    assert len(said) == 1 and said[0].startswith(f"session {SESSION_ID[:8]}: the router just")
     sent = [(request.method, request.path) for request in transport.requests]
     assert sent.count(("GET", f"/v1/sessions/{SESSION_ID}")) == 3  # twice refused, then read
