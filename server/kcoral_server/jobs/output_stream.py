@@ -189,9 +189,8 @@ class OutputTail:
         phase happened, when the worker said them: an instruction's frame is read while the
         program runs on, and the lines its instruction wrote must not precede its phase."""
         bounds = upto or self._sizes()
-        now = time.monotonic()
-        self._in_order(now, bounds, MAX_RUNS, polling=False)
-        self._rest(now, bounds)  # all written before the phase, whatever run it is in
+        self._all_in_order(bounds)
+        self._rest(time.monotonic(), bounds)  # all written before the phase, whatever run
 
     def _record_has_runs(self) -> bool:
         return self.record is not None and bool(self.record.runs_since(self._record_read, 1))
@@ -226,6 +225,18 @@ class OutputTail:
                 return False
         return True
 
+    def _all_in_order(self, bounds: tuple[int | None, int | None]) -> None:
+        """``_in_order`` of every run, none past ``bounds``: a run longer than one read
+        (``MAX_READ_BYTES``) stops short, so read on until the runs are sent or a read moves
+        nothing (a bound reached, or a run claiming bytes its file lacks). Only at a phase
+        and at the end, before which all that was written must leave."""
+        while True:
+            before = [stream.offset for stream in self.streams]
+            if self._in_order(time.monotonic(), bounds, MAX_RUNS, polling=False):
+                return
+            if [stream.offset for stream in self.streams] == before:
+                return
+
     def _emit_run(
         self, now: float, stream: int, end: int, bounds: tuple[int | None, int | None]
     ) -> bool:
@@ -253,14 +264,7 @@ class OutputTail:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        # a run longer than one read (``MAX_READ_BYTES``) stops short: read on until the
-        # runs are sent, or a read moves nothing (a run claiming bytes its file lacks)
-        while True:
-            before = [stream.offset for stream in self.streams]
-            if self._in_order(time.monotonic(), (None, None), MAX_RUNS, polling=False):
-                break
-            if [stream.offset for stream in self.streams] == before:
-                break
+        self._all_in_order((None, None))
         for index in self._stream_order():
             self.streams[index].drain()
 
