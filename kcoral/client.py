@@ -14,14 +14,14 @@ from typing import Any, ClassVar, Literal, TypeVar, cast
 from kcoral.base_client import BaseClient
 from kcoral.client_sessions import (
     Session,
+    attach,
     create_flow,
     list_flow,
-    record_flow,
     session_options,
 )
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.transport import Flow, Response, Transport
-from kcoral.jobs import Job, JobList, check_path_id
+from kcoral.jobs import Job, JobList
 from kcoral.program import Program
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.results import ProgramResult
@@ -175,8 +175,9 @@ class Client(BaseClient):
         return Session(self, self.run_flow(create_flow(body, selector)), selector)
 
     def attach_session(self, session_id: str) -> Session:
-        """An existing session of this caller, by id (read from the server)."""
-        return Session(self, self.run_flow(record_flow(check_path_id(session_id, "session"))))
+        """An existing session of this caller, by id (read from the server; asked again
+        while a restarted router has not found it yet, as its requests are)."""
+        return attach(self, session_id)
 
     def sessions(self) -> list[dict[str, Any]]:
         """``GET /v1/sessions`` (EXTENSIONS §11): the caller's session records, live and

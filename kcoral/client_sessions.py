@@ -164,6 +164,34 @@ class FindWait:
         return pause
 
 
+def run_patiently(
+    client: Client,
+    session_id: str,
+    on_wait: Callable[[str], None] | None,
+    flow: Callable[[], Flow[T]],
+) -> T:
+    """Run a fresh ``flow()``, again while a restarted router has not found session
+    ``session_id`` (``FindWait``): a session's cell, or its attach, right after a router's
+    restart failed with its 503 ``session not found yet`` for the second its node took to
+    reconnect."""
+    wait = FindWait(session_id, on_wait)
+    while True:
+        try:
+            return client.run_flow(flow())
+        except KCoralError as exc:
+            pause = wait.pause(exc)
+            if pause is None:
+                raise
+        time.sleep(pause)
+
+
+def attach(client: Client, session_id: str) -> Session:
+    """``Client.attach_session``: the session's record is read as its requests are, asking
+    again while a restarted router has not found it (EXTENSIONS §11)."""
+    checked = check_path_id(session_id, "session")
+    return Session(client, run_patiently(client, checked, None, lambda: record_flow(checked)))
+
+
 def _to_stderr(line: str) -> None:
     sys.stderr.write(f"kcoral: {line}\n")
     sys.stderr.flush()
@@ -270,18 +298,8 @@ class Session(_SessionBase):
         return Job(self.client, job_id, request_id=request_id, known_blobs=blobs)
 
     def _patiently(self, flow: Callable[[], Flow[T]]) -> T:
-        """Run a fresh ``flow()``, again while a restarted router has not found the session
-        (``FindWait``): a session's cell right after a router's restart failed with its
-        503 ``session not found yet`` for the second its node took to reconnect."""
-        wait = FindWait(self.id, self.on_wait)
-        while True:
-            try:
-                return self.client.run_flow(flow())
-            except KCoralError as exc:
-                pause = wait.pause(exc)
-                if pause is None:
-                    raise
-            time.sleep(pause)
+        """``run_patiently`` for this session."""
+        return run_patiently(self.client, self.id, self.on_wait, flow)
 
     def info(self) -> dict[str, Any]:
         """The session's record (``GET /v1/sessions/{id}``)."""

@@ -111,3 +111,25 @@ def test_an_async_session_asks_again_too() -> None:
     assert len(said) == 1 and said[0].startswith(f"session {SESSION_ID[:8]}: the router just")
     sent = [(request.method, request.path) for request in transport.requests]
     assert sent.count(("GET", f"/v1/sessions/{SESSION_ID}")) == 3  # twice refused, then read
+
+
+def test_attaching_to_a_session_asks_again_too(capsys: pytest.CaptureFixture[str]) -> None:
+    transport = MockTransport(server([refusal("no_node", NOT_YET, "1") for _ in range(2)]))
+    session = Client(URL, transport=transport).attach_session(SESSION_ID)
+    assert (session.id, session.record["state"]) == (SESSION_ID, "IDLE")
+    assert (
+        capsys.readouterr().err
+        == (  # the wait passed a moment: one line says why
+            f"kcoral: session {SESSION_ID[:8]}: the router just started and has not found it yet "
+            "(its node may be reconnecting); asking again for up to 10 s\n"
+        )
+    )
+    assert len(transport.requests) == 3  # twice refused, then read
+
+
+def test_attaching_raises_any_other_503_at_once() -> None:
+    transport = MockTransport(server([refusal("no_node", "the router is shutting down")]))
+    with pytest.raises(KCoralError) as refused:
+        Client(URL, transport=transport).attach_session(SESSION_ID)
+    assert refused.value.message == "the router is shutting down"
+    assert len(transport.requests) == 1

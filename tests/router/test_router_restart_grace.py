@@ -16,6 +16,7 @@ from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopp
 from server_process import client_token_file
 
 import kcoral
+from kcoral.client_sessions import record_flow
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +151,8 @@ def test_a_session_keeps_its_state_through_a_restarting_router(tmp_path: Path) -
             restarted = router_on(tmp_path, port)
             with stopping(restarted, []):  # stopped however the block ends
                 with pytest.raises(kcoral.KCoralError) as early:  # inside the grace: not 404
-                    client.attach_session(UNKNOWN_JOB)
+                    # the router's own answer: attach_session would ask again (EXTENSIONS §11)
+                    client.run_flow(record_flow(UNKNOWN_JOB))
                 ready_nodes(restarted, 1)
                 known_again(client, session.id)
                 assert session.execute(session_call(RECALL))["value"] == 41
