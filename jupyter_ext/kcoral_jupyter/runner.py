@@ -57,6 +57,34 @@ class Reporter(Protocol):
 
     def stderr(self, text: str) -> None: ...
 
+    def note(self, text: str) -> None:
+        """A note of the extension's, on a line of its own after the cell's output."""
+
+
+class CutStreams(Protocol):
+    """What says which streams the output limit cut: a result, or a timeout's prints."""
+
+    @property
+    def stdout_truncated(self) -> bool: ...
+
+    @property
+    def stderr_truncated(self) -> bool: ...
+
+
+def truncation_note(output: CutStreams, limit: int | None) -> str:
+    """What the streams the output limit cut say ("" for none): the limit and how to move
+    it, in one note for both (two ~200-character notes said the same)."""
+    cut = [name for name in ("stdout", "stderr") if getattr(output, f"{name}_truncated")]
+    if not cut:
+        return ""
+    said = f"{limit} bytes" if limit is not None else "the server's default"
+    streams = " and ".join(cut) + (" were" if len(cut) == 2 else " was")
+    return (
+        f"[kcoral: {streams} truncated at the output limit ({said} per stream); raise it "
+        "with --output-limit BYTES or %config KCoral.output_limit = BYTES (the server caps "
+        "it at its max_output_limit_bytes, see %kcoral status)]\n"
+    )
+
 
 @dataclass(frozen=True)
 class ExecuteOptions:
@@ -203,6 +231,9 @@ def run_cell(
             # what the cell printed before its deadline (EXTENSIONS §15), then the error
             reporter.stdout(exc.output.stdout)
             reporter.stderr(exc.output.stderr)
+            note = truncation_note(exc.output, record.output_limit_bytes)
+            if note:  # as a finished cell's: the server cut what it printed
+                reporter.note(note)
         raise translate_error(exc, options, record.server) from None
     finally:
         record.wall_ms = (time.monotonic() - started) * 1000.0

@@ -60,3 +60,33 @@ def test_a_timed_out_cell_shows_its_prints_then_the_timeout(
     assert [o.text for o in remote.outputs if o.output_type == "stream"] == ["remote step 1\n"]
     assert remote.outputs[-1].output_type == "error"
     assert "deadline of 2 s" in remote.outputs[-1].evalue
+
+
+CUT_CELL = """%%kcoral --timeout 2 --output-limit 100
+import time
+print("x" * 1000, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_timed_out_cell_whose_prints_the_server_cut_says_so_as_a_finished_one_does(
+    cpu_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    sources = [
+        "%load_ext kcoral",
+        f"%kcoral connect {cpu_server_url}",
+        "%config KCoral.use_jobs = False",  # the 504 carries the prints
+        CUT_CELL,
+    ]
+    cell = executed(sources, tmp_path).cells[3]
+    stderr = "".join(
+        o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"
+    )
+    assert (
+        "[kcoral: stdout was truncated at the output limit (100 bytes per stream); raise it "
+        "with --output-limit BYTES"
+    ) in stderr, shown(cell)
+    assert cell.outputs[-1].output_type == "error", shown(cell)
+    assert "ran past its execution deadline" in cell.outputs[-1].evalue

@@ -52,6 +52,7 @@ from kcoral_jupyter.runner import (
     missing_input_hint,
     run_cell,
     translate_error,
+    truncation_note,
 )
 from kcoral_jupyter.settings import KCoral
 
@@ -380,21 +381,6 @@ def waits_for(select: str | None, facts: ServerFacts) -> str | None:
     if select is not None:
         return select
     return f"gpu={facts.default_kind}" if facts.default_kind else None
-
-
-def truncation_note(result: ProgramResult, limit: int | None) -> str:
-    """What the streams the output limit cut say ("" for none): the limit and how to move
-    it, in one note for both (two ~200-character notes said the same)."""
-    cut = [name for name in ("stdout", "stderr") if getattr(result, f"{name}_truncated")]
-    if not cut:
-        return ""
-    said = f"{limit} bytes" if limit is not None else "the server's default"
-    streams = " and ".join(cut) + (" were" if len(cut) == 2 else " was")
-    return (
-        f"[kcoral: {streams} truncated at the output limit ({said} per stream); raise it "
-        "with --output-limit BYTES or %config KCoral.output_limit = BYTES (the server caps "
-        "it at its max_output_limit_bytes, see %kcoral status)]\n"
-    )
 
 
 def cell_limits(args: argparse.Namespace, settings: KCoral) -> tuple[float | None, int | None]:
