@@ -18,13 +18,14 @@ JSON cannot carry, gets a note saying so, and what to do.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import linecache
 import re
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, TextIO, TypeAlias
 
 from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import KCoralError, PrintedOutput, RemoteExecutionError
@@ -107,12 +108,15 @@ def show_output(result: ProgramResult | PrintedOutput) -> None:
     screens: dict[str, TerminalFilter] = {}
     last: dict[str, str] = {}  # each stream's last piece written
     for name, text in interleave(result.stdout, result.stderr, order):
-        stream = getattr(sys, name)
-        if stream is None:  # pythonw and the like have no streams
+        stream = _open_stream(name)
+        if stream is None:
             continue
-        other = getattr(sys, "stderr" if name == "stdout" else "stdout")
+        other = _open_stream("stderr" if name == "stdout" else "stdout")
         if other is not None and other is not stream:
-            other.flush()  # its piece before this one, where a terminal shows both
+            # its piece before this one, where a terminal shows both; only an ordering
+            # courtesy: a stream that cannot flush must not cost the call its result
+            with contextlib.suppress(ValueError, OSError):
+                other.flush()
         # a lone surrogate failed the write: the call raised instead of returning
         text = utf8_writable(text)
         if is_terminal(stream):
@@ -121,7 +125,7 @@ def show_output(result: ProgramResult | PrintedOutput) -> None:
         stream.write(text)
         last[name] = text
     for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
+        stream = _open_stream(name)
         if stream is None:
             continue
         if name in screens:
@@ -135,6 +139,16 @@ def show_output(result: ProgramResult | PrintedOutput) -> None:
                 + f"[kcoral: the remote {name} was cut at the output limit; raise it with "
                 "@client.function(output_limit_bytes=...)]\n"
             )
+
+
+def _open_stream(name: str) -> TextIO | None:
+    """``sys.stdout`` or ``sys.stderr`` where it can be written: None where there is none
+    (pythonw and the like) or the caller closed it (or put a closed file there), whose
+    write raised ``ValueError`` out of ``.remote()`` and lost the call's result."""
+    stream: TextIO | None = getattr(sys, name)
+    if stream is None or getattr(stream, "closed", False):
+        return None
+    return stream
 
 
 def show_printed(error: KCoralError) -> None:

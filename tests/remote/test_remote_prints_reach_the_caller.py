@@ -7,11 +7,14 @@ added to debug a remote function showed nothing.
 from __future__ import annotations
 
 import asyncio
+import io
+import sys
 
 import pytest
 
 import kcoral
-from kcoral.errors import RemoteExecutionError
+from kcoral.errors import PrintedOutput, RemoteExecutionError
+from kcoral.remote.report import show_output
 
 
 def chatty(n):
@@ -104,3 +107,31 @@ def test_a_failures_note_drops_the_escapes_a_server_could_use_on_a_terminal(clie
         client.function()(raises_escapes).remote()
     note = "\n".join(getattr(caught.value, "__notes__", []))
     assert "ValueError: boom \x1b[31mred\x1b[0m" in note and "\x1b]52" not in note, note
+
+
+def closed_file() -> io.StringIO:
+    closed = io.StringIO()
+    closed.close()
+    return closed
+
+
+@pytest.mark.parametrize("closed_name", ["stdout", "stderr"])
+def test_a_closed_stream_of_the_callers_loses_nothing_the_other_can_show(
+    monkeypatch: pytest.MonkeyPatch, closed_name: str
+) -> None:
+    open_name = "stderr" if closed_name == "stdout" else "stdout"
+    still_open = io.StringIO()
+    monkeypatch.setattr(sys, closed_name, closed_file())
+    monkeypatch.setattr(sys, open_name, still_open)
+    show_output(PrintedOutput("out\n", "err\n", stdout_truncated=True, stderr_truncated=True))
+    shown = still_open.getvalue()
+    printed = {"stdout": "out", "stderr": "err"}[open_name]
+    assert shown.startswith(f"{printed}\n[kcoral: the remote {open_name} was cut"), shown
+
+
+def test_a_call_whose_caller_closed_stderr_still_returns_its_value(
+    client: kcoral.Client, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stderr", closed_file())
+    assert client.function()(chatty).remote(4) == 4
+    assert capsys.readouterr().out == "out 4\n"
