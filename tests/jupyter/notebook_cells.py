@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 
@@ -36,3 +37,11 @@ def executed(sources: list[str], directory: Path, *, timeout: int = 120) -> Any:
         resources={"metadata": {"path": directory}},
     ).execute()
     return notebook
+
+
+def connected_cells(url: str, monkeypatch: pytest.MonkeyPatch, *cells: str) -> list[str]:
+    """A notebook's sources: the extension loaded (cell 0) and connected to ``url`` (cell 1),
+    then ``cells``; the kernel inherits no ``KCORAL_URL`` or ``KCORAL_TOKEN`` of the run's."""
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    return ["%load_ext kcoral", f"%kcoral connect {url}", *cells]

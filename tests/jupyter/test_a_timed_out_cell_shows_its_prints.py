@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from notebook_cells import executed, shown
+from notebook_cells import connected_cells, executed, shown
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,15 +39,13 @@ hangs.remote()
 def test_a_timed_out_cell_shows_its_prints_then_the_timeout(
     cpu_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_jobs: bool
 ) -> None:
-    monkeypatch.delenv("KCORAL_URL", raising=False)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    sources = [
-        "%load_ext kcoral",
-        f"%kcoral connect {cpu_server_url}",
+    sources = connected_cells(
+        cpu_server_url,
+        monkeypatch,
         f"%config KCoral.use_jobs = {use_jobs}",
         CELL,
         REMOTE.format(url=cpu_server_url),
-    ]
+    )
     notebook = executed(sources, tmp_path)
     cell = notebook.cells[3]
     streams = [(o.name, o.text) for o in cell.outputs if o.output_type == "stream"]
@@ -72,14 +70,12 @@ time.sleep(60)
 def test_a_timed_out_cell_whose_prints_the_server_cut_says_so_as_a_finished_one_does(
     cpu_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("KCORAL_URL", raising=False)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    sources = [
-        "%load_ext kcoral",
-        f"%kcoral connect {cpu_server_url}",
+    sources = connected_cells(
+        cpu_server_url,
+        monkeypatch,
         "%config KCoral.use_jobs = False",  # the 504 carries the prints
         CUT_CELL,
-    ]
+    )
     cell = executed(sources, tmp_path).cells[3]
     stderr = "".join(
         o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"

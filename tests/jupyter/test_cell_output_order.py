@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from notebook_cells import executed
+from notebook_cells import connected_cells, executed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -59,14 +59,9 @@ def streams(cell: Any) -> list[tuple[str, str]]:
 def test_a_cell_and_a_remote_function_show_output_in_the_order_written(
     cpu_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("KCORAL_URL", raising=False)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    sources = [
-        "%load_ext kcoral",
-        f"%kcoral connect {cpu_server_url}",
-        "%%kcoral" + PROGRAM,
-        REMOTE.format(url=cpu_server_url),
-    ]
+    sources = connected_cells(
+        cpu_server_url, monkeypatch, "%%kcoral" + PROGRAM, REMOTE.format(url=cpu_server_url)
+    )
     notebook = executed(sources, tmp_path)
     cell = streams(notebook.cells[2])
     assert [name for name, _ in cell] == [
@@ -100,9 +95,7 @@ def test_a_long_cell_shows_its_output_in_the_order_written_while_it_runs(
 ) -> None:
     # one call writes both streams within one poll, then sleeps: the live display showed
     # "out 0", "out 0 again", then "err 0", and kept it so
-    monkeypatch.delenv("KCORAL_URL", raising=False)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
-    sources = ["%load_ext kcoral", f"%kcoral connect {cpu_server_url}", "%%kcoral" + LONG_CELL]
+    sources = connected_cells(cpu_server_url, monkeypatch, "%%kcoral" + LONG_CELL)
     assert streams(executed(sources, tmp_path).cells[2]) == [
         ("stdout", "out 0\n"),
         ("stderr", "err 0\n"),
