@@ -112,6 +112,14 @@ class _WaitingRoom:
         identities = self.identities()
         return identities is not None and identities >= 2
 
+    def _queue_place(self, identity: str) -> asyncio.Future[Lease]:
+        """The future of a request about to wait, in either waiting room: ``RouterBusy``
+        where the queue is full, or ``identity`` holds its share of it (``_check_share``)."""
+        if self.waiting >= self.max_queued:
+            raise RouterBusy
+        self._check_share(identity)
+        return asyncio.get_running_loop().create_future()
+
     def _check_share(self, identity: str) -> None:
         """Who can reach the queue: every client-token holder, one connection per waiting
         request. Its bound was shared: one identity's requests filled it and every other
@@ -174,10 +182,7 @@ class Admission(_WaitingRoom):
             lease = self.registry.select(affinity, request_id, selector, gpu_count)
             if lease is not None:
                 return lease
-        if self.waiting >= self.max_queued:
-            raise RouterBusy
-        self._check_share(identity)
-        future = asyncio.get_running_loop().create_future()
+        future = self._queue_place(identity)
         selector = dict(selector or {})
         waiter = _Waiter(affinity, request_id, future, selector, identity=identity)
         waiter.gpu_count = gpu_count
@@ -278,10 +283,7 @@ class ControlAdmission(_WaitingRoom):
         lease = self.registry.select_control(node_id, request_id, long)
         if lease is not None:
             return lease
-        if self.waiting >= self.max_queued:
-            raise RouterBusy
-        self._check_share(identity)
-        future = asyncio.get_running_loop().create_future()
+        future = self._queue_place(identity)
         waiter = _Waiter(node_id, request_id, future, long=long, identity=identity)
         self._waiters.append(waiter)
         wait = self.wait_timeout if timeout is None else min(timeout, self.wait_timeout)
