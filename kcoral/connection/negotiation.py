@@ -20,6 +20,7 @@ from kcoral.protocol.headers import (
     NODE_HEADER,
     SERIALIZATION_FORMATS,
     SERIALIZATION_HEADER,
+    TIMEOUT_OUTPUT_HEADER,
     node_preference,
 )
 from kcoral.protocol.multipart import encode_multipart
@@ -38,6 +39,7 @@ _OWN_HEADERS = frozenset(
         NODE_HEADER.lower(),
         SELECT_HEADER.lower(),
         OUTPUT_ORDER_HEADER.lower(),
+        TIMEOUT_OUTPUT_HEADER.lower(),
     }
 )
 
@@ -170,5 +172,7 @@ class ExecuteNegotiation:
         # the true order of the program's stdout and stderr (EXTENSIONS §16); a server
         # that does not know the header answers as it always did
         headers[OUTPUT_ORDER_HEADER] = "1"
+        # what a program past its deadline printed, in its 504 (EXTENSIONS §15)
+        headers[TIMEOUT_OUTPUT_HEADER] = "1"
         headers["Content-Type"] = content_type
         return Attempt(self._attempts, headers, chunks, length)

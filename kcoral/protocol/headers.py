@@ -12,6 +12,9 @@ SERIALIZATION_HEADER = "X-KCoral-Serialization"
 #: ``POST /v1/jobs``: cancel the job once no event stream has followed it for this many
 #: seconds (EXTENSIONS.md §5)
 CANCEL_UNFOLLOWED_HEADER = "X-KCoral-Cancel-Unfollowed"
+#: ``POST /execute``: ``1`` asks that a 504 ``timeout`` carry what the program printed
+#: (EXTENSIONS.md §15); without it the body is PROTOCOL §7.4's exact three fields
+TIMEOUT_OUTPUT_HEADER = "X-KCoral-Timeout-Output"
 #: Its values: remote-function argument/result formats (EXTENSIONS.md §4).
 SERIALIZATION_FORMATS = ("json", "pickle")
 MAX_NODE_ECHO_CHARS = 512

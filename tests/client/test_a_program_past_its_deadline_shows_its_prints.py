@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from raw_http import call_program, post_execute
 from server_process import RunningServer, running_server
 
 from kcoral import Client, Program
@@ -52,6 +53,23 @@ def test_a_program_past_its_deadline_answers_what_it_printed(server: RunningServ
     assert error.output is not None
     assert (error.output.stdout, error.output.stderr) == ("step 1 done\n", "step 2 started\n")
     assert not (error.output.stdout_truncated or error.output.stderr_truncated)
+
+
+RAW_SOURCE = SOURCE.replace("def prints_then_hangs", "def main")
+
+
+def test_a_published_clients_504_is_exactly_the_three_fields_and_ours_carries_the_output(
+    server: RunningServer,
+) -> None:
+    # PROTOCOL §7.4 fixes an ERROR body to exactly status, request_id and error: a client of
+    # the published protocol, which does not send X-KCoral-Timeout-Output, gets just that
+    program = call_program(RAW_SOURCE, timeout_seconds=2)
+    published = post_execute(server.url, program)
+    assert published.status == 504
+    assert set(published.body) == {"status", "request_id", "error"}
+    asked = post_execute(server.url, program, headers={"X-KCoral-Timeout-Output": "1"})
+    assert asked.status == 504
+    assert (asked.body["stdout"], asked.body["stderr"]) == ("step 1 done\n", "step 2 started\n")
 
 
 def test_a_timed_out_jobs_result_keeps_the_output_in_a_body_published_clients_read(

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.headers import TIMEOUT_OUTPUT_HEADER
 from kcoral.protocol.output_order import OUTPUT_ORDER_HEADER
 from kcoral.protocol.request import ParsedRequest, parse_execute_request, verify_blob_hashes
 from kcoral_server.execution.admitted import AdmittedProgram
@@ -82,6 +83,10 @@ class ExecuteRequest:
         self.state = state
         #: the answer carries ``output_order`` (X-KCoral-Output-Order, EXTENSIONS §16)
         self.output_order = wants_output_order(headers.get(OUTPUT_ORDER_HEADER))
+        #: a 504 carries what the program printed (EXTENSIONS §15): a job's result always
+        #: (the jobs API is ours), an ``/execute`` answer only when its client asked, since
+        #: PROTOCOL §7.4 fixes an ERROR body to exactly three fields
+        self.timeout_output = observer is not None or headers.get(TIMEOUT_OUTPUT_HEADER) == "1"
         #: the session whose pinned seat runs the program (EXTENSIONS §11)
         self.session = session
         self.identity = identity  # whose caches, jobs and workers this request may use
@@ -119,8 +124,9 @@ class ExecuteRequest:
         try:
             reply, reason = await self._run()
         except RequestFailed as failure:
+            printed = failure.output if self.timeout_output else None
             reply = error_reply(
-                failure.status, self.request_id, failure.kind, failure.message, failure.output
+                failure.status, self.request_id, failure.kind, failure.message, printed
             )
             if reply.length > state.config.max_response_bytes:
                 # what it printed (EXTENSIONS §15) is bounded as a finished program's answer
