@@ -110,5 +110,5 @@ def test_the_help_says_the_server_clamps_the_output_limit_and_the_timeout(
     # The help gave 268435456 as the output limit, where a default server keeps 16 MiB.
     assert kcoral_main(["run", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "(default 268435456; a server keeps at most its limit, 16 MiB by default)" in (help_text)
+    assert "(default 256 MiB; a server keeps at most its limit, 16 MiB by default)" in help_text
     assert "(default 300; a server allows at most its limit, 900 s by default)" in help_text
