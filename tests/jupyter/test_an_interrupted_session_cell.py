@@ -35,6 +35,10 @@ def interrupt_once_running(url: str, session_id: str) -> threading.Thread:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.05)
+        # RUNNING comes before the cell's first line: an interrupt in the few statements
+        # before its try ends the program at once (a clean-clone CI under load saw that), so
+        # give it a moment to reach the loop it is stubborn in
+        time.sleep(1.0)
         signal.pthread_kill(main, signal.SIGINT)
 
     thread = threading.Thread(target=wait_then_interrupt)
