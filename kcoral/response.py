@@ -158,6 +158,16 @@ def decode_target(health: Mapping[str, Any]) -> dict[str, str]:
     return dict(target)
 
 
+def gpus_label(gpu_count: int, arch: object) -> str:
+    """A server's GPUs as a user reads them (``4 GPUs (sm_90a)``, ``1 GPU``, ``CPU``), from
+    its ``/health`` ``gpu_count`` and ``target.arch``; an ``arch`` that is not a string is
+    left out. The server's text: screen it before a terminal shows it."""
+    if gpu_count == 0:
+        return "CPU"
+    plural = "s" if gpu_count != 1 else ""
+    return f"{gpu_count} GPU{plural}" + (f" ({arch})" if isinstance(arch, str) and arch else "")
+
+
 def decode_execute_response(
     content_type: str | None, body: bytes | memoryview, known_blobs: Collection[str]
 ) -> ProgramResult | CacheMiss:

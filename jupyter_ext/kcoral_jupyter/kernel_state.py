@@ -23,6 +23,7 @@ from typing import Any
 from kcoral import Client, KCoralError
 from kcoral.base_client import bearer_token
 from kcoral.connection.server_address import server_url
+from kcoral.response import gpus_label
 from kcoral_jupyter.cell_errors import (
     EmbeddedServerUnavailableError,
     LocalServerStartError,
@@ -63,12 +64,7 @@ class ServerFacts:
 
     @property
     def label(self) -> str:
-        if self.gpu_count == 0:
-            return "CPU"
-        arch = self.target.get("arch")
-        return f"{self.gpu_count} GPU{'s' if self.gpu_count != 1 else ''}" + (
-            f" ({arch})" if arch else ""
-        )
+        return gpus_label(self.gpu_count, self.target.get("arch"))
 
 
 def default_kind(info: Mapping[str, Any]) -> str | None:

@@ -27,6 +27,7 @@ from kcoral.errors import (
     unreachable_message,
 )
 from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
+from kcoral.response import gpus_label
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
 from kcoral.run.gpu_wait import GpuWaitNotice
@@ -35,6 +36,7 @@ from kcoral.run.mid_run import (
     LOST_JOB,
     UNFOLLOWED_CANCEL_SECONDS,
     ConnectionLostMidRun,
+    GpusBeyondTheServer,
     GpusOnACpuServer,
     JobLost,
     TokenRefusedMidRun,
@@ -246,7 +248,7 @@ def run(options: RunOptions) -> int:
                 say_truncated(options, exc.output)
             say(timed_out(options))
             return 1
-        say(server_error(exc, options.url))
+        say(str(_gpus_beyond(exc, options) or server_error(exc, options.url)))
         return 1
     except TransportError as exc:
         # The client's one line (the address and the reason, not urllib3's chain of
@@ -291,6 +293,27 @@ def server_error(exc: KCoralError, url: str) -> str:
         # the server's message says who or why.
         return f"the tool was stopped: {exc.message}"
     return f"server error: {exc}"
+
+
+def _gpus_beyond(exc: KCoralError, options: RunOptions) -> GpusBeyondTheServer | None:
+    """A refused ``--gpus`` said with how many GPUs the server has (one ``/health`` request,
+    made only now); None for other refusals, or where the server does not say."""
+    refused = (exc.status_code, exc.kind) == (400, "parse")
+    if not refused or options.gpu_count is None or not exc.message.startswith("gpu_count"):
+        return None
+    from kcoral.client import Client
+
+    try:
+        with Client(options.url) as client:
+            health = client.health()
+    except (KCoralError, TransportError, ProtocolError):
+        return None
+    count = health.get("gpu_count")
+    if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+        return None
+    target = health.get("target")
+    arch = target.get("arch") if isinstance(target, dict) else None
+    return GpusBeyondTheServer(options.gpu_count, options.url, screened(gpus_label(count, arch)))
 
 
 def timed_out(options: RunOptions) -> str:

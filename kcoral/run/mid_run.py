@@ -67,6 +67,25 @@ class GpusOnACpuServer(Exception):
         )
 
 
+class GpusBeyondTheServer(Exception):
+    """``--gpus N`` for a GPU server with fewer: its 400 read "server error: HTTP 400:
+    gpu_count exceeds this GPU server's configured capacity" (PROTOCOL §7), which left the
+    user to find how many it has. ``gpus`` is its ``/health`` (``2 GPUs (sm_90a)``), asked
+    only after the refusal."""
+
+    def __init__(self, gpu_count: int, url: str, gpus: str) -> None:
+        super().__init__(gpu_count)
+        self.gpu_count = gpu_count
+        self.url = url
+        self.gpus = gpus
+
+    def __str__(self) -> str:
+        return (
+            f"--gpus {self.gpu_count}: the server at {self.url} has {self.gpus}; "
+            "ask for no more, or give a bigger server's --url"
+        )
+
+
 class ConnectionLostMidRun(Exception):
     """The server stopped answering once it had accepted the job and reconnecting failed.
     The job may run on (a network outage, a proxy restarted): "cannot reach the server"

@@ -47,12 +47,14 @@ def test_without_gpus_the_tool_gets_one_gpu(two_gpu_server: str) -> None:
 
 
 @pytest.mark.slow
-def test_more_gpus_than_the_server_has_is_the_servers_refusal(two_gpu_server: str) -> None:
+def test_more_gpus_than_the_server_has_says_how_many_it_has(two_gpu_server: str) -> None:
+    # Before: "server error: HTTP 400: gpu_count exceeds this GPU server's configured
+    # capacity", which left the user to find how many it has.
     done = kcoral_run(two_gpu_server, "--gpus", "3")
     assert done.returncode == 1
     assert done.stderr == (
-        "kcoral run: server error: HTTP 400: gpu_count exceeds this GPU server's configured "
-        "capacity\n"
+        f"kcoral run: --gpus 3: the server at {two_gpu_server} has 2 GPUs (sm_90a); ask for no "
+        "more, or give a bigger server's --url\n"
     )
 
 
