@@ -356,9 +356,13 @@ class BaseClient:
         try:
             return (yield from flow)
         except KCoralError as exc:
-            if exc.status_code == 401 and not exc.hint:
-                exc.hint = token_hint(self.base_url, self._token_source)
+            self.hint_a_refused_token(exc)
             raise
+
+    def hint_a_refused_token(self, exc: KCoralError) -> None:
+        """Give a 401 from this client's server the hint of where a token comes from."""
+        if exc.status_code == 401 and not exc.hint:
+            exc.hint = token_hint(self.base_url, self._token_source)
 
     def run_flow(self, flow: Flow[Any]) -> Any:
         """Drive ``flow`` over this client's transport (a coroutine in ``AsyncClient``)."""
@@ -372,7 +376,10 @@ class BaseClient:
     ) -> EventSource:
         """A blocking Server-Sent Events stream at ``path`` (used by jobs); streams use their
         own connections, kept apart from the request pool."""
-        return self._streams.open(path, last_event_id=last_event_id, read_timeout=read_timeout)
+        source = self._streams.open(path, last_event_id=last_event_id, read_timeout=read_timeout)
+        # a stream's 401 said only "HTTP 401: ..." where every other request names the token
+        source.refused = self.hint_a_refused_token
+        return source
 
     def function(
         self,

@@ -197,6 +197,9 @@ class EventSource:
         #: whether the job has finished (its state, asked when a stream ends early); set by
         #: the job that opened the stream
         self.job_finished: Callable[[], bool] | None = None
+        #: adds to a refusal what the user can do about it (a 401's token hint); set by the
+        #: client that opened the stream, which knows the URL and where its token came from
+        self.refused: Callable[[KCoralError], None] | None = None
 
     def close(self) -> None:
         with self._lock:
@@ -237,6 +240,8 @@ class EventSource:
                 # UNAVAILABLE_RETRY_SECONDS. Before, the first 503 ended the iteration, and
                 # `kcoral run` gave up a job that went on running.
                 if exc.status_code != 503 or self._closed:
+                    if self.refused is not None:
+                        self.refused(exc)
                     raise
                 now = time.monotonic()
                 unavailable_since = unavailable_since or now

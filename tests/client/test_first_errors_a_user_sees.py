@@ -161,6 +161,28 @@ def test_a_401_for_a_wrong_token_says_it_was_refused_and_where_it_came_from(
         assert client.info()  # the right token opens it
 
 
+def test_a_jobs_event_stream_refusing_the_token_gives_the_same_hint(
+    token_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: "HTTP 401: missing or invalid bearer token" alone, where every other request
+    # of the client named the server and where a token comes from.
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    with kcoral.Client(token_server.url, token=TOKEN) as owner:
+        program = kcoral.Program()
+        module = program.upload(kind="module", source="def f():\n    return 1\n")
+        program.run(fn=program.get_function(module=module, name="f"))
+        job = owner.submit(program)
+        with kcoral.Client(token_server.url, token="not-the-token") as other:
+            with pytest.raises(KCoralError) as failed:
+                next(iter(other.job(job.id).events()))
+        job.result(timeout=60)
+    assert failed.value.status_code == 401
+    assert str(failed.value).startswith(
+        f"the server at {token_server.url} refused the token (401): "
+        "set KCORAL_TOKEN, or pass Client(url, token=...) [the server said: "
+    )
+
+
 def test_an_async_client_says_the_same_about_a_refused_token(
     token_server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
