@@ -98,14 +98,27 @@ def _get_status(path: str) -> Request:
     return Request("GET", path, read_timeout=STATUS_READ_TIMEOUT_SECONDS)
 
 
+#: what a 401's hint says where no token was sent (``token_hint``; ``token_refusal`` reads it)
+NO_TOKEN_SENT = "no token was sent"
+
+
 def token_hint(url: str, source: str | None) -> str:
     """What a 401 from ``url`` says to do, given where the token sent came from (``None``:
     none was sent)."""
     fix = f"set {TOKEN_ENV}, or pass Client(url, token=...)"
     if source is None:
-        return f"the server at {url} needs a token (401), and no token was sent: {fix}"
+        return f"the server at {url} needs a token (401), and {NO_TOKEN_SENT}: {fix}"
     origin = "" if source == "token" else f" (from {source})"
     return f"the server at {url} refused the token{origin} (401): {fix}"
+
+
+def token_refusal(exc: KCoralError) -> str | None:
+    """Which of a 401's two causes the client that made the request saw (its ``hint``):
+    "no token was sent" or "the token sent was refused"; None for another answer, or a 401
+    no client hinted (the notebook, which names its own setting, says which with this)."""
+    if exc.status_code != 401 or not exc.hint:
+        return None
+    return NO_TOKEN_SENT if f", and {NO_TOKEN_SENT}: " in exc.hint else "the token sent was refused"
 
 
 def bearer_token(token: str, source: str) -> str:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from kcoral import KCoralError, TransportError
+from kcoral.base_client import token_refusal
 from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import root_reason
 from kcoral.run.terminal_filter import screened
@@ -212,8 +213,12 @@ def refused(exc: KCoralError, server: str | None = None) -> ServerRefusedError:
     elif exc.kind == "busy" and "must restart" in exc.message:
         # a server that admits nothing until restarted (PROTOCOL §7.1): no retry helps
         action = "ask the server's operator to restart it (its log says why), or use another server"
+    # a 401: whether a token was sent, as the client's hint says (the same one either way
+    # read "HTTP 401 unauthorized: missing or invalid bearer token")
+    cause = token_refusal(exc)
+    said = f"{cause} (the server said: {exc.message})" if cause else exc.message
     return ServerRefusedError(
-        f"{where}HTTP {exc.status_code}{kind}: {exc.message}{request}",
+        f"{where}HTTP {exc.status_code}{kind}: {said}{request}",
         action,
         status_code=exc.status_code,
         kind=exc.kind,

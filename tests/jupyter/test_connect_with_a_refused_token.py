@@ -10,6 +10,7 @@ sessions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,3 +84,37 @@ def test_a_token_pasted_with_its_bearer_word_fails_the_cell_in_two_lines_that_sa
     ], shown
     shell.run_line_magic("config", f"KCoral.token = {TOKEN!r}")
     shell.run_cell_magic("kcoral", "", "print('runs')")
+
+
+def cell_refusal(shell: Any) -> list[str]:
+    """The lines a cell refused with a 401 shows (its traceback, as IPython renders it)."""
+    with pytest.raises(ServerRefusedError) as refused:
+        shell.run_cell_magic("kcoral", "", "print('never runs')")
+    assert refused.value.status_code == 401
+    return refused.value._render_traceback_()
+
+
+def test_a_cell_sent_without_a_token_says_none_was_sent_and_where_one_is_set(
+    shell, token_server
+) -> None:
+    # Before: "HTTP 401 unauthorized: missing or invalid bearer token" for a token never set
+    # and for one the server refused alike.
+    shell.run_line_magic("config", "KCoral.token = ''")
+    cause, action = cell_refusal(shell)
+    said = "no token was sent (the server said: missing or invalid bearer token)"
+    shown = f"ServerRefusedError: {token_server} answered HTTP 401 unauthorized: {said}"
+    assert re.fullmatch(re.escape(shown) + r" \[request [0-9a-f-]+\]", cause), cause
+    assert action == (
+        "set this server's token: %config KCoral.token = '...' (KCORAL_TOKEN is read only at "
+        "the extension's first use)"
+    )
+
+
+def test_a_cell_whose_token_is_refused_says_the_token_sent_was_refused(shell, token_server) -> None:
+    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
+    cause, action = cell_refusal(shell)
+    said = "the token sent was refused (the server said: missing or invalid bearer token)"
+    shown = f"ServerRefusedError: {token_server} answered HTTP 401 unauthorized: {said}"
+    assert re.fullmatch(re.escape(shown) + r" \[request [0-9a-f-]+\]", cause), cause
+    assert "not-the-token" not in cause + action
+    assert "%config KCoral.token" in action and "KCORAL_TOKEN" in action
