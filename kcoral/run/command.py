@@ -34,6 +34,7 @@ from kcoral.run.gpu_wait import GpuWaitNotice
 from kcoral.run.inputs import LocalFileError, collect_inputs, sent_as
 from kcoral.run.mid_run import (
     LOST_JOB,
+    SELECTOR_WORD,
     UNFOLLOWED_CANCEL_SECONDS,
     ConnectionLostMidRun,
     GpusBeyondTheServer,
@@ -313,7 +314,9 @@ def _gpus_beyond(exc: KCoralError, options: RunOptions) -> GpusBeyondTheServer |
         return None
     target = health.get("target")
     arch = target.get("arch") if isinstance(target, dict) else None
-    return GpusBeyondTheServer(options.gpu_count, options.url, screened(gpus_label(count, arch)))
+    # a name fit to be shown (sm_90a): a server's words reach the terminal, at any length
+    shown = arch if isinstance(arch, str) and SELECTOR_WORD.fullmatch(arch) else None
+    return GpusBeyondTheServer(options.gpu_count, options.url, gpus_label(count, shown))
 
 
 def timed_out(options: RunOptions) -> str:

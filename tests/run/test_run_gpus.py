@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from server_process import running_server
+from stand_in_http import StandIn, serving
 
 from kcoral.run.arguments import parse_command_line
 from kcoral.run.command import execute, main
@@ -55,6 +56,33 @@ def test_more_gpus_than_the_server_has_says_how_many_it_has(two_gpu_server: str)
     assert done.stderr == (
         f"kcoral run: --gpus 3: the server at {two_gpu_server} has 2 GPUs (sm_90a); ask for no "
         "more, or give a bigger server's --url\n"
+    )
+
+
+class GpusBeyondAMaliciousServer(StandIn):
+    """A server that refuses --gpus and names its GPU kind with a terminal escape (OSC 52
+    writes the clipboard), which could as well be a megabyte long."""
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            arch = "sm_90a\x1b]52;c;ZWNobyBwd25lZA==\x07"
+            self.send_json({"status": "ok", "gpu_count": 2, "target": {"arch": arch}})
+        else:
+            self.send_json({"kcoral": "0.1.0", "protocol": 1, "features": [], "device": "gpu"})
+
+    def do_POST(self) -> None:
+        self.read_body()
+        error = {"kind": "parse", "message": "gpu_count exceeds this GPU server's capacity"}
+        self.send_json({"status": "ERROR", "request_id": "r1", "error": error}, 400)
+
+
+def test_a_malicious_servers_gpu_kind_reaches_the_terminal_screened() -> None:
+    with serving(GpusBeyondAMaliciousServer) as url:
+        done = kcoral_run(url, "--gpus", "3")
+    assert done.returncode == 1
+    assert done.stderr == (  # the kind is left out: not a name fit to be shown
+        f"kcoral run: --gpus 3: the server at {url} has 2 GPUs; ask for no more, or give a "
+        "bigger server's --url\n"
     )
 
 
