@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 # Defined by the protocol layer (which imports nothing else of kcoral), re-exported here.
 from kcoral.protocol.errors import INSTRUCTION_ERROR_KINDS, ExecutionError, ValidationError
+from kcoral.protocol.output_order import Run, interleave
 from kcoral.run.terminal_filter import screened
 
 if TYPE_CHECKING:
@@ -44,6 +45,13 @@ class PrintedOutput:
     stderr: str
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    #: how the two interleaved, where the 504 said (EXTENSIONS §16); ``()`` otherwise
+    output_order: tuple[Run, ...] = ()
+
+    def output_in_order(self) -> list[tuple[str, str]]:
+        """``("stdout" or "stderr", text)`` pieces in the order the program wrote them, as
+        ``ProgramResult.output_in_order`` gives a finished program's."""
+        return interleave(self.stdout, self.stderr, self.output_order)
 
 
 class KCoralError(Exception):

@@ -106,7 +106,7 @@ def printed_output(body: Mapping[str, Any]) -> PrintedOutput | None:
         cut.append(len(text) > PRINTED_OUTPUT_CHARS or body.get(f"{name}_truncated") is True)
     if not any(kept):
         return None
-    return PrintedOutput(kept[0], kept[1], cut[0], cut[1])
+    return PrintedOutput(kept[0], kept[1], cut[0], cut[1], runs_of(body.get("output_order")))
 
 
 ROUTER_UNAVAILABLE = "unavailable: no ready node of the router's default kind has connected slots"

@@ -229,8 +229,8 @@ def run_cell(
     except KCoralError as exc:
         if exc.output is not None and not record.streamed:
             # what the cell printed before its deadline (EXTENSIONS §15), then the error
-            reporter.stdout(exc.output.stdout)
-            reporter.stderr(exc.output.stderr)
+            for stream, text in exc.output.output_in_order():  # as written (EXTENSIONS §16)
+                (reporter.stdout if stream == "stdout" else reporter.stderr)(text)
             note = truncation_note(exc.output, record.output_limit_bytes)
             if note:  # as a finished cell's: the server cut what it printed
                 reporter.note(note)

@@ -30,7 +30,6 @@ from typing import Any, TextIO, TypeAlias
 from kcoral.by_value import _sent_by_value as sent_by_value
 from kcoral.errors import KCoralError, PrintedOutput, RemoteExecutionError
 from kcoral.protocol.dtypes import DTYPES
-from kcoral.protocol.output_order import interleave
 from kcoral.remote.source import uploaded_line_map
 from kcoral.results import ProgramResult
 from kcoral.run.terminal_filter import TerminalFilter, is_terminal, utf8_writable
@@ -104,10 +103,9 @@ def show_output(result: ProgramResult | PrintedOutput) -> None:
     server cut it at the output limit. A call cut by its deadline gives what it printed
     before (``PrintedOutput``), shown before its error as a local call's prints would be."""
     # in the order it wrote them (EXTENSIONS §16), where the server recorded it
-    order = result.output_order if isinstance(result, ProgramResult) else ()
     screens: dict[str, TerminalFilter] = {}
     last: dict[str, str] = {}  # each stream's last piece written
-    for name, text in interleave(result.stdout, result.stderr, order):
+    for name, text in result.output_in_order():
         stream = _open_stream(name)
         if stream is None:
             continue

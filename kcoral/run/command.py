@@ -51,6 +51,7 @@ from kcoral.run.outputs import (
     say,
     say_truncated,
     start_on_a_new_line,
+    write_in_order,
     write_output,
 )
 from kcoral.run.progress import Progress
@@ -244,8 +245,7 @@ def run(options: RunOptions) -> int:
             if exc.output is not None:
                 # what the tool printed before its deadline (EXTENSIONS §15), then why it ended
                 if not options.output_streamed:
-                    write_output(sys.stdout, exc.output.stdout)
-                    write_output(sys.stderr, exc.output.stderr)
+                    write_in_order(exc.output)
                 say_truncated(options, exc.output)
             say(timed_out(options))
             return 1

@@ -11,11 +11,15 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kcoral.run.arguments import PROG, RunOptions
 from kcoral.run.progress import Progress, format_bytes
 from kcoral.run.terminal_filter import StandardStreams
+
+if TYPE_CHECKING:
+    from kcoral.errors import PrintedOutput
+    from kcoral.results import ProgramResult
 
 #: Control characters, C1 included, and the C1 bytes of text that is not UTF-8 (surrogates).
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\udc80-\udc9f]")
@@ -27,8 +31,7 @@ _MAX_SIGNAL = 64
 def report(options: RunOptions, result: Any) -> int:
     """Print the captured output, save returned files; returns the exit status."""
     if not options.output_streamed:
-        write_output(sys.stdout, result.stdout)
-        write_output(sys.stderr, result.stderr)
+        write_in_order(result)
     say_truncated(options, result)
     if not result.completed:
         error = result.error or {}
@@ -148,6 +151,14 @@ def start_on_a_new_line() -> None:
     one process)."""
     _line_open.update(stderr=False, last=False)
     _screens.forget()
+
+
+def write_in_order(output: ProgramResult | PrintedOutput) -> None:
+    """A program's stdout and stderr, each to ours, in the order it wrote them where the
+    server recorded it (EXTENSIONS §16); ``write_output`` flushes each before it returns,
+    so a terminal showing both sees them in that order."""
+    for name, text in output.output_in_order():
+        write_output(sys.stdout if name == "stdout" else sys.stderr, text)
 
 
 def write_output(stream: TextIO, text: str) -> None:

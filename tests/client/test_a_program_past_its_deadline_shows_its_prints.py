@@ -72,6 +72,53 @@ def test_a_published_clients_504_is_exactly_the_three_fields_and_ours_carries_th
     assert (asked.body["stdout"], asked.body["stderr"]) == ("step 1 done\n", "step 2 started\n")
 
 
+INTERLEAVED_SOURCE = """
+import sys, time
+
+def main():
+    print("out 1", flush=True)
+    print("warn", file=sys.stderr, flush=True)
+    print("out 2", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_504_keeps_the_order_of_stdout_and_stderr_for_a_client_that_asks(
+    server: RunningServer,
+) -> None:
+    # EXTENSIONS §16 in a 504: out 1, warn, out 2 read as written, not stdout then stderr
+    program = call_program(INTERLEAVED_SOURCE, timeout_seconds=2)
+    asked = post_execute(
+        server.url,
+        program,
+        headers={"X-KCoral-Timeout-Output": "1", "X-KCoral-Output-Order": "1"},
+    )
+    assert asked.status == 504
+    # the last run is never closed by a switch: stdout's rest comes last by the rule
+    assert asked.body["output_order"] == [[1, 6], [2, 5]]
+    # a client that asked for the output but not for its order gets the fields of §15 only
+    unordered = post_execute(server.url, program, headers={"X-KCoral-Timeout-Output": "1"})
+    assert unordered.status == 504 and "output_order" not in unordered.body
+    assert unordered.body["stdout"] == "out 1\nout 2\n"
+
+
+def test_our_clients_timeout_error_gives_the_output_in_the_order_it_was_written(
+    server: RunningServer,
+) -> None:
+    program = Program()
+    module = program.upload(kind="module", source=INTERLEAVED_SOURCE, id="m")
+    program.run(fn=program.get_function(module=module, name="main", id="f"), id="out")
+    with Client(server.url) as client:
+        with pytest.raises(KCoralError) as caught:
+            client.execute(program, timeout_seconds=2)
+    assert caught.value.output is not None
+    assert caught.value.output.output_in_order() == [
+        ("stdout", "out 1\n"),
+        ("stderr", "warn\n"),
+        ("stdout", "out 2\n"),
+    ]
+
+
 def test_a_timed_out_jobs_result_keeps_the_output_in_a_body_published_clients_read(
     server: RunningServer,
 ) -> None:

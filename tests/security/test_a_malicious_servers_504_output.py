@@ -105,3 +105,38 @@ def test_kcoral_run_says_which_stream_was_cut_before_the_deadline_line() -> None
         done.stderr.index("timed out after --timeout 2 s"),
     )
     assert cut < timed_out, done.stderr
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "stdout first",
+        [[2, 3], [1, 10**30], [7, 1]],
+        [[1, 2]] * 10_001,
+        [[2, 10**18], [1, -5], [2, 1]],
+    ],
+    ids=["not-a-list", "a-stream-that-is-none", "too-many-runs", "ends-past-and-backwards"],
+)
+def test_a_bogus_output_order_in_a_504_loses_no_character(order: Any) -> None:
+    # EXTENSIONS §16: the record is a hint; whatever it says, each character shows once
+    error = timeout_error({"stdout": "out\n", "stderr": "err\n", "output_order": order})
+    assert error.output is not None
+    pieces = error.output.output_in_order()
+    assert "".join(t for s, t in pieces if s == "stdout") == "out\n"
+    assert "".join(t for s, t in pieces if s == "stderr") == "err\n"
+
+
+def test_kcoral_run_writes_a_504s_output_in_the_order_the_server_recorded() -> None:
+    # one pipe for both streams shows the order a terminal would (EXTENSIONS §16)
+    fields = {"stdout": "out 1\nout 2\n", "stderr": "warn\n", "output_order": [[1, 6], [2, 5]]}
+    with serving(stand_in(fields)) as url:
+        command = [sys.executable, "-m", "kcoral", "run", "python", "--url", url, "--timeout"]
+        done = subprocess.run(
+            [*command, "2", "--", "-c", "print(1)"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1
+    assert done.stdout.startswith("out 1\nwarn\nout 2\n"), done.stdout

@@ -127,6 +127,8 @@ class ProgramDrive:
             )
 
     def timed_out(self, message: str | None = None) -> None:
+        """The program passed its deadline and its worker was killed."""
+        self.read_order_record()  # its 504's output keeps its order (EXTENSIONS §15, §16)
         self.result = RunResult.TIMED_OUT
         if message is not None:
             self.timeout_message = message

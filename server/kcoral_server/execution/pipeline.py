@@ -125,6 +125,8 @@ class ExecuteRequest:
             reply, reason = await self._run()
         except RequestFailed as failure:
             printed = failure.output if self.timeout_output else None
+            if printed is not None and printed.order and not self.output_order:
+                printed = dataclasses.replace(printed, order=())  # as ``_respond`` does
             reply = error_reply(
                 failure.status, self.request_id, failure.kind, failure.message, printed
             )

@@ -87,6 +87,8 @@ def error_reply(
     }
     if output is not None:
         body.update(output_fields(output))
+        if output.order:  # asked for, and both streams written (EXTENSIONS §16)
+            body["output_order"] = [list(run) for run in output.order]
     return json_reply(status, body, headers)
 
 
