@@ -324,5 +324,10 @@ def warm_up(
         began = time.perf_counter()
         clock.flush()
         call()
+        if isinstance(clock, CudaEventClock):
+            # a GPU call returns at its launch: without waiting for its work the watch saw
+            # microseconds and a large warm-up queued work past the deadline (the 504); a
+            # measured call waits for its work the same way
+            clock.synchronize()
         watch.timed(began)
     return warmup, repeat
