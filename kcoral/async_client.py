@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from kcoral.base_client import BaseClient
-from kcoral.client_sessions import AsyncSession, list_flow, session_options
+from kcoral.client_sessions import AsyncSession, attach_async, list_flow, session_options
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.transport import (
     AsyncTransport,
@@ -177,8 +177,15 @@ class AsyncClient(BaseClient):
         body = session_options(gpu_count, idle_timeout)
         return AsyncSession(self, body, check_select(select))
 
+    async def attach_session(self, session_id: str) -> AsyncSession:
+        """As ``Client.attach_session``: an existing session of this caller, by id, read
+        from the server (asked again while a restarted router has not found it yet); it has
+        started, and ``async with`` on it ends it when the block ends."""
+        return await attach_async(self, session_id)
+
     async def sessions(self) -> list[dict[str, Any]]:
-        """As ``Client.sessions``: ``GET /v1/sessions``, the caller's session records."""
+        """As ``Client.sessions``: ``GET /v1/sessions``, the caller's session records
+        (``await attach_session(record["session_id"])`` picks one up)."""
         return await self.run_flow(list_flow())
 
     async def request(

@@ -185,11 +185,51 @@ def run_patiently(
         time.sleep(pause)
 
 
+async def await_patiently(
+    client: AsyncClient,
+    session_id: str,
+    on_wait: Callable[[str], None] | None,
+    flow: Callable[[], Flow[T]],
+) -> T:
+    """``run_patiently`` for an ``AsyncClient``, waiting without blocking the event loop."""
+    wait = FindWait(session_id, on_wait)
+    while True:
+        try:
+            running: Awaitable[T] = client.run_flow(flow())
+            return await running
+        except KCoralError as exc:
+            pause = wait.pause(exc)
+            if pause is None:
+                raise
+        await asyncio.sleep(pause)
+
+
 def attach(client: Client, session_id: str) -> Session:
     """``Client.attach_session``: the session's record is read as its requests are, asking
     again while a restarted router has not found it (EXTENSIONS §11)."""
     checked = check_path_id(session_id, "session")
-    return Session(client, run_patiently(client, checked, None, lambda: record_flow(checked)))
+    record = run_patiently(client, checked, None, lambda: record_flow(checked))
+    return Session(client, _record_of(checked, record))
+
+
+async def attach_async(client: AsyncClient, session_id: str) -> AsyncSession:
+    """``AsyncClient.attach_session``: ``attach`` awaited; the session it returns has
+    started (``async with`` on it ends it when the block ends, as on a ``Session``)."""
+    checked = check_path_id(session_id, "session")
+    record = await await_patiently(client, checked, None, lambda: record_flow(checked))
+    return AsyncSession(client, {})._adopt(_record_of(checked, record))
+
+
+def _record_of(session_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The record read for ``session_id``, if it is that session's: a server that answered
+    another session's record would have had the caller's programs, and its end, sent to a
+    session it never named (``session.id`` would not be the id attached to)."""
+    if _check_id(record.get("session_id")) != session_id:
+        raise ProtocolError(
+            f"asked for session {session_id}, the server answered the record of session "
+            f"{record['session_id']}"
+        )
+    return record
 
 
 def _to_stderr(line: str) -> None:
@@ -355,10 +395,14 @@ class AsyncSession(_SessionBase):
     async def start(self) -> AsyncSession:
         """Create the session on the server (``async with`` does this)."""
         if not self.id:
-            record = await self.client.run_flow(create_flow(self._body, self.select))
-            on_wait = self.on_wait  # set before the start: kept
-            super().__init__(self.client, record, self.select)
-            self.on_wait = on_wait
+            self._adopt(await self.client.run_flow(create_flow(self._body, self.select)))
+        return self
+
+    def _adopt(self, record: dict[str, Any]) -> AsyncSession:
+        """This session is the one ``record`` describes (just created, or attached to)."""
+        on_wait = self.on_wait  # set before the start: kept
+        super().__init__(self.client, record, self.select)
+        self.on_wait = on_wait
         return self
 
     async def execute(self, program: Program, **options: Any) -> ProgramResult:
@@ -373,18 +417,10 @@ class AsyncSession(_SessionBase):
 
     async def _patiently(self, flow: Callable[[], Flow[T]]) -> T:
         """As ``Session._patiently``, waiting without blocking the event loop."""
-        wait = FindWait(self.id, self.on_wait)
-        while True:
-            try:
-                running: Awaitable[T] = self.client.run_flow(flow())
-                return await running
-            except KCoralError as exc:
-                pause = wait.pause(exc)
-                if pause is None:
-                    raise
-            await asyncio.sleep(pause)
+        return await await_patiently(self.client, self.id, self.on_wait, flow)
 
     async def info(self) -> dict[str, Any]:
+        """As ``Session.info``."""
         self._path()
         self.record = await self._patiently(lambda: record_flow(self.id))
         return dict(self.record)
@@ -396,6 +432,7 @@ class AsyncSession(_SessionBase):
         return dict(self.record)
 
     async def close(self) -> None:
+        """As ``Session.close``; a session that never started has nothing to end."""
         if not self.id:
             return
         try:

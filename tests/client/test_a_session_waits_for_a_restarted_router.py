@@ -133,3 +133,35 @@ def test_attaching_raises_any_other_503_at_once() -> None:
         Client(URL, transport=transport).attach_session(SESSION_ID)
     assert refused.value.message == "the router is shutting down"
     assert len(transport.requests) == 1
+
+
+def test_attaching_with_an_async_client_asks_again_too(capsys: pytest.CaptureFixture[str]) -> None:
+    transport = MockTransport(server([refusal("no_node", NOT_YET, "1") for _ in range(2)]))
+
+    async def attach() -> tuple[str, object]:
+        async with AsyncClient(URL, transport=transport) as client:
+            session = await client.attach_session(SESSION_ID)
+            return session.id, session.record["state"]
+
+    assert asyncio.run(attach()) == (SESSION_ID, "IDLE")
+    assert (
+        capsys.readouterr().err
+        == (  # the same one line as the blocking client's
+            f"kcoral: session {SESSION_ID[:8]}: the router just started and has not found it yet "
+            "(its node may be reconnecting); asking again for up to 10 s\n"
+        )
+    )
+    assert len(transport.requests) == 3  # twice refused, then read
+
+
+def test_attaching_with_an_async_client_raises_any_other_503_at_once() -> None:
+    transport = MockTransport(server([refusal("no_node", "the router is shutting down")]))
+
+    async def attach() -> None:
+        async with AsyncClient(URL, transport=transport) as client:
+            await client.attach_session(SESSION_ID)
+
+    with pytest.raises(KCoralError) as refused:
+        asyncio.run(attach())
+    assert refused.value.message == "the router is shutting down"
+    assert len(transport.requests) == 1

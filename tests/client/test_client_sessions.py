@@ -102,7 +102,8 @@ def remember(value):
 """
 
 
-def _remember(value: int) -> Program:
+def remember(value: int) -> Program:
+    """A program that stores `value` in the session namespace and returns what was there."""
     program = Program()
     module = program.upload(kind="module", source=REMEMBER, id="m")
     fn = program.get_function(module=module, name="remember", id="fn")
@@ -114,12 +115,12 @@ def test_against_a_real_server_state_survives_between_executes(server_factory) -
     server = server_factory()
     with Client(server.url) as client:
         with client.session() as session:
-            assert session.execute(_remember(1)).results["previous"] is None
-            assert session.execute(_remember(2)).results["previous"] == 1
-            assert session.submit(_remember(4)).result(timeout=60).results["previous"] == 2
+            assert session.execute(remember(1)).results["previous"] is None
+            assert session.execute(remember(2)).results["previous"] == 1
+            assert session.submit(remember(4)).result(timeout=60).results["previous"] == 2
             assert client.attach_session(session.id).info()["programs"] == 3
         with pytest.raises(KCoralError) as ended:
-            session.execute(_remember(3))
+            session.execute(remember(3))
         assert ended.value.status_code == 410
         assert "ended by its owner" in str(ended.value)
 
@@ -153,9 +154,9 @@ def test_against_a_real_server_the_async_flavour_keeps_state_too(server_factory)
     async def run() -> list[object]:
         async with AsyncClient(server.url) as client:
             async with client.session() as session:
-                first = await session.execute(_remember(5))
-                second = await session.execute(_remember(6))
-                job = await session.submit(_remember(7))
+                first = await session.execute(remember(5))
+                second = await session.execute(remember(6))
+                job = await session.submit(remember(7))
                 third = await job.result(timeout=60)
         return [first.results["previous"], second.results["previous"], third.results["previous"]]
 
@@ -238,14 +239,14 @@ def test_interrupt_stops_the_running_program_and_the_session_keeps_its_state(
 ) -> None:
     server = server_factory()
     with Client(server.url) as client, client.session() as session:
-        assert session.execute(_remember(8)).results["previous"] is None
+        assert session.execute(remember(8)).results["previous"] is None
         assert session.interrupt()["state"] == "IDLE"  # nothing runs: answered all the same
         job = session.submit(_sleep())
         _until_running(session)
         assert session.interrupt()["session_id"] == session.id
         result = job.result(timeout=60)
         assert result.status == "FAILED" and "KeyboardInterrupt" in str(result.error)
-        assert session.execute(_remember(9)).results["previous"] == 8
+        assert session.execute(remember(9)).results["previous"] == 8
 
 
 def test_the_async_flavour_lists_and_interrupts_sessions_too(server_factory) -> None:
@@ -301,8 +302,8 @@ def test_an_async_session_used_before_it_started_says_so_and_sends_nothing(
             session = client.session()  # started by `async with` or `await .start()`
             function = session.function()(_echo)
             calls = (
-                lambda: session.execute(_remember(1)),
-                lambda: session.submit(_remember(1)),
+                lambda: session.execute(remember(1)),
+                lambda: session.submit(remember(1)),
                 session.info,
                 session.interrupt,
                 lambda: function.remote(1, run_async=True),
@@ -313,7 +314,7 @@ def test_an_async_session_used_before_it_started_says_so_and_sends_nothing(
                 messages.append(str(caught.value))
             assert await client.sessions() == []  # nothing reached the server
             await session.start()
-            assert (await session.execute(_remember(2))).status == "COMPLETED"
+            assert (await session.execute(remember(2))).status == "COMPLETED"
             await session.close()
         return messages
 
