@@ -163,6 +163,7 @@ def test_node_states_follow_the_thresholds() -> None:
     assert node.state == "ready"
     registry.apply_status(stream, status(healthy=False, last_error="boom"))
     assert node.state == "ready" and node.last_error == "boom"
+    node.healthy_at -= 3600  # failing past --max-status-age-seconds (below: within it)
     registry.apply_status(stream, status(healthy=False))
     assert node.state == "unhealthy"
     registry.apply_status(stream, status())
@@ -213,6 +214,7 @@ def test_a_node_whose_server_is_starting_reads_starting_not_unhealthy() -> None:
     registry.apply_status(back, status())
     assert node.state == "ready"
     # a ready node whose server restarts (a crash) is failing: the threshold counts it
+    node.healthy_at -= 3600
     registry.apply_status(back, status(healthy=False, last_error=SERVER_STARTING))
     assert node.state == "unhealthy"
     # so does a starting node whose server fails otherwise
@@ -220,6 +222,29 @@ def test_a_node_whose_server_is_starting_reads_starting_not_unhealthy() -> None:
     failing = other.attach_supervisor("m")
     other.apply_status(failing, status("m", healthy=False, last_error="exited with status 2"))
     assert other.nodes["m"].state == "unhealthy"
+
+
+def test_failing_statuses_within_the_status_age_leave_a_ready_node_ready() -> None:
+    # A supervisor sends its last probe's failure again at each health interval while its
+    # next probe waits: one slow answer made three failing statuses, and the node read
+    # unhealthy for a server busy a second (ROUTER §6). It takes no new work meanwhile.
+    registry = make_registry(unhealthy_threshold=3, max_status_age_seconds=5)
+    add_node(registry, "n")
+    node = registry.nodes["n"]
+    assert node.stream is not None
+    for _ in range(6):
+        registry.apply_status(node.stream, status(healthy=False, last_error="timed out"))
+    assert node.state == "ready" and node.saturated(node.healthy_at)
+    assert registry.select(None, "r") is None
+    registry.apply_status(node.stream, status())
+    assert node.state == "ready" and registry.select(None, "r") is not None
+    # still failing past the age: out at the staleness check, without waiting for a status
+    for _ in range(3):
+        registry.apply_status(node.stream, status(healthy=False, last_error="timed out"))
+    node.healthy_at -= 6
+    node.last_status_at = node.healthy_at + 6  # its statuses keep coming: not stale
+    registry.check()
+    assert node.state == "unhealthy" and node.connected
 
 
 def test_a_long_last_error_is_kept_cut() -> None:

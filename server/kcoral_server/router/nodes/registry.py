@@ -98,6 +98,9 @@ class NodeRecord:
     lease_stats: pb.LeaseStats | None = None
     last_error: str = ""
     last_status_at: float = 0.0
+    # When its last healthy status came (router clock): failures take a ready node out only
+    # once it has been this long without one (ROUTER §6), not after a few quick statuses.
+    healthy_at: float = 0.0
     lost_at: float | None = None
     failures: int = 0
     successes: int = 0
@@ -319,12 +322,13 @@ class Registry:
             node.last_error = status.last_error[:MAX_LAST_ERROR_CHARS]
         elif status.server_healthy:
             node.take_healthy_status(status)
+            node.healthy_at = now
             self._success(node)
         elif status.last_error == SERVER_STARTING and node.state in (STARTING, LEFT):
             node.state, node.last_error = STARTING, SERVER_STARTING
         else:
             node.last_error = status.last_error[:MAX_LAST_ERROR_CHARS]
-            self._failure(node)
+            self._failure(node, now)
         self.on_change()
 
     @property
@@ -351,13 +355,25 @@ class Registry:
         node.successes += 1
         node.state = READY if node.successes >= self.settings.recovery_threshold else RECOVERING
 
-    def _failure(self, node: NodeRecord) -> None:
+    def _failure(self, node: NodeRecord, now: float) -> None:
         node.successes = 0
         node.failures += 1
-        if node.state in (STARTING, RECOVERING):
+        if node.state in (STARTING, RECOVERING) or self._failed_too_long(node, now):
             node.state = UNHEALTHY
-        elif node.failures >= self.settings.unhealthy_threshold:
-            node.state = UNHEALTHY
+
+    def _failed_too_long(self, node: NodeRecord, now: float) -> bool:
+        """Whether a failing node is out (ROUTER §6): ``--unhealthy-threshold`` failing
+        statuses in a row, the last of them more than ``--max-status-age-seconds`` after
+        its last healthy status, the age a silent node is out at. A supervisor sends its last
+        probe's failure again at every health interval while its next probe waits, so one
+        slow answer under a short interval made three statuses, and a node whose server was
+        busy for a second read ``unhealthy``; it takes no new work from its first failure
+        (``NodeRecord.saturated``) all the same."""
+        return (
+            node.state in (READY, INCOMPATIBLE)
+            and node.failures >= self.settings.unhealthy_threshold
+            and now - node.healthy_at > self.settings.max_status_age_seconds
+        )
 
     def _lose(self, node: NodeRecord, now: float) -> None:
         self.on_node_lost(node.node_id, "left the router")
@@ -373,6 +389,8 @@ class Registry:
         for node in list(self.nodes.values()):
             if node.connected and now - node.last_status_at > self.settings.max_status_age_seconds:
                 self._lose(node, now)
+            elif node.connected and self._failed_too_long(node, now):
+                node.state = UNHEALTHY  # still failing: out at the deadline, not at its next status
         for node in retired(self.nodes.values(), now, self.settings.node_retention_seconds):
             self.forget(node)
         # A kind none of whose node records is left sets a new baseline with its next node.
