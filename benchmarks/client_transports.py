@@ -127,6 +127,8 @@ def async_stack(name: str, url: str) -> Callable[[str, str, Any], Any]:
 
 
 def main() -> None:
+    if len(sys.argv) not in (4, 5) or sys.argv[1].startswith("-"):
+        sys.exit("usage: python benchmarks/client_transports.py URL STACK TASK [COUNT]")
     url, stack, task = sys.argv[1:4]
     count = int(sys.argv[4]) if len(sys.argv) > 4 else 2000
     started = time.perf_counter()

@@ -34,4 +34,7 @@ async def serve(ready_file: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        # ``--help`` was taken for the ready file's name: a file "--help" in the caller's folder
+        sys.exit("usage: python benchmarks/perf_echo_server.py READY_FILE (perf.py runs it)")
     asyncio.run(serve(Path(sys.argv[1])))

@@ -56,6 +56,11 @@ def measure(samples: int, warm_seconds: float = 0.0) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 3 or not all(arg.replace(".", "", 1).isdigit() for arg in sys.argv[1:]):
+        # perf.py's helper, not a command of its own: ``--help`` gets the usage, not a trace
+        sys.exit(
+            "usage: RAY_PYTHON benchmarks/perf_ray.py [SAMPLES [WARM_SECONDS]] (perf.py runs it)"
+        )
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 100
     warm = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     print(json.dumps(measure(max(1, count), warm)), flush=True)

@@ -123,6 +123,8 @@ def summary(samples: list[float]) -> float:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--launcher":
         run_launcher(int(sys.argv[2]))
+    elif len(sys.argv) > 2 or not all(arg.isdigit() for arg in sys.argv[1:]):
+        sys.exit("usage: python benchmarks/perf_workers.py [REPETITIONS]")
     else:
         reps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
         print(f"spawn {summary(spawn_start_seconds(reps)) * 1000:.1f} ms")
