@@ -4,10 +4,12 @@ and that its labels hold nothing a client chose."""
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import pytest
-from http_helpers import execute
+from http_helpers import execute, get
 from metrics_support import scrape
+from prometheus_client.parser import text_string_to_metric_families
 from raw_http import call_program
 from server_process import start_server
 
@@ -73,3 +75,42 @@ def test_an_unknown_error_kind_or_reason_is_counted_as_other() -> None:
     assert one_of(None, ERROR_KINDS) == "none" and one_of("runtime", ERROR_KINDS) == "runtime"
     assert status_label(1000) == "other" and status_label(404) == "404"
     assert gpu_label(7, frozenset({0, 1})) == "other" and gpu_label(None, frozenset()) == "cpu"
+
+
+WAITS_FOR_A_FILE = """
+import os, time
+
+def main(path):
+    while not os.path.exists(path):
+        time.sleep(0.05)
+    return 1
+"""
+
+
+def test_the_capacity_metric_says_it_counts_busy_workers_too_as_health_does(
+    server, tmp_path
+) -> None:
+    """``kcoral_request_capacity`` is /health's ``request_capacity``, busy and idle workers
+    (PROTOCOL §12): while the one worker runs a program it reads 1 beside 1 in progress. Its
+    help text said "workers that can take a request", so a Grafana tooltip or Prometheus's
+    metadata made a full server read as one with a free worker."""
+    release = tmp_path / "release"
+    answers: list[int] = []
+    program = call_program(WAITS_FOR_A_FILE, args=[str(release)])
+    runner = threading.Thread(target=lambda: answers.append(execute(server.url, program).status))
+    runner.start()
+    try:
+        running = scrape(server.url)
+        while running["kcoral_requests_in_progress"] != 1:
+            assert runner.is_alive(), answers
+            running = scrape(server.url)
+        text = get(server.url, "/metrics").raw.decode()
+    finally:
+        release.write_text("go")
+        runner.join()
+    assert answers == [200]
+    assert running["kcoral_request_capacity"] == 1
+    (family,) = [
+        f for f in text_string_to_metric_families(text) if f.name == "kcoral_request_capacity"
+    ]
+    assert "busy and idle" in family.documentation, family.documentation

@@ -118,7 +118,13 @@ GPU_BUSY = Family("gauge", "kcoral_gpu_busy", "1 while the GPU's lease is held",
 #: gauges read from the server's state at each scrape (``StateGauges``)
 QUEUE_DEPTH = Family("gauge", "kcoral_queue_depth", "requests waiting for a worker")
 IN_PROGRESS = Family("gauge", "kcoral_requests_in_progress", "requests holding a worker")
-CAPACITY = Family("gauge", "kcoral_request_capacity", "workers that can take a request")
+#: busy workers included: its help said "workers that can take a request", which beside a
+#: busy server's requests in progress read as free workers (as the router's did, a7ed97f)
+CAPACITY = Family(
+    "gauge",
+    "kcoral_request_capacity",
+    "workers serving requests, busy and idle (as /health's request_capacity)",
+)
 SEATS_HELD = Family("gauge", "kcoral_session_seats_held", "seats held by live sessions")
 MEMORY_CACHE_BYTES = Family("gauge", "kcoral_memory_cache_bytes", "bytes in the memory cache")
 MEMORY_CACHE_ENTRIES = Family("gauge", "kcoral_memory_cache_entries", "blobs in the memory cache")
