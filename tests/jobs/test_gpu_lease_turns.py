@@ -1,11 +1,13 @@
 """Identities take turns for GPU leases too (SERVER §5), on a fake-GPU server in real worker
 processes: alice's jobs seated on a GPU's other workers and waiting for its lease no longer
-hold bob's job behind all of them. Team soak on 4 fake GPUs: bob's 0.1 s job waited 13.5 s
-behind nine of alice's ``--gpus 4`` jobs while its queue position said 1."""
+hold bob's job behind all of them (team soak on 4 fake GPUs: bob's 0.1 s job waited 13.5 s
+behind nine of alice's ``--gpus 4`` jobs while its queue position said 1), and turns go by
+the time each held the GPU, so alice's long hold lets bob's short jobs go before her next."""
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -54,3 +56,33 @@ def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_
     assert sorted(served) == ["alice", "alice", "alice", "bob"]
     # before: ["alice", "alice", "alice", "bob"], bob's one job after alice's whole burst
     assert served.index("bob") < 2
+
+
+def test_after_one_identitys_long_hold_anothers_short_jobs_all_go_before_its_next(
+    server_factory, tmp_path: Path
+) -> None:
+    tokens = client_token_file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    server = server_factory(*ONE_SHARED_GPU, "--auth-token-file", str(tokens))
+    marker, go, order = tmp_path / "marker", tmp_path / "go", tmp_path / "order"
+    wait_for(lambda: seats_ready(server.url) == 5, "all five workers ready")
+    with (
+        kcoral.Client(server.url, token=ALICE) as alice,
+        kcoral.Client(server.url, token=BOB) as bob,
+    ):
+        running = alice.submit(holding(marker, go))
+        wait_for_file(marker)
+        alices_next = alice.submit(call("log", str(order), "alice"))
+        wait_until_it_waits_for_the_gpu(alices_next, "alice's next")
+        bobs = []
+        for number in range(3):  # seated after alice's next, each waiting for the GPU
+            job = bob.submit(call("log", str(order), "bob"))
+            wait_until_it_waits_for_the_gpu(job, f"bob's job {number}")
+            bobs.append(job)
+        # alice's hold has lasted since her job was seated; a second more makes it
+        # hundreds of times as long as a grant of bob's (writing one line)
+        time.sleep(1.0)
+        go.touch()
+        for job in [running, alices_next, *bobs]:
+            assert job.result(timeout=120)["r"] == 1
+    # before (turns by grants): ["alice", "bob", "bob", "bob"], alice's turn first
+    assert order.read_text().split() == ["bob", "bob", "bob", "alice"]

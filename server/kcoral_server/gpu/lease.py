@@ -9,12 +9,15 @@ everything it needs is free and no waiter ahead of it still wants any of it, whi
 atomic sets that are never starved by single leases (an "any k" waiter blocks every GPU for
 those behind it).
 
-Identities take turns, as for seats (SERVER §4): the queue is in arrival order within each
-identity, and the identities waiting take turns: every identity's first waiter, in turn
-order, then every identity's second, and so on; an identity that was just granted a lease
-takes its next turn after every other waiting identity's. Otherwise one identity's seated
-burst of set requests, each waiting for the whole server, held another's single lease
-behind all of them (team soak: bob's 0.1 s job waited 13.5 s behind nine of alice's
+Identities take turns by the time they held the GPUs (SERVER §5): the queue is in arrival
+order within each identity, and of the identities waiting, the one that held the GPUs its
+waiter may take least lately (``hold_time``) goes first: every identity's first waiter in
+that order, then every identity's second, and so on. Ties (identities that have not held
+them, a frozen clock) go in turn order: an identity that was just granted a lease takes its
+next turn after every other waiting identity's. Before, turns counted grants, so a user of
+10 ms kernels got one grant per 2 s beside a neighbour holding the GPU 2 s a grant; and
+before turns at all, one identity's seated burst of set requests held another's single
+lease behind all of them (team soak: bob's 0.1 s job waited 13.5 s behind nine of alice's
 ``--gpus 4`` jobs while its queue position said 1). Waiters of no identity (a worker's
 start-up or teardown) take turns as one more identity.
 """
@@ -24,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from kcoral_server.gpu.hold_time import RecentHoldTime
 
 HISTORY_LENGTH = 256
 
@@ -56,15 +61,22 @@ class _Waiter:
 class LeaseArbiter:
     """FIFO lease arbiter over a fixed list of GPU ids (in ``--gpus`` order)."""
 
-    def __init__(self, gpu_ids: Sequence[int]) -> None:
+    def __init__(
+        self, gpu_ids: Sequence[int], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.gpu_ids = list(dict.fromkeys(gpu_ids))
+        #: monotonic seconds (a test's own clock times holds without waiting them out)
+        self._clock = clock
         self._holder: dict[int, object | None] = {gpu: None for gpu in self.gpu_ids}
         self._history: dict[int, deque[HolderRecord]] = {
             gpu: deque(maxlen=HISTORY_LENGTH) for gpu in self.gpu_ids
         }
         self._waiters: list[_Waiter] = []
-        #: the waiting identities, whose turn first (module docstring)
+        #: the waiting identities, whose turn first among equals (module docstring)
         self._turns: list[str | None] = []
+        #: who holds each held GPU, charged its hold time when it gives the GPU back
+        self._holder_identity: dict[int, str | None] = {}
+        self._recent_hold_time = RecentHoldTime()
         #: seconds each GPU's ended tenures lasted (the metrics' busy time, EXTENSIONS §13)
         self._held_seconds: dict[int, float] = {gpu: 0.0 for gpu in self.gpu_ids}
         #: GPUs taken out of service because a worker's clean-up could not be confirmed
@@ -90,7 +102,7 @@ class LeaseArbiter:
     def held_seconds(self, gpu: int, now: float | None = None) -> float:
         """How long ``gpu``'s lease has been held since start, the current tenure included
         (a counter that grows while a long program runs, not only when it ends)."""
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         held = self._held_seconds.get(gpu, 0.0)
         history = self._history.get(gpu)
         if self._holder.get(gpu) is not None and history and history[-1].end is None:
@@ -153,7 +165,7 @@ class LeaseArbiter:
 
     def release(self, owner: object, gpus: Sequence[int] | None = None) -> None:
         """Give back ``gpus`` (default: every GPU ``owner`` holds). No-op for GPUs not held."""
-        now = time.monotonic()
+        now = self._clock()
         targets = self.gpu_ids if gpus is None else gpus
         changed = False
         for gpu in targets:
@@ -162,7 +174,10 @@ class LeaseArbiter:
                 history = self._history[gpu]
                 if history and history[-1].end is None:
                     history[-1].end = now
-                    self._held_seconds[gpu] += max(0.0, now - history[-1].start)
+                    held = max(0.0, now - history[-1].start)
+                    self._held_seconds[gpu] += held
+                    identity = self._holder_identity.pop(gpu, None)
+                    self._recent_hold_time.charge(identity, gpu, held, now)
                 changed = True
         if changed:
             self._grant()
@@ -189,20 +204,34 @@ class LeaseArbiter:
                 waiter.future.cancel()
         self._grant()
 
-    def _in_turns(self) -> list[_Waiter]:
-        """The waiters in serving order: by rank within their identity, then by turn."""
+    def _in_turns(self, now: float) -> list[_Waiter]:
+        """The waiters in serving order: by rank within their identity, then by the time
+        their identity held the GPUs they may take, then by turn."""
         queues: dict[str | None, list[_Waiter]] = {identity: [] for identity in self._turns}
         for waiter in self._waiters:
             queues.setdefault(waiter.identity, []).append(waiter)
+        turn = {identity: place for place, identity in enumerate(queues)}
+        held: dict[tuple[str | None, tuple[int, ...] | None], float] = {}
+
+        def owed_first(waiter: _Waiter) -> tuple[float, int]:
+            key = (waiter.identity, waiter.wanted)
+            if key not in held:
+                # an "any k" waiter may take any GPU, and holds them all off for those
+                # behind it
+                gpus = self.gpu_ids if waiter.wanted is None else waiter.wanted
+                held[key] = self._recent_hold_time.of(waiter.identity, gpus, now)
+            return held[key], turn[waiter.identity]
+
         ordered: list[_Waiter] = []
         for rank in range(max(map(len, queues.values()), default=0)):
-            ordered.extend(queue[rank] for queue in queues.values() if rank < len(queue))
+            ranked = [queue[rank] for queue in queues.values() if rank < len(queue)]
+            ordered.extend(sorted(ranked, key=owed_first))
         return ordered
 
     def _grant(self) -> None:
         blocked: set[int] = set()
-        now = time.monotonic()
-        for waiter in self._in_turns():
+        now = self._clock()
+        for waiter in self._in_turns(now):
             if waiter.future.done():
                 self._waiters.remove(waiter)
                 continue
@@ -236,6 +265,7 @@ class LeaseArbiter:
             for gpu in chosen:
                 if self._holder[gpu] is not waiter.owner:
                     self._holder[gpu] = waiter.owner
+                    self._holder_identity[gpu] = waiter.identity
                     self._history[gpu].append(HolderRecord(waiter.request_id, now))
             waiter.future.set_result(chosen)
         waiting = {waiter.identity for waiter in self._waiters}
