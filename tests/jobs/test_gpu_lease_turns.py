@@ -27,9 +27,12 @@ def seats_ready(url: str) -> int:
         return json.load(answer)["load"]["request_capacity"]
 
 
-def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_it(
-    server_factory, tmp_path: Path
-) -> None:
+def order_served_after_alices_hold(
+    server_factory, tmp_path: Path, queued: list[str], *, held_on: float = 0.0
+) -> list[str]:
+    """On a server whose one GPU five workers share, alice's first job holds the GPU while a
+    job of each of ``queued`` ("alice" or "bob") is seated, in that order, and waits for it;
+    then, ``held_on`` seconds later, lets it go. The order their runs had the GPU in."""
     tokens = client_token_file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
     server = server_factory(*ONE_SHARED_GPU, "--auth-token-file", str(tokens))
     marker, go, order = tmp_path / "marker", tmp_path / "go", tmp_path / "order"
@@ -40,19 +43,27 @@ def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_
         kcoral.Client(server.url, token=ALICE) as alice,
         kcoral.Client(server.url, token=BOB) as bob,
     ):
+        clients = {"alice": alice, "bob": bob}
         running = alice.submit(holding(marker, go))
         wait_for_file(marker)
-        burst = []
-        for _ in range(3):  # each on a worker of its own, waiting for the GPU's lease
-            job = alice.submit(call("log", str(order), "alice"))
-            wait_until_it_waits_for_the_gpu(job, "alice's")
-            burst.append(job)
-        bobs = bob.submit(call("log", str(order), "bob"))
-        wait_until_it_waits_for_the_gpu(bobs, "bob's")
+        jobs = [running]
+        for number, who in enumerate(queued):  # each on a worker of its own
+            job = clients[who].submit(call("log", str(order), who))
+            wait_until_it_waits_for_the_gpu(job, f"{who}'s job {number}")
+            jobs.append(job)
+        time.sleep(held_on)
         go.touch()
-        for job in [running, *burst, bobs]:
+        for job in jobs:
             assert job.result(timeout=120)["r"] == 1
-    served = order.read_text().split()
+    return order.read_text().split()
+
+
+def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_it(
+    server_factory, tmp_path: Path
+) -> None:
+    served = order_served_after_alices_hold(
+        server_factory, tmp_path, ["alice", "alice", "alice", "bob"]
+    )
     assert sorted(served) == ["alice", "alice", "alice", "bob"]
     # before: ["alice", "alice", "alice", "bob"], bob's one job after alice's whole burst
     assert served.index("bob") < 2
@@ -61,28 +72,10 @@ def test_another_identitys_job_takes_the_gpu_after_one_of_a_burst_queued_before_
 def test_after_one_identitys_long_hold_anothers_short_jobs_all_go_before_its_next(
     server_factory, tmp_path: Path
 ) -> None:
-    tokens = client_token_file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
-    server = server_factory(*ONE_SHARED_GPU, "--auth-token-file", str(tokens))
-    marker, go, order = tmp_path / "marker", tmp_path / "go", tmp_path / "order"
-    wait_for(lambda: seats_ready(server.url) == 5, "all five workers ready")
-    with (
-        kcoral.Client(server.url, token=ALICE) as alice,
-        kcoral.Client(server.url, token=BOB) as bob,
-    ):
-        running = alice.submit(holding(marker, go))
-        wait_for_file(marker)
-        alices_next = alice.submit(call("log", str(order), "alice"))
-        wait_until_it_waits_for_the_gpu(alices_next, "alice's next")
-        bobs = []
-        for number in range(3):  # seated after alice's next, each waiting for the GPU
-            job = bob.submit(call("log", str(order), "bob"))
-            wait_until_it_waits_for_the_gpu(job, f"bob's job {number}")
-            bobs.append(job)
-        # alice's hold has lasted since her job was seated; a second more makes it
-        # hundreds of times as long as a grant of bob's (writing one line)
-        time.sleep(1.0)
-        go.touch()
-        for job in [running, alices_next, *bobs]:
-            assert job.result(timeout=120)["r"] == 1
+    # alice's hold lasts from her first job's run until all four are seated; a second more
+    # makes it hundreds of times as long as a grant of bob's (writing one line)
+    served = order_served_after_alices_hold(
+        server_factory, tmp_path, ["alice", "bob", "bob", "bob"], held_on=1.0
+    )
     # before (turns by grants): ["alice", "bob", "bob", "bob"], alice's turn first
-    assert order.read_text().split() == ["bob", "bob", "bob", "alice"]
+    assert served == ["bob", "bob", "bob", "alice"]
