@@ -126,3 +126,27 @@ def test_the_routers_load_beside_its_capacity_says_whose_each_is() -> None:
             expected = next((s for name, s in scope.items() if name in target["expr"]), None)
             expected = expected or "all kinds"
             assert expected in target.get("legendFormat", ""), (panel["title"], target)
+
+
+#: the labels that tell one GPU from another: ``gpu`` is a server's own id for it (every
+#: server's first GPU is ``0``), ``instance`` the server Prometheus scraped, ``node`` the node
+#: behind a router (whose series all come from the router's ``instance``)
+ONE_GPU = {"instance", "node", "gpu"}
+
+
+@pytest.mark.parametrize("dashboard", ["kcoral-server.json", "kcoral-router.json"])
+def test_a_query_by_gpu_keeps_each_servers_gpus_apart(dashboard: str) -> None:
+    """Summed ``by (gpu)`` alone, GPU 0 of two servers was one series: two servers' GPUs,
+    each busy the whole time, read as one GPU busy 200% of the time in the server
+    dashboard's busy share (metrics soak, a real Prometheus scraping two fake-GPU servers),
+    and their lease waits were one quantile."""
+    document = json.loads((GRAFANA / dashboard).read_text(encoding="utf-8"))
+    merged = [
+        f"{panel['title']} {target['refId']}: by ({grouping})"
+        for panel in document["panels"]
+        for target in panel["targets"]
+        for grouping in re.findall(r"\bby \(([^)]*)\)", target["expr"])
+        if "gpu" in {label.strip() for label in grouping.split(",")}
+        and not ONE_GPU <= {label.strip() for label in grouping.split(",")}
+    ]
+    assert not merged, merged
