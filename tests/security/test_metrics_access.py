@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from http_helpers import execute, get
+from metrics_support import start_server_with_a_metrics_token
 from raw_http import call_program
-from server_process import start_server
 
 CLIENT_TOKEN = "client-t0ken-for-metrics-tests"
 METRICS_TOKEN = "scraper-t0ken-for-metrics-tests"
@@ -21,14 +21,7 @@ METRICS_TOKEN = "scraper-t0ken-for-metrics-tests"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("metrics-access")
-    token_file = directory / "tokens"
-    token_file.write_text(CLIENT_TOKEN + "\n")
-    token_file.chmod(0o600)
-    running = start_server(
-        directory,
-        ["--num-workers", "1", "--auth-token-file", str(token_file)],
-        env={"KCORAL_METRICS_TOKEN": METRICS_TOKEN},
-    )
+    running = start_server_with_a_metrics_token(directory, CLIENT_TOKEN, METRICS_TOKEN)
     yield running
     running.stop()
 

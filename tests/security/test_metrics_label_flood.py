@@ -19,10 +19,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
-from http_helpers import execute, get, request
+from http_helpers import execute, request
+from metrics_support import scrape, start_server_with_a_metrics_token
 from raw_http import call_program
 from router_helpers import router_with_a_node
-from server_process import start_server
 
 CLIENT_TOKEN = "client-t0ken-for-the-label-flood"
 METRICS_TOKEN = "scraper-t0ken-for-the-label-flood"
@@ -65,14 +65,7 @@ def flood(url: str, words: list[str]) -> None:
 
 def series(url: str, token: str = METRICS_TOKEN) -> dict[str, float]:
     """``name{labels}`` -> value of every sample of ``url``'s ``/metrics``."""
-    answer = get(url, "/metrics", bearer(token))
-    assert answer.status == 200, answer.raw[:300]
-    found: dict[str, float] = {}
-    for line in answer.raw.decode().splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            found[key] = float(value)
-    return found
+    return scrape(url, bearer(token))
 
 
 def made_up_words(count: int) -> list[str]:
@@ -95,14 +88,7 @@ def assert_no_word_reaches_the_text(found: dict[str, float], words: list[str]) -
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     directory = tmp_path_factory.mktemp("label-flood")
-    token_file = directory / "tokens"
-    token_file.write_text(CLIENT_TOKEN + "\n")
-    token_file.chmod(0o600)
-    running = start_server(
-        directory,
-        ["--num-workers", "1", "--auth-token-file", str(token_file)],
-        env={"KCORAL_METRICS_TOKEN": METRICS_TOKEN},
-    )
+    running = start_server_with_a_metrics_token(directory, CLIENT_TOKEN, METRICS_TOKEN)
     yield running
     running.stop()
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from http_helpers import get
+from server_process import RunningServer, start_server
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)")
 
@@ -38,3 +40,18 @@ def exported_names(url: str, headers: dict[str, str] | None = None) -> set[str]:
             suffixes = ("_bucket", "_count", "_sum") if kind == "histogram" else ("",)
             names.update(name + suffix for suffix in suffixes)
     return names
+
+
+def start_server_with_a_metrics_token(
+    directory: Path, client_token: str, metrics_token: str
+) -> RunningServer:
+    """A real one-worker server checking ``client_token``, with ``metrics_token`` as its
+    ``--metrics-token`` (given by env, as the docs advise)."""
+    token_file = directory / "tokens"
+    token_file.write_text(client_token + "\n")
+    token_file.chmod(0o600)
+    return start_server(
+        directory,
+        ["--num-workers", "1", "--auth-token-file", str(token_file)],
+        env={"KCORAL_METRICS_TOKEN": metrics_token},
+    )
