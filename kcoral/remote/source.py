@@ -92,7 +92,9 @@ def _check_decorators(fn: types.FunctionType, node: ast.FunctionDef | ast.AsyncF
     if len(decorators) == 1 and _is_function_decorator(decorators[0]):
         return
     if decorators:
-        shown = ", ".join("@" + ast.unparse(d) for d in decorators)
+        # The message names the others only: it called `@client.function()` "other" too.
+        others = [d for d in decorators if not _is_function_decorator(d)] or decorators
+        shown = ", ".join("@" + ast.unparse(d) for d in others)
         raise ValueError(
             f"remote function {fn.__name__!r} has other decorators ({shown}); they would be "
             "lost remotely" + _PICKLE_HINT

@@ -107,6 +107,21 @@ def test_the_decorator_that_makes_the_remote_function_is_allowed() -> None:
     assert "@client" not in json_module_source(namespace["ok"])
 
 
+def test_a_refusal_for_other_decorators_names_only_the_others() -> None:
+    # It said "has other decorators (@client.function(timeout=60), @fake_decorator)": the
+    # decorator making the remote function is no other one.
+    import linecache
+
+    source = "@client.function(timeout=60)\n@fake_decorator\ndef both(x):\n    return x\n"
+    linecache.cache["<kcoral-test-cell-3>"] = (len(source), None, source.splitlines(True), "x")
+    client = type("C", (), {"function": staticmethod(lambda **options: lambda f: f)})
+    namespace: dict = {"client": client, "fake_decorator": samples.fake_decorator}
+    exec(compile(source, "<kcoral-test-cell-3>", "exec"), namespace)
+    with pytest.raises(ValueError) as refused:
+        make(namespace["both"])
+    assert "has other decorators (@fake_decorator); they would be lost" in str(refused.value)
+
+
 def test_a_notebook_open_wrapper_does_not_count_as_shadowing_a_builtin() -> None:
     import functools
     import linecache
