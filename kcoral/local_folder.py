@@ -7,19 +7,35 @@ bounded by the system's PATH_MAX (an absolute path over 4096 bytes made "File na
 of a folder whose every name was fine); the protocol's own path limits apply where the files
 are uploaded. A file is opened with ``O_NONBLOCK`` and must then be the regular file that was
 listed: an entry swapped for a FIFO after it was checked fails instead of hanging the client.
+
+``hash_folder`` keeps no file's bytes: each file is hashed as it is read, and its
+``FileBlob`` reads it again, chunk by chunk, only while a request body is being sent, so a
+4 GiB folder needs a few MiB of the client's memory, not 4 GiB (CLIENT_API §3.3).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
-from kcoral.protocol.nofollow import CLOEXEC, DIRECTORY_FLAGS, DirectoryCursor, closing_fd
+from kcoral.protocol.nofollow import (
+    CLOEXEC,
+    DIRECTORY_FLAGS,
+    DirectoryCursor,
+    closing_fd,
+    open_beneath,
+)
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
+#: Bytes read at a time, and the most of a file a ``FileBlob`` holds while it is sent.
+CHUNK_BYTES = 1 << 20
+
+T = TypeVar("T")
 
 
 class LinkRefused(ValueError):
@@ -54,6 +70,114 @@ class LocalFile:
     mode: int
 
 
+class SentFileChanged(ValueError):
+    """A file of ``upload_folder`` that is no longer what was hashed when its bytes are
+    sent (changed, replaced, removed, unreadable). The request is cut before its body is
+    complete, so the server runs nothing; it never receives other bytes under the hash."""
+
+
+@dataclass(frozen=True)
+class FileBlob:
+    """A regular file below a folder, hashed when listed, whose bytes stay in the file
+    until a request sends them (``chunks``): the blob of one ``upload_folder`` file.
+
+    ``path`` is its ``/``-separated path in the folder, ``shown`` its local path for
+    messages; ``identity`` (device, inode) and ``signature`` (size, mtime, ctime) are the
+    file's as it was hashed."""
+
+    top: str
+    components: tuple[str, ...]
+    name: str
+    path: str
+    shown: str
+    mode: int
+    identity: tuple[int, int]
+    signature: tuple[int, int, int]
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        return self.signature[0]
+
+    def chunks(self) -> Iterator[bytes]:
+        """The file's bytes, at most ``CHUNK_BYTES`` at a time; ``SentFileChanged`` when
+        they are not the ones hashed. The last chunk is held back until the whole file has
+        been read and its hash checked, so a changed file never completes a body."""
+        try:
+            fd = self._reopen()
+        except OSError as exc:
+            raise self._changed(f"it cannot be read ({exc.strerror})") from None
+        with closing_fd(fd):
+            digest = hashlib.sha256()
+            held = b""
+            left = self.size
+            try:
+                before = os.fstat(fd)
+                if _signature(before)[0] != self.size:
+                    raise self._changed("its size changed")
+                while left:
+                    chunk = os.read(fd, min(left, CHUNK_BYTES))
+                    if not chunk:
+                        raise self._changed("it was cut short")
+                    digest.update(chunk)
+                    left -= len(chunk)
+                    if held:
+                        yield held
+                    held = chunk
+                after = os.fstat(fd)
+            except OSError as exc:
+                raise self._changed(f"it cannot be read ({exc.strerror})") from None
+            if _signature(before) != _signature(after) or digest.hexdigest() != self.sha256:
+                raise self._changed("its bytes changed")
+            if held:
+                yield held
+
+    def read(self) -> bytes:
+        """The whole file, checked as ``chunks`` checks it."""
+        return b"".join(self.chunks())
+
+    def _reopen(self) -> int:
+        """A descriptor of the file that was hashed (no link followed on the way)."""
+        with closing_fd(os.open(self.top, DIRECTORY_FLAGS)) as top_fd:
+            with closing_fd(open_beneath(top_fd, self.components)) as dir_fd:
+                fd = os.open(self.name, _FILE_FLAGS, dir_fd=dir_fd)
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != self.identity:
+            os.close(fd)
+            raise self._changed("it was replaced by another file")
+        return fd
+
+    def _changed(self, why: str) -> SentFileChanged:
+        return SentFileChanged(
+            f"{self.shown!r} changed after upload_folder hashed it ({why}); nothing was run: "
+            "upload the folder again, in a new Program"
+        )
+
+
+def hash_folder(
+    folder: str | os.PathLike[str], *, check: Callable[[str, str], None] | None = None
+) -> list[FileBlob]:
+    """``read_folder``'s files, in its order and with its refusals, each hashed as it is
+    read and kept as a ``FileBlob``: no file's bytes stay in memory."""
+
+    def hashed(item: _Listed, top: str, where: str, dir_fd: int) -> FileBlob:
+        digest = hashlib.sha256()
+        after = _read_listed(item.name, item.entry, where, digest.update, dir_fd=dir_fd)
+        return FileBlob(
+            top=top,
+            components=tuple(item.components),
+            name=item.name,
+            path="".join(f"{name}/" for name in item.components) + item.name,
+            shown=where,
+            mode=item.entry.st_mode,
+            identity=(after.st_dev, after.st_ino),
+            signature=_signature(after),
+            sha256=digest.hexdigest(),
+        )
+
+    return _each_file(folder, (), check, hashed)
+
+
 def read_folder(
     folder: str | os.PathLike[str],
     *,
@@ -70,6 +194,23 @@ def read_folder(
     reached twice, or a file changes while read. ``OSError`` (its ``filename`` the local
     path): something is unreadable, ``folder`` is missing or not a directory.
     """
+
+    def read(item: _Listed, top: str, where: str, dir_fd: int) -> LocalFile:
+        data = read_regular(item.name, item.entry, where, dir_fd=dir_fd)
+        prefix = "".join(f"{name}/" for name in item.components)
+        return LocalFile(f"{prefix}{item.name}", data, item.entry.st_mode)
+
+    return _each_file(folder, skip, check, read)
+
+
+def _each_file(
+    folder: str | os.PathLike[str],
+    skip: Collection[str],
+    check: Callable[[str, str], None] | None,
+    take: Callable[[_Listed, str, str, int], T],
+) -> list[T]:
+    """``take(listed, top, local path, directory fd)`` of every regular file below
+    ``folder``, as ``read_folder`` describes."""
     top = os.fsdecode(os.fspath(folder))
     info = os.lstat(top)
     if stat.S_ISLNK(info.st_mode):
@@ -77,7 +218,7 @@ def read_folder(
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", top)
     with closing_fd(os.open(top, DIRECTORY_FLAGS)) as root_fd, DirectoryCursor(root_fd) as cursor:
-        return _walk(cursor, top, info, skip, check)
+        return _walk(cursor, top, info, skip, check, take)
 
 
 @dataclass(frozen=True)
@@ -96,12 +237,13 @@ def _walk(
     info: os.stat_result,
     skip: Collection[str],
     check: Callable[[str, str], None] | None,
-) -> list[LocalFile]:
+    take: Callable[[_Listed, str, str, int], T],
+) -> list[T]:
     """List the whole tree first (every refusal: special files, a directory reached twice,
     ``check``), then read the files in the same order: a tree refused for one entry fails
     before any file is read, not after reading gigabytes."""
     listed = _list_tree(cursor, top, info, skip, check)
-    files: list[LocalFile] = []
+    files: list[T] = []
     directory: list[str] | None = None
     for item in listed:
         prefix = "".join(f"{name}/" for name in item.components)
@@ -115,8 +257,7 @@ def _walk(
                 directory = item.components
         except OSError as exc:
             raise _located(exc, f"{top}/{prefix}".rstrip("/")) from None
-        data = read_regular(item.name, item.entry, where, dir_fd=dir_fd)
-        files.append(LocalFile(f"{prefix}{item.name}", data, item.entry.st_mode))
+        files.append(take(item, top, where, dir_fd))
     return files
 
 
@@ -176,6 +317,21 @@ def read_regular(
     ``ValueError`` when it is no longer that file (a symlink, a FIFO, another file) or it
     changes (size, mtime, ctime) while read; ``OSError`` with ``filename`` ``shown``.
     """
+    chunks: list[bytes] = []
+    _read_listed(name, listed, shown, chunks.append, dir_fd=dir_fd)
+    return b"".join(chunks)
+
+
+def _read_listed(
+    name: str,
+    listed: os.stat_result,
+    shown: str,
+    consume: Callable[[bytes], object],
+    *,
+    dir_fd: int | None = None,
+) -> os.stat_result:
+    """Every byte of ``read_regular``'s file to ``consume``, chunk by chunk, with its checks;
+    the file's status once read."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -190,16 +346,16 @@ def read_regular(
                 raise ValueError(f"{shown!r} changed while it was read: it is now a {kind}")
             if not _same_file(opened, listed):
                 raise ValueError(f"{shown!r} changed while it was read")
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
+            size = 0
+            while chunk := os.read(fd, CHUNK_BYTES):
+                consume(chunk)
+                size += len(chunk)
             after = os.fstat(fd)
         except OSError as exc:
             raise _located(exc, shown) from None
-    data = b"".join(chunks)
-    if _signature(opened) != _signature(after) or len(data) != after.st_size:
+    if _signature(opened) != _signature(after) or size != after.st_size:
         raise ValueError(f"{shown!r} changed while it was read")
-    return data
+    return after
 
 
 def kind_of(mode: int) -> str:

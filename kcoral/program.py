@@ -2,7 +2,10 @@
 
 Every builder call validates everything first and only then commits, so a call that raises
 leaves the program unchanged and consumes no generated id. Bytes, arrays and JSON literals
-are copied at call time; later mutation of the caller's objects changes nothing here.
+are copied at call time; later mutation of the caller's objects changes nothing here. A
+folder's files are hashed at call time and read again only as a request sends them
+(``kcoral.local_folder.FileBlob``): one changed meanwhile fails that request, never sends
+other bytes.
 """
 
 from __future__ import annotations
@@ -11,12 +14,12 @@ import hashlib
 import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from kcoral.local_folder import read_folder
+from kcoral.local_folder import FileBlob, hash_folder
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import UploadedPaths, normalize_workspace_path, shown_path
 from kcoral.tensors import tensor_payload
@@ -47,7 +50,8 @@ class Program:
         self._ids: set[str] = set()
         self._return_keys: set[str] = set()
         self._file_paths = UploadedPaths()
-        self._blobs: dict[str, bytes] = {}  # insertion order == order of first reference
+        # insertion order == order of first reference
+        self._blobs: dict[str, bytes | FileBlob] = {}
         self._counter = 0
 
     # -- read access ---------------------------------------------------------------------
@@ -59,7 +63,14 @@ class Program:
 
     @property
     def blobs(self) -> Mapping[str, bytes]:
-        """Read-only ``sha256 -> bytes`` of every blob, in order of first reference."""
+        """Read-only ``sha256 -> bytes`` of every blob, in order of first reference (a
+        folder's file is read when looked up)."""
+        return _BlobBytes(self._blobs)
+
+    @property
+    def blob_sources(self) -> Mapping[str, bytes | FileBlob]:
+        """Read-only ``sha256 -> bytes``, or the ``FileBlob`` whose bytes stay in a local file
+        until a request sends them; what a request body is built from."""
         return MappingProxyType(self._blobs)
 
     def __repr__(self) -> str:
@@ -149,15 +160,16 @@ class Program:
             except ValidationError as exc:
                 raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
 
-        files = read_folder(folder, check=check)
-        destinations = [(prefix + file.path, file.data) for file in files]
+        # hashed, not kept: the bytes are read again as a request sends them
+        files = hash_folder(folder, check=check)
+        destinations = [(prefix + file.path, file) for file in files]
         destinations.sort(key=lambda item: item[0])
         self._check_new_file_paths([destination for destination, _ in destinations])
 
         counter = self._counter
         taken = set(self._ids)
         instructions = []
-        for destination, data in destinations:
+        for destination, file in destinations:
             new_id, counter = _generate_id("upload", counter, taken)
             taken.add(new_id)
             instructions.append(
@@ -166,11 +178,11 @@ class Program:
                     "id": new_id,
                     "kind": "file",
                     "path": destination,
-                    "blob": _sha256(data),
+                    "blob": file.sha256,
                 }
             )
-        for instruction, (destination, data) in zip(instructions, destinations, strict=True):
-            self._commit(instruction, counter, blobs=[data], file_paths=[destination])
+        for instruction, (destination, file) in zip(instructions, destinations, strict=True):
+            self._commit(instruction, counter, blobs=[file], file_paths=[destination])
 
     # -- functions and calls -------------------------------------------------------------
 
@@ -304,7 +316,7 @@ class Program:
         instruction: dict[str, Any],
         counter: int,
         *,
-        blobs: Sequence[bytes] = (),
+        blobs: Sequence[bytes | FileBlob] = (),
         file_paths: Sequence[str] = (),
         key: str | None = None,
     ) -> None:
@@ -317,6 +329,24 @@ class Program:
             self._blobs.setdefault(instruction["blob"], data)
         self._file_paths.add(file_paths)
         self._counter = counter
+
+
+class _BlobBytes(Mapping[str, bytes]):
+    """``Program.blobs``: every blob as bytes, a folder's file read (and checked) when
+    looked up; nothing is read to list or count them."""
+
+    def __init__(self, blobs: Mapping[str, bytes | FileBlob]) -> None:
+        self._blobs = blobs
+
+    def __getitem__(self, digest: str) -> bytes:
+        blob = self._blobs[digest]
+        return blob if isinstance(blob, bytes) else blob.read()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._blobs)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
 
 
 #: Exact types a literal list may hold as they are (immutable; a float if it is finite).

@@ -26,7 +26,7 @@ import urllib3
 
 from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
-from kcoral.connection.transport import Request, Response, refuse_encoded_body
+from kcoral.connection.transport import Request, Response, body_pieces, refuse_encoded_body
 from kcoral.errors import ProtocolError, TransportError, unreachable_message
 
 #: The older name of ``Response`` (answers of this transport).
@@ -76,12 +76,16 @@ class HttpTransport:
     def handle_request(self, request: Request) -> Response:
         """The ``Transport`` interface (``kcoral.connection.transport``)."""
         chunks = request.chunks
-        if chunks is not None and len(chunks) > 1 and request.length <= SMALL_BODY_BYTES:
-            chunks = (b"".join(chunks),)
+        body: Iterable[bytes | memoryview] | None = None
+        if chunks is not None:
+            if len(chunks) > 1 and request.length <= SMALL_BODY_BYTES:
+                body = (b"".join(body_pieces(chunks)),)
+            else:
+                body = body_pieces(chunks)  # a folder's files read as they are sent
         return self.request(
             request.method,
             request.path,
-            body=chunks,
+            body=body,
             content_length=request.length,
             headers=request.headers,
             read_timeout=request.read_timeout,

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kcoral.connection.transport import body_pieces
 from kcoral.errors import ProtocolError
+from kcoral.local_folder import FileBlob
 from kcoral.program import Program
 from kcoral.protocol.headers import (
     NODE_HEADER,
@@ -23,7 +25,7 @@ from kcoral.protocol.headers import (
     TIMEOUT_OUTPUT_HEADER,
     node_preference,
 )
-from kcoral.protocol.multipart import encode_multipart
+from kcoral.protocol.multipart import BodyChunk, encode_multipart
 from kcoral.protocol.output_order import OUTPUT_ORDER_HEADER
 from kcoral.protocol.selector import SELECT_HEADER, Selector, format_selector
 from kcoral.protocol.strict_json import dumps_compact
@@ -50,12 +52,12 @@ class Attempt:
 
     number: int
     headers: dict[str, str]
-    chunks: list[bytes | memoryview]
+    chunks: Sequence[BodyChunk]
     length: int
 
     def body(self) -> bytes:
         """The body as one ``bytes`` (for HTTP libraries that cannot take chunks)."""
-        return b"".join(self.chunks)
+        return b"".join(body_pieces(self.chunks))
 
 
 def execute_body(
@@ -117,8 +119,9 @@ class ExecuteNegotiation:
             output_limit_bytes=output_limit_bytes,
             gpu_count=gpu_count,
         )
-        # Snapshot: the program may be changed by the caller while we wait for answers.
-        self._blobs = dict(program.blobs)
+        # Snapshot: the program may be changed by the caller while we wait for answers. A
+        # folder's file stays a FileBlob, read only if an attempt sends it.
+        self._blobs = dict(program.blob_sources)
         self._headers = dict(headers or {})
         if serialization is not None:
             self._headers = {
@@ -157,7 +160,7 @@ class ExecuteNegotiation:
 
     def _attempt(self, blobs: list[str], *, node: str | None) -> Attempt:
         self._attempts += 1
-        parts: list[tuple[str, str, bytes | memoryview]] = [
+        parts: list[tuple[str, str, bytes | FileBlob]] = [
             ("program", "application/json", self._program_json)
         ]
         parts.extend((f"blob:{d}", "application/octet-stream", self._blobs[d]) for d in blobs)

@@ -14,7 +14,7 @@ scenario runs through ``Client`` and ``AsyncClient`` without a server (as httpx'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
@@ -22,6 +22,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from kcoral.connection.in_flight import InFlight, running
 from kcoral.connection.per_process import PerProcess
 from kcoral.errors import ProtocolError
+from kcoral.protocol.multipart import BodyChunk
 
 T = TypeVar("T")
 
@@ -31,13 +32,13 @@ class Request:
     """One HTTP request relative to the client's base URL.
 
     ``chunks`` is the body in pieces (a large body is sent as given, never joined by the
-    client; ``HttpTransport`` joins a small one, up to 64 KiB, into one send); ``None``
-    sends no body."""
+    client; ``HttpTransport`` joins a small one, up to 64 KiB, into one send), a local
+    file's piece read only as it is sent (``body_pieces``); ``None`` sends no body."""
 
     method: str
     path: str
     headers: Mapping[str, str] = field(default_factory=dict)
-    chunks: Sequence[bytes | memoryview] | None = None
+    chunks: Sequence[BodyChunk] | None = None
     length: int = 0
     #: seconds the answer may take once sent; None: no bound (a program's own deadline is
     #: the server's to enforce, CLIENT_API §2)
@@ -45,7 +46,17 @@ class Request:
 
     def body(self) -> bytes:
         """The whole body as one ``bytes`` (tests and transports that cannot stream)."""
-        return b"".join(bytes(chunk) for chunk in self.chunks or ())
+        return b"".join(bytes(piece) for piece in body_pieces(self.chunks or ()))
+
+
+def body_pieces(chunks: Iterable[BodyChunk]) -> Iterator[bytes | memoryview]:
+    """The body's bytes in order: each chunk in memory as it is, a streamed one read piece by
+    piece (at most 1 MiB of it held at a time)."""
+    for chunk in chunks:
+        if isinstance(chunk, (bytes, memoryview)):
+            yield chunk
+        else:
+            yield from chunk.chunks()
 
 
 @dataclass(frozen=True)

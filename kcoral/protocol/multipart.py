@@ -10,9 +10,9 @@ from __future__ import annotations
 import mmap
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, overload
 
 from kcoral.protocol.errors import ValidationError
 
@@ -310,29 +310,71 @@ def parse_multipart(body: memoryview | bytes | bytearray, boundary: bytes) -> li
 # ----------------------------------------------------------------------------- encoding
 
 
+class StreamedData(Protocol):
+    """A part's data read only while the body is sent: its ``size`` is known up front, its
+    bytes come from ``chunks()`` (which raises when it cannot give exactly those bytes)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def chunks(self) -> Iterator[bytes]: ...
+
+
+_IN_MEMORY = (bytes, bytearray, memoryview)
+#: One piece of an encoded body: bytes, a byte view, or data read as it is sent.
+BodyChunk = bytes | memoryview | StreamedData
+
+
+def chunk_length(chunk: BodyChunk) -> int:
+    """Bytes ``chunk`` adds to the body."""
+    if isinstance(chunk, bytes):
+        return len(chunk)
+    return chunk.nbytes if isinstance(chunk, memoryview) else chunk.size
+
+
 def _quote(value: str) -> str:
     if any(c in value for c in "\r\n\x00"):
         raise ValueError(f"line break or NUL in multipart header value {value!r}")
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+@overload
 def encode_multipart(
     parts: Sequence[tuple[str, str, bytes | bytearray | memoryview]],
-) -> tuple[str, list[bytes | memoryview], int]:
+) -> tuple[str, list[bytes | memoryview], int]: ...
+
+
+@overload
+def encode_multipart(
+    parts: Sequence[tuple[str, str, bytes | bytearray | memoryview | StreamedData]],
+) -> tuple[str, Sequence[BodyChunk], int]: ...
+
+
+def encode_multipart(
+    parts: Sequence[tuple[str, str, bytes | bytearray | memoryview | StreamedData]],
+) -> tuple[str, Sequence[BodyChunk], int]:
     """Encode (name, content type, data) parts; returns (Content-Type, chunks, length).
 
-    The boundary is ``kcoral-<32 random hex>``, redrawn until no part contains it. Data
-    chunks are the caller's objects (byte views of them), never copies.
+    The boundary is ``kcoral-<32 random hex>``, redrawn until no part in memory contains
+    it. Data chunks are the caller's objects (byte views of them), never copies. Streamed
+    data is not read here, so not searched: its bytes were hashed before this boundary was
+    drawn, so they hold it only by a 2**-128 chance per place, and then the part would end
+    early, fail its hash and be refused (400), never run.
     """
-    views = [(name, ctype, _as_bytes_view(data)) for name, ctype, data in parts]
+    views: list[tuple[str, str, memoryview | StreamedData]] = [
+        (name, ctype, _as_bytes_view(data) if isinstance(data, _IN_MEMORY) else data)
+        for name, ctype, data in parts
+    ]
     while True:
         boundary = f"kcoral-{secrets.token_hex(16)}"
         needle = boundary.encode("ascii")
         if not any(
-            _Finder(view).find(needle, 0) >= 0 or boundary in name for name, _, view in views
+            boundary in name
+            or (isinstance(view, memoryview) and _Finder(view).find(needle, 0) >= 0)
+            for name, _, view in views
         ):
             break
-    chunks: list[bytes | memoryview] = []
+    chunks: list[BodyChunk] = []
     lead = b""
     for name, ctype, view in views:
         header = (
@@ -341,9 +383,9 @@ def encode_multipart(
             f"Content-Type: {_quote(ctype)}\r\n\r\n"
         ).encode()
         chunks.append(lead + header)
-        if view.nbytes:
+        if chunk_length(view):
             chunks.append(view)
         lead = b"\r\n"
     chunks.append(lead + f"--{boundary}--\r\n".encode("ascii"))
-    length = sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks)
+    length = sum(map(chunk_length, chunks))
     return f"multipart/form-data; boundary={boundary}", chunks, length
