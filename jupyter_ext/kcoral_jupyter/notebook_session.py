@@ -287,7 +287,7 @@ class SessionHolder:
                 connect_timeout_seconds=EXIT_CONNECT_TIMEOUT_SECONDS,
             )
             try:
-                client.attach_session(remote.id).close()
+                ClientSession(client, {"session_id": remote.id}).close()  # no read first
             finally:
                 client.close()
         except Exception:  # at exit there is no one to tell

@@ -42,7 +42,7 @@ from kcoral_server.router.routes.info import InfoHandler
 from kcoral_server.router.routes.job_index import JobIndex
 from kcoral_server.router.routes.jobs import JobHandler, JobsHandler
 from kcoral_server.router.routes.metrics import RouterMetricsHandler
-from kcoral_server.router.routes.session_index import SessionIndex
+from kcoral_server.router.routes.session_index import SessionIndex, SessionInventory
 from kcoral_server.router.routes.sessions import SessionHandler, SessionsHandler
 from kcoral_server.router.settings import RouterSettings
 
@@ -78,6 +78,7 @@ class RouterState:
         self.metrics = RouterMetrics()
         self.metrics.attach(self)
         self.revocations = NodeRevocations(self)  # what the nodes hear of a reload
+        self.inventory = SessionInventory(self)  # what nodes hold as they connect (ROUTER §13)
 
     def reload_tokens(self) -> None:
         """SIGHUP: read ``--auth-token-file`` again (EXTENSIONS §6, token reload). A bad file

@@ -106,6 +106,7 @@ def build_state(settings: RouterSettings, log: RouterLog) -> RouterState:
             node_states(registry.nodes)
         wake()
         state.revocations.check_nodes()  # a node that (re)connected hears what it missed
+        state.inventory.check_nodes()  # and, in the grace, says which sessions it holds
 
     registry.on_change = changed
     return state

@@ -1,11 +1,14 @@
 """Which node holds which session, and for whom (EXTENSIONS §11, ROUTER §13): the router learns it
 from 201 answers, merged lists and look-ups (bounded), and ends a session for good once its
-node leaves or runs a new server; and what it does for a node that comes back still holding
-sessions it ended."""
+node leaves or runs a new server; what it does for a node that comes back still holding
+sessions it ended; and, in its first seconds, what each node that connects lists (so a
+session whose node restarted since is known gone) and the ends asked for meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,9 +16,29 @@ from typing import Any
 
 from kcoral_server.front_door.callers import Identity
 from kcoral_server.router.forwarding.headers import identity_header
-from kcoral_server.router.routes.fan_out import (
-    fetch,
-)
+from kcoral_server.router.nodes.slot import CONTROL
+from kcoral_server.router.routes.fan_out import fetch, untrusted_json
+
+SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: whom the router names itself to a node when it lists that node's sessions: an admin
+#: identity sees every identity's (EXTENSIONS §11)
+LISTER = Identity("kcoral-router", admin=True)
+
+
+#: the identities whose ends of one session id are kept (the owner, an admin, strangers)
+MAX_CLOSERS = 4
+#: a supervisor's longest reconnect back-off (ROUTER §4.5): a node that lived through the
+#: router's grace has reconnected, and listed its sessions, by this long after it
+LONGEST_RECONNECT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A session a node listed when it connected (not a binding: see ``SessionIndex.gone``)."""
+
+    node_id: str
+    instance_id: str  # the node's server then
+    owner: str
 
 
 @dataclass
@@ -34,6 +57,13 @@ class RoutedSession:
             self.ended = f"session ended: its node {self.node_id} {why}; its state is lost"
 
 
+def _bounded_put(table: OrderedDict[str, Any], key: str, value: Any, capacity: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > capacity:
+        table.popitem(last=False)
+
+
 class SessionIndex:
     """Session id → node, learned from 201 answers, merged lists and look-ups (bounded),
     and which nodes offer sessions (from their ``/v1/info``)."""
@@ -42,6 +72,10 @@ class SessionIndex:
         self.capacity = capacity
         self._sessions: OrderedDict[str, RoutedSession] = OrderedDict()
         self.offering: set[str] = set()
+        # What nodes listed as they connected (None: more than one node listed the id, so
+        # one of them lies), and the ends asked for by whom while no node knew the id.
+        self._listed: OrderedDict[str, Listing | None] = OrderedDict()
+        self._closing: OrderedDict[str, dict[Identity, None]] = OrderedDict()
 
     def remember(self, session_id: str, node_id: str, instance_id: str, owner: str) -> bool:
         """Bind ``session_id`` to ``node_id``; False when another node holds it already.
@@ -102,6 +136,39 @@ class SessionIndex:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def listed(self, session_id: str, listing: Listing) -> None:
+        """``listing.node_id`` lists ``session_id`` (as it connected)."""
+        known = self._listed.get(session_id, listing)
+        same = known is not None and known.node_id == listing.node_id
+        _bounded_put(self._listed, session_id, listing if same else None, self.capacity)
+
+    def gone(self, session_id: str, identity: Identity, not_held_by: set[str]) -> Listing | None:
+        """Where ``session_id``, which no node holds now, was listed, when it is gone for
+        sure for ``identity`` (its owner or an admin): the node that listed it is among
+        ``not_held_by``, those that have just answered that they do not hold it."""
+        listing = self._listed.get(session_id)
+        if listing is None or not identity.owns(listing.owner):
+            return None
+        return listing if listing.node_id in not_held_by else None
+
+    def close_later(self, session_id: str, identity: Identity) -> None:
+        """``identity`` ended ``session_id`` while no node knew it: its node is asked to
+        end it in ``identity``'s name once it lists it (``SessionInventory``). Kept per
+        identity, so another identity's end of the id cannot take the place of its owner's."""
+        closers = self._closing.pop(session_id, {})
+        if len(closers) < MAX_CLOSERS:  # the first ones stay: a stranger's cannot push out
+            closers[identity] = None
+        _bounded_put(self._closing, session_id, closers, self.capacity)
+
+    def take_close(self, session_id: str, owner: str) -> Identity | None:
+        """One who asked to end ``session_id`` (of ``owner``) and may, while no node knew
+        it; the session's asks are then done with."""
+        closers = self._closing.pop(session_id, {})
+        return next((identity for identity in closers if identity.owns(owner)), None)
+
+    def forget_closes(self) -> None:
+        self._closing.clear()
+
 
 async def release_orphans(state: Any, node_id: str) -> None:
     """A lost node came back with the same server: it still holds the sessions the router
@@ -111,9 +178,8 @@ async def release_orphans(state: Any, node_id: str) -> None:
     if node is None:
         return
     for session_id, session in state.sessions.orphans(node_id, node.server_instance_id):
-        header = identity_header(Identity(session.owner))
         path = f"/v1/sessions/{session_id}"
-        await fetch(state, node_id, "DELETE", path, [(header.name, header.value)])
+        await fetch(state, node_id, "DELETE", path, _named(Identity(session.owner)))
 
 
 def node_back_handler(state: Any) -> Callable[[str], None]:
@@ -126,3 +192,75 @@ def node_back_handler(state: Any) -> Callable[[str], None]:
         task.add_done_callback(tasks.discard)
 
     return node_back
+
+
+class SessionInventory:
+    """In the router's first ``--reconnect-grace-seconds``, and the longest reconnect
+    back-off after them, each node that connects is asked for every session it holds, once
+    per connection and server instance (ROUTER §13). A session it listed and no longer holds
+    is gone for sure, where the router said only "not found yet" (``SessionIndex.gone``);
+    and an end asked for while no node knew the session goes to the node that lists it."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self._asked: dict[str, str] = {}  # node id -> the server instance asked
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def check_nodes(self) -> None:
+        """Registry change: list each node that (re)connected, while it may matter."""
+        for node_id in [n for n, node in self.state.registry.nodes.items() if not node.connected]:
+            self._asked.pop(node_id, None)
+        age = time.monotonic() - self.state.started_monotonic
+        if age >= self.state.settings.reconnect_grace_seconds + LONGEST_RECONNECT_SECONDS:
+            self.state.sessions.forget_closes()  # every node that lived then is back by now
+            return
+        for node_id, node in self.state.registry.nodes.items():
+            instance = node.server_instance_id
+            if (
+                node.connected
+                and instance
+                and self._asked.get(node_id) != instance
+                and node.current_slots(CONTROL)
+            ):
+                self._asked[node_id] = instance
+                task = asyncio.get_running_loop().create_task(self._list(node_id, instance))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _list(self, node_id: str, instance: str) -> None:
+        answer = await fetch(self.state, node_id, "GET", "/v1/sessions", _named(LISTER))
+        if answer is None or answer[0] != 200:
+            self._asked.pop(node_id, None)  # asked again at the next change
+            return
+        records = untrusted_json(answer[1])  # a node-token holder wrote it
+        listed = [_id_and_owner(r) for r in (records if isinstance(records, list) else [])]
+        count = sum(1 for session_id, _ in listed if session_id is not None)
+        self.state.log.event("node_sessions_listed", node=node_id, sessions=count)
+        for session_id, owner in listed:
+            if session_id is None or self.state.sessions.get(session_id) is not None:
+                continue  # bound already: what the router learnt first stands
+            self.state.sessions.listed(session_id, Listing(node_id, instance, owner))
+            closer = self.state.sessions.take_close(session_id, owner)
+            if closer is not None:  # in its name: the node ends only what it may end
+                path = f"/v1/sessions/{session_id}"
+                await fetch(self.state, node_id, "DELETE", path, _named(closer))
+
+
+def _named(identity: Identity) -> list[tuple[bytes, bytes]]:
+    header = identity_header(identity)
+    return [(header.name, header.value)]
+
+
+def session_record_id(record: Any) -> str | None:
+    """The id of a node's session record (an object with a session id and an ``owner``
+    string), or None for anything else."""
+    if not isinstance(record, dict) or not isinstance(record.get("owner"), str):
+        return None
+    session_id = record.get("session_id")
+    return session_id if isinstance(session_id, str) and SESSION_ID.fullmatch(session_id) else None
+
+
+def _id_and_owner(record: Any) -> tuple[str | None, str]:
+    """The session id and owner of a listed record (None: not a session record)."""
+    session_id = session_record_id(record)
+    return session_id, record["owner"] if session_id is not None else ""

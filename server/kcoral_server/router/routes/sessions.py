@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from typing import Any, TypeGuard
 
@@ -39,24 +38,33 @@ from kcoral_server.router.admission.selection import (
 from kcoral_server.router.auth import error_answer
 from kcoral_server.router.forwarding.answer import BUFFERED_ANSWER_LIMIT
 from kcoral_server.router.forwarding.forward import ForwardHandler, check_length
+from kcoral_server.router.nodes.registry import SERVER_RESTARTED
 from kcoral_server.router.nodes.slot import CONTROL
 from kcoral_server.router.routes.fan_out import (
-    answer_while_nodes_reconnect,
     answers_to_merge,
     ask_every_node,
     error_kind,
     merged_answer,
+    not_found_yet,
     sole_claims,
     untrusted_json,
     warn_contested,
 )
 from kcoral_server.router.routes.jobs import learn_submitted_job
-from kcoral_server.router.routes.session_index import RoutedSession
+from kcoral_server.router.routes.session_index import (
+    SESSION_ID,
+    RoutedSession,
+    session_record_id,
+)
 from kcoral_server.sessions.seat_shares import seat_count
 
-SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 NOT_FOUND = "unknown session id"
 NO_SEAT = "no node offers a free session seat"
+#: A session's end asked for in the router's first seconds, before any node knew it
+CLOSE_KEPT = (
+    "session ended for you: the router has just started and the node that holds it has not "
+    "reconnected; the router ends it there when it does"
+)
 #: How long a session's cut-off request watches its server's slots before it is told the
 #: server is gone: a dead server's never come back, a live one's reconnect within about
 #: 1.2 s of a dropped connection (the tunnel's first retry, ROUTER §5).
@@ -144,15 +152,6 @@ async def server_gone(registry: Any, node_id: str, instance_id: str) -> bool:
 
 def may_see(identity: Identity, session: RoutedSession) -> bool:
     return identity.admin or identity.name == session.owner
-
-
-def session_record_id(record: Any) -> str | None:
-    """The id of a node's session record (an object with a session id and an ``owner``
-    string), or None for anything else."""
-    if not isinstance(record, dict) or not isinstance(record.get("owner"), str):
-        return None
-    session_id = record.get("session_id")
-    return session_id if isinstance(session_id, str) and SESSION_ID.fullmatch(session_id) else None
 
 
 def created_at(record: dict[str, Any]) -> int | float:
@@ -422,10 +421,13 @@ class SessionHandler(ForwardHandler):
 
     async def _look_up(self, session_id: str) -> str | None:
         claims: list[tuple[str, str]] = []  # (node, owner) of every node that says it holds it
+        not_held: set[str] = set()  # the nodes that answered they do not
         for node, answer, _headers in await ask_every_node(self, f"/v1/sessions/{session_id}"):
             if answer is None:
                 continue
             status, body = answer
+            if status == 404:
+                not_held.add(node)
             if status == 200:
                 record = untrusted_json(body)
                 owner = record.get("owner") if isinstance(record, dict) else None
@@ -452,11 +454,46 @@ class SessionHandler(ForwardHandler):
             )
         if known is not None and known.ended is not None and may_see(self.identity, known):
             self.send_router_error(410, "session_ended", known.ended, "request_rejected")
+        elif not claims and known is None and self._gone(session_id, not_held):
+            pass  # the node that listed it no longer holds it: the final answer at once
         # another identity's session answers as an unknown id, in the grace too (ROUTER §13)
         elif (
             claims
             or (known is not None and may_see(self.identity, known))
-            or not answer_while_nodes_reconnect(self, "session")
+            or not self._not_found_yet(session_id)
         ):
             self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
         return None
+
+    def _gone(self, session_id: str, not_held: set[str]) -> bool:
+        """Answer a session gone for sure (``SessionIndex.gone``): ``410`` where the node
+        that listed it runs another server now, ``404`` where the same server dropped it.
+        Before, the router's first seconds answered "not found yet" and the client asked
+        again for 10 s for a session its node's restart had ended. True: answered."""
+        listing = self.state.sessions.gone(session_id, self.identity, not_held)
+        if listing is None:
+            return False
+        node = self.state.registry.nodes.get(listing.node_id)
+        if node is None or node.server_instance_id in ("", listing.instance_id):
+            self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
+            return True
+        ended = RoutedSession(listing.node_id, listing.instance_id, listing.owner)
+        ended.lose(SERVER_RESTARTED)
+        self.send_router_error(410, "session_ended", str(ended.ended), "request_rejected")
+        return True
+
+    def _not_found_yet(self, session_id: str) -> bool:
+        """In the router's first seconds, an id no node knows may be on a node that has not
+        reconnected: ``503`` "not found yet" (the client asks again), but its end is kept
+        and answered at once (``410``), so a kernel that exits, or a script's last line, is
+        not held for the client's 10 s; the node that lists it is asked to end it in the
+        caller's name (``SessionInventory``). True: answered."""
+        message = not_found_yet(self, "session")
+        if message is None:
+            return False
+        if self.request.method != "DELETE":
+            self.send_router_error(503, "no_node", message, "node_gone")
+            return True
+        self.state.sessions.close_later(session_id, self.identity)
+        self.send_router_error(410, "session_ended", CLOSE_KEPT, "request_rejected")
+        return True

@@ -1,0 +1,119 @@
+"""In a restarted router's first seconds (``--reconnect-grace-seconds``), an id no node knows
+is answered 503 "session not found yet" and the client asks again for up to 10 s
+(ROUTER §13, EXTENSIONS §11). Where the router can know better it now says so at once: a
+session its node listed when it reconnected, and that the node no longer holds (its server
+restarted since), gets the final ``410``; and a session's end asked for before its node is
+back is kept and answered at once, then carried out when the node lists the session.
+Before, both waited the client's 10 s for the 503, a script's ``session.close()`` raised
+it, and a kernel's exit (which read the record first) gave up and left the session open. A
+real router, restarted on its port, and a real CPU node."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from kcoral_jupyter.notebook_session import NotebookSession, SessionHolder
+from router_helpers import Node, RouterProcess, ready_nodes, stopping
+from test_router_restart_grace import (
+    NODE_ENV,
+    REMEMBER,
+    TOKEN,
+    free_port,
+    router_on,
+    session_call,
+)
+
+import kcoral
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(check, what: str, router: RouterProcess, node: Node) -> None:
+    """A hang guard, not a timing check."""
+    deadline = time.monotonic() + 90
+    while not check():
+        assert time.monotonic() < deadline, f"{what}\n{router.log()}\n{node.log_path.read_text()}"
+        time.sleep(0.05)
+
+
+def test_a_session_whose_node_restarted_its_server_after_the_router_is_ended_at_once(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    router = router_on(tmp_path, port)
+    node = Node(tmp_path, router, "only", NODE_ENV)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        with kcoral.Client(router.url, token=TOKEN) as client:
+            session = client.session()
+            assert session.execute(session_call(REMEMBER, 41))["value"] == 41
+            router.stop()
+            restarted = router_on(tmp_path, port)
+            with stopping(restarted, []):
+                listed = "node_sessions_listed node=only sessions=1"
+                wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+                os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
+                started = "server_child_started"
+                wait_for(
+                    lambda: node.log_path.read_text().count(started) == 2,
+                    "a new server",
+                    restarted,
+                    node,
+                )
+                ready_nodes(restarted, 1)
+                with pytest.raises(kcoral.KCoralError) as ended:
+                    session.execute(session_call(REMEMBER, 42))
+    assert (ended.value.status_code, ended.value.kind) == (410, "session_ended")
+    assert ended.value.message == (
+        "session ended: its node only restarted its server; its state is lost"
+    )
+
+
+def end_as_a_kernel_exits(session: kcoral.Session, router: RouterProcess) -> None:
+    """What a notebook's kernel does with its session as it exits (``atexit``)."""
+    holder = SessionHolder()
+    holder.current = NotebookSession(session, router.url, TOKEN, keep=False)
+    holder.end_at_exit()
+
+
+@pytest.mark.parametrize("closed_by", ["script", "kernel exit"])
+def test_a_session_closed_before_its_node_is_back_is_ended_there_when_it_is(
+    tmp_path: Path, closed_by: str
+) -> None:
+    port = free_port()
+    router = router_on(tmp_path, port)
+    node = Node(tmp_path, router, "only", NODE_ENV)
+    with stopping(router, [node]):
+        ready_nodes(router, 1)
+        with kcoral.Client(router.url, token=TOKEN) as client:
+            session = client.session()
+            assert session.execute(session_call(REMEMBER, 41))["value"] == 41
+            os.kill(node.process.pid, signal.SIGSTOP)  # its supervisor cannot reconnect yet
+            try:
+                router.stop()
+                restarted = router_on(tmp_path, port)
+                with stopping(restarted, []):
+                    # answered at once: a script's close raised the 503 after 10 s, and a
+                    # kernel's exit waited 10 s for its read of the record, then gave up
+                    if closed_by == "script":
+                        session.close()
+                    else:
+                        end_as_a_kernel_exits(session, restarted)
+                    os.kill(node.process.pid, signal.SIGCONT)
+
+                    def ended_there() -> bool:
+                        try:
+                            record = client.attach_session(session.id).info()
+                        except kcoral.KCoralError:
+                            return False
+                        return record["state"] == "ENDED"
+
+                    wait_for(ended_there, "the node ends it", restarted, node)
+                    record = client.attach_session(session.id).info()
+            finally:
+                os.kill(node.process.pid, signal.SIGCONT)
+    assert record["end_reason"] == "deleted"

@@ -1,0 +1,48 @@
+"""What a restarted router believes of the sessions its nodes list, and whose ends it carries
+out (``routes/session_index.py``, ROUTER §13): the decisions behind
+``test_a_session_gone_while_the_router_restarted.py``, with the attacks they turn away."""
+
+from __future__ import annotations
+
+from kcoral_server.front_door.callers import Identity
+from kcoral_server.router.routes.session_index import MAX_CLOSERS, Listing, SessionIndex
+
+SESSION = "0c8f7a4e-4d7e-4a51-9d55-0000000000aa"
+ALICE, BOB, ADMIN = Identity("alice"), Identity("bob"), Identity("root", admin=True)
+
+
+def test_a_listed_session_is_gone_only_for_its_owner_and_where_it_was_listed() -> None:
+    index = SessionIndex()
+    index.listed(SESSION, Listing("n1", "server-1", "alice"))
+    assert index.gone(SESSION, ALICE, {"n1"}) == Listing("n1", "server-1", "alice")
+    assert index.gone(SESSION, ADMIN, {"n1"}) is not None
+    # another identity learns nothing: its answer stays an unknown id's
+    assert index.gone(SESSION, BOB, {"n1"}) is None
+    # the node that listed it has not answered (not back yet): not known gone
+    assert index.gone(SESSION, ALICE, {"n2"}) is None
+    assert index.get(SESSION) is None  # a listing binds nothing
+
+
+def test_an_id_two_nodes_list_is_believed_of_neither() -> None:
+    # a rogue node that learnt a session id lists it too: neither listing is believed, so
+    # the rogue cannot make the router end the session for its owner
+    index = SessionIndex()
+    index.listed(SESSION, Listing("n1", "server-1", "alice"))
+    index.listed(SESSION, Listing("rogue", "server-9", "alice"))
+    index.listed(SESSION, Listing("n1", "server-1", "alice"))
+    assert index.gone(SESSION, ALICE, {"n1", "rogue"}) is None
+
+
+def test_another_identitys_end_of_a_session_is_never_carried_out_for_it() -> None:
+    index = SessionIndex()
+    index.close_later(SESSION, BOB)  # a token holder who learnt the id ends it first
+    for number in range(MAX_CLOSERS):
+        index.close_later(SESSION, Identity(f"stranger{number}"))
+    index.close_later(SESSION, ALICE)  # past the kept callers: too late to be kept
+    assert index.take_close(SESSION, "alice") is None
+    index.close_later(SESSION, ALICE)
+    index.close_later(SESSION, BOB)
+    assert index.take_close(SESSION, "alice") == ALICE  # in alice's name, not bob's
+    assert index.take_close(SESSION, "alice") is None  # carried out once
+    index.close_later(SESSION, ADMIN)
+    assert index.take_close(SESSION, "alice") == ADMIN
