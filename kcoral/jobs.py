@@ -195,10 +195,12 @@ class _JobHandle:
 
     @property
     def events_path(self) -> str:
+        """``/v1/jobs/{id}/events``: the job's event stream (GET)."""
         return f"/v1/jobs/{self.id}/events"
 
     @property
     def result_path(self) -> str:
+        """``/v1/jobs/{id}/result``: the job's answer, as ``/execute``'s (GET)."""
         return f"/v1/jobs/{self.id}/result"
 
     def state_flow(
@@ -312,6 +314,8 @@ class AsyncJob(_JobHandle):
     client: AsyncJobClient
 
     async def status(self) -> dict[str, Any]:
+        """``GET /v1/jobs/{id}``: the job's state (``status``, timings, worker, ...), as
+        ``Job.status``."""
         return await self.client.run_flow(self.state_flow())
 
     async def events(
@@ -374,6 +378,8 @@ class AsyncJob(_JobHandle):
         return await self.client.run_flow(self.result_flow())
 
     async def cancel(self) -> dict[str, Any]:
+        """``DELETE /v1/jobs/{id}``: cancel (idempotent: a finished or cancelled job is left
+        as it is); the job's state once the cancel took effect, as ``Job.cancel``."""
         return await self.client.run_flow(self.state_flow("DELETE"))
 
 
