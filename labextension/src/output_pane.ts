@@ -2,10 +2,12 @@
  * The KCoral panel's output pane: the selected job's live output, followed through the
  * server extension (resumed at its last event when its stream drops, and taken up again
  * once a server that was away lists the job again), the status it ended with (and why a
- * failed one failed), and Cancel while it is queued or running.
+ * failed one failed), and Cancel while it is queued or running. The output reads as the
+ * cell that ran the job shows it (`console_view.ts`: `\r` overwrites, escapes dropped).
  */
 
 import { IJob } from './api';
+import { ConsoleView, Stream } from './console_view';
 import {
   describePhase,
   isCancellable,
@@ -32,6 +34,7 @@ export class OutputPane {
   private readonly _outputTitle = element('span', 'jp-KCoral-outputTitle', 'No job selected');
   private readonly _phase = element('div', 'jp-KCoral-phase');
   private readonly _output = element('pre', 'jp-KCoral-outputText');
+  private readonly _console = new ConsoleView(this._output);
   private readonly _cancel = element('button', 'jp-KCoral-cancel jp-mod-styled', 'Cancel');
   private _selected: IJob | null = null;
   private _follow: AbortController | null = null;
@@ -89,7 +92,7 @@ export class OutputPane {
   select(job: IJob): void {
     this._selected = job;
     this._finished = '';
-    this._output.textContent = '';
+    this._console.clear();
     this._phase.textContent = '';
     this._phase.title = '';
     this._lastEventId = '';
@@ -222,14 +225,10 @@ export class OutputPane {
     this._selectionListeners.clear();
   }
 
-  private _append(stream: 'stdout' | 'stderr', text: string): void {
+  private _append(stream: Stream, text: string): void {
     const pinned =
       this._output.scrollTop + this._output.clientHeight >= this._output.scrollHeight - 4;
-    if (stream === 'stderr') {
-      this._output.append(element('span', 'jp-KCoral-stderr', text));
-    } else {
-      this._output.append(document.createTextNode(text));
-    }
+    this._console.write(stream, text);
     if (pinned) {
       this._output.scrollTop = this._output.scrollHeight;
     }

@@ -71,7 +71,9 @@ pytestmark = [
 
 NOTEBOOK_CELLS = [
     "%load_ext kcoral",
-    "%%kcoral\nimport time\nfor i in range(10):\n"
+    # A progress line rewritten with \r and coloured: the panel shows it as the cell does.
+    "%%kcoral\nimport time\nprint('\\rwarming up  50%', end='', flush=True)\ntime.sleep(0.3)\n"
+    "print('\\r\\x1b[32mwarming up done\\x1b[0m', flush=True)\nfor i in range(10):\n"
     "    print(f'tick {i}', flush=True)\n    time.sleep(0.5)",
     "%%kcoral\nimport time\nprint('long job started', flush=True)\ntime.sleep(120)",
 ]
@@ -230,6 +232,9 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
     assert "/2 busy" in seen["statusAfterConnect"]  # the server it connected to
     assert seen["panelOpenedByClick"]
     assert "tick 0" in seen["firstOutput"] and "tick 9" in seen["firstOutput"]
+    # One line for the rewritten progress line, with no escape shown (it read `warming up
+    # 50%[32mwarming up done[0m`)
+    assert seen["firstOutput"].startswith("warming up done\ntick 0\n"), seen["firstOutput"]
     assert seen["firstOutput"].index("tick 0") < seen["firstOutput"].index("tick 9")
     assert seen["firstJobFinalStatus"] == "COMPLETED"
     assert seen["cancelEnabled"] and not seen["cancelEnabledAfter"]

@@ -689,4 +689,18 @@ describe('the selected job when its server stops listing it', () => {
       'abcde[stdout truncated at the output limit: the rest was not kept]'
     );
   });
+
+  it('shows a progress bar written with carriage returns as the cell does, without escapes', async () => {
+    // A soak: the pane read `loading  50%loading 100%` and `[32m...[0m` where the cell
+    // that ran the job showed one green `loading 100%`.
+    const chunks = ['\rloading  50%', '\r\x1b[32mloading 100%\x1b[0m\n', 'ready\n'];
+    const stream =
+      chunks
+        .map((chunk, i) => `event: stdout\nid: ${i + 1}\ndata: ${JSON.stringify({ text: chunk })}\n\n`)
+        .join('') + 'event: phase\nid: 9\ndata: {"phase":"finished","status":"COMPLETED"}\n\n';
+    const { panel } = await following(stream, () => true);
+    expect(panel.node.querySelector('.jp-KCoral-outputText')!.textContent).toBe(
+      'loading 100%\nready\n'
+    );
+  });
 });
