@@ -27,6 +27,7 @@ import urllib3
 from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
 from kcoral.connection.transport import Request, Response, body_pieces, refuse_encoded_body
+from kcoral.connection.upload_progress import UPLOAD_PROGRESS_BYTES, sent_with_progress
 from kcoral.errors import ProtocolError, TransportError, unreachable_message
 
 #: The older name of ``Response`` (answers of this transport).
@@ -80,6 +81,8 @@ class HttpTransport:
         if chunks is not None:
             if len(chunks) > 1 and request.length <= SMALL_BODY_BYTES:
                 body = (b"".join(body_pieces(chunks)),)
+            elif request.length >= UPLOAD_PROGRESS_BYTES:
+                body = sent_with_progress(chunks, request.length)
             else:
                 body = body_pieces(chunks)  # a folder's files read as they are sent
         return self.request(

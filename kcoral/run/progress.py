@@ -2,7 +2,9 @@
 
 The line is redrawn in place (carriage return) at most a few times per second and shows bytes
 done, the total and the average rate. It is silent when the stream is not a terminal, so
-pipes, logs and tests see nothing, and for transfers too small to be worth a line.
+pipes, logs and tests see nothing, and for transfers too small to be worth a line. One line at
+a time on a stream: a progress started while another is drawn there stays silent (the client's
+upload line inside ``kcoral run``'s own would overwrite it, and it that one).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import TextIO
 #: Transfers smaller than this show no progress line.
 LARGE_TRANSFER_BYTES = 8 * 1024 * 1024
 _REDRAW_SECONDS = 0.2
+# id of a stream -> the progress drawing on it now
+_DRAWING: dict[int, Progress] = {}
+_DRAWING_LOCK = threading.Lock()
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -73,6 +78,9 @@ class Progress:
 
     def __enter__(self) -> Progress:
         self._started = self._clock()
+        if self._enabled:
+            with _DRAWING_LOCK:
+                self._enabled = _DRAWING.setdefault(id(self._stream), self) is self
         if self._enabled and self._waiting:
             self._thread = threading.Thread(target=self._tick, name="kcoral-progress", daemon=True)
             self._thread.start()
@@ -89,6 +97,8 @@ class Progress:
             self._thread.join()
         if not self._enabled:
             return
+        with _DRAWING_LOCK:
+            _DRAWING.pop(id(self._stream), None)
         with self._lock:
             if exc_type is None and not self._waiting:
                 self._draw(final=True)

@@ -5,6 +5,7 @@ the request before its body is complete, so nothing runs."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -175,3 +176,29 @@ def test_a_removed_or_replaced_file_is_a_changed_file_not_an_unreachable_server(
         program.blobs[blobs["in/link"]]
     assert len(program.blobs[blobs["in/other"]]) == 10
 
+
+class TerminalStream(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_large_upload_shows_its_progress_on_a_terminal_and_a_small_one_stays_silent(
+    kcoral_server, monkeypatch
+):
+    stderr = TerminalStream()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    with Client(kcoral_server.url) as client:
+        small = Program()
+        small.upload(kind="bytes", value=b"x" * 1000)
+        client.execute(small)
+        assert stderr.getvalue() == ""
+        large = Program()
+        large.upload(kind="bytes", value=os.urandom(64 << 20))
+        client.execute(large)
+    shown = stderr.getvalue()
+    # the first attempt carries no blob (small, silent); the retry carries the 64 MiB: its
+    # first piece drawn at once, then at most five redraws a second, then the final line
+    first = shown.split("\r\x1b[K")[1]
+    assert first.startswith("kcoral: upload: ") and " of 64.0 MiB (" in first
+    final = shown.rsplit("\r\x1b[K", 1)[1]
+    assert final.startswith("kcoral: upload: 64.0 MiB in ") and final.endswith("/s)\n")

@@ -361,3 +361,18 @@ def test_a_url_where_no_kcoral_server_answers_is_said_to_be_one(
         f"kcoral run: {url} answered HTTP 501 without a KCoral error: is it a KCoral server "
         "(or a proxy in front of one)?"
     ), said
+
+
+def test_a_progress_started_while_another_draws_on_the_stream_stays_silent() -> None:
+    # the client's upload line inside `kcoral run`'s own "sending inputs" line: two lines
+    # redrawn in place on one terminal overwrote each other
+    terminal = FakeTerminal()
+    with Progress("outer", 64 << 20, terminal) as outer:
+        with Progress("inner", 64 << 20, terminal) as inner:
+            inner.advance(64 << 20)
+        assert not inner.enabled and outer.enabled
+        outer.advance(64 << 20)
+    with Progress("after", 64 << 20, terminal) as after:  # the stream is free again
+        after.advance(64 << 20)
+    text = terminal.getvalue()
+    assert "inner" not in text and "outer: 64.0 MiB in" in text and "after: 64.0 MiB" in text
