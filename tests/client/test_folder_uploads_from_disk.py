@@ -202,3 +202,22 @@ def test_a_large_upload_shows_its_progress_on_a_terminal_and_a_small_one_stays_s
     assert first.startswith("kcoral: upload: ") and " of 64.0 MiB (" in first
     final = shown.rsplit("\r\x1b[K", 1)[1]
     assert final.startswith("kcoral: upload: 64.0 MiB in ") and final.endswith("/s)\n")
+
+
+@pytest.mark.parametrize("swap", ["directory-for-a-link", "file-for-a-fifo"])
+def test_a_neighbour_swapping_an_entry_after_hashing_gets_nothing_read_through_it(tmp_path, swap):
+    # another program of the user's machine swaps what upload_folder hashed for a link to
+    # its own copy (same bytes: the hash alone would not tell) or a FIFO it holds open: the
+    # walk at send time follows no link and opens no FIFO for a blocking read
+    folder = make_folder(tmp_path / "src", {"sub/data": 10})
+    program = Program()
+    program.upload_folder(folder, path="in")
+    [upload] = program.instructions
+    if swap == "directory-for-a-link":
+        (folder / "sub").rename(tmp_path / "elsewhere")
+        (folder / "sub").symlink_to(tmp_path / "elsewhere")
+    else:
+        (folder / "sub" / "data").unlink()
+        os.mkfifo(folder / "sub" / "data")
+    with pytest.raises(SentFileChanged, match=r"'[^']*/sub/data' changed after upload_folder"):
+        program.blobs[upload["blob"]]
