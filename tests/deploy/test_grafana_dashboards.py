@@ -109,23 +109,38 @@ def test_every_dashboard_query_is_shown_in_the_unit_of_what_it_measures(dashboar
 
 
 def test_the_routers_load_beside_its_capacity_says_whose_each_is() -> None:
-    """``kcoral_router_requests_in_progress`` counts requests on nodes of every kind, and
+    """``kcoral_router_kind_busy`` counts busy workers on nodes of every kind, and
     ``kcoral_router_request_capacity`` only the default kind's slots (as ``/health``): a
-    mixed fleet's panel showed 4 requests in progress of a capacity of 2, an overload that
-    was not there. Every series of such a panel now says which nodes it counts."""
+    mixed fleet's panel showed 4 in progress of a capacity of 2, an overload that was not
+    there. Every series of such a panel now says which nodes it counts."""
     document = json.loads((GRAFANA / "kcoral-router.json").read_text(encoding="utf-8"))
     scope = {
-        "kcoral_router_requests_in_progress": "all kinds",
+        "kcoral_router_kind_busy": "all kinds",
         "kcoral_router_request_capacity": "default kind",
     }
     for panel in document["panels"]:
-        exprs = {target["expr"] for target in panel["targets"]}
-        if not set(scope) <= exprs:
+        exprs = " ".join(target["expr"] for target in panel["targets"])
+        if not all(name in exprs for name in scope):
             continue
         for target in panel["targets"]:
             expected = next((s for name, s in scope.items() if name in target["expr"]), None)
             expected = expected or "all kinds"
             assert expected in target.get("legendFormat", ""), (panel["title"], target)
+
+
+def test_the_routers_load_counts_the_workers_running_jobs() -> None:
+    """A job gives its router slot back with its ``202`` and runs on its worker until it ends,
+    so ``kcoral_router_requests_in_progress`` reads 0 through it: the router dashboard's 'Load
+    on nodes' read 0 beside 1 worker while that one worker ran a job (``kcoral run``'s way;
+    metrics soak, real Prometheus). A panel that sets load beside workers or capacity plots
+    the busy gauges, which count jobs (bab3d11)."""
+    document = json.loads((GRAFANA / "kcoral-router.json").read_text(encoding="utf-8"))
+    beside = ("kcoral_router_kind_workers", "kcoral_router_node_workers", "capacity")
+    for panel in document["panels"]:
+        exprs = " ".join(target["expr"] for target in panel["targets"])
+        if any(name in exprs for name in beside):
+            assert "kcoral_router_requests_in_progress" not in exprs, panel["title"]
+            assert "_busy" in exprs, panel["title"]
 
 
 #: the labels that tell one GPU from another: ``gpu`` is a server's own id for it (every
