@@ -6,7 +6,14 @@ count is given, the way the docs say. No server is started: the parsers are aske
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import io
 import re
+import shlex
+import subprocess
+import symtable
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,3 +136,124 @@ def test_the_docs_name_every_setting_of_the_jupyter_server_extension(page: str) 
         if f"c.KCoralExtension.{name}" not in words
     ]
     assert not unnamed, unnamed
+
+
+#: a fenced block of Python, or of shell commands, in a page
+PYTHON_BLOCK = re.compile(r"^```(?:python|py)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+#: the guide pages, whose snippets are each run as they stand (the README's tour and the
+#: specs' signature listings build on what came before)
+GUIDE_PAGES = sorted((ROOT / "docs").glob("*.md"))
+
+
+def blocks(pattern: re.Pattern[str], pages: list[Path]) -> list[tuple[str, str]]:
+    """(where, text) of each block ``pattern`` finds in ``pages``."""
+    found = []
+    for path in pages:
+        text = path.read_text(encoding="utf-8")
+        for match in pattern.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append((f"{path.relative_to(ROOT)}:{line}", match[1]))
+    return found
+
+
+def as_python(snippet: str) -> str:
+    """A notebook snippet as the kernel runs it (``%%kcoral`` and ``%kcoral`` lines too)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(snippet)
+
+
+def names_read_but_never_bound(source: str) -> set[str]:
+    """The global names ``source`` reads that it neither binds nor imports, builtins aside:
+    what a reader pasting it alone meets as a ``NameError``."""
+    module = symtable.symtable(source, "<snippet>", "exec")
+    bound = {s.get_name() for s in module.get_symbols() if s.is_assigned() or s.is_imported()}
+    read: set[str] = set()
+    tables = [module]
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        read |= {
+            s.get_name()
+            for s in table.get_symbols()
+            if s.is_referenced() and (table is module or s.is_global())
+        }
+    return read - bound - set(dir(builtins)) - {"get_ipython"}
+
+
+def test_every_python_snippet_of_the_readme_and_the_guides_compiles() -> None:
+    broken = []
+    for where, snippet in blocks(PYTHON_BLOCK, [ROOT / "README.md", *GUIDE_PAGES]):
+        try:
+            compile(as_python(snippet), where, "exec")
+        except SyntaxError as exc:
+            broken.append(f"{where}: {exc}")
+    assert not broken, "\n".join(broken)
+
+
+def test_a_guide_pages_python_snippet_runs_pasted_alone() -> None:
+    # docs/jobs.md's snippet submitted `program`, which nothing in it made: pasted as the
+    # page says, it ended in NameError: name 'program' is not defined.
+    unbound = [
+        f"{where}: {sorted(names)}"
+        for where, snippet in blocks(PYTHON_BLOCK, GUIDE_PAGES)
+        if (names := names_read_but_never_bound(as_python(snippet)))
+    ]
+    assert blocks(PYTHON_BLOCK, GUIDE_PAGES), "the guides show no Python at all"
+    assert not unbound, "\n".join(unbound)
+
+
+def shell_words(rest: str) -> list[str]:
+    """A command's words up to its first shell operator (``>``, ``&``, ``|``, ``;``)."""
+    lexer = shlex.shlex(rest, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = []
+    for word in lexer:
+        if set(word) <= set("&|;<>()"):
+            break
+        words.append(word)
+    return words
+
+
+def test_every_kcoral_server_and_router_command_in_a_shell_block_parses() -> None:
+    parsers = {"server": build_server_parser(), "router": build_router_parser()}
+    shown, refused = 0, []
+    for where, block in blocks(SHELL_BLOCK, DOCS):
+        for line in block.replace("\\\n", " ").splitlines():
+            for match in re.finditer(r"(?:^|[\s;&|(])kcoral (server|router)\b(.*)", line):
+                command, rest = match.groups()
+                words, shown = shell_words(rest), shown + 1
+                message = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(message):
+                        parsers[command].parse_args(words)
+                except SystemExit:
+                    refused.append(f"{where}: kcoral {command} {rest}: {message.getvalue()}")
+    assert shown, "no kcoral server or router command in any shell block"
+    assert not refused, "\n".join(refused)
+
+
+SCRIPT_LINE = re.compile(r"python3? ((?:benchmarks|examples)/\w+\.py)([^`|\n]*)")
+
+
+def test_every_option_a_docs_line_gives_a_benchmark_or_example_script_is_in_its_help() -> None:
+    # docs/reliability.md's `python benchmarks/soak.py [--requests N] [--json report.json]`,
+    # docs/jobs.md's benchmark and the README's examples: each option shown is one the
+    # script's --help lists.
+    shown: dict[str, set[str]] = {}
+    for path in DOCS:
+        for match in SCRIPT_LINE.finditer(path.read_text(encoding="utf-8")):
+            shown.setdefault(match[1], set()).update(OPTION.findall(match[2]))
+    assert "benchmarks/soak.py" in shown
+    unknown = []
+    for script, options in sorted(shown.items()):
+        helped = subprocess.run(
+            [sys.executable, str(ROOT / script), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        unknown += [f"{script} {option}" for option in options if option not in helped.stdout]
+    assert not unknown, unknown
