@@ -19,10 +19,9 @@ import pytest
 from kcoral_jupyter.notebook_session import NotebookSession, SessionHolder
 from router_helpers import Node, RouterProcess, ready_nodes, stopping
 from test_router_restart_grace import (
-    NODE_ENV,
     REMEMBER,
     TOKEN,
-    free_port,
+    a_session_on_one_node,
     router_on,
     session_call,
 )
@@ -43,30 +42,23 @@ def wait_for(check, what: str, router: RouterProcess, node: Node) -> None:
 def test_a_session_whose_node_restarted_its_server_after_the_router_is_ended_at_once(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    router = router_on(tmp_path, port)
-    node = Node(tmp_path, router, "only", NODE_ENV)
-    with stopping(router, [node]):
-        ready_nodes(router, 1)
-        with kcoral.Client(router.url, token=TOKEN) as client:
-            session = client.session()
-            assert session.execute(session_call(REMEMBER, 41))["value"] == 41
-            router.stop()
-            restarted = router_on(tmp_path, port)
-            with stopping(restarted, []):
-                listed = "node_sessions_listed node=only sessions=1"
-                wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
-                os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
-                started = "server_child_started"
-                wait_for(
-                    lambda: node.log_path.read_text().count(started) == 2,
-                    "a new server",
-                    restarted,
-                    node,
-                )
-                ready_nodes(restarted, 1)
-                with pytest.raises(kcoral.KCoralError) as ended:
-                    session.execute(session_call(REMEMBER, 42))
+    with a_session_on_one_node(tmp_path) as (router, node, _client, session):
+        router.stop()
+        restarted = router_on(tmp_path, router.port)
+        with stopping(restarted, []):
+            listed = "node_sessions_listed node=only sessions=1"
+            wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+            os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
+            started = "server_child_started"
+            wait_for(
+                lambda: node.log_path.read_text().count(started) == 2,
+                "a new server",
+                restarted,
+                node,
+            )
+            ready_nodes(restarted, 1)
+            with pytest.raises(kcoral.KCoralError) as ended:
+                session.execute(session_call(REMEMBER, 42))
     assert (ended.value.status_code, ended.value.kind) == (410, "session_ended")
     assert ended.value.message == (
         "session ended: its node only restarted its server; its state is lost"
@@ -84,36 +76,29 @@ def end_as_a_kernel_exits(session: kcoral.Session, router: RouterProcess) -> Non
 def test_a_session_closed_before_its_node_is_back_is_ended_there_when_it_is(
     tmp_path: Path, closed_by: str
 ) -> None:
-    port = free_port()
-    router = router_on(tmp_path, port)
-    node = Node(tmp_path, router, "only", NODE_ENV)
-    with stopping(router, [node]):
-        ready_nodes(router, 1)
-        with kcoral.Client(router.url, token=TOKEN) as client:
-            session = client.session()
-            assert session.execute(session_call(REMEMBER, 41))["value"] == 41
-            os.kill(node.process.pid, signal.SIGSTOP)  # its supervisor cannot reconnect yet
-            try:
-                router.stop()
-                restarted = router_on(tmp_path, port)
-                with stopping(restarted, []):
-                    # answered at once: a script's close raised the 503 after 10 s, and a
-                    # kernel's exit waited 10 s for its read of the record, then gave up
-                    if closed_by == "script":
-                        session.close()
-                    else:
-                        end_as_a_kernel_exits(session, restarted)
-                    os.kill(node.process.pid, signal.SIGCONT)
-
-                    def ended_there() -> bool:
-                        try:
-                            record = client.attach_session(session.id).info()
-                        except kcoral.KCoralError:
-                            return False
-                        return record["state"] == "ENDED"
-
-                    wait_for(ended_there, "the node ends it", restarted, node)
-                    record = client.attach_session(session.id).info()
-            finally:
+    with a_session_on_one_node(tmp_path) as (router, node, client, session):
+        os.kill(node.process.pid, signal.SIGSTOP)  # its supervisor cannot reconnect yet
+        try:
+            router.stop()
+            restarted = router_on(tmp_path, router.port)
+            with stopping(restarted, []):
+                # answered at once: a script's close raised the 503 after 10 s, and a
+                # kernel's exit waited 10 s for its read of the record, then gave up
+                if closed_by == "script":
+                    session.close()
+                else:
+                    end_as_a_kernel_exits(session, restarted)
                 os.kill(node.process.pid, signal.SIGCONT)
+
+                def ended_there() -> bool:
+                    try:
+                        record = client.attach_session(session.id).info()
+                    except kcoral.KCoralError:
+                        return False
+                    return record["state"] == "ENDED"
+
+                wait_for(ended_there, "the node ends it", restarted, node)
+                record = client.attach_session(session.id).info()
+        finally:
+            os.kill(node.process.pid, signal.SIGCONT)
     assert record["end_reason"] == "deleted"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -137,25 +139,34 @@ def session_call(source: str, *args: object) -> kcoral.Program:
     return program
 
 
-def test_a_session_keeps_its_state_through_a_restarting_router(tmp_path: Path) -> None:
-    port = free_port()
-    router = router_on(tmp_path, port)
+@contextmanager
+def a_session_on_one_node(
+    tmp_path: Path,
+) -> Iterator[tuple[RouterProcess, Node, kcoral.Client, kcoral.Session]]:
+    """A router on a free port (to be restarted there), a real CPU node ``only`` and a
+    session of alice's on it that holds 41; the node and the router stopped afterwards."""
+    router = router_on(tmp_path, free_port())
     node = Node(tmp_path, router, "only", NODE_ENV)
     with stopping(router, [node]):
         ready_nodes(router, 1)
         with kcoral.Client(router.url, token=TOKEN) as client:
             session = client.session()
             assert session.execute(session_call(REMEMBER, 41))["value"] == 41
-            router.process.kill()
-            router.process.wait()
-            restarted = router_on(tmp_path, port)
-            with stopping(restarted, []):  # stopped however the block ends
-                with pytest.raises(kcoral.KCoralError) as early:  # inside the grace: not 404
-                    # the router's own answer: attach_session would ask again (EXTENSIONS §11)
-                    client.run_flow(record_flow(UNKNOWN_JOB))
-                ready_nodes(restarted, 1)
-                known_again(client, session.id)
-                assert session.execute(session_call(RECALL))["value"] == 41
-                session.close()
+            yield router, node, client, session
+
+
+def test_a_session_keeps_its_state_through_a_restarting_router(tmp_path: Path) -> None:
+    with a_session_on_one_node(tmp_path) as (router, _node, client, session):
+        router.process.kill()
+        router.process.wait()
+        restarted = router_on(tmp_path, router.port)
+        with stopping(restarted, []):  # stopped however the block ends
+            with pytest.raises(kcoral.KCoralError) as early:  # inside the grace: not 404
+                # the router's own answer: attach_session would ask again (EXTENSIONS §11)
+                client.run_flow(record_flow(UNKNOWN_JOB))
+            ready_nodes(restarted, 1)
+            known_again(client, session.id)
+            assert session.execute(session_call(RECALL))["value"] == 41
+            session.close()
     assert (early.value.status_code, early.value.kind) == (503, "no_node")
     assert early.value.message.startswith("session not found yet: the router started ")
