@@ -27,11 +27,6 @@ pytestmark = pytest.mark.slow
 ALICE, BOB = "alice-select-token", "bob-select-token"
 NODES_ENV = {"KCORAL_NODE_TOKEN": "routed-node-token"}
 FAKE = ("--device", "fake-gpu", "--workers-per-gpu", "1")
-# A node's supervisor probes its server every 0.3 s here; a probe past the default 1 s (a
-# server starved of CPU on a loaded 2-core machine) sends failing statuses, three of which
-# make the router read the node unhealthy for a second, and a selector only it fits was
-# refused then (503 no_matching_node). 4 s stays under the router's 5 s status age.
-PATIENT_PROBES = ("--health-timeout-seconds", "4")
 SOURCE = "import os\n\ndef main():\n    return os.getpid()\n"
 MARKER = "zz-raw-selector-text"
 
@@ -72,7 +67,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
         "0",
         env=NODES_ENV,
     )
-    nodes = [Node(tmp, router, "cpu-a", NODES_ENV, *PATIENT_PROBES, "--node-label", "pool=small")]
+    nodes = [Node(tmp, router, "cpu-a", NODES_ENV, "--node-label", "pool=small")]
     with stopping(router, nodes):
         # the first ready node's kind (cpu) is the default kind
         wait_until(lambda: "cpu-a" in ready(router), "cpu-a ready", router)
@@ -83,16 +78,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
                 "fake-a",
                 NODES_ENV,
                 *FAKE,
-                *PATIENT_PROBES,
                 "--fake-gpu-count",
                 "2",
                 "--node-label",
                 "pool=big",
             )
         )
-        nodes.append(
-            Node(tmp, router, "fake-b", NODES_ENV, *FAKE, *PATIENT_PROBES, "--fake-gpu-count", "1")
-        )
+        nodes.append(Node(tmp, router, "fake-b", NODES_ENV, *FAKE, "--fake-gpu-count", "1"))
         wait_until(lambda: ready(router) >= {"fake-a", "fake-b"}, "fake nodes ready", router)
         yield router
 
