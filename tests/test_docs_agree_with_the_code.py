@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import inspect
 import io
 import re
 import shlex
@@ -257,3 +258,23 @@ def test_every_option_a_docs_line_gives_a_benchmark_or_example_script_is_in_its_
         )
         unknown += [f"{script} {option}" for option in options if option not in helped.stdout]
     assert not unknown, unknown
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/remote_functions.md"])
+def test_a_page_names_as_plain_calls_exactly_the_async_clients_members_that_are_no_coroutines(
+    page: str,
+) -> None:
+    # Both said "mirrors `Client` with coroutines (...)" over a list holding `function`,
+    # `job` and `session`: `await client.job(id)` ends in TypeError.
+    from kcoral import AsyncClient
+
+    text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    opening = "`kcoral.AsyncClient(url)` mirrors `Client` ("
+    start = text.index(opening) + len(opening)
+    listing = text[start : text.index(")", start)]
+    listed, _, plain = listing.partition("but the three that send nothing")
+    members = [name for name in re.findall(r"`(\w+)`", listed) if name != "async"]
+    not_awaited = {
+        name for name in members if not inspect.iscoroutinefunction(getattr(AsyncClient, name))
+    }
+    assert set(re.findall(r"`(\w+)`", plain)) == not_awaited == {"function", "job", "session"}
