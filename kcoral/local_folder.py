@@ -159,12 +159,14 @@ def hash_folder(
 ) -> list[FileBlob]:
     """``read_folder``'s files, in its order and with its refusals, each hashed as it is
     read and kept as a ``FileBlob``: no file's bytes stay in memory."""
+    # absolute: a relative folder is found again after the caller changed directory
+    absolute = os.path.abspath(os.fsdecode(os.fspath(folder)))
 
     def hashed(item: _Listed, top: str, where: str, dir_fd: int) -> FileBlob:
         digest = hashlib.sha256()
         after = _read_listed(item.name, item.entry, where, digest.update, dir_fd=dir_fd)
         return FileBlob(
-            top=top,
+            top=absolute,
             components=tuple(item.components),
             name=item.name,
             path="".join(f"{name}/" for name in item.components) + item.name,

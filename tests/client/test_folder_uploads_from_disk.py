@@ -221,3 +221,18 @@ def test_a_neighbour_swapping_an_entry_after_hashing_gets_nothing_read_through_i
         os.mkfifo(folder / "sub" / "data")
     with pytest.raises(SentFileChanged, match=r"'[^']*/sub/data' changed after upload_folder"):
         program.blobs[upload["blob"]]
+
+
+def test_a_relative_folder_is_sent_from_where_it_was_hashed_after_a_change_of_directory(
+    tmp_path, monkeypatch
+):
+    # the files are read again at send time: a relative folder was looked up again from
+    # the new working directory, where another 'src' or none was
+    make_folder(tmp_path / "one" / "src", {"data": 10})
+    make_folder(tmp_path / "two" / "src", {"data": 10})
+    monkeypatch.chdir(tmp_path / "one")
+    program = Program()
+    program.upload_folder("src", path="in")
+    [upload] = program.instructions
+    monkeypatch.chdir(tmp_path / "two")
+    assert program.blobs[upload["blob"]] == (tmp_path / "one" / "src" / "data").read_bytes()
