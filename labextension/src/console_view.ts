@@ -63,10 +63,27 @@ export class ConsoleView {
       text = text.slice(0, cut.index);
     }
     text = text.replace(ESCAPE, '').replace(/\x1b/g, '');
+    if (this._column === this._lineLength && !/[\r\b]/.test(text)) {
+      // The common case, plain output at the line's end: the chunk's whole lines are kept
+      // in one node, as before this view (not a node a line: one chunk may hold thousands).
+      const end = text.lastIndexOf('\n') + 1;
+      if (end > 0) {
+        this._endLine(stream, text.slice(0, end));
+      }
+      if (end < text.length) {
+        this._add(stream, text.slice(end));
+        this._lineNode.append(segmentNode({ stream, text: text.slice(end) }));
+      }
+      return;
+    }
     let redraw = false;
     for (const [piece] of text.matchAll(PIECES)) {
       if (piece === '\n') {
-        this._endLine(stream);
+        if (redraw) {
+          this._redraw();
+          redraw = false;
+        }
+        this._endLine(stream, piece);
       } else if (piece === '\r') {
         this._column = 0;
       } else if (piece === '\b') {
@@ -82,15 +99,19 @@ export class ConsoleView {
       }
     }
     if (redraw) {
-      this._lineNode.replaceChildren(...this._line.map(segmentNode));
+      this._redraw();
     }
   }
 
-  /** The line ends: what it reads is kept for good, and a new line begins. */
-  private _endLine(stream: Stream): void {
-    const done = [...this._line.map(segmentNode), segmentNode({ stream, text: '\n' })];
-    this._lineNode.replaceWith(...done, this._lineNode);
-    this._lineNode.replaceChildren();
+  /** The line's nodes drawn again from what it reads now. */
+  private _redraw(): void {
+    this._lineNode.replaceChildren(...this._line.map(segmentNode));
+  }
+
+  /** The line ends with `ending` (a newline, or whole lines ending with one): the nodes
+   * that show it are kept for good, and a new line begins. */
+  private _endLine(stream: Stream, ending: string): void {
+    this._lineNode.before(...this._lineNode.childNodes, segmentNode({ stream, text: ending }));
     this._line = [];
     this._lineLength = 0;
     this._column = 0;

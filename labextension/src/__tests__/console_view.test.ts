@@ -75,6 +75,11 @@ describe('ConsoleView', () => {
     expect(pre.textContent).toBe('step 1\nstep 2\n');
   });
 
+  it('keeps the whole lines of one chunk in one node, not a node a line', () => {
+    const pre = view(out('a\nb\nc\npart'), out('ial'));
+    expect([...pre.childNodes].map(node => node.textContent)).toEqual(['a\nb\nc\n', 'partial']);
+  });
+
   it('starts empty again once cleared', () => {
     const pre = document.createElement('pre');
     const console = new ConsoleView(pre);
