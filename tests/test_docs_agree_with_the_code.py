@@ -278,3 +278,16 @@ def test_a_page_names_as_plain_calls_exactly_the_async_clients_members_that_are_
         name for name in members if not inspect.iscoroutinefunction(getattr(AsyncClient, name))
     }
     assert set(re.findall(r"`(\w+)`", plain)) == not_awaited == {"function", "job", "session"}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reliability.md"])
+def test_the_docs_say_the_fuzz_variable_sets_each_propertys_examples_as_the_suite_reads_it(
+    page: str,
+) -> None:
+    # They said `KCORAL_FUZZ_EXAMPLES=N` "scales every property"; the suite runs N examples
+    # of each in place of its own count, and named 13 security checks where it had 16.
+    support = (ROOT / "tests" / "reliability" / "reliability_support.py").read_text()
+    assert "return FUZZ_EXAMPLES or default" in support
+    words = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    assert "`KCORAL_FUZZ_EXAMPLES=N` runs N examples of every property" in words
+    assert "13 security checks" not in words
