@@ -33,6 +33,8 @@ kcoral_requests_total{status="200",reason="completed",error_kind="none",extra="y
 kcoral_requests_total{status="200",reason="completed",error_kind="none"} 7
 kcoral_requests_total{status="200",reason="completed",error_kind="none"} 8
 kcoral_requests_total{status="%s",reason="completed",error_kind="none"} 9
+# TYPE kcoral_worker_starts_total counter
+kcoral_worker_starts_total{gpu="a-new-word-every-text"} 4
 """ % (b"4" * 200)
 #: valid lines, more of them than the router reads
 OVERSIZED = b"# TYPE kcoral_worker_starts_total counter\n" + b"".join(
@@ -101,6 +103,9 @@ def test_a_node_cannot_speak_for_another_or_add_series_through_its_metrics(
             # No made-up series, label name or oversized label value; a repeated sample once.
             assert not [s for s in samples if "evil" in s.name or "secret" in s.labels]
             assert only(samples, "kcoral_requests_total", node="gpu-rogue").value == 7
+            # A label value is a server's word or other: new words cannot add series.
+            made_up = only(samples, "kcoral_worker_starts_total", node="gpu-rogue")
+            assert made_up.labels["gpu"] == "other" and made_up.value == 4
             # Refused whole, counted, and the node keeps serving.
             for node_id, reason in (
                 ("gpu-big", "too_large"),

@@ -16,6 +16,7 @@ from kcoral_server.metrics.node_relay import (
 )
 from kcoral_server.metrics.server_metrics import ServerMetrics
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 BUCKETS = b"""# TYPE kcoral_lease_wait_seconds histogram
 kcoral_lease_wait_seconds_bucket{gpu="0",le="0.5"} 1
@@ -101,7 +102,7 @@ kcoral_requests_total{status="200",reason="completed",error_kind="a\\"b\\\\c"} 4
 
 def test_the_scrape_text_is_what_prometheus_client_writes_for_the_same_series() -> None:
     relay = NodeRelay()
-    first, second = LiveNode("n1", "i1", "n1", "cpu"), LiveNode("n2", "i2", "n2", "h100")
+    first, second = LiveNode("n1", "i1", "n1", 'a"b\\c'), LiveNode("n2", "i2", "n2", "h100")
     for node, text in ((first, ODD), (second, BUCKETS)):
         families, lines = node_relay.parse_and_write(text, node.node_label, node.kind_label)
         relay.keep(node.node_id, node.server_instance_id, families, 0.0, ["n1", "n2"], lines)
@@ -111,7 +112,8 @@ def test_the_scrape_text_is_what_prometheus_client_writes_for_the_same_series() 
             return relay.collect([first, second])
 
     assert relay.text([first, second]) == generate_latest(Reference())
-    assert b'error_kind="a\\"b\\\\c"' in relay.text([first, second])
+    assert b'kind="a\\"b\\\\c"' in relay.text([first, second])  # escaped as the library does
+    assert b'error_kind="other"' in relay.text([first, second])  # not a server's word
 
 
 def test_a_scrape_writes_no_line_of_a_text_written_when_it_came(
@@ -146,3 +148,70 @@ kcoral_lease_wait_seconds_bucket{gpu="0",le="10"} 2
         (("0", "0.1"), 1.0),  # the first of the two; the other would split sum by (le)
         (("0", "10.0"), 2.0),
     ]
+
+
+def made_up_text(word: str) -> bytes:
+    """A node token holder's text: every label of a server's series holds a word of its own."""
+    return f"""# TYPE kcoral_requests_total counter
+kcoral_requests_total{{status="7{word[:2]}",reason="{word}",error_kind="{word}"}} 1
+kcoral_requests_total{{status="{word}",reason="completed",error_kind="none"}} 1
+# TYPE kcoral_worker_retirements_total counter
+kcoral_worker_retirements_total{{gpu="{word}",reason="{word}"}} 1
+kcoral_worker_retirements_total{{gpu="0{word[:2]}",reason="crashed"}} 1
+# TYPE kcoral_worker_start_failures_total counter
+kcoral_worker_start_failures_total{{gpu="9{word[:3]}",phase="{word}"}} 1
+# TYPE kcoral_request_duration_seconds histogram
+kcoral_request_duration_seconds_bucket{{endpoint="{word}",le="0.{word[:3]}"}} 1
+kcoral_request_duration_seconds_bucket{{endpoint="{word}",le="+Inf"}} 1
+kcoral_request_duration_seconds_count{{endpoint="{word}"}} 1
+""".encode()
+
+
+def relayed_series(text: bytes) -> set[tuple[str, tuple[str, ...]]]:
+    return {
+        (name, values) for _, samples in parse_node_metrics(text) for name, values, _ in samples
+    }
+
+
+def test_a_nodes_made_up_label_values_are_relayed_as_other_so_its_series_stay_bounded() -> None:
+    """A node's label values were relayed as it wrote them: a node token holder sending new
+    words in every text (every 5 s) grew the router's series, and Prometheus's, without end.
+    Each is now the server's own word or ``other``; a bucket bound a server never writes
+    goes."""
+    first, second = relayed_series(made_up_text("123abc")), relayed_series(made_up_text("456def"))
+    assert first == second, first ^ second
+    assert first == {
+        ("kcoral_requests_total", ("other", "other", "other")),
+        ("kcoral_requests_total", ("other", "completed", "none")),
+        ("kcoral_worker_retirements_total", ("other", "other")),
+        ("kcoral_worker_retirements_total", ("other", "crashed")),
+        ("kcoral_worker_start_failures_total", ("other", "other")),
+        ("kcoral_request_duration_seconds_bucket", ("other", "+Inf")),
+        ("kcoral_request_duration_seconds_count", ("other",)),
+    }
+
+
+def test_a_servers_own_label_values_are_relayed_as_it_wrote_them() -> None:
+    metrics = ServerMetrics([0, 7])
+    for finished in (
+        {"http_status": 200, "finish_reason": "completed", "gpu_id": 7, "queue_ms": 1.0},
+        {"http_status": 503, "finish_reason": "no_worker", "error_kind": "busy", "waited_ms": 9},
+        {"http_status": 499, "finish_reason": "cancelled", "gpu_ids": [], "lease_wait_ms": 3},
+        {"http_status": 200, "finish_reason": "made-up", "error_kind": "made-up"},
+    ):
+        metrics.record("request_finished", finished)
+    metrics.record("worker_retired", {"gpu_id": 0, "reason": "crashed"})
+    metrics.record("worker_failed", {"gpu_id": 7, "phase": "respawn"})
+    metrics.observe_request("worker_status", 0.3)
+    text = metrics.exposition()
+    written = {
+        (sample.name, tuple(v for k, v in sorted(sample.labels.items()) if k != "le"))
+        for family in text_string_to_metric_families(text.decode())
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    }
+    relayed = {
+        (name, tuple(sorted(values[: len(values) - name.endswith("_bucket")])))
+        for name, values in relayed_series(text)
+    }
+    assert {(name, tuple(sorted(values))) for name, values in written} == relayed

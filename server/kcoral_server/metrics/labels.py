@@ -89,6 +89,32 @@ def gpu_label(value: Any, gpu_ids: frozenset[int]) -> str:
     return str(value) if isinstance(value, int) and value in gpu_ids else OTHER
 
 
+#: the most digits of a GPU id a router relays from a node's text (a server's GPU ids are its
+#: configured ones, physical device numbers)
+MAX_GPU_ID_DIGITS = 3
+
+
+def word_of(value: str, allowed: frozenset[str]) -> str:
+    """A label value a node's text holds, as its server could have written it: one of
+    ``allowed``, ``none`` or ``other``; anything else is ``other``."""
+    return value if value in allowed or value in (NONE, OTHER) else OTHER
+
+
+def status_word(value: str) -> str:
+    """A relayed ``status``: three digits 100-599 or ``other`` (``status_label``'s words)."""
+    digits = value.isascii() and value.isdigit() and len(value) == 3
+    return value if value == OTHER or (digits and 100 <= int(value) <= 599) else OTHER
+
+
+def gpu_word(value: str) -> str:
+    """A relayed ``gpu``: a GPU id as a server writes it (``gpu_label``), ``cpu``, ``none`` or
+    ``other``; any other value is ``other``."""
+    if value in ("cpu", NONE, OTHER):
+        return value
+    digits = value.isascii() and value.isdigit() and len(value) <= MAX_GPU_ID_DIGITS
+    return value if digits and str(int(value)) == value else OTHER
+
+
 #: the router's ``request_finished`` ``finish_reason`` (ROUTER §10)
 ROUTER_FINISH_REASONS = frozenset(
     {

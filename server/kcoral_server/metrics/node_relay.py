@@ -9,6 +9,10 @@ holds. Whoever holds the node token can play a node, so the router trusts none o
 * it passes on only the families a server exports (``SERVER_FAMILIES``: name, type and label
   names must match; other series are dropped), never the router's own ``kcoral_router_*``,
   and writes its own help text;
+* it passes on only the label values a server writes (``kcoral_server.metrics.labels``' words,
+  GPU ids of at most ``MAX_GPU_ID_DIGITS`` digits, the ``SECONDS_BUCKETS`` bounds): any
+  other value is ``other`` (of samples that become one series the first is kept), a bucket
+  of another bound is dropped, so new words in every text add no series;
 * it drops any ``node`` or ``kind`` label the node sent and sets both itself, from the
   supervisor stream the text came on and the kind the router holds for that node: no node
   speaks for another;
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -42,7 +46,22 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from kcoral_server.metrics.server_metrics import SERVER_FAMILIES, Family
+from kcoral_server.metrics.labels import (
+    ERROR_KINDS,
+    FINISH_REASONS,
+    RETIRE_REASONS,
+    START_PHASES,
+    gpu_word,
+    status_word,
+    word_of,
+)
+from kcoral_server.metrics.server_metrics import (
+    ENDPOINTS,
+    SECONDS_BUCKETS,
+    SERVER_FAMILIES,
+    WORKER_RETIREMENTS,
+    Family,
+)
 
 #: the most text one status may carry (the supervisor sends none larger)
 MAX_NODE_METRICS_BYTES = 131072
@@ -60,6 +79,32 @@ ROUTER_LABELS = ("node", "kind")
 REFUSAL_REASONS = frozenset({"too_large", "unparsable", "too_many_samples", "router_full"})
 
 _FAMILIES = {family.name: family for family in SERVER_FAMILIES}
+
+
+def _words(family: Family, label: str) -> Callable[[str], str]:
+    """What a relayed value of ``family``'s ``label`` becomes: the server's own word, else
+    ``other``. A node's label values were its own to choose: new ones every text, a node
+    token holder grew the router's series, and so Prometheus's, without end."""
+    if label == "status":
+        return status_word
+    if label == "gpu":
+        return gpu_word
+    allowed = {
+        "error_kind": ERROR_KINDS,
+        "endpoint": ENDPOINTS,
+        "phase": START_PHASES,
+        "reason": RETIRE_REASONS if family is WORKER_RETIREMENTS else FINISH_REASONS,
+    }[label]
+    return lambda value: word_of(value, allowed)
+
+
+#: each family's label words, in its label order (a label without words fails here, at import)
+_LABEL_WORDS = {
+    family.name: tuple(_words(family, label) for label in family.labels)
+    for family in SERVER_FAMILIES
+}
+#: the bucket bounds a server writes (``SECONDS_BUCKETS``); a bucket of another is dropped
+_BOUNDS = frozenset({floatToGoString(bound) for bound in SECONDS_BUCKETS} | {"+Inf"})
 
 #: one sample: its name, its label values in the family's label order (``le`` last), value
 Sample = tuple[str, tuple[str, ...], float]
@@ -106,9 +151,11 @@ def _label_values(family: Family, name: str, labels: dict[str, str]) -> tuple[st
     expected = family.labels + (("le",) if name.endswith("_bucket") else ())
     if len(labels) != len(expected) or any(key not in labels for key in expected):
         return None
-    values = tuple(sys.intern(labels[key]) for key in expected)  # they repeat, node to node
+    values = tuple(labels[key] for key in expected)
     if any(len(value) > MAX_LABEL_VALUE for value in values):
         return None
+    own = zip(_LABEL_WORDS[family.name], values[: len(family.labels)], strict=True)
+    words = tuple(sys.intern(word(value)) for word, value in own)  # they repeat, node to node
     if name.endswith("_bucket"):
         try:
             bound = float(values[-1])
@@ -118,8 +165,11 @@ def _label_values(family: Family, name: str, labels: dict[str, str]) -> tuple[st
             return None
         # One spelling per bound, as a server writes it: ``1e-1`` beside ``0.1`` split a
         # ``sum by (le)`` of the node's histogram in two.
-        values = (*values[:-1], sys.intern(floatToGoString(bound)))
-    return values
+        le = floatToGoString(bound)
+        if le not in _BOUNDS:
+            return None
+        return (*words, sys.intern(le))
+    return words
 
 
 def parse_node_metrics(blob: bytes) -> Families:
@@ -144,12 +194,12 @@ def parse_node_metrics(blob: bytes) -> Families:
             value = sample.value
             if name is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            values = _label_values(family, name, dict(sample.labels))
-            if values is None or (name, values) in samples:
-                continue
-            count += 1
+            count += 1  # counted as sent: samples that become one series are still parsed
             if count > MAX_NODE_SAMPLES:
                 raise RelayRefused("too_many_samples")
+            values = _label_values(family, name, dict(sample.labels))
+            if values is None or (name, values) in samples:
+                continue  # of samples that become one series (two words for other), the first
             samples[(name, values)] = float(value)
     return tuple(
         (_FAMILIES[name], tuple((key[0], key[1], value) for key, value in samples.items()))
