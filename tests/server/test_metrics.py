@@ -77,6 +77,22 @@ def test_an_unknown_error_kind_or_reason_is_counted_as_other() -> None:
     assert gpu_label(7, frozenset({0, 1})) == "other" and gpu_label(None, frozenset()) == "cpu"
 
 
+def test_a_path_below_an_endpoint_without_subpaths_is_counted_as_other() -> None:
+    """A router labels a request's duration by its path: ``/health/x`` (a 404) was counted
+    as a health check, ``/metrics/x`` as a scrape."""
+    from kcoral_server.metrics.labels import endpoint_of
+
+    assert [endpoint_of(p) for p in ("/health/x", "/metrics/x", "/v1/info/x")] == ["other"] * 3
+    assert [endpoint_of(p) for p in ("/health", "/metrics", "/v1/info")] == [
+        "health",
+        "metrics",
+        "info",
+    ]
+    assert endpoint_of("/v1/jobs/j1/events") == "jobs"
+    assert endpoint_of("/v1/sessions/s1/execute") == "sessions"
+    assert endpoint_of(None) == endpoint_of("/execute") == "execute"
+
+
 WAITS_FOR_A_FILE = """
 import os, time
 

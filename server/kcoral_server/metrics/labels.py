@@ -144,19 +144,15 @@ MAX_NAMED_KINDS = 64
 
 
 def endpoint_of(path: Any) -> str:
-    """A request path as the endpoint it names (never the path: it holds job and session ids)."""
+    """A request path as the endpoint it names (never the path: it holds job and session ids).
+    Only jobs and sessions have paths below their own: ``/health/x`` is no health check, and
+    counted as one it put a stranger's 404s into the health endpoint's durations."""
     if not isinstance(path, str) or path == "/execute":
         return "execute"
-    for prefix, endpoint in (
-        ("/v1/jobs", "jobs"),
-        ("/v1/sessions", "sessions"),
-        ("/v1/info", "info"),
-        ("/health", "health"),
-        ("/metrics", "metrics"),
-    ):
+    for prefix, endpoint in (("/v1/jobs", "jobs"), ("/v1/sessions", "sessions")):
         if path == prefix or path.startswith(prefix + "/"):
             return endpoint
-    return OTHER
+    return {"/v1/info": "info", "/health": "health", "/metrics": "metrics"}.get(path, OTHER)
 
 
 class BoundedLabels:
