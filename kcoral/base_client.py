@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 import kcoral
 from kcoral.connection.event_stream import EventSource, EventStreams
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
+from kcoral.connection.request_limit import ASK_FROM_BYTES, refuse_over_the_limit
 from kcoral.connection.server_address import server_url
 from kcoral.connection.transport import Flow, Request, Response
 from kcoral.errors import KCoralError, ProtocolError
@@ -82,6 +83,14 @@ def _major_minor(version: str) -> tuple[str, ...]:
 def attempt_request(path: str, attempt: Attempt) -> Request:
     """The ``POST`` carrying one negotiation attempt."""
     return Request("POST", path, attempt.headers, attempt.chunks, attempt.length)
+
+
+def sent_attempt(path: str, attempt: Attempt) -> Flow[Response]:
+    """The answer to one negotiation attempt; a large body over the limit the server's
+    ``/v1/info`` states is refused unsent (``RequestTooLarge``, CLIENT_API §2.1 step 11)."""
+    if attempt.length >= ASK_FROM_BYTES:
+        refuse_over_the_limit(attempt.length, (yield _get_status("/v1/info")))
+    return (yield attempt_request(path, attempt))
 
 
 #: how long ``health()``, ``target()`` and ``info()`` wait for an answer once asked: a server
@@ -285,7 +294,7 @@ class BaseClient:
         )
         attempt = negotiation.first_attempt()
         while True:
-            response = yield attempt_request(path, attempt)
+            response = yield from sent_attempt(path, attempt)
             outcome = negotiation.handle_response(
                 response.status,
                 response.headers,
@@ -330,7 +339,7 @@ class BaseClient:
         known_blobs = tuple(program.blobs)
         step: tuple[str, str] | Attempt = negotiation.first_attempt()
         while isinstance(step, Attempt):
-            response = yield attempt_request(path, step)
+            response = yield from sent_attempt(path, step)
             step = next_submission_step(
                 negotiation,
                 response.status,

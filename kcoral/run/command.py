@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeGuard
 
+from kcoral.connection.request_limit import RequestTooLarge
 from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import (
     KCoralError,
@@ -276,6 +277,8 @@ def server_error(exc: KCoralError, url: str) -> str:
             f"{url} answered HTTP {exc.status_code} without a KCoral error: is it a KCoral "
             "server (or a proxy in front of one)?"
         )
+    if isinstance(exc, RequestTooLarge):  # refused here, unsent: no server said it
+        return str(exc)
     if exc.status_code == 401:  # the one refusal the user fixes on this side
         # its own hint, not the client's (which says ``Client(url, token=...)``)
         refused = f"HTTP 401: {screened(exc.message)}"

@@ -1,0 +1,133 @@
+"""A request body over the limit the server's ``/v1/info`` states is refused before it is
+sent (CLIENT_API §2.1 step 11); a body of exactly the limit is sent and runs, and whatever a
+server states that is no positive integer limit blocks nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from server_answers import cache_miss, completed
+
+from kcoral import Client, Program
+from kcoral.connection.http import HttpTransport
+from kcoral.connection.negotiation import ExecuteNegotiation
+from kcoral.connection.request_limit import ASK_FROM_BYTES, RequestTooLarge
+from kcoral.connection.transport import Request, Response
+from kcoral.errors import KCoralError
+
+TOKEN = "a-token-made-as-the-readme-makes-one-0123456789"
+BLOB_BYTES = ASK_FROM_BYTES + 4096
+
+
+class Recording:
+    """The real HTTP transport, noting each request it is handed."""
+
+    def __init__(self, inner: HttpTransport) -> None:
+        self.inner = inner
+        self.sent: list[tuple[str, str, int]] = []
+
+    def handle_request(self, request: Request) -> Response:
+        self.sent.append((request.method, request.path, request.length))
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def program_of(size: int, data: bytes) -> Program:
+    program = Program()
+    blob = program.upload(kind="bytes", value=data[:size])
+    module = program.upload(kind="module", source="def size(b):\n    return len(b)\n")
+    function = program.get_function(module=module, name="size")
+    program.return_(key="size", value=program.run(fn=function, args=[blob]))
+    return program
+
+
+def body_length(program: Program) -> int:
+    """The length of the attempt that carries the program's blobs."""
+    negotiation = ExecuteNegotiation(program)
+    negotiation.first_attempt()
+    missing = json.dumps(cache_miss(*program.blobs)).encode()
+    attempt = negotiation.handle_response(200, {}, "application/json", missing)
+    assert not isinstance(attempt, type(None))
+    return attempt.length  # type: ignore[union-attr]
+
+
+def test_a_body_over_the_stated_limit_is_refused_unsent_and_one_of_exactly_the_limit_runs(
+    server_factory, tmp_path
+):
+    data = os.urandom(BLOB_BYTES + 1)
+    limit = body_length(program_of(BLOB_BYTES, data))
+    token_file = tmp_path / "client.token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    server = server_factory("--auth-token-file", str(token_file), "--max-request-bytes", str(limit))
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    transport = Recording(HttpTransport(server.url, headers=headers, connect_timeout_seconds=10))
+    with Client(server.url, transport=transport) as client:
+        result = client.execute(program_of(BLOB_BYTES, data))
+        assert result.results["size"] == BLOB_BYTES
+        assert ("POST", "/execute", limit) in transport.sent
+
+        transport.sent.clear()
+        with pytest.raises(RequestTooLarge) as refused:
+            client.execute(program_of(BLOB_BYTES + 1, data))
+    assert [request for request in transport.sent if request[2] > limit] == []
+    assert (refused.value.status_code, refused.value.kind) == (413, "request_too_large")
+    assert str(refused.value) == (
+        f"request not sent: its body of 8.0 MiB ({limit + 1} bytes) is over the server's "
+        f"limit of 8.0 MiB ({limit} bytes; kcoral server --max-request-bytes)"
+    )
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        pytest.param({"limits": {"max_request_bytes": "1"}}, id="a text"),
+        pytest.param({"limits": {"max_request_bytes": True}}, id="a bool"),
+        pytest.param({"limits": {"max_request_bytes": 1.5}}, id="a float"),
+        pytest.param({"limits": {"max_request_bytes": 0}}, id="zero"),
+        pytest.param({"limits": {"max_request_bytes": -5}}, id="negative"),
+        pytest.param({"limits": {"max_request_bytes": 10**40}}, id="absurdly large"),
+        pytest.param({"limits": [1]}, id="limits not an object"),
+        pytest.param([1, 2], id="not an object"),
+        pytest.param({"limits": {"max_request_bytes": 1}, "fleet": []}, id="a router's"),
+        pytest.param(None, id="no /v1/info"),
+    ],
+)
+def test_a_limit_a_server_states_that_is_no_positive_integer_blocks_no_upload(canned_server, info):
+    data = os.urandom(BLOB_BYTES)
+    program = program_of(BLOB_BYTES, data)
+    canned_server.add(cache_miss(*program.blobs))
+    if info is None:  # a server of PROTOCOL.md alone
+        canned_server.add({"error": {"kind": "not_found", "message": "no"}}, status=404)
+    else:
+        canned_server.add(info)
+    canned_server.add(completed(results={"size": {"type": "integer", "value": BLOB_BYTES}}))
+    with Client(canned_server.url) as client:
+        result = client.execute(program)
+    assert result.results["size"] == BLOB_BYTES
+    assert [(r.method, r.path) for r in canned_server.requests] == [
+        ("POST", "/execute"),
+        ("GET", "/v1/info"),
+        ("POST", "/execute"),
+    ]
+    assert len(canned_server.requests[-1].body) > BLOB_BYTES
+
+
+def test_a_body_over_a_limit_stated_by_a_server_is_refused_whatever_the_servers_answers_after(
+    canned_server,
+):
+    data = os.urandom(BLOB_BYTES)
+    program = program_of(BLOB_BYTES, data)
+    canned_server.add(cache_miss(*program.blobs))
+    canned_server.add({"limits": {"max_request_bytes": ASK_FROM_BYTES}})
+    with Client(canned_server.url) as client, pytest.raises(KCoralError) as refused:
+        client.execute(program)
+    assert isinstance(refused.value, RequestTooLarge)
+    assert [(r.method, r.path) for r in canned_server.requests] == [
+        ("POST", "/execute"),
+        ("GET", "/v1/info"),
+    ]
