@@ -73,7 +73,12 @@ class LocalFile:
 class SentFileChanged(ValueError):
     """A file of ``upload_folder`` that is no longer what was hashed when its bytes are
     sent (changed, replaced, removed, unreadable). The request is cut before its body is
-    complete, so the server runs nothing; it never receives other bytes under the hash."""
+    complete, so the server runs nothing; it never receives other bytes under the hash.
+    ``cause`` is the message without its advice (a notebook cell gives its own)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"{cause}: upload the folder again, in a new Program")
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -149,8 +154,7 @@ class FileBlob:
 
     def _changed(self, why: str) -> SentFileChanged:
         return SentFileChanged(
-            f"{self.shown!r} changed after upload_folder hashed it ({why}); nothing was run: "
-            "upload the folder again, in a new Program"
+            f"{self.shown!r} changed after upload_folder hashed it ({why}); nothing was run"
         )
 
 

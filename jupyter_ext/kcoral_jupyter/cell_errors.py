@@ -22,6 +22,7 @@ from kcoral import KCoralError, TransportError
 from kcoral.base_client import token_refusal
 from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import root_reason
+from kcoral.local_folder import SentFileChanged
 from kcoral.run.terminal_filter import screened
 
 #: Said after the action when the short form hides frames.
@@ -57,6 +58,10 @@ class TwoLineError(BaseException):
 
 class ServerUnreachableError(TwoLineError, ConnectionError):
     """No HTTP answer came (refused, reset, unknown host, connect time-out)."""
+
+
+class FolderChangedError(TwoLineError, ValueError):
+    """A file of a ``--folder`` changed between its hashing and its send; nothing ran."""
 
 
 class ServerRefusedError(TwoLineError, RuntimeError):
@@ -231,6 +236,12 @@ def shorten(exc: BaseException, server: str | None = None) -> BaseException:
         return unreachable(exc, server)
     if isinstance(exc, KCoralError):
         return refused(exc, server)
+    if isinstance(exc, SentFileChanged):
+        # a traceback through the transport's frames, ending in advice for a script
+        # ("in a new Program") where a cell builds its program anew each run
+        return FolderChangedError(
+            exc.cause, "run the cell again once the folder's files stop changing"
+        )
     return exc
 
 
