@@ -151,6 +151,10 @@ async function drive(page) {
   seen.busyStatusText = await status.getAttribute('aria-label');
   // What the pane says the job does: the cell's own words, as its status line says them.
   seen.secondJobPhase = await panel.locator('.jp-KCoral-phase').innerText();
+  seen.secondOutputFit = await output.evaluate(pre => ({
+    scrollWidth: pre.scrollWidth,
+    clientWidth: pre.clientWidth
+  }));
   await page.screenshot({ path: path.join(SHOTS, 'panel-running.png') });
   const cancel = panel.locator('button.jp-KCoral-cancel');
   seen.cancelEnabled = await cancel.isEnabled();

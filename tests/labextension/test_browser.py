@@ -75,7 +75,9 @@ NOTEBOOK_CELLS = [
     "%%kcoral\nimport time\nprint('\\rwarming up  50%', end='', flush=True)\ntime.sleep(0.3)\n"
     "print('\\r\\x1b[32mwarming up done\\x1b[0m', flush=True)\nfor i in range(10):\n"
     "    print(f'tick {i}', flush=True)\n    time.sleep(0.5)",
-    "%%kcoral\nimport time\nprint('long job started', flush=True)\ntime.sleep(120)",
+    # A digest longer than the panel is wide, with nowhere to break: it wraps, as in the cell.
+    "%%kcoral\nimport time\nprint('checkpoint sha256 ' + '0123456789abcdef' * 6)\n"
+    "print('long job started', flush=True)\ntime.sleep(120)",
 ]
 # After the cells above: `%kcoral connect URL` (cell 3), then one cell on that server.
 SECOND_SERVER_CELL = "%%kcoral\nprint('on the second server')"
@@ -241,6 +243,8 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
     # The pane names a running cell's step as its status line does (not `instruction 2
     # run cell`, the program's op and id).
     assert seen["secondJobPhase"] == "running", seen["secondJobPhase"]
+    # The long digest wraps in the pane: it ran past the pane's right edge, to be scrolled to.
+    assert seen["secondOutputFit"]["scrollWidth"] <= seen["secondOutputFit"]["clientWidth"], seen
     assert seen["secondJobFinalStatus"] == "CANCELLED"
     assert [c[:2] for c in seen["commands"]] == [
         ["kcoral:show-panel", True],
