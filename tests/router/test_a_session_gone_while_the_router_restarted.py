@@ -13,12 +13,16 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 from kcoral_jupyter.notebook_session import NotebookSession, SessionHolder
-from router_helpers import Node, RouterProcess, ready_nodes, stopping
+from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopping
+from server_process import client_token_file
 from test_router_restart_grace import (
+    NODE_ENV,
     REMEMBER,
     TOKEN,
     a_session_on_one_node,
@@ -102,3 +106,47 @@ def test_a_session_closed_before_its_node_is_back_is_ended_there_when_it_is(
         finally:
             os.kill(node.process.pid, signal.SIGCONT)
     assert record["end_reason"] == "deleted"
+
+
+def delete_status(router: RouterProcess, session_id: str) -> int:
+    """The status of alice's ``DELETE`` of her session, sent once (the client asks again)."""
+    request = urllib.request.Request(
+        f"{router.url}/v1/sessions/{session_id}",
+        method="DELETE",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return int(refused.code)
+
+
+def test_an_end_is_not_said_done_where_the_node_that_listed_the_session_missed_its_look_up(
+    tmp_path: Path,
+) -> None:
+    # The node listed the session as it connected, then did not answer the look-up of its
+    # DELETE in time (its server busy; likewise a node that connected while the look-up
+    # was under way). The router kept the end for a listing that never comes again and
+    # answered 410 "session ended for you": the session ran on. Now 503, and the client's
+    # end, asked again, reaches the node.
+    with a_session_on_one_node(tmp_path) as (router, node, _client, session):
+        router.stop()
+        tokens = client_token_file(tmp_path, f"alice {TOKEN}\n")
+        args = ("--port", str(router.port), "--auth-token-file", str(tokens))
+        restarted = start_router(tmp_path, *args, "--reconnect-grace-seconds", "600", env=NODE_ENV)
+        with stopping(restarted, []):
+            listed = "node_sessions_listed node=only sessions=1"
+            wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+            server = node.server_pid()
+            os.kill(server, signal.SIGSTOP)  # the look-up waits for it, then goes without
+            try:
+                status = delete_status(restarted, session.id)
+            finally:
+                os.kill(server, signal.SIGCONT)
+            ready_nodes(restarted, 1)
+            session.close()
+            with kcoral.Client(restarted.url, token=TOKEN) as client:
+                record = client.attach_session(session.id).info()
+    assert status == 503
+    assert (record["state"], record["end_reason"]) == ("ENDED", "deleted")

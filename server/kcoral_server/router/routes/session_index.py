@@ -151,6 +151,10 @@ class SessionIndex:
             return None
         return listing if listing.node_id in not_held_by else None
 
+    def listing(self, session_id: str) -> Listing | None:
+        """Where ``session_id`` was listed (None: nowhere, or by more than one node)."""
+        return self._listed.get(session_id)
+
     def close_later(self, session_id: str, identity: Identity) -> None:
         """``identity`` ended ``session_id`` while no node knew it: its node is asked to
         end it in ``identity``'s name once it lists it (``SessionInventory``). Kept per
@@ -205,6 +209,19 @@ class SessionInventory:
         self.state = state
         self._asked: dict[str, str] = {}  # node id -> the server instance asked
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def listed_already(self, session_id: str, identity: Identity) -> bool:
+        """Whether ``session_id`` is ``identity``'s and a node listed it on the connection and
+        server it still has: that node will not list it again, so an end kept for the
+        listing would never be carried out. The look-up that found no node holding it
+        began before that node connected, or the node did not answer it in time."""
+        listing = self.state.sessions.listing(session_id)
+        if listing is None or not identity.owns(listing.owner):
+            return False
+        node = self.state.registry.nodes.get(listing.node_id)
+        return (
+            node is not None and node.connected and node.server_instance_id == listing.instance_id
+        )
 
     def check_nodes(self) -> None:
         """Registry change: list each node that (re)connected, while it may matter."""

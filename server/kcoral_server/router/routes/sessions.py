@@ -491,7 +491,11 @@ class SessionHandler(ForwardHandler):
         message = not_found_yet(self, "session")
         if message is None:
             return False
-        if self.request.method != "DELETE":
+        # an end kept for a node that has listed the session already would never be carried
+        # out, though answered 410: the client asks again and finds the node this time
+        if self.request.method != "DELETE" or self.state.inventory.listed_already(
+            session_id, self.identity
+        ):
             self.send_router_error(503, "no_node", message, "node_gone")
             return True
         self.state.sessions.close_later(session_id, self.identity)
