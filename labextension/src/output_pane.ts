@@ -130,7 +130,9 @@ export class OutputPane {
             }
             const cut = truncationNote(event.fields);
             if (cut) {
-              this._output.append(element('div', 'jp-KCoral-cut', cut));
+              this._keepingTheEndInView(() =>
+                this._output.append(element('div', 'jp-KCoral-cut', cut))
+              );
             }
             this._renderSelection();
           }
@@ -226,9 +228,16 @@ export class OutputPane {
   }
 
   private _append(stream: Stream, text: string): void {
+    this._keepingTheEndInView(() => this._console.write(stream, text));
+  }
+
+  /** Runs `add`, which adds to the output; an output scrolled to its end before (following
+   * it) is scrolled to its new end, one scrolled up to read is left where it is. The
+   * truncation note went below the end a followed output showed, out of view. */
+  private _keepingTheEndInView(add: () => void): void {
     const pinned =
       this._output.scrollTop + this._output.clientHeight >= this._output.scrollHeight - 4;
-    this._console.write(stream, text);
+    add();
     if (pinned) {
       this._output.scrollTop = this._output.scrollHeight;
     }

@@ -690,6 +690,48 @@ describe('the selected job when its server stops listing it', () => {
     );
   });
 
+  it('keeps the note of a cut stream in view below a followed output', async () => {
+    // A soak: 1 MiB of output, followed to its end; the note went below that end, out of
+    // view, and the pane seemed to end at `line 3`. jsdom has no layout: the pane's is
+    // made here, 10 px a line (the note one more), 30 px of it in view.
+    const scrolled = new WeakMap<HTMLElement, number>();
+    const layout = {
+      scrollHeight: {
+        get(this: HTMLElement) {
+          const lines = (this.textContent ?? '').split('\n').length - 1;
+          return 10 * (lines + this.querySelectorAll('.jp-KCoral-cut').length);
+        }
+      },
+      clientHeight: { get: () => 30 },
+      scrollTop: {
+        get(this: HTMLElement) {
+          return scrolled.get(this) ?? 0;
+        },
+        set(this: HTMLElement, value: number) {
+          scrolled.set(this, Math.min(value, this.scrollHeight - this.clientHeight)); // as a browser
+        }
+      }
+    };
+    for (const [name, property] of Object.entries(layout)) {
+      Object.defineProperty(HTMLPreElement.prototype, name, { ...property, configurable: true });
+    }
+    try {
+      const lines = Array.from({ length: 10 }, (_, i) => `line ${i}\\n`).join('');
+      const stream =
+        `event: stdout\nid: 1\ndata: {"text":"${lines}"}\n\n` +
+        'event: phase\nid: 2\ndata: {"phase":"finished","status":"COMPLETED",' +
+        '"stdout_truncated":true}\n\n';
+      const { panel } = await following(stream, () => true);
+      const pane = panel.node.querySelector<HTMLElement>('.jp-KCoral-outputText')!;
+      expect(pane.querySelector('.jp-KCoral-cut')).not.toBeNull();
+      expect(pane.scrollTop + pane.clientHeight).toBeGreaterThanOrEqual(pane.scrollHeight);
+    } finally {
+      for (const name of Object.keys(layout)) {
+        delete (HTMLPreElement.prototype as unknown as Record<string, unknown>)[name];
+      }
+    }
+  });
+
   it('shows a progress bar written with carriage returns as the cell does, without escapes', async () => {
     // A soak: the pane read `loading  50%loading 100%` and `[32m...[0m` where the cell
     // that ran the job showed one green `loading 100%`.
