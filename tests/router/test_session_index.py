@@ -4,8 +4,20 @@ out (``routes/session_index.py``, ROUTER §13): the decisions behind
 
 from __future__ import annotations
 
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
 from kcoral_server.front_door.callers import Identity
-from kcoral_server.router.routes.session_index import MAX_CLOSERS, Listing, SessionIndex
+from kcoral_server.router.forwarding.headers import identity_header
+from kcoral_server.router.routes import session_index
+from kcoral_server.router.routes.session_index import (
+    MAX_CLOSERS,
+    Listing,
+    SessionIndex,
+    SessionInventory,
+)
 
 SESSION = "0c8f7a4e-4d7e-4a51-9d55-0000000000aa"
 ALICE, BOB, ADMIN = Identity("alice"), Identity("bob"), Identity("root", admin=True)
@@ -46,3 +58,32 @@ def test_another_identitys_end_of_a_session_is_never_carried_out_for_it() -> Non
     assert index.take_close(SESSION, "alice") is None  # carried out once
     index.close_later(SESSION, ADMIN)
     assert index.take_close(SESSION, "alice") == ADMIN
+
+
+def test_an_end_kept_for_a_session_bound_before_its_node_listed_it_is_still_carried_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # alice's end came while no node knew the session (answered 410 "ended for you"); the
+    # node reconnected, and a request of hers (a merged list, a retried read) bound the
+    # session before the node's listing came back. The listing skipped a bound session, so
+    # the end kept for it was never sent and the session ran on until its idle timeout.
+    sent: list[tuple[str, str, str, list[tuple[bytes, bytes]]]] = []
+
+    async def node_answers(
+        state: object, node_id: str, method: str, path: str, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[int, bytes]:
+        sent.append((node_id, method, path, headers))
+        if method == "GET":
+            return 200, json.dumps([{"session_id": SESSION, "owner": "alice"}]).encode()
+        return 200, b"{}"
+
+    monkeypatch.setattr(session_index, "fetch", node_answers)
+    state = SimpleNamespace(
+        sessions=SessionIndex(), log=SimpleNamespace(event=lambda *a, **k: None)
+    )
+    state.sessions.close_later(SESSION, ALICE)
+    state.sessions.remember(SESSION, "n1", "server-1", "alice")
+    asyncio.run(SessionInventory(state)._list("n1", "server-1"))
+    ends = [(node, path, headers) for node, method, path, headers in sent if method == "DELETE"]
+    alice = identity_header(ALICE)
+    assert ends == [("n1", f"/v1/sessions/{SESSION}", [(alice.name, alice.value)])]

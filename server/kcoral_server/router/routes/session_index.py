@@ -254,9 +254,12 @@ class SessionInventory:
         count = sum(1 for session_id, _ in listed if session_id is not None)
         self.state.log.event("node_sessions_listed", node=node_id, sessions=count)
         for session_id, owner in listed:
-            if session_id is None or self.state.sessions.get(session_id) is not None:
-                continue  # bound already: what the router learnt first stands
-            self.state.sessions.listed(session_id, Listing(node_id, instance, owner))
+            if session_id is None:
+                continue
+            if self.state.sessions.get(session_id) is None:  # bound: what it learnt stands
+                self.state.sessions.listed(session_id, Listing(node_id, instance, owner))
+            # a kept end is carried out though another request bound the session meanwhile
+            # (the owner's list, a retried read): it was answered 410 already
             closer = self.state.sessions.take_close(session_id, owner)
             if closer is not None:  # in its name: the node ends only what it may end
                 path = f"/v1/sessions/{session_id}"
