@@ -159,7 +159,10 @@ class FileBlob:
 
 
 def hash_folder(
-    folder: str | os.PathLike[str], *, check: Callable[[str, str], None] | None = None
+    folder: str | os.PathLike[str],
+    *,
+    skip: Collection[str] = (),
+    check: Callable[[str, str], None] | None = None,
 ) -> list[FileBlob]:
     """``read_folder``'s files, in its order and with its refusals, each hashed as it is
     read and kept as a ``FileBlob``: no file's bytes stay in memory."""
@@ -167,21 +170,41 @@ def hash_folder(
     absolute = os.path.abspath(os.fsdecode(os.fspath(folder)))
 
     def hashed(item: _Listed, top: str, where: str, dir_fd: int) -> FileBlob:
-        digest = hashlib.sha256()
-        after = _read_listed(item.name, item.entry, where, digest.update, dir_fd=dir_fd)
-        return FileBlob(
-            top=absolute,
-            components=tuple(item.components),
-            name=item.name,
-            path="".join(f"{name}/" for name in item.components) + item.name,
-            shown=where,
-            mode=item.entry.st_mode,
-            identity=(after.st_dev, after.st_ino),
-            signature=_signature(after),
-            sha256=digest.hexdigest(),
-        )
+        return _hashed(absolute, tuple(item.components), item.name, item.entry, where, dir_fd)
 
-    return _each_file(folder, (), check, hashed)
+    return _each_file(folder, skip, check, hashed)
+
+
+def hash_file(path: str, listed: os.stat_result) -> FileBlob:
+    """The regular file ``path`` (``listed`` its ``lstat``), hashed as ``read_regular`` reads
+    it and kept as a ``FileBlob`` (``kcoral run --send FILE``), its ``path`` its name."""
+    # the folder holding it, its links resolved as opening the path would resolve them
+    top = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    with closing_fd(os.open(top, DIRECTORY_FLAGS)) as dir_fd:
+        return _hashed(top, (), os.path.basename(path), listed, path, dir_fd)
+
+
+def _hashed(
+    top: str,
+    components: tuple[str, ...],
+    name: str,
+    listed: os.stat_result,
+    shown: str,
+    dir_fd: int,
+) -> FileBlob:
+    digest = hashlib.sha256()
+    after = _read_listed(name, listed, shown, digest.update, dir_fd=dir_fd)
+    return FileBlob(
+        top=top,
+        components=components,
+        name=name,
+        path="".join(f"{part}/" for part in components) + name,
+        shown=shown,
+        mode=listed.st_mode,
+        identity=(after.st_dev, after.st_ino),
+        signature=_signature(after),
+        sha256=digest.hexdigest(),
+    )
 
 
 def read_folder(

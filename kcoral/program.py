@@ -126,9 +126,14 @@ class Program:
         return Register(new_id)
 
     def upload_file(self, *, blob: object, path: str, id: str | None = None) -> Register:
-        """Place ``blob`` at workspace ``path``; the register's value is the normalized path."""
+        """Place ``blob`` at workspace ``path``; the register's value is the normalized path.
+        A ``kcoral.local_folder.FileBlob`` stays in its local file until a request sends it."""
         normalized = normalize_workspace_path(path)
-        data, digest = _hashed_snapshot(blob, "upload_file blob")
+        data: bytes | FileBlob
+        if isinstance(blob, FileBlob):
+            data, digest = blob, blob.sha256
+        else:
+            data, digest = _hashed_snapshot(blob, "upload_file blob")
         self._check_new_file_paths([normalized])
         new_id, counter = self._claim_id(id, "upload")
         instruction = {

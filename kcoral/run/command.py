@@ -27,12 +27,19 @@ from kcoral.errors import (
     root_reason,
     unreachable_message,
 )
+from kcoral.local_folder import FileBlob, SentFileChanged
 from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
 from kcoral.response import gpus_label
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
 from kcoral.run.gpu_wait import GpuWaitNotice
-from kcoral.run.inputs import LocalFileError, collect_inputs, sent_as
+from kcoral.run.inputs import (
+    LocalFileError,
+    changed_input,
+    collect_inputs,
+    sent_as,
+    split_inputs,
+)
 from kcoral.run.mid_run import (
     LOST_JOB,
     SELECTOR_WORD,
@@ -184,18 +191,25 @@ def runner_source() -> str:
     return inspect.getsource(run_remote)
 
 
-def build_program(options: RunOptions, inputs: bytes | None) -> Any:
-    """The one program of an invocation (a ``kcoral.Program``)."""
+def build_program(options: RunOptions, inputs: Sequence[tuple[str, FileBlob, bool]]) -> Any:
+    """The one program of an invocation (a ``kcoral.Program``): small inputs packed in one
+    ``bytes`` upload, the others file uploads below the tool's directory, each read from its
+    local file only as the request sends it (``split_inputs``)."""
     from kcoral.program import Program
 
     program = Program()
     module = program.upload(kind="module", source=runner_source(), id="runner")
     function = program.get_function(module=module, name="run_tool", id="run_tool")
+    packed, uploaded = split_inputs(inputs)
     inputs_arg: Any = None
-    if inputs:
-        inputs_arg = program.upload(kind="bytes", value=inputs, id="inputs")
+    if packed:
+        inputs_arg = program.upload(kind="bytes", value=run_remote.pack_inputs(packed), id="inputs")
+    for remote, blob, _executable in uploaded:
+        program.upload_file(blob=blob, path=f"{run_remote.WORK_DIR}/{remote}")
     options.merged_output = output_shares_one_place()  # the truncation note says it too
     spec = {
+        # a file upload's mode is the server's: the runner sets 0700 or 0600 (§11)
+        "inputs": [[remote, executable] for remote, _blob, executable in uploaded],
         "tool": options.tool.name,
         "args": list(options.args),
         "env": dict(options.env),
@@ -232,14 +246,16 @@ def run(options: RunOptions) -> int:
     if missing:
         say(missing)
         return 2
-    options.input_bytes = sum(len(data) for _path, data, _executable in files)
-    inputs = run_remote.pack_inputs(files) if files else None
-    program = build_program(options, inputs)
+    options.input_bytes = sum(blob.size for _path, blob, _executable in files)
     try:
+        program = build_program(options, files)
         result = execute(options, program)
         options.tool_ended = True
     except (JobLost, TokenRefusedMidRun, ConnectionLostMidRun, GpusOnACpuServer) as lost:
         say(str(lost))
+        return 1
+    except SentFileChanged as changed:  # the request was cut before its body was complete
+        say(changed_input(changed))
         return 1
     except KCoralError as exc:
         if exc.status_code == 504 and exc.kind == "timeout":

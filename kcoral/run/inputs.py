@@ -1,4 +1,8 @@
-"""``kcoral run --send``: local files and directories read for upload (CLIENT_API.md §11)."""
+"""``kcoral run --send``: local files and directories hashed for upload (CLIENT_API.md §11).
+
+No input's bytes are kept: each file is hashed as it is read here and read again only while
+the request body sends it (``kcoral.local_folder.FileBlob``), so a 512 MiB input needs a few
+MiB of the client's memory, not 512 MiB (it was read whole and then packed into a copy)."""
 
 from __future__ import annotations
 
@@ -6,23 +10,32 @@ import os
 import stat
 from collections.abc import Sequence
 
-from kcoral.local_folder import LinkRefused, kind_of, read_folder, read_regular
-from kcoral.protocol.paths import conflicting_paths
+from kcoral.local_folder import (
+    FileBlob,
+    LinkRefused,
+    SentFileChanged,
+    hash_file,
+    hash_folder,
+    kind_of,
+)
+from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path
+from kcoral.run.worker_side import WORK_DIR
 
 
 class LocalFileError(Exception):
     """An input that cannot be sent or an output that cannot be saved (exit status 1)."""
 
 
-def collect_inputs(paths: Sequence[str]) -> list[tuple[str, bytes, bool]]:
-    """Read the ``--send`` files as ``(remote path, data, executable)``, sorted by path.
+def collect_inputs(paths: Sequence[str]) -> list[tuple[str, FileBlob, bool]]:
+    """Hash the ``--send`` files as ``(remote path, file, executable)``, sorted by path.
 
     A file goes under its base name, a directory under its own name with its layout;
     ``__pycache__`` entries and empty directories are skipped. Symlinks, special files, a
     directory reached twice, files changing while read and conflicting remote paths raise
     ``LocalFileError``.
     """
-    files: dict[str, tuple[bytes, bool]] = {}
+    files: dict[str, tuple[FileBlob, bool]] = {}
     for path in paths:
         name = os.path.basename(os.path.abspath(path))
         if not name:
@@ -32,6 +45,10 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, bytes, bool]]:
                 raise LocalFileError(
                     f"--send: the name {remote!r} is not valid UTF-8 (names go as text)"
                 )
+            try:  # the request's path rules (PROTOCOL §5.5), below the tool's directory
+                normalize_workspace_path(f"{WORK_DIR}/{remote}")
+            except ValidationError as exc:
+                raise LocalFileError(f"--send: {remote!r} cannot be sent: {exc}") from None
             if remote in files:
                 raise LocalFileError(f"--send: two inputs would both be sent as {remote!r}")
             files[remote] = (data, executable)
@@ -45,23 +62,57 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, bytes, bool]]:
     return [(name, *files[name]) for name in names]
 
 
-def _read_input(path: str, name: str) -> list[tuple[str, bytes, bool]]:
+def _read_input(path: str, name: str) -> list[tuple[str, FileBlob, bool]]:
     info = _lstat(path)
     try:
         if stat.S_ISREG(info.st_mode):
-            return [(name, read_regular(path, info, path), _executable(info.st_mode))]
+            return [(name, hash_file(path, info), _executable(info.st_mode))]
         if stat.S_ISLNK(info.st_mode):  # never followed: it could point anywhere
             raise LocalFileError(f"--send {path!r}: {_link_advice(path)}")
         if not stat.S_ISDIR(info.st_mode):
             raise LocalFileError(f"--send {path!r}: {kind_of(info.st_mode)} cannot be sent")
-        files = read_folder(path, skip=("__pycache__",))
+        files = hash_folder(path, skip=("__pycache__",))
     except LinkRefused as exc:
         raise LocalFileError("--send: " + exc.advice("send", "with a --send of its own")) from None
     except ValueError as exc:
         raise LocalFileError(f"--send: {exc}") from None
     except OSError as exc:
         raise LocalFileError(f"--send: cannot read {exc.filename!r}: {exc.strerror}") from None
-    return [(f"{name}/{file.path}", file.data, _executable(file.mode)) for file in files]
+    return [(f"{name}/{file.path}", file, _executable(file.mode)) for file in files]
+
+
+#: Inputs smaller than this travel packed in one ``bytes`` upload, which the runner unpacks
+#: (``kcoral.run.worker_side.pack_inputs``): a file upload each costs the server a part, a
+#: blob and a write of its own, and 5000 files of 200 bytes took 2 to 3 times as long so.
+SMALL_INPUT_BYTES = 1 << 20
+#: The most bytes packed in all (held in memory, then joined); any more go as file uploads.
+PACKED_INPUT_BYTES = 64 << 20
+
+
+def split_inputs(
+    inputs: Sequence[tuple[str, FileBlob, bool]],
+) -> tuple[list[tuple[str, bytes, bool]], list[tuple[str, FileBlob, bool]]]:
+    """The inputs to pack, read now (small files, ``PACKED_INPUT_BYTES`` of them in all), and
+    the inputs to upload as files, each read only as the request sends it (the rest):
+    client memory stays bounded whatever the inputs weigh. ``SentFileChanged`` when a
+    small file no longer holds what was hashed."""
+    packed: list[tuple[str, bytes, bool]] = []
+    uploaded: list[tuple[str, FileBlob, bool]] = []
+    room = PACKED_INPUT_BYTES
+    for remote, blob, executable in inputs:
+        if blob.size < SMALL_INPUT_BYTES and blob.size <= room:
+            packed.append((remote, blob.read(), executable))
+            room -= blob.size
+        else:
+            uploaded.append((remote, blob, executable))
+    return packed, uploaded
+
+
+def changed_input(exc: SentFileChanged) -> str:
+    """What an input that changed between its hashing and its sending says (nothing ran):
+    the folder's advice, to upload it again in a new Program, is not ``kcoral run``'s."""
+    text = str(exc).replace("after upload_folder hashed it", "after kcoral run read it")
+    return f"--send: {text.split(': upload the folder again', 1)[0]}: run again"
 
 
 def _link_advice(path: str) -> str:

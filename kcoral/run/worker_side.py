@@ -4,9 +4,12 @@
 module must stay plain: standard library only, nothing done at import time, no import of
 ``kcoral`` (it also runs on servers that only implement PROTOCOL.md).
 
-Inputs travel as one ``bytes`` upload in a small length-prefixed format: a magic line, then
-per file a header (flags, path length, data length), the UTF-8 path and the data. Only the
-executable bit survives (flag 1), which is all the tools need.
+Small inputs travel as one ``bytes`` upload in a small length-prefixed format: a magic line,
+then per file a header (flags, path length, data length), the UTF-8 path and the data. Large
+ones are file uploads below ``WORK_DIR`` (read from the local file only while the request is
+sent, CLIENT_API §11), ``spec["inputs"]`` naming each and whether it is executable. Only the
+executable bit survives (``0700`` or ``0600``; flag 1 in a packed header), which is all the
+tools need.
 """
 
 from __future__ import annotations
@@ -77,6 +80,27 @@ def unpack_inputs(blob: bytes, directory: str) -> list[str]:
     finally:
         writer.close()
     return written
+
+
+def set_input_modes(work: str, inputs: Iterable[tuple[str, bool]]) -> None:
+    """Make each uploaded input ``0700`` (executable) or ``0600``: a file upload has the
+    server's mode. Relative to directory descriptors, as ``_TreeWriter`` writes (a path
+    below ``work`` may pass PATH_MAX), and no link is followed."""
+    for path, executable in inputs:
+        parts = _safe_relative_path(path)
+        directory = os.open(work, _DIRECTORY_FLAGS)
+        try:
+            for part in parts[:-1]:
+                directory = _enter_from(
+                    directory, os.open(part, _DIRECTORY_FLAGS, dir_fd=directory)
+                )
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        finally:
+            os.close(directory)
+        try:
+            os.fchmod(fd, 0o700 if executable else 0o600)
+        finally:
+            os.close(fd)
 
 
 def _safe_relative_path(path: str) -> list[str]:
@@ -170,7 +194,8 @@ class _TreeWriter:
 def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:
     """Unpack the inputs, run the tool as a subprocess, collect the requested outputs.
 
-    ``spec`` keys: ``tool``, ``args`` (words after the first ``--``), ``env`` (overrides),
+    ``spec`` keys: ``inputs`` (``[path, executable]`` of each uploaded input, optional),
+    ``tool``, ``args`` (words after the first ``--``), ``env`` (overrides),
     ``fetch`` (normalized relative paths), ``collect`` (whether outputs come back) and
     ``merge_stderr`` (the tool's stderr goes to its stdout, optional).
     Returns ``exit_code``/``signal`` (one of them set when the tool ran), ``error`` (a
@@ -181,7 +206,8 @@ def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:
     work = os.path.join(base, WORK_DIR)
     outputs = os.path.join(base, OUTPUTS_DIR)
     tool = spec["tool"]
-    os.mkdir(work, 0o700)
+    # the inputs' file uploads made it already, when there were any
+    os.makedirs(work, 0o700, exist_ok=True)
     # run-iket creates its output directory itself and refuses an existing one (CLIENT_API
     # §11): it gets a path that does not exist yet, made afterwards if the tool did not.
     if tool != "run-iket":
@@ -197,6 +223,7 @@ def _run_and_collect(
 ) -> dict[str, Any]:
     if inputs:
         unpack_inputs(inputs, work)
+    set_input_modes(work, spec.get("inputs") or [])
     args = list(spec["args"])
     env = _tool_environment(tool, spec.get("env") or {}, work)
     report: dict[str, Any] = {

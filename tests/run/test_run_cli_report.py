@@ -17,7 +17,7 @@ from kcoral.results import ProgramResult, ReturnedFile, ReturnedFolder
 from kcoral.run import command as run_cli
 from kcoral.run.arguments import parse_command_line
 from kcoral.run.command import build_program
-from kcoral.run.inputs import LocalFileError, collect_inputs
+from kcoral.run.inputs import SMALL_INPUT_BYTES, LocalFileError, collect_inputs
 from kcoral.run.outputs import report
 from kcoral.run.progress import Progress, format_bytes
 from kcoral.run.tools import UsageError
@@ -179,7 +179,10 @@ def test_inputs_keep_layout_and_executable_bit_and_skip_pycache(
     (project / "run.sh").chmod(0o755)
     (tmp_path / "single.txt").write_text("S")
     monkeypatch.chdir(project)
-    files = collect_inputs([".", str(tmp_path / "single.txt")])
+    files = [
+        (remote, blob.read(), x)
+        for remote, blob, x in collect_inputs([".", str(tmp_path / "single.txt")])
+    ]
     assert files == [
         ("proj/.hidden", b"H", False),
         ("proj/pkg/m.py", b"M", False),
@@ -292,21 +295,25 @@ def test_the_program_uploads_the_runner_inputs_and_returns_status_and_outputs(
     tmp_path: Path,
 ) -> None:
     opts = options(tmp_path, "--fetch", "r", "--out", str(tmp_path / "o"))
-    program = build_program(opts, b"KCORAL-RUN-INPUTS-1\n")
-    ops = [
-        (item["op"], item.get("kind"), item.get("id") or item.get("key"))
-        for item in program.instructions
-    ]
+    (tmp_path / "tool.sh").write_bytes(b"#!/bin/sh\n")
+    (tmp_path / "tool.sh").chmod(0o755)
+    (tmp_path / "large.bin").write_bytes(bytes(SMALL_INPUT_BYTES))
+    sent = collect_inputs([str(tmp_path / "tool.sh"), str(tmp_path / "large.bin")])
+    program = build_program(opts, sent)
+    ops = [(item["op"], item.get("kind"), item.get("path")) for item in program.instructions]
     assert ops == [
-        ("upload", "module", "runner"),
-        ("get_function", None, "run_tool"),
-        ("upload", "bytes", "inputs"),
-        ("run", None, "status"),
-        ("return", None, "status"),
+        ("upload", "module", None),
+        ("get_function", None, None),
+        ("upload", "bytes", None),
+        ("upload", "file", "work/large.bin"),
+        ("run", None, None),
+        ("return", None, None),
         ("return", "folder", "outputs"),
     ]
-    run = program.instructions[3]
+    assert program.instructions[2]["id"] == "inputs"
+    run = program.instructions[4]
     assert run["args"][0] == {"$ref": "inputs"}
+    assert run["args"][1]["inputs"] == [["large.bin", False]]
     assert run["args"][1]["fetch"] == ["r"] and run["args"][1]["collect"] is True
 
 

@@ -1,8 +1,9 @@
 """The whole `kcoral run` flow with a local stand-in for the server.
 
 The stand-in executes the program this command builds the way a worker would (runner module
-source, `bytes` upload, one `run`, value and folder returns) in a child process with its own
-workspace, so every step but HTTP is exercised even where no server is available.
+source, `bytes` and file uploads, one `run`, value and folder returns) in a child process
+with its own workspace, so every step but HTTP is exercised even where no server is
+available.
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ def execute_locally(options: run_cli.RunOptions, program: Any, root: Path) -> Pr
     (base / "runner.py").write_text(source)
     (base / "spec.json").write_text(json.dumps(spec))
     inputs = ""
-    if inputs_ref is not None:
+    if inputs_ref is not None:  # the small inputs, packed
         upload = next(item for item in instructions if item.get("id") == inputs_ref["$ref"])
         (base / "inputs").write_bytes(program.blobs[upload["blob"]])
         inputs = str(base / "inputs")
+    for item in instructions:  # the inputs' file uploads, placed as a server places them
+        if item.get("kind") == "file":
+            (workspace / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (workspace / item["path"]).write_bytes(program.blobs[item["blob"]])
     child = subprocess.run(
         [sys.executable, "-c", _CHILD, str(base / "runner.py"), inputs,
          str(base / "spec.json"), str(base / "report.json")],
