@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import urllib3
 
+from kcoral.connection.early_answer import EarlyAnswer, stopped_once_answered
 from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
 from kcoral.connection.transport import Request, Response, body_pieces, refuse_encoded_body
@@ -78,6 +79,7 @@ class HttpTransport:
         """The ``Transport`` interface (``kcoral.connection.transport``)."""
         chunks = request.chunks
         body: Iterable[bytes | memoryview] | None = None
+        early: EarlyAnswer | None = None
         if chunks is not None:
             if len(chunks) > 1 and request.length <= SMALL_BODY_BYTES:
                 body = (b"".join(body_pieces(chunks)),)
@@ -85,6 +87,9 @@ class HttpTransport:
                 body = sent_with_progress(chunks, request.length)
             else:
                 body = body_pieces(chunks)  # a folder's files read as they are sent
+            if request.length > SMALL_BODY_BYTES:
+                early = EarlyAnswer()
+                body = stopped_once_answered(body, early)
         return self.request(
             request.method,
             request.path,
@@ -92,6 +97,7 @@ class HttpTransport:
             content_length=request.length,
             headers=request.headers,
             read_timeout=request.read_timeout,
+            early=early,
         )
 
     def request(
@@ -103,6 +109,7 @@ class HttpTransport:
         content_length: int | None = None,
         headers: Mapping[str, str] | None = None,
         read_timeout: float | None = None,
+        early: EarlyAnswer | None = None,
     ) -> Response:
         """Send one request and read the whole answer (within ``read_timeout`` seconds of
         each read, when given).
@@ -110,6 +117,8 @@ class HttpTransport:
         ``body`` chunks are streamed as given with an explicit ``Content-Length``. No answer
         -> ``TransportError``. ``KeyboardInterrupt`` closes the connection instead of
         returning it to the pool (the server then cancels the program) and propagates.
+        ``early`` tells that the body was cut short by an answer (``stopped_once_answered``):
+        that connection is closed, not pooled.
         """
         extra = dict(headers or {})
         overridden = {name.lower() for name in extra}
@@ -135,7 +144,10 @@ class HttpTransport:
             data = self._read_body(response)
             status = response.status
             response_headers = response.headers
-            response.release_conn()
+            if early is not None and early.came:
+                response.close()  # its request was cut short: never reused
+            else:
+                response.release_conn()
         except (KeyboardInterrupt, ProtocolError):
             # urllib3 closes the connection itself when interrupted before the answer
             # started; once it did, close it here so it never goes back to the pool.

@@ -16,6 +16,7 @@ from typing import Any
 import urllib3
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from kcoral.connection.early_answer import note_taken
 from kcoral.connection.in_flight import attach_to_current, detach
 
 #: A pooled connection idle longer than this is not reused (servers close at 10 s).
@@ -40,6 +41,7 @@ class _DropsIdleConnections:
         if pooled_at is not None and time.monotonic() - pooled_at >= POOLED_IDLE_SECONDS:
             conn.close()
         attach_to_current(conn)  # an AsyncClient request may be cut from its event loop
+        note_taken(conn)  # its body stops once an answer waits on it
         return conn
 
 
