@@ -12,7 +12,7 @@ from server_answers import cache_miss, completed
 
 from kcoral import Client, Program
 from kcoral.connection.http import HttpTransport
-from kcoral.connection.negotiation import ExecuteNegotiation
+from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.request_limit import ASK_FROM_BYTES, RequestTooLarge
 from kcoral.connection.transport import Request, Response
 from kcoral.errors import KCoralError
@@ -51,8 +51,8 @@ def body_length(program: Program) -> int:
     negotiation.first_attempt()
     missing = json.dumps(cache_miss(*program.blobs)).encode()
     attempt = negotiation.handle_response(200, {}, "application/json", missing)
-    assert not isinstance(attempt, type(None))
-    return attempt.length  # type: ignore[union-attr]
+    assert isinstance(attempt, Attempt)
+    return attempt.length
 
 
 def test_a_body_over_the_stated_limit_is_refused_unsent_and_one_of_exactly_the_limit_runs(
