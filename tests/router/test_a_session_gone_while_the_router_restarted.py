@@ -10,6 +10,7 @@ real router, restarted on its port, and a real CPU node."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from kcoral_jupyter.notebook_session import NotebookSession, SessionHolder
+from kcoral_server.router.routes.session_index import MAX_KEPT_ENDS
 from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopping
 from server_process import client_token_file
 from test_router_restart_grace import (
@@ -150,3 +152,31 @@ def test_an_end_is_not_said_done_where_the_node_that_listed_the_session_missed_i
                 record = client.attach_session(session.id).info()
     assert status == 503
     assert (record["state"], record["end_reason"]) == ("ENDED", "deleted")
+
+
+def test_a_token_holders_flood_of_ends_in_the_grace_is_told_to_ask_again_past_its_bound(
+    tmp_path: Path,
+) -> None:
+    # Before any node is back, ending a made-up id costs the router nothing, and each was
+    # kept and answered 410: mallory's ends of more ids than the table holds pushed alice's
+    # out, and her session, told ended, ran on. Past 1024 kept ends mallory's read the 503.
+    tokens = client_token_file(tmp_path, f"alice {TOKEN}\nmallory mallory-token\n")
+    args = ("--auth-token-file", str(tokens), "--reconnect-grace-seconds", "600")
+    router = start_router(tmp_path, *args, env=NODE_ENV)
+    with stopping(router, []):
+        connection = http.client.HTTPConnection("127.0.0.1", router.port, timeout=60)
+        statuses = []
+        for number in range(MAX_KEPT_ENDS + 1):
+            made_up = f"{number:08x}-0000-4000-8000-000000000000"
+            connection.request(
+                "DELETE",
+                f"/v1/sessions/{made_up}",
+                headers={"Authorization": "Bearer mallory-token"},
+            )
+            answer = connection.getresponse()
+            answer.read()
+            statuses.append(answer.status)
+        connection.close()
+        alices = delete_status(router, "0c8f7a4e-4d7e-4a51-9d55-0000000000aa")
+    assert statuses == [410] * MAX_KEPT_ENDS + [503]
+    assert alices == 410  # another caller's end is still kept

@@ -14,6 +14,7 @@ from kcoral_server.router.forwarding.headers import identity_header
 from kcoral_server.router.routes import session_index
 from kcoral_server.router.routes.session_index import (
     MAX_CLOSERS,
+    MAX_KEPT_ENDS,
     Listing,
     SessionIndex,
     SessionInventory,
@@ -50,7 +51,8 @@ def test_another_identitys_end_of_a_session_is_never_carried_out_for_it() -> Non
     index.close_later(SESSION, BOB)  # a token holder who learnt the id ends it first
     for number in range(MAX_CLOSERS):
         index.close_later(SESSION, Identity(f"stranger{number}"))
-    index.close_later(SESSION, ALICE)  # past the kept callers: too late to be kept
+    # past the kept callers: too late to be kept, and told so (asked again, not 410)
+    assert index.close_later(SESSION, ALICE) is False
     assert index.take_close(SESSION, "alice") is None
     index.close_later(SESSION, ALICE)
     index.close_later(SESSION, BOB)
@@ -87,3 +89,21 @@ def test_an_end_kept_for_a_session_bound_before_its_node_listed_it_is_still_carr
     ends = [(node, path, headers) for node, method, path, headers in sent if method == "DELETE"]
     alice = identity_header(ALICE)
     assert ends == [("n1", f"/v1/sessions/{SESSION}", [(alice.name, alice.value)])]
+
+
+def test_a_token_holders_ends_of_made_up_ids_do_not_push_out_anothers_kept_end() -> None:
+    # Right after a router restart, before any node is back, a DELETE of any id is cheap and
+    # kept. Mallory ended more made-up ids than the table holds: alice's end, answered 410
+    # "session ended for you", fell out of it and her session ran on to its idle timeout.
+    index = SessionIndex(capacity=2 * MAX_KEPT_ENDS)
+    index.close_later(SESSION, ALICE)
+    mallory = Identity("mallory")
+    kept = [
+        index.close_later(f"{number:08x}-0000-4000-8000-000000000000", mallory)
+        for number in range(3 * MAX_KEPT_ENDS)
+    ]
+    assert index.take_close(SESSION, "alice") == ALICE
+    assert kept.count(True) == MAX_KEPT_ENDS  # the rest asked again, never told ended
+    # a kept end carried out makes room for another
+    assert index.take_close("00000000-0000-4000-8000-000000000000", "mallory") == mallory
+    assert index.close_later("ffffffff-0000-4000-8000-000000000000", mallory) is True

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,9 @@ LISTER = Identity("kcoral-router", admin=True)
 
 #: the identities whose ends of one session id are kept (the owner, an admin, strangers)
 MAX_CLOSERS = 4
+#: the ends of sessions one identity may have kept at once (a user's kernels and scripts
+#: that exit while the router restarts are a few; a flood of made-up ids is not kept)
+MAX_KEPT_ENDS = 1024
 #: a supervisor's longest reconnect back-off (ROUTER §4.5): a node that lived through the
 #: router's grace has reconnected, and listed its sessions, by this long after it
 LONGEST_RECONNECT_SECONDS = 30.0
@@ -76,6 +79,7 @@ class SessionIndex:
         # one of them lies), and the ends asked for by whom while no node knew the id.
         self._listed: OrderedDict[str, Listing | None] = OrderedDict()
         self._closing: OrderedDict[str, dict[Identity, None]] = OrderedDict()
+        self._kept_ends: Counter[Identity] = Counter()  # how many ends each keeps there
 
     def remember(self, session_id: str, node_id: str, instance_id: str, owner: str) -> bool:
         """Bind ``session_id`` to ``node_id``; False when another node holds it already.
@@ -155,23 +159,43 @@ class SessionIndex:
         """Where ``session_id`` was listed (None: nowhere, or by more than one node)."""
         return self._listed.get(session_id)
 
-    def close_later(self, session_id: str, identity: Identity) -> None:
+    def close_later(self, session_id: str, identity: Identity) -> bool:
         """``identity`` ended ``session_id`` while no node knew it: its node is asked to
         end it in ``identity``'s name once it lists it (``SessionInventory``). Kept per
-        identity, so another identity's end of the id cannot take the place of its owner's."""
+        identity, so another identity's end of the id cannot take the place of its owner's,
+        and at most ``MAX_KEPT_ENDS`` per identity, so one identity's ends of made-up ids
+        cannot push the others' out of the table. True: kept; False: not (the caller is to
+        ask again, not be told its session ended)."""
         closers = self._closing.pop(session_id, {})
-        if len(closers) < MAX_CLOSERS:  # the first ones stay: a stranger's cannot push out
+        if (
+            identity not in closers
+            and len(closers) < MAX_CLOSERS  # the first ones stay: a stranger's cannot push out
+            and self._kept_ends[identity] < MAX_KEPT_ENDS
+        ):
             closers[identity] = None
-        _bounded_put(self._closing, session_id, closers, self.capacity)
+            self._kept_ends[identity] += 1
+        if closers:
+            self._closing[session_id] = closers
+            while len(self._closing) > self.capacity:
+                self._drop_closers(self._closing.popitem(last=False)[1])
+        return identity in closers
 
     def take_close(self, session_id: str, owner: str) -> Identity | None:
         """One who asked to end ``session_id`` (of ``owner``) and may, while no node knew
         it; the session's asks are then done with."""
         closers = self._closing.pop(session_id, {})
+        self._drop_closers(closers)
         return next((identity for identity in closers if identity.owns(owner)), None)
 
     def forget_closes(self) -> None:
         self._closing.clear()
+        self._kept_ends.clear()
+
+    def _drop_closers(self, closers: dict[Identity, None]) -> None:
+        for identity in closers:
+            self._kept_ends[identity] -= 1
+            if not self._kept_ends[identity]:
+                del self._kept_ends[identity]
 
 
 async def release_orphans(state: Any, node_id: str) -> None:

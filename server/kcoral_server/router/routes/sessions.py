@@ -492,12 +492,14 @@ class SessionHandler(ForwardHandler):
         if message is None:
             return False
         # an end kept for a node that has listed the session already would never be carried
-        # out, though answered 410: the client asks again and finds the node this time
-        if self.request.method != "DELETE" or self.state.inventory.listed_already(
-            session_id, self.identity
+        # out, though answered 410: the client asks again and finds the node this time; so
+        # too for an end not kept (its caller's kept ends, or the id's callers, at their most)
+        if (
+            self.request.method != "DELETE"
+            or self.state.inventory.listed_already(session_id, self.identity)
+            or not self.state.sessions.close_later(session_id, self.identity)
         ):
             self.send_router_error(503, "no_node", message, "node_gone")
             return True
-        self.state.sessions.close_later(session_id, self.identity)
         self.send_router_error(410, "session_ended", CLOSE_KEPT, "request_rejected")
         return True
