@@ -100,10 +100,23 @@ def word_of(value: str, allowed: frozenset[str]) -> str:
     return value if value in allowed or value in (NONE, OTHER) else OTHER
 
 
+#: the HTTP statuses a server answers: its own (PROTOCOL §7, EXTENSIONS, ROUTER; 499 is
+#: logged only) and Tornado's refusals of malformed HTTP
+SERVER_STATUSES = frozenset(
+    str(status)
+    for status in (
+        *(200, 201, 202, 204, 304),
+        *(400, 401, 403, 404, 405, 408, 409, 410, 411, 413, 414, 415, 417, 429, 431, 499),
+        *(500, 501, 502, 503, 504, 505),
+    )
+)
+
+
 def status_word(value: str) -> str:
-    """A relayed ``status``: three digits 100-599 or ``other`` (``status_label``'s words)."""
-    digits = value.isascii() and value.isdigit() and len(value) == 3
-    return value if value == OTHER or (digits and 100 <= int(value) <= 599) else OTHER
+    """A relayed ``status``: one a server answers (``SERVER_STATUSES``) or ``other``. Any
+    three digits of 100-599 let a rogue node cycle 500 statuses against every reason and
+    error kind: some 156,000 series a node id in Prometheus, 2048 new ones each 5 s."""
+    return value if value == OTHER or value in SERVER_STATUSES else OTHER
 
 
 def gpu_word(value: str) -> str:
