@@ -39,6 +39,7 @@ from kcoral_jupyter.cell_errors import (
     PickleRefusedError,
 )
 from kcoral_jupyter.cell_program import BuiltCell
+from kcoral_jupyter.job_clock import JobClock, events_with_ticks
 
 #: Where a cell's program goes: the server (stateless), or the kernel's session there (the
 #: two share ``execute`` and ``submit``, EXTENSIONS §11).
@@ -52,6 +53,10 @@ class Reporter(Protocol):
 
     def finished(self, text: str) -> None:
         """The job's last phase (``done (STATUS)``); the line that follows says its status."""
+
+    def tick(self, text: str) -> None:
+        """The same phase said again, a later time in it (a front end that prints each
+        line once need not)."""
 
     def stdout(self, text: str) -> None: ...
 
@@ -259,7 +264,7 @@ def _run_as_job(
         reporter.phase("submitted")
         if held.noted:  # it came while the job was submitted: stopped now that it has an id
             raise KeyboardInterrupt
-        result = follow_job(job, reporter, record)
+        result = follow_job(job, reporter, record, clock=JobClock(job.id, time.monotonic()))
     except KeyboardInterrupt:
         if job is None:
             raise  # a second interrupt during the submission: the caller says so
@@ -341,16 +346,28 @@ def stop_session_program(session: ClientSession, job: Job) -> bool:
     return False
 
 
-def follow_job(job: Job, reporter: Reporter, record: RunRecord) -> ProgramResult:
+def follow_job(
+    job: Job, reporter: Reporter, record: RunRecord, *, clock: JobClock | None = None
+) -> ProgramResult:
     """Show a job's phases and output as they happen, then fetch its result (the one event
-    loop of the notebook layer: running cells and ``%kcoral attach`` both use it)."""
-    for event in job.events():
-        if event.kind in ("stdout", "stderr"):
+    loop of the notebook layer: running cells and ``%kcoral attach`` both use it). With a
+    ``clock`` (a cell that submitted the job now) the line says how long its job has waited
+    or run, ticking between events; ``attach`` has none: events replayed at once would
+    count its running time from the attach."""
+    events = job.events()
+    ticking = events_with_ticks(events, clock.seconds_to_tick) if clock else events
+    for event in ticking:
+        if event is None:  # no event for a tick: the same phase, a later time
+            if clock is not None:
+                reporter.tick(clock.line())
+        elif event.kind in ("stdout", "stderr"):
             if event.text:
                 record.streamed = True
                 (reporter.stdout if event.kind == "stdout" else reporter.stderr)(event.text)
         elif event.kind == "phase":
             text = describe_phase(event.data, record)
+            if text and clock is not None:
+                text = clock.phase(event.data, text)
             if text:
                 (reporter.finished if event.finished else reporter.phase)(text)
             if event.finished:

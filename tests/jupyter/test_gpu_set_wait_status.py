@@ -68,5 +68,6 @@ def test_a_gpus_2_cell_says_it_waits_for_2_gpus_while_one_of_them_is_held(
             freeing.join()
         assert holder.result(timeout=60)["r"] == 1
     shown = [output.data["text/plain"] for output in seen.outputs]
-    assert "kcoral: waiting for 2 GPUs" in shown, shown
-    assert "kcoral: waiting for GPU" not in shown
+    # with how long it has waited and its job: "waiting for 2 GPUs · 3 s · job 3f9c1a2b"
+    assert any(line.startswith("kcoral: waiting for 2 GPUs · ") for line in shown), shown
+    assert not any(line.startswith("kcoral: waiting for GPU") for line in shown), shown

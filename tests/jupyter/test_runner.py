@@ -89,9 +89,10 @@ def test_a_job_streams_output_and_walks_the_status_line_through_its_phases() -> 
     assert result is DONE
     assert reporter.lines == [
         "submitted",
-        "queued behind 2",
+        "queued behind 2 · job job-1",  # which job, to cancel it from the panel
         "worker cpu/w1",
-        "running",  # the cell's own words, not "instruction 2: running cell (cell)"
+        # the cell's own words, not "instruction 2: running cell (cell)"; no "0 s"
+        "running · job job-1",
         "done (COMPLETED)",
     ]
     assert reporter.out == ["hello\n"] and reporter.err == ["warn\n"]

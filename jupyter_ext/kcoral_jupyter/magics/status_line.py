@@ -104,6 +104,13 @@ class StatusLine:
     def phase(self, text: str) -> None:
         self.show(text, live=True)
 
+    def tick(self, text: str) -> None:
+        """The running phase's line a later time in it (``job_clock``): replaced in place; a
+        terminal, where each update is a new line, keeps the line it printed as the phase
+        began (a line a second flooded it)."""
+        if self.in_place:
+            self.show(text, live=True)
+
     def finished(self, text: str) -> None:
         """``done (STATUS)``: a notebook shows it until the summary replaces it; a terminal
         keeps it back, as the summary (or error) line that follows says the status again
