@@ -166,8 +166,10 @@ def hash_folder(
 ) -> list[FileBlob]:
     """``read_folder``'s files, in its order and with its refusals, each hashed as it is
     read and kept as a ``FileBlob``: no file's bytes stay in memory."""
-    # absolute: a relative folder is found again after the caller changed directory
-    absolute = os.path.abspath(os.fsdecode(os.fspath(folder)))
+    # absolute: a relative folder is found again after the caller changed directory; joined,
+    # never normalised: ``abspath`` folds ``link/..`` by text, where the walk followed the
+    # link, so every send of ``upload_folder("link/../data")`` read another folder's file
+    absolute = os.path.join(os.getcwd(), os.fsdecode(os.fspath(folder)))
 
     def hashed(item: _Listed, top: str, where: str, dir_fd: int) -> FileBlob:
         return _hashed(absolute, tuple(item.components), item.name, item.entry, where, dir_fd)

@@ -236,3 +236,19 @@ def test_a_relative_folder_is_sent_from_where_it_was_hashed_after_a_change_of_di
     [upload] = program.instructions
     monkeypatch.chdir(tmp_path / "two")
     assert program.blobs[upload["blob"]] == (tmp_path / "one" / "src" / "data").read_bytes()
+
+
+def test_a_folder_named_through_a_link_and_dotdot_is_sent_from_where_it_was_hashed(
+    tmp_path, monkeypatch
+):
+    # 'link/../data' is the folder beside the link's target, as the walk found it; the path
+    # was folded by text (abspath) to './data', so every send read another folder or failed
+    make_folder(tmp_path / "real" / "data", {"data": 10})
+    (tmp_path / "real" / "inner").mkdir()
+    make_folder(tmp_path / "data", {"data": 20})  # what folding by text finds instead
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "inner")
+    monkeypatch.chdir(tmp_path)
+    program = Program()
+    program.upload_folder("link/../data", path="in")
+    [upload] = program.instructions
+    assert program.blobs[upload["blob"]] == (tmp_path / "real" / "data" / "data").read_bytes()
