@@ -180,8 +180,9 @@ def hash_folder(
 def hash_file(path: str, listed: os.stat_result) -> FileBlob:
     """The regular file ``path`` (``listed`` its ``lstat``), hashed as ``read_regular`` reads
     it and kept as a ``FileBlob`` (``kcoral run --send FILE``), its ``path`` its name."""
-    # the folder holding it, its links resolved as opening the path would resolve them
-    top = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    # the folder holding it, its links resolved as opening the path resolves them (realpath
+    # of the joined path: ``abspath`` would fold ``link/..`` by text, naming another folder)
+    top = os.path.realpath(os.path.dirname(os.path.join(os.getcwd(), path)))
     with closing_fd(os.open(top, DIRECTORY_FLAGS)) as dir_fd:
         return _hashed(top, (), os.path.basename(path), listed, path, dir_fd)
 

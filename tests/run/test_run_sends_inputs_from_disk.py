@@ -125,3 +125,14 @@ def test_an_input_whose_remote_path_the_request_cannot_carry_is_refused_before_s
     assert str(refused.value) == (
         "--send: 'a\\\\b.txt' cannot be sent: path 'work/a\\\\b.txt' must not contain a backslash"
     )
+
+
+def test_an_input_named_through_a_link_and_dotdot_is_the_file_the_path_opens(tmp_path, monkeypatch):
+    (tmp_path / "real" / "inner").mkdir(parents=True)
+    (tmp_path / "real" / "data.txt").write_bytes(b"beside the link's target")
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "link").symlink_to(tmp_path / "real" / "inner")
+    (tmp_path / "here" / "data.txt").write_bytes(b"beside the link")
+    monkeypatch.chdir(tmp_path / "here")
+    [(remote, blob, _executable)] = collect_inputs(["link/../data.txt"])
+    assert (remote, blob.read()) == ("data.txt", b"beside the link's target")
