@@ -111,8 +111,8 @@ def split_inputs(
 def changed_input(exc: SentFileChanged) -> str:
     """What an input that changed between its hashing and its sending says (nothing ran):
     the folder's advice, to upload it again in a new Program, is not ``kcoral run``'s."""
-    text = str(exc).replace("after upload_folder hashed it", "after kcoral run read it")
-    return f"--send: {text.split(': upload the folder again', 1)[0]}: run again"
+    cause = exc.cause.replace("after upload_folder hashed it", "after kcoral run read it")
+    return f"--send: {cause}: run again"
 
 
 def _link_advice(path: str) -> str:
