@@ -9,6 +9,7 @@ JupyterLab's extension (``labextension/src/restarts.ts``) rewrites such a line t
 
 from __future__ import annotations
 
+import shutil
 import sys
 from typing import Any
 
@@ -37,6 +38,8 @@ class StatusLine:
         self.live = False
         self.in_place = updates_in_place()
         self.printed: str | None = None  # a terminal's last line: the same one is not repeated
+        #: the terminal's last line is ours, nothing written after it: a tick may rewrite it
+        self.last_line_ours = False
         #: the stream the cell's output last went to, and whether that write ended a line
         self.last_stream: str | None = None
         self.last_ended_line = True
@@ -84,6 +87,7 @@ class StatusLine:
                 if not self.last_ended_line:  # the cell's output left a line unfinished
                     self._write(self.last_stream or "stdout", "\n")
                 display(data, raw=True, metadata=metadata)
+                self.last_line_ours = True
         elif self.handle is None:
             self.handle = display(data, raw=True, metadata=metadata, display_id=True)
         else:
@@ -105,10 +109,15 @@ class StatusLine:
         self.show(text, live=True)
 
     def tick(self, text: str) -> None:
-        """The running phase's line a later time in it (``job_clock``): replaced in place; a
-        terminal, where each update is a new line, keeps the line it printed as the phase
-        began (a line a second flooded it)."""
+        """The running phase's line a later time in it (``job_clock``): replaced in place. A
+        terminal, where each update is a new line (a line a second flooded it), gets its
+        last line rewritten while that is this line, on one row, and nothing came after it;
+        else the line it printed as the phase began stays."""
         if self.in_place:
+            self.show(text, live=True)
+        elif self.enabled and self.last_line_ours and fits_one_row(f"kcoral: {text}"):
+            sys.stdout.write(REWRITE_LAST_LINE)
+            self.printed = None
             self.show(text, live=True)
 
     def finished(self, text: str) -> None:
@@ -141,6 +150,7 @@ class StatusLine:
             return
         out.write(text)
         out.flush()
+        self.last_line_ours = False
         self.last_stream, self.last_ended_line = stream, text.endswith("\n")
 
     def _note_would_join_a_line(self) -> bool:
@@ -149,6 +159,18 @@ class StatusLine:
         if self.last_ended_line:
             return False
         return not self.in_place or self.last_stream == "stderr"
+
+
+#: cursor up a row, to its start, and erase it: a terminal's last line, rewritten
+REWRITE_LAST_LINE = "\x1b[1A\r\x1b[2K"
+
+
+def fits_one_row(line: str) -> bool:
+    """Whether ``line`` is on one row of a terminal that ``sys.stdout`` is (never where it
+    is a pipe, a file or a capture, whose lines no escape rewrites)."""
+    if not sys.stdout.isatty():
+        return False
+    return len(line) < shutil.get_terminal_size().columns
 
 
 def updates_in_place() -> bool:
