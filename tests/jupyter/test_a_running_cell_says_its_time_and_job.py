@@ -8,9 +8,7 @@ came after it), and rewrites its last line on a real terminal (a pseudo-terminal
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,8 @@ from IPython.utils.capture import capture_output
 from kcoral_jupyter import job_clock
 from kcoral_jupyter.job_clock import JobClock, said_time
 from kcoral_jupyter.magics.status_line import REWRITE_LAST_LINE
-from pseudo_terminal import on_a_terminal
 from server_process import start_server
+from test_terminal_ipython_escapes import ipython_on_a_terminal
 
 SLEEPS = "import time\ntime.sleep(2.5)\n"
 JOB = "3f9c1a2b-0000-4000-8000-000000000000"
@@ -75,23 +73,13 @@ def test_a_terminal_prints_the_running_line_once(shell, capsys: pytest.CaptureFi
     assert len(running) == 1 and re.fullmatch(r"kcoral: running · job \S{8}", running[0]), lines
 
 
-def terminal_ipython_runs(url: str, cell: str) -> str:
-    code = (
-        "get_ipython().run_line_magic('load_ext', 'kcoral_jupyter'); "
-        f"get_ipython().run_cell_magic('kcoral', '', {cell!r})"
-    )
-    environment = {k: v for k, v in os.environ.items() if k != "KCORAL_TOKEN"}
-    environment["KCORAL_URL"] = url
-    command = [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "-c", code]
-    _status, seen = on_a_terminal(command, environment)
-    return seen.decode("utf-8", "replace")
-
-
 @pytest.mark.slow
 def test_a_terminal_rewrites_its_running_line_until_the_cell_prints(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:
-        seen = terminal_ipython_runs(server.url, SLEEPS + "print('woke')\ntime.sleep(2.5)\n")
+        cell = SLEEPS + "print('woke')\ntime.sleep(2.5)\n"
+        written = ipython_on_a_terminal(server.url, cell.replace("\n", "\\n"))
+        seen = written.decode("utf-8", "replace")
     finally:
         server.stop()
     assert "kcoral: COMPLETED" in seen, repr(seen)
