@@ -273,10 +273,12 @@ def test_the_status_bar_panel_live_output_and_cancel_work_in_jupyterlab(jupyter_
     # would update it again. It says the kernel restarted, and how to ask after its job.
     restarted = seen["lineAfterRestart"]
     assert "kcoral: running" not in restarted, restarted
-    job = r"[0-9a-f-]{36}"
+    # its last words say how long it had run and its job: "running 3 s · job f2951d98"
     assert re.search(
-        r"kcoral: \u26a0 the kernel restarted while this cell ran \(last: running\); "
-        rf"job ({job}) may still run on {re.escape(connect_url)} \(%kcoral attach \1 there\)",
+        r"kcoral: \u26a0 the kernel restarted while this cell ran "
+        r"\(last: running[0-9 mins]* · job ([0-9a-f]{8})\); "
+        rf"job (\1[0-9a-f-]{{28}}) may still run on {re.escape(connect_url)} "
+        r"\(%kcoral attach \2 there\)",
         restarted,
     ), restarted
 
