@@ -8,6 +8,7 @@ came after it), and rewrites its last line on a real terminal (a pseudo-terminal
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def test_a_notebooks_running_line_ticks_in_place_with_its_job(shell) -> None:
         shell.run_cell_magic("kcoral", "", SLEEPS)
     outputs = seen.outputs
     assert all(output.update for output in outputs[1:])  # one line, replaced
+    # each message changes the line: "loading the cell" (module, then function) was sent twice
+    said = [(output.data, output.metadata) for output in outputs]
+    assert all(a != b for a, b in itertools.pairwise(said)), said
     job_id = outputs[-1].metadata["kcoral"]["job_id"]
     texts = [output.data["text/plain"] for output in outputs]
     running = [t for t in texts if t.startswith("kcoral: running ") and "GPU" not in t]

@@ -34,6 +34,7 @@ class StatusLine:
         self.metadata = provenance(None, record)
         self.local_server = local_server  # it runs on this kernel's own server (ends with it)
         self.handle: DisplayHandle | None = None
+        self.sent: tuple[dict[str, Any], dict[str, Any]] | None = None  # the display's now
         self.text = ""
         self.live = False
         self.in_place = updates_in_place()
@@ -90,8 +91,10 @@ class StatusLine:
                 self.last_line_ours = True
         elif self.handle is None:
             self.handle = display(data, raw=True, metadata=metadata, display_id=True)
-        else:
+            self.sent = (data, metadata)
+        elif (data, metadata) != self.sent:  # a phase said twice (loading the cell) is one
             self.handle.update(data, raw=True, metadata=metadata)
+            self.sent = (data, metadata)
 
     def settle(self) -> None:
         """The line as it stands, no longer live: the cell ended without a last word."""
