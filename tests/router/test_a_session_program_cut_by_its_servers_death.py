@@ -139,6 +139,9 @@ async def cut_a_live_servers_session_program(*, every_slot: bool) -> None:
             counts = {"max": 2, "active": len(made), "idle_timeout_seconds": 600}
             info = {"features": ["jobs", "sessions"], "sessions": counts}
             return 200, OK, json.dumps(info).encode()
+        if path == "/v1/sessions" and pseudo.get(b":method") == "GET":
+            # the router's listing of a node's sessions as the node connects (ROUTER §13)
+            return 200, OK, json.dumps([json.loads(record) for record in made.values()]).encode()
         if path == "/v1/sessions":
             session_id = str(uuid.uuid4())
             owner = pseudo[b"x-kcoral-identity"]
