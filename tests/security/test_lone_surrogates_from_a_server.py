@@ -6,10 +6,10 @@ raised it instead of returning the function's value."""
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
 
 import pytest
 
+from kcoral.errors import PrintedOutput
 from kcoral.remote.report import show_output
 from kcoral.run.outputs import start_on_a_new_line, write_output
 
@@ -31,10 +31,7 @@ def test_a_remote_functions_lone_surrogate_print_is_written_as_its_escape(
     stdout, stderr = strict_stream(), strict_stream()
     monkeypatch.setattr("sys.stdout", stdout)
     monkeypatch.setattr("sys.stderr", stderr)
-    result = SimpleNamespace(
-        stdout="a\ud800b\n", stderr="\udc9b\n", stdout_truncated=False, stderr_truncated=False
-    )
-    show_output(result)  # type: ignore[arg-type]
+    show_output(PrintedOutput("a\ud800b\n", "\udc9b\n"))
     stdout.flush()
     stderr.flush()
     assert stdout.buffer.getvalue() == b"a\\ud800b\n"  # type: ignore[attr-defined]
