@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -107,3 +108,36 @@ def test_a_token_holders_ends_of_made_up_ids_do_not_push_out_anothers_kept_end()
     # a kept end carried out makes room for another
     assert index.take_close("00000000-0000-4000-8000-000000000000", "mallory") == mallory
     assert index.close_later("ffffffff-0000-4000-8000-000000000000", mallory) is True
+
+
+def test_a_node_that_answers_its_listing_without_a_list_is_not_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server without sessions answers 404; asked again at every registry check of the
+    # grace, each ask took one of the node's control slots and a place in the router's
+    # waiting room, which the waiting-room shares of its clients then lacked (CI).
+    asked: list[str] = []
+
+    async def node_answers(state: object, node_id: str, *_args: object) -> tuple[int, bytes]:
+        asked.append(node_id)
+        return 404, b'{"status": "ERROR"}'
+
+    monkeypatch.setattr(session_index, "fetch", node_answers)
+    slots = lambda kind: 2  # noqa: E731 - two control slots connected
+    node = SimpleNamespace(connected=True, server_instance_id="server-1", current_slots=slots)
+    state = SimpleNamespace(
+        sessions=SessionIndex(),
+        log=SimpleNamespace(event=lambda *a, **k: None),
+        registry=SimpleNamespace(nodes={"n1": node}),
+        started_monotonic=time.monotonic(),
+        settings=SimpleNamespace(reconnect_grace_seconds=40.0),
+    )
+
+    async def three_checks() -> None:
+        inventory = SessionInventory(state)
+        for _ in range(3):
+            inventory.check_nodes()
+            await asyncio.sleep(0.01)
+
+    asyncio.run(three_checks())
+    assert asked == ["n1"]

@@ -270,8 +270,13 @@ class SessionInventory:
 
     async def _list(self, node_id: str, instance: str) -> None:
         answer = await fetch(self.state, node_id, "GET", "/v1/sessions", _named(LISTER))
-        if answer is None or answer[0] != 200:
-            self._asked.pop(node_id, None)  # asked again at the next change
+        if answer is None:
+            self._asked.pop(node_id, None)  # no slot or no answer in time: asked again
+            return
+        if answer[0] != 200:
+            # answered, with no list to give (a server without sessions, or a published
+            # one): final for this server. Asked again at each check, it took a control
+            # slot (and a place in the router's waiting room) every few seconds of the grace
             return
         records = untrusted_json(answer[1])  # a node-token holder wrote it
         listed = [_id_and_owner(r) for r in (records if isinstance(records, list) else [])]
