@@ -54,9 +54,15 @@ def call(name: str, *args, blob: bytes | None = None) -> kcoral.Program:
 
 
 def finished_nodes(router: RouterProcess, count: int) -> list[str]:
+    """The nodes of the router's finished ``/execute`` requests (their lines name no path;
+    a client's ``GET /v1/info`` before a large body, CLIENT_API §2.1, is not one)."""
     deadline = time.monotonic() + 10
     while True:
-        lines = [line for line in router.log().splitlines() if "request_finished" in line]
+        lines = [
+            line
+            for line in router.log().splitlines()
+            if "request_finished" in line and " path=" not in line
+        ]
         if len(lines) >= count or time.monotonic() > deadline:
             return [line.split("node=")[1].split()[0] for line in lines if "node=" in line]
         time.sleep(0.05)
