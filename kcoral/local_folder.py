@@ -74,11 +74,17 @@ class SentFileChanged(ValueError):
     """A file of ``upload_folder`` that is no longer what was hashed when its bytes are
     sent (changed, replaced, removed, unreadable). The request is cut before its body is
     complete, so the server runs nothing; it never receives other bytes under the hash.
-    ``cause`` is the message without its advice (a notebook cell gives its own)."""
 
-    def __init__(self, cause: str) -> None:
-        super().__init__(f"{cause}: upload the folder again, in a new Program")
-        self.cause = cause
+    ``file`` is its local path and ``reason`` what changed (``its bytes changed``), apart,
+    so each caller words its own line (``kcoral run --send`` says "after kcoral run read
+    it"); ``cause`` is ``upload_folder``'s line without its advice (a notebook cell gives
+    its own)."""
+
+    def __init__(self, file: str, reason: str) -> None:
+        self.file = file
+        self.reason = reason
+        self.cause = f"{file!r} changed after upload_folder hashed it ({reason}); nothing was run"
+        super().__init__(f"{self.cause}: upload the folder again, in a new Program")
 
 
 @dataclass(frozen=True)
@@ -153,9 +159,7 @@ class FileBlob:
         return fd
 
     def _changed(self, why: str) -> SentFileChanged:
-        return SentFileChanged(
-            f"{self.shown!r} changed after upload_folder hashed it ({why}); nothing was run"
-        )
+        return SentFileChanged(self.shown, why)
 
 
 def hash_folder(

@@ -111,8 +111,8 @@ def split_inputs(
 def changed_input(exc: SentFileChanged) -> str:
     """What an input that changed between its hashing and its sending says (nothing ran):
     the folder's advice, to upload it again in a new Program, is not ``kcoral run``'s."""
-    cause = exc.cause.replace("after upload_folder hashed it", "after kcoral run read it")
-    return f"--send: {cause}: run again"
+    changed = f"{exc.file!r} changed after kcoral run read it ({exc.reason})"
+    return f"--send: {changed}; nothing was run: run again"
 
 
 def _link_advice(path: str) -> str:

@@ -112,6 +112,10 @@ def test_an_input_changed_after_it_was_read_says_nothing_ran_and_to_run_again(tm
     with pytest.raises(SentFileChanged) as changed:
         blob.read()
     assert remote == "data.txt"
+    assert (changed.value.file, changed.value.reason) == (
+        str(tmp_path / "data.txt"),
+        "its bytes changed",
+    )
     assert changed_input(changed.value) == (
         f"--send: {str(tmp_path / 'data.txt')!r} changed after kcoral run read it "
         "(its bytes changed); nothing was run: run again"
