@@ -84,23 +84,15 @@ def unpack_inputs(blob: bytes, directory: str) -> list[str]:
 
 def set_input_modes(work: str, inputs: Iterable[tuple[str, bool]]) -> None:
     """Make each uploaded input ``0700`` (executable) or ``0600``: a file upload has the
-    server's mode. Relative to directory descriptors, as ``_TreeWriter`` writes (a path
-    below ``work`` may pass PATH_MAX), and no link is followed."""
-    for path, executable in inputs:
-        parts = _safe_relative_path(path)
-        directory = os.open(work, _DIRECTORY_FLAGS)
-        try:
-            for part in parts[:-1]:
-                directory = _enter_from(
-                    directory, os.open(part, _DIRECTORY_FLAGS, dir_fd=directory)
-                )
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
-        finally:
-            os.close(directory)
-        try:
-            os.fchmod(fd, 0o700 if executable else 0o600)
-        finally:
-            os.close(fd)
+    server's mode. The walk is ``_TreeWriter``'s, entering only the directories it must
+    (a path below ``work`` may pass PATH_MAX) and following no link."""
+    writer = _TreeWriter(work)
+    try:
+        # sorted by parts, a directory's files come together: the walk enters it once
+        for parts, executable in sorted((_safe_relative_path(path), bit) for path, bit in inputs):
+            writer.set_mode(parts, executable)
+    finally:
+        writer.close()
 
 
 def _safe_relative_path(path: str) -> list[str]:
@@ -154,6 +146,15 @@ class _TreeWriter:
     def make_directory(self, parts: list[str]) -> None:
         self._move_to(parts, parts)
 
+    def set_mode(self, parts: list[str], executable: bool) -> None:
+        """Give the existing file ``parts`` the mode ``write`` gives; nothing is created."""
+        self._move_to(parts[:-1], parts, create=False)
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
+        try:
+            os.fchmod(fd, 0o700 if executable else 0o600)
+        finally:
+            os.close(fd)
+
     def copy_file(self, parts: list[str], source_fd: int) -> None:
         """Copy the open file ``source_fd`` (left open) to ``parts``, replacing a file."""
         self._move_to(parts[:-1], parts)
@@ -164,7 +165,7 @@ class _TreeWriter:
         ):
             shutil.copyfileobj(source, target)
 
-    def _move_to(self, parents: list[str], parts: list[str]) -> None:
+    def _move_to(self, parents: list[str], parts: list[str], create: bool = True) -> None:
         shared = 0
         while shared < min(len(parents), len(self._names)):
             if parents[shared] != self._names[shared]:
@@ -174,17 +175,19 @@ class _TreeWriter:
             self._enter(os.open("..", _DIRECTORY_FLAGS, dir_fd=self._fd))
             self._names.pop()
         for name in parents[shared:]:
-            try:
-                os.mkdir(name, 0o700, dir_fd=self._fd)
-            except FileExistsError:
-                # only directories this writer made can exist here; anything else conflicts
-                mode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mode
-                if not stat.S_ISDIR(mode):
-                    raise ValueError(
-                        f"{self._what}: path conflict at {'/'.join(parts)!r}"
-                    ) from None
+            if create:
+                self._make_here(name, parts)
             self._enter(os.open(name, _DIRECTORY_FLAGS, dir_fd=self._fd))
             self._names.append(name)
+
+    def _make_here(self, name: str, parts: list[str]) -> None:
+        try:
+            os.mkdir(name, 0o700, dir_fd=self._fd)
+        except FileExistsError:
+            # only directories this writer made can exist here; anything else conflicts
+            mode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mode
+            if not stat.S_ISDIR(mode):
+                raise ValueError(f"{self._what}: path conflict at {'/'.join(parts)!r}") from None
 
     def _enter(self, fd: int) -> None:
         os.close(self._fd)

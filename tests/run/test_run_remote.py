@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,21 @@ def _record_opens(event: str, args: tuple) -> None:
         _opened.append(args[0])
 
 
+@contextlib.contextmanager
+def _counting_opens() -> Iterator[list[object]]:
+    """What is opened inside the block; a hook stays for the session, so one is added."""
+    if not _opened:
+        sys.addaudithook(_record_opens)
+        _opened.append("added")
+    _opened[:] = ["counting"]
+    opened: list[object] = []
+    try:
+        yield opened
+    finally:
+        opened.extend(_opened[1:])
+        _opened[:] = ["added"]
+
+
 def test_unpacking_opens_each_input_once_and_sets_exact_modes_whatever_the_umask(
     tmp_path: Path,
 ) -> None:
@@ -49,15 +66,12 @@ def test_unpacking_opens_each_input_once_and_sets_exact_modes_whatever_the_umask
     files = [(f"d/f{index}", b"%d" % index, index % 2 == 0) for index in range(50)]
     files += [("empty", b"", False), ("big", big, True)]
     blob = pack_inputs(sorted(files))
-    sys.addaudithook(_record_opens)  # a hook stays for the session: it counts only here
     old_umask = os.umask(0o277)  # strips the owner's write and execute bits at creation
-    _opened[:] = ["counting"]
     try:
-        unpack_inputs(blob, str(tmp_path))
+        with _counting_opens() as opened:
+            unpack_inputs(blob, str(tmp_path))
     finally:
         os.umask(old_umask)
-        opened = _opened[1:]
-        _opened.clear()
     assert not [what for what in opened if isinstance(what, int)]  # no file object on an fd
     directories = {str(tmp_path), "d", ".."}
     file_opens = sorted(what for what in opened if what not in directories)
@@ -66,6 +80,37 @@ def test_unpacking_opens_each_input_once_and_sets_exact_modes_whatever_the_umask
         assert (tmp_path / path).read_bytes() == data
         mode = stat.S_IMODE((tmp_path / path).stat().st_mode)
         assert mode == (0o700 if executable else 0o600), path
+
+
+def _mode_below(top: Path, path: str) -> int:
+    """The mode of ``path`` below ``top``, reached a directory at a time (past PATH_MAX)."""
+    parts = path.split("/")
+    directory = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for part in parts[:-1]:
+        directory = run_remote._enter_from(
+            directory, os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=directory)
+        )
+    try:
+        return stat.S_IMODE(os.stat(parts[-1], dir_fd=directory).st_mode)
+    finally:
+        os.close(directory)
+
+
+def test_uploaded_inputs_of_a_nested_tree_get_their_modes_entering_each_directory_once(
+    tmp_path: Path,
+) -> None:
+    # a file upload has the server's mode: here each file starts with the other one
+    deep = "/".join(["d" * 200] * 25)  # 5 KiB below tmp_path: past PATH_MAX from '/'
+    inputs = [("a/b/run.sh", True), ("top", False), ("a/c/data", False), ("a/b/x", False)]
+    inputs += [(f"{deep}/tool", True), ("a/b/c/y", True)]
+    unpack_inputs(pack_inputs(sorted((p, b"", not x) for p, x in inputs)), str(tmp_path))
+    with _counting_opens() as opened:
+        run_remote.set_input_modes(str(tmp_path), inputs)  # listed in no particular order
+    for path, executable in inputs:
+        assert _mode_below(tmp_path, path) == (0o700 if executable else 0o600), path
+    directories = [str(tmp_path), "a", "b", "c", "c", *deep.split("/")]
+    files = [path.rsplit("/", 1)[-1] for path, _ in inputs]
+    assert sorted(what for what in opened if what != "..") == sorted(directories + files)
 
 
 @pytest.mark.parametrize("path", ["../x", "/etc/x", "a//b", "a/./b", "", "a/"])
