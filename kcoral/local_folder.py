@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kcoral.protocol.multipart import PIECE_BYTES
 from kcoral.protocol.nofollow import (
     CLOEXEC,
     DIRECTORY_FLAGS,
@@ -32,8 +33,6 @@ from kcoral.protocol.nofollow import (
 )
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
-#: Bytes read at a time, and the most of a file a ``FileBlob`` holds while it is sent.
-CHUNK_BYTES = 1 << 20
 
 T = TypeVar("T")
 
@@ -111,7 +110,7 @@ class FileBlob:
         return self.signature[0]
 
     def chunks(self) -> Iterator[bytes]:
-        """The file's bytes, at most ``CHUNK_BYTES`` at a time; ``SentFileChanged`` when
+        """The file's bytes, at most ``PIECE_BYTES`` at a time; ``SentFileChanged`` when
         they are not the ones hashed. The last chunk is held back until the whole file has
         been read and its hash checked, so a changed file never completes a body."""
         try:
@@ -127,7 +126,7 @@ class FileBlob:
                 if _signature(before)[0] != self.size:
                     raise self._changed("its size changed")
                 while left:
-                    chunk = os.read(fd, min(left, CHUNK_BYTES))
+                    chunk = os.read(fd, min(left, PIECE_BYTES))
                     if not chunk:
                         raise self._changed("it was cut short")
                     digest.update(chunk)
@@ -383,7 +382,7 @@ def _read_listed(
             if not _same_file(opened, listed):
                 raise ValueError(f"{shown!r} changed while it was read")
             size = 0
-            while chunk := os.read(fd, CHUNK_BYTES):
+            while chunk := os.read(fd, PIECE_BYTES):
                 consume(chunk)
                 size += len(chunk)
             after = os.fstat(fd)

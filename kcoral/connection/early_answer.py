@@ -6,13 +6,14 @@ was known beforehand (a router, a PROTOCOL.md server), a 401 for a missing or re
 a 403. Our servers then keep reading and dropping the body until the client stops (lingering
 close), so the client sent all of it, gigabytes for nothing, before it saw the answer.
 
-``stopped_once_answered`` hands the body on in pieces of at most ``CHECK_BYTES`` and, before
-each, asks (``poll``, no wait) whether the connection it goes out on has something to read;
-if so it ends the body there: urllib3 then reads the answer that is waiting, and the
-transport closes that connection, whose request was cut short, instead of pooling it. A
-server that answers ahead of the body is either refusing it or closing; no KCoral answer
-comes while a body it reads is still arriving. Only plain HTTP: over TLS the socket can be
-readable with no answer (a TLS 1.3 session ticket), which would cut every body short.
+``stopped_once_answered`` hands the body on in the pieces ``body_pieces`` cuts (at most
+``PIECE_BYTES``, 1 MiB) and, before each, asks (``poll``, no wait) whether the connection
+it goes out on has something to read; if so it ends the body there: urllib3 then reads
+the answer that is waiting, and the transport closes that connection, whose request was
+cut short, instead of pooling it. A server that answers ahead of the body is either
+refusing it or closing; no KCoral answer comes while a body it reads is still arriving.
+Only plain HTTP: over TLS the socket can be readable with no answer (a TLS 1.3 session
+ticket), which would cut every body short.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ import ssl
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
-
-#: A body is checked for an answer before each piece of this size.
-CHECK_BYTES = 1 << 20
 
 _taken = threading.local()
 
@@ -44,17 +42,15 @@ class EarlyAnswer:
 def stopped_once_answered(
     pieces: Iterable[bytes | memoryview], answer: EarlyAnswer
 ) -> Iterator[bytes | memoryview]:
-    """``pieces`` in parts of at most ``CHECK_BYTES``, ending as soon as the connection
-    this thread took has an answer to read (``answer.came`` then tells)."""
+    """``pieces`` (``body_pieces``', at most ``PIECE_BYTES`` each), ending as soon as the
+    connection this thread took has an answer to read (``answer.came`` then tells)."""
     source = iter(pieces)
     try:
         for piece in source:
-            view = memoryview(piece)
-            for start in range(0, view.nbytes, CHECK_BYTES):
-                if _answered():
-                    answer.came = True
-                    return
-                yield view[start : start + CHECK_BYTES]
+            if _answered():
+                answer.came = True
+                return
+            yield piece
     finally:
         close = getattr(source, "close", None)
         if close is not None:

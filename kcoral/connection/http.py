@@ -83,10 +83,10 @@ class HttpTransport:
         if chunks is not None:
             if len(chunks) > 1 and request.length <= SMALL_BODY_BYTES:
                 body = (b"".join(body_pieces(chunks)),)
-            elif request.length >= UPLOAD_PROGRESS_BYTES:
-                body = sent_with_progress(chunks, request.length)
-            else:
-                body = body_pieces(chunks)  # a folder's files read as they are sent
+            else:  # cut once, a folder's files read as they are sent
+                body = body_pieces(chunks)
+                if request.length >= UPLOAD_PROGRESS_BYTES:
+                    body = sent_with_progress(body, request.length)
             if request.length > SMALL_BODY_BYTES:
                 early = EarlyAnswer()
                 body = stopped_once_answered(body, early)

@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from kcoral.connection.in_flight import InFlight, running
 from kcoral.connection.per_process import PerProcess
 from kcoral.errors import ProtocolError
-from kcoral.protocol.multipart import BodyChunk
+from kcoral.protocol.multipart import PIECE_BYTES, BodyChunk
 
 T = TypeVar("T")
 
@@ -50,11 +50,20 @@ class Request:
 
 
 def body_pieces(chunks: Iterable[BodyChunk]) -> Iterator[bytes | memoryview]:
-    """The body's bytes in order: each chunk in memory as it is, a streamed one read piece by
-    piece (at most 1 MiB of it held at a time)."""
+    """The body's bytes in order, in pieces of at most ``PIECE_BYTES``: a chunk in memory
+    as views of it (never copied), a streamed one as it is read (one piece held at a time).
+    The one place a body is cut: the progress line and the look for an early answer count
+    and check these pieces as they come."""
     for chunk in chunks:
         if isinstance(chunk, (bytes, memoryview)):
-            yield chunk
+            view = memoryview(chunk)
+            if view.nbytes <= PIECE_BYTES:  # most chunks: multipart headers, small blobs
+                yield chunk
+                continue
+            if view.format != "B" or view.ndim != 1:  # cut by bytes, not by elements
+                view = view.cast("B")
+            for start in range(0, view.nbytes, PIECE_BYTES):
+                yield view[start : start + PIECE_BYTES]
         else:
             yield from chunk.chunks()
 

@@ -310,9 +310,16 @@ def parse_multipart(body: memoryview | bytes | bytearray, boundary: bytes) -> li
 # ----------------------------------------------------------------------------- encoding
 
 
+#: The most bytes a request body hands on at a time: a streamed file's read, a progress
+#: line's step, a look for an early answer (CLIENT_API §2.1 steps 9, 10, 12). One size for
+#: all three, cut once (``kcoral.connection.transport.body_pieces``).
+PIECE_BYTES = 1 << 20
+
+
 class StreamedData(Protocol):
     """A part's data read only while the body is sent: its ``size`` is known up front, its
-    bytes come from ``chunks()`` (which raises when it cannot give exactly those bytes)."""
+    bytes come from ``chunks()``, at most ``PIECE_BYTES`` each (which raises when it cannot
+    give exactly those bytes)."""
 
     @property
     def size(self) -> int: ...

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from kcoral.connection.http import HttpTransport
-from kcoral.connection.transport import Request
+from kcoral.connection.transport import Request, body_pieces
+from kcoral.protocol.multipart import PIECE_BYTES
 
 TOKEN = "a-token-made-as-the-readme-makes-one-0123456789"
 BODY_BYTES = 1 << 30
@@ -65,3 +66,15 @@ def test_a_large_body_stops_once_the_server_answered_and_the_connection_is_not_r
         assert transport.handle_request(Request("GET", "/health")).status == 200
     finally:
         transport.close()
+
+
+def test_a_body_is_cut_once_into_pieces_of_at_most_one_mib_whatever_holds_its_bytes():
+    # the pieces the early-answer look and the progress line both go by: a blob in memory
+    # went out whole from body_pieces and was cut again by each of them
+    data = bytes(range(256)) * (2 * PIECE_BYTES // 256) + b"tail!"
+    grid = memoryview(bytearray(data[: 3 * 1024 * 1024 // 2])).cast("B", (1536, 1024))
+    streamed = CountedZeros(PIECE_BYTES + 3)
+    pieces = list(body_pieces([b"head", data, grid, streamed]))
+    sizes = [len(piece) if isinstance(piece, bytes) else piece.nbytes for piece in pieces]
+    assert sizes == [4, PIECE_BYTES, PIECE_BYTES, 5, PIECE_BYTES, PIECE_BYTES // 2, PIECE_BYTES, 3]
+    assert b"".join(pieces) == b"head" + data + grid.tobytes() + bytes(PIECE_BYTES + 3)
