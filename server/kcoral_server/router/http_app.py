@@ -38,6 +38,7 @@ from kcoral_server.router.log import RouterLog
 from kcoral_server.router.nodes.registry import Registry
 from kcoral_server.router.nodes.slot import CONTROL
 from kcoral_server.router.routes.fan_out import fetch, untrusted_json
+from kcoral_server.router.routes.fleet_limits import FleetLimits
 from kcoral_server.router.routes.info import InfoHandler
 from kcoral_server.router.routes.job_index import JobIndex
 from kcoral_server.router.routes.jobs import JobHandler, JobsHandler
@@ -62,6 +63,8 @@ class RouterState:
     started_monotonic: float = field(default_factory=time.monotonic)
     jobs: JobIndex = field(default_factory=JobIndex)
     sessions: SessionIndex = field(default_factory=SessionIndex)
+    #: the nodes' request size limits, for ``/v1/info``'s ``fleet_limits`` (ROUTER §13)
+    fleet_limits: FleetLimits = field(default_factory=FleetLimits)
     #: job event streams being relayed (``JobHandler``): a reload checks their callers again
     event_relays: set[Any] = field(default_factory=set)
     #: sessions' programs being relayed (on control slots): a stop waits for them within

@@ -26,6 +26,7 @@ class InfoHandler(ForwardHandler):
 
     def rewrite(self, status: int, body: bytes) -> bytes:
         info = untrusted_json(body)  # unreadable: relayed as the node sent it
+        self.state.fleet_limits.learn(self.state.registry, self.node, info)
         features = info.get("features") if isinstance(info, dict) else None
         if not isinstance(features, list):
             return body
@@ -50,4 +51,7 @@ class InfoHandler(ForwardHandler):
         # ... and what each part holds now: seats, queue, estimated wait (ROUTER §6).
         queued = self.state.admission.queued_needs()
         info["fleet_status"] = fleet_status(self.state.registry, queued)
+        # ``limits`` are the answering node's; a body over this is refused wherever it goes
+        router_limit = self.state.settings.max_request_bytes
+        info["fleet_limits"] = self.state.fleet_limits.describe(self.state.registry, router_limit)
         return dumps_compact(info)

@@ -237,6 +237,7 @@ class SessionsHandler(ForwardHandler):
             if answer is None or answer[0] != 200:
                 continue
             info = untrusted_json(answer[1])
+            self.state.fleet_limits.learn(registry, node, info)
             if info is None:
                 continue  # an answer the router cannot read: that node is not chosen
             if offers_sessions(info):
