@@ -1,5 +1,6 @@
-"""The GPU lease arbiter's cost of a grant with many waiters, turns by hold time (now)
-against turns by grants (before 0740e3a, written out here), in the same run.
+"""The GPU lease arbiter's cost of a grant with many waiters: its pass as it is (now, it
+stops once every GPU is held or blocked) against the whole pass over the queue it made
+before (111c2ff, written out here), in the same run.
 
 One GPU (or ``--gpus`` of them, each waiter wanting one), ``--waiters`` waiters of
 ``--identities`` identities queued in turn; each identity holds its grants for a different
@@ -20,20 +21,57 @@ import asyncio
 import statistics
 import time
 
-from kcoral_server.gpu.lease import LeaseArbiter, _Waiter
+from kcoral_server.gpu.lease import HolderRecord, LeaseArbiter, _Waiter
 
 
-class TurnsByGrants(LeaseArbiter):
-    """``_in_turns`` as it was: identities in turn order only, whatever they held."""
+class WholePass(LeaseArbiter):
+    """The arbiter's pass as it was before it stopped early (111c2ff): every waiter sorted
+    and looked at on every grant, and each one that left the queue a ``list.remove``."""
 
-    def _in_turns(self, now: float) -> list[_Waiter]:
-        queues: dict[str | None, list[_Waiter]] = {identity: [] for identity in self._turns}
-        for waiter in self._waiters:
-            queues.setdefault(waiter.identity, []).append(waiter)
-        ordered: list[_Waiter] = []
-        for rank in range(max(map(len, queues.values()), default=0)):
-            ordered.extend(queue[rank] for queue in queues.values() if rank < len(queue))
-        return ordered
+    def _in_turns(self, now: float) -> list[_Waiter]:  # type: ignore[override]
+        return list(super()._in_turns(now))
+
+    def _grant(self) -> None:
+        blocked: set[int] = set()
+        now = self._clock()
+        for waiter in self._in_turns(now):
+            if waiter.future.done() or self._unmeetable(waiter.wanted, waiter.count):
+                self._waiters.remove(waiter)
+                self._count_out(waiter)
+                if not waiter.future.done():
+                    waiter.future.set_exception(self._refusal())
+                continue
+            if waiter.wanted is not None:
+                chosen: tuple[int, ...] | None = waiter.wanted
+                if any(
+                    gpu in blocked or self._holder[gpu] not in (None, waiter.owner)
+                    for gpu in waiter.wanted
+                ):
+                    chosen = None
+            else:
+                free = [
+                    gpu
+                    for gpu in self.gpu_ids
+                    if gpu not in blocked
+                    and gpu not in self.quarantined
+                    and self._holder[gpu] is None
+                ]
+                chosen = tuple(free[: waiter.count]) if len(free) >= waiter.count else None
+            if chosen is None:
+                blocked.update(self.gpu_ids if waiter.wanted is None else waiter.wanted)
+                continue
+            self._waiters.remove(waiter)
+            self._count_out(waiter)
+            self._turns.remove(waiter.identity)
+            self._turns.append(waiter.identity)
+            for gpu in chosen:
+                if self._holder[gpu] is not waiter.owner:
+                    self._holder[gpu] = waiter.owner
+                    self._holder_identity[gpu] = waiter.identity
+                    self._history[gpu].append(HolderRecord(waiter.request_id, now))
+            waiter.future.set_result(chosen)
+        waiting = {waiter.identity for waiter in self._waiters}
+        self._turns = [identity for identity in self._turns if identity in waiting]
 
 
 class Clock:
@@ -91,7 +129,7 @@ def main() -> None:
     parser.add_argument("--grants", type=int, default=400)
     parser.add_argument("--blocks", type=int, default=10)
     options = parser.parse_args()
-    kinds = {"before (turns by grants)": TurnsByGrants, "now (turns by hold time)": LeaseArbiter}
+    kinds = {"before (whole pass)": WholePass, "now (stops early)": LeaseArbiter}
     print(
         f"{options.identities} identities, {options.gpus} GPU(s), {options.grants} grants a block"
     )

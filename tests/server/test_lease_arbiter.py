@@ -131,3 +131,56 @@ def test_a_set_needing_a_quarantined_gpu_is_refused_and_smaller_sets_skip_it() -
         assert sorted(await arbiter.acquire("set", count=2)) == [1, 2]
 
     run(scenario())
+
+
+class CountingArbiter(LeaseArbiter):
+    """Counts the waiters a grant's pass looks at (each is checked once for quarantine)."""
+
+    looked_at = 0
+
+    def _unmeetable(self, wanted: tuple[int, ...] | None, count: int) -> bool:
+        self.looked_at += 1
+        return super()._unmeetable(wanted, count)
+
+
+def test_a_grant_stops_looking_once_every_gpu_is_held_or_blocked() -> None:
+    async def scenario() -> None:
+        arbiter = CountingArbiter([0, 1])
+        await arbiter.acquire("first", [0])
+        await arbiter.acquire("second", [1])
+        waiters = [
+            asyncio.ensure_future(arbiter.acquire(f"w{k}", [k % 2], identity=f"user-{k % 5}"))
+            for k in range(500)
+        ]
+        await asyncio.sleep(0)
+        arbiter.looked_at = 0
+        arbiter.release("first")  # one waiter gets GPU 0; GPU 1 stays held
+        assert arbiter.holder(0) == "w0"
+        # the one granted, and one after it that GPU 0 blocks; not the 500 of the queue
+        assert arbiter.looked_at <= 3
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_a_quarantine_refuses_every_waiter_needing_the_gpu_however_far_back() -> None:
+    async def scenario() -> None:
+        arbiter = LeaseArbiter([0, 1])
+        await arbiter.acquire("holder", [0, 1])
+        waiters = [
+            asyncio.ensure_future(arbiter.acquire(f"w{k}", [k % 2], identity=f"user-{k % 3}"))
+            for k in range(300)
+        ]
+        await asyncio.sleep(0)
+        arbiter.quarantine([0])
+        outcomes = await asyncio.gather(*waiters[0::2], return_exceptions=True)
+        assert all(isinstance(outcome, GpuQuarantined) for outcome in outcomes)
+        assert arbiter.waiting() == 150  # GPU 1's waiters, still queued behind its holder
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        assert arbiter.waiting() == 0
+
+    run(scenario())

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kcoral_server.gpu.hold_time import RecentHoldTime
@@ -72,6 +72,8 @@ class LeaseArbiter:
             gpu: deque(maxlen=HISTORY_LENGTH) for gpu in self.gpu_ids
         }
         self._waiters: list[_Waiter] = []
+        #: how many waiters each owner has queued: a GPU its owner holds stays open to them
+        self._waiting_owners: Counter[object] = Counter()
         #: the waiting identities, whose turn first among equals (module docstring)
         self._turns: list[str | None] = []
         #: who holds each held GPU, charged its hold time when it gives the GPU back
@@ -149,6 +151,7 @@ class LeaseArbiter:
         future: asyncio.Future[tuple[int, ...]] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(owner, request_id, wanted, count, future, identity)
         self._waiters.append(waiter)
+        self._waiting_owners[owner] += 1
         if identity not in self._turns:
             self._turns.append(identity)
         self._grant()
@@ -156,7 +159,7 @@ class LeaseArbiter:
             return await future
         except asyncio.CancelledError:
             if waiter in self._waiters:
-                self._waiters.remove(waiter)
+                self._leave([waiter])
                 self._grant()
             elif future.done() and not future.cancelled():
                 # Granted in the same tick as the cancellation: give it back.
@@ -186,6 +189,12 @@ class LeaseArbiter:
         """Never grant ``gpus`` again; waiters that can no longer be served get
         ``GpuQuarantined``. Whoever holds them keeps holding them until it releases."""
         self.quarantined.update(gpu for gpu in gpus if gpu in self._holder)
+        # every waiter it leaves unmeetable, however far back: a pass stops early (_grant)
+        refused = [w for w in self._waiters if self._unmeetable(w.wanted, w.count)]
+        self._leave(refused)
+        for waiter in refused:
+            if not waiter.future.done():
+                waiter.future.set_exception(self._refusal())
         self._grant()
 
     def _unmeetable(self, wanted: tuple[int, ...] | None, count: int) -> bool:
@@ -198,15 +207,34 @@ class LeaseArbiter:
 
     def withdraw(self, owner: object) -> None:
         """Cancel every pending request of ``owner`` (e.g. a worker being killed)."""
-        for waiter in [w for w in self._waiters if w.owner is owner]:
-            self._waiters.remove(waiter)
+        leaving = [w for w in self._waiters if w.owner is owner]
+        self._leave(leaving)
+        for waiter in leaving:
             if not waiter.future.done():
                 waiter.future.cancel()
         self._grant()
 
-    def _in_turns(self, now: float) -> list[_Waiter]:
+    def _leave(self, leaving: Sequence[_Waiter]) -> None:
+        """Take ``leaving`` out of the queue in one pass over it (a ``list.remove`` each
+        made a pass that cleaned many waiters quadratic)."""
+        for waiter in leaving:
+            self._count_out(waiter)
+        self._drop(leaving)
+
+    def _count_out(self, waiter: _Waiter) -> None:
+        self._waiting_owners[waiter.owner] -= 1
+        if self._waiting_owners[waiter.owner] <= 0:
+            del self._waiting_owners[waiter.owner]
+
+    def _drop(self, leaving: Sequence[_Waiter]) -> None:
+        if leaving:
+            gone = {id(waiter) for waiter in leaving}
+            self._waiters = [waiter for waiter in self._waiters if id(waiter) not in gone]
+
+    def _in_turns(self, now: float) -> Iterator[_Waiter]:
         """The waiters in serving order: by rank within their identity, then by the time
-        their identity held the GPUs they may take, then by turn."""
+        their identity held the GPUs they may take, then by turn. Each rank is sorted only
+        once the pass reaches it: a pass stops once no GPU is left to grant (``_grant``)."""
         queues: dict[str | None, list[_Waiter]] = {identity: [] for identity in self._turns}
         for waiter in self._waiters:
             queues.setdefault(waiter.identity, []).append(waiter)
@@ -222,22 +250,36 @@ class LeaseArbiter:
                 held[key] = self._recent_hold_time.of(waiter.identity, gpus, now)
             return held[key], turn[waiter.identity]
 
-        ordered: list[_Waiter] = []
         for rank in range(max(map(len, queues.values()), default=0)):
             ranked = [queue[rank] for queue in queues.values() if rank < len(queue)]
-            ordered.extend(sorted(ranked, key=owed_first))
-        return ordered
+            yield from sorted(ranked, key=owed_first)
+
+    def _closed(self, blocked: set[int]) -> bool:
+        """Whether no waiter left in this pass could be granted anything: every GPU is
+        blocked, quarantined, or held by an owner with nothing queued."""
+        return all(
+            gpu in blocked
+            or gpu in self.quarantined
+            or (holder is not None and holder not in self._waiting_owners)
+            for gpu, holder in self._holder.items()
+        )
 
     def _grant(self) -> None:
+        """One pass over the waiters in turn order, granting each whose GPUs are free and
+        wanted by no waiter before it. Linear in the waiters it reaches, and it stops once
+        every GPU is held or blocked: at 500 waiters a grant looked at all 500 (and each
+        one removed was a ``list.remove``)."""
         blocked: set[int] = set()
         now = self._clock()
+        leaving: list[_Waiter] = []
         for waiter in self._in_turns(now):
-            if waiter.future.done():
-                self._waiters.remove(waiter)
-                continue
-            if self._unmeetable(waiter.wanted, waiter.count):
-                self._waiters.remove(waiter)
-                waiter.future.set_exception(self._refusal())
+            if self._closed(blocked):
+                break
+            if waiter.future.done() or self._unmeetable(waiter.wanted, waiter.count):
+                leaving.append(waiter)
+                self._count_out(waiter)
+                if not waiter.future.done():
+                    waiter.future.set_exception(self._refusal())
                 continue
             if waiter.wanted is not None:
                 chosen: tuple[int, ...] | None = waiter.wanted
@@ -259,7 +301,8 @@ class LeaseArbiter:
                 # Waiters behind it must not overtake on anything this one still wants.
                 blocked.update(self.gpu_ids if waiter.wanted is None else waiter.wanted)
                 continue
-            self._waiters.remove(waiter)
+            leaving.append(waiter)
+            self._count_out(waiter)  # the GPUs it holds now are closed to the rest
             self._turns.remove(waiter.identity)
             self._turns.append(waiter.identity)  # its next turn after the others'
             for gpu in chosen:
@@ -268,5 +311,6 @@ class LeaseArbiter:
                     self._holder_identity[gpu] = waiter.identity
                     self._history[gpu].append(HolderRecord(waiter.request_id, now))
             waiter.future.set_result(chosen)
+        self._drop(leaving)
         waiting = {waiter.identity for waiter in self._waiters}
         self._turns = [identity for identity in self._turns if identity in waiting]
