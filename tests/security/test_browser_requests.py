@@ -64,6 +64,7 @@ def send(
     host: str | None = None,
     headers: dict[str, str] | None = None,
     body: bytes | None = None,
+    content_type: str = f"multipart/form-data; boundary={BOUNDARY}",
 ) -> tuple[int, dict]:
     """One request with exactly these headers (``host`` None: the URL's own authority)."""
     authority = url.split("://", 1)[1]
@@ -71,7 +72,7 @@ def send(
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host or authority}", "Connection: close"]
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
     if body is not None:
-        lines += [f"Content-Type: multipart/form-data; boundary={BOUNDARY}"]
+        lines += [f"Content-Type: {content_type}"]
         lines += [f"Content-Length: {len(body)}"]
     data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
     with socket.create_connection((address.strip("[]"), int(port)), timeout=120) as sock:

@@ -1,0 +1,147 @@
+"""A web page the user visits against the server extension's routes (EXTENSIONS §6's
+first attacker, here in front of Jupyter): the browser holds the user's Jupyter login
+cookie, and the page makes it send that cookie along, from its own origin, from a
+``file:`` page or sandboxed frame (``Origin: null``), or under its own rebound name
+(``Host: rebind.example``). Each route acts with the KCoral tokens configured here, so a
+page that got through could cancel the user's jobs or read their live output. The upstream
+KCoral server below records every call the extension makes: none may reach it."""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+import pytest
+from jupyter_login import login_cookies
+from stand_in_http import StandIn, serving
+from traitlets.config import Config
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB = "job-of-the-user"
+#: every route a page could aim at, with a method it answers
+ROUTES = [
+    ("GET", "servers"),
+    ("GET", "jobs"),
+    ("GET", f"jobs/{JOB}"),
+    ("DELETE", f"jobs/{JOB}"),
+    ("GET", f"jobs/{JOB}/events"),
+    ("GET", f"jobs/{JOB}/error"),
+    ("GET", "sessions"),
+    ("DELETE", "sessions/s1"),
+]
+
+
+class Recorder(StandIn):
+    """The user's KCoral server: answers like one without jobs, records every call."""
+
+    calls: ClassVar[list[str]] = []
+    lock = threading.Lock()
+
+    def _answer(self) -> None:
+        with self.lock:
+            self.calls.append(f"{self.command} {self.path}")
+        self.send_json({"error": {"kind": "not_found", "message": "no such job"}}, 404)
+
+    do_GET = do_DELETE = do_POST = _answer
+
+
+@pytest.fixture(scope="module")
+def upstream_url():
+    with serving(Recorder) as url:
+        yield url
+
+
+@pytest.fixture
+def jp_server_config(upstream_url: str) -> Config:
+    return Config(
+        {
+            "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
+            "KCoralExtension": {"servers": [{"name": "mine", "url": upstream_url}]},
+        }
+    )
+
+
+async def page_request(http_server_client, url: str, method: str, headers: dict[str, str]):
+    body = b"program" if method == "POST" else None
+    return await http_server_client.fetch(
+        url,
+        method=method,
+        body=body,
+        headers=headers,
+        raise_error=False,
+        follow_redirects=False,
+        allow_nonstandard_methods=True,
+    )
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "file://"])
+async def test_a_page_of_another_origin_with_the_users_cookie_reaches_no_kcoral_server(
+    http_server_client, jp_base_url, jp_auth_header, origin: str
+) -> None:
+    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
+    Recorder.calls.clear()
+    answers = {}
+    for method, route in ROUTES:
+        answer = await page_request(
+            http_server_client,
+            f"{jp_base_url}kcoral/api/{route}",
+            method,
+            {"Cookie": cookies, "Origin": origin},
+        )
+        answers[f"{method} {route}"] = answer.code
+        # a page that could read the answer would see the user's jobs: no CORS grant
+        assert answer.headers.get("Access-Control-Allow-Origin") is None
+    assert set(answers.values()) <= {403, 404}, answers
+    assert Recorder.calls == []
+
+
+async def test_a_text_plain_post_with_the_users_cookie_reaches_no_kcoral_server(
+    http_server_client, jp_base_url, jp_auth_header
+) -> None:
+    # the one body a page sends without a preflight, and without the XSRF token
+    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
+    Recorder.calls.clear()
+    for route in ("jobs", f"jobs/{JOB}", "sessions"):
+        answer = await page_request(
+            http_server_client,
+            f"{jp_base_url}kcoral/api/{route}",
+            "POST",
+            {"Cookie": cookies, "Content-Type": "text/plain"},
+        )
+        assert answer.code in (403, 405), (route, answer.code)
+    assert Recorder.calls == []
+
+
+async def test_a_rebound_page_with_the_users_cookie_reaches_no_kcoral_server(
+    http_server_client, jp_base_url, jp_auth_header, jp_http_port
+) -> None:
+    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
+    port = jp_http_port
+    Recorder.calls.clear()
+    for method, route in ROUTES:
+        answer = await page_request(
+            http_server_client,
+            f"{jp_base_url}kcoral/api/{route}",
+            method,
+            {"Cookie": cookies, "Host": f"rebind.example:{port}"},
+        )
+        assert answer.code == 403, (method, route, answer.code)
+    assert Recorder.calls == []
+
+
+async def test_the_users_own_page_still_reaches_the_kcoral_server(
+    http_server_client, jp_base_url, jp_auth_header, jp_http_port
+) -> None:
+    # the counter-proof: the same cookie from Jupyter's own origin is served
+    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
+    port = jp_http_port
+    Recorder.calls.clear()
+    answer = await page_request(
+        http_server_client,
+        f"{jp_base_url}kcoral/api/jobs/{JOB}",
+        "GET",
+        {"Cookie": cookies, "Origin": f"http://127.0.0.1:{port}", "Host": f"127.0.0.1:{port}"},
+    )
+    assert answer.code == 404, answer.body  # the upstream's own "no such job"
+    assert Recorder.calls == [f"GET /v1/jobs/{JOB}"]
