@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeGuard
 
+from kcoral.base_client import NO_TOKEN_SENT, token_refusal
 from kcoral.connection.request_limit import RequestTooLarge
 from kcoral.connection.server_address import path_not_served_hint
 from kcoral.errors import (
@@ -64,7 +65,6 @@ from kcoral.run.outputs import (
 )
 from kcoral.run.progress import Progress
 from kcoral.run.standard_input import UNSENT_INPUT_WARNING, unsent_input_waiting
-from kcoral.run.terminal_filter import screened
 from kcoral.run.tools import UsageError, check_python_args
 
 
@@ -296,9 +296,18 @@ def server_error(exc: KCoralError, url: str) -> str:
     if isinstance(exc, RequestTooLarge):  # refused here, unsent: no server said it
         return str(exc)
     if exc.status_code == 401:  # the one refusal the user fixes on this side
-        # its own hint, not the client's (which says ``Client(url, token=...)``)
-        refused = f"HTTP 401: {screened(exc.message)}"
-        return f"server error: {refused}; set KCORAL_TOKEN to a token this server accepts"
+        # its own hint, not the client's (which says ``Client(url, token=...)``), saying
+        # which of the two it was: "missing or invalid bearer token" left a KCORAL_TOKEN
+        # set without `export` (so never sent) to look like a wrong token
+        if token_refusal(exc) == NO_TOKEN_SENT:
+            return (
+                "the server needs a token (HTTP 401), and KCORAL_TOKEN is unset or empty "
+                "here: export KCORAL_TOKEN=<a token it accepts>"
+            )
+        return (
+            "the server refused the token in KCORAL_TOKEN (HTTP 401): set KCORAL_TOKEN to a "
+            "token it accepts"
+        )
     wrong_path = path_not_served_hint(url) if exc.status_code == 404 else ""
     if wrong_path and exc.kind == "not_found":  # a job's own 404 is JobLost, not this
         return f"server error: {exc}; {wrong_path}"

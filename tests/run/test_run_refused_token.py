@@ -1,7 +1,7 @@
 """``kcoral run`` against a real server that requires a client token, without one and with
-a wrong one: the one line says what to set. Before, it read only ``server error: HTTP 401:
-missing or invalid bearer token``, and nothing said that the token comes from
-``KCORAL_TOKEN``."""
+a wrong one: the one line says which it was and what to set. Before, it read only ``server
+error: HTTP 401: missing or invalid bearer token``, and nothing said that the token comes
+from ``KCORAL_TOKEN``, nor whether one was sent."""
 
 from __future__ import annotations
 
@@ -24,10 +24,32 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
-@pytest.mark.parametrize("token", [None, "not-the-token"])
-def test_a_refused_token_says_to_set_kcoral_token(
+@pytest.mark.parametrize(
+    ("token", "line"),
+    [
+        # a token set without `export` is never sent: it read "missing or invalid bearer
+        # token", which sent the user to check a token that was right
+        (
+            None,
+            "the server needs a token (HTTP 401), and KCORAL_TOKEN is unset or empty here: "
+            "export KCORAL_TOKEN=<a token it accepts>",
+        ),
+        (
+            "",
+            "the server needs a token (HTTP 401), and KCORAL_TOKEN is unset or empty here: "
+            "export KCORAL_TOKEN=<a token it accepts>",
+        ),
+        (
+            "not-the-token",
+            "the server refused the token in KCORAL_TOKEN (HTTP 401): set KCORAL_TOKEN to a "
+            "token it accepts",
+        ),
+    ],
+)
+def test_a_refused_token_says_whether_kcoral_token_was_sent_and_what_to_set(
     token_server: str,
     token: str | None,
+    line: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -37,10 +59,7 @@ def test_a_refused_token_says_to_set_kcoral_token(
         monkeypatch.setenv("KCORAL_TOKEN", token)
     assert kcoral_main(["run", "shell", "--url", token_server, "--", "true"]) == 1
     said = capsys.readouterr().err.strip().splitlines()
-    assert said[-1] == (
-        "kcoral run: server error: HTTP 401: missing or invalid bearer token; set "
-        "KCORAL_TOKEN to a token this server accepts"
-    ), said
+    assert said == [f"kcoral run: {line}"], said
 
 
 def test_a_token_pasted_with_its_bearer_word_is_a_usage_error_that_says_to_drop_it(
