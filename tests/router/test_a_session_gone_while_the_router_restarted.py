@@ -105,6 +105,9 @@ def test_a_session_closed_before_its_node_is_back_is_ended_there_when_it_is(
 
                 wait_for(ended_there, "the node ends it", restarted, node)
                 record = client.attach_session(session.id).info()
+                # the node's answer to the kept end is said (ROUTER §10)
+                done = f"kept_session_end_done node=only session={session.id}"
+                assert done in restarted.wait_log(done)
         finally:
             os.kill(node.process.pid, signal.SIGCONT)
     assert record["end_reason"] == "deleted"

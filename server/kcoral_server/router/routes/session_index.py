@@ -292,7 +292,23 @@ class SessionInventory:
             closer = self.state.sessions.take_close(session_id, owner)
             if closer is not None:  # in its name: the node ends only what it may end
                 path = f"/v1/sessions/{session_id}"
-                await fetch(self.state, node_id, "DELETE", path, _named(closer))
+                ended = await fetch(self.state, node_id, "DELETE", path, _named(closer))
+                self._report_end(node_id, session_id, ended)
+
+    def _report_end(self, node_id: str, session_id: str, answer: tuple[int, bytes] | None) -> None:
+        """What the node answered a kept end: its caller was told long ago that the session
+        ended, so a refusal (or no answer: the session runs on until its idle timeout) is
+        said here or nowhere."""
+        fields: dict[str, Any] = {"node": node_id, "session": session_id}
+        if answer is not None and 200 <= answer[0] < 300:
+            self.state.log.event("kept_session_end_done", **fields)
+            return
+        if answer is None:
+            fields["error"] = "no answer from the node"
+        else:
+            fields["http_status"] = answer[0]
+            fields["error"] = _error_message(untrusted_json(answer[1]))
+        self.state.log.event("kept_session_end_failed", "WARNING", **fields)
 
 
 def _named(identity: Identity) -> list[tuple[bytes, bytes]]:
@@ -313,3 +329,11 @@ def _id_and_owner(record: Any) -> tuple[str | None, str]:
     """The session id and owner of a listed record (None: not a session record)."""
     session_id = session_record_id(record)
     return session_id, record["owner"] if session_id is not None else ""
+
+
+def _error_message(answer: Any) -> str | None:
+    """The ``error.message`` of a node's error answer (a node-token holder wrote it: the
+    log escapes and cuts it), None when it has none."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
