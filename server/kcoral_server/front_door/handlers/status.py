@@ -16,12 +16,14 @@ PROTOCOL_VERSION = 1
 
 
 class HealthHandler(BaseHandler):
-    """PROTOCOL §12: exactly the documented keys; no token needed."""
+    """PROTOCOL §12: exactly the documented keys; no token needed. 503 while the server
+    drains (SERVER §12), the router's answer when it has nowhere to send work."""
 
     PUBLIC = True
 
     def get(self) -> None:
-        self.send_json(200, self.state.health())
+        health = self.state.health()
+        self.send_json(200 if health["status"] == "ok" else 503, health)
 
 
 class WorkerStatusHandler(BaseHandler):
