@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
@@ -62,6 +63,11 @@ def report(options: RunOptions, result: Any) -> int:
     for skipped in skipped_list:
         say(f"warning: {skipped} is not a regular file or directory; not returned")
     status = _exit_status(outcome)
+    killed_by = _signal_name(outcome.get("signal"))
+    if killed_by is not None:
+        # a local shell says "Segmentation fault" for such a death; this exit status
+        # (128 + N) is kcoral run's own, and the shell said nothing at all
+        say(f"the tool was killed by {killed_by}")
     if options.out is not None:
         if not _save_outputs(options.out, result.results.get(OUTPUTS_KEY)):
             return 1
@@ -107,14 +113,27 @@ def _truncation_limit(options: RunOptions, per: str) -> str:
 def _exit_status(outcome: Mapping[str, Any]) -> int:
     """The tool's exit code; ``128 + N`` for death by signal N (1-64, the signals Linux
     has); a signal out of that range or a code beyond 0-255 is ``1``, never a wrapped 0."""
-    signal = outcome.get("signal")
-    if isinstance(signal, int) and not isinstance(signal, bool):
-        return 128 + signal if 1 <= signal <= _MAX_SIGNAL else 1
+    number = outcome.get("signal")
+    if isinstance(number, int) and not isinstance(number, bool):
+        return 128 + number if 1 <= number <= _MAX_SIGNAL else 1
     code = outcome.get("exit_code")
     if isinstance(code, int) and not isinstance(code, bool):
         # statuses beyond 255 cannot be process exit statuses; keep them non-zero
         return code if 0 <= code <= 255 else 1
     return 1
+
+
+def _signal_name(number: Any) -> str | None:
+    """``SIGSEGV (signal 11)`` for a signal number a runner reported, ``signal 40`` for one
+    without a name here; None for no signal, or one out of Linux's range."""
+    if not isinstance(number, int) or isinstance(number, bool):
+        return None
+    if not 1 <= number <= _MAX_SIGNAL:
+        return None
+    try:
+        return f"{signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        return f"signal {number}"
 
 
 def _save_outputs(out: str, folder: Any) -> bool:

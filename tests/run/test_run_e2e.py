@@ -268,11 +268,15 @@ def test_a_remote_nonzero_exit_is_the_local_exit_status(
     assert run(server_url, "python", "--", "-c", "raise SystemExit(7)") == 7
 
 
-def test_a_remote_signal_death_exits_128_plus_the_signal(
-    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["SIGKILL", "SIGSEGV"])
+def test_a_remote_signal_death_exits_128_plus_the_signal_and_says_which(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str], sig: signal.Signals
 ) -> None:
-    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-    assert run(server_url, "python", "--", "-c", code) == 128 + signal.SIGKILL
+    # a local shell says "Segmentation fault" for such a death; kcoral run said nothing
+    code = f"import os; os.kill(os.getpid(), {int(sig)})"
+    assert run(server_url, "python", "--", "-c", code) == 128 + sig
+    said = capfd.readouterr().err
+    assert said == f"kcoral run: the tool was killed by {sig.name} (signal {int(sig)})\n"
 
 
 POOL_SCRIPT = """\
