@@ -27,6 +27,8 @@ _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\udc80-\udc9f]")
 STATUS_KEY = "status"
 OUTPUTS_KEY = "outputs"
 _MAX_SIGNAL = 64
+#: PROTOCOL §6.3: a program whose descendants outlived it fails with this ``runtime`` message
+_LEFTOVERS = "program left background processes running; they were terminated"
 
 
 def report(options: RunOptions, result: Any) -> int:
@@ -36,6 +38,14 @@ def report(options: RunOptions, result: Any) -> int:
     say_truncated(options, result)
     if not result.completed:
         error = result.error or {}
+        if (error.get("kind"), error.get("message")) == ("runtime", _LEFTOVERS):
+            # the tool may have exited 0: "remote program failed (runtime)" blamed it
+            # without saying for what, or what to change
+            say(
+                "the tool left processes running when it ended; they were killed, so the "
+                "run failed (a tool must wait for the processes it starts)"
+            )
+            return 1
         say(
             f"remote program failed ({error.get('kind')}): {error.get('message')} "
             f"[request {result.request_id}]"

@@ -310,7 +310,12 @@ def test_a_background_process_the_tool_leaves_running_still_fails_the_run(
     assert run(server_url, "shell", "--", "sh", "-c", "sleep 60 & echo started") == 1
     captured = capfd.readouterr()
     assert captured.out == "started\n"
-    assert "program left background processes running; they were terminated" in captured.err
+    # it read "remote program failed (runtime): program left background processes running;
+    # they were terminated [request ...]", for a tool that had exited 0
+    assert captured.err == (
+        "kcoral run: the tool left processes running when it ended; they were killed, so the "
+        "run failed (a tool must wait for the processes it starts)\n"
+    )
 
 
 def test_env_sets_and_copies_variables_and_the_last_assignment_wins(
