@@ -11,7 +11,9 @@ real router, restarted on its port, and a real CPU node."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import re
 import signal
 import time
 import urllib.error
@@ -183,3 +185,35 @@ def test_a_token_holders_flood_of_ends_in_the_grace_is_told_to_ask_again_past_it
         alices = delete_status(router, "0c8f7a4e-4d7e-4a51-9d55-0000000000aa")
     assert statuses == [410] * MAX_KEPT_ENDS + [503]
     assert alices == 410  # another caller's end is still kept
+
+
+def test_a_session_whose_node_restarted_before_reconnecting_reads_so_not_only_not_yet(
+    tmp_path: Path,
+) -> None:
+    # The node's server restarted while the router was down, so the node came back without
+    # the session and listed none: the router has nothing to say it ended. Its 503 said
+    # "the node that holds it may not have reconnected", untrue of the node that had.
+    with a_session_on_one_node(tmp_path) as (router, node, _client, session):
+        router.stop()
+        os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
+        started = "server_child_started"
+        wait_for(
+            lambda: node.log_path.read_text().count(started) == 2, "a new server", router, node
+        )
+        restarted = router_on(tmp_path, router.port)
+        with stopping(restarted, []):
+            listed = "node_sessions_listed node=only sessions=0"
+            wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+            request = urllib.request.Request(
+                f"{restarted.url}/v1/sessions/{session.id}",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=120)
+            error = json.loads(refused.value.read())["error"]
+    assert (refused.value.code, error["kind"]) == (503, "no_node")
+    assert re.fullmatch(
+        "session not found yet: the router started [0-9]+ s ago, and the node back since does"
+        " not hold it: its node has not reconnected yet, or restarted and lost it",
+        error["message"],
+    )

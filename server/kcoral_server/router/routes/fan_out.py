@@ -178,19 +178,27 @@ def auth_headers(handler: Any) -> list[tuple[bytes, bytes]]:
     return [(header.name, header.value)]
 
 
-def not_found_yet(handler: ForwardHandler, what: str) -> str | None:
+def not_found_yet(handler: ForwardHandler, what: str, not_held_by: int = 0) -> str | None:
     """The 503 message for a ``what`` no connected node knows, within the router's first
     ``--reconnect-grace-seconds`` (else None): a node reconnects with a back-off of up to
     30 s (ROUTER §5), and until it has, the jobs and sessions it holds are unknown here, not
     gone (§13). Before, a router restart answered 404 there, and `kcoral run` gave up a job
-    that went on running, with nobody left to watch or cancel it (jobs soak)."""
+    that went on running, with nobody left to watch or cancel it (jobs soak).
+    ``not_held_by``: how many connected nodes have just answered that they do not hold it;
+    where some have, its node may have come back with a new server, which lost it: "may not
+    have reconnected" was then untrue (router mend)."""
     age = time.monotonic() - handler.state.started_monotonic
     if age >= handler.state.settings.reconnect_grace_seconds:
         return None
-    return (
-        f"{what} not found yet: the router started {age:.0f} s ago, and the node that holds "
-        "it may not have reconnected"
+    started = f"{what} not found yet: the router started {age:.0f} s ago"
+    if not_held_by < 1:
+        return f"{started}, and the node that holds it may not have reconnected"
+    held = (
+        "the node back since does not hold it"
+        if not_held_by == 1
+        else f"none of the {not_held_by} nodes back since holds it"
     )
+    return f"{started}, and {held}: its node has not reconnected yet, or restarted and lost it"
 
 
 def answer_while_nodes_reconnect(handler: ForwardHandler, what: str) -> bool:

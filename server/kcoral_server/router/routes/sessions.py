@@ -461,7 +461,7 @@ class SessionHandler(ForwardHandler):
         elif (
             claims
             or (known is not None and may_see(self.identity, known))
-            or not self._not_found_yet(session_id)
+            or not self._not_found_yet(session_id, len(not_held))
         ):
             self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
         return None
@@ -483,13 +483,13 @@ class SessionHandler(ForwardHandler):
         self.send_router_error(410, "session_ended", str(ended.ended), "request_rejected")
         return True
 
-    def _not_found_yet(self, session_id: str) -> bool:
+    def _not_found_yet(self, session_id: str, not_held_by: int) -> bool:
         """In the router's first seconds, an id no node knows may be on a node that has not
         reconnected: ``503`` "not found yet" (the client asks again), but its end is kept
         and answered at once (``410``), so a kernel that exits, or a script's last line, is
         not held for the client's 10 s; the node that lists it is asked to end it in the
         caller's name (``SessionInventory``). True: answered."""
-        message = not_found_yet(self, "session")
+        message = not_found_yet(self, "session", not_held_by)
         if message is None:
             return False
         # an end kept for a node that has listed the session already would never be carried
