@@ -287,7 +287,10 @@ _ROUTER_STOPPING = "the router is shutting down"
 
 def server_error(exc: KCoralError, url: str) -> str:
     """An HTTP error as one line; an answer without a KCoral error body is said to be one.
-    Before, it read "server error: HTTP 501: HTTP 501"."""
+    Before, it read "server error: HTTP 501: HTTP 501". A redirect says where it pointed
+    (never followed: ``kcoral.response.redirect_hint``)."""
+    if exc.without_error_body and 300 <= exc.status_code < 400 and exc.hint:
+        return f"{url}: {exc.hint}"
     if exc.without_error_body:
         return (
             f"{url} answered HTTP {exc.status_code} without a KCoral error: is it a KCoral "
@@ -380,6 +383,13 @@ def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
     # as bench/main.py, and the advice to add --send w/bench/main.py (sent as main.py) only
     # repeated itself.
     if not os.path.exists(script):
+        # `--send bench -- main.py`: the script arrives inside the folder's own name
+        inside = sorted(path for path in sent if path.endswith("/" + os.path.normpath(script)))
+        if inside:
+            return (
+                f"python: {script}: no --send input arrives as {script}, but {inside[0]} "
+                f"does: name it {inside[0]} after '--'"
+            )
         return f"python: {script}: no such file here, and no --send input provides it"
     remote = sent_as(script, options.send)
     if remote is not None and remote in sent:

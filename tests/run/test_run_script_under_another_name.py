@@ -41,3 +41,17 @@ def test_a_script_sent_under_another_name_is_refused_naming_that_name(
     )
     assert run(server_url, "--send", "w/bench", "--", "bench/main.py") == 0
     assert capfd.readouterr().out == "ran main\n"
+
+
+def test_a_script_named_without_the_folder_it_is_sent_in_is_refused_naming_its_path(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # run soak: `--send bench -- main.py` said "main.py: no such file here, and no --send
+    # input provides it", though bench/main.py was sent
+    (in_tmp / "bench").mkdir()
+    (in_tmp / "bench" / "main.py").write_text("print('ran main')\n")
+    assert run(server_url, "--send", "bench", "--", "main.py") == 2
+    assert capfd.readouterr().err.strip() == (
+        "kcoral run: python: main.py: no --send input arrives as main.py, but bench/main.py "
+        "does: name it bench/main.py after '--'"
+    )
