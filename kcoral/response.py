@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -56,10 +57,51 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";", 1)[0].strip().lower()
 
 
+#: what of a redirect's ``Location`` a hint may show: printable ASCII without spaces (no
+#: escape string reaches the terminal), short
+_SHOWABLE_LOCATION = re.compile(r"[!-~]{1,200}")
+
+
+def redirect_hint(status_code: int, location: str | None) -> str:
+    """What a 3xx answer (CLIENT_API §9) tells the user: where it pointed, and that the
+    client never follows it; ``""`` for another status.
+
+    Who writes this: the server the URL names, malicious or not. Followed, its redirect
+    would carry the user's token and program to any address it chose (the client never
+    follows one); a plain ``HTTP 307`` left the user to guess why an ``http://`` URL behind
+    an HTTPS proxy failed. Only the target's scheme, host and port are shown (its path and
+    query may hold anything), and only when printable."""
+    if not 300 <= status_code < 400:
+        return ""
+    target = _redirect_target(location or "") or "an address it did not say"
+    return (
+        f"the server answered {status_code}, a redirect to {target}, which KCoral never "
+        "follows (the token and the program would go where the URL does not point): if it "
+        "is the KCoral server, use its address as the URL"
+    )
+
+
+def _redirect_target(location: str) -> str | None:
+    """``scheme://host[:port]`` of an absolute ``Location``, ``PATH on the same server``
+    of a relative one; None when it does not parse or shows what a terminal acts on."""
+    try:
+        parts = urlsplit(location.strip())
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return None
+    if parts.scheme and parts.hostname:
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        shown, where = f"{parts.scheme}://{host}{port}", ""
+    else:
+        shown, where = parts.path, " on the same server"
+    return f"{shown}{where}" if _SHOWABLE_LOCATION.fullmatch(shown) else None
+
+
 def error_from_response(
     status_code: int, headers: Mapping[str, str], body: bytes | memoryview
 ) -> KCoralError:
-    """``KCoralError`` for a non-200 answer, from its ``ERROR`` body when that parses."""
+    """``KCoralError`` for a non-200 answer, from its ``ERROR`` body when that parses; a
+    redirect's carries ``redirect_hint``."""
     header_request_id = headers.get("X-Request-ID") or None
     try:
         decoded = loads_strict(body)
@@ -78,12 +120,14 @@ def error_from_response(
             output=printed_output(decoded) if status_code == 504 else None,
             retry_after=retry_after_seconds(headers.get("Retry-After")),
         )
-    return KCoralError(
+    error = KCoralError(
         status_code,
         f"HTTP {status_code}",
         request_id=header_request_id,
         retry_after=retry_after_seconds(headers.get("Retry-After")),
     )
+    error.hint = redirect_hint(status_code, headers.get("Location"))
+    return error
 
 
 def retry_after_seconds(value: str | None) -> float | None:
