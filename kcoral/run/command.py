@@ -243,6 +243,7 @@ def run(options: RunOptions) -> int:
         say(str(exc))
         return 1
     missing = unsent_script(options, [path for path, _data, _executable in files])
+    missing = missing or unrunnable_executable(options, files)
     if missing:
         say(missing)
         return 2
@@ -400,6 +401,21 @@ def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
     name = os.path.basename(os.path.normpath(script))
     arrives = "" if name == os.path.normpath(script) else f", which arrives as {name}"
     return f"python: {script} was not sent (the tool runs remotely): add --send {script}{arrives}"
+
+
+def unrunnable_executable(
+    options: RunOptions, files: Sequence[tuple[str, FileBlob, bool]]
+) -> str | None:
+    """Why ``shell ./tool`` cannot run a sent ``tool``, or None: only the executable bit
+    travels, and one sent without it failed on the worker, after the upload, with
+    ``./tool: Permission denied``, naming neither the bit nor where to set it."""
+    name = options.args[0] if options.tool.name == "shell" and options.args else ""
+    if "/" not in name or os.path.isabs(name):
+        return None  # a bare name is looked up on the remote PATH
+    remote = os.path.normpath(name)
+    if any(path == remote and not executable for path, _blob, executable in files):
+        return f"shell: {name} cannot run: it is sent without its executable bit; chmod +x it here"
+    return None
 
 
 def execute(options: RunOptions, program: Any) -> Any:

@@ -96,6 +96,25 @@ def test_shell_runs_a_sent_executable_by_relative_path_with_its_mode_kept(
     assert capfd.readouterr().out == "hello you from work\n"
 
 
+def test_shell_refuses_a_sent_executable_without_its_executable_bit_before_running(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # run soak: it was uploaded and failed there with "./s.sh: Permission denied"
+    (in_tmp / "tools").mkdir()
+    script = in_tmp / "tools" / "s.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)
+    assert run(server_url, "shell", "--send", "tools", "--", "./tools/s.sh") == 2
+    assert capfd.readouterr() == (
+        "",
+        "kcoral run: shell: ./tools/s.sh cannot run: it is sent without its executable bit; "
+        "chmod +x it here\n",
+    )
+    script.chmod(0o755)
+    assert run(server_url, "shell", "--send", "tools", "--", "./tools/s.sh") == 0
+    assert capfd.readouterr().out == "ran\n"
+
+
 def test_shell_finds_a_bare_name_on_the_worker_path(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
