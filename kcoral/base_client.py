@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 import kcoral
 from kcoral.connection.event_stream import EventSource, EventStreams
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
-from kcoral.connection.request_limit import ASK_FROM_BYTES, refuse_over_the_limit
+from kcoral.connection.request_limit import KnownLimit
 from kcoral.connection.server_address import server_url
 from kcoral.connection.transport import Flow, Request, Response
 from kcoral.errors import KCoralError, ProtocolError
@@ -85,12 +85,14 @@ def attempt_request(path: str, attempt: Attempt) -> Request:
     return Request("POST", path, attempt.headers, attempt.chunks, attempt.length)
 
 
-def sent_attempt(path: str, attempt: Attempt) -> Flow[Response]:
+def sent_attempt(path: str, attempt: Attempt, limit: KnownLimit) -> Flow[Response]:
     """The answer to one negotiation attempt; a large body over the limit the server's
-    ``/v1/info`` states is refused unsent (``RequestTooLarge``, CLIENT_API §2.1 step 11)."""
-    if attempt.length >= ASK_FROM_BYTES:
-        refuse_over_the_limit(attempt.length, (yield _get_status("/v1/info")))
-    return (yield attempt_request(path, attempt))
+    ``/v1/info`` states (``limit``, the client's) is refused unsent (``RequestTooLarge``,
+    CLIENT_API §2.1 step 11)."""
+    yield from limit.check(attempt.length, _get_status("/v1/info"))
+    response = yield attempt_request(path, attempt)
+    limit.answered(response.status)
+    return response
 
 
 #: how long ``health()``, ``target()`` and ``info()`` wait for an answer once asked: a server
@@ -204,6 +206,7 @@ class BaseClient:
         self.headers: Mapping[str, str] = request_headers  # sent with every request
         self._info: dict[str, Any] | None = None
         self._info_lock = threading.Lock()
+        self._request_limit = KnownLimit()  # asked before the first large body, then kept
         # Event streams are long-lived and read by blocking threads in both flavours.
         self._streams = EventStreams(
             url,
@@ -294,7 +297,7 @@ class BaseClient:
         )
         attempt = negotiation.first_attempt()
         while True:
-            response = yield from sent_attempt(path, attempt)
+            response = yield from sent_attempt(path, attempt, self._request_limit)
             outcome = negotiation.handle_response(
                 response.status,
                 response.headers,
@@ -339,7 +342,7 @@ class BaseClient:
         known_blobs = tuple(program.blobs)
         step: tuple[str, str] | Attempt = negotiation.first_attempt()
         while isinstance(step, Attempt):
-            response = yield from sent_attempt(path, step)
+            response = yield from sent_attempt(path, step, self._request_limit)
             step = next_submission_step(
                 negotiation,
                 response.status,

@@ -131,3 +131,60 @@ def test_a_body_over_a_limit_stated_by_a_server_is_refused_whatever_the_servers_
         ("POST", "/execute"),
         ("GET", "/v1/info"),
     ]
+
+
+def test_a_client_asks_its_servers_limit_once_for_all_its_large_bodies(canned_server):
+    # asked afresh for each body, the question cost a round trip per attempt
+    data = os.urandom(BLOB_BYTES + 2)
+    with Client(canned_server.url) as client:
+        for extra in (0, 1, 2):
+            program = program_of(BLOB_BYTES + extra, data)
+            canned_server.add(cache_miss(*program.blobs))
+            if extra == 0:
+                canned_server.add({"limits": {"max_request_bytes": 4 * BLOB_BYTES}})
+            canned_server.add(completed(results={"size": {"type": "integer", "value": 1}}))
+            client.execute(program)
+    assert [(r.method, r.path) for r in canned_server.requests] == [
+        ("POST", "/execute"),
+        ("GET", "/v1/info"),
+        ("POST", "/execute"),
+    ] + [("POST", "/execute")] * 4
+
+
+@pytest.mark.parametrize(
+    ("answer", "asked_again"),
+    [
+        pytest.param(None, True, id="a kept limit the body is over"),
+        pytest.param(413, True, id="a 413 to a body under the kept limit"),
+        pytest.param(200, False, id="a body under the kept limit that ran"),
+    ],
+)
+def test_a_kept_limit_never_refuses_a_body_the_server_would_now_take(
+    canned_server, answer, asked_again
+):
+    # a server restarted with another limit: one over the kept limit is asked again before
+    # a body is refused, and a 413 (a smaller limit now) forgets the kept one
+    data = os.urandom(BLOB_BYTES * 2)
+    first, second = program_of(BLOB_BYTES, data), program_of(BLOB_BYTES + 4096, data)
+    kept = BLOB_BYTES * 2 if answer else body_length(first)
+    canned_server.add(cache_miss(*first.blobs))
+    canned_server.add({"limits": {"max_request_bytes": kept}})
+    if answer == 413:
+        refusal = {"error": {"kind": "request_too_large", "message": "over the limit"}}
+        canned_server.add(refusal, status=413)
+    else:
+        canned_server.add(completed(results={"size": {"type": "integer", "value": 1}}))
+    canned_server.add(cache_miss(*second.blobs))
+    if asked_again:
+        canned_server.add({"limits": {"max_request_bytes": BLOB_BYTES * 4}})
+    canned_server.add(completed(results={"size": {"type": "integer", "value": 2}}))
+    with Client(canned_server.url) as client:
+        if answer == 413:
+            with pytest.raises(KCoralError) as refused:
+                client.execute(first)
+            assert refused.value.status_code == 413
+        else:
+            client.execute(first)
+        assert client.execute(second).results["size"] == 2
+    asked = [r.path for r in canned_server.requests].count("/v1/info")
+    assert asked == (2 if asked_again else 1)
