@@ -239,7 +239,7 @@ def _run_and_collect(
     argv = _tool_argv(tool, args, outputs)
     executable = _resolve_executable(argv[0], work, env["PATH"])
     if executable is None:
-        report["error"] = _not_found(argv[0], "PATH" in (spec.get("env") or {}))
+        report["error"] = _not_found(argv[0], "PATH" in (spec.get("env") or {}), work)
         return report
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # keep the worker's own buffered output ahead of the tool's
@@ -341,12 +341,11 @@ def _tool_argv(tool: str, args: list[str], outputs: str) -> list[str]:
     raise ValueError(f"unknown tool {tool!r}")
 
 
-def _not_found(name: str, path_set: bool) -> str:
-    """Why the tool's executable was not found, in the user's terms: a path names a file
-    (a relative one among the inputs, the only files in the tool's directory), a bare name
-    is looked up on PATH, which ``--env PATH=...`` may have replaced. All of them read
-    "is not installed in the remote server environment", which ``./bench`` not sent, or
-    ``sh`` under ``--env PATH=/opt/x``, was not."""
+def _not_found(name: str, path_set: bool, work: str) -> str:
+    """Why the tool's executable was not found, in the user's terms (each read "is not
+    installed in the remote server environment"): a path names a file, a relative one among
+    the inputs; a bare name is looked up on PATH (which ``--env PATH=...`` may replace),
+    never among the inputs, so a sent one is named with the path that runs it."""
     if name.startswith("/"):
         return f"{name}: no such file on the server"
     if "/" in name:
@@ -354,8 +353,11 @@ def _not_found(name: str, path_set: bool) -> str:
             f"{name}: no such file among the --send inputs (the tool's directory holds only them)"
         )
     if path_set:
-        return f"{name} is not on the remote PATH that --env PATH set"
-    return f"{name} is not installed in the remote server environment"
+        found = f"{name} is not on the remote PATH that --env PATH set"
+    else:
+        found = f"{name} is not installed in the remote server environment"
+    sent = os.path.isfile(os.path.join(work, name))
+    return f"{found}; the sent {name} runs as ./{name}" if sent else found
 
 
 def _resolve_executable(name: str, work: str, path: str) -> str | None:

@@ -212,6 +212,19 @@ def test_a_tool_not_found_says_where_it_was_looked_for(
     assert report["error"] == error
 
 
+def test_a_sent_executable_named_bare_is_not_found_with_the_path_that_runs_it(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # run soak: `--send s.sh -- s.sh` said "s.sh is not installed in the remote server
+    # environment" alone, of a file that was right there
+    monkeypatch.setenv("PATH", "/nonexistent")
+    inputs = pack_inputs([("s.sh", b"#!/bin/sh\necho ran\n", True)])
+    report = run_tool(inputs, spec("shell", "s.sh"))
+    assert report["error"] == (
+        "s.sh is not installed in the remote server environment; the sent s.sh runs as ./s.sh"
+    )
+
+
 def test_fetched_files_and_directories_are_collected_even_after_a_failure(
     workspace: Path,
 ) -> None:
