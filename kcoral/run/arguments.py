@@ -167,9 +167,11 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
     if "output_limit" in values:
         options.output_limit_bytes = _positive_int("--output-limit-bytes", values["output_limit"])
     if "gpus" in values:
-        options.gpu_count = _positive_int("--gpus", values["gpus"])
-        if options.gpu_count > MAX_GPU_COUNT:
-            raise UsageError(f"--gpus must be 1-{MAX_GPU_COUNT}, not {options.gpu_count}")
+        # one message for every refused count: 0 read "a positive integer" and 9 "1-8"
+        text = values["gpus"]
+        if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_GPU_COUNT):
+            raise UsageError(f"--gpus must be 1-{MAX_GPU_COUNT}, not {text!r}")
+        options.gpu_count = int(text)
     options.send = list(values.get("send", []))
     options.env = parse_env(values.get("env", []), environ)
     options.fetch = parse_fetch(values.get("fetch", []))

@@ -200,8 +200,9 @@ def test_defaults_follow_the_spec() -> None:
 def test_gpus_asks_for_a_set_of_that_many_gpus() -> None:
     assert parse("python", "--url", URL, "--gpus", "2", "--", "x.py").gpu_count == 2
     assert parse("python", "--url", URL, "--gpus=8", "--", "x.py").gpu_count == 8
-    with pytest.raises(UsageError, match="--gpus must be 1-8, not 9"):
-        parse("python", "--url", URL, "--gpus", "9", "--", "x.py")
+    for refused in ("9", "0", "two", "-1"):  # 0 read "must be a positive integer"
+        with pytest.raises(UsageError, match=f"^--gpus must be 1-8, not '{refused}'$"):
+            parse("python", "--url", URL, "--gpus", refused, "--", "x.py")
 
 
 def test_an_empty_kcoral_url_counts_as_unset() -> None:
