@@ -123,12 +123,13 @@ def test_one_identitys_waiters_are_served_in_arrival_order() -> None:
     assert asyncio.run(scenario()) == ["set", "one", "zero"]
 
 
-def test_worker_start_ups_take_turns_as_one_more_identity() -> None:
+def test_worker_start_ups_go_first_and_take_no_turn_from_the_users() -> None:
     async def scenario() -> list[str]:
         arbiter, waiters = still_arbiter([0])
         await arbiter.acquire("first", [0], identity="alice")
         for owner, identity in [
             ("alice-0", "alice"),
+            ("bob-0", "bob"),
             ("alice-1", "alice"),
             ("start-up-0", None),  # a worker's CUDA start, of no request
             ("start-up-1", None),
@@ -137,7 +138,25 @@ def test_worker_start_ups_take_turns_as_one_more_identity() -> None:
         arbiter.release("first")
         return await waiters.all_served()
 
-    assert asyncio.run(scenario()) == ["alice-0", "start-up-0", "alice-1", "start-up-1"]
+    # the start-ups move no one's turn; as one more identity they went between the users
+    # (alice-0, bob-0, start-up-0, alice-1, start-up-1)
+    assert asyncio.run(scenario()) == ["start-up-0", "start-up-1", "alice-0", "bob-0", "alice-1"]
+
+
+def test_worker_start_ups_are_not_held_back_by_the_time_start_ups_held_before() -> None:
+    async def scenario() -> list[str]:
+        arbiter, waiters = still_arbiter([0])
+        # a slow CUDA start-up once held the GPU 30 s: charged to "no identity", it put
+        # every later start-up behind the users that held it less
+        await waiters.add("slow-start-up", None, hold=30.0, gpus=[0])
+        await waiters.all_served()
+        await arbiter.acquire("first", [0], identity="alice")
+        for owner, identity in [("alice-0", "alice"), ("bob-0", "bob"), ("start-up", None)]:
+            await waiters.add(owner, identity, hold=1.0, gpus=[0])
+        arbiter.release("first")
+        return await waiters.all_served()
+
+    assert asyncio.run(scenario()) == ["slow-start-up", "start-up", "alice-0", "bob-0"]
 
 
 def grants_between(served: list[str], identity: str) -> list[int]:

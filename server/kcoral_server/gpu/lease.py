@@ -19,7 +19,13 @@ next turn after every other waiting identity's. Before, turns counted grants, so
 before turns at all, one identity's seated burst of set requests held another's single
 lease behind all of them (team soak: bob's 0.1 s job waited 13.5 s behind nine of alice's
 ``--gpus 4`` jobs while its queue position said 1). Waiters of no identity (a worker's
-start-up or teardown) take turns as one more identity.
+start-up, or the teardown of one that never served a request) are the server's own: they go
+first, in arrival order, take no turn and are charged no hold time. As one more identity,
+a start-up took a turn from the users, and the CUDA start-ups it was charged (a few seconds
+each) put it behind every user that had held the GPU less: a seat's new worker waited
+while the users' programs, seated on the others, took the GPU in turn. They are bounded by
+the seats (one start-up each at a time), and a user makes one only by a program of its own
+(a crash, a new identity on the seat), which takes that user's turn.
 """
 
 from __future__ import annotations
@@ -152,7 +158,7 @@ class LeaseArbiter:
         waiter = _Waiter(owner, request_id, wanted, count, future, identity)
         self._waiters.append(waiter)
         self._waiting_owners[owner] += 1
-        if identity not in self._turns:
+        if identity is not None and identity not in self._turns:
             self._turns.append(identity)
         self._grant()
         try:
@@ -180,7 +186,8 @@ class LeaseArbiter:
                     held = max(0.0, now - history[-1].start)
                     self._held_seconds[gpu] += held
                     identity = self._holder_identity.pop(gpu, None)
-                    self._recent_hold_time.charge(identity, gpu, held, now)
+                    if identity is not None:  # the server's own holds are nobody's turn
+                        self._recent_hold_time.charge(identity, gpu, held, now)
                 changed = True
         if changed:
             self._grant()
@@ -235,9 +242,14 @@ class LeaseArbiter:
         """The waiters in serving order: by rank within their identity, then by the time
         their identity held the GPUs they may take, then by turn. Each rank is sorted only
         once the pass reaches it: a pass stops once no GPU is left to grant (``_grant``)."""
+        servers_own: list[_Waiter] = []
         queues: dict[str | None, list[_Waiter]] = {identity: [] for identity in self._turns}
         for waiter in self._waiters:
-            queues.setdefault(waiter.identity, []).append(waiter)
+            if waiter.identity is None:
+                servers_own.append(waiter)
+            else:
+                queues.setdefault(waiter.identity, []).append(waiter)
+        yield from servers_own  # first, in arrival order (module docstring)
         turn = {identity: place for place, identity in enumerate(queues)}
         held: dict[tuple[str | None, tuple[int, ...] | None], float] = {}
 
@@ -303,8 +315,9 @@ class LeaseArbiter:
                 continue
             leaving.append(waiter)
             self._count_out(waiter)  # the GPUs it holds now are closed to the rest
-            self._turns.remove(waiter.identity)
-            self._turns.append(waiter.identity)  # its next turn after the others'
+            if waiter.identity is not None:
+                self._turns.remove(waiter.identity)
+                self._turns.append(waiter.identity)  # its next turn after the others'
             for gpu in chosen:
                 if self._holder[gpu] is not waiter.owner:
                     self._holder[gpu] = waiter.owner
