@@ -49,11 +49,11 @@ class BeforeStreaming(HttpTransport):
         )
 
 
-def start_server(directory: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(directory: str, max_request: str = "2G") -> tuple[subprocess.Popen[bytes], str]:
     ready = Path(directory, "ready")
     command = [sys.executable, "-m", "kcoral", "server", "--port", "0", "--device", "cpu"]
     command += ["--sandbox", "none", "--num-workers", "1", "--max-requests-per-worker", "0"]
-    command += ["--max-request-bytes", "2G", "--ready-file", str(ready), "--log-dir", ""]
+    command += ["--max-request-bytes", max_request, "--ready-file", str(ready), "--log-dir", ""]
     command += ["--disk-cache-dir", ""]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while not ready.exists():

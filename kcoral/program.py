@@ -165,7 +165,7 @@ class Program:
             except ValidationError as exc:
                 raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
 
-        # hashed, not kept: the bytes are read again as a request sends them
+        # hashed, and only small files kept: the rest are read again as a request sends them
         files = hash_folder(folder, check=check)
         destinations = [(prefix + file.path, file) for file in files]
         destinations.sort(key=lambda item: item[0])

@@ -1,8 +1,10 @@
 """``kcoral run --send``: local files and directories hashed for upload (CLIENT_API.md §11).
 
-No input's bytes are kept: each file is hashed as it is read here and read again only while
-the request body sends it (``kcoral.local_folder.FileBlob``), so a 512 MiB input needs a few
-MiB of the client's memory, not 512 MiB (it was read whole and then packed into a copy)."""
+No large input's bytes are kept: each file is hashed as it is read here and read again only
+while the request body sends it (``kcoral.local_folder.FileBlob``), so a 512 MiB input needs
+a few MiB of the client's memory, not 512 MiB (it was read whole and then packed into a
+copy). Small files keep the bytes they were hashed from (``KeptBudget``, one for all the
+inputs)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 from kcoral.local_folder import (
     FileBlob,
+    KeptBudget,
     LinkRefused,
     SentFileChanged,
     hash_file,
@@ -36,11 +39,12 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, FileBlob, bool]]:
     ``LocalFileError``.
     """
     files: dict[str, tuple[FileBlob, bool]] = {}
+    budget = KeptBudget()
     for path in paths:
         name = os.path.basename(os.path.abspath(path))
         if not name:
             raise LocalFileError(f"--send {path!r}: cannot send the root directory")
-        for remote, data, executable in _read_input(path, name):
+        for remote, data, executable in _read_input(path, name, budget):
             if not is_text(remote):
                 raise LocalFileError(
                     f"--send: the name {remote!r} is not valid UTF-8 (names go as text)"
@@ -62,16 +66,16 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, FileBlob, bool]]:
     return [(name, *files[name]) for name in names]
 
 
-def _read_input(path: str, name: str) -> list[tuple[str, FileBlob, bool]]:
+def _read_input(path: str, name: str, budget: KeptBudget) -> list[tuple[str, FileBlob, bool]]:
     info = _lstat(path)
     try:
         if stat.S_ISREG(info.st_mode):
-            return [(name, hash_file(path, info), _executable(info.st_mode))]
+            return [(name, hash_file(path, info, budget), _executable(info.st_mode))]
         if stat.S_ISLNK(info.st_mode):  # never followed: it could point anywhere
             raise LocalFileError(f"--send {path!r}: {_link_advice(path)}")
         if not stat.S_ISDIR(info.st_mode):
             raise LocalFileError(f"--send {path!r}: {kind_of(info.st_mode)} cannot be sent")
-        files = hash_folder(path, skip=("__pycache__",))
+        files = hash_folder(path, skip=("__pycache__",), budget=budget)
     except LinkRefused as exc:
         raise LocalFileError("--send: " + exc.advice("send", "with a --send of its own")) from None
     except ValueError as exc:

@@ -14,11 +14,13 @@ import textwrap
 
 import pytest
 
-from kcoral import Client, Program
-from kcoral.local_folder import SentFileChanged
+from kcoral import Client, Program, local_folder
+from kcoral.local_folder import KEPT_FILE_BYTES, SentFileChanged
 
 # The workspace's files as the worker sees them, and a marker written outside it: a program
 # that ran leaves the marker (the test servers run without a sandbox).
+#: A file read again as it is sent (a smaller one keeps the bytes it was hashed from).
+STREAMED = KEPT_FILE_BYTES + 1
 _DIGESTS = """
 import hashlib, os
 
@@ -163,7 +165,7 @@ def test_a_file_changed_while_its_bytes_are_sent_fails_the_request_and_nothing_r
 
 
 def test_a_removed_or_replaced_file_is_a_changed_file_not_an_unreachable_server(tmp_path):
-    folder = make_folder(tmp_path / "src", {"gone": 10, "link": 10, "other": 10})
+    folder = make_folder(tmp_path / "src", {"gone": STREAMED, "link": STREAMED, "other": 10})
     program = Program()
     program.upload_folder(folder, path="in")
     blobs = {upload["path"]: upload["blob"] for upload in program.instructions}
@@ -175,6 +177,39 @@ def test_a_removed_or_replaced_file_is_a_changed_file_not_an_unreachable_server(
     with pytest.raises(SentFileChanged, match=r"'[^']*/link' changed .*cannot be read"):
         program.blobs[blobs["in/link"]]
     assert len(program.blobs[blobs["in/other"]]) == 10
+
+
+def test_a_small_file_is_sent_as_it_was_hashed_whatever_becomes_of_it_and_a_large_one_is_checked(
+    tmp_path,
+):
+    # a small file is read once, when it is hashed (opening and reading it again as it was
+    # sent cost a folder of many small files a fifth more client CPU): the bytes sent are
+    # exactly the bytes hashed, a snapshot; a large one is still read again, and checked
+    folder = make_folder(tmp_path / "src", {"small": KEPT_FILE_BYTES, "large": STREAMED})
+    hashed = {name: (folder / name).read_bytes() for name in ("small", "large")}
+    program = Program()
+    program.upload_folder(folder, path="in")
+    blobs = {upload["path"]: upload["blob"] for upload in program.instructions}
+    for name in ("small", "large"):
+        (folder / name).write_bytes(os.urandom(len(hashed[name])))
+    assert program.blobs[blobs["in/small"]] == hashed["small"]
+    (folder / "small").unlink()
+    assert program.blobs[blobs["in/small"]] == hashed["small"]
+    with pytest.raises(SentFileChanged, match=r"'[^']*/large' changed .*its bytes changed"):
+        program.blobs[blobs["in/large"]]
+
+
+def test_the_small_files_one_folder_keeps_stay_within_their_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(local_folder, "KEPT_TOTAL_BYTES", 25)
+    folder = make_folder(tmp_path / "src", {"a": 10, "b": 10, "c": 10, "d": 5})
+    program = Program()
+    program.upload_folder(folder, path="in")
+    blobs = {upload["path"]: upload["blob"] for upload in program.instructions}
+    for name in "abcd":
+        (folder / name).unlink()
+    assert [len(program.blobs[blobs[f"in/{name}"]]) for name in "abd"] == [10, 10, 5]
+    with pytest.raises(SentFileChanged, match=r"'[^']*/c' changed .*No such file"):
+        program.blobs[blobs["in/c"]]
 
 
 class TerminalStream(io.StringIO):
@@ -209,7 +244,7 @@ def test_a_neighbour_swapping_an_entry_after_hashing_gets_nothing_read_through_i
     # another program of the user's machine swaps what upload_folder hashed for a link to
     # its own copy (same bytes: the hash alone would not tell) or a FIFO it holds open: the
     # walk at send time follows no link and opens no FIFO for a blocking read
-    folder = make_folder(tmp_path / "src", {"sub/data": 10})
+    folder = make_folder(tmp_path / "src", {"sub/data": STREAMED})
     program = Program()
     program.upload_folder(folder, path="in")
     [upload] = program.instructions

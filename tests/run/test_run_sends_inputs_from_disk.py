@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kcoral.local_folder import SentFileChanged
+from kcoral.local_folder import KEPT_FILE_BYTES, SentFileChanged
 from kcoral.run.inputs import LocalFileError, changed_input, collect_inputs
 
 TOKEN = "a-token-made-as-the-readme-makes-one-0123456789"
@@ -106,9 +106,10 @@ def test_an_input_over_the_servers_stated_limit_is_not_sent_and_says_the_flag(
 
 
 def test_an_input_changed_after_it_was_read_says_nothing_ran_and_to_run_again(tmp_path):
-    (tmp_path / "data.txt").write_bytes(b"first")
+    # large enough to be read again as it is sent (a small one is sent as it was read)
+    (tmp_path / "data.txt").write_bytes(b"f" * (KEPT_FILE_BYTES + 1))
     [(remote, blob, _executable)] = collect_inputs([str(tmp_path / "data.txt")])
-    (tmp_path / "data.txt").write_bytes(b"other")
+    (tmp_path / "data.txt").write_bytes(b"o" * (KEPT_FILE_BYTES + 1))
     with pytest.raises(SentFileChanged) as changed:
         blob.read()
     assert remote == "data.txt"
