@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -302,6 +303,12 @@ def parse_fetch(paths: Sequence[str]) -> list[str]:
     """Normalized ``--fetch`` paths (relative, no ``..``, no backslash)."""
     result = []
     for path in paths:
+        if path and posixpath.normpath(path) == ".":
+            # it read "path '.' is empty after normalization", true and no help
+            raise UsageError(
+                f"--fetch {path!r}: name a file or folder in the tool's directory, not the "
+                "directory itself"
+            )
         try:
             result.append(normalize_workspace_path(path))
         except ValueError as exc:

@@ -231,6 +231,16 @@ def test_everything_after_the_first_separator_belongs_to_the_tool() -> None:
     assert options.args == ["tool", "--url", "--", "-h"]
 
 
+@pytest.mark.parametrize("path", [".", "./", "a/.."])
+def test_fetching_the_tools_directory_itself_says_to_name_what_is_in_it(path: str) -> None:
+    # it read "path '.' is empty after normalization"
+    with pytest.raises(UsageError) as refused:
+        parse("python", "--url", URL, "--fetch", path, "--out", "o", "--", "x.py")
+    assert str(refused.value) == (
+        f"--fetch {path!r}: name a file or folder in the tool's directory, not the directory itself"
+    )
+
+
 def test_ncu_and_run_iket_need_out_and_do_not_need_fetch(tmp_path: Path) -> None:
     out = str(tmp_path / "o")
     assert parse("ncu", "--url", URL, "--out", out, "--", "--", "app").out == out
