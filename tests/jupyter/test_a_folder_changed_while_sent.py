@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kcoral_jupyter.cell_errors import FolderChangedError
 
+from kcoral.local_folder import KEPT_FILE_BYTES
 from kcoral.program import Program
 
 
@@ -21,12 +22,12 @@ def test_a_folder_changed_while_its_cell_is_sent_says_so_in_two_lines(
     folder = tmp_path / "data"
     folder.mkdir()
     written = folder / "weights.bin"
-    written.write_bytes(b"x" * 4096)
+    written.write_bytes(b"x" * (KEPT_FILE_BYTES + 1))  # read again as sent (a small one is not)
     hashed = Program.upload_folder
 
     def then_changed(self: Program, *args: Any, **kwargs: Any) -> Any:
         uploaded = hashed(self, *args, **kwargs)
-        written.write_bytes(b"y" * 8192)  # after the hash, before the send
+        written.write_bytes(b"y" * (KEPT_FILE_BYTES + 2))  # after the hash, before the send
         return uploaded
 
     monkeypatch.setattr(Program, "upload_folder", then_changed)
