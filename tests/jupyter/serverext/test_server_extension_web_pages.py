@@ -62,86 +62,68 @@ def jp_server_config(upstream_url: str) -> Config:
     )
 
 
-async def page_request(http_server_client, url: str, method: str, headers: dict[str, str]):
-    body = b"program" if method == "POST" else None
-    return await http_server_client.fetch(
-        url,
-        method=method,
-        body=body,
-        headers=headers,
-        raise_error=False,
-        follow_redirects=False,
-        allow_nonstandard_methods=True,
-    )
+@pytest.fixture
+def as_the_users_browser(http_server_client, jp_base_url, jp_auth_header):
+    """Sends each ``(method, route)`` with the user's login cookie and ``headers``, as the
+    browser would for a page; answers ``{"METHOD route": status}``. The recorder starts
+    empty."""
+
+    async def send(routes: list[tuple[str, str]], headers: dict[str, str]) -> dict[str, int]:
+        cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
+        Recorder.calls.clear()
+        answers = {}
+        for method, route in routes:
+            answer = await http_server_client.fetch(
+                f"{jp_base_url}kcoral/api/{route}",
+                method=method,
+                body=b"program" if method == "POST" else None,
+                headers={"Cookie": cookies, **headers},
+                raise_error=False,
+                follow_redirects=False,
+                allow_nonstandard_methods=True,
+            )
+            # a page that could read the answer would see the user's jobs: no CORS grant
+            assert answer.headers.get("Access-Control-Allow-Origin") is None
+            answers[f"{method} {route}"] = answer.code
+        return answers
+
+    return send
 
 
 @pytest.mark.parametrize("origin", ["http://evil.example", "null", "file://"])
 async def test_a_page_of_another_origin_with_the_users_cookie_reaches_no_kcoral_server(
-    http_server_client, jp_base_url, jp_auth_header, origin: str
+    as_the_users_browser, origin: str
 ) -> None:
-    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
-    Recorder.calls.clear()
-    answers = {}
-    for method, route in ROUTES:
-        answer = await page_request(
-            http_server_client,
-            f"{jp_base_url}kcoral/api/{route}",
-            method,
-            {"Cookie": cookies, "Origin": origin},
-        )
-        answers[f"{method} {route}"] = answer.code
-        # a page that could read the answer would see the user's jobs: no CORS grant
-        assert answer.headers.get("Access-Control-Allow-Origin") is None
+    answers = await as_the_users_browser(ROUTES, {"Origin": origin})
     assert set(answers.values()) <= {403, 404}, answers
     assert Recorder.calls == []
 
 
 async def test_a_text_plain_post_with_the_users_cookie_reaches_no_kcoral_server(
-    http_server_client, jp_base_url, jp_auth_header
+    as_the_users_browser,
 ) -> None:
     # the one body a page sends without a preflight, and without the XSRF token
-    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
-    Recorder.calls.clear()
-    for route in ("jobs", f"jobs/{JOB}", "sessions"):
-        answer = await page_request(
-            http_server_client,
-            f"{jp_base_url}kcoral/api/{route}",
-            "POST",
-            {"Cookie": cookies, "Content-Type": "text/plain"},
-        )
-        assert answer.code in (403, 405), (route, answer.code)
+    posts = [("POST", route) for route in ("jobs", f"jobs/{JOB}", "sessions")]
+    answers = await as_the_users_browser(posts, {"Content-Type": "text/plain"})
+    assert set(answers.values()) <= {403, 405}, answers
     assert Recorder.calls == []
 
 
 async def test_a_rebound_page_with_the_users_cookie_reaches_no_kcoral_server(
-    http_server_client, jp_base_url, jp_auth_header, jp_http_port
+    as_the_users_browser, jp_http_port
 ) -> None:
-    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
-    port = jp_http_port
-    Recorder.calls.clear()
-    for method, route in ROUTES:
-        answer = await page_request(
-            http_server_client,
-            f"{jp_base_url}kcoral/api/{route}",
-            method,
-            {"Cookie": cookies, "Host": f"rebind.example:{port}"},
-        )
-        assert answer.code == 403, (method, route, answer.code)
+    answers = await as_the_users_browser(ROUTES, {"Host": f"rebind.example:{jp_http_port}"})
+    assert set(answers.values()) == {403}, answers
     assert Recorder.calls == []
 
 
 async def test_the_users_own_page_still_reaches_the_kcoral_server(
-    http_server_client, jp_base_url, jp_auth_header, jp_http_port
+    as_the_users_browser, jp_http_port
 ) -> None:
     # the counter-proof: the same cookie from Jupyter's own origin is served
-    cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
-    port = jp_http_port
-    Recorder.calls.clear()
-    answer = await page_request(
-        http_server_client,
-        f"{jp_base_url}kcoral/api/jobs/{JOB}",
-        "GET",
-        {"Cookie": cookies, "Origin": f"http://127.0.0.1:{port}", "Host": f"127.0.0.1:{port}"},
+    own = f"127.0.0.1:{jp_http_port}"
+    answers = await as_the_users_browser(
+        [("GET", f"jobs/{JOB}")], {"Origin": f"http://{own}", "Host": own}
     )
-    assert answer.code == 404, answer.body  # the upstream's own "no such job"
+    assert answers == {f"GET jobs/{JOB}": 404}  # the upstream's own "no such job"
     assert Recorder.calls == [f"GET /v1/jobs/{JOB}"]
