@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,14 +71,19 @@ def status_badge(status: str) -> str:
 
 
 def format_ms(value: object) -> str:
-    """Milliseconds in few characters; ``–`` for what is not a finite number (a server's
-    integer too large for a float included)."""
+    """A duration in milliseconds as the KCoral panel writes one (``formatDuration`` in
+    labextension/src/format.ts): ``12 ms``, ``5.3 s``, ``2 min 5 s``; ``–`` for what is not
+    a finite number (a server's integer too large for a float included). A cell said
+    ``total 5346 ms`` where the panel said ``5.3 s`` for the same job."""
     value = finite_float(value)
     if value is None:
         return "–"
-    if value >= 10000:
+    if value < 1000:
+        return f"{math.floor(value + 0.5)} ms"  # JavaScript's Math.round: halves go up
+    if value < 60000:
         return f"{value / 1000:.1f} s"
-    return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
+    minutes, seconds = divmod(math.floor(value / 1000 + 0.5), 60)
+    return f"{minutes} min {seconds} s"
 
 
 def timing_bar(

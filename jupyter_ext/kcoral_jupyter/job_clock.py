@@ -6,7 +6,8 @@ runs the line says ``running 2 min 10 s · job 3f9c1a2b`` (the job's running tim
 worker took it, queue wait not counted; the 8 characters the panel's output pane names a
 job by), and while it waits ``queued behind 2 · 5 s · job 3f9c1a2b`` (since its
 submission) or ``waiting for GPU · 5 s · job …`` (since that wait began). Other phases pass
-in a moment and keep their words.
+in a moment and keep their words. ``%kcoral attach`` counts from the job's own
+``submitted_at`` and ``started_at`` (``JobClock.of_job``): its events replay at once.
 
 The line is said again only when its text changes: each second for the first minute, each
 10 s to 10 minutes (``2 min 10 s``), then each minute (``12 min``), the panel's way of
@@ -17,6 +18,7 @@ so that the line can tick while no event comes; every display stays on the calle
 
 from __future__ import annotations
 
+import datetime
 import math
 import queue
 import threading
@@ -63,6 +65,29 @@ class JobClock:
         self.text = ""
         self.kind: str | None = None  # WAITING, RUNNING, or None: a phase said as it is
         self.since = submitted
+        #: the job's own start time is known (``of_job``): its replayed ``assigned`` is not
+        self.started_known = False
+
+    @classmethod
+    def of_job(cls, job_id: str, state: Mapping[str, Any]) -> JobClock:
+        """The clock of a job submitted before (``%kcoral attach``), set by its state's
+        ``submitted_at`` and ``started_at``: its events, replayed at once, said no time (or
+        would count it from the attach). The server's clock is taken as ours; a time it
+        says in our future counts from now."""
+        now = time.monotonic()
+        submitted = ago(state.get("submitted_at"))
+        clock = cls(job_id, now - (submitted or 0.0))
+        started = ago(state.get("started_at"))
+        if started is not None:
+            clock.assigned, clock.started_known = now - started, True
+        return clock
+
+    def waiting(self, text: str, since: float | None = None) -> str:
+        """``text`` said with how long it has waited, from ``since`` (default: now; a
+        submission held by a router before the job has an id); the line it makes now."""
+        now = time.monotonic()
+        self.text, self.kind, self.since = text, WAITING, now if since is None else since
+        return self.line(now)
 
     def phase(self, data: Mapping[str, Any], text: str) -> str:
         """Note the ``phase`` event ``data`` said as ``text``; the line it makes now."""
@@ -70,9 +95,12 @@ class JobClock:
         name = data.get("phase") or data.get("name")
         self.text, self.kind = text, None
         if name == "queued":
-            self.kind, self.since = WAITING, self.submitted
+            # a job that has started said its queue wait replayed: past, said with no time
+            if not self.started_known:
+                self.kind, self.since = WAITING, self.submitted
         elif name == "assigned":
-            self.assigned = now
+            if not self.started_known:  # a replayed one comes at the attach, not at its start
+                self.assigned = now
         elif name == "lease_wait":
             self.kind, self.since = WAITING, now
         elif name == "instruction" and data.get("id") == "cell":
@@ -102,6 +130,20 @@ class JobClock:
         seconds = max(0.0, time.monotonic() - self.since)
         step = tick_seconds(seconds)
         return (seconds // step + 1) * step - seconds + 0.01
+
+
+def ago(stamp: object) -> float | None:
+    """How many seconds ago the server's RFC 3339 ``stamp`` was (0 for one in our future);
+    ``None`` for no stamp or one that is not a time."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        then = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        return None
+    return max(0.0, time.time() - then.timestamp())
 
 
 #: what the thread puts last, once the events have ended

@@ -17,7 +17,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ from kcoral_jupyter.cell_errors import (
 )
 from kcoral_jupyter.cell_program import BuiltCell
 from kcoral_jupyter.job_clock import JobClock, events_with_ticks
+from kcoral_jupyter.submission import submitted_live
 
 #: Where a cell's program goes: the server (stateless), or the kernel's session there (the
 #: two share ``execute`` and ``submit``, EXTENSIONS §11).
@@ -252,14 +253,19 @@ def run_cell(
 def _run_as_job(
     client: Target, program: Program, options: ExecuteOptions, reporter: Reporter, record: RunRecord
 ) -> ProgramResult:
-    if record.waits_for:  # a router holds the submission while every such seat is busy
-        reporter.phase(f"submitting, waiting for {record.waits_for}")
     job: Job | None = None
     try:
         # inside the try: an interrupt just after the held one is let go (before the job's
         # id was noted) must stop the job too; it escaped, and the job ran on
         with HeldInterrupt() as held:  # a second interrupt abandons the submission
-            job = client.submit(program, **options.as_kwargs())
+            # a router holds it while every such seat is busy: said with its time, as is a
+            # large upload's progress
+            job = submitted_live(
+                lambda: client.submit(program, **options.as_kwargs()),
+                reporter,
+                record.waits_for,
+                client_waits_said_by(client),
+            )
         record.job_id = job.id
         reporter.phase("submitted")
         if held.noted:  # it came while the job was submitted: stopped now that it has an id
@@ -284,6 +290,20 @@ def _run_as_job(
         raise
     _merge_job_state(job, record)
     return result
+
+
+def client_waits_said_by(client: Target) -> Callable[[Callable[[str], None] | None], None] | None:
+    """What sets where a session says its own waits (a restarted router's) while it submits
+    (``submitted_live``; ``None`` puts back where it said them before); ``None`` for a
+    server, which says none."""
+    if not isinstance(client, ClientSession):
+        return None
+    before = client.on_wait
+
+    def said_by(say: Callable[[str], None] | None) -> None:
+        client.on_wait = before if say is None else say
+
+    return said_by
 
 
 class HeldInterrupt:
@@ -351,9 +371,8 @@ def follow_job(
 ) -> ProgramResult:
     """Show a job's phases and output as they happen, then fetch its result (the one event
     loop of the notebook layer: running cells and ``%kcoral attach`` both use it). With a
-    ``clock`` (a cell that submitted the job now) the line says how long its job has waited
-    or run, ticking between events; ``attach`` has none: events replayed at once would
-    count its running time from the attach."""
+    ``clock`` the line says how long its job has waited or run, ticking between events
+    (``attach``'s counts from the job's own times: its events replay at once)."""
     events = job.events()
     ticking = events_with_ticks(events, clock.seconds_to_tick) if clock else events
     for event in ticking:

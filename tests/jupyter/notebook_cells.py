@@ -28,15 +28,37 @@ def shown(cell: Any, *, tracebacks: bool = True) -> str:
 def executed(sources: list[str], directory: Path, *, timeout: int = 120) -> Any:
     """A new notebook of ``sources`` after a real kernel (nbclient) ran it in ``directory``,
     each error kept as its cell's output."""
+    return executed_with_lines(sources, directory, timeout=timeout)[0]
+
+
+class _WatchingClient(NotebookClient):
+    """An nbclient that keeps every text a cell's displays said, updates in place included
+    (the notebook keeps only the last)."""
+
+    def process_message(self, msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
+        if msg["msg_type"] in ("display_data", "update_display_data"):
+            plain = msg["content"].get("data", {}).get("text/plain")
+            if isinstance(plain, str):
+                self.said.setdefault(cell_index, []).append(plain)
+        return super().process_message(msg, cell, cell_index)
+
+
+def executed_with_lines(
+    sources: list[str], directory: Path, *, timeout: int = 120
+) -> tuple[Any, dict[int, list[str]]]:
+    """``executed``, and each cell's display texts in the order the user saw them (a status
+    line's every update)."""
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    NotebookClient(
+    client = _WatchingClient(
         notebook,
         timeout=timeout,
         kernel_name="python3",
         allow_errors=True,
         resources={"metadata": {"path": directory}},
-    ).execute()
-    return notebook
+    )
+    client.said = {}
+    client.execute()
+    return notebook, client.said
 
 
 def connected_cells(url: str, monkeypatch: pytest.MonkeyPatch, *cells: str) -> list[str]:

@@ -157,18 +157,35 @@ def test_a_cell_queued_at_the_router_says_it_waits_for_the_default_kind(
     try:
         wait_for(lambda: default_row(fleet).get("free_seats") == 0, "the seat held", fleet)
 
-        def release_once_queued() -> None:
-            wait_for(lambda: default_row(fleet).get("queued") == 1, "the cell queued", fleet)
-            release.write_text("go")
+        ticked = "kcoral: submitting, waiting for gpu=cpu · 1 s"
+        seen_lines: list[str] = []
 
-        releaser = threading.Thread(target=release_once_queued)
-        releaser.start()
+        def release_once_queued_a_second() -> None:
+            try:
+                wait_for(lambda: default_row(fleet).get("queued") == 1, "the cell queued", fleet)
+                # its held line says how long it has waited, as every other waiting line does
+                wait_for(lambda: ticked in seen_lines, "the held line ticked", fleet, 30.0)
+            finally:  # a line that never ticks fails below, not by the cell held forever
+                release.write_text("go")
+
+        releaser = threading.Thread(target=release_once_queued_a_second)
         with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output() as seen:
-            result = ip.run_cell("%%kcoral\n40 + 2\n")
+            publish = ip.display_pub.publish
+
+            def noted(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+                seen_lines.append(data.get("text/plain", ""))
+                publish(data, *args, **kwargs)
+
+            ip.display_pub.publish = noted
+            releaser.start()
+            try:
+                result = ip.run_cell("%%kcoral\n40 + 2\n")
+            finally:
+                del ip.display_pub.publish
         releaser.join(120)
         assert result.error_in_exec is None, result.error_in_exec
         lines = [o.data.get("text/plain", "") for o in seen.outputs]
-        assert "kcoral: submitting, waiting for gpu=cpu" in lines, lines
+        assert lines[:2] == ["kcoral: submitting, waiting for gpu=cpu", ticked], lines
         assert result.result == 42
     finally:
         release.write_text("go")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from kcoral_jupyter.cell_errors import CellCancelledError, CellTimeoutError, PickleRefusedError
@@ -126,8 +127,13 @@ class InterruptedSubmission(StandInClient):
 
     def submit(self, program, **options):
         job = super().submit(program, **options)
-        for _ in range(self.interrupts):
+        held = signal.getsignal(signal.SIGINT).__self__  # the cell's HeldInterrupt
+        for count in range(1, self.interrupts + 1):
             os.kill(os.getpid(), signal.SIGINT)
+            # The submission runs in a thread, the handler in the cell's: each interrupt is
+            # taken before the next is sent, as a user's are (two at once are one to Python).
+            while count < self.interrupts and not held.noted:
+                time.sleep(0.01)
         return job
 
 

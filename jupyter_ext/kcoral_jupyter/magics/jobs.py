@@ -24,6 +24,7 @@ from kcoral_jupyter.cell_errors import (
     refused,
     unreachable,
 )
+from kcoral_jupyter.job_clock import JobClock
 from kcoral_jupyter.kernel_state import KernelState
 from kcoral_jupyter.magics.cell import CellMagic
 from kcoral_jupyter.magics.options import MOST_JOBS_LISTED
@@ -144,7 +145,10 @@ class JobCommands:
         # terminal prints every line, so "attached to job ID" stood above the refusal).
         line_out.show(f"attaching to job {job_id}")
         try:
-            result = follow_job(job, line_out, record)
+            # its times from its own state: its events replay at once, and the line said
+            # "running" without how long it had run
+            clock = JobClock.of_job(job_id, job.status())
+            result = follow_job(job, line_out, record, clock=clock)
         except KeyboardInterrupt as exc:
             line_out.show(f"stopped following job {job_id}; it keeps running on the server")
             raise CellCancelledError(
