@@ -10,6 +10,7 @@ real router, restarted on its port, and a real CPU node."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -18,12 +19,14 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
 from kcoral_jupyter.notebook_session import NotebookSession, SessionHolder
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.routes.session_index import MAX_KEPT_ENDS
-from router_helpers import Node, RouterProcess, ready_nodes, start_router, stopping
+from router_helpers import FakeNode, Node, RouterProcess, ready_nodes, start_router, stopping
 from server_process import client_token_file
 from test_router_restart_grace import (
     NODE_ENV,
@@ -97,15 +100,8 @@ def test_a_session_closed_before_its_node_is_back_is_ended_there_when_it_is(
                 else:
                     end_as_a_kernel_exits(session, restarted)
                 os.kill(node.process.pid, signal.SIGCONT)
-
-                def ended_there() -> bool:
-                    try:
-                        record = client.attach_session(session.id).info()
-                    except kcoral.KCoralError:
-                        return False
-                    return record["state"] == "ENDED"
-
-                wait_for(ended_there, "the node ends it", restarted, node)
+                ended = partial(ended_on_its_node, client, session.id)
+                wait_for(ended, "the node ends it", restarted, node)
                 record = client.attach_session(session.id).info()
                 # the node's answer to the kept end is said (ROUTER §10)
                 done = f"kept_session_end_done node=only session={session.id}"
@@ -113,6 +109,55 @@ def test_a_session_closed_before_its_node_is_back_is_ended_there_when_it_is(
         finally:
             os.kill(node.process.pid, signal.SIGCONT)
     assert record["end_reason"] == "deleted"
+
+
+def ended_on_its_node(client: kcoral.Client, session_id: str) -> bool:
+    try:
+        record = client.attach_session(session_id).info()
+    except kcoral.KCoralError:
+        return False
+    return record["state"] == "ENDED"
+
+
+def test_a_rogue_node_listing_a_closed_session_first_does_not_keep_it_from_ending(
+    tmp_path: Path,
+) -> None:
+    # A rogue node (it holds the node token) that learnt alice's session id connects to the
+    # restarted router before her node and lists the id. The end alice's script asked for
+    # was sent to the rogue alone, and her session, told ended, ran on to its idle timeout.
+    with a_session_on_one_node(tmp_path) as (router, node, client, session):
+        os.kill(node.process.pid, signal.SIGSTOP)  # its supervisor cannot reconnect yet
+        try:
+            router.stop()
+            restarted = router_on(tmp_path, router.port)
+            with stopping(restarted, []):
+                session.close()  # kept, answered at once
+                asyncio.run(a_rogue_lists(restarted, node, session.id))
+                os.kill(node.process.pid, signal.SIGCONT)
+                ended = partial(ended_on_its_node, client, session.id)
+                wait_for(ended, "the node ends it", restarted, node)
+                record = client.attach_session(session.id).info()
+        finally:
+            os.kill(node.process.pid, signal.SIGCONT)
+    assert record["end_reason"] == "deleted"
+
+
+async def a_rogue_lists(router: RouterProcess, node: Node, session_id: str) -> None:
+    """A fake node ``rogue`` lists ``session_id`` as alice's, then leaves."""
+
+    async def rogue(head: pb.RequestHead, body: bytes):
+        record = {"session_id": session_id, "owner": "alice", "created_at": 1.0}
+        answer = [record] if any(h.value == b"GET" for h in head.headers) else record
+        return 200, [(b"content-type", b"application/json")], json.dumps(answer).encode()
+
+    token = NODE_ENV["KCORAL_NODE_TOKEN"]
+    fake = FakeNode(router.port, "rogue", handler=rogue, control_slots=2, token=token)
+    await fake.start()
+    try:
+        listed = "node_sessions_listed node=rogue sessions=1"
+        await asyncio.to_thread(wait_for, lambda: listed in router.log(), "listed", router, node)
+    finally:
+        await fake.close()
 
 
 def delete_status(router: RouterProcess, session_id: str) -> int:

@@ -55,12 +55,24 @@ def test_another_identitys_end_of_a_session_is_never_carried_out_for_it() -> Non
     # past the kept callers: too late to be kept, and told so (asked again, not 410)
     assert index.close_later(SESSION, ALICE) is False
     assert index.take_close(SESSION, "alice") is None
+    index = SessionIndex()
     index.close_later(SESSION, ALICE)
     index.close_later(SESSION, BOB)
     assert index.take_close(SESSION, "alice") == ALICE  # in alice's name, not bob's
-    assert index.take_close(SESSION, "alice") is None  # carried out once
+    assert index.take_close(SESSION, "bob") is None  # never in hers to a node naming bob
+    index = SessionIndex()
     index.close_later(SESSION, ADMIN)
     assert index.take_close(SESSION, "alice") == ADMIN
+
+
+def test_a_rogue_node_listing_a_kept_end_first_does_not_take_it_from_the_sessions_node() -> None:
+    # A rogue node that learnt the id lists it before the session's node is back: under the
+    # owner it names, or under alice's, the end kept for alice still reaches her node.
+    index = SessionIndex()
+    index.close_later(SESSION, ALICE)
+    assert index.take_close(SESSION, "mallory") is None  # it named another owner: kept
+    assert index.take_close(SESSION, "alice") == ALICE  # it named alice: carried out there
+    assert index.take_close(SESSION, "alice") == ALICE  # and again where her node lists it
 
 
 def test_an_end_kept_for_a_session_bound_before_its_node_listed_it_is_still_carried_out(

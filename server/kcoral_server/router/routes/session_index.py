@@ -80,6 +80,8 @@ class SessionIndex:
         self._listed: OrderedDict[str, Listing | None] = OrderedDict()
         self._closing: OrderedDict[str, dict[Identity, None]] = OrderedDict()
         self._kept_ends: Counter[Identity] = Counter()  # how many ends each keeps there
+        # the ends carried out, in whose name: sent again to another node that lists the id
+        self._carried: OrderedDict[str, Identity] = OrderedDict()
 
     def remember(self, session_id: str, node_id: str, instance_id: str, owner: str) -> bool:
         """Bind ``session_id`` to ``node_id``; False when another node holds it already.
@@ -181,15 +183,25 @@ class SessionIndex:
         return identity in closers
 
     def take_close(self, session_id: str, owner: str) -> Identity | None:
-        """One who asked to end ``session_id`` (of ``owner``) and may, while no node knew
-        it; the session's asks are then done with."""
-        closers = self._closing.pop(session_id, {})
+        """One who asked to end ``session_id`` (of ``owner``, as a node lists it) and may,
+        while no node knew it; the session's asks are then done with. A listing whose owner
+        none of them may end leaves them kept, and an end carried out is carried out again
+        for the next node that lists the id: the first to list it may be a rogue node that
+        learnt the id (naming any owner), and took the end from the session's own node."""
+        closers = self._closing.get(session_id, {})
+        closer = next((identity for identity in closers if identity.owns(owner)), None)
+        if closer is None:
+            carried = self._carried.get(session_id)
+            return carried if carried is not None and carried.owns(owner) else None
+        del self._closing[session_id]
         self._drop_closers(closers)
-        return next((identity for identity in closers if identity.owns(owner)), None)
+        _bounded_put(self._carried, session_id, closer, self.capacity)
+        return closer
 
     def forget_closes(self) -> None:
         self._closing.clear()
         self._kept_ends.clear()
+        self._carried.clear()
 
     def _drop_closers(self, closers: dict[Identity, None]) -> None:
         for identity in closers:
