@@ -57,7 +57,7 @@ export const REOPENED = 'reopened';
 /** The line a live status line becomes once its kernel `how` (restarted, stopped,
  * changed), or the notebook was `REOPENED`: what it last said, and where its job is. */
 export function abandonedLine(lastText: string, place: IJobPlace, how: string): string {
-  const last = lastText.replace(/^kcoral:\s*/, '').trim();
+  let last = lastText.replace(/^kcoral:\s*/, '').trim();
   const subject = how === REOPENED ? 'the notebook was reopened' : `the kernel ${how}`;
   let job = '';
   if (place.localServer && how !== REOPENED) {
@@ -65,6 +65,8 @@ export function abandonedLine(lastText: string, place: IJobPlace, how: string): 
   } else if (place.jobId) {
     const where = place.server ? ` on ${place.server}` : '';
     job = `; job ${place.jobId} may still run${where} (%kcoral attach ${place.jobId} there)`;
+    // The live line's own "· job c84f8fc6" named the job a second time in one line.
+    last = last.split(` \u00b7 job ${place.jobId.slice(0, 8)}`).join('');
   }
   const said = last ? ` (last: ${last})` : '';
   return `kcoral: \u26a0 ${subject} while this cell ran${said}${job}`;

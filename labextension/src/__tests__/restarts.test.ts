@@ -44,8 +44,8 @@ describe('a status line its kernel can no longer update', () => {
       metadata: { kcoral: Record<string, unknown> };
     };
     expect(rewritten.data['text/plain']).toBe(
-      'kcoral: \u26a0 the kernel restarted while this cell ran (last: running · job ' +
-        `c84f8fc6); job ${id} may still run on x (%kcoral attach ${id} there)`
+      'kcoral: \u26a0 the kernel restarted while this cell ran (last: running); ' +
+        `job ${id} may still run on x (%kcoral attach ${id} there)`
     );
     expect(rewritten.metadata.kcoral).toEqual({
       live: false,
@@ -73,6 +73,20 @@ describe('a status line its kernel can no longer update', () => {
     expect(abandonedLine('kcoral: ', nowhere, 'stopped')).toBe(
       'kcoral: \u26a0 the kernel stopped while this cell ran'
     );
+  });
+
+  it('names its job once: the live line\'s own "· job" piece is dropped', () => {
+    // a kernel's ticking line, as kcoral_jupyter.job_clock says it
+    const id = '3f9c1a2b-0000-4000-8000-000000000000';
+    const place = { jobId: id, server: 'http://gpu-box:8000', localServer: false };
+    const live = 'kcoral: queued behind 2 \u00b7 5 s \u00b7 job 3f9c1a2b';
+    const line = abandonedLine(live, place, 'restarted');
+    expect(line).toBe(
+      'kcoral: \u26a0 the kernel restarted while this cell ran ' +
+        '(last: queued behind 2 \u00b7 5 s); ' +
+        `job ${id} may still run on http://gpu-box:8000 (%kcoral attach ${id} there)`
+    );
+    expect(line.split('3f9c1a2b').length - 1).toBe(2); // the job, and the attach that follows it
   });
 
   it("says a job on the kernel's own local server ended with it", () => {
@@ -129,8 +143,8 @@ describe('a status line its kernel can no longer update', () => {
       metadata: { kcoral: Record<string, unknown> };
     };
     expect(settled.data['text/plain']).toBe(
-      'kcoral: \u26a0 the notebook was reopened while this cell ran (last: running · job ' +
-        `c84f8fc6); job ${id} may still run on http://gpu-box:8000 (%kcoral attach ${id} there)`
+      'kcoral: \u26a0 the notebook was reopened while this cell ran (last: running); ' +
+        `job ${id} may still run on http://gpu-box:8000 (%kcoral attach ${id} there)`
     );
     expect(settled.metadata.kcoral).toMatchObject({ live: false, kernel_gone: false });
   });
