@@ -3,9 +3,9 @@
 Every builder call validates everything first and only then commits, so a call that raises
 leaves the program unchanged and consumes no generated id. Bytes, arrays and JSON literals
 are copied at call time; later mutation of the caller's objects changes nothing here. A
-folder's files are hashed at call time and read again only as a request sends them
-(``kcoral.local_folder.FileBlob``): one changed meanwhile fails that request, never sends
-other bytes.
+folder's files are hashed at call time and its large ones read again only as a request
+sends them (``kcoral.local_folder.FileBlob``): one changed meanwhile fails that request,
+never sends other bytes; a small one is sent as it was hashed.
 """
 
 from __future__ import annotations
