@@ -183,7 +183,7 @@ def test_a_small_file_is_sent_as_it_was_hashed_whatever_becomes_of_it_and_a_larg
     tmp_path,
 ):
     # a small file is read once, when it is hashed (opening and reading it again as it was
-    # sent cost a folder of many small files a fifth more client CPU): the bytes sent are
+    # sent cost a folder of many small files 1.5 times the client CPU): the bytes sent are
     # exactly the bytes hashed, a snapshot; a large one is still read again, and checked
     folder = make_folder(tmp_path / "src", {"small": KEPT_FILE_BYTES, "large": STREAMED})
     hashed = {name: (folder / name).read_bytes() for name in ("small", "large")}
