@@ -245,9 +245,12 @@ def job_row(job: Mapping[str, Any]) -> list[str]:
     took, queued = job.get("elapsed_ms"), job.get("queue_ms")
     if isinstance(took, (int, float)) and isinstance(queued, (int, float)):
         took += queued
+    status = str(job.get("status") or UNKNOWN)
+    if job.get("waiting_for") == "gpus":  # RUNNING, yet another's program has the GPU
+        status += " (waiting for GPU)"
     return [
         str(job.get("job_id") or UNKNOWN),
-        str(job.get("status") or UNKNOWN),
+        status,
         str(job.get("worker_id") or UNKNOWN),
         gpus,
         str(submitted or UNKNOWN),

@@ -136,6 +136,9 @@ class Job(RequestObserver):
         self.queue_position: int | None = None
         self.queue_ms: float | None = None
         self.lease_wait_ms: float | None = None
+        #: between its ``lease_wait`` and ``lease_held`` phases: RUNNING (a worker is its)
+        #: but waiting for its GPUs, which its state says as ``waiting_for`` (EXTENSIONS §5)
+        self.waiting_for_gpus = False
         self.lease_held_ms: float | None = None
         self.elapsed_ms: float | None = None
         self.error_kind: str | None = None
@@ -205,6 +208,7 @@ class Job(RequestObserver):
             "lease_held_ms": self.lease_held_ms,
             "elapsed_ms": self.elapsed_ms,
             "error_kind": self.error_kind,
+            "waiting_for": "gpus" if self.waiting_for_gpus and not self.finished else None,
             "owner": self.owner,  # an admin lists every identity's jobs: whose each is
         }
 
@@ -259,6 +263,7 @@ class Job(RequestObserver):
         self.gpu_ids = list(gpu_ids)
 
     def lease(self, phase: str) -> None:
+        self.waiting_for_gpus = phase == "lease_wait"
         self.phase(phase)
 
     def instruction(
