@@ -8,21 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from job_helpers import module_program, wait_for_file, wait_until_it_waits_for_the_gpu
+from holding_program import holding
+from job_helpers import wait_for_file, wait_until_it_waits_for_the_gpu
 from kcoral_jupyter.magics.jobs import job_row
 
 import kcoral
 
 ONE_FAKE_GPU = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "3"]
-
-HOLD = """
-import os, time
-def f(marker, go):
-    open(marker, "w").close()
-    while not os.path.exists(go):
-        time.sleep(0.01)
-    return 1
-"""
 
 
 def listed(client: kcoral.Client, job: kcoral.Job) -> dict:
@@ -36,13 +28,11 @@ def test_a_job_waiting_for_its_gpus_says_so_and_stays_running(
 ) -> None:
     held, go = tmp_path / "held", tmp_path / "go"
     with kcoral.Client(kcoral_server.url) as client:
-        holder = client.submit(module_program(HOLD, "f", str(held), str(go)))
+        holder = client.submit(holding(held, go))
         wait_for_file(held)
-        single = client.submit(module_program(HOLD, "f", str(tmp_path / "one"), str(go)))
+        single = client.submit(holding(tmp_path / "one", go))
         wait_until_it_waits_for_the_gpu(single, "the single lease's")
-        gpu_set = client.submit(
-            module_program(HOLD, "f", str(tmp_path / "set"), str(go)), gpu_count=1
-        )
+        gpu_set = client.submit(holding(tmp_path / "set", go), gpu_count=1)
         wait_until_it_waits_for_the_gpu(gpu_set, "the GPU set's")
 
         assert holder.status()["waiting_for"] is None

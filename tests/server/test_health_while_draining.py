@@ -6,21 +6,13 @@ load balancer kept sending it requests that each got ``503 busy``."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import pytest
-from http_helpers import execute, get, module_program
+from holding_program import holding
+from http_helpers import get
 
 import kcoral
-
-NAP = """
-import time
-def nap(marker, s):
-    open(marker, "w").close()
-    time.sleep(s)
-    return s
-"""
 
 
 def wait_until(predicate, timeout: float = 20.0) -> bool:
@@ -40,14 +32,8 @@ def test_a_draining_server_answers_health_unavailable_with_the_published_keys(
 ) -> None:
     before = get(kcoral_server.url, "/health")
     assert before.status == 200 and before.body["status"] == "ok"
-    marker = tmp_path / "started"
-    result: list = []
-    runner = threading.Thread(
-        target=lambda: result.append(
-            execute(kcoral_server.url, module_program(NAP, [("nap", [str(marker), 3])]))
-        )
-    )
-    runner.start()
+    marker, go = tmp_path / "started", tmp_path / "go"
+    running = kcoral.Client(kcoral_server.url).submit(holding(marker, go))
     assert wait_until(marker.exists)
     kcoral_server.process.send_signal(signal.SIGTERM)
     assert wait_until(lambda: "Shutdown requested" in kcoral_server.stderr())
@@ -66,6 +52,6 @@ def test_a_draining_server_answers_health_unavailable_with_the_published_keys(
     assert refused.value.status_code == 503
     assert refused.value.message == "unavailable: the server is shutting down"
 
-    runner.join()
-    assert result[0].status == 200 and result[0].body["status"] == "COMPLETED"
+    go.touch()  # the running program finishes, as the drain lets it
+    assert running.result(timeout=60).results["r"] == 1
     assert kcoral_server.process.wait(30) == 0
