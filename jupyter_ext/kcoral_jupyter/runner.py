@@ -435,6 +435,8 @@ def describe_instruction(op: str, ident: str, data: Mapping[str, Any]) -> str:
         return "running"
     if op.startswith("return"):
         return "returning the results"
+    if op == "upload":  # a --file's or --folder's bytes came with the submission
+        return "writing the sent files"
     verb = {"upload": "uploading", "get_function": "loading", "run": "running"}.get(op, op)
     return f"instruction {data.get('index')}: {verb} {ident}".rstrip()
 

@@ -60,16 +60,18 @@ def submitted_live(
     """``submit()``'s job, its wait and upload said on ``reporter`` meanwhile.
     ``said_by_the_client`` sets where the client says a wait of its own (a session's
     ``on_wait``): its words come through here to the cell's thread."""
+    upload_redraw_seconds = UPLOAD_REDRAW_SECONDS  # read once: a test may set it
     box: queue.Queue[tuple[str, Any]] = queue.Queue()
     abandoned = threading.Event()
     clock = JobClock(None, time.monotonic())
-    last_put = [float("-inf")]
+    # the first count a redraw's time into the upload: one on loopback says only its end
+    last_put = [time.monotonic()]
 
     def watch(sent: int, total: int) -> None:
         if abandoned.is_set():
             raise SubmissionAbandoned
         now = time.monotonic()
-        if sent >= total or now - last_put[0] >= UPLOAD_REDRAW_SECONDS:
+        if sent >= total or now - last_put[0] >= upload_redraw_seconds:
             last_put[0] = now
             box.put(("upload", (sent, total)))
 
