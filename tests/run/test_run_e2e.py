@@ -85,13 +85,19 @@ def test_dash_m_runs_a_sent_package(
     assert capfd.readouterr().out == "pkg main ['x']\n"
 
 
+def _script_in_tools(directory: Path, name: str, text: str, mode: int) -> Path:
+    (directory / "tools").mkdir()
+    script = directory / "tools" / name
+    script.write_text(text)
+    script.chmod(mode)
+    return script
+
+
 def test_shell_runs_a_sent_executable_by_relative_path_with_its_mode_kept(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    (in_tmp / "tools").mkdir()
-    script = in_tmp / "tools" / "hello.sh"
-    script.write_text('#!/bin/sh\necho "hello $1 from $(basename "$PWD")"\n')
-    script.chmod(0o755)
+    text = '#!/bin/sh\necho "hello $1 from $(basename "$PWD")"\n'
+    _script_in_tools(in_tmp, "hello.sh", text, 0o755)
     assert run(server_url, "shell", "--send", "tools", "--", "tools/hello.sh", "you") == 0
     assert capfd.readouterr().out == "hello you from work\n"
 
@@ -100,10 +106,7 @@ def test_shell_refuses_a_sent_executable_without_its_executable_bit_before_runni
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     # run soak: it was uploaded and failed there with "./s.sh: Permission denied"
-    (in_tmp / "tools").mkdir()
-    script = in_tmp / "tools" / "s.sh"
-    script.write_text("#!/bin/sh\necho ran\n")
-    script.chmod(0o644)
+    script = _script_in_tools(in_tmp, "s.sh", "#!/bin/sh\necho ran\n", 0o644)
     assert run(server_url, "shell", "--send", "tools", "--", "./tools/s.sh") == 2
     assert capfd.readouterr() == (
         "",
