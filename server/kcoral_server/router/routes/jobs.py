@@ -70,12 +70,14 @@ def job_owner(handler: Any, record: Any) -> str:
 
 
 def learn_submitted_job(handler: Any, body: bytes) -> bytes:
-    """Remember the node and owner of the job a 202 answer names (later requests for it go
-    there); the body passes unchanged."""
+    """Remember the node of the job a 202 answer names (later requests for it go there),
+    and the caller as its owner: the caller submitted it, whatever owner the answer names
+    (a rogue node naming another identity's job got that identity's reads and cancels,
+    ROUTER §13). The body passes unchanged."""
     document = untrusted_json(body)
     job_id = document.get("job_id") if isinstance(document, dict) else None
     if isinstance(job_id, str) and handler.node is not None:
-        handler.state.jobs.remember(job_id, handler.node, job_owner(handler, document))
+        handler.state.jobs.remember(job_id, handler.node, handler.identity.name)
     return body
 
 

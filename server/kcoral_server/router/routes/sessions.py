@@ -256,17 +256,23 @@ class SessionsHandler(ForwardHandler):
         return status == 201
 
     def rewrite(self, status: int, body: bytes) -> bytes:
-        self._learn(self.node, untrusted_json(body))  # unreadable: relayed, nothing learnt
+        # the session the node made for the caller is the caller's, whatever owner it names:
+        # a rogue node answering with another identity's session id and owner got that
+        # identity's programs (ROUTER §13)
+        record = untrusted_json(body)  # unreadable: relayed, nothing learnt
+        self._learn(self.node, record, self.identity.name)
         return body
 
-    def _learn(self, node_id: str | None, record: Any) -> bool:
-        """Remember a session record's node; False for a record that is not one."""
+    def _learn(self, node_id: str | None, record: Any, owner: str | None = None) -> bool:
+        """Remember a session record's node (for ``owner``, else the record's); False for a
+        record that is not one."""
         session_id = session_record_id(record)
         if session_id is None or node_id is None:
             return False
         node = self.state.registry.nodes.get(node_id)
         instance = node.server_instance_id if node is not None else ""
-        return self.state.sessions.remember(session_id, node_id, instance, record["owner"])
+        owner = record["owner"] if owner is None else owner
+        return self.state.sessions.remember(session_id, node_id, instance, owner)
 
     async def get(self, *args: str) -> None:
         answers = await answers_to_merge(self, "/v1/sessions")

@@ -1,0 +1,129 @@
+"""A rogue node (it holds the node token) that is sent a token holder's new session or job
+answers the ``201``/``202`` with the id of another identity's session or job, which it learnt,
+and names that identity as the owner. The router bound the id to the rogue for that owner,
+so the owner's own programs (and reads, cancels) went to the rogue with the owner's identity
+(ROUTER §13). The router now takes the caller, whose request the node answered, as the owner:
+the rogue gets nothing of the owner's. A real router with client tokens and fake nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from router_helpers import FakeNode, RouterProcess, http_request, start_router, wait_for_health
+from server_process import client_token_file
+
+OK = [(b"content-type", b"application/json")]
+ALICE, BOB = "rogue-creations-alice", "rogue-creations-bob"
+NODE_TOKEN = "rogue-creations-node-token"
+NOT_FOUND = {"status": "ERROR", "request_id": "x", "error": {"kind": "not_found"}}
+
+
+@pytest.fixture
+def router(tmp_path: Path) -> Iterator[RouterProcess]:
+    tokens = client_token_file(tmp_path, f"alice {ALICE}\nbob {BOB}\n")
+    process = start_router(
+        tmp_path,
+        "--auth-token-file",
+        str(tokens),
+        "--reconnect-grace-seconds",
+        "0",
+        env={"KCORAL_NODE_TOKEN": NODE_TOKEN},
+    )
+    yield process
+    process.stop()
+
+
+def as_(token: str) -> list[tuple[str, str]]:
+    return [("Authorization", f"Bearer {token}")]
+
+
+def request_of(head: pb.RequestHead) -> tuple[str, str, str]:
+    """The method, path and forwarded identity of a request a node received."""
+    named = {h.name.decode(): h.value.decode() for h in head.headers}
+    return named.get(":method", ""), named.get(":path", ""), named.get("x-kcoral-identity", "")
+
+
+def alices_node(held: str) -> FakeNode:
+    """A node holding alice's session or job ``held`` (for alice alone), and no free seat."""
+
+    async def handler(head: pb.RequestHead, body: bytes):
+        _method, path, identity = request_of(head)
+        if path == "/v1/info":
+            info = {"features": ["jobs", "sessions"], "sessions": {"max": 1, "active": 1}}
+            return 200, OK, json.dumps(info).encode()
+        if held in path and "alice" in identity:
+            record = {"session_id": held, "job_id": held, "owner": "alice"}
+            return 200, OK, json.dumps(record).encode()
+        return 404, OK, json.dumps(NOT_FOUND).encode()
+
+    node = FakeNode(0, "alices", handler=handler, control_slots=2, token=NODE_TOKEN)
+    control_only = node.open_slot
+
+    async def open_slot(kind: str = "worker") -> object:
+        # no worker slot: bob's new job goes to the rogue (a session's node is chosen by seats)
+        return await control_only(kind) if kind != "worker" else None
+
+    node.open_slot = open_slot  # type: ignore[method-assign]
+    return node
+
+
+def a_rogue(stolen: str, seen: list[tuple[str, str, str]]) -> FakeNode:
+    """A node that offers free seats and answers every creation with ``stolen``, alice's."""
+
+    async def handler(head: pb.RequestHead, body: bytes):
+        method, path, identity = request_of(head)
+        seen.append((method, path, identity))
+        if path == "/v1/info":
+            info = {"features": ["jobs", "sessions"], "sessions": {"max": 8, "active": 0}}
+            return 200, OK, json.dumps(info).encode()
+        claim = {"session_id": stolen, "job_id": stolen, "owner": "alice", "created_at": 1.0}
+        if (method, path) == ("POST", "/v1/sessions"):
+            return 201, OK, json.dumps(claim).encode()
+        if (method, path) == ("POST", "/v1/jobs"):
+            return 202, OK, json.dumps(claim).encode()
+        return 404, OK, json.dumps(NOT_FOUND).encode()
+
+    return FakeNode(0, "rogue", handler=handler, control_slots=2, token=NODE_TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("create", "then"),
+    [
+        ("/v1/sessions", "/v1/sessions/{}/execute"),
+        ("/v1/jobs", "/v1/jobs/{}"),
+    ],
+)
+def test_a_rogue_node_answering_a_creation_with_anothers_id_gets_nothing_of_theirs(
+    router: RouterProcess, create: str, then: str
+) -> None:
+    stolen, seen = str(uuid.uuid4()), []
+    nodes = [alices_node(stolen), a_rogue(stolen, seen)]
+
+    async def scenario() -> int:
+        for node in nodes:
+            node.router_port = router.port
+            await node.start()
+        try:
+            await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 1)
+            made = await http_request(router.port, "POST", create, b"{}", as_(BOB))
+            assert made.header("X-KCoral-Node") == "rogue", made.body  # bob's went there
+            method = "POST" if then.endswith("/execute") else "GET"
+            body = b"" if method == "POST" else None
+            answer = await http_request(router.port, method, then.format(stolen), body, as_(ALICE))
+            assert answer.header("X-KCoral-Node") != "rogue"
+            return answer.status
+        finally:
+            for node in nodes:
+                await node.close()
+
+    # alice's request was not the rogue's to answer, and her program never reached it (a
+    # look-up asks every node whether it holds the id, in her name, as for any unknown id;
+    # with two nodes' word against each other, she reads an unknown id's 404)
+    assert asyncio.run(scenario()) == 404
+    assert [s for s in seen if s[2] == "alice" and s[0] != "GET"] == []
