@@ -150,6 +150,10 @@ def _save_outputs(out: str, folder: Any) -> bool:
     if folder is None or not hasattr(folder, "save"):
         say("invalid response from the server: the outputs folder is missing")
         return False
+    if not folder.files and not folder.directories:
+        # every output is missing (said next): an empty --out made the run again, once
+        # its --fetch was corrected, fail with "--out ... already exists"
+        return True
     total = sum(len(item.read_bytes()) for item in folder.files.values())
     try:
         parent = os.path.dirname(os.path.abspath(out))

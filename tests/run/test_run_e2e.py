@@ -276,12 +276,18 @@ def test_ctrl_c_while_the_outputs_are_saved_says_the_tool_had_ended_and_saves_no
     assert not (in_tmp / "o").exists()  # the save removes what it had made
 
 
-def test_a_missing_requested_output_exits_1(
+def test_a_missing_requested_output_exits_1_and_makes_no_empty_out(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["--fetch", "never.txt", "--out", "o", "--", "-c", "pass"]
     assert run(server_url, "python", *argv) == 1
     assert "missing output never.txt" in capfd.readouterr().err
+    # nothing came back, so no --out was made: the run again, its --fetch corrected, is
+    # not refused with "--out 'o' already exists"
+    assert not (in_tmp / "o").exists()
+    argv = ["--fetch", "never.txt", "--out", "o", "--", "-c", "open('never.txt', 'w')"]
+    assert run(server_url, "python", *argv) == 0
+    assert (in_tmp / "o" / "never.txt").read_bytes() == b""
 
 
 def test_a_remote_nonzero_exit_is_the_local_exit_status(
