@@ -30,6 +30,7 @@ from kcoral.errors import (
 )
 from kcoral.local_folder import FileBlob, SentFileChanged
 from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
+from kcoral.protocol.selector import NO_MATCHING_NODE
 from kcoral.response import gpus_label
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
@@ -321,6 +322,9 @@ def server_error(exc: KCoralError, url: str) -> str:
         return "the server is shutting down and did not run the tool; run again once it is back"
     if (exc.status_code, exc.kind) == (503, "no_node") and exc.message == _ROUTER_STOPPING:
         return "the router is shutting down and did not run the tool; run again once it is back"
+    if (exc.status_code, exc.kind) == (503, NO_MATCHING_NODE):
+        # the --select the user gave, not a server failing (EXTENSIONS §14)
+        return f"{exc.message}; nothing was run"
     if exc.status_code == 409 and exc.kind == "cancelled":
         # Not the server failing: someone cancelled the job (an admin, a revoked token), and
         # the server's message says who or why.

@@ -66,6 +66,6 @@ def test_kcoral_run_select_runs_the_tool_on_the_kind_it_names(
         assert kcoral_main(["run", "shell", "--select", "gpu=h100", "--", "true"]) == 1
         said = capsys.readouterr().err.strip().splitlines()
         assert said[-1].startswith(
-            "kcoral run: server error: HTTP 503: no ready node offers the selector gpu=h100; "
-            "the fleet offers gpu=cpu,gpus=0: 1 node, gpu=fake,gpus=1: 1 node"
+            "kcoral run: no ready node offers the selector gpu=h100; the fleet offers "
+            "gpu=cpu,gpus=0: 1 node, gpu=fake,gpus=1: 1 node; nothing was run"
         ), said

@@ -118,6 +118,18 @@ def test_shell_refuses_a_sent_executable_without_its_executable_bit_before_runni
     assert capfd.readouterr().out == "ran\n"
 
 
+def test_a_selector_the_server_does_not_fit_says_so_and_that_nothing_ran(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # run soak: it read "server error: HTTP 503: this server does not fit ...", a server
+    # failing, where the --select given was the cause
+    assert run(server_url, "shell", "--select", "gpu=h100", "--", "true") == 1
+    assert capfd.readouterr().err == (
+        "kcoral run: this server does not fit the selector gpu=h100: it offers gpu=cpu, "
+        "gpus=0; nothing was run\n"
+    )
+
+
 def test_shell_finds_a_bare_name_on_the_worker_path(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
