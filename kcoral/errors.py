@@ -191,9 +191,13 @@ def _reason_words(cause: BaseException) -> str | None:
     return None
 
 
+#: how ``root_reason`` begins for an answer cut short (its head came: the server was reached)
+CUT_SHORT_WORDS = "the connection closed in the middle of the answer"
+
+
 def _cut_short(read: int, expected: int | None) -> str:
     of = "" if expected is None else f" of {expected}"
-    return f"the connection closed in the middle of the answer ({read}{of} bytes came)"
+    return f"{CUT_SHORT_WORDS} ({read}{of} bytes came)"
 
 
 def root_reason(exc: BaseException) -> str:
@@ -217,10 +221,38 @@ def root_reason(exc: BaseException) -> str:
     return f"{words}; {hint}" if hint else words
 
 
+def refused_answer(exc: BaseException) -> str | None:
+    """Why this client refused an answer that came (a head it will not parse), in a few
+    words; None where none came or it was not refused. The HTTP library says ``got more
+    than 100 headers`` as it says ``connection refused``: both read as unreachable."""
+    for cause in _causes(exc):
+        text = str(cause)
+        if isinstance(cause, http.client.LineTooLong):  # "got more than 65536 bytes when
+            what = text.rpartition("reading ")[2] or "line"  # reading header line"
+            return f"a {what} over 64 KiB" if what.isprintable() else "a line over 64 KiB"
+        if type(cause) is http.client.HTTPException and text.startswith("got more than"):
+            return text.removeprefix("got ")  # "more than 100 headers"
+        if type(cause).__name__ == "InvalidHeader" and "Content-Length" in text:
+            return "conflicting Content-Length values"
+        if isinstance(cause, http.client.BadStatusLine) and not isinstance(
+            cause, http.client.RemoteDisconnected
+        ):
+            return _reason_words(cause)
+    return None
+
+
 def unreachable_message(url: str, exc: BaseException) -> str:
     """``TransportError``'s one line for ``exc`` at ``url``: ``cannot reach
-    http://127.0.0.1:8000: connection refused (is a KCoral server running there?)``."""
+    http://127.0.0.1:8000: connection refused (is a KCoral server running there?)``; where
+    the server was reached and its answer refused or cut short, ``http://127.0.0.1:8000
+    answered, but its answer was refused: more than 100 headers`` (or ``answered, but the
+    connection closed in the middle of the answer (6 of 100 bytes came)``)."""
+    refused = refused_answer(exc)
+    if refused is not None:
+        return f"{url} answered, but its answer was refused: {refused}"
     reason = root_reason(exc)
+    if reason.startswith(CUT_SHORT_WORDS):
+        return f"{url} answered, but {reason}"
     if reason == "connection refused":
         reason = f"{reason} ({NOTHING_LISTENS_HINT})"
     return f"cannot reach {url}: {reason}"

@@ -80,7 +80,7 @@ def test_a_server_that_hangs_up_mid_answer_says_how_much_came() -> None:
     with serving(HangsUpMidAnswer) as url:
         error = transport_error(url)
     assert str(error) == (
-        f"cannot reach {url}: the connection closed in the middle of the answer "
+        f"{url} answered, but the connection closed in the middle of the answer "
         "(6 of 100 bytes came)"
     )
 
@@ -104,7 +104,9 @@ class AnswersWithAnEscapeForAStatusLine(StandIn):
 def test_an_answer_that_is_not_http_is_said_escaped_never_as_it_came() -> None:
     with serving(AnswersWithAnEscapeForAStatusLine) as url:
         error = transport_error(url)
-    assert str(error).startswith(f"cannot reach {url}: the answer is not HTTP (it began "), error
+    assert str(error).startswith(
+        f"{url} answered, but its answer was refused: the answer is not HTTP (it began "
+    ), error
     assert "\x1b" not in str(error) and "\x07" not in str(error)
     assert "\x1b" not in root_reason(error)  # the notebook's and kcoral run's line
 

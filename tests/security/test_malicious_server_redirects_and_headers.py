@@ -181,13 +181,24 @@ def length_then_close(method: str, path: str) -> list[bytes]:
     return [head(200, Content_Type="application/json", Content_Length=5000) + b"{}"]
 
 
-@pytest.mark.parametrize("answer", [many_headers, one_long_header, two_lengths, length_then_close])
-def test_flooded_headers_and_lying_lengths_are_a_transport_error(answer) -> None:
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (many_headers, "its answer was refused: more than 100 headers"),
+        (one_long_header, "its answer was refused: a header line over 64 KiB"),
+        (two_lengths, "its answer was refused: conflicting Content-Length values"),
+        (length_then_close, "the connection closed in the middle of the answer (2 of 5000"),
+    ],
+)
+def test_flooded_headers_and_lying_lengths_are_a_transport_error_saying_the_server_answered(
+    answer, said: str
+) -> None:
+    # the server was reached: "cannot reach URL: got more than 100 headers" was untrue
     with answering(answer) as url, Client(url, token=TOKEN) as client:
-        with pytest.raises(TransportError):
-            client.health()
-        with pytest.raises(TransportError):
-            client.execute(program())
+        for call in (client.health, lambda: client.execute(program())):
+            with pytest.raises(TransportError) as caught:
+                call()
+            assert str(caught.value).startswith(f"{url} answered, but {said}"), caught.value
 
 
 def test_an_answer_that_stops_after_its_head_ends_at_the_read_timeout(
