@@ -1,9 +1,10 @@
-"""A rogue node (it holds the node token) that is sent a token holder's new session or job
-answers the ``201``/``202`` with the id of another identity's session or job, which it learnt,
-and names that identity as the owner. The router bound the id to the rogue for that owner,
-so the owner's own programs (and reads, cancels) went to the rogue with the owner's identity
-(ROUTER §13). The router now takes the caller, whose request the node answered, as the owner:
-the rogue gets nothing of the owner's. A real router with client tokens and fake nodes."""
+"""A rogue node (it holds the node token) that is sent a token holder's new session or job, list
+or look-up answers it with the id of another identity's session or job, which it learnt, and
+names that identity as the owner. The router bound the id to the rogue for that owner, so the
+owner's own programs (and reads, cancels) went to the rogue with the owner's identity (ROUTER
+§13). A node answers a caller only with what the caller may see: a created id is the
+caller's, and a record of an owner the caller may not see is believed of no node. A real
+router with client tokens and fake nodes."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def alices_node(held: str) -> FakeNode:
         if path == "/v1/info":
             info = {"features": ["jobs", "sessions"], "sessions": {"max": 1, "active": 1}}
             return 200, OK, json.dumps(info).encode()
+        if path in ("/v1/sessions", "/v1/jobs"):
+            return 200, OK, b"[]"  # nothing of bob's (alice does not list here)
         if held in path and "alice" in identity:
             record = {"session_id": held, "job_id": held, "owner": "alice"}
             return 200, OK, json.dumps(record).encode()
@@ -87,21 +90,29 @@ def a_rogue(stolen: str, seen: list[tuple[str, str, str]]) -> FakeNode:
             return 201, OK, json.dumps(claim).encode()
         if (method, path) == ("POST", "/v1/jobs"):
             return 202, OK, json.dumps(claim).encode()
-        return 404, OK, json.dumps(NOT_FOUND).encode()
+        if path in ("/v1/sessions", "/v1/jobs"):  # bob's list: alice's id, as alice's
+            return 200, OK, json.dumps([claim]).encode()
+        return 200, OK, json.dumps(claim).encode()  # a look-up of the id: it holds it
 
     return FakeNode(0, "rogue", handler=handler, control_slots=2, token=NODE_TOKEN)
 
 
 @pytest.mark.parametrize(
-    ("create", "then"),
+    ("bobs", "then"),
     [
-        ("/v1/sessions", "/v1/sessions/{}/execute"),
-        ("/v1/jobs", "/v1/jobs/{}"),
+        ("POST /v1/sessions", "/v1/sessions/{}/execute"),
+        ("POST /v1/jobs", "/v1/jobs/{}"),
+        ("GET /v1/sessions", "/v1/sessions/{}/execute"),
+        ("GET /v1/jobs", "/v1/jobs/{}"),
+        ("GET /v1/sessions/{}", "/v1/sessions/{}/execute"),
+        ("GET /v1/jobs/{}", "/v1/jobs/{}"),
     ],
 )
-def test_a_rogue_node_answering_a_creation_with_anothers_id_gets_nothing_of_theirs(
-    router: RouterProcess, create: str, then: str
+def test_a_rogue_node_answering_bob_with_alices_id_as_hers_gets_nothing_of_hers(
+    router: RouterProcess, bobs: str, then: str
 ) -> None:
+    # bob's new session or job, his list, or his look-up of an id: the rogue answers it with
+    # alice's id as alice's, and the router bound the id to the rogue for alice
     stolen, seen = str(uuid.uuid4()), []
     nodes = [alices_node(stolen), a_rogue(stolen, seen)]
 
@@ -111,8 +122,11 @@ def test_a_rogue_node_answering_a_creation_with_anothers_id_gets_nothing_of_thei
             await node.start()
         try:
             await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 1)
-            made = await http_request(router.port, "POST", create, b"{}", as_(BOB))
-            assert made.header("X-KCoral-Node") == "rogue", made.body  # bob's went there
+            bobs_method, bobs_path = bobs.split(" ")
+            bobs_body = b"{}" if bobs_method == "POST" else None
+            path = bobs_path.format(stolen)
+            await http_request(router.port, bobs_method, path, bobs_body, as_(BOB))
+            assert (bobs_method, path, "bob") in seen  # it went to the rogue too
             method = "POST" if then.endswith("/execute") else "GET"
             body = b"" if method == "POST" else None
             answer = await http_request(router.port, method, then.format(stolen), body, as_(ALICE))

@@ -62,11 +62,15 @@ def expiry_message(body: bytes) -> str:
     return "job expired"
 
 
-def job_owner(handler: Any, record: Any) -> str:
-    """Whose a job record a node answered the caller is: its ``owner``, else the caller's
-    (a node answers a caller only with jobs it may see)."""
+def job_owner(handler: Any, record: Any) -> str | None:
+    """Whose a job record a node answered the caller is: its ``owner``, else the caller's;
+    None for an owner the caller may not see: a node answers a caller only with jobs it may
+    see, so that record is a rogue node's, to bind that identity's job to itself (ROUTER
+    §13)."""
     owner = record.get("owner") if isinstance(record, dict) else None
-    return owner if isinstance(owner, str) else handler.identity.name
+    if not isinstance(owner, str):
+        return handler.identity.name
+    return owner if handler.identity.owns(owner) else None
 
 
 def learn_submitted_job(handler: Any, body: bytes) -> bytes:
@@ -142,7 +146,8 @@ class JobsHandler(ProgramForwardHandler):
         merged = [
             job
             for node, job_id, job in kept
-            if self.state.jobs.remember(job_id, node, job_owner(self, job))
+            if (owner := job_owner(self, job)) is not None
+            and self.state.jobs.remember(job_id, node, owner)
         ]
         left_out += max(0, len(merged) - limit)
         self.set_header(LEFT_OUT_HEADER, str(left_out))
@@ -237,9 +242,9 @@ class JobHandler(ForwardHandler):
             if answer is None:
                 continue
             status, body = answer
-            if status == 200:
+            if status == 200 and (claimed := job_owner(self, untrusted_json(body))) is not None:
                 claims.append(node)
-                owner = job_owner(self, untrusted_json(body))
+                owner = claimed
             elif status == 401:
                 self.send_router_error(
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"

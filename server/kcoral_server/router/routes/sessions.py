@@ -285,7 +285,9 @@ class SessionsHandler(ForwardHandler):
             records = untrusted_json(answer[1])  # unreadable: that node is left out
             for record in records if isinstance(records, list) else []:
                 session_id = session_record_id(record)
-                if session_id is not None:
+                # a node lists the caller only what it may see: another identity's record
+                # is a rogue node's, to bind that identity's session to itself (ROUTER §13)
+                if session_id is not None and self.identity.owns(record["owner"]):
                     listings.append((node, session_id, record))
         kept, contested = sole_claims(listings, self._bound_node)
         warn_contested(self, "session_claimed_twice", contested)
@@ -438,7 +440,8 @@ class SessionHandler(ForwardHandler):
             if status == 200:
                 record = untrusted_json(body)
                 owner = record.get("owner") if isinstance(record, dict) else None
-                if isinstance(owner, str):  # else no session record: no claim
+                # else no session record, or (from a rogue node) one the caller may not see
+                if isinstance(owner, str) and self.identity.owns(owner):
                     claims.append((node, owner))
             elif not claims and (status == 401 or error_kind(body) == "unauthorized"):
                 self.send_router_error(
