@@ -23,9 +23,12 @@ start-up, or the teardown of one that never served a request) are the server's o
 first, in arrival order, take no turn and are charged no hold time. As one more identity,
 a start-up took a turn from the users, and the CUDA start-ups it was charged (a few seconds
 each) put it behind every user that had held the GPU less: a seat's new worker waited
-while the users' programs, seated on the others, took the GPU in turn. They are bounded by
-the seats (one start-up each at a time), and a user makes one only by a program of its own
-(a crash, a new identity on the seat), which takes that user's turn.
+while the users' programs, seated on the others, took the GPU in turn. A start-up made for
+an identity (a session's worker, the fresh worker of a seat that served another identity)
+is that identity's waiter instead: as the server's own, one token holder creating and
+ending sessions in a loop would put a start-up ahead of every other user's program each
+time. The server's own are bounded by the seats (one start-up each at a time), and a user
+makes one only by a program of its own (a crash, a retirement), which took that user's turn.
 """
 
 from __future__ import annotations

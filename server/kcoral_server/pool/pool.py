@@ -134,8 +134,11 @@ class Pool:
         """Why the pool stopped admitting for good (a clean-up it could not confirm)."""
         return self.ends.quarantine_reason
 
-    async def _start_seat(self, seat: Seat, *, phase: str, idle: bool = True) -> bool:
+    async def _start_seat(
+        self, seat: Seat, *, phase: str, idle: bool = True, identity: str | None = None
+    ) -> bool:
         handle = self.handles.for_seat(seat)
+        handle.lease.identity = identity  # whose turn its start-up takes (SERVER §5)
         try:
             info = await handle.start()
         except (WorkerStartError, WorkerGone, OSError) as exc:
@@ -218,7 +221,9 @@ class Pool:
                 old, seat.sandbox = seat.sandbox, None
                 await asyncio.get_running_loop().run_in_executor(None, old.close)
             if self.quarantine_reason is None:
-                started = await self._start_seat(seat, phase="respawn", idle=False)
+                started = await self._start_seat(
+                    seat, phase="respawn", idle=False, identity=identity
+                )
         finally:
             if not started:
                 seat.worker = None

@@ -533,6 +533,7 @@ class Sessions:
         self.sessions[session.id] = session
         # the seat (and its GPUs) count from here: a concurrent create sees them taken
         handle = pool.handles.for_session(session.seat, gpu_ids)
+        handle.lease.identity = identity.name  # its start-up takes its owner's turn (SERVER §5)
         try:
             await handle.start()
             handle.identity = identity.name
