@@ -258,14 +258,7 @@ def _run_as_job(
         # inside the try: an interrupt just after the held one is let go (before the job's
         # id was noted) must stop the job too; it escaped, and the job ran on
         with HeldInterrupt() as held:  # a second interrupt abandons the submission
-            # a router holds it while every such seat is busy: said with its time, as is a
-            # large upload's progress
-            job = submitted_live(
-                lambda: client.submit(program, **options.as_kwargs()),
-                reporter,
-                record.waits_for,
-                client_waits_said_by(client),
-            )
+            job = submitted_job(client, program, options, reporter, record)
         record.job_id = job.id
         reporter.phase("submitted")
         if held.noted:  # it came while the job was submitted: stopped now that it has an id
@@ -290,6 +283,19 @@ def _run_as_job(
         raise
     _merge_job_state(job, record)
     return result
+
+
+def submitted_job(
+    client: Target, program: Program, options: ExecuteOptions, reporter: Reporter, record: RunRecord
+) -> Job:
+    """``client.submit``'s job; meanwhile a router's hold is said on ``reporter`` with its
+    time, and a large upload's progress (``submission``)."""
+    return submitted_live(
+        lambda: client.submit(program, **options.as_kwargs()),
+        reporter,
+        record.waits_for,
+        client_waits_said_by(client),
+    )
 
 
 def client_waits_said_by(client: Target) -> Callable[[Callable[[str], None] | None], None] | None:

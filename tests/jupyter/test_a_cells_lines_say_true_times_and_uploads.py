@@ -5,9 +5,10 @@ real CPU server of the Jupyter tests, every update of the line as the user saw i
   ``total 5346 ms`` beside the panel's ``5.3 s``);
 * ``%kcoral attach`` says the job's true running time, from the job's own start (its events
   replay at once: the line said ``running`` with no time);
-* a large upload's progress is said on the line, in place, then the running line replaces
-  it (the client drew it only on a terminal's stderr, so a notebook said nothing for the
-  seconds a 100 MiB input took); a small upload says nothing of it.
+* a large upload's progress is said on the line, in place, then the running line (or a
+  ``--noblock`` cell's submitted job) replaces it (the client drew it only on a terminal's
+  stderr, so a notebook said nothing for the seconds a 100 MiB input took); a small upload
+  says nothing of it.
 """
 
 from __future__ import annotations
@@ -57,9 +58,12 @@ def test_a_notebooks_lines_say_true_times_and_a_large_uploads_progress(
         # 6: every count said (a loopback upload is over before the first redraw's time)
         "import kcoral_jupyter.submission\n"
         "kcoral_jupyter.submission.UPLOAD_REDRAW_SECONDS = 0\n"
-        "big = bytes(100 << 20)\nsmall = bytes(1000)",
+        "big = bytes(100 << 20)\nsmall = bytes(1000)\nother = b'1' * (100 << 20)",
         "%%kcoral -i big\nlen(big)\n",  # 7
         "%%kcoral -i small\nlen(small)\n",  # 8
+        # 9: not big, whose bytes the server keeps now: only what it lacks is sent
+        "%%kcoral --noblock -r other_job -i other\nlen(other)\n",
+        "other_job.result().status",  # 10
     )
     notebook, said = executed_with_lines(sources, tmp_path, timeout=240)
     for index, cell in enumerate(notebook.cells):
@@ -87,3 +91,10 @@ def test_a_notebooks_lines_say_true_times_and_a_large_uploads_progress(
     shown_lines = [o for o in cells[7].outputs if o.output_type == "display_data"]
     assert len(shown_lines) == 1, shown_lines  # the status line, updated in place
     assert not [line for line in said[8] if "upload" in line], said[8]
+
+    # a --noblock cell's line says its upload, then where its job went, in place
+    assert said[9][-2] == "kcoral: uploaded 100.0 MiB", said[9]
+    assert said[9][-1].startswith("kcoral: submitted job "), said[9]
+    shown_lines = [o for o in cells[9].outputs if o.output_type == "display_data"]
+    assert len(shown_lines) == 1 and not shown_lines[0].metadata["kcoral"].get("live"), shown_lines
+    assert "COMPLETED" in shown(cells[10]), shown(cells[10])

@@ -51,6 +51,7 @@ from kcoral_jupyter.runner import (
     cancelled,
     missing_input_hint,
     run_cell,
+    submitted_job,
     translate_error,
     truncation_note,
 )
@@ -156,9 +157,7 @@ class CellMagic:
         )
 
         if args.noblock:
-            return self._submit(
-                client, built, options, record, args.result_name, has_jobs, remote, args.bench_label
-            )
+            return self._submit(client, built, options, record, args, has_jobs, line_out, remote)
         use_jobs = settings.use_jobs and has_jobs
 
         try:
@@ -345,29 +344,29 @@ class CellMagic:
         built: BuiltCell,
         options: ExecuteOptions,
         record: RunRecord,
-        name: str | None,
+        args: argparse.Namespace,
         has_jobs: bool,
+        line_out: StatusLine,
         remote: NotebookSession | None = None,
-        bench_label: str | None = None,
     ) -> Job | None:
         if not has_jobs:
             raise UsageError(
                 f"%%kcoral --noblock needs the jobs API, which {record.server} does not offer "
                 "(run without --noblock)"
             )
-        try:
-            job = client.submit(built.program, **options.as_kwargs())
+        try:  # a large upload and a router's hold said on the line, as a running cell's are
+            job = submitted_job(client, built.program, options, line_out, record)
         except KCoralError as exc:
             refusal = self._session_refusal(exc, remote)
             raise (refusal or translate_error(exc, options, record.server)) from None
         self.kernel.pending[job.id] = PendingJob(
-            built=built, url=record.server, warning=record.warning, bench_label=bench_label
+            built=built, url=record.server, warning=record.warning, bench_label=args.bench_label
         )
         record.job_id = job.id
-        display(
+        name = args.result_name
+        line_out.replaced_by(  # the line that said its upload or wait, where it did
             rich.submitted_job_bundle(job.id, record.server, name),
-            raw=True,
-            metadata={"kcoral": provenance(None, record, status="QUEUED")},
+            {"kcoral": provenance(None, record, status="QUEUED")},
         )
         if name:
             self.shell.user_ns[name] = job

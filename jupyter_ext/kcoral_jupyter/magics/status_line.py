@@ -96,6 +96,14 @@ class StatusLine:
             self.handle.update(data, raw=True, metadata=metadata)
             self.sent = (data, metadata)
 
+    def replaced_by(self, data: dict[str, str], metadata: dict[str, Any]) -> None:
+        """Show ``data`` in the line's place where it was shown and updates in place (a
+        ``--noblock`` cell's submitted job, after its upload's progress), else below it."""
+        if self.handle is not None:
+            self.handle.update(data, raw=True, metadata=metadata)
+        else:
+            display(data, raw=True, metadata=metadata)
+
     def settle(self) -> None:
         """The line as it stands, no longer live: the cell ended without a last word."""
         if self.live:
