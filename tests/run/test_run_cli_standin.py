@@ -128,6 +128,6 @@ def test_missing_output_and_not_installed_tools_exit_1(
 ) -> None:
     assert run("python", "--fetch", "nope", "--out", "o", "--", "-c", "pass") == 1
     assert "missing output nope: not found" in capsys.readouterr().err
-    assert (local_server / "o").is_dir()
+    assert not (local_server / "o").exists()  # nothing came back: no empty --out (ae4dfab)
     assert run("ncu", "--out", "o2", "--", "--", "python", "-c", "pass") == 1
     assert "ncu is not installed in the remote server environment" in capsys.readouterr().err
