@@ -154,8 +154,6 @@ def printed_output(body: Mapping[str, Any]) -> PrintedOutput | None:
 
 
 ROUTER_UNAVAILABLE = "unavailable: no ready node of the router's default kind has connected slots"
-#: a server's 503 health body: it is draining (SERVER §12), where a router's has no GPU count
-SERVER_STOPPING = "unavailable: the server is shutting down"
 
 
 def health_error(
@@ -163,15 +161,13 @@ def health_error(
 ) -> KCoralError:
     """``error_from_response`` for ``/health``. A router's 503 health body (``status:
     "unavailable"``, ROUTER §9) is no ``ERROR`` body, yet a router sent it: its message says
-    why instead of ``HTTP 503``, which reads as an answer from something else than KCoral. A
-    draining server answers the same shape with its ``gpu_count`` (SERVER §12)."""
+    why instead of ``HTTP 503``, which reads as an answer from something else than KCoral."""
     try:
         decoded = loads_strict(body)
     except ValidationError:
         decoded = None
     if status_code == 503 and isinstance(decoded, dict) and decoded.get("status") == "unavailable":
-        message = ROUTER_UNAVAILABLE if decoded.get("gpu_count") is None else SERVER_STOPPING
-        return KCoralError(503, message, request_id=headers.get("X-Request-ID") or None)
+        return KCoralError(503, ROUTER_UNAVAILABLE, request_id=headers.get("X-Request-ID") or None)
     return error_from_response(status_code, headers, body)
 
 

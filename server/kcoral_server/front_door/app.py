@@ -189,9 +189,9 @@ class ServerState:
     def health(self) -> dict[str, Any]:
         pool = self.pool
         return {
-            # a draining server takes nothing new: "unavailable" (503) takes it out of a
-            # load balancer's rotation, as "ok" with no capacity did not (SERVER §12)
-            "status": "unavailable" if self.shutting_down else "ok",
+            # "ok" while draining too: PROTOCOL §12 answers 200 whenever the server can
+            # answer; request_capacity 0 says it takes nothing new (SERVER §12)
+            "status": "ok",
             "instance_id": self.instance_id,
             "started_at": self.started_at,
             "gpu_count": self.gpu_count,

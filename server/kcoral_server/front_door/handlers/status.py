@@ -16,14 +16,12 @@ PROTOCOL_VERSION = 1
 
 
 class HealthHandler(BaseHandler):
-    """PROTOCOL §12: exactly the documented keys; no token needed. 503 while the server
-    drains (SERVER §12), the router's answer when it has nowhere to send work."""
+    """PROTOCOL §12: exactly the documented keys; no token needed."""
 
     PUBLIC = True
 
     def get(self) -> None:
-        health = self.state.health()
-        self.send_json(200 if health["status"] == "ok" else 503, health)
+        self.send_json(200, self.state.health())
 
 
 class WorkerStatusHandler(BaseHandler):
