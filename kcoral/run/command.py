@@ -34,12 +34,12 @@ from kcoral.protocol.selector import NO_MATCHING_NODE
 from kcoral.response import gpus_label
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
+from kcoral.run.before_sending import empty_folders, unrunnable_executable, unsent_script
 from kcoral.run.gpu_wait import GpuWaitNotice
 from kcoral.run.inputs import (
     LocalFileError,
     changed_input,
     collect_inputs,
-    sent_as,
     split_inputs,
 )
 from kcoral.run.mid_run import (
@@ -66,7 +66,7 @@ from kcoral.run.outputs import (
 )
 from kcoral.run.progress import Progress
 from kcoral.run.standard_input import UNSENT_INPUT_WARNING, unsent_input_waiting
-from kcoral.run.tools import UsageError, check_python_args
+from kcoral.run.tools import UsageError
 
 
 def main(argv: Sequence[str]) -> int:
@@ -243,6 +243,8 @@ def run(options: RunOptions) -> int:
     except LocalFileError as exc:
         say(str(exc))
         return 1
+    for warning in empty_folders(options.send, files):
+        say(warning)
     missing = unsent_script(options, [path for path, _data, _executable in files])
     missing = missing or unrunnable_executable(options, files)
     if missing:
@@ -369,57 +371,6 @@ def timed_out(options: RunOptions) -> str:
     return (
         f"timed out after --timeout {options.timeout_seconds} s on the worker; the tool was stopped"
     )
-
-
-def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
-    """Why ``python SCRIPT`` cannot find a relative script, in the words the user typed, or
-    None. The tool runs in a fresh remote directory holding only the ``--send`` inputs, so a
-    relative script that none of them provides can only fail there, and the remote message
-    would name a workspace path the user never saw. An absolute path may exist on the
-    server and is left to it."""
-    if options.tool.name != "python":
-        return None
-    script = check_python_args(options.args)
-    if script is None or os.path.isabs(script):
-        return None
-    if os.path.normpath(script) in sent:
-        return None
-    # An input keeps only its last name: `--send w/bench -- w/bench/main.py` sent the script
-    # as bench/main.py, and the advice to add --send w/bench/main.py (sent as main.py) only
-    # repeated itself.
-    if not os.path.exists(script):
-        # `--send bench -- main.py`: the script arrives inside the folder's own name
-        inside = sorted(path for path in sent if path.endswith("/" + os.path.normpath(script)))
-        if inside:
-            return (
-                f"python: {script}: no --send input arrives as {script}, but {inside[0]} "
-                f"does: name it {inside[0]} after '--'"
-            )
-        return f"python: {script}: no such file here, and no --send input provides it"
-    remote = sent_as(script, options.send)
-    if remote is not None and remote in sent:
-        return (
-            f"python: {script} is sent as {remote} (inputs keep only their own name): "
-            f"name it {remote} after '--'"
-        )
-    name = os.path.basename(os.path.normpath(script))
-    arrives = "" if name == os.path.normpath(script) else f", which arrives as {name}"
-    return f"python: {script} was not sent (the tool runs remotely): add --send {script}{arrives}"
-
-
-def unrunnable_executable(
-    options: RunOptions, files: Sequence[tuple[str, FileBlob, bool]]
-) -> str | None:
-    """Why ``shell ./tool`` cannot run a sent ``tool``, or None: only the executable bit
-    travels, and one sent without it failed on the worker, after the upload, with
-    ``./tool: Permission denied``, naming neither the bit nor where to set it."""
-    name = options.args[0] if options.tool.name == "shell" and options.args else ""
-    if "/" not in name or os.path.isabs(name):
-        return None  # a bare name is looked up on the remote PATH
-    remote = os.path.normpath(name)
-    if any(path == remote and not executable for path, _blob, executable in files):
-        return f"shell: {name} cannot run: it is sent without its executable bit; chmod +x it here"
-    return None
 
 
 def execute(options: RunOptions, program: Any) -> Any:

@@ -130,6 +130,23 @@ def test_a_selector_the_server_does_not_fit_says_so_and_that_nothing_ran(
     )
 
 
+def test_a_sent_folder_with_no_file_is_said_and_the_tool_still_runs(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # run soak: empty folders are not sent, so `--send e` of one holding only empty folders
+    # (or __pycache__) sent nothing without a word, and the tool found no e/
+    (in_tmp / "e" / "__pycache__").mkdir(parents=True)
+    (in_tmp / "e" / "__pycache__" / "m.pyc").write_bytes(b"x")
+    (in_tmp / "e" / "empty").mkdir()
+    code = "import os; print(os.listdir('.'))"
+    assert run(server_url, "python", "--send", "e", "--", "-c", code) == 0
+    assert capfd.readouterr() == (
+        "[]\n",
+        "kcoral run: warning: --send 'e' holds no file to send (empty folders are not sent): "
+        "the tool finds no e/\n",
+    )
+
+
 def test_shell_finds_a_bare_name_on_the_worker_path(
     server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
