@@ -149,8 +149,13 @@ def test_an_interrupt_while_a_cell_is_submitted_says_what_became_of_its_job(
 
     def interrupted_submit(self, program, **options):
         job = submit(self, program, **options)
-        for _ in range(interrupts):
-            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        held = signal.getsignal(signal.SIGINT).__self__  # the cell's HeldInterrupt
+        for count in range(1, interrupts + 1):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            # The submission runs in a thread, the handler in the cell's: each interrupt is
+            # taken before the next is sent, as a user's are (two at once are one to Python).
+            while count < interrupts and not held.noted:
+                time.sleep(0.01)
         return job
 
     monkeypatch.setattr(Client, "submit", interrupted_submit)
