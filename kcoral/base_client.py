@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 
 import kcoral
+from kcoral.connection.answer_deadline import STATUS_ANSWER_SECONDS
 from kcoral.connection.event_stream import EventSource, EventStreams
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.request_limit import KnownLimit
@@ -95,14 +96,11 @@ def sent_attempt(path: str, attempt: Attempt, limit: KnownLimit) -> Flow[Respons
     return response
 
 
-#: how long ``health()``, ``target()`` and ``info()`` wait for an answer once asked: a server
-#: answers them at once, and one that is frozen (stopped, swapped out, a hung proxy) made
-#: them wait for ever, with a notebook's status cell (CLIENT_API §2)
-STATUS_READ_TIMEOUT_SECONDS = 30.0
-
-
-def _get(path: str) -> Request:
-    return Request("GET", path)
+#: how long ``health()``, ``target()``, ``info()``, a job's state and the job list wait for
+#: their whole answer once asked (``kcoral.connection.answer_deadline``): a server answers
+#: them at once, and one that is frozen (stopped, swapped out, a hung proxy) or trickles its
+#: answer made them wait for ever, with a notebook's status cell (CLIENT_API §1)
+STATUS_READ_TIMEOUT_SECONDS = STATUS_ANSWER_SECONDS
 
 
 def _get_status(path: str) -> Request:
@@ -362,7 +360,7 @@ class BaseClient:
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise ValueError(f"limit must be a positive integer (got {limit!r})")
             path += f"?limit={limit}"
-        response = yield _get(path)
+        response = yield _get_status(path)
         if response.status != 200:
             raise error_from_response(response.status, response.headers, response.data)
         return decode_job_list(response.data, response.headers)

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from kcoral.connection.answer_deadline import STATUS_ANSWER_SECONDS
 from kcoral.connection.event_stream import JobEvent
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.transport import Flow, Request
@@ -206,8 +207,11 @@ class _JobHandle:
     def state_flow(
         self, method: str = "GET", read_timeout: float | None = None
     ) -> Flow[dict[str, Any]]:
-        """``GET`` (state) or ``DELETE`` (cancel) ``/v1/jobs/{id}``: the job's state."""
-        response = yield Request(method, self.path, read_timeout=read_timeout)
+        """``GET`` (state) or ``DELETE`` (cancel) ``/v1/jobs/{id}``: the job's state, a
+        status read (its whole answer within ``read_timeout``, by default
+        ``STATUS_ANSWER_SECONDS``: a server trickling it held the caller for ever)."""
+        timeout = STATUS_ANSWER_SECONDS if read_timeout is None else read_timeout
+        response = yield Request(method, self.path, read_timeout=timeout)
         return decode_job_state(response.status, response.headers, response.data)
 
     def _finished_flow(self, timeout: object) -> Flow[None]:

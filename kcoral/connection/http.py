@@ -1,8 +1,9 @@
 """The synchronous HTTP transport of ``Client`` (urllib3, keep-alive pool, no retries).
 
 urllib3 needs no event loop, so the sync client also works in a thread that already runs
-one (a Jupyter kernel). Only connecting is bounded by a timeout; reading never times out
-because the server enforces execution deadlines itself.
+one (a Jupyter kernel). Connecting is bounded by a timeout; a status read's whole answer,
+and a program answer's body, by a deadline (``kcoral.connection.answer_deadline``); a
+program's run is the server's to bound.
 
 Large bodies (``Content-Length`` of 1 MiB or more) are read straight from the socket into
 one reused buffer: on Linux, faulting in fresh memory costs several times a ``memcpy``, and
@@ -19,11 +20,19 @@ cannot hold is a ``TransportError``. Bodies are never decoded: the client asks f
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import urllib3
 
+from kcoral.connection.answer_deadline import (
+    BODY_FLOOR_BYTES_PER_SECOND,
+    BODY_GRACE_SECONDS,
+    AnswerDeadline,
+    connections_of,
+    watched,
+)
 from kcoral.connection.early_answer import EarlyAnswer, stopped_once_answered
 from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
@@ -111,8 +120,8 @@ class HttpTransport:
         read_timeout: float | None = None,
         early: EarlyAnswer | None = None,
     ) -> Response:
-        """Send one request and read the whole answer (within ``read_timeout`` seconds of
-        each read, when given).
+        """Send one request and read the whole answer (all of it within ``read_timeout``
+        seconds, when given; else its body at the floor of ``answer_deadline``).
 
         ``body`` chunks are streamed as given with an explicit ``Content-Length``. No answer
         -> ``TransportError``. ``KeyboardInterrupt`` closes the connection instead of
@@ -128,27 +137,35 @@ class HttpTransport:
         if body is not None:
             all_headers["Content-Length"] = str(content_length)
         response: urllib3.BaseHTTPResponse | None = None
+        deadline: AnswerDeadline | None = None
+        if read_timeout is not None:
+            deadline = watched(time.monotonic() + read_timeout)
         try:
-            response = self._pools.get().request(
-                method,
-                self.base_url + path,
-                # urllib3 sends each chunk with socket.sendall, which takes any buffer; its
-                # annotation only names bytes and str
-                body=cast("Iterable[bytes] | None", body),
-                headers=all_headers,
-                preload_content=False,
-                decode_content=False,  # never inflate what the server chose to encode
-                redirect=False,
-                **timeout_for(self._connect_timeout, read_timeout),
-            )
-            data = self._read_body(response)
+            with connections_of(deadline):
+                response = self._pools.get().request(
+                    method,
+                    self.base_url + path,
+                    # urllib3 sends each chunk with socket.sendall, which takes any buffer;
+                    # its annotation only names bytes and str
+                    body=cast("Iterable[bytes] | None", body),
+                    headers=all_headers,
+                    preload_content=False,
+                    decode_content=False,  # never inflate what the server chose to encode
+                    redirect=False,
+                    **timeout_for(self._connect_timeout, read_timeout),
+                )
+            if deadline is None:
+                deadline = body_deadline(response)
+            data = self._read_body(response, None if read_timeout else deadline)
+            if deadline.passed:  # its socket was shut: what came may look whole
+                raise self._late(read_timeout, head_came=True)
             status = response.status
             response_headers = response.headers
             if early is not None and early.came:
                 response.close()  # its request was cut short: never reused
             else:
                 response.release_conn()
-        except (KeyboardInterrupt, ProtocolError):
+        except (KeyboardInterrupt, ProtocolError, TransportError):
             # urllib3 closes the connection itself when interrupted before the answer
             # started; once it did, close it here so it never goes back to the pool.
             if response is not None:
@@ -157,6 +174,10 @@ class HttpTransport:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if response is not None:
                 response.close()
+            timed_out = isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError))
+            if deadline is not None and (deadline.passed or (read_timeout and timed_out)):
+                # one line whichever bound ran out first: the deadline or a read's timeout
+                raise self._late(read_timeout, head_came=response is not None) from exc
             raise TransportError(
                 unreachable_message(self.base_url, exc), url=self.base_url
             ) from exc
@@ -167,7 +188,24 @@ class HttpTransport:
                 f"{method} {self.base_url}{path} failed: the answer does not fit in memory",
                 url=self.base_url,
             ) from None
+        finally:
+            if deadline is not None:
+                deadline.end()
         return Response(status, response_headers, data)
+
+    def _late(self, read_timeout: float | None, *, head_came: bool) -> TransportError:
+        """The error of an answer whose deadline passed (``answer_deadline``)."""
+        url = self.base_url
+        if read_timeout is None:
+            message = (
+                f"{url} answered, but its answer came too slowly: its body has "
+                f"{BODY_GRACE_SECONDS:g} s plus 1 s per {BODY_FLOOR_BYTES_PER_SECOND >> 10} KiB"
+            )
+        elif head_came:
+            message = f"{url} answered, but its answer did not end within {read_timeout} s"
+        else:  # as the read timeout says it, which may come first
+            message = f"cannot reach {url}: no answer within {read_timeout} s (read timeout)"
+        return TransportError(message, url=url)
 
     def close(self) -> None:
         """Drop every pooled connection; the transport stays usable (it reconnects)."""
@@ -176,7 +214,11 @@ class HttpTransport:
             pool.clear()
         self._buffer = None
 
-    def _read_body(self, response: urllib3.BaseHTTPResponse) -> bytes | memoryview:
+    def _read_body(
+        self, response: urllib3.BaseHTTPResponse, floor: AnswerDeadline | None
+    ) -> bytes | memoryview:
+        """The answer's body; ``floor`` (a program's answer) is moved on as a body of no
+        stated length comes."""
         headers = response.headers
         refuse_encoded_body(headers, f"answer {response.status}")
         raw = getattr(response, "_fp", None)  # the http.client response urllib3 wraps
@@ -190,7 +232,9 @@ class HttpTransport:
             or not hasattr(raw, "readinto")
             or "Transfer-Encoding" in headers
         ):
-            return response.read(decode_content=False)
+            if floor is None or length >= 0:
+                return response.read(decode_content=False)
+            return read_at_the_floor(response, floor)
         buffer = self._take_buffer()
         if buffer is None:
             buffer = bytearray(min(length, FIRST_BUFFER_BYTES))
@@ -218,6 +262,34 @@ class HttpTransport:
                 return None
             self._buffer = None
             return buffer
+
+
+def body_deadline(response: urllib3.BaseHTTPResponse) -> AnswerDeadline:
+    """A program answer's deadline, from its head on: ``BODY_GRACE_SECONDS`` plus its
+    stated length at ``BODY_FLOOR_BYTES_PER_SECOND`` (a body of no stated length moves it
+    on as it comes, ``read_at_the_floor``)."""
+    try:
+        length = max(0, int(response.headers.get("Content-Length", "")))
+    except ValueError:
+        length = 0
+    deadline = watched(time.monotonic() + BODY_GRACE_SECONDS + length / BODY_FLOOR_BYTES_PER_SECOND)
+    deadline.attach(response.connection)
+    return deadline
+
+
+def read_at_the_floor(response: urllib3.BaseHTTPResponse, deadline: AnswerDeadline) -> bytes:
+    """A body of no stated length, in pieces, each moving ``deadline`` on by its share."""
+    pieces = []
+    came = 0
+    while piece := response.read(_PIECE_BYTES, decode_content=False):
+        pieces.append(piece)
+        came += len(piece)
+        deadline.at = max(deadline.at, deadline.first_at + came / BODY_FLOOR_BYTES_PER_SECOND)
+    return b"".join(pieces)
+
+
+#: a body of no stated length is read in pieces of this size (``read_at_the_floor``)
+_PIECE_BYTES = 1 << 20
 
 
 def timeout_for(connect_seconds: float, read_seconds: float | None) -> dict[str, Any]:

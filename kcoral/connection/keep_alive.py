@@ -16,6 +16,7 @@ from typing import Any
 import urllib3
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from kcoral.connection import answer_deadline
 from kcoral.connection.early_answer import note_taken
 from kcoral.connection.in_flight import attach_to_current, detach
 
@@ -42,6 +43,7 @@ class _DropsIdleConnections:
             conn.close()
         attach_to_current(conn)  # an AsyncClient request may be cut from its event loop
         note_taken(conn)  # its body stops once an answer waits on it
+        answer_deadline.attach_to_current(conn)  # shut once a status read's time is up
         return conn
 
 

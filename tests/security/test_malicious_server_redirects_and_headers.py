@@ -22,6 +22,7 @@ from test_malicious_server_transport import answering, head
 
 from kcoral import AsyncClient, Client, Program, base_client
 from kcoral.cli import main as kcoral_main
+from kcoral.connection import http as client_http
 from kcoral.errors import KCoralError, TransportError
 
 pytestmark = pytest.mark.timeout(120)
@@ -214,7 +215,7 @@ def test_an_answer_that_stops_after_its_head_ends_at_the_read_timeout(
 
     with answering(stalled) as url, Client(url) as client:
         try:
-            with pytest.raises(TransportError, match="timed out"):
+            with pytest.raises(TransportError, match="answered, but its answer did not end"):
                 client.health()
         finally:
             stop.set()
@@ -234,3 +235,68 @@ def test_kcoral_run_says_where_a_redirect_pointed_and_that_it_was_not_followed(
         "never follows"
     ), said
     assert Elsewhere.seen == []
+
+
+def trickling(stop: threading.Event, **length: object):
+    """An answer whose head comes at once and whose body comes a byte at a time, every
+    0.1 s, until ``stop`` (for ever, as far as the client can tell): chunked, as a
+    keep-alive of spaces, or with a ``Content-Length`` it never reaches."""
+
+    def answer(method: str, path: str) -> Iterator[bytes]:
+        if length:
+            yield head(200, Content_Type="application/json", **length) + b"{"
+        else:
+            yield head(200, Content_Type="application/json", Transfer_Encoding="chunked")
+        while not stop.wait(0.1):
+            yield b" " if length else b"1\r\n \r\n"
+
+    return answer
+
+
+@pytest.mark.parametrize("length", [{}, {"Content_Length": 10**6}])
+def test_a_status_answer_that_trickles_ends_at_its_deadline_for_the_whole_answer(
+    monkeypatch: pytest.MonkeyPatch, length: dict[str, object]
+) -> None:
+    # each read came within its timeout: health() waited as long as the server trickled
+    monkeypatch.setattr(base_client, "STATUS_READ_TIMEOUT_SECONDS", 1.0)
+    stop = threading.Event()
+
+    async def async_health(url: str) -> None:
+        async with AsyncClient(url) as client:
+            await client.health()
+
+    try:
+        with answering(trickling(stop, **length)) as url, Client(url) as client:
+            calls = (
+                client.health,
+                client.info,
+                client.jobs,
+                lambda: asyncio.run(async_health(url)),
+            )
+            for call in calls:
+                with pytest.raises(TransportError) as caught:
+                    call()
+                assert str(caught.value) == (
+                    f"{url} answered, but its answer did not end within 1.0 s"
+                )
+    finally:
+        stop.set()
+
+
+@pytest.mark.parametrize("length", [{}, {"Content_Length": 100}])
+def test_a_program_answer_that_trickles_ends_once_under_the_floor(
+    monkeypatch: pytest.MonkeyPatch, length: dict[str, object]
+) -> None:
+    # a program's answer has no read timeout at all (its run is the server's to bound): a
+    # body sent a byte at a time held execute() for ever
+    monkeypatch.setattr(client_http, "BODY_GRACE_SECONDS", 1.0)
+    stop = threading.Event()
+    try:
+        with answering(trickling(stop, **length)) as url, Client(url) as client:
+            with pytest.raises(TransportError) as caught:
+                client.execute(program())
+        assert str(caught.value) == (
+            f"{url} answered, but its answer came too slowly: its body has 1 s plus 1 s per 64 KiB"
+        )
+    finally:
+        stop.set()
