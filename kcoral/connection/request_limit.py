@@ -13,14 +13,19 @@ the server's 413 does not say the body went unsent. A kept limit never refuses a
 alone: a server restarted with a larger one is asked again before a body over the kept one
 is refused, and a 413 answer (a server restarted with a smaller one) forgets it.
 
+A router's ``/v1/info`` is one node's (ROUTER §6), so its ``limits`` are neither the
+router's own nor another node's: a router is held to its ``fleet_limits.max_request_bytes``
+(ROUTER §13), the largest body it passes on that some ready node may take, and to nothing
+where it states none (a router from before it).
+
 Where the limit is unknown the body goes as before: a server without ``/v1/info``
 (PROTOCOL alone), an answer that is not a JSON object, a limit that is not a positive
-integer (what a broken or hostile server says blocks nothing), and a router, whose
-``/v1/info`` is one node's (ROUTER §6): that node's limit is neither the router's own nor
-another node's.
+integer (what a broken or hostile server or router says blocks nothing).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from kcoral.connection.transport import Flow, Request, Response
 from kcoral.errors import KCoralError
@@ -32,17 +37,34 @@ from kcoral.run.progress import format_bytes
 #: a smaller body costs little more to send than the question would).
 ASK_FROM_BYTES = 8 << 20
 
+#: whose limit a refusal names, and the setting that makes it, by who set it
+_WHOSE = {
+    "server": ("the server's limit of", "kcoral server --max-request-bytes"),
+    "router": ("the router's limit of", "kcoral router --max-request-bytes"),
+    "nodes": (
+        "the largest limit of the router's ready nodes,",
+        "kcoral server --max-request-bytes on the nodes",
+    ),
+}
+
+
+class StatedLimit(NamedTuple):
+    """A limit ``/v1/info`` states: its bytes, and whose it is (a key of ``_WHOSE``)."""
+
+    bytes: int
+    whose: str
+
 
 class RequestTooLarge(KCoralError):
     """The body is larger than the limit the server states: nothing was sent. A
     ``KCoralError`` 413 ``request_too_large``, as the server's own refusal would be."""
 
-    def __init__(self, length: int, limit: int) -> None:
+    def __init__(self, length: int, limit: int, whose: str = "server") -> None:
+        limit_of, setting = _WHOSE[whose]
         super().__init__(
             413,
             f"request not sent: its body of {format_bytes(length)} ({length} bytes) is over "
-            f"the server's limit of {format_bytes(limit)} ({limit} bytes; kcoral server "
-            "--max-request-bytes)",
+            f"{limit_of} {format_bytes(limit)} ({limit} bytes; {setting})",
             kind="request_too_large",
         )
         self.length = length
@@ -52,22 +74,29 @@ class RequestTooLarge(KCoralError):
         return self.message  # our own words, not an answer's: no "HTTP 413" before them
 
 
-def stated_limit(info: Response) -> int | None:
-    """``limits.max_request_bytes`` of a server's ``/v1/info`` answer; None where it states
-    none we can hold it to (see the module's docstring)."""
+def stated_limit(info: Response) -> StatedLimit | None:
+    """``limits.max_request_bytes`` of a server's ``/v1/info`` answer, a router's
+    ``fleet_limits.max_request_bytes``; None where it states none we can hold it to (see the
+    module's docstring)."""
     if info.status != 200:
         return None
     try:
         document = loads_strict(info.data)
     except (ValidationError, RecursionError):
         return None
-    if not isinstance(document, dict) or "fleet" in document:
+    if not isinstance(document, dict):
         return None
+    whose = "server"
     limits = document.get("limits")
+    if "fleet" in document:  # a router's
+        limits = document.get("fleet_limits")
+        whose = (
+            "router" if isinstance(limits, dict) and limits.get("set_by") == "router" else "nodes"
+        )
     limit = limits.get("max_request_bytes") if isinstance(limits, dict) else None
     if type(limit) is not int or limit < 1:  # not a bool, a float, a text
         return None
-    return limit
+    return StatedLimit(limit, whose)
 
 
 class KnownLimit:
@@ -76,7 +105,7 @@ class KnownLimit:
 
     def __init__(self) -> None:
         self._asked = False
-        self._limit: int | None = None
+        self._limit: StatedLimit | None = None
 
     def check(self, length: int, ask: Request) -> Flow[None]:
         """``RequestTooLarge`` when a body of ``length`` bytes is over the server's stated
@@ -85,11 +114,11 @@ class KnownLimit:
         if length < ASK_FROM_BYTES:
             return
         fresh = not self._asked
-        if fresh or (self._limit is not None and length > self._limit):
+        if fresh or (self._limit is not None and length > self._limit.bytes):
             self._limit = stated_limit((yield ask))
             self._asked = True
-        if self._limit is not None and length > self._limit:
-            raise RequestTooLarge(length, self._limit)
+        if self._limit is not None and length > self._limit.bytes:
+            raise RequestTooLarge(length, *self._limit)
 
     def answered(self, status: int) -> None:
         """A body's answer came: a 413 means the kept limit is no longer the server's."""

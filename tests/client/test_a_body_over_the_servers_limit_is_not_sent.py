@@ -93,7 +93,20 @@ def test_a_body_over_the_stated_limit_is_refused_unsent_and_one_of_exactly_the_l
         pytest.param({"limits": {"max_request_bytes": 10**40}}, id="absurdly large"),
         pytest.param({"limits": [1]}, id="limits not an object"),
         pytest.param([1, 2], id="not an object"),
-        pytest.param({"limits": {"max_request_bytes": 1}, "fleet": []}, id="a router's"),
+        pytest.param({"limits": {"max_request_bytes": 1}, "fleet": []}, id="a router's node's"),
+        pytest.param(
+            {"fleet": [], "fleet_limits": {"max_request_bytes": "1", "set_by": "nodes"}},
+            id="a router's text",
+        ),
+        pytest.param(
+            {"fleet": [], "fleet_limits": {"max_request_bytes": True}}, id="a router's bool"
+        ),
+        pytest.param({"fleet": [], "fleet_limits": {"max_request_bytes": 0}}, id="a router's 0"),
+        pytest.param({"fleet": [], "fleet_limits": [1]}, id="a router's, not an object"),
+        pytest.param(
+            {"fleet": [], "fleet_limits": {"max_request_bytes": 10**40}},
+            id="a router's absurdly large",
+        ),
         pytest.param(None, id="no /v1/info"),
     ],
 )
@@ -188,3 +201,34 @@ def test_a_kept_limit_never_refuses_a_body_the_server_would_now_take(
         assert client.execute(second).results["size"] == 2
     asked = [r.path for r in canned_server.requests].count("/v1/info")
     assert asked == (2 if asked_again else 1)
+
+
+@pytest.mark.parametrize(
+    ("set_by", "whose"),
+    [
+        ("router", "the router's limit of 8.0 MiB ({} bytes; kcoral router --max-request-bytes)"),
+        (
+            "nodes",
+            "the largest limit of the router's ready nodes, 8.0 MiB ({} bytes; kcoral server "
+            "--max-request-bytes on the nodes)",
+        ),
+    ],
+)
+def test_a_body_over_a_routers_fleet_limit_is_refused_unsent_naming_who_set_it(
+    canned_server, set_by: str, whose: str
+):
+    data = os.urandom(BLOB_BYTES)
+    program = program_of(BLOB_BYTES, data)
+    canned_server.add(cache_miss(*program.blobs))
+    fleet_limits = {"max_request_bytes": ASK_FROM_BYTES, "set_by": set_by}
+    # its ``limits`` are one node's, larger: the fleet's hold
+    canned_server.add(
+        {"limits": {"max_request_bytes": 1 << 40}, "fleet": [], "fleet_limits": fleet_limits}
+    )
+    with Client(canned_server.url) as client, pytest.raises(RequestTooLarge) as refused:
+        client.execute(program)
+    assert str(refused.value).endswith("is over " + whose.format(ASK_FROM_BYTES)), refused.value
+    assert [(r.method, r.path) for r in canned_server.requests] == [
+        ("POST", "/execute"),
+        ("GET", "/v1/info"),
+    ]
