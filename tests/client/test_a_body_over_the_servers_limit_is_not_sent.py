@@ -8,41 +8,17 @@ import json
 import os
 
 import pytest
+from recording_transport import Recording, program_of
 from server_answers import cache_miss, completed
 
 from kcoral import Client, Program
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.request_limit import ASK_FROM_BYTES, RequestTooLarge
-from kcoral.connection.transport import Request, Response
 from kcoral.errors import KCoralError
 
 TOKEN = "a-token-made-as-the-readme-makes-one-0123456789"
 BLOB_BYTES = ASK_FROM_BYTES + 4096
-
-
-class Recording:
-    """The real HTTP transport, noting each request it is handed."""
-
-    def __init__(self, inner: HttpTransport) -> None:
-        self.inner = inner
-        self.sent: list[tuple[str, str, int]] = []
-
-    def handle_request(self, request: Request) -> Response:
-        self.sent.append((request.method, request.path, request.length))
-        return self.inner.handle_request(request)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def program_of(size: int, data: bytes) -> Program:
-    program = Program()
-    blob = program.upload(kind="bytes", value=data[:size])
-    module = program.upload(kind="module", source="def size(b):\n    return len(b)\n")
-    function = program.get_function(module=module, name="size")
-    program.return_(key="size", value=program.run(fn=function, args=[blob]))
-    return program
 
 
 def body_length(program: Program) -> int:

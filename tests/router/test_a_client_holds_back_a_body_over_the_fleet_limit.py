@@ -10,30 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from recording_transport import Recording, program_of
 from router_helpers import RouterProcess, router_with_a_node
 
 import kcoral
 from kcoral.connection.http import HttpTransport
 from kcoral.connection.request_limit import ASK_FROM_BYTES, RequestTooLarge
-from kcoral.connection.transport import Request, Response
 
 TOKEN = "fleet-limit-client-token"
 NODE_ENV = {"KCORAL_NODE_TOKEN": "fleet-limit-node-token"}
-
-
-class Recording:
-    """The real HTTP transport, noting the length of each body it is handed."""
-
-    def __init__(self, inner: HttpTransport) -> None:
-        self.inner = inner
-        self.sent: list[tuple[str, str, int]] = []
-
-    def handle_request(self, request: Request) -> Response:
-        self.sent.append((request.method, request.path, request.length))
-        return self.inner.handle_request(request)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +30,6 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
         yield router
 
 
-def echo_length(size: int) -> kcoral.Program:
-    program = kcoral.Program()
-    blob = program.upload(kind="bytes", value=bytes(size))
-    module = program.upload(kind="module", source="def size(b):\n    return len(b)\n")
-    function = program.get_function(module=module, name="size")
-    program.return_(key="size", value=program.run(fn=function, args=[blob]))
-    return program
-
-
 @pytest.mark.slow
 def test_a_body_over_what_any_ready_node_takes_is_not_sent_through_a_router(
     router: RouterProcess,
@@ -62,10 +38,15 @@ def test_a_body_over_what_any_ready_node_takes_is_not_sent_through_a_router(
     transport = Recording(HttpTransport(router.url, headers=headers, connect_timeout_seconds=10))
     with kcoral.Client(router.url, transport=transport) as client:
         with pytest.raises(RequestTooLarge) as refused:
-            client.execute(echo_length(ASK_FROM_BYTES + 4096), timeout_seconds=30)
+            client.execute(
+                program_of(ASK_FROM_BYTES + 4096, bytes(ASK_FROM_BYTES + 4096)), timeout_seconds=30
+            )
         sent_large = [request for request in transport.sent if request[2] > 1 << 20]
         # a body the node takes still goes, and runs
-        assert client.execute(echo_length(4096), timeout_seconds=30).results["size"] == 4096
+        assert (
+            client.execute(program_of(4096, bytes(4096)), timeout_seconds=30).results["size"]
+            == 4096
+        )
     assert sent_large == []
     assert (refused.value.status_code, refused.value.kind) == (413, "request_too_large")
     message = str(refused.value)
