@@ -65,8 +65,10 @@ def test_a_local_process_without_a_token_sees_session_seats_as_a_count_only(
         "busy_workers",
         "cache_descriptors",
         "session_seat_count",
+        "draining",  # a bool /health's request_capacity tells anyone already
     }
     assert body["session_seat_count"] == 1 and body["status"] == "ok"
+    assert body["draining"] is False
     text = stranger.raw.decode()
     assert session_id not in text and "alice" not in text
     assert f"{seat['worker_pid']}" not in json.dumps(
@@ -113,3 +115,18 @@ def test_another_token_holder_sees_the_seat_as_a_count_only(server_with_a_sessio
     assert str(seat["worker_pid"]) not in json.dumps(
         {k: v for k, v in answer.body.items() if k != "instance_id"}
     )
+
+
+def test_a_token_holder_cannot_make_the_server_say_it_drains(server_with_a_session) -> None:
+    """Attacker: bob, a token holder, who would take a node out of its router's rotation by
+    making its worker-status say ``draining`` (ROUTER §6). Only the server's own SIGTERM
+    sets it: no method or body of his reaches it, and the server keeps taking work."""
+    server, _ = server_with_a_session
+    bob = {"Authorization": f"Bearer {BOB}", "Content-Type": "application/json"}
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        answer = request(server.url, method, "/internal/worker-status", b'{"draining": true}', bob)
+        assert answer.status in (404, 405), (method, answer.status, answer.body)
+    after = request(server.url, "GET", "/internal/worker-status", headers=bob)
+    assert after.status == 200 and after.body["draining"] is False
+    health = request(server.url, "GET", "/health")
+    assert health.body["load"]["request_capacity"] > 0

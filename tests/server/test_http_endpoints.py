@@ -75,8 +75,10 @@ def test_worker_status_answers_loopback_peers(server) -> None:
         "cache_descriptors",
         "session_seat_count",
         "session_seats",  # a server without tokens: every caller is its one identity
+        "draining",  # false until SIGTERM (PROTOCOL §13)
     }
     assert body["worker_count"] == 2 and body["busy_workers"] == 0
+    assert body["draining"] is False
 
 
 def test_an_unknown_path_is_a_json_404(server) -> None:

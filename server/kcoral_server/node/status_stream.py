@@ -185,7 +185,7 @@ def supervisor_status(supervisor: Supervisor) -> pb.SupervisorStatus:
         last_error="" if healthy else supervisor.last_error,
         health_age_millis=age,
         slot_key=supervisor.slot_key,
-        draining=supervisor.stopping.is_set(),
+        draining=supervisor.stopping.is_set() or supervisor.child_draining,
     )
     if healthy:
         status.worker_count = supervisor.body["worker_count"]

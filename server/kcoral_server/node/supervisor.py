@@ -276,6 +276,9 @@ class Supervisor:
         self.last_healthy_at: float | None = None
         self.last_error = SERVER_STARTING
         self.body: dict[str, Any] = {}
+        # The child said it drains (SIGTERM'd alone, or with us as Slurm and Kubernetes do):
+        # reported as the node's `draining` until a new child starts (ROUTER §6).
+        self.child_draining = False
         self.versions_override: dict[str, str] = {}
         override = self.environ.get(NODE_KIND_OVERRIDE_ENV)
         self.node_kind = NodeKind(**json.loads(override)) if override else None  # _probed
@@ -353,6 +356,7 @@ class Supervisor:
         finally:
             os.close(secrets_fd)
         self.child_url = None
+        self.child_draining = False
         self.metrics.restart()
         self.log.event("server_child_started", node_id=self.config.node_id, pid=self.child.pid)
 
@@ -374,6 +378,8 @@ class Supervisor:
         )
         if problem is None:
             self.body = body
+            # Only `true` counts: a child of another version leaves it out.
+            self.child_draining = self.child_draining or body.get("draining") is True
             await self.metrics.refresh(self.child_url, self.router_secret)
         return problem
 
@@ -431,7 +437,11 @@ class Supervisor:
                     self.stopping.set()
                     return
                 if code is not None:
-                    self.last_error = f"KCoral Server {child_end(code)}"
+                    drained = self.child_draining and code == 0
+                    # a drain that ended as SERVER §12 says is a stop, not a crash
+                    self.last_error = (
+                        SERVER_STOPPED if drained else f"KCoral Server {child_end(code)}"
+                    )
                     break
                 reap_zombies(child.pid)
                 problem = await self.probe()
@@ -463,9 +473,11 @@ class Supervisor:
                 return
             self.healthy = False
             self.report()
+            if self.last_error == SERVER_STOPPED:  # drained (SIGTERM'd alone): no back-off
+                delay = options.restart_min_delay_seconds
             self.log.event(
                 "server_child_restarting",
-                "WARNING",
+                "INFO" if self.last_error == SERVER_STOPPED else "WARNING",
                 node_id=self.config.node_id,
                 error=self.last_error,
                 delay_seconds=round(delay, 3),

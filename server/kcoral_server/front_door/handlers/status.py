@@ -76,6 +76,10 @@ class WorkerStatusHandler(BaseHandler):
                 # descriptors the memory cache keeps open on purpose (leak checks: PROTOCOL §13)
                 "cache_descriptors": self.state.memory_cache.held_descriptors(held_descriptors),
                 "session_seat_count": len(seats),
+                # SIGTERM'd (SERVER §12): a node's supervisor reports the node `draining`,
+                # so its router sends it nothing new (ROUTER §6); "ok" all the same, as the
+                # server still answers what it holds
+                "draining": self.state.shutting_down,
                 **described,
             },
         )

@@ -324,7 +324,8 @@ class Registry:
             node.take_healthy_status(status)
             node.healthy_at = now
             self._success(node)
-        elif status.last_error == SERVER_STARTING and node.state in (STARTING, LEFT):
+        elif status.last_error == SERVER_STARTING and node.state in (STARTING, LEFT, DRAINING):
+            # DRAINING: its server drained alone (SIGTERM) and its supervisor starts a new one
             node.state, node.last_error = STARTING, SERVER_STARTING
         else:
             node.last_error = status.last_error[:MAX_LAST_ERROR_CHARS]
