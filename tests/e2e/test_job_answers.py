@@ -37,6 +37,7 @@ JOB_FIELDS = {
     "elapsed_ms",
     "error_kind",
     "owner",
+    "waiting_for",  # EXTENSIONS §5, added 2026-12 (lease mend)
 }
 FINISHED_JOB_STATUSES = {"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT", "ERROR"}
 ONE = "def f():\n    return 1\n"
