@@ -94,8 +94,11 @@ def test_an_unknown_job_id_right_after_a_start_is_503_not_yet_404(tmp_path: Path
                 client.job(UNKNOWN_JOB).status()
     assert (early.value.status_code, early.value.kind) == (503, "no_node")
     assert early.value.message.startswith("job not found yet: the router started ")
+    # the node is back and answered that it does not hold the job: "may not have
+    # reconnected" was untrue of it (as of a session's, ROUTER §13)
     assert early.value.message.endswith(
-        " s ago, and the node that holds it may not have reconnected"
+        " s ago, and the node back since does not hold it: its node has not reconnected yet,"
+        " or restarted and lost it"
     )
 
 

@@ -201,9 +201,9 @@ def not_found_yet(handler: ForwardHandler, what: str, not_held_by: int = 0) -> s
     return f"{started}, and {held}: its node has not reconnected yet, or restarted and lost it"
 
 
-def answer_while_nodes_reconnect(handler: ForwardHandler, what: str) -> bool:
+def answer_while_nodes_reconnect(handler: ForwardHandler, what: str, not_held_by: int) -> bool:
     """503 ``no_node`` ``not_found_yet`` within the grace; True: answered."""
-    message = not_found_yet(handler, what)
+    message = not_found_yet(handler, what, not_held_by)
     if message is None:
         return False
     handler.send_router_error(503, "no_node", message, "node_gone")

@@ -237,6 +237,7 @@ class JobHandler(ForwardHandler):
         kinds = set()
         expired = "job expired"  # a node's message saying why, when one says so
         claims = []  # every node that says it holds the job
+        not_held = 0  # the nodes that answered they do not (another identity's job too)
         owner = self.identity.name
         for node, answer, _headers in await ask_every_node(self, f"/v1/jobs/{job_id}"):
             if answer is None:
@@ -250,6 +251,7 @@ class JobHandler(ForwardHandler):
                     401, "unauthorized", "missing or invalid bearer token", "request_rejected"
                 )
                 return None
+            not_held += status == 404
             kind = error_kind(body)
             kinds.add(kind)
             if kind == "job_expired":
@@ -263,7 +265,7 @@ class JobHandler(ForwardHandler):
             self.state.log.event("job_claimed_twice", "WARNING", job=job_id, nodes=nodes)
         if "job_expired" in kinds:
             self.send_router_error(404, "job_expired", expired, "request_rejected")
-        elif claims or not answer_while_nodes_reconnect(self, "job"):
+        elif claims or not answer_while_nodes_reconnect(self, "job", not_held):
             self.send_router_error(404, "not_found", "job not found", "request_rejected")
         return None
 
@@ -276,7 +278,8 @@ class JobHandler(ForwardHandler):
         return status == 404 and (not_found_yet(self, "job") is not None or self._lost())
 
     def rewrite(self, status: int, body: bytes) -> bytes:
-        lost, message = self._lost(), not_found_yet(self, "job")
+        # its owner's (or an admin's) alone: the node it was sent to, back since, said so
+        lost, message = self._lost(), not_found_yet(self, "job", not_held_by=1)
         if status != 404 or error_kind(body) != "not_found" or not (lost or message):
             return body
         self.clear()
