@@ -19,13 +19,14 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import pytest
 from kcoral_jupyter.notebook_session import NotebookSession, SessionHolder
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
-from kcoral_server.router.routes.session_index import MAX_KEPT_ENDS
+from kcoral_server.router.routes.session_index import MAX_KEPT_ENDS, SessionIndex
 from router_helpers import FakeNode, Node, RouterProcess, ready_nodes, start_router, stopping
 from server_process import client_token_file
 from test_router_restart_grace import (
@@ -156,14 +157,13 @@ def delete_status(router: RouterProcess, session_id: str) -> int:
         return int(refused.code)
 
 
-def test_an_end_is_not_said_done_where_the_node_that_listed_the_session_missed_its_look_up(
-    tmp_path: Path,
-) -> None:
-    # The node listed the session as it connected, then did not answer the look-up of its
-    # DELETE in time (its server busy; likewise a node that connected while the look-up
-    # was under way). The router kept the end for a listing that never comes again and
-    # answered 410 "session ended for you": the session ran on. Now 503, and the client's
-    # end, asked again, reaches the node.
+def an_end_its_busy_node_misses(
+    tmp_path: Path, meanwhile: Callable[[RouterProcess, Node], None] = lambda *_: None
+) -> tuple[int, dict]:
+    """A router restarted under alice's session, whose node lists it; then ``meanwhile``, and
+    alice's ``DELETE`` of it sent once while the node's server is stopped (its look-up waits
+    for it, then goes without); then her client's close. The ``DELETE``'s status and the
+    session's record after the close."""
     with a_session_on_one_node(tmp_path) as (router, node, _client, session):
         router.stop()
         tokens = client_token_file(tmp_path, f"alice {TOKEN}\n")
@@ -172,8 +172,9 @@ def test_an_end_is_not_said_done_where_the_node_that_listed_the_session_missed_i
         with stopping(restarted, []):
             listed = "node_sessions_listed node=only sessions=1"
             wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+            meanwhile(restarted, node)
             server = node.server_pid()
-            os.kill(server, signal.SIGSTOP)  # the look-up waits for it, then goes without
+            os.kill(server, signal.SIGSTOP)
             try:
                 status = delete_status(restarted, session.id)
             finally:
@@ -181,8 +182,59 @@ def test_an_end_is_not_said_done_where_the_node_that_listed_the_session_missed_i
             ready_nodes(restarted, 1)
             session.close()
             with kcoral.Client(restarted.url, token=TOKEN) as client:
-                record = client.attach_session(session.id).info()
+                return status, client.attach_session(session.id).info()
+
+
+def test_an_end_is_not_said_done_where_the_node_that_listed_the_session_missed_its_look_up(
+    tmp_path: Path,
+) -> None:
+    # The node listed the session as it connected, then did not answer the look-up of its
+    # DELETE in time (its server busy; likewise a node that connected while the look-up
+    # was under way). The router kept the end for a listing that never comes again and
+    # answered 410 "session ended for you": the session ran on. Now 503, and the client's
+    # end, asked again, reaches the node.
+    status, record = an_end_its_busy_node_misses(tmp_path)
     assert status == 503
+    assert (record["state"], record["end_reason"]) == ("ENDED", "deleted")
+
+
+FLOOD = SessionIndex().capacity + 1
+
+
+def a_rogue_floods(router: RouterProcess, node: Node) -> None:
+    """A fake node ``rogue`` lists more made-up session ids than the router's table holds,
+    then leaves."""
+    made_up = (f"{number:08x}-0000-4000-8000-000000000000" for number in range(FLOOD))
+    listing = [{"session_id": i, "owner": "mallory", "created_at": 1.0} for i in made_up]
+    body = json.dumps(listing).encode()
+
+    async def rogue(head: pb.RequestHead, _body: bytes):
+        return 200, [(b"content-type", b"application/json")], body
+
+    async def flood() -> None:
+        token = NODE_ENV["KCORAL_NODE_TOKEN"]
+        fake = FakeNode(router.port, "rogue", handler=rogue, control_slots=2, token=token)
+        await fake.start()
+        try:
+            listed = f"node_sessions_listed node=rogue sessions={FLOOD}"
+            check = partial(wait_for, lambda: listed in router.log(), "listed", router, node)
+            await asyncio.to_thread(check)
+        finally:
+            await fake.close()
+
+    asyncio.run(flood())
+
+
+def test_a_rogue_nodes_flood_of_listed_ids_leaves_the_real_nodes_listing_in_place(
+    tmp_path: Path,
+) -> None:
+    # A rogue node (it holds the node token) lists 100,001 made-up ids right after alice's
+    # node listed her session: they pushed her node's listing out of the router's table,
+    # and her DELETE, whose look-up her busy node missed, was kept and answered 410 "ended
+    # for you" for a listing that had come already: her session ran on. Each node's
+    # listing now has its share, and the flood loses its own entries.
+    status, record = an_end_its_busy_node_misses(tmp_path, a_rogue_floods)
+    assert status == 503  # not kept: the client asks again, and its end reaches the node
     assert (record["state"], record["end_reason"]) == ("ENDED", "deleted")
 
 

@@ -50,14 +50,17 @@ def request_of(head: pb.RequestHead) -> tuple[str, str, str]:
     return named.get(":method", ""), named.get(":path", ""), named.get("x-kcoral-identity", "")
 
 
-def alices_node(held: str) -> FakeNode:
-    """A node holding alice's session or job ``held`` (for alice alone), and no free seat."""
+def alices_node(held: str, lists: bool = False) -> FakeNode:
+    """A node holding alice's session or job ``held`` (for alice alone), and no free seat;
+    ``lists``: it lists her session to the router (asked as the admin ``kcoral-router``)."""
 
     async def handler(head: pb.RequestHead, body: bytes):
         _method, path, identity = request_of(head)
         if path == "/v1/info":
             info = {"features": ["jobs", "sessions"], "sessions": {"max": 1, "active": 1}}
             return 200, OK, json.dumps(info).encode()
+        if path == "/v1/sessions" and lists and identity.startswith("kcoral-router;"):
+            return 200, OK, json.dumps([{"session_id": held, "owner": "alice"}]).encode()
         if path in ("/v1/sessions", "/v1/jobs"):
             return 200, OK, b"[]"  # nothing of bob's (alice does not list here)
         if held in path and "alice" in identity:
@@ -76,8 +79,10 @@ def alices_node(held: str) -> FakeNode:
     return node
 
 
-def a_rogue(stolen: str, seen: list[tuple[str, str, str]]) -> FakeNode:
-    """A node that offers free seats and answers every creation with ``stolen``, alice's."""
+def a_rogue(stolen: str, seen: list[tuple[str, str, str]], to_bob_alone: bool = False) -> FakeNode:
+    """A node that offers free seats and answers every creation with ``stolen``, alice's;
+    ``to_bob_alone``: it answers others as a node without it (it lists nothing to the router
+    and answers alice's look-up 404), so that only bob's answer lies."""
 
     async def handler(head: pb.RequestHead, body: bytes):
         method, path, identity = request_of(head)
@@ -85,7 +90,12 @@ def a_rogue(stolen: str, seen: list[tuple[str, str, str]]) -> FakeNode:
         if path == "/v1/info":
             info = {"features": ["jobs", "sessions"], "sessions": {"max": 8, "active": 0}}
             return 200, OK, json.dumps(info).encode()
-        claim = {"session_id": stolen, "job_id": stolen, "owner": "alice", "created_at": 1.0}
+        if to_bob_alone and identity != "bob":
+            listing = path in ("/v1/sessions", "/v1/jobs")
+            return (200, OK, b"[]") if listing else (404, OK, json.dumps(NOT_FOUND).encode())
+        # to bob alone: as bob's, else his list and look-up leave it out (another owner's)
+        owner = "bob" if to_bob_alone else "alice"
+        claim = {"session_id": stolen, "job_id": stolen, "owner": owner, "created_at": 1.0}
         if (method, path) == ("POST", "/v1/sessions"):
             return 201, OK, json.dumps(claim).encode()
         if (method, path) == ("POST", "/v1/jobs"):
@@ -141,3 +151,41 @@ def test_a_rogue_node_answering_bob_with_alices_id_as_hers_gets_nothing_of_hers(
     # with two nodes' word against each other, she reads an unknown id's 404)
     assert asyncio.run(scenario()) == 404
     assert [s for s in seen if s[2] == "alice" and s[0] != "GET"] == []
+
+
+@pytest.mark.parametrize("bobs", ["POST /v1/sessions", "GET /v1/sessions", "GET /v1/sessions/{}"])
+def test_a_rogue_nodes_answer_to_bob_does_not_take_a_session_alices_node_listed(
+    router: RouterProcess, bobs: str
+) -> None:
+    # alice's node listed her session to the restarted router; then the rogue answered bob's
+    # new session, list or look-up with her id. The id was bound to the rogue for bob, and
+    # alice read 404 for her own session until the binding dropped. Session ids are fresh
+    # UUIDs: a node's word for an id another connected node listed is believed of neither.
+    stolen, seen = str(uuid.uuid4()), []
+    nodes = [alices_node(stolen, lists=True), a_rogue(stolen, seen, to_bob_alone=True)]
+
+    async def scenario() -> tuple[int, str | None]:
+        for node in nodes:
+            node.router_port = router.port
+            await node.start()
+        try:
+            await wait_for_health(router.port, lambda b: b["load"]["request_capacity"] >= 1)
+            listed = "node_sessions_listed node=alices sessions=1"
+            for _ in range(1200):  # a hang guard, not a timing check
+                if listed in router.log():
+                    break
+                await asyncio.sleep(0.05)
+            assert listed in router.log()
+            bobs_method, bobs_path = bobs.split(" ")
+            bobs_body = b"{}" if bobs_method == "POST" else None
+            path = bobs_path.format(stolen)
+            await http_request(router.port, bobs_method, path, bobs_body, as_(BOB))
+            assert (bobs_method, path, "bob") in seen  # the rogue answered bob
+            execute = f"/v1/sessions/{stolen}/execute"
+            answer = await http_request(router.port, "POST", execute, b"", as_(ALICE))
+            return answer.status, answer.header("X-KCoral-Node")
+        finally:
+            for node in nodes:
+                await node.close()
+
+    assert asyncio.run(scenario()) == (200, "alices")  # her program reached her node

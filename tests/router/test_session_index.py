@@ -16,10 +16,10 @@ from kcoral_server.router.routes import session_index
 from kcoral_server.router.routes.session_index import (
     MAX_CLOSERS,
     MAX_KEPT_ENDS,
-    Listing,
     SessionIndex,
     SessionInventory,
 )
+from kcoral_server.router.routes.session_listings import Listing
 
 SESSION = "0c8f7a4e-4d7e-4a51-9d55-0000000000aa"
 ALICE, BOB, ADMIN = Identity("alice"), Identity("bob"), Identity("root", admin=True)
@@ -153,3 +153,86 @@ def test_a_node_that_answers_its_listing_without_a_list_is_not_asked_again(
 
     asyncio.run(three_checks())
     assert asked == ["n1"]
+
+
+def test_a_nodes_flood_of_listed_ids_never_pushes_out_another_nodes_listing() -> None:
+    # A rogue node lists more made-up ids than the table holds after alice's node listed
+    # her session: her node's listing fell out, and the router said "not found yet" (and
+    # kept an end that was never carried out) where it knew better.
+    index = SessionIndex(capacity=100)
+    index.listed(SESSION, Listing("n1", "server-1", "alice"))
+    for number in range(1000):
+        made_up = f"{number:08x}-0000-4000-8000-000000000000"
+        index.listed(made_up, Listing("rogue", "server-9", "mallory"))
+    assert index.gone(SESSION, ALICE, {"n1"}) == Listing("n1", "server-1", "alice")
+    assert len(index.listings) == 100
+    # the flood lost its own entries: the router knows its listing is not whole
+    assert index.listings.incomplete == {"rogue": "server-9"}
+
+
+def test_an_end_is_not_kept_while_a_node_whose_listing_lost_entries_is_connected() -> None:
+    # That node listed more than its share; it may have listed this session, and lists no
+    # more: an end kept for its listing (answered 410) would never be carried out.
+    index = SessionIndex(capacity=10)
+    for number in range(20):
+        index.listed(f"{number:08x}-0000-4000-8000-000000000000", Listing("n1", "s1", "bob"))
+    node = SimpleNamespace(connected=True, server_instance_id="s1")
+    state = SimpleNamespace(sessions=index, registry=SimpleNamespace(nodes={"n1": node}))
+    inventory = SessionInventory(state)
+    assert inventory.listed_already(SESSION, ALICE)
+    node.server_instance_id = "s2"  # its new server lists again, whole
+    assert not inventory.listed_already(SESSION, ALICE)
+
+
+def test_an_end_is_not_kept_where_two_connected_nodes_list_the_session() -> None:
+    # A rogue node that learnt alice's id lists it too: the id is believed of neither node,
+    # but her node listed it and lists no more, so an end kept for a listing is not kept.
+    index = SessionIndex()
+    index.listed(SESSION, Listing("n1", "s1", "alice"))
+    index.listed(SESSION, Listing("rogue", "s9", "alice"))
+    nodes = {
+        "n1": SimpleNamespace(connected=True, server_instance_id="s1"),
+        "rogue": SimpleNamespace(connected=False, server_instance_id="s9"),
+    }
+    inventory = SessionInventory(
+        SimpleNamespace(sessions=index, registry=SimpleNamespace(nodes=nodes))
+    )
+    assert inventory.listed_already(SESSION, ALICE)
+    assert not inventory.listed_already(SESSION, BOB)  # another identity's: as an unknown id
+
+
+def test_an_end_is_not_kept_once_the_table_of_ends_is_full() -> None:
+    # Many identities' ends of made-up ids filled the table: pushing the oldest out dropped
+    # an end already answered 410 "ended for you". The newest is told to ask again instead.
+    index = SessionIndex(capacity=3)
+    for number in range(3):
+        assert index.close_later(
+            f"{number:08x}-0000-4000-8000-000000000000", Identity(f"u{number}")
+        )
+    assert index.close_later(SESSION, ALICE) is False
+    assert index.take_close("00000000-0000-4000-8000-000000000000", "u0") == Identity("u0")
+    assert index.close_later(SESSION, ALICE) is True
+
+
+def test_a_rogue_listing_a_session_bound_to_its_node_does_not_take_it_from_there() -> None:
+    # A node's word for an id another connected node listed is believed of neither (ids are
+    # fresh UUIDs), but a session bound to its node already stays its: a rogue that learnt
+    # bob's id and listed it would hide his session from his own list.
+    index = SessionIndex()
+    index.listed(SESSION, Listing("rogue", "s9", "bob"))
+    nodes = {
+        name: SimpleNamespace(connected=True, server_instance_id=instance)
+        for name, instance in (("n1", "s1"), ("rogue", "s9"))
+    }
+    inventory = SessionInventory(
+        SimpleNamespace(sessions=index, registry=SimpleNamespace(nodes=nodes))
+    )
+    assert inventory.listed_elsewhere(SESSION, "n1")  # unbound: the two nodes' words clash
+    assert not inventory.listed_elsewhere(SESSION, "rogue")  # its own listing
+    index.remember(SESSION, "n1", "s1", "bob")
+    assert not inventory.listed_elsewhere(SESSION, "n1")
+    nodes["rogue"].connected = False
+    index = SessionIndex()
+    index.listed(SESSION, Listing("rogue", "s9", "bob"))
+    inventory.state.sessions = index
+    assert not inventory.listed_elsewhere(SESSION, "n1")  # a lister gone says nothing now

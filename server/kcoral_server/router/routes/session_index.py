@@ -18,6 +18,7 @@ from kcoral_server.front_door.callers import Identity
 from kcoral_server.router.forwarding.headers import identity_header
 from kcoral_server.router.nodes.slot import CONTROL
 from kcoral_server.router.routes.fan_out import fetch, untrusted_json
+from kcoral_server.router.routes.session_listings import Listing, ListingTable
 
 SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 #: whom the router names itself to a node when it lists that node's sessions: an admin
@@ -33,15 +34,6 @@ MAX_KEPT_ENDS = 1024
 #: a supervisor's longest reconnect back-off (ROUTER §4.5): a node that lived through the
 #: router's grace has reconnected, and listed its sessions, by this long after it
 LONGEST_RECONNECT_SECONDS = 30.0
-
-
-@dataclass(frozen=True)
-class Listing:
-    """A session a node listed when it connected (not a binding: see ``SessionIndex.gone``)."""
-
-    node_id: str
-    instance_id: str  # the node's server then
-    owner: str
 
 
 @dataclass
@@ -75,9 +67,9 @@ class SessionIndex:
         self.capacity = capacity
         self._sessions: OrderedDict[str, RoutedSession] = OrderedDict()
         self.offering: set[str] = set()
-        # What nodes listed as they connected (None: more than one node listed the id, so
-        # one of them lies), and the ends asked for by whom while no node knew the id.
-        self._listed: OrderedDict[str, Listing | None] = OrderedDict()
+        # What nodes listed as they connected (each node its share), and the ends asked
+        # for by whom while no node knew the id.
+        self.listings = ListingTable(capacity)
         self._closing: OrderedDict[str, dict[Identity, None]] = OrderedDict()
         self._kept_ends: Counter[Identity] = Counter()  # how many ends each keeps there
         # the ends carried out, in whose name: sent again to another node that lists the id
@@ -144,22 +136,17 @@ class SessionIndex:
 
     def listed(self, session_id: str, listing: Listing) -> None:
         """``listing.node_id`` lists ``session_id`` (as it connected)."""
-        known = self._listed.get(session_id, listing)
-        same = known is not None and known.node_id == listing.node_id
-        _bounded_put(self._listed, session_id, listing if same else None, self.capacity)
+        self.listings.add(session_id, listing)
 
     def gone(self, session_id: str, identity: Identity, not_held_by: set[str]) -> Listing | None:
         """Where ``session_id``, which no node holds now, was listed, when it is gone for
-        sure for ``identity`` (its owner or an admin): the node that listed it is among
-        ``not_held_by``, those that have just answered that they do not hold it."""
-        listing = self._listed.get(session_id)
+        sure for ``identity`` (its owner or an admin): the node that listed it, the only
+        one, is among ``not_held_by``, those that have just answered that they do not hold
+        it (an id more than one node lists is believed of none: one of them lies)."""
+        listing = self.listings.sole(session_id)
         if listing is None or not identity.owns(listing.owner):
             return None
         return listing if listing.node_id in not_held_by else None
-
-    def listing(self, session_id: str) -> Listing | None:
-        """Where ``session_id`` was listed (None: nowhere, or by more than one node)."""
-        return self._listed.get(session_id)
 
     def close_later(self, session_id: str, identity: Identity) -> bool:
         """``identity`` ended ``session_id`` while no node knew it: its node is asked to
@@ -168,7 +155,10 @@ class SessionIndex:
         and at most ``MAX_KEPT_ENDS`` per identity, so one identity's ends of made-up ids
         cannot push the others' out of the table. True: kept; False: not (the caller is to
         ask again, not be told its session ended)."""
-        closers = self._closing.pop(session_id, {})
+        closers = self._closing.get(session_id)
+        if closers is None and len(self._closing) >= self.capacity:
+            return False  # full (many identities' ends): pushing one out would drop an end told 410
+        closers = self._closing.setdefault(session_id, {})
         if (
             identity not in closers
             and len(closers) < MAX_CLOSERS  # the first ones stay: a stranger's cannot push out
@@ -176,10 +166,8 @@ class SessionIndex:
         ):
             closers[identity] = None
             self._kept_ends[identity] += 1
-        if closers:
-            self._closing[session_id] = closers
-            while len(self._closing) > self.capacity:
-                self._drop_closers(self._closing.popitem(last=False)[1])
+        if not closers:
+            del self._closing[session_id]
         return identity in closers
 
     def take_close(self, session_id: str, owner: str) -> Identity | None:
@@ -247,17 +235,41 @@ class SessionInventory:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def listed_already(self, session_id: str, identity: Identity) -> bool:
-        """Whether ``session_id`` is ``identity``'s and a node listed it on the connection and
+        """Whether a node may have listed ``session_id`` as ``identity``'s on the connection and
         server it still has: that node will not list it again, so an end kept for the
         listing would never be carried out. The look-up that found no node holding it
-        began before that node connected, or the node did not answer it in time."""
-        listing = self.state.sessions.listing(session_id)
-        if listing is None or not identity.owns(listing.owner):
-            return False
-        node = self.state.registry.nodes.get(listing.node_id)
-        return (
-            node is not None and node.connected and node.server_instance_id == listing.instance_id
+        began before that node connected, or the node did not answer it in time. So too a
+        node whose listing lost entries to the table's bound (it listed more than its
+        share: it may have listed this one), and each of several nodes that list the id."""
+        listings = self.state.sessions.listings
+        if any(
+            identity.owns(listing.owner) and self._still_has(listing.node_id, listing.instance_id)
+            for listing in listings.of(session_id)
+        ):
+            return True
+        return any(
+            self._still_has(node, instance) for node, instance in listings.incomplete.items()
         )
+
+    def listed_elsewhere(self, session_id: str, node_id: str) -> bool:
+        """Whether a node other than ``node_id`` listed ``session_id`` on the connection and
+        server it still has. Session ids are fresh UUIDs, so ``node_id``'s word that it holds
+        the id (a new session's ``201``, a list, a look-up) then means that one of the two
+        lies: a rogue node answering bob's new session with alice's id, listed by her node,
+        took the id, and alice read 404 for her own session (ROUTER §13). An id bound to
+        ``node_id`` already stays its: a rogue listing it must not hide it from its owner."""
+        known = self.state.sessions.get(session_id)
+        if known is not None and known.node_id == node_id:
+            return False
+        return any(
+            listing.node_id != node_id and self._still_has(listing.node_id, listing.instance_id)
+            for listing in self.state.sessions.listings.of(session_id)
+        )
+
+    def _still_has(self, node_id: str, instance_id: str) -> bool:
+        """Whether ``node_id`` is connected and runs server ``instance_id`` still."""
+        node = self.state.registry.nodes.get(node_id)
+        return node is not None and node.connected and node.server_instance_id == instance_id
 
     def check_nodes(self) -> None:
         """Registry change: list each node that (re)connected, while it may matter."""
@@ -297,8 +309,9 @@ class SessionInventory:
         for session_id, owner in listed:
             if session_id is None:
                 continue
-            if self.state.sessions.get(session_id) is None:  # bound: what it learnt stands
-                self.state.sessions.listed(session_id, Listing(node_id, instance, owner))
+            # bound or not: a rogue node's binding of the id for another identity (ROUTER
+            # §13) sends the owner's requests to a look-up, whose end must know this listing
+            self.state.sessions.listed(session_id, Listing(node_id, instance, owner))
             # a kept end is carried out though another request bound the session meanwhile
             # (the owner's list, a retried read): it was answered 410 already
             closer = self.state.sessions.take_close(session_id, owner)

@@ -269,6 +269,8 @@ class SessionsHandler(ForwardHandler):
         session_id = session_record_id(record)
         if session_id is None or node_id is None:
             return False
+        if self.state.inventory.listed_elsewhere(session_id, node_id):
+            return False  # another node's listing has it: one of them lies, believed of none
         node = self.state.registry.nodes.get(node_id)
         instance = node.server_instance_id if node is not None else ""
         owner = record["owner"] if owner is None else owner
@@ -449,16 +451,21 @@ class SessionHandler(ForwardHandler):
                 )
                 return None
         known = self.state.sessions.get(session_id)
-        # A session lives on one node: when several claim it, one of them is lying (a rogue
+        # A session lives on one node: when several claim it, or one claims it that another
+        # node listed as it connected (ids are fresh UUIDs), one of them is lying (a rogue
         # node), and none is believed.
-        if len(claims) == 1 and (known is None or known.ended is None):
+        listed_elsewhere = len(claims) == 1 and self.state.inventory.listed_elsewhere(
+            session_id, claims[0][0]
+        )
+        if len(claims) == 1 and (known is None or known.ended is None) and not listed_elsewhere:
             node, owner = claims[0]
             record = self.state.registry.nodes.get(node)
             instance = record.server_instance_id if record is not None else ""
             if self.state.sessions.remember(session_id, node, instance, owner):
                 return self._fitting(node)
-        if len(claims) > 1:
-            nodes = ",".join(node for node, _ in claims)
+        if len(claims) > 1 or listed_elsewhere:
+            listers = self.state.sessions.listings.of(session_id) if listed_elsewhere else []
+            nodes = ",".join(sorted({node for node, _ in claims} | {n.node_id for n in listers}))
             self.state.log.event(
                 "session_claimed_twice", "WARNING", session=session_id, nodes=nodes
             )
