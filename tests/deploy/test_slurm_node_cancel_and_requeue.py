@@ -12,11 +12,9 @@ Slurm (``slurm_cluster``), as docs/scaling.md "Slurm" says they go:
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
@@ -27,6 +25,7 @@ from test_slurm_nodes import (
     SCRIPT,
     call,
     capacity,
+    hold_a_program,
     logged,
     node_id_of,
     private,
@@ -66,15 +65,7 @@ def stopped_mid_program(
     """Runs ``stop`` (a Slurm command) while a program runs on the node of ``job``; the
     program's result, once the node is out of the router."""
     held = tmp_path / "held"
-    held.mkdir()
-    outcome: dict[str, Any] = {}
-
-    def run_held() -> None:
-        with kcoral.Client(router.url) as client:
-            outcome["result"] = client.execute(call("hold", str(held)))
-
-    runner = threading.Thread(target=run_held)
-    runner.start()
+    runner, outcome = hold_a_program(router, held)
     wait_until(lambda: (held / "started").exists(), "the program started")
     cluster.run(*stop)
     runner.join(120)

@@ -134,6 +134,21 @@ def leftovers(router: RouterProcess, cluster: SlurmCluster) -> list[str]:
     return found
 
 
+def hold_a_program(router: RouterProcess, held: Path) -> tuple[threading.Thread, dict[str, Any]]:
+    """Runs ``hold`` through the router in a thread until ``held/release`` exists: the
+    thread, and the dict that gets its ``result``."""
+    held.mkdir()
+    outcome: dict[str, Any] = {}
+
+    def run_held() -> None:
+        with kcoral.Client(router.url) as client:
+            outcome["result"] = client.execute(call("hold", str(held)))
+
+    runner = threading.Thread(target=run_held)
+    runner.start()
+    return runner, outcome
+
+
 def test_two_slurm_node_jobs_serve_and_one_drains_while_its_program_runs(tmp_path: Path) -> None:
     router: RouterProcess | None = None
     with slurm_cluster(tmp_path / "slurm") as cluster:
@@ -187,15 +202,7 @@ def test_two_slurm_node_jobs_serve_and_one_drains_while_its_program_runs(tmp_pat
 
             # A program runs on one node; that node is drained under it.
             held = tmp_path / "held"
-            held.mkdir()
-            outcome: dict[str, Any] = {}
-
-            def run_held() -> None:
-                with kcoral.Client(router.url) as client:
-                    outcome["result"] = client.execute(call("hold", str(held)))
-
-            runner = threading.Thread(target=run_held)
-            runner.start()
+            runner, outcome = hold_a_program(router, held)
             drained = wait_until(
                 lambda: (held / "started").exists() and (held / "started").read_text(),
                 "the program started",
