@@ -479,3 +479,17 @@ def test_each_node_pod_bounds_its_disk_volumes_above_what_the_server_may_write()
         assert str(config.disk_cache_dir).startswith("/var/lib/kcoral/")
         assert str(config.log_dir).startswith("/var/lib/kcoral/")
         assert quantity_bytes(state) >= 2 * config.disk_cache_capacity_mbytes * (1 << 20), name
+
+
+def test_no_workload_takes_a_token_from_a_plain_environment_value() -> None:
+    # docs/scaling.md "Tokens, secrets and identities": the node token comes from the Secret
+    # kcoral-node-token, the client tokens only as the router's mounted token file. A literal
+    # `value:` would put a token in the manifest, in git and in `kubectl get -o yaml`.
+    for workload in (router(), *(overlay_node(name) for name in overlays())):
+        environment = container(workload).get("env", [])
+        for entry in environment:
+            secret = entry.get("valueFrom", {}).get("secretKeyRef")
+            if "TOKEN" in entry["name"] or "SECRET" in entry["name"]:
+                assert "value" not in entry and secret is not None, entry
+        names = {entry["name"] for entry in environment}
+        assert not names & {"KCORAL_AUTH_TOKEN", "KCORAL_TOKEN"}, names  # client tokens
