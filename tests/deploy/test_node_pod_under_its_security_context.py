@@ -155,7 +155,10 @@ def node_pod(
         (server,) = [child for child in found if child.ppid() not in {c.pid for c in found}]
         yield wrapper, server, probe
     finally:
+        # Killing bubblewrap leaves its command running: the whole tree goes.
         if wrapper.poll() is None:
+            for process in psutil.Process(wrapper.pid).children(recursive=True):
+                process.kill()
             wrapper.kill()
         wrapper.wait()
 

@@ -107,7 +107,10 @@ def hardened_router(tmp_path: Path) -> Iterator[tuple[RouterProcess, psutil.Proc
         ]
         yield RouterProcess(url, int(url.rsplit(":", 1)[1]), wrapper, log_path), router
     finally:
+        # Killing bubblewrap leaves its command running: the whole tree goes.
         if wrapper.poll() is None:
+            for process in psutil.Process(wrapper.pid).children(recursive=True):
+                process.kill()
             wrapper.kill()
             wrapper.wait()
 
