@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import pytest
 from deploy_files import container, overlay_node
+from slurm_cluster import stop_tree
 from test_systemd_units import kcoral_entry_point
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
@@ -155,12 +156,7 @@ def node_pod(
         (server,) = [child for child in found if child.ppid() not in {c.pid for c in found}]
         yield wrapper, server, probe
     finally:
-        # Killing bubblewrap leaves its command running: the whole tree goes.
-        if wrapper.poll() is None:
-            for process in psutil.Process(wrapper.pid).children(recursive=True):
-                process.kill()
-            wrapper.kill()
-        wrapper.wait()
+        stop_tree(wrapper)  # killing bubblewrap alone leaves its command running
 
 
 def test_the_cpu_node_pod_sandboxes_its_workers_under_its_security_context(

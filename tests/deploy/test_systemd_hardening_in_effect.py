@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 from deploy_files import unit_command
+from slurm_cluster import stop_tree
 from test_systemd_units import kcoral_entry_point, service
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
@@ -107,12 +108,7 @@ def hardened_router(tmp_path: Path) -> Iterator[tuple[RouterProcess, psutil.Proc
         ]
         yield RouterProcess(url, int(url.rsplit(":", 1)[1]), wrapper, log_path), router
     finally:
-        # Killing bubblewrap leaves its command running: the whole tree goes.
-        if wrapper.poll() is None:
-            for process in psutil.Process(wrapper.pid).children(recursive=True):
-                process.kill()
-            wrapper.kill()
-            wrapper.wait()
+        stop_tree(wrapper)  # killing bubblewrap alone leaves its command running
 
 
 def listening_url(process: subprocess.Popen[str], log_path: Path) -> str:
