@@ -291,3 +291,27 @@ def test_the_docs_say_the_fuzz_variable_sets_each_propertys_examples_as_the_suit
     words = " ".join((ROOT / page).read_text(encoding="utf-8").split())
     assert "`KCORAL_FUZZ_EXAMPLES=N` runs N examples of every property" in words
     assert "13 security checks" not in words
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/remote_functions.md"])
+def test_the_remote_function_pages_say_how_generators_and_an_async_clients_functions_behave(
+    page: str,
+) -> None:
+    # Neither page said either (remote soak): a generator met a TypeError at decoration the
+    # pages never mentioned, and `await f.remote(x)` on an AsyncClient's function blocked
+    # the loop, ran the call, then failed "object int can't be used in 'await' expression".
+    from kcoral import AsyncClient
+    from kcoral.remote import RemoteFunction
+
+    def numbers() -> object:
+        yield 1
+
+    with pytest.raises(TypeError, match="return a list"):
+        RemoteFunction(numbers, client=AsyncClient("http://127.0.0.1:9"))
+    assert not inspect.iscoroutinefunction(RemoteFunction.remote)  # blocks unless run_async
+    words = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    assert "Generator functions are refused when decorating (`TypeError`: return a list)" in words
+    assert (
+        "A function an `AsyncClient` decorated is called the same way: `f.remote(...)` blocks "
+        "and returns the value (so `await f.remote(...)` runs the call, then raises `TypeError`)"
+    ) in words
