@@ -79,6 +79,9 @@ class KCoralError(Exception):
         #: what to do, said before the server's text (a 401's: where a token comes from;
         #: set by the client that made the request, which knows the URL and the token)
         self.hint = ""
+        #: a redirect's (3xx) target as ``redirect_hint`` shows it (scheme, host, port; None
+        #: for another answer), which a notebook's own lines name
+        self.redirect_to: str | None = None
 
     def __str__(self) -> str:
         # Who can reach this: the server answering, malicious or not, writes ``message``;
@@ -103,9 +106,15 @@ class TransportError(Exception):
     ``url`` is the address that did not answer (``None`` when unknown): the notebook names
     it in its one-line message instead of the transport library's chain of causes."""
 
-    def __init__(self, message: str, *, url: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, url: str | None = None, answered_but: str | None = None
+    ) -> None:
         super().__init__(message)
         self.url = url
+        #: where the server did answer: what went wrong then, in a few words (``its answer
+        #: was refused: more than 100 headers``, ``its answer did not end within 30 s``), so
+        #: a caller says "answered, but ..." in its own line; None where no answer came
+        self.answered_but = answered_but
 
 
 #: what TLS says when the other end answers in plain HTTP, or hangs up on the handshake
@@ -242,20 +251,31 @@ def refused_answer(exc: BaseException) -> str | None:
 
 
 def unreachable_message(url: str, exc: BaseException) -> str:
-    """``TransportError``'s one line for ``exc`` at ``url``: ``cannot reach
-    http://127.0.0.1:8000: connection refused (is a KCoral server running there?)``; where
-    the server was reached and its answer refused or cut short, ``http://127.0.0.1:8000
-    answered, but its answer was refused: more than 100 headers`` (or ``answered, but the
-    connection closed in the middle of the answer (6 of 100 bytes came)``)."""
+    """``TransportError``'s one line for ``exc`` at ``url`` (``transport_error``)."""
+    return str(transport_error(url, exc))
+
+
+def transport_error(url: str, exc: BaseException) -> TransportError:
+    """The ``TransportError`` for ``exc`` at ``url``: ``cannot reach http://127.0.0.1:8000:
+    connection refused (is a KCoral server running there?)``; where the server was reached
+    and its answer refused or cut short, ``http://127.0.0.1:8000 answered, but its answer
+    was refused: more than 100 headers`` (or ``answered, but the connection closed in the
+    middle of the answer (6 of 100 bytes came)``), its ``answered_but`` the words after
+    ``but``."""
     refused = refused_answer(exc)
     if refused is not None:
-        return f"{url} answered, but its answer was refused: {refused}"
+        return answered_but(url, f"its answer was refused: {refused}")
     reason = root_reason(exc)
     if reason.startswith(CUT_SHORT_WORDS):
-        return f"{url} answered, but {reason}"
+        return answered_but(url, reason)
     if reason == "connection refused":
         reason = f"{reason} ({NOTHING_LISTENS_HINT})"
-    return f"cannot reach {url}: {reason}"
+    return TransportError(f"cannot reach {url}: {reason}", url=url)
+
+
+def answered_but(url: str, trouble: str) -> TransportError:
+    """``URL answered, but <trouble>``: the server was reached, its answer was not taken."""
+    return TransportError(f"{url} answered, but {trouble}", url=url, answered_but=trouble)
 
 
 class ProtocolError(Exception):

@@ -73,12 +73,17 @@ def redirect_hint(status_code: int, location: str | None) -> str:
     query may hold anything), and only when printable."""
     if not 300 <= status_code < 400:
         return ""
-    target = _redirect_target(location or "") or "an address it did not say"
+    target = redirect_target(location)
     return (
         f"the server answered {status_code}, a redirect to {target}, which KCoral never "
         "follows (the token and the program would go where the URL does not point): if it "
         "is the KCoral server, use its address as the URL"
     )
+
+
+def redirect_target(location: str | None) -> str:
+    """Where a redirect's ``Location`` points, as a hint may show it."""
+    return _redirect_target(location or "") or "an address it did not say"
 
 
 def _redirect_target(location: str) -> str | None:
@@ -127,6 +132,8 @@ def error_from_response(
         retry_after=retry_after_seconds(headers.get("Retry-After")),
     )
     error.hint = redirect_hint(status_code, headers.get("Location"))
+    if error.hint:
+        error.redirect_to = redirect_target(headers.get("Location"))
     return error
 
 

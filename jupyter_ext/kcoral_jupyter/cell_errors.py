@@ -142,9 +142,22 @@ class SessionNotFoundError(TwoLineError, LookupError):
     ended, or another identity's, which answers exactly like an unknown one)."""
 
 
+class AnswerRefusedError(ServerUnreachableError):
+    """The server answered, but its answer was refused, cut short or too slow (no HTTP
+    answer the client took, as ``ServerUnreachableError``; but something did answer)."""
+
+
+#: what to do about an answer the client did not take
+NOT_KCORAL_HINT = (
+    "is it a KCoral server (or a proxy in front of one)? %kcoral status shows what answers there"
+)
+
+
 def unreachable(exc: TransportError, server: str | None = None) -> ServerUnreachableError:
     """A ``TransportError`` as the two lines a user acts on, naming the address tried."""
     where = server or getattr(exc, "url", None) or "the server"
+    if exc.answered_but:  # "no answer from URL: got more than 100 headers" was not true
+        return AnswerRefusedError(f"{where} answered, but {exc.answered_but}", NOT_KCORAL_HINT)
     return ServerUnreachableError(f"no answer from {where}: {root_reason(exc)}", start_hint(where))
 
 
@@ -195,6 +208,15 @@ def refused(exc: KCoralError, server: str | None = None) -> ServerRefusedError:
     """An HTTP error answer as the two lines a user acts on; status and kind stay readable."""
     where = f"{server} answered " if server else ""
     request = f" [request {exc.request_id}]" if exc.request_id else ""
+    if exc.redirect_to is not None:  # it said "HTTP 307 without a KCoral error"
+        return ServerRefusedError(
+            f"{where or 'the server answered '}HTTP {exc.status_code}, a redirect to "
+            f"{exc.redirect_to}, which KCoral never follows (the token and the program would "
+            f"go where the URL does not point){request}",
+            "if that is the KCoral server, %kcoral connect to its address",
+            status_code=exc.status_code,
+            kind=None,
+        )
     if exc.without_error_body:  # before: "... answered HTTP 502: HTTP 502"
         return ServerRefusedError(
             f"{where or 'the server answered '}HTTP {exc.status_code} without a KCoral error"

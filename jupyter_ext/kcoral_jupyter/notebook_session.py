@@ -153,8 +153,12 @@ def session_unreachable(exc: TransportError, remote: NotebookSession) -> ServerU
     """The session's server does not answer. Its cells go there whatever the kernel's
     server is, so ``%kcoral connect`` or ``local start`` (the advice for a stateless cell)
     changed nothing: the way out is ending the session in this kernel."""
+    if exc.answered_but:
+        failure = f"{remote.url}, where {remote.label} runs, answered, but {exc.answered_but}"
+    else:
+        failure = f"no answer from {remote.url}, where {remote.label} runs: {root_reason(exc)}"
     return ServerUnreachableError(
-        f"no answer from {remote.url}, where {remote.label} runs: {root_reason(exc)}",
+        failure,
         "run the cell again once it answers; if that server stopped, the session ended with "
         "it: %kcoral session stop runs cells without it",
     )

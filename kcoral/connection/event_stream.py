@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kcoral.connection.transport import refuse_encoded_body
-from kcoral.errors import KCoralError, ProtocolError, TransportError, unreachable_message
+from kcoral.errors import KCoralError, ProtocolError, TransportError, transport_error
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.strict_json import loads_strict
 from kcoral.response import error_from_response
@@ -232,7 +232,7 @@ class EventSource:
                     return
                 failures += 1
                 if failures > RECONNECT_ATTEMPTS:
-                    raise TransportError(unreachable_message(self.url, exc)) from exc
+                    raise transport_error(self.url, exc) from exc
                 _back_off(failures)
             except KCoralError as exc:
                 # 503: not now (a router that just restarted, whose node holding the job is

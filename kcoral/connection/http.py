@@ -38,7 +38,7 @@ from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
 from kcoral.connection.transport import Request, Response, body_pieces, refuse_encoded_body
 from kcoral.connection.upload_progress import UPLOAD_PROGRESS_BYTES, sent_with_progress
-from kcoral.errors import ProtocolError, TransportError, unreachable_message
+from kcoral.errors import ProtocolError, TransportError, answered_but, transport_error
 
 #: The older name of ``Response`` (answers of this transport).
 HttpResponse = Response
@@ -178,9 +178,7 @@ class HttpTransport:
             if deadline is not None and (deadline.passed or (read_timeout and timed_out)):
                 # one line whichever bound ran out first: the deadline or a read's timeout
                 raise self._late(read_timeout, head_came=response is not None) from exc
-            raise TransportError(
-                unreachable_message(self.base_url, exc), url=self.base_url
-            ) from exc
+            raise transport_error(self.base_url, exc) from exc
         except MemoryError:
             if response is not None:
                 response.close()
@@ -197,14 +195,15 @@ class HttpTransport:
         """The error of an answer whose deadline passed (``answer_deadline``)."""
         url = self.base_url
         if read_timeout is None:
-            message = (
-                f"{url} answered, but its answer came too slowly: its body has "
-                f"{BODY_GRACE_SECONDS:g} s plus 1 s per {BODY_FLOOR_BYTES_PER_SECOND >> 10} KiB"
+            return answered_but(
+                url,
+                f"its answer came too slowly: its body has {BODY_GRACE_SECONDS:g} s plus 1 s "
+                f"per {BODY_FLOOR_BYTES_PER_SECOND >> 10} KiB",
             )
-        elif head_came:
-            message = f"{url} answered, but its answer did not end within {read_timeout} s"
-        else:  # as the read timeout says it, which may come first
-            message = f"cannot reach {url}: no answer within {read_timeout} s (read timeout)"
+        if head_came:
+            return answered_but(url, f"its answer did not end within {read_timeout} s")
+        # as the read timeout says it, which may come first
+        message = f"cannot reach {url}: no answer within {read_timeout} s (read timeout)"
         return TransportError(message, url=url)
 
     def close(self) -> None:

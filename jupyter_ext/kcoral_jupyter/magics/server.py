@@ -29,7 +29,9 @@ class ServerCommands:
             facts = kernel.facts(url)
         except TransportError as exc:
             # Never fall back silently: the next cell says it is not connected.
-            reason = root_reason(exc)
+            reason = (
+                f"it answered, but {exc.answered_but}" if exc.answered_but else root_reason(exc)
+            )
             kernel.connect_failed(url, reason)
             raise ServerUnreachableError(
                 f"could not connect to {url}: {reason}",
@@ -132,6 +134,9 @@ class ServerCommands:
             info = kernel.client(url).info()
             print(f"server {url}: kcoral {info.get('kcoral')} (protocol {info.get('protocol')})")
         except TransportError as exc:
-            print(f"server {url}: no answer ({root_reason(exc)})")
+            if exc.answered_but:
+                print(f"server {url}: answered, but {exc.answered_but}")
+            else:
+                print(f"server {url}: no answer ({root_reason(exc)})")
         except KCoralError as exc:  # no /v1/info (published protocol), or a refused token
             print(f"server {url}: version unknown ({exc})")

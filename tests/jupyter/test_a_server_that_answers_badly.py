@@ -1,0 +1,98 @@
+"""A server that answers, but with an answer the client refuses (too many headers, lying
+lengths, no HTTP at all, cut short) or a redirect, as a notebook says it. The client's own
+line says ``URL answered, but ...``; the notebook said ``no answer from URL: got more than
+100 headers`` and told the user to start a server there, and a redirect read ``answered HTTP
+307 without a KCoral error``. Real sockets answer; the notebook's lines are the user's."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from kcoral_jupyter.cell_errors import (
+    NOT_KCORAL_HINT,
+    AnswerRefusedError,
+    ServerRefusedError,
+    ServerUnreachableError,
+    shorten,
+)
+
+from kcoral import Client
+
+ANSWERS = {
+    "more than 100 headers": b"HTTP/1.1 200 OK\r\n"
+    + b"".join(b"X-%d: a\r\n" % i for i in range(150))
+    + b"Content-Length: 2\r\n\r\n{}",
+    "conflicting Content-Length values": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}",
+    "the answer is not HTTP": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    "the connection closed in the middle of the answer (2 of 100 bytes came)": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{}"
+    ),
+}
+REDIRECT = (
+    b"HTTP/1.1 307 Temporary Redirect\r\nLocation: https://elsewhere.example:8443/v1\r\n"
+    b"Content-Length: 0\r\n\r\n"
+)
+
+
+@contextmanager
+def answering(answer: bytes) -> Iterator[str]:
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                peer, _ = listener.accept()
+            except OSError:
+                return
+            with peer:
+                peer.recv(65536)
+                peer.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("trouble", list(ANSWERS))
+def test_a_refused_answer_reads_answered_but_not_no_answer(trouble: str) -> None:
+    with answering(ANSWERS[trouble]) as url:
+        with pytest.raises(Exception) as failed:
+            Client(url).health()
+        shown = shorten(failed.value, url)
+        assert isinstance(shown, AnswerRefusedError)
+        assert isinstance(shown, ServerUnreachableError)  # what callers caught keeps working
+        assert shown.cause.startswith(f"{url} answered, but ")
+        assert trouble in shown.cause
+        assert "no answer" not in shown.cause
+        assert shown.action == NOT_KCORAL_HINT  # not "start the server there"
+
+
+def test_a_redirect_says_where_it_pointed_and_that_it_is_never_followed() -> None:
+    with answering(REDIRECT) as url:
+        with pytest.raises(Exception) as failed:
+            Client(url).health()
+        shown = shorten(failed.value, url)
+        assert isinstance(shown, ServerRefusedError) and shown.status_code == 307
+        assert shown.cause == (
+            f"{url} answered HTTP 307, a redirect to https://elsewhere.example:8443, which "
+            "KCoral never follows (the token and the program would go where the URL does not "
+            "point)"
+        )
+        assert shown.action == "if that is the KCoral server, %kcoral connect to its address"
+
+
+def test_a_connect_to_a_server_that_answers_badly_says_it_answered(shell) -> None:
+    with answering(ANSWERS["more than 100 headers"]) as url:
+        with pytest.raises(ServerUnreachableError) as failed:
+            shell.run_line_magic("kcoral", f"connect {url}")
+        assert failed.value.cause == (
+            f"could not connect to {url}: it answered, but its answer was refused: more than "
+            "100 headers"
+        )
