@@ -128,7 +128,7 @@ def test_kcoral_status_through_a_router_shows_the_fleet_table(
     tables = [o for o in status.outputs if "data" in o]
     assert len(tables) == 2, status.outputs  # the rows, then the fleet table
     rows_text = tables[0]["data"]["text/plain"]
-    assert "info.fleet" not in rows_text and "info.device: cpu" in rows_text
+    assert "info.fleet:" not in rows_text and "info.device: cpu" in rows_text
     lines = tables[1]["data"]["text/plain"].splitlines()
     assert lines[0].split("  ")[0] == "fleet" and lines[0].endswith("est. wait")
     cells_of = {line.split("  ")[0]: line.split() for line in lines[1:]}
