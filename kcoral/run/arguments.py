@@ -18,6 +18,7 @@ from typing import Any
 from kcoral.connection.server_address import server_url
 from kcoral.protocol.paths import normalize_workspace_path
 from kcoral.protocol.selector import Selector, SelectorError, parse_selector
+from kcoral.protocol.sizes import parse_bytes
 from kcoral.protocol.validate import MAX_GPU_COUNT
 from kcoral.run.inputs import is_text
 from kcoral.run.tools import TOOLS, Tool, UsageError, check_tool_args, get_tool
@@ -35,8 +36,10 @@ options (before the first '--'):
   --port PORT             server port (default 8000 when only --host is given)
   --timeout SECONDS       execution timeout, a positive integer (default 300; a
                           server allows at most its limit, 900 s by default)
-  --output-limit-bytes N  captured stdout/stderr bytes per stream (default 256 MiB;
-                          a server keeps at most its limit, 16 MiB by default)
+  --output-limit-bytes SIZE
+                          captured stdout/stderr per stream, bytes or K, M, G, T: 64K,
+                          1M (default 256 MiB; a server keeps at most its limit, 16 MiB
+                          by default)
   --send PATH             local file or directory to upload (repeatable)
   -e, --env NAME[=VALUE]  remote environment variable; bare NAME copies the local value
   --fetch PATH            file or directory to bring back, relative to the tool's directory
@@ -166,7 +169,7 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
     if "timeout" in values:
         options.timeout_seconds = _positive_int("--timeout", values["timeout"])
     if "output_limit" in values:
-        options.output_limit_bytes = _positive_int("--output-limit-bytes", values["output_limit"])
+        options.output_limit_bytes = _positive_size("--output-limit-bytes", values["output_limit"])
     if "gpus" in values:
         # one message for every refused count: 0 read "a positive integer" and 9 "1-8"
         text = values["gpus"]
@@ -210,6 +213,20 @@ def _positive_int(option: str, text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) <= 0:
         raise UsageError(f"{option} must be a positive integer, not {text!r}")
     return int(text)
+
+
+def _positive_size(option: str, text: str) -> int:
+    """A size as ``kcoral server``'s size options take it (``1K``, ``16M``), above 0."""
+    try:
+        size = parse_bytes(text)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise UsageError(
+            f"{option} must be a size above 0, in bytes or with K, M, G or T (binary): "
+            f"64K, 16M; not {text!r}"
+        )
+    return size
 
 
 def select_server(

@@ -39,6 +39,33 @@ def test_output_cut_by_the_servers_most_names_that_limit_and_its_server_flag(
     )
 
 
+def test_an_output_limit_in_units_is_taken_as_the_servers_size_options_take_it(
+    small_output_server: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # `--output-limit-bytes 1K` was refused ("must be a positive integer") where
+    # `kcoral server --max-output-limit-bytes 4K` is the server's own way to say a size.
+    code = "print('x' * 10000, end='')"
+    argv = ["--url", small_output_server, "--output-limit-bytes", "1K", "--", "-c", code]
+    assert kcoral_main(["run", "python", *argv]) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "x" * 1024
+    assert captured.err == (
+        "kcoral run: the remote stdout was truncated at 1.0 KiB per stream (--output-limit-bytes)\n"
+    )
+
+
+@pytest.mark.parametrize("size", ["0", "0K", "-1K", "1GB", "1.5M", "lots"])
+def test_an_output_limit_that_is_no_size_above_0_says_what_a_size_is_and_nothing_runs(
+    small_output_server: str, in_tmp: Path, capfd: pytest.CaptureFixture[str], size: str
+) -> None:
+    argv = ["--url", small_output_server, "--output-limit-bytes", size, "--", "-c", "1"]
+    assert kcoral_main(["run", "python", *argv]) == 2
+    assert capfd.readouterr().err.splitlines()[0] == (
+        "kcoral run: error: --output-limit-bytes must be a size above 0, in bytes or with "
+        f"K, M, G or T (binary): 64K, 16M; not {size!r}"
+    )
+
+
 def test_a_note_after_stderr_cut_mid_line_starts_on_a_line_of_its_own(
     small_output_server: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

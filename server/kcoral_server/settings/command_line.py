@@ -17,6 +17,7 @@ from dataclasses import MISSING, Field, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from kcoral.protocol.sizes import SIZE_UNITS_TEXT, parse_bytes
 from kcoral_server.execution.serialization import ENV_VAR as SERIALIZATION_ENV_VAR
 from kcoral_server.execution.serialization import allowed_serialization
 from kcoral_server.front_door.callers import parse_tokens
@@ -33,10 +34,6 @@ from kcoral_server.storage.ready_file import ready_file_problem
 
 T = TypeVar("T")
 _INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
-# A size: a whole number, optionally K, M, G or T, binary ("256M", "4GiB"). "GB" is refused:
-# it reads as 10**9 to some and 2**30 to others.
-_SIZE = re.compile(r"(-?[0-9]+)(?:([KMGT])(?:iB)?)?", re.ASCII | re.IGNORECASE)
-_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
@@ -219,16 +216,6 @@ def parse_integer(text: str) -> int:
     return int(text)
 
 
-def parse_bytes(text: str) -> int:
-    """A size in bytes: a plain integer, or one ending in ``K``, ``M``, ``G`` or ``T``
-    (KiB, MiB, GiB, TiB; ``256M``, ``4G``, ``512KiB``; ``GB`` is refused as ambiguous)."""
-    match = _SIZE.fullmatch(text)
-    if not match:
-        raise ValueError(f"not a size (a whole number, or one with K, M, G or T): {text!r}")
-    unit = match.group(2)
-    return int(match.group(1)) * (_UNITS[unit.upper()] if unit else 1)
-
-
 def format_bytes(size: int) -> str:
     """A size for ``--help``: in the largest binary unit that divides it (``256 MiB``),
     else in bytes."""
@@ -277,11 +264,7 @@ def _arg_type(convert: Callable[[str], T], description: str, hint: str = "") -> 
 
 
 _INT = _arg_type(parse_integer, "integer")
-_BYTES = _arg_type(
-    parse_bytes,
-    "size",
-    "a whole number of bytes, or one ending in K, M, G or T, binary: 256M, 4G, 4GiB",
-)
+_BYTES = _arg_type(parse_bytes, "size", SIZE_UNITS_TEXT)
 _SECONDS = _arg_type(parse_seconds, "number of seconds")
 _GPUS = _arg_type(parse_gpus, "GPU id list")
 _NUMBER = _arg_type(parse_seconds, "number")
