@@ -207,10 +207,14 @@ class _JobHandle:
     def state_flow(
         self, method: str = "GET", read_timeout: float | None = None
     ) -> Flow[dict[str, Any]]:
-        """``GET`` (state) or ``DELETE`` (cancel) ``/v1/jobs/{id}``: the job's state, a
-        status read (its whole answer within ``read_timeout``, by default
-        ``STATUS_ANSWER_SECONDS``: a server trickling it held the caller for ever)."""
-        timeout = STATUS_ANSWER_SECONDS if read_timeout is None else read_timeout
+        """``GET`` (state) or ``DELETE`` (cancel) ``/v1/jobs/{id}``: the job's state. A
+        ``GET`` is a status read (its whole answer within ``read_timeout``, by default
+        ``STATUS_ANSWER_SECONDS``: a server trickling it held the caller for ever). A
+        ``DELETE`` is answered once the job has ended, its worker killed under its GPUs'
+        lease, which another's program may hold for minutes: its head comes when it comes,
+        and its body has a program answer's deadline (``answer_deadline``)."""
+        status_read = method == "GET" and read_timeout is None
+        timeout = STATUS_ANSWER_SECONDS if status_read else read_timeout
         response = yield Request(method, self.path, read_timeout=timeout)
         return decode_job_state(response.status, response.headers, response.data)
 
