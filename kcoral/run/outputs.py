@@ -62,9 +62,11 @@ def report(options: RunOptions, result: Any) -> int:
         say(str(outcome["error"]))
         return 1
     skipped_list = outcome.get("skipped") or []
+    links = outcome.get("links") or []
     missing = outcome.get("missing") or []
     if not (
         isinstance(skipped_list, list)
+        and isinstance(links, list)
         and isinstance(missing, list)
         and all(isinstance(item, Mapping) for item in missing)
     ):
@@ -72,6 +74,8 @@ def report(options: RunOptions, result: Any) -> int:
         return 1
     for skipped in skipped_list:
         say(f"warning: {skipped} is not a regular file or directory; not returned")
+    for link in links:
+        say(f"warning: {link} is a symbolic link; links are not fetched")
     status = _exit_status(outcome)
     killed_by = _signal_name(outcome.get("signal"))
     if killed_by is not None:

@@ -202,8 +202,8 @@ def run_tool(inputs: bytes | None, spec: dict[str, Any]) -> dict[str, Any]:
     ``fetch`` (normalized relative paths), ``collect`` (whether outputs come back) and
     ``merge_stderr`` (the tool's stderr goes to its stdout, optional).
     Returns ``exit_code``/``signal`` (one of them set when the tool ran), ``error`` (a
-    message when it could not start), ``missing`` (requested outputs not produced) and
-    ``skipped`` (entries that cannot travel in a folder return).
+    message when it could not start), ``missing`` (requested outputs not produced),
+    ``skipped`` and ``links`` (special files and symlinks: never returned, said apart)
     """
     base = os.getcwd()
     work = os.path.join(base, WORK_DIR)
@@ -229,13 +229,8 @@ def _run_and_collect(
     set_input_modes(work, spec.get("inputs") or [])
     args = list(spec["args"])
     env = _tool_environment(tool, spec.get("env") or {}, work)
-    report: dict[str, Any] = {
-        "exit_code": None,
-        "signal": None,
-        "error": None,
-        "missing": [],
-        "skipped": [],
-    }
+    report: dict[str, Any] = dict.fromkeys(("exit_code", "signal", "error"))
+    report.update(missing=[], skipped=[], links=[])
     argv = _tool_argv(tool, args, outputs)
     executable = _resolve_executable(argv[0], work, env["PATH"])
     if executable is None:
@@ -272,7 +267,7 @@ def _run_and_collect(
             problem = _fetch(work, outputs, path, report)
             if problem:
                 report["missing"].append({"path": path, "reason": problem})
-        report["skipped"].extend(_drop_untransferable(outputs, report["missing"]))
+        _drop_untransferable(outputs, report)
         if tool == "ncu" and not os.path.isfile(os.path.join(outputs, NCU_REPORT)):
             report["missing"].append({"path": NCU_REPORT, "reason": "ncu wrote no report"})
         if tool == "run-iket" and not _has_files(outputs):
@@ -383,7 +378,7 @@ def _fetch(work: str, outputs: str, path: str, report: dict[str, Any]) -> str | 
             parent = _enter_from(parent, os.open(name, _FOLLOWING_FLAGS, dir_fd=parent))
         info = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
         if stat.S_ISLNK(info.st_mode):
-            return "is a symbolic link"
+            return "is a symbolic link (links are not fetched)"
         if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
             return "is not a regular file or directory"
         writer = _TreeWriter(outputs, "outputs")
@@ -440,7 +435,7 @@ def _copy_tree(source: int, parts: list[str], writer: _TreeWriter, report: dict[
             finally:
                 os.close(fd)
         else:
-            report["skipped"].append(_reported([*parts, *below]))
+            report[_said_as(info.st_mode)].append(_reported([*parts, *below]))
 
 
 def _unreadable(parts: list[str], exc: OSError) -> dict[str, str]:
@@ -526,15 +521,15 @@ def _entries(
         os.close(current)
 
 
-def _drop_untransferable(outputs: str, missing: list[dict[str, str]]) -> list[str]:
+def _drop_untransferable(outputs: str, report: dict[str, Any]) -> None:
     """Remove symlinks and special files a tool left in ``outputs`` (a folder return refuses
-    them and would fail the whole program); returns their relative paths. What the return
+    them and would fail the whole program), naming them in ``report``. What the return
     cannot carry for other reasons goes to ``missing``: a file or an empty directory it
     cannot read is removed (run-iket's own outputs, made there by the tool; a directory
     that cannot be read and holds entries stays, and the folder return fails naming it),
     and an entry whose name the return cannot hold (not UTF-8, a backslash) is moved out
     of ``outputs`` (one such name failed the run and lost every other output)."""
-    dropped = []
+    missing = report["missing"]
 
     def unreadable(parent: int, parts: list[str], exc: OSError) -> None:
         with contextlib.suppress(OSError):  # not empty: the folder return names it
@@ -557,11 +552,10 @@ def _drop_untransferable(outputs: str, missing: list[dict[str, str]]) -> list[st
                     missing.append(_unreadable(parts, exc))
             elif not stat.S_ISDIR(info.st_mode):
                 os.unlink(parts[-1], dir_fd=directory)
-                dropped.append(_reported(parts))
+                report[_said_as(info.st_mode)].append(_reported(parts))
     finally:
         os.close(above)
         os.close(top)
-    return sorted(dropped)
 
 
 def _moved_away(directory: int, name: str, above: int, number: int) -> bool:
@@ -586,6 +580,10 @@ def _moved_away(directory: int, name: str, above: int, number: int) -> bool:
 
 def _travels(name: str) -> bool:
     return _name_problem(name) is None
+
+
+def _said_as(mode: int) -> str:
+    return "links" if stat.S_ISLNK(mode) else "skipped"  # not "not a regular file" alone
 
 
 def _has_files(directory: str) -> bool:

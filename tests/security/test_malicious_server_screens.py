@@ -130,6 +130,7 @@ def kcoral_run(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
         {"exit_code": 0, "missing": {"path": "x"}},
         {"exit_code": 0, "skipped": 7},  # not a list
         {"exit_code": 0, "skipped": "abc"},
+        {"exit_code": 0, "links": "abc"},
     ],
 )
 def test_a_malformed_runner_status_is_an_invalid_response_not_a_traceback(
