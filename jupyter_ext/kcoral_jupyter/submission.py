@@ -12,8 +12,11 @@ body under ``UPLOAD_PROGRESS_BYTES`` says nothing.
 The submission runs in a thread; the cell's thread says what it reports, so that every
 display stays on the cell's thread (a display from another may land in another cell). An
 interrupt the cell's thread raises (a second one, ``runner.HeldInterrupt``) abandons the
-submission: a large upload stops at its next piece; a submission already sent may still
-become a job, as the cell then says.
+submission: its connection is cut (``kcoral.connection.in_flight``), as an interrupt on the
+cell's own thread closed it, so a submission a router holds is dropped there and a large
+upload stops; a submission already sent may still become a job, as the cell then says.
+Before, the thread went on: a router's held submission became a job once a seat freed,
+minutes after the cell said it was interrupted, with nobody following it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from kcoral.connection.in_flight import InFlight, running
 from kcoral.connection.upload_progress import upload_watcher
 from kcoral.run.progress import format_bytes
 from kcoral_jupyter.job_clock import JobClock
@@ -75,14 +80,20 @@ def submitted_live(
             last_put[0] = now
             box.put(("upload", (sent, total)))
 
+    flight = InFlight()  # the submission's connection, cut once it is abandoned
+    finished: Future[None] = Future()
+
     def send() -> None:
         upload_watcher.set(watch)  # this thread's own context
         try:
-            job = submit()
+            with running(flight):
+                job = submit()
         except BaseException as error:
             box.put(("raised", error))
         else:
             box.put(("job", job))
+        finally:
+            finished.set_result(None)
 
     held = f"submitting, waiting for {waits_for}"
     if waits_for:
@@ -115,6 +126,7 @@ def submitted_live(
                     reporter.phase(clock.waiting(held, since=clock.submitted))
     except BaseException:
         abandoned.set()
+        flight.cut(finished)
         raise
     finally:
         if said_by_the_client is not None:

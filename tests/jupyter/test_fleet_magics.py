@@ -5,6 +5,7 @@ is sent. A real router with two real CPU nodes, one reporting another kind."""
 
 from __future__ import annotations
 
+import _thread
 import json
 import sys
 import threading
@@ -270,3 +271,37 @@ def test_a_session_started_with_select_runs_its_cells_on_that_kind(
     lines = [line for line in fleet.log().splitlines() if "/v1/sessions" in line]
     served = [line.split("node=")[1].split()[0] for line in lines if "node=" in line]
     assert served and set(served) == {"h100-a"}, lines[-5:]
+
+
+def test_an_interrupted_cell_held_at_the_router_leaves_its_queue_and_makes_no_job(
+    fleet: RouterProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The submission runs on a thread of its own (kcoral_jupyter.submission): an interrupt
+    # left it held at the router, to become a job nobody follows once the seat freed.
+    release = tmp_path / "release"
+    holder = threading.Thread(
+        target=post_execute, args=(fleet.url, call_program(HOLD, args=[str(release)]))
+    )
+    holder.start()
+    try:
+        wait_for(lambda: default_row(fleet).get("free_seats") == 0, "the seat held", fleet)
+        jobs_before = len(Client(fleet.url).jobs())
+
+        def interrupt_once_queued() -> None:
+            wait_for(lambda: default_row(fleet).get("queued") == 1, "the cell queued", fleet)
+            _thread.interrupt_main()  # the kernel's interrupt button
+
+        interrupter = threading.Thread(target=interrupt_once_queued)
+        with kcoral_shell(fleet.url, monkeypatch, ("_kcoral",)) as ip, capture_output():
+            interrupter.start()
+            result = ip.run_cell("%%kcoral --noblock\n40 + 2\n")
+        interrupter.join(120)
+        assert isinstance(result.error_in_exec, KeyboardInterrupt), result.error_in_exec
+        # the router dropped it while the seat is still held (it stayed queued: a hang guard)
+        wait_for(lambda: default_row(fleet).get("queued") == 0, "the cell left the queue", fleet)
+        assert default_row(fleet).get("free_seats") == 0
+    finally:
+        release.write_text("go")
+        holder.join(120)
+    wait_for(lambda: default_row(fleet).get("free_seats") == 1, "the seat free again", fleet)
+    assert len(Client(fleet.url).jobs()) == jobs_before
