@@ -40,7 +40,19 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, FileBlob, bool]]:
     """
     files: dict[str, tuple[FileBlob, bool]] = {}
     budget = KeptBudget()
+    given: dict[str, str] = {}
     for path in paths:
+        # `--send bench --send bench` (or `bench/`) said "two inputs would both be sent as
+        # 'bench/main.py'", as if two different inputs clashed
+        first = given.get(os.path.abspath(path))
+        if first is not None:
+            same = (
+                f"{path!r} is given twice"
+                if first == path
+                else f"{first!r} and {path!r} name the same input"
+            )
+            raise LocalFileError(f"--send: {same}; give it once")
+        given[os.path.abspath(path)] = path
         name = os.path.basename(os.path.abspath(path))
         if not name:
             raise LocalFileError(f"--send {path!r}: cannot send the root directory")
