@@ -67,13 +67,29 @@ def unsent_script(options: RunOptions, sent: Sequence[str]) -> str | None:
 def unrunnable_executable(
     options: RunOptions, files: Sequence[tuple[str, FileBlob, bool]]
 ) -> str | None:
-    """Why ``shell ./tool`` cannot run a sent ``tool``, or None: only the executable bit
-    travels, and one sent without it failed on the worker, after the upload, with
-    ``./tool: Permission denied``, naming neither the bit nor where to set it."""
-    name = options.args[0] if options.tool.name == "shell" and options.args else ""
+    """Why the tool cannot run a sent executable it runs directly (``shell ./tool``, the APP
+    of ``ncu``, ``run-iket`` and ``compute-sanitizer``), or None: only the executable bit
+    travels, and one sent without it failed on the worker, after the upload, with ``./tool:
+    Permission denied``, naming neither the bit nor where to set it."""
+    name = _executable_run(options.tool.name, options.args) or ""
     if "/" not in name or os.path.isabs(name):
         return None  # a bare name is looked up on the remote PATH
     remote = os.path.normpath(name)
     if any(path == remote and not executable for path, _blob, executable in files):
-        return f"shell: {name} cannot run: it is sent without its executable bit; chmod +x it here"
+        return (
+            f"{options.tool.name}: {name} cannot run: it is sent without its executable bit; "
+            "chmod +x it here"
+        )
+    return None
+
+
+def _executable_run(tool: str, args: Sequence[str]) -> str | None:
+    """The word of the tool's command line that names what it executes, or None. The
+    profilers' APP follows their second '--'; compute-sanitizer takes no '--', and its
+    options' values cannot be told from APP, so only an APP that comes first is known."""
+    if tool in ("ncu", "run-iket") and "--" in args:
+        after = list(args).index("--") + 1
+        return args[after] if after < len(args) else None
+    if tool == "shell" or (tool == "compute-sanitizer" and not args[0].startswith("-")):
+        return args[0]
     return None

@@ -31,3 +31,34 @@ def test_the_same_input_sent_twice_is_said_to_be_given_twice(
     assert capfd.readouterr().err == (
         "kcoral run: --send: 'bench' and './bench/' name the same input; give it once\n"
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ncu", "--out", "o", "--", "--", "./tools/app"],
+        ["run-iket", "--out", "o", "--", "profile", "--", "./tools/app"],
+        ["compute-sanitizer", "--", "./tools/app"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_a_profilers_app_sent_without_its_executable_bit_is_refused_before_sending(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    # run soak: the check covered `shell` alone, and these tools failed on the worker
+    # after the upload ("./tools/app: Permission denied", or their own words for it)
+    tool, *argv = command
+    (in_tmp / "tools").mkdir()
+    app = in_tmp / "tools" / "app"
+    app.write_text("#!/bin/sh\necho ran\n")
+    app.chmod(0o644)
+    assert run(server_url, tool, "--send", "tools", *argv) == 2
+    assert capfd.readouterr() == (
+        "",
+        f"kcoral run: {tool}: ./tools/app cannot run: it is sent without its executable bit; "
+        "chmod +x it here\n",
+    )
+    assert not (in_tmp / "o").exists()
+    app.chmod(0o755)  # sent now, to a CPU server that has no such tool
+    assert run(server_url, tool, "--send", "tools", *argv) == 1
+    assert f"{tool} is not installed in the remote server environment" in capfd.readouterr().err
