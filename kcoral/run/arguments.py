@@ -7,10 +7,12 @@ usage error (exit status 2) never contacts a server. The tools' own argument rul
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import posixpath
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -342,9 +344,10 @@ def _check_outputs(options: RunOptions) -> None:
     if not tool.requires_out and bool(options.fetch) != (options.out is not None):
         raise UsageError("--fetch and --out must be given together")
     if options.out is not None:
-        options.out = _out_path(options.out)
+        given, options.out = options.out, _out_path(options.out)
         if os.path.lexists(options.out):
             raise UsageError(f"--out {options.out!r} already exists (nothing is overwritten)")
+        _try_out(given, options.out)
 
 
 def _out_path(given: str) -> str:
@@ -375,6 +378,37 @@ def _check_out_parent(given: str, out: str) -> None:
         raise UsageError(f"--out {given!r}: {ancestor!r} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise UsageError(f"--out {given!r}: cannot create anything in {ancestor!r}")
+
+
+def _try_out(given: str, out: str) -> None:
+    """Make ``out`` (and its missing parents) and a file in it, then remove them: what the
+    permission bits allow is not all, as root may write any directory's bits and still not
+    create in ``/proc``, where the tool ran and the save then failed with ``[Errno 2] No
+    such file or directory: 'x'``. Nothing is left behind, so ``--out`` still appears only
+    where something comes back."""
+    missing = []
+    path = out
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    made: list[str] = []
+    doing = "write a file in it"
+    try:
+        for directory in reversed(missing):
+            os.mkdir(directory, 0o700)
+            made.append(directory)
+        descriptor, probe = tempfile.mkstemp(dir=out)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as exc:
+        if len(made) < len(missing):
+            doing = "create it" if exc.filename == out else f"create {exc.filename!r}"
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"--out {given!r}: cannot {doing} here ({reason})") from None
+    finally:
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
 
 
 def general_help() -> str:

@@ -62,3 +62,31 @@ def test_a_profilers_app_sent_without_its_executable_bit_is_refused_before_sendi
     app.chmod(0o755)  # sent now, to a CPU server that has no such tool
     assert run(server_url, tool, "--send", "tools", *argv) == 1
     assert f"{tool} is not installed in the remote server environment" in capfd.readouterr().err
+
+
+def test_an_out_that_cannot_be_created_is_refused_before_the_tool_runs(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # run soak, as root: the bits of /proc let root write, so the tool ran and the save
+    # then failed with "[Errno 2] No such file or directory: 'x'", its outputs lost
+    ran = in_tmp / "ran"
+    code = f"open('x', 'w').write('x'); open({str(ran)!r}, 'w').write('ran')"
+    assert run(server_url, "python", "--fetch", "x", "--out", "/proc/x", "--", "-c", code) == 2
+    first = capfd.readouterr().err.splitlines()[0]
+    assert first.startswith("kcoral run: error: --out '/proc/x': cannot create ")
+    assert "Errno" not in first
+    assert not ran.exists()
+
+
+def test_an_out_that_can_be_made_is_left_unmade_until_something_comes_back(
+    server_url: str, in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # the check makes --out and a file in it, then removes both: a run whose outputs are
+    # all missing still leaves no empty --out behind
+    argv = ["--fetch", "absent", "--out", "a/b/o", "--", "-c", "pass"]
+    assert run(server_url, "python", *argv) == 1
+    assert "missing output absent: not found" in capfd.readouterr().err
+    assert list(in_tmp.iterdir()) == []
+    argv = ["--fetch", "x", "--out", "a/b/o", "--", "-c", "open('x', 'w').write('X')"]
+    assert run(server_url, "python", *argv) == 0
+    assert (in_tmp / "a/b/o/x").read_text() == "X"
