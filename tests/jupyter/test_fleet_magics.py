@@ -6,6 +6,7 @@ is sent. A real router with two real CPU nodes, one reporting another kind."""
 from __future__ import annotations
 
 import _thread
+import contextlib
 import json
 import sys
 import threading
@@ -147,17 +148,26 @@ def test_kcoral_status_through_a_router_shows_the_fleet_table(
     ), refused
 
 
-def test_a_cell_queued_at_the_router_says_it_waits_for_the_default_kind(
-    fleet: RouterProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    release = tmp_path / "release"
+@contextlib.contextmanager
+def the_default_seat_held(fleet: RouterProcess, release: Path) -> Iterator[None]:
+    """A program holds cpu-a's one seat until ``release`` exists (written on the way out)."""
     holder = threading.Thread(
         target=post_execute, args=(fleet.url, call_program(HOLD, args=[str(release)]))
     )
     holder.start()
     try:
         wait_for(lambda: default_row(fleet).get("free_seats") == 0, "the seat held", fleet)
+        yield
+    finally:
+        release.write_text("go")
+        holder.join(120)
 
+
+def test_a_cell_queued_at_the_router_says_it_waits_for_the_default_kind(
+    fleet: RouterProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = tmp_path / "release"
+    with the_default_seat_held(fleet, release):
         ticked = "kcoral: submitting, waiting for gpu=cpu · 1 s"
         seen_lines: list[str] = []
 
@@ -188,9 +198,6 @@ def test_a_cell_queued_at_the_router_says_it_waits_for_the_default_kind(
         lines = [o.data.get("text/plain", "") for o in seen.outputs]
         assert lines[:2] == ["kcoral: submitting, waiting for gpu=cpu", ticked], lines
         assert result.result == 42
-    finally:
-        release.write_text("go")
-        holder.join(120)
 
 
 def test_a_bad_select_sends_nothing(fleet: RouterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,13 +285,7 @@ def test_an_interrupted_cell_held_at_the_router_leaves_its_queue_and_makes_no_jo
 ) -> None:
     # The submission runs on a thread of its own (kcoral_jupyter.submission): an interrupt
     # left it held at the router, to become a job nobody follows once the seat freed.
-    release = tmp_path / "release"
-    holder = threading.Thread(
-        target=post_execute, args=(fleet.url, call_program(HOLD, args=[str(release)]))
-    )
-    holder.start()
-    try:
-        wait_for(lambda: default_row(fleet).get("free_seats") == 0, "the seat held", fleet)
+    with the_default_seat_held(fleet, tmp_path / "release"):
         jobs_before = len(Client(fleet.url).jobs())
 
         def interrupt_once_queued() -> None:
@@ -300,8 +301,5 @@ def test_an_interrupted_cell_held_at_the_router_leaves_its_queue_and_makes_no_jo
         # the router dropped it while the seat is still held (it stayed queued: a hang guard)
         wait_for(lambda: default_row(fleet).get("queued") == 0, "the cell left the queue", fleet)
         assert default_row(fleet).get("free_seats") == 0
-    finally:
-        release.write_text("go")
-        holder.join(120)
     wait_for(lambda: default_row(fleet).get("free_seats") == 1, "the seat free again", fleet)
     assert len(Client(fleet.url).jobs()) == jobs_before
