@@ -20,8 +20,13 @@ from kcoral_server.router.identity import MAX_FRAME_DATA
 from kcoral_server.router.nodes.registry import NodeRecord
 from kcoral_server.router.nodes.slot import SlotBroken
 
-FAN_OUT_SLOT_WAIT = 10.0  # seconds one node may keep a list or lookup waiting for a slot
-FAN_OUT_ANSWER_WAIT = 30.0
+#: seconds one node may keep a list or look-up waiting for a slot, then for its answer: 20
+#: in all, so the router answers (leaving such a node out) within the 30 s a client gives a
+#: status read's whole answer (CLIENT_API §1). At 10 + 30 s, one frozen or rogue node made
+#: every client's ``jobs()``, job look-up and session list through the router fail with
+#: "no answer within 30.0 s", the router's answer still to come.
+FAN_OUT_SLOT_WAIT = 5.0
+FAN_OUT_ANSWER_WAIT = 15.0
 
 
 MAX_FETCHED_BYTES = 64 << 20
