@@ -55,22 +55,32 @@ class AnswerDeadline:
         self.passed = False
         self.ended = False
         self._connection: Any = None
+        # ``end`` and the watcher's ``_shut`` one at a time: a shut between the request's
+        # last read and its connection's return to the pool broke a pooled connection
+        self._lock = threading.Lock()
 
     def attach(self, connection: Any) -> None:
         """The request runs on ``connection`` (a urllib3 connection)."""
         self._connection = connection
 
-    def end(self) -> None:
-        """The request is over: its connection may carry the next one, never to be shut."""
-        self.ended = True
-        self._connection = None
+    def end(self) -> bool:
+        """The request is over: its connection may carry the next one, never to be shut.
+        Whether the deadline had passed first (its socket was shut: what came may look
+        whole, and the connection must not go back to the pool)."""
+        with self._lock:
+            self.ended = True
+            self._connection = None
+            return self.passed
 
     def _shut(self) -> None:
-        self.passed = True
-        sock = getattr(self._connection, "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):  # closed meanwhile: the request ended anyway
-                sock.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            if self.ended:
+                return
+            self.passed = True
+            sock = getattr(self._connection, "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):  # closed meanwhile: it ended anyway
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Watcher:

@@ -157,7 +157,7 @@ class HttpTransport:
             if deadline is None:
                 deadline = body_deadline(response)
             data = self._read_body(response, None if read_timeout else deadline)
-            if deadline.passed:  # its socket was shut: what came may look whole
+            if deadline.end():  # its socket was shut: what came may look whole
                 raise self._late(read_timeout, head_came=True)
             status = response.status
             response_headers = response.headers

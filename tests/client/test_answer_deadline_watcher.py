@@ -7,6 +7,8 @@ switches per request, about 80 us of a small program's 0.5 ms round trip on a lo
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 
 from kcoral.connection.answer_deadline import AnswerDeadline, _Watcher
@@ -44,3 +46,28 @@ def test_a_deadline_that_passes_still_shuts_its_request_among_ended_ones() -> No
     while not due.passed and time.monotonic() < give_up:
         time.sleep(0.02)
     assert due.passed
+
+
+class _Connection:
+    """What a deadline holds of a urllib3 connection: its socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+
+def test_a_request_that_ended_first_never_has_its_pooled_connection_shut() -> None:
+    # The request ends (and its connection goes back to the pool) as the watcher finds its
+    # deadline passed: whichever comes first wins, and an end that won sees a live socket.
+    for _ in range(300):
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            deadline = AnswerDeadline(time.monotonic())
+            deadline.attach(_Connection(ours))
+            watcher = threading.Thread(target=deadline._shut)
+            watcher.start()
+            passed = deadline.end()
+            watcher.join()
+            assert passed == deadline.passed
+            if not passed:  # back in the pool: still able to carry the next request
+                ours.sendall(b"x")
+                assert theirs.recv(1) == b"x"
