@@ -6,6 +6,8 @@ import copy
 import json
 import re
 import shlex
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,18 @@ UNIT_KCORAL = "/opt/kcoral/bin/kcoral"
 BUILD_COMMAND = re.compile(
     r"^#\s+(docker build -f (deploy/images/\S+\.Dockerfile) -t (\S+):(\S+) \.)$", re.M
 )
+
+
+def shown_again(covered: Iterable[Path]) -> list[str]:
+    """bubblewrap's arguments that show this test's Python and checkout again where a mount
+    over one of ``covered`` hid them: a clean clone and its virtual environment in /tmp (as
+    a CI's may be) under a unit's private /tmp or a pod's /tmp volume. An image's or a
+    unit's install never lives there (``/opt/kcoral``, the image's own)."""
+    shown: list[str] = []
+    for needed in sorted({Path(sys.prefix), ROOT}):
+        if any(needed.is_relative_to(path) for path in covered):
+            shown += ["--ro-bind", str(needed), str(needed)]
+    return shown
 
 
 def project_version() -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 import pytest
-from deploy_files import container, overlay_node
+from deploy_files import container, overlay_node, shown_again
 from slurm_cluster import stop_tree
 from test_systemd_units import kcoral_entry_point
 
@@ -77,7 +77,7 @@ def pod_mounts(pod: dict[str, Any], node: dict[str, Any], volumes_at: Path) -> l
         folder.mkdir(parents=True)
         os.chown(folder, pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"])
         mounts += ["--bind", str(folder), str(target)]
-    return mounts
+    return mounts + shown_again(Path(mount["mountPath"]) for mount in node["volumeMounts"])
 
 
 def pod_user(pod: dict[str, Any], node: dict[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from deploy_files import unit_command
+from deploy_files import shown_again, unit_command
 from slurm_cluster import stop_tree
 from test_systemd_units import kcoral_entry_point, service
 
@@ -69,6 +69,7 @@ def read_only_as_the_router_unit(etc: Path) -> list[str]:
         "/tmp",
         "--tmpfs",
         "/home",
+        *shown_again([Path("/tmp"), Path("/home")]),
         "--ro-bind",
         str(etc),
         "/tmp/etc-kcoral",
