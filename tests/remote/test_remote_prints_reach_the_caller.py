@@ -83,6 +83,22 @@ def raises_escapes():
     raise ValueError("\x1b]52;c;cm0gLXJmIH4K\x07boom \x1b[31mred\x1b[0m")
 
 
+def read_until(terminal: int, end: str, give_up_seconds: float = 10.0) -> str:
+    """What a pseudo-terminal shows, read until it ends with ``end`` (or nothing more comes
+    for ``give_up_seconds``): one read may return only part of what was written, the
+    kernel passing a pty's bytes on in its own time (under load, the last write's)."""
+    import os
+    import select
+
+    seen = ""
+    while not seen.endswith(end):
+        ready, _, _ = select.select([terminal], [], [], give_up_seconds)
+        if not ready:
+            break
+        seen += os.read(terminal, 65536).decode()
+    return seen
+
+
 def test_a_terminal_gets_the_functions_colours_but_not_a_servers_clipboard_write(
     client, monkeypatch
 ) -> None:
@@ -96,7 +112,7 @@ def test_a_terminal_gets_the_functions_colours_but_not_a_servers_clipboard_write
         monkeypatch.setattr("sys.stdout", stdout)
         assert client.function()(prints_escapes).remote() == 0
         stdout.flush()
-        seen = os.read(terminal, 65536).decode()
+        seen = read_until(terminal, "\x1b[?25h")
     os.close(terminal)
     # the cursor it hid is shown again after its output
     assert seen == "\x1b[32mgreen\x1b[0m  done\x1b[?25l\r\n\x1b[?25h", repr(seen)
