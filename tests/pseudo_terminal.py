@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import sys
 from collections.abc import Mapping
 
@@ -33,3 +34,16 @@ def on_a_terminal(command: list[str], env: Mapping[str, str] | None = None) -> t
         os.close(terminal)
         _, wait_status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(wait_status), seen
+
+
+def read_until(terminal: int, end: str, give_up_seconds: float = 10.0) -> str:
+    """What the pseudo-terminal ``terminal`` (its master side) shows, read until it ends
+    with ``end`` (or nothing more comes for ``give_up_seconds``): one read may return only
+    part of what was written, the kernel passing a pty's bytes on in its own time."""
+    seen = ""
+    while not seen.endswith(end):
+        ready, _, _ = select.select([terminal], [], [], give_up_seconds)
+        if not ready:
+            break
+        seen += os.read(terminal, 65536).decode()
+    return seen

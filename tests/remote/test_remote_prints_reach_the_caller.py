@@ -11,6 +11,7 @@ import io
 import sys
 
 import pytest
+from pseudo_terminal import read_until
 
 import kcoral
 from kcoral.errors import PrintedOutput, RemoteExecutionError
@@ -81,22 +82,6 @@ def prints_escapes():
 
 def raises_escapes():
     raise ValueError("\x1b]52;c;cm0gLXJmIH4K\x07boom \x1b[31mred\x1b[0m")
-
-
-def read_until(terminal: int, end: str, give_up_seconds: float = 10.0) -> str:
-    """What a pseudo-terminal shows, read until it ends with ``end`` (or nothing more comes
-    for ``give_up_seconds``): one read may return only part of what was written, the
-    kernel passing a pty's bytes on in its own time (under load, the last write's)."""
-    import os
-    import select
-
-    seen = ""
-    while not seen.endswith(end):
-        ready, _, _ = select.select([terminal], [], [], give_up_seconds)
-        if not ready:
-            break
-        seen += os.read(terminal, 65536).decode()
-    return seen
 
 
 def test_a_terminal_gets_the_functions_colours_but_not_a_servers_clipboard_write(

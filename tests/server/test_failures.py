@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from http_helpers import execute, get, module_program
 from session_requests import create_session
+from waiting import wait_until
 
 SPAWNER = """
 import os, subprocess, time
@@ -32,15 +32,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait_until(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 @pytest.mark.parametrize(
     "kcoral_server", [["--worker-termination-grace-seconds", "1"]], indirect=True
 )
@@ -58,7 +49,7 @@ def test_a_timeout_kills_grandchildren_and_removes_the_workspace(kcoral_server, 
         "execution timed out after its deadline of 1 s (the program's timeout_seconds"
     )
     pid_text, workspace = marker.read_text().splitlines()
-    assert _wait_until(lambda: not _alive(int(pid_text)))
+    assert wait_until(lambda: not _alive(int(pid_text)))
     assert not Path(workspace).exists()
     finished = [e for e in kcoral_server.events() if e["event"] == "request_finished"][-1]
     assert finished["finish_reason"] == "timeout" and finished["level"] == "WARNING"
@@ -115,7 +106,7 @@ def test_a_reuse_limit_of_one_gives_every_request_a_fresh_worker(kcoral_server) 
     assert [e["reason"] for e in retired] == ["request_limit"] * 3
     assert all(e["level"] == "INFO" for e in retired)
     # The replacement is out of request_capacity until it is ready, then back in.
-    assert _wait_until(
+    assert wait_until(
         lambda: get(kcoral_server.url, "/health").body["load"]["request_capacity"] == 1
     )
 
@@ -147,9 +138,9 @@ def test_shutdown_lets_a_running_request_finish_and_refuses_new_ones(
         )
     )
     runner.start()
-    assert _wait_until(marker.exists)
+    assert wait_until(marker.exists)
     kcoral_server.process.send_signal(signal.SIGTERM)
-    assert _wait_until(lambda: "Shutdown requested" in kcoral_server.stderr())
+    assert wait_until(lambda: "Shutdown requested" in kcoral_server.stderr())
     kcoral_server.process.send_signal(signal.SIGTERM)  # repeated signals do not force an exit
     refused = execute(kcoral_server.url, module_program(NAP, [("nap", [str(marker), 0])]))
     assert refused.status == 503
@@ -188,7 +179,7 @@ def test_no_free_worker_within_the_wait_timeout_is_a_503(kcoral_server, tmp_path
         target=lambda: execute(kcoral_server.url, module_program(NAP, [("nap", [str(marker), 3])]))
     )
     busy.start()
-    assert _wait_until(marker.exists)
+    assert wait_until(marker.exists)
     refused = execute(kcoral_server.url, module_program(NAP, [("nap", [str(marker), 0])]))
     busy.join()
     assert refused.status == 503 and refused.headers["Retry-After"] == "1"

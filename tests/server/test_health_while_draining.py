@@ -7,7 +7,6 @@ programs."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,18 +14,9 @@ from pathlib import Path
 import pytest
 from holding_program import holding
 from http_helpers import get
+from waiting import wait_until
 
 import kcoral
-
-
-def wait_until(predicate, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
 
 WITH_A_SHORT_GRACE = pytest.mark.parametrize(
     "kcoral_server", [["--worker-termination-grace-seconds", "1"]], indirect=True
