@@ -11,7 +11,8 @@ import pytest
 from http_helpers import execute, module_program
 from metrics_support import scrape
 from server_process import start_server
-from test_failures import NAP, _wait_until
+from test_failures import NAP
+from waiting import wait_until
 
 WAIT_SECONDS = 0.5
 WAITED_IN_VAIN = 'kcoral_queue_wait_seconds_count{gpu="none"}'
@@ -35,7 +36,7 @@ def test_a_request_refused_busy_after_its_wait_is_counted_as_a_wait_with_no_gpu(
         target=lambda: execute(server.url, module_program(NAP, [("nap", [str(marker), 3])]))
     )
     busy.start()
-    assert _wait_until(marker.exists)
+    assert wait_until(marker.exists)
     before = scrape(server.url)
     refused = execute(server.url, module_program(NAP, [("nap", [str(marker), 0])]))
     assert refused.status == 503 and refused.body["error"]["kind"] == "busy"
@@ -78,7 +79,7 @@ def test_a_sessions_refusal_is_no_wait(server, tmp_path) -> None:
     holding = module_program(NAP, [("nap", [str(marker), 3])])
     with ThreadPoolExecutor(1) as background:
         running = background.submit(run_in, server.url, session_id, holding)
-        assert _wait_until(marker.exists)
+        assert wait_until(marker.exists)
         before = scrape(server.url)
         refused = run_in(server.url, session_id, module_program(NAP, [("nap", [str(marker), 0])]))
         assert refused.status == 409, refused.body
