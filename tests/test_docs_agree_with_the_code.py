@@ -126,6 +126,18 @@ def test_the_readme_names_every_notebook_setting_in_its_notebooks_section() -> N
     assert not unnamed, unnamed
 
 
+def test_the_magics_help_names_every_notebook_setting() -> None:
+    # The README sends readers to `%kcoral --help` "for all of it", but its Settings line
+    # named neither use_jobs nor the embedded server's local_args and local_start_timeout.
+    from kcoral_jupyter.magics.options import help_text
+
+    text = help_text()
+    settings = text[text.index("Settings: ") :]
+    named = set(re.findall(r"\b\w+\b", settings))
+    unnamed = [name for name in KCoral.class_traits(config=True) if name not in named]
+    assert not unnamed, unnamed
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/jupyterlab.md"])
 def test_the_docs_name_every_setting_of_the_jupyter_server_extension(page: str) -> None:
     # request_timeout, the 10 s after which a server that never answers is shown as

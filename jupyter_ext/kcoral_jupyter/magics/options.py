@@ -36,7 +36,9 @@ SESSION_EPILOG = """\
 
 SETTINGS_NOTE = """\
 Settings: %config KCoral.url / token / timeout / output_limit / quiet / require_gpu /
-verbose_errors (True: whole tracebacks instead of two-line errors); KCORAL_URL, KCORAL_TOKEN.
+verbose_errors (True: whole tracebacks instead of two-line errors) / use_jobs (live output
+through jobs where the server has them); KCORAL_URL, KCORAL_TOKEN. The embedded server:
+KCoral.local_args (its kcoral server options) / local_start_timeout (seconds).
 """
 
 
