@@ -87,6 +87,40 @@ def test_every_option_a_docs_command_line_names_is_one_that_command_has() -> Non
     assert not unknown, "\n".join(unknown)
 
 
+#: "`--flag` ... (default 60" or "`--flag N` (default 1 GiB" in running text
+DOCS_DEFAULT = re.compile(r"`(--[a-z][a-z0-9-]+)(?: [^`]*)?`[^`(]{0,60}?\(default:? (\d[^;),]*)")
+
+
+def help_defaults(parser) -> dict[str, str]:
+    """Each option's default as its ``--help`` line words it: ``(default 4 GiB)`` → ``4 GiB``."""
+    formatter = parser._get_formatter()
+    found = {}
+    for action in parser._actions:
+        words = " ".join(formatter._expand_help(action).split()) if action.help else ""
+        if shown := re.search(r"\(default:? ([^;)]*)", words):
+            found.update(dict.fromkeys(action.option_strings, shown[1]))
+    return found
+
+
+def test_every_number_the_docs_give_as_an_options_default_is_the_one_its_help_gives() -> None:
+    # A guard: each default written beside a `kcoral server`/`kcoral router` option in the
+    # README and docs/ (`--session-idle-seconds` (default 600), ...) is the parser's.
+    helped = {**help_defaults(build_router_parser()), **help_defaults(build_server_parser())}
+    checked, wrong = 0, []
+    for path in DOCS:
+        words = " ".join(path.read_text(encoding="utf-8").split())
+        for option, written in DOCS_DEFAULT.findall(words):
+            if option in helped:
+                checked += 1
+                if not written.startswith(helped[option]):
+                    wrong.append(
+                        f"{path.relative_to(ROOT)}: {option} (default {written}): "
+                        f"--help says {helped[option]}"
+                    )
+    assert checked, "the docs give no option's default at all"
+    assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/jupyterlab.md"])
 def test_the_docs_refresh_the_screenshots_with_the_variable_the_browser_test_reads(
     page: str,
