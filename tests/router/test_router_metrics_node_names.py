@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 from kcoral_server.metrics import router_metrics
+from node_metrics_support import MetricsNode
 from router_helpers import FakeNode, http_request, in_process_router
 
 
@@ -51,3 +52,38 @@ def test_a_forgotten_node_gives_its_name_and_series_to_the_next(
     assert 'kcoral_router_node_info{kind="none",node="slurm-4712-gpu07"} 1.0' in after, after
     assert 'node="other"' not in after, after
     assert "slurm-4711-gpu07" not in after, after
+
+
+def test_a_kind_no_known_node_has_gives_its_name_and_series_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rogue node holding the node token reported a new kind in each status (or under each
+    new node id): each took one of the 64 kind names for the router's whole life, so every
+    kind that came later, a real new GPU kind of the fleet, read as ``other`` in every
+    per-kind series and in its nodes' relayed ones. A kind no known node has gives its name
+    back. Here the bound is 1."""
+    monkeypatch.setattr(router_metrics, "MAX_NAMED_KINDS", 1)
+
+    async def scenario() -> tuple[str, str]:
+        async with in_process_router() as router:
+            state, grpc_port, port = router.state, router.grpc_port, router.port
+            rogue = MetricsNode(grpc_port, "rogue", gpu="rogue1")
+            await rogue.start()
+            try:
+                while state.registry.capacity() < 1:
+                    await asyncio.sleep(0.05)
+                answer = await http_request(port, "POST", "/execute", b"{}")
+                assert answer.status == 200, answer.body  # the fake node echoes it
+                before = state.metrics.exposition().decode()
+                rogue.gpu = "rogue2"  # its next status reports another kind
+                while state.registry.nodes["rogue"].kind != "rogue2":
+                    await asyncio.sleep(0.05)
+                return before, state.metrics.exposition().decode()
+            finally:
+                await rogue.close()
+
+    before, after = asyncio.run(scenario())
+    assert 'kcoral_router_kind_routed_requests_total{kind="rogue1"} 1.0' in before, before
+    assert 'kcoral_router_node_info{kind="rogue2",node="rogue"} 1.0' in after, after
+    assert 'kind="other"' not in after, after
+    assert "rogue1" not in after, after

@@ -257,6 +257,7 @@ class RouterMetrics:
     def exposition(self) -> bytes:
         """The router's own metrics, then the connected nodes' (``node_relay``)."""
         self._forget_gone_nodes()
+        self._forget_gone_kinds()
         self._gauges.live = []
         own = exposition_of(self.registry)  # finds the nodes shown (``RouterGauges.live``)
         return own + self.relay.text(self._gauges.live)
@@ -277,6 +278,19 @@ class RouterMetrics:
                 family.remove(node_id)
             for reason in REFUSAL_REASONS:
                 self.relay_refused.remove(node_id, reason)
+
+    def _forget_gone_kinds(self) -> None:
+        """Free the names of the kinds no node the router knows has, and drop their series.
+        Named for the router's whole life, the first 64 kinds took every name: a node holding
+        the node token that reported a new kind in each status made every later kind, a
+        fleet's new GPU kind among them, ``other`` in every per-kind series."""
+        if self._state is None:
+            return
+        known = {node.kind for node in self._state.registry.nodes.values()}
+        for kind in self._kinds.named - known:
+            self._kinds.release(kind)
+            for family in (self.kind_routed, self.kind_tunnel_errors, self.kind_queue_wait):
+                family.remove(kind)
 
     def _kind_of(self, node_id: str) -> str:
         node = self._state.registry.nodes.get(node_id) if self._state is not None else None
