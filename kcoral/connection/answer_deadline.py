@@ -11,22 +11,21 @@ as long as it liked. So:
   coming at least that fast, after a slow start, always ends in time. Its head may take as
   long as the program runs: that deadline is the server's (the program's ``timeout_seconds``).
 
-Past a deadline the request's socket is shut from one watcher thread (a blocked read then
-ends at once) and the transport raises ``TransportError``. Arming one costs a heap push
+Past a deadline the socket of the request's connection (its record,
+``kcoral.connection.request_connection``) is shut from one watcher thread (a blocked read
+then ends at once) and the transport raises ``TransportError``. Arming one costs a heap push
 under a lock, no thread per request: ``benchmarks/`` round trips of a small program.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
-import socket
 import threading
 import time
-from typing import Any
 
 from kcoral.connection.per_process import PerProcess
+from kcoral.connection.request_connection import RequestConnection
 
 #: seconds a status read has for its whole answer (``base_client.STATUS_READ_TIMEOUT_SECONDS``)
 STATUS_ANSWER_SECONDS = 30.0
@@ -35,7 +34,6 @@ BODY_GRACE_SECONDS = 30.0
 #: the slowest a program's answer body may come on average (512 kbit/s: a poor link's)
 BODY_FLOOR_BYTES_PER_SECOND = 64 << 10
 
-_current = threading.local()
 #: the watcher's heap is swept of ended deadlines once it holds this many (then twice as
 #: many as it kept)
 _PRUNE_FROM = 64
@@ -45,23 +43,19 @@ _LONGEST_WAIT_SECONDS = 3600.0
 
 
 class AnswerDeadline:
-    """One request's deadline (``time.monotonic()`` seconds); the watcher shuts its
-    connection's socket once it passes, unless the request ``end``ed first."""
+    """One request's deadline (``time.monotonic()`` seconds); the watcher shuts the socket
+    of ``request``'s connection once it passes, unless the request ``end``ed first."""
 
-    def __init__(self, at: float) -> None:
+    def __init__(self, at: float, request: RequestConnection | None = None) -> None:
         self.at = at
         #: where it was set; a body of no stated length moves ``at`` on from it as it comes
         self.first_at = at
         self.passed = False
         self.ended = False
-        self._connection: Any = None
+        self.request = request
         # ``end`` and the watcher's ``_shut`` one at a time: a shut between the request's
         # last read and its connection's return to the pool broke a pooled connection
         self._lock = threading.Lock()
-
-    def attach(self, connection: Any) -> None:
-        """The request runs on ``connection`` (a urllib3 connection)."""
-        self._connection = connection
 
     def end(self) -> bool:
         """The request is over: its connection may carry the next one, never to be shut.
@@ -69,7 +63,7 @@ class AnswerDeadline:
         whole, and the connection must not go back to the pool)."""
         with self._lock:
             self.ended = True
-            self._connection = None
+            self.request = None
             return self.passed
 
     def _shut(self) -> None:
@@ -77,10 +71,8 @@ class AnswerDeadline:
             if self.ended:
                 return
             self.passed = True
-            sock = getattr(self._connection, "sock", None)
-            if sock is not None:
-                with contextlib.suppress(OSError):  # closed meanwhile: it ended anyway
-                    sock.shutdown(socket.SHUT_RDWR)
+            if self.request is not None:
+                self.request.shut()
 
 
 class _Watcher:
@@ -134,26 +126,8 @@ class _Watcher:
 _watchers = PerProcess(_Watcher)
 
 
-def watched(at: float) -> AnswerDeadline:
-    """A deadline at ``at`` the watcher keeps."""
-    deadline = AnswerDeadline(at)
+def watched(at: float, request: RequestConnection) -> AnswerDeadline:
+    """A deadline at ``at`` for ``request``, which the watcher keeps."""
+    deadline = AnswerDeadline(at, request)
     _watchers.get().watch(deadline)
     return deadline
-
-
-@contextlib.contextmanager
-def connections_of(deadline: AnswerDeadline | None) -> Any:
-    """Within it, the connection this thread's pool hands out is ``deadline``'s."""
-    _current.deadline = deadline
-    try:
-        yield
-    finally:
-        _current.deadline = None
-
-
-def attach_to_current(connection: Any) -> None:
-    """Give ``connection`` to the deadline of the request running on this thread, if any
-    (``kcoral.connection.keep_alive`` calls it as it hands a connection out)."""
-    deadline = getattr(_current, "deadline", None)
-    if deadline is not None:
-        deadline.attach(connection)

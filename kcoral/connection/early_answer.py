@@ -20,16 +20,9 @@ from __future__ import annotations
 
 import select
 import ssl
-import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
 
-_taken = threading.local()
-
-
-def note_taken(connection: Any) -> None:
-    """``connection`` is the one this thread's request goes out on (the pool hands it)."""
-    _taken.connection = connection
+from kcoral.connection.request_connection import current
 
 
 class EarlyAnswer:
@@ -58,7 +51,8 @@ def stopped_once_answered(
 
 
 def _answered() -> bool:
-    sock = getattr(getattr(_taken, "connection", None), "sock", None)
+    record = current()
+    sock = getattr(record and record.connection, "sock", None)
     if sock is None or isinstance(sock, ssl.SSLSocket):
         return False
     try:

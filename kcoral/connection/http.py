@@ -30,12 +30,12 @@ from kcoral.connection.answer_deadline import (
     BODY_FLOOR_BYTES_PER_SECOND,
     BODY_GRACE_SECONDS,
     AnswerDeadline,
-    connections_of,
     watched,
 )
 from kcoral.connection.early_answer import EarlyAnswer, stopped_once_answered
 from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
+from kcoral.connection.request_connection import RequestConnection, of_this_thread
 from kcoral.connection.transport import Request, Response, body_pieces, refuse_encoded_body
 from kcoral.connection.upload_progress import UPLOAD_PROGRESS_BYTES, sent_with_progress
 from kcoral.errors import ProtocolError, TransportError, answered_but, transport_error
@@ -136,12 +136,13 @@ class HttpTransport:
         all_headers.update(extra)
         if body is not None:
             all_headers["Content-Length"] = str(content_length)
-        response: urllib3.BaseHTTPResponse | None = None
-        deadline: AnswerDeadline | None = None
-        if read_timeout is not None:
-            deadline = watched(time.monotonic() + read_timeout)
-        try:
-            with connections_of(deadline):
+        # the connection the pool hands this thread, which a deadline (or a cut) shuts
+        with of_this_thread() as record:
+            response: urllib3.BaseHTTPResponse | None = None
+            deadline: AnswerDeadline | None = None
+            if read_timeout is not None:
+                deadline = watched(time.monotonic() + read_timeout, record)
+            try:
                 response = self._pools.get().request(
                     method,
                     self.base_url + path,
@@ -154,42 +155,42 @@ class HttpTransport:
                     redirect=False,
                     **timeout_for(self._connect_timeout, read_timeout),
                 )
-            if deadline is None:
-                deadline = body_deadline(response)
-            data = self._read_body(response, None if read_timeout else deadline)
-            if deadline.end():  # its socket was shut: what came may look whole
-                raise self._late(read_timeout, head_came=True)
-            status = response.status
-            response_headers = response.headers
-            if early is not None and early.came:
-                response.close()  # its request was cut short: never reused
-            else:
-                response.release_conn()
-        except (KeyboardInterrupt, ProtocolError, TransportError):
-            # urllib3 closes the connection itself when interrupted before the answer
-            # started; once it did, close it here so it never goes back to the pool.
-            if response is not None:
-                response.close()
-            raise
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            if response is not None:
-                response.close()
-            timed_out = isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError))
-            if deadline is not None and (deadline.passed or (read_timeout and timed_out)):
-                # one line whichever bound ran out first: the deadline or a read's timeout
-                raise self._late(read_timeout, head_came=response is not None) from exc
-            raise transport_error(self.base_url, exc) from exc
-        except MemoryError:
-            if response is not None:
-                response.close()
-            raise TransportError(
-                f"{method} {self.base_url}{path} failed: the answer does not fit in memory",
-                url=self.base_url,
-            ) from None
-        finally:
-            if deadline is not None:
-                deadline.end()
-        return Response(status, response_headers, data)
+                if deadline is None:
+                    deadline = body_deadline(response, record)
+                data = self._read_body(response, None if read_timeout else deadline)
+                if deadline.end():  # its socket was shut: what came may look whole
+                    raise self._late(read_timeout, head_came=True)
+                status = response.status
+                response_headers = response.headers
+                if early is not None and early.came:
+                    response.close()  # its request was cut short: never reused
+                else:
+                    response.release_conn()
+            except (KeyboardInterrupt, ProtocolError, TransportError):
+                # urllib3 closes the connection itself when interrupted before the answer
+                # started; once it did, close it here so it never goes back to the pool.
+                if response is not None:
+                    response.close()
+                raise
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if response is not None:
+                    response.close()
+                timed_out = isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError))
+                if deadline is not None and (deadline.passed or (read_timeout and timed_out)):
+                    # one line whichever bound ran out first: the deadline or a read's timeout
+                    raise self._late(read_timeout, head_came=response is not None) from exc
+                raise transport_error(self.base_url, exc) from exc
+            except MemoryError:
+                if response is not None:
+                    response.close()
+                raise TransportError(
+                    f"{method} {self.base_url}{path} failed: the answer does not fit in memory",
+                    url=self.base_url,
+                ) from None
+            finally:
+                if deadline is not None:
+                    deadline.end()
+            return Response(status, response_headers, data)
 
     def _late(self, read_timeout: float | None, *, head_came: bool) -> TransportError:
         """The error of an answer whose deadline passed (``answer_deadline``)."""
@@ -263,17 +264,17 @@ class HttpTransport:
             return buffer
 
 
-def body_deadline(response: urllib3.BaseHTTPResponse) -> AnswerDeadline:
+def body_deadline(response: urllib3.BaseHTTPResponse, request: RequestConnection) -> AnswerDeadline:
     """A program answer's deadline, from its head on: ``BODY_GRACE_SECONDS`` plus its
-    stated length at ``BODY_FLOOR_BYTES_PER_SECOND`` (a body of no stated length moves it
-    on as it comes, ``read_at_the_floor``)."""
+    stated length at ``BODY_FLOOR_BYTES_PER_SECOND``, for ``request``'s connection (a body
+    of no stated length moves it on as it comes, ``read_at_the_floor``)."""
     try:
         length = max(0, int(response.headers.get("Content-Length", "")))
     except ValueError:
         length = 0
-    deadline = watched(time.monotonic() + BODY_GRACE_SECONDS + length / BODY_FLOOR_BYTES_PER_SECOND)
-    deadline.attach(response.connection)
-    return deadline
+    return watched(
+        time.monotonic() + BODY_GRACE_SECONDS + length / BODY_FLOOR_BYTES_PER_SECOND, request
+    )
 
 
 def read_at_the_floor(response: urllib3.BaseHTTPResponse, deadline: AnswerDeadline) -> bytes:

@@ -16,9 +16,7 @@ from typing import Any
 import urllib3
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from kcoral.connection import answer_deadline
-from kcoral.connection.early_answer import note_taken
-from kcoral.connection.in_flight import attach_to_current, detach
+from kcoral.connection.request_connection import returned, taken
 
 #: A pooled connection idle longer than this is not reused (servers close at 10 s).
 POOLED_IDLE_SECONDS = 5.0
@@ -33,7 +31,7 @@ class _DropsIdleConnections:
     def _put_conn(self, conn: Any) -> None:
         if conn is not None:
             setattr(conn, _POOLED_AT, time.monotonic())
-            detach(conn)  # its request is over: a late cut of it must not reach the next
+            returned(conn)  # its request is over: a late cut of it must not reach the next
         super()._put_conn(conn)  # type: ignore[misc]
 
     def _get_conn(self, timeout: float | None = None) -> Any:
@@ -41,9 +39,9 @@ class _DropsIdleConnections:
         pooled_at = getattr(conn, _POOLED_AT, None)
         if pooled_at is not None and time.monotonic() - pooled_at >= POOLED_IDLE_SECONDS:
             conn.close()
-        attach_to_current(conn)  # an AsyncClient request may be cut from its event loop
-        note_taken(conn)  # its body stops once an answer waits on it
-        answer_deadline.attach_to_current(conn)  # shut once a status read's time is up
+        # the request's record: cut from an AsyncClient's event loop, shut at its answer's
+        # deadline, its body stopped once an answer waits on it
+        taken(conn)
         return conn
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 
 from kcoral.connection.answer_deadline import AnswerDeadline, _Watcher
+from kcoral.connection.request_connection import RequestConnection
 
 
 def test_requests_that_end_before_their_deadline_do_not_wake_the_watcher_each() -> None:
@@ -49,7 +50,7 @@ def test_a_deadline_that_passes_still_shuts_its_request_among_ended_ones() -> No
 
 
 class _Connection:
-    """What a deadline holds of a urllib3 connection: its socket."""
+    """What a deadline reaches of a urllib3 connection: its socket."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -61,8 +62,9 @@ def test_a_request_that_ended_first_never_has_its_pooled_connection_shut() -> No
     for _ in range(300):
         ours, theirs = socket.socketpair()
         with ours, theirs:
-            deadline = AnswerDeadline(time.monotonic())
-            deadline.attach(_Connection(ours))
+            request = RequestConnection()
+            request.take(_Connection(ours))
+            deadline = AnswerDeadline(time.monotonic(), request)
             watcher = threading.Thread(target=deadline._shut)
             watcher.start()
             passed = deadline.end()
