@@ -9,6 +9,7 @@ reported by ``kcoral.run.outputs``.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import os
@@ -32,6 +33,7 @@ from kcoral.local_folder import FileBlob, SentFileChanged
 from kcoral.protocol.headers import CANCEL_UNFOLLOWED_HEADER
 from kcoral.protocol.selector import NO_MATCHING_NODE
 from kcoral.response import gpus_label
+from kcoral.run import worker_outputs, worker_tree
 from kcoral.run import worker_side as run_remote
 from kcoral.run.arguments import PROG, USAGE, HelpRequested, RunOptions, parse_command_line
 from kcoral.run.before_sending import empty_folders, unrunnable_executable, unsent_script
@@ -187,9 +189,25 @@ def _discard_stream(stream: Any) -> None:
         os.close(devnull)
 
 
+#: the modules uploaded together as the one runner module, each after those it imports
+RUNNER_MODULES = (worker_tree, worker_outputs, run_remote)
+
+
 def runner_source() -> str:
-    """Source of the module that runs on the worker."""
-    return inspect.getsource(run_remote)
+    """Source of the module that runs on the worker: the runner modules in one, without
+    their imports of each other (an uploaded module imports no other upload, and the
+    server may have no ``kcoral``) and with one ``__future__`` import, at the top."""
+    parts = []
+    for index, module in enumerate(RUNNER_MODULES):
+        lines = inspect.getsource(module).splitlines(keepends=True)
+        for node in reversed(ast.parse("".join(lines)).body):
+            if isinstance(node, ast.ImportFrom) and (
+                (node.module or "").startswith("kcoral.")
+                or (node.module == "__future__" and index > 0)
+            ):
+                del lines[node.lineno - 1 : node.end_lineno]
+        parts.append("".join(lines))
+    return "\n\n".join(parts)
 
 
 def build_program(options: RunOptions, inputs: Sequence[tuple[str, FileBlob, bool]]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import http.server
 import io
 import signal
@@ -21,7 +22,6 @@ from kcoral.run.inputs import SMALL_INPUT_BYTES, LocalFileError, collect_inputs
 from kcoral.run.outputs import report
 from kcoral.run.progress import Progress, format_bytes
 from kcoral.run.tools import UsageError
-from kcoral.run.worker_side import unpack_inputs
 
 
 def options(tmp_path: Path, *extra: str, args: tuple[str, ...] = ("x.py",)):
@@ -317,14 +317,35 @@ def test_the_program_uploads_the_runner_inputs_and_returns_status_and_outputs(
     assert run["args"][1]["fetch"] == ["r"] and run["args"][1]["collect"] is True
 
 
-def test_the_runner_source_is_the_module_itself() -> None:
-    from kcoral.run import worker_side as run_remote
-
+def test_the_runner_source_is_the_runner_modules_in_one_that_imports_only_the_standard_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an uploaded module imports no other upload, and a server of PROTOCOL.md alone has no
+    # kcoral: the three runner modules travel as one source that imports neither
+    source = run_cli.runner_source()
+    tree = ast.parse(source)
+    imported = [
+        alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names
+    ]
+    imported += [node.module or "" for node in tree.body if isinstance(node, ast.ImportFrom)]
+    assert [name for name in imported if name.split(".")[0] not in sys.stdlib_module_names] == []
+    defined = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    defined += [
+        target.id
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    ]
+    assert sorted(name for name in set(defined) if defined.count(name) > 1) == []  # no clash
     namespace: dict = {}
-    exec(compile(run_cli.runner_source(), "<runner>", "exec"), namespace)
-    assert namespace["OUTPUTS_DIR"] == run_remote.OUTPUTS_DIR
-    blob = namespace["pack_inputs"]([("a", b"1", False)])
-    assert callable(namespace["run_tool"]) and callable(unpack_inputs) and blob
+    exec(compile(source, "<runner>", "exec"), namespace)
+    monkeypatch.chdir(tmp_path)
+    blob = namespace["pack_inputs"]([("make.sh", b"mkdir -p res; echo A > res/a.txt", True)])
+    spec = {"tool": "shell", "args": ["sh", "make.sh"], "fetch": ["res"], "collect": True}
+    status = namespace["run_tool"](blob, spec)
+    assert (status["exit_code"], status["missing"]) == (0, [])
+    assert (tmp_path / "outputs/res/a.txt").read_text() == "A\n"
 
 
 class FakeTerminal(io.StringIO):
