@@ -281,6 +281,25 @@ def test_every_kcoral_server_and_router_command_in_a_shell_block_parses() -> Non
     assert not refused, "\n".join(refused)
 
 
+def test_every_kcoral_run_command_the_docs_show_names_its_tool_before_its_options() -> None:
+    # docs/scaling.md told a reader to add `kcoral run --select gpu=a100 ...`, which kcoral
+    # run refuses: "option --select before the tool: the tool comes first". A span that
+    # only names an option (`kcoral run --send`) is no command and passes.
+    shown, misordered = 0, []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        spans = re.findall(r"`(kcoral run\b[^`]*)`", text)
+        spans += [line for _, block in blocks(SHELL_BLOCK, [path]) for line in block.splitlines()]
+        for span in spans:
+            for match in re.finditer(r"kcoral run((?: +[^ ;|&]+)*)", " ".join(span.split())):
+                words = match[1].split()
+                shown += 1
+                if len(words) > 1 and words[0].startswith("-") and words[0] not in ("-h", "--help"):
+                    misordered.append(f"{path.relative_to(ROOT)}: {match[0]}")
+    assert shown, "the docs show no kcoral run command"
+    assert not misordered, "\n".join(misordered)
+
+
 SCRIPT_LINE = re.compile(r"python3? ((?:benchmarks|examples)/\w+\.py)([^`|\n]*)")
 
 
