@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import time
 
@@ -82,6 +83,9 @@ class _Watcher:
         self._heap: list[tuple[float, int, AnswerDeadline]] = []
         self._order = itertools.count()
         self._prune_at = _PRUNE_FROM
+        #: the time the thread sleeps toward (``inf``: until told): only an earlier deadline
+        #: wakes it
+        self._sleeping_until = math.inf
         self._changed = threading.Condition()
         threading.Thread(target=self._run, name="kcoral-answer-deadlines", daemon=True).start()
 
@@ -94,15 +98,17 @@ class _Watcher:
                 self._heap = heap = [entry for entry in heap if not entry[2].ended]
                 heapq.heapify(heap)
                 self._prune_at = max(_PRUNE_FROM, 2 * len(heap))
-            earliest = not heap or deadline.at < heap[0][0]
             heapq.heappush(heap, (deadline.at, next(self._order), deadline))
-            if earliest:
+            # not "earlier than the heap's first": a sweep that empties the heap made every
+            # next deadline the earliest, and woke the thread once per sweep for nothing
+            if deadline.at < self._sleeping_until:
                 self._changed.notify()
 
     def _run(self) -> None:
         with self._changed:
             while True:
                 if not self._heap:
+                    self._sleeping_until = math.inf
                     self._changed.wait()
                     continue
                 at, _, deadline = self._heap[0]
@@ -112,7 +118,9 @@ class _Watcher:
                     # ``watch``): popped at once, it left the heap empty, so each request's
                     # deadline woke this thread again (two thread switches, ~80 us a round
                     # trip on a loaded 2-core machine)
-                    self._changed.wait(min(at - now, _LONGEST_WAIT_SECONDS))
+                    wait = min(at - now, _LONGEST_WAIT_SECONDS)
+                    self._sleeping_until = now + wait
+                    self._changed.wait(wait)
                     continue
                 heapq.heappop(self._heap)
                 if deadline.ended:
