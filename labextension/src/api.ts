@@ -106,6 +106,8 @@ export interface IJob {
   lease_held_ms: number | null;
   elapsed_ms: number | null;
   error_kind: string | null;
+  /** `'gpus'` while a RUNNING job waits for its GPU lease or set (EXTENSIONS §5). */
+  waiting_for: string | null;
   server?: string;
 }
 
@@ -384,6 +386,7 @@ export function checkedJob(raw: unknown): IJob | null {
     lease_held_ms: countOrNull(raw.lease_held_ms),
     elapsed_ms: countOrNull(raw.elapsed_ms),
     error_kind: stringOr(raw.error_kind, null),
+    waiting_for: stringOr(raw.waiting_for, null),
     ...(typeof raw.server === 'string' ? { server: raw.server } : {})
   };
 }

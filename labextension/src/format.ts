@@ -273,6 +273,19 @@ export function jobStatusText(status: unknown): string {
   return JOB_STATUS_WORDS.get(text) ?? text.toLowerCase().replace(/_/g, ' ');
 }
 
+/** Whether a job has its worker but waits for its GPUs (`waiting_for: "gpus"`, EXTENSIONS
+ * §5): its status stays RUNNING, yet nothing of it runs. */
+export function waitsForGpus(job: IJob): boolean {
+  return job.status === 'RUNNING' && job.waiting_for === 'gpus';
+}
+
+/** What a job is doing, in the output pane's words: its status, or `waiting for GPU`
+ * while it waits for its GPUs (it read `running`, as if it ran, for as long as another
+ * program held them). */
+export function jobStateText(job: IJob): string {
+  return waitsForGpus(job) ? 'waiting for GPU' : jobStatusText(job.status);
+}
+
 /** The class of a status cell, which the style colours: only for the statuses EXTENSIONS
  * §5 defines, so a server's text never becomes a class name. */
 export function jobStatusClass(status: unknown): string {
@@ -347,7 +360,8 @@ export function jobCells(job: IJob): string[] {
     ? job.elapsed_ms + (isNumber(job.queue_ms) ? job.queue_ms : 0)
     : null;
   return [
-    jobStatusText(job.status),
+    // `waiting for GPU` took the Worker column's header down to `W…`; the tooltip says it.
+    waitsForGpus(job) ? 'GPU wait' : jobStatusText(job.status),
     formatTime(job.submitted_at),
     worker + gpus,
     formatDuration(total)
@@ -365,7 +379,10 @@ export function jobTitle(job: IJob, serverName: string = shownText(job.server)):
     ? ` · lease wait ${formatDuration(job.lease_wait_ms)} · held ${formatDuration(job.lease_held_ms)}`
     : '';
   const timings = `queue ${formatDuration(job.queue_ms)}${lease} · run ${formatDuration(job.elapsed_ms)}`;
-  return `job ${shownText(job.job_id)}${where}${kind}\n${timings}`;
+  const waiting = waitsForGpus(job)
+    ? '\nwaiting for its GPUs: another program holds them, or its turn has not come'
+    : '';
+  return `job ${shownText(job.job_id)}${where}${kind}\n${timings}${waiting}`;
 }
 
 /** Newest first by submission time; jobs without one go last. */

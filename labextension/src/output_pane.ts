@@ -11,6 +11,7 @@ import { ConsoleView, Stream } from './console_view';
 import {
   describePhase,
   isCancellable,
+  jobStateText,
   jobStatusText,
   labelOf,
   serverLabel,
@@ -46,6 +47,8 @@ export class OutputPane {
    * while it is followed, finished, or lost for good. */
   private _lost: string | null = null;
   private _resumes = 0;
+  /** Between the followed job's `lease_wait` and `lease_held` phases (SERVER §5). */
+  private _leaseWait = false;
   /** The wait before each reconnect of a live output (tests set it shorter). */
   followRetryMs = 1000;
   private _selectionListeners = new Set<() => void>();
@@ -97,6 +100,7 @@ export class OutputPane {
     this._phase.title = '';
     this._lastEventId = '';
     this._resumes = 0;
+    this._leaseWait = false;
     this._followFrom(job);
     this._renderSelection();
   }
@@ -121,8 +125,16 @@ export class OutputPane {
         if (event.kind === 'stdout' || event.kind === 'stderr') {
           this._append(event.kind, event.text);
         } else if (event.kind === 'phase') {
-          this._phase.textContent = describePhase(event.phase, event.fields);
-          this._phase.dataset.phase = event.phase;
+          if (['lease_wait', 'lease_held', 'finished'].includes(event.phase)) {
+            this._leaseWait = event.phase === 'lease_wait';
+          }
+          // The worker names the instruction it waits in while it waits for the GPU
+          // lease: the line said `instruction 0 upload upload_0`, as if that ran, for as
+          // long as another program held the GPU.
+          if (!(this._leaseWait && event.phase === 'instruction')) {
+            this._phase.textContent = describePhase(event.phase, event.fields);
+            this._phase.dataset.phase = event.phase;
+          }
           if (event.phase === 'finished' && this._follow === controller) {
             this._finished = shownText(event.fields.status);
             if (FAILED_STATUSES.has(this._finished)) {
@@ -261,7 +273,7 @@ export class OutputPane {
       // `running` it last had.
       const listed = this._listed(job);
       const status = listed
-        ? jobStatusText(job.status)
+        ? jobStateText(job)
         : this._finished
           ? jobStatusText(this._finished)
           : 'status unknown';

@@ -3,6 +3,7 @@ import {
   formatDuration,
   JOB_COLUMNS,
   jobCells,
+  jobStateText,
   jobStatusText,
   jobTitle,
   serverLabel
@@ -24,6 +25,7 @@ const job = (over: Partial<IJob> = {}): IJob => ({
   lease_held_ms: 0,
   elapsed_ms: 11.09000004362315,
   error_kind: null,
+  waiting_for: null,
   ...over
 });
 
@@ -70,6 +72,20 @@ describe('the words of the jobs table', () => {
     expect(jobStatusText('SOMETHING_NEW')).toBe('something new');
     expect(jobStatusText('toString')).toBe('tostring');
     expect(jobCells(job())[0]).toBe('done');
+  });
+
+  it('says a running job that waits for its GPUs is waiting, not running', () => {
+    // EXTENSIONS §5: its status stays RUNNING (it has its worker) while `waiting_for` is
+    // "gpus"; the table and the output pane said `running` all the while.
+    const waiting = job({ status: 'RUNNING', waiting_for: 'gpus', elapsed_ms: null });
+    expect(jobCells(waiting)[0]).toBe('GPU wait');
+    expect(jobStateText(waiting)).toBe('waiting for GPU');
+    expect(jobTitle(waiting)).toContain('waiting for its GPUs: another program holds them');
+    expect(jobStateText(job({ status: 'RUNNING' }))).toBe('running');
+    expect(jobTitle(job({ status: 'RUNNING' }))).not.toContain('waiting');
+    // A finished job's leftover field, or a word the protocol does not define, changes nothing.
+    expect(jobStateText(job({ status: 'COMPLETED', waiting_for: 'gpus' }))).toBe('done');
+    expect(jobStateText(job({ status: 'RUNNING', waiting_for: 'disk' }))).toBe('running');
   });
 
   it('names the server of a job by its label', () => {

@@ -63,6 +63,7 @@ describe('job records checked at the boundary', () => {
           elapsed_ms: '12',
           queue_ms: 3,
           error_kind: ['x'],
+          waiting_for: { gpus: true },
           target: 'sm_90a',
           server: 7
         },
@@ -85,7 +86,8 @@ describe('job records checked at the boundary', () => {
       lease_wait_ms: null,
       lease_held_ms: null,
       elapsed_ms: null,
-      error_kind: null
+      error_kind: null,
+      waiting_for: null
     });
     expect([jobs[1].gpu_ids, jobs[1].worker_id]).toEqual([[0, 1], 3]);
   });

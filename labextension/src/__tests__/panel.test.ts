@@ -627,6 +627,24 @@ describe('the selected job when its server stops listing it', () => {
     expect(state.resumedFrom).toEqual([]);
   });
 
+  it('keeps saying a job waits for the GPU lease until it holds it', async () => {
+    // A real fake-GPU server sends `lease_wait`, then the instruction its worker waits in,
+    // and `lease_held` only once the other program let go of the GPU.
+    const phase = (id: number, data: string): string =>
+      `event: phase\nid: ${id}\ndata: ${data}\n\n`;
+    const waiting =
+      phase(1, '{"phase":"lease_wait"}') +
+      phase(2, '{"phase":"instruction","index":0,"op":"upload","id":"upload_0"}');
+    const { panel } = await following(waiting, () => true);
+    expect(text(panel, '.jp-KCoral-phase')).toBe('waiting for the GPU lease');
+    const held =
+      waiting +
+      phase(3, '{"phase":"lease_held"}') +
+      phase(4, '{"phase":"instruction","index":1,"op":"get_function","id":"f"}');
+    const after = await following(held, () => true);
+    expect(text(after.panel, '.jp-KCoral-phase')).toBe('instruction 1 get_function f');
+  });
+
   it('says why a followed job failed, which its live output never says', async () => {
     // A soak: a failed cell's job, clicked in the panel, said only `finished: failed` over
     // an empty output; the why (ValueError: boom 3) was in its result alone.
