@@ -44,6 +44,7 @@ from kcoral_jupyter.cell_errors import (
     TwoLineError,
     refused,
 )
+from kcoral_jupyter.display import format_size
 
 #: Seconds the exit hook waits to connect before it leaves the session to the idle timeout.
 EXIT_CONNECT_TIMEOUT_SECONDS = 3.0
@@ -115,35 +116,62 @@ def session_ended_under(remote: NotebookSession | None) -> TwoLineError | None:
     "the job was cancelled … run the cell again", and the next cell failed: it had ended."""
     if remote is None:
         return None
+    ended, _ = _end_or_live(remote)
+    return ended
+
+
+def _end_or_live(remote: NotebookSession) -> tuple[TwoLineError | None, bool]:
+    """The session's end as two lines (or None), and whether its server said it lives."""
     try:
         record = remote.handle.info()
     except KCoralError as exc:
-        return session_refusal(exc, remote)  # 410 or 404: it ended
+        return session_refusal(exc, remote), False  # 410 or 404: it ended
     except (TransportError, ProtocolError):  # not known: nothing said about an end
-        return None
+        return None, False
     if record.get("state") != "ENDED":
-        return None
+        return None, True
     message = record.get("end_message")
     remote.ended_message = message if isinstance(message, str) and message else "ended"
-    return ended_error(remote)
+    return ended_error(remote), False
 
 
-def ended_with_cell_hint(remote: NotebookSession | None, session_id: str) -> str:
-    """For a failed cell of session ``session_id``: a hint when the session ended with it
-    (its worker exited, or it left threads running, EXTENSIONS §11), else "". Before, only
-    the next cell said so, after the user had moved on believing the state was there."""
+def ended_with_cell_hint(
+    remote: NotebookSession | None, session_id: str, job_id: str | None
+) -> str:
+    """For a failed cell of session ``session_id`` (its job ``job_id``): a hint when the
+    session ended with it (its worker exited, or it left threads running, EXTENSIONS §11),
+    else "". Before, only the next cell said so, after the user had moved on believing the
+    state was there; then it read "has ended with this cell (session ended: its worker
+    exited during job <the id the line above names> (signal 9); its state is lost): its
+    variables are gone"."""
     if remote is None or remote.id != session_id or session_ended_under(remote) is None:
         return ""
+    why = end_reason_text({"end_message": remote.ended_message})
+    if job_id:
+        why = why.replace(f"job {job_id}", "the cell")
+    why = why.removesuffix("; its state is lost")  # said next, as its variables
     return (
-        f"hint: {remote.label} has ended with this cell ({remote.ended_message}): its "
-        "variables are gone; %kcoral session start begins a new session"
+        f"hint: {remote.label} ended with this cell: {why}; its variables are gone, "
+        "%kcoral session start begins a new session"
     )
 
 
-def session_interrupted(remote: NotebookSession) -> CellCancelledError:
-    """An interrupted session cell: its program got ``KeyboardInterrupt``, not a kill."""
+def session_interrupted(remote: NotebookSession, program_stopped: bool) -> TwoLineError:
+    """An interrupted session cell, whose program got ``KeyboardInterrupt`` (not a kill):
+    the session's end when it ended (the program outlived the interrupt's grace), else what
+    is known of its state. Before, a program seen to stop in a session the server still
+    held read "the session keeps its state if the program stopped within 5 s (else the next
+    cell says it ended)", a doubt the cell could have settled."""
+    ended, live = _end_or_live(remote)
+    if ended is not None:
+        return ended
+    said = f"interrupted: KeyboardInterrupt raised in {remote.label}'s program on {remote.url}"
+    if live and program_stopped:
+        return CellCancelledError(
+            said, "its program stopped and the session keeps its state: run the next cell"
+        )
     return CellCancelledError(
-        f"interrupted: KeyboardInterrupt raised in {remote.label}'s program on {remote.url}",
+        said,
         "the session keeps its state if the program stopped within 5 s (else the next cell "
         "says it ended); %kcoral session status shows it",
     )
@@ -311,10 +339,15 @@ def status_rows(
     rows.append(("programs", str(record.get("programs"))))
     gpu_ids = record.get("gpu_ids")
     rows.append(("GPU", f"{gpu_ids}" if gpu_ids else "none (CPU)"))
-    deadline = finite_float(record.get("idle_deadline"))
     if state == "ENDED":
-        rows.append(("ended", f"{record.get('end_reason')}: {record.get('end_message')}"))
-    elif deadline is not None:
+        # the server's words once, not "worker_exited: session ended: its worker exited"
+        rows.append(("ended", end_reason_text(record)))
+        return rows  # its deadline, timeout and fate at this kernel's end are past
+    memory = finite_float(record.get("memory_bytes"))  # a server's huge integer is none
+    if memory is not None and 0 <= memory < 2**80:
+        rows.append(("memory", f"{format_size(int(memory))} (its worker's resident memory)"))
+    deadline = finite_float(record.get("idle_deadline"))
+    if deadline is not None:
         rows.append(("idle deadline", f"in {max(0.0, deadline - now):.0f} s"))
     else:
         rows.append(("idle deadline", "none while a program runs"))
@@ -322,6 +355,16 @@ def status_rows(
     if remote is not None:
         rows.append(("when this kernel ends", "kept" if remote.keep else "ended"))
     return rows
+
+
+def end_reason_text(record: Mapping[str, Any]) -> str:
+    """Why an ended session ended, in the server's words after its ``session ended``
+    (``after 5 s without a program``, ``its worker exited (signal 9); ...``); its
+    ``end_reason`` where it sent no words."""
+    message = record.get("end_message")
+    if isinstance(message, str) and message.strip():
+        return message.removeprefix("session ended").removeprefix(":").strip() or message
+    return str(record.get("end_reason") or "ended")
 
 
 def seconds_text(value: Any) -> str:

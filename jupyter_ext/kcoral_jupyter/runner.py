@@ -131,6 +131,7 @@ class RunRecord:
     # ("gpu=h100", from /v1/info fleet); None when not known (a direct server).
     waits_for: str | None = None
     gpu_count: int = 1  # the GPUs its lease takes at once (a cell's --gpus)
+    session_program_stopped: bool = False  # its interrupt was seen to end its session job
 
 
 class RemoteCellError(RemoteExecutionError):
@@ -273,6 +274,7 @@ def _run_as_job(
             # (EXTENSIONS §11); an interrupt raises KeyboardInterrupt in the program instead.
             reporter.phase("interrupted: raising KeyboardInterrupt in the session's program")
             if stop_session_program(client, job):
+                record.session_program_stopped = True
                 reporter.phase("interrupted: the session's program has stopped")
             raise
         reporter.phase("interrupted: cancelling the job on the server")

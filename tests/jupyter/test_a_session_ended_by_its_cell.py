@@ -32,8 +32,10 @@ def test_a_session_cell_whose_worker_exits_says_the_session_ended_with_it(
             sessions.current = None
     assert isinstance(failed, RemoteCellError) and "has ended" not in str(failed.hint)
     assert isinstance(exited, RemoteCellError), exited
-    assert exited.hint.startswith(f"hint: {label} has ended with this cell (session ended: ")
-    assert "(exit code 3)" in exited.hint and "its variables are gone" in exited.hint
+    assert exited.hint == (
+        f"hint: {label} ended with this cell: its worker exited during the cell (exit code 3); "
+        "its variables are gone, %kcoral session start begins a new session"
+    )
 
 
 def test_attaching_to_a_session_job_that_its_sessions_stop_ended_says_the_session_ended(

@@ -216,8 +216,11 @@ def test_the_number_screens_show_a_dash_or_text_for_a_huge_integer() -> None:
     assert format_ms(HUGE) == "–" and format_ms(12.5) == "13 ms"
     assert wait_text(HUGE) == "\u2014" and wait_text(90) == "1.5 min"
     assert seconds_text(600) == "600 s" and seconds_text(HUGE) == f"{HUGE} s"
-    rows = dict(status_rows({"state": "IDLE", "idle_deadline": HUGE}, None, now=0.0))
+    rows = dict(
+        status_rows({"state": "IDLE", "idle_deadline": HUGE, "memory_bytes": HUGE}, None, now=0.0)
+    )
     assert rows["idle deadline"] == "none while a program runs"
+    assert "memory" not in rows  # format_size of it raised OverflowError
 
 
 def test_huge_integers_in_the_jobs_and_fleet_screens_show_dashes(

@@ -27,7 +27,13 @@ from IPython.display import display
 from kcoral import Job, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.bench.history import remember_benchmarks
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.cell_errors import CellTimeoutError, GpuRequiredError, TwoLineError, shorten
+from kcoral_jupyter.cell_errors import (
+    CellCancelledError,
+    CellTimeoutError,
+    GpuRequiredError,
+    TwoLineError,
+    shorten,
+)
 from kcoral_jupyter.cell_program import BuiltCell, CellSpec, build_cell, read_outcome, split_mapping
 from kcoral_jupyter.kernel_state import KernelState, PendingJob, ServerFacts, normalize_url
 from kcoral_jupyter.magics.options import cell_parser, join_name_lists, names, split_words
@@ -171,12 +177,12 @@ class CellMagic:
                 line_out.show(exc.cause, status="CANCELLED")
                 raise
             if remote is not None:
-                ended = session_ended_under(remote)
-                if ended is not None:  # the program outlived the interrupt's grace: killed
-                    line_out.show(ended.cause, status="ERROR")
-                    raise ended from exc
+                outcome = session_interrupted(remote, record.session_program_stopped)
+                if not isinstance(outcome, CellCancelledError):  # ended: outlived its grace
+                    line_out.show(outcome.cause, status="ERROR")
+                    raise outcome from exc
                 line_out.show(f"interrupted: KeyboardInterrupt raised in {remote.label}")
-                raise session_interrupted(remote) from exc
+                raise outcome from exc
             if use_jobs and record.job_id is None:  # interrupted twice while submitted
                 line_out.show(f"interrupted while submitting; {SUBMISSION_ABANDONED}")
                 raise cancelled(
@@ -270,7 +276,9 @@ class CellMagic:
                 stopped = self.kernel.sessions.stopped_label
                 hint = after_stop_hint(result, stopped, "sessions" in facts.features, built.source)
             if not hint and record.session_id is not None:
-                hint = ended_with_cell_hint(self.kernel.sessions.active(), record.session_id)
+                hint = ended_with_cell_hint(
+                    self.kernel.sessions.active(), record.session_id, record.job_id
+                )
             raise RemoteCellError(result, record, hint=hint)
         try:
             outcome = read_outcome(result, built)

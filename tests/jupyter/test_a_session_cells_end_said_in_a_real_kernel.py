@@ -1,0 +1,135 @@
+"""What a session's cells say in a real kernel (jupyter_client, interrupted as Jupyter's
+Stop interrupts it) when a cell is interrupted, when a cell's program kills the session's
+worker, and what ``%kcoral session status`` says before and after: each line true and said
+once. A real CPU server with one session seat."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from jupyter_client.manager import KernelManager, start_new_kernel
+
+import kcoral
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+class RealKernel:
+    """A real kernel, each cell's streams, display texts and traceback as one text."""
+
+    def __init__(self, manager: KernelManager, client: Any) -> None:
+        self.manager = manager
+        self.client = client
+
+    def cell(self, source: str) -> str:
+        said: list[str] = []
+
+        def keep(message: dict[str, Any]) -> None:
+            content = message["content"]
+            if message["msg_type"] == "stream":
+                said.append(content["text"])
+            elif message["msg_type"] in ("display_data", "execute_result"):
+                said.append(content["data"].get("text/plain", "") + "\n")
+            elif message["msg_type"] == "error":
+                said.append("\n".join(content["traceback"]) + "\n")
+
+        self.client.execute_interactive(source, output_hook=keep, timeout=120)
+        return "".join(said)
+
+
+@contextmanager
+def real_kernel(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RealKernel]:
+    monkeypatch.setenv("KCORAL_URL", url)
+    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        yield RealKernel(manager, client)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)  # its exit hook ends the session
+
+
+def started_session(kernel: RealKernel) -> str:
+    said = kernel.cell("%load_ext kcoral\n%kcoral session start")
+    match = re.search(r"kcoral: session id ([0-9a-f-]{36})", said)
+    assert match, said
+    return match.group(1)
+
+
+def interrupt_once_running(kernel: RealKernel, url: str, session_id: str) -> None:
+    """Interrupt the kernel (SIGINT, as Jupyter's Stop) once the session's program runs."""
+    with kcoral.Client(url) as client:
+        deadline = time.monotonic() + 60
+        while client.attach_session(session_id).record.get("state") != "RUNNING":
+            assert time.monotonic() < deadline, "the session's program never ran"
+            time.sleep(0.05)
+    time.sleep(1.0)  # RUNNING comes before the cell's first line: let it reach its loop
+    kernel.manager.interrupt_kernel()
+
+
+def test_an_interrupted_session_cell_says_its_program_stopped_and_the_state_is_kept(
+    server_factory, monkeypatch
+) -> None:
+    # Before: "the session keeps its state if the program stopped within 5 s (else the next
+    # cell says it ended)", after the cell's own line had said the program had stopped.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with real_kernel(server.url, monkeypatch) as kernel:
+        session_id = started_session(kernel)
+        kernel.cell("%%kcoral\nx = 41")
+        sent = kernel.client.execute("%%kcoral\nimport time\nwhile True:\n    time.sleep(0.1)\n")
+        interrupt_once_running(kernel, server.url, session_id)
+        said = []
+        while True:
+            message = kernel.client.get_iopub_msg(timeout=120)
+            if message["parent_header"].get("msg_id") != sent:
+                continue
+            if message["msg_type"] == "error":
+                said = message["content"]["traceback"]
+            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                break
+        label = f"session {session_id[:8]}"
+        assert said == [
+            f"CellCancelledError: interrupted: KeyboardInterrupt raised in {label}'s program "
+            f"on {server.url}",
+            "its program stopped and the session keeps its state: run the next cell",
+        ]
+        assert kernel.cell("%%kcoral --quiet\nprint(x + 1)").strip() == "42"
+
+
+def test_a_cell_that_ends_its_session_says_why_once_and_session_status_says_it_ended(
+    server_factory, monkeypatch
+) -> None:
+    # Before, the cell's hint: "has ended with this cell (session ended: its worker exited
+    # during job <the job the line above names> (exit code 3); its state is lost): its
+    # variables are gone"; and the status: "ended: worker_exited: session ended: its worker
+    # exited ...", then "idle timeout" and "when this kernel ends: ended" of a session that
+    # had ended. A live session's status did not say how much memory its state holds.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with real_kernel(server.url, monkeypatch) as kernel:
+        session_id = started_session(kernel)
+        kernel.cell("%%kcoral --quiet\nkept = bytearray(64 * 1024 * 1024)")
+        live = kernel.cell("%kcoral session status")
+        memory = re.search(
+            r"^memory: ([0-9.]+) (MiB|GiB) \(its worker's resident memory\)$", live, re.M
+        )
+        assert memory, live
+        assert memory.group(2) == "GiB" or float(memory.group(1)) >= 64, live
+        failed = kernel.cell("%%kcoral --quiet\nimport os\nos._exit(3)")
+        assert (
+            f"hint: session {session_id[:8]} ended with this cell: its worker exited during "
+            "the cell (exit code 3); its variables are gone, %kcoral session start begins a "
+            "new session"
+        ) in failed, failed
+        ended = kernel.cell("%kcoral session status")
+    lines = ended.splitlines()
+    assert lines[1:2] == ["state: ENDED"], lines
+    assert re.fullmatch(
+        r"ended: its worker exited during job [0-9a-f-]{36} \(exit code 3\); its state is lost",
+        lines[-1],
+    ), lines
+    assert not any(line.startswith(("idle", "when this kernel ends")) for line in lines), lines
