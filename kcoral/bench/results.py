@@ -86,11 +86,32 @@ def rows_of(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     return [(str(label) if isinstance(label, str) else "benchmark", result)]
 
 
-def ms(value: object) -> str:
+#: (name, milliseconds in one), largest first
+TIME_UNITS = (("s", 1000.0), ("ms", 1.0), ("µs", 1e-3), ("ns", 1e-6))
+
+
+def time_unit(largest_ms: float) -> tuple[str, float]:
+    """(name, milliseconds in one) of the unit that times up to ``largest_ms`` read in: the
+    largest one they fill, so a call of 0.000591 ms reads ``591 ns``, not three digits of
+    zeros (a value that 3 digits round up to the next unit, 999.96 µs, reads in that one)."""
+    for name, size in TIME_UNITS:
+        if largest_ms >= size * 0.9995:
+            return name, size
+    return TIME_UNITS[-1]
+
+
+def table_unit(result: Mapping[str, Any]) -> tuple[str, float]:
+    """One unit for the whole table, the largest median's, so rows compare by eye."""
+    medians = [finite_float(entry.get("latency_ms_median")) for _, entry in rows_of(result)]
+    return time_unit(max((abs(m) for m in medians if m is not None), default=1.0))
+
+
+def ms(value: object, unit_ms: float = 1.0) -> str:
+    """A time given in ms, in a unit of ``unit_ms`` milliseconds, to 4 digits; ``-`` if none."""
     found = finite_float(value)
     if found is None:
         return "-"
-    return f"{found:.4g}"
+    return f"{found / unit_ms:.4g}"
 
 
 def ratio_number(value: float) -> str:
@@ -136,7 +157,16 @@ def change_of(result: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
 
 def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
     """The table as cells of text, header first (shared by the text and HTML tables)."""
-    header = ["candidate", "status", "median ms", "IQR ms", "noise", "speedup [95% CI]", ""]
+    unit, unit_ms = table_unit(result)
+    header = [
+        "candidate",
+        "status",
+        f"median {unit}",
+        f"IQR {unit}",
+        "noise",
+        "speedup [95% CI]",
+        "",
+    ]
     with_history = isinstance(result.get("history"), Mapping)
     if with_history:
         header += ["vs previous [95% CI]", ""]
@@ -155,8 +185,8 @@ def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
         row = [
             one_line(name),
             status,
-            ms(entry.get("latency_ms_median")),
-            ms(entry.get("latency_ms_iqr")),
+            ms(entry.get("latency_ms_median"), unit_ms),
+            ms(entry.get("latency_ms_iqr"), unit_ms),
             "-" if noise is None else f"{noise:.1%}",
             speed,
             verdict_of(speedup),
