@@ -106,6 +106,9 @@ class KernelState:
     # Set by a failed ``%kcoral connect`` (URL, reason): no cell runs anywhere, and none falls
     # back to the embedded server, until a connect succeeds or the user picks a server.
     failed_connect: tuple[str, str] | None = None
+    # What fixes it where the server answered and refused (a 401's "%config KCoral.token"):
+    # "again once it answers" would not, nor would the client's "set KCORAL_TOKEN".
+    failed_connect_fix: str | None = None
     # ``%kcoral session``: the KCoral session the cells run in, if any.
     sessions: SessionHolder = field(default_factory=SessionHolder)
     # The URLs of this kernel's embedded servers that are gone (stopped, or exited): their
@@ -127,7 +130,9 @@ class KernelState:
             url, reason = self.failed_connect
             raise NotConnectedError(
                 f"not connected: %kcoral connect {url} failed ({reason})",
-                f"run %kcoral connect {url} again once it answers, connect elsewhere, "
+                f"{self.failed_connect_fix}; then %kcoral connect again"
+                if self.failed_connect_fix
+                else f"run %kcoral connect {url} again once it answers, connect elsewhere, "
                 "or %kcoral local start for a server on this machine",
             )
         if self.settings.url:
@@ -167,15 +172,18 @@ class KernelState:
         """The URL this kernel's cells last went to (None before the first, or after a stop)."""
         return self._used_url
 
-    def connect_failed(self, url: str, reason: str) -> None:
-        """Leave the kernel unconnected after a failed ``%kcoral connect url``."""
+    def connect_failed(self, url: str, reason: str, fix: str | None = None) -> None:
+        """Leave the kernel unconnected after a failed ``%kcoral connect url``; ``fix``:
+        what to do first, where the server answered and refused."""
         self.failed_connect = (url, reason)
+        self.failed_connect_fix = fix
         if self._used_url is not None:
             self._used_url = None
             self.connection.withdraw()
 
     def clear_failed_connect(self) -> None:
         self.failed_connect = None
+        self.failed_connect_fix = None
 
     def start_local(self, *, asked: bool = False) -> str:
         """Start the embedded server unless it runs; its URL. ``asked``: by ``%kcoral local

@@ -53,6 +53,28 @@ def test_a_connect_whose_token_is_refused_fails_and_says_to_set_the_token(
         shell.run_cell_magic("kcoral", "", "print('never runs')")
 
 
+def test_the_cell_after_a_refused_connect_says_to_set_the_kernels_token_not_kcoral_token(
+    shell, token_server
+) -> None:
+    # It said "failed (the server at URL refused the token (401): set KCORAL_TOKEN, or pass
+    # Client(url, token=...))", then "run %kcoral connect URL again once it answers": the
+    # client's advice, which a kernel reads only at the extension's first use.
+    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
+    with pytest.raises(ServerRefusedError):
+        shell.run_line_magic("kcoral", f"connect {token_server}")
+    with pytest.raises(NotConnectedError) as unconnected:
+        shell.run_cell_magic("kcoral", "", "print('never runs')")
+    cause, action = unconnected.value._render_traceback_()
+    said = "HTTP 401 unauthorized: the token sent was refused (the server said: "
+    shown = f"NotConnectedError: not connected: %kcoral connect {token_server} failed ({said}"
+    assert cause.startswith(shown), cause
+    assert "set KCORAL_TOKEN" not in cause + action and "once it answers" not in action
+    assert action == (
+        "set this server's token: %config KCoral.token = '...' (KCORAL_TOKEN is read only at "
+        "the extension's first use); then %kcoral connect again"
+    )
+
+
 def test_once_the_token_is_fixed_a_new_connect_sees_the_servers_features(
     shell, token_server
 ) -> None:

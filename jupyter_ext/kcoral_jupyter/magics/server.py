@@ -41,7 +41,10 @@ class ServerCommands:
         except KCoralError as exc:
             # It answers, but refuses (a wrong or missing token): say what to fix, not
             # "check that the server runs".
-            kernel.connect_failed(url, str(exc))
+            # In its own words, not the client's ("set KCORAL_TOKEN, or pass Client(url,
+            # token=...)", which a kernel reads only at the extension's first use).
+            answer = refused(exc)
+            kernel.connect_failed(url, answer.cause, fix=answer.action)
             short = refused(exc, url)
             raise ServerRefusedError(
                 f"could not connect: {short.cause}",
