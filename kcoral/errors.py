@@ -250,6 +250,17 @@ def refused_answer(exc: BaseException) -> str | None:
     return None
 
 
+def head_began(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) ended an answer's head after some of it came: a
+    status line cut short (the HTTP library calls it bad, the connection having ended it),
+    not a connection that ended before any byte (``RemoteDisconnected``)."""
+    return any(
+        isinstance(cause, http.client.BadStatusLine)
+        and not isinstance(cause, http.client.RemoteDisconnected)
+        for cause in _causes(exc)
+    )
+
+
 def unreachable_message(url: str, exc: BaseException) -> str:
     """``TransportError``'s one line for ``exc`` at ``url`` (``transport_error``)."""
     return str(transport_error(url, exc))

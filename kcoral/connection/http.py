@@ -38,7 +38,13 @@ from kcoral.connection.per_process import PerProcess, close_inherited_sockets
 from kcoral.connection.request_connection import RequestConnection, of_this_thread
 from kcoral.connection.transport import Request, Response, body_pieces, refuse_encoded_body
 from kcoral.connection.upload_progress import UPLOAD_PROGRESS_BYTES, sent_with_progress
-from kcoral.errors import ProtocolError, TransportError, answered_but, transport_error
+from kcoral.errors import (
+    ProtocolError,
+    TransportError,
+    answered_but,
+    head_began,
+    transport_error,
+)
 
 #: The older name of ``Response`` (answers of this transport).
 HttpResponse = Response
@@ -157,9 +163,11 @@ class HttpTransport:
                 )
                 if deadline is None:
                     deadline = body_deadline(response, record)
+                # a head its deadline cut short ends at the shut, as a whole one would
+                head_came = not deadline.passed
                 data = self._read_body(response, None if read_timeout else deadline)
                 if deadline.end():  # its socket was shut: what came may look whole
-                    raise self._late(read_timeout, head_came=True)
+                    raise self._late(read_timeout, head_came=head_came, some_came=True)
                 status = response.status
                 response_headers = response.headers
                 if early is not None and early.came:
@@ -178,7 +186,11 @@ class HttpTransport:
                 timed_out = isinstance(exc, (urllib3.exceptions.ReadTimeoutError, TimeoutError))
                 if deadline is not None and (deadline.passed or (read_timeout and timed_out)):
                     # one line whichever bound ran out first: the deadline or a read's timeout
-                    raise self._late(read_timeout, head_came=response is not None) from exc
+                    raise self._late(
+                        read_timeout,
+                        head_came=response is not None,
+                        some_came=response is not None or head_began(exc),
+                    ) from exc
                 raise transport_error(self.base_url, exc) from exc
             except MemoryError:
                 if response is not None:
@@ -192,8 +204,11 @@ class HttpTransport:
                     deadline.end()
             return Response(status, response_headers, data)
 
-    def _late(self, read_timeout: float | None, *, head_came: bool) -> TransportError:
-        """The error of an answer whose deadline passed (``answer_deadline``)."""
+    def _late(
+        self, read_timeout: float | None, *, head_came: bool, some_came: bool
+    ) -> TransportError:
+        """The error of an answer whose deadline passed (``answer_deadline``): its head
+        came, or only ``some_came`` of it (the server was reached), or none of it."""
         url = self.base_url
         if read_timeout is None:
             return answered_but(
@@ -203,6 +218,8 @@ class HttpTransport:
             )
         if head_came:
             return answered_but(url, f"its answer did not end within {read_timeout} s")
+        if some_came:  # a server trickling its head: "cannot reach" was not true
+            return answered_but(url, f"its answer's head did not come within {read_timeout} s")
         # as the read timeout says it, which may come first
         message = f"cannot reach {url}: no answer within {read_timeout} s (read timeout)"
         return TransportError(message, url=url)

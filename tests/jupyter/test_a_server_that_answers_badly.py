@@ -6,8 +6,10 @@ line says ``URL answered, but ...``; the notebook said ``no answer from URL: got
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,7 +22,7 @@ from kcoral_jupyter.cell_errors import (
     shorten,
 )
 
-from kcoral import Client
+from kcoral import Client, base_client
 
 ANSWERS = {
     "more than 100 headers": b"HTTP/1.1 200 OK\r\n"
@@ -72,6 +74,43 @@ def test_a_refused_answer_reads_answered_but_not_no_answer(trouble: str) -> None
         assert trouble in shown.cause
         assert "no answer" not in shown.cause
         assert shown.action == NOT_KCORAL_HINT  # not "start the server there"
+
+
+@contextmanager
+def trickling_its_head() -> Iterator[str]:
+    """A server that answers a status line, then a header's value a byte every 0.1 s for
+    as long as the client listens: its head never ends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # the listener closed, or the client hung up
+            peer, _ = listener.accept()
+            with peer:
+                peer.recv(65536)
+                peer.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while True:
+                    peer.sendall(b"a")
+                    time.sleep(0.1)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def test_a_head_that_trickles_reads_answered_but_its_head_did_not_come_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # it said "no answer from URL: no answer within 30 s (read timeout)" and to start a
+    # server there, though the server took the request and kept sending
+    monkeypatch.setattr(base_client, "STATUS_READ_TIMEOUT_SECONDS", 1.0)
+    with trickling_its_head() as url:
+        with pytest.raises(Exception) as failed:
+            Client(url).health()
+        shown = shorten(failed.value, url)
+        assert isinstance(shown, AnswerRefusedError)
+        assert shown.cause == f"{url} answered, but its answer's head did not come within 1.0 s"
 
 
 def test_a_redirect_says_where_it_pointed_and_that_it_is_never_followed() -> None:

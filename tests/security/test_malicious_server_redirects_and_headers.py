@@ -221,6 +221,51 @@ def test_an_answer_that_stops_after_its_head_ends_at_the_read_timeout(
             stop.set()
 
 
+def trickling_head(stop: threading.Event, status_line: str):
+    """An answer whose head never ends: after its status line (sent at once, or a byte
+    every 0.1 s, or never) a header's value comes a byte every 0.1 s until ``stop``."""
+
+    def answer(method: str, path: str) -> Iterator[bytes]:
+        if status_line == "at once":
+            yield b"HTTP/1.1 200 OK\r\nX-Slow: "
+        elif status_line == "a byte at a time":
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: ":
+                yield bytes([byte])
+                if stop.wait(0.1):
+                    return
+        while not stop.wait(0.1):
+            if status_line != "never":
+                yield b"a"
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("status_line", "said"),
+    [
+        ("at once", "{url} answered, but its answer's head did not come within 1.0 s"),
+        ("a byte at a time", "{url} answered, but its answer's head did not come within 1.0 s"),
+        ("never", "cannot reach {url}: no answer within 1.0 s (read timeout)"),
+    ],
+    ids=("status line at once", "status line a byte at a time", "nothing at all"),
+)
+def test_a_status_answer_whose_head_trickles_says_it_answered_but_its_head_came_too_slowly(
+    monkeypatch: pytest.MonkeyPatch, status_line: str, said: str
+) -> None:
+    # the server took the connection and sent bytes: "cannot reach URL: no answer within
+    # 30 s (read timeout)" was untrue; only a server that sent nothing says it
+    monkeypatch.setattr(base_client, "STATUS_READ_TIMEOUT_SECONDS", 1.0)
+    stop = threading.Event()
+    try:
+        with answering(trickling_head(stop, status_line)) as url, Client(url) as client:
+            with pytest.raises(TransportError) as caught:
+                client.health()
+        assert str(caught.value) == said.format(url=url)
+        assert (caught.value.answered_but is None) == (status_line == "never")
+    finally:
+        stop.set()
+
+
 def test_kcoral_run_says_where_a_redirect_pointed_and_that_it_was_not_followed(
     elsewhere: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
