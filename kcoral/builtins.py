@@ -132,7 +132,8 @@ def _run_benchmark(
     from kcoral.bench.stats import median_precision, summary
 
     watch = DeadlineWatch()  # the warm-up and the rounds stop before the program's deadline
-    warmup, repeat = warm_up(clocks[-1], call, settings, watch)
+    capped: list[str] = []  # budgets whose count was capped, said in the warnings
+    warmup, repeat = warm_up(clocks[-1], call, settings, watch, capped)
     adaptive = settings.target_precision is not None
 
     def measure(clock: CpuClock | CudaEventClock) -> tuple[Any, Any]:
@@ -164,6 +165,7 @@ def _run_benchmark(
         **summary(times, settings.max_samples),
         **machine_report(probe, outcome, settings),
     }
+    result["warnings"] += capped
     precision = median_precision(times)
     result["precision"] = precision if math.isfinite(precision) else None
     too_short = floor_warning("the call", result["latency_ms_median"], empty_call_ms(clock))

@@ -18,7 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kcoral.bench.config import BenchmarkConfig, calls_for_budget, describe, helper_error
+from kcoral.bench.config import (
+    BenchmarkConfig,
+    budget_cap_warning,
+    calls_for_budget,
+    describe,
+    helper_error,
+)
 from kcoral.bench.deadline import DeadlineWatch
 
 MISSING_CUPTI = "cupti-python is not installed (pip install 'kcoral[gpu]')"
@@ -303,10 +309,13 @@ def warm_up(
     call: Callable[[], None],
     settings: BenchmarkConfig,
     watch: DeadlineWatch | None = None,
+    warnings: list[str] | None = None,
 ) -> tuple[int, int]:
     """The untimed first call, the estimate when a budget needs one, and the warm-up calls;
     returns the (warmup, repeat) counts, the warm-up's as made: ``watch`` ends it early when
-    the program's deadline is near, to leave the time for the measured calls."""
+    the program's deadline is near, to leave the time for the measured calls. A budget whose
+    count was capped to ``MAX_CALLS`` adds its warning to ``warnings``."""
+    warnings = [] if warnings is None else warnings
     watch = watch or DeadlineWatch()
     warmup, repeat = settings.warmup, settings.repeat
     if warmup is None or repeat is None:
@@ -314,10 +323,14 @@ def warm_up(
         if isinstance(clock, CudaEventClock):
             clock.synchronize()
         estimate = clock.estimate(call)
+        capped = []
         if warmup is None:
             warmup = calls_for_budget(settings.warmup_ms, estimate)
+            capped.append(budget_cap_warning("warmup_ms", settings.warmup_ms, estimate))
         if repeat is None:
             repeat = calls_for_budget(settings.repeat_ms, estimate)
+            capped.append(budget_cap_warning("repeat_ms", settings.repeat_ms, estimate))
+        warnings += [text for text in capped if text is not None]
     for made in range(warmup):
         if watch.near():
             return made, repeat

@@ -24,6 +24,7 @@ from kcoral.bench.clocks import (
     with_cuda_event_fallback,
 )
 from kcoral.bench.config import (
+    MAX_CALLS,
     BenchmarkConfig,
     calls_for_budget,
     describe,
@@ -175,6 +176,7 @@ class _Comparison:
         self.settings = settings
         self.rtol, self.atol, self.outputs, self.seed = rtol, atol, outputs, seed
         self.entries: list[dict[str, Any]] = [{"status": "ok"} for _ in named]
+        self.capped: list[str] = []  # the warnings of budgets whose count was capped
         # one argument set per candidate, cloned, so no candidate reads another's writes
         self.argsets = [clone(self.args) for _ in named]
 
@@ -234,16 +236,23 @@ class _Comparison:
         timed = [i for i, entry in enumerate(self.entries) if entry["status"] == "ok"]
         calls = {i: self._call(i) for i in timed}
         repeats = {}
+        over_budget: list[str] = []  # candidates whose repeat_ms count was capped
         watch = DeadlineWatch()  # the warm-ups and the rounds stop before the deadline
         for index in list(timed):
+            capped: list[str] = []
             try:
-                warmup, repeat = warm_up(clocks[-1], calls[index], self.settings, watch)
+                warmup, repeat = warm_up(clocks[-1], calls[index], self.settings, watch, capped)
             except CandidateFailed as exc:
                 self._failed(index, exc)
                 timed.remove(index)
                 continue
             self.entries[index]["warmup"] = warmup
             repeats[index] = repeat
+            for text in capped:
+                if text.startswith("repeat_ms"):
+                    over_budget.append(self.names[index])
+                else:
+                    self.capped.append(f"{self.names[index]!r}: {text}")
         if self.settings.repeat is not None:
             rounds = self.settings.repeat
         else:
@@ -254,6 +263,14 @@ class _Comparison:
             rounds = MIN_ROUNDS
             if per_round > 0:
                 rounds = max(MIN_ROUNDS, calls_for_budget(self.settings.repeat_ms, per_round))
+            if over_budget:
+                # a candidate's repeat count beyond the cap is MAX_CALLS, so the rounds are
+                # at most MAX_CALLS / candidates: the calls in all, not per candidate
+                self.capped.append(
+                    f"repeat_ms {self.settings.repeat_ms:g} asks for over {MAX_CALLS} calls of "
+                    f"{', '.join(repr(name) for name in over_budget)}; capped at {MAX_CALLS} "
+                    "calls in all (max_calls)"
+                )
 
         def measure(clock: CpuClock | CudaEventClock) -> tuple[Any, Any]:
             import numpy as np
@@ -313,7 +330,7 @@ class _Comparison:
                         few.append(f"{name!r} against the baseline: {why}")
             candidates[name] = entry
         report = machine_report(probe, outcome, self.settings)
-        report["warnings"] += [f"speedup of {line}" for line in few]
+        report["warnings"] += [f"speedup of {line}" for line in few] + self.capped
         return {
             "kind": "kcoral.comparison",
             "baseline": self.names[0],

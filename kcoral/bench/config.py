@@ -221,3 +221,17 @@ def calls_for_budget(budget_ms: float, estimate_ms: float) -> int:
         return ZERO_ESTIMATE_COUNT
     calls = budget_ms / estimate_ms  # inf for a huge budget over a tiny estimate
     return MAX_CALLS if calls >= MAX_CALLS else max(1, math.floor(calls))
+
+
+def budget_cap_warning(
+    key: str, budget_ms: float, estimate_ms: float, what: str = "calls"
+) -> str | None:
+    """The warning that ``calls_for_budget`` capped the budget ``key``'s count to
+    ``MAX_CALLS``, else ``None``: without it ``repeat_ms: 1e12`` took its 100000 calls (minutes
+    of them) and said nothing about the count it was not given."""
+    if estimate_ms <= 0 or budget_ms / estimate_ms < MAX_CALLS + 1:
+        return None
+    return (
+        f"{key} {budget_ms:g} asks for over {MAX_CALLS} calls of {estimate_ms:.3g} ms; "
+        f"capped at {MAX_CALLS} (max_calls)"
+    )
