@@ -26,11 +26,12 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.client_sessions import Session as ClientSession
-from kcoral.errors import root_reason
+from kcoral.errors import answered_but_line, root_reason
 from kcoral.protocol.strict_json import finite_float
 from kcoral_jupyter.cell_errors import (
     CellCancelledError,
@@ -182,7 +183,7 @@ def session_unreachable(exc: TransportError, remote: NotebookSession) -> ServerU
     server is, so ``%kcoral connect`` or ``local start`` (the advice for a stateless cell)
     changed nothing: the way out is ending the session in this kernel."""
     if exc.answered_but:
-        failure = f"{remote.url}, where {remote.label} runs, answered, but {exc.answered_but}"
+        failure = answered_but_line(f"{remote.url}, where {remote.label} runs,", exc.answered_but)
     else:
         failure = f"no answer from {remote.url}, where {remote.label} runs: {root_reason(exc)}"
     return ServerUnreachableError(
@@ -206,8 +207,16 @@ def session_refusal(exc: KCoralError, remote: NotebookSession) -> TwoLineError |
             "%kcoral session stop to end the session",
         )
     if exc.status_code == 404:
-        # A restarted server answers so too (its sessions ended with the old process), not
-        # only one that dropped the record after it ended.
+        restarted = restart_time_after_start(remote)
+        if restarted is not None:  # its sessions ended with the old process
+            remote.ended_message = f"its server restarted (at {restarted}); its state is lost"
+            return SessionNotFoundError(
+                f"{remote.label} ended when {remote.url} restarted (at {restarted}): its "
+                "variables are gone",
+                "%kcoral session start begins a new session, %kcoral session stop runs cells "
+                "without one",
+            )
+        # A server that dropped the record after it ended, or one whose restart is not known
         remote.ended_message = (
             "the server no longer knows it (restarted, or dropped after it ended)"
         )
@@ -218,6 +227,21 @@ def session_refusal(exc: KCoralError, remote: NotebookSession) -> TwoLineError |
             "without one",
         )
     return None
+
+
+def restart_time_after_start(remote: NotebookSession) -> str | None:
+    """When the session's server started after the session did (``HH:MM:SS UTC``, by the
+    server's own clock), else None: not known, or not so. Before, a 404 after a restart
+    read "unknown to URL (the server restarted, or dropped it after it ended)"."""
+    created = finite_float(remote.handle.record.get("created_at"))
+    try:
+        started_at = remote.handle.client.health().get("started_at")
+        started = datetime.fromisoformat(str(started_at).replace("Z", "+00:00"))
+    except (KCoralError, TransportError, ProtocolError, ValueError):
+        return None
+    if created is None or started.tzinfo is None or started.timestamp() <= created:
+        return None
+    return started.astimezone(timezone.utc).strftime("%H:%M:%S UTC")
 
 
 def creation_refusal(exc: KCoralError, url: str) -> TwoLineError | None:

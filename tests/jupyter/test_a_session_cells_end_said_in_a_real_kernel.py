@@ -133,3 +133,35 @@ def test_a_cell_that_ends_its_session_says_why_once_and_session_status_says_it_e
         lines[-1],
     ), lines
     assert not any(line.startswith(("idle", "when this kernel ends")) for line in lines), lines
+
+
+def test_a_session_cell_after_its_server_restarted_says_the_restart_ended_the_session(
+    server_factory, monkeypatch
+) -> None:
+    # Before: "session X is unknown to URL (the server restarted, or dropped it after it
+    # ended)", though the server's own start time said which.
+    first = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with real_kernel(first.url, monkeypatch) as kernel:
+        session_id = started_session(kernel)
+        kernel.cell("%%kcoral --quiet\nx = 1")
+        first.stop()
+        again = server_factory(
+            "--num-workers", "1", "--max-sessions", "1", "--port", str(first.port)
+        )
+        assert again.url == first.url
+        with kcoral.Client(again.url) as client:
+            started = client.health()["started_at"]
+        restarted = re.escape(started[11:19]) + " UTC"  # HH:MM:SS of 2026-12-07T17:49:00.1Z
+        label = f"session {session_id[:8]}"
+        first_cell = kernel.cell("%%kcoral --quiet\nprint(x)").splitlines()
+        later_cell = kernel.cell("%%kcoral --quiet\nprint(x)").splitlines()
+    assert re.fullmatch(
+        f"SessionNotFoundError: {label} ended when {re.escape(first.url)} restarted "
+        rf"\(at {restarted}\): its variables are gone",
+        first_cell[0],
+    ), first_cell
+    assert re.fullmatch(
+        f"SessionEndedError: {label} on {re.escape(first.url)} has ended: its server "
+        rf"restarted \(at {restarted}\); its state is lost",
+        later_cell[0],
+    ), later_cell

@@ -11,7 +11,6 @@ from IPython.utils.capture import capture_output
 from kcoral_jupyter.cell_errors import (
     ServerUnreachableError,
     SessionEndedError,
-    SessionNotFoundError,
     SessionSeatsFullError,
 )
 from kcoral_jupyter.extension import kernel_state_of
@@ -120,17 +119,6 @@ def test_stopping_a_session_whose_server_does_not_answer_says_the_kernel_left_it
     assert captured.stdout.startswith(f"kcoral: left {label}, but its server did not end it (")
     assert "cells run without a session again" in captured.stdout
     assert kernel_state_of(ip).sessions.current is None
-
-
-def test_a_session_unknown_to_a_restarted_server_is_not_said_to_have_been_dropped_only(
-    session_shell, server_factory
-) -> None:
-    ip, server = session_shell
-    run(ip, "%kcoral session start")
-    server.stop()
-    server_factory("--num-workers", "1", "--max-sessions", "1", "--port", str(server.port))
-    lines = two_lines(run(ip, "%%kcoral\n1\n")[0], SessionNotFoundError)
-    assert "(the server restarted, or dropped it after it ended)" in lines[0], lines
 
 
 def test_a_full_set_of_seats_says_how_to_end_a_session_another_kernel_holds(
