@@ -83,6 +83,38 @@ def wait_for_series(base: str, expression: str, process: subprocess.Popen) -> li
         time.sleep(0.5)
 
 
+def start_prometheus(
+    directory: Path, targets: dict[str, str], token_file: Path
+) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus scraping ``targets`` every second with the token of ``token_file``,
+    logging to ``directory/prometheus.log``; the process and its HTTP API's base URL."""
+    port = free_loopback_port()
+    config = directory / "prometheus.yml"
+    config.write_text(scrape_config(targets, token_file))
+    assert PROMETHEUS is not None
+    with open(directory / "prometheus.log", "wb") as output:
+        process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={directory / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def stop(prometheus: subprocess.Popen) -> None:
+    prometheus.terminate()
+    try:
+        prometheus.wait(30)
+    except subprocess.TimeoutExpired:
+        prometheus.kill()
+        prometheus.wait()
+
+
 def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_answers_queries(
     tmp_path: Path,
 ) -> None:
@@ -110,33 +142,18 @@ def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_ans
     scraper_token = tmp_path / "scraper-token"
     scraper_token.write_text(METRICS_TOKEN)
     scraper_token.chmod(0o600)
-    port = free_loopback_port()
-    config = tmp_path / "prometheus.yml"
     targets = {
         "kcoral-server": f"{server.host}:{server.port}",
         "kcoral-router": f"127.0.0.1:{router.port}",
     }
-    config.write_text(scrape_config(targets, scraper_token))
+    prometheus, base = start_prometheus(tmp_path, targets, scraper_token)
     log = tmp_path / "prometheus.log"
-    assert PROMETHEUS is not None
-    with open(log, "wb") as output:
-        prometheus = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
     try:
         headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
         program = call_program("def main():\n    return 1\n")
         assert execute(server.url, program, headers=headers).status == 200
         ready_nodes(router, 1)
         assert execute(router.url, program, headers=headers).status == 200
-        base = f"http://127.0.0.1:{port}"
         series = 'kcoral_requests_total{reason="completed",status="200"}'
         found = wait_for_series(base, series, prometheus)
         assert found, log.read_text(errors="replace")[-3000:]
@@ -156,12 +173,74 @@ def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_ans
             up = query(base, f'up{{job="{job}"}}')
             assert up and up[0]["value"][1] == "1", job
     finally:
-        prometheus.terminate()
-        try:
-            prometheus.wait(30)
-        except subprocess.TimeoutExpired:
-            prometheus.kill()
-            prometheus.wait()
+        stop(prometheus)
+        node.stop()
+        router.stop()
+        server.stop()
+
+
+def test_a_first_retirement_and_a_nodes_first_routed_request_show_in_prometheus_increase(
+    tmp_path: Path,
+) -> None:
+    """A counter's series that first appeared at 1 had no increase to Prometheus: ``rate`` and
+    ``increase`` need an earlier sample, so a GPU's first crash retirement or a node's first
+    routed request (or tunnel error) never showed in a rate or a dashboard. Their label sets
+    are known (configured GPUs x reasons; each known node and kind) and are written at 0
+    from the start; here Prometheus has scraped them before the first one counts."""
+    token_file = tmp_path / "tokens"
+    token_file.write_text(CLIENT_TOKEN + "\n")
+    token_file.chmod(0o600)
+    server = start_server(
+        tmp_path / "server",
+        [
+            *("--num-workers", "1", "--max-requests-per-worker", "1"),
+            *("--auth-token-file", str(token_file)),
+        ],
+        env={"KCORAL_METRICS_TOKEN": METRICS_TOKEN},
+    )
+    secrets = {"KCORAL_NODE_TOKEN": NODE_TOKEN, "KCORAL_METRICS_TOKEN": METRICS_TOKEN}
+    router = start_router(tmp_path, "--auth-token-file", str(token_file), env=secrets)
+    node_env = {"KCORAL_NODE_TOKEN": NODE_TOKEN}
+    node = Node(tmp_path, router, "node-q", node_env, "--metrics-interval-seconds", "600")
+    scraper_token = tmp_path / "scraper-token"
+    scraper_token.write_text(METRICS_TOKEN)
+    scraper_token.chmod(0o600)
+    targets = {
+        "kcoral-server": f"{server.host}:{server.port}",
+        "kcoral-router": f"127.0.0.1:{router.port}",
+    }
+    prometheus, base = start_prometheus(tmp_path, targets, scraper_token)
+    try:
+        ready_nodes(router, 1)
+        # Scraped once before anything counts: the server serving, the node ready.
+        for before in (
+            'kcoral_request_capacity{job="kcoral-server"} > 0',
+            'kcoral_router_node_state{node="node-q",state="ready"} > 0',
+        ):
+            assert wait_for_series(base, before, prometheus), before
+        headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+        program = call_program("def main():\n    return 1\n")
+        assert execute(server.url, program, headers=headers).status == 200  # its worker retires
+        assert execute(router.url, program, headers=headers).status == 200
+        retired = wait_for_series(
+            base,
+            'increase(kcoral_worker_retirements_total{job="kcoral-server",reason="request_limit"}'
+            "[1m]) > 0",
+            prometheus,
+        )
+        assert retired, query(base, 'kcoral_worker_retirements_total{job="kcoral-server"}')
+        routed = wait_for_series(
+            base, 'increase(kcoral_router_routed_requests_total{node="node-q"}[1m]) > 0', prometheus
+        )
+        assert routed, query(base, "kcoral_router_routed_requests_total")
+        kind_routed = wait_for_series(
+            base,
+            'increase(kcoral_router_kind_routed_requests_total{kind="cpu"}[1m]) > 0',
+            prometheus,
+        )
+        assert kind_routed, query(base, "kcoral_router_kind_routed_requests_total")
+    finally:
+        stop(prometheus)
         node.stop()
         router.stop()
         server.stop()

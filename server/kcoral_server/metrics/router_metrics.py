@@ -258,6 +258,7 @@ class RouterMetrics:
         """The router's own metrics, then the connected nodes' (``node_relay``)."""
         self._forget_gone_nodes()
         self._forget_gone_kinds()
+        self._count_from_zero()
         self._gauges.live = []
         own = exposition_of(self.registry)  # finds the nodes shown (``RouterGauges.live``)
         return own + self.relay.text(self._gauges.live)
@@ -291,6 +292,23 @@ class RouterMetrics:
             self._kinds.release(kind)
             for family in (self.kind_routed, self.kind_tunnel_errors, self.kind_queue_wait):
                 family.remove(kind)
+
+    def _count_from_zero(self) -> None:
+        """Write each known node's and kind's counters at 0 until they count: a series that
+        first appears at 1 has no increase to Prometheus (``rate`` and ``increase`` need an
+        earlier sample), so a node's first routed request, tunnel error or refused text,
+        the one that matters on a quiet node, never showed in a rate or a dashboard."""
+        if self._state is None:
+            return
+        for node in list(self._state.registry.nodes.values()):
+            label, kind = self._nodes(node.node_id), self._kinds(node.kind)
+            for family in (self.routed, self.tunnel_errors, self.node_queue_wait):
+                family.labels(label)
+            if label == node.node_id:  # a text is relayed, and refused, for named nodes only
+                for reason in REFUSAL_REASONS:
+                    self.relay_refused.labels(label, reason)
+            for family in (self.kind_routed, self.kind_tunnel_errors, self.kind_queue_wait):
+                family.labels(kind)
 
     def _kind_of(self, node_id: str) -> str:
         node = self._state.registry.nodes.get(node_id) if self._state is not None else None

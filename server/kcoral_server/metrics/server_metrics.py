@@ -223,6 +223,19 @@ class ServerMetrics:
         self.cache_hit_bytes = counter(CACHE_HIT_BYTES, registry)
         self.cache_misses = counter(CACHE_MISSES, registry)
         registry.register(StateGauges(lambda: self._state))
+        self._count_workers_from_zero()
+
+    def _count_workers_from_zero(self) -> None:
+        """Write every label set of the workers' counters at 0 from the start: a series that
+        first appears at 1 has no increase to Prometheus (``rate`` and ``increase`` need an
+        earlier sample), so each GPU's first crash retirement or failed start never showed
+        in a rate or a dashboard. Their sets are small: GPUs x reasons."""
+        for gpu in [str(gpu_id) for gpu_id in sorted(self._gpus)] or ["cpu"]:
+            self.worker_starts.labels(gpu)
+            for phase in sorted(START_PHASES):
+                self.worker_start_failures.labels(gpu, phase)
+            for reason in sorted(RETIRE_REASONS):
+                self.worker_retirements.labels(gpu, reason)
 
     def attach(self, state: ServerState) -> None:
         """Read gauges from ``state`` and count its event log's records."""
