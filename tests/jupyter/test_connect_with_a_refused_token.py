@@ -40,15 +40,21 @@ def shell(token_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield ip
 
 
+def connect_with_a_wrong_token(shell: Any, url: str) -> ServerRefusedError:
+    """``%kcoral connect url`` with a token the server refuses: the error it raises."""
+    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
+    with pytest.raises(ServerRefusedError) as refused:
+        shell.run_line_magic("kcoral", f"connect {url}")
+    return refused.value
+
+
 def test_a_connect_whose_token_is_refused_fails_and_says_to_set_the_token(
     shell, token_server
 ) -> None:
-    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
-    with pytest.raises(ServerRefusedError) as refused:
-        shell.run_line_magic("kcoral", f"connect {token_server}")
-    assert refused.value.status_code == 401
-    assert refused.value.cause.startswith(f"could not connect: {token_server} answered HTTP 401")
-    assert "%config KCoral.token" in refused.value.action
+    refused = connect_with_a_wrong_token(shell, token_server)
+    assert refused.status_code == 401
+    assert refused.cause.startswith(f"could not connect: {token_server} answered HTTP 401")
+    assert "%config KCoral.token" in refused.action
     with pytest.raises(NotConnectedError):  # no quiet fallback to another server
         shell.run_cell_magic("kcoral", "", "print('never runs')")
 
@@ -59,9 +65,7 @@ def test_the_cell_after_a_refused_connect_says_to_set_the_kernels_token_not_kcor
     # It said "failed (the server at URL refused the token (401): set KCORAL_TOKEN, or pass
     # Client(url, token=...))", then "run %kcoral connect URL again once it answers": the
     # client's advice, which a kernel reads only at the extension's first use.
-    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
-    with pytest.raises(ServerRefusedError):
-        shell.run_line_magic("kcoral", f"connect {token_server}")
+    connect_with_a_wrong_token(shell, token_server)
     with pytest.raises(NotConnectedError) as unconnected:
         shell.run_cell_magic("kcoral", "", "print('never runs')")
     cause, action = unconnected.value._render_traceback_()
@@ -78,9 +82,7 @@ def test_the_cell_after_a_refused_connect_says_to_set_the_kernels_token_not_kcor
 def test_once_the_token_is_fixed_a_new_connect_sees_the_servers_features(
     shell, token_server
 ) -> None:
-    shell.run_line_magic("config", "KCoral.token = 'not-the-token'")
-    with pytest.raises(ServerRefusedError):
-        shell.run_line_magic("kcoral", f"connect {token_server}")
+    connect_with_a_wrong_token(shell, token_server)
     shell.run_line_magic("config", f"KCoral.token = {TOKEN!r}")
     shell.run_line_magic("kcoral", f"connect {token_server}")
     features = kernel_state_of(shell).facts(token_server).features
