@@ -1,6 +1,7 @@
 """``GET servers``: each KCoral server the extension knows, with what it says of itself.
 
-Each server is asked ``/health`` and ``/v1/info`` (both at once, every server at once);
+Each server is asked ``/health`` and ``/v1/info`` (both at once, every server at once; the
+answer to ``/v1/info`` is not awaited once ``/health`` failed);
 the answer lists it with ``kernels``: the ids of the live kernels that use it, and
 ``notebooks``: their notebooks. A server that cannot be asked is described in one line of
 words (``upstream_problems``), and each gets a ``label`` (``server_labels``): its
@@ -29,9 +30,17 @@ class ServersHandler(KCoralHandler):
         paths = await self.notebook_paths()
 
         async def describe(server: dict[str, Any]) -> dict[str, Any]:
-            (h_status, health, h_error), (i_status, info, i_error) = await asyncio.gather(
-                self.upstream(server, "GET", "/health"), self.upstream(server, "GET", "/v1/info")
-            )
+            asking_info = asyncio.ensure_future(self.upstream(server, "GET", "/v1/info"))
+            h_status, health, h_error = await self.upstream(server, "GET", "/health")
+            if h_status == 200:
+                i_status, info, i_error = await asking_info
+            else:
+                # The card says the health problem, and nothing of the info: a router with
+                # no ready node says 503 at once but relays /v1/info to a node that may
+                # never answer, and waiting for it held every server's card and the status
+                # bar at their last answer for the whole request timeout.
+                asking_info.cancel()
+                i_status, info, i_error = 0, None, ""
             # What the server sent, used only as the object the panel reads.
             health_ok = h_status == 200 and isinstance(health, dict)
             info_ok = i_status == 200 and isinstance(info, dict)
