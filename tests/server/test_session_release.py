@@ -32,7 +32,7 @@ class Registry:
 class Program:
     def __init__(self) -> None:
         self.request_id = "program-1"
-        self.observer = None  # a plain program: no job (sessions.registry.program_name)
+        self.observer = None  # a plain program: no job (sessions.end_reasons.program_name)
         self.cancelled: list[str] = []
 
     def cancel(self, reason: str, answer: object = None) -> None:

@@ -29,6 +29,16 @@ from kcoral_server.pool.queue import NoWorker
 from kcoral_server.pool.retirement import reason_to_retire
 from kcoral_server.pool.seat import Seat, SeatState
 from kcoral_server.processes import ipc, procfs
+from kcoral_server.sessions.end_reasons import (
+    END_REASONS,
+    INTERRUPT_GRACE_SECONDS,
+    ended_under,
+    exited_message,
+    idle_message,
+    not_stopped_message,
+    program_name,
+    retired_end,
+)
 from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
 
 if TYPE_CHECKING:
@@ -40,19 +50,9 @@ if TYPE_CHECKING:
 
 #: a program sent while another of the session runs (EXTENSIONS §11)
 BUSY = Refusal(409, "session_busy", "another program of this session is running", "rejected")
-#: how long an interrupted program has to stop before its worker is killed (EXTENSIONS §11)
-INTERRUPT_GRACE_SECONDS = 5.0
 #: how often an interrupt that came before its program started looks whether it has
 START_POLL_SECONDS = 0.005
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-#: how the pool's retire reason becomes a session's end reason (EXTENSIONS §11)
-END_REASONS = {
-    "timeout": "timeout",
-    "crashed": "worker_exited",
-    "request_limit": "leftover_work",  # its program left child processes (SERVER §6)
-    ipc.SANDBOX_CLEANUP: "leftover_work",
-    "cancelled": "interrupt_grace",
-}
 
 
 class Session:
@@ -170,7 +170,7 @@ class Session:
         if self.state == "IDLE" and (
             handle is None or handle.gone is not None or handle.returncode is not None
         ):
-            self.end("worker_exited", self._exited_message(None))
+            self.end("worker_exited", exited_message(self.seat.worker, None))
         return self.state != "ENDED"
 
     def interrupt(self) -> bool:
@@ -209,7 +209,7 @@ class Session:
         if self.running is request:
             # ended now, then killed (end): it ended only once its worker was released, so
             # a client that saw the job finish could still read the session as running
-            self.end("interrupt_grace", _not_stopped_message(program_name(request)))
+            self.end("interrupt_grace", not_stopped_message(program_name(request)))
 
     def answer_for(self, failed: RequestFailed) -> RequestFailed:
         """The answer of a program that failed with ``failed``: one whose worker was gone
@@ -256,30 +256,7 @@ class Session:
             self.state = "IDLE"
             self._settling = asyncio.ensure_future(self._settle(handle, program))
             return
-        reason = END_REASONS.get(retire_reason or "crashed", "worker_exited")
-        if reason == "worker_exited":
-            # a worker found dead before the program's first instruction (its progress slot
-            # untouched since the program was sent) died between programs: the program
-            # never ran, so the message does not blame it
-            slot = handle.progress if handle is not None else None
-            started = slot is None or slot.any_started()
-            message = self._exited_message(program if started else None)
-        elif reason == "timeout":
-            message = f"session ended: {program} passed its deadline and its worker was killed"
-        elif reason == "interrupt_grace" and interrupted:
-            message = _not_stopped_message(program)
-        elif reason == "interrupt_grace":
-            message = f"session ended: {program} was cancelled and its worker was killed"
-        else:
-            message = f"session ended: {program} left threads or processes running"
-        self.end(reason, message)
-
-    def _exited_message(self, program: str | None) -> str:
-        handle = self.seat.worker
-        code = handle.returncode if handle is not None else None
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        during = f" during {program}" if program else ""
-        return f"session ended: its worker exited{during} ({how}); its state is lost"
+        self.end(*retired_end(retire_reason, program, interrupted, handle))
 
     async def _settle(self, handle: WorkerHandle, program: str | None) -> None:
         """Wait for the worker's clean-up after a program (it says ready again)."""
@@ -291,7 +268,7 @@ class Session:
             )
             return
         if reason is not None:
-            self.end("worker_exited", self._exited_message(program))
+            self.end("worker_exited", exited_message(self.seat.worker, program))
             return
         if self.state == "IDLE":
             self.seat.state = SeatState.IDLE
@@ -336,44 +313,9 @@ class Session:
         if running is not None:
             # a program still runs: it is killed (under its lease) and its client, if one
             # waits, is told the session ended; the pool's release then finds it ended
-            running.cancel("cancelled", _ended_under(message))
+            running.cancel("cancelled", ended_under(message))
             return
         self.registry.retire(self)
-
-
-def idle_message(timeout: float, asked: bool, server_default: float) -> str:
-    """Why the idle timeout ended a session, naming the setting that set it: the session's
-    own ``idle_timeout_seconds`` (a client's ``idle_timeout``, ``--idle``) or the server's
-    default (EXTENSIONS §11)."""
-    ended = f"session ended after {timeout:g} s without a program"
-    if asked:
-        return (
-            f"{ended} (the session's idle_timeout_seconds; --session-idle-seconds "
-            f"allows {server_default:g} s)"
-        )
-    return f"{ended} (--session-idle-seconds)"
-
-
-def program_name(request: ExecuteRequest) -> str:
-    """How a session's end names the program that ended it: ``job ID`` for a job, the id
-    its cell and ``%kcoral jobs`` show (a session cell is a job: "program <request id>"
-    named an id the user never saw), else ``program REQUEST_ID``."""
-    job_id = getattr(request.observer, "id", None)
-    return f"job {job_id}" if isinstance(job_id, str) else f"program {request.request_id}"
-
-
-def _not_stopped_message(program: str | None) -> str:
-    """The end message of a session whose program outlived an interrupt's grace."""
-    return (
-        f"session ended: {program} did not stop within "
-        f"{INTERRUPT_GRACE_SECONDS:g} s of an interrupt and its worker was killed"
-    )
-
-
-def _ended_under(message: str) -> RequestFailed:
-    """The answer of a program whose session ended under it (EXTENSIONS §11): the 410 the
-    next program would get, instead of a 499 'the job was cancelled' nobody submitted."""
-    return RequestFailed(410, "session_ended", message, "cancelled")
 
 
 def least_used_gpus(
