@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import json
 import re
 import shlex
 import subprocess
@@ -184,6 +185,26 @@ def test_the_docs_name_every_setting_of_the_jupyter_server_extension(page: str) 
         if f"c.KCoralExtension.{name}" not in words
     ]
     assert not unnamed, unnamed
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/jupyterlab.md"])
+def test_the_docs_name_every_jupyterlab_setting_with_the_default_its_schema_gives(
+    page: str,
+) -> None:
+    # A guard: the Settings line ("`pollInterval` (seconds, default 3) and `statusServer`")
+    # and the settings schema JupyterLab reads are written apart.
+    schema = json.loads((ROOT / "labextension" / "schema" / "plugin.json").read_text())
+    words = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    settings = words[words.index("**Settings** (Settings → KCoral)") :][:400]
+    wrong = []
+    for name, setting in schema["properties"].items():
+        said = settings[settings.find(f"`{name}`") :] if f"`{name}`" in settings else ""
+        default = setting.get("default")
+        if not said:
+            wrong.append(f"{name} is not named")
+        elif default not in ("", None) and f"default {default})" not in said:
+            wrong.append(f"{name}: its default {default} is not given")
+    assert not wrong, wrong
 
 
 #: a fenced block of Python, or of shell commands, in a page
