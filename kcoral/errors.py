@@ -286,7 +286,14 @@ def transport_error(url: str, exc: BaseException) -> TransportError:
 
 def answered_but(url: str, trouble: str) -> TransportError:
     """``URL answered, but <trouble>``: the server was reached, its answer was not taken."""
-    return TransportError(f"{url} answered, but {trouble}", url=url, answered_but=trouble)
+    return TransportError(answered_but_line(url, trouble), url=url, answered_but=trouble)
+
+
+def answered_but_line(where: str, trouble: str) -> str:
+    """``WHERE answered, but <trouble>``: how a server that was reached, but whose answer was
+    not taken, is said, by ``TransportError`` and by every notebook line that names it
+    (``it``, ``URL, where session s1 runs``); one phrasing, so they stay alike."""
+    return f"{where} answered, but {trouble}"
 
 
 class ProtocolError(Exception):

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from kcoral import KCoralError, TransportError
 from kcoral.base_client import token_refusal
 from kcoral.connection.server_address import path_not_served_hint
-from kcoral.errors import root_reason
+from kcoral.errors import answered_but_line, root_reason
 from kcoral.local_folder import SentFileChanged
 from kcoral.run.terminal_filter import screened
 
@@ -157,7 +157,7 @@ def unreachable(exc: TransportError, server: str | None = None) -> ServerUnreach
     """A ``TransportError`` as the two lines a user acts on, naming the address tried."""
     where = server or getattr(exc, "url", None) or "the server"
     if exc.answered_but:  # "no answer from URL: got more than 100 headers" was not true
-        return AnswerRefusedError(f"{where} answered, but {exc.answered_but}", NOT_KCORAL_HINT)
+        return AnswerRefusedError(answered_but_line(where, exc.answered_but), NOT_KCORAL_HINT)
     return ServerUnreachableError(f"no answer from {where}: {root_reason(exc)}", start_hint(where))
 
 

@@ -8,7 +8,7 @@ import platform
 
 import kcoral
 from kcoral import KCoralError, TransportError
-from kcoral.errors import root_reason
+from kcoral.errors import answered_but_line, root_reason
 from kcoral_jupyter.cell_errors import ServerRefusedError, ServerUnreachableError, refused
 from kcoral_jupyter.kernel_client import KernelClient
 from kcoral_jupyter.kernel_state import KernelState, normalize_url
@@ -30,7 +30,7 @@ class ServerCommands:
         except TransportError as exc:
             # Never fall back silently: the next cell says it is not connected.
             reason = (
-                f"it answered, but {exc.answered_but}" if exc.answered_but else root_reason(exc)
+                answered_but_line("it", exc.answered_but) if exc.answered_but else root_reason(exc)
             )
             kernel.connect_failed(url, reason)
             raise ServerUnreachableError(
@@ -138,7 +138,7 @@ class ServerCommands:
             print(f"server {url}: kcoral {info.get('kcoral')} (protocol {info.get('protocol')})")
         except TransportError as exc:
             if exc.answered_but:
-                print(f"server {url}: answered, but {exc.answered_but}")
+                print(f"server {url}: {answered_but_line('it', exc.answered_but)}")
             else:
                 print(f"server {url}: no answer ({root_reason(exc)})")
         except KCoralError as exc:  # no /v1/info (published protocol), or a refused token
