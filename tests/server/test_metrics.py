@@ -130,3 +130,24 @@ def test_the_capacity_metric_says_it_counts_busy_workers_too_as_health_does(
         f for f in text_string_to_metric_families(text) if f.name == "kcoral_request_capacity"
     ]
     assert "busy and idle" in family.documentation, family.documentation
+
+
+def test_a_program_as_long_as_the_default_longest_timeout_is_counted_in_a_finite_bucket() -> None:
+    """The buckets ended at 10 min while a program may run 15 (``--max-timeout-seconds``'s
+    default): a p95 of such programs' lease held or duration read 600 s, the last finite
+    bound, however long they ran."""
+    from kcoral_server.metrics.server_metrics import ServerMetrics
+    from kcoral_server.settings.config import ServerConfig
+
+    longest = ServerConfig().max_timeout_seconds
+    metrics = ServerMetrics([0])
+    metrics.record(
+        "request_finished",
+        {"http_status": 200, "finish_reason": "completed", "gpu_id": 0}
+        | {"lease_wait_ms": 0.0, "lease_held_ms": longest * 1000.0},
+    )
+    families = text_string_to_metric_families(metrics.exposition().decode())
+    held = next(f for f in families if f.name == "kcoral_lease_held_seconds")
+    finite = [s for s in held.samples if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"]
+    counted = [float(s.labels["le"]) for s in finite if s.value == 1]
+    assert counted and min(counted) >= longest, finite[-3:]
