@@ -207,6 +207,19 @@ def test_the_docs_name_every_jupyterlab_setting_with_the_default_its_schema_give
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/jupyterlab.md"])
+def test_the_docs_show_a_cell_whose_kernel_restarted_naming_its_job_once(page: str) -> None:
+    # docs/jupyterlab.md showed "(last: running 2 min 10 s · job 46593a1b); job 4659… may
+    # still run", but the extension drops the live line's "· job" from what it quotes
+    # (restarts.ts), so the line names its job once, as the README showed it.
+    restarts = (ROOT / "labextension" / "src" / "restarts.ts").read_text(encoding="utf-8")
+    assert "last = last.split(` \\u00b7 job ${place.jobId.slice(0, 8)}`).join('');" in restarts
+    words = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    quoted = re.findall(r"while this cell ran \(last: ([^)]*)\); job ", words)
+    assert quoted, "the page shows no line of a cell whose kernel restarted"
+    assert not [last for last in quoted if " · job " in last], quoted
+
+
 #: a fenced block of Python, or of shell commands, in a page
 PYTHON_BLOCK = re.compile(r"^```(?:python|py)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.MULTILINE | re.DOTALL)
