@@ -3,17 +3,15 @@
 the deadline of its answer shut the same connection, the one the keep-alive pool handed
 the request's thread. The pool used to set two thread-local records side by side, one for
 cuts (``in_flight``) and one for deadlines (``answer_deadline``), each with its own copy
-of the connection. A real socket takes the request and never answers."""
+of the connection. A real socket takes the connection and never answers."""
 
 from __future__ import annotations
 
-import socket
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 
 import pytest
+from stand_in_http import silent
 from waiting import wait_until
 
 from kcoral.connection import answer_deadline, http, request_connection
@@ -22,30 +20,6 @@ from kcoral.connection.http import HttpTransport
 from kcoral.connection.in_flight import InFlight, running
 from kcoral.connection.request_connection import RequestConnection
 from kcoral.errors import TransportError
-
-
-@contextmanager
-def silent_server() -> Iterator[str]:
-    """A server that reads a request and never answers it."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    peers: list[socket.socket] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                peer, _ = listener.accept()
-            except OSError:
-                return
-            peers.append(peer)
-            peer.recv(65536)
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
-        for peer in peers:
-            peer.close()
 
 
 def test_a_requests_cut_and_its_deadline_shut_the_one_connection_its_thread_was_handed(
@@ -62,7 +36,7 @@ def test_a_requests_cut_and_its_deadline_shut_the_one_connection_its_thread_was_
     flight = InFlight()
     ended: Future[BaseException | None] = Future()
 
-    with silent_server() as url:
+    with silent() as url:
         transport = HttpTransport(url, headers={}, connect_timeout_seconds=10)
 
         def status_read() -> None:

@@ -45,7 +45,9 @@ REDIRECT = (
 
 
 @contextmanager
-def answering(answer: bytes) -> Iterator[str]:
+def answering(answer: bytes, *, trickling: bool = False) -> Iterator[str]:
+    """A server that answers each request ``answer``; ``trickling``: then a byte every
+    0.1 s, for as long as the client listens."""
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
@@ -54,9 +56,12 @@ def answering(answer: bytes) -> Iterator[str]:
                 peer, _ = listener.accept()
             except OSError:
                 return
-            with peer:
+            with peer, contextlib.suppress(OSError):  # the client hung up
                 peer.recv(65536)
                 peer.sendall(answer)
+                while trickling:
+                    time.sleep(0.1)
+                    peer.sendall(b"a")
 
     threading.Thread(target=serve, daemon=True).start()
     try:
@@ -79,29 +84,6 @@ def test_a_refused_answer_reads_answered_but_not_no_answer(trouble: str) -> None
         assert shown.action == NOT_KCORAL_HINT  # not "start the server there"
 
 
-@contextmanager
-def trickling_its_head() -> Iterator[str]:
-    """A server that answers a status line, then a header's value a byte every 0.1 s for
-    as long as the client listens: its head never ends."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):  # the listener closed, or the client hung up
-            peer, _ = listener.accept()
-            with peer:
-                peer.recv(65536)
-                peer.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
-                while True:
-                    peer.sendall(b"a")
-                    time.sleep(0.1)
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
-
-
 def test_a_head_that_trickles_reads_answered_but_its_head_did_not_come_in_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -109,7 +91,7 @@ def test_a_head_that_trickles_reads_answered_but_its_head_did_not_come_in_time(
     # server there, though the server took the request and kept sending
     # 3 s: its first bytes come at once, even to a client on a loaded machine
     monkeypatch.setattr(base_client, "STATUS_READ_TIMEOUT_SECONDS", 3.0)
-    with trickling_its_head() as url:
+    with answering(b"HTTP/1.1 200 OK\r\nX-Slow: ", trickling=True) as url:
         with pytest.raises(Exception) as failed:
             Client(url).health()
         shown = shorten(failed.value, url)
