@@ -165,3 +165,16 @@ def test_a_session_cell_after_its_server_restarted_says_the_restart_ended_the_se
         rf"restarted \(at {restarted}\); its state is lost",
         later_cell[0],
     ), later_cell
+
+
+def test_a_restarted_kernels_session_is_listed_as_stopped(server_factory, monkeypatch) -> None:
+    # Before: "<id>  ENDED (deleted)  1 program  CPU": the API's word, for a session that
+    # the kernel's restart ended, where the JupyterLab panel says "stopped".
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+    with real_kernel(server.url, monkeypatch) as kernel:
+        session_id = started_session(kernel)
+        kernel.cell("%%kcoral --quiet\nx = 1")
+        kernel.manager.restart_kernel(now=False)  # its exit hook ends the session
+        kernel.client.wait_for_ready(timeout=60)
+        listed = kernel.cell("%load_ext kcoral\n%kcoral session list").splitlines()
+    assert listed == [f"{session_id}  ENDED (stopped)  1 program  CPU"], listed

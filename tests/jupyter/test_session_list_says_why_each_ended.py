@@ -14,7 +14,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_session_list_says_why_each_ended_session_ended(server_factory, monkeypatch) -> None:
-    # Before: "<id>  ENDED  0 programs  CPU", the same for a stop, an idle timeout, a crash.
+    # Before: "<id>  ENDED  0 programs  CPU", the same for a stop, an idle timeout, a crash;
+    # then "ENDED (deleted)", the API's word, after a kernel's restart had ended it.
     server = server_factory("--num-workers", "1", "--max-sessions", "1")
     with kcoral.Client(server.url) as client:
         stopped = client.session()
@@ -23,7 +24,7 @@ def test_session_list_says_why_each_ended_session_ended(server_factory, monkeypa
             with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output() as listed:
                 ip.run_line_magic("kcoral", "session list")
     lines = listed.stdout.splitlines()
-    assert f"{stopped.id}  ENDED (deleted)  0 programs  CPU" in lines, lines
+    assert f"{stopped.id}  ENDED (stopped)  0 programs  CPU" in lines, lines
     assert f"{live.id}  IDLE  0 programs  CPU" in lines, lines
 
 

@@ -218,14 +218,33 @@ class SessionCommands:
         several_owners = len({owner_of(record) for record in records}) > 1
         for record in records:
             owner = f"  owner {owner_of(record) or UNKNOWN}" if several_owners else ""
-            # An ended one says why (its end_reason): "ENDED" alone left the user guessing
-            # whether their own stop, the idle timeout or a crash had ended it.
+            # An ended one says why: "ENDED" alone left the user guessing whether their own
+            # stop, the idle timeout or a crash had ended it.
             reason = record.get("end_reason") if record.get("state") == "ENDED" else None
-            state = f"{record.get('state')} ({reason})" if reason else str(record.get("state"))
+            state = f"ENDED ({end_reason_words(reason)})" if reason else str(record.get("state"))
             print(
                 f"{record.get('session_id')}  {state}  "
                 f"{programs_text(record)}  {session_place(record)}{owner}"
             )
+
+
+#: an end_reason (EXTENSIONS §11) as the JupyterLab panel words it: "deleted" read as if
+#: the user had deleted something after a kernel's restart had ended its session
+END_REASON_WORDS = {
+    "deleted": "stopped",
+    "idle_timeout": "idle too long",
+    "worker_exited": "its worker exited",
+    "timeout": "a program ran past its time limit",
+    "interrupt_grace": "a program would not stop",
+    "leftover_work": "a program left work running",
+    "shutdown": "the server shut down",
+}
+
+
+def end_reason_words(reason: object) -> str:
+    """An ended session's ``end_reason`` in words; another server's own reason as it is."""
+    text = str(reason)
+    return END_REASON_WORDS.get(text, text.replace("_", " "))
 
 
 def programs_text(record: dict[str, Any]) -> str:
