@@ -18,6 +18,20 @@ import {
   unreachedKind
 } from './format';
 
+/** How long the servers' answer waits for the jobs and sessions before it is shown alone. */
+const SERVERS_ALONE_AFTER_MS = 300;
+
+/** Resolves once `promise` has settled, or after `ms`, whichever comes first. */
+function settledWithin(promise: Promise<unknown>, ms: number): Promise<void> {
+  return new Promise(resolve => {
+    const timer = setTimeout(resolve, ms);
+    void promise.then(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
 export interface IModelOptions {
   pollIntervalMs: number;
   /** The configured server the status bar shows ('' = the first). */
@@ -119,26 +133,38 @@ export class KCoralModel {
    * offline status bar as long).
    */
   async poll(): Promise<void> {
-    const [servers, jobs, sessions] = await Promise.allSettled([
-      this.api.servers(),
-      this.api.jobs(),
-      this.api.sessions()
+    const servers = this.api.servers().then(
+      value => ({ value, reason: null }),
+      (reason: unknown) => ({ value: null, reason: reason ?? new Error('no answer') })
+    );
+    let shown = false;
+    const lists = Promise.allSettled([
+      this.api.jobs().then(list => {
+        this.jobs = newestFirst(list.jobs);
+        this.jobErrors = list.errors;
+        if (shown) this._emit();
+      }),
+      this.api.sessions().then(list => {
+        this.sessions = orderSessions(list.sessions);
+        this.sessionErrors = list.errors;
+        if (shown) this._emit();
+      })
     ]);
-    this.servers = servers.status === 'fulfilled' ? servers.value : null;
-    if (servers.status === 'rejected') {
-      this.unreached = unreachedKind(servers.reason);
+    const answer = await servers;
+    this.servers = answer.value;
+    if (answer.reason !== null) {
+      this.unreached = unreachedKind(answer.reason);
     }
-    if (jobs.status === 'fulfilled') {
-      this.jobs = newestFirst(jobs.value.jobs);
-      this.jobErrors = jobs.value.errors;
-    }
-    if (sessions.status === 'fulfilled') {
-      this.sessions = orderSessions(sessions.value.sessions);
-      this.sessionErrors = sessions.value.errors;
-    }
+    // One update for what answers together, but the servers do not wait for the jobs and
+    // sessions past a moment: a server that holds those routes up (a router relaying them
+    // to a node that stopped answering, for the whole request timeout) kept every card and
+    // the status bar at their last answer, `health ok` while the router said unavailable.
+    await settledWithin(lists, SERVERS_ALONE_AFTER_MS);
+    shown = true;
     this._emit();
-    if (servers.status === 'rejected') {
-      throw servers.reason;
+    await lists;
+    if (answer.reason !== null) {
+      throw answer.reason;
     }
   }
 

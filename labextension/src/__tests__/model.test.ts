@@ -46,6 +46,35 @@ describe('KCoralModel', () => {
     expect(m.jobs.map(j => j.job_id)).toEqual(['new', 'old']);
   });
 
+  it('shows the servers while a server holds the jobs answer up', async () => {
+    // A router relaying /v1/jobs to a node that stopped answering held the jobs route for
+    // the whole request timeout (10 s), and with it every card and the status bar, which
+    // kept the router's last `health ok` while its /health said unavailable.
+    let answerJobs: (response: Response) => void = () => undefined;
+    const fetcher = async (path: string): Promise<Response> => {
+      if (path === 'servers') {
+        return jsonResponse({ servers: [server('a', false)] });
+      }
+      if (path === 'jobs') {
+        return new Promise<Response>(resolve => (answerJobs = resolve));
+      }
+      return jsonResponse({ sessions: [], errors: [] });
+    };
+    const m = new KCoralModel(new KCoralApi(fetcher), { pollIntervalMs: 1000, statusServer: '' });
+    const changed = jest.fn();
+    m.subscribe(changed);
+    const polled = m.poll();
+    while (changed.mock.calls.length === 0) {
+      await new Promise(resolve => setTimeout(resolve, 10));
+    }
+    expect(m.summary).toMatchObject({ online: false, reason: 'connection refused' });
+    expect(m.jobs).toEqual([]);
+    answerJobs(jsonResponse({ jobs: [{ job_id: 'late', status: 'RUNNING' }], errors: [] }));
+    await polled;
+    expect(m.jobs.map(j => j.job_id)).toEqual(['late']);
+    expect(changed).toHaveBeenCalledTimes(2);
+  });
+
   it('shows the server named in the settings', async () => {
     const m = model(() => [server('a', true, 'sm_90a'), server('b', true)], 'b');
     await m.poll();
