@@ -176,7 +176,7 @@ class _Comparison:
         self.settings = settings
         self.rtol, self.atol, self.outputs, self.seed = rtol, atol, outputs, seed
         self.entries: list[dict[str, Any]] = [{"status": "ok"} for _ in named]
-        self.capped: list[str] = []  # the warnings of budgets whose count was capped
+        self.warnings: list[str] = []  # results unlike the baseline's, budgets capped
         # one argument set per candidate, cloned, so no candidate reads another's writes
         self.argsets = [clone(self.args) for _ in named]
 
@@ -201,6 +201,10 @@ class _Comparison:
                 entry.update(status="failed", error=truncate_message(describe(exc), 300))
                 continue
             if not self.has_reference:
+                if index == 0:
+                    expected = actual
+                else:
+                    self._unlike_the_baseline(index, actual, expected)
                 continue
             verdict: Check = check(actual, expected, self.rtol, self.atol)
             entry["max_abs_error"] = verdict.max_abs_error
@@ -213,6 +217,23 @@ class _Comparison:
                 f"the baseline {self.names[0]!r} {what} ({baseline.get('error')}), so nothing "
                 "can be compared with it"
             )
+
+    def _unlike_the_baseline(self, index: int, actual: Any, baseline: Any) -> None:
+        """Without a ``reference`` nothing is checked, but a result unlike the baseline's is
+        said: a candidate that computes something else read as plainly faster."""
+        try:
+            verdict = check(actual, baseline, self.rtol, self.atol)
+        except Exception:
+            return  # results that cannot be compared are not checked, as before
+        if verdict.matches:
+            return
+        what = truncate_message(
+            str(verdict.message).replace("the reference", "the baseline's"), 200
+        )
+        self.warnings.append(
+            f"{self.names[index]!r}: {what}; with no 'reference' nothing was checked, so its "
+            "speedup may time different work"
+        )
 
     # -------------------------------------------------------------- timing
 
@@ -252,7 +273,7 @@ class _Comparison:
                 if text.startswith("repeat_ms"):
                     over_budget.append(self.names[index])
                 else:
-                    self.capped.append(f"{self.names[index]!r}: {text}")
+                    self.warnings.append(f"{self.names[index]!r}: {text}")
         if self.settings.repeat is not None:
             rounds = self.settings.repeat
         else:
@@ -266,7 +287,7 @@ class _Comparison:
             if over_budget:
                 # a candidate's repeat count beyond the cap is MAX_CALLS, so the rounds are
                 # at most MAX_CALLS / candidates: the calls in all, not per candidate
-                self.capped.append(
+                self.warnings.append(
                     f"repeat_ms {self.settings.repeat_ms:g} asks for over {MAX_CALLS} calls of "
                     f"{', '.join(repr(name) for name in over_budget)}; capped at {MAX_CALLS} "
                     "calls in all (max_calls)"
@@ -330,7 +351,7 @@ class _Comparison:
                         few.append(f"{name!r} against the baseline: {why}")
             candidates[name] = entry
         report = machine_report(probe, outcome, self.settings)
-        report["warnings"] += [f"speedup of {line}" for line in few] + self.capped
+        report["warnings"] += [f"speedup of {line}" for line in few] + self.warnings
         return {
             "kind": "kcoral.comparison",
             "baseline": self.names[0],
