@@ -54,11 +54,23 @@ def real_kernel(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RealKerne
         manager.shutdown_kernel(now=False)  # its exit hook ends the session
 
 
-def started_session(kernel: RealKernel) -> str:
-    said = kernel.cell("%load_ext kcoral\n%kcoral session start")
-    match = re.search(r"kcoral: session id ([0-9a-f-]{36})", said)
-    assert match, said
-    return match.group(1)
+@contextmanager
+def kernel_in_a_session(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[RealKernel, str]]:
+    """A real kernel whose cells run in a new session on ``url``, and the session's id;
+    its first cell sets ``x = 41`` there."""
+    with real_kernel(url, monkeypatch) as kernel:
+        said = kernel.cell("%load_ext kcoral\n%kcoral session start")
+        match = re.search(r"kcoral: session id ([0-9a-f-]{36})", said)
+        assert match, said
+        kernel.cell("%%kcoral --quiet\nx = 41")
+        yield kernel, match.group(1)
+
+
+@pytest.fixture
+def one_seat_server(server_factory) -> Any:
+    return server_factory("--num-workers", "1", "--max-sessions", "1")
 
 
 def interrupt_once_running(kernel: RealKernel, url: str, session_id: str) -> None:
@@ -73,14 +85,12 @@ def interrupt_once_running(kernel: RealKernel, url: str, session_id: str) -> Non
 
 
 def test_an_interrupted_session_cell_says_its_program_stopped_and_the_state_is_kept(
-    server_factory, monkeypatch
+    one_seat_server, monkeypatch
 ) -> None:
     # Before: "the session keeps its state if the program stopped within 5 s (else the next
     # cell says it ended)", after the cell's own line had said the program had stopped.
-    server = server_factory("--num-workers", "1", "--max-sessions", "1")
-    with real_kernel(server.url, monkeypatch) as kernel:
-        session_id = started_session(kernel)
-        kernel.cell("%%kcoral\nx = 41")
+    server = one_seat_server
+    with kernel_in_a_session(server.url, monkeypatch) as (kernel, session_id):
         sent = kernel.client.execute("%%kcoral\nimport time\nwhile True:\n    time.sleep(0.1)\n")
         interrupt_once_running(kernel, server.url, session_id)
         said = []
@@ -102,16 +112,14 @@ def test_an_interrupted_session_cell_says_its_program_stopped_and_the_state_is_k
 
 
 def test_a_cell_that_ends_its_session_says_why_once_and_session_status_says_it_ended(
-    server_factory, monkeypatch
+    one_seat_server, monkeypatch
 ) -> None:
     # Before, the cell's hint: "has ended with this cell (session ended: its worker exited
     # during job <the job the line above names> (exit code 3); its state is lost): its
     # variables are gone"; and the status: "ended: worker_exited: session ended: its worker
     # exited ...", then "idle timeout" and "when this kernel ends: ended" of a session that
     # had ended. A live session's status did not say how much memory its state holds.
-    server = server_factory("--num-workers", "1", "--max-sessions", "1")
-    with real_kernel(server.url, monkeypatch) as kernel:
-        session_id = started_session(kernel)
+    with kernel_in_a_session(one_seat_server.url, monkeypatch) as (kernel, session_id):
         kernel.cell("%%kcoral --quiet\nkept = bytearray(64 * 1024 * 1024)")
         live = kernel.cell("%kcoral session status")
         memory = re.search(
@@ -136,14 +144,12 @@ def test_a_cell_that_ends_its_session_says_why_once_and_session_status_says_it_e
 
 
 def test_a_session_cell_after_its_server_restarted_says_the_restart_ended_the_session(
-    server_factory, monkeypatch
+    one_seat_server, server_factory, monkeypatch
 ) -> None:
     # Before: "session X is unknown to URL (the server restarted, or dropped it after it
     # ended)", though the server's own start time said which.
-    first = server_factory("--num-workers", "1", "--max-sessions", "1")
-    with real_kernel(first.url, monkeypatch) as kernel:
-        session_id = started_session(kernel)
-        kernel.cell("%%kcoral --quiet\nx = 1")
+    first = one_seat_server
+    with kernel_in_a_session(first.url, monkeypatch) as (kernel, session_id):
         first.stop()
         again = server_factory(
             "--num-workers", "1", "--max-sessions", "1", "--port", str(first.port)
@@ -167,13 +173,10 @@ def test_a_session_cell_after_its_server_restarted_says_the_restart_ended_the_se
     ), later_cell
 
 
-def test_a_restarted_kernels_session_is_listed_as_stopped(server_factory, monkeypatch) -> None:
+def test_a_restarted_kernels_session_is_listed_as_stopped(one_seat_server, monkeypatch) -> None:
     # Before: "<id>  ENDED (deleted)  1 program  CPU": the API's word, for a session that
     # the kernel's restart ended, where the JupyterLab panel says "stopped".
-    server = server_factory("--num-workers", "1", "--max-sessions", "1")
-    with real_kernel(server.url, monkeypatch) as kernel:
-        session_id = started_session(kernel)
-        kernel.cell("%%kcoral --quiet\nx = 1")
+    with kernel_in_a_session(one_seat_server.url, monkeypatch) as (kernel, session_id):
         kernel.manager.restart_kernel(now=False)  # its exit hook ends the session
         kernel.client.wait_for_ready(timeout=60)
         listed = kernel.cell("%load_ext kcoral\n%kcoral session list").splitlines()
