@@ -323,16 +323,22 @@ class _Comparison:
     def _failed(self, index: int, failed: CandidateFailed) -> None:
         cause = failed.cause
         failure = numbered(failed.call, describe(cause), "the correctness check and warm-up")
-        if index == 0:
-            raise _fail(f"the baseline {self.names[0]!r} raised {failure}") from cause
         error = truncate_message(failure, 300)
         self.entries[index].update(status="failed", error=error)
 
     def _result(self, clock: Any, probe: Any, outcome: Any, timed: list[int]) -> dict[str, Any]:
         samples = {index: outcome.samples[position] for position, index in enumerate(timed)}
-        baseline = samples[0]
+        baseline = samples.get(0) if self.entries[0]["status"] == "ok" else None
         candidates: dict[str, Any] = {}
         few: list[str] = []
+        if not baseline:
+            # a baseline that failed in its warm-up or a round leaves the others' statistics
+            # standing: raising here threw away every candidate's measurement
+            self.warnings.insert(
+                0,
+                f"no speedups: the baseline {self.names[0]!r} failed while timed; the other "
+                "candidates' statistics stand",
+            )
         for index, name in enumerate(self.names):
             entry = self.entries[index]
             if entry["status"] == "ok" and samples.get(index):
@@ -343,6 +349,8 @@ class _Comparison:
                 precision = median_precision(times)
                 entry["precision"] = precision if math.isfinite(precision) else None
                 if index > 0:
+                    entry["speedup"] = None  # stays so when the baseline failed
+                if index > 0 and baseline:
                     speedup = ratio_of_medians(baseline, times, self.seed + index)
                     speedup["verdict"] = _VERDICTS[speedup["verdict"]]
                     entry["speedup"] = speedup
