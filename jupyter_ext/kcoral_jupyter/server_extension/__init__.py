@@ -161,4 +161,16 @@ def load_server_extension(serverapp: Any) -> None:
     web_app = serverapp.web_app
     web_app.settings["kcoral_extension"] = extension
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
-    serverapp.log.info("KCoral server extension loaded (%d servers)", len(extension.servers))
+    serverapp.log.info("KCoral server extension loaded (%s)", servers_at_load(extension))
+
+
+def servers_at_load(extension: KCoralExtension) -> str:
+    """The servers the panel will ask, as the load line says them: it said "0 servers" of a
+    server named by ``KCORAL_URL``, since it counted ``c.KCoralExtension.servers`` alone."""
+    count = len(extension.servers)
+    if count:
+        return f"{count} server{'' if count == 1 else 's'}: c.KCoralExtension.servers"
+    url = os.environ.get("KCORAL_URL", "").strip()
+    if url:
+        return f"1 server: KCORAL_URL {url}"
+    return "no server configured: the servers kernels use are listed as they start"

@@ -1,0 +1,52 @@
+"""The line the Jupyter server logs as the KCoral server extension loads: it counts the
+servers the panel will ask, wherever they are configured. It said "(0 servers)" of a Jupyter
+server started with ``KCORAL_URL``, whose server the panel then listed."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from kcoral_jupyter.server_extension import load_server_extension
+from traitlets.config import Config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def jp_server_config() -> Config:
+    return Config({"ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}}})
+
+
+def load_lines(serverapp: Any) -> list[str]:
+    """The load lines of the real Jupyter server's log as the extension loads (again)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    serverapp.log.addHandler(handler)
+    try:
+        load_server_extension(serverapp)
+    finally:
+        serverapp.log.removeHandler(handler)
+    said = [record.getMessage() for record in records]
+    return [line for line in said if line.startswith("KCoral server extension loaded")]
+
+
+def test_the_load_line_counts_the_server_kcoral_url_names(
+    monkeypatch: pytest.MonkeyPatch, jp_serverapp: Any
+) -> None:
+    monkeypatch.setenv("KCORAL_URL", "http://127.0.0.1:8123")
+    assert load_lines(jp_serverapp) == [
+        "KCoral server extension loaded (1 server: KCORAL_URL http://127.0.0.1:8123)"
+    ]
+
+
+def test_the_load_line_says_when_no_server_is_configured(
+    monkeypatch: pytest.MonkeyPatch, jp_serverapp: Any
+) -> None:
+    monkeypatch.delenv("KCORAL_URL", raising=False)
+    assert load_lines(jp_serverapp) == [
+        "KCoral server extension loaded (no server configured: the servers kernels use are "
+        "listed as they start)"
+    ]
