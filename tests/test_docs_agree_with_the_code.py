@@ -174,6 +174,25 @@ def test_the_magics_help_names_every_notebook_setting() -> None:
     assert not unnamed, unnamed
 
 
+def test_every_kcoral_setting_the_docs_and_the_notebook_messages_name_is_one() -> None:
+    # A guard: `%config KCoral.X` in the README, docs/, the notebooks, or a message the
+    # magics print (`KCoral.local_start_timeout`, `KCoral.token`) names a setting that exists.
+    sources = [
+        *DOCS,
+        *sorted((ROOT / "notebooks").glob("*.ipynb")),
+        *sorted((ROOT / "jupyter_ext" / "kcoral_jupyter").rglob("*.py")),
+    ]
+    settings = set(KCoral.class_traits(config=True))
+    named = {
+        (f"KCoral.{name}", path.relative_to(ROOT))
+        for path in sources
+        for name in re.findall(r"\bKCoral\.(\w+)", path.read_text(encoding="utf-8"))
+    }
+    assert len(named) > 10, named
+    unknown = sorted(f"{path}: {said}" for said, path in named if said[7:] not in settings)
+    assert not unknown, unknown
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/jupyterlab.md"])
 def test_the_docs_name_every_setting_of_the_jupyter_server_extension(page: str) -> None:
     # request_timeout, the 10 s after which a server that never answers is shown as
