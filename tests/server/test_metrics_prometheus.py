@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from http_helpers import execute
 from raw_http import call_program
-from server_process import start_server
+from server_process import RunningServer, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
-from router_helpers import Node, ready_nodes, start_router
+from router_helpers import Node, RouterProcess, ready_nodes, start_router
 
 PROMETHEUS = shutil.which("prometheus")
 NODE_TOKEN = "n0de-t0ken-for-prometheus"
@@ -106,6 +106,21 @@ def start_prometheus(
     return process, f"http://127.0.0.1:{port}"
 
 
+def scraping(
+    directory: Path, server: RunningServer, router: RouterProcess
+) -> tuple[subprocess.Popen, str]:
+    """``start_prometheus`` on jobs ``kcoral-server`` and ``kcoral-router`` with the metrics
+    token in a file of its own."""
+    scraper_token = directory / "scraper-token"
+    scraper_token.write_text(METRICS_TOKEN)
+    scraper_token.chmod(0o600)
+    targets = {
+        "kcoral-server": f"{server.host}:{server.port}",
+        "kcoral-router": f"127.0.0.1:{router.port}",
+    }
+    return start_prometheus(directory, targets, scraper_token)
+
+
 def stop(prometheus: subprocess.Popen) -> None:
     prometheus.terminate()
     try:
@@ -139,14 +154,7 @@ def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_ans
         "--metrics-interval-seconds",
         "600",
     )
-    scraper_token = tmp_path / "scraper-token"
-    scraper_token.write_text(METRICS_TOKEN)
-    scraper_token.chmod(0o600)
-    targets = {
-        "kcoral-server": f"{server.host}:{server.port}",
-        "kcoral-router": f"127.0.0.1:{router.port}",
-    }
-    prometheus, base = start_prometheus(tmp_path, targets, scraper_token)
+    prometheus, base = scraping(tmp_path, server, router)
     log = tmp_path / "prometheus.log"
     try:
         headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
@@ -160,7 +168,7 @@ def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_ans
         assert found[0]["metric"]["job"] == "kcoral-server"
         assert float(found[0]["value"][1]) >= 1
         routed = wait_for_series(
-            base, 'kcoral_router_routed_requests_total{node="node-p"}', prometheus
+            base, 'kcoral_router_routed_requests_total{node="node-p"} > 0', prometheus
         )
         assert routed and routed[0]["metric"]["job"] == "kcoral-router"
         assert float(routed[0]["value"][1]) >= 1
@@ -169,7 +177,10 @@ def test_prometheus_scrapes_a_server_and_a_router_with_the_metrics_token_and_ans
             base, 'kcoral_request_capacity{job="kcoral-router",node="node-p"}', prometheus
         )
         assert relayed and relayed[0]["metric"]["kind"] == "cpu"
-        for job in targets:  # each scrape itself succeeded, token and all
+        for job in (
+            "kcoral-server",
+            "kcoral-router",
+        ):  # each scrape itself succeeded, token and all
             up = query(base, f'up{{job="{job}"}}')
             assert up and up[0]["value"][1] == "1", job
     finally:
@@ -202,14 +213,7 @@ def test_a_first_retirement_and_a_nodes_first_routed_request_show_in_prometheus_
     router = start_router(tmp_path, "--auth-token-file", str(token_file), env=secrets)
     node_env = {"KCORAL_NODE_TOKEN": NODE_TOKEN}
     node = Node(tmp_path, router, "node-q", node_env, "--metrics-interval-seconds", "600")
-    scraper_token = tmp_path / "scraper-token"
-    scraper_token.write_text(METRICS_TOKEN)
-    scraper_token.chmod(0o600)
-    targets = {
-        "kcoral-server": f"{server.host}:{server.port}",
-        "kcoral-router": f"127.0.0.1:{router.port}",
-    }
-    prometheus, base = start_prometheus(tmp_path, targets, scraper_token)
+    prometheus, base = scraping(tmp_path, server, router)
     try:
         ready_nodes(router, 1)
         # Scraped once before anything counts: the server serving, the node ready.
