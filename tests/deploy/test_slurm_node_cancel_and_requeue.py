@@ -23,7 +23,9 @@ from router_helpers import RouterProcess, start_router
 from slurm_cluster import NODE_OPTIONS, SlurmCluster, sbatch, slurm_cluster
 from test_slurm_nodes import (
     NODE_TOKEN,
+    POLL_SECONDS,
     SCRIPT,
+    WAIT_SECONDS,
     call,
     capacity,
     hold_a_program,
@@ -31,8 +33,8 @@ from test_slurm_nodes import (
     node_id_of,
     private,
     service_account,
-    wait_until,
 )
+from waiting import wait_for
 
 import kcoral
 
@@ -54,7 +56,7 @@ def one_node_job(tmp_path: Path) -> Iterator[tuple[SlurmCluster, RouterProcess, 
             jobs.mkdir()
             submit = ["--chdir", str(jobs), "--output", str(jobs / "kcoral-node-%j.out")]
             job = sbatch(cluster, SCRIPT, submit, NODE_OPTIONS, environment)
-            wait_until(lambda: capacity(router) == 1, "the node is ready", 180)
+            wait_for(lambda: capacity(router) == 1, "the node is ready", 180, every=POLL_SECONDS)
             yield cluster, router, job
         finally:
             router.stop()
@@ -67,10 +69,17 @@ def stopped_mid_program(
     program's result, once the node is out of the router."""
     held = tmp_path / "held"
     runner, outcome = hold_a_program(router, held)
-    wait_until(lambda: (held / "started").exists(), "the program started")
+    wait_for(
+        lambda: (held / "started").exists(), "the program started", WAIT_SECONDS, every=POLL_SECONDS
+    )
     cluster.run(*stop)
     runner.join(120)
-    wait_until(lambda: logged(router, "node_disconnected", job), "the node leaves")
+    wait_for(
+        lambda: logged(router, "node_disconnected", job),
+        "the node leaves",
+        WAIT_SECONDS,
+        every=POLL_SECONDS,
+    )
     assert capacity(router) == 0
     return outcome["result"]
 
@@ -90,7 +99,12 @@ def test_a_plain_scancel_fails_the_running_program_and_the_router_takes_the_node
     with one_node_job(tmp_path) as (cluster, router, job):
         result = stopped_mid_program(tmp_path, cluster, router, job, "scancel", job)
         assert cut_off_by_slurm(result, job), result
-        wait_until(lambda: cluster.job_state(job) == "CANCELLED", "the job ends CANCELLED")
+        wait_for(
+            lambda: cluster.job_state(job) == "CANCELLED",
+            "the job ends CANCELLED",
+            WAIT_SECONDS,
+            every=POLL_SECONDS,
+        )
 
 
 @pytest.mark.timeout(300)  # a real Slurm's start and a requeue under a loaded CI machine
@@ -100,9 +114,14 @@ def test_a_requeued_node_job_comes_back_under_its_node_id_and_serves(tmp_path: P
         assert cut_off_by_slurm(result, job), result
         # Slurm holds a requeued job back (Reason BeginTime, about three minutes here); an
         # admin starts it at once as docs/scaling.md says, and so does this test
-        wait_until(lambda: cluster.job_state(job) == "PENDING", "the job is requeued")
+        wait_for(
+            lambda: cluster.job_state(job) == "PENDING",
+            "the job is requeued",
+            WAIT_SECONDS,
+            every=POLL_SECONDS,
+        )
         cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-        wait_until(
+        wait_for(
             lambda: (
                 cluster.job_field(job, "Restarts") == "1"
                 and cluster.job_state(job) == "RUNNING"
@@ -110,6 +129,7 @@ def test_a_requeued_node_job_comes_back_under_its_node_id_and_serves(tmp_path: P
             ),
             "the requeued job runs and its node is ready again",
             REQUEUE_RETURN_SECONDS,
+            every=POLL_SECONDS,
         )
         with kcoral.Client(router.url) as client:
             result = client.execute(call("job"))

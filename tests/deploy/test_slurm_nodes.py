@@ -16,8 +16,6 @@ import os
 import socket
 import sys
 import threading
-import time
-from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -37,12 +35,17 @@ from slurm_cluster import (
     sbatch,
     slurm_cluster,
 )
+from waiting import wait_for
 
 import kcoral
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "slurm" / "kcoral-node.sbatch"
 NODE_TOKEN = "token-of-the-slurm-service-account"
+#: how long a step of a node's life may take on a loaded machine
+WAIT_SECONDS = 120.0
+#: a question costs a process (scontrol) or a walk of the process table: asked 5 times a second
+POLL_SECONDS = 0.2
 
 pytestmark = [
     pytest.mark.slow,
@@ -78,17 +81,6 @@ def call(name: str, *args: str) -> kcoral.Program:
     fn = program.get_function(module=module, name=name)
     program.return_(key="out", value=program.run(fn=fn, args=list(args)))
     return program
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.2)
 
 
 def info(router: RouterProcess) -> dict[str, Any]:
@@ -185,7 +177,9 @@ def test_two_slurm_node_jobs_serve_and_one_drains_while_its_program_runs(tmp_pat
                 )
 
             try:
-                wait_until(lambda: capacity(router) >= 2, "both nodes are ready", 180)
+                wait_for(
+                    lambda: capacity(router) >= 2, "both nodes are ready", 180, every=POLL_SECONDS
+                )
             except AssertionError as exc:
                 raise AssertionError(
                     f"{exc}\n{outputs()}\n{router.log()}\n{cluster.logs()}"
@@ -203,13 +197,20 @@ def test_two_slurm_node_jobs_serve_and_one_drains_while_its_program_runs(tmp_pat
             # A program runs on one node; that node is drained under it.
             held = tmp_path / "held"
             runner, outcome = hold_a_program(router, held)
-            drained = wait_until(
+            drained = wait_for(
                 lambda: (held / "started").exists() and (held / "started").read_text(),
                 "the program started",
+                WAIT_SECONDS,
+                every=POLL_SECONDS,
             )
             other = second if drained == first else first
             cluster.run("scancel", "--batch", "--signal=TERM", drained)
-            wait_until(lambda: capacity(router) == 1, "the drained node takes no more work")
+            wait_for(
+                lambda: capacity(router) == 1,
+                "the drained node takes no more work",
+                WAIT_SECONDS,
+                every=POLL_SECONDS,
+            )
             with kcoral.Client(router.url) as client:
                 while_draining = {client.execute(call("job"))["out"] for _ in range(4)}
             assert while_draining == {other}
@@ -219,9 +220,19 @@ def test_two_slurm_node_jobs_serve_and_one_drains_while_its_program_runs(tmp_pat
             runner.join(120)
             result = outcome["result"]
             assert result.status == "COMPLETED" and result["out"] == drained
-            wait_until(lambda: cluster.job_state(drained) == "COMPLETED", "the drained job ends")
+            wait_for(
+                lambda: cluster.job_state(drained) == "COMPLETED",
+                "the drained job ends",
+                WAIT_SECONDS,
+                every=POLL_SECONDS,
+            )
             assert cluster.job_field(drained, "ExitCode") == "0:0"
-            wait_until(lambda: logged(router, "node_disconnected", drained), "the node leaves")
+            wait_for(
+                lambda: logged(router, "node_disconnected", drained),
+                "the node leaves",
+                WAIT_SECONDS,
+                every=POLL_SECONDS,
+            )
             output = (jobs / f"kcoral-node-{drained}.out").read_text()
             assert "supervisor_stopping" in output and "supervisor_stopped" in output
 
@@ -232,15 +243,24 @@ def test_two_slurm_node_jobs_serve_and_one_drains_while_its_program_runs(tmp_pat
             assert cluster.job_state(other) == "RUNNING"
 
             cluster.run("scancel", "--batch", "--signal=TERM", other)
-            wait_until(lambda: cluster.job_state(other) == "COMPLETED", "the other job ends")
+            wait_for(
+                lambda: cluster.job_state(other) == "COMPLETED",
+                "the other job ends",
+                WAIT_SECONDS,
+                every=POLL_SECONDS,
+            )
             assert cluster.job_field(other, "ExitCode") == "0:0"
-            wait_until(lambda: capacity(router) == 0, "no node serves")
+            wait_for(
+                lambda: capacity(router) == 0, "no node serves", WAIT_SECONDS, every=POLL_SECONDS
+            )
             assert "node_token_refused" not in router.log()
         finally:
             if router is not None:
                 router.stop()
     assert router is not None
-    wait_until(lambda: not leftovers(router, cluster), "every process is gone", 60)
+    wait_for(
+        lambda: not leftovers(router, cluster), "every process is gone", 60, every=POLL_SECONDS
+    )
 
 
 def service_account(tmp_path: Path, router_url: str) -> tuple[Path, dict[str, str]]:
@@ -257,9 +277,11 @@ def service_account(tmp_path: Path, router_url: str) -> tuple[Path, dict[str, st
 
 
 def finished(cluster: SlurmCluster, job: str) -> str:
-    return wait_until(
+    return wait_for(
         lambda: (state := cluster.job_state(job)) in ("COMPLETED", "FAILED") and state,
         f"job {job} ends",
+        WAIT_SECONDS,
+        every=POLL_SECONDS,
     )
 
 

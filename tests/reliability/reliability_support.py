@@ -15,14 +15,14 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raw_http import call_program, decode_body, sha256
 from server_process import start_server
+from waiting import wait_until
 
 from kcoral.protocol.headers import is_canonical_uuid
 
@@ -390,15 +390,6 @@ def measure(pid: int, temp_dir: Path) -> Resources:
     except OSError:
         fds = -1
     return Resources(fds, len(descendants(pid)), len(workspaces(temp_dir)), rss_bytes(pid))
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def settle(pid: int, temp_dir: Path, baseline: Resources, timeout: float = 30.0) -> Resources:

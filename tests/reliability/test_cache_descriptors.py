@@ -21,8 +21,8 @@ from reliability_support import (
     get,
     settle,
     sha256,
-    wait_until,
 )
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def test_a_cached_large_blob_holds_one_descriptor_that_the_leak_check_does_not_c
     server = watched_server("--num-workers", "1", "--max-requests-per-worker", "0")
     assert cache_descriptors(server.url) == 0
     assert echoed(execute(server.url, bytes_program(ECHO, "echo"), [BLOB])) == BLOB
-    assert wait_until(lambda: cache_descriptors(server.url) == HELD)
+    assert wait_until(lambda: cache_descriptors(server.url) == HELD, 30.0)
     # warm: no blob sent, the worker gets the cached body's descriptor
     assert echoed(execute(server.url, bytes_program(ECHO, "echo"))) == BLOB
     assert cache_descriptors(server.url) == HELD

@@ -34,10 +34,10 @@ from reliability_support import (
     multipart_type,
     request_bytes,
     sha256,
-    wait_until,
     warm,
     workspaces,
 )
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -29,10 +29,10 @@ from reliability_support import (
     module_program,
     multipart_type,
     request_bytes,
-    wait_until,
     warm,
     workspaces,
 )
+from waiting import wait_until
 
 BWRAP_PROBLEM = sandbox.probe()
 

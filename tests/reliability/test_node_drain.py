@@ -15,9 +15,10 @@ import asyncio
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from waiting import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
@@ -45,13 +46,6 @@ def held_program(folder: Path) -> kcoral.Program:
     return program
 
 
-def wait_until(condition: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.05)
-
-
 def test_the_program_running_on_a_node_stopped_with_sigterm_completes_for_its_client(
     tmp_path: Path,
 ) -> None:
@@ -74,14 +68,14 @@ def test_the_program_running_on_a_node_stopped_with_sigterm_completes_for_its_cl
 
                 runner = threading.Thread(target=run)
                 runner.start()
-                wait_until((folder / "started").exists, "the program runs")
+                wait_for((folder / "started").exists, "the program runs", 60.0)
                 node.process.send_signal(signal.SIGTERM)
 
                 def unhealthy() -> bool:
                     health = asyncio.run(http_request(router.port, "GET", "/health")).json()
                     return health["load"]["request_capacity"] == 0
 
-                wait_until(unhealthy, "the router takes the node out")
+                wait_for(unhealthy, "the router takes the node out", 60.0)
                 assert runner.is_alive()
                 (folder / "release").write_text("")
                 runner.join(60)
@@ -111,7 +105,7 @@ def test_a_job_that_ends_while_its_node_drains_can_still_be_read_through_the_rou
         folder.mkdir()
         with kcoral.Client(router.url) as client:
             job = client.submit(held_program(folder))
-            wait_until((folder / "started").exists, "the program runs")
+            wait_for((folder / "started").exists, "the program runs", 60.0)
             node.process.send_signal(signal.SIGTERM)
             (folder / "release").write_text("")
             result = job.result(timeout=60)
@@ -151,12 +145,12 @@ def test_a_request_queued_for_the_only_node_its_selector_fits_is_refused_when_th
 
         held = threading.Thread(target=run, args=("held", held_program(folder)))
         held.start()
-        wait_until((folder / "started").exists, "the program runs on n-a")
+        wait_for((folder / "started").exists, "the program runs on n-a", 60.0)
         queued = threading.Thread(target=run, args=("queued", held_program(tmp_path)))
         queued.start()
-        wait_until(lambda: router_load()["requests_waiting"] == 1, "the second one is queued")
+        wait_for(lambda: router_load()["requests_waiting"] == 1, "the second one is queued", 60.0)
         node_a.process.send_signal(signal.SIGTERM)
-        wait_until(lambda: router_load()["request_capacity"] == 1, "the router takes n-a out")
+        wait_for(lambda: router_load()["request_capacity"] == 1, "the router takes n-a out", 60.0)
         (folder / "release").write_text("")
         held.join(60)
         queued.join(60)

@@ -34,8 +34,8 @@ from reliability_support import (
     get,
     launch,
     module_program,
-    wait_until,
 )
+from waiting import wait_until
 
 CLEANUP_MESSAGE = "worker cleanup was not confirmed; affected devices unavailable"
 #: the supervisor gives up on orphans this fast here (the default is 10 s)

@@ -25,8 +25,8 @@ from reliability_support import (
     post_execute,
     request_bytes,
     sha256,
-    wait_until,
 )
+from waiting import wait_until
 
 SECRET = b"top secret\n"
 DATA = b"payload\n"

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from router_helpers import Node, ready_nodes, start_router, stopping
+from waiting import wait_for
 
 import kcoral
 
@@ -41,13 +41,6 @@ def waiting_program(marker: Path, go: Path) -> kcoral.Program:
     return program
 
 
-def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} never happened"
-        time.sleep(0.05)
-
-
 def test_a_job_finished_after_its_nodes_supervisor_was_killed_still_gives_its_result(
     tmp_path: Path,
 ) -> None:
@@ -61,10 +54,10 @@ def test_a_job_finished_after_its_nodes_supervisor_was_killed_still_gives_its_re
             server_pid = node.server_pid()
             with kcoral.Client(router.url, token=TOKEN) as client:
                 job = client.submit(waiting_program(marker, go))
-                wait_until(marker.exists, "the program's start")
+                wait_for(marker.exists, "the program's start", 60.0)
                 node.process.send_signal(signal.SIGKILL)  # the supervisor only
                 node.process.wait(30)
-                wait_until(lambda: "node_disconnected" in router.log(), "the node's loss")
+                wait_for(lambda: "node_disconnected" in router.log(), "the node's loss", 60.0)
                 go.touch()
                 result = job.result(timeout=60)
                 assert result.results["r"] == 7 and result.stdout == "first\n"

@@ -13,13 +13,14 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from raw_http import read_until_closed
 from router_helpers import RouterProcess, start_router
+from waiting import wait_for
 
 #: Long enough that only the behaviour under test (EOF, the bound) can close a connection.
 NO_DEADLINE = ("--request-head-timeout-seconds", "600")
@@ -56,14 +57,6 @@ def health_status(port: int) -> int | None:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else None
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + GENEROUS_SECONDS
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.1)
-
-
 def settled_socket_count(pid: int) -> int:
     """The router's socket count once it stopped changing (listeners, gRPC, relays)."""
     previous = -1
@@ -97,7 +90,11 @@ def test_a_client_that_sends_one_to_three_bytes_and_closes_leaves_the_router_idl
         attacker.close()
     # The router sees each hang-up although the bytes sit unread (the old peek loop spun on
     # them forever, each socket stuck in CLOSE-WAIT); no deadline is set that could hide it.
-    wait_until(lambda: socket_count(pid) <= baseline, "the attackers' sockets closed")
+    wait_for(
+        lambda: socket_count(pid) <= baseline,
+        "the attackers' sockets closed",
+        GENEROUS_SECONDS,
+    )
     before = cpu_seconds(pid)
     time.sleep(3)
     # Behaviour, not speed: an idle router burns almost nothing; a spinning one burns ~3 s.
@@ -136,7 +133,11 @@ def test_at_the_bound_the_oldest_unclassified_connection_is_dropped_not_the_new_
         baseline = settled_socket_count(pid)
         for _ in range(64):
             silent.append(socket.create_connection(("127.0.0.1", router.port)))
-        wait_until(lambda: socket_count(pid) >= baseline + 64, "the router holds all 64")
+        wait_for(
+            lambda: socket_count(pid) >= baseline + 64,
+            "the router holds all 64",
+            GENEROUS_SECONDS,
+        )
         newcomer = socket.create_connection(("127.0.0.1", router.port))
         oldest = silent[0]
         oldest.settimeout(GENEROUS_SECONDS)
@@ -169,12 +170,20 @@ def test_more_attackers_than_descriptors_leave_a_router_that_serves_again_once_t
             attacker.sendall(b"P")
             attackers.append(attacker)
         # Bounded: the router never holds more than its 64 unclassified connections.
-        wait_until(lambda: socket_count(pid) <= baseline + 64, "the router shed the rest")
+        wait_for(
+            lambda: socket_count(pid) <= baseline + 64,
+            "the router shed the rest",
+            GENEROUS_SECONDS,
+        )
         assert health_status(router.port) == NO_NODES
         for attacker in attackers:
             attacker.close()
         attackers.clear()
-        wait_until(lambda: socket_count(pid) <= baseline, "the router's sockets recovered")
+        wait_for(
+            lambda: socket_count(pid) <= baseline,
+            "the router's sockets recovered",
+            GENEROUS_SECONDS,
+        )
         # (At 256 descriptors one of Tornado's bursts of up to 128 accepts may still meet
         # EMFILE once before the dropped sockets close; it retries on the next turn.)
         assert health_status(router.port) == NO_NODES

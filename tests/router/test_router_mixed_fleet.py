@@ -7,28 +7,18 @@ kind, a second node of the default kind with other versions is refused as today,
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 from kcoral_server.node import supervisor as supervisor_module
 from raw_http import call_program, post_execute, request
 from router_helpers import Node, start_router, stopping
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
 OTHER_KIND = {"gpu": "h100", "arch": "sm_90a", "memory_bytes": 80 << 30, "gpus": 1}
 SOURCE = "import os\n\ndef main():\n    return os.getpid()\n"
-
-
-def wait_until(check, what: str, router, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}\n{router.log()}"
-        time.sleep(0.1)
 
 
 def node_states(router) -> dict[str, str]:
@@ -50,7 +40,12 @@ def test_a_mixed_fleet_serves_published_clients_as_today(tmp_path: Path) -> None
     first = Node(tmp_path, router, "cpu-a", None, "--node-label", "pool=small")
     nodes = [first]
     with stopping(router, nodes):
-        wait_until(lambda: node_states(router).get("cpu-a") == "ready", "cpu-a ready", router)
+        wait_for(
+            lambda: node_states(router).get("cpu-a") == "ready",
+            "cpu-a ready",
+            90.0,
+            detail=router.log,
+        )
         other_kind = {
             supervisor_module.NODE_KIND_OVERRIDE_ENV: json.dumps(OTHER_KIND),
             supervisor_module.VERSIONS_OVERRIDE_ENV: '{"torch": "another"}',
@@ -58,13 +53,14 @@ def test_a_mixed_fleet_serves_published_clients_as_today(tmp_path: Path) -> None
         odd_versions = {supervisor_module.VERSIONS_OVERRIDE_ENV: '{"torch": "another"}'}
         nodes.append(Node(tmp_path, router, "h100-a", other_kind, "--node-label", "pool=big"))
         nodes.append(Node(tmp_path, router, "cpu-b", odd_versions))
-        wait_until(
+        wait_for(
             lambda: (
                 node_states(router).get("h100-a") == "ready"
                 and node_states(router).get("cpu-b") == "incompatible"
             ),
             "h100-a ready (another kind may differ), cpu-b incompatible (one kind agrees)",
-            router,
+            90.0,
+            detail=router.log,
         )
 
         # /health describes the default kind: the first node's, without the override.
@@ -88,13 +84,20 @@ def test_a_mixed_fleet_serves_published_clients_as_today(tmp_path: Path) -> None
             answer = post_execute(router.url, call_program(SOURCE))
             assert answer.status == 200, answer.raw[:500]
             assert answer.body["status"] == "COMPLETED"
-        wait_until(lambda: len(served_by(router, 6)) == 6, "six requests logged", router)
+        wait_for(
+            lambda: len(served_by(router, 6)) == 6, "six requests logged", 90.0, detail=router.log
+        )
         assert set(served_by(router, 6)) == {"cpu-a"}
 
         # A routing preference for a node of another kind does not take a request there.
         pinned = post_execute(router.url, call_program(SOURCE), headers={"X-KCoral-Node": "h100-a"})
         assert pinned.status == 200 and pinned.body["status"] == "COMPLETED"
-        wait_until(lambda: len(served_by(router, 7)) == 7, "the pinned request logged", router)
+        wait_for(
+            lambda: len(served_by(router, 7)) == 7,
+            "the pinned request logged",
+            90.0,
+            detail=router.log,
+        )
         assert served_by(router, 1) == ["cpu-a"]
 
         # /v1/info is the default kind's node's, plus the fleet by kind and label.

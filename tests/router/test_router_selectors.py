@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Iterator
 
 import pytest
 from raw_http import call_program, execute_body, post_execute, request
 from router_helpers import Node, RouterProcess, http_request, start_router, stopping
+from waiting import wait_for
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -29,16 +29,6 @@ NODES_ENV = {"KCORAL_NODE_TOKEN": "routed-node-token"}
 FAKE = ("--device", "fake-gpu", "--workers-per-gpu", "1")
 SOURCE = "import os\n\ndef main():\n    return os.getpid()\n"
 MARKER = "zz-raw-selector-text"
-
-
-def wait_until(check, what: str, router: RouterProcess, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}\n{router.log()}"
-        time.sleep(0.1)
 
 
 def ready(router: RouterProcess) -> set[str]:
@@ -70,7 +60,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     nodes = [Node(tmp, router, "cpu-a", NODES_ENV, "--node-label", "pool=small")]
     with stopping(router, nodes):
         # the first ready node's kind (cpu) is the default kind
-        wait_until(lambda: "cpu-a" in ready(router), "cpu-a ready", router)
+        wait_for(lambda: "cpu-a" in ready(router), "cpu-a ready", 120.0, detail=router.log)
         nodes.append(
             Node(
                 tmp,
@@ -85,7 +75,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
             )
         )
         nodes.append(Node(tmp, router, "fake-b", NODES_ENV, *FAKE, "--fake-gpu-count", "1"))
-        wait_until(lambda: ready(router) >= {"fake-a", "fake-b"}, "fake nodes ready", router)
+        wait_for(
+            lambda: ready(router) >= {"fake-a", "fake-b"},
+            "fake nodes ready",
+            120.0,
+            detail=router.log,
+        )
         yield router
 
 
@@ -188,7 +183,9 @@ def test_a_cache_miss_retry_keeps_its_selector(fleet: RouterProcess) -> None:
         lines = fleet.log().splitlines()[seen:]
         return [line for line in lines if "request_finished" in line]
 
-    lines = wait_until(lambda: len(finished()) >= 2 and finished(), "both attempts", fleet)
+    lines = wait_for(
+        lambda: len(finished()) >= 2 and finished(), "both attempts", 120.0, detail=fleet.log
+    )
     # the CACHE_MISS answer and the retry, both with the selector, both on fake-b
     assert len(lines) == 2
     assert all(" node=fake-b " in line and "select=node=fake-b" in line for line in lines)

@@ -10,21 +10,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from server_process import start_server
+from waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def wait_until(condition, what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def kcoral_run(url: str, code: str) -> list[str]:
@@ -49,9 +41,11 @@ def test_a_run_sent_while_the_server_shuts_down_says_so_and_to_run_again(
         stderr=subprocess.PIPE,
     )
     try:
-        wait_until(started.exists, "the first tool to start")
+        wait_for(started.exists, "the first tool to start", 60.0)
         server.process.send_signal(signal.SIGTERM)
-        wait_until(lambda: "shutdown_started" in {e["event"] for e in server.events()}, "the drain")
+        wait_for(
+            lambda: "shutdown_started" in {e["event"] for e in server.events()}, "the drain", 60.0
+        )
         second = subprocess.run(
             kcoral_run(server.url, "print(1)"),
             cwd=tmp_path,

@@ -8,13 +8,13 @@ import os
 import shutil
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from http_helpers import Response, connection, execute_body, get, module_program, request
 from session_requests import create_session, run_in, value_of
+from waiting import wait_for
 
 import kcoral
 
@@ -48,11 +48,8 @@ def _call(url: str, session_id: str, name: str, *args: object) -> Response:
     return run_in(url, session_id, module_program(STATE, [(name, list(args))]))
 
 
-def _wait_until(check, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.05)
+#: how long a test waits for a session, its program or its job to get somewhere
+WAIT_SECONDS = 30.0
 
 
 def test_state_persists_across_a_sessions_programs_and_the_environment_is_reset(
@@ -118,7 +115,7 @@ def test_a_forgotten_session_ends_after_its_idle_timeout(kcoral_server) -> None:
     def ended() -> bool:
         return get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED"
 
-    _wait_until(ended)
+    wait_for(ended, "the session's idle end", WAIT_SECONDS)
     record = get(url, f"/v1/sessions/{sid}").body
     assert record["end_reason"] == "idle_timeout"
     answer = _call(url, sid, "pid")
@@ -138,7 +135,7 @@ def test_an_idle_timeout_a_session_asked_for_is_named_as_its_own_not_as_the_serv
     def ended(sid: str) -> bool:
         return get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED"
 
-    _wait_until(lambda: ended(asked) and ended(default))
+    wait_for(lambda: ended(asked) and ended(default), "both sessions' idle end", WAIT_SECONDS)
     # it said "(--session-idle-seconds)" for both: the one that asked for 0.5 s read that
     # the server's flag (1 s here) had ended it
     assert get(url, f"/v1/sessions/{asked}").body["end_message"] == (
@@ -164,7 +161,11 @@ def test_a_killed_session_worker_ends_the_session_and_the_next_program_says_why(
     sid = create_session(url).body["session_id"]
     pid = value_of(_call(url, sid, "pid"), "pid")
     os.kill(int(pid), signal.SIGKILL)  # type: ignore[call-overload]
-    _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED")
+    wait_for(
+        lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "ENDED",
+        "the session's end",
+        WAIT_SECONDS,
+    )
     answer = _call(url, sid, "pid")
     assert answer.status == 410, answer.body
     message = answer.body["error"]["message"]
@@ -275,7 +276,7 @@ def _spin_in_background(url: str, sid: str, marker: Path, stubborn: bool) -> tup
     program = module_program(LOOP, [("spin", [str(marker), stubborn])])
     thread = threading.Thread(target=lambda: answers.append(run_in(url, sid, program)))
     thread.start()
-    _wait_until(marker.exists)
+    wait_for(marker.exists, "the program's start", WAIT_SECONDS)
     return thread, answers
 
 
@@ -290,7 +291,11 @@ def test_an_interrupt_raises_keyboardinterrupt_in_the_program_and_keeps_the_sess
     thread.join()
     body = answers[0].body
     assert body["status"] == "FAILED" and "KeyboardInterrupt" in json.dumps(body["error"])
-    _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE")
+    wait_for(
+        lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE",
+        "the session idle again",
+        WAIT_SECONDS,
+    )
     take = module_program(STATE, [("take", ["kept"])])
     assert value_of(run_in(url, sid, take), "take") == ["yes", None]
 
@@ -320,7 +325,7 @@ def test_a_program_sent_while_an_interrupted_one_stops_waits_for_it_instead_of_4
     program = module_program(WINDING_DOWN, [("spin", [str(marker)])])
     with ThreadPoolExecutor(1) as background:
         first = background.submit(run_in, url, sid, program)
-        _wait_until(marker.exists)
+        wait_for(marker.exists, "the program's start", WAIT_SECONDS)
         assert request(url, "POST", f"/v1/sessions/{sid}/interrupt").status == 200
         assert value_of(_call(url, sid, "take", "kept"), "take") == ["yes", None]
         assert first.result().body["status"] == "FAILED"
@@ -329,7 +334,7 @@ def test_a_program_sent_while_an_interrupted_one_stops_waits_for_it_instead_of_4
     program = module_program(WINDING_DOWN, [("spin", [str(marker)])])
     with ThreadPoolExecutor(1) as background:
         running = background.submit(run_in, url, sid, program)
-        _wait_until(marker.exists)
+        wait_for(marker.exists, "the program's start", WAIT_SECONDS)
         assert _call(url, sid, "pid").status == 409
         request(url, "POST", f"/v1/sessions/{sid}/interrupt")
         assert running.result().body["status"] == "FAILED"
@@ -346,7 +351,7 @@ def test_a_program_sent_after_its_client_left_the_last_one_runs_once_that_one_st
     content_type, body = execute_body(module_program(WINDING_DOWN, [("spin", [str(marker)])]))
     left = connection(url, 60.0)
     left.request("POST", f"/v1/sessions/{sid}/execute", body, {"Content-Type": content_type})
-    _wait_until(marker.exists)
+    wait_for(marker.exists, "the program's start", WAIT_SECONDS)
     left.close()  # what Ctrl-C does to the client's connection
     answer = _call(url, sid, "pid")
     assert answer.status == 200 and answer.body["status"] == "COMPLETED", answer.body
@@ -400,7 +405,11 @@ def test_an_interrupt_sent_as_soon_as_the_program_counts_as_running_stops_that_p
                 pass  # interrupt at the first moment the session runs the program
             body = answer.result().body
         assert body["status"] == "FAILED" and "KeyboardInterrupt" in json.dumps(body["error"])
-        _wait_until(lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE")
+        wait_for(
+            lambda: get(url, f"/v1/sessions/{sid}").body["state"] == "IDLE",
+            "the session idle again",
+            WAIT_SECONDS,
+        )
     assert value_of(_call(url, sid, "take", "kept"), "take") == ["yes", None]
 
 
@@ -448,9 +457,13 @@ def test_a_program_whose_session_is_deleted_under_it_is_answered_that_the_sessio
     content_type, body = execute_body(module_program(LOOP, [("spin", [str(marker), True])]))
     headers = {"Content-Type": content_type}
     job_id = request(url, "POST", f"/v1/sessions/{sid}/jobs", body, headers).body["job_id"]
-    _wait_until(marker.exists)
+    wait_for(marker.exists, "the program's start", WAIT_SECONDS)
     assert request(url, "DELETE", f"/v1/sessions/{sid}").status == 200
-    _wait_until(lambda: get(url, f"/v1/jobs/{job_id}").body["status"] != "RUNNING")
+    wait_for(
+        lambda: get(url, f"/v1/jobs/{job_id}").body["status"] != "RUNNING",
+        "the job's end",
+        WAIT_SECONDS,
+    )
     job = get(url, f"/v1/jobs/{job_id}").body
     assert (job["status"], job["error_kind"]) == ("CANCELLED", "session_ended")
     # its result says why: it said only 'the job was cancelled', naming no cause (jobs soak)
@@ -481,7 +494,11 @@ def test_a_session_ended_by_a_job_names_the_job_its_cell_showed(kcoral_server) -
     )
     headers = {"Content-Type": content_type}
     job_id = request(url, "POST", f"/v1/sessions/{sid}/jobs", body, headers).body["job_id"]
-    _wait_until(lambda: get(url, f"/v1/jobs/{job_id}").body["status"] not in ("QUEUED", "RUNNING"))
+    wait_for(
+        lambda: get(url, f"/v1/jobs/{job_id}").body["status"] not in ("QUEUED", "RUNNING"),
+        "the job's end",
+        WAIT_SECONDS,
+    )
     answer = _call(url, sid, "pid")
     assert answer.status == 410
     assert f"exited during job {job_id} (exit code 3)" in answer.body["error"]["message"]
@@ -514,7 +531,7 @@ def test_a_job_in_a_session_shares_its_state_and_is_read_through_v1_jobs(kcoral_
     def finished() -> bool:
         return get(url, f"/v1/jobs/{job_id}").body["status"] not in ("QUEUED", "RUNNING")
 
-    _wait_until(finished)
+    wait_for(finished, "the job's end", WAIT_SECONDS)
     assert value_of(get(url, f"/v1/jobs/{job_id}/result"), "take") == ["built", None]
     request(url, "DELETE", f"/v1/sessions/{sid}")
     ended = request(url, "POST", path, body, {"Content-Type": content_type})
@@ -570,9 +587,13 @@ def test_a_session_job_still_running_when_the_server_drains_finishes_before_the_
     program.return_(key="done", value=program.run(fn=waits, args=[str(marker), str(go)]))
     with kcoral.Client(kcoral_server.url) as client:
         job = client.session().submit(program)
-        _wait_until(marker.exists)
+        wait_for(marker.exists, "the program's start", WAIT_SECONDS)
         kcoral_server.process.send_signal(signal.SIGTERM)
-        _wait_until(lambda: "shutdown_started" in {e["event"] for e in kcoral_server.events()})
+        wait_for(
+            lambda: "shutdown_started" in {e["event"] for e in kcoral_server.events()},
+            "the drain's start",
+            WAIT_SECONDS,
+        )
         go.touch()  # the drain has begun: the program ends only now
         result = job.result(timeout=60)
         assert (result.status, result["done"]) == ("COMPLETED", "finished")
