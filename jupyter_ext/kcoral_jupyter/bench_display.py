@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kcoral.bench.results import (
+    duration,
     facts_of,
     history_line,
     one_line,
@@ -62,14 +63,14 @@ def _points(entry: Mapping[str, Any]) -> list[float]:
 
 
 def beyond_axis(values: Sequence[float]) -> str:
-    """The line counting the samples drawn at the axis's edges, in one unit (their largest's);
-    one sample reads ``at its edge: 4.48 ms``, not ``at its edges: 4.48 to 4.48 ms``."""
-    unit, unit_ms = time_unit(max(abs(v) for v in values))
+    """The line counting the samples drawn at the axis's edges, each time in its own unit
+    (``20.6 µs to 4.07 ms``: one unit read ``0.0206 to 4.07 ms``); one sample reads ``at its
+    edge: 4.48 ms``, not ``at its edges: 4.48 to 4.48 ms``."""
     if len(values) == 1:
-        return f"1 sample beyond the axis, at its edge: {values[0] / unit_ms:.3g} {unit}"
+        return f"1 sample beyond the axis, at its edge: {duration(values[0])}"
     return (
-        f"{len(values)} samples beyond the axis, at its edges: {min(values) / unit_ms:.3g} "
-        f"to {max(values) / unit_ms:.3g} {unit}"
+        f"{len(values)} samples beyond the axis, at its edges: {duration(min(values))} "
+        f"to {duration(max(values))}"
     )
 
 

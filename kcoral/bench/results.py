@@ -100,6 +100,12 @@ def time_unit(largest_ms: float) -> tuple[str, float]:
     return TIME_UNITS[-1]
 
 
+def duration(milliseconds: float) -> str:
+    """A time in 3 digits in the unit it fills: ``20.6 µs``, ``4.07 ms``."""
+    unit, unit_ms = time_unit(abs(milliseconds))
+    return f"{milliseconds / unit_ms:.3g} {unit}"
+
+
 def table_unit(result: Mapping[str, Any]) -> tuple[str, float]:
     """One unit for the whole table, the largest median's, so rows compare by eye."""
     medians = [finite_float(entry.get("latency_ms_median")) for _, entry in rows_of(result)]
@@ -114,10 +120,11 @@ def ms(value: object, unit_ms: float = 1.0) -> str:
     return f"{found / unit_ms:.4g}"
 
 
-def ratio_number(value: float) -> str:
-    """A ratio in 3 significant digits, more (up to 6) where 3 would show a ratio that is
-    not 1 as ``1``: a significant 0.1 % speedup must not read ``1× [1, 1] faster``."""
-    for digits in (3, 4, 5, 6):
+def ratio_number(value: float, least: int = 3) -> str:
+    """A ratio in ``least`` (3) significant digits, more (up to 6) where they would show a
+    ratio that is not 1 as ``1``: a significant 0.1 % speedup must not read ``1× [1, 1]
+    faster``."""
+    for digits in range(least, 7):
         text = f"{value:.{digits}g}"
         if value == 1 or float(text) != 1:
             break
@@ -133,7 +140,13 @@ def ratio_text(interval: object) -> str:
         return "-"
     if low is None or high is None:
         return f"{ratio_number(value)}×"
-    return f"{ratio_number(value)}× [{ratio_number(low)}, {ratio_number(high)}]"
+    for least in range(3, 7):
+        # as many digits as the interval needs to show its width: a narrow one read
+        # '1.11× [1.11, 1.11]', an interval of no width that a reader could not trust
+        shown = [ratio_number(v, least) for v in (value, low, high)]
+        if low == high or shown[1] != shown[2]:
+            break
+    return f"{shown[0]}× [{shown[1]}, {shown[2]}]"
 
 
 def verdict_of(interval: object) -> str:

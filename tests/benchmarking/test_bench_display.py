@@ -18,6 +18,7 @@ from kcoral.bench.results import (
     ComparisonResult,
     as_bench_result,
     format_comparison,
+    ratio_text,
 )
 
 COMPARE_SOURCE = """
@@ -194,6 +195,14 @@ def test_a_significant_speedup_close_to_one_never_reads_as_one() -> None:
     text = format_comparison(result)
     assert "1.001× [1.0004, 1.002]  faster" in text  # was "1× [1, 1]  faster"
     assert "1.001× [1.0004, 1.002]" in result._repr_html_()
+
+
+def test_a_narrow_interval_shows_the_digits_its_width_needs() -> None:
+    # seen on a CPU comparison of 20 and 18 µs spins: '1.11× [1.11, 1.11]  faster'
+    speedup = {"value": 1.1093, "ci95_low": 1.1071, "ci95_high": 1.1118, "verdict": "faster"}
+    assert ratio_text(speedup) == "1.109× [1.107, 1.112]"
+    assert ratio_text(speedup | {"ci95_low": 1.05, "ci95_high": 1.2}) == "1.11× [1.05, 1.2]"
+    assert ratio_text(speedup | {"ci95_low": 1.1093, "ci95_high": 1.1093}) == "1.11× [1.11, 1.11]"
 
 
 def test_a_mismatch_row_shows_its_largest_error_and_a_failed_one_its_status() -> None:

@@ -41,7 +41,7 @@ def test_one_slow_call_does_not_squeeze_every_box_into_a_few_pixels() -> None:
     note = re.findall(r"<text[^>]*>([^<]*beyond the axis[^<]*)</text>", svg)
     assert len(note) == 1
     assert re.fullmatch(
-        r"[1-9][0-9]* samples beyond the axis, at its edges: \S+ to 4\.48 ms", note[0]
+        r"[1-9][0-9]* samples beyond the axis, at its edges: \S+ µs to 4\.48 ms", note[0]
     )
     dots = [float(x) for x in re.findall(r'<circle cx="([0-9.]+)"', svg)]
     assert max(dots) <= PLOT_WIDTH - 20  # the slow call sits at the axis's edge, inside

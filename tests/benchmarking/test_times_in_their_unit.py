@@ -67,3 +67,12 @@ def test_a_plot_of_microsecond_calls_has_its_axis_in_microseconds_inside_the_pic
     for x, text in ticks:
         assert not text.startswith("0.00"), ticks
         assert float(x) + len(text) * CHARACTER_PX / 2 <= PLOT_WIDTH, ticks
+
+
+def test_samples_beyond_the_axis_read_each_in_its_own_unit() -> None:
+    # seen: '3 samples beyond the axis, at its edges: 0.0206 to 4.07 ms' under an axis in µs
+    samples = [*np.linspace(0.0203, 0.0205, 60), 0.0206 * 0.9, 4.07]
+    svg = box_plot_svg([("spin", benchmark_of(samples))])
+    assert svg is not None
+    (note,) = re.findall(r">([^<]*beyond the axis[^<]*)<", svg)
+    assert note == "2 samples beyond the axis, at its edges: 18.5 µs to 4.07 ms", note
