@@ -108,6 +108,9 @@ export interface IJob {
   error_kind: string | null;
   /** `'gpus'` while a RUNNING job waits for its GPU lease or set (EXTENSIONS §5). */
   waiting_for: string | null;
+  /** Its server's clock when it listed the job (Unix seconds), which the server extension
+   * adds; null when that server sent no `Date`. */
+  observed_at?: number | null;
   server?: string;
 }
 
@@ -387,6 +390,7 @@ export function checkedJob(raw: unknown): IJob | null {
     elapsed_ms: countOrNull(raw.elapsed_ms),
     error_kind: stringOr(raw.error_kind, null),
     waiting_for: stringOr(raw.waiting_for, null),
+    observed_at: countOrNull(raw.observed_at),
     ...(typeof raw.server === 'string' ? { server: raw.server } : {})
   };
 }

@@ -352,19 +352,51 @@ export const JOB_COLUMNS: { name: string; title: string }[] = [
   { name: 'Time', title: 'Total time (queue + run); the row tooltip splits it' }
 ];
 
+/** How long a running job has run, or a queued one has waited, when its server listed it:
+ * its server's clock then (`observed_at`) less its `started_at` (`submitted_at`); null for
+ * a finished job (its record has the times) or when either is unknown. Counted on the
+ * server's clock, not the browser's, which may differ. */
+export function soFarMs(job: IJob): number | null {
+  const since =
+    job.status === 'RUNNING' ? job.started_at : job.status === 'QUEUED' ? job.submitted_at : null;
+  const start = typeof since === 'string' ? Date.parse(since) : NaN;
+  if (!isNumber(job.observed_at) || Number.isNaN(start)) {
+    return null;
+  }
+  return Math.max(0, job.observed_at * 1000 - start);
+}
+
+/** A time so far in whole seconds (`12 s`, `2 min 5 s`): the server's clock (a `Date`
+ * header) has no finer grain. */
+function formatSoFar(ms: number): string {
+  const seconds = Math.floor(ms / 1000);
+  return seconds < 60 ? `${seconds} s` : `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
+}
+
+/** The Time cell: queue + run of a finished job; of a running one, its queue and its run so
+ * far; of a queued one, its wait so far (they said `–` for as long as they ran or waited). */
+function jobTimeText(job: IJob): string {
+  const queue = isNumber(job.queue_ms) ? job.queue_ms : 0;
+  if (isNumber(job.elapsed_ms)) {
+    return formatDuration(job.elapsed_ms + queue);
+  }
+  const soFar = soFarMs(job);
+  if (soFar === null) {
+    return '–';
+  }
+  return formatSoFar(job.status === 'RUNNING' ? soFar + queue : soFar);
+}
+
 /** One job's cells, in the order of `JOB_COLUMNS`. */
 export function jobCells(job: IJob): string[] {
   const worker = shownText(job.worker_id) || '–';
   const gpus = hasGpus(job.gpu_ids) ? ` · GPU ${formatGpus(job.gpu_ids)}` : '';
-  const total = isNumber(job.elapsed_ms)
-    ? job.elapsed_ms + (isNumber(job.queue_ms) ? job.queue_ms : 0)
-    : null;
   return [
     // `waiting for GPU` took the Worker column's header down to `W…`; the tooltip says it.
     waitsForGpus(job) ? 'GPU wait' : jobStatusText(job.status),
     formatTime(job.submitted_at),
     worker + gpus,
-    formatDuration(total)
+    jobTimeText(job)
   ];
 }
 
@@ -378,7 +410,16 @@ export function jobTitle(job: IJob, serverName: string = shownText(job.server)):
   const lease = hasGpus(job.gpu_ids)
     ? ` · lease wait ${formatDuration(job.lease_wait_ms)} · held ${formatDuration(job.lease_held_ms)}`
     : '';
-  const timings = `queue ${formatDuration(job.queue_ms)}${lease} · run ${formatDuration(job.elapsed_ms)}`;
+  const soFar = soFarMs(job);
+  const queue =
+    job.status === 'QUEUED' && soFar !== null
+      ? `${formatSoFar(soFar)} so far`
+      : formatDuration(job.queue_ms);
+  const run =
+    job.status === 'RUNNING' && soFar !== null
+      ? `${formatSoFar(soFar)} so far`
+      : formatDuration(job.elapsed_ms);
+  const timings = `queue ${queue}${lease} · run ${run}`;
   const waiting = waitsForGpus(job)
     ? '\nwaiting for its GPUs: another program holds them, or its turn has not come'
     : '';

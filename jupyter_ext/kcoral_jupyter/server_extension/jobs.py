@@ -1,4 +1,5 @@
-"""``GET jobs`` (every server's recent jobs), ``GET jobs/{id}`` (one job's state),
+"""``GET jobs`` (every server's recent jobs, each with ``observed_at``: its server's clock
+when it answered, Unix seconds, from its ``Date`` header), ``GET jobs/{id}`` (one job's state),
 ``DELETE jobs/{id}`` (cancels it) and ``GET jobs/{id}/error`` (why it failed).
 
 Who can reach them: callers the Jupyter server authenticates (``base_handler``); a cancel
@@ -30,12 +31,17 @@ class JobsHandler(KCoralHandler):
         # one a kernel connected to that chose not to answer) held every other server's
         # jobs back by the request timeout, 10 s per such server.
         answers = await asyncio.gather(
-            *(self.upstream(server, "GET", "/v1/jobs") for server in servers)
+            *(self.upstream_timed(server, "GET", "/v1/jobs") for server in servers)
         )
-        for server, (status, document, error) in zip(servers, answers, strict=True):
+        for server, (status, document, error, clock) in zip(servers, answers, strict=True):
             if status == 200 and isinstance(document, list):
+                # ``observed_at``: the server's clock when it answered, so that the panel
+                # counts a running or queued job's time so far on that clock (its record
+                # has no elapsed_ms before it ends), not on the browser's.
                 jobs += [
-                    dict(job, server=server["name"]) for job in document if isinstance(job, dict)
+                    dict(job, server=server["name"], observed_at=clock)
+                    for job in document
+                    if isinstance(job, dict)
                 ]
             else:
                 reason = error or (

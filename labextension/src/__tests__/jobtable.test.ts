@@ -54,6 +54,34 @@ describe('the jobs table', () => {
     expect(title).not.toContain('lease');
   });
 
+  it('counts a running or queued job time so far on its server clock', () => {
+    // Their records have no elapsed_ms before they end: a job running for minutes said `–`.
+    const observedAt = Date.parse('2026-12-01T12:37:12Z') / 1000; // the server's Date header
+    const running = job({
+      status: 'RUNNING',
+      started_at: '2026-12-01T12:35:00.600Z',
+      queue_ms: 1500,
+      elapsed_ms: null,
+      observed_at: observedAt
+    });
+    expect(jobCells(running)[3]).toBe('2 min 12 s'); // 131.4 s of run + 1.5 s of queue
+    expect(jobTitle(running)).toContain('queue 1.5 s · run 2 min 11 s so far');
+    const queued = job({
+      status: 'QUEUED',
+      submitted_at: '2026-12-01T12:37:07.200Z',
+      queue_ms: null,
+      elapsed_ms: null,
+      observed_at: observedAt
+    });
+    expect(jobCells(queued)[3]).toBe('4 s');
+    expect(jobTitle(queued)).toContain('queue 4 s so far · run –');
+    // A browser clock ahead of the server's never makes it negative; without the server's
+    // clock nothing is guessed; a finished job keeps its record's times.
+    expect(jobCells({ ...queued, observed_at: observedAt - 60 })[3]).toBe('0 s');
+    expect(jobCells({ ...running, observed_at: null })[3]).toBe('–');
+    expect(jobCells(job({ observed_at: observedAt }))[3]).toBe('11 ms');
+  });
+
   it('rounds durations to what a narrow column can show', () => {
     expect(formatDuration(null)).toBe('–');
     expect(formatDuration(0.011)).toBe('0 ms');

@@ -87,7 +87,8 @@ describe('job records checked at the boundary', () => {
       lease_held_ms: null,
       elapsed_ms: null,
       error_kind: null,
-      waiting_for: null
+      waiting_for: null,
+      observed_at: null
     });
     expect([jobs[1].gpu_ids, jobs[1].worker_id]).toEqual([[0, 1], 3]);
   });

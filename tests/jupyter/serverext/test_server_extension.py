@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -81,6 +82,11 @@ async def test_a_submitted_job_is_visible_and_its_events_are_proxied(
     assert state["job_id"] == job.id and state["server"] == "cpu"
     listed = json.loads((await jp_fetch("kcoral", "api", "jobs")).body)["jobs"]
     assert job.id in [j["job_id"] for j in listed]
+    # The server's clock when it answered (its Date header, whole seconds), for the panel
+    # to count a running job's time on: no earlier than the second the job finished in.
+    [record] = [j for j in listed if j["job_id"] == job.id]
+    finished = datetime.datetime.fromisoformat(record["finished_at"].replace("Z", "+00:00"))
+    assert int(finished.timestamp()) <= record["observed_at"] < finished.timestamp() + 120
     events = await jp_fetch("kcoral", "api", "jobs", job.id, "events")
     assert events.headers["Content-Type"].startswith("text/event-stream")
     assert b"hi" in events.body and b"finished" in events.body
