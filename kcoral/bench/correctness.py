@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -159,5 +160,7 @@ def _beyond(rtol: float, atol: float) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    """``repr(value)`` on one line, at most 80 characters: a tensor's repr breaks its rows
+    over lines, which a table's line showed as ``tensor([[2., 2.],?        [2., 2.]])``."""
+    text = re.sub(r"\n\s*", " ", repr(value))  # a str's repr has no raw newline to lose
     return text if len(text) <= 80 else text[:77] + "..."

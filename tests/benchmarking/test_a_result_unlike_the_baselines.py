@@ -46,3 +46,23 @@ def test_results_that_cannot_be_compared_end_nothing() -> None:
     result = compare({"base": Unequal, "other": Unequal}, FEW_ROUNDS)
     assert [entry["status"] for entry in result["candidates"].values()] == ["ok", "ok"]
     assert any("cannot compare with the baseline's" in w for w in result["warnings"])
+
+
+def test_a_tensor_in_a_message_reads_on_one_line() -> None:
+    # a tensor's repr breaks its rows over lines: the table's line read
+    # "None differs from the reference tensor([[1., 1., 1.],?        [1., 1., 1.],..."
+    import torch
+
+    def ones() -> torch.Tensor:
+        return torch.ones(3, 3)
+
+    def nothing() -> None:
+        return None
+
+    unlike = compare({"base": ones, "other": nothing}, FEW_ROUNDS)["warnings"][-1]
+    assert unlike.startswith("'other': None differs from the baseline's tensor([[1., 1., 1.], [1.")
+    checked = compare(
+        {"base": ones, "other": nothing}, FEW_ROUNDS | {"reference": torch.ones(3, 3)}
+    )
+    error = checked["candidates"]["other"]["error"]
+    assert error.startswith("None differs from the reference tensor([[1., 1., 1.], [1."), error
