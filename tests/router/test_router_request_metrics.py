@@ -8,7 +8,8 @@ program longer than anyone waits.
   to the node's own "499 client_disconnected" for the same request.
 * A request that waited the whole queue wait in vain (503 ``queue_timeout``) is observed in
   ``kcoral_router_queue_wait_seconds``. Before, only requests that got a node were: under
-  overload the queue-wait quantiles left out exactly the longest waits."""
+  overload the queue-wait quantiles left out exactly the longest waits.
+* So is one whose client left while it waited; its line said ``queue_wait_ms=0.0``."""
 
 from __future__ import annotations
 
@@ -142,4 +143,27 @@ def test_a_request_that_waited_the_whole_queue_wait_in_vain_is_in_the_queue_wait
     # the second waited at least the configured 0.5 s: not in the 0.25 s bucket
     assert 'kcoral_router_queue_wait_seconds_bucket{le="0.25"} 1.0' in exposition, exposition
     # never a node's: the per-node and per-kind histograms count routed requests only
+    assert 'kcoral_router_node_queue_wait_seconds_count{node="node-a"} 1.0' in exposition
+
+
+def test_a_client_that_left_while_queued_is_in_the_queue_wait_histogram() -> None:
+    """A client that gave up while its request waited for a node waited too: left out, the
+    router's queue-wait quantiles missed the waits of an overload whose clients leave
+    before the router's queue wait ends (a server counts them, EXTENSIONS §13)."""
+
+    async def scenario() -> tuple[str, str]:
+        async with router_with_one_busy_slot() as router:
+            holder = asyncio.ensure_future(send(router.port, leave_after=1.5))
+            while router.state.in_progress < 1:  # the holder on the node's one slot first
+                await asyncio.sleep(0.02)
+            await send(router.port, leave_after=0.5)  # queued, then gone
+            await holder
+            log = await router.lines_with("finish_reason=client_disconnected", 2)
+            return log, router.exposition()
+
+    log, exposition = asyncio.run(scenario())
+    assert log.count("finish_reason=client_disconnected") == 2, log
+    # the holder's wait (it found the slot free) and the one that left while queued
+    assert "kcoral_router_queue_wait_seconds_count 2.0" in exposition, exposition
+    # never a node's: the per-node histogram counts routed requests only
     assert 'kcoral_router_node_queue_wait_seconds_count{node="node-a"} 1.0' in exposition

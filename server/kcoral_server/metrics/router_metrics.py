@@ -47,6 +47,10 @@ if TYPE_CHECKING:
     from kcoral_server.router.http_app import RouterState
 
 
+#: how requests that waited for a node and got none end (``seconds`` 0: never queued)
+WAITED_IN_VAIN = frozenset({"queue_timeout", "client_disconnected", "shutting_down"})
+
+
 class RouterGauges(Collector):
     """Per-node, per-kind and queue gauges read from the router's state at each scrape, and
     the connected nodes' own series (``NodeRelay``)."""
@@ -327,9 +331,10 @@ class RouterMetrics:
         wait = fields.get("queue_wait_ms")
         seconds = max(0.0, wait / 1000.0) if isinstance(wait, (int, float)) else None
         if node is None:
-            # Never reached a node. One that waited the whole queue wait in vain is a wait
-            # too: left out, the quantiles missed exactly the longest waits of an overload.
-            if reason == "queue_timeout" and seconds is not None:
+            # Never reached a node. One that waited the whole queue wait in vain, or whose
+            # client (or the router) gave up while it waited, waited too: left out, the
+            # quantiles missed exactly the longest waits of an overload.
+            if reason in WAITED_IN_VAIN and seconds:
                 self.queue_wait.observe(seconds)
             return
         label, kind = self._nodes(node), self._kind_of(node)

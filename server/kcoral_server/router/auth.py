@@ -129,6 +129,8 @@ class RouterHandler(KCoralRequestHandler):
         self.request_bytes = 0
         self.response_bytes = 0
         self.queue_wait_ms = 0.0
+        #: while set, a request_finished line takes the wait so far (``timed_wait``)
+        self.waiting_for_node = False
         self.identity: Identity = DEFAULT
         self.checked_with: Any = None  # the Authenticator the head was checked against
         self.selector: Selector = {}  # X-KCoral-Select, where the route reads it
@@ -271,12 +273,20 @@ class RouterHandler(KCoralRequestHandler):
             node=self.node,
             select=format_selector(self.selector) or None,  # canonical: never the raw header
             http_status=status,
-            queue_wait_ms=round(self.queue_wait_ms, 1),
+            queue_wait_ms=round(self.queue_waited_ms(), 1),
             duration_ms=round((time.monotonic() - self.received_at) * 1000, 1),
             request_bytes=self.request_bytes,
             response_bytes=self.response_bytes,
             finish_reason=reason,
         )
+
+    def queue_waited_ms(self) -> float:
+        """How long the request waited for a node: while it still waits (its client left,
+        the router stops), the wait so far; a line written then said 0.0, and the queue-wait
+        histogram missed it."""
+        if self.waiting_for_node:
+            return (time.monotonic() - self.received_at) * 1000
+        return self.queue_wait_ms
 
 
 class NotFoundHandler(RouterHandler):

@@ -98,11 +98,13 @@ def control_wait(handler: Any, required: str | None) -> float | None:
 async def timed_wait(handler: Any, acquire: Awaitable[T]) -> T:
     """``acquire``, noting in ``handler.queue_wait_ms`` how long the request waited for it
     before any answer is written: a refusal after the wait (503 ``no_node`` after the queue
-    wait) is logged as it is sent, and logged ``queue_wait_ms=0.0`` when the wait was noted
-    after it."""
+    wait) is logged as it is sent. A line written while it still waits (its client left)
+    takes the wait so far (``waiting_for_node``): it said ``queue_wait_ms=0.0``."""
+    handler.waiting_for_node = True
     try:
         return await acquire
     finally:
+        handler.waiting_for_node = False
         handler.queue_wait_ms = (time.monotonic() - handler.received_at) * 1000
 
 
