@@ -119,7 +119,9 @@ async def kill_tree(
             await asyncio.sleep(0.02)  # gone; descendants it left are polled
     procfs.signal_all(tree(pids), signal.SIGKILL, group=group())
     confirm = cleanup_confirm_seconds()
-    if not await wait_exit(confirm):
+    if not await wait_exit(confirm) and not await ended_with_its_sandbox(
+        process, wait_exit, confirm
+    ):
         return f"worker {process.pid}: no exit report {confirm:g} s after SIGKILL"
     survivors = survivors_of(process)
     if survivors < 0 and await namespace_ended(process, confirm):
@@ -148,6 +150,22 @@ async def namespace_ended(process: Process, timeout: float) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
+
+
+async def ended_with_its_sandbox(
+    process: Process, wait_exit: Callable[[float | None], Awaitable[bool]], timeout: float
+) -> bool:
+    """Whether a sandboxed worker whose launcher sent no exit report ends with its whole
+    sandbox: its PID namespace's init is killed, which the kernel follows by killing every
+    process there, the launcher included, whose end then reports the worker's. A program
+    runs as its launcher's user in one sandbox, so it can stop it (``SIGSTOP``): its seat
+    then reported no worker's end, the pool quarantined, and every identity's programs
+    were refused until the operator restarted the server. Unsandboxed: False."""
+    init = getattr(process, "namespace_init", None)
+    if init is None:
+        return False
+    procfs.kill_identity(init)
+    return await wait_exit(timeout)
 
 
 def kill_tree_now(process: Process) -> None:

@@ -177,6 +177,28 @@ def init_gone(init: Identity) -> bool:
     return not is_alive(pid) or identity(pid) != (pid, started)
 
 
+def kill_identity(target: Identity) -> None:
+    """SIGKILL ``target`` unless it has exited and its number names another process now."""
+    pid = target[0]
+    try:
+        fd = open_pidfd(pid)
+    except ProcessLookupError:
+        return
+    try:
+        # checked through the pidfd's own process: a number reused after the check is safe
+        if identity(pid) != target:
+            return
+        if fd is None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        else:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def kill_process(pid: int, sig: int = signal.SIGKILL) -> None:
     """Signal ``pid`` through a pidfd (a plain ``kill`` where pidfds are unsupported)."""
     # A pidfd names this very process, so a recycled pid can never be hit by mistake.

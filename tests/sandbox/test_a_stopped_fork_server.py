@@ -1,0 +1,76 @@
+"""A program that stops its seat's fork server (SERVER §14; 2026-12, sandbox sweep).
+
+The attacker is a token holder's program on the default sandboxed server. It runs as the
+same user as its seat's launcher, in the same sandbox, so ``SIGSTOP`` reaches it; the
+stopped launcher then reported no worker's end, the pool quarantined, and every
+identity's programs were refused ('server saturated: it admits no program since a
+worker's end could not be confirmed') until the operator restarted the server. Its sandbox
+is ended instead, and the seat serves on.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from kcoral_server.processes import sandbox
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
+
+from identity_support import TOKEN_A, TOKEN_B, token_file
+from raw_http import post_execute
+from sandbox_helpers import run_source
+from server_process import start_server
+
+BWRAP_PROBLEM = sandbox.probe()
+
+STOP_MY_LAUNCHER = """
+import os, signal
+
+def main():
+    launcher = os.getppid()
+    command = open(f"/proc/{launcher}/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+    os.kill(launcher, signal.SIGSTOP)
+    return command
+"""
+
+SAY_WHO = """
+def main(who):
+    return who
+"""
+
+
+def _value(url: str, token: str, source: str, args: list) -> str:
+    answer = post_execute(
+        url,
+        run_source(source, args=args),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=110,
+    )
+    assert answer.status == 200, answer.raw[-2000:]
+    assert answer.body["status"] == "COMPLETED", answer.raw[-2000:]
+    return answer.body["results"]["value"]["value"]
+
+
+@pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bubblewrap cannot run: {BWRAP_PROBLEM}")
+def test_a_program_that_stops_its_fork_server_leaves_the_server_serving_every_identity(
+    tmp_path: Path,
+) -> None:
+    tokens = token_file(tmp_path / "secrets")
+    server = start_server(
+        tmp_path / "server",
+        [
+            "--sandbox", "bubblewrap", "--num-workers", "1",
+            "--auth-token-file", str(tokens),
+        ],
+    )  # fmt: skip
+    try:
+        stopped = _value(server.url, TOKEN_A, STOP_MY_LAUNCHER, [])
+        assert "kcoral_server.processes.launcher" in stopped
+        for who, token in (("bob", TOKEN_B), ("bob", TOKEN_B), ("alice", TOKEN_A)):
+            assert _value(server.url, token, SAY_WHO, [who]) == who
+        kinds = {event["event"] for event in server.events()}
+        assert "devices_quarantined" not in kinds, server.stderr()[-3000:]
+    finally:
+        server.stop()
