@@ -244,6 +244,26 @@ def restart_time_after_start(remote: NotebookSession) -> str | None:
     return started.astimezone(timezone.utc).strftime("%H:%M:%S UTC")
 
 
+class SessionOfAnotherOwnerError(TwoLineError, PermissionError):
+    """An admin's attach of another identity's session: only its owner runs programs in it
+    (EXTENSIONS §11), so cells there would each be refused (403)."""
+
+
+def another_owners_session(remote: NotebookSession, caller: object) -> TwoLineError | None:
+    """Why an admin token (``caller``, its identity) cannot attach ``remote`` for its cells,
+    or None when it may (its own, or an owner or identity the server does not say). Before,
+    the attach said "%%kcoral cells run in it", each cell then failed 403 with advice about
+    origins and hosts, and the only way out, %kcoral session stop, ended the owner's session."""
+    owner = remote.handle.record.get("owner")
+    if not isinstance(owner, str) or not isinstance(caller, str) or not owner or owner == caller:
+        return None
+    return SessionOfAnotherOwnerError(
+        f"{remote.label} on {remote.url} is {owner}'s: only {owner}'s cells run in it "
+        f"(your admin token, {caller}, may read, interrupt and end it)",
+        "nothing was attached; the JupyterLab panel's Stop ends it",
+    )
+
+
 def creation_refusal(exc: KCoralError, url: str) -> TwoLineError | None:
     """``POST /v1/sessions``'s refusals a user can act on (its options, the seat limit) as
     two lines; ``None`` for the other errors."""

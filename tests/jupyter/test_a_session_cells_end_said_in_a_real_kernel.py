@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from jupyter_client.manager import KernelManager, start_new_kernel
+from server_process import client_token_file
 
 import kcoral
 
@@ -43,9 +44,14 @@ class RealKernel:
 
 
 @contextmanager
-def real_kernel(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RealKernel]:
+def real_kernel(
+    url: str, monkeypatch: pytest.MonkeyPatch, token: str | None = None
+) -> Iterator[RealKernel]:
     monkeypatch.setenv("KCORAL_URL", url)
-    monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    if token is None:
+        monkeypatch.delenv("KCORAL_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("KCORAL_TOKEN", token)
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         yield RealKernel(manager, client)
@@ -56,11 +62,11 @@ def real_kernel(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RealKerne
 
 @contextmanager
 def kernel_in_a_session(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    url: str, monkeypatch: pytest.MonkeyPatch, token: str | None = None
 ) -> Iterator[tuple[RealKernel, str]]:
     """A real kernel whose cells run in a new session on ``url``, and the session's id;
     its first cell sets ``x = 41`` there."""
-    with real_kernel(url, monkeypatch) as kernel:
+    with real_kernel(url, monkeypatch, token) as kernel:
         said = kernel.cell("%load_ext kcoral\n%kcoral session start")
         match = re.search(r"kcoral: session id ([0-9a-f-]{36})", said)
         assert match, said
@@ -181,3 +187,28 @@ def test_a_restarted_kernels_session_is_listed_as_stopped(one_seat_server, monke
         kernel.client.wait_for_ready(timeout=60)
         listed = kernel.cell("%load_ext kcoral\n%kcoral session list").splitlines()
     assert listed == [f"{session_id}  ENDED (stopped)  1 program  CPU"], listed
+
+
+def test_an_admin_cannot_attach_another_owners_session_for_its_cells(
+    server_factory, tmp_path, monkeypatch
+) -> None:
+    # Before: "attached to session X ...; %%kcoral cells run in it", then each cell "HTTP
+    # 403 forbidden: this session runs only its owner's programs (alice)" with "the server
+    # refuses this origin or host; its message names the flag to set", and the way out,
+    # %kcoral session stop, ended alice's session ("ended by admin root").
+    tokens = client_token_file(tmp_path, "alice alice-token-0123\nroot root-token-0123 admin\n")
+    server = server_factory(
+        "--num-workers", "1", "--max-sessions", "1", "--auth-token-file", str(tokens)
+    )
+    with kernel_in_a_session(server.url, monkeypatch, "alice-token-0123") as (alice, session_id):
+        with real_kernel(server.url, monkeypatch, "root-token-0123") as root:
+            attached = root.cell(f"%load_ext kcoral\n%kcoral session attach {session_id}")
+            own_cell = root.cell("%%kcoral --quiet\nprint('runs without a session')")
+        assert attached.splitlines() == [
+            f"SessionOfAnotherOwnerError: session {session_id[:8]} on {server.url} is alice's: "
+            "only alice's cells run in it (your admin token, root, may read, interrupt and "
+            "end it)",
+            "nothing was attached; the JupyterLab panel's Stop ends it",
+        ]
+        assert own_cell.strip() == "runs without a session"
+        assert alice.cell("%%kcoral --quiet\nprint(x)").strip() == "41"

@@ -28,6 +28,7 @@ from kcoral_jupyter.magics.jobs import UNKNOWN, owner_of
 from kcoral_jupyter.notebook_session import (
     LOCAL_SERVER_GONE,
     NotebookSession,
+    another_owners_session,
     creation_refusal,
     ended_error,
     not_found_for_attach,
@@ -192,6 +193,10 @@ class SessionCommands:
                 "nothing was attached: %kcoral session list shows your sessions, %kcoral "
                 "session start begins a new one",
             )
+        with answered_by(url):
+            refusal = another_owners_session(remote, client.info().get("identity"))
+        if refusal is not None:
+            raise refusal
         self.kernel.sessions.adopt(remote)
         print(
             f"kcoral: attached to {remote.label} on {url} ({session_place(handle.record)}, "
