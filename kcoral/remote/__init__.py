@@ -15,6 +15,7 @@ This package hands on ``load_requested``, ``dump_by_value``, ``load_envelope`` a
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import types
@@ -39,6 +40,7 @@ from kcoral.remote.pickled import dump_by_value as dump_by_value
 from kcoral.remote.pickled import dump_call, unpicklable_part
 from kcoral.remote.pickled import load_requested as load_requested
 from kcoral.remote.report import (
+    ctrl_c_said,
     deadline_said,
     interrupted,
     note_remote_traceback,
@@ -361,6 +363,8 @@ class RemoteFunction:
             # running, and a cancel cuts its connection.
             call = functools.partial(self._client.execute, program, **self._options(fmt))
             return await call_cuttable(call)
+        except asyncio.CancelledError as cancel:  # its connection cut: the program is cancelled
+            raise ctrl_c_said(cancel, self.__name__, self._client) from None
         except KCoralError as error:
             raise deadline_said(error, self.__name__, self._client, self.timeout) from None
 

@@ -18,10 +18,12 @@ JSON cannot carry, gets a note saying so, and what to do.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import linecache
 import re
+import signal
 import sys
 import types
 from collections.abc import Callable
@@ -68,6 +70,27 @@ def interrupted(name: str, caller: Any) -> KeyboardInterrupt:
     forty lines of urllib3 and http.client, nothing about the remote call."""
     server = getattr(caller, "base_url", None) or caller.client.base_url
     return KeyboardInterrupt(f"interrupted: the remote call {name}() on {server} was cancelled")
+
+
+def ctrl_c_said(cancel: asyncio.CancelledError, name: str, caller: Any) -> BaseException:
+    """The cancel of ``name``'s ``run_async`` call through ``caller``: ``interrupted`` where
+    ``asyncio.run``'s Ctrl-C cancelled it, as a blocking call's Ctrl-C says it; any other
+    cancel (``wait_for``, a task group) as it is."""
+    return interrupted(name, caller) if _cancelled_by_ctrl_c() else cancel
+
+
+def _cancelled_by_ctrl_c() -> bool:
+    """Whether the task now being cancelled was cancelled by ``asyncio.run``'s Ctrl-C: its
+    runner's SIGINT handler cancels the main task and later raises a bare
+    ``KeyboardInterrupt`` of its own, under the ``CancelledError``'s traceback, nothing about
+    the remote call. Python 3.11+ (3.10's ``asyncio.run`` raises ``KeyboardInterrupt`` where
+    the loop waits, never in the task)."""
+    handler = signal.getsignal(signal.SIGINT)
+    runner = getattr(getattr(handler, "func", None), "__self__", None)
+    runner_type = getattr(asyncio, "Runner", None)
+    if runner_type is None or not isinstance(runner, runner_type):
+        return False
+    return bool(getattr(runner, "_interrupt_count", 0))
 
 
 _DEADLINE = re.compile(r"(execution timed out after its deadline of (\S+) s) \(.*\)", re.DOTALL)

@@ -58,16 +58,78 @@ def test_ctrl_c_in_a_script_says_the_remote_call_was_cancelled_in_a_few_lines(
     url, token = server
     script = tmp_path / "napping.py"
     script.write_text(NAPPING_SCRIPT)
+    out, err = _interrupted_while_the_program_runs(
+        url, token, [str(script), url, token, serialization]
+    )
+    lines = err.strip().splitlines()
+    assert lines[-1] == (
+        f"KeyboardInterrupt: interrupted: the remote call nap() on {url} was cancelled"
+    )
+    assert len(lines) <= 10, err
+    assert "urllib3" not in err and "http/client.py" not in err
+    assert out == ""
+
+
+ASYNC_NAPPING_SCRIPT = """
+import asyncio
+import sys
+import kcoral
+
+client = getattr(kcoral, sys.argv[4])(sys.argv[1], token=sys.argv[2])
+
+
+@client.function(serialization=sys.argv[3])
+async def nap():
+    import asyncio
+
+    await asyncio.sleep(120)
+
+
+async def main():
+    await nap.remote(run_async=True)
+    print("the script went on")
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="Python 3.10's asyncio.run raises Ctrl-C's KeyboardInterrupt where its loop "
+    "waits, outside the remote call",
+)
+@pytest.mark.parametrize("client_class", ["Client", "AsyncClient"])
+@pytest.mark.parametrize("serialization", ["json", "pickle"])
+def test_ctrl_c_under_asyncio_run_says_the_remote_call_was_cancelled_as_a_blocking_call_does(
+    server: tuple[str, str], serialization: str, client_class: str, tmp_path: Path
+) -> None:
+    # Before, asyncio.run's Ctrl-C showed the CancelledError's traceback, then "During
+    # handling of the above exception, another exception occurred" and a bare
+    # KeyboardInterrupt: nothing said what became of the remote call.
+    url, token = server
+    script = tmp_path / "async_napping.py"
+    script.write_text(ASYNC_NAPPING_SCRIPT)
+    out, err = _interrupted_while_the_program_runs(
+        url, token, [str(script), url, token, serialization, client_class]
+    )
+    assert err.strip().splitlines()[-1] == (
+        f"KeyboardInterrupt: interrupted: the remote call nap() on {url} was cancelled"
+    )
+    assert "CancelledError" not in err and "During handling" not in err, err
+    assert out == ""
+
+
+def _interrupted_while_the_program_runs(url: str, token: str, args: list[str]) -> tuple[str, str]:
+    """The script's output when SIGINT reached it while its program ran on the server,
+    having checked that the server then cancelled the program."""
     with Client(url, token=token) as client:
 
         def in_progress() -> int:
             return int(client.health()["load"]["requests_in_progress"])
 
         process = subprocess.Popen(
-            [sys.executable, str(script), url, token, serialization],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         try:
             while in_progress() == 0:  # the program has started on the server
@@ -77,19 +139,13 @@ def test_ctrl_c_in_a_script_says_the_remote_call_was_cancelled_in_a_few_lines(
             out, err = process.communicate(timeout=60)
         finally:
             process.kill()
-        lines = err.strip().splitlines()
-        assert lines[-1] == (
-            f"KeyboardInterrupt: interrupted: the remote call nap() on {url} was cancelled"
-        )
-        assert len(lines) <= 10, err
-        assert "urllib3" not in err and "http/client.py" not in err
-        assert out == ""
         for _ in range(300):  # and it is true: the server cancelled the program
             if in_progress() == 0:
                 break
             time.sleep(0.1)
         else:
             raise AssertionError(f"the program still runs: {client.health()['load']}")
+    return out, err
 
 
 def failing(x: int) -> None:
