@@ -22,6 +22,10 @@ from kcoral_jupyter.server_extension.base_handler import KCoralHandler
 from kcoral_jupyter.server_extension.server_labels import notebooks_of, server_label
 from kcoral_jupyter.server_extension.upstream_problems import refusal_problem
 
+#: questions whose answers are no longer awaited, held until they end (the event loop keeps
+#: only weak references to its tasks)
+_left_to_end: set[asyncio.Future[Any]] = set()
+
 
 class ServersHandler(KCoralHandler):
     @tornado.web.authenticated
@@ -38,8 +42,12 @@ class ServersHandler(KCoralHandler):
                 # The card says the health problem, and nothing of the info: a router with
                 # no ready node says 503 at once but relays /v1/info to a node that may
                 # never answer, and waiting for it held every server's card and the status
-                # bar at their last answer for the whole request timeout.
-                asking_info.cancel()
+                # bar at their last answer for the whole request timeout. The question is
+                # left to end by itself (``upstream`` never raises): cancelled, the HTTP
+                # client logged `Exception after Future was cancelled` at ERROR each poll
+                # for a server that refuses connections.
+                _left_to_end.add(asking_info)
+                asking_info.add_done_callback(_left_to_end.discard)
                 i_status, info, i_error = 0, None, ""
             # What the server sent, used only as the object the panel reads.
             health_ok = h_status == 200 and isinstance(health, dict)

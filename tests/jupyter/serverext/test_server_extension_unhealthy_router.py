@@ -10,6 +10,7 @@ up: the answer comes while it is still open."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -78,6 +79,12 @@ class UnhealthyRouter:
         self._listener.close()
 
 
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # nothing listens there once the probe is closed
+
+
 @pytest.fixture(scope="module")
 def router() -> Iterator[UnhealthyRouter]:
     stand_in = UnhealthyRouter()
@@ -92,7 +99,10 @@ def jp_server_config(router: UnhealthyRouter) -> Config:
             "ServerApp": {"jpserver_extensions": {"kcoral_jupyter": True}},
             "KCoralExtension": {
                 "request_timeout": 10.0,
-                "servers": [{"name": "fleet", "url": router.url}],
+                "servers": [
+                    {"name": "fleet", "url": router.url},
+                    {"name": "gone", "url": f"http://127.0.0.1:{_closed_port()}"},
+                ],
             },
         }
     )
@@ -102,9 +112,22 @@ async def test_a_server_whose_health_fails_at_once_is_shown_without_waiting_for_
     jp_fetch, router: UnhealthyRouter
 ) -> None:
     answer = await jp_fetch("kcoral", "api", "servers", request_timeout=60)
-    [entry] = json.loads(answer.body)["servers"]
+    entry = {s["name"]: s for s in json.loads(answer.body)["servers"]}["fleet"]
     assert entry["error"] == "is busy or starting (HTTP 503)", entry
     assert entry["health"] is None and entry["reachable"] is True
     # Asked for its info at the same time, and answered before giving that question up.
     seen = list(router.happened)
     assert ("open", "/v1/info") in seen and ("closed", "/v1/info") not in seen, seen
+
+
+async def test_the_info_question_left_unawaited_logs_no_error(
+    jp_fetch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Cancelled instead, each poll of a server that refuses connections logged `[E ...]
+    # Exception after Future was cancelled / ConnectionRefusedError` when its /v1/info
+    # question failed after the answer had been written.
+    answer = await jp_fetch("kcoral", "api", "servers", request_timeout=60)
+    gone = {s["name"]: s for s in json.loads(answer.body)["servers"]}["gone"]
+    assert gone["error"].startswith("not running: nothing answers at"), gone
+    await asyncio.sleep(0.5)  # the refused connection of its /v1/info question fails by then
+    assert "Exception after Future was cancelled" not in caplog.text, caplog.text[-2000:]
