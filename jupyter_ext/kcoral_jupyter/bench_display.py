@@ -16,16 +16,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kcoral.bench.results import (
-    duration,
     facts_of,
     history_line,
     one_line,
     problems_of,
     rows_of,
     table_rows,
-    time_unit,
     warnings_of,
 )
+from kcoral.bench.units import duration, time_unit
 from kcoral.protocol.strict_json import finite_float
 
 PLOT_WIDTH = 640

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kcoral.bench.units import duration
 from kcoral.protocol.errors import ExecutionError
 
 MESSAGE_LIMIT = 600
@@ -232,6 +233,6 @@ def budget_cap_warning(
     if estimate_ms <= 0 or budget_ms / estimate_ms < MAX_CALLS + 1:
         return None
     return (
-        f"{key} {budget_ms:g} asks for over {MAX_CALLS} calls of {estimate_ms:.3g} ms; "
+        f"{key} {budget_ms:g} asks for over {MAX_CALLS} calls of {duration(estimate_ms)}; "
         f"capped at {MAX_CALLS} (max_calls)"
     )

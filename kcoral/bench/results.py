@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kcoral.bench.units import time_unit
 from kcoral.notebook import html_of
 from kcoral.protocol.strict_json import finite_float
 
@@ -84,26 +85,6 @@ def rows_of(result: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
         ]
     label = result.get("label")
     return [(str(label) if isinstance(label, str) else "benchmark", result)]
-
-
-#: (name, milliseconds in one), largest first
-TIME_UNITS = (("s", 1000.0), ("ms", 1.0), ("µs", 1e-3), ("ns", 1e-6))
-
-
-def time_unit(largest_ms: float) -> tuple[str, float]:
-    """(name, milliseconds in one) of the unit that times up to ``largest_ms`` read in: the
-    largest one they fill, so a call of 0.000591 ms reads ``591 ns``, not three digits of
-    zeros (a value that 3 digits round up to the next unit, 999.96 µs, reads in that one)."""
-    for name, size in TIME_UNITS:
-        if largest_ms >= size * 0.9995:
-            return name, size
-    return TIME_UNITS[-1]
-
-
-def duration(milliseconds: float) -> str:
-    """A time in 3 digits in the unit it fills: ``20.6 µs``, ``4.07 ms``."""
-    unit, unit_ms = time_unit(abs(milliseconds))
-    return f"{milliseconds / unit_ms:.3g} {unit}"
 
 
 def table_unit(result: Mapping[str, Any]) -> tuple[str, float]:

@@ -22,9 +22,21 @@ def test_a_repeat_budget_past_the_cap_warns_that_its_count_was_capped() -> None:
     assert result["repeat"] == MAX_CALLS
     capped = [w for w in result["warnings"] if w.startswith("repeat_ms")]
     assert len(capped) == 1 and re.fullmatch(
-        r"repeat_ms 1e\+12 asks for over 100000 calls of \S+ ms; capped at 100000 \(max_calls\)",
+        r"repeat_ms 1e\+12 asks for over 100000 calls of \S+ [nµm]?s; "
+        r"capped at 100000 \(max_calls\)",
         capped[0],
     ), result["warnings"]
+
+
+def test_the_capped_budgets_warning_gives_the_call_in_its_unit() -> None:
+    # an empty call's estimate read '0.00111 ms'
+    from kcoral.bench.config import budget_cap_warning
+
+    capped = budget_cap_warning("repeat_ms", 1e12, 0.00111)
+    assert (
+        capped
+        == "repeat_ms 1e+12 asks for over 100000 calls of 1.11 µs; capped at 100000 (max_calls)"
+    )
 
 
 def test_a_warm_up_budget_past_the_cap_warns_too() -> None:
