@@ -72,8 +72,11 @@ def test_another_identitys_job_reads_as_unknown_while_its_node_is_away(tmp_path:
         with kcoral.Client(router.url, token=ALICE) as client:
             job_id = client.submit(holding(tmp_path / "never"), timeout_seconds=600).id
         path = f"/v1/jobs/{job_id}"
-        # With its node there, the node answers bob as for an unknown id.
-        assert as_caller(router.url, "GET", path, BOB).status == 404
+        # With its node there, the node answers bob as the router answers an unknown id.
+        stranger = as_caller(router.url, "GET", path, BOB)
+        assert stranger.status == 404
+        unknown_there = as_caller(router.url, "GET", f"/v1/jobs/{UNKNOWN_JOB}", BOB)
+        assert stranger.body["error"] == unknown_there.body["error"]
 
         kill_node(node)
         deadline = time.monotonic() + 60

@@ -159,10 +159,17 @@ class JobHandler(BaseHandler):
         if isinstance(found, Job):
             return found
         if found is None:
-            self.send_error_json(404, "not_found", "job not found")
+            self.send_error_json(404, "not_found", self.unknown_job_message())
         else:
             self.expired(found)
         return None
+
+    def unknown_job_message(self) -> str:
+        """The ``not_found`` message: with when this server started, since jobs live in its
+        memory (a script polling its job across a restart read ``job not found`` of the job
+        it had watched run). Another identity's job reads the same, as it must."""
+        started = self.state.started_at.split(".")[0].rstrip("Z") + "Z"  # to the second
+        return f"job not found (this server started at {started}; jobs do not outlive a restart)"
 
     def expired(self, expiry: Expiry | None) -> None:
         """404 ``job_expired``: its owner learns why the job went (EXTENSIONS §5)."""
