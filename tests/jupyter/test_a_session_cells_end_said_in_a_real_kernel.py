@@ -195,14 +195,16 @@ def test_an_admin_cannot_attach_another_owners_session_for_its_cells(
     # Before: "attached to session X ...; %%kcoral cells run in it", then each cell "HTTP
     # 403 forbidden: this session runs only its owner's programs (alice)" with "the server
     # refuses this origin or host; its message names the flag to set", and the way out,
-    # %kcoral session stop, ended alice's session ("ended by admin root").
+    # %kcoral session stop, ended alice's session ("ended by admin root"). And the admin's
+    # %kcoral session list showed alice's session with no owner, as its own.
     tokens = client_token_file(tmp_path, "alice alice-token-0123\nroot root-token-0123 admin\n")
     server = server_factory(
         "--num-workers", "1", "--max-sessions", "1", "--auth-token-file", str(tokens)
     )
     with kernel_in_a_session(server.url, monkeypatch, "alice-token-0123") as (alice, session_id):
         with real_kernel(server.url, monkeypatch, "root-token-0123") as root:
-            attached = root.cell(f"%load_ext kcoral\n%kcoral session attach {session_id}")
+            listed = root.cell("%load_ext kcoral\n%kcoral session list")
+            attached = root.cell(f"%kcoral session attach {session_id}")
             own_cell = root.cell("%%kcoral --quiet\nprint('runs without a session')")
         assert attached.splitlines() == [
             f"SessionOfAnotherOwnerError: session {session_id[:8]} on {server.url} is alice's: "
@@ -211,4 +213,6 @@ def test_an_admin_cannot_attach_another_owners_session_for_its_cells(
             "nothing was attached; the JupyterLab panel's Stop ends it",
         ]
         assert own_cell.strip() == "runs without a session"
+        # alice's alone: before, with no owner, as if they were the admin's own
+        assert listed.splitlines() == [f"{session_id}  IDLE  1 program  CPU  owner alice"]
         assert alice.cell("%%kcoral --quiet\nprint(x)").strip() == "41"

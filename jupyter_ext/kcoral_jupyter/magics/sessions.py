@@ -219,10 +219,13 @@ class SessionCommands:
         if not records:
             print(f"kcoral: no sessions of yours on {url}")
             return
-        # An admin lists every identity's sessions (EXTENSIONS §11): say whose each is.
-        several_owners = len({owner_of(record) for record in records}) > 1
+        # An admin lists every identity's sessions (EXTENSIONS §11): say whose each is, also
+        # where all are one other identity's (they read as the admin's own before)
+        owners = {owner_of(record) for record in records}
+        caller = client.info().get("identity")
+        whose = len(owners) > 1 or (isinstance(caller, str) and bool(owners - {None, caller}))
         for record in records:
-            owner = f"  owner {owner_of(record) or UNKNOWN}" if several_owners else ""
+            owner = f"  owner {owner_of(record) or UNKNOWN}" if whose else ""
             # An ended one says why: "ENDED" alone left the user guessing whether their own
             # stop, the idle timeout or a crash had ended it.
             reason = record.get("end_reason") if record.get("state") == "ENDED" else None
