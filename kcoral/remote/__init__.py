@@ -40,8 +40,8 @@ from kcoral.remote.pickled import dump_by_value as dump_by_value
 from kcoral.remote.pickled import dump_call, unpicklable_part
 from kcoral.remote.pickled import load_requested as load_requested
 from kcoral.remote.report import (
+    call_error_said,
     ctrl_c_said,
-    deadline_said,
     interrupted,
     note_remote_traceback,
     show_output,
@@ -366,7 +366,7 @@ class RemoteFunction:
         except asyncio.CancelledError as cancel:  # its connection cut: the program is cancelled
             raise ctrl_c_said(cancel, self.__name__, self._client) from None
         except KCoralError as error:
-            raise deadline_said(error, self.__name__, self._client, self.timeout) from None
+            raise call_error_said(error, self.__name__, self._client, self.timeout) from None
 
     def _execute_blocking(self, program: Program, fmt: str) -> ProgramResult:
         try:
@@ -376,7 +376,7 @@ class RemoteFunction:
         except KeyboardInterrupt:  # its connection closed: the server cancels the program
             raise interrupted(self.__name__, self._client) from None
         except KCoralError as error:
-            raise deadline_said(error, self.__name__, self._client, self.timeout) from None
+            raise call_error_said(error, self.__name__, self._client, self.timeout) from None
 
     def _options(self, fmt: str) -> dict[str, Any]:
         return {

@@ -56,6 +56,10 @@ UNAWAITED = (
     "The server returned the async def function's coroutine without awaiting it: it does "
     "not run async def functions (no feature 'async-run'); make the function a plain def."
 )
+OVER_THE_RESPONSE_LIMIT = (
+    "{name}() returned more than the server sends in one answer: return less, or raise the "
+    "server's limit (kcoral server --max-response-bytes)."
+)
 NO_TRAMPOLINE = (
     "This server cannot run pickle-mode remote functions (it has no "
     "kcoral_server.worker.trampoline: not a KCoral server, or an older one); call with "
@@ -94,6 +98,18 @@ def _cancelled_by_ctrl_c() -> bool:
 
 
 _DEADLINE = re.compile(r"(execution timed out after its deadline of (\S+) s) \(.*\)", re.DOTALL)
+
+
+def call_error_said(error: KCoralError, name: str, caller: Any, timeout: Any) -> Exception:
+    """``error`` of ``name``'s call through ``caller`` as its user reads it: a 500
+    ``response_too_large`` names the function (it said only "results exceed the configured
+    response-size limit"), a 504 ``timeout`` the deadline's setting (``deadline_said``); any
+    other error as it is."""
+    if error.status_code == 500 and error.kind == "response_too_large":
+        return KCoralError(
+            500, f"{name}(): {error.message}", kind=error.kind, request_id=error.request_id
+        )
+    return deadline_said(error, name, caller, timeout)
 
 
 def deadline_said(error: KCoralError, name: str, caller: Any, timeout: Any) -> Exception:
@@ -188,6 +204,11 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         error.add_note(NO_TRAMPOLINE)
         return
     failure = error.result.error or {}
+    if _over_the_response_limit(failure):
+        # JSON_RETURN's advice (return bytes or arrays, or use pickle) was false for bytes or
+        # an array too large to send, in either format
+        error.add_note(OVER_THE_RESPONSE_LIMIT.format(name=getattr(fn, "__name__", "the function")))
+        return
     if fmt == "json" and (failure.get("kind"), failure.get("instruction_op")) == (
         "serialization",
         "return",
@@ -241,6 +262,17 @@ def _in_cells(text: str) -> str:
         if match and isinstance(named, tuple) and len(named) == 2:
             lines[index] = f"  {named[0]} {named[1]}, line {match['line']}, in {match['name']}"
     return "\n".join(lines)
+
+
+def _over_the_response_limit(failure: dict[str, Any]) -> bool:
+    """The function returned a value (bytes, an array) larger than the server's response
+    budget left (PROTOCOL §7.5, EXTENSIONS §10)."""
+    message = failure.get("message")
+    return (
+        failure.get("kind") == "serialization"
+        and isinstance(message, str)
+        and message.startswith("return would exceed the response size limit")
+    )
 
 
 def _no_trampoline(failure: dict[str, Any]) -> bool:
