@@ -71,9 +71,14 @@ def interrupted(name: str, caller: Any) -> KeyboardInterrupt:
     """An interrupt (Ctrl-C, a kernel's) of ``name``'s blocking call through ``caller`` (a
     client or a session), as the user reads it. The interrupt closed the call's connection,
     so the server cancels the program; the user read a bare ``KeyboardInterrupt`` under
-    forty lines of urllib3 and http.client, nothing about the remote call."""
+    forty lines of urllib3 and http.client, nothing about the remote call. What the function
+    printed came back with no answer (the server's 499 goes to a closed connection), which
+    is said: a user debugging with prints looked for them."""
     server = getattr(caller, "base_url", None) or caller.client.base_url
-    return KeyboardInterrupt(f"interrupted: the remote call {name}() on {server} was cancelled")
+    return KeyboardInterrupt(
+        f"interrupted: the remote call {name}() on {server} was cancelled; "
+        "what it printed was not kept"
+    )
 
 
 def ctrl_c_said(cancel: asyncio.CancelledError, name: str, caller: Any) -> BaseException:
