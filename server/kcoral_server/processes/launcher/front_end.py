@@ -39,6 +39,7 @@ from kcoral_server.processes.procfs import (
     Identity,
     children,
     is_alive,
+    kill_process,
     namespace_init,
     namespace_pid,
 )
@@ -112,6 +113,10 @@ class ForkedProcess:
             self.ran_nothing = False  # from here on it may run a program (and leave orphans)
         finally:
             os.close(go)
+        # The program it was forked beside runs as its user in its sandbox and may have
+        # stopped it (SIGSTOP): the seat then waited out the start-up timeout (60 s) for
+        # it, every identity's next program with it. That program's tree is gone by now.
+        kill_process(self.pid, signal.SIGCONT)
 
     def poll(self) -> int | None:
         if self.returncode is not None or self._status_fd is None:
