@@ -27,6 +27,16 @@ class _WithoutCreated(Collector):
             yield kept
 
 
+class OneMetric(Collector):
+    """A collector of one metric, for prometheus-client's writer."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> Iterator[Metric]:
+        yield self.metric
+
+
 def exposition_of(registry: Collector) -> bytes:
     """The text format of ``registry``'s metrics, without ``_created`` samples."""
     return generate_latest(_WithoutCreated(registry))

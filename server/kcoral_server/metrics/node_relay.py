@@ -46,6 +46,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
+from kcoral_server.metrics.exposition import OneMetric
 from kcoral_server.metrics.labels import (
     ERROR_KINDS,
     FINISH_REASONS,
@@ -208,16 +209,6 @@ def parse_node_metrics(blob: bytes) -> Families:
     )
 
 
-class _One:
-    """A collector of one metric, for prometheus-client's writer."""
-
-    def __init__(self, metric: Metric) -> None:
-        self.metric = metric
-
-    def collect(self) -> list[Metric]:
-        return [self.metric]
-
-
 def _metric(family: Family, samples: Iterable[Sample], node_label: str, kind_label: str) -> Metric:
     """``family``'s ``samples`` of one node, under the router's labels."""
     metric = Metric(family.name, family.documentation, family.type)
@@ -232,14 +223,14 @@ def _metric(family: Family, samples: Iterable[Sample], node_label: str, kind_lab
 @cache
 def _header(family: Family) -> bytes:
     """``family``'s ``# HELP`` and ``# TYPE`` lines, as prometheus-client writes them."""
-    return generate_latest(_One(Metric(family.name, family.documentation, family.type)))
+    return generate_latest(OneMetric(Metric(family.name, family.documentation, family.type)))
 
 
 def write_lines(families: Families, node_label: str, kind_label: str) -> NodeLines:
     """``families``' sample lines, as prometheus-client writes them (without the header)."""
     by_family = []
     for family, samples in families:
-        text = generate_latest(_One(_metric(family, samples, node_label, kind_label)))
+        text = generate_latest(OneMetric(_metric(family, samples, node_label, kind_label)))
         by_family.append((family, text[len(_header(family)) :]))
     return NodeLines(node_label, kind_label, tuple(by_family))
 

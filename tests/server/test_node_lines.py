@@ -1,0 +1,108 @@
+"""A router's per-node series written from kept line heads (``kcoral_server.metrics.node_lines``)
+are the text prometheus-client writes for the same counts: the per-node counters and
+histogram against the library's own ``Counter`` and ``Histogram`` fed the same, and a whole
+router scrape of more nodes than it names against every sample written by the library."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+
+from kcoral_server.metrics.exposition import exposition_of
+from kcoral_server.metrics.labels import MAX_NAMED_NODES
+from kcoral_server.metrics.node_lines import NodeCounter, NodeHistogram
+from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
+from kcoral_server.router.log import RouterLog
+from kcoral_server.router.main import build_state
+from kcoral_server.router.nodes.registry import READY, NodeRecord
+from kcoral_server.router.settings import parse_router_args
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.parser import text_string_to_metric_families
+
+#: node ids a label must escape or that hold a space (a value is what follows the last one)
+ODD_NODE_IDS = ('quote"node', "back\\slash", "new\nline", "two words", "ünïcode")
+#: waits on a bucket bound, between bounds, past the last, and odd floats
+WAITS = (0.0, 0.001, 0.0010001, 0.1, 0.25, 599.99, 600.0, 3600.0, 1e9, math.inf, 1e-300, 7.3)
+
+
+def test_a_node_histogram_writes_what_prometheus_clients_histogram_writes_for_the_same_waits() -> (
+    None
+):
+    ours = NodeHistogram("kcoral_router_node_queue_wait_seconds", "waits", "node", SECONDS_BUCKETS)
+    registry = CollectorRegistry()
+    theirs = Histogram(
+        "kcoral_router_node_queue_wait_seconds",
+        "waits",
+        ["node"],
+        buckets=SECONDS_BUCKETS,
+        registry=registry,
+    )
+    rng = random.Random(3)
+    nodes = [*ODD_NODE_IDS, "a", "b", "c"]
+    for round_ in range(4):
+        for node in nodes:
+            ours.labels(node)
+            theirs.labels(node)
+        for _ in range(300):
+            node, wait = rng.choice(nodes), rng.choice((*WAITS, rng.expovariate(1 / 30)))
+            ours.observe(node, wait)
+            theirs.labels(node).observe(wait)
+        assert ours.text() == exposition_of(registry), round_
+        gone = nodes.pop(rng.randrange(len(nodes)))  # its series go, and come back last
+        ours.remove(gone)
+        theirs.remove(gone)
+        assert ours.text() == exposition_of(registry), round_
+        nodes.append(gone)
+
+
+def test_a_node_counter_writes_what_prometheus_clients_counter_writes_for_the_same_counts() -> None:
+    ours = NodeCounter("kcoral_router_routed_requests", 'sent "to" a\\node', "node")
+    registry = CollectorRegistry()
+    theirs = Counter(
+        "kcoral_router_routed_requests", 'sent "to" a\\node', ["node"], registry=registry
+    )
+    assert ours.text() == exposition_of(registry)  # the header alone
+    for count, node in enumerate((*ODD_NODE_IDS, "a")):
+        ours.labels(node)
+        theirs.labels(node)
+        for _ in range(count * 40_001):  # past a million, written with an exponent
+            ours.inc(node)
+        theirs.labels(node).inc(count * 40_001)
+    ours.remove("a")
+    theirs.remove("a")
+    ours.remove("never counted")
+    assert ours.text() == exposition_of(registry)
+
+
+def test_a_routers_scrape_is_the_text_prometheus_client_writes_for_every_sample() -> None:
+    """More nodes than the metrics name (``other`` sums the rest), nodes that change state,
+    leave and are forgotten between scrapes: each scrape's text is the library's."""
+    state = build_state(parse_router_args(["--port", "0"]), RouterLog(io.StringIO()))
+    metrics, nodes = state.metrics, state.registry.nodes
+    node_ids = [f"n{i}" for i in range(MAX_NAMED_NODES + 6)] + list(ODD_NODE_IDS)
+    for i, node_id in enumerate(node_ids):
+        nodes[node_id] = NodeRecord(
+            node_id, state=READY, kind=f"k{i % 3}", worker_count=4, busy_workers=i % 5,
+            connected=True,
+        )  # fmt: skip
+    rng = random.Random(5)
+    for scrape in range(4):
+        for _ in range(2000):
+            state.log.event(
+                "request_finished",
+                path="/execute",
+                http_status=rng.choice((200, 502)),
+                finish_reason=rng.choice(("ok", "tunnel_disconnected")),
+                node=rng.choice(node_ids),
+                queue_wait_ms=rng.choice((*WAITS, rng.expovariate(1 / 300))),
+                duration_ms=rng.expovariate(1 / 50),
+            )
+        text = metrics.exposition()
+        assert text == metrics.whole_exposition(), scrape
+        assert list(text_string_to_metric_families(text.decode()))  # prometheus-client reads it
+        gone = node_ids.pop(rng.randrange(len(node_ids)))
+        del nodes[gone]  # forgotten: its name and series go
+        nodes[node_ids[0]].connected = False
+        nodes[node_ids[1]].kind = "a new kind"
+    assert 'node="other"' in text.decode()
