@@ -30,6 +30,7 @@ from kcoral.protocol.pickle_envelope import dump_envelope as dump_envelope
 from kcoral.protocol.pickle_envelope import load_envelope as load_envelope
 from kcoral.protocol.selector import SelectorInput, check_select
 from kcoral.remote.arguments import (
+    PICKLE_SENDS_IT,
     argument_labels,
     check_call_options,
     check_json,
@@ -75,8 +76,6 @@ def _asked_async(run_async: object) -> bool:
 #: What a pickle-mode program imports on the server.
 TRAMPOLINE_SOURCE = "from kcoral_server.worker.trampoline import call_pickled\n"
 TRAMPOLINE_FUNCTION = "call_pickled"
-#: What a callable JSON mode cannot send (no source of its own) is told.
-_PICKLE_SENDS_IT = " (serialization='pickle' sends it)"
 
 
 def _plain_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -112,7 +111,7 @@ class RemoteFunction:
             # a partial, a builtin, a method: JSON mode sends source, which they have none of
             raise TypeError(
                 f"a JSON-mode remote function must be a Python function, not "
-                f"{type(fn).__name__}{_PICKLE_SENDS_IT}"
+                f"{type(fn).__name__}{PICKLE_SENDS_IT}"
             )
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError("a generator function cannot be a remote function: return a list")
@@ -188,7 +187,7 @@ class RemoteFunction:
             fn = self.__wrapped__
             if not isinstance(fn, types.FunctionType):
                 raise TypeError(
-                    f"JSON mode needs a Python function, not {type(fn).__name__}" + _PICKLE_SENDS_IT
+                    f"JSON mode needs a Python function, not {type(fn).__name__}" + PICKLE_SENDS_IT
                 )
             self._json_source = json_module_source(fn)
         return self._json_source

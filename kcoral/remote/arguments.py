@@ -13,6 +13,9 @@ from typing import Any
 from kcoral.program import plain_scalars
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
 
+#: What a value or callable JSON mode cannot send is told.
+PICKLE_SENDS_IT = " (serialization='pickle' sends it)"
+
 
 def argument_labels(bound: inspect.BoundArguments, given: set[str]) -> list[str]:
     """How an error names each of ``bound.args``: by its parameter (``argument 'pair'``,
@@ -49,7 +52,9 @@ def check_json(value: Any, where: str, active: set[int]) -> None:
         return
     if kind is float:
         if not math.isfinite(value):
-            raise ValueError(f"{where} is a non-finite float ({value!r}); JSON cannot carry it")
+            raise ValueError(
+                f"{where} is a non-finite float ({value!r}); JSON cannot carry it" + PICKLE_SENDS_IT
+            )
         return
     if kind is list or kind is dict:
         if id(value) in active:
@@ -62,7 +67,10 @@ def check_json(value: Any, where: str, active: set[int]) -> None:
         else:
             for key, item in value.items():
                 if type(key) is not str:
-                    raise TypeError(f"{where} has a {type(key).__name__} key; JSON keys are str")
+                    raise TypeError(
+                        f"{where} has a key of type {type(key).__name__}; JSON keys are str"
+                        + PICKLE_SENDS_IT
+                    )
                 check_text(key, f"a key of {where}")
                 check_json(item, f"{where}[{key!r}]", active)
         active.discard(id(value))
@@ -73,7 +81,7 @@ def check_json(value: Any, where: str, active: set[int]) -> None:
             "arguments in JSON mode (or use serialization='pickle')"
         )
     raise TypeError(
-        f"{where} is a {kind.__name__}, not a JSON value (None, bool, int, float, str, list, "
+        f"{where} is of type {kind.__name__}, not a JSON value (None, bool, int, float, str, list, "
         "dict with str keys); use serialization='pickle' for other objects"
     )
 

@@ -53,7 +53,7 @@ def test_a_long_list_of_scalars_is_checked_and_copied_in_one_pass(monkeypatch) -
     [
         (float("nan"), ValueError, r"^argument 'xs'\[3\] is a non-finite float \(nan\)"),
         ("\udc80", ValueError, r"^argument 'xs'\[3\] holds a lone surrogate at position 0"),
-        (Level.LOW, TypeError, r"^argument 'xs'\[3\] is a Level, not a JSON value"),
+        (Level.LOW, TypeError, r"^argument 'xs'\[3\] is of type Level, not a JSON value"),
         ([float("inf")], ValueError, r"^argument 'xs'\[3\]\[0\] is a non-finite float"),
     ],
 )
