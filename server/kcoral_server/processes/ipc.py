@@ -410,6 +410,16 @@ class AsyncChannel:
             return
         if ancdata:
             self._fds.extend(_fds_from(ancdata))
+            if len(self._fds) > MAX_FDS_PER_FRAME:
+                # A frame's descriptors are taken as soon as its bytes are in, so an honest
+                # peer never has more waiting than one frame carries. A program could send
+                # descriptors with no frame for them: the front-end's table filled (20000)
+                # and it answered no one until the program ended.
+                for fd in self._fds:
+                    os.close(fd)
+                self._fds = []
+                self._fail(IpcError("the worker sent more descriptors than a frame carries"))
+                return
         if not size:
             self._fail(EOFError("worker closed the channel"))
             return
