@@ -36,6 +36,8 @@ from kcoral.remote.source import uploaded_line_map
 from kcoral.results import ProgramResult
 from kcoral.run.terminal_filter import TerminalFilter, is_terminal, utf8_writable
 
+#: The worker's module name for an upload, where it opens an exception's line.
+_UPLOADED_MODULE = re.compile(r"^kcoral_uploaded_\d+_\d+\.", re.MULTILINE)
 _FRAME = re.compile(r'^  File "(?P<file>[^"\n]*)", line (?P<line>\d+), in (?P<name>.+)$')
 
 #: Where a frame really is: (file, line), or None to drop it (code KCoral generated).
@@ -244,6 +246,10 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         # repeated the message, under a heading promising a traceback
         return
     # the note is printed wherever the error is (a terminal too): a server's escapes dropped
+    if fmt == "json":
+        # a class of the function's module is named by the worker's module for the upload
+        # ('kcoral_uploaded_23_1.WeirdError'), a name the user never wrote
+        shown = _UPLOADED_MODULE.sub("", shown)
     shown = TerminalFilter().feed(_in_cells(shown.removeprefix(_PYTHON_HEADING + "\n")))
     error.add_note(NOTE_HEADING + "\n" + shown)
 

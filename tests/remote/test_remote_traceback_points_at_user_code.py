@@ -81,6 +81,23 @@ def test_a_json_mode_failure_names_the_users_file_and_line_and_hides_the_dispatc
     assert "<uploaded:" in info.value.remote_traceback
 
 
+def raises_its_own_error():
+    class InnerError(Exception):
+        pass
+
+    raise InnerError("inner")
+
+
+def test_an_exception_class_of_the_functions_own_is_named_as_the_user_wrote_it(client) -> None:
+    # Before, the note's last line named the worker's module for the upload:
+    # 'kcoral_uploaded_23_1.raises_its_own_error.<locals>.InnerError: inner'. The class
+    # exists only on the server; the client reads its name, never unpickles it.
+    with pytest.raises(RemoteExecutionError) as info:
+        client.function()(raises_its_own_error).remote()
+    assert the_note(info.value).endswith("\nraises_its_own_error.<locals>.InnerError: inner")
+    assert str(info.value).endswith("failed: runtime: InnerError: inner")
+
+
 def one_line(x): return 1 / x  # fmt: skip
 
 
