@@ -9,15 +9,15 @@ import io
 import math
 import random
 
-from kcoral_server.metrics.exposition import exposition_of
+from kcoral_server.metrics.exposition import OneMetric, exposition_of
 from kcoral_server.metrics.labels import MAX_NAMED_NODES
-from kcoral_server.metrics.node_lines import NodeCounter, NodeHistogram
+from kcoral_server.metrics.node_lines import FamilyLines, NodeCounter, NodeHistogram
 from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.main import build_state
 from kcoral_server.router.nodes.registry import READY, NodeRecord
 from kcoral_server.router.settings import parse_router_args
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 #: node ids a label must escape or that hold a space (a value is what follows the last one)
@@ -73,6 +73,18 @@ def test_a_node_counter_writes_what_prometheus_clients_counter_writes_for_the_sa
     theirs.remove("a")
     ours.remove("never counted")
     assert ours.text() == exposition_of(registry)
+
+
+def test_a_gauge_written_from_kept_heads_is_the_librarys_text_for_any_value() -> None:
+    """Each distinct value is formatted once a scrape: 0.0 and -0.0 are one dict key but
+    two texts, and a NaN is never equal to itself."""
+    lines = FamilyLines("kcoral_router_node_busy", "busy", "gauge", ["node", "state"])
+    odd = (0.0, -0.0, math.nan, math.inf, -math.inf, 1e21, 1234567.0, 1.5, 0.0, -0.0)
+    for shift in range(3):
+        rows = [((node, "ready"), (odd[(i + shift) % len(odd)],)) for i, node in enumerate(
+            (*ODD_NODE_IDS, "a", "b", "c", "d", "e")
+        )]  # fmt: skip
+        assert lines.text(rows) == generate_latest(OneMetric(lines.metric(rows))), shift
 
 
 def test_a_routers_scrape_is_the_text_prometheus_client_writes_for_every_sample() -> None:
