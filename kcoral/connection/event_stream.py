@@ -158,11 +158,11 @@ def _check_line(buffer: bytearray, start: int, end: int) -> None:
         raise ProtocolError(f"job event data over {MAX_EVENT_DATA_BYTES} bytes")
 
 
-def _back_off(failures: int) -> None:
-    """Wait before the ``failures``-th attempt to reopen a stream (0.1 s doubling, at most
-    2 s: about 9 s over ``RECONNECT_ATTEMPTS``)."""
-    delay = RECONNECT_FIRST_DELAY_SECONDS * 2 ** (failures - 1)
-    time.sleep(min(delay, RECONNECT_MAX_DELAY_SECONDS))
+def _back_off_delay(failures: int) -> float:
+    """How long to wait before the ``failures``-th attempt to reopen a stream (0.1 s
+    doubling, at most 2 s: about 9 s over ``RECONNECT_ATTEMPTS``)."""
+    delay: float = RECONNECT_FIRST_DELAY_SECONDS * 2 ** (failures - 1)
+    return min(delay, RECONNECT_MAX_DELAY_SECONDS)
 
 
 class EventSource:
@@ -216,12 +216,14 @@ class EventSource:
 
         failures = 0
         unavailable_since: float | None = None  # the first of the 503s in a row
+        unreachable_since: float | None = None  # the first of the failed connections in a row
         over = False  # the job had finished when this connection opened
         while not self._closed:
             delivered = False
             try:
                 for event in self._one_connection(urllib3):
                     failures, unavailable_since, delivered = 0, None, True
+                    unreachable_since = None
                     yield event
                     if event.finished:
                         return
@@ -233,7 +235,12 @@ class EventSource:
                 failures += 1
                 if failures > RECONNECT_ATTEMPTS:
                     raise transport_error(self.url, exc) from exc
-                _back_off(failures)
+                # Within a read timeout, as a 503's asking: `result(timeout=3)` on a server
+                # that had gone took the whole back-off, 9 s (jobs soak).
+                unreachable_since = unreachable_since or time.monotonic()
+                self._wait_within_timeout(
+                    unreachable_since, _back_off_delay(failures), transport_error(self.url, exc)
+                )
             except KCoralError as exc:
                 # 503: not now (a router that just restarted, whose node holding the job is
                 # not back yet, ROUTER §13; no free slot): asked again each second for up to
@@ -249,13 +256,7 @@ class EventSource:
                     raise
                 # A read timeout bounds the asking too: no event came within it. A job's
                 # `result(timeout=5)` waited the whole 45 s here (jobs soak).
-                if self.read_timeout is not None:
-                    left = unavailable_since + self.read_timeout - now
-                    if left <= 0:
-                        raise TimeoutError(f"no job event within the timeout: {exc}") from None
-                    time.sleep(min(1.0, left))
-                else:
-                    time.sleep(1.0)
+                self._wait_within_timeout(unavailable_since, 1.0, exc)
                 continue
             else:
                 # The stream ended before ``finished``. A finished job's stream sends all its
@@ -277,6 +278,18 @@ class EventSource:
                 failures += 1  # reconnect
                 if failures > RECONNECT_ATTEMPTS:
                     raise TransportError(f"GET {self.url}: the event stream keeps ending")
+
+    def _wait_within_timeout(
+        self, since: float, delay: float, why: KCoralError | TransportError
+    ) -> None:
+        """Wait ``delay`` before asking again, or less where the read timeout, counted from
+        ``since`` (the first failure in a row), ends first; past it ``TimeoutError``."""
+        if self.read_timeout is not None:
+            left = since + self.read_timeout - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no job event within the timeout: {why}") from None
+            delay = min(delay, left)
+        time.sleep(delay)
 
     def _one_connection(self, urllib3: Any) -> Iterator[JobEvent]:
         headers = dict(self.headers)
