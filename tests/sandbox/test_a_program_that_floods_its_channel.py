@@ -11,21 +11,17 @@ breaks at the first descriptor past one frame's worth, as for any unreadable rep
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from alice_and_bob import SAY_WHO, completed_value, one_seat_server
+from identity_support import TOKEN_A, TOKEN_B
 from kcoral_server.processes import sandbox
 from kcoral_server.processes.ipc import MAX_FDS_PER_FRAME
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-
-from identity_support import TOKEN_A, TOKEN_B, token_file
 from raw_http import post_execute
 from sandbox_helpers import run_source
-from server_process import start_server
 
 BWRAP_PROBLEM = sandbox.probe()
 
@@ -53,11 +49,6 @@ def main():
     time.sleep(15)
 """
 
-SAY_WHO = """
-def main(who):
-    return who
-"""
-
 
 def _open_descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
@@ -67,14 +58,7 @@ def _open_descriptors(pid: int) -> int:
 def test_descriptors_a_program_sends_on_its_channel_never_fill_the_front_ends_table(
     tmp_path: Path,
 ) -> None:
-    tokens = token_file(tmp_path / "secrets")
-    server = start_server(
-        tmp_path / "server",
-        [
-            "--sandbox", "bubblewrap", "--num-workers", "1", "--max-requests-per-worker", "1",
-            "--auth-token-file", str(tokens),
-        ],
-    )  # fmt: skip
+    server = one_seat_server(tmp_path)
     try:
         answers = []
 
@@ -99,13 +83,6 @@ def test_descriptors_a_program_sends_on_its_channel_never_fill_the_front_ends_ta
         (answer,) = answers
         assert answer.status == 500, answer.raw[-2000:]
         assert answer.body["error"]["message"] == "invalid worker response"
-        answer = post_execute(
-            server.url,
-            run_source(SAY_WHO, args=["bob"]),
-            headers={"Authorization": f"Bearer {TOKEN_B}"},
-            timeout=110,
-        )
-        assert answer.status == 200, answer.raw[-2000:]
-        assert answer.body["results"]["value"]["value"] == "bob"
+        assert completed_value(server.url, TOKEN_B, SAY_WHO, ["bob"]) == "bob"
     finally:
         server.stop()

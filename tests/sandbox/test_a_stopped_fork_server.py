@@ -13,18 +13,12 @@ timeout (60 s) for it; it is woken when let go.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from alice_and_bob import SAY_WHO, completed_value, one_seat_server
+from identity_support import TOKEN_A, TOKEN_B
 from kcoral_server.processes import sandbox
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-
-from identity_support import TOKEN_A, TOKEN_B, token_file
-from raw_http import post_execute
-from sandbox_helpers import run_source
-from server_process import start_server
 
 BWRAP_PROBLEM = sandbox.probe()
 
@@ -63,41 +57,17 @@ def main():
     return found
 """
 
-SAY_WHO = """
-def main(who):
-    return who
-"""
-
-
-def _value(url: str, token: str, source: str, args: list) -> str:
-    answer = post_execute(
-        url,
-        run_source(source, args=args),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=110,
-    )
-    assert answer.status == 200, answer.raw[-2000:]
-    assert answer.body["status"] == "COMPLETED", answer.raw[-2000:]
-    return answer.body["results"]["value"]["value"]
-
 
 @pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bubblewrap cannot run: {BWRAP_PROBLEM}")
 def test_a_program_that_stops_its_fork_server_leaves_the_server_serving_every_identity(
     tmp_path: Path,
 ) -> None:
-    tokens = token_file(tmp_path / "secrets")
-    server = start_server(
-        tmp_path / "server",
-        [
-            "--sandbox", "bubblewrap", "--num-workers", "1", "--max-requests-per-worker", "1",
-            "--auth-token-file", str(tokens),
-        ],
-    )  # fmt: skip
+    server = one_seat_server(tmp_path)
     try:
-        stopped = _value(server.url, TOKEN_A, STOP_MY_LAUNCHER, [])
+        stopped = completed_value(server.url, TOKEN_A, STOP_MY_LAUNCHER, [])
         assert "kcoral_server.processes.launcher" in stopped
         for who, token in (("bob", TOKEN_B), ("bob", TOKEN_B), ("alice", TOKEN_A)):
-            assert _value(server.url, token, SAY_WHO, [who]) == who
+            assert completed_value(server.url, token, SAY_WHO, [who]) == who
         kinds = {event["event"] for event in server.events()}
         assert "devices_quarantined" not in kinds, server.stderr()[-3000:]
     finally:
@@ -108,21 +78,14 @@ def test_a_program_that_stops_its_fork_server_leaves_the_server_serving_every_id
 def test_a_worker_forked_ahead_that_a_program_stopped_keeps_no_one_waiting_for_its_start(
     tmp_path: Path,
 ) -> None:
-    tokens = token_file(tmp_path / "secrets")
-    server = start_server(
-        tmp_path / "server",
-        [
-            "--sandbox", "bubblewrap", "--num-workers", "1", "--max-requests-per-worker", "1",
-            "--auth-token-file", str(tokens),
-        ],
-    )  # fmt: skip
+    server = one_seat_server(tmp_path)
     try:
         stopped = []
         for _ in range(3):
-            assert _value(server.url, TOKEN_A, SAY_WHO, ["alice"]) == "alice"
-            stopped += _value(server.url, TOKEN_A, STOP_THE_WORKERS_BESIDE_ME, [])
+            assert completed_value(server.url, TOKEN_A, SAY_WHO, ["alice"]) == "alice"
+            stopped += completed_value(server.url, TOKEN_A, STOP_THE_WORKERS_BESIDE_ME, [])
             for who, token in (("alice", TOKEN_A), ("bob", TOKEN_B)):
-                assert _value(server.url, token, SAY_WHO, [who]) == who
+                assert completed_value(server.url, token, SAY_WHO, [who]) == who
         assert stopped, "no program ever saw a worker forked ahead beside it"
         failed = [event for event in server.events() if event["event"] == "worker_failed"]
         assert failed == [], failed

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import errno
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from alice_and_bob import one_seat_server
+from identity_support import TOKEN_A, TOKEN_B
 from kcoral_server.processes import sandbox
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-
-from identity_support import TOKEN_A, TOKEN_B, token_file
 from raw_http import post_execute
 from sandbox_helpers import run_source
-from server_process import RunningServer, start_server
 
 BWRAP_PROBLEM = sandbox.probe()
 needs_bwrap = pytest.mark.skipif(
@@ -59,22 +55,9 @@ def _found(url: str, token: str, who: str) -> dict[str, list[str]]:
     return _run(url, token, LEAVE_A_MARK, [who])
 
 
-def _one_seat_server(tmp_path: Path) -> RunningServer:
-    """A sandboxed server of one seat, one fresh worker per program, alice's and bob's
-    tokens."""
-    tokens = token_file(tmp_path / "secrets")
-    return start_server(
-        tmp_path / "server",
-        [
-            "--sandbox", "bubblewrap", "--max-requests-per-worker", "1", "--num-workers", "1",
-            "--auth-token-file", str(tokens),
-        ],
-    )  # fmt: skip
-
-
 @needs_bwrap
 def test_a_spare_never_hands_one_identitys_sandbox_to_another(tmp_path: Path) -> None:
-    server = _one_seat_server(tmp_path)
+    server = one_seat_server(tmp_path)
     try:
         order = ["alice", "bob", "bob", "alice", "bob", "alice", "alice", "bob"]
         seen = {"alice": [], "bob": []}
@@ -155,7 +138,7 @@ def _attack(url: str, kill: bool) -> dict[str, dict[str, object]]:
 def test_a_program_can_neither_read_nor_stop_the_worker_forked_ahead_beside_it(
     tmp_path: Path,
 ) -> None:
-    server = _one_seat_server(tmp_path)
+    server = one_seat_server(tmp_path)
     try:
         tried: dict[str, dict[str, object]] = {}
         for _ in range(12):
