@@ -42,6 +42,7 @@ SAMPLES: list[ipc.Message] = [
         report_instructions=False,
     ),
     ipc.LeaseGranted(),
+    ipc.LeaseWithdrawn(),
     ipc.Shutdown(),
     ipc.WorkerReady(pid=42, target={"python": "3.11"}, versions={"kcoral": "0"}, device_uuid="u"),
     ipc.WorkerStartFailed(error="boom"),

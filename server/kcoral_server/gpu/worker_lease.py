@@ -44,6 +44,7 @@ class LeaseHolder:
         *,
         grant: Callable[[], None],
         refused: Callable[[str], None],
+        withdrawn: Callable[[], None] = lambda: None,
     ) -> None:
         self.arbiter = arbiter
         self.gpu_ids = list(gpu_ids)
@@ -56,6 +57,9 @@ class LeaseHolder:
         self.identity: str | None = None
         self._grant = grant
         self._refused = refused
+        self._withdrawn = withdrawn
+        #: the current request was interrupted: its waits end unanswered (EXTENSIONS §11)
+        self.interrupted = False
         self._acquiring: asyncio.Task | None = None
         self._observer: Callable[[str], None] | None = None
 
@@ -66,6 +70,9 @@ class LeaseHolder:
         queue at the arbiter (``worker_gone`` says whether to answer once granted)."""
         if self.arbiter is None or not self.gpu_ids or self.held:
             self._grant()  # a CPU worker should never ask; never leave it blocked
+            return
+        if self.interrupted:
+            self._withdrawn()  # it would only run to be interrupted: it stops here
             return
         if self._acquiring is not None and not self._acquiring.done():
             return
@@ -92,9 +99,7 @@ class LeaseHolder:
         self._grant()
 
     def _now_held(self, now: float) -> None:
-        if self.clock.waiting_since is not None:
-            self.clock.wait_total += now - self.clock.waiting_since
-            self.clock.waiting_since = None
+        self._now_waiting_over(now)
         self.held = True
         self.clock.held_since = now
 
@@ -129,6 +134,25 @@ class LeaseHolder:
             self.arbiter.release(self, self.gpu_ids)
         self.held = False
 
+    def interrupt(self) -> None:
+        """The current request is interrupted: a wait of its worker ends now, unanswered by
+        a grant (``withdrawn``), and so does every wait it starts until the request ends.
+        Its place in the arbiter's queue goes to the next waiter; the lease it holds, it
+        keeps: its program runs and takes the interrupt there."""
+        if self.interrupted:
+            return  # one withdrawal per wait: a second answer would meet the next ask
+        self.interrupted = True
+        if self._acquiring is None or self._acquiring.done() or self.held:
+            return
+        self.withdraw()  # a grant of this very tick goes back to the arbiter (``acquire``)
+        self._now_waiting_over(time.monotonic())
+        self._withdrawn()
+
+    def _now_waiting_over(self, now: float) -> None:
+        if self.clock.waiting_since is not None:
+            self.clock.wait_total += now - self.clock.waiting_since
+            self.clock.waiting_since = None
+
     def withdraw(self) -> None:
         """Leave the arbiter's queue (a worker being killed asks for nothing any more)."""
         if self._acquiring is not None and not self._acquiring.done():
@@ -157,6 +181,7 @@ class LeaseHolder:
     def begin_request(self, request_id: str, identity: str | None = None) -> None:
         self.request_id = request_id
         self.identity = identity
+        self.interrupted = False
         now = time.monotonic()
         self.clock = LeaseClock(
             waiting_since=now if self.clock.waiting_since else None,

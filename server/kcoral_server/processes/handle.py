@@ -130,8 +130,9 @@ class WorkerHandle:
         self.lease = LeaseHolder(
             arbiter if device != "cpu" else None,
             gpu_ids,
-            grant=self._grant,
+            grant=lambda: self._answer_lease(ipc.LeaseGranted()),
             refused=lambda why: self.channel.fail(WorkerGone(why)),
+            withdrawn=lambda: self._answer_lease(ipc.LeaseWithdrawn()),
         )
         self.channel = WorkerChannel(
             on_lease=self._lease_message,
@@ -324,9 +325,9 @@ class WorkerHandle:
         else:
             self.lease.release()
 
-    def _grant(self) -> None:
+    def _answer_lease(self, answer: ipc.Message) -> None:
         with contextlib.suppress(WorkerGone):
-            self.channel.send(ipc.LeaseGranted())
+            self.channel.send(answer)
 
     def _gone(self) -> None:
         if self.on_gone is not None:

@@ -116,6 +116,14 @@ class LeaseGranted(Message):
 
 
 @dataclass
+class LeaseWithdrawn(Message):
+    """The answer to ``LeaseAcquire`` instead of ``LeaseGranted``: the program was
+    interrupted while it waited, so it stops there without the lease (EXTENSIONS §11)."""
+
+    tag: ClassVar[str] = "lease_withdrawn"
+
+
+@dataclass
 class Shutdown(Message):
     """Finish nothing more; exit cleanly."""
 

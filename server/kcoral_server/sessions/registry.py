@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -174,35 +175,47 @@ class Session:
         return self.state != "ENDED"
 
     def interrupt(self) -> bool:
-        """Raise ``KeyboardInterrupt`` in the running program (SIGINT to its worker); a
-        program still running ``INTERRUPT_GRACE_SECONDS`` later is killed under its lease,
-        which ends the session. False when no program runs."""
+        """Raise ``KeyboardInterrupt`` in the running program (SIGINT to its worker); one
+        that waits for its GPUs stops waiting at once. A program still running
+        ``INTERRUPT_GRACE_SECONDS`` after it was sent the interrupt is killed under its
+        lease, which ends the session. False when no program runs."""
         running = self.running
         handle = self.seat.worker
         if running is None or handle is None or handle.pid is None:
             return False
         if self._interrupted is not running:
-            loop = asyncio.get_running_loop()
             self._interrupted = running
-            self._stopped = loop.create_future()
-            self._signal_once_started(running, handle)
-            loop.call_later(INTERRUPT_GRACE_SECONDS, self._interrupt_expired, running)
+            self._stopped = asyncio.get_running_loop().create_future()
+            self._signal_once_started(running, handle, graced=False)
         return True
 
-    def _signal_once_started(self, request: ExecuteRequest, handle: WorkerHandle) -> None:
+    def _signal_once_started(
+        self, request: ExecuteRequest, handle: WorkerHandle, *, graced: bool
+    ) -> None:
         """SIGINT to ``handle`` once it runs ``request``'s program: the worker drops one that
         lands between programs (``worker.state``), so one sent before the program
         reached it would be lost. Started means sent and, where the worker shares a progress
-        slot, its first instruction begun; until then this looks again every few ms."""
+        slot, its first instruction begun; until then this looks again every few ms.
+
+        The grace counts from the program's arrival at the worker, whose wait for the
+        GPUs' lease the interrupt ends at once (``LeaseHolder.interrupt``): counted from
+        the interrupt, a program queued behind another identity's on its GPUs was killed
+        with the session for a wait it could not cut short (team soak)."""
         if self.running is not request or handle.gone is not None or handle.pid is None:
             return  # it ended (or never will start): nothing to interrupt
+        loop = asyncio.get_running_loop()
+        if request.cancellation.driven is handle and not graced:
+            graced = True
+            handle.lease.interrupt()
+            loop.call_later(INTERRUPT_GRACE_SECONDS, self._interrupt_expired, request)
         slot = handle.progress
-        if request.cancellation.driven is handle and (slot is None or slot.any_started()):
+        if graced and (slot is None or slot.any_started()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(handle.pid, signal.SIGINT)
             return
-        asyncio.get_running_loop().call_later(
-            START_POLL_SECONDS, self._signal_once_started, request, handle
+        loop.call_later(
+            START_POLL_SECONDS,
+            functools.partial(self._signal_once_started, request, handle, graced=graced),
         )
 
     def _interrupt_expired(self, request: ExecuteRequest) -> None:

@@ -405,15 +405,18 @@ class ProgramExecution:
             self._cleanup_process()
             return  # the worker exits now; its caller kills what the program left
         try:
-            self.lease.acquire()
+            # False: interrupted before it held the GPUs again, so nothing of it is on them
+            on_device = self.lease.acquire_unless_withdrawn()
         except WorkerExit:
             self.exiting = True
             self._cleanup_process()
             raise
-        self._record_fault(self.runtime.drain(), last)
+        if on_device:
+            self._record_fault(self.runtime.drain(), last)
         self._cancel_pending_tasks()
         self._cleanup_process()
-        if not self.poisoned and self.error is not None and self.runtime.device == "gpu":
+        on_gpu = on_device and self.runtime.device == "gpu"
+        if on_gpu and not self.poisoned and self.error is not None:
             self._record_fault(self.runtime.check_context(), last)
         found, verified = kill_descendants()
         if found:

@@ -17,12 +17,29 @@ from kcoral_server.processes.ipc import (
     LeaseAcquire,
     LeaseGranted,
     LeaseRelease,
+    LeaseWithdrawn,
     Shutdown,
+)
+from kcoral_server.worker.failures import InstructionFailure
+
+#: a session program interrupted while it waited for its GPUs (EXTENSIONS §11)
+WITHDRAWN_MESSAGE = (
+    "KeyboardInterrupt: interrupted while it waited for its GPUs "
+    "(another program held them); the instruction did not run"
 )
 
 
 class WorkerExit(Exception):
     """The front-end asked the worker to stop (or went away) while it was waiting."""
+
+
+class WaitWithdrawn(InstructionFailure):
+    """The front-end withdrew the wait for the lease: the program was interrupted before it
+    got the GPUs (EXTENSIONS §11), and the instruction that waited fails so. Not held:
+    everything it ran on them before was drained when it gave them back."""
+
+    def __init__(self) -> None:
+        super().__init__("runtime", WITHDRAWN_MESSAGE)
 
 
 class Lease:
@@ -45,11 +62,22 @@ class Lease:
             _close(fd)
         if isinstance(message, Shutdown):
             raise WorkerExit("shutdown while waiting for the lease")
+        if isinstance(message, LeaseWithdrawn):
+            raise WaitWithdrawn
         if not isinstance(message, LeaseGranted):
             raise IpcError(f"expected lease_granted, got {message.tag}")
         self.held = True
         # the front-end's deadline pauses while a program waits for its lease (SERVER §8)
         postpone_program_deadline(time.monotonic() - asked)
+
+    def acquire_unless_withdrawn(self) -> bool:
+        """``acquire``; False where the front-end withdrew the wait instead (a teardown
+        after an interrupt: it has nothing on the GPUs to drain)."""
+        try:
+            self.acquire()
+        except WaitWithdrawn:
+            return False
+        return True
 
     def release(self) -> None:
         """Give the lease back (the caller drained GPU work first); no-op when not held."""
