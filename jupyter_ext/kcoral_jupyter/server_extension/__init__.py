@@ -172,5 +172,10 @@ def servers_at_load(extension: KCoralExtension) -> str:
         return f"{count} server{'' if count == 1 else 's'}: c.KCoralExtension.servers"
     url = os.environ.get("KCORAL_URL", "").strip()
     if url:
-        return f"1 server: KCORAL_URL {url}"
+        # As the panel will list it: a token pasted into the address (http://TOKEN@host,
+        # ?token=...) was written into the Jupyter server's log as it stood.
+        listed = extension._listed("default", url, "", "KCORAL_URL")
+        if listed.get("problem"):
+            return "no server: KCORAL_URL is not a server address (see the warning above)"
+        return f"1 server: KCORAL_URL {listed['url']}"
     return "no server configured: the servers kernels use are listed as they start"

@@ -50,3 +50,17 @@ def test_the_load_line_says_when_no_server_is_configured(
         "KCoral server extension loaded (no server configured: the servers kernels use are "
         "listed as they start)"
     ]
+
+
+def test_the_load_line_never_writes_a_token_pasted_into_kcoral_url(
+    monkeypatch: pytest.MonkeyPatch, jp_serverapp: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A neighbour who reads the Jupyter server's log (a shared log file, a job's output)
+    read the token of a KCORAL_URL given as http://TOKEN@host."""
+    monkeypatch.setenv("KCORAL_URL", "http://SECRET-TOKEN@127.0.0.1:8123/?token=SECRET-TOKEN")
+    assert load_lines(jp_serverapp) == [
+        "KCoral server extension loaded (no server: KCORAL_URL is not a server address (see "
+        "the warning above))"
+    ]
+    assert "SECRET-TOKEN" not in caplog.text
+    assert "KCORAL_URL is not used" in caplog.text
