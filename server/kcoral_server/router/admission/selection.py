@@ -289,7 +289,30 @@ def fleet_status(
             {"key": key, "value": value} | load(nodes)
             for (key, value), nodes in sorted(labels.items())
         ],
+        "not_ready": not_ready_kinds(registry),
     }
+
+
+def not_ready_kinds(registry: Registry) -> list[dict[str, Any]]:
+    """``fleet_status``'s ``not_ready`` (ROUTER §6): per kind, the node records the router
+    keeps that are not ``ready``, counted by state (``{"draining": 1}``), so a node that
+    drains or goes quiet shows as such, not as a smaller fleet. Each record's state is the
+    router's reading of that node's own stream: a node moves only its own count."""
+    default = registry.default_kind
+    ready = {id(n) for n in ready_nodes(registry)}
+    kinds: dict[tuple[str, str, int], dict[str, int]] = {}
+    for n in registry.nodes.values():
+        if id(n) in ready:
+            continue
+        counts = kinds.setdefault((n.kind, n.arch, n.gpus), {})
+        counts[n.state] = counts.get(n.state, 0) + 1
+    return [
+        {"gpu": gpu or None, "arch": arch or None, "gpus": gpus, "default": gpu == default}
+        | {"states": dict(sorted(states.items()))}
+        for (gpu, arch, gpus), states in sorted(
+            kinds.items(), key=lambda i: (i[0][0] != default, i[0])
+        )
+    ]
 
 
 # -- each identity's share of a node's long-held control slots (ROUTER §7) ----------------
