@@ -6,7 +6,6 @@ once. A real CPU server with one session seat."""
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -79,14 +78,20 @@ def one_seat_server(server_factory) -> Any:
     return server_factory("--num-workers", "1", "--max-sessions", "1")
 
 
-def interrupt_once_running(kernel: RealKernel, url: str, session_id: str) -> None:
-    """Interrupt the kernel (SIGINT, as Jupyter's Stop) once the session's program runs."""
-    with kcoral.Client(url) as client:
-        deadline = time.monotonic() + 60
-        while client.attach_session(session_id).record.get("state") != "RUNNING":
-            assert time.monotonic() < deadline, "the session's program never ran"
-            time.sleep(0.05)
-    time.sleep(1.0)  # RUNNING comes before the cell's first line: let it reach its loop
+LOOPING = "%%kcoral\nimport time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+
+
+def interrupt_once_looping(kernel: RealKernel, sent: str) -> None:
+    """Interrupt the kernel (SIGINT, as Jupyter's Stop) once the cell ``sent`` (``LOOPING``)
+    shows its program's line: the kernel then follows the program, which is in its loop. A
+    second's sleep after the session read RUNNING stood in for that on a loaded machine."""
+    while True:
+        message = kernel.client.get_iopub_msg(timeout=120)
+        if message["parent_header"].get("msg_id") != sent:
+            continue
+        if message["msg_type"] == "stream" and "looping" in message["content"]["text"]:
+            break
+        assert message["msg_type"] != "error", message["content"]["traceback"]
     kernel.manager.interrupt_kernel()
 
 
@@ -97,8 +102,8 @@ def test_an_interrupted_session_cell_says_its_program_stopped_and_the_state_is_k
     # cell says it ended)", after the cell's own line had said the program had stopped.
     server = one_seat_server
     with kernel_in_a_session(server.url, monkeypatch) as (kernel, session_id):
-        sent = kernel.client.execute("%%kcoral\nimport time\nwhile True:\n    time.sleep(0.1)\n")
-        interrupt_once_running(kernel, server.url, session_id)
+        sent = kernel.client.execute(LOOPING)
+        interrupt_once_looping(kernel, sent)
         said = []
         while True:
             message = kernel.client.get_iopub_msg(timeout=120)
