@@ -502,21 +502,51 @@ def fleet_rows(fleet_status: Mapping[str, Any]) -> list[list[str]]:
     marked), then each label (``pool=big``), with its nodes, free seats of all, queue and
     estimated wait."""
     rows: list[list[str]] = []
-    for kind in fleet_status.get("kinds") or []:
-        if not isinstance(kind, Mapping):
-            continue
-        name = f"gpu={kind.get('gpu') or '?'}"
-        if kind.get("arch"):
-            name += f" {kind['arch']}"
-        if isinstance(kind.get("gpus"), int) and kind["gpus"] > 0:
-            name += f" x{kind['gpus']}"
-        if kind.get("default"):
-            name += " (default)"
-        rows.append([name, *_fleet_numbers(kind)])
+    # The nodes that are not serving, by kind (ROUTER §6 not_ready): beside a kind's ready
+    # count, or a row of their own where none of that kind is ready.
+    out = {_kind_name(k): k.get("states") for k in _mappings(fleet_status.get("not_ready"))}
+    for kind in _mappings(fleet_status.get("kinds")):
+        name = _kind_name(kind)
+        numbers = _fleet_numbers(kind)
+        numbers[0] = _nodes_text(numbers[0], out.pop(name, None))
+        rows.append([name, *numbers])
+    for name, states in out.items():
+        rows.append([name, _nodes_text("0", states), *[UNKNOWN] * 3])
     for label in fleet_status.get("labels") or []:
         if isinstance(label, Mapping):
             rows.append([f"{label.get('key')}={label.get('value')}", *_fleet_numbers(label)])
     return rows
+
+
+def _mappings(rows: object) -> list[Mapping[str, Any]]:
+    return [row for row in rows if isinstance(row, Mapping)] if isinstance(rows, list) else []
+
+
+def _kind_name(kind: Mapping[str, Any]) -> str:
+    """``gpu=h100 sm_90a x8 (default)``."""
+    name = f"gpu={kind.get('gpu') or '?'}"
+    if kind.get("arch"):
+        name += f" {kind['arch']}"
+    if isinstance(kind.get("gpus"), int) and kind["gpus"] > 0:
+        name += f" x{kind['gpus']}"
+    return name + (" (default)" if kind.get("default") else "")
+
+
+#: The node states a router names (ROUTER §6); any other a server sends reads ``other``.
+NODE_STATES = ("starting", "recovering", "incompatible", "unhealthy", "draining", "left")
+
+
+def _nodes_text(ready: str, states: object) -> str:
+    """``1/2 ready · 1 draining`` where some nodes of a kind are not serving, else ``1``."""
+    counts: dict[str, int] = {}
+    for state, count in states.items() if isinstance(states, Mapping) else ():
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            said = state if state in NODE_STATES else "other"
+            counts[said] = counts.get(said, 0) + count
+    if not counts or not ready.isdigit():
+        return ready
+    out = " · ".join(f"{count} {state}" for state, count in counts.items())
+    return f"{ready}/{int(ready) + sum(counts.values())} ready · {out}"
 
 
 def _fleet_numbers(row: Mapping[str, Any]) -> list[str]:

@@ -6,14 +6,19 @@ only its own count."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from IPython.utils.capture import capture_output
+from kcoral_jupyter.display import fleet_rows
 from kcoral_server.router.admission.selection import fleet_status
 from kcoral_server.router.nodes.registry import Registry
 from kcoral_server.router.settings import RouterSettings
+from kcoral_shell import kcoral_shell
 from raw_http import request
 from router_helpers import Node, ready_nodes, start_router, stopping
 from test_router_kinds import join, status
@@ -29,7 +34,7 @@ def not_ready_states(router) -> dict[str, int] | None:
 
 
 def test_a_drained_node_and_a_stopped_one_are_counted_by_state_beside_the_ready_one(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     router = start_router(
         tmp_path,
@@ -59,6 +64,13 @@ def test_a_drained_node_and_a_stopped_one_are_counted_by_state_beside_the_ready_
             (kind,) = info["fleet_status"]["kinds"]
             assert (kind["gpu"], kind["nodes"]) == ("cpu", 1)  # published meaning: ready ones
             assert info["fleet"]["kinds"][0]["nodes"] == 1
+
+            # what a notebook's %kcoral status shows of it
+            with kcoral_shell(router.url, monkeypatch, ()) as ip, capture_output() as shown:
+                ip.run_line_magic("kcoral", "status")
+            table = shown.outputs[-1].data["text/plain"]
+            row = re.compile(r"gpu=cpu \(default\) +1/3 ready · 1 (draining|left) · 1 unhealthy ")
+            assert row.search(table), table
         finally:
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
@@ -81,4 +93,24 @@ def test_a_rogue_node_claiming_draining_moves_only_its_own_count() -> None:
     assert [(k["gpu"], k["nodes"]) for k in rows["kinds"]] == [("h100", 2)]
     assert rows["not_ready"] == [
         {"gpu": "h100", "arch": "sm_90a", "gpus": 1, "default": True, "states": {"draining": 1}}
+    ]
+
+
+def test_a_kind_with_no_ready_node_has_its_own_row_and_a_state_no_router_names_reads_other() -> (
+    None
+):
+    h100 = {"gpu": "h100", "arch": "sm_90a", "gpus": 8, "default": False}
+    shown = fleet_rows(
+        {
+            "kinds": [{"gpu": "cpu", "arch": None, "gpus": 0, "default": True, "nodes": 2}],
+            "labels": [],
+            "not_ready": [
+                h100 | {"states": {"draining": 1, "\x1b[2Jevil": 2, "left": True}},
+                {"gpu": "cpu", "arch": None, "gpus": 0, "default": True, "states": {}},
+            ],
+        }
+    )
+    assert shown == [
+        ["gpu=cpu (default)", "2", "\u2014", "\u2014", "\u2014"],
+        ["gpu=h100 sm_90a x8", "0/3 ready · 1 draining · 2 other", "\u2014", "\u2014", "\u2014"],
     ]
