@@ -43,3 +43,25 @@ def test_attaching_an_ended_session_says_nothing_was_attached(server_factory, mo
         "nothing was attached: %kcoral session list shows your sessions, %kcoral session "
         "start begins a new one",
     ]
+
+
+def test_session_list_lists_the_sessions_where_the_servers_info_fails(
+    server_factory, monkeypatch
+) -> None:
+    # Before: the list asked /v1/info who the caller is after it had the sessions, and its
+    # failure (a router relaying it to a node that stopped answering) lost the whole list.
+    server = server_factory("--num-workers", "1", "--max-sessions", "1")
+
+    def info_fails(self: kcoral.Client) -> dict:
+        raise kcoral.TransportError(f"cannot reach {server.url}: no answer within 30 s")
+
+    with kcoral.Client(server.url) as client, client.session() as live:
+        with kcoral_shell(server.url, monkeypatch, ()) as ip, capture_output() as listed:
+            ip.run_line_magic("kcoral", "session list")  # the kernel knows the server now
+            monkeypatch.setattr(kcoral.Client, "info", info_fails)
+            ip.run_line_magic("kcoral", "session list")
+    # named where who asks is not known: a caller's own session says "owner default"
+    assert listed.stdout.splitlines() == [
+        f"{live.id}  IDLE  0 programs  CPU",
+        f"{live.id}  IDLE  0 programs  CPU  owner default",
+    ]

@@ -219,11 +219,7 @@ class SessionCommands:
         if not records:
             print(f"kcoral: no sessions of yours on {url}")
             return
-        # An admin lists every identity's sessions (EXTENSIONS §11): say whose each is, also
-        # where all are one other identity's (they read as the admin's own before)
-        owners = {owner_of(record) for record in records}
-        caller = client.info().get("identity")
-        whose = len(owners) > 1 or (isinstance(caller, str) and bool(owners - {None, caller}))
+        whose = names_owners(client, {owner_of(record) for record in records})
         for record in records:
             owner = f"  owner {owner_of(record) or UNKNOWN}" if whose else ""
             # An ended one says why: "ENDED" alone left the user guessing whether their own
@@ -234,6 +230,22 @@ class SessionCommands:
                 f"{record.get('session_id')}  {state}  "
                 f"{programs_text(record)}  {session_place(record)}{owner}"
             )
+
+
+def names_owners(client: Client, owners: set[str | None]) -> bool:
+    """Whether ``%kcoral session list`` names each session's owner. An admin lists every
+    identity's sessions (EXTENSIONS §11): named where there are several owners, and where
+    all are one other identity's (they read as the admin's own). Where ``/v1/info`` does not
+    say who asks (it fails: a router relaying it to a node that stopped answering), they are
+    named too: the list the user asked for was lost with that question."""
+    named = owners - {None}
+    if len(owners) > 1 or not named:
+        return len(owners) > 1
+    try:
+        caller = client.info().get("identity")
+    except (TransportError, KCoralError):
+        return True
+    return isinstance(caller, str) and caller not in named
 
 
 #: an end_reason (EXTENSIONS §11) as the JupyterLab panel words it: "deleted" read as if
