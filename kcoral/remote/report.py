@@ -113,9 +113,7 @@ def call_error_said(error: KCoralError, name: str, caller: Any, timeout: Any) ->
     response-size limit"), a 504 ``timeout`` the deadline's setting (``deadline_said``); any
     other error as it is."""
     if error.status_code == 500 and error.kind == "response_too_large":
-        return KCoralError(
-            500, f"{name}(): {error.message}", kind=error.kind, request_id=error.request_id
-        )
+        return reworded(error, f"{name}(): {error.message}")
     return deadline_said(error, name, caller, timeout)
 
 
@@ -134,14 +132,17 @@ def deadline_said(error: KCoralError, name: str, caller: Any, timeout: Any) -> E
         setting = f"the server's most; {name}() asked for timeout={timeout:g}"
     else:
         setting = f"{name}()'s timeout={timeout:g}; {decorator} raises it"
-    message = f"{found[1]} ({setting})"
-    return KCoralError(
-        error.status_code,
-        message,
-        kind=error.kind,
-        request_id=error.request_id,
-        output=error.output,
-    )
+    return reworded(error, f"{found[1]} ({setting})")
+
+
+def reworded(error: KCoralError, message: str) -> KCoralError:
+    """``error`` with ``message`` in place of its own, every other attribute kept: a caller
+    reads ``retry_after``, ``output``, ``hint`` and ``redirect_to`` of a remote call's error
+    as of ``execute()``'s, which a rebuilt error dropped."""
+    # not copy.copy: that calls the class with ``args``, which a subclass may not take
+    said = type(error).__new__(type(error), error.status_code, message)
+    said.__dict__.update(vars(error), message=message)
+    return said
 
 
 def show_output(result: ProgramResult | PrintedOutput) -> None:
