@@ -57,6 +57,29 @@ export interface IFleetStatus {
     default: boolean;
   })[];
   labels: (IFleetLoad & { key: string; value: string })[];
+  /** Per kind, the nodes the router keeps that are not serving, counted by state (a
+   * state no router names as `other`); absent from routers before it. */
+  not_ready?: INotReadyKind[];
+}
+
+/** The node states a router names besides `ready` (ROUTER §6). */
+export const NODE_STATES = [
+  'starting',
+  'recovering',
+  'incompatible',
+  'unhealthy',
+  'draining',
+  'left'
+];
+
+/** One kind's nodes that are not serving (ROUTER §6 `fleet_status.not_ready`). */
+export interface INotReadyKind {
+  gpu: string | null;
+  arch: string | null;
+  gpus: number | null;
+  default: boolean;
+  /** Node count by state, each above 0. */
+  states: Record<string, number>;
 }
 
 /** One configured server as `GET kcoral/api/servers` describes it. */
@@ -305,8 +328,27 @@ function checkedFleet(raw: unknown): IFleetStatus | undefined {
       ...checkedFleetLoad(label),
       key: shownText(label.key) || '?',
       value: shownText(label.value) || '?'
+    })),
+    not_ready: records(raw.not_ready).map(kind => ({
+      gpu: stringOr(kind.gpu, null),
+      arch: stringOr(kind.arch, null),
+      gpus: countOrNull(kind.gpus),
+      default: kind.default === true,
+      states: checkedStates(kind.states)
     }))
   };
+}
+
+/** Node counts by state: positive whole numbers only, a state no router names as `other`. */
+function checkedStates(raw: unknown): Record<string, number> {
+  const counts: Record<string, number> = {};
+  for (const [state, count] of Object.entries(isObject(raw) ? raw : {})) {
+    if (Number.isSafeInteger(count) && (count as number) > 0) {
+      const said = NODE_STATES.includes(state) ? state : 'other';
+      counts[said] = (counts[said] ?? 0) + (count as number);
+    }
+  }
+  return counts;
 }
 
 function checkedInfo(info: unknown): IInfo | null {

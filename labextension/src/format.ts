@@ -1,6 +1,6 @@
 /** Text shown by the status bar item and the panel (pure functions, tested with jest). */
 
-import { IFleetLoad, IInfo, IJob, ISession, IServerEntry } from './api';
+import { IFleetLoad, IInfo, IJob, INotReadyKind, ISession, IServerEntry } from './api';
 import { isFiniteNumber as isNumber, shownText } from './text';
 
 /*
@@ -681,7 +681,7 @@ export const FLEET_COLUMNS: { name: string; title: string }[] = [
     name: 'fleet',
     title: 'GPU kind (gpu=…; bold: the default kind, where cells without --select go) or label'
   },
-  { name: 'nodes', title: 'ready nodes' },
+  { name: 'nodes', title: 'ready nodes; of a kind, also those not serving, by state' },
   { name: 'free', title: 'free seats of all seats' },
   { name: 'queue', title: 'requests waiting for these nodes' },
   { name: 'wait', title: 'estimated wait, from recent programs (– without any)' }
@@ -715,6 +715,27 @@ function fleetCells(name: string, load: Partial<IFleetLoad>): string[] {
   return [name, count(load.nodes), free, count(load.queued), waitText(load.estimated_wait_seconds)];
 }
 
+/** A kind's cell (`gpu=h100 ×8`) and tooltip (arch too, and whether it is the default). */
+function kindName(kind: Partial<INotReadyKind>): { name: string; title: string } {
+  const gpu = typeof kind.gpu === 'string' ? kind.gpu : '?';
+  const count = isNumber(kind.gpus) && kind.gpus > 0 ? ` ×${kind.gpus}` : '';
+  const arch = typeof kind.arch === 'string' && kind.arch ? ` ${kind.arch}` : '';
+  const what = kind.default === true ? ': the default kind (requests without --select go here)' : '';
+  return { name: `gpu=${gpu}${count}`, title: `gpu=${gpu}${arch}${count}${what}` };
+}
+
+/** `1/2 ready · 1 draining` where some nodes of a kind are not serving, else the count. */
+export function nodesText(ready: unknown, states: Record<string, number> | undefined): string {
+  const out = Object.entries(states && typeof states === 'object' ? states : {}).filter(
+    ([, count]) => isNumber(count) && count > 0
+  );
+  if (!isNumber(ready) || out.length === 0) {
+    return isNumber(ready) ? String(ready) : '–';
+  }
+  const all = ready + out.reduce((sum, [, count]) => sum + count, 0);
+  return [`${ready}/${all} ready`, ...out.map(([state, count]) => `${count} ${state}`)].join(' · ');
+}
+
 /** The rows of a router's fleet table; none for a direct server (no `fleet_status`). */
 export function fleetRows(info: IInfo | null | undefined): IFleetRow[] {
   const fleet = info?.fleet_status;
@@ -722,21 +743,28 @@ export function fleetRows(info: IInfo | null | undefined): IFleetRow[] {
     return [];
   }
   const rows: IFleetRow[] = [];
+  // The nodes not serving, by kind (ROUTER §6 not_ready): beside the kind's ready count,
+  // or a row of their own where none of that kind is ready.
+  const notReady = new Map<string, INotReadyKind>();
+  for (const kind of Array.isArray(fleet.not_ready) ? fleet.not_ready : []) {
+    if (kind && typeof kind === 'object') {
+      notReady.set(kindName(kind).title, kind);
+    }
+  }
   for (const kind of Array.isArray(fleet.kinds) ? fleet.kinds : []) {
     if (!kind || typeof kind !== 'object') {
       continue;
     }
-    const gpu = typeof kind.gpu === 'string' ? kind.gpu : '?';
-    const count = isNumber(kind.gpus) && kind.gpus > 0 ? ` ×${kind.gpus}` : '';
-    const arch = typeof kind.arch === 'string' && kind.arch ? ` ${kind.arch}` : '';
-    const isDefault = kind.default === true;
-    rows.push({
-      cells: fleetCells(`gpu=${gpu}${count}`, kind),
-      title:
-        `gpu=${gpu}${arch}${count}` +
-        (isDefault ? ': the default kind (requests without --select go here)' : ''),
-      isDefault
-    });
+    const { name, title } = kindName(kind);
+    const cells = fleetCells(name, kind);
+    cells[1] = nodesText(kind.nodes, notReady.get(title)?.states);
+    notReady.delete(title);
+    rows.push({ cells, title, isDefault: kind.default === true });
+  }
+  for (const [title, kind] of notReady) {
+    const cells = fleetCells(kindName(kind).name, {});
+    cells[1] = nodesText(0, kind.states);
+    rows.push({ cells, title, isDefault: kind.default === true });
   }
   for (const label of Array.isArray(fleet.labels) ? fleet.labels : []) {
     if (label && typeof label === 'object') {

@@ -49,6 +49,18 @@ function serverNote(servers: IServerEntry[] | null, error: IServerError): string
   return label ? `${label}: ${error.message}` : error.message;
 }
 
+/** A fleet cell; one of parts (`1/2 ready · 1 draining`) has a line per part, so the
+ * nodes column of a narrow panel stays as wide as its longest part. */
+function fleetCell(text: string): HTMLElement {
+  const parts = text.split(' · ');
+  if (parts.length === 1) {
+    return element('td', '', text);
+  }
+  const cell = element('td', 'jp-KCoral-fleetParts');
+  parts.forEach((part, index) => cell.append(element('span', '', index ? ` · ${part}` : part)));
+  return cell;
+}
+
 /** A router's fleet (ROUTER §6): kinds and labels with nodes, free seats, queue, wait. */
 function fleetTable(server: IServerEntry): HTMLElement | null {
   const rows = fleetRows(server.info);
@@ -68,7 +80,7 @@ function fleetTable(server: IServerEntry): HTMLElement | null {
     const line = element('tr', row.isDefault ? 'jp-KCoral-fleetDefault' : '');
     line.title = row.title;
     for (const text of row.cells) {
-      line.append(element('td', '', text));
+      line.append(fleetCell(text));
     }
     table.tBodies[0].append(line);
   }

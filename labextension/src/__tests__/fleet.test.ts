@@ -1,5 +1,6 @@
-import { IInfo } from '../api';
+import { IInfo, KCoralApi } from '../api';
 import { fleetRows, waitText } from '../format';
+import { jsonResponse } from './helpers';
 
 const load = (free: number, seats: number, queued: number, wait: number | null) => ({
   nodes: 2,
@@ -46,6 +47,40 @@ describe('the fleet table', () => {
       fleet_status: { kinds: [{ gpu: null, nodes: 1 }], labels: 'x' }
     } as unknown as IInfo;
     expect(fleetRows(odd).map(r => r.cells)).toEqual([['gpu=?', '1', '–', '–', '–']]);
+  });
+
+  it('says the nodes not serving beside a kind, and gives a kind with none ready a row', () => {
+    const cpu = { gpu: 'cpu', arch: null, gpus: 0, default: false };
+    const a100 = { gpu: 'a100', arch: 'sm_80', gpus: 4, default: false };
+    const draining = {
+      ...router,
+      fleet_status: {
+        ...router.fleet_status,
+        not_ready: [
+          { ...cpu, states: { draining: 1, unhealthy: 1 } },
+          { ...a100, states: { left: 1 } }
+        ]
+      }
+    } as IInfo;
+    expect(fleetRows(draining).map(r => r.cells)).toEqual([
+      ['gpu=h100 ×8', '2', '0/16', '5', '3.2 min'],
+      ['gpu=cpu', '2/4 ready · 1 draining · 1 unhealthy', '2/2', '0', '–'],
+      ['gpu=a100 ×4', '0/1 ready · 1 left', '–', '–', '–'],
+      ['pool=big', '2', '0/16', '5', '3.2 min']
+    ]);
+  });
+
+  it('reads a state no router names as other and drops counts that are no count', async () => {
+    const notReady = [
+      { gpu: 'cpu', states: { draining: 1, '\u001b[2Jevil': 2, left: true, x: -1 } },
+      'junk'
+    ];
+    const info = { kcoral: '0.1.0', fleet_status: { kinds: [], labels: [], not_ready: notReady } };
+    const body = { servers: [{ name: 'router', url: 'http://r', info }] };
+    const [entry] = await new KCoralApi(async () => jsonResponse(body)).servers();
+    expect(fleetRows(entry.info).map(r => r.cells)).toEqual([
+      ['gpu=cpu', '0/3 ready · 1 draining · 2 other', '–', '–', '–']
+    ]);
   });
 
   it('says a wait in few characters', () => {
