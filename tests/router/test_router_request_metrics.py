@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from kcoral_server.metrics.router_metrics import RouterMetrics
 from kcoral_server.node.http11 import HttpConnection
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.http_app import RouterState
@@ -167,3 +168,22 @@ def test_a_client_that_left_while_queued_is_in_the_queue_wait_histogram() -> Non
     assert "kcoral_router_queue_wait_seconds_count 2.0" in exposition, exposition
     # never a node's: the per-node histogram counts routed requests only
     assert 'kcoral_router_node_queue_wait_seconds_count{node="node-a"} 1.0' in exposition
+
+
+def queue_waits_counted(reason: str, queue_wait_ms: float) -> str:
+    """The queue-wait histogram's count after one request that got no node."""
+    metrics = RouterMetrics()
+    fields = {"finish_reason": reason, "http_status": 503, "queue_wait_ms": queue_wait_ms}
+    metrics.record("request_finished", {**fields, "duration_ms": 0.1, "node": None})
+    text = metrics.exposition().decode()
+    return re.findall(r"^kcoral_router_queue_wait_seconds_count (\S+)$", text, re.MULTILINE)[0]
+
+
+def test_a_queue_wait_of_0_s_that_ended_is_in_the_queue_wait_histogram() -> None:
+    """With ``--queue-wait-timeout-seconds 0`` a request that finds no free node ends at
+    once (503 ``queue_timeout``), its line ``queue_wait_ms=0.0`` where it took under 0.05 ms:
+    a wait of 0 s is a wait. Read as "never queued", it was left out. A request whose
+    client left before it queued (``client_disconnected`` at 0.0) never waited."""
+    assert queue_waits_counted("queue_timeout", 0.0) == "1.0"
+    assert queue_waits_counted("client_disconnected", 0.0) == "0.0"
+    assert queue_waits_counted("client_disconnected", 0.3) == "1.0"

@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from kcoral_server.router.http_app import RouterState
 
 
-#: how requests that waited for a node and got none end (``seconds`` 0: never queued)
+#: how requests that waited for a node and got none end (a queue_timeout always waited, even
+#: 0 s; the others with a wait of 0.0 never queued)
 WAITED_IN_VAIN = frozenset({"queue_timeout", "client_disconnected", "shutting_down"})
 
 
@@ -392,7 +393,8 @@ class RouterMetrics:
             # Never reached a node. One that waited the whole queue wait in vain, or whose
             # client (or the router) gave up while it waited, waited too: left out, the
             # quantiles missed exactly the longest waits of an overload.
-            if reason in WAITED_IN_VAIN and seconds:
+            waited = reason == "queue_timeout" or (reason in WAITED_IN_VAIN and seconds)
+            if waited and seconds is not None:
                 self.queue_wait.observe(seconds)
             return
         label, kind = self._nodes(node), self._kind_of(node)
