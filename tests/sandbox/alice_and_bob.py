@@ -7,6 +7,7 @@ identity's (its fork server, the worker forked ahead, the front-end's channel).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,22 @@ from raw_http import post_execute
 from sandbox_helpers import run_source
 from server_process import RunningServer, start_server
 
+# The start of a program that attacks its worker's channel to the front-end: it finds the
+# channel (the one AF_UNIX socket among its descriptors) as ``channel``.
+FIND_THE_CHANNEL = """
+import array, os, socket, stat, struct, time
+
+def find_the_channel():
+    for fd in range(3, 200):
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                channel = socket.socket(fileno=os.dup(fd))
+                if channel.family == socket.AF_UNIX:
+                    return channel
+        except OSError:
+            pass
+"""
+
 # A program that answers with the name it is given: the seat served its caller.
 SAY_WHO = """
 def main(who):
@@ -24,15 +41,15 @@ def main(who):
 """
 
 
-def one_seat_server(tmp_path: Path) -> RunningServer:
+def one_seat_server(tmp_path: Path, options: Sequence[str] = ()) -> RunningServer:
     """A bubblewrap server of one seat, one fresh worker per program (the README's
-    default), with alice's and bob's tokens."""
+    default), with alice's and bob's tokens and any other ``options``."""
     tokens = token_file(tmp_path / "secrets")
     return start_server(
         tmp_path / "server",
         [
             "--sandbox", "bubblewrap", "--num-workers", "1", "--max-requests-per-worker", "1",
-            "--auth-token-file", str(tokens),
+            "--auth-token-file", str(tokens), *options,
         ],
     )  # fmt: skip
 

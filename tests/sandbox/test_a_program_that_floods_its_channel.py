@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from alice_and_bob import SAY_WHO, completed_value, one_seat_server
+from alice_and_bob import FIND_THE_CHANNEL, SAY_WHO, completed_value, one_seat_server
 from identity_support import TOKEN_A, TOKEN_B
 from kcoral_server.processes import sandbox
 from kcoral_server.processes.ipc import MAX_FDS_PER_FRAME
@@ -27,18 +27,11 @@ BWRAP_PROBLEM = sandbox.probe()
 
 # Finds its channel (the one AF_UNIX socket among its descriptors), starts a frame that
 # never ends, sends 250 descriptors with each byte, then holds the channel open a while.
-FLOOD_THE_CHANNEL = """
-import array, os, socket, stat, struct, time
-
+FLOOD_THE_CHANNEL = (
+    FIND_THE_CHANNEL
+    + """
 def main():
-    for fd in range(3, 200):
-        try:
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):
-                channel = socket.socket(fileno=os.dup(fd))
-                if channel.family == socket.AF_UNIX:
-                    break
-        except OSError:
-            pass
+    channel = find_the_channel()
     nulls = array.array("i", [os.open("/dev/null", os.O_RDONLY) for _ in range(250)])
     channel.sendall(struct.pack(">IH", 100000, 0))
     try:
@@ -48,6 +41,7 @@ def main():
         pass
     time.sleep(15)
 """
+)
 
 
 def _open_descriptors(pid: int) -> int:

@@ -14,7 +14,11 @@ from dataclasses import fields
 
 import pytest
 from kcoral_server.processes import ipc
+from kcoral_server.processes.handle import worker_frame_limit
 from kcoral_server.processes.progress_slot import ProgressSlot
+from kcoral_server.settings.config import ServerConfig
+
+from kcoral.protocol.strict_json import dumps_compact
 
 SAMPLES: list[ipc.Message] = [
     ipc.Configure(
@@ -54,6 +58,7 @@ SAMPLES: list[ipc.Message] = [
     ipc.ReturnProduced(
         index=1, key="k", node={"type": "bytes", "part": "return:0"}, part_lengths=[3]
     ),
+    ipc.ReturnTooLarge(index=2, key="big", length=300_000_000),
     ipc.ProgramFinished(
         status="FAILED",
         error={"kind": "user", "message": "x"},
@@ -263,6 +268,70 @@ def test_a_frame_announcing_missing_descriptors_breaks_the_channel() -> None:
 
     items = asyncio.run(main())
     assert len(items) == 1 and isinstance(items[0], ipc.IpcError)
+
+
+def _first_item(frames: bytes, max_frame_bytes: int) -> ipc.ChannelItem:
+    """What a channel taking frames up to ``max_frame_bytes`` hands on first for ``frames``
+    (the sending end stays open: a refusal cannot be the peer's end)."""
+
+    async def main() -> ipc.ChannelItem:
+        front, back = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        first = asyncio.get_running_loop().create_future()
+
+        def sink(item: ipc.ChannelItem) -> None:
+            if not first.done():
+                first.set_result(item)
+
+        channel = ipc.AsyncChannel(front, sink=sink, max_frame_bytes=max_frame_bytes)
+        sender = threading.Thread(target=back.sendall, args=(frames,), daemon=True)
+        sender.start()
+        try:
+            return await asyncio.wait_for(first, 30)
+        finally:
+            channel.close()  # a sender blocked on a refused frame's rest fails then
+            sender.join()
+            back.close()
+
+    return asyncio.run(main())
+
+
+def test_a_frame_announcing_more_than_the_channel_takes_is_refused_at_its_head() -> None:
+    # Only the head is sent: the refusal comes before any of the frame's bytes are held.
+    item = _first_item(struct.pack(">IH", 4 * 1024 * 1024 + 1, 0), max_frame_bytes=4 * 1024 * 1024)
+    assert isinstance(item, ipc.FrameTooLarge)
+    assert (item.length, item.limit) == (4 * 1024 * 1024 + 1, 4 * 1024 * 1024)
+    assert str(item) == "frame of 4194305 bytes, limit 4194304 bytes"
+
+
+def test_a_large_frame_up_to_the_limit_arrives_with_its_text_as_sent() -> None:
+    # Past one read (1 MiB) a frame is decoded from the buffer itself; non-ASCII text and a
+    # lone surrogate (a Python str may hold one) come back as they were.
+    value = "é中\ud800" + "x" * 3_000_000
+    frame = ipc.encode(ipc.ReturnProduced(index=0, key="k", node={"value": value}))
+    item = _first_item(struct.pack(">IH", len(frame), 0) + frame, max_frame_bytes=len(frame))
+    assert not isinstance(item, BaseException), item
+    message, _fds = item
+    assert isinstance(message, ipc.ReturnProduced) and message.node["value"] == value
+
+
+def test_a_large_frame_that_is_not_utf8_breaks_the_channel() -> None:
+    frame = b'{"t":"shutdown","v":1,"x":"' + b"\xff" * 2_000_000 + b'"}'
+    item = _first_item(struct.pack(">IH", len(frame), 0) + frame, max_frame_bytes=len(frame))
+    assert isinstance(item, ipc.IpcError) and "undecodable frame" in str(item)
+
+
+def test_a_non_ascii_return_travels_in_no_more_bytes_than_its_answer_carries() -> None:
+    # The cap is the answer's limit plus an envelope: a frame written with \uXXXX escapes
+    # was up to three times the UTF-8 answer, so a return that fit the answer was refused.
+    node = {"type": "str", "value": "é" * 1000 + "中" * 1000}
+    frame = ipc.encode(ipc.ReturnProduced(index=0, key="k", node=node))
+    assert len(frame) < len(dumps_compact(node)) + 100
+
+
+def test_a_worker_may_send_the_front_end_what_an_answer_carries_and_no_more() -> None:
+    config = ServerConfig(max_response_bytes=1000)
+    assert worker_frame_limit(config) == 1000 + ipc.FRAME_ENVELOPE_BYTES
+    assert worker_frame_limit(ServerConfig()) < ipc.MAX_FRAME_BYTES
 
 
 def _ignore(item: ipc.ChannelItem) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kcoral.protocol.output_order import MAX_RUNS, runs_of
 from kcoral.protocol.schema import Instruction, Return
 from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE
+from kcoral_server.execution.records import return_record
 from kcoral_server.execution.responses import ReturnRecord
 from kcoral_server.pool.retirement import RunResult
 from kcoral_server.processes import ipc
@@ -52,6 +53,9 @@ class ProgramDrive:
     progress: ProgressSlot | None = None  # the worker's, when it has one
     #: the limit the worker died at, for the answer (``exit_cause.limit_cause``)
     cause: str | None = None
+    #: the size of a message past what an answer carries (refused by the front-end, or not
+    #: sent by the worker), if any: the answer is then 500 ``response_too_large``
+    too_large: int | None = None
     timeout_message: str = TIMEOUT_MESSAGE  # the 504's, naming the deadline once known
     #: the worker's record of how stdout and stderr interleaved, in bytes (EXTENSIONS §16)
     output_order: Runs = field(default_factory=list)
@@ -89,6 +93,17 @@ class ProgramDrive:
             runs = self.progress.runs_since(0, MAX_RUNS)
             if len(runs) >= len(self.output_order):
                 self.output_order = runs
+
+    def returned(self, message: ipc.ReturnProduced | ipc.ReturnTooLarge, fds: list[int]) -> None:
+        """A return the worker sent, or the size of one no answer could carry (the answer
+        is then 500 ``response_too_large``); ``ValueError`` when it is malformed."""
+        if isinstance(message, ipc.ReturnProduced):
+            self.returns.append(return_record(message, fds, self.maps))
+            return
+        close_fds(fds)
+        if type(message.length) is not int:
+            raise ValueError("return_too_large without a length")
+        self.too_large = message.length
 
     def order_reported(self, runs: object, fds: list[int]) -> None:
         """The worker's ``OutputOrder`` (EXTENSIONS §16): the program's own record to
@@ -170,6 +185,8 @@ class ProgramDrive:
         elif gone.invalid:
             self.result = RunResult.INVALID
             self.reason = "server_error"
+            if gone.too_large is not None:
+                self.too_large = gone.too_large.length
         elif self.last_instruction is not None:
             self.result = RunResult.FINISHED
             self.status = "FAILED"

@@ -18,9 +18,11 @@ from kcoral_server.execution.responses import (
     RequestFailed,
     close_maps,
     saturated,
+    too_large,
 )
 from kcoral_server.pool.retirement import RunResult
-from kcoral_server.processes.handle import WorkerHandle
+from kcoral_server.processes.handle import WorkerHandle, worker_frame_limit
+from kcoral_server.processes.ipc import FRAME_ENVELOPE_BYTES
 from kcoral_server.storage.workspace import CapturedOutput
 
 __all__ = ["CLEANUP_MESSAGE", "confirm_cleanup", "program_outcome"]
@@ -65,6 +67,9 @@ def program_outcome(
     if handle.cleanup_unconfirmed is not None:
         close_maps(drive.maps)
         confirm_cleanup(handle)
+    if drive.too_large is not None and drive.result in (RunResult.FINISHED, RunResult.INVALID):
+        close_maps(drive.maps)  # a return that no answer could carry: it is the answer
+        raise too_large(drive.too_large, worker_frame_limit(handle.config) - FRAME_ENVELOPE_BYTES)
     refusal = FAILED_ANSWERS.get(drive.result) if drive.result is not None else None
     if refusal is not None:
         close_maps(drive.maps)

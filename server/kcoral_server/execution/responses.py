@@ -228,15 +228,21 @@ def encode_outcome(
         reply = Reply(200, {"Content-Type": "application/json"}, [data], len(data))
     if reply.length > max_response_bytes:
         reply.close()
-        # PROTOCOL §7.1's fixed text first; then the sizes and the flag (EXTENSIONS §10).
-        raise RequestFailed(
-            500,
-            "response_too_large",
-            f"results exceed the configured response-size limit: {reply.length} bytes, limit "
-            f"{max_response_bytes} bytes (max_response_bytes; kcoral server --max-response-bytes)",
-            "server_error",
-        )
+        raise too_large(reply.length, max_response_bytes)
     return reply
+
+
+def too_large(length: int, max_response_bytes: int) -> RequestFailed:
+    """The 500 ``response_too_large`` of results of ``length`` bytes (an answer, or the one
+    message of a worker that carried more than an answer may)."""
+    # PROTOCOL §7.1's fixed text first; then the sizes and the flag (EXTENSIONS §10).
+    return RequestFailed(
+        500,
+        "response_too_large",
+        f"results exceed the configured response-size limit: {length} bytes, limit "
+        f"{max_response_bytes} bytes (max_response_bytes; kcoral server --max-response-bytes)",
+        "server_error",
+    )
 
 
 def close_maps(maps: list[mmap.mmap]) -> None:

@@ -28,7 +28,7 @@ from kcoral_server.execution.exit_cause import TIMEOUT_MESSAGE, deadline_message
 from kcoral_server.execution.exit_report import announced_exit
 from kcoral_server.execution.gpu_set import execute_on_gpu_set
 from kcoral_server.execution.outcome import program_outcome
-from kcoral_server.execution.records import output_sizes, record_gpu_access, return_record
+from kcoral_server.execution.records import output_sizes, record_gpu_access
 from kcoral_server.execution.request_record import RequestRecord, RunTimes
 from kcoral_server.execution.responses import ProgramOutcome, saturated
 from kcoral_server.front_door.callers import Identity
@@ -270,8 +270,8 @@ class SeatRun:
                         self.observer.instruction(
                             message.index, message.op, message.id, output_sizes(message)
                         )
-                    elif isinstance(message, ipc.ReturnProduced):
-                        drive.returns.append(return_record(message, fds, drive.maps))
+                    elif isinstance(message, ipc.ReturnProduced | ipc.ReturnTooLarge):
+                        drive.returned(message, fds)
                     elif isinstance(message, OutputOrder):  # EXTENSIONS §16
                         drive.order_reported(message.runs, fds)
                         self.observer.output_order(drive.output_order)

@@ -23,9 +23,12 @@ from kcoral_server.processes import ipc
 class WorkerGone(Exception):
     """The worker's channel broke: the process died or spoke garbage."""
 
-    def __init__(self, reason: str, *, invalid: bool = False) -> None:
+    def __init__(
+        self, reason: str, *, invalid: bool = False, too_large: ipc.FrameTooLarge | None = None
+    ) -> None:
         super().__init__(reason)
         self.invalid = invalid  # True: it sent something unreadable, not just EOF
+        self.too_large = too_large  # the frame past what an answer carries, if that was it
 
 
 class ReceiveInterrupted(Exception):
@@ -62,16 +65,20 @@ class WorkerChannel:
         self._interrupted = False
         self.gone: WorkerGone | None = None
 
-    def attach(self, sock: socket.socket) -> None:
-        """Start reading ``sock`` (the front-end's end of the worker's socket pair)."""
-        self._socket = ipc.AsyncChannel(sock, sink=self._arrived)
+    def attach(self, sock: socket.socket, max_frame_bytes: int = ipc.MAX_FRAME_BYTES) -> None:
+        """Start reading ``sock`` (the front-end's end of the worker's socket pair), taking
+        no frame over ``max_frame_bytes``."""
+        self._socket = ipc.AsyncChannel(sock, sink=self._arrived, max_frame_bytes=max_frame_bytes)
 
     def _arrived(self, item: ipc.ChannelItem) -> None:
         """Called by the IPC channel for each message, in order, and once with the
         exception that broke it."""
         if isinstance(item, BaseException):
             if isinstance(item, ipc.IpcError):
-                self.fail(WorkerGone(f"invalid worker message: {item}", invalid=True))
+                too_large = item if isinstance(item, ipc.FrameTooLarge) else None
+                self.fail(
+                    WorkerGone(f"invalid worker message: {item}", invalid=True, too_large=too_large)
+                )
             else:
                 self.fail(WorkerGone(f"channel closed: {item}"))
             return

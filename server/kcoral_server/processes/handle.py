@@ -68,7 +68,17 @@ def described(handle: WorkerHandle, gone: WorkerGone) -> WorkerGone:
         return gone
     if handle.events is not None:
         handle.events.emit("worker_limit_exceeded", "WARNING", **event_fields(handle), message=hit)
-    return WorkerGone(f"{gone}; {hit}", invalid=gone.invalid)
+    return WorkerGone(f"{gone}; {hit}", invalid=gone.invalid, too_large=gone.too_large)
+
+
+def worker_frame_limit(config: ServerConfig | None) -> int:
+    """The largest message the front-end takes from a worker: what an answer may carry plus
+    its envelope. A program owns its worker's end of the channel, and frames of up to 512
+    MiB, read whole before they are decoded, took the front-end (which serves every
+    identity) past a gigabyte for one message (SERVER §14)."""
+    if config is None:
+        return ipc.MAX_FRAME_BYTES
+    return config.max_response_bytes + ipc.FRAME_ENVELOPE_BYTES
 
 
 def configure_message(handle: WorkerHandle) -> ipc.Configure:
@@ -251,7 +261,7 @@ class WorkerHandle:
         finally:
             child.close()
         assert self.process is not None
-        self.channel.attach(parent)
+        self.channel.attach(parent, worker_frame_limit(self.config))
         self._exit_watch = asyncio.ensure_future(
             watch_exit(self.process, self.channel.process_exited, self._exit_event)
         )

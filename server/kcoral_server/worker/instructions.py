@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import normalize_workspace_path
 from kcoral.protocol.schema import GetFunction, Instruction, LiteralArg, Ref, Return, Run, Upload
-from kcoral_server.processes.ipc import ReturnProduced
+from kcoral_server.processes.ipc import (
+    FRAME_ENVELOPE_BYTES,
+    ReturnProduced,
+    ReturnTooLarge,
+    encode,
+)
 from kcoral_server.worker.blobs import BlobMaps, hashed_parts_memfd
 from kcoral_server.worker.cupti_guard import watch_cpu_only
 from kcoral_server.worker.failures import (
@@ -260,7 +265,13 @@ class Instructions:
             raise
         message = ReturnProduced(index=ret.index, key=ret.key, node=node, part_lengths=lengths)
         try:
-            self.channel.send(message, [fd] if fd is not None else [])
+            payload = encode(message)
+            if len(payload) > self.max_response_bytes + FRAME_ENVELOPE_BYTES:
+                # the front-end refuses a frame past that by breaking the channel
+                payload = encode(ReturnTooLarge(index=ret.index, key=ret.key, length=len(payload)))
+                self.channel.send_encoded(payload)
+            else:
+                self.channel.send_encoded(payload, [fd] if fd is not None else [])
         finally:
             if fd is not None:
                 os.close(fd)
