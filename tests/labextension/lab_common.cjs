@@ -129,6 +129,14 @@ async function driveLab({ url, shots, seen, step, drive, onFailure = async () =>
   process.stdout.write(JSON.stringify(seen) + '\n');
 }
 
+// Opens the KCoral panel and waits for its fleet table (a router's card).
+async function showFleet(page) {
+  await page.locator('#kcoral-status').waitFor({ timeout: 60000 });
+  await page.evaluate(() => window.jupyterapp.commands.execute('kcoral:show-panel'));
+  await page.locator('#kcoral-panel').waitFor({ state: 'visible', timeout: 30000 });
+  await page.locator('#kcoral-panel .jp-KCoral-fleet').waitFor({ timeout: 60000 });
+}
+
 // A script's entry point: even a failure to start the browser ends in a JSON line.
 function runLab(options) {
   driveLab(options).catch(error => {
@@ -137,4 +145,12 @@ function runLab(options) {
   });
 }
 
-module.exports = { kernelIdle, launchBrowser, panelFit, widenPanel, recorder, runLab };
+module.exports = {
+  kernelIdle,
+  launchBrowser,
+  panelFit,
+  widenPanel,
+  recorder,
+  runLab,
+  showFleet
+};

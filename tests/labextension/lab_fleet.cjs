@@ -7,7 +7,7 @@
 'use strict';
 
 const path = require('path');
-const { panelFit, recorder, runLab, widenPanel } = require('./lab_common.cjs');
+const { panelFit, recorder, runLab, showFleet, widenPanel } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -34,10 +34,7 @@ async function readFleet(page) {
 }
 
 async function drive(page) {
-  await page.locator('#kcoral-status').waitFor({ timeout: 60000 });
-  await page.evaluate(() => window.jupyterapp.commands.execute('kcoral:show-panel'));
-  await page.locator('#kcoral-panel').waitFor({ state: 'visible', timeout: 30000 });
-  await page.locator('#kcoral-panel .jp-KCoral-fleet').waitFor({ timeout: 60000 });
+  await showFleet(page);
   step('fleet shown');
   // The pytest side holds the default kind's only seat and queues one more request.
   await page.waitForFunction(

@@ -6,7 +6,7 @@
 'use strict';
 
 const path = require('path');
-const { panelFit, recorder, runLab } = require('./lab_common.cjs');
+const { panelFit, recorder, runLab, showFleet } = require('./lab_common.cjs');
 
 const LAB_URL = process.env.LAB_URL;
 const TOKEN = process.env.LAB_TOKEN;
@@ -14,10 +14,7 @@ const SHOTS = process.env.SCREENSHOT_DIR;
 const { seen, step } = recorder();
 
 async function drive(page) {
-  await page.locator('#kcoral-status').waitFor({ timeout: 60000 });
-  await page.evaluate(() => window.jupyterapp.commands.execute('kcoral:show-panel'));
-  await page.locator('#kcoral-panel').waitFor({ state: 'visible', timeout: 30000 });
-  await page.locator('#kcoral-panel .jp-KCoral-fleet').waitFor({ timeout: 60000 });
+  await showFleet(page);
   step('fleet shown');
   // The pytest side has stopped one node: the row says it once the router reads it stale.
   await page.waitForFunction(
