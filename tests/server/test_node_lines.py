@@ -8,10 +8,17 @@ from __future__ import annotations
 import io
 import math
 import random
+import subprocess
+import sys
 
 from kcoral_server.metrics.exposition import OneMetric, exposition_of
 from kcoral_server.metrics.labels import MAX_NAMED_NODES
-from kcoral_server.metrics.node_lines import FamilyLines, NodeCounter, NodeHistogram
+from kcoral_server.metrics.node_lines import (
+    FamilyLines,
+    NodeCounter,
+    NodeHistogram,
+    go_float_text,
+)
 from kcoral_server.metrics.server_metrics import SECONDS_BUCKETS
 from kcoral_server.router.log import RouterLog
 from kcoral_server.router.main import build_state
@@ -19,11 +26,14 @@ from kcoral_server.router.nodes.registry import READY, NodeRecord
 from kcoral_server.router.settings import parse_router_args
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 #: node ids a label must escape or that hold a space (a value is what follows the last one)
 ODD_NODE_IDS = ('quote"node', "back\\slash", "new\nline", "two words", "ünïcode")
 #: waits on a bucket bound, between bounds, past the last, and odd floats
 WAITS = (0.0, 0.001, 0.0010001, 0.1, 0.25, 599.99, 600.0, 3600.0, 1e9, math.inf, 1e-300, 7.3)
+#: gauge values: both zeros (twice: each distinct value is formatted once), NaN, infinities
+ODD_VALUES = (0.0, -0.0, math.nan, math.inf, -math.inf, 1e21, 1234567.0, 1.5, 0.0, -0.0)
 
 
 def test_a_node_histogram_writes_what_prometheus_clients_histogram_writes_for_the_same_waits() -> (
@@ -79,7 +89,7 @@ def test_a_gauge_written_from_kept_heads_is_the_librarys_text_for_any_value() ->
     """Each distinct value is formatted once a scrape: 0.0 and -0.0 are one dict key but
     two texts, and a NaN is never equal to itself."""
     lines = FamilyLines("kcoral_router_node_busy", "busy", "gauge", ["node", "state"])
-    odd = (0.0, -0.0, math.nan, math.inf, -math.inf, 1e21, 1234567.0, 1.5, 0.0, -0.0)
+    odd = ODD_VALUES
     for shift in range(3):
         rows = [((node, "ready"), (odd[(i + shift) % len(odd)],)) for i, node in enumerate(
             (*ODD_NODE_IDS, "a", "b", "c", "d", "e")
@@ -118,3 +128,29 @@ def test_a_routers_scrape_is_the_text_prometheus_client_writes_for_every_sample(
         nodes[node_ids[0]].connected = False
         nodes[node_ids[1]].kind = "a new kind"
     assert 'node="other"' in text.decode()
+
+
+def test_the_fallback_formatter_writes_what_prometheus_clients_writes_for_every_value() -> None:
+    """``go_float_text`` stands in for prometheus-client's ``floatToGoString``, an internal
+    a release may drop: the router's metrics would then not import at all. Counts as the
+    counters and histograms write them (ints, past a million with an exponent) included."""
+    counts = [count * 40_001 for count in range(len(ODD_NODE_IDS) + 1)]
+    big = (12345678.0, 100000000.5, 4000100, 10**7, -12345678.0, 1e16, 2**62, 5e-324)
+    for value in (*WAITS, *ODD_VALUES, *SECONDS_BUCKETS, *counts, *big):
+        assert go_float_text(value) == floatToGoString(value), value
+
+
+def test_the_routers_metrics_import_and_write_where_prometheus_client_lacks_its_formatter() -> None:
+    program = (
+        "import prometheus_client.utils as utils\n"
+        "del utils.floatToGoString\n"
+        "from kcoral_server.metrics import node_lines\n"
+        "assert node_lines.go_float is node_lines.go_float_text\n"
+        "lines = node_lines.FamilyLines('busy', 'busy', 'gauge', ['node'])\n"
+        "print(lines.text([(('a',), (12345678.0,))]).decode().splitlines()[-1])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == 'busy{node="a"} 1.2345678e+07\n'

@@ -6,7 +6,8 @@ held the router's event loop ~125 ms (``benchmarks/router_own_scrape.py``), most
 per-node queue-wait histograms (22 lines a node), and no request was routed meanwhile. A
 line's head (sample name and labels, as prometheus-client's writer writes them) stays the
 same for a label set's life: it is written when the label set first shows, and a scrape
-only adds each value, formatted by prometheus-client's ``floatToGoString``. The text is
+only adds each value, formatted by prometheus-client's ``floatToGoString`` (or
+``go_float_text``, the same, where a release lacks that internal). The text is
 the library's for the same values (``tests/server/test_node_lines.py``), in a fraction of
 the time. The per-node counters and histogram keep their counts here as plain numbers, as
 prometheus-client's ``Counter`` and ``Histogram`` count them.
@@ -26,9 +27,32 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from kcoral_server.metrics.exposition import OneMetric
+
+
+def go_float_text(number: float) -> str:
+    """``number`` as Prometheus's text format writes a sample value, as Go prints a float:
+    ``+Inf``, ``-Inf``, ``NaN``, Python's shortest form otherwise, except that Go writes a
+    positive number of 7 or more integer digits with an exponent (``1234567.0`` is
+    ``1.234567e+06``). prometheus-client's ``floatToGoString`` does the same."""
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    text = repr(float(number))
+    integer_digits = text.find(".")  # -1 where Python wrote an exponent itself
+    if number > 0 and integer_digits > 6:
+        digits = (text[:integer_digits] + text[integer_digits + 1 :]).rstrip("0")
+        mantissa = f"{digits[0]}.{digits[1:]}".rstrip(".")
+        return f"{mantissa}e+{integer_digits - 1:02d}"
+    return text
+
+
+try:  # the library's own formatter, where it has it: the text is then the library's exactly
+    from prometheus_client.utils import floatToGoString as go_float
+except ImportError:  # an internal, not its documented API: a release may drop or move it
+    go_float = go_float_text
 
 #: one label set's values (in the family's label order) and its samples' values, in order
 Row = tuple[tuple[str, ...], Sequence[float]]
@@ -49,7 +73,7 @@ class FamilyLines:
     ) -> None:
         self.name, self.documentation, self.kind = name, documentation, kind
         self.labels = list(labels)
-        self._bounds = [floatToGoString(bound) for bound in bounds]
+        self._bounds = [go_float(bound) for bound in bounds]
         self._heads: dict[tuple[str, ...], list[str]] = {}
         self._header = generate_latest(OneMetric(self.metric(())))
 
@@ -84,7 +108,7 @@ class FamilyLines:
                 key = number or repr(number)  # 0.0 and -0.0 are one dict key, not one text
                 text = written.get(key)
                 if text is None:
-                    text = written[key] = floatToGoString(number) + "\n"
+                    text = written[key] = go_float(number) + "\n"
                 parts.append(head)
                 parts.append(text)
         self._heads = heads
