@@ -132,11 +132,11 @@ def test_an_argument_nested_too_deeply_is_a_value_error_naming_it(wrap) -> None:
 def test_a_value_json_cannot_carry_is_named_by_its_parameter_and_a_default_as_such() -> None:
     # remote-function soak: a tuple default was "argument 1 is a tuple", for a call that
     # passed one argument
-    with pytest.raises(TypeError, match=r"^argument 'pair' \(its default\) is a tuple"):
+    with pytest.raises(TypeError, match=r"^argument 'pair' \(its default\) is of type tuple"):
         make(samples.with_tuple_default).build_program(1)
-    with pytest.raises(TypeError, match=r"^argument 'pair' is a set"):
+    with pytest.raises(TypeError, match=r"^argument 'pair' is of type set"):
         make(samples.with_tuple_default).build_program(1, {2})
-    with pytest.raises(TypeError, match=r"^argument 'args'\[1\] is a tuple"):
+    with pytest.raises(TypeError, match=r"^argument 'args'\[1\] is of type tuple"):
         make(samples.echo).build_program(1, (2, 3))
     # a lone surrogate failed later as "cannot encode the request ... position 621"
     with pytest.raises(
