@@ -177,8 +177,9 @@ def init_gone(init: Identity) -> bool:
     return not is_alive(pid) or identity(pid) != (pid, started)
 
 
-def kill_identity(target: Identity) -> None:
-    """SIGKILL ``target`` unless it has exited and its number names another process now."""
+def kill_identity(target: Identity, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` (SIGKILL) to ``target`` unless it has exited and its number names another
+    process now."""
     pid = target[0]
     try:
         fd = open_pidfd(pid)
@@ -190,10 +191,10 @@ def kill_identity(target: Identity) -> None:
             return
         if fd is None:
             with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
         else:
             with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                signal.pidfd_send_signal(fd, sig)
     finally:
         if fd is not None:
             os.close(fd)

@@ -38,8 +38,9 @@ from kcoral_server.processes.launcher.wire import (
 from kcoral_server.processes.procfs import (
     Identity,
     children,
+    identity,
     is_alive,
-    kill_process,
+    kill_identity,
     namespace_init,
     namespace_pid,
 )
@@ -80,6 +81,9 @@ class ForkedProcess:
         #: exited, nothing the worker left can run, even when the launcher that would have
         #: reported on its orphans went away first (``exit.kill_tree``)
         self.namespace_init: Identity | None = None
+        #: the worker as forked (pid and start time): its launcher reaps it, so once it has
+        #: exited its number may name another process, which a signal must never reach
+        self.forked_as: Identity | None = None
         self._status_fd: int | None = status_fd
         os.set_blocking(status_fd, False)
         #: a worker forked ahead: the write end of its go pipe until ``release``
@@ -116,7 +120,8 @@ class ForkedProcess:
         # The program it was forked beside runs as its user in its sandbox and may have
         # stopped it (SIGSTOP): the seat then waited out the start-up timeout (60 s) for
         # it, every identity's next program with it. That program's tree is gone by now.
-        kill_process(self.pid, signal.SIGCONT)
+        if self.returncode is None and self.forked_as is not None:
+            kill_identity(self.forked_as, signal.SIGCONT)
 
     def poll(self) -> int | None:
         if self.returncode is not None or self._status_fd is None:
@@ -493,6 +498,7 @@ def _forked(pid: int, status_fd: int, reply: LaunchReply) -> ForkedProcess:
     process = ForkedProcess(pid, status_fd)
     process.preloaded = reply.preloaded
     process.namespace_init = namespace_init(pid)
+    process.forked_as = identity(pid)  # held on its go pipe: it is alive
     return process
 
 
