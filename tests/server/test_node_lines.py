@@ -144,7 +144,8 @@ def test_the_routers_metrics_import_and_write_where_prometheus_client_lacks_its_
     program = (
         "import prometheus_client.utils as utils\n"
         "del utils.floatToGoString\n"
-        "from kcoral_server.metrics import node_lines\n"
+        "from kcoral_server.metrics import node_lines, node_relay, router_metrics\n"
+        "assert node_relay.go_float is node_lines.go_float_text\n"
         "assert node_lines.go_float is node_lines.go_float_text\n"
         "lines = node_lines.FamilyLines('busy', 'busy', 'gauge', ['node'])\n"
         "print(lines.text([(('a',), (12345678.0,))]).decode().splitlines()[-1])\n"

@@ -44,7 +44,6 @@ from functools import cache
 from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.utils import floatToGoString
 
 from kcoral_server.metrics.exposition import OneMetric
 from kcoral_server.metrics.labels import (
@@ -56,6 +55,7 @@ from kcoral_server.metrics.labels import (
     status_word,
     word_of,
 )
+from kcoral_server.metrics.node_lines import go_float
 from kcoral_server.metrics.server_metrics import (
     ENDPOINTS,
     SECONDS_BUCKETS,
@@ -105,7 +105,7 @@ _LABEL_WORDS = {
     for family in SERVER_FAMILIES
 }
 #: the bucket bounds a server writes (``SECONDS_BUCKETS``); a bucket of another is dropped
-_BOUNDS = frozenset({floatToGoString(bound) for bound in SECONDS_BUCKETS} | {"+Inf"})
+_BOUNDS = frozenset({go_float(bound) for bound in SECONDS_BUCKETS} | {"+Inf"})
 
 #: one sample: its name, its label values in the family's label order (``le`` last), value
 Sample = tuple[str, tuple[str, ...], float]
@@ -166,7 +166,7 @@ def _label_values(family: Family, name: str, labels: dict[str, str]) -> tuple[st
             return None
         # One spelling per bound, as a server writes it: ``1e-1`` beside ``0.1`` split a
         # ``sum by (le)`` of the node's histogram in two.
-        le = floatToGoString(bound)
+        le = go_float(bound)
         if le not in _BOUNDS:
             return None
         return (*words, sys.intern(le))
