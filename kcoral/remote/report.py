@@ -54,6 +54,10 @@ JSON_DTYPE = (
     "The function's returned array cannot travel in JSON mode: its dtype must be one of "
     f"{', '.join(DTYPES)}; convert it, or use serialization='pickle'."
 )
+JSON_ITERATOR = (
+    "The function returned a generator (or another iterator), which no format carries: it "
+    "runs on the server and is gone with the call; return a list of its values (list(...))."
+)
 UNAWAITED = (
     "The server returned the async def function's coroutine without awaiting it: it does "
     "not run async def functions (no feature 'async-run'); make the function a plain def."
@@ -228,7 +232,18 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
         unawaited = "coroutine" in message and inspect.iscoroutinefunction(fn)
         # an array or tensor it did return, of a dtype the wire lacks: "return arrays" misled
         wire_dtype = re.match(r"cannot encode an? (array|tensor) of dtype", message)
-        error.add_note(UNAWAITED if unawaited else JSON_DTYPE if wire_dtype else JSON_RETURN)
+        # a generator: JSON_RETURN's "or use serialization='pickle'" misled, pickle refuses
+        # it too
+        iterator = re.search(r"of type '(generator|async_generator|\w*iterator)'", message)
+        error.add_note(
+            UNAWAITED
+            if unawaited
+            else JSON_DTYPE
+            if wire_dtype
+            else JSON_ITERATOR
+            if iterator
+            else JSON_RETURN
+        )
         return
     if fmt == "pickle" and failure.get("kind") == "serialization":
         # the trampoline could not pickle the result, and its message says so and why

@@ -18,6 +18,7 @@ import kcoral.remote
 from kcoral.errors import RemoteExecutionError
 from kcoral.remote.report import (
     JSON_DTYPE,
+    JSON_ITERATOR,
     JSON_RETURN,
     NO_TRAMPOLINE,
     NOTE_HEADING,
@@ -161,6 +162,21 @@ def test_a_json_return_value_that_json_cannot_carry_says_what_to_return(client) 
     assert the_note(info.value) == JSON_RETURN
     assert "serialization='pickle'" in JSON_RETURN
     assert client.function(serialization="pickle")(returns_a_set).remote() == {"ids": {1, 2}}
+
+
+def returns_a_generator():
+    return (i * i for i in range(3))
+
+
+def test_a_json_returned_generator_is_told_to_return_a_list_not_to_use_pickle(client) -> None:
+    # remote-function soak: the note said "or use serialization='pickle'", which refuses a
+    # generator too
+    with pytest.raises(RemoteExecutionError, match="value of type 'generator'") as caught:
+        client.function()(returns_a_generator).remote()
+    assert the_note(caught.value) == JSON_ITERATOR
+    assert "pickle" not in JSON_ITERATOR
+    with pytest.raises(RemoteExecutionError, match="generator"):
+        client.function(serialization="pickle")(returns_a_generator).remote()
 
 
 def returns_nan():
