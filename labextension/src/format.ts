@@ -463,6 +463,23 @@ export function cellStep(op: string, id: string): string {
   return op.startsWith('return') ? 'returning the results' : '';
 }
 
+const PROGRAM_VERBS = new Map([
+  ['upload', 'uploading'],
+  ['get_function', 'loading'],
+  ['run', 'running']
+]);
+
+/** What the instruction of a plain program the event names does, as its user thinks of it:
+ * `step 3: running run_2`, `step 1: uploading x`. The event has no count of the program's
+ * instructions (EXTENSIONS §5: `index` from 0, `op`, `id`), so the line says no `of N`. It
+ * said `instruction 2 run run_2`, the program's own jargon. */
+function programStep(index: unknown, op: string, id: string): string {
+  const step =
+    typeof index === 'number' && Number.isInteger(index) && index >= 0 ? `step ${index + 1}: ` : '';
+  const what = [PROGRAM_VERBS.get(op) ?? op, id].filter(part => part).join(' ');
+  return `${step}${what}` || 'running';
+}
+
 /** A short description of a phase event for the output pane. */
 export function describePhase(phase: string, fields: Record<string, unknown>): string {
   const field = (name: string): string => shownText(fields[name]);
@@ -475,10 +492,9 @@ export function describePhase(phase: string, fields: Record<string, unknown>): s
     case 'assigned':
       return field('worker_id') ? `assigned to worker ${field('worker_id')}` : phase;
     case 'instruction':
-      return cellStep(field('op'), field('id')) ||
-        ['instruction', field('index'), field('op'), field('id')]
-          .filter(part => part)
-          .join(' ');
+      return (
+        cellStep(field('op'), field('id')) || programStep(fields.index, field('op'), field('id'))
+      );
     case 'finished':
       return field('status') ? `finished: ${jobStatusText(field('status'))}` : 'finished';
     case 'lease_wait':

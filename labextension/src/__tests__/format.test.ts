@@ -142,9 +142,24 @@ describe('job formatting', () => {
   it('describes phases for the output pane', () => {
     expect(describePhase('queued', { position: 3 })).toBe('queued behind 3');
     expect(describePhase('queued', { position: 0 })).toBe('waiting for a worker');
-    expect(describePhase('instruction', { index: 1, op: 'run', id: 'r1' })).toBe(
-      'instruction 1 run r1'
-    );
     expect(describePhase('finished', { status: 'CANCELLED' })).toBe('finished: cancelled');
+  });
+
+  it("says a plain program's instruction as its step, from 1, and what it does", () => {
+    // It said `instruction 2 run run_2`: the program's own words, and its index from 0.
+    expect(describePhase('instruction', { index: 2, op: 'run', id: 'run_2' })).toBe(
+      'step 3: running run_2'
+    );
+    expect(describePhase('instruction', { index: 0, op: 'upload', id: 'x' })).toBe(
+      'step 1: uploading x'
+    );
+    expect(describePhase('instruction', { index: 1, op: 'get_function', id: 'f' })).toBe(
+      'step 2: loading f'
+    );
+    // No step where the index is not a count; an op this panel does not know is kept as is.
+    expect(describePhase('instruction', { index: '1', op: 'constructor', id: null })).toBe(
+      'constructor'
+    );
+    expect(describePhase('instruction', {})).toBe('running');
   });
 });

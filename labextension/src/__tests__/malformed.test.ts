@@ -238,7 +238,7 @@ describe('the formatting functions, given records that were never checked', () =
 
   it("describes a phase whose op, worker or status is a JSON object as that JSON", () => {
     expect(describePhase('instruction', { index: 2, op: poison(), id: null })).toBe(
-      `instruction 2 ${POISON_JSON}`
+      `step 3: ${POISON_JSON}`
     );
     expect(describePhase('assigned', { worker_id: poison() })).toBe(
       `assigned to worker ${POISON_JSON}`
@@ -263,7 +263,7 @@ describe('phase events checked at the boundary', () => {
       fields: { index: 2, op: POISON_JSON, gpu_ids: '[0]', id: null }
     });
     if (event.kind === 'phase') {
-      expect(describePhase(event.phase, event.fields)).toBe(`instruction 2 ${POISON_JSON}`);
+      expect(describePhase(event.phase, event.fields)).toBe(`step 3: ${POISON_JSON}`);
     }
     const named = decodeJobEvent({ event: 'phase', id: '5', data: `{"name":${POISON_JSON}}` });
     expect(named).toMatchObject({ kind: 'phase', phase: POISON_JSON });

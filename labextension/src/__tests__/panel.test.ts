@@ -642,7 +642,7 @@ describe('the selected job when its server stops listing it', () => {
       phase(3, '{"phase":"lease_held"}') +
       phase(4, '{"phase":"instruction","index":1,"op":"get_function","id":"f"}');
     const after = await following(held, () => true);
-    expect(text(after.panel, '.jp-KCoral-phase')).toBe('instruction 1 get_function f');
+    expect(text(after.panel, '.jp-KCoral-phase')).toBe('step 2: loading f');
   });
 
   it('says why a followed job failed, which its live output never says', async () => {
