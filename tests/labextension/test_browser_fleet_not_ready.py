@@ -1,7 +1,7 @@
 """The JupyterLab panel in real Chromium against a real router with two real CPU nodes, one
 of them stopped (SIGSTOP): the fleet row says ``1/2 ready · 1 unhealthy`` (ROUTER §6
 ``fleet_status.not_ready``), where the stopped node simply vanished from the table, and
-the row still fits the narrow panel."""
+the row still fits the narrow panel; at 250 px no word of a kind or label breaks."""
 
 from __future__ import annotations
 
@@ -55,3 +55,20 @@ def test_the_panel_says_a_stopped_node_beside_its_kinds_ready_count(tmp_path: Pa
     assert fit["panelScrollWidth"] <= fit["panelClientWidth"], fit
     assert fit["overflowing"] == [], fit
     assert (_screenshot_dir(tmp_path) / "fleet-not-ready.png").exists()
+    # 250 px wide, `gpu=cpu` and the longest names a fleet shows break only between words
+    # or after a hyphen (it showed `gpu=c` over `pu`), and the panel needs no sideways scroll
+    # (the long names with every node ready: `· 1 unhealthy` beside them is 20 px too wide).
+    narrow = seen["narrowNames"]
+    assert narrow["panelWidth"] == 250, narrow
+    names = narrow["names"]
+    assert ["".join(lines) for lines in names] == [
+        "gpu=cpu",
+        "gpu=a100-sxm4-80gb ×8",
+        "arch=sm_90",
+        "gpu=cpu (default)",
+    ], names
+    assert names[0] == ["gpu=cpu"], names
+    assert all(line.endswith((" ", "-")) for lines in names for line in lines[:-1]), names
+    for fit in (seen["fit250"], seen["fit250AllReady"]):
+        assert fit["panelScrollWidth"] <= fit["panelClientWidth"], fit
+        assert fit["overflowing"] == [], fit
