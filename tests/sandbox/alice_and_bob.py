@@ -54,13 +54,13 @@ def one_seat_server(tmp_path: Path, options: Sequence[str] = ()) -> RunningServe
     )  # fmt: skip
 
 
-def completed_value(url: str, token: str, source: str, args: list) -> Any:
+def completed_value(url: str, token: str, source: str, args: list, timeout: float = 110) -> Any:
     """What ``main(*args)`` of ``source`` returned, asserting the program completed."""
     answer = post_execute(
         url,
         run_source(source, args=args),
         headers={"Authorization": f"Bearer {token}"},
-        timeout=110,
+        timeout=timeout,
     )
     assert answer.status == 200, answer.raw[-2000:]
     assert answer.body["status"] == "COMPLETED", answer.raw[-2000:]

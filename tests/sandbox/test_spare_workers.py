@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alice_and_bob import one_seat_server
+from alice_and_bob import completed_value, one_seat_server
 from identity_support import TOKEN_A, TOKEN_B
 from kcoral_server.processes import sandbox
-from raw_http import post_execute
-from sandbox_helpers import run_source
 
 BWRAP_PROBLEM = sandbox.probe()
 needs_bwrap = pytest.mark.skipif(
@@ -41,14 +39,7 @@ def main(who):
 
 def _run(url: str, token: str, source: str, args: list) -> Any:
     """What the program's ``main(*args)`` returned (a JSON text), decoded."""
-    answer = post_execute(
-        url,
-        run_source(source, args=args),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=90,
-    )
-    assert answer.status == 200 and answer.body["status"] == "COMPLETED", answer.raw[-2000:]
-    return json.loads(answer.body["results"]["value"]["value"])
+    return json.loads(completed_value(url, token, source, args, timeout=90))
 
 
 def _found(url: str, token: str, who: str) -> dict[str, list[str]]:
