@@ -227,23 +227,7 @@ def note_remote_traceback(error: RemoteExecutionError, fn: Callable[..., Any], f
     ):
         # the function returned; its value cannot travel as JSON ("cannot encode value of
         # type 'set'" said neither whose value nor what to do)
-        message = str(failure.get("message"))
-        # A server without EXTENSIONS §3's async-run returns an async def's coroutine unawaited
-        unawaited = "coroutine" in message and inspect.iscoroutinefunction(fn)
-        # an array or tensor it did return, of a dtype the wire lacks: "return arrays" misled
-        wire_dtype = re.match(r"cannot encode an? (array|tensor) of dtype", message)
-        # a generator: JSON_RETURN's "or use serialization='pickle'" misled, pickle refuses
-        # it too
-        iterator = re.search(r"of type '(generator|async_generator|\w*iterator)'", message)
-        error.add_note(
-            UNAWAITED
-            if unawaited
-            else JSON_DTYPE
-            if wire_dtype
-            else JSON_ITERATOR
-            if iterator
-            else JSON_RETURN
-        )
+        error.add_note(_json_return_note(str(failure.get("message")), fn))
         return
     if fmt == "pickle" and failure.get("kind") == "serialization":
         # the trampoline could not pickle the result, and its message says so and why
@@ -289,6 +273,21 @@ def _in_cells(text: str) -> str:
         if match and isinstance(named, tuple) and len(named) == 2:
             lines[index] = f"  {named[0]} {named[1]}, line {match['line']}, in {match['name']}"
     return "\n".join(lines)
+
+
+def _json_return_note(message: str, fn: Callable[..., Any]) -> str:
+    """The note for a JSON-mode return value the worker could not encode (``message``)."""
+    if "coroutine" in message and inspect.iscoroutinefunction(fn):
+        # A server without EXTENSIONS §3's async-run returns an async def's coroutine unawaited
+        return UNAWAITED
+    if re.match(r"cannot encode an? (array|tensor) of dtype", message):
+        # an array or tensor it did return, of a dtype the wire lacks: "return arrays" misled
+        return JSON_DTYPE
+    if re.search(r"of type '(generator|async_generator|\w*iterator)'", message):
+        # a generator: JSON_RETURN's "or use serialization='pickle'" misled, pickle refuses
+        # it too
+        return JSON_ITERATOR
+    return JSON_RETURN
 
 
 def _over_the_response_limit(failure: dict[str, Any]) -> bool:
