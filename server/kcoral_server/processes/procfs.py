@@ -185,19 +185,12 @@ def kill_identity(target: Identity, sig: int = signal.SIGKILL) -> None:
         fd = open_pidfd(pid)
     except ProcessLookupError:
         return
-    try:
-        # checked through the pidfd's own process: a number reused after the check is safe
-        if identity(pid) != target:
-            return
-        if fd is None:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        else:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(fd, sig)
-    finally:
+    # checked through the pidfd's own process: a number reused after the check is safe
+    if identity(pid) != target:
         if fd is not None:
             os.close(fd)
+        return
+    _send_signal(pid, fd, sig)
 
 
 def kill_process(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -207,16 +200,21 @@ def kill_process(pid: int, sig: int = signal.SIGKILL) -> None:
         fd = open_pidfd(pid)
     except ProcessLookupError:
         return
-    if fd is None:  # no pidfds here: a plain kill (the pid is our own unreaped child)
-        with contextlib.suppress(OSError):
-            os.kill(pid, sig)
-        return
+    _send_signal(pid, fd, sig)
+
+
+def _send_signal(pid: int, fd: int | None, sig: int) -> None:
+    """Send ``sig`` through ``fd``, ``pid``'s pidfd, and close it; a plain ``kill`` where
+    pidfds are unsupported (``fd`` None: the pid is our own unreaped child, or checked)."""
     try:
-        signal.pidfd_send_signal(fd, sig)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if fd is None:
+                os.kill(pid, sig)
+            else:
+                signal.pidfd_send_signal(fd, sig)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def signal_all(pids: Sequence[int], sig: int, *, group: int | None = None) -> None:
