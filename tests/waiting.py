@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -32,6 +33,13 @@ def wait_for(
         message = f"timed out after {timeout:g} s waiting for: {what}"
         raise AssertionError(f"{message}\n{detail()}" if detail is not None else message)
     return value
+
+
+def wait_for_file(path: Path, timeout: float = 20.0) -> str:
+    """``path``'s text once it exists (a marker a program writes), within ``timeout``
+    seconds; else ``AssertionError`` naming the file."""
+    wait_for(path.exists, f"{path} to appear", timeout)
+    return path.read_text()
 
 
 def _first_true(predicate: Callable[[], T], timeout: float, every: float) -> T:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cuda_programs import CUDA_SOURCE, HARNESS, nvcc_path
+from waiting import wait_for_file
 
 import kcoral
 from kcoral.protocol.dtypes import DTYPES, numpy_dtype
@@ -149,13 +149,6 @@ def cupti_available(url: str) -> bool:
     return bool(_get_json(url, "/v1/info")["optional"]["cupti"]["available"])
 
 
-def wait_for(path: Path, limit: float = 120.0) -> None:
-    deadline = time.monotonic() + limit
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
-
-
 def in_background(call) -> tuple[threading.Thread, list]:
     out: list = []
     thread = threading.Thread(target=lambda: out.append(call()))
@@ -230,7 +223,7 @@ def test_two_overlapping_requests_hold_the_gpu_lease_one_after_the_other(
 
     first_marker, second_marker = tmp_path / "first", tmp_path / "second"
     thread, first_out = in_background(lambda: execute(gpu_server.url, program(first_marker)))
-    wait_for(first_marker)  # the first request holds the lease now
+    wait_for_file(first_marker, 120.0)  # the first request holds the lease now
     second = execute(gpu_server.url, program(second_marker))
     thread.join()
     first = first_out[0]
@@ -264,7 +257,7 @@ def test_a_cpu_only_compile_step_lets_another_request_measure(gpu_server, tmp_pa
     measure = measuring.get_function(module=module, name="measure")
     measuring.return_(key="report", value=measuring.run(fn=measure, args=[str(measured)]))
     thread, compiled = in_background(lambda: execute(gpu_server.url, compiling))
-    wait_for(compiling_marker)
+    wait_for_file(compiling_marker, 120.0)
     measurement = execute(gpu_server.url, measuring)
     thread.join()
     assert measurement.status == "COMPLETED", measurement.error

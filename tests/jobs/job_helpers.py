@@ -1,14 +1,14 @@
-"""Programs and small waiting helpers shared by the job tests."""
+"""Programs and small helpers shared by the job tests."""
 
 from __future__ import annotations
 
 import os
 import re
 import threading
-import time
 import urllib.request
-from pathlib import Path
 from typing import Any
+
+from waiting import wait_for
 
 import kcoral
 
@@ -22,20 +22,6 @@ def module_program(source: str, name: str, *args: Any, returns: bool = True) -> 
     if returns:
         program.return_(key="r", value=value)
     return program
-
-
-def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` (a hang guard, not a timing
-    check)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.02)
-
-
-def wait_for_file(path: Path, timeout: float = 60.0) -> str:
-    wait_for(path.exists, f"{path} appearing", timeout)
-    return path.read_text()
 
 
 def alive(pid: int) -> bool:
@@ -60,7 +46,7 @@ def wait_until_it_waits_for_the_gpu(job: kcoral.Job, whose: str) -> None:
         phases.extend(e.data["phase"] for e in job.events() if e.kind == "phase")
 
     threading.Thread(target=follow, daemon=True).start()
-    wait_for(lambda: "lease_wait" in phases, f"{whose} job waiting for the GPU")
+    wait_for(lambda: "lease_wait" in phases, f"{whose} job waiting for the GPU", 60.0)
 
 
 def counts_by_gpu(url: str, histogram: str) -> dict[str, float]:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from holding_program import holding
-from job_helpers import wait_for_file, wait_until_it_waits_for_the_gpu
+from job_helpers import wait_until_it_waits_for_the_gpu
 from kcoral_jupyter.magics.jobs import job_row
+from waiting import wait_for_file
 
 import kcoral
 
@@ -29,7 +30,7 @@ def test_a_job_waiting_for_its_gpus_says_so_and_stays_running(
     held, go = tmp_path / "held", tmp_path / "go"
     with kcoral.Client(kcoral_server.url) as client:
         holder = client.submit(holding(held, go))
-        wait_for_file(held)
+        wait_for_file(held, 60.0)
         single = client.submit(holding(tmp_path / "one", go))
         wait_until_it_waits_for_the_gpu(single, "the single lease's")
         gpu_set = client.submit(holding(tmp_path / "set", go), gpu_count=1)

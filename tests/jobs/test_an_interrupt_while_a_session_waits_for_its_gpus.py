@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from holding_program import holding
-from job_helpers import module_program, wait_for_file, wait_until_it_waits_for_the_gpu
+from job_helpers import module_program, wait_until_it_waits_for_the_gpu
 from server_process import client_token_file
+from waiting import wait_for_file
 
 import kcoral
 
@@ -47,7 +48,7 @@ def test_an_interrupt_while_the_sessions_program_waits_for_its_gpus_keeps_the_se
     ):
         session.execute(module_program(REMEMBER, "remember", 1))
         bobs = bob.submit(holding(held, go))
-        wait_for_file(held)  # bob's program holds one of the session's GPUs
+        wait_for_file(held, 60.0)  # bob's program holds one of the session's GPUs
         job = session.submit(module_program(REMEMBER, "remember", 2))
         wait_until_it_waits_for_the_gpu(job, "the session's")
         session.interrupt()

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from job_helpers import module_program, wait_for
+from job_helpers import module_program
 from server_process import client_token_file
+from waiting import wait_for
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -83,7 +84,7 @@ def test_a_body_refused_while_other_identities_jobs_hold_the_bound_is_told_jobs_
         kcoral.Client(server.url, token=CAROL) as carol,
     ):
         blocker = alice.submit(module_program(WAIT_FOR_FILE, "wait", str(go), returns=False))
-        wait_for(lambda: blocker.status()["status"] == "RUNNING", "the blocker running")
+        wait_for(lambda: blocker.status()["status"] == "RUNNING", "the blocker running", 60.0)
         # alice and bob fill their shares with queued jobs, carol the rest of the bound
         queued, _ = _fill(alice, _one_mib_job)
         more, _ = _fill(bob, _one_mib_job)
@@ -112,7 +113,7 @@ def test_one_identitys_running_jobs_hold_at_most_half_the_bound_and_others_still
         kcoral.Client(server.url, token=BOB) as bob,
     ):
         running = alice.submit(_waiting_job(go, 3 * MIB))
-        wait_for(lambda: running.status()["status"] == "RUNNING", "alice's job running")
+        wait_for(lambda: running.status()["status"] == "RUNNING", "alice's job running", 60.0)
         # alice's second 3 MiB job would pass her share: refused, saying so
         with pytest.raises(KCoralError) as refused:
             alice.submit(_waiting_job(go, 3 * MIB))

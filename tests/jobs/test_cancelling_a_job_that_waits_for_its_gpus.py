@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from holding_program import holding
-from job_helpers import wait_for_file, wait_until_it_waits_for_the_gpu
+from job_helpers import wait_until_it_waits_for_the_gpu
+from waiting import wait_for_file
 
 import kcoral
 import kcoral.jobs
@@ -31,7 +32,7 @@ def test_cancelling_a_job_waiting_for_its_gpus_waits_for_its_end_and_says_cancel
     held, go = tmp_path / "held", tmp_path / "go"
     with kcoral.Client(kcoral_server.url) as client:
         holder = client.submit(holding(held, go))
-        wait_for_file(held)
+        wait_for_file(held, 60.0)
         waiting = client.submit(holding(tmp_path / "never", go))
         wait_until_it_waits_for_the_gpu(waiting, "the second job's")
 

@@ -12,8 +12,9 @@ import urllib.request
 from pathlib import Path
 
 from holding_program import call, holding
-from job_helpers import wait_for, wait_for_file, wait_until_it_waits_for_the_gpu
+from job_helpers import wait_until_it_waits_for_the_gpu
 from server_process import client_token_file
+from waiting import wait_for, wait_for_file
 
 import kcoral
 
@@ -38,14 +39,14 @@ def order_served_after_alices_hold(
     marker, go, order = tmp_path / "marker", tmp_path / "go", tmp_path / "order"
     # a worker that starts takes the GPU's lease for its start-up, which alice's first job
     # holds until the end: every seat must have its worker first
-    wait_for(lambda: seats_ready(server.url) == 5, "all five workers ready")
+    wait_for(lambda: seats_ready(server.url) == 5, "all five workers ready", 60.0)
     with (
         kcoral.Client(server.url, token=ALICE) as alice,
         kcoral.Client(server.url, token=BOB) as bob,
     ):
         clients = {"alice": alice, "bob": bob}
         running = alice.submit(holding(marker, go))
-        wait_for_file(marker)
+        wait_for_file(marker, 60.0)
         jobs = [running]
         for number, who in enumerate(queued):  # each on a worker of its own
             job = clients[who].submit(call("log", str(order), who))

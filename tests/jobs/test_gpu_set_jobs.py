@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from job_helpers import module_program, wait_for_file
+from job_helpers import module_program
+from waiting import wait_for_file
 
 import kcoral
 
@@ -32,7 +33,7 @@ def test_a_gpu_set_jobs_record_names_the_set_it_leased_not_its_borrowed_seats_gp
     marker, go = tmp_path / "marker", tmp_path / "go"
     with kcoral.Client(kcoral_server.url) as client:
         job = client.submit(module_program(HOLD, "f", str(marker), str(go)), gpu_count=2)
-        assert wait_for_file(marker) == "0,1"
+        assert wait_for_file(marker, 60.0) == "0,1"
         # while it runs, on its set
         assert job.status()["gpu_ids"] == [0, 1]
         go.touch()
@@ -52,6 +53,6 @@ def test_a_cancelled_gpu_set_jobs_record_names_the_set_it_held(
     marker, go = tmp_path / "marker", tmp_path / "never"
     with kcoral.Client(kcoral_server.url) as client:
         job = client.submit(module_program(HOLD, "f", str(marker), str(go)), gpu_count=2)
-        wait_for_file(marker)
+        wait_for_file(marker, 60.0)
         state = job.cancel()
         assert state["status"] == "CANCELLED" and state["gpu_ids"] == [0, 1]

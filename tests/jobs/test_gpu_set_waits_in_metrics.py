@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from holding_program import holding
-from job_helpers import counts_by_gpu, wait_for_file, wait_until_it_waits_for_the_gpu
+from job_helpers import counts_by_gpu, wait_until_it_waits_for_the_gpu
+from waiting import wait_for_file
 
 import kcoral
 
@@ -44,7 +45,7 @@ def held(server_factory, tmp_path: Path) -> Iterator[HeldGpu]:
     marker, go = tmp_path / "marker", tmp_path / "go"
     with kcoral.Client(server.url) as client:
         holder = client.submit(holding(marker, go))
-        wait_for_file(marker)
+        wait_for_file(marker, 60.0)
         yield HeldGpu(server.url, server.events, client, holder, go, holder.status()["gpu_ids"][0])
         go.touch()
 

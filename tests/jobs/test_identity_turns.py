@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from job_helpers import module_program, wait_for
+from job_helpers import module_program
 from server_process import client_token_file
+from waiting import wait_for
 
 import kcoral
 
@@ -32,12 +33,12 @@ def test_a_request_of_another_identity_is_served_before_the_rest_of_a_burst(
         kcoral.Client(server.url, token=BOB) as bob,
     ):
         running = alice.submit(module_program(WAIT_FOR_FILE, "wait", str(go)))
-        wait_for(lambda: running.status()["status"] == "RUNNING", "alice's first job running")
+        wait_for(lambda: running.status()["status"] == "RUNNING", "alice's first job running", 60.0)
         burst = [alice.submit(module_program(WAIT_FOR_FILE, "wait", str(go))) for _ in range(3)]
-        wait_for(lambda: burst[-1].status()["queue_position"] == 2, "alice's burst queued")
+        wait_for(lambda: burst[-1].status()["queue_position"] == 2, "alice's burst queued", 60.0)
         bobs = bob.submit(module_program(WAIT_FOR_FILE, "wait", str(go)))
         # alice's next, then bob's, then the rest of alice's: bob's turn comes second
-        wait_for(lambda: bobs.status()["queue_position"] == 1, "bob's job queued")
+        wait_for(lambda: bobs.status()["queue_position"] == 1, "bob's job queued", 60.0)
         assert [job.status()["queue_position"] for job in burst] == [0, 2, 3]
         go.touch()
         for job in [running, *burst, bobs]:

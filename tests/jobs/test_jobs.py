@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from job_helpers import alive, module_program, wait_for, wait_for_file
+from job_helpers import alive, module_program
+from waiting import wait_for, wait_for_file
 
 import kcoral
 from kcoral.connection.event_stream import JobEvent
@@ -135,7 +136,7 @@ def test_a_stream_that_drops_is_reopened_transparently(kcoral_server, tmp_path: 
     marker, go = tmp_path / "marker", tmp_path / "go"
     with CuttingProxy(kcoral_server.url) as proxy, kcoral.Client(proxy.url) as client:
         job = client.submit(module_program(WAIT_FOR_FILE, "f", str(marker), str(go)))
-        wait_for_file(marker)
+        wait_for_file(marker, 60.0)
         go.touch()
         seen = list(job.events())
         assert proxy.cuts == 1  # the first event stream was cut mid-way
@@ -250,7 +251,7 @@ def test_an_invalid_job_is_refused_like_execute(kcoral_server) -> None:
 def test_a_queued_job_can_be_cancelled(kcoral_server, tmp_path: Path) -> None:
     with kcoral.Client(kcoral_server.url) as client:
         first = client.submit(module_program(SLEEP, "f", str(tmp_path / "pids"), 60))
-        wait_for_file(tmp_path / "pids")
+        wait_for_file(tmp_path / "pids", 60.0)
         queued = client.submit(module_program("def f():\n    return 1\n", "f"))
         assert queued.status()["status"] == "QUEUED"
         assert queued.status()["queue_position"] == 0
@@ -275,7 +276,7 @@ def test_cancelling_a_running_job_kills_its_process_tree_and_frees_the_lease(
     pids = tmp_path / "pids"
     with kcoral.Client(kcoral_server.url) as client:
         job = client.submit(module_program(SLEEP, "f", str(pids), 120))
-        worker_pid, child_pid, workspace = wait_for_file(pids).split(" ", 2)
+        worker_pid, child_pid, workspace = wait_for_file(pids, 60.0).split(" ", 2)
         assert alive(int(worker_pid)) and alive(int(child_pid))
         status, body = _get(kcoral_server.url, f"/v1/jobs/{job.id}/result")
         assert status == 409 and json.loads(body)["error"]["kind"] == "not_finished"
@@ -309,7 +310,7 @@ def test_a_finished_job_expires_after_its_retention_time(kcoral_server) -> None:
             status, body = _get(kcoral_server.url, f"/v1/jobs/{job.id}")
             return status == 404 and json.loads(body)["error"]["kind"] == "job_expired"
 
-        wait_for(expired, "expiry")
+        wait_for(expired, "expiry", 60.0)
         with pytest.raises(KCoralError) as caught:
             job.result()
         assert caught.value.kind == "job_expired"
@@ -363,7 +364,7 @@ def test_a_job_larger_than_the_retention_bound_goes_alone(kcoral_server) -> None
             decoded = json.loads(body)
             return decoded["status"] if status == 200 else decoded["error"]["kind"]
 
-        wait_for(lambda: kind(too_large) == "job_expired", "the large job's expiry")
+        wait_for(lambda: kind(too_large) == "job_expired", "the large job's expiry", 60.0)
         assert [kind(job) for job in kept] == ["COMPLETED", "COMPLETED"]
         assert [job.result()["r"] for job in kept] == [1, 1]
 
@@ -447,10 +448,10 @@ def test_a_disconnected_execute_client_has_its_program_killed(
     attempt = ExecuteNegotiation(module_program(SLEEP, "f", str(pids), 120)).first_attempt()
     connection = _connection(kcoral_server.url)
     connection.request("POST", "/execute", body=attempt.body(), headers=attempt.headers)
-    worker_pid, child_pid, workspace = wait_for_file(pids).split(" ", 2)
+    worker_pid, child_pid, workspace = wait_for_file(pids, 60.0).split(" ", 2)
     connection.close()
-    wait_for(lambda: not alive(int(child_pid)) and not alive(int(worker_pid)), "the kill")
-    wait_for(lambda: not Path(workspace).exists(), "workspace removal")
+    wait_for(lambda: not alive(int(child_pid)) and not alive(int(worker_pid)), "the kill", 60.0)
+    wait_for(lambda: not Path(workspace).exists(), "workspace removal", 60.0)
 
     def logged() -> bool:
         return any(
@@ -458,7 +459,7 @@ def test_a_disconnected_execute_client_has_its_program_killed(
             for e in kcoral_server.events()
         )
 
-    wait_for(logged, "request_finished client_disconnected")
+    wait_for(logged, "request_finished client_disconnected", 60.0)
     with kcoral.Client(kcoral_server.url) as client:
         assert client.execute(module_program("def f():\n    return 4\n", "f")).results["r"] == 4
 
@@ -503,7 +504,7 @@ def test_on_shutdown_queued_jobs_end_as_busy_errors_and_running_ones_finish(
     marker, go = tmp_path / "marker", tmp_path / "go"
     with kcoral.Client(server.url) as client:
         running = client.submit(module_program(WAIT_FOR_FILE, "f", str(marker), str(go)))
-        wait_for_file(marker)
+        wait_for_file(marker, 60.0)
         queued = client.submit(module_program("def f():\n    return 1\n", "f"))
         streams: dict[str, list[JobEvent]] = {}
         threads = [
@@ -513,7 +514,7 @@ def test_on_shutdown_queued_jobs_end_as_busy_errors_and_running_ones_finish(
         for thread in threads:
             thread.start()
         server.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: queued.status()["status"] == "ERROR", "the queued job ending")
+        wait_for(lambda: queued.status()["status"] == "ERROR", "the queued job ending", 60.0)
         assert queued.status()["error_kind"] == "busy"
         with pytest.raises(KCoralError) as caught:
             queued.result()

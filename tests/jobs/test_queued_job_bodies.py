@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from job_helpers import module_program, wait_for
+from job_helpers import module_program
+from waiting import wait_for
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -42,7 +43,7 @@ def test_queued_jobs_hold_no_more_body_bytes_than_the_in_flight_bound(
     go = tmp_path / "go"
     with kcoral.Client(server.url) as client:
         blocker = client.submit(module_program(WAIT_FOR_FILE, "wait", str(go), returns=False))
-        wait_for(lambda: blocker.status()["status"] == "RUNNING", "the blocker running")
+        wait_for(lambda: blocker.status()["status"] == "RUNNING", "the blocker running", 60.0)
         queued, refusals = [], []
         for _ in range(SUBMISSIONS):
             try:

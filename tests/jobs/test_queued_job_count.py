@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from job_helpers import module_program, wait_for
+from job_helpers import module_program
 from server_process import client_token_file
+from waiting import wait_for
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -45,7 +46,7 @@ def test_a_job_past_the_bound_gets_503_busy_while_earlier_ones_complete(
         kcoral.Client(server.url, token="bob-token-0123456789") as bob,
     ):
         running = alice.submit(module_program(WAIT_FOR_FILE, "wait", str(go)))
-        wait_for(lambda: running.status()["status"] == "RUNNING", "alice's job running")
+        wait_for(lambda: running.status()["status"] == "RUNNING", "alice's job running", 60.0)
         # Two identities: alice holds her share (half of 2), bob may still queue one.
         share = _refusal(alice, module_program(TRIVIAL, "one"))
         assert (share.status_code, share.kind) == (503, "busy")

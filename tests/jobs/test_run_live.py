@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from job_helpers import wait_for_file
+from waiting import wait_for_file
 
 from kcoral.client import Client
 from kcoral.run import command as run_cli
@@ -30,7 +30,7 @@ def test_kcoral_run_prints_the_tools_output_while_it_runs(kcoral_server, tmp_pat
         assert client.stdout is not None
         # The tool is still waiting for `go`: this line can only have come live.
         assert client.stdout.readline() == b"first\n"
-        wait_for_file(mark)
+        wait_for_file(mark, 60.0)
         go.touch()
         out, err = client.communicate(timeout=60)
     finally:

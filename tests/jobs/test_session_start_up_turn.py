@@ -9,9 +9,10 @@ from __future__ import annotations
 import threading
 
 from holding_program import holding
-from job_helpers import wait_for, wait_for_file, wait_until_it_waits_for_the_gpu
+from job_helpers import wait_until_it_waits_for_the_gpu
 from raw_http import Response, request
 from server_process import client_token_file
+from waiting import wait_for, wait_for_file
 
 import kcoral
 
@@ -34,7 +35,7 @@ def test_a_session_start_up_waits_its_owners_turn_behind_another_users_program(
         earlier = alice.submit(holding(tmp_path / "alice-held", tmp_path / "alice-held"))
         assert earlier.result(timeout=60).results["r"] == 1
         holder = bob.submit(holding(tmp_path / "bob-holds", go))
-        wait_for_file(tmp_path / "bob-holds")
+        wait_for_file(tmp_path / "bob-holds", 60.0)
         created: list[Response] = []
         starting = threading.Thread(
             target=lambda: created.append(
@@ -47,11 +48,11 @@ def test_a_session_start_up_waits_its_owners_turn_behind_another_users_program(
         waiting = carol.submit(holding(tmp_path / "carol-holds", tmp_path / "carol-go"))
         wait_until_it_waits_for_the_gpu(waiting, "carol's")
         go.touch()  # bob lets go: carol's program and alice's session start-up wait
-        wait_for_file(tmp_path / "carol-holds")
+        wait_for_file(tmp_path / "carol-holds", 60.0)
         # carol holds the GPU until told, and alice's session worker has not started
         assert created == [] and starting.is_alive()
         (tmp_path / "carol-go").touch()
-        wait_for(lambda: not starting.is_alive(), "alice's session started")
+        wait_for(lambda: not starting.is_alive(), "alice's session started", 60.0)
         assert created[0].status == 201
         assert holder.result(timeout=60).results["r"] == 1
         assert waiting.result(timeout=60).results["r"] == 1

@@ -10,10 +10,10 @@ import hashlib
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 from router_helpers import Node, ready_nodes, start_router, stopping
+from waiting import wait_for_file
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -48,13 +48,6 @@ def module_program(source: str, *args: object, blob: bytes | None = None) -> kco
         args = (program.upload(kind="bytes", value=blob), *args)
     program.return_(key="r", value=program.run(fn=function, args=list(args)))
     return program
-
-
-def wait_for(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
 
 
 def submission_nodes(log: str) -> list[str]:
@@ -122,7 +115,7 @@ def test_a_routed_job_can_be_cancelled_while_it_runs(routed):
     marker, never = tmp / "marker-cancel", tmp / "never"
     with kcoral.Client(router.url, token=TOKEN) as client:
         job = client.submit(module_program(WAIT_FOR_FILE, str(marker), str(never)))
-        wait_for(marker)
+        wait_for_file(marker, 60.0)
         assert job.status()["status"] == "RUNNING"
         assert job.cancel()["status"] == "CANCELLED"
         with pytest.raises(KCoralError) as caught:
@@ -170,7 +163,7 @@ def test_a_client_leaving_a_job_event_stream_leaves_no_traceback_in_the_router_l
         waited = client.submit(module_program(DIGEST, blob=b"done"))
         assert waited.result(timeout=60).completed
         job = client.submit(module_program(WAIT_FOR_FILE, str(marker), str(go)))
-        wait_for(marker)
+        wait_for_file(marker, 60.0)
         for event in job.events():
             if event.kind == "stdout":
                 break  # hang up mid-run

@@ -7,11 +7,11 @@ and with the server's own lease counters, never with wall-clock thresholds.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from http_helpers import execute, get, module_program
+from waiting import wait_for_file
 
 FAKE_GPU = ["--device", "fake-gpu", "--fake-gpu-count", "1", "--workers-per-gpu", "2"]
 
@@ -27,13 +27,6 @@ def work(log, marker, seconds):
 def work_cpu(log, marker, seconds):
     return work(log, marker, seconds)
 """
-
-
-def _wait_for(path: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
 
 
 def _in_background(url: str, program: dict) -> tuple[threading.Thread, list]:
@@ -64,7 +57,7 @@ def test_gpu_work_of_two_workers_never_overlaps_and_the_waiter_pays_in_lease_wai
     first, first_out = _in_background(
         kcoral_server.url, module_program(WORK, [("work", [str(log), str(first_marker), 1.0])])
     )
-    _wait_for(first_marker)
+    wait_for_file(first_marker, 30.0)
     second_marker = tmp_path / "second"
     second = execute(
         kcoral_server.url, module_program(WORK, [("work", [str(log), str(second_marker), 0.1])])
@@ -88,7 +81,7 @@ def test_a_cpu_only_run_lets_another_request_take_the_gpu(kcoral_server, tmp_pat
         kcoral_server.url,
         module_program(WORK, [("work_cpu", [str(cpu_log), str(cpu_marker), 1.5])]),
     )
-    _wait_for(cpu_marker)
+    wait_for_file(cpu_marker, 30.0)
     gpu = execute(
         kcoral_server.url,
         module_program(WORK, [("work", [str(gpu_log), str(tmp_path / "gpu"), 0.1])]),
@@ -118,7 +111,7 @@ def test_a_killed_holder_frees_its_gpu(kcoral_server, tmp_path) -> None:
     hog_thread, hog_out = _in_background(
         kcoral_server.url, module_program(HOG, [("hog", [str(marker)])], timeout_seconds=1)
     )
-    _wait_for(marker)
+    wait_for_file(marker, 30.0)
     waiter = execute(
         kcoral_server.url,
         module_program(WORK, [("work", [str(tmp_path / "l"), str(tmp_path / "m"), 0])]),
@@ -136,7 +129,7 @@ def test_waiting_for_the_lease_does_not_count_against_the_timeout(kcoral_server,
         kcoral_server.url,
         module_program(WORK, [("work", [str(tmp_path / "log"), str(marker), 2.5])]),
     )
-    _wait_for(marker)
+    wait_for_file(marker, 30.0)
     waiter = execute(
         kcoral_server.url,
         module_program(
