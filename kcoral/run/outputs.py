@@ -29,6 +29,9 @@ OUTPUTS_KEY = "outputs"
 _MAX_SIGNAL = 64
 #: PROTOCOL §6.3: a program whose descendants outlived it fails with this ``runtime`` message
 _LEFTOVERS = "program left background processes running; they were terminated"
+#: PROTOCOL §6.3, SERVER §8: how the message of a program whose worker died starts (a colon
+#: and how it ended may follow)
+_WORKER_DIED = "worker exited while executing the instruction"
 
 
 def report(options: RunOptions, result: Any) -> int:
@@ -38,18 +41,9 @@ def report(options: RunOptions, result: Any) -> int:
     say_truncated(options, result)
     if not result.completed:
         error = result.error or {}
+        say(_failed_program(error, result.request_id))
         if (error.get("kind"), error.get("message")) == ("runtime", _LEFTOVERS):
-            # the tool may have exited 0: "remote program failed (runtime)" blamed it
-            # without saying for what, or what to change
-            say(
-                "the tool left processes running when it ended; they were killed, so the "
-                "run failed (a tool must wait for the processes it starts)"
-            )
             return 1
-        say(
-            f"remote program failed ({error.get('kind')}): {error.get('message')} "
-            f"[request {result.request_id}]"
-        )
         traceback = error.get("traceback")
         if isinstance(traceback, str) and traceback:
             write_output(sys.stderr, traceback if traceback.endswith("\n") else traceback + "\n")
@@ -90,6 +84,29 @@ def report(options: RunOptions, result: Any) -> int:
     if missing and status == 0:
         return 1
     return status
+
+
+def _failed_program(error: Mapping[str, Any], request_id: object) -> str:
+    """The line for a ``FAILED`` program, in the words of the tool the user ran where the
+    server's words are the program's (a tool runs inside one)."""
+    kind, message = error.get("kind"), error.get("message")
+    if (kind, message) == ("runtime", _LEFTOVERS):
+        # the tool may have exited 0: "remote program failed (runtime)" blamed it
+        # without saying for what, or what to change
+        return (
+            "the tool left processes running when it ended; they were killed, so the "
+            "run failed (a tool must wait for the processes it starts)"
+        )
+    if kind == "runtime" and isinstance(message, str) and message.startswith(_WORKER_DIED):
+        # "worker exited while executing the instruction" spoke of the server's insides; the
+        # worker is the tool's parent, which the tool itself can kill (kill $PPID, killpg 0)
+        cause = message[len(_WORKER_DIED) :].removeprefix(": ")
+        why = f": {cause}" if cause else " (did the tool kill its parent or its process group?)"
+        return (
+            f"the worker running the tool died mid-run{why}; the tool's exit status is lost "
+            f"[request {request_id}]"
+        )
+    return f"remote program failed ({kind}): {message} [request {request_id}]"
 
 
 def say_truncated(options: RunOptions, printed: Any) -> None:
