@@ -32,9 +32,15 @@ from kcoral.protocol.strict_json import finite_float
 from kcoral.results import plural
 from kcoral.run.terminal_filter import screened
 from kcoral_jupyter.images import MAX_PLOT_POINTS, heatmap_png, line_svg
-from kcoral_jupyter.tensor_stats import tensor_stats
+from kcoral_jupyter.tensor_stats import stats_facts, tensor_stats
 
 PREVIEW_CHARS = 2000
+#: A returned image file larger than this is not put inside the notebook: its base64 is 4/3
+#: of the file in the saved notebook and in every HTML export, and a browser stalls on a
+#: data URI of tens of MB (a 60 MiB PNG made an 84 MB notebook output).
+MAX_INLINE_IMAGE_BYTES = 4 << 20
+#: The bytes of a returned ``bytes`` value shown after its size.
+BYTES_PREVIEW = 64
 PREVIEW_LINES = 40
 MAX_TABLE_ROWS = 100
 MAX_TREE_ENTRIES = 200
@@ -193,11 +199,7 @@ def tensor_html(value: Any, name: str | None = None) -> str:
     if array is None:
         return f"<pre>{escape(repr(value))}</pre>"
     stats = tensor_stats(array)
-    facts = [f"shape {escape(stats['shape'])}", f"dtype {escape(stats['dtype'])}"]
-    for key in ("min", "max", "mean"):
-        if key in stats:
-            value = stats[key]
-            facts.append(f"{key} {value}" if isinstance(value, int) else f"{key} {value:.6g}")
+    facts = [escape(fact) for fact in stats_facts(stats)]
     with np.printoptions(threshold=50, edgeitems=3, precision=4, linewidth=100):
         preview = np.array2string(np.asarray(array, dtype=_printable(array)))
     picture = ""
@@ -230,6 +232,10 @@ def _printable(array: np.ndarray) -> Any:
 
 
 # ----------------------------------------------------------------------- files, folders
+
+
+#: What ``returned_file_html`` calls each type ``sniff_image`` finds.
+_IMAGE_NAMES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/svg+xml": "SVG"}
 
 
 def sniff_image(data: bytes) -> str | None:
@@ -271,7 +277,10 @@ def returned_file_html(returned: Any, name: str | None = None) -> str:
     label = escape(name) if name else "file"
     header = f"<b>{label}</b> · {escape(format_size(len(data)))}"
     kind = sniff_image(data)
-    if kind is not None:
+    if kind is not None and len(data) > MAX_INLINE_IMAGE_BYTES:
+        limit = format_size(MAX_INLINE_IMAGE_BYTES)
+        body = _save_hint(f"{_IMAGE_NAMES[kind]} image over {limit}, not shown", name)
+    elif kind is not None:
         encoded = base64.b64encode(data).decode("ascii")
         body = (
             f'<img class="kcoral-image" src="data:{kind};base64,{encoded}" '
@@ -285,12 +294,17 @@ def returned_file_html(returned: Any, name: str | None = None) -> str:
             more = "" if "\n".join(text.splitlines()) == preview else " (preview)"
             body = f'<pre style="{_PRE}">{escape(preview)}</pre>{escape(more)}'
         else:
-            target = escape(repr(name.rsplit("/", 1)[-1])) if name else "'output.bin'"
-            body = (
-                '<div style="color:#57606a">binary file; save it with '
-                f"<code>.save({target})</code></div>"
-            )
+            body = _save_hint("binary file", name)
     return f'<div class="kcoral-file" style="{_BOX}">{header}{body}</div>'
+
+
+def _save_hint(what: str, name: str | None) -> str:
+    """``what`` the file is, and the ``.save`` call that writes it where the kernel runs."""
+    target = escape(repr(name.rsplit("/", 1)[-1])) if name else "'output.bin'"
+    return (
+        f'<div style="color:#57606a">{escape(what)}; save it with '
+        f"<code>.save({target})</code></div>"
+    )
 
 
 def returned_folder_html(folder: Any, name: str | None = None) -> str:
@@ -332,7 +346,9 @@ def value_html(value: Any, name: str | None = None) -> str:
     if _as_numpy(value) is not None:
         return tensor_html(value, name)
     if isinstance(value, bytes):
-        return f"<code>{escape(format_size(len(value)))} of bytes</code> {escape(value[:64])}"
+        cut = f" … (the first {BYTES_PREVIEW} shown)" if len(value) > BYTES_PREVIEW else ""
+        shown = escape(value[:BYTES_PREVIEW])
+        return f"<code>{escape(format_size(len(value)))}</code> {shown}{escape(cut)}"
     text = repr(value)
     if len(text) > PREVIEW_CHARS:
         text = text[:PREVIEW_CHARS] + " …"

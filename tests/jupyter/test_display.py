@@ -174,7 +174,7 @@ def test_a_large_tensor_gets_the_statistics_of_its_finite_values() -> None:
     assert values.size > STATS_CHUNK_ELEMENTS
     assert stats["min"] == float(finite.min()) and stats["max"] == float(finite.max())
     assert stats["mean"] == pytest.approx(float(finite.mean()), rel=1e-12)
-    assert tensor_stats(np.full(3_000_001, np.nan)).keys() == {"shape", "dtype"}
+    assert "min" not in tensor_stats(np.full(3_000_001, np.nan))
 
 
 def test_image_files_are_inline_text_files_previewed_and_binary_files_get_a_save_hint() -> None:

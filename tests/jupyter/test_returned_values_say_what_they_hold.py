@@ -1,0 +1,108 @@
+"""What a notebook shows for the values a program returns, in a real kernel (nbclient)
+against a real CPU server, as the saved notebook keeps it:
+
+* a returned image file too large to inline is named with its size and a ``.save`` hint,
+  not put whole into the notebook (a 60 MiB PNG made an 84 MB cell output);
+* a tensor's NaN and infinities are counted beside min/max/mean, which are said to be of
+  the finite values (``[1, nan, 3, inf]`` read 'min 1 · max 3 · mean 2', the rest unsaid;
+  all NaN read only its shape and dtype);
+* a ``bytes`` value cut to its first bytes says so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from notebook_cells import connected_cells, executed
+
+pytestmark = pytest.mark.timeout(300)
+
+#: The remote functions of the program cell, each returning one value under its name.
+MODULE = """
+import torch
+def some_nan(): return torch.tensor([1.0, float('nan'), 3.0, float('inf')])
+def only_nan(): return torch.tensor([float('nan'), float('inf'), -float('inf')])
+def plain(): return torch.tensor([1.0, 2.0, 3.0])
+def raw(): return bytes(range(200))
+"""
+
+PROGRAM_CELL = f"""import kcoral
+program = kcoral.Program()
+module = program.upload(kind="module", source={MODULE!r})
+for name in ("some_nan", "only_nan", "plain", "raw"):
+    function = program.get_function(module=module, name=name)
+    program.return_(key=name, value=program.run(fn=function))
+kcoral.Client(URL).execute(program)"""
+
+LARGE_PNG_CELL = """%%kcoral --return-file big.png
+with open("big.png", "wb") as file:  # a PNG's signature, then 6 MiB
+    file.write(b"\\x89PNG\\r\\n\\x1a\\n")
+    file.truncate(6 << 20)"""
+
+SMALL_PNG_CELL = """%%kcoral --return-file small.png
+with open("small.png", "wb") as file:
+    file.write(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(1000))"""
+
+
+@pytest.fixture(scope="module")
+def notebook(cpu_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        sources = connected_cells(
+            cpu_server_url,
+            monkeypatch,
+            f"URL = {cpu_server_url!r}",
+            LARGE_PNG_CELL,
+            SMALL_PNG_CELL,
+            PROGRAM_CELL,
+        )
+        return executed(sources, tmp_path_factory.mktemp("returned-values"))
+
+
+def html_of(cell: Any, marker: str) -> str:
+    """The one ``text/html`` output of ``cell`` that holds ``marker``."""
+    found = [
+        output["data"]["text/html"]
+        for output in cell.outputs
+        if marker in output.get("data", {}).get("text/html", "")
+    ]
+    assert len(found) == 1, cell.outputs
+    return found[0]
+
+
+def test_a_large_returned_image_file_is_named_not_inlined(notebook) -> None:
+    cell = notebook.cells[3]
+    html = html_of(cell, "kcoral-file")
+    assert "<b>big.png</b> · 6.0 MiB" in html
+    assert "PNG image over 4.0 MiB, not shown; save it with" in html
+    assert ".save(&#x27;big.png&#x27;)" in html
+    assert "data:image" not in html
+    assert len(json.dumps(cell.outputs)) < 20_000  # the saved cell, not 8 MB of base64
+
+
+def test_a_small_returned_image_file_is_still_shown_inline(notebook) -> None:
+    assert 'src="data:image/png;base64,' in html_of(notebook.cells[4], "kcoral-file")
+
+
+def test_a_tensor_with_nan_and_inf_counts_them_beside_its_finite_statistics(notebook) -> None:
+    html = html_of(notebook.cells[5], "kcoral-results")
+    assert (
+        "<b>some_nan</b> <span>shape (4,) · dtype float32 · 1 NaN · 1 +inf · "
+        "min 1 · max 3 · mean 2 of the finite values</span>"
+    ) in html
+    assert "<b>plain</b> <span>shape (3,) · dtype float32 · min 1 · max 3 · mean 2</span>" in html
+
+
+def test_a_tensor_without_a_finite_value_says_so(notebook) -> None:
+    html = html_of(notebook.cells[5], "kcoral-results")
+    assert (
+        "<b>only_nan</b> <span>shape (3,) · dtype float32 · 1 NaN · 1 +inf · 1 -inf · "
+        "no finite values</span>"
+    ) in html
+
+
+def test_a_long_bytes_value_says_only_its_start_is_shown(notebook) -> None:
+    html = html_of(notebook.cells[5], "kcoral-results")
+    assert "<code>200 bytes</code> b&#x27;\\x00\\x01" in html
+    assert "?&#x27; … (the first 64 shown)" in html
