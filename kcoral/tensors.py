@@ -17,7 +17,6 @@ from kcoral.protocol.dtypes import (
     DTYPES,
     byte_length,
     is_dtype,
-    torch_byte_view,
     torch_tensor_problem,
 )
 
@@ -120,8 +119,9 @@ def _numpy_payload(array: np.ndarray) -> tuple[bytes, str, tuple[int, ...]]:
     ):
         array = array.astype(array.dtype.newbyteorder("<"))
     shape = tuple(int(dim) for dim in array.shape)
-    data = np.ascontiguousarray(array).tobytes()
-    return data, array.dtype.name, shape
+    # tobytes() writes any layout out in C order in one copy; ascontiguousarray first made
+    # a strided view (a column slice, a transpose) a second whole copy before it
+    return array.tobytes(), array.dtype.name, shape
 
 
 def _torch_payload(torch: Any, tensor: Any) -> tuple[bytes, str, tuple[int, ...]]:
@@ -132,6 +132,13 @@ def _torch_payload(torch: Any, tensor: Any) -> tuple[bytes, str, tuple[int, ...]
     if not is_dtype(name):
         raise ValueError(not_a_wire_dtype(f"torch dtype {tensor.dtype}"))
     shape = tuple(int(dim) for dim in tensor.shape)
-    # A uint8 view reads bfloat16/float8 bytes that numpy cannot represent natively.
-    data = torch_byte_view(tensor.detach().to("cpu"), torch.uint8).numpy().tobytes()
-    return data, name, shape
+    # An integer view of the same width (bfloat16 as int16, float8 as uint8: numpy has
+    # neither) keeps the tensor's strides, which numpy's tobytes() writes out in C order
+    # in one copy; contiguous() first made a strided tensor a second whole copy.
+    same_width = _SAME_WIDTH_INTEGER[tensor.element_size()]
+    host = tensor.detach().to("cpu").resolve_neg()
+    return host.view(getattr(torch, same_width)).numpy().tobytes(), name, shape
+
+
+#: The integer dtype (a name in torch and numpy) as wide as each wire dtype's item.
+_SAME_WIDTH_INTEGER = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}

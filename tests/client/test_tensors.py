@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -122,6 +126,42 @@ def test_big_endian_and_strided_numpy_arrays_become_little_endian_c_order():
     data, dtype, shape = tensor_payload(array)
     assert (dtype, shape) == ("int32", (2, 2))
     assert data == np.ascontiguousarray(array.astype("<i4")).tobytes()
+
+
+# A strided 64 MiB view of a 128 MiB array or tensor, its payload taken, and the memory
+# that took beyond what the process held (the peak, VmHWM, reset just before it).
+_STRIDED_PAYLOAD_COST = """
+import sys, numpy as np, torch
+from kcoral.tensors import tensor_payload
+
+def kib(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field))
+
+if sys.argv[1] == "numpy":
+    view = np.ones((4096, 8192), np.float32)[:, ::2]
+else:
+    view = torch.ones((4096, 16384), dtype=torch.bfloat16)[:, ::2]
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")  # the peak is what the process holds now
+held = kib("VmRSS:")
+data = tensor_payload(view)[0]
+print((kib("VmHWM:") - held) * 1024, len(data))
+"""
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_strided_array_or_tensor_is_copied_once_when_uploaded(library):
+    # a column slice of a big array made a whole contiguous copy and then its bytes: a
+    # 1 GiB view held 2 GiB more at its upload, where its bytes alone are 1 GiB
+    script = textwrap.dedent(_STRIDED_PAYLOAD_COST)
+    answer = subprocess.run(
+        [sys.executable, "-c", script, library], capture_output=True, text=True, timeout=60
+    )
+    assert answer.returncode == 0, answer.stderr
+    grown, payload = map(int, answer.stdout.split())
+    assert payload == 64 << 20
+    assert grown < payload * 3 // 2, f"{grown >> 20} MiB for a {payload >> 20} MiB payload"
 
 
 def test_a_numpy_scalar_shape_is_empty():
