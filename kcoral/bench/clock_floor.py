@@ -16,6 +16,7 @@ from statistics import median
 from typing import Any
 
 from kcoral.bench.clocks import CpuClock
+from kcoral.bench.units import in_unit
 
 #: Empty calls timed for the floor: enough for a stable median, a few µs in all.
 FLOOR_CALLS = 25
@@ -34,10 +35,6 @@ def empty_call_ms(clock: Any) -> float | None:
     return median(clock.measure(_nothing).milliseconds for _ in range(FLOOR_CALLS))
 
 
-def microseconds(milliseconds: float) -> str:
-    return f"{milliseconds * 1000:.3g} µs"
-
-
 def floor_warning(name: str, median_ms: object, floor_ms: float | None) -> str | None:
     """The warning for a median under ``FLOOR_FACTOR`` empty calls, else ``None``."""
     if floor_ms is None or not isinstance(median_ms, (int, float)):
@@ -45,6 +42,6 @@ def floor_warning(name: str, median_ms: object, floor_ms: float | None) -> str |
     if median_ms >= FLOOR_FACTOR * floor_ms:
         return None
     return (
-        f"{name}: its median, {microseconds(median_ms)}, is under {FLOOR_FACTOR}× an empty "
-        f"call's ({microseconds(floor_ms)}): mostly the measurement; time a loop of calls"
+        f"{name}: its median, {in_unit(median_ms, 'µs')}, is under {FLOOR_FACTOR}× an empty "
+        f"call's ({in_unit(floor_ms, 'µs')}): mostly the measurement; time a loop of calls"
     )
