@@ -115,9 +115,11 @@ class KCoralExtension(LoggingConfigurable):
         self._forget_clients({str(entry["url"]) for entry in found})
         return found
 
-    def _configured_or_advertised(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+    def configured_servers(self) -> list[dict[str, Any]]:
+        """The servers configured as listed: ``c.KCoralExtension.servers``, else the one
+        ``KCORAL_URL`` names (with ``KCORAL_TOKEN``), else none."""
         if self.servers:
+            found: list[dict[str, Any]] = []
             for index, entry in enumerate(self.servers):
                 name = str(entry.get("name") or f"server{index}")
                 where = f"c.KCoralExtension.servers[{index}] ({name!r})"
@@ -126,7 +128,13 @@ class KCoralExtension(LoggingConfigurable):
             return found
         if os.environ.get("KCORAL_URL", "").strip():
             token = os.environ.get("KCORAL_TOKEN", "")
-            found.append(self._listed("default", os.environ["KCORAL_URL"], token, "KCORAL_URL"))
+            return [self._listed("default", os.environ["KCORAL_URL"], token, "KCORAL_URL")]
+        return []
+
+    def _configured_or_advertised(self) -> list[dict[str, Any]]:
+        found = self.configured_servers()
+        if self.servers:
+            return found
         for record in advertised_servers():
             found.append(
                 {
@@ -161,21 +169,23 @@ def load_server_extension(serverapp: Any) -> None:
     web_app = serverapp.web_app
     web_app.settings["kcoral_extension"] = extension
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
-    serverapp.log.info("KCoral server extension loaded (%s)", servers_at_load(extension))
+    configured = extension.configured_servers()
+    serverapp.log.info(
+        "KCoral server extension loaded (%s)", servers_at_load(extension, configured)
+    )
 
 
-def servers_at_load(extension: KCoralExtension) -> str:
-    """The servers the panel will ask, as the load line says them: it said "0 servers" of a
-    server named by ``KCORAL_URL``, since it counted ``c.KCoralExtension.servers`` alone."""
-    count = len(extension.servers)
-    if count:
+def servers_at_load(extension: KCoralExtension, configured: list[dict[str, Any]]) -> str:
+    """The servers the panel will ask, as the load line says them (``configured``: what
+    ``configured_servers`` listed): it said "0 servers" of a server named by ``KCORAL_URL``,
+    since it counted ``c.KCoralExtension.servers`` alone."""
+    count = len(configured)
+    if extension.servers:
         return f"{count} server{'' if count == 1 else 's'}: c.KCoralExtension.servers"
-    url = os.environ.get("KCORAL_URL", "").strip()
-    if url:
-        # As the panel will list it: a token pasted into the address (http://TOKEN@host,
+    if configured:
+        # As the panel lists it: a token pasted into the address (http://TOKEN@host,
         # ?token=...) was written into the Jupyter server's log as it stood.
-        listed = extension._listed("default", url, "", "KCORAL_URL")
-        if listed.get("problem"):
+        if configured[0].get("problem"):
             return "no server: KCORAL_URL is not a server address (see the warning above)"
-        return f"1 server: KCORAL_URL {listed['url']}"
+        return f"1 server: KCORAL_URL {configured[0]['url']}"
     return "no server configured: the servers kernels use are listed as they start"

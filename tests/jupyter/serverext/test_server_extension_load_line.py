@@ -64,3 +64,19 @@ def test_the_load_line_never_writes_a_token_pasted_into_kcoral_url(
     ]
     assert "SECRET-TOKEN" not in caplog.text
     assert "KCORAL_URL is not used" in caplog.text
+
+
+def test_a_configured_server_that_is_no_address_is_warned_of_as_the_extension_loads(
+    jp_serverapp: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The load line counts what the panel lists, read once: a configured entry the address
+    rule refuses was warned of only when the panel first asked, after a line counting it."""
+    jp_serverapp.config.KCoralExtension.servers = [
+        {"name": "gpu", "url": "http://127.0.0.1:8123"},
+        {"name": "typo", "url": "htp:/nowhere"},
+    ]
+    with caplog.at_level(logging.WARNING):
+        assert load_lines(jp_serverapp) == [
+            "KCoral server extension loaded (2 servers: c.KCoralExtension.servers)"
+        ]
+    assert "c.KCoralExtension.servers[1] ('typo') is not used" in caplog.text
