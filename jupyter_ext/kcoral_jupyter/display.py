@@ -31,7 +31,7 @@ from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder
 from kcoral.protocol.strict_json import finite_float
 from kcoral.results import plural
 from kcoral.run.terminal_filter import screened
-from kcoral_jupyter.images import MAX_PLOT_POINTS, heatmap_png, line_svg
+from kcoral_jupyter.images import heatmap_png, line_svg, plot_points
 from kcoral_jupyter.tensor_stats import stats_facts, tensor_stats
 
 PREVIEW_CHARS = 2000
@@ -214,9 +214,7 @@ def tensor_html(value: Any, name: str | None = None) -> str:
                     f'alt="heatmap of {escape(name or "tensor")}"/>'
                 )
             elif array.ndim == 1 and array.size > 1:
-                # the points drawn, taken before converting (what line_svg would take)
-                step = max(1, -(-array.size // MAX_PLOT_POINTS))
-                picture = line_svg(np.asarray(array[::step], np.float64))
+                picture = line_svg(plot_points(array))
         except (TypeError, ValueError):
             picture = ""
     title = f"<b>{escape(name)}</b> " if name else ""

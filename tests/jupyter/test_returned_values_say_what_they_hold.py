@@ -6,12 +6,15 @@ against a real CPU server, as the saved notebook keeps it:
 * a tensor's NaN and infinities are counted beside min/max/mean, which are said to be of
   the finite values (``[1, nan, 3, inf]`` read 'min 1 · max 3 · mean 2', the rest unsaid;
   all NaN read only its shape and dtype);
-* a ``bytes`` value cut to its first bytes says so.
+* a ``bytes`` value cut to its first bytes says so;
+* the line plot of a long tensor draws its spikes, and its labels say the true least and
+  greatest values (every n-th value alone drew a 'max 5' tensor flat, labelled 0).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -26,12 +29,16 @@ def some_nan(): return torch.tensor([1.0, float('nan'), 3.0, float('inf')])
 def only_nan(): return torch.tensor([float('nan'), float('inf'), -float('inf')])
 def plain(): return torch.tensor([1.0, 2.0, 3.0])
 def raw(): return bytes(range(200))
+def spike():
+    values = torch.zeros(1_000_000)
+    values[500_001] = 5.0  # between two of every 1954th value
+    return values
 """
 
 PROGRAM_CELL = f"""import kcoral
 program = kcoral.Program()
 module = program.upload(kind="module", source={MODULE!r})
-for name in ("some_nan", "only_nan", "plain", "raw"):
+for name in ("some_nan", "only_nan", "plain", "raw", "spike"):
     function = program.get_function(module=module, name=name)
     program.return_(key=name, value=program.run(fn=function))
 kcoral.Client(URL).execute(program)"""
@@ -106,3 +113,12 @@ def test_a_long_bytes_value_says_only_its_start_is_shown(notebook) -> None:
     html = html_of(notebook.cells[5], "kcoral-results")
     assert "<code>200 bytes</code> b&#x27;\\x00\\x01" in html
     assert "?&#x27; … (the first 64 shown)" in html
+
+
+def test_the_line_plot_of_a_long_tensor_keeps_its_spike(notebook) -> None:
+    html = html_of(notebook.cells[5], "kcoral-results")
+    row = html[html.index("<b>spike</b>") :]
+    row = row[: row.index("</tr>")]
+    assert "min 0 · max 5 · mean 5e-06" in row
+    labels = re.findall(r"<text [^>]*>([^<]*)</text>", row)
+    assert labels == ["5", "0"]
