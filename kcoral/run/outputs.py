@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kcoral.run.arguments import PROG, RunOptions
 from kcoral.run.progress import Progress, format_bytes
 from kcoral.run.terminal_filter import StandardStreams
+from kcoral.run.worker_side import OUTPUTS_DIR
 
 if TYPE_CHECKING:
     from kcoral.errors import PrintedOutput
@@ -39,7 +40,8 @@ def report(options: RunOptions, result: Any) -> int:
     if not options.output_streamed:
         write_in_order(result)
     say_truncated(options, result)
-    if not result.completed:
+    unfetched = _outputs_unfetched(options, result)
+    if not result.completed and unfetched is None:
         error = result.error or {}
         say(_failed_program(error, result.request_id))
         if (error.get("kind"), error.get("message")) == ("runtime", _LEFTOVERS):
@@ -76,14 +78,50 @@ def report(options: RunOptions, result: Any) -> int:
         # a local shell says "Segmentation fault" for such a death; this exit status
         # (128 + N) is kcoral run's own, and the shell said nothing at all
         say(f"the tool was killed by {killed_by}")
-    if options.out is not None:
+    if unfetched is not None:
+        say(unfetched)
+    elif options.out is not None:
         if not _save_outputs(options.out, result.results.get(OUTPUTS_KEY)):
             return 1
     for item in missing:
         say(f"missing output {item.get('path')}: {item.get('reason')}")
-    if missing and status == 0:
+    if (missing or unfetched) and status == 0:
         return 1
     return status
+
+
+#: SERVER §8's failed return of a file over what the answer has left (worker/files.py)
+_OVER_THE_ANSWER = re.compile(
+    rf"return of '(?:{OUTPUTS_DIR}/)?(.+)' would exceed the response size limit: "
+    r"([0-9]+) bytes, ([0-9]+) bytes left \(",
+    re.ASCII | re.DOTALL,
+)
+
+
+def _outputs_unfetched(options: RunOptions, result: Any) -> str | None:
+    """Why the tool's outputs did not come back, where the tool ran and its status did: the
+    outputs' return, the program's last instruction, failed after it (a file over what the
+    server's answer has left, one changed as it was read). None otherwise. Such a run read
+    "remote program failed (serialization): return of 'outputs/big.bin' would exceed ...",
+    exit status 1, whatever the tool's own."""
+    if result.completed or options.out is None:
+        return None
+    error = result.error or {}
+    if error.get("instruction_op") != "return":
+        return None
+    if not isinstance(result.results.get(STATUS_KEY), dict):
+        return None
+    message = str(error.get("message"))
+    over = _OVER_THE_ANSWER.match(message)
+    if over is None:
+        reason = message.replace(f"'{OUTPUTS_DIR}/", "'")  # paths as --fetch names them
+    else:
+        path, size, left = over.group(1), int(over.group(2)), int(over.group(3))
+        reason = (
+            f"{path} is {format_bytes(size)}, more than the {format_bytes(left)} left in "
+            "the server's answer (kcoral server --max-response-bytes)"
+        )
+    return f"the outputs were not fetched: {reason}; nothing was saved to {options.out!r}"
 
 
 def _failed_program(error: Mapping[str, Any], request_id: object) -> str:
