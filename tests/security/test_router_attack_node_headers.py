@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
+from kcoral_server.front_door.browser_guard import BROWSER_HEADERS
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.router.forwarding.headers import (
     DROPPED_RESPONSE_HEADERS,
@@ -41,8 +42,10 @@ ROGUE_HEADERS = [
     (b"x-kcoral-identity", b"root;admin"),
     (b"x-anything-else", b"from the node"),
 ]
-#: What the router itself puts on a relayed answer (framing, its ids).
+#: What the router itself puts on a relayed answer (framing, its ids, its browser headers:
+#: a node's ``content-security-policy`` is replaced by the router's own).
 ROUTER_OWN = {"x-kcoral-node", "x-request-id", "content-length", "transfer-encoding", "date"}
+ROUTER_OWN |= {name.lower() for name, _value in BROWSER_HEADERS}
 
 
 async def rogue_answer(head: pb.RequestHead, body: bytes):
@@ -62,8 +65,11 @@ def test_a_rogue_nodes_cookie_cors_and_other_headers_never_reach_the_client(
         await node.close()
         assert answer.status == 200 and answer.body == b'{"ok":true}'
         names = {name.lower() for name, _value in answer.headers}
-        for name, _value in ROGUE_HEADERS:
-            assert name.decode() not in names, name
+        pairs = {(name.lower(), value) for name, value in answer.headers}
+        for name, value in ROGUE_HEADERS:
+            assert (name.decode(), value.decode()) not in pairs, name
+        for name, value in BROWSER_HEADERS:
+            assert answer.header(name) == value, name
         assert names <= RELAYED_RESPONSE_HEADERS | ROUTER_OWN, names
         assert answer.header("Content-Type") == "application/json"
         assert answer.header("X-KCoral-Node") == "rogue"

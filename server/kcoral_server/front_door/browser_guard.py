@@ -18,6 +18,18 @@ on every endpoint (``/health`` included):
   allow those explicitly). On a wildcard listen address (``0.0.0.0``, ``::``) any IP literal
   passes: a page can only rebind a *name*, never an address. A token-protected process skips
   this check: a rebound page cannot know the token.
+* **Fetch metadata.** A page's ``GET`` through a ``<script>``, ``<img>``, ``<link>`` or
+  ``<iframe>`` carries no ``Origin`` and the right ``Host``, so the two checks above let it
+  through: it ran the endpoint, a ``<script src=/v1/jobs>`` ran the job list as a script, an
+  ``<iframe>`` showed any answer inside the page (Chromium, tested). Browsers mark where a
+  request comes from (``Sec-Fetch-Site``, sent to loopback and HTTPS addresses); a request
+  marked ``cross-site`` or ``same-site`` (another port of the same host: another site's page
+  or a local program's) is refused unless it carries an allow-listed ``Origin``, but for a
+  top-level navigation (a link the user follows: the page cannot read it). KCoral's clients
+  send no ``Sec-Fetch-Site``; a page the user opens by typing its address sends ``none``.
+  Every answer also says ``X-Content-Type-Options: nosniff`` and may not be framed
+  (``BROWSER_HEADERS``), for browsers that send no fetch metadata (plain ``http`` off
+  loopback).
 
 Standard library only: ``kcoral_server.settings.config`` validates the allow-lists through this
 module.
@@ -34,6 +46,19 @@ from urllib.parse import urlsplit
 ORIGIN_FLAG = "--allowed-origin"
 HOST_FLAG = "--allowed-host"
 LOOPBACK_NAMES = frozenset({"localhost"})
+#: ``Sec-Fetch-Site`` values of a request a page of another origin's made
+FOREIGN_SITES = frozenset({"cross-site", "same-site"})
+#: ``Sec-Fetch-Dest`` of a top-level navigation (not a frame): its answer is the browser's
+#: own page, which no other page reads or overlays
+TOP_LEVEL_DESTINATION = "document"
+#: Set on every answer of a server or router: no browser runs an answer as a script or
+#: style (``nosniff``) or shows it inside another page (clickjacking, ``frame-ancestors``
+#: and the older ``X-Frame-Options``).
+BROWSER_HEADERS = (
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'"),
+)
 WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::"})
 _ECHO_LIMIT = 100  # refused values are echoed so the operator knows what to allow; briefly
 
@@ -171,6 +196,9 @@ class BrowserGuard:
                     f"requests from web pages are refused: Origin {_echo(origin)} is not "
                     f"allowed (the operator can allow it with {ORIGIN_FLAG})"
                 )
+        site_refusal = self._fetch_site_refusal(headers)
+        if site_refusal is not None:
+            return site_refusal
         if self.check_host:
             for host in headers.get_list("Host"):
                 if not self.host_allowed(host) and normalize_host(host) in ("0.0.0.0", "::"):
@@ -186,3 +214,21 @@ class BrowserGuard:
                         f"page?); the operator can allow it with {HOST_FLAG}"
                     )
         return None
+
+    def _fetch_site_refusal(self, headers: HeaderList) -> str | None:
+        """The refusal of a request a page of another site made without an allow-listed
+        ``Origin`` (a script, image, style or frame), or None. Runs after the ``Origin``
+        check: an ``Origin`` still present here is allow-listed."""
+        sites = [value.strip().lower() for value in headers.get_list("Sec-Fetch-Site")]
+        foreign = [site for site in sites if site in FOREIGN_SITES]
+        if not foreign or headers.get_list("Origin"):
+            return None
+        destinations = [value.strip().lower() for value in headers.get_list("Sec-Fetch-Dest")]
+        modes = [value.strip().lower() for value in headers.get_list("Sec-Fetch-Mode")]
+        if destinations == [TOP_LEVEL_DESTINATION] and modes == ["navigate"]:
+            return None  # a link the user follows: shown as the browser's own page
+        kind = _echo(destinations[0]) + " " if destinations else ""
+        return (
+            f"requests from web pages are refused: a {kind}request from a page of another "
+            f"origin (Sec-Fetch-Site {_echo(foreign[0])})"
+        )

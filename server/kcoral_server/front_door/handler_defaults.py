@@ -29,6 +29,7 @@ from tornado.http1connection import HTTP1Connection  # what Tornado's HTTPServer
 
 from kcoral.protocol.headers import REQUEST_ID_HEADER
 from kcoral.protocol.strict_json import dumps_compact
+from kcoral_server.front_door.browser_guard import BROWSER_HEADERS
 from kcoral_server.front_door.lingering_close import linger_on_close
 from kcoral_server.storage.event_log import escape_controls
 
@@ -43,6 +44,12 @@ class KCoralRequestHandler(tornado.web.RequestHandler):
 
     def compute_etag(self) -> None:
         return None
+
+    def set_default_headers(self) -> None:
+        # Every answer, refusals and relayed ones included (``clear()`` sets these again):
+        # a page that loads it as a script or frames it gets nothing (browser_guard).
+        for name, value in BROWSER_HEADERS:
+            self.set_header(name, value)
 
     def _request_summary(self) -> str:
         return escape_controls(super()._request_summary())

@@ -66,6 +66,7 @@ class BaseHandler(KCoralRequestHandler):
         self.small_body = bytearray()
 
     def set_default_headers(self) -> None:
+        super().set_default_headers()
         self.set_header("Server", "kcoral")
 
     def prepare(self) -> None:

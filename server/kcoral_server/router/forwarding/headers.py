@@ -56,11 +56,15 @@ RELAYED_RESPONSE_HEADERS = frozenset(
 #: Headers our server sends that the router does not relay on purpose: it frames the body
 #: itself (``content-length``, hop-by-hop), names itself (``server``, ``date``) and sets its
 #: own ``x-request-id`` and ``x-kcoral-node``; a job list is the router's own merge, which
-#: reads each node's ``x-kcoral-jobs-left-out`` and says its own sum (ROUTER §13).
+#: reads each node's ``x-kcoral-jobs-left-out`` and says its own sum (ROUTER §13). The
+#: browser headers (``browser_guard.BROWSER_HEADERS``) are the router's own on every answer.
 DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {
     "content-length",
     "server",
     "date",
+    "x-content-type-options",
+    "x-frame-options",
+    "content-security-policy",
     "x-request-id",
     "x-kcoral-node",
     "x-kcoral-jobs-left-out",

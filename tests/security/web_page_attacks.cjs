@@ -1,0 +1,77 @@
+// Drives Debian's headless Chromium (playwright-core from PLAYWRIGHT_CORE; nothing downloads
+// a browser) through web_page_attack.html for test_web_page_attacks_in_chromium.py, and
+// prints one JSON line: what the page saw (`report`), what each frame it opened shows
+// (`frames`: a refused frame is Chromium's error page), then, as the user, the target's
+// /v1/info typed into the address bar (`typed`) and reached through the page's link
+// (`followed`).
+//
+// evil.example and rebound.example resolve to 127.0.0.1 (--host-resolver-rules): a page at
+// http://evil.example:PORT is another site's. REBOUND=1 plays DNS rebinding: the page is
+// served under the target's own port and name (PAGE_URL), so the target is its own origin.
+'use strict';
+
+const fs = require('fs');
+const path = require('path');
+const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+
+const PAGE = fs.readFileSync(path.join(__dirname, 'web_page_attack.html'), 'utf8');
+
+async function main() {
+  const browser = await chromium.launch({
+    executablePath: '/usr/bin/chromium',
+    headless: true,
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--no-first-run',
+      '--disable-dev-shm-usage',
+      '--host-resolver-rules=MAP evil.example 127.0.0.1, MAP rebound.example 127.0.0.1',
+      // Chromium's own guard (a public page's requests to loopback need the user's consent)
+      // off: other browsers have none, and the server's checks are what is tested here
+      '--disable-features=LocalNetworkAccessChecks,PrivateNetworkAccessRespectPreflightResults'
+    ]
+  });
+  try {
+    const page = await browser.newPage();
+    const pageUrl = new URL(process.env.PAGE_URL);
+    if (process.env.REBOUND === '1') {
+      // the rebound name still points at the attacker's server for this one document
+      await page.route(
+        url => url.host === pageUrl.host && url.pathname === pageUrl.pathname,
+        route => route.fulfill({ contentType: 'text/html', body: PAGE })
+      );
+    }
+    await page.goto(pageUrl.href);
+    await page.waitForFunction(() => window.report, null, { timeout: 120000 });
+    const report = await page.evaluate(() => window.report);
+    const target = new URL(process.env.TARGET);
+    const frames = [];
+    for (const frame of page.frames().slice(1)) {
+      if (frame.url().startsWith('about:')) {
+        continue;
+      }
+      let text = '';
+      try {
+        text = await frame.evaluate(() => document.body.innerText.slice(0, 200));
+      } catch (error) {
+        text = `(unreadable: ${error.message.split('\n')[0]})`;
+      }
+      frames.push({ url: frame.url(), text });
+    }
+    await page.click('#link');
+    await page.waitForURL(url => url.pathname === '/v1/info', { timeout: 30000 });
+    const followed = await page.evaluate(() => document.body.innerText.slice(0, 200));
+    await page.goto(new URL('/v1/info', target).href);
+    const typed = await page.evaluate(() => document.body.innerText.slice(0, 200));
+    console.log(JSON.stringify({ report, frames, followed, typed }));
+  } finally {
+    await browser.close();
+  }
+}
+
+main().catch(error => {
+  console.log(JSON.stringify({ error: String(error.stack || error) }));
+  process.exitCode = 1;
+});
