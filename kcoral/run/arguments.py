@@ -13,6 +13,7 @@ import os
 import posixpath
 import re
 import tempfile
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +45,11 @@ options (before the first '--'):
                           by default)
   --send PATH             local file or directory to upload (repeatable)
   -e, --env NAME[=VALUE]  remote environment variable; bare NAME copies the local value
-  --fetch PATH            file or directory to bring back, relative to the tool's directory
+  --fetch PATH            file or directory to bring back, relative to the tool's
+                          directory
   --out DIR               new local directory for returned files
-  --select SELECTOR       through a router: run on a node that offers it (gpu=h100,pool=big)
+  --select SELECTOR       through a router: run on a node that offers it
+                          (gpu=h100,pool=big)
   --gpus N                run with a set of N GPUs, 1-8 (torchrun, NCCL); a GPU server's
                           default is one GPU
   -h, --help              show this help
@@ -423,8 +426,14 @@ def general_help() -> str:
     )
 
 
+#: the width of the help's lines, to which each tool's description is wrapped: they were
+#: one line of up to 178 characters, which a terminal cut anywhere
+HELP_WIDTH = 88
+
+
 def tool_help(tool: Tool) -> str:
     return (
         f"usage: {PROG} {tool.name} [options] -- {tool.synopsis}\n\n"
-        f"{tool.description}\n\n{_OPTIONS_HELP}"
+        f"{textwrap.fill(tool.description, HELP_WIDTH, break_on_hyphens=False)}\n\n"
+        f"{_OPTIONS_HELP}"
     )

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from kcoral.cli import main as kcoral_main
 from kcoral.run import command as run_cli
-from kcoral.run.arguments import parse_command_line
-from kcoral.run.tools import UsageError
+from kcoral.run.arguments import HELP_WIDTH, parse_command_line
+from kcoral.run.tools import TOOLS, UsageError
 
 URL = "http://127.0.0.1:9"
 
@@ -49,6 +51,18 @@ def test_run_help_says_where_the_token_comes_from_and_gives_sizes_in_units(
     out = " ".join(capsys.readouterr().out.split())
     assert "its token, if it needs one, comes from $KCORAL_TOKEN" in out
     assert "(default 256 MiB;" in out and "268435456" not in out
+
+
+@pytest.mark.parametrize("tool", ["", *TOOLS], ids=lambda tool: tool or "run")
+def test_every_help_line_but_the_usage_fits_the_helps_width(tool: str) -> None:
+    # Each tool's description was one line of up to 178 characters, which an 80-column
+    # terminal cut anywhere, and --fetch's and --select's lines ran past the rest.
+    command = [sys.executable, "-m", "kcoral", "run", *([tool] if tool else []), "--help"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    usage, *lines = done.stdout.splitlines()
+    assert usage.startswith("usage: kcoral run")
+    assert [line for line in lines if len(line) > HELP_WIDTH] == []
 
 
 def test_run_help_names_an_unsendable_input_among_the_causes_of_exit_status_1(
