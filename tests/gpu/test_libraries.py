@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import platform
 import sys
 
 import pytest
@@ -84,6 +85,50 @@ def test_bytes_that_are_not_a_shared_object_fail_with_compile() -> None:
         Libraries(UNAVAILABLE).load(digest(data), data)
     assert info.value.kind == "compile"
     assert info.value.message.startswith("cannot load library:")
+
+
+def _with_header(library: bytes, offset: int, field: bytes) -> bytes:
+    return library[:offset] + field + library[offset + len(field) :]
+
+
+# (what the bytes are, how they are made from a built x86-64 library, the message's words)
+NOT_LOADABLE = {
+    "built for arm64": (
+        lambda library: _with_header(library, 18, (183).to_bytes(2, "little")),
+        "it is built for AArch64 (arm64), 64-bit; this server's workers run x86-64, 64-bit: "
+        "build it for x86-64, 64-bit",
+    ),
+    "32-bit": (
+        lambda library: _with_header(library, 4, b"\x01"),
+        "it is built for x86-64, 32-bit; this server's workers run x86-64, 64-bit",
+    ),
+    "no ELF file": (
+        lambda library: b"int add(int a, int b) { return a + b; }\n",
+        "it is not a shared library (an ELF file; its bytes begin b'int add('): upload the "
+        ".so file the compiler or linker wrote",
+    ),
+    "an object file": (
+        lambda library: _with_header(library, 16, (1).to_bytes(2, "little")),
+        "it is an ELF relocatable object (.o), not a shared library: link it with -shared",
+    ),
+}
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64", reason="the words name x86-64"
+)
+@pytest.mark.parametrize(("make", "words"), NOT_LOADABLE.values(), ids=NOT_LOADABLE)
+def test_a_library_no_worker_can_load_says_what_it_is_and_what_to_build(
+    cpu_library: bytes, make, words: str
+) -> None:
+    # the loader skipped a library for another machine as absent: 'cannot open shared
+    # object file: No such file or directory', after the worker's temporary path twice
+    data = make(cpu_library)
+    with pytest.raises(InstructionFailure) as info:
+        Libraries(UNAVAILABLE).load(digest(data), data)
+    assert info.value.kind == "compile"
+    assert info.value.message.startswith(f"cannot load library: {words}")
+    assert "kcoral-libraries-" not in info.value.message
 
 
 def test_a_failed_load_is_not_cached_and_leaves_nothing_in_the_temporary_folder(

@@ -18,6 +18,7 @@ import importlib
 import inspect
 import itertools
 import os
+import sys
 import tempfile
 from collections import OrderedDict
 from typing import Any
@@ -68,6 +69,9 @@ class Libraries:
             self._loaded.move_to_end(sha256)
             return cached
         tvm_ffi = self._tvm_ffi()
+        problem = elf_problem(data, _own_elf_header())
+        if problem is not None:
+            raise InstructionFailure("compile", f"cannot load library: {problem}")
         path = self._write(sha256, data)
         try:
             library = _load_module(tvm_ffi, path)
@@ -168,3 +172,72 @@ def library_function(library: Any, name: str) -> LibraryFunction:
     if not callable(function):
         raise InstructionFailure("compile", f"library export {name!r} is not a function")
     return LibraryFunction(library, function, name)
+
+
+# ELF header fields (the ELF specification): class and byte order in e_ident, then e_type
+# and e_machine, both in the file's byte order.
+_ELF_MAGIC = b"\x7fELF"
+_ELF_HEADER_BYTES = 20
+_SHARED_OBJECT = 3  # ET_DYN
+_OTHER_TYPES = {1: "relocatable object (.o)", 2: "executable", 4: "core dump"}
+_MACHINES = {
+    3: "x86 (i386)",
+    8: "MIPS",
+    20: "PowerPC",
+    21: "PowerPC64",
+    22: "s390x",
+    40: "ARM (32-bit)",
+    62: "x86-64",
+    183: "AArch64 (arm64)",
+    243: "RISC-V",
+    258: "LoongArch",
+}
+
+
+def elf_problem(data: bytes | memoryview, own: bytes | None) -> str | None:
+    """Why ``data`` is no shared object this worker's machine can load, in words that say
+    what to build, or None. The dynamic loader's own words misled: a library built for
+    another machine read 'cannot open shared object file: No such file or directory' (the
+    loader skips such a file as if it were absent), and bytes that are no ELF file 'file
+    too short' or 'invalid ELF header', each after the worker's temporary path twice.
+    ``own`` is the header of the worker's interpreter (None: not checked against it)."""
+    header = bytes(data[:_ELF_HEADER_BYTES])
+    if len(header) < _ELF_HEADER_BYTES or not header.startswith(_ELF_MAGIC):
+        return (
+            f"it is not a shared library (an ELF file; its bytes begin {header[:8]!r}): "
+            "upload the .so file the compiler or linker wrote"
+        )
+    kind = _half(header, 16)  # e_type
+    if own is not None and own[4:6] + own[18:20] != header[4:6] + header[18:20]:
+        return (
+            f"it is built for {_machine(header)}; this server's workers run "
+            f"{_machine(own)}: build it for {_machine(own)}"
+        )
+    if kind != _SHARED_OBJECT:
+        what = _OTHER_TYPES.get(kind, f"file of ELF type {kind}")
+        return f"it is an ELF {what}, not a shared library: link it with -shared"
+    return None
+
+
+def _machine(header: bytes) -> str:
+    """The machine an ELF header names, with its word size and byte order where odd."""
+    number = _half(header, 18)  # e_machine
+    name = _MACHINES.get(number, f"ELF machine {number}")
+    bits = {1: "32-bit", 2: "64-bit"}.get(header[4], "unknown word size")
+    return f"{name}, {bits}{', big-endian' if header[5] == 2 else ''}"
+
+
+def _half(header: bytes, start: int) -> int:
+    """The two-byte header field at ``start``, in the file's byte order (e_ident[5])."""
+    return int.from_bytes(header[start : start + 2], "big" if header[5] == 2 else "little")
+
+
+def _own_elf_header() -> bytes | None:
+    """The ELF header of the interpreter this worker runs (its machine, word size and byte
+    order are the ones a library must have), or None where it cannot be read."""
+    try:
+        with open(sys.executable, "rb") as interpreter:
+            header = interpreter.read(_ELF_HEADER_BYTES)
+    except OSError:
+        return None
+    return header if header.startswith(_ELF_MAGIC) and len(header) == _ELF_HEADER_BYTES else None
