@@ -6,6 +6,7 @@ Everything here is pure: it looks only at the words after the first ``--`` and r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,7 +89,17 @@ def get_tool(name: str) -> Tool:
     try:
         return TOOLS[name]
     except KeyError:
-        raise UsageError(f"unknown tool {name!r} (choose from {', '.join(TOOLS)})") from None
+        pass
+    choices = f"choose from {', '.join(TOOLS)}"
+    if _PROGRAM_NAME.fullmatch(name):
+        # `kcoral run nsys ...` or `kcoral run torchrun ...`: any installed program runs
+        # through shell, which the list alone did not say
+        choices += f"; any other program runs through shell: kcoral run shell -- {name} ..."
+    raise UsageError(f"unknown tool {name!r} ({choices})")
+
+
+#: a word that names a program to run (nsys, torchrun, python3.12), as shell runs one
+_PROGRAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*", re.ASCII)
 
 
 def check_tool_args(tool: Tool, args: Sequence[str]) -> None:

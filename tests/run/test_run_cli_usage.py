@@ -65,6 +65,27 @@ def test_every_help_line_but_the_usage_fits_the_helps_width(tool: str) -> None:
     assert [line for line in lines if len(line) > HELP_WIDTH] == []
 
 
+@pytest.mark.parametrize("program", ["nsys", "torchrun", "python3.12"])
+def test_an_unknown_tool_that_names_a_program_says_shell_runs_it(program: str) -> None:
+    # `kcoral run nsys` listed the five tools alone, as if nsys could not be run at all
+    command = [sys.executable, "-m", "kcoral", "run", program, "--", "profile", "./app"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == (
+        f"kcoral run: error: unknown tool {program!r} (choose from python, ncu, run-iket, "
+        "compute-sanitizer, shell; any other program runs through shell: kcoral run shell "
+        f"-- {program} ...)"
+    )
+
+
+def test_an_unknown_tool_that_names_no_program_lists_the_tools_alone() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse("no such", "--", "x")
+    assert str(refused.value) == (
+        "unknown tool 'no such' (choose from python, ncu, run-iket, compute-sanitizer, shell)"
+    )
+
+
 def test_run_help_names_an_unsendable_input_among_the_causes_of_exit_status_1(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
