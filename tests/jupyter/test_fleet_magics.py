@@ -10,7 +10,6 @@ import contextlib
 import json
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from IPython.utils.capture import capture_output
 from kcoral_shell import kcoral_shell
 from nbclient import NotebookClient
 from notebook_cells import shown
+from waiting import wait_for
 
 from kcoral import Client
 
@@ -57,14 +57,6 @@ def default_row(router: RouterProcess) -> dict[str, Any]:
     return kinds[0]
 
 
-def wait_for(check, what: str, router: RouterProcess, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"{what}\n{router.log()}"
-        time.sleep(0.1)
-    return value
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     tmp = tmp_path_factory.mktemp("fleet")
@@ -73,14 +65,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
     # cpu-a first: its kind is the default (the first kind with a healthy node)
     nodes = [Node(tmp, router, "cpu-a", None, *PATIENT_PROBES, "--node-label", "pool=small")]
     try:
-        wait_for(lambda: default_row(router).get("seats") == 1, "cpu-a ready", router)
+        wait_for(
+            lambda: default_row(router).get("seats") == 1, "cpu-a ready", 90.0, detail=router.log
+        )
         nodes.append(
             Node(tmp, router, "h100-a", other, *PATIENT_PROBES, "--node-label", "pool=big")
         )
         wait_for(
             lambda: [k["seats"] for k in fleet_status(router).get("kinds", [])] == [1, 1],
             "both nodes ready with a seat",
-            router,
+            90.0,
+            detail=router.log,
         )
         yield router
     finally:
@@ -156,7 +151,12 @@ def the_default_seat_held(fleet: RouterProcess, release: Path) -> Iterator[None]
     )
     holder.start()
     try:
-        wait_for(lambda: default_row(fleet).get("free_seats") == 0, "the seat held", fleet)
+        wait_for(
+            lambda: default_row(fleet).get("free_seats") == 0,
+            "the seat held",
+            90.0,
+            detail=fleet.log,
+        )
         yield
     finally:
         release.write_text("go")
@@ -173,9 +173,16 @@ def test_a_cell_queued_at_the_router_says_it_waits_for_the_default_kind(
 
         def release_once_queued_a_second() -> None:
             try:
-                wait_for(lambda: default_row(fleet).get("queued") == 1, "the cell queued", fleet)
+                wait_for(
+                    lambda: default_row(fleet).get("queued") == 1,
+                    "the cell queued",
+                    90.0,
+                    detail=fleet.log,
+                )
                 # its held line says how long it has waited, as every other waiting line does
-                wait_for(lambda: ticked in seen_lines, "the held line ticked", fleet, 30.0)
+                wait_for(
+                    lambda: ticked in seen_lines, "the held line ticked", 30.0, detail=fleet.log
+                )
             finally:  # a line that never ticks fails below, not by the cell held forever
                 release.write_text("go")
 
@@ -237,11 +244,18 @@ def test_a_cell_queued_for_a_selected_kind_says_so_and_only_that_row_counts_it(
         return next(k for k in fleet_status(fleet).get("kinds", []) if k["gpu"] == "h100")
 
     try:
-        wait_for(lambda: h100_row()["free_seats"] == 0, "h100-a's seat held", fleet)
+        wait_for(
+            lambda: h100_row()["free_seats"] == 0, "h100-a's seat held", 90.0, detail=fleet.log
+        )
         seen_rows: list[dict[str, Any]] = []
 
         def release_once_queued() -> None:
-            wait_for(lambda: h100_row()["queued"] == 1, "the cell queued for h100", fleet)
+            wait_for(
+                lambda: h100_row()["queued"] == 1,
+                "the cell queued for h100",
+                90.0,
+                detail=fleet.log,
+            )
             seen_rows.append(fleet_status(fleet))
             release.write_text("go")
 
@@ -289,7 +303,12 @@ def test_an_interrupted_cell_held_at_the_router_leaves_its_queue_and_makes_no_jo
         jobs_before = len(Client(fleet.url).jobs())
 
         def interrupt_once_queued() -> None:
-            wait_for(lambda: default_row(fleet).get("queued") == 1, "the cell queued", fleet)
+            wait_for(
+                lambda: default_row(fleet).get("queued") == 1,
+                "the cell queued",
+                90.0,
+                detail=fleet.log,
+            )
             _thread.interrupt_main()  # the kernel's interrupt button
 
         interrupter = threading.Thread(target=interrupt_once_queued)
@@ -299,7 +318,17 @@ def test_an_interrupted_cell_held_at_the_router_leaves_its_queue_and_makes_no_jo
         interrupter.join(120)
         assert isinstance(result.error_in_exec, KeyboardInterrupt), result.error_in_exec
         # the router dropped it while the seat is still held (it stayed queued: a hang guard)
-        wait_for(lambda: default_row(fleet).get("queued") == 0, "the cell left the queue", fleet)
+        wait_for(
+            lambda: default_row(fleet).get("queued") == 0,
+            "the cell left the queue",
+            90.0,
+            detail=fleet.log,
+        )
         assert default_row(fleet).get("free_seats") == 0
-    wait_for(lambda: default_row(fleet).get("free_seats") == 1, "the seat free again", fleet)
+    wait_for(
+        lambda: default_row(fleet).get("free_seats") == 1,
+        "the seat free again",
+        90.0,
+        detail=fleet.log,
+    )
     assert len(Client(fleet.url).jobs()) == jobs_before

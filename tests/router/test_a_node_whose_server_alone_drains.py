@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from raw_http import call_program, post_execute
 from router_helpers import Node, start_router, stopping
-from test_router_fleet_status import wait_for
 from test_router_mixed_fleet import node_states, served_by
 from test_router_stop_names_itself import MARKED_HOLD
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_a_sigtermed_server_drains_its_node_and_new_work_goes_elsewhere(
     cpu_b = Node(tmp_path, router, "cpu-b", None)
     with stopping(router, [cpu_a, cpu_b]):
         ready = {"cpu-a": "ready", "cpu-b": "ready"}
-        wait_for(lambda: node_states(router) == ready, "both ready", router)
+        wait_for(lambda: node_states(router) == ready, "both ready", 90.0, detail=router.log)
         started, release = tmp_path / "started", tmp_path / "release"
         answers: dict[str, Any] = {}
 
@@ -64,20 +64,35 @@ def test_a_sigtermed_server_drains_its_node_and_new_work_goes_elsewhere(
 
         held = threading.Thread(target=hold, daemon=True)
         held.start()
-        wait_for(started.exists, "the held program started", router)
+        wait_for(started.exists, "the held program started", 90.0, detail=router.log)
 
         os.kill(cpu_a.server_pid(), signal.SIGTERM)
         if signalled != "the server alone":
             cpu_a.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: "shutdown_started" in cpu_a.log_path.read_text(), "drain", router)
-        wait_for(lambda: node_states(router).get("cpu-a") == "draining", "draining", router)
+        wait_for(
+            lambda: "shutdown_started" in cpu_a.log_path.read_text(),
+            "drain",
+            90.0,
+            detail=router.log,
+        )
+        wait_for(
+            lambda: node_states(router).get("cpu-a") == "draining",
+            "draining",
+            90.0,
+            detail=router.log,
+        )
 
         for _ in range(3):  # new work meanwhile: never the draining node's 503 busy
             answer = post_execute(router.url, call_program("def main():\n    return 7\n"))
             assert answer.status == 200, (answer.status, answer.body)
             assert answer.body["results"]["value"]["value"] == 7
         # the router logs an answer just after sending it
-        wait_for(lambda: served_by(router, 3) == ["cpu-b"] * 3, "served by cpu-b", router)
+        wait_for(
+            lambda: served_by(router, 3) == ["cpu-b"] * 3,
+            "served by cpu-b",
+            90.0,
+            detail=router.log,
+        )
 
         release.write_text("go")
         held.join(120)
@@ -87,5 +102,10 @@ def test_a_sigtermed_server_drains_its_node_and_new_work_goes_elsewhere(
         # a planned stop, not a failure: alone, its supervisor starts a new server; with
         # its supervisor, the node leaves
         after = ["starting", "ready"] if signalled == "the server alone" else ["left"]
-        wait_for(lambda: states_after_draining(router)[-1:] == after[-1:], after[-1], router)
+        wait_for(
+            lambda: states_after_draining(router)[-1:] == after[-1:],
+            after[-1],
+            90.0,
+            detail=router.log,
+        )
         assert states_after_draining(router) == after, router.log()

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -37,18 +36,16 @@ from test_router_restart_grace import (
     router_on,
     session_call,
 )
+from waiting import wait_for
 
 import kcoral
 
 pytestmark = pytest.mark.slow
 
 
-def wait_for(check, what: str, router: RouterProcess, node: Node) -> None:
-    """A hang guard, not a timing check."""
-    deadline = time.monotonic() + 90
-    while not check():
-        assert time.monotonic() < deadline, f"{what}\n{router.log()}\n{node.log_path.read_text()}"
-        time.sleep(0.05)
+def logs(router: RouterProcess, node: Node) -> Callable[[], str]:
+    """The router's log and the node's, what shows why a wait ran out."""
+    return lambda: f"{router.log()}\n{node.log_path.read_text()}"
 
 
 def test_a_session_whose_node_restarted_its_server_after_the_router_is_ended_at_once(
@@ -59,14 +56,19 @@ def test_a_session_whose_node_restarted_its_server_after_the_router_is_ended_at_
         restarted = router_on(tmp_path, router.port)
         with stopping(restarted, []):
             listed = "node_sessions_listed node=only sessions=1"
-            wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+            wait_for(
+                lambda: listed in restarted.log(),
+                "the node lists",
+                90.0,
+                detail=logs(restarted, node),
+            )
             os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
             started = "server_child_started"
             wait_for(
                 lambda: node.log_path.read_text().count(started) == 2,
                 "a new server",
-                restarted,
-                node,
+                90.0,
+                detail=logs(restarted, node),
             )
             ready_nodes(restarted, 1)
             with pytest.raises(kcoral.KCoralError) as ended:
@@ -107,7 +109,7 @@ def test_a_session_closed_before_its_node_is_back_is_ended_there_when_it_is(
                     asyncio.run(a_rogue_lists(restarted, node, session.id))
                 os.kill(node.process.pid, signal.SIGCONT)
                 ended = partial(ended_on_its_node, client, session.id)
-                wait_for(ended, "the node ends it", restarted, node)
+                wait_for(ended, "the node ends it", 90.0, detail=logs(restarted, node))
                 record = client.attach_session(session.id).info()
                 # the node's answer to the kept end is said (ROUTER §10)
                 done = f"kept_session_end_done node=only session={session.id}"
@@ -138,7 +140,10 @@ async def a_rogue_lists(router: RouterProcess, node: Node, session_id: str) -> N
     await fake.start()
     try:
         listed = "node_sessions_listed node=rogue sessions=1"
-        await asyncio.to_thread(wait_for, lambda: listed in router.log(), "listed", router, node)
+        check = partial(
+            wait_for, lambda: listed in router.log(), "listed", 90.0, detail=logs(router, node)
+        )
+        await asyncio.to_thread(check)
     finally:
         await fake.close()
 
@@ -171,7 +176,12 @@ def an_end_its_busy_node_misses(
         restarted = start_router(tmp_path, *args, "--reconnect-grace-seconds", "600", env=NODE_ENV)
         with stopping(restarted, []):
             listed = "node_sessions_listed node=only sessions=1"
-            wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+            wait_for(
+                lambda: listed in restarted.log(),
+                "the node lists",
+                90.0,
+                detail=logs(restarted, node),
+            )
             meanwhile(restarted, node)
             server = node.server_pid()
             os.kill(server, signal.SIGSTOP)
@@ -217,7 +227,9 @@ def a_rogue_floods(router: RouterProcess, node: Node) -> None:
         await fake.start()
         try:
             listed = f"node_sessions_listed node=rogue sessions={FLOOD}"
-            check = partial(wait_for, lambda: listed in router.log(), "listed", router, node)
+            check = partial(
+                wait_for, lambda: listed in router.log(), "listed", 90.0, detail=logs(router, node)
+            )
             await asyncio.to_thread(check)
         finally:
             await fake.close()
@@ -277,12 +289,20 @@ def test_a_session_whose_node_restarted_before_reconnecting_reads_so_not_only_no
         os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
         started = "server_child_started"
         wait_for(
-            lambda: node.log_path.read_text().count(started) == 2, "a new server", router, node
+            lambda: node.log_path.read_text().count(started) == 2,
+            "a new server",
+            90.0,
+            detail=logs(router, node),
         )
         restarted = router_on(tmp_path, router.port)
         with stopping(restarted, []):
             listed = "node_sessions_listed node=only sessions=0"
-            wait_for(lambda: listed in restarted.log(), "the node lists", restarted, node)
+            wait_for(
+                lambda: listed in restarted.log(),
+                "the node lists",
+                90.0,
+                detail=logs(restarted, node),
+            )
             request = urllib.request.Request(
                 f"{restarted.url}/v1/sessions/{session.id}",
                 headers={"Authorization": f"Bearer {TOKEN}"},

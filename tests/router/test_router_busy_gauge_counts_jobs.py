@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from raw_http import request
 from router_helpers import Node, start_router, stopping
-from test_router_fleet_status import HOLD, only_kind, wait_for
+from test_router_fleet_status import HOLD, only_kind
+from waiting import wait_for
 
 import kcoral
 
@@ -31,7 +32,12 @@ def test_a_node_running_a_job_on_its_only_seat_reads_busy_in_the_router_metrics(
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
     node = Node(tmp_path, router, "cpu-a", None)
     with stopping(router, [node]):
-        wait_for(lambda: (row := only_kind(router)) and row["free_seats"] == 1, "ready", router)
+        wait_for(
+            lambda: (row := only_kind(router)) and row["free_seats"] == 1,
+            "ready",
+            90.0,
+            detail=router.log,
+        )
         release = tmp_path / "release"
         program = kcoral.Program()
         module = program.upload(kind="module", source=HOLD)
@@ -40,7 +46,12 @@ def test_a_node_running_a_job_on_its_only_seat_reads_busy_in_the_router_metrics(
         with kcoral.Client(router.url) as client:
             job = client.submit(program, timeout_seconds=120)
             # the supervisor has reported the seat taken
-            wait_for(lambda: only_kind(router)["free_seats"] == 0, "the seat taken", router)
+            wait_for(
+                lambda: only_kind(router)["free_seats"] == 0,
+                "the seat taken",
+                90.0,
+                detail=router.log,
+            )
             text = request(router.url, "GET", "/metrics").raw.decode()
             release.write_text("go")
             assert job.result(timeout=120).status == "COMPLETED"

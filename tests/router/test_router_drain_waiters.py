@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from raw_http import call_program, post_execute
 from router_helpers import Node, start_router, stopping
-from test_router_fleet_status import HOLD, only_kind, wait_for
+from test_router_fleet_status import HOLD, only_kind
 from test_router_mixed_fleet import node_states
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,24 +45,42 @@ def test_a_request_waiting_for_a_draining_node_is_refused_and_never_sent_down_it
     )
     node = Node(tmp_path, router, "cpu-a", None, "--node-label", "zone=a")
     with stopping(router, [node]):
-        wait_for(lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", router)
+        wait_for(
+            lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", 90.0, detail=router.log
+        )
         release = tmp_path / "release"
         answers: dict[str, Any] = {}
         held = send(router, call_program(HOLD, args=[str(release)]), {}, answers)
-        wait_for(lambda: only_kind(router)["free_seats"] == 0, "the seat taken", router)
+        wait_for(
+            lambda: only_kind(router)["free_seats"] == 0, "the seat taken", 90.0, detail=router.log
+        )
         waiter = send(
             router, call_program(HOLD, args=[str(release)]), {"X-KCoral-Select": "zone=a"}, answers
         )
-        wait_for(lambda: only_kind(router)["queued"] == 1, "the second queued", router)
+        wait_for(
+            lambda: only_kind(router)["queued"] == 1, "the second queued", 90.0, detail=router.log
+        )
 
         node.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: "shutdown_started" in node.log_path.read_text(), "drain", router)
+        wait_for(
+            lambda: "shutdown_started" in node.log_path.read_text(),
+            "drain",
+            90.0,
+            detail=router.log,
+        )
         # An operator's drain is not a failure: the node reads `draining`, never `unhealthy`
-        wait_for(lambda: node_states(router).get("cpu-a") == "draining", "draining", router)
+        wait_for(
+            lambda: node_states(router).get("cpu-a") == "draining",
+            "draining",
+            90.0,
+            detail=router.log,
+        )
         release.write_text("go")
         held.join(120)
         waiter.join(120)
-        wait_for(lambda: "node_disconnected node=cpu-a" in router.log(), "left", router)
+        wait_for(
+            lambda: "node_disconnected node=cpu-a" in router.log(), "left", 90.0, detail=router.log
+        )
         after = router.log().split("state=draining", 1)[1].splitlines()
         assert not [line for line in after if " state=unhealthy" in line], after
 

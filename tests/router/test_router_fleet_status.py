@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from kcoral_server.router.settings import RouterSettings
 from raw_http import call_program, post_execute, request
 from router_helpers import Node, start_router, stopping
 from test_router_kinds import join, status
+from waiting import wait_for
 
 import kcoral
 
@@ -32,16 +32,6 @@ HOLD = (
     "        time.sleep(0.02)\n"
     "    return os.getpid()\n"
 )
-
-
-def wait_for(check, what: str, router, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}\n{router.log()}"
-        time.sleep(0.1)
 
 
 def status_rows(router) -> dict[str, list[dict[str, Any]]] | None:
@@ -89,7 +79,12 @@ def test_fleet_status_shows_seats_the_queue_and_an_estimate_once_programs_ran(
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
     nodes = [Node(tmp_path, router, "cpu-a", None, "--node-label", "pool=small")]
     with stopping(router, nodes):
-        idle = wait_for(lambda: (k := only_kind(router)) and k["seats"] == 1 and k, "ready", router)
+        idle = wait_for(
+            lambda: (k := only_kind(router)) and k["seats"] == 1 and k,
+            "ready",
+            90.0,
+            detail=router.log,
+        )
         # Before any program: one free seat, nothing queued, no estimate (no recent leases).
         assert idle == {
             "gpu": "cpu",
@@ -112,10 +107,15 @@ def test_fleet_status_shows_seats_the_queue_and_an_estimate_once_programs_ran(
         # One program holds the only seat, a second waits at the router.
         held = Held(router, tmp_path / "release")
         held.send()
-        wait_for(lambda: only_kind(router)["free_seats"] == 0, "the seat taken", router)
+        wait_for(
+            lambda: only_kind(router)["free_seats"] == 0, "the seat taken", 90.0, detail=router.log
+        )
         held.send()
         busy = wait_for(
-            lambda: (k := only_kind(router))["queued"] == 1 and k, "the second queued", router
+            lambda: (k := only_kind(router))["queued"] == 1 and k,
+            "the second queued",
+            90.0,
+            detail=router.log,
         )
         assert busy["seats"] == 1 and busy["free_seats"] == 0
         assert busy["recent_programs"] == 0 and busy["estimated_wait_seconds"] is None
@@ -126,7 +126,10 @@ def test_fleet_status_shows_seats_the_queue_and_an_estimate_once_programs_ran(
 
         # The supervisor reports both programs; with the seat free the wait is 0.
         after = wait_for(
-            lambda: (k := only_kind(router))["recent_programs"] == 2 and k, "two reported", router
+            lambda: (k := only_kind(router))["recent_programs"] == 2 and k,
+            "two reported",
+            90.0,
+            detail=router.log,
         )
         assert after["free_seats"] == 1 and after["queued"] == 0
         assert after["estimated_wait_seconds"] == 0.0
@@ -135,7 +138,10 @@ def test_fleet_status_shows_seats_the_queue_and_an_estimate_once_programs_ran(
         held.send()
         held.send()
         waiting = wait_for(
-            lambda: (k := only_kind(router))["queued"] == 1 and k, "queued again", router
+            lambda: (k := only_kind(router))["queued"] == 1 and k,
+            "queued again",
+            90.0,
+            detail=router.log,
         )
         assert waiting["free_seats"] == 0
         assert isinstance(waiting["estimated_wait_seconds"], float)
@@ -150,7 +156,12 @@ def test_a_seat_running_a_job_is_not_counted_as_free(tmp_path: Path) -> None:
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
     nodes = [Node(tmp_path, router, "cpu-a")]
     with stopping(router, nodes):
-        wait_for(lambda: (k := only_kind(router)) and k["free_seats"] == 1, "ready", router)
+        wait_for(
+            lambda: (k := only_kind(router)) and k["free_seats"] == 1,
+            "ready",
+            90.0,
+            detail=router.log,
+        )
         release = tmp_path / "release"
         client = kcoral.Client(router.url)
         program = kcoral.Program()
@@ -161,7 +172,10 @@ def test_a_seat_running_a_job_is_not_counted_as_free(tmp_path: Path) -> None:
         # The node's own pool holds the second job: the status that says so also says the
         # first one's seat is busy.
         row = wait_for(
-            lambda: (k := only_kind(router))["queued"] == 1 and k, "the second waits", router
+            lambda: (k := only_kind(router))["queued"] == 1 and k,
+            "the second waits",
+            90.0,
+            detail=router.log,
         )
         assert (row["seats"], row["free_seats"]) == (1, 0)
         release.write_text("go")

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from raw_http import call_program, post_execute
 from router_helpers import Node, RouterProcess, start_router, stopping
-from test_router_fleet_status import HOLD, only_kind, wait_for
+from test_router_fleet_status import HOLD, only_kind
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 OLD_GRACE_SECONDS = 1.0
@@ -40,7 +41,9 @@ def stop_while_held(
     exists; ``meanwhile(release)`` runs after the signal. The program's answer."""
     node = Node(tmp_path, router, "cpu-a")
     with stopping(router, [node]):
-        wait_for(lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", router)
+        wait_for(
+            lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", 90.0, detail=router.log
+        )
         release = tmp_path / "release"
         answers: dict[str, Any] = {}
 
@@ -49,7 +52,9 @@ def stop_while_held(
 
         held = threading.Thread(target=run, daemon=True)
         held.start()
-        wait_for(lambda: only_kind(router)["free_seats"] == 0, "the seat taken", router)
+        wait_for(
+            lambda: only_kind(router)["free_seats"] == 0, "the seat taken", 90.0, detail=router.log
+        )
         router.process.send_signal(signal.SIGTERM)
         meanwhile(release)
         held.join(60)
@@ -63,7 +68,9 @@ def test_a_program_running_when_the_router_stops_finishes_and_gets_its_answer(
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
 
     def after_the_old_grace(release: Path) -> None:
-        wait_for(lambda: "router_stopping" in router.log(), "the router's stop", router)
+        wait_for(
+            lambda: "router_stopping" in router.log(), "the router's stop", 90.0, detail=router.log
+        )
         time.sleep(2 * OLD_GRACE_SECONDS)  # past what the router used to give
         assert router.process.poll() is None, "the router stopped before the program ended"
         release.touch()
@@ -99,7 +106,9 @@ def test_a_sessions_program_running_when_the_router_stops_finishes_too(tmp_path:
     release, started = tmp_path / "release", tmp_path / "started"
     answers: dict[str, Any] = {}
     with stopping(router, [node]):
-        wait_for(lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", router)
+        wait_for(
+            lambda: (k := only_kind(router)) and k["seats"] == 1, "ready", 90.0, detail=router.log
+        )
         with kcoral.Client(router.url) as client:
             session = client.session()
             program = kcoral.Program()
@@ -113,9 +122,14 @@ def test_a_sessions_program_running_when_the_router_stops_finishes_too(tmp_path:
 
             held = threading.Thread(target=run, daemon=True)
             held.start()
-            wait_for(started.exists, "the session's program started", router)
+            wait_for(started.exists, "the session's program started", 90.0, detail=router.log)
             router.process.send_signal(signal.SIGTERM)
-            wait_for(lambda: "router_stopping" in router.log(), "the router's stop", router)
+            wait_for(
+                lambda: "router_stopping" in router.log(),
+                "the router's stop",
+                90.0,
+                detail=router.log,
+            )
             time.sleep(2 * OLD_GRACE_SECONDS)  # past what the router used to give
             assert router.process.poll() is None, "the router stopped under the program"
             release.touch()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import re
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from http_helpers import execute_body, get, module_program, request
 from kcoral_server.sessions.seat_shares import SeatRules, per_identity_cap
 from kcoral_server.settings.config import InvalidConfigError, ServerConfig
 from session_requests import create_session, run_in, value_of
+from waiting import wait_for
 
 import kcoral
 
@@ -23,14 +23,6 @@ ALICE = {"Authorization": "Bearer token-alice-0123456789"}
 BOB = {"Authorization": "Bearer token-bob-0123456789"}
 ROOT = {"Authorization": "Bearer token-root-0123456789"}
 WHEN = re.compile(r"in (\d+) s \(at (\S+)\)$")
-
-
-def _wait_for(check, timeout: float = 60.0) -> None:
-    """Poll ``check`` until true (a hang guard, not a timing check)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "it never happened"
-        time.sleep(0.02)
 
 
 def _token_file(tmp_path: Path, text: str) -> str:
@@ -185,7 +177,11 @@ def test_a_session_whose_client_left_while_it_started_ends_and_frees_its_seat(
     creating = socket.create_connection((host, int(port)))
     head = f"POST /v1/sessions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 0\r\n\r\n"
     creating.sendall(head.encode())
-    _wait_for(lambda: get(url, "/v1/info").body["sessions"]["active"] == 1)
+    wait_for(
+        lambda: get(url, "/v1/info").body["sessions"]["active"] == 1,
+        "the creator's session active",
+        60.0,
+    )
     creating.close()  # the creator gives up (Ctrl-C) while its session waits to start
     go.touch()
     assert job.result(timeout=60).status == "COMPLETED"
@@ -193,7 +189,7 @@ def test_a_session_whose_client_left_while_it_started_ends_and_frees_its_seat(
     def started() -> dict:
         return request(url, "GET", "/v1/sessions").body[0]
 
-    _wait_for(lambda: started()["state"] != "STARTING")
+    wait_for(lambda: started()["state"] != "STARTING", "the session past STARTING", 60.0)
     # it became IDLE and held its seat (and its owner's share) for the idle timeout
     assert started()["state"] == "ENDED", started()
     assert started()["end_message"] == "session ended: its client left before it had started"
