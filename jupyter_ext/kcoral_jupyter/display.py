@@ -203,20 +203,22 @@ def tensor_html(value: Any, name: str | None = None) -> str:
     with np.printoptions(threshold=50, edgeitems=3, precision=4, linewidth=100):
         preview = np.array2string(np.asarray(array, dtype=_printable(array)))
     picture = ""
-    if array.size and "min" in stats:
-        try:
-            if array.ndim == 2:
-                # heatmap_png strides the array down to its picture before converting it
-                encoded = base64.b64encode(heatmap_png(array)).decode()
-                picture = (
-                    f'<img class="kcoral-heatmap" src="data:image/png;base64,{encoded}" '
-                    'style="image-rendering:pixelated;max-width:256px;border:1px solid #ddd" '
-                    f'alt="heatmap of {escape(name or "tensor")}"/>'
-                )
-            elif array.ndim == 1 and array.size > 1:
-                picture = line_svg(plot_points(array))
-        except (TypeError, ValueError):
-            picture = ""
+    # Pictures are <img> data URIs: JupyterLab shows a notebook it did not run (reopened
+    # elsewhere) through a sanitizer that drops inline <svg>, leaving its labels as text.
+    alt = f'alt="{"heatmap" if array.ndim == 2 else "line plot"} of {escape(name or "tensor")}"'
+    try:
+        if array.size and "min" in stats and array.ndim == 2:
+            # heatmap_png strides the array down to its picture before converting it
+            encoded = base64.b64encode(heatmap_png(array)).decode()
+            picture = (
+                f'<img class="kcoral-heatmap" src="data:image/png;base64,{encoded}" '
+                f'style="image-rendering:pixelated;max-width:256px;border:1px solid #ddd" {alt}/>'
+            )
+        elif "min" in stats and array.ndim == 1 and array.size > 1:
+            encoded = base64.b64encode(line_svg(plot_points(array)).encode()).decode()
+            picture = f'<img class="kcoral-plot" src="data:image/svg+xml;base64,{encoded}" {alt}/>'
+    except (TypeError, ValueError):
+        picture = ""
     title = f"<b>{escape(name)}</b> " if name else ""
     return (
         f'<div class="kcoral-tensor">{title}<span>{" · ".join(facts)}</span>'

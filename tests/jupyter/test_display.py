@@ -114,7 +114,8 @@ def test_tensors_show_stats_a_preview_and_a_picture() -> None:
     assert "min 0" in html and "max 11" in html and "mean 5.5" in html
     png = re.search(r'src="data:image/png;base64,([^"]+)"', html).group(1)
     assert decode_png(base64.b64decode(png)).shape[2] == 3
-    assert "<polyline" in rich.tensor_html(np.arange(5.0))
+    plot = re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', rich.tensor_html(np.arange(5.0)))
+    assert "<polyline" in base64.b64decode(plot.group(1)).decode()
 
 
 @pytest.mark.parametrize(
