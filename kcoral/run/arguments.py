@@ -226,12 +226,24 @@ def _positive_size(option: str, text: str) -> int:
         size = parse_bytes(text)
     except ValueError:
         size = 0
+    decimal = _DECIMAL_UNIT.fullmatch(text)
+    if decimal is not None and int(decimal.group(1)) > 0:
+        # the one refusal a user cannot see the reason for: "10MB" is a size everywhere else
+        number, unit = decimal.groups()
+        raise UsageError(
+            f"{option} {text!r} is ambiguous (decimal or binary?); sizes here are binary: "
+            f"give {number}{unit.upper()} ({number} {unit.upper()}iB) or a number of bytes"
+        )
     if size <= 0:
         raise UsageError(
             f"{option} must be a size above 0, in bytes or with K, M, G or T (binary): "
             f"64K, 16M; not {text!r}"
         )
     return size
+
+
+#: a size with a unit that ``parse_bytes`` refuses as ambiguous (``10MB``, ``1gb``)
+_DECIMAL_UNIT = re.compile(r"([0-9]+)([KMGT])B", re.ASCII | re.IGNORECASE)
 
 
 def select_server(

@@ -86,6 +86,22 @@ def test_an_unknown_tool_that_names_no_program_lists_the_tools_alone() -> None:
     )
 
 
+@pytest.mark.parametrize(("size", "binary"), [("10MB", "10M (10 MiB)"), ("1gb", "1G (1 GiB)")])
+def test_an_output_limit_in_decimal_units_says_why_it_is_refused_and_what_to_give(
+    size: str, binary: str
+) -> None:
+    # "10MB" read "must be a size above 0, in bytes or with K, M, G or T (binary): 64K, 16M;
+    # not '10MB'": a size everywhere else, refused without a reason the user could see
+    command = [sys.executable, "-m", "kcoral", "run", "python", "--url", URL]
+    command += ["--output-limit-bytes", size, "--", "-c", "print(1)"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == (
+        f"kcoral run: error: --output-limit-bytes {size!r} is ambiguous (decimal or binary?); "
+        f"sizes here are binary: give {binary} or a number of bytes"
+    )
+
+
 def test_run_help_names_an_unsendable_input_among_the_causes_of_exit_status_1(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
