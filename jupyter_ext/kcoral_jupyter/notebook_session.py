@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.client_sessions import Session as ClientSession
@@ -46,6 +46,9 @@ from kcoral_jupyter.cell_errors import (
     refused,
 )
 from kcoral_jupyter.display import format_size
+
+if TYPE_CHECKING:
+    from kcoral_jupyter.runner import RunRecord
 
 #: Seconds the exit hook waits to connect before it leaves the session to the idle timeout.
 EXIT_CONNECT_TIMEOUT_SECONDS = 3.0
@@ -157,17 +160,23 @@ def ended_with_cell_hint(
     )
 
 
-def session_interrupted(remote: NotebookSession, program_stopped: bool) -> TwoLineError:
-    """An interrupted session cell, whose program got ``KeyboardInterrupt`` (not a kill):
-    the session's end when it ended (the program outlived the interrupt's grace), else what
-    is known of its state. Before, a program seen to stop in a session the server still
-    held read "the session keeps its state if the program stopped within 5 s (else the next
-    cell says it ended)", a doubt the cell could have settled."""
+def session_interrupted(remote: NotebookSession, record: RunRecord) -> TwoLineError:
+    """An interrupted session cell (``record``), whose program got ``KeyboardInterrupt``
+    (not a kill), or was cancelled before it started (EXTENSIONS §11): the session's end
+    when it ended (the program outlived the interrupt's grace), else what is known of its
+    state. Before, a program seen to stop in a session the server still held read "the
+    session keeps its state if the program stopped within 5 s (else the next cell says it
+    ended)", a doubt the cell could have settled."""
     ended, live = _end_or_live(remote)
     if ended is not None:
         return ended
+    if live and record.session_program_never_ran:  # not "KeyboardInterrupt raised in" it
+        return CellCancelledError(
+            f"interrupted before it started: {remote.label}'s program on {remote.url} never ran",
+            "the session keeps its state: run the next cell",
+        )
     said = f"interrupted: KeyboardInterrupt raised in {remote.label}'s program on {remote.url}"
-    if live and program_stopped:
+    if live and record.session_program_stopped:
         return CellCancelledError(
             said, "its program stopped and the session keeps its state: run the next cell"
         )
@@ -176,6 +185,13 @@ def session_interrupted(remote: NotebookSession, program_stopped: bool) -> TwoLi
         "the session keeps its state if the program stopped within 5 s (else the next cell "
         "says it ended); %kcoral session status shows it",
     )
+
+
+def interrupted_status(remote: NotebookSession, record: RunRecord) -> str:
+    """The status line of an interrupted session cell (``record``) whose session lives."""
+    if record.session_program_never_ran:
+        return f"interrupted before it started: the cell never ran in {remote.label}"
+    return f"interrupted: KeyboardInterrupt raised in {remote.label}"
 
 
 def session_unreachable(exc: TransportError, remote: NotebookSession) -> ServerUnreachableError:

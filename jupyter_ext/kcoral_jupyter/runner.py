@@ -28,6 +28,7 @@ from kcoral import (
     KCoralError,
     Program,
     ProgramResult,
+    ProtocolError,
     RemoteExecutionError,
     TransportError,
 )
@@ -132,6 +133,7 @@ class RunRecord:
     waits_for: str | None = None
     gpu_count: int = 1  # the GPUs its lease takes at once (a cell's --gpus)
     session_program_stopped: bool = False  # its interrupt was seen to end its session job
+    session_program_never_ran: bool = False  # ... before it started (EXTENSIONS §11)
 
 
 class RemoteCellError(RemoteExecutionError):
@@ -275,6 +277,7 @@ def _run_as_job(
             reporter.phase("interrupted: raising KeyboardInterrupt in the session's program")
             if stop_session_program(client, job):
                 record.session_program_stopped = True
+                record.session_program_never_ran = never_started(job)
                 reporter.phase("interrupted: the session's program has stopped")
             raise
         reporter.phase("interrupted: cancelling the job on the server")
@@ -372,6 +375,18 @@ def stop_session_program(session: ClientSession, job: Job) -> bool:
     except (KeyboardInterrupt, KCoralError, TransportError):
         pass  # the interrupt is what the cell reports; the next cell meets what is left
     return False
+
+
+def never_started(job: Job) -> bool:
+    """Whether the finished ``job`` was cancelled before its program reached a worker (it
+    has no ``started_at``): a session's program interrupted while it waited to start, which
+    never ran (EXTENSIONS §11). Its cell said the program had been interrupted, as if it
+    had run."""
+    try:
+        state = job.status()
+    except (KCoralError, TransportError, ProtocolError):
+        return False  # not known: the cell says what it says of a program that stopped
+    return state.get("status") == "CANCELLED" and state.get("started_at") is None
 
 
 def follow_job(

@@ -44,6 +44,7 @@ from kcoral_jupyter.notebook_session import (
     after_stop_hint,
     ended_error,
     ended_with_cell_hint,
+    interrupted_status,
     session_ended_under,
     session_interrupted,
     session_refusal,
@@ -177,11 +178,11 @@ class CellMagic:
                 line_out.show(exc.cause, status="CANCELLED")
                 raise
             if remote is not None:
-                outcome = session_interrupted(remote, record.session_program_stopped)
+                outcome = session_interrupted(remote, record)
                 if not isinstance(outcome, CellCancelledError):  # ended: outlived its grace
                     line_out.show(outcome.cause, status="ERROR")
                     raise outcome from exc
-                line_out.show(f"interrupted: KeyboardInterrupt raised in {remote.label}")
+                line_out.show(interrupted_status(remote, record))
                 raise outcome from exc
             if use_jobs and record.job_id is None:  # interrupted twice while submitted
                 line_out.show(f"interrupted while submitting; {SUBMISSION_ABANDONED}")

@@ -44,6 +44,7 @@ from kcoral_server.front_door.callers import Identity
 from kcoral_server.jobs.followers import FollowerWatch
 from kcoral_server.jobs.output_stream import OutputTail
 from kcoral_server.jobs.spill import SpillDirectory, SpillFile
+from kcoral_server.sessions.end_reasons import NOT_STARTED
 from kcoral_server.storage.fair_eviction import fair_victims
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ class Job(RequestObserver):
         self.error_kind: str | None = None
         self.cancelled_by: str | None = None  # an admin that cancelled another's job
         self.revoked = False  # cancelled because its owner's token was revoked (SIGHUP)
-        #: the end message of the session that ended under it (its job is CANCELLED)
+        #: why its session cancelled it: the session's end, or an interrupt before it started
         self.session_end: str | None = None
         #: cancels it once no event stream has followed it for a while, where its submitter
         #: asked for that (``X-KCoral-Cancel-Unfollowed``, EXTENSIONS §5)
@@ -336,7 +337,7 @@ class Job(RequestObserver):
         if (
             status == "CANCELLED"
             and record.error is not None
-            and self.error_kind == "session_ended"
+            and (self.error_kind == "session_ended" or record.error.message == NOT_STARTED)
         ):
             self.session_end = record.error.message
         self.result = result

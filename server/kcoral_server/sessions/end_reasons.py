@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 #: how long an interrupted program has to stop before its worker is killed (EXTENSIONS §11)
 INTERRUPT_GRACE_SECONDS = 5.0
+#: what a program sent to a session answers when an interrupt comes before it started
+#: (while it waited for the worker's clean-up, or for an interrupted program to stop)
+NOT_STARTED = "interrupted before it started: the program never ran; the session keeps its state"
 #: how the pool's retire reason becomes a session's end reason (EXTENSIONS §11)
 END_REASONS = {
     "timeout": "timeout",

@@ -33,6 +33,7 @@ from kcoral_server.processes import ipc, procfs
 from kcoral_server.sessions.end_reasons import (
     END_REASONS,
     INTERRUPT_GRACE_SECONDS,
+    NOT_STARTED,
     ended_under,
     exited_message,
     idle_message,
@@ -86,6 +87,8 @@ class Session:
         self._interrupted: ExecuteRequest | None = None  # the program an interrupt hit
         #: resolved once that program is over: a next one waits for it instead of a 409
         self._stopped: asyncio.Future[None] | None = None
+        #: programs sent to the session that wait to start (in ``SessionCheckout``)
+        self._waiting: set[ExecuteRequest] = set()
 
     # ------------------------------------------------------------------ record
 
@@ -178,11 +181,17 @@ class Session:
         """Raise ``KeyboardInterrupt`` in the running program (SIGINT to its worker); one
         that waits for its GPUs stops waiting at once. A program still running
         ``INTERRUPT_GRACE_SECONDS`` after it was sent the interrupt is killed under its
-        lease, which ends the session. False when no program runs."""
+        lease, which ends the session. A program that waits to start is cancelled: it
+        never runs, and the session and its state stay (EXTENSIONS §11): it ran once its
+        wait ended, while its cell said it was interrupted. False when no program runs or
+        waits."""
+        waiting, self._waiting = self._waiting, set()
+        for request in waiting:
+            request.cancel("cancelled", RequestFailed(409, "cancelled", NOT_STARTED, "cancelled"))
         running = self.running
         handle = self.seat.worker
         if running is None or handle is None or handle.pid is None:
-            return False
+            return bool(waiting)
         if self._interrupted is not running:
             self._interrupted = running
             self._stopped = asyncio.get_running_loop().create_future()
@@ -370,13 +379,25 @@ class SessionCheckout:
 
     async def __aenter__(self) -> Seat:
         session = self._session
-        if session._stopped is not None:
-            await asyncio.shield(session._stopped)  # at most the interrupt's grace
-        refusal = session.refusal()
-        settling = session._settling
-        if refusal is None and settling is not None and not settling.done():
-            await asyncio.shield(settling)  # the worker's clean-up after the last program
+        request = self._request
+        # While it waits, a cancel (an interrupt, its job's DELETE, its client gone) ends
+        # it there: it never reaches the worker, which keeps the session's state. Found in a
+        # real kernel: its wait ignored the cancel and it ran once the wait ended (a cancel
+        # that a program on the worker finds kills the worker, ending the session).
+        session._waiting.add(request)
+        try:
+            if session._stopped is not None:  # at most the interrupt's grace
+                await request.cancellation.unless(asyncio.shield(session._stopped))
             refusal = session.refusal()
+            settling = session._settling
+            if refusal is None and settling is not None and not settling.done():
+                # the worker's clean-up after the last program
+                await request.cancellation.unless(asyncio.shield(settling))
+                refusal = session.refusal()
+        finally:
+            session._waiting.discard(request)
+        if request.cancel_reason is not None:  # in the tick its wait ended
+            raise request.cancellation.failure()
         if refusal is not None:
             raise refusal.failure()
         if session._idle_timer is not None:
