@@ -278,7 +278,11 @@ def _run_as_job(
             if stop_session_program(client, job):
                 record.session_program_stopped = True
                 record.session_program_never_ran = never_started(job)
-                reporter.phase("interrupted: the session's program has stopped")
+                reporter.phase(
+                    "interrupted before it started: the session's program never ran"
+                    if record.session_program_never_ran
+                    else "interrupted: the session's program has stopped"
+                )
             raise
         reporter.phase("interrupted: cancelling the job on the server")
         try:

@@ -97,6 +97,8 @@ def test_a_session_cell_interrupted_while_it_waits_to_start_never_runs_and_says_
             "the session keeps its state: run the next cell",
         ], lines
         assert lines[-1].startswith("kcoral: interrupted before it started: the cell never ran")
+        # each line true as it is said (a terminal IPython prints every one)
+        assert not [line for line in lines if "program has stopped" in line], lines
         kept: list[str] = []
         client.execute_interactive(
             "%%kcoral --quiet\nprint('x is', x)",
