@@ -78,6 +78,18 @@ def test_a_missing_export_fails_with_compile(cpu_library: bytes) -> None:
     assert "no_such_function" in info.value.message
 
 
+def test_a_missing_export_says_where_a_plain_c_function_goes(cpu_library: bytes) -> None:
+    # a C library built with gcc loads as a library, then only 'library has no export'
+    module = Libraries(UNAVAILABLE).load(digest(cpu_library), cpu_library)
+    with pytest.raises(InstructionFailure) as info:
+        library_function(module, "add")
+    assert info.value.message == (
+        "library has no export 'add': a library upload exports TVM-FFI functions "
+        "(TVM_FFI_DLL_EXPORT_TYPED_FUNC, tvm_ffi.cpp.build); call a plain C function with "
+        "ctypes.CDLL from a module instead, the .so sent with upload_file"
+    )
+
+
 def test_bytes_that_are_not_a_shared_object_fail_with_compile() -> None:
     pytest.importorskip("tvm_ffi")
     data = b"\x7fELF but not really a shared object"

@@ -139,6 +139,17 @@ def _load_module(tvm_ffi: Any, path: str) -> Any:
     return load(path)
 
 
+def _no_export(name: str) -> InstructionFailure:
+    """A missing export, and where a plain C function goes instead: a C library built with
+    gcc and uploaded as a library loaded, then said only 'library has no export'."""
+    return InstructionFailure(
+        "compile",
+        f"library has no export {name!r}: a library upload exports TVM-FFI functions "
+        "(TVM_FFI_DLL_EXPORT_TYPED_FUNC, tvm_ffi.cpp.build); call a plain C function with "
+        "ctypes.CDLL from a module instead, the .so sent with upload_file",
+    )
+
+
 def library_function(library: Any, name: str) -> LibraryFunction:
     """``get_function`` on a library handle (PROTOCOL §5.2 library row).
 
@@ -158,17 +169,17 @@ def library_function(library: Any, name: str) -> LibraryFunction:
                 f"the loaded library cannot be queried for exports: {exception_text(exc)}",
             ) from None
         if not exported:
-            raise InstructionFailure("compile", f"library has no export {name!r}")
+            raise _no_export(name)
     try:
         function = getter(name, True)
     except AttributeError:
-        raise InstructionFailure("compile", f"library has no export {name!r}") from None
+        raise _no_export(name) from None
     except Exception as exc:
         raise InstructionFailure(
             "compile", f"cannot bind library export {name!r}: {exception_text(exc)}"
         ) from None
     if function is None:
-        raise InstructionFailure("compile", f"library has no export {name!r}")
+        raise _no_export(name)
     if not callable(function):
         raise InstructionFailure("compile", f"library export {name!r} is not a function")
     return LibraryFunction(library, function, name)
