@@ -7,8 +7,7 @@ express (malformed bodies). The module name is unique across the test tree.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import raw_http
@@ -35,7 +34,6 @@ __all__ = [
     "module_program",
     "request",
     "sha256",
-    "wait_for",
 ]
 
 # Exact field sets of PROTOCOL §7.2–§7.4 and §7.6.
@@ -100,18 +98,6 @@ def execute_program(
 
 def health(url: str) -> dict[str, Any]:
     return request(url, "GET", "/health").body
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll ``condition`` until it is truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def module_program(source: str, name: str, args: list[Any] | None = None) -> kcoral.Program:

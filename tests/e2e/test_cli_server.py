@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from e2e_support import module_program, wait_for
+from e2e_support import module_program
 from server_process import start_server
+from waiting import wait_for
 
 import kcoral
 
@@ -40,7 +41,8 @@ def test_the_documented_cpu_command_line_starts_and_serves(tmp_path):
     try:
         wait_for(
             lambda: LISTENING in stderr_path.read_text() or process.poll() is not None,
-            what="listening",
+            "listening",
+            60.0,
         )
         assert process.poll() is None, stderr_path.read_text()
         url = f"http://127.0.0.1:{port}"

@@ -15,8 +15,8 @@ from e2e_support import (
     execute_body,
     is_canonical_uuid,
     request,
-    wait_for,
 )
+from waiting import wait_for
 
 # PROTOCOL §12: `started_at` is RFC 3339 UTC with `Z` (fractional seconds optional).
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
@@ -65,7 +65,7 @@ def finished_job(url: str, job_id: str) -> dict[str, Any]:
         body = request(url, "GET", f"/v1/jobs/{job_id}").body
         return body if body["status"] in FINISHED_JOB_STATUSES else None
 
-    return wait_for(state, what=f"job {job_id} to finish")
+    return wait_for(state, f"job {job_id} to finish", 60.0)
 
 
 def test_job_answers_have_exactly_the_documented_fields(e2e_server):

@@ -20,8 +20,8 @@ from e2e_support import (
     module_program,
     request,
     sha256,
-    wait_for,
 )
+from waiting import wait_for
 
 import kcoral
 
@@ -290,7 +290,7 @@ def test_a_request_that_waits_too_long_for_a_worker_is_503_busy_with_retry_after
     thread = threading.Thread(target=occupy)
     thread.start()
     try:
-        wait_for(lambda: health(server.url)["load"]["requests_in_progress"] == 1, what="busy")
+        wait_for(lambda: health(server.url)["load"]["requests_in_progress"] == 1, "busy", 60.0)
         with kcoral.Client(server.url) as c, pytest.raises(kcoral.KCoralError) as caught:
             c.execute(module_program("def f():\n    return 1\n", "f"))
         assert (caught.value.status_code, caught.value.kind) == (503, "busy")

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_support import finished_events, module_program, wait_for
+from e2e_support import finished_events, module_program
+from waiting import wait_for
 
 import kcoral
 
@@ -47,8 +48,8 @@ def test_a_timeout_kills_grandchildren_and_setsid_daemons_and_removes_the_worksp
     workspace, pids = record.read_text().split("\n")
     pids = [int(p) for p in pids.split()]
     assert os.path.basename(workspace).startswith("kcoral-program-")
-    wait_for(lambda: not any(alive(p) for p in pids), timeout=30, what="descendants killed")
-    wait_for(lambda: not os.path.exists(workspace), timeout=30, what="workspace removed")
+    wait_for(lambda: not any(alive(p) for p in pids), "descendants killed", 30.0)
+    wait_for(lambda: not os.path.exists(workspace), "workspace removed", 30.0)
     events = finished_events(e2e_server, caught.value.request_id)
     assert events[0]["finish_reason"] == "timeout" and events[0]["http_status"] == 504
     assert client.execute(module_program("def f():\n    return 3\n", "f"))["out"] == 3
@@ -69,7 +70,7 @@ def test_background_processes_left_behind_fail_a_completed_program_and_are_kille
     )
     assert result.error["traceback"] == ""
     pid = result["out"]
-    wait_for(lambda: not alive(pid), timeout=30, what="leftover killed")
+    wait_for(lambda: not alive(pid), "leftover killed", 30.0)
 
 
 @pytest.mark.parametrize(
@@ -113,7 +114,7 @@ def test_a_worker_crash_during_an_instruction_keeps_earlier_returns_and_output(
     # Recovery: the seat is respawned and keeps serving.
     for _ in range(3):
         assert client.execute(module_program("def f():\n    return 5\n", "f"))["out"] == 5
-    wait_for(lambda: client.health()["load"]["request_capacity"] == 2, timeout=60, what="respawn")
+    wait_for(lambda: client.health()["load"]["request_capacity"] == 2, "respawn", 60.0)
 
 
 def test_timing_fields_are_finite_and_ordered(client):

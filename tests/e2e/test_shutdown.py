@@ -6,7 +6,8 @@ import signal
 import threading
 
 import pytest
-from e2e_support import health, module_program, wait_for
+from e2e_support import health, module_program
+from waiting import wait_for
 
 import kcoral
 
@@ -27,10 +28,10 @@ def test_sigterm_lets_a_running_request_finish_refuses_new_ones_and_exits_zero(
 
     thread = threading.Thread(target=run)
     thread.start()
-    wait_for(lambda: health(server.url)["load"]["requests_in_progress"] == 1, what="running")
+    wait_for(lambda: health(server.url)["load"]["requests_in_progress"] == 1, "running", 60.0)
     server.process.send_signal(signal.SIGTERM)
     server.process.send_signal(signal.SIGTERM)  # repeated signals never force an exit
-    wait_for(lambda: "shutdown_started" in {e["event"] for e in server.events()}, what="drain")
+    wait_for(lambda: "shutdown_started" in {e["event"] for e in server.events()}, "drain", 60.0)
     try:
         with kcoral.Client(server.url) as c:
             c.execute(module_program("def f():\n    return 1\n", "f"))
@@ -75,10 +76,10 @@ def test_a_drain_while_every_gpu_seat_runs_a_program_ends_with_spare_workers_on(
     threads = [threading.Thread(target=run) for _ in range(4)]
     for thread in threads:
         thread.start()
-    wait_for(lambda: health(server.url)["load"]["requests_in_progress"] == 4, what="4 running")
+    wait_for(lambda: health(server.url)["load"]["requests_in_progress"] == 4, "4 running", 60.0)
     # each seat's spare forked in its other sandbox: 4 seats x 2 sandboxes x (fork server
     # and its worker) launcher processes
-    wait_for(lambda: launcher_processes(server.process.pid) == 16, what="4 spares started")
+    wait_for(lambda: launcher_processes(server.process.pid) == 16, "4 spares started", 60.0)
     server.process.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(60)
@@ -113,14 +114,15 @@ def test_a_job_cancelled_during_the_drain_tells_its_follower_it_was_cancelled(se
     source = "import time\ndef slow():\n    time.sleep(300)\n"
     with kcoral.Client(server.url) as client:
         job = client.submit(module_program(source, "slow"))
-        wait_for(lambda: job.status()["status"] == "RUNNING", what="running")
+        wait_for(lambda: job.status()["status"] == "RUNNING", "running", 60.0)
         server.process.send_signal(signal.SIGTERM)
-        wait_for(lambda: "shutdown_started" in {e["event"] for e in server.events()}, what="drain")
+        wait_for(lambda: "shutdown_started" in {e["event"] for e in server.events()}, "drain", 60.0)
         with kcoral.Client(server.url) as panel:
             panel.job(job.id).cancel()
         awaiting = wait_for(
             lambda: [e for e in server.events() if e["event"] == "shutdown_awaiting_results"],
-            what="the wait for the cancelled job's result to be read",
+            "the wait for the cancelled job's result to be read",
+            60.0,
         )
         assert awaiting[0]["unread"] == 1
         with pytest.raises(kcoral.KCoralError) as raised:

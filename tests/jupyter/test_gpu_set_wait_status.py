@@ -5,8 +5,6 @@ for GPU" while the other GPU stood free, and a user wondered what it waited for.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,18 +12,11 @@ from holding_program import holding
 from IPython.utils.capture import capture_output
 from kcoral_jupyter.runner import RunRecord, describe_phase
 from kcoral_shell import kcoral_shell
+from waiting import wait_for
 
 import kcoral
 
 TWO_FAKE_GPUS = ["--device", "fake-gpu", "--fake-gpu-count", "2", "--workers-per-gpu", "1"]
-
-
-def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    """Poll ``predicate``; fail after a minute (a hang guard, not a timing check)."""
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.02)
 
 
 def test_the_status_line_says_how_many_gpus_a_run_waits_for() -> None:
@@ -44,7 +35,7 @@ def test_a_gpus_2_cell_says_it_waits_for_2_gpus_while_one_of_them_is_held(
     marker, go = tmp_path / "marker", tmp_path / "go"
     with kcoral.Client(server.url) as client:
         holder = client.submit(holding(marker, go))
-        wait_for(marker.exists, "the other program holding GPU 0")
+        wait_for(marker.exists, "the other program holding GPU 0", 60.0)
 
         def free_the_gpu_once_the_cell_waits() -> None:
             def cell_waits() -> bool:
@@ -56,7 +47,7 @@ def test_a_gpus_2_cell_says_it_waits_for_2_gpus_while_one_of_them_is_held(
                 )
 
             try:
-                wait_for(cell_waits, "the cell's job waiting for its GPUs")
+                wait_for(cell_waits, "the cell's job waiting for its GPUs", 60.0)
             finally:
                 go.touch()
 

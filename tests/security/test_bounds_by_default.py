@@ -23,11 +23,11 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 BOUNDARY = "bounds-boundary-5e1a"
 CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
@@ -132,15 +132,6 @@ def slow_upload(url: str, declared: int, first: bytes) -> socket.socket:
     return sock
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def received(server: Any) -> int:
     return sum(1 for e in server.events() if e["event"] == "request_received")
 
@@ -156,7 +147,7 @@ def test_two_slow_uploads_declaring_the_maximum_do_not_lock_out_a_third_client(
     declared = 268435456  # the default --max-request-bytes; two fill the default in-flight limit
     slow = [slow_upload(server.url, declared, b"-") for _ in range(2)]
     try:
-        assert wait_for(lambda: received(server) >= before + 2)
+        assert wait_until(lambda: received(server) >= before + 2, 30.0)
         status, answer = post(server.url, execute_body(program(ADD_ONE, [41])))
         assert status == 200, answer
         assert answer["status"] == "COMPLETED" and answer["results"]["value"]["value"] == 42
@@ -175,7 +166,7 @@ def test_a_declared_huge_body_that_sends_little_holds_only_what_it_sent(server_f
     before = received(server)
     slow = slow_upload(server.url, limit, f"--{BOUNDARY}\r\n".encode())  # 25 bytes
     try:
-        assert wait_for(lambda: received(server) >= before + 1)
+        assert wait_until(lambda: received(server) >= before + 1, 30.0)
         padding = os.urandom(limit - 1024)
         padded = program(ADD_ONE, [1])
         upload = {"op": "upload", "kind": "file", "path": "pad.bin", "blob": _sha(padding)}
@@ -200,7 +191,7 @@ def test_bodies_that_grow_past_the_in_flight_limit_together_are_stopped_while_ar
     first = slow_upload(server.url, limit, b"-")  # admitted: holds 1 byte
     second = slow_upload(server.url, limit, b"-")  # admitted: 1 + 1 MiB fits in 1.5 MiB
     try:
-        assert wait_for(lambda: received(server) >= before + 2)
+        assert wait_until(lambda: received(server) >= before + 2, 30.0)
 
         def refused() -> bool:
             return any(
@@ -213,7 +204,7 @@ def test_bodies_that_grow_past_the_in_flight_limit_together_are_stopped_while_ar
         first.sendall(b"x" * (limit - 100))  # now ~1 MiB held
         with contextlib.suppress(OSError):  # the server may close while we still send
             second.sendall(b"x" * (limit - 100))
-        assert wait_for(refused, timeout=30), "memory grew past the in-flight limit"
+        assert wait_until(refused, 30.0), "memory grew past the in-flight limit"
     finally:
         first.close()
         second.close()
@@ -241,12 +232,12 @@ def _trickled_until_closed(sock: socket.socket, within: float) -> bool:
 
 
 def _cut_off_for_its_rate(server: Any) -> bool:
-    return wait_for(
+    return wait_until(
         lambda: any(
             e["event"] == "request_finished" and e.get("error_kind") == "body_timeout"
             for e in server.events()
         ),
-        timeout=10,
+        10.0,
     )
 
 
@@ -331,10 +322,10 @@ def test_a_program_printing_50_mb_keeps_a_capture_file_near_its_limit_and_none_a
     thread = threading.Thread(target=lambda: answers.append(post(server.url, body)))
     thread.start()
     try:
-        assert wait_for(lambda: printed(server), timeout=60), "the program never finished printing"
+        assert wait_until(lambda: printed(server), 60.0), "the program never finished printing"
         biggest = lambda: max((allocated(p) for p in capture_files(server)), default=0)  # noqa: E731
         assert capture_files(server), "no capture file to look at"
-        assert wait_for(lambda: biggest() <= CAPTURE_BOUND, timeout=10), (
+        assert wait_until(lambda: biggest() <= CAPTURE_BOUND, 10.0), (
             f"a capture file holds {biggest()} bytes on disk for a {OUTPUT_LIMIT}-byte limit"
         )
     finally:
@@ -346,7 +337,7 @@ def test_a_program_printing_50_mb_keeps_a_capture_file_near_its_limit_and_none_a
     # the head the protocol returns is intact, and the truncation is reported
     assert answer["stdout"] == "BEGIN\n" + "x" * (OUTPUT_LIMIT - 6)
     assert answer["stdout_truncated"] is True
-    assert wait_for(lambda: not capture_files(server), timeout=10), capture_files(server)
+    assert wait_until(lambda: not capture_files(server), 10.0), capture_files(server)
 
 
 @pytest.mark.parametrize("ending", ["timeout", "crash", "cancelled job"])
@@ -361,14 +352,14 @@ def test_capture_files_are_removed_when_a_program_times_out_crashes_or_is_cancel
     body = execute_body(program(PRINTER, [str(marker), str(release), 4 << 20, ending], **options))
     if ending == "cancelled job":
         submitted = job_request(server.url, "POST", "/v1/jobs", body)
-        assert wait_for(marker.exists, timeout=60), submitted
+        assert wait_until(marker.exists, 60.0), submitted
         assert capture_files(server)
         job_request(server.url, "DELETE", f"/v1/jobs/{submitted['job_id']}")
     else:
         status, answer = post(server.url, body)
         assert marker.exists(), answer
         assert status == (504 if ending == "timeout" else 200), answer
-    assert wait_for(lambda: not capture_files(server), timeout=10), capture_files(server)
+    assert wait_until(lambda: not capture_files(server), 10.0), capture_files(server)
 
 
 def job_request(url: str, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:

@@ -15,12 +15,11 @@ import http.client
 import json
 import os
 import stat
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from identity_support import TOKEN_A, TOKEN_B, TOKEN_R, Answer, request, token_file
+from waiting import wait_for
 
 import kcoral
 
@@ -124,7 +123,7 @@ def test_an_expired_job_of_another_identity_is_not_found_rather_than_expired(
         job = alice.submit(_program("def f():\n    return 1\n"))
         job.wait()
     path = f"/v1/jobs/{job.id}"
-    wait_for(lambda: request(server.url, "GET", path, TOKEN_A).status == 404, "expiry")
+    wait_for(lambda: request(server.url, "GET", path, TOKEN_A).status == 404, "expiry", 60.0)
     assert request(server.url, "GET", path, TOKEN_A).json["error"]["kind"] == "job_expired"
     assert request(server.url, "GET", path, TOKEN_R).json["error"]["kind"] == "job_expired"
     by_bob = request(server.url, "GET", path, TOKEN_B)
@@ -142,14 +141,6 @@ def test_holders_of_a_single_shared_token_share_their_jobs(server_factory) -> No
         job.wait()
     assert job.id in _listed(server.url, shared)
     assert request(server.url, "GET", f"/v1/jobs/{job.id}/result", shared).status == 200
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll until true (a hang guard, not a timing check)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.05)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -183,7 +174,7 @@ def test_large_job_results_leave_memory_for_private_files_removed_with_the_job(
             job.wait()
         # Two finished results of 30 MiB each: kept in memory they added at least 60 MiB
         # for the whole retention time (polled: a reply's mappings may close a moment late).
-        wait_for(lambda: _rss_bytes(pid) - before < RESULT_BYTES, "RSS back near its start", 20)
+        wait_for(lambda: _rss_bytes(pid) - before < RESULT_BYTES, "RSS back near its start", 20.0)
 
         files = _spill_files(temp)
         assert len(files) == 2

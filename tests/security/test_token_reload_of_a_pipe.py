@@ -14,24 +14,15 @@ import contextlib
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from identity_support import TOKEN_B, request, token_file
 from server_process import start_server
+from waiting import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from router_helpers import start_router
-
-
-def _wait_for(predicate: Callable[[], bool], what: str) -> None:
-    """Poll until true (a hang guard, not a timing check)."""
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.05)
 
 
 def _pipe_for(tokens: Path) -> None:
@@ -61,7 +52,7 @@ def test_a_server_given_a_fifo_at_a_reload_keeps_its_tokens_and_serves_on(
             failed[:] = [e for e in server.events() if e["event"] == "token_reload_failed"]
             return bool(failed)
 
-        _wait_for(said_why, "token_reload_failed")
+        wait_for(said_why, "token_reload_failed", 60.0)
         assert failed[0]["message"] == "the token file is not a regular file; the old tokens stay"
         assert request(server.url, "GET", "/health", timeout=30).status == 200
         assert request(server.url, "GET", "/v1/info", TOKEN_B, timeout=30).json["identity"] == "bob"
@@ -83,7 +74,7 @@ def test_a_router_given_a_fifo_at_a_reload_keeps_its_tokens_and_serves_on(
     try:
         _pipe_for(tokens)
         router.process.send_signal(signal.SIGHUP)
-        _wait_for(lambda: "token_reload_failed" in router.log(), "token_reload_failed")
+        wait_for(lambda: "token_reload_failed" in router.log(), "token_reload_failed", 60.0)
         assert "the token file is not a regular file; the old tokens stay" in router.log()
         # the router answers, and bob's token still opens it: an unknown path is 404 for
         # him, not 401 (it has no node, so a program would wait for one)

@@ -18,8 +18,6 @@ import os
 import signal
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from identity_support import (
@@ -32,6 +30,7 @@ from identity_support import (
     token_file,
 )
 from identity_support import execute as run
+from waiting import wait_for
 
 import kcoral
 
@@ -76,14 +75,6 @@ def _plain_program(source: str, *args: object) -> dict:
     }
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll until true (a hang guard, not a timing check)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.05)
-
-
 def _named(server, event: str) -> list[dict]:
     return [record for record in server.events() if record.get("event") == event]
 
@@ -92,7 +83,7 @@ def _hang_up(server, event: str) -> dict:
     """Send SIGHUP and wait for the reload's own line, ``event``; that line."""
     seen = len(_named(server, event))
     server.process.send_signal(signal.SIGHUP)
-    wait_for(lambda: len(_named(server, event)) > seen, event)
+    wait_for(lambda: len(_named(server, event)) > seen, event, 60.0)
     assert server.process.poll() is None
     return _named(server, event)[-1]
 
@@ -141,7 +132,7 @@ def test_a_revoked_token_is_refused_at_once_and_its_programs_and_sessions_end(
         program = _plain_program(TOUCH_AND_WAIT, str(running), never)
         execute = threading.Thread(target=lambda: waiting.append(run(server.url, program, TOKEN_A)))
         execute.start()
-        wait_for(running.exists, "alice's /execute running")
+        wait_for(running.exists, "alice's /execute running", 60.0)
 
         _rewrite(tokens, WITHOUT_ALICE)
         reloaded = _hang_up(server, "tokens_reloaded")

@@ -19,11 +19,10 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
@@ -61,19 +60,11 @@ def _program(source: str, *args: object) -> kcoral.Program:
     return program
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll until true (a hang guard, not a timing check)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.05)
-
-
 def _hang_up(router: RouterProcess, event: str) -> str:
     """Send SIGHUP and wait for one more ``event`` line in the router's log; that line."""
     seen = router.log().count(f" {event} ")
     router.process.send_signal(signal.SIGHUP)
-    wait_for(lambda: router.log().count(f" {event} ") > seen, event)
+    wait_for(lambda: router.log().count(f" {event} ") > seen, event, 60.0)
     assert router.process.poll() is None
     return [line for line in router.log().splitlines() if f" {event} " in line][-1]
 
@@ -96,7 +87,7 @@ def test_a_router_revokes_a_token_on_sighup_and_its_nodes_end_that_identity_s_wo
         url = router.url
         with kcoral.Client(url, token=TOKEN_A) as alice:
             job = alice.submit(_program(WAIT, str(tmp_path / "never")))
-            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running")
+            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running", 60.0)
             session = request(url, "POST", "/v1/sessions", TOKEN_A, b"{}")
             assert session.status == 201, session.raw
             session_id = session.json["session_id"]
@@ -122,7 +113,9 @@ def test_a_router_revokes_a_token_on_sighup_and_its_nodes_end_that_identity_s_wo
 
         # Her job at the node ended cancelled, and says why; her session too.
         path = f"/v1/jobs/{job.id}"
-        wait_for(lambda: request(url, "GET", path, TOKEN_R).json["status"] == "CANCELLED", "end")
+        wait_for(
+            lambda: request(url, "GET", path, TOKEN_R).json["status"] == "CANCELLED", "end", 60.0
+        )
         told = request(url, "GET", f"{path}/result", TOKEN_R)
         assert told.status == 409 and told.json["error"]["message"] == (
             "the job was cancelled: the token of identity alice was revoked"
@@ -161,10 +154,12 @@ def test_a_request_queued_at_the_router_never_runs_once_its_identity_is_revoked(
         ready_nodes(router, 1)
         bob = threading.Thread(target=send, args=("bob", TOKEN_B, _raw(WAIT, str(go))))
         bob.start()
-        wait_for(lambda: _health(router)["requests_in_progress"] == 1, "bob's program running")
+        wait_for(
+            lambda: _health(router)["requests_in_progress"] == 1, "bob's program running", 60.0
+        )
         alice = threading.Thread(target=send, args=("alice", TOKEN_A, _raw(TOUCH, str(ran))))
         alice.start()
-        wait_for(lambda: _health(router)["requests_waiting"] == 1, "alice's request queued")
+        wait_for(lambda: _health(router)["requests_waiting"] == 1, "alice's request queued", 60.0)
 
         rotated = f"alice {TOKEN_A}-rotated\n" if change == "rotated" else ""
         _rewrite(tokens, f"{rotated}bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
@@ -234,7 +229,7 @@ def test_a_program_still_uploading_through_the_router_when_its_token_is_revoked_
             assert reader.readline().startswith(b"HTTP/1.1 100")  # its head passed the checks
             assert reader.readline() == b"\r\n"
             upload.sendall(body[:-10])  # the router has read the program part: sent on
-            wait_for(lambda: _health(router)["requests_in_progress"] == 1, "forwarded")
+            wait_for(lambda: _health(router)["requests_in_progress"] == 1, "forwarded", 60.0)
 
             _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
             _hang_up(router, "tokens_reloaded")
@@ -273,7 +268,7 @@ def test_sighup_to_a_node_changes_nothing_and_both_its_processes_name_the_router
         ready_nodes(router, 1)
         for count, pid in enumerate((node.process.pid, node.server_pid()), start=1):
             os.kill(pid, signal.SIGHUP)  # the supervisor, then its child server
-            wait_for(lambda n=count: _skipped(node) == n, "token_reload_skipped")
+            wait_for(lambda n=count: _skipped(node) == n, "token_reload_skipped", 60.0)
         assert node.process.poll() is None
         lines = node.log_path.read_text().splitlines()
         skipped = [line for line in lines if "token_reload_skipped" in line]
@@ -315,19 +310,21 @@ def test_a_node_whose_supervisor_is_frozen_when_a_token_is_revoked_is_told_throu
         url = router.url
         with kcoral.Client(url, token=TOKEN_A) as alice:
             job = alice.submit(_program(WAIT, str(tmp_path / "never")))
-            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running")
+            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running", 60.0)
         with kcoral.Client(url, token=TOKEN_B) as bob:
             bobs = bob.submit(_program(WAIT, str(tmp_path / "go")))
         os.kill(node.process.pid, signal.SIGSTOP)  # its supervisor: no status reaches the router
         frozen = True
-        wait_for(lambda: request(url, "GET", "/health").status == 503, "the node away")
+        wait_for(lambda: request(url, "GET", "/health").status == 503, "the node away", 60.0)
 
         _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
         _hang_up(router, "tokens_reloaded")
         assert "identity_revoked identity=alice nodes=1" in router.wait_log("identity_revoked")
         path = f"/v1/jobs/{job.id}"
         wait_for(
-            lambda: request(url, "GET", path, TOKEN_R).json.get("status") == "CANCELLED", "end"
+            lambda: request(url, "GET", path, TOKEN_R).json.get("status") == "CANCELLED",
+            "end",
+            60.0,
         )
         told = request(url, "GET", f"{path}/result", TOKEN_R)
         assert told.status == 409 and told.json["error"]["message"] == (
@@ -417,7 +414,7 @@ def test_an_admin_demoted_by_a_reload_stops_watching_another_identity_s_job_thro
         url = router.url
         with kcoral.Client(url, token=TOKEN_B) as bob:
             job = bob.submit(_program(WAIT, str(tmp_path / "go")))
-            wait_for(lambda: job.status()["status"] == "RUNNING", "bob's job running")
+            wait_for(lambda: job.status()["status"] == "RUNNING", "bob's job running", 60.0)
         path = f"/v1/jobs/{job.id}"
         watcher.request("GET", f"{path}/events", headers={"Authorization": f"Bearer {TOKEN_R}"})
         watching = watcher.getresponse()
@@ -486,7 +483,9 @@ def _node_child(tmp_path: Path, secret: str) -> tuple[subprocess.Popen[bytes], s
     finally:
         os.close(fd)
         log.close()
-    wait_for(lambda: ready.exists() and bool(ready.read_text().strip()), "the child listening")
+    wait_for(
+        lambda: ready.exists() and bool(ready.read_text().strip()), "the child listening", 60.0
+    )
     return child, ready.read_text().strip()
 
 
@@ -544,17 +543,17 @@ def test_a_revocation_reaches_a_node_whose_supervisor_alone_has_died(tmp_path: P
         server_pid = node.server_pid()
         with kcoral.Client(router.url, token=TOKEN_A) as alice:
             job = alice.submit(_program(WAIT, str(tmp_path / "never")))
-            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running")
+            wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running", 60.0)
         node.process.send_signal(signal.SIGKILL)  # the supervisor only
         node.process.wait(30)
-        wait_for(lambda: "node_disconnected" in router.log(), "the node's loss")
+        wait_for(lambda: "node_disconnected" in router.log(), "the node's loss", 60.0)
         _rewrite(tokens, f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n")
         _hang_up(router, "tokens_reloaded")
         revoked = router.wait_log("identity_revoked")
         assert "identity_revoked identity=alice nodes=1" in revoked, revoked
         path = f"/v1/jobs/{job.id}"
         state = lambda: request(router.url, "GET", path, TOKEN_R).json["status"]  # noqa: E731
-        wait_for(lambda: state() == "CANCELLED", "alice's job cancelled on the node")
+        wait_for(lambda: state() == "CANCELLED", "alice's job cancelled on the node", 60.0)
     finally:
         router.stop()
         if server_pid is not None:  # the orphaned server, which no supervisor stops now
