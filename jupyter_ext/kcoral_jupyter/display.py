@@ -140,12 +140,13 @@ MIN_FRAME_HEIGHT = 60
 MAX_FRAME_HEIGHT = 480
 
 
-def sandboxed_html(markup: str) -> str:
-    """``markup`` as the escaped ``srcdoc`` of an iframe that runs no script.
+def sandboxed_html(markup: str, fallback: str) -> str:
+    """``markup`` as the escaped ``srcdoc`` of an iframe that runs no script, ``fallback``
+    text inside it for JupyterLab showing a notebook it did not run (its sanitizer drops the
+    iframe and keeps that text; the output was blank). A browser never shows it beside one.
 
     ``sandbox=""`` grants nothing: no scripts, an opaque origin (no access to the notebook,
-    its cookies or its kernel), no forms, popups or top-level navigation.
-    """
+    its cookies or its kernel), no forms, popups or top-level navigation."""
     document = f'<meta http-equiv="Content-Security-Policy" content="{FRAME_POLICY}">{markup}'
     lower = markup.lower()
     rows = lower.count("<tr") or lower.count("<br") + markup.count("\n") + 1
@@ -154,7 +155,7 @@ def sandboxed_html(markup: str) -> str:
         f'<iframe class="kcoral-server-html" sandbox="" srcdoc="{escape(document)}" '
         'referrerpolicy="no-referrer" title="HTML from the KCoral server (sandboxed)" '
         f'style="width:100%;max-width:900px;height:{height}px;border:1px solid #d0d7de;'
-        'border-radius:6px"></iframe>'
+        f'border-radius:6px"><pre>{escape(fallback)}</pre></iframe>'
     )
 
 
@@ -171,7 +172,7 @@ def server_display(bundle: Mapping[str, object]) -> dict[str, str]:
     shown["text/plain"] = screened(plain) if isinstance(plain, str) else "<display from the server>"
     markup = bundle.get("text/html")
     if isinstance(markup, str):
-        shown["text/html"] = sandboxed_html(markup)
+        shown["text/html"] = sandboxed_html(markup, shown["text/plain"])
     return shown
 
 
@@ -203,8 +204,7 @@ def tensor_html(value: Any, name: str | None = None) -> str:
     with np.printoptions(threshold=50, edgeitems=3, precision=4, linewidth=100):
         preview = np.array2string(np.asarray(array, dtype=_printable(array)))
     picture = ""
-    # Pictures are <img> data URIs: JupyterLab shows a notebook it did not run (reopened
-    # elsewhere) through a sanitizer that drops inline <svg>, leaving its labels as text.
+    # <img> data URIs: JupyterLab's sanitizer of a notebook it did not run drops inline <svg>
     alt = f'alt="{"heatmap" if array.ndim == 2 else "line plot"} of {escape(name or "tensor")}"'
     try:
         if array.size and "min" in stats and array.ndim == 2:

@@ -9,7 +9,9 @@ against a real CPU server, as the saved notebook keeps it:
 * a ``bytes`` value cut to its first bytes says so;
 * the line plot of a long tensor draws its spikes, and its labels say the true least and
   greatest values (every n-th value alone drew a 'max 5' tensor flat, labelled 0);
-* a line plot is an ``<img>``, which JupyterLab still shows in a notebook it did not run.
+* a line plot is an ``<img>``, which JupyterLab still shows in a notebook it did not run;
+* HTML the server rendered carries its text inside its iframe, which JupyterLab shows for
+  a notebook it did not run (its sanitizer drops the iframe: the output was blank).
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ SMALL_PNG_CELL = """%%kcoral --return-file small.png
 with open("small.png", "wb") as file:
     file.write(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(1000))"""
 
+#: A value only the server can render (its class is the cell's own): its HTML comes back.
+SERVER_HTML_CELL = """%%kcoral
+class Table:
+    def __repr__(self):
+        return "Table(<b>2 rows</b>)"
+    def _repr_html_(self):
+        return "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>"
+Table()"""
+
 
 @pytest.fixture(scope="module")
 def notebook(cpu_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
@@ -65,6 +76,7 @@ def notebook(cpu_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> A
             LARGE_PNG_CELL,
             SMALL_PNG_CELL,
             PROGRAM_CELL,
+            SERVER_HTML_CELL,
         )
         return executed(sources, tmp_path_factory.mktemp("returned-values"))
 
@@ -146,3 +158,12 @@ def test_a_line_plot_is_an_image_that_a_notebook_reopened_elsewhere_still_shows(
     svg = plot_in(row[: row.index("</tr>")])
     assert svg.startswith("<svg") and "<polyline" in svg
     assert 'alt="line plot of plain"' in row
+
+
+def test_html_the_server_rendered_carries_its_text_for_a_notebook_reopened_elsewhere(
+    notebook,
+) -> None:
+    html = html_of(notebook.cells[6], "kcoral-server-html")
+    frame, _, after = html.partition("><pre>")
+    assert frame.startswith('<iframe class="kcoral-server-html" sandbox="" srcdoc="')
+    assert after == "Table(&lt;b&gt;2 rows&lt;/b&gt;)</pre></iframe>"
