@@ -160,8 +160,16 @@ class Program:
         def check(relative: str, local: str) -> None:
             # while walking, before the file is read: a huge tree with one path over the
             # limit read every file first, and the message did not say which path
+            if not _is_utf8(relative):
+                # its bytes as ls -b shows them: the surrogates Python decodes them to
+                # ('\udcff') said nothing, nor what to do
+                raw = os.fsencode(local).decode("utf-8", "backslashreplace")
+                raise ValidationError(
+                    f"'{shown_path(raw)}' cannot be uploaded: its name is not UTF-8, as "
+                    "workspace paths are: rename it, or upload the folder without it"
+                )
             try:
-                normalize_workspace_path(prefix + relative)  # length, backslash, UTF-8
+                normalize_workspace_path(prefix + relative)  # length, backslash
             except ValidationError as exc:
                 raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
 
@@ -465,6 +473,15 @@ def _hashed_snapshot(value: Any, what: str) -> tuple[bytes, str]:
     if digests and source == data:
         return data, digests[0]
     return data, _sha256(data)
+
+
+def _is_utf8(name: str) -> bool:
+    """Whether a local ``name`` (undecodable bytes as surrogates) is UTF-8 text."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _sha256(data: bytes | bytearray) -> str:

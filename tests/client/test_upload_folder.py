@@ -13,6 +13,7 @@ from file_permissions import needs_file_permissions
 from kcoral import Program
 from kcoral.local_folder import read_folder
 from kcoral.protocol.errors import ValidationError
+from kcoral.protocol.paths import shown_path
 
 
 def make_tree(root):
@@ -246,3 +247,20 @@ def test_a_tree_with_one_over_long_path_fails_before_any_file_is_read_naming_it(
     assert message.startswith(f"'{str(src / 'b' / 'nnn')[:60]}")
     assert "..." in message and "/leaf' cannot be uploaded" in message
     assert len(message) < 300  # the path shown keeps its start and its leaf, not kilobytes
+
+
+def test_a_name_that_is_not_utf8_is_shown_as_its_bytes_with_what_to_do(tmp_path) -> None:
+    # it read "'.../\udcff\udcfe.bin' cannot be uploaded: path 'in/\udcff...' is not
+    # valid UTF-8": Python's surrogates, which no listing shows, and no way out
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "fine.txt").write_bytes(b"x")
+    with open(os.fsencode(src) + b"/\xff\xfe.bin", "wb") as odd:
+        odd.write(b"z")
+    with pytest.raises(ValidationError) as refused:
+        Program().upload_folder(src, path="in")
+    shown = shown_path(f"{src}/\\xff\\xfe.bin")  # a long tmp_path is cut, as any path
+    assert str(refused.value) == (
+        f"'{shown}' cannot be uploaded: its name is not UTF-8, as workspace paths are: "
+        "rename it, or upload the folder without it"
+    )
