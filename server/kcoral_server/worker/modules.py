@@ -65,6 +65,10 @@ class PythonModules:
     def compile(self, source: str) -> tuple[types.ModuleType, types.CodeType]:
         """A fresh registered module and its code; compile errors fail with ``parse``."""
         filename = uploaded_filename(source)
+        # a byte order mark, as editors on Windows save one, is no code: Python skips it at
+        # the start of a file, but compile() of a str called it 'invalid non-printable
+        # character U+FEFF' on line 1 (the name above is still that of the source sent)
+        source = source.removeprefix("\ufeff")
         if filename not in linecache.cache:
             # lines as compile() counts them (\n, \r\n, \r): str.splitlines also breaks at
             # \f, \v, \x1c-\x1e, \x85, \u2028 and \u2029, so a form feed in a comment put

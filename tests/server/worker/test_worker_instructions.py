@@ -53,6 +53,17 @@ def test_a_syntax_error_fails_the_upload_with_parse(shared_worker):
     }
 
 
+def test_a_module_saved_with_a_byte_order_mark_loads_as_python_loads_the_file(shared_worker):
+    # read with open(path, encoding="utf-8"), a BOM stays the first character: it failed
+    # with parse 'SyntaxError: invalid non-printable character U+FEFF'
+    source = "\ufeffdef add(a, b):\n    return a + b\n"
+    result = shared_worker.run(
+        [module("m", source), function("f", "m", "add"), call("r", "f", 2, 3), give("r", "r")]
+    )
+    assert result.finished.status == "COMPLETED", result.error
+    assert result.value("r") == {"type": "integer", "value": 5}
+
+
 def test_top_level_exceptions_are_classified_like_runs(shared_worker):
     failing = shared_worker.run([module("m", "x = 1 / 0\n")])
     assert failing.error["kind"] == "runtime"
