@@ -6,43 +6,19 @@ exit status 1, whatever the tool's own."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_process import running_server
+from run_as_a_user import ServerWithAToken, kcoral_run, server_with_a_token
 
 
 @pytest.fixture(scope="module")
-def server_and_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """A CPU server with a token file whose answers carry at most 1 MiB, and its token."""
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerWithAToken]:
+    """A server whose answers carry at most 1 MiB."""
     directory = tmp_path_factory.mktemp("small-answers")
-    token = "a-token-for-this-test-only"
-    token_file = directory / "client.token"
-    token_file.write_text(token + "\n", encoding="utf-8")
-    token_file.chmod(0o600)
-    args = ["--auth-token-file", str(token_file), "--max-response-bytes", "1M"]
-    with running_server(directory, args) as server:
-        yield server.url, token
-
-
-def kcoral_run(server: tuple[str, str], cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    """`kcoral run ARGV` as a user types it in ``cwd``, KCORAL_URL and KCORAL_TOKEN exported."""
-    url, token = server
-    env = {**os.environ, "KCORAL_URL": url, "KCORAL_TOKEN": token}
-    command = [sys.executable, "-m", "kcoral", "run", *argv]
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        timeout=100,
-    )
+    with server_with_a_token(directory, ["--max-response-bytes", "1M"]) as started:
+        yield started
 
 
 def writes_two_mib_then_exits(status: int) -> str:
@@ -55,12 +31,11 @@ def writes_two_mib_then_exits(status: int) -> str:
 
 @pytest.mark.parametrize(("tool_status", "run_status"), [(0, 1), (3, 3)])
 def test_an_output_over_the_servers_answer_is_named_and_the_run_exits_as_the_tool_did(
-    server_and_token: tuple[str, str], tmp_path: Path, tool_status: int, run_status: int
+    server: ServerWithAToken, tmp_path: Path, tool_status: int, run_status: int
 ) -> None:
     code = writes_two_mib_then_exits(tool_status)
-    done = kcoral_run(
-        server_and_token, tmp_path, "python", "--fetch", "res", "--out", "got", "--", "-c", code
-    )
+    argv = ["python", "--fetch", "res", "--out", "got", "--", "-c", code]
+    done = kcoral_run(server, *argv, cwd=tmp_path)
     assert done.returncode == run_status, done.stderr
     assert done.stdout == "written\n"
     said = done.stderr.splitlines()
@@ -76,20 +51,10 @@ def test_an_output_over_the_servers_answer_is_named_and_the_run_exits_as_the_too
 
 
 def test_outputs_within_the_servers_answer_still_come_back(
-    server_and_token: tuple[str, str], tmp_path: Path
+    server: ServerWithAToken, tmp_path: Path
 ) -> None:
     code = "open('small.txt', 'w').write('small')"
-    done = kcoral_run(
-        server_and_token,
-        tmp_path,
-        "python",
-        "--fetch",
-        "small.txt",
-        "--out",
-        "got",
-        "--",
-        "-c",
-        code,
-    )
+    argv = ["python", "--fetch", "small.txt", "--out", "got", "--", "-c", code]
+    done = kcoral_run(server, *argv, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "got" / "small.txt").read_text() == "small"
