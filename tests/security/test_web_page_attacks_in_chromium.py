@@ -11,8 +11,9 @@ served under the target's port: the target is its own origin). Its attacks: a
 ``POST`` from a sandboxed iframe (``Origin: null``), CORS reads of ``/v1/info``,
 ``/v1/jobs`` and ``/health``, a WebSocket, an ``EventSource`` on a real job's live
 output, the job list loaded as a ``<script>``, ``/health`` as an image, ``/v1/info`` in an
-``<iframe>``. None may run the program (it would write a marker), read an answer, load an
-answer as a script, or show one inside the page. The user still opens ``/v1/info`` by
+``<iframe>``, a 128 MiB body. None may run the program (it would write a marker), read an
+answer, load an answer as a script, show one inside the page, or grow the server's memory
+by the body (it is refused on its head, never read). The user still opens ``/v1/info`` by
 typing its address or following a link (EXTENSIONS §6, "Browsers").
 
 Before fetch metadata was checked, the job list loaded and ran as the page's script, and
@@ -103,6 +104,14 @@ def page_query(target: str, marker: Path, job: str) -> str:
     return f"?target={target}&marker={marker}&job={job}"
 
 
+def peak_memory_mib(pid: int) -> float:
+    """The process's peak resident memory so far (``VmHWM``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
 def assert_nothing_reached(seen: dict, rebound: bool = False) -> None:
     """Nothing the page did ran, read, loaded or showed an answer."""
     report = seen["report"]
@@ -127,6 +136,7 @@ def test_another_sites_page_in_chromium_runs_nothing_reads_nothing_and_frames_no
     program.return_(key="k", value=program.upload(kind="bytes", value=b"secret", id="k"))
     job = client.submit(program)
     marker = tmp_path / "ran"
+    peak_before = peak_memory_mib(kcoral_server.process.pid)
     for page_host in ("evil.example", "127.0.0.1"):  # another site; another port (same-site)
         page = f"http://{page_host}:{attacker_port}/attack.html"
         seen = visit(page + page_query(kcoral_server.url, marker, job.id), kcoral_server.url)
@@ -136,6 +146,8 @@ def test_another_sites_page_in_chromium_runs_nothing_reads_nothing_and_frames_no
         assert '"kcoral"' in seen["typed"], seen["typed"]
         assert '"kcoral"' in seen["followed"], seen["followed"]
     assert [listed["job_id"] for listed in client.jobs()] == [job.id], "the page submitted a job"
+    grown = peak_memory_mib(kcoral_server.process.pid) - peak_before
+    assert grown < 64, f"the server's memory grew by {grown:.0f} MiB with the page's body"
     assert job.result()["k"] == b"secret"  # its owner's job is untouched
 
 

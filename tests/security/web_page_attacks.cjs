@@ -36,14 +36,17 @@ async function main() {
   try {
     const page = await browser.newPage();
     const pageUrl = new URL(process.env.PAGE_URL);
+    const rebound = url => url.host === pageUrl.host && url.pathname === pageUrl.pathname;
     if (process.env.REBOUND === '1') {
       // the rebound name still points at the attacker's server for this one document
-      await page.route(
-        url => url.host === pageUrl.host && url.pathname === pageUrl.pathname,
-        route => route.fulfill({ contentType: 'text/html', body: PAGE })
+      await page.route(rebound, route =>
+        route.fulfill({ contentType: 'text/html', body: PAGE })
       );
     }
     await page.goto(pageUrl.href);
+    // the page's own requests then go to the target as sent (a route would carry them all
+    // through Playwright, the page's 128 MiB body included)
+    await page.unrouteAll();
     await page.waitForFunction(() => window.report, null, { timeout: 120000 });
     const report = await page.evaluate(() => window.report);
     const target = new URL(process.env.TARGET);
