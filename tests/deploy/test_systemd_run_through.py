@@ -127,6 +127,8 @@ def test_the_router_starts_reloads_and_stops_on_the_files_the_docs_write(tmp_pat
 
 
 def wait_for(process: subprocess.Popen[bytes], log_path: Path, text: str) -> None:
+    """Until ``text`` is in the log, failing at once with the log if ``process`` has exited
+    (not waiting's ``wait_for``: a unit that failed would otherwise be waited out)."""
     deadline = time.monotonic() + START_SECONDS
     while text not in log_path.read_text():
         assert process.poll() is None, log_path.read_text()

@@ -38,6 +38,9 @@ def started(command: list[str], log: Path, cwd: Path | None = None) -> subproces
 
 
 def wait_for_file(path: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Until ``path`` holds text, failing at once with ``log`` if ``process`` has exited
+    (not waiting's ``wait_for_file``: the file is written after it appears, and a process
+    that died at start-up would otherwise be waited out for the whole minute)."""
     deadline = time.monotonic() + 60
     while not (path.exists() and path.read_text().strip()):
         assert process.poll() is None, log.read_text()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from raw_http import call_program, post_execute
 from router_helpers import Node, start_router, stopping
+from test_router_drain_waiters import wait_until_draining
 from test_router_mixed_fleet import node_states, served_by
 from test_router_stop_names_itself import MARKED_HOLD
 from waiting import wait_for
@@ -69,18 +70,7 @@ def test_a_sigtermed_server_drains_its_node_and_new_work_goes_elsewhere(
         os.kill(cpu_a.server_pid(), signal.SIGTERM)
         if signalled != "the server alone":
             cpu_a.process.send_signal(signal.SIGTERM)
-        wait_for(
-            lambda: "shutdown_started" in cpu_a.log_path.read_text(),
-            "drain",
-            90.0,
-            detail=router.log,
-        )
-        wait_for(
-            lambda: node_states(router).get("cpu-a") == "draining",
-            "draining",
-            90.0,
-            detail=router.log,
-        )
+        wait_until_draining(router, cpu_a)
 
         for _ in range(3):  # new work meanwhile: never the draining node's 503 busy
             answer = post_execute(router.url, call_program("def main():\n    return 7\n"))

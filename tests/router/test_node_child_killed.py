@@ -11,18 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 from router_helpers import RouterProcess, node_command
-
-
-def _until(found, what: str) -> None:
-    deadline = time.monotonic() + 60  # a hang guard, not a timing check
-    while not found():
-        assert time.monotonic() < deadline, f"no {what}"
-        time.sleep(0.1)
+from waiting import wait_for
 
 
 def test_a_child_killed_by_a_signal_is_named_by_the_signal(
@@ -38,11 +31,11 @@ def test_a_child_killed_by_a_signal_is_named_by_the_signal(
             env=environment,
         )
     try:
-        _until(lambda: "server_child_started" in log_path.read_text(), "child start")
+        wait_for(lambda: "server_child_started" in log_path.read_text(), "child start", 60.0)
         child = psutil.Process(supervisor.pid).children()[0]
-        _until(lambda: "tunnel_started" in log_path.read_text(), "child serving")
+        wait_for(lambda: "tunnel_started" in log_path.read_text(), "child serving", 60.0)
         child.send_signal(signal.SIGKILL)
-        _until(lambda: "server_child_restarting" in log_path.read_text(), "restart line")
+        wait_for(lambda: "server_child_restarting" in log_path.read_text(), "restart line", 60.0)
         line = next(
             entry
             for entry in log_path.read_text().splitlines()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from raw_http import call_program, post_execute
-from router_helpers import Node, start_router, stopping
+from router_helpers import Node, RouterProcess, start_router, stopping
 from test_router_fleet_status import HOLD, only_kind
 from test_router_mixed_fleet import node_states
 from waiting import wait_for
@@ -33,6 +33,23 @@ def send(
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def wait_until_draining(router: RouterProcess, node: Node) -> None:
+    """Until ``node``'s server has begun its drain and the router reads the node
+    ``draining``."""
+    wait_for(
+        lambda: "shutdown_started" in node.log_path.read_text(),
+        f"{node.node_id}'s drain",
+        90.0,
+        detail=router.log,
+    )
+    wait_for(
+        lambda: node_states(router).get(node.node_id) == "draining",
+        f"{node.node_id} draining",
+        90.0,
+        detail=router.log,
+    )
 
 
 def test_a_request_waiting_for_a_draining_node_is_refused_and_never_sent_down_its_closing_slot(
@@ -62,19 +79,8 @@ def test_a_request_waiting_for_a_draining_node_is_refused_and_never_sent_down_it
         )
 
         node.process.send_signal(signal.SIGTERM)
-        wait_for(
-            lambda: "shutdown_started" in node.log_path.read_text(),
-            "drain",
-            90.0,
-            detail=router.log,
-        )
         # An operator's drain is not a failure: the node reads `draining`, never `unhealthy`
-        wait_for(
-            lambda: node_states(router).get("cpu-a") == "draining",
-            "draining",
-            90.0,
-            detail=router.log,
-        )
+        wait_until_draining(router, node)
         release.write_text("go")
         held.join(120)
         waiter.join(120)

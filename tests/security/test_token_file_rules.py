@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from server_process import start_server
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from router_helpers import start_router
+from waiting import wait_for
 
 NODE_ENV = {"KCORAL_NODE_TOKEN": "n0de-token"}
 #: bob's token with a NUL in it: what a file written by a careless script may hold
@@ -64,14 +64,6 @@ def _refusal(start: Callable[[], Any], what: str) -> str:
         return str(exc)
     started.stop()
     raise AssertionError(f"{what} started with a token file it must refuse")
-
-
-def _until(found: Callable[[], bool], what: str) -> None:
-    """Poll until ``found`` (a hang guard, not a timing check)."""
-    deadline = time.monotonic() + 60
-    while not found():
-        assert time.monotonic() < deadline, f"no {what}"
-        time.sleep(0.05)
 
 
 def test_a_token_is_printable_ascii_and_whitespace_only_separates() -> None:
@@ -142,7 +134,7 @@ def test_a_server_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
         for number, (text, problem) in enumerate(BAD_AT_RELOAD, start=1):
             _put(tokens, text)
             server.process.send_signal(signal.SIGHUP)
-            _until(lambda n=number: len(reload_outcomes()) >= n, "end of the reload")
+            wait_for(lambda n=number: len(reload_outcomes()) >= n, "end of the reload", 60.0)
             last = reload_outcomes()[-1]
             assert last["event"] == "token_reload_failed", last
             assert last["message"] == f"the token file {problem}; the old tokens stay"
@@ -165,7 +157,7 @@ def test_a_reload_to_one_identity_named_default_is_a_named_file_not_a_bare_token
     try:
         _put(tokens, f"default {TOKEN_B}\n")
         server.process.send_signal(signal.SIGHUP)
-        _until(lambda: any(e["event"] in RELOAD_ENDS for e in server.events()), "reload")
+        wait_for(lambda: any(e["event"] in RELOAD_ENDS for e in server.events()), "reload", 60.0)
         last = [e for e in server.events() if e["event"] in RELOAD_ENDS][-1]
         assert last["event"] == "tokens_reloaded", last
         info = request(server.url, "GET", "/v1/info", TOKEN_B, timeout=30)
@@ -190,7 +182,7 @@ def test_a_router_keeps_its_tokens_and_serves_on_when_a_reload_finds_a_bad_file(
             for number, (text, problem) in enumerate(BAD_AT_RELOAD, start=1):
                 _put(tokens, text)
                 router.process.send_signal(signal.SIGHUP)
-                _until(lambda n=number: reload_outcomes() >= n, "end of the reload")
+                wait_for(lambda n=number: reload_outcomes() >= n, "end of the reload", 60.0)
                 assert "tokens_reloaded" not in router.log()
                 assert f"the token file {problem}; the old tokens stay" in router.log()
                 # it answers /health: 503, as a router without a node does

@@ -99,6 +99,8 @@ def jp_server_config(upstream_url: str) -> Config:
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Until ``condition()`` (not waiting's ``wait_for``: this sleeps on the event loop,
+    which serves the Jupyter server under test)."""
     deadline = time.monotonic() + WAIT_SECONDS
     while not condition():
         assert time.monotonic() < deadline, f"never came true: {what}"
