@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,26 +70,35 @@ def accepted(server) -> int:
     return sum(1 for e in server.events() if e.get("event") == "request_accepted")
 
 
+def cancelled_while_it_waits(
+    session: Session, tmp_path: Path, cancel: Callable[[kcoral.Job], object]
+) -> kcoral.Job:
+    """A job of ``session`` that ``cancel`` ended while it waited for the worker's clean-up;
+    the session then still holds the first program's state and runs the next program."""
+    session.execute(module_program(REMEMBER, "remember", 1))
+    with cleaning_up(session, tmp_path):
+        job = session.submit(module_program(REMEMBER, "remember", 2))
+        cancel(job)
+        # ended while the clean-up still runs: the wait was cut short
+        wait_for(lambda: job.status()["status"] == "CANCELLED", "the job cancelled")
+        assert job.status()["started_at"] is None
+    # the cancelled program never ran: the state is the first program's
+    assert session.execute(module_program(REMEMBER, "remember", 3)).results["r"] == 1
+    assert session.info()["state"] == "IDLE"
+    return job
+
+
 def test_an_interrupt_while_the_program_waits_for_the_clean_up_cancels_it_and_keeps_the_state(
     server_factory, tmp_path: Path
 ) -> None:
     server = server_factory("--max-sessions", "1")
     with kcoral.Client(server.url) as client, client.session() as session:
-        session.execute(module_program(REMEMBER, "remember", 1))
-        with cleaning_up(session, tmp_path):
-            job = session.submit(module_program(REMEMBER, "remember", 2))
-            session.interrupt()
-            # answered while the clean-up still runs: the wait was cut short
-            wait_for(lambda: job.status()["status"] == "CANCELLED", "the job cancelled")
-            state = job.status()
-            assert state["started_at"] is None and state["error_kind"] == "cancelled", state
-            with pytest.raises(kcoral.KCoralError) as refused:
-                job.result(timeout=30)
-            assert refused.value.status_code == 409
-            assert refused.value.message == f"the job was cancelled: {NOT_STARTED}"
-        # the cancelled program never ran: the state is the first program's
-        assert session.execute(module_program(REMEMBER, "remember", 3)).results["r"] == 1
-        assert session.info()["state"] == "IDLE"
+        job = cancelled_while_it_waits(session, tmp_path, lambda _: session.interrupt())
+        assert job.status()["error_kind"] == "cancelled"
+        with pytest.raises(kcoral.KCoralError) as refused:
+            job.result(timeout=30)
+        assert refused.value.status_code == 409
+        assert refused.value.message == f"the job was cancelled: {NOT_STARTED}"
 
 
 def test_a_program_whose_client_leaves_before_it_starts_never_runs_and_the_session_stays(
@@ -123,13 +134,39 @@ def test_a_program_whose_client_leaves_before_it_starts_never_runs_and_the_sessi
 def test_a_session_job_cancelled_before_it_starts_never_runs_and_the_session_stays(
     server_factory, tmp_path: Path
 ) -> None:
+    # before: it ran once the clean-up ended and was killed there, ending the session
     server = server_factory("--max-sessions", "1")
     with kcoral.Client(server.url) as client, client.session() as session:
-        session.execute(module_program(REMEMBER, "remember", 1))
+        cancelled_while_it_waits(session, tmp_path, kcoral.Job.cancel)
+
+
+def bump() -> int:
+    import kcoral.session as state
+
+    state.namespace["v"] = state.namespace.get("v", 0) + 1
+    return state.namespace["v"]
+
+
+def test_a_remote_call_interrupted_before_it_starts_never_runs_and_the_session_stays(
+    server_factory, tmp_path: Path
+) -> None:
+    # Ctrl-C while a session's remote function waits to start: before, it ran once the
+    # clean-up ended, was killed there as its client had gone, and the session ended
+    server = server_factory("--max-sessions", "1")
+    with kcoral.Client(server.url) as client, client.session() as session:
+        remote_bump = session.function()(bump)
+        assert remote_bump.remote() == 1
         with cleaning_up(session, tmp_path):
-            job = session.submit(module_program(REMEMBER, "remember", 2))
-            job.cancel()
-            wait_for(lambda: job.status()["status"] == "CANCELLED", "the job cancelled")
-            assert job.status()["started_at"] is None
-        assert session.execute(module_program(REMEMBER, "remember", 3)).results["r"] == 1
+            before, main = accepted(server), threading.get_ident()
+
+            def interrupt_once_accepted() -> None:
+                wait_for(lambda: accepted(server) > before, "the call accepted")
+                signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, in the caller's thread
+
+            interrupter = threading.Thread(target=interrupt_once_accepted)
+            interrupter.start()
+            with pytest.raises(KeyboardInterrupt, match=r"the remote call bump\(\) on .* was"):
+                remote_bump.remote()
+            interrupter.join()
+        assert remote_bump.remote() == 2  # the interrupted call never ran
         assert session.info()["state"] == "IDLE"
