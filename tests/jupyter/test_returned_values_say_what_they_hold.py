@@ -106,21 +106,31 @@ def test_a_small_returned_image_file_is_still_shown_inline(notebook) -> None:
     assert 'src="data:image/png;base64,' in html_of(notebook.cells[4], "kcoral-file")
 
 
-def test_a_tensor_with_nan_and_inf_counts_them_beside_its_finite_statistics(notebook) -> None:
+def facts_of(notebook: Any, name: str) -> str:
+    """What the program cell's result says of its tensor ``name``, after the name."""
+    found = re.search(rf"<b>{name}</b> <span>([^<]*)</span>", row_of(notebook, name))
+    assert found is not None, name
+    return found.group(1)
+
+
+def row_of(notebook: Any, name: str) -> str:
+    """The program cell's results table row of ``name``."""
     html = html_of(notebook.cells[5], "kcoral-results")
-    assert (
-        "<b>some_nan</b> <span>shape (4,) · dtype float32 · 1 NaN · 1 +inf · "
-        "min 1 · max 3 · mean 2 of the finite values</span>"
-    ) in html
-    assert "<b>plain</b> <span>shape (3,) · dtype float32 · min 1 · max 3 · mean 2</span>" in html
+    row = html[html.index(f"<b>{name}</b>") :]
+    return row[: row.index("</tr>")]
+
+
+def test_a_tensor_with_nan_and_inf_counts_them_beside_its_finite_statistics(notebook) -> None:
+    assert facts_of(notebook, "some_nan") == (
+        "shape (4,) · dtype float32 · 1 NaN · 1 +inf · min 1 · max 3 · mean 2 of the finite values"
+    )
+    assert facts_of(notebook, "plain") == "shape (3,) · dtype float32 · min 1 · max 3 · mean 2"
 
 
 def test_a_tensor_without_a_finite_value_says_so(notebook) -> None:
-    html = html_of(notebook.cells[5], "kcoral-results")
-    assert (
-        "<b>only_nan</b> <span>shape (3,) · dtype float32 · 1 NaN · 1 +inf · 1 -inf · "
-        "no finite values</span>"
-    ) in html
+    assert facts_of(notebook, "only_nan") == (
+        "shape (3,) · dtype float32 · 1 NaN · 1 +inf · 1 -inf · no finite values"
+    )
 
 
 def test_a_long_bytes_value_says_only_its_start_is_shown(notebook) -> None:
@@ -130,11 +140,11 @@ def test_a_long_bytes_value_says_only_its_start_is_shown(notebook) -> None:
 
 
 def test_the_line_plot_of_a_long_tensor_keeps_its_spike(notebook) -> None:
-    html = html_of(notebook.cells[5], "kcoral-results")
-    row = html[html.index("<b>spike</b>") :]
-    row = row[: row.index("</tr>")]
-    assert "min 0 · max 5 · mean 5e-06" in row
-    labels = re.findall(r"<text [^>]*>([^<]*)</text>", plot_in(row))
+    assert (
+        facts_of(notebook, "spike")
+        == "shape (1000000,) · dtype float32 · min 0 · max 5 · mean 5e-06"
+    )
+    labels = re.findall(r"<text [^>]*>([^<]*)</text>", plot_in(row_of(notebook, "spike")))
     assert labels == ["5", "0"]
 
 
@@ -153,9 +163,8 @@ def test_a_line_plot_is_an_image_that_a_notebook_reopened_elsewhere_still_shows(
     # JupyterLab shows outputs it did not produce (a notebook reopened elsewhere) through a
     # sanitizer that drops inline <svg> and kept its labels as stray text ('448-1');
     # an <img> with a data URI passes it
-    html = html_of(notebook.cells[5], "kcoral-results")
-    row = html[html.index("<b>plain</b>") :]
-    svg = plot_in(row[: row.index("</tr>")])
+    row = row_of(notebook, "plain")
+    svg = plot_in(row)
     assert svg.startswith("<svg") and "<polyline" in svg
     assert 'alt="line plot of plain"' in row
 
