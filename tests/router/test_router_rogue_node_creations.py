@@ -50,16 +50,17 @@ def request_of(head: pb.RequestHead) -> tuple[str, str, str]:
     return named.get(":method", ""), named.get(":path", ""), named.get("x-kcoral-identity", "")
 
 
-def alices_node(held: str, lists: bool = False) -> FakeNode:
-    """A node holding alice's session or job ``held`` (for alice alone), and no free seat;
-    ``lists``: it lists her session to the router (asked as the admin ``kcoral-router``)."""
+def alices_node(held: str) -> FakeNode:
+    """A node holding alice's session or job ``held`` (for alice alone), and no free seat; it
+    lists her session to the router (asked as the admin ``kcoral-router``), as a node lists
+    every session it holds."""
 
     async def handler(head: pb.RequestHead, body: bytes):
         _method, path, identity = request_of(head)
         if path == "/v1/info":
             info = {"features": ["jobs", "sessions"], "sessions": {"max": 1, "active": 1}}
             return 200, OK, json.dumps(info).encode()
-        if path == "/v1/sessions" and lists and identity.startswith("kcoral-router;"):
+        if path == "/v1/sessions" and identity.startswith("kcoral-router;"):
             return 200, OK, json.dumps([{"session_id": held, "owner": "alice"}]).encode()
         if path in ("/v1/sessions", "/v1/jobs"):
             return 200, OK, b"[]"  # nothing of bob's (alice does not list here)
@@ -162,7 +163,7 @@ def test_a_rogue_nodes_answer_to_bob_does_not_take_a_session_alices_node_listed(
     # alice read 404 for her own session until the binding dropped. Session ids are fresh
     # UUIDs: a node's word for an id another connected node listed is believed of neither.
     stolen, seen = str(uuid.uuid4()), []
-    nodes = [alices_node(stolen, lists=True), a_rogue(stolen, seen, to_bob_alone=True)]
+    nodes = [alices_node(stolen), a_rogue(stolen, seen, to_bob_alone=True)]
 
     async def scenario() -> tuple[int, str | None]:
         for node in nodes:

@@ -173,6 +173,8 @@ class JobHandler(ForwardHandler):
 
     SLOT_KIND = CONTROL
     ALLOWED: tuple[str, ...] = ("GET", "DELETE")
+    #: the owner a look-up found the job for, where it reached a node it is not bound to
+    looked_up_owner: str | None = None
 
     def check_request(self) -> bool:
         if self.path_args[1] is not None:  # /events and /result are read-only
@@ -191,7 +193,7 @@ class JobHandler(ForwardHandler):
         a server (EXTENSIONS §6). Only the router can tell: the node sees the identity the
         router forwarded when the stream opened, and knows nothing of ``admin`` marks."""
         caller = self.authenticate()
-        owner = self.state.jobs.owner_of(self.path_args[0])
+        owner = self.looked_up_owner or self.state.jobs.owner_of(self.path_args[0])
         if caller is not None and (owner is None or caller.owns(owner)):
             return
         self.state.event_relays.discard(self)
@@ -259,6 +261,15 @@ class JobHandler(ForwardHandler):
         # A job lives on one node: when several claim it, one of them is lying (a rogue
         # node-token holder that learnt the id), and none is believed (ROUTER §13).
         if len(claims) == 1 and self.state.jobs.remember(job_id, claims[0], owner):
+            return claims[0]
+        if len(claims) == 1 and not self.state.jobs.visible_to(job_id, self.identity):
+            # Who can reach what: the id is bound to another node for another identity (a
+            # rogue's answer to bob's job, list or look-up named alice's id), and that
+            # binding stays bob's; alice reaches the one node that claims the job for her,
+            # unbound, each request looked up. Before, she read 404 for her own job until
+            # bob's binding dropped; moved on her word, bob's binding to his honest node
+            # could be taken by a rogue node claiming the id for a token holder it works with.
+            self.looked_up_owner = owner
             return claims[0]
         if len(claims) > 1:
             nodes = ",".join(claims)

@@ -45,6 +45,9 @@ class RoutedSession:
     owner: str
     ended: str | None = None  # the 410 message once the router knows its state is lost
     released: bool = False  # its node came back and was asked to end it
+    # bound from its owner's own create (the node's 201 to that caller), not from a node's
+    # claim (a list or a look-up): only a claim can be a rogue's word against another node's
+    created: bool = False
 
     def lose(self, why: str) -> None:
         """The session's state is gone (``why``: what happened to its node)."""
@@ -75,18 +78,22 @@ class SessionIndex:
         # the ends carried out, in whose name: sent again to another node that lists the id
         self._carried: OrderedDict[str, Identity] = OrderedDict()
 
-    def remember(self, session_id: str, node_id: str, instance_id: str, owner: str) -> bool:
-        """Bind ``session_id`` to ``node_id``; False when another node holds it already.
+    def remember(
+        self, session_id: str, node_id: str, instance_id: str, owner: str, created: bool = False
+    ) -> bool:
+        """Bind ``session_id`` to ``node_id`` (``created``: from its owner's create); False
+        when another node holds it already.
 
         A rogue node (one with a node token) that claims another node's session, in a list
         or a look-up, must not have its programs and its owner's identity sent to it: a
-        live binding is never moved to another node."""
+        live binding is not moved to another node here (only ``rebind`` moves a claim)."""
         known = self._sessions.get(session_id)
         if known is not None and known.ended is not None:
             return True  # a lost session stays lost (its node may answer again, its state is gone)
         if known is not None and known.node_id != node_id:
             return False
-        self._sessions[session_id] = RoutedSession(node_id, instance_id, owner)
+        created = created or (known is not None and known.created)
+        self._sessions[session_id] = RoutedSession(node_id, instance_id, owner, created=created)
         self._sessions.move_to_end(session_id)
         while len(self._sessions) > self.capacity:
             self._sessions.popitem(last=False)
@@ -94,6 +101,12 @@ class SessionIndex:
 
     def get(self, session_id: str) -> RoutedSession | None:
         return self._sessions.get(session_id)
+
+    def rebind(self, session_id: str, node_id: str, instance_id: str, owner: str) -> None:
+        """Move a claimed binding of ``session_id`` (``SessionInventory.disputed``) to
+        ``node_id``, the one node the evidence names (``SessionInventory.believed``)."""
+        self._sessions.pop(session_id, None)
+        self.remember(session_id, node_id, instance_id, owner)
 
     def node_lost(self, node_id: str, why: str) -> None:
         """Every live session of ``node_id`` ends for the router (``why``: what happened)."""
@@ -232,6 +245,7 @@ class SessionInventory:
     def __init__(self, state: Any) -> None:
         self.state = state
         self._asked: dict[str, str] = {}  # node id -> the server instance asked
+        self._answered: dict[str, str] = {}  # node id -> the server instance that answered
         self._tasks: set[asyncio.Task[None]] = set()
 
     def listed_already(self, session_id: str, identity: Identity) -> bool:
@@ -250,6 +264,58 @@ class SessionInventory:
         return any(
             self._still_has(node, instance) for node, instance in listings.incomplete.items()
         )
+
+    def listers(self, session_id: str) -> set[str]:
+        """The nodes that listed ``session_id`` on the connection and server they still have."""
+        return {
+            listing.node_id
+            for listing in self.state.sessions.listings.of(session_id)
+            if self._still_has(listing.node_id, listing.instance_id)
+        }
+
+    def disputed(self, session_id: str, session: RoutedSession) -> bool:
+        """Whether the binding ``session`` of ``session_id`` came from a node's claim (a list
+        or a look-up, not its owner's create) that another node's listing (on the
+        connection and server it still has) outweighs: the bound node listed the id too,
+        or answered its own listing without it. Session ids are fresh UUIDs, so one of the
+        two lies, and the claim no longer decides where the owner's requests go
+        (``believed``). A rogue node that claimed alice's id before her node was back kept
+        her programs after her node listed it (ROUTER §13). A bound node that gave no
+        listing (it connected after the listings were asked) keeps its binding: a rogue's
+        listing is no better word than its claim."""
+        if session.created or session.ended is not None:
+            return False
+        listers = self.listers(session_id)
+        node = session.node_id
+        return bool(listers - {node}) and (node in listers or self._listed_whole(node))
+
+    def believed(self, session_id: str, claims: list[tuple[str, str]]) -> tuple[str, str] | None:
+        """Which ``(node, owner)`` of the nodes that claim ``session_id`` in a look-up
+        (``claims``, each for an owner the caller may see) the router believes.
+
+        A session lives on one node and its id is a fresh UUID, so two nodes' word for one
+        id means one of them lies (a rogue node, a node-token holder that learnt the id).
+        An honest node lists every session it holds as it connects, so the one node that
+        listed the id beats claimers that answered their own listing without it; two that
+        listed it are believed of neither, and so are claims no listing separates (a
+        claimer that gave no listing, or two claims and no listing). A rogue node can keep
+        a session from its owner that way (it lists the id too), never take it from the
+        node that listed it."""
+        listers = self.listers(session_id)
+        if len(listers) > 1:
+            return None
+        if not listers:
+            return claims[0] if len(claims) == 1 else None
+        others = [node for node, _ in claims if node not in listers]
+        if not all(self._listed_whole(node) for node in others):
+            return None
+        return next((claim for claim in claims if claim[0] in listers), None)
+
+    def _listed_whole(self, node_id: str) -> bool:
+        """Whether ``node_id`` answered its listing on the connection and server it still
+        has (what it did not list, it did not hold then)."""
+        instance = self._answered.get(node_id)
+        return instance is not None and self._still_has(node_id, instance)
 
     def listed_elsewhere(self, session_id: str, node_id: str) -> bool:
         """Whether a node other than ``node_id`` listed ``session_id`` on the connection and
@@ -275,6 +341,8 @@ class SessionInventory:
         """Registry change: list each node that (re)connected, while it may matter."""
         for node_id in [n for n, node in self.state.registry.nodes.items() if not node.connected]:
             self._asked.pop(node_id, None)
+        for node_id in [n for n in self._answered if n not in self.state.registry.nodes]:
+            del self._answered[node_id]  # its record is gone: so is what it listed on
         age = time.monotonic() - self.state.started_monotonic
         if age >= self.state.settings.reconnect_grace_seconds + LONGEST_RECONNECT_SECONDS:
             self.state.sessions.forget_closes()  # every node that lived then is back by now
@@ -297,6 +365,8 @@ class SessionInventory:
         if answer is None:
             self._asked.pop(node_id, None)  # no slot or no answer in time: asked again
             return
+        # answered: another answer than a list holds nothing (a server without sessions)
+        self._answered[node_id] = instance
         if answer[0] != 200:
             # answered, with no list to give (a server without sessions, or a published
             # one): final for this server. Asked again at each check, it took a control

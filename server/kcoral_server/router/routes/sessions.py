@@ -17,7 +17,10 @@
 Who can reach what: every request carries the identity the router checked
 (``X-KCoral-Identity``, believed by the node only with the router secret), so the node
 answers another identity's session as an unknown one (404); the router's own answers for
-lost sessions apply the same rule from the owner it learned.
+lost sessions apply the same rule from the owner it learned. A binding serves its owner: a
+rogue node (a node-token holder) that answered bob with alice's id holds it for bob alone,
+and alice's look-up reaches the node it believes (``SessionInventory.believed``); a claim
+another node's listing outweighs stops deciding where the owner's requests go.
 """
 
 from __future__ import annotations
@@ -264,8 +267,8 @@ class SessionsHandler(ForwardHandler):
         return body
 
     def _learn(self, node_id: str | None, record: Any, owner: str | None = None) -> bool:
-        """Remember a session record's node (for ``owner``, else the record's); False for a
-        record that is not one."""
+        """Remember a session record's node (for ``owner``, the caller whose create the node
+        answered, else the record's, a claim); False for a record that is not one."""
         session_id = session_record_id(record)
         if session_id is None or node_id is None:
             return False
@@ -273,8 +276,9 @@ class SessionsHandler(ForwardHandler):
             return False  # another node's listing has it: one of them lies, believed of none
         node = self.state.registry.nodes.get(node_id)
         instance = node.server_instance_id if node is not None else ""
+        created = owner is not None
         owner = record["owner"] if owner is None else owner
-        return self.state.sessions.remember(session_id, node_id, instance, owner)
+        return self.state.sessions.remember(session_id, node_id, instance, owner, created)
 
     async def get(self, *args: str) -> None:
         answers = await answers_to_merge(self, "/v1/sessions")
@@ -297,8 +301,13 @@ class SessionsHandler(ForwardHandler):
         merged_answer(self, merged, created_at)
 
     def _bound_node(self, session_id: str) -> str | None:
+        """The node a list's record of ``session_id`` must come from; None where no binding
+        decides (a disputed claim is no binding: several nodes listing the id are then
+        believed of none)."""
         session = self.state.sessions.get(session_id)
-        return session.node_id if session is not None else None
+        if session is None or self.state.inventory.disputed(session_id, session):
+            return None
+        return session.node_id
 
 
 class SessionHandler(ForwardHandler):
@@ -336,6 +345,9 @@ class SessionHandler(ForwardHandler):
         if not may_see(self.identity, session):
             # another identity's session answers exactly as an unknown id; the node says so
             # too, so it is asked (it may be an admin's or a renamed owner's)
+            return await self._look_up(session_id)
+        if self.state.inventory.disputed(session_id, session):
+            # a node's claim that another node's listing contradicts: the evidence decides
             return await self._look_up(session_id)
         node = self.state.registry.nodes.get(session.node_id)
         if session.ended is None and (node is None or not node.connected):
@@ -375,6 +387,8 @@ class SessionHandler(ForwardHandler):
             super().no_node(cause)
             return
         session = self.state.sessions.get(self.path_args[0])
+        if session is not None and not may_see(self.identity, session):
+            session = None  # another identity's binding: this request was looked up, unbound
         node = self.state.registry.nodes.get(session.node_id) if session is not None else None
         if session is not None and session.ended is None and (node is None or not node.connected):
             self.state.sessions.node_lost(session.node_id, "left the router")
@@ -451,26 +465,22 @@ class SessionHandler(ForwardHandler):
                 )
                 return None
         known = self.state.sessions.get(session_id)
-        # A session lives on one node: when several claim it, or one claims it that another
-        # node listed as it connected (ids are fresh UUIDs), one of them is lying (a rogue
-        # node), and none is believed.
-        listed_elsewhere = len(claims) == 1 and self.state.inventory.listed_elsewhere(
-            session_id, claims[0][0]
-        )
-        if len(claims) == 1 and (known is None or known.ended is None) and not listed_elsewhere:
-            node, owner = claims[0]
-            record = self.state.registry.nodes.get(node)
-            instance = record.server_instance_id if record is not None else ""
-            if self.state.sessions.remember(session_id, node, instance, owner):
+        listers = self.state.inventory.listers(session_id)
+        believed = self.state.inventory.believed(session_id, claims)
+        # the 410 of a session the caller may see that the router knows ended: it stays ended
+        ended = known.ended if known is not None and may_see(self.identity, known) else None
+        if believed is not None and ended is None:
+            node, owner = believed
+            if self._bind(session_id, node, owner, known):
                 return self._fitting(node)
-        if len(claims) > 1 or listed_elsewhere:
-            listers = self.state.sessions.listings.of(session_id) if listed_elsewhere else []
-            nodes = ",".join(sorted({node for node, _ in claims} | {n.node_id for n in listers}))
+        disputing = {node for node, _ in claims} | (listers if claims else set())
+        if len(disputing) > 1:  # one of them lies: the admin learns which nodes to look at
+            nodes = ",".join(sorted(disputing))
             self.state.log.event(
                 "session_claimed_twice", "WARNING", session=session_id, nodes=nodes
             )
-        if known is not None and known.ended is not None and may_see(self.identity, known):
-            self.send_router_error(410, "session_ended", known.ended, "request_rejected")
+        if ended is not None:
+            self.send_router_error(410, "session_ended", ended, "request_rejected")
         elif not claims and known is None and self._gone(session_id, not_held):
             pass  # the node that listed it no longer holds it: the final answer at once
         # another identity's session answers as an unknown id, in the grace too (ROUTER §13)
@@ -481,6 +491,27 @@ class SessionHandler(ForwardHandler):
         ):
             self.send_router_error(404, "not_found", NOT_FOUND, "request_rejected")
         return None
+
+    def _bind(self, session_id: str, node: str, owner: str, known: RoutedSession | None) -> bool:
+        """Bind ``session_id`` to ``node``, the node the evidence names for the caller
+        (``SessionInventory.believed``); False: the caller is not to reach it. Who can reach
+        what: a binding of another identity's stays as it is (a rogue node's answer to bob,
+        naming alice's id, bound it to the rogue for bob), and the caller reaches ``node``
+        unbound, each request looked up: moved on alice's word, bob's binding to his honest
+        node could be taken by a rogue node that claims the id for a token holder it works
+        with. The caller's own binding moves only from a disputed claim
+        (``SessionInventory.disputed``)."""
+        record = self.state.registry.nodes.get(node)
+        instance = record.server_instance_id if record is not None else ""
+        index = self.state.sessions
+        if index.remember(session_id, node, instance, owner):
+            return True
+        if known is None or not may_see(self.identity, known):
+            return True  # another identity's binding: it stays theirs
+        if not self.state.inventory.disputed(session_id, known):
+            return False  # its owner's create, or a claim no listing contradicts
+        index.rebind(session_id, node, instance, owner)
+        return True
 
     def _gone(self, session_id: str, not_held: set[str]) -> bool:
         """Answer a session gone for sure (``SessionIndex.gone``): ``410`` where the node
