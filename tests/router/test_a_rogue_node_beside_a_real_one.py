@@ -3,8 +3,9 @@ connects while her node is still away, and answers for her session or job, which
 The router bound the id to the rogue first and kept it there after her node was back and
 listed it: bob's new session or look-up, answered by the rogue with her id, left her reading
 404 for her own session and job, and the rogue's own claim to her look-up kept her programs
-going to the rogue (ROUTER §13). A real router restarted on its port, a real CPU node, and
-a fake rogue node over the router's real gRPC."""
+going to the rogue. A rogue that flooded the listing and stayed connected made every end kept
+in the grace read 503, so her session's end was never carried out (ROUTER §13). A real router
+restarted on its port, a real CPU node, and a fake rogue node over the router's real gRPC."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
+from kcoral_server.router.routes.session_index import SessionIndex
 from router_helpers import FakeNode, Node, RouterProcess, ready_nodes, start_router, stopping
 from server_process import client_token_file
 from test_router_restart_grace import (
@@ -212,3 +214,36 @@ def test_her_job_that_a_rogue_node_claimed_to_bob_is_read_from_her_node(tmp_path
         result = client.job(job).result()
     assert (status, record["owner"], record["status"]) == (200, "alice", "COMPLETED")
     assert result["count"] == 2
+
+
+FLOOD = SessionIndex().capacity + 1
+
+
+def floods(method: str, path: str, identity: str) -> tuple[int, Any]:
+    """The rogue lists more made-up ids than the router's table holds, and holds nothing."""
+    if identity != "kcoral-router":
+        return 404, NOT_FOUND
+    made_up = (f"{number:08x}-0000-4000-8000-000000000000" for number in range(FLOOD))
+    listing = [{"session_id": i, "owner": "mallory", "created_at": 1.0} for i in made_up]
+    return 200, json.dumps(listing).encode()
+
+
+def test_her_end_kept_while_a_rogue_that_flooded_the_listing_stays_is_carried_out(
+    tmp_path: Path,
+) -> None:
+    # The rogue's listing lost entries to the table's bound, and while it stayed connected
+    # every end in the grace read 503 "not found yet" (it may have listed the id): her
+    # client asked again for 10 s and raised it, and her session ran on. Now the end is kept
+    # (and sent to the rogue too, which answers 404), and her node ends it when it lists it.
+    with restarted_with_a_rogue(tmp_path, floods, a_session_holding_41) as (
+        router,
+        node,
+        client,
+        session,
+    ):
+        seen(f"node_sessions_listed node=rogue sessions={FLOOD}", router, node)
+        session.close()  # answered at once: 410, kept
+        node_back(router, node)
+        seen(f"kept_session_end_done node=only session={session.id}", router, node)
+        record = client.attach_session(session.id).info()
+    assert (record["state"], record["end_reason"]) == ("ENDED", "deleted")

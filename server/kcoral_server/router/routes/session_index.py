@@ -249,21 +249,33 @@ class SessionInventory:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def listed_already(self, session_id: str, identity: Identity) -> bool:
-        """Whether a node may have listed ``session_id`` as ``identity``'s on the connection and
-        server it still has: that node will not list it again, so an end kept for the
-        listing would never be carried out. The look-up that found no node holding it
-        began before that node connected, or the node did not answer it in time. So too a
-        node whose listing lost entries to the table's bound (it listed more than its
-        share: it may have listed this one), and each of several nodes that list the id."""
-        listings = self.state.sessions.listings
-        if any(
-            identity.owns(listing.owner) and self._still_has(listing.node_id, listing.instance_id)
-            for listing in listings.of(session_id)
-        ):
-            return True
+        """Whether a node listed ``session_id`` as ``identity``'s on the connection and server
+        it still has: that node will not list it again, so an end kept for the listing
+        would never be carried out. The look-up that found no node holding it began before
+        that node connected, or the node did not answer it in time. So too each of several
+        nodes that list the id. (A node whose listing lost entries to the table's bound
+        may have listed it too: ``end_where_listed_in_part`` sends it the end at once.)"""
         return any(
-            self._still_has(node, instance) for node, instance in listings.incomplete.items()
+            identity.owns(listing.owner) and self._still_has(listing.node_id, listing.instance_id)
+            for listing in self.state.sessions.listings.of(session_id)
         )
+
+    def end_where_listed_in_part(self, session_id: str, identity: Identity) -> None:
+        """An end kept for ``session_id`` (in ``identity``'s name) goes at once to each node
+        whose listing lost entries to the table's bound and that still has the connection
+        and server it listed on: it listed more than its share, may have listed this id,
+        and lists no more. Before, such a node kept every end from being kept (each read
+        the 503 "not found yet"), so a rogue node that flooded the listing and stayed
+        connected turned off the ends of the real nodes' sessions for the whole grace.
+        Such a node learns the id and the caller's name, as every node does from a look-up
+        of an id the router has not bound."""
+        incomplete = self.state.sessions.listings.incomplete
+        for node_id in [n for n, instance in incomplete.items() if self._still_has(n, instance)]:
+            task = asyncio.get_running_loop().create_task(
+                self._end_kept(node_id, session_id, identity, quiet_if_unknown=True)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def listers(self, session_id: str) -> set[str]:
         """The nodes that listed ``session_id`` on the connection and server they still have."""
@@ -386,14 +398,20 @@ class SessionInventory:
             # (the owner's list, a retried read): it was answered 410 already
             closer = self.state.sessions.take_close(session_id, owner)
             if closer is not None:  # in its name: the node ends only what it may end
-                path = f"/v1/sessions/{session_id}"
-                ended = await fetch(self.state, node_id, "DELETE", path, _named(closer))
-                self._report_end(node_id, session_id, ended)
+                await self._end_kept(node_id, session_id, closer)
 
-    def _report_end(self, node_id: str, session_id: str, answer: tuple[int, bytes] | None) -> None:
-        """What the node answered a kept end: its caller was told long ago that the session
-        ended, so a refusal (or no answer: the session runs on until its idle timeout) is
-        said here or nowhere."""
+    async def _end_kept(
+        self, node_id: str, session_id: str, closer: Identity, quiet_if_unknown: bool = False
+    ) -> None:
+        """Send ``node_id`` a kept end of ``session_id`` in ``closer``'s name, and say what it
+        answered: its caller was told long ago that the session ended, so a refusal (or no
+        answer: the session runs on until its idle timeout) is said here or nowhere.
+        ``quiet_if_unknown``: a ``404`` says nothing (a node that may have listed the id,
+        ``end_where_listed_in_part``, and did not)."""
+        path = f"/v1/sessions/{session_id}"
+        answer = await fetch(self.state, node_id, "DELETE", path, _named(closer))
+        if quiet_if_unknown and answer is not None and answer[0] == 404:
+            return
         fields: dict[str, Any] = {"node": node_id, "session": session_id}
         if answer is not None and 200 <= answer[0] < 300:
             self.state.log.event("kept_session_end_done", **fields)

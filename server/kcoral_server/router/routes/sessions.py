@@ -549,5 +549,6 @@ class SessionHandler(ForwardHandler):
         ):
             self.send_router_error(503, "no_node", message, "node_gone")
             return True
+        self.state.inventory.end_where_listed_in_part(session_id, self.identity)
         self.send_router_error(410, "session_ended", CLOSE_KEPT, "request_rejected")
         return True
