@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 from stand_in_http import StandIn, serving
+from waiting import wait_for
 
 import kcoral
 
@@ -557,21 +558,23 @@ def test_the_panel_shows_a_routers_fleet_with_true_short_numbers(tmp_path: Path)
             kinds = answer.body.get("fleet_status", {}).get("kinds") if answer.status == 200 else 0
             return kinds[0] if kinds else {}
 
-        def wait_for(check) -> None:
-            deadline = time.monotonic() + 90
-            while not check():
-                assert time.monotonic() < deadline, router.log()
-                time.sleep(0.1)
-
-        wait_for(lambda: default_kind().get("seats") == 1)  # cpu-a first: the default kind
+        # cpu-a first: the default kind
+        wait_for(lambda: default_kind().get("seats") == 1, "cpu-a ready", 90.0, detail=router.log)
         other = {supervisor_module.NODE_KIND_OVERRIDE_ENV: json.dumps(OTHER_KIND)}
         nodes.append(Node(tmp_path, router, "h100-a", other, "--node-label", "pool=big"))
-        wait_for(lambda: len(request(router.url, "GET", "/v1/info").body["fleet"]["kinds"]) == 2)
+        wait_for(
+            lambda: len(request(router.url, "GET", "/v1/info").body["fleet"]["kinds"]) == 2,
+            "both kinds listed",
+            90.0,
+            detail=router.log,
+        )
         assert post_execute(router.url, call_program("def main():\n    return 1\n")).status == 200
         hold = call_program(HOLD_SOURCE, args=[str(release)])
         holding = [threading.Thread(target=post_execute, args=(router.url, hold)) for _ in "ab"]
         holding[0].start()  # holds the only seat
-        wait_for(lambda: default_kind().get("free_seats") == 0)
+        wait_for(
+            lambda: default_kind().get("free_seats") == 0, "the seat held", 90.0, detail=router.log
+        )
         holding[1].start()  # waits at the router
         root = tmp_path / "root"
         root.mkdir()
