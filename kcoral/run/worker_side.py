@@ -16,6 +16,7 @@ tools need.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
@@ -166,7 +167,7 @@ def _run_and_collect(
             stderr=merged,
         )
     except OSError as exc:
-        report["error"] = f"{argv[0]}: {exc.strerror or exc}"
+        report["error"] = f"{argv[0]}: {_why_it_cannot_start(executable, exc)}"
         return report
     returncode = process.wait()
     _let_leftovers_exit(LEFTOVER_GRACE_SECONDS)
@@ -249,6 +250,39 @@ def _not_found(name: str, path_set: bool, work: str) -> str:
         found = f"{name} is not installed in the remote server environment"
     sent = os.path.isfile(os.path.join(work, name))
     return f"{found}; the sent {name} runs as ./{name}" if sent else found
+
+
+def _why_it_cannot_start(executable: str, exc: OSError) -> str:
+    """Why a file that is there did not start, as a local shell would say it: a script's
+    missing interpreter read ``No such file or directory`` of the script itself, a script
+    with Windows line ends the same, and one with no ``#!`` line (which a shell runs with
+    sh) ``Exec format error``."""
+    reason = exc.strerror or str(exc)
+    try:
+        with open(executable, "rb") as file:
+            head = file.read(256)
+    except OSError:
+        return reason
+    if exc.errno == errno.ENOENT and head.startswith(b"#!"):
+        # the kernel splits the line at a space or tab only, so a "\r" ends the name
+        line = head[2:].split(b"\n", 1)[0].lstrip(b" \t")
+        name = line.split(b" ", 1)[0].split(b"\t", 1)[0]
+        interpreter = name.decode("utf-8", "backslashreplace")
+        if interpreter.endswith("\r"):
+            return (
+                f"its #! line ends in a carriage return (Windows line ends), so it names "
+                f"{interpreter!r}, which is not there: convert the file to Unix line ends"
+            )
+        return f"its interpreter {interpreter!r} (its #! line) is not on the server"
+    if head.startswith(b"\x7fELF"):
+        if exc.errno == errno.ENOENT:  # the file is there: its ELF interpreter is not
+            return f"{reason}: the loader it was linked for is not on the server"
+        if exc.errno == errno.ENOEXEC:
+            return f"{reason}: a program this server cannot run (built for another machine?)"
+        return reason
+    if exc.errno == errno.ENOEXEC and not head.startswith(b"#!"):
+        return f"{reason}: it has no #! line, so it cannot run directly; add one (#!/bin/sh)"
+    return reason
 
 
 def _resolve_executable(name: str, work: str, path: str) -> str | None:
