@@ -102,6 +102,7 @@ class Program:
             _require_unset(kind, value=value, dtype=dtype, shape=shape)
             if not isinstance(source, str):
                 raise TypeError(f"module source must be a str, not {type(source).__name__}")
+            check_text(source, "module source")
             if language not in _LANGUAGES:
                 raise ValueError(f"unknown module language {language!r}; expected {_LANGUAGES}")
             instruction["source"] = source
@@ -158,20 +159,7 @@ class Program:
         prefix = "" if path in (".", "./") else normalize_workspace_path(path) + "/"
 
         def check(relative: str, local: str) -> None:
-            # while walking, before the file is read: a huge tree with one path over the
-            # limit read every file first, and the message did not say which path
-            if not _is_utf8(relative):
-                # its bytes as ls -b shows them: the surrogates Python decodes them to
-                # ('\udcff') said nothing, nor what to do
-                raw = os.fsencode(local).decode("utf-8", "backslashreplace")
-                raise ValidationError(
-                    f"'{shown_path(raw)}' cannot be uploaded: its name is not UTF-8, as "
-                    "workspace paths are: rename it, or upload the folder without it"
-                )
-            try:
-                normalize_workspace_path(prefix + relative)  # length, backslash
-            except ValidationError as exc:
-                raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
+            check_destination(prefix + relative, local)
 
         # hashed, and only small files kept: the rest are read again as a request sends them
         files = hash_folder(folder, check=check)
@@ -211,6 +199,7 @@ class Program:
         module_ref = self._reference(module, "module", allow_dict=True)
         if not isinstance(name, str) or not name:
             raise ValueError("get_function name must be a non-empty str")
+        check_text(name, "get_function name")
         if not isinstance(cpu_only, bool):
             raise TypeError(f"cpu_only must be a bool, not {type(cpu_only).__name__}")
         new_id, counter = self._claim_id(id, "get_function")
@@ -277,6 +266,7 @@ class Program:
             return _generate_id(op, self._counter, self._ids)
         if not isinstance(explicit, str) or not explicit:
             raise ValueError("id must be a non-empty str")
+        check_text(explicit, "id")
         if explicit in self._ids:
             raise ValueError(f"id {explicit!r} is already used in this program")
         return explicit, self._counter
@@ -284,6 +274,7 @@ class Program:
     def _check_key(self, key: object) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError("return key must be a non-empty str")
+        check_text(key, "return key")
         if key in self._return_keys:
             raise ValueError(f"return key {key!r} is already used in this program")
 
@@ -410,6 +401,7 @@ def copy_literal(value: Any, active: set[int]) -> Any:
             raise ValueError(f"non-finite float {value!r} cannot be sent as JSON")
         return float(value)
     if isinstance(value, str):
+        check_text(value, "a str argument")
         return str(value)
     if isinstance(value, Register):
         raise TypeError("a Register nested inside a container is not resolved; pass it top-level")
@@ -425,6 +417,7 @@ def copy_literal(value: Any, active: set[int]) -> Any:
                 for key, item in value.items():
                     if not isinstance(key, str):
                         raise TypeError(f"object keys must be str, not {type(key).__name__}")
+                    check_text(key, "an object key")
                     copied[str(key)] = copy_literal(item, active)
                 return copied
             return [copy_literal(item, active) for item in value]
@@ -475,13 +468,46 @@ def _hashed_snapshot(value: Any, what: str) -> tuple[bytes, str]:
     return data, _sha256(data)
 
 
-def _is_utf8(name: str) -> bool:
-    """Whether a local ``name`` (undecodable bytes as surrogates) is UTF-8 text."""
+def check_destination(destination: str, local: str) -> None:
+    """Whether the local file ``local`` can go to workspace path ``destination``, checked
+    while ``upload_folder`` walks, before the file is read: a huge tree with one path over
+    the limit read every file first, and the message did not say which path."""
+    if not _is_utf8(destination):
+        # its bytes as ls -b shows them: the surrogates Python decodes them to ('\udcff')
+        # said nothing, nor what to do
+        raw = os.fsencode(local).decode("utf-8", "backslashreplace")
+        raise ValidationError(
+            f"'{shown_path(raw)}' cannot be uploaded: its name is not UTF-8, as "
+            "workspace paths are: rename it, or upload the folder without it"
+        )
     try:
-        name.encode("utf-8")
+        normalize_workspace_path(destination)  # length, backslash
+    except ValidationError as exc:
+        raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 text: no lone surrogate (a local name's undecodable bytes
+    are surrogates)."""
+    try:
+        text.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
+
+
+def check_text(text: str, what: str) -> None:
+    """``text`` can travel in the request's UTF-8 JSON: a lone surrogate (``'\\udcff'``,
+    as ``surrogateescape`` decoding makes) passed every builder call, then failed at
+    ``execute`` as 'cannot encode the request: ... in position 96', a place in the whole
+    request that named no instruction."""
+    if text.isascii() or _is_utf8(text):
+        return
+    at = next(index for index, char in enumerate(text) if "\ud800" <= char <= "\udfff")
+    raise ValueError(
+        f"{what} holds a lone surrogate at position {at} ({text[at]!r}), which UTF-8 "
+        "cannot carry (bytes travel as a bytes upload)"
+    )
 
 
 def _sha256(data: bytes | bytearray) -> str:

@@ -199,6 +199,55 @@ def test_bad_run_arguments_are_refused(args, error):
     assert len(program.instructions) == 2
 
 
+def _module(program):
+    return program.upload(kind="module", source="def f(x):\n    return x\n")
+
+
+# Each builder call that takes a str, given one with a lone surrogate ('\udcff', as a
+# surrogateescape decoding makes), and the words that name it.
+LONE_SURROGATES = {
+    "module source": (
+        lambda p: p.upload(kind="module", source="def f():\n    return '\udcff'\n"),
+        "module source holds a lone surrogate at position 21 ('\\udcff')",
+    ),
+    "run argument": (
+        lambda p: p.run(fn=p.get_function(module=_module(p), name="f"), args=["ok\udcff"]),
+        "a str argument holds a lone surrogate at position 2",
+    ),
+    "nested argument": (
+        lambda p: p.run(fn=p.get_function(module=_module(p), name="f"), args=[["a", "\udcff"]]),
+        "a str argument holds a lone surrogate at position 0",
+    ),
+    "object key": (
+        lambda p: p.run(fn=p.get_function(module=_module(p), name="f"), args=[{"k\udcff": 1}]),
+        "an object key holds a lone surrogate at position 1",
+    ),
+    "return key": (
+        lambda p: p.return_(key="y\udcff", value=_module(p)),
+        "return key holds a lone surrogate at position 1",
+    ),
+    "function name": (
+        lambda p: p.get_function(module=_module(p), name="f\udcff"),
+        "get_function name holds a lone surrogate at position 1",
+    ),
+    "id": (
+        lambda p: p.upload(id="m\udcff", kind="bytes", value=b""),
+        "id holds a lone surrogate at position 1",
+    ),
+}
+
+
+@pytest.mark.parametrize(("build", "words"), LONE_SURROGATES.values(), ids=LONE_SURROGATES)
+def test_a_lone_surrogate_is_refused_by_the_builder_call_naming_where(build, words):
+    # each passed, and execute failed with 'cannot encode the request: 'utf-8' codec can't
+    # encode character '\udcff' in position 96', a place in the whole request
+    program = Program()
+    with pytest.raises(ValueError) as refused:
+        build(program)
+    assert str(refused.value).startswith(words)
+    assert str(refused.value).endswith("which UTF-8 cannot carry (bytes travel as a bytes upload)")
+
+
 def test_cyclic_literals_are_refused_but_shared_ones_are_copied():
     program = Program()
     fn = program.get_function(module=module(program), name="f")
