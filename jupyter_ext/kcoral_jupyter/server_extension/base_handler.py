@@ -6,7 +6,14 @@ token or login cookie, and the XSRF check that keeps another site's page from us
 cookie to stop a session or cancel a job; each route's method is also
 ``tornado.web.authenticated``). They act with the KCoral tokens configured here, so they
 see and stop what those tokens' identities may (an admin token: every session); the tokens
-stay in this process, the browser sees only names.
+stay in this process, the browser sees only names. Only JupyterLab's own page calls these
+routes: a request the browser marks as another origin's page's (``Sec-Fetch-Site``
+``cross-site`` or ``same-site``) is refused (403), whatever it carries. Jupyter's checks
+leave one door: a page on another port of the same host (same-site, so the browser sends
+the login cookie) loads a route as a ``<script>`` or ``<img>``, with no ``Origin``, and a
+page of any site navigates a tab to one (the cookie goes with a top-level ``GET``): the
+route then ran with the user's KCoral tokens (a live-output relay held open, the servers
+polled), though the page read nothing.
 
 What a configured KCoral server can make this process do: answer these calls, nothing more.
 A redirect is never followed (a server could otherwise send the calls, with the user's
@@ -38,6 +45,9 @@ if TYPE_CHECKING:
 
 #: the most of one answer the extension keeps: a /v1/jobs list of ~30,000 jobs
 MAX_ANSWER_BYTES = 16 << 20
+#: ``Sec-Fetch-Site`` of a request another origin's page made (browsers send it to loopback
+#: and HTTPS addresses; JupyterLab's own requests say ``same-origin``)
+FOREIGN_SITES = frozenset({"cross-site", "same-site"})
 
 
 class BoundedBody:
@@ -62,6 +72,14 @@ class BoundedBody:
 
 class KCoralHandler(APIHandler):
     """Shared plumbing: settings, upstream calls and JSON errors."""
+
+    async def prepare(self) -> None:  # type: ignore[override]  # as Jupyter's APIHandler
+        await super().prepare()  # Jupyter's Host, login and Origin checks
+        site = self.request.headers.get("Sec-Fetch-Site", "").strip().lower()
+        if site in FOREIGN_SITES:
+            raise tornado.web.HTTPError(
+                403, f"KCoral routes answer only JupyterLab's own page (Sec-Fetch-Site {site!r})"
+            )
 
     @property
     def extension(self) -> KCoralExtension:

@@ -16,11 +16,12 @@ asked in turn.
 Who can reach these routes: only callers the Jupyter server authenticates (every handler is
 a ``base_handler.KCoralHandler``, an ``APIHandler``: its token or login cookie, and the XSRF
 check that keeps another site's page from using that cookie to stop a session or cancel a
-job). They act with the KCoral tokens configured here, so they see and stop what those
-tokens' identities may (an admin token: every session). Job ids from the browser are
-percent-encoded into one path segment; a session id that is not a plain token (letters,
-digits, ``-``, ``_``) is refused before any server is asked, so no id can reach another
-upstream route.
+job), and only from JupyterLab's own page: no other page's script, image or tab
+(``Sec-Fetch-Site``, ``base_handler``). They act with the KCoral tokens configured here,
+so they see and stop what those tokens' identities may (an admin token: every session).
+Job ids from the browser are percent-encoded into one path segment; a session id that is
+not a plain token (letters, digits, ``-``, ``_``) is refused before any server is asked,
+so no id can reach another upstream route.
 """
 
 from __future__ import annotations

@@ -117,13 +117,32 @@ async def test_a_rebound_page_with_the_users_cookie_reaches_no_kcoral_server(
     assert Recorder.calls == []
 
 
+@pytest.mark.parametrize(
+    ("site", "mode", "destination"),
+    [
+        ("same-site", "no-cors", "script"),  # another port's page: the cookie goes along
+        ("same-site", "no-cors", "image"),
+        ("cross-site", "navigate", "document"),  # any page moving a tab: the cookie goes
+    ],
+)
+async def test_a_page_loading_a_route_as_a_script_image_or_tab_reaches_no_kcoral_server(
+    as_the_users_browser, site: str, mode: str, destination: str
+) -> None:
+    # What Chromium sends for <script src>, <img src> and a navigation: no Origin at all.
+    headers = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": mode, "Sec-Fetch-Dest": destination}
+    answers = await as_the_users_browser([r for r in ROUTES if r[0] == "GET"], headers)
+    assert set(answers.values()) == {403}, answers
+    assert Recorder.calls == []
+
+
 async def test_the_users_own_page_still_reaches_the_kcoral_server(
     as_the_users_browser, jp_http_port
 ) -> None:
     # the counter-proof: the same cookie from Jupyter's own origin is served
     own = f"127.0.0.1:{jp_http_port}"
     answers = await as_the_users_browser(
-        [("GET", f"jobs/{JOB}")], {"Origin": f"http://{own}", "Host": own}
+        [("GET", f"jobs/{JOB}")],
+        {"Origin": f"http://{own}", "Host": own, "Sec-Fetch-Site": "same-origin"},
     )
     assert answers == {f"GET jobs/{JOB}": 404}  # the upstream's own "no such job"
     assert Recorder.calls == [f"GET /v1/jobs/{JOB}"]
