@@ -54,8 +54,8 @@ _STATUS_COLOURS = {
     "RUNNING": "#0969da",
     "QUEUED": "#8250df",
 }
-_BOX = (
-    "font-family:var(--jp-code-font-family,monospace);font-size:12px;"
+_BOX = (  # a long unbroken value (bytes, a path) wraps: it drew a results table past the box
+    "font-family:var(--jp-code-font-family,monospace);font-size:12px;overflow-wrap:anywhere;"
     "border:1px solid #d0d7de;border-radius:6px;padding:8px;margin:4px 0;max-width:900px"
 )
 _PRE = (
@@ -141,12 +141,11 @@ MAX_FRAME_HEIGHT = 480
 
 
 def sandboxed_html(markup: str, fallback: str) -> str:
-    """``markup`` as the escaped ``srcdoc`` of an iframe that runs no script, ``fallback``
-    text inside it for JupyterLab showing a notebook it did not run (its sanitizer drops the
-    iframe and keeps that text; the output was blank). A browser never shows it beside one.
-
-    ``sandbox=""`` grants nothing: no scripts, an opaque origin (no access to the notebook,
-    its cookies or its kernel), no forms, popups or top-level navigation."""
+    """``markup`` as the escaped ``srcdoc`` of an iframe that runs no script; ``fallback``
+    text inside it is what JupyterLab shows of a notebook it did not run (its sanitizer drops
+    the iframe, keeping that text: the output was blank); a browser never shows it. ``sandbox=""``
+    grants nothing: no scripts, an opaque origin (no access to the notebook, its cookies or
+    its kernel), no forms, popups or top-level navigation."""
     document = f'<meta http-equiv="Content-Security-Policy" content="{FRAME_POLICY}">{markup}'
     lower = markup.lower()
     rows = lower.count("<tr") or lower.count("<br") + markup.count("\n") + 1
@@ -355,6 +354,9 @@ def value_html(value: Any, name: str | None = None) -> str:
     return f"<code>{escape(text)}</code>"
 
 
+_WHOLE = "white-space:nowrap"  # a name and a type read whole, not 'nda rra y'
+
+
 def results_table(results: Mapping[str, Any]) -> str:
     rows = []
     for index, (key, value) in enumerate(results.items()):
@@ -363,8 +365,8 @@ def results_table(results: Mapping[str, Any]) -> str:
             break
         rows.append(
             "<tr>"
-            f'<td style="vertical-align:top;padding:2px 6px"><b>{escape(key)}</b></td>'
-            f'<td style="vertical-align:top;padding:2px 6px;color:#57606a">'
+            f'<td style="vertical-align:top;padding:2px 6px;{_WHOLE}"><b>{escape(key)}</b></td>'
+            f'<td style="vertical-align:top;padding:2px 6px;color:#57606a;{_WHOLE}">'
             f"{escape(type(value).__name__)}</td>"
             f'<td style="padding:2px 6px;text-align:left">{value_html(value, key)}</td>'
             "</tr>"

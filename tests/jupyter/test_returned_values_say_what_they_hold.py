@@ -11,14 +11,19 @@ against a real CPU server, as the saved notebook keeps it:
   greatest values (every n-th value alone drew a 'max 5' tensor flat, labelled 0);
 * a line plot is an ``<img>``, which JupyterLab still shows in a notebook it did not run;
 * HTML the server rendered carries its text inside its iframe, which JupyterLab shows for
-  a notebook it did not run (its sanitizer drops the iframe: the output was blank).
+  a notebook it did not run (its sanitizer drops the iframe: the output was blank);
+* laid out by chromium, a results table stays inside its box (200 bytes drew it far past).
 """
 
 from __future__ import annotations
 
 import base64
+import html as markup
 import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -176,3 +181,43 @@ def test_html_the_server_rendered_carries_its_text_for_a_notebook_reopened_elsew
     frame, _, after = html.partition("><pre>")
     assert frame.startswith('<iframe class="kcoral-server-html" sandbox="" srcdoc="')
     assert after == "Table(&lt;b&gt;2 rows&lt;/b&gt;)</pre></iframe>"
+
+
+#: Added to the exported page: once it is laid out, each KCoral box with something drawn past
+#: its right edge, as JSON in an element that chromium's --dump-dom prints.
+MEASURE = """<script>
+window.addEventListener('load', () => {
+  const over = [...document.querySelectorAll('.kcoral-result, .kcoral-file, .kcoral-folder')]
+    .map(box => {
+      const right = box.getBoundingClientRect().right;
+      const past = [...box.querySelectorAll('*')]
+        .filter(n => n.getBoundingClientRect().right > right + 0.5);
+      const first = past.length ? `${past[0].tagName} ${past[0].textContent.slice(0, 60)}` : '';
+      return first && `${box.className}: ${first}`;
+    })
+    .filter(Boolean);
+  const report = document.createElement('pre');
+  report.id = 'kcoral-overflow';
+  report.textContent = JSON.stringify(over);
+  document.body.appendChild(report);
+});
+</script>"""
+
+
+def test_a_results_table_stays_inside_its_box_in_chromium(notebook, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("needs chromium (apt-get install -y chromium) to lay the page out")
+    from nbconvert import HTMLExporter
+
+    page, _ = HTMLExporter(template_name="lab").from_notebook_node(notebook)
+    path = tmp_path / "values.html"
+    path.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,900",
+         "--virtual-time-budget=5000", "--dump-dom", path.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    found = re.search(r'<pre id="kcoral-overflow">([^<]*)</pre>', dom)
+    assert found is not None, dom[-2000:]
+    assert json.loads(markup.unescape(found.group(1))) == []
