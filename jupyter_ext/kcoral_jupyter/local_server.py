@@ -13,10 +13,12 @@ each start makes a fresh random token, handed to the child only through its envi
 (``KCORAL_AUTH_TOKEN``, never its command line, which every local user can read in
 ``/proc``), kept by this object for the kernel's own client, and written only into the
 advertisement, a 0600 file in the user's 0700 runtime directory, for the server extension.
-A web page has no token: a page of another site is refused by the server's Origin check
-too, and a DNS-rebinding page (its requests carry its own host name and no ``Origin``)
-reaches only ``/health``, which answers anyone by design (PROTOCOL §12: status, load
-counts, versions; nothing of the user's). Every other route needs the token.
+A web page has no token: a page of another site is refused by the server's Origin and
+fetch-metadata checks too (its scripts, images and frames included), and a DNS-rebinding
+page (its requests carry its own host name and no ``Origin``) reaches only ``/health``
+and ``/internal/worker-status``, which answer anyone by design (PROTOCOL §12, §13: status,
+load and seat counts, versions; nothing of the user's). Every other route needs the
+token.
 The user's remote ``KCORAL_TOKEN`` is not passed on to the child.
 
 A start that fails (bad ``KCoral.local_args``, a timeout, an exit) raises a two-line
