@@ -380,15 +380,18 @@ def timed_out(options: RunOptions) -> str:
     user typed: the server's line (``execution timed out after its deadline of 2 s (the
     program's timeout_seconds; --max-timeout-seconds allows 900 s)``) named two settings
     of its own, and kcoral run added a third clause to say which option was meant."""
+    # the worker is killed at the deadline, so nothing of --fetch comes back: the user
+    # looked for an --out that was never made
+    stopped = "the tool was stopped" + (
+        ", and nothing was fetched" if options.out is not None else ""
+    )
     most = options.server_max_timeout_seconds
     if most is not None and options.timeout_seconds > most:
         return (
             f"timed out after {most:g} s on the worker, this server's most (--timeout "
-            f"{options.timeout_seconds} was cut to it); the tool was stopped"
+            f"{options.timeout_seconds} was cut to it); {stopped}"
         )
-    return (
-        f"timed out after --timeout {options.timeout_seconds} s on the worker; the tool was stopped"
-    )
+    return f"timed out after --timeout {options.timeout_seconds} s on the worker; {stopped}"
 
 
 def execute(options: RunOptions, program: Any) -> Any:

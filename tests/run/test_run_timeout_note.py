@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,23 @@ def test_a_timeout_over_the_servers_most_is_said_before_the_run(
         "kcoral run: warning: --timeout 1000 is over this server's most, 900 s "
         "(kcoral server --max-timeout-seconds): the tool gets 900 s\n"
     )
+
+
+@pytest.mark.slow
+def test_a_tool_past_its_deadline_with_outputs_to_fetch_says_nothing_was_fetched(
+    server_url: str, tmp_path: Path
+) -> None:
+    # The worker is killed at the deadline, so nothing of --fetch comes back; the line said
+    # only that the tool was stopped, and the user looked for the --out it never made.
+    code = "open('result.txt', 'w').write('partial'); import time; time.sleep(60)"
+    command = [sys.executable, "-m", "kcoral", "run", "python", "--url", server_url]
+    command += ["--timeout", "1", "--fetch", "result.txt", "--out", "got", "--", "-c", code]
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=100
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        "kcoral run: timed out after --timeout 1 s on the worker; the tool was stopped, and "
+        "nothing was fetched\n"
+    )
+    assert not (tmp_path / "got").exists()
