@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kcoral
+
 TOKEN_A = "alice-token-0123456789abcdef"
 TOKEN_B = "bob-token-0123456789abcdef"
 TOKEN_R = "root-token-0123456789abcdef"
@@ -123,3 +125,12 @@ def bytes_program(blob: str) -> dict:
             {"op": "return", "key": "r", "value": {"$ref": "r"}},
         ]
     }
+
+
+def module_program(source: str, *args: object) -> kcoral.Program:
+    """The victim's program: ``f(*args)`` of the module ``source``, its value as ``r``."""
+    program = kcoral.Program()
+    module = program.upload(kind="module", source=source, id="m")
+    fn = program.get_function(module=module, name="f", id="fn")
+    program.return_(key="r", value=program.run(fn=fn, args=list(args), id="r"))
+    return program

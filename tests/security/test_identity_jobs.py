@@ -18,7 +18,7 @@ import stat
 import uuid
 from pathlib import Path
 
-from identity_support import TOKEN_A, TOKEN_B, TOKEN_R, Answer, request, token_file
+from identity_support import TOKEN_A, TOKEN_B, TOKEN_R, Answer, module_program, request, token_file
 from waiting import wait_for
 
 import kcoral
@@ -36,14 +36,6 @@ BIG = """
 def f(n):
     return b"r" * n
 """
-
-
-def _program(source: str, *args: object) -> kcoral.Program:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=source, id="m")
-    fn = program.get_function(module=module, name="f", id="fn")
-    program.return_(key="r", value=program.run(fn=fn, args=list(args), id="r"))
-    return program
 
 
 def _reaches(url: str, token: str, job_id: str) -> dict[str, Answer]:
@@ -70,7 +62,7 @@ def test_another_identity_cannot_list_read_stream_fetch_or_cancel_a_job(
     )
     go = tmp_path / "go"
     with kcoral.Client(server.url, token=TOKEN_A) as alice:
-        job = alice.submit(_program(WAIT_FOR_GO, str(go)))
+        job = alice.submit(module_program(WAIT_FOR_GO, str(go)))
         unknown = _reaches(server.url, TOKEN_B, str(uuid.uuid4()))
 
         attacked = _reaches(server.url, TOKEN_B, job.id)
@@ -103,7 +95,7 @@ def test_another_identity_cannot_list_read_stream_fetch_or_cancel_a_job(
         assert b"alice's private output" in events.raw
 
         # The admin identity may also cancel somebody else's job.
-        second = alice.submit(_program(WAIT_FOR_GO, str(tmp_path / "never")))
+        second = alice.submit(module_program(WAIT_FOR_GO, str(tmp_path / "never")))
         cancelled = request(server.url, "DELETE", f"/v1/jobs/{second.id}", TOKEN_R)
         assert cancelled.status == 200 and cancelled.json["status"] == "CANCELLED"
         # and its owner reads who did (team soak: 'the job was cancelled', by nobody)
@@ -120,7 +112,7 @@ def test_an_expired_job_of_another_identity_is_not_found_rather_than_expired(
     tokens = str(token_file(tmp_path / "secrets"))
     server = server_factory("--auth-token-file", tokens, "--job-retention-seconds", "0.5")
     with kcoral.Client(server.url, token=TOKEN_A) as alice:
-        job = alice.submit(_program("def f():\n    return 1\n"))
+        job = alice.submit(module_program("def f():\n    return 1\n"))
         job.wait()
     path = f"/v1/jobs/{job.id}"
     wait_for(lambda: request(server.url, "GET", path, TOKEN_A).status == 404, "expiry", 60.0)
@@ -137,7 +129,7 @@ def test_holders_of_a_single_shared_token_share_their_jobs(server_factory) -> No
     shared = "shared-token-0123456789"
     server = server_factory(env={"KCORAL_AUTH_TOKEN": shared})
     with kcoral.Client(server.url, token=shared) as first:
-        job = first.submit(_program("def f():\n    return 2\n"))
+        job = first.submit(module_program("def f():\n    return 2\n"))
         job.wait()
     assert job.id in _listed(server.url, shared)
     assert request(server.url, "GET", f"/v1/jobs/{job.id}/result", shared).status == 200
@@ -166,10 +158,10 @@ def test_large_job_results_leave_memory_for_private_files_removed_with_the_job(
     server = server_factory("--num-workers", "1", env={"TMPDIR": str(temp)})
     pid = server.process.pid
     with kcoral.Client(server.url) as client:
-        warm = client.submit(_program(BIG, 1024))  # the code paths, once, before measuring
+        warm = client.submit(module_program(BIG, 1024))  # the code paths, once, before measuring
         assert warm.result().results["r"] == b"r" * 1024
         before = _rss_bytes(pid)
-        jobs = [client.submit(_program(BIG, RESULT_BYTES)) for _ in range(2)]
+        jobs = [client.submit(module_program(BIG, RESULT_BYTES)) for _ in range(2)]
         for job in jobs:
             job.wait()
         # Two finished results of 30 MiB each: kept in memory they added at least 60 MiB
@@ -196,10 +188,10 @@ def test_a_dropped_jobs_result_file_is_removed(server_factory, tmp_path: Path) -
         env={"TMPDIR": str(temp)},
     )  # fmt: skip
     with kcoral.Client(server.url) as client:
-        first = client.submit(_program(BIG, RESULT_BYTES))
+        first = client.submit(module_program(BIG, RESULT_BYTES))
         first.wait()
         assert len(_spill_files(temp)) == 1
-        second = client.submit(_program(BIG, RESULT_BYTES))
+        second = client.submit(module_program(BIG, RESULT_BYTES))
         second.wait()
     # The bound dropped the older job, and its file with it.
     assert request(server.url, "GET", f"/v1/jobs/{first.id}").json["error"]["kind"] == (
@@ -239,7 +231,7 @@ def test_a_large_event_log_is_replayed_from_its_file_after_any_event_id(
     server = server_factory("--num-workers", "1", env={"TMPDIR": str(temp)})
     lines = 20_000  # about 2.3 MiB of output: more than a finished job keeps in memory
     with kcoral.Client(server.url) as client:
-        job = client.submit(_program(LOUD, lines), output_limit_bytes=4 << 20)
+        job = client.submit(module_program(LOUD, lines), output_limit_bytes=4 << 20)
         job.wait()
     expected = "".join(f"line {i:07d} " + "o" * 100 + "\n" for i in range(lines))
     files = _spill_files(temp)

@@ -21,6 +21,7 @@ from identity_support import (
     TOKEN_R,
     bytes_program,
     execute,
+    module_program,
     request,
     sha256,
     token_file,
@@ -57,21 +58,13 @@ def routed(tmp_path: Path):
         router.stop()
 
 
-def _program(source: str, *args: object) -> kcoral.Program:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=source)
-    fn = program.get_function(module=module, name="f")
-    program.return_(key="r", value=program.run(fn=fn, args=list(args)))
-    return program
-
-
 def test_through_a_router_another_identity_neither_reaches_a_job_nor_a_cached_blob(
     routed, tmp_path: Path
 ) -> None:
     url = routed.url
     go = tmp_path / "go"
     with kcoral.Client(url, token=TOKEN_A) as alice:
-        job = alice.submit(_program(WAIT, str(go)))
+        job = alice.submit(module_program(WAIT, str(go)))
         unknown = request(url, "GET", f"/v1/jobs/{uuid.uuid4()}", TOKEN_B)
         for method, suffix in (("GET", ""), ("GET", "/result"), ("DELETE", "")):
             answer = request(url, method, f"/v1/jobs/{job.id}{suffix}", TOKEN_B)
@@ -116,7 +109,7 @@ def test_in_a_restarted_routers_grace_another_identitys_job_or_session_reads_as_
         ready_nodes(router, 1)
         url = router.url
         with kcoral.Client(url, token=TOKEN_A) as alice:
-            job = alice.submit(_program(WAIT, str(go)))
+            job = alice.submit(module_program(WAIT, str(go)))
             session = alice.session()
             unknown_job = _unknown_or_other(
                 request(url, "GET", f"/v1/jobs/{uuid.uuid4()}", TOKEN_B)

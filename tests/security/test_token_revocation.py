@@ -26,6 +26,7 @@ from identity_support import (
     TOKEN_B,
     TOKEN_R,
     Answer,
+    module_program,
     request,
     token_file,
 )
@@ -53,14 +54,6 @@ def f(running, go):
 """
 
 WITHOUT_ALICE = f"bob {TOKEN_B}\nroot {TOKEN_R} admin\n"
-
-
-def _program(source: str, *args: object) -> kcoral.Program:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=source, id="m")
-    fn = program.get_function(module=module, name="f", id="fn")
-    program.return_(key="r", value=program.run(fn=fn, args=list(args), id="r"))
-    return program
 
 
 def _plain_program(source: str, *args: object) -> dict:
@@ -112,7 +105,7 @@ def test_a_revoked_token_is_refused_at_once_and_its_programs_and_sessions_end(
     )
     never = str(tmp_path / "never")
     with kcoral.Client(server.url, token=TOKEN_A) as alice:
-        job = alice.submit(_program(WAIT_FOR_GO, never))
+        job = alice.submit(module_program(WAIT_FOR_GO, never))
         host, port = server.url.split("://", 1)[1].rsplit(":", 1)
         held = http.client.HTTPConnection(host, int(port), timeout=60)
         assert _on(held, "/v1/info", TOKEN_A).status == 200
@@ -164,7 +157,7 @@ def test_a_revoked_token_is_refused_at_once_and_its_programs_and_sessions_end(
     assert ended["end_message"] == "session ended: the token of identity alice was revoked"
     # Everyone else works on: bob runs a program (on the seat alice's session freed).
     with kcoral.Client(server.url, token=TOKEN_B) as bob:
-        assert bob.execute(_program("def f():\n    return 7\n")).results["r"] == 7
+        assert bob.execute(module_program("def f():\n    return 7\n")).results["r"] == 7
         assert request(server.url, "POST", "/v1/sessions", TOKEN_B, b"{}").status == 201
 
 
@@ -203,7 +196,7 @@ def test_a_changed_token_keeps_its_identity_s_work_and_admin_changes_count_at_on
     server = server_factory("--auth-token-file", str(tokens), "--num-workers", "2")
     go = tmp_path / "go"
     with kcoral.Client(server.url, token=TOKEN_A) as alice:
-        job = alice.submit(_program(WAIT_FOR_GO, str(go)))
+        job = alice.submit(module_program(WAIT_FOR_GO, str(go)))
     assert request(server.url, "GET", f"/v1/jobs/{job.id}", TOKEN_B).status == 404
     fresh = "alice-new-token-0123456789"
     _rewrite(tokens, f"alice {fresh}\nbob {TOKEN_B} admin\nroot {TOKEN_R}\n")

@@ -32,6 +32,7 @@ from identity_support import (
     TOKEN_B,
     TOKEN_R,
     execute,
+    module_program,
     request,
     sha256,
     token_file,
@@ -50,14 +51,6 @@ def f(go):
         time.sleep(0.02)
     return "done"
 """
-
-
-def _program(source: str, *args: object) -> kcoral.Program:
-    program = kcoral.Program()
-    module = program.upload(kind="module", source=source)
-    fn = program.get_function(module=module, name="f")
-    program.return_(key="r", value=program.run(fn=fn, args=list(args)))
-    return program
 
 
 def _hang_up(router: RouterProcess, event: str) -> str:
@@ -86,7 +79,7 @@ def test_a_router_revokes_a_token_on_sighup_and_its_nodes_end_that_identity_s_wo
         ready_nodes(router, 1)
         url = router.url
         with kcoral.Client(url, token=TOKEN_A) as alice:
-            job = alice.submit(_program(WAIT, str(tmp_path / "never")))
+            job = alice.submit(module_program(WAIT, str(tmp_path / "never")))
             wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running", 60.0)
             session = request(url, "POST", "/v1/sessions", TOKEN_A, b"{}")
             assert session.status == 201, session.raw
@@ -125,7 +118,7 @@ def test_a_router_revokes_a_token_on_sighup_and_its_nodes_end_that_identity_s_wo
         assert "identity_revoked identity=alice nodes=1" in router.wait_log("identity_revoked")
         # bob works on, through the same router.
         with kcoral.Client(url, token=TOKEN_B) as bob:
-            assert bob.execute(_program("def f():\n    return 7\n")).results["r"] == 7
+            assert bob.execute(module_program("def f():\n    return 7\n")).results["r"] == 7
     finally:
         node.stop()
         router.stop()
@@ -274,7 +267,7 @@ def test_sighup_to_a_node_changes_nothing_and_both_its_processes_name_the_router
         skipped = [line for line in lines if "token_reload_skipped" in line]
         assert all("send SIGHUP to its router to reload them" in line for line in skipped), skipped
         with kcoral.Client(router.url, token=TOKEN_B) as bob:
-            assert bob.execute(_program("def f():\n    return 7\n")).results["r"] == 7
+            assert bob.execute(module_program("def f():\n    return 7\n")).results["r"] == 7
     finally:
         node.stop()
         router.stop()
@@ -309,10 +302,10 @@ def test_a_node_whose_supervisor_is_frozen_when_a_token_is_revoked_is_told_throu
         ready_nodes(router, 1)
         url = router.url
         with kcoral.Client(url, token=TOKEN_A) as alice:
-            job = alice.submit(_program(WAIT, str(tmp_path / "never")))
+            job = alice.submit(module_program(WAIT, str(tmp_path / "never")))
             wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running", 60.0)
         with kcoral.Client(url, token=TOKEN_B) as bob:
-            bobs = bob.submit(_program(WAIT, str(tmp_path / "go")))
+            bobs = bob.submit(module_program(WAIT, str(tmp_path / "go")))
         os.kill(node.process.pid, signal.SIGSTOP)  # its supervisor: no status reaches the router
         frozen = True
         wait_for(lambda: request(url, "GET", "/health").status == 503, "the node away", 60.0)
@@ -413,7 +406,7 @@ def test_an_admin_demoted_by_a_reload_stops_watching_another_identity_s_job_thro
         ready_nodes(router, 1)
         url = router.url
         with kcoral.Client(url, token=TOKEN_B) as bob:
-            job = bob.submit(_program(WAIT, str(tmp_path / "go")))
+            job = bob.submit(module_program(WAIT, str(tmp_path / "go")))
             wait_for(lambda: job.status()["status"] == "RUNNING", "bob's job running", 60.0)
         path = f"/v1/jobs/{job.id}"
         watcher.request("GET", f"{path}/events", headers={"Authorization": f"Bearer {TOKEN_R}"})
@@ -542,7 +535,7 @@ def test_a_revocation_reaches_a_node_whose_supervisor_alone_has_died(tmp_path: P
         ready_nodes(router, 1)
         server_pid = node.server_pid()
         with kcoral.Client(router.url, token=TOKEN_A) as alice:
-            job = alice.submit(_program(WAIT, str(tmp_path / "never")))
+            job = alice.submit(module_program(WAIT, str(tmp_path / "never")))
             wait_for(lambda: job.status()["status"] == "RUNNING", "alice's job running", 60.0)
         node.process.send_signal(signal.SIGKILL)  # the supervisor only
         node.process.wait(30)
