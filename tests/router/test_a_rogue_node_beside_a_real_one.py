@@ -212,8 +212,32 @@ def test_her_job_that_a_rogue_node_claimed_to_bob_is_read_from_her_node(tmp_path
         node_back(router, node)
         status, record = ask(router, "GET", f"/v1/jobs/{job}", TOKEN)
         result = client.job(job).result()
-    assert (status, record["owner"], record["status"]) == (200, "alice", "COMPLETED")
+    assert (status, record.get("owner"), record["status"]) == (200, "alice", "COMPLETED")
     assert result["count"] == 2
+
+
+def test_her_job_a_rogue_node_claimed_to_her_then_disowned_is_read_from_her_node(
+    tmp_path: Path,
+) -> None:
+    # The rogue claims her job to her own look-up while her node is away, so the id was
+    # bound to the rogue for her; then it answers her reads 404, and she read that (in the
+    # grace, "job not found yet") until the binding dropped, her node back and holding it.
+    stolen: dict[str, str] = {}
+
+    def answers(method: str, path: str, identity: str) -> tuple[int, Any]:
+        if "disowned" in stolen:
+            return claims(stolen["id"], "alice", "nobody")(method, path, identity)
+        return claims(stolen["id"], "alice", "alice")(method, path, identity)
+
+    with restarted_with_a_rogue(tmp_path, answers, a_finished_job) as (router, node, _, job):
+        stolen["id"] = job
+        assert ask(router, "GET", f"/v1/jobs/{job}", TOKEN)[0] == 200  # bound to the rogue
+        node_back(router, node)
+        stolen["disowned"] = job
+        disowned, _record = ask(router, "GET", f"/v1/jobs/{job}", TOKEN)
+        status, record = ask(router, "GET", f"/v1/jobs/{job}", TOKEN)
+    assert disowned == 503  # the rogue's 404, in the grace: "job not found yet"
+    assert (status, record.get("owner"), record["status"]) == (200, "alice", "COMPLETED")
 
 
 FLOOD = SessionIndex().capacity + 1

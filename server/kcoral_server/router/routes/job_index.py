@@ -40,6 +40,10 @@ class JobIndex:
             self._nodes.popitem(last=False)
         return True
 
+    def forget(self, job_id: str) -> None:
+        """Unbind ``job_id`` (its node said it does not hold it, ``JobHandler._disowned``)."""
+        self._nodes.pop(job_id, None)
+
     def node_of(self, job_id: str) -> str | None:
         known = self._nodes.get(job_id)
         return known[0] if known is not None else None

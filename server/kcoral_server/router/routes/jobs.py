@@ -286,12 +286,16 @@ class JobHandler(ForwardHandler):
     # answer, without the node's name (ROUTER §13). The owner of a job that went with a
     # server its node replaced is told so: "job not found" named no cause.
     def buffer_answer(self, status: int) -> bool:
-        return status == 404 and (not_found_yet(self, "job") is not None or self._lost())
+        return status == 404  # small: read whole for ``rewrite``
 
     def rewrite(self, status: int, body: bytes) -> bytes:
         # its owner's (or an admin's) alone: the node it was sent to, back since, said so
         lost, message = self._lost(), not_found_yet(self, "job", not_held_by=1)
-        if status != 404 or error_kind(body) != "not_found" or not (lost or message):
+        if status != 404 or error_kind(body) != "not_found":
+            return body
+        if not lost:
+            self._disowned()
+        if not (lost or message):
             return body
         self.clear()
         if lost:
@@ -302,3 +306,14 @@ class JobHandler(ForwardHandler):
     def _lost(self) -> bool:
         jobs, job_id = self.state.jobs, self.path_args[0]
         return jobs.visible_to(job_id, self.identity) and jobs.lost(job_id, self.node)
+
+    def _disowned(self) -> None:
+        """The node the job is bound to answered its owner (or an admin) that it holds no
+        such job: the binding goes, and the next request looks the id up on every node. A
+        rogue node that claimed alice's job to her look-up while her node was away, then
+        answered her 404, kept her reading 404 until the binding dropped, her node back
+        and holding the job (ROUTER §13). Who can reach what: only the bound node's own
+        answer to the job's owner drops it, so no node can drop another node's binding."""
+        jobs, job_id = self.state.jobs, self.path_args[0]
+        if jobs.visible_to(job_id, self.identity) and jobs.node_of(job_id) == self.node:
+            jobs.forget(job_id)
