@@ -304,7 +304,13 @@ def _each_file(
     top = os.fsdecode(os.fspath(folder))
     info = os.lstat(top)
     if stat.S_ISLNK(info.st_mode):
-        raise ValueError(f"{top!r} is a symbolic link; refused")
+        # it said only "'data' is a symbolic link; refused", where a data folder linked
+        # from a bigger disk is common: the words now name the folder to pass instead
+        target = os.fsdecode(os.readlink(top))
+        raise ValueError(
+            f"{top!r} is a symbolic link (to {target!r}), which is not followed: pass the "
+            f"folder it points to, {os.path.realpath(top)!r}"
+        )
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", top)
     with closing_fd(os.open(top, DIRECTORY_FLAGS)) as root_fd, DirectoryCursor(root_fd) as cursor:

@@ -264,3 +264,18 @@ def test_a_name_that_is_not_utf8_is_shown_as_its_bytes_with_what_to_do(tmp_path)
         f"'{shown}' cannot be uploaded: its name is not UTF-8, as workspace paths are: "
         "rename it, or upload the folder without it"
     )
+
+
+def test_a_folder_given_as_a_symbolic_link_names_the_folder_to_pass_instead(tmp_path) -> None:
+    # a data folder linked from a bigger disk read "'data' is a symbolic link; refused"
+    real = tmp_path / "disk" / "data"
+    real.mkdir(parents=True)
+    (real / "x.bin").write_bytes(b"x")
+    link = tmp_path / "data"
+    link.symlink_to("disk/data")
+    with pytest.raises(ValueError) as refused:
+        Program().upload_folder(link, path="in")
+    assert str(refused.value) == (
+        f"'{link}' is a symbolic link (to 'disk/data'), which is not followed: pass the "
+        f"folder it points to, '{real.resolve()}'"
+    )
