@@ -7,7 +7,7 @@
 const path = require('path');
 const { chromium } = require(process.env.PLAYWRIGHT_CORE);
 
-function launchBrowser() {
+function launchBrowser(extraArgs = []) {
   return chromium.launch({
     executablePath: '/usr/bin/chromium',
     headless: true,
@@ -18,7 +18,8 @@ function launchBrowser() {
       '--disable-component-update',
       '--disable-sync',
       '--no-first-run',
-      '--disable-dev-shm-usage'
+      '--disable-dev-shm-usage',
+      ...extraArgs
     ]
   });
 }

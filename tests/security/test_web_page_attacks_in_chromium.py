@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,24 +36,13 @@ from stand_in_http import StandIn, serving
 import kcoral
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "labextension"))
 from router_helpers import start_router
+from test_browser import PLAYWRIGHT, _missing  # Chromium, node and playwright-core
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-PLAYWRIGHT = ROOT / "labextension" / "node_modules" / "playwright-core"
 PAGE = HERE / "web_page_attack.html"
 SCRIPT = HERE / "web_page_attacks.cjs"
-
-
-def _missing() -> str | None:
-    if not CHROMIUM.exists():
-        return "needs /usr/bin/chromium (apt-get install -y chromium)"
-    if shutil.which("node") is None:
-        return "needs node on PATH"
-    if not PLAYWRIGHT.is_dir():
-        return "needs playwright-core: run `npm ci` in labextension/"
-    return None
 
 
 pytestmark = [

@@ -12,27 +12,17 @@
 
 const fs = require('fs');
 const path = require('path');
-const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+const { launchBrowser } = require('../labextension/lab_common.cjs');
 
 const PAGE = fs.readFileSync(path.join(__dirname, 'web_page_attack.html'), 'utf8');
 
 async function main() {
-  const browser = await chromium.launch({
-    executablePath: '/usr/bin/chromium',
-    headless: true,
-    args: [
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--no-first-run',
-      '--disable-dev-shm-usage',
-      '--host-resolver-rules=MAP evil.example 127.0.0.1, MAP rebound.example 127.0.0.1',
-      // Chromium's own guard (a public page's requests to loopback need the user's consent)
-      // off: other browsers have none, and the server's checks are what is tested here
-      '--disable-features=LocalNetworkAccessChecks,PrivateNetworkAccessRespectPreflightResults'
-    ]
-  });
+  const browser = await launchBrowser([
+    '--host-resolver-rules=MAP evil.example 127.0.0.1, MAP rebound.example 127.0.0.1',
+    // Chromium's own guard (a public page's requests to loopback need the user's consent)
+    // off: other browsers have none, and the server's checks are what is tested here
+    '--disable-features=LocalNetworkAccessChecks,PrivateNetworkAccessRespectPreflightResults'
+  ]);
   try {
     const page = await browser.newPage();
     const pageUrl = new URL(process.env.PAGE_URL);
