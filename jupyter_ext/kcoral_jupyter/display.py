@@ -31,7 +31,7 @@ from kcoral import Job, KCoralError, ProtocolError, ReturnedFile, ReturnedFolder
 from kcoral.protocol.strict_json import finite_float
 from kcoral.results import plural
 from kcoral.run.terminal_filter import screened
-from kcoral_jupyter.images import heatmap_png, line_svg, plot_points
+from kcoral_jupyter.images import tensor_picture
 from kcoral_jupyter.tensor_stats import stats_facts, tensor_stats
 
 PREVIEW_CHARS = 2000
@@ -203,21 +203,16 @@ def tensor_html(value: Any, name: str | None = None) -> str:
     with np.printoptions(threshold=50, edgeitems=3, precision=4, linewidth=100):
         preview = np.array2string(np.asarray(array, dtype=_printable(array)))
     picture = ""
-    # <img> data URIs: JupyterLab's sanitizer of a notebook it did not run drops inline <svg>
-    alt = f'alt="{"heatmap" if array.ndim == 2 else "line plot"} of {escape(name or "tensor")}"'
-    try:
-        if array.size and "min" in stats and array.ndim == 2:
-            # heatmap_png strides the array down to its picture before converting it
-            encoded = base64.b64encode(heatmap_png(array)).decode()
-            picture = (
-                f'<img class="kcoral-heatmap" src="data:image/png;base64,{encoded}" '
-                f'style="image-rendering:pixelated;max-width:256px;border:1px solid #ddd" {alt}/>'
-            )
-        elif "min" in stats and array.ndim == 1 and array.size > 1:
-            encoded = base64.b64encode(line_svg(plot_points(array)).encode()).decode()
-            picture = f'<img class="kcoral-plot" src="data:image/svg+xml;base64,{encoded}" {alt}/>'
+    try:  # <img> data URIs: JupyterLab's sanitizer of a notebook it did not run drops <svg>
+        drawn = tensor_picture(array, stats["min"], stats["max"]) if "min" in stats else None
     except (TypeError, ValueError):
-        picture = ""
+        drawn = None
+    if drawn is not None:
+        encoded = base64.b64encode(drawn.data).decode()
+        picture = (
+            f'<img class="{drawn.css_class}" src="data:{drawn.mime};base64,{encoded}" '
+            f'style="{drawn.style}" alt="{drawn.kind} of {escape(name or "tensor")}"/>'
+        )
     title = f"<b>{escape(name)}</b> " if name else ""
     return (
         f'<div class="kcoral-tensor">{title}<span>{" · ".join(facts)}</span>'

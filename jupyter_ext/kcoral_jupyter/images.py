@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,10 +76,61 @@ def heatmap_png(matrix: np.ndarray) -> bytes:
     data = np.asarray(matrix)
     if data.ndim != 2 or data.size == 0:
         raise ValueError("heatmap_png expects a non-empty 2-D array")
+    return _enlarged_png(colormap(_strided(data).astype(np.float64)))
+
+
+def image_png(pixels: np.ndarray) -> bytes:
+    """An ``(h, w, 3)`` or ``(h, w, 1)`` image tensor as PNG: uint8 as it is, floats in
+    [0, 1] scaled to 0..255, one channel as grey (strided down when large, enlarged when
+    tiny)."""
+    data = _strided(np.asarray(pixels))
+    if data.dtype != np.uint8:  # a NaN or inf pixel is drawn grey, as the heatmap draws one
+        values = data.astype(np.float64)
+        values[~np.isfinite(values)] = 160 / 255
+        data = np.clip(np.rint(values * 255), 0, 255).astype(np.uint8)
+    return _enlarged_png(np.repeat(data, 3, axis=2) if data.shape[2] == 1 else data)
+
+
+@dataclass(frozen=True)
+class Picture:
+    """What a notebook draws of a tensor: an ``<img>`` of ``mime`` ``data``."""
+
+    kind: str  # said in its alt text: 'heatmap of x'
+    css_class: str
+    mime: str
+    data: bytes
+    style: str
+
+
+_PIXELS = "image-rendering:pixelated;max-width:256px;border:1px solid #ddd"
+
+
+def tensor_picture(array: np.ndarray, low: float, high: float) -> Picture | None:
+    """The picture of a non-empty tensor whose finite values lie in [``low``, ``high``]: an
+    ``(h, w, 3)``/``(h, w, 1)`` tensor of uint8, or of floats in [0, 1], as the image it
+    holds (it showed as a column of numbers); a 2-D one as a heatmap; a 1-D one as a line
+    plot; else None."""
+    if array.ndim == 3 and array.shape[2] in (1, 3) and array.size:
+        if array.dtype == np.uint8 or (array.dtype.kind == "f" and 0 <= low and high <= 1):
+            return Picture("image", "kcoral-image", "image/png", image_png(array), _PIXELS)
+    if array.ndim == 2 and array.size:
+        # heatmap_png strides the array down to its picture before converting it
+        return Picture("heatmap", "kcoral-heatmap", "image/png", heatmap_png(array), _PIXELS)
+    if array.ndim == 1 and array.size > 1:
+        svg = line_svg(plot_points(array)).encode()
+        return Picture("line plot", "kcoral-plot", "image/svg+xml", svg, "")
+    return None
+
+
+def _strided(data: np.ndarray) -> np.ndarray:
+    """Every n-th row and column of ``data``, n so that no side is over ``MAX_IMAGE_SIDE``."""
     step_y = max(1, -(-data.shape[0] // MAX_IMAGE_SIDE))
     step_x = max(1, -(-data.shape[1] // MAX_IMAGE_SIDE))
-    data = data[::step_y, ::step_x].astype(np.float64)
-    rgb = colormap(data)
+    return data[::step_y, ::step_x]
+
+
+def _enlarged_png(rgb: np.ndarray) -> bytes:
+    """``rgb`` as PNG, each pixel repeated so that a tiny picture is ``MIN_IMAGE_SIDE``."""
     scale = max(1, MIN_IMAGE_SIDE // max(rgb.shape[0], rgb.shape[1]))
     if scale > 1:
         rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)

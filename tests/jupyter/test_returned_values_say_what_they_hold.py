@@ -12,7 +12,9 @@ against a real CPU server, as the saved notebook keeps it:
 * a line plot is an ``<img>``, which JupyterLab still shows in a notebook it did not run;
 * HTML the server rendered carries its text inside its iframe, which JupyterLab shows for
   a notebook it did not run (its sanitizer drops the iframe: the output was blank);
-* laid out by chromium, a results table stays inside its box (200 bytes drew it far past).
+* laid out by chromium, a results table stays inside its box (200 bytes drew it far past);
+* an ``(h, w, 3)`` or ``(h, w, 1)`` tensor of uint8, or of floats in [0, 1], is drawn as the
+  image it holds (it showed only as a column of numbers).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from notebook_cells import connected_cells, executed
+from png_reader import decode_png
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,6 +42,13 @@ def some_nan(): return torch.tensor([1.0, float('nan'), 3.0, float('inf')])
 def only_nan(): return torch.tensor([float('nan'), float('inf'), -float('inf')])
 def plain(): return torch.tensor([1.0, 2.0, 3.0])
 def raw(): return bytes(range(200))
+def picture():
+    pixels = torch.zeros(4, 8, 3, dtype=torch.uint8)
+    pixels[:, :4, 0] = 255  # the left half red
+    pixels[:, 4:, 2] = 255  # the right half blue
+    return pixels
+def grey():
+    return torch.linspace(0, 1, 16).reshape(4, 4, 1)
 def spike():
     values = torch.zeros(1_000_000)
     values[500_001] = 5.0  # between two of every 1954th value
@@ -47,7 +58,7 @@ def spike():
 PROGRAM_CELL = f"""import kcoral
 program = kcoral.Program()
 module = program.upload(kind="module", source={MODULE!r})
-for name in ("some_nan", "only_nan", "plain", "raw", "spike"):
+for name in ("some_nan", "only_nan", "plain", "raw", "spike", "picture", "grey"):
     function = program.get_function(module=module, name=name)
     program.return_(key=name, value=program.run(fn=function))
 kcoral.Client(URL).execute(program)"""
@@ -221,3 +232,25 @@ def test_a_results_table_stays_inside_its_box_in_chromium(notebook, tmp_path: Pa
     found = re.search(r'<pre id="kcoral-overflow">([^<]*)</pre>', dom)
     assert found is not None, dom[-2000:]
     assert json.loads(markup.unescape(found.group(1))) == []
+
+
+def image_in(row: str) -> np.ndarray:
+    """The pixels of the one image tensor's picture in ``row``."""
+    (encoded,) = re.findall(r'<img class="kcoral-image" src="data:image/png;base64,([^"]+)"', row)
+    return decode_png(base64.b64decode(encoded))
+
+
+def test_an_image_tensor_is_drawn_as_its_image(notebook) -> None:
+    row = row_of(notebook, "picture")
+    assert facts_of(notebook, "picture").startswith("shape (4, 8, 3) · dtype uint8")
+    assert 'alt="image of picture"' in row
+    pixels = image_in(row)
+    assert pixels.shape == (48, 96, 3)  # 4x8, each pixel 12x12
+    assert (pixels[:, :48] == (255, 0, 0)).all() and (pixels[:, 48:] == (0, 0, 255)).all()
+
+
+def test_a_one_channel_float_image_is_drawn_in_grey(notebook) -> None:
+    pixels = image_in(row_of(notebook, "grey"))
+    assert pixels.shape == (96, 96, 3)
+    corners = [tuple(pixels[y, x]) for y, x in ((0, 0), (-1, -1))]
+    assert corners == [(0, 0, 0), (255, 255, 255)]
