@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kcoral import Client, KCoralError, ProgramResult, ProtocolError, TransportError
 from kcoral.client_sessions import Session as ClientSession
@@ -46,9 +46,7 @@ from kcoral_jupyter.cell_errors import (
     refused,
 )
 from kcoral_jupyter.display import format_size
-
-if TYPE_CHECKING:
-    from kcoral_jupyter.runner import RunRecord
+from kcoral_jupyter.runner import InterruptedProgram, RunRecord
 
 #: Seconds the exit hook waits to connect before it leaves the session to the idle timeout.
 EXIT_CONNECT_TIMEOUT_SECONDS = 3.0
@@ -162,7 +160,8 @@ def ended_with_cell_hint(
 
 def session_interrupted(remote: NotebookSession, record: RunRecord) -> TwoLineError:
     """An interrupted session cell (``record``), whose program got ``KeyboardInterrupt``
-    (not a kill), or was cancelled before it started (EXTENSIONS §11): the session's end
+    (not a kill), was cancelled before it started (EXTENSIONS §11) or completed all the
+    same (the interrupt came as it finished, or it caught it): the session's end
     when it ended (the program outlived the interrupt's grace), else what is known of its
     state. Before, a program seen to stop in a session the server still held read "the
     session keeps its state if the program stopped within 5 s (else the next cell says it
@@ -170,13 +169,21 @@ def session_interrupted(remote: NotebookSession, record: RunRecord) -> TwoLineEr
     ended, live = _end_or_live(remote)
     if ended is not None:
         return ended
-    if live and record.session_program_never_ran:  # not "KeyboardInterrupt raised in" it
+    ended_as = record.session_program
+    if live and ended_as is InterruptedProgram.NEVER_RAN:  # no "KeyboardInterrupt raised"
         return CellCancelledError(
             f"interrupted before it started: {remote.label}'s program on {remote.url} never ran",
             "the session keeps its state: run the next cell",
         )
+    if live and ended_as is InterruptedProgram.COMPLETED:
+        return CellCancelledError(
+            f"interrupted, but {remote.label}'s program on {remote.url} completed (the "
+            "interrupt came as it finished, or it caught the KeyboardInterrupt)",
+            "what it changed in the session is kept; its results were not brought back: "
+            "run the next cell",
+        )
     said = f"interrupted: KeyboardInterrupt raised in {remote.label}'s program on {remote.url}"
-    if live and record.session_program_stopped:
+    if live and ended_as is not None:
         return CellCancelledError(
             said, "its program stopped and the session keeps its state: run the next cell"
         )
@@ -189,8 +196,10 @@ def session_interrupted(remote: NotebookSession, record: RunRecord) -> TwoLineEr
 
 def interrupted_status(remote: NotebookSession, record: RunRecord) -> str:
     """The status line of an interrupted session cell (``record``) whose session lives."""
-    if record.session_program_never_ran:
+    if record.session_program is InterruptedProgram.NEVER_RAN:
         return f"interrupted before it started: the cell never ran in {remote.label}"
+    if record.session_program is InterruptedProgram.COMPLETED:
+        return f"interrupted, but the cell completed in {remote.label}"
     return f"interrupted: KeyboardInterrupt raised in {remote.label}"
 
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from types import FrameType, TracebackType
 from typing import Any, Protocol
 
@@ -132,8 +133,8 @@ class RunRecord:
     # ("gpu=h100", from /v1/info fleet); None when not known (a direct server).
     waits_for: str | None = None
     gpu_count: int = 1  # the GPUs its lease takes at once (a cell's --gpus)
-    session_program_stopped: bool = False  # its interrupt was seen to end its session job
-    session_program_never_ran: bool = False  # ... before it started (EXTENSIONS §11)
+    #: how its interrupted session job was seen to end (None: not seen to end)
+    session_program: InterruptedProgram | None = None
 
 
 class RemoteCellError(RemoteExecutionError):
@@ -276,13 +277,8 @@ def _run_as_job(
             # (EXTENSIONS §11); an interrupt raises KeyboardInterrupt in the program instead.
             reporter.phase("interrupted: raising KeyboardInterrupt in the session's program")
             if stop_session_program(client, job):
-                record.session_program_stopped = True
-                record.session_program_never_ran = never_started(job)
-                reporter.phase(
-                    "interrupted before it started: the session's program never ran"
-                    if record.session_program_never_ran
-                    else "interrupted: the session's program has stopped"
-                )
+                record.session_program = how_it_ended(job)
+                reporter.phase(f"interrupted: {record.session_program.value}")
             raise
         reporter.phase("interrupted: cancelling the job on the server")
         try:
@@ -381,16 +377,29 @@ def stop_session_program(session: ClientSession, job: Job) -> bool:
     return False
 
 
-def never_started(job: Job) -> bool:
-    """Whether the finished ``job`` was cancelled before its program reached a worker (it
-    has no ``started_at``): a session's program interrupted while it waited to start, which
-    never ran (EXTENSIONS §11). Its cell said the program had been interrupted, as if it
-    had run."""
+class InterruptedProgram(Enum):
+    """How an interrupted session cell's program ended (its value: the phase line)."""
+
+    STOPPED = "the session's program has stopped"  # KeyboardInterrupt raised in it
+    #: cancelled while it waited to start (EXTENSIONS §11)
+    NEVER_RAN = "the session's program never ran"
+    #: it completed all the same: the interrupt came as it finished, or it caught it
+    COMPLETED = "the session's program completed all the same"
+
+
+def how_it_ended(job: Job) -> InterruptedProgram:
+    """How the finished ``job`` of an interrupted session cell ended. Its cell said
+    'KeyboardInterrupt raised in' a program that never ran (cancelled before it reached a
+    worker: no ``started_at``) or that completed, its changes kept."""
     try:
         state = job.status()
     except (KCoralError, TransportError, ProtocolError):
-        return False  # not known: the cell says what it says of a program that stopped
-    return state.get("status") == "CANCELLED" and state.get("started_at") is None
+        return InterruptedProgram.STOPPED  # not known: what the cell said before
+    if state.get("status") == "COMPLETED":
+        return InterruptedProgram.COMPLETED
+    if state.get("status") == "CANCELLED" and state.get("started_at") is None:
+        return InterruptedProgram.NEVER_RAN
+    return InterruptedProgram.STOPPED
 
 
 def follow_job(

@@ -1,11 +1,11 @@
-"""A session cell interrupted (Jupyter's Stop: SIGINT to a real kernel) while its program
-waits to start, behind the worker's clean-up after the previous cell: the program never
-runs, the cell says so in two lines, and the session keeps its state (EXTENSIONS §11).
-Found in a real kernel against a server started as the README starts one (its token):
-the cell read 'KeyboardInterrupt raised in session …'s program … its program stopped and
-the session keeps its state', and the next cell found ``x`` changed by the cell the user
-had stopped. A real CPU server with a client token; the previous cell leaves garbage whose
-collection (the worker's clean-up, SERVER §6) waits for a file the test writes."""
+"""A session cell interrupted (Jupyter's Stop: SIGINT to a real kernel) when its program
+has not started, or when it completes all the same: each time the cell says what happened
+to the program and the session keeps its state (EXTENSIONS §11). Found in a real kernel
+against a server started as the README starts one (its token): both read 'KeyboardInterrupt
+raised in session …'s program … its program stopped and the session keeps its state', and
+the next cell found ``x`` changed by the cell the user had stopped. A real CPU server with a
+client token. Waiting to start: the previous cell leaves garbage whose collection (the
+worker's clean-up, SERVER §6) waits for a file the test writes."""
 
 from __future__ import annotations
 
@@ -105,3 +105,50 @@ def test_a_session_cell_interrupted_while_it_waits_to_start_never_runs_and_says_
             output_hook=lambda m: kept.append(m["content"].get("text", "")),
         )
         assert "".join(kept).strip() == "x is 41"
+
+
+def test_a_session_cell_whose_program_completes_despite_the_interrupt_says_so(
+    server_factory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # the program ignores the interrupt (as code that catches KeyboardInterrupt does, or
+    # one interrupted in the worker's own code as it returns its results) and completes
+    tokens = client_token_file(tmp_path, f"alice {TOKEN}\n")
+    server = server_factory("--max-sessions", "1", "--auth-token-file", str(tokens))
+    go = tmp_path / "go"
+    with kernel(server.url, monkeypatch) as (manager, client):
+        try:
+            client.execute_interactive("%load_ext kcoral\n%kcoral session start")
+            client.execute_interactive("%%kcoral --quiet\nx = 41")
+            sent = client.execute(
+                "%%kcoral\nimport os, signal, time\nsignal.signal(signal.SIGINT, lambda *_: None)\n"
+                "print('ignoring interrupts', flush=True)\n"
+                f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\nx = 42\n"
+            )
+            while True:  # until the program has said it ignores interrupts
+                message = client.get_iopub_msg(timeout=120)
+                content = message["content"]
+                if message["parent_header"].get("msg_id") == sent and "ignoring" in str(
+                    content.get("text", "")
+                ):
+                    break
+            manager.interrupt_kernel()
+        finally:
+            go.touch()
+        lines, error = said_by(client, sent)
+        label = re.search(r"session ([0-9a-f]{8})", "\n".join(lines))
+        assert label, lines
+        assert error == [
+            f"CellCancelledError: interrupted, but session {label.group(1)}'s program on "
+            f"{server.url} completed (the interrupt came as it finished, or it caught the "
+            "KeyboardInterrupt)",
+            "what it changed in the session is kept; its results were not brought back: run "
+            "the next cell",
+        ], lines
+        assert lines[-1].startswith("kcoral: interrupted, but the cell completed in session")
+        assert not [line for line in lines if "program has stopped" in line], lines
+        kept: list[str] = []
+        client.execute_interactive(
+            "%%kcoral --quiet\nprint('x is', x)",
+            output_hook=lambda m: kept.append(m["content"].get("text", "")),
+        )
+        assert "".join(kept).strip() == "x is 42"
