@@ -48,6 +48,27 @@ def logs(router: RouterProcess, node: Node) -> Callable[[], str]:
     return lambda: f"{router.log()}\n{node.log_path.read_text()}"
 
 
+def wait_until_listed(router: RouterProcess, node: Node, node_id: str, sessions: int) -> None:
+    """Until ``router`` logs that ``node_id`` listed ``sessions`` sessions as it connected."""
+    listed = f"node_sessions_listed node={node_id} sessions={sessions}"
+    wait_for(
+        lambda: listed in router.log(),
+        f"{node_id} listing {sessions} sessions",
+        90.0,
+        detail=logs(router, node),
+    )
+
+
+def wait_for_its_second_server(router: RouterProcess, node: Node) -> None:
+    """Until ``node``'s supervisor has started the server that replaces the one killed."""
+    wait_for(
+        lambda: node.log_path.read_text().count("server_child_started") == 2,
+        "a new server",
+        90.0,
+        detail=logs(router, node),
+    )
+
+
 def test_a_session_whose_node_restarted_its_server_after_the_router_is_ended_at_once(
     tmp_path: Path,
 ) -> None:
@@ -55,21 +76,9 @@ def test_a_session_whose_node_restarted_its_server_after_the_router_is_ended_at_
         router.stop()
         restarted = router_on(tmp_path, router.port)
         with stopping(restarted, []):
-            listed = "node_sessions_listed node=only sessions=1"
-            wait_for(
-                lambda: listed in restarted.log(),
-                "the node lists",
-                90.0,
-                detail=logs(restarted, node),
-            )
+            wait_until_listed(restarted, node, "only", 1)
             os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
-            started = "server_child_started"
-            wait_for(
-                lambda: node.log_path.read_text().count(started) == 2,
-                "a new server",
-                90.0,
-                detail=logs(restarted, node),
-            )
+            wait_for_its_second_server(restarted, node)
             ready_nodes(restarted, 1)
             with pytest.raises(kcoral.KCoralError) as ended:
                 session.execute(session_call(REMEMBER, 42))
@@ -139,11 +148,7 @@ async def a_rogue_lists(router: RouterProcess, node: Node, session_id: str) -> N
     fake = FakeNode(router.port, "rogue", handler=rogue, control_slots=2, token=token)
     await fake.start()
     try:
-        listed = "node_sessions_listed node=rogue sessions=1"
-        check = partial(
-            wait_for, lambda: listed in router.log(), "listed", 90.0, detail=logs(router, node)
-        )
-        await asyncio.to_thread(check)
+        await asyncio.to_thread(wait_until_listed, router, node, "rogue", 1)
     finally:
         await fake.close()
 
@@ -175,13 +180,7 @@ def an_end_its_busy_node_misses(
         args = ("--port", str(router.port), "--auth-token-file", str(tokens))
         restarted = start_router(tmp_path, *args, "--reconnect-grace-seconds", "600", env=NODE_ENV)
         with stopping(restarted, []):
-            listed = "node_sessions_listed node=only sessions=1"
-            wait_for(
-                lambda: listed in restarted.log(),
-                "the node lists",
-                90.0,
-                detail=logs(restarted, node),
-            )
+            wait_until_listed(restarted, node, "only", 1)
             meanwhile(restarted, node)
             server = node.server_pid()
             os.kill(server, signal.SIGSTOP)
@@ -226,11 +225,7 @@ def a_rogue_floods(router: RouterProcess, node: Node) -> None:
         fake = FakeNode(router.port, "rogue", handler=rogue, control_slots=2, token=token)
         await fake.start()
         try:
-            listed = f"node_sessions_listed node=rogue sessions={FLOOD}"
-            check = partial(
-                wait_for, lambda: listed in router.log(), "listed", 90.0, detail=logs(router, node)
-            )
-            await asyncio.to_thread(check)
+            await asyncio.to_thread(wait_until_listed, router, node, "rogue", FLOOD)
         finally:
             await fake.close()
 
@@ -287,22 +282,10 @@ def test_a_session_whose_node_restarted_before_reconnecting_reads_so_not_only_no
     with a_session_on_one_node(tmp_path) as (router, node, _client, session):
         router.stop()
         os.kill(node.server_pid(), signal.SIGKILL)  # its supervisor starts another
-        started = "server_child_started"
-        wait_for(
-            lambda: node.log_path.read_text().count(started) == 2,
-            "a new server",
-            90.0,
-            detail=logs(router, node),
-        )
+        wait_for_its_second_server(router, node)
         restarted = router_on(tmp_path, router.port)
         with stopping(restarted, []):
-            listed = "node_sessions_listed node=only sessions=0"
-            wait_for(
-                lambda: listed in restarted.log(),
-                "the node lists",
-                90.0,
-                detail=logs(restarted, node),
-            )
+            wait_until_listed(restarted, node, "only", 0)
             request = urllib.request.Request(
                 f"{restarted.url}/v1/sessions/{session.id}",
                 headers={"Authorization": f"Bearer {TOKEN}"},

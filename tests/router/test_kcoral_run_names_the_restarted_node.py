@@ -16,8 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from router_helpers import Node, start_router, stopping
-from test_router_fleet_status import only_kind
-from waiting import wait_for
+from test_router_fleet_status import wait_until_its_seat_is_free
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 KCORAL_RUN = [sys.executable, "-m", "kcoral", "run", "shell"]
@@ -30,12 +29,7 @@ def test_kcoral_run_names_the_node_whose_restart_lost_its_job(tmp_path: Path) ->
     )
     node = Node(tmp_path, router, "cpu-a", None)
     with stopping(router, [node]):
-        wait_for(
-            lambda: (row := only_kind(router)) and row["free_seats"] == 1,
-            "ready",
-            90.0,
-            detail=router.log,
-        )
+        wait_until_its_seat_is_free(router)
         run = subprocess.Popen(
             [*KCORAL_RUN, "--url", router.url, "--", "sh", "-c", "echo started; exec sleep 120"],
             stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from raw_http import request
 from router_helpers import Node, start_router, stopping
-from test_router_fleet_status import HOLD, only_kind
+from test_router_fleet_status import HOLD, only_kind, wait_until_its_seat_is_free
 from waiting import wait_for
 
 import kcoral
@@ -32,12 +32,7 @@ def test_a_node_running_a_job_on_its_only_seat_reads_busy_in_the_router_metrics(
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
     node = Node(tmp_path, router, "cpu-a", None)
     with stopping(router, [node]):
-        wait_for(
-            lambda: (row := only_kind(router)) and row["free_seats"] == 1,
-            "ready",
-            90.0,
-            detail=router.log,
-        )
+        wait_until_its_seat_is_free(router)
         release = tmp_path / "release"
         program = kcoral.Program()
         module = program.upload(kind="module", source=HOLD)

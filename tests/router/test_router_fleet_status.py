@@ -44,6 +44,16 @@ def only_kind(router) -> dict[str, Any] | None:
     return rows["kinds"][0] if rows and rows["kinds"] else None
 
 
+def wait_until_its_seat_is_free(router) -> None:
+    """Until the only kind's row has its one seat free: its node ready, nothing held."""
+    wait_for(
+        lambda: (row := only_kind(router)) and row["free_seats"] == 1,
+        "the node ready with its seat free",
+        90.0,
+        detail=router.log,
+    )
+
+
 class Held:
     """Programs that hold a seat until ``release``; their answers, in order sent."""
 
@@ -156,12 +166,7 @@ def test_a_seat_running_a_job_is_not_counted_as_free(tmp_path: Path) -> None:
     router = start_router(tmp_path, "--status-check-interval-seconds", "0.3")
     nodes = [Node(tmp_path, router, "cpu-a")]
     with stopping(router, nodes):
-        wait_for(
-            lambda: (k := only_kind(router)) and k["free_seats"] == 1,
-            "ready",
-            90.0,
-            detail=router.log,
-        )
+        wait_until_its_seat_is_free(router)
         release = tmp_path / "release"
         client = kcoral.Client(router.url)
         program = kcoral.Program()

@@ -14,8 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from router_helpers import Node, start_router, stopping
-from test_router_fleet_status import HOLD, only_kind
-from waiting import wait_for
+from test_router_fleet_status import HOLD, wait_until_its_seat_is_free
 
 import kcoral
 from kcoral.errors import KCoralError
@@ -33,12 +32,7 @@ def test_the_owner_of_a_job_lost_with_its_nodes_server_is_told_the_node_restarte
     )
     node = Node(tmp_path, router, "cpu-a", None)
     with stopping(router, [node]):
-        wait_for(
-            lambda: (row := only_kind(router)) and row["free_seats"] == 1,
-            "ready",
-            90.0,
-            detail=router.log,
-        )
+        wait_until_its_seat_is_free(router)
         program = kcoral.Program()
         module = program.upload(kind="module", source=HOLD)
         never = str(tmp_path / "never-created")
