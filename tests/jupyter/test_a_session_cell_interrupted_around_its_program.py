@@ -70,6 +70,25 @@ def said_by(client: Any, sent: str, until_submitted: bool = False) -> tuple[list
             return lines, error
 
 
+def session_label(lines: list[str]) -> str:
+    """The session's short id as the cell's status lines name it; each line true as it is
+    said (a terminal IPython prints every one): none says a program that never got an
+    interrupt stopped on one."""
+    assert not [line for line in lines if "program has stopped" in line], lines
+    label = re.search(r"session ([0-9a-f]{8})", "\n".join(lines))
+    assert label, lines
+    return label.group(1)
+
+
+def x_in_the_next_cell(client: Any) -> str:
+    printed: list[str] = []
+    client.execute_interactive(
+        "%%kcoral --quiet\nprint(x)",
+        output_hook=lambda m: printed.append(m["content"].get("text", "")),
+    )
+    return "".join(printed).strip()
+
+
 def test_a_session_cell_interrupted_while_it_waits_to_start_never_runs_and_says_so(
     server_factory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -89,22 +108,14 @@ def test_a_session_cell_interrupted_while_it_waits_to_start_never_runs_and_says_
             lines, error = said_by(client, sent)
         finally:
             go.touch()
-        label = re.search(r"session ([0-9a-f]{8})", "\n".join(lines))
-        assert label, lines
+        label = session_label(lines)
         assert error == [
-            f"CellCancelledError: interrupted before it started: session {label.group(1)}'s "
+            f"CellCancelledError: interrupted before it started: session {label}'s "
             f"program on {server.url} never ran",
             "the session keeps its state: run the next cell",
         ], lines
         assert lines[-1].startswith("kcoral: interrupted before it started: the cell never ran")
-        # each line true as it is said (a terminal IPython prints every one)
-        assert not [line for line in lines if "program has stopped" in line], lines
-        kept: list[str] = []
-        client.execute_interactive(
-            "%%kcoral --quiet\nprint('x is', x)",
-            output_hook=lambda m: kept.append(m["content"].get("text", "")),
-        )
-        assert "".join(kept).strip() == "x is 41"
+        assert x_in_the_next_cell(client) == "41"
 
 
 def test_a_session_cell_whose_program_completes_despite_the_interrupt_says_so(
@@ -135,20 +146,12 @@ def test_a_session_cell_whose_program_completes_despite_the_interrupt_says_so(
         finally:
             go.touch()
         lines, error = said_by(client, sent)
-        label = re.search(r"session ([0-9a-f]{8})", "\n".join(lines))
-        assert label, lines
         assert error == [
-            f"CellCancelledError: interrupted, but session {label.group(1)}'s program on "
+            f"CellCancelledError: interrupted, but session {session_label(lines)}'s program on "
             f"{server.url} completed (the interrupt came as it finished, or it caught the "
             "KeyboardInterrupt)",
             "what it changed in the session is kept; its results were not brought back: run "
             "the next cell",
         ], lines
         assert lines[-1].startswith("kcoral: interrupted, but the cell completed in session")
-        assert not [line for line in lines if "program has stopped" in line], lines
-        kept: list[str] = []
-        client.execute_interactive(
-            "%%kcoral --quiet\nprint('x is', x)",
-            output_hook=lambda m: kept.append(m["content"].get("text", "")),
-        )
-        assert "".join(kept).strip() == "x is 42"
+        assert x_in_the_next_cell(client) == "42"
