@@ -381,6 +381,10 @@ def test_uploads_into_the_runtime_state_directory_fail(tmp_path: Path) -> None:
         assert status == 200 and body["status"] == "FAILED"
         assert body["error"]["kind"] == "runtime"
         assert body["error"]["instruction_index"] == 0
+        assert body["error"]["message"] == (  # it said only 'is reserved in the sandbox'
+            "path '.kcoral/home/x' is reserved: the sandbox keeps the worker's own files (its "
+            "home, temporary files and caches) in .kcoral; upload it under another name"
+        )
     finally:
         server.stop()
 

@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from kcoral_server.worker.engine import Engine
 
 NOT_A_MODULE = "get_function expects an uploaded module or library handle"
+# what a file upload into .kcoral/ is told: it said only 'is reserved in the sandbox'
+RESERVED_IN_THE_SANDBOX = (
+    "is reserved: the sandbox keeps the worker's own files (its home, temporary files and "
+    "caches) in .kcoral; upload it under another name"
+)
 
 
 class Instructions:
@@ -146,7 +151,7 @@ class Instructions:
             self._drain_and_release()
             path = upload.path or ""
             if self.engine.configure.sandbox == "bubblewrap" and path.split("/")[0] == ".kcoral":
-                raise InstructionFailure("runtime", f"path {path!r} is reserved in the sandbox")
+                raise InstructionFailure("runtime", f"path {path!r} {RESERVED_IN_THE_SANDBOX}")
             assert self.workspace_fd is not None
             if self.upload_writer is None:
                 self.upload_writer = UploadWriter(self.workspace_fd)
