@@ -49,6 +49,34 @@ def collect_outputs(
         report["missing"].append({"path": ".", "reason": "run-iket wrote no file"})
 
 
+#: how many names a missing output's reason lists of the directory it was looked for in
+_NAMES_SHOWN = 6
+
+
+def _what_is_there(work: str, parts: list[str]) -> str:
+    """What the deepest existing directory on a missing output's path holds, so that a
+    misspelt ``--fetch`` shows the name it meant: ``the tool's directory holds main.py,
+    res/``. A name that is not UTF-8 is escaped (the report travels as JSON text)."""
+    shown, directory = "the tool's directory", work
+    for index, name in enumerate(parts[:-1]):
+        below = os.path.join(directory, name)
+        if not os.path.isdir(below):
+            break
+        shown, directory = "/".join(parts[: index + 1]) + "/", below
+    try:
+        names = sorted(os.listdir(os.fsencode(directory)))
+    except OSError:
+        return f"{shown} cannot be listed"
+    if not names:
+        return f"{shown} is empty"
+    listed = []
+    for entry in names[:_NAMES_SHOWN]:
+        slash = "/" if os.path.isdir(os.path.join(os.fsencode(directory), entry)) else ""
+        listed.append(entry.decode("utf-8", "backslashreplace") + slash)
+    more = len(names) - len(listed)
+    return f"{shown} holds {', '.join(listed)}" + (f" and {more} more" if more else "")
+
+
 def outermost_paths(paths: Iterable[str]) -> list[str]:
     """Sorted, duplicate-free normalized paths without those inside another listed path."""
     kept: list[str] = []
@@ -88,7 +116,7 @@ def _fetch(work: str, outputs: str, path: str, report: dict[str, Any]) -> str | 
         finally:
             os.close(opened)
     except FileNotFoundError:
-        return "not found"
+        return f"not found; {_what_is_there(work, parts)}"
     except OSError as exc:
         return exc.strerror or str(exc)
     except ValueError as exc:

@@ -243,7 +243,8 @@ def test_fetched_files_and_directories_are_collected_even_after_a_failure(
     assert (outputs / "top.txt").read_text() == "T"
     assert not (outputs / "res/link").exists()
     assert (report["skipped"], report["links"]) == ([], ["res/link"])
-    assert report["missing"] == [{"path": "absent.txt", "reason": "not found"}]
+    reason = "not found; the tool's directory holds res/, top.txt"
+    assert report["missing"] == [{"path": "absent.txt", "reason": reason}]
 
 
 def test_a_fetched_symlink_is_a_missing_output(workspace: Path) -> None:
