@@ -212,7 +212,7 @@ def tensor_html(value: Any, name: str | None = None) -> str:
         picture = (
             f'<img class="{drawn.css_class}" src="data:{drawn.mime};base64,{encoded}" '
             f'style="{drawn.style}" alt="{drawn.kind} of {escape(name or "tensor")}"/>'
-        )
+        ) + (f'<div style="color:#57606a">{escape(drawn.note)}</div>' if drawn.note else "")
     title = f"<b>{escape(name)}</b> " if name else ""
     return (
         f'<div class="kcoral-tensor">{title}<span>{" · ".join(facts)}</span>'

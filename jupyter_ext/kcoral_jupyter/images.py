@@ -100,6 +100,7 @@ class Picture:
     mime: str
     data: bytes
     style: str
+    note: str = ""  # said under it: what it leaves out
 
 
 _PIXELS = "image-rendering:pixelated;max-width:256px;border:1px solid #ddd"
@@ -112,21 +113,52 @@ def tensor_picture(array: np.ndarray, low: float, high: float) -> Picture | None
     plot; else None."""
     if array.ndim == 3 and array.shape[2] in (1, 3) and array.size:
         if array.dtype == np.uint8 or (array.dtype.kind == "f" and 0 <= low and high <= 1):
-            return Picture("image", "kcoral-image", "image/png", image_png(array), _PIXELS)
+            drawn = image_png(array)
+            return Picture(
+                "image", "kcoral-image", "image/png", drawn, _PIXELS, stride_note(array.shape)
+            )
     if array.ndim == 2 and array.size:
         # heatmap_png strides the array down to its picture before converting it
-        return Picture("heatmap", "kcoral-heatmap", "image/png", heatmap_png(array), _PIXELS)
+        drawn = heatmap_png(array)
+        return Picture(
+            "heatmap", "kcoral-heatmap", "image/png", drawn, _PIXELS, stride_note(array.shape)
+        )
     if array.ndim == 1 and array.size > 1:
         svg = line_svg(plot_points(array)).encode()
         return Picture("line plot", "kcoral-plot", "image/svg+xml", svg, "")
     return None
 
 
+def _steps(shape: tuple[int, ...]) -> tuple[int, int]:
+    """The row and column steps that keep a picture's sides within ``MAX_IMAGE_SIDE``."""
+    return max(1, -(-shape[0] // MAX_IMAGE_SIDE)), max(1, -(-shape[1] // MAX_IMAGE_SIDE))
+
+
 def _strided(data: np.ndarray) -> np.ndarray:
-    """Every n-th row and column of ``data``, n so that no side is over ``MAX_IMAGE_SIDE``."""
-    step_y = max(1, -(-data.shape[0] // MAX_IMAGE_SIDE))
-    step_x = max(1, -(-data.shape[1] // MAX_IMAGE_SIDE))
+    """Every n-th row and column of ``data`` (``_steps``)."""
+    step_y, step_x = _steps(data.shape)
     return data[::step_y, ::step_x]
+
+
+def stride_note(shape: tuple[int, ...]) -> str:
+    """What a heatmap or image of ``shape`` leaves out, said under it: 'drawn from every 4th
+    row and every 2nd column' ('' when nothing is left out). A value between those rows (a
+    spike) is not in the picture, while the statistics beside it count it."""
+    step_y, step_x = _steps(shape)
+    if step_y == step_x == 1:
+        return ""
+    if step_y == step_x:
+        return f"drawn from every {_nth(step_y)} row and column"
+    rows = "every row" if step_y == 1 else f"every {_nth(step_y)} row"
+    columns = "every column" if step_x == 1 else f"every {_nth(step_x)} column"
+    return f"drawn from {rows} and {columns}"
+
+
+def _nth(number: int) -> str:
+    """2nd, 3rd, 4th, 11th, 21st."""
+    last = 0 if 11 <= number % 100 <= 13 else number % 10
+    suffix = {1: "st", 2: "nd", 3: "rd"}.get(last, "th")
+    return f"{number}{suffix}"
 
 
 def _enlarged_png(rgb: np.ndarray) -> bytes:

@@ -14,7 +14,9 @@ against a real CPU server, as the saved notebook keeps it:
   a notebook it did not run (its sanitizer drops the iframe: the output was blank);
 * laid out by chromium, a results table stays inside its box (200 bytes drew it far past);
 * an ``(h, w, 3)`` or ``(h, w, 1)`` tensor of uint8, or of floats in [0, 1], is drawn as the
-  image it holds (it showed only as a column of numbers).
+  image it holds (it showed only as a column of numbers);
+* a heatmap drawn from every n-th row and column says so (a 'max 5' tensor's one spike
+  between them was silently left out of its picture).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ def picture():
     pixels[:, :4, 0] = 255  # the left half red
     pixels[:, 4:, 2] = 255  # the right half blue
     return pixels
+def heat():
+    values = torch.zeros(600, 600)
+    values[301, 301] = 5.0  # between the rows a picture of every 3rd row draws
+    return values
 def grey():
     return torch.linspace(0, 1, 16).reshape(4, 4, 1)
 def spike():
@@ -58,7 +64,7 @@ def spike():
 PROGRAM_CELL = f"""import kcoral
 program = kcoral.Program()
 module = program.upload(kind="module", source={MODULE!r})
-for name in ("some_nan", "only_nan", "plain", "raw", "spike", "picture", "grey"):
+for name in ("some_nan", "only_nan", "plain", "raw", "spike", "picture", "grey", "heat"):
     function = program.get_function(module=module, name=name)
     program.return_(key=name, value=program.run(fn=function))
 kcoral.Client(URL).execute(program)"""
@@ -254,3 +260,11 @@ def test_a_one_channel_float_image_is_drawn_in_grey(notebook) -> None:
     assert pixels.shape == (96, 96, 3)
     corners = [tuple(pixels[y, x]) for y, x in ((0, 0), (-1, -1))]
     assert corners == [(0, 0, 0), (255, 255, 255)]
+
+
+def test_a_heatmap_of_a_large_matrix_says_it_is_drawn_from_every_nth_row(notebook) -> None:
+    row = row_of(notebook, "heat")
+    assert facts_of(notebook, "heat").endswith("min 0 · max 5 · mean 1.38889e-05")
+    assert '<img class="kcoral-heatmap"' in row
+    assert '<div style="color:#57606a">drawn from every 3rd row and column</div>' in row
+    assert "drawn from" not in row_of(notebook, "picture")  # 4x8: every pixel is drawn
