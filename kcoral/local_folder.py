@@ -307,9 +307,12 @@ def _each_file(
         # it said only "'data' is a symbolic link; refused", where a data folder linked
         # from a bigger disk is common: the words now name the folder to pass instead
         target = os.fsdecode(os.readlink(top))
+        real = os.path.realpath(top)
+        if not os.path.isdir(real):  # a file, or nothing: "pass the folder" would be untrue
+            raise ValueError(f"{top!r} is a symbolic link (to {target!r}), and not to a folder")
         raise ValueError(
             f"{top!r} is a symbolic link (to {target!r}), which is not followed: pass the "
-            f"folder it points to, {os.path.realpath(top)!r}"
+            f"folder it points to, {real!r}"
         )
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", top)

@@ -279,3 +279,14 @@ def test_a_folder_given_as_a_symbolic_link_names_the_folder_to_pass_instead(tmp_
         f"'{link}' is a symbolic link (to 'disk/data'), which is not followed: pass the "
         f"folder it points to, '{real.resolve()}'"
     )
+
+
+@pytest.mark.parametrize("target", ["notes.txt", "gone"])
+def test_a_symbolic_link_to_a_file_or_to_nothing_names_no_folder_to_pass(tmp_path, target) -> None:
+    # a link to a file, or a dangling one, read "pass the folder it points to, '.../notes.txt'"
+    (tmp_path / "notes.txt").write_bytes(b"x")
+    link = tmp_path / "data"
+    link.symlink_to(target)
+    with pytest.raises(ValueError) as refused:
+        Program().upload_folder(link, path="in")
+    assert str(refused.value) == f"'{link}' is a symbolic link (to '{target}'), and not to a folder"
