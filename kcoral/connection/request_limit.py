@@ -69,6 +69,7 @@ class RequestTooLarge(KCoralError):
         )
         self.length = length
         self.limit = limit
+        self.over = f"{limit_of} {format_bytes(limit)} ({limit} bytes; {setting})"
 
     def __str__(self) -> str:
         return self.message  # our own words, not an answer's: no "HTTP 413" before them

@@ -66,7 +66,7 @@ from kcoral.run.outputs import (
     write_in_order,
     write_output,
 )
-from kcoral.run.progress import Progress
+from kcoral.run.progress import Progress, format_bytes
 from kcoral.run.standard_input import UNSENT_INPUT_WARNING, unsent_input_waiting
 from kcoral.run.tools import UsageError
 
@@ -319,7 +319,12 @@ def server_error(exc: KCoralError, url: str) -> str:
             "server (or a proxy in front of one)?"
         )
     if isinstance(exc, RequestTooLarge):  # refused here, unsent: no server said it
-        return str(exc)
+        # the body is the --send inputs (and the small runner): "request not sent: its body
+        # of ..." spoke of HTTP to someone who had named files
+        return (
+            f"the --send inputs come to {format_bytes(exc.length)} in the request, over "
+            f"{exc.over}; nothing was sent"
+        )
     if exc.status_code == 401:  # the one refusal the user fixes on this side
         # its own hint, not the client's (which says ``Client(url, token=...)``), saying
         # which of the two it was: "missing or invalid bearer token" left a KCORAL_TOKEN
