@@ -23,15 +23,13 @@ any answer showed in the page's frame (Chromium sends neither ``Origin`` nor a f
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from stand_in_http import StandIn, serving
+from stand_in_http import serving
+from web_page_attacker import AttackerSite, run_browser_script
 
 import kcoral
 
@@ -40,27 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "labextension"))
 from router_helpers import start_router
 from test_browser import PLAYWRIGHT, _missing  # Chromium, node and playwright-core
 
-HERE = Path(__file__).resolve().parent
-PAGE = HERE / "web_page_attack.html"
-SCRIPT = HERE / "web_page_attacks.cjs"
+SCRIPT = Path(__file__).resolve().with_name("web_page_attacks.cjs")
 
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(_missing() is not None, reason=str(_missing())),
 ]
-
-
-class AttackerSite(StandIn):
-    """The attacker's web server: the attack page, whatever path is asked."""
-
-    def do_GET(self) -> None:
-        body = PAGE.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
 
 @pytest.fixture(scope="module")
@@ -71,21 +55,10 @@ def attacker_port() -> Iterator[int]:
 
 def visit(page_url: str, target: str, *, rebound: bool = False) -> dict:
     """What Chromium saw on the attack page at ``page_url`` aimed at ``target``."""
-    environment = dict(
-        os.environ,
-        PLAYWRIGHT_CORE=str(PLAYWRIGHT),
-        PAGE_URL=page_url,
-        TARGET=target,
-        REBOUND="1" if rebound else "0",
+    rebinding = "1" if rebound else "0"
+    return run_browser_script(
+        SCRIPT, PLAYWRIGHT, PAGE_URL=page_url, TARGET=target, REBOUND=rebinding
     )
-    done = subprocess.run(
-        ["node", str(SCRIPT)], capture_output=True, text=True, env=environment, timeout=300
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no report from the browser:\n{done.stdout}\n{done.stderr}"
-    seen = json.loads(lines[-1])
-    assert "error" not in seen, seen["error"]
-    return seen
 
 
 def page_query(target: str, marker: Path, job: str) -> str:
@@ -126,7 +99,7 @@ def test_another_sites_page_in_chromium_runs_nothing_reads_nothing_and_frames_no
     marker = tmp_path / "ran"
     peak_before = peak_memory_mib(kcoral_server.process.pid)
     for page_host in ("evil.example", "127.0.0.1"):  # another site; another port (same-site)
-        page = f"http://{page_host}:{attacker_port}/attack.html"
+        page = f"http://{page_host}:{attacker_port}/web_page_attack.html"
         seen = visit(page + page_query(kcoral_server.url, marker, job.id), kcoral_server.url)
         assert_nothing_reached(seen)
         assert not marker.exists(), f"the program of {page_host}'s page ran"
@@ -144,7 +117,8 @@ def test_a_dns_rebinding_page_in_chromium_reads_only_refusals(
 ) -> None:
     marker = tmp_path / "ran"
     target = f"http://rebound.example:{kcoral_server.port}"
-    seen = visit(f"{target}/attack{page_query(target, marker, 'job')}", target, rebound=True)
+    page = f"{target}/web_page_attack.html{page_query(target, marker, 'job')}"
+    seen = visit(page, target, rebound=True)
     assert_nothing_reached(seen, rebound=True)
     assert not marker.exists(), "the rebound page's program ran"
     assert "forbidden" in seen["typed"], seen["typed"]
@@ -156,7 +130,7 @@ def test_another_sites_page_in_chromium_reads_and_frames_nothing_of_a_router(
     router = start_router(tmp_path)
     try:
         marker = tmp_path / "ran"
-        page = f"http://evil.example:{attacker_port}/attack.html"
+        page = f"http://evil.example:{attacker_port}/web_page_attack.html"
         seen = visit(page + page_query(router.url, marker, "job"), router.url)
         assert_nothing_reached(seen)
         assert '"kcoral"' in seen["typed"] or '"status"' in seen["typed"], seen["typed"]

@@ -14,7 +14,11 @@ const fs = require('fs');
 const path = require('path');
 const { launchBrowser } = require('../labextension/lab_common.cjs');
 
-const PAGE = fs.readFileSync(path.join(__dirname, 'web_page_attack.html'), 'utf8');
+// what the attacker's server would send for a path of the rebound page
+const SERVED = {
+  '/web_page_attack.html': ['text/html', 'web_page_attack.html'],
+  '/web_page_attack_helpers.js': ['text/javascript', 'web_page_attack_helpers.js']
+};
 
 async function main() {
   const browser = await launchBrowser([
@@ -26,12 +30,14 @@ async function main() {
   try {
     const page = await browser.newPage();
     const pageUrl = new URL(process.env.PAGE_URL);
-    const rebound = url => url.host === pageUrl.host && url.pathname === pageUrl.pathname;
+    const rebound = url => url.host === pageUrl.host && url.pathname in SERVED;
     if (process.env.REBOUND === '1') {
-      // the rebound name still points at the attacker's server for this one document
-      await page.route(rebound, route =>
-        route.fulfill({ contentType: 'text/html', body: PAGE })
-      );
+      // the rebound name still points at the attacker's server for the page and its script
+      await page.route(rebound, route => {
+        const [contentType, name] = SERVED[new URL(route.request().url()).pathname];
+        const body = fs.readFileSync(path.join(__dirname, name), 'utf8');
+        return route.fulfill({ contentType, body });
+      });
     }
     await page.goto(pageUrl.href);
     // the page's own requests then go to the target as sent (a route would carry them all

@@ -8,12 +8,10 @@ KCoral server below records every call the extension makes: none may reach it.""
 
 from __future__ import annotations
 
-import threading
-from typing import ClassVar
-
 import pytest
 from jupyter_login import login_cookies
-from stand_in_http import StandIn, serving
+from stand_in_http import serving
+from stand_in_kcoral import RecordingKCoralServer
 from traitlets.config import Config
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,23 +30,9 @@ ROUTES = [
 ]
 
 
-class Recorder(StandIn):
-    """The user's KCoral server: answers like one without jobs, records every call."""
-
-    calls: ClassVar[list[str]] = []
-    lock = threading.Lock()
-
-    def _answer(self) -> None:
-        with self.lock:
-            self.calls.append(f"{self.command} {self.path}")
-        self.send_json({"error": {"kind": "not_found", "message": "no such job"}}, 404)
-
-    do_GET = do_DELETE = do_POST = _answer
-
-
 @pytest.fixture(scope="module")
 def upstream_url():
-    with serving(Recorder) as url:
+    with serving(RecordingKCoralServer) as url:
         yield url
 
 
@@ -70,7 +54,7 @@ def as_the_users_browser(http_server_client, jp_base_url, jp_auth_header):
 
     async def send(routes: list[tuple[str, str]], headers: dict[str, str]) -> dict[str, int]:
         cookies = await login_cookies(http_server_client, jp_base_url, jp_auth_header)
-        Recorder.calls.clear()
+        RecordingKCoralServer.calls.clear()
         answers = {}
         for method, route in routes:
             answer = await http_server_client.fetch(
@@ -96,7 +80,7 @@ async def test_a_page_of_another_origin_with_the_users_cookie_reaches_no_kcoral_
 ) -> None:
     answers = await as_the_users_browser(ROUTES, {"Origin": origin})
     assert set(answers.values()) <= {403, 404}, answers
-    assert Recorder.calls == []
+    assert RecordingKCoralServer.calls == []
 
 
 async def test_a_text_plain_post_with_the_users_cookie_reaches_no_kcoral_server(
@@ -106,7 +90,7 @@ async def test_a_text_plain_post_with_the_users_cookie_reaches_no_kcoral_server(
     posts = [("POST", route) for route in ("jobs", f"jobs/{JOB}", "sessions")]
     answers = await as_the_users_browser(posts, {"Content-Type": "text/plain"})
     assert set(answers.values()) <= {403, 405}, answers
-    assert Recorder.calls == []
+    assert RecordingKCoralServer.calls == []
 
 
 async def test_a_rebound_page_with_the_users_cookie_reaches_no_kcoral_server(
@@ -114,7 +98,7 @@ async def test_a_rebound_page_with_the_users_cookie_reaches_no_kcoral_server(
 ) -> None:
     answers = await as_the_users_browser(ROUTES, {"Host": f"rebind.example:{jp_http_port}"})
     assert set(answers.values()) == {403}, answers
-    assert Recorder.calls == []
+    assert RecordingKCoralServer.calls == []
 
 
 @pytest.mark.parametrize(
@@ -132,7 +116,7 @@ async def test_a_page_loading_a_route_as_a_script_image_or_tab_reaches_no_kcoral
     headers = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": mode, "Sec-Fetch-Dest": destination}
     answers = await as_the_users_browser([r for r in ROUTES if r[0] == "GET"], headers)
     assert set(answers.values()) == {403}, answers
-    assert Recorder.calls == []
+    assert RecordingKCoralServer.calls == []
 
 
 async def test_the_users_own_page_still_reaches_the_kcoral_server(
@@ -145,4 +129,4 @@ async def test_the_users_own_page_still_reaches_the_kcoral_server(
         {"Origin": f"http://{own}", "Host": own, "Sec-Fetch-Site": "same-origin"},
     )
     assert answers == {f"GET jobs/{JOB}": 404}  # the upstream's own "no such job"
-    assert Recorder.calls == [f"GET /v1/jobs/{JOB}"]
+    assert RecordingKCoralServer.calls == [f"GET /v1/jobs/{JOB}"]
