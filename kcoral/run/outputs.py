@@ -78,15 +78,17 @@ def report(options: RunOptions, result: Any) -> int:
         # a local shell says "Segmentation fault" for such a death; this exit status
         # (128 + N) is kcoral run's own, and the shell said nothing at all
         say(f"the tool was killed by {killed_by}")
+    saved = True
     if unfetched is not None:
         say(unfetched)
     elif options.out is not None:
-        if not _save_outputs(options.out, result.results.get(OUTPUTS_KEY)):
-            return 1
+        saved = _save_outputs(options.out, result.results.get(OUTPUTS_KEY))
     for item in missing:
         say(f"missing output {item.get('path')}: {item.get('reason')}")
-    if (missing or unfetched) and status == 0:
+    if (missing or unfetched or not saved) and status == 0:
         return 1
+    # the tool's own status, whatever came back of its outputs: a save that failed here
+    # (another run took --out meanwhile) made a tool's 3 read as 1
     return status
 
 
