@@ -28,8 +28,11 @@ HOP_BY_HOP = frozenset(
 )
 # The client's credentials and browser headers stay at the router (a node, rogue or not,
 # never sees a client token); the identity the router checked travels instead, in
-# X-KCoral-Identity, which the node believes only from its tunnel (ROUTER §3, §8.4).
-CLIENT_ONLY = frozenset({"authorization", "cookie", "origin", IDENTITY_HEADER.lower()})
+# X-KCoral-Identity, which the node believes only from its tunnel (ROUTER §3, §8.4). The
+# router's browser guard has judged the page (``Origin``, fetch metadata): a node that saw
+# ``Sec-Fetch-Site`` without the ``Origin`` the router allowed refused the page (403).
+BROWSER_ONLY = frozenset({"origin", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest"})
+CLIENT_ONLY = frozenset({"authorization", "cookie", IDENTITY_HEADER.lower()}) | BROWSER_ONLY
 # X-KCoral-Select is the router's to read (EXTENSIONS §14): it chose a node that fits, and
 # the node never sees it (its own view of itself may differ from what it reported).
 NOT_FORWARDED = (
