@@ -431,9 +431,10 @@ def general_help() -> str:
     return (
         f"{USAGE}\nRun a command-line tool on a KCoral worker and bring its output back.\n\n"
         f"tools:\n{tools}\n{_OPTIONS_HELP}\n"
-        "Exit status: the tool's own status (128 + N when killed by signal N); 1 when the\n"
-        "program failed, the server could not be reached, a --send input could not be sent\n"
-        "or a requested output is missing; 2 for an invalid command line. See\n"
+        "Exit status: the tool's own status (128 + N when killed by signal N), or 1 where\n"
+        "it exited 0 but a requested output did not come back; 1 when the server could not\n"
+        "be reached, a --send input could not be sent or the run failed before the tool's\n"
+        "status came back; 130 after Ctrl-C; 2 for an invalid command line. See\n"
         "`kcoral run TOOL --help`.\n"
     )
 

@@ -102,6 +102,21 @@ def test_an_output_limit_in_decimal_units_says_why_it_is_refused_and_what_to_giv
     )
 
 
+def test_run_help_says_the_tools_status_stands_whatever_came_back_of_its_outputs() -> None:
+    # It read "1 when the program failed, ... or a requested output is missing": a tool
+    # that exited 3 with an output missing exits 3 (CLIENT_API §11), and "the program" was
+    # the server's word for what kcoral run sends.
+    command = [sys.executable, "-m", "kcoral", "run", "--help"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    said = " ".join(done.stdout.split())
+    assert (
+        "Exit status: the tool's own status (128 + N when killed by signal N), or 1 where it "
+        "exited 0 but a requested output did not come back; 1 when the server could not be "
+        "reached, a --send input could not be sent or the run failed before the tool's status "
+        "came back; 130 after Ctrl-C; 2 for an invalid command line."
+    ) in said
+
+
 def test_run_help_names_an_unsendable_input_among_the_causes_of_exit_status_1(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -109,7 +124,7 @@ def test_run_help_names_an_unsendable_input_among_the_causes_of_exit_status_1(
     # statuses did not name: it read as an invalid command line, whose status is 2.
     assert kcoral_main(["run", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "1 when the program failed, the server could not be reached, a --send input " in out
+    assert "1 when the server could not be reached, a --send input could not be sent " in out
     missing = str(tmp_path / "nothere")
     assert kcoral_main(["run", "shell", "--url", URL, "--send", missing, "--", "true"]) == 1
     assert (
