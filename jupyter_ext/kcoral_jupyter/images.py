@@ -169,7 +169,7 @@ def _enlarged_png(rgb: np.ndarray) -> bytes:
     return png_bytes(np.ascontiguousarray(rgb))
 
 
-#: Elements of a long vector converted to float64 at a time by ``plot_points``.
+#: Elements of a long vector read at a time by ``plot_points``.
 _ENVELOPE_CHUNK = 1 << 18
 
 
@@ -178,7 +178,7 @@ def plot_points(vector: np.ndarray) -> np.ndarray:
     least and the greatest finite value of each of ``MAX_PLOT_POINTS // 2`` runs, in the
     order they come (every n-th value alone lost a spike between two of them, and the
     plot's labels said a smaller maximum than the statistics beside it). A run with no
-    finite value gives NaN, which ``line_svg`` skips; converted a piece at a time."""
+    finite value gives NaN, which ``line_svg`` skips; read a piece at a time."""
     if vector.size <= MAX_PLOT_POINTS:
         return np.asarray(vector, np.float64)
     run = -(-vector.size // (MAX_PLOT_POINTS // 2))
@@ -190,16 +190,32 @@ def plot_points(vector: np.ndarray) -> np.ndarray:
     points = []
     for block in blocks:
         for start in range(0, block.shape[0], rows_at_once):
-            rows = np.asarray(block[start : start + rows_at_once], np.float64)
-            finite = np.isfinite(rows)
-            low = np.where(finite, rows, np.inf).argmin(axis=1)
-            high = np.where(finite, rows, -np.inf).argmax(axis=1)
-            index = np.arange(rows.shape[0])
-            pair = np.stack([np.minimum(low, high), np.maximum(low, high)], axis=1)
-            values = rows[index[:, None], pair]
-            values[~finite[index[:, None], pair]] = np.nan
-            points.append(values.reshape(-1))
+            points.append(_run_envelope(block[start : start + rows_at_once]))
     return np.concatenate(points)
+
+
+def _run_envelope(rows: np.ndarray) -> np.ndarray:
+    """The least and the greatest finite value of each row, in the order they come, as
+    float64 (NaN for a row without a finite value). Numbers are compared in their own dtype
+    (the same order as in float64) and only the two chosen of each row converted: a float64
+    copy and a finiteness mask of every value doubled the time a 1M-element line plot took."""
+    if rows.dtype.kind not in "biuf":
+        rows = np.asarray(rows, np.float64)
+    low, high = rows.argmin(axis=1), rows.argmax(axis=1)
+    index = np.arange(rows.shape[0])
+    if rows.dtype.kind == "f":
+        # argmin/argmax pick a NaN or an infinity where a row holds one: only those rows
+        # are searched again among their finite values
+        again = ~(np.isfinite(rows[index, low]) & np.isfinite(rows[index, high]))
+        if again.any():
+            some = rows[again]
+            finite = np.isfinite(some)
+            low[again] = np.where(finite, some, np.inf).argmin(axis=1)
+            high[again] = np.where(finite, some, -np.inf).argmax(axis=1)
+    pair = np.stack([np.minimum(low, high), np.maximum(low, high)], axis=1)
+    values = rows[index[:, None], pair].astype(np.float64)
+    values[~np.isfinite(values)] = np.nan  # a row without a finite value
+    return values.reshape(-1)
 
 
 def line_svg(vector: np.ndarray, width: int = 320, height: int = 96) -> str:

@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from kcoral_jupyter import display as rich
-from kcoral_jupyter.images import heatmap_png, line_svg, png_bytes
+from kcoral_jupyter.images import MAX_PLOT_POINTS, heatmap_png, line_svg, plot_points, png_bytes
 from kcoral_jupyter.tensor_stats import STATS_CHUNK_ELEMENTS, tensor_stats
 from png_reader import decode_png
 
@@ -56,6 +56,35 @@ def test_a_line_plot_is_an_svg_polyline_and_skips_non_finite_points() -> None:
     svg = line_svg(np.array([0.0, 1.0, np.nan, 4.0]))
     assert svg.startswith("<svg") and "<polyline" in svg
     assert svg.count(",") == 3  # three finite points
+
+
+def each_runs_least_and_greatest(values: np.ndarray) -> list[float]:
+    """The points a long line plot draws, one run at a time in float64 (NaN: none finite)."""
+    run = -(-values.size // (MAX_PLOT_POINTS // 2))
+    points: list[float] = []
+    for start in range(0, values.size, run):
+        piece = values[start : start + run].astype(np.float64)
+        finite = np.flatnonzero(np.isfinite(piece))
+        if finite.size == 0:
+            points += [np.nan, np.nan]
+            continue
+        low = finite[piece[finite].argmin()]
+        high = finite[piece[finite].argmax()]
+        points += [piece[min(low, high)], piece[max(low, high)]]
+    return points
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int64, np.uint8, bool])
+def test_a_long_line_plot_draws_each_runs_least_and_greatest_finite_value(dtype) -> None:
+    values = (np.random.default_rng(3).standard_normal(1_000_003) * 300).astype(dtype)
+    if values.dtype.kind == "f":  # a NaN and infinities among finite values, a run of none
+        values[[5, 700_001]], values[[9, 400_000]], values[12] = np.nan, np.inf, -np.inf
+        values[2000:4000] = np.nan
+    if values.dtype == np.int64:  # apart in int64, one value in float64
+        values[800_000:800_002] = [2**62 + 1, 2**62]
+    for vector in (values, values[::-3]):  # a strided view too
+        expected = each_runs_least_and_greatest(vector)
+        assert np.array_equal(plot_points(vector), expected, equal_nan=True)
 
 
 def test_a_result_shows_badge_timing_bar_streams_and_a_results_table() -> None:
