@@ -9,7 +9,8 @@ server as the server makes tensor uploads (``torch.Tensor`` where the worker has
 the GPU of a GPU server; else NumPy). What comes back (``-o`` tensors and the final value) is
 in the library of the cell's ``-i`` tensors: NumPy in, NumPy out; torch in, torch out. With
 no tensor ``-i`` or both kinds, a remote ``torch.Tensor`` comes back as torch when the kernel
-has torch and a remote NumPy array as NumPy; ``--numpy``/``--torch`` force either.
+has torch and a remote NumPy array as NumPy, at the top of a value or inside its dicts and
+lists alike; ``--numpy``/``--torch`` force either (all the way in).
 
 Who can reach what (a malicious server): the answer is checked against what this cell asked
 for before anything reaches the kernel's namespace. Only the ``--out`` names come back, only
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -304,7 +306,17 @@ def returned_library(spec: CellSpec) -> str | None:
 
 #: The fields of the record the wrapper returns (``cell_source._collect``).
 _CELL_FIELDS = frozenset(
-    ("outputs", "pickled", "has_value", "value", "display", "torch", "torch_value")
+    (
+        "outputs",
+        "pickled",
+        "has_value",
+        "value",
+        "display",
+        "torch",
+        "torch_value",
+        "torch_inside",
+        "unsent_tensor",
+    )
 )
 
 
@@ -362,6 +374,7 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     torch_value = cell.get("torch_value", False)
     if not isinstance(torch_value, bool):
         raise ProtocolError(f"{what}: the cell's torch_value must be a boolean")
+    inside = _torch_paths(cell.get("torch_inside", []), set(outputs), what)
     display = cell.get("display")
     if display is not None and not isinstance(display, dict):
         raise ProtocolError(f"{what}: the cell's display must be an object")
@@ -371,11 +384,13 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
     values.update(load_requested(pickled, built.pickle_outputs, what=what))
     value = cell.get("value")
     if built.library == "torch":  # torch in, torch out: NumPy arrays made remotely too
-        values = {name: to_torch(item) for name, item in values.items()}
-        value = to_torch(value)
-    elif built.library is None and (torch_names or torch_value) and kernel_has_torch():
+        values = {name: to_torch_inside(item) for name, item in values.items()}
+        value = to_torch_inside(value)
+    elif built.library is None and (torch_names or torch_value or inside) and kernel_has_torch():
         values.update({name: to_torch(values[name]) for name in torch_names})
         value = to_torch(value) if torch_value else value
+        values = {name: to_torch_at(item, inside, (name,)) for name, item in values.items()}
+        value = to_torch_at(value, inside, (None,))
     files = {
         key.partition(":")[2]: item
         for key, item in result.results.items()
@@ -386,6 +401,9 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
         from kcoral_jupyter.display import server_display
 
         shown = server_display(display)
+        note = unsent_note(cell.get("unsent_tensor"))
+        if note:
+            shown["text/plain"] += "\n" + note
     return CellOutcome(
         outputs=values,
         has_value=bool(cell.get("has_value")),
@@ -416,3 +434,71 @@ def to_torch(value: Any) -> Any:
         raw = torch.from_numpy(numpy.ascontiguousarray(value).view(numpy.uint8))
         return raw.view(getattr(torch, name)).reshape(value.shape)
     return torch.from_numpy(value)
+
+
+def to_torch_inside(value: Any) -> Any:
+    """``value`` with every NumPy array in it, inside dicts and lists too, as torch."""
+    if type(value) is dict:
+        return {key: to_torch_inside(item) for key, item in value.items()}
+    if type(value) is list:
+        return [to_torch_inside(item) for item in value]
+    return to_torch(value)
+
+
+def to_torch_at(value: Any, paths: frozenset[tuple[Any, ...]], here: tuple[Any, ...]) -> Any:
+    """``value`` (at path ``here``) with the NumPy arrays at ``paths`` made torch; a path
+    that names no array changes nothing (the worst a lying server does is give torch for
+    NumPy)."""
+    if here in paths:
+        return to_torch(value)
+    if not any(path[: len(here)] == here for path in paths):
+        return value
+    if type(value) is dict:
+        return {key: to_torch_at(item, paths, (*here, key)) for key, item in value.items()}
+    if type(value) is list:
+        return [to_torch_at(item, paths, (*here, index)) for index, item in enumerate(value)]
+    return value
+
+
+def _torch_paths(paths: Any, outputs: set[str], what: str) -> frozenset[tuple[Any, ...]]:
+    """The record's ``torch_inside`` checked: paths of a ``-o`` name (or ``None``, the final
+    value) and then keys and indexes, each the path of a torch tensor inside that value."""
+    if not isinstance(paths, list) or not all(
+        isinstance(path, list)
+        and len(path) >= 2
+        and (path[0] is None or path[0] in outputs)
+        and all(type(step) in (str, int) for step in path[1:])
+        for path in paths
+    ):
+        raise ProtocolError(
+            f"{what}: the cell's torch_inside must be a list of paths into its values"
+        )
+    return frozenset(tuple(path) for path in paths)
+
+
+#: How to send back a tensor of a dtype the protocol does not carry, by library.
+_UNSENT_HINTS = {
+    ("torch", True): "return torch.view_as_real(t) and torch.view_as_complex it here",
+    ("numpy", True): "return numpy.stack([a.real, a.imag], -1) and rebuild it here",
+    ("torch", False): "return it as one that is, e.g. t.to(torch.float32)",
+    ("numpy", False): "return it as one that is, e.g. a.astype(numpy.float32)",
+}
+
+
+def unsent_note(unsent: Any) -> str | None:
+    """The line under a final value the server could only show as text because a tensor in
+    it has a dtype the protocol does not carry: that the value did not come back, why, and
+    what to return instead; ``None`` for anything else (a lying server's words stay out)."""
+    if not isinstance(unsent, dict):
+        return None
+    library, dtype = unsent.get("library"), unsent.get("dtype")
+    # a dtype's name only, never a server's free text
+    if library not in ("torch", "numpy") or not isinstance(dtype, str):
+        return None
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", dtype):
+        return None
+    return (
+        f"The value did not come back: a {library} {dtype} tensor is not a type the protocol "
+        f"carries (above is the server's text of it); "
+        f"{_UNSENT_HINTS[(library, dtype.startswith('complex'))]}."
+    )

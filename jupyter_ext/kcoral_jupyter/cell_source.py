@@ -18,8 +18,11 @@ What comes back is a record the kernel does not trust (a malicious server can se
 ``outputs`` (plain values by ``--out`` name), ``pickled`` (one envelope per ``--out`` name,
 only when the request was admitted with pickle), ``value`` or ``display`` (a ``text/plain`` /
 ``text/html`` bundle of a final value that has no plain encoding), ``torch`` (the ``--out``
-names whose value is a ``torch.Tensor``) and ``torch_value`` (the final value is one), so
-that the kernel gives torch back for torch. ``cell_program.read_outcome``
+names whose value is a ``torch.Tensor``), ``torch_value`` (the final value is one) and
+``torch_inside`` (the paths of the torch tensors inside a returned dict or list), so that the
+kernel gives torch back for torch, and ``unsent_tensor`` (the library and dtype of a tensor
+the protocol does not carry, which made the final value a display: the kernel says why the
+value did not come back). ``cell_program.read_outcome``
 checks every name and shows server HTML only in a sandboxed iframe.
 """
 
@@ -111,6 +114,45 @@ def _is_torch(value):
     return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "dtype")
 
 
+def _torch_inside(value, path, found, depth=0):
+    # the paths ([name or None, key or index, ...]) of the torch tensors inside a value,
+    # not the value itself: the kernel gets NumPy arrays there and makes them torch again
+    if depth > 64 or len(found) >= 10000:
+        return found
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _torch_inside(item, path + [key], found, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _torch_inside(item, path + [index], found, depth + 1)
+    elif len(path) > 1 and _is_torch(value):
+        found.append(path)
+    return found
+
+
+def _unsent_tensor(value, depth=0):
+    # the first tensor in a value whose dtype the protocol does not carry (complex64 ...),
+    # so that the kernel can say why the value did not come back
+    if depth > 64:
+        return None
+    items = ()
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    elif type(value).__module__.split(".")[0] in ("torch", "numpy"):
+        dtype = getattr(value, "dtype", None)
+        name = str(getattr(dtype, "name", dtype)).replace("torch.", "")
+        if dtype is not None and hasattr(value, "shape") and name not in _TENSOR_DTYPES:
+            library = type(value).__module__.split(".")[0]
+            return {{"library": library, "dtype": name}}
+    for item in items:
+        found = _unsent_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
 def _display_data(value):
     data = {{"text/plain": repr(value)}}
     html = getattr(value, "_repr_html_", None)
@@ -150,13 +192,22 @@ def _collect(namespace, value, has_value):
     torch_names = [name for name, item in outputs.items() if _is_torch(item)]
     if torch_names:
         result["torch"] = torch_names
+    inside = []
+    for name, item in outputs.items():
+        _torch_inside(item, [name], inside)
     if has_value:
         if _encodable(value):
             result["value"] = value
             if _is_torch(value):
                 result["torch_value"] = True
+            _torch_inside(value, [None], inside)
         else:
             result["display"] = _display_data(value)
+            unsent = _unsent_tensor(value)
+            if unsent is not None:
+                result["unsent_tensor"] = unsent
+    if inside:
+        result["torch_inside"] = inside
     if pickled:
         # One envelope per --out name: the client checks the names before unpickling any.
         try:  # as in _load_pickled

@@ -25,7 +25,7 @@ CELL_EPILOG = """\
 Types: tensor -i values arrive as torch.Tensor where the server has torch (on the GPU of a GPU
 server), else as NumPy arrays. Tensors come back in the library of the cell's -i tensors (NumPy
 in, NumPy out; torch in, torch out); with none or both, a remote torch.Tensor comes back as
-torch.Tensor when this kernel has torch; --numpy / --torch force either.
+torch.Tensor when this kernel has torch (inside a dict or list too); --numpy / --torch force either.
 """
 
 SESSION_EPILOG = """\
