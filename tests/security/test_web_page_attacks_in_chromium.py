@@ -87,6 +87,9 @@ def assert_nothing_reached(seen: dict, rebound: bool = False) -> None:
     assert report["event_source"] == "error", "the page read the job's live output"
     for frame in seen["frames"]:
         assert frame["url"].startswith("chrome-error:"), f"the page framed an answer: {frame}"
+    # and before any of that, the target refused every request the page made
+    served = [answer for answer in seen["answers"] if answer["status"] != 403]
+    assert seen["answers"] and not served, f"answered the page: {served}"
 
 
 def test_another_sites_page_in_chromium_runs_nothing_reads_nothing_and_frames_nothing(

@@ -39,13 +39,26 @@ async function main() {
         return route.fulfill({ contentType, body });
       });
     }
+    // every answer the target gave the page's requests, as the browser saw it (a page
+    // cannot read the status of its scripts, images or no-cors requests; Playwright can)
+    const target = new URL(process.env.TARGET);
+    const answers = [];
+    const record = response => {
+      const url = new URL(response.url());
+      const attackers = process.env.REBOUND === '1' && url.pathname in SERVED;
+      if (url.host === target.host && !attackers) {
+        const type = response.request().resourceType();
+        answers.push({ url: url.pathname, status: response.status(), type });
+      }
+    };
+    page.on('response', record);
     await page.goto(pageUrl.href);
     // the page's own requests then go to the target as sent (a route would carry them all
     // through Playwright, the page's 128 MiB body included)
     await page.unrouteAll();
     await page.waitForFunction(() => window.report, null, { timeout: 120000 });
     const report = await page.evaluate(() => window.report);
-    const target = new URL(process.env.TARGET);
+    page.off('response', record);
     const frames = [];
     for (const frame of page.frames().slice(1)) {
       if (frame.url().startsWith('about:')) {
@@ -64,7 +77,7 @@ async function main() {
     const followed = await page.evaluate(() => document.body.innerText.slice(0, 200));
     await page.goto(new URL('/v1/info', target).href);
     const typed = await page.evaluate(() => document.body.innerText.slice(0, 200));
-    console.log(JSON.stringify({ report, frames, followed, typed }));
+    console.log(JSON.stringify({ report, answers, frames, followed, typed }));
   } finally {
     await browser.close();
   }
