@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from kcoral_server.proto import kcoral_gateway_pb2 as pb
 from kcoral_server.proto import kcoral_gateway_pb2_grpc as pb_grpc
 from raw_http import request
 from server_process import client_token_file
+from waiting import wait_for
 
 HERE = Path(__file__).resolve().parent
 #: what grpcio's asyncio client reports instead of the status a server ended a stream with
@@ -454,14 +456,27 @@ class Node:
             )
 
     def server_pid(self) -> int:
-        """The pid of the supervisor's child server."""
+        """The pid of the supervisor's current child server: the one its log last says it
+        started, once it is the supervisor's live child. Not its first child: the supervisor
+        is a subreaper, so an orphan it adopted is its child too, and with pids wrapping
+        (32768 here) one may sort first; a test stopping "the server" stopped that orphan,
+        and the server it meant answered on."""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            children = psutil.Process(self.process.pid).children()
-            if children:
-                return children[0].pid
+            log = self.log_path.read_text(errors="replace")
+            started = re.findall(r"server_child_started node_id=\S+ pid=([0-9]+)", log)
+            children = {child.pid for child in psutil.Process(self.process.pid).children()}
+            if started and int(started[-1]) in children:
+                return int(started[-1])
             time.sleep(0.05)
-        raise AssertionError("no child server")
+        raise AssertionError(f"no child server\n{self.log_path.read_text()}")
+
+    def stop_server(self) -> int:
+        """SIGSTOP the current child server; its pid once it is stopped (``/proc`` says so)."""
+        server = self.server_pid()
+        os.kill(server, signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(server).status() == psutil.STATUS_STOPPED, "a stop")
+        return server
 
     def stop(self) -> None:
         if self.process.poll() is None:

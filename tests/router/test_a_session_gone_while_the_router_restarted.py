@@ -11,6 +11,7 @@ real router, restarted on its port, and a real CPU node."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import psutil
 import pytest
 from kcoral_jupyter.notebook_session import NotebookSession, SessionHolder
 from kcoral_server.proto import kcoral_gateway_pb2 as pb
@@ -173,8 +175,13 @@ def an_end_its_busy_node_misses(
     """A router restarted under alice's session, whose node lists it; then ``meanwhile``, and
     alice's ``DELETE`` of it sent once while the node's server is stopped (its look-up waits
     for it, then goes without); then her client's close. The ``DELETE``'s status and the
-    session's record after the close."""
-    with a_session_on_one_node(tmp_path) as (router, node, _client, session):
+    session's record after the close.
+
+    The stopped server fails its supervisor's probes: past the start-up grace (60 s from
+    ``Node``) the supervisor killed it during the ``DELETE`` under load, and the session with
+    it. Its grace here outlasts the test, and the server is checked stopped throughout."""
+    grace = ("--startup-grace-seconds", "3600")  # the supervisor never replaces the server
+    with a_session_on_one_node(tmp_path, *grace) as (router, node, _client, session):
         router.stop()
         tokens = client_token_file(tmp_path, f"alice {TOKEN}\n")
         args = ("--port", str(router.port), "--auth-token-file", str(tokens))
@@ -182,12 +189,15 @@ def an_end_its_busy_node_misses(
         with stopping(restarted, []):
             wait_until_listed(restarted, node, "only", 1)
             meanwhile(restarted, node)
-            server = node.server_pid()
-            os.kill(server, signal.SIGSTOP)
+            server = node.stop_server()
             try:
                 status = delete_status(restarted, session.id)
+                # the server that listed the session missed the look-up: it was stopped
+                stopped = psutil.pid_exists(server) and psutil.Process(server).status() == "stopped"
+                assert stopped, logs(restarted, node)()
             finally:
-                os.kill(server, signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(server, signal.SIGCONT)
             ready_nodes(restarted, 1)
             session.close()
             with kcoral.Client(restarted.url, token=TOKEN) as client:

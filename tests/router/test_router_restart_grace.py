@@ -144,12 +144,13 @@ def session_call(source: str, *args: object) -> kcoral.Program:
 
 @contextmanager
 def a_session_on_one_node(
-    tmp_path: Path,
+    tmp_path: Path, *node_args: str
 ) -> Iterator[tuple[RouterProcess, Node, kcoral.Client, kcoral.Session]]:
-    """A router on a free port (to be restarted there), a real CPU node ``only`` and a
-    session of alice's on it that holds 41; the node and the router stopped afterwards."""
+    """A router on a free port (to be restarted there), a real CPU node ``only`` (started with
+    ``node_args`` too) and a session of alice's on it that holds 41; the node and the router
+    stopped afterwards."""
     router = router_on(tmp_path, free_port())
-    node = Node(tmp_path, router, "only", NODE_ENV)
+    node = Node(tmp_path, router, "only", NODE_ENV, *node_args)
     with stopping(router, [node]):
         ready_nodes(router, 1)
         with kcoral.Client(router.url, token=TOKEN) as client:
