@@ -164,7 +164,7 @@ async def test_health_or_info_that_is_not_an_object_is_that_servers_error(jp_fet
     assert mixed["features"] == ["jobs", "sessions"] and "error" not in mixed
 
 
-async def test_a_malformed_configured_address_is_listed_with_its_error_and_a_warning(
+async def test_a_malformed_configured_address_is_listed_with_its_error_and_not_warned_of_again_as_the_panel_polls(
     jp_fetch, caplog: pytest.LogCaptureFixture
 ) -> None:
     servers = await _servers(jp_fetch)
@@ -182,10 +182,11 @@ async def test_a_malformed_configured_address_is_listed_with_its_error_and_a_war
     assert servers["typo"]["url"] == "htp://gpu-box:8000" and servers["typo"]["label"] == "typo"
     jobs = json.loads((await jp_fetch("kcoral", "api", "jobs")).body)
     assert {e["server"]: e["message"] for e in jobs["errors"]}["typo"] == errors["typo"]
-    await _servers(jp_fetch)  # polled again: warned once
-    log = caplog.text
+    await _servers(jp_fetch)  # polled again
+    # warned once, as the extension loads (d7370ce; test_server_extension_load_line pins that
+    # warning), and never again as the panel polls
     warning = "KCoral: c.KCoralExtension.servers[5] ('typo') is not used: not a server address"
-    assert log.count(warning) == 1, log
+    assert warning not in caplog.text, caplog.text
 
 
 async def test_a_malformed_kcoral_url_is_listed_with_its_error(
