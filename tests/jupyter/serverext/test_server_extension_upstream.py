@@ -164,7 +164,7 @@ async def test_health_or_info_that_is_not_an_object_is_that_servers_error(jp_fet
     assert mixed["features"] == ["jobs", "sessions"] and "error" not in mixed
 
 
-async def test_a_malformed_configured_address_is_listed_with_its_error_and_not_warned_of_again_as_the_panel_polls(
+async def test_a_malformed_address_is_listed_with_its_error_and_not_warned_of_again_at_each_poll(
     jp_fetch, caplog: pytest.LogCaptureFixture
 ) -> None:
     servers = await _servers(jp_fetch)
