@@ -130,6 +130,22 @@ def test_an_origin_of_null_counts_as_a_web_page(kcoral_server, tmp_path: Path):
     )
 
 
+def test_a_fetch_from_a_page_of_another_port_is_refused_in_words_a_user_reads(kcoral_server):
+    """A page on another port of the same host (same-site: JupyterLab's own neighbour) sends
+    no ``Origin`` with a no-cors ``fetch()``; the refusal names it a fetch, where it read
+    "a 'empty' request" (the raw ``Sec-Fetch-Dest``)."""
+    fetch = {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "empty"}
+    status, document = send(kcoral_server.url, "GET", "/v1/info", headers=fetch)
+    assert status == 403, document
+    assert document["error"]["message"] == (
+        "requests from web pages are refused: a fetch request from a page of another origin "
+        "(Sec-Fetch-Site 'same-site')"
+    ), document
+    script = {**fetch, "Sec-Fetch-Dest": "script"}
+    status, document = send(kcoral_server.url, "GET", "/v1/jobs", headers=script)
+    assert status == 403 and "refused: a script request from a page" in str(document), document
+
+
 def test_the_refusal_is_logged_like_an_unauthorized_request(kcoral_server, tmp_path: Path):
     browser_post(kcoral_server.url, tmp_path / "ran", headers={"Origin": EVIL})
 

@@ -134,6 +134,35 @@ def _is_loopback(name: str) -> bool:
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
+#: What a page's request was for, in words, by its ``Sec-Fetch-Dest`` (Fetch standard's
+#: destinations; ``empty`` is a ``fetch()`` or ``XMLHttpRequest``); another value is echoed.
+_DESTINATION_WORDS = {
+    "empty": "a fetch",
+    "script": "a script",
+    "style": "a style sheet",
+    "image": "an image",
+    "iframe": "a frame",
+    "frame": "a frame",
+    "object": "an embedded object",
+    "embed": "an embedded object",
+    "worker": "a worker script",
+    "sharedworker": "a worker script",
+    "serviceworker": "a worker script",
+    "font": "a font",
+    "audio": "a media file",
+    "video": "a media file",
+    "track": "a media file",
+    "document": "a page",
+}
+
+
+def _what_was_asked(destinations: list[str]) -> str:
+    if len(destinations) != 1:
+        return "a request"
+    words = _DESTINATION_WORDS.get(destinations[0])
+    return words + " request" if words else f"a {_echo(destinations[0])} request"
+
+
 def _echo(value: str) -> str:
     return repr(value if len(value) <= _ECHO_LIMIT else value[:_ECHO_LIMIT] + "...")
 
@@ -227,8 +256,7 @@ class BrowserGuard:
         modes = [value.strip().lower() for value in headers.get_list("Sec-Fetch-Mode")]
         if destinations == [TOP_LEVEL_DESTINATION] and modes == ["navigate"]:
             return None  # a link the user follows: shown as the browser's own page
-        kind = _echo(destinations[0]) + " " if destinations else ""
         return (
-            f"requests from web pages are refused: a {kind}request from a page of another "
-            f"origin (Sec-Fetch-Site {_echo(foreign[0])})"
+            f"requests from web pages are refused: {_what_was_asked(destinations)} from a page "
+            f"of another origin (Sec-Fetch-Site {_echo(foreign[0])})"
         )
