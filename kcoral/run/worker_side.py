@@ -167,7 +167,7 @@ def _run_and_collect(
             stderr=merged,
         )
     except OSError as exc:
-        report["error"] = f"{argv[0]}: {_why_it_cannot_start(executable, exc)}"
+        report["error"] = f"{argv[0]}: {_why_it_cannot_start(executable, exc, work)}"
         return report
     returncode = process.wait()
     _let_leftovers_exit(LEFTOVER_GRACE_SECONDS)
@@ -252,11 +252,12 @@ def _not_found(name: str, path_set: bool, work: str) -> str:
     return f"{found}; the sent {name} runs as ./{name}" if sent else found
 
 
-def _why_it_cannot_start(executable: str, exc: OSError) -> str:
+def _why_it_cannot_start(executable: str, exc: OSError, work: str) -> str:
     """Why a file that is there did not start, as a local shell would say it: a script's
     missing interpreter read ``No such file or directory`` of the script itself, a script
     with Windows line ends the same, and one with no ``#!`` line (which a shell runs with
-    sh) ``Exec format error``."""
+    sh) ``Exec format error``. A #! interpreter is looked for as the kernel does, from the
+    tool's directory ``work``: one that is there failed to start itself."""
     reason = exc.strerror or str(exc)
     try:
         with open(executable, "rb") as file:
@@ -272,6 +273,13 @@ def _why_it_cannot_start(executable: str, exc: OSError) -> str:
             return (
                 f"its #! line ends in a carriage return (Windows line ends), so it names "
                 f"{interpreter!r}, which is not there: convert the file to Unix line ends"
+            )
+        if os.path.exists(os.path.join(work, interpreter)):
+            # a script as interpreter whose own #! interpreter is missing, or a program
+            # whose loader is: the same ENOENT, but "not on the server" would be untrue
+            return (
+                f"its interpreter {interpreter!r} (its #! line) is on the server but cannot "
+                "start: run it alone to see why"
             )
         return f"its interpreter {interpreter!r} (its #! line) is not on the server"
     if head.startswith(b"\x7fELF"):

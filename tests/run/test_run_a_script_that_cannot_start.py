@@ -41,6 +41,27 @@ def test_a_script_whose_interpreter_the_server_lacks_names_it(
     )
 
 
+def test_a_script_whose_interpreter_is_there_but_cannot_start_does_not_call_it_missing(
+    server: ServerWithAToken, tmp_path: Path
+) -> None:
+    """The interpreter is a sent script whose own interpreter is missing: the kernel's
+    ENOENT is the same, but "is not on the server" was untrue of a file that is."""
+    inner = tmp_path / "inner"
+    inner.write_bytes(b"#!/bin/no-such-shell\n")
+    inner.chmod(0o755)
+    script = tmp_path / "s.sh"
+    script.write_bytes(b"#!./inner\necho hi\n")
+    script.chmod(0o755)
+    done = kcoral_run(
+        server, "shell", "--send", "inner", "--send", "s.sh", "--", "./s.sh", cwd=tmp_path
+    )
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr == (
+        "kcoral run: ./s.sh: its interpreter './inner' (its #! line) is on the server but "
+        "cannot start: run it alone to see why\n"
+    )
+
+
 def test_a_script_with_windows_line_ends_says_so(server: ServerWithAToken, tmp_path: Path) -> None:
     said = sent_and_run(server, tmp_path, "s.sh", b"#!/bin/sh\r\necho hi\r\n")
     assert said == (
