@@ -127,14 +127,22 @@ def _run_benchmark(
 ) -> dict[str, Any]:
     from kcoral.bench.clock_floor import empty_call_ms, floor_warning
     from kcoral.bench.deadline import DeadlineWatch
+    from kcoral.bench.flush_cost import flush_warning, spent_on_flushes
     from kcoral.bench.report import machine_report, state_probe
     from kcoral.bench.rounds import StopRule, measure_rounds
     from kcoral.bench.stats import median_precision, summary
 
     watch = DeadlineWatch()  # the warm-up and the rounds stop before the program's deadline
-    capped: list[str] = []  # budgets whose count was capped, said in the warnings
+    capped: list[str] = []  # budgets capped or spent on flushes, said in the warnings
     warmup, repeat = warm_up(clocks[-1], call, settings, watch, capped)
     adaptive = settings.target_precision is not None
+    if settings.repeat is None and not adaptive:
+        estimate_ms, flush_ms = clocks[-1].estimated_ms, clocks[-1].flush_ms()
+        if spent_on_flushes(repeat, estimate_ms, flush_ms):
+            assert estimate_ms is not None and flush_ms is not None
+            calls = "1 measured call" if repeat == 1 else f"{repeat} measured calls"
+            gave = f"repeat_ms {settings.repeat_ms:g} gave {calls}"
+            capped.append(flush_warning(gave, estimate_ms, flush_ms))
 
     def measure(clock: CpuClock | CudaEventClock) -> tuple[Any, Any]:
         rounds, next_round = _round_plan(repeat, adaptive)
