@@ -52,6 +52,7 @@ class AsyncClient(BaseClient):
         connect_timeout_seconds: float = 10.0,
         token: str | None = None,
         max_connections: int = 64,
+        max_answer_bytes: int | None = None,
         transport: AsyncTransport | None = None,
     ) -> None:
         super().__init__(
@@ -60,6 +61,7 @@ class AsyncClient(BaseClient):
             connect_timeout_seconds=connect_timeout_seconds,
             token=token,
             max_connections=max_connections,
+            max_answer_bytes=max_answer_bytes,
         )
         self._transport: AsyncTransport = transport or ThreadedAsyncTransport(
             HttpTransport(
@@ -67,6 +69,7 @@ class AsyncClient(BaseClient):
                 headers=self.headers,
                 connect_timeout_seconds=self.connect_timeout_seconds,
                 max_connections=max_connections,
+                max_answer_bytes=max_answer_bytes,
             ),
             max_workers=max_connections,
         )

@@ -164,6 +164,7 @@ class BaseClient:
         connect_timeout_seconds: float = 10.0,
         token: str | None = None,
         max_connections: int = 64,
+        max_answer_bytes: int | None = None,
     ) -> None:
         url = check_base_url(base_url)
         if (
@@ -189,6 +190,12 @@ class BaseClient:
             raise TypeError("max_connections must be an int")
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        if max_answer_bytes is not None and (
+            isinstance(max_answer_bytes, bool) or not isinstance(max_answer_bytes, int)
+        ):
+            raise TypeError("max_answer_bytes must be an int or None")
+        if max_answer_bytes is not None and max_answer_bytes < 1:
+            raise ValueError("max_answer_bytes must be at least 1")
 
         request_headers = {"User-Agent": f"kcoral/{client_version()}"}
         _set_headers(request_headers, extra)

@@ -45,6 +45,7 @@ class Client(BaseClient):
         connect_timeout_seconds: float = 10.0,
         token: str | None = None,
         max_connections: int = 64,
+        max_answer_bytes: int | None = None,
         transport: Transport | None = None,
     ) -> None:
         super().__init__(
@@ -53,12 +54,14 @@ class Client(BaseClient):
             connect_timeout_seconds=connect_timeout_seconds,
             token=token,
             max_connections=max_connections,
+            max_answer_bytes=max_answer_bytes,
         )
         self._transport: Transport = transport or HttpTransport(
             self.base_url,
             headers=self.headers,
             connect_timeout_seconds=self.connect_timeout_seconds,
             max_connections=max_connections,
+            max_answer_bytes=max_answer_bytes,
         )
 
     def run_flow(self, flow: Flow[T]) -> T:

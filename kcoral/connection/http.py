@@ -12,9 +12,11 @@ that stays valid while referenced; a buffer still referenced is never reused.
 
 The server's word is not trusted with memory: a declared ``Content-Length`` reserves at most
 ``FIRST_BUFFER_BYTES`` before data arrives, and the buffer doubles (in place, ``realloc``)
-only as the body fills it, so memory follows the bytes received; a body this machine
-cannot hold is a ``TransportError``. Bodies are never decoded: the client asks for
-``identity``, and any other ``Content-Encoding`` is a ``ProtocolError``.
+only as the body fills it, so memory follows the bytes received. What it reads at all is
+bounded (``kcoral.connection.answer_size``): a larger declared length is refused before its
+body is read, a body of no stated length is cut once it passes the bound. Bodies are never
+decoded: the client asks for ``identity``, and any other ``Content-Encoding`` is a
+``ProtocolError``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kcoral.connection.answer_deadline import (
     AnswerDeadline,
     watched,
 )
+from kcoral.connection.answer_size import AnswerLimit, answer_limit, answer_too_large
 from kcoral.connection.early_answer import EarlyAnswer, stopped_once_answered
 from kcoral.connection.keep_alive import pool_manager
 from kcoral.connection.per_process import PerProcess, close_inherited_sockets
@@ -72,8 +75,11 @@ class HttpTransport:
         headers: Mapping[str, str],
         connect_timeout_seconds: float,
         max_connections: int = 10,
+        max_answer_bytes: int | None = None,
     ) -> None:
         self.base_url = base_url
+        #: the largest answer body read; None: bounded by the machine (``answer_size``)
+        self.max_answer_bytes = max_answer_bytes
         self._headers = dict(headers)
         # maxsize: connections kept for reuse (more may open at once; they are not kept)
         # connections idle for 5 s are replaced before use (kcoral.connection.keep_alive says why)
@@ -243,15 +249,16 @@ class HttpTransport:
             length = int(headers.get("Content-Length", ""))
         except ValueError:
             length = -1
-        if (
-            length < _DIRECT_READ_BYTES
-            or raw is None
-            or not hasattr(raw, "readinto")
-            or "Transfer-Encoding" in headers
-        ):
-            if floor is None or length >= 0:
-                return response.read(decode_content=False)
-            return read_at_the_floor(response, floor)
+        if "Transfer-Encoding" in headers:
+            length = -1  # http.client reads the chunks, whatever a Content-Length beside says
+        if length >= _DIRECT_READ_BYTES or (length >= 0 and self.max_answer_bytes is not None):
+            limit = answer_limit(self.max_answer_bytes)
+            if length > limit.size:
+                raise answer_too_large(self.base_url, length, limit, declared=True)
+        if length < 0:
+            return self._read_unstated(response, floor)
+        if length < _DIRECT_READ_BYTES or raw is None or not hasattr(raw, "readinto"):
+            return response.read(decode_content=False)
         buffer = self._take_buffer()
         if buffer is None:
             buffer = bytearray(min(length, FIRST_BUFFER_BYTES))
@@ -270,6 +277,26 @@ class HttpTransport:
             self._buffer = buffer if len(buffer) <= _KEPT_BUFFER_BYTES else None
         return view
 
+    def _read_unstated(
+        self, response: urllib3.BaseHTTPResponse, floor: AnswerDeadline | None
+    ) -> bytes:
+        """A body of no stated length, in pieces, each moving ``floor`` (when given) on by
+        its share; cut once it passes the bound, which is looked up when it passes
+        ``_DIRECT_READ_BYTES`` (a small body never reads ``/proc/meminfo``)."""
+        pieces = []
+        came = 0
+        limit: AnswerLimit | None = None
+        while piece := response.read(_PIECE_BYTES, decode_content=False):
+            pieces.append(piece)
+            came += len(piece)
+            if limit is None and (came >= _DIRECT_READ_BYTES or self.max_answer_bytes is not None):
+                limit = answer_limit(self.max_answer_bytes)
+            if limit is not None and came > limit.size:
+                raise answer_too_large(self.base_url, came, limit, declared=False)
+            if floor is not None:
+                floor.at = max(floor.at, floor.first_at + came / BODY_FLOOR_BYTES_PER_SECOND)
+        return b"".join(pieces)
+
     def _take_buffer(self) -> bytearray | None:
         """The kept buffer when nothing references it any more (it leaves the slot, so no
         other thread takes it meanwhile), else None."""
@@ -284,7 +311,7 @@ class HttpTransport:
 def body_deadline(response: urllib3.BaseHTTPResponse, request: RequestConnection) -> AnswerDeadline:
     """A program answer's deadline, from its head on: ``BODY_GRACE_SECONDS`` plus its
     stated length at ``BODY_FLOOR_BYTES_PER_SECOND``, for ``request``'s connection (a body
-    of no stated length moves it on as it comes, ``read_at_the_floor``)."""
+    of no stated length moves it on as it comes, ``HttpTransport._read_unstated``)."""
     try:
         length = max(0, int(response.headers.get("Content-Length", "")))
     except ValueError:
@@ -294,18 +321,7 @@ def body_deadline(response: urllib3.BaseHTTPResponse, request: RequestConnection
     )
 
 
-def read_at_the_floor(response: urllib3.BaseHTTPResponse, deadline: AnswerDeadline) -> bytes:
-    """A body of no stated length, in pieces, each moving ``deadline`` on by its share."""
-    pieces = []
-    came = 0
-    while piece := response.read(_PIECE_BYTES, decode_content=False):
-        pieces.append(piece)
-        came += len(piece)
-        deadline.at = max(deadline.at, deadline.first_at + came / BODY_FLOOR_BYTES_PER_SECOND)
-    return b"".join(pieces)
-
-
-#: a body of no stated length is read in pieces of this size (``read_at_the_floor``)
+#: a body of no stated length is read in pieces of this size (``_read_unstated``)
 _PIECE_BYTES = 1 << 20
 
 
