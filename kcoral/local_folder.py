@@ -25,8 +25,9 @@ import os
 import stat
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
+from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.multipart import PIECE_BYTES
 from kcoral.protocol.nofollow import (
     CLOEXEC,
@@ -35,6 +36,8 @@ from kcoral.protocol.nofollow import (
     closing_fd,
     open_beneath,
 )
+from kcoral.protocol.paths import shown_path
+from kcoral.protocol.utf8_text import as_its_bytes, is_utf8
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
 #: A file of at most this size keeps the bytes it was hashed from (sent from memory) ...
@@ -403,7 +406,7 @@ def _list_tree(
             elif stat.S_ISLNK(entry.st_mode):
                 raise LinkRefused(where, _link_target(name, dir_fd))
             else:
-                raise ValueError(f"{where!r} is a {kind_of(entry.st_mode)}; refused")
+                raise ValueError(special_file_refused(where, entry.st_mode))
         pending.extend(reversed(subdirectories))  # popped from the end: sorted order
     return found
 
@@ -455,6 +458,30 @@ def _read_listed(
     if _signature(opened) != _signature(after) or size != after.st_size:
         raise ValueError(f"{shown!r} changed while it was read")
     return after
+
+
+def check_utf8_name(
+    name: str, local: str, verb: Literal["upload", "send"], *, in_folder: bool = True
+) -> None:
+    """``ValidationError`` when ``name``, a file's path in what is sent, is not UTF-8, as
+    workspace paths are: its local path ``local`` shown as its bytes (``'data/\\xff.bin'``;
+    the surrogates Python decodes them to, ``'\\udcff'``, no listing shows) and what to do.
+    ``upload_folder`` and ``kcoral run --send`` (``verb``) say it alike, before reading."""
+    if is_utf8(name):
+        return
+    done = {"upload": "uploaded", "send": "sent"}[verb]
+    leave_out = f", or {verb} the folder without it" if in_folder else ""
+    raise ValidationError(
+        f"'{shown_path(as_its_bytes(local))}' cannot be {done}: its name is not UTF-8, as "
+        f"workspace paths are: rename it{leave_out}"
+    )
+
+
+def special_file_refused(local: str, mode: int) -> str:
+    """Why an entry that is neither a regular file, a folder nor a link is not read, for
+    ``upload_folder`` and ``kcoral run --send`` alike (they read 'is a FIFO; refused' and
+    'FIFO cannot be sent')."""
+    return f"{local!r} is a {kind_of(mode)}; only regular files and folders are sent"
 
 
 def kind_of(mode: int) -> str:

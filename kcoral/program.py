@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from kcoral.local_folder import FileBlob, hash_folder
+from kcoral.local_folder import FileBlob, check_utf8_name, hash_folder
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import UploadedPaths, normalize_workspace_path, shown_path
+from kcoral.protocol.utf8_text import check_text
 from kcoral.tensors import tensor_payload
 
 _UPLOAD_KINDS = ("module", "tensor", "bytes", "library")
@@ -472,42 +473,11 @@ def check_destination(destination: str, local: str) -> None:
     """Whether the local file ``local`` can go to workspace path ``destination``, checked
     while ``upload_folder`` walks, before the file is read: a huge tree with one path over
     the limit read every file first, and the message did not say which path."""
-    if not _is_utf8(destination):
-        # its bytes as ls -b shows them: the surrogates Python decodes them to ('\udcff')
-        # said nothing, nor what to do
-        raw = os.fsencode(local).decode("utf-8", "backslashreplace")
-        raise ValidationError(
-            f"'{shown_path(raw)}' cannot be uploaded: its name is not UTF-8, as "
-            "workspace paths are: rename it, or upload the folder without it"
-        )
+    check_utf8_name(destination, local, "upload")
     try:
         normalize_workspace_path(destination)  # length, backslash
     except ValidationError as exc:
         raise ValidationError(f"{shown_path(local)!r} cannot be uploaded: {exc}") from None
-
-
-def _is_utf8(text: str) -> bool:
-    """Whether ``text`` is UTF-8 text: no lone surrogate (a local name's undecodable bytes
-    are surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def check_text(text: str, what: str) -> None:
-    """``text`` can travel in the request's UTF-8 JSON: a lone surrogate (``'\\udcff'``,
-    as ``surrogateescape`` decoding makes) passed every builder call, then failed at
-    ``execute`` as 'cannot encode the request: ... in position 96', a place in the whole
-    request that named no instruction."""
-    if text.isascii() or _is_utf8(text):
-        return
-    at = next(index for index, char in enumerate(text) if "\ud800" <= char <= "\udfff")
-    raise ValueError(
-        f"{what} holds a lone surrogate at position {at} ({text[at]!r}), which UTF-8 "
-        "cannot carry (bytes travel as a bytes upload)"
-    )
 
 
 def _sha256(data: bytes | bytearray) -> str:

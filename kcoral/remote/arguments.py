@@ -12,9 +12,12 @@ from typing import Any
 
 from kcoral.program import plain_scalars
 from kcoral.protocol.headers import SERIALIZATION_FORMATS
+from kcoral.protocol.utf8_text import check_text
 
 #: What a value or callable JSON mode cannot send is told.
 PICKLE_SENDS_IT = " (serialization='pickle' sends it)"
+#: How a call's bytes travel, told where a str holds a lone surrogate.
+BYTES_GO_AS = "bytes arguments"
 
 
 def argument_labels(bound: inspect.BoundArguments, given: set[str]) -> list[str]:
@@ -46,7 +49,7 @@ def check_json(value: Any, where: str, active: set[int]) -> None:
     """``value`` must be plain JSON: exact types, finite floats, no cycles, no binary."""
     kind = type(value)
     if kind is str:
-        check_text(value, where)
+        check_text(value, where, bytes_go_as=BYTES_GO_AS)
         return
     if value is None or kind in (bool, int):
         return
@@ -71,7 +74,7 @@ def check_json(value: Any, where: str, active: set[int]) -> None:
                         f"{where} has a key of type {type(key).__name__}; JSON keys are str"
                         + PICKLE_SENDS_IT
                     )
-                check_text(key, f"a key of {where}")
+                check_text(key, f"a key of {where}", bytes_go_as=BYTES_GO_AS)
                 check_json(item, f"{where}[{key!r}]", active)
         active.discard(id(value))
         return
@@ -101,21 +104,6 @@ def check_call_options(timeout: object, output_limit_bytes: object) -> None:
             raise TypeError(f"output_limit_bytes must be an int, not {kind}")
         if output_limit_bytes < 0:
             raise ValueError(f"output_limit_bytes must be >= 0, not {output_limit_bytes!r}")
-
-
-def check_text(text: str, where: str) -> None:
-    """A ``str`` the request's UTF-8 can carry: a lone surrogate (``'\\udc80'``, from
-    ``surrogateescape`` decoding) failed later as 'cannot encode the request' at a byte
-    position of the whole request, naming no argument."""
-    if text.isascii():
-        return
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"{where} holds a lone surrogate at position {exc.start} ({text[exc.start]!r}); "
-            "UTF-8 cannot carry it (bytes travel as bytes arguments)"
-        ) from None
 
 
 def check_serialization(value: object, what: str) -> str:

@@ -22,8 +22,8 @@ from kcoral.connection.server_address import server_url
 from kcoral.protocol.paths import normalize_workspace_path
 from kcoral.protocol.selector import Selector, SelectorError, parse_selector
 from kcoral.protocol.sizes import parse_bytes
+from kcoral.protocol.utf8_text import is_utf8
 from kcoral.protocol.validate import MAX_GPU_COUNT
-from kcoral.run.inputs import is_text
 from kcoral.run.tools import TOOLS, Tool, UsageError, check_tool_args, get_tool
 
 PROG = "kcoral run"
@@ -163,7 +163,7 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> RunOp
             values[key] = value
     args = words[index:]
     for arg in args:
-        if not is_text(arg):
+        if not is_utf8(arg):
             raise UsageError(f"tool argument {arg!r} is not valid UTF-8 (arguments go as text)")
     check_tool_args(tool, args)
     url, warnings = select_server(
@@ -326,7 +326,7 @@ def parse_env(assignments: Sequence[str], environ: Mapping[str, str]) -> dict[st
             value = environ[name]
         if "\x00" in value:
             raise UsageError(f"--env: the value of {name} contains NUL")
-        if not is_text(value):
+        if not is_utf8(value):
             raise UsageError(f"--env: the value of {name} is not valid UTF-8")
         result.pop(name, None)
         result[name] = value
@@ -372,7 +372,7 @@ def _out_path(given: str) -> str:
     whole remote run. The parent is the user's own choice, never the server's."""
     if not given:
         raise UsageError("--out must not be empty")
-    if not is_text(given):
+    if not is_utf8(given):
         raise UsageError(f"--out {given!r} is not valid UTF-8")
     parent, name = os.path.split(given.rstrip("/"))
     if name in ("", ".", ".."):

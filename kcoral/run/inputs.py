@@ -17,9 +17,10 @@ from kcoral.local_folder import (
     KeptBudget,
     LinkRefused,
     SentFileChanged,
+    check_utf8_name,
     hash_file,
     hash_folder,
-    kind_of,
+    special_file_refused,
 )
 from kcoral.protocol.errors import ValidationError
 from kcoral.protocol.paths import conflicting_paths, normalize_workspace_path
@@ -57,14 +58,6 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, FileBlob, bool]]:
         if not name:
             raise LocalFileError(f"--send {path!r}: cannot send the root directory")
         for remote, data, executable in _read_input(path, name, budget):
-            if not is_text(remote):
-                raise LocalFileError(
-                    f"--send: the name {remote!r} is not valid UTF-8 (names go as text)"
-                )
-            try:  # the request's path rules (PROTOCOL §5.5), below the tool's directory
-                normalize_workspace_path(f"{WORK_DIR}/{remote}")
-            except ValidationError as exc:
-                raise LocalFileError(f"--send: {remote!r} cannot be sent: {exc}") from None
             if remote in files:
                 raise LocalFileError(f"--send: two inputs would both be sent as {remote!r}")
             files[remote] = (data, executable)
@@ -80,14 +73,22 @@ def collect_inputs(paths: Sequence[str]) -> list[tuple[str, FileBlob, bool]]:
 
 def _read_input(path: str, name: str, budget: KeptBudget) -> list[tuple[str, FileBlob, bool]]:
     info = _lstat(path)
+
+    def check(relative: str, local: str) -> None:
+        # while the folder is listed, before any file is read: a name the request cannot
+        # carry was refused only once every file had been read (upload_folder's words)
+        _check_remote_path(f"{name}/{relative}", local)
+
     try:
         if stat.S_ISREG(info.st_mode):
+            _check_remote_path(name, path, in_folder=False)
             return [(name, hash_file(path, info, budget), _executable(info.st_mode))]
         if stat.S_ISLNK(info.st_mode):  # never followed: it could point anywhere
             raise LocalFileError(f"--send {path!r}: {_link_advice(path)}")
         if not stat.S_ISDIR(info.st_mode):
-            raise LocalFileError(f"--send {path!r}: {kind_of(info.st_mode)} cannot be sent")
-        files = hash_folder(path, skip=("__pycache__",), budget=budget)
+            raise LocalFileError(f"--send: {special_file_refused(path, info.st_mode)}")
+        _check_remote_path(name, path, in_folder=False)  # the folder's own name
+        files = hash_folder(path, skip=("__pycache__",), check=check, budget=budget)
     except LinkRefused as exc:
         raise LocalFileError("--send: " + exc.advice("send", "with a --send of its own")) from None
     except ValueError as exc:
@@ -131,6 +132,17 @@ def changed_input(exc: SentFileChanged) -> str:
     return f"--send: {changed}; nothing was run: run again"
 
 
+def _check_remote_path(remote: str, local: str, *, in_folder: bool = True) -> None:
+    """``ValidationError`` when the request cannot carry ``remote``, the remote path of the
+    local file ``local``: not UTF-8 (its bytes shown), or against PROTOCOL §5.5's rules below
+    the tool's directory."""
+    check_utf8_name(remote, local, "send", in_folder=in_folder)
+    try:
+        normalize_workspace_path(f"{WORK_DIR}/{remote}")
+    except ValidationError as exc:
+        raise ValidationError(f"{remote!r} cannot be sent: {exc}") from None
+
+
 def _link_advice(path: str) -> str:
     """What to do about a symbolic link given to ``--send``: it said only "symbolic link
     cannot be sent", with no way out named."""
@@ -150,16 +162,6 @@ def _lstat(path: str) -> os.stat_result:
         return os.lstat(path)
     except OSError as exc:
         raise LocalFileError(f"--send {path!r}: {exc.strerror}") from None
-
-
-def is_text(word: str) -> bool:
-    """Whether ``word`` encodes as UTF-8 (undecodable bytes of a command line or a file
-    name arrive as lone surrogates, which the request cannot carry as text)."""
-    try:
-        word.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def sent_as(local: str, send_paths: Sequence[str]) -> str | None:

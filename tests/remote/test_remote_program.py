@@ -147,6 +147,17 @@ def test_a_value_json_cannot_carry_is_named_by_its_parameter_and_a_default_as_su
         make(samples.with_tuple_default).build_program({"\udc80": 1})
 
 
+def test_a_lone_surrogate_in_an_argument_reads_as_a_programs_builder_says_it() -> None:
+    # one check for both (kcoral.protocol.utf8_text): the remote call's words had their own
+    # shape, "...; UTF-8 cannot carry it (...)", beside the builder's "..., which UTF-8 ..."
+    with pytest.raises(ValueError) as refused:
+        make(samples.with_tuple_default).build_program(1, ["ok", "a\udc80"])
+    assert str(refused.value) == (
+        "argument 'pair'[1] holds a lone surrogate at position 1 ('\\udc80'), which UTF-8 "
+        "cannot carry (bytes travel as bytes arguments)"
+    )
+
+
 def test_an_array_json_mode_cannot_send_names_the_argument_the_dtypes_and_pickle() -> None:
     # remote-function soak: it said "dtype 'complex64' is not one of the protocol dtypes",
     # naming neither the argument, nor those dtypes, nor pickle

@@ -149,7 +149,7 @@ def test_undecodable_local_names_and_words_are_refused_before_anything_runs(
     project.mkdir()
     (project / "ok.py").write_text("")
     (project / bad).write_text("")  # the file name's bytes: b"caf\xe9"
-    with pytest.raises(LocalFileError, match="not valid UTF-8"):
+    with pytest.raises(LocalFileError, match="its name is not UTF-8"):
         collect_inputs([str(project)])
 
 
