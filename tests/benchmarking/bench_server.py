@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kcoral import Client, Program
 from kcoral.results import ProgramResult
 
@@ -15,3 +17,10 @@ def call_on_server(url: str, source: str, name: str, timeout: float) -> ProgramR
     program.return_(key="value", value=program.run(fn=fn, id="out"))
     with Client(url) as client:
         return client.execute(program, timeout_seconds=timeout)
+
+
+def value_returned(url: str, source: str, name: str, timeout: float = 300) -> Any:
+    """``call_on_server``'s returned value, the program checked completed first."""
+    result = call_on_server(url, source, name, timeout)
+    assert result.completed, result.error
+    return result["value"]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from bench_server import call_on_server
+from bench_server import value_returned
 from server_process import RunningServer, running_server
 
 from kcoral.bench.compare import MIN_ROUNDS
@@ -49,9 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def returned(server: RunningServer, name: str) -> Any:
-    result = call_on_server(server.url, SOURCE, name, 300)
-    assert result.completed, result.error
-    return result["value"]
+    return value_returned(server.url, SOURCE, name)
 
 
 def flush_warnings(result: dict[str, Any]) -> list[str]:
