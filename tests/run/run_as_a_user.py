@@ -33,12 +33,16 @@ def server_with_a_token(directory: Path, args: Sequence[str] = ()) -> Iterator[S
 
 
 def kcoral_run(
-    server: ServerWithAToken, *argv: str, cwd: Path | None = None
+    server: ServerWithAToken,
+    *argv: str,
+    cwd: Path | None = None,
+    launcher: Sequence[str] = ("-m", "kcoral"),
 ) -> subprocess.CompletedProcess[str]:
-    """`kcoral run ARGV` typed in ``cwd``, its stdin empty; what it wrote and its status."""
+    """`kcoral run ARGV` typed in ``cwd``, its stdin empty; what it wrote and its status.
+    ``launcher``: Python's arguments before ``run`` (a ``-c`` script that watches the CLI)."""
     env = {**os.environ, "KCORAL_URL": server.url, "KCORAL_TOKEN": server.token}
     return subprocess.run(
-        [sys.executable, "-m", "kcoral", "run", *argv],
+        [sys.executable, *launcher, "run", *argv],
         capture_output=True,
         text=True,
         env=env,

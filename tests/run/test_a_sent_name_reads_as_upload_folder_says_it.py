@@ -11,15 +11,13 @@ token.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from run_as_a_user import ServerWithAToken, kcoral_run, server_with_a_token
 
-#: ``kcoral run`` with every file name it opens written to the file ``sys.argv[1]``.
+#: ``kcoral run`` (``sys.argv[2:]``) with every name it opens written to the file ``sys.argv[1]``.
 OPENS_RECORDED = """
 import json, os, sys
 from kcoral.cli import main
@@ -56,17 +54,9 @@ def test_a_name_that_is_not_utf8_is_shown_as_its_bytes_before_any_file_is_read(
     with open(os.fsencode(project) + b"/\xff\xfe.bin", "wb") as odd:
         odd.write(b"z")
     record = tmp_path / "opened.json"
-    argv = ["run", "python", "--send", "proj", "--", "-c", ""]
-    env = {**os.environ, "KCORAL_URL": server.url, "KCORAL_TOKEN": server.token}
-    done = subprocess.run(
-        [sys.executable, "-c", OPENS_RECORDED, str(record), *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=100,
-    )
+    watched = ("-c", OPENS_RECORDED, str(record))
+    argv = ("python", "--send", "proj", "--", "-c", "")
+    done = kcoral_run(server, *argv, cwd=tmp_path, launcher=watched)
     assert done.returncode == 1, done.stderr
     assert done.stderr == (
         "kcoral run: --send: 'proj/\\xff\\xfe.bin' cannot be sent: its name is not UTF-8, as "
