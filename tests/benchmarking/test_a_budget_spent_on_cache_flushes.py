@@ -96,3 +96,16 @@ def test_a_comparison_of_the_same_budget_runs_its_fewest_rounds_and_needs_no_war
 )
 def test_the_flush_rule_in_numbers(calls, estimate_ms, flush_ms, warns) -> None:
     assert spent_on_flushes(calls, estimate_ms, flush_ms) is warns
+
+
+def test_an_estimate_without_flushes_reads_the_clock_only_around_its_calls(monkeypatch) -> None:
+    # a clock read per flush would lengthen a tiny call's estimate, and shrink its counts,
+    # where there is no flush to time
+    from kcoral.bench import clocks
+
+    reads = []
+    real = clocks.time.perf_counter_ns
+    monkeypatch.setattr(clocks.time, "perf_counter_ns", lambda: reads.append(1) or real())
+    clock = clocks.CpuClock(flush_l2=False)
+    clock.estimate(lambda: None)
+    assert len(reads) == 2 and clock.flush_ms() is None
