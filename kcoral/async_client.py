@@ -69,7 +69,7 @@ class AsyncClient(BaseClient):
                 headers=self.headers,
                 connect_timeout_seconds=self.connect_timeout_seconds,
                 max_connections=max_connections,
-                max_answer_bytes=max_answer_bytes,
+                max_answer_bytes=self.max_answer_bytes,
             ),
             max_workers=max_connections,
         )

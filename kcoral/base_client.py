@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 
 import kcoral
 from kcoral.connection.answer_deadline import STATUS_ANSWER_SECONDS
+from kcoral.connection.answer_size import chosen_bound
 from kcoral.connection.event_stream import EventSource, EventStreams
 from kcoral.connection.negotiation import Attempt, ExecuteNegotiation
 from kcoral.connection.request_limit import KnownLimit
@@ -190,12 +191,8 @@ class BaseClient:
             raise TypeError("max_connections must be an int")
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
-        if max_answer_bytes is not None and (
-            isinstance(max_answer_bytes, bool) or not isinstance(max_answer_bytes, int)
-        ):
-            raise TypeError("max_answer_bytes must be an int or None")
-        if max_answer_bytes is not None and max_answer_bytes < 1:
-            raise ValueError("max_answer_bytes must be at least 1")
+        #: the largest answer read; None: bounded by the machine (EXTENSIONS §17)
+        self.max_answer_bytes = chosen_bound(max_answer_bytes)
 
         request_headers = {"User-Agent": f"kcoral/{client_version()}"}
         _set_headers(request_headers, extra)

@@ -61,7 +61,7 @@ class Client(BaseClient):
             headers=self.headers,
             connect_timeout_seconds=self.connect_timeout_seconds,
             max_connections=max_connections,
-            max_answer_bytes=max_answer_bytes,
+            max_answer_bytes=self.max_answer_bytes,
         )
 
     def run_flow(self, flow: Flow[T]) -> T:

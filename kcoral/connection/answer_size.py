@@ -15,6 +15,7 @@ size.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 from kcoral.errors import TransportError, answered_but
@@ -23,6 +24,29 @@ from kcoral.errors import TransportError, answered_but
 DEFAULT_ANSWER_CAP_BYTES = 64 << 30
 
 _MEMINFO = "/proc/meminfo"
+#: the bound where the code does not build the client (a notebook's ``%kcoral``, ``kcoral run``)
+MAX_ANSWER_ENV = "KCORAL_MAX_ANSWER_BYTES"
+
+
+def chosen_bound(max_answer_bytes: int | None) -> int | None:
+    """The bound the user named: ``max_answer_bytes``, else ``KCORAL_MAX_ANSWER_BYTES``;
+    None (bounded by the machine) when neither is set. ``TypeError``/``ValueError`` naming
+    the one that is no whole number of bytes of at least 1."""
+    where = "max_answer_bytes"
+    if max_answer_bytes is None:
+        text = os.environ.get(MAX_ANSWER_ENV, "").strip()
+        if not text:
+            return None
+        where = MAX_ANSWER_ENV
+        try:
+            max_answer_bytes = int(text)
+        except ValueError:
+            raise ValueError(f"{where} must be a whole number of bytes, not {text!r}") from None
+    elif isinstance(max_answer_bytes, bool) or not isinstance(max_answer_bytes, int):
+        raise TypeError(f"{where} must be an int or None")
+    if max_answer_bytes < 1:
+        raise ValueError(f"{where} must be at least 1")
+    return max_answer_bytes
 
 
 class AnswerLimit(NamedTuple):
@@ -63,7 +87,7 @@ def answer_too_large(url: str, size: int, limit: AnswerLimit, *, declared: bool)
     return answered_but(
         url,
         f"{said}, more than the {sized(limit.size)} this client reads ({limit.source}): "
-        "pass max_answer_bytes= to the client to read more",
+        f"pass max_answer_bytes= to the client, or set {MAX_ANSWER_ENV}, to read more",
     )
 
 

@@ -23,6 +23,7 @@ def meminfo_saying(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, available_ki
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemTotal: {4 * available_kib} kB\nMemAvailable: {available_kib} kB\n")
     monkeypatch.setattr(answer_size, "_MEMINFO", str(meminfo))
+    monkeypatch.delenv("KCORAL_MAX_ANSWER_BYTES", raising=False)  # the machine's bound
 
 
 class _Declaring(http.server.BaseHTTPRequestHandler):
@@ -62,7 +63,8 @@ def test_a_client_refuses_an_answer_over_half_the_memory_available(tmp_path, mon
         Client(url).info()
     assert str(refused.value) == (
         f"{url} answered, but its answer is 1.5 GiB, more than the 1.0 GiB this client reads "
-        "(half the memory available here): pass max_answer_bytes= to the client to read more"
+        "(half the memory available here): pass max_answer_bytes= to the client, or set "
+        "KCORAL_MAX_ANSWER_BYTES, to read more"
     )
 
 
@@ -80,3 +82,20 @@ def test_an_async_client_refuses_an_answer_over_its_max_answer_bytes() -> None:
 def test_a_max_answer_bytes_that_is_no_positive_int_is_refused_at_construction(bound) -> None:
     with pytest.raises((TypeError, ValueError), match="max_answer_bytes must be"):
         Client("http://127.0.0.1:1", max_answer_bytes=bound)
+
+
+def test_kcoral_max_answer_bytes_bounds_a_client_built_without_one(monkeypatch) -> None:
+    """A notebook's ``%kcoral`` builds its own client: the environment sets its bound."""
+    monkeypatch.setenv("KCORAL_MAX_ANSWER_BYTES", str(GIB))
+    with serving(_Declaring) as url, pytest.raises(TransportError) as refused:
+        Client(url).info()
+    assert "more than the 1.0 GiB this client reads (its max_answer_bytes)" in str(refused.value)
+
+
+@pytest.mark.parametrize("text", ["0", "1G", "-5"])
+def test_a_kcoral_max_answer_bytes_that_is_no_positive_int_is_refused_in_its_name(
+    monkeypatch, text
+) -> None:
+    monkeypatch.setenv("KCORAL_MAX_ANSWER_BYTES", text)
+    with pytest.raises(ValueError, match=r"^KCORAL_MAX_ANSWER_BYTES must be"):
+        Client("http://127.0.0.1:1")

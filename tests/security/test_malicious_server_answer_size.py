@@ -108,7 +108,7 @@ def test_an_answer_declared_larger_than_any_machine_holds_is_refused_before_its_
     assert flood.hung_up.wait(30)
     assert flood.sent < GIVEN_UP_EARLY, f"the client read {flood.sent >> 20} MiB first"
     assert "its answer is 1.0 TiB, more than the " in said
-    assert "pass max_answer_bytes= to the client to read more" in said
+    assert "pass max_answer_bytes= to the client, or set KCORAL_MAX_ANSWER_BYTES" in said
 
 
 def test_an_answer_declared_over_max_answer_bytes_is_refused_before_its_body(flood) -> None:
@@ -118,7 +118,8 @@ def test_an_answer_declared_over_max_answer_bytes_is_refused_before_its_body(flo
     assert flood.sent < GIVEN_UP_EARLY, f"the client read {flood.sent >> 20} MiB first"
     assert said.endswith(
         "answered, but its answer is 8.0 GiB, more than the 1.0 GiB this client reads "
-        "(its max_answer_bytes): pass max_answer_bytes= to the client to read more"
+        "(its max_answer_bytes): pass max_answer_bytes= to the client, or set "
+        "KCORAL_MAX_ANSWER_BYTES, to read more"
     )
 
 
