@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,6 +35,7 @@ from kcoral.errors import ProtocolError
 from kcoral.local_folder import kind_of
 from kcoral.protocol.dtypes import dtype_name_of_numpy
 from kcoral_jupyter.cell_source import CELL_FUNCTION, wrapper_source
+from kcoral_jupyter.unsent_value import add_unsent_note
 
 #: Return key of the cell's own value (outputs, final expression).
 CELL_KEY = "cell"
@@ -75,6 +75,7 @@ class BuiltCell:
     # library of all the cell's tensor inputs); None: each as its remote type.
     library: str | None = None
     source: str = ""  # the cell's own text (a NameError's hint asks what it binds)
+    in_session: bool = False  # ran in a session (a value that did not come back can stay)
 
     @property
     def pickle_outputs(self) -> frozenset[str]:
@@ -280,6 +281,7 @@ def build_cell(spec: CellSpec) -> BuiltCell:
         numpy=spec.numpy,
         library=returned_library(spec),
         source=spec.source,
+        in_session=spec.in_session,
     )
 
 
@@ -315,7 +317,7 @@ _CELL_FIELDS = frozenset(
         "torch",
         "torch_value",
         "torch_inside",
-        "unsent_tensor",
+        "unsent",
     )
 )
 
@@ -401,9 +403,13 @@ def read_outcome(result: ProgramResult, built: BuiltCell) -> CellOutcome:
         from kcoral_jupyter.display import server_display
 
         shown = server_display(display)
-        note = unsent_note(cell.get("unsent_tensor"))
-        if note:
-            shown["text/plain"] += "\n" + note
+        if "unsent" in cell:  # our wrapper says what was not carried with every display
+            add_unsent_note(
+                shown,
+                cell["unsent"],
+                pickled=built.serialization == "pickle",
+                in_session=built.in_session,
+            )
     return CellOutcome(
         outputs=values,
         has_value=bool(cell.get("has_value")),
@@ -474,31 +480,3 @@ def _torch_paths(paths: Any, outputs: set[str], what: str) -> frozenset[tuple[An
             f"{what}: the cell's torch_inside must be a list of paths into its values"
         )
     return frozenset(tuple(path) for path in paths)
-
-
-#: How to send back a tensor of a dtype the protocol does not carry, by library.
-_UNSENT_HINTS = {
-    ("torch", True): "return torch.view_as_real(t) and torch.view_as_complex it here",
-    ("numpy", True): "return numpy.stack([a.real, a.imag], -1) and rebuild it here",
-    ("torch", False): "return it as one that is, e.g. t.to(torch.float32)",
-    ("numpy", False): "return it as one that is, e.g. a.astype(numpy.float32)",
-}
-
-
-def unsent_note(unsent: Any) -> str | None:
-    """The line under a final value the server could only show as text because a tensor in
-    it has a dtype the protocol does not carry: that the value did not come back, why, and
-    what to return instead; ``None`` for anything else (a lying server's words stay out)."""
-    if not isinstance(unsent, dict):
-        return None
-    library, dtype = unsent.get("library"), unsent.get("dtype")
-    # a dtype's name only, never a server's free text
-    if library not in ("torch", "numpy") or not isinstance(dtype, str):
-        return None
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", dtype):
-        return None
-    return (
-        f"The value did not come back: a {library} {dtype} tensor is not a type the protocol "
-        f"carries (above is the server's text of it); "
-        f"{_UNSENT_HINTS[(library, dtype.startswith('complex'))]}."
-    )

@@ -20,9 +20,9 @@ only when the request was admitted with pickle), ``value`` or ``display`` (a ``t
 ``text/html`` bundle of a final value that has no plain encoding), ``torch`` (the ``--out``
 names whose value is a ``torch.Tensor``), ``torch_value`` (the final value is one) and
 ``torch_inside`` (the paths of the torch tensors inside a returned dict or list), so that the
-kernel gives torch back for torch, and ``unsent_tensor`` (the library and dtype of a tensor
-the protocol does not carry, which made the final value a display: the kernel says why the
-value did not come back). ``cell_program.read_outcome``
+kernel gives torch back for torch, and ``unsent`` with a ``display`` (the first part of the
+final value the protocol does not carry: its type, and where in a dict or list, so that the
+kernel says why the value did not come back, ``unsent_value``). ``cell_program.read_outcome``
 checks every name and shows server HTML only in a sandboxed iframe.
 """
 
@@ -88,26 +88,42 @@ def _load_pickled(payload):
     return load_envelope(payload, writer="client", reader="server")
 
 
-def _encodable(value, depth=0):
+def _unsent(value, depth=0):
+    # None where the protocol carries the value; else the first part of it that it does
+    # not carry, what that is and where ([key or index, ...]), so that the kernel can say
+    # why the value did not come back
     if depth > 64:
-        return False
+        return {{"path": [], "nested": True}}
     if value is None or isinstance(value, (bool, int, str, bytes, bytearray, memoryview)):
-        return True
+        return None
     if isinstance(value, float):
-        return value == value and value not in (float("inf"), float("-inf"))
-    if isinstance(value, (list, tuple)):
-        return all(_encodable(item, depth + 1) for item in value)
-    if isinstance(value, dict):
-        return all(
-            isinstance(k, str) and _encodable(v, depth + 1) for k, v in value.items()
-        )
-    kind = type(value).__module__.split(".")[0]
-    if kind == "numpy":
-        dtype = getattr(value, "dtype", None)
-        return dtype is not None and str(dtype.name) in _TENSOR_DTYPES
-    if kind == "torch" and hasattr(value, "dtype") and hasattr(value, "shape"):
-        return str(value.dtype).replace("torch.", "") in _TENSOR_DTYPES
-    return False
+        if value == value and value not in (float("inf"), float("-inf")):
+            return None
+        return {{"path": [], "library": "builtins", "type": "float"}}
+    if isinstance(value, (list, tuple, dict)):
+        if isinstance(value, dict):
+            for key in value:
+                if not isinstance(key, str):
+                    return {{"path": [], "key": type(key).__name__}}
+        for step, item in value.items() if isinstance(value, dict) else enumerate(value):
+            found = _unsent(item, depth + 1)
+            if found is not None:
+                found["path"].insert(0, step)
+                return found
+        return None
+    library = type(value).__module__.split(".")[0]
+    if library in ("numpy", "torch") and hasattr(value, "dtype"):
+        dtype = value.dtype
+        name = str(getattr(dtype, "name", dtype)).replace("torch.", "")
+        if name in _TENSOR_DTYPES and (library == "numpy" or hasattr(value, "shape")):
+            return None
+        if hasattr(value, "shape"):
+            return {{"path": [], "library": library, "type": "tensor", "dtype": name}}
+    return {{"path": [], "library": library, "type": type(value).__name__}}
+
+
+def _encodable(value):
+    return _unsent(value) is None
 
 
 def _is_torch(value):
@@ -128,29 +144,6 @@ def _torch_inside(value, path, found, depth=0):
     elif len(path) > 1 and _is_torch(value):
         found.append(path)
     return found
-
-
-def _unsent_tensor(value, depth=0):
-    # the first tensor in a value whose dtype the protocol does not carry (complex64 ...),
-    # so that the kernel can say why the value did not come back
-    if depth > 64:
-        return None
-    items = ()
-    if isinstance(value, dict):
-        items = value.values()
-    elif isinstance(value, (list, tuple)):
-        items = value
-    elif type(value).__module__.split(".")[0] in ("torch", "numpy"):
-        dtype = getattr(value, "dtype", None)
-        name = str(getattr(dtype, "name", dtype)).replace("torch.", "")
-        if dtype is not None and hasattr(value, "shape") and name not in _TENSOR_DTYPES:
-            library = type(value).__module__.split(".")[0]
-            return {{"library": library, "dtype": name}}
-    for item in items:
-        found = _unsent_tensor(item, depth + 1)
-        if found is not None:
-            return found
-    return None
 
 
 def _display_data(value):
@@ -203,9 +196,7 @@ def _collect(namespace, value, has_value):
             _torch_inside(value, [None], inside)
         else:
             result["display"] = _display_data(value)
-            unsent = _unsent_tensor(value)
-            if unsent is not None:
-                result["unsent_tensor"] = unsent
+            result["unsent"] = _unsent(value)
     if inside:
         result["torch_inside"] = inside
     if pickled:

@@ -3,12 +3,14 @@ tests/jupyter."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from server_process import running_server
 
 
 def shown(cell: Any, *, tracebacks: bool = True) -> str:
@@ -67,3 +69,21 @@ def connected_cells(url: str, monkeypatch: pytest.MonkeyPatch, *cells: str) -> l
     monkeypatch.delenv("KCORAL_URL", raising=False)
     monkeypatch.delenv("KCORAL_TOKEN", raising=False)
     return ["%load_ext kcoral", f"%kcoral connect {url}", *cells]
+
+
+def executed_on_a_token_server(cells: list[str], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A new notebook of the extension connected to a real CPU server that asks for a token,
+    as the README starts one (the kernel reads it from ``KCORAL_TOKEN``), then ``cells``,
+    after a real kernel (nbclient) ran it; the server is stopped afterwards."""
+    token = secrets.token_urlsafe(16)
+    with (
+        running_server(
+            tmp_path_factory.mktemp("token-server"),
+            ["--log-dir", "", "--num-workers", "1"],
+            env={"KCORAL_AUTH_TOKEN": token},
+        ) as server,
+        pytest.MonkeyPatch.context() as monkeypatch,
+    ):
+        sources = connected_cells(server.url, monkeypatch, *cells)
+        monkeypatch.setenv("KCORAL_TOKEN", token)  # the kernel inherits it
+        return executed(sources, tmp_path_factory.mktemp("notebook"))

@@ -13,18 +13,14 @@
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from notebook_cells import connected_cells, executed, shown
-from server_process import running_server
+from notebook_cells import executed_on_a_token_server, shown
 
 pytest.importorskip("torch", reason="the kernel's torch values need torch")
 pytestmark = pytest.mark.timeout(300)
 
-TOKEN = secrets.token_urlsafe(16)
 
 #: A cell whose final value holds torch tensors inside a dict and a list, and a NumPy array.
 NESTED_CELL = """%%kcoral
@@ -55,27 +51,18 @@ torch.tensor([1 + 2j, 3 - 1j])"""
 
 
 @pytest.fixture(scope="module")
-def notebook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    with (
-        running_server(
-            tmp_path_factory.mktemp("tensors-server"),
-            ["--log-dir", "", "--num-workers", "1"],
-            env={"KCORAL_AUTH_TOKEN": TOKEN},
-        ) as server,
-        pytest.MonkeyPatch.context() as monkeypatch,
-    ):
-        sources = connected_cells(
-            server.url,
-            monkeypatch,
+def notebook(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return executed_on_a_token_server(
+        [
             NESTED_CELL,
             NESTED_TYPES_CELL,
             NESTED_OUTPUT_CELL,
             NESTED_OUTPUT_TYPES_CELL,
             COMPLEX_CELL,
             *TORCH_INPUT_CELLS,
-        )
-        monkeypatch.setenv("KCORAL_TOKEN", TOKEN)  # the kernel inherits it
-        yield executed(sources, tmp_path_factory.mktemp("tensors"))
+        ],
+        tmp_path_factory,
+    )
 
 
 def test_torch_tensors_inside_a_returned_dict_and_list_come_back_as_torch(notebook) -> None:

@@ -197,7 +197,9 @@ def test_html_the_server_rendered_carries_its_text_for_a_notebook_reopened_elsew
     html = html_of(notebook.cells[6], "kcoral-server-html")
     frame, _, after = html.partition("><pre>")
     assert frame.startswith('<iframe class="kcoral-server-html" sandbox="" srcdoc="')
-    assert after == "Table(&lt;b&gt;2 rows&lt;/b&gt;)</pre></iframe>"
+    inside, _, note = after.partition("</iframe>")
+    assert inside == "Table(&lt;b&gt;2 rows&lt;/b&gt;)</pre>"
+    assert note.startswith('<div class="kcoral-note"')  # the value did not come back
 
 
 #: Added to the exported page: once it is laid out, each KCoral box with something drawn past
