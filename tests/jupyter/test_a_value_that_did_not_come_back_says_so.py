@@ -25,7 +25,13 @@ CARRIED = (
 )
 SESSION = "keep it remote: a session (%kcoral session start) keeps the cell's names."
 
-HOSTILE_TYPE = """type("<script>alert(1)</script>", (), {"_repr_html_": lambda self: "<b>x</b>"})"""
+#: A dict with HTML of its own (so the note follows an iframe) holding, under a key of markup,
+#: an instance of a type named with markup.
+HOSTILE_HTML_CELL = """%%kcoral
+class Shown(dict):
+    def _repr_html_(self):
+        return "<b>x</b>"
+Shown({"<img src=x onerror=alert(1)>": type("<script>alert(1)</script>", (), {})()})"""
 
 CELLS = {
     "own class": "%%kcoral\nclass Net:\n    pass\nNet()",
@@ -44,10 +50,13 @@ Table()""",
     "its hint": "%%kcoral -i s -o f\nf = lambda x: x + len(s)",
     "used": "f(1)",
     "pandas": "%%kcoral\nimport pandas\npandas.DataFrame({'a': [1, 2]})",
+    "int key": "%%kcoral\n{'runs': {1: 'a'}}",
+    "nan": "%%kcoral\nfloat('nan')",
+    "carried": "%%kcoral\n{'n': 3, 'name': 'x'}",
     # what a malicious server (or cell) can make the record say: markup and a terminal's
     # clipboard escape in a key, a type named with markup
     "hostile key": '%%kcoral\n{"<img src=x onerror=alert(1)>\\x1b]52;c;eA==\\x07": print}',
-    "hostile type": f"%%kcoral\n{HOSTILE_TYPE}()",
+    "hostile type": HOSTILE_HTML_CELL,
 }
 
 
@@ -146,8 +155,30 @@ def test_a_type_named_with_markup_is_not_named_and_its_note_is_not_html(notebook
         if "kcoral-server-html" in o.get("data", {}).get("text/html", "")
     ]
     after = bundle["text/html"].partition("</iframe>")[2]
-    assert "<script" not in after and "<b>" not in after, after
+    assert "<script" not in after and "<img" not in after and "<b>" not in after, after
     assert after.endswith(
-        f"{NOTE}a value is not of a type the protocol carries (above is the server&#x27;s "
+        f"{NOTE}a value at [&#x27;&lt;img src=x onerror=alert(1)&gt;&#x27;] is not of a type "
+        "the protocol carries (above is the server&#x27;s "
         f"rendering of it); {html.escape(CARRIED)}, or {html.escape(SESSION)}</div>"
     ), after
+
+
+def test_a_dict_with_an_int_key_says_where_and_to_make_the_keys_strings(notebook) -> None:
+    assert shown(notebook["int key"]).endswith(
+        f"\n{NOTE}a dict with an int key at ['runs'] is not a value the protocol carries, "
+        f"whose keys are strings{SEEN}make the keys strings, or return a list of (key, value) "
+        "pairs."
+    )
+
+
+def test_a_nan_says_to_return_it_in_a_tensor(notebook) -> None:
+    assert shown(notebook["nan"]).endswith(
+        f"\nnan\n{NOTE}a float NaN or infinity is not a value the protocol carries{SEEN}"
+        "return it in a tensor or as a string."
+    )
+
+
+def test_a_value_that_comes_back_has_no_note(notebook) -> None:
+    text = shown(notebook["carried"])
+    assert text.endswith("\n{'n': 3, 'name': 'x'}"), text
+    assert NOTE not in text
