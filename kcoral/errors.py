@@ -296,6 +296,12 @@ def answered_but_line(where: str, trouble: str) -> str:
     return f"{where} answered, but {trouble}"
 
 
+class AnswerTooLarge(TransportError):
+    """An answer over what this client reads (``max_answer_bytes``, EXTENSIONS §17): the
+    server was reached, so it is a ``TransportError`` with ``answered_but``; a subclass so
+    a caller tells a large, perhaps honest, answer from one that is not KCoral's."""
+
+
 class ProtocolError(Exception):
     """A response broke the protocol, or cache negotiation could not recover."""
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from kcoral import KCoralError, TransportError
 from kcoral.base_client import token_refusal
 from kcoral.connection.server_address import path_not_served_hint
-from kcoral.errors import answered_but_line, root_reason
+from kcoral.errors import AnswerTooLarge, answered_but_line, root_reason
 from kcoral.local_folder import SentFileChanged
 from kcoral.run.terminal_filter import screened
 
@@ -153,11 +153,21 @@ NOT_KCORAL_HINT = (
 )
 
 
+#: what to do about an answer larger than the kernel's client reads: the client is built
+#: at the server's first use in the kernel, and reads ``KCORAL_MAX_ANSWER_BYTES`` then
+TOO_LARGE_HINT = (
+    "return less (a session keeps values on the server), or restart the kernel with "
+    "KCORAL_MAX_ANSWER_BYTES set to the bytes to read"
+)
+
+
 def unreachable(exc: TransportError, server: str | None = None) -> ServerUnreachableError:
     """A ``TransportError`` as the two lines a user acts on, naming the address tried."""
     where = server or getattr(exc, "url", None) or "the server"
     if exc.answered_but:  # "no answer from URL: got more than 100 headers" was not true
-        return AnswerRefusedError(answered_but_line(where, exc.answered_but), NOT_KCORAL_HINT)
+        # an answer over max_answer_bytes may be a KCoral server's honest one
+        hint = TOO_LARGE_HINT if isinstance(exc, AnswerTooLarge) else NOT_KCORAL_HINT
+        return AnswerRefusedError(answered_but_line(where, exc.answered_but), hint)
     return ServerUnreachableError(f"no answer from {where}: {root_reason(exc)}", start_hint(where))
 
 

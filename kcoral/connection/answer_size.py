@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from kcoral.errors import TransportError, answered_but
+from kcoral.errors import AnswerTooLarge, answered_but_line
 
 #: The default bound where the machine's available memory is larger (or unknown).
 DEFAULT_ANSWER_CAP_BYTES = 64 << 30
@@ -80,15 +80,15 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def answer_too_large(url: str, size: int, limit: AnswerLimit, *, declared: bool) -> TransportError:
+def answer_too_large(url: str, size: int, limit: AnswerLimit, *, declared: bool) -> AnswerTooLarge:
     """The error of an answer over ``limit``: ``declared`` (its ``Content-Length`` said
     ``size``), else cut once ``size`` bytes came."""
     said = f"its answer is {sized(size)}" if declared else f"its answer passed {sized(size)}"
-    return answered_but(
-        url,
+    trouble = (
         f"{said}, more than the {sized(limit.size)} this client reads ({limit.source}): "
-        f"pass max_answer_bytes= to the client, or set {MAX_ANSWER_ENV}, to read more",
+        f"pass max_answer_bytes= to the client, or set {MAX_ANSWER_ENV}, to read more"
     )
+    return AnswerTooLarge(answered_but_line(url, trouble), url=url, answered_but=trouble)
 
 
 def sized(count: int) -> str:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from kcoral_jupyter.cell_errors import (
     NOT_KCORAL_HINT,
+    TOO_LARGE_HINT,
     AnswerRefusedError,
     ServerRefusedError,
     ServerUnreachableError,
@@ -68,6 +69,19 @@ def answering(answer: bytes, *, trickling: bool = False) -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         listener.close()
+
+
+def test_an_answer_over_what_the_client_reads_says_what_to_do_not_that_it_is_no_kcoral_server():
+    """An answer over ``max_answer_bytes`` (EXTENSIONS §17) may be a KCoral server's honest
+    one: the cell asked "is it a KCoral server (or a proxy in front of one)?" of it."""
+    large = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5000000\r\n\r\n"
+    with answering(large) as url:
+        with pytest.raises(TransportError) as failed:
+            Client(url, max_answer_bytes=1 << 20).health()
+        shown = shorten(failed.value, url)
+    assert isinstance(shown, AnswerRefusedError)
+    assert str(shown).startswith(f"{url} answered, but its answer is 4.8 MiB, more than the ")
+    assert shown.action == TOO_LARGE_HINT
 
 
 @pytest.mark.parametrize("trouble", list(ANSWERS))
