@@ -53,6 +53,9 @@ Table()""",
     "int key": "%%kcoral\n{'runs': {1: 'a'}}",
     "nan": "%%kcoral\nfloat('nan')",
     "carried": "%%kcoral\n{'n': 3, 'name': 'x'}",
+    "session": "%kcoral session start",
+    "in a session": "%%kcoral\n(i for i in range(3))",
+    "session end": "%kcoral session stop",
     # what a malicious server (or cell) can make the record say: markup and a terminal's
     # clipboard escape in a key, a type named with markup
     "hostile key": '%%kcoral\n{"<img src=x onerror=alert(1)>\\x1b]52;c;eA==\\x07": print}',
@@ -182,3 +185,9 @@ def test_a_value_that_comes_back_has_no_note(notebook) -> None:
     text = shown(notebook["carried"])
     assert text.endswith("\n{'n': 3, 'name': 'x'}"), text
     assert NOTE not in text
+
+
+def test_in_a_session_it_says_the_session_keeps_a_name(notebook) -> None:
+    assert shown(notebook["in a session"]).endswith(
+        f"{SEEN}return list(...) of it, or name it: this session keeps it for its next cell."
+    )
