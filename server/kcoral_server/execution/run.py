@@ -85,7 +85,7 @@ class SeatRun:
             return await execute_on_gpu_set(self, seat, admitted, queue_ms)
         try:
             # A reused worker never serves two identities (its /tmp, HOME, caches).
-            await state.pool.serve_identity(seat, self.identity.name)
+            await state.pool.serve_identity(seat, self.identity.name, self.observer.lease)
         except NoWorker as exc:
             raise saturated(str(exc)).failure() from None
         handle = seat.worker

@@ -16,6 +16,10 @@ from kcoral_server.gpu.lease import GpuQuarantined, LeaseArbiter
 from kcoral_server.processes.handle import WorkerHandle, event_fields
 from kcoral_server.storage.event_log import EventLog
 
+#: told ``lease_wait`` / ``lease_held`` where a kill or start-up waits for a GPU's lease (a
+#: program's job: those waits are its program's); None: nobody listens
+LeasePhases = Callable[[str], None] | None
+
 
 class WorkerEnds:
     """How one pool's workers end; ``on_unconfirmed`` (called once, with the reason) stops
@@ -35,16 +39,17 @@ class WorkerEnds:
         #: the first end that could not be confirmed (its GPUs are quarantined)
         self.quarantine_reason: str | None = None
 
-    async def kill(self, handle: WorkerHandle) -> None:
+    async def kill(self, handle: WorkerHandle, lease_phases: LeasePhases = None) -> None:
         """Kill a worker's process tree while holding its GPU's lease (§5); quarantine its
-        GPUs when the kill cannot be confirmed. A second call does nothing."""
+        GPUs when the kill cannot be confirmed. A second call does nothing.
+        ``lease_phases`` hears a wait for that lease (``kill_under_lease``)."""
         if handle.killed:
             return
         # A worker whose exit report was believed has nothing left to run (SERVER §8): no
         # grace, so a program that forged the report never outlives it by ``grace`` seconds
         # beside its seat's next program.
         grace = 0.0 if handle.exit_announced else self.grace
-        await kill_under_lease(handle, self.arbiter, grace)
+        await kill_under_lease(handle, self.arbiter, grace, lease_phases)
         self._check_cleanup(handle)
 
     async def stop(self, handle: WorkerHandle, timeout: float) -> bool:
@@ -68,18 +73,30 @@ class WorkerEnds:
 
 
 async def kill_under_lease(
-    handle: WorkerHandle, arbiter: LeaseArbiter | None, grace: float
+    handle: WorkerHandle,
+    arbiter: LeaseArbiter | None,
+    grace: float,
+    lease_phases: LeasePhases = None,
 ) -> None:
     """Kill ``handle``'s process tree holding its GPUs' lease (taken first when the worker
-    does not hold it), then free the lease."""
+    does not hold it), then free the lease. ``lease_phases`` hears ``lease_wait`` and
+    ``lease_held`` where another holds the lease: a program whose seat's old worker is
+    killed for it waits for the GPU there (its job read ``RUNNING`` alone)."""
     token: object | None = None
     if arbiter is not None and handle.gpu_ids and not handle.lease.held:
         handle.lease.withdraw()
         token = object()
+        waits = lease_phases
+        if waits is not None and all(arbiter.holder(gpu) is None for gpu in handle.gpu_ids):
+            waits = None  # free: taken at once, no wait to tell
+        if waits is not None:
+            waits("lease_wait")
         try:
             await arbiter.acquire(token, handle.gpu_ids, request_id=handle.request_id)
         except GpuQuarantined:
             token = None  # never leased again: kill without it
+        if waits is not None:
+            waits("lease_held")
     try:
         await handle.kill(grace)
     finally:

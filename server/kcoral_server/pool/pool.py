@@ -26,7 +26,8 @@ from kcoral_server.execution.responses import QUARANTINED, SHUTTING_DOWN
 from kcoral_server.gpu.lease import LeaseArbiter
 from kcoral_server.pool import retirement as pool_retirement
 from kcoral_server.pool.handles import HandleMaker
-from kcoral_server.pool.kill import WorkerEnds
+from kcoral_server.pool.identity_change import serve_identity
+from kcoral_server.pool.kill import LeasePhases, WorkerEnds
 from kcoral_server.pool.queue import Checkout, NoWorker, SeatQueue
 from kcoral_server.pool.replacement import start_with_backoff
 from kcoral_server.pool.retirement import reason_to_retire
@@ -119,7 +120,7 @@ class Pool:
     async def start(self) -> None:
         await prepare_host(self.config, len(self.seats), self.events)
         results = await asyncio.gather(
-            *(self._start_seat(seat, phase="startup") for seat in self.seats)
+            *(self.start_seat(seat, phase="startup") for seat in self.seats)
         )
         ready = [seat for seat, ok in zip(self.seats, results, strict=True) if ok]
         self.target, self.versions = common_target(ready)
@@ -134,20 +135,34 @@ class Pool:
         """Why the pool stopped admitting for good (a clean-up it could not confirm)."""
         return self.ends.quarantine_reason
 
-    async def _start_seat(
-        self, seat: Seat, *, phase: str, idle: bool = True, identity: str | None = None
+    async def start_seat(
+        self,
+        seat: Seat,
+        *,
+        phase: str,
+        idle: bool = True,
+        identity: str | None = None,
+        lease_phases: LeasePhases = None,
     ) -> bool:
+        """Start ``seat``'s next worker (its start-up in ``identity``'s turn, its wait for the
+        GPU's lease told to ``lease_phases``); False when it failed (the seat ``FAILED``)."""
         handle = self.handles.for_seat(seat)
         handle.lease.identity = identity  # whose turn its start-up takes (SERVER §5)
+        if lease_phases is not None:  # its start-up's lease wait is a program's
+            handle.lease.observe(lease_phases)
         try:
             info = await handle.start()
         except (WorkerStartError, WorkerGone, OSError) as exc:
+            if lease_phases is not None:
+                handle.lease.observe(None)
             emit_failed(self.events, seat, seat.generation, phase, exc)
             await self.kill(handle)
             seat.worker = None
             seat.state = SeatState.FAILED
             self.queue.serve(self.seats)  # a request waiting for this seat takes another
             return False
+        if lease_phases is not None:
+            handle.lease.observe(None)
         self._occupy(seat, handle, info)
         if idle:
             self._make_idle(seat)
@@ -201,37 +216,12 @@ class Pool:
             self._take(seat)
         return seat
 
-    async def serve_identity(self, seat: Seat, identity: str) -> None:
-        """Make the (acquired) seat's worker fit to run ``identity``'s program: a worker that
-        served another identity is replaced by a fresh one (fresh sandbox directory: empty
-        ``/tmp``, ``HOME`` and caches) first. ``NoWorker`` when the new one fails to start
-        (the seat is then replaced in the background)."""
-        handle = seat.worker
-        if handle is None or handle.identity in (None, identity):
-            if handle is not None:
-                handle.identity = identity
-            return
-        pool_retirement.emit_retired(self.events, seat, handle, "identity")
-        started = False
-        try:
-            await self.kill(handle)
-            seat.worker = None
-            await self.spares.drop_held(seat)  # forked ahead in the directory closed next
-            if seat.sandbox is not None:  # its HOME and caches are the other identity's
-                old, seat.sandbox = seat.sandbox, None
-                await asyncio.get_running_loop().run_in_executor(None, old.close)
-            if self.quarantine_reason is None:
-                started = await self._start_seat(
-                    seat, phase="respawn", idle=False, identity=identity
-                )
-        finally:
-            if not started:
-                seat.worker = None
-                self.schedule_replacement(seat, "crashed", emit_retired=False)
-        if not started:
-            raise NoWorker("the worker for this identity failed to start")
-        assert seat.worker is not None
-        seat.worker.identity = identity
+    async def serve_identity(
+        self, seat: Seat, identity: str, lease_phases: LeasePhases = None
+    ) -> None:
+        """Make the (acquired) seat's worker fit to run ``identity``'s program
+        (``identity_change.serve_identity``)."""
+        await serve_identity(self, seat, identity, lease_phases)
 
     def _take(self, seat: Seat) -> None:
         seat.state = SeatState.BUSY
@@ -330,14 +320,14 @@ class Pool:
             return
         if seat.departure is not None:  # a worker started anew may need its sandbox directory
             await asyncio.wait([seat.departure])
-        start = lambda: self._start_seat(seat, phase="respawn")  # noqa: E731
+        start = lambda: self.start_seat(seat, phase="respawn")  # noqa: E731
         await start_with_backoff(seat, reason, start, lambda: self.closing, self.events)
 
     # ------------------------------------------------------------------ ending workers
 
-    async def kill(self, handle: WorkerHandle) -> None:
+    async def kill(self, handle: WorkerHandle, lease_phases: LeasePhases = None) -> None:
         """Kill a worker under its GPUs' lease (``WorkerEnds.kill``)."""
-        await self.ends.kill(handle)
+        await self.ends.kill(handle, lease_phases)
 
     async def stop_worker(self, handle: WorkerHandle, timeout: float) -> bool:
         """Retire a worker politely within ``timeout`` (``WorkerEnds.stop``)."""
