@@ -30,19 +30,29 @@ async function drive(page) {
     void window.jupyterapp.commands.execute('notebook:run-all-cells');
   });
   step('run all');
-  // Done when no code cell waits or runs ('[*]': Run All queues every cell at once) and the
-  // kernel is idle. A cell the kernel aborted after an error is left with no count: the
-  // pytest side reads that as "Run All stopped there".
+  // Done when every code cell has run, or when no code cell waits or runs ('[*]') and the
+  // kernel is idle, and stays so for 3 s: between two cells the kernel is idle a moment and
+  // a cell not yet sent shows '[ ]', not '[*]' (a run under load was read there as stopped
+  // before its last cells). A cell the kernel aborted after an error is left with no count:
+  // the pytest side reads that as "Run All stopped there".
   await page.waitForFunction(
     () => {
       const w = [...window.jupyterapp.shell.widgets('main')].find(x => x.sessionContext);
       const cells = w.content.widgets.filter(c => c.model.type === 'code');
       const prompts = cells.map(c => c.node.querySelector('.jp-InputPrompt')?.textContent ?? '');
-      return (
+      const settled =
         w.sessionContext.session.kernel.status === 'idle' &&
         cells.some(c => c.model.executionCount !== null) &&
-        !prompts.some(p => p.includes('*'))
-      );
+        !prompts.some(p => p.includes('*'));
+      if (!settled) {
+        window.kcoralSettledSince = undefined;
+        return false;
+      }
+      if (cells.every(c => c.model.executionCount !== null)) {
+        return true;
+      }
+      window.kcoralSettledSince = window.kcoralSettledSince ?? Date.now();
+      return Date.now() - window.kcoralSettledSince >= 3000;
     },
     null,
     { timeout: 240000, polling: 500 }
